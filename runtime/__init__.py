@@ -1,0 +1,1 @@
+"""rldock runtime: runs one RL job on Ray (dock, engines, workers, trainer loop)."""
