@@ -1,0 +1,16 @@
+# The two README commands. Both set up the pinned CPU environment first (scripts/setup.sh; a few
+# minutes once, then skipped while requirements/cpu.lock is unchanged).
+OUTPUT ?= runs/demo
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test
+setup:
+	./scripts/setup.sh
+
+# GRPO on the tiny addition model, local Ray with 8 emulated NPUs. Re-running continues an
+# interrupted demo from its last checkpoint (and does nothing once it has finished).
+demo: setup
+	.venv/bin/rldock train examples/grpo-tiny.yaml --output $(OUTPUT) --resume
+
+test: setup
+	.venv/bin/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,134 @@
+"""The device seam: which accelerator this process trains and generates on, and its collective backend.
+
+This is the only module that knows device kinds. Everything else takes a `DeviceInfo` and uses its
+`torch_device` and `backend`, so running on Ascend NPU, CUDA or CPU is one config field
+(`resources.device`), never an `if npu:` branch elsewhere.
+
+`torch_npu` is imported lazily: it is absent on CPU/CUDA machines, and importing it registers the
+`npu` device with torch (`torch.npu`), which is what `detect_device` then queries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DeviceKind = Literal["npu", "cuda", "cpu"]
+
+# Collective backend per device kind: HCCL on Ascend, NCCL on NVIDIA, gloo on CPU.
+BACKENDS: dict[str, str] = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+REQUESTABLE = ("auto", "npu", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where this process computes.
+
+    `torch_device` is the device string tensors go to ("npu:0", "cuda:0", "cpu"); on accelerators
+    the index is the local one, because Ray (and the device plugin) expose only this actor's
+    devices through ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES.
+    """
+
+    kind: DeviceKind
+    torch_device: str
+    backend: str
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.kind != "cpu"
+
+    @property
+    def device_index(self) -> int | None:
+        return torch.device(self.torch_device).index
+
+
+def _npu_available() -> bool:
+    """True when torch_npu imports and sees an NPU; importing it registers `torch.npu`."""
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError:
+        # Expected on every non-Ascend machine; narrow on purpose so a broken CANN install
+        # (OSError from a missing libhccl, say) surfaces instead of silently falling back to CPU.
+        return False
+    return bool(torch.npu.is_available())  # type: ignore[attr-defined]
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+_PROBES = {"npu": _npu_available, "cuda": _cuda_available, "cpu": lambda: True}
+
+
+def _info(kind: DeviceKind, index: int) -> DeviceInfo:
+    torch_device = "cpu" if kind == "cpu" else f"{kind}:{index}"
+    return DeviceInfo(kind=kind, torch_device=torch_device, backend=BACKENDS[kind])
+
+
+def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
+    """Resolve `resources.device` to a `DeviceInfo`.
+
+    `auto` picks npu, then cuda, then cpu. An explicitly requested kind that this machine cannot
+    provide raises `RuntimeError` naming the field, instead of quietly training on the CPU.
+    `index` is the local device index (0 for an actor that was given one device).
+    """
+    if requested not in REQUESTABLE:
+        raise ValueError(f"resources.device must be one of {REQUESTABLE}, got {requested!r}")
+    if requested == "auto":
+        for kind in ("npu", "cuda"):
+            if _PROBES[kind]():
+                info = _info(kind, index)
+                logger.info("resources.device=auto resolved to %s", info.torch_device)
+                return info
+        return _info("cpu", index)
+    if not _PROBES[requested]():
+        hint = {
+            "npu": "torch_npu is not installed or sees no NPU (is CANN set up and the NPU visible?)",
+            "cuda": "torch.cuda.is_available() is False (CPU-only torch build or no visible GPU)",
+        }[requested]
+        raise RuntimeError(
+            f"resources.device={requested!r} was requested but is not available here: {hint}. "
+            "Set resources.device to 'auto' or 'cpu' to run without it."
+        )
+    return _info(requested, index)  # type: ignore[arg-type]
+
+
+def set_current_device(info: DeviceInfo) -> None:
+    """Make `info` the process's current accelerator (a no-op on CPU)."""
+    if info.kind == "cuda":
+        torch.cuda.set_device(info.torch_device)
+    elif info.kind == "npu":
+        torch.npu.set_device(info.torch_device)  # type: ignore[attr-defined]
+
+
+def memory_allocated_bytes(info: DeviceInfo) -> int:
+    """Bytes the torch allocator holds on the device; on CPU, the process's resident set size.
+
+    CPU has no caching allocator to ask, so RSS is the closest comparable number for metrics.
+    """
+    if info.kind == "cuda":
+        return int(torch.cuda.memory_allocated(info.torch_device))
+    if info.kind == "npu":
+        return int(torch.npu.memory_allocated(info.torch_device))  # type: ignore[attr-defined]
+    return _rss_bytes()
+
+
+def _rss_bytes() -> int:
+    # /proc avoids a psutil dependency; the fallback covers macOS developer machines.
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+    except FileNotFoundError:
+        import resource
+
+        # ru_maxrss is the peak, in KiB on Linux and bytes on macOS: only a rough fallback.
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    import os
+
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")

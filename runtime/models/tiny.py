@@ -1,0 +1,103 @@
+"""Builds the tiny demo model: a small Qwen2 causal LM with a character-level tokenizer trained
+on the task's text, saved in Hugging Face format so every later stage loads it like a real model.
+
+Shapes are chosen for the engines, not only for size: vLLM's CPU attention accepts head sizes
+32, 64, 80, ... (16 is refused), so the default is hidden 128 over 4 heads (head_dim 32) with 2
+KV heads (grouped-query attention, as in real Qwen2 checkpoints).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0..3 in this order
+SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def train_char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer whose vocabulary is the special tokens plus every character
+    in `texts`; it prepends BOS when encoding with special tokens."""
+    tokenizer = Tokenizer(models.WordLevel(unk_token=UNK))
+    # Every character is its own token, so digits never merge into multi-digit tokens: the model
+    # then writes an answer digit by digit, which is what makes per-digit credit learnable.
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.train_from_iterator(texts, trainer=trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",  # prompts are left-padded (see docs/architecture.md)
+    )
+
+
+def build_tiny_model(
+    path: str | Path,
+    *,
+    texts: Iterable[str],
+    seed: int,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 512,
+    max_position_embeddings: int = 64,
+) -> Path:
+    """Train a tokenizer on `texts`, initialise a Qwen2 model from `seed` and save both at `path`.
+
+    Returns `path`. The weights are written as safetensors with `save_pretrained`, so
+    `load_causal_lm` and vLLM read them the same way as a downloaded checkpoint.
+    """
+    head_dim = hidden_size // num_heads
+    if hidden_size % num_heads or head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"hidden_size {hidden_size} / num_heads {num_heads} must give a head size in "
+            f"{SUPPORTED_HEAD_DIMS} (vLLM's CPU attention refuses others)"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    path = Path(path)
+    tokenizer = train_char_tokenizer(texts)
+    tokenizer.model_max_length = max_position_embeddings
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # A private RNG stream: building a model must not move the caller's global torch seed.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    num_params = sum(p.numel() for p in model.parameters())
+    logger.info("built tiny-qwen2 at %s: %d parameters, vocab %d", path, num_params, len(tokenizer))
+    return path

@@ -1,0 +1,99 @@
+"""The task interface and the prompt sampler that walks a task's prompt set in seeded epochs.
+
+A task is a fixed, generated list of (prompt, reference answer) pairs. The trainer never indexes
+it directly: it asks a `PromptSampler` for the next indexes, so that a job resumed from a
+checkpoint (which saves `PromptSampler.state_dict()`) sees exactly the prompts it would have seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str  # text the model continues, e.g. "37+58="
+    answer: str  # reference answer text the reward compares with, e.g. "95"
+
+
+class Task(Protocol):
+    """A verifiable task: a generated prompt set with reference answers."""
+
+    name: str
+
+    def __len__(self) -> int:
+        """Number of prompts in the generated set."""
+
+    def examples(self, indices: Sequence[int]) -> list[Example]:
+        """The examples at `indices` (indexes into the prompt set)."""
+
+    def corpus(self) -> list[str]:
+        """Texts to train a tokenizer on: every character the task's prompts and answers use."""
+
+
+class PromptSampler:
+    """Draws prompt indexes in shuffled epochs; the order is a pure function of (seed, epoch).
+
+    `next_batch(n)` continues across epoch boundaries, so every prompt is used once per epoch.
+    """
+
+    def __init__(self, num_prompts: int, seed: int):
+        if num_prompts < 1:
+            raise ValueError(f"task.num_prompts must be >= 1, got {num_prompts}")
+        self.num_prompts = num_prompts
+        self.seed = seed
+        self._epoch = 0
+        self._position = 0  # index into this epoch's permutation
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        # Seeding with (seed, epoch) rather than one running stream means a resumed sampler can
+        # rebuild any epoch's order without replaying the ones before it.
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_prompts)
+
+    def next_batch(self, n: int) -> list[int]:
+        """The next `n` prompt indexes (may wrap into the next epoch)."""
+        if n < 0:
+            raise ValueError(f"batch size must be >= 0, got {n}")
+        out: list[int] = []
+        while len(out) < n:
+            if self._position == self.num_prompts:
+                self._epoch += 1
+                self._position = 0
+                self._order = self._permutation(self._epoch)
+            take = min(n - len(out), self.num_prompts - self._position)
+            out.extend(int(i) for i in self._order[self._position:self._position + take])
+            self._position += take
+        return out
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "num_prompts": self.num_prompts,
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "position": self._position,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a saved position; the prompt set and seed must be the same as when saved."""
+        if state["num_prompts"] != self.num_prompts:
+            raise ValueError(
+                f"sampler state was saved for task.num_prompts={state['num_prompts']}, "
+                f"but this job has {self.num_prompts}; resume with the same task settings"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(
+                f"sampler state was saved with seed={state['seed']}, but this job has seed={self.seed}"
+            )
+        if not 0 <= state["position"] <= self.num_prompts:
+            raise ValueError(f"sampler state position {state['position']} is outside 0..{self.num_prompts}")
+        self._epoch = int(state["epoch"])
+        self._position = int(state["position"])
+        self._order = self._permutation(self._epoch)

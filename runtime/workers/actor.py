@@ -1,0 +1,170 @@
+"""The actor worker state: one Ray actor per data-parallel rank, holding the trainable policy and
+its own rollout engine on the same device (generation, old-logprob inference and the update).
+
+After each update the rank pushes its weights straight into its engine in memory; DDP keeps every
+rank's weights identical, so no cross-rank transfer is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.runtime.algorithms import clipped_policy_loss, kl_penalty, masked_mean
+from rldock.runtime.dataflow import CONSUMES
+from rldock.runtime.device import detect_device
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.distributed import init_process_group, wrap_ddp
+from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+from rldock.runtime.workers.stage_loop import run_stage
+
+logger = logging.getLogger(__name__)
+
+
+class ActorWorker:
+    def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
+                 dock: TransferDock):
+        self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
+        self.device = detect_device(cfg.resources.device)
+        torch.manual_seed(cfg.seed + rank)
+        self.tokenizer = load_tokenizer(policy_dir)
+        self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        self.ddp_model = None  # set by init_distributed
+        algo = cfg.algorithm
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.learning_rate,
+                                           weight_decay=algo.weight_decay)
+        self.engine = VllmRolloutEngine(
+            policy_dir, rollout=cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed + rank,
+            max_model_len=algo.max_prompt_length + algo.max_response_length, device=self.device)
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def init_distributed(self, master_addr: str, master_port: int) -> None:
+        init_process_group(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
+                           master_port=master_port, device=self.device)
+        self.ddp_model = wrap_ddp(self.model, self.device)
+
+    def load_optimizer(self, path: str) -> None:
+        self.optimizer.load_state_dict(torch.load(path, map_location=self.device.torch_device))
+
+    def get_rng_state(self) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
+    # --- stages -------------------------------------------------------------------------------
+
+    def generate(self, iteration: int) -> dict:
+        """Rollout: whole prompt groups in, N responses per prompt out."""
+        algo = self.cfg.algorithm
+        group = algo.num_responses_per_prompt
+        eos = self.tokenizer.eos_token_id
+        response_lengths: list[int] = []
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            # The dock holds the prompt once per sample; one engine request per group.
+            prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
+            prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+            outputs = self.engine.generate(prompts, n=group, max_tokens=algo.max_response_length,
+                                           eos_token_id=eos,
+                                           seed=self._sampling_seed(iteration, int(indices[0])))
+            responses = torch.full((len(indices), algo.max_response_length), self.tokenizer.pad_token_id,
+                                   dtype=torch.int64)  # (B, SL)
+            mask = torch.zeros_like(responses)
+            for i, tokens in enumerate(r for per_prompt in outputs for r in per_prompt):
+                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+                mask[i, :len(tokens)] = 1
+                response_lengths.append(len(tokens))
+            return TensorDict({"response_ids": responses, "response_mask": mask}, batch_size=[len(indices)])
+
+        timing = run_stage(self.dock, "rollout", CONSUMES["rollout"], rollout, rank=self.rank,
+                           batch_size=self._samples_per_rank(), whole_groups=True)
+        timing.extra["response_lengths"] = response_lengths
+        return timing.as_dict()
+
+    def compute_old_logprobs(self, iteration: int) -> dict:
+        def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            with torch.no_grad():
+                logprobs = self._logprobs(batch, grad=False)
+            return TensorDict({"old_logprobs": logprobs}, batch_size=[len(indices)])
+
+        return run_stage(self.dock, "actor_inference", CONSUMES["actor_inference"], infer,
+                         rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
+
+    def update(self, iteration: int) -> dict:
+        """Take exactly this rank's share of the batch, step the optimizer, refresh the engine."""
+        algo = self.cfg.algorithm
+        losses: list[dict] = []
+
+        def train(indices: torch.Tensor, batch: TensorDict) -> None:
+            for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
+                losses.append(self._optimizer_step(mini_batch))
+
+        timing = run_stage(self.dock, "update", CONSUMES["update"], train, rank=self.rank,
+                           batch_size=self._samples_per_rank(), max_batches=1)
+        assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
+        self.engine.update_weights(self.model.state_dict().items())
+        summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
+        return {**timing.as_dict(), **summary}
+
+    # --- checkpoint ---------------------------------------------------------------------------
+
+    def save(self, staging_dir: str) -> None:
+        """Rank 0 writes the policy (HF format, loadable by the engine) and the optimizer."""
+        if self.rank != 0:
+            return
+        staging = Path(staging_dir)
+        self.model.save_pretrained(staging / "policy")
+        self.tokenizer.save_pretrained(staging / "policy")
+        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _samples_per_rank(self) -> int:
+        return self.cfg.num_samples_per_iteration // self.world_size
+
+    def _sampling_seed(self, iteration: int, first_index: int) -> int:
+        # Derived from (seed, iteration, sample) so a resumed run samples what the original would.
+        return (self.cfg.seed * 1_000_003 + iteration * 10_007 + first_index) % (2**31)
+
+    def _logprobs(self, batch: TensorDict, *, grad: bool) -> torch.Tensor:
+        model = self.ddp_model if (grad and self.ddp_model is not None) else self.model
+        return response_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+
+    def _optimizer_step(self, mini_batch: TensorDict) -> dict:
+        """One optimizer step over a mini-batch, accumulating micro-batches; token-level mean."""
+        algo = self.cfg.algorithm
+        device = self.device.torch_device
+        mini_batch = mini_batch.to(device)
+        total_tokens = mini_batch["response_mask"].sum().clamp(min=1)
+        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        for i, micro in enumerate(micro_batches):
+            mask = micro["response_mask"].float()  # (b, SL)
+            weight = mask.sum() / total_tokens  # share of the mini-batch's tokens
+            last = i == len(micro_batches) - 1
+            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
+            with context:
+                logprobs = self._logprobs(micro, grad=True)  # (b, SL)
+                policy = clipped_policy_loss(logprobs, micro["old_logprobs"], micro["advantage"], mask,
+                                             clip_ratio=algo.clip_ratio)
+                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator="k3"), mask)
+                loss = policy.loss + algo.kl_coef * kl
+                (loss * weight).backward()
+            w = float(weight)
+            stats["loss"] += float(loss) * w
+            stats["policy_loss"] += float(policy.loss) * w
+            stats["kl"] += float(kl) * w
+            stats["clip_fraction"] += float(policy.clip_fraction) * w
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
+        self.optimizer.step()
+        return stats

@@ -1,0 +1,59 @@
+"""The loop every worker runs for one iteration: ask the controller, read, compute, write back."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from tensordict import TensorDict
+
+from rldock.runtime.dock import TransferDock
+
+# (indices (B,), batch) -> output columns for those indices, or None when the stage writes nothing
+StageFn = Callable[[torch.Tensor, TensorDict], TensorDict | None]
+
+
+@dataclass
+class StageTiming:
+    """Seconds a worker spent in one stage: moving data through the dock vs computing."""
+
+    dispatch_s: float = 0.0
+    compute_s: float = 0.0
+    num_samples: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"dispatch_s": self.dispatch_s, "compute_s": self.compute_s,
+                "num_samples": self.num_samples, **self.extra}
+
+
+def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, rank: int,
+              batch_size: int, whole_groups: bool = False, max_batches: int | None = None,
+              timeout_s: float | None = None) -> StageTiming:
+    """Consume batches of `state` until the dock says the iteration's samples are exhausted.
+
+    `max_batches` lets a consumer that must get exactly its share (the DP ranks of the update)
+    stop without draining samples meant for its peers.
+    """
+    timing = StageTiming()
+    num_batches = 0
+    while max_batches is None or num_batches < max_batches:
+        start = time.perf_counter()
+        got = dock.get(state, list(columns), rank=rank, batch_size=batch_size,
+                       whole_groups=whole_groups, timeout_s=timeout_s)
+        timing.dispatch_s += time.perf_counter() - start
+        if got is None:
+            break
+        indices, batch = got
+        start = time.perf_counter()
+        out = fn(indices, batch)
+        timing.compute_s += time.perf_counter() - start
+        if out is not None:
+            start = time.perf_counter()
+            dock.put(indices, out)
+            timing.dispatch_s += time.perf_counter() - start
+        timing.num_samples += len(indices)
+        num_batches += 1
+    return timing

@@ -1,0 +1,55 @@
+"""Fixtures for integration tests: a tiny random Qwen2 model directory with its own tokenizer.
+
+The real tiny-model builder lives in rldock.runtime.models; the engine tests build their own so
+they only depend on transformers and the HF folder conventions vLLM reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Characters of the addition task plus a few letters, so the vocabulary is about 40 tokens.
+_CHARS = list("0123456789+=-*/ ()abcdefghijklmnopqrstu")
+SPECIAL_TOKENS = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>"}
+
+
+def build_tiny_qwen2(path: Path, *, seed: int = 0, tie_word_embeddings: bool = False) -> Path:
+    """Save a random Qwen2 (hidden 128, 4 heads of 32, 2 layers) and a char tokenizer at `path`."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS.values(), *_CHARS])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=SPECIAL_TOKENS["pad"],
+        eos_token=SPECIAL_TOKENS["eos"],
+        bos_token=SPECIAL_TOKENS["bos"],
+    )
+    config = Qwen2Config(
+        vocab_size=len(vocab),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,  # head_dim 32: the smallest vLLM's CPU attention accepts
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie_word_embeddings,
+        pad_token_id=vocab["<pad>"],
+        eos_token_id=vocab["<eos>"],
+        bos_token_id=vocab["<bos>"],
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
