@@ -113,6 +113,9 @@ class Trainer:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> list[dict]:
+        if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
+            logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
+            return self.metrics.read()
         cluster.connect(self.cfg)
         try:
             start_iteration = self._start()
