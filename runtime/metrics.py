@@ -77,3 +77,23 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+_WAREHOUSE_COUNTERS = ("bytes_in", "bytes_out", "write_requests", "read_requests")
+_CONTROLLER_COUNTERS = ("requests", "samples_handed_out", "mark_ready_calls", "metadata_bytes")
+
+
+def dock_traffic(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
+    """Per-iteration dock traffic from two cumulative `TransferDock.stats()` snapshots."""
+
+    def diff(new: dict, old: dict | None, keys: tuple[str, ...]) -> dict:
+        return {k: new[k] - (old[k] if old else 0) for k in keys}
+
+    old_warehouses = before["warehouses"] if before else [None] * len(after["warehouses"])
+    old_controllers = before["controllers"] if before else {}
+    return {
+        "warehouses": [{"node_id": new.get("node_id"), **diff(new, old, _WAREHOUSE_COUNTERS)}
+                       for new, old in zip(after["warehouses"], old_warehouses)],
+        "controllers": {state: diff(new, old_controllers.get(state), _CONTROLLER_COUNTERS)
+                        for state, new in after["controllers"].items()},
+    }

@@ -29,7 +29,7 @@ from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.dataflow import CONSUMES
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.metrics import PLOT_FILE, MetricsLog, plot_progress, tokens_per_s_per_device
+from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
 from rldock.runtime.models.loading import encode_answers, encode_prompts, load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.tasks import PromptSampler, make_task
@@ -103,6 +103,7 @@ class Trainer:
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
         self.dock: TransferDock | None = None
         self.workers: WorkerGroups | None = None
+        self._last_dock_stats: dict | None = None
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -230,8 +231,14 @@ class Trainer:
                 prompt_length=prompt_length, response_length=response_length,
                 num_devices=cfg.training.data_parallel_size, seconds=seconds),
             "timing": timing,
-            "dock": self.dock.stats(),
+            "dock": self._dock_traffic(),
         }
+
+    def _dock_traffic(self) -> dict:
+        stats = self.dock.stats()
+        traffic = dock_traffic(self._last_dock_stats, stats)
+        self._last_dock_stats = stats
+        return traffic
 
     def _put_prompts(self) -> tuple[float, list[int]]:
         """Draw G prompts and put each N times (one row per sample) into the dock."""

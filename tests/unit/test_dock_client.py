@@ -1,0 +1,263 @@
+"""TransferDock end to end on one local Ray session: round trips, hand-out rules, counters."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import ray
+import torch
+from ray import cloudpickle
+from tensordict import TensorDict
+
+from rldock.config.job import DockSpec
+from rldock.runtime.dock import DockTimeoutError, TransferDock
+
+PL, SL = 5, 6  # prompt and response lengths of the test batches
+NUM_SAMPLES, GROUP_SIZE = 16, 4
+STATES = {
+    "reference": ["prompt_ids", "response_ids"],
+    "update": ["prompt_ids", "response_ids", "old_logprobs", "reward"],
+    "bf16": ["half_logprobs"],
+}
+COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "reward")
+ALL = list(range(NUM_SAMPLES))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session() -> Iterator[None]:
+    # Worker processes cannot import this test module: ship its functions by value instead.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=8, resources={"NPU": 8}, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def dock1(ray_session: None) -> Iterator[TransferDock]:
+    """The default spec on a one-node session: one warehouse."""
+    dock = TransferDock.create(
+        DockSpec(timeout_s=0.5), states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE
+    )
+    yield dock
+    dock.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dock2(ray_session: None) -> Iterator[TransferDock]:
+    """Two warehouses of 2 groups each. Shared by the tests (actor start-up costs seconds here)."""
+    dock = TransferDock.create(
+        DockSpec(num_warehouses=2, timeout_s=0.5),
+        states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
+    )
+    yield dock
+    dock.shutdown()
+
+
+@pytest.fixture
+def dock(dock2: TransferDock) -> TransferDock:
+    """The shared two-warehouse dock at the start of a fresh iteration."""
+    dock2.reset()
+    return dock2
+
+
+def samples(indices: list[int], columns: tuple[str, ...] = COLUMNS) -> TensorDict:
+    """Columns whose values encode the sample index, so any mix-up shows."""
+    index = torch.tensor(indices)
+    data = {
+        "prompt_ids": index[:, None] * 100 + torch.arange(PL),  # (B, PL) int64
+        "response_ids": index[:, None] * 1000 + torch.arange(SL),  # (B, SL) int64
+        "old_logprobs": -index[:, None].float() - torch.arange(SL) / 10,  # (B, SL) float32
+        "reward": index.float() / 100,  # (B,) float32
+    }
+    return TensorDict({name: data[name] for name in columns}, batch_size=[len(indices)])
+
+
+def assert_matches(indices: torch.Tensor, batch: TensorDict) -> None:
+    expected = samples(indices.tolist(), tuple(batch.keys()))
+    for name in batch.keys():
+        assert batch[name].dtype == expected[name].dtype
+        assert torch.equal(batch[name], expected[name]), name
+
+
+def counters(dock: TransferDock) -> dict[str, int]:
+    """Warehouse counters summed over warehouses, plus the reference controller's."""
+    stats = dock.stats()
+    summed = {
+        key: sum(w[key] for w in stats["warehouses"])
+        for key in ("bytes_in", "bytes_out", "write_requests", "read_requests")
+    }
+    reference = stats["controllers"]["reference"]
+    for key in ("requests", "samples_handed_out", "mark_ready_calls"):
+        summed[f"reference_{key}"] = reference[key]
+    return summed
+
+
+@pytest.mark.parametrize("num_warehouses", [1, 2])
+def test_put_get_round_trip(dock1: TransferDock, dock: TransferDock, num_warehouses: int) -> None:
+    if num_warehouses == 1:
+        dock1.reset()
+        dock = dock1
+    assert dock.layout.num_warehouses == num_warehouses
+    order = [13, 2, 7, 0, 15, 4, 9, 11, 1, 3, 5, 6, 8, 10, 12, 14]
+    dock.put(torch.tensor(order[:8]), samples(order[:8]))
+    dock.put(torch.tensor(order[8:]), samples(order[8:]))
+    before = counters(dock)
+    got = dock.get("update", ["reward", "old_logprobs", "prompt_ids", "response_ids"], batch_size=16)
+    assert got is not None
+    indices, batch = got
+    assert indices.tolist() == ALL  # ascending, across both warehouses
+    assert batch.batch_size == torch.Size([16])
+    assert_matches(indices, batch)
+    assert counters(dock)["read_requests"] - before["read_requests"] == num_warehouses
+
+
+def test_default_spec_is_one_warehouse_per_node(dock1: TransferDock) -> None:
+    assert dock1.layout.num_warehouses == 1
+    assert dock1.warehouse_nodes() == [ray.get_runtime_context().get_node_id()]
+
+
+def test_bfloat16_column_round_trips(dock: TransferDock) -> None:
+    values = torch.randn(NUM_SAMPLES, SL).to(torch.bfloat16)
+    dock.put(torch.arange(NUM_SAMPLES), TensorDict({"half_logprobs": values}, batch_size=[NUM_SAMPLES]))
+    indices, got = dock.get("bf16", ["half_logprobs"], batch_size=NUM_SAMPLES)
+    assert got["half_logprobs"].dtype == torch.bfloat16 and torch.equal(got["half_logprobs"], values)
+
+
+def take_all(dock: TransferDock, state: str, rank: int, batch_size: int) -> list[int]:
+    """A consumer rank: takes batches until the state is exhausted."""
+    taken: list[int] = []
+    while True:
+        got = dock.get(state, ["prompt_ids", "response_ids"], rank=rank, batch_size=batch_size, timeout_s=60)
+        if got is None:
+            return taken
+        indices, batch = got
+        assert_matches(indices, batch)
+        taken.extend(indices.tolist())
+
+
+consume = ray.remote(num_cpus=1)(take_all)
+
+
+def test_two_ranks_get_disjoint_samples_exactly_once(dock: TransferDock) -> None:
+    # Rank 0 is a Ray task (the dock travels pickled, as into a worker actor); rank 1 a driver thread.
+    rank0 = consume.remote(dock, "reference", 0, 3)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        rank1 = pool.submit(take_all, dock, "reference", 1, 3)
+        for start in range(0, NUM_SAMPLES, 4):  # the producer writes while both ranks wait
+            time.sleep(0.05)
+            dock.put(torch.arange(start, start + 4), samples(list(range(start, start + 4))))
+        taken1 = rank1.result(timeout=120)
+    taken0 = ray.get(rank0, timeout=120)
+    assert sorted(taken0 + taken1) == ALL
+    assert dock.stats()["controllers"]["reference"]["handed_out_now"] == NUM_SAMPLES
+
+
+def test_whole_groups_are_not_handed_out_partially(dock: TransferDock) -> None:
+    dock.put(torch.tensor([0, 1, 2, 4, 5, 6, 7, 9]), samples([0, 1, 2, 4, 5, 6, 7, 9]))  # groups of 4
+    indices, _ = dock.get("reference", ["prompt_ids"], batch_size=4, whole_groups=True)
+    assert indices.tolist() == [4, 5, 6, 7]
+    with pytest.raises(DockTimeoutError, match="0 complete groups"):
+        dock.get("reference", ["prompt_ids"], batch_size=4, whole_groups=True, timeout_s=0.2)
+    with pytest.raises(ValueError, match="multiple of the group size 4"):
+        dock.get("reference", ["prompt_ids"], batch_size=6, whole_groups=True)
+    dock.put(torch.tensor([3, 8, 10, 11]), samples([3, 8, 10, 11]))
+    indices, _ = dock.get("reference", ["prompt_ids"], batch_size=8, whole_groups=True)
+    assert indices.tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def test_consumer_gets_nothing_until_its_column_is_written(dock: TransferDock) -> None:
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL, ("prompt_ids", "response_ids")))
+    assert dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES) is not None
+    with pytest.raises(DockTimeoutError, match="'old_logprobs': 16"):
+        dock.get("update", ["reward"], batch_size=NUM_SAMPLES, timeout_s=0.2)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting = pool.submit(
+            dock.get, "update", ["reward", "prompt_ids"], batch_size=NUM_SAMPLES, timeout_s=60
+        )
+        time.sleep(0.3)
+        assert not waiting.done()
+        dock.put(torch.arange(NUM_SAMPLES), samples(ALL, ("old_logprobs", "reward")))
+        indices, batch = waiting.result(timeout=60)
+    assert indices.tolist() == ALL
+    assert_matches(indices, batch)
+
+
+def test_exhausted_state_returns_none(dock: TransferDock) -> None:
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    first = dock.get("reference", ["prompt_ids"], batch_size=10)
+    second = dock.get("reference", ["prompt_ids"], batch_size=10)
+    assert first is not None and second is not None
+    assert (first[0].tolist(), second[0].tolist()) == (ALL[:10], ALL[10:])
+    assert dock.get("reference", ["prompt_ids"], batch_size=10) is None
+    assert dock.get("update", ["reward"], batch_size=NUM_SAMPLES) is not None  # states are independent
+
+
+def test_timeout_raises_quickly_with_a_helpful_message(dock: TransferDock) -> None:
+    dock.put(torch.arange(4), samples(list(range(4)), ("prompt_ids",)))
+    started = time.monotonic()
+    with pytest.raises(DockTimeoutError) as caught:
+        dock.get("reference", ["prompt_ids", "response_ids"], rank=1, batch_size=4)  # spec timeout: 0.5 s
+    assert time.monotonic() - started < 5
+    message = str(caught.value)
+    for part in ["'reference'", "rank 1", "response_ids", "waited 0.5s", "16 samples remaining",
+                 "0 are ready", "16 are not", "'prompt_ids': 12", "'response_ids': 16"]:
+        assert part in message, message
+    assert "Traceback" not in message and "ray::" not in message  # unwrapped from RayTaskError
+
+
+def test_counters_count_bytes_and_requests(dock: TransferDock) -> None:
+    before = counters(dock)
+    written = samples(ALL)
+    dock.put(torch.arange(NUM_SAMPLES), written)
+    assert dock.get("reference", ["prompt_ids", "response_ids"], batch_size=6) is not None
+    assert dock.get("reference", ["response_ids"], batch_size=6) is not None
+    after = counters(dock)
+    change = {key: after[key] - before[key] for key in after}
+    assert change["bytes_in"] == sum(t.nbytes for t in written.values())
+    assert change["bytes_out"] == 6 * (PL + SL) * 8 + 6 * SL * 8  # int64 columns
+    assert change["write_requests"] == 2  # one per warehouse
+    assert change["read_requests"] == 3  # samples 0..5 from warehouse 0, 6..11 from both
+    assert (change["reference_requests"], change["reference_samples_handed_out"]) == (2, 12)
+    assert change["reference_mark_ready_calls"] == 1
+    stats = dock.stats()
+    assert stats["controllers"]["reference"]["metadata_bytes"] > 0
+    json.dumps(stats)  # JSON-serialisable for metrics
+
+
+def test_reset_starts_a_new_iteration_on_the_same_storage(dock: TransferDock) -> None:
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL, ("prompt_ids", "response_ids")))
+    assert dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES) is not None
+    assert dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES) is None
+    stored = sum(w["bytes_stored"] for w in dock.stats()["warehouses"])
+    dock.reset()
+    with pytest.raises(DockTimeoutError, match="0 are ready"):
+        dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES, timeout_s=0.2)
+    fresh = samples(ALL, ("prompt_ids", "response_ids"))
+    fresh["prompt_ids"] += 7
+    dock.put(torch.arange(NUM_SAMPLES), fresh)
+    indices, batch = dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES)
+    assert torch.equal(batch["prompt_ids"], fresh["prompt_ids"])
+    assert sum(w["bytes_stored"] for w in dock.stats()["warehouses"]) == stored  # no reallocation
+
+
+def test_caller_errors(dock: TransferDock) -> None:
+    with pytest.raises(ValueError, match="unknown dock state 'rollout'"):
+        dock.get("rollout", ["prompt_ids"], batch_size=1)
+    with pytest.raises(ValueError, match="cannot read"):
+        dock.get("reference", ["reward"], batch_size=1)
+    with pytest.raises(ValueError, match="batch size"):
+        dock.put(torch.arange(3), samples([0, 1]))
+    with pytest.raises(ValueError, match="distinct"):
+        dock.put(torch.tensor([1, 1]), samples([1, 1]))
+    with pytest.raises(IndexError):
+        dock.put(torch.tensor([NUM_SAMPLES]), samples([NUM_SAMPLES]))
+    with pytest.raises(ValueError, match="per-sample shape"):
+        dock.put(torch.tensor([1]), TensorDict({"reward": torch.zeros(1, 2)}, batch_size=[1]))
+    with pytest.raises(ValueError, match="dock.num_warehouses"):
+        TransferDock.create(DockSpec(num_warehouses=5), states=STATES, num_samples=16, group_size=4)
