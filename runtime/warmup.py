@@ -23,13 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rldock.config.job import WarmupSpec
-from rldock.runtime.models import (
-    encode_prompts,
-    load_causal_lm,
-    load_tokenizer,
-    max_token_length,
-)
-from rldock.runtime.models.loading import TokenBatch
+from rldock.runtime.models import TokenBatch, encode_prompts, load_causal_lm, load_tokenizer, max_token_length
 from rldock.runtime.tasks import PromptSampler, Task
 
 logger = logging.getLogger(__name__)
@@ -65,8 +59,10 @@ def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, task: Tas
     """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the task's prompts and
     reference answers; save model and tokenizer to `model_dir_out`.
 
-    Deterministic given `seed` (the data order and the torch RNG are seeded from it). Returns
-    metrics: `loss` (one float per step), `steps`, `seconds`.
+    Trains in float32 whatever the job's model.dtype, since the phase is short and its output is
+    also the reference policy. With `spec.steps == 0` the model is copied unchanged. Deterministic
+    given `seed` (the data order and the torch RNG are seeded from it). Returns metrics: `loss`
+    (one float per step), `steps`, `seconds`.
     """
     start = time.perf_counter()
     tokenizer = load_tokenizer(model_dir_in)

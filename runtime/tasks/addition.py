@@ -32,8 +32,11 @@ class AdditionTask:
     def __len__(self) -> int:
         return len(self._operands)
 
+    def __getitem__(self, index: int) -> Example:
+        return self._example(*self._operands[index])
+
     def examples(self, indices: Sequence[int]) -> list[Example]:
-        return [self._example(*self._operands[i]) for i in indices]
+        return [self[i] for i in indices]
 
     @staticmethod
     def _example(a: int, b: int) -> Example:

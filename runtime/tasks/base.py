@@ -7,14 +7,12 @@ checkpoint (which saves `PromptSampler.state_dict()`) sees exactly the prompts i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Example:
+class Example(NamedTuple):
     prompt: str  # text the model continues, e.g. "37+58="
     answer: str  # reference answer text the reward compares with, e.g. "95"
 
@@ -26,6 +24,9 @@ class Task(Protocol):
 
     def __len__(self) -> int:
         """Number of prompts in the generated set."""
+
+    def __getitem__(self, index: int) -> Example:
+        """The example at `index` in the prompt set."""
 
     def examples(self, indices: Sequence[int]) -> list[Example]:
         """The examples at `indices` (indexes into the prompt set)."""
