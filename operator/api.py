@@ -1,0 +1,168 @@
+"""The RLJob resource as pydantic models: its spec and its status.
+
+The spec embeds the runtime's `JobConfig` unchanged under `job`, so there is one definition of a
+job: `rldock train` reads the same model from YAML, the CRD schema (crd.py) is generated from these
+models, and the cluster shape is `job.resources.num_nodes` x `job.resources.devices_per_node`,
+never repeated here. What the runtime does not need to know (image, device plugin, pod sizes,
+scheduling, storage, lifecycle) is added around it.
+
+Kubernetes-facing fields are camelCase (aliases); the embedded job config keeps its own snake_case
+fields, exactly as `rldock train` reads them. Cross-field rules live in validation.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+from rldock.config import JobConfig
+from rldock.operator.constants import (
+    DEFAULT_BACKOFF_LIMIT, DEFAULT_CHECKPOINT_MOUNT_PATH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE,
+    DEFAULT_RAY_VERSION, ConditionType, GangScheduler, Phase, Reason,
+)
+
+# Kubernetes resource.Quantity, as the API server parses it ("4", "500m", "64Gi", 4). Integers
+# are accepted because people write `cpu: 4`; fractions must be quoted ("0.5" or "500m"); negative
+# amounts are refused.
+QUANTITY_PATTERN = (r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+                    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+Quantity = Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]]
+
+
+def cpu_cores(quantity: Quantity) -> float:
+    """CPU cores of a quantity ("4", 4, "0.5", "500m"); ValueError for other suffixes."""
+    text = str(quantity)
+    try:
+        return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        raise ValueError(f"{quantity!r} is not a CPU amount such as 4, \"0.5\" or \"500m\"") from None
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class PodResources(_Model):
+    """CPU and memory of one pod (request = limit, so Ray's view of the pod is what it gets)."""
+
+    cpu: Quantity = Field(description="CPU cores, e.g. 16 or \"500m\".")
+    memory: Quantity = Field(description="Memory, e.g. \"64Gi\".")
+
+
+class Toleration(_Model):
+    """A core/v1 Toleration, copied onto every Ray pod."""
+
+    key: Optional[str] = Field(
+        default=None, description="Taint key; empty with `Exists` tolerates every taint.")
+    operator: Optional[Literal["Exists", "Equal"]] = Field(default=None, description="Default `Equal`.")
+    value: Optional[str] = Field(default=None, description="Taint value; must be empty with `Exists`.")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        default=None, description="Taint effect to tolerate; empty tolerates all effects.")
+    toleration_seconds: Optional[int] = Field(
+        default=None, ge=0, description="How long a `NoExecute` taint is tolerated before eviction.")
+
+
+class ClusterSpec(_Model):
+    """How the Ray cluster's pods are made. Its size comes from `job.resources`."""
+
+    device_resource: str = Field(
+        default=DEFAULT_DEVICE_RESOURCE, min_length=1,
+        description="Extended resource that the device plugin advertises; each worker pod requests "
+        "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`).")
+    head: PodResources = Field(
+        default_factory=lambda: PodResources(cpu=8, memory="32Gi"),
+        description="The head pod, which runs the trainer driver and the dock's controllers. "
+        "Default: cpu 8, memory 32Gi.")
+    worker: PodResources = Field(
+        default_factory=lambda: PodResources(cpu=32, memory="256Gi"),
+        description="Each worker pod (one per node), besides its devices. Default: cpu 32, memory 256Gi.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels every Ray pod requires.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of every Ray pod.")
+    ray_version: str = Field(
+        default=DEFAULT_RAY_VERSION, min_length=1, description="Ray version of the image, for KubeRay.")
+
+
+class SchedulingSpec(_Model):
+    scheduler_name: Optional[str] = Field(
+        default=None, min_length=1, description="Pod schedulerName; unset uses the cluster default.")
+    gang: GangScheduler = Field(
+        default=GangScheduler.NONE,
+        description="All-or-nothing start of the head and every worker: `volcano` (KubeRay's "
+        "Volcano integration, a PodGroup per cluster) or `kueue` (Kueue admits the RayCluster).")
+    queue: Optional[str] = Field(
+        default=None, min_length=1,
+        description="Volcano queue, or Kueue LocalQueue (required for `kueue`).")
+
+
+class CheckpointStorage(_Model):
+    """Where checkpoints and metrics live: a volume every Ray pod mounts (set exactly one source).
+
+    The run writes to `<mountPath>/<namespace>/<name>`; `job.checkpoint` sets how often.
+    """
+
+    claim_name: Optional[str] = Field(
+        default=None, min_length=1,
+        description="PersistentVolumeClaim in the RLJob's namespace (ReadWriteMany for several nodes).")
+    host_path: Optional[str] = Field(
+        default=None, min_length=1, description="Directory on every node, e.g. a shared filesystem mount.")
+    mount_path: str = Field(
+        default=DEFAULT_CHECKPOINT_MOUNT_PATH, min_length=1,
+        description="Where the volume is mounted in the pods.")
+
+
+class RLJobSpec(_Model):
+    job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Runtime image of every Ray pod.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Pods of the Ray cluster.")
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec, description="Scheduler and gang scheduling.")
+    checkpoint: CheckpointStorage = Field(description="Checkpoint storage shared by all Ray pods.")
+    suspend: bool = Field(
+        default=False, description="Free the cluster and keep the checkpoint; unset to resume from it.")
+    backoff_limit: int = Field(
+        default=DEFAULT_BACKOFF_LIMIT, ge=0,
+        description="Restarts (failed Ray job or lost worker pod) before the RLJob fails.")
+    ttl_seconds_after_finished: Optional[int] = Field(
+        default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
+
+
+class Condition(_Model):
+    """The shape of a Kubernetes metav1.Condition, with typed type and reason."""
+
+    model_config = ConfigDict(extra="ignore")  # a status written by another operator version
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: Reason
+    message: str = ""
+    last_transition_time: datetime
+    observed_generation: Optional[int] = Field(default=None, ge=0)
+
+
+class RLJobStatus(_Model):
+    """Written only by the operator (status subresource)."""
+
+    model_config = ConfigDict(extra="ignore")
+    phase: Optional[Phase] = None
+    conditions: list[Condition] = Field(default_factory=list)
+    iteration: Optional[int] = Field(default=None, ge=0, description="Last finished RL iteration.")
+    iterations: Optional[int] = Field(default=None, ge=1, description="RL iterations of the job.")
+    progress: Optional[str] = Field(default=None, description="`iteration/iterations`, for kubectl.")
+    reward: Optional[float] = Field(default=None, description="Mean reward of the last iteration.")
+    tokens_per_second_per_device: Optional[float] = Field(
+        default=None, description="Throughput of the last iteration, tokens/s per device.")
+    last_checkpoint: Optional[str] = Field(default=None, description="Path of the newest complete checkpoint.")
+    restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")
+    ray_cluster_name: Optional[str] = None
+    ray_job_id: Optional[str] = Field(default=None, description="Submission id of the current Ray job.")
+    start_time: Optional[datetime] = None
+    completion_time: Optional[datetime] = None
+    observed_generation: Optional[int] = Field(default=None, ge=0)
+
+    def condition(self, type_: ConditionType) -> Optional[Condition]:
+        return next((c for c in self.conditions if c.type == type_), None)

@@ -1,0 +1,15 @@
+"""Pure builders: an RLJob (its identity and parsed spec) in, Kubernetes manifests out.
+
+No I/O, clock or environment: the handlers apply what these return, and the unit tests check it
+against Kubernetes' and KubeRay's own schemas.
+"""
+
+from rldock.operator.builders.common import RLJobRef, child_labels, owner_reference
+from rldock.operator.builders.config_map import build_config_map, render_job_config
+from rldock.operator.builders.ray_cluster import build_ray_cluster
+from rldock.operator.builders.ray_job import build_entrypoint, build_job_submission, output_dir
+
+__all__ = [
+    "RLJobRef", "build_config_map", "build_entrypoint", "build_job_submission", "build_ray_cluster",
+    "child_labels", "owner_reference", "output_dir", "render_job_config",
+]

@@ -1,0 +1,152 @@
+"""The KubeRay RayCluster (ray.io/v1) that runs one RLJob.
+
+Shape: a head group (trainer driver, dock controllers; CPU only) and ONE worker group with exactly
+`job.resources.num_nodes` pods (replicas = min = max, no autoscaling), at most one per node through
+pod anti-affinity, each taking the node's `devices_per_node` devices through the device plugin's
+extended resource and advertising them to Ray as `job.resources.accelerator_resource` (NPU). The
+runtime places one dock warehouse per such Ray node; the head advertises no devices, so none
+lands there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from rldock.operator import naming
+from rldock.operator.api import PodResources, RLJobSpec, cpu_cores
+from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
+from rldock.operator.constants import (
+    ANNOTATION_SPEC_HASH, CONFIG_MOUNT_PATH, ENV_JOB_CONFIG, HEAD_CONTAINER, JOB_CONFIG_PATH,
+    LABEL_KUEUE_QUEUE, LABEL_RAY_SCHEDULER_NAME, LABEL_RLJOB, LABEL_ROLE, LABEL_VOLCANO_QUEUE, RAY_API_VERSION,
+    RAY_CLUSTER_KIND, ROLE_HEAD, ROLE_WORKER, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, VOLUME_CHECKPOINTS,
+    VOLUME_JOB_CONFIG, VOLUME_SHM, WORKER_CONTAINER, WORKER_GROUP, GangScheduler,
+)
+
+_HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec) -> dict[str, Any]:
+    """The desired RayCluster; `spec` must be free of validation problems."""
+    resources = spec.job.resources
+    num_workers = resources.num_nodes
+    cluster_spec = {
+        "rayVersion": spec.cluster.ray_version,
+        "suspend": spec.suspend,  # KubeRay deletes every pod and keeps the object
+        "enableInTreeAutoscaling": False,  # the job's shape is fixed; the dock needs every node
+        "headGroupSpec": {
+            "serviceType": "ClusterIP",
+            "rayStartParams": {
+                # CPU for the driver's helpers; no accelerator resource, so no device worker or
+                # warehouse is placed on the head.
+                "num-cpus": str(math.floor(cpu_cores(spec.cluster.head.cpu))),
+                "dashboard-host": "0.0.0.0",  # the operator reaches the Jobs API via the Service
+            },
+            "template": _pod_template(job, spec, role=ROLE_HEAD),
+        },
+        "workerGroupSpecs": [{
+            "groupName": WORKER_GROUP,
+            "replicas": num_workers,
+            "minReplicas": num_workers,
+            "maxReplicas": num_workers,
+            "rayStartParams": {
+                "resources": json.dumps({resources.accelerator_resource: resources.devices_per_node}),
+            },
+            "template": _pod_template(job, spec, role=ROLE_WORKER),
+        }],
+    }
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": RAY_CLUSTER_KIND,
+        "metadata": child_metadata(job, naming.ray_cluster_name(job.name), labels=_gang_labels(spec),
+                                   annotations={ANNOTATION_SPEC_HASH: _spec_hash(cluster_spec)}),
+        "spec": cluster_spec,
+    }
+
+
+def _gang_labels(spec: RLJobSpec) -> dict[str, str]:
+    """Labels on the RayCluster that hand it to a gang scheduler, as KubeRay documents them."""
+    scheduling = spec.scheduling
+    if scheduling.gang is GangScheduler.VOLCANO:
+        labels = {LABEL_RAY_SCHEDULER_NAME: VOLCANO_SCHEDULER}
+        if scheduling.queue:
+            labels[LABEL_VOLCANO_QUEUE] = scheduling.queue
+        return labels
+    if scheduling.gang is GangScheduler.KUEUE:
+        assert scheduling.queue, "validation requires a queue for kueue"
+        return {LABEL_KUEUE_QUEUE: scheduling.queue}
+    return {}
+
+
+def _spec_hash(cluster_spec: dict[str, Any]) -> str:
+    # `suspend` is left out: toggling it is a patch of the running cluster, not a new cluster.
+    stable = {k: v for k, v in cluster_spec.items() if k != "suspend"}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _pod_template(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any]:
+    is_worker = role == ROLE_WORKER
+    labels = {**child_labels(job), LABEL_ROLE: role}
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(spec, role=role)],
+        "volumes": _volumes(job, spec),
+    }
+    if is_worker:
+        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            # One worker of this job per node: each worker pod owns its node's devices and its
+            # node's dock warehouse. Pods of other jobs are not excluded here; their device
+            # requests keep them off a node that is full.
+            "labelSelector": {"matchLabels": {LABEL_RLJOB: labels[LABEL_RLJOB], LABEL_ROLE: ROLE_WORKER}},
+            "topologyKey": _HOSTNAME_TOPOLOGY,
+        }]}}
+    if spec.cluster.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.cluster.node_selector)
+    if spec.cluster.tolerations:
+        pod_spec["tolerations"] = [toleration.model_dump(by_alias=True, exclude_none=True)
+                                   for toleration in spec.cluster.tolerations]
+    if spec.scheduling.scheduler_name:
+        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
+    return {"metadata": {"labels": labels}, "spec": pod_spec}
+
+
+def _container(spec: RLJobSpec, *, role: str) -> dict[str, Any]:
+    if role == ROLE_WORKER:
+        amounts = _cpu_memory(spec.cluster.worker)
+        amounts[spec.cluster.device_resource] = str(spec.job.resources.devices_per_node)
+        name = WORKER_CONTAINER
+    else:
+        amounts, name = _cpu_memory(spec.cluster.head), HEAD_CONTAINER
+    return {
+        "name": name,
+        "image": spec.image,
+        # Requests equal limits: extended resources require it, and Ray sizes itself from limits.
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "env": [{"name": ENV_JOB_CONFIG, "value": JOB_CONFIG_PATH}],
+        "volumeMounts": [
+            {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
+            {"name": VOLUME_CHECKPOINTS, "mountPath": spec.checkpoint.mount_path},
+            {"name": VOLUME_SHM, "mountPath": SHM_MOUNT_PATH},
+        ],
+    }
+
+
+def _cpu_memory(pod: PodResources) -> dict[str, str]:
+    return {"cpu": str(pod.cpu), "memory": str(pod.memory)}
+
+
+def _volumes(job: RLJobRef, spec: RLJobSpec) -> list[dict[str, Any]]:
+    storage = spec.checkpoint
+    if storage.claim_name is not None:
+        checkpoints = {"persistentVolumeClaim": {"claimName": storage.claim_name}}
+    else:
+        assert storage.host_path is not None, "validation requires claimName or hostPath"
+        checkpoints = {"hostPath": {"path": storage.host_path, "type": "DirectoryOrCreate"}}
+    return [
+        {"name": VOLUME_JOB_CONFIG, "configMap": {"name": naming.config_map_name(job.name)}},
+        {"name": VOLUME_CHECKPOINTS, **checkpoints},
+        # Ray's object store and the engines' worker processes use shared memory; the container
+        # runtime's default /dev/shm is 64 MiB.
+        {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory"}},
+    ]

@@ -1,0 +1,88 @@
+"""Names of everything the operator creates for an RLJob, derived from the RLJob alone.
+
+All "find my children" naming lives here so that a restarted operator computes the same names and
+finds the objects it created before (no duplicates), and so that every name is valid where it is
+used: a name that is too long or has the wrong characters is shortened deterministically and made
+unique with a hash of the original.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from rldock.operator.constants import DASHBOARD_PORT, WORKER_GROUP
+
+DNS_LABEL_MAX = 63
+LABEL_VALUE_MAX = 63
+# KubeRay derives Service and pod names from the RayCluster name, e.g. `<cluster>-head-svc` and
+# `<cluster>-workers-worker-abcde`, which must stay DNS labels (<= 63): keep 22 characters spare.
+RAY_CLUSTER_NAME_MAX = DNS_LABEL_MAX - len(f"-{WORKER_GROUP}-worker-abcde") - 1
+_HASH_LEN = 8
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LEN]
+
+
+def _shorten(name: str, *, max_len: int, valid: re.Pattern[str], must_start_with_letter: bool) -> str:
+    """`name` itself when valid, else a sanitised prefix plus a hash of the original name."""
+    if len(name) <= max_len and valid.match(name):
+        return name
+    base = re.sub(r"[^a-z0-9-]+", "-", name.lower())
+    if must_start_with_letter and not base[:1].isalpha():
+        base = "r-" + base
+    base = base[: max_len - _HASH_LEN - 1].strip("-")
+    return f"{base}-{_digest(name)}" if base else f"r{_digest(name)}"
+
+
+def dns_label(name: str, *, max_len: int = DNS_LABEL_MAX) -> str:
+    """A DNS-1123 label (lowercase alphanumerics and '-', at most `max_len`)."""
+    return _shorten(name, max_len=max_len, valid=_DNS_LABEL, must_start_with_letter=False)
+
+
+def label_value(name: str) -> str:
+    """A valid label value identifying `name` (RLJob names may be up to 253 characters)."""
+    if len(name) <= LABEL_VALUE_MAX and _LABEL_VALUE.match(name):
+        return name
+    return _shorten(name, max_len=LABEL_VALUE_MAX, valid=_LABEL_VALUE, must_start_with_letter=False)
+
+
+def ray_cluster_name(rljob_name: str) -> str:
+    """The RayCluster: the RLJob's own name when it fits, so `kubectl get raycluster NAME` works.
+
+    It must start with a letter because KubeRay turns it into Service names (DNS-1035 labels).
+    """
+    return _shorten(rljob_name, max_len=RAY_CLUSTER_NAME_MAX, valid=_DNS_1035_LABEL,
+                    must_start_with_letter=True)
+
+
+def config_map_name(rljob_name: str) -> str:
+    """The ConfigMap that holds the job config the runtime reads."""
+    return dns_label(f"{rljob_name}-config")
+
+
+def head_service_name(rljob_name: str) -> str:
+    """The head Service KubeRay creates for the RayCluster."""
+    return f"{ray_cluster_name(rljob_name)}-head-svc"
+
+
+def dashboard_url(rljob_name: str, namespace: str) -> str:
+    """Where the operator reaches the Ray Jobs API of this RLJob's cluster."""
+    return f"http://{head_service_name(rljob_name)}.{namespace}.svc:{DASHBOARD_PORT}"
+
+
+def ray_job_submission_id(rljob_name: str, uid: str, *, attempt: int) -> str:
+    """The Ray job id of one attempt (0 for the first run, k after k restarts).
+
+    Deterministic, so an operator restarted mid-submission finds the job it already submitted
+    (the Jobs API refuses a duplicate id) instead of starting a second one; the uid keeps a new
+    RLJob with a reused name from matching an old job.
+    """
+    if attempt < 0:
+        raise ValueError(f"attempt must be >= 0, got {attempt}")
+    return f"rldock-{dns_label(rljob_name, max_len=40)}-{uid[:_HASH_LEN]}-{attempt}"

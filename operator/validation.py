@@ -1,0 +1,151 @@
+"""Problems of an RLJob spec that the CRD schema cannot catch, each naming the field to change.
+
+The job's own cross-field rules come from the runtime (`rldock.config.find_problems`, so `rldock
+train` and the operator refuse the same configs), re-rooted under `spec.job.`; the rest are about
+the cluster: storage, device resource name, tolerations, node selector and scheduling. The
+handlers turn a non-empty list into phase Failed, a condition and an Event, and create nothing.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from typing import Any, Mapping, Optional
+
+from pydantic import ValidationError
+
+from rldock.config import Problem, find_problems
+from rldock.operator.api import RLJobSpec, Toleration, cpu_cores
+from rldock.operator.constants import (
+    CONFIG_MOUNT_PATH, RAY_RESERVED_RESOURCES, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
+)
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def parse_spec(raw: Mapping[str, Any]) -> tuple[Optional[RLJobSpec], list[Problem]]:
+    """The parsed spec and every problem with it; the spec is None when it does not parse.
+
+    The API server has already checked the schema, so parse errors are rare (e.g. a status
+    written by an older CRD version), but they are reported the same way, never raised.
+    """
+    try:
+        spec = RLJobSpec.model_validate(raw)
+    except ValidationError as error:
+        return None, [_problem_from_error(item) for item in error.errors()]
+    return spec, find_spec_problems(spec)
+
+
+def _problem_from_error(item: Mapping[str, Any]) -> Problem:
+    path = ".".join(["spec", *(str(part) for part in item["loc"])])
+    if item["type"] == "extra_forbidden":
+        return Problem(path, "unknown field (see docs/operator.md)")
+    if item["type"] == "missing":
+        return Problem(path, "required field is missing")
+    return Problem(path, item["msg"])
+
+
+def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
+    """Every problem of a parsed spec (the runtime's job rules first), in field order."""
+    problems = [Problem(f"spec.job.{p.path}", p.message) for p in find_problems(spec.job)]
+    accelerator = spec.job.resources.accelerator_resource
+    if accelerator in RAY_RESERVED_RESOURCES:
+        problems.append(Problem(
+            "spec.job.resources.accelerator_resource",
+            f"{accelerator!r} is a Ray built-in resource and cannot name the devices; use e.g. NPU"))
+    problems += _device_resource_problems(spec.cluster.device_resource)
+    for role in ("head", "worker"):
+        try:
+            cpu_cores(getattr(spec.cluster, role).cpu)
+        except ValueError as error:
+            problems.append(Problem(f"spec.cluster.{role}.cpu", str(error)))
+    problems += _node_selector_problems(spec.cluster.node_selector)
+    for index, toleration in enumerate(spec.cluster.tolerations):
+        problems += _toleration_problems(toleration, f"spec.cluster.tolerations[{index}]")
+    problems += _scheduling_problems(spec)
+    problems += _checkpoint_problems(spec)
+    return problems
+
+
+def _device_resource_problems(name: str) -> list[Problem]:
+    """Kubernetes extended resource names are `domain/name`, outside the kubernetes.io domain."""
+    path = "spec.cluster.deviceResource"
+    domain, slash, resource = name.partition("/")
+    if not slash or not domain or not resource:
+        return [Problem(path, f"{name!r} is not an extended resource name `domain/name` "
+                              "(e.g. huawei.com/Ascend910, nvidia.com/gpu)")]
+    if not _DNS_SUBDOMAIN.match(domain) or len(domain) > 253:
+        return [Problem(path, f"domain {domain!r} of {name!r} is not a DNS subdomain")]
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or name.startswith("requests."):
+        return [Problem(path, f"{name!r} is reserved by Kubernetes; device plugins use their own domain")]
+    if len(resource) > 63 or not _QUALIFIED_NAME.match(resource):
+        return [Problem(path, f"name {resource!r} of {name!r} must be at most 63 alphanumerics, "
+                              "'-', '_' or '.', starting and ending with an alphanumeric")]
+    return []
+
+
+def _is_label_key(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= 63 and bool(_QUALIFIED_NAME.match(name))
+
+
+def _node_selector_problems(selector: Mapping[str, str]) -> list[Problem]:
+    problems = []
+    for key, value in selector.items():
+        path = f"spec.cluster.nodeSelector[{key}]"
+        if not _is_label_key(key):
+            problems.append(Problem(path, f"{key!r} is not a valid label key"))
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            problems.append(Problem(path, f"{value!r} is not a valid label value"))
+    return problems
+
+
+def _toleration_problems(toleration: Toleration, path: str) -> list[Problem]:
+    """The rules the API server applies to pods, checked here so they fail before KubeRay's pods do."""
+    problems = []
+    operator = toleration.operator or "Equal"
+    if toleration.key and not _is_label_key(toleration.key):
+        problems.append(Problem(f"{path}.key", f"{toleration.key!r} is not a valid taint key"))
+    if not toleration.key and operator != "Exists":
+        problems.append(Problem(f"{path}.operator", "an empty key needs operator Exists (tolerate all taints)"))
+    if operator == "Exists" and toleration.value:
+        problems.append(Problem(f"{path}.value", "must be empty when operator is Exists"))
+    if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+        problems.append(Problem(f"{path}.tolerationSeconds", "only applies to effect NoExecute"))
+    return problems
+
+
+def _scheduling_problems(spec: RLJobSpec) -> list[Problem]:
+    scheduling = spec.scheduling
+    if scheduling.gang is GangScheduler.KUEUE and not scheduling.queue:
+        return [Problem("spec.scheduling.queue", "gang scheduling through kueue needs the LocalQueue name")]
+    if scheduling.gang is GangScheduler.NONE and scheduling.queue:
+        return [Problem("spec.scheduling.queue", "a queue needs gang: volcano or gang: kueue")]
+    if (scheduling.gang is GangScheduler.VOLCANO and scheduling.scheduler_name
+            and scheduling.scheduler_name != VOLCANO_SCHEDULER):
+        return [Problem("spec.scheduling.schedulerName",
+                        f"gang: volcano schedules pods with {VOLCANO_SCHEDULER!r}; leave schedulerName unset")]
+    return []
+
+
+def _checkpoint_problems(spec: RLJobSpec) -> list[Problem]:
+    storage, path = spec.checkpoint, "spec.checkpoint"
+    problems = []
+    if (storage.claim_name is None) == (storage.host_path is None):
+        problems.append(Problem(path, "set exactly one of claimName (a PersistentVolumeClaim) or "
+                                      "hostPath (a directory on every node)"))
+    if storage.host_path is not None and not posixpath.isabs(storage.host_path):
+        problems.append(Problem(f"{path}.hostPath", f"{storage.host_path!r} must be an absolute path"))
+    mount = posixpath.normpath(storage.mount_path)
+    if not posixpath.isabs(storage.mount_path) or mount == "/":
+        problems.append(Problem(f"{path}.mountPath",
+                                f"{storage.mount_path!r} must be an absolute path below /"))
+    for taken in (CONFIG_MOUNT_PATH, SHM_MOUNT_PATH):
+        if mount == taken or mount.startswith(taken + "/") or taken.startswith(mount + "/"):
+            problems.append(Problem(f"{path}.mountPath", f"{storage.mount_path!r} overlaps {taken}, "
+                                                         "which the operator mounts itself"))
+    return problems

@@ -1,0 +1,216 @@
+"""Builders: RLJob -> RayCluster, ConfigMap, Ray job submission. The core types they embed are
+checked with kubernetes-validate, the RayCluster with KubeRay's own CRD schema."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import kubernetes_validate
+import pytest
+import yaml
+from rljob_testing import KUBERNETES_VERSION, error_paths, kuberay_raycluster_validator, spec_dict
+
+from rldock.cli import _build_parser
+from rldock.config import parse_job_config
+from rldock.operator import naming
+from rldock.operator.api import RLJobSpec
+from rldock.operator.builders import (
+    RLJobRef, build_config_map, build_entrypoint, build_job_submission, build_ray_cluster, output_dir,
+)
+from rldock.operator.constants import (
+    ANNOTATION_SPEC_HASH, ENV_JOB_CONFIG, JOB_CONFIG_PATH, LABEL_KUEUE_QUEUE, LABEL_RAY_SCHEDULER_NAME,
+    LABEL_RLJOB, LABEL_ROLE, LABEL_VOLCANO_QUEUE,
+)
+
+JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
+
+
+def _spec(**sections) -> RLJobSpec:
+    return RLJobSpec.model_validate(spec_dict(**sections))
+
+
+def _resources(num_nodes: int, devices_per_node: int, accelerator: str = "NPU") -> dict:
+    job = spec_dict()["job"]
+    job["resources"] = {"num_nodes": num_nodes, "devices_per_node": devices_per_node,
+                        "accelerator_resource": accelerator}
+    return job
+
+
+SPECS = {
+    "default": {},
+    "four-nodes-gpu": {"job": _resources(4, 16, "GPU_DEVICE"),
+                       "cluster": {"deviceResource": "nvidia.com/gpu", "head": {"cpu": "500m", "memory": "2Gi"},
+                                   "worker": {"cpu": 8, "memory": "64Gi"}}},
+    "placed": {"cluster": {"nodeSelector": {"accelerator": "ascend-910b"},
+                           "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists",
+                                            "effect": "NoExecute", "tolerationSeconds": 60}]},
+               "scheduling": {"schedulerName": "my-scheduler"}},
+    "volcano": {"scheduling": {"gang": "volcano", "queue": "research"}},
+    "kueue": {"scheduling": {"gang": "kueue", "queue": "team-a-queue"}},
+    "host-path": {"checkpoint": {"hostPath": "/mnt/shared/rl", "mountPath": "/data"}},
+    "suspended": {"suspend": True},
+}
+
+
+def _groups(cluster: dict) -> tuple[dict, dict]:
+    (worker,) = cluster["spec"]["workerGroupSpecs"]
+    return cluster["spec"]["headGroupSpec"], worker
+
+
+def _as_pod(template: dict, name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**template["metadata"], "name": name, "namespace": JOB.namespace},
+            "spec": template["spec"]}
+
+
+@pytest.mark.parametrize("case", SPECS)
+def test_pod_templates_are_valid_pods(case):
+    head, worker = _groups(build_ray_cluster(job=JOB, spec=_spec(**SPECS[case])))
+    for group, name in ((head, "head"), (worker, "worker")):
+        kubernetes_validate.validate(_as_pod(group["template"], name), KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("case", SPECS)
+def test_ray_cluster_matches_kuberays_crd(case):
+    validator = kuberay_raycluster_validator()
+    if validator is None:
+        pytest.skip("KubeRay's CRD is not at /work/shared/kuberay/ray.io_rayclusters.yaml")
+    cluster = build_ray_cluster(job=JOB, spec=_spec(**SPECS[case]))
+    assert error_paths(validator, cluster) == []
+
+
+def test_kuberay_schema_check_has_teeth():
+    validator = kuberay_raycluster_validator()
+    if validator is None:
+        pytest.skip("KubeRay's CRD is not at /work/shared/kuberay/ray.io_rayclusters.yaml")
+    cluster = build_ray_cluster(job=JOB, spec=_spec())
+    cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "two"
+    cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 8
+    cluster["spec"]["workerGroupSpecs"][0]["groupNmae"] = "typo"
+    assert set(error_paths(validator, cluster)) == {
+        "spec.workerGroupSpecs.0.replicas", "spec.headGroupSpec.rayStartParams.num-cpus",
+        "spec.workerGroupSpecs.0"}
+
+
+@pytest.mark.parametrize("num_nodes, devices, accelerator, device_resource", [
+    (1, 8, "NPU", "huawei.com/Ascend910"),
+    (4, 8, "NPU", "huawei.com/Ascend910"),
+    (2, 16, "GPU_DEVICE", "nvidia.com/gpu"),
+])
+def test_cluster_shape_comes_from_the_job(num_nodes, devices, accelerator, device_resource):
+    spec = _spec(job=_resources(num_nodes, devices, accelerator), cluster={"deviceResource": device_resource})
+    head, worker = _groups(build_ray_cluster(job=JOB, spec=spec))
+    assert worker["replicas"] == worker["minReplicas"] == worker["maxReplicas"] == num_nodes
+    assert json.loads(worker["rayStartParams"]["resources"]) == {accelerator: devices}
+    (container,) = worker["template"]["spec"]["containers"]
+    assert container["resources"]["requests"][device_resource] == str(devices)
+    assert container["resources"]["limits"] == container["resources"]["requests"]
+    # The head runs the driver and controllers: CPUs for Ray, no devices at all.
+    (head_container,) = head["template"]["spec"]["containers"]
+    assert device_resource not in head_container["resources"]["limits"]
+    assert "resources" not in head["rayStartParams"] and head["rayStartParams"]["num-cpus"] == "8"
+
+
+def test_one_worker_pod_per_node():
+    head, worker = _groups(build_ray_cluster(job=JOB, spec=_spec()))
+    (term,) = worker["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= worker["template"]["metadata"]["labels"].items()
+    assert worker["template"]["metadata"]["labels"][LABEL_ROLE] == "worker"
+    assert "affinity" not in head["template"]["spec"]
+
+
+@pytest.mark.parametrize("case, labels, scheduler_name", [
+    ("default", {}, None),
+    ("volcano", {LABEL_RAY_SCHEDULER_NAME: "volcano", LABEL_VOLCANO_QUEUE: "research"}, None),
+    ("kueue", {LABEL_KUEUE_QUEUE: "team-a-queue"}, None),
+    ("placed", {}, "my-scheduler"),
+])
+def test_scheduling(case, labels, scheduler_name):
+    cluster = build_ray_cluster(job=JOB, spec=_spec(**SPECS[case]))
+    gang_keys = {LABEL_RAY_SCHEDULER_NAME, LABEL_VOLCANO_QUEUE, LABEL_KUEUE_QUEUE}
+    assert {k: v for k, v in cluster["metadata"]["labels"].items() if k in gang_keys} == labels
+    for group in _groups(cluster):
+        assert group["template"]["spec"].get("schedulerName") == scheduler_name
+
+
+def test_placement_is_copied_to_every_pod():
+    for group in _groups(build_ray_cluster(job=JOB, spec=_spec(**SPECS["placed"]))):
+        pod = group["template"]["spec"]
+        assert pod["nodeSelector"] == {"accelerator": "ascend-910b"}
+        assert pod["tolerations"] == [{"key": "huawei.com/Ascend910", "operator": "Exists",
+                                       "effect": "NoExecute", "tolerationSeconds": 60}]
+
+
+@pytest.mark.parametrize("case, source, mount_path", [
+    ("default", {"persistentVolumeClaim": {"claimName": "rl-checkpoints"}}, "/checkpoints"),
+    ("host-path", {"hostPath": {"path": "/mnt/shared/rl", "type": "DirectoryOrCreate"}}, "/data"),
+])
+def test_every_pod_mounts_config_and_checkpoints(case, source, mount_path):
+    for group in _groups(build_ray_cluster(job=JOB, spec=_spec(**SPECS[case]))):
+        pod = group["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["checkpoints"] == {"name": "checkpoints", **source}
+        assert volumes["job-config"]["configMap"]["name"] == naming.config_map_name(JOB.name)
+        (container,) = pod["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts == {"job-config": "/etc/rldock", "checkpoints": mount_path, "dshm": "/dev/shm"}
+        assert {"name": ENV_JOB_CONFIG, "value": JOB_CONFIG_PATH} in container["env"]
+
+
+def test_children_are_owned_and_labelled():
+    spec = _spec()
+    for child in (build_ray_cluster(job=JOB, spec=spec), build_config_map(job=JOB, spec=spec)):
+        meta = child["metadata"]
+        (owner,) = meta["ownerReferences"]
+        assert owner == {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "name": JOB.name,
+                         "uid": JOB.uid, "controller": True, "blockOwnerDeletion": True}
+        assert meta["namespace"] == JOB.namespace and meta["labels"][LABEL_RLJOB] == JOB.name
+    assert build_ray_cluster(job=JOB, spec=spec)["metadata"]["name"] == naming.ray_cluster_name(JOB.name)
+
+
+def test_builders_are_deterministic_and_hash_what_needs_a_new_cluster():
+    spec = _spec()
+    cluster = build_ray_cluster(job=JOB, spec=spec)
+    assert cluster == build_ray_cluster(job=JOB, spec=_spec())
+    suspended = build_ray_cluster(job=JOB, spec=_spec(suspend=True))
+    assert suspended["spec"]["suspend"] is True and cluster["spec"]["suspend"] is False
+    hashes = {c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in (cluster, suspended)}
+    assert len(hashes) == 1, "suspending patches the cluster; it does not replace it"
+    other_image = build_ray_cluster(job=JOB, spec=_spec(image="registry.local/rldock:dev"))
+    assert other_image["metadata"]["annotations"][ANNOTATION_SPEC_HASH] not in hashes
+
+
+def test_config_map_holds_the_job_config_the_runtime_accepts():
+    spec = _spec()
+    config_map = build_config_map(job=JOB, spec=spec)
+    kubernetes_validate.validate(config_map, KUBERNETES_VERSION, strict=True)
+    assert config_map["metadata"]["name"] == naming.config_map_name(JOB.name)
+    text = config_map["data"]["job.yaml"]
+    assert parse_job_config(yaml.safe_load(text)) == spec.job
+    assert "clip_ratio: 0.2" in text, "defaults are written out, so the runtime runs what was validated"
+
+
+def test_entrypoint_is_a_valid_rldock_command():
+    spec = _spec(checkpoint={"claimName": "ckpt", "mountPath": "/data/ckpt"})
+    argv = shlex.split(build_entrypoint(job=JOB, spec=spec))
+    assert argv == ["rldock", "train", "/etc/rldock/job.yaml", "--output", "/data/ckpt/team-a/grpo-demo",
+                    "--resume", "--no-progress"]
+    args = _build_parser().parse_args(argv[1:])
+    assert (args.command, args.config, args.resume, args.no_progress) == ("train", JOB_CONFIG_PATH, True, True)
+    assert args.output == output_dir(job=JOB, spec=spec)
+
+
+def test_each_attempt_gets_its_own_submission():
+    spec = _spec()
+    first, retry = (build_job_submission(job=JOB, spec=spec, attempt=a) for a in (0, 1))
+    assert first["entrypoint"] == retry["entrypoint"]
+    assert first["submission_id"] != retry["submission_id"]
+    assert first["submission_id"] == build_job_submission(job=JOB, spec=spec, attempt=0)["submission_id"]
+    assert retry["metadata"]["rldock.io/attempt"] == "1"
+
+
+def test_ref_from_body():
+    body = {"metadata": {"name": "a", "namespace": "b", "uid": "c", "generation": 3}, "spec": {}}
+    assert RLJobRef.from_body(body) == RLJobRef(name="a", namespace="b", uid="c")

@@ -1,0 +1,260 @@
+"""The status mapping: observations -> phase, conditions and progress; patches only on change."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from rljob_testing import error_paths, spec_dict, validator_for
+
+from rldock.config import Problem
+from rldock.operator.api import RLJobSpec
+from rldock.operator.constants import EventReason, RayJobStatus
+from rldock.operator.crd import rljob_schema
+from rldock.operator.status import (
+    Observations, RayJobObservation, compute_status, seconds_until_expiry, status_changed, status_events,
+)
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+LATER = NOW + timedelta(seconds=10)
+NAME = "grpo"
+JOB_ID = "rldock-grpo-0f5c2a6e-0"
+
+READY = {"state": "ready", "readyWorkerReplicas": 2}
+STARTING = {"readyWorkerReplicas": 1, "conditions": [{"type": "RayClusterProvisioned", "status": "False"}]}
+HELD = {"state": "suspended"}  # Kueue suspends a RayCluster until it admits it
+METRICS = {"iteration": 12, "reward_mean": 0.612345, "tokens_per_s_per_device": 1534.26, "kl": 0.01}
+
+
+def _job(status: RayJobStatus, message: str = "") -> RayJobObservation:
+    return RayJobObservation(submission_id=JOB_ID, status=status, message=message)
+
+
+def _spec(**sections) -> RLJobSpec:
+    return RLJobSpec.model_validate(spec_dict(**sections))
+
+
+def _compute(observed: Observations = Observations(), *, spec: RLJobSpec | None = None, restart_count: int = 0,
+             previous: dict | None = None, now: datetime = NOW, generation: int = 1) -> dict:
+    return compute_status(name=NAME, spec=spec if spec is not None else _spec(), generation=generation,
+                          observed=observed, restart_count=restart_count, previous=previous, now=now)
+
+
+def _conditions(status: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions", [])}
+
+
+KUEUE = {"scheduling": {"gang": "kueue", "queue": "team-a"}}
+RUNNING = Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING))
+
+CASES = [
+    # id, spec sections, observations, restart count, phase, conditions expected among the status's
+    ("nothing-created", {}, Observations(), 0, "Pending",
+     {"SpecValid": ("True", "Valid"), "ClusterReady": ("False", "RayClusterCreating"),
+      "Running": ("False", "RayJobNotSubmitted")}),
+    ("cluster-starting", {}, Observations(ray_cluster=STARTING), 0, "Provisioning",
+     {"ClusterReady": ("False", "RayClusterProvisioning"), "PodsScheduled": ("True", "Scheduled")}),
+    ("new-cluster-no-status", {}, Observations(ray_cluster={}), 0, "Provisioning",
+     {"ClusterReady": ("False", "RayClusterProvisioning")}),
+    ("unschedulable", {}, Observations(ray_cluster=STARTING, unschedulable=(
+        "0/3 nodes are available: 3 Insufficient huawei.com/Ascend910.",)), 0, "Provisioning",
+     {"PodsScheduled": ("False", "Unschedulable")}),
+    ("kueue-holds-cluster", KUEUE, Observations(ray_cluster=HELD), 0, "Pending",
+     {"ClusterReady": ("False", "WaitingForAdmission")}),
+    ("suspended-by-someone", {}, Observations(ray_cluster=HELD), 0, "Provisioning",
+     {"ClusterReady": ("False", "RayClusterSuspended")}),
+    ("ready-not-submitted", {}, Observations(ray_cluster=READY), 0, "Provisioning",
+     {"ClusterReady": ("True", "RayClusterReady"), "Running": ("False", "RayJobNotSubmitted")}),
+    ("ready-by-condition", {}, Observations(ray_cluster={"conditions": [
+        {"type": "RayClusterProvisioned", "status": "True"}]}), 0, "Provisioning",
+     {"ClusterReady": ("True", "RayClusterReady")}),
+    ("job-pending", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.PENDING)), 0, "Provisioning",
+     {"Running": ("False", "RayJobPending")}),
+    ("job-running", {}, RUNNING, 0, "Running", {"Running": ("True", "RayJobRunning")}),
+    ("job-succeeded", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), 0, "Succeeded",
+     {"Complete": ("True", "RayJobSucceeded"), "Running": ("False", "RayJobSucceeded")}),
+    ("succeeded-then-pod-gone", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED),
+                                                 lost_pods=("pod grpo-workers-worker-x deleted",)), 0, "Succeeded",
+     {"Complete": ("True", "RayJobSucceeded")}),
+    ("job-failed", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")), 0,
+     "Retrying", {"Retrying": ("True", "RayJobFailed"), "Running": ("False", "RayJobFailed")}),
+    ("job-stopped", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.STOPPED)), 1, "Retrying",
+     {"Retrying": ("True", "RayJobStopped")}),
+    ("worker-lost", {}, Observations(ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING),
+                                     lost_pods=("pod grpo-workers-worker-x: OOMKilled",)), 2, "Retrying",
+     {"Retrying": ("True", "WorkerPodLost")}),
+    ("pod-lost-before-job", {}, Observations(ray_cluster=STARTING, lost_pods=("pod x deleted",)), 0,
+     "Provisioning", {"ClusterReady": ("False", "RayClusterProvisioning")}),
+    ("backoff-exhausted", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), 3, "Failed",
+     {"Failed": ("True", "BackoffLimitExceeded")}),
+    ("no-retries-allowed", {"backoffLimit": 0}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
+     0, "Failed", {"Failed": ("True", "BackoffLimitExceeded")}),
+    ("restart-in-progress", {}, Observations(ray_cluster=STARTING), 1, "Retrying",
+     {"Running": ("False", "RayJobNotSubmitted")}),
+    ("restart-running", {}, RUNNING, 1, "Running",
+     {"Running": ("True", "RayJobRunning"), "Retrying": ("False", "Recovered")}),
+    ("suspended", {"suspend": True}, Observations(ray_cluster=HELD), 0, "Suspended",
+     {"Suspended": ("True", "SuspendedByUser"), "ClusterReady": ("False", "RayClusterSuspended"),
+      "Running": ("False", "SuspendedByUser")}),
+    ("suspended-and-freed", {"suspend": True}, Observations(), 0, "Suspended",
+     {"Suspended": ("True", "SuspendedByUser")}),
+    ("invalid-spec", {}, Observations(problems=(Problem("spec.checkpoint", "set exactly one"),)), 0, "Failed",
+     {"SpecValid": ("False", "InvalidSpec"), "Failed": ("True", "InvalidSpec")}),
+]
+
+
+@pytest.mark.parametrize("sections, observed, restarts, phase, conditions",
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_phase_and_conditions(sections, observed, restarts, phase, conditions):
+    status = _compute(observed, spec=_spec(**sections), restart_count=restarts)
+    assert status["phase"] == phase
+    assert conditions.items() <= _conditions(status).items(), _conditions(status)
+    assert status["restartCount"] == restarts and status["observedGeneration"] == 1
+    assert status["rayClusterName"] == NAME
+    # What the operator writes, the CRD accepts.
+    assert error_paths(validator_for(rljob_schema()["properties"]["status"]), status) == []
+    # Computing again from the result changes nothing: no patch loop.
+    again = _compute(observed, spec=_spec(**sections), restart_count=restarts, previous=status, now=LATER)
+    assert not status_changed(status, again), (status, again)
+
+
+def test_messages_carry_what_was_observed():
+    message = "0/3 nodes are available: 3 Insufficient huawei.com/Ascend910."
+    status = _compute(Observations(ray_cluster=STARTING, unschedulable=(message, message)))
+    (scheduled,) = [c for c in status["conditions"] if c["type"] == "PodsScheduled"]
+    assert scheduled["message"] == message, "the scheduler's message, once"
+    failed = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")),
+                      restart_count=1)
+    (retrying,) = [c for c in failed["conditions"] if c["type"] == "Retrying"]
+    assert "HCCL timeout" in retrying["message"] and "restart 2 of 3" in retrying["message"]
+    invalid = _compute(Observations(problems=(Problem("spec.job.training.data_parallel_size", "G*N ..."),)))
+    assert all("spec.job.training.data_parallel_size" in c["message"]
+               for c in invalid["conditions"] if c["status"] == "False" or c["type"] == "Failed")
+
+
+def test_progress_from_metrics_survives_rounds_without_them():
+    status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=METRICS,
+                                   last_checkpoint="/checkpoints/ns/grpo/checkpoints/iter-000010"))
+    assert (status["iteration"], status["iterations"], status["progress"]) == (12, 40, "12/40")
+    assert (status["reward"], status["tokensPerSecondPerDevice"]) == (0.6123, 1534.3)
+    assert status["rayJobId"] == JOB_ID
+    later = _compute(Observations(ray_cluster=STARTING), restart_count=1, previous=status, now=LATER)
+    assert (later["progress"], later["reward"], later["lastCheckpoint"]) == (
+        "12/40", 0.6123, "/checkpoints/ns/grpo/checkpoints/iter-000010")
+    assert "rayJobId" not in later, "the new attempt is not submitted yet"
+    assert _compute()["progress"] == "0/40"
+
+
+def test_transition_times_move_only_when_a_condition_flips():
+    first = _compute(Observations(ray_cluster=STARTING))
+    same = _compute(Observations(ray_cluster=STARTING), previous=first, now=LATER)
+    assert same == first
+    ready = _compute(Observations(ray_cluster=READY), previous=first, now=LATER)
+    times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
+    assert times["ClusterReady"] == "2026-03-01T12:00:10Z"  # False -> True
+    assert times["SpecValid"] == "2026-03-01T12:00:00Z"  # unchanged
+
+
+def test_start_and_completion_times():
+    provisioning = _compute(Observations(ray_cluster=READY))
+    assert "startTime" not in provisioning
+    running = _compute(RUNNING, previous=provisioning, now=LATER)
+    assert running["startTime"] == "2026-03-01T12:00:10Z"
+    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), previous=running,
+                    now=LATER + timedelta(hours=1))
+    assert done["startTime"] == running["startTime"] and done["completionTime"] == "2026-03-01T13:00:10Z"
+
+
+def test_terminal_phases_stick():
+    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)))
+    # The cluster is gone and nothing is observed any more: still Succeeded, only the generation moves.
+    after = _compute(Observations(), previous=done, now=LATER, generation=2)
+    assert after == {**done, "observedGeneration": 2}
+    failed = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3)
+    assert _compute(RUNNING, previous=failed, restart_count=3, now=LATER)["phase"] == "Failed"
+
+
+def test_fixing_an_invalid_spec_starts_the_job():
+    invalid = _compute(Observations(problems=(Problem("spec.checkpoint", "set exactly one"),)))
+    assert "completionTime" in invalid
+    fixed = _compute(Observations(), previous=invalid, now=LATER, generation=2)
+    assert fixed["phase"] == "Pending" and "completionTime" not in fixed
+    assert _conditions(fixed)["SpecValid"] == ("True", "Valid")
+    assert "Failed" not in _conditions(fixed)
+
+
+def test_a_retry_from_failure_to_recovery():
+    running = _compute(RUNNING)
+    failed_obs = Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "worker died"))
+    retrying = _compute(failed_obs, previous=running, now=LATER)
+    assert retrying["phase"] == "Retrying"
+    assert [e.reason for e in status_events(running, retrying)] == [EventReason.RETRYING]
+    # The handler stopped the job and bumped the restart count; attempt 1 is not submitted yet.
+    waiting = _compute(Observations(ray_cluster=STARTING), restart_count=1, previous=retrying, now=LATER)
+    assert waiting["phase"] == "Retrying" and _conditions(waiting)["Retrying"] == ("True", "RayJobFailed")
+    assert status_events(retrying, waiting) == []
+    back = _compute(RUNNING, restart_count=1, previous=waiting, now=LATER)
+    assert back["phase"] == "Running" and _conditions(back)["Retrying"] == ("False", "Recovered")
+    assert back["restartCount"] == 1
+
+
+def test_resume_after_suspend():
+    suspended = _compute(Observations(), spec=_spec(suspend=True))
+    resumed = _compute(Observations(), previous=suspended, now=LATER)
+    assert resumed["phase"] == "Pending"
+    assert _conditions(resumed)["Suspended"] == ("False", "Resumed")
+    assert [e.reason for e in status_events(suspended, resumed)] == [EventReason.RESUMED]
+    assert "PodsScheduled" not in _conditions(suspended)
+
+
+@pytest.mark.parametrize("old, new, changed", [
+    (None, {}, False),
+    ({"phase": "Running", "reward": None}, {"phase": "Running"}, False),
+    ({"phase": "Running"}, {"phase": "Running", "iteration": 3}, True),
+    ({"conditions": [{"type": "A", "message": None}]}, {"conditions": [{"type": "A"}]}, False),
+])
+def test_status_changed(old, new, changed):
+    assert status_changed(old, new) is changed
+
+
+@pytest.mark.parametrize("old_observed, new_observed, sections, reasons", [
+    (Observations(), Observations(problems=(Problem("spec.x", "bad"),)), {}, [EventReason.INVALID_SPEC]),
+    (Observations(ray_cluster=STARTING), Observations(ray_cluster=STARTING, unschedulable=("no nodes",)), {},
+     [EventReason.UNSCHEDULABLE]),
+    (RUNNING, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), {}, [EventReason.SUCCEEDED]),
+    (RUNNING, RUNNING, {}, []),
+])
+def test_status_events(old_observed, new_observed, sections, reasons):
+    old = _compute(old_observed, spec=_spec(**sections))
+    new = _compute(new_observed, spec=_spec(**sections), previous=old, now=LATER)
+    assert [e.reason for e in status_events(old, new)] == reasons
+
+
+def test_backoff_exhaustion_and_suspension_events():
+    running = _compute(RUNNING, restart_count=3)
+    failed = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3,
+                      previous=running, now=LATER)
+    (event,) = status_events(running, failed)
+    assert (event.type, event.reason) == ("Warning", EventReason.BACKOFF_LIMIT_EXCEEDED)
+    suspended = _compute(Observations(ray_cluster=READY), spec=_spec(suspend=True), previous=running, now=LATER)
+    assert [e.reason for e in status_events(running, suspended)] == [EventReason.SUSPENDED]
+
+
+@pytest.mark.parametrize("ttl, finished_ago, expected", [
+    (None, 100, None),
+    (3600, 100, 3500.0),
+    (60, 100, -40.0),
+])
+def test_seconds_until_expiry(ttl, finished_ago, expected):
+    spec = _spec(ttlSecondsAfterFinished=ttl)
+    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=spec)
+    now = NOW + timedelta(seconds=finished_ago)
+    assert seconds_until_expiry(spec=spec, status=done, now=now) == expected
+    assert seconds_until_expiry(spec=spec, status=_compute(RUNNING, spec=spec), now=now) is None
+
+
+def test_unreadable_previous_status_and_naive_clock():
+    status = _compute(RUNNING, previous={"phase": "Exploding", "conditions": "?"})
+    assert status["phase"] == "Running"
+    with pytest.raises(ValueError, match="timezone"):
+        _compute(now=datetime(2026, 1, 1))
