@@ -29,7 +29,8 @@ def connect(cfg: JobConfig) -> None:
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
         return
     resources = cfg.resources
-    ray.init(num_cpus=_LOCAL_LOGICAL_CPUS,
+    # address="local": always a fresh cluster, never a stray one found on this machine.
+    ray.init(address="local", num_cpus=_LOCAL_LOGICAL_CPUS,
              resources={resources.accelerator_resource: resources.num_nodes * resources.devices_per_node},
              include_dashboard=False, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
     logger.info("started a local Ray with %d emulated %s devices", cfg.num_devices,

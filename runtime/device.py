@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,7 +46,9 @@ class DeviceInfo:
 
     @property
     def device_index(self) -> int | None:
-        return torch.device(self.torch_device).index
+        # Parsed by hand: torch.device("npu:0") only parses once torch_npu is imported.
+        _, _, index = self.torch_device.partition(":")
+        return int(index) if index else None
 
 
 def _npu_available() -> bool:
@@ -127,8 +130,6 @@ def _rss_bytes() -> int:
     except FileNotFoundError:
         import resource
 
-        # ru_maxrss is the peak, in KiB on Linux and bytes on macOS: only a rough fallback.
+        # Only macOS lacks /proc; there ru_maxrss is the peak RSS in bytes, a rough stand-in.
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    import os
-
     return resident_pages * os.sysconf("SC_PAGE_SIZE")

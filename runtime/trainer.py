@@ -162,8 +162,8 @@ class Trainer:
             cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
         advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
         groups = WorkerGroups(actors, references, reward, advantage)
-        address, port = ray.get(actors[0].__ray_call__.remote(lambda self: _rendezvous_address()))
-        ray.get([a.init_distributed.remote(address, port) for a in actors])
+        rendezvous = ray.get(actors[0].pick_rendezvous.remote())
+        ray.get([a.join_group.remote(rendezvous) for a in actors])
         return groups
 
     def _stop(self) -> None:
@@ -278,15 +278,6 @@ def _gather_failing_fast(futures: dict[str, list]) -> dict[str, list[dict]]:
         done, pending = ray.wait(pending, num_returns=1)
         ray.get(done)  # raises the worker's exception, naming the actor and stage
     return {stage: ray.get(refs) for stage, refs in futures.items()}
-
-
-def _rendezvous_address() -> tuple[str, int]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
 
 
 def _headline(record: dict) -> dict:

@@ -18,7 +18,7 @@ from rldock.runtime.algorithms import clipped_policy_loss, kl_penalty, masked_me
 from rldock.runtime.dataflow import CONSUMES
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.engines.distributed import init_process_group, wrap_ddp
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
 from rldock.runtime.engines.policy import response_logprobs
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
@@ -39,16 +39,27 @@ class ActorWorker:
         algo = cfg.algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=algo.learning_rate,
                                            weight_decay=algo.weight_decay)
-        self.engine = VllmRolloutEngine(
-            policy_dir, rollout=cfg.rollout, dtype=cfg.model.dtype, seed=cfg.seed + rank,
-            max_model_len=algo.max_prompt_length + algo.max_response_length, device=self.device)
+        self.policy_dir = policy_dir
+        self.engine: VllmRolloutEngine | None = None  # started by join_group
 
     # --- set-up -------------------------------------------------------------------------------
 
-    def init_distributed(self, master_addr: str, master_port: int) -> None:
-        init_process_group(rank=self.rank, world_size=self.world_size, master_addr=master_addr,
-                           master_port=master_port, device=self.device)
+    def pick_rendezvous(self) -> Rendezvous:
+        return pick_rendezvous()
+
+    def join_group(self, rendezvous: Rendezvous) -> None:
+        """Form the trainers' process group, then start the engine (called on all ranks at once).
+
+        The order matters: an in-process vLLM engine adopts the default process group if one
+        exists and otherwise creates a world of one that no later group could replace.
+        """
+        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
         self.ddp_model = wrap_ddp(self.model, self.device)
+        algo = self.cfg.algorithm
+        self.engine = VllmRolloutEngine(
+            self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
+            seed=self.cfg.seed + self.rank, max_model_len=algo.max_prompt_length + algo.max_response_length,
+            device=self.device)
 
     def load_optimizer(self, path: str) -> None:
         self.optimizer.load_state_dict(torch.load(path, map_location=self.device.torch_device))

@@ -1,0 +1,297 @@
+"""The rollout engine: an in-process vLLM `LLM` that samples responses and takes new weights in memory.
+
+Prompts and responses are token ids (`skip_tokenizer_init=True`): the trainer tokenizes once, the
+dock stores ids, and the engine never looks up a tokenizer or the Hub. Weights move from the torch
+policy into the running engine through the worker's `reload_weights` with an iterator of
+(HF name, tensor) pairs, so no checkpoint is written and re-read between iterations.
+
+The engine runs in the caller's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni-process executor):
+one engine per Ray actor, no engine-core subprocess, and the weight iterator is handed to the
+worker directly instead of being pickled. On Ascend, vllm-ascend registers itself as a vLLM
+platform plugin, so the same `vllm` API runs there.
+
+Process-wide side effects of creating an engine (why `_prepare_process` exists):
+- vLLM reads VLLM_* variables at import and engine creation, so they are set before `import vllm`.
+- On CPU, vLLM drops torch to one intra-op thread unless OMP_NUM_THREADS is set, and its CPU worker
+  replaces `torch.set_num_threads` with a no-op. A trainer sharing the process would silently train
+  on one thread, so both are undone after start. (Setting OMP_NUM_THREADS instead would leak into
+  every process started later, Ray workers included.) Ray sets OMP_NUM_THREADS to each actor's
+  num_cpus, which is what bounds an engine's threads.
+  vLLM's OpenMP core binding (VLLM_CPU_OMP_THREADS_BIND) is applied only by its multiprocessing
+  executor, never in-process, so several engines on one node (one per data-parallel actor) need
+  no binding settings: they do not pin themselves onto each other's cores.
+- vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
+  default group exists yet, and adopts the default group when one does (then every rank of that
+  group must create its engine at the same time, since vLLM forms sub-groups collectively); see
+  `rldock.runtime.engines.distributed` for the ordering this imposes on data-parallel actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rldock.config.job import RolloutSpec
+from rldock.runtime.device import DeviceInfo
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+# Set before vLLM is imported. In-process engine core: no subprocess per engine, and the only mode
+# in which weights can be handed to the worker as live tensors.
+_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response: token ids (EOS included when generated) and each token's logprob.
+
+    `logprobs` is the sampled tokens' log-probability under the model's raw distribution
+    (before temperature and top-p), or None when it was not requested.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finished_with_eos: bool
+
+
+def _prepare_process(device: DeviceInfo) -> None:
+    """Set the process environment vLLM reads at import and engine start (see module docstring)."""
+    for key, value in _VLLM_ENV.items():
+        previous = os.environ.setdefault(key, value)
+        if previous != value:
+            raise RuntimeError(
+                f"{key}={previous!r} is set in the environment, but the rollout engine runs vLLM "
+                f"in-process and needs {key}={value!r}"
+            )
+    if device.kind != "cpu":
+        return
+    # kv cache size comes from rollout.cpu_kv_cache_gib (as bytes, so fractions of a GiB work);
+    # vLLM lets the legacy whole-GiB variable override it, so a stray one is dropped loudly.
+    stray = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if stray is not None:
+        logger.warning("ignoring VLLM_CPU_KVCACHE_SPACE=%s; rollout.cpu_kv_cache_gib sets it", stray)
+    if "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in os.environ:
+        # vLLM compiles a few small sampler kernels with inductor even in eager mode (the rank of
+        # each sampled token when logprobs are asked for). Inductor's precompiled header lives in
+        # one machine-wide directory (/tmp/torchinductor_<user>), shared by every process and
+        # keyed by compiler flags only; a mismatched one there broke every later kernel build
+        # ("'at::vec' has not been declared"). Without it these kernels still build in seconds.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_cache_precompile_headers = False
+
+
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+def _request_seed(engine_seed: int, call_seed: int, index: int) -> int:
+    # SeedSequence mixes the triple so nearby triples land far apart; 31 bits leave room for
+    # vLLM's seed + j per response.
+    entropy = [engine_seed, call_seed, index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint32)[0] >> 1)
+
+
+def _reload_on_worker(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the vLLM worker: reload weights in place from `weights`."""
+    if hasattr(worker, "reload_weights"):
+        # vLLM's GPU and CPU workers: the reload plus resetting caches derived from weights.
+        worker.reload_weights(weights_iterator=weights)
+        return
+    # Platform workers that lack the method (vllm-ascend's NPUWorker derives from WorkerBase):
+    # the same core reload, on the runner's model.
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    with set_current_vllm_config(worker.vllm_config):
+        reload_weights(
+            worker.vllm_config,
+            worker.model_runner.get_model(),
+            weights_iterator=weights,
+            weights_path=None,
+            is_checkpoint_format=True,
+        )
+
+
+class VllmRolloutEngine:
+    """Samples N responses per prompt with vLLM and accepts in-memory policy weight updates."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        rollout: RolloutSpec,
+        dtype: str,
+        seed: int,
+        max_model_len: int,
+        device: DeviceInfo,
+    ) -> None:
+        _prepare_process(device)
+        from vllm import LLM
+
+        self._rollout = rollout
+        self._seed = seed
+        self._device = device
+        engine_args: dict = dict(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=rollout.enforce_eager,
+            disable_log_stats=True,
+        )
+        if device.kind == "cpu":
+            if dtype != "float32":
+                # This CPU path has no fast bf16/fp16 kernels, and logprobs then drift from the
+                # float32 trainer's; float32 matches HF to about 1e-6.
+                logger.info("vLLM on CPU runs float32 (model.dtype=%s is used for training only)", dtype)
+            engine_args.update(dtype="float32", kv_cache_memory_bytes=int(rollout.cpu_kv_cache_gib * GIB))
+        else:
+            engine_args.update(
+                dtype=dtype,
+                gpu_memory_utilization=rollout.gpu_memory_utilization,
+                # Frees weights and KV cache while the trainer uses the same device.
+                enable_sleep_mode=True,
+            )
+        self._sleep_enabled = device.kind != "cpu"
+
+        num_threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        ld_preload = os.environ.get("LD_PRELOAD")
+        start = time.perf_counter()
+        self._llm = LLM(**engine_args)
+        # The engine shares this process with the trainer, which keeps its thread count (see the
+        # module docstring); vLLM's per-step CPU work is the same speed either way here.
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(num_threads)
+        # vLLM's CPU platform adds torch's libgomp (and tcmalloc) to LD_PRELOAD for the worker
+        # processes it would spawn; in-process it spawns none. Left set, every process started
+        # later (Ray workers included) loads OpenMP before Ray sets OMP_NUM_THREADS, and each
+        # actor then runs one thread per core.
+        _restore_env("LD_PRELOAD", ld_preload)
+        self.start_seconds = time.perf_counter() - start
+        logger.info(
+            "vLLM engine for %s on %s started in %.1f s", model_dir, device.torch_device, self.start_seconds
+        )
+
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        eos_token_id: int,
+        seed: int | None,
+        greedy: bool = False,
+        logprobs: bool = False,
+    ) -> list[list[Completion]]:
+        """Per prompt, `n` completions, in prompt order.
+
+        With a `seed`, prompt i gets its own seed mixed from (engine seed, seed, i) and vLLM gives
+        its j-th response that seed + j. A shared seed, or seed + i, would hand different prompts
+        the same random streams, and a near-uniform policy then samples the same tokens for all of
+        them; the engine seed (give each data-parallel rank its own) keeps ranks that are passed
+        the same call seed apart.
+        `greedy` ignores the rollout temperature/top_p (for evaluation and tests).
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        temperature, top_p = (0.0, 1.0) if greedy else (self._rollout.temperature, self._rollout.top_p)
+        params = [
+            SamplingParams(
+                n=n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=None if seed is None else _request_seed(self._seed, seed, i),
+                # Without a tokenizer vLLM knows no EOS; as a stop token it stays in the output.
+                stop_token_ids=[eos_token_id],
+                detokenize=False,
+                logprobs=0 if logprobs else None,
+            )
+            for i in range(len(prompts))
+        ]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        return [
+            [
+                Completion(
+                    token_ids=list(c.token_ids),
+                    logprobs=None
+                    if c.logprobs is None
+                    else [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)],
+                    finished_with_eos=bool(c.token_ids) and c.token_ids[-1] == eos_token_id,
+                )
+                for c in out.outputs
+            ]
+            for out in outputs
+        ]
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        eos_token_id: int,
+        seed: int | None,
+    ) -> list[list[list[int]]]:
+        """Per prompt, `n` response token id lists sampled with the rollout temperature/top_p."""
+        completions = self.sample(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed)
+        return [[c.token_ids for c in group] for group in completions]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Load new policy weights into the running engine in memory; returns seconds taken.
+
+        `named_tensors` are HF parameter names and tensors, as in the unwrapped torch model's
+        `state_dict()` (no DDP `module.` prefix), on any device and dtype; every parameter must be
+        included, since a layer given only part of its weights is rebuilt from that part. vLLM's
+        own `load_weights` maps them (fused qkv / gate_up, tied embeddings) inside the reload
+        wrapper, which first restores the weight loaders that post-load processing strips (a bare
+        `load_weights` on the running model fails: "'Parameter' object has no attribute
+        'weight_loader'") and re-runs that processing after. Cached KV blocks were computed with
+        the old weights, so the prefix cache is dropped.
+        """
+        start = time.perf_counter()
+        # In-process executor: the callable runs on the worker here, so the iterator reaches it
+        # as is (no pickling of tensors).
+        with torch.no_grad():  # trainer tensors may require grad; the copies must not record it
+            self._llm.collective_rpc(_reload_on_worker, args=(iter(named_tensors),))
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+        seconds = time.perf_counter() - start
+        logger.debug("vLLM weight update took %.3f s", seconds)
+        return seconds
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory; call it last in the process.
+
+        vLLM's teardown destroys torch.distributed's default group whether it created it or
+        adopted the trainer's, so no collective can follow. Safe to call twice.
+        """
+        self._llm.llm_engine.engine_core.shutdown()
+
+    def sleep(self) -> None:
+        """Free the engine's device memory for training; a no-op on CPU (vLLM refuses sleep mode)."""
+        if self._sleep_enabled:
+            # Level 1 keeps weights in host memory; update_weights after wake_up replaces them.
+            self._llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        """Undo `sleep`; a no-op on CPU."""
+        if self._sleep_enabled:
+            self._llm.wake_up()
