@@ -24,7 +24,12 @@ _LOCAL_LOGICAL_CPUS = 16
 def connect(cfg: JobConfig) -> None:
     if ray.is_initialized():
         return
-    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+    env_vars = {
+        "TOKENIZERS_PARALLELISM": "false",
+        # vLLM logs every engine start at INFO and a harmless chat-template traceback at WARNING
+        # (no tokenizer is loaded: prompts are token ids); a user's own setting wins.
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+    }
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
         return

@@ -171,11 +171,11 @@ class ActorWorker:
                 kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator="k3"), mask)
                 loss = policy.loss + algo.kl_coef * kl
                 (loss * weight).backward()
-            w = float(weight)
-            stats["loss"] += float(loss) * w
-            stats["policy_loss"] += float(policy.loss) * w
-            stats["kl"] += float(kl) * w
-            stats["clip_fraction"] += float(policy.clip_fraction) * w
+            w = weight.item()
+            stats["loss"] += loss.item() * w
+            stats["policy_loss"] += policy.loss.item() * w
+            stats["kl"] += kl.item() * w
+            stats["clip_fraction"] += policy.clip_fraction.item() * w
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
         self.optimizer.step()
         return stats

@@ -1,0 +1,75 @@
+"""metrics.jsonl bookkeeping, the throughput formula, dock traffic deltas and checkpoint layout."""
+
+import json
+
+import pytest
+
+from rldock.runtime import checkpoint as ckpt
+from rldock.runtime.dataflow import CONSUMES, PRODUCES
+from rldock.runtime.metrics import MetricsLog, dock_traffic, tokens_per_s_per_device
+
+
+def test_throughput_is_the_papers_formula():
+    # G=16, N=8, PL=5, SL=3, 2 devices, 4 s: 16*8*8/2/4 = 128 tokens/s per device
+    assert tokens_per_s_per_device(num_prompts=16, num_responses=8, prompt_length=5, response_length=3,
+                                   num_devices=2, seconds=4.0) == pytest.approx(128.0)
+    with pytest.raises(ValueError):
+        tokens_per_s_per_device(num_prompts=1, num_responses=1, prompt_length=1, response_length=1,
+                                num_devices=1, seconds=0)
+
+
+def test_metrics_log_truncates_redone_iterations_and_torn_lines(tmp_path):
+    log = MetricsLog(tmp_path)
+    for i in range(1, 5):
+        log.append({"iteration": i, "reward_mean": i / 10})
+    with log.path.open("a") as f:
+        f.write('{"iteration": 5, "rew')  # killed mid-write
+    assert [r["iteration"] for r in log.read()] == [1, 2, 3, 4]
+    kept = log.truncate_after(2)
+    assert [r["iteration"] for r in kept] == [1, 2]
+    log.append({"iteration": 3, "reward_mean": 0.0})
+    assert [json.loads(line)["iteration"] for line in log.path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_dock_traffic_is_the_difference_of_cumulative_counters():
+    def stats(bytes_in, handed):
+        return {"warehouses": [{"node_id": "n1", "bytes_in": bytes_in, "bytes_out": 2 * bytes_in,
+                                "write_requests": 1, "read_requests": 2, "capacity": 16}],
+                "controllers": {"reward": {"requests": 3, "samples_handed_out": handed,
+                                           "mark_ready_calls": 4, "metadata_bytes": 100, "wait_s": 1.0}}}
+
+    first = dock_traffic(None, stats(100, 16))
+    assert first["warehouses"][0] == {"node_id": "n1", "bytes_in": 100, "bytes_out": 200,
+                                      "write_requests": 1, "read_requests": 2}
+    second = dock_traffic(stats(100, 16), stats(250, 32))
+    assert second["warehouses"][0]["bytes_in"] == 150
+    assert second["controllers"]["reward"]["samples_handed_out"] == 16
+    assert second["controllers"]["reward"]["requests"] == 0
+
+
+def test_checkpoints_commit_atomically_and_prune(tmp_path):
+    for iteration in (2, 4, 6):
+        staging = ckpt.staging_dir(tmp_path, iteration)
+        (staging / "optimizer.pt").write_bytes(b"x")
+        ckpt.commit(tmp_path, staging, iteration, {"sampler": {"epoch": iteration}}, keep_last=2)
+    assert [c.iteration for c in ckpt.list_checkpoints(tmp_path)] == [4, 6]
+    latest = ckpt.latest_checkpoint(tmp_path)
+    assert latest.iteration == 6 and latest.state() == {"sampler": {"epoch": 6}, "iteration": 6}
+    # A save interrupted before commit is invisible and is cleared by the next attempt.
+    staging = ckpt.staging_dir(tmp_path, 8)
+    (staging / "optimizer.pt").write_bytes(b"partial")
+    assert ckpt.latest_checkpoint(tmp_path).iteration == 6
+    assert not any(ckpt.staging_dir(tmp_path, 8).iterdir())
+
+
+def test_no_checkpoint_in_an_empty_dir(tmp_path):
+    assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+def test_dataflow_is_closed():
+    """Every column a state consumes is produced by some earlier state (or the driver)."""
+    produced = {column for columns in PRODUCES.values() for column in columns}
+    for state, columns in CONSUMES.items():
+        missing = set(columns) - produced
+        assert not missing, f"{state} consumes {missing}, which nothing produces"
+    assert set(CONSUMES) <= set(PRODUCES)
