@@ -31,8 +31,10 @@ def run(config: str, output: Path, overrides: list[str]) -> dict:
                "--no-progress", "--resume"]
     for override in overrides:
         command += ["--set", override]
+    output.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    subprocess.run(command, check=True)
+    with (output / "train.log").open("a") as log:  # keeps this script's stdout one JSON document
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - started
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
     return {**reward_rise(records), "seconds": seconds, "output": str(output)}

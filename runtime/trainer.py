@@ -11,11 +11,11 @@ input columns are ready, which is what orders them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.progress import format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.dataflow import CONSUMES
@@ -187,9 +188,19 @@ class Trainer:
                 progress.set_postfix(reward=f"{record['reward_mean']:.3f}", kl=f"{record['kl']:.4f}",
                                      tps=f"{record['tokens_per_s_per_device']:.0f}", refresh=False)
                 progress.update(1)
-                logger.info("iteration %d: %s", iteration, json.dumps(_headline(record)))
+                self._report_progress(record)
         finally:
             progress.close()
+
+    def _report_progress(self, record: dict) -> None:
+        """One machine-readable line per iteration on stdout (the operator reads it from the Ray
+        job log), printed with tqdm.write so it does not tear the progress bar."""
+        from tqdm import tqdm
+
+        latest = ckpt.latest_checkpoint(self.output_dir)
+        headline = {**_headline(record), "iteration": record["iteration"], "iterations": self.cfg.iterations,
+                    "checkpoint": latest.iteration if latest else None}
+        tqdm.write(format_progress(headline), file=sys.stdout)
 
     def _run_iteration(self, iteration: int) -> dict:
         cfg, algo, w = self.cfg, self.cfg.algorithm, self.workers

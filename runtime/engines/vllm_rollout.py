@@ -195,14 +195,16 @@ class VllmRolloutEngine:
         seed: int | None,
         greedy: bool = False,
         logprobs: bool = False,
+        prompt_keys: Sequence[int] | None = None,
     ) -> list[list[Completion]]:
         """Per prompt, `n` completions, in prompt order.
 
-        With a `seed`, prompt i gets its own seed mixed from (engine seed, seed, i) and vLLM gives
-        its j-th response that seed + j. A shared seed, or seed + i, would hand different prompts
-        the same random streams, and a near-uniform policy then samples the same tokens for all of
-        them; the engine seed (give each data-parallel rank its own) keeps ranks that are passed
-        the same call seed apart.
+        With a `seed`, prompt i gets its own seed mixed from (engine seed, seed, key_i) and vLLM
+        gives its j-th response that seed + j; key_i is `prompt_keys[i]` when given (a stable id
+        such as the prompt's group index, so a prompt samples the same responses whichever rank or
+        batch it lands in), else the position i. A shared seed, or seed + i, would hand different
+        prompts the same random streams, and a near-uniform policy then samples the same tokens
+        for all of them.
         `greedy` ignores the rollout temperature/top_p (for evaluation and tests).
         """
         from vllm import SamplingParams
@@ -210,6 +212,9 @@ class VllmRolloutEngine:
 
         if not prompts:
             return []
+        keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
+        if len(keys) != len(prompts):
+            raise ValueError(f"{len(keys)} prompt_keys for {len(prompts)} prompts")
         temperature, top_p = (0.0, 1.0) if greedy else (self._rollout.temperature, self._rollout.top_p)
         params = [
             SamplingParams(
@@ -217,7 +222,7 @@ class VllmRolloutEngine:
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=top_p,
-                seed=None if seed is None else _request_seed(self._seed, seed, i),
+                seed=None if seed is None else _request_seed(self._seed, seed, keys[i]),
                 # Without a tokenizer vLLM knows no EOS; as a stop token it stays in the output.
                 stop_token_ids=[eos_token_id],
                 detokenize=False,
@@ -249,9 +254,11 @@ class VllmRolloutEngine:
         max_tokens: int,
         eos_token_id: int,
         seed: int | None,
+        prompt_keys: Sequence[int] | None = None,
     ) -> list[list[list[int]]]:
         """Per prompt, `n` response token id lists sampled with the rollout temperature/top_p."""
-        completions = self.sample(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed)
+        completions = self.sample(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed,
+                                  prompt_keys=prompt_keys)
         return [[c.token_ids for c in group] for group in completions]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:

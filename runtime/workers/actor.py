@@ -58,7 +58,7 @@ class ActorWorker:
         algo = self.cfg.algorithm
         self.engine = VllmRolloutEngine(
             self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
-            seed=self.cfg.seed + self.rank, max_model_len=algo.max_prompt_length + algo.max_response_length,
+            seed=self.cfg.seed, max_model_len=algo.max_prompt_length + algo.max_response_length,
             device=self.device)
 
     def load_optimizer(self, path: str) -> None:
@@ -83,9 +83,11 @@ class ActorWorker:
             # The dock holds the prompt once per sample; one engine request per group.
             prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+            # Seeded by (job seed, iteration, group index): a resumed run, or the same group landing
+            # on another rank, samples the same responses.
             outputs = self.engine.generate(prompts, n=group, max_tokens=algo.max_response_length,
-                                           eos_token_id=eos,
-                                           seed=self._sampling_seed(iteration, int(indices[0])))
+                                           eos_token_id=eos, seed=iteration,
+                                           prompt_keys=(indices[::group] // group).tolist())
             responses = torch.full((len(indices), algo.max_response_length), self.tokenizer.pad_token_id,
                                    dtype=torch.int64)  # (B, SL)
             mask = torch.zeros_like(responses)
@@ -141,10 +143,6 @@ class ActorWorker:
     def _samples_per_rank(self) -> int:
         return self.cfg.num_samples_per_iteration // self.world_size
 
-    def _sampling_seed(self, iteration: int, first_index: int) -> int:
-        # Derived from (seed, iteration, sample) so a resumed run samples what the original would.
-        return (self.cfg.seed * 1_000_003 + iteration * 10_007 + first_index) % (2**31)
-
     def _logprobs(self, batch: TensorDict, *, grad: bool) -> torch.Tensor:
         model = self.ddp_model if (grad and self.ddp_model is not None) else self.model
         return response_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
@@ -155,13 +153,20 @@ class ActorWorker:
         algo = self.cfg.algorithm
         device = self.device.torch_device
         mini_batch = mini_batch.to(device)
-        total_tokens = mini_batch["response_mask"].sum().clamp(min=1)
+        # Token-level mean over the whole mini-batch across ranks: DDP averages gradients over
+        # ranks, so each rank scales by world_size / global tokens. The update is then the same
+        # however the dock split the samples between ranks.
+        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
+        global_tokens = local_tokens.clone()
+        if self.world_size > 1:
+            torch.distributed.all_reduce(global_tokens)
+        tokens_per_rank = global_tokens / self.world_size
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
-            weight = mask.sum() / total_tokens  # share of the mini-batch's tokens
+            weight = mask.sum() / tokens_per_rank
             last = i == len(micro_batches) - 1
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
@@ -171,7 +176,7 @@ class ActorWorker:
                 kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator="k3"), mask)
                 loss = policy.loss + algo.kl_coef * kl
                 (loss * weight).backward()
-            w = weight.item()
+            w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
             stats["loss"] += loss.item() * w
             stats["policy_loss"] += policy.loss.item() * w
             stats["kl"] += kl.item() * w

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rldock.progress import last_progress
+
 pytestmark = pytest.mark.integration
 
 G, N, ITERATIONS = 4, 4, 4
@@ -79,8 +81,10 @@ def test_resume_after_sigkill_neither_loses_nor_repeats_iterations(interrupted_t
     records = read_metrics(output)
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert "resuming after iteration 2" in log
-    summary = json.loads(log.strip().splitlines()[-1])
-    assert summary["iterations"] == ITERATIONS
+    progress = last_progress(log.splitlines())
+    assert progress["iteration"] == ITERATIONS and progress["checkpoint"] == ITERATIONS
+    summaries = [json.loads(line) for line in log.splitlines() if line.startswith('{"iterations"')]
+    assert summaries and summaries[-1]["iterations"] == ITERATIONS
 
 
 def test_metrics_have_the_documented_fields(interrupted_then_resumed):

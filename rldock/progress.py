@@ -1,0 +1,34 @@
+"""The progress line: how a running job tells the operator where it is, through its Ray job log.
+
+The trainer prints one such line per finished iteration (and one per checkpoint); the operator
+tails the Ray job's log through the Jobs API and keeps the last one it parsed. A log line needs no
+shared volume, no extra port and survives operator restarts (the log is replayed from the start).
+Both sides import this module, so the format has one definition.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+PREFIX = "RLDOCK_PROGRESS "
+
+
+def format_progress(record: dict[str, Any]) -> str:
+    return PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+
+
+def last_progress(log_lines: Iterable[str]) -> dict[str, Any] | None:
+    """The last well-formed progress record in a log, or None; other lines are ignored."""
+    last = None
+    for line in log_lines:
+        start = line.find(PREFIX)
+        if start < 0:
+            continue
+        try:
+            record = json.loads(line[start + len(PREFIX):])
+        except json.JSONDecodeError:
+            continue  # a line cut by log rotation or a crash mid-write
+        if isinstance(record, dict):
+            last = record
+    return last
