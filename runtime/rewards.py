@@ -16,28 +16,13 @@ decoded response without EOS or padding (see `models.decode_responses`).
 from __future__ import annotations
 
 from typing import Callable
+from rldock.runtime.registry import Registry
 
 RewardFn = Callable[[str, str], float]
 
-REWARDS: dict[str, RewardFn] = {}
-
-
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def register(fn: RewardFn) -> RewardFn:
-        if name in REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        REWARDS[name] = fn
-        return fn
-
-    return register
-
-
-def get_reward_fn(name: str) -> RewardFn:
-    """The reward function registered as `name` (the job's `reward.name`)."""
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise ValueError(f"reward.name {name!r} is not registered; valid: {sorted(REWARDS)}") from None
+REWARDS: Registry[RewardFn] = Registry("reward", field="reward.name")
+register_reward = REWARDS.register
+get_reward_fn = REWARDS.get
 
 
 @register_reward("exact_match")

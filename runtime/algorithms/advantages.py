@@ -9,30 +9,13 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from rldock.runtime.registry import Registry
 
 AdvantageFn = Callable[..., torch.Tensor]
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def register(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return register
-
-
-def get_advantage_estimator(name: str) -> AdvantageFn:
-    """The estimator registered as `name` (e.g. the job's `algorithm.name`, "grpo")."""
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"advantage estimator {name!r} is not registered; valid: {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", field="algorithm.name")
+register_advantage = ADVANTAGE_ESTIMATORS.register
+get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from rldock.runtime.algorithms.core import masked_mean
+from rldock.runtime.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -28,24 +29,9 @@ class PolicyLoss:
 
 PolicyLossFn = Callable[..., PolicyLoss]
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    def register(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return register
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"policy loss {name!r} is not registered; valid: {sorted(POLICY_LOSSES)}") from None
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", field="algorithm.name")
+register_policy_loss = POLICY_LOSSES.register
+get_policy_loss = POLICY_LOSSES.get
 
 
 def _clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_ratio):

@@ -6,24 +6,22 @@ from typing import Callable
 
 from rldock.config.job import TaskSpec
 from rldock.runtime.tasks.addition import AdditionTask
+from rldock.runtime.registry import Registry
 from rldock.runtime.tasks.base import Example, PromptSampler, Task
 
 TaskFactory = Callable[[TaskSpec, int], Task]
 
-TASKS: dict[str, TaskFactory] = {
-    "addition": lambda spec, seed: AdditionTask(
-        max_operand=spec.max_operand, num_prompts=spec.num_prompts, seed=seed
-    ),
-}
+TASKS: Registry[TaskFactory] = Registry("task", field="task.name")
+
+
+@TASKS.register("addition")
+def _addition(spec: TaskSpec, seed: int) -> Task:
+    return AdditionTask(max_operand=spec.max_operand, num_prompts=spec.num_prompts, seed=seed)
 
 
 def make_task(spec: TaskSpec, seed: int) -> Task:
     """The task named by `spec.name`, its prompt set generated from `seed`."""
-    try:
-        factory = TASKS[spec.name]
-    except KeyError:
-        raise ValueError(f"task.name {spec.name!r} is not registered; valid: {sorted(TASKS)}") from None
-    return factory(spec, seed)
+    return TASKS.get(spec.name)(spec, seed)
 
 
 __all__ = ["TASKS", "AdditionTask", "Example", "PromptSampler", "Task", "make_task"]
