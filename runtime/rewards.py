@@ -16,6 +16,7 @@ decoded response without EOS or padding (see `models.decode_responses`).
 from __future__ import annotations
 
 from typing import Callable
+
 from rldock.runtime.registry import Registry
 
 RewardFn = Callable[[str, str], float]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
 from rldock.runtime.registry import Registry
 
 AdvantageFn = Callable[..., torch.Tensor]

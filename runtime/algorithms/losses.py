@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from rldock.runtime.algorithms.core import masked_mean
+
 from rldock.runtime.registry import Registry
 
 
