@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 import yaml
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False), end="")
         return 0
 
+    # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
+    # process and, through the inherited environment, in every Ray worker) would tear it.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
 
     try:

@@ -223,7 +223,10 @@ class Trainer:
         updates = results["update"]
         prompt_length = statistics.fmean(prompt_lengths)
         response_length = statistics.fmean(response_lengths)
+        # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
+        # upstream stages is excluded, since all stages run at once and overlap.
         timing = {stage: max(r["dispatch_s"] + r["compute_s"] for r in rs) for stage, rs in results.items()}
+        # dispatch: all time spent moving samples through the dock, summed over every worker.
         timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
         timing["iteration"] = seconds
         return {

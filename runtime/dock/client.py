@@ -58,6 +58,9 @@ class TransferDock:
         self._state_columns = {state: tuple(cols) for state, cols in state_columns.items()}
         self._warehouse_nodes = list(warehouse_nodes)
         self._timeout_s = timeout_s
+        # Seconds this copy of the client spent in `get` waiting for samples to become ready
+        # (each worker holds its own copy), so callers can tell waiting from moving data.
+        self.waited_s = 0.0
 
     @classmethod
     def create(
@@ -164,6 +167,7 @@ class TransferDock:
         timeout = self._timeout_s if timeout_s is None else timeout_s
         request = self._controllers[state].request.remote(rank, batch_size, whole_groups, timeout)
         grant: Grant = _wait([request], timeout=timeout + _RPC_GRACE_S)[0]
+        self.waited_s += grant.waited_s
         if grant.exhausted:
             return None
         order = sorted(grant.by_warehouse)

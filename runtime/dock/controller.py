@@ -36,6 +36,7 @@ class Grant:
     indices: np.ndarray  # (B,) int64, ascending
     by_warehouse: dict[int, np.ndarray] = field(default_factory=dict)  # warehouse -> its indices
     exhausted: bool = False
+    waited_s: float = 0.0  # time the request waited for samples to become ready (not data movement)
 
 
 class Controller:
@@ -104,15 +105,16 @@ class Controller:
                     await asyncio.wait_for(self._changed.wait(), left)
                 except asyncio.TimeoutError:
                     pass  # the loop checks once more, then raises with the final counts
-            self._wait_s += loop.time() - started
+            waited = loop.time() - started
+            self._wait_s += waited
             if picked.size == 0:
-                return self._reply(Grant(indices=picked, exhausted=True))
+                return self._reply(Grant(indices=picked, exhausted=True, waited_s=waited))
             self._consumer[picked] = rank
             self._samples_handed_out += picked.size
             self._changed.notify_all()  # other ranks may now see the iteration exhausted
         owners = self._warehouse[picked]
         by_warehouse = {int(w): picked[owners == w] for w in np.unique(owners)}
-        return self._reply(Grant(indices=picked, by_warehouse=by_warehouse))
+        return self._reply(Grant(indices=picked, by_warehouse=by_warehouse, waited_s=waited))
 
     async def reset(self) -> None:
         """Start a new iteration: nothing is ready and nothing is consumed."""

@@ -17,15 +17,17 @@ StageFn = Callable[[torch.Tensor, TensorDict], TensorDict | None]
 
 @dataclass
 class StageTiming:
-    """Seconds a worker spent in one stage: moving data through the dock vs computing."""
+    """Seconds a worker spent in one stage: waiting for its inputs to become ready, moving data
+    through the dock (requests, reads, writes), and computing."""
 
+    wait_s: float = 0.0
     dispatch_s: float = 0.0
     compute_s: float = 0.0
     num_samples: int = 0
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"dispatch_s": self.dispatch_s, "compute_s": self.compute_s,
+        return {"wait_s": self.wait_s, "dispatch_s": self.dispatch_s, "compute_s": self.compute_s,
                 "num_samples": self.num_samples, **self.extra}
 
 
@@ -40,10 +42,12 @@ def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: Stag
     timing = StageTiming()
     num_batches = 0
     while max_batches is None or num_batches < max_batches:
-        start = time.perf_counter()
+        start, waited_before = time.perf_counter(), dock.waited_s
         got = dock.get(state, list(columns), rank=rank, batch_size=batch_size,
                        whole_groups=whole_groups, timeout_s=timeout_s)
-        timing.dispatch_s += time.perf_counter() - start
+        waited = dock.waited_s - waited_before
+        timing.wait_s += waited
+        timing.dispatch_s += time.perf_counter() - start - waited
         if got is None:
             break
         indices, batch = got

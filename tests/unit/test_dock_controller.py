@@ -58,7 +58,11 @@ def test_waiting_request_is_served_when_the_column_arrives() -> None:
         await asyncio.sleep(0.05)
         assert not waiting.done()  # 3 of 4 ready: keep waiting
         await ready(controller, [3], ["old_logprobs"])
-        assert (await asyncio.wait_for(waiting, 1.0)).indices.tolist() == [0, 1, 2, 3]
+        grant = await asyncio.wait_for(waiting, 1.0)
+        assert grant.indices.tolist() == [0, 1, 2, 3]
+        assert grant.waited_s >= 0.1  # reported so workers can tell waiting from moving data
+        await ready(controller, [4, 5], COLUMNS)
+        assert (await controller.request(0, 2)).waited_s < 0.05  # ready at once: no wait
 
     asyncio.run(scenario())
 
