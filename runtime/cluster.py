@@ -29,11 +29,15 @@ def connect(cfg: JobConfig) -> None:
         # vLLM logs every engine start at INFO and a harmless chat-template traceback at WARNING
         # (no tokenizer is loaded: prompts are token ids); a user's own setting wins.
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
     }
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
         return
     resources = cfg.resources
+    # Ray probes for real Ascend devices when a resource is called NPU and logs a traceback when
+    # the probe's library (acl, from CANN) is absent, which it always is with emulated NPUs.
+    logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
     # address="local": always a fresh cluster, never a stray one found on this machine.
     ray.init(address="local", num_cpus=_LOCAL_LOGICAL_CPUS,
              resources={resources.accelerator_resource: resources.num_nodes * resources.devices_per_node},

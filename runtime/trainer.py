@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,19 +187,18 @@ class Trainer:
                 progress.set_postfix(reward=f"{record['reward_mean']:.3f}", kl=f"{record['kl']:.4f}",
                                      tps=f"{record['tokens_per_s_per_device']:.0f}", refresh=False)
                 progress.update(1)
-                self._report_progress(record)
+                if not self.show_progress:  # the bar is for people, the lines for the operator
+                    self._report_progress(record)
         finally:
             progress.close()
 
     def _report_progress(self, record: dict) -> None:
-        """One machine-readable line per iteration on stdout (the operator reads it from the Ray
-        job log), printed with tqdm.write so it does not tear the progress bar."""
-        from tqdm import tqdm
-
+        """One machine-readable line per iteration on stdout; the operator reads it from the Ray
+        job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
         headline = {**_headline(record), "iteration": record["iteration"], "iterations": self.cfg.iterations,
                     "checkpoint": latest.iteration if latest else None}
-        tqdm.write(format_progress(headline), file=sys.stdout)
+        print(format_progress(headline), flush=True)
 
     def _run_iteration(self, iteration: int) -> dict:
         cfg, algo, w = self.cfg, self.cfg.algorithm, self.workers
