@@ -37,7 +37,11 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
     train.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
                        metavar="KEY=VALUE", help="override a field, e.g. algorithm.learning_rate=0")
-    train.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
+    train.add_argument("--no-progress", action="store_true",
+                       help="print one machine-readable progress line per iteration instead of a bar")
+    train.add_argument("--max-restarts", type=int, default=1, metavar="N",
+                       help="restart from the last checkpoint up to N times when a worker process dies "
+                            "(default 1; the operator passes 0 and retries the whole job itself)")
     return parser
 
 
@@ -60,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
 
     try:
-        trainer = Trainer(cfg, args.output, resume=args.resume, show_progress=not args.no_progress)
+        trainer = Trainer(cfg, args.output, resume=args.resume, show_progress=not args.no_progress,
+                          max_restarts=args.max_restarts)
     except OutputDirInUse as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

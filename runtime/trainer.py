@@ -88,10 +88,11 @@ class WorkerGroups:
 
 class Trainer:
     def __init__(self, cfg: JobConfig, output_dir: str | Path, *, resume: bool = False,
-                 show_progress: bool = True):
+                 show_progress: bool = True, max_restarts: int = 0):
         self.cfg = cfg
         self.output_dir = Path(output_dir)
         self.show_progress = show_progress
+        self.max_restarts = max_restarts
         self.metrics = MetricsLog(self.output_dir)
         self._check_output_dir(resume)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -118,11 +119,22 @@ class Trainer:
             logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
             return self.metrics.read()
         cluster.connect(self.cfg)
-        try:
-            start_iteration = self._start()
-            self._loop(start_iteration)
-        finally:
-            self._stop()
+        for attempt in range(self.max_restarts + 1):
+            try:
+                start_iteration = self._start()
+                self._loop(start_iteration)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as error:
+                # A worker process died (killed, out of memory, node lost): restart every worker
+                # and the dock from the last checkpoint. Errors raised by our own code are not
+                # retried: they would fail the same way again.
+                if attempt == self.max_restarts:
+                    raise
+                logger.warning("a worker died (%s); restart %d of %d from the last checkpoint",
+                               error, attempt + 1, self.max_restarts)
+                self.resume_from = ckpt.latest_checkpoint(self.output_dir)
+            finally:
+                self._stop()
         records = self.metrics.read()
         plot_progress(records, self.output_dir / PLOT_FILE)
         return records
@@ -172,6 +184,7 @@ class Trainer:
                 ray.kill(handle)
         if self.dock is not None:
             self.dock.shutdown()
+        self.workers, self.dock, self._last_dock_stats = None, None, None
 
     # --- iterations ---------------------------------------------------------------------------
 

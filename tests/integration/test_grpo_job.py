@@ -136,3 +136,26 @@ def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
     log, _ = refused.communicate(timeout=120)
     assert refused.returncode == 2
     assert "--resume" in log
+
+
+def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
+    """SIGKILL one actor rank's process mid-run: the job restarts its workers from the last
+    checkpoint by itself and still ends with every iteration logged exactly once."""
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job_config(tmp_path / "model")))
+    output = tmp_path / "run"
+    job = start_job(config, output, "--max-restarts", "1")
+    deadline = time.monotonic() + 600
+    while len(read_metrics(output)) < 3:
+        assert job.poll() is None, f"job exited early:\n{job.stdout.read()}"
+        assert time.monotonic() < deadline, "job made no progress in 10 minutes"
+        time.sleep(0.2)
+    # Ray names actor processes "ray::ActorWorker[.method]".
+    found = subprocess.run(["pgrep", "-f", "^ray::ActorWorker"], capture_output=True, text=True)
+    pids = [int(p) for p in found.stdout.split()]
+    assert pids, "no actor worker process found"
+    os.kill(pids[0], signal.SIGKILL)
+    log, _ = job.communicate(timeout=600)
+    assert job.returncode == 0, log
+    assert "a worker died" in log and "restart 1 of 1" in log
+    assert [r["iteration"] for r in read_metrics(output)] == list(range(1, ITERATIONS + 1))
