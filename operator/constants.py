@@ -45,9 +45,19 @@ ROLE_WORKER = "worker"
 # Hash of the desired RayCluster spec: the handler replaces a cluster whose hash differs instead of
 # diffing KubeRay's defaulted spec field by field.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# Ray job metadata: the worker pods an attempt was submitted on, so a worker that KubeRay replaced
+# mid-run (new pod name) is recognised as lost, also by a restarted operator.
+JOB_METADATA_WORKER_PODS = f"{GROUP}/worker-pods"
 
 # --- What the runtime sees inside the pods ---------------------------------------------------
 ENV_JOB_CONFIG = "RLDOCK_JOB_CONFIG"
+# Ray 2.60 token authentication (ray/_private/authentication): every Ray process of the cluster,
+# the job driver included, reads the mode and the shared token from these variables; HTTP clients
+# of the dashboard (the Jobs API) send `Authorization: Bearer <token>`.
+ENV_RAY_AUTH_MODE = "RAY_AUTH_MODE"
+ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+RAY_AUTH_MODE_TOKEN = "token"
+AUTH_SECRET_KEY = "auth_token"  # key of the token in the per-RLJob Secret
 CONFIG_MOUNT_PATH = "/etc/rldock"
 JOB_CONFIG_FILE = "job.yaml"
 JOB_CONFIG_PATH = f"{CONFIG_MOUNT_PATH}/{JOB_CONFIG_FILE}"
@@ -64,6 +74,12 @@ HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 WORKER_GROUP = "workers"
 DASHBOARD_PORT = 8265  # the Ray Jobs API is served by the head's dashboard
+DASHBOARD_ENDPOINT = "dashboard"  # key of the dashboard port in RayCluster .status.endpoints
+# Labels KubeRay puts on every pod of a RayCluster.
+LABEL_RAY_CLUSTER = "ray.io/cluster"
+LABEL_RAY_NODE_TYPE = "ray.io/node-type"  # "head" or "worker"
+RAY_NODE_TYPE_HEAD = "head"
+RAY_NODE_TYPE_WORKER = "worker"
 # RayCluster.status as KubeRay writes it.
 RAY_STATE_READY = "ready"
 RAY_STATE_SUSPENDED = "suspended"
@@ -141,8 +157,10 @@ class EventReason(str, Enum):
 
     INVALID_SPEC = "InvalidSpec"
     CREATED_CONFIG_MAP = "CreatedConfigMap"
+    CREATED_AUTH_SECRET = "CreatedAuthSecret"
     CREATED_RAY_CLUSTER = "CreatedRayCluster"
     REPLACED_RAY_CLUSTER = "ReplacedRayCluster"
+    RELEASED_RAY_CLUSTER = "ReleasedRayCluster"  # deleted when the job finished, failed or was suspended
     SUBMITTED_RAY_JOB = "SubmittedRayJob"
     STOPPED_RAY_JOB = "StoppedRayJob"
     UNSCHEDULABLE = "Unschedulable"

@@ -66,6 +66,11 @@ def config_map_name(rljob_name: str) -> str:
     return dns_label(f"{rljob_name}-config")
 
 
+def auth_secret_name(rljob_name: str) -> str:
+    """The Secret holding the Ray cluster's auth token (Ray token authentication)."""
+    return dns_label(f"{rljob_name}-ray-auth")
+
+
 def head_service_name(rljob_name: str) -> str:
     """The head Service KubeRay creates for the RayCluster."""
     return f"{ray_cluster_name(rljob_name)}-head-svc"

@@ -102,7 +102,9 @@ def compute_status(*, name: str, spec: Optional[RLJobSpec], generation: Optional
         ray_job_id = None
     else:
         phase, conditions = _decide(name, spec, observed, restart_count, prev)
-        conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID)
+        # Every condition carries a message: an empty string reads as null on some API servers
+        # (seen on the 1.20 test control plane), which the schema refuses.
+        conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
         if _failed_on_spec(prev) and ConditionType.FAILED not in conditions:
             conditions.drop(ConditionType.FAILED)  # the spec was fixed: its failure no longer holds
         ray_job_id = observed.ray_job.submission_id if observed.ray_job else None

@@ -19,7 +19,8 @@ from rldock.operator import naming
 from rldock.operator.api import PodResources, RLJobSpec, cpu_cores
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
 from rldock.operator.constants import (
-    ANNOTATION_SPEC_HASH, CONFIG_MOUNT_PATH, ENV_JOB_CONFIG, HEAD_CONTAINER, JOB_CONFIG_PATH,
+    ANNOTATION_SPEC_HASH, AUTH_SECRET_KEY, CONFIG_MOUNT_PATH, ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE,
+    ENV_RAY_AUTH_TOKEN, HEAD_CONTAINER, JOB_CONFIG_PATH, RAY_AUTH_MODE_TOKEN,
     LABEL_KUEUE_QUEUE, LABEL_RAY_SCHEDULER_NAME, LABEL_RLJOB, LABEL_ROLE, LABEL_VOLCANO_QUEUE, RAY_API_VERSION,
     RAY_CLUSTER_KIND, ROLE_HEAD, ROLE_WORKER, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, VOLUME_CHECKPOINTS,
     VOLUME_JOB_CONFIG, VOLUME_SHM, WORKER_CONTAINER, WORKER_GROUP, GangScheduler,
@@ -90,7 +91,7 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any
     is_worker = role == ROLE_WORKER
     labels = {**child_labels(job), LABEL_ROLE: role}
     pod_spec: dict[str, Any] = {
-        "containers": [_container(spec, role=role)],
+        "containers": [_container(job, spec, role=role)],
         "volumes": _volumes(job, spec),
     }
     if is_worker:
@@ -111,7 +112,7 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any
     return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 
-def _container(spec: RLJobSpec, *, role: str) -> dict[str, Any]:
+def _container(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any]:
     if role == ROLE_WORKER:
         amounts = _cpu_memory(spec.cluster.worker)
         amounts[spec.cluster.device_resource] = str(spec.job.resources.devices_per_node)
@@ -123,7 +124,14 @@ def _container(spec: RLJobSpec, *, role: str) -> dict[str, Any]:
         "image": spec.image,
         # Requests equal limits: extended resources require it, and Ray sizes itself from limits.
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
-        "env": [{"name": ENV_JOB_CONFIG, "value": JOB_CONFIG_PATH}],
+        "env": [
+            {"name": ENV_JOB_CONFIG, "value": JOB_CONFIG_PATH},
+            # Every Ray process (and the job driver, which inherits the raylet's environment)
+            # authenticates with the RLJob's own token; see builders/secret.py.
+            {"name": ENV_RAY_AUTH_MODE, "value": RAY_AUTH_MODE_TOKEN},
+            {"name": ENV_RAY_AUTH_TOKEN, "valueFrom": {"secretKeyRef": {
+                "name": naming.auth_secret_name(job.name), "key": AUTH_SECRET_KEY}}},
+        ],
         "volumeMounts": [
             {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": VOLUME_CHECKPOINTS, "mountPath": spec.checkpoint.mount_path},

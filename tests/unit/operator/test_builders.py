@@ -16,7 +16,7 @@ from rldock.config import parse_job_config
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import (
-    RLJobRef, build_config_map, build_entrypoint, build_job_submission, build_ray_cluster, output_dir,
+    RLJobRef, build_auth_secret, build_config_map, build_entrypoint, build_job_submission, build_ray_cluster, output_dir,
 )
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH, ENV_JOB_CONFIG, JOB_CONFIG_PATH, LABEL_KUEUE_QUEUE, LABEL_RAY_SCHEDULER_NAME,
@@ -214,3 +214,22 @@ def test_each_attempt_gets_its_own_submission():
 def test_ref_from_body():
     body = {"metadata": {"name": "a", "namespace": "b", "uid": "c", "generation": 3}, "spec": {}}
     assert RLJobRef.from_body(body) == RLJobRef(name="a", namespace="b", uid="c")
+
+
+def test_every_ray_pod_authenticates_with_the_rljobs_token():
+    """Ray 2.60 turns token auth on by default; every Ray process reads RAY_AUTH_MODE/RAY_AUTH_TOKEN."""
+    for group in _groups(build_ray_cluster(job=JOB, spec=_spec())):
+        env = {var["name"]: var for var in group["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": naming.auth_secret_name(JOB.name), "key": "auth_token"}
+
+
+def test_auth_secret_is_owned_and_valid():
+    secret = build_auth_secret(job=JOB, token="f" * 64)
+    kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
+    assert secret["metadata"]["name"] == naming.auth_secret_name(JOB.name) == "grpo-demo-ray-auth"
+    assert secret["stringData"] == {"auth_token": "f" * 64}
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
+    with pytest.raises(ValueError):
+        build_auth_secret(job=JOB, token="")

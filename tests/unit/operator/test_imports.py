@@ -10,7 +10,8 @@ import rldock.operator
 
 HEAVY = ("torch", "ray", "vllm", "transformers")
 # The pure layers do no I/O, so they need no Kubernetes client either.
-PURE = ("api", "builders", "constants", "crd", "naming", "status", "validation")
+PURE = ("api", "builders", "constants", "crd", "naming", "observe", "plan", "rayjobs", "settings", "status",
+        "validation")
 
 
 def _modules() -> list[str]:

@@ -1,0 +1,104 @@
+"""The few Kubernetes calls the reconciler makes, on the official client, returning plain dicts.
+
+Objects come back exactly as the API server sends them (camelCase JSON, `_preload_content=False`),
+the same shape the builders produce and the pure layers read; no client models in between.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any, Mapping, Optional
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rldock.operator.constants import (
+    GROUP, PLURAL, RAY_API_VERSION, RAY_CLUSTER_PLURAL, VERSION,
+)
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+_RAY_GROUP, _RAY_VERSION = RAY_API_VERSION.split("/")
+
+
+def _load(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
+
+
+def decode_secret_value(secret: Mapping[str, Any], key: str) -> Optional[str]:
+    value = (secret.get("data") or {}).get(key)
+    return base64.b64decode(value).decode() if value else None
+
+
+class Kube:
+    """Namespaced reads and writes of the RLJob's children, the RLJob itself, and pods."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    # --- core objects (ConfigMap, Secret) ------------------------------------------------------
+    def get(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        try:
+            if kind == "RayCluster":
+                return self.custom.get_namespaced_custom_object(
+                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name)
+            read = {"ConfigMap": self.core.read_namespaced_config_map,
+                    "Secret": self.core.read_namespaced_secret}[kind]
+            return _load(read(name, namespace, _preload_content=False))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def create(self, manifest: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+        """Create; None when an object of that name already exists (the next round reads it)."""
+        kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
+        try:
+            if kind == "RayCluster":
+                return self.custom.create_namespaced_custom_object(
+                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, dict(manifest))
+            create = {"ConfigMap": self.core.create_namespaced_config_map,
+                      "Secret": self.core.create_namespaced_secret}[kind]
+            return _load(create(namespace, dict(manifest), _preload_content=False))
+        except ApiException as error:
+            if error.status == 409:
+                log.info("%s %s/%s already exists", kind, namespace, manifest["metadata"]["name"])
+                return None
+            raise
+
+    def patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386): lists are replaced, null removes a key."""
+        if kind == "RayCluster":
+            return self.custom.patch_namespaced_custom_object(
+                _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, dict(patch),
+                _content_type=MERGE_PATCH)
+        method = {"ConfigMap": self.core.patch_namespaced_config_map,
+                  "Secret": self.core.patch_namespaced_secret}[kind]
+        return _load(method(name, namespace, dict(patch), _content_type=MERGE_PATCH, _preload_content=False))
+
+    def delete(self, kind: str, namespace: str, name: str, *, uid: Optional[str] = None) -> bool:
+        """Delete (in the background); with `uid`, only that very object. False when absent."""
+        body = client.V1DeleteOptions(propagation_policy="Background",
+                                      preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        try:
+            if kind == "RayCluster":
+                self.custom.delete_namespaced_custom_object(
+                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, body=body)
+            elif kind == "RLJob":
+                self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body=body)
+            else:
+                raise ValueError(f"the operator does not delete {kind}s")
+        except ApiException as error:
+            if error.status in (404, 409):  # gone, or a newer object of the same name (uid mismatch)
+                return False
+            raise
+        return True
+
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{key}={value}" for key, value in labels.items())
+        response = self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        return _load(response).get("items") or []

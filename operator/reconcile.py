@@ -1,0 +1,350 @@
+"""One reconcile round of one RLJob: ordered small steps, run by the kopf timer every poll interval.
+
+    finished (Succeeded/Failed)?  release the RayCluster; delete the RLJob after its TTL
+    invalid spec?                 release the RayCluster; status Failed naming the fields
+    otherwise                     ensure Secret and ConfigMap -> read the RayCluster -> observe pods
+                                  and the Ray job -> compute the status -> plan -> act
+
+Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
+a restarted operator carries on where the last one stopped: children are found by name and owner,
+the Ray job by its deterministic submission id. A lookup that fails ends the round without a
+decision (SkipRound); the next round, one poll interval later, tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping, Optional
+
+from rldock.config import Problem
+from rldock.operator import naming
+from rldock.operator.api import RLJobSpec, RLJobStatus
+from rldock.operator.builders import (
+    RLJobRef, build_auth_secret, build_config_map, build_job_submission, build_ray_cluster, output_dir,
+    owner_reference,
+)
+from rldock.operator.constants import (
+    ANNOTATION_SPEC_HASH, AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS, LABEL_RAY_CLUSTER, ConditionType,
+    EventReason, Phase, RayJobStatus, Reason,
+)
+from rldock.operator.kube import Kube, decode_secret_value
+from rldock.operator.observe import (
+    ACTIVE_JOB_STATES, Ownership, PodSummary, Progress, attempt_workers, dashboard_url, job_observation,
+    lost_workers, owned_by, ownership, read_progress, ready_to_submit, ready_worker_names, summarize_pods,
+)
+from rldock.operator.plan import (
+    Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
+)
+from rldock.operator.rayjobs import RayJobsClient, RayJobsError
+from rldock.operator.settings import OperatorSettings
+from rldock.operator.status import (
+    Event, Observations, RayJobObservation, compute_status, parse_status, seconds_until_expiry,
+    status_events,
+)
+from rldock.operator.validation import parse_spec
+
+log = logging.getLogger(__name__)
+
+JobsClientFactory = Callable[[str, Optional[str]], RayJobsClient]
+
+
+class SkipRound(Exception):
+    """Something could not be read (or belongs to someone else): decide nothing this round."""
+
+
+@dataclass
+class Outcome:
+    """What a round wants written: the full new status (None: leave it) and Events to post."""
+
+    status: Optional[dict[str, Any]] = None
+    events: list[Event] = field(default_factory=list)
+
+    def event(self, type_: str, reason: EventReason, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+
+
+@dataclass(frozen=True)
+class Round:
+    ref: RLJobRef
+    spec: Optional[RLJobSpec]
+    problems: list[Problem]
+    raw_status: dict[str, Any]
+    previous: RLJobStatus
+    generation: Optional[int]
+    now: datetime
+
+    @property
+    def cluster_name(self) -> str:
+        return naming.ray_cluster_name(self.ref.name)
+
+    def submission_id(self, attempt: int) -> str:
+        return naming.ray_job_submission_id(self.ref.name, self.ref.uid, attempt=attempt)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What observing the cluster's pods and its Jobs API found."""
+
+    summary: PodSummary = PodSummary()
+    job: Optional[RayJobObservation] = None
+    progress: Progress = Progress()
+    lost: tuple[str, ...] = ()
+    previous_attempt: Optional[RayJobObservation] = None
+    jobs: Optional[RayJobsClient] = None  # set when the head is up
+
+
+def begin_round(body: Mapping[str, Any], now: datetime) -> Round:
+    spec, problems = parse_spec(body.get("spec") or {})
+    raw_status = dict(body.get("status") or {})
+    return Round(ref=RLJobRef.from_body(body), spec=spec, problems=problems, raw_status=raw_status,
+                 previous=parse_status(raw_status), generation=body["metadata"].get("generation"), now=now)
+
+
+def finished(status: RLJobStatus) -> bool:
+    """Succeeded, or Failed for good (a Failed caused by the spec alone is undone by fixing it)."""
+    if status.phase is None or not status.phase.is_terminal:
+        return False
+    failed = status.condition(ConditionType.FAILED)
+    return not (status.phase is Phase.FAILED and failed is not None and failed.reason is Reason.INVALID_SPEC)
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: OperatorSettings, *,
+                 jobs_client: Optional[JobsClientFactory] = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self.kube = kube
+        self.settings = settings
+        self._jobs_client = jobs_client or (
+            lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout))
+        self._clock = clock
+
+    # --- the round ---------------------------------------------------------------------------
+    def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+        rnd = begin_round(body, self._clock())
+        out = Outcome()
+        try:
+            if finished(rnd.previous):
+                self._finish(rnd, out)
+            elif rnd.problems:
+                self._refuse(rnd, out)
+            else:
+                self._run(rnd, out)
+        except SkipRound as why:
+            log.info("%s/%s: nothing decided this round: %s", rnd.ref.namespace, rnd.ref.name, why)
+            out.status = None
+        if out.status is not None:
+            out.events += status_events(rnd.raw_status, out.status)
+        return out
+
+    def _finish(self, rnd: Round, out: Outcome) -> None:
+        self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
+        out.status = self._status(rnd, Observations(problems=rnd.problems))
+        if rnd.spec is None:
+            return
+        remaining = seconds_until_expiry(spec=rnd.spec, status=rnd.raw_status, now=rnd.now)
+        if remaining is not None and remaining <= 0:
+            out.event("Normal", EventReason.TTL_EXPIRED,
+                      f"ttlSecondsAfterFinished ({rnd.spec.ttl_seconds_after_finished} s) passed; deleting the RLJob")
+            self.kube.delete("RLJob", rnd.ref.namespace, rnd.ref.name, uid=rnd.ref.uid)
+
+    def _refuse(self, rnd: Round, out: Outcome) -> None:
+        """An invalid spec: nothing of it may run; the checkpoint stays for when it is fixed."""
+        self._release(rnd, out, why="the spec is invalid")
+        out.status = self._status(rnd, Observations(problems=rnd.problems))
+
+    def _run(self, rnd: Round, out: Outcome) -> None:
+        spec = rnd.spec
+        assert spec is not None, "a spec without problems parsed"
+        token = self._ensure_secret(rnd, out)
+        self._ensure_config_map(rnd, spec, out)
+        desired = build_ray_cluster(job=rnd.ref, spec=spec)
+        cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
+        seen = self._observe(rnd, spec, cluster, token)
+        status = self._status(rnd, Observations(
+            ray_cluster=(cluster.get("status") or {}) if cluster is not None else None,
+            ray_job=seen.job, metrics=seen.progress.metrics, last_checkpoint=seen.progress.last_checkpoint,
+            unschedulable=seen.summary.unschedulable, lost_pods=seen.lost))
+        actions = plan(Situation(
+            spec=spec, phase=Phase(status["phase"]), restart_count=rnd.previous.restart_count,
+            cluster=cluster, desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
+            job=seen.job, lost_workers=bool(seen.lost),
+            ready_to_submit=cluster is not None and ready_to_submit(
+                cluster, seen.summary, num_workers=spec.job.resources.num_nodes),
+            previous_attempt=seen.previous_attempt))
+        for action in actions:
+            self._apply(action, rnd, spec, desired=desired, cluster=cluster, seen=seen, status=status, out=out)
+        out.status = status
+
+    def _status(self, rnd: Round, observed: Observations) -> dict[str, Any]:
+        return compute_status(name=rnd.ref.name, spec=rnd.spec, generation=rnd.generation, observed=observed,
+                              restart_count=rnd.previous.restart_count, previous=rnd.raw_status, now=rnd.now)
+
+    # --- children ----------------------------------------------------------------------------
+    def _read_owned(self, rnd: Round, kind: str, name: str) -> Optional[dict[str, Any]]:
+        """The child `name`, adopted when it is labelled ours but has no controller; SkipRound when
+        it belongs to someone else (e.g. an RLJob of the same name that is still going away)."""
+        obj = self.kube.get(kind, rnd.ref.namespace, name)
+        if obj is None:
+            return None
+        if obj["metadata"].get("deletionTimestamp"):
+            raise SkipRound(f"{kind} {name} is being deleted; waiting for it to go")
+        whose = ownership(obj, uid=rnd.ref.uid, rljob_name=rnd.ref.name)
+        if whose is Ownership.FOREIGN:
+            raise SkipRound(f"{kind} {name} exists and is not this RLJob's; waiting for it to go away")
+        if whose is Ownership.ORPHAN:
+            refs = [*(obj["metadata"].get("ownerReferences") or ()), owner_reference(rnd.ref)]
+            log.info("%s/%s: adopting %s %s", rnd.ref.namespace, rnd.ref.name, kind, name)
+            obj = self.kube.patch(kind, rnd.ref.namespace, name, {"metadata": {"ownerReferences": refs}})
+        return obj
+
+    def _ensure_secret(self, rnd: Round, out: Outcome) -> str:
+        """The Ray auth token of this RLJob, made once and never rotated while the job lives."""
+        name = naming.auth_secret_name(rnd.ref.name)
+        secret = self._read_owned(rnd, "Secret", name)
+        if secret is None:
+            token = secrets.token_hex(32)  # as Ray's own generator: 256 bits
+            if self.kube.create(build_auth_secret(job=rnd.ref, token=token)) is None:
+                raise SkipRound(f"Secret {name} appeared meanwhile")
+            out.event("Normal", EventReason.CREATED_AUTH_SECRET, f"created Secret {name} with the Ray auth token")
+            return token
+        token = decode_secret_value(secret, AUTH_SECRET_KEY)
+        if not token:
+            raise SkipRound(f"Secret {name} has no {AUTH_SECRET_KEY}")
+        return token
+
+    def _ensure_config_map(self, rnd: Round, spec: RLJobSpec, out: Outcome) -> None:
+        desired = build_config_map(job=rnd.ref, spec=spec)
+        name = desired["metadata"]["name"]
+        existing = self._read_owned(rnd, "ConfigMap", name)
+        if existing is None:
+            if self.kube.create(desired) is None:
+                raise SkipRound(f"ConfigMap {name} appeared meanwhile")
+            out.event("Normal", EventReason.CREATED_CONFIG_MAP, f"created ConfigMap {name} with the job config")
+        elif existing.get("data") != desired["data"]:
+            # spec.job changed: the running attempt keeps the config it started with; the next
+            # attempt (retry, unsuspend) reads this one.
+            log.info("%s/%s: job config changed; the next attempt uses it", rnd.ref.namespace, rnd.ref.name)
+            self.kube.patch("ConfigMap", rnd.ref.namespace, name, {"data": desired["data"]})
+
+    def _release(self, rnd: Round, out: Outcome, *, why: str) -> None:
+        """Delete the RayCluster (the job on its head goes with it); idempotent."""
+        cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
+        if cluster is None or ownership(cluster, uid=rnd.ref.uid, rljob_name=rnd.ref.name) is not Ownership.OURS:
+            return
+        if cluster["metadata"].get("deletionTimestamp"):
+            return
+        if self.kube.delete("RayCluster", rnd.ref.namespace, rnd.cluster_name, uid=cluster["metadata"]["uid"]):
+            out.event("Normal", EventReason.RELEASED_RAY_CLUSTER, f"deleted RayCluster {rnd.cluster_name}: {why}")
+
+    # --- observing ---------------------------------------------------------------------------
+    def _observe(self, rnd: Round, spec: RLJobSpec, cluster: Optional[Mapping[str, Any]], token: str) -> Seen:
+        attempt = rnd.previous.restart_count
+        submission_id = rnd.submission_id(attempt)
+        if cluster is None:
+            return Seen(job=job_observation(submission_id, None, previous=rnd.previous))
+        pods = [pod for pod in self.kube.list_pods(rnd.ref.namespace, {LABEL_RAY_CLUSTER: rnd.cluster_name})
+                if owned_by(pod, cluster["metadata"]["uid"])]
+        summary = summarize_pods(pods)
+        url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
+                            namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
+        details, progress, previous_attempt, jobs = None, Progress(), None, None
+        if summary.head_running and url is not None and not cluster.get("spec", {}).get("suspend"):
+            jobs = self._jobs_client(url, token)
+            try:
+                details = jobs.get_job(submission_id)
+                if details is not None and details.get("status") != RayJobStatus.PENDING.value:
+                    progress = read_progress(jobs.get_logs(submission_id),
+                                             output_dir=output_dir(job=rnd.ref, spec=spec))
+                if details is None and attempt > 0:
+                    previous_id = rnd.submission_id(attempt - 1)
+                    previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
+            except RayJobsError as error:
+                raise SkipRound(str(error)) from None
+        try:
+            job = job_observation(submission_id, details, previous=rnd.previous)
+        except ValueError as error:  # a job state this operator does not know
+            raise SkipRound(f"Ray job {submission_id}: {error}") from None
+        lost: list[str] = []
+        if job is not None and job.status is RayJobStatus.RUNNING:
+            lost = lost_workers(summary, num_workers=spec.job.resources.num_nodes,
+                                attempt_workers=attempt_workers(details))
+        return Seen(summary=summary, job=job, progress=progress, lost=tuple(lost),
+                    previous_attempt=previous_attempt, jobs=jobs)
+
+    # --- acting ------------------------------------------------------------------------------
+    def _apply(self, action: Action, rnd: Round, spec: RLJobSpec, *, desired: Mapping[str, Any],
+               cluster: Optional[Mapping[str, Any]], seen: Seen, status: dict[str, Any], out: Outcome) -> None:
+        ns, name = rnd.ref.namespace, rnd.cluster_name
+        if isinstance(action, CreateCluster):
+            if self.kube.create(desired) is not None:
+                resources = spec.job.resources
+                out.event("Normal", EventReason.CREATED_RAY_CLUSTER,
+                          f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with "
+                          f"{resources.devices_per_node} {spec.cluster.device_resource} each")
+        elif isinstance(action, DeleteCluster):
+            assert cluster is not None
+            if self.kube.delete("RayCluster", ns, name, uid=cluster["metadata"]["uid"]):
+                reason = EventReason.REPLACED_RAY_CLUSTER if action.replace else EventReason.RELEASED_RAY_CLUSTER
+                out.event("Normal", reason, f"deleted RayCluster {name}: {action.why}")
+        elif isinstance(action, SuspendCluster):
+            self.kube.patch("RayCluster", ns, name, {"spec": {"suspend": action.suspend}})
+        elif isinstance(action, CountRestart):
+            status["restartCount"] = rnd.previous.restart_count + 1
+        elif isinstance(action, (SubmitJob, StopJob)):
+            assert seen.jobs is not None, "jobs are only submitted or stopped on a running head"
+            self._apply_job(action, rnd, spec, seen, status, out)
+        else:  # pragma: no cover - plan() returns only the types above
+            raise TypeError(f"unknown action {action!r}")
+
+    def _apply_job(self, action: SubmitJob | StopJob, rnd: Round, spec: RLJobSpec, seen: Seen,
+                   status: dict[str, Any], out: Outcome) -> None:
+        jobs = seen.jobs
+        assert jobs is not None
+        try:
+            if isinstance(action, SubmitJob):
+                request = build_job_submission(job=rnd.ref, spec=spec, attempt=action.attempt)
+                request["metadata"][JOB_METADATA_WORKER_PODS] = ",".join(ready_worker_names(seen.summary))
+                submission_id = jobs.submit_job(request)
+                status["rayJobId"] = submission_id
+                out.event("Normal", EventReason.SUBMITTED_RAY_JOB,
+                          f"submitted Ray job {submission_id} (attempt {action.attempt})")
+            elif jobs.stop_job(action.submission_id):
+                out.event("Normal", EventReason.STOPPED_RAY_JOB,
+                          f"stopped Ray job {action.submission_id}: {action.why}")
+        except RayJobsError as error:  # the next round sees the job's state and decides again
+            log.warning("%s/%s: %s failed: %s", rnd.ref.namespace, rnd.ref.name, action, error)
+
+    # --- deletion ----------------------------------------------------------------------------
+    def stop_for_deletion(self, body: Mapping[str, Any]) -> Optional[str]:
+        """Stop the current attempt's driver before the RLJob (and, by owner references, its
+        cluster) goes. Best effort: a cluster that cannot be reached is deleted with its job anyway."""
+        rnd = begin_round(body, self._clock())
+        cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
+        if cluster is None or not owned_by(cluster, rnd.ref.uid):
+            return None
+        secret = self.kube.get("Secret", rnd.ref.namespace, naming.auth_secret_name(rnd.ref.name))
+        url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
+                            namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
+        if secret is None or url is None:
+            return None
+        jobs = self._jobs_client(url, decode_secret_value(secret, AUTH_SECRET_KEY))
+        submission_id = rnd.submission_id(rnd.previous.restart_count)
+        try:
+            details = jobs.get_job(submission_id)
+            if details is not None and details.get("status") in {s.value for s in ACTIVE_JOB_STATES}:
+                jobs.stop_job(submission_id)
+                return submission_id
+        except RayJobsError as error:
+            log.warning("%s/%s: could not stop Ray job %s (%s); deleting its cluster ends it anyway",
+                        rnd.ref.namespace, rnd.ref.name, submission_id, error)
+        return None
+
+
+def _observation(submission_id: str, details: Optional[Mapping[str, Any]]) -> Optional[RayJobObservation]:
+    if details is None:
+        return None
+    return RayJobObservation(submission_id=submission_id, status=RayJobStatus(details["status"]),
+                             message=str(details.get("message") or ""))

@@ -1,0 +1,429 @@
+"""The operator against a real kube-apiserver (e2e/controlplane): KubeRay's real RayCluster CRD and
+our generated RLJob CRD installed, the operator as its own process (`python -m rldock.operator`)
+running as a non-admin user with exactly the RBAC that builders/rbac.py generates, and three test
+doubles for what this control plane lacks: KubeRay (e2e/doubles/kuberay.py), the kubelets
+(e2e/doubles/kubelet.py) and the Ray heads' Jobs API (e2e/doubles/ray_jobs.py). The real
+scheduler places the pods on emulated Ascend nodes; the real garbage collector removes children.
+
+The full user scenarios with the real runtime are the e2e suite's (issue 4); these pin the
+operator's decisions: status, retries, scheduling messages, deletion, restart, suspend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # e2e/ is test tooling beside the package
+    sys.path.insert(0, str(REPO_ROOT))
+
+from kubernetes import client  # noqa: E402
+
+from e2e.controlplane import (  # noqa: E402
+    DEVELOPER_USER, BinariesUnavailable, ControlPlane, KubectlError, find_binaries, wait_for,
+)
+from e2e.controlplane.crds import KUBERAY_CRD_DIR  # noqa: E402
+from e2e.controlplane.processes import ManagedProcess, free_ports  # noqa: E402
+from e2e.doubles.kubelet import KubeletDouble  # noqa: E402
+from e2e.doubles.kuberay import KubeRayDouble  # noqa: E402
+from e2e.doubles.ray_jobs import FakeJob, RayJobsDouble  # noqa: E402
+from rldock.operator import naming  # noqa: E402
+from rldock.operator.builders.rbac import build_rbac  # noqa: E402
+from rldock.progress import format_progress  # noqa: E402
+
+pytestmark = [pytest.mark.integration,
+              # the test control plane serves a self-signed certificate (insecure-skip-tls-verify)
+              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+
+RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
+DEVICE = "huawei.com/Ascend910"
+NODE_DEVICES = 4
+POLL = 1.0  # the operator's poll interval here (production: 5 s)
+TIMEOUT = 60.0
+
+
+def rljob(name: str, **spec: Any) -> dict[str, Any]:
+    """A small valid RLJob: 1 node x 2 devices, 4 iterations; keyword arguments replace spec keys."""
+    job = {"name": name, "iterations": 4, "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
+           "algorithm": {"num_prompts_per_iteration": 4, "num_responses_per_prompt": 2, "max_prompt_length": 8,
+                         "max_response_length": 6, "learning_rate": 3e-4},
+           "training": {"data_parallel_size": 2}, "resources": {"num_nodes": 1, "devices_per_node": 2},
+           "checkpoint": {"interval": 2}}
+    body = {"job": job, "checkpoint": {"hostPath": "/mnt/rl"},
+            "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}},
+            "backoffLimit": 2, **spec}
+    return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": body}
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+class Operator:
+    """`python -m rldock.operator` as its own process, as the developer user."""
+
+    def __init__(self, *, namespace: str, kubeconfig: Path, log_dir: Path, env: dict[str, str]) -> None:
+        self.argv = [sys.executable, "-m", "rldock.operator", "--namespace", namespace,
+                     "--poll-interval", str(POLL), "--dashboard-address", "pod-ip", "--ray-timeout", "2",
+                     "--log-level", os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO")]
+        self.env = {**env, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        self.log_path = log_dir / "operator.log"
+        self.process: Optional[ManagedProcess] = None
+
+    def start(self) -> None:
+        # Not from the repository root: there, folder operator/ would shadow the standard library's
+        # `operator` for `python -m`.
+        self.process = ManagedProcess("rldock-operator", self.argv, log_path=self.log_path, env=self.env,
+                                      cwd=self.log_path.parent)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when the operator's pod is evicted."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.stop(timeout=5)
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def check(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"the operator exited; its log ends:\n{self.process.log_tail(40)}")
+
+
+class World:
+    """The namespace under test and what acts in it, with the reads the tests make."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, operator: Operator, jobs: RayJobsDouble,
+                 kubelet: KubeletDouble) -> None:
+        self.plane, self.namespace, self.operator = plane, namespace, operator
+        self.jobs, self.kubelet = jobs, kubelet
+        self.api = plane.api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def apply(self, manifest: dict[str, Any], *, check: bool = True):
+        return self.plane.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(manifest),
+                                  check=check)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.plane.kubectl("patch", "rljob", name, "-n", self.namespace, "--type=merge",
+                           "-p", json.dumps({"spec": spec}))
+
+    def get(self, plural: str, name: str) -> Optional[dict[str, Any]]:
+        group, version = {"rljobs": ("rldock.io", "v1alpha1"), "rayclusters": ("ray.io", "v1")}[plural]
+        try:
+            return self.custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def core_object(self, kind: str, name: str) -> Optional[dict[str, Any]]:
+        read = {"ConfigMap": self.core.read_namespaced_config_map, "Secret": self.core.read_namespaced_secret}[kind]
+        try:
+            return json.loads(read(name, self.namespace, _preload_content=False).data)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def pods(self, cluster: str) -> list[dict[str, Any]]:
+        return json.loads(self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"ray.io/cluster={cluster}", _preload_content=False).data)["items"]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return json.loads(self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False).data)["items"]
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
+        return wait_for(what, probe, timeout=timeout, interval=0.25, check=self.operator.check)
+
+    def wait_status(self, name: str, what: str, predicate: Callable[[dict[str, Any]], bool],
+                    timeout: float = TIMEOUT) -> dict[str, Any]:
+        def probe() -> Optional[dict[str, Any]]:
+            obj = self.get("rljobs", name)
+            return obj if obj is not None and predicate(obj.get("status") or {}) else None
+        try:
+            return self.wait(f"RLJob {name}: {what}", probe, timeout)
+        except TimeoutError:
+            obj = self.get("rljobs", name)
+            raise AssertionError(f"RLJob {name}: no {what}; status now:\n"
+                                 f"{json.dumps((obj or {}).get('status'), indent=1)}\noperator log:\n"
+                                 f"{_tail(self.operator.log_path)}") from None
+
+    def submission_id(self, name: str, attempt: int) -> str:
+        return naming.ray_job_submission_id(name, self.get("rljobs", name)["metadata"]["uid"], attempt=attempt)
+
+    def running(self, name: str, attempt: int = 0) -> tuple[dict[str, Any], FakeJob]:
+        """Wait until attempt `attempt` runs and the RLJob says Running; its Ray job (fake)."""
+        obj = self.wait_status(name, "phase Running", lambda s: s.get("phase") == "Running"
+                               and s.get("restartCount", 0) == attempt)
+        return obj, self.jobs.find(self.submission_id(name, attempt))
+
+    def progress(self, submission_id: str, iteration: int, *, checkpoint: Optional[int] = None) -> None:
+        self.jobs.print_line(submission_id, f"(TrainerDriver) iteration {iteration} done")
+        self.jobs.print_line(submission_id, format_progress({
+            "iteration": iteration, "iterations": 4, "reward_mean": 0.1 * iteration, "kl": 0.01, "loss": 0.5,
+            "response_length_mean": 5.0, "tokens_per_s_per_device": 100.0 + iteration, "checkpoint": checkpoint}))
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def _retry(install: Callable[[], Any], attempts: int = 3) -> Any:
+    """`kubectl wait --for=condition=Established` right after `create` can find no conditions yet
+    (kubectl 1.32: ".status.conditions accessor error"); installing again replaces and re-waits."""
+    for attempt in range(attempts):
+        try:
+            return install()
+        except KubectlError as error:
+            if "accessor error" not in error.stderr or attempt == attempts - 1:
+                raise
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    try:
+        find_binaries(build=os.environ.get("RLDOCK_E2E_BUILD", "1") != "0")
+    except BinariesUnavailable as error:
+        pytest.skip(f"no Kubernetes control-plane binaries and they cannot be built here: {error}")
+    if not KUBERAY_CRD_DIR.is_dir():
+        pytest.skip(f"KubeRay's CRDs are read from {KUBERAY_CRD_DIR}, which is absent here")
+    with ControlPlane(workdir=tmp_path_factory.mktemp("operator-controlplane")) as cp:
+        _retry(lambda: cp.install_kuberay_crds(KUBERAY_CRD_DIR / "ray.io_rayclusters.yaml"))
+        _retry(lambda: cp.install_crd(RLJOB_CRD))
+        for index in range(2):
+            cp.create_node(f"npu-{index}", devices=NODE_DEVICES)
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def world(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    namespace = unique("op")
+    plane.create_namespace(namespace)
+    # Least privilege, checked: the operator runs as a user that has only the generated Role.
+    for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
+                               subject={"kind": "User", "name": DEVELOPER_USER,
+                                        "apiGroup": "rbac.authorization.k8s.io"}):
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
+    kubeconfig["current-context"] = DEVELOPER_USER
+    (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    operator = Operator(namespace=namespace, kubeconfig=work / "kubeconfig", log_dir=work, env=plane.env)
+    (dashboard_port,) = free_ports(1)
+    jobs = RayJobsDouble(port=dashboard_port, start_delay=0.3)
+    api = plane.api_client()
+    kubelet = KubeletDouble(api, namespace=namespace, on_start=jobs.on_start, on_stop=jobs.on_stop)
+    with kubelet, KubeRayDouble(api, namespace=namespace, dashboard_port=dashboard_port):
+        operator.start()
+        try:
+            yield World(plane, namespace, operator, jobs, kubelet)
+        finally:
+            operator.stop()
+            jobs.close()
+            plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
+
+
+def test_rljob_runs_to_success_with_live_status(world: World):
+    name = unique("happy")
+    world.apply(rljob(name, ttlSecondsAfterFinished=3))
+    uid = world.wait("the RLJob", lambda: world.get("rljobs", name))["metadata"]["uid"]
+
+    cluster = world.wait("the RayCluster", lambda: world.get("rayclusters", name))
+    config_map = world.wait("the ConfigMap", lambda: world.core_object("ConfigMap", naming.config_map_name(name)))
+    secret = world.core_object("Secret", naming.auth_secret_name(name))
+    for child in (cluster, config_map, secret):
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("RLJob", uid, True)
+    assert "iterations: 4" in config_map["data"]["job.yaml"]
+
+    obj, job = world.running(name)
+    # The head's Jobs API took the submission only with the RLJob's own token (token auth).
+    assert world.jobs.head_of(name).token and world.jobs.head_of(name).unauthorized == 0
+    assert "--resume" in job.entrypoint and job.submission_id == world.submission_id(name, 0)
+    assert obj["status"]["rayJobId"] == job.submission_id and obj["status"]["progress"] == "0/4"
+
+    for iteration in (1, 2, 3):
+        printed = time.monotonic()
+        world.progress(job.submission_id, iteration, checkpoint=2 if iteration >= 2 else None)
+        world.wait_status(name, f"iteration {iteration}", lambda s, i=iteration: s.get("iteration") == i)
+        assert time.monotonic() - printed < 10, "status lags the runtime by more than 10 s"
+    status = world.get("rljobs", name)["status"]
+    assert status["progress"] == "3/4" and status["reward"] == pytest.approx(0.3)
+    assert status["tokensPerSecondPerDevice"] == pytest.approx(103.0)
+    assert status["lastCheckpoint"] == f"/checkpoints/{world.namespace}/{name}/checkpoints/iter-000002"
+    table = world.plane.kubectl("get", "rlj", name, "-n", world.namespace).stdout
+    assert "Running" in table and "3/4" in table and "103" in table, table
+
+    world.progress(job.submission_id, 4, checkpoint=4)
+    world.jobs.finish(job.submission_id, "SUCCEEDED")
+    status = world.wait_status(name, "phase Succeeded", lambda s: s.get("phase") == "Succeeded")["status"]
+    assert status["progress"] == "4/4" and status["completionTime"]
+    world.wait("the RayCluster released after success", lambda: world.get("rayclusters", name) is None)
+    reasons = {e["reason"] for e in world.events(name)}
+    assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
+    world.wait("ttlSecondsAfterFinished to delete the RLJob", lambda: world.get("rljobs", name) is None)
+
+
+def test_invalid_spec_fails_with_the_field_named_and_creates_nothing(world: World):
+    name = unique("invalid")
+    manifest = rljob(name)
+    manifest["spec"]["job"]["training"]["data_parallel_size"] = 3  # G*N = 8 is not divisible by 3
+    world.apply(manifest)
+    status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec" and "spec.job.training.data_parallel_size" in failed["message"]
+    event = world.wait("the InvalidSpec event", lambda: next(
+        (e for e in world.events(name) if e["reason"] == "InvalidSpec"), None))
+    assert event["type"] == "Warning" and "spec.job.training.data_parallel_size" in event["message"]
+    time.sleep(2 * POLL)  # a few more rounds: still nothing created, status unchanged
+    assert world.get("rayclusters", name) is None
+    assert world.core_object("ConfigMap", naming.config_map_name(name)) is None
+    assert world.get("rljobs", name)["status"] == status
+
+    # Fixing the spec undoes the failure: the job goes on to provision its cluster.
+    world.patch_spec(name, {"job": {**manifest["spec"]["job"], "training": {"data_parallel_size": 2}}})
+    world.wait_status(name, "the fixed spec accepted", lambda s: s.get("phase") in ("Provisioning", "Running"))
+    world.wait("the RayCluster", lambda: world.get("rayclusters", name))
+
+
+def test_schema_violations_are_refused_by_the_apiserver(world: World):
+    name = unique("schema")
+    bad = rljob(name, backoffLimit=-1)
+    result = world.apply(bad, check=False)
+    assert result.returncode != 0 and "spec.backoffLimit" in result.stderr, result.stderr
+    bad = rljob(name)
+    bad["spec"]["job"]["iterations"] = "many"
+    result = world.apply(bad, check=False)
+    assert result.returncode != 0 and "spec.job.iterations" in result.stderr, result.stderr
+    assert world.get("rljobs", name) is None
+
+
+def test_failed_ray_job_is_retried_from_the_checkpoint_then_fails_at_the_backoff_limit(world: World):
+    name = unique("retry")
+    world.apply(rljob(name, backoffLimit=1))
+    _, first = world.running(name)
+    world.progress(first.submission_id, 2, checkpoint=2)
+    world.jobs.finish(first.submission_id, "FAILED", "driver exited with 1")
+    status = world.wait_status(name, "restartCount 1", lambda s: s.get("restartCount") == 1)["status"]
+    assert status["phase"] in ("Retrying", "Running")
+    _, second = world.running(name, attempt=1)
+    assert second.submission_id.endswith("-1") and "--resume" in second.entrypoint
+    assert world.get("rljobs", name)["status"]["iteration"] == 2  # kept until the new attempt reports
+    assert any(e["reason"] == "Retrying" for e in world.events(name))
+
+    world.jobs.finish(second.submission_id, "FAILED", "driver exited with 1 again")
+    status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and status["restartCount"] == 1
+    world.wait("the RayCluster released after failure", lambda: world.get("rayclusters", name) is None)
+
+
+def test_lost_worker_pod_restarts_the_attempt(world: World):
+    name = unique("lost")
+    world.apply(rljob(name))
+    _, first = world.running(name)
+    (worker,) = [p for p in world.pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+    world.core.delete_namespaced_pod(worker["metadata"]["name"], world.namespace)
+    status = world.wait_status(name, "restartCount 1", lambda s: s.get("restartCount") == 1)["status"]
+    retrying = next(c for c in status["conditions"] if c["type"] == "Retrying")
+    assert retrying["reason"] == "WorkerPodLost", retrying
+    _, second = world.running(name, attempt=1)
+    assert first.status == "STOPPED" and first.stop_requests >= 1  # never two drivers at once
+    assert second.status == "RUNNING"
+
+
+def test_unschedulable_pods_show_the_schedulers_message(world: World):
+    name = unique("big")
+    manifest = rljob(name)
+    manifest["spec"]["job"]["resources"]["devices_per_node"] = 2 * NODE_DEVICES  # more than any node has
+    world.apply(manifest)
+    status = world.wait_status(name, "a PodsScheduled=False condition", lambda s: any(
+        c["type"] == "PodsScheduled" and c["status"] == "False" for c in s.get("conditions") or ()))["status"]
+    condition = next(c for c in status["conditions"] if c["type"] == "PodsScheduled")
+    assert condition["reason"] == "Unschedulable"
+    assert f"Insufficient {DEVICE}" in condition["message"], condition["message"]  # the scheduler's words
+    assert status["phase"] == "Provisioning"
+    assert any(e["reason"] == "Unschedulable" for e in world.events(name))
+
+    # A node big enough arrives: the scheduler places the worker and the job starts.
+    world.plane.create_node(unique("npu-big"), devices=2 * NODE_DEVICES)
+    world.running(name)
+    status = world.get("rljobs", name)["status"]
+    assert next(c for c in status["conditions"] if c["type"] == "PodsScheduled")["status"] == "True"
+    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+
+
+def test_deletion_stops_the_job_and_the_children_are_collected(world: World):
+    name = unique("delete")
+    world.apply(rljob(name))
+    _, job = world.running(name)
+    rljob_obj = world.get("rljobs", name)
+    assert "rldock.io/cleanup" in rljob_obj["metadata"]["finalizers"]
+    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+    world.wait("the Ray job stopped", lambda: job.status == "STOPPED")
+    world.wait("the RLJob gone", lambda: world.get("rljobs", name) is None)
+    world.wait("the children garbage-collected", lambda: (
+        world.get("rayclusters", name) is None and not world.pods(name)
+        and world.core_object("ConfigMap", naming.config_map_name(name)) is None
+        and world.core_object("Secret", naming.auth_secret_name(name)) is None))
+
+
+def test_operator_restart_resumes_tracking_without_a_second_cluster(world: World):
+    name = unique("restart")
+    world.apply(rljob(name))
+    _, job = world.running(name)
+    cluster_uid = world.get("rayclusters", name)["metadata"]["uid"]
+    world.operator.kill()
+    world.progress(job.submission_id, 1)  # the runtime goes on while the operator is away
+    world.operator.start()
+    world.wait_status(name, "iteration 1 read by the new operator", lambda s: s.get("iteration") == 1)
+    time.sleep(2 * POLL)
+    clusters = world.custom.list_namespaced_custom_object(
+        "ray.io", "v1", world.namespace, "rayclusters", label_selector=f"rldock.io/rljob={name}")["items"]
+    assert [c["metadata"]["uid"] for c in clusters] == [cluster_uid]
+    assert list(world.jobs.head_of(name).jobs) == [job.submission_id]  # found, not resubmitted
+    assert world.get("rljobs", name)["status"]["restartCount"] == 0
+    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+
+
+def test_suspend_releases_the_cluster_and_unsuspend_resumes(world: World):
+    name = unique("suspend")
+    world.apply(rljob(name))
+    _, job = world.running(name)
+    world.progress(job.submission_id, 2, checkpoint=2)
+    world.patch_spec(name, {"suspend": True})
+    status = world.wait_status(name, "phase Suspended", lambda s: s.get("phase") == "Suspended")["status"]
+    assert job.status == "STOPPED"
+    world.wait("the RayCluster suspended and its pods gone", lambda: (
+        world.get("rayclusters", name)["spec"]["suspend"] is True and not world.pods(name)))
+    assert status["iteration"] == 2 and status["restartCount"] == 0
+
+    world.patch_spec(name, {"suspend": False})
+    _, resumed = world.running(name)  # the same attempt, on a new head, resuming from the checkpoint
+    assert resumed is not job and "--resume" in resumed.entrypoint
+    status = world.get("rljobs", name)["status"]
+    suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
+    assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
+    reasons = {e["reason"] for e in world.events(name)}
+    assert {"Suspended", "Resumed"} <= reasons, reasons
+    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
