@@ -26,9 +26,13 @@ def output_dir(*, job: RLJobRef, spec: RLJobSpec) -> str:
 
 
 def build_entrypoint(*, job: RLJobRef, spec: RLJobSpec) -> str:
-    """The shell command line of the Ray job (the Jobs API takes one string)."""
+    """The shell command line of the Ray job (the Jobs API takes one string).
+
+    `--max-restarts 0`: a dead worker fails the attempt and the operator retries it (counted in
+    status.restartCount against spec.backoffLimit) instead of the runtime retrying out of sight.
+    """
     return shlex.join(["rldock", "train", JOB_CONFIG_PATH, "--output", output_dir(job=job, spec=spec),
-                       "--resume", "--no-progress"])
+                       "--resume", "--no-progress", "--max-restarts", "0"])
 
 
 def build_job_submission(*, job: RLJobRef, spec: RLJobSpec, attempt: int) -> dict[str, Any]:

@@ -196,9 +196,10 @@ def test_entrypoint_is_a_valid_rldock_command():
     spec = _spec(checkpoint={"claimName": "ckpt", "mountPath": "/data/ckpt"})
     argv = shlex.split(build_entrypoint(job=JOB, spec=spec))
     assert argv == ["rldock", "train", "/etc/rldock/job.yaml", "--output", "/data/ckpt/team-a/grpo-demo",
-                    "--resume", "--no-progress"]
+                    "--resume", "--no-progress", "--max-restarts", "0"]
     args = _build_parser().parse_args(argv[1:])
     assert (args.command, args.config, args.resume, args.no_progress) == ("train", JOB_CONFIG_PATH, True, True)
+    assert args.max_restarts == 0  # the operator owns retries (restartCount, backoffLimit)
     assert args.output == output_dir(job=JOB, spec=spec)
 
 
