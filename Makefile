@@ -3,7 +3,7 @@
 OUTPUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test
+.PHONY: setup demo test crd
 setup:
 	./scripts/setup.sh
 
@@ -14,3 +14,10 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+# Regenerate the RLJob CRD from the operator's models, with the Helm chart's copy of it, and the
+# RLJob reference (tests fail while any of the three is stale).
+crd: setup
+	.venv/bin/python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml
+	cp crds/rljobs.rldock.io.yaml helm/rldock/files/rljobs.rldock.io.yaml
+	.venv/bin/python scripts/rljob_reference.py > docs/rljob-reference.md

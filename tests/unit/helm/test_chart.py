@@ -1,0 +1,288 @@
+"""The Helm chart (helm/rldock), rendered and linted with the Helm library: valid Kubernetes objects
+for each variant, RBAC equal to the operator's builder, a Deployment whose environment the
+operator's own settings parser reads back, the CRD identical to crds/, and bad values refused."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from chart_testing import (
+    CHART, KUBERNETES_VERSIONS, NAMESPACE, REPO, VARIANTS, by_kind, chart_with_kuberay_double, one, render,
+    render_files,
+)
+
+import rldock
+from rldock.operator.builders.rbac import build_rbac, service_account_subject
+from rldock.operator.constants import CRD_NAME, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE
+from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, DashboardAddress, load_settings
+
+CHART_KINDS = {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+               "RoleBinding", "Deployment"}
+OPERATOR_COMMAND = ["python", "-m", "rldock.operator"]
+MISSING_DEPENDENCY = "chart directory is missing these dependencies: kuberay-operator"
+
+
+def _values(**overrides: Any) -> dict[str, Any]:
+    """The chart's defaults merged with `overrides` (what the template saw)."""
+    with helm.Chart.load(CHART) as chart:
+        return chart.merge_values(overrides)
+
+
+def _without_labels(manifest: dict[str, Any]) -> dict[str, Any]:
+    manifest = copy.deepcopy(manifest)
+    manifest["metadata"].pop("labels", None)
+    return manifest
+
+
+# --- Chart metadata and lint ----------------------------------------------------------------
+
+def test_app_version_is_the_package_version():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert chart["appVersion"] == rldock.__version__
+    assert f'version = "{rldock.__version__}"' in pyproject
+
+
+def test_lint_finds_only_the_dependency_fetched_by_helm_dependency_update():
+    report = helm.lint(CHART, kube_version="v1.30.0")
+    assert report["errors"] == []
+    problems = [m["error"] for m in report["messages"] if m["severity"] >= 2]
+    fetched = any((CHART / "charts").glob("kuberay-operator*"))  # after `helm dependency update`
+    # Documented in Chart.yaml and docs/install.md: fetching it needs the network.
+    assert problems == ([] if fetched else [MISSING_DEPENDENCY])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strict_lint_is_clean_once_the_dependency_is_there(variant, tmp_path):
+    report = helm.lint(chart_with_kuberay_double(tmp_path), VARIANTS[variant], strict=True,
+                       namespace=NAMESPACE, kube_version="v1.30.0")
+    assert report["errors"] == [], report["messages"]
+
+
+def test_kuberay_is_an_optional_dependency_off_by_default(tmp_path):
+    (dependency,) = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
+    assert dependency["condition"] == "kuberay-operator.enabled"
+    assert _values()["kuberay-operator"]["enabled"] is False
+    chart = chart_with_kuberay_double(tmp_path)
+    assert not [o for o in render(chart=chart) if o["kind"] == "ConfigMap"]
+    enabled = render({"kuberay-operator": {"enabled": True}}, chart=chart)
+    assert [o["metadata"]["name"] for o in by_kind(enabled, "ConfigMap")] == ["kuberay-operator-double"]
+
+
+# --- Every rendered object --------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_objects_are_valid_kubernetes_objects(variant, version):
+    objects = render(VARIANTS[variant])
+    kinds = {o["kind"] for o in objects}
+    # Only built-in kinds, all of which kubernetes-validate knows (the CRD included); a kind it has
+    # no schema for would have to be skipped here explicitly, by name.
+    assert kinds <= CHART_KINDS, kinds - CHART_KINDS
+    for manifest in objects:
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_namespaced_objects_live_in_the_release_namespace(variant):
+    watched = VARIANTS[variant].get("operator", {}).get("watchNamespaces", [])
+    for manifest in render(VARIANTS[variant]):
+        namespace = manifest["metadata"].get("namespace")
+        if manifest["kind"] in ("Role", "RoleBinding"):
+            assert namespace in watched
+        elif manifest["kind"] in ("ServiceAccount", "Deployment"):
+            assert namespace == NAMESPACE
+        else:
+            assert namespace is None, manifest["kind"]
+
+
+# --- RBAC -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rbac_is_what_the_operator_builder_makes(variant):
+    objects = render(VARIANTS[variant])
+    deployment = one(objects, "Deployment")
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    rbac = [_without_labels(o) for o in objects if o["kind"].endswith(("Role", "RoleBinding"))]
+    namespaces = VARIANTS[variant].get("operator", {}).get("watchNamespaces", [])
+    expected = build_rbac(name=deployment["metadata"]["name"], subject=service_account_subject(account, NAMESPACE),
+                          namespaces=namespaces)
+    key = lambda m: (m["kind"], m["metadata"].get("namespace", ""))  # noqa: E731
+    assert sorted(rbac, key=key) == sorted(expected, key=key)
+
+
+def test_per_namespace_watching_needs_nothing_cluster_scoped():
+    objects = render(VARIANTS["per-namespace"])
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["team-a", "team-b"]
+
+
+def test_rbac_and_service_account_can_be_left_to_an_admin():
+    objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "given"}})
+    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment"}
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "given"
+
+
+# --- The operator Deployment ------------------------------------------------------------------
+
+def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {var["name"]: var["value"] for var in container["env"] if "value" in var}
+
+
+def test_one_replica_replaced_with_recreate():
+    spec = one(render(), "Deployment")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert _container(render())["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_probes_call_the_kopf_health_endpoint_the_operator_serves(variant):
+    container = _container(render(VARIANTS[variant]))
+    settings = load_settings([], _env(container))
+    assert settings.liveness_endpoint is not None
+    port = int(settings.liveness_endpoint.rsplit(":", 1)[1].split("/")[0])
+    path = "/" + settings.liveness_endpoint.rsplit("/", 1)[1]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path and ports[get["port"]] == port, probe
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_operator_settings_read_back_from_the_deployment(variant):
+    """The Deployment's environment, parsed by the operator's own settings code, gives the values."""
+    values = _values(**VARIANTS[variant])
+    container = _container(render(VARIANTS[variant]))
+    assert container["command"] == OPERATOR_COMMAND
+    settings = load_settings([], _env(container))  # no flags: what `python -m rldock.operator` sees
+    operator = values["operator"]
+    assert settings.namespaces == tuple(operator["watchNamespaces"])
+    assert settings.clusterwide == (not operator["watchNamespaces"])
+    assert settings.poll_interval == operator["pollInterval"]
+    assert settings.log_level == operator["logLevel"]
+    assert settings.dashboard_address.value == operator["dashboardAddress"]
+    assert settings.ray_timeout == operator["rayTimeout"]
+
+
+def test_default_runtime_image_and_device_resource_are_the_operator_defaults():
+    env = _env(_container(render()))
+    assert env["RLDOCK_DEFAULT_IMAGE"] == DEFAULT_IMAGE
+    assert env["RLDOCK_DEFAULT_DEVICE_RESOURCE"] == DEFAULT_DEVICE_RESOURCE
+    custom = _env(_container(render(VARIANTS["cluster-wide-custom"])))
+    assert custom["RLDOCK_DEFAULT_IMAGE"] == "registry.example.com/rl/runtime:0.1.0-cuda"
+    assert custom["RLDOCK_DEFAULT_DEVICE_RESOURCE"] == "nvidia.com/gpu"
+
+
+@pytest.mark.xfail(strict=True, reason="operator/settings.py does not read RLDOCK_DEFAULT_IMAGE, "
+                   "RLDOCK_IMAGE_PULL_POLICY and RLDOCK_DEFAULT_DEVICE_RESOURCE yet (requested of the "
+                   "operator's owner); remove this mark when it does")
+def test_every_variable_the_chart_sets_is_read_by_the_operator():
+    settings_source = (REPO / "operator" / "settings.py").read_text()
+    unread = [name for name in _env(_container(render())) if name not in settings_source]
+    assert unread == []
+
+
+def test_operator_image_defaults_to_the_app_version():
+    assert _container(render())["image"] == f"ghcr.io/rldock/rldock-operator:{rldock.__version__}"
+    assert _container(render({"image": {"tag": "dev"}}))["image"].endswith(":dev")
+
+
+# --- The values schema agrees with the operator -----------------------------------------------
+
+def test_schema_bounds_and_enums_are_the_operator_settings():
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())["properties"]["operator"]["properties"]
+    assert (schema["pollInterval"]["minimum"], schema["pollInterval"]["maximum"]) == (MIN_POLL_INTERVAL,
+                                                                                      MAX_POLL_INTERVAL)
+    assert schema["dashboardAddress"]["enum"] == [d.value for d in DashboardAddress]
+    for level in schema["logLevel"]["enum"]:
+        assert load_settings(["--log-level", level], {}).log_level == level
+
+
+# --- The CRD ----------------------------------------------------------------------------------
+
+def test_chart_copy_of_the_crd_is_identical():
+    source = REPO / "crds" / "rljobs.rldock.io.yaml"
+    copy_ = CHART / "files" / source.name
+    assert copy_.read_bytes() == source.read_bytes(), (
+        f"the chart's copy of the CRD is stale: make crd (or cp {source.relative_to(REPO)} {copy_.relative_to(REPO)})")
+
+
+def test_rendered_crd_is_the_generated_one_kept_on_uninstall():
+    generated = yaml.safe_load((REPO / "crds" / "rljobs.rldock.io.yaml").read_text())
+    rendered = one(render(), "CustomResourceDefinition")
+    assert rendered["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert rendered["metadata"].pop("labels")["app.kubernetes.io/managed-by"] == "Helm"
+    assert rendered == generated and rendered["metadata"]["name"] == CRD_NAME
+
+
+def test_crd_can_be_left_out_or_not_kept():
+    assert not by_kind(render({"crds": {"install": False}}), "CustomResourceDefinition")
+    crd = one(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+# --- Bad values are refused at install time, naming the field ----------------------------------
+
+@pytest.mark.parametrize("values, field", [
+    ({"operator": {"pollInterval": 30}}, "/operator/pollInterval"),      # status would lag > 10 s
+    ({"operator": {"pollInterval": 0}}, "/operator/pollInterval"),
+    ({"operator": {"pollInterval": "5s"}}, "/operator/pollInterval"),
+    ({"operator": {"rayTimeout": 0}}, "/operator/rayTimeout"),
+    ({"operator": {"logLevel": "chatty"}}, "/operator/logLevel"),
+    ({"operator": {"dashboardAddress": "dns"}}, "/operator/dashboardAddress"),
+    ({"operator": {"watchNamespaces": ["team-*"]}}, "/operator/watchNamespaces/0"),  # no patterns
+    ({"operator": {"watchNamespaces": ["a", "a"]}}, "/operator/watchNamespaces"),
+    ({"operator": {"watchNamespaces": "team-a"}}, "/operator/watchNamespaces"),
+    ({"operator": {"healthPort": 80}}, "/operator/healthPort"),
+    ({"operator": {"namespaces": ["a"]}}, "/operator"),                    # a misspelt key
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"image": {"repository": ""}}, "/image/repository"),
+    ({"image": None}, "image"),                                           # required
+    ({"runtime": {"deviceResource": "Ascend910"}}, "/runtime/deviceResource"),
+    ({"crds": {"install": "yes"}}, "/crds/install"),
+    ({"rbac": {"create": 1}}, "/rbac/create"),
+    ({"kuberay-operator": {"enabled": "false"}}, "/kuberay-operator/enabled"),
+    ({"replicaCount": 2}, "replicaCount"),                                # one replica, always
+])
+def test_bad_values_are_refused_naming_the_field(values, field):
+    with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications") as refused:
+        render_files(values)
+    assert field in str(refused.value)
+
+
+@pytest.mark.parametrize("values", [
+    {"operator": {"pollInterval": MIN_POLL_INTERVAL}},
+    {"operator": {"pollInterval": MAX_POLL_INTERVAL}},
+    {"operator": {"rayTimeout": 0.1}},
+    {"runtime": {"deviceResource": "nvidia.com/gpu"}},
+    {"operator": {"watchNamespaces": ["default"]}},
+])
+def test_edge_values_are_accepted(values):
+    assert render(values)
+
+
+def test_missing_service_account_name_is_refused():
+    with pytest.raises(helm.HelmError, match="serviceAccount.name is required"):
+        render_files({"serviceAccount": {"create": False}})
+
+
+# --- NOTES.txt --------------------------------------------------------------------------------
+
+def test_notes_say_what_to_do_next():
+    notes = render_files(VARIANTS["per-namespace"])["rldock/templates/NOTES.txt"]
+    assert f"kubectl -n {NAMESPACE} rollout status deployment/rldock" in notes
+    assert "team-a, team-b" in notes and "kubectl apply -n team-a -f examples/rljob-tiny.yaml" in notes
+    for path in ("examples/rljob-tiny.yaml", "docs/install.md", "docs/rljob-reference.md", "docs/troubleshooting.md"):
+        assert path in notes and (REPO / path).is_file(), path
