@@ -20,4 +20,4 @@ test: setup
 crd: setup
 	.venv/bin/python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml
 	cp crds/rljobs.rldock.io.yaml helm/rldock/files/rljobs.rldock.io.yaml
-	.venv/bin/python scripts/rljob_reference.py > docs/rljob-reference.md
+	.venv/bin/python -m rldock.operator.reference > docs/rljob-reference.md

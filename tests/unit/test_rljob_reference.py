@@ -3,28 +3,21 @@ and the troubleshooting page covers every condition reason and Event reason the 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import EventReason, Reason
+from rldock.operator.reference import render
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "rljob-reference.md"
 TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("rljob_reference", REPO / "scripts" / "rljob_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_rljob_reference_is_current():
-    assert REFERENCE.read_text() == _generator().render(), (
-        "docs/rljob-reference.md is stale: .venv/bin/python scripts/rljob_reference.py > docs/rljob-reference.md")
+    assert REFERENCE.read_text() == render(), (
+        "docs/rljob-reference.md is stale: make crd")
 
 
 def test_every_spec_field_is_in_the_reference():

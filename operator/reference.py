@@ -2,7 +2,7 @@
 
 The page is generated, never hand-edited, so it cannot drift from what the CRD and the operator
 accept; tests/unit/test_rljob_reference.py fails when the checked-in file is stale.
-Regenerate with: .venv/bin/python scripts/rljob_reference.py > docs/rljob-reference.md
+Regenerate with `make crd` (python -m rldock.operator.reference > docs/rljob-reference.md).
 
 It lives here rather than in operator/ only because the operator package was being written when
 this was added; it uses nothing but operator/api.py, operator/constants.py and operator/crd.py.
@@ -121,7 +121,7 @@ def render() -> str:
     out = [
         "# RLJob reference", "",
         "Generated from `operator/api.py` and `operator/constants.py` by "
-        "`python scripts/rljob_reference.py`; do not edit. How the operator acts on each field is in "
+        "`python -m rldock.operator.reference`; do not edit. How the operator acts on each field is in "
         "[operator.md](operator.md); what to do about each condition reason and Event is in "
         "[troubleshooting.md](troubleshooting.md).", "",
         f"`apiVersion: {API_VERSION}`, `kind: {KIND}` (CRD `{CRD_NAME}`, short name "
