@@ -3,9 +3,6 @@
 The page is generated, never hand-edited, so it cannot drift from what the CRD and the operator
 accept; tests/unit/test_rljob_reference.py fails when the checked-in file is stale.
 Regenerate with `make crd` (python -m rldock.operator.reference > docs/rljob-reference.md).
-
-It lives here rather than in operator/ only because the operator package was being written when
-this was added; it uses nothing but operator/api.py, operator/constants.py and operator/crd.py.
 """
 
 from __future__ import annotations
