@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -150,9 +151,10 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
         assert job.poll() is None, f"job exited early:\n{job.stdout.read()}"
         assert time.monotonic() < deadline, "job made no progress in 10 minutes"
         time.sleep(0.2)
-    # Ray names actor processes "ray::ActorWorker[.method]".
-    found = subprocess.run(["pgrep", "-f", "^ray::ActorWorker"], capture_output=True, text=True)
-    pids = [int(p) for p in found.stdout.split()]
+    # Ray names actor processes "ray::ActorWorker[.method]"; only this job's own descendants are
+    # candidates (other Ray jobs may be running on the machine).
+    pids = [p.pid for p in psutil.Process(job.pid).children(recursive=True)
+            if " ".join(p.cmdline()).startswith("ray::ActorWorker")]
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)
     log, _ = job.communicate(timeout=600)
