@@ -21,6 +21,10 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "update": PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage"),
 }
 
+# 0/1 mask columns whose per-sample sums are a sample's tokens: the dock uses them to deal the
+# update's samples over DP ranks with about equal token counts.
+TOKEN_COLUMNS: tuple[str, ...] = ("prompt_mask", "response_mask")
+
 # state -> columns it produces (documentation and a test that the flow is closed)
 PRODUCES: dict[str, tuple[str, ...]] = {
     "driver": PROMPT + ANSWER,

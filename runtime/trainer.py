@@ -27,7 +27,7 @@ from rldock.config import JobConfig
 from rldock.progress import format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
-from rldock.runtime.dataflow import CONSUMES
+from rldock.runtime.dataflow import CONSUMES, TOKEN_COLUMNS
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
 from rldock.runtime.models.loading import encode_answers, encode_prompts, load_tokenizer
@@ -144,7 +144,8 @@ class Trainer:
         algo = cfg.algorithm
         self.dock = TransferDock.create(cfg.dock, states={s: list(c) for s, c in CONSUMES.items()},
                                         num_samples=cfg.num_samples_per_iteration,
-                                        group_size=algo.num_responses_per_prompt)
+                                        group_size=algo.num_responses_per_prompt,
+                                        token_columns=TOKEN_COLUMNS)
         policy_dir = self.reference_dir
         start_iteration = 1
         if self.resume_from is not None:

@@ -118,12 +118,14 @@ class TrainingSpec(Spec):
 class DockSpec(Spec):
     """The transfer dock that carries every sample between stages."""
 
-    mode: Literal["distributed"] = Field(
+    mode: Literal["distributed", "central"] = Field(
         default="distributed",
-        description="`distributed`: one warehouse per node plus a metadata controller per worker state.",
+        description="`distributed`: one warehouse per node plus a metadata controller per worker state, "
+        "tensors moving straight between workers and warehouses. `central`: one buffer actor holds "
+        "every column and serves every request (the replay-buffer baseline; for comparison).",
     )
     num_warehouses: Optional[int] = Field(
-        default=None, ge=1, description="S: warehouses; default one per Ray node."
+        default=None, ge=1, description="S: warehouses (distributed mode only); default one per Ray node."
     )
     timeout_s: float = Field(
         default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."

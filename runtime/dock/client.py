@@ -1,62 +1,52 @@
 """TransferDock: the client that producers and consumers of every worker state use.
 
-It is a small picklable object (actor handles and the layout) that the driver creates once and
-passes into worker actors. Tensors go straight between the caller and the owning warehouses, in
-parallel; controllers only ever receive indices and column names. The batch type at this API is
-TensorDict; on the wire columns are numpy arrays (see wire.py).
+It is a small picklable object that the driver creates once and passes into worker actors. The
+batch type at this API is TensorDict; on the wire columns are numpy arrays (see wire.py). What
+stands behind it is chosen by `dock.mode`, with the same API and hand-out rules either way:
+- `distributed` (default, distributed.py): S warehouses hold the tensors, one controller per
+  state holds metadata only; tensors go straight between the caller and the owning warehouses.
+- `central` (central.py): one buffer actor holds every column and serves every request, the
+  baseline the MindSpeed RL paper (arXiv 2507.19017) compares against.
+A dock actor that dies makes the next call fail at once with DockActorDiedError naming it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import ray
 import torch
-from ray.actor import ActorHandle
-from ray.exceptions import RayTaskError
 from tensordict import TensorDict
 
 from rldock.config.job import DockSpec
-from rldock.runtime.dock.controller import Controller, Grant
-from rldock.runtime.dock.errors import DockTimeoutError
-from rldock.runtime.dock.layout import DockLayout, as_slice
-from rldock.runtime.dock.placement import alive_node_ids, assign_nodes, pinned_to
-from rldock.runtime.dock.warehouse import Warehouse
-from rldock.runtime.dock.wire import WireColumn, from_wire, to_wire
+from rldock.runtime.dock.central import CentralRoute
+from rldock.runtime.dock.distributed import DistributedRoute
+from rldock.runtime.dock.layout import DockLayout
+from rldock.runtime.dock.placement import alive_node_ids
+from rldock.runtime.dock.wire import from_wire, to_wire
 
 logger = logging.getLogger(__name__)
 
-# Dock actors only hold memory and metadata: they must not take CPUs that workers ask for.
-_WarehouseActor = ray.remote(num_cpus=0)(Warehouse)
-_ControllerActor = ray.remote(num_cpus=0)(Controller)
-
-# Errors raised inside a dock actor that are the caller's fault: re-raised as themselves.
-_CALLER_ERRORS = (DockTimeoutError, ValueError, IndexError, KeyError)
-# A request outlives the controller's own timeout only if the controller is broken.
-_RPC_GRACE_S = 60.0
+Route = Union[DistributedRoute, CentralRoute]
 
 
 class TransferDock:
-    """Client of the distributed transfer dock; build it with `TransferDock.create`."""
+    """Client of the transfer dock; build it with `TransferDock.create`."""
 
     def __init__(
         self,
         *,
-        layout: DockLayout,
-        warehouses: Sequence[ActorHandle],
-        controllers: Mapping[str, ActorHandle],
+        route: Route,
         state_columns: Mapping[str, Sequence[str]],
-        warehouse_nodes: Sequence[str],
+        token_columns: Sequence[str],
         timeout_s: float,
     ) -> None:
-        self.layout = layout
-        self._warehouses = list(warehouses)
-        self._controllers = dict(controllers)
+        self._route = route
         self._state_columns = {state: tuple(cols) for state, cols in state_columns.items()}
-        self._warehouse_nodes = list(warehouse_nodes)
+        self._token_columns = tuple(token_columns)
         self._timeout_s = timeout_s
         # Seconds this copy of the client spent in `get` waiting for samples to become ready
         # (each worker holds its own copy), so callers can tell waiting from moving data.
@@ -70,45 +60,67 @@ class TransferDock:
         states: Mapping[str, Sequence[str]],
         num_samples: int,
         group_size: int,
+        token_columns: Sequence[str] = (),
+        node_ids: Sequence[str] | None = None,
+        prefer_local: bool = True,
     ) -> TransferDock:
-        """Start the warehouses and one controller per state on the connected Ray cluster.
+        """Start the dock's actors on the connected Ray cluster.
 
         `states` maps each worker state to the columns it needs before it may consume a sample.
-        S is `spec.num_warehouses`, or one per alive node (capped at the number of groups).
+        `token_columns` are 0/1 mask columns whose per-sample sums count a sample's tokens for
+        balanced hand-out. `node_ids` are the nodes to use (default: every alive node): the
+        distributed mode puts S = `spec.num_warehouses` (default one per node, capped at the
+        number of groups) warehouses round-robin on them, the central mode its buffer on the first.
+        With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
+        turning it off (for measurements) hands samples out in index order wherever they are.
         """
         if not states:
             raise ValueError("states must name at least one worker state")
         for state, columns in states.items():
             if not columns:
                 raise ValueError(f"state {state!r} must require at least one column")
-        nodes = alive_node_ids()
         num_groups = num_samples // max(group_size, 1)  # DockLayout rejects a bad group size below
-        num_warehouses = spec.num_warehouses
-        if num_warehouses is None:
-            num_warehouses = max(1, min(len(nodes), num_groups))
-        elif num_warehouses > num_groups > 0:
-            raise ValueError(
-                f"dock.num_warehouses: {num_warehouses} warehouses for {num_groups} prompt groups "
-                "would leave some warehouses empty; use at most one warehouse per prompt group"
+        if spec.mode == "central":
+            if spec.num_warehouses not in (None, 1):
+                raise ValueError(
+                    f"dock.num_warehouses: {spec.num_warehouses} warehouses with dock.mode central, "
+                    "which keeps every column in one buffer; unset it or use mode distributed"
+                )
+            node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
+            route: Route = CentralRoute.start(
+                states=states, num_samples=num_samples, group_size=group_size, node_id=node,
+                timeout_s=spec.timeout_s,
             )
-        layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
-        warehouses = _start_warehouses(layout, assign_nodes(num_warehouses, nodes))
-        controllers = _start_controllers(layout, states, spec.timeout_s)
-        # Waiting here surfaces actor start failures now rather than at the first put.
-        warehouse_nodes = ray.get([wh.node_id.remote() for wh in warehouses])
-        ray.get([c.stats.remote() for c in controllers.values()])
+        else:
+            nodes = list(node_ids) if node_ids else alive_node_ids()
+            num_warehouses = spec.num_warehouses
+            if num_warehouses is None:
+                num_warehouses = max(1, min(len(nodes), num_groups))
+            elif num_warehouses > num_groups > 0:
+                raise ValueError(
+                    f"dock.num_warehouses: {num_warehouses} warehouses for {num_groups} prompt groups "
+                    "would leave some warehouses empty; use at most one warehouse per prompt group"
+                )
+            route = DistributedRoute.start(
+                num_warehouses=num_warehouses, states=states, num_samples=num_samples,
+                group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
+            )
         logger.info(
-            "transfer dock: %d samples in groups of %d over %d warehouses on %d node(s); states %s",
-            num_samples, group_size, num_warehouses, len(set(warehouse_nodes)), sorted(states),
+            "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
+            route.mode, num_samples, group_size, route.layout.num_warehouses, len(set(route.nodes)),
+            sorted(states),
         )
-        return cls(
-            layout=layout,
-            warehouses=warehouses,
-            controllers=controllers,
-            state_columns=states,
-            warehouse_nodes=warehouse_nodes,
-            timeout_s=spec.timeout_s,
-        )
+        return cls(route=route, state_columns=states, token_columns=token_columns, timeout_s=spec.timeout_s)
+
+    @property
+    def mode(self) -> str:
+        """`distributed` or `central`."""
+        return self._route.mode
+
+    @property
+    def layout(self) -> DockLayout:
+        """Which warehouse owns which sample (one warehouse in central mode)."""
+        return self._route.layout
 
     @property
     def states(self) -> dict[str, tuple[str, ...]]:
@@ -118,8 +130,8 @@ class TransferDock:
     def put(self, indices: torch.Tensor, batch: TensorDict) -> None:
         """Write every column of `batch` (batch size [B]) for global sample `indices` (B,).
 
-        The rows go to their owning warehouses in parallel; then every controller learns which
-        (indices, columns) are now ready. When put returns, consumers can get these samples.
+        When put returns, the rows are stored and every state's hand-out knows which
+        (indices, columns) are now ready, so consumers can get these samples.
         """
         index_array = _index_array(indices)
         self.layout.check_indices(index_array)
@@ -129,15 +141,12 @@ class TransferDock:
             raise ValueError("indices of one put must be distinct")
         if index_array.size == 0:
             return
-        columns = {name: to_wire(tensor) for name, tensor in _columns_of(batch).items()}
-        writes = []
-        for w, positions in self.layout.split(index_array).items():
-            rows = as_slice(positions)
-            part = {name: WireColumn(col.array[rows], col.dtype) for name, col in columns.items()}
-            writes.append(self._warehouses[w].write.remote(index_array[rows], part))
-        _wait(writes)
-        names = list(columns)
-        _wait([c.mark_ready.remote(index_array, names) for c in self._controllers.values()])
+        tensors = _columns_of(batch)
+        tokens = {
+            name: tensors[name].reshape(index_array.size, -1).sum(dim=1).cpu().numpy().astype(np.int64)
+            for name in self._token_columns if name in tensors
+        }  # (B,) per token column
+        self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens)
 
     def get(
         self,
@@ -147,16 +156,22 @@ class TransferDock:
         rank: int = 0,
         batch_size: int,
         whole_groups: bool = False,
+        balance_ranks: int = 0,
         timeout_s: float | None = None,
     ) -> tuple[torch.Tensor, TensorDict] | None:
         """Take up to `batch_size` ready samples for `rank` of `state` and read `columns` of them.
 
         Returns (indices (B,), batch with batch size [B]) in ascending index order, or None when
-        every sample of this iteration has already been handed out to this state. Blocks until
-        enough samples are ready; raises DockTimeoutError after `timeout_s` (default dock.timeout_s).
+        every sample of this iteration has already been handed out to this state. Samples stored
+        on the caller's node go first. With `balance_ranks` = R > 0 the iteration's samples are
+        dealt over ranks 0..R-1 with about equal token counts (per `token_columns`) once all are
+        ready, and each rank gets only its share (None once its share is handed out); every
+        request of a state in one iteration must use the same `whole_groups` and `balance_ranks`.
+        Blocks until enough samples are ready; raises DockTimeoutError after `timeout_s` (default
+        dock.timeout_s) and DockActorDiedError at once if a dock actor is dead.
         """
-        if state not in self._controllers:
-            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._controllers)}")
+        if state not in self._state_columns:
+            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
         unknown = [name for name in columns if name not in self._state_columns[state]]
         if unknown:
             # Readiness is tracked only for the state's own columns; others could be stale.
@@ -165,64 +180,79 @@ class TransferDock:
                 f"it cannot read {unknown}"
             )
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        request = self._controllers[state].request.remote(rank, batch_size, whole_groups, timeout)
-        grant: Grant = _wait([request], timeout=timeout + _RPC_GRACE_S)[0]
+        grant, parts = self._route.read(
+            state, list(columns), rank=rank, batch_size=batch_size, whole_groups=whole_groups,
+            timeout_s=timeout, balance_ranks=balance_ranks,
+        )
         self.waited_s += grant.waited_s
         if grant.exhausted:
             return None
-        order = sorted(grant.by_warehouse)
-        parts = _wait([self._warehouses[w].read.remote(grant.by_warehouse[w], list(columns)) for w in order])
-        # Ownership is contiguous, so warehouse order then each warehouse's order is index order.
-        index_array = np.concatenate([grant.by_warehouse[w] for w in order])
         data = {name: _concat([from_wire(part[name]) for part in parts]) for name in columns}
-        return torch.tensor(index_array, dtype=torch.int64), TensorDict(data, batch_size=[index_array.size])
+        return torch.tensor(grant.indices, dtype=torch.int64), TensorDict(data, batch_size=[grant.indices.size])
 
     def reset(self) -> None:
         """Start a new iteration: no sample ready or consumed anywhere; storage stays allocated."""
-        handles = [*self._controllers.values(), *self._warehouses]
-        _wait([handle.reset.remote() for handle in handles])
+        self._route.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This iteration's samples and hand-out state (numpy arrays), to save beside a checkpoint."""
+        layout = self.layout
+        return {
+            "mode": self.mode,
+            "layout": (layout.num_samples, layout.group_size, layout.num_warehouses),
+            **self._route.snapshot(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, produces: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Restore a `state_dict` into a dock of the same mode and layout (e.g. after a restart).
+
+        With `produces` (state -> columns it writes), a sample that a state took but whose outputs
+        never reached the dock is handed out again, so no finished work is redone and no unfinished
+        work is lost.
+        """
+        layout = self.layout
+        if state["mode"] != self.mode or tuple(state["layout"]) != (
+            layout.num_samples, layout.group_size, layout.num_warehouses
+        ):
+            raise ValueError(
+                f"dock state of mode {state['mode']} layout {tuple(state['layout'])} does not fit this "
+                f"{self.mode} dock of layout {(layout.num_samples, layout.group_size, layout.num_warehouses)}"
+            )
+        self._route.restore(state, _unfinished(state, produces or {}, layout.num_samples))
 
     def stats(self) -> dict[str, Any]:
-        """Counters of every warehouse and controller (cumulative over iterations), JSON-serialisable."""
-        warehouse_stats = _wait([w.stats.remote() for w in self._warehouses])
-        for entry, node in zip(warehouse_stats, self._warehouse_nodes):
-            entry["node_id"] = node
-        controller_stats = _wait([c.stats.remote() for c in self._controllers.values()])
-        return {"warehouses": warehouse_stats, "controllers": dict(zip(self._controllers, controller_stats))}
+        """Counters of every warehouse (in central mode: the buffer) and controller, cumulative over
+        iterations, JSON-serialisable."""
+        return self._route.stats()
 
     def warehouse_nodes(self) -> list[str]:
-        """The Ray node ID each warehouse runs on, by warehouse."""
-        return list(self._warehouse_nodes)
+        """The Ray node ID each warehouse (in central mode: the buffer) runs on, by warehouse."""
+        return list(self._route.nodes)
 
     def shutdown(self) -> None:
         """Kill the dock's actors; the data is gone."""
-        for handle in [*self._warehouses, *self._controllers.values()]:
-            ray.kill(handle)
+        for peer in self._route.peers():
+            ray.kill(peer.handle)
 
 
-def _start_warehouses(layout: DockLayout, nodes: Sequence[str]) -> list[ActorHandle]:
-    warehouses = []
-    for w, node in enumerate(nodes):
-        start, stop = layout.sample_range(w)
-        warehouses.append(
-            _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
-                warehouse_id=w, start=start, capacity=stop - start
-            )
-        )
-    return warehouses
-
-
-def _start_controllers(
-    layout: DockLayout, states: Mapping[str, Sequence[str]], timeout_s: float
-) -> dict[str, ActorHandle]:
-    # Controllers serve every consumer; next to the creator (usually the driver) is as good as any.
-    here = ray.get_runtime_context().get_node_id()
-    return {
-        state: _ControllerActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
-            state=state, columns=list(columns), layout=layout, default_timeout_s=timeout_s
-        )
-        for state, columns in states.items()
-    }
+def _unfinished(
+    state: Mapping[str, Any], produces: Mapping[str, Sequence[str]], num_samples: int
+) -> dict[str, np.ndarray]:
+    """Per state, samples it took whose output columns are not all written in `state`."""
+    written: dict[str, np.ndarray] = {}
+    for part in state["warehouses"]:
+        for name, (indices, _) in part["columns"].items():
+            written.setdefault(name, np.zeros(num_samples, dtype=bool))[indices] = True
+    unfinished = {}
+    for name, snapshot in state["controllers"].items():
+        outputs = produces.get(name, ())
+        if not outputs:
+            continue
+        done = np.ones(num_samples, dtype=bool)
+        for column in outputs:
+            done &= written.get(column, np.zeros(num_samples, dtype=bool))
+        unfinished[name] = np.flatnonzero((snapshot["consumer"] >= 0) & ~done)
+    return unfinished
 
 
 def _index_array(indices: torch.Tensor) -> np.ndarray:
@@ -246,13 +276,3 @@ def _columns_of(batch: TensorDict) -> dict[str, torch.Tensor]:
 
 def _concat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-
-
-def _wait(refs: list[ray.ObjectRef], timeout: float | None = None) -> list[Any]:
-    """ray.get, re-raising the caller's own errors from inside an actor as themselves."""
-    try:
-        return ray.get(refs, timeout=timeout)
-    except RayTaskError as err:
-        if isinstance(err.cause, _CALLER_ERRORS):
-            raise err.cause from None
-        raise

@@ -85,6 +85,32 @@ class Warehouse:
         for written in self._written.values():
             written[:] = False
 
+    def snapshot(self) -> dict[str, Any]:
+        """Copies of the rows written this iteration, per column, for a dock checkpoint."""
+        columns = {}
+        for name, written in self._written.items():
+            rows = np.flatnonzero(written)
+            columns[name] = (self._start + rows, WireColumn(self._views[name][rows].copy(), self._storage[name].dtype))
+        return {"warehouse": self._id, "start": self._start, "capacity": self._capacity, "columns": columns}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Write back what `snapshot` holds (from a warehouse owning the same samples); counters stay."""
+        if (snapshot["start"], snapshot["capacity"]) != (self._start, self._capacity):
+            raise ValueError(
+                f"warehouse {self._id} holds samples [{self._start}, {self._start + self._capacity}); "
+                f"the snapshot is of [{snapshot['start']}, {snapshot['start'] + snapshot['capacity']})"
+            )
+        self.reset()
+        for name, (indices, column) in snapshot["columns"].items():
+            if len(indices):
+                view = self._view_for(name, column)
+                rows = self._local_rows(indices)
+                view[rows] = column.array
+                self._written[name][rows] = True
+
+    def ping(self) -> None:
+        """Answers at once: lets clients tell a dead warehouse from a busy one."""
+
     def stats(self) -> dict[str, Any]:
         return {
             "warehouse": self._id,

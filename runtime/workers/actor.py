@@ -112,7 +112,8 @@ class ActorWorker:
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     def update(self, iteration: int) -> dict:
-        """Take exactly this rank's share of the batch, step the optimizer, refresh the engine."""
+        """Take exactly this rank's share of the batch (token-balanced across ranks), step the
+        optimizer, refresh the engine."""
         algo = self.cfg.algorithm
         losses: list[dict] = []
 
@@ -121,7 +122,7 @@ class ActorWorker:
                 losses.append(self._optimizer_step(mini_batch))
 
         timing = run_stage(self.dock, "update", CONSUMES["update"], train, rank=self.rank,
-                           batch_size=self._samples_per_rank(), max_batches=1)
+                           batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
         self.engine.update_weights(self.model.state_dict().items())
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}

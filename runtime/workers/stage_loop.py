@@ -32,19 +32,20 @@ class StageTiming:
 
 
 def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, rank: int,
-              batch_size: int, whole_groups: bool = False, max_batches: int | None = None,
-              timeout_s: float | None = None) -> StageTiming:
+              batch_size: int, whole_groups: bool = False, balance_ranks: int = 0,
+              max_batches: int | None = None, timeout_s: float | None = None) -> StageTiming:
     """Consume batches of `state` until the dock says the iteration's samples are exhausted.
 
     `max_batches` lets a consumer that must get exactly its share (the DP ranks of the update)
-    stop without draining samples meant for its peers.
+    stop without draining samples meant for its peers; `balance_ranks` asks the dock to deal the
+    samples over that many ranks with about equal token counts (see TransferDock.get).
     """
     timing = StageTiming()
     num_batches = 0
     while max_batches is None or num_batches < max_batches:
         start, waited_before = time.perf_counter(), dock.waited_s
         got = dock.get(state, list(columns), rank=rank, batch_size=batch_size,
-                       whole_groups=whole_groups, timeout_s=timeout_s)
+                       whole_groups=whole_groups, balance_ranks=balance_ranks, timeout_s=timeout_s)
         waited = dock.waited_s - waited_before
         timing.wait_s += waited
         timing.dispatch_s += time.perf_counter() - start - waited

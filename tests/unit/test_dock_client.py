@@ -1,8 +1,10 @@
-"""TransferDock end to end on one local Ray session: round trips, hand-out rules, counters."""
+"""TransferDock end to end on one local Ray session, in both dock modes: round trips, hand-out
+rules, counters, balanced hand-out, state snapshots, and failing fast when a dock actor dies."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +17,8 @@ from ray import cloudpickle
 from tensordict import TensorDict
 
 from rldock.config.job import DockSpec
-from rldock.runtime.dock import DockTimeoutError, TransferDock
+from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
+from rldock.runtime.dock.balance import balance_by_tokens
 
 PL, SL = 5, 6  # prompt and response lengths of the test batches
 NUM_SAMPLES, GROUP_SIZE = 16, 4
@@ -23,7 +26,9 @@ STATES = {
     "reference": ["prompt_ids", "response_ids"],
     "update": ["prompt_ids", "response_ids", "old_logprobs", "reward"],
     "bf16": ["half_logprobs"],
+    "balanced": ["response_mask"],
 }
+TOKEN_COLUMNS = ["response_mask"]
 COLUMNS = ("prompt_ids", "response_ids", "old_logprobs", "reward")
 ALL = list(range(NUM_SAMPLES))
 
@@ -38,30 +43,39 @@ def ray_session() -> Iterator[None]:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def dock1(ray_session: None) -> Iterator[TransferDock]:
-    """The default spec on a one-node session: one warehouse."""
-    dock = TransferDock.create(
-        DockSpec(timeout_s=0.5), states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE
+@pytest.fixture(scope="module", params=["distributed", "central"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Every test that uses a dock runs on both modes (pytest groups the tests by mode)."""
+    return request.param
+
+
+def make_dock(spec: DockSpec) -> TransferDock:
+    return TransferDock.create(
+        spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE, token_columns=TOKEN_COLUMNS
     )
+
+
+@pytest.fixture(scope="module")
+def dock1(ray_session: None, mode: str) -> Iterator[TransferDock]:
+    """The default spec on a one-node session: one warehouse (or the central buffer)."""
+    dock = make_dock(DockSpec(mode=mode, timeout_s=0.5))
     yield dock
     dock.shutdown()
 
 
 @pytest.fixture(scope="module")
-def dock2(ray_session: None) -> Iterator[TransferDock]:
-    """Two warehouses of 2 groups each. Shared by the tests (actor start-up costs seconds here)."""
-    dock = TransferDock.create(
-        DockSpec(num_warehouses=2, timeout_s=0.5),
-        states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
-    )
+def dock2(ray_session: None, mode: str) -> Iterator[TransferDock]:
+    """Two warehouses of 2 groups each (central: the one buffer). Shared by the tests (actor
+    start-up costs seconds here)."""
+    spec = DockSpec(num_warehouses=2, timeout_s=0.5) if mode == "distributed" else DockSpec(mode=mode, timeout_s=0.5)
+    dock = make_dock(spec)
     yield dock
     dock.shutdown()
 
 
 @pytest.fixture
 def dock(dock2: TransferDock) -> TransferDock:
-    """The shared two-warehouse dock at the start of a fresh iteration."""
+    """The shared dock at the start of a fresh iteration."""
     dock2.reset()
     return dock2
 
@@ -103,7 +117,7 @@ def test_put_get_round_trip(dock1: TransferDock, dock: TransferDock, num_warehou
     if num_warehouses == 1:
         dock1.reset()
         dock = dock1
-    assert dock.layout.num_warehouses == num_warehouses
+    assert dock.layout.num_warehouses == (num_warehouses if dock.mode == "distributed" else 1)
     order = [13, 2, 7, 0, 15, 4, 9, 11, 1, 3, 5, 6, 8, 10, 12, 14]
     dock.put(torch.tensor(order[:8]), samples(order[:8]))
     dock.put(torch.tensor(order[8:]), samples(order[8:]))
@@ -114,10 +128,11 @@ def test_put_get_round_trip(dock1: TransferDock, dock: TransferDock, num_warehou
     assert indices.tolist() == ALL  # ascending, across both warehouses
     assert batch.batch_size == torch.Size([16])
     assert_matches(indices, batch)
-    assert counters(dock)["read_requests"] - before["read_requests"] == num_warehouses
+    assert counters(dock)["read_requests"] - before["read_requests"] == dock.layout.num_warehouses
 
 
-def test_default_spec_is_one_warehouse_per_node(dock1: TransferDock) -> None:
+def test_default_spec_is_one_warehouse_per_node(dock1: TransferDock, mode: str) -> None:
+    assert dock1.mode == mode
     assert dock1.layout.num_warehouses == 1
     assert dock1.warehouse_nodes() == [ray.get_runtime_context().get_node_id()]
 
@@ -221,8 +236,9 @@ def test_counters_count_bytes_and_requests(dock: TransferDock) -> None:
     change = {key: after[key] - before[key] for key in after}
     assert change["bytes_in"] == sum(t.nbytes for t in written.values())
     assert change["bytes_out"] == 6 * (PL + SL) * 8 + 6 * SL * 8  # int64 columns
-    assert change["write_requests"] == 2  # one per warehouse
-    assert change["read_requests"] == 3  # samples 0..5 from warehouse 0, 6..11 from both
+    assert change["write_requests"] == dock.layout.num_warehouses  # one per warehouse
+    # distributed: samples 0..5 from warehouse 0, 6..11 from both; central: one read per get
+    assert change["read_requests"] == {"distributed": 3, "central": 2}[dock.mode]
     assert (change["reference_requests"], change["reference_samples_handed_out"]) == (2, 12)
     assert change["reference_mark_ready_calls"] == 1
     stats = dock.stats()
@@ -260,4 +276,104 @@ def test_caller_errors(dock: TransferDock) -> None:
     with pytest.raises(ValueError, match="per-sample shape"):
         dock.put(torch.tensor([1]), TensorDict({"reward": torch.zeros(1, 2)}, batch_size=[1]))
     with pytest.raises(ValueError, match="dock.num_warehouses"):
-        TransferDock.create(DockSpec(num_warehouses=5), states=STATES, num_samples=16, group_size=4)
+        TransferDock.create(DockSpec(mode=dock.mode, num_warehouses=5), states=STATES, num_samples=16, group_size=4)
+
+
+def masks(lengths: list[int]) -> TensorDict:
+    """response_mask rows with `lengths` ones each: (B, SL) int64."""
+    lengths_t = torch.tensor(lengths)
+    return TensorDict(
+        {"response_mask": (torch.arange(SL) < lengths_t[:, None]).long()}, batch_size=[len(lengths)]
+    )
+
+
+def test_balanced_hand_out_levels_tokens_over_ranks(dock: TransferDock) -> None:
+    lengths = [6, 6, 6, 6, 5, 1, 1, 1, 1, 1, 1, 0, 2, 2, 3, 4]  # skewed: early samples are long
+    dock.put(torch.arange(8), masks(lengths[:8]))
+    with pytest.raises(DockTimeoutError, match="balanced hand-out over 2 ranks waits for every sample"):
+        dock.get("balanced", ["response_mask"], rank=0, batch_size=8, balance_ranks=2, timeout_s=0.2)
+    dock.put(torch.arange(8, 16), masks(lengths[8:]))
+    shares = [dock.get("balanced", ["response_mask"], rank=r, batch_size=8, balance_ranks=2) for r in (1, 0)]
+    taken = {r: share[0].tolist() for r, share in zip((1, 0), shares)}
+    assert sorted(taken[0] + taken[1]) == ALL
+    expected = balance_by_tokens(torch.tensor(lengths).numpy(), 2)
+    assert [taken[0], taken[1]] == [part.tolist() for part in expected]
+    tokens = [sum(lengths[i] for i in taken[r]) for r in (0, 1)]
+    assert abs(tokens[0] - tokens[1]) <= 1  # 26 tokens: 13 each
+    for (indices, batch), r in zip(shares, (1, 0)):
+        assert batch["response_mask"].sum().item() == tokens[r]  # the counted tokens are the data
+    assert dock.get("balanced", ["response_mask"], rank=0, batch_size=8, balance_ranks=2) is None
+    with pytest.raises(ValueError, match="one mode per state"):
+        dock.get("balanced", ["response_mask"], rank=0, batch_size=8)
+
+
+def test_state_dict_round_trip_requeues_unfinished_samples(dock: TransferDock) -> None:
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL, ("prompt_ids", "response_ids")))
+    finished, _ = dock.get("reference", ["prompt_ids"], batch_size=4)  # its output gets written
+    lost, _ = dock.get("reference", ["prompt_ids"], batch_size=4)  # its output is lost in a crash
+    dock.put(finished, samples(finished.tolist(), ("old_logprobs", "reward")))
+    saved = dock.state_dict()
+    dock.reset()  # what a restarted dock starts from
+    dock.load_state_dict(saved, produces={"reference": ["old_logprobs"]})
+    again = dock.get("reference", ["prompt_ids", "response_ids"], batch_size=NUM_SAMPLES)
+    assert again[0].tolist() == lost.tolist() + ALL[8:]  # finished samples are not redone
+    assert_matches(*again)
+    restored = dock.get("update", ["old_logprobs", "reward"], batch_size=4, timeout_s=0.2)
+    assert restored[0].tolist() == finished.tolist()
+    assert_matches(*restored)
+    with pytest.raises(ValueError, match="does not fit"):
+        dock.load_state_dict({**saved, "layout": (8, 4, 1)})
+
+
+def killable_dock(mode: str, states: dict[str, list[str]]) -> TransferDock:
+    spec = DockSpec(mode=mode, timeout_s=60) if mode == "central" else DockSpec(num_warehouses=2, timeout_s=60)
+    return TransferDock.create(spec, states=states, num_samples=8, group_size=2)
+
+
+def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str) -> None:
+    dock = killable_dock(mode, {"reference": ["prompt_ids"]})
+    peers = dock._route.peers()
+    victim = peers[1] if mode == "distributed" else peers[0]  # warehouse 1 / the buffer
+    name = "warehouse 1 (samples [4, 8)" if mode == "distributed" else "central buffer"
+    try:
+        dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
+        ray.kill(victim.handle)
+        started = time.monotonic()
+        with pytest.raises(DockActorDiedError, match=re.escape(name)):
+            dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
+        with pytest.raises(DockActorDiedError, match=re.escape(name)):
+            dock.get("reference", ["prompt_ids"], batch_size=8)
+        assert time.monotonic() - started < 10
+    finally:
+        dock.shutdown()
+
+
+def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) -> None:
+    dock = killable_dock(mode, {"reference": ["prompt_ids"]})
+    victim = dock._route.peers()[0]  # warehouse 0 / the buffer
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            waiting = pool.submit(dock.get, "reference", ["prompt_ids"], batch_size=8)  # nothing put
+            time.sleep(0.5)
+            started = time.monotonic()
+            ray.kill(victim.handle)
+            with pytest.raises(DockActorDiedError, match="warehouse 0|central buffer") as caught:
+                waiting.result(timeout=30)
+        assert time.monotonic() - started < 10  # well before the dock's 60 s timeout
+        assert "resume from the last checkpoint" in str(caught.value)
+    finally:
+        dock.shutdown()
+
+
+def test_dead_controllers_fail_consumers_and_writers() -> None:
+    dock = killable_dock("distributed", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
+    hub = dock._route.peers()[-1]  # the metadata actor hosting every state's controller
+    try:
+        assert hub.name.startswith("dock controllers") and "'update'" in hub.name
+        ray.kill(hub.handle)
+        with pytest.raises(DockActorDiedError, match=r"dock controllers \(the metadata of states"):
+            dock.get("update", ["prompt_ids"], batch_size=2)
+        with pytest.raises(DockActorDiedError, match="dock controllers"):
+            dock.put(torch.arange(2), samples([0, 1], ("prompt_ids",)))
+    finally:
+        dock.shutdown()

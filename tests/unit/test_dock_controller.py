@@ -174,3 +174,91 @@ def test_counters() -> None:
         assert stats["ready_now"] == 8 and stats["handed_out_now"] == 8
 
     asyncio.run(scenario())
+
+
+def test_preferred_warehouses_go_first_then_the_rest() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=8, num_warehouses=2)  # warehouse 1 owns 4..7
+        await ready(controller, list(range(8)))
+        assert (await controller.request(0, 3, prefer=[1])).indices.tolist() == [4, 5, 6]
+        assert (await controller.request(0, 3, prefer=[1])).indices.tolist() == [0, 1, 7]  # local ran out
+        assert (await controller.request(1, 3)).indices.tolist() == [2, 3]
+
+    asyncio.run(scenario())
+
+
+def test_a_rank_waits_for_its_own_samples_rather_than_take_others() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=8, num_warehouses=2)  # warehouse 1 owns 4..7
+        await ready(controller, [0, 1, 2, 3, 4])
+        waiting = asyncio.ensure_future(controller.request(1, 2, prefer=[1], timeout_s=5.0))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # 0..3 are ready, but its own 5..7 will come
+        await ready(controller, [5])
+        assert (await asyncio.wait_for(waiting, 1.0)).indices.tolist() == [4, 5]
+        await ready(controller, [6])
+        # 2 of its own remain unconsumed (6 ready, 7 not): fewer than 3, so it fills up with others
+        assert (await controller.request(1, 3, prefer=[1])).indices.tolist() == [0, 1, 6]
+
+    asyncio.run(scenario())
+
+
+def test_preferred_warehouses_with_whole_groups() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=12, group_size=2, num_warehouses=3)
+        await ready(controller, list(range(12)))
+        grant = await controller.request(0, 4, whole_groups=True, prefer=[2])
+        assert grant.indices.tolist() == [8, 9, 10, 11]
+        assert list(grant.by_warehouse) == [2]
+
+    asyncio.run(scenario())
+
+
+def test_balanced_hand_out_waits_for_the_whole_batch_then_deals_by_tokens() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=8, group_size=2, num_warehouses=2)
+        tokens = np.array([100, 90, 5, 5, 5, 5, 80, 10])
+        waiting = asyncio.ensure_future(controller.request(1, 4, balance_ranks=2, timeout_s=5.0))
+        await controller.mark_ready(np.arange(6), COLUMNS, {"response_mask": tokens[:6]})
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # 6 of 8 ready: the deal needs all of them
+        await controller.mark_ready(np.arange(6, 8), COLUMNS, {"response_mask": tokens[6:]})
+        share1 = (await asyncio.wait_for(waiting, 1.0)).indices
+        share0 = (await controller.request(0, 4, balance_ranks=2)).indices
+        assert sorted([*share0.tolist(), *share1.tolist()]) == list(range(8))
+        assert (share0.size, share1.size) == (4, 4)
+        loads = sorted(int(tokens[s].sum()) for s in (share0, share1))
+        assert loads == [120, 180]  # the best split of 4 + 4; by index it is 100 and 200
+        assert (await controller.request(0, 4, balance_ranks=2)).exhausted  # rank 0's share is gone
+        with pytest.raises(ValueError, match="balanced share over 2 ranks"):
+            await controller.request(2, 4, balance_ranks=2)
+        assert (await controller.stats())["token_columns"] == ["response_mask"]
+
+    asyncio.run(scenario())
+
+
+def test_balanced_whole_groups_keep_groups_together() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=8, group_size=2, num_warehouses=1)
+        await controller.mark_ready(np.arange(8), COLUMNS, {"t": np.array([9, 9, 1, 1, 8, 8, 2, 2])})
+        share = (await controller.request(0, 4, whole_groups=True, balance_ranks=2)).indices.tolist()
+        # groups hold 18, 2, 16 and 4 tokens: only {0, 1} / {2, 3} splits them 20 / 20
+        assert share in ([0, 1, 2, 3], [4, 5, 6, 7])
+
+    asyncio.run(scenario())
+
+
+def test_snapshot_restore_and_requeue() -> None:
+    async def scenario() -> None:
+        controller = make_controller()
+        await ready(controller, list(range(8)))
+        await controller.request(0, 3)
+        saved = await controller.snapshot()
+        fresh = make_controller()
+        await fresh.restore(saved, requeue=np.array([1]))
+        assert (await fresh.request(0, 8)).indices.tolist() == [1, 3, 4, 5, 6, 7]
+        other = Controller(state="update", columns=COLUMNS, layout=fresh._layout, default_timeout_s=1.0)
+        with pytest.raises(ValueError, match="cannot be restored"):
+            await other.restore(saved)
+
+    asyncio.run(scenario())

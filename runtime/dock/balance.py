@@ -1,0 +1,96 @@
+"""Sequence-length balanced hand-out: split a batch over DP ranks so each gets about as many tokens.
+
+A data-parallel update step takes as long as its slowest rank, and a rank's work grows with the
+tokens it holds, not the samples. RL response lengths are skewed (a few long answers, many short
+ones), so an equal split by sample count can leave one rank with far more tokens than the rest.
+
+`balance_by_tokens` keeps the sample count per rank equal (DDP ranks step together on equal
+shares) and greedily places the longest remaining unit (a sample, or a whole GRPO group) on the
+rank with the fewest tokens that still has room: the longest-processing-time rule with a
+cardinality bound. Swaps between the heaviest and the lightest rank then level what the greedy
+pass left. Pure numpy, so the metadata controllers can call it without torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+
+def balance_by_tokens(tokens: np.ndarray, num_ranks: int, *, group_size: int = 1) -> list[np.ndarray]:
+    """Indices into `tokens` (num_samples,) for each of `num_ranks` ranks, each ascending.
+
+    With `group_size` > 1 the samples form consecutive groups (sample i is in group i // group_size)
+    that are never split. Units (samples or groups) are dealt so that rank counts differ by at most
+    one unit; within that bound the token totals are levelled.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D (num_samples,), got shape {tokens.shape}")
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    if group_size < 1 or tokens.size % group_size:
+        raise ValueError(f"{tokens.size} samples do not form whole groups of {group_size}")
+    unit_tokens = tokens.reshape(-1, group_size).sum(axis=1)  # (num_units,)
+    num_units = unit_tokens.size
+    if num_units < num_ranks:
+        raise ValueError(f"{num_units} units (samples or groups) cannot be spread over {num_ranks} ranks")
+    # The first `num_units % num_ranks` ranks take one unit more.
+    capacity = [num_units // num_ranks + (r < num_units % num_ranks) for r in range(num_ranks)]
+    # Heap of (tokens so far, rank) over ranks with room; the stable sort keeps ties repeatable.
+    heap = [(0, r) for r in range(num_ranks)]
+    assigned: list[list[int]] = [[] for _ in range(num_ranks)]
+    for unit in np.argsort(-unit_tokens, kind="stable"):
+        load, rank = heapq.heappop(heap)
+        assigned[rank].append(int(unit))
+        if len(assigned[rank]) < capacity[rank]:
+            heapq.heappush(heap, (load + int(unit_tokens[unit]), rank))
+    _level_by_swaps(assigned, unit_tokens)
+    offsets = np.arange(group_size)
+    return [np.sort((np.asarray(units, dtype=np.int64)[:, None] * group_size + offsets).ravel())
+            for units in assigned]
+
+
+def _level_by_swaps(assigned: list[list[int]], unit_tokens: np.ndarray, max_swaps: int = 1000) -> None:
+    """Swap one unit of the heaviest rank with one of the lightest while that narrows their gap.
+
+    Each swap lowers the sum of squared loads, so the loop cannot cycle; counts stay as they are.
+    """
+    loads = np.array([unit_tokens[units].sum() for units in assigned], dtype=np.int64)
+    for _ in range(max_swaps):
+        heavy, light = int(loads.argmax()), int(loads.argmin())
+        gap = int(loads[heavy] - loads[light])
+        if gap <= 1:
+            return
+        heavy_units = np.asarray(assigned[heavy])
+        light_units = np.asarray(assigned[light])
+        light_order = np.argsort(unit_tokens[light_units], kind="stable")
+        light_sorted = unit_tokens[light_units][light_order]  # ascending
+        # Trading a unit of t_a tokens for one of t_b changes the gap by -2 (t_a - t_b); the best
+        # swap has t_a - t_b closest to gap / 2, and any 0 < t_a - t_b < gap helps.
+        targets = unit_tokens[heavy_units] - gap / 2
+        pos = np.clip(np.searchsorted(light_sorted, targets), 0, light_sorted.size - 1)
+        best = None
+        for shift in (0, -1):
+            cand = np.clip(pos + shift, 0, light_sorted.size - 1)
+            delta = unit_tokens[heavy_units] - light_sorted[cand]  # t_a - t_b per heavy unit
+            new_gap = np.abs(gap - 2 * delta)
+            i = int(new_gap.argmin())
+            if new_gap[i] < gap and (best is None or new_gap[i] < best[0]):
+                best = (int(new_gap[i]), i, int(cand[i]), int(delta[i]))
+        if best is None:
+            return
+        _, i, j, delta = best
+        a, b = int(heavy_units[i]), int(light_units[light_order[j]])
+        assigned[heavy][i] = b
+        assigned[light][int(light_order[j])] = a
+        loads[heavy] -= delta
+        loads[light] += delta
+
+
+def imbalance(tokens: np.ndarray, parts: list[np.ndarray]) -> float:
+    """Largest relative deviation of a rank's token total from the mean (0.0 means perfect)."""
+    totals = np.array([np.asarray(tokens)[part].sum() for part in parts], dtype=np.float64)
+    mean = totals.mean()
+    return float(np.abs(totals - mean).max() / mean) if mean > 0 else 0.0
