@@ -46,9 +46,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     api = _api_client()
     _require_crd(api)
     reconciler = Reconciler(Kube(api), settings)
-    log.info("watching %s; poll interval %.1f s; Jobs API via %s",
+    defaults = settings.pod_defaults
+    log.info("watching %s; poll interval %.1f s; Jobs API via %s; RLJobs without their own get image %s "
+             "(pull policy %s) and device resource %s",
              ", ".join(settings.namespaces) or "all namespaces", settings.poll_interval,
-             settings.dashboard_address.value)
+             settings.dashboard_address.value, defaults.image, defaults.image_pull_policy.value,
+             defaults.device_resource)
     kopf.run(
         registry=register(kopf.OperatorRegistry(), settings),
         settings=configure_kopf(kopf.OperatorSettings(), settings),

@@ -12,6 +12,7 @@ fields, exactly as `rldock train` reads them. Cross-field rules live in validati
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal, Optional, Union
 
@@ -21,7 +22,7 @@ from pydantic.alias_generators import to_camel
 from rldock.config import JobConfig
 from rldock.operator.constants import (
     DEFAULT_BACKOFF_LIMIT, DEFAULT_CHECKPOINT_MOUNT_PATH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE,
-    DEFAULT_RAY_VERSION, ConditionType, GangScheduler, Phase, Reason,
+    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, ConditionType, GangScheduler, ImagePullPolicy, Phase, Reason,
 )
 
 # Kubernetes resource.Quantity, as the API server parses it ("4", "500m", "64Gi", 4). Integers
@@ -70,10 +71,12 @@ class Toleration(_Model):
 class ClusterSpec(_Model):
     """How the Ray cluster's pods are made. Its size comes from `job.resources`."""
 
-    device_resource: str = Field(
-        default=DEFAULT_DEVICE_RESOURCE, min_length=1,
+    device_resource: Optional[str] = Field(
+        default=None, min_length=1,
         description="Extended resource that the device plugin advertises; each worker pod requests "
-        "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`).")
+        "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`). "
+        f"Unset: the operator's default (chart value `runtime.deviceResource`, `{DEFAULT_DEVICE_RESOURCE}` "
+        "unless changed).")
     head: PodResources = Field(
         default_factory=lambda: PodResources(cpu=8, memory="32Gi"),
         description="The head pod, which runs the trainer driver and the dock's controllers. "
@@ -118,7 +121,10 @@ class CheckpointStorage(_Model):
 
 class RLJobSpec(_Model):
     job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Runtime image of every Ray pod.")
+    image: Optional[str] = Field(
+        default=None, min_length=1,
+        description="Runtime image of every Ray pod. Unset: the operator's default (chart value "
+        "`runtime.image`, `ghcr.io/rldock/rldock-runtime:<rldock version>` unless changed).")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Pods of the Ray cluster.")
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec, description="Scheduler and gang scheduling.")
@@ -130,6 +136,27 @@ class RLJobSpec(_Model):
         description="Restarts (failed Ray job or lost worker pod) before the RLJob fails.")
     ttl_seconds_after_finished: Optional[int] = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
+
+
+@dataclass(frozen=True)
+class PodDefaults:
+    """What the Ray pods of an RLJob get where its spec leaves it to the installation.
+
+    One value per operator (settings.py reads it from RLDOCK_DEFAULT_IMAGE, RLDOCK_IMAGE_PULL_POLICY
+    and RLDOCK_DEFAULT_DEVICE_RESOURCE, which the chart sets from its `runtime` values) and passed
+    to the builders explicitly: a cluster admin picks the runtime build and the device plugin once,
+    and RLJobs need not name them.
+    """
+
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: ImagePullPolicy = DEFAULT_IMAGE_PULL_POLICY
+    device_resource: str = DEFAULT_DEVICE_RESOURCE
+
+    def image_of(self, spec: RLJobSpec) -> str:
+        return spec.image or self.image
+
+    def device_resource_of(self, spec: RLJobSpec) -> str:
+        return spec.cluster.device_resource or self.device_resource
 
 
 class Condition(_Model):

@@ -26,12 +26,25 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 FINALIZER = f"{GROUP}/cleanup"
 
 # --- Defaults of the spec -------------------------------------------------------------------
+# The image and device resource of RLJobs that leave them unset, unless the operator is given its
+# own (settings.py: RLDOCK_DEFAULT_IMAGE, RLDOCK_DEFAULT_DEVICE_RESOURCE; the chart's runtime.* values).
 DEFAULT_IMAGE = f"ghcr.io/rldock/rldock-runtime:{__version__}"
 DEFAULT_DEVICE_RESOURCE = "huawei.com/Ascend910"
 # The Ray version baked into the runtime image (requirements/cpu.lock pins ray==2.60.0).
 DEFAULT_RAY_VERSION = "2.60.0"
 DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
 DEFAULT_BACKOFF_LIMIT = 3
+
+
+class ImagePullPolicy(str, Enum):
+    """core/v1 Container.imagePullPolicy of the Ray pods, one for the whole installation."""
+
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+DEFAULT_IMAGE_PULL_POLICY = ImagePullPolicy.IF_NOT_PRESENT
 
 # --- Labels and annotations on the children --------------------------------------------------
 LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)

@@ -160,7 +160,7 @@ class Reconciler:
         assert spec is not None, "a spec without problems parsed"
         token = self._ensure_secret(rnd, out)
         self._ensure_config_map(rnd, spec, out)
-        desired = build_ray_cluster(job=rnd.ref, spec=spec)
+        desired = build_ray_cluster(job=rnd.ref, spec=spec, defaults=self.settings.pod_defaults)
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
         status = self._status(rnd, Observations(
@@ -283,7 +283,7 @@ class Reconciler:
                 resources = spec.job.resources
                 out.event("Normal", EventReason.CREATED_RAY_CLUSTER,
                           f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with "
-                          f"{resources.devices_per_node} {spec.cluster.device_resource} each")
+                          f"{resources.devices_per_node} {self.settings.pod_defaults.device_resource_of(spec)} each")
         elif isinstance(action, DeleteCluster):
             assert cluster is not None
             if self.kube.delete("RayCluster", ns, name, uid=cluster["metadata"]["uid"]):

@@ -2,10 +2,13 @@
 
     python -m rldock.operator [--namespace NS ...] [--poll-interval S] [--log-level LEVEL]
                               [--dashboard-address service-dns|service-ip|pod-ip]
+                              [--default-image IMAGE] [--image-pull-policy P] [--default-device-resource R]
 
 Every flag has an environment variable (RLDOCK_NAMESPACES=a,b, RLDOCK_POLL_INTERVAL,
-RLDOCK_LOG_LEVEL, RLDOCK_DASHBOARD_ADDRESS, RLDOCK_RAY_TIMEOUT, RLDOCK_LIVENESS), which is what a Deployment sets;
+RLDOCK_LOG_LEVEL, RLDOCK_DASHBOARD_ADDRESS, RLDOCK_RAY_TIMEOUT, RLDOCK_LIVENESS, RLDOCK_DEFAULT_IMAGE,
+RLDOCK_IMAGE_PULL_POLICY, RLDOCK_DEFAULT_DEVICE_RESOURCE), which is what the chart's Deployment sets;
 a flag wins over its variable. No namespace means cluster-wide (and a ClusterRole, builders/rbac.py).
+The last three are the pod defaults (api.PodDefaults) of RLJobs that leave image or device resource unset.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping, Optional, Sequence
+
+from rldock.operator.api import PodDefaults
+from rldock.operator.constants import ImagePullPolicy
+from rldock.operator.validation import device_resource_error
 
 # Status may lag the runtime by at most 10 s (issue 3): one poll interval plus a round's own time.
 MAX_POLL_INTERVAL = 5.0
@@ -37,6 +44,7 @@ class OperatorSettings:
     dashboard_address: DashboardAddress = DashboardAddress.SERVICE_DNS
     ray_timeout: float = 5.0  # seconds for one Jobs API request
     liveness_endpoint: Optional[str] = None  # e.g. http://0.0.0.0:8080/healthz, for a livenessProbe
+    pod_defaults: PodDefaults = PodDefaults()  # image, pull policy, device resource of the Ray pods
 
     @property
     def clusterwide(self) -> bool:
@@ -50,6 +58,13 @@ class OperatorSettings:
             raise ValueError(f"ray timeout must be positive, got {self.ray_timeout}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             raise ValueError(f"unknown log level {self.log_level!r}")
+        # Checked here, once, because RLJobs that leave these unset are not checked against them.
+        image = self.pod_defaults.image
+        if not image or any(c.isspace() for c in image):
+            raise ValueError(f"default image must be an image reference without spaces, got {image!r}")
+        error = device_resource_error(self.pod_defaults.device_resource)
+        if error:
+            raise ValueError(f"default device resource: {error}")
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -69,6 +84,17 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="seconds per Jobs API request [RLDOCK_RAY_TIMEOUT]")
     parser.add_argument("--liveness", dest="liveness_endpoint", default=env.get("RLDOCK_LIVENESS") or None,
                         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz [RLDOCK_LIVENESS]")
+    # An empty variable counts as unset, as a chart value rendered empty would be.
+    defaults = PodDefaults()
+    parser.add_argument("--default-image", default=env.get("RLDOCK_DEFAULT_IMAGE") or defaults.image,
+                        help="runtime image of RLJobs without spec.image [RLDOCK_DEFAULT_IMAGE]")
+    parser.add_argument("--image-pull-policy", choices=[p.value for p in ImagePullPolicy],
+                        default=env.get("RLDOCK_IMAGE_PULL_POLICY") or defaults.image_pull_policy.value,
+                        help="imagePullPolicy of every Ray pod [RLDOCK_IMAGE_PULL_POLICY]")
+    parser.add_argument("--default-device-resource",
+                        default=env.get("RLDOCK_DEFAULT_DEVICE_RESOURCE") or defaults.device_resource,
+                        help="device plugin resource of RLJobs without spec.cluster.deviceResource "
+                             "[RLDOCK_DEFAULT_DEVICE_RESOURCE]")
     parser.set_defaults(env_namespaces=namespaces)
     return parser
 
@@ -85,6 +111,9 @@ def load_settings(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> Oper
             dashboard_address=DashboardAddress(args.dashboard_address),
             ray_timeout=args.ray_timeout,
             liveness_endpoint=args.liveness_endpoint,
+            pod_defaults=PodDefaults(image=args.default_image,
+                                     image_pull_policy=ImagePullPolicy(args.image_pull_policy),
+                                     device_resource=args.default_device_resource),
         )
     except ValueError as error:
         parser.error(str(error))

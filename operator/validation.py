@@ -55,7 +55,10 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
         problems.append(Problem(
             "spec.job.resources.accelerator_resource",
             f"{accelerator!r} is a Ray built-in resource and cannot name the devices; use e.g. NPU"))
-    problems += _device_resource_problems(spec.cluster.device_resource)
+    if spec.cluster.device_resource is not None:  # unset: the operator's default, checked at its start
+        error = device_resource_error(spec.cluster.device_resource)
+        if error:
+            problems.append(Problem("spec.cluster.deviceResource", error))
     for role in ("head", "worker"):
         try:
             cpu_cores(getattr(spec.cluster, role).cpu)
@@ -69,21 +72,20 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     return problems
 
 
-def _device_resource_problems(name: str) -> list[Problem]:
-    """Kubernetes extended resource names are `domain/name`, outside the kubernetes.io domain."""
-    path = "spec.cluster.deviceResource"
+def device_resource_error(name: str) -> Optional[str]:
+    """What is wrong with an extended resource name (`domain/name`, outside the kubernetes.io
+    domain); None when nothing is. Also checks the operator's default (settings.py)."""
     domain, slash, resource = name.partition("/")
     if not slash or not domain or not resource:
-        return [Problem(path, f"{name!r} is not an extended resource name `domain/name` "
-                              "(e.g. huawei.com/Ascend910, nvidia.com/gpu)")]
+        return f"{name!r} is not an extended resource name `domain/name` (e.g. huawei.com/Ascend910, nvidia.com/gpu)"
     if not _DNS_SUBDOMAIN.match(domain) or len(domain) > 253:
-        return [Problem(path, f"domain {domain!r} of {name!r} is not a DNS subdomain")]
+        return f"domain {domain!r} of {name!r} is not a DNS subdomain"
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or name.startswith("requests."):
-        return [Problem(path, f"{name!r} is reserved by Kubernetes; device plugins use their own domain")]
+        return f"{name!r} is reserved by Kubernetes; device plugins use their own domain"
     if len(resource) > 63 or not _QUALIFIED_NAME.match(resource):
-        return [Problem(path, f"name {resource!r} of {name!r} must be at most 63 alphanumerics, "
-                              "'-', '_' or '.', starting and ending with an alphanumeric")]
-    return []
+        return (f"name {resource!r} of {name!r} must be at most 63 alphanumerics, "
+                "'-', '_' or '.', starting and ending with an alphanumeric")
+    return None
 
 
 def _is_label_key(key: str) -> bool:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shlex
 from typing import Any
 
 from rldock.operator import naming
-from rldock.operator.api import PodResources, RLJobSpec, cpu_cores
+from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH, AUTH_SECRET_KEY, CONFIG_MOUNT_PATH, ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE,
@@ -29,8 +30,9 @@ from rldock.operator.constants import (
 _HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
-def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec) -> dict[str, Any]:
-    """The desired RayCluster; `spec` must be free of validation problems."""
+def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults = PodDefaults()) -> dict[str, Any]:
+    """The desired RayCluster; `spec` must be free of validation problems. `defaults` fill in what
+    the spec leaves to the installation (the operator passes its settings' pod defaults)."""
     resources = spec.job.resources
     num_workers = resources.num_nodes
     cluster_spec = {
@@ -45,7 +47,7 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec) -> dict[str, Any]:
                 "num-cpus": str(math.floor(cpu_cores(spec.cluster.head.cpu))),
                 "dashboard-host": "0.0.0.0",  # the operator reaches the Jobs API via the Service
             },
-            "template": _pod_template(job, spec, role=ROLE_HEAD),
+            "template": _pod_template(job, spec, defaults, role=ROLE_HEAD),
         },
         "workerGroupSpecs": [{
             "groupName": WORKER_GROUP,
@@ -53,9 +55,12 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec) -> dict[str, Any]:
             "minReplicas": num_workers,
             "maxReplicas": num_workers,
             "rayStartParams": {
-                "resources": json.dumps({resources.accelerator_resource: resources.devices_per_node}),
+                # KubeRay pastes every value into the container's `bash -lc` line as `--key=value`
+                # without quoting (common/pod.go convertParamMap), so the JSON carries its own shell
+                # quotes, as KubeRay writes its own accelerator resources: --resources='{"NPU": 8}'.
+                "resources": shlex.quote(json.dumps({resources.accelerator_resource: resources.devices_per_node})),
             },
-            "template": _pod_template(job, spec, role=ROLE_WORKER),
+            "template": _pod_template(job, spec, defaults, role=ROLE_WORKER),
         }],
     }
     return {
@@ -87,11 +92,11 @@ def _spec_hash(cluster_spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _pod_template(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any]:
+def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
     is_worker = role == ROLE_WORKER
     labels = {**child_labels(job), LABEL_ROLE: role}
     pod_spec: dict[str, Any] = {
-        "containers": [_container(job, spec, role=role)],
+        "containers": [_container(job, spec, defaults, role=role)],
         "volumes": _volumes(job, spec),
     }
     if is_worker:
@@ -112,16 +117,17 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any
     return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 
-def _container(job: RLJobRef, spec: RLJobSpec, *, role: str) -> dict[str, Any]:
+def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
     if role == ROLE_WORKER:
         amounts = _cpu_memory(spec.cluster.worker)
-        amounts[spec.cluster.device_resource] = str(spec.job.resources.devices_per_node)
+        amounts[defaults.device_resource_of(spec)] = str(spec.job.resources.devices_per_node)
         name = WORKER_CONTAINER
     else:
         amounts, name = _cpu_memory(spec.cluster.head), HEAD_CONTAINER
     return {
         "name": name,
-        "image": spec.image,
+        "image": defaults.image_of(spec),
+        "imagePullPolicy": defaults.image_pull_policy.value,
         # Requests equal limits: extended resources require it, and Ray sizes itself from limits.
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         "env": [

@@ -25,7 +25,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cluster-wide-custom": {
         "image": {"tag": "0.1.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
-        "runtime": {"image": {"repository": "registry.example.com/rl/runtime", "tag": "0.1.0-cuda"},
+        "runtime": {"image": {"repository": "registry.example.com/rl/runtime", "tag": "0.1.0-cuda",
+                              "pullPolicy": "Always"},
                     "deviceResource": "nvidia.com/gpu"},
         "operator": {"pollInterval": 0.5, "logLevel": "DEBUG", "dashboardAddress": "service-ip",
                      "rayTimeout": 2.5, "healthPort": 9090,

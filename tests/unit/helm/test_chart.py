@@ -5,6 +5,7 @@ operator's own settings parser reads back, the CRD identical to crds/, and bad v
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import helm_python as helm
@@ -18,12 +19,17 @@ from chart_testing import (
 
 import rldock
 from rldock.operator.builders.rbac import build_rbac, service_account_subject
-from rldock.operator.constants import CRD_NAME, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE
+from rldock.operator.api import PodDefaults
+from rldock.operator.constants import CRD_NAME, ImagePullPolicy
 from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, DashboardAddress, load_settings
+from rldock.operator.validation import device_resource_error
 
 CHART_KINDS = {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
                "RoleBinding", "Deployment"}
 OPERATOR_COMMAND = ["python", "-m", "rldock.operator"]
+CHART_VARIABLES = {"RLDOCK_NAMESPACES", "RLDOCK_POLL_INTERVAL", "RLDOCK_LOG_LEVEL", "RLDOCK_DASHBOARD_ADDRESS",
+                   "RLDOCK_RAY_TIMEOUT", "RLDOCK_LIVENESS", "RLDOCK_DEFAULT_IMAGE", "RLDOCK_IMAGE_PULL_POLICY",
+                   "RLDOCK_DEFAULT_DEVICE_RESOURCE"}
 MISSING_DEPENDENCY = "chart directory is missing these dependencies: kuberay-operator"
 
 
@@ -177,21 +183,22 @@ def test_operator_settings_read_back_from_the_deployment(variant):
 
 
 def test_default_runtime_image_and_device_resource_are_the_operator_defaults():
-    env = _env(_container(render()))
-    assert env["RLDOCK_DEFAULT_IMAGE"] == DEFAULT_IMAGE
-    assert env["RLDOCK_DEFAULT_DEVICE_RESOURCE"] == DEFAULT_DEVICE_RESOURCE
-    custom = _env(_container(render(VARIANTS["cluster-wide-custom"])))
-    assert custom["RLDOCK_DEFAULT_IMAGE"] == "registry.example.com/rl/runtime:0.1.0-cuda"
-    assert custom["RLDOCK_DEFAULT_DEVICE_RESOURCE"] == "nvidia.com/gpu"
+    assert load_settings([], _env(_container(render()))).pod_defaults == PodDefaults()
+    custom = load_settings([], _env(_container(render(VARIANTS["cluster-wide-custom"])))).pod_defaults
+    assert custom == PodDefaults(image="registry.example.com/rl/runtime:0.1.0-cuda",
+                                 image_pull_policy=ImagePullPolicy.ALWAYS, device_resource="nvidia.com/gpu")
 
 
-@pytest.mark.xfail(strict=True, reason="operator/settings.py does not read RLDOCK_DEFAULT_IMAGE, "
-                   "RLDOCK_IMAGE_PULL_POLICY and RLDOCK_DEFAULT_DEVICE_RESOURCE yet (requested of the "
-                   "operator's owner); remove this mark when it does")
-def test_every_variable_the_chart_sets_is_read_by_the_operator():
-    settings_source = (REPO / "operator" / "settings.py").read_text()
-    unread = [name for name in _env(_container(render())) if name not in settings_source]
-    assert unread == []
+def test_every_variable_the_chart_sets_changes_the_operator_settings():
+    """Each RLDOCK_* variable of the Deployment, left out, gives other settings: none is ignored."""
+    custom = copy.deepcopy(VARIANTS["cluster-wide-custom"])
+    custom["operator"]["watchNamespaces"] = ["team-a"]  # every knob away from its default
+    env = _env(_container(render(custom)))
+    assert {name for name in env if name.startswith("RLDOCK_")} == CHART_VARIABLES
+    rendered = load_settings([], env)
+    for name in CHART_VARIABLES:
+        without = {k: v for k, v in env.items() if k != name}
+        assert load_settings([], without) != rendered, f"{name} is set by the chart but not read by the operator"
 
 
 def test_operator_image_defaults_to_the_app_version():
@@ -273,6 +280,22 @@ def test_edge_values_are_accepted(values):
     assert render(values)
 
 
+@pytest.mark.parametrize("name", [
+    "huawei.com/Ascend910", "nvidia.com/gpu", "example.org/my_npu.v2", "npu/x",
+    "Ascend910", "Huawei.com/Ascend910", "huawei.com/", "huawei.com/Ascend 910", "example.com/-x",
+    "kubernetes.io/npu", "foo.kubernetes.io/npu", "requests.example.com/x", "example.com/" + "x" * 64,
+])
+def test_device_resource_is_refused_by_the_schema_exactly_when_the_operator_refuses_it(name):
+    """Refused at `helm install`, not later by an operator that exits at start (settings.py)."""
+    try:
+        render_files({"runtime": {"deviceResource": name}})
+        refused_by_chart = False
+    except helm.HelmValuesError as refused:
+        assert "/runtime/deviceResource" in str(refused)
+        refused_by_chart = True
+    assert refused_by_chart == (device_resource_error(name) is not None)
+
+
 def test_missing_service_account_name_is_refused():
     with pytest.raises(helm.HelmError, match="serviceAccount.name is required"):
         render_files({"serviceAccount": {"create": False}})
@@ -283,6 +306,26 @@ def test_missing_service_account_name_is_refused():
 def test_notes_say_what_to_do_next():
     notes = render_files(VARIANTS["per-namespace"])["rldock/templates/NOTES.txt"]
     assert f"kubectl -n {NAMESPACE} rollout status deployment/rldock" in notes
+    assert f"run\n   {PodDefaults().image} and request {PodDefaults().device_resource}." in notes
     assert "team-a, team-b" in notes and "kubectl apply -n team-a -f examples/rljob-tiny.yaml" in notes
     for path in ("examples/rljob-tiny.yaml", "docs/install.md", "docs/rljob-reference.md", "docs/troubleshooting.md"):
         assert path in notes and (REPO / path).is_file(), path
+
+
+# --- The install docs follow the chart --------------------------------------------------------
+
+def test_documented_helm_commands_fetch_the_declared_dependency():
+    """Helm refuses a chart whose declared dependencies are not in charts/, even disabled ones, so
+    every documented install or upgrade from the checkout fetches them."""
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
+    text = (REPO / "docs" / "install.md").read_text()
+    commands = re.findall(r"^helm (?:install|upgrade) rldock helm/rldock.*$", text, re.MULTILINE)
+    assert len(commands) >= 3, commands  # install, install with KubeRay, upgrade
+    assert all("--dependency-update" in command for command in commands), commands
+    assert "--set kuberay-operator.enabled=true" in text
+
+
+def test_every_variable_the_chart_sets_is_documented():
+    table = (REPO / "docs" / "operator.md").read_text().split("## Running the operator", 1)[1]
+    for name in CHART_VARIABLES:
+        assert f"`{name}" in table, name

@@ -102,7 +102,10 @@ def test_cluster_shape_comes_from_the_job(num_nodes, devices, accelerator, devic
     spec = _spec(job=_resources(num_nodes, devices, accelerator), cluster={"deviceResource": device_resource})
     head, worker = _groups(build_ray_cluster(job=JOB, spec=spec))
     assert worker["replicas"] == worker["minReplicas"] == worker["maxReplicas"] == num_nodes
-    assert json.loads(worker["rayStartParams"]["resources"]) == {accelerator: devices}
+    # KubeRay writes `--resources=<value>` into a bash command line as it is: the value must be
+    # one shell word that bash turns into the JSON.
+    (word,) = shlex.split(f'--resources={worker["rayStartParams"]["resources"]}')
+    assert json.loads(word.removeprefix("--resources=")) == {accelerator: devices}
     (container,) = worker["template"]["spec"]["containers"]
     assert container["resources"]["requests"][device_resource] == str(devices)
     assert container["resources"]["limits"] == container["resources"]["requests"]
