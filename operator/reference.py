@@ -20,15 +20,12 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from rldock.config import JobConfig
+from rldock.config.reference import constraints_text
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     API_VERSION, CRD_NAME, FINALIZER, KIND, SHORT_NAMES, ConditionType, EventReason, Phase, Reason,
 )
 from rldock.operator.crd import PRINTER_COLUMNS
-
-_CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length",
-                "max_length": "max length"}
-
 
 def _anchor(path: str) -> str:
     return path.replace(".", "").replace("[]", "").lower()
@@ -62,16 +59,6 @@ def _type_name(annotation: Any, nested: list[tuple[str, type[BaseModel]]], path:
         return f"map of {_type_name(args[0], nested, path)} to {_type_name(args[1], nested, path)}"
     return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
         getattr(annotation, "__name__", ""), str(annotation))
-
-
-def _constraints(info: FieldInfo) -> str:
-    parts = []
-    for meta in info.metadata:
-        for attr, symbol in _CONSTRAINTS.items():
-            value = getattr(meta, attr, None)
-            if value is not None:
-                parts.append(f"{symbol} {value}")
-    return ", ".join(parts)
 
 
 def _defaults_of(model: type[BaseModel]) -> BaseModel | None:
@@ -108,7 +95,7 @@ def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
         wire = info.alias or to_camel(name)
         type_name = _type_name(info.annotation, nested, f"{path}.{wire}")
         description = (info.description or "").replace("|", "\\|")
-        out.append(f"| `{wire}` | {type_name} | {_default(info)} | {_constraints(info)} | {description} |")
+        out.append(f"| `{wire}` | {type_name} | {_default(info)} | {constraints_text(info)} | {description} |")
     out.append("")
     for sub_path, sub_model in nested:
         _section(sub_model, sub_path, out)

@@ -16,7 +16,8 @@ from pydantic_core import PydanticUndefined
 
 from rldock.config.job import JobConfig
 
-_CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length"}
+_CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length",
+                "max_length": "max length"}
 
 
 def _type_name(annotation) -> str:
@@ -28,7 +29,8 @@ def _type_name(annotation) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _constraints(info: FieldInfo) -> str:
+def constraints_text(info: FieldInfo) -> str:
+    """A field's numeric and length bounds as `>= 1, < 0.5` (also used by the RLJob reference)."""
     parts = []
     for meta in info.metadata:
         for attr, symbol in _CONSTRAINTS.items():
@@ -61,7 +63,7 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
             out.append(f"| `{name}` | section | {_default(info)} | | see [`{path}`](#{path.replace('.', '')}) |")
             continue
         description = (info.description or "").replace("|", "\\|")
-        out.append(f"| `{name}` | {_type_name(annotation)} | {_default(info)} | {_constraints(info)} | {description} |")
+        out.append(f"| `{name}` | {_type_name(annotation)} | {_default(info)} | {constraints_text(info)} | {description} |")
     out.append("")
     for path, sub in nested:
         _section(sub, path, out)
