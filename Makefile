@@ -3,7 +3,7 @@
 OUTPUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test crd
+.PHONY: setup demo test crd e2e
 setup:
 	./scripts/setup.sh
 
@@ -21,3 +21,9 @@ crd: setup
 	.venv/bin/python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml
 	cp crds/rljobs.rldock.io.yaml helm/rldock/files/rljobs.rldock.io.yaml
 	.venv/bin/python -m rldock.operator.reference > docs/rljob-reference.md
+
+# The end-to-end suite alone (also part of `make test`): a real Kubernetes 1.20 control plane built
+# once into ~/.cache/rldock (about 12 minutes the first time), emulated Ascend nodes whose pods run
+# as local processes, the operator, and real Ray/vLLM jobs. Needs root (namespaces); see e2e/README.md.
+e2e: setup
+	.venv/bin/python -m pytest tests/e2e $(PYTEST_ARGS)

@@ -1,15 +1,16 @@
-"""Dispatch cost of one GRPO iteration: central buffer vs distributed dock on 1, 2, 4 emulated nodes.
+"""Dispatch cost of one GRPO iteration: central buffer, distributed dock, TransferQueue, emulated nodes.
 
 Prints one JSON document. For each link cap (default 300 MB/s, the MindSpeed RL paper's
 inter-server figure, and uncapped) and each S in --nodes, the same sample flow (grpo_flow.py:
 prompts in, responses, old/ref logprobs, rewards, advantages out, the update batch read) runs on
-both dock modes over the same S nodes, one rank of every state per node. Reported per run: wall
+both dock modes and TransferQueue (where installed) over the same S nodes, one rank of every
+state per node. Reported per run: wall
 seconds from the driver's put to the last update read (median of --repeats after --warmup),
 bytes moved per warehouse from the dock's counters against the prediction (Eq. 2 for the central
 buffer, Eq. 4 per warehouse; see grpo_flow.predicted_bytes) with the relative error, bytes through
 each node's emulated NIC, the raw link bandwidth measured in the same run, the link-bound lower
-bound (busiest NIC bytes / raw bandwidth) as a fraction of the measured time, and the speed-up of
-distributed over central at the same S.
+bound (busiest NIC bytes / raw bandwidth) as a fraction of the measured time, and the speed-ups
+of every variant over central and over TransferQueue at the same S.
 
 Needs root for the network namespaces (see emulated_cluster.py); without them it falls back to a
 loopback cluster and says so.
@@ -29,15 +30,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+import tq_dock  # noqa: E402
 from grpo_flow import PRESETS, Dims, bytes_per_sample, predicted_bytes  # noqa: E402
 
 # name -> (dock.mode, prefer_local). The third is an ablation: the distributed dock handing
 # samples out in index order, wherever they are stored, to separate spreading the traffic over
-# S links from keeping it on the node.
+# S links from keeping it on the node. `transferqueue` is the PyPI TransferQueue package behind
+# the same client API (tq_dock.py), with one storage unit per node; it is skipped, with the
+# reason in the report, where the package is absent.
+TRANSFERQUEUE = "transferqueue"
 VARIANTS = {
     "central": ("central", True),
     "distributed": ("distributed", True),
     "distributed-index-order": ("distributed", False),
+    TRANSFERQUEUE: (TRANSFERQUEUE, False),
 }
 
 
@@ -78,15 +84,25 @@ def drive(args: argparse.Namespace) -> dict:
     agents, ips = harness.start_agents(node_ids)
     emulated = harness.ray_get_first_counters(agents)
     link = harness.link_bandwidth(agents, ips, args.bandwidth_mb * 10**6) if emulated else None
+    variants = args.variants.split(",")
+    skipped = {}
+    if TRANSFERQUEUE in variants and (reason := tq_dock.unavailable_reason()):
+        skipped[TRANSFERQUEUE] = reason
+        variants.remove(TRANSFERQUEUE)
+        logging.getLogger(__name__).warning("TransferQueue skipped: %s", reason)
     configs = []
     for num_nodes in counts:
-        for variant in args.variants.split(","):
+        for variant in variants:
             mode, prefer_local = VARIANTS[variant]
-            dock = TransferDock.create(
-                DockSpec(mode=mode, timeout_s=600), states={s: list(c) for s, c in CONSUMES.items()},
-                num_samples=dims.num_samples, group_size=dims.N, token_columns=TOKEN_COLUMNS,
-                node_ids=node_ids[:num_nodes], prefer_local=prefer_local,
-            )
+            if mode == TRANSFERQUEUE:
+                dock = tq_dock.TQDock.create(states=CONSUMES, num_samples=dims.num_samples, group_size=dims.N,
+                                             node_ids=node_ids[:num_nodes])
+            else:
+                dock = TransferDock.create(
+                    DockSpec(mode=mode, timeout_s=600), states={s: list(c) for s, c in CONSUMES.items()},
+                    num_samples=dims.num_samples, group_size=dims.N, token_columns=TOKEN_COLUMNS,
+                    node_ids=node_ids[:num_nodes], prefer_local=prefer_local,
+                )
             try:
                 owned = [dock.layout.capacity(w) for w in range(dock.layout.num_warehouses)]
                 records = harness.run_flow(dock, agents[:num_nodes], dims, repeats=args.repeats, warmup=args.warmup)
@@ -95,7 +111,15 @@ def drive(args: argparse.Namespace) -> dict:
             configs.append(summarize(variant, num_nodes, dims, owned, records, link))
             logging.getLogger(__name__).info("%s S=%d: %.3fs", variant, num_nodes, configs[-1]["seconds_median"])
     harness.disconnect(cluster)
-    return {"link_bandwidth": link, "configs": configs, "speedup_vs_central": speedups(configs)}
+    return {"link_bandwidth": link, "configs": configs, "speedup_vs_central": speedups(configs),
+            "speedup_vs_transferqueue": speedups(configs, baseline=TRANSFERQUEUE), "skipped": skipped}
+
+
+PREDICTIONS = {
+    "central": "Eq. (2): one buffer moves V = G*N*b",
+    "distributed": "Eq. (4): warehouse w moves V * G_w / G (= V/S when S divides G)",
+    TRANSFERQUEUE: "Eq. (4) by samples: unit u moves V * n_u / (G*N), n_u = samples with index mod S = u",
+}
 
 
 def summarize(variant: str, num_nodes: int, dims: Dims, owned: list[int], records: list[dict],
@@ -114,8 +138,7 @@ def summarize(variant: str, num_nodes: int, dims: Dims, owned: list[int], record
         "states": records[len(records) // 2]["states"],
         "bytes_per_warehouse": measured,
         "predicted_bytes_per_warehouse": predicted,
-        "prediction": "Eq. (2): one buffer moves V = G*N*b" if variant == "central" else
-                      "Eq. (4): warehouse w moves V * G_w / G (= V/S when S divides G)",
+        "prediction": PREDICTIONS.get(variant, PREDICTIONS["distributed"]),
         "prediction_error_max": round(max(errors), 6),
         "update_tokens_per_rank": records[-1]["update_tokens_per_rank"],
         # CPU seconds by role during the middle measured iteration: where the time goes
@@ -131,13 +154,13 @@ def summarize(variant: str, num_nodes: int, dims: Dims, owned: list[int], record
     return summary
 
 
-def speedups(configs: list[dict]) -> dict[str, dict[str, float]]:
-    """Central's median seconds over each other variant's, per S (above 1: faster than central)."""
+def speedups(configs: list[dict], baseline: str = "central") -> dict[str, dict[str, float]]:
+    """The baseline's median seconds over each other variant's, per S (above 1: faster than it)."""
     by_key = {(c["variant"], c["nodes"]): c["seconds_median"] for c in configs}
     out: dict[str, dict[str, float]] = {}
     for (variant, s), seconds in by_key.items():
-        if variant != "central" and ("central", s) in by_key:
-            out.setdefault(variant, {})[f"S={s}"] = round(by_key[("central", s)] / seconds, 3)
+        if variant != baseline and (baseline, s) in by_key:
+            out.setdefault(variant, {})[f"S={s}"] = round(by_key[(baseline, s)] / seconds, 3)
     return out
 
 

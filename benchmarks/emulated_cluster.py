@@ -133,28 +133,52 @@ class RayNodes:
                    f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats",
                    f"--resources={json.dumps({NODE_RESOURCE.format(k): 1})}"]
             log_path = Path(self.temp_dir).parent / f"rldock-bench-node{k}.log"
-            with log_path.open("w") as log:
-                self.processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env(),
-                                                       start_new_session=True))
-            # One node at a time: on a small machine, nodes that start together time out.
-            _wait_for_start(self.processes[-1], log_path, node=k)
+            for attempt in range(1, _START_ATTEMPTS + 1):
+                with log_path.open("w") as log:
+                    self.processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env(),
+                                                           start_new_session=True))
+                # One node at a time: on a small machine, nodes that start together time out.
+                try:
+                    _wait_for_start(self.processes[-1], log_path, node=k)
+                    break
+                except NodeExited:
+                    # `ray start` gives a raylet 30 s to register, which a loaded machine can miss.
+                    if attempt == _START_ATTEMPTS:
+                        raise
+                    failed = self.processes.pop()
+                    _end_sessions([failed.pid])
+                    failed.wait(timeout=5)
+                    logger.warning("Ray node %d did not come up (attempt %d of %d); starting it again",
+                                   k, attempt, _START_ATTEMPTS)
+                    time.sleep(5)
         return head
 
     def stop(self) -> None:
         """End every process of our sessions: SIGTERM, then SIGKILL to whatever is left."""
-        sessions = [p.pid for p in self.processes]
-        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            for pid in _session_members(sessions):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while _session_members(sessions) and time.monotonic() < deadline:
-                time.sleep(0.2)
+        _end_sessions([p.pid for p in self.processes])
         for p in self.processes:
             p.wait(timeout=5)
         self.processes.clear()
+
+
+_START_ATTEMPTS = 3
+
+
+class NodeExited(RuntimeError):
+    """A `ray start` process ended before its node was up."""
+
+
+def _end_sessions(sessions: list[int]) -> None:
+    """SIGTERM, then SIGKILL, every process of the sessions led by `sessions` (our own `ray start`s)."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        for pid in _session_members(sessions):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while _session_members(sessions) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def _wait_for_start(process: subprocess.Popen, log_path: Path, *, node: int, timeout_s: float = 180) -> None:
@@ -163,7 +187,7 @@ def _wait_for_start(process: subprocess.Popen, log_path: Path, *, node: int, tim
         if "Ray runtime started" in log_path.read_text():
             return
         if process.poll() is not None:
-            raise RuntimeError(f"Ray node {node} exited during start-up; see {log_path}")
+            raise NodeExited(f"Ray node {node} exited during start-up; see {log_path}")
         time.sleep(0.5)
     raise RuntimeError(f"Ray node {node} did not start within {timeout_s:g}s; see {log_path}")
 

@@ -180,7 +180,7 @@ class RLJobStatus(_Model):
     iteration: Optional[int] = Field(default=None, ge=0, description="Last finished RL iteration.")
     iterations: Optional[int] = Field(default=None, ge=1, description="RL iterations of the job.")
     progress: Optional[str] = Field(default=None, description="`iteration/iterations`, for kubectl.")
-    reward: Optional[float] = Field(default=None, description="Mean reward of the last iteration.")
+    reward: Optional[float] = Field(default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
     tokens_per_second_per_device: Optional[float] = Field(
         default=None, description="Throughput of the last iteration, tokens/s per device.")
     last_checkpoint: Optional[str] = Field(default=None, description="Path of the newest complete checkpoint.")

@@ -40,7 +40,7 @@ PRINTER_COLUMNS = [
     {"name": "Iteration", "type": "string", "jsonPath": ".status.progress",
      "description": "Finished RL iterations / iterations of the job"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.reward",
-     "description": "Mean reward of the last iteration"},
+     "description": "Mean reward of the last iteration (DPO: preference accuracy)"},
     {"name": "TPS", "type": "number", "jsonPath": ".status.tokensPerSecondPerDevice",
      "description": "Tokens per second per device in the last iteration"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount", "priority": 1},

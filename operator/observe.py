@@ -24,7 +24,7 @@ from rldock.operator.constants import (
 )
 from rldock.operator.settings import DashboardAddress
 from rldock.operator.status import RayJobObservation
-from rldock.progress import last_progress
+from rldock.progress import headline_key, last_progress
 
 ACTIVE_JOB_STATES = frozenset({RayJobStatus.PENDING, RayJobStatus.RUNNING})
 # The runtime's checkpoint layout (rldock/runtime/checkpoint.py: checkpoints/iter-000010); the
@@ -185,7 +185,7 @@ class Progress:
 def read_progress(log_text: str, *, output_dir: str) -> Progress:
     """The last progress line of a job log, and the checkpoint it names as a path."""
     record = last_progress(log_text.splitlines())
-    if record is None or not {"iteration", "reward_mean", "tokens_per_s_per_device"} <= record.keys():
+    if record is None or not {"iteration", headline_key(record), "tokens_per_s_per_device"} <= record.keys():
         return Progress()
     checkpoint = record.get("checkpoint")
     path = (posixpath.join(output_dir, CHECKPOINT_DIR, CHECKPOINT_FORMAT.format(int(checkpoint)))

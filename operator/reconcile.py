@@ -307,10 +307,9 @@ class Reconciler:
             if isinstance(action, SubmitJob):
                 request = build_job_submission(job=rnd.ref, spec=spec, attempt=action.attempt)
                 request["metadata"][JOB_METADATA_WORKER_PODS] = ",".join(ready_worker_names(seen.summary))
-                submission_id = jobs.submit_job(request)
-                status["rayJobId"] = submission_id
-                out.event("Normal", EventReason.SUBMITTED_RAY_JOB,
-                          f"submitted Ray job {submission_id} (attempt {action.attempt})")
+                # The SubmittedRayJob Event comes from status_events when rayJobId changes, so a
+                # request that timed out but took effect is still announced once the job is seen.
+                status["rayJobId"] = jobs.submit_job(request)
             elif jobs.stop_job(action.submission_id):
                 out.event("Normal", EventReason.STOPPED_RAY_JOB,
                           f"stopped Ray job {action.submission_id}: {action.why}")

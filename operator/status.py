@@ -29,6 +29,7 @@ from rldock.operator.constants import (
     RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY, RAY_STATE_SUSPENDED,
     ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
 )
+from rldock.progress import headline_key
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def _set_progress(status: RLJobStatus, spec: Optional[RLJobSpec], metrics: Optio
     status.tokens_per_second_per_device = prev.tokens_per_second_per_device
     if metrics is not None:  # keys as rldock.runtime.trainer writes each iteration's record
         status.iteration = int(metrics["iteration"])
-        status.reward = round(float(metrics["reward_mean"]), 4)
+        status.reward = round(float(metrics[headline_key(metrics)]), 4)  # DPO: preference accuracy
         status.tokens_per_second_per_device = round(float(metrics["tokens_per_s_per_device"]), 1)
     status.iterations = spec.job.iterations if spec is not None else prev.iterations
     if status.iterations is not None:
@@ -311,6 +312,9 @@ def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> l
         events.append(Event("Warning", EventReason.INVALID_SPEC, cond.message))
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
         events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
+    if after.ray_job_id is not None and after.ray_job_id != before.ray_job_id:
+        events.append(Event("Normal", EventReason.SUBMITTED_RAY_JOB,
+                            f"submitted Ray job {after.ray_job_id} (attempt {after.restart_count})"))
     if after.phase is not before.phase:
         if after.phase is Phase.RETRYING and (cond := after.condition(ConditionType.RETRYING)) is not None:
             events.append(Event("Warning", EventReason.RETRYING, cond.message))

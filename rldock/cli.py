@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
+    from rldock.runtime.metrics import headline_key
 
     try:
         trainer = Trainer(cfg, args.output, resume=args.resume, show_progress=not args.no_progress,
@@ -71,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     records = trainer.run()
     first, last = records[:5], records[-5:]
+    key = headline_key(records[0])  # the sampled reward; DPO: the policy's preference accuracy
     summary = {
         "iterations": len(records),
-        "reward_first5": sum(r["reward_mean"] for r in first) / len(first),
-        "reward_last5": sum(r["reward_mean"] for r in last) / len(last),
+        "metric": key,
+        "reward_first5": sum(r[key] for r in first) / len(first),
+        "reward_last5": sum(r[key] for r in last) / len(last),
         "output": str(args.output),
     }
     print(json.dumps(summary))

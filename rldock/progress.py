@@ -18,6 +18,12 @@ def format_progress(record: dict[str, Any]) -> str:
     return PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
 
 
+def headline_key(record: dict[str, Any]) -> str:
+    """The metric that says whether a run learns: the sampled reward, or for DPO (which samples
+    nothing) the share of preference pairs the policy itself ranks right."""
+    return "reward_mean" if "reward_mean" in record else "policy_preference_accuracy"
+
+
 def last_progress(log_lines: Iterable[str]) -> dict[str, Any] | None:
     """The last well-formed progress record in a log, or None; other lines are ignored."""
     last = None

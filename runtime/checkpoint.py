@@ -5,12 +5,19 @@ A checkpoint is a directory `checkpoints/iter-000010/` holding the policy in Hug
 `state.json` (iteration, data position). It is written under a temporary name and renamed only when
 complete, so a run killed at any moment leaves either the previous or the new checkpoint, never a
 torn one.
+
+Beside the checkpoints, `inflight-dock.pkl` holds the transfer dock of an iteration that failed
+part-way (TransferDock.state_dict, with the results of the stage ranks that had finished): the
+retry of that iteration, which starts from the latest checkpoint, resumes from it instead of
+redoing finished samples and stages. It holds numpy arrays, so it is pickled (torch's safe loader
+refuses them), also atomically.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +27,7 @@ CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "state.json"
 POLICY_DIR = "policy"
 OPTIMIZER_FILE = "optimizer.pt"
+INFLIGHT_FILE = "inflight-dock.pkl"
 _PREFIX = "iter-"
 
 
@@ -38,6 +46,7 @@ class Checkpoint:
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.path / STATE_FILE).read_text())
+
 
 
 def checkpoint_root(output_dir: Path) -> Path:
@@ -81,3 +90,36 @@ def list_checkpoints(output_dir: Path) -> list[Checkpoint]:
 def latest_checkpoint(output_dir: Path) -> Checkpoint | None:
     checkpoints = list_checkpoints(output_dir)
     return checkpoints[-1] if checkpoints else None
+
+
+def save_inflight(output_dir: Path, *, iteration: int, dock_state: dict[str, Any],
+                  finished: dict[str, list], launched: dict[str, int]) -> Path:
+    """Keep the dock of `iteration`, which failed part-way, for its retry: written atomically.
+
+    `finished` maps each stage to the results of its ranks that returned, `launched` each stage
+    to how many ranks it was started on.
+    """
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f".{INFLIGHT_FILE}.partial"
+    with partial.open("wb") as f:
+        pickle.dump({"iteration": iteration, "dock": dock_state, "finished": finished, "launched": launched}, f,
+                    protocol=5)
+    final = root / INFLIGHT_FILE
+    os.replace(partial, final)
+    return final
+
+
+def load_inflight(output_dir: Path, iteration: int) -> dict[str, Any] | None:
+    """The snapshot `save_inflight` kept for `iteration`, or None (none kept, or of another iteration)."""
+    path = checkpoint_root(output_dir) / INFLIGHT_FILE
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        snapshot = pickle.load(f)  # our own file, written by save_inflight
+    return snapshot if snapshot["iteration"] == iteration else None
+
+
+def clear_inflight(output_dir: Path) -> None:
+    """Forget the in-flight snapshot (its iteration finished)."""
+    (checkpoint_root(output_dir) / INFLIGHT_FILE).unlink(missing_ok=True)

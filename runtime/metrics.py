@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rldock.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"
 
@@ -59,7 +61,7 @@ class MetricsLog:
 
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
-    """Reward and throughput per iteration, as a PNG."""
+    """Reward (DPO: preference accuracy) and throughput per iteration, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,8 +69,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
 
     iterations = [r["iteration"] for r in records]
     fig, (ax_reward, ax_tps) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    ax_reward.plot(iterations, [r["reward_mean"] for r in records], marker=".")
-    ax_reward.set_ylabel("mean reward")
+    key = headline_key(records[0]) if records else "reward_mean"
+    ax_reward.plot(iterations, [r[key] for r in records], marker=".")
+    ax_reward.set_ylabel("mean reward" if key == "reward_mean" else "policy preference accuracy")
     ax_reward.grid(alpha=0.3)
     ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in records], marker=".", color="tab:orange")
     ax_tps.set_ylabel("tokens/s per device")
@@ -80,7 +83,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
 
 
 _WAREHOUSE_COUNTERS = ("bytes_in", "bytes_out", "write_requests", "read_requests")
-_CONTROLLER_COUNTERS = ("requests", "samples_handed_out", "mark_ready_calls", "metadata_bytes")
+# stale_*: samples the staleness bound (dock.max_staleness) discarded, and policy updates it held.
+_CONTROLLER_COUNTERS = ("requests", "samples_handed_out", "mark_ready_calls", "metadata_bytes",
+                        "stale_dropped", "stale_waits")
 
 
 def dock_traffic(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:

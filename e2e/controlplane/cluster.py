@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/24"
+# Service ClusterIPs come from 10.96.<k>.0/24, k from the API server's port: concurrent control
+# planes then differ, which matters once the node agent double routes pods to the `kubernetes`
+# Service's address (its .1) on this machine.
+SERVICE_CLUSTER_IP_PREFIX = "10.96"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 # Controllers that need a kubelet, a cloud or a pod network are off; the rest (garbage
 # collector, namespaces, service accounts and tokens, replica sets, jobs, ...) run.
@@ -99,6 +102,15 @@ class ControlPlane:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+    @property
+    def service_cidr(self) -> str:
+        return f"{SERVICE_CLUSTER_IP_PREFIX}.{self.ports['apiserver'] % 250 + 1}.0/24"
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        """The ClusterIP of Service default/kubernetes: the first address of the service range."""
+        return self.service_cidr.replace(".0/24", ".1")
 
     @property
     def pids(self) -> dict[str, int]:
@@ -177,14 +189,18 @@ class ControlPlane:
             f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
             f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             "--allow-privileged=true", "--profiling=false",
         ])
         self._wait_http("kube-apiserver", f"{self.server}/readyz")
 
         for name, port_name, extra in (
             ("kube-controller-manager", "controller-manager",
-             [f"--service-account-private-key-file={sa_key}", f"--controllers={CONTROLLERS}"]),
+             [f"--service-account-private-key-file={sa_key}", f"--controllers={CONTROLLERS}",
+              # Service-account token Secrets then carry ca.crt: the API server's self-signed
+              # certificate (with its CA), which names the `kubernetes` Service's ClusterIP, so
+              # in-cluster clients (a pod the node agent double runs) verify it.
+              f"--root-ca-file={work / 'certs' / 'apiserver' / 'apiserver.crt'}"]),
             ("kube-scheduler", "scheduler", []),
         ):
             binary = getattr(self.binaries, name.replace("-", "_"))

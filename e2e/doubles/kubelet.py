@@ -6,15 +6,14 @@ of one namespace, and runs nothing:
 
 - a pod bound to a node (spec.nodeName) that is still Pending becomes Running and Ready, with a
   pod IP from 127.0.0.2, .3, ... (each pod its own loopback address) and container statuses;
-  `on_start(pod, ip, env)` is called first (env: the first container's, secretKeyRef and
-  configMapKeyRef resolved, as the kubelet would), so a test can start what the pod would run;
+  `on_start(pod, ip, env)` is called first (env: the first container's, resolved as the kubelet
+  would, pod_env.py), so a test can start what the pod would run;
 - a pod being deleted is confirmed gone (grace period 0) after `on_stop(pod)`;
 - `fail(pod_name)` marks a pod Failed, as when its node or container dies.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
@@ -25,6 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.doubles._poller import Poller
+from e2e.doubles.pod_env import container_env
 
 log = logging.getLogger(__name__)
 
@@ -108,19 +108,20 @@ class KubeletDouble:
                 raise
 
     def _environment(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for var in pod["spec"]["containers"][0].get("env") or ():
-            source = var.get("valueFrom") or {}
-            if "value" in var:
-                env[var["name"]] = var["value"]
-            elif "secretKeyRef" in source:
-                ref = source["secretKeyRef"]
-                secret = json.loads(self.core.read_namespaced_secret(
-                    ref["name"], self.namespace, _preload_content=False).data)
-                env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
-            elif "configMapKeyRef" in source:
-                ref = source["configMapKeyRef"]
-                config_map = json.loads(self.core.read_namespaced_config_map(
-                    ref["name"], self.namespace, _preload_content=False).data)
-                env[var["name"]] = config_map["data"][ref["key"]]
-        return env
+        return container_env(pod, pod["spec"]["containers"][0], config_map=self._config_map_data,
+                             secret=self._secret_data)
+
+    def _config_map_data(self, name: str) -> Optional[dict[str, str]]:
+        return self._read("config_map", name)
+
+    def _secret_data(self, name: str) -> Optional[dict[str, str]]:
+        return self._read("secret", name)
+
+    def _read(self, kind: str, name: str) -> Optional[dict[str, str]]:
+        read = getattr(self.core, f"read_namespaced_{kind}")
+        try:
+            return json.loads(read(name, self.namespace, _preload_content=False).data).get("data") or {}
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise

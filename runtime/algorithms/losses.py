@@ -35,20 +35,22 @@ register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.get
 
 
-def _clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_ratio):
-    """Per-token PPO clipped surrogate (to minimise), clip fraction and ratio mean; inputs as in
-    the losses."""
+def clipped_token_losses(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high):
+    """Per-token PPO clipped surrogate (to minimise) with the ratio clipped to
+    [1 - clip_low, 1 + clip_high], clip fraction and ratio mean; inputs as in the losses."""
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
             f"{tuple(mask.shape)} must have the same (B, T) shape"
         )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must have shape (B,)=({logprobs.shape[0]},), got {tuple(advantages.shape)}")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(f"advantages must have shape (B,)=({logprobs.shape[0]},) (one per response) or "
+                         f"(B, T)={tuple(logprobs.shape)} (one per token), got {tuple(advantages.shape)}")
     ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
-    adv = advantages.unsqueeze(1).to(ratio.dtype)  # (B, 1)
+    # (B, 1) broadcast over tokens for outcome advantages; (B, T) as is for per-token (GAE) ones.
+    adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).to(ratio.dtype)
     unclipped = -adv * ratio  # (B, T)
-    clipped = -adv * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)  # (B, T)
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # (B, T)
     # max of the two negated objectives = min of the objectives: the pessimistic bound, whose
     # gradient is zero once the ratio has moved past the clip in the advantage's direction.
     token_loss = torch.maximum(unclipped, clipped)  # (B, T)
@@ -67,10 +69,11 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
 
     logprobs, old_logprobs: (B, T) log-probabilities of the response tokens under the current and
     the sampling policy; advantages: (B,) one per response, applied to all its tokens; mask:
-    (B, T) 1 on response tokens; clip_ratio: epsilon. Returns a PolicyLoss.
+    (B, T) 1 on response tokens; clip_ratio: epsilon. Returns a PolicyLoss. Advantages may also be
+    (B, T), one per token (PPO's GAE).
     """
-    token_loss, clip_fraction, ratio_mean = _clipped_token_losses(logprobs, old_logprobs, advantages, mask,
-                                                                  clip_ratio)
+    token_loss, clip_fraction, ratio_mean = clipped_token_losses(logprobs, old_logprobs, advantages, mask,
+                                                                 clip_low=clip_ratio, clip_high=clip_ratio)
     return PolicyLoss(masked_mean(token_loss, mask), clip_fraction, ratio_mean)
 
 
@@ -80,6 +83,6 @@ def clipped_sequence_mean_policy_loss(logprobs: torch.Tensor, old_logprobs: torc
                                       clip_ratio: float) -> PolicyLoss:
     """The same surrogate aggregated as written in DeepSeekMath eq. 3: the mean over each
     response's tokens, then the mean over responses. Shapes as in `clipped_policy_loss`."""
-    token_loss, clip_fraction, ratio_mean = _clipped_token_losses(logprobs, old_logprobs, advantages, mask,
-                                                                  clip_ratio)
+    token_loss, clip_fraction, ratio_mean = clipped_token_losses(logprobs, old_logprobs, advantages, mask,
+                                                                 clip_low=clip_ratio, clip_high=clip_ratio)
     return PolicyLoss(masked_mean(token_loss, mask, dim=1).mean(), clip_fraction, ratio_mean)

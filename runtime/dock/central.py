@@ -21,6 +21,7 @@ from rldock.runtime.dock.controller import ControllerHub, Grant
 from rldock.runtime.dock.layout import DockLayout
 from rldock.runtime.dock.placement import pinned_to
 from rldock.runtime.dock.rpc import Peer
+from rldock.runtime.dock.staleness import StalenessBound
 from rldock.runtime.dock.warehouse import Warehouse
 from rldock.runtime.dock.wire import WireColumn
 
@@ -30,17 +31,23 @@ _NAME = "central buffer"
 class CentralBuffer:
     """One async actor: a warehouse of every sample plus the controllers of every state."""
 
-    def __init__(self, *, layout: DockLayout, states: Mapping[str, Sequence[str]], default_timeout_s: float) -> None:
+    def __init__(self, *, layout: DockLayout, states: Mapping[str, Sequence[str]], default_timeout_s: float,
+                 staleness: StalenessBound | None = None, bounded_states: Sequence[str] = ()) -> None:
         if layout.num_warehouses != 1:
             raise ValueError(f"a central buffer is one warehouse, got a layout of {layout.num_warehouses}")
         self._warehouse = Warehouse(warehouse_id=0, start=0, capacity=layout.num_samples)
-        self._hub = ControllerHub(states=dict(states), layout=layout, default_timeout_s=default_timeout_s)
+        self._hub = ControllerHub(states=dict(states), layout=layout, default_timeout_s=default_timeout_s,
+                                  staleness=staleness, bounded_states=bounded_states)
 
     async def write(
-        self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray] | None
+        self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray] | None,
+        policy_version: int | None = None,
     ) -> None:
         self._warehouse.write(indices, columns)
-        await self._hub.mark_ready(indices, list(columns), dict(tokens) if tokens else None)
+        await self._hub.mark_ready(indices, list(columns), dict(tokens) if tokens else None, policy_version)
+
+    async def advance_policy(self, version: int, timeout_s: float) -> None:
+        await self._hub.advance_policy(version, timeout_s)
 
     async def read(
         self,
@@ -105,16 +112,21 @@ class CentralRoute:
         group_size: int,
         node_id: str,
         timeout_s: float,
+        staleness: StalenessBound | None = None,
+        bounded_states: Sequence[str] = (),
     ) -> CentralRoute:
         layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=1)
         handle = _CentralActor.options(scheduling_strategy=pinned_to(node_id)).remote(
-            layout=layout, states=dict(states), default_timeout_s=timeout_s
+            layout=layout, states=dict(states), default_timeout_s=timeout_s, staleness=staleness,
+            bounded_states=list(bounded_states),
         )
         node = ray.get(handle.node_id.remote())  # surfaces a start failure now
         return cls(layout=layout, buffer=Peer(f"{_NAME} (node {node[:12]})", handle), node=node)
 
-    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray]) -> None:
-        rpc.get(self._buffer.name, self._buffer.handle.write.remote(indices, dict(columns), dict(tokens) or None))
+    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
+              policy_version: int | None = None) -> None:
+        rpc.get(self._buffer.name, self._buffer.handle.write.remote(
+            indices, dict(columns), dict(tokens) or None, policy_version))
 
     def read(
         self,
@@ -135,6 +147,10 @@ class CentralRoute:
 
     def reset(self) -> None:
         rpc.get(self._buffer.name, self._buffer.handle.reset.remote())
+
+    def advance_policy(self, version: int, timeout_s: float) -> None:
+        request = self._buffer.handle.advance_policy.remote(version, timeout_s)
+        rpc.get(self._buffer.name, request, timeout=timeout_s + rpc.RPC_GRACE_S)
 
     def snapshot(self) -> dict[str, Any]:
         return rpc.get(self._buffer.name, self._buffer.handle.snapshot.remote())

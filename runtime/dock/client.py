@@ -8,6 +8,8 @@ stands behind it is chosen by `dock.mode`, with the same API and hand-out rules 
 - `central` (central.py): one buffer actor holds every column and serves every request, the
   baseline the MindSpeed RL paper (arXiv 2507.19017) compares against.
 A dock actor that dies makes the next call fail at once with DockActorDiedError naming it.
+Writers may tag rows with the policy version that generated them; `set_policy_version` applies
+`dock.max_staleness` / `dock.on_stale` (staleness.py) to the states the dock was told to bound.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rldock.runtime.dock.central import CentralRoute
 from rldock.runtime.dock.distributed import DistributedRoute
 from rldock.runtime.dock.layout import DockLayout
 from rldock.runtime.dock.placement import alive_node_ids
+from rldock.runtime.dock.staleness import StalenessBound
 from rldock.runtime.dock.wire import from_wire, to_wire
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ class TransferDock:
         token_columns: Sequence[str] = (),
         node_ids: Sequence[str] | None = None,
         prefer_local: bool = True,
+        bounded_states: Sequence[str] = (),
     ) -> TransferDock:
         """Start the dock's actors on the connected Ray cluster.
 
@@ -73,6 +77,8 @@ class TransferDock:
         number of groups) warehouses round-robin on them, the central mode its buffer on the first.
         With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
         turning it off (for measurements) hands samples out in index order wherever they are.
+        `bounded_states` are the states (those that train on samples) to which the staleness bound
+        `spec.max_staleness` / `spec.on_stale` applies.
         """
         if not states:
             raise ValueError("states must name at least one worker state")
@@ -80,6 +86,10 @@ class TransferDock:
             if not columns:
                 raise ValueError(f"state {state!r} must require at least one column")
         num_groups = num_samples // max(group_size, 1)  # DockLayout rejects a bad group size below
+        unknown = sorted(set(bounded_states) - set(states))
+        if unknown:
+            raise ValueError(f"bounded_states {unknown} are not dock states; states: {sorted(states)}")
+        staleness = StalenessBound(max_staleness=spec.max_staleness, on_stale=spec.on_stale)
         if spec.mode == "central":
             if spec.num_warehouses not in (None, 1):
                 raise ValueError(
@@ -89,7 +99,7 @@ class TransferDock:
             node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
             route: Route = CentralRoute.start(
                 states=states, num_samples=num_samples, group_size=group_size, node_id=node,
-                timeout_s=spec.timeout_s,
+                timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
             )
         else:
             nodes = list(node_ids) if node_ids else alive_node_ids()
@@ -104,6 +114,7 @@ class TransferDock:
             route = DistributedRoute.start(
                 num_warehouses=num_warehouses, states=states, num_samples=num_samples,
                 group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
+                staleness=staleness, bounded_states=bounded_states,
             )
         logger.info(
             "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
@@ -127,12 +138,15 @@ class TransferDock:
         """Each worker state and the columns it requires."""
         return dict(self._state_columns)
 
-    def put(self, indices: torch.Tensor, batch: TensorDict) -> None:
+    def put(self, indices: torch.Tensor, batch: TensorDict, *, policy_version: int | None = None) -> None:
         """Write every column of `batch` (batch size [B]) for global sample `indices` (B,).
 
         When put returns, the rows are stored and every state's hand-out knows which
-        (indices, columns) are now ready, so consumers can get these samples.
+        (indices, columns) are now ready, so consumers can get these samples. `policy_version`
+        tags the rows with the version of the weights that generated them (the rollout's writes).
         """
+        if policy_version is not None and policy_version < 0:
+            raise ValueError(f"policy_version must be >= 0, got {policy_version}")
         index_array = _index_array(indices)
         self.layout.check_indices(index_array)
         if batch.batch_size[:1] != torch.Size([index_array.size]):
@@ -146,7 +160,7 @@ class TransferDock:
             name: tensors[name].reshape(index_array.size, -1).sum(dim=1).cpu().numpy().astype(np.int64)
             for name in self._token_columns if name in tensors
         }  # (B,) per token column
-        self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens)
+        self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens, policy_version)
 
     def get(
         self,
@@ -194,6 +208,18 @@ class TransferDock:
         """Start a new iteration: no sample ready or consumed anywhere; storage stays allocated."""
         self._route.reset()
 
+    def set_policy_version(self, version: int, *, timeout_s: float | None = None) -> None:
+        """The policy now training is `version` (weight updates so far): apply the staleness bound.
+
+        With `dock.on_stale: drop`, unconsumed samples of bounded states that `version` leaves
+        more than `dock.max_staleness` versions behind are discarded (counted as `stale_dropped`);
+        with `wait`, this blocks until consumers took them (counted as `stale_waits`), raising
+        DockTimeoutError after `timeout_s` (default dock.timeout_s).
+        """
+        if version < 0:
+            raise ValueError(f"policy version must be >= 0, got {version}")
+        self._route.advance_policy(version, self._timeout_s if timeout_s is None else timeout_s)
+
     def state_dict(self) -> dict[str, Any]:
         """This iteration's samples and hand-out state (numpy arrays), to save beside a checkpoint."""
         layout = self.layout
@@ -208,17 +234,22 @@ class TransferDock:
 
         With `produces` (state -> columns it writes), a sample that a state took but whose outputs
         never reached the dock is handed out again, so no finished work is redone and no unfinished
-        work is lost.
+        work is lost. A state listed with no outputs (the update) gets back everything it took:
+        nothing in the dock shows that its work survived.
         """
         layout = self.layout
-        if state["mode"] != self.mode or tuple(state["layout"]) != (
-            layout.num_samples, layout.group_size, layout.num_warehouses
-        ):
+        if not self.can_load(state):
             raise ValueError(
                 f"dock state of mode {state['mode']} layout {tuple(state['layout'])} does not fit this "
                 f"{self.mode} dock of layout {(layout.num_samples, layout.group_size, layout.num_warehouses)}"
             )
         self._route.restore(state, _unfinished(state, produces or {}, layout.num_samples))
+
+    def can_load(self, state: Mapping[str, Any]) -> bool:
+        """Whether `state` (a state_dict) came from a dock of this mode and layout."""
+        layout = self.layout
+        return state["mode"] == self.mode and tuple(state["layout"]) == (
+            layout.num_samples, layout.group_size, layout.num_warehouses)
 
     def stats(self) -> dict[str, Any]:
         """Counters of every warehouse (in central mode: the buffer) and controller, cumulative over
@@ -238,17 +269,26 @@ class TransferDock:
 def _unfinished(
     state: Mapping[str, Any], produces: Mapping[str, Sequence[str]], num_samples: int
 ) -> dict[str, np.ndarray]:
-    """Per state, samples it took whose output columns are not all written in `state`."""
+    """Per state in `produces`, samples it took whose output columns are not all written in `state`
+    (for a state that writes nothing: every sample it took).
+
+    A column counts as written where a controller marked it ready (what consumers will see), and
+    only for columns no state reads, where the warehouses hold it.
+    """
     written: dict[str, np.ndarray] = {}
     for part in state["warehouses"]:
         for name, (indices, _) in part["columns"].items():
             written.setdefault(name, np.zeros(num_samples, dtype=bool))[indices] = True
+    for snapshot in state["controllers"].values():
+        for j, name in enumerate(snapshot["columns"]):
+            # Every controller holding a column agrees: the hub marks them all in one step of its loop.
+            written[name] = snapshot["ready"][:, j].copy()
     unfinished = {}
     for name, snapshot in state["controllers"].items():
-        outputs = produces.get(name, ())
-        if not outputs:
+        if name not in produces:
             continue
-        done = np.ones(num_samples, dtype=bool)
+        outputs = produces[name]
+        done = np.full(num_samples, bool(outputs))  # no outputs: nothing shows the work survived
         for column in outputs:
             done &= written.get(column, np.zeros(num_samples, dtype=bool))
         unfinished[name] = np.flatnonzero((snapshot["consumer"] >= 0) & ~done)

@@ -21,6 +21,10 @@ Two hand-out refinements, both chosen per request:
   token count (balance.py), once every sample is ready; each rank then only gets its own share.
   Token counts arrive with readiness as metadata (the client sums mask columns it was told are
   token columns), never as tensors.
+
+Writers may also say which policy version generated their rows; a controller given a staleness
+bound (staleness.py) drops, or holds a policy update for, samples the policy would leave too far
+behind (`advance_policy`).
 """
 
 from __future__ import annotations
@@ -38,8 +42,12 @@ import numpy as np
 from rldock.runtime.dock.balance import balance_by_tokens
 from rldock.runtime.dock.errors import DockTimeoutError
 from rldock.runtime.dock.layout import DockLayout
+from rldock.runtime.dock.staleness import UNVERSIONED, StalenessBound
 
 logger = logging.getLogger(__name__)
+
+UNTAKEN = -1  # `_consumer` of a sample no rank has taken
+DROPPED = -2  # `_consumer` of a sample discarded as too stale (staleness.py)
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,8 @@ class Controller:
     """Hands out ready samples of one state to its consumer ranks, each sample at most once."""
 
     def __init__(
-        self, *, state: str, columns: Sequence[str], layout: DockLayout, default_timeout_s: float
+        self, *, state: str, columns: Sequence[str], layout: DockLayout, default_timeout_s: float,
+        staleness: StalenessBound | None = None,
     ) -> None:
         if not columns:
             raise ValueError(f"state {state!r} must require at least one column")
@@ -67,7 +76,12 @@ class Controller:
         self._default_timeout_s = default_timeout_s
         self._warehouse = layout.warehouse_of(np.arange(layout.num_samples))  # (num_samples,)
         self._ready = np.zeros((layout.num_samples, len(self._columns)), dtype=bool)
-        self._consumer = np.full(layout.num_samples, -1, dtype=np.int64)  # rank that took it, -1: none
+        self._consumer = np.full(layout.num_samples, UNTAKEN, dtype=np.int64)  # rank that took it
+        # Policy version that generated each sample, and the version training now (staleness.py).
+        # Only a state given a `staleness` bound acts on them.
+        self._staleness = staleness
+        self._version = np.full(layout.num_samples, UNVERSIONED, dtype=np.int64)
+        self._policy_version = 0
         # Token count per sample and token column, as reported by writers (see mark_ready).
         self._tokens: dict[str, np.ndarray] = {}
         # Balanced mode: the rank each sample is reserved for, -1 before the deal.
@@ -82,19 +96,25 @@ class Controller:
         self._metadata_bytes = 0
         self._timeouts = 0
         self._wait_s = 0.0
+        self._stale_dropped = 0
+        self._stale_waits = 0
+        self._stale_wait_s = 0.0
 
     async def mark_ready(
-        self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None
+        self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None,
+        policy_version: int | None = None,
     ) -> None:
         """Record that `columns` of samples `indices` were written; columns this state ignores are skipped.
 
         `tokens` maps token columns among `columns` to each sample's token count (B,), used by
-        balanced hand-out.
+        balanced hand-out. `policy_version`, when given, is the version that generated these rows.
         """
         indices = np.asarray(indices, dtype=np.int64)
         self._layout.check_indices(indices)
         self._mark_ready_calls += 1
-        self._metadata_bytes += len(pickle.dumps((indices, list(columns), tokens), protocol=5))
+        self._metadata_bytes += len(pickle.dumps((indices, list(columns), tokens, policy_version), protocol=5))
+        if policy_version is not None:
+            self._version[indices] = policy_version
         for name, counts in (tokens or {}).items():
             if name not in self._tokens:
                 self._tokens[name] = np.zeros(self._layout.num_samples, dtype=np.int64)
@@ -154,11 +174,53 @@ class Controller:
         by_warehouse = {int(w): picked[owners == w] for w in np.unique(owners)}
         return self._reply(Grant(indices=picked, by_warehouse=by_warehouse, waited_s=waited))
 
+    async def advance_policy(self, version: int, timeout_s: float | None = None) -> None:
+        """The policy now training is `version`: apply the staleness bound to unconsumed samples.
+
+        `drop`: samples (whole groups) the new version leaves beyond the bound are discarded.
+        `wait`: returns only once no unconsumed sample would be left beyond the bound, raising
+        DockTimeoutError after `timeout_s`.
+        """
+        bound = self._staleness
+        if bound is None:
+            self._policy_version = version
+            return
+        group_size = self._layout.group_size
+        async with self._changed:
+            if bound.on_stale == "wait":
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                deadline = started + (self._default_timeout_s if timeout_s is None else timeout_s)
+                counted = False
+                while (blocking := int((bound.too_old(self._version, version) & (self._consumer == UNTAKEN)).sum())):
+                    if not counted:
+                        self._stale_waits += 1
+                        counted = True
+                    if loop.time() >= deadline:
+                        self._stale_wait_s += loop.time() - started
+                        raise DockTimeoutError(
+                            f"transfer dock: state {self._state!r} holds {blocking} unconsumed samples that policy "
+                            f"version {version} would leave more than dock.max_staleness={bound.max_staleness} "
+                            "versions behind (dock.on_stale=wait); their consumers did not take them in time"
+                        )
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
+                    except asyncio.TimeoutError:
+                        pass  # checked once more above, then raised
+                self._stale_wait_s += loop.time() - started
+            else:
+                stale = bound.too_old(self._version, version, group_size=group_size) & (self._consumer == UNTAKEN)
+                self._consumer[stale] = DROPPED
+                self._stale_dropped += int(stale.sum())
+            self._policy_version = version
+            self._changed.notify_all()
+
     async def reset(self) -> None:
         """Start a new iteration: nothing is ready and nothing is consumed."""
         async with self._changed:
             self._ready[:] = False
-            self._consumer[:] = -1
+            self._consumer[:] = UNTAKEN
+            self._version[:] = UNVERSIONED
             self._reserved[:] = -1
             for counts in self._tokens.values():
                 counts[:] = 0
@@ -175,6 +237,8 @@ class Controller:
             "reserved": self._reserved.copy(),
             "tokens": {name: counts.copy() for name, counts in self._tokens.items()},
             "mode": self._mode,
+            "version": self._version.copy(),
+            "policy_version": self._policy_version,
         }
 
     async def restore(self, snapshot: dict[str, Any], requeue: np.ndarray | None = None) -> None:
@@ -198,8 +262,10 @@ class Controller:
             self._reserved[:] = snapshot["reserved"]
             self._tokens = {name: counts.copy() for name, counts in snapshot["tokens"].items()}
             self._mode = None if snapshot["mode"] is None else tuple(snapshot["mode"])
+            self._version[:] = snapshot["version"]
+            self._policy_version = int(snapshot["policy_version"])
             if requeue is not None and len(requeue):
-                self._consumer[np.asarray(requeue, dtype=np.int64)] = -1
+                self._consumer[np.asarray(requeue, dtype=np.int64)] = UNTAKEN
             self._changed.notify_all()
 
     async def ping(self) -> None:
@@ -218,6 +284,10 @@ class Controller:
             "ready_now": int(self._ready.all(axis=1).sum()),
             "handed_out_now": int((self._consumer >= 0).sum()),
             "token_columns": sorted(self._tokens),
+            "policy_version": self._policy_version,
+            "stale_dropped": self._stale_dropped,
+            "stale_waits": self._stale_waits,
+            "stale_wait_s": round(self._stale_wait_s, 6),
         }
 
     def _check_request(self, rank: int, batch_size: int, whole_groups: bool, balance_ranks: int) -> None:
@@ -258,7 +328,7 @@ class Controller:
         self, rank: int, batch_size: int, whole_groups: bool, prefer: Sequence[int], balance_ranks: int
     ) -> np.ndarray | None:
         """Indices to hand out now (ascending), an empty array if exhausted, None if not enough ready."""
-        unconsumed = self._consumer < 0
+        unconsumed = self._consumer == UNTAKEN
         if balance_ranks:
             if (self._reserved < 0).any() and not self._deal(balance_ranks, whole_groups):
                 return None  # the deal needs every sample of the iteration ready
@@ -285,8 +355,8 @@ class Controller:
 
     def _deal(self, num_ranks: int, whole_groups: bool) -> bool:
         """Reserve every sample for one of `num_ranks` ranks, levelled by tokens; False if not all ready."""
-        if not self._ready.all():
-            return False
+        if not (self._ready.all(axis=1) | (self._consumer == DROPPED)).all():
+            return False  # dropped samples never get their remaining columns: do not wait for them
         tokens = sum(self._tokens.values(), np.zeros(self._layout.num_samples, dtype=np.int64))
         group_size = self._layout.group_size if whole_groups else 1
         for r, part in enumerate(balance_by_tokens(tokens, num_ranks, group_size=group_size)):
@@ -294,7 +364,7 @@ class Controller:
         return True
 
     def _timeout_message(self, rank: int, batch_size: int, whole_groups: bool, timeout: float) -> str:
-        unconsumed = self._consumer < 0
+        unconsumed = self._consumer == UNTAKEN
         ready = self._ready.all(axis=1)
         remaining = int(unconsumed.sum())
         missing = {
@@ -328,17 +398,27 @@ class ControllerHub:
     switches and RPCs than the metadata work itself (docs/dock-benchmarks.md).
     """
 
-    def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float) -> None:
+    def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
+                 staleness: StalenessBound | None = None, bounded_states: Sequence[str] = ()) -> None:
+        unknown = sorted(set(bounded_states) - set(states))
+        if unknown:
+            raise ValueError(f"staleness bound for unknown dock states {unknown}; states: {sorted(states)}")
         self._controllers = {
-            state: Controller(state=state, columns=list(columns), layout=layout, default_timeout_s=default_timeout_s)
+            state: Controller(state=state, columns=list(columns), layout=layout, default_timeout_s=default_timeout_s,
+                              staleness=staleness if state in bounded_states else None)
             for state, columns in states.items()
         }
 
     async def mark_ready(
-        self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None
+        self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None,
+        policy_version: int | None = None,
     ) -> None:
         for controller in self._controllers.values():
-            await controller.mark_ready(indices, columns, tokens)
+            await controller.mark_ready(indices, columns, tokens, policy_version)
+
+    async def advance_policy(self, version: int, timeout_s: float | None = None) -> None:
+        for controller in self._controllers.values():
+            await controller.advance_policy(version, timeout_s)
 
     async def request(self, state: str, rank: int, batch_size: int, whole_groups: bool = False,
                       timeout_s: float | None = None, *, prefer: Sequence[int] = (), balance_ranks: int = 0) -> Grant:

@@ -21,6 +21,7 @@ from rldock.runtime.dock.controller import ControllerHub, Grant
 from rldock.runtime.dock.layout import DockLayout, as_slice
 from rldock.runtime.dock.placement import assign_nodes, pinned_to
 from rldock.runtime.dock.rpc import Peer
+from rldock.runtime.dock.staleness import StalenessBound
 from rldock.runtime.dock.warehouse import Warehouse
 from rldock.runtime.dock.wire import WireColumn
 
@@ -66,6 +67,8 @@ class DistributedRoute:
         node_ids: Sequence[str],
         timeout_s: float,
         prefer_local: bool = True,
+        staleness: StalenessBound | None = None,
+        bounded_states: Sequence[str] = (),
     ) -> DistributedRoute:
         """Start S warehouses round-robin over `node_ids` and one controller per state here."""
         layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
@@ -81,7 +84,7 @@ class DistributedRoute:
         here = ray.get_runtime_context().get_node_id()
         hub = _HubActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
             states={state: list(columns) for state, columns in states.items()}, layout=layout,
-            default_timeout_s=timeout_s,
+            default_timeout_s=timeout_s, staleness=staleness, bounded_states=list(bounded_states),
         )
         # Waiting here surfaces actor start failures now rather than at the first put.
         warehouse_nodes = ray.get([wh.node_id.remote() for wh in warehouses])
@@ -89,7 +92,8 @@ class DistributedRoute:
         return cls(layout=layout, warehouses=warehouses, hub=hub, states=list(states),
                    warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
 
-    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray]) -> None:
+    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
+              policy_version: int | None = None) -> None:
         """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller."""
         writes = []
         for w, positions in self.layout.split(indices).items():
@@ -98,7 +102,8 @@ class DistributedRoute:
             peer = self._warehouses[w]
             writes.append((peer.name, peer.handle.write.remote(indices[rows], part)))
         rpc.get_all(writes)
-        rpc.get(self._hub.name, self._hub.handle.mark_ready.remote(indices, list(columns), dict(tokens) or None))
+        rpc.get(self._hub.name, self._hub.handle.mark_ready.remote(
+            indices, list(columns), dict(tokens) or None, policy_version))
 
     def read(
         self,
@@ -135,9 +140,16 @@ class DistributedRoute:
     def reset(self) -> None:
         rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
 
+    def advance_policy(self, version: int, timeout_s: float) -> None:
+        request = self._hub.handle.advance_policy.remote(version, timeout_s)
+        rpc.get(self._hub.name, request, timeout=timeout_s + rpc.RPC_GRACE_S)
+
     def snapshot(self) -> dict[str, Any]:
+        # Controllers first: a column marked ready there was stored before, so the warehouses'
+        # snapshot, taken after, holds it even while writers are still running.
+        controllers = rpc.get(self._hub.name, self._hub.handle.snapshot.remote())
         warehouses = rpc.get_all([(p.name, p.handle.snapshot.remote()) for p in self._warehouses])
-        return {"warehouses": warehouses, "controllers": rpc.get(self._hub.name, self._hub.handle.snapshot.remote())}
+        return {"warehouses": warehouses, "controllers": controllers}
 
     def restore(self, snapshot: Mapping[str, Any], requeue: Mapping[str, np.ndarray]) -> None:
         if len(snapshot["warehouses"]) != len(self._warehouses):

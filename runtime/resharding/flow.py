@@ -15,8 +15,9 @@ Every boundary appends a ledger row (see `ledger`).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 import torch
@@ -117,6 +118,22 @@ class Resharder:
             self._pending = None
         self.record("update_start")
         return timings
+
+    @contextlib.contextmanager
+    def resident(self) -> Iterator[None]:
+        """The whole training state on the device for the block, then back as it was: for readers
+        outside the stages (checkpoints), which must never see a swapped-out, empty storage. Writes
+        no ledger row (not a stage boundary)."""
+        if self._pending is not None:  # a background swap-in still copying: let it finish
+            self._pending.wait()
+            self._pending = None
+        on_host = self.swapper.swapped()
+        self.swapper.swap_in()
+        try:
+            yield
+        finally:
+            if on_host:
+                self.swapper.swap_out(on_host)
 
 
 def _lap(start: float) -> float:

@@ -111,6 +111,11 @@ class TensorSwapper:
         self._slots = plan
         return offset
 
+    def swapped(self) -> dict[str, list[torch.Tensor]]:
+        """What is on host now, by category, as byte views that `swap_out` takes again once the
+        storages are back (the tensors themselves are not kept here)."""
+        return {category: [_bytes_view(slot.storage) for slot in slots] for category, slots in self._slots.items()}
+
     def swap_in(self, categories: Iterable[str] | None = None) -> int:
         """Restore the storages of `categories` (all by default); returns the bytes moved."""
         moved = 0

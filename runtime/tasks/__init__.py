@@ -7,7 +7,7 @@ from typing import Callable
 from rldock.config.job import TaskSpec
 from rldock.runtime.tasks.addition import AdditionTask
 from rldock.runtime.registry import Registry
-from rldock.runtime.tasks.base import Example, PromptSampler, Task
+from rldock.runtime.tasks.base import Example, PreferencePair, PromptSampler, Task
 
 TaskFactory = Callable[[TaskSpec, int], Task]
 
@@ -24,4 +24,4 @@ def make_task(spec: TaskSpec, seed: int) -> Task:
     return TASKS.get(spec.name)(spec, seed)
 
 
-__all__ = ["TASKS", "AdditionTask", "Example", "PromptSampler", "Task", "make_task"]
+__all__ = ["TASKS", "AdditionTask", "Example", "PreferencePair", "PromptSampler", "Task", "make_task"]

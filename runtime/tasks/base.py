@@ -17,6 +17,12 @@ class Example(NamedTuple):
     answer: str  # reference answer text the reward compares with, e.g. "95"
 
 
+class PreferencePair(NamedTuple):
+    prompt: str  # e.g. "37+58="
+    chosen: str  # the preferred response, e.g. the reference answer "95"
+    rejected: str  # a dispreferred response, e.g. a wrong answer "85"
+
+
 class Task(Protocol):
     """A verifiable task: a generated prompt set with reference answers."""
 

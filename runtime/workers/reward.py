@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dataflow import CONSUMES
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
@@ -18,6 +19,7 @@ class RewardWorker:
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.reward_fn = get_reward_fn(cfg.reward.name)
+        self.shaping = get_recipe(cfg.algorithm.name).reward_shaping
 
     def compute_rewards(self, iteration: int) -> dict:
         rewards: list[float] = []
@@ -26,8 +28,10 @@ class RewardWorker:
             responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
             answers = decode_responses(self.tokenizer, batch["answer_ids"], batch["answer_mask"])
             values = [self.reward_fn(r, a) for r, a in zip(responses, answers)]
-            rewards.extend(values)
-            return TensorDict({"reward": torch.tensor(values, dtype=torch.float32)}, batch_size=[len(indices)])
+            rewards.extend(values)  # the rule reward, unshaped: what the learning curve shows
+            shaped = self.shaping(torch.tensor(values, dtype=torch.float32), batch["response_mask"].sum(dim=1),
+                                  self.cfg.algorithm)  # (B,)
+            return TensorDict({"reward": shaped}, batch_size=[len(indices)])
 
         timing = run_stage(self.dock, "reward", CONSUMES["reward"], score, rank=0,
                            batch_size=self.cfg.training.micro_batch_size)

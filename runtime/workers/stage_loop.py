@@ -33,12 +33,14 @@ class StageTiming:
 
 def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, rank: int,
               batch_size: int, whole_groups: bool = False, balance_ranks: int = 0,
-              max_batches: int | None = None, timeout_s: float | None = None) -> StageTiming:
+              max_batches: int | None = None, timeout_s: float | None = None,
+              policy_version: int | None = None) -> StageTiming:
     """Consume batches of `state` until the dock says the iteration's samples are exhausted.
 
     `max_batches` lets a consumer that must get exactly its share (the DP ranks of the update)
     stop without draining samples meant for its peers; `balance_ranks` asks the dock to deal the
-    samples over that many ranks with about equal token counts (see TransferDock.get).
+    samples over that many ranks with about equal token counts (see TransferDock.get);
+    `policy_version` tags what this stage writes with the weights' version (the rollout's).
     """
     timing = StageTiming()
     num_batches = 0
@@ -57,7 +59,7 @@ def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: Stag
         timing.compute_s += time.perf_counter() - start
         if out is not None:
             start = time.perf_counter()
-            dock.put(indices, out)
+            dock.put(indices, out, policy_version=policy_version)
             timing.dispatch_s += time.perf_counter() - start
         timing.num_samples += len(indices)
         num_batches += 1

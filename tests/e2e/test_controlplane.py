@@ -93,9 +93,9 @@ def test_non_admin_user_is_authenticated_but_not_authorized(control_plane: Contr
     assert 'User "developer" cannot list resource "pods"' in result.stderr
 
 
-def test_emulated_node_advertises_devices(control_plane: ControlPlane) -> None:
+def test_emulated_node_advertises_devices(emulated_nodes) -> None:
     name = unique("npu")
-    node = control_plane.create_node(name, devices=4)
+    node = emulated_nodes(name, devices=4)
     assert node["status"]["allocatable"][DEVICE] == "4"
     assert node["metadata"]["labels"]["accelerator"] == "huawei-Ascend910"
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
@@ -105,9 +105,9 @@ def test_emulated_node_advertises_devices(control_plane: ControlPlane) -> None:
 
 
 def test_scheduler_binds_fitting_pod_and_leaves_oversized_pending(
-        control_plane: ControlPlane, namespace: str) -> None:
+        control_plane: ControlPlane, namespace: str, emulated_nodes) -> None:
     node = unique("npu")
-    control_plane.create_node(node, devices=8)
+    emulated_nodes(node, devices=8)
     with control_plane.api_client() as api_client:
         core = client.CoreV1Api(api_client)
         core.create_namespaced_pod(namespace, device_pod("fits", node=node, devices=8))

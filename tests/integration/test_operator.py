@@ -29,10 +29,7 @@ if str(REPO_ROOT) not in sys.path:  # e2e/ is test tooling beside the package
 
 from kubernetes import client  # noqa: E402
 
-from e2e.controlplane import (  # noqa: E402
-    DEVELOPER_USER, BinariesUnavailable, ControlPlane, KubectlError, find_binaries, wait_for,
-)
-from e2e.controlplane.crds import KUBERAY_CRD_DIR  # noqa: E402
+from e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for  # noqa: E402
 from e2e.controlplane.processes import ManagedProcess, free_ports  # noqa: E402
 from e2e.doubles.kubelet import KubeletDouble  # noqa: E402
 from e2e.doubles.kuberay import KubeRayDouble  # noqa: E402
@@ -45,7 +42,6 @@ pytestmark = [pytest.mark.integration,
               # the test control plane serves a self-signed certificate (insecure-skip-tls-verify)
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
 
-RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
 DEVICE = "huawei.com/Ascend910"
 NODE_DEVICES = 4
 POLL = 1.0  # the operator's poll interval here (production: 5 s)
@@ -187,32 +183,15 @@ def _tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
-def _retry(install: Callable[[], Any], attempts: int = 3) -> Any:
-    """`kubectl wait --for=condition=Established` right after `create` can find no conditions yet
-    (kubectl 1.32: ".status.conditions accessor error"); installing again replaces and re-waits."""
-    for attempt in range(attempts):
-        try:
-            return install()
-        except KubectlError as error:
-            if "accessor error" not in error.stderr or attempt == attempts - 1:
-                raise
-            time.sleep(1)
-
-
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        find_binaries(build=os.environ.get("RLDOCK_E2E_BUILD", "1") != "0")
-    except BinariesUnavailable as error:
-        pytest.skip(f"no Kubernetes control-plane binaries and they cannot be built here: {error}")
-    if not KUBERAY_CRD_DIR.is_dir():
-        pytest.skip(f"KubeRay's CRDs are read from {KUBERAY_CRD_DIR}, which is absent here")
-    with ControlPlane(workdir=tmp_path_factory.mktemp("operator-controlplane")) as cp:
-        _retry(lambda: cp.install_kuberay_crds(KUBERAY_CRD_DIR / "ray.io_rayclusters.yaml"))
-        _retry(lambda: cp.install_crd(RLJOB_CRD))
-        for index in range(2):
-            cp.create_node(f"npu-{index}", devices=NODE_DEVICES)
-        yield cp
+def plane(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str]) -> Iterator[ControlPlane]:
+    """The session's control plane (tests/conftest.py) with this module's two emulated nodes."""
+    nodes = [unique("npu") for _ in range(2)]
+    for node in nodes:
+        control_plane.create_node(node, devices=NODE_DEVICES)
+    yield control_plane
+    # Nodes are cluster-scoped: later tests must not see them.
+    control_plane.kubectl("delete", "nodes", *nodes, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -366,11 +345,15 @@ def test_unschedulable_pods_show_the_schedulers_message(world: World):
     assert any(e["reason"] == "Unschedulable" for e in world.events(name))
 
     # A node big enough arrives: the scheduler places the worker and the job starts.
-    world.plane.create_node(unique("npu-big"), devices=2 * NODE_DEVICES)
-    world.running(name)
-    status = world.get("rljobs", name)["status"]
-    assert next(c for c in status["conditions"] if c["type"] == "PodsScheduled")["status"] == "True"
-    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+    big_node = unique("npu-big")
+    world.plane.create_node(big_node, devices=2 * NODE_DEVICES)
+    try:
+        world.running(name)
+        status = world.get("rljobs", name)["status"]
+        assert next(c for c in status["conditions"] if c["type"] == "PodsScheduled")["status"] == "True"
+    finally:
+        world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+        world.plane.kubectl("delete", "node", big_node, "--wait=false", check=False)
 
 
 def test_deletion_stops_the_job_and_the_children_are_collected(world: World):

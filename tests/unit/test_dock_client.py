@@ -325,6 +325,39 @@ def test_state_dict_round_trip_requeues_unfinished_samples(dock: TransferDock) -
         dock.load_state_dict({**saved, "layout": (8, 4, 1)})
 
 
+def test_a_state_that_writes_nothing_gets_back_everything_it_took(dock: TransferDock) -> None:
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    dock.get("update", ["old_logprobs"], batch_size=8)  # the update's weights die with its worker
+    saved = dock.state_dict()
+    dock.reset()
+    dock.load_state_dict(saved, produces={"update": ()})
+    assert dock.get("update", ["old_logprobs"], batch_size=NUM_SAMPLES)[0].tolist() == ALL
+    assert dock.can_load(saved) and not dock.can_load({**saved, "mode": "other"})
+
+
+def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(mode: str) -> None:
+    spec = DockSpec(mode=mode, timeout_s=5, max_staleness=1, on_stale="drop")
+    dock = TransferDock.create(spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
+                               bounded_states=["update"])
+    try:
+        dock.put(torch.arange(8), samples(ALL[:8]), policy_version=0)
+        dock.put(torch.arange(8, 16), samples(ALL[8:]), policy_version=1)
+        dock.set_policy_version(1)  # version 0 is one behind: allowed
+        assert dock.stats()["controllers"]["update"]["stale_dropped"] == 0
+        dock.set_policy_version(2)
+        stats = dock.stats()["controllers"]
+        assert (stats["update"]["stale_dropped"], stats["reference"]["stale_dropped"]) == (8, 0)
+        assert dock.get("update", ["reward"], batch_size=NUM_SAMPLES)[0].tolist() == ALL[8:]
+        assert dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES)[0].tolist() == ALL
+        with pytest.raises(ValueError, match="policy_version must be >= 0"):
+            dock.put(torch.arange(2), samples([0, 1]), policy_version=-1)
+    finally:
+        dock.shutdown()
+    with pytest.raises(ValueError, match="not dock states"):
+        TransferDock.create(spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
+                            bounded_states=["rollout"])
+
+
 def killable_dock(mode: str, states: dict[str, list[str]]) -> TransferDock:
     spec = DockSpec(mode=mode, timeout_s=60) if mode == "central" else DockSpec(num_warehouses=2, timeout_s=60)
     return TransferDock.create(spec, states=states, num_samples=8, group_size=2)

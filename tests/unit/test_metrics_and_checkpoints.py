@@ -36,7 +36,8 @@ def test_dock_traffic_is_the_difference_of_cumulative_counters():
         return {"warehouses": [{"node_id": "n1", "bytes_in": bytes_in, "bytes_out": 2 * bytes_in,
                                 "write_requests": 1, "read_requests": 2, "capacity": 16}],
                 "controllers": {"reward": {"requests": 3, "samples_handed_out": handed,
-                                           "mark_ready_calls": 4, "metadata_bytes": 100, "wait_s": 1.0}}}
+                                           "mark_ready_calls": 4, "metadata_bytes": 100, "wait_s": 1.0,
+                                           "stale_dropped": handed // 8, "stale_waits": 1}}}
 
     first = dock_traffic(None, stats(100, 16))
     assert first["warehouses"][0] == {"node_id": "n1", "bytes_in": 100, "bytes_out": 200,
@@ -45,6 +46,7 @@ def test_dock_traffic_is_the_difference_of_cumulative_counters():
     assert second["warehouses"][0]["bytes_in"] == 150
     assert second["controllers"]["reward"]["samples_handed_out"] == 16
     assert second["controllers"]["reward"]["requests"] == 0
+    assert (second["controllers"]["reward"]["stale_dropped"], second["controllers"]["reward"]["stale_waits"]) == (2, 0)
 
 
 def test_checkpoints_commit_atomically_and_prune(tmp_path):
@@ -60,6 +62,23 @@ def test_checkpoints_commit_atomically_and_prune(tmp_path):
     (staging / "optimizer.pt").write_bytes(b"partial")
     assert ckpt.latest_checkpoint(tmp_path).iteration == 6
     assert not any(ckpt.staging_dir(tmp_path, 8).iterdir())
+
+
+def test_inflight_dock_is_kept_for_the_retry_of_its_iteration_only(tmp_path):
+    import numpy as np
+
+    assert ckpt.load_inflight(tmp_path, 3) is None
+    dock = {"mode": "central", "consumer": np.arange(4)}
+    ckpt.save_inflight(tmp_path, iteration=3, dock_state=dock, finished={"reward": [{"rewards": [1.0]}]},
+                       launched={"reward": 1, "rollout": 2})
+    assert ckpt.load_inflight(tmp_path, 4) is None  # a retry that starts elsewhere ignores it
+    kept = ckpt.load_inflight(tmp_path, 3)
+    assert kept["dock"]["consumer"].tolist() == [0, 1, 2, 3]
+    assert (kept["finished"], kept["launched"]) == ({"reward": [{"rewards": [1.0]}]}, {"reward": 1, "rollout": 2})
+    assert [p.name for p in ckpt.checkpoint_root(tmp_path).iterdir()] == [ckpt.INFLIGHT_FILE]  # no partial left
+    ckpt.clear_inflight(tmp_path)
+    ckpt.clear_inflight(tmp_path)  # twice is fine
+    assert ckpt.load_inflight(tmp_path, 3) is None
 
 
 def test_no_checkpoint_in_an_empty_dir(tmp_path):

@@ -128,6 +128,21 @@ def test_swap_keeps_tensor_identity_views_and_values():
     swapper.swap_in()
 
 
+def test_swapped_state_can_come_back_for_a_checkpoint_and_go_out_again():
+    param = torch.nn.Parameter(torch.arange(4.0))
+    grad = torch.ones(4)
+    swapper = TensorSwapper(pin_memory=False)
+    swapper.swap_out({"train_params": [param], "grads": [grad]})
+    on_host = swapper.swapped()
+    assert sorted(on_host) == ["grads", "train_params"]
+    assert swapper.swap_in() == 32
+    assert param.tolist() == [0, 1, 2, 3]  # what a checkpoint reads
+    assert swapper.swap_out(on_host) == 32  # the same storages, through the byte views
+    assert param.untyped_storage().nbytes() == 0 and grad.untyped_storage().nbytes() == 0
+    swapper.swap_in(["grads"])
+    assert grad.tolist() == [1, 1, 1, 1] and param.untyped_storage().nbytes() == 0
+
+
 def test_ledger_counts_distinct_resident_storages_by_category():
     a = torch.zeros(10)  # 40 bytes
     b = torch.zeros(5, dtype=torch.float64)  # 40 bytes

@@ -169,3 +169,8 @@ def _owned(uid: str | None, label: str | None = None) -> dict[str, Any]:
 ])
 def test_ownership(obj, expected):
     assert ownership(obj, uid="u1", rljob_name="job") is expected
+
+
+def test_read_progress_accepts_a_dpo_record():
+    record = {"iteration": 3, "policy_preference_accuracy": 0.75, "tokens_per_s_per_device": 10.0}
+    assert read_progress(format_progress(record), output_dir="/o").metrics == record

@@ -258,3 +258,19 @@ def test_unreadable_previous_status_and_naive_clock():
     assert status["phase"] == "Running"
     with pytest.raises(ValueError, match="timezone"):
         _compute(now=datetime(2026, 1, 1))
+
+
+def test_a_submission_is_announced_once_even_when_its_request_timed_out():
+    # The submit request timed out but Ray took the job: the round after sees it, and the Event
+    # comes from that change of rayJobId, once.
+    waiting = _compute(Observations(ray_cluster=READY))
+    seen = _compute(RUNNING, previous=waiting, now=LATER)
+    (event,) = status_events(waiting, seen)
+    assert (event.reason, event.type) == (EventReason.SUBMITTED_RAY_JOB, "Normal") and JOB_ID in event.message
+    assert status_events(seen, _compute(RUNNING, previous=seen, now=LATER)) == []
+
+
+def test_dpo_progress_reports_the_preference_accuracy_as_its_reward():
+    dpo_metrics = {k: v for k, v in METRICS.items() if k != "reward_mean"} | {"policy_preference_accuracy": 0.875}
+    status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=dpo_metrics))
+    assert (status["iteration"], status["reward"]) == (12, 0.875)

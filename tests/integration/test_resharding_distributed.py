@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.integration  # spawns two processes; 80-110 s on the shared 2-core machine
+
 WORLD = 2
 ITERATIONS = 3
 

@@ -1,0 +1,103 @@
+"""ClusterDNS: a TEST DOUBLE of the cluster's DNS (CoreDNS) for the pods the node agent runs.
+
+Pods find a Service by name: KubeRay's workers join `<cluster>-head-svc.<ns>.svc.cluster.local`.
+/etc/hosts is not enough: Ray's C++ gRPC client resolves names with c-ares, which asks the
+nameservers of /etc/resolv.conf. So, as in a cluster, every pod's /etc/resolv.conf names this
+server (on the pod network's gateway, port 53) with the kubelet's search path, and it answers A
+queries for `<svc>.<ns>.svc.cluster.local` with the address of a pod behind the Service (DNS and
+kube-proxy in one: there are no Service IPs that route here). Everything else is NXDOMAIN (no
+upstream: nothing here leaves the machine); AAAA of a known name is an empty NOERROR.
+
+Minimal DNS over UDP (RFC 1035): one question per query, no compression in questions, no EDNS.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from typing import Mapping, Optional
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "cluster.local"
+_TYPE_A, _TYPE_AAAA, _CLASS_IN = 1, 28, 1
+_NOERROR, _FORMERR, _NXDOMAIN = 0, 1, 3
+_TTL = 5
+
+
+def resolv_conf(nameserver: str, namespace: str) -> str:
+    """A pod's /etc/resolv.conf under dnsPolicy ClusterFirst, as the kubelet writes it."""
+    return (f"search {namespace}.svc.{DOMAIN} svc.{DOMAIN} {DOMAIN}\n"
+            f"nameserver {nameserver}\noptions ndots:5\n")
+
+
+class ClusterDNS:
+    def __init__(self, address: str, port: int = 53) -> None:
+        self.address, self.port = address, port
+        self._records: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._socket: Optional[socket.socket] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def set_services(self, addresses: Mapping[tuple[str, str], str]) -> None:
+        """(namespace, service) -> pod IP; replaces every record."""
+        records = {f"{name}.{namespace}.svc.{DOMAIN}": ip for (namespace, name), ip in addresses.items()}
+        with self._lock:
+            self._records = records
+
+    def start(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind((self.address, self.port))
+        self._socket.settimeout(0.2)
+        self._thread = threading.Thread(target=self._serve, name="cluster-dns-double", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        sock, self._socket = self._socket, None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if sock is not None:
+            sock.close()
+
+    def resolve(self, name: str) -> Optional[str]:
+        with self._lock:
+            return self._records.get(name.lower().rstrip("."))
+
+    def _serve(self) -> None:
+        while self._socket is not None:
+            sock = self._socket
+            try:
+                query, client = sock.recvfrom(512)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                sock.sendto(self.answer(query), client)
+            except (OSError, ValueError, IndexError, struct.error) as error:
+                log.debug("cluster DNS: bad query from %s: %s", client, error)
+
+    def answer(self, query: bytes) -> bytes:
+        ident, flags, qdcount = struct.unpack("!HHH", query[:6])
+        if qdcount != 1:
+            return struct.pack("!HHHHHH", ident, 0x8000 | (flags & 0x0100) | _FORMERR, 0, 0, 0, 0)
+        labels, offset = [], 12
+        while query[offset]:
+            length = query[offset]
+            labels.append(query[offset + 1:offset + 1 + length].decode("ascii"))
+            offset += 1 + length
+        qtype, qclass = struct.unpack("!HH", query[offset + 1:offset + 5])
+        question = query[12:offset + 5]
+        address = self.resolve(".".join(labels))
+        answers = b""
+        if address is not None and qtype == _TYPE_A and qclass == _CLASS_IN:
+            # Name: a pointer to the question's name at offset 12.
+            answers = struct.pack("!HHHIH", 0xC00C, _TYPE_A, _CLASS_IN, _TTL, 4) + socket.inet_aton(address)
+        rcode = _NOERROR if address is not None else _NXDOMAIN
+        # QR, AA, RD copied, RA.
+        response_flags = 0x8000 | 0x0400 | (flags & 0x0100) | 0x0080 | rcode
+        header = struct.pack("!HHHHHH", ident, response_flags, 1, 1 if answers else 0, 0, 0)
+        return header + question + answers

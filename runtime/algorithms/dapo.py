@@ -1,0 +1,65 @@
+"""DAPO's pieces as pure tensor functions (Yu et al., "DAPO", arXiv 2503.14476).
+
+- `decoupled_clip_policy_loss`: the PPO surrogate with separate lower and upper clip ratios
+  (clip-higher, sec. 3.1), averaged over every valid token of the batch (token-level loss, 3.3).
+- `overlong_penalty`: the soft overlong punishment added to the rule reward (sec. 3.4).
+- `informative_groups`: which prompt groups dynamic sampling keeps (sec. 3.2): those whose
+  rewards are not all equal, since a group of equal rewards has advantage 0 for every response
+  and so contributes no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rldock.runtime.algorithms.core import masked_mean
+from rldock.runtime.algorithms.losses import PolicyLoss, clipped_token_losses, register_policy_loss
+
+
+@register_policy_loss("decoupled_clip")
+def decoupled_clip_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                               mask: torch.Tensor, *, clip_ratio_low: float,
+                               clip_ratio_high: float) -> PolicyLoss:
+    """Clip-higher surrogate: the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
+    (DAPO eq. 10). A larger upper bound lets the probability of an unlikely token with positive
+    advantage grow further in one step, which keeps the policy's entropy from collapsing.
+
+    logprobs, old_logprobs: (B, T); advantages: (B,); mask: (B, T) 1 on response tokens.
+    Returns a PolicyLoss whose loss is the token mean over all valid tokens.
+    """
+    token_loss, clip_fraction, ratio_mean = clipped_token_losses(
+        logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio_low, clip_high=clip_ratio_high)
+    return PolicyLoss(masked_mean(token_loss, mask), clip_fraction, ratio_mean)
+
+
+def overlong_penalty(response_lengths: torch.Tensor, *, max_length: int, buffer_length: int,
+                     penalty_factor: float) -> torch.Tensor:
+    """Soft overlong punishment (DAPO eq. 13), to add to each response's rule reward.
+
+    response_lengths: (B,) tokens per response; max_length: L_max, the generation limit;
+    buffer_length: L_cache, the last tokens before L_max over which the penalty ramps linearly
+    from 0 to -penalty_factor. Lengths past L_max get -penalty_factor. Returns (B,) float32, <= 0.
+    """
+    if not 0 < buffer_length <= max_length:
+        raise ValueError(
+            f"algorithm.dapo.overlong_buffer_length must be in 1..max_response_length={max_length}, "
+            f"got {buffer_length}")
+    if response_lengths.dim() != 1:
+        raise ValueError(f"response_lengths must have shape (B,), got {tuple(response_lengths.shape)}")
+    excess = response_lengths.float() - (max_length - buffer_length)  # (B,) tokens into the buffer
+    return -(excess / buffer_length).clamp(min=0.0, max=1.0) * penalty_factor  # (B,)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int, tolerance: float = 1e-6) -> torch.Tensor:
+    """Dynamic sampling's filter: True for each group whose rewards are not all equal.
+
+    rewards: (B,) with B = num_groups * group_size, groups consecutive (the dock's layout).
+    Returns (B/N,) bool. Rewards closer than `tolerance` count as equal, so float noise in a
+    shaped reward does not make a group look informative.
+    """
+    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"{tuple(rewards.shape)} rewards cannot form groups of algorithm.num_responses_per_prompt={group_size}")
+    groups = rewards.float().view(-1, group_size)  # (B/N, N)
+    spread = groups.max(dim=1).values - groups.min(dim=1).values  # (B/N,)
+    return spread > tolerance

@@ -1,0 +1,57 @@
+"""The critic's model: the policy's transformer body with a scalar value head instead of the LM
+head, so PPO's critic starts from the same weights as the policy (its features already read the
+task) and only the head is new.
+
+The head starts at zero, so the first values are 0 and the first GAE advantages are the plain
+discounted returns: PPO begins as REINFORCE with a whitened baseline and the critic takes over as
+it learns, instead of a random head injecting noise into the first updates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from rldock.runtime.engines.policy import build_policy_inputs
+from rldock.runtime.models.loading import load_causal_lm
+
+
+class ValueModel(nn.Module):
+    def __init__(self, body: nn.Module, hidden_size: int):
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False).last_hidden_state  # (B, L, H)
+        return self.head(hidden).squeeze(-1).float()  # (B, L)
+
+
+def load_value_model(policy_dir: str | Path, *, dtype: str, device: torch.device | str) -> ValueModel:
+    """The causal LM at `policy_dir` without its LM head, plus a zero value head."""
+    lm = load_causal_lm(policy_dir, dtype=dtype, device=device)
+    model = ValueModel(lm.base_model, lm.config.hidden_size)
+    return model.to(device=device, dtype=lm.dtype)
+
+
+def response_values(model: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                    response_mask: Tensor, *, micro_batch_size: int) -> Tensor:
+    """V(state before response token t) for every t: (B, SL) float32, 0 where the mask is 0.
+
+    The state before token t ends at input position PL + t - 1, the same position whose logits
+    score token t in `response_logprobs`, so values and logprobs line up token for token.
+    """
+    prompt_len, response_len = prompt_ids.shape[1], response_ids.shape[1]
+    chunks = []
+    for start in range(0, prompt_ids.shape[0], micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        inputs = build_policy_inputs(prompt_ids[rows], prompt_mask[rows], response_ids[rows], response_mask[rows])
+        values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, PL+SL)
+        values = values[:, prompt_len - 1: prompt_len + response_len - 1]  # (b, SL)
+        chunks.append(values * response_mask[rows].to(values.dtype))
+    return torch.cat(chunks, dim=0)  # (B, SL)

@@ -1,0 +1,98 @@
+"""Fixtures shared by every test against the local Kubernetes control plane (e2e/controlplane).
+
+`control_plane` is ONE ControlPlane for the whole session, used by tests/e2e and
+tests/integration/test_operator.py alike; it starts on first use, so a unit-test run never pays
+for it. Tests isolate themselves with the `namespace` fixture and their own uniquely named nodes,
+which they delete again (`emulated_nodes`): nodes are cluster-scoped, and a node left behind would
+let the scheduler place a later test's pods where nothing runs them. On a machine without the
+cached binaries the first use builds them (~12 minutes cold); set RLDOCK_E2E_BUILD=0 to skip
+instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# e2e/ is test tooling beside the package, not part of the installed rldock distribution.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from e2e.controlplane import (  # noqa: E402
+    BinariesUnavailable,
+    ControlPlane,
+    find_binaries,
+    pid_alive,
+)
+from e2e.controlplane.crds import KUBERAY_CRD_DIR  # noqa: E402
+
+RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: against a real local Kubernetes control plane (built once, ~12 min cold)")
+    # The kubeconfig skips TLS verification of the throwaway self-signed serving certificate.
+    config.addinivalue_line("filterwarnings",
+                            "ignore::urllib3.exceptions.InsecureRequestWarning")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A running control plane; its logs stay in pytest's tmp folder (controlplane*/logs)."""
+    try:
+        find_binaries(build=os.environ.get("RLDOCK_E2E_BUILD", "1") != "0")
+    except BinariesUnavailable as error:
+        pytest.skip(f"no Kubernetes control-plane binaries and they cannot be built here: {error}")
+    plane = ControlPlane(workdir=tmp_path_factory.mktemp("controlplane"))
+    with plane:
+        pids = plane.pids
+        yield plane
+    left = {name: pid for name, pid in pids.items() if pid_alive(pid)}
+    assert not left, f"control-plane processes still running after stop: {left}"
+
+
+@pytest.fixture(scope="session")
+def kuberay_crds(control_plane: ControlPlane) -> list[str]:
+    """KubeRay's real RayCluster/RayJob CRDs from ../shared/kuberay, installed once."""
+    if not KUBERAY_CRD_DIR.is_dir():
+        pytest.skip(f"KubeRay's CRDs are read from {KUBERAY_CRD_DIR}, which is absent here")
+    return control_plane.install_kuberay_crds(KUBERAY_CRD_DIR)
+
+
+@pytest.fixture(scope="session")
+def rljob_crd(control_plane: ControlPlane) -> list[str]:
+    """The project's generated RLJob CRD, installed once."""
+    return control_plane.install_crd(RLJOB_CRD)
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace, ready for pods; deleted afterwards without waiting."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    control_plane.create_namespace(name)
+    yield name
+    # No kubelet confirms graceful deletion of bound pods, so they are removed forcibly.
+    control_plane.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force",
+                          check=False)
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def emulated_nodes(control_plane: ControlPlane) -> Iterator[Callable[..., dict]]:
+    """`make(name, **create_node_kwargs)`: an emulated node that is deleted after the test."""
+    made: list[str] = []
+
+    def make(name: str, **kwargs) -> dict:
+        made.append(name)
+        return control_plane.create_node(name, **kwargs)
+
+    yield make
+    if made:
+        control_plane.kubectl("delete", "nodes", *made, "--wait=false", check=False)

@@ -1,0 +1,248 @@
+"""Issue 4's user scenarios on the real control plane: the operator as its own process, KubeRay's
+and the kubelets' test doubles, real Ray clusters and the real runtime (vLLM, torch) running in
+pod sandboxes on emulated Ascend nodes. Every assertion is on what a user sees through kubectl,
+or on the files the job writes to its checkpoint volume.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.operator_process import ChartOperator
+from e2e.scenario import Scenario, sample
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "rljob-tiny.yaml"
+NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+START_TIMEOUT = 420  # a Ray head and worker, the driver's model build and warm-up, four engines
+RUN_TIMEOUT = 600
+
+
+def _iteration(row: dict[str, str]) -> int:
+    done = row.get("ITERATION", "<none>")
+    return int(done.split("/")[0]) if "/" in done else 0
+
+
+def _manifest(name: str, *, iterations: int = 40, checkpoint_interval: int = 5, **resources: int) -> dict[str, Any]:
+    """The example RLJob renamed, with fewer iterations or another shape, one data-parallel rank
+    (one vLLM engine to start instead of two: engine start-up is most of a scenario's time on two
+    shared cores), on pods with just the CPUs the job asks Ray for: a Ray node starts one idle
+    Python worker per CPU it has, which the example's real-cluster sizes make costly here."""
+    manifest = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    manifest["metadata"]["name"] = name
+    job = manifest["spec"]["job"]
+    job.update(name=name, iterations=iterations)
+    job["training"]["data_parallel_size"] = 1
+    job["checkpoint"]["interval"] = checkpoint_interval
+    job["resources"].update(resources)
+    manifest["spec"]["cluster"].update(head={"cpu": 1, "memory": "4Gi"}, worker={"cpu": 4, "memory": "16Gi"})
+    return manifest
+
+
+def _apply(scenario: Scenario, manifest: dict[str, Any], *, check: bool = True):
+    return scenario.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=check)
+
+
+def _checkpoint_iteration(status: dict[str, Any]) -> int:
+    """`status.lastCheckpoint` (.../checkpoints/iter-000008) as an iteration number; 0 when none."""
+    last = status.get("lastCheckpoint") or ""
+    return int(last.rsplit("iter-", 1)[1]) if "iter-" in last else 0
+
+
+def _assert_resumed(final: list[dict[str, Any]], before: list[dict[str, Any]], *, checkpoint: int,
+                    iterations: int) -> None:
+    """Every iteration exactly once, and those up to the checkpoint the interruption left are the
+    very records written before it (kept, not recomputed from scratch)."""
+    assert [m["iteration"] for m in final] == list(range(1, iterations + 1)), [m["iteration"] for m in final]
+    assert checkpoint >= 1 and final[:checkpoint] == before[:checkpoint]
+
+
+def test_happy_path_from_apply_to_success(scenario: Scenario) -> None:
+    applied = scenario.kubectl("apply", "-f", str(EXAMPLE))
+    assert f"rljob.rldock.io/{NAME} created" in applied.stdout
+    scenario.wait_phase(NAME, "Running", timeout=START_TIMEOUT)
+    assert scenario.row(NAME)["PHASE"] == "Running"
+
+    # While it runs, `kubectl get rljobs` shows the iteration count rising, a reward and a TPS.
+    rows = sample(2.0, lambda: scenario.status(NAME).get("phase") != "Running",
+                  lambda: scenario.row(NAME), timeout=RUN_TIMEOUT)
+    running = [r for r in rows if r["PHASE"] == "Running" and _iteration(r) > 0]
+    iterations = [_iteration(r) for r in running]
+    assert len(set(iterations)) >= 3, rows
+    assert iterations == sorted(iterations), rows
+    assert all(r["REWARD"] != "<none>" and r["TPS"] != "<none>" for r in running), rows
+    assert all(0 <= float(r["REWARD"]) <= 1 and float(r["TPS"]) > 0 for r in running), rows
+
+    status = scenario.wait_phase(NAME, "Succeeded", timeout=60)
+    final = scenario.row(NAME)
+    assert final["PHASE"] == "Succeeded" and final["ITERATION"] == "40/40", final
+    assert status["restartCount"] == 0 and status["completionTime"]
+
+    # It learned: the mean reward of the last five iterations is well above the first five's.
+    metrics = scenario.metrics(NAME)
+    assert [m["iteration"] for m in metrics] == list(range(1, 41))
+    first = statistics.mean(m["reward_mean"] for m in metrics[:5])
+    last = statistics.mean(m["reward_mean"] for m in metrics[-5:])
+    assert last - first >= 0.2, (first, last)
+
+    # The cluster is released at once; the RLJob itself stays (ttlSecondsAfterFinished: a day).
+    scenario.wait("the RayCluster released", lambda: "No resources found" in scenario.kubectl(
+        "get", "rayclusters").stderr, timeout=60)
+    scenario.wait("its pods and processes gone", lambda: not scenario.ray_pods(NAME) and not scenario.processes(),
+                  timeout=60)
+    reasons = {e["reason"] for e in scenario.events(NAME)}
+    assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
+    assert scenario.get("rljob", NAME) is not None
+
+
+def test_invalid_spec_is_refused_or_failed_with_the_field_named(scenario: Scenario) -> None:
+    # A schema violation: the API server refuses it, and kubectl names the field.
+    bad_type = _manifest("bad-type")
+    bad_type["spec"]["job"]["iterations"] = "many"
+    refused = _apply(scenario, bad_type, check=False)
+    assert refused.returncode != 0 and "spec.job.iterations" in refused.stderr, refused.stderr
+    negative = _manifest("bad-limit")
+    negative["spec"]["backoffLimit"] = -1
+    refused = _apply(scenario, negative, check=False)
+    assert refused.returncode != 0 and "spec.backoffLimit" in refused.stderr, refused.stderr
+    assert "No resources found" in scenario.kubectl("get", "rljobs").stderr
+
+    # A semantic error (G*N = 128 samples cannot be split over 3 data-parallel ranks): accepted,
+    # then Failed with a condition and a Warning event naming the field; nothing is created.
+    name = "bad-dp"
+    semantic = _manifest(name)
+    semantic["spec"]["job"]["training"]["data_parallel_size"] = 3
+    _apply(scenario, semantic)
+    scenario.wait_phase(name, "Failed", timeout=60)
+    assert scenario.row(name)["PHASE"] == "Failed"
+    failed = scenario.condition(name, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert "spec.job.training.data_parallel_size" in failed["message"], failed
+    event = scenario.wait("the InvalidSpec event", lambda: next(
+        (e for e in scenario.events(name) if e["reason"] == "InvalidSpec"), None), timeout=30)
+    assert event["type"] == "Warning" and "spec.job.training.data_parallel_size" in event["message"]
+    time.sleep(3)  # several operator rounds later: still no cluster, no pod
+    assert "No resources found" in scenario.kubectl("get", "rayclusters").stderr
+    assert not scenario.items("pods", "-l", "ray.io/is-ray-node=yes")
+
+
+def test_deleting_a_running_job_removes_everything(scenario: Scenario) -> None:
+    name = "doomed"
+    _apply(scenario, _manifest(name))
+    scenario.wait(f"RLJob {name} past its first iteration", lambda: scenario.status(name).get("iteration", 0) >= 1,
+                  timeout=START_TIMEOUT)
+    config_map = scenario.items("configmaps", "-l", f"rldock.io/rljob={name}")
+    assert [c["metadata"]["name"] for c in config_map] == [f"{name}-config"]
+    pods = scenario.ray_pods(name)
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+    namespaces = scenario.pod_namespaces()
+    assert set(namespaces) == {p["metadata"]["name"] for p in pods} and scenario.processes()
+
+    deleted = scenario.kubectl("delete", "rljob", name, "--timeout=120s")
+    assert f'rljob.rldock.io "{name}" deleted' in deleted.stdout
+    scenario.wait("the RayCluster, its pods, the ConfigMap and the Secret gone", lambda: (
+        "No resources found" in scenario.kubectl("get", "rayclusters").stderr
+        and not scenario.ray_pods(name) and not scenario.items("configmaps", "-l", f"rldock.io/rljob={name}")
+        and not scenario.items("secrets", "-l", f"rldock.io/rljob={name}")), timeout=90)
+    scenario.wait("every local process of the job's pods gone", lambda: not scenario.leftovers(namespaces),
+                  timeout=30)
+
+
+def test_unschedulable_job_waits_with_the_schedulers_message_until_a_node_fits(scenario: Scenario) -> None:
+    name = "too-big"
+    _apply(scenario, _manifest(name, devices_per_node=16))  # the nodes have 8 NPUs
+    condition = scenario.wait("a PodsScheduled=False condition", lambda: (
+        (c := scenario.condition(name, "PodsScheduled")) and c["status"] == "False" and c), timeout=120)
+    assert condition["reason"] == "Unschedulable"
+    assert "Insufficient huawei.com/Ascend910" in condition["message"], condition  # the scheduler's words
+    assert scenario.row(name)["PHASE"] == "Provisioning"
+    (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+    assert worker["status"]["phase"] == "Pending" and not worker["spec"].get("nodeName")
+    assert any(e["reason"] == "Unschedulable" and e["type"] == "Warning" for e in scenario.events(name))
+
+    # A node big enough joins: the scheduler places the worker and the job runs.
+    scenario.agent.add_node(f"npu16-{scenario.namespace}", devices=16)
+    scenario.wait_phase(name, "Running", timeout=START_TIMEOUT)
+    assert scenario.condition(name, "PodsScheduled")["status"] == "True"
+
+
+def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> None:
+    name, iterations = "lost-worker", 12
+    _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
+    status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4
+                           and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
+    (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+    scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
+    before = scenario.metrics(name)
+    checkpoint = _checkpoint_iteration(scenario.status(name))
+    assert checkpoint >= _checkpoint_iteration(status)
+
+    retrying = scenario.wait("the retry", lambda: scenario.status(name).get("restartCount") == 1
+                             and scenario.condition(name, "Retrying"), timeout=120)
+    assert retrying["reason"] == "WorkerPodLost", retrying
+    status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
+    assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    assert status["restartCount"] == 1
+    workers = [p for p in scenario.items("pods", "-l", "ray.io/node-type=worker")]
+    assert worker["metadata"]["name"] not in {p["metadata"]["name"] for p in workers}
+    _assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
+    assert any(e["reason"] == "Retrying" for e in scenario.events(name))
+
+
+def test_operator_restart_mid_run_keeps_the_one_cluster(scenario: Scenario) -> None:
+    # Long enough to still run when the operator is back (the kubelet restarts a killed container
+    # after a 10 s back-off).
+    name, iterations = "restart", 40
+    _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=10))
+    status = scenario.wait(f"RLJob {name} past iteration 2", lambda: (s := scenario.status(name))
+                           and s.get("iteration", 0) >= 2 and s, timeout=START_TIMEOUT)
+    (cluster,) = scenario.items("rayclusters")
+    scenario.operator.kill()  # SIGKILL: the chart's pod is restarted by its kubelet, a process by us
+    time.sleep(3)  # the job goes on without the operator
+    scenario.operator.start()
+    if isinstance(scenario.operator, ChartOperator):  # `kubectl get pods` shows the restart
+        (pod,) = scenario.items("pods", "-l", scenario.operator.selector)
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
+    scenario.wait("the restarted operator reporting progress",
+                  lambda: scenario.status(name).get("iteration", 0) > status["iteration"], timeout=120)
+    assert [c["metadata"]["uid"] for c in scenario.items("rayclusters")] in ([], [cluster["metadata"]["uid"]])
+    status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    assert [m["iteration"] for m in scenario.metrics(name)] == list(range(1, iterations + 1))
+    # One cluster, one submission, over both operators' lifetimes.
+    counts = {reason: sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == reason)
+              for reason in ("CreatedRayCluster", "SubmittedRayJob")}
+    assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
+
+
+def test_suspend_releases_the_cluster_and_unsuspend_resumes_from_the_checkpoint(scenario: Scenario) -> None:
+    name, iterations = "pausable", 12
+    _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
+    scenario.wait("a checkpoint", lambda: _checkpoint_iteration(scenario.status(name)) >= 4, timeout=START_TIMEOUT)
+    namespaces = scenario.pod_namespaces()
+    scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    status = scenario.wait_phase(name, "Suspended", timeout=60)
+    assert scenario.row(name)["PHASE"] == "Suspended"
+    scenario.wait("the cluster released: suspended, no pods, no processes", lambda: (
+        scenario.items("rayclusters")[0]["spec"]["suspend"] is True and not scenario.ray_pods(name)
+        and not scenario.leftovers(namespaces)), timeout=90)
+    before = scenario.metrics(name)
+    checkpoint = _checkpoint_iteration(scenario.status(name))
+    assert status["iteration"] < iterations
+
+    scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    scenario.wait_phase(name, ("Provisioning", "Running", "Succeeded"), timeout=60)
+    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    _assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
+    reasons = {e["reason"] for e in scenario.events(name)}
+    assert {"Suspended", "Resumed"} <= reasons, reasons

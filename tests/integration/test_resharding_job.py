@@ -1,0 +1,103 @@
+"""Allgather-swap resharding in a real job: the demo config at TP 2 x DP 1 (two actor ranks, each
+its own vLLM replica), once with `resharding: naive` and once with `allgather_swap`, same seed.
+
+The swap only moves bytes, so the two runs must train identically; its ledger must show no
+training state on the device while generating, and naive's must show it there. Both runs stop
+after iteration 3 and resume from their checkpoints (full weights, one optimizer shard per TP rank,
+saved with the swap's state swapped in) for iteration 4. Both resume because a resumed TP 2 run
+was not bit-identical to an uninterrupted one (observed: equal checkpoint weights and policy loss,
+a different KL in the next iteration; cause not found yet, and not checked for the TP 1 DDP path).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+ITERATIONS = 4  # 3, then resumed for the 4th
+CHECKPOINT_AT = 3
+TRAIN_STATE = ("train_params", "grads", "optimizer_state")
+
+
+def run_job(root: Path, mode: str, *, iterations: int, resume: bool = False) -> tuple[Path, list[dict]]:
+    output = root / mode
+    overrides = {
+        "iterations": iterations, "model.path": str(root / "model"), "warmup.steps": 0,
+        "algorithm.num_prompts_per_iteration": 4, "algorithm.num_responses_per_prompt": 4,
+        "training.data_parallel_size": 1, "training.tensor_parallel_size": 2, "training.resharding": mode,
+        # One micro-batch holds the iteration's 16 samples: the old log-probs then come from the same
+        # batch shapes in both runs, whatever order the dock hands samples out in.
+        "training.micro_batch_size": 16,
+        "rollout.cpu_kv_cache_gib": 0.25, "dock.timeout_s": 120, "checkpoint.interval": CHECKPOINT_AT,
+    }
+    command = [sys.executable, "-m", "rldock.cli", "train", str(ROOT / "examples" / "grpo-tiny.yaml"),
+               "--output", str(output), "--no-progress", "--max-restarts", "0", *(["--resume"] if resume else [])]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return output, records
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resharding-job")
+    # Sequential: the first builds the shared tiny model, and two jobs at once would only be slower.
+    runs = {}
+    for mode in ("naive", "allgather_swap"):
+        run_job(root, mode, iterations=CHECKPOINT_AT)
+        runs[mode] = run_job(root, mode, iterations=ITERATIONS, resume=True)
+    return runs
+
+
+def test_swap_trains_exactly_like_naive_across_a_resume(runs):
+    naive = [r["loss"] for r in runs["naive"][1]]
+    swap = [r["loss"] for r in runs["allgather_swap"][1]]
+    assert len(naive) == len(swap) == ITERATIONS
+    assert len(set(naive)) > 1  # the policy moves: equal losses are not a constant
+    assert swap == naive
+
+
+def _train_state_during_generation(record: dict, rank: int) -> int:
+    ledger = record["ledger"]
+    return sum(ledger[f"memory/rank{rank}/generation/{category}"] for category in TRAIN_STATE)
+
+
+def test_ledger_shows_no_training_state_during_generation_with_swap(runs):
+    for record in runs["allgather_swap"][1]:
+        for rank in (0, 1):
+            assert _train_state_during_generation(record, rank) == 0
+            assert record["ledger"][f"memory/rank{rank}/generation/temp_buffer"] == 0
+            assert record["ledger"][f"memory/rank{rank}/generation/host_swap"] > 0
+            # back on the device for the update: the swap-in really restored the bytes
+            assert record["ledger"][f"memory/rank{rank}/update_start/train_params"] > 0
+    for record in runs["naive"][1]:
+        for rank in (0, 1):
+            assert _train_state_during_generation(record, rank) > 0
+            assert record["ledger"][f"memory/rank{rank}/generation/host_swap"] == 0
+
+
+def test_checkpoint_holds_full_weights_and_every_tp_shard_of_the_optimizer(runs):
+    from safetensors.torch import load_file
+
+    weights = {}
+    for mode in ("naive", "allgather_swap"):
+        output, _ = runs[mode]
+        (checkpoint,) = (output / "checkpoints").glob(f"*{ITERATIONS:06d}")
+        weights[mode] = load_file(checkpoint / "policy" / "model.safetensors")
+        config = json.loads((checkpoint / "policy" / "config.json").read_text())
+        assert weights[mode]["model.layers.0.mlp.up_proj.weight"].shape == (config["intermediate_size"],
+                                                                            config["hidden_size"])
+        assert (checkpoint / "optimizer.pt").is_file() and (checkpoint / "optimizer.tp1.pt").is_file()
+    naive, swap = weights["naive"], weights["allgather_swap"]
+    assert naive.keys() == swap.keys()
+    assert all(torch.equal(naive[name], swap[name]) for name in naive)  # swapped in before the save

@@ -1,0 +1,91 @@
+"""The trainer keeps the dock of an iteration a worker died in, and its retry resumes from it.
+
+A GRPO dock on local Ray with synthetic columns; the Trainer is built without models (only the
+attributes these two steps use), so this runs in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from rldock.config.job import DockSpec
+from rldock.runtime import checkpoint as ckpt
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.trainer import Trainer, _Inflight
+
+NUM_SAMPLES, GROUP_SIZE = 8, 2
+RECIPE = get_recipe("grpo")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session() -> Iterator[None]:
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def columns(names: tuple[str, ...], indices: list[int]) -> TensorDict:
+    index = torch.tensor(indices, dtype=torch.float32)
+    return TensorDict({name: index[:, None].expand(-1, 3).clone() for name in names}, batch_size=[len(indices)])
+
+
+def trainer_double(tmp_path) -> Trainer:
+    """A Trainer with only what _keep_inflight and _resume_inflight read (no models, no workers)."""
+    trainer = Trainer.__new__(Trainer)
+    trainer.output_dir = tmp_path
+    trainer.recipe = RECIPE
+    trainer.workers = None
+    trainer.dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
+                                       num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
+    return trainer
+
+
+def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> None:
+    trainer = trainer_double(tmp_path)
+    dock = trainer.dock
+    everything = list(range(NUM_SAMPLES))
+    # Iteration 3 so far: the driver's prompts, the whole rollout (two ranks, both returned), half
+    # of the reference (its other half was taken by a rank that died), the update took 4 samples.
+    dock.put(torch.arange(NUM_SAMPLES), columns(RECIPE.produces["driver"], everything))
+    for rank in (0, 1):
+        indices, _ = dock.get("rollout", ["prompt_ids"], rank=rank, batch_size=4, whole_groups=True)
+        dock.put(indices, columns(RECIPE.produces["rollout"], indices.tolist()))
+    done, _ = dock.get("reference", ["prompt_ids"], batch_size=4)
+    dock.put(done, columns(("ref_logprobs",), done.tolist()))
+    lost, _ = dock.get("reference", ["prompt_ids"], rank=1, batch_size=4)
+    rollout_results = [{"response_lengths": [3, 3, 3, 3]}, {"response_lengths": [2, 2, 2, 2]}]
+    trainer._inflight = _Inflight(3, finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
+                                  launched={state: 2 for state in ("rollout", "reference", "actor_inference")})
+    trainer._keep_inflight()
+    dock.shutdown()
+
+    retry = trainer_double(tmp_path)
+    retry._inflight = _Inflight(3)
+    snapshot = ckpt.load_inflight(tmp_path, 3)
+    assert retry.dock.can_load(snapshot["dock"])
+    _, sampled = retry._resume_inflight(fed=None, snapshot=snapshot)
+    assert retry._inflight.skip == {"rollout"}  # the reference had one of its two ranks back
+    assert sampled.results["rollout"] == rollout_results  # reused in this iteration's metrics
+    assert retry._inflight.launched == {"rollout": 2}
+    # Rollout has nothing left; the reference gets back only what the dead rank had taken.
+    assert retry.dock.get("rollout", ["prompt_ids"], batch_size=NUM_SAMPLES, whole_groups=True) is None
+    again, _ = retry.dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES)
+    assert again.tolist() == lost.tolist()
+    indices, batch = retry.dock.get("actor_inference", ["response_ids"], batch_size=NUM_SAMPLES)
+    assert indices.tolist() == everything and torch.equal(batch["response_ids"][:, 0], indices.float())
+    retry.dock.shutdown()
+
+
+def test_no_snapshot_when_the_dock_died_too(tmp_path) -> None:
+    trainer = trainer_double(tmp_path)
+    ray.kill(trainer.dock._route.peers()[0].handle)
+    trainer._inflight = _Inflight(2)
+    trainer._keep_inflight()  # logs a warning: the iteration is redone from its start
+    assert ckpt.load_inflight(tmp_path, 2) is None
+    trainer.dock.shutdown()

@@ -1,0 +1,49 @@
+"""The critic's value model: the policy body with a zero-initialised scalar head, scoring each
+response token at the position whose logits score it in the policy."""
+
+import copy
+
+import pytest
+import torch
+
+from rldock.runtime.engines.policy import build_policy_inputs
+from rldock.runtime.models import build_tiny_model
+from rldock.runtime.models.value import load_value_model, response_values
+from rldock.runtime.tasks import AdditionTask
+
+
+@pytest.fixture(scope="module")
+def value_model(tmp_path_factory):
+    texts = AdditionTask(max_operand=9, num_prompts=20, seed=0).corpus()
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny"), texts=texts, seed=0)
+    return load_value_model(model_dir, dtype="float32", device="cpu")
+
+
+def _batch():
+    torch.manual_seed(0)
+    prompt_ids = torch.randint(3, 15, (3, 4))  # (B, PL)
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]])
+    response_ids = torch.randint(3, 15, (3, 5))  # (B, SL)
+    response_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+def test_the_new_head_predicts_zero(value_model):
+    values = response_values(value_model, *_batch(), micro_batch_size=2)
+    assert values.shape == (3, 5) and torch.equal(values, torch.zeros(3, 5))
+
+
+def test_values_come_from_the_position_before_each_token(value_model):
+    value_model = copy.deepcopy(value_model)  # the module-scoped one keeps its zero head
+    torch.nn.init.normal_(value_model.head.weight)
+    prompt_ids, prompt_mask, response_ids, response_mask = _batch()
+    with torch.no_grad():
+        values = response_values(value_model, prompt_ids, prompt_mask, response_ids, response_mask,
+                                 micro_batch_size=2)  # (3, 5)
+        inputs = build_policy_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+        every_position = value_model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (3, 9)
+    # response token t of row b is chosen in the state ending at input position PL + t - 1 = 3 + t
+    for b, t in [(0, 0), (0, 2), (1, 4), (2, 0)]:
+        assert values[b, t].item() == pytest.approx(every_position[b, 3 + t].item(), abs=1e-5)
+    assert torch.all(values[response_mask == 0] == 0)
+    assert torch.any(values[response_mask == 1] != 0)
