@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 from kubernetes import client
@@ -62,13 +62,14 @@ class OperatorProcess:
     """`python -m rldock.operator` as its own process group; its log is `<log_dir>/operator.log`."""
 
     def __init__(self, *, namespaces: Sequence[str], kubeconfig: Path, log_dir: Path,
-                 poll_interval: float = 1.0, extra_args: Sequence[str] = ()) -> None:
+                 poll_interval: float = 1.0, ray_timeout: float = RAY_TIMEOUT,
+                 env: Optional[Mapping[str, str]] = None, extra_args: Sequence[str] = ()) -> None:
         self.argv = [sys.executable, "-m", "rldock.operator", *[a for ns in namespaces for a in ("-n", ns)],
                      "--poll-interval", str(poll_interval), "--dashboard-address", "pod-ip",
-                     "--ray-timeout", str(RAY_TIMEOUT),
+                     "--ray-timeout", str(ray_timeout),
                      "--log-level", os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO"), *extra_args]
         # The test kubeconfig skips TLS verification; urllib3 would warn on every request.
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
+        self.env = {**(os.environ if env is None else env), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
                     "PYTHONWARNINGS": "ignore:Unverified HTTPS request"}
         self.log_path = log_dir / "operator.log"
         self.process: Optional[ManagedProcess] = None

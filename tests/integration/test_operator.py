@@ -12,8 +12,6 @@ operator's decisions: status, retries, scheduling messages, deletion, restart, s
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 import uuid
@@ -30,10 +28,11 @@ if str(REPO_ROOT) not in sys.path:  # e2e/ is test tooling beside the package
 from kubernetes import client  # noqa: E402
 
 from e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for  # noqa: E402
-from e2e.controlplane.processes import ManagedProcess, free_ports  # noqa: E402
+from e2e.controlplane.processes import free_ports  # noqa: E402
 from e2e.doubles.kubelet import KubeletDouble  # noqa: E402
 from e2e.doubles.kuberay import KubeRayDouble  # noqa: E402
 from e2e.doubles.ray_jobs import FakeJob, RayJobsDouble  # noqa: E402
+from e2e.operator_process import OperatorProcess  # noqa: E402
 from rldock.operator import naming  # noqa: E402
 from rldock.operator.builders.rbac import build_rbac  # noqa: E402
 from rldock.progress import format_progress  # noqa: E402
@@ -65,44 +64,10 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
 
-class Operator:
-    """`python -m rldock.operator` as its own process, as the developer user."""
-
-    def __init__(self, *, namespace: str, kubeconfig: Path, log_dir: Path, env: dict[str, str]) -> None:
-        self.argv = [sys.executable, "-m", "rldock.operator", "--namespace", namespace,
-                     "--poll-interval", str(POLL), "--dashboard-address", "pod-ip", "--ray-timeout", "2",
-                     "--log-level", os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO")]
-        self.env = {**env, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
-        self.log_path = log_dir / "operator.log"
-        self.process: Optional[ManagedProcess] = None
-
-    def start(self) -> None:
-        # Not from the repository root: there, folder operator/ would shadow the standard library's
-        # `operator` for `python -m`.
-        self.process = ManagedProcess("rldock-operator", self.argv, log_path=self.log_path, env=self.env,
-                                      cwd=self.log_path.parent)
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as when the operator's pod is evicted."""
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.stop(timeout=5)
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
-
-    def check(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            raise AssertionError(f"the operator exited; its log ends:\n{self.process.log_tail(40)}")
-
-
 class World:
     """The namespace under test and what acts in it, with the reads the tests make."""
 
-    def __init__(self, plane: ControlPlane, namespace: str, operator: Operator, jobs: RayJobsDouble,
+    def __init__(self, plane: ControlPlane, namespace: str, operator: OperatorProcess, jobs: RayJobsDouble,
                  kubelet: KubeletDouble) -> None:
         self.plane, self.namespace, self.operator = plane, namespace, operator
         self.jobs, self.kubelet = jobs, kubelet
@@ -207,7 +172,9 @@ def world(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iter
     kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
     kubeconfig["current-context"] = DEVELOPER_USER
     (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
-    operator = Operator(namespace=namespace, kubeconfig=work / "kubeconfig", log_dir=work, env=plane.env)
+    # A short Jobs API timeout: the Jobs API here is a local double that answers at once.
+    operator = OperatorProcess(namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work,
+                               poll_interval=POLL, ray_timeout=2.0, env=plane.env)
     (dashboard_port,) = free_ports(1)
     jobs = RayJobsDouble(port=dashboard_port, start_delay=0.3)
     api = plane.api_client()
