@@ -66,6 +66,10 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 NODE_IP = "127.0.0.1"  # the emulated nodes' InternalIP (e2e/controlplane/nodes.py)
 DEFAULT_IMAGE_PATH = (str(Path(sys.executable).parent),)
+# What the "image" is made of on this host: the repository (the editable install's sources) and
+# its venv. Pods see the host's file system, except /tmp, which is their own: a checkout that lies
+# under /tmp (a CI clone) is therefore mounted into each pod at the same path.
+IMAGE_DIRS = tuple(sorted({str(Path(__file__).resolve().parents[2]), sys.prefix}))
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -310,6 +314,7 @@ class NodeAgentDouble:
         mounts += [Mount("/etc/hosts", root / "hosts"), Mount("/etc/profile.d", self.profile_dir, read_only=True)]
         if "/tmp" not in targets:  # the container's own /tmp, unless the pod mounts a volume there
             mounts.append(Mount("/tmp", root / "tmp"))
+            mounts += [Mount(d, Path(d)) for d in IMAGE_DIRS if Path(d).is_relative_to("/tmp")]
         if not host_network:  # dnsPolicy ClusterFirst
             assert self.dns is not None
             (root / "resolv.conf").write_text(resolv_conf(self.dns.address, runtime.namespace))

@@ -205,16 +205,25 @@ class PodSandbox:
 
     def _setup_script(self) -> str:
         """Runs inside the new namespaces: hostname, mounts (parents first, /tmp last: its source
-        may lie under the host's /tmp), then the pause."""
+        may lie under the host's /tmp), then the pause.
+
+        A mount inside /tmp (a checkout under the host's /tmp) goes into /tmp's source folder
+        first, while its own source is still visible, and /tmp is then bound recursively."""
         lines = ["set -e", f"hostname {shlex.quote(self.name[:63])}"]
+        tmp = next((m for m in self.mounts if m.target == "/tmp" and m.source is not None), None)
         ordered = sorted(self.mounts, key=lambda m: (m.target == "/tmp", m.target.count("/"), m.target))
         for mount in ordered:
-            target = shlex.quote(mount.target)
+            target = mount.target
+            if tmp is not None and mount is not tmp and Path(target).is_relative_to("/tmp"):
+                target = str(tmp.source / Path(target).relative_to("/tmp"))
+                lines.append(f"mkdir -p {shlex.quote(target)}")
+            target = shlex.quote(target)
             if mount.source is None:
                 size = f",size={mount.tmpfs_size}" if mount.tmpfs_size else ""
                 lines.append(f"mount -t tmpfs -o mode=1777{size} tmpfs {target}")
             else:
-                lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
+                bind = "--rbind" if mount is tmp else "--bind"
+                lines.append(f"mount {bind} {shlex.quote(str(mount.source))} {target}")
                 if mount.read_only:
                     lines.append(f"mount -o remount,bind,ro {target}")
         lines += [f"echo {_READY_LINE}", "exec sleep infinity"]
