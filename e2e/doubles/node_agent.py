@@ -314,7 +314,7 @@ class NodeAgentDouble:
         mounts += [Mount("/etc/hosts", root / "hosts"), Mount("/etc/profile.d", self.profile_dir, read_only=True)]
         if "/tmp" not in targets:  # the container's own /tmp, unless the pod mounts a volume there
             mounts.append(Mount("/tmp", root / "tmp"))
-            mounts += [Mount(d, Path(d)) for d in IMAGE_DIRS if Path(d).is_relative_to("/tmp")]
+        mounts += [Mount(d, Path(d)) for d in IMAGE_DIRS if Path(d).is_relative_to("/tmp") and d not in targets]
         if not host_network:  # dnsPolicy ClusterFirst
             assert self.dns is not None
             (root / "resolv.conf").write_text(resolv_conf(self.dns.address, runtime.namespace))

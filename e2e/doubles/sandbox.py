@@ -169,6 +169,11 @@ class Mount:
     tmpfs_size: Optional[str] = None  # e.g. "64m"; None: the kernel's default (half the memory)
 
 
+def _tmpfs_mount(mount: Mount, target: str) -> str:
+    size = f",size={mount.tmpfs_size}" if mount.tmpfs_size else ""
+    return f"mount -t tmpfs -o mode=1777{size} tmpfs {target}"
+
+
 class PodSandbox:
     """The namespaces of one pod, held by a `sleep` (the pause container), and its containers."""
 
@@ -207,23 +212,29 @@ class PodSandbox:
         """Runs inside the new namespaces: hostname, mounts (parents first, /tmp last: its source
         may lie under the host's /tmp), then the pause.
 
-        A mount inside /tmp (a checkout under the host's /tmp) goes into /tmp's source folder
-        first, while its own source is still visible, and /tmp is then bound recursively."""
+        A mount inside /tmp (a checkout under the host's /tmp) goes into the folder that becomes
+        /tmp first, while its own source is still visible, and that folder is then bound to /tmp
+        recursively; a tmpfs /tmp (an emptyDir) is mounted on a folder of the pod's root for this."""
         lines = ["set -e", f"hostname {shlex.quote(self.name[:63])}"]
-        tmp = next((m for m in self.mounts if m.target == "/tmp" and m.source is not None), None)
+        tmp = next((m for m in self.mounts if m.target == "/tmp"), None)
+        tmp_folder = tmp.source if tmp is not None else None
+        if tmp is not None and tmp.source is None:
+            tmp_folder = self.root / "tmp-volume"
+            lines.append(f"mkdir -p {shlex.quote(str(tmp_folder))}")
+            lines.append(_tmpfs_mount(tmp, str(tmp_folder)))
         ordered = sorted(self.mounts, key=lambda m: (m.target == "/tmp", m.target.count("/"), m.target))
         for mount in ordered:
             target = mount.target
-            if tmp is not None and mount is not tmp and Path(target).is_relative_to("/tmp"):
-                target = str(tmp.source / Path(target).relative_to("/tmp"))
+            if tmp_folder is not None and mount is not tmp and Path(target).is_relative_to("/tmp"):
+                target = str(tmp_folder / Path(target).relative_to("/tmp"))
                 lines.append(f"mkdir -p {shlex.quote(target)}")
             target = shlex.quote(target)
-            if mount.source is None:
-                size = f",size={mount.tmpfs_size}" if mount.tmpfs_size else ""
-                lines.append(f"mount -t tmpfs -o mode=1777{size} tmpfs {target}")
+            if mount is tmp:
+                lines.append(f"mount --rbind {shlex.quote(str(tmp_folder))} {target}")
+            elif mount.source is None:
+                lines.append(_tmpfs_mount(mount, target))
             else:
-                bind = "--rbind" if mount is tmp else "--bind"
-                lines.append(f"mount {bind} {shlex.quote(str(mount.source))} {target}")
+                lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
                 if mount.read_only:
                     lines.append(f"mount -o remount,bind,ro {target}")
         lines += [f"echo {_READY_LINE}", "exec sleep infinity"]
