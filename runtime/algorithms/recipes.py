@@ -59,7 +59,7 @@ class Recipe:
     consumes: Mapping[str, tuple[str, ...]]  # worker state -> dock columns it needs
     produces: Mapping[str, tuple[str, ...]]  # worker state (and "driver") -> columns it writes
     advantage_stage: AdvantageStage | None  # None: the recipe has no advantage state (DPO)
-    policy_loss: str  # a name in POLICY_LOSSES
+    policy_loss: str | None  # a name in POLICY_LOSSES; None: the update state has its own loss (DPO)
     # keyword arguments of the policy loss besides the tensors, from the algorithm spec
     policy_loss_kwargs: Callable[[AlgorithmSpec], dict] = _clip_ratio_kwargs
     reward_shaping: RewardShaping = _unshaped
@@ -179,8 +179,7 @@ DAPO = register_recipe(Recipe(
     policy_loss="decoupled_clip", policy_loss_kwargs=_decoupled_clip_kwargs, reward_shaping=_overlong_shaping,
     sampling_rounds=SamplingRounds(states=("rollout", "reward"), read_state="sample_filter",
                                    group_filter=_dapo_group_filter)))
-# DPO's "policy loss" is the preference loss of the actor's preference_update state, not a
-# registered clipped surrogate; the field is unused.
+# DPO trains in the actor's preference_update state on the DPO loss, not on a policy surrogate.
 DPO = register_recipe(Recipe(
-    "dpo", consumes=DPO_CONSUMES, produces=DPO_PRODUCES, advantage_stage=None, policy_loss="clipped",
+    "dpo", consumes=DPO_CONSUMES, produces=DPO_PRODUCES, advantage_stage=None, policy_loss=None,
     driver_batch="preference_pairs", update_state="preference_update"))

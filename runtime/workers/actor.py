@@ -46,7 +46,7 @@ class ActorWorker:
         self.optimizer = self._make_optimizer(self.model.parameters())
         self.policy_dir = policy_dir
         self.recipe = get_recipe(algo.name)
-        self.policy_loss = get_policy_loss(self.recipe.policy_loss)
+        self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
         self.policy_loss_kwargs = self.recipe.policy_loss_kwargs(algo)
         self.engine: VllmRolloutEngine | None = None  # started by join_group
 
