@@ -15,12 +15,13 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
-# Regenerate the RLJob CRD from the operator's models, with the Helm chart's copy of it, and the
-# RLJob reference (tests fail while any of the three is stale).
+# Regenerate the RLJob CRD from the operator's models, with the Helm chart's copy of it, the
+# RLJob reference and the config reference (tests fail while any of them is stale).
 crd: setup
 	.venv/bin/python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml
 	cp crds/rljobs.rldock.io.yaml helm/rldock/files/rljobs.rldock.io.yaml
-	.venv/bin/python -m rldock.operator.reference > docs/rljob-reference.md
+	.venv/bin/python -m rldock.operator.rljob_reference > docs/rljob-reference.md
+	.venv/bin/python -m rldock.config.config_reference > docs/config-reference.md
 
 # The end-to-end suite alone (also part of `make test`): a real Kubernetes 1.20 control plane built
 # once into ~/.cache/rldock (about 12 minutes the first time), emulated Ascend nodes whose pods run

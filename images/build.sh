@@ -6,12 +6,12 @@
 #   REGISTRY=registry.example.com/rl ENGINE=podman images/build.sh runtime-cpu
 #
 # The tag is the rldock version, the one the chart's appVersion and the operator's default
-# runtime image (operator/constants.py DEFAULT_IMAGE) name; the CPU and CUDA runtimes add a suffix.
+# runtime image (operator/src/rldock/operator/constants.py DEFAULT_IMAGE) name; the CPU and CUDA runtimes add a suffix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REGISTRY=${REGISTRY:-ghcr.io/rldock}
 ENGINE=${ENGINE:-docker}
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' rldock/__init__.py)
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' api/src/rldock/contract/version.py)
 
 declare -A IMAGES=(
   [operator]="rldock-operator:${VERSION}"

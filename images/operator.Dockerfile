@@ -11,11 +11,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY requirements/cpu.lock requirements/cpu.lock
-COPY rldock/ rldock/
-COPY runtime/ runtime/
-COPY operator/ operator/
+# The job API and the operator's source trees only: the runtime's (runtime/src) stays out.
+COPY api/src/ api/src/
+COPY operator/src/ operator/src/
 # Every version comes from the lock: the resolver picks only what `.[operator]` needs, each at the
 # version the tests ran with. setuptools (the build backend) is pinned the same way.
 RUN pip install --constraint requirements/cpu.lock setuptools \

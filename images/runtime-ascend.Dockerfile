@@ -73,10 +73,10 @@ RUN git clone https://gitcode.com/Ascend/MindSpeed.git /opt/MindSpeed \
 RUN python3 -m pip install "ray[default]==${RAY_VERSION}" "tensordict==0.14.3" "matplotlib==3.11.2" "tqdm==4.70.1" \
         "setuptools==78.1.1"
 WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
-COPY rldock/ rldock/
-COPY runtime/ runtime/
-COPY operator/ operator/
+COPY pyproject.toml README.md ./
+COPY api/src/ api/src/
+COPY runtime/src/ runtime/src/
+COPY operator/src/ operator/src/
 RUN python3 -m pip install --no-deps --no-build-isolation . && rm -rf /src
 
 RUN if ! getent group HwHiAiUser >/dev/null; then groupadd --gid "${ASCEND_GID}" HwHiAiUser; fi \

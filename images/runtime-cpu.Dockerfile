@@ -21,10 +21,10 @@ COPY requirements/cpu.lock requirements/cpu.lock
 RUN sed '/^# --- test tools/,$d' requirements/cpu.lock > /tmp/runtime.lock \
     && pip install --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/runtime.lock \
     && rm /tmp/runtime.lock
-COPY pyproject.toml setup.py README.md ./
-COPY rldock/ rldock/
-COPY runtime/ runtime/
-COPY operator/ operator/
+COPY pyproject.toml README.md ./
+COPY api/src/ api/src/
+COPY runtime/src/ runtime/src/
+COPY operator/src/ operator/src/
 RUN pip install --no-deps --no-build-isolation . && rm -rf /src
 
 RUN useradd --uid 10001 --user-group --create-home --shell /bin/bash rldock

@@ -24,10 +24,10 @@ WORKDIR /src
 COPY requirements/cpu.lock requirements/cpu.lock
 # Ray 2.60 (token authentication, which the operator turns on) and the runtime's other extras.
 RUN python3 -m pip install --constraint requirements/cpu.lock "ray[default]" tensordict matplotlib tqdm setuptools
-COPY pyproject.toml setup.py README.md ./
-COPY rldock/ rldock/
-COPY runtime/ runtime/
-COPY operator/ operator/
+COPY pyproject.toml README.md ./
+COPY api/src/ api/src/
+COPY runtime/src/ runtime/src/
+COPY operator/src/ operator/src/
 RUN python3 -m pip install --no-deps --no-build-isolation . && rm -rf /src
 
 RUN useradd --uid 10001 --user-group --create-home --shell /bin/bash rldock

@@ -12,25 +12,19 @@ instead.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# e2e/ is test tooling beside the package, not part of the installed rldock distribution.
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from e2e.controlplane import (  # noqa: E402
+from rldock_e2e.controlplane import (
     BinariesUnavailable,
     ControlPlane,
     find_binaries,
     pid_alive,
 )
-from e2e.controlplane.crds import KUBERAY_CRD_DIR  # noqa: E402
+from rldock_e2e.controlplane.crds import KUBERAY_CRD_DIR
+from rldock_e2e.repo import REPO_ROOT, require_kuberay_crds
 
 RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
 
@@ -61,8 +55,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 @pytest.fixture(scope="session")
 def kuberay_crds(control_plane: ControlPlane) -> list[str]:
     """KubeRay's real RayCluster/RayJob CRDs from ../shared/kuberay, installed once."""
-    if not KUBERAY_CRD_DIR.is_dir():
-        pytest.skip(f"KubeRay's CRDs are read from {KUBERAY_CRD_DIR}, which is absent here")
+    require_kuberay_crds(KUBERAY_CRD_DIR)
     return control_plane.install_kuberay_crds(KUBERAY_CRD_DIR)
 
 

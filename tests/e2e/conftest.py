@@ -3,7 +3,7 @@ kuberay_crds, rljob_crd, emulated_nodes) are in tests/conftest.py, shared with
 tests/integration/test_operator.py.
 
 - `node_agent` (one per test module): the node agent double with one emulated node of 8 NPUs;
-  its pods run as local processes (e2e/doubles/node_agent.py). Module-scoped, so its nodes are
+  its pods run as local processes (e2e/src/rldock_e2e/doubles/node_agent.py). Module-scoped, so its nodes are
   gone before the next module (and tests/integration) runs.
 - `scenario` (one per test): a fresh namespace with the claim examples/rljob-tiny.yaml mounts
   (`rl-checkpoints`, bound to a hostPath volume on the nodes' shared storage), the KubeRay double
@@ -22,13 +22,13 @@ from typing import Iterator
 
 import pytest
 
-from e2e.controlplane import ControlPlane, wait_for
-from e2e.doubles.kuberay import KubeRayDouble
-from e2e.doubles.node_agent import NodeAgentDouble
-from e2e.doubles.sandbox import sandbox_unavailable
-from e2e.doubles.storage import bind_shared_claim, delete_shared_claim
-from e2e.operator_process import ChartOperator, OperatorProcess, chart_available, service_account_kubeconfig
-from e2e.scenario import Scenario
+from rldock_e2e.controlplane import ControlPlane, wait_for
+from rldock_e2e.doubles.kuberay import KubeRayDouble
+from rldock_e2e.doubles.node_agent import NodeAgentDouble
+from rldock_e2e.doubles.sandbox import sandbox_unavailable
+from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
+from rldock_e2e.operator_process import ChartOperator, OperatorProcess, chart_available, service_account_kubeconfig
+from rldock_e2e.scenario import Scenario
 
 NODE_DEVICES = 8
 CHECKPOINT_CLAIM = "rl-checkpoints"  # what examples/rljob-tiny.yaml mounts

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from e2e.controlplane import DEVELOPER_USER, ControlPlane, pid_alive, wait_for
+from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, pid_alive, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -185,9 +185,8 @@ def test_garbage_collector_deletes_dependents(control_plane: ControlPlane, names
 
 _CHILD = textwrap.dedent("""
     import json, sys, time
-    sys.path.insert(0, sys.argv[1])
-    from e2e.controlplane import ControlPlane
-    with ControlPlane(workdir=sys.argv[2], build=False) as plane:
+    from rldock_e2e.controlplane import ControlPlane
+    with ControlPlane(workdir=sys.argv[1], build=False) as plane:
         print(json.dumps(plane.pids), flush=True)
         time.sleep(600)
 """)
@@ -207,7 +206,7 @@ def test_no_process_left_when_interrupted(control_plane: ControlPlane, tmp_path:
                                           signum: int) -> None:
     """A test run stopped by Ctrl-C, by SIGTERM or by SIGKILL leaves no server running."""
     log = open(tmp_path / "child.log", "w")
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(REPO_ROOT), str(tmp_path / "cp")],
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cp")],
                              stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         line = _read_line(child, timeout=300)

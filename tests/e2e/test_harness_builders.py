@@ -10,12 +10,13 @@ import struct
 
 import pytest
 
-from e2e.controlplane.crds import KUBERAY_CRD_DIR, downgrade_for_1_20, kuberay_crd_files, load_documents
-from e2e.controlplane.nodes import ASCEND_NODE_LABELS, node_manifest, node_status
-from e2e.doubles import mountpoints
-from e2e.doubles.cluster_dns import ClusterDNS, resolv_conf
-from e2e.doubles.kuberay_pods import build_pod
-from e2e.doubles.pod_env import MissingReference, container_env
+from rldock_e2e.repo import require_kuberay_crds
+from rldock_e2e.controlplane.crds import KUBERAY_CRD_DIR, downgrade_for_1_20, kuberay_crd_files, load_documents
+from rldock_e2e.controlplane.nodes import ASCEND_NODE_LABELS, node_manifest, node_status
+from rldock_e2e.doubles import mountpoints
+from rldock_e2e.doubles.cluster_dns import ClusterDNS, resolv_conf
+from rldock_e2e.doubles.kuberay_pods import build_pod
+from rldock_e2e.doubles.pod_env import MissingReference, container_env
 
 
 def _walk(node):
@@ -58,8 +59,7 @@ def test_downgrade_for_1_20(schema: dict, expected: dict) -> None:
 
 
 def test_downgrade_of_kuberay_crds_leaves_nothing_1_20_refuses() -> None:
-    if not KUBERAY_CRD_DIR.is_dir():
-        pytest.skip(f"KubeRay's CRDs are read from {KUBERAY_CRD_DIR}, which is absent here")
+    require_kuberay_crds(KUBERAY_CRD_DIR)
     for path in kuberay_crd_files():
         for doc in load_documents(path):
             nodes = list(_walk(downgrade_for_1_20(doc)))
@@ -84,7 +84,7 @@ def test_emulated_node_objects() -> None:
     assert not any("/" in key for key in cpu_only["allocatable"])
 
 
-# ----- the KubeRay double's pods (e2e/doubles/kuberay_pods.py) -----------------------------------
+# ----- the KubeRay double's pods (e2e/src/rldock_e2e/doubles/kuberay_pods.py) -----------------------------------
 
 def _cluster(worker_params: dict, *, worker_limits: dict) -> dict:
     def template(name: str, limits: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The node agent double (e2e/doubles/node_agent.py) on its own: pods the real scheduler binds to
+"""The node agent double (e2e/src/rldock_e2e/doubles/node_agent.py) on its own: pods the real scheduler binds to
 its emulated nodes run as local processes in their own sandboxes, with their volumes, env, pod IP
 and /etc/hosts, report their state, and leave nothing behind when deleted."""
 
@@ -13,10 +13,10 @@ from typing import Iterator
 import pytest
 from kubernetes import client
 
-from e2e.controlplane import ControlPlane, wait_for
-from e2e.controlplane.processes import pid_alive
-from e2e.doubles.node_agent import NodeAgentDouble
-from e2e.doubles.sandbox import sandbox_unavailable
+from rldock_e2e.controlplane import ControlPlane, wait_for
+from rldock_e2e.controlplane.processes import pid_alive
+from rldock_e2e.doubles.node_agent import NodeAgentDouble
+from rldock_e2e.doubles.sandbox import sandbox_unavailable
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.operator_process import ChartOperator
-from e2e.scenario import Scenario, sample
+from rldock_e2e.operator_process import ChartOperator
+from rldock_e2e.scenario import Scenario, sample
 
 pytestmark = pytest.mark.e2e
 

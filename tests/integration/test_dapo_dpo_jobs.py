@@ -34,7 +34,7 @@ def job_config(algorithm: dict, *, warmup_steps: int) -> dict:
 def train(config: dict, root: Path, *extra: str) -> list[dict]:
     path = root / "job.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run([sys.executable, "-m", "rldock.cli", "train", str(path), "--output", str(root / "run"),
+    result = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(path), "--output", str(root / "run"),
                              "--no-progress", *extra], capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines() if line]

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from rldock.progress import last_progress
+from rldock.contract.progress import last_progress
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def job_config(model_dir: Path) -> dict:
 
 def start_job(config: Path, output: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "rldock.cli", "train", str(config), "--output", str(output),
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
          "--no-progress", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

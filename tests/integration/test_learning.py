@@ -1,12 +1,12 @@
 """Learning is real: each algorithm's demo config raises the reward by at least its stated margin,
-the same config with learning rate 0 does not. Runs benchmarks/learning.py (both jobs, about 4
+the same config with learning rate 0 does not. Runs benchmarks/src/rldock_benchmarks/learning.py (both jobs, about 4
 minutes per config on 2 cores when the machine is otherwise idle).
 
 Margins, against what was measured once each (docs/algorithms/, docs/results.md): GRPO rose
 +0.410 (margin 0.2); PPO +0.461 (margin 0.25); PF-PPO (best_worst) +0.319 (margin 0.15). The
 learning-rate-0 control rose +0.042 for GRPO, PPO and PF-PPO alike: with the policy frozen they
 sample the same responses. DAPO rose +0.405 (margin 0.2; its control -0.003). DPO's metric is the
-policy's preference accuracy on each iteration's fresh pairs (benchmarks/learning.py picks it):
+policy's preference accuracy on each iteration's fresh pairs (benchmarks/src/rldock_benchmarks/learning.py picks it):
 +0.375 (margin 0.2), its control -0.063 (the base model ranking the same pairs).
 """
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ])
 def test_demo_learns_and_the_learning_rate_0_control_does_not(tmp_path, example, margin):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "learning.py"), str(ROOT / "examples" / example),
+        [sys.executable, "-m", "rldock_benchmarks.learning", str(ROOT / "examples" / example),
          "--output", str(tmp_path)],
         capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]

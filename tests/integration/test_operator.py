@@ -1,8 +1,8 @@
 """The operator against a real kube-apiserver (e2e/controlplane): KubeRay's real RayCluster CRD and
 our generated RLJob CRD installed, the operator as its own process (`python -m rldock.operator`)
 running as a non-admin user with exactly the RBAC that builders/rbac.py generates, and three test
-doubles for what this control plane lacks: KubeRay (e2e/doubles/kuberay.py), the kubelets
-(e2e/doubles/kubelet.py) and the Ray heads' Jobs API (e2e/doubles/ray_jobs.py). The real
+doubles for what this control plane lacks: KubeRay (e2e/src/rldock_e2e/doubles/kuberay.py), the kubelets
+(e2e/src/rldock_e2e/doubles/kubelet.py) and the Ray heads' Jobs API (e2e/src/rldock_e2e/doubles/ray_jobs.py). The real
 scheduler places the pods on emulated Ascend nodes; the real garbage collector removes children.
 
 The full user scenarios with the real runtime are the e2e suite's (issue 4); these pin the
@@ -12,7 +12,6 @@ operator's decisions: status, retries, scheduling messages, deletion, restart, s
 from __future__ import annotations
 
 import json
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,21 +20,18 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # e2e/ is test tooling beside the package
-    sys.path.insert(0, str(REPO_ROOT))
 
-from kubernetes import client  # noqa: E402
+from kubernetes import client
 
-from e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for  # noqa: E402
-from e2e.controlplane.processes import free_ports  # noqa: E402
-from e2e.doubles.kubelet import KubeletDouble  # noqa: E402
-from e2e.doubles.kuberay import KubeRayDouble  # noqa: E402
-from e2e.doubles.ray_jobs import FakeJob, RayJobsDouble  # noqa: E402
-from e2e.operator_process import OperatorProcess  # noqa: E402
-from rldock.operator import naming  # noqa: E402
-from rldock.operator.builders.rbac import build_rbac  # noqa: E402
-from rldock.progress import format_progress  # noqa: E402
+from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
+from rldock_e2e.controlplane.processes import free_ports
+from rldock_e2e.doubles.kubelet import KubeletDouble
+from rldock_e2e.doubles.kuberay import KubeRayDouble
+from rldock_e2e.doubles.ray_jobs import FakeJob, RayJobsDouble
+from rldock_e2e.operator_process import OperatorProcess
+from rldock.operator import naming
+from rldock.operator.builders.rbac import build_rbac
+from rldock.contract.progress import format_progress
 
 pytestmark = [pytest.mark.integration,
               # the test control plane serves a self-signed certificate (insecure-skip-tls-verify)

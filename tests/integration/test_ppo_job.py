@@ -29,7 +29,7 @@ def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm):
         "checkpoint": {"interval": 1, "keep_last": 1},
     }))
     output = tmp_path / "run"
-    job = subprocess.run([sys.executable, "-m", "rldock.cli", "train", str(config), "--output", str(output),
+    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
                           "--no-progress"], capture_output=True, text=True, timeout=900)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]

@@ -20,15 +20,13 @@ from typing import Iterator
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from rldock_e2e.controlplane import pid_alive, wait_for
+from rldock_e2e.controlplane.processes import ManagedProcess, free_ports
+from rldock.operator.observe import read_progress
+from rldock.operator.rayjobs import RayJobsClient, RayJobsError
+from rldock.contract.progress import format_progress
 
-from e2e.controlplane import pid_alive, wait_for  # noqa: E402
-from e2e.controlplane.processes import ManagedProcess, free_ports  # noqa: E402
-from rldock.operator.observe import read_progress  # noqa: E402
-from rldock.operator.rayjobs import RayJobsClient, RayJobsError  # noqa: E402
-from rldock.progress import format_progress  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 

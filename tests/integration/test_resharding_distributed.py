@@ -33,7 +33,7 @@ def _tiny_model(seed: int):
 
 def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int = 4096):
     from rldock.runtime.resharding.flow import Resharder
-    from rldock.runtime.resharding.layout import ParallelLayout, ReshardPlan
+    from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.parallelize import build_mesh, parallelize_qwen2
     from rldock.runtime.resharding.shard import GenerationWeights
 
@@ -72,7 +72,7 @@ def _full(param) -> torch.Tensor:
 
 def _bitwise_check(train_tp: int, gen_tp: int, rank: int) -> dict:
     """One update, then reshard; generation weights against DTensor's own full tensors."""
-    from rldock.runtime.resharding.layout import shard_dim
+    from rldock.runtime.resharding.parallel_layout import shard_dim
     from rldock.runtime.resharding.ledger import train_state_bytes
 
     model, optimizer, mesh, generation, resharder = _setup(train_tp, gen_tp, "allgather_swap", rank)

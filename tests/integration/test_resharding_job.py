@@ -38,7 +38,7 @@ def run_job(root: Path, mode: str, *, iterations: int, resume: bool = False) -> 
         "training.micro_batch_size": 16,
         "rollout.cpu_kv_cache_gib": 0.25, "dock.timeout_s": 120, "checkpoint.interval": CHECKPOINT_AT,
     }
-    command = [sys.executable, "-m", "rldock.cli", "train", str(ROOT / "examples" / "grpo-tiny.yaml"),
+    command = [sys.executable, "-m", "rldock.runtime.cli", "train", str(ROOT / "examples" / "grpo-tiny.yaml"),
                "--output", str(output), "--no-progress", "--max-restarts", "0", *(["--resume"] if resume else [])]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]

@@ -48,7 +48,7 @@ app.kubernetes.io/part-of: rldock
 {{- end }}
 
 {{/*
-The operator's RBAC rules. They must equal RULES in operator/builders/rbac.py, which says why each
+The operator's RBAC rules. They must equal RULES in operator/src/rldock/operator/builders/rbac.py, which says why each
 one is there; tests/unit/helm/test_chart.py compares the rendered rules with it.
 */}}
 {{- define "rldock.rbacRules" -}}

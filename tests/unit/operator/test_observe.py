@@ -14,7 +14,7 @@ from rldock.operator.observe import (
     read_progress, ready_to_submit, summarize_pods,
 )
 from rldock.operator.settings import DashboardAddress
-from rldock.progress import format_progress
+from rldock.contract.progress import format_progress
 
 
 def pod(name: str, node_type: str, *, phase: str = "Running", ready: bool = True, deleting: bool = False,

@@ -1,23 +1,18 @@
-"""The Jobs API client against the Ray head test double (e2e/doubles/ray_jobs.py) over real HTTP.
+"""The Jobs API client against the Ray head test double (e2e/src/rldock_e2e/doubles/ray_jobs.py) over real HTTP.
 
 tests/integration/test_ray_jobs_api.py runs the same client against a real Ray 2.60 head.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
-from e2e.controlplane.processes import free_ports  # noqa: E402
-from e2e.doubles.ray_jobs import FakeHead  # noqa: E402
-from rldock.operator.rayjobs import RayJobsClient, RayJobsError  # noqa: E402
+from rldock_e2e.controlplane.processes import free_ports
+from rldock_e2e.doubles.ray_jobs import FakeHead
+from rldock.operator.rayjobs import RayJobsClient, RayJobsError
 
 TOKEN = "0123abcd" * 8
 REQUEST = {"entrypoint": "rldock train /etc/rldock/job.yaml --resume", "submission_id": "rldock-j-1234-0",

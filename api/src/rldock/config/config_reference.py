@@ -1,0 +1,82 @@
+"""Render the job config reference (docs/config-reference.md) from the pydantic models.
+
+The docs are generated, never hand-edited, so they cannot drift from what the loader accepts;
+tests/unit/config/test_config_reference.py fails when the checked-in file is stale.
+Regenerate with: python -m rldock.config.config_reference > docs/config-reference.md
+"""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from rldock.config.job import JobConfig
+
+_CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length",
+                "max_length": "max length"}
+
+
+def _type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
+    if origin is typing.Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def constraints_text(info: FieldInfo) -> str:
+    """A field's numeric and length bounds as `>= 1, < 0.5` (also used by the RLJob reference)."""
+    parts = []
+    for meta in info.metadata:
+        for attr, symbol in _CONSTRAINTS.items():
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{symbol} {value}")
+    return ", ".join(parts)
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        return "(section defaults)"
+    if info.default is PydanticUndefined:
+        return "**required**"
+    return f"`{info.default!r}`" if info.default is not None else "unset"
+
+
+def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel]]] = []
+    out.append(f"## `{prefix or '(top level)'}`\n")
+    if model.__doc__ and model is not JobConfig:
+        out.append(model.__doc__.strip() + "\n")
+    out.append("| field | type | default | constraints | description |")
+    out.append("| --- | --- | --- | --- | --- |")
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested.append((path, annotation))
+            out.append(f"| `{name}` | section | {_default(info)} | | see [`{path}`](#{path.replace('.', '')}) |")
+            continue
+        description = (info.description or "").replace("|", "\\|")
+        out.append(f"| `{name}` | {_type_name(annotation)} | {_default(info)} | {constraints_text(info)} | {description} |")
+    out.append("")
+    for path, sub in nested:
+        _section(sub, path, out)
+
+
+def render() -> str:
+    out = ["# Job config reference", "",
+           "Generated from `api/src/rldock/config/job.py` by `python -m rldock.config.config_reference`; do not edit.",
+           "Unknown fields are errors. Rules across fields (G*N divisible by the DP size, DP not above the "
+           "devices, ...) are listed in `api/src/rldock/config/problems.py`.", ""]
+    _section(JobConfig, "", out)
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -1,0 +1,35 @@
+"""The algorithm catalogue: the algorithms rldock runs and what each needs from the cluster.
+
+The config's `algorithm.name` accepts exactly these names, the config checks read
+`needs_critic` to count devices (a critic takes one), and the runtime's recipes
+(rldock.runtime.algorithms.recipes) must agree: a recipe registered for a name not in the
+catalogue, or whose critic states disagree with `needs_critic`, fails at import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+AlgorithmName = Literal["grpo", "ppo", "pf_ppo", "dapo", "dpo"]
+
+
+@dataclass(frozen=True)
+class AlgorithmTraits:
+    needs_critic: bool  # runs a critic worker (one more device)
+    needs_rollout: bool  # generates responses with an engine (DPO trains on given pairs)
+
+
+CATALOGUE: dict[str, AlgorithmTraits] = {
+    "grpo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
+    "ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True),
+    "pf_ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True),
+    "dapo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
+    "dpo": AlgorithmTraits(needs_critic=False, needs_rollout=False),
+}
+
+assert set(CATALOGUE) == set(get_args(AlgorithmName)), "the catalogue and AlgorithmName disagree"
+
+
+def needs_critic(name: str) -> bool:
+    return CATALOGUE[name].needs_critic

@@ -1,0 +1,35 @@
+"""The runtime's command line as the operator submits it through the Ray Jobs API.
+
+The runtime's parser (rldock.runtime.cli) declares these flags and the operator's job builder
+(rldock.operator.builders.ray_job) writes them, both from the names here, and a test parses the
+operator's command with the runtime's parser.
+
+`JOB_CONFIG_ENV` is set in every pod of an RLJob to the mounted job config: `rldock validate` and
+`rldock train` read it when no config path is given, so `kubectl exec <head> -- rldock validate`
+checks the config the job runs.
+"""
+
+from __future__ import annotations
+
+PROGRAM = "rldock"
+TRAIN = "train"
+VALIDATE = "validate"
+OUTPUT = "--output"
+RESUME = "--resume"
+NO_PROGRESS = "--no-progress"
+MAX_RESTARTS = "--max-restarts"
+JOB_CONFIG_ENV = "RLDOCK_JOB_CONFIG"
+
+
+def train_argv(*, config: str, output: str, resume: bool, progress_lines: bool, max_restarts: int) -> list[str]:
+    """`rldock train CONFIG --output OUTPUT [...]` as an argument vector.
+
+    `progress_lines`: one machine-readable progress line per iteration (what the operator parses)
+    instead of a progress bar.
+    """
+    argv = [PROGRAM, TRAIN, config, OUTPUT, output]
+    if resume:
+        argv.append(RESUME)
+    if progress_lines:
+        argv.append(NO_PROGRESS)
+    return [*argv, MAX_RESTARTS, str(max_restarts)]

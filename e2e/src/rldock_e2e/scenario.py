@@ -1,0 +1,151 @@
+"""One e2e scenario's namespace as a user sees it through kubectl, with what acts behind it.
+
+The scenarios (tests/e2e/test_scenarios.py) assert on kubectl's output and on the files the job
+writes to its checkpoint volume; the operator process, the KubeRay double and the node agent
+double are only reached for their logs and for the local processes a pod runs. Waiting polls the
+API with the Python client instead of kubectl: a kubectl process a second would cost a third of a
+core on a two-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+from kubernetes import client
+
+from rldock_e2e.controlplane import ControlPlane, wait_for
+from rldock_e2e.doubles.kuberay import KubeRayDouble
+from rldock_e2e.doubles.node_agent import NodeAgentDouble
+from rldock_e2e.doubles.sandbox import pids_in_namespace
+from rldock_e2e.operator_process import ChartOperator, OperatorProcess
+
+T = TypeVar("T")
+RAY_POD = {"ray.io/is-ray-node": "yes"}  # KubeRay's label on head and worker pods
+
+
+class Scenario:
+    def __init__(self, *, plane: ControlPlane, namespace: str, agent: NodeAgentDouble, kuberay: KubeRayDouble,
+                 operator: ChartOperator | OperatorProcess, api: client.ApiClient) -> None:
+        self.plane, self.namespace = plane, namespace
+        self.agent, self.kuberay, self.operator = agent, kuberay, operator
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+
+    # ----- kubectl ------------------------------------------------------------------------------
+    def kubectl(self, *args: str, check: bool = True, input: Optional[str] = None) -> subprocess.CompletedProcess:
+        return self.plane.kubectl(*args, "-n", self.namespace, check=check, input=input)
+
+    def get(self, kind: str, name: str) -> Optional[dict[str, Any]]:
+        """`kubectl get <kind> <name> -o json`, None when it does not exist."""
+        result = self.kubectl("get", kind, name, "-o", "json", check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(f"kubectl get {kind} {name}: {result.stderr}")
+        return json.loads(result.stdout)
+
+    def items(self, kind: str, *selector: str) -> list[dict[str, Any]]:
+        """`kubectl get <kind> [-l ...] -o json`'s items."""
+        return json.loads(self.kubectl("get", kind, *selector, "-o", "json").stdout)["items"]
+
+    def status(self, name: str) -> dict[str, Any]:
+        """The RLJob's status (through the API: for polling; assert on `row` and `get`)."""
+        try:
+            job = self._custom.get_namespaced_custom_object("rldock.io", "v1alpha1", self.namespace, "rljobs", name)
+        except client.ApiException as error:
+            if error.status == 404:
+                return {}
+            raise
+        return job.get("status") or {}
+
+    def pods_now(self, selector: str = "") -> list[dict[str, Any]]:
+        """The namespace's pods (through the API: for polling)."""
+        return json.loads(self._core.list_namespaced_pod(self.namespace, label_selector=selector,
+                                                         _preload_content=False).data)["items"]
+
+    def row(self, name: str) -> dict[str, str]:
+        """`kubectl get rljob <name>` as the user reads it: column -> value."""
+        header, line = self.kubectl("get", "rljob", name).stdout.splitlines()[:2]
+        return dict(zip(header.split(), line.split()))
+
+    def condition(self, name: str, type_: str) -> Optional[dict[str, Any]]:
+        status = (self.get("rljob", name) or {}).get("status") or {}
+        return next((c for c in status.get("conditions") or () if c["type"] == type_), None)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return self.items("events", f"--field-selector=involvedObject.name={name}")
+
+    def ray_pods(self, cluster: str) -> list[dict[str, Any]]:
+        return self.items("pods", "-l", f"ray.io/cluster={cluster}")
+
+    # ----- waiting ------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Fail fast when something behind the scenario broke."""
+        self.operator.check()
+        for double in (self.agent, self.kuberay):
+            if double.errors:
+                raise AssertionError(f"{type(double).__name__} failed: {double.errors[-1]!r}")
+
+    def wait(self, what: str, probe: Callable[[], T], *, timeout: float, interval: float = 2.0) -> T:
+        try:
+            return wait_for(what, probe, timeout=timeout, interval=interval, check=self.check)
+        except TimeoutError:
+            raise AssertionError(f"{what}: timed out after {timeout:.0f} s\n{self.report()}") from None
+
+    def wait_phase(self, name: str, phases: Sequence[str] | str, *, timeout: float) -> dict[str, Any]:
+        wanted = (phases,) if isinstance(phases, str) else tuple(phases)
+        return self.wait(f"RLJob {name} in phase {'/'.join(wanted)}",
+                         lambda: (s := self.status(name)).get("phase") in wanted and s, timeout=timeout)
+
+    def report(self) -> str:
+        """What a user would look at when a scenario is stuck, plus the operator's log."""
+        parts = []
+        for args in (("get", "rljobs,rayclusters,pods", "-o", "wide"), ("get", "events", "--sort-by=.lastTimestamp")):
+            result = self.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout}{result.stderr}")
+        parts.append(f"operator log (tail):\n{self.operator.log_tail(30)}")
+        return "\n".join(parts)
+
+    # ----- the job's files and processes --------------------------------------------------------
+    def output_dir(self, name: str) -> Path:
+        """The job's output as the host sees it: <volume>/<namespace>/<name>, the volume being the
+        claim's (or hostPath's) folder on the nodes' shared storage."""
+        checkpoint = (self.get("rljob", name) or {})["spec"]["checkpoint"]
+        if "hostPath" in checkpoint:
+            host_path = checkpoint["hostPath"]
+        else:
+            claim = self.get("pvc", checkpoint["claimName"])
+            host_path = self.plane.kubectl_json("get", "pv", claim["spec"]["volumeName"])["spec"]["hostPath"]["path"]
+        return self.agent.host_root / host_path.lstrip("/") / self.namespace / name
+
+    def metrics(self, name: str) -> list[dict[str, Any]]:
+        path = self.output_dir(name) / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    def processes(self) -> dict[str, list[int]]:
+        """The live local processes of this namespace's Ray pods, by pod name."""
+        return {pod: pids for pod, pids in self.agent.pids(self.namespace, labels=RAY_POD).items() if pids}
+
+    def pod_namespaces(self) -> dict[str, int]:
+        """The UTS namespace of every Ray pod running now, by pod name: what `leftovers` checks."""
+        return self.agent.uts_namespaces(self.namespace, labels=RAY_POD)
+
+    @staticmethod
+    def leftovers(namespaces: dict[str, int]) -> dict[str, list[int]]:
+        """Processes still alive in any of these pods' namespaces (none, once the pods are gone)."""
+        return {pod: pids for pod, inode in namespaces.items() if (pids := pids_in_namespace("uts", inode))}
+
+
+def sample(every: float, until: Callable[[], bool], take: Callable[[], T], *, timeout: float) -> list[T]:
+    """`take()` every `every` s until `until()` holds (or `timeout`), returning what was taken."""
+    taken, deadline = [], time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not done within {timeout:.0f} s")
+        taken.append(take())
+        time.sleep(every)
+    return taken

@@ -1,0 +1,46 @@
+"""What the operator submits to the cluster's Ray Jobs API: the runtime's command line.
+
+The driver runs on the Ray head (as every Jobs API driver does) and always passes `--resume`, so
+the first attempt starts fresh (no checkpoint yet) and every later one (a retry, an unsuspend, a
+re-created cluster) continues from the last checkpoint in the same output directory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from typing import Any
+
+from rldock.contract.runtime_cli import train_argv
+from rldock.operator import naming
+from rldock.operator.api import RLJobSpec
+from rldock.operator.builders.common import RLJobRef
+from rldock.operator.constants import GROUP, JOB_CONFIG_PATH, LABEL_RLJOB
+
+
+def output_dir(*, job: RLJobRef, spec: RLJobSpec) -> str:
+    """Metrics and checkpoints of this RLJob on the checkpoint volume.
+
+    Keyed by namespace and name, not uid: re-creating an RLJob under the same name resumes it.
+    """
+    return posixpath.join(spec.checkpoint.mount_path, job.namespace, job.name)
+
+
+def build_entrypoint(*, job: RLJobRef, spec: RLJobSpec) -> str:
+    """The shell command line of the Ray job (the Jobs API takes one string).
+
+    `--max-restarts 0`: a dead worker fails the attempt and the operator retries it (counted in
+    status.restartCount against spec.backoffLimit) instead of the runtime retrying out of sight.
+    """
+    return shlex.join(train_argv(config=JOB_CONFIG_PATH, output=output_dir(job=job, spec=spec), resume=True,
+                                 progress_lines=True, max_restarts=0))
+
+
+def build_job_submission(*, job: RLJobRef, spec: RLJobSpec, attempt: int) -> dict[str, Any]:
+    """Body of `POST /api/jobs/` on the head's dashboard for one attempt (0, then 1 per restart)."""
+    return {
+        "entrypoint": build_entrypoint(job=job, spec=spec),
+        "submission_id": naming.ray_job_submission_id(job.name, job.uid, attempt=attempt),
+        "metadata": {LABEL_RLJOB: job.name, f"{GROUP}/namespace": job.namespace,
+                     f"{GROUP}/attempt": str(attempt)},
+    }

@@ -1,0 +1,70 @@
+"""RBAC of least privilege for the operator: namespaced Roles for given namespaces, a ClusterRole
+only for cluster-wide watching. The Helm chart renders the same rules (one source).
+
+Each rule is there for one thing the operator does (operator/src/rldock/operator/reconcile.py, operator/src/rldock/operator/handlers.py):
+
+- rljobs: kopf lists and watches them, patches its finalizer and annotation-based progress onto
+  them; `delete` is for ttlSecondsAfterFinished. `rljobs/status`: the status subresource.
+  `rljobs/finalizers: update`: children carry `blockOwnerDeletion`, which clusters with the
+  OwnerReferencesPermissionEnforcement admission plugin only allow to who may update the owner's
+  finalizers.
+- rayclusters: read by name, created, patched (suspend, adoption) and deleted (replacement,
+  release after the job ends); never listed or watched.
+- configmaps, secrets: the job config and the Ray auth token, read by name, created, patched.
+- pods: listed by label (KubeRay's `ray.io/cluster`) for scheduling messages and lost workers.
+- events: the operator's own Kubernetes Events on RLJobs.
+
+Kopf runs standalone (no peering objects) and watches only RLJobs, so it needs nothing else; API
+discovery is open to every authenticated user.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from rldock.operator.constants import GROUP, PLURAL
+
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
+
+RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "delete"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)
+
+
+def service_account_subject(name: str, namespace: str) -> dict[str, str]:
+    return {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+
+
+def build_rbac(*, name: str, subject: Mapping[str, str], namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Role + RoleBinding in each of `namespaces`, or ClusterRole + ClusterRoleBinding when empty.
+
+    `name` names the (Cluster)Role and its binding; `subject` is who runs the operator, usually
+    `service_account_subject(...)` of its Deployment.
+    """
+    rules = [dict(rule, apiGroups=list(rule["apiGroups"]), resources=list(rule["resources"]),
+                  verbs=list(rule["verbs"])) for rule in RULES]
+    if not namespaces:
+        return [
+            {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules},
+            {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [dict(subject)]},
+        ]
+    if len(set(namespaces)) != len(namespaces):
+        raise ValueError(f"namespaces listed twice: {list(namespaces)}")
+    manifests: list[dict[str, Any]] = []
+    for namespace in namespaces:
+        metadata = {"name": name, "namespace": namespace}
+        manifests += [
+            {"apiVersion": RBAC_API_VERSION, "kind": "Role", "metadata": dict(metadata), "rules": rules},
+            {"apiVersion": RBAC_API_VERSION, "kind": "RoleBinding", "metadata": dict(metadata),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+             "subjects": [dict(subject)]},
+        ]
+    return manifests

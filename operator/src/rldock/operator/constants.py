@@ -1,0 +1,197 @@
+"""Every name the operator shares with the cluster: API coordinates, labels, annotations, env,
+paths, KubeRay and scheduler keys, phases, condition types and reasons, event reasons.
+
+Kept in one module (as KubeRay does) so builders, status and handlers cannot drift apart on a
+string, and so tests can refer to the same values the code writes.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from rldock.contract.runtime_cli import JOB_CONFIG_ENV
+from rldock.contract.version import __version__
+
+# --- The RLJob API --------------------------------------------------------------------------
+GROUP = "rldock.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+LIST_KIND = "RLJobList"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ("rlj",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Added on every RLJob so deletion waits until the Ray job is stopped and the children are gone.
+FINALIZER = f"{GROUP}/cleanup"
+
+# --- Defaults of the spec -------------------------------------------------------------------
+# The image and device resource of RLJobs that leave them unset, unless the operator is given its
+# own (settings.py: RLDOCK_DEFAULT_IMAGE, RLDOCK_DEFAULT_DEVICE_RESOURCE; the chart's runtime.* values).
+DEFAULT_IMAGE = f"ghcr.io/rldock/rldock-runtime:{__version__}"
+DEFAULT_DEVICE_RESOURCE = "huawei.com/Ascend910"
+# The Ray version baked into the runtime image (requirements/cpu.lock pins ray==2.60.0).
+DEFAULT_RAY_VERSION = "2.60.0"
+DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
+DEFAULT_BACKOFF_LIMIT = 3
+
+
+class ImagePullPolicy(str, Enum):
+    """core/v1 Container.imagePullPolicy of the Ray pods, one for the whole installation."""
+
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+DEFAULT_IMAGE_PULL_POLICY = ImagePullPolicy.IF_NOT_PRESENT
+
+# --- Labels and annotations on the children --------------------------------------------------
+LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)
+LABEL_ROLE = f"{GROUP}/role"  # value: ROLE_HEAD or ROLE_WORKER, on pod templates
+LABEL_APP_NAME = "app.kubernetes.io/name"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "rldock"
+MANAGED_BY = "rldock-operator"
+ROLE_HEAD = "head"
+ROLE_WORKER = "worker"
+# Hash of the desired RayCluster spec: the handler replaces a cluster whose hash differs instead of
+# diffing KubeRay's defaulted spec field by field.
+ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# Ray job metadata: the worker pods an attempt was submitted on, so a worker that KubeRay replaced
+# mid-run (new pod name) is recognised as lost, also by a restarted operator.
+JOB_METADATA_WORKER_PODS = f"{GROUP}/worker-pods"
+
+# --- What the runtime sees inside the pods ---------------------------------------------------
+# The job config's path; the runtime CLI reads it when no config is given (rldock.contract.runtime_cli).
+ENV_JOB_CONFIG = JOB_CONFIG_ENV
+# Ray 2.60 token authentication (ray/_private/authentication): every Ray process of the cluster,
+# the job driver included, reads the mode and the shared token from these variables; HTTP clients
+# of the dashboard (the Jobs API) send `Authorization: Bearer <token>`.
+ENV_RAY_AUTH_MODE = "RAY_AUTH_MODE"
+ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+RAY_AUTH_MODE_TOKEN = "token"
+AUTH_SECRET_KEY = "auth_token"  # key of the token in the per-RLJob Secret
+CONFIG_MOUNT_PATH = "/etc/rldock"
+JOB_CONFIG_FILE = "job.yaml"
+JOB_CONFIG_PATH = f"{CONFIG_MOUNT_PATH}/{JOB_CONFIG_FILE}"
+SHM_MOUNT_PATH = "/dev/shm"
+VOLUME_JOB_CONFIG = "job-config"
+VOLUME_CHECKPOINTS = "checkpoints"
+VOLUME_SHM = "dshm"
+
+# --- KubeRay (ray.io/v1) ---------------------------------------------------------------------
+RAY_API_VERSION = "ray.io/v1"
+RAY_CLUSTER_KIND = "RayCluster"
+RAY_CLUSTER_PLURAL = "rayclusters"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+WORKER_GROUP = "workers"
+DASHBOARD_PORT = 8265  # the Ray Jobs API is served by the head's dashboard
+DASHBOARD_ENDPOINT = "dashboard"  # key of the dashboard port in RayCluster .status.endpoints
+# Labels KubeRay puts on every pod of a RayCluster.
+LABEL_RAY_CLUSTER = "ray.io/cluster"
+LABEL_RAY_NODE_TYPE = "ray.io/node-type"  # "head" or "worker"
+RAY_NODE_TYPE_HEAD = "head"
+RAY_NODE_TYPE_WORKER = "worker"
+# RayCluster.status as KubeRay writes it.
+RAY_STATE_READY = "ready"
+RAY_STATE_SUSPENDED = "suspended"
+RAY_CONDITION_PROVISIONED = "RayClusterProvisioned"
+RAY_CONDITION_SUSPENDED = "RayClusterSuspended"
+# Ray resource names that `ray start --resources` refuses: they have their own flags.
+RAY_RESERVED_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
+
+# --- Gang scheduling, the way a KubeRay user sets it -----------------------------------------
+LABEL_RAY_SCHEDULER_NAME = "ray.io/scheduler-name"  # KubeRay's batch-scheduler switch
+VOLCANO_SCHEDULER = "volcano"
+LABEL_VOLCANO_QUEUE = "volcano.sh/queue-name"
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+
+
+class GangScheduler(str, Enum):
+    NONE = "none"
+    VOLCANO = "volcano"  # KubeRay creates a Volcano PodGroup for head + all workers
+    KUEUE = "kueue"  # Kueue admits (unsuspends) the whole RayCluster at once
+
+
+# --- Status ----------------------------------------------------------------------------------
+class Phase(str, Enum):
+    PENDING = "Pending"  # nothing running yet: cluster not created, or queued for admission
+    PROVISIONING = "Provisioning"  # cluster starting, or Ray job submitted but not running yet
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    RETRYING = "Retrying"  # a failed attempt is being replaced, resuming from the last checkpoint
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(str, Enum):
+    SPEC_VALID = "SpecValid"
+    CLUSTER_READY = "ClusterReady"
+    PODS_SCHEDULED = "PodsScheduled"
+    RUNNING = "Running"
+    RETRYING = "Retrying"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+
+
+class Reason(str, Enum):
+    """Machine-readable reasons of conditions (CamelCase, as Kubernetes conditions use)."""
+
+    VALID = "Valid"
+    INVALID_SPEC = "InvalidSpec"
+    RAY_CLUSTER_CREATING = "RayClusterCreating"
+    RAY_CLUSTER_PROVISIONING = "RayClusterProvisioning"
+    RAY_CLUSTER_READY = "RayClusterReady"
+    RAY_CLUSTER_SUSPENDED = "RayClusterSuspended"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    UNSCHEDULABLE = "Unschedulable"
+    SCHEDULED = "Scheduled"
+    RAY_JOB_NOT_SUBMITTED = "RayJobNotSubmitted"
+    RAY_JOB_PENDING = "RayJobPending"
+    RAY_JOB_RUNNING = "RayJobRunning"
+    RAY_JOB_SUCCEEDED = "RayJobSucceeded"
+    RAY_JOB_FAILED = "RayJobFailed"
+    RAY_JOB_STOPPED = "RayJobStopped"
+    WORKER_POD_LOST = "WorkerPodLost"
+    RECOVERED = "Recovered"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    RESUMED = "Resumed"
+
+
+class EventReason(str, Enum):
+    """Reasons of the Kubernetes Events the handlers emit on an RLJob."""
+
+    INVALID_SPEC = "InvalidSpec"
+    CREATED_CONFIG_MAP = "CreatedConfigMap"
+    CREATED_AUTH_SECRET = "CreatedAuthSecret"
+    CREATED_RAY_CLUSTER = "CreatedRayCluster"
+    REPLACED_RAY_CLUSTER = "ReplacedRayCluster"
+    RELEASED_RAY_CLUSTER = "ReleasedRayCluster"  # deleted when the job finished, failed or was suspended
+    SUBMITTED_RAY_JOB = "SubmittedRayJob"
+    STOPPED_RAY_JOB = "StoppedRayJob"
+    UNSCHEDULABLE = "Unschedulable"
+    RETRYING = "Retrying"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    TTL_EXPIRED = "TTLExpired"
+
+
+class RayJobStatus(str, Enum):
+    """Ray's own job states (ray.job_submission.JobStatus), mirrored so the operator needs no Ray."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"

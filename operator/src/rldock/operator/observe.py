@@ -1,0 +1,204 @@
+"""What one reconcile round reads from the cluster, reduced to the facts the status and the plan
+use. Pure functions over plain dicts (objects as the API server returns them, camelCase).
+
+- the RayCluster's pods (KubeRay labels them `ray.io/cluster`, `ray.io/node-type`): is the head
+  up, how many workers are ready, the scheduler's messages for pods it cannot place, and which
+  workers were lost while the Ray job ran;
+- where the Jobs API of the cluster is (settings.DashboardAddress);
+- the Ray job of the current attempt, including a job that vanished with its head;
+- the runtime's last progress line in the job's log (rldock.contract.progress).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Collection, Mapping, Optional, Sequence
+
+from rldock.contract.checkpoints import checkpoint_path
+from rldock.contract.progress import headline_key, last_progress
+from rldock.operator import naming
+from rldock.operator.api import RLJobStatus
+from rldock.operator.constants import (
+    DASHBOARD_ENDPOINT, DASHBOARD_PORT, JOB_METADATA_WORKER_PODS, LABEL_RAY_NODE_TYPE, LABEL_RLJOB,
+    RAY_CONDITION_PROVISIONED, RAY_NODE_TYPE_HEAD, RAY_NODE_TYPE_WORKER, RAY_STATE_READY, Phase, RayJobStatus,
+)
+from rldock.operator.settings import DashboardAddress
+from rldock.operator.status import RayJobObservation
+
+ACTIVE_JOB_STATES = frozenset({RayJobStatus.PENDING, RayJobStatus.RUNNING})
+
+
+# --- Pods ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerPod:
+    name: str
+    phase: str
+    terminating: bool
+    ready: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PodSummary:
+    head_running: bool = False  # the head pod runs (its dashboard may answer)
+    head_ready: bool = False  # ... and passes its readiness probe
+    ready_workers: int = 0
+    workers: tuple[WorkerPod, ...] = ()
+    unschedulable: tuple[str, ...] = ()  # the scheduler's messages, one per pod it cannot place
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or ())
+
+
+def _condition(pod: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
+    return next((c for c in pod.get("status", {}).get("conditions") or () if c.get("type") == type_), None)
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    ready = _condition(pod, "Ready")
+    return (pod.get("status", {}).get("phase") == "Running" and ready is not None
+            and ready.get("status") == "True" and not pod["metadata"].get("deletionTimestamp"))
+
+
+def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
+    """Pods of one RayCluster (already filtered to those it owns)."""
+    head_running, head_ready, workers, unschedulable = False, False, [], []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta, status = pod["metadata"], pod.get("status", {})
+        scheduled = _condition(pod, "PodScheduled")
+        if (scheduled is not None and scheduled.get("status") == "False"
+                and scheduled.get("reason") == "Unschedulable" and not meta.get("deletionTimestamp")):
+            unschedulable.append(scheduled.get("message") or f"pod {meta['name']} cannot be scheduled")
+        node_type = (meta.get("labels") or {}).get(LABEL_RAY_NODE_TYPE)
+        if node_type == RAY_NODE_TYPE_HEAD:
+            head_running = head_running or (status.get("phase") == "Running" and not meta.get("deletionTimestamp"))
+            head_ready = head_ready or _ready(pod)
+        elif node_type == RAY_NODE_TYPE_WORKER:
+            workers.append(WorkerPod(
+                name=meta["name"], phase=status.get("phase", "Pending"),
+                terminating=bool(meta.get("deletionTimestamp")), ready=_ready(pod),
+                reason=status.get("reason") or status.get("message") or ""))
+    return PodSummary(head_running=head_running, head_ready=head_ready,
+                      ready_workers=sum(w.ready for w in workers), workers=tuple(workers),
+                      unschedulable=tuple(unschedulable))
+
+
+def lost_workers(summary: PodSummary, *, num_workers: int,
+                 attempt_workers: Optional[Collection[str]]) -> list[str]:
+    """Why worker pods were lost while the Ray job ran, or an empty list.
+
+    A worker is lost when its pod failed or is being deleted, or when a pod the attempt started on
+    (`attempt_workers`, recorded in the Ray job's metadata at submission) is gone, even though
+    KubeRay already replaced it under a new name; and workers are missing when fewer pods exist than
+    the job needs. None for `attempt_workers` (not recorded) checks the first and last rules only.
+    """
+    lost = []
+    for worker in summary.workers:
+        if worker.phase == "Failed":
+            lost.append(f"worker pod {worker.name} failed" + (f": {worker.reason}" if worker.reason else ""))
+        elif worker.terminating:
+            lost.append(f"worker pod {worker.name} was deleted")
+    present = {w.name for w in summary.workers}
+    lost += [f"worker pod {name} is gone" for name in sorted(set(attempt_workers or ()) - present)]
+    live = sum(1 for w in summary.workers if w.phase != "Failed" and not w.terminating)
+    if live < num_workers:
+        lost.append(f"only {live} of {num_workers} worker pods exist")
+    return lost
+
+
+def attempt_workers(details: Optional[Mapping[str, Any]]) -> Optional[frozenset[str]]:
+    """The worker pods an attempt was submitted on (its Ray job's metadata), if recorded."""
+    value = ((details or {}).get("metadata") or {}).get(JOB_METADATA_WORKER_PODS)
+    return frozenset(filter(None, value.split(","))) if isinstance(value, str) else None
+
+
+def ready_worker_names(summary: PodSummary) -> list[str]:
+    return [w.name for w in summary.workers if w.ready]
+
+
+# --- The RayCluster ----------------------------------------------------------------------------
+def cluster_is_ready(cluster_status: Optional[Mapping[str, Any]]) -> bool:
+    """KubeRay's own verdict: state `ready`, or the RayClusterProvisioned condition."""
+    if not cluster_status:
+        return False
+    conditions = {c.get("type"): c.get("status") for c in cluster_status.get("conditions") or ()}
+    return (cluster_status.get("state") == RAY_STATE_READY
+            or conditions.get(RAY_CONDITION_PROVISIONED) == "True")
+
+
+def ready_to_submit(cluster: Mapping[str, Any], summary: PodSummary, *, num_workers: int) -> bool:
+    """The cluster can take the job: KubeRay says ready and the head and every worker are Ready now
+    (KubeRay keeps `ready` once reached, also while it replaces a lost worker)."""
+    return (not cluster.get("spec", {}).get("suspend") and cluster_is_ready(cluster.get("status"))
+            and summary.head_ready and summary.ready_workers >= num_workers and not summary.unschedulable)
+
+
+def dashboard_url(*, mode: DashboardAddress, rljob_name: str, namespace: str,
+                  cluster_status: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The Jobs API base URL, or None while the status lacks the address `mode` needs.
+
+    The port is the dashboard entry of KubeRay's `.status.endpoints` (the head Service's port),
+    8265 when absent.
+    """
+    status = cluster_status or {}
+    port = (status.get("endpoints") or {}).get(DASHBOARD_ENDPOINT) or DASHBOARD_PORT
+    if mode is DashboardAddress.SERVICE_DNS:
+        return f"http://{naming.head_service_name(rljob_name)}.{namespace}.svc:{port}"
+    head = status.get("head") or {}
+    host = head.get("serviceIP") if mode is DashboardAddress.SERVICE_IP else head.get("podIP")
+    if not host:
+        return None
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+# --- The Ray job -------------------------------------------------------------------------------
+def job_observation(submission_id: str, details: Optional[Mapping[str, Any]], *,
+                    previous: RLJobStatus) -> Optional[RayJobObservation]:
+    """The Ray job of the current attempt from the Jobs API answer (None: no such job).
+
+    A job this RLJob's status saw running that the cluster no longer knows went down with its head
+    (the head pod was replaced, taking the job table with it): that attempt failed.
+    """
+    if details is not None:
+        return RayJobObservation(submission_id=submission_id, status=RayJobStatus(details["status"]),
+                                 message=str(details.get("message") or ""))
+    if previous.ray_job_id == submission_id and previous.phase is Phase.RUNNING:
+        return RayJobObservation(submission_id=submission_id, status=RayJobStatus.FAILED,
+                                 message="the Ray head was lost while the job ran")
+    return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    metrics: Optional[dict[str, Any]] = None  # the last progress record, as compute_status reads it
+    last_checkpoint: Optional[str] = None
+
+
+def read_progress(log_text: str, *, output_dir: str) -> Progress:
+    """The last progress line of a job log, and the checkpoint it names as a path."""
+    record = last_progress(log_text.splitlines())
+    if record is None or not {"iteration", headline_key(record), "tokens_per_s_per_device"} <= record.keys():
+        return Progress()
+    checkpoint = record.get("checkpoint")
+    path = checkpoint_path(output_dir, checkpoint) if isinstance(checkpoint, int) else None
+    return Progress(metrics=record, last_checkpoint=path)
+
+
+# --- Children ----------------------------------------------------------------------------------
+class Ownership(str, Enum):
+    OURS = "ours"  # controlled by this RLJob
+    ORPHAN = "orphan"  # labelled as this RLJob's but controlled by nobody: adopt it
+    FOREIGN = "foreign"  # someone else's (or an older RLJob's of the same name still going away)
+
+
+def ownership(obj: Mapping[str, Any], *, uid: str, rljob_name: str) -> Ownership:
+    refs = obj.get("metadata", {}).get("ownerReferences") or ()
+    controller = next((ref for ref in refs if ref.get("controller")), None)
+    if controller is not None:
+        return Ownership.OURS if controller.get("uid") == uid else Ownership.FOREIGN
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return Ownership.ORPHAN if labels.get(LABEL_RLJOB) == naming.label_value(rljob_name) else Ownership.FOREIGN

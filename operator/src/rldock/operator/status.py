@@ -1,0 +1,340 @@
+"""The RLJob status as a pure function of what the handlers observed.
+
+`compute_status` decides phase, conditions and progress from one round of observations (the
+RayCluster's status, the current attempt's Ray job, the runtime's last metrics record, pods the
+scheduler cannot place, pods lost mid-run, spec problems), the restart count and the previous
+status. It reads no clock (`now` is passed) and writes nothing, so the handlers stay thin: observe,
+compute, patch only when `status_changed`, and act on the phase (a Retrying phase with a failed
+Ray job means: stop it, bump the restart count, resubmit). `status_events` names the transitions
+worth an Event.
+
+Rules, in order: a terminal phase sticks (except a Failed spec that has been fixed); spec problems
+fail the job; `suspend` wins over everything else; then the Ray job decides (succeeded, failed or
+lost a worker -> retry or give up at backoffLimit, running); before the job runs, the cluster
+decides (Pending, Provisioning, or Retrying when this is a restart).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
+
+from pydantic import ValidationError
+
+from rldock.config import Problem
+from rldock.operator import naming
+from rldock.operator.api import Condition, RLJobSpec, RLJobStatus
+from rldock.operator.constants import (
+    RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY, RAY_STATE_SUSPENDED,
+    ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
+)
+from rldock.contract.progress import headline_key
+
+
+@dataclass(frozen=True)
+class RayJobObservation:
+    """The Ray job of the current attempt, as the Jobs API reports it."""
+
+    submission_id: str
+    status: RayJobStatus
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Observations:
+    """One round of observations. Pass only complete ones: a failed lookup is not an absence."""
+
+    problems: Sequence[Problem] = ()  # validation.parse_spec
+    ray_cluster: Optional[Mapping[str, Any]] = None  # RayCluster .status ({} when new); None: no cluster
+    ray_job: Optional[RayJobObservation] = None  # None: this attempt is not submitted yet
+    metrics: Optional[Mapping[str, Any]] = None  # the runtime's last metrics record
+    last_checkpoint: Optional[str] = None
+    unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
+    lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
+
+
+class _Cond(NamedTuple):
+    status: bool
+    reason: Reason
+    message: str = ""
+
+
+class Event(NamedTuple):
+    type: str  # "Normal" or "Warning"
+    reason: EventReason
+    message: str
+
+
+class _Updates(dict[ConditionType, Optional[_Cond]]):
+    """Condition updates of one round: a value sets the condition, None removes it."""
+
+    def set(self, type_: ConditionType, status: bool, reason: Reason, message: str = "") -> None:
+        self[type_] = _Cond(status, reason, message)
+
+    def drop(self, type_: ConditionType) -> None:
+        self[type_] = None
+
+
+_ORDER = list(ConditionType)
+
+
+def compute_status(*, name: str, spec: Optional[RLJobSpec], generation: Optional[int],
+                   observed: Observations, restart_count: int, previous: Optional[Mapping[str, Any]],
+                   now: datetime) -> dict[str, Any]:
+    """The status the RLJob should have now, as the camelCase dict to write.
+
+    `now` must be timezone-aware (UTC); `restart_count` is the number of restarts the handlers
+    have made, and `observed.ray_job` is the Ray job of attempt `restart_count`.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
+    prev = parse_status(previous)
+    if prev.phase is not None and prev.phase.is_terminal and not _failed_on_spec(prev):
+        return _dump(prev.model_copy(update={"observed_generation": generation}))
+
+    if spec is None and not observed.problems:
+        raise ValueError("a spec that did not parse must come with its problems (validation.parse_spec)")
+    if observed.problems or spec is None:
+        message = "; ".join(str(p) for p in observed.problems)
+        phase, conditions = Phase.FAILED, _Updates()
+        conditions.set(ConditionType.SPEC_VALID, False, Reason.INVALID_SPEC, message)
+        conditions.set(ConditionType.FAILED, True, Reason.INVALID_SPEC, message)
+        ray_job_id = None
+    else:
+        phase, conditions = _decide(name, spec, observed, restart_count, prev)
+        # Every condition carries a message: an empty string reads as null on some API servers
+        # (seen on the 1.20 test control plane), which the schema refuses.
+        conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
+        if _failed_on_spec(prev) and ConditionType.FAILED not in conditions:
+            conditions.drop(ConditionType.FAILED)  # the spec was fixed: its failure no longer holds
+        ray_job_id = observed.ray_job.submission_id if observed.ray_job else None
+
+    status = RLJobStatus(
+        phase=phase,
+        conditions=_merge_conditions(prev, conditions, generation, now),
+        restart_count=restart_count,
+        ray_cluster_name=naming.ray_cluster_name(name),
+        ray_job_id=ray_job_id,
+        last_checkpoint=observed.last_checkpoint or prev.last_checkpoint,
+        start_time=prev.start_time or (now if phase is Phase.RUNNING else None),
+        completion_time=(prev.completion_time or now) if phase.is_terminal else None,
+        observed_generation=generation,
+    )
+    _set_progress(status, spec, observed.metrics, prev)
+    return _dump(status)
+
+
+def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: int,
+            prev: RLJobStatus) -> tuple[Phase, _Updates]:
+    out = _Updates()
+    cluster_name = naming.ray_cluster_name(name)
+    if spec.suspend:
+        out.set(ConditionType.SUSPENDED, True, Reason.SUSPENDED_BY_USER,
+                "the cluster is freed and the checkpoint kept; unset spec.suspend to resume")
+        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED,
+                f"RayCluster {cluster_name} is "
+                + ("suspended" if observed.ray_cluster is not None else "deleted"))
+        out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_BY_USER, "the Ray job is stopped")
+        out.drop(ConditionType.PODS_SCHEDULED)  # no pods to schedule
+        return Phase.SUSPENDED, out
+
+    was_suspended = prev.condition(ConditionType.SUSPENDED)
+    if was_suspended is not None and was_suspended.status == "True":
+        out.set(ConditionType.SUSPENDED, False, Reason.RESUMED, "resuming from the last checkpoint")
+
+    cluster_ready, waiting_for_admission = _cluster_conditions(out, spec, observed.ray_cluster, cluster_name)
+    if observed.unschedulable:
+        messages = dict.fromkeys(observed.unschedulable)  # unique, in order
+        out.set(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, "; ".join(messages))
+    elif observed.ray_cluster is not None:
+        out.set(ConditionType.PODS_SCHEDULED, True, Reason.SCHEDULED, "no pod is waiting for a node")
+    else:
+        out.drop(ConditionType.PODS_SCHEDULED)
+
+    job, limit = observed.ray_job, spec.backoff_limit
+    failure = _failure(job, observed.lost_pods)
+    if job is not None and job.status is RayJobStatus.SUCCEEDED:
+        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED,
+                f"Ray job {job.submission_id} succeeded")
+        out.set(ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED,
+                f"all {spec.job.iterations} iterations done")
+        return Phase.SUCCEEDED, out
+    if failure is not None:
+        reason, message = failure
+        out.set(ConditionType.RUNNING, False, reason, message)
+        if restart_count < limit:
+            out.set(ConditionType.RETRYING, True, reason,
+                    f"restart {restart_count + 1} of {limit}, resuming from the last checkpoint: {message}")
+            return Phase.RETRYING, out
+        out.set(ConditionType.FAILED, True, Reason.BACKOFF_LIMIT_EXCEEDED,
+                f"failed after {restart_count} restart(s) (backoffLimit {limit}): {message}")
+        return Phase.FAILED, out
+    if job is not None and job.status is RayJobStatus.RUNNING:
+        out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
+        if restart_count > 0:
+            out.set(ConditionType.RETRYING, False, Reason.RECOVERED,
+                    f"running again after restart {restart_count}")
+        return Phase.RUNNING, out
+
+    if job is not None:  # PENDING: submitted, the driver has not started
+        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_PENDING,
+                f"Ray job {job.submission_id} is waiting for its driver to start")
+    else:
+        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_NOT_SUBMITTED,
+                "submitting the Ray job" if cluster_ready
+                else "the Ray job is submitted once the cluster is ready")
+    if restart_count > 0:
+        return Phase.RETRYING, out  # the Retrying condition of the failure stays as it was
+    if observed.ray_cluster is None or waiting_for_admission:
+        return Phase.PENDING, out
+    return Phase.PROVISIONING, out
+
+
+def _cluster_conditions(out: _Updates, spec: RLJobSpec, cluster: Optional[Mapping[str, Any]],
+                        cluster_name: str) -> tuple[bool, bool]:
+    """Sets ClusterReady from KubeRay's RayCluster status; returns (ready, waiting for Kueue)."""
+    if cluster is None:
+        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_CREATING,
+                f"creating RayCluster {cluster_name}")
+        return False, False
+    kuberay_conditions = {c.get("type"): c.get("status") for c in cluster.get("conditions") or ()}
+    if cluster.get("state") == RAY_STATE_SUSPENDED or kuberay_conditions.get(RAY_CONDITION_SUSPENDED) == "True":
+        # spec.suspend is false here, so someone else holds the cluster: Kueue until it admits it.
+        if spec.scheduling.gang is GangScheduler.KUEUE:
+            out.set(ConditionType.CLUSTER_READY, False, Reason.WAITING_FOR_ADMISSION,
+                    f"Kueue has not admitted RayCluster {cluster_name} from queue {spec.scheduling.queue} yet")
+            return False, True
+        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED,
+                f"RayCluster {cluster_name} is suspended")
+        return False, False
+    num_workers = spec.job.resources.num_nodes
+    if cluster.get("state") == RAY_STATE_READY or kuberay_conditions.get(RAY_CONDITION_PROVISIONED) == "True":
+        out.set(ConditionType.CLUSTER_READY, True, Reason.RAY_CLUSTER_READY,
+                f"head and {num_workers} worker(s) ready")
+        return True, False
+    out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_PROVISIONING,
+            f"{cluster.get('readyWorkerReplicas') or 0}/{num_workers} workers ready")
+    return False, False
+
+
+def _failure(job: Optional[RayJobObservation], lost_pods: Sequence[str]) -> Optional[tuple[Reason, str]]:
+    """Why the current attempt failed, or None; a finished (succeeded) job has nothing left to lose."""
+    if job is not None and job.status is RayJobStatus.FAILED:
+        return Reason.RAY_JOB_FAILED, f"Ray job {job.submission_id} failed: {job.message or 'no message'}"
+    if job is not None and job.status is RayJobStatus.STOPPED:
+        return Reason.RAY_JOB_STOPPED, f"Ray job {job.submission_id} was stopped outside the operator"
+    if job is not None and lost_pods:
+        return Reason.WORKER_POD_LOST, "; ".join(dict.fromkeys(lost_pods))
+    return None
+
+
+def _merge_conditions(prev: RLJobStatus, new: _Updates,
+                      generation: Optional[int], now: datetime) -> list[Condition]:
+    """New values win; a None value removes the condition; conditions not mentioned carry over.
+
+    lastTransitionTime moves only when the True/False status flips, so an unchanged situation
+    yields an identical status and no patch.
+    """
+    merged = {c.type: c for c in prev.conditions}
+    for type_, cond in new.items():
+        if cond is None:
+            merged.pop(type_, None)
+            continue
+        status = "True" if cond.status else "False"
+        old = merged.get(type_)
+        moved = old is None or old.status != status
+        merged[type_] = Condition(
+            type=type_, status=status, reason=cond.reason, message=cond.message,
+            last_transition_time=now if moved else old.last_transition_time,
+            observed_generation=generation)
+    return [merged[t] for t in _ORDER if t in merged]
+
+
+def _set_progress(status: RLJobStatus, spec: Optional[RLJobSpec], metrics: Optional[Mapping[str, Any]],
+                  prev: RLJobStatus) -> None:
+    status.iteration, status.reward = prev.iteration, prev.reward
+    status.tokens_per_second_per_device = prev.tokens_per_second_per_device
+    if metrics is not None:  # keys as rldock.runtime.trainer writes each iteration's record
+        status.iteration = int(metrics["iteration"])
+        status.reward = round(float(metrics[headline_key(metrics)]), 4)  # DPO: preference accuracy
+        status.tokens_per_second_per_device = round(float(metrics["tokens_per_s_per_device"]), 1)
+    status.iterations = spec.job.iterations if spec is not None else prev.iterations
+    if status.iterations is not None:
+        status.progress = f"{status.iteration or 0}/{status.iterations}"
+
+
+def _failed_on_spec(status: RLJobStatus) -> bool:
+    """A Failed phase that only a spec problem caused, which fixing the spec undoes."""
+    failed = status.condition(ConditionType.FAILED)
+    return status.phase is Phase.FAILED and failed is not None and failed.reason is Reason.INVALID_SPEC
+
+
+def parse_status(raw: Optional[Mapping[str, Any]]) -> RLJobStatus:
+    """The previous status; one this operator cannot read (another version wrote it) counts as empty."""
+    try:
+        return RLJobStatus.model_validate(raw or {})
+    except ValidationError:
+        return RLJobStatus()
+
+
+def _dump(status: RLJobStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def status_changed(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
+    """Whether `new` differs from the stored status (absent and null fields are the same)."""
+    return _without_nulls(old or {}) != _without_nulls(new)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[Event]:
+    """Events for the transitions between two statuses (none when nothing meaningful changed)."""
+    before, after = parse_status(old), parse_status(new)
+    events: list[Event] = []
+
+    def became(type_: ConditionType, status: str) -> Optional[Condition]:
+        cond, was = after.condition(type_), before.condition(type_)
+        if cond is None or cond.status != status:
+            return None
+        unchanged = was is not None and (was.status, was.reason, was.message) == (
+            cond.status, cond.reason, cond.message)
+        return None if unchanged else cond
+
+    if (cond := became(ConditionType.SPEC_VALID, "False")) is not None:
+        events.append(Event("Warning", EventReason.INVALID_SPEC, cond.message))
+    if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
+        events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
+    if after.ray_job_id is not None and after.ray_job_id != before.ray_job_id:
+        events.append(Event("Normal", EventReason.SUBMITTED_RAY_JOB,
+                            f"submitted Ray job {after.ray_job_id} (attempt {after.restart_count})"))
+    if after.phase is not before.phase:
+        if after.phase is Phase.RETRYING and (cond := after.condition(ConditionType.RETRYING)) is not None:
+            events.append(Event("Warning", EventReason.RETRYING, cond.message))
+        cond = became(ConditionType.FAILED, "True")
+        if cond is not None and cond.reason is Reason.BACKOFF_LIMIT_EXCEEDED:
+            events.append(Event("Warning", EventReason.BACKOFF_LIMIT_EXCEEDED, cond.message))
+        if after.phase is Phase.SUCCEEDED:
+            events.append(Event("Normal", EventReason.SUCCEEDED, f"finished {after.progress} iterations"))
+        if after.phase is Phase.SUSPENDED:
+            events.append(Event("Normal", EventReason.SUSPENDED, "suspended: freeing the cluster"))
+        if before.phase is Phase.SUSPENDED:
+            events.append(Event("Normal", EventReason.RESUMED, "resuming from the last checkpoint"))
+    return events
+
+
+def seconds_until_expiry(*, spec: RLJobSpec, status: Mapping[str, Any], now: datetime) -> Optional[float]:
+    """Seconds until ttlSecondsAfterFinished deletes a finished RLJob (<= 0: delete now); None: never."""
+    parsed = parse_status(status)
+    if spec.ttl_seconds_after_finished is None or parsed.completion_time is None:
+        return None
+    if parsed.phase is None or not parsed.phase.is_terminal:
+        return None
+    return spec.ttl_seconds_after_finished - (now - parsed.completion_time).total_seconds()

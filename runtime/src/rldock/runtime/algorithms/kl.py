@@ -1,0 +1,49 @@
+"""KL penalty to the reference policy, estimated per token from sampled tokens' logprobs.
+
+Estimators (Schulman, "Approximating KL Divergence", 2020), with log r = ref_logprob - logprob for
+a token sampled from the current policy:
+- `k1`: -log r, unbiased, can be negative per token.
+- `k3`: r - log r - 1, unbiased and always >= 0; the one GRPO uses (DeepSeekMath eq. 4).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from rldock.runtime.algorithms.core import masked_mean
+from rldock.runtime.registry import Registry
+
+# exp() of a log-ratio past ~88 overflows float32; a token whose logprobs differ by 20 nats is
+# already a maximal penalty, so clamping changes no useful gradient.
+MAX_LOG_RATIO = 20.0
+
+KlEstimator = Callable[[torch.Tensor], torch.Tensor]  # log r (B, T) -> per-token KL (B, T)
+
+KL_ESTIMATORS: Registry[KlEstimator] = Registry("KL estimator", field="algorithm.kl_estimator")
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    return -log_ratio
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None,
+               estimator: str = "k3") -> torch.Tensor:
+    """Estimate of KL(policy || reference) from the sampled tokens' logprobs.
+
+    logprobs: (B, T) under the current policy (differentiable); ref_logprobs: (B, T) under the
+    frozen reference; mask: (B, T) 1 on response tokens. With a mask, returns the token mean
+    over valid tokens (a scalar); without one, the per-token estimates (B, T), for a caller that
+    weights tokens itself (e.g. across micro-batches).
+    """
+    fn = KL_ESTIMATORS.get(estimator)
+    log_ratio = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, T)
+    per_token = fn(log_ratio)  # (B, T)
+    return per_token if mask is None else masked_mean(per_token, mask)

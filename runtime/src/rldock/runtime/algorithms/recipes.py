@@ -1,0 +1,193 @@
+"""Algorithm recipes: what one RL algorithm runs, as data, so the trainer and workers never branch
+on `algorithm.name`.
+
+A recipe names the worker states that run each iteration with the dock columns each consumes
+(the dock is created from `consumes`, the trainer launches exactly those states), the advantage
+stage that turns the advantage state's columns into its outputs, and the registered policy loss
+the actor's update calls. Adding an algorithm is adding a recipe here (and its pure pieces beside
+it), not an `if` in the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+from rldock.config.job import AlgorithmSpec
+from rldock.contract.algorithms import CATALOGUE
+from rldock.runtime.algorithms.advantages import get_advantage_estimator
+from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
+from rldock.runtime.algorithms.filtration import filtration_weights
+from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
+from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DPO_CONSUMES, DPO_PRODUCES, PPO_CONSUMES,
+                                     PPO_PRODUCES, PRODUCES)
+from rldock.runtime.registry import Registry
+
+# (batch columns of the advantage state, algorithm spec, generator for any sampling) -> the
+# columns to write back, each with the batch's leading dimension B.
+AdvantageStage = Callable[[Mapping[str, torch.Tensor], AlgorithmSpec, torch.Generator], dict[str, torch.Tensor]]
+
+
+# Reward shaping applied by the reward stage: (rule rewards (B,), response lengths (B,), algorithm
+# spec) -> the rewards written to the dock (B,).
+RewardShaping = Callable[[torch.Tensor, torch.Tensor, AlgorithmSpec], torch.Tensor]
+
+
+def _clip_ratio_kwargs(algo: AlgorithmSpec) -> dict:
+    return {"clip_ratio": algo.clip_ratio}
+
+
+def _unshaped(rewards: torch.Tensor, response_lengths: torch.Tensor, algo: AlgorithmSpec) -> torch.Tensor:
+    return rewards
+
+
+@dataclass(frozen=True)
+class SamplingRounds:
+    """States the driver runs in rounds before the rest (DAPO's dynamic sampling): each round puts
+    G fresh prompts, runs `states`, reads the samples back through `read_state` and keeps the
+    groups `group_filter(algo)` accepts, until G groups are kept (see runtime/src/rldock/runtime/sampling.py)."""
+
+    states: tuple[str, ...]
+    read_state: str
+    group_filter: Callable[[AlgorithmSpec], Callable[[torch.Tensor, int], torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    consumes: Mapping[str, tuple[str, ...]]  # worker state -> dock columns it needs
+    produces: Mapping[str, tuple[str, ...]]  # worker state (and "driver") -> columns it writes
+    advantage_stage: AdvantageStage | None  # None: the recipe has no advantage state (DPO)
+    policy_loss: str | None  # a name in POLICY_LOSSES; None: the update state has its own loss (DPO)
+    # keyword arguments of the policy loss besides the tensors, from the algorithm spec
+    policy_loss_kwargs: Callable[[AlgorithmSpec], dict] = _clip_ratio_kwargs
+    reward_shaping: RewardShaping = _unshaped
+    # what the driver puts each iteration: "prompt_groups" (G prompts x N) or "preference_pairs"
+    # (G chosen/rejected pairs), a name in runtime/src/rldock/runtime/sampling.py's BATCH_BUILDERS
+    driver_batch: str = "prompt_groups"
+    sampling_rounds: SamplingRounds | None = None
+    update_state: str = "update"  # the state whose results carry the training metrics
+
+    @property
+    def launched_states(self) -> tuple[str, ...]:
+        """States started together once the dock holds the iteration's batch."""
+        rounds = self.sampling_rounds
+        skip = (*rounds.states, rounds.read_state) if rounds else ()
+        return tuple(state for state in self.consumes if state not in skip)
+
+    @property
+    def needs_rollout_engine(self) -> bool:
+        return "rollout" in self.consumes
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        return tuple(self.consumes)
+
+    @property
+    def needs_critic(self) -> bool:
+        return "critic_inference" in self.consumes
+
+
+RECIPES: Registry[Recipe] = Registry("algorithm", field="algorithm.name")
+
+
+def get_recipe(name: str) -> Recipe:
+    return RECIPES.get(name)
+
+
+def register_recipe(recipe: Recipe) -> Recipe:
+    """Register `recipe`; it must be in the contract's algorithm catalogue and agree with it (the
+    operator counts devices from the catalogue without importing the runtime)."""
+    traits = CATALOGUE.get(recipe.name)
+    if traits is None:
+        raise ValueError(f"recipe {recipe.name!r} is not in rldock.contract.algorithms.CATALOGUE")
+    if (traits.needs_critic, traits.needs_rollout) != (recipe.needs_critic, recipe.needs_rollout_engine):
+        raise ValueError(f"recipe {recipe.name!r} disagrees with the algorithm catalogue: {traits}")
+    return RECIPES.register(recipe.name)(recipe)
+
+
+# --- advantage stages ----------------------------------------------------------------------------
+
+def group_advantage_stage(estimator: str) -> AdvantageStage:
+    """Outcome advantages from whole groups of rewards by a registered estimator: (B,) per sample."""
+    fn = get_advantage_estimator(estimator)
+
+    def stage(batch, algo, generator):
+        return {"advantage": fn(batch["reward"], algo.num_responses_per_prompt)}  # (B,)
+
+    return stage
+
+
+def _gae(batch, algo: AlgorithmSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask = batch["response_mask"]  # (B, SL)
+    token_rewards = outcome_token_rewards(batch["reward"], mask)  # (B, SL)
+    advantages, returns = gae_advantages(token_rewards, batch["values"], mask,
+                                         gamma=algo.ppo.gamma, lam=algo.ppo.lam)  # (B, SL) each
+    return advantages, returns, mask
+
+
+def gae_stage(batch, algo, generator):
+    """PPO: per-token GAE advantages (B, SL) and the critic's returns (B, SL)."""
+    advantages, returns, mask = _gae(batch, algo)
+    if algo.ppo.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return {"advantage": advantages, "returns": returns}
+
+
+def filtered_gae_stage(batch, algo, generator):
+    """PF-PPO: PPO's advantages, with each response's advantages multiplied by its filtration
+    weight (0 drops it from the policy loss). Whitening uses only the responses that are kept, so
+    the kept ones are centred among themselves, as if the filtered ones were never sampled. The
+    critic still trains on every response's returns: its values must track the sampling policy."""
+    advantages, returns, mask = _gae(batch, algo)
+    weights = filtration_weights(batch["reward"], algo.num_responses_per_prompt, algo.pf_ppo.mode,
+                                 power=algo.pf_ppo.power, generator=generator)  # (B,)
+    if algo.ppo.whiten_advantages:
+        advantages = masked_whiten(advantages, mask * (weights > 0).unsqueeze(1))
+    return {"advantage": advantages * weights.unsqueeze(1), "returns": returns}
+
+
+# --- recipes -------------------------------------------------------------------------------------
+
+GRPO = register_recipe(Recipe("grpo", consumes=CONSUMES, produces=PRODUCES,
+                              advantage_stage=group_advantage_stage("grpo"), policy_loss="clipped"))
+PPO = register_recipe(Recipe("ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
+                             advantage_stage=gae_stage, policy_loss="clipped"))
+PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
+                                advantage_stage=filtered_gae_stage, policy_loss="clipped"))
+
+
+# --- DAPO and DPO --------------------------------------------------------------------------------
+
+def _decoupled_clip_kwargs(algo: AlgorithmSpec) -> dict:
+    return {"clip_ratio_low": algo.dapo.clip_ratio_low, "clip_ratio_high": algo.dapo.clip_ratio_high}
+
+
+def _overlong_shaping(rewards: torch.Tensor, response_lengths: torch.Tensor, algo: AlgorithmSpec) -> torch.Tensor:
+    spec = algo.dapo
+    if spec.overlong_buffer_length == 0:
+        return rewards
+    return rewards + overlong_penalty(response_lengths, max_length=algo.max_response_length,
+                                      buffer_length=spec.overlong_buffer_length,
+                                      penalty_factor=spec.overlong_penalty_factor)
+
+
+def _keep_every_group(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    return torch.ones(rewards.numel() // group_size, dtype=torch.bool)
+
+
+def _dapo_group_filter(algo: AlgorithmSpec) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    return informative_groups if algo.dapo.dynamic_sampling else _keep_every_group
+
+
+DAPO = register_recipe(Recipe(
+    "dapo", consumes=DAPO_CONSUMES, produces=PRODUCES, advantage_stage=group_advantage_stage("grpo"),
+    policy_loss="decoupled_clip", policy_loss_kwargs=_decoupled_clip_kwargs, reward_shaping=_overlong_shaping,
+    sampling_rounds=SamplingRounds(states=("rollout", "reward"), read_state="sample_filter",
+                                   group_filter=_dapo_group_filter)))
+# DPO trains in the actor's preference_update state on the DPO loss, not on a policy surrogate.
+DPO = register_recipe(Recipe(
+    "dpo", consumes=DPO_CONSUMES, produces=DPO_PRODUCES, advantage_stage=None, policy_loss=None,
+    driver_batch="preference_pairs", update_state="preference_update"))

@@ -1,0 +1,126 @@
+"""Checkpoint layout on disk: atomic save, discovery of the latest complete one, pruning.
+
+A checkpoint is a directory `checkpoints/iter-000010/` holding the policy in Hugging Face format
+(`policy/`, which the rollout engine can start from), the optimizer state, RNG states and
+`state.json` (iteration, data position). It is written under a temporary name and renamed only when
+complete, so a run killed at any moment leaves either the previous or the new checkpoint, never a
+torn one.
+
+Beside the checkpoints, `inflight-dock.pkl` holds the transfer dock of an iteration that failed
+part-way (TransferDock.state_dict, with the results of the stage ranks that had finished): the
+retry of that iteration, which starts from the latest checkpoint, resumes from it instead of
+redoing finished samples and stages. It holds numpy arrays, so it is pickled (torch's safe loader
+refuses them), also atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rldock.contract.checkpoints import CHECKPOINT_DIR, checkpoint_name, iteration_of
+
+STATE_FILE = "state.json"
+POLICY_DIR = "policy"
+OPTIMIZER_FILE = "optimizer.pt"
+INFLIGHT_FILE = "inflight-dock.pkl"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    iteration: int
+
+    @property
+    def policy_dir(self) -> Path:
+        return self.path / POLICY_DIR
+
+    @property
+    def optimizer_file(self) -> Path:
+        return self.path / OPTIMIZER_FILE
+
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.path / STATE_FILE).read_text())
+
+
+
+def checkpoint_root(output_dir: Path) -> Path:
+    return Path(output_dir) / CHECKPOINT_DIR
+
+
+def staging_dir(output_dir: Path, iteration: int) -> Path:
+    """Where the pieces of a checkpoint are written before `commit` makes it visible."""
+    path = checkpoint_root(output_dir) / f".staging-{checkpoint_name(iteration)}"
+    if path.exists():
+        shutil.rmtree(path)  # left by a run killed while saving
+    path.mkdir(parents=True)
+    return path
+
+
+def commit(output_dir: Path, staging: Path, iteration: int, state: dict[str, Any], *,
+           keep_last: int) -> Checkpoint:
+    """Write state.json last, rename into place, then prune older checkpoints."""
+    (staging / STATE_FILE).write_text(json.dumps({**state, "iteration": iteration}, indent=2))
+    final = checkpoint_root(output_dir) / checkpoint_name(iteration)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    for old in list_checkpoints(output_dir)[:-keep_last]:
+        shutil.rmtree(old.path)
+    return Checkpoint(final, iteration)
+
+
+def list_checkpoints(output_dir: Path) -> list[Checkpoint]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        iteration = iteration_of(path.name)
+        if iteration is not None and (path / STATE_FILE).is_file():
+            found.append(Checkpoint(path, iteration))
+    return sorted(found, key=lambda c: c.iteration)
+
+
+def latest_checkpoint(output_dir: Path) -> Checkpoint | None:
+    checkpoints = list_checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def save_inflight(output_dir: Path, *, iteration: int, dock_state: dict[str, Any],
+                  finished: dict[str, list], launched: dict[str, int]) -> Path:
+    """Keep the dock of `iteration`, which failed part-way, for its retry: written atomically.
+
+    `finished` maps each stage to the results of its ranks that returned, `launched` each stage
+    to how many ranks it was started on.
+    """
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f".{INFLIGHT_FILE}.partial"
+    with partial.open("wb") as f:
+        pickle.dump({"iteration": iteration, "dock": dock_state, "finished": finished, "launched": launched}, f,
+                    protocol=5)
+    final = root / INFLIGHT_FILE
+    os.replace(partial, final)
+    return final
+
+
+def load_inflight(output_dir: Path, iteration: int) -> dict[str, Any] | None:
+    """The snapshot `save_inflight` kept for `iteration`, or None (none kept, or of another iteration)."""
+    path = checkpoint_root(output_dir) / INFLIGHT_FILE
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        snapshot = pickle.load(f)  # our own file, written by save_inflight
+    return snapshot if snapshot["iteration"] == iteration else None
+
+
+def clear_inflight(output_dir: Path) -> None:
+    """Forget the in-flight snapshot (its iteration finished)."""
+    (checkpoint_root(output_dir) / INFLIGHT_FILE).unlink(missing_ok=True)

@@ -1,0 +1,75 @@
+"""The sample flows as data: which worker state reads which dock columns, and what it writes
+(GRPO's, PPO's with its critic states, ...; each algorithm's recipe in
+runtime/src/rldock/runtime/algorithms/recipes.py picks one).
+
+Every stage reads its inputs from the transfer dock and writes its outputs back to it; nothing
+else carries samples between stages. The controller of each state only hands out a sample once all
+of the columns listed here are ready for it, which is what orders the stages.
+"""
+
+from __future__ import annotations
+
+PROMPT = ("prompt_ids", "prompt_mask")
+ANSWER = ("answer_ids", "answer_mask")
+RESPONSE = ("response_ids", "response_mask")
+
+# state -> columns it consumes
+CONSUMES: dict[str, tuple[str, ...]] = {
+    "rollout": PROMPT,
+    "actor_inference": PROMPT + RESPONSE,
+    "reference": PROMPT + RESPONSE,
+    "reward": RESPONSE + ANSWER,
+    "advantage": ("reward",),
+    "update": PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage"),
+}
+
+# PPO (and PF-PPO): GRPO's states plus a critic's. The critic scores every response token before
+# the advantage stage (GAE needs the values), and trains on the returns that stage writes.
+PPO_CONSUMES: dict[str, tuple[str, ...]] = {
+    **CONSUMES,
+    "critic_inference": PROMPT + RESPONSE,
+    "advantage": ("reward", "values", "response_mask"),
+    "critic_update": PROMPT + RESPONSE + ("values", "returns"),
+}
+
+# DAPO: GRPO's states; with dynamic sampling the driver reads each round's scored samples back
+# through `sample_filter` and puts only the kept groups again for the remaining states.
+DAPO_CONSUMES: dict[str, tuple[str, ...]] = {
+    **CONSUMES,
+    "sample_filter": PROMPT + ANSWER + RESPONSE + ("reward",),
+}
+
+# DPO: the driver puts chosen/rejected pairs as finished responses (no rollout, reward or
+# advantage); the reference scores them and the actor trains on the preference loss.
+DPO_CONSUMES: dict[str, tuple[str, ...]] = {
+    "reference": PROMPT + RESPONSE,
+    "preference_update": PROMPT + RESPONSE + ("ref_logprobs",),
+}
+
+# 0/1 mask columns whose per-sample sums are a sample's tokens: the dock uses them to deal the
+# update's samples over DP ranks with about equal token counts.
+TOKEN_COLUMNS: tuple[str, ...] = ("prompt_mask", "response_mask")
+
+# state -> columns it produces (documentation and a test that the flow is closed)
+PRODUCES: dict[str, tuple[str, ...]] = {
+    "driver": PROMPT + ANSWER,
+    "rollout": RESPONSE,
+    "actor_inference": ("old_logprobs",),
+    "reference": ("ref_logprobs",),
+    "reward": ("reward",),
+    "advantage": ("advantage",),
+    "update": (),
+}
+
+PPO_PRODUCES: dict[str, tuple[str, ...]] = {
+    **PRODUCES,
+    "critic_inference": ("values",),
+    "advantage": ("advantage", "returns"),
+    "critic_update": (),
+}
+
+DPO_PRODUCES: dict[str, tuple[str, ...]] = {
+    "driver": PROMPT + RESPONSE,
+    "reference": ("ref_logprobs",),
+    "preference_update": (),
+}

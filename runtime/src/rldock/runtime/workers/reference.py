@@ -1,0 +1,37 @@
+"""The reference worker state: frozen initial policy, writes the logprobs the KL term compares to."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.device import detect_device
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.models.loading import load_causal_lm
+from rldock.runtime.workers.stage_loop import run_stage
+
+
+class ReferenceWorker:
+    def __init__(self, cfg: JobConfig, *, rank: int, reference_dir: str, dock: TransferDock):
+        self.cfg, self.rank, self.dock = cfg, rank, dock
+        self.consumes = get_recipe(cfg.algorithm.name).consumes["reference"]  # dock columns it reads
+        self.device = detect_device(cfg.resources.device)
+        self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        self.model.eval().requires_grad_(False)
+
+    def compute_ref_logprobs(self, iteration: int) -> dict:
+        micro_batch_size = self.cfg.training.micro_batch_size
+
+        def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            batch = batch.to(self.device.torch_device)
+            with torch.no_grad():
+                logprobs = response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"],
+                                             batch["response_ids"], batch["response_mask"],
+                                             micro_batch_size=micro_batch_size)  # (B, SL)
+            return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
+
+        return run_stage(self.dock, "reference", self.consumes, infer, rank=self.rank,
+                         batch_size=micro_batch_size).as_dict()

@@ -1,0 +1,63 @@
+"""DAPO and DPO job configs: the examples are valid, cross-field problems name the field to fix."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rldock.config import ConfigError, parse_job_config
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _example(name: str) -> dict:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def problem_paths(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(data)
+    return sorted(p.path for p in caught.value.problems)
+
+
+def test_examples_are_valid():
+    dapo = parse_job_config(_example("dapo-tiny.yaml"))
+    assert dapo.algorithm.name == "dapo" and dapo.algorithm.dapo.clip_ratio_high == 0.28
+    dpo = parse_job_config(_example("dpo-tiny.yaml"))
+    assert dpo.algorithm.name == "dpo" and dpo.algorithm.num_responses_per_prompt == 2
+
+
+def test_overlong_buffer_must_fit_the_response_length():
+    data = _example("dapo-tiny.yaml")
+    data["algorithm"]["dapo"]["overlong_buffer_length"] = 7  # max_response_length 6
+    assert problem_paths(data) == ["algorithm.dapo.overlong_buffer_length"]
+
+
+def test_dapo_knobs_have_bounds():
+    data = _example("dapo-tiny.yaml")
+    data["algorithm"]["dapo"]["max_sampling_rounds"] = 0
+    assert problem_paths(data) == ["algorithm.dapo.max_sampling_rounds"]
+
+
+def test_dpo_needs_pairs():
+    data = _example("dpo-tiny.yaml")
+    data["algorithm"]["num_responses_per_prompt"] = 4
+    assert problem_paths(data) == ["algorithm.num_responses_per_prompt"]
+
+
+def test_dpo_pairs_must_split_evenly_over_ranks_and_mini_batches():
+    data = _example("dpo-tiny.yaml")
+    data["algorithm"]["num_prompts_per_iteration"] = 33  # 66 samples: 33 per rank, but a pair cannot split
+    assert problem_paths(data) == ["algorithm.num_prompts_per_iteration"]
+    data = _example("dpo-tiny.yaml")
+    data["algorithm"]["num_updates_per_iteration"] = 32  # 16 pairs per rank into 32 mini-batches
+    assert "algorithm.num_updates_per_iteration" in problem_paths(data)
+    data = _example("dpo-tiny.yaml")
+    data["training"]["micro_batch_size"] = 7
+    assert problem_paths(data) == ["training.micro_batch_size"]
+
+
+def test_dpo_label_smoothing_bound():
+    data = _example("dpo-tiny.yaml")
+    data["algorithm"]["dpo"]["label_smoothing"] = 0.5
+    assert problem_paths(data) == ["algorithm.dpo.label_smoothing"]

@@ -1,0 +1,100 @@
+"""The folder tree is the import tree: every Python file's path ends in its module path.
+
+Checked twice: in the checkout (every file under a `src/` root resolves to itself by its dotted
+name), and in a fresh, non-editable install of the `rldock` wheel, where every module of the
+source trees is present, imports by its dotted name, and sits at the path its name says.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PRODUCT_ROOTS = [REPO / "api" / "src", REPO / "runtime" / "src", REPO / "operator" / "src"]
+TOOLING_ROOTS = [REPO / "e2e" / "src", REPO / "benchmarks" / "src"]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _source_modules(roots: list[Path]) -> dict[str, Path]:
+    return {_module_name(path, root): path for root in roots for path in sorted(root.rglob("*.py"))}
+
+
+def test_every_source_file_is_found_by_its_dotted_name():
+    modules = _source_modules(PRODUCT_ROOTS + TOOLING_ROOTS)
+    assert "rldock.runtime.dock.client" in modules and "rldock_e2e.doubles.kuberay" in modules
+    for name, path in modules.items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and Path(spec.origin).resolve() == path.resolve(), name
+
+
+def test_code_lives_only_in_src_trees():
+    """No Python file outside a src/ root, tests/ and the chart; nothing called `operator` on top."""
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    stray = [f for f in tracked if "/src/" not in f and not f.startswith("tests/")]
+    assert stray == []
+    assert not (REPO / "operator" / "__init__.py").exists()
+
+
+def test_nothing_edits_sys_path():
+    pattern = re.compile(r"sys\.path\.(insert|append)")
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    offenders = [f for f in tracked if f != "tests/unit/test_layout.py" and pattern.search((REPO / f).read_text())]
+    assert offenders == []
+
+
+_IMPORT_EVERYTHING = textwrap.dedent("""
+    import importlib, json, sys
+    site, names = sys.argv[1], json.loads(sys.argv[2])
+    paths = {}
+    for name in names:
+        module = importlib.import_module(name)
+        paths[name] = module.__file__
+    print(json.dumps(paths))
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh_install(tmp_path_factory) -> Path:
+    """`pip install --no-deps` of the rldock wheel into a folder of its own."""
+    work = tmp_path_factory.mktemp("fresh-install")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(work / "dist"), str(REPO)], check=True, capture_output=True)
+    wheel = next((work / "dist").glob("rldock-*.whl"))
+    site = work / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    return site
+
+
+def test_fresh_install_imports_every_module_from_its_own_path(fresh_install: Path):
+    expected = _source_modules(PRODUCT_ROOTS)
+    installed = {_module_name(path, fresh_install) for path in (fresh_install / "rldock").rglob("*.py")}
+    assert installed == set(expected), "the wheel and the source trees hold different modules"
+    # `-S`: no site-packages processing, so the checkout's editable install cannot answer; the
+    # venv's site-packages comes after the fresh install only for third-party dependencies.
+    names = sorted(name for name in expected if not name.endswith("__main__"))  # __main__ would run the operator
+    deps = sysconfig.get_paths()["purelib"]
+    out = subprocess.run([sys.executable, "-S", "-c", _IMPORT_EVERYTHING, str(fresh_install), json.dumps(names)],
+                         env={"PYTHONPATH": f"{fresh_install}:{deps}", "PATH": "/usr/bin:/bin",
+                              "HOME": str(fresh_install)},
+                         capture_output=True, text=True, cwd=fresh_install.parent)
+    assert out.returncode == 0, out.stderr[-4000:]
+    paths = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, file in paths.items():
+        relative = Path(file).resolve().relative_to(fresh_install.resolve())
+        assert _module_name(fresh_install / relative, fresh_install) == name
