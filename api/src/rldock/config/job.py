@@ -84,7 +84,7 @@ class PPOSpec(Spec):
     )
     critic_learning_rate: float = Field(default=1e-3, ge=0, description="Critic AdamW learning rate.")
     whiten_advantages: bool = Field(
-        default=True, description="Normalise the GAE advantages to mean 0, std 1 over each advantage batch's tokens."
+        default=True, description="Normalise the GAE advantages to mean 0, std 1 over the response tokens of the iteration's batch."
     )
 
 

@@ -69,6 +69,11 @@ class Recipe:
     driver_batch: str = "prompt_groups"
     sampling_rounds: SamplingRounds | None = None
     update_state: str = "update"  # the state whose results carry the training metrics
+    # What one call of the advantage stage sees: "groups" (whole prompt groups, as they become
+    # ready: GRPO's baselines need nothing else) or "iteration" (the iteration's whole batch, for
+    # statistics over the batch such as PPO's advantage whitening, so the result does not depend
+    # on how the dock happened to split the samples).
+    advantage_scope: str = "groups"
 
     @property
     def launched_states(self) -> tuple[str, ...]:
@@ -97,9 +102,15 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES.get(name)
 
 
+ADVANTAGE_SCOPES = ("groups", "iteration")
+
+
 def register_recipe(recipe: Recipe) -> Recipe:
     """Register `recipe`; it must be in the contract's algorithm catalogue and agree with it (the
     operator counts devices from the catalogue without importing the runtime)."""
+    if recipe.advantage_scope not in ADVANTAGE_SCOPES:
+        raise ValueError(f"recipe {recipe.name!r}: advantage_scope {recipe.advantage_scope!r} is not one of "
+                         f"{ADVANTAGE_SCOPES}")
     traits = CATALOGUE.get(recipe.name)
     if traits is None:
         raise ValueError(f"recipe {recipe.name!r} is not in rldock.contract.algorithms.CATALOGUE")
@@ -153,10 +164,12 @@ def filtered_gae_stage(batch, algo, generator):
 
 GRPO = register_recipe(Recipe("grpo", consumes=CONSUMES, produces=PRODUCES,
                               advantage_stage=group_advantage_stage("grpo"), policy_loss="clipped"))
+# PPO and PF-PPO whiten over the iteration's batch (as verl does), so their stage sees all of it.
 PPO = register_recipe(Recipe("ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
-                             advantage_stage=gae_stage, policy_loss="clipped"))
+                             advantage_stage=gae_stage, policy_loss="clipped", advantage_scope="iteration"))
 PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
-                                advantage_stage=filtered_gae_stage, policy_loss="clipped"))
+                                advantage_stage=filtered_gae_stage, policy_loss="clipped",
+                                advantage_scope="iteration"))
 
 
 # --- DAPO and DPO --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The advantage worker state: the recipe's advantage stage (GRPO's group-normalised advantages,
-PPO's GAE, ...) over whole prompt groups."""
+PPO's GAE, ...) over whole prompt groups, or over the iteration's whole batch when the recipe's
+stage takes statistics over the batch (PPO's whitening)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,29 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import Recipe, get_recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.workers.stage_loop import run_stage
+
+
+def advantage_batch_size(recipe: Recipe, cfg: JobConfig) -> int:
+    """Samples per dock request of the advantage state: whole groups, as many as fit a micro-batch,
+    or every sample of the iteration (`advantage_scope: iteration`)."""
+    if recipe.advantage_scope == "iteration":
+        return cfg.num_samples_per_iteration
+    group = cfg.algorithm.num_responses_per_prompt
+    return group * max(1, cfg.training.micro_batch_size // group)
 
 
 class AdvantageWorker:
     def __init__(self, cfg: JobConfig, *, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
-        self.stage = get_recipe(cfg.algorithm.name).advantage_stage
+        recipe = get_recipe(cfg.algorithm.name)
+        self.stage = recipe.advantage_stage
+        self.batch_size = advantage_batch_size(recipe, cfg)
 
     def compute_advantages(self, iteration: int) -> dict:
         algo = self.cfg.algorithm
-        group = algo.num_responses_per_prompt
 
         def estimate(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             # Any sampling in the stage (PF-PPO's best_random) is keyed by (seed, iteration, first
@@ -30,5 +41,4 @@ class AdvantageWorker:
 
         # Whole groups only: a group's baseline needs all N of its rewards.
         return run_stage(self.dock, "advantage", self.dock.states["advantage"], estimate, rank=0,
-                         batch_size=group * max(1, self.cfg.training.micro_batch_size // group),
-                         whole_groups=True).as_dict()
+                         batch_size=self.batch_size, whole_groups=True).as_dict()
