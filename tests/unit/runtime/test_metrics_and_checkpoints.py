@@ -6,7 +6,7 @@ import pytest
 
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dataflow import CONSUMES, PRODUCES
-from rldock.runtime.metrics import MetricsLog, dock_traffic, tokens_per_s_per_device
+from rldock.runtime.metrics import MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
 
 
 def test_throughput_is_the_papers_formula():
@@ -92,3 +92,19 @@ def test_dataflow_is_closed():
         missing = set(columns) - produced
         assert not missing, f"{state} consumes {missing}, which nothing produces"
     assert set(CONSUMES) <= set(PRODUCES)
+
+
+def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    records = [{"iteration": 1, **base}, {"iteration": 2, **base, "entropy": 1.5},
+               {"iteration": 3, **base, "entropy": 1.25}]
+    plot_progress(records, tmp_path / "progress.png")
+    assert (tmp_path / "progress.png").stat().st_size > 0
+    panels = {ax.get_ylabel(): ax.lines[0] for ax in saved[0].axes}
+    entropy = panels["policy entropy (nats/token)"]
+    assert list(entropy.get_xdata()) == [2, 3] and list(entropy.get_ydata()) == [1.5, 1.25]

@@ -61,18 +61,24 @@ class MetricsLog:
 
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
-    """Reward (DPO: preference accuracy) and throughput per iteration, as a PNG."""
+    """Reward (DPO: preference accuracy), the policy's entropy and throughput per iteration, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     iterations = [r["iteration"] for r in records]
-    fig, (ax_reward, ax_tps) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, (ax_reward, ax_entropy, ax_tps) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
     key = headline_key(records[0]) if records else "reward_mean"
     ax_reward.plot(iterations, [r[key] for r in records], marker=".")
     ax_reward.set_ylabel("mean reward" if key == "reward_mean" else "policy preference accuracy")
     ax_reward.grid(alpha=0.3)
+    # Records written before `entropy` was logged (a run resumed across versions) have none.
+    with_entropy = [r for r in records if "entropy" in r]
+    ax_entropy.plot([r["iteration"] for r in with_entropy], [r["entropy"] for r in with_entropy], marker=".",
+                    color="tab:green")
+    ax_entropy.set_ylabel("policy entropy (nats/token)")
+    ax_entropy.grid(alpha=0.3)
     ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in records], marker=".", color="tab:orange")
     ax_tps.set_ylabel("tokens/s per device")
     ax_tps.set_xlabel("iteration")

@@ -9,6 +9,7 @@ from rldock.runtime.engines.policy import (
     build_policy_inputs,
     response_logprobs,
     response_logprobs_and_entropy,
+    token_entropy,
 )
 
 PAD = 0
@@ -120,3 +121,27 @@ def test_entropy_and_gradients(model):
 def test_micro_batch_size_must_be_positive(model):
     with pytest.raises(ValueError, match="micro_batch_size"):
         response_logprobs(model, *_batch(), micro_batch_size=0)
+
+
+def test_token_entropy_of_known_distributions():
+    V = 7
+    uniform = torch.zeros(2, 3, V)  # (B, SL, V): equal logits
+    torch.testing.assert_close(token_entropy(uniform), torch.full((2, 3), float(torch.log(torch.tensor(7.0)))))
+    peaked = torch.tensor([[100.0, 0.0, 0.0, 0.0]])  # (1, V=4): all mass on one token
+    assert float(token_entropy(peaked)) < 1e-30 + 1e-6
+    two = torch.log(torch.tensor([[0.25, 0.75]]))  # H = -(.25 ln .25 + .75 ln .75)
+    torch.testing.assert_close(token_entropy(two), torch.tensor([0.5623351446]))
+    logits = torch.randn(4, 5, 11, generator=torch.Generator().manual_seed(0))
+    expected = torch.distributions.Categorical(logits=logits).entropy()  # (4, 5)
+    torch.testing.assert_close(token_entropy(logits), expected)
+
+
+def test_entropy_is_a_metric_only_and_matches_the_logits(model):
+    batch = _batch()
+    scores = response_logprobs_and_entropy(model, *batch, micro_batch_size=3)
+    assert not scores.entropy.requires_grad  # no second (b, SL, V) graph: the loss has no entropy term
+    with torch.no_grad():
+        inputs = build_policy_inputs(*batch)
+        logits = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                       position_ids=inputs.position_ids).logits[:, 3:6]  # (3, SL, V)
+    torch.testing.assert_close(scores.entropy, token_entropy(logits) * batch[3], atol=1e-5, rtol=0)

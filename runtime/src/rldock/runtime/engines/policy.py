@@ -108,7 +108,9 @@ def response_logprobs_and_entropy(
     micro_batch_size: int,
     temperature: float = 1.0,
 ) -> ResponseScores:
-    """`response_logprobs` plus the policy's entropy (B, SL) at each response position."""
+    """`response_logprobs` plus the policy's entropy (B, SL) at each response position, from the
+    same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
+    entropy bonus), so it is computed without building a second (b, SL, V) autograd graph."""
     logprob_chunks, entropy_chunks = [], []
     for logits, rows in _response_logits(
         model, prompt_ids, prompt_mask, response_ids, response_mask,
@@ -116,10 +118,18 @@ def response_logprobs_and_entropy(
     ):
         mask = response_mask[rows]
         logprob_chunks.append(_token_logprobs(logits, response_ids[rows], mask))
-        log_p = logits.log_softmax(dim=-1)  # (b, SL, V)
-        entropy = -(log_p.exp() * log_p).sum(dim=-1)  # (b, SL)
-        entropy_chunks.append(entropy * mask)
+        with torch.no_grad():
+            entropy_chunks.append(token_entropy(logits.detach()) * mask)  # (b, SL)
     return ResponseScores(logprobs=torch.cat(logprob_chunks), entropy=torch.cat(entropy_chunks))
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy H = -sum_v p_v log p_v of the softmax over the last dim: logits (..., V) -> (...).
+
+    A uniform distribution over V tokens gives log V; a (near) one-hot one gives 0.
+    """
+    log_p = logits.float().log_softmax(dim=-1)  # (..., V)
+    return -(log_p.exp() * log_p).sum(dim=-1)  # (...)
 
 
 def _token_logprobs(logits: Tensor, token_ids: Tensor, mask: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
-from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.engines.policy import ResponseScores, response_logprobs, response_logprobs_and_entropy
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
@@ -134,7 +134,7 @@ class ActorWorker:
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             with torch.no_grad():
-                logprobs = self._logprobs(batch, grad=False)
+                logprobs = self._logprobs(batch)
             return TensorDict({"old_logprobs": logprobs}, batch_size=[len(indices)])
 
         if self.sharded is not None:  # the TP group computes together; its params come back first
@@ -224,10 +224,16 @@ class ActorWorker:
     def _samples_per_rank(self) -> int:
         return self.cfg.num_samples_per_iteration // self.world_size
 
-    def _logprobs(self, batch: TensorDict, *, grad: bool) -> torch.Tensor:
-        model = self.ddp_model if (grad and self.ddp_model is not None) else self.model
-        return response_logprobs(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+    def _logprobs(self, batch: TensorDict) -> torch.Tensor:
+        """Logprobs for inference (old logprobs): the bare model, no DDP hooks."""
+        return response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
                                  batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+
+    def _scores(self, batch: TensorDict) -> ResponseScores:
+        """Logprobs (with gradients) and the policy's entropy of the response tokens, one forward pass."""
+        model = self.ddp_model if self.ddp_model is not None else self.model
+        return response_logprobs_and_entropy(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+                                             batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step over a mini-batch, accumulating micro-batches; token-level mean."""
@@ -244,14 +250,15 @@ class ActorWorker:
         tokens_per_rank = global_tokens / self.world_size
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
-        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
         for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
             weight = mask.sum() / tokens_per_rank
             last = i == len(micro_batches) - 1
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
-                logprobs = self._logprobs(micro, grad=True)  # (b, SL)
+                scores = self._scores(micro)
+                logprobs = scores.logprobs  # (b, SL)
                 policy = self.policy_loss(logprobs, micro["old_logprobs"], micro["advantage"], mask,
                                           **self.policy_loss_kwargs)
                 kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask)
@@ -262,6 +269,7 @@ class ActorWorker:
             stats["policy_loss"] += policy.loss.item() * w
             stats["kl"] += kl.item() * w
             stats["clip_fraction"] += policy.clip_fraction.item() * w
+            stats["entropy"] += masked_mean(scores.entropy, mask).item() * w  # token mean, nats
         if self.sharded is not None:  # no DDP here: average over DP and clip over the TP-split model
             stats["grad_norm"] = self.sharded.apply_gradients(algo.max_grad_norm)
             return stats
@@ -277,7 +285,7 @@ class ActorWorker:
         mini_batch = mini_batch.to(self.device.torch_device)
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)  # an even size (problems.py)
         self.optimizer.zero_grad(set_to_none=True)
-        stats = dict.fromkeys(("loss", "policy_loss", "kl", "preference_accuracy", "reward_margin",
+        stats = dict.fromkeys(("loss", "policy_loss", "kl", "entropy", "preference_accuracy", "reward_margin",
                                "policy_preference_accuracy"), 0.0)
         for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
@@ -285,14 +293,15 @@ class ActorWorker:
             last = i == len(micro_batches) - 1
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
-                logprobs = self._logprobs(micro, grad=True)  # (b, SL)
+                scores = self._scores(micro)
+                logprobs = scores.logprobs  # (b, SL)
                 out = dpo_loss(sequence_logprobs(logprobs, mask), sequence_logprobs(micro["ref_logprobs"], mask),
                                beta=algo.dpo.beta, label_smoothing=algo.dpo.label_smoothing)
                 (out.loss * weight).backward()
             with torch.no_grad():  # logged only: how far the policy drifted from the reference
                 kl = masked_mean(kl_penalty(logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator), mask)
             for key, value in {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
-                               **out.metrics}.items():
+                               "entropy": masked_mean(scores.entropy, mask).item(), **out.metrics}.items():
                 stats[key] += value * weight
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
         self.optimizer.step()

@@ -1,0 +1,56 @@
+"""The actor's update step reports the policy's token-mean entropy over response tokens."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config.job import JobConfig
+from rldock.runtime.algorithms import get_policy_loss, masked_mean
+from rldock.runtime.engines.policy import response_logprobs_and_entropy
+from rldock.runtime.workers.actor import ActorWorker
+
+
+def _tiny_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+
+
+def _actor_double(model) -> ActorWorker:
+    """An ActorWorker with only what `_optimizer_step` reads: one CPU rank, no DDP, no engine."""
+    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, training={"micro_batch_size": 2},
+                    algorithm={"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
+                               "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-3})
+    actor = ActorWorker.__new__(ActorWorker)
+    actor.cfg, actor.world_size, actor.model, actor.ddp_model, actor.sharded = cfg, 1, model, None, None
+    actor.device = types.SimpleNamespace(torch_device="cpu")
+    actor.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
+    actor.kl_estimator = "k3"
+    return actor
+
+
+def test_update_step_logs_the_token_mean_entropy_before_the_step():
+    model = _tiny_model()
+    prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)
+    response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
+    response_mask = (response_ids != 0).long()
+    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
+                        "response_ids": response_ids, "response_mask": response_mask}, batch_size=[4])
+    with torch.no_grad():
+        scores = response_logprobs_and_entropy(model, batch["prompt_ids"], batch["prompt_mask"],
+                                               response_ids, response_mask, micro_batch_size=4)
+    batch["old_logprobs"] = scores.logprobs
+    batch["ref_logprobs"] = scores.logprobs
+    batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    expected = masked_mean(scores.entropy, response_mask)  # token mean over all 8 response tokens
+
+    stats = _actor_double(model)._optimizer_step(batch)
+
+    assert abs(stats["entropy"] - float(expected)) < 1e-5
+    assert 0 < stats["entropy"] <= float(torch.log(torch.tensor(32.0)))
