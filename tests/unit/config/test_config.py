@@ -37,6 +37,13 @@ def test_unknown_field_is_named(demo_data):
     assert "unknown field" in str(caught.value)
 
 
+@pytest.mark.parametrize("section, field, value", [("training", "strategy", "ddp"), ("rollout", "engine", "vllm")])
+def test_single_valued_knobs_are_gone(demo_data, section, field, value):
+    # They selected nothing; the multi-valued versions come with the features (e.g. training.strategy: fsdp).
+    demo_data.setdefault(section, {})[field] = value
+    assert problem_paths(demo_data) == [f"{section}.{field}"]
+
+
 def test_missing_required_field_is_named(demo_data):
     del demo_data["algorithm"]["num_responses_per_prompt"]
     assert problem_paths(demo_data) == ["algorithm.num_responses_per_prompt"]

