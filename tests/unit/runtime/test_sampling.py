@@ -6,7 +6,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
-from rldock.runtime.sampling import DriverBatch, DynamicSampling, merge_rounds, pick_groups, preference_pairs
+from rldock.runtime.sampling import DriverBatch, DynamicSampling, group_rows, merge_rounds, preference_pairs
 from rldock.runtime.tasks import PreferencePair
 
 
@@ -50,54 +50,76 @@ def test_merge_rounds_sums_numbers_and_joins_lists_per_worker():
     assert merge_rounds(rounds) == [{"compute_s": 1.5, "rewards": [1, 3]}, {"compute_s": 2.25, "rewards": [2]}]
 
 
-def test_pick_groups_keeps_whole_groups_in_order():
-    batch = TensorDict({"x": torch.arange(6)}, batch_size=[6])
-    assert pick_groups(batch, torch.tensor([True, False, True]), group_size=2)["x"].tolist() == [0, 1, 4, 5]
+def test_group_rows_are_the_samples_of_each_group_slot():
+    assert group_rows(torch.tensor([0, 2]), 3).tolist() == [0, 1, 2, 6, 7, 8]
 
 
-def _rounds(reward_rounds, *, num_groups=2, max_rounds=3):
-    """Run DynamicSampling over scripted per-round rewards (groups of 2); returns the result and
-    the rounds' first sample ids (id = 100 * round + row)."""
-    calls = []
+class SlotDock:
+    """Test double of the dock's group slots: what each slot holds, and every empty/put/score step."""
 
-    def draw():
-        return DriverBatch(TensorDict({"prompt_mask": torch.ones(4, 3)}, batch_size=[4]), [3, 3])
+    def __init__(self, scores_by_round, group_size=2):
+        self.scores_by_round, self.group_size = scores_by_round, group_size
+        self.rows: dict[int, int] = {}  # dock row -> id of the sample there
+        self.log: list[tuple] = []
+        self.drawn = 0
 
-    def run_round(fed, sampling_round):
-        calls.append(sampling_round)
-        scored = fed.batch.clone()
-        scored["reward"] = torch.tensor(reward_rounds[sampling_round])
-        scored["id"] = torch.arange(4) + 100 * sampling_round
-        return {"reward": [{"compute_s": 1.0, "rewards": reward_rounds[sampling_round]}]}, scored
+    def draw(self, num_prompts):
+        ids = torch.arange(self.drawn, self.drawn + num_prompts).repeat_interleave(self.group_size)
+        self.drawn += num_prompts
+        return DriverBatch(TensorDict({"id": ids, "prompt_mask": torch.ones(len(ids), 3)}, batch_size=[len(ids)]),
+                           [3 + i for i in range(num_prompts)])
 
-    sampler = DynamicSampling(num_groups=num_groups, group_size=2, max_rounds=max_rounds,
-                              group_filter=informative_groups)
-    return sampler.run(draw, run_round), calls
+    def run_round(self, groups, fresh, sampling_round):
+        rows = group_rows(groups, self.group_size)
+        self.log.append(("empty+put", sampling_round, groups.tolist()))
+        self.rows.update(zip(rows.tolist(), fresh.batch["id"].tolist()))
+        scores = self.scores_by_round[sampling_round]  # per group this round, expanded to its rows
+        rewards = [x for score in scores for x in score]
+        return {"reward": [{"compute_s": 1.0, "rewards": rewards}]}, torch.tensor(rewards)
+
+    def run(self, *, num_groups=2, max_rounds=3):
+        sampler = DynamicSampling(num_groups=num_groups, group_size=self.group_size, max_rounds=max_rounds,
+                                  group_filter=informative_groups)
+        return sampler.run(self.draw, self.run_round)
 
 
-def test_dynamic_sampling_refills_until_enough_groups_differ():
-    # round 0 keeps group 1 only, round 1 keeps group 0: two groups, so a third round never runs
-    out, calls = _rounds([[1.0, 1.0, 0.0, 1.0], [0.0, 0.5, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]])
-    assert calls == [0, 1]
-    assert out.batch.batch["id"].tolist() == [2, 3, 100, 101]
+def test_dynamic_sampling_refills_only_the_slots_of_dropped_groups():
+    # round 0: prompt 0 (slot 0) all equal -> dropped, prompt 1 (slot 1) kept; round 1 refills
+    # slot 0 only, with prompt 2, which differs -> kept; no third round
+    dock = SlotDock([[(1.0, 1.0), (0.0, 1.0)], [(0.0, 0.5)], [(0.0, 1.0)]])
+    out = dock.run()
+    assert dock.log == [("empty+put", 0, [0, 1]), ("empty+put", 1, [0])]
+    assert dock.rows == {0: 2, 1: 2, 2: 1, 3: 1}  # the kept prompt 1 never moved
+    assert out.batch.batch["id"].tolist() == [2, 2, 1, 1]  # the driver's copy agrees with the dock
+    assert out.batch.prompt_lengths == [3, 4]
     assert out.metrics == {"dynamic_sampling/rounds": 2, "dynamic_sampling/kept_groups": 2,
                            "dynamic_sampling/padded_groups": 0}
-    assert out.results["reward"] == [{"compute_s": 2.0, "rewards": [1.0, 1.0, 0.0, 1.0, 0.0, 0.5, 0.0, 0.0]}]
-    assert out.batch.prompt_lengths == [3, 3]
+    assert out.results["reward"] == [{"compute_s": 2.0, "rewards": [1.0, 1.0, 0.0, 1.0, 0.0, 0.5]}]
 
 
-def test_dynamic_sampling_drops_surplus_groups():
-    out, calls = _rounds([[0.0, 1.0, 1.0, 0.0]], num_groups=1)
-    assert calls == [0] and out.batch.batch["id"].tolist() == [0, 1]
-    assert out.metrics["dynamic_sampling/kept_groups"] == 2
-
-
-def test_dynamic_sampling_pads_with_dropped_groups_after_the_last_round():
-    out, calls = _rounds([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.5, 0.5]], max_rounds=2)
-    assert calls == [0, 1]
-    # kept: round 1 group 0; padding: the first dropped group (round 0 group 0)
-    assert out.batch.batch["id"].tolist() == [100, 101, 0, 1]
+def test_dynamic_sampling_pads_with_the_last_rounds_dropped_groups():
+    dock = SlotDock([[(1.0, 1.0), (0.0, 0.0)], [(0.0, 1.0), (0.5, 0.5)]])
+    out = dock.run(max_rounds=2)
+    assert dock.log == [("empty+put", 0, [0, 1]), ("empty+put", 1, [0, 1])]
+    assert out.batch.batch["id"].tolist() == [2, 2, 3, 3]  # slot 1 holds round 1's dropped prompt 3
     assert out.metrics["dynamic_sampling/padded_groups"] == 1
+    assert out.metrics["dynamic_sampling/kept_groups"] == 1
+
+
+def test_dapo_filters_groups_on_the_unshaped_score():
+    """A group of equally correct answers, one of them overlong: its shaped rewards differ, its
+    scores do not, so the paper's filter (on accuracy) drops it."""
+    from rldock.runtime.algorithms.recipes import get_recipe
+
+    recipe = get_recipe("dapo")
+    algo = _algo(name="dapo", max_response_length=6, dapo={"overlong_buffer_length": 2})
+    score = torch.tensor([1.0, 1.0, 0.0, 1.0])  # (B,) groups of 2
+    shaped = recipe.reward_shaping(score, torch.tensor([3, 6, 3, 3]), algo)
+    assert shaped.tolist() == [1.0, 0.0, 0.0, 1.0]
+    rounds = recipe.sampling_rounds
+    assert rounds.score_column == "score" and recipe.consumes[rounds.read_state] == ("score",)
+    assert "score" in recipe.produces["reward"]
+    assert rounds.group_filter(algo)(score, 2).tolist() == [False, True]
 
 
 @pytest.mark.parametrize("name, expected", [("grpo", ()), ("dapo", ("rollout", "reward", "sample_filter"))])

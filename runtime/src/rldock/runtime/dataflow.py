@@ -32,11 +32,13 @@ PPO_CONSUMES: dict[str, tuple[str, ...]] = {
     "critic_update": PROMPT + RESPONSE + ("values", "returns"),
 }
 
-# DAPO: GRPO's states; with dynamic sampling the driver reads each round's scored samples back
-# through `sample_filter` and puts only the kept groups again for the remaining states.
+# DAPO: GRPO's states; with dynamic sampling the driver reads each round's per-sample `score` (the
+# rule reward before overlong shaping, (B,) floats: the only column that reaches the driver)
+# through `sample_filter`, and the dock empties and refills the groups it drops; the samples of the
+# kept groups stay in the warehouses for the remaining states.
 DAPO_CONSUMES: dict[str, tuple[str, ...]] = {
     **CONSUMES,
-    "sample_filter": PROMPT + ANSWER + RESPONSE + ("reward",),
+    "sample_filter": ("score",),
 }
 
 # DPO: the driver puts chosen/rejected pairs as finished responses (no rollout, reward or
@@ -66,6 +68,12 @@ PPO_PRODUCES: dict[str, tuple[str, ...]] = {
     "critic_inference": ("values",),
     "advantage": ("advantage", "returns"),
     "critic_update": (),
+}
+
+DAPO_PRODUCES: dict[str, tuple[str, ...]] = {
+    **PRODUCES,
+    "reward": ("reward", "score"),  # shaped (what the advantages use) and unshaped (what the filter uses)
+    "sample_filter": (),
 }
 
 DPO_PRODUCES: dict[str, tuple[str, ...]] = {

@@ -1,5 +1,5 @@
 """What the driver puts into the dock each iteration: prompt groups, preference pairs, or (DAPO's
-dynamic sampling) only the groups of several sampling rounds whose rewards differ.
+dynamic sampling) groups over several sampling rounds until G of them have scores that differ.
 
 The batch builders are pure (task, prompt indexes, tokenizer -> TensorDict); `DynamicSampling`
 runs the rounds through callables the trainer passes, so it holds no worker or dock itself.
@@ -84,53 +84,63 @@ def merge_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
     return merged
 
 
-def pick_groups(batch: TensorDict, keep: torch.Tensor, group_size: int) -> TensorDict:
-    """Rows of the groups where keep (num_groups,) is True, groups kept whole and in order."""
-    rows = keep.repeat_interleave(group_size)  # (B,)
-    return batch[rows]
+def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dock rows (sample indices) of group slots `groups` (k,) -> (k*N,), groups consecutive."""
+    return (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)
 
 
 @dataclass
 class SampledRounds:
-    batch: DriverBatch  # exactly G groups for the remaining states
+    batch: DriverBatch  # what the driver put in each of the G group slots, as it stands in the dock
     results: dict[str, list[dict]]  # per sampling state: its workers' results summed over rounds
     metrics: dict[str, float]
+
+
+# (group slots (k,) ascending, fresh prompt groups for them (k*N rows), round index) -> (results of
+# the sampling states per state, the filter's score of those rows (k*N,) in slot order)
+RunRound = Callable[[torch.Tensor, DriverBatch, int], tuple[dict[str, list[dict]], torch.Tensor]]
 
 
 class DynamicSampling:
     """Sampling rounds until `num_groups` groups pass `group_filter` (DAPO, arXiv 2503.14476 sec. 3.2).
 
-    Each round calls `draw()` for a fresh DriverBatch of G prompt groups and `run_round(batch,
-    round_index)` to put it, run the sampling states and return (their results, the scored batch
-    read back from the dock). Groups beyond G are discarded (they would be stale next iteration);
-    if `max_rounds` leave the batch short, dropped groups (advantage 0: they add no gradient, only
-    tokens to the mean) fill it and `dynamic_sampling/padded_groups` says how many.
+    The dock holds G group slots. Round 0 fills all of them; each later round `draw(k)`s fresh
+    prompt groups only for the k slots whose group the filter dropped, and `run_round` empties those
+    slots in the dock, puts the fresh groups there, runs the sampling states and returns the
+    groups' scores. Kept groups never leave the dock and no sample column passes the driver, only
+    the (B,) scores. If `max_rounds` leave some slots without a kept group, the last round's dropped
+    groups stay there (advantage 0: they add no gradient, only tokens to the mean) and
+    `dynamic_sampling/padded_groups` says how many.
     """
 
     def __init__(self, *, num_groups: int, group_size: int, max_rounds: int,
                  group_filter: Callable[[torch.Tensor, int], torch.Tensor]):
+        assert max_rounds >= 1, "the config bounds algorithm.dapo.max_sampling_rounds below by 1"
         self.num_groups, self.group_size, self.max_rounds = num_groups, group_size, max_rounds
         self.group_filter = group_filter
 
-    def run(self, draw: Callable[[], DriverBatch],
-            run_round: Callable[[DriverBatch, int], tuple[dict[str, list[dict]], TensorDict]]) -> SampledRounds:
-        kept: list[TensorDict] = []
-        dropped: list[TensorDict] = []
+    def run(self, draw: Callable[[int], DriverBatch], run_round: RunRound) -> SampledRounds:
+        n = self.group_size
+        kept = torch.zeros(self.num_groups, dtype=torch.bool)  # (G,)
+        prompt_lengths = [0] * self.num_groups
+        slots_batch: TensorDict | None = None  # (G*N,) what the driver put, slot by slot
         results: list[dict[str, list[dict]]] = []
-        num_kept = rounds = 0
-        while num_kept < self.num_groups and rounds < self.max_rounds:
-            fresh = draw()
-            stage_results, scored = run_round(fresh, rounds)
+        rounds = 0
+        while rounds < self.max_rounds and not kept.all():
+            empty = torch.nonzero(~kept).flatten()  # (k,) ascending
+            fresh = draw(len(empty))
+            stage_results, scores = run_round(empty, fresh, rounds)
             results.append(stage_results)
-            keep = self.group_filter(scored["reward"], self.group_size)  # (G,)
-            kept.append(pick_groups(scored, keep, self.group_size))
-            dropped.append(pick_groups(scored, ~keep, self.group_size))
-            num_kept += int(keep.sum())
+            kept[empty[self.group_filter(scores, n)]] = True
+            if slots_batch is None:
+                slots_batch = fresh.batch.clone()
+            else:
+                slots_batch[group_rows(empty, n)] = fresh.batch
+            for slot, length in zip(empty.tolist(), fresh.prompt_lengths):
+                prompt_lengths[slot] = length
             rounds += 1
-        padded = max(0, self.num_groups - num_kept)
-        batch = torch.cat([*kept, *dropped])[: self.num_groups * self.group_size]  # (G*N,)
-        prompt_lengths = batch["prompt_mask"][:: self.group_size].sum(dim=1).tolist()
+        num_kept = int(kept.sum())
         metrics = {"dynamic_sampling/rounds": rounds, "dynamic_sampling/kept_groups": num_kept,
-                   "dynamic_sampling/padded_groups": padded}
+                   "dynamic_sampling/padded_groups": self.num_groups - num_kept}
         merged = {state: merge_rounds([r[state] for r in results]) for state in results[0]}
-        return SampledRounds(DriverBatch(batch, prompt_lengths), merged, metrics)
+        return SampledRounds(DriverBatch(slots_batch, prompt_lengths), merged, metrics)

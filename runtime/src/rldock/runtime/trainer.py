@@ -35,7 +35,7 @@ from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headlin
                                    tokens_per_s_per_device)
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
-from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds
+from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.tasks import PromptSampler, make_task
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ActorWorker
@@ -316,11 +316,13 @@ class Trainer:
         self._last_dock_stats = stats
         return traffic
 
-    def _draw(self) -> DriverBatch:
-        """The recipe's batch (prompt groups or preference pairs) for the next G prompts."""
+    def _draw(self, num_prompts: int | None = None) -> DriverBatch:
+        """The recipe's batch (prompt groups or preference pairs) for the next `num_prompts` prompts
+        (default G)."""
         algo = self.cfg.algorithm
         build = BATCH_BUILDERS.get(self.recipe.driver_batch)
-        return build(self.task, self.sampler.next_batch(algo.num_prompts_per_iteration), self.tokenizer, algo)
+        count = algo.num_prompts_per_iteration if num_prompts is None else num_prompts
+        return build(self.task, self.sampler.next_batch(count), self.tokenizer, algo)
 
     def _keep_inflight(self) -> None:
         """After a worker died: stop the workers, then keep the dock of the iteration in flight for
@@ -374,8 +376,8 @@ class Trainer:
 
     def _fill_dock(self, iteration: int) -> tuple[DriverBatch, float, SampledRounds]:
         """Put the iteration's batch into the dock: G fresh prompts, or with sampling rounds
-        (DAPO) the groups those rounds kept. Returns the batch, the seconds spent putting and the
-        rounds' results and metrics (empty without rounds)."""
+        (DAPO) the groups of those rounds, refilling the slots of dropped groups. Returns the batch,
+        the seconds spent putting and the rounds' results and metrics (empty without rounds)."""
         rounds = self.recipe.sampling_rounds
         if rounds is None:
             fed = self._draw()
@@ -386,20 +388,32 @@ class Trainer:
         algo = self.cfg.algorithm
         put_seconds = 0.0
 
-        def run_round(fresh: DriverBatch, sampling_round: int):
+        def run_round(groups: torch.Tensor, fresh: DriverBatch, sampling_round: int):
+            """Fresh prompt groups into the dock's group slots `groups`, emptied first (the groups
+            the filter dropped; the first round starts the iteration), then the sampling states;
+            only the filter's (B,) score column comes back to the driver."""
             nonlocal put_seconds
-            put_seconds += self._put(fresh)
+            rows = group_rows(groups, algo.num_responses_per_prompt)  # (k*N,)
+            started = time.perf_counter()
+            if sampling_round == 0:
+                self.dock.reset()
+            else:
+                self.dock.recycle(rows)
+            self.dock.put(rows, fresh.batch)
+            put_seconds += time.perf_counter() - started
             launch = self._launchers(iteration, sampling_round)
             results = _gather_failing_fast({state: launch[state]() for state in rounds.states})
-            _, scored = self.dock.get(rounds.read_state, list(self.dock.states[rounds.read_state]),
-                                      batch_size=len(fresh.batch), whole_groups=True)
-            return results, scored
+            indices, scored = self.dock.get(rounds.read_state, [rounds.score_column], batch_size=len(rows),
+                                            whole_groups=True)
+            assert torch.equal(indices, rows), "the filter state must get exactly this round's rows"
+            return results, scored[rounds.score_column]
 
         sampled = DynamicSampling(num_groups=algo.num_prompts_per_iteration,
                                   group_size=algo.num_responses_per_prompt,
                                   max_rounds=algo.dapo.max_sampling_rounds,
                                   group_filter=rounds.group_filter(algo)).run(self._draw, run_round)
-        return sampled.batch, put_seconds + self._put(sampled.batch), sampled
+        # The kept groups (and any padding) are in the dock already: nothing more to put.
+        return sampled.batch, put_seconds, sampled
 
     def _save_checkpoint(self, iteration: int) -> None:
         staging = ckpt.staging_dir(self.output_dir, iteration)

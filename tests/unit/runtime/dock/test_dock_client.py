@@ -262,6 +262,33 @@ def test_reset_starts_a_new_iteration_on_the_same_storage(dock: TransferDock) ->
     assert sum(w["bytes_stored"] for w in dock.stats()["warehouses"]) == stored  # no reallocation
 
 
+def test_recycled_groups_start_over_in_every_state_and_the_kept_ones_stay(dock: TransferDock) -> None:
+    """Dynamic sampling's drop: groups 1 and 3 (samples 4-7, 12-15) are emptied and refilled in
+    the dock, groups 0 and 2 never leave it, and every state sees only the refilled rows anew."""
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    taken, _ = dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES)
+    assert taken.tolist() == ALL
+    dropped = torch.tensor([4, 5, 6, 7, 12, 13, 14, 15])
+    dock.recycle(dropped)
+    with pytest.raises(DockTimeoutError, match="8 are not"):  # emptied: not ready until written again
+        dock.get("reference", ["prompt_ids"], batch_size=8, timeout_s=0.2)
+    refill = samples(dropped.tolist(), ("prompt_ids", "response_ids"))
+    refill["prompt_ids"] += 7
+    dock.put(dropped, refill)
+    indices, batch = dock.get("reference", ["prompt_ids", "response_ids"], batch_size=NUM_SAMPLES)
+    assert indices.tolist() == dropped.tolist()  # only the refilled rows come out again
+    assert torch.equal(batch["prompt_ids"], refill["prompt_ids"])
+    assert dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES) is None
+    # A downstream state has the kept groups ready, the refilled ones wait for their other columns.
+    indices, batch = dock.get("update", list(COLUMNS), batch_size=8, whole_groups=True)
+    assert indices.tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert_matches(indices, batch)
+    with pytest.raises(DockTimeoutError):
+        dock.get("update", list(COLUMNS), batch_size=8, whole_groups=True, timeout_s=0.2)
+    with pytest.raises(ValueError, match="whole groups"):
+        dock.recycle(torch.tensor([0, 1]))
+
+
 def test_caller_errors(dock: TransferDock) -> None:
     with pytest.raises(ValueError, match="unknown dock state 'rollout'"):
         dock.get("rollout", ["prompt_ids"], batch_size=1)

@@ -21,8 +21,8 @@ from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
-from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DPO_CONSUMES, DPO_PRODUCES, PPO_CONSUMES,
-                                     PPO_PRODUCES, PRODUCES)
+from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
+                                     PPO_CONSUMES, PPO_PRODUCES, PRODUCES)
 from rldock.runtime.registry import Registry
 
 # (batch columns of the advantage state, algorithm spec, generator for any sampling) -> the
@@ -46,12 +46,14 @@ def _unshaped(rewards: torch.Tensor, response_lengths: torch.Tensor, algo: Algor
 @dataclass(frozen=True)
 class SamplingRounds:
     """States the driver runs in rounds before the rest (DAPO's dynamic sampling): each round puts
-    G fresh prompts, runs `states`, reads the samples back through `read_state` and keeps the
-    groups `group_filter(algo)` accepts, until G groups are kept (see runtime/src/rldock/runtime/sampling.py)."""
+    fresh prompts into the dock's empty group slots, runs `states`, reads only `score_column` of
+    them through `read_state` and keeps the groups `group_filter(algo)` accepts; the dock empties
+    the other slots for the next round, until G groups are kept (runtime/src/rldock/runtime/sampling.py)."""
 
     states: tuple[str, ...]
     read_state: str
     group_filter: Callable[[AlgorithmSpec], Callable[[torch.Tensor, int], torch.Tensor]]
+    score_column: str = "score"  # (B,) per sample, what the filter reads
 
 
 @dataclass(frozen=True)
@@ -192,11 +194,13 @@ def _keep_every_group(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def _dapo_group_filter(algo: AlgorithmSpec) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """On the unshaped score (accuracy), as in the paper: overlong shaping must not make a group of
+    equally correct answers look informative."""
     return informative_groups if algo.dapo.dynamic_sampling else _keep_every_group
 
 
 DAPO = register_recipe(Recipe(
-    "dapo", consumes=DAPO_CONSUMES, produces=PRODUCES, advantage_stage=group_advantage_stage("grpo"),
+    "dapo", consumes=DAPO_CONSUMES, produces=DAPO_PRODUCES, advantage_stage=group_advantage_stage("grpo"),
     policy_loss="decoupled_clip", policy_loss_kwargs=_decoupled_clip_kwargs, reward_shaping=_overlong_shaping,
     sampling_rounds=SamplingRounds(states=("rollout", "reward"), read_state="sample_filter",
                                    group_filter=_dapo_group_filter)))

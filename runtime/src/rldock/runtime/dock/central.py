@@ -71,6 +71,10 @@ class CentralBuffer:
         self._warehouse.reset()
         await self._hub.reset()
 
+    async def recycle(self, indices: np.ndarray) -> None:
+        self._warehouse.forget(indices)
+        await self._hub.recycle(indices)
+
     async def snapshot(self) -> dict[str, Any]:
         return {"warehouses": [self._warehouse.snapshot()], "controllers": await self._hub.snapshot()}
 
@@ -147,6 +151,9 @@ class CentralRoute:
 
     def reset(self) -> None:
         rpc.get(self._buffer.name, self._buffer.handle.reset.remote())
+
+    def recycle(self, indices: np.ndarray) -> None:
+        rpc.get(self._buffer.name, self._buffer.handle.recycle.remote(indices))
 
     def advance_policy(self, version: int, timeout_s: float) -> None:
         request = self._buffer.handle.advance_policy.remote(version, timeout_s)

@@ -208,6 +208,20 @@ class TransferDock:
         """Start a new iteration: no sample ready or consumed anywhere; storage stays allocated."""
         self._route.reset()
 
+    def recycle(self, indices: torch.Tensor) -> None:
+        """Empty samples `indices` (B,) (whole groups) within this iteration, for new rows.
+
+        Every state forgets them (not ready, not taken) and the warehouses forget their rows, so a
+        later `put` to these indices starts them over through every state. DAPO's dynamic sampling
+        refills the slots of the groups it drops this way; the kept groups never leave the dock.
+        """
+        index_array = _index_array(indices)
+        self.layout.check_indices(index_array)
+        if np.unique(index_array).size != index_array.size:
+            raise ValueError("indices to recycle must be distinct")
+        if index_array.size:
+            self._route.recycle(index_array)
+
     def set_policy_version(self, version: int, *, timeout_s: float | None = None) -> None:
         """The policy now training is `version` (weight updates so far): apply the staleness bound.
 

@@ -226,6 +226,25 @@ class Controller:
             self._mode = None
             self._changed.notify_all()
 
+    async def recycle(self, indices: np.ndarray) -> None:
+        """Empty samples `indices` (whole groups) for new rows within this iteration: nothing of them
+        is ready or taken any more, as if never written. A balanced hand-out deals again."""
+        indices = np.asarray(indices, dtype=np.int64)
+        self._layout.check_indices(indices)
+        group_size = self._layout.group_size
+        groups = np.unique(indices // group_size)
+        if indices.size != groups.size * group_size:
+            raise ValueError(f"state {self._state!r}: recycle takes whole groups of {group_size} samples, "
+                             f"got {indices.size} samples over {groups.size} groups")
+        async with self._changed:
+            self._ready[indices] = False
+            self._consumer[indices] = UNTAKEN
+            self._version[indices] = UNVERSIONED
+            self._reserved[:] = -1
+            for counts in self._tokens.values():
+                counts[indices] = 0
+            self._changed.notify_all()
+
     async def snapshot(self) -> dict[str, Any]:
         """This iteration's metadata (readiness, hand-out, token counts), for a dock checkpoint."""
         return {
@@ -428,6 +447,10 @@ class ControllerHub:
     async def reset(self) -> None:
         for controller in self._controllers.values():
             await controller.reset()
+
+    async def recycle(self, indices: np.ndarray) -> None:
+        for controller in self._controllers.values():
+            await controller.recycle(indices)
 
     async def snapshot(self) -> dict[str, dict[str, Any]]:
         return {state: await c.snapshot() for state, c in self._controllers.items()}

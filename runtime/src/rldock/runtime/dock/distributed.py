@@ -140,6 +140,12 @@ class DistributedRoute:
     def reset(self) -> None:
         rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
 
+    def recycle(self, indices: np.ndarray) -> None:
+        """The owning warehouses forget the rows, then every controller forgets their metadata."""
+        rpc.get_all([(self._warehouses[w].name, self._warehouses[w].handle.forget.remote(indices[positions]))
+                     for w, positions in self.layout.split(indices).items()])
+        rpc.get(self._hub.name, self._hub.handle.recycle.remote(indices))
+
     def advance_policy(self, version: int, timeout_s: float) -> None:
         request = self._hub.handle.advance_policy.remote(version, timeout_s)
         rpc.get(self._hub.name, request, timeout=timeout_s + rpc.RPC_GRACE_S)

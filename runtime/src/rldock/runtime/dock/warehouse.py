@@ -85,6 +85,12 @@ class Warehouse:
         for written in self._written.values():
             written[:] = False
 
+    def forget(self, indices: np.ndarray) -> None:
+        """Forget what was written to samples `indices` this iteration (they will be written anew)."""
+        rows = self._local_rows(indices)
+        for written in self._written.values():
+            written[rows] = False
+
     def snapshot(self) -> dict[str, Any]:
         """Copies of the rows written this iteration, per column, for a dock checkpoint."""
         columns = {}

@@ -21,6 +21,7 @@ class RewardWorker:
         recipe = get_recipe(cfg.algorithm.name)
         self.shaping = recipe.reward_shaping
         self.consumes = recipe.consumes["reward"]  # dock columns it reads
+        self.produces = recipe.produces["reward"]  # "reward" (shaped), and "score" where a filter needs it
 
     def compute_rewards(self, iteration: int) -> dict:
         rewards: list[float] = []
@@ -30,9 +31,10 @@ class RewardWorker:
             answers = decode_responses(self.tokenizer, batch["answer_ids"], batch["answer_mask"])
             values = [self.reward_fn(r, a) for r, a in zip(responses, answers)]
             rewards.extend(values)  # the rule reward, unshaped: what the learning curve shows
-            shaped = self.shaping(torch.tensor(values, dtype=torch.float32), batch["response_mask"].sum(dim=1),
-                                  self.cfg.algorithm)  # (B,)
-            return TensorDict({"reward": shaped}, batch_size=[len(indices)])
+            score = torch.tensor(values, dtype=torch.float32)  # (B,) unshaped
+            shaped = self.shaping(score, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
+            columns = {"reward": shaped, "score": score}
+            return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
         timing = run_stage(self.dock, "reward", self.consumes, score, rank=0,
                            batch_size=self.cfg.training.micro_batch_size)
