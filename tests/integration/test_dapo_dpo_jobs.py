@@ -51,11 +51,18 @@ def test_dapo_samples_in_rounds_and_resumes(tmp_path):
         rounds = record["dynamic_sampling/rounds"]
         assert 1 <= rounds <= 3
         assert record["dynamic_sampling/padded_groups"] == max(0, G - record["dynamic_sampling/kept_groups"])
-        # the driver read every round's scored samples back through sample_filter, and every
-        # round's responses were scored (reward_mean is over all of them)
-        assert record["dock"]["controllers"]["sample_filter"]["samples_handed_out"] == rounds * G * n
-        assert record["dock"]["controllers"]["update"]["samples_handed_out"] == G * n
+        assert record["dynamic_sampling/kept_groups"] <= G
+        # Round 0 samples G groups, later rounds only the slots of dropped groups; the driver reads
+        # the score of every sampled response (and nothing else) through sample_filter, and the
+        # update trains on the G groups left in the dock.
+        controllers = record["dock"]["controllers"]
+        sampled = controllers["rollout"]["samples_handed_out"]
+        assert controllers["reward"]["samples_handed_out"] == sampled
+        assert controllers["sample_filter"]["samples_handed_out"] == sampled
+        assert G * n <= sampled <= rounds * G * n and (rounds > 1) == (sampled > G * n)
+        assert controllers["update"]["samples_handed_out"] == G * n
         assert 0.0 <= record["reward_mean"] <= 1.0
+        assert record["entropy"] > 0.0
 
 
 def test_dpo_trains_on_pairs_without_rollout(tmp_path):
@@ -70,3 +77,4 @@ def test_dpo_trains_on_pairs_without_rollout(tmp_path):
     assert first["loss"] == pytest.approx(0.693147, abs=1e-5)
     assert 0.0 <= first["policy_preference_accuracy"] <= 1.0
     assert records[1]["kl"] > 0.0  # the step moved the policy
+    assert first["entropy"] > 0.0
