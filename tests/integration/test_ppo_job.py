@@ -1,5 +1,6 @@
 """A PPO job end to end, kept short (2 iterations): the critic worker's states run through the
-transfer dock like every other state, and its metrics and checkpoint come out."""
+transfer dock like every other state, and its metrics and checkpoint come out; and a PPO run
+resumed after iteration 1 trains bit for bit like an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -15,24 +16,30 @@ pytestmark = pytest.mark.integration
 G, N, ITERATIONS = 4, 4, 2
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "pf_ppo"])
-def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm):
+def run_ppo(tmp_path, algorithm: str, *, micro_batch_size: int = 8, output: str = "run",
+            iterations: int = ITERATIONS, resume: bool = False) -> list[dict]:
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump({
-        "name": f"it-{algorithm}", "seed": 1, "iterations": ITERATIONS,
+        "name": f"it-{algorithm}", "seed": 1, "iterations": iterations,
         "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
         "algorithm": {"name": algorithm, "num_prompts_per_iteration": G, "num_responses_per_prompt": N,
                       "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4,
                       "pf_ppo": {"mode": "best_random"}},
-        "training": {"data_parallel_size": 1, "micro_batch_size": 8},
+        "training": {"data_parallel_size": 1, "micro_batch_size": micro_batch_size},
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 1, "keep_last": 1},
     }))
-    output = tmp_path / "run"
-    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
-                          "--no-progress"], capture_output=True, text=True, timeout=900)
+    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output",
+                          str(tmp_path / output), "--no-progress", *(["--resume"] if resume else [])],
+                         capture_output=True, text=True, timeout=900)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    return [json.loads(line) for line in (tmp_path / output / "metrics.jsonl").read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "pf_ppo"])
+def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm):
+    output = tmp_path / "run"
+    records = run_ppo(tmp_path, algorithm)
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         assert record["value_loss"] >= 0 and 0 <= record["value_clip_fraction"] <= 1
@@ -45,3 +52,18 @@ def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm):
     # The zero-initialised value head predicts 0 until the critic's first update.
     assert records[0]["value_mean"] == 0.0 and records[1]["value_mean"] != 0.0
     assert (output / "checkpoints" / "iter-000002" / "critic.pt").is_file()
+
+
+TRAINING_METRICS = ("reward_mean", "response_length_mean", "loss", "policy_loss", "kl", "entropy", "clip_fraction",
+                    "grad_norm", "value_loss", "value_mean", "value_grad_norm")
+
+
+def test_a_resumed_ppo_run_trains_bit_for_bit_like_an_uninterrupted_one(tmp_path):
+    # One micro-batch holds the iteration's G*N samples, so every stage computes on the same batch
+    # shapes whatever order the dock hands samples out in (CPU kernels round differently per shape).
+    whole = run_ppo(tmp_path, "ppo", micro_batch_size=G * N, output="whole")
+    run_ppo(tmp_path, "ppo", micro_batch_size=G * N, output="resumed", iterations=1)
+    resumed = run_ppo(tmp_path, "ppo", micro_batch_size=G * N, output="resumed", resume=True)
+    assert [r["iteration"] for r in resumed] == [1, 2]
+    for key in TRAINING_METRICS:
+        assert [r[key] for r in resumed] == [r[key] for r in whole], key

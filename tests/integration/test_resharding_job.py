@@ -6,7 +6,8 @@ training state on the device while generating, and naive's must show it there. B
 after iteration 3 and resume from their checkpoints (full weights, one optimizer shard per TP rank,
 saved with the swap's state swapped in) for iteration 4. Both resume because a resumed TP 2 run
 was not bit-identical to an uninterrupted one (observed: equal checkpoint weights and policy loss,
-a different KL in the next iteration; cause not found yet, and not checked for the TP 1 DDP path).
+a different KL in the next iteration; cause not found yet; the TP 1 DDP path is bit-exact, see
+test_ppo_job.py).
 """
 
 from __future__ import annotations
