@@ -106,7 +106,8 @@ class SchedulingSpec(_Model):
 class CheckpointStorage(_Model):
     """Where checkpoints and metrics live: a volume every Ray pod mounts (set exactly one source).
 
-    The run writes to `<mountPath>/<namespace>/<name>`; `job.checkpoint` sets how often.
+    The run writes to `<mountPath>/<namespace>/<name>/<uid>` (a re-created RLJob of the same name
+    starts fresh); `job.checkpoint` sets how often.
     """
 
     claim_name: Optional[str] = Field(
