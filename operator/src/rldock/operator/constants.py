@@ -47,6 +47,18 @@ class ImagePullPolicy(str, Enum):
 
 DEFAULT_IMAGE_PULL_POLICY = ImagePullPolicy.IF_NOT_PRESENT
 
+# --- Bounds that keep an RLJob and what it makes within the API server's limits ---------------
+# A ConfigMap's data may hold at most 1 MiB (core/v1 validation, MaxSecretSize alike).
+CONFIG_MAP_MAX_BYTES = 1024 * 1024
+# Condition messages are cut to this length (metav1.Condition allows 32768): a message that
+# quotes a huge spec value must not make every status patch too large for the API server.
+CONDITION_MESSAGE_MAX = 2048
+# maxLength of the spec's free strings, in the CRD schema and the models alike.
+MAX_PATH_LENGTH = 4096  # PATH_MAX: model paths, hostPath, mountPath
+MAX_IMAGE_LENGTH = 512  # registry host, repository, tag and digest together
+MAX_NAME_LENGTH = 253  # DNS subdomain: claim, scheduler, queue, resource and key names
+MAX_TEXT_LENGTH = 1024  # other free text (e.g. a toleration's value)
+
 # --- Labels and annotations on the children --------------------------------------------------
 LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)
 LABEL_ROLE = f"{GROUP}/role"  # value: ROLE_HEAD or ROLE_WORKER, on pod templates
@@ -165,6 +177,12 @@ class Reason(str, Enum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
+    # A child the round needs cannot be had: its name is taken by an object this RLJob does not
+    # control, or the API server refused to create it (a ResourceQuota, RBAC, a too large object).
+    NAME_CONFLICT = "NameConflict"
+    CREATE_REFUSED = "CreateRefused"
+    # The API server refused the status the round computed (422/413); a short status says why.
+    STATUS_REJECTED = "StatusRejected"
 
 
 class EventReason(str, Enum):
@@ -185,6 +203,9 @@ class EventReason(str, Enum):
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
     TTL_EXPIRED = "TTLExpired"
+    NAME_CONFLICT = "NameConflict"
+    CREATE_REFUSED = "CreateRefused"
+    STATUS_REJECTED = "StatusRejected"
 
 
 class RayJobStatus(str, Enum):
