@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from rldock.config.job import MAX_NAME_LENGTH as JOB_MAX_NAME_LENGTH
+from rldock.config.job import MAX_PATH_LENGTH as JOB_MAX_PATH_LENGTH
 from rldock.contract.runtime_cli import JOB_CONFIG_ENV
 from rldock.contract.version import __version__
 
@@ -53,11 +55,19 @@ CONFIG_MAP_MAX_BYTES = 1024 * 1024
 # Condition messages are cut to this length (metav1.Condition allows 32768): a message that
 # quotes a huge spec value must not make every status patch too large for the API server.
 CONDITION_MESSAGE_MAX = 2048
-# maxLength of the spec's free strings, in the CRD schema and the models alike.
-MAX_PATH_LENGTH = 4096  # PATH_MAX: model paths, hostPath, mountPath
+# maxLength of the spec's free strings, in the CRD schema and the models alike (the embedded job
+# config bounds its own: rldock.config.job).
+MAX_PATH_LENGTH = JOB_MAX_PATH_LENGTH  # PATH_MAX: hostPath, mountPath (and job.model.path)
+MAX_NAME_LENGTH = JOB_MAX_NAME_LENGTH  # a DNS subdomain: claim, scheduler and queue names
+MAX_KEY_LENGTH = 253 + 1 + 63  # `prefix/name`: extended resource names, taint keys
+MAX_LABEL_VALUE_LENGTH = 63  # label values (nodeSelector) and taint values
 MAX_IMAGE_LENGTH = 512  # registry host, repository, tag and digest together
-MAX_NAME_LENGTH = 253  # DNS subdomain: claim, scheduler, queue, resource and key names
-MAX_TEXT_LENGTH = 1024  # other free text (e.g. a toleration's value)
+MAX_VERSION_LENGTH = 64  # rayVersion
+# An image reference: [host[:port]/]path[:tag][@digest], without spaces or other characters a
+# registry would refuse (the full grammar is docker/distribution's reference package; the runtime's
+# pull reports what this lets through).
+IMAGE_PATTERN = (r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?[A-Za-z0-9][A-Za-z0-9._/-]*"
+                 r"(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9_+.-]+:[A-Fa-f0-9]{32,})?$")
 
 # --- Labels and annotations on the children --------------------------------------------------
 LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)
