@@ -33,8 +33,9 @@ from rldock.operator.constants import (
 from rldock.operator.kube import CreateRefused, Kube, StatusRejected, decode_secret_value
 from rldock.operator.observe import (
     ACTIVE_JOB_STATES, Ownership, PodSummary, Progress, attempt_workers, dashboard_url, job_observation,
-    lost_workers, owned_by, ownership, read_progress, ready_to_submit, ready_worker_names, summarize_pods,
+    lost_workers, owned_by, ownership, progress_of, ready_to_submit, ready_worker_names, summarize_pods,
 )
+from rldock.operator.progress_cursor import ProgressCursor
 from rldock.operator.plan import (
     Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
 )
@@ -128,6 +129,7 @@ class Reconciler:
         self._jobs_client = jobs_client or (
             lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout))
         self._clock = clock
+        self._logs = ProgressCursor()  # how far each running job's driver log was parsed
 
     # --- the round ---------------------------------------------------------------------------
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
@@ -148,6 +150,7 @@ class Reconciler:
         return out
 
     def _finish(self, rnd: Round, out: Outcome) -> None:
+        self._logs.forget(rnd.ref)
         self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
         out.status = self._status(rnd, Observations(problems=rnd.problems))
         if rnd.spec is None:
@@ -160,6 +163,7 @@ class Reconciler:
 
     def _refuse(self, rnd: Round, out: Outcome) -> None:
         """An invalid spec: nothing of it may run; the checkpoint stays for when it is fixed."""
+        self._logs.forget(rnd.ref)
         self._release(rnd, out, why="the spec is invalid")
         out.status = self._status(rnd, Observations(problems=rnd.problems))
 
@@ -274,8 +278,8 @@ class Reconciler:
             try:
                 details = jobs.get_job(submission_id)
                 if details is not None and details.get("status") != RayJobStatus.PENDING.value:
-                    progress = read_progress(jobs.get_logs(submission_id),
-                                             output_dir=output_dir(job=rnd.ref, spec=spec))
+                    record = self._logs.last_record(rnd.ref, submission_id, jobs.get_logs(submission_id))
+                    progress = progress_of(record, output_dir=output_dir(job=rnd.ref, spec=spec))
                 if details is None and attempt > 0:
                     previous_id = rnd.submission_id(attempt - 1)
                     previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
@@ -366,6 +370,7 @@ class Reconciler:
         """Stop the current attempt's driver before the RLJob (and, by owner references, its
         cluster) goes. Best effort: a cluster that cannot be reached is deleted with its job anyway."""
         rnd = begin_round(body, self._clock())
+        self._logs.forget(rnd.ref)
         cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
         if cluster is None or not owned_by(cluster, rnd.ref.uid):
             return None
