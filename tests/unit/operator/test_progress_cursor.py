@@ -71,3 +71,11 @@ def test_memory_is_bounded():
     cursor.forget(9)
     assert len(cursor) == 2
     assert all(len(read.fingerprint) <= progress_cursor.FINGERPRINT for read in cursor._reads.values())
+
+
+def test_the_benchmark_compares_both_ways_on_the_same_answers():
+    from rldock_benchmarks.operator_logs import parse_args, run
+
+    report = run(parse_args(["--jobs", "3", "--initial-lines", "200", "--polls", "3"]))
+    assert report["same_progress_reported"] and report["cursor_entries"] == 3
+    assert {"whole", "incremental", "ratio_parse_whole_over_incremental"} <= report.keys()
