@@ -212,7 +212,8 @@ def test_rljob_runs_to_success_with_live_status(world: World):
     status = world.get("rljobs", name)["status"]
     assert status["progress"] == "3/4" and status["reward"] == pytest.approx(0.3)
     assert status["tokensPerSecondPerDevice"] == pytest.approx(103.0)
-    assert status["lastCheckpoint"] == f"/checkpoints/{world.namespace}/{name}/checkpoints/iter-000002"
+    uid = world.get("rljobs", name)["metadata"]["uid"]  # the run's directory is this object's own
+    assert status["lastCheckpoint"] == f"/checkpoints/{world.namespace}/{name}/{uid}/checkpoints/iter-000002"
     table = world.plane.kubectl("get", "rlj", name, "-n", world.namespace).stdout
     assert "Running" in table and "3/4" in table and "103" in table, table
 

@@ -112,15 +112,16 @@ class Scenario:
 
     # ----- the job's files and processes --------------------------------------------------------
     def output_dir(self, name: str) -> Path:
-        """The job's output as the host sees it: <volume>/<namespace>/<name>, the volume being the
-        claim's (or hostPath's) folder on the nodes' shared storage."""
-        checkpoint = (self.get("rljob", name) or {})["spec"]["checkpoint"]
+        """The job's output as the host sees it: <volume>/<namespace>/<name>/<uid>, the volume being
+        the claim's (or hostPath's) folder on the nodes' shared storage."""
+        rljob = self.get("rljob", name) or {}
+        checkpoint = rljob["spec"]["checkpoint"]
         if "hostPath" in checkpoint:
             host_path = checkpoint["hostPath"]
         else:
             claim = self.get("pvc", checkpoint["claimName"])
             host_path = self.plane.kubectl_json("get", "pv", claim["spec"]["volumeName"])["spec"]["hostPath"]["path"]
-        return self.agent.host_root / host_path.lstrip("/") / self.namespace / name
+        return self.agent.host_root / host_path.lstrip("/") / self.namespace / name / rljob["metadata"]["uid"]
 
     def metrics(self, name: str) -> list[dict[str, Any]]:
         path = self.output_dir(name) / "metrics.jsonl"

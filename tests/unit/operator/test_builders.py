@@ -194,12 +194,26 @@ def test_config_map_holds_the_job_config_the_runtime_accepts():
 def test_entrypoint_is_a_valid_rldock_command():
     spec = _spec(checkpoint={"claimName": "ckpt", "mountPath": "/data/ckpt"})
     argv = shlex.split(build_entrypoint(job=JOB, spec=spec))
-    assert argv == ["rldock", "train", "/etc/rldock/job.yaml", "--output", "/data/ckpt/team-a/grpo-demo",
+    assert argv == ["rldock", "train", "/etc/rldock/job.yaml", "--output",
+                    "/data/ckpt/team-a/grpo-demo/0f5c2a6e-1111-2222-3333-444455556666",
                     "--resume", "--no-progress", "--max-restarts", "0"]
     args = _build_parser().parse_args(argv[1:])
     assert (args.command, args.config, args.resume, args.no_progress) == ("train", JOB_CONFIG_PATH, True, True)
     assert args.max_restarts == 0  # the operator owns retries (restartCount, backoffLimit)
     assert args.output == output_dir(job=JOB, spec=spec)
+
+
+@pytest.mark.parametrize("other, same_dir", [
+    (JOB, True),  # a retry, suspend or unsuspend of the same object: it resumes
+    (RLJobRef(name=JOB.name, namespace=JOB.namespace, uid="9e8d7c6b-0000-0000-0000-000000000000"), False),
+    (RLJobRef(name="other", namespace=JOB.namespace, uid=JOB.uid), False),
+    (RLJobRef(name=JOB.name, namespace="team-b", uid=JOB.uid), False),
+])
+def test_output_dir_belongs_to_one_rljob_object(other, same_dir):
+    """A re-created RLJob of the same name (a new uid) must not resume the old run's checkpoints."""
+    spec = _spec()
+    assert (output_dir(job=other, spec=spec) == output_dir(job=JOB, spec=spec)) is same_dir
+    assert output_dir(job=other, spec=spec) == f"/checkpoints/{other.namespace}/{other.name}/{other.uid}"
 
 
 def test_each_attempt_gets_its_own_submission():

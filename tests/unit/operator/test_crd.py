@@ -99,6 +99,10 @@ def _spec_validator():
                  "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}),
     ("ttlSecondsAfterFinished", 3600),
     ("job.algorithm.clip_ratio", 0.1),
+    ("image", "localhost:5000/team/rldock-runtime:dev"),
+    ("image", "ghcr.io/rldock/rldock-runtime@sha256:" + "0" * 64),
+    ("image", "rldock"),
+    ("job.model.path", "/m" * 2048),
 ])
 def test_schema_accepts_valid_specs(path, value):
     spec = set_path(spec_dict(), path, value)
@@ -126,6 +130,16 @@ def test_schema_accepts_valid_specs(path, value):
     ("cluster.nodeSelector", {"zone": 1}, "cluster.nodeSelector.zone"),
     ("cluster.tolerations", [{"effect": "Sometimes"}], "cluster.tolerations.0.effect"),
     ("image", "", "image"),
+    # Accepted before, then hung or failed with union noise (issue 18):
+    ("image", "ghcr.io/rldock/runtime:1 0", "image"),  # a space
+    ("image", "my image", "image"),
+    ("image", "x" * 513, "image"),
+    ("cluster.worker", {"cpu": -4, "memory": "8Gi"}, "cluster.worker.cpu"),  # negative
+    ("cluster.worker", {"cpu": "-500m", "memory": "8Gi"}, "cluster.worker.cpu"),
+    ("job.model.path", "/m" * 2049, "job.model.path"),  # beyond PATH_MAX
+    ("checkpoint", {"claimName": "c" * 254}, "checkpoint.claimName"),
+    ("cluster.nodeSelector", {"zone": "z" * 64}, "cluster.nodeSelector.zone"),
+    ("scheduling", {"gang": "kueue", "queue": "q" * 254}, "scheduling.queue"),
 ])
 def test_schema_refuses_bad_specs_like_the_models_do(path, value, error_at):
     spec = set_path(spec_dict(), path, value)

@@ -1,10 +1,17 @@
-"""The kopf wiring: settings, registered handlers, the status merge patch."""
+"""The kopf wiring: settings, registered handlers, the status merge patch, and what keeps an RLJob
+from wedging: garbage in kopf's annotations, a deletion whose cleanup fails."""
 
 from __future__ import annotations
 
-import kopf
+import logging
 
-from rldock.operator.handlers import configure_kopf, register, status_patch
+import kopf
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from rldock.operator.bookkeeping import TolerantDiffBaseStorage, TolerantProgressStorage
+from rldock.operator.handlers import cleanup, configure_kopf, register
+from rldock.operator.status import status_patch
 from rldock.operator.settings import OperatorSettings
 
 
@@ -30,3 +37,37 @@ def test_status_patch_removes_what_the_new_status_lacks():
     old = {"phase": "Running", "rayJobId": "sid-0", "iteration": 3}
     new = {"phase": "Suspended", "iteration": 3}
     assert status_patch(old, new) == {"phase": "Suspended", "iteration": 3, "rayJobId": None}
+
+
+# --- garbage in kopf's annotations, and a deletion that must not hang ---------------------------
+
+DIFFBASE = "rldock.io/last-handled-configuration"
+
+
+def _rljob(annotations: dict) -> kopf.Body:
+    return kopf.Body({"metadata": {"name": "grpo", "namespace": "ns", "annotations": annotations}})
+
+
+@pytest.mark.parametrize("value, expected", [
+    ('{"spec": {"suspend": true}}', {"spec": {"suspend": True}}),  # what kopf wrote
+    ("{not json", None),  # before: JSONDecodeError on every event; never reconciled, deletion hung
+    ('"a string"', None),  # parses, but kopf then calls .get on it
+    ("[1, 2]", None),
+    ("", None),
+])
+def test_kopf_annotations_that_do_not_parse_count_as_absent(value, expected):
+    storages = configure_kopf(kopf.OperatorSettings(), OperatorSettings()).persistence
+    assert isinstance(storages.diffbase_storage, TolerantDiffBaseStorage)
+    assert storages.diffbase_storage.fetch(body=_rljob({DIFFBASE: value})) == expected
+    assert isinstance(storages.progress_storage, TolerantProgressStorage)
+    assert storages.progress_storage.fetch(key="cleanup", body=_rljob({"rldock.io/cleanup": value})) == expected
+
+
+class _FailingReconciler:
+    def stop_for_deletion(self, body):
+        raise ApiException(status=500, reason="etcd leader changed")
+
+
+def test_cleanup_never_raises_so_the_finalizer_comes_off():
+    memo = kopf.Memo(reconciler=_FailingReconciler())
+    cleanup(body=_rljob({}), memo=memo, logger=logging.getLogger("test"))  # before: raised, retried

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Optional
 
@@ -14,6 +15,7 @@ from rljob_testing import spec_dict
 
 from rldock.operator import naming
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
+from rldock.operator.kube import CreateRefused, StatusRejected
 from rldock.operator.rayjobs import RayJobsError
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings
@@ -40,6 +42,9 @@ class FakeKube:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
         self.writes: list[tuple[str, str, str]] = []
+        self.refuse: dict[str, CreateRefused] = {}  # kind -> what the API server answers a create with
+        self.status_limit: Optional[int] = None  # a status whose JSON is longer is refused (422)
+        self.statuses: list[dict[str, Any]] = []  # status patches, in order
         self._uids = 0
 
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
@@ -50,6 +55,8 @@ class FakeKube:
         key = (manifest["kind"], manifest["metadata"]["name"])
         if key in self.objects:
             return None
+        if manifest["kind"] in self.refuse:
+            raise self.refuse[manifest["kind"]]
         obj = copy.deepcopy(dict(manifest))
         self._uids += 1
         obj["metadata"]["uid"] = f"uid-{self._uids}"
@@ -69,6 +76,11 @@ class FakeKube:
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         return [p for p in self.pods if labels.items() <= p["metadata"]["labels"].items()]
+
+    def patch_rljob_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        if self.status_limit is not None and len(json.dumps(patch)) > self.status_limit:
+            raise StatusRejected("HTTP 422: RLJob.rldock.io \"grpo\" is invalid: status: Too long")
+        self.statuses.append(dict(patch))
 
 
 class FakeJobs:
@@ -184,7 +196,7 @@ def test_a_failed_job_counts_a_restart(world):
     assert resubmitted.status["rayJobId"] == naming.ray_job_submission_id(NAME, UID, attempt=1)
 
 
-def test_an_orphan_child_is_adopted_and_a_foreign_one_waited_for(world):
+def test_an_orphan_child_is_adopted(world):
     reconciler, kube, _ = world
     name = naming.config_map_name(NAME)
     kube.objects[("ConfigMap", name)] = {"kind": "ConfigMap", "metadata": {
@@ -194,8 +206,68 @@ def test_an_orphan_child_is_adopted_and_a_foreign_one_waited_for(world):
     assert owner["uid"] == UID and owner["controller"]
     assert kube.objects[("ConfigMap", name)]["data"]  # and brought up to date
 
-    kube.objects[("RayCluster", NAME)]["metadata"]["ownerReferences"] = [{"uid": "older-rljob", "controller": True}]
-    assert reconciler.reconcile(body()).status is None
+
+FOREIGN_OWNER = [{"kind": "RLJob", "name": NAME, "uid": "older-rljob", "controller": True}]
+
+
+@pytest.mark.parametrize("kind, name", [
+    ("ConfigMap", naming.config_map_name(NAME)),
+    ("Secret", naming.auth_secret_name(NAME)),
+    ("RayCluster", naming.ray_cluster_name(NAME)),
+])
+def test_a_name_taken_by_someone_else_is_a_condition_and_a_warning(world, kind, name):
+    """Before: the round was skipped, so the RLJob waited forever with no phase, condition or Event."""
+    reconciler, kube, _ = world
+    if kind == "RayCluster":
+        reconciler.reconcile(body())  # the ConfigMap and Secret are this RLJob's
+    kube.objects[(kind, name)] = {"kind": kind, "metadata": {"name": name, "uid": "x", "ownerReferences": FOREIGN_OWNER}}
+    outcome = reconciler.reconcile(body())
+    ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
+    assert outcome.status["phase"] == "Pending"
+    assert (ready["status"], ready["reason"]) == ("False", "NameConflict")
+    assert f"{kind} {name}" in ready["message"] and "older-rljob" in ready["message"]
+    assert [(e.type, e.reason.value) for e in outcome.events if e.type == "Warning"] == [("Warning", "NameConflict")]
+    assert kube.objects[(kind, name)]["metadata"]["ownerReferences"] == FOREIGN_OWNER  # left alone
+    again = reconciler.reconcile(body(status=outcome.status))
+    assert again.status == outcome.status and again.events == []  # one Event, not one per round
+
+
+QUOTA = ('rayclusters.ray.io "grpo" is forbidden: exceeded quota: team-quota, requested: '
+         'count/rayclusters.ray.io=1, used: count/rayclusters.ray.io=1, limited: count/rayclusters.ray.io=1')
+
+
+@pytest.mark.parametrize("kind, status, message", [
+    ("RayCluster", 403, QUOTA),
+    ("ConfigMap", 403, 'configmaps "grpo-config" is forbidden: exceeded quota: cm-quota'),
+    ("ConfigMap", 422, 'ConfigMap "grpo-config" is invalid: []: Too long: must have at most 1048576 bytes'),
+])
+def test_a_refused_create_quotes_the_api_server(world, kind, status, message):
+    reconciler, kube, _ = world
+    kube.refuse[kind] = CreateRefused(kind, "x", status, message)
+    outcome = reconciler.reconcile(body())
+    ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
+    assert (ready["reason"], outcome.status["phase"]) == ("CreateRefused", "Pending")
+    assert message in ready["message"] and f"HTTP {status}" in ready["message"]
+    assert ("Warning", "CreateRefused", ready["message"]) in [(e.type, e.reason.value, e.message) for e in outcome.events]
+    del kube.refuse[kind]  # the quota freed: the next round goes on by itself
+    assert reconciler.reconcile(body(status=outcome.status)).status["conditions"][1]["reason"] == "RayClusterCreating"
+
+
+def test_a_refused_status_is_replaced_by_a_short_one_that_says_why(world):
+    """Before: kopf's status patch failed with 422 after every round (and ended the timer)."""
+    reconciler, kube, _ = world
+    outcome = reconciler.reconcile(body())
+    kube.status_limit = len(json.dumps(outcome.status)) - 1  # e.g. a message quoting a huge value
+    events = reconciler.write_status(body(), outcome.status)
+    (written,) = kube.statuses
+    (cond,) = written["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("SpecValid", "False", "StatusRejected")
+    assert "Too long" in cond["message"] and written["phase"] == "Pending"
+    assert [(e.type, e.reason.value) for e in events] == [("Warning", "StatusRejected")]
+    kube.status_limit = 10  # the short one refused too: logged, nothing raised (the timer lives on)
+    assert reconciler.write_status(body(), outcome.status) == [] and len(kube.statuses) == 1
+    kube.status_limit = None
+    assert reconciler.write_status(body(), outcome.status) == [] and kube.statuses[-1] == outcome.status
 
 
 def test_a_spec_change_updates_the_config_but_keeps_the_running_cluster(world):

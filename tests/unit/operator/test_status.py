@@ -9,7 +9,7 @@ from rljob_testing import error_paths, spec_dict, validator_for
 
 from rldock.config import Problem
 from rldock.operator.api import RLJobSpec
-from rldock.operator.constants import EventReason, RayJobStatus
+from rldock.operator.constants import CONDITION_MESSAGE_MAX, EventReason, RayJobStatus
 from rldock.operator.crd import rljob_schema
 from rldock.operator.status import (
     Observations, RayJobObservation, compute_status, seconds_until_expiry, status_changed, status_events,
@@ -274,3 +274,14 @@ def test_dpo_progress_reports_the_preference_accuracy_as_its_reward():
     dpo_metrics = {k: v for k, v in METRICS.items() if k != "reward_mean"} | {"policy_preference_accuracy": 0.875}
     status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=dpo_metrics))
     assert (status["iteration"], status["reward"]) == (12, 0.875)
+
+
+@pytest.mark.parametrize("length", [10, CONDITION_MESSAGE_MAX, CONDITION_MESSAGE_MAX + 1, 3_000_000])
+def test_condition_messages_are_bounded(length):
+    """A message quoting a huge spec value must not make every status patch too large."""
+    problem = Problem("spec.cluster.nodeSelector[zone]", "x" * length)
+    status = _compute(Observations(problems=[problem]), spec=None)
+    for cond in status["conditions"]:
+        assert len(cond["message"]) <= CONDITION_MESSAGE_MAX
+        assert cond["message"].startswith("spec.cluster.nodeSelector[zone]")
+        assert ("characters cut" in cond["message"]) is (len(str(problem)) > CONDITION_MESSAGE_MAX)

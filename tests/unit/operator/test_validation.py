@@ -10,7 +10,8 @@ import yaml
 from rljob_testing import DELETE, set_path, spec_dict
 
 from rldock.operator.api import RLJobSpec
-from rldock.operator.validation import find_spec_problems, parse_spec
+from rldock.operator.constants import CONFIG_MAP_MAX_BYTES
+from rldock.operator.validation import find_spec_problems, job_config_size_problems, parse_spec
 
 
 def _paths(raw: dict) -> list[str]:
@@ -96,3 +97,25 @@ def test_the_example_in_the_docs_is_valid():
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
     assert example["kind"] == "RLJob"
     assert _paths(example["spec"]) == []
+
+
+@pytest.mark.parametrize("path, value, problem_at, says", [
+    ("image", "ghcr.io/rldock/runtime:1 0", "spec.image", "is not an image reference such as"),
+    ("image", "x" * 600, "spec.image", "at most 512"),
+    ("cluster.worker", {"cpu": -4, "memory": "8Gi"}, "spec.cluster.worker.cpu", 'such as 4, or a quoted amount such as "500m"'),
+    ("cluster.head", {"cpu": "lots", "memory": "8Gi"}, "spec.cluster.head.cpu", "'lots' is not a quantity"),
+    ("job.model.path", "/m" * 2049, "spec.job.model.path", "at most 4096"),
+])
+def test_refusals_say_what_a_valid_value_looks_like(path, value, problem_at, says):
+    """Before: a negative cpu failed with pydantic's union-branch noise (`cpu.constrained-int`)."""
+    _, problems = parse_spec(set_path(spec_dict(), path, value))
+    assert [p.path for p in problems] == [problem_at]
+    assert says in problems[0].message and "constrained" not in problems[0].message
+
+
+@pytest.mark.parametrize("limit, too_large", [(CONFIG_MAP_MAX_BYTES, False), (100, True)])
+def test_a_job_config_that_cannot_fit_its_configmap_is_a_spec_problem(limit, too_large):
+    spec = RLJobSpec.model_validate(spec_dict())
+    problems = job_config_size_problems(spec, limit=limit)
+    assert bool(problems) is too_large
+    assert all(p.path == "spec.job" and f"at most {limit}" in p.message for p in problems)

@@ -82,9 +82,9 @@ def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> N
     retry.dock.shutdown()
 
 
-def test_no_snapshot_when_the_dock_died_too(tmp_path) -> None:
+def test_no_snapshot_when_the_dock_died_too(tmp_path, kill_actor) -> None:
     trainer = trainer_double(tmp_path)
-    ray.kill(trainer.dock._route.peers()[0].handle)
+    kill_actor(trainer.dock._route.peers()[0].handle)
     trainer._inflight = _Inflight(2)
     trainer._keep_inflight()  # logs a warning: the iteration is redone from its start
     assert ckpt.load_inflight(tmp_path, 2) is None

@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rldock.contract.algorithms import AlgorithmName
 
+# Bounds of the free strings (also in the RLJob's CRD schema, which embeds this model): long enough
+# for any real value, short enough that a job config always fits a ConfigMap (1 MiB).
+MAX_PATH_LENGTH = 4096  # PATH_MAX on Linux
+MAX_NAME_LENGTH = 253  # a DNS subdomain, the longest Kubernetes name
+
 
 class Spec(BaseModel):
     """Base of every config section: unknown fields are errors, never silently ignored."""
@@ -25,6 +30,7 @@ class ModelSpec(Spec):
     """The policy model to start from (also the reference policy when no warm-up runs)."""
 
     path: str = Field(
+        max_length=MAX_PATH_LENGTH,
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions."
     )
@@ -244,6 +250,7 @@ class ResourcesSpec(Spec):
         default="auto", description="Torch device kind; `auto` picks npu, then cuda, then cpu."
     )
     accelerator_resource: str = Field(
+        max_length=MAX_NAME_LENGTH,
         default="NPU", min_length=1, description="Ray resource name that workers request per device."
     )
     num_nodes: int = Field(default=1, ge=1, description="Nodes of the Ray cluster.")
@@ -260,7 +267,7 @@ class CheckpointSpec(Spec):
 class JobConfig(Spec):
     """One RL post-training job."""
 
-    name: str = Field(default="rldock-job", min_length=1, description="Job name used in logs and outputs.")
+    name: str = Field(default="rldock-job", min_length=1, max_length=MAX_NAME_LENGTH, description="Job name used in logs and outputs.")
     seed: int = Field(default=0, ge=0, description="Seed for data order, sampling and initialisation.")
     iterations: int = Field(ge=1, description="RL iterations to run.")
     model: ModelSpec

@@ -16,13 +16,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 from rldock.config import JobConfig
 from rldock.operator.constants import (
     DEFAULT_BACKOFF_LIMIT, DEFAULT_CHECKPOINT_MOUNT_PATH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE,
-    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, ConditionType, GangScheduler, ImagePullPolicy, Phase, Reason,
+    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, IMAGE_PATTERN, MAX_IMAGE_LENGTH, MAX_KEY_LENGTH,
+    MAX_LABEL_VALUE_LENGTH, MAX_NAME_LENGTH, MAX_PATH_LENGTH, MAX_VERSION_LENGTH, ConditionType, GangScheduler,
+    ImagePullPolicy, Phase, Reason,
 )
 
 # Kubernetes resource.Quantity, as the API server parses it ("4", "500m", "64Gi", 4). Integers
@@ -30,7 +35,23 @@ from rldock.operator.constants import (
 # amounts are refused.
 QUANTITY_PATTERN = (r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
-Quantity = Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]]
+QUANTITY_HINT = 'a whole number >= 0 such as 4, or a quoted amount such as "500m", "0.5" or "64Gi"'
+
+
+def _one_quantity_error(value: object, handler: ValidatorFunctionWrapHandler) -> object:
+    """One message naming valid values, instead of pydantic's error per union branch
+    (`cpu.constrained-int ...; cpu.constrained-str ...`)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError("quantity", "{value} is not a quantity: use " + QUANTITY_HINT,
+                                  {"value": repr(value)}) from None
+
+
+Quantity = Annotated[
+    Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]],
+    WrapValidator(_one_quantity_error),
+]
 
 
 def cpu_cores(quantity: Quantity) -> float:
@@ -59,9 +80,10 @@ class Toleration(_Model):
     """A core/v1 Toleration, copied onto every Ray pod."""
 
     key: Optional[str] = Field(
-        default=None, description="Taint key; empty with `Exists` tolerates every taint.")
+        default=None, max_length=MAX_KEY_LENGTH, description="Taint key; empty with `Exists` tolerates every taint.")
     operator: Optional[Literal["Exists", "Equal"]] = Field(default=None, description="Default `Equal`.")
-    value: Optional[str] = Field(default=None, description="Taint value; must be empty with `Exists`.")
+    value: Optional[str] = Field(
+        default=None, max_length=MAX_LABEL_VALUE_LENGTH, description="Taint value; must be empty with `Exists`.")
     effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
         default=None, description="Taint effect to tolerate; empty tolerates all effects.")
     toleration_seconds: Optional[int] = Field(
@@ -72,7 +94,7 @@ class ClusterSpec(_Model):
     """How the Ray cluster's pods are made. Its size comes from `job.resources`."""
 
     device_resource: Optional[str] = Field(
-        default=None, min_length=1,
+        default=None, min_length=1, max_length=MAX_KEY_LENGTH,
         description="Extended resource that the device plugin advertises; each worker pod requests "
         "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`). "
         f"Unset: the operator's default (chart value `runtime.deviceResource`, `{DEFAULT_DEVICE_RESOURCE}` "
@@ -84,46 +106,48 @@ class ClusterSpec(_Model):
     worker: PodResources = Field(
         default_factory=lambda: PodResources(cpu=32, memory="256Gi"),
         description="Each worker pod (one per node), besides its devices. Default: cpu 32, memory 256Gi.")
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[str, Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]] = Field(
         default_factory=dict, description="Node labels every Ray pod requires.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of every Ray pod.")
     ray_version: str = Field(
-        default=DEFAULT_RAY_VERSION, min_length=1, description="Ray version of the image, for KubeRay.")
+        default=DEFAULT_RAY_VERSION, min_length=1, max_length=MAX_VERSION_LENGTH, description="Ray version of the image, for KubeRay.")
 
 
 class SchedulingSpec(_Model):
     scheduler_name: Optional[str] = Field(
-        default=None, min_length=1, description="Pod schedulerName; unset uses the cluster default.")
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH, description="Pod schedulerName; unset uses the cluster default.")
     gang: GangScheduler = Field(
         default=GangScheduler.NONE,
         description="All-or-nothing start of the head and every worker: `volcano` (KubeRay's "
         "Volcano integration, a PodGroup per cluster) or `kueue` (Kueue admits the RayCluster).")
     queue: Optional[str] = Field(
-        default=None, min_length=1,
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="Volcano queue, or Kueue LocalQueue (required for `kueue`).")
 
 
 class CheckpointStorage(_Model):
     """Where checkpoints and metrics live: a volume every Ray pod mounts (set exactly one source).
 
-    The run writes to `<mountPath>/<namespace>/<name>`; `job.checkpoint` sets how often.
+    The run writes to `<mountPath>/<namespace>/<name>/<uid>` (a re-created RLJob of the same name
+    starts fresh); `job.checkpoint` sets how often.
     """
 
     claim_name: Optional[str] = Field(
-        default=None, min_length=1,
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="PersistentVolumeClaim in the RLJob's namespace (ReadWriteMany for several nodes).")
     host_path: Optional[str] = Field(
-        default=None, min_length=1, description="Directory on every node, e.g. a shared filesystem mount.")
+        default=None, min_length=1, max_length=MAX_PATH_LENGTH, description="Directory on every node, e.g. a shared filesystem mount.")
     mount_path: str = Field(
-        default=DEFAULT_CHECKPOINT_MOUNT_PATH, min_length=1,
+        default=DEFAULT_CHECKPOINT_MOUNT_PATH, min_length=1, max_length=MAX_PATH_LENGTH,
         description="Where the volume is mounted in the pods.")
 
 
 class RLJobSpec(_Model):
     job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
     image: Optional[str] = Field(
-        default=None, min_length=1,
-        description="Runtime image of every Ray pod. Unset: the operator's default (chart value "
+        default=None, min_length=1, max_length=MAX_IMAGE_LENGTH, pattern=IMAGE_PATTERN,
+        description="Runtime image of every Ray pod, an image reference `[registry/]repository[:tag][@digest]` "
+        "without spaces. Unset: the operator's default (chart value "
         "`runtime.image`, `ghcr.io/rldock/rldock-runtime:<rldock version>` unless changed).")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Pods of the Ray cluster.")
     scheduling: SchedulingSpec = Field(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from rldock.config.job import MAX_NAME_LENGTH as JOB_MAX_NAME_LENGTH
+from rldock.config.job import MAX_PATH_LENGTH as JOB_MAX_PATH_LENGTH
 from rldock.contract.runtime_cli import JOB_CONFIG_ENV
 from rldock.contract.version import __version__
 
@@ -46,6 +48,26 @@ class ImagePullPolicy(str, Enum):
 
 
 DEFAULT_IMAGE_PULL_POLICY = ImagePullPolicy.IF_NOT_PRESENT
+
+# --- Bounds that keep an RLJob and what it makes within the API server's limits ---------------
+# A ConfigMap's data may hold at most 1 MiB (core/v1 validation, MaxSecretSize alike).
+CONFIG_MAP_MAX_BYTES = 1024 * 1024
+# Condition messages are cut to this length (metav1.Condition allows 32768): a message that
+# quotes a huge spec value must not make every status patch too large for the API server.
+CONDITION_MESSAGE_MAX = 2048
+# maxLength of the spec's free strings, in the CRD schema and the models alike (the embedded job
+# config bounds its own: rldock.config.job).
+MAX_PATH_LENGTH = JOB_MAX_PATH_LENGTH  # PATH_MAX: hostPath, mountPath (and job.model.path)
+MAX_NAME_LENGTH = JOB_MAX_NAME_LENGTH  # a DNS subdomain: claim, scheduler and queue names
+MAX_KEY_LENGTH = 253 + 1 + 63  # `prefix/name`: extended resource names, taint keys
+MAX_LABEL_VALUE_LENGTH = 63  # label values (nodeSelector) and taint values
+MAX_IMAGE_LENGTH = 512  # registry host, repository, tag and digest together
+MAX_VERSION_LENGTH = 64  # rayVersion
+# An image reference: [host[:port]/]path[:tag][@digest], without spaces or other characters a
+# registry would refuse (the full grammar is docker/distribution's reference package; the runtime's
+# pull reports what this lets through).
+IMAGE_PATTERN = (r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?[A-Za-z0-9][A-Za-z0-9._/-]*"
+                 r"(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9_+.-]+:[A-Fa-f0-9]{32,})?$")
 
 # --- Labels and annotations on the children --------------------------------------------------
 LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)
@@ -165,6 +187,12 @@ class Reason(str, Enum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
+    # A child the round needs cannot be had: its name is taken by an object this RLJob does not
+    # control, or the API server refused to create it (a ResourceQuota, RBAC, a too large object).
+    NAME_CONFLICT = "NameConflict"
+    CREATE_REFUSED = "CreateRefused"
+    # The API server refused the status the round computed (422/413); a short status says why.
+    STATUS_REJECTED = "StatusRejected"
 
 
 class EventReason(str, Enum):
@@ -185,6 +213,9 @@ class EventReason(str, Enum):
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
     TTL_EXPIRED = "TTLExpired"
+    NAME_CONFLICT = "NameConflict"
+    CREATE_REFUSED = "CreateRefused"
+    STATUS_REJECTED = "StatusRejected"
 
 
 class RayJobStatus(str, Enum):

@@ -98,11 +98,12 @@ def _convert_union(node: Schema, defs: dict[str, Schema], path: str) -> Schema:
     if len(branches) == 1:
         out = _convert({**branches[0], **outer}, defs, path)
     elif sorted(b.get("type", "") for b in branches) == ["integer", "string"]:
-        # Quantities. The branches may carry only their type, so the string's pattern moves up
-        # (it applies to strings only); numeric bounds are left to the model, since KubeRay's
-        # own quantities show that pattern-only int-or-string is what old API servers accept.
+        # Quantities. The branches may carry only their type, so their value checks move up: the
+        # string's pattern and maxLength (which apply to strings only) and the integer's minimum
+        # (which applies to numbers only), so `cpu: -4` is refused by the API server too.
         out = {"x-kubernetes-int-or-string": True, "anyOf": _INT_OR_STRING}
-        out.update({k: b[k] for b in branches for k in ("pattern",) if k in b})
+        out.update({k: b[k] for b in branches if b.get("type") == "string" for k in ("pattern", "maxLength") if k in b})
+        out.update({k: b[k] for b in branches if b.get("type") == "integer" for k in ("minimum",) if k in b})
         out.update({k: outer[k] for k in ("description",) if k in outer})
     else:
         raise ValueError(f"{path}: a union of {branches} has no structural schema; use one type")

@@ -28,6 +28,30 @@ def _load(response: Any) -> dict[str, Any]:
     return json.loads(response.data)
 
 
+class CreateRefused(Exception):
+    """The API server refused to create an object: 403 (a ResourceQuota, RBAC, an admission
+    webhook) or 422 (invalid, e.g. too large). `message` is the server's own (its Status body)."""
+
+    def __init__(self, kind: str, name: str, status: int, message: str) -> None:
+        super().__init__(f"creating {kind} {name} was refused (HTTP {status}): {message}")
+        self.kind, self.name, self.status, self.message = kind, name, status, message
+
+
+class StatusRejected(Exception):
+    """The API server refused a status patch (400, 413, 422, or etcd's "request is too large")."""
+
+
+def api_message(error: ApiException) -> str:
+    """The `message` of the Status the API server answered with, else its reason."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):  # no body, or not JSON (a proxy's HTML page)
+        return str(error.reason or error.status)
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"]
+    return str(error.reason or error.status)
+
+
 def decode_secret_value(secret: Mapping[str, Any], key: str) -> Optional[str]:
     value = (secret.get("data") or {}).get(key)
     return base64.b64decode(value).decode() if value else None
@@ -55,7 +79,8 @@ class Kube:
             raise
 
     def create(self, manifest: Mapping[str, Any]) -> Optional[dict[str, Any]]:
-        """Create; None when an object of that name already exists (the next round reads it)."""
+        """Create; None when an object of that name already exists (the next round reads it);
+        CreateRefused when the API server forbids or refuses it."""
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         try:
             if kind == "RayCluster":
@@ -68,6 +93,8 @@ class Kube:
             if error.status == 409:
                 log.info("%s %s/%s already exists", kind, namespace, manifest["metadata"]["name"])
                 return None
+            if error.status in (403, 422):
+                raise CreateRefused(kind, manifest["metadata"]["name"], error.status, api_message(error)) from None
             raise
 
     def patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,6 +106,18 @@ class Kube:
         method = {"ConfigMap": self.core.patch_namespaced_config_map,
                   "Secret": self.core.patch_namespaced_secret}[kind]
         return _load(method(name, namespace, dict(patch), _content_type=MERGE_PATCH, _preload_content=False))
+
+    def patch_rljob_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of the RLJob's status subresource; StatusRejected when the API server
+        refuses that status (it would refuse it again next round), ApiException otherwise."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)}, _content_type=MERGE_PATCH)
+        except ApiException as error:
+            message = api_message(error)
+            if error.status in (400, 413, 422) or (error.status == 500 and "too large" in message):
+                raise StatusRejected(f"HTTP {error.status}: {message}") from None
+            raise
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: Optional[str] = None) -> bool:
         """Delete (in the background); with `uid`, only that very object. False when absent."""

@@ -180,12 +180,16 @@ class Progress:
 
 def read_progress(log_text: str, *, output_dir: str) -> Progress:
     """The last progress line of a job log, and the checkpoint it names as a path."""
-    record = last_progress(log_text.splitlines())
+    return progress_of(last_progress(log_text.splitlines()), output_dir=output_dir)
+
+
+def progress_of(record: Optional[Mapping[str, Any]], *, output_dir: str) -> Progress:
+    """A progress record (the last one of a log) as the status reads it; nothing when incomplete."""
     if record is None or not {"iteration", headline_key(record), "tokens_per_s_per_device"} <= record.keys():
         return Progress()
     checkpoint = record.get("checkpoint")
     path = checkpoint_path(output_dir, checkpoint) if isinstance(checkpoint, int) else None
-    return Progress(metrics=record, last_checkpoint=path)
+    return Progress(metrics=dict(record), last_checkpoint=path)
 
 
 # --- Children ----------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ own `JobSubmissionClient` does (ray/dashboard/modules/job/job_head.py):
 
     POST /api/jobs/              submit {entrypoint, submission_id, metadata}
     GET  /api/jobs/<id>          status, message, start_time (ms)
-    GET  /api/jobs/<id>/logs     {"logs": "..."} the driver's whole log so far
+    GET  /api/jobs/<id>/logs     {"logs": "..."} the driver's whole log so far (Ray 2.60 has no
+                                 offset or range; `/logs/tail` is a websocket that replays the log
+                                 and follows it): the reconciler parses only what is new
+                                 (progress_cursor.py), the transfer stays whole
     POST /api/jobs/<id>/stop     SIGTERM, then SIGKILL, to the driver
 
 Ray 2.60 clusters run with token authentication (RAY_AUTH_MODE=token); every request carries

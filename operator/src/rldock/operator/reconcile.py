@@ -30,19 +30,20 @@ from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH, AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS, LABEL_RAY_CLUSTER, ConditionType,
     EventReason, Phase, RayJobStatus, Reason,
 )
-from rldock.operator.kube import Kube, decode_secret_value
+from rldock.operator.kube import CreateRefused, Kube, StatusRejected, decode_secret_value
 from rldock.operator.observe import (
     ACTIVE_JOB_STATES, Ownership, PodSummary, Progress, attempt_workers, dashboard_url, job_observation,
-    lost_workers, owned_by, ownership, read_progress, ready_to_submit, ready_worker_names, summarize_pods,
+    lost_workers, owned_by, ownership, progress_of, ready_to_submit, ready_worker_names, summarize_pods,
 )
+from rldock.operator.progress_cursor import ProgressCursor
 from rldock.operator.plan import (
     Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
 )
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
-    Event, Observations, RayJobObservation, compute_status, parse_status, seconds_until_expiry,
-    status_events,
+    Blocked, Event, Observations, RayJobObservation, compute_status, parse_status, rejected_status,
+    seconds_until_expiry, status_events, status_patch,
 )
 from rldock.operator.validation import parse_spec
 
@@ -52,7 +53,15 @@ JobsClientFactory = Callable[[str, Optional[str]], RayJobsClient]
 
 
 class SkipRound(Exception):
-    """Something could not be read (or belongs to someone else): decide nothing this round."""
+    """Something could not be read (or is going away): decide nothing this round."""
+
+
+class BlockedRound(Exception):
+    """A child cannot be had until a person acts: say so in the status (status.Blocked)."""
+
+    def __init__(self, blocked: Blocked) -> None:
+        super().__init__(blocked.message)
+        self.blocked = blocked
 
 
 @dataclass
@@ -120,6 +129,7 @@ class Reconciler:
         self._jobs_client = jobs_client or (
             lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout))
         self._clock = clock
+        self._logs = ProgressCursor()  # how far each running job's driver log was parsed
 
     # --- the round ---------------------------------------------------------------------------
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
@@ -140,6 +150,7 @@ class Reconciler:
         return out
 
     def _finish(self, rnd: Round, out: Outcome) -> None:
+        self._logs.forget(rnd.ref)
         self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
         out.status = self._status(rnd, Observations(problems=rnd.problems))
         if rnd.spec is None:
@@ -152,10 +163,18 @@ class Reconciler:
 
     def _refuse(self, rnd: Round, out: Outcome) -> None:
         """An invalid spec: nothing of it may run; the checkpoint stays for when it is fixed."""
+        self._logs.forget(rnd.ref)
         self._release(rnd, out, why="the spec is invalid")
         out.status = self._status(rnd, Observations(problems=rnd.problems))
 
     def _run(self, rnd: Round, out: Outcome) -> None:
+        try:
+            self._advance(rnd, out)
+        except BlockedRound as why:
+            log.warning("%s/%s: %s", rnd.ref.namespace, rnd.ref.name, why)
+            out.status = self._status(rnd, Observations(blocked=why.blocked))
+
+    def _advance(self, rnd: Round, out: Outcome) -> None:
         spec = rnd.spec
         assert spec is not None, "a spec without problems parsed"
         token = self._ensure_secret(rnd, out)
@@ -193,7 +212,10 @@ class Reconciler:
             raise SkipRound(f"{kind} {name} is being deleted; waiting for it to go")
         whose = ownership(obj, uid=rnd.ref.uid, rljob_name=rnd.ref.name)
         if whose is Ownership.FOREIGN:
-            raise SkipRound(f"{kind} {name} exists and is not this RLJob's; waiting for it to go away")
+            raise BlockedRound(Blocked(Reason.NAME_CONFLICT, (
+                f"{kind} {name} already exists and belongs to {_controller(obj)}, not to this RLJob; "
+                "it is left alone. If it belonged to a deleted RLJob of the same name it goes away "
+                f"with it; otherwise delete or rename that {kind}, or give this RLJob another name")))
         if whose is Ownership.ORPHAN:
             refs = [*(obj["metadata"].get("ownerReferences") or ()), owner_reference(rnd.ref)]
             log.info("%s/%s: adopting %s %s", rnd.ref.namespace, rnd.ref.name, kind, name)
@@ -206,7 +228,7 @@ class Reconciler:
         secret = self._read_owned(rnd, "Secret", name)
         if secret is None:
             token = secrets.token_hex(32)  # as Ray's own generator: 256 bits
-            if self.kube.create(build_auth_secret(job=rnd.ref, token=token)) is None:
+            if _create(self.kube, build_auth_secret(job=rnd.ref, token=token)) is None:
                 raise SkipRound(f"Secret {name} appeared meanwhile")
             out.event("Normal", EventReason.CREATED_AUTH_SECRET, f"created Secret {name} with the Ray auth token")
             return token
@@ -220,7 +242,7 @@ class Reconciler:
         name = desired["metadata"]["name"]
         existing = self._read_owned(rnd, "ConfigMap", name)
         if existing is None:
-            if self.kube.create(desired) is None:
+            if _create(self.kube, desired) is None:
                 raise SkipRound(f"ConfigMap {name} appeared meanwhile")
             out.event("Normal", EventReason.CREATED_CONFIG_MAP, f"created ConfigMap {name} with the job config")
         elif existing.get("data") != desired["data"]:
@@ -256,8 +278,8 @@ class Reconciler:
             try:
                 details = jobs.get_job(submission_id)
                 if details is not None and details.get("status") != RayJobStatus.PENDING.value:
-                    progress = read_progress(jobs.get_logs(submission_id),
-                                             output_dir=output_dir(job=rnd.ref, spec=spec))
+                    record = self._logs.last_record(rnd.ref, submission_id, jobs.get_logs(submission_id))
+                    progress = progress_of(record, output_dir=output_dir(job=rnd.ref, spec=spec))
                 if details is None and attempt > 0:
                     previous_id = rnd.submission_id(attempt - 1)
                     previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
@@ -279,7 +301,7 @@ class Reconciler:
                cluster: Optional[Mapping[str, Any]], seen: Seen, status: dict[str, Any], out: Outcome) -> None:
         ns, name = rnd.ref.namespace, rnd.cluster_name
         if isinstance(action, CreateCluster):
-            if self.kube.create(desired) is not None:
+            if _create(self.kube, desired) is not None:
                 resources = spec.job.resources
                 out.event("Normal", EventReason.CREATED_RAY_CLUSTER,
                           f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with "
@@ -316,11 +338,39 @@ class Reconciler:
         except RayJobsError as error:  # the next round sees the job's state and decides again
             log.warning("%s/%s: %s failed: %s", rnd.ref.namespace, rnd.ref.name, action, error)
 
+    # --- writing the status --------------------------------------------------------------------
+    def write_status(self, body: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+        """Patch the status subresource to `new`; the Events the write itself calls for.
+
+        The operator writes the status itself rather than through kopf's patch: a status the API
+        server refuses (too large, or not matching an older CRD) would otherwise fail after every
+        round and stop kopf's timer for good. A refused status is replaced by a short one whose
+        SpecValid condition says why, so the RLJob shows the problem instead of hanging.
+        """
+        ref = RLJobRef.from_body(body)
+        old = dict(body.get("status") or {})
+        try:
+            self.kube.patch_rljob_status(ref.namespace, ref.name, status_patch(old, new))
+            return []
+        except StatusRejected as error:
+            message = f"the API server refused the RLJob's status ({error}); shorten the spec's values"
+            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+        fallback = rejected_status(previous=old, message=message,
+                                   generation=body["metadata"].get("generation"), now=self._clock())
+        try:
+            self.kube.patch_rljob_status(ref.namespace, ref.name, status_patch(old, fallback))
+        except StatusRejected as error:  # e.g. an older CRD without these reasons: nothing to write
+            log.error("%s/%s: the short status was refused too (%s); install the CRD of this operator's "
+                      "release", ref.namespace, ref.name, error)
+            return []
+        return status_events(old, fallback)
+
     # --- deletion ----------------------------------------------------------------------------
     def stop_for_deletion(self, body: Mapping[str, Any]) -> Optional[str]:
         """Stop the current attempt's driver before the RLJob (and, by owner references, its
         cluster) goes. Best effort: a cluster that cannot be reached is deleted with its job anyway."""
         rnd = begin_round(body, self._clock())
+        self._logs.forget(rnd.ref)
         cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
         if cluster is None or not owned_by(cluster, rnd.ref.uid):
             return None
@@ -340,6 +390,25 @@ class Reconciler:
             log.warning("%s/%s: could not stop Ray job %s (%s); deleting its cluster ends it anyway",
                         rnd.ref.namespace, rnd.ref.name, submission_id, error)
         return None
+
+
+def _create(kube: Kube, manifest: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """Kube.create, with a refusal (quota, RBAC, invalid) turned into a blocked round."""
+    try:
+        return kube.create(manifest)
+    except CreateRefused as refused:
+        raise BlockedRound(Blocked(Reason.CREATE_REFUSED, (
+            f"the API server refused to create {refused.kind} {refused.name} (HTTP {refused.status}): "
+            f"{refused.message}"))) from None
+
+
+def _controller(obj: Mapping[str, Any]) -> str:
+    """Who controls `obj`, in words, for a message."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or ()
+    controller = next((ref for ref in refs if ref.get("controller")), None)
+    if controller is None:
+        return "no RLJob (it has no controller and is not labelled as this RLJob's)"
+    return f"{controller.get('kind', 'an object')} {controller.get('name', '?')} (uid {controller.get('uid', '?')})"
 
 
 def _observation(submission_id: str, details: Optional[Mapping[str, Any]]) -> Optional[RayJobObservation]:

@@ -110,7 +110,14 @@ def render() -> str:
         "[troubleshooting.md](troubleshooting.md).", "",
         f"`apiVersion: {API_VERSION}`, `kind: {KIND}` (CRD `{CRD_NAME}`, short name "
         f"{', '.join(f'`{s}`' for s in SHORT_NAMES)}), namespaced, with a status subresource. Unknown "
-        f"fields are refused; rules across fields are checked by the operator, which reports them as "
+        "fields are refused only where the client asks for strict field validation: `kubectl` 1.25 and "
+        "later does by default (server-side `fieldValidation=Strict`; older `kubectl` checks the published "
+        "schema itself), so `kubectl apply`/`create` fail with `unknown field \"spec.foo\"`. Other clients "
+        "(the Python or Go client, Helm, `kubectl --validate=false`) get the API server's default, which "
+        "accepts the object and silently drops (prunes) the unknown fields, with at most a warning: the "
+        "operator never sees them and cannot refuse them. Check a spec written by such a client with "
+        "`kubectl apply --dry-run=server --validate=strict -f rljob.yaml`. "
+        "Rules across fields are checked by the operator, which reports them as "
         f"condition `SpecValid=False`. The operator adds the finalizer `{FINALIZER}`.", "",
         "`kubectl get rljobs` columns:", "",
         "| column | from | meaning |", "| --- | --- | --- |",

@@ -26,8 +26,8 @@ from rldock.config import Problem
 from rldock.operator import naming
 from rldock.operator.api import Condition, RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
-    RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY, RAY_STATE_SUSPENDED,
-    ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
+    CONDITION_MESSAGE_MAX, RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY,
+    RAY_STATE_SUSPENDED, ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
 )
 from rldock.contract.progress import headline_key
 
@@ -42,6 +42,14 @@ class RayJobObservation:
 
 
 @dataclass(frozen=True)
+class Blocked:
+    """The round cannot get a child it needs: NameConflict or CreateRefused, and the message."""
+
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True)
 class Observations:
     """One round of observations. Pass only complete ones: a failed lookup is not an absence."""
 
@@ -52,6 +60,8 @@ class Observations:
     last_checkpoint: Optional[str] = None
     unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
+    blocked: Optional[Blocked] = None  # a child that cannot be had (reconcile.py), with why
+
 
 
 class _Cond(NamedTuple):
@@ -142,6 +152,12 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
     was_suspended = prev.condition(ConditionType.SUSPENDED)
     if was_suspended is not None and was_suspended.status == "True":
         out.set(ConditionType.SUSPENDED, False, Reason.RESUMED, "resuming from the last checkpoint")
+
+    if observed.blocked is not None:
+        out.set(ConditionType.CLUSTER_READY, False, observed.blocked.reason, observed.blocked.message)
+        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_NOT_SUBMITTED,
+                "the Ray job is submitted once the cluster is ready")
+        return (Phase.RETRYING if restart_count > 0 else Phase.PENDING), out
 
     cluster_ready, waiting_for_admission = _cluster_conditions(out, spec, observed.ray_cluster, cluster_name)
     if observed.unschedulable:
@@ -242,13 +258,23 @@ def _merge_conditions(prev: RLJobStatus, new: _Updates,
             merged.pop(type_, None)
             continue
         status = "True" if cond.status else "False"
+        message = shorten(cond.message)
         old = merged.get(type_)
         moved = old is None or old.status != status
         merged[type_] = Condition(
-            type=type_, status=status, reason=cond.reason, message=cond.message,
+            type=type_, status=status, reason=cond.reason, message=message,
             last_transition_time=now if moved else old.last_transition_time,
             observed_generation=generation)
     return [merged[t] for t in _ORDER if t in merged]
+
+
+def shorten(message: str, limit: int = CONDITION_MESSAGE_MAX) -> str:
+    """`message` cut in the middle to at most `limit` characters, saying how much was cut."""
+    if len(message) <= limit:
+        return message
+    infix = f" ... [{len(message) - limit} characters cut] ... "
+    keep = limit - len(infix)
+    return message[: keep // 2] + infix + message[len(message) - (keep - keep // 2):]
 
 
 def _set_progress(status: RLJobStatus, spec: Optional[RLJobSpec], metrics: Optional[Mapping[str, Any]],
@@ -282,6 +308,27 @@ def _dump(status: RLJobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def rejected_status(*, previous: Optional[Mapping[str, Any]], message: str, generation: Optional[int],
+                    now: datetime) -> dict[str, Any]:
+    """A short status for when the API server refused the computed one: the phase and counts as
+    they were, and SpecValid=False saying why (a refusal that repeats is a spec too large)."""
+    prev = parse_status(previous)
+    updates = _Updates()
+    updates.set(ConditionType.SPEC_VALID, False, Reason.STATUS_REJECTED, message)
+    # Only SpecValid carries over (its transition time), so the short status stays short.
+    spec_valid = RLJobStatus(conditions=[c for c in prev.conditions if c.type is ConditionType.SPEC_VALID])
+    status = RLJobStatus(phase=prev.phase or Phase.PENDING, restart_count=prev.restart_count,
+                         ray_job_id=prev.ray_job_id, ray_cluster_name=prev.ray_cluster_name,
+                         conditions=_merge_conditions(spec_valid, updates, generation, now),
+                         observed_generation=generation)
+    return _dump(status)
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning `old` into `new` (null removes fields `new` no longer has)."""
+    return {**{key: None for key in old if key not in new}, **new}
+
+
 def status_changed(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
     """Whether `new` differs from the stored status (absent and null fields are the same)."""
     return _without_nulls(old or {}) != _without_nulls(new)
@@ -293,6 +340,9 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_nulls(v) for v in value]
     return value
+
+
+_BLOCKED_EVENTS = {Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT, Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED}
 
 
 def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[Event]:
@@ -309,7 +359,11 @@ def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> l
         return None if unchanged else cond
 
     if (cond := became(ConditionType.SPEC_VALID, "False")) is not None:
-        events.append(Event("Warning", EventReason.INVALID_SPEC, cond.message))
+        rejected = cond.reason is Reason.STATUS_REJECTED
+        events.append(Event("Warning", EventReason.STATUS_REJECTED if rejected else EventReason.INVALID_SPEC,
+                            cond.message))
+    if (cond := became(ConditionType.CLUSTER_READY, "False")) is not None and cond.reason in _BLOCKED_EVENTS:
+        events.append(Event("Warning", _BLOCKED_EVENTS[cond.reason], cond.message))
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
         events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
     if after.ray_job_id is not None and after.ray_job_id != before.ray_job_id:

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from rldock.config import Problem, find_problems
 from rldock.operator.api import RLJobSpec, Toleration, cpu_cores
+from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.constants import (
-    CONFIG_MOUNT_PATH, RAY_RESERVED_RESOURCES, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
+    CONFIG_MAP_MAX_BYTES, CONFIG_MOUNT_PATH, IMAGE_PATTERN, RAY_RESERVED_RESOURCES, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
 )
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -38,12 +39,22 @@ def parse_spec(raw: Mapping[str, Any]) -> tuple[Optional[RLJobSpec], list[Proble
     return spec, find_spec_problems(spec)
 
 
+_PATTERN_HINTS = {
+    IMAGE_PATTERN: "an image reference such as ghcr.io/org/image:tag or image@sha256:<digest> (no spaces)",
+}
+
+
 def _problem_from_error(item: Mapping[str, Any]) -> Problem:
     path = ".".join(["spec", *(str(part) for part in item["loc"])])
     if item["type"] == "extra_forbidden":
         return Problem(path, "unknown field (see docs/operator.md)")
     if item["type"] == "missing":
         return Problem(path, "required field is missing")
+    if item["type"] == "string_pattern_mismatch" and item.get("ctx", {}).get("pattern") in _PATTERN_HINTS:
+        return Problem(path, f"{item['input']!r} is not {_PATTERN_HINTS[item['ctx']['pattern']]}")
+    if item["type"] == "string_too_long":
+        return Problem(path, f"{len(item['input'])} characters is too long: at most "
+                             f"{item['ctx']['max_length']} (see docs/operator.md, Limits)")
     return Problem(path, item["msg"])
 
 
@@ -69,7 +80,18 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
         problems += _toleration_problems(toleration, f"spec.cluster.tolerations[{index}]")
     problems += _scheduling_problems(spec)
     problems += _checkpoint_problems(spec)
+    problems += job_config_size_problems(spec)
     return problems
+
+
+def job_config_size_problems(spec: RLJobSpec, *, limit: int = CONFIG_MAP_MAX_BYTES) -> list[Problem]:
+    """The job config must fit the ConfigMap the runtime reads it from (the API server refuses a
+    larger one, and the job would wait for ever)."""
+    size = len(render_job_config(spec.job).encode())
+    if size <= limit:
+        return []
+    return [Problem("spec.job", f"the job config is {size} bytes as YAML; a ConfigMap holds at most {limit}: "
+                                "shorten its longest values")]
 
 
 def device_resource_error(name: str) -> Optional[str]:

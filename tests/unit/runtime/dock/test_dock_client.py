@@ -390,14 +390,14 @@ def killable_dock(mode: str, states: dict[str, list[str]]) -> TransferDock:
     return TransferDock.create(spec, states=states, num_samples=8, group_size=2)
 
 
-def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str) -> None:
+def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str, kill_actor) -> None:
     dock = killable_dock(mode, {"reference": ["prompt_ids"]})
     peers = dock._route.peers()
     victim = peers[1] if mode == "distributed" else peers[0]  # warehouse 1 / the buffer
     name = "warehouse 1 (samples [4, 8)" if mode == "distributed" else "central buffer"
     try:
         dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
-        ray.kill(victim.handle)
+        kill_actor(victim.handle)
         started = time.monotonic()
         with pytest.raises(DockActorDiedError, match=re.escape(name)):
             dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
@@ -425,12 +425,12 @@ def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) 
         dock.shutdown()
 
 
-def test_dead_controllers_fail_consumers_and_writers() -> None:
+def test_dead_controllers_fail_consumers_and_writers(kill_actor) -> None:
     dock = killable_dock("distributed", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
     hub = dock._route.peers()[-1]  # the metadata actor hosting every state's controller
     try:
         assert hub.name.startswith("dock controllers") and "'update'" in hub.name
-        ray.kill(hub.handle)
+        kill_actor(hub.handle)
         with pytest.raises(DockActorDiedError, match=r"dock controllers \(the metadata of states"):
             dock.get("update", ["prompt_ids"], batch_size=2)
         with pytest.raises(DockActorDiedError, match="dock controllers"):

@@ -2,7 +2,8 @@
 
 The driver runs on the Ray head (as every Jobs API driver does) and always passes `--resume`, so
 the first attempt starts fresh (no checkpoint yet) and every later one (a retry, an unsuspend, a
-re-created cluster) continues from the last checkpoint in the same output directory.
+re-created cluster) continues from the last checkpoint in the same output directory. That
+directory belongs to one RLJob object (its uid), so a new RLJob that reuses a name starts fresh.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from rldock.operator.constants import GROUP, JOB_CONFIG_PATH, LABEL_RLJOB
 
 
 def output_dir(*, job: RLJobRef, spec: RLJobSpec) -> str:
-    """Metrics and checkpoints of this RLJob on the checkpoint volume.
+    """Metrics and checkpoints of this RLJob on the checkpoint volume:
+    `<mountPath>/<namespace>/<name>/<uid>`.
 
-    Keyed by namespace and name, not uid: re-creating an RLJob under the same name resumes it.
+    Keyed by the object's uid as well as its name: retries, suspend and unsuspend of one RLJob keep
+    its uid and resume, while a deleted and re-created RLJob of the same name (maybe another model
+    or algorithm) is a new object and must not pick up the old run's checkpoints. The name stays in
+    the path so that a person finds a job's runs with `ls <mountPath>/<namespace>/<name>/`.
     """
-    return posixpath.join(spec.checkpoint.mount_path, job.namespace, job.name)
+    return posixpath.join(spec.checkpoint.mount_path, job.namespace, job.name, job.uid)
 
 
 def build_entrypoint(*, job: RLJobRef, spec: RLJobSpec) -> str:
