@@ -176,7 +176,9 @@ def test_unschedulable_job_waits_with_the_schedulers_message_until_a_node_fits(s
 
 
 def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> None:
-    name, iterations = "lost-worker", 12
+    # Long enough that the job is still running when the operator sees the pod go: at 12 iterations
+    # a quiet machine finished the run before the worker's loss stopped it.
+    name, iterations = "lost-worker", 80
     _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
     status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4
                            and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
@@ -225,7 +227,7 @@ def test_operator_restart_mid_run_keeps_the_one_cluster(scenario: Scenario) -> N
 
 
 def test_suspend_releases_the_cluster_and_unsuspend_resumes_from_the_checkpoint(scenario: Scenario) -> None:
-    name, iterations = "pausable", 12
+    name, iterations = "pausable", 80  # still running when the suspend lands (see lost-worker)
     _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
     scenario.wait("a checkpoint", lambda: _checkpoint_iteration(scenario.status(name)) >= 4, timeout=START_TIMEOUT)
     namespaces = scenario.pod_namespaces()

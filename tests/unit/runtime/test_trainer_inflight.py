@@ -89,3 +89,26 @@ def test_no_snapshot_when_the_dock_died_too(tmp_path, kill_actor) -> None:
     trainer._keep_inflight()  # logs a warning: the iteration is redone from its start
     assert ckpt.load_inflight(tmp_path, 2) is None
     trainer.dock.shutdown()
+
+
+def test_a_retry_of_a_finished_run_reports_its_last_iteration(tmp_path, capsys) -> None:
+    """A retry that finds every iteration done (its predecessor finished as a worker was lost)
+    prints the last iteration's progress line, so the operator does not keep the line before it."""
+    from types import SimpleNamespace
+
+    from rldock.contract.progress import last_progress
+    from rldock.runtime.metrics import MetricsLog
+
+    staging = ckpt.staging_dir(tmp_path, 2)
+    ckpt.commit(tmp_path, staging, 2, {}, keep_last=1)
+    log = MetricsLog(tmp_path)
+    for iteration in (1, 2):
+        log.append({"iteration": iteration, "reward_mean": 0.5, "kl": 0.0, "loss": 0.1, "response_length_mean": 3.0,
+                    "tokens_per_s_per_device": 1.0})
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = SimpleNamespace(iterations=2)
+    trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, log, False
+    trainer.resume_from = ckpt.latest_checkpoint(tmp_path)
+    assert [r["iteration"] for r in trainer.run()] == [1, 2]
+    record = last_progress(capsys.readouterr().out.splitlines())
+    assert record is not None and (record["iteration"], record["iterations"], record["checkpoint"]) == (2, 2, 2)

@@ -131,7 +131,13 @@ class Trainer:
     def run(self) -> list[dict]:
         if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
             logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
-            return self.metrics.read()
+            records = self.metrics.read()
+            if records and not self.show_progress:
+                # A retry can start after the previous attempt finished (the worker was lost as
+                # the last iteration ended): say where the run is, or the operator would keep the
+                # previous attempt's last line, an iteration short.
+                self._report_progress(records[-1])
+            return records
         cluster.connect(self.cfg)
         for attempt in range(self.max_restarts + 1):
             try:
