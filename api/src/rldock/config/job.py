@@ -116,13 +116,15 @@ class DAPOSpec(Spec):
     )
     dynamic_sampling: bool = Field(
         default=True,
-        description="Drop prompt groups whose rewards are all equal (no gradient) and draw more prompts "
-        "until the batch holds G groups with differing rewards.",
+        description="Drop prompt groups whose unshaped scores (accuracy, before overlong shaping) are all "
+        "equal (no gradient) and refill their slots with fresh prompts until the batch holds G groups "
+        "with differing scores.",
     )
     max_sampling_rounds: int = Field(
         default=4, ge=1,
-        description="Most rollouts of G prompts per iteration for dynamic sampling; if the batch is still "
-        "short after them it is filled with dropped groups (advantage 0) and the shortfall is logged.",
+        description="Most sampling rounds per iteration for dynamic sampling (the first samples G prompts, "
+        "each later one only the slots of dropped groups); slots still without a kept group after them "
+        "keep their last dropped group (advantage 0) and the shortfall is logged.",
     )
     overlong_buffer_length: int = Field(
         default=0, ge=0,
