@@ -23,7 +23,8 @@ RUN command -v wget || { apt-get update && apt-get install -y --no-install-recom
 WORKDIR /src
 COPY requirements/cpu.lock requirements/cpu.lock
 # Ray 2.60 (token authentication, which the operator turns on) and the runtime's other extras.
-RUN python3 -m pip install --constraint requirements/cpu.lock "ray[default]" tensordict matplotlib tqdm setuptools
+RUN python3 -m pip install --constraint requirements/cpu.lock "ray[default]" tensordict matplotlib tqdm setuptools \
+        datasets math-verify tensorboard gguf accelerate peft
 COPY pyproject.toml README.md ./
 COPY api/src/ api/src/
 COPY runtime/src/ runtime/src/
