@@ -42,8 +42,10 @@ class JobFailure:
     problems: tuple[FieldProblem, ...]
 
     def message(self, *, field_prefix: str = "") -> str:
-        """Every problem on one line, fields under `field_prefix` (the operator: `spec.job.`)."""
-        return "; ".join(f"{field_prefix}{p.field}: {p.message}" for p in self.problems)
+        """Every problem on one line, job config fields under `field_prefix` (the operator:
+        `spec.job.`); command-line options such as `--output` keep their name."""
+        return "; ".join(f"{'' if p.field.startswith('-') else field_prefix}{p.field}: {p.message}"
+                         for p in self.problems)
 
 
 def format_failure(failure: JobFailure) -> str:
