@@ -3,8 +3,11 @@ operator puts into the pods, and passed into the head and every worker pod where
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import kubernetes_validate
 import pytest
+import yaml
 from rljob_testing import KUBERNETES_VERSION, error_paths, kuberay_raycluster_validator, spec_dict
 
 from rldock.operator.api import RLJobSpec
@@ -12,6 +15,7 @@ from rldock.operator.builders import RLJobRef, build_ray_cluster
 from rldock.operator.constants import ENV_JOB_CONFIG, ENV_RAY_AUTH_TOKEN, VOLUME_CHECKPOINTS
 from rldock.operator.validation import parse_spec
 
+REPO = Path(__file__).resolve().parents[3]
 JOB = RLJobRef(name="grpo-data", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 
 # A PVC with models and data, a ConfigMap with a reward function file, a token from a Secret.
@@ -148,3 +152,16 @@ def test_inputs_change_the_cluster_hash():
     plain = build_ray_cluster(job=JOB, spec=RLJobSpec.model_validate(spec_dict()))
     with_inputs = build_ray_cluster(job=JOB, spec=RLJobSpec.model_validate(spec_dict(**INPUTS)))
     assert plain["metadata"]["annotations"] != with_inputs["metadata"]["annotations"]
+
+
+def test_the_example_is_valid_and_mounts_its_inputs():
+    example = yaml.safe_load((REPO / "examples" / "rljob-volumes.yaml").read_text())
+    spec, problems = parse_spec(example["spec"])
+    assert problems == [] and spec is not None
+    for template in _groups(spec):
+        (container,) = template["spec"]["containers"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert mounts["/models"] == mounts["/data"] == "llm-store" and mounts["/rewards"] == "reward-code"
+        assert spec.job.model.path.startswith("/models/")
+        assert {"name": "REWARD_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "reward-api", "key": "token"}}} \
+            in container["env"]
