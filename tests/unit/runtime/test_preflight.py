@@ -66,7 +66,7 @@ def test_a_model_path_that_is_no_model_directory(tmp_path, make, says):
 def test_a_folder_without_config_json_says_what_it_holds(tmp_path):
     path = tmp_path / "m"
     path.mkdir()
-    for name in ("a.gguf", "b", "c", "d", "e", "f", "g"):
+    for name in ("a.gguf", "b", "c", "d", "e", "f", "g", "..data"):
         (path / name).write_text("")
     (problem,) = find_path_problems(_config(path))
     assert "(it holds: a.gguf, b, c, d, e, ... (2 more))" in problem.message

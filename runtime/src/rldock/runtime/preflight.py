@@ -116,7 +116,8 @@ def _nearest_existing(path: Path) -> Path:
 
 def _listing(path: Path) -> str:
     try:
-        names = sorted(entry.name for entry in path.iterdir())
+        # Dot names left out: a mounted ConfigMap or Secret holds `..data` and a timestamped folder.
+        names = sorted(entry.name for entry in path.iterdir() if not entry.name.startswith("."))
     except OSError as error:  # e.g. a folder that went away between the checks
         return f"unlistable: {error.strerror}"
     if not names:
