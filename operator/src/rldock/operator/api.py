@@ -114,8 +114,8 @@ class NFSSource(_Model):
 class HostPathSource(_Model):
     path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
                       description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.")
-    type: Optional[Literal["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
-                           "BlockDevice"]] = Field(default=None, description="What must be at `path`; empty checks nothing.")
+    type: Optional[Literal["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
+                           "BlockDevice"]] = Field(default=None, description="What must be at `path`; unset checks nothing.")
 
 
 class KeyToPath(_Model):
@@ -142,7 +142,7 @@ class SecretSource(_Model):
 
 
 class EmptyDirSource(_Model):
-    medium: Optional[Literal["", "Memory"]] = Field(default=None, description="`Memory` for a tmpfs; empty: the node's disk.")
+    medium: Optional[Literal["Memory"]] = Field(default=None, description="`Memory` for a tmpfs; unset: the node's disk.")
     size_limit: Optional[Quantity] = Field(default=None, description="Largest size, e.g. \"10Gi\".")
 
 
