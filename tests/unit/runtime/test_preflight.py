@@ -12,7 +12,7 @@ import yaml
 from rldock.config import parse_job_config
 from rldock.contract.failure import FailureReason
 from rldock.runtime.preflight import (
-    CHECKS, MOUNT_HINT, PathCheck, PathKind, find_path_problems, output_problems, preflight,
+    CHECKS, MOUNT_HINT, PathCheck, PathKind, find_path_problems, function_file, output_problems, preflight,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
@@ -125,3 +125,14 @@ def test_a_model_the_config_cannot_split_is_invalid_input_once_the_path_is_there
     failure = preflight(_config(model, tensor_parallel_size=2))
     assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
     assert [p.field for p in failure.problems] == ["training.tensor_parallel_size"]
+
+
+@pytest.mark.parametrize("reference, file", [
+    ("/rewards/reward.py:score", "/rewards/reward.py"),
+    ("rewards/reward.py:score", "rewards/reward.py"),
+    ("my_pkg.rewards:score", None),
+    ("reward.py", "reward.py"),
+    (None, None),
+])
+def test_function_file_is_the_path_part_of_a_function_reference(reference, file):
+    assert function_file(reference) == file

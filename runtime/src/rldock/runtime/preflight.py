@@ -49,6 +49,18 @@ CHECKS: tuple[PathCheck, ...] = (
 )
 
 
+def function_file(reference: Optional[str]) -> Optional[str]:
+    """The file part of a user function reference, or None when it names a module.
+
+    `rewards/my.py:score` -> `rewards/my.py`; `my_pkg.rewards:score` -> None (imported, not a path).
+    For the table row of a `function` reward term.
+    """
+    if not reference:
+        return None
+    target = reference.rpartition(":")[0] or reference
+    return target if target.endswith(".py") or "/" in target else None
+
+
 def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) -> list[Problem]:
     """Problems of every configured path, in table order."""
     problems = []
