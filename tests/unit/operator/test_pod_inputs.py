@@ -140,7 +140,7 @@ def test_a_spec_without_inputs_adds_nothing():
 
 def test_pods_with_inputs_are_valid_pods_and_match_kuberays_crd():
     spec = RLJobSpec.model_validate(spec_dict(**INPUTS))
-    for role, template in zip(("head", "worker"), _groups(spec)):
+    for role, template in zip(("head", "worker"), _groups(spec), strict=True):
         pod = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
                "metadata": {**template["metadata"], "name": role, "namespace": JOB.namespace}}
         kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
