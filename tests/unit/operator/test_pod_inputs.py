@@ -106,7 +106,7 @@ def _with(section: str, index: int, entry: dict) -> dict:
     (_with("envFrom", 0, {"secretRef": {"name": "s"}, "prefix": "9X"}), "spec.envFrom[0].prefix", "prefix"),
     # A typo is an unknown field, with its path (the API server refuses it first, by the CRD schema).
     (_with("volumes", 0, {"name": "models", "persistentVolumeClam": {"claimName": "x"}}),
-     "spec.volumes.0.persistentVolumeClam", "unknown field"),
+     "spec.volumes[0].persistentVolumeClam", "unknown field"),
 ])
 def test_problems_name_the_field(sections, field, says):
     problems = _problems(**sections)

@@ -51,7 +51,8 @@ _PATTERN_HINTS = {
 
 
 def _problem_from_error(item: Mapping[str, Any]) -> Problem:
-    path = ".".join(["spec", *(str(part) for part in item["loc"])])
+    # List indexes as `[i]`, as the other problems write them (`spec.volumes[0].persistentVolumeClam`).
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in ("spec", *item["loc"]))[1:]
     if item["type"] == "extra_forbidden":
         return Problem(path, "unknown field (see docs/operator.md)")
     if item["type"] == "missing":
