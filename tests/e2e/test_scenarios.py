@@ -7,6 +7,7 @@ or on the files the job writes to its checkpoint volume.
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import time
 from pathlib import Path
@@ -133,6 +134,37 @@ def test_invalid_spec_is_refused_or_failed_with_the_field_named(scenario: Scenar
     time.sleep(3)  # several operator rounds later: still no cluster, no pod
     assert "No resources found" in scenario.kubectl("get", "rayclusters").stderr
     assert not scenario.items("pods", "-l", "ray.io/is-ray-node=yes")
+
+
+def test_a_path_missing_in_the_pods_fails_at_once_with_the_field_named(scenario: Scenario) -> None:
+    """Issue 13: spec.volumes/volumeMounts/env reach the pods, and a model path that is not a
+    model there fails the RLJob within one attempt (no retries), naming spec.job.model.path."""
+    scenario.kubectl("create", "configmap", "model-card", "--from-literal=README.md=not a model")
+    scenario.kubectl("create", "secret", "generic", "reward-api", "--from-literal=token=s3cret")
+    name = "missing-model"
+    manifest = _manifest(name)
+    manifest["spec"]["job"]["model"] = {"path": "/models", "dtype": "float32"}  # a ConfigMap, no config.json
+    manifest["spec"].update(
+        volumes=[{"name": "model-card", "configMap": {"name": "model-card"}}],
+        volumeMounts=[{"name": "model-card", "mountPath": "/models"}],
+        # A Secret's key as env (a pod whose Secret is missing would never start), and the test
+        # run's PYTHONPATH, so that the pods run the code under test, as the tests themselves do.
+        env=[{"name": "REWARD_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "reward-api", "key": "token"}}},
+             *([{"name": "PYTHONPATH", "value": os.environ["PYTHONPATH"]}] if os.environ.get("PYTHONPATH") else [])])
+    _apply(scenario, manifest)
+    scenario.wait_phase(name, "Failed", timeout=START_TIMEOUT)
+    status = scenario.get("rljob", name)["status"]
+    assert status["restartCount"] == 0 and scenario.row(name)["PHASE"] == "Failed"
+    failed = scenario.condition(name, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "PathNotFound", failed
+    # What the pod saw at /models is the ConfigMap's file: the volume reached the pod.
+    assert "spec.job.model.path: /models has no config.json" in failed["message"], failed
+    assert "(it holds: README.md)" in failed["message"], failed
+    event = scenario.wait("the PathNotFound event", lambda: next(
+        (e for e in scenario.events(name) if e["reason"] == "PathNotFound"), None), timeout=30)
+    assert event["type"] == "Warning" and "spec.job.model.path" in event["message"]
+    scenario.wait("the RayCluster released", lambda: "No resources found" in scenario.kubectl(
+        "get", "rayclusters").stderr, timeout=90)
 
 
 def test_deleting_a_running_job_removes_everything(scenario: Scenario) -> None:

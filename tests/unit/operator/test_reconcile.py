@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 import pytest
 from rljob_testing import spec_dict
 
+from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
 from rldock.operator import naming
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
 from rldock.operator.kube import CreateRefused, StatusRejected
@@ -194,6 +195,24 @@ def test_a_failed_job_counts_a_restart(world):
     assert "Retrying" in [e.reason.value for e in outcome.events]
     resubmitted = reconciler.reconcile(body(status=outcome.status))
     assert resubmitted.status["rayJobId"] == naming.ray_job_submission_id(NAME, UID, attempt=1)
+
+
+def test_a_job_that_refused_its_inputs_fails_at_once(world):
+    """The runtime's failure line in the failed job's log: Failed with its reason, no restart."""
+    reconciler, kube, jobs = world
+    first = reconciler.reconcile(body())
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(status=first.status))
+    job_id = submitted.status["rayJobId"]
+    jobs.jobs[job_id]["status"] = "FAILED"
+    jobs.logs[job_id] = "invalid job config:\n" + format_failure(JobFailure(
+        FailureReason.PATH_NOT_FOUND, (FieldProblem("model.path", "/models/x does not exist"),))) + "\n"
+    outcome = reconciler.reconcile(body(status=submitted.status))
+    assert outcome.status["phase"] == "Failed" and outcome.status["restartCount"] == 0
+    failed = {c["type"]: c for c in outcome.status["conditions"]}["Failed"]
+    assert failed["reason"] == "PathNotFound" and "spec.job.model.path: /models/x does not exist" in failed["message"]
+    assert ("Warning", "PathNotFound") in [(e.type, e.reason.value) for e in outcome.events]
+    assert ("delete", "RayCluster", NAME) in kube.writes
 
 
 def test_an_orphan_child_is_adopted(world):

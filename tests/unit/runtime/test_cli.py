@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from rldock.contract.failure import FailureReason, last_failure
 from rldock.runtime.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
@@ -23,10 +24,33 @@ def test_unknown_field_override(capsys):
     assert "algorithm.lr: unknown field" in capsys.readouterr().err
 
 
-def test_train_refuses_a_missing_model_before_starting_anything(tmp_path, capsys):
+def _missing_model_config(tmp_path: Path) -> Path:
     config = tmp_path / "job.yaml"
     config.write_text(EXAMPLE.read_text().replace("  builder: tiny-qwen2", "").replace(
         "~/.cache/rldock/models/tiny-qwen2-addition-v1", str(tmp_path / "absent")))
-    assert main(["train", str(config), "--output", str(tmp_path / "out")]) == 2
-    assert "model.path: no model at" in capsys.readouterr().err
+    return config
+
+
+def test_train_refuses_a_missing_model_before_starting_anything(tmp_path, capsys):
+    assert main(["train", str(_missing_model_config(tmp_path)), "--output", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert f"model.path: {tmp_path}/absent does not exist" in captured.err
+    assert "spec.volumes/volumeMounts" in captured.err
+    assert last_failure(captured.out.splitlines()) is None  # a person at a terminal gets no failure line
     assert not (tmp_path / "out").exists()
+
+
+def test_train_for_the_operator_prints_the_failure_line(tmp_path, capsys):
+    """`--no-progress` (what the operator submits): the refusal also goes out as a failure line."""
+    assert main(["train", str(_missing_model_config(tmp_path)), "--output", str(tmp_path / "out"),
+                 "--no-progress"]) == 2
+    failure = last_failure(capsys.readouterr().out.splitlines())
+    assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
+    assert [p.field for p in failure.problems] == ["model.path"]
+
+
+def test_validate_checks_paths_unless_told_not_to(tmp_path, capsys):
+    config = str(_missing_model_config(tmp_path))
+    assert main(["validate", config]) == 2
+    assert "model.path:" in capsys.readouterr().err
+    assert main(["validate", config, "--no-path-checks"]) == 0

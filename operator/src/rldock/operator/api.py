@@ -25,9 +25,9 @@ from pydantic.alias_generators import to_camel
 from rldock.config import JobConfig
 from rldock.operator.constants import (
     DEFAULT_BACKOFF_LIMIT, DEFAULT_CHECKPOINT_MOUNT_PATH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE,
-    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, IMAGE_PATTERN, MAX_IMAGE_LENGTH, MAX_KEY_LENGTH,
-    MAX_LABEL_VALUE_LENGTH, MAX_NAME_LENGTH, MAX_PATH_LENGTH, MAX_VERSION_LENGTH, ConditionType, GangScheduler,
-    ImagePullPolicy, Phase, Reason,
+    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, IMAGE_PATTERN, MAX_DNS_LABEL_LENGTH, MAX_ENV_NAME_LENGTH,
+    MAX_ENV_VALUE_LENGTH, MAX_IMAGE_LENGTH, MAX_KEY_LENGTH, MAX_LABEL_VALUE_LENGTH, MAX_NAME_LENGTH, MAX_PATH_LENGTH,
+    MAX_POD_INPUTS, MAX_VERSION_LENGTH, ConditionType, GangScheduler, ImagePullPolicy, Phase, Reason,
 )
 
 # Kubernetes resource.Quantity, as the API server parses it ("4", "500m", "64Gi", 4). Integers
@@ -88,6 +88,130 @@ class Toleration(_Model):
         default=None, description="Taint effect to tolerate; empty tolerates all effects.")
     toleration_seconds: Optional[int] = Field(
         default=None, ge=0, description="How long a `NoExecute` taint is tolerated before eviction.")
+
+
+# --- What the job needs to reach its model and data: core/v1 volumes, mounts and env ------------
+# Typed models of the common parts of core/v1 Volume, VolumeMount, EnvVar and EnvFromSource, not
+# pass-through objects: the CRD schema then names every field, so `kubectl apply` refuses a typo
+# (`persistentVolumeClam`) with its path before anything runs, `kubectl explain` documents them,
+# and the operator's own checks (validation.py) see typed values. A pass-through object would
+# accept the typo at apply time and fail later, in the operator or when KubeRay creates the pods.
+# Sources beyond these (csi, projected, ...) are left out on purpose; a PVC or NFS share holds
+# models and data, a Secret or ConfigMap holds tokens and reward code.
+
+class PersistentVolumeClaimSource(_Model):
+    claim_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
+                            description="PersistentVolumeClaim in the RLJob's namespace (ReadOnlyMany or ReadWriteMany for several nodes).")
+    read_only: Optional[bool] = Field(default=None, description="Mount the claim read-only.")
+
+
+class NFSSource(_Model):
+    server: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="NFS server host name or address.")
+    path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH, description="Exported directory, an absolute path.")
+    read_only: Optional[bool] = Field(default=None, description="Mount the export read-only.")
+
+
+class HostPathSource(_Model):
+    path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
+                      description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.")
+    type: Optional[Literal["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
+                           "BlockDevice"]] = Field(default=None, description="What must be at `path`; unset checks nothing.")
+
+
+class KeyToPath(_Model):
+    key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="Key in the ConfigMap or Secret.")
+    path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
+                      description="File name for the key, relative to the mount path (no `..`).")
+    mode: Optional[int] = Field(default=None, ge=0, le=0o777, description="File mode bits (decimal in JSON, e.g. 292 = 0444).")
+
+
+class ConfigMapSource(_Model):
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="ConfigMap in the RLJob's namespace.")
+    items: Optional[list[KeyToPath]] = Field(
+        default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key.")
+    default_mode: Optional[int] = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
+    optional: Optional[bool] = Field(default=None, description="Start even when the ConfigMap is missing.")
+
+
+class SecretSource(_Model):
+    secret_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret in the RLJob's namespace.")
+    items: Optional[list[KeyToPath]] = Field(
+        default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key.")
+    default_mode: Optional[int] = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
+    optional: Optional[bool] = Field(default=None, description="Start even when the Secret is missing.")
+
+
+class EmptyDirSource(_Model):
+    medium: Optional[Literal["Memory"]] = Field(default=None, description="`Memory` for a tmpfs; unset: the node's disk.")
+    size_limit: Optional[Quantity] = Field(default=None, description="Largest size, e.g. \"10Gi\".")
+
+
+class Volume(_Model):
+    """A core/v1 Volume of every Ray pod; set exactly one source."""
+
+    name: str = Field(min_length=1, max_length=MAX_DNS_LABEL_LENGTH,
+                      description="Volume name (a DNS label), referred to by `volumeMounts[].name`.")
+    persistent_volume_claim: Optional[PersistentVolumeClaimSource] = Field(default=None, description="A PersistentVolumeClaim.")
+    nfs: Optional[NFSSource] = Field(default=None, description="An NFS export.")
+    host_path: Optional[HostPathSource] = Field(default=None, description="A path on the node.")
+    config_map: Optional[ConfigMapSource] = Field(default=None, description="A ConfigMap's keys as files.")
+    secret: Optional[SecretSource] = Field(default=None, description="A Secret's keys as files.")
+    empty_dir: Optional[EmptyDirSource] = Field(default=None, description="A scratch directory that lives as long as the pod.")
+
+
+class VolumeMount(_Model):
+    """A core/v1 VolumeMount of the Ray container of every pod (head and workers)."""
+
+    name: str = Field(min_length=1, max_length=MAX_DNS_LABEL_LENGTH, description="Name of a volume in `spec.volumes`.")
+    mount_path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
+                            description="Where the volume appears in the container, an absolute path; the job "
+                            "config's paths (e.g. `job.model.path`) point below it.")
+    sub_path: Optional[str] = Field(default=None, max_length=MAX_PATH_LENGTH,
+                                    description="Path inside the volume to mount instead of its root (relative, no `..`).")
+    read_only: Optional[bool] = Field(default=None, description="Mount read-only.")
+
+
+class KeySelector(_Model):
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace.")
+    key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="The key whose value to take.")
+    optional: Optional[bool] = Field(default=None, description="Start even when the object or key is missing.")
+
+
+class FieldSelector(_Model):
+    field_path: str = Field(min_length=1, max_length=MAX_KEY_LENGTH,
+                            description="A field of the pod, e.g. `metadata.name` or `status.podIP`.")
+    api_version: Optional[str] = Field(default=None, max_length=MAX_VERSION_LENGTH, description="Default `v1`.")
+
+
+class EnvVarSource(_Model):
+    """Where an env value comes from; set exactly one."""
+
+    secret_key_ref: Optional[KeySelector] = Field(default=None, description="A key of a Secret (e.g. a reward API token).")
+    config_map_key_ref: Optional[KeySelector] = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: Optional[FieldSelector] = Field(default=None, description="A field of the pod.")
+
+
+class EnvVar(_Model):
+    """A core/v1 EnvVar of the Ray container of every pod; the job driver (on the head) and every
+    worker process inherit it."""
+
+    name: str = Field(min_length=1, max_length=MAX_ENV_NAME_LENGTH, description="Variable name.")
+    value: Optional[str] = Field(default=None, max_length=MAX_ENV_VALUE_LENGTH,
+                                 description="Literal value; use `valueFrom` for secrets.")
+    value_from: Optional[EnvVarSource] = Field(default=None, description="Take the value from a Secret, ConfigMap or the pod.")
+
+
+class EnvFromRef(_Model):
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace.")
+    optional: Optional[bool] = Field(default=None, description="Start even when it is missing.")
+
+
+class EnvFromSource(_Model):
+    """A core/v1 EnvFromSource: every key of a Secret or ConfigMap as a variable; set exactly one."""
+
+    prefix: Optional[str] = Field(default=None, max_length=MAX_ENV_NAME_LENGTH, description="Prepended to every key.")
+    secret_ref: Optional[EnvFromRef] = Field(default=None, description="A Secret.")
+    config_map_ref: Optional[EnvFromRef] = Field(default=None, description="A ConfigMap.")
 
 
 class ClusterSpec(_Model):
@@ -153,6 +277,22 @@ class RLJobSpec(_Model):
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec, description="Scheduler and gang scheduling.")
     checkpoint: CheckpointStorage = Field(description="Checkpoint storage shared by all Ray pods.")
+    volumes: list[Volume] = Field(
+        default_factory=list, max_length=MAX_POD_INPUTS,
+        description="Volumes of every Ray pod (head and workers), as in a pod spec: the PVC or NFS share "
+        "with the model and data, a ConfigMap with a reward function file. Mount them with `volumeMounts`.")
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_POD_INPUTS,
+        description="Mounts of `volumes` into the Ray container of every pod; the job config's paths "
+        "refer to these mount paths. The runtime checks every configured path before it starts.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=MAX_POD_INPUTS,
+        description="Environment of the Ray container of every pod, e.g. a remote reward's token from a "
+        "Secret (`valueFrom.secretKeyRef`).")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, max_length=MAX_POD_INPUTS,
+        description="Every key of a Secret or ConfigMap as environment variables of every Ray container; "
+        "`env` and the operator's own variables win over keys of the same name.")
     suspend: bool = Field(
         default=False, description="Free the cluster and keep the checkpoint; unset to resume from it.")
     backoff_limit: int = Field(

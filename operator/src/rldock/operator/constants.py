@@ -11,6 +11,7 @@ from enum import Enum
 
 from rldock.config.job import MAX_NAME_LENGTH as JOB_MAX_NAME_LENGTH
 from rldock.config.job import MAX_PATH_LENGTH as JOB_MAX_PATH_LENGTH
+from rldock.contract.failure import FailureReason
 from rldock.contract.runtime_cli import JOB_CONFIG_ENV
 from rldock.contract.version import __version__
 
@@ -63,6 +64,10 @@ MAX_KEY_LENGTH = 253 + 1 + 63  # `prefix/name`: extended resource names, taint k
 MAX_LABEL_VALUE_LENGTH = 63  # label values (nodeSelector) and taint values
 MAX_IMAGE_LENGTH = 512  # registry host, repository, tag and digest together
 MAX_VERSION_LENGTH = 64  # rayVersion
+MAX_DNS_LABEL_LENGTH = 63  # volume names
+MAX_ENV_NAME_LENGTH = 253  # env var names and envFrom prefixes (a bound; core/v1 sets none)
+MAX_ENV_VALUE_LENGTH = 32 * 1024  # a literal env value; larger values belong in a Secret or ConfigMap
+MAX_POD_INPUTS = 64  # entries of each of spec.volumes, volumeMounts, env, envFrom
 # An image reference: [host[:port]/]path[:tag][@digest], without spaces or other characters a
 # registry would refuse (the full grammar is docker/distribution's reference package; the runtime's
 # pull reports what this lets through).
@@ -102,6 +107,10 @@ SHM_MOUNT_PATH = "/dev/shm"
 VOLUME_JOB_CONFIG = "job-config"
 VOLUME_CHECKPOINTS = "checkpoints"
 VOLUME_SHM = "dshm"
+# What the operator itself puts into every Ray pod; an RLJob's own spec.volumes / spec.env must not
+# reuse these names (validation.py), or the pod would have two volumes or two values of one name.
+OPERATOR_VOLUMES = (VOLUME_JOB_CONFIG, VOLUME_CHECKPOINTS, VOLUME_SHM)
+OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)
 
 # --- KubeRay (ray.io/v1) ---------------------------------------------------------------------
 RAY_API_VERSION = "ray.io/v1"
@@ -193,6 +202,10 @@ class Reason(str, Enum):
     CREATE_REFUSED = "CreateRefused"
     # The API server refused the status the round computed (422/413); a short status says why.
     STATUS_REJECTED = "StatusRejected"
+    # The runtime refused the job's inputs before training (rldock.contract.failure): a configured
+    # path is missing in the pods, or the config does not fit the model there. Not retried.
+    PATH_NOT_FOUND = FailureReason.PATH_NOT_FOUND.value
+    INVALID_JOB_INPUT = FailureReason.INVALID_JOB_INPUT.value
 
 
 class EventReason(str, Enum):
@@ -216,6 +229,8 @@ class EventReason(str, Enum):
     NAME_CONFLICT = "NameConflict"
     CREATE_REFUSED = "CreateRefused"
     STATUS_REJECTED = "StatusRejected"
+    PATH_NOT_FOUND = FailureReason.PATH_NOT_FOUND.value
+    INVALID_JOB_INPUT = FailureReason.INVALID_JOB_INPUT.value
 
 
 class RayJobStatus(str, Enum):

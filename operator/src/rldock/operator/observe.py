@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any, Collection, Mapping, Optional, Sequence
 
 from rldock.contract.checkpoints import checkpoint_path
+from rldock.contract.failure import last_failure
 from rldock.contract.progress import headline_key, last_progress
 from rldock.operator import naming
 from rldock.operator.api import RLJobStatus
@@ -157,15 +158,20 @@ def dashboard_url(*, mode: DashboardAddress, rljob_name: str, namespace: str,
 
 # --- The Ray job -------------------------------------------------------------------------------
 def job_observation(submission_id: str, details: Optional[Mapping[str, Any]], *,
-                    previous: RLJobStatus) -> Optional[RayJobObservation]:
+                    previous: RLJobStatus, log_text: str = "") -> Optional[RayJobObservation]:
     """The Ray job of the current attempt from the Jobs API answer (None: no such job).
 
     A job this RLJob's status saw running that the cluster no longer knows went down with its head
-    (the head pod was replaced, taking the job table with it): that attempt failed.
+    (the head pod was replaced, taking the job table with it): that attempt failed. A failed job
+    carries the runtime's failure line (rldock.contract.failure) when its log (`log_text`) has one,
+    or Ray's message does (Ray quotes the end of the log in it).
     """
     if details is not None:
-        return RayJobObservation(submission_id=submission_id, status=RayJobStatus(details["status"]),
-                                 message=str(details.get("message") or ""))
+        status, message = RayJobStatus(details["status"]), str(details.get("message") or "")
+        failure = None
+        if status is RayJobStatus.FAILED:
+            failure = last_failure(log_text.splitlines()) or last_failure(message.splitlines())
+        return RayJobObservation(submission_id=submission_id, status=status, message=message, failure=failure)
     if previous.ray_job_id == submission_id and previous.phase is Phase.RUNNING:
         return RayJobObservation(submission_id=submission_id, status=RayJobStatus.FAILED,
                                  message="the Ray head was lost while the job ran")

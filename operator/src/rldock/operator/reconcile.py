@@ -272,13 +272,14 @@ class Reconciler:
         summary = summarize_pods(pods)
         url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
                             namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
-        details, progress, previous_attempt, jobs = None, Progress(), None, None
+        details, progress, previous_attempt, jobs, log_text = None, Progress(), None, None, ""
         if summary.head_running and url is not None and not cluster.get("spec", {}).get("suspend"):
             jobs = self._jobs_client(url, token)
             try:
                 details = jobs.get_job(submission_id)
                 if details is not None and details.get("status") != RayJobStatus.PENDING.value:
-                    record = self._logs.last_record(rnd.ref, submission_id, jobs.get_logs(submission_id))
+                    log_text = jobs.get_logs(submission_id)
+                    record = self._logs.last_record(rnd.ref, submission_id, log_text)
                     progress = progress_of(record, output_dir=output_dir(job=rnd.ref, spec=spec))
                 if details is None and attempt > 0:
                     previous_id = rnd.submission_id(attempt - 1)
@@ -286,7 +287,9 @@ class Reconciler:
             except RayJobsError as error:
                 raise SkipRound(str(error)) from None
         try:
-            job = job_observation(submission_id, details, previous=rnd.previous)
+            # Only a failed job's log is searched for the failure line (a few rounds at most).
+            job = job_observation(submission_id, details, previous=rnd.previous,
+                                  log_text=log_text if (details or {}).get("status") == RayJobStatus.FAILED.value else "")
         except ValueError as error:  # a job state this operator does not know
             raise SkipRound(f"Ray job {submission_id}: {error}") from None
         lost: list[str] = []

@@ -10,7 +10,8 @@ worth an Event.
 
 Rules, in order: a terminal phase sticks (except a Failed spec that has been fixed); spec problems
 fail the job; `suspend` wins over everything else; then the Ray job decides (succeeded, failed or
-lost a worker -> retry or give up at backoffLimit, running); before the job runs, the cluster
+lost a worker -> retry or give up at backoffLimit, running; a job whose runtime refused its inputs
+fails at once); before the job runs, the cluster
 decides (Pending, Provisioning, or Retrying when this is a restart).
 """
 
@@ -29,6 +30,7 @@ from rldock.operator.constants import (
     CONDITION_MESSAGE_MAX, RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY,
     RAY_STATE_SUSPENDED, ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
 )
+from rldock.contract.failure import JobFailure
 from rldock.contract.progress import headline_key
 
 
@@ -39,6 +41,7 @@ class RayJobObservation:
     submission_id: str
     status: RayJobStatus
     message: str = ""
+    failure: Optional[JobFailure] = None  # the runtime's failure line, when it refused its inputs
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,15 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.drop(ConditionType.PODS_SCHEDULED)
 
     job, limit = observed.ray_job, spec.backoff_limit
+    if job is not None and job.status is RayJobStatus.FAILED and job.failure is not None:
+        # The runtime refused its inputs (a path missing in the pods): every retry would fail the
+        # same way, so the RLJob fails now with the runtime's reason and the fields to fix.
+        reason = Reason(job.failure.reason.value)
+        message = (f"Ray job {job.submission_id}: the runtime refused to start (not retried): "
+                   + job.failure.message(field_prefix="spec.job."))
+        out.set(ConditionType.RUNNING, False, reason, message)
+        out.set(ConditionType.FAILED, True, reason, message)
+        return Phase.FAILED, out
     failure = _failure(job, observed.lost_pods)
     if job is not None and job.status is RayJobStatus.SUCCEEDED:
         out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED,
@@ -343,6 +355,8 @@ def _without_nulls(value: Any) -> Any:
 
 
 _BLOCKED_EVENTS = {Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT, Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED}
+_INPUT_EVENTS = {Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
+                 Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT}
 
 
 def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[Event]:
@@ -375,6 +389,8 @@ def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> l
         cond = became(ConditionType.FAILED, "True")
         if cond is not None and cond.reason is Reason.BACKOFF_LIMIT_EXCEEDED:
             events.append(Event("Warning", EventReason.BACKOFF_LIMIT_EXCEEDED, cond.message))
+        if cond is not None and cond.reason in _INPUT_EVENTS:
+            events.append(Event("Warning", _INPUT_EVENTS[cond.reason], cond.message))
         if after.phase is Phase.SUCCEEDED:
             events.append(Event("Normal", EventReason.SUCCEEDED, f"finished {after.progress} iterations"))
         if after.phase is Phase.SUSPENDED:

@@ -15,15 +15,21 @@ from typing import Any, Mapping, Optional
 from pydantic import ValidationError
 
 from rldock.config import Problem, find_problems
-from rldock.operator.api import RLJobSpec, Toleration, cpu_cores
+from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.constants import (
-    CONFIG_MAP_MAX_BYTES, CONFIG_MOUNT_PATH, IMAGE_PATTERN, RAY_RESERVED_RESOURCES, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
+    CONFIG_MAP_MAX_BYTES, CONFIG_MOUNT_PATH, IMAGE_PATTERN, OPERATOR_ENV, OPERATOR_VOLUMES, RAY_RESERVED_RESOURCES,
+    SHM_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
 )
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# core/v1 env names (Kubernetes 1.20-1.29): a C identifier that may also hold '-' and '.'.
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_VOLUME_SOURCES = {"persistentVolumeClaim": "persistent_volume_claim", "nfs": "nfs", "hostPath": "host_path",
+                   "configMap": "config_map", "secret": "secret", "emptyDir": "empty_dir"}  # field: attribute
 
 
 def parse_spec(raw: Mapping[str, Any]) -> tuple[Optional[RLJobSpec], list[Problem]]:
@@ -45,7 +51,8 @@ _PATTERN_HINTS = {
 
 
 def _problem_from_error(item: Mapping[str, Any]) -> Problem:
-    path = ".".join(["spec", *(str(part) for part in item["loc"])])
+    # List indexes as `[i]`, as the other problems write them (`spec.volumes[0].persistentVolumeClam`).
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in ("spec", *item["loc"]))[1:]
     if item["type"] == "extra_forbidden":
         return Problem(path, "unknown field (see docs/operator.md)")
     if item["type"] == "missing":
@@ -80,6 +87,8 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
         problems += _toleration_problems(toleration, f"spec.cluster.tolerations[{index}]")
     problems += _scheduling_problems(spec)
     problems += _checkpoint_problems(spec)
+    problems += _volume_problems(spec)
+    problems += _env_problems(spec)
     problems += job_config_size_problems(spec)
     return problems
 
@@ -173,3 +182,120 @@ def _checkpoint_problems(spec: RLJobSpec) -> list[Problem]:
             problems.append(Problem(f"{path}.mountPath", f"{storage.mount_path!r} overlaps {taken}, "
                                                          "which the operator mounts itself"))
     return problems
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether one of two normalised absolute paths is the other or lies below it."""
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def _relative_inside(path: str) -> bool:
+    """A path that stays inside the directory it is relative to (no leading `/`, no `..`)."""
+    return not posixpath.isabs(path) and ".." not in path.split("/")
+
+
+def _volume_problems(spec: RLJobSpec) -> list[Problem]:
+    """spec.volumes and spec.volumeMounts: one source per volume, names and mount paths apart from
+    the operator's own (job config, checkpoints, /dev/shm) and from each other, every mount naming
+    a volume of the spec and every volume mounted."""
+    problems: list[Problem] = []
+    names: set[str] = set()
+    for index, volume in enumerate(spec.volumes):
+        path = f"spec.volumes[{index}]"
+        if volume.name in OPERATOR_VOLUMES:
+            problems.append(Problem(f"{path}.name", f"{volume.name!r} is a volume the operator mounts itself "
+                                                    f"({', '.join(OPERATOR_VOLUMES)}); choose another name"))
+        elif not _DNS_LABEL.match(volume.name):
+            problems.append(Problem(f"{path}.name", f"{volume.name!r} is not a DNS label (lowercase letters, "
+                                                    "digits and '-', starting and ending with a letter or digit)"))
+        elif volume.name in names:
+            problems.append(Problem(f"{path}.name", f"{volume.name!r} names an earlier volume too"))
+        names.add(volume.name)
+        problems += _volume_source_problems(volume, path)
+    mount_paths: dict[str, int] = {}
+    mounted: set[str] = set()
+    taken = {CONFIG_MOUNT_PATH: "the job config", SHM_MOUNT_PATH: "shared memory",
+             posixpath.normpath(spec.checkpoint.mount_path): "the checkpoints (spec.checkpoint.mountPath)"}
+    for index, mount in enumerate(spec.volume_mounts):
+        path = f"spec.volumeMounts[{index}]"
+        mounted.add(mount.name)
+        if mount.name in OPERATOR_VOLUMES:
+            problems.append(Problem(f"{path}.name", f"{mount.name!r} is a volume the operator mounts itself; "
+                                                    "mount a volume of spec.volumes"))
+        elif mount.name not in names:
+            problems.append(Problem(f"{path}.name", f"no volume {mount.name!r} in spec.volumes"
+                                                    + (f" (there are: {', '.join(sorted(names))})" if names else "")))
+        target = posixpath.normpath(mount.mount_path)
+        if not posixpath.isabs(mount.mount_path) or target == "/":
+            problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} must be an absolute path below /"))
+            continue
+        for other, what in taken.items():
+            if _overlaps(target, other):
+                problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} overlaps {other}, where the "
+                                                             f"operator mounts {what}"))
+        if target in mount_paths:
+            problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} is also the mount path of "
+                                                         f"spec.volumeMounts[{mount_paths[target]}]"))
+        mount_paths.setdefault(target, index)
+        if mount.sub_path is not None and not _relative_inside(mount.sub_path):
+            problems.append(Problem(f"{path}.subPath", f"{mount.sub_path!r} must be a relative path without '..'"))
+    for index, volume in enumerate(spec.volumes):
+        if volume.name not in mounted and volume.name not in OPERATOR_VOLUMES:
+            problems.append(Problem(f"spec.volumes[{index}]", f"volume {volume.name!r} is not mounted: add a "
+                                                              f"spec.volumeMounts entry with name {volume.name!r}"))
+    return problems
+
+
+def _volume_source_problems(volume: Volume, path: str) -> list[Problem]:
+    sources = [name for name, attribute in _VOLUME_SOURCES.items() if getattr(volume, attribute) is not None]
+    if len(sources) != 1:
+        return [Problem(path, f"set exactly one source of {', '.join(_VOLUME_SOURCES)}"
+                              + (f" (found {', '.join(sources)})" if sources else ""))]
+    problems = []
+    for source, absolute in (("hostPath", volume.host_path), ("nfs", volume.nfs)):
+        if absolute is not None and not posixpath.isabs(absolute.path):
+            problems.append(Problem(f"{path}.{source}.path", f"{absolute.path!r} must be an absolute path"))
+    projected = volume.config_map or volume.secret
+    source = "configMap" if volume.config_map is not None else "secret"
+    for index, item in enumerate((projected.items or []) if projected is not None else []):
+        if not _relative_inside(item.path):
+            problems.append(Problem(f"{path}.{source}.items[{index}].path",
+                                    f"{item.path!r} must be a relative path without '..'"))
+    return problems
+
+
+def _env_problems(spec: RLJobSpec) -> list[Problem]:
+    """spec.env and spec.envFrom: valid names, none the operator sets itself, one value each."""
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for index, var in enumerate(spec.env):
+        path = f"spec.env[{index}]"
+        if var.name in OPERATOR_ENV:
+            problems.append(Problem(f"{path}.name", f"{var.name!r} is set by the operator in every Ray pod "
+                                                    f"({', '.join(OPERATOR_ENV)}); choose another name"))
+        elif not _ENV_NAME.match(var.name):
+            problems.append(Problem(f"{path}.name", f"{var.name!r} is not a valid variable name (letters, digits, "
+                                                    "'_', '-' and '.', not starting with a digit)"))
+        elif var.name in seen:
+            problems.append(Problem(f"{path}.name", f"{var.name!r} is also set by spec.env[{seen[var.name]}]"))
+        seen.setdefault(var.name, index)
+        problems += _env_value_problems(var, path)
+    for index, source in enumerate(spec.env_from):
+        path = f"spec.envFrom[{index}]"
+        if (source.secret_ref is None) == (source.config_map_ref is None):
+            problems.append(Problem(path, "set exactly one of secretRef or configMapRef"))
+        if source.prefix and not _ENV_NAME.match(source.prefix):
+            problems.append(Problem(f"{path}.prefix", f"{source.prefix!r} is not a valid variable name prefix"))
+    return problems
+
+
+def _env_value_problems(var: EnvVar, path: str) -> list[Problem]:
+    if var.value_from is None:
+        return []
+    if var.value is not None:
+        return [Problem(path, "set value or valueFrom, not both")]
+    sources = [s for s in (var.value_from.secret_key_ref, var.value_from.config_map_key_ref, var.value_from.field_ref)
+               if s is not None]
+    if len(sources) != 1:
+        return [Problem(f"{path}.valueFrom", "set exactly one of secretKeyRef, configMapKeyRef or fieldRef")]
+    return []

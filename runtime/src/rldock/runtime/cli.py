@@ -12,6 +12,8 @@ import yaml
 
 from rldock.config import ConfigError, load_job_config
 from rldock.contract import runtime_cli as cli
+from rldock.contract.failure import FailureReason, JobFailure, format_failure
+from rldock.runtime.preflight import failure_of, preflight
 
 logger = logging.getLogger("rldock")
 
@@ -37,6 +39,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _config_argument(validate)
     validate.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
                           metavar="KEY=VALUE", help="override a field, e.g. algorithm.learning_rate=0")
+    validate.add_argument("--no-path-checks", action="store_true",
+                          help="skip checking that the configured paths (model.path, ...) exist here: for a "
+                               "config that runs elsewhere, e.g. in an RLJob's pods")
 
     train = sub.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
     _config_argument(train)
@@ -55,12 +60,17 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the
+    # operator turns into a condition naming the fields instead of retrying the job.
+    machine = args.command == cli.TRAIN and args.no_progress
     try:
-        cfg = load_job_config(args.config, overrides=dict(args.overrides),
-                              check_local=args.command == "train")
+        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False)
     except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 2
+        return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), machine)
+    if args.command == cli.TRAIN or not args.no_path_checks:
+        failure = preflight(cfg, output=args.output if args.command == cli.TRAIN else None)
+        if failure is not None:
+            return _refuse(failure, str(args.config), machine)
     if args.command == "validate":
         print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False), end="")
         return 0
@@ -89,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def _refuse(failure: JobFailure, source: str, machine: bool) -> int:
+    lines = "\n".join(f"  - {problem}" for problem in failure.problems)
+    print(f"invalid job config {source}:\n{lines}", file=sys.stderr)
+    if machine:
+        print(format_failure(failure), flush=True)
+    return 2
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ pod anti-affinity, each taking the node's `devices_per_node` devices through the
 extended resource and advertising them to Ray as `job.resources.accelerator_resource` (NPU). The
 runtime places one dock warehouse per such Ray node; the head advertises no devices, so none
 lands there.
+
+The RLJob's own `volumes`, `volumeMounts`, `env` and `envFrom` go into the head and every worker
+alike, after the operator's own (whose names validation keeps them from reusing): the head runs the
+job driver, which reads the model and data as much as the workers do. No other pod needs them: the
+operator submits the job through the Jobs API itself, with no submitter pod.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import math
 import shlex
 from typing import Any
+
+from pydantic import BaseModel
 
 from rldock.operator import naming
 from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
@@ -97,7 +104,7 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
     labels = {**child_labels(job), LABEL_ROLE: role}
     pod_spec: dict[str, Any] = {
         "containers": [_container(job, spec, defaults, role=role)],
-        "volumes": _volumes(job, spec),
+        "volumes": _volumes(job, spec) + [_dump(volume) for volume in spec.volumes],
     }
     if is_worker:
         pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
@@ -124,7 +131,7 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
         name = WORKER_CONTAINER
     else:
         amounts, name = _cpu_memory(spec.cluster.head), HEAD_CONTAINER
-    return {
+    container: dict[str, Any] = {
         "name": name,
         "image": defaults.image_of(spec),
         "imagePullPolicy": defaults.image_pull_policy.value,
@@ -137,13 +144,25 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
             {"name": ENV_RAY_AUTH_MODE, "value": RAY_AUTH_MODE_TOKEN},
             {"name": ENV_RAY_AUTH_TOKEN, "valueFrom": {"secretKeyRef": {
                 "name": naming.auth_secret_name(job.name), "key": AUTH_SECRET_KEY}}},
+            *(_dump(var) for var in spec.env),
         ],
         "volumeMounts": [
             {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": VOLUME_CHECKPOINTS, "mountPath": spec.checkpoint.mount_path},
             {"name": VOLUME_SHM, "mountPath": SHM_MOUNT_PATH},
+            *(_dump(mount) for mount in spec.volume_mounts),
         ],
     }
+    if spec.env_from:
+        # Kubernetes gives `env` precedence over `envFrom`, so the operator's variables above win
+        # over a Secret's key of the same name.
+        container["envFrom"] = [_dump(source) for source in spec.env_from]
+    return container
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    """A spec model as the core/v1 object it mirrors (camelCase, unset fields left out)."""
+    return model.model_dump(by_alias=True, exclude_none=True)
 
 
 def _cpu_memory(pod: PodResources) -> dict[str, str]:

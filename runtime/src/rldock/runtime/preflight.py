@@ -1,0 +1,138 @@
+"""Preflight: every path a job config names exists and is readable, checked before Ray starts.
+
+In an RLJob the paths point into volumes the pods mount (spec.volumes/volumeMounts); a path that
+is not there fails the job within seconds, naming the field and the path, instead of minutes later
+inside a Ray worker with a traceback. `rldock train` and `rldock validate` run these checks; the
+failure line (rldock.contract.failure) carries them to the RLJob's status.
+
+The checks are a table, one row per configured path: the field, a getter, and what must be there.
+A field that holds a list is one row whose field has `{i}` and whose getter returns the list
+(None entries are skipped, so a getter can keep the indexes of a list it filters).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+from rldock.config import JobConfig, Problem, find_local_problems
+from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
+
+MOUNT_HINT = "mount the volume that holds it (RLJob spec.volumes/volumeMounts) or fix the path"
+OUTPUT_FIELD = "--output"
+_LISTED = 5  # entries of a directory named in a message
+
+
+class PathKind(Enum):
+    FILE = "file"  # a readable file
+    DIR = "dir"  # a readable, searchable directory
+    MODEL_DIR = "model-dir"  # a Hugging Face format directory: config.json inside
+
+
+Paths = Union[Optional[str], Sequence[Optional[str]]]
+
+
+@dataclass(frozen=True)
+class PathCheck:
+    field: str  # the field path; `{i}` is replaced by the index for list fields
+    paths: Callable[[JobConfig], Paths]
+    kind: PathKind
+
+
+CHECKS: tuple[PathCheck, ...] = (
+    # A model the runtime builds itself (tiny demo models) need not exist yet.
+    PathCheck("model.path", lambda cfg: None if cfg.model.builder is not None else cfg.model.path,
+              PathKind.MODEL_DIR),
+)
+
+
+def function_file(reference: Optional[str]) -> Optional[str]:
+    """The file part of a user function reference, or None when it names a module.
+
+    `rewards/my.py:score` -> `rewards/my.py`; `my_pkg.rewards:score` -> None (imported, not a path).
+    For the table row of a `function` reward term.
+    """
+    if not reference:
+        return None
+    target = reference.rpartition(":")[0] or reference
+    return target if target.endswith(".py") or "/" in target else None
+
+
+def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) -> list[Problem]:
+    """Problems of every configured path, in table order."""
+    problems = []
+    for check in checks:
+        value = check.paths(cfg)
+        named = [(check.field, value)] if value is None or isinstance(value, str) else [
+            (check.field.format(i=index), path) for index, path in enumerate(value)]
+        for field, path in named:
+            if path is not None:
+                message = path_problem(Path(path).expanduser(), check.kind)
+                if message is not None:
+                    problems.append(Problem(field, f"{path} {message}"))
+    return problems
+
+
+def path_problem(path: Path, kind: PathKind) -> Optional[str]:
+    """What is wrong with `path` for `kind` (to follow the path in a message), or None."""
+    if not path.exists():
+        return f"does not exist (nearest existing folder: {_nearest_existing(path)}); {MOUNT_HINT}"
+    want_dir = kind is not PathKind.FILE
+    if want_dir and not path.is_dir():
+        return "is not a directory"
+    if not want_dir and not path.is_file():
+        return "is not a file"
+    if not os.access(path, os.R_OK | (os.X_OK if want_dir else 0)):
+        return f"is not readable by this process (uid {os.getuid()}); check the volume's permissions"
+    if kind is PathKind.MODEL_DIR and not (path / "config.json").is_file():
+        return (f"has no config.json, so it is not a Hugging Face format model directory "
+                f"(it holds: {_listing(path)}); point it at the folder with config.json, tokenizer and weights")
+    return None
+
+
+def output_problems(output: str | Path) -> list[Problem]:
+    """The output directory is writable, or can be made in its nearest existing parent."""
+    path = Path(output).expanduser()
+    existing = path if path.exists() else _nearest_existing(path)
+    if not existing.is_dir():
+        return [Problem(OUTPUT_FIELD, f"{path}: {existing} is not a directory")]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [Problem(OUTPUT_FIELD, f"{path}: {existing} is not writable by this process (uid {os.getuid()}); "
+                                      "in an RLJob the output lies on the checkpoint volume (spec.checkpoint)")]
+    return []
+
+
+def preflight(cfg: JobConfig, *, output: Optional[str | Path] = None) -> Optional[JobFailure]:
+    """Why the job must not start here, or None. Missing or unreadable paths come first; only when
+    all are there are the checks that read them run (find_local_problems: the model's shape)."""
+    path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
+    if path_problems:
+        return failure_of(FailureReason.PATH_NOT_FOUND, path_problems)
+    local = find_local_problems(cfg)
+    return failure_of(FailureReason.INVALID_JOB_INPUT, local) if local else None
+
+
+def failure_of(reason: FailureReason, problems: Sequence[Problem]) -> JobFailure:
+    return JobFailure(reason, tuple(FieldProblem(p.path, p.message) for p in problems))
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _listing(path: Path) -> str:
+    try:
+        # Dot names left out: a mounted ConfigMap or Secret holds `..data` and a timestamped folder.
+        names = sorted(entry.name for entry in path.iterdir() if not entry.name.startswith("."))
+    except OSError as error:  # e.g. a folder that went away between the checks
+        return f"unlistable: {error.strerror}"
+    if not names:
+        return "nothing"
+    more = f", ... ({len(names) - _LISTED} more)" if len(names) > _LISTED else ""
+    return ", ".join(names[:_LISTED]) + more

@@ -1,0 +1,138 @@
+"""Preflight: configured paths are checked before Ray starts, each problem naming field and path."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rldock.config import parse_job_config
+from rldock.contract.failure import FailureReason
+from rldock.runtime.preflight import (
+    CHECKS, MOUNT_HINT, PathCheck, PathKind, find_path_problems, function_file, output_problems, preflight,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
+
+
+def _config(model_path: Path | str, *, builder: bool = False, **training):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["model"]["path"] = str(model_path)
+    if not builder:
+        data["model"].pop("builder", None)
+    data.setdefault("training", {}).update(training)
+    return parse_job_config(data)
+
+
+def _model_dir(root: Path, **config) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2,
+                                                  "intermediate_size": 512, **config}))
+    return root
+
+
+def test_a_model_that_is_there_passes(tmp_path):
+    assert preflight(_config(_model_dir(tmp_path / "m")), output=tmp_path / "runs" / "x") is None
+
+
+def test_a_missing_model_names_the_field_the_path_and_the_mount(tmp_path):
+    failure = preflight(_config(tmp_path / "models" / "qwen"))
+    assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
+    (problem,) = failure.problems
+    assert problem.field == "model.path"
+    assert problem.message == (f"{tmp_path}/models/qwen does not exist (nearest existing folder: {tmp_path}); "
+                               f"{MOUNT_HINT}")
+    assert "spec.volumes/volumeMounts" in problem.message
+
+
+def test_a_model_the_runtime_builds_need_not_exist(tmp_path):
+    assert find_path_problems(_config(tmp_path / "absent", builder=True)) == []
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.write_text("x"), "is not a directory"),
+    (lambda p: (p.mkdir(), (p / "model.gguf").write_text("")), "has no config.json"),
+])
+def test_a_model_path_that_is_no_model_directory(tmp_path, make, says):
+    path = tmp_path / "m"
+    make(path)
+    (problem,) = find_path_problems(_config(path))
+    assert problem.path == "model.path" and says in problem.message
+
+
+def test_a_folder_without_config_json_says_what_it_holds(tmp_path):
+    path = tmp_path / "m"
+    path.mkdir()
+    for name in ("a.gguf", "b", "c", "d", "e", "f", "g", "..data"):
+        (path / name).write_text("")
+    (problem,) = find_path_problems(_config(path))
+    assert "(it holds: a.gguf, b, c, d, e, ... (2 more))" in problem.message
+
+
+def _deny_access(monkeypatch, denied: Path) -> None:
+    """Test double for permissions: these tests may run as root, whom chmod does not stop, so
+    os.access answers False for `denied` (and only for it)."""
+    real = os.access
+    monkeypatch.setattr("rldock.runtime.preflight.os.access",
+                        lambda path, mode: Path(path) != denied and real(path, mode))
+
+
+def test_an_unreadable_model_directory(tmp_path, monkeypatch):
+    path = _model_dir(tmp_path / "m")
+    _deny_access(monkeypatch, path)
+    (problem,) = find_path_problems(_config(path))
+    assert problem.message.startswith(f"{path} is not readable by this process (uid ")
+
+
+def test_list_fields_are_one_row_and_keep_their_indexes(tmp_path):
+    """How the data and reward fields plug in: `{i}` in the field, None to skip an entry."""
+    present = tmp_path / "train.jsonl"
+    present.write_text("{}\n")
+    checks = (PathCheck("data.train_files[{i}]",
+                        lambda cfg: [str(present), None, str(tmp_path / "val.jsonl")], PathKind.FILE),
+              PathCheck("data.dir", lambda cfg: str(present), PathKind.DIR))
+    problems = find_path_problems(_config(tmp_path, builder=True), checks=checks)
+    assert [p.path for p in problems] == ["data.train_files[2]", "data.dir"]
+    assert "is not a directory" in problems[1].message
+
+
+def test_every_check_names_a_field_and_a_kind():
+    assert CHECKS and all(c.field and isinstance(c.kind, PathKind) for c in CHECKS)
+
+
+def test_the_output_must_be_writable(tmp_path):
+    assert output_problems(tmp_path / "new" / "deeper") == []
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    (problem,) = output_problems(blocker / "out")
+    assert problem.path == "--output" and "is not a directory" in problem.message
+
+
+def test_a_read_only_output_parent(tmp_path, monkeypatch):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    _deny_access(monkeypatch, parent)
+    (problem,) = output_problems(parent / "out" / "run")
+    assert problem.path == "--output" and f"{parent} is not writable" in problem.message
+
+
+def test_a_model_the_config_cannot_split_is_invalid_input_once_the_path_is_there(tmp_path):
+    """find_local_problems (the model's shape) runs after the path checks, as InvalidJobInput."""
+    model = _model_dir(tmp_path / "m", num_attention_heads=3, num_key_value_heads=3)
+    failure = preflight(_config(model, tensor_parallel_size=2))
+    assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
+    assert [p.field for p in failure.problems] == ["training.tensor_parallel_size"]
+
+
+@pytest.mark.parametrize("reference, file", [
+    ("/rewards/reward.py:score", "/rewards/reward.py"),
+    ("rewards/reward.py:score", "rewards/reward.py"),
+    ("my_pkg.rewards:score", None),
+    ("reward.py", "reward.py"),
+    (None, None),
+])
+def test_function_file_is_the_path_part_of_a_function_reference(reference, file):
+    assert function_file(reference) == file
