@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 from pydantic import ValidationError
 
 from rldock.config import Problem, find_problems
+from rldock.config.problems import field_path
 from rldock.operator.api import RLJobSpec, Toleration, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.constants import (
@@ -45,7 +46,7 @@ _PATTERN_HINTS = {
 
 
 def _problem_from_error(item: Mapping[str, Any]) -> Problem:
-    path = ".".join(["spec", *(str(part) for part in item["loc"])])
+    path = field_path(["spec", *item["loc"]])
     if item["type"] == "extra_forbidden":
         return Problem(path, "unknown field (see docs/operator.md)")
     if item["type"] == "missing":

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
-from rldock.runtime.rewards import get_reward_fn
+from rldock.runtime.rewards import RewardScorer
 from rldock.runtime.workers.reward import RewardWorker
 
 EOS, PAD = 1, 0
@@ -41,14 +41,14 @@ class OneBatchDock:
 
 
 def _worker(name: str, dock) -> RewardWorker:
-    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"name": "exact_match"},
+    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"terms": [{"name": "exact_match"}]},
                     algorithm={"name": name, "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
                                "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
                                "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}})
     recipe = get_recipe(name)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.dock, worker.tokenizer = cfg, dock, DigitTokenizer()
-    worker.reward_fn, worker.shaping = get_reward_fn("exact_match"), recipe.reward_shaping
+    worker.scorer, worker.shaping = RewardScorer(cfg.reward), recipe.reward_shaping
     worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
     return worker
 
