@@ -9,7 +9,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
-from rldock.runtime.rewards import RewardScorer
+from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.workers.reward import RewardWorker
 
 EOS, PAD = 1, 0
@@ -62,8 +62,11 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
                         "answer_ids": torch.tensor([[10, 10], [10, 10]]),
                         "answer_mask": torch.tensor([[1, 1], [1, 1]])}, batch_size=[2])
     dock = OneBatchDock(batch)
-    _worker(name, dock).compute_rewards(iteration=1)
+    result = _worker(name, dock).compute_rewards(iteration=1)
     assert set(dock.written.keys()) == columns
+    # The unshaped combined reward (the learning curve) and the per-term metrics go to the trainer.
+    assert result["rewards"] == [1.0, 1.0]
+    assert merge_reward_metrics([result["reward_metrics"]]) == {"reward/exact_match": 1.0, "reward/errors": 0}
     if name == "dapo":
         assert dock.written["score"].tolist() == [1.0, 1.0]  # equally correct: not informative
         assert dock.written["reward"].tolist() == [1.0, 0.5]  # shaped: they differ
