@@ -44,7 +44,7 @@ def per_sample(fn: RewardFn) -> BatchRewardFn:
         for sample in zip(data_sources, solution_strs, ground_truths, extra_infos):
             try:
                 outcomes.append(fn(*sample))
-            except Exception as error:  # noqa: BLE001 -- user functions may raise anything; on_error decides
+            except Exception as error:  # broad on purpose: user functions may raise anything; on_error decides
                 outcomes.append(error)
         return outcomes
 

@@ -33,7 +33,7 @@ def _load_file(path: Path, at: str) -> ModuleType:
     sys.modules[name] = module  # what the file defines (dataclasses, pickled objects) finds its module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # noqa: BLE001 -- importing user code may raise anything
+    except Exception as error:  # broad on purpose: importing user code may raise anything
         del sys.modules[name]
         raise RewardError(f"{at}.function: importing {path} failed: {type(error).__name__}: {error}") from error
     return module
@@ -42,7 +42,7 @@ def _load_file(path: Path, at: str) -> ModuleType:
 def _load_module(name: str, at: str) -> ModuleType:
     try:
         return importlib.import_module(name)
-    except Exception as error:  # noqa: BLE001 -- importing user code may raise anything
+    except Exception as error:  # broad on purpose: importing user code may raise anything
         raise RewardError(f"{at}.function: cannot import module {name!r}: {type(error).__name__}: {error} "
                           "(is it installed, or on PYTHONPATH?)") from error
 
