@@ -160,3 +160,10 @@ def test_on_error_zero_scores_a_failed_batch_zero_and_counts_it(server):
     scored = _score(_scorer(server.url, on_error="zero", max_retries=0, batch_size=2), ["a", "b", "ccc"])
     assert scored.scores.tolist() == [0.0, 0.0, 3.0]  # the first request failed, the second did not
     assert scored.metrics["reward/errors"] == 2.0
+
+
+def test_an_extra_info_that_is_not_json_is_reported_without_a_request(server):
+    scorer = _scorer(server.url)
+    with pytest.raises(RewardError, match=r"the batch for .* is not JSON: Object of type set"):
+        scorer.score(["a"], ["gt"], ["gsm8k"], [{"tags": {"x"}}])
+    assert server.requests == []

@@ -16,6 +16,7 @@ of the body.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -72,6 +73,10 @@ class RemoteReward:
 
     def post(self, payload: dict, num: int) -> list[Any]:
         """The service's values for the `num` samples of `payload`, after retries."""
+        try:
+            body = json.dumps(payload)
+        except (TypeError, ValueError) as error:  # e.g. an extra_info value JSON has no type for
+            raise RemoteRewardError(f"the batch for {self.url} is not JSON: {error}") from None
         attempts = self.max_retries + 1
         last = ""
         for attempt in range(attempts):
@@ -81,7 +86,7 @@ class RemoteReward:
                                self.at, self.url, last, attempt, self.max_retries, delay)
                 time.sleep(delay)
             try:
-                response = self.session.post(self.url, json=payload, headers=self.headers, timeout=self.timeout_s)
+                response = self.session.post(self.url, data=body, headers=self.headers, timeout=self.timeout_s)
             except _RETRIED as error:
                 last = f"{type(error).__name__}: {error}"
                 continue
