@@ -1,12 +1,13 @@
 """reward.terms: each term's options must suit its name, and problems name the term's field."""
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import yaml
 
-from rldock.config import ConfigError, RewardSpec, parse_job_config
-from rldock.config.problems import Problem, field_path, reward_problems
+from rldock.config import ConfigError, RewardSpec, RewardTermSpec, parse_job_config
+from rldock.config.problems import TERM_OPTIONS, Problem, field_path, reward_problems
 
 BASE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
 
@@ -81,3 +82,10 @@ def test_field_path_renders_list_indexes():
     assert field_path(["reward", "terms", 1, "url"]) == "reward.terms[1].url"
     assert field_path(["spec", "job", "reward", "terms", 0]) == "spec.job.reward.terms[0]"
     assert field_path([]) == ""
+
+
+def test_the_options_table_covers_every_name_and_every_option_of_a_term():
+    # A new term name or option (the reward model's `model` with `path`) must say which terms take it.
+    assert set(TERM_OPTIONS) == set(get_args(RewardTermSpec.model_fields["name"].annotation))
+    options = {option for required, optional in TERM_OPTIONS.values() for option in required + optional}
+    assert options == set(RewardTermSpec.model_fields) - {"name", "weight"}
