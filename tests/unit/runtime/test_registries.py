@@ -21,6 +21,8 @@ REGISTRIES = [TASKS, REWARDS, RECIPES, FILTRATION_MODES, KL_ESTIMATORS, MODEL_BU
 def _literal_names(model: type[BaseModel], dotted: str) -> set[str]:
     head, _, rest = dotted.partition(".")
     annotation = model.model_fields[head].annotation
+    if get_origin(annotation) is list:  # a list of sections, e.g. reward.terms
+        (annotation,) = get_args(annotation)
     if rest:
         return _literal_names(annotation, rest)
     if get_origin(annotation) in (Optional, Union):  # Optional[Literal[...]]

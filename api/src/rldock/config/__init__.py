@@ -1,7 +1,7 @@
 """The rldock job API: typed config models, cross-field checks and YAML loading."""
 
 from rldock.config.job import (
-    AlgorithmSpec, CheckpointSpec, DockSpec, JobConfig, ModelSpec, ResourcesSpec, RewardSpec,
+    AlgorithmSpec, CheckpointSpec, DockSpec, JobConfig, ModelSpec, ResourcesSpec, RewardSpec, RewardTermSpec,
     RolloutSpec, TaskSpec, TrainingSpec, WarmupSpec,
 )
 from rldock.config.loading import ConfigError, load_job_config, parse_job_config
@@ -9,6 +9,6 @@ from rldock.config.problems import Problem, find_local_problems, find_problems
 
 __all__ = [
     "AlgorithmSpec", "CheckpointSpec", "ConfigError", "DockSpec", "JobConfig", "ModelSpec",
-    "Problem", "ResourcesSpec", "RewardSpec", "RolloutSpec", "TaskSpec", "TrainingSpec",
+    "Problem", "ResourcesSpec", "RewardSpec", "RewardTermSpec", "RolloutSpec", "TaskSpec", "TrainingSpec",
     "WarmupSpec", "find_local_problems", "find_problems", "load_job_config", "parse_job_config",
 ]

@@ -29,6 +29,14 @@ def _type_name(annotation) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def _list_item_model(annotation) -> type[BaseModel] | None:
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation)
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+    return None
+
+
 def constraints_text(info: FieldInfo) -> str:
     """A field's numeric and length bounds as `>= 1, < 0.5` (also used by the RLJob reference)."""
     parts = []
@@ -61,6 +69,13 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((path, annotation))
             out.append(f"| `{name}` | section | {_default(info)} | | see [`{path}`](#{path.replace('.', '')}) |")
+            continue
+        item = _list_item_model(annotation)
+        if item is not None:  # a list of sections, e.g. reward.terms: one table for every item
+            nested.append((f"{path}[]", item))
+            description = (info.description or "").replace("|", "\\|")
+            out.append(f"| `{name}` | list of [`{path}[]`](#{path.replace('.', '')}) | {_default(info)} | "
+                       f"{constraints_text(info)} | {description} |")
             continue
         description = (info.description or "").replace("|", "\\|")
         out.append(f"| `{name}` | {_type_name(annotation)} | {_default(info)} | {constraints_text(info)} | {description} |")

@@ -60,13 +60,79 @@ class TaskSpec(Spec):
     )
 
 
-class RewardSpec(Spec):
-    """The rule reward that scores each response against the reference answer."""
+# Defaults of the `remote` term's optional fields, applied by the runtime when a field is unset
+# (per-name fields stay unset on other terms, so problems.py can refuse them there).
+REMOTE_TIMEOUT_S = 60.0
+REMOTE_MAX_RETRIES = 3
 
-    name: Literal["exact_match", "digit_match"] = Field(
-        default="digit_match",
-        description="Rule reward in [0, 1]: `exact_match` gives 1 for the exact answer; "
-        "`digit_match` also gives partial credit for correct digits in place.",
+
+class RewardTermSpec(Spec):
+    """One reward term: a registered reward, its weight, and the options of its name (docs/rewards.md)."""
+
+    # One flat model rather than a union per name: the RLJob CRD needs a structural schema (no
+    # oneOf), and a flat model lists every option in one table of the reference.
+    name: Literal["math_verify", "exact_match", "digit_match", "format", "function", "remote"] = Field(
+        description="`math_verify`: 1 if the response's final answer (after the last `####`, in "
+        "`\\boxed{}`, else the last number) equals the ground truth by math-verify; `exact_match`: 1 for "
+        "the exact answer; `digit_match`: partial credit for digits in place; `format`: 1 if the "
+        "response matches `pattern`; `function`: your Python function; `remote`: an HTTP scoring service.",
+    )
+    weight: float = Field(
+        default=1.0, ge=-1000, le=1000,
+        description="Factor of this term in the reward, which is the sum of weight * score over the "
+        "terms; negative for a penalty.",
+    )
+    pattern: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_PATH_LENGTH,
+        description="`format` only: a Python regex the whole response (surrounding whitespace "
+        "removed) must match (`re.fullmatch`, `.` also matches newlines); write `.*x.*` for \"contains x\".",
+    )
+    function: Optional[str] = Field(
+        default=None, min_length=3, max_length=MAX_PATH_LENGTH,
+        description="`function` only: `path/to/file.py:name` or `package.module:name`, a function "
+        "`(data_source, solution_str, ground_truth, extra_info) -> float | dict` run in the reward "
+        "worker; a relative file path is relative to the working directory of `rldock train`.",
+    )
+    url: Optional[str] = Field(
+        default=None, min_length=8, max_length=MAX_PATH_LENGTH,
+        description="`remote` only: the http(s) URL that batches of samples are POSTed to as JSON "
+        "(wire format in docs/rewards.md).",
+    )
+    timeout_s: Optional[float] = Field(
+        default=None, gt=0, le=3600,
+        description=f"`remote` only: seconds to wait for one response; unset: {REMOTE_TIMEOUT_S:g}.",
+    )
+    max_retries: Optional[int] = Field(
+        default=None, ge=0, le=10,
+        description="`remote` only: retries of a request after a connection error, a timeout or a "
+        f"5xx/429 status, with exponential backoff; unset: {REMOTE_MAX_RETRIES}.",
+    )
+    token_env: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="`remote` only: name of an environment variable holding a bearer token sent as "
+        "`Authorization: Bearer <token>` (in an RLJob, set it from a Secret with `env`).",
+    )
+    batch_size: Optional[int] = Field(
+        default=None, ge=1, le=65536,
+        description="`remote` only: samples per request; unset: all samples the reward worker "
+        "scores at once (training.micro_batch_size).",
+    )
+
+
+class RewardSpec(Spec):
+    """The reward of each response: the weighted sum of its terms' scores."""
+
+    terms: list[RewardTermSpec] = Field(
+        default_factory=lambda: [RewardTermSpec(name="digit_match")], min_length=1, max_length=32,
+        description="Reward terms; each response's reward is the sum of weight * score over them. "
+        "Default: one `digit_match` term.",
+    )
+    on_error: Literal["fail", "zero"] = Field(
+        default="fail",
+        description="When a term raises on a sample (a gold answer math-verify cannot parse, a "
+        "function's exception, a remote service down after its retries): `fail` stops the job naming "
+        "the term and the sample's data source; `zero` scores that term 0 for that sample, counts it "
+        "in the `reward/errors` metric and logs one warning per batch.",
     )
 
 

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from rldock.config.job import JobConfig
-from rldock.config.problems import Problem, find_local_problems, find_problems
+from rldock.config.problems import Problem, field_path, find_local_problems, find_problems
 
 
 class ConfigError(ValueError):
@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 def _problems_from_validation(error: ValidationError) -> list[Problem]:
     problems = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "<root>"
+        path = field_path(item["loc"]) or "<root>"
         if item["type"] == "extra_forbidden":
             message = "unknown field (check spelling; see docs/config-reference.md)"
         elif item["type"] == "missing":

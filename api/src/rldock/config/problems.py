@@ -8,10 +8,12 @@ into a condition and an Event on an RLJob that the API server's schema already a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
-from rldock.config.job import JobConfig
+from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.contract.algorithms import needs_critic
 from rldock.contract.tensor_parallel import check_divisible
 
@@ -23,6 +25,14 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+
+def field_path(parts: Iterable[str | int]) -> str:
+    """A pydantic error location as a field path: ("reward", "terms", 1, "url") -> reward.terms[1].url."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
 
 
 def find_problems(cfg: JobConfig) -> list[Problem]:
@@ -78,6 +88,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_dapo_problems(cfg))
     problems.extend(_dpo_problems(cfg))
     problems.extend(_resharding_problems(cfg))
+    problems.extend(reward_problems(cfg.reward))
     return problems
 
 
@@ -146,6 +157,63 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
             f"algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide by "
             f"data_parallel_size * tensor_parallel_size = {dp * tp}",
         ))
+    return problems
+
+
+# The options each reward term name takes, required ones first; every other option must stay unset
+# on that term. (The reward-model term `model` will require `path`.)
+TERM_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "math_verify": ((), ()),
+    "exact_match": ((), ()),
+    "digit_match": ((), ()),
+    "format": (("pattern",), ()),
+    "function": (("function",), ()),
+    "remote": (("url",), ("timeout_s", "max_retries", "token_env", "batch_size")),
+}
+_OPTION_HELP = {
+    "pattern": "a Python regex the whole response must match",
+    "function": "`path/to/file.py:function` or `package.module:function`",
+    "url": "the http(s) URL of the scoring service",
+}
+# `file.py:fn` (any path ending in .py) or `package.module:fn`.
+FUNCTION_REFERENCE = re.compile(r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$")
+
+
+def reward_problems(reward: RewardSpec) -> list[Problem]:
+    """Each term's options must suit its name: the required ones set, the others unset, and the
+    pattern, function reference and URL well formed."""
+    problems: list[Problem] = []
+    options = {option for required, optional in TERM_OPTIONS.values() for option in required + optional}
+    for index, term in enumerate(reward.terms):
+        at = f"reward.terms[{index}]"
+        required, optional = TERM_OPTIONS[term.name]
+        for option in required:
+            if getattr(term, option) is None:
+                problems.append(Problem(f"{at}.{option}", f"a `{term.name}` term needs {option}: {_OPTION_HELP[option]}"))
+        for option in sorted(options - set(required) - set(optional)):
+            if getattr(term, option) is not None:
+                owner = next(name for name, (req, opt) in TERM_OPTIONS.items() if option in req + opt)
+                problems.append(Problem(f"{at}.{option}", f"only a `{owner}` term takes {option}; remove it "
+                                        f"from this `{term.name}` term"))
+        problems.extend(_term_value_problems(term, at))
+    return problems
+
+
+def _term_value_problems(term: RewardTermSpec, at: str) -> list[Problem]:
+    problems: list[Problem] = []
+    if term.pattern is not None:
+        try:
+            re.compile(term.pattern)
+        except re.error as error:
+            problems.append(Problem(f"{at}.pattern", f"{term.pattern!r} is not a Python regex: {error}"))
+    if term.function is not None and not FUNCTION_REFERENCE.match(term.function):
+        problems.append(Problem(
+            f"{at}.function",
+            f"{term.function!r} is not `path/to/file.py:function` or `package.module:function` (one colon "
+            "before a Python identifier)",
+        ))
+    if term.url is not None and not term.url.startswith(("http://", "https://")):
+        problems.append(Problem(f"{at}.url", f"{term.url!r} is not an http:// or https:// URL"))
     return problems
 
 

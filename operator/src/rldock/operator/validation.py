@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 from pydantic import ValidationError
 
 from rldock.config import Problem, find_problems
+from rldock.config.problems import field_path
 from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.constants import (
@@ -52,7 +53,7 @@ _PATTERN_HINTS = {
 
 def _problem_from_error(item: Mapping[str, Any]) -> Problem:
     # List indexes as `[i]`, as the other problems write them (`spec.volumes[0].persistentVolumeClam`).
-    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in ("spec", *item["loc"]))[1:]
+    path = field_path(["spec", *item["loc"]])
     if item["type"] == "extra_forbidden":
         return Problem(path, "unknown field (see docs/operator.md)")
     if item["type"] == "missing":

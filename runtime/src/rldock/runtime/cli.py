@@ -57,6 +57,12 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def reward_failure(error: Exception) -> str:
+    """The message of a reward term's failure, which reaches the driver wrapped by Ray (its str
+    would be the worker's traceback): the last line of the job's log, so the RLJob's reason."""
+    return str(getattr(error, "cause", error))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -80,14 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
     from rldock.runtime.metrics import headline_key
+    from rldock.runtime.rewards import RewardError
 
     try:
         trainer = Trainer(cfg, args.output, resume=args.resume, show_progress=not args.no_progress,
                           max_restarts=args.max_restarts)
-    except OutputDirInUse as error:
+    except (OutputDirInUse, RewardError) as error:  # a used --output; a reward term that cannot be built
         print(f"error: {error}", file=sys.stderr)
         return 2
-    records = trainer.run()
+    try:
+        records = trainer.run()
+    except RewardError as error:
+        print(f"error: {reward_failure(error)}", file=sys.stderr)
+        return 1
     first, last = records[:5], records[-5:]
     key = headline_key(records[0])  # the sampled reward; DPO: the policy's preference accuracy
     summary = {

@@ -35,6 +35,7 @@ from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headlin
                                    tokens_per_s_per_device)
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
+from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.tasks import PromptSampler, make_task
 from rldock.runtime.warmup import run_warmup
@@ -108,6 +109,8 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.recipe = get_recipe(cfg.algorithm.name)
+        if "reward" in self.recipe.states:
+            RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
         self.task = make_task(cfg.task, seed=cfg.seed)
         self.sampler = PromptSampler(len(self.task), seed=cfg.seed)
         self.reference_dir = prepare_initial_policy(cfg, self.output_dir, self.task)
@@ -287,6 +290,7 @@ class Trainer:
         return {
             "iteration": iteration,
             **reward_stats,
+            **merge_reward_metrics([r["reward_metrics"] for r in results.get("reward", [])]),
             "response_length_mean": response_length,
             "prompt_length_mean": prompt_length,
             **_update_metrics(updates),

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
-from rldock.runtime.rewards import get_reward_fn
+from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.workers.reward import RewardWorker
 
 EOS, PAD = 1, 0
@@ -41,14 +41,14 @@ class OneBatchDock:
 
 
 def _worker(name: str, dock) -> RewardWorker:
-    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"name": "exact_match"},
+    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"terms": [{"name": "exact_match"}]},
                     algorithm={"name": name, "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
                                "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
                                "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}})
     recipe = get_recipe(name)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.dock, worker.tokenizer = cfg, dock, DigitTokenizer()
-    worker.reward_fn, worker.shaping = get_reward_fn("exact_match"), recipe.reward_shaping
+    worker.scorer, worker.shaping = RewardScorer(cfg.reward), recipe.reward_shaping
     worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
     return worker
 
@@ -62,8 +62,11 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
                         "answer_ids": torch.tensor([[10, 10], [10, 10]]),
                         "answer_mask": torch.tensor([[1, 1], [1, 1]])}, batch_size=[2])
     dock = OneBatchDock(batch)
-    _worker(name, dock).compute_rewards(iteration=1)
+    result = _worker(name, dock).compute_rewards(iteration=1)
     assert set(dock.written.keys()) == columns
+    # The unshaped combined reward (the learning curve) and the per-term metrics go to the trainer.
+    assert result["rewards"] == [1.0, 1.0]
+    assert merge_reward_metrics([result["reward_metrics"]]) == {"reward/exact_match": 1.0, "reward/errors": 0}
     if name == "dapo":
         assert dock.written["score"].tolist() == [1.0, 1.0]  # equally correct: not informative
         assert dock.written["reward"].tolist() == [1.0, 0.5]  # shaped: they differ

@@ -1,4 +1,4 @@
-"""The rule-reward worker state: decodes responses and scores them against reference answers."""
+"""The reward worker state: decodes responses and scores them with the configured reward terms."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
-from rldock.runtime.rewards import get_reward_fn
+from rldock.runtime.rewards import RewardMetrics, RewardScorer
 from rldock.runtime.workers.stage_loop import run_stage
 
 
@@ -17,26 +17,34 @@ class RewardWorker:
     def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(tokenizer_dir)
-        self.reward_fn = get_reward_fn(cfg.reward.name)
+        self.scorer = RewardScorer(cfg.reward)
         recipe = get_recipe(cfg.algorithm.name)
         self.shaping = recipe.reward_shaping
         self.consumes = recipe.consumes["reward"]  # dock columns it reads
         self.produces = recipe.produces["reward"]  # "reward" (shaped), and "score" where a filter needs it
 
+    def references(self, indices: torch.Tensor, batch: TensorDict) -> tuple[list[str], list[str], list[dict]]:
+        """(ground truths, data sources, extra infos) of the samples at `indices`: today decoded from
+        the dock's reference-answer columns, with no data source or extra info."""
+        ground_truths = decode_responses(self.tokenizer, batch["answer_ids"], batch["answer_mask"])
+        return ground_truths, [""] * len(ground_truths), [{} for _ in ground_truths]
+
     def compute_rewards(self, iteration: int) -> dict:
         rewards: list[float] = []
+        metrics = RewardMetrics()
 
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
-            answers = decode_responses(self.tokenizer, batch["answer_ids"], batch["answer_mask"])
-            values = [self.reward_fn(r, a) for r, a in zip(responses, answers)]
-            rewards.extend(values)  # the rule reward, unshaped: what the learning curve shows
-            score = torch.tensor(values, dtype=torch.float32)  # (B,) unshaped
-            shaped = self.shaping(score, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
-            columns = {"reward": shaped, "score": score}
+            ground_truths, data_sources, extra_infos = self.references(indices, batch)
+            scored = self.scorer.score(responses, ground_truths, data_sources, extra_infos)
+            metrics.add(scored)
+            rewards.extend(scored.scores.tolist())  # the combined reward, unshaped: what the learning curve shows
+            shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
+            columns = {"reward": shaped, "score": scored.scores}  # score: unshaped, what DAPO filters on
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
         timing = run_stage(self.dock, "reward", self.consumes, score, rank=0,
                            batch_size=self.cfg.training.micro_batch_size)
         timing.extra["rewards"] = rewards
+        timing.extra["reward_metrics"] = metrics.state()
         return timing.as_dict()

@@ -1,0 +1,91 @@
+"""reward.terms: each term's options must suit its name, and problems name the term's field."""
+
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import yaml
+
+from rldock.config import ConfigError, RewardSpec, RewardTermSpec, parse_job_config
+from rldock.config.problems import TERM_OPTIONS, Problem, field_path, reward_problems
+
+BASE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
+
+
+def _problems(*terms: dict) -> list[Problem]:
+    return reward_problems(RewardSpec(terms=list(terms)))
+
+
+def test_default_is_one_digit_match_term_that_fails_on_errors():
+    spec = RewardSpec()
+    assert [(t.name, t.weight) for t in spec.terms] == [("digit_match", 1.0)]
+    assert spec.on_error == "fail"
+
+
+def test_a_valid_mix_of_terms_has_no_problems():
+    assert _problems({"name": "math_verify"}, {"name": "format", "pattern": r".*####.*", "weight": 0.1},
+                     {"name": "function", "function": "rewards/gsm8k.py:score"},
+                     {"name": "function", "function": "my_pkg.rewards:score"},
+                     {"name": "remote", "url": "https://rm.example:8443/score", "timeout_s": 5, "max_retries": 0,
+                      "token_env": "RM_TOKEN", "batch_size": 16}) == []
+
+
+@pytest.mark.parametrize("term, path, words", [
+    ({"name": "format"}, "reward.terms[0].pattern", "needs pattern"),
+    ({"name": "function"}, "reward.terms[0].function", "needs function"),
+    ({"name": "remote"}, "reward.terms[0].url", "needs url"),
+    ({"name": "digit_match", "pattern": r"\d+"}, "reward.terms[0].pattern", "only a `format` term takes pattern"),
+    ({"name": "math_verify", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term takes url"),
+    ({"name": "format", "pattern": ".*", "timeout_s": 3}, "reward.terms[0].timeout_s", "only a `remote` term"),
+    ({"name": "function", "function": "f.py:g", "token_env": "T"}, "reward.terms[0].token_env", "only a `remote`"),
+    ({"name": "format", "pattern": "(unclosed"}, "reward.terms[0].pattern", "not a Python regex"),
+    ({"name": "function", "function": "rewards.py"}, "reward.terms[0].function", "is not `path/to/file.py:function`"),
+    ({"name": "function", "function": "rewards.py:1st"}, "reward.terms[0].function", "is not"),
+    ({"name": "function", "function": "my-pkg:score"}, "reward.terms[0].function", "is not"),
+    ({"name": "remote", "url": "ftp://host/x"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+])
+def test_each_wrong_option_is_named_with_its_term_index(term, path, words):
+    (problem,) = _problems(term)
+    assert problem.path == path and words in problem.message
+
+
+def test_problems_name_the_index_of_the_term_at_fault():
+    problems = _problems({"name": "digit_match"}, {"name": "format"}, {"name": "exact_match", "batch_size": 4})
+    assert [p.path for p in problems] == ["reward.terms[1].pattern", "reward.terms[2].batch_size"]
+
+
+def test_the_job_loader_reports_reward_problems_and_schema_errors_with_indexed_paths():
+    data = {**BASE, "reward": {"terms": [{"name": "math_verify"}, {"name": "remote"}]}}
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(data)
+    assert [p.path for p in caught.value.problems] == ["reward.terms[1].url"]
+    data = {**BASE, "reward": {"terms": [{"name": "math_verify"}, {"name": "sandbox"}], "on_error": "skip"}}
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(data)
+    assert [p.path for p in caught.value.problems] == ["reward.terms[1].name", "reward.on_error"]
+
+
+@pytest.mark.parametrize("reward, path", [
+    ({"terms": []}, "reward.terms"),
+    ({"terms": [{"name": "digit_match", "weight": 1e6}]}, "reward.terms[0].weight"),
+    ({"terms": [{"name": "remote", "url": "http://x:1", "token_env": "NOT-A-NAME"}]}, "reward.terms[0].token_env"),
+    ({"terms": [{"name": "remote", "url": "http://x:1", "timeout_s": 0}]}, "reward.terms[0].timeout_s"),
+    ({"name": "digit_match"}, "reward.name"),  # the old form is refused, naming the field
+])
+def test_bad_values_are_named(reward, path):
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config({**BASE, "reward": reward})
+    assert path in [p.path for p in caught.value.problems]
+
+
+def test_field_path_renders_list_indexes():
+    assert field_path(["reward", "terms", 1, "url"]) == "reward.terms[1].url"
+    assert field_path(["spec", "job", "reward", "terms", 0]) == "spec.job.reward.terms[0]"
+    assert field_path([]) == ""
+
+
+def test_the_options_table_covers_every_name_and_every_option_of_a_term():
+    # A new term name or option (the reward model's `model` with `path`) must say which terms take it.
+    assert set(TERM_OPTIONS) == set(get_args(RewardTermSpec.model_fields["name"].annotation))
+    options = {option for required, optional in TERM_OPTIONS.values() for option in required + optional}
+    assert options == set(RewardTermSpec.model_fields) - {"name", "weight"}
