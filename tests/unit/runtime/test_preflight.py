@@ -136,3 +136,15 @@ def test_a_model_the_config_cannot_split_is_invalid_input_once_the_path_is_there
 ])
 def test_function_file_is_the_path_part_of_a_function_reference(reference, file):
     assert function_file(reference) == file
+
+
+def test_a_missing_reward_function_file_names_its_term(tmp_path):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    present = tmp_path / "rewards.py"
+    present.write_text("def score(*args):\n    return 0.0\n")
+    cfg.reward.terms = [{"name": "function", "function": f"{present}:score"},
+                        {"name": "function", "function": "my_pkg.rewards:score"},
+                        {"name": "function", "function": f"{tmp_path}/absent.py:score"}]
+    (problem,) = find_path_problems(cfg)
+    assert problem.path == "reward.terms[2].function"
+    assert f"{tmp_path}/absent.py does not exist" in problem.message

@@ -46,6 +46,9 @@ CHECKS: tuple[PathCheck, ...] = (
     # A model the runtime builds itself (tiny demo models) need not exist yet.
     PathCheck("model.path", lambda cfg: None if cfg.model.builder is not None else cfg.model.path,
               PathKind.MODEL_DIR),
+    # A user reward function given as a file (`rewards/my.py:score`); a module reference is imported.
+    PathCheck("reward.terms[{i}].function",
+              lambda cfg: [function_file(term.function) for term in cfg.reward.terms], PathKind.FILE),
 )
 
 
