@@ -112,9 +112,9 @@ class Evaluator:
         self.prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
 
     def run(self, actors: Sequence, *, iteration: int) -> dict[str, float]:
-        """Generate, score and aggregate; returns the `val/...` metrics, with the evaluation's
-        wall time as `val/seconds`. `actors` are ActorWorker handles, each with a rollout engine;
-        `iteration` seeds sampled (non-greedy) evaluation."""
+        """Generate on the actors' engines, score and aggregate; returns the `val/...` metrics,
+        with the evaluation's wall time as `val/seconds`. `actors` are ActorWorker handles, each
+        with a rollout engine; `iteration` seeds sampled (non-greedy) evaluation."""
         started = time.perf_counter()
         spec = self.spec
         chunks = split_evenly(len(self.prompts), len(actors))
@@ -122,7 +122,17 @@ class Evaluator:
                                          greedy=spec.greedy, max_tokens=self.max_response_length,
                                          seed=iteration, prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk])
                    for actor, chunk in zip(actors, chunks) if len(chunk)]
-        per_prompt = [samples for result in ray.get(futures) for samples in result]  # prompt order
+        metrics = self.score([samples for result in ray.get(futures) for samples in result])
+        metrics[f"{VAL_PREFIX}seconds"] = time.perf_counter() - started
+        logger.info("evaluation after iteration %d: reward %.4f, accuracy %.4f on %d prompts", iteration,
+                    metrics[f"{VAL_PREFIX}reward"], metrics[f"{VAL_PREFIX}accuracy"], len(self.examples))
+        return metrics
+
+    def score(self, per_prompt: Sequence[Sequence[list[int]]]) -> dict[str, float]:
+        """The `val/...` metrics of generated responses: `per_prompt[i]` holds the response token
+        id lists (EOS included when generated) of held-out prompt i."""
+        if len(per_prompt) != len(self.examples):
+            raise ValueError(f"responses for {len(per_prompt)} prompts, but {len(self.examples)} were evaluated")
         responses, examples, lengths = [], [], []
         for example, samples in zip(self.examples, per_prompt):
             for tokens in samples:
@@ -130,13 +140,9 @@ class Evaluator:
                 examples.append(example)
                 lengths.append(len(tokens))
         rewards = self.score_fn(responses, examples)
-        metrics = aggregate(data_sources=[e.data_source for e in examples], rewards=rewards,
-                            response_lengths=lengths, num_prompts=len(self.examples),
-                            correct_threshold=spec.correct_threshold)
-        metrics[f"{VAL_PREFIX}seconds"] = time.perf_counter() - started
-        logger.info("evaluation after iteration %d: reward %.4f, accuracy %.4f on %d prompts", iteration,
-                    metrics[f"{VAL_PREFIX}reward"], metrics[f"{VAL_PREFIX}accuracy"], len(self.examples))
-        return metrics
+        return aggregate(data_sources=[e.data_source for e in examples], rewards=rewards,
+                         response_lengths=lengths, num_prompts=len(self.examples),
+                         correct_threshold=self.spec.correct_threshold)
 
     def _decode(self, tokens: list[int]) -> str:
         """The response text up to the first EOS, special tokens dropped (as the reward worker reads it)."""
