@@ -27,8 +27,8 @@ def test_correct_threshold_counts_rewards_at_or_above_it():
 
 
 @pytest.mark.parametrize("kwargs, complaint", [
-    (dict(data_sources=["a"], rewards=[1.0, 0.0], response_lengths=[1]), "one of each per response"),
-    (dict(data_sources=[], rewards=[], response_lengths=[]), "held-out set is empty"),
+    ({"data_sources": ["a"], "rewards": [1.0, 0.0], "response_lengths": [1]}, "one of each per response"),
+    ({"data_sources": [], "rewards": [], "response_lengths": []}, "held-out set is empty"),
 ])
 def test_aggregate_refuses_misaligned_or_empty_input(kwargs, complaint):
     with pytest.raises(ValueError, match=complaint):

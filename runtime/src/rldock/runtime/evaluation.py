@@ -17,6 +17,7 @@ business (the trainer's `heldout_evaluation`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
@@ -94,7 +95,7 @@ def split_evenly(count: int, parts: int) -> list[range]:
     bounds = [0]
     for part in range(parts):
         bounds.append(bounds[-1] + base + (part < extra))
-    return [range(start, end) for start, end in zip(bounds, bounds[1:])]
+    return [range(start, end) for start, end in itertools.pairwise(bounds)]
 
 
 class Evaluator:

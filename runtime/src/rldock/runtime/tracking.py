@@ -24,9 +24,9 @@ def scalars(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, 
         tag = f"{prefix}{key}"
         if isinstance(value, Mapping):
             yield from scalars(value, prefix=f"{tag}/")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and tag != "iteration":
-            if math.isfinite(value):
-                yield tag, float(value)
+        elif (isinstance(value, (int, float)) and not isinstance(value, bool) and tag != "iteration"
+              and math.isfinite(value)):
+            yield tag, float(value)
 
 
 class TensorBoardLog:

@@ -134,6 +134,8 @@ class Trainer:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> list[dict]:
+        """Run the job; returns the metrics records of its iterations (metrics.jsonl also holds
+        iteration 0, the initial policy's evaluation, when evaluation.at_start is on)."""
         if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
             logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
             records = self.metrics.read()
@@ -143,7 +145,7 @@ class Trainer:
                 # the last iteration ended): say where the run is, or the operator would keep the
                 # previous attempt's last line, an iteration short.
                 self._report_progress(records[-1])
-            return records
+            return _iteration_records(records)
         cluster.connect(self.cfg)
         for attempt in range(self.max_restarts + 1):
             try:
@@ -164,7 +166,7 @@ class Trainer:
                 self._stop()
         records = self.metrics.read()
         plot_progress(records, self.output_dir / PLOT_FILE)
-        return records
+        return _iteration_records(records)
 
     def _start(self) -> int:
         cfg = self.cfg
@@ -522,6 +524,10 @@ def _progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit="it", disable=not enabled, dynamic_ncols=True)
+
+
+def _iteration_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["iteration"] > 0]
 
 
 def _last_evaluation(records: list[dict]) -> dict | None:
