@@ -16,7 +16,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rldock.contract.progress import PREFIX
+from rldock.contract.progress import PREFIX, last_progress
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +87,15 @@ def test_tensorboard_events_beside_the_metrics(evaluated_run):
     assert [e.step for e in events.Scalars("val/reward")] == [0, INTERVAL, ITERATIONS]
     assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]
     assert (output / "progress.png").stat().st_size > 0
+
+
+def test_resuming_the_finished_run_reports_its_last_evaluation(evaluated_run):
+    output, _ = evaluated_run
+    before = (output / "metrics.jsonl").read_text()
+    again = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(output.parent / "job.yaml"),
+                            "--output", str(output), "--no-progress", "--resume"],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (output / "metrics.jsonl").read_text() == before
+    progress = last_progress(again.stdout.splitlines())
+    assert (progress["iteration"], progress["val_iteration"]) == (ITERATIONS, ITERATIONS)

@@ -95,3 +95,21 @@ def test_an_over_long_held_out_prompt_is_refused_naming_the_limit(tokenizer):
 def test_val_metrics_picks_the_val_keys_of_a_record():
     assert val_metrics({"iteration": 3, "reward_mean": 0.5, "val/reward": 0.25}) == {"val/reward": 0.25}
     assert val_metrics({"iteration": 2, "reward_mean": 0.5}) == {}
+
+
+def test_the_trainers_held_out_set_is_scored_by_the_jobs_reward(tokenizer):
+    from rldock.config import parse_job_config
+    from rldock.runtime.trainer import heldout_evaluation
+
+    data = {"iterations": 10, "model": {"path": "/unused"}, "task": {"max_operand": 5},
+            "reward": {"name": "exact_match"},
+            "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
+                          "max_response_length": 4, "learning_rate": 0.0}}
+    assert heldout_evaluation(parse_job_config(data), tokenizer) is None  # evaluation off
+    evaluator = heldout_evaluation(parse_job_config({**data, "evaluation": {"interval": 1, "max_prompts": 5}}),
+                                   tokenizer)
+    assert len(evaluator.examples) == 5 and {e.data_source for e in evaluator.examples} == {"addition"}
+    eos = tokenizer.eos_token_id
+    answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]
+    assert evaluator.score([[a] for a in answers])["val/addition/accuracy"] == 1.0
+    assert evaluator.score([[[eos]]] * 5)["val/accuracy"] == 0.0
