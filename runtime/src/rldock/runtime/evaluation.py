@@ -105,7 +105,8 @@ class Evaluator:
                  max_prompt_length: int, max_response_length: int):
         self.examples = list(examples)[:spec.max_prompts]
         if not self.examples:
-            raise ValueError("evaluation is enabled but the held-out set has no prompts")
+            raise ValueError("evaluation.interval > 0 but the held-out set has no prompts; give the job "
+                             "held-out prompts or set evaluation.interval to 0")
         self.score_fn, self.tokenizer, self.spec = score_fn, tokenizer, spec
         self.max_response_length = max_response_length
         # Tokenized once: the same prompts every evaluation. encode_prompts refuses over-long ones.
