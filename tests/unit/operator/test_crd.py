@@ -45,13 +45,27 @@ def test_crd_names_subresources_and_columns():
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert list(columns)[:4] == ["Phase", "Iteration", "Reward", "TPS"] and "Age" in columns
-    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    root = version["schema"]["openAPIV3Schema"]
     for column in columns.values():  # every column points at a field that exists
-        section, field = column["jsonPath"].split(".")[1:]
+        section, *fields = column["jsonPath"].split(".")[1:]
         if section == "status":
-            assert field in status, column
+            node = root["properties"]["status"]
+            for field in fields:
+                assert field in node.get("properties", {}), column
+                node = node["properties"][field]
+            assert node["type"] == column["type"] or (node["type"], column["type"]) == ("string", "date"), column
         else:
             assert column["jsonPath"] == ".metadata.creationTimestamp"
+
+
+def test_wide_columns_show_the_last_evaluation():
+    """`kubectl get rljobs -o wide` (priority 1) shows the held-out reward and accuracy."""
+    (version,) = build_crd()["spec"]["versions"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Val-Reward"]["jsonPath"] == ".status.lastEvaluation.reward"
+    assert columns["Val-Acc"]["jsonPath"] == ".status.lastEvaluation.accuracy"
+    assert columns["Val-Reward"]["priority"] == columns["Val-Acc"]["priority"] == 1
+    assert all(columns[name].get("priority", 0) == 0 for name in ("Phase", "Iteration", "Reward", "TPS"))
 
 
 def test_schema_is_structural_and_fits_kubernetes_1_20():

@@ -174,3 +174,8 @@ def test_ownership(obj, expected):
 def test_read_progress_accepts_a_dpo_record():
     record = {"iteration": 3, "policy_preference_accuracy": 0.75, "tokens_per_s_per_device": 10.0}
     assert read_progress(format_progress(record), output_dir="/o").metrics == record
+
+
+def test_read_progress_keeps_the_last_evaluation_of_the_line():
+    record = {**_record(6, 4), "val_iteration": 5, "val_reward": 0.4, "val_accuracy": 0.25}
+    assert read_progress(format_progress(record), output_dir="/o").metrics == record

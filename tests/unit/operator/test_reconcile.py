@@ -332,3 +332,23 @@ def test_deletion_stops_the_running_job(world):
     assert jobs.jobs[submitted.status["rayJobId"]]["status"] == "STOPPED"
     jobs.down = True  # unreachable: deletion goes ahead anyway
     assert reconciler.stop_for_deletion(body(status=submitted.status)) is None
+
+
+def test_the_job_logs_last_evaluation_reaches_the_status(world):
+    from rldock.contract.progress import format_progress
+
+    reconciler, kube, jobs = world
+    first = reconciler.reconcile(body())
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(status=first.status))
+    submission_id = submitted.status["rayJobId"]
+    jobs.jobs[submission_id]["status"] = "RUNNING"
+    line = {"iteration": 10, "iterations": 40, "reward_mean": 0.5, "tokens_per_s_per_device": 900.0,
+            "checkpoint": 10, "val_iteration": 10, "val_reward": 0.75, "val_accuracy": 0.5}
+    jobs.logs[submission_id] = "starting\n" + format_progress(line) + "\n"
+    running = reconciler.reconcile(body(status=submitted.status))
+    assert running.status["lastEvaluation"] == {"iteration": 10, "reward": 0.75, "accuracy": 0.5}
+    # the next iteration did not evaluate: its line carries the same evaluation, the status keeps it
+    jobs.logs[submission_id] += format_progress({**line, "iteration": 11}) + "\n"
+    later = reconciler.reconcile(body(status=running.status))
+    assert later.status["iteration"] == 11 and later.status["lastEvaluation"] == running.status["lastEvaluation"]

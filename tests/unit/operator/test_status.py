@@ -285,3 +285,21 @@ def test_condition_messages_are_bounded(length):
         assert len(cond["message"]) <= CONDITION_MESSAGE_MAX
         assert cond["message"].startswith("spec.cluster.nodeSelector[zone]")
         assert ("characters cut" in cond["message"]) is (len(str(problem)) > CONDITION_MESSAGE_MAX)
+
+
+def test_last_evaluation_comes_from_the_progress_record_and_outlives_records_without_one():
+    from rldock.operator.observe import read_progress
+    from rldock.contract.progress import format_progress
+
+    # as the trainer prints it: iteration 6 carries the evaluation of iteration 5
+    line = format_progress({**METRICS, "iteration": 6, "val_iteration": 5, "val_reward": 0.41234,
+                            "val_accuracy": 0.25})
+    metrics = read_progress(line, output_dir="/o").metrics
+    status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=metrics))
+    assert status["lastEvaluation"] == {"iteration": 5, "reward": 0.4123, "accuracy": 0.25}
+    assert validator_for(rljob_schema()["properties"]["status"]).is_valid(status)
+    # a later line of a job that never evaluated again (or an older trainer) keeps it
+    later = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING),
+                                  metrics={**METRICS, "iteration": 7}), previous=status, now=LATER)
+    assert later["lastEvaluation"] == status["lastEvaluation"] and later["iteration"] == 7
+    assert "lastEvaluation" not in _compute(Observations(ray_cluster=READY, metrics=METRICS))

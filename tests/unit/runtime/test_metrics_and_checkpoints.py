@@ -108,3 +108,21 @@ def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, 
     panels = {ax.get_ylabel(): ax.lines[0] for ax in saved[0].axes}
     entropy = panels["policy entropy (nats/token)"]
     assert list(entropy.get_xdata()) == [2, 3] and list(entropy.get_ydata()) == [1.5, 1.25]
+
+
+def test_progress_plot_draws_the_held_out_curve_from_iteration_0(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    records = [{"iteration": 0, "val/reward": 0.1, "val/accuracy": 0.0},  # the initial policy: val/ only
+               {"iteration": 1, **base}, {"iteration": 2, **base, "val/reward": 0.3, "val/accuracy": 0.25}]
+    plot_progress(records, tmp_path / "progress.png")
+    reward_axis = next(ax for ax in saved[0].axes if ax.get_ylabel() == "mean reward")
+    lines = {line.get_label(): line for line in reward_axis.lines}
+    assert list(lines["training (sampled)"].get_xdata()) == [1, 2]
+    assert list(lines["held-out reward"].get_xdata()) == [0, 2]
+    assert list(lines["held-out reward"].get_ydata()) == [0.1, 0.3]
+    assert list(lines["held-out accuracy"].get_ydata()) == [0.0, 0.25]

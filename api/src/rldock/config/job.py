@@ -332,6 +332,36 @@ class CheckpointSpec(Spec):
     keep_last: int = Field(default=2, ge=1, description="Checkpoints kept; older ones are deleted.")
 
 
+class EvaluationSpec(Spec):
+    """Held-out evaluation of the current policy: greedy (or sampled) responses to validation
+    prompts, scored by the job's reward and logged as `val/...` metrics (docs/evaluation.md)."""
+
+    interval: int = Field(
+        default=0, ge=0,
+        description="Evaluate every this many iterations (and always after the last one); 0 disables.",
+    )
+    at_start: bool = Field(
+        default=True,
+        description="Also evaluate the initial policy before iteration 1 (logged as iteration 0): the "
+        "baseline the later evaluations compare with. Ignored when `interval` is 0.",
+    )
+    max_prompts: Optional[int] = Field(
+        default=None, ge=1, le=10**6,
+        description="Evaluate only the first this many held-out prompts; unset uses all of them.",
+    )
+    num_samples: int = Field(default=1, ge=1, le=1024, description="Responses generated per held-out prompt.")
+    greedy: bool = Field(
+        default=True,
+        description="Generate with temperature 0 (deterministic; needs `num_samples` 1); false samples with "
+        "`rollout.temperature` and `rollout.top_p`.",
+    )
+    correct_threshold: float = Field(
+        default=1.0, ge=-1e6, le=1e6,
+        description="A response counts as correct when its reward is at least this; `val/accuracy` is the "
+        "share of correct responses.",
+    )
+
+
 class JobConfig(Spec):
     """One RL post-training job."""
 
@@ -348,6 +378,7 @@ class JobConfig(Spec):
     dock: DockSpec = Field(default_factory=DockSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
 
     @property
     def num_samples_per_iteration(self) -> int:

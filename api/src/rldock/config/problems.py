@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
-from rldock.contract.algorithms import needs_critic
+from rldock.contract.algorithms import needs_critic, needs_rollout
 from rldock.contract.tensor_parallel import check_divisible
 
 
@@ -89,6 +89,26 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_dpo_problems(cfg))
     problems.extend(_resharding_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
+    problems.extend(_evaluation_problems(cfg))
+    return problems
+
+
+def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
+    evaluation = cfg.evaluation
+    problems: list[Problem] = []
+    if evaluation.greedy and evaluation.num_samples > 1:
+        problems.append(Problem(
+            "evaluation.num_samples",
+            f"greedy evaluation (evaluation.greedy true) gives every prompt the same response, so "
+            f"{evaluation.num_samples} samples would repeat it; set evaluation.num_samples to 1 or "
+            "evaluation.greedy to false",
+        ))
+    if evaluation.interval > 0 and not needs_rollout(cfg.algorithm.name):
+        problems.append(Problem(
+            "evaluation.interval",
+            f"algorithm.name {cfg.algorithm.name} runs no rollout engine to generate held-out responses "
+            "with; set evaluation.interval to 0",
+        ))
     return problems
 
 

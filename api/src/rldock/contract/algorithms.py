@@ -33,3 +33,7 @@ assert set(CATALOGUE) == set(get_args(AlgorithmName)), "the catalogue and Algori
 
 def needs_critic(name: str) -> bool:
     return CATALOGUE[name].needs_critic
+
+
+def needs_rollout(name: str) -> bool:
+    return CATALOGUE[name].needs_rollout

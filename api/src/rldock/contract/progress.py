@@ -24,6 +24,21 @@ def headline_key(record: dict[str, Any]) -> str:
     return "reward_mean" if "reward_mean" in record else "policy_preference_accuracy"
 
 
+# The last evaluation, carried on every progress line after it (the operator keeps only the last
+# line, and most iterations do not evaluate): its iteration (0: the initial policy), mean reward
+# and accuracy on the held-out prompts.
+VAL_ITERATION, VAL_REWARD, VAL_ACCURACY = "val_iteration", "val_reward", "val_accuracy"
+
+
+def evaluation_headline(record: dict[str, Any] | None) -> dict[str, Any]:
+    """The progress-line keys of the last evaluation from its metrics record (`val/reward`,
+    `val/accuracy`), or {} when there was none yet."""
+    if record is None:
+        return {}
+    return {VAL_ITERATION: int(record["iteration"]), VAL_REWARD: round(float(record["val/reward"]), 4),
+            VAL_ACCURACY: round(float(record["val/accuracy"]), 4)}
+
+
 def last_progress(log_lines: Iterable[str]) -> dict[str, Any] | None:
     """The last well-formed progress record in a log, or None; other lines are ignored."""
     last = None

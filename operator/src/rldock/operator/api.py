@@ -335,6 +335,16 @@ class Condition(_Model):
     observed_generation: Optional[int] = Field(default=None, ge=0)
 
 
+class LastEvaluation(_Model):
+    """The newest held-out evaluation of the policy (job.evaluation)."""
+
+    model_config = ConfigDict(extra="ignore")
+    iteration: int = Field(ge=0, description="Iteration whose policy was evaluated; 0 is the initial policy.")
+    reward: float = Field(description="Mean reward of the held-out responses.")
+    accuracy: float = Field(
+        ge=0, le=1, description="Share of held-out responses with reward >= job.evaluation.correct_threshold.")
+
+
 class RLJobStatus(_Model):
     """Written only by the operator (status subresource)."""
 
@@ -347,6 +357,8 @@ class RLJobStatus(_Model):
     reward: Optional[float] = Field(default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
     tokens_per_second_per_device: Optional[float] = Field(
         default=None, description="Throughput of the last iteration, tokens/s per device.")
+    last_evaluation: Optional[LastEvaluation] = Field(
+        default=None, description="The newest held-out evaluation; unset until the job evaluates.")
     last_checkpoint: Optional[str] = Field(default=None, description="Path of the newest complete checkpoint.")
     restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")
     ray_cluster_name: Optional[str] = None

@@ -43,6 +43,10 @@ PRINTER_COLUMNS = [
      "description": "Mean reward of the last iteration (DPO: preference accuracy)"},
     {"name": "TPS", "type": "number", "jsonPath": ".status.tokensPerSecondPerDevice",
      "description": "Tokens per second per device in the last iteration"},
+    {"name": "Val-Reward", "type": "number", "jsonPath": ".status.lastEvaluation.reward", "priority": 1,
+     "description": "Mean reward on the held-out prompts at the last evaluation"},
+    {"name": "Val-Acc", "type": "number", "jsonPath": ".status.lastEvaluation.accuracy", "priority": 1,
+     "description": "Share of correct held-out responses at the last evaluation"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

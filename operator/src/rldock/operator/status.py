@@ -25,13 +25,13 @@ from pydantic import ValidationError
 
 from rldock.config import Problem
 from rldock.operator import naming
-from rldock.operator.api import Condition, RLJobSpec, RLJobStatus
+from rldock.operator.api import Condition, LastEvaluation, RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     CONDITION_MESSAGE_MAX, RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY,
     RAY_STATE_SUSPENDED, ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
 )
 from rldock.contract.failure import JobFailure
-from rldock.contract.progress import headline_key
+from rldock.contract.progress import VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
 
 
 @dataclass(frozen=True)
@@ -293,13 +293,24 @@ def _set_progress(status: RLJobStatus, spec: Optional[RLJobSpec], metrics: Optio
                   prev: RLJobStatus) -> None:
     status.iteration, status.reward = prev.iteration, prev.reward
     status.tokens_per_second_per_device = prev.tokens_per_second_per_device
+    status.last_evaluation = prev.last_evaluation
     if metrics is not None:  # keys as rldock.runtime.trainer writes each iteration's record
         status.iteration = int(metrics["iteration"])
         status.reward = round(float(metrics[headline_key(metrics)]), 4)  # DPO: preference accuracy
         status.tokens_per_second_per_device = round(float(metrics["tokens_per_s_per_device"]), 1)
+        status.last_evaluation = last_evaluation(metrics) or status.last_evaluation
     status.iterations = spec.job.iterations if spec is not None else prev.iterations
     if status.iterations is not None:
         status.progress = f"{status.iteration or 0}/{status.iterations}"
+
+
+def last_evaluation(metrics: Mapping[str, Any]) -> Optional[LastEvaluation]:
+    """The evaluation a progress record carries (rldock.contract.progress.evaluation_headline), or
+    None when the job has not evaluated yet."""
+    if not {VAL_ITERATION, VAL_REWARD, VAL_ACCURACY} <= metrics.keys():
+        return None
+    return LastEvaluation(iteration=int(metrics[VAL_ITERATION]), reward=round(float(metrics[VAL_REWARD]), 4),
+                          accuracy=round(float(metrics[VAL_ACCURACY]), 4))
 
 
 def _failed_on_spec(status: RLJobStatus) -> bool:

@@ -61,25 +61,36 @@ class MetricsLog:
 
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
-    """Reward (DPO: preference accuracy), the policy's entropy and throughput per iteration, as a PNG."""
+    """Reward (DPO: preference accuracy) with the held-out evaluation's reward and accuracy, the
+    policy's entropy and throughput per iteration, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    iterations = [r["iteration"] for r in records]
+    # Iteration 0 (the initial policy's evaluation, docs/evaluation.md) has val/ metrics only.
+    trained = [r for r in records if "tokens_per_s_per_device" in r]
+    evaluated = [r for r in records if "val/reward" in r]
+    iterations = [r["iteration"] for r in trained]
     fig, (ax_reward, ax_entropy, ax_tps) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
-    key = headline_key(records[0]) if records else "reward_mean"
-    ax_reward.plot(iterations, [r[key] for r in records], marker=".")
+    key = headline_key(trained[0]) if trained else "reward_mean"
+    ax_reward.plot(iterations, [r[key] for r in trained], marker=".", label="training (sampled)")
     ax_reward.set_ylabel("mean reward" if key == "reward_mean" else "policy preference accuracy")
+    if evaluated:
+        val_iterations = [r["iteration"] for r in evaluated]
+        ax_reward.plot(val_iterations, [r["val/reward"] for r in evaluated], marker="o", color="tab:red",
+                       label="held-out reward")
+        ax_reward.plot(val_iterations, [r["val/accuracy"] for r in evaluated], marker="s", linestyle="--",
+                       color="tab:purple", label="held-out accuracy")
+        ax_reward.legend(loc="best", fontsize="small")
     ax_reward.grid(alpha=0.3)
     # Records written before `entropy` was logged (a run resumed across versions) have none.
-    with_entropy = [r for r in records if "entropy" in r]
+    with_entropy = [r for r in trained if "entropy" in r]
     ax_entropy.plot([r["iteration"] for r in with_entropy], [r["entropy"] for r in with_entropy], marker=".",
                     color="tab:green")
     ax_entropy.set_ylabel("policy entropy (nats/token)")
     ax_entropy.grid(alpha=0.3)
-    ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in records], marker=".", color="tab:orange")
+    ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in trained], marker=".", color="tab:orange")
     ax_tps.set_ylabel("tokens/s per device")
     ax_tps.set_xlabel("iteration")
     ax_tps.grid(alpha=0.3)

@@ -25,12 +25,13 @@ import ray
 import torch
 
 from rldock.config import JobConfig
-from rldock.contract.progress import format_progress
+from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
+from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
                                    tokens_per_s_per_device)
 from rldock.runtime.models.loading import load_tokenizer
@@ -38,6 +39,7 @@ from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.tasks import PromptSampler, make_task
+from rldock.runtime.tracking import TensorBoardLog
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ActorWorker
 from rldock.runtime.workers.advantage import AdvantageWorker
@@ -115,6 +117,8 @@ class Trainer:
         self.sampler = PromptSampler(len(self.task), seed=cfg.seed)
         self.reference_dir = prepare_initial_policy(cfg, self.output_dir, self.task)
         self.tokenizer = load_tokenizer(self.reference_dir)
+        self.evaluator = heldout_evaluation(cfg, self.tokenizer)
+        self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
         self.dock: TransferDock | None = None
         self.workers: WorkerGroups | None = None
@@ -132,15 +136,18 @@ class Trainer:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def run(self) -> list[dict]:
+        """Run the job; returns the metrics records of its iterations (metrics.jsonl also holds
+        iteration 0, the initial policy's evaluation, when evaluation.at_start is on)."""
         if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
             logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
             records = self.metrics.read()
+            self._last_evaluation = _last_evaluation(records)
             if records and not self.show_progress:
                 # A retry can start after the previous attempt finished (the worker was lost as
                 # the last iteration ended): say where the run is, or the operator would keep the
                 # previous attempt's last line, an iteration short.
                 self._report_progress(records[-1])
-            return records
+            return _iteration_records(records)
         cluster.connect(self.cfg)
         for attempt in range(self.max_restarts + 1):
             try:
@@ -161,7 +168,7 @@ class Trainer:
                 self._stop()
         records = self.metrics.read()
         plot_progress(records, self.output_dir / PLOT_FILE)
-        return records
+        return _iteration_records(records)
 
     def _start(self) -> int:
         cfg = self.cfg
@@ -181,7 +188,7 @@ class Trainer:
             self.sampler.load_state_dict(state["sampler"])
             logger.info("resuming after iteration %d from %s", self.resume_from.iteration, self.resume_from.path)
         # Records after the last checkpoint belong to iterations that will be redone.
-        self.metrics.truncate_after(start_iteration - 1)
+        self._last_evaluation = _last_evaluation(self.metrics.truncate_after(start_iteration - 1))
         self.workers = self._create_workers(str(policy_dir))
         if self.resume_from is not None:
             rng = torch.load(self.resume_from.path / "rng.pt")
@@ -230,29 +237,53 @@ class Trainer:
 
     def _loop(self, start_iteration: int) -> None:
         total = self.cfg.iterations
+        # The initial policy's evaluation is logged as iteration 0, once per run.
+        evaluate_at_start = (self.evaluator is not None and self.cfg.evaluation.at_start and start_iteration == 1
+                             and not any(r["iteration"] == 0 for r in self.metrics.read()))
+        tensorboard = TensorBoardLog(self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
         progress = _progress_bar(total, start_iteration - 1, enabled=self.show_progress,
                                  desc=self.cfg.algorithm.name.upper())
         try:
+            if evaluate_at_start:
+                self._log(tensorboard, {"iteration": 0, **self._evaluate(0)})
             for iteration in range(start_iteration, total + 1):
                 record = self._run_iteration(iteration)
-                self.metrics.append(record)
+                if self._evaluation_due(iteration):  # after the update: the engines hold its weights
+                    record.update(self._evaluate(iteration))
+                self._log(tensorboard, record)
                 if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
                     self._save_checkpoint(iteration)
                 key = headline_key(record)
+                val = {"val": f"{self._last_evaluation['val/reward']:.3f}"} if self._last_evaluation else {}
                 progress.set_postfix(**{key: f"{record[key]:.3f}"}, kl=f"{record['kl']:.4f}",
-                                     tps=f"{record['tokens_per_s_per_device']:.0f}", refresh=False)
+                                     tps=f"{record['tokens_per_s_per_device']:.0f}", **val, refresh=False)
                 progress.update(1)
                 if not self.show_progress:  # the bar is for people, the lines for the operator
                     self._report_progress(record)
         finally:
             progress.close()
+            tensorboard.close()
+
+    def _log(self, tensorboard: TensorBoardLog, record: dict) -> None:
+        self.metrics.append(record)
+        tensorboard.append(record)
+        if val_metrics(record):
+            self._last_evaluation = record
+
+    def _evaluation_due(self, iteration: int) -> bool:
+        interval = self.cfg.evaluation.interval
+        return interval > 0 and (iteration % interval == 0 or iteration == self.cfg.iterations)
+
+    def _evaluate(self, iteration: int) -> dict[str, float]:
+        return self.evaluator.run(self.workers.actors, iteration=iteration)
 
     def _report_progress(self, record: dict) -> None:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
         job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
         headline = {**_headline(record), "iteration": record["iteration"], "iterations": self.cfg.iterations,
-                    "checkpoint": latest.iteration if latest else None}
+                    "checkpoint": latest.iteration if latest else None,
+                    **evaluation_headline(self._last_evaluation)}
         print(format_progress(headline), flush=True)
 
     def _run_iteration(self, iteration: int) -> dict:
@@ -496,3 +527,38 @@ def _progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit="it", disable=not enabled, dynamic_ncols=True)
+
+
+def _iteration_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["iteration"] > 0]
+
+
+def _last_evaluation(records: list[dict]) -> dict | None:
+    """The newest record that holds an evaluation's val/ metrics, or None."""
+    return next((r for r in reversed(records) if val_metrics(r)), None)
+
+
+# The held-out set until the data section's validation files land: the task's prompts generated
+# with another seed (so mostly other prompts than training draws), this many of them.
+HELDOUT_SEED_OFFSET = 1
+HELDOUT_NUM_PROMPTS = 256
+
+
+def heldout_evaluation(cfg: JobConfig, tokenizer) -> Evaluator | None:
+    """The evaluator of a job: its held-out examples and the reward that scores them (the job's
+    rule reward against each example's ground truth); None when evaluation is off."""
+    if cfg.evaluation.interval == 0:
+        return None
+    task = make_task(cfg.task.model_copy(update={"num_prompts": cfg.evaluation.max_prompts or HELDOUT_NUM_PROMPTS}),
+                     seed=cfg.seed + HELDOUT_SEED_OFFSET)
+    examples = [EvalExample(prompt=e.prompt, ground_truth=e.answer, data_source=task.name)
+                for e in task.examples(range(len(task)))]
+    scorer = RewardScorer(cfg.reward)
+
+    def score(responses: list[str], scored: list[EvalExample]) -> list[float]:
+        return scorer.score(responses, [e.ground_truth for e in scored], [e.data_source for e in scored],
+                            [e.extra_info for e in scored]).scores.tolist()
+
+    algo = cfg.algorithm
+    return Evaluator(examples, score, tokenizer=tokenizer, spec=cfg.evaluation,
+                     max_prompt_length=algo.max_prompt_length, max_response_length=algo.max_response_length)

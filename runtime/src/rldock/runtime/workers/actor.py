@@ -131,6 +131,16 @@ class ActorWorker:
         timing.extra["response_lengths"] = response_lengths
         return timing.as_dict()
 
+    def evaluate(self, prompts: list[list[int]], *, num_samples: int, greedy: bool, max_tokens: int,
+                 seed: int, prompt_keys: list[int]) -> list[list[list[int]]]:
+        """Held-out responses from this rank's engine (the current policy), per prompt
+        `num_samples` token id lists, EOS included when generated. Not a dock stage: evaluation
+        samples never enter the dock (rldock.runtime.evaluation)."""
+        completions = self.engine.sample(prompts, n=num_samples, max_tokens=max_tokens,
+                                         eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy,
+                                         prompt_keys=prompt_keys)
+        return [[c.token_ids for c in group] for group in completions]
+
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             with torch.no_grad():

@@ -1,0 +1,115 @@
+"""Held-out evaluation: the pure aggregation per data source, the prompt split over engines, and
+scoring of generated token ids (no Ray, no engine: `Evaluator.score` is what `run` calls)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rldock.config.job import EvaluationSpec
+from rldock.runtime.evaluation import EvalExample, Evaluator, aggregate, split_evenly, val_metrics
+from rldock.runtime.models.tiny import train_char_tokenizer
+
+
+def test_aggregate_means_and_accuracy_per_data_source():
+    metrics = aggregate(data_sources=["gsm8k", "gsm8k", "math", "gsm8k"], rewards=[1.0, 0.0, 0.5, 1.0],
+                        response_lengths=[4, 6, 10, 4], num_prompts=3, correct_threshold=1.0)
+    assert metrics == pytest.approx({
+        "val/gsm8k/reward": 2 / 3, "val/gsm8k/accuracy": 2 / 3,
+        "val/math/reward": 0.5, "val/math/accuracy": 0.0,
+        "val/reward": 2.5 / 4, "val/accuracy": 0.5, "val/response_length": 6.0, "val/num_prompts": 3.0,
+    })
+
+
+def test_correct_threshold_counts_rewards_at_or_above_it():
+    metrics = aggregate(data_sources=["a"] * 4, rewards=[0.2, 0.5, 0.7, 1.0], response_lengths=[1] * 4,
+                        num_prompts=4, correct_threshold=0.5)
+    assert metrics["val/accuracy"] == metrics["val/a/accuracy"] == 0.75
+
+
+@pytest.mark.parametrize("kwargs, complaint", [
+    ({"data_sources": ["a"], "rewards": [1.0, 0.0], "response_lengths": [1]}, "one of each per response"),
+    ({"data_sources": [], "rewards": [], "response_lengths": []}, "held-out set is empty"),
+])
+def test_aggregate_refuses_misaligned_or_empty_input(kwargs, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        aggregate(**kwargs, num_prompts=1, correct_threshold=1.0)
+
+
+@pytest.mark.parametrize("count, parts, sizes", [(10, 3, [4, 3, 3]), (2, 4, [1, 1, 0, 0]), (8, 2, [4, 4]),
+                                                  (0, 2, [0, 0])])
+def test_split_evenly_covers_every_prompt_once_in_order(count, parts, sizes):
+    chunks = split_evenly(count, parts)
+    assert [len(c) for c in chunks] == sizes
+    assert [i for c in chunks for i in c] == list(range(count))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_char_tokenizer(["0123456789+="])
+
+
+def _evaluator(tokenizer, **spec) -> Evaluator:
+    examples = [EvalExample("1+2=", "3", "addition"), EvalExample("4+4=", "8", "addition"),
+                EvalExample("9+9=", "18", "carry")]
+
+    def exact(responses, scored):
+        return [float(r == e.ground_truth) for r, e in zip(responses, scored)]
+
+    return Evaluator(examples, exact, tokenizer=tokenizer, spec=EvaluationSpec(interval=1, **spec),
+                     max_prompt_length=8, max_response_length=4)
+
+
+def test_score_decodes_up_to_eos_and_groups_by_data_source(tokenizer):
+    evaluator = _evaluator(tokenizer)
+    eos = tokenizer.eos_token_id
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # right; right then EOS and junk after it (never read); wrong, cut at max length
+    metrics = evaluator.score([[ids("3") + [eos]], [ids("8") + [eos] + ids("1")], [ids("1999")]])
+    assert metrics["val/addition/accuracy"] == 1.0 and metrics["val/carry/accuracy"] == 0.0
+    assert metrics["val/accuracy"] == pytest.approx(2 / 3)
+    assert metrics["val/response_length"] == pytest.approx((2 + 3 + 4) / 3)
+    assert metrics["val/num_prompts"] == 3
+
+
+def test_max_prompts_keeps_the_first_prompts_and_samples_count_per_response(tokenizer):
+    evaluator = _evaluator(tokenizer, max_prompts=2, num_samples=2, greedy=False)
+    assert len(evaluator.prompts) == 2
+    assert evaluator.prompts[0][0] == tokenizer.bos_token_id  # encoded as training prompts are
+    eos = tokenizer.eos_token_id
+    three = tokenizer("3", add_special_tokens=False)["input_ids"]
+    metrics = evaluator.score([[three + [eos], [eos]], [[eos], [eos]]])
+    assert metrics["val/accuracy"] == 0.25 and metrics["val/num_prompts"] == 2
+    with pytest.raises(ValueError, match="responses for 3 prompts, but 2"):
+        evaluator.score([[[eos]]] * 3)
+
+
+def test_an_over_long_held_out_prompt_is_refused_naming_the_limit(tokenizer):
+    with pytest.raises(ValueError, match="max_prompt_length"):
+        Evaluator([EvalExample("12345678+1=", "12345679", "addition")], lambda r, e: [0.0] * len(r),
+                  tokenizer=tokenizer, spec=EvaluationSpec(interval=1), max_prompt_length=8, max_response_length=4)
+
+
+def test_val_metrics_picks_the_val_keys_of_a_record():
+    assert val_metrics({"iteration": 3, "reward_mean": 0.5, "val/reward": 0.25}) == {"val/reward": 0.25}
+    assert val_metrics({"iteration": 2, "reward_mean": 0.5}) == {}
+
+
+def test_the_trainers_held_out_set_is_scored_by_the_jobs_reward(tokenizer):
+    from rldock.config import parse_job_config
+    from rldock.runtime.trainer import heldout_evaluation
+
+    data = {"iterations": 10, "model": {"path": "/unused"}, "task": {"max_operand": 5},
+            "reward": {"name": "exact_match"},
+            "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
+                          "max_response_length": 4, "learning_rate": 0.0}}
+    assert heldout_evaluation(parse_job_config(data), tokenizer) is None  # evaluation off
+    evaluator = heldout_evaluation(parse_job_config({**data, "evaluation": {"interval": 1, "max_prompts": 5}}),
+                                   tokenizer)
+    assert len(evaluator.examples) == 5 and {e.data_source for e in evaluator.examples} == {"addition"}
+    eos = tokenizer.eos_token_id
+    answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]
+    assert evaluator.score([[a] for a in answers])["val/addition/accuracy"] == 1.0
+    assert evaluator.score([[[eos]]] * 5)["val/accuracy"] == 0.0
