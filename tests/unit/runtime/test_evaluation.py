@@ -102,7 +102,7 @@ def test_the_trainers_held_out_set_is_scored_by_the_jobs_reward(tokenizer):
     from rldock.runtime.trainer import heldout_evaluation
 
     data = {"iterations": 10, "model": {"path": "/unused"}, "task": {"max_operand": 5},
-            "reward": {"name": "exact_match"},
+            "reward": {"terms": [{"name": "exact_match"}]},
             "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
                           "max_response_length": 4, "learning_rate": 0.0}}
     assert heldout_evaluation(parse_job_config(data), tokenizer) is None  # evaluation off
