@@ -29,6 +29,8 @@ from rldock.contract.progress import format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
+                                 prepare_data_files, tokenizer_corpus)
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
@@ -36,7 +38,6 @@ from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headlin
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
-from rldock.runtime.tasks import PromptSampler, make_task
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ActorWorker
 from rldock.runtime.workers.advantage import AdvantageWorker
@@ -53,20 +54,33 @@ class OutputDirInUse(RuntimeError):
     pass
 
 
-def prepare_initial_policy(cfg: JobConfig, output_dir: Path, task) -> Path:
-    """Model dir the RL phase starts from (and the reference policy): the base model, after the
-    supervised warm-up when one is configured. Both steps are skipped when their output exists."""
+def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
+    """The base model's directory, after building the tiny model there (with a tokenizer trained on
+    the train rows) when `model.builder` asks for it and none exists yet."""
     base = Path(cfg.model.path).expanduser()
     if cfg.model.builder and not (base / "config.json").is_file():
         logger.info("building tiny model %s at %s", cfg.model.builder, base)
-        _write_atomically(base, lambda tmp: build_tiny_model(tmp, texts=task.corpus(), seed=cfg.seed))
+        texts = tokenizer_corpus(rows, cfg.data.system_prompt)
+        _write_atomically(base, lambda tmp: build_tiny_model(tmp, texts=texts, seed=cfg.seed))
+    return base
+
+
+def prepare_initial_policy(cfg: JobConfig, output_dir: Path, base: Path, dataset: PromptDataset) -> Path:
+    """Model dir the RL phase starts from (and the reference policy): the base model, after the
+    supervised warm-up when one is configured (skipped when its output exists)."""
     if cfg.warmup.steps == 0:
         return base
     warm = output_dir / WARMUP_DIR
     if not (warm / "config.json").is_file():
         logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
-        _write_atomically(warm, lambda tmp: run_warmup(base, tmp, task=task, spec=cfg.warmup, seed=cfg.seed))
+        _write_atomically(warm, lambda tmp: run_warmup(base, tmp, dataset=dataset, spec=cfg.warmup, seed=cfg.seed))
     return warm
+
+
+def load_prompt_set(cfg: JobConfig, output_dir: Path) -> tuple[DataFiles, list[Row]]:
+    """The job's data files (generated first if configured) and their train rows."""
+    files = prepare_data_files(cfg.data, output_dir, seed=cfg.seed)
+    return files, load_rows(files.train, columns_of(cfg.data))
 
 
 def _write_atomically(final: Path, write) -> None:
@@ -108,10 +122,16 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.recipe = get_recipe(cfg.algorithm.name)
-        self.task = make_task(cfg.task, seed=cfg.seed)
-        self.sampler = PromptSampler(len(self.task), seed=cfg.seed)
-        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, self.task)
-        self.tokenizer = load_tokenizer(self.reference_dir)
+        self.data_files, rows = load_prompt_set(cfg, self.output_dir)
+        base = prepare_base_model(cfg, rows)
+        self.tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again
+        self.dataset = PromptDataset(rows, tokenizer=self.tokenizer, spec=cfg.data,
+                                     max_prompt_length=cfg.algorithm.max_prompt_length)
+        logger.info("prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
+                    len(self.dataset), self.data_files.train, self.dataset.num_dropped)
+        shuffle_seed = cfg.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
+        self.sampler = PromptSampler(len(self.dataset), seed=shuffle_seed)
+        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, base, self.dataset)
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
         self.dock: TransferDock | None = None
         self.workers: WorkerGroups | None = None
@@ -202,7 +222,7 @@ class Trainer:
         reward = advantage = critic = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(
-                cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
+                cfg, tokenizer_dir=str(self.reference_dir), dock=dock, train_files=self.data_files.train)
         if "advantage" in states:
             advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
         if self.recipe.needs_critic:
@@ -297,9 +317,16 @@ class Trainer:
             **_critic_metrics(results.get("critic_update", [])),
             **_per_rank_metrics(updates),
             **sampled.metrics,
+            **self._data_metrics(iteration),
             "timing": timing,
             "dock": self._dock_traffic(),
         }
+
+    def _data_metrics(self, iteration: int) -> dict:
+        """The prompt set's size and the over-long prompts it dropped, in the first record only."""
+        if iteration != 1:
+            return {}
+        return {"data/num_prompts": len(self.dataset), "data/dropped_prompts": self.dataset.num_dropped}
 
     def _launchers(self, iteration: int, sampling_round: int = 0) -> dict:
         """State -> a function that starts it on its workers and returns the futures."""
@@ -328,7 +355,7 @@ class Trainer:
         algo = self.cfg.algorithm
         build = BATCH_BUILDERS.get(self.recipe.driver_batch)
         count = algo.num_prompts_per_iteration if num_prompts is None else num_prompts
-        return build(self.task, self.sampler.next_batch(count), self.tokenizer, algo)
+        return build(self.dataset, self.sampler.next_batch(count), self.tokenizer, algo)
 
     def _keep_inflight(self) -> None:
         """After a worker died: stop the workers, then keep the dock of the iteration in flight for

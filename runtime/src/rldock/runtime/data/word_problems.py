@@ -39,8 +39,8 @@ def _add(rng, name, items):
 
 
 def _subtract(rng, name, items):
-    a = _number(rng, 2)
-    b = _number(rng, 1, a - 1)
+    a = _number(rng, 3)
+    b = _number(rng, 1, a - 2)  # at least 2 left: every answer reads "<n> <items>" with a plural
     return (f"{name} has {a} {items} and gives {b} of them away. How many {items} does {name} have left?",
             f"{name} has {a} - {b} = {a - b} {items} left.", a - b)
 
@@ -52,7 +52,7 @@ def _multiply(rng, name, items):
 
 
 def _share(rng, name, items):
-    each, friends = _number(rng, 1, 10), _number(rng, 2, 10)
+    each, friends = _number(rng, 2, 10), _number(rng, 2, 10)
     total = each * friends
     return (f"{name} shares {total} {items} equally among {friends} friends. How many {items} does each "
             "friend get?", f"Each friend gets {total} / {friends} = {each} {items}.", each)

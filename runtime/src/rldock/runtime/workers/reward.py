@@ -1,12 +1,20 @@
-"""The rule-reward worker state: decodes responses and scores them against reference answers."""
+"""The rule-reward worker state: decodes responses and scores them against the ground truths.
+
+Only each sample's `prompt_index` (its train-file row) travels through the dock; the worker reads
+the same train files itself at start and looks up the ground truth, data source and extra info by
+that index, so no reference text is ever tokenized into the dock.
+"""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import get_reward_fn
@@ -14,9 +22,12 @@ from rldock.runtime.workers.stage_loop import run_stage
 
 
 class RewardWorker:
-    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock):
+    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock, train_files: Sequence[str]):
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(tokenizer_dir)
+        # The trainer passes the files it read (a generator's are under the job's output), so
+        # prompt_index means the same row here as in the driver.
+        self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data))
         self.reward_fn = get_reward_fn(cfg.reward.name)
         recipe = get_recipe(cfg.algorithm.name)
         self.shaping = recipe.reward_shaping
@@ -28,8 +39,13 @@ class RewardWorker:
 
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
-            answers = decode_responses(self.tokenizer, batch["answer_ids"], batch["answer_mask"])
-            values = [self.reward_fn(r, a) for r, a in zip(responses, answers)]
+            rows = [self.rows[i] for i in batch["prompt_index"].tolist()]
+            ground_truths = [row.ground_truth for row in rows]
+            # Reward terms take (data_source, response, ground_truth, extra_info); the rule rewards
+            # here read the ground truth only.
+            _data_sources = [row.data_source for row in rows]
+            _extra_infos = [row.extra_info for row in rows]
+            values = [self.reward_fn(r, a) for r, a in zip(responses, ground_truths)]
             rewards.extend(values)  # the rule reward, unshaped: what the learning curve shows
             score = torch.tensor(values, dtype=torch.float32)  # (B,) unshaped
             shaped = self.shaping(score, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
