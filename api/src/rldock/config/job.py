@@ -8,9 +8,9 @@ operator can report them as conditions on an object the API server already accep
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from rldock.contract.algorithms import AlgorithmName
 
@@ -18,6 +18,7 @@ from rldock.contract.algorithms import AlgorithmName
 # for any real value, short enough that a job config always fits a ConfigMap (1 MiB).
 MAX_PATH_LENGTH = 4096  # PATH_MAX on Linux
 MAX_NAME_LENGTH = 253  # a DNS subdomain, the longest Kubernetes name
+DataFile = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH)]
 
 
 class Spec(BaseModel):
@@ -77,14 +78,14 @@ class DataSpec(Spec):
     Leaving the section out means the tiny demo's data: the `addition` generator (operands 0-99,
     20000 prompts) with `chat_template: none`."""
 
-    train_files: list[str] = Field(
-        default_factory=list, max_length=1000,
+    train_files: list[DataFile] = Field(
+        default=[], max_length=1000,
         description="Train files (`.jsonl`, `.json`, `.parquet`) on a local path or mounted volume, read "
         "with Hugging Face `datasets` (never from the Hub) and concatenated in order. Exactly one of "
         "`train_files` and `generator` is set.",
     )
-    val_files: list[str] = Field(
-        default_factory=list, max_length=1000,
+    val_files: list[DataFile] = Field(
+        default=[], max_length=1000,
         description="Held-out files in the same format, for evaluation.",
     )
     prompt_key: str = Field(
