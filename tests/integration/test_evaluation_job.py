@@ -30,7 +30,8 @@ def evaluated_run(tmp_path_factory) -> tuple[Path, str]:
     config.write_text(yaml.safe_dump({
         "name": "it-evaluation", "seed": 3, "iterations": ITERATIONS,
         "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
-        "task": {"max_operand": 5, "num_prompts": 200},
+        "data": {"generator": {"name": "addition", "max_operand": 5, "num_prompts": 200, "num_val_prompts": 64},
+                 "chat_template": "none"},
         "warmup": {"steps": 20, "batch_size": 32},
         "algorithm": {"num_prompts_per_iteration": 4, "num_responses_per_prompt": 2, "max_prompt_length": 8,
                       "max_response_length": 6, "learning_rate": 0.0},

@@ -30,15 +30,15 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.workers.stage_loop import run_stage
 
 # Per-sample bytes of each dock column for prompt length PL and response length SL (the schema
-# of docs/architecture.md: int64 token ids and masks, float32 logprobs and scalars; reference
-# answers are padded to SL, as the trainer encodes them).
+# of docs/architecture.md: int64 token ids and masks, float32 logprobs and scalars; each sample's
+# prompt_index is one int64, the reward worker looks its ground truth up by it).
 _INT64, _FLOAT32 = 8, 4
 
 
 def column_bytes(pl: int, sl: int) -> dict[str, int]:
     return {
         "prompt_ids": pl * _INT64, "prompt_mask": pl * _INT64,
-        "answer_ids": sl * _INT64, "answer_mask": sl * _INT64,
+        "prompt_index": _INT64,
         "response_ids": sl * _INT64, "response_mask": sl * _INT64,
         "old_logprobs": sl * _FLOAT32, "ref_logprobs": sl * _FLOAT32,
         "reward": _FLOAT32, "advantage": _FLOAT32,
@@ -97,7 +97,7 @@ def predicted_bytes(dims: Dims, samples_per_warehouse: list[int]) -> list[int]:
 
 
 def make_prompts(dims: Dims, seed: int = 0) -> TensorDict:
-    """The driver's put: G prompts, each repeated N times, with reference answers. Prompt lengths
+    """The driver's put: G prompts, each repeated N times, with their train-file rows. Prompt lengths
     are skewed (log-normal), left-padded."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(math.log(dims.PL / 4), 0.6, dims.G), 1, dims.PL).astype(np.int64)
@@ -105,10 +105,9 @@ def make_prompts(dims: Dims, seed: int = 0) -> TensorDict:
     positions = torch.arange(dims.PL)
     prompt_mask = (positions >= dims.PL - lengths[:, None]).long()  # (G*N, PL), left padding
     prompt_ids = prompt_mask * (torch.arange(dims.num_samples)[:, None] % 1000 + 3)
-    answer_mask = (torch.arange(dims.SL) < 8).long().expand(dims.num_samples, -1).clone()  # (G*N, SL)
-    answer_ids = answer_mask * 5
-    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "answer_ids": answer_ids,
-                       "answer_mask": answer_mask}, batch_size=[dims.num_samples])
+    prompt_index = torch.arange(dims.G).repeat_interleave(dims.N)  # (G*N,)
+    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index},
+                      batch_size=[dims.num_samples])
 
 
 def response_lengths(indices: torch.Tensor, sl: int) -> torch.Tensor:

@@ -12,7 +12,9 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 @pytest.fixture
 def demo_data() -> dict:
-    return yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+    data = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+    data["data"]["generator"]["num_val_prompts"] = 64  # held-out prompts to evaluate on
+    return data
 
 
 def _problems(data: dict) -> dict[str, str]:
@@ -50,3 +52,10 @@ def test_an_algorithm_without_rollout_cannot_evaluate(demo_data):
     assert "no rollout engine" in _problems(demo_data)["evaluation.interval"]
     demo_data["evaluation"] = {"interval": 0}
     assert parse_job_config(demo_data).evaluation.interval == 0
+
+
+def test_evaluation_needs_held_out_prompts(demo_data):
+    demo_data["data"]["generator"]["num_val_prompts"] = 0
+    demo_data["evaluation"] = {"interval": 2}
+    message = _problems(demo_data)["evaluation.interval"]
+    assert "data.val_files" in message and "data.generator.num_val_prompts" in message

@@ -55,8 +55,9 @@ def _evaluator(tokenizer, **spec) -> Evaluator:
     def exact(responses, scored):
         return [float(r == e.ground_truth) for r, e in zip(responses, scored)]
 
-    return Evaluator(examples, exact, tokenizer=tokenizer, spec=EvaluationSpec(interval=1, **spec),
-                     max_prompt_length=8, max_response_length=4)
+    prompt_ids = [tokenizer(e.prompt)["input_ids"] for e in examples]  # with BOS, as train prompts
+    return Evaluator(examples, exact, prompt_ids=prompt_ids, tokenizer=tokenizer,
+                     spec=EvaluationSpec(interval=1, **spec), max_response_length=4)
 
 
 def test_score_decodes_up_to_eos_and_groups_by_data_source(tokenizer):
@@ -86,10 +87,11 @@ def test_max_prompts_keeps_the_first_prompts_and_samples_count_per_response(toke
         evaluator.score([[[eos]]] * 3)
 
 
-def test_an_over_long_held_out_prompt_is_refused_naming_the_limit(tokenizer):
-    with pytest.raises(ValueError, match="max_prompt_length"):
-        Evaluator([EvalExample("12345678+1=", "12345679", "addition")], lambda r, e: [0.0] * len(r),
-                  tokenizer=tokenizer, spec=EvaluationSpec(interval=1), max_prompt_length=8, max_response_length=4)
+def test_every_held_out_example_needs_its_prompt_ids(tokenizer):
+    with pytest.raises(ValueError, match="1 tokenized prompts for 2 held-out examples"):
+        Evaluator([EvalExample("1+2=", "3", "addition"), EvalExample("4+4=", "8", "addition")],
+                  lambda r, e: [0.0] * len(r), prompt_ids=[[1, 2]], tokenizer=tokenizer,
+                  spec=EvaluationSpec(interval=1), max_response_length=4)
 
 
 def test_val_metrics_picks_the_val_keys_of_a_record():
@@ -97,19 +99,28 @@ def test_val_metrics_picks_the_val_keys_of_a_record():
     assert val_metrics({"iteration": 2, "reward_mean": 0.5}) == {}
 
 
-def test_the_trainers_held_out_set_is_scored_by_the_jobs_reward(tokenizer):
+def test_the_trainers_held_out_set_is_the_val_files_scored_by_the_jobs_reward(tokenizer, tmp_path):
+    import json
+
     from rldock.config import parse_job_config
     from rldock.runtime.trainer import heldout_evaluation
 
-    data = {"iterations": 10, "model": {"path": "/unused"}, "task": {"max_operand": 5},
+    val = tmp_path / "val.jsonl"
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)] + [{"prompt": "12345678+1=", "answer": "0"}]
+    val.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = {"iterations": 10, "model": {"path": "/unused"},
+            "data": {"train_files": [str(val)], "val_files": [str(val)], "chat_template": "none"},
             "reward": {"terms": [{"name": "exact_match"}]},
             "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
                           "max_response_length": 4, "learning_rate": 0.0}}
-    assert heldout_evaluation(parse_job_config(data), tokenizer) is None  # evaluation off
+    assert heldout_evaluation(parse_job_config(data), tokenizer, [str(val)]) is None  # evaluation off
     evaluator = heldout_evaluation(parse_job_config({**data, "evaluation": {"interval": 1, "max_prompts": 5}}),
-                                   tokenizer)
-    assert len(evaluator.examples) == 5 and {e.data_source for e in evaluator.examples} == {"addition"}
+                                   tokenizer, [str(val)])
+    # the first 5 of the 6 prompts that fit algorithm.max_prompt_length (the long one is dropped, as in training)
+    assert [e.prompt for e in evaluator.examples] == [f"{a}+{a}=" for a in range(5)]
+    assert {e.data_source for e in evaluator.examples} == {"val"}  # the file's stem
+    assert evaluator.prompts[0] == tokenizer("0+0=")["input_ids"]  # BOS + prompt, as train prompts
     eos = tokenizer.eos_token_id
     answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]
-    assert evaluator.score([[a] for a in answers])["val/addition/accuracy"] == 1.0
+    assert evaluator.score([[a] for a in answers])["val/val/accuracy"] == 1.0
     assert evaluator.score([[[eos]]] * 5)["val/accuracy"] == 0.0

@@ -8,25 +8,25 @@ from pydantic import BaseModel
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.filtration import FILTRATION_MODES
+from rldock.runtime.data import GENERATORS
 from rldock.runtime.algorithms.kl import KL_ESTIMATORS
 from rldock.runtime.algorithms.recipes import RECIPES
 from rldock.runtime.models import MODEL_BUILDERS
 from rldock.runtime.registry import Registry
 from rldock.runtime.rewards import REWARDS
-from rldock.runtime.tasks import TASKS
 
-REGISTRIES = [TASKS, REWARDS, RECIPES, FILTRATION_MODES, KL_ESTIMATORS, MODEL_BUILDERS]
+REGISTRIES = [GENERATORS, REWARDS, RECIPES, FILTRATION_MODES, KL_ESTIMATORS, MODEL_BUILDERS]
 
 
 def _literal_names(model: type[BaseModel], dotted: str) -> set[str]:
     head, _, rest = dotted.partition(".")
     annotation = model.model_fields[head].annotation
+    if get_origin(annotation) in (Optional, Union):  # Optional[Literal[...]] or Optional[a section]
+        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
     if get_origin(annotation) is list:  # a list of sections, e.g. reward.terms
         (annotation,) = get_args(annotation)
     if rest:
         return _literal_names(annotation, rest)
-    if get_origin(annotation) in (Optional, Union):  # Optional[Literal[...]]
-        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
     assert get_origin(annotation) is Literal, f"{dotted} is not a Literal of names"
     return set(get_args(annotation))
 

@@ -6,8 +6,9 @@ from tensordict import TensorDict
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
-from rldock.runtime.sampling import DriverBatch, DynamicSampling, group_rows, merge_rounds, preference_pairs
-from rldock.runtime.tasks import PreferencePair
+from rldock.runtime.data import PreferencePair
+from rldock.runtime.sampling import (DriverBatch, DynamicSampling, group_rows, merge_rounds, preference_pairs,
+                                     prompt_groups)
 
 
 class CharTokenizer:
@@ -19,12 +20,22 @@ class CharTokenizer:
         return {"input_ids": [[3 + "0123456789+=".index(c) for c in t] for t in texts]}
 
 
-class PairTask:
-    """Test double: fixed preference pairs by index."""
+class TwoPromptDataset:
+    """Test double of PromptDataset: kept prompts "1+2=" (train row 7) and "5+5=" (row 9), as BOS (2)
+    + characters, with fixed preference pairs."""
 
-    def preference_pairs(self, indices):
-        table = {0: PreferencePair("1+2=", "3", "4"), 1: PreferencePair("5+5=", "10", "16")}
-        return [table[i] for i in indices]
+    prompts = {0: [2, 4, 13, 5, 14], 1: [2, 8, 13, 8, 14]}
+    rows = {0: 7, 1: 9}
+
+    def prompt_ids(self, positions):
+        return [self.prompts[p] for p in positions]
+
+    def prompt_index(self, position):
+        return self.rows[position]
+
+    def preference_pairs(self, positions):
+        table = {0: PreferencePair(7, "3", "4"), 1: PreferencePair(9, "10", "16")}
+        return [table[p] for p in positions]
 
 
 def _algo(**kw):
@@ -34,14 +45,25 @@ def _algo(**kw):
 
 
 def test_preference_pairs_are_chosen_then_rejected_with_eos():
-    fed = preference_pairs(PairTask(), [1, 0], CharTokenizer(), _algo())
+    fed = preference_pairs(TwoPromptDataset(), [1, 0], CharTokenizer(), _algo())
     b = fed.batch
     assert b.batch_size == torch.Size([4])
     # rows: 5+5= chosen "10", rejected "16"; 1+2= chosen "3", rejected "4"; EOS (1) after the answer
     assert b["response_ids"].tolist() == [[4, 3, 1, 0], [4, 9, 1, 0], [6, 1, 0, 0], [7, 1, 0, 0]]
     assert b["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
     assert torch.equal(b["prompt_ids"][0], b["prompt_ids"][1]) and torch.equal(b["prompt_ids"][2], b["prompt_ids"][3])
-    assert fed.prompt_lengths == [4, 4] and fed.response_lengths == [3, 3, 2, 2]
+    assert fed.prompt_lengths == [5, 5] and fed.response_lengths == [3, 3, 2, 2]
+
+
+def test_prompt_groups_carry_each_prompts_train_row_instead_of_its_answer():
+    fed = prompt_groups(TwoPromptDataset(), [1, 0], CharTokenizer(), _algo(name="grpo", num_responses_per_prompt=3,
+                                                                           max_prompt_length=6))
+    b = fed.batch
+    assert set(b.keys()) == {"prompt_ids", "prompt_mask", "prompt_index"}
+    assert b["prompt_index"].dtype == torch.int64 and b["prompt_index"].tolist() == [9, 9, 9, 7, 7, 7]  # (G*N,)
+    assert b["prompt_ids"][0].tolist() == [0, 2, 8, 13, 8, 14]  # left-padded to PL
+    assert b["prompt_mask"][3].tolist() == [0, 1, 1, 1, 1, 1]
+    assert fed.prompt_lengths == [5, 5]
 
 
 def test_merge_rounds_sums_numbers_and_joins_lists_per_worker():

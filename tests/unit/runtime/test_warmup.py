@@ -3,13 +3,15 @@
 import pytest
 import torch
 
-from rldock.config.job import WarmupSpec
+from rldock.config.job import DataSpec, GeneratorSpec, WarmupSpec
+from rldock.runtime.data import PromptDataset, Row, tokenizer_corpus
+from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer
 from rldock.runtime.models.loading import TokenBatch
-from rldock.runtime.tasks import AdditionTask
 from rldock.runtime.warmup import answer_loss, run_warmup
 
-TASK = AdditionTask(max_operand=5, num_prompts=100, seed=0)
+ROWS = [Row(r["prompt"], r["answer"], r["data_source"])
+        for r in generate_addition(GeneratorSpec(name="addition", max_operand=5, num_prompts=100), seed=0).train]
 
 
 @pytest.fixture(autouse=True)
@@ -24,12 +26,18 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("base"), texts=TASK.corpus(), seed=0)
+    return build_tiny_model(tmp_path_factory.mktemp("base"), texts=tokenizer_corpus(ROWS), seed=0)
 
 
-def test_warmup_reduces_loss_and_saves_a_loadable_model(base_dir, tmp_path):
+@pytest.fixture(scope="module")
+def dataset(base_dir):
+    return PromptDataset(ROWS, tokenizer=load_tokenizer(base_dir), spec=DataSpec(chat_template="none"),
+                         max_prompt_length=8)
+
+
+def test_warmup_reduces_loss_and_saves_a_loadable_model(base_dir, dataset, tmp_path):
     spec = WarmupSpec(steps=20, learning_rate=1e-3, batch_size=32)
-    metrics = run_warmup(base_dir, tmp_path / "warm", task=TASK, spec=spec, seed=0)
+    metrics = run_warmup(base_dir, tmp_path / "warm", dataset=dataset, spec=spec, seed=0)
     losses = metrics["loss"]
     assert len(losses) == metrics["steps"] == 20
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3
@@ -39,15 +47,15 @@ def test_warmup_reduces_loss_and_saves_a_loadable_model(base_dir, tmp_path):
     assert not all(torch.equal(a, b) for a, b in zip(warm.parameters(), base.parameters()))
 
 
-def test_warmup_is_deterministic_given_the_seed(base_dir, tmp_path):
+def test_warmup_is_deterministic_given_the_seed(base_dir, dataset, tmp_path):
     spec = WarmupSpec(steps=3, learning_rate=1e-3, batch_size=8)
-    first = run_warmup(base_dir, tmp_path / "a", task=TASK, spec=spec, seed=5)["loss"]
-    second = run_warmup(base_dir, tmp_path / "b", task=TASK, spec=spec, seed=5)["loss"]
+    first = run_warmup(base_dir, tmp_path / "a", dataset=dataset, spec=spec, seed=5)["loss"]
+    second = run_warmup(base_dir, tmp_path / "b", dataset=dataset, spec=spec, seed=5)["loss"]
     assert first == second
 
 
-def test_zero_steps_copies_the_model(base_dir, tmp_path):
-    metrics = run_warmup(base_dir, tmp_path / "same", task=TASK, spec=WarmupSpec(steps=0), seed=0)
+def test_zero_steps_copies_the_model(base_dir, dataset, tmp_path):
+    metrics = run_warmup(base_dir, tmp_path / "same", dataset=dataset, spec=WarmupSpec(steps=0), seed=0)
     assert metrics["loss"] == []
     for a, b in zip(load_causal_lm(tmp_path / "same").parameters(), load_causal_lm(base_dir).parameters()):
         assert torch.equal(a, b)

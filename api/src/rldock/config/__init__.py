@@ -1,14 +1,14 @@
 """The rldock job API: typed config models, cross-field checks and YAML loading."""
 
 from rldock.config.job import (
-    AlgorithmSpec, CheckpointSpec, DockSpec, JobConfig, ModelSpec, ResourcesSpec, RewardSpec, RewardTermSpec,
-    RolloutSpec, TaskSpec, TrainingSpec, WarmupSpec,
+    AlgorithmSpec, CheckpointSpec, DataSpec, DockSpec, GeneratorSpec, JobConfig, ModelSpec, ResourcesSpec,
+    RewardSpec, RewardTermSpec, RolloutSpec, TrainingSpec, WarmupSpec,
 )
 from rldock.config.loading import ConfigError, load_job_config, parse_job_config
 from rldock.config.problems import Problem, find_local_problems, find_problems
 
 __all__ = [
-    "AlgorithmSpec", "CheckpointSpec", "ConfigError", "DockSpec", "JobConfig", "ModelSpec",
-    "Problem", "ResourcesSpec", "RewardSpec", "RewardTermSpec", "RolloutSpec", "TaskSpec", "TrainingSpec",
+    "AlgorithmSpec", "CheckpointSpec", "ConfigError", "DataSpec", "DockSpec", "GeneratorSpec", "JobConfig",
+    "ModelSpec", "Problem", "ResourcesSpec", "RewardSpec", "RewardTermSpec", "RolloutSpec", "TrainingSpec",
     "WarmupSpec", "find_local_problems", "find_problems", "load_job_config", "parse_job_config",
 ]

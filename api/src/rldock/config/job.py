@@ -8,9 +8,9 @@ operator can report them as conditions on an object the API server already accep
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from rldock.contract.algorithms import AlgorithmName
 
@@ -18,6 +18,7 @@ from rldock.contract.algorithms import AlgorithmName
 # for any real value, short enough that a job config always fits a ConfigMap (1 MiB).
 MAX_PATH_LENGTH = 4096  # PATH_MAX on Linux
 MAX_NAME_LENGTH = 253  # a DNS subdomain, the longest Kubernetes name
+DataFile = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH)]
 
 
 class Spec(BaseModel):
@@ -37,7 +38,7 @@ class ModelSpec(Spec):
     builder: Optional[Literal["tiny-qwen2"]] = Field(
         default=None,
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
-        "trained on the task's text) and save it at `path`. For demos and tests; leave unset for "
+        "trained on the train prompts and answers) and save it at `path`. For demos and tests; leave unset for "
         "real checkpoints.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -45,19 +46,99 @@ class ModelSpec(Spec):
     )
 
 
-class TaskSpec(Spec):
-    """The verifiable task that supplies prompts and reference answers."""
+class GeneratorSpec(Spec):
+    """A built-in generator that writes the prompt set as jsonl files before the job loads them.
 
-    name: Literal["addition"] = Field(
-        default="addition",
-        description="Registered verifiable task that generates prompts and reference answers.",
-    )
-    max_operand: int = Field(
-        default=99, ge=1, le=10**6, description="Largest operand the task draws (inclusive)."
+    The files land in `<output>/data/train.jsonl` (and `val.jsonl`) and are then read by the same
+    loader as user files, with the keys the `data` section names (`prompt_key`, `answer_key`; the
+    data source goes to `data_source_key`, default column `data_source`)."""
+
+    name: Literal["addition", "word_problems"] = Field(
+        description="`addition`: prompts like `37+58=` with the sum as answer (the tiny demo's task). "
+        "`word_problems`: easy arithmetic in words, GSM8K format (a question; a short worked solution "
+        "ending in `#### <number>`).",
     )
     num_prompts: int = Field(
-        default=20000, ge=1, description="Size of the generated prompt set that iterations draw from."
+        default=20000, ge=1, le=10**7, description="Rows of the generated train set that iterations draw from."
     )
+    num_val_prompts: int = Field(
+        default=0, ge=0, le=10**6,
+        description="Rows of the generated validation set (`val.jsonl`); word problems never repeat a "
+        "train question there.",
+    )
+    max_operand: int = Field(
+        default=99, ge=1, le=10**6, description="`addition`: largest operand drawn (inclusive)."
+    )
+
+
+class DataSpec(Spec):
+    """The prompts and reference answers: jsonl/json/parquet files (or a generator that writes them),
+    how a prompt becomes the model's input text, and which columns the rewards read.
+
+    Leaving the section out means the tiny demo's data: the `addition` generator (operands 0-99,
+    20000 prompts) with `chat_template: none`."""
+
+    train_files: list[DataFile] = Field(
+        default=[], max_length=1000,
+        description="Train files (`.jsonl`, `.json`, `.parquet`) on a local path or mounted volume, read "
+        "with Hugging Face `datasets` (never from the Hub) and concatenated in order. Exactly one of "
+        "`train_files` and `generator` is set.",
+    )
+    val_files: list[DataFile] = Field(
+        default=[], max_length=1000,
+        description="Held-out files in the same format, for evaluation.",
+    )
+    prompt_key: str = Field(
+        default="prompt", min_length=1, max_length=MAX_NAME_LENGTH,
+        description="Column holding the prompt: a string, or a list of chat messages `{role, content}` "
+        "(which needs `chat_template: model`).",
+    )
+    answer_key: str = Field(
+        default="answer", min_length=1, max_length=MAX_NAME_LENGTH,
+        description="Column holding the ground truth the rewards compare with (a string or a number, "
+        "read as text; never empty).",
+    )
+    data_source_key: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        description="Column naming each row's data source (rewards and metrics are per source); unset: "
+        "the file's name without extension (with a generator: its `data_source` column).",
+    )
+    extra_info_key: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        description="Column of a dict passed to reward functions as `extra_info`; unset: an empty dict.",
+    )
+    chosen_key: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        description="DPO with files: column of the preferred response (with `rejected_key`). The "
+        "`addition` generator makes its own pairs.",
+    )
+    rejected_key: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        description="DPO with files: column of the dispreferred response (with `chosen_key`).",
+    )
+    system_prompt: Optional[str] = Field(
+        default=None, min_length=1, max_length=65536,
+        description="Prepended to every prompt: as a system message with a chat template; with "
+        "`chat_template: none` as plain text, exactly as given (end it with the separator you want).",
+    )
+    chat_template: Literal["model", "none"] = Field(
+        default="model",
+        description="`model`: the prompt is rendered with the tokenizer's chat template (with the "
+        "generation prompt; the tokenizer must have one). `none`: the prompt string is the model's "
+        "input as is, after BOS (for base models and the tiny demo).",
+    )
+    shuffle_seed: Optional[int] = Field(
+        default=None, ge=0, description="Seed of the order prompts are drawn in; unset: the job's `seed`."
+    )
+    generator: Optional[GeneratorSpec] = Field(
+        default=None,
+        description="Generate the train (and validation) files instead of reading `train_files`.",
+    )
+
+
+def demo_data() -> DataSpec:
+    """The data of a job that leaves `data` out: the tiny demo's addition prompts."""
+    return DataSpec(generator=GeneratorSpec(name="addition"), chat_template="none")
 
 
 # Defaults of the `remote` term's optional fields, applied by the runtime when a field is unset
@@ -137,7 +218,7 @@ class RewardSpec(Spec):
 
 
 class WarmupSpec(Spec):
-    """A short supervised phase on the task's reference answers before RL starts."""
+    """A short supervised phase on the train prompts' reference answers before RL starts."""
 
     steps: int = Field(default=0, ge=0, description="Supervised steps before RL; 0 disables.")
     learning_rate: float = Field(default=1e-3, ge=0, description="AdamW learning rate.")
@@ -201,8 +282,9 @@ class DAPOSpec(Spec):
 
 
 class DPOSpec(Spec):
-    """DPO's knobs (arXiv 2305.18290; used by `dpo`). Pairs come from the task: chosen = the
-    reference answer, rejected = a wrong one; algorithm.num_responses_per_prompt must be 2."""
+    """DPO's knobs (arXiv 2305.18290; used by `dpo`). Pairs come from the data: with the `addition`
+    generator chosen = the sum, rejected = a wrong one; with files the `data.chosen_key` and
+    `data.rejected_key` columns. algorithm.num_responses_per_prompt must be 2."""
 
     beta: float = Field(default=0.1, gt=0, description="Strength of the implicit KL to the reference policy.")
     label_smoothing: float = Field(
@@ -224,7 +306,9 @@ class AlgorithmSpec(Spec):
     num_responses_per_prompt: int = Field(
         ge=2, description="N: responses sampled per prompt; they form one GRPO group."
     )
-    max_prompt_length: int = Field(ge=1, description="PL: prompt tokens kept (longer prompts are refused).")
+    max_prompt_length: int = Field(
+        ge=1, description="PL: most prompt tokens (after the chat template, with BOS); longer prompts are "
+        "dropped from the prompt set and counted (`data/dropped_prompts`), never cut.")
     max_response_length: int = Field(ge=1, description="SL: most tokens generated per response.")
     learning_rate: float = Field(ge=0, description="Actor AdamW learning rate.")
     clip_ratio: float = Field(default=0.2, gt=0, description="PPO ratio clip epsilon.")
@@ -369,7 +453,10 @@ class JobConfig(Spec):
     seed: int = Field(default=0, ge=0, description="Seed for data order, sampling and initialisation.")
     iterations: int = Field(ge=1, description="RL iterations to run.")
     model: ModelSpec
-    task: TaskSpec = Field(default_factory=TaskSpec)
+    data: DataSpec = Field(
+        default_factory=demo_data,
+        description="Prompts and reference answers; unset: the `addition` generator with `chat_template: none`.",
+    )
     reward: RewardSpec = Field(default_factory=RewardSpec)
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     algorithm: AlgorithmSpec

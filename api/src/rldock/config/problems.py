@@ -85,6 +85,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
             f"interval {cfg.checkpoint.interval} exceeds iterations {cfg.iterations}; only the final "
             "checkpoint would be written, so a crash would lose the whole run",
         ))
+    problems.extend(_data_problems(cfg))
     problems.extend(_dapo_problems(cfg))
     problems.extend(_dpo_problems(cfg))
     problems.extend(_resharding_problems(cfg))
@@ -103,12 +104,51 @@ def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
             f"{evaluation.num_samples} samples would repeat it; set evaluation.num_samples to 1 or "
             "evaluation.greedy to false",
         ))
+    generated_val = cfg.data.generator is not None and cfg.data.generator.num_val_prompts > 0
+    if evaluation.interval > 0 and not (cfg.data.val_files or generated_val):
+        problems.append(Problem(
+            "evaluation.interval",
+            "evaluation needs held-out prompts: list them in data.val_files (or, with data.generator, set "
+            "data.generator.num_val_prompts), or set evaluation.interval to 0",
+        ))
     if evaluation.interval > 0 and not needs_rollout(cfg.algorithm.name):
         problems.append(Problem(
             "evaluation.interval",
             f"algorithm.name {cfg.algorithm.name} runs no rollout engine to generate held-out responses "
             "with; set evaluation.interval to 0",
         ))
+    return problems
+
+
+def _data_problems(cfg: JobConfig) -> list[Problem]:
+    """Where the prompts come from: files or a generator, never both or neither."""
+    data = cfg.data
+    problems: list[Problem] = []
+    if (data.generator is None) == (not data.train_files):
+        problems.append(Problem(
+            "data.train_files",
+            "set exactly one of data.train_files and data.generator: "
+            + ("both are set" if data.train_files else "neither is set"),
+        ))
+    if data.generator is not None and data.val_files:
+        problems.append(Problem(
+            "data.val_files",
+            "with data.generator the validation rows are generated (data.generator.num_val_prompts); "
+            "leave data.val_files empty or read both splits from files",
+        ))
+    if (data.chosen_key is None) != (data.rejected_key is None):
+        problems.append(Problem(
+            "data.chosen_key" if data.chosen_key is None else "data.rejected_key",
+            "preference pairs need both data.chosen_key and data.rejected_key",
+        ))
+    if cfg.algorithm.name == "dpo":
+        addition = data.generator is not None and data.generator.name == "addition"
+        if not addition and data.chosen_key is None:
+            problems.append(Problem(
+                "data.chosen_key",
+                "dpo trains on preference pairs: use data.generator addition (which makes them) or "
+                "set data.chosen_key and data.rejected_key to the columns of the chosen and rejected responses",
+            ))
     return problems
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -54,6 +55,18 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument(cli.MAX_RESTARTS, type=int, default=1, metavar="N",
                        help="restart from the last checkpoint up to N times when a worker process dies "
                             "(default 1; the operator passes 0 and retries the whole job itself)")
+    data = sub.add_parser("data", help="work with data files")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    generate = data_sub.add_parser("generate", help="write a generator's train (and val) rows as jsonl files")
+    generate.add_argument("generator", choices=["addition", "word_problems"])
+    generate.add_argument("--num-train", type=int, default=1000, metavar="N", help="train rows (default 1000)")
+    generate.add_argument("--num-val", type=int, default=0, metavar="M", help="validation rows (default 0)")
+    generate.add_argument("--out", required=True, help="directory for train.jsonl and val.jsonl")
+    generate.add_argument("--seed", type=int, default=0, help="the rows are a pure function of it (default 0)")
+    generate.add_argument("--max-operand", type=int, default=99, help="addition: largest operand (default 99)")
+    generate.add_argument("--prompt-key", default=None,
+                          help="column of the prompt (default: question for word_problems, as GSM8K; else prompt)")
+    generate.add_argument("--answer-key", default="answer", help="column of the answer (default answer)")
     return parser
 
 
@@ -63,9 +76,33 @@ def reward_failure(error: Exception) -> str:
     return str(getattr(error, "cause", error))
 
 
+def _generate_data(args: argparse.Namespace) -> int:
+    """`rldock data generate`: the same rows a job's `data.generator` writes, as files to keep."""
+    from pydantic import ValidationError
+
+    from rldock.config.job import DataSpec, GeneratorSpec
+    from rldock.runtime.data import generate_files
+    from rldock.runtime.data.generators import column_names
+
+    prompt_key = args.prompt_key or ("question" if args.generator == "word_problems" else "prompt")
+    try:
+        spec = GeneratorSpec(name=args.generator, num_prompts=args.num_train, num_val_prompts=args.num_val,
+                             max_operand=args.max_operand)
+        columns = column_names(DataSpec(generator=spec, prompt_key=prompt_key, answer_key=args.answer_key))
+    except ValidationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    files = generate_files(spec, Path(args.out), seed=args.seed, columns=columns)
+    print(json.dumps({"train": files.train, "val": files.val, "prompt_key": prompt_key,
+                      "answer_key": args.answer_key}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "data":
+        return _generate_data(args)
     # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the
     # operator turns into a condition naming the fields instead of retrying the job.
     machine = args.command == cli.TRAIN and args.no_progress

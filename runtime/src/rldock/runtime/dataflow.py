@@ -10,7 +10,9 @@ of the columns listed here are ready for it, which is what orders the stages.
 from __future__ import annotations
 
 PROMPT = ("prompt_ids", "prompt_mask")
-ANSWER = ("answer_ids", "answer_mask")
+# (B,) int64: the train-file row of each sample's prompt; the reward worker looks the ground truth,
+# data source and extra info up by it in its own copy of the rows.
+PROMPT_INDEX = ("prompt_index",)
 RESPONSE = ("response_ids", "response_mask")
 
 # state -> columns it consumes
@@ -18,7 +20,7 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "rollout": PROMPT,
     "actor_inference": PROMPT + RESPONSE,
     "reference": PROMPT + RESPONSE,
-    "reward": RESPONSE + ANSWER,
+    "reward": RESPONSE + PROMPT_INDEX,
     "advantage": ("reward",),
     "update": PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage"),
 }
@@ -54,7 +56,7 @@ TOKEN_COLUMNS: tuple[str, ...] = ("prompt_mask", "response_mask")
 
 # state -> columns it produces (documentation and a test that the flow is closed)
 PRODUCES: dict[str, tuple[str, ...]] = {
-    "driver": PROMPT + ANSWER,
+    "driver": PROMPT + PROMPT_INDEX,
     "rollout": RESPONSE,
     "actor_inference": ("old_logprobs",),
     "reference": ("ref_logprobs",),

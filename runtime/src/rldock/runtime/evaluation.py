@@ -28,7 +28,6 @@ from typing import Any
 import ray
 
 from rldock.config.job import EvaluationSpec
-from rldock.runtime.models.loading import encode_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -101,17 +100,19 @@ def split_evenly(count: int, parts: int) -> list[range]:
 class Evaluator:
     """Evaluates the policy held by the actors' rollout engines on a fixed held-out set."""
 
-    def __init__(self, examples: Sequence[EvalExample], score_fn: ScoreFn, *, tokenizer, spec: EvaluationSpec,
-                 max_prompt_length: int, max_response_length: int):
+    def __init__(self, examples: Sequence[EvalExample], score_fn: ScoreFn, *, prompt_ids: Sequence[list[int]],
+                 tokenizer, spec: EvaluationSpec, max_response_length: int):
+        """`prompt_ids[i]` are the token ids of `examples[i]`'s prompt, tokenized as the train prompts
+        are (rldock.runtime.data.PromptDataset), so the policy sees held-out prompts in the same form."""
+        if len(prompt_ids) != len(examples):
+            raise ValueError(f"{len(prompt_ids)} tokenized prompts for {len(examples)} held-out examples")
         self.examples = list(examples)[:spec.max_prompts]
         if not self.examples:
             raise ValueError("evaluation.interval > 0 but the held-out set has no prompts; give the job "
                              "held-out prompts or set evaluation.interval to 0")
         self.score_fn, self.tokenizer, self.spec = score_fn, tokenizer, spec
         self.max_response_length = max_response_length
-        # Tokenized once: the same prompts every evaluation. encode_prompts refuses over-long ones.
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in self.examples], max_prompt_length)
-        self.prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        self.prompts = [list(ids) for ids in prompt_ids[:len(self.examples)]]  # the same prompts every evaluation
 
     def run(self, actors: Sequence, *, iteration: int) -> dict[str, float]:
         """Generate on the actors' engines, score and aggregate; returns the `val/...` metrics,

@@ -1,7 +1,7 @@
 """What the driver puts into the dock each iteration: prompt groups, preference pairs, or (DAPO's
 dynamic sampling) groups over several sampling rounds until G of them have scores that differ.
 
-The batch builders are pure (task, prompt indexes, tokenizer -> TensorDict); `DynamicSampling`
+The batch builders are pure (prompt dataset, sampled positions, tokenizer -> TensorDict); `DynamicSampling`
 runs the rounds through callables the trainer passes, so it holds no worker or dock itself.
 Nothing here survives an iteration: a resumed run redoes the iteration from the sampler position
 saved with the checkpoint, and rollout seeds depend on (iteration, round, group) only, so it draws
@@ -17,7 +17,8 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import AlgorithmSpec
-from rldock.runtime.models.loading import encode_answers, encode_prompts
+from rldock.runtime.data import PromptDataset
+from rldock.runtime.models.loading import encode_answers, pad_prompts
 from rldock.runtime.registry import Registry
 
 
@@ -33,27 +34,28 @@ BATCH_BUILDERS: Registry[BatchBuilder] = Registry("driver batch", field="algorit
 
 
 @BATCH_BUILDERS.register("prompt_groups")
-def prompt_groups(task, indices: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
-    """Each prompt N times (one row per sample) with its reference answer: (G*N,) rows."""
-    items = task.examples(indices)
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in items], algo.max_prompt_length)
-    answer_ids, answer_mask = encode_answers(tokenizer, [e.answer for e in items], algo.max_response_length)
+def prompt_groups(dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
+    """Each prompt N times (one row per sample) with its train-file row: (G*N,) rows."""
+    prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length,
+                                          tokenizer.pad_token_id)
+    prompt_index = torch.tensor([dataset.prompt_index(p) for p in positions], dtype=torch.int64)  # (G,)
     n = algo.num_responses_per_prompt
     batch = TensorDict({
         "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),  # (G*N, PL)
         "prompt_mask": prompt_mask.repeat_interleave(n, dim=0),
-        "answer_ids": answer_ids.repeat_interleave(n, dim=0),  # (G*N, A)
-        "answer_mask": answer_mask.repeat_interleave(n, dim=0),
-    }, batch_size=[len(items) * n])
+        "prompt_index": prompt_index.repeat_interleave(n, dim=0),  # (G*N,)
+    }, batch_size=[len(positions) * n])
     return DriverBatch(batch, prompt_mask.sum(dim=1).tolist())
 
 
 @BATCH_BUILDERS.register("preference_pairs")
-def preference_pairs(task, indices: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
+def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer,
+                     algo: AlgorithmSpec) -> DriverBatch:
     """DPO pairs as finished responses: rows 2i (chosen) and 2i+1 (rejected) share prompt i; each
     response is its answer tokens then EOS, as the policy would have to write it: (2G,) rows."""
-    pairs = task.preference_pairs(indices)
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, [p.prompt for p in pairs], algo.max_prompt_length)
+    pairs = dataset.preference_pairs(positions)
+    prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length,
+                                          tokenizer.pad_token_id)
     texts = [text for p in pairs for text in (p.chosen, p.rejected)]
     response_ids, response_mask = encode_answers(tokenizer, texts, algo.max_response_length - 1)
     lengths = response_mask.sum(dim=1)  # (2G,)

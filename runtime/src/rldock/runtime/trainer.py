@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import ray
 import torch
@@ -29,6 +30,8 @@ from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
+                                 prepare_data_files, tokenizer_corpus)
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
@@ -38,7 +41,6 @@ from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
-from rldock.runtime.tasks import PromptSampler, make_task
 from rldock.runtime.tracking import TensorBoardLog
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ActorWorker
@@ -56,20 +58,33 @@ class OutputDirInUse(RuntimeError):
     pass
 
 
-def prepare_initial_policy(cfg: JobConfig, output_dir: Path, task) -> Path:
-    """Model dir the RL phase starts from (and the reference policy): the base model, after the
-    supervised warm-up when one is configured. Both steps are skipped when their output exists."""
+def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
+    """The base model's directory, after building the tiny model there (with a tokenizer trained on
+    the train rows) when `model.builder` asks for it and none exists yet."""
     base = Path(cfg.model.path).expanduser()
     if cfg.model.builder and not (base / "config.json").is_file():
         logger.info("building tiny model %s at %s", cfg.model.builder, base)
-        _write_atomically(base, lambda tmp: build_tiny_model(tmp, texts=task.corpus(), seed=cfg.seed))
+        texts = tokenizer_corpus(rows, cfg.data.system_prompt)
+        _write_atomically(base, lambda tmp: build_tiny_model(tmp, texts=texts, seed=cfg.seed))
+    return base
+
+
+def prepare_initial_policy(cfg: JobConfig, output_dir: Path, base: Path, dataset: PromptDataset) -> Path:
+    """Model dir the RL phase starts from (and the reference policy): the base model, after the
+    supervised warm-up when one is configured (skipped when its output exists)."""
     if cfg.warmup.steps == 0:
         return base
     warm = output_dir / WARMUP_DIR
     if not (warm / "config.json").is_file():
         logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
-        _write_atomically(warm, lambda tmp: run_warmup(base, tmp, task=task, spec=cfg.warmup, seed=cfg.seed))
+        _write_atomically(warm, lambda tmp: run_warmup(base, tmp, dataset=dataset, spec=cfg.warmup, seed=cfg.seed))
     return warm
+
+
+def load_prompt_set(cfg: JobConfig, output_dir: Path) -> tuple[DataFiles, list[Row]]:
+    """The job's data files (generated first if configured) and their train rows."""
+    files = prepare_data_files(cfg.data, output_dir, seed=cfg.seed)
+    return files, load_rows(files.train, columns_of(cfg.data))
 
 
 def _write_atomically(final: Path, write) -> None:
@@ -113,11 +128,17 @@ class Trainer:
         self.recipe = get_recipe(cfg.algorithm.name)
         if "reward" in self.recipe.states:
             RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
-        self.task = make_task(cfg.task, seed=cfg.seed)
-        self.sampler = PromptSampler(len(self.task), seed=cfg.seed)
-        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, self.task)
-        self.tokenizer = load_tokenizer(self.reference_dir)
-        self.evaluator = heldout_evaluation(cfg, self.tokenizer)
+        self.data_files, rows = load_prompt_set(cfg, self.output_dir)
+        base = prepare_base_model(cfg, rows)
+        self.tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again
+        self.dataset = PromptDataset(rows, tokenizer=self.tokenizer, spec=cfg.data,
+                                     max_prompt_length=cfg.algorithm.max_prompt_length)
+        logger.info("prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
+                    len(self.dataset), self.data_files.train, self.dataset.num_dropped)
+        shuffle_seed = cfg.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
+        self.sampler = PromptSampler(len(self.dataset), seed=shuffle_seed)
+        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, base, self.dataset)
+        self.evaluator = heldout_evaluation(cfg, self.tokenizer, self.data_files.val)
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
         self.dock: TransferDock | None = None
@@ -212,7 +233,7 @@ class Trainer:
         reward = advantage = critic = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(
-                cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
+                cfg, tokenizer_dir=str(self.reference_dir), dock=dock, train_files=self.data_files.train)
         if "advantage" in states:
             advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
         if self.recipe.needs_critic:
@@ -332,9 +353,16 @@ class Trainer:
             **_critic_metrics(results.get("critic_update", [])),
             **_per_rank_metrics(updates),
             **sampled.metrics,
+            **self._data_metrics(iteration),
             "timing": timing,
             "dock": self._dock_traffic(),
         }
+
+    def _data_metrics(self, iteration: int) -> dict:
+        """The prompt set's size and the over-long prompts it dropped, in the first record only."""
+        if iteration != 1:
+            return {}
+        return {"data/num_prompts": len(self.dataset), "data/dropped_prompts": self.dataset.num_dropped}
 
     def _launchers(self, iteration: int, sampling_round: int = 0) -> dict:
         """State -> a function that starts it on its workers and returns the futures."""
@@ -363,7 +391,7 @@ class Trainer:
         algo = self.cfg.algorithm
         build = BATCH_BUILDERS.get(self.recipe.driver_batch)
         count = algo.num_prompts_per_iteration if num_prompts is None else num_prompts
-        return build(self.task, self.sampler.next_batch(count), self.tokenizer, algo)
+        return build(self.dataset, self.sampler.next_batch(count), self.tokenizer, algo)
 
     def _keep_inflight(self) -> None:
         """After a worker died: stop the workers, then keep the dock of the iteration in flight for
@@ -538,27 +566,23 @@ def _last_evaluation(records: list[dict]) -> dict | None:
     return next((r for r in reversed(records) if val_metrics(r)), None)
 
 
-# The held-out set until the data section's validation files land: the task's prompts generated
-# with another seed (so mostly other prompts than training draws), this many of them.
-HELDOUT_SEED_OFFSET = 1
-HELDOUT_NUM_PROMPTS = 256
-
-
-def heldout_evaluation(cfg: JobConfig, tokenizer) -> Evaluator | None:
-    """The evaluator of a job: its held-out examples and the reward that scores them (the job's
-    rule reward against each example's ground truth); None when evaluation is off."""
+def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> Evaluator | None:
+    """The evaluator of a job: its held-out prompts (`val_files`: data.val_files, or the generator's
+    val split), rendered, tokenized and length-checked exactly like the train prompts, and the job's
+    reward terms to score them; None when evaluation is off."""
     if cfg.evaluation.interval == 0:
         return None
-    task = make_task(cfg.task.model_copy(update={"num_prompts": cfg.evaluation.max_prompts or HELDOUT_NUM_PROMPTS}),
-                     seed=cfg.seed + HELDOUT_SEED_OFFSET)
-    examples = [EvalExample(prompt=e.prompt, ground_truth=e.answer, data_source=task.name)
-                for e in task.examples(range(len(task)))]
+    rows = load_rows(val_files, columns_of(cfg.data), field="data.val_files")
+    dataset = PromptDataset(rows, tokenizer=tokenizer, spec=cfg.data,
+                            max_prompt_length=cfg.algorithm.max_prompt_length)
+    positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
+    examples = [EvalExample(prompt=e.prompt, ground_truth=e.ground_truth, data_source=e.data_source,
+                            extra_info=e.extra_info) for e in dataset.examples(positions)]
     scorer = RewardScorer(cfg.reward)
 
     def score(responses: list[str], scored: list[EvalExample]) -> list[float]:
         return scorer.score(responses, [e.ground_truth for e in scored], [e.data_source for e in scored],
                             [e.extra_info for e in scored]).scores.tolist()
 
-    algo = cfg.algorithm
-    return Evaluator(examples, score, tokenizer=tokenizer, spec=cfg.evaluation,
-                     max_prompt_length=algo.max_prompt_length, max_response_length=algo.max_response_length)
+    return Evaluator(examples, score, prompt_ids=dataset.prompt_ids(positions), tokenizer=tokenizer,
+                     spec=cfg.evaluation, max_response_length=cfg.algorithm.max_response_length)

@@ -1,5 +1,5 @@
-"""The supervised warm-up: a short phase of next-token training on the task's reference answers
-before RL starts.
+"""The supervised warm-up: a short phase of next-token training on the train prompts' reference
+answers (the ground truth text) before RL starts.
 
 Why it exists: RL only learns from differences in reward inside a group of sampled responses. A
 freshly initialised tiny model almost never samples a partly right answer, so GRPO's advantages
@@ -8,8 +8,8 @@ few hundred supervised steps teach the output format (digits, then EOS) and some
 brings the sampled reward into the range where a group's responses differ and RL can improve it.
 Real checkpoints that already follow the format leave `warmup.steps` at 0.
 
-Each example is laid out exactly as in RL (docs/architecture.md): BOS + prompt left-padded to the
-longest prompt, then answer + EOS right-padded, `position_ids = cumsum(mask) - 1`. The loss is
+Each example is laid out exactly as in RL (docs/architecture.md): the prompt's tokens as the
+prompt set holds them (rendered, with BOS where one is added) left-padded to the longest prompt, then answer + EOS right-padded, `position_ids = cumsum(mask) - 1`. The loss is
 cross-entropy on the answer and EOS tokens only, averaged over those tokens.
 """
 
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from rldock.config.job import WarmupSpec
-from rldock.runtime.models import TokenBatch, encode_prompts, load_causal_lm, load_tokenizer, max_token_length
-from rldock.runtime.tasks import PromptSampler, Task
+from rldock.runtime.data import PromptDataset, PromptSampler
+from rldock.runtime.models import TokenBatch, load_causal_lm, load_tokenizer, max_token_length, pad_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +54,11 @@ def answer_loss(model, prompts: TokenBatch, targets: TokenBatch) -> torch.Tensor
     return (token_loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, task: Task, spec: WarmupSpec,
-               seed: int, device: str | torch.device = "cpu") -> dict:
-    """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the task's prompts and
-    reference answers; save model and tokenizer to `model_dir_out`.
+def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, dataset: PromptDataset,
+               spec: WarmupSpec, seed: int, device: str | torch.device = "cpu") -> dict:
+    """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the prompt set's prompts
+    and ground truths (`dataset` was tokenized with this model's tokenizer); save model and
+    tokenizer to `model_dir_out`.
 
     Trains in float32 whatever the job's model.dtype, since the phase is short and its output is
     also the reference policy. With `spec.steps == 0` the model is copied unchanged. Deterministic
@@ -68,18 +69,17 @@ def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, task: Tas
     tokenizer = load_tokenizer(model_dir_in)
     model = load_causal_lm(model_dir_in, dtype="float32", device=device)
     model.train()
-    sampler = PromptSampler(len(task), seed=seed)
+    sampler = PromptSampler(len(dataset), seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
     losses: list[float] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(spec.steps):
-            examples = task.examples(sampler.next_batch(spec.batch_size))
-            prompt_texts = [ex.prompt for ex in examples]
-            answer_texts = [ex.answer for ex in examples]
-            prompt_len = max_token_length(tokenizer, prompt_texts, add_special_tokens=True)
+            positions = sampler.next_batch(spec.batch_size)
+            prompt_rows = dataset.prompt_ids(positions)
+            answer_texts = [ex.ground_truth for ex in dataset.examples(positions)]
             target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
-            prompts = encode_prompts(tokenizer, prompt_texts, prompt_len)
+            prompts = pad_prompts(prompt_rows, max(map(len, prompt_rows)), tokenizer.pad_token_id)
             targets = _answer_targets(tokenizer, answer_texts, target_len)
             loss = answer_loss(model, TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
                                TokenBatch(targets.ids.to(device), targets.mask.to(device)))

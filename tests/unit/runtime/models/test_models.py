@@ -4,7 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rldock.config.job import ModelSpec
+from rldock.config.job import GeneratorSpec, ModelSpec
+from rldock.runtime.data import Row, tokenizer_corpus
+from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.models import (
     build_tiny_model,
     decode_responses,
@@ -15,9 +17,9 @@ from rldock.runtime.models import (
     load_tokenizer,
     max_token_length,
 )
-from rldock.runtime.tasks import AdditionTask
 
-TEXTS = AdditionTask(max_operand=99, num_prompts=50, seed=0).corpus()
+TEXTS = tokenizer_corpus([Row(r["prompt"], r["answer"], r["data_source"])
+        for r in generate_addition(GeneratorSpec(name="addition", max_operand=99, num_prompts=50), seed=0).train])
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,15 @@ import torch
 from rldock.runtime.engines.policy import build_policy_inputs
 from rldock.runtime.models import build_tiny_model
 from rldock.runtime.models.value import load_value_model, response_values
-from rldock.runtime.tasks import AdditionTask
+from rldock.config.job import GeneratorSpec
+from rldock.runtime.data import Row, tokenizer_corpus
+from rldock.runtime.data.addition import generate_addition
 
 
 @pytest.fixture(scope="module")
 def value_model(tmp_path_factory):
-    texts = AdditionTask(max_operand=9, num_prompts=20, seed=0).corpus()
+    texts = tokenizer_corpus([Row(r["prompt"], r["answer"], r["data_source"])
+                             for r in generate_addition(GeneratorSpec(name="addition", max_operand=9, num_prompts=20), seed=0).train])
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny"), texts=texts, seed=0)
     return load_value_model(model_dir, dtype="float32", device="cpu")
 

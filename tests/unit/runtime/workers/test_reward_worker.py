@@ -1,5 +1,6 @@
 """The reward worker writes what its recipe produces: the shaped reward, and for DAPO also the
-unshaped score that dynamic sampling filters on."""
+unshaped score that dynamic sampling filters on; it finds each sample's ground truth by the
+sample's `prompt_index` in its own copy of the train rows."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.data import Columns, Row, load_rows
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.workers.reward import RewardWorker
 
@@ -40,14 +42,14 @@ class OneBatchDock:
         self.written = out
 
 
-def _worker(name: str, dock) -> RewardWorker:
+def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),)) -> RewardWorker:
     cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"terms": [{"name": "exact_match"}]},
                     algorithm={"name": name, "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
                                "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
                                "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}})
     recipe = get_recipe(name)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
-    worker.cfg, worker.dock, worker.tokenizer = cfg, dock, DigitTokenizer()
+    worker.cfg, worker.dock, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
     worker.scorer, worker.shaping = RewardScorer(cfg.reward), recipe.reward_shaping
     worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
     return worker
@@ -59,8 +61,7 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
     response_ids = torch.tensor([[10, 10, PAD, PAD], [10, 10, EOS, PAD]])  # (B, SL)
     response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
     batch = TensorDict({"response_ids": response_ids, "response_mask": response_mask,
-                        "answer_ids": torch.tensor([[10, 10], [10, 10]]),
-                        "answer_mask": torch.tensor([[1, 1], [1, 1]])}, batch_size=[2])
+                        "prompt_index": torch.tensor([0, 0])}, batch_size=[2])
     dock = OneBatchDock(batch)
     result = _worker(name, dock).compute_rewards(iteration=1)
     assert set(dock.written.keys()) == columns
@@ -70,3 +71,17 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
     if name == "dapo":
         assert dock.written["score"].tolist() == [1.0, 1.0]  # equally correct: not informative
         assert dock.written["reward"].tolist() == [1.0, 0.5]  # shaped: they differ
+
+
+def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "a", "answer": 12}\n{"prompt": "b", "answer": "77"}\n{"prompt": "c", "answer": "5"}\n')
+    rows = load_rows([train], Columns(prompt="prompt", answer="answer"))
+    # Both responses say "77": right for row 1, wrong for rows 0 and 2.
+    response_ids = torch.tensor([[10, 10, EOS], [10, 10, EOS], [10, 10, EOS]])  # (B, SL)
+    batch = TensorDict({"response_ids": response_ids, "response_mask": torch.ones_like(response_ids),
+                        "prompt_index": torch.tensor([1, 0, 2])}, batch_size=[3])
+    dock = OneBatchDock(batch)
+    result = _worker("grpo", dock, rows).compute_rewards(iteration=1)
+    assert result["rewards"] == [1.0, 0.0, 0.0]
+    assert dock.written["reward"].tolist() == [1.0, 0.0, 0.0]

@@ -19,6 +19,7 @@ from rldock.runtime.models.loading import (
     load_causal_lm,
     load_tokenizer,
     max_token_length,
+    pad_prompts,
 )
 from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.registry import Registry
@@ -56,4 +57,5 @@ __all__ = [
     "load_causal_lm",
     "load_tokenizer",
     "max_token_length",
+    "pad_prompts",
 ]

@@ -82,6 +82,14 @@ def encode_prompts(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
     return _pad(rows, max_length, tokenizer.pad_token_id, left=True)
 
 
+def pad_prompts(rows: Sequence[Sequence[int]], max_length: int, pad_id: int) -> TokenBatch:
+    """Prompt token ids (already rendered and length-checked by the data package) left-padded to
+    `max_length` (PL)."""
+    for row in rows:
+        assert len(row) <= max_length, "the prompt set drops prompts longer than PL"
+    return _pad([list(row) for row in rows], max_length, pad_id, left=True)
+
+
 def encode_answers(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
                    max_length: int) -> TokenBatch:
     """Reference answers as tokens (no BOS/EOS), right-padded to `max_length` (A)."""

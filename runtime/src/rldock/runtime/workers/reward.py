@@ -1,12 +1,20 @@
-"""The reward worker state: decodes responses and scores them with the configured reward terms."""
+"""The reward worker state: decodes responses and scores them with the configured reward terms.
+
+Only each sample's `prompt_index` (its train-file row) travels through the dock; the worker reads
+the same train files itself at start and looks up the ground truth, data source and extra info by
+that index, so no reference text is ever tokenized into the dock.
+"""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer
@@ -14,20 +22,24 @@ from rldock.runtime.workers.stage_loop import run_stage
 
 
 class RewardWorker:
-    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock):
+    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock, train_files: Sequence[str]):
         self.cfg, self.dock = cfg, dock
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.scorer = RewardScorer(cfg.reward)
+        # The trainer passes the files it read (a generator's are under the job's output), so
+        # prompt_index means the same row here as in the driver.
+        self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data))
         recipe = get_recipe(cfg.algorithm.name)
         self.shaping = recipe.reward_shaping
         self.consumes = recipe.consumes["reward"]  # dock columns it reads
         self.produces = recipe.produces["reward"]  # "reward" (shaped), and "score" where a filter needs it
 
     def references(self, indices: torch.Tensor, batch: TensorDict) -> tuple[list[str], list[str], list[dict]]:
-        """(ground truths, data sources, extra infos) of the samples at `indices`: today decoded from
-        the dock's reference-answer columns, with no data source or extra info."""
-        ground_truths = decode_responses(self.tokenizer, batch["answer_ids"], batch["answer_mask"])
-        return ground_truths, [""] * len(ground_truths), [{} for _ in ground_truths]
+        """(ground truths, data sources, extra infos) of the samples in `batch`, from the train-file
+        rows their `prompt_index` names."""
+        rows = [self.rows[i] for i in batch["prompt_index"].tolist()]
+        return ([row.ground_truth for row in rows], [row.data_source for row in rows],
+                [row.extra_info for row in rows])
 
     def compute_rewards(self, iteration: int) -> dict:
         rewards: list[float] = []

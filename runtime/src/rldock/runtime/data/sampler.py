@@ -1,44 +1,13 @@
-"""The task interface and the prompt sampler that walks a task's prompt set in seeded epochs.
+"""The prompt sampler: walks the prompt set in seeded epochs.
 
-A task is a fixed, generated list of (prompt, reference answer) pairs. The trainer never indexes
-it directly: it asks a `PromptSampler` for the next indexes, so that a job resumed from a
-checkpoint (which saves `PromptSampler.state_dict()`) sees exactly the prompts it would have seen.
+The trainer never picks prompts itself: it asks a `PromptSampler` for the next indexes, so that a
+job resumed from a checkpoint (which saves `PromptSampler.state_dict()`) sees exactly the prompts
+it would have seen.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
-
 import numpy as np
-
-
-class Example(NamedTuple):
-    prompt: str  # text the model continues, e.g. "37+58="
-    answer: str  # reference answer text the reward compares with, e.g. "95"
-
-
-class PreferencePair(NamedTuple):
-    prompt: str  # e.g. "37+58="
-    chosen: str  # the preferred response, e.g. the reference answer "95"
-    rejected: str  # a dispreferred response, e.g. a wrong answer "85"
-
-
-class Task(Protocol):
-    """A verifiable task: a generated prompt set with reference answers."""
-
-    name: str
-
-    def __len__(self) -> int:
-        """Number of prompts in the generated set."""
-
-    def __getitem__(self, index: int) -> Example:
-        """The example at `index` in the prompt set."""
-
-    def examples(self, indices: Sequence[int]) -> list[Example]:
-        """The examples at `indices` (indexes into the prompt set)."""
-
-    def corpus(self) -> list[str]:
-        """Texts to train a tokenizer on: every character the task's prompts and answers use."""
 
 
 class PromptSampler:
@@ -49,7 +18,7 @@ class PromptSampler:
 
     def __init__(self, num_prompts: int, seed: int):
         if num_prompts < 1:
-            raise ValueError(f"task.num_prompts must be >= 1, got {num_prompts}")
+            raise ValueError(f"the prompt set must hold at least 1 prompt, got {num_prompts}")
         self.num_prompts = num_prompts
         self.seed = seed
         self._epoch = 0
@@ -92,12 +61,14 @@ class PromptSampler:
         """Continue from a saved position; the prompt set and seed must be the same as when saved."""
         if state["num_prompts"] != self.num_prompts:
             raise ValueError(
-                f"sampler state was saved for task.num_prompts={state['num_prompts']}, "
-                f"but this job has {self.num_prompts}; resume with the same task settings"
+                f"sampler state was saved for a prompt set of {state['num_prompts']} prompts, "
+                f"but this job has {self.num_prompts}; resume with the same data section and "
+                "algorithm.max_prompt_length"
             )
         if state["seed"] != self.seed:
             raise ValueError(
-                f"sampler state was saved with seed={state['seed']}, but this job has seed={self.seed}"
+                f"sampler state was saved with shuffle seed {state['seed']}, but this job has {self.seed} "
+                "(data.shuffle_seed, default seed)"
             )
         if not 0 <= state["position"] <= self.num_prompts:
             raise ValueError(f"sampler state position {state['position']} is outside 0..{self.num_prompts}")

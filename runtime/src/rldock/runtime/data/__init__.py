@@ -1,0 +1,20 @@
+"""The job's data: files (or a generator that writes them) loaded into rows, prompts rendered and
+tokenized into the `PromptDataset` the trainer draws from with a `PromptSampler`.
+
+Flow: `prepare_data_files` (generate if configured) -> `load_rows` -> `PromptDataset` (chat
+template, tokens, drop over-long prompts). The reward worker calls `load_rows` on the same files
+to look up each sample's ground truth by its `prompt_index`.
+"""
+
+from rldock.runtime.data.dataset import ALPHABET, PromptDataset, tokenizer_corpus
+from rldock.runtime.data.generators import GENERATORS, DataFiles, generate_files, prepare_data_files
+from rldock.runtime.data.loading import Columns, columns_of, load_rows
+from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
+from rldock.runtime.data.rows import Example, GeneratedRows, PreferencePair, Row
+from rldock.runtime.data.sampler import PromptSampler
+
+__all__ = [
+    "ALPHABET", "GENERATORS", "Columns", "DataFiles", "Example", "GeneratedRows", "PreferencePair",
+    "PromptDataset", "PromptSampler", "Row", "columns_of", "generate_files", "load_rows",
+    "prepare_data_files", "render_prompt", "tokenize_prompts", "tokenizer_corpus",
+]

@@ -1,0 +1,88 @@
+"""The prompt set the trainer draws from: the train rows rendered, tokenized and length-checked.
+
+Prompts longer than `algorithm.max_prompt_length` tokens (after the template, with BOS where one
+is added) are dropped, never cut (a cut prompt is a different question), counted and logged.
+The sampler draws positions 0..len-1 among the kept prompts; `prompt_index` maps them back to
+the row in the train files, which is what travels through the dock and what the reward worker
+looks its ground truth up by.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Sequence
+
+from rldock.config.job import DataSpec
+from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
+from rldock.runtime.data.rows import Example, PreferencePair, Row
+
+logger = logging.getLogger(__name__)
+
+# Every digit and the arithmetic signs are in a tiny model's vocabulary even when the train rows
+# use only some of them, so a sampling model can still write any number.
+ALPHABET = "0123456789+="
+
+
+def tokenizer_corpus(rows: Sequence[Row], system_prompt: Optional[str] = None) -> list[str]:
+    """Texts to train the tiny model's tokenizer on: every character of the prompts and answers."""
+    texts = [ALPHABET] + ([system_prompt] if system_prompt else [])
+    for row in rows:
+        prompt = row.prompt if isinstance(row.prompt, str) else "".join(m["content"] for m in row.prompt)
+        texts.append(prompt + row.ground_truth)
+    return texts
+
+
+class PromptDataset:
+    """Kept train prompts with their token ids, ground truths, data sources and extra info."""
+
+    def __init__(self, rows: Sequence[Row], *, tokenizer, spec: DataSpec, max_prompt_length: int):
+        texts = [render_prompt(row.prompt, tokenizer=tokenizer, chat_template=spec.chat_template,
+                               system_prompt=spec.system_prompt, where=f"{row.file} row {row.line}")
+                 for row in rows]
+        ids = tokenize_prompts(tokenizer, texts, chat_template=spec.chat_template)
+        keep = [i for i, row_ids in enumerate(ids) if len(row_ids) <= max_prompt_length]
+        self.num_rows = len(rows)
+        self.num_dropped = len(rows) - len(keep)
+        if not keep:
+            files = sorted({row.file for row in rows})
+            raise ValueError(
+                f"every prompt of {files} is longer than algorithm.max_prompt_length={max_prompt_length} "
+                f"tokens (the shortest has {min(map(len, ids))}); raise it")
+        if self.num_dropped:
+            longest = max(map(len, ids))
+            logger.warning("dropped %d of %d prompts longer than algorithm.max_prompt_length=%d tokens "
+                           "(the longest has %d)", self.num_dropped, len(rows), max_prompt_length, longest)
+        self._rows = list(rows)
+        self._keep = keep  # position among kept prompts -> row in the train files
+        self._texts = texts
+        self._ids = ids
+
+    def __len__(self) -> int:
+        return len(self._keep)
+
+    def prompt_index(self, position: int) -> int:
+        """The train-file row of the kept prompt at `position`."""
+        return self._keep[position]
+
+    def prompt_ids(self, positions: Sequence[int]) -> list[list[int]]:
+        """Token ids of the kept prompts at `positions` (each at most max_prompt_length long)."""
+        return [self._ids[self._keep[p]] for p in positions]
+
+    def examples(self, positions: Sequence[int]) -> list[Example]:
+        out = []
+        for p in positions:
+            index = self._keep[p]
+            row = self._rows[index]
+            out.append(Example(self._texts[index], row.ground_truth, row.data_source, row.extra_info, index))
+        return out
+
+    def preference_pairs(self, positions: Sequence[int]) -> list[PreferencePair]:
+        """(prompt row, chosen, rejected) of the kept prompts at `positions` (DPO)."""
+        pairs = []
+        for p in positions:
+            row = self._rows[self._keep[p]]
+            if row.chosen is None or row.rejected is None:
+                raise ValueError(f"{row.file} row {row.line} has no preference pair; dpo needs "
+                                 "data.chosen_key and data.rejected_key (or the addition generator)")
+            pairs.append(PreferencePair(self._keep[p], row.chosen, row.rejected))
+        return pairs
