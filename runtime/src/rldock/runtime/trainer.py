@@ -28,7 +28,7 @@ from rldock.config import JobConfig
 from rldock.contract.progress import format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
@@ -107,7 +107,7 @@ class Trainer:
         self._check_output_dir(resume)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-        self.recipe = get_recipe(cfg.algorithm.name)
+        self.recipe = job_recipe(cfg)  # less the passes this config makes redundant
         self.task = make_task(cfg.task, seed=cfg.seed)
         self.sampler = PromptSampler(len(self.task), seed=cfg.seed)
         self.reference_dir = prepare_initial_policy(cfg, self.output_dir, self.task)
@@ -196,9 +196,10 @@ class Trainer:
         actors = [cluster.remote(ActorWorker, num_cpus=1, resources=share).remote(
             cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock)
             for r in range(num_actor_ranks)]
-        references = [cluster.remote(ReferenceWorker, num_cpus=1, resources=share).remote(
-            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r in range(dp)]
         states = self.recipe.states
+        references = [cluster.remote(ReferenceWorker, num_cpus=1, resources=share).remote(
+            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r in range(dp)] \
+            if "reference" in states else []  # none when kl_coef is 0 (job_recipe)
         reward = advantage = critic = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(

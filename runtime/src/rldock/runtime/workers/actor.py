@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
@@ -44,7 +44,7 @@ class ActorWorker:
         algo = cfg.algorithm
         self.optimizer = self._make_optimizer(self.model.parameters())
         self.policy_dir = policy_dir
-        self.recipe = get_recipe(algo.name)
+        self.recipe = job_recipe(cfg)
         self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
         self.policy_loss_kwargs = self.recipe.policy_loss_kwargs(algo)
         self.kl_estimator = algo.kl_estimator
@@ -259,9 +259,10 @@ class ActorWorker:
             with context:
                 scores = self._scores(micro)
                 logprobs = scores.logprobs  # (b, SL)
-                policy = self.policy_loss(logprobs, micro["old_logprobs"], micro["advantage"], mask,
+                policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
                                           **self.policy_loss_kwargs)
-                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask)
+                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask) \
+                    if self._update_reads("ref_logprobs") else torch.zeros(())  # no reference with kl_coef 0
                 loss = policy.loss + algo.kl_coef * kl
                 (loss * weight).backward()
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
@@ -276,6 +277,15 @@ class ActorWorker:
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
         self.optimizer.step()
         return stats
+
+    def _old_logprobs(self, micro: TensorDict, logprobs: torch.Tensor) -> torch.Tensor:
+        """The sampling policy's logprobs (b, SL): the dock's `old_logprobs` when the flow computes
+        them, else this forward pass's own, detached (job_recipe drops the pass only when the
+        sampling policy is the one training, so the ratio is exactly 1)."""
+        return micro["old_logprobs"] if self._update_reads("old_logprobs") else logprobs.detach()
+
+    def _update_reads(self, column: str) -> bool:
+        return column in self.recipe.consumes[self.recipe.update_state]
 
     def _preference_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step on the DPO loss over a mini-batch of whole pairs (rows 2i chosen,
