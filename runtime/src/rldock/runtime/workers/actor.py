@@ -168,6 +168,8 @@ class ActorWorker:
         group trains on its DP share, then the weights are resharded into the engine (and the
         training state swapped out in allgather_swap mode). The ledger rows go with the metrics."""
         sharded = self.sharded
+        if "actor_inference" not in self.recipe.consumes:  # no old-logprob pass brought the params back
+            sharded.begin_inference()
         sharded.before_update()
         share = self.cfg.num_samples_per_iteration // sharded.dp_size
         timing = sharded.run_training_stage(self.dock, "update", self.recipe.consumes["update"], train, batch_size=share,
