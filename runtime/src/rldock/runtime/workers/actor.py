@@ -22,7 +22,8 @@ from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
-from rldock.runtime.engines.policy import ResponseScores, response_logprobs, response_logprobs_and_entropy
+from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
+                                           sort_by_tokens)
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
@@ -229,13 +230,15 @@ class ActorWorker:
     def _logprobs(self, batch: TensorDict) -> torch.Tensor:
         """Logprobs for inference (old logprobs): the bare model, no DDP hooks."""
         return response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
-                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
+                                 trim=self.cfg.training.trim_padding)
 
     def _scores(self, batch: TensorDict) -> ResponseScores:
         """Logprobs (with gradients) and the policy's entropy of the response tokens, one forward pass."""
         model = self.ddp_model if self.ddp_model is not None else self.model
         return response_logprobs_and_entropy(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
-                                             batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+                                             batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
+                                             trim=self.cfg.training.trim_padding)
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step over a mini-batch, accumulating micro-batches; token-level mean."""
@@ -250,6 +253,8 @@ class ActorWorker:
         if self.world_size > 1:
             torch.distributed.all_reduce(global_tokens)
         tokens_per_rank = global_tokens / self.world_size
+        if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
+            mini_batch = mini_batch[sort_by_tokens(mini_batch)]
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}

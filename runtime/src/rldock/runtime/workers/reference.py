@@ -30,7 +30,8 @@ class ReferenceWorker:
             with torch.no_grad():
                 logprobs = response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"],
                                              batch["response_ids"], batch["response_mask"],
-                                             micro_batch_size=micro_batch_size)  # (B, SL)
+                                             micro_batch_size=micro_batch_size,
+                                             trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         return run_stage(self.dock, "reference", self.consumes, infer, rank=self.rank,
