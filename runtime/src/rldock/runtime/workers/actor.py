@@ -26,6 +26,7 @@ from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, re
                                            sort_by_tokens)
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.stage_loop import run_stage
 
@@ -37,6 +38,7 @@ class ActorWorker:
                  dock: TransferDock):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
         self.device = detect_device(cfg.resources.device)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"actor rank {rank}")
         torch.manual_seed(cfg.seed + rank)
         self.tokenizer = load_tokenizer(policy_dir)
         self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)

@@ -20,6 +20,7 @@ from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.models.value import load_value_model, response_values
+from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.stage_loop import run_stage
 
 CRITIC_FILE = "critic.pt"
@@ -29,6 +30,7 @@ class CriticWorker:
     def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
         self.device = detect_device(cfg.resources.device)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role="critic")
         torch.manual_seed(cfg.seed)
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algorithm.ppo.critic_learning_rate,
