@@ -283,6 +283,9 @@ class Trainer:
         # dispatch: all time spent moving samples through the dock, summed over every worker.
         timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
         timing["iteration"] = seconds
+        # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
+        timing.update({f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs)
+                       for stage, rs in results.items() if rs})
         reward_stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} \
             if rewards else {}
         return {
