@@ -79,9 +79,10 @@ def shapes(quick: bool) -> list[Shape]:
 
     heavy_sl = 16 if quick else 128
     heavy_g = 4 if quick else 32
+    demo_warmup = {"warmup": {"steps": 2}} if quick else {}
     return [
-        Shape("demo", algo(4, 4, 8, 6) if quick else {}, "demo"),
-        Shape("fixed_cost", {**algo(2, 2, 8, 2), "training": {"data_parallel_size": 2, "micro_batch_size": 64}}, "demo"),
+        Shape("demo", {**algo(4, 4, 8, 6), **demo_warmup} if quick else {}, "demo"),
+        Shape("fixed_cost", {**algo(2, 2, 8, 2), **demo_warmup}, "demo"),
         Shape("generation_heavy", {**algo(heavy_g, 8, 8, heavy_sl), "warmup": {"steps": 0}}, "heavy_no_eos"),
         Shape("early_stop", {**algo(heavy_g, 8, 8, heavy_sl), "warmup": {"steps": 0}}, "heavy"),
     ]
@@ -164,19 +165,22 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
     }
 
 
-def run_shape(shape: Shape, *, args, models: dict[str, Path]) -> dict:
+def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[str, Path]) -> dict:
+    """Every variant of `shape`; `warm_starts` (model and warm-up settings -> a finished warm-up)
+    is shared by the shapes, so each warm-up runs once."""
     variants = {"all_on": ALL_ON, **SWITCHES_OFF, BASELINE: ALL_OFF}
     results: dict[str, Any] = {}
-    warm_start: Path | None = None
     for name, variant in variants.items():
         cfg = shape_config(shape, variant, iterations=args.iterations, models=models)
+        warm_key = json.dumps([cfg.model.model_dump(), cfg.warmup.model_dump()], sort_keys=True)
         output = args.output / shape.name / name
         started = time.perf_counter()
-        records = run_variant(cfg, output, warm_start)
-        if cfg.warmup.steps and warm_start is None:
-            warm_start = args.output / shape.name / "warmup"  # kept apart: each variant's dir is replaced
-            shutil.rmtree(warm_start, ignore_errors=True)
-            shutil.copytree(output / "warmup", warm_start)
+        records = run_variant(cfg, output, warm_starts.get(warm_key) if cfg.warmup.steps else None)
+        if cfg.warmup.steps and warm_key not in warm_starts:
+            kept = args.output / "warmups" / str(len(warm_starts))  # apart: each variant's dir is replaced
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(output / "warmup", kept)
+            warm_starts[warm_key] = kept
         results[name] = {**summarise(records, cfg, args.warmup_iterations),
                          "wall_s": time.perf_counter() - started}
         logging.info("%s/%s: %.3f s per iteration", shape.name, name, results[name]["iteration_s"])
@@ -213,9 +217,10 @@ def main() -> None:
         if any(s.model != "demo" for s in selected) else {}
     report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
                               "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
+    warm_starts: dict[str, Path] = {}
     try:
         for shape in selected:
-            report["shapes"][shape.name] = run_shape(shape, args=args, models=models)
+            report["shapes"][shape.name] = run_shape(shape, args=args, models=models, warm_starts=warm_starts)
     finally:
         if ray.is_initialized():
             ray.shutdown()
