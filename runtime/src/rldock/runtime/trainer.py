@@ -29,7 +29,7 @@ from rldock.config import JobConfig
 from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
                                  prepare_data_files, tokenizer_corpus)
 from rldock.runtime.dataflow import TOKEN_COLUMNS
@@ -125,7 +125,7 @@ class Trainer:
         self._check_output_dir(resume)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-        self.recipe = get_recipe(cfg.algorithm.name)
+        self.recipe = job_recipe(cfg)  # less the passes this config makes redundant
         if "reward" in self.recipe.states:
             RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
         self.data_files, rows = load_prompt_set(cfg, self.output_dir)
@@ -227,9 +227,10 @@ class Trainer:
         actors = [cluster.remote(ActorWorker, num_cpus=1, resources=share).remote(
             cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock)
             for r in range(num_actor_ranks)]
-        references = [cluster.remote(ReferenceWorker, num_cpus=1, resources=share).remote(
-            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r in range(dp)]
         states = self.recipe.states
+        references = [cluster.remote(ReferenceWorker, num_cpus=1, resources=share).remote(
+            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r in range(dp)] \
+            if "reference" in states else []  # none when kl_coef is 0 (job_recipe)
         reward = advantage = critic = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(
@@ -337,6 +338,9 @@ class Trainer:
         # dispatch: all time spent moving samples through the dock, summed over every worker.
         timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
         timing["iteration"] = seconds
+        # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
+        timing.update({f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs)
+                       for stage, rs in results.items() if rs})
         reward_stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} \
             if rewards else {}
         return {

@@ -262,3 +262,28 @@ def test_snapshot_restore_and_requeue() -> None:
             await other.restore(saved)
 
     asyncio.run(scenario())
+
+
+def test_the_grant_of_the_last_samples_says_the_rank_is_drained() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=4, group_size=1)
+        await ready(controller, [0, 1, 2, 3])
+        first = await controller.request(0, 3)
+        assert not first.drained and not first.exhausted
+        last = await controller.request(1, 3)
+        assert last.indices.tolist() == [3] and last.drained  # nothing left: rank 1 need not ask again
+        assert (await controller.request(0, 1)).exhausted
+
+    asyncio.run(scenario())
+
+
+def test_balanced_ranks_are_drained_by_their_own_share_only() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=4, group_size=1)
+        await ready(controller, [0, 1, 2, 3])
+        own = await controller.request(0, 2, balance_ranks=2)
+        assert own.indices.size == 2 and own.drained  # rank 0's whole share, rank 1's still untaken
+        other = await controller.request(1, 2, balance_ranks=2)
+        assert other.drained and sorted([*own.indices, *other.indices]) == [0, 1, 2, 3]
+
+    asyncio.run(scenario())

@@ -9,6 +9,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, masked_mean
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs_and_entropy
 from rldock.runtime.workers.actor import ActorWorker
 
@@ -32,6 +33,7 @@ def _actor_double(model) -> ActorWorker:
     actor.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
     actor.kl_estimator = "k3"
+    actor.recipe = job_recipe(cfg)
     return actor
 
 

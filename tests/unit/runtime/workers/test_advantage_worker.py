@@ -20,6 +20,7 @@ class ScriptedDock:
 
     def __init__(self, batch: TensorDict, *, max_hand_out: int):
         self.batch, self.max_hand_out, self.next, self.waited_s = batch, max_hand_out, 0, 0.0
+        self.drained = False  # never says so: the consumer asks until it hears None
         self.states = {"advantage": ("reward", "values", "response_mask")}
         self.written: dict[str, torch.Tensor] = {}
 

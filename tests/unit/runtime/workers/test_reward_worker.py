@@ -31,6 +31,7 @@ class OneBatchDock:
 
     def __init__(self, batch: TensorDict):
         self.batch, self.given, self.waited_s, self.written = batch, False, 0.0, None
+        self.drained = False  # never says so: the consumer asks until it hears None
 
     def get(self, state, columns, **kwargs):
         if self.given:

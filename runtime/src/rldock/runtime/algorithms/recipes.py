@@ -10,12 +10,12 @@ it), not an `if` in the trainer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 import torch
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.job import AlgorithmSpec, JobConfig
 from rldock.contract.algorithms import CATALOGUE
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
@@ -76,6 +76,9 @@ class Recipe:
     # statistics over the batch such as PPO's advantage whitening, so the result does not depend
     # on how the dock happened to split the samples).
     advantage_scope: str = "groups"
+    # The reference's logprobs feed only the KL penalty, so a job with kl_coef 0 skips the
+    # reference state; False where the loss itself needs them (DPO).
+    reference_for_kl_only: bool = True
 
     @property
     def launched_states(self) -> tuple[str, ...]:
@@ -105,6 +108,43 @@ def get_recipe(name: str) -> Recipe:
 
 
 ADVANTAGE_SCOPES = ("groups", "iteration")
+
+
+def recomputes_old_logprobs(cfg: JobConfig) -> bool:
+    """Whether the actor runs its own old-logprob pass (`actor_inference`) before the update
+    (algorithm.recompute_old_logprobs). `auto` skips it exactly when the sampling policy is the
+    training policy: one optimizer step per iteration and no stale samples; the engine takes the
+    weights after every update (any resharding mode) and the actor's model runs in eval mode (no
+    dropout), so the update's own forward pass gives the same logprobs."""
+    algo = cfg.algorithm
+    if algo.recompute_old_logprobs != "auto":
+        return algo.recompute_old_logprobs == "always"
+    return algo.num_updates_per_iteration > 1 or cfg.dock.max_staleness > 0
+
+
+def job_recipe(cfg: JobConfig) -> Recipe:
+    """The algorithm's recipe as this job runs it, less the passes its config makes redundant: the
+    old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0. The one
+    place the flow is derived: the dock's states, the trainer's launched states and the workers'
+    inputs all come from it, so they agree."""
+    recipe = get_recipe(cfg.algorithm.name)
+    dropped = set()
+    if "actor_inference" in recipe.consumes and not recomputes_old_logprobs(cfg):
+        dropped.add("actor_inference")
+    if "reference" in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
+        dropped.add("reference")
+    return without_states(recipe, dropped)
+
+
+def without_states(recipe: Recipe, states: set[str]) -> Recipe:
+    """`recipe` without `states`, whose columns no remaining state then reads."""
+    if not states:
+        return recipe
+    columns = {column for state in states for column in recipe.produces.get(state, ())}
+    consumes = {state: tuple(c for c in cols if c not in columns)
+                for state, cols in recipe.consumes.items() if state not in states}
+    produces = {state: cols for state, cols in recipe.produces.items() if state not in states}
+    return replace(recipe, consumes=consumes, produces=produces)
 
 
 def register_recipe(recipe: Recipe) -> Recipe:
@@ -207,4 +247,4 @@ DAPO = register_recipe(Recipe(
 # DPO trains in the actor's preference_update state on the DPO loss, not on a policy surrogate.
 DPO = register_recipe(Recipe(
     "dpo", consumes=DPO_CONSUMES, produces=DPO_PRODUCES, advantage_stage=None, policy_loss=None,
-    driver_batch="preference_pairs", update_state="preference_update"))
+    driver_batch="preference_pairs", update_state="preference_update", reference_for_kl_only=False))

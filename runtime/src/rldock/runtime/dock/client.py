@@ -54,6 +54,9 @@ class TransferDock:
         # Seconds this copy of the client spent in `get` waiting for samples to become ready
         # (each worker holds its own copy), so callers can tell waiting from moving data.
         self.waited_s = 0.0
+        # Whether the last `get` took the last samples left for its rank (Grant.drained): a
+        # consumer loop may stop then instead of asking once more only to hear "exhausted".
+        self.drained = False
 
     @classmethod
     def create(
@@ -199,6 +202,7 @@ class TransferDock:
             timeout_s=timeout, balance_ranks=balance_ranks,
         )
         self.waited_s += grant.waited_s
+        self.drained = grant.exhausted or grant.drained
         if grant.exhausted:
             return None
         data = {name: _concat([from_wire(part[name]) for part in parts]) for name in columns}

@@ -57,6 +57,9 @@ class Grant:
     by_warehouse: dict[int, np.ndarray] = field(default_factory=dict)  # warehouse -> its indices
     exhausted: bool = False
     waited_s: float = 0.0  # time the request waited for samples to become ready (not data movement)
+    # Nothing is left for this rank after these samples: its next request would be exhausted, so
+    # a consumer can stop without that extra round trip (unless the dock is refilled, see recycle).
+    drained: bool = False
 
 
 class Controller:
@@ -169,9 +172,13 @@ class Controller:
             self._consumer[picked] = rank
             self._samples_handed_out += picked.size
             self._changed.notify_all()  # other ranks may now see the iteration exhausted
+            left = self._consumer == UNTAKEN
+            if balance_ranks:
+                left &= self._reserved == rank
+            drained = not left.any()
         owners = self._warehouse[picked]
         by_warehouse = {int(w): picked[owners == w] for w in np.unique(owners)}
-        return self._reply(Grant(indices=picked, by_warehouse=by_warehouse, waited_s=waited))
+        return self._reply(Grant(indices=picked, by_warehouse=by_warehouse, waited_s=waited, drained=drained))
 
     async def advance_policy(self, version: int, timeout_s: float | None = None) -> None:
         """The policy now training is `version`: apply the staleness bound to unconsumed samples.

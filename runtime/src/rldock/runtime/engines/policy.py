@@ -41,37 +41,94 @@ def build_policy_inputs(
     return PolicyInputs(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """Which rows of a batch one forward pass takes, and the columns it keeps."""
+
+    rows: Tensor  # (b,) int64 indices into the batch
+    prompt_start: int  # first prompt column kept: the ones before are padding in every row
+    response_end: int  # response columns kept, [0, response_end): the rest is padding in every row
+
+
+def plan_micro_batches(prompt_mask: Tensor, response_mask: Tensor, *, micro_batch_size: int,
+                       trim: bool) -> list[MicroBatch]:
+    """Split a batch of left-padded prompts (B, PL) and right-padded responses (B, SL) into forward
+    passes of at most `micro_batch_size` rows.
+
+    With `trim`, rows are sorted by their token count (so a pass holds sequences of similar
+    length) and each pass keeps only its own longest prompt and response: leading prompt columns
+    that are padding in all its rows and trailing response columns past its longest response are
+    not computed. Padding is masked out of attention and positions count real tokens only, so the
+    kept columns give the same results. Without `trim`: consecutive rows, all PL + SL columns.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    num_rows, prompt_len = prompt_mask.shape
+    response_len = response_mask.shape[1]
+    if not trim:
+        return [MicroBatch(torch.arange(start, min(start + micro_batch_size, num_rows)), 0, response_len)
+                for start in range(0, num_rows, micro_batch_size)]
+    order = sort_by_tokens({"prompt_mask": prompt_mask, "response_mask": response_mask})  # (B,)
+    plans = []
+    for start in range(0, num_rows, micro_batch_size):
+        rows = order[start:start + micro_batch_size]
+        prompt_columns = prompt_mask[rows].any(dim=0).nonzero()  # (k, 1)
+        response_columns = response_mask[rows].any(dim=0).nonzero()  # (k, 1)
+        # Column PL - 1 always stays: its logits score response token 0.
+        prompt_start = min(int(prompt_columns[0]) if len(prompt_columns) else prompt_len, prompt_len - 1)
+        response_end = max(int(response_columns[-1]) + 1 if len(response_columns) else 0, 1)
+        plans.append(MicroBatch(rows, prompt_start, response_end))
+    return plans
+
+
+def sort_by_tokens(batch) -> Tensor:
+    """Row order (B,) of a batch with `prompt_mask` and `response_mask` columns, shortest first."""
+    return torch.argsort(batch["prompt_mask"].sum(dim=1) + batch["response_mask"].sum(dim=1), stable=True)
+
+
+def scatter_rows(chunks: list[Tensor], plans: list[MicroBatch], response_len: int) -> Tensor:
+    """Per-pass results (b, response_end) back into the batch's row order and fixed (B, SL) shape,
+    zero in the trimmed columns; differentiable."""
+    padded = torch.cat([nn.functional.pad(chunk, (0, response_len - chunk.shape[1])) for chunk in chunks])
+    rows = torch.cat([plan.rows for plan in plans])  # (B,)
+    return padded[torch.argsort(rows)]  # (B, SL)
+
+
+def micro_batch_inputs(plan: MicroBatch, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                       response_mask: Tensor) -> tuple[PolicyInputs, slice]:
+    """The model inputs of one pass and the slice of its output positions that score (predict)
+    its response tokens 0 .. response_end - 1."""
+    rows, start, end = plan.rows, plan.prompt_start, plan.response_end
+    inputs = build_policy_inputs(prompt_ids[rows, start:], prompt_mask[rows, start:],
+                                 response_ids[rows, :end], response_mask[rows, :end])
+    kept_prompt = prompt_ids.shape[1] - start
+    # Position kept_prompt + t - 1 predicts response token t.
+    return inputs, slice(kept_prompt - 1, kept_prompt + end - 1)
+
+
 def _response_logits(
     model: nn.Module,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     response_ids: Tensor,
     response_mask: Tensor,
+    plans: list[MicroBatch],
     *,
-    micro_batch_size: int,
     temperature: float,
-) -> Iterator[tuple[Tensor, slice]]:
-    """Yield float32 logits (b, SL, V) that score each response token, per micro-batch."""
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    prompt_len = prompt_ids.shape[1]
-    response_len = response_ids.shape[1]
-    for start in range(0, prompt_ids.shape[0], micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        inputs = build_policy_inputs(
-            prompt_ids[rows], prompt_mask[rows], response_ids[rows], response_mask[rows]
-        )
+) -> Iterator[tuple[Tensor, MicroBatch]]:
+    """Yield float32 logits (b, response_end, V) that score each kept response token, per pass."""
+    for plan in plans:
+        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
         logits = model(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,
             position_ids=inputs.position_ids,
             use_cache=False,
-        ).logits  # (b, PL+SL, V)
-        # Position PL+t-1 predicts response token t.
-        logits = logits[:, prompt_len - 1 : prompt_len + response_len - 1].float()  # (b, SL, V)
+        ).logits  # (b, L, V)
+        logits = logits[:, scored].float()  # (b, response_end, V)
         if temperature != 1.0:
             logits = logits / temperature
-        yield logits, rows
+        yield logits, plan
 
 
 def response_logprobs(
@@ -83,19 +140,21 @@ def response_logprobs(
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
+    trim: bool = False,
 ) -> Tensor:
     """Log-probability (B, SL) of each response token under `model`; 0 where the mask is 0.
 
-    Runs `micro_batch_size` rows per forward pass. Gradients flow when called outside
-    `torch.no_grad()`, so the same function serves old logprobs, reference logprobs and the loss.
+    Runs `micro_batch_size` rows per forward pass (on their own longest sequence with `trim`, see
+    `plan_micro_batches`). Gradients flow when called outside `torch.no_grad()`, so the same
+    function serves old logprobs, reference logprobs and the loss.
     """
+    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
     chunks = []
-    for logits, rows in _response_logits(
-        model, prompt_ids, prompt_mask, response_ids, response_mask,
-        micro_batch_size=micro_batch_size, temperature=temperature,
-    ):
-        chunks.append(_token_logprobs(logits, response_ids[rows], response_mask[rows]))
-    return torch.cat(chunks, dim=0)  # (B, SL)
+    for logits, plan in _response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, plans,
+                                         temperature=temperature):
+        end = plan.response_end
+        chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], response_mask[plan.rows, :end]))
+    return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)
 
 
 def response_logprobs_and_entropy(
@@ -107,20 +166,23 @@ def response_logprobs_and_entropy(
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
+    trim: bool = False,
 ) -> ResponseScores:
     """`response_logprobs` plus the policy's entropy (B, SL) at each response position, from the
     same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
     entropy bonus), so it is computed without building a second (b, SL, V) autograd graph."""
+    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
     logprob_chunks, entropy_chunks = [], []
-    for logits, rows in _response_logits(
-        model, prompt_ids, prompt_mask, response_ids, response_mask,
-        micro_batch_size=micro_batch_size, temperature=temperature,
-    ):
-        mask = response_mask[rows]
-        logprob_chunks.append(_token_logprobs(logits, response_ids[rows], mask))
+    for logits, plan in _response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, plans,
+                                         temperature=temperature):
+        end = plan.response_end
+        mask = response_mask[plan.rows, :end]
+        logprob_chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], mask))
         with torch.no_grad():
-            entropy_chunks.append(token_entropy(logits.detach()) * mask)  # (b, SL)
-    return ResponseScores(logprobs=torch.cat(logprob_chunks), entropy=torch.cat(entropy_chunks))
+            entropy_chunks.append(token_entropy(logits.detach()) * mask)  # (b, end)
+    response_len = response_ids.shape[1]
+    return ResponseScores(logprobs=scatter_rows(logprob_chunks, plans, response_len),
+                          entropy=scatter_rows(entropy_chunks, plans, response_len))
 
 
 def token_entropy(logits: Tensor) -> Tensor:

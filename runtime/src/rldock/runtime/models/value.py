@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rldock.runtime.engines.policy import build_policy_inputs
+from rldock.runtime.engines.policy import micro_batch_inputs, plan_micro_batches, scatter_rows
 from rldock.runtime.models.loading import load_causal_lm
 
 
@@ -40,18 +40,18 @@ def load_value_model(policy_dir: str | Path, *, dtype: str, device: torch.device
 
 
 def response_values(model: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                    response_mask: Tensor, *, micro_batch_size: int) -> Tensor:
+                    response_mask: Tensor, *, micro_batch_size: int, trim: bool = False) -> Tensor:
     """V(state before response token t) for every t: (B, SL) float32, 0 where the mask is 0.
 
     The state before token t ends at input position PL + t - 1, the same position whose logits
-    score token t in `response_logprobs`, so values and logprobs line up token for token.
+    score token t in `response_logprobs`, so values and logprobs line up token for token. With
+    `trim` each pass runs on its own longest sequence (engines.policy.plan_micro_batches).
     """
-    prompt_len, response_len = prompt_ids.shape[1], response_ids.shape[1]
+    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
     chunks = []
-    for start in range(0, prompt_ids.shape[0], micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
-        inputs = build_policy_inputs(prompt_ids[rows], prompt_mask[rows], response_ids[rows], response_mask[rows])
-        values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, PL+SL)
-        values = values[:, prompt_len - 1: prompt_len + response_len - 1]  # (b, SL)
-        chunks.append(values * response_mask[rows].to(values.dtype))
-    return torch.cat(chunks, dim=0)  # (B, SL)
+    for plan in plans:
+        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
+        values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
+        values = values[:, scored]  # (b, response_end)
+        chunks.append(values * response_mask[plan.rows, :plan.response_end].to(values.dtype))
+    return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)

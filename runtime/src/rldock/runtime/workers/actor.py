@@ -18,13 +18,15 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
-from rldock.runtime.engines.policy import ResponseScores, response_logprobs, response_logprobs_and_entropy
+from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
+                                           sort_by_tokens)
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.stage_loop import run_stage
 
@@ -36,6 +38,7 @@ class ActorWorker:
                  dock: TransferDock):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
         self.device = detect_device(cfg.resources.device)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"actor rank {rank}")
         torch.manual_seed(cfg.seed + rank)
         self.tokenizer = load_tokenizer(policy_dir)
         self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
@@ -44,7 +47,7 @@ class ActorWorker:
         algo = cfg.algorithm
         self.optimizer = self._make_optimizer(self.model.parameters())
         self.policy_dir = policy_dir
-        self.recipe = get_recipe(algo.name)
+        self.recipe = job_recipe(cfg)
         self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
         self.policy_loss_kwargs = self.recipe.policy_loss_kwargs(algo)
         self.kl_estimator = algo.kl_estimator
@@ -178,6 +181,8 @@ class ActorWorker:
         group trains on its DP share, then the weights are resharded into the engine (and the
         training state swapped out in allgather_swap mode). The ledger rows go with the metrics."""
         sharded = self.sharded
+        if "actor_inference" not in self.recipe.consumes:  # no old-logprob pass brought the params back
+            sharded.begin_inference()
         sharded.before_update()
         share = self.cfg.num_samples_per_iteration // sharded.dp_size
         timing = sharded.run_training_stage(self.dock, "update", self.recipe.consumes["update"], train, batch_size=share,
@@ -237,13 +242,15 @@ class ActorWorker:
     def _logprobs(self, batch: TensorDict) -> torch.Tensor:
         """Logprobs for inference (old logprobs): the bare model, no DDP hooks."""
         return response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
-                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
+                                 trim=self.cfg.training.trim_padding)
 
     def _scores(self, batch: TensorDict) -> ResponseScores:
         """Logprobs (with gradients) and the policy's entropy of the response tokens, one forward pass."""
         model = self.ddp_model if self.ddp_model is not None else self.model
         return response_logprobs_and_entropy(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
-                                             batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size)
+                                             batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
+                                             trim=self.cfg.training.trim_padding)
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step over a mini-batch, accumulating micro-batches; token-level mean."""
@@ -258,6 +265,8 @@ class ActorWorker:
         if self.world_size > 1:
             torch.distributed.all_reduce(global_tokens)
         tokens_per_rank = global_tokens / self.world_size
+        if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
+            mini_batch = mini_batch[sort_by_tokens(mini_batch)]
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
@@ -269,9 +278,10 @@ class ActorWorker:
             with context:
                 scores = self._scores(micro)
                 logprobs = scores.logprobs  # (b, SL)
-                policy = self.policy_loss(logprobs, micro["old_logprobs"], micro["advantage"], mask,
+                policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
                                           **self.policy_loss_kwargs)
-                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask)
+                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask) \
+                    if self._update_reads("ref_logprobs") else torch.zeros(())  # no reference with kl_coef 0
                 loss = policy.loss + algo.kl_coef * kl
                 (loss * weight).backward()
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
@@ -286,6 +296,15 @@ class ActorWorker:
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
         self.optimizer.step()
         return stats
+
+    def _old_logprobs(self, micro: TensorDict, logprobs: torch.Tensor) -> torch.Tensor:
+        """The sampling policy's logprobs (b, SL): the dock's `old_logprobs` when the flow computes
+        them, else this forward pass's own, detached (job_recipe drops the pass only when the
+        sampling policy is the one training, so the ratio is exactly 1)."""
+        return micro["old_logprobs"] if self._update_reads("old_logprobs") else logprobs.detach()
+
+    def _update_reads(self, column: str) -> bool:
+        return column in self.recipe.consumes[self.recipe.update_state]
 
     def _preference_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step on the DPO loss over a mini-batch of whole pairs (rows 2i chosen,

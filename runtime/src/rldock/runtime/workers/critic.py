@@ -18,7 +18,9 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.models.value import load_value_model, response_values
+from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.stage_loop import run_stage
 
 CRITIC_FILE = "critic.pt"
@@ -28,6 +30,7 @@ class CriticWorker:
     def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
         self.device = detect_device(cfg.resources.device)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role="critic")
         torch.manual_seed(cfg.seed)
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algorithm.ppo.critic_learning_rate,
@@ -41,7 +44,8 @@ class CriticWorker:
             with torch.no_grad():
                 values = response_values(self.model, batch["prompt_ids"], batch["prompt_mask"],
                                          batch["response_ids"], batch["response_mask"],
-                                         micro_batch_size=micro_batch_size)  # (B, SL)
+                                         micro_batch_size=micro_batch_size,
+                                         trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
         return run_stage(self.dock, "critic_inference", self.dock.states["critic_inference"], infer,
@@ -67,11 +71,14 @@ class CriticWorker:
         total_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"value_loss": 0.0, "value_clip_fraction": 0.0, "value_mean": 0.0}
+        if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
+            mini_batch = mini_batch[sort_by_tokens(mini_batch)]
         for micro in mini_batch.split(self.cfg.training.micro_batch_size):
             mask = micro["response_mask"].float()  # (b, SL)
             weight = mask.sum() / total_tokens
             values = response_values(self.model, micro["prompt_ids"], micro["prompt_mask"], micro["response_ids"],
-                                     micro["response_mask"], micro_batch_size=len(micro))  # (b, SL)
+                                     micro["response_mask"], micro_batch_size=len(micro),
+                                     trim=self.cfg.training.trim_padding)  # (b, SL)
             loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
             (loss.loss * weight).backward()
             w = float(weight)

@@ -11,6 +11,7 @@ from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.policy import response_logprobs
 from rldock.runtime.models.loading import load_causal_lm
+from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.stage_loop import run_stage
 
 
@@ -19,6 +20,7 @@ class ReferenceWorker:
         self.cfg, self.rank, self.dock = cfg, rank, dock
         self.consumes = get_recipe(cfg.algorithm.name).consumes["reference"]  # dock columns it reads
         self.device = detect_device(cfg.resources.device)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"reference rank {rank}")
         self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         self.model.eval().requires_grad_(False)
 
@@ -30,7 +32,8 @@ class ReferenceWorker:
             with torch.no_grad():
                 logprobs = response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"],
                                              batch["response_ids"], batch["response_mask"],
-                                             micro_batch_size=micro_batch_size)  # (B, SL)
+                                             micro_batch_size=micro_batch_size,
+                                             trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         return run_stage(self.dock, "reference", self.consumes, infer, rank=self.rank,

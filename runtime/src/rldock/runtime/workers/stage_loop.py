@@ -63,4 +63,6 @@ def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: Stag
             timing.dispatch_s += time.perf_counter() - start
         timing.num_samples += len(indices)
         num_batches += 1
+        if dock.drained:  # those were the last samples for this rank: no round trip to hear so
+            break
     return timing

@@ -1,0 +1,58 @@
+"""Per-worker CPU thread budget: each compute worker process gets its share of the node's cores.
+
+On a CPU node every actor, reference and critic rank runs torch (and the actor's in-process vLLM
+engine, which uses the same OpenMP pool) in its own process. Left alone, each takes Ray's
+OMP_NUM_THREADS (its num_cpus, 1) or, outside Ray, one thread per core, so ranks either leave
+cores idle or oversubscribe them. The budget is `training.num_threads`, by default the node's cores
+divided by the compute workers placed on it. The reward and advantage workers do no tensor work
+worth threads and are not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+
+from rldock.config import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
+
+logger = logging.getLogger(__name__)
+
+
+def thread_share(num_cores: int, num_processes: int) -> int:
+    """Threads per process when `num_processes` share `num_cores`: an equal share, at least 1."""
+    return max(1, num_cores // max(1, num_processes))
+
+
+def compute_workers_per_node(cfg: JobConfig) -> int:
+    """Compute worker processes on the busiest node: the actor ranks (TP x DP), the reference ranks
+    (none when the flow skips the reference) and the critic, spread evenly over the nodes."""
+    training = cfg.training
+    recipe = job_recipe(cfg)
+    workers = training.data_parallel_size * training.tensor_parallel_size
+    workers += training.data_parallel_size if "reference" in recipe.consumes else 0
+    workers += 1 if recipe.needs_critic else 0
+    return math.ceil(workers / cfg.resources.num_nodes)
+
+
+def node_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def apply_thread_budget(cfg: JobConfig, *, device_kind: str, role: str) -> int | None:
+    """Set this process's torch threads to its budget on CPU devices; returns the threads set, or
+    None where nothing was set (an accelerator device, or `training.num_threads: 0`)."""
+    setting = cfg.training.num_threads
+    if device_kind != "cpu" or setting == 0:
+        logger.info("%s: torch threads left at %d", role, torch.get_num_threads())
+        return None
+    cores, workers = node_cores(), compute_workers_per_node(cfg)
+    threads = setting if setting is not None else thread_share(cores, workers)
+    torch.set_num_threads(threads)
+    logger.info("%s: %d torch threads (%d cores, %d compute workers on the node, training.num_threads=%s)",
+                role, threads, cores, workers, setting)
+    return threads

@@ -1,0 +1,60 @@
+"""The flow a job runs (`job_recipe`): the algorithm's recipe less the passes its config makes
+redundant, closed (every column a state reads is written by the driver or a remaining state)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rldock.config.job import JobConfig
+from rldock.config.problems import find_problems
+from rldock.runtime.algorithms.recipes import get_recipe, job_recipe, recomputes_old_logprobs
+
+
+def _cfg(name="grpo", *, dock=None, **algorithm) -> JobConfig:
+    n = 2 if name == "dpo" else 4
+    return JobConfig(iterations=1, model={"path": "/m"}, dock=dock or {}, checkpoint={"interval": 1},
+                     algorithm={"name": name, "num_prompts_per_iteration": 4, "num_responses_per_prompt": n,
+                                "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 1e-3,
+                                **algorithm})
+
+
+def _closed(recipe) -> bool:
+    written = {c for cols in recipe.produces.values() for c in cols}
+    return all(c in written for cols in recipe.consumes.values() for c in cols)
+
+
+@pytest.mark.parametrize("cfg, recomputes", [
+    (_cfg(), False),
+    (_cfg(recompute_old_logprobs="always"), True),
+    (_cfg(num_updates_per_iteration=2), True),
+    (_cfg(dock={"max_staleness": 1}), True),
+    (_cfg(recompute_old_logprobs="never"), False),
+])
+def test_auto_recomputes_only_when_the_sampling_policy_is_not_the_training_one(cfg, recomputes):
+    assert recomputes_old_logprobs(cfg) is recomputes
+    recipe = job_recipe(cfg)
+    assert ("actor_inference" in recipe.launched_states) is recomputes
+    assert ("old_logprobs" in recipe.consumes["update"]) is recomputes
+    assert _closed(recipe)
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo", "pf_ppo", "dapo"])
+def test_kl_coef_zero_drops_the_reference_state(name):
+    recipe = job_recipe(_cfg(name, kl_coef=0.0))
+    assert "reference" not in recipe.consumes and "ref_logprobs" not in recipe.consumes["update"]
+    assert _closed(recipe)
+    assert "reference" in job_recipe(_cfg(name, kl_coef=0.01)).consumes
+
+
+def test_dpo_keeps_its_reference_whatever_the_kl_coef():
+    assert job_recipe(_cfg("dpo", kl_coef=0.0)).consumes == get_recipe("dpo").consumes
+
+
+def test_never_with_several_updates_or_stale_samples_is_a_problem_naming_both_fields():
+    problems = find_problems(_cfg(recompute_old_logprobs="never", num_updates_per_iteration=2))
+    assert [p.path for p in problems] == ["algorithm.recompute_old_logprobs"]
+    assert "num_updates_per_iteration" in problems[0].message
+    problems = find_problems(_cfg(recompute_old_logprobs="never", dock={"max_staleness": 2}))
+    assert [p.path for p in problems] == ["algorithm.recompute_old_logprobs"]
+    assert "dock.max_staleness" in problems[0].message
+    assert find_problems(_cfg(recompute_old_logprobs="never")) == []
