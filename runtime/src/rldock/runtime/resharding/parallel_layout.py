@@ -1,5 +1,5 @@
 """Who holds what: the training layout (TP x DP), the generation layout (TP x DP) over the same
-ranks, and which Qwen2 weights are split along which dimension, kept as data.
+ranks, and which decoder weights (Llama, Qwen2, Qwen3) are split along which dimension, kept as data.
 
 Ranks are TP-major inside a DP replica (rank = dp_rank * tp_size + tp_rank), the usual order, so a
 TP group is a run of consecutive ranks and its collectives stay on one node.
@@ -13,11 +13,11 @@ from typing import Literal
 
 TpStyle = Literal["colwise", "rowwise"]
 
-# Qwen2 decoder-layer linears and how tensor parallelism splits them (Megatron style): colwise
+# Decoder-layer linears (the same names in Llama, Qwen2 and Qwen3) and how tensor parallelism splits them (Megatron style): colwise
 # splits the output features (weight dim 0, bias dim 0), rowwise the input features (weight dim 1;
 # its bias, absent in Qwen2's o_proj/down_proj, would stay whole). Embeddings, norms and the tied
 # lm_head are not in the map and stay replicated.
-QWEN2_TP_PLAN: dict[str, TpStyle] = {
+DECODER_TP_PLAN: dict[str, TpStyle] = {
     "self_attn.q_proj": "colwise",
     "self_attn.k_proj": "colwise",
     "self_attn.v_proj": "colwise",
@@ -35,7 +35,7 @@ def shard_dim(name: str) -> int | None:
     match = _LAYER.match(name)
     if match is None:
         return None
-    style = QWEN2_TP_PLAN.get(match.group(2))
+    style = DECODER_TP_PLAN.get(match.group(2))
     if style == "colwise":
         return 0
     if style == "rowwise" and match.group(3) == "weight":
