@@ -27,7 +27,18 @@ DECODER_TP_PLAN: dict[str, TpStyle] = {
     "mlp.down_proj": "rowwise",
 }
 
+# Replicated decoder-layer modules that see only this rank's heads (Qwen3's per-head q/k RMSNorms,
+# applied after the colwise q/k projections): each TP rank's gradient for them is a partial sum
+# over its heads, so the gradients are summed over the `tp` group before the update.
+TP_PARTIAL_GRADIENT_MODULES = ("self_attn.q_norm", "self_attn.k_norm")
+
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def has_partial_gradient(name: str) -> bool:
+    """True for a replicated HF parameter whose TP-rank gradient covers only that rank's heads."""
+    match = _LAYER.match(name)
+    return match is not None and match.group(2) in TP_PARTIAL_GRADIENT_MODULES
 
 
 def shard_dim(name: str) -> int | None:

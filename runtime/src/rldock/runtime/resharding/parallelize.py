@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from rldock.contract.tensor_parallel import check_architecture, check_divisible
-from rldock.runtime.resharding.parallel_layout import DECODER_TP_PLAN, ParallelLayout
+from rldock.runtime.resharding.parallel_layout import DECODER_TP_PLAN, ParallelLayout, has_partial_gradient
 
 _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
@@ -49,6 +49,18 @@ def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (an alias, sharing storage), or `tensor` itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@torch.no_grad()
+def sum_partial_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Sum over the `tp` group the gradients of replicated per-head modules (`has_partial_gradient`),
+    in place, so every TP rank holds the whole model's gradient for them (after backward)."""
+    tp = mesh["tp"]
+    if tp.size() == 1:
+        return
+    for name, param in model.named_parameters():
+        if param.grad is not None and has_partial_gradient(name):
+            dist.all_reduce(local_tensor(param.grad), group=tp.get_group())
 
 
 @torch.no_grad()
@@ -91,7 +103,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float
 
 def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, *,
                     max_grad_norm: float) -> float:
-    """After backward: average over DP, clip over the whole (TP-split) model, step. Returns the norm."""
+    """After backward: complete per-head gradients over TP, average over DP, clip over the whole
+    (TP-split) model, step. Returns the norm."""
+    sum_partial_gradients(model, mesh)
     average_gradients(model, mesh)
     norm = clip_grad_norm(model, max_grad_norm, mesh)
     optimizer.step()
