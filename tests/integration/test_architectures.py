@@ -135,3 +135,23 @@ def test_tp2_plan_splits_the_architecture_and_trains_like_one_process(tmp_path, 
         gaps = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert gaps["num_split"] == 2 * 7  # 2 layers x q, k, v, o, gate, up, down
         assert gaps["logits"] < 1e-4 and gaps["params"] < 1e-5, gaps
+
+
+def test_seeded_sampling_of_more_prompt_tokens_than_one_engine_step(tmp_path):
+    """Real prompts (a chat template is ~60 tokens) times G*N outgrow vLLM's per-step token budget
+    (4096 on CPU); with chunked prefill, vLLM then discards a partial prefill's sampled token and
+    rewinds its seeded generator, which CPU generators refuse ("CPU Generator does not use offset")."""
+    from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+    from rldock.runtime.models import load_tokenizer
+
+    model_dir = _build("tiny-llama", tmp_path / "llama")
+    tokenizer = load_tokenizer(model_dir)
+    prompt = tokenizer("Sam has 3 apples and buys 5 more. 12+7=19 and 40-2=38")["input_ids"]  # ~55 tokens
+    engine = VllmRolloutEngine(model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25), dtype="float32", seed=0,
+                               max_model_len=MAX_MODEL_LEN, device=detect_device("cpu"))
+    try:
+        out = engine.generate([prompt] * 12, n=8, max_tokens=2, eos_token_id=tokenizer.eos_token_id, seed=1)
+    finally:
+        engine.shutdown()
+    assert 12 * 8 * len(prompt) > 4096
+    assert [len(group) for group in out] == [8] * 12
