@@ -34,13 +34,13 @@ def _tiny_model(seed: int):
 def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int = 4096):
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
-    from rldock.runtime.resharding.parallelize import build_mesh, parallelize_qwen2
+    from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
     from rldock.runtime.resharding.shard import GenerationWeights
 
     plan = ReshardPlan(train=ParallelLayout(train_tp, WORLD // train_tp),
                        generate=ParallelLayout(gen_tp, WORLD // gen_tp))
     mesh = build_mesh(plan.train, "cpu")
-    model = parallelize_qwen2(_tiny_model(seed=7), mesh)
+    model = parallelize_decoder(_tiny_model(seed=7), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     generation = GenerationWeights(shapes, dtype=torch.float32, device=torch.device("cpu"),

@@ -43,7 +43,7 @@ def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.ledger import train_state_bytes
-    from rldock.runtime.resharding.parallelize import build_mesh, parallelize_qwen2
+    from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -55,7 +55,7 @@ def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
     try:
         plan = ReshardPlan(train=ParallelLayout(1, 1), generate=ParallelLayout(1, 1))
         mesh = build_mesh(plan.train, "cpu")
-        model = parallelize_qwen2(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), mesh)
+        model = parallelize_decoder(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=5e-2)  # large: the weights must visibly move
         resharder = Resharder(model=model, optimizer=optimizer, mesh=mesh, plan=plan, rank=0,
                               mode="allgather_swap", bucket_bytes=1 << 16, load_weights=engine.update_weights,

@@ -64,7 +64,7 @@ def test_tp_must_split_the_models_heads(tmp_path, demo_data):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(
-        {"num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 512}))
+        {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 512}))
     demo_data["model"] = {"path": str(model)}
     demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=2)
     config_file = tmp_path / "job.yaml"
@@ -76,3 +76,22 @@ def test_tp_must_split_the_models_heads(tmp_path, demo_data):
     demo_data["training"]["tensor_parallel_size"] = 1  # TP 1 splits nothing
     config_file.write_text(yaml.safe_dump(demo_data))
     assert load_job_config(config_file).training.tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("model_type, accepted", [("llama", True), ("qwen3", True), ("gpt2", False)])
+def test_tp_needs_a_plan_for_the_models_architecture(tmp_path, demo_data, model_type, accepted):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"model_type": model_type, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512}))
+    demo_data["model"] = {"path": str(model)}
+    demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=2)
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(yaml.safe_dump(demo_data))
+    if accepted:
+        assert load_job_config(config_file).training.tensor_parallel_size == 2
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_job_config(config_file)
+    (problem,) = caught.value.problems
+    assert problem.path == "training.tensor_parallel_size" and "model_type 'gpt2'" in problem.message

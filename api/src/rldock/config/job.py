@@ -35,11 +35,12 @@ class ModelSpec(Spec):
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions."
     )
-    builder: Optional[Literal["tiny-qwen2"]] = Field(
+    builder: Optional[Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3"]] = Field(
         default=None,
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
-        "trained on the train prompts and answers) and save it at `path`. For demos and tests; leave unset for "
-        "real checkpoints.",
+        "trained on the train prompts and answers) and save it at `path`: `tiny-qwen2` (the demo's), or the same "
+        "shapes as `tiny-llama` or `tiny-qwen3`. For demos and tests; leave unset for real checkpoints "
+        "(see docs/bring-your-own-model.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Parameter dtype for training and generation."
@@ -381,6 +382,12 @@ class TrainingSpec(Spec):
         "critic ranks). Unset: the node's cores divided by the compute workers on that node, at least 1, "
         "so workers do not oversubscribe the cores. 0: leave the process default (Ray's OMP_NUM_THREADS, "
         "the worker's num_cpus). n: n threads each.",
+    )
+    freeze_embeddings: bool = Field(
+        default=False,
+        description="Keep the token embeddings and the LM head (one matrix when tied, as in SmolLM2) fixed: no "
+        "gradients or optimizer state for the vocabulary-sized weights (SmolLM2-135M: 28M of 135M parameters) "
+        "and a cheaper backward; the transformer layers still train. vLLM still receives every weight.",
     )
     resharding: Literal["naive", "allgather_swap"] = Field(
         default="naive",

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.contract.algorithms import needs_critic, needs_rollout
-from rldock.contract.tensor_parallel import check_divisible
+from rldock.contract.tensor_parallel import check_architecture, check_divisible
 
 
 @dataclass(frozen=True)
@@ -302,13 +302,15 @@ def _term_value_problems(term: RewardTermSpec, at: str) -> list[Problem]:
 
 
 def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
-    """Tensor parallelism splits heads, KV heads and the MLP evenly (as the actor checks at start)."""
+    """Tensor parallelism needs a plan for the architecture and splits heads, KV heads and the MLP
+    evenly (as the actor checks at start)."""
     tp = cfg.training.tensor_parallel_size
     config_file = model_dir / "config.json"
     if tp == 1 or not config_file.is_file():
         return []  # a tiny model still to be built has 4 heads, 2 KV heads, MLP 512: TP 2 splits it
     config = json.loads(config_file.read_text())
     try:
+        check_architecture(tp_size=tp, model_type=config.get("model_type"), field="training.tensor_parallel_size")
         check_divisible(tp_size=tp, num_heads=config["num_attention_heads"],
                         num_kv_heads=config["num_key_value_heads"],
                         intermediate_size=config["intermediate_size"], field="training.tensor_parallel_size")

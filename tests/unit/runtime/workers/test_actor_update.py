@@ -56,3 +56,28 @@ def test_update_step_logs_the_token_mean_entropy_before_the_step():
 
     assert abs(stats["entropy"] - float(expected)) < 1e-5
     assert 0 < stats["entropy"] <= float(torch.log(torch.tensor(32.0)))
+
+
+def test_freeze_embeddings_trains_the_layers_only():
+    from rldock.runtime.models.freezing import freeze_embeddings
+
+    model = _tiny_model()
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    layer = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    assert freeze_embeddings(model) == 32 * 32  # the tied matrix counted once
+    actor = _actor_double(model)
+    actor.cfg = actor.cfg.model_copy(update={"training": actor.cfg.training.model_copy(
+        update={"freeze_embeddings": True})})
+    actor.optimizer = actor._make_optimizer(model.parameters())
+    held = {id(p) for group in actor.optimizer.param_groups for p in group["params"]}
+    assert id(model.get_input_embeddings().weight) not in held  # no AdamW state for it
+
+    tokens = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    actor.optimizer.step()
+    assert model.get_input_embeddings().weight.grad is None
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
+    assert torch.equal(model.lm_head.weight, embeddings)  # still tied
+    assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, layer)

@@ -44,6 +44,7 @@ from rldock.runtime.device import DeviceInfo
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+_CPU_STEP_TOKENS = 4096  # vLLM's own CPU default for prompt tokens per engine step
 
 # Set before vLLM is imported. In-process engine core: no subprocess per engine, and the only mode
 # in which weights can be handed to the worker as live tensors.
@@ -158,6 +159,12 @@ class VllmRolloutEngine:
                 # float32 trainer's; float32 matches HF to about 1e-6.
                 logger.info("vLLM on CPU runs float32 (model.dtype=%s is used for training only)", dtype)
             engine_args.update(dtype="float32", kv_cache_memory_bytes=int(rollout.cpu_kv_cache_gib * GIB))
+            # No chunked prefill: when a step's prompt tokens outgrow its budget (G*N real prompts
+            # do), vLLM splits one prompt's prefill, discards the token sampled for it and rewinds
+            # that request's seeded generator, which a CPU generator refuses ("CPU Generator does
+            # not use offset"). Unchunked, a prompt that does not fit waits for the next step.
+            engine_args.update(enable_chunked_prefill=False,
+                               max_num_batched_tokens=max(_CPU_STEP_TOKENS, max_model_len))
         else:
             engine_args.update(
                 dtype=dtype,

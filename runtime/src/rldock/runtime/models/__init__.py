@@ -6,6 +6,7 @@ by `model.builder` when `model.path` holds no model yet, and otherwise leaves th
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Callable, Iterable
@@ -30,6 +31,8 @@ ModelBuilder = Callable[..., Path]  # (path, *, texts, seed) -> path
 
 MODEL_BUILDERS: Registry[ModelBuilder] = Registry("model builder", field="model.builder")
 MODEL_BUILDERS.register("tiny-qwen2")(build_tiny_model)
+MODEL_BUILDERS.register("tiny-llama")(functools.partial(build_tiny_model, architecture="llama"))
+MODEL_BUILDERS.register("tiny-qwen3")(functools.partial(build_tiny_model, architecture="qwen3"))
 
 
 def ensure_model(spec: ModelSpec, *, texts: Iterable[str], seed: int) -> bool:

@@ -31,10 +31,17 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
 
     Loaded as PreTrainedTokenizerFast explicitly: in transformers 5.x AutoTokenizer on a folder
     whose config says Qwen2 may build Qwen's own tokenizer class instead of the one saved there.
+    An eos token is required (generation stops on it). A missing pad token falls back to eos, as
+    many checkpoints ship without one: pads only fill masked positions, so which id they carry
+    does not change any logprob or loss.
     """
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer at model.path {path} must define pad and eos tokens")
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer at model.path {path} defines no eos token; set eos_token in its "
+                         "tokenizer_config.json (generation stops on it)")
+    if tokenizer.pad_token_id is None:
+        logger.info("tokenizer at %s defines no pad token; padding with eos %r", path, tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 

@@ -1,5 +1,8 @@
-"""Builds the tiny demo model: a small Qwen2 causal LM with a character-level tokenizer trained
-on the task's text, saved in Hugging Face format so every later stage loads it like a real model.
+"""Builds the tiny demo model: a small Qwen2 (or Llama, Qwen3) causal LM with a character-level
+tokenizer trained on the task's text, saved in Hugging Face format so every later stage loads it
+like a real model. The other architectures exist so the runtime's paths (load, vLLM generate,
+weight sync, tensor parallelism) are tested on each family users bring, at a size that runs in
+seconds.
 
 Shapes are chosen for the engines, not only for size: vLLM's CPU attention accepts head sizes
 32, 64, 80, ... (16 is refused), so the default is hidden 128 over 4 heads (head_dim 32) with 2
@@ -14,13 +17,28 @@ from typing import Iterable
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0..3 in this order
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# model_type -> config class. Qwen3 defaults head_dim to 128 whatever the hidden size, so the
+# builder always passes head_dim explicitly.
+TINY_ARCHITECTURES: dict[str, type[PretrainedConfig]] = {
+    "qwen2": Qwen2Config,
+    "llama": LlamaConfig,
+    "qwen3": Qwen3Config,
+}
 
 
 def train_char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
@@ -56,8 +74,10 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int = 512,
     max_position_embeddings: int = 64,
+    architecture: str = "qwen2",
 ) -> Path:
-    """Train a tokenizer on `texts`, initialise a Qwen2 model from `seed` and save both at `path`.
+    """Train a tokenizer on `texts`, initialise an `architecture` model (a key of
+    TINY_ARCHITECTURES) from `seed` and save both at `path`.
 
     Returns `path`. The weights are written as safetensors with `save_pretrained`, so
     `load_causal_lm` and vLLM read them the same way as a downloaded checkpoint.
@@ -68,13 +88,16 @@ def build_tiny_model(
             f"hidden_size {hidden_size} / num_heads {num_heads} must give a head size in "
             f"{SUPPORTED_HEAD_DIMS} (vLLM's CPU attention refuses others)"
         )
+    if architecture not in TINY_ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r} is not one of {sorted(TINY_ARCHITECTURES)}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
     path = Path(path)
     tokenizer = train_char_tokenizer(texts)
     tokenizer.model_max_length = max_position_embeddings
-    config = Qwen2Config(
+    config = TINY_ARCHITECTURES[architecture](
         vocab_size=len(tokenizer),
+        head_dim=head_dim,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -89,7 +112,7 @@ def build_tiny_model(
     # A private RNG stream: building a model must not move the caller's global torch seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -99,5 +122,5 @@ def build_tiny_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     num_params = sum(p.numel() for p in model.parameters())
-    logger.info("built tiny-qwen2 at %s: %d parameters, vocab %d", path, num_params, len(tokenizer))
+    logger.info("built tiny-%s at %s: %d parameters, vocab %d", architecture, path, num_params, len(tokenizer))
     return path

@@ -1,5 +1,5 @@
 """Who holds what: the training layout (TP x DP), the generation layout (TP x DP) over the same
-ranks, and which Qwen2 weights are split along which dimension, kept as data.
+ranks, and which decoder weights (Llama, Qwen2, Qwen3) are split along which dimension, kept as data.
 
 Ranks are TP-major inside a DP replica (rank = dp_rank * tp_size + tp_rank), the usual order, so a
 TP group is a run of consecutive ranks and its collectives stay on one node.
@@ -13,11 +13,11 @@ from typing import Literal
 
 TpStyle = Literal["colwise", "rowwise"]
 
-# Qwen2 decoder-layer linears and how tensor parallelism splits them (Megatron style): colwise
-# splits the output features (weight dim 0, bias dim 0), rowwise the input features (weight dim 1;
-# its bias, absent in Qwen2's o_proj/down_proj, would stay whole). Embeddings, norms and the tied
+# Decoder-layer linears (the same names in Llama, Qwen2 and Qwen3) and how tensor parallelism
+# splits them (Megatron style): colwise splits the output features (weight dim 0, bias dim 0),
+# rowwise the input features (weight dim 1; its bias, absent in o_proj/down_proj, would stay whole). Embeddings, norms and the tied
 # lm_head are not in the map and stay replicated.
-QWEN2_TP_PLAN: dict[str, TpStyle] = {
+DECODER_TP_PLAN: dict[str, TpStyle] = {
     "self_attn.q_proj": "colwise",
     "self_attn.k_proj": "colwise",
     "self_attn.v_proj": "colwise",
@@ -27,7 +27,18 @@ QWEN2_TP_PLAN: dict[str, TpStyle] = {
     "mlp.down_proj": "rowwise",
 }
 
+# Replicated decoder-layer modules that see only this rank's heads (Qwen3's per-head q/k RMSNorms,
+# applied after the colwise q/k projections): each TP rank's gradient for them is a partial sum
+# over its heads, so the gradients are summed over the `tp` group before the update.
+TP_PARTIAL_GRADIENT_MODULES = ("self_attn.q_norm", "self_attn.k_norm")
+
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def has_partial_gradient(name: str) -> bool:
+    """True for a replicated HF parameter whose TP-rank gradient covers only that rank's heads."""
+    match = _LAYER.match(name)
+    return match is not None and match.group(2) in TP_PARTIAL_GRADIENT_MODULES
 
 
 def shard_dim(name: str) -> int | None:
@@ -35,7 +46,7 @@ def shard_dim(name: str) -> int | None:
     match = _LAYER.match(name)
     if match is None:
         return None
-    style = QWEN2_TP_PLAN.get(match.group(2))
+    style = DECODER_TP_PLAN.get(match.group(2))
     if style == "colwise":
         return 0
     if style == "rowwise" and match.group(3) == "weight":

@@ -1,10 +1,11 @@
-"""Apply the training layout to a plain Hugging Face Qwen2 model from outside: a tensor-parallel
-plan (DTensor, `QWEN2_TP_PLAN`) on the mesh's `tp` dimension, and gradient averaging over `dp`.
+"""Apply the training layout to a plain Hugging Face Llama, Qwen2 or Qwen3 model from outside: a
+tensor-parallel plan (DTensor, `DECODER_TP_PLAN`) on the mesh's `tp` dimension, and gradient averaging over `dp`.
 
 Data parallelism is plain gradient averaging over the DP group after backward (what DDP does,
 without its bucketed overlap) rather than DDP or FSDP2: DDP over DTensor parameters needs torch's
 private 2-D hooks, and FSDP2 would shard the weights a second time along DP, which the allgather
-step would then have to undo too. Qwen2's attention reshapes with -1 heads, so it runs on the local heads unchanged.
+step would then have to undo too. These architectures' attention reshapes with -1 heads, so it runs on the
+local heads unchanged.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from rldock.contract.tensor_parallel import check_divisible
-from rldock.runtime.resharding.parallel_layout import QWEN2_TP_PLAN, ParallelLayout
+from rldock.contract.tensor_parallel import check_architecture, check_divisible
+from rldock.runtime.resharding.parallel_layout import DECODER_TP_PLAN, ParallelLayout, has_partial_gradient
 
 _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
@@ -27,26 +28,39 @@ def build_mesh(layout: ParallelLayout, device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (layout.dp_size, layout.tp_size), mesh_dim_names=("dp", "tp"))
 
 
-def parallelize_qwen2(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Split every decoder layer's linears over the mesh's `tp` dimension, in place; returns `model`.
 
     With a TP size of 1 the model is left as plain tensors (a DTensor over one rank buys nothing).
     """
     tp_size = mesh["tp"].size()
     config = model.config
+    check_architecture(tp_size=tp_size, model_type=config.model_type, field="training.tensor_parallel_size")
     check_divisible(tp_size=tp_size, num_heads=config.num_attention_heads,
                     num_kv_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
                     field="training.tensor_parallel_size")
     if tp_size == 1:
         return model
     plan = {f"model.layers.{i}.{suffix}": _STYLES[style]()
-            for i in range(config.num_hidden_layers) for suffix, style in QWEN2_TP_PLAN.items()}
+            for i in range(config.num_hidden_layers) for suffix, style in DECODER_TP_PLAN.items()}
     return parallelize_module(model, mesh["tp"], plan)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (an alias, sharing storage), or `tensor` itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@torch.no_grad()
+def sum_partial_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Sum over the `tp` group the gradients of replicated per-head modules (`has_partial_gradient`),
+    in place, so every TP rank holds the whole model's gradient for them (after backward)."""
+    tp = mesh["tp"]
+    if tp.size() == 1:
+        return
+    for name, param in model.named_parameters():
+        if param.grad is not None and has_partial_gradient(name):
+            dist.all_reduce(local_tensor(param.grad), group=tp.get_group())
 
 
 @torch.no_grad()
@@ -89,7 +103,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float
 
 def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, *,
                     max_grad_norm: float) -> float:
-    """After backward: average over DP, clip over the whole (TP-split) model, step. Returns the norm."""
+    """After backward: complete per-head gradients over TP, average over DP, clip over the whole
+    (TP-split) model, step. Returns the norm."""
+    sum_partial_gradients(model, mesh)
     average_gradients(model, mesh)
     norm = clip_grad_norm(model, max_grad_norm, mesh)
     optimizer.step()

