@@ -6,7 +6,8 @@ One iteration, as data moves (see docs/architecture.md):
   (actor ranks) | reference logprobs | rule reward -> advantages -> update (actor ranks, DDP)
   -> new weights pushed into each rank's engine in memory. That is GRPO's recipe; the algorithm's
 recipe (runtime/src/rldock/runtime/algorithms/recipes.py) says which states run, e.g. PPO adds the critic's value
-inference (before advantages) and its update.
+inference (before advantages) and its update, and a `model` reward term the reward model's scoring
+(before the reward).
 All stages are launched at once; the dock's controllers hand a sample to a stage only when its
 input columns are ready, which is what orders them.
 """
