@@ -43,6 +43,9 @@ def test_a_valid_mix_of_terms_has_no_problems():
     ({"name": "function", "function": "rewards.py:1st"}, "reward.terms[0].function", "is not"),
     ({"name": "function", "function": "my-pkg:score"}, "reward.terms[0].function", "is not"),
     ({"name": "remote", "url": "ftp://host/x"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+    ({"name": "model"}, "reward.terms[0].path", "a `model` term needs path"),
+    ({"name": "digit_match", "path": "/rm"}, "reward.terms[0].path", "only a `model` term takes path"),
+    ({"name": "model", "path": "/rm", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term"),
 ])
 def test_each_wrong_option_is_named_with_its_term_index(term, path, words):
     (problem,) = _problems(term)
@@ -89,3 +92,44 @@ def test_the_options_table_covers_every_name_and_every_option_of_a_term():
     assert set(TERM_OPTIONS) == set(get_args(RewardTermSpec.model_fields["name"].annotation))
     options = {option for required, optional in TERM_OPTIONS.values() for option in required + optional}
     assert options == set(RewardTermSpec.model_fields) - {"name", "weight"}
+
+
+def test_one_model_term_is_fine_a_second_is_named():
+    assert _problems({"name": "model", "path": "/rm"}, {"name": "digit_match", "weight": 0.5}) == []
+    problems = _problems({"name": "model", "path": "/rm"}, {"name": "digit_match"}, {"name": "model", "path": "/rm2"})
+    assert [p.path for p in problems] == ["reward.terms[2].name"]
+    assert "only one `model` term per job (reward.terms[0] is one already)" in problems[0].message
+
+
+def _job(reward: dict, **sections) -> list[Problem]:
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config({**BASE, "reward": reward, **sections})
+    return caught.value.problems
+
+
+def test_the_reward_model_worker_takes_a_device_share_that_must_fit():
+    """Actor and reference ranks fill DP devices in pairs; a critic or a reward model takes half a
+    device more, the two together one device."""
+    model = {"name": "model", "path": "/rm"}
+    one_device = {"resources": {"devices_per_node": 1}, "training": {"data_parallel_size": 1}}
+    (problem,) = _job({"terms": [model]}, **one_device)
+    assert problem.path == "resources.devices_per_node"
+    assert problem.message.startswith("reward.terms[0] runs a reward-model worker besides the 1 actor")
+    assert "needs 2 devices but resources give 1" in problem.message
+    two_devices = {"resources": {"devices_per_node": 2}, "training": {"data_parallel_size": 1}}
+    parse_job_config({**BASE, "reward": {"terms": [model]}, **two_devices})
+    ppo = {**BASE["algorithm"], "name": "ppo"}
+    parse_job_config({**BASE, "reward": {"terms": [model]}, "algorithm": ppo, **two_devices})  # critic + RM: 1 device
+    (problem,) = _job({"terms": [model]}, algorithm=ppo, **one_device)
+    assert "runs a critic worker and reward.terms[0] runs a reward-model worker" in problem.message
+
+
+def test_evaluation_needs_a_term_besides_the_model():
+    data = {**BASE["data"], "generator": {**BASE["data"]["generator"], "num_val_prompts": 10}}
+    base = {**BASE, "evaluation": {"interval": 1}, "data": data}
+    model = {"name": "model", "path": "/rm"}
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config({**base, "reward": {"terms": [model]}})
+    (problem,) = caught.value.problems
+    assert problem.path == "evaluation.interval" and "other than `model`" in problem.message
+    parse_job_config({**base, "reward": {"terms": [model, {"name": "math_verify", "weight": 0}]}})

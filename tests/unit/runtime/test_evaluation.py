@@ -124,3 +124,23 @@ def test_the_trainers_held_out_set_is_the_val_files_scored_by_the_jobs_reward(to
     answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]
     assert evaluator.score([[a] for a in answers])["val/val/accuracy"] == 1.0
     assert evaluator.score([[[eos]]] * 5)["val/accuracy"] == 0.0
+
+
+def test_held_out_responses_are_scored_without_the_reward_model_term(tokenizer, tmp_path):
+    import json
+
+    from rldock.config import parse_job_config
+    from rldock.runtime.trainer import heldout_evaluation
+
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(3)))
+    cfg = parse_job_config({
+        "iterations": 10, "model": {"path": "/unused"}, "evaluation": {"interval": 1},
+        "data": {"train_files": [str(val)], "val_files": [str(val)], "chat_template": "none"},
+        "reward": {"terms": [{"name": "model", "path": "/no/reward/model"}, {"name": "exact_match", "weight": 2}]},
+        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
+                      "max_response_length": 4, "learning_rate": 0.0}})
+    evaluator = heldout_evaluation(cfg, tokenizer, [str(val)])
+    eos = tokenizer.eos_token_id
+    answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]
+    assert evaluator.score([[a] for a in answers])["val/reward"] == 2.0  # exact_match only, weighted

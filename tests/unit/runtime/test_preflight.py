@@ -148,3 +148,16 @@ def test_a_missing_reward_function_file_names_its_term(tmp_path):
     (problem,) = find_path_problems(cfg)
     assert problem.path == "reward.terms[2].function"
     assert f"{tmp_path}/absent.py does not exist" in problem.message
+
+
+def test_a_model_reward_terms_folder_is_checked_as_a_model_directory(tmp_path):
+    cfg = _config(tmp_path / "m", builder=True)
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    cfg = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"terms": [
+        cfg.reward.terms[0], cfg.reward.terms[0].model_copy(update={"name": "model", "path": str(rm)})]})})
+    (problem,) = find_path_problems(cfg)
+    assert problem.path == "reward.terms[1].path" and "has no config.json" in problem.message
+    _model_dir(rm / "ok")
+    cfg.reward.terms[1].path = str(rm / "ok")
+    assert find_path_problems(cfg) == []

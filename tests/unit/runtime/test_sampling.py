@@ -72,6 +72,16 @@ def test_merge_rounds_sums_numbers_and_joins_lists_per_worker():
     assert merge_rounds(rounds) == [{"compute_s": 1.5, "rewards": [1, 3]}, {"compute_s": 2.25, "rewards": [2]}]
 
 
+def test_merge_rounds_merges_the_reward_workers_metric_states_key_by_key():
+    """DAPO's reward worker returns its metric sums and counts each round; the rounds' are summed."""
+    first = {"reward_metrics": {"sums": {"reward/model": 1.5}, "counts": {"reward/model": 2}, "errors": 0}}
+    second = {"reward_metrics": {"sums": {"reward/model": 0.5, "reward/x/y": 1.0}, "counts": {"reward/model": 2,
+                                                                                              "reward/x/y": 1}, "errors": 1}}
+    assert merge_rounds([[first], [second]]) == [{"reward_metrics": {
+        "sums": {"reward/model": 2.0, "reward/x/y": 1.0}, "counts": {"reward/model": 4, "reward/x/y": 1}, "errors": 1}}]
+    assert first["reward_metrics"]["sums"] == {"reward/model": 1.5}  # the inputs are left as they were
+
+
 def test_group_rows_are_the_samples_of_each_group_slot():
     assert group_rows(torch.tensor([0, 2]), 3).tolist() == [0, 1, 2, 6, 7, 8]
 

@@ -153,11 +153,12 @@ class RewardTermSpec(Spec):
 
     # One flat model rather than a union per name: the RLJob CRD needs a structural schema (no
     # oneOf), and a flat model lists every option in one table of the reference.
-    name: Literal["math_verify", "exact_match", "digit_match", "format", "function", "remote"] = Field(
+    name: Literal["math_verify", "exact_match", "digit_match", "format", "function", "remote", "model"] = Field(
         description="`math_verify`: 1 if the response's final answer (after the last `####`, in "
         "`\\boxed{}`, else the last number) equals the ground truth by math-verify; `exact_match`: 1 for "
         "the exact answer; `digit_match`: partial credit for digits in place; `format`: 1 if the "
-        "response matches `pattern`; `function`: your Python function; `remote`: an HTTP scoring service.",
+        "response matches `pattern`; `function`: your Python function; `remote`: an HTTP scoring service; "
+        "`model`: a learned reward model (a sequence classifier at `path`) run as its own worker.",
     )
     weight: float = Field(
         default=1.0, ge=-1000, le=1000,
@@ -199,6 +200,12 @@ class RewardTermSpec(Spec):
         description="`remote` only: samples per request; unset: all samples the reward worker "
         "scores at once (training.micro_batch_size).",
     )
+    path: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_PATH_LENGTH,
+        description="`model` only: a local Hugging Face folder holding a sequence-classification reward "
+        "model with one label (AutoModelForSequenceClassification, num_labels 1) and its tokenizer "
+        "(tokenizer.json); the score is its logit at the last token of prompt text + response text.",
+    )
 
 
 class RewardSpec(Spec):
@@ -216,6 +223,11 @@ class RewardSpec(Spec):
         "the term and the sample's data source; `zero` scores that term 0 for that sample, counts it "
         "in the `reward/errors` metric and logs one warning per batch.",
     )
+
+    @property
+    def model_term_index(self) -> Optional[int]:
+        """Index of the `model` term (at most one, config/problems.py), or None without one."""
+        return next((index for index, term in enumerate(self.terms) if term.name == "model"), None)
 
 
 class WarmupSpec(Spec):

@@ -8,6 +8,7 @@ into a condition and an Event on an RLJob that the API server's schema already a
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,15 +64,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
             f"{what} need {ranks} devices but resources give {cfg.resources.num_nodes} node(s) x "
             f"{cfg.resources.devices_per_node} = {cfg.num_devices}; lower the DP or TP size or add devices",
         ))
-    # The critic (ppo, pf_ppo) asks for half a device like an actor or reference rank, which
-    # already fill DP devices between them in pairs.
-    if needs_critic(algo.name) and dp + 1 > cfg.num_devices >= dp:
-        problems.append(Problem(
-            "resources.devices_per_node",
-            f"algorithm.name {algo.name} runs a critic worker besides the {dp} actor and reference "
-            f"rank pairs, so it needs {dp + 1} devices but resources give {cfg.num_devices}; add a "
-            "device or lower training.data_parallel_size",
-        ))
+    problems.extend(_extra_worker_problems(cfg))
     warehouses = cfg.dock.num_warehouses
     if warehouses is not None and warehouses > algo.num_prompts_per_iteration:
         problems.append(Problem(
@@ -95,6 +88,26 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
+    """The critic (ppo, pf_ppo) and the reward model (a `model` reward term) each ask for half a
+    device like an actor or reference rank, which already fill DP devices between them in pairs;
+    together the two extra workers fit one more device."""
+    dp, algo = cfg.training.data_parallel_size, cfg.algorithm
+    extra = []
+    if needs_critic(algo.name):
+        extra.append(f"algorithm.name {algo.name} runs a critic worker")
+    if cfg.reward.model_term_index is not None and needs_rollout(algo.name):
+        extra.append(f"reward.terms[{cfg.reward.model_term_index}] runs a reward-model worker")
+    needed = dp + math.ceil(len(extra) / 2)
+    if not extra or not dp <= cfg.num_devices < needed:
+        return []
+    return [Problem(
+        "resources.devices_per_node",
+        f"{' and '.join(extra)} besides the {dp} actor and reference rank pairs, so the job needs {needed} "
+        f"devices but resources give {cfg.num_devices}; add a device or lower training.data_parallel_size",
+    )]
+
+
 def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
     evaluation = cfg.evaluation
     problems: list[Problem] = []
@@ -111,6 +124,14 @@ def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
             "evaluation.interval",
             "evaluation needs held-out prompts: list them in data.val_files (or, with data.generator, set "
             "data.generator.num_val_prompts), or set evaluation.interval to 0",
+        ))
+    # Held-out responses are scored in the driver, which holds no reward model (docs/rewards.md).
+    if evaluation.interval > 0 and all(term.name == "model" for term in cfg.reward.terms):
+        problems.append(Problem(
+            "evaluation.interval",
+            "held-out evaluation scores with the reward terms other than `model`, and this job has none; add "
+            "one (weight 0 counts it for evaluation only, e.g. {name: math_verify, weight: 0}) or set "
+            "evaluation.interval to 0",
         ))
     if evaluation.interval > 0 and not needs_rollout(cfg.algorithm.name):
         problems.append(Problem(
@@ -253,11 +274,13 @@ TERM_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "format": (("pattern",), ()),
     "function": (("function",), ()),
     "remote": (("url",), ("timeout_s", "max_retries", "token_env", "batch_size")),
+    "model": (("path",), ()),
 }
 _OPTION_HELP = {
     "pattern": "a Python regex the whole response must match",
     "function": "`path/to/file.py:function` or `package.module:function`",
     "url": "the http(s) URL of the scoring service",
+    "path": "a local Hugging Face folder with a one-label sequence-classification model and its tokenizer",
 }
 # `file.py:fn` (any path ending in .py) or `package.module:fn`.
 FUNCTION_REFERENCE = re.compile(r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$")
@@ -280,6 +303,13 @@ def reward_problems(reward: RewardSpec) -> list[Problem]:
                 problems.append(Problem(f"{at}.{option}", f"only a `{owner}` term takes {option}; remove it "
                                         f"from this `{term.name}` term"))
         problems.extend(_term_value_problems(term, at))
+    models = [index for index, term in enumerate(reward.terms) if term.name == "model"]
+    # One reward_model worker state writes one dock column (rm_score); a second model would need
+    # a second state and column, and the device share of each.
+    for index in models[1:]:
+        problems.append(Problem(f"reward.terms[{index}].name", f"only one `model` term per job (reward.terms"
+                                f"[{models[0]}] is one already); score with one reward model, or combine "
+                                "several into one folder's classifier"))
     return problems
 
 

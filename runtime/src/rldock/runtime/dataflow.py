@@ -14,6 +14,11 @@ PROMPT = ("prompt_ids", "prompt_mask")
 # data source and extra info up by it in its own copy of the rows.
 PROMPT_INDEX = ("prompt_index",)
 RESPONSE = ("response_ids", "response_mask")
+# (B,) float32: a learned reward model's scalar for each prompt + response, written by the
+# `reward_model` state (only in a job with a `model` reward term: job_recipe adds it) and read by
+# the reward state as that term's scores.
+RM_SCORE = ("rm_score",)
+REWARD_MODEL_STATE = "reward_model"
 
 # state -> columns it consumes
 CONSUMES: dict[str, tuple[str, ...]] = {

@@ -49,6 +49,8 @@ CHECKS: tuple[PathCheck, ...] = (
     # A user reward function given as a file (`rewards/my.py:score`); a module reference is imported.
     PathCheck("reward.terms[{i}].function",
               lambda cfg: [function_file(term.function) for term in cfg.reward.terms], PathKind.FILE),
+    # A `model` term's reward model folder (config.json, tokenizer, weights).
+    PathCheck("reward.terms[{i}].path", lambda cfg: [term.path for term in cfg.reward.terms], PathKind.MODEL_DIR),
 )
 
 

@@ -75,15 +75,25 @@ def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer
 
 def merge_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
     """One stage's per-worker result dicts of several rounds -> one dict per worker: numbers summed,
-    lists concatenated (workers in the same order every round)."""
+    lists concatenated, dicts merged the same way key by key (the reward worker's metric sums and
+    counts) (workers in the same order every round)."""
     merged = []
     for per_worker in zip(*rounds):
         out: dict = {}
         for result in per_worker:
-            for key, value in result.items():
-                out[key] = out[key] + value if key in out else (list(value) if isinstance(value, list) else value)
+            _merge_into(out, result)
         merged.append(out)
     return merged
+
+
+def _merge_into(out: dict, result: dict) -> None:
+    for key, value in result.items():
+        if isinstance(value, dict):
+            _merge_into(out.setdefault(key, {}), value)
+        elif key in out:
+            out[key] = out[key] + value
+        else:
+            out[key] = list(value) if isinstance(value, list) else value
 
 
 def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -6,7 +6,8 @@ One iteration, as data moves (see docs/architecture.md):
   (actor ranks) | reference logprobs | rule reward -> advantages -> update (actor ranks, DDP)
   -> new weights pushed into each rank's engine in memory. That is GRPO's recipe; the algorithm's
 recipe (runtime/src/rldock/runtime/algorithms/recipes.py) says which states run, e.g. PPO adds the critic's value
-inference (before advantages) and its update.
+inference (before advantages) and its update, and a `model` reward term the reward model's scoring
+(before the reward).
 All stages are launched at once; the dock's controllers hand a sample to a stage only when its
 input columns are ready, which is what orders them.
 """
@@ -32,7 +33,7 @@ from rldock.runtime import cluster
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
                                  prepare_data_files, tokenizer_corpus)
-from rldock.runtime.dataflow import TOKEN_COLUMNS
+from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
@@ -48,6 +49,7 @@ from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.critic import CriticWorker
 from rldock.runtime.workers.reference import ReferenceWorker
 from rldock.runtime.workers.reward import RewardWorker
+from rldock.runtime.workers.reward_model import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -101,16 +103,18 @@ def _write_atomically(final: Path, write) -> None:
 @dataclass
 class WorkerGroups:
     """The Ray actors of a job. Only the groups the recipe's states need exist: DPO has no reward or
-    advantage worker, only PPO and PF-PPO have a critic."""
+    advantage worker, only PPO and PF-PPO have a critic, only a job with a `model` reward term a
+    reward model."""
 
     actors: list
     references: list
     reward: object | None = None
     advantage: object | None = None
     critic: object | None = None
+    reward_model: object | None = None
 
     def all(self) -> list:
-        singles = (self.reward, self.advantage, self.critic)
+        singles = (self.reward, self.advantage, self.critic, self.reward_model)
         return [*self.actors, *self.references, *(handle for handle in singles if handle is not None)]
 
 
@@ -241,7 +245,12 @@ class Trainer:
             # The critic starts from the initial policy's body, whatever policy the actors resume from.
             critic = cluster.remote(CriticWorker, num_cpus=1, resources=share).remote(
                 cfg, policy_dir=str(self.reference_dir), dock=dock)
-        groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critic=critic)
+        reward_model = None
+        if REWARD_MODEL_STATE in states:  # a device share, like a reference rank
+            reward_model = cluster.remote(RewardModelWorker, num_cpus=1, resources=share).remote(
+                cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
+        groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critic=critic,
+                              reward_model=reward_model)
         rendezvous = ray.get(actors[0].pick_rendezvous.remote())
         ray.get([a.join_group.remote(rendezvous) for a in actors])
         return groups
@@ -376,6 +385,7 @@ class Trainer:
             "actor_inference": lambda: [a.compute_old_logprobs.remote(iteration) for a in w.actors],
             "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in w.references],
             "reward": lambda: [w.reward.compute_rewards.remote(iteration)],
+            REWARD_MODEL_STATE: lambda: [w.reward_model.compute_scores.remote(iteration)],
             "advantage": lambda: [w.advantage.compute_advantages.remote(iteration)],
             "update": lambda: [a.update.remote(iteration) for a in w.actors],
             "critic_inference": lambda: [w.critic.compute_values.remote(iteration)],
@@ -582,7 +592,9 @@ def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> E
     positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
     examples = [EvalExample(prompt=e.prompt, ground_truth=e.ground_truth, data_source=e.data_source,
                             extra_info=e.extra_info) for e in dataset.examples(positions)]
-    scorer = RewardScorer(cfg.reward)
+    # The driver holds no reward model: held-out responses are scored by the other terms only
+    # (config/problems.py refuses evaluation in a job whose only term is `model`).
+    scorer = RewardScorer(cfg.reward.model_copy(update={"terms": [t for t in cfg.reward.terms if t.name != "model"]}))
 
     def score(responses: list[str], scored: list[EvalExample]) -> list[float]:
         return scorer.score(responses, [e.ground_truth for e in scored], [e.data_source for e in scored],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rldock.config.job import JobConfig
+from rldock.config.job import JobConfig, RewardSpec
 from rldock.config.problems import find_problems
 from rldock.runtime.algorithms.recipes import get_recipe, job_recipe, recomputes_old_logprobs
 
@@ -58,3 +58,31 @@ def test_never_with_several_updates_or_stale_samples_is_a_problem_naming_both_fi
     assert [p.path for p in problems] == ["algorithm.recompute_old_logprobs"]
     assert "dock.max_staleness" in problems[0].message
     assert find_problems(_cfg(recompute_old_logprobs="never")) == []
+
+
+def _with_model_term(cfg: JobConfig) -> JobConfig:
+    return cfg.model_copy(update={"reward": RewardSpec(terms=[{"name": "model", "path": "/rm"},
+                                                             {"name": "digit_match", "weight": 0.1}])})
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo", "pf_ppo", "dapo"])
+def test_a_model_term_adds_the_reward_model_state_before_the_reward(name):
+    plain = job_recipe(_cfg(name))
+    assert "reward_model" not in plain.consumes and "rm_score" not in plain.consumes["reward"]
+    recipe = job_recipe(_with_model_term(_cfg(name)))
+    assert recipe.consumes["reward_model"] == ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    assert recipe.produces["reward_model"] == ("rm_score",)
+    assert recipe.consumes["reward"] == plain.consumes["reward"] + ("rm_score",)
+    states = list(recipe.consumes)
+    assert states.index("reward_model") == states.index("reward") - 1
+    assert _closed(recipe)
+    rounds = recipe.sampling_rounds
+    if rounds is None:
+        assert "reward_model" in recipe.launched_states
+    else:  # DAPO: the filter reads the reward, so the reward model runs in every sampling round
+        assert rounds.states == ("rollout", "reward", "reward_model")
+        assert "reward_model" not in recipe.launched_states
+
+
+def test_a_model_term_adds_nothing_to_dpo_which_has_no_reward_state():
+    assert job_recipe(_with_model_term(_cfg("dpo"))).consumes == get_recipe("dpo").consumes

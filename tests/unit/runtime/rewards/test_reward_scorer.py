@@ -104,3 +104,36 @@ def test_the_cli_reports_a_reward_failure_from_a_worker_by_its_message():
     assert isinstance(wrapped, RewardError)
     assert reward_failure(wrapped) == str(cause)
     assert reward_failure(cause) == str(cause)
+
+
+def test_precomputed_scores_stand_for_their_term_weighted_and_reported():
+    spec = {"terms": [{"name": "model", "path": "/rm", "weight": 0.5}, {"name": "exact_match"}]}
+    scorer = RewardScorer(RewardSpec(**spec))
+    scored = scorer.score(["42", "41"], ["42", "42"], ["d", "d"], [{}, {}],
+                          precomputed={0: torch.tensor([2.0, -4.0], dtype=torch.float64)})
+    assert scored.term_scores["model"].dtype == torch.float32
+    assert scored.term_scores["model"].tolist() == [2.0, -4.0]
+    assert scored.scores.tolist() == [2.0, -2.0]  # 0.5 * model + exact_match
+    assert scored.metrics["reward/model"] == -1.0
+
+
+def test_a_model_term_without_its_precomputed_scores_says_where_they_come_from():
+    scorer = RewardScorer(RewardSpec(terms=[{"name": "model", "path": "/rm"}]))
+    with pytest.raises(RewardError, match=r"reward.terms\[0\] \(model /rm\) has no precomputed scores.*reward_model"):
+        scorer.score(["42"], ["42"], ["d"], [{}])
+
+
+@pytest.mark.parametrize("precomputed, words", [
+    ({0: torch.tensor([1.0, 2.0])}, "shape (2,) for 1 samples"),
+    ({0: torch.tensor([math.nan])}, "non-finite"),
+])
+def test_precomputed_scores_of_the_wrong_shape_or_not_finite_are_refused(precomputed, words):
+    scorer = RewardScorer(RewardSpec(terms=[{"name": "model", "path": "/rm"}]))
+    with pytest.raises(RewardError) as caught:
+        scorer.score(["42"], ["42"], ["d"], [{}], precomputed=precomputed)
+    assert words in str(caught.value)
+
+
+def test_precomputed_scores_for_a_term_that_does_not_exist_are_refused():
+    with pytest.raises(ValueError, match=r"term indices \[3\]"):
+        RewardScorer(RewardSpec()).score(["42"], ["42"], ["d"], [{}], precomputed={3: torch.zeros(1)})

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import get_recipe, job_recipe
 from rldock.runtime.data import Columns, Row, load_rows
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.workers.reward import RewardWorker
@@ -53,6 +53,7 @@ def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),)) -> RewardWor
     worker.cfg, worker.dock, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
     worker.scorer, worker.shaping = RewardScorer(cfg.reward), recipe.reward_shaping
     worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
+    worker.model_term = None
     return worker
 
 
@@ -86,3 +87,24 @@ def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
     result = _worker("grpo", dock, rows).compute_rewards(iteration=1)
     assert result["rewards"] == [1.0, 0.0, 0.0]
     assert dock.written["reward"].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
+    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"},
+                    reward={"terms": [{"name": "exact_match"}, {"name": "model", "path": "/rm", "weight": 0.5}]},
+                    algorithm={"name": "grpo", "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
+                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0})
+    recipe = job_recipe(cfg)
+    worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
+    worker.cfg, worker.tokenizer, worker.rows = cfg, DigitTokenizer(), [Row("3+4=", "77", "addition")]
+    worker.scorer, worker.shaping, worker.model_term = RewardScorer(cfg.reward), recipe.reward_shaping, 1
+    worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
+    assert "rm_score" in worker.consumes
+    response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
+    batch = TensorDict({"response_ids": response_ids, "response_mask": torch.ones_like(response_ids),
+                        "prompt_index": torch.tensor([0, 0]), "rm_score": torch.tensor([-1.0, 3.0])}, batch_size=[2])
+    worker.dock = dock = OneBatchDock(batch)
+    result = worker.compute_rewards(iteration=1)
+    assert result["rewards"] == [0.5, 1.5]  # exact_match + 0.5 * rm_score
+    assert dock.written["reward"].tolist() == [0.5, 1.5]
+    assert merge_reward_metrics([result["reward_metrics"]])["reward/model"] == 1.0

@@ -22,7 +22,8 @@ from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
 from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
-                                     PPO_CONSUMES, PPO_PRODUCES, PRODUCES)
+                                     PPO_CONSUMES, PPO_PRODUCES, PRODUCES, PROMPT, REWARD_MODEL_STATE, RESPONSE,
+                                     RM_SCORE)
 from rldock.runtime.registry import Registry
 
 # (batch columns of the advantage state, algorithm spec, generator for any sampling) -> the
@@ -124,16 +125,39 @@ def recomputes_old_logprobs(cfg: JobConfig) -> bool:
 
 def job_recipe(cfg: JobConfig) -> Recipe:
     """The algorithm's recipe as this job runs it, less the passes its config makes redundant: the
-    old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0. The one
-    place the flow is derived: the dock's states, the trainer's launched states and the workers'
-    inputs all come from it, so they agree."""
+    old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, plus the
+    reward model's state when a reward term is `model`. The one place the flow is derived: the
+    dock's states, the trainer's launched states and the workers' inputs all come from it, so they
+    agree."""
     recipe = get_recipe(cfg.algorithm.name)
     dropped = set()
     if "actor_inference" in recipe.consumes and not recomputes_old_logprobs(cfg):
         dropped.add("actor_inference")
     if "reference" in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
         dropped.add("reference")
-    return without_states(recipe, dropped)
+    recipe = without_states(recipe, dropped)
+    if cfg.reward.model_term_index is not None:
+        recipe = with_reward_model(recipe)
+    return recipe
+
+
+def with_reward_model(recipe: Recipe) -> Recipe:
+    """`recipe` with the `reward_model` state, which reads prompt + response and writes `rm_score`
+    for the reward state to read; it runs wherever the reward state does (in DAPO's sampling rounds
+    too, whose filter reads the reward). A recipe without a reward state (DPO) is returned as is."""
+    if "reward" not in recipe.consumes:
+        return recipe
+    consumes: dict[str, tuple[str, ...]] = {}
+    for state, columns in recipe.consumes.items():
+        if state == "reward":  # dict order is the launch order: the reward model before its reader
+            consumes[REWARD_MODEL_STATE] = PROMPT + RESPONSE
+            columns = columns + RM_SCORE
+        consumes[state] = columns
+    produces = {**recipe.produces, REWARD_MODEL_STATE: RM_SCORE}
+    rounds = recipe.sampling_rounds
+    if rounds is not None and "reward" in rounds.states:
+        rounds = replace(rounds, states=(*rounds.states, REWARD_MODEL_STATE))
+    return replace(recipe, consumes=consumes, produces=produces, sampling_rounds=rounds)
 
 
 def without_states(recipe: Recipe, states: set[str]) -> Recipe:

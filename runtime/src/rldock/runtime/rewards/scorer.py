@@ -5,6 +5,10 @@ term's index: `reward/format_0`, `reward/format_2`), `reward/<term>/<key>` the m
 numeric key a term's dicts returned, and `reward/errors` the number of (term, sample) pairs that
 raised and scored 0 under `reward.on_error: zero`.
 
+A term whose scores were computed elsewhere (the `model` term: the reward_model worker state
+writes them to the dock) gets them through `score(..., precomputed={term index: (B,) scores})`;
+they are weighted and reported like any other term's.
+
 A return value of the wrong kind (not a number, a dict without a numeric "score", NaN) always
 fails, whatever `on_error` says: it comes from the function's code, not from one sample, and
 would silently zero every sample.
@@ -16,7 +20,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -51,7 +55,7 @@ class _Term:
 
 
 def _describe(term: RewardTermSpec, at: str) -> str:
-    detail = term.function or term.url or term.pattern
+    detail = term.function or term.url or term.pattern or term.path
     return f"{at} ({term.name} {detail})" if detail else f"{at} ({term.name})"
 
 
@@ -70,16 +74,28 @@ class RewardScorer:
             self.terms.append(_Term(label, _describe(term, at), term.weight, build(term, at)))
 
     def score(self, responses: list[str], ground_truths: list[str], data_sources: list[str],
-              extra_infos: list[dict]) -> ScoredBatch:
+              extra_infos: list[dict], *, precomputed: Mapping[int, torch.Tensor] | None = None) -> ScoredBatch:
+        """Score a batch; `precomputed` maps a term's index in reward.terms to its (B,) scores,
+        computed elsewhere (the `model` term's rm_score), used instead of calling the term."""
         num = len(responses)
         if not len(ground_truths) == len(data_sources) == len(extra_infos) == num:
             raise ValueError(f"{num} responses but {len(ground_truths)} ground truths, {len(data_sources)} "
                              f"data sources and {len(extra_infos)} extra infos")
+        precomputed = precomputed or {}
+        unknown = set(precomputed) - set(range(len(self.terms)))
+        if unknown:
+            raise ValueError(f"precomputed scores for term indices {sorted(unknown)}; reward.terms has "
+                             f"{len(self.terms)} terms")
         total = torch.zeros(num, dtype=torch.float32)  # (B,)
         term_scores: dict[str, torch.Tensor] = {}
         extras: dict[str, list[float]] = {}
         num_errors = 0
-        for term in self.terms:
+        for index, term in enumerate(self.terms):
+            if index in precomputed:
+                scores = _checked_scores(precomputed[index], term, num)  # (B,)
+                term_scores[term.label] = scores
+                total += term.weight * scores
+                continue
             outcomes = term.score_batch(data_sources, responses, ground_truths, extra_infos)
             if len(outcomes) != num:
                 raise RewardError(f"{term.description} returned {len(outcomes)} scores for {num} samples")
@@ -106,6 +122,16 @@ class RewardScorer:
             term_scores[term.label] = scores
             total += term.weight * scores
         return ScoredBatch(total, term_scores, extras, num_errors)
+
+
+def _checked_scores(scores: torch.Tensor, term: _Term, num: int) -> torch.Tensor:
+    """Precomputed scores as (B,) float32 on the CPU; a wrong shape or a NaN/inf is an error."""
+    scores = scores.detach().to("cpu", torch.float32)
+    if scores.shape != (num,):
+        raise RewardError(f"{term.description} got precomputed scores of shape {tuple(scores.shape)} for {num} samples")
+    if not torch.isfinite(scores).all():
+        raise RewardError(f"{term.description} got non-finite precomputed scores: {scores.tolist()}")
+    return scores
 
 
 def _number(value: Any) -> float | None:

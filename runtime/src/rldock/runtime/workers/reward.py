@@ -2,7 +2,8 @@
 
 Only each sample's `prompt_index` (its train-file row) travels through the dock; the worker reads
 the same train files itself at start and looks up the ground truth, data source and extra info by
-that index, so no reference text is ever tokenized into the dock.
+that index, so no reference text is ever tokenized into the dock. A `model` term's scores come
+precomputed from the reward_model state, as the dock's `rm_score` column.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
@@ -29,7 +30,8 @@ class RewardWorker:
         # The trainer passes the files it read (a generator's are under the job's output), so
         # prompt_index means the same row here as in the driver.
         self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data))
-        recipe = get_recipe(cfg.algorithm.name)
+        recipe = job_recipe(cfg)
+        self.model_term = cfg.reward.model_term_index  # its scores: the dock's rm_score column
         self.shaping = recipe.reward_shaping
         self.consumes = recipe.consumes["reward"]  # dock columns it reads
         self.produces = recipe.produces["reward"]  # "reward" (shaped), and "score" where a filter needs it
@@ -48,7 +50,8 @@ class RewardWorker:
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
             ground_truths, data_sources, extra_infos = self.references(indices, batch)
-            scored = self.scorer.score(responses, ground_truths, data_sources, extra_infos)
+            precomputed = {} if self.model_term is None else {self.model_term: batch["rm_score"]}
+            scored = self.scorer.score(responses, ground_truths, data_sources, extra_infos, precomputed=precomputed)
             metrics.add(scored)
             rewards.extend(scored.scores.tolist())  # the combined reward, unshaped: what the learning curve shows
             shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)

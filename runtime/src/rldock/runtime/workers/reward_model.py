@@ -1,0 +1,54 @@
+"""The reward-model worker state (`reward_model`): a learned reward model's score for every sample,
+written to the dock as `rm_score` for the reward state's `model` term (classic RLHF).
+
+It runs only in a job with a `model` reward term (job_recipe adds the state), on one device share
+like a reference rank. What the reward model sees is text, not the policy's tokens (its vocabulary
+may differ): the policy's prompt, decoded from the dock's prompt ids without special tokens (so
+after the policy's chat template or data.system_prompt, as the policy saw it), followed directly
+by the response text (up to the first EOS, without special tokens), re-tokenized with the reward
+model's own tokenizer. No chat template of the reward model is applied: train or pick a reward
+model on the same text layout.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.dataflow import REWARD_MODEL_STATE
+from rldock.runtime.device import detect_device
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.models.loading import decode_responses, load_tokenizer
+from rldock.runtime.models.reward_model import load_reward_model
+from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.workers.stage_loop import run_stage
+
+
+def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
+    """Prompt text + response text of each sample, decoded with the policy's `tokenizer`."""
+    prompts = tokenizer.batch_decode([ids[mask.bool()] for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])],
+                                     skip_special_tokens=True)
+    responses = decode_responses(tokenizer, batch["response_ids"], batch["response_mask"])
+    return [prompt + response for prompt, response in zip(prompts, responses)]
+
+
+class RewardModelWorker:
+    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock):
+        self.cfg, self.dock = cfg, dock
+        self.consumes = job_recipe(cfg).consumes[REWARD_MODEL_STATE]  # dock columns it reads
+        self.device = detect_device(cfg.resources.device)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role="reward model")
+        self.tokenizer = load_tokenizer(tokenizer_dir)  # the policy's, to decode the dock's ids
+        index = cfg.reward.model_term_index
+        self.reward_model = load_reward_model(cfg.reward.terms[index].path, dtype=cfg.model.dtype,
+                                              device=self.device.torch_device, field=f"reward.terms[{index}].path")
+
+    def compute_scores(self, iteration: int) -> dict:
+        def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
+            return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
+
+        return run_stage(self.dock, REWARD_MODEL_STATE, self.consumes, infer, rank=0,
+                         batch_size=self.cfg.training.micro_batch_size).as_dict()

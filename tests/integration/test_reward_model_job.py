@@ -1,0 +1,79 @@
+"""A learned reward model in a real job (classic RLHF): the `model` term's reward_model worker
+scores every sample through the dock, and its rm_score reaches the reward. The reward model is
+built with a constant head (every text scores RM_SCORE), so `reward/model` must be exactly that
+and the reward the weighted sum with the rule term."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+G, N, RM_SCORE, DIGIT_WEIGHT = 2, 4, 0.75, 0.5
+
+
+def build_constant_reward_model(path: Path) -> Path:
+    """A tiny Qwen2ForSequenceClassification that scores every text RM_SCORE: all tokens embed to
+    ones, the layers add nothing (zero output projections), so the final hidden state is all ones
+    after the RMS norm, and the head's weights are RM_SCORE / hidden_size."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from rldock.runtime.models.tiny import train_char_tokenizer
+
+    tokenizer = train_char_tokenizer(["0123456789+= abcdefghijklmnopqrstuvwxyz"])
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         num_labels=1, rms_norm_eps=1e-12)
+    model = Qwen2ForSequenceClassification(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(1.0)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.score.weight.fill_(RM_SCORE / config.hidden_size)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("reward-model")
+    build_constant_reward_model(root / "rm")
+    return root
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "dapo"])
+def test_the_reward_models_score_reaches_the_reward(root, algorithm):
+    output = root / algorithm
+    config = root / f"{algorithm}.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": f"it-rm-{algorithm}", "seed": 2, "iterations": 2,
+        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+        "algorithm": {"name": algorithm, "num_prompts_per_iteration": G, "num_responses_per_prompt": N,
+                      "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4},
+        "reward": {"terms": [{"name": "model", "path": str(root / "rm")},
+                             {"name": "digit_match", "weight": DIGIT_WEIGHT}]},
+        "training": {"data_parallel_size": 1, "micro_batch_size": 8},
+        "dock": {"timeout_s": 120},
+        "checkpoint": {"interval": 2, "keep_last": 1},
+    }))
+    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
+                          "--no-progress"], capture_output=True, text=True, timeout=900, check=False)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    assert [r["iteration"] for r in records] == [1, 2]
+    for record in records:
+        assert record["reward/model"] == pytest.approx(RM_SCORE, abs=1e-5)
+        assert record["reward_mean"] == pytest.approx(RM_SCORE + DIGIT_WEIGHT * record["reward/digit_match"], abs=1e-5)
+        assert record["timing"]["reward_model"] >= 0
+        handed_out = record["dock"]["controllers"]["reward_model"]["samples_handed_out"]
+        # DAPO's sampling rounds may score more groups than it keeps; every kept sample was scored.
+        assert handed_out == G * N if algorithm != "dapo" else handed_out >= G * N
