@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -72,8 +73,15 @@ _IMPORT_EVERYTHING = textwrap.dedent("""
 def fresh_install(tmp_path_factory) -> Path:
     """`pip install --no-deps` of the rldock wheel into a folder of its own."""
     work = tmp_path_factory.mktemp("fresh-install")
+    # Built from a copy of what the wheel is made of: setuptools keeps a build/ folder beside the
+    # sources, and a stale one in the checkout (a module since removed) would end up in the wheel.
+    source = work / "source"
+    for root in ("api/src", "runtime/src", "operator/src"):
+        shutil.copytree(REPO / root, source / root, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(work / "dist"), str(REPO)], check=True, capture_output=True)
+                    "--wheel-dir", str(work / "dist"), str(source)], check=True, capture_output=True)
     wheel = next((work / "dist").glob("rldock-*.whl"))
     site = work / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
