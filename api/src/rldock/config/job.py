@@ -40,7 +40,7 @@ class ModelSpec(Spec):
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
         "trained on the train prompts and answers) and save it at `path`: `tiny-qwen2` (the demo's), or the same "
         "shapes as `tiny-llama` or `tiny-qwen3`. For demos and tests; leave unset for real checkpoints "
-        "(see docs/bring-your-own-model.md).",
+        "(see docs/bring-your-own.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Parameter dtype for training and generation."

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 # GGUF `general.architecture` values whose import and runtime path are tested (see
-# docs/bring-your-own-model.md); transformers maps them to LlamaForCausalLM, Qwen2ForCausalLM, ...
+# docs/bring-your-own.md); transformers maps them to LlamaForCausalLM, Qwen2ForCausalLM, ...
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 PROBE_MESSAGES = [{"role": "user", "content": "Sam has 3 apples and buys 5 more. How many apples does Sam have now?"}]
 # Saved and GGUF-loaded models run the same weights through the same code; float32 sums may still
