@@ -15,7 +15,7 @@ Shapes:
 - `fixed_cost`: the demo's model and workers with G2 N2 and 2-token responses, so the iteration
   is its fixed cost (dispatch, Ray round trips, bookkeeping);
 - `generation_heavy`: G32 N8, 128-token responses that never stop early, a 2.4M-parameter Qwen2
-  with head_dim 64 (its EOS is made unreachable, so every response runs to max_response_length);
+  with head_dim 64 (its EOS is made (nearly) unreachable, so responses run to max_response_length);
 - `early_stop`: the same model and limits with its EOS reachable: an untrained model stops after
   ~20 of the 128 allowed tokens, so most of the dock's response columns are padding.
 
@@ -61,7 +61,7 @@ BASELINE = "all_off"
 # The generation-heavy model: hidden 256 over 4 heads (head_dim 64, which vLLM's CPU attention takes).
 HEAVY_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1280,
                "max_position_embeddings": 256}
-NEVER_EOS = "<never>"
+NO_EOS_LOGIT_SCALE = 30.0  # the other tokens' logits reach tens: EOS at 0 keeps a negligible share
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,13 @@ def merge(base: dict, extra: dict) -> dict:
 
 
 def build_heavy_models(root: Path, seed: int) -> dict[str, Path]:
-    """The generation-heavy Qwen2 (built once) and a copy whose EOS is an id the model cannot emit,
-    so vLLM never stops a response early."""
+    """The generation-heavy Qwen2 (built once) and a copy that (almost) never samples EOS, so
+    responses run to max_response_length: its LM head is untied, EOS's row zeroed (logit 0) and the
+    other rows scaled up, so some other token's logit is far above 0 at every position. (vLLM
+    refuses a stop id outside the vocabulary, so EOS itself must stay a real token.)"""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
     from rldock.config.job import TaskSpec
     from rldock.runtime.models.loading import load_tokenizer
     from rldock.runtime.models.tiny import build_tiny_model
@@ -108,10 +113,13 @@ def build_heavy_models(root: Path, seed: int) -> dict[str, Path]:
     if not (heavy / "config.json").is_file():
         build_tiny_model(heavy, texts=make_task(TaskSpec(), seed=seed).corpus(), seed=seed, **HEAVY_MODEL)
     if not (no_eos / "config.json").is_file():
-        shutil.copytree(heavy, no_eos, dirs_exist_ok=True)
         tokenizer = load_tokenizer(heavy)
-        # One id past the model's vocabulary: the tokenizer knows it, the model never samples it.
-        tokenizer.add_special_tokens({"eos_token": NEVER_EOS})
+        model = Qwen2ForCausalLM.from_pretrained(heavy)
+        head = model.get_input_embeddings().weight.detach().clone() * NO_EOS_LOGIT_SCALE  # (V, H)
+        head[tokenizer.eos_token_id] = 0.0
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(head)
+        model.save_pretrained(no_eos)
         tokenizer.save_pretrained(no_eos)
     return {"heavy": heavy, "heavy_no_eos": no_eos}
 

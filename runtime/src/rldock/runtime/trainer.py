@@ -530,10 +530,31 @@ def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict
     pending = list(stage_of)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        result = ray.get(done[0])  # raises the worker's exception, naming the actor and stage
+        try:
+            result = ray.get(done[0])  # raises the worker's exception, naming the actor and stage
+        except ray.exceptions.RayTaskError as error:
+            # A rank whose collective peer was killed fails at once (connection reset) while Ray
+            # still reports the death: the death is the cause, and only it is retried (run()).
+            raise _dead_worker_error(pending) or error
         if finished is not None:
             finished.setdefault(stage_of[done[0]], []).append(result)
     return {stage: ray.get(refs) for stage, refs in futures.items()}
+
+
+DEAD_WORKER_GRACE_S = 5.0  # how long a stage error waits for Ray to report a dead worker behind it
+
+
+def _dead_worker_error(pending: list) -> Exception | None:
+    """The error of a worker that died among `pending` futures, as Ray reports it within the grace."""
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEAD_WORKER_GRACE_S) if pending else ([], [])
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as died:
+            return died
+        except ray.exceptions.RayTaskError:
+            continue  # another stage's own error: not a death
+    return None
 
 
 # Update results whose values are dicts named per rank (the resharding memory ledger and times):
