@@ -104,14 +104,14 @@ def build_heavy_models(root: Path, seed: int) -> dict[str, Path]:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from rldock.config.job import TaskSpec
+    from rldock.runtime.data import ALPHABET
     from rldock.runtime.models.loading import load_tokenizer
     from rldock.runtime.models.tiny import build_tiny_model
-    from rldock.runtime.tasks import make_task
 
     heavy, no_eos = root / "heavy-qwen2", root / "heavy-qwen2-no-eos"
     if not (heavy / "config.json").is_file():
-        build_tiny_model(heavy, texts=make_task(TaskSpec(), seed=seed).corpus(), seed=seed, **HEAVY_MODEL)
+        # the addition prompts' characters: digits, + and =
+        build_tiny_model(heavy, texts=[ALPHABET], seed=seed, **HEAVY_MODEL)
     if not (no_eos / "config.json").is_file():
         tokenizer = load_tokenizer(heavy)
         model = Qwen2ForCausalLM.from_pretrained(heavy)
