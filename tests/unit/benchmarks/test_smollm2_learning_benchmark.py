@@ -16,8 +16,8 @@ DATA = {"train": ["/d/train.jsonl"], "val": ["/d/val.jsonl"]}
 
 
 def _parsed(overrides: list[str]) -> dict:
-    return dict((key, json.loads(value) if value.startswith("[") else value)
-                for key, value in (o.split("=", 1) for o in overrides))
+    return {key: json.loads(value) if value.startswith("[") else value
+            for key, value in (o.split("=", 1) for o in overrides)}
 
 
 def test_overrides_point_the_example_at_the_prepared_model_and_data():
