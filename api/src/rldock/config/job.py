@@ -70,6 +70,16 @@ class GeneratorSpec(Spec):
     max_operand: int = Field(
         default=99, ge=1, le=10**6, description="`addition`: largest operand drawn (inclusive)."
     )
+    operations: list[Literal["add", "subtract", "multiply", "share"]] = Field(
+        default=["add", "subtract", "multiply", "share"], min_length=1, max_length=4,
+        description="`word_problems`: the kinds of problem drawn, each equally often (the difficulty "
+        "knob: a 135M model is partly right on `add` and `subtract`, rarely on `multiply` and `share`).",
+    )
+    max_number: int = Field(
+        default=20, ge=3, le=10**6,
+        description="`word_problems`: largest number added or given away (inclusive); the factors of "
+        "`multiply` and `share` stay at most min(10, max_number).",
+    )
 
 
 class DataSpec(Spec):

@@ -66,6 +66,10 @@ def _build_parser() -> argparse.ArgumentParser:
                           help="directory for train.jsonl and val.jsonl")
     generate.add_argument("--seed", type=int, default=0, help="the rows are a pure function of it (default 0)")
     generate.add_argument("--max-operand", type=int, default=99, help="addition: largest operand (default 99)")
+    generate.add_argument("--operations", default="add,subtract,multiply,share",
+                          help="word_problems: comma-separated kinds drawn (default add,subtract,multiply,share)")
+    generate.add_argument("--max-number", type=int, default=20,
+                          help="word_problems: largest number added or given away (default 20)")
     generate.add_argument("--prompt-key", default=None,
                           help="column of the prompt (default: question for word_problems, as GSM8K; else prompt)")
     generate.add_argument("--answer-key", default="answer", help="column of the answer (default answer)")
@@ -101,7 +105,8 @@ def _generate_data(args: argparse.Namespace) -> int:
     prompt_key = args.prompt_key or ("question" if args.generator == "word_problems" else "prompt")
     try:
         spec = GeneratorSpec(name=args.generator, num_prompts=args.num_train, num_val_prompts=args.num_val,
-                             max_operand=args.max_operand)
+                             max_operand=args.max_operand, operations=args.operations.split(","),
+                             max_number=args.max_number)
         columns = column_names(DataSpec(generator=spec, prompt_key=prompt_key, answer_key=args.answer_key))
     except ValidationError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -77,6 +77,28 @@ def test_word_problems_are_deterministic_and_val_questions_never_appear_in_train
     assert generate_word_problems(spec, seed=8).train != first.train
 
 
+def test_word_problem_difficulty_knob_limits_the_kinds_and_numbers():
+    spec = GeneratorSpec(name="word_problems", num_prompts=400, num_val_prompts=50, operations=["add", "subtract"],
+                         max_number=9)
+    rows = generate_word_problems(spec, seed=0)
+    kinds, numbers = set(), set()
+    for row in [*rows.train, *rows.val]:
+        a, op, b = re.search(r"(\d+) ([-+*/]) (\d+) =", row["answer"]).groups()
+        kinds.add(op)
+        numbers |= {int(a), int(b)}
+    assert kinds == {"+", "-"} and max(numbers) == 9 and min(numbers) == 1
+    products = generate_word_problems(GeneratorSpec(name="word_problems", num_prompts=200, operations=["multiply"],
+                                                    max_number=4), seed=0).train
+    assert {int(n) for r in products for n in re.findall(r"(\d+) \* (\d+)", r["answer"])[0]} == {2, 3, 4}
+
+
+def test_too_narrow_word_problems_for_the_validation_size_name_the_knobs():
+    spec = GeneratorSpec(name="word_problems", num_prompts=5000, num_val_prompts=5000, operations=["multiply"],
+                         max_number=3)
+    with pytest.raises(ValueError, match="num_val_prompts.*operations or max_number"):
+        generate_word_problems(spec, seed=0)
+
+
 def test_a_generator_writes_files_under_the_configs_keys_and_the_loader_reads_them(tmp_path):
     spec = DataSpec(generator=GeneratorSpec(name="word_problems", num_prompts=20, num_val_prompts=5),
                     prompt_key="question", chat_template="none")
@@ -105,3 +127,9 @@ def test_cli_writes_gsm8k_files(tmp_path, capsys):
     val = [json.loads(line) for line in (tmp_path / "val.jsonl").read_text().splitlines()]
     assert len(train) == 8 and len(val) == 2 and set(train[0]) == {"question", "answer", "data_source"}
     assert main(["data", "generate", "addition", "--num-train", "0", "--out", str(tmp_path / "x")]) == 2
+    assert main(["data", "generate", "word_problems", "--num-train", "4", "--operations", "add", "--max-number", "5",
+                 "--out", str(tmp_path / "easy")]) == 0
+    easy = [json.loads(line) for line in (tmp_path / "easy" / "train.jsonl").read_text().splitlines()]
+    assert all(" + " in row["answer"] and int(row["answer"].split("#### ")[1]) <= 10 for row in easy)
+    assert main(["data", "generate", "word_problems", "--num-train", "4", "--operations", "divide",
+                 "--out", str(tmp_path / "bad")]) == 2
