@@ -8,6 +8,7 @@ Regenerate with: python -m rldock.config.config_reference > docs/config-referenc
 from __future__ import annotations
 
 import sys
+import inspect
 import typing
 
 from pydantic import BaseModel
@@ -27,6 +28,15 @@ def _type_name(annotation) -> str:
     if origin is typing.Union:
         return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
     return getattr(annotation, "__name__", str(annotation))
+
+
+def _optional_model(annotation) -> type[BaseModel] | None:
+    """The section of an optional section field (`Optional[GeneratorSpec]`), else None."""
+    if typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            return args[0]
+    return None
 
 
 def _list_item_model(annotation) -> type[BaseModel] | None:
@@ -60,7 +70,7 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
     nested: list[tuple[str, type[BaseModel]]] = []
     out.append(f"## `{prefix or '(top level)'}`\n")
     if model.__doc__ and model is not JobConfig:
-        out.append(model.__doc__.strip() + "\n")
+        out.append(inspect.cleandoc(model.__doc__) + "\n")  # continuation lines unindented, not code
     out.append("| field | type | default | constraints | description |")
     out.append("| --- | --- | --- | --- | --- |")
     for name, info in model.model_fields.items():
@@ -69,6 +79,13 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((path, annotation))
             out.append(f"| `{name}` | section | {_default(info)} | | see [`{path}`](#{path.replace('.', '')}) |")
+            continue
+        optional = _optional_model(annotation)
+        if optional is not None:  # an optional section, e.g. data.generator: unset unless given
+            nested.append((path, optional))
+            description = (info.description or "").replace("|", "\\|")
+            out.append(f"| `{name}` | optional section, see [`{path}`](#{path.replace('.', '')}) | "
+                       f"{_default(info)} | | {description} |")
             continue
         item = _list_item_model(annotation)
         if item is not None:  # a list of sections, e.g. reward.terms: one table for every item
