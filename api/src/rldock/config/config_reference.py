@@ -7,8 +7,8 @@ Regenerate with: python -m rldock.config.config_reference > docs/config-referenc
 
 from __future__ import annotations
 
-import sys
 import inspect
+import sys
 import typing
 
 from pydantic import BaseModel
