@@ -12,24 +12,9 @@ from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.models.tiny import train_char_tokenizer
 from rldock.runtime.workers.reward_model import RewardModelWorker, sample_texts
 
+from dock_doubles import OneBatchDock
+
 TEXTS = ["3+4=", "12+30=", "7", "42", "abc"]
-
-
-class OneBatchDock:
-    """Test double of TransferDock: hands the whole batch out once, records what is put."""
-
-    def __init__(self, batch: TensorDict):
-        self.batch, self.given, self.waited_s, self.written = batch, False, 0.0, None
-        self.drained = False  # never says so: the consumer asks until it hears None
-
-    def get(self, state, columns, **kwargs):
-        if self.given:
-            return None
-        self.given = True
-        return torch.arange(len(self.batch)), self.batch.select(*columns)
-
-    def put(self, indices, out, *, policy_version=None):
-        self.written = out
 
 
 def _batch(tokenizer) -> TensorDict:

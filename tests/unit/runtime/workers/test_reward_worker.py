@@ -14,6 +14,8 @@ from rldock.runtime.data import Columns, Row, load_rows
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.workers.reward import RewardWorker
 
+from dock_doubles import OneBatchDock
+
 EOS, PAD = 1, 0
 
 
@@ -24,23 +26,6 @@ class DigitTokenizer:
 
     def decode(self, tokens, skip_special_tokens=True):
         return "".join(str(t - 3) for t in tokens if t >= 3)
-
-
-class OneBatchDock:
-    """Test double of TransferDock: hands the whole batch out once, records what is put."""
-
-    def __init__(self, batch: TensorDict):
-        self.batch, self.given, self.waited_s, self.written = batch, False, 0.0, None
-        self.drained = False  # never says so: the consumer asks until it hears None
-
-    def get(self, state, columns, **kwargs):
-        if self.given:
-            return None
-        self.given = True
-        return torch.arange(len(self.batch)), self.batch.select(*columns)
-
-    def put(self, indices, out, *, policy_version=None):
-        self.written = out
 
 
 def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),)) -> RewardWorker:
