@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable, Optional
 
+from rldock.contract.log_records import prefixed_records
+
 PREFIX = "RLDOCK_FAILURE "
 
 
@@ -71,13 +73,6 @@ def parse_failure(record: Any) -> Optional[JobFailure]:
 def last_failure(log_lines: Iterable[str]) -> Optional[JobFailure]:
     """The last well-formed failure record in a log, or None; other lines are ignored."""
     last = None
-    for line in log_lines:
-        start = line.find(PREFIX)
-        if start < 0:
-            continue
-        try:
-            failure = parse_failure(json.loads(line[start + len(PREFIX):]))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash mid-write
-        last = failure or last
+    for record in prefixed_records(log_lines, PREFIX):
+        last = parse_failure(record) or last
     return last

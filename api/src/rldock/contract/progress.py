@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from rldock.contract.log_records import prefixed_records
+
 PREFIX = "RLDOCK_PROGRESS "
 
 
@@ -42,14 +44,7 @@ def evaluation_headline(record: dict[str, Any] | None) -> dict[str, Any]:
 def last_progress(log_lines: Iterable[str]) -> dict[str, Any] | None:
     """The last well-formed progress record in a log, or None; other lines are ignored."""
     last = None
-    for line in log_lines:
-        start = line.find(PREFIX)
-        if start < 0:
-            continue
-        try:
-            record = json.loads(line[start + len(PREFIX):])
-        except json.JSONDecodeError:
-            continue  # a line cut by log rotation or a crash mid-write
+    for record in prefixed_records(log_lines, PREFIX):
         if isinstance(record, dict):
             last = record
     return last
