@@ -13,40 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reward_model_builder import build_tiny_reward_model  # tests/reward_model_builder.py
+
 pytestmark = pytest.mark.integration
 
 G, N, RM_SCORE, DIGIT_WEIGHT = 2, 4, 0.75, 0.5
 
 
-def build_constant_reward_model(path: Path) -> Path:
-    """A tiny Qwen2ForSequenceClassification that scores every text RM_SCORE: all tokens embed to
-    ones, the layers add nothing (zero output projections), so the final hidden state is all ones
-    after the RMS norm, and the head's weights are RM_SCORE / hidden_size."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
-    from rldock.runtime.models.tiny import train_char_tokenizer
-
-    tokenizer = train_char_tokenizer(["0123456789+= abcdefghijklmnopqrstuvwxyz"])
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                         num_labels=1, rms_norm_eps=1e-12)
-    model = Qwen2ForSequenceClassification(config)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.fill_(1.0)
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.score.weight.fill_(RM_SCORE / config.hidden_size)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("reward-model")
-    build_constant_reward_model(root / "rm")
+    build_tiny_reward_model(root / "rm", texts=["0123456789+= abcdefghijklmnopqrstuvwxyz"], constant=RM_SCORE)
     return root
 
 
