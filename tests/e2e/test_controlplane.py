@@ -216,7 +216,9 @@ def test_no_process_left_when_interrupted(control_plane: ControlPlane, tmp_path:
         assert all(pid_alive(pid) for pid in pids.values())
         child.send_signal(signum)
         child.wait(timeout=60)
-        wait_for("all servers gone", lambda: not any(map(pid_alive, pids.values())), timeout=15)
+        # Polls the state; the bound only limits a failure. Servers stopping gracefully on a loaded
+        # 2-core machine (a full test run beside them) can take longer than 15 s.
+        wait_for("all servers gone", lambda: not any(map(pid_alive, pids.values())), timeout=60)
     finally:
         child.kill()
         child.wait()
