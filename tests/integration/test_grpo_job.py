@@ -25,9 +25,9 @@ pytestmark = pytest.mark.integration
 G, N, ITERATIONS = 4, 4, 4
 
 
-def job_config(model_dir: Path) -> dict:
+def job_config(model_dir: Path, iterations: int = ITERATIONS) -> dict:
     return {
-        "name": "it-grpo", "seed": 1, "iterations": ITERATIONS,
+        "name": "it-grpo", "seed": 1, "iterations": iterations,
         "model": {"path": str(model_dir), "builder": "tiny-qwen2"},
         "warmup": {"steps": 20, "batch_size": 32},
         "algorithm": {"num_prompts_per_iteration": G, "num_responses_per_prompt": N,
@@ -146,8 +146,11 @@ def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
     """SIGKILL one actor rank's process mid-run: the job restarts its workers from the last
     checkpoint by itself and still ends with every iteration logged exactly once."""
+    # Many iterations after the kill point, so the kill always lands while the actor is still
+    # needed: with 4 iterations the job could finish between the poll and the kill.
+    iterations = 20
     config = tmp_path / "job.yaml"
-    config.write_text(yaml.safe_dump(job_config(tmp_path / "model")))
+    config.write_text(yaml.safe_dump(job_config(tmp_path / "model", iterations)))
     output = tmp_path / "run"
     job = start_job(config, output, "--max-restarts", "1")
     deadline = time.monotonic() + 600
@@ -161,7 +164,9 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
             if " ".join(p.cmdline()).startswith("ray::ActorWorker")]
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)
+    killed_at = len(read_metrics(output))
     log, _ = job.communicate(timeout=600)
     assert job.returncode == 0, log
+    assert killed_at < iterations, "the job finished before the kill; the test proved nothing"
     assert "a worker died" in log and "restart 1 of 1" in log
-    assert [r["iteration"] for r in read_metrics(output)] == list(range(1, ITERATIONS + 1))
+    assert [r["iteration"] for r in read_metrics(output)] == list(range(1, iterations + 1))
