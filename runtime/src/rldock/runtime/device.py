@@ -6,6 +6,11 @@ This is the only module that knows device kinds. Everything else takes a `Device
 
 `torch_npu` is imported lazily: it is absent on CPU/CUDA machines, and importing it registers the
 `npu` device with torch (`torch.npu`), which is what `detect_device` then queries.
+
+The npu twin (a test double outside the product, `rldock_e2e.doubles.npu_twin`) registers a
+`torch.npu` of its own that marks itself with `TWIN = True`. It is an Ascend device here in every
+respect but the kernels: the same `npu:N` tensors, allocator counters, pinned buffers, streams and
+code paths. The only substitutions are `TWIN_SUBSTITUTES`, read through `DeviceInfo`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ DeviceKind = Literal["npu", "cuda", "cpu"]
 BACKENDS: dict[str, str] = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 REQUESTABLE = ("auto", "npu", "cuda", "cpu")
 
+# What the npu twin replaces, and with what (nothing else may branch on the twin):
+# - HCCL -> gloo: npu tensors are staged through host memory by the twin's `hccl_twin` backend,
+#   host tensors go to gloo, as "cpu:gloo,npu:hccl" would split them on Ascend;
+# - vllm-ascend -> vLLM's CPU engine: generation runs the CPU platform's engine (its weights come
+#   from the npu tensors, so the device -> engine weight path still runs).
+TWIN_SUBSTITUTES = {"backend": "cpu:gloo,npu:hccl_twin", "engine_kind": "cpu"}
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -38,6 +50,12 @@ class DeviceInfo:
     kind: DeviceKind
     torch_device: str
     backend: str
+    twin: bool = False  # the npu twin (see TWIN_SUBSTITUTES)
+
+    @property
+    def engine_kind(self) -> DeviceKind:
+        """The platform the rollout engine runs on: the device's own, the CPU's for the twin."""
+        return TWIN_SUBSTITUTES["engine_kind"] if self.twin else self.kind  # type: ignore[return-value]
 
     @property
     def is_accelerator(self) -> bool:
@@ -50,8 +68,14 @@ class DeviceInfo:
         return int(index) if index else None
 
 
+def _npu_twin_active() -> bool:
+    return bool(getattr(getattr(torch, "npu", None), "TWIN", False))
+
+
 def _npu_available() -> bool:
     """True when torch_npu imports and sees an NPU; importing it registers `torch.npu`."""
+    if _npu_twin_active():  # the twin is chosen by name only, never by `auto` (see detect_device)
+        return False
     try:
         importlib.import_module("torch_npu")
     except ImportError:
@@ -70,6 +94,8 @@ _PROBES = {"npu": _npu_available, "cuda": _cuda_available, "cpu": lambda: True}
 
 def _info(kind: DeviceKind, index: int) -> DeviceInfo:
     torch_device = "cpu" if kind == "cpu" else f"{kind}:{index}"
+    if kind == "npu" and _npu_twin_active():
+        return DeviceInfo(kind=kind, torch_device=torch_device, backend=TWIN_SUBSTITUTES["backend"], twin=True)
     return DeviceInfo(kind=kind, torch_device=torch_device, backend=BACKENDS[kind])
 
 
@@ -79,6 +105,8 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
     `auto` picks npu, then cuda, then cpu. An explicitly requested kind that this machine cannot
     provide raises `RuntimeError` naming the field, instead of quietly training on the CPU.
     `index` is the local device index (0 for an actor that was given one device).
+    The npu twin answers only an explicit `npu`: `auto` on a machine without hardware stays CPU
+    even in a process where a test installed the twin.
     """
     if requested not in REQUESTABLE:
         raise ValueError(f"resources.device must be one of {REQUESTABLE}, got {requested!r}")
@@ -89,6 +117,8 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
                 logger.info("resources.device=auto resolved to %s", info.torch_device)
                 return info
         return _info("cpu", index)
+    if requested == "npu" and _npu_twin_active():
+        return _info("npu", index)
     if not _PROBES[requested]():
         hint = {
             "npu": "torch_npu is not installed or sees no NPU (is CANN set up and the NPU visible?)",

@@ -37,7 +37,7 @@ class HostStagedGloo(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("hccl_twin", store), rank, size, timeout)
 
-    def getBackendName(self) -> str:  # noqa: N802 (the c10d name)
+    def getBackendName(self) -> str:  # c10d's name for it
         return BACKEND_NAME
 
     def allreduce(self, tensors, opts):

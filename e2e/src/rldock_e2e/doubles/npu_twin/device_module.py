@@ -56,7 +56,7 @@ def set_device(device: torch.device | str | int) -> None:
     _ext.set_device(_index(device))
 
 
-class device:  # noqa: N801 (torch_npu's name)
+class device:  # torch_npu's name (a lower-case class)
     """Context manager: make `index` the current device inside the block."""
 
     def __init__(self, index: torch.device | str | int | None):

@@ -284,6 +284,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  const c10::DeviceGuard guard(dst.device());  // a grown storage is allocated on dst's device
   at::native::resize_(dst, self.sizes(), std::nullopt);
   return copy_from(self, dst, false);
 }

@@ -73,7 +73,7 @@ def _prepare_process(device: DeviceInfo) -> None:
                 f"{key}={previous!r} is set in the environment, but the rollout engine runs vLLM "
                 f"in-process and needs {key}={value!r}"
             )
-    if device.kind != "cpu":
+    if device.engine_kind != "cpu":
         return
     # kv cache size comes from rollout.cpu_kv_cache_gib (as bytes, so fractions of a GiB work);
     # vLLM lets the legacy whole-GiB variable override it, so a stray one is dropped loudly.
@@ -153,7 +153,7 @@ class VllmRolloutEngine:
             enforce_eager=rollout.enforce_eager,
             disable_log_stats=True,
         )
-        if device.kind == "cpu":
+        if device.engine_kind == "cpu":
             if dtype != "float32":
                 # This CPU path has no fast bf16/fp16 kernels, and logprobs then drift from the
                 # float32 trainer's; float32 matches HF to about 1e-6.
@@ -172,7 +172,7 @@ class VllmRolloutEngine:
                 # Frees weights and KV cache while the trainer uses the same device.
                 enable_sleep_mode=True,
             )
-        self._sleep_enabled = device.kind != "cpu"
+        self._sleep_enabled = device.engine_kind != "cpu"
 
         num_threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         ld_preload = os.environ.get("LD_PRELOAD")

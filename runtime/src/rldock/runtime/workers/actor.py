@@ -149,9 +149,10 @@ class ActorWorker:
 
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
             with torch.no_grad():
                 logprobs = self._logprobs(batch)
-            return TensorDict({"old_logprobs": logprobs}, batch_size=[len(indices)])
+            return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         if self.sharded is not None:  # the TP group computes together; its params come back first
             self.sharded.begin_inference()
