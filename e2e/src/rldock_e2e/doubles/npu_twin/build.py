@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -36,6 +37,10 @@ def load_extension() -> ModuleType:
     """The compiled extension, built first when the cache lacks it."""
     from torch.utils.cpp_extension import load
 
+    # The venv's own ninja (requirements/cpu.lock) when the venv is not activated, as under `make test`.
+    venv_bin = str(Path(sys.executable).parent)
+    if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join([venv_bin, os.environ.get("PATH", "")])
     compiler = os.environ.get("CXX", "c++")
     missing = [tool for tool in (compiler, "ninja") if shutil.which(tool) is None]
     if missing:
