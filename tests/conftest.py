@@ -89,3 +89,20 @@ def emulated_nodes(control_plane: ControlPlane) -> Iterator[Callable[..., dict]]
     yield make
     if made:
         control_plane.kubectl("delete", "nodes", *made, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def npu_twin():
+    """`torch.npu`, the npu twin's (docs/accelerators.md): built once per machine into the cache
+    (about 30 s of CPU time cold), installed once per test process; skips with the reason only
+    where no compiler can build it. It stays registered for the rest of the process, where
+    `resources.device: auto` still resolves to the CPU (the twin answers only an explicit `npu`)."""
+    from rldock_e2e.doubles.npu_twin import TwinUnavailable, activate
+
+    try:
+        activate()
+    except TwinUnavailable as error:
+        pytest.skip(str(error))
+    import torch
+
+    return torch.npu

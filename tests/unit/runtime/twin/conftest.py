@@ -1,9 +1,4 @@
-"""The npu twin for the tests in this folder: built once per machine into the cache (about 30 s of
-CPU time cold, see rldock_e2e.doubles.npu_twin.build), installed once per test process.
-
-Installing it registers `torch.npu` for the rest of the process; `resources.device: auto` still
-resolves to the CPU (the twin answers only an explicit `npu`), so later tests are unaffected.
-"""
+"""A tiny model for the twin tests (the `npu_twin` fixture itself is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,20 +7,6 @@ from pathlib import Path
 import pytest
 
 from rldock.runtime.models.tiny import build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def npu_twin():
-    """`torch.npu`, the twin's; skips with the reason only where no compiler can build it."""
-    from rldock_e2e.doubles.npu_twin import TwinUnavailable, activate
-
-    try:
-        activate()
-    except TwinUnavailable as error:
-        pytest.skip(str(error))
-    import torch
-
-    return torch.npu
 
 
 @pytest.fixture(scope="session")
