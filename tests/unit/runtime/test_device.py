@@ -13,6 +13,13 @@ from rldock.runtime import device as device_mod
 from rldock.runtime.device import DeviceInfo, detect_device
 
 
+@pytest.fixture(autouse=True)
+def _no_npu_twin(monkeypatch):
+    """These tests are about the real probes: an npu twin installed earlier in this test process
+    (tests/unit/runtime/twin) must not answer for them."""
+    monkeypatch.setattr(device_mod, "_npu_twin_active", lambda: False)
+
+
 def test_auto_on_this_machine_is_cpu_with_gloo():
     if torch.cuda.is_available():
         pytest.skip("machine has CUDA")

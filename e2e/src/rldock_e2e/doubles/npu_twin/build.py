@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import sys
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 
@@ -37,17 +38,24 @@ def load_extension() -> ModuleType:
     """The compiled extension, built first when the cache lacks it."""
     from torch.utils.cpp_extension import load
 
-    # The venv's own ninja (requirements/cpu.lock) when the venv is not activated, as under `make test`.
-    venv_bin = str(Path(sys.executable).parent)
-    if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join([venv_bin, os.environ.get("PATH", "")])
+    # The venv's own ninja (requirements/cpu.lock) when the venv is not activated, as under `make
+    # test`; PATH is restored afterwards so later subprocesses see the caller's.
+    path = os.environ.get("PATH", "")
+    search = os.pathsep.join([str(Path(sys.executable).parent), path])
     compiler = os.environ.get("CXX", "c++")
-    missing = [tool for tool in (compiler, "ninja") if shutil.which(tool) is None]
+    missing = [tool for tool in (compiler, "ninja") if shutil.which(tool, path=search) is None]
+    python_header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not python_header.exists():
+        missing.append(f"Python's C headers ({python_header})")
     if missing:
-        raise TwinUnavailable(f"the npu twin needs {' and '.join(missing)} to build its C++ extension "
-                              "(apt-get install g++ ninja-build)")
+        raise TwinUnavailable(f"the npu twin cannot build its C++ extension here: {', '.join(missing)} missing "
+                              "(apt-get install g++ ninja-build python3-dev)")
     build_dir = cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     logger.info("loading the npu twin from %s (built there first if missing)", build_dir)
-    return load(name=EXTENSION_NAME, sources=[str(SOURCE)], build_directory=str(build_dir),
-                extra_cflags=["-O1"], verbose=False)
+    os.environ["PATH"] = search
+    try:
+        return load(name=EXTENSION_NAME, sources=[str(SOURCE)], build_directory=str(build_dir),
+                    extra_cflags=["-O1"], verbose=False)
+    finally:
+        os.environ["PATH"] = path
