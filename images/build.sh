@@ -85,6 +85,10 @@ if [[ $local_base == 1 ]]; then
   BASE_IMAGE=$(ENGINE=$ENGINE images/local-base.sh)
 fi
 [[ -z ${BASE_IMAGE:-} ]] || build_args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+# Set (even empty) to replace the CPU runtime's PyTorch index; --local-base empties it, as the
+# host's pip configuration is then expected to serve the CPU torch (the e2e machines' does).
+[[ $local_base == 0 || -n ${TORCH_INDEX_URL+set} ]] || TORCH_INDEX_URL=
+[[ -z ${TORCH_INDEX_URL+set} ]] || build_args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 
 input_hash() {  # name -> hash of everything that decides the image
   local name=$1

@@ -29,9 +29,12 @@ RUN python3 -m venv /opt/rldock \
 
 WORKDIR /src
 COPY requirements/cpu.lock requirements/cpu.lock
-# torch==2.13.0+cpu is served by the PyTorch CPU index, the rest by PyPI.
+# torch==2.13.0+cpu is served by the PyTorch CPU index, the rest by PyPI. TORCH_INDEX_URL= (empty)
+# leaves the index out, where pip's own configuration serves torch (images/build.sh --local-base):
+# an unreachable index costs pip five retries per package.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN sed '/^# --- test tools/,$d' requirements/cpu.lock > /tmp/runtime.lock \
-    && pip install --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/runtime.lock \
+    && pip install --no-deps ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -r /tmp/runtime.lock \
     && rm /tmp/runtime.lock
 COPY pyproject.toml README.md ./
 COPY api/src/ api/src/
