@@ -69,7 +69,8 @@ def test_install_upgrade_uninstall_keeps_the_crd(kind_cluster, release: HelmRele
     release.upgrade({"operator": {"watchNamespaces": [watched], "logLevel": "DEBUG"}})
     assert _env(plane, "RLDOCK_LOG_LEVEL") == "DEBUG"
     wait_for("the upgraded operator rolled out", lambda: _rolled_out(plane), timeout=300, interval=2.0)
-    assert [r["version"] for r in release.history()] == [1, 2]
+    history = release.history()  # as `helm history -o json`
+    assert [(r["revision"], r["status"]) for r in history] == [(1, "superseded"), (2, "deployed")], history
 
     release.uninstall()
     wait_for("the release's objects gone", lambda: not plane.kubectl(
