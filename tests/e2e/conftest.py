@@ -119,6 +119,17 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
             yield plane, nodes, operator_image
 
 
+
+@pytest.fixture(scope="session")
+def runtime_image(kind_cluster) -> str:
+    """The CPU runtime image (images/build.sh --local-base runtime-cpu, ~20 min cold, 3.7 GB)
+    loaded into the kind-style nodes; its reference."""
+    _, nodes, _ = kind_cluster
+    archive, reference = _built_image("runtime-cpu")
+    nodes.load_image(archive)
+    return reference
+
+
 def _save_state(world: Scenario, path: Path) -> None:
     """What kubectl showed at the end of the test, kept beside the operator's log for a post-mortem."""
     parts = [world.report()]

@@ -79,3 +79,31 @@ def test_devices_are_counted_by_the_scheduler(kind_cluster):
         wait_for(f"pod {name} unschedulable", unschedulable, timeout=60, interval=1.0)
     finally:
         plane.kubectl("delete", "pod", name, "--grace-period=0", "--force", "--wait=true")
+
+
+def test_runtime_image_runs_under_the_kubelet(kind_cluster, runtime_image):
+    """The CPU runtime image as KubeRay runs it: `bash -lc` (a login shell, so the image's
+    profile must put its venv on PATH), the image's non-root user, /dev/shm from a memory
+    emptyDir; Ray, vLLM, torch and the `rldock` command the operator submits are there."""
+    plane, _, _ = kind_cluster
+    name = f"runtime-{uuid.uuid4().hex[:6]}"
+    pod = _pod(name, runtime_image, devices=1, command="")
+    container = pod["spec"]["containers"][0]
+    script = ("ray --version && rldock --help >/dev/null && python -c "
+              "'import torch, vllm, rldock.runtime.cli; print(\"imports ok\", torch.__version__)' "
+              "&& df --output=fstype /dev/shm | tail -1 && id -u")
+    container["command"] = ["/bin/bash", "-lc", "--", script]
+    container["resources"]["limits"]["memory"] = "2Gi"
+    container["volumeMounts"] = [{"name": "shared-mem", "mountPath": "/dev/shm"}]
+    pod["spec"]["volumes"] = [{"name": "shared-mem", "emptyDir": {"medium": "Memory"}}]
+    plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    try:
+        wait_for(f"pod {name} finished", lambda: plane.kubectl_json("get", "pod", name)["status"].get("phase")
+                 in ("Succeeded", "Failed"), timeout=600, interval=2.0)
+        logs = plane.kubectl("logs", name).stdout
+        assert plane.kubectl_json("get", "pod", name)["status"]["phase"] == "Succeeded", logs
+        lines = logs.strip().splitlines()
+        assert lines[0].startswith("ray, version 2.60.0"), logs
+        assert "imports ok 2.13.0+cpu" in logs and lines[-2:] == ["tmpfs", "10001"], logs
+    finally:
+        plane.kubectl("delete", "pod", name, "--grace-period=1", "--wait=true")

@@ -232,6 +232,19 @@ class KindNodes:
         self.nodes[name] = node
         return node
 
+    def load_image(self, archive: Path) -> None:
+        """Import an OCI archive into every running node's containerd (as nodes do at start)."""
+        target = self._stage / "images" / archive.name
+        if not target.exists():
+            try:
+                os.link(archive, target)
+            except OSError:
+                shutil.copy2(archive, target)
+        self.images.append(archive)
+        for node in self.nodes.values():
+            podman("exec", node.container, "ctr", "-n", "k8s.io", "images", "import", "--no-unpack",
+                   f"/images/{archive.name}")
+
     def wait_ready(self, *, timeout: float = 600.0) -> float:
         """Wait until every node is Ready, untainted and advertises its devices; seconds taken."""
         t0 = time.monotonic()
