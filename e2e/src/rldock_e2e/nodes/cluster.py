@@ -56,12 +56,24 @@ def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.C
                           capture_output=capture)
 
 
+# What the host needs (Debian bookworm); containerd, runc and the CNI plugins go into the node image.
+HOST_PACKAGES = ("podman", "buildah", "debootstrap")
+
+
 def unavailable_reason() -> str | None:
-    """Why kind-style nodes cannot run on this machine, or None when they can."""
+    """Why kind-style nodes cannot run on this machine, or None when they can. Installs the
+    host's packages with apt-get when they are missing (about 10 s)."""
     if os.geteuid() != 0:
         return "kind-style nodes need root (privileged podman containers, cgroups)"
-    if shutil.which("podman") is None:
-        return "no podman (apt-get install podman buildah containerd runc containernetworking-plugins debootstrap)"
+    missing = [p for p in HOST_PACKAGES if shutil.which(p) is None]
+    if not missing:
+        return None
+    if shutil.which("apt-get") is None:
+        return f"missing {', '.join(missing)} and no apt-get to install them (a Debian bookworm machine is needed)"
+    result = subprocess.run(["apt-get", "install", "-y", "-q", *HOST_PACKAGES], check=False, text=True,
+                            capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    if result.returncode != 0:
+        return f"apt-get install {' '.join(HOST_PACKAGES)} failed: {result.stderr.strip()[-500:]}"
     return None
 
 
@@ -242,8 +254,7 @@ class KindNodes:
                 shutil.copy2(archive, target)
         self.images.append(archive)
         for node in self.nodes.values():
-            podman("exec", node.container, "ctr", "-n", "k8s.io", "images", "import", "--no-unpack",
-                   f"/images/{archive.name}")
+            podman("exec", node.container, "ctr", "-n", "k8s.io", "images", "import", f"/images/{archive.name}")
 
     def wait_ready(self, *, timeout: float = 600.0) -> float:
         """Wait until every node is Ready, untainted and advertises its devices; seconds taken."""

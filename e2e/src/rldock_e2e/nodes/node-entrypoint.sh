@@ -45,7 +45,9 @@ ctr version >/dev/null
 for archive in /images/*.tar; do
     [[ -e $archive ]] || continue
     log "loading $archive"
-    ctr -n k8s.io images import --no-unpack "$archive" >/dev/null
+    # Unpacked now: unpacking a multi-GB image at container creation outlasts the kubelet's
+    # runtime request timeout on a loaded machine (CreateContainerError: context deadline exceeded).
+    ctr -n k8s.io images import "$archive" >/dev/null
 done
 
 mkdir -p /var/lib/kubelet/device-plugins
@@ -71,6 +73,8 @@ resolvConf: /etc/resolv.conf
 evictionHard: {memory.available: "100Mi", nodefs.available: "2%", imagefs.available: "2%"}
 imageGCHighThresholdPercent: 100
 serializeImagePulls: false
+# Creating a container from a multi-GB image takes minutes on a loaded 2-core machine.
+runtimeRequestTimeout: 10m
 KUBELET
 log "kubelet on $NODE_IP, pods in $POD_CIDR"
 exec kubelet --config=/var/lib/kubelet/config.yaml --kubeconfig=/etc/rldock-node/kubeconfig \
