@@ -225,7 +225,7 @@ class KindNodes:
         index = len(self.nodes)
         node = Node(name, index, f"{self.network.name}-{name}", self.network.node_ip(index),
                     f"{POD_SUBNET_PREFIX}.{index}.0/24", devices)
-        podman("rm", "-f", node.container, check=False)
+        podman("rm", "-f", "-v", node.container, check=False)
         routes = ",".join(f"{other.pod_cidr} via {other.ip}" for other in self.nodes.values())
         podman("run", "-d", "--privileged", "--name", node.container, "--hostname", name,
                "--network", self.network.name, "--ip", node.ip,
@@ -291,7 +291,7 @@ class KindNodes:
 
     def remove(self, name: str) -> None:
         node = self.nodes.pop(name)
-        podman("rm", "-f", "-t", "5", node.container, check=False)
+        podman("rm", "-f", "-v", "-t", "5", node.container, check=False)  # -v: its anonymous volumes (images)
         _remove_cgroup_root(name)
 
     def stop(self) -> None:
