@@ -3,7 +3,7 @@
 OUTPUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test crd e2e
+.PHONY: setup demo test crd e2e images
 setup:
 	./scripts/setup.sh
 
@@ -25,6 +25,14 @@ crd: setup
 
 # The end-to-end suite alone (also part of `make test`): a real Kubernetes 1.20 control plane built
 # once into ~/.cache/rldock (about 12 minutes the first time), emulated Ascend nodes whose pods run
-# as local processes, the operator, and real Ray/vLLM jobs. Needs root (namespaces); see e2e/README.md.
+# as local processes, the operator, and real Ray/vLLM jobs; and kind-style nodes (real kubelets and
+# containerd in podman containers) running the images below, with the chart installed as a Helm
+# release (the kubelet and the images are built on first use, cached). Needs root; see e2e/README.md.
 e2e: setup
 	.venv/bin/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+# The operator and CPU runtime images with podman on a local Debian base (no registry needed),
+# cached in ~/.cache/rldock/images by a hash of their inputs (images/README.md). The e2e builds
+# them itself when missing.
+images:
+	images/build.sh --local-base operator runtime-cpu

@@ -3,12 +3,20 @@
 # `pip install .[operator]` (pydantic, kopf, the Kubernetes client); no torch, Ray or vLLM, which the
 # operator never imports (tests/unit/operator/test_imports.py). About 150 MB.
 # Build from the repository root: images/build.sh operator
-FROM python:3.11.7-slim-bookworm
+# BASE_IMAGE: any Debian bookworm with python3.11 and venv; images/build.sh --local-base passes a
+# local debootstrap one (images/local-base.sh) where no registry is reachable.
+ARG BASE_IMAGE=python:3.11.7-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/rldock \
+    PATH=/opt/rldock/bin:$PATH
+
+# A venv: Debian's own python3 refuses pip installs outside one (externally managed).
+RUN python3 -m venv /opt/rldock
 
 WORKDIR /src
 COPY pyproject.toml README.md ./

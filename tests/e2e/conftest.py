@@ -5,6 +5,9 @@ tests/integration/test_operator.py.
 - `node_agent` (one per test module): the node agent double with one emulated node of 8 NPUs;
   its pods run as local processes (e2e/src/rldock_e2e/doubles/node_agent.py). Module-scoped, so its nodes are
   gone before the next module (and tests/integration) runs.
+- `kind_cluster` (one per session, tests/e2e/test_kind_nodes.py, test_helm_release.py): a second
+  control plane with real kubelets in kind-style node containers (e2e/src/rldock_e2e/nodes) and
+  the images of images/build.sh loaded into them.
 - `scenario` (one per test): a fresh namespace with the claim examples/rljob-tiny.yaml mounts
   (`rl-checkpoints`, bound to a hostPath volume on the nodes' shared storage), the KubeRay double
   watching it, and the operator deployed from the Helm chart (its pod run by the node agent), or,
@@ -15,22 +18,27 @@ tests/integration/test_operator.py.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from rldock_e2e.controlplane import ControlPlane, wait_for
+from rldock_e2e.controlplane import BinariesUnavailable, ControlPlane, find_binaries, wait_for
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.node_agent import NodeAgentDouble
 from rldock_e2e.doubles.sandbox import sandbox_unavailable
 from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
+from rldock_e2e.nodes.cluster import KindNodes, NodeNetwork, NodesUnavailable, unavailable_reason
 from rldock_e2e.operator_process import ChartOperator, OperatorProcess, chart_available, service_account_kubeconfig
+from rldock_e2e.repo import REPO_ROOT
 from rldock_e2e.scenario import Scenario
 
 NODE_DEVICES = 8
+KIND_NODE_DEVICES = 4
 CHECKPOINT_CLAIM = "rl-checkpoints"  # what examples/rljob-tiny.yaml mounts
 
 
@@ -68,6 +76,58 @@ def scenario(control_plane: ControlPlane, namespace: str, node_agent: NodeAgentD
             _clean_up(world)
             delete_shared_claim(control_plane, namespace=namespace, claim=CHECKPOINT_CLAIM)
     assert not kuberay.errors, f"the KubeRay double failed: {kuberay.errors[-1]!r}"
+
+
+def _built_image(name: str) -> tuple[Path, str]:
+    """(OCI archive, image reference) of images/build.sh --local-base NAME (cached)."""
+    result = subprocess.run([str(REPO_ROOT / "images" / "build.sh"), "--local-base", name],
+                            check=False, text=True, capture_output=True, cwd=REPO_ROOT)
+    if result.returncode == 2:
+        pytest.skip(f"images/build.sh cannot build {name} here: {result.stderr.strip().splitlines()[-1]}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    archive = Path(result.stdout.strip().splitlines()[-1])
+    manifest = subprocess.run(["tar", "-xOf", str(archive), "index.json"], text=True,
+                              capture_output=True, check=True).stdout
+    reference = json.loads(manifest)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
+    return archive, reference
+
+
+@pytest.fixture(scope="session")
+def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, KindNodes, str]]:
+    """Its own control plane (node-lifecycle controller on) with two kind-style nodes of
+    KIND_KIND_NODE_DEVICES emulated NPUs each, the operator image loaded into them; yields
+    (control plane, nodes, operator image reference)."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        find_binaries(build=True)
+    except BinariesUnavailable as error:
+        pytest.skip(f"no Kubernetes control-plane binaries and they cannot be built here: {error}")
+    archive, operator_image = _built_image("operator")
+    index = uuid.uuid4().int % 200 + 20
+    with NodeNetwork.create(index) as network, \
+            ControlPlane(workdir=tmp_path_factory.mktemp("kind-controlplane"), node_address=network.gateway) as plane:
+        try:
+            nodes = KindNodes(plane, network, images=[archive])
+        except NodesUnavailable as error:
+            pytest.skip(f"kind-style nodes cannot be built here: {error}")
+        with nodes:
+            nodes.add("kind-npu-0", devices=KIND_NODE_DEVICES)
+            nodes.add("kind-npu-1", devices=KIND_NODE_DEVICES)
+            nodes.wait_ready()
+            yield plane, nodes, operator_image
+
+
+
+@pytest.fixture(scope="session")
+def runtime_image(kind_cluster) -> str:
+    """The CPU runtime image (images/build.sh --local-base runtime-cpu, ~20 min cold, 3.7 GB)
+    loaded into the kind-style nodes; its reference."""
+    _, nodes, _ = kind_cluster
+    archive, reference = _built_image("runtime-cpu")
+    nodes.load_image(archive)
+    return reference
 
 
 def _save_state(world: Scenario, path: Path) -> None:

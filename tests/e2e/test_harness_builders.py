@@ -1,5 +1,6 @@
 """The harness's pure parts, without a control plane: KubeRay CRD edits, emulated-node objects,
-the pods the KubeRay double builds, the node agent's env and the cluster DNS double's answers."""
+the pods the KubeRay double builds, the node agent's env, the cluster DNS double's answers and
+the chart copy the Helm release is installed from."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from rldock_e2e.doubles import mountpoints
 from rldock_e2e.doubles.cluster_dns import ClusterDNS, resolv_conf
 from rldock_e2e.doubles.kuberay_pods import build_pod
 from rldock_e2e.doubles.pod_env import MissingReference, container_env
+from rldock_e2e.helm_release import chart_without_optional_dependencies
+from rldock_e2e.repo import CHART_DIR
 
 
 def _walk(node):
@@ -219,3 +222,17 @@ def test_mount_points_go_when_no_agent_uses_them(tmp_path, monkeypatch) -> None:
     registry.write_text(f"999999999 {target}\n")  # that run died without cleaning up
     mountpoints.release(mine=False)
     assert not target.exists() and registry.read_text() == ""
+
+
+def test_release_chart_drops_only_the_disabled_dependency_and_renders_the_same(tmp_path):
+    helm = pytest.importorskip("helm_python", reason="helm_python (the Helm library binding) is not installed")
+    import yaml
+
+    copy = chart_without_optional_dependencies(tmp_path)
+    original = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert [d["name"] for d in original["dependencies"]] == ["kuberay-operator"]
+    assert yaml.safe_load((copy / "Chart.yaml").read_text())["dependencies"] == []
+    values = {"operator": {"watchNamespaces": ["team-a"]}}
+    with helm.Chart.load(CHART_DIR) as chart, helm.Chart.load(copy) as chart_copy:
+        assert (chart_copy.render(values, name="rldock", namespace="rldock-system", is_install=True)
+                == chart.render(values, name="rldock", namespace="rldock-system", is_install=True))

@@ -79,13 +79,18 @@ class ControlPlane:
             removed on stop (a given folder is kept, so pytest's tmp_path keeps the logs).
         build: build the binaries with build.sh when they are not cached (cold: ~12 minutes).
         start_timeout: seconds to wait for each server to become healthy.
+        node_address: for real kubelets (rldock_e2e.nodes): the API server also listens on this
+            address of the machine (one node containers reach), advertises it to pods, reaches
+            kubelets by their InternalIP (`kubectl logs/exec`), and the node-lifecycle
+            controller runs (it lifts a Ready node's not-ready taint and marks silent nodes).
     """
 
     def __init__(self, *, workdir: Path | None = None, build: bool = True,
-                 start_timeout: float = 180.0) -> None:
+                 start_timeout: float = 180.0, node_address: str | None = None) -> None:
         self._given_workdir = Path(workdir) if workdir is not None else None
         self._build = build
         self._start_timeout = start_timeout
+        self.node_address = node_address
         self._processes: list[ManagedProcess] = []
         self.workdir: Path | None = None
         self.binaries: Binaries | None = None
@@ -183,7 +188,7 @@ class ControlPlane:
         self._spawn("kube-apiserver", [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            *self._apiserver_address_flags(),
             f"--secure-port={self.ports['apiserver']}", "--insecure-port=0",
             f"--cert-dir={work / 'certs' / 'apiserver'}",
             f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
@@ -196,7 +201,7 @@ class ControlPlane:
 
         for name, port_name, extra in (
             ("kube-controller-manager", "controller-manager",
-             [f"--service-account-private-key-file={sa_key}", f"--controllers={CONTROLLERS}",
+             [f"--service-account-private-key-file={sa_key}", f"--controllers={self._controllers()}",
               # Service-account token Secrets then carry ca.crt: the API server's self-signed
               # certificate (with its CA), which names the `kubernetes` Service's ClusterIP, so
               # in-cluster clients (a pod the node agent double runs) verify it.
@@ -215,6 +220,22 @@ class ControlPlane:
         # The controller manager's service-account and token controllers must have run before
         # any pod can be admitted in a namespace.
         self._wait_service_account("default")
+
+    def _apiserver_address_flags(self) -> list[str]:
+        if self.node_address is None:
+            return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
+        # All addresses: the loopback for the tests, node_address for the node containers.
+        return ["--bind-address=0.0.0.0", f"--advertise-address={self.node_address}",
+                "--kubelet-preferred-address-types=InternalIP"]
+
+    def _controllers(self) -> str:
+        return CONTROLLERS if self.node_address is None else CONTROLLERS.replace(",-nodelifecycle", "")
+
+    @property
+    def node_server(self) -> str:
+        """The API server's URL as node containers reach it (needs node_address)."""
+        assert self.node_address is not None, "ControlPlane(node_address=...) was not given"
+        return f"https://{self.node_address}:{self.ports['apiserver']}"
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self._processes.append(ManagedProcess(
