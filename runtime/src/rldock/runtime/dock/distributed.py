@@ -77,7 +77,7 @@ class DistributedRoute:
             start, stop = layout.sample_range(w)
             warehouses.append(
                 _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
-                    warehouse_id=w, start=start, capacity=stop - start
+                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size
                 )
             )
         # The controllers serve every consumer; next to the creator (usually the driver) is as good as any.
@@ -93,17 +93,25 @@ class DistributedRoute:
                    warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
-              policy_version: int | None = None) -> None:
-        """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller."""
+              policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
+        """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller.
+
+        `group_columns` hold one row per group of `indices` (whole groups, in order); each goes
+        once to the group's warehouse, which expands it to the group's samples.
+        """
+        group_columns = group_columns or {}
+        n = self.layout.group_size
         writes = []
         for w, positions in self.layout.split(indices).items():
             rows = as_slice(positions)
             part = {name: WireColumn(col.array[rows], col.dtype) for name, col in columns.items()}
+            groups = as_slice(positions[::n] // n) if group_columns else slice(0, 0)
+            shared = {name: WireColumn(col.array[groups], col.dtype) for name, col in group_columns.items()}
             peer = self._warehouses[w]
-            writes.append((peer.name, peer.handle.write.remote(indices[rows], part)))
+            writes.append((peer.name, peer.handle.write.remote(indices[rows], part, shared or None)))
         rpc.get_all(writes)
         rpc.get(self._hub.name, self._hub.handle.mark_ready.remote(
-            indices, list(columns), dict(tokens) or None, policy_version))
+            indices, [*columns, *group_columns], dict(tokens) or None, policy_version))
 
     def read(
         self,
