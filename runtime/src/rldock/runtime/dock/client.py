@@ -27,7 +27,7 @@ from rldock.config.job import DockSpec
 from rldock.runtime.dock.central import CentralRoute
 from rldock.runtime.dock.distributed import DistributedRoute
 from rldock.runtime.dock.ownership import DockLayout
-from rldock.runtime.dock.placement import alive_node_ids
+from rldock.runtime.dock.placement import worker_node_ids
 from rldock.runtime.dock.staleness import StalenessBound
 from rldock.runtime.dock.wire import from_wire, to_wire
 
@@ -75,7 +75,8 @@ class TransferDock:
 
         `states` maps each worker state to the columns it needs before it may consume a sample.
         `token_columns` are 0/1 mask columns whose per-sample sums count a sample's tokens for
-        balanced hand-out. `node_ids` are the nodes to use (default: every alive node): the
+        balanced hand-out. `node_ids` are the nodes to use (default: every alive node but the Ray
+        head, which runs no consumer; the head only when it is the only node): the
         distributed mode puts S = `spec.num_warehouses` (default one per node, capped at the
         number of groups) warehouses round-robin on them, the central mode its buffer on the first.
         With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
@@ -105,7 +106,7 @@ class TransferDock:
                 timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
             )
         else:
-            nodes = list(node_ids) if node_ids else alive_node_ids()
+            nodes = list(node_ids) if node_ids else worker_node_ids()
             num_warehouses = spec.num_warehouses
             if num_warehouses is None:
                 num_warehouses = max(1, min(len(nodes), num_groups))

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from rldock.runtime.dock.balance import balance_by_tokens
+from rldock.runtime.dock.balance import balance_by_tokens, balance_near_data
 from rldock.runtime.dock.errors import DockTimeoutError
 from rldock.runtime.dock.ownership import DockLayout
 from rldock.runtime.dock.staleness import UNVERSIONED, StalenessBound
@@ -88,6 +88,10 @@ class Controller:
         self._tokens: dict[str, np.ndarray] = {}
         # Balanced mode: the rank each sample is reserved for, -1 before the deal.
         self._reserved = np.full(layout.num_samples, -1, dtype=np.int64)
+        # Warehouses on each rank's node, as its requests said (`prefer`): where a balanced deal
+        # looks for the rank's share first.
+        self._rank_home: dict[int, tuple[int, ...]] = {}
+        self._deal_moves = 0  # units a balanced deal placed off their rank's node (cumulative)
         # Request mode of this iteration (whole_groups, balance_ranks), fixed by its first request.
         self._mode: tuple[bool, int] | None = None
         # Waiters re-check after any change to readiness or consumption.
@@ -148,6 +152,7 @@ class Controller:
         been handed out; raises DockTimeoutError after `timeout_s`.
         """
         self._check_request(rank, batch_size, whole_groups, balance_ranks)
+        self._rank_home[rank] = tuple(sorted(int(w) for w in prefer))
         timeout = self._default_timeout_s if timeout_s is None else timeout_s
         self._requests += 1
         loop = asyncio.get_running_loop()
@@ -310,6 +315,7 @@ class Controller:
             "handed_out_now": int((self._consumer >= 0).sum()),
             "token_columns": sorted(self._tokens),
             "policy_version": self._policy_version,
+            "balance_moved_units": self._deal_moves,
             "stale_dropped": self._stale_dropped,
             "stale_waits": self._stale_waits,
             "stale_wait_s": round(self._stale_wait_s, 6),
@@ -384,7 +390,21 @@ class Controller:
             return False  # dropped samples never get their remaining columns: do not wait for them
         tokens = sum(self._tokens.values(), np.zeros(self._layout.num_samples, dtype=np.int64))
         group_size = self._layout.group_size if whole_groups else 1
-        for r, part in enumerate(balance_by_tokens(tokens, num_ranks, group_size=group_size)):
+        homes = [self._rank_home.get(r, ()) for r in range(num_ranks)]
+        if any(homes):
+            # Sites are the distinct homes (nodes); a warehouse belongs to the site that lists it.
+            site_of_home = {home: i for i, home in enumerate(sorted(set(h for h in homes if h)))}
+            site_of_warehouse = np.full(self._layout.num_warehouses, -1, dtype=np.int64)
+            for home, site in site_of_home.items():
+                site_of_warehouse[list(home)] = site
+            unit_site = site_of_warehouse[self._warehouse[::group_size]]
+            rank_site = [site_of_home[h] if h else -1 for h in homes]
+            parts, moved = balance_near_data(tokens, num_ranks, group_size=group_size, unit_site=unit_site,
+                                             rank_site=rank_site)
+            self._deal_moves += moved
+        else:  # one node, or ranks that did not say where they are: tokens only
+            parts = balance_by_tokens(tokens, num_ranks, group_size=group_size)
+        for r, part in enumerate(parts):
             self._reserved[part] = r
         return True
 
