@@ -455,15 +455,15 @@ def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) 
         dock.shutdown()
 
 
-def test_dead_controllers_fail_consumers_and_writers(kill_actor) -> None:
+def test_a_dead_controller_fails_its_consumers_and_the_writers_that_tell_it(kill_actor) -> None:
     dock = killable_dock("distributed", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
-    hub = dock._route.peers()[-1]  # the metadata actor hosting every state's controller
+    update = dock._route.peers()[-1]  # one controller actor per state, the last state's last
     try:
-        assert hub.name.startswith("dock controllers") and "'update'" in hub.name
-        kill_actor(hub.handle)
-        with pytest.raises(DockActorDiedError, match=r"dock controllers \(the metadata of states"):
+        assert update.name == "dock controller of state 'update'"
+        kill_actor(update.handle)
+        with pytest.raises(DockActorDiedError, match="dock controller of state 'update'"):
             dock.get("update", ["prompt_ids"], batch_size=2)
-        with pytest.raises(DockActorDiedError, match="dock controllers"):
+        with pytest.raises(DockActorDiedError, match="dock controller of state 'update'"):
             dock.put(torch.arange(2), samples([0, 1], ("prompt_ids",)))
     finally:
         dock.shutdown()
