@@ -1,15 +1,18 @@
 """A controller: the metadata of one worker state (rollout, reference, update, ...) and its queue.
 
 It never sees a tensor. Per sample it knows the owning warehouse, which of the columns this
-state needs are ready, and which rank of this state took it. Writers tell every controller what
-they wrote; consumers ask their state's controller for a batch and then read the tensors straight
-from the warehouses. One controller per state keeps each state's hand-out independent (the
-reference model and the reward function consume the same samples) and each controller small.
+state needs are ready, and which rank of this state took it. Writers tell the controllers of the
+states that need what they wrote; consumers ask their state's controller for a batch and then
+read the tensors straight from the warehouses. One controller per state keeps each state's
+hand-out independent (the reference model and the reward function consume the same samples) and
+each controller small.
 
-Controllers run on the event loop of an async Ray actor: all states' controllers share one
-(`ControllerHub`, below; in central mode the central buffer). Waiting consumers are coroutines,
-woken whenever readiness or consumption changes, so many ranks can wait without threads and every
-pick-and-mark is atomic. numpy only, so the hub's process does not import torch.
+In distributed mode every controller is its own async Ray actor; in central mode the states'
+controllers share the buffer's event loop (`ControllerHub`, below). Hand-out works from an
+incremental index of ready, untaken units (handout.py): a request costs O(units it takes), and
+a waiting request is an entry in a queue that a write serves only when it can now be satisfied,
+oldest first, so many ranks can wait without threads and every pick-and-mark is atomic. numpy
+only, so the controller's process does not import torch.
 
 Two hand-out refinements, both chosen per request:
 - `prefer`: warehouses whose samples this rank should take (the client passes those on its own
@@ -19,6 +22,8 @@ Two hand-out refinements, both chosen per request:
   only for the remainder (delay scheduling for locality);
 - `balance_ranks`: deal the whole iteration's samples over that many ranks at once, levelled by
   token count (balance.py), once every sample is ready; each rank then only gets its own share.
+  Ranks get what their node stores first (the `prefer` of their requests says where they are),
+  then tokens are levelled across nodes within a stated bound (balance.balance_near_data).
   Token counts arrive with readiness as metadata (the client sums mask columns it was told are
   token columns), never as tensors.
 
@@ -503,12 +508,11 @@ class Controller:
 
 
 class ControllerHub:
-    """The controllers of every state in one async actor: the dock's metadata service.
+    """The controllers of every state in one event loop: the central buffer's metadata.
 
-    Each state keeps its own Controller (its own readiness, hand-out and waiters), but they share
-    a process, so a writer tells all of them what it wrote in one call instead of one call per
-    state, and a request is one hop. On a busy host, one process per state cost more in context
-    switches and RPCs than the metadata work itself (docs/dock-benchmarks.md).
+    Each state keeps its own Controller (its own readiness, hand-out and waiters); in central mode
+    they live in the one buffer actor, which is the point of that baseline. The distributed mode
+    gives each controller its own actor instead (distributed.py).
     """
 
     def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
