@@ -339,7 +339,8 @@ def _unfinished(
             written.setdefault(name, np.zeros(num_samples, dtype=bool))[indices] = True
     for snapshot in state["controllers"].values():
         for j, name in enumerate(snapshot["columns"]):
-            # Every controller holding a column agrees: the hub marks them all in one step of its loop.
+            # Every controller holding a column agrees: the snapshot is taken with no writer running
+            # (the trainer kills the workers first), so no write is marked in some controllers only.
             written[name] = snapshot["ready"][:, j].copy()
     unfinished = {}
     for name, snapshot in state["controllers"].items():
