@@ -73,6 +73,10 @@ class TQDock:
         self._iteration = 0
         self._pending: dict[tuple[int, ...], Any] = {}  # indices -> the BatchMeta they came with
         self.waited_s = 0.0
+        # The stage loop's early stop (TransferDock.drained): TransferQueue cannot tell that a grant
+        # took the last samples, so this stays False and a stage asks once more, as it must anyway
+        # with max_batches reached.
+        self.drained = False
 
     @classmethod
     def create(cls, *, states: Mapping[str, Sequence[str]], num_samples: int, group_size: int,
