@@ -112,15 +112,16 @@ def drive(args: argparse.Namespace) -> dict:
 
 
 PREDICTIONS = {
-    "central": "Eq. (2): one buffer moves V = G*N*b",
-    "distributed": "Eq. (4): warehouse w moves V * G_w / G (= V/S when S divides G)",
-    TRANSFERQUEUE: "Eq. (4) by samples: unit u moves V * n_u / (G*N), n_u = samples with index mod S = u",
+    "central": "Eq. (2'): one buffer moves V = G*N*b, b counting the prompt once per group (b_driver/N)",
+    "distributed": "Eq. (4'): warehouse w moves V * G_w / G (= V/S when S divides G), b as in Eq. (2')",
+    TRANSFERQUEUE: "Eq. (4) by samples, prompt N times: unit u moves V_rep * n_u / (G*N), "
+                   "n_u = samples with index mod S = u",
 }
 
 
 def summarize(variant: str, num_nodes: int, dims: Dims, owned: list[int], records: list[dict],
               link: dict | None) -> dict:
-    predicted = predicted_bytes(dims, owned)
+    predicted = predicted_bytes(dims, owned, prompt_once=variant != TRANSFERQUEUE)
     measured = [int(harness.median([r["warehouse_bytes"][w] for r in records])) for w in range(len(owned))]
     errors = [abs(m - p) / p for m, p in zip(measured, predicted)]
     seconds = [r["seconds"] for r in records]

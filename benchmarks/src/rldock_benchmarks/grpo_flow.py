@@ -77,34 +77,43 @@ PRESETS: dict[str, Dims] = {
 }
 
 
-def bytes_per_sample(dims: Dims) -> dict[str, int]:
+def bytes_per_sample(dims: Dims) -> dict[str, float]:
     """Bytes one sample makes the dock move in one iteration: each column written once, and each
-    state's consumed columns read once."""
+    state's consumed columns read once. The driver's columns (the prompt, its row) are written
+    once per group of N (`driver_written`, per sample: the group's bytes / N); `written` and
+    `total` count them so. `written_repeated` is the same with the prompt sent for every sample,
+    as the dock did before and TransferQueue still does."""
     sizes = column_bytes(dims.PL, dims.SL)
-    written = sum(sizes[c] for cols in PRODUCES.values() for c in cols)
+    driver = sum(sizes[c] for c in PRODUCES["driver"])
+    others = sum(sizes[c] for state, cols in PRODUCES.items() if state != "driver" for c in cols)
     read = sum(sizes[c] for cols in CONSUMES.values() for c in cols)
-    return {"written": written, "read": read, "total": written + read}
+    return {"driver_written": driver / dims.N, "written": others + driver / dims.N, "read": read,
+            "total": others + driver / dims.N + read, "written_repeated": others + driver}
 
 
-def predicted_bytes(dims: Dims, samples_per_warehouse: list[int]) -> list[int]:
+def predicted_bytes(dims: Dims, samples_per_warehouse: list[int], *, prompt_once: bool = True) -> list[int]:
     """Eq. (2)/(4) as used here: a store moves bytes_per_sample x the samples it owns.
 
     With one central buffer that is every sample: V = G*N*b (Eq. 2). With S warehouses owning
-    whole groups, warehouse w moves V * G_w / G, i.e. V / S when S divides G (Eq. 4).
+    whole groups, warehouse w moves V * G_w / G, i.e. V / S when S divides G (Eq. 4). With
+    `prompt_once` (the dock) b counts the driver's columns once per group, i.e. b_driver / N per
+    sample; without (TransferQueue) N times.
     """
-    per_sample = bytes_per_sample(dims)["total"]
-    return [count * per_sample for count in samples_per_warehouse]
+    per_sample = bytes_per_sample(dims)
+    total = per_sample["total"] if prompt_once else per_sample["read"] + per_sample["written_repeated"]
+    return [int(round(count * total)) for count in samples_per_warehouse]
 
 
 def make_prompts(dims: Dims, seed: int = 0) -> TensorDict:
-    """The driver's put: G prompts, each repeated N times, with their train-file rows. Prompt lengths
-    are skewed (log-normal), left-padded."""
+    """The driver's batch: G prompts, each repeated N times, with their train-file rows, as the
+    trainer builds it (the dock sends each group's rows once, see split_group_columns). Prompt
+    lengths are skewed (log-normal), left-padded."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(math.log(dims.PL / 4), 0.6, dims.G), 1, dims.PL).astype(np.int64)
     lengths = torch.from_numpy(np.repeat(lengths, dims.N))  # (G*N,)
     positions = torch.arange(dims.PL)
     prompt_mask = (positions >= dims.PL - lengths[:, None]).long()  # (G*N, PL), left padding
-    prompt_ids = prompt_mask * (torch.arange(dims.num_samples)[:, None] % 1000 + 3)
+    prompt_ids = prompt_mask * (torch.arange(dims.G).repeat_interleave(dims.N)[:, None] % 1000 + 3)
     prompt_index = torch.arange(dims.G).repeat_interleave(dims.N)  # (G*N,)
     return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index},
                       batch_size=[dims.num_samples])

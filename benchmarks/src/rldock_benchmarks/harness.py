@@ -176,9 +176,11 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
 
     from grpo_flow import dims_dict, make_prompts
     from rldock.runtime.dataflow import CONSUMES
+    from rldock.runtime.dock.grouping import split_group_columns
 
-    prompts = make_prompts(dims)  # (G*N, ...), made before the clock starts
-    indices = torch.arange(dims.num_samples)
+    # Made before the clock starts: the prompt columns once per group (G,), nothing per sample.
+    prompts, per_sample = split_group_columns(make_prompts(dims), dims.N)
+    groups = torch.arange(dims.G)
     measured = []
     for iteration in range(warmup + repeats):
         dock.reset()
@@ -189,7 +191,7 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
                    for rank, a in enumerate(agents) for state in CONSUMES]
         time.sleep(0.5)  # let every stage reach its first (waiting) request before the clock starts
         started = time.perf_counter()
-        dock.put(indices, prompts)
+        dock.put_groups(groups, prompts, samples=per_sample)
         put_s = time.perf_counter() - started
         results = ray.get(futures)
         seconds = time.perf_counter() - started

@@ -73,6 +73,10 @@ class TQDock:
         self._iteration = 0
         self._pending: dict[tuple[int, ...], Any] = {}  # indices -> the BatchMeta they came with
         self.waited_s = 0.0
+        # The stage loop's early stop (TransferDock.drained): TransferQueue cannot tell that a grant
+        # took the last samples, so this stays False and a stage asks once more, as it must anyway
+        # with max_batches reached.
+        self.drained = False
 
     @classmethod
     def create(cls, *, states: Mapping[str, Sequence[str]], num_samples: int, group_size: int,
@@ -134,6 +138,17 @@ class TQDock:
         given = np.asarray(meta.global_indexes)
         if given.size > 1 and not (np.diff(given) == 1).all():
             raise RuntimeError("TransferQueue gave the prompts non-consecutive indexes; GRPO groups would split")
+
+    def put_groups(self, groups: torch.Tensor, batch: TensorDict, *, samples: TensorDict | None = None,
+                   policy_version: int | None = None) -> None:
+        """TransferQueue has no per-group write: each group's row is repeated for its N samples and
+        put like any other column (so TransferQueue moves the prompt N times)."""
+        n = self.layout.group_size
+        rows = (groups[:, None] * n + torch.arange(n)).reshape(-1)  # (k*N,)
+        expanded = {name: column.repeat_interleave(n, dim=0) for name, column in batch.items()}
+        if samples is not None:
+            expanded.update(samples.items())
+        self.put(rows, TensorDict(expanded, batch_size=[rows.numel()]), policy_version=policy_version)
 
     def get(self, state: str, columns: Sequence[str], *, rank: int = 0, batch_size: int,
             whole_groups: bool = False, balance_ranks: int = 0,

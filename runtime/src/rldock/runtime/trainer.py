@@ -35,6 +35,7 @@ from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, c
                                  prepare_data_files, tokenizer_corpus)
 from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
+from rldock.runtime.dock.grouping import split_group_columns
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
                                    tokens_per_s_per_device)
@@ -454,8 +455,14 @@ class Trainer:
     def _put(self, fed: DriverBatch) -> float:
         started = time.perf_counter()
         self.dock.reset()
-        self.dock.put(torch.arange(len(fed.batch)), fed.batch)
+        self._put_groups(torch.arange(len(fed.batch) // self.cfg.algorithm.num_responses_per_prompt), fed)
         return time.perf_counter() - started
+
+    def _put_groups(self, groups: torch.Tensor, fed: DriverBatch) -> None:
+        """The driver's rows of group slots `groups`: what every sample of a group shares (the
+        prompt) crosses the network once per group, not once per sample (dock/grouping.py)."""
+        shared, per_sample = split_group_columns(fed.batch, self.cfg.algorithm.num_responses_per_prompt)
+        self.dock.put_groups(groups, shared, samples=per_sample)
 
     def _fill_dock(self, iteration: int) -> tuple[DriverBatch, float, SampledRounds]:
         """Put the iteration's batch into the dock: G fresh prompts, or with sampling rounds
@@ -482,7 +489,7 @@ class Trainer:
                 self.dock.reset()
             else:
                 self.dock.recycle(rows)
-            self.dock.put(rows, fresh.batch)
+            self._put_groups(groups, fresh)
             put_seconds += time.perf_counter() - started
             launch = self._launchers(iteration, sampling_round)
             results = _gather_failing_fast({state: launch[state]() for state in rounds.states})

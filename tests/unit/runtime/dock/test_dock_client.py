@@ -246,6 +246,36 @@ def test_counters_count_bytes_and_requests(dock: TransferDock) -> None:
     json.dumps(stats)  # JSON-serialisable for metrics
 
 
+def test_put_groups_sends_each_prompt_once_and_reads_back_as_put(dock: TransferDock) -> None:
+    before = counters(dock)
+    groups = torch.tensor([3, 0])  # group slots out of order, across both warehouses
+    rows = (groups[:, None] * GROUP_SIZE + torch.arange(GROUP_SIZE)).reshape(-1)  # (k*N,)
+    prompts = torch.stack([torch.arange(PL) + 100 * g for g in groups.tolist()])  # (k, PL), one per group
+    responses = samples(rows.tolist(), ("response_ids",))
+    dock.put_groups(groups, TensorDict({"prompt_ids": prompts}, batch_size=[2]), samples=responses)
+    indices, batch = dock.get("reference", ["prompt_ids", "response_ids"], batch_size=8)
+    assert indices.tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert torch.equal(batch["prompt_ids"], prompts.flip(0).repeat_interleave(GROUP_SIZE, dim=0))
+    assert torch.equal(batch["response_ids"], samples(indices.tolist(), ("response_ids",))["response_ids"])
+    change = {key: value - before[key] for key, value in counters(dock).items()}
+    assert change["bytes_in"] == prompts.numpy().nbytes + responses["response_ids"].numpy().nbytes
+    assert change["reference_mark_ready_calls"] == 1
+
+
+def test_put_groups_counts_shared_token_columns_for_every_sample(dock: TransferDock) -> None:
+    mask = (torch.arange(SL) < torch.tensor([2, 1, 3, 0])[:, None]).long()  # (G, SL): one row per group
+    dock.put_groups(torch.arange(4), TensorDict({"response_mask": mask}, batch_size=[4]))
+    shares = [dock.get("balanced", ["response_mask"], rank=r, batch_size=8, balance_ranks=2) for r in (0, 1)]
+    tokens = [int(batch["response_mask"].sum()) for _, batch in shares]
+    assert sum(tokens) == GROUP_SIZE * 6 and abs(tokens[0] - tokens[1]) <= GROUP_SIZE
+
+
+def test_put_groups_refuses_a_column_given_both_ways(dock: TransferDock) -> None:
+    shared = TensorDict({"reward": torch.zeros(1)}, batch_size=[1])
+    with pytest.raises(ValueError, match=r"\['reward'\] are in both"):
+        dock.put_groups(torch.tensor([1]), shared, samples=samples([4, 5, 6, 7], ("reward",)))
+
+
 def test_reset_starts_a_new_iteration_on_the_same_storage(dock: TransferDock) -> None:
     dock.put(torch.arange(NUM_SAMPLES), samples(ALL, ("prompt_ids", "response_ids")))
     assert dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES) is not None
@@ -425,15 +455,15 @@ def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) 
         dock.shutdown()
 
 
-def test_dead_controllers_fail_consumers_and_writers(kill_actor) -> None:
+def test_a_dead_controller_fails_its_consumers_and_the_writers_that_tell_it(kill_actor) -> None:
     dock = killable_dock("distributed", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
-    hub = dock._route.peers()[-1]  # the metadata actor hosting every state's controller
+    update = dock._route.peers()[-1]  # one controller actor per state, the last state's last
     try:
-        assert hub.name.startswith("dock controllers") and "'update'" in hub.name
-        kill_actor(hub.handle)
-        with pytest.raises(DockActorDiedError, match=r"dock controllers \(the metadata of states"):
+        assert update.name == "dock controller of state 'update'"
+        kill_actor(update.handle)
+        with pytest.raises(DockActorDiedError, match="dock controller of state 'update'"):
             dock.get("update", ["prompt_ids"], batch_size=2)
-        with pytest.raises(DockActorDiedError, match="dock controllers"):
+        with pytest.raises(DockActorDiedError, match="dock controller of state 'update'"):
             dock.put(torch.arange(2), samples([0, 1], ("prompt_ids",)))
     finally:
         dock.shutdown()

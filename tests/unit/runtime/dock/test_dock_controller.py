@@ -287,3 +287,51 @@ def test_balanced_ranks_are_drained_by_their_own_share_only() -> None:
         assert other.drained and sorted([*own.indices, *other.indices]) == [0, 1, 2, 3]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("whole_groups", [False, True])
+def test_hand_out_matches_a_scan_of_every_sample(seed: int, whole_groups: bool) -> None:
+    """The incremental index (handout.py) gives what the obvious O(all) scan would: the smallest
+    ready, untaken units, for random write orders and request sizes."""
+    rng = np.random.default_rng(seed)
+    num_samples, group_size = 96, 4
+    unit = group_size if whole_groups else 1
+
+    async def scenario() -> None:
+        controller = make_controller(num_samples=num_samples, group_size=group_size, num_warehouses=3)
+        ready_cols = np.zeros((num_samples, 2), dtype=bool)
+        taken = np.zeros(num_samples, dtype=bool)
+        writes = [(int(i), int(c)) for i, c in rng.permutation([(i, c) for i in range(num_samples) for c in (0, 1)])]
+        for step in range(0, len(writes), 16):
+            for c in (0, 1):
+                rows = sorted(i for i, col in writes[step:step + 16] if col == c)
+                if rows:
+                    await ready(controller, rows, [COLUMNS[c]])
+                    ready_cols[rows, c] = True
+            free = (ready_cols.all(axis=1) & ~taken).reshape(-1, unit).all(axis=1)  # scan, by unit
+            want = int(rng.integers(1, 4))
+            if free.sum() >= want:
+                units = np.flatnonzero(free)[:want]
+                expected = (units[:, None] * unit + np.arange(unit)).ravel()
+                grant = await controller.request(0, want * unit, whole_groups=whole_groups, timeout_s=1.0)
+                assert grant.indices.tolist() == sorted(expected.tolist())
+                taken[expected] = True
+
+    asyncio.run(scenario())
+
+
+def test_a_write_wakes_only_the_requests_it_can_serve() -> None:
+    async def scenario() -> None:
+        controller = make_controller(num_samples=8, num_warehouses=2)
+        small = asyncio.ensure_future(controller.request(0, 2, timeout_s=5.0))
+        large = asyncio.ensure_future(controller.request(1, 6, timeout_s=5.0))
+        while (await controller.stats())["waiting_now"] < 2:
+            await asyncio.sleep(0)  # until both requests wait in the controller
+        await ready(controller, [0, 1, 2])
+        assert (await small).indices.tolist() == [0, 1]
+        assert not large.done() and (await controller.stats())["waiting_now"] == 1
+        await ready(controller, [3, 4, 5, 6, 7])
+        assert (await large).indices.tolist() == [2, 3, 4, 5, 6, 7]
+
+    asyncio.run(scenario())

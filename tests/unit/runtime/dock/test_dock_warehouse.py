@@ -80,3 +80,30 @@ def test_counters_count_bytes_and_requests() -> None:
     assert stats["bytes_out"] == 2 * 5 * 4 + 1 * 5 * 4 + 1 * 8
     assert (stats["write_requests"], stats["read_requests"]) == (1, 2)
     assert stats["columns"] == ["a", "b"]
+
+
+def test_group_columns_are_expanded_to_every_sample_of_their_group() -> None:
+    warehouse = Warehouse(warehouse_id=1, start=6, capacity=6, group_size=3)
+    prompts = torch.tensor([[1, 2], [3, 4]])  # (k=2 groups, PL)
+    responses = torch.arange(6 * 2).view(6, 2)  # (k*N, SL)
+    warehouse.write(np.arange(6, 12), wire(response_ids=responses), wire(prompt_ids=prompts))
+    out = warehouse.read(np.arange(6, 12), ["prompt_ids", "response_ids"])
+    assert torch.equal(from_wire(out["prompt_ids"]), prompts.repeat_interleave(3, dim=0))
+    assert torch.equal(from_wire(out["response_ids"]), responses)
+    stats = warehouse.stats()
+    # What crossed the wire is counted in: each prompt row once; the expansion is counted apart.
+    assert stats["bytes_in"] == prompts.numpy().nbytes + responses.numpy().nbytes
+    assert stats["expanded_bytes"] == prompts.numpy().nbytes * 2
+
+
+def test_group_columns_of_scattered_groups_expand_in_group_order() -> None:
+    warehouse = Warehouse(warehouse_id=0, start=0, capacity=8, group_size=2)
+    warehouse.write(np.array([0, 1, 6, 7]), {}, wire(prompt_index=torch.tensor([10, 13])))
+    out = warehouse.read(np.array([0, 1, 6, 7]), ["prompt_index"])
+    assert from_wire(out["prompt_index"]).tolist() == [10, 10, 13, 13]
+
+
+def test_group_columns_need_whole_groups() -> None:
+    warehouse = Warehouse(warehouse_id=0, start=0, capacity=8, group_size=2)
+    with pytest.raises(ValueError, match="whole groups of 2"):
+        warehouse.write(np.array([1, 2]), {}, wire(prompt_index=torch.tensor([10])))

@@ -94,3 +94,108 @@ def imbalance(tokens: np.ndarray, parts: list[np.ndarray]) -> float:
     totals = np.array([np.asarray(tokens)[part].sum() for part in parts], dtype=np.float64)
     mean = totals.mean()
     return float(np.abs(totals - mean).max() / mean) if mean > 0 else 0.0
+
+
+# Levelling across nodes stops once every rank is within this fraction of the mean token count:
+# below it, a cross-node move costs more link time than the step time it saves.
+LOCAL_TOLERANCE = 0.05
+
+
+def balance_near_data(
+    tokens: np.ndarray,
+    num_ranks: int,
+    *,
+    group_size: int = 1,
+    unit_site: np.ndarray,
+    rank_site: list[int],
+    tolerance: float = LOCAL_TOLERANCE,
+) -> tuple[list[np.ndarray], int]:
+    """Like `balance_by_tokens`, but each rank first gets units stored on its own site (node).
+
+    `unit_site` (num_units,) is the site that stores each unit (-1: a site no rank is on);
+    `rank_site[r]` is rank r's site (-1: unknown, it only gets what other sites cannot take).
+    Returns (indices per rank, ascending; the number of units placed off their site).
+
+    1. Locality: every site's ranks take the units stored there, longest first onto the lightest
+       of them, up to their room (counts differ by at most one unit, as in balance_by_tokens).
+       Only the units a site cannot hold (or stored where no rank is) move: the fewest moves the
+       counts allow.
+    2. Levelling: swaps between the heaviest and lightest rank, free within a site; across sites
+       only while some rank is more than `tolerance` off the mean token count.
+    Bound (tested): each rank ends within `tolerance` of the mean, or no single swap between the
+    heaviest and lightest rank narrows their gap (the limit balance_by_tokens stops at too).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    unit_tokens = _unit_tokens(tokens, num_ranks, group_size)
+    num_units = unit_tokens.size
+    unit_site = np.asarray(unit_site, dtype=np.int64)
+    if unit_site.shape != (num_units,) or len(rank_site) != num_ranks:
+        raise ValueError(f"unit_site must have one site per unit ({num_units}) and rank_site one per rank "
+                         f"({num_ranks}), got {unit_site.shape} and {len(rank_site)}")
+    capacity = [num_units // num_ranks + (r < num_units % num_ranks) for r in range(num_ranks)]
+    assigned: list[list[int]] = [[] for _ in range(num_ranks)]
+    loads = np.zeros(num_ranks, dtype=np.int64)
+    # Per site, a heap of (tokens so far, rank) over its ranks with room.
+    heaps: dict[int, list[tuple[int, int]]] = {}
+    for r, site in enumerate(rank_site):
+        if site >= 0:
+            heaps.setdefault(site, []).append((0, r))
+    overflow = []
+    for unit in np.argsort(-unit_tokens, kind="stable"):
+        heap = heaps.get(int(unit_site[unit]))
+        if not heap:
+            overflow.append(int(unit))
+            continue
+        load, rank = heapq.heappop(heap)
+        assigned[rank].append(int(unit))
+        loads[rank] = load + int(unit_tokens[unit])
+        if len(assigned[rank]) < capacity[rank]:
+            heapq.heappush(heap, (int(loads[rank]), rank))
+    # What no site could hold, longest first, onto the lightest rank anywhere with room.
+    anywhere = [(int(loads[r]), r) for r in range(num_ranks) if len(assigned[r]) < capacity[r]]
+    heapq.heapify(anywhere)
+    for unit in overflow:
+        load, rank = heapq.heappop(anywhere)
+        assigned[rank].append(unit)
+        loads[rank] = load + int(unit_tokens[unit])
+        if len(assigned[rank]) < capacity[rank]:
+            heapq.heappush(anywhere, (int(loads[rank]), rank))
+    sites = sorted(set(rank_site))
+    for site in sites:  # free: within a site nothing changes node
+        members = [r for r in range(num_ranks) if rank_site[r] == site]
+        if len(members) > 1:
+            part = [assigned[r] for r in members]
+            _level_by_swaps(part, unit_tokens)
+            for r, units in zip(members, part):
+                assigned[r] = units
+    loads = np.array([unit_tokens[units].sum() for units in assigned], dtype=np.int64)
+    for _ in range(1000):  # across sites: while some rank is off by more than the tolerance
+        mean = loads.mean()
+        if mean <= 0 or np.abs(loads - mean).max() <= tolerance * mean:
+            break
+        heavy, light = int(loads.argmax()), int(loads.argmin())
+        pair = [assigned[heavy], assigned[light]]
+        before = loads[heavy] - loads[light]
+        _level_by_swaps(pair, unit_tokens, max_swaps=1)
+        assigned[heavy], assigned[light] = pair
+        loads[heavy], loads[light] = unit_tokens[pair[0]].sum(), unit_tokens[pair[1]].sum()
+        if loads[heavy] - loads[light] == before:
+            break  # no swap narrows the gap: the bound's other case
+    moved = sum(int((unit_site[units] != rank_site[r]).sum()) for r, units in enumerate(assigned))
+    offsets = np.arange(group_size)
+    parts = [np.sort((np.asarray(units, dtype=np.int64)[:, None] * group_size + offsets).ravel())
+             for units in assigned]
+    return parts, moved
+
+
+def _unit_tokens(tokens: np.ndarray, num_ranks: int, group_size: int) -> np.ndarray:
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D (num_samples,), got shape {tokens.shape}")
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    if group_size < 1 or tokens.size % group_size:
+        raise ValueError(f"{tokens.size} samples do not form whole groups of {group_size}")
+    unit_tokens = tokens.reshape(-1, group_size).sum(axis=1)  # (num_units,)
+    if unit_tokens.size < num_ranks:
+        raise ValueError(f"{unit_tokens.size} units (samples or groups) cannot be spread over {num_ranks} ranks")
+    return unit_tokens

@@ -35,16 +35,18 @@ class CentralBuffer:
                  staleness: StalenessBound | None = None, bounded_states: Sequence[str] = ()) -> None:
         if layout.num_warehouses != 1:
             raise ValueError(f"a central buffer is one warehouse, got a layout of {layout.num_warehouses}")
-        self._warehouse = Warehouse(warehouse_id=0, start=0, capacity=layout.num_samples)
+        self._warehouse = Warehouse(warehouse_id=0, start=0, capacity=layout.num_samples,
+                                    group_size=layout.group_size)
         self._hub = ControllerHub(states=dict(states), layout=layout, default_timeout_s=default_timeout_s,
                                   staleness=staleness, bounded_states=bounded_states)
 
     async def write(
         self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray] | None,
-        policy_version: int | None = None,
+        policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None,
     ) -> None:
-        self._warehouse.write(indices, columns)
-        await self._hub.mark_ready(indices, list(columns), dict(tokens) if tokens else None, policy_version)
+        self._warehouse.write(indices, columns, group_columns)
+        await self._hub.mark_ready(indices, [*columns, *(group_columns or {})], dict(tokens) if tokens else None,
+                                   policy_version)
 
     async def advance_policy(self, version: int, timeout_s: float) -> None:
         await self._hub.advance_policy(version, timeout_s)
@@ -128,9 +130,9 @@ class CentralRoute:
         return cls(layout=layout, buffer=Peer(f"{_NAME} (node {node[:12]})", handle), node=node)
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
-              policy_version: int | None = None) -> None:
+              policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
         rpc.get(self._buffer.name, self._buffer.handle.write.remote(
-            indices, dict(columns), dict(tokens) or None, policy_version))
+            indices, dict(columns), dict(tokens) or None, policy_version, dict(group_columns or {})))
 
     def read(
         self,

@@ -27,7 +27,7 @@ from rldock.config.job import DockSpec
 from rldock.runtime.dock.central import CentralRoute
 from rldock.runtime.dock.distributed import DistributedRoute
 from rldock.runtime.dock.ownership import DockLayout
-from rldock.runtime.dock.placement import alive_node_ids
+from rldock.runtime.dock.placement import worker_node_ids
 from rldock.runtime.dock.staleness import StalenessBound
 from rldock.runtime.dock.wire import from_wire, to_wire
 
@@ -75,7 +75,8 @@ class TransferDock:
 
         `states` maps each worker state to the columns it needs before it may consume a sample.
         `token_columns` are 0/1 mask columns whose per-sample sums count a sample's tokens for
-        balanced hand-out. `node_ids` are the nodes to use (default: every alive node): the
+        balanced hand-out. `node_ids` are the nodes to use (default: every alive node but the Ray
+        head, which runs no consumer; the head only when it is the only node): the
         distributed mode puts S = `spec.num_warehouses` (default one per node, capped at the
         number of groups) warehouses round-robin on them, the central mode its buffer on the first.
         With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
@@ -105,7 +106,7 @@ class TransferDock:
                 timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
             )
         else:
-            nodes = list(node_ids) if node_ids else alive_node_ids()
+            nodes = list(node_ids) if node_ids else worker_node_ids()
             num_warehouses = spec.num_warehouses
             if num_warehouses is None:
                 num_warehouses = max(1, min(len(nodes), num_groups))
@@ -159,11 +160,50 @@ class TransferDock:
         if index_array.size == 0:
             return
         tensors = _columns_of(batch)
-        tokens = {
-            name: tensors[name].reshape(index_array.size, -1).sum(dim=1).cpu().numpy().astype(np.int64)
-            for name in self._token_columns if name in tensors
-        }  # (B,) per token column
+        tokens = {name: _token_counts(tensors[name], index_array.size)
+                  for name in self._token_columns if name in tensors}
         self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens, policy_version)
+
+    def put_groups(self, groups: torch.Tensor, batch: TensorDict, *, samples: TensorDict | None = None,
+                   policy_version: int | None = None) -> None:
+        """Write whole groups: `batch` (batch size [k]) once per group slot `groups` (k,), `samples`
+        (batch size [k*N], each group's N rows consecutive) per sample, in one write.
+
+        Each row of `batch` crosses the network once, to the warehouse owning its group, which
+        stores it for all N samples of the group (`split_group_columns` makes the two parts from a
+        driver batch). Readers see exactly what `put` of the repeated rows would have stored.
+        """
+        layout = self.layout
+        group_array = _index_array(groups)
+        n = layout.group_size
+        if group_array.size and (group_array.min() < 0 or group_array.max() >= layout.num_groups):
+            raise IndexError(f"group slots must lie in [0, {layout.num_groups}), "
+                             f"got [{int(group_array.min())}, {int(group_array.max())}]")
+        if np.unique(group_array).size != group_array.size:
+            raise ValueError("groups of one put_groups must be distinct")
+        if batch.batch_size[:1] != torch.Size([group_array.size]):
+            raise ValueError(f"batch has batch size {tuple(batch.batch_size)} for {group_array.size} groups")
+        if samples is not None and samples.batch_size[:1] != torch.Size([group_array.size * n]):
+            raise ValueError(f"samples has batch size {tuple(samples.batch_size)} for {group_array.size} groups "
+                             f"of {n}")
+        if policy_version is not None and policy_version < 0:
+            raise ValueError(f"policy_version must be >= 0, got {policy_version}")
+        if group_array.size == 0:
+            return
+        index_array = (group_array[:, None] * n + np.arange(n)).reshape(-1)  # (k*N,)
+        shared = _columns_of(batch)
+        per_sample = _columns_of(samples) if samples is not None else {}
+        both = sorted(set(shared) & set(per_sample))
+        if both:
+            raise ValueError(f"columns {both} are in both batch (per group) and samples (per sample)")
+        tokens = {}
+        for name in self._token_columns:
+            if name in per_sample:
+                tokens[name] = _token_counts(per_sample[name], index_array.size)
+            elif name in shared:
+                tokens[name] = np.repeat(_token_counts(shared[name], group_array.size), n)
+        self._route.write(index_array, {name: to_wire(t) for name, t in per_sample.items()}, tokens, policy_version,
+                          group_columns={name: to_wire(t) for name, t in shared.items()})
 
     def get(
         self,
@@ -299,7 +339,8 @@ def _unfinished(
             written.setdefault(name, np.zeros(num_samples, dtype=bool))[indices] = True
     for snapshot in state["controllers"].values():
         for j, name in enumerate(snapshot["columns"]):
-            # Every controller holding a column agrees: the hub marks them all in one step of its loop.
+            # Every controller holding a column agrees: the snapshot is taken with no writer running
+            # (the trainer kills the workers first), so no write is marked in some controllers only.
             written[name] = snapshot["ready"][:, j].copy()
     unfinished = {}
     for name, snapshot in state["controllers"].items():
@@ -319,6 +360,11 @@ def _index_array(indices: torch.Tensor) -> np.ndarray:
             f"indices must be a 1-D integer tensor, got shape {tuple(indices.shape)} {indices.dtype}"
         )
     return indices.detach().cpu().numpy().astype(np.int64, copy=False)
+
+
+def _token_counts(mask: torch.Tensor, num_rows: int) -> np.ndarray:
+    """Tokens of each row of a 0/1 mask column, (num_rows,) int64."""
+    return mask.reshape(num_rows, -1).sum(dim=1).cpu().numpy().astype(np.int64)
 
 
 def _columns_of(batch: TensorDict) -> dict[str, torch.Tensor]:

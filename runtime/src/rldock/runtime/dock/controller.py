@@ -1,15 +1,18 @@
 """A controller: the metadata of one worker state (rollout, reference, update, ...) and its queue.
 
 It never sees a tensor. Per sample it knows the owning warehouse, which of the columns this
-state needs are ready, and which rank of this state took it. Writers tell every controller what
-they wrote; consumers ask their state's controller for a batch and then read the tensors straight
-from the warehouses. One controller per state keeps each state's hand-out independent (the
-reference model and the reward function consume the same samples) and each controller small.
+state needs are ready, and which rank of this state took it. Writers tell the controllers of the
+states that need what they wrote; consumers ask their state's controller for a batch and then
+read the tensors straight from the warehouses. One controller per state keeps each state's
+hand-out independent (the reference model and the reward function consume the same samples) and
+each controller small.
 
-Controllers run on the event loop of an async Ray actor: all states' controllers share one
-(`ControllerHub`, below; in central mode the central buffer). Waiting consumers are coroutines,
-woken whenever readiness or consumption changes, so many ranks can wait without threads and every
-pick-and-mark is atomic. numpy only, so the hub's process does not import torch.
+In distributed mode every controller is its own async Ray actor; in central mode the states'
+controllers share the buffer's event loop (`ControllerHub`, below). Hand-out works from an
+incremental index of ready, untaken units (handout.py): a request costs O(units it takes), and
+a waiting request is an entry in a queue that a write serves only when it can now be satisfied,
+oldest first, so many ranks can wait without threads and every pick-and-mark is atomic. numpy
+only, so the controller's process does not import torch.
 
 Two hand-out refinements, both chosen per request:
 - `prefer`: warehouses whose samples this rank should take (the client passes those on its own
@@ -19,6 +22,8 @@ Two hand-out refinements, both chosen per request:
   only for the remainder (delay scheduling for locality);
 - `balance_ranks`: deal the whole iteration's samples over that many ranks at once, levelled by
   token count (balance.py), once every sample is ready; each rank then only gets its own share.
+  Ranks get what their node stores first (the `prefer` of their requests says where they are),
+  then tokens are levelled across nodes within a stated bound (balance.balance_near_data).
   Token counts arrive with readiness as metadata (the client sums mask columns it was told are
   token columns), never as tensors.
 
@@ -38,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from rldock.runtime.dock.balance import balance_by_tokens
+from rldock.runtime.dock.balance import balance_by_tokens, balance_near_data
 from rldock.runtime.dock.errors import DockTimeoutError
+from rldock.runtime.dock.handout import ReadyIndex
 from rldock.runtime.dock.ownership import DockLayout
 from rldock.runtime.dock.staleness import UNVERSIONED, StalenessBound
 
@@ -47,6 +53,19 @@ logger = logging.getLogger(__name__)
 
 UNTAKEN = -1  # `_consumer` of a sample no rank has taken
 DROPPED = -2  # `_consumer` of a sample discarded as too stale (staleness.py)
+
+
+@dataclass
+class _Waiter:
+    """One request waiting in a controller for enough ready samples."""
+
+    rank: int
+    batch_size: int
+    whole_groups: bool
+    prefer: tuple[int, ...]
+    balance_ranks: int
+    started: float
+    future: asyncio.Future
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,8 @@ class Controller:
         self._warehouse = layout.warehouse_of(np.arange(layout.num_samples))  # (num_samples,)
         self._ready = np.zeros((layout.num_samples, len(self._columns)), dtype=bool)
         self._consumer = np.full(layout.num_samples, UNTAKEN, dtype=np.int64)  # rank that took it
+        # What is ready and untaken, per warehouse, kept current write by write (handout.py).
+        self._index = ReadyIndex(layout, len(self._columns))
         # Policy version that generated each sample, and the version training now (staleness.py).
         # Only a state given a `staleness` bound acts on them.
         self._staleness = staleness
@@ -86,12 +107,19 @@ class Controller:
         self._policy_version = 0
         # Token count per sample and token column, as reported by writers (see mark_ready).
         self._tokens: dict[str, np.ndarray] = {}
-        # Balanced mode: the rank each sample is reserved for, -1 before the deal.
+        # Balanced mode: the rank each sample is reserved for, -1 before the deal; each rank's share.
         self._reserved = np.full(layout.num_samples, -1, dtype=np.int64)
+        self._shares: dict[int, np.ndarray] = {}
+        # Warehouses on each rank's node, as its requests said (`prefer`): where a balanced deal
+        # looks for the rank's share first.
+        self._rank_home: dict[int, tuple[int, ...]] = {}
+        self._deal_moves = 0  # units a balanced deal placed off their rank's node (cumulative)
         # Request mode of this iteration (whole_groups, balance_ranks), fixed by its first request.
         self._mode: tuple[bool, int] | None = None
-        # Waiters re-check after any change to readiness or consumption.
-        self._changed = asyncio.Condition()
+        # Requests waiting for samples, oldest first; a change serves only those it can satisfy.
+        self._waiters: list[_Waiter] = []
+        # advance_policy(on_stale=wait) calls waiting for consumers to take stale samples.
+        self._policy_waiters: list[asyncio.Future] = []
         self._requests = 0
         self._samples_handed_out = 0
         self._mark_ready_calls = 0
@@ -110,6 +138,7 @@ class Controller:
 
         `tokens` maps token columns among `columns` to each sample's token count (B,), used by
         balanced hand-out. `policy_version`, when given, is the version that generated these rows.
+        Costs O(len(indices)), and wakes only the waiting requests it lets through.
         """
         indices = np.asarray(indices, dtype=np.int64)
         self._layout.check_indices(indices)
@@ -124,9 +153,11 @@ class Controller:
         positions = [self._column_pos[name] for name in columns if name in self._column_pos]
         if not positions:
             return
-        async with self._changed:
-            self._ready[np.ix_(indices, positions)] = True
-            self._changed.notify_all()
+        cells = np.ix_(indices, positions)
+        newly = (~self._ready[cells]).sum(axis=1)  # (B,) columns of each sample ready only now
+        self._ready[cells] = True
+        self._index.columns_ready(indices, newly)
+        self._serve()
 
     async def request(
         self,
@@ -148,37 +179,25 @@ class Controller:
         been handed out; raises DockTimeoutError after `timeout_s`.
         """
         self._check_request(rank, batch_size, whole_groups, balance_ranks)
+        self._rank_home[rank] = tuple(sorted(int(w) for w in prefer))
         timeout = self._default_timeout_s if timeout_s is None else timeout_s
         self._requests += 1
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        async with self._changed:
-            while (picked := self._pick(rank, batch_size, whole_groups, prefer, balance_ranks)) is None:
-                left = started + timeout - loop.time()
-                if left <= 0:
+        waiter = _Waiter(rank, batch_size, whole_groups, tuple(int(w) for w in prefer), balance_ranks,
+                         loop.time(), loop.create_future())
+        if not self._try_serve(waiter):
+            self._waiters.append(waiter)
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+            except asyncio.TimeoutError:
+                if not waiter.future.done():  # not served in the meantime: give up
+                    self._waiters.remove(waiter)
                     self._timeouts += 1
-                    self._wait_s += loop.time() - started
+                    self._wait_s += loop.time() - waiter.started
                     message = self._timeout_message(rank, batch_size, whole_groups, timeout)
                     logger.warning("%s", message)  # also in the actor's log, for whoever reads the cluster
-                    raise DockTimeoutError(message)
-                try:
-                    await asyncio.wait_for(self._changed.wait(), left)
-                except asyncio.TimeoutError:
-                    pass  # the loop checks once more, then raises with the final counts
-            waited = loop.time() - started
-            self._wait_s += waited
-            if picked.size == 0:
-                return self._reply(Grant(indices=picked, exhausted=True, waited_s=waited))
-            self._consumer[picked] = rank
-            self._samples_handed_out += picked.size
-            self._changed.notify_all()  # other ranks may now see the iteration exhausted
-            left = self._consumer == UNTAKEN
-            if balance_ranks:
-                left &= self._reserved == rank
-            drained = not left.any()
-        owners = self._warehouse[picked]
-        by_warehouse = {int(w): picked[owners == w] for w in np.unique(owners)}
-        return self._reply(Grant(indices=picked, by_warehouse=by_warehouse, waited_s=waited, drained=drained))
+                    raise DockTimeoutError(message) from None
+        return self._reply(waiter.future.result())
 
     async def advance_policy(self, version: int, timeout_s: float | None = None) -> None:
         """The policy now training is `version`: apply the staleness bound to unconsumed samples.
@@ -192,46 +211,52 @@ class Controller:
             self._policy_version = version
             return
         group_size = self._layout.group_size
-        async with self._changed:
-            if bound.on_stale == "wait":
-                loop = asyncio.get_running_loop()
-                started = loop.time()
-                deadline = started + (self._default_timeout_s if timeout_s is None else timeout_s)
-                counted = False
-                while (blocking := int((bound.too_old(self._version, version) & (self._consumer == UNTAKEN)).sum())):
-                    if not counted:
-                        self._stale_waits += 1
-                        counted = True
-                    if loop.time() >= deadline:
-                        self._stale_wait_s += loop.time() - started
-                        raise DockTimeoutError(
-                            f"transfer dock: state {self._state!r} holds {blocking} unconsumed samples that policy "
-                            f"version {version} would leave more than dock.max_staleness={bound.max_staleness} "
-                            "versions behind (dock.on_stale=wait); their consumers did not take them in time"
-                        )
-                    try:
-                        await asyncio.wait_for(self._changed.wait(), deadline - loop.time())
-                    except asyncio.TimeoutError:
-                        pass  # checked once more above, then raised
-                self._stale_wait_s += loop.time() - started
-            else:
-                stale = bound.too_old(self._version, version, group_size=group_size) & (self._consumer == UNTAKEN)
-                self._consumer[stale] = DROPPED
-                self._stale_dropped += int(stale.sum())
-            self._policy_version = version
-            self._changed.notify_all()
+        if bound.on_stale == "wait":
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            deadline = started + (self._default_timeout_s if timeout_s is None else timeout_s)
+            counted = False
+            while (blocking := int((bound.too_old(self._version, version) & (self._consumer == UNTAKEN)).sum())):
+                if not counted:
+                    self._stale_waits += 1
+                    counted = True
+                if loop.time() >= deadline:
+                    self._stale_wait_s += loop.time() - started
+                    raise DockTimeoutError(
+                        f"transfer dock: state {self._state!r} holds {blocking} unconsumed samples that policy "
+                        f"version {version} would leave more than dock.max_staleness={bound.max_staleness} "
+                        "versions behind (dock.on_stale=wait); their consumers did not take them in time"
+                    )
+                taken = loop.create_future()
+                self._policy_waiters.append(taken)
+                try:
+                    await asyncio.wait_for(taken, deadline - loop.time())
+                except asyncio.TimeoutError:
+                    pass  # checked once more above, then raised
+                finally:
+                    if taken in self._policy_waiters:
+                        self._policy_waiters.remove(taken)
+            self._stale_wait_s += loop.time() - started
+        else:
+            stale = bound.too_old(self._version, version, group_size=group_size) & (self._consumer == UNTAKEN)
+            self._consumer[stale] = DROPPED
+            self._stale_dropped += int(stale.sum())
+            self._rebuild()
+        self._policy_version = version
+        self._serve()
 
     async def reset(self) -> None:
         """Start a new iteration: nothing is ready and nothing is consumed."""
-        async with self._changed:
-            self._ready[:] = False
-            self._consumer[:] = UNTAKEN
-            self._version[:] = UNVERSIONED
-            self._reserved[:] = -1
-            for counts in self._tokens.values():
-                counts[:] = 0
-            self._mode = None
-            self._changed.notify_all()
+        self._ready[:] = False
+        self._consumer[:] = UNTAKEN
+        self._version[:] = UNVERSIONED
+        self._reserved[:] = -1
+        self._shares = {}
+        for counts in self._tokens.values():
+            counts[:] = 0
+        self._mode = None
+        self._rebuild()
+        self._serve()
 
     async def recycle(self, indices: np.ndarray) -> None:
         """Empty samples `indices` (whole groups) for new rows within this iteration: nothing of them
@@ -243,14 +268,15 @@ class Controller:
         if indices.size != groups.size * group_size:
             raise ValueError(f"state {self._state!r}: recycle takes whole groups of {group_size} samples, "
                              f"got {indices.size} samples over {groups.size} groups")
-        async with self._changed:
-            self._ready[indices] = False
-            self._consumer[indices] = UNTAKEN
-            self._version[indices] = UNVERSIONED
-            self._reserved[:] = -1
-            for counts in self._tokens.values():
-                counts[indices] = 0
-            self._changed.notify_all()
+        self._ready[indices] = False
+        self._consumer[indices] = UNTAKEN
+        self._version[indices] = UNVERSIONED
+        self._reserved[:] = -1
+        self._shares = {}
+        for counts in self._tokens.values():
+            counts[indices] = 0
+        self._rebuild()
+        self._serve()
 
     async def snapshot(self) -> dict[str, Any]:
         """This iteration's metadata (readiness, hand-out, token counts), for a dock checkpoint."""
@@ -281,17 +307,18 @@ class Controller:
             raise ValueError(
                 f"snapshot holds {snapshot['ready'].shape[0]} samples, this dock {self._layout.num_samples}"
             )
-        async with self._changed:
-            self._ready[:] = snapshot["ready"]
-            self._consumer[:] = snapshot["consumer"]
-            self._reserved[:] = snapshot["reserved"]
-            self._tokens = {name: counts.copy() for name, counts in snapshot["tokens"].items()}
-            self._mode = None if snapshot["mode"] is None else tuple(snapshot["mode"])
-            self._version[:] = snapshot["version"]
-            self._policy_version = int(snapshot["policy_version"])
-            if requeue is not None and len(requeue):
-                self._consumer[np.asarray(requeue, dtype=np.int64)] = UNTAKEN
-            self._changed.notify_all()
+        self._ready[:] = snapshot["ready"]
+        self._consumer[:] = snapshot["consumer"]
+        self._reserved[:] = snapshot["reserved"]
+        self._tokens = {name: counts.copy() for name, counts in snapshot["tokens"].items()}
+        self._mode = None if snapshot["mode"] is None else tuple(snapshot["mode"])
+        self._version[:] = snapshot["version"]
+        self._policy_version = int(snapshot["policy_version"])
+        if requeue is not None and len(requeue):
+            self._consumer[np.asarray(requeue, dtype=np.int64)] = UNTAKEN
+        self._shares = self._shares_of(self._reserved)
+        self._rebuild()
+        self._serve()
 
     async def ping(self) -> None:
         """Answers at once: lets clients tell a dead controller from a busy one."""
@@ -306,10 +333,12 @@ class Controller:
             "metadata_bytes": self._metadata_bytes,
             "timeouts": self._timeouts,
             "wait_s": round(self._wait_s, 6),
-            "ready_now": int(self._ready.all(axis=1).sum()),
+            "waiting_now": len(self._waiters),
+            "ready_now": int((self._index.missing == 0).sum()),
             "handed_out_now": int((self._consumer >= 0).sum()),
             "token_columns": sorted(self._tokens),
             "policy_version": self._policy_version,
+            "balance_moved_units": self._deal_moves,
             "stale_dropped": self._stale_dropped,
             "stale_waits": self._stale_waits,
             "stale_wait_s": round(self._stale_wait_s, 6),
@@ -349,44 +378,108 @@ class Controller:
             )
         self._mode = mode
 
+    def _serve(self) -> None:
+        """Serve every waiting request that can be served now, oldest first; leave the rest asleep."""
+        if self._waiters:
+            self._waiters = [w for w in self._waiters if not w.future.done() and not self._try_serve(w)]
+
+    def _try_serve(self, waiter: _Waiter) -> bool:
+        """Hand `waiter` its samples (or exhaustion) if possible now; whether it was served."""
+        picked = self._pick(waiter.rank, waiter.batch_size, waiter.whole_groups, waiter.prefer, waiter.balance_ranks)
+        if picked is None:
+            return False
+        waited = asyncio.get_running_loop().time() - waiter.started
+        self._wait_s += waited
+        if picked.size == 0:
+            waiter.future.set_result(Grant(indices=picked, exhausted=True, waited_s=waited))
+            return True
+        self._consumer[picked] = waiter.rank
+        self._index.taken(picked)
+        self._samples_handed_out += picked.size
+        if waiter.balance_ranks:
+            share = self._shares.get(waiter.rank, picked[:0])
+            drained = not (self._consumer[share] == UNTAKEN).any()
+        else:
+            drained = self._index.remaining(1) == 0
+        owners = self._warehouse[picked]
+        by_warehouse = {int(w): picked[owners == w] for w in np.unique(owners)}
+        waiter.future.set_result(Grant(indices=picked, by_warehouse=by_warehouse, waited_s=waited, drained=drained))
+        # Others may now see the iteration exhausted, and a staleness wait may be over.
+        self._wake_policy_waiters()
+        if self._waiters:
+            asyncio.get_running_loop().call_soon(self._serve)
+        return True
+
     def _pick(
         self, rank: int, batch_size: int, whole_groups: bool, prefer: Sequence[int], balance_ranks: int
     ) -> np.ndarray | None:
         """Indices to hand out now (ascending), an empty array if exhausted, None if not enough ready."""
-        unconsumed = self._consumer == UNTAKEN
         if balance_ranks:
-            if (self._reserved < 0).any() and not self._deal(balance_ranks, whole_groups):
+            if not self._shares and not self._deal(balance_ranks, whole_groups):
                 return None  # the deal needs every sample of the iteration ready
-            unconsumed &= self._reserved == rank
-        remaining = int(unconsumed.sum())
+            share = self._shares.get(rank, np.empty(0, dtype=np.int64))
+            left = share[self._consumer[share] == UNTAKEN]  # all ready: dealt once everything was
+            return left[:batch_size]
+        unit = self._layout.group_size if whole_groups else 1
+        remaining = self._index.remaining(unit)
         if remaining == 0:
             return np.empty(0, dtype=np.int64)
-        want = min(batch_size, remaining)
-        available = self._ready.all(axis=1) & unconsumed
-        group_size = self._layout.group_size if whole_groups else 1
-        # In whole-group mode every hand-out is whole groups, so `remaining` is a multiple of N.
-        units = np.flatnonzero(available.reshape(-1, group_size).all(axis=1))  # ascending
-        if len(prefer) and units.size:
-            unit_owner = self._warehouse[::group_size]  # (num_units,)
-            local = np.isin(unit_owner[units], np.asarray(prefer))
-            pending_local = np.isin(unit_owner, np.asarray(prefer)) & unconsumed.reshape(-1, group_size).all(axis=1)
-            if int(pending_local.sum()) * group_size >= want:
-                units = units[local]  # enough local samples will come: wait for them, leave the rest
-            else:
-                units = np.concatenate([units[local], units[~local]])  # local first, then any
-        units = units[: want // group_size]
-        picked = np.sort((units[:, None] * group_size + np.arange(group_size)).ravel())
-        return picked.astype(np.int64) if picked.size == want else None
+        want = min(batch_size // unit, remaining)  # in units
+        warehouses = range(self._layout.num_warehouses)
+        local = [w for w in prefer if 0 <= w < self._layout.num_warehouses]
+        if local and self._index.remaining(unit, local) >= want:
+            order: Sequence[int] = local  # enough local samples will come: wait for them, leave the rest
+        elif local:
+            order = [*local, *(w for w in warehouses if w not in local)]  # local first, then any
+        else:
+            order = warehouses
+        if self._index.available(unit, order) < want:
+            return None
+        units = self._index.pop(unit, want, order)
+        return np.sort((units[:, None] * unit + np.arange(unit)).ravel())
 
     def _deal(self, num_ranks: int, whole_groups: bool) -> bool:
         """Reserve every sample for one of `num_ranks` ranks, levelled by tokens; False if not all ready."""
-        if not (self._ready.all(axis=1) | (self._consumer == DROPPED)).all():
+        if self._index.unsettled:
             return False  # dropped samples never get their remaining columns: do not wait for them
         tokens = sum(self._tokens.values(), np.zeros(self._layout.num_samples, dtype=np.int64))
         group_size = self._layout.group_size if whole_groups else 1
-        for r, part in enumerate(balance_by_tokens(tokens, num_ranks, group_size=group_size)):
+        homes = [self._rank_home.get(r, ()) for r in range(num_ranks)]
+        if any(homes):
+            # Sites are the distinct homes (nodes); a warehouse belongs to the site that lists it.
+            site_of_home = {home: i for i, home in enumerate(sorted({h for h in homes if h}))}
+            site_of_warehouse = np.full(self._layout.num_warehouses, -1, dtype=np.int64)
+            for home, site in site_of_home.items():
+                site_of_warehouse[list(home)] = site
+            unit_site = site_of_warehouse[self._warehouse[::group_size]]
+            rank_site = [site_of_home[h] if h else -1 for h in homes]
+            parts, moved = balance_near_data(tokens, num_ranks, group_size=group_size, unit_site=unit_site,
+                                             rank_site=rank_site)
+            self._deal_moves += moved
+        else:  # one node, or ranks that did not say where they are: tokens only
+            parts = balance_by_tokens(tokens, num_ranks, group_size=group_size)
+        for r, part in enumerate(parts):
             self._reserved[part] = r
+        self._shares = self._shares_of(self._reserved)
         return True
+
+    @staticmethod
+    def _shares_of(reserved: np.ndarray) -> dict[int, np.ndarray]:
+        """Each rank's reserved samples, ascending; empty before a deal."""
+        order = np.argsort(reserved, kind="stable")
+        ranks, starts = np.unique(reserved[order], return_index=True)
+        bounds = [*starts[1:], order.size]
+        return {int(r): order[a:b] for r, a, b in zip(ranks, starts, bounds) if r >= 0}
+
+    def _rebuild(self) -> None:
+        self._index.rebuild(self._ready, self._consumer == UNTAKEN, self._consumer == DROPPED)
+        self._wake_policy_waiters()
+
+    def _wake_policy_waiters(self) -> None:
+        """advance_policy(on_stale=wait) calls look again: samples were taken or forgotten."""
+        for taken in self._policy_waiters:
+            if not taken.done():
+                taken.set_result(None)
 
     def _timeout_message(self, rank: int, batch_size: int, whole_groups: bool, timeout: float) -> str:
         unconsumed = self._consumer == UNTAKEN
@@ -415,12 +508,11 @@ class Controller:
 
 
 class ControllerHub:
-    """The controllers of every state in one async actor: the dock's metadata service.
+    """The controllers of every state in one event loop: the central buffer's metadata.
 
-    Each state keeps its own Controller (its own readiness, hand-out and waiters), but they share
-    a process, so a writer tells all of them what it wrote in one call instead of one call per
-    state, and a request is one hop. On a busy host, one process per state cost more in context
-    switches and RPCs than the metadata work itself (docs/dock-benchmarks.md).
+    Each state keeps its own Controller (its own readiness, hand-out and waiters); in central mode
+    they live in the one buffer actor, which is the point of that baseline. The distributed mode
+    gives each controller its own actor instead (distributed.py).
     """
 
     def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,

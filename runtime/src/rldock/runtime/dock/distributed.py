@@ -1,8 +1,9 @@
 """The distributed route of the dock (the default mode): S warehouses and one controller per state.
 
 Tensors go straight between the caller and the owning warehouses, in parallel; the controllers
-(one per state, all in one metadata actor, see ControllerHub) only ever receive indices, column
-names and token counts. This is the MindSpeed RL paper's
+(one async actor per state) only ever receive indices, column names and token counts. A write
+tells only the controllers of states that need one of its columns, in parallel; a request goes
+to its state's controller alone, so states never queue behind each other. This is the MindSpeed RL paper's
 distributed transfer dock (arXiv 2507.19017, section 3.1); `central.py` is its baseline.
 """
 
@@ -17,7 +18,7 @@ import ray
 from ray.actor import ActorHandle
 
 from rldock.runtime.dock import rpc
-from rldock.runtime.dock.controller import ControllerHub, Grant
+from rldock.runtime.dock.controller import Controller, Grant
 from rldock.runtime.dock.ownership import DockLayout, as_slice
 from rldock.runtime.dock.placement import assign_nodes, pinned_to
 from rldock.runtime.dock.rpc import Peer
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 # Dock actors only hold memory and metadata: they must not take CPUs that workers ask for.
 _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
-_HubActor = ray.remote(num_cpus=0, max_restarts=0)(ControllerHub)
+_ControllerActor = ray.remote(num_cpus=0, max_restarts=0)(Controller)
 
 
 class DistributedRoute:
@@ -42,8 +43,8 @@ class DistributedRoute:
         *,
         layout: DockLayout,
         warehouses: Sequence[ActorHandle],
-        hub: ActorHandle,
-        states: Sequence[str],
+        controllers: Mapping[str, ActorHandle],
+        states: Mapping[str, Sequence[str]],
         warehouse_nodes: Sequence[str],
         prefer_local: bool = True,
     ) -> None:
@@ -53,7 +54,9 @@ class DistributedRoute:
             Peer(_warehouse_name(layout, w, node), handle)
             for w, (handle, node) in enumerate(zip(warehouses, warehouse_nodes))
         ]
-        self._hub = Peer(f"dock controllers (the metadata of states {sorted(states)})", hub)
+        self._controllers = {state: Peer(f"dock controller of state {state!r}", handle)
+                             for state, handle in controllers.items()}
+        self._state_columns = {state: frozenset(columns) for state, columns in states.items()}
         self.nodes = list(warehouse_nodes)
 
     @classmethod
@@ -77,33 +80,46 @@ class DistributedRoute:
             start, stop = layout.sample_range(w)
             warehouses.append(
                 _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
-                    warehouse_id=w, start=start, capacity=stop - start
+                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size
                 )
             )
         # The controllers serve every consumer; next to the creator (usually the driver) is as good as any.
         here = ray.get_runtime_context().get_node_id()
-        hub = _HubActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
-            states={state: list(columns) for state, columns in states.items()}, layout=layout,
-            default_timeout_s=timeout_s, staleness=staleness, bounded_states=list(bounded_states),
-        )
+        controllers = {
+            state: _ControllerActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
+                state=state, columns=list(columns), layout=layout, default_timeout_s=timeout_s,
+                staleness=staleness if state in bounded_states else None)
+            for state, columns in states.items()
+        }
         # Waiting here surfaces actor start failures now rather than at the first put.
         warehouse_nodes = ray.get([wh.node_id.remote() for wh in warehouses])
-        ray.get(hub.ping.remote())
-        return cls(layout=layout, warehouses=warehouses, hub=hub, states=list(states),
+        ray.get([controller.ping.remote() for controller in controllers.values()])
+        return cls(layout=layout, warehouses=warehouses, controllers=controllers, states=states,
                    warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
-              policy_version: int | None = None) -> None:
-        """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller."""
+              policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
+        """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller.
+
+        `group_columns` hold one row per group of `indices` (whole groups, in order); each goes
+        once to the group's warehouse, which expands it to the group's samples.
+        """
+        group_columns = group_columns or {}
+        n = self.layout.group_size
         writes = []
         for w, positions in self.layout.split(indices).items():
             rows = as_slice(positions)
             part = {name: WireColumn(col.array[rows], col.dtype) for name, col in columns.items()}
+            groups = as_slice(positions[::n] // n) if group_columns else slice(0, 0)
+            shared = {name: WireColumn(col.array[groups], col.dtype) for name, col in group_columns.items()}
             peer = self._warehouses[w]
-            writes.append((peer.name, peer.handle.write.remote(indices[rows], part)))
+            writes.append((peer.name, peer.handle.write.remote(indices[rows], part, shared or None)))
         rpc.get_all(writes)
-        rpc.get(self._hub.name, self._hub.handle.mark_ready.remote(
-            indices, list(columns), dict(tokens) or None, policy_version))
+        written = [*columns, *group_columns]
+        # Only states that need a written column learn of it: the others' readiness is unchanged.
+        rpc.get_all([(peer.name, peer.handle.mark_ready.remote(indices, written, dict(tokens) or None,
+                                                               policy_version))
+                     for state, peer in self._controllers.items() if self._state_columns[state] & set(written)])
 
     def read(
         self,
@@ -122,11 +138,14 @@ class DistributedRoute:
             here = ray.get_runtime_context().get_node_id()
             local = [w for w, node in enumerate(self.nodes) if node == here]
             prefer = local if len(local) < len(self.nodes) else []  # all local: plain ascending order
-        request = self._hub.handle.request.remote(
-            state, rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
+        if state not in self._controllers:
+            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._controllers)}")
+        controller = self._controllers[state]
+        request = controller.handle.request.remote(
+            rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
         )
         grant: Grant = rpc.wait_for_grant(
-            self._hub.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=self._warehouses
+            controller.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=self._warehouses
         )
         if grant.exhausted:
             return grant, []
@@ -140,20 +159,28 @@ class DistributedRoute:
     def reset(self) -> None:
         rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
 
+    def _each_controller(self, call: str, *args: Any) -> dict[str, Any]:
+        """`call` on every state's controller in parallel; answers by state."""
+        results = rpc.get_all([(peer.name, getattr(peer.handle, call).remote(*args))
+                               for peer in self._controllers.values()])
+        return dict(zip(self._controllers, results))
+
     def recycle(self, indices: np.ndarray) -> None:
         """The owning warehouses forget the rows, then every controller forgets their metadata."""
         rpc.get_all([(self._warehouses[w].name, self._warehouses[w].handle.forget.remote(indices[positions]))
                      for w, positions in self.layout.split(indices).items()])
-        rpc.get(self._hub.name, self._hub.handle.recycle.remote(indices))
+        self._each_controller("recycle", indices)
 
     def advance_policy(self, version: int, timeout_s: float) -> None:
-        request = self._hub.handle.advance_policy.remote(version, timeout_s)
-        rpc.get(self._hub.name, request, timeout=timeout_s + rpc.RPC_GRACE_S)
+        requests = [(peer.name, peer.handle.advance_policy.remote(version, timeout_s))
+                    for peer in self._controllers.values()]
+        for name, request in requests:
+            rpc.get(name, request, timeout=timeout_s + rpc.RPC_GRACE_S)
 
     def snapshot(self) -> dict[str, Any]:
         # Controllers first: a column marked ready there was stored before, so the warehouses'
         # snapshot, taken after, holds it even while writers are still running.
-        controllers = rpc.get(self._hub.name, self._hub.handle.snapshot.remote())
+        controllers = self._each_controller("snapshot")
         warehouses = rpc.get_all([(p.name, p.handle.snapshot.remote()) for p in self._warehouses])
         return {"warehouses": warehouses, "controllers": controllers}
 
@@ -166,16 +193,17 @@ class DistributedRoute:
             (peer.name, peer.handle.restore.remote(part))
             for peer, part in zip(self._warehouses, snapshot["warehouses"])
         ])
-        rpc.get(self._hub.name, self._hub.handle.restore.remote(snapshot["controllers"], dict(requeue)))
+        rpc.get_all([(peer.name, peer.handle.restore.remote(snapshot["controllers"][state], requeue.get(state)))
+                     for state, peer in self._controllers.items()])
 
     def stats(self) -> dict[str, Any]:
         warehouse_stats = rpc.get_all([(p.name, p.handle.stats.remote()) for p in self._warehouses])
         for entry, node in zip(warehouse_stats, self.nodes):
             entry["node_id"] = node
-        return {"warehouses": warehouse_stats, "controllers": rpc.get(self._hub.name, self._hub.handle.stats.remote())}
+        return {"warehouses": warehouse_stats, "controllers": self._each_controller("stats")}
 
     def peers(self) -> list[Peer]:
-        return [*self._warehouses, self._hub]
+        return [*self._warehouses, *self._controllers.values()]
 
 
 def _warehouse_name(layout: DockLayout, warehouse: int, node: str) -> str:

@@ -1,7 +1,10 @@
-"""Where the dock's actors go: one warehouse per alive Ray node, round-robin when S > nodes.
+"""Where the dock's actors go: one warehouse per worker node, round-robin when S > nodes.
 
-A warehouse on every node keeps each node's share of the batch in that node's memory, so the
-traffic a node's workers make mostly stays on the node and the rest spreads over all links.
+A warehouse on every node that runs consumers keeps each node's share of the batch in that
+node's memory, so the traffic a node's workers make mostly stays on the node and the rest spreads
+over all links. The Ray head runs no consumer in the operator's RayCluster (it has no devices),
+so a warehouse there would only hold samples every read of which crosses the network: the head
+gets one only when it is the only node.
 """
 
 from __future__ import annotations
@@ -9,10 +12,14 @@ from __future__ import annotations
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
 
-def alive_node_ids() -> list[str]:
-    """IDs of the alive nodes of the connected Ray cluster, sorted so placement is repeatable."""
-    return sorted(node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+def worker_node_ids() -> list[str]:
+    """The alive nodes that may run consumers: every node but the head, or the head if it is alone."""
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    workers = sorted(node["NodeID"] for node in alive if HEAD_RESOURCE not in node["Resources"])
+    return workers or sorted(node["NodeID"] for node in alive)
 
 
 def assign_nodes(num_warehouses: int, node_ids: list[str]) -> list[str]:

@@ -7,6 +7,10 @@ took them is the controllers' business. It does keep, per column, which rows wer
 iteration, so a read of a row that was never written (stale data from the last iteration) fails
 loudly instead of returning old values.
 
+A driver's columns that are the same for every sample of a GRPO group (the prompt, its row) come
+once per group (`group_columns`) and the warehouse expands them into the group's N sample rows,
+so a prompt crosses the network once, not N times (docs/transfer-dock.md, "prompt once per group").
+
 The actor is synchronous with one thread: reads and writes of one warehouse are serialised,
 which keeps first-write allocation race-free; parallelism comes from having S warehouses.
 """
@@ -30,8 +34,12 @@ logger = logging.getLogger(__name__)
 class Warehouse:
     """Stores samples [start, start + capacity) of the global batch."""
 
-    def __init__(self, *, warehouse_id: int, start: int, capacity: int) -> None:
+    def __init__(self, *, warehouse_id: int, start: int, capacity: int, group_size: int = 1) -> None:
+        if group_size < 1 or start % group_size or capacity % group_size:
+            raise ValueError(f"warehouse {warehouse_id}: samples [{start}, {start + capacity}) are not whole "
+                             f"groups of {group_size}")
         self._id = warehouse_id
+        self._group_size = group_size
         self._start = start
         self._capacity = capacity
         self._storage: dict[str, torch.Tensor] = {}
@@ -40,12 +48,32 @@ class Warehouse:
         self._written: dict[str, np.ndarray] = {}  # (capacity,) bool per column, this iteration
         self._bytes_in = 0
         self._bytes_out = 0
+        self._expanded_bytes = 0  # bytes written here by expanding group columns, never sent
         self._write_requests = 0
         self._read_requests = 0
 
-    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn]) -> None:
-        """Copy `columns` (each (B, ...)) into the rows of global sample `indices` (B,)."""
+    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn],
+              group_columns: Mapping[str, WireColumn] | None = None) -> None:
+        """Copy `columns` (each (B, ...)) into the rows of global sample `indices` (B,).
+
+        `group_columns` (each (B / group_size, ...), one row per group) are written to every sample
+        of their group; `indices` must then be whole groups, each group's samples consecutive.
+        """
         rows = as_slice(self._local_rows(indices))
+        if group_columns:
+            self._check_whole_groups(indices)
+        for name, column in (group_columns or {}).items():
+            if column.array.shape[0] * self._group_size != indices.shape[0]:
+                raise ValueError(f"group column {name!r} has {column.array.shape[0]} rows for "
+                                 f"{indices.shape[0] // self._group_size} groups")
+            view = self._view_for(name, column)
+            if isinstance(rows, slice):  # (k*N, ...) view as (k, N, ...): broadcast, no expanded copy
+                view[rows].reshape(-1, self._group_size, *column.array.shape[1:])[...] = column.array[:, None]
+            else:
+                view[rows] = np.repeat(column.array, self._group_size, axis=0)
+            self._written[name][rows] = True
+            self._bytes_in += column.array.nbytes
+            self._expanded_bytes += column.array.nbytes * (self._group_size - 1)
         for name, column in columns.items():
             if column.array.shape[:1] != indices.shape:
                 raise ValueError(
@@ -126,6 +154,7 @@ class Warehouse:
             "bytes_stored": sum(t.nbytes for t in self._storage.values()),
             "bytes_in": self._bytes_in,
             "bytes_out": self._bytes_out,
+            "expanded_bytes": self._expanded_bytes,
             "write_requests": self._write_requests,
             "read_requests": self._read_requests,
         }
@@ -142,6 +171,13 @@ class Warehouse:
                 f"got indices in [{int(indices.min())}, {int(indices.max())}]"
             )
         return local
+
+    def _check_whole_groups(self, indices: np.ndarray) -> None:
+        n = self._group_size
+        if indices.size % n or not np.array_equal(indices.reshape(-1, n),
+                                                  indices[::n, None] + np.arange(n)) or indices[0] % n:
+            raise ValueError(f"warehouse {self._id}: a write with group columns needs whole groups of {n} "
+                             f"consecutive samples, got samples {indices.tolist()}")
 
     def _view_for(self, name: str, column: WireColumn) -> np.ndarray:
         """The storage view of column `name`, allocated on first write; later writes must match."""
