@@ -59,7 +59,7 @@ def test_a_lora_job_updates_only_adapted_weights_and_resumes_from_its_adapters(t
     base = _weights(tmp_path / "model")
     checkpoints = output / "checkpoints"
     second, third = _weights(checkpoints / "iter-000002" / "policy"), _weights(checkpoints / "iter-000003" / "policy")
-    adapted = {name for name in base if any(f".{t}." in name for t in TARGETS)}
+    adapted = {name for name in base if any(name.endswith(f".{t}.weight") for t in TARGETS)}  # not biases
     assert adapted and adapted < base.keys()
     for name, tensor in base.items():  # the merged policy: base weights moved only where adapters sit
         if name in adapted:
