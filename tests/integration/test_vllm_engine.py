@@ -160,10 +160,14 @@ def test_update_weights_path_for_workers_without_reload_weights(engine, tiny_mod
         torch.testing.assert_close(got, hf_logprobs[row, : len(got)], atol=1e-4, rtol=0)
 
 
-def test_sleep_and_wake_up_are_no_ops_on_cpu(engine):
+def test_on_cpu_the_sleep_cycle_runs_without_engine_calls(engine):
+    """vLLM refuses sleep mode on CPU: the cycle goes through its states and the engine keeps its
+    weights and KV cache, so generating after a sleep needs nothing reloaded."""
     engine.sleep()
-    engine.wake_up()
+    assert engine.memory.state == "asleep"
     assert len(engine.generate([PROMPTS[1]], n=2, max_tokens=4, eos_token_id=EOS, seed=0)[0]) == 2
+    assert engine.memory.state == "awake" and not engine.memory.enabled
+    assert engine.memory.log[-3:] == ["sleep(level=1)", "wake_up(tags=['weights'])", "wake_up(tags=['kv_cache'])"]
 
 
 def test_engine_leaves_torch_thread_control_to_the_process(engine):

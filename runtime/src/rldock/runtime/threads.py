@@ -33,7 +33,8 @@ def compute_workers_per_node(cfg: JobConfig) -> int:
     training = cfg.training
     recipe = job_recipe(cfg)
     workers = training.data_parallel_size * training.tensor_parallel_size
-    workers += training.data_parallel_size if "reference" in recipe.consumes else 0
+    # no reference ranks under LoRA: the actors run the reference pass
+    workers += training.data_parallel_size if "reference" in recipe.consumes and training.lora is None else 0
     workers += 1 if recipe.needs_critic else 0
     return math.ceil(workers / cfg.resources.num_nodes)
 

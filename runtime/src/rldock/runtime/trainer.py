@@ -45,7 +45,7 @@ from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.tracking import TensorBoardLog
 from rldock.runtime.warmup import run_warmup
-from rldock.runtime.workers.actor import ActorWorker
+from rldock.runtime.workers.actor import ADAPTER_DIR, ActorWorker
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.critic import CriticWorker
 from rldock.runtime.workers.reference import ReferenceWorker
@@ -148,6 +148,7 @@ class Trainer:
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
         self.dock: TransferDock | None = None
         self.workers: WorkerGroups | None = None
+        self._placement = None  # the Ray placement group holding the workers' devices
         self._last_dock_stats: dict | None = None
         # The iteration running now: stage results as ranks return, and ranks started per stage,
         # kept with the dock's state if a worker dies (see _keep_inflight).
@@ -215,7 +216,11 @@ class Trainer:
             logger.info("resuming after iteration %d from %s", self.resume_from.iteration, self.resume_from.path)
         # Records after the last checkpoint belong to iterations that will be redone.
         self._last_evaluation = _last_evaluation(self.metrics.truncate_after(start_iteration - 1))
-        self.workers = self._create_workers(str(policy_dir))
+        adapter_dir = None
+        if cfg.training.lora is not None and self.resume_from is not None:
+            # LoRA: the actors load the base model and the trained adapters on top of it.
+            policy_dir, adapter_dir = self.reference_dir, str(self.resume_from.path / ADAPTER_DIR)
+        self.workers = self._create_workers(str(policy_dir), adapter_dir=adapter_dir)
         if self.resume_from is not None:
             rng = torch.load(self.resume_from.path / "rng.pt")
             ray.get([a.load_optimizer.remote(str(self.resume_from.optimizer_file)) for a in self.workers.actors])
@@ -224,31 +229,36 @@ class Trainer:
                 ray.get(self.workers.critic.load.remote(str(self.resume_from.path)))
         return start_iteration
 
-    def _create_workers(self, policy_dir: str) -> WorkerGroups:
+    def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None) -> WorkerGroups:
         cfg, dock = self.cfg, self.dock
         dp = cfg.training.data_parallel_size
-        share = cluster.device_share(cfg)
-        num_actor_ranks = dp * cfg.training.tensor_parallel_size  # TP x DP; each rank a generation replica
-        actors = [cluster.remote(ActorWorker, num_cpus=1, resources=share).remote(
-            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock)
-            for r in range(num_actor_ranks)]
+        plan = cluster.job_placement(cfg, self.recipe)
+        self._placement = group = cluster.reserve(plan)
+
+        def seated(cls, seat):
+            return cluster.seated(cls, group=group, plan=plan, seat=seat)
+
+        num_actor_ranks = len(plan.actors)  # TP x DP; each rank a generation replica on its own device
+        actors = [seated(ActorWorker, seat).remote(
+            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock, adapter_dir=adapter_dir)
+            for r, seat in enumerate(plan.actors)]
+        # none when kl_coef is 0 (job_recipe) or under LoRA (the actors run the reference pass)
+        references = [seated(ReferenceWorker, seat).remote(
+            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r, seat in enumerate(plan.references)]
+        assert len(references) in (0, dp), "one reference rank per DP rank, or none"
         states = self.recipe.states
-        references = [cluster.remote(ReferenceWorker, num_cpus=1, resources=share).remote(
-            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r in range(dp)] \
-            if "reference" in states else []  # none when kl_coef is 0 (job_recipe)
         reward = advantage = critic = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(
                 cfg, tokenizer_dir=str(self.reference_dir), dock=dock, train_files=self.data_files.train)
         if "advantage" in states:
             advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
-        if self.recipe.needs_critic:
+        if plan.critic is not None:
             # The critic starts from the initial policy's body, whatever policy the actors resume from.
-            critic = cluster.remote(CriticWorker, num_cpus=1, resources=share).remote(
-                cfg, policy_dir=str(self.reference_dir), dock=dock)
+            critic = seated(CriticWorker, plan.critic).remote(cfg, policy_dir=str(self.reference_dir), dock=dock)
         reward_model = None
-        if REWARD_MODEL_STATE in states:  # a device share, like a reference rank
-            reward_model = cluster.remote(RewardModelWorker, num_cpus=1, resources=share).remote(
+        if plan.reward_model is not None:
+            reward_model = seated(RewardModelWorker, plan.reward_model).remote(
                 cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
         groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critic=critic,
                               reward_model=reward_model)
@@ -260,9 +270,11 @@ class Trainer:
         if self.workers is not None:
             for handle in self.workers.all():
                 ray.kill(handle)
+        if self._placement is not None:  # after the workers: their devices go back to the cluster
+            cluster.release(self._placement)
         if self.dock is not None:
             self.dock.shutdown()
-        self.workers, self.dock, self._last_dock_stats = None, None, None
+        self.workers, self.dock, self._last_dock_stats, self._placement = None, None, None, None
         self._inflight = None  # a later attempt's failure must not save this attempt's iteration
 
     # --- iterations ---------------------------------------------------------------------------
@@ -384,7 +396,8 @@ class Trainer:
         return {
             "rollout": lambda: [a.generate.remote(iteration, sampling_round) for a in w.actors],
             "actor_inference": lambda: [a.compute_old_logprobs.remote(iteration) for a in w.actors],
-            "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in w.references],
+            # Under LoRA the actor ranks run it (their model with its adapters off): no reference ranks.
+            "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in (w.references or w.actors)],
             "reward": lambda: [w.reward.compute_rewards.remote(iteration)],
             REWARD_MODEL_STATE: lambda: [w.reward_model.compute_scores.remote(iteration)],
             "advantage": lambda: [w.advantage.compute_advantages.remote(iteration)],

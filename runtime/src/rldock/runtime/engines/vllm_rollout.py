@@ -40,6 +40,7 @@ import torch
 
 from rldock.config.job import RolloutSpec
 from rldock.runtime.device import DeviceInfo
+from rldock.runtime.engines.generation_memory import SleepCycle
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,11 @@ class VllmRolloutEngine:
         seed: int,
         max_model_len: int,
         device: DeviceInfo,
+        kv_cache_bytes: int | None = None,
     ) -> None:
+        """`kv_cache_bytes`: the KV cache's size on an accelerator (generation_memory.kv_cache_budget);
+        None leaves vLLM to size it from rollout.gpu_memory_utilization. Ignored on CPU, where
+        rollout.cpu_kv_cache_gib sizes it."""
         _prepare_process(device)
         from vllm import LLM
 
@@ -172,7 +177,8 @@ class VllmRolloutEngine:
                 # Frees weights and KV cache while the trainer uses the same device.
                 enable_sleep_mode=True,
             )
-        self._sleep_enabled = device.engine_kind != "cpu"
+            if kv_cache_bytes is not None:  # vLLM then ignores gpu_memory_utilization
+                engine_args.update(kv_cache_memory_bytes=kv_cache_bytes)
 
         num_threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         ld_preload = os.environ.get("LD_PRELOAD")
@@ -188,6 +194,9 @@ class VllmRolloutEngine:
         # actor then runs one thread per core.
         _restore_env("LD_PRELOAD", ld_preload)
         self.start_seconds = time.perf_counter() - start
+        # Sleep and wake around generation; on CPU the same sequence with no engine calls (vLLM
+        # refuses sleep mode there). The actor sets `memory.reload` for level 2.
+        self.memory = SleepCycle(self._llm, level=rollout.sleep_level, enabled=device.engine_kind != "cpu")
         logger.info(
             "vLLM engine for %s on %s started in %.1f s", model_dir, device.torch_device, self.start_seconds
         )
@@ -238,6 +247,7 @@ class VllmRolloutEngine:
             for i in range(len(prompts))
         ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        self.memory.before_generation()
         outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [
             [
@@ -281,12 +291,14 @@ class VllmRolloutEngine:
         the old weights, so the prefix cache is dropped.
         """
         start = time.perf_counter()
+        self.memory.before_weight_update()  # weights back in place (the KV cache stays freed)
         # In-process executor: the callable runs on the worker here, so the iterator reaches it
         # as is (no pickling of tensors).
         with torch.no_grad():  # trainer tensors may require grad; the copies must not record it
             self._llm.collective_rpc(_reload_on_worker, args=(iter(named_tensors),))
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+        self.memory.after_weight_update()
         seconds = time.perf_counter() - start
         logger.debug("vLLM weight update took %.3f s", seconds)
         return seconds
@@ -300,12 +312,11 @@ class VllmRolloutEngine:
         self._llm.llm_engine.engine_core.shutdown()
 
     def sleep(self) -> None:
-        """Free the engine's device memory for training; a no-op on CPU (vLLM refuses sleep mode)."""
-        if self._sleep_enabled:
-            # Level 1 keeps weights in host memory; update_weights after wake_up replaces them.
-            self._llm.sleep(level=1)
+        """After a generation phase: free the engine's device memory for training (KV cache freed,
+        weights offloaded at rollout.sleep_level 1 or discarded at 2); the next `sample` or
+        `update_weights` wakes what it needs. On CPU the sequence runs with no engine calls."""
+        self.memory.after_generation()
 
     def wake_up(self) -> None:
-        """Undo `sleep`; a no-op on CPU."""
-        if self._sleep_enabled:
-            self._llm.wake_up()
+        """Weights and KV cache back (what `sample` does itself first)."""
+        self.memory.before_generation()

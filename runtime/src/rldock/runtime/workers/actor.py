@@ -24,19 +24,23 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
+from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.stage_loop import run_stage
 
 logger = logging.getLogger(__name__)
 
+ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), beside `policy`
+
 
 class ActorWorker:
     def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
-                 dock: TransferDock):
+                 dock: TransferDock, adapter_dir: str | None = None):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"actor rank {rank}")
@@ -45,6 +49,8 @@ class ActorWorker:
         self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         if cfg.training.freeze_embeddings:
             freeze_embeddings(self.model)
+        if cfg.training.lora is not None:  # policy_dir is the base model; adapter_dir the trained adapters
+            self.model = add_lora(self.model, cfg.training.lora, adapter_dir=adapter_dir)
         self.ddp_model = None  # set by init_distributed
         self.sharded: ShardedTraining | None = None  # TP x DP layout and resharding, set by join_group
         algo = cfg.algorithm
@@ -77,12 +83,17 @@ class ActorWorker:
         if not self.recipe.needs_rollout_engine:  # DPO trains on given responses
             return
         algo = self.cfg.algorithm
+        max_model_len = algo.max_prompt_length + algo.max_response_length
         self.engine = VllmRolloutEngine(
             self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
-            seed=self.cfg.seed, max_model_len=algo.max_prompt_length + algo.max_response_length,
-            device=self.device)
+            seed=self.cfg.seed, max_model_len=max_model_len, device=self.device,
+            kv_cache_bytes=self._kv_cache_bytes(max_model_len))
         if self.sharded is not None:
             self.sharded.attach_engine(self.engine.update_weights)
+        else:  # rollout.sleep_level 2 discards the engine's weights: push ours again
+            self.engine.memory.reload = lambda: self.engine.update_weights(self._generation_weights())
+        if self.cfg.training.lora is not None:  # the engine started from the base; the policy has adapters
+            self.engine.update_weights(self._generation_weights())
 
     def _make_optimizer(self, params) -> torch.optim.Optimizer:
         algo = self.cfg.algorithm
@@ -134,6 +145,7 @@ class ActorWorker:
         # The engine holds the weights of `iteration - 1` updates: the responses' policy version.
         timing = run_stage(self.dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
                            batch_size=self._samples_per_rank(), whole_groups=True, policy_version=iteration - 1)
+        self.engine.sleep()  # the device is the trainer's until the next generation
         timing.extra["response_lengths"] = response_lengths
         return timing.as_dict()
 
@@ -145,7 +157,19 @@ class ActorWorker:
         completions = self.engine.sample(prompts, n=num_samples, max_tokens=max_tokens,
                                          eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy,
                                          prompt_keys=prompt_keys)
+        self.engine.sleep()
         return [[c.token_ids for c in group] for group in completions]
+
+    def compute_ref_logprobs(self, iteration: int) -> dict:
+        """The reference state, run by the actor ranks under LoRA: the reference policy is the base
+        model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
+        def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+            with torch.no_grad(), adapters_off(self.model):
+                logprobs = self._logprobs(batch.to(self.device.torch_device))
+            return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
+
+        return run_stage(self.dock, "reference", self.recipe.consumes["reference"], infer, rank=self.rank,
+                         batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -176,7 +200,7 @@ class ActorWorker:
         timing = run_stage(self.dock, "update", self.recipe.consumes["update"], train, rank=self.rank,
                            batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
-        self.engine.update_weights(self.model.state_dict().items())
+        self.engine.update_weights(self._generation_weights())
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
         return {**timing.as_dict(), **summary}
 
@@ -222,7 +246,11 @@ class ActorWorker:
         if self.rank != 0:
             return
         staging = Path(staging_dir)
-        self.model.save_pretrained(staging / "policy")
+        if self.cfg.training.lora is not None:  # the merged policy for readers, the adapters to resume
+            self.model.get_base_model().save_pretrained(staging / "policy", state_dict=dict(self._generation_weights()))
+            self.model.save_pretrained(staging / ADAPTER_DIR)
+        else:
+            self.model.save_pretrained(staging / "policy")
         self.tokenizer.save_pretrained(staging / "policy")
         torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
 
@@ -239,6 +267,38 @@ class ActorWorker:
                 self.tokenizer.save_pretrained(staging / "policy")
 
     # --- helpers ------------------------------------------------------------------------------
+
+    def _kv_cache_bytes(self, max_model_len: int) -> int | None:
+        """The engine's KV cache on an accelerator: its share of the device less its weights and the
+        training state left there while generating (none when allgather_swap swaps it out). None for
+        a CPU engine (the npu twin's too), where rollout.cpu_kv_cache_gib sizes it."""
+        if self.device.engine_kind == "cpu":
+            return None
+        params = list(self.model.parameters())
+        weight_bytes = tensor_bytes(params)
+        trainable_bytes = tensor_bytes(p for p in params if p.requires_grad)
+        # grads plus AdamW's two moments, one of each per trainable parameter
+        resident = 0 if self.cfg.training.resharding == "allgather_swap" else weight_bytes + 3 * trainable_bytes
+        config = self.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        device_type = torch.device(self.device.torch_device).type
+        budget = kv_cache_budget(
+            device_bytes=torch.get_device_module(device_type).mem_get_info()[1],
+            utilization=self.cfg.rollout.gpu_memory_utilization, engine_weight_bytes=weight_bytes,
+            resident_training_bytes=resident, min_tokens=max_model_len,
+            bytes_per_token=kv_bytes_per_token(num_layers=config.num_hidden_layers,
+                                               num_kv_heads=config.num_key_value_heads, head_dim=head_dim,
+                                               dtype_bytes=params[0].element_size()))
+        logger.info("actor rank %d: KV cache %.2f GiB (engine weights %.2f GiB, training state resident while "
+                    "generating %.2f GiB)", self.rank, budget / 2**30, weight_bytes / 2**30, resident / 2**30)
+        return budget
+
+    def _generation_weights(self):
+        """(HF name, tensor) pairs of the policy as the engine loads it: the adapters merged in on
+        the fly under LoRA (the trained adapters stay as they are)."""
+        if self.cfg.training.lora is not None:
+            return merged_weights(self.model)
+        return self.model.state_dict().items()
 
     def _samples_per_rank(self) -> int:
         return self.cfg.num_samples_per_iteration // self.world_size

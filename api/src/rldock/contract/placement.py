@@ -1,0 +1,94 @@
+"""Which worker sits on which device: the placement plan a job's Ray placement group is built from.
+
+One bundle is one device (a whole accelerator resource plus the logical CPUs of the workers on it).
+Every actor rank opens a bundle of its own, so tensor-parallel peers and data-parallel replicas
+never share a device and each device holds exactly one generation engine (the actor rank's). The
+other device workers (reference ranks, the critic, the reward model) then fill the devices first
+fit: with `resources.placement: colocated` each takes half a device, so a reference rank shares an
+actor's device (the MindSpeed RL all-in-one placement) and the critic and reward model take the
+halves left over (a TP job's actor devices have them) before a new device is opened; with
+`separate` every worker takes a whole device.
+
+Pure and config-free: the config checks count the devices with it, the runtime builds the
+placement group from it (rldock.runtime.cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PlacementMode = Literal["colocated", "separate"]
+
+# The share of a device each worker takes in each mode (the actor's too: in colocated mode the
+# other half of every actor device is left for a reference rank, a critic or a reward model).
+SHARE: dict[str, float] = {"colocated": 0.5, "separate": 1.0}
+# Logical CPUs each device worker asks Ray for (Ray then caps its thread pools; see cluster.py).
+CPUS_PER_WORKER = 1
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where one worker runs: its bundle (device) in the placement group and its share of it."""
+
+    bundle: int
+    share: float
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """Bundles (one per device) and the seat of every device worker of a job."""
+
+    accelerator: str  # the Ray resource of one device, e.g. NPU
+    bundles: tuple[dict[str, float], ...]
+    actors: tuple[Seat, ...]  # by actor rank
+    references: tuple[Seat, ...]  # by reference (data-parallel) rank
+    critic: Seat | None
+    reward_model: Seat | None
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.bundles)
+
+    def workers_on(self, bundle: int) -> list[str]:
+        """Names of the workers seated on one bundle, e.g. ['actor 0', 'reference 0']."""
+        named = [*((f"actor {i}", s) for i, s in enumerate(self.actors)),
+                 *((f"reference {i}", s) for i, s in enumerate(self.references)),
+                 *((name, s) for name, s in (("critic", self.critic), ("reward_model", self.reward_model))
+                   if s is not None)]
+        return [name for name, seat in named if seat.bundle == bundle]
+
+
+def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_ranks: int, critic: bool,
+                   reward_model: bool, mode: PlacementMode) -> PlacementPlan:
+    """The plan for these workers: actor rank i on device i, then the others first fit (see the
+    module docstring). Raises ValueError for an unknown mode or no actor rank."""
+    if mode not in SHARE:
+        raise ValueError(f"unknown placement mode {mode!r}; use one of {sorted(SHARE)}")
+    if num_actor_ranks < 1 or num_reference_ranks < 0:
+        raise ValueError("a placement needs at least one actor rank and no negative reference count")
+    share = SHARE[mode]
+    used: list[float] = []  # share of each device taken so far
+    cpus: list[int] = []
+
+    def open_device() -> int:
+        used.append(0.0)
+        cpus.append(0)
+        return len(used) - 1
+
+    def seat(bundle: int) -> Seat:
+        used[bundle] += share
+        cpus[bundle] += CPUS_PER_WORKER
+        return Seat(bundle=bundle, share=share)
+
+    def first_fit() -> Seat:
+        free = next((i for i, taken in enumerate(used) if taken + share <= 1.0), None)
+        return seat(open_device() if free is None else free)
+
+    actors = tuple(seat(open_device()) for _ in range(num_actor_ranks))
+    references = tuple(first_fit() for _ in range(num_reference_ranks))
+    critic_seat = first_fit() if critic else None
+    reward_model_seat = first_fit() if reward_model else None
+    bundles = tuple({accelerator: 1.0, "CPU": float(n)} for n in cpus)
+    return PlacementPlan(accelerator=accelerator, bundles=bundles, actors=actors, references=references,
+                         critic=critic_seat, reward_model=reward_model_seat)

@@ -1,0 +1,60 @@
+"""The placement plan: one bundle per device, every actor rank on its own device, the other device
+workers first fit (half a device each when colocated, a whole one when separate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rldock.contract.placement import Seat, plan_placement
+
+
+def _plan(mode="colocated", *, actors=2, references=2, critic=False, reward_model=False):
+    return plan_placement(accelerator="NPU", num_actor_ranks=actors, num_reference_ranks=references,
+                          critic=critic, reward_model=reward_model, mode=mode)
+
+
+def test_colocated_puts_each_reference_rank_on_an_actor_device():
+    plan = _plan()
+    assert plan.bundles == ({"NPU": 1.0, "CPU": 2.0}, {"NPU": 1.0, "CPU": 2.0})
+    assert plan.actors == (Seat(0, 0.5), Seat(1, 0.5))
+    assert plan.references == (Seat(0, 0.5), Seat(1, 0.5))
+    assert plan.workers_on(1) == ["actor 1", "reference 1"]
+
+
+def test_tensor_parallel_peers_get_distinct_devices_and_the_critic_takes_a_left_over_half():
+    # DP 2 x TP 2: four actor devices, two reference halves, then the critic and the reward model
+    # fill the two halves still free instead of opening a device.
+    plan = _plan(actors=4, references=2, critic=True, reward_model=True)
+    assert [s.bundle for s in plan.actors] == [0, 1, 2, 3]
+    assert [s.bundle for s in plan.references] == [0, 1]
+    assert (plan.critic, plan.reward_model) == (Seat(2, 0.5), Seat(3, 0.5))
+    assert plan.num_devices == 4
+    assert all(b["CPU"] == 2.0 for b in plan.bundles)
+
+
+@pytest.mark.parametrize(("critic", "reward_model", "devices"), [(False, False, 1), (True, False, 2),
+                                                                 (False, True, 2), (True, True, 2)])
+def test_colocated_critic_and_reward_model_share_one_extra_device(critic, reward_model, devices):
+    plan = _plan(actors=1, references=1, critic=critic, reward_model=reward_model)
+    assert plan.num_devices == devices
+    if critic and reward_model:
+        assert plan.workers_on(1) == ["critic", "reward_model"]
+
+
+def test_separate_gives_every_worker_a_whole_device():
+    plan = _plan("separate", actors=2, references=2, critic=True)
+    assert [s.bundle for s in (*plan.actors, *plan.references, plan.critic)] == [0, 1, 2, 3, 4]
+    assert {s.share for s in (*plan.actors, *plan.references, plan.critic)} == {1.0}
+    assert plan.bundles[4] == {"NPU": 1.0, "CPU": 1.0}
+
+
+def test_no_reference_leaves_the_actor_devices_half_used():
+    plan = _plan(actors=2, references=0)
+    assert plan.num_devices == 2 and plan.workers_on(0) == ["actor 0"]
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="unknown placement mode 'spread'"):
+        _plan("spread")
+    with pytest.raises(ValueError, match="at least one actor rank"):
+        _plan(actors=0)
