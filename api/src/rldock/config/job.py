@@ -375,6 +375,13 @@ class RolloutSpec(Spec):
         default=0.5, gt=0, le=1, description="Share of accelerator memory the engine may take (NPU/CUDA)."
     )
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on CPU devices, GiB.")
+    stream_groups: int = Field(
+        default=1, ge=0, le=65536,
+        description="Finer streaming: each actor rank generates its prompt groups in one engine batch and "
+        "writes them to the dock as soon as this many groups have all their responses, so downstream "
+        "stages start on them while the rest still generate. 0: the rank writes its whole batch at once "
+        "(for comparison).",
+    )
 
 
 class TrainingSpec(Spec):

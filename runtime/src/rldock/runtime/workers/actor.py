@@ -10,6 +10,7 @@ into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -115,32 +116,57 @@ class ActorWorker:
         eos = self.tokenizer.eos_token_id
         response_lengths: list[int] = []
 
-        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+        dock = self.dock.bank(iteration)
+        stream_groups = self.cfg.rollout.stream_groups
+        streamed_s = 0.0  # seconds spent writing finished groups from inside the rollout
+
+        def responses_of(per_prompt: list[list[list[int]]]) -> TensorDict:
+            """(responses, mask, policy version) columns of whole groups, N rows per prompt."""
+            responses = torch.full((len(per_prompt) * group, algo.max_response_length), self.tokenizer.pad_token_id,
+                                   dtype=torch.int64)  # (B, SL)
+            mask = torch.zeros_like(responses)
+            versions = torch.full((len(responses),), self.policy_version, dtype=torch.int64)  # (B,)
+            for i, tokens in enumerate(r for group_responses in per_prompt for r in group_responses):
+                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+                mask[i, :len(tokens)] = 1
+                response_lengths.append(len(tokens))
+            return TensorDict({"response_ids": responses, "response_mask": mask, "policy_version": versions},
+                              batch_size=[len(responses)])
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
+            nonlocal streamed_s
             # The dock holds the prompt once per sample; one engine request per group.
             prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
             # Seeded by (job seed, iteration, round, group index): a resumed run, or the same group
             # landing on another rank, samples the same responses.
             keys = indices[::group] // group + sampling_round * algo.num_prompts_per_iteration
-            outputs = self.engine.generate(prompts, n=group, max_tokens=algo.max_response_length,
-                                           eos_token_id=eos, seed=iteration,
-                                           prompt_keys=keys.tolist())
-            responses = torch.full((len(indices), algo.max_response_length), self.tokenizer.pad_token_id,
-                                   dtype=torch.int64)  # (B, SL)
-            mask = torch.zeros_like(responses)
-            versions = torch.full((len(indices),), self.policy_version, dtype=torch.int64)  # (B,)
-            for i, tokens in enumerate(r for per_prompt in outputs for r in per_prompt):
-                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-                mask[i, :len(tokens)] = 1
-                response_lengths.append(len(tokens))
-            return TensorDict({"response_ids": responses, "response_mask": mask, "policy_version": versions},
-                              batch_size=[len(indices)])
+            request = dict(n=group, max_tokens=algo.max_response_length, eos_token_id=eos, seed=iteration,
+                           prompt_keys=keys.tolist())
+            if stream_groups == 0:
+                return responses_of(self.engine.generate(prompts, **request))
+            # Finer streaming: groups go to the dock as they finish, stream_groups at a time.
+            finished: list[tuple[int, list[list[int]]]] = []
+            written = 0  # groups of this batch already in the dock
+            for position, group_responses in self.engine.stream(prompts, **request):
+                finished.append((position, group_responses))
+                if len(finished) == stream_groups or written + len(finished) == len(prompts):
+                    written += len(finished)
+                    rows = torch.cat([indices[p * group:(p + 1) * group] for p, _ in finished])  # (k*N,)
+                    out = responses_of([r for _, r in finished])
+                    started = time.perf_counter()
+                    dock.put(rows, out, policy_version=self.policy_version)
+                    streamed_s += time.perf_counter() - started
+                    finished = []
+            return None  # every group was written above
 
         # The engine holds the weights of `policy_version` updates: the responses' policy version
         # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
-        timing = run_stage(self.dock.bank(iteration), "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
+        timing = run_stage(dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
                            batch_size=self._samples_per_rank(), whole_groups=True,
                            policy_version=self.policy_version)
+        timing.compute_s -= streamed_s  # the streamed writes are data movement, not generation
+        timing.dispatch_s += streamed_s
         timing.extra["response_lengths"] = response_lengths
         return timing.as_dict()
 
