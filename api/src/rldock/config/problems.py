@@ -187,12 +187,7 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
             "`async` needs training.tensor_parallel_size 1 and training.resharding naive: the next "
             "iteration generates while this one's training state is resident; use training.mode sync",
         ))
-    if algo.recompute_old_logprobs == "never":
-        problems.append(Problem(
-            "algorithm.recompute_old_logprobs",
-            "`never` with training.mode async: samples come from the policy before the last update, so the "
-            "update's own forward pass is not the sampling policy; use `auto` (or `always`)",
-        ))
+    # `never` with a staleness bound above 0 (the pipeline running ahead) is _old_logprob_problems'.
     return problems
 
 
