@@ -7,7 +7,11 @@ iteration time, T by the MindSpeed RL paper's Eq. (5) (T = G*N*(PL+SL)/ND/ETE, t
 `tokens_per_s_per_device` metric), tokens/s of the whole machine (the same over one device), the
 stage breakdown (`timing`: each stage's slowest rank, busy time) and each worker group's idle time
 (`timing/idle/<state>`: seconds its ranks waited on the dock for upstream samples), and the ratio
-of its iteration time to the all-off baseline's.
+of its iteration time to the all-off baseline's. The optimisations switched off one at a time:
+the skipped old-logprob pass (`recompute_old_logprobs_always`), padding trimming
+(`no_trim_padding`), the per-worker thread budget (`no_thread_budget`) and finer streaming, the
+rollout writing each prompt group as it finishes (`no_streaming`: its whole batch at once).
+`--variant` runs only the named variants (the ratios need `all_off` among them).
 
 Shapes:
 - `demo`: examples/grpo-tiny.yaml (G16 N8, ~2-token answers, the 0.5M-parameter model after its
