@@ -89,6 +89,13 @@ def test_generate_returns_n_responses_per_prompt(engine):
     assert engine.generate(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7) == out
 
 
+def test_stream_yields_every_prompt_once_with_the_responses_generate_gives(engine):
+    streamed = dict(engine.stream(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7))
+    assert sorted(streamed) == list(range(len(PROMPTS)))
+    assert [streamed[i] for i in range(len(PROMPTS))] == engine.generate(PROMPTS, n=4, max_tokens=8,
+                                                                          eos_token_id=EOS, seed=7)
+
+
 def test_eos_stops_the_response_and_is_kept(engine):
     (free,) = engine.sample([PROMPTS[0]], n=1, max_tokens=12, eos_token_id=EOS, seed=None, greedy=True)
     tokens = free[0].token_ids

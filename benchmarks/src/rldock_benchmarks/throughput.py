@@ -7,7 +7,11 @@ iteration time, T by the MindSpeed RL paper's Eq. (5) (T = G*N*(PL+SL)/ND/ETE, t
 `tokens_per_s_per_device` metric), tokens/s of the whole machine (the same over one device), the
 stage breakdown (`timing`: each stage's slowest rank, busy time) and each worker group's idle time
 (`timing/idle/<state>`: seconds its ranks waited on the dock for upstream samples), and the ratio
-of its iteration time to the all-off baseline's.
+of its iteration time to the all-off baseline's. The optimisations switched off one at a time:
+the skipped old-logprob pass (`recompute_old_logprobs_always`), padding trimming
+(`no_trim_padding`), the per-worker thread budget (`no_thread_budget`) and finer streaming, the
+rollout writing each prompt group as it finishes (`no_streaming`: its whole batch at once).
+`--variant` runs only the named variants (the ratios need `all_off` among them).
 
 Shapes:
 - `demo`: examples/grpo-tiny.yaml (G16 N8, ~2-token answers, the 0.5M-parameter model after its
@@ -54,9 +58,10 @@ SWITCHES_OFF: dict[str, dict[str, Any]] = {
     "recompute_old_logprobs_always": {"algorithm": {"recompute_old_logprobs": "always"}},
     "no_trim_padding": {"training": {"trim_padding": False}},
     "no_thread_budget": {"training": {"num_threads": 0}},
+    "no_streaming": {"rollout": {"stream_groups": 0}},  # the rollout writes its whole batch at once
 }
 ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always"},
-           "training": {"trim_padding": False, "num_threads": 0}}
+           "training": {"trim_padding": False, "num_threads": 0}, "rollout": {"stream_groups": 0}}
 BASELINE = "all_off"
 # The generation-heavy model: hidden 256 over 4 heads (head_dim 64, which vLLM's CPU attention takes).
 HEAVY_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1280,
@@ -176,7 +181,8 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
 def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[str, Path]) -> dict:
     """Every variant of `shape`; `warm_starts` (model and warm-up settings -> a finished warm-up)
     is shared by the shapes, so each warm-up runs once."""
-    variants = {"all_on": ALL_ON, **SWITCHES_OFF, BASELINE: ALL_OFF}
+    variants = {name: v for name, v in {"all_on": ALL_ON, **SWITCHES_OFF, BASELINE: ALL_OFF}.items()
+                if not args.variant or name in args.variant}
     results: dict[str, Any] = {}
     for name, variant in variants.items():
         cfg = shape_config(shape, variant, iterations=args.iterations, models=models)
@@ -192,9 +198,10 @@ def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[
         results[name] = {**summarise(records, cfg, args.warmup_iterations),
                          "wall_s": time.perf_counter() - started}
         logging.info("%s/%s: %.3f s per iteration", shape.name, name, results[name]["iteration_s"])
-    base = results[BASELINE]["iteration_s"]
-    for result in results.values():
-        result["iteration_time_vs_all_off"] = result["iteration_s"] / base
+    if BASELINE in results:
+        base = results[BASELINE]["iteration_s"]
+        for result in results.values():
+            result["iteration_time_vs_all_off"] = result["iteration_s"] / base
     algo = cfg.algorithm
     return {"shape": {"G": algo.num_prompts_per_iteration, "N": algo.num_responses_per_prompt,
                       "PL": algo.max_prompt_length, "SL": algo.max_response_length,
@@ -210,6 +217,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="per variant (default 16; quick 3)")
     parser.add_argument("--warmup-iterations", type=int, default=None, help="not measured (default 4; quick 1)")
     parser.add_argument("--shape", action="append", help="only these shapes (default: all)")
+    parser.add_argument("--variant", action="append",
+                        help="only these variants (default: all; the ratios to all_off need all_off)")
     args = parser.parse_args()
     args.iterations = args.iterations or (3 if args.quick else 16)
     args.warmup_iterations = args.warmup_iterations if args.warmup_iterations is not None else (1 if args.quick else 4)

@@ -17,14 +17,14 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
     for shape in shapes(quick):
         on = shape_config(shape, ALL_ON, iterations=3, models=MODELS)
         off = shape_config(shape, ALL_OFF, iterations=3, models=MODELS)
-        assert (on.algorithm.recompute_old_logprobs, on.training.trim_padding, on.training.num_threads) == \
-            ("auto", True, None)
-        assert (off.algorithm.recompute_old_logprobs, off.training.trim_padding, off.training.num_threads) == \
-            ("always", False, 0)
+        assert (on.algorithm.recompute_old_logprobs, on.training.trim_padding, on.training.num_threads,
+                on.rollout.stream_groups) == ("auto", True, None, 1)
+        assert (off.algorithm.recompute_old_logprobs, off.training.trim_padding, off.training.num_threads,
+                off.rollout.stream_groups) == ("always", False, 0, 0)
         for variant in SWITCHES_OFF.values():
             cfg = shape_config(shape, variant, iterations=3, models=MODELS)
             changed = [cfg.algorithm.recompute_old_logprobs != "auto", not cfg.training.trim_padding,
-                       cfg.training.num_threads is not None]
+                       cfg.training.num_threads is not None, cfg.rollout.stream_groups == 0]
             assert sum(changed) == 1, (shape.name, variant)  # exactly one optimisation off
     full = {s.name: shape_config(s, ALL_ON, iterations=3, models=MODELS) for s in shapes(False)}
     heavy = full["generation_heavy"].algorithm

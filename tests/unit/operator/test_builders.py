@@ -203,6 +203,14 @@ def test_entrypoint_is_a_valid_rldock_command():
     assert args.output == output_dir(job=JOB, spec=spec)
 
 
+@pytest.mark.parametrize("max_restarts", [1, 3])
+def test_entrypoint_passes_the_in_job_restart_budget(max_restarts):
+    spec = _spec(maxRestarts=max_restarts)
+    argv = shlex.split(build_entrypoint(job=JOB, spec=spec))
+    assert argv[-2:] == ["--max-restarts", str(max_restarts)]
+    assert _build_parser().parse_args(argv[1:]).max_restarts == max_restarts
+
+
 @pytest.mark.parametrize("other, same_dir", [
     (JOB, True),  # a retry, suspend or unsuspend of the same object: it resumes
     (RLJobRef(name=JOB.name, namespace=JOB.namespace, uid="9e8d7c6b-0000-0000-0000-000000000000"), False),

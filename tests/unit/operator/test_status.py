@@ -83,6 +83,10 @@ CASES = [
     ("worker-lost", {}, Observations(ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING),
                                      lost_pods=("pod grpo-workers-worker-x: OOMKilled",)), 2, "Retrying",
      {"Retrying": ("True", "WorkerPodLost")}),
+    # With an in-job restart budget the runtime recovers the lost worker; the attempt keeps running.
+    ("worker-lost-in-job-budget", {"maxRestarts": 2}, Observations(
+        ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING), lost_pods=("pod grpo-workers-worker-x deleted",)),
+     0, "Running", {"Running": ("True", "RayJobRunning")}),
     ("pod-lost-before-job", {}, Observations(ray_cluster=STARTING, lost_pods=("pod x deleted",)), 0,
      "Provisioning", {"ClusterReady": ("False", "RayClusterProvisioning")}),
     ("backoff-exhausted", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), 3, "Failed",

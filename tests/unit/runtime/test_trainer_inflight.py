@@ -41,6 +41,7 @@ def trainer_double(tmp_path) -> Trainer:
     trainer.output_dir = tmp_path
     trainer.recipe = RECIPE
     trainer.workers = None
+    trainer.runs_ahead = False  # sync mode: one iteration in flight
     trainer.dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
                                        num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
     return trainer

@@ -386,6 +386,13 @@ class RolloutSpec(Spec):
         "weights to host memory; 2 also discards the weights (no host copy) and the actor pushes its "
         "weights again before the next generation. Level 2 needs tensor_parallel_size 1 and resharding naive.",
     )
+    stream_groups: int = Field(
+        default=1, ge=0, le=65536,
+        description="Finer streaming: each actor rank generates its prompt groups in one engine batch and "
+        "writes them to the dock as soon as this many groups have all their responses, so downstream "
+        "stages start on them while the rest still generate. 0: the rank writes its whole batch at once "
+        "(for comparison).",
+    )
 
 
 class LoraSpec(Spec):
@@ -412,6 +419,15 @@ class TrainingSpec(Spec):
     another data-parallel wrapper, `training.strategy` (`ddp` | `fsdp`), comes with the issue that
     adds FSDP."""
 
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="`sync`: each iteration generates, scores and trains on its own samples before the next "
+        "starts. `async`: the next iteration's prompts go into a second dock bank and its generation, "
+        "old-logprob, reference, reward and advantage stages run before this iteration's update "
+        "(one-step off-policy, as in AReaL/StreamRL), so they overlap it; samples are then one policy "
+        "version old. The pipeline runs ahead only while dock.max_staleness allows: with 0 it runs as "
+        "`sync` (see docs/transfer-dock.md, asynchronous training).",
+    )
     data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
     tensor_parallel_size: int = Field(
@@ -473,8 +489,10 @@ class DockSpec(Spec):
     )
     max_staleness: int = Field(
         default=0, ge=0,
-        description="Partial/asynchronous rollout: how many policy versions (weight updates) a sample may lag "
-        "behind the policy that trains on it. 0: on-policy.",
+        description="How many policy versions (weight updates) a sample may lag behind the policy that trains "
+        "on it. 0: on-policy. With training.mode async, 1 or more lets generation run one iteration ahead "
+        "of the update (samples 1 version old); the dock applies the bound to the update's samples after "
+        "every update (`on_stale`).",
     )
     on_stale: Literal["drop", "wait"] = Field(
         default="drop",

@@ -85,6 +85,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
+    problems.extend(_async_problems(cfg))
     return problems
 
 
@@ -174,6 +175,31 @@ def _old_logprob_problems(cfg: JobConfig) -> list[Problem]:
             f"`never` with dock.max_staleness {cfg.dock.max_staleness}: samples from older policies would "
             "train with a ratio of 1; use `auto` (or `always`), or set dock.max_staleness to 0",
         ))
+    return problems
+
+
+def _async_problems(cfg: JobConfig) -> list[Problem]:
+    """The asynchronous pipeline runs the next iteration's generation and inference passes on the
+    actor ranks between this iteration's old-logprob pass and its update: it needs a rollout, one
+    fixed batch per iteration and a training state that stays resident during generation."""
+    algo, training = cfg.algorithm, cfg.training
+    if training.mode != "async":
+        return []
+    problems: list[Problem] = []
+    if algo.name in ("dpo", "dapo"):
+        why = "has no rollout to run ahead" if algo.name == "dpo" else \
+            "refills its batch in sampling rounds that read the reward before the next round"
+        problems.append(Problem(
+            "training.mode",
+            f"`async` with algorithm.name {algo.name}, which {why}; use training.mode sync",
+        ))
+    if training.tensor_parallel_size > 1 or training.resharding != "naive":
+        problems.append(Problem(
+            "training.mode",
+            "`async` needs training.tensor_parallel_size 1 and training.resharding naive: the next "
+            "iteration generates while this one's training state is resident; use training.mode sync",
+        ))
+    # `never` with a staleness bound above 0 (the pipeline running ahead) is _old_logprob_problems'.
     return problems
 
 

@@ -298,6 +298,13 @@ class RLJobSpec(_Model):
     backoff_limit: int = Field(
         default=DEFAULT_BACKOFF_LIMIT, ge=0,
         description="Restarts (failed Ray job or lost worker pod) before the RLJob fails.")
+    max_restarts: int = Field(
+        default=0, ge=0, le=100,
+        description="Restarts inside one Ray job attempt: when a worker process or its pod dies, the runtime "
+        "restarts its workers from the last checkpoint and, where the dock survived, the iteration in flight "
+        "(`rldock train --max-restarts`). While this budget lasts a lost worker pod is the runtime's to "
+        "recover, not a failed attempt; once it is spent the Ray job fails and backoffLimit applies. 0: every "
+        "lost worker fails the attempt at once.")
     ttl_seconds_after_finished: Optional[int] = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
 

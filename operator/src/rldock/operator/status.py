@@ -181,7 +181,9 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.set(ConditionType.RUNNING, False, reason, message)
         out.set(ConditionType.FAILED, True, reason, message)
         return Phase.FAILED, out
-    failure = _failure(job, observed.lost_pods)
+    # With an in-job restart budget (spec.maxRestarts) a lost worker pod is the runtime's to recover:
+    # only the Ray job's own failure ends the attempt.
+    failure = _failure(job, observed.lost_pods if spec.max_restarts == 0 else ())
     if job is not None and job.status is RayJobStatus.SUCCEEDED:
         out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED,
                 f"Ray job {job.submission_id} succeeded")

@@ -14,6 +14,9 @@ PROMPT = ("prompt_ids", "prompt_mask")
 # data source and extra info up by it in its own copy of the rows.
 PROMPT_INDEX = ("prompt_index",)
 RESPONSE = ("response_ids", "response_mask")
+# (B,) int64: the policy version (weight updates behind the engine's weights) that generated each
+# response, written by the rollout; the update measures each sample's staleness from it.
+POLICY_VERSION = ("policy_version",)
 # (B,) float32: a learned reward model's scalar for each prompt + response, written by the
 # `reward_model` state (only in a job with a `model` reward term: job_recipe adds it) and read by
 # the reward state as that term's scores.
@@ -27,7 +30,7 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "reference": PROMPT + RESPONSE,
     "reward": RESPONSE + PROMPT_INDEX,
     "advantage": ("reward",),
-    "update": PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage"),
+    "update": PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage") + POLICY_VERSION,
 }
 
 # PPO (and PF-PPO): GRPO's states plus a critic's. The critic scores every response token before
@@ -62,7 +65,7 @@ TOKEN_COLUMNS: tuple[str, ...] = ("prompt_mask", "response_mask")
 # state -> columns it produces (documentation and a test that the flow is closed)
 PRODUCES: dict[str, tuple[str, ...]] = {
     "driver": PROMPT + PROMPT_INDEX,
-    "rollout": RESPONSE,
+    "rollout": RESPONSE + POLICY_VERSION,
     "actor_inference": ("old_logprobs",),
     "reference": ("ref_logprobs",),
     "reward": ("reward",),

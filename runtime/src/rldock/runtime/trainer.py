@@ -10,6 +10,12 @@ inference (before advantages) and its update, and a `model` reward term the rewa
 (before the reward).
 All stages are launched at once; the dock's controllers hand a sample to a stage only when its
 input columns are ready, which is what orders them.
+
+With `training.mode: async` (and dock.max_staleness >= 1) the driver runs one iteration ahead: before
+iteration i's update it puts iteration i+1's prompts into the other dock bank (dock/banks.py) and
+launches every stage of i+1 but its update, so on the actor ranks i+1's generation and old-logprob
+pass run before i's update, and the other workers' stages of i+1 overlap that update. Iteration
+i+1's samples then come from the policy before update i: one version old (`staleness_mean`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, c
 from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.dock.grouping import split_group_columns
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
                                    tokens_per_s_per_device)
@@ -146,10 +153,15 @@ class Trainer:
         self.evaluator = heldout_evaluation(cfg, self.tokenizer, self.data_files.val)
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
-        self.dock: TransferDock | None = None
+        self.dock: TransferDock | None = None  # the bank of the iteration running now
+        self.banks: DockBanks | None = None
         self.workers: WorkerGroups | None = None
         self._placement = None  # the Ray placement group holding the workers' devices
         self._last_dock_stats: dict | None = None
+        self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
+        # Async mode: the next iteration, put and launched (all but its update) ahead of this one's update.
+        self.runs_ahead = cfg.training.mode == "async" and cfg.dock.max_staleness >= 1
+        self._ahead: _Ahead | None = None
         # The iteration running now: stage results as ranks return, and ranks started per stage,
         # kept with the dock's state if a worker dies (see _keep_inflight).
         self._inflight: _Inflight | None = None
@@ -200,12 +212,16 @@ class Trainer:
     def _start(self) -> int:
         cfg = self.cfg
         algo = cfg.algorithm
-        self.dock = TransferDock.create(cfg.dock, states={s: list(c) for s, c in self.recipe.consumes.items()},
-                                        num_samples=cfg.num_samples_per_iteration,
-                                        group_size=algo.num_responses_per_prompt,
-                                        token_columns=TOKEN_COLUMNS,
-                                        # the staleness bound (dock.max_staleness) guards what trains
-                                        bounded_states=[self.recipe.update_state])
+        # Two banks when the next iteration's samples are put while this one's still train.
+        self.banks = DockBanks([
+            TransferDock.create(cfg.dock, states={s: list(c) for s, c in self.recipe.consumes.items()},
+                                num_samples=cfg.num_samples_per_iteration,
+                                group_size=algo.num_responses_per_prompt,
+                                token_columns=TOKEN_COLUMNS,
+                                # the staleness bound (dock.max_staleness) guards what trains
+                                bounded_states=[self.recipe.update_state])
+            for _ in range(2 if self.runs_ahead else 1)])
+        self.dock = self.banks.bank(0)
         policy_dir = self.reference_dir
         start_iteration = 1
         if self.resume_from is not None:
@@ -220,7 +236,8 @@ class Trainer:
         if cfg.training.lora is not None and self.resume_from is not None:
             # LoRA: the actors load the base model and the trained adapters on top of it.
             policy_dir, adapter_dir = self.reference_dir, str(self.resume_from.path / ADAPTER_DIR)
-        self.workers = self._create_workers(str(policy_dir), adapter_dir=adapter_dir)
+        self.workers = self._create_workers(str(policy_dir), adapter_dir=adapter_dir,
+                                            policy_version=start_iteration - 1)
         if self.resume_from is not None:
             rng = torch.load(self.resume_from.path / "rng.pt")
             ray.get([a.load_optimizer.remote(str(self.resume_from.optimizer_file)) for a in self.workers.actors])
@@ -229,8 +246,9 @@ class Trainer:
                 ray.get(self.workers.critic.load.remote(str(self.resume_from.path)))
         return start_iteration
 
-    def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None) -> WorkerGroups:
-        cfg, dock = self.cfg, self.dock
+    def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None,
+                        policy_version: int) -> WorkerGroups:
+        cfg, dock = self.cfg, self.banks
         dp = cfg.training.data_parallel_size
         plan = cluster.job_placement(cfg, self.recipe)
         self._placement = group = cluster.reserve(plan)
@@ -240,7 +258,8 @@ class Trainer:
 
         num_actor_ranks = len(plan.actors)  # TP x DP; each rank a generation replica on its own device
         actors = [seated(ActorWorker, seat).remote(
-            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock, adapter_dir=adapter_dir)
+            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock, adapter_dir=adapter_dir,
+            policy_version=policy_version)
             for r, seat in enumerate(plan.actors)]
         # none when kl_coef is 0 (job_recipe) or under LoRA (the actors run the reference pass)
         references = [seated(ReferenceWorker, seat).remote(
@@ -272,9 +291,11 @@ class Trainer:
                 ray.kill(handle)
         if self._placement is not None:  # after the workers: their devices go back to the cluster
             cluster.release(self._placement)
-        if self.dock is not None:
-            self.dock.shutdown()
-        self.workers, self.dock, self._last_dock_stats, self._placement = None, None, None, None
+        if self.banks is not None:
+            self.banks.shutdown()
+        self.workers, self.dock, self.banks, self._last_dock_stats = None, None, None, {}
+        self._placement = None
+        self._ahead = None
         self._inflight = None  # a later attempt's failure must not save this attempt's iteration
 
     # --- iterations ---------------------------------------------------------------------------
@@ -334,18 +355,29 @@ class Trainer:
         cfg, algo = self.cfg, self.cfg.algorithm
         started = time.perf_counter()
         self._inflight = inflight = _Inflight(iteration)
-        fed, put_seconds, sampled = self._fill_dock(iteration)
+        self.dock = self.banks.bank(iteration)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # put and launched while the previous iteration's update ran
+            assert ahead.iteration == iteration, "the pipeline ran ahead to another iteration"
+            fed, put_seconds, sampled, futures = ahead.fed, ahead.put_seconds, SampledRounds(ahead.fed, {}, {}), \
+                ahead.futures
+        else:
+            fed, put_seconds, sampled = self._fill_dock(iteration)
+            futures = self._launch(iteration, self._before_update_states(), skip=inflight.skip)
+        if self.runs_ahead and iteration < cfg.iterations:
+            self._ahead = self._run_ahead(iteration + 1)
+        # Calls to one actor run in submission order: the update goes after the run-ahead's
+        # generation. After a failure, stages whose every rank had finished are not run again.
+        futures.update(self._launch(iteration, self._update_states(), skip=inflight.skip))
         prompt_lengths = fed.prompt_lengths
-        launch = self._launchers(iteration)
-        # Only the recipe's states run; calls to one actor run in this submission order. After a
-        # failure, stages whose every rank had finished are not run again (inflight.skip).
-        futures = {state: launch[state]() for state in self.recipe.launched_states if state not in inflight.skip}
         inflight.launched.update({state: len(refs) for state, refs in futures.items()})
         gathered = _gather_failing_fast(futures, finished=inflight.finished)
         results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
         seconds = time.perf_counter() - started
-        # The update made policy version `iteration`: apply the staleness bound to what is left.
-        self.dock.set_policy_version(iteration)
+        # The update made policy version `iteration`: apply the staleness bound to what is left,
+        # in the next iteration's bank too when it is already filling.
+        for dock in self.banks.docks:
+            dock.set_policy_version(iteration)
         ckpt.clear_inflight(self.output_dir)  # this iteration's work is done: nothing to resume
 
         rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
@@ -390,6 +422,27 @@ class Trainer:
             return {}
         return {"data/num_prompts": len(self.dataset), "data/dropped_prompts": self.dataset.num_dropped}
 
+    def _update_states(self) -> tuple[str, ...]:
+        """The recipe's launched states that train (the policy's and the critic's update)."""
+        return tuple(s for s in self.recipe.launched_states if s in (self.recipe.update_state, "critic_update"))
+
+    def _before_update_states(self) -> tuple[str, ...]:
+        """The launched states that may run before the previous iteration's update (in recipe order)."""
+        return tuple(s for s in self.recipe.launched_states if s not in self._update_states())
+
+    def _launch(self, iteration: int, states: Sequence[str], *, skip: set[str] = frozenset()) -> dict[str, list]:
+        launch = self._launchers(iteration)
+        return {state: launch[state]() for state in states if state not in skip}
+
+    def _run_ahead(self, iteration: int) -> _Ahead:
+        """Async mode: put `iteration`'s prompts into its bank and launch its stages but the update,
+        before the running iteration's update (the checkpoint keeps the sampler from before this draw)."""
+        sampler_state = self.sampler.state_dict()
+        fed = self._draw()
+        put_seconds = self._put(fed, self.banks.bank(iteration))
+        futures = self._launch(iteration, self._before_update_states())
+        return _Ahead(iteration, fed, put_seconds, futures, sampler_state)
+
     def _launchers(self, iteration: int, sampling_round: int = 0) -> dict:
         """State -> a function that starts it on its workers and returns the futures."""
         w = self.workers
@@ -408,9 +461,10 @@ class Trainer:
         }
 
     def _dock_traffic(self) -> dict:
+        bank = self.banks.docks.index(self.dock)  # each bank's counters advance only with its iterations
         stats = self.dock.stats()
-        traffic = dock_traffic(self._last_dock_stats, stats)
-        self._last_dock_stats = stats
+        traffic = dock_traffic(self._last_dock_stats.get(bank), stats)
+        self._last_dock_stats[bank] = stats
         return traffic
 
     def _draw(self, num_prompts: int | None = None) -> DriverBatch:
@@ -425,8 +479,10 @@ class Trainer:
         """After a worker died: stop the workers, then keep the dock of the iteration in flight for
         its retry (ckpt.save_inflight), unless the dock died too."""
         inflight = self._inflight
-        if self.dock is None or inflight is None or self.recipe.sampling_rounds is not None:
-            return  # sampling rounds (DAPO) refill the dock each round: such an iteration is redone whole
+        if self.dock is None or inflight is None or self.recipe.sampling_rounds is not None or self.runs_ahead:
+            # Sampling rounds (DAPO) refill the dock each round, and the async pipeline has two
+            # iterations in flight: such an iteration is redone whole from the checkpoint.
+            return
         if self.workers is not None:
             for handle in self.workers.all():  # no writer may run while the dock is read
                 ray.kill(handle)
@@ -465,17 +521,19 @@ class Trainer:
                     self._inflight.iteration, sorted(self._inflight.skip))
         return time.perf_counter() - started, SampledRounds(fed, kept, {})
 
-    def _put(self, fed: DriverBatch) -> float:
+    def _put(self, fed: DriverBatch, dock: TransferDock | None = None) -> float:
+        dock = self.dock if dock is None else dock
         started = time.perf_counter()
-        self.dock.reset()
-        self._put_groups(torch.arange(len(fed.batch) // self.cfg.algorithm.num_responses_per_prompt), fed)
+        dock.reset()
+        self._put_groups(torch.arange(len(fed.batch) // self.cfg.algorithm.num_responses_per_prompt), fed, dock)
         return time.perf_counter() - started
 
-    def _put_groups(self, groups: torch.Tensor, fed: DriverBatch) -> None:
-        """The driver's rows of group slots `groups`: what every sample of a group shares (the
-        prompt) crosses the network once per group, not once per sample (dock/grouping.py)."""
+    def _put_groups(self, groups: torch.Tensor, fed: DriverBatch, dock: TransferDock | None = None) -> None:
+        """The driver's rows of group slots `groups` into `dock` (the current one by default): what
+        every sample of a group shares (the prompt) crosses the network once per group, not once
+        per sample (dock/grouping.py)."""
         shared, per_sample = split_group_columns(fed.batch, self.cfg.algorithm.num_responses_per_prompt)
-        self.dock.put_groups(groups, shared, samples=per_sample)
+        (self.dock if dock is None else dock).put_groups(groups, shared, samples=per_sample)
 
     def _fill_dock(self, iteration: int) -> tuple[DriverBatch, float, SampledRounds]:
         """Put the iteration's batch into the dock: G fresh prompts, or with sampling rounds
@@ -527,7 +585,8 @@ class Trainer:
             ray.get(self.workers.critic.save.remote(str(staging)))
         # The driver draws no random numbers itself: the sampler's state is the data position, the
         # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
-        state = {"sampler": self.sampler.state_dict()}
+        # Async mode drew the next iteration's prompts already: keep the position before that draw.
+        state = {"sampler": self._ahead.sampler_state if self._ahead is not None else self.sampler.state_dict()}
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
         plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
 
@@ -540,6 +599,17 @@ class _Inflight:
     finished: dict[str, list[dict]] = field(default_factory=dict)
     launched: dict[str, int] = field(default_factory=dict)
     skip: set[str] = field(default_factory=set)  # stages a resumed iteration does not run again
+
+
+@dataclass
+class _Ahead:
+    """Async mode: an iteration put into its bank and launched (all but its update) ahead."""
+
+    iteration: int
+    fed: DriverBatch
+    put_seconds: float
+    futures: dict[str, list]  # state -> the futures of its ranks
+    sampler_state: dict  # the sampler before this iteration's draw, for the checkpoint before it
 
 
 def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]] | None = None

@@ -24,6 +24,9 @@ class ScriptedDock:
         self.states = {"advantage": ("reward", "values", "response_mask")}
         self.written: dict[str, torch.Tensor] = {}
 
+    def bank(self, iteration):  # one bank, like a plain TransferDock
+        return self
+
     def get(self, state, columns, *, rank, batch_size, whole_groups, balance_ranks, timeout_s):
         if self.next == len(self.batch):
             return None

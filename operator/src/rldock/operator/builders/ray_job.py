@@ -34,11 +34,13 @@ def output_dir(*, job: RLJobRef, spec: RLJobSpec) -> str:
 def build_entrypoint(*, job: RLJobRef, spec: RLJobSpec) -> str:
     """The shell command line of the Ray job (the Jobs API takes one string).
 
-    `--max-restarts 0`: a dead worker fails the attempt and the operator retries it (counted in
-    status.restartCount against spec.backoffLimit) instead of the runtime retrying out of sight.
+    `--max-restarts` is spec.maxRestarts: the runtime's own restarts within the attempt, which keep
+    the dock of the iteration in flight (a restart of the attempt starts from the checkpoint only).
+    With 0 a dead worker fails the attempt and the operator retries it (counted in
+    status.restartCount against spec.backoffLimit).
     """
     return shlex.join(train_argv(config=JOB_CONFIG_PATH, output=output_dir(job=job, spec=spec), resume=True,
-                                 progress_lines=True, max_restarts=0))
+                                 progress_lines=True, max_restarts=spec.max_restarts))
 
 
 def build_job_submission(*, job: RLJobRef, spec: RLJobSpec, attempt: int) -> dict[str, Any]:

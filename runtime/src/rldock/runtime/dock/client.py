@@ -132,6 +132,10 @@ class TransferDock:
         """`distributed` or `central`."""
         return self._route.mode
 
+    def bank(self, iteration: int) -> TransferDock:
+        """The dock of `iteration`'s samples: this one (a single bank; banks.py holds several)."""
+        return self
+
     @property
     def layout(self) -> DockLayout:
         """Which warehouse owns which sample (one warehouse in central mode)."""

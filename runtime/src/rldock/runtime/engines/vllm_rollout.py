@@ -106,6 +106,18 @@ def _request_seed(engine_seed: int, call_seed: int, index: int) -> int:
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint32)[0] >> 1)
 
 
+def _completions(out, eos_token_id: int) -> list[Completion]:
+    """The Completions of one finished vLLM RequestOutput (one prompt's `n` responses)."""
+    return [
+        Completion(
+            token_ids=list(c.token_ids),
+            logprobs=None if c.logprobs is None else [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)],
+            finished_with_eos=bool(c.token_ids) and c.token_ids[-1] == eos_token_id,
+        )
+        for c in out.outputs
+    ]
+
+
 def _reload_on_worker(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Runs inside the vLLM worker: reload weights in place from `weights`."""
     if hasattr(worker, "reload_weights"):
@@ -223,11 +235,21 @@ class VllmRolloutEngine:
         for all of them.
         `greedy` ignores the rollout temperature/top_p (for evaluation and tests).
         """
+        if not prompts:
+            return []
+        requests, params = self._requests(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id,
+                                          seed=seed, greedy=greedy, logprobs=logprobs, prompt_keys=prompt_keys)
+        self.memory.before_generation()
+        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        return [_completions(out, eos_token_id) for out in outputs]
+
+    def _requests(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, eos_token_id: int,
+                  seed: int | None, greedy: bool = False, logprobs: bool = False,
+                  prompt_keys: Sequence[int] | None = None) -> tuple[list, list]:
+        """vLLM's prompts and per-prompt sampling parameters for `sample` and `stream`."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if not prompts:
-            return []
         keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
         if len(keys) != len(prompts):
             raise ValueError(f"{len(keys)} prompt_keys for {len(prompts)} prompts")
@@ -246,22 +268,35 @@ class VllmRolloutEngine:
             )
             for i in range(len(prompts))
         ]
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        return [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params
+
+    def stream(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        eos_token_id: int,
+        seed: int | None,
+        prompt_keys: Sequence[int] | None = None,
+    ) -> Iterator[tuple[int, list[list[int]]]]:
+        """`generate` in one engine batch, but yielding (prompt position, its `n` responses) as each
+        prompt's last response finishes, so a caller can pass finished groups on while the others
+        still generate. Same seeds, hence the same responses, as `generate`."""
+        if not prompts:
+            return
+        requests, params = self._requests(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id,
+                                          seed=seed, prompt_keys=prompt_keys)
         self.memory.before_generation()
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
-        return [
-            [
-                Completion(
-                    token_ids=list(c.token_ids),
-                    logprobs=None
-                    if c.logprobs is None
-                    else [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)],
-                    finished_with_eos=bool(c.token_ids) and c.token_ids[-1] == eos_token_id,
-                )
-                for c in out.outputs
-            ]
-            for out in outputs
-        ]
+        request_ids = self._llm.enqueue(requests, params, use_tqdm=False)
+        # enqueue returns vLLM's internal ids ("<external>-<8 random chars>"); outputs carry the
+        # external id, vLLM's request counter.
+        position = {request_id.rsplit("-", 1)[0]: i for i, request_id in enumerate(request_ids)}
+        engine = self._llm.llm_engine
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    yield position[out.request_id], [c.token_ids for c in _completions(out, eos_token_id)]
 
     def generate(
         self,

@@ -10,6 +10,7 @@ into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -40,8 +41,11 @@ ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), b
 
 class ActorWorker:
     def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
-                 dock: TransferDock, adapter_dir: str | None = None):
+                 dock: TransferDock, adapter_dir: str | None = None, policy_version: int = 0):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
+        # Weight updates behind the weights this rank holds (the checkpoint's iteration on resume):
+        # the version the rollout tags its samples with and the update measures staleness against.
+        self.policy_version = policy_version
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"actor rank {rank}")
         torch.manual_seed(cfg.seed + rank)
@@ -123,28 +127,57 @@ class ActorWorker:
         eos = self.tokenizer.eos_token_id
         response_lengths: list[int] = []
 
-        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+        dock = self.dock.bank(iteration)
+        stream_groups = self.cfg.rollout.stream_groups
+        streamed_s = 0.0  # seconds spent writing finished groups from inside the rollout
+
+        def responses_of(per_prompt: list[list[list[int]]]) -> TensorDict:
+            """(responses, mask, policy version) columns of whole groups, N rows per prompt."""
+            responses = torch.full((len(per_prompt) * group, algo.max_response_length), self.tokenizer.pad_token_id,
+                                   dtype=torch.int64)  # (B, SL)
+            mask = torch.zeros_like(responses)
+            versions = torch.full((len(responses),), self.policy_version, dtype=torch.int64)  # (B,)
+            for i, tokens in enumerate(r for group_responses in per_prompt for r in group_responses):
+                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+                mask[i, :len(tokens)] = 1
+                response_lengths.append(len(tokens))
+            return TensorDict({"response_ids": responses, "response_mask": mask, "policy_version": versions},
+                              batch_size=[len(responses)])
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
+            nonlocal streamed_s
             # The dock holds the prompt once per sample; one engine request per group.
             prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
             # Seeded by (job seed, iteration, round, group index): a resumed run, or the same group
             # landing on another rank, samples the same responses.
             keys = indices[::group] // group + sampling_round * algo.num_prompts_per_iteration
-            outputs = self.engine.generate(prompts, n=group, max_tokens=algo.max_response_length,
-                                           eos_token_id=eos, seed=iteration,
-                                           prompt_keys=keys.tolist())
-            responses = torch.full((len(indices), algo.max_response_length), self.tokenizer.pad_token_id,
-                                   dtype=torch.int64)  # (B, SL)
-            mask = torch.zeros_like(responses)
-            for i, tokens in enumerate(r for per_prompt in outputs for r in per_prompt):
-                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-                mask[i, :len(tokens)] = 1
-                response_lengths.append(len(tokens))
-            return TensorDict({"response_ids": responses, "response_mask": mask}, batch_size=[len(indices)])
+            request = dict(n=group, max_tokens=algo.max_response_length, eos_token_id=eos, seed=iteration,
+                           prompt_keys=keys.tolist())
+            if stream_groups == 0:
+                return responses_of(self.engine.generate(prompts, **request))
+            # Finer streaming: groups go to the dock as they finish, stream_groups at a time.
+            finished: list[tuple[int, list[list[int]]]] = []
+            written = 0  # groups of this batch already in the dock
+            for position, group_responses in self.engine.stream(prompts, **request):
+                finished.append((position, group_responses))
+                if len(finished) == stream_groups or written + len(finished) == len(prompts):
+                    written += len(finished)
+                    rows = torch.cat([indices[p * group:(p + 1) * group] for p, _ in finished])  # (k*N,)
+                    out = responses_of([r for _, r in finished])
+                    started = time.perf_counter()
+                    dock.put(rows, out, policy_version=self.policy_version)
+                    streamed_s += time.perf_counter() - started
+                    finished = []
+            return None  # every group was written above
 
-        # The engine holds the weights of `iteration - 1` updates: the responses' policy version.
-        timing = run_stage(self.dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
-                           batch_size=self._samples_per_rank(), whole_groups=True, policy_version=iteration - 1)
+        # The engine holds the weights of `policy_version` updates: the responses' policy version
+        # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
+        timing = run_stage(dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
+                           batch_size=self._samples_per_rank(), whole_groups=True,
+                           policy_version=self.policy_version)
+        timing.compute_s -= streamed_s  # the streamed writes are data movement, not generation
+        timing.dispatch_s += streamed_s
         self.engine.sleep()  # the device is the trainer's until the next generation
         timing.extra["response_lengths"] = response_lengths
         return timing.as_dict()
@@ -168,7 +201,7 @@ class ActorWorker:
                 logprobs = self._logprobs(batch.to(self.device.torch_device))
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock, "reference", self.recipe.consumes["reference"], infer, rank=self.rank,
+        return run_stage(self.dock.bank(iteration), "reference", self.recipe.consumes["reference"], infer, rank=self.rank,
                          batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     def compute_old_logprobs(self, iteration: int) -> dict:
@@ -180,9 +213,9 @@ class ActorWorker:
 
         if self.sharded is not None:  # the TP group computes together; its params come back first
             self.sharded.begin_inference()
-            return self.sharded.run_training_stage(self.dock, "actor_inference", self.recipe.consumes["actor_inference"],
+            return self.sharded.run_training_stage(self.dock.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"],
                                                    infer, batch_size=self.cfg.training.micro_batch_size).as_dict()
-        return run_stage(self.dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
+        return run_stage(self.dock.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     def update(self, iteration: int) -> dict:
@@ -190,21 +223,25 @@ class ActorWorker:
         optimizer, refresh the engine."""
         algo = self.cfg.algorithm
         losses: list[dict] = []
+        staleness: list[torch.Tensor] = []
 
         def train(indices: torch.Tensor, batch: TensorDict) -> None:
+            # How many updates behind the policy now training each sample's generating policy is.
+            staleness.append(self.policy_version - batch["policy_version"])  # (B,)
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 losses.append(self._optimizer_step(mini_batch))
 
         if self.sharded is not None:
-            return self._sharded_update(train, losses)
-        timing = run_stage(self.dock, "update", self.recipe.consumes["update"], train, rank=self.rank,
+            return {**self._sharded_update(iteration, train, losses), **_staleness_metrics(staleness)}
+        timing = run_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train, rank=self.rank,
                            batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
         self.engine.update_weights(self._generation_weights())
+        self.policy_version += 1
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
-        return {**timing.as_dict(), **summary}
+        return {**timing.as_dict(), **summary, **_staleness_metrics(staleness)}
 
-    def _sharded_update(self, train, losses: list[dict]) -> dict:
+    def _sharded_update(self, iteration: int, train, losses: list[dict]) -> dict:
         """`update` in the TP x DP layout: the grads and optimizer state come back first, each TP
         group trains on its DP share, then the weights are resharded into the engine (and the
         training state swapped out in allgather_swap mode). The ledger rows go with the metrics."""
@@ -213,10 +250,11 @@ class ActorWorker:
             sharded.begin_inference()
         sharded.before_update()
         share = self.cfg.num_samples_per_iteration // sharded.dp_size
-        timing = sharded.run_training_stage(self.dock, "update", self.recipe.consumes["update"], train, batch_size=share,
+        timing = sharded.run_training_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train, batch_size=share,
                                             balance=True, max_batches=1)
         assert timing.num_samples == share, "update got a partial share"
         sharded.to_generation()
+        self.policy_version += 1
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
         return {**timing.as_dict(), **summary, **sharded.drain_metrics()}
 
@@ -229,7 +267,7 @@ class ActorWorker:
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 steps.append(self._preference_step(mini_batch))
 
-        timing = run_stage(self.dock, "preference_update", self.dock.states["preference_update"], train,
+        timing = run_stage(self.dock.bank(iteration), "preference_update", self.dock.states["preference_update"], train,
                            rank=self.rank, batch_size=self._samples_per_rank(), whole_groups=True,
                            balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "preference_update got a partial share"
@@ -399,3 +437,10 @@ class ActorWorker:
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
         self.optimizer.step()
         return stats
+
+
+def _staleness_metrics(staleness: list[torch.Tensor]) -> dict:
+    """`staleness_mean` / `staleness_max`: policy versions between the samples an update trained on
+    and the policy it started from (0 on-policy, 1 for the async pipeline's samples)."""
+    values = torch.cat(staleness).float()  # (B,)
+    return {"staleness_mean": float(values.mean()), "staleness_max": float(values.max())}

@@ -40,5 +40,5 @@ class AdvantageWorker:
             return TensorDict(columns, batch_size=[len(indices)])
 
         # Whole groups only: a group's baseline needs all N of its rewards.
-        return run_stage(self.dock, "advantage", self.dock.states["advantage"], estimate, rank=0,
+        return run_stage(self.dock.bank(iteration), "advantage", self.dock.states["advantage"], estimate, rank=0,
                          batch_size=self.batch_size, whole_groups=True).as_dict()

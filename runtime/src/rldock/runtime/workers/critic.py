@@ -48,7 +48,7 @@ class CriticWorker:
                                          trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock, "critic_inference", self.dock.states["critic_inference"], infer,
+        return run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"], infer,
                          rank=0, batch_size=micro_batch_size).as_dict()
 
     def update(self, iteration: int) -> dict:
@@ -60,7 +60,7 @@ class CriticWorker:
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 steps.append(self._optimizer_step(mini_batch.to(self.device.torch_device)))
 
-        timing = run_stage(self.dock, "critic_update", self.dock.states["critic_update"], train, rank=0,
+        timing = run_stage(self.dock.bank(iteration), "critic_update", self.dock.states["critic_update"], train, rank=0,
                            batch_size=self.cfg.num_samples_per_iteration, max_batches=1)
         summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
         return {**timing.as_dict(), **summary}

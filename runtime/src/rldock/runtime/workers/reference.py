@@ -36,5 +36,5 @@ class ReferenceWorker:
                                              trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock, "reference", self.consumes, infer, rank=self.rank,
+        return run_stage(self.dock.bank(iteration), "reference", self.consumes, infer, rank=self.rank,
                          batch_size=micro_batch_size).as_dict()

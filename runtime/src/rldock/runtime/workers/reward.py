@@ -58,7 +58,7 @@ class RewardWorker:
             columns = {"reward": shaped, "score": scored.scores}  # score: unshaped, what DAPO filters on
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
-        timing = run_stage(self.dock, "reward", self.consumes, score, rank=0,
+        timing = run_stage(self.dock.bank(iteration), "reward", self.consumes, score, rank=0,
                            batch_size=self.cfg.training.micro_batch_size)
         timing.extra["rewards"] = rewards
         timing.extra["reward_metrics"] = metrics.state()

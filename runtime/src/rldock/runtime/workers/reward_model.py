@@ -50,5 +50,5 @@ class RewardModelWorker:
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
             return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
 
-        return run_stage(self.dock, REWARD_MODEL_STATE, self.consumes, infer, rank=0,
+        return run_stage(self.dock.bank(iteration), REWARD_MODEL_STATE, self.consumes, infer, rank=0,
                          batch_size=self.cfg.training.micro_batch_size).as_dict()
