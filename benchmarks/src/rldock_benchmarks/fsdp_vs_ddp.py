@@ -59,9 +59,12 @@ def model_config(model_dir: str | None) -> dict:
 
 
 def _state_bytes(model, optimizer) -> dict[str, int]:
+    """Distinct storages only: FSDP's sharded gradients are views into one reduce-scatter buffer."""
+    from rldock.runtime.resharding.ledger import resident_bytes
     from rldock.runtime.resharding.swap import training_state
 
-    return {category: sum(t.untyped_storage().nbytes() for t in tensors)
+    seen: set[int] = set()
+    return {category: resident_bytes(tensors, device_type="cpu", seen=seen)
             for category, tensors in training_state(model, optimizer).items()}
 
 
