@@ -139,6 +139,12 @@ def planned_state_bytes(args: argparse.Namespace, strategy: str) -> int:
     return sum(training_state_bytes(cfg, shape_from_hf_config(model_config(args.model_dir), name="benchmark")))
 
 
+def median_step_s(ranks: list[dict]) -> float:
+    """A step takes as long as its slowest rank; the first step (warm-up) is left out when there are more."""
+    steps = [max(times) for times in zip(*(r["step_s"] for r in ranks), strict=True)]
+    return statistics.median(steps[1:] or steps)
+
+
 def summarize(args: argparse.Namespace, results: dict[str, list[dict]]) -> dict:
     report: dict = {"world": args.world, "steps": args.steps, "model_dir": args.model_dir,
                     "gradient_checkpointing": args.gradient_checkpointing, "loss_rtol": LOSS_RTOL}
@@ -148,7 +154,7 @@ def summarize(args: argparse.Namespace, results: dict[str, list[dict]]) -> dict:
             "state_bytes_per_rank": totals, "state_bytes_by_category_rank0": ranks[0]["state_bytes"],
             "planned_state_bytes_per_rank": planned_state_bytes(args, strategy),
             "losses": ranks[0]["losses"],
-            "median_step_s": statistics.median(max(r["step_s"][1:] or r["step_s"]) for r in ranks),
+            "median_step_s": median_step_s(ranks),
         }
     if {"ddp", "fsdp"} <= results.keys():
         ddp, fsdp = report["ddp"], report["fsdp"]
