@@ -33,7 +33,7 @@ def _with_rollout(cfg: JobConfig, **changes) -> JobConfig:
 
 
 def _candidates(cfg: JobConfig) -> list[tuple[str, str, Callable[[JobConfig], JobConfig]]]:
-    """(field, the change in words, the changed config), in the order they are tried."""
+    """(field, the change in words (a training.* setting), the changed config), in the order tried."""
     training = cfg.training
     found = []
     if training.strategy == "ddp" and training.tensor_parallel_size == 1 and training.data_parallel_size > 1:
@@ -84,8 +84,7 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
     for field, change, changed in _candidates(cfg):
         after = plan_memory(changed(cfg), shape, device_memory=device_memory)
         if _fits(after):
-            return Verdict(False, field, f"{need}; set training.{change} (peak then {after.peak / GIB:.1f} GiB)"
-                           if field.startswith("training.") else f"{need}; set {change}")
+            return Verdict(False, field, f"{need}; set training.{change} (peak then {after.peak / GIB:.1f} GiB)")
     lean = _with_training(cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap",
                           tensor_parallel_size=1)
     dp = cfg.training.data_parallel_size
