@@ -266,14 +266,15 @@ class ActorWorker:
 
     def _save_fsdp(self, staging: Path) -> None:
         """Collective: the weights and the optimizer state are gathered whole; rank 0 writes them,
-        so the checkpoint has the same files as a DDP run's."""
+        so the checkpoint has the same files as a DDP run's. The files are written before the state
+        is swapped out again: on CPU the gathered optimizer state can share the swapped tensors."""
         with self.fsdp.resident():
             weights = self.fsdp.full_weights()
             optimizer = self.fsdp.full_optimizer_state()
-        if self.rank == 0:
-            self.model.save_pretrained(staging / "policy", state_dict=weights)
-            self.tokenizer.save_pretrained(staging / "policy")
-            torch.save(optimizer, staging / "optimizer.pt")
+            if self.rank == 0:
+                self.model.save_pretrained(staging / "policy", state_dict=weights)
+                self.tokenizer.save_pretrained(staging / "policy")
+                torch.save(optimizer, staging / "optimizer.pt")
 
     # --- helpers ------------------------------------------------------------------------------
 
