@@ -105,3 +105,8 @@ class FsdpTraining:
         with self.resident():
             set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state,
                                      options=StateDictOptions(full_state_dict=True))
+        # Plain tensors kept from the file (AdamW's step counters) have storages the swap cannot free.
+        for per_param in self.optimizer.state.values():
+            for key, value in per_param.items():
+                if type(value) is torch.Tensor and not value.untyped_storage().resizable():
+                    per_param[key] = value.clone()
