@@ -37,9 +37,10 @@ def test_unknown_field_is_named(demo_data):
     assert "unknown field" in str(caught.value)
 
 
-@pytest.mark.parametrize("section, field, value", [("training", "strategy", "ddp"), ("rollout", "engine", "vllm")])
+@pytest.mark.parametrize("section, field, value", [("rollout", "engine", "vllm")])
 def test_single_valued_knobs_are_gone(demo_data, section, field, value):
-    # They selected nothing; the multi-valued versions come with the features (e.g. training.strategy: fsdp).
+    # It selected nothing; the multi-valued version comes with a second engine (training.strategy came
+    # back with fsdp: tests/unit/config/test_config_strategy.py).
     demo_data.setdefault(section, {})[field] = value
     assert problem_paths(demo_data) == [f"{section}.{field}"]
 

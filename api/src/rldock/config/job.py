@@ -415,9 +415,37 @@ class LoraSpec(Spec):
 
 class TrainingSpec(Spec):
     """How the actor is trained: data and tensor parallelism, micro-batching, resharding to generation.
-    Data parallelism is DDP (with tensor_parallel_size 1) or the TP x DP layout; the field choosing
-    another data-parallel wrapper, `training.strategy` (`ddp` | `fsdp`), comes with the issue that
-    adds FSDP."""
+    Data parallelism is DDP (full replicas, with tensor_parallel_size 1), FSDP2 (`strategy: fsdp`:
+    parameters, gradients and optimizer state sharded over the data-parallel ranks) or the TP x DP
+    layout (docs/scaling.md)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        default="ddp",
+        description="Data-parallel wrapper of the actor ranks (the PPO critic stays one unsharded rank). `ddp`: "
+        "every rank holds the whole model, its gradients and AdamW state. `fsdp`: PyTorch FSDP2 (`fully_shard` per decoder layer): each "
+        "rank keeps 1/data_parallel_size of them and gathers a layer's weights only while computing it "
+        "(ZeRO-3); the engine receives the gathered full weights after each update. Needs "
+        "tensor_parallel_size 1.",
+    )
+    fsdp_cpu_offload: bool = Field(
+        default=False,
+        description="`strategy: fsdp` only: keep the sharded parameters, gradients and optimizer state in host "
+        "memory and copy each layer to the device for its forward/backward (FSDP2's CPUOffloadPolicy; the "
+        "optimizer steps on the host). Frees the device of all training state at the cost of host copies.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Keep only each decoder layer's input during the forward pass and recompute the layer in "
+        "backward (non-reentrant activation checkpointing): activations shrink to about one layer's worth "
+        "plus a hidden state per layer, for about one extra forward pass of compute.",
+    )
+    mixed_precision: Literal["none", "bf16", "fp16"] = Field(
+        default="none",
+        description="`strategy: fsdp` only: `bf16`/`fp16` run forward and backward in that dtype while the "
+        "sharded master weights, gradients, optimizer state and the gradient reduction stay float32 "
+        "(needs model.dtype float32; FSDP2's MixedPrecisionPolicy). `fp16` has no loss scaling, so prefer "
+        "`bf16`. Refused at start on a device without that dtype. `none`: compute in model.dtype.",
+    )
 
     mode: Literal["sync", "async"] = Field(
         default="sync",
@@ -520,6 +548,11 @@ class ResourcesSpec(Spec):
         "runs one generation engine. `colocated`: each worker takes half a device; each reference rank shares "
         "an actor rank's device and the critic and reward model take the halves left over (the MindSpeed RL "
         "all-in-one placement). `separate`: reference ranks, critic and reward model each get a whole device.",
+    )
+    device_memory_gib: Optional[float] = Field(
+        default=None, gt=0, le=65536,
+        description="Memory of one device, GiB (64 on an Ascend 910B, 80 on an H100): what `rldock plan` checks "
+        "the job against when no --device-memory is given. Unset: the plan prints the bytes without a verdict.",
     )
 
 

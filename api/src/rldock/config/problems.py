@@ -82,6 +82,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_dapo_problems(cfg))
     problems.extend(_dpo_problems(cfg))
     problems.extend(_resharding_problems(cfg))
+    problems.extend(_strategy_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
@@ -312,6 +313,42 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
             "training.lora",
             "LoRA adapters train on replicated (DDP) ranks only: use tensor_parallel_size 1 and resharding "
             "naive, or unset training.lora",
+        ))
+    return problems
+
+
+def _strategy_problems(cfg: JobConfig) -> list[Problem]:
+    """FSDP and its options: FSDP shards the whole model over the DP ranks (no TP layout beside it);
+    offload and mixed precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
+    training = cfg.training
+    problems: list[Problem] = []
+    if training.strategy == "fsdp" and training.tensor_parallel_size > 1:
+        problems.append(Problem(
+            "training.strategy",
+            f"fsdp shards the whole model over the data-parallel ranks and does not combine with "
+            f"tensor_parallel_size {training.tensor_parallel_size}; use tensor_parallel_size 1 or strategy ddp",
+        ))
+    if training.strategy == "fsdp":
+        # Combinations that have not been built or run with sharded parameters yet.
+        for field, value, why in (
+            ("training.lora", training.lora, "LoRA adapters train on replicated (DDP) ranks only"),
+            ("training.mode", training.mode == "async", "the async pipeline runs with DDP ranks only"),
+            ("rollout.sleep_level", cfg.rollout.sleep_level == 2,
+             "level 2 makes the actor push its own replica's weights again, which FSDP ranks do not hold"),
+        ):
+            if value:
+                problems.append(Problem(field, f"{why}: use training.strategy ddp with it, or leave {field} "
+                                        "at its default"))
+    else:
+        for name in ("fsdp_cpu_offload", "mixed_precision"):
+            if getattr(training, name) not in (False, "none"):
+                problems.append(Problem(f"training.{name}", f"applies to strategy fsdp only; set "
+                                        f"training.strategy: fsdp or leave {name} at its default"))
+    if training.mixed_precision != "none" and cfg.model.dtype != "float32":
+        problems.append(Problem(
+            "training.mixed_precision",
+            f"{training.mixed_precision} compute keeps float32 master weights, so model.dtype must be float32 "
+            f"(got {cfg.model.dtype}); set model.dtype: float32 or mixed_precision: none",
         ))
     return problems
 

@@ -1,5 +1,5 @@
-"""The `rldock` command line: validate a job config, train it on a local or existing Ray, or prepare
-a model (`rldock models import-gguf`)."""
+"""The `rldock` command line: validate a job config, plan its memory per device (`rldock plan`), train
+it on a local or existing Ray, or prepare a model (`rldock models import-gguf`)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,16 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument(cli.MAX_RESTARTS, type=int, default=1, metavar="N",
                        help="restart from the last checkpoint up to N times when a worker process dies "
                             "(default 1; the operator passes 0 and retries the whole job itself)")
+    plan = sub.add_parser("plan", help="print the job's memory per device (training and generation phases) "
+                          "and refuse a config that cannot fit, naming the field to change")
+    plan.add_argument("config", help="the job config (YAML)")
+    plan.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
+                      metavar="KEY=VALUE", help="override a field, e.g. training.strategy=fsdp")
+    plan.add_argument("--device-memory", type=_parse_memory, default=None, metavar="SIZE",
+                      help="memory of one device, e.g. 64GiB, 80GB (default: resources.device_memory_gib)")
+    plan.add_argument("--model-preset", default=None,
+                      help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
     data = sub.add_parser("data", help="work with data files")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     generate = data_sub.add_parser("generate", help="write a generator's train (and val) rows as jsonl files")
@@ -86,6 +96,42 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="dtype of the saved weights (default float32)")
     gguf.add_argument("--force", action="store_true", help="re-import even if --output already holds a model")
     return parser
+
+
+_UNITS = {"gib": 1024 ** 3, "gb": 10 ** 9, "mib": 1024 ** 2, "mb": 10 ** 6, "b": 1, "": 1}
+
+
+def _parse_memory(text: str) -> int:
+    """'64GiB', '80GB', '512MiB' or a byte count -> bytes."""
+    number = text.rstrip("BbGgMmIi")
+    unit = text[len(number):].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--device-memory expects a size like 64GiB or 80GB, got {text!r}") from None
+    if unit not in _UNITS or value <= 0:
+        raise argparse.ArgumentTypeError(f"--device-memory expects a size like 64GiB or 80GB, got {text!r}")
+    return int(value * _UNITS[unit])
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """`rldock plan`: exit 0 when the job fits (or no device memory is known), 3 when it cannot."""
+    from rldock.runtime.planning import check_fit, load_shape, plan_memory
+    from rldock.runtime.planning.report import plan_json, plan_table
+
+    try:
+        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False)
+    except ConfigError as error:
+        return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), False)
+    try:
+        shape = load_shape(preset=args.model_preset, model_path=cfg.model.path)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    plan = plan_memory(cfg, shape, device_memory=args.device_memory)
+    verdict = None if plan.device_memory is None else check_fit(cfg, shape, device_memory=plan.device_memory)
+    print(json.dumps(plan_json(plan, verdict)) if args.json else plan_table(plan, verdict))
+    return 3 if verdict is not None and not verdict.fits else 0
 
 
 def reward_failure(error: Exception) -> str:
@@ -138,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return _generate_data(args)
     if args.command == "models":
         return _models(args)
+    if args.command == "plan":
+        return _plan(args)
     # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the
     # operator turns into a condition naming the fields instead of retrying the job.
     machine = args.command == cli.TRAIN and args.no_progress

@@ -37,6 +37,7 @@ def _actor_double(model, recompute: str) -> ActorWorker:
     cfg = _cfg(recompute)
     actor = ActorWorker.__new__(ActorWorker)
     actor.cfg, actor.world_size, actor.model, actor.ddp_model, actor.sharded = cfg, 1, model, None, None
+    actor.fsdp = None
     actor.device = types.SimpleNamespace(torch_device="cpu")
     actor.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}

@@ -29,6 +29,7 @@ def _actor_double(model) -> ActorWorker:
                                "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-3})
     actor = ActorWorker.__new__(ActorWorker)
     actor.cfg, actor.world_size, actor.model, actor.ddp_model, actor.sharded = cfg, 1, model, None, None
+    actor.fsdp = None
     actor.device = types.SimpleNamespace(torch_device="cpu")
     actor.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
@@ -81,3 +82,42 @@ def test_freeze_embeddings_trains_the_layers_only():
     assert torch.equal(model.get_input_embeddings().weight, embeddings)
     assert torch.equal(model.lm_head.weight, embeddings)  # still tied
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, layer)
+
+
+def test_fsdp_update_step_equals_the_plain_step(tmp_path):
+    """`training.strategy: fsdp` on a one-rank gloo group: the actor's update step (loss, FSDP's
+    sharded gradient clipping, AdamW on the shards) gives the plain step's metrics and weights."""
+    import torch.distributed as dist
+
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.engines.fsdp import full_state_dict
+    from rldock.runtime.workers.actor_fsdp import FsdpTraining
+
+    prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)
+    response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
+    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
+                        "response_ids": response_ids, "response_mask": (response_ids != 0).long(),
+                        "advantage": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+                        "old_logprobs": torch.full((4, 3), -3.0), "ref_logprobs": torch.full((4, 3), -3.0)},
+                       batch_size=[4])
+    plain = _actor_double(_tiny_model())
+    plain.recipe = job_recipe(plain.cfg)
+    expected_stats = plain._optimizer_step(batch.clone())
+    expected = plain.model.state_dict()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        actor = _actor_double(_tiny_model())
+        actor.cfg = actor.cfg.model_copy(update={"training": actor.cfg.training.model_copy(update={"strategy": "fsdp"})})
+        actor.fsdp = FsdpTraining(actor.cfg, model=actor.model, make_optimizer=actor._make_optimizer,
+                                  device=detect_device("cpu"), rank=0)
+        actor.optimizer = actor.fsdp.optimizer
+        stats = actor._optimizer_step(batch.clone())
+        got = dict(full_state_dict(actor.model))
+    finally:
+        dist.destroy_process_group()
+    for key in ("loss", "grad_norm", "entropy"):
+        assert abs(stats[key] - expected_stats[key]) < 1e-5, key
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

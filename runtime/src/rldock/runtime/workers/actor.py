@@ -4,7 +4,9 @@ its own rollout engine on the same device (generation, old-logprob inference and
 After each update the rank pushes its weights straight into its engine in memory; DDP keeps every
 rank's weights identical, so no cross-rank transfer is needed. With `training.tensor_parallel_size`
 > 1 or `training.resharding: allgather_swap` the ranks train in a TP x DP layout instead and reshard
-into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md).
+into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md). With
+`training.strategy: fsdp` the ranks shard the model with FSDP2 and push the gathered weights
+(`actor_fsdp.FsdpTraining`, docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, re
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.freezing import freeze_embeddings, trainable
+from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.workers.actor_fsdp import FsdpTraining
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.stage_loop import run_stage
 
@@ -55,7 +59,10 @@ class ActorWorker:
             freeze_embeddings(self.model)
         if cfg.training.lora is not None:  # policy_dir is the base model; adapter_dir the trained adapters
             self.model = add_lora(self.model, cfg.training.lora, adapter_dir=adapter_dir)
+        if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
+            enable_activation_checkpointing(self.model)
         self.ddp_model = None  # set by init_distributed
+        self.fsdp: FsdpTraining | None = None  # strategy fsdp, set by join_group
         self.sharded: ShardedTraining | None = None  # TP x DP layout and resharding, set by join_group
         algo = cfg.algorithm
         self.optimizer = self._make_optimizer(self.model.parameters())
@@ -82,6 +89,10 @@ class ActorWorker:
             self.sharded = ShardedTraining(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
                                            rank=self.rank, device_type=torch.device(self.device.torch_device).type)
             self.optimizer = self.sharded.optimizer
+        elif self.cfg.training.strategy == "fsdp":
+            self.fsdp = FsdpTraining(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
+                                     device=self.device, rank=self.rank)
+            self.optimizer = self.fsdp.optimizer
         else:
             self.ddp_model = wrap_ddp(self.model, self.device)
         if not self.recipe.needs_rollout_engine:  # DPO trains on given responses
@@ -107,6 +118,9 @@ class ActorWorker:
         if self.sharded is not None:  # this TP rank's shard (see ShardedTraining.optimizer_path)
             self.sharded.load_optimizer_state(torch.load(self.sharded.optimizer_path(Path(path)),
                                                          map_location=self.device.torch_device))
+            return
+        if self.fsdp is not None:
+            self.fsdp.load_optimizer_state(Path(path))
             return
         self.optimizer.load_state_dict(torch.load(path, map_location=self.device.torch_device))
 
@@ -201,8 +215,8 @@ class ActorWorker:
                 logprobs = self._logprobs(batch.to(self.device.torch_device))
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock.bank(iteration), "reference", self.recipe.consumes["reference"], infer, rank=self.rank,
-                         batch_size=self.cfg.training.micro_batch_size).as_dict()
+        return run_stage(self.dock.bank(iteration), "reference", self.recipe.consumes["reference"], infer,
+                         rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -211,11 +225,18 @@ class ActorWorker:
                 logprobs = self._logprobs(batch)
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
+        dock = self.dock.bank(iteration)
         if self.sharded is not None:  # the TP group computes together; its params come back first
             self.sharded.begin_inference()
-            return self.sharded.run_training_stage(self.dock.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"],
-                                                   infer, batch_size=self.cfg.training.micro_batch_size).as_dict()
-        return run_stage(self.dock.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer,
+            return self.sharded.run_training_stage(
+                dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
+                batch_size=self.cfg.training.micro_batch_size).as_dict()
+        if self.fsdp is not None:  # FSDP's forward is collective: every rank runs its share in as many passes
+            self.fsdp.to_training()
+            return run_stage(dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
+                             rank=self.rank, batch_size=self._samples_per_rank(), balance_ranks=self.world_size,
+                             max_batches=1).as_dict()
+        return run_stage(dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     def update(self, iteration: int) -> dict:
@@ -233,12 +254,17 @@ class ActorWorker:
 
         if self.sharded is not None:
             return {**self._sharded_update(iteration, train, losses), **_staleness_metrics(staleness)}
+        if self.fsdp is not None:
+            self.fsdp.to_training()
         timing = run_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train, rank=self.rank,
                            batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
-        self.engine.update_weights(self._generation_weights())
-        self.policy_version += 1
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
+        self.policy_version += 1
+        if self.fsdp is not None:
+            self.fsdp.to_generation(self.engine.update_weights)
+            return {**timing.as_dict(), **summary, **self.fsdp.drain_metrics(), **_staleness_metrics(staleness)}
+        self.engine.update_weights(self._generation_weights())
         return {**timing.as_dict(), **summary, **_staleness_metrics(staleness)}
 
     def _sharded_update(self, iteration: int, train, losses: list[dict]) -> dict:
@@ -250,8 +276,8 @@ class ActorWorker:
             sharded.begin_inference()
         sharded.before_update()
         share = self.cfg.num_samples_per_iteration // sharded.dp_size
-        timing = sharded.run_training_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train, batch_size=share,
-                                            balance=True, max_batches=1)
+        timing = sharded.run_training_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train,
+                                            batch_size=share, balance=True, max_batches=1)
         assert timing.num_samples == share, "update got a partial share"
         sharded.to_generation()
         self.policy_version += 1
@@ -281,6 +307,9 @@ class ActorWorker:
         if self.sharded is not None:
             self._save_sharded(Path(staging_dir))
             return
+        if self.fsdp is not None:
+            self._save_fsdp(Path(staging_dir))
+            return
         if self.rank != 0:
             return
         staging = Path(staging_dir)
@@ -303,6 +332,18 @@ class ActorWorker:
             if self.rank == 0:
                 self.model.save_pretrained(staging / "policy", state_dict=weights)
                 self.tokenizer.save_pretrained(staging / "policy")
+
+    def _save_fsdp(self, staging: Path) -> None:
+        """Collective: the weights and the optimizer state are gathered whole; rank 0 writes them,
+        so the checkpoint has the same files as a DDP run's. The files are written before the state
+        is swapped out again: on CPU the gathered optimizer state can share the swapped tensors."""
+        with self.fsdp.resident():
+            weights = self.fsdp.full_weights()
+            optimizer = self.fsdp.full_optimizer_state()
+            if self.rank == 0:
+                self.model.save_pretrained(staging / "policy", state_dict=weights)
+                self.tokenizer.save_pretrained(staging / "policy")
+                torch.save(optimizer, staging / "optimizer.pt")
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -395,9 +436,14 @@ class ActorWorker:
         if self.sharded is not None:  # no DDP here: average over DP and clip over the TP-split model
             stats["grad_norm"] = self.sharded.apply_gradients(algo.max_grad_norm)
             return stats
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
+        stats["grad_norm"] = self._clip_gradients(algo.max_grad_norm)
         self.optimizer.step()
         return stats
+
+    def _clip_gradients(self, max_norm: float) -> float:
+        if self.fsdp is not None:  # the norm over every rank's shards
+            return self.fsdp.clip_gradients(max_norm)
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
     def _old_logprobs(self, micro: TensorDict, logprobs: torch.Tensor) -> torch.Tensor:
         """The sampling policy's logprobs (b, SL): the dock's `old_logprobs` when the flow computes
@@ -434,7 +480,7 @@ class ActorWorker:
             for key, value in {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
                                "entropy": masked_mean(scores.entropy, mask).item(), **out.metrics}.items():
                 stats[key] += value * weight
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm))
+        stats["grad_norm"] = self._clip_gradients(algo.max_grad_norm)
         self.optimizer.step()
         return stats
 

@@ -42,8 +42,8 @@ _END = None  # broadcast by a TP leader when its stage has no more batches
 
 
 def uses_sharded_training(cfg: JobConfig) -> bool:
-    training = cfg.training
-    return training.tensor_parallel_size > 1 or training.resharding != "naive"
+    training = cfg.training  # FSDP runs its own allgather-swap (actor_fsdp)
+    return training.strategy != "fsdp" and (training.tensor_parallel_size > 1 or training.resharding != "naive")
 
 
 class ShardedTraining:

@@ -1,0 +1,37 @@
+"""`rldock plan`'s output: the plan as a table (GiB per device) or as JSON (bytes)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+
+from rldock.runtime.planning.memory import GIB, MemoryPlan, PhaseBytes
+from rldock.runtime.planning.verdict import Verdict
+
+ROWS = [f.name for f in fields(PhaseBytes)]
+
+
+def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
+    title = (f"{plan.model}: {plan.num_params / 1e9:.2f}B parameters, {plan.strategy}, "
+             f"DP {plan.data_parallel_size} x TP {plan.tensor_parallel_size}, per device (GiB)")
+    lines = [title, f"{'':<20}{'update':>10}{'generation':>12}"]
+    for row in ROWS:
+        label = "host (not device)" if row == "host" else row
+        lines.append(f"{label:<20}{getattr(plan.update, row) / GIB:>10.2f}{getattr(plan.generation, row) / GIB:>12.2f}")
+    lines.append(f"{'device total':<20}{plan.update.device_total / GIB:>10.2f}{plan.generation.device_total / GIB:>12.2f}")
+    lines.append(f"KV cache holds {plan.kv_cache_tokens} tokens")
+    if plan.device_memory is not None:
+        lines.append(f"device memory {plan.device_memory / GIB:.2f} GiB")
+    if verdict is not None:
+        lines.append(("OK " if verdict.fits else f"REFUSED ({verdict.field}): ") + verdict.message)
+    return "\n".join(lines)
+
+
+def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
+    return {"model": plan.model, "num_params": plan.num_params, "strategy": plan.strategy,
+            "data_parallel_size": plan.data_parallel_size, "tensor_parallel_size": plan.tensor_parallel_size,
+            "device_memory": plan.device_memory, "kv_cache_tokens": plan.kv_cache_tokens,
+            "update": {**asdict(plan.update), "device_total": plan.update.device_total},
+            "generation": {**asdict(plan.generation), "device_total": plan.generation.device_total},
+            "fits": None if verdict is None else verdict.fits,
+            "field": None if verdict is None else verdict.field,
+            "message": None if verdict is None else verdict.message}

@@ -1,0 +1,101 @@
+"""Does a plan fit its device, and if not, which one config field would make it fit.
+
+The candidates are single-field changes, cheapest in compute first; each is re-planned, and the
+first that fits is named in the refusal. When none does alone, the refusal names the data-parallel
+size FSDP (with the other savings) would need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rldock.config import JobConfig
+from rldock.runtime.planning.memory import GIB, MemoryPlan, plan_memory
+from rldock.runtime.planning.shapes import ModelShape
+
+MAX_SEARCHED_DP = 4096
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    field: str | None  # the field to change when it does not fit
+    message: str
+
+
+def _with_training(cfg: JobConfig, **changes) -> JobConfig:
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update=changes)})
+
+
+def _with_rollout(cfg: JobConfig, **changes) -> JobConfig:
+    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=changes)})
+
+
+def _candidates(cfg: JobConfig) -> list[tuple[str, str, Callable[[JobConfig], JobConfig]]]:
+    """(field, the change in words (a training.* setting), the changed config), in the order tried."""
+    training = cfg.training
+    found = []
+    if training.strategy == "ddp" and training.tensor_parallel_size == 1 and training.data_parallel_size > 1:
+        found.append(("training.strategy", "strategy: fsdp", lambda c: _with_training(c, strategy="fsdp")))
+    if not training.gradient_checkpointing:
+        found.append(("training.gradient_checkpointing", "gradient_checkpointing: true",
+                      lambda c: _with_training(c, gradient_checkpointing=True)))
+    if training.resharding == "naive":
+        found.append(("training.resharding", "resharding: allgather_swap",
+                      lambda c: _with_training(c, resharding="allgather_swap")))
+    if training.micro_batch_size > 1:
+        found.append(("training.micro_batch_size", "micro_batch_size: 1",
+                      lambda c: _with_training(c, micro_batch_size=1)))
+    if training.strategy == "fsdp" and not training.fsdp_cpu_offload:
+        found.append(("training.fsdp_cpu_offload", "fsdp_cpu_offload: true",
+                      lambda c: _with_training(c, fsdp_cpu_offload=True)))
+    return found
+
+
+def _fits(plan: MemoryPlan) -> bool:
+    return plan.peak <= plan.device_memory
+
+
+def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict:
+    """The generation replica's weights exceed the engine's share of the device."""
+    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {cfg.model.dtype}, one whole replica per "
+            f"rank) exceed rollout.gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} of the "
+            f"{device_memory / GIB:.1f} GiB device")
+    if weights < 0.9 * device_memory:
+        return Verdict(False, "rollout.gpu_memory_utilization",
+                       f"{said}; raise it above {weights / device_memory:.2f}, leaving room for the KV cache")
+    if cfg.model.dtype == "float32" and weights / 2 < 0.9 * device_memory:
+        return Verdict(False, "model.dtype", f"{said}; model.dtype: bfloat16 halves them (with "
+                       "training.mixed_precision: none), then raise rollout.gpu_memory_utilization")
+    return Verdict(False, "model.dtype", f"{said}; even in bfloat16 one replica does not fit one device: "
+                   "it needs generation tensor parallelism over several devices, or a larger device")
+
+
+def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:
+    """Whether the job fits `device_memory` bytes per device; a refusal names one field to change."""
+    plan = plan_memory(cfg, shape, device_memory=device_memory)
+    weights = plan.generation.generation_weights
+    if cfg.resources.device != "cpu" and weights > cfg.rollout.gpu_memory_utilization * device_memory:
+        return _engine_refusal(cfg, weights, device_memory)
+    if _fits(plan):
+        return Verdict(True, None, f"fits: peak {plan.peak / GIB:.1f} GiB of {device_memory / GIB:.1f} GiB per device")
+    need = f"peak {plan.peak / GIB:.1f} GiB > {device_memory / GIB:.1f} GiB per device"
+    for field, change, changed in _candidates(cfg):
+        after = plan_memory(changed(cfg), shape, device_memory=device_memory)
+        if _fits(after):
+            return Verdict(False, field, f"{need}; set training.{change} (peak then {after.peak / GIB:.1f} GiB)")
+    lean = _with_training(cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap",
+                          tensor_parallel_size=1)
+    dp = cfg.training.data_parallel_size
+    while dp <= MAX_SEARCHED_DP:
+        dp *= 2
+        after = plan_memory(_with_training(lean, data_parallel_size=dp), shape, device_memory=device_memory)
+        if _fits(after):
+            return Verdict(False, "training.data_parallel_size",
+                           f"{need}; no single setting fits; with strategy fsdp, gradient_checkpointing and "
+                           f"allgather_swap it needs training.data_parallel_size >= {dp} "
+                           f"(peak then {after.peak / GIB:.1f} GiB), or a larger device")
+    return Verdict(False, "resources.device_memory_gib",
+                   f"{need}; it does not fit even sharded over {MAX_SEARCHED_DP} ranks: the engine and activations "
+                   "alone exceed the device; lower training.micro_batch_size or the sequence lengths")

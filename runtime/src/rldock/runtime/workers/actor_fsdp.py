@@ -1,0 +1,112 @@
+"""The actor's FSDP layout (`training.strategy: fsdp`): sharding, the weight push into the engine,
+the swap of the shards around generation, the ledger and checkpoints of sharded state.
+
+Every method here is collective over the actor ranks (FSDP all-gathers and reduce-scatters), so
+the actor calls them on all ranks in the same order, as it does its update.
+
+With `training.resharding: allgather_swap` the flow after an update is allgather-swap from the
+FSDP layout: the shards are all-gathered one tensor at a time into the engine's layout (whole
+tensors, TP 1) and loaded, then this rank's parameter shards, gradients and AdamW state are
+swapped to the host (resharding/swap.py) until the next training pass needs them. With `naive`
+they stay on the device. The ledger rows (`memory/rank{r}/{stage}/...`) record what the device
+holds at each step, as the TP x DP path's do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+
+from rldock.config import JobConfig
+from rldock.runtime.device import DeviceInfo
+from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
+from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
+from rldock.runtime.resharding.swap import TensorSwapper, training_state
+
+logger = logging.getLogger(__name__)
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FsdpTraining:
+    """One actor rank's FSDP2-sharded model and optimizer. Create after the default group exists
+    and before the engine adopts it; the optimizer is built here, on the sharded parameters."""
+
+    def __init__(self, cfg: JobConfig, *, model: nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
+                 device: DeviceInfo, rank: int):
+        training = cfg.training
+        self.model = apply_fsdp(model, device, cpu_offload=training.fsdp_cpu_offload,
+                                mixed_precision=training.mixed_precision)
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.rank = rank
+        self.swaps = training.resharding == "allgather_swap"
+        self._device = torch.device(device.torch_device)
+        self._swapper = TensorSwapper(pin_memory=device.is_accelerator)
+        self._ledger: list[dict] = []
+
+    def clip_gradients(self, max_norm: float) -> float:
+        return clip_grad_norm(self.model, max_norm)
+
+    def to_generation(self, update_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], float]) -> None:
+        """After an update: gather the full weights into the engine, then (allgather_swap) move the
+        training state to the host."""
+        self._record("after_update")
+        update_weights(full_state_dict(self.model))
+        if self.swaps:
+            self._swapper.swap_out(training_state(self.model, self.optimizer))
+        self._record("generation")
+
+    def to_training(self) -> None:
+        """Before a pass that runs the model: bring swapped-out training state back."""
+        if self._swapper.swapped_bytes:
+            self._swapper.swap_in()
+
+    @contextmanager
+    def resident(self):
+        """The training state on the device for a checkpoint, and back where it was after."""
+        was_swapped = bool(self._swapper.swapped_bytes)
+        self.to_training()
+        try:
+            yield
+        finally:
+            if was_swapped:
+                self._swapper.swap_out(training_state(self.model, self.optimizer))
+
+    def drain_metrics(self) -> dict[str, dict]:
+        """Since the last call: the ledger rows, as `memory/rank{r}/{stage}/{category}` bytes."""
+        rows, self._ledger = self._ledger, []
+        return {"ledger": ledger_metrics(rows, rank=self.rank)}
+
+    def _record(self, stage: str) -> None:
+        state = training_state(self.model, self.optimizer)
+        self._ledger.append(ledger_entry(stage, state, device=self._device,
+                                         host_swap_bytes=self._swapper.swapped_bytes))
+
+    # --- checkpoints ----------------------------------------------------------------------------
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights on the host (collective), for save_pretrained on rank 0."""
+        return {name: tensor.cpu() for name, tensor in full_state_dict(self.model)}
+
+    def full_optimizer_state(self) -> dict:
+        """The optimizer state keyed by parameter names, gathered whole on the host (collective)."""
+        return get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
+
+    def load_optimizer_state(self, path: Path) -> None:
+        """Every rank reads the whole file and keeps its own shards."""
+        state = torch.load(path, map_location="cpu")
+        with self.resident():
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state,
+                                     options=StateDictOptions(full_state_dict=True))
+        # Plain tensors kept from the file (AdamW's step counters) have storages the swap cannot free.
+        for per_param in self.optimizer.state.values():
+            for key, value in per_param.items():
+                if type(value) is torch.Tensor and not value.untyped_storage().resizable():
+                    per_param[key] = value.clone()

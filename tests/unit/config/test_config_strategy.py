@@ -1,0 +1,61 @@
+"""Config rules for the data-parallel strategy (training.strategy, fsdp_cpu_offload, mixed_precision)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rldock.config import ConfigError, parse_job_config
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+@pytest.fixture
+def demo_data() -> dict:
+    return yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+
+
+def problem_paths(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(data)
+    return [p.path for p in caught.value.problems]
+
+
+def test_defaults_are_ddp_without_extras(demo_data):
+    training = parse_job_config(demo_data).training
+    assert (training.strategy, training.fsdp_cpu_offload, training.gradient_checkpointing,
+            training.mixed_precision) == ("ddp", False, False, "none")
+
+
+def test_fsdp_with_every_option_is_valid(demo_data):
+    demo_data["training"].update(strategy="fsdp", fsdp_cpu_offload=True, gradient_checkpointing=True,
+                                 mixed_precision="bf16", resharding="allgather_swap")
+    assert parse_job_config(demo_data).training.strategy == "fsdp"
+
+
+def test_fsdp_with_tensor_parallelism_names_the_strategy(demo_data):
+    demo_data["training"].update(strategy="fsdp", data_parallel_size=1, tensor_parallel_size=2)
+    assert problem_paths(demo_data) == ["training.strategy"]
+
+
+@pytest.mark.parametrize("field,value", [("fsdp_cpu_offload", True), ("mixed_precision", "bf16")])
+def test_fsdp_options_without_fsdp_are_named(demo_data, field, value):
+    demo_data["training"][field] = value
+    assert problem_paths(demo_data) == [f"training.{field}"]
+
+
+def test_mixed_precision_needs_float32_masters(demo_data):
+    demo_data["training"].update(strategy="fsdp", mixed_precision="fp16")
+    demo_data["model"]["dtype"] = "bfloat16"
+    assert problem_paths(demo_data) == ["training.mixed_precision"]
+
+
+def test_unknown_strategy_is_refused(demo_data):
+    demo_data["training"]["strategy"] = "zero2"
+    assert problem_paths(demo_data) == ["training.strategy"]
+
+
+def test_paper_examples_are_valid():
+    for name in ("grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"):
+        cfg = parse_job_config(yaml.safe_load((EXAMPLES / name).read_text()))
+        assert cfg.training.strategy == "fsdp" and cfg.resources.device_memory_gib == 64
