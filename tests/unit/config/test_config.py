@@ -1,25 +1,18 @@
 """Job config validation: every error names the field path to fix."""
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
-from rldock.config import ConfigError, JobConfig, load_job_config, parse_job_config
+from job_examples import example, problem_paths
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+from rldock.config import ConfigError, JobConfig, load_job_config, parse_job_config
 
 
 @pytest.fixture
 def demo_data() -> dict:
-    return yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
-
-
-def problem_paths(data: dict) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        parse_job_config(data)
-    return [p.path for p in caught.value.problems]
+    return example()
 
 
 def test_demo_config_is_valid(demo_data):

@@ -1,24 +1,14 @@
 """Config rules for the data-parallel strategy (training.strategy, fsdp_cpu_offload, mixed_precision)."""
 
-from pathlib import Path
-
 import pytest
-import yaml
+from job_examples import example, problem_paths
 
-from rldock.config import ConfigError, parse_job_config
-
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+from rldock.config import parse_job_config
 
 
 @pytest.fixture
 def demo_data() -> dict:
-    return yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
-
-
-def problem_paths(data: dict) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        parse_job_config(data)
-    return [p.path for p in caught.value.problems]
+    return example()
 
 
 def test_defaults_are_ddp_without_extras(demo_data):
@@ -57,5 +47,5 @@ def test_unknown_strategy_is_refused(demo_data):
 
 def test_paper_examples_are_valid():
     for name in ("grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"):
-        cfg = parse_job_config(yaml.safe_load((EXAMPLES / name).read_text()))
+        cfg = parse_job_config(example(name))
         assert cfg.training.strategy == "fsdp" and cfg.resources.device_memory_gib == 64
