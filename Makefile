@@ -3,7 +3,7 @@
 OUTPUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test crd e2e images
+.PHONY: setup demo test crd e2e images test-containers
 setup:
 	./scripts/setup.sh
 
@@ -36,3 +36,8 @@ e2e: setup
 # them itself when missing.
 images:
 	images/build.sh --local-base operator runtime-cpu
+
+# The kind-style node tests (real kubelets, containerd, the images above, the chart as a Helm
+# release). Opt-in: `make test` skips them, since their cold builds add about 45 minutes here.
+test-containers: setup
+	RLDOCK_E2E_CONTAINERS=1 .venv/bin/python -m pytest tests/e2e/test_kind_nodes.py tests/e2e/test_helm_release.py $(PYTEST_ARGS)
