@@ -91,6 +91,21 @@ def emulated_nodes(control_plane: ControlPlane) -> Iterator[Callable[..., dict]]
         control_plane.kubectl("delete", "nodes", *made, "--wait=false", check=False)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Install the npu twin before the first test when any collected test uses it: torch's autograd
+    engine sizes its per-device queues once per process, at the first backward, from the devices
+    registered then, so a backward on npu:N after a CPU backward (an earlier test's) trips an
+    internal assert if the twin came later. Where the twin cannot be built, the fixture skips."""
+    if not any("npu_twin" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from rldock_e2e.doubles.npu_twin import TwinUnavailable, activate
+
+    try:
+        activate()
+    except TwinUnavailable:
+        return  # each test that needs it skips with the reason (the fixture below)
+
+
 @pytest.fixture(scope="session")
 def npu_twin():
     """`torch.npu`, the npu twin's (docs/accelerators.md): built once per machine into the cache
