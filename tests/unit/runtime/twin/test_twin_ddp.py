@@ -1,7 +1,7 @@
 """The DDP path on the npu twin: two processes, each a rank on its own npu device, joined through
 the device seam's backend (npu tensors over the twin's host-staged gloo, host tensors over gloo)
 and wrapped by the product's wrap_ddp: after one backward both hold the mean of their gradients.
-(FSDP, `training.strategy: fsdp`, is being added separately; it is not covered here yet.)"""
+(FSDP, `training.strategy: fsdp`, on the twin: test_twin_fsdp.py.)"""
 
 from __future__ import annotations
 

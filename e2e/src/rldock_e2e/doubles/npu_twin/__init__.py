@@ -4,7 +4,7 @@
 (`npu_twin.cpp`), renames PrivateUse1 to `npu` and registers `torch.npu` (`device_module`), so that
 `torch.device("npu:0")` is a device of its own: tensors there are not CPU tensors, an op mixing them
 with CPU tensors fails as on hardware, and every device byte is counted per device. Collectives on
-npu tensors go through `collectives.HostStagedGloo` (the twin's stand-in for HCCL).
+npu tensors go through the `hccl_twin` backend (`collectives.py`, `hccl_twin.cpp`) (the twin's stand-in for HCCL).
 
 What it is not: a model of NPU kernels, of asynchronous streams (it computes synchronously, so a
 missing stream wait goes unseen) or of device memory limits. docs/accelerators.md lists what only

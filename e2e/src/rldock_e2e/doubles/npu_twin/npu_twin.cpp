@@ -360,7 +360,19 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);
 }
 
+// `module.to("npu")` swaps each parameter's data in place only when the host and device tensors are
+// shallow-copy compatible; otherwise it makes a new Parameter per module and breaks tied weights
+// (an embedding shared with the LM head). torch_npu answers yes for dense npu/CPU pairs, as CUDA
+// does in core; so does the twin.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_here = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.device().is_cpu() || t.device().is_privateuseone());
+  };
+  return dense_here(self) && dense_here(from);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", as_strided);
@@ -419,9 +431,12 @@ int64_t pinned_bytes() {
   return l.pinned_bytes;
 }
 
+void bind_hccl_twin(pybind11::module& m);  // hccl_twin.cpp
+
 }  // namespace npu_twin
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  npu_twin::bind_hccl_twin(m);
   m.def("install", &npu_twin::install, "register the allocator and hooks (once)");
   m.def("device_count", [] { return static_cast<int>(npu_twin::visible_device_count()); });
   m.def("current_device", [] { return static_cast<int>(npu_twin::current_device); });

@@ -23,4 +23,4 @@ def activate() -> None:
     device_module._ext = extension
     torch._register_device_module("npu", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
-    collectives.register()
+    collectives.register(extension)

@@ -67,12 +67,20 @@ def init_process_group(
     rendezvous: Rendezvous,
     timeout_s: float = 300.0,
 ) -> None:
-    """Join the default process group with the device's collective backend."""
+    """Make this rank's device the current one, then join the default process group with the
+    device's collective backend.
+
+    The current device matters beyond DDP's `device_ids`: FSDP2 and its device mesh place shards on
+    it (a model on npu:1 is otherwise sharded onto npu:0), and HCCL/NCCL bind their communicators
+    to it. With one visible device per actor it is index 0 either way.
+    """
     if dist.is_initialized():
         raise RuntimeError(
             "torch.distributed is already initialised in this process (a vLLM engine created "
             "before the trainer group takes the default group); join the group first"
         )
+    if device.is_accelerator:
+        torch.get_device_module(device.kind).set_device(device.device_index)
     logger.info(
         "rank %d/%d joining %s group at %s", rank, world_size, device.backend, rendezvous.init_method
     )
