@@ -12,8 +12,10 @@ setup:
 demo: setup
 	.venv/bin/rldock train examples/grpo-tiny.yaml --output $(OUTPUT) --resume
 
+# The npu twin's unit tests run in a second pytest process (tests/conftest.py says why).
 test: setup
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
+	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)
 
 # Regenerate the RLJob CRD from the operator's models, with the Helm chart's copy of it, the
 # RLJob reference and the config reference (tests fail while any of them is stale).

@@ -91,19 +91,21 @@ def emulated_nodes(control_plane: ControlPlane) -> Iterator[Callable[..., dict]]
         control_plane.kubectl("delete", "nodes", *made, "--wait=false", check=False)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Install the npu twin before the first test when any collected test uses it: torch's autograd
-    engine sizes its per-device queues once per process, at the first backward, from the devices
-    registered then, so a backward on npu:N after a CPU backward (an earlier test's) trips an
-    internal assert if the twin came later. Where the twin cannot be built, the fixture skips."""
-    if not any("npu_twin" in getattr(item, "fixturenames", ()) for item in items):
-        return
-    from rldock_e2e.doubles.npu_twin import TwinUnavailable, activate
+TWIN_TESTS = "tests/unit/runtime/twin/"
 
-    try:
-        activate()
-    except TwinUnavailable:
-        return  # each test that needs it skips with the reason (the fixture below)
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The npu twin's unit tests run in a pytest process of their own (`make test` starts one): torch's
+    autograd engine sizes its per-device queues once per process, at the first backward, from the
+    devices registered then, so after an earlier test's CPU backward a backward on npu:N trips an
+    internal assert; and the twin, once installed, stays for the rest of the process."""
+    twin = [item for item in items if item.nodeid.startswith(TWIN_TESTS)]
+    if not twin or len(twin) == len(items):
+        return
+    skip = pytest.mark.skip(reason=f"the npu twin's tests run in a process of their own: "
+                                   f"`python -m pytest {TWIN_TESTS}` (as `make test` does)")
+    for item in twin:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
