@@ -41,8 +41,8 @@ from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, c
                                  prepare_data_files, tokenizer_corpus)
 from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
-from rldock.runtime.dock.grouping import split_group_columns
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.grouping import split_group_columns
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
                                    tokens_per_s_per_device)
@@ -157,7 +157,6 @@ class Trainer:
         self.banks: DockBanks | None = None
         self.workers: WorkerGroups | None = None
         self._placement = None  # the Ray placement group holding the workers' devices
-        self._last_dock_stats: dict | None = None
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
         # Async mode: the next iteration, put and launched (all but its update) ahead of this one's update.
         self.runs_ahead = cfg.training.mode == "async" and cfg.dock.max_staleness >= 1
