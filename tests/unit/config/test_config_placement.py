@@ -38,6 +38,15 @@ def test_tensor_parallel_actor_devices_have_room_for_the_critic():
            training={"data_parallel_size": 1, "tensor_parallel_size": 2})
 
 
+def test_the_critic_takes_half_a_device_per_data_parallel_rank():
+    # DP 2 colocated: two actor devices with their references, then two critic halves: one device more.
+    _parse(resources={"devices_per_node": 3}, algorithm={"name": "ppo"}, training={"data_parallel_size": 2})
+    (problem,) = _problems(resources={"devices_per_node": 3, "placement": "separate"}, algorithm={"name": "ppo"},
+                           training={"data_parallel_size": 2})
+    assert problem.message.startswith("algorithm.name ppo runs 2 critic rank(s) (one per data-parallel rank)")
+    assert "needs 6 devices but resources give 3" in problem.message
+
+
 @pytest.mark.parametrize("training", [{"tensor_parallel_size": 2}, {"resharding": "allgather_swap"}])
 def test_lora_and_sleep_level_2_need_replicated_actor_ranks(training):
     problems = _problems(training={**training, "lora": {"rank": 4}}, rollout={"sleep_level": 2})

@@ -121,7 +121,8 @@ def test_the_reward_model_worker_takes_a_device_share_that_must_fit():
     ppo = {**BASE["algorithm"], "name": "ppo"}
     parse_job_config({**BASE, "reward": {"terms": [model]}, "algorithm": ppo, **two_devices})  # critic + RM: 1 device
     (problem,) = _job({"terms": [model]}, algorithm=ppo, **one_device)
-    assert "runs a critic worker and reward.terms[0] runs a reward-model worker" in problem.message
+    assert "runs 1 critic rank(s) (one per data-parallel rank) and reward.terms[0] runs a reward-model worker" \
+        in problem.message
 
 
 def test_evaluation_needs_a_term_besides_the_model():

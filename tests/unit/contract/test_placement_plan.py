@@ -8,9 +8,9 @@ import pytest
 from rldock.contract.placement import Seat, plan_placement
 
 
-def _plan(mode="colocated", *, actors=2, references=2, critic=False, reward_model=False):
+def _plan(mode="colocated", *, actors=2, references=2, critics=0, reward_model=False):
     return plan_placement(accelerator="NPU", num_actor_ranks=actors, num_reference_ranks=references,
-                          critic=critic, reward_model=reward_model, mode=mode)
+                          num_critic_ranks=critics, reward_model=reward_model, mode=mode)
 
 
 def test_colocated_puts_each_reference_rank_on_an_actor_device():
@@ -21,31 +21,41 @@ def test_colocated_puts_each_reference_rank_on_an_actor_device():
     assert plan.workers_on(1) == ["actor 1", "reference 1"]
 
 
-def test_tensor_parallel_peers_get_distinct_devices_and_the_critic_takes_a_left_over_half():
-    # DP 2 x TP 2: four actor devices, two reference halves, then the critic and the reward model
-    # fill the two halves still free instead of opening a device.
-    plan = _plan(actors=4, references=2, critic=True, reward_model=True)
+def test_tensor_parallel_peers_get_distinct_devices_and_the_critic_ranks_take_the_left_over_halves():
+    # DP 2 x TP 2: four actor devices, two reference halves, then the two critic ranks fill the two
+    # halves still free instead of opening a device; the reward model opens one.
+    plan = _plan(actors=4, references=2, critics=2, reward_model=True)
     assert [s.bundle for s in plan.actors] == [0, 1, 2, 3]
     assert [s.bundle for s in plan.references] == [0, 1]
-    assert (plan.critic, plan.reward_model) == (Seat(2, 0.5), Seat(3, 0.5))
-    assert plan.num_devices == 4
-    assert all(b["CPU"] == 2.0 for b in plan.bundles)
+    assert plan.critics == (Seat(2, 0.5), Seat(3, 0.5))
+    assert plan.reward_model == Seat(4, 0.5)
+    assert plan.workers_on(2) == ["actor 2", "critic 0"]
+    assert plan.num_devices == 5
+    assert all(b["CPU"] == 2.0 for b in plan.bundles[:4]) and plan.bundles[4]["CPU"] == 1.0
 
 
-@pytest.mark.parametrize(("critic", "reward_model", "devices"), [(False, False, 1), (True, False, 2),
-                                                                 (False, True, 2), (True, True, 2)])
-def test_colocated_critic_and_reward_model_share_one_extra_device(critic, reward_model, devices):
-    plan = _plan(actors=1, references=1, critic=critic, reward_model=reward_model)
+def test_data_parallel_critic_ranks_pair_up_on_one_extra_device():
+    # DP 2 colocated: actor + reference on each DP device, the two critic ranks share a third.
+    plan = _plan(actors=2, references=2, critics=2)
+    assert plan.critics == (Seat(2, 0.5), Seat(2, 0.5))
+    assert plan.workers_on(2) == ["critic 0", "critic 1"]
+    assert plan.num_devices == 3
+
+
+@pytest.mark.parametrize(("critics", "reward_model", "devices"), [(0, False, 1), (1, False, 2),
+                                                                  (0, True, 2), (1, True, 2)])
+def test_colocated_critic_and_reward_model_share_one_extra_device(critics, reward_model, devices):
+    plan = _plan(actors=1, references=1, critics=critics, reward_model=reward_model)
     assert plan.num_devices == devices
-    if critic and reward_model:
-        assert plan.workers_on(1) == ["critic", "reward_model"]
+    if critics and reward_model:
+        assert plan.workers_on(1) == ["critic 0", "reward_model"]
 
 
 def test_separate_gives_every_worker_a_whole_device():
-    plan = _plan("separate", actors=2, references=2, critic=True)
-    assert [s.bundle for s in (*plan.actors, *plan.references, plan.critic)] == [0, 1, 2, 3, 4]
-    assert {s.share for s in (*plan.actors, *plan.references, plan.critic)} == {1.0}
-    assert plan.bundles[4] == {"NPU": 1.0, "CPU": 1.0}
+    plan = _plan("separate", actors=2, references=2, critics=2)
+    assert [s.bundle for s in (*plan.actors, *plan.references, *plan.critics)] == [0, 1, 2, 3, 4, 5]
+    assert {s.share for s in (*plan.actors, *plan.references, *plan.critics)} == {1.0}
+    assert plan.bundles[5] == {"NPU": 1.0, "CPU": 1.0}
 
 
 def test_no_reference_leaves_the_actor_devices_half_used():
@@ -58,3 +68,5 @@ def test_bad_input_is_refused():
         _plan("spread")
     with pytest.raises(ValueError, match="at least one actor rank"):
         _plan(actors=0)
+    with pytest.raises(ValueError, match="no negative reference or critic count"):
+        _plan(critics=-1)

@@ -66,7 +66,7 @@ def _place(cfg) -> dict[str, tuple[str, str]]:
     try:
         seats = {**{f"actor {i}": s for i, s in enumerate(plan.actors)},
                  **{f"reference {i}": s for i, s in enumerate(plan.references)},
-                 **({"critic": plan.critic} if plan.critic else {})}
+                 **{f"critic {i}": s for i, s in enumerate(plan.critics)}}
         probes = {name: placement.seated(PlacementProbe, group=group, plan=plan, seat=seat).remote()
                   for name, seat in seats.items()}
         placed = dict(zip(probes, ray.get([p.where.remote() for p in probes.values()])))
@@ -82,14 +82,14 @@ def _place(cfg) -> dict[str, tuple[str, str]]:
 
 def test_tensor_parallel_ranks_get_distinct_devices_and_references_share_them(two_nodes: Cluster) -> None:
     # DP 2 x TP 2 = 4 actor ranks on the 4 NPUs of two nodes; a reference rank beside each of the
-    # first two; the critic (PPO) takes a half left over on a third actor device.
+    # first two; the two critic ranks (PPO, one per DP rank) take the halves left on the other two.
     cfg = _job(training={"data_parallel_size": 2, "tensor_parallel_size": 2}, algorithm={"name": "ppo"})
     placed = _place(cfg)
     actors = [placed[f"actor {i}"] for i in range(4)]
     assert len(set(actors)) == 4  # one actor (one generation engine) per device
     assert Counter(node for node, _ in actors) == Counter({node["NodeID"]: 2 for node in ray.nodes()})
     assert placed["reference 0"] == placed["actor 0"] and placed["reference 1"] == placed["actor 1"]
-    assert placed["critic"] == placed["actor 2"]
+    assert placed["critic 0"] == placed["actor 2"] and placed["critic 1"] == placed["actor 3"]
 
 
 def test_separate_placement_gives_references_their_own_devices(two_nodes: Cluster) -> None:
@@ -99,7 +99,7 @@ def test_separate_placement_gives_references_their_own_devices(two_nodes: Cluste
 
 
 def test_a_plan_the_cluster_cannot_hold_fails_naming_the_fields(two_nodes: Cluster) -> None:
-    plan = placement.plan_placement(accelerator="NPU", num_actor_ranks=5, num_reference_ranks=0, critic=False,
+    plan = placement.plan_placement(accelerator="NPU", num_actor_ranks=5, num_reference_ranks=0, num_critic_ranks=0,
                                     reward_model=False, mode="colocated")
     with pytest.raises(placement.PlacementTimeout, match=r"reserve 5 devices .* the cluster has 4 NPU"):
         placement.reserve(plan, timeout_s=3)

@@ -456,7 +456,10 @@ class TrainingSpec(Spec):
         "version old. The pipeline runs ahead only while dock.max_staleness allows: with 0 it runs as "
         "`sync` (see docs/transfer-dock.md, asynchronous training).",
     )
-    data_parallel_size: int = Field(default=1, ge=1, description="DP: actor ranks, each on one device.")
+    data_parallel_size: int = Field(
+        default=1, ge=1,
+        description="DP: actor ranks, each on one device (times tensor_parallel_size); PPO's critic runs as many "
+        "DDP ranks.")
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
     tensor_parallel_size: int = Field(
         default=1, ge=1, le=64,

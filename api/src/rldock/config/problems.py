@@ -92,25 +92,26 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
 
 def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     """Every device worker must have a seat in the placement plan (rldock.contract.placement): each
-    actor rank a device of its own, reference ranks, the critic (ppo, pf_ppo) and the reward model
-    (a `model` reward term) half a device each in colocated mode (the critic and the reward model
-    together one more device, unless a TP job's actor devices have halves left), a whole one in
-    separate mode. Counted with a reference rank per DP rank even where kl_coef 0 drops them."""
+    actor rank a device of its own, reference ranks, the critic ranks (ppo, pf_ppo: one per DP rank)
+    and the reward model (a `model` reward term) half a device each in colocated mode (filling the
+    halves a TP job's actor devices have left before opening a device), a whole one in separate
+    mode. Counted with a reference rank per DP rank even where kl_coef 0 drops them."""
     training, algo, resources = cfg.training, cfg.algorithm, cfg.resources
     dp = training.data_parallel_size
     actor_ranks = dp * training.tensor_parallel_size
     if actor_ranks > cfg.num_devices:  # reported by find_problems already
         return []
     extra = []
-    if needs_critic(algo.name):
-        extra.append(f"algorithm.name {algo.name} runs a critic worker")
-    critic = bool(extra)
+    critics = dp if needs_critic(algo.name) else 0
+    if critics:
+        extra.append(f"algorithm.name {algo.name} runs {critics} critic rank(s) (one per data-parallel rank)")
     reward_model = cfg.reward.model_term_index is not None and needs_rollout(algo.name)
     if reward_model:
         extra.append(f"reward.terms[{cfg.reward.model_term_index}] runs a reward-model worker")
     references = 0 if training.lora is not None else dp  # LoRA: the actors run the reference pass
     plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks,
-                          num_reference_ranks=references, critic=critic, reward_model=reward_model, mode=resources.placement)
+                          num_reference_ranks=references, num_critic_ranks=critics, reward_model=reward_model,
+                          mode=resources.placement)
     if plan.num_devices <= cfg.num_devices:
         return []
     ranks = f"the {actor_ranks} actor rank(s) and {references} reference rank(s)"

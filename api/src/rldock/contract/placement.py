@@ -3,11 +3,12 @@
 One bundle is one device (a whole accelerator resource plus the logical CPUs of the workers on it).
 Every actor rank opens a bundle of its own, so tensor-parallel peers and data-parallel replicas
 never share a device and each device holds exactly one generation engine (the actor rank's). The
-other device workers (reference ranks, the critic, the reward model) then fill the devices first
-fit: with `resources.placement: colocated` each takes half a device, so a reference rank shares an
-actor's device (the MindSpeed RL all-in-one placement) and the critic and reward model take the
-halves left over (a TP job's actor devices have them) before a new device is opened; with
-`separate` every worker takes a whole device.
+other device workers (reference ranks, the critic ranks, the reward model) then fill the devices
+first fit: with `resources.placement: colocated` each takes half a device, so a reference rank
+shares an actor's device (the MindSpeed RL all-in-one placement) and the critic ranks (one per
+data-parallel rank, like the references) and the reward model take the halves left over (a TP job's
+actor devices have them) before a new device is opened; with `separate` every worker takes a whole
+device.
 
 Pure and config-free: the config checks count the devices with it, the runtime builds the
 placement group from it (rldock.runtime.cluster).
@@ -43,7 +44,7 @@ class PlacementPlan:
     bundles: tuple[dict[str, float], ...]
     actors: tuple[Seat, ...]  # by actor rank
     references: tuple[Seat, ...]  # by reference (data-parallel) rank
-    critic: Seat | None
+    critics: tuple[Seat, ...]  # by critic (data-parallel) rank; none without a critic
     reward_model: Seat | None
 
     @property
@@ -54,19 +55,19 @@ class PlacementPlan:
         """Names of the workers seated on one bundle, e.g. ['actor 0', 'reference 0']."""
         named = [*((f"actor {i}", s) for i, s in enumerate(self.actors)),
                  *((f"reference {i}", s) for i, s in enumerate(self.references)),
-                 *((name, s) for name, s in (("critic", self.critic), ("reward_model", self.reward_model))
-                   if s is not None)]
+                 *((f"critic {i}", s) for i, s in enumerate(self.critics)),
+                 *((("reward_model", self.reward_model),) if self.reward_model is not None else ())]
         return [name for name, seat in named if seat.bundle == bundle]
 
 
-def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_ranks: int, critic: bool,
+def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_ranks: int, num_critic_ranks: int,
                    reward_model: bool, mode: PlacementMode) -> PlacementPlan:
     """The plan for these workers: actor rank i on device i, then the others first fit (see the
     module docstring). Raises ValueError for an unknown mode or no actor rank."""
     if mode not in SHARE:
         raise ValueError(f"unknown placement mode {mode!r}; use one of {sorted(SHARE)}")
-    if num_actor_ranks < 1 or num_reference_ranks < 0:
-        raise ValueError("a placement needs at least one actor rank and no negative reference count")
+    if num_actor_ranks < 1 or num_reference_ranks < 0 or num_critic_ranks < 0:
+        raise ValueError("a placement needs at least one actor rank and no negative reference or critic count")
     share = SHARE[mode]
     used: list[float] = []  # share of each device taken so far
     cpus: list[int] = []
@@ -87,8 +88,8 @@ def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_rank
 
     actors = tuple(seat(open_device()) for _ in range(num_actor_ranks))
     references = tuple(first_fit() for _ in range(num_reference_ranks))
-    critic_seat = first_fit() if critic else None
+    critics = tuple(first_fit() for _ in range(num_critic_ranks))
     reward_model_seat = first_fit() if reward_model else None
     bundles = tuple({accelerator: 1.0, "CPU": float(n)} for n in cpus)
     return PlacementPlan(accelerator=accelerator, bundles=bundles, actors=actors, references=references,
-                         critic=critic_seat, reward_model=reward_model_seat)
+                         critics=critics, reward_model=reward_model_seat)

@@ -64,7 +64,8 @@ def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
         # none under LoRA either: the actor ranks run the reference pass with their adapters off
         num_reference_ranks=training.data_parallel_size
         if "reference" in recipe.states and training.lora is None else 0,
-        critic=recipe.needs_critic, reward_model=REWARD_MODEL_STATE in recipe.states,
+        num_critic_ranks=training.data_parallel_size if recipe.needs_critic else 0,  # one per DP rank
+        reward_model=REWARD_MODEL_STATE in recipe.states,
         mode=cfg.resources.placement)
 
 

@@ -111,19 +111,20 @@ def _write_atomically(final: Path, write) -> None:
 @dataclass
 class WorkerGroups:
     """The Ray actors of a job. Only the groups the recipe's states need exist: DPO has no reward or
-    advantage worker, only PPO and PF-PPO have a critic, only a job with a `model` reward term a
-    reward model."""
+    advantage worker, only PPO and PF-PPO have critic ranks (one per DP rank), only a job with a
+    `model` reward term a reward model."""
 
     actors: list
     references: list
     reward: object | None = None
     advantage: object | None = None
-    critic: object | None = None
+    critics: list = field(default_factory=list)
     reward_model: object | None = None
 
     def all(self) -> list:
-        singles = (self.reward, self.advantage, self.critic, self.reward_model)
-        return [*self.actors, *self.references, *(handle for handle in singles if handle is not None)]
+        singles = (self.reward, self.advantage, self.reward_model)
+        return [*self.actors, *self.references, *self.critics,
+                *(handle for handle in singles if handle is not None)]
 
 
 class Trainer:
@@ -241,8 +242,7 @@ class Trainer:
             rng = torch.load(self.resume_from.path / "rng.pt")
             ray.get([a.load_optimizer.remote(str(self.resume_from.optimizer_file)) for a in self.workers.actors])
             ray.get([a.set_rng_state.remote(rng["actors"][i]) for i, a in enumerate(self.workers.actors)])
-            if self.workers.critic is not None:
-                ray.get(self.workers.critic.load.remote(str(self.resume_from.path)))
+            ray.get([c.load.remote(str(self.resume_from.path)) for c in self.workers.critics])
         return start_iteration
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None,
@@ -265,23 +265,27 @@ class Trainer:
             cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r, seat in enumerate(plan.references)]
         assert len(references) in (0, dp), "one reference rank per DP rank, or none"
         states = self.recipe.states
-        reward = advantage = critic = None
+        reward = advantage = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(
                 cfg, tokenizer_dir=str(self.reference_dir), dock=dock, train_files=self.data_files.train)
         if "advantage" in states:
             advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
-        if plan.critic is not None:
-            # The critic starts from the initial policy's body, whatever policy the actors resume from.
-            critic = seated(CriticWorker, plan.critic).remote(cfg, policy_dir=str(self.reference_dir), dock=dock)
+        # The critic starts from the initial policy's body, whatever policy the actors resume from.
+        critics = [seated(CriticWorker, seat).remote(cfg, policy_dir=str(self.reference_dir), dock=dock, rank=r,
+                                                     world_size=len(plan.critics))
+                   for r, seat in enumerate(plan.critics)]
         reward_model = None
         if plan.reward_model is not None:
             reward_model = seated(RewardModelWorker, plan.reward_model).remote(
                 cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
-        groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critic=critic,
+        groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critics=critics,
                               reward_model=reward_model)
         rendezvous = ray.get(actors[0].pick_rendezvous.remote())
         ray.get([a.join_group.remote(rendezvous) for a in actors])
+        if critics:  # the critic ranks' own DDP group
+            rendezvous = ray.get(critics[0].pick_rendezvous.remote())
+            ray.get([c.join_group.remote(rendezvous) for c in critics])
         return groups
 
     def _stop(self) -> None:
@@ -407,7 +411,7 @@ class Trainer:
                 num_prompts=algo.num_prompts_per_iteration, num_responses=algo.num_responses_per_prompt,
                 prompt_length=prompt_length, response_length=response_length,
                 num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size, seconds=seconds),
-            **_critic_metrics(results.get("critic_update", [])),
+            **_critic_metrics(results.get("critic_inference", []), results.get("critic_update", [])),
             **_per_rank_metrics(updates),
             **sampled.metrics,
             **self._data_metrics(iteration),
@@ -454,8 +458,8 @@ class Trainer:
             REWARD_MODEL_STATE: lambda: [w.reward_model.compute_scores.remote(iteration)],
             "advantage": lambda: [w.advantage.compute_advantages.remote(iteration)],
             "update": lambda: [a.update.remote(iteration) for a in w.actors],
-            "critic_inference": lambda: [w.critic.compute_values.remote(iteration)],
-            "critic_update": lambda: [w.critic.update.remote(iteration)],
+            "critic_inference": lambda: [c.compute_values.remote(iteration) for c in w.critics],
+            "critic_update": lambda: [c.update.remote(iteration) for c in w.critics],
             "preference_update": lambda: [a.preference_update.remote(iteration) for a in w.actors],
         }
 
@@ -580,8 +584,7 @@ class Trainer:
         ray.get([a.save.remote(str(staging)) for a in self.workers.actors])
         actor_rng = ray.get([a.get_rng_state.remote() for a in self.workers.actors])
         torch.save({"actors": actor_rng}, staging / "rng.pt")
-        if self.workers.critic is not None:
-            ray.get(self.workers.critic.save.remote(str(staging)))
+        ray.get([c.save.remote(str(staging)) for c in self.workers.critics])  # rank 0 writes
         # The driver draws no random numbers itself: the sampler's state is the data position, the
         # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
         # Async mode drew the next iteration's prompts already: keep the position before that draw.
@@ -664,9 +667,21 @@ def _per_rank_metrics(updates: list[dict]) -> dict:
     return {key: values for key, values in merged.items() if values}
 
 
-def _critic_metrics(updates: list[dict]) -> dict:
+def _critic_metrics(inferences: list[dict], updates: list[dict]) -> dict:
+    """The critic's training metrics, mean over its ranks (as the actor's), and per rank
+    (`critic_ranks/rank{r}/...`) the samples it took in each stage and its weights' sum after the
+    update (equal on every rank while DDP keeps them in step)."""
+    if not updates:
+        return {}
     keys = ("value_loss", "value_clip_fraction", "value_mean", "value_grad_norm")
-    return {key: statistics.fmean(u[key] for u in updates) for key in keys} if updates else {}
+    ranks: dict[str, dict[str, float]] = {}
+    for stage, results in (("inference_samples", inferences), ("update_samples", updates)):
+        for result in results:
+            rank = ranks.setdefault(f"rank{result['rank']}", {"inference_samples": 0, "update_samples": 0})
+            rank[stage] += result["num_samples"]
+            if "weights_sum" in result:
+                rank["weights_sum"] = result["weights_sum"]
+    return {**{key: statistics.fmean(u[key] for u in updates) for key in keys}, "critic_ranks": ranks}
 
 
 def _headline(record: dict) -> dict:

@@ -1,6 +1,7 @@
 """The memory planner's arithmetic (rldock.runtime.planning): parameter counts, training state per
 rank under DDP and FSDP, activations, phases, and the verdict naming the field to change."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import yaml
 from rldock.config import parse_job_config
 from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
 from rldock.runtime.planning.memory import GIB, activation_bytes, training_state_bytes
-from rldock.runtime.planning.shapes import shape_from_hf_config
+from rldock.runtime.planning.shapes import load_shape, shape_from_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 # A shape small enough to check by hand: 2 layers, hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocab 10.
@@ -117,3 +118,14 @@ def test_32b_replica_does_not_fit_one_device_in_float32(memory, field):
     cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-qwen2.5-32b-paper.yaml").read_text()))
     verdict = check_fit(cfg, PRESETS["qwen2.5-32b"], device_memory=memory * GIB)
     assert not verdict.fits and verdict.field == field
+
+
+def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch):
+    # model.path as the examples write it (~/.cache/...): the planner reads it as the trainer does.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    smollm2 = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
+               "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+               "tie_word_embeddings": True}
+    (tmp_path / "model" / "config.json").write_text(json.dumps(smollm2))
+    assert load_shape(preset=None, model_path="~/model").num_params == 134_515_008

@@ -81,7 +81,7 @@ def load_shape(*, preset: str | None, model_path: str) -> ModelShape:
         if preset not in PRESETS:
             raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
         return PRESETS[preset]
-    path = Path(model_path) / "config.json"
+    path = Path(model_path).expanduser() / "config.json"  # the trainer expands `~` too
     if not path.is_file():
         raise ValueError(f"model.path: {path} not found; point model.path at a Hugging Face model folder or "
                          f"pass --model-preset ({', '.join(sorted(PRESETS))})")

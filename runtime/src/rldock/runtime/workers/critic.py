@@ -1,14 +1,19 @@
-"""The critic worker state (PPO): one Ray actor holding the value model, on its own device share.
+"""The critic worker state (PPO): one Ray actor per data-parallel rank, holding the value model.
 
 Two stages per iteration, both through the dock: `critic_inference` writes each response token's
 value (before advantages can be estimated), `critic_update` regresses the values to the returns the
 advantage stage wrote, with PPO's value clipping. Ray runs an actor's calls in submission order, so
-an iteration's inference is complete before its update starts. One rank, no data parallelism: the
-critic of the demo is as small as the policy; a DP critic would mirror the actor's DDP set-up.
+an iteration's inference is complete before its update starts.
+
+Data parallelism mirrors the actor's DDP ranks (`training.data_parallel_size` critic ranks, one
+torch.distributed group of their own): inference ranks take micro-batches as they come, the update
+takes exactly this rank's token-balanced share and DDP averages the gradients, so every rank holds
+the same weights. Rank 0 writes the checkpoint, every rank loads it.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -18,6 +23,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.models.value import load_value_model, response_values
 from rldock.runtime.threads import apply_thread_budget
@@ -27,14 +33,30 @@ CRITIC_FILE = "critic.pt"
 
 
 class CriticWorker:
-    def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock):
-        self.cfg, self.dock = cfg, dock
+    def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock, rank: int = 0, world_size: int = 1):
+        self.cfg, self.dock, self.rank, self.world_size = cfg, dock, rank, world_size
         self.device = detect_device(cfg.resources.device)
-        apply_thread_budget(cfg, device_kind=self.device.kind, role="critic")
-        torch.manual_seed(cfg.seed)
+        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
+        torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        self.ddp_model = None  # set by join_group
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algorithm.ppo.critic_learning_rate,
                                            weight_decay=cfg.algorithm.weight_decay)
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def pick_rendezvous(self) -> Rendezvous:
+        return pick_rendezvous()
+
+    def join_group(self, rendezvous: Rendezvous) -> None:
+        """Form the critic ranks' process group and wrap the model in DDP (called on all ranks at
+        once). A lone rank (data_parallel_size 1) needs no group and trains the bare model."""
+        if self.world_size == 1:
+            return
+        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
+        self.ddp_model = wrap_ddp(self.model, self.device)
+
+    # --- stages -------------------------------------------------------------------------------
 
     def compute_values(self, iteration: int) -> dict:
         micro_batch_size = self.cfg.training.micro_batch_size
@@ -48,40 +70,54 @@ class CriticWorker:
                                          trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"], infer,
-                         rank=0, batch_size=micro_batch_size).as_dict()
+        timing = run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"], infer,
+                           rank=self.rank, batch_size=micro_batch_size)
+        return {**timing.as_dict(), "rank": self.rank}
 
     def update(self, iteration: int) -> dict:
-        """All of the iteration's samples, in `num_updates_per_iteration` optimizer steps."""
+        """This rank's share of the iteration's samples (token-balanced across the critic ranks), in
+        `num_updates_per_iteration` optimizer steps."""
         algo = self.cfg.algorithm
         steps: list[dict] = []
+        share = self.cfg.num_samples_per_iteration // self.world_size
 
         def train(indices: torch.Tensor, batch: TensorDict) -> None:
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 steps.append(self._optimizer_step(mini_batch.to(self.device.torch_device)))
 
-        timing = run_stage(self.dock.bank(iteration), "critic_update", self.dock.states["critic_update"], train, rank=0,
-                           batch_size=self.cfg.num_samples_per_iteration, max_batches=1)
+        timing = run_stage(self.dock.bank(iteration), "critic_update", self.dock.states["critic_update"], train,
+                           rank=self.rank, batch_size=share, balance_ranks=self.world_size, max_batches=1)
+        assert timing.num_samples == share, "critic_update got a partial share"
         summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
-        return {**timing.as_dict(), **summary}
+        return {**timing.as_dict(), **summary, "rank": self.rank, "weights_sum": self.weights_sum()}
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
-        """One step on a mini-batch, micro-batches weighted by their tokens (a token mean overall)."""
+        """One step on a mini-batch, micro-batches weighted by their tokens: a token mean over the
+        mini-batch of every rank. DDP averages gradients over ranks, so each rank scales by
+        world_size / global tokens; the step is then the same however the dock split the samples."""
         algo = self.cfg.algorithm
-        total_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
+        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
+        global_tokens = local_tokens.clone()
+        if self.ddp_model is not None:
+            torch.distributed.all_reduce(global_tokens)
+        tokens_per_rank = global_tokens / self.world_size
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"value_loss": 0.0, "value_clip_fraction": 0.0, "value_mean": 0.0}
         if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
             mini_batch = mini_batch[sort_by_tokens(mini_batch)]
-        for micro in mini_batch.split(self.cfg.training.micro_batch_size):
+        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
+        model = self.model if self.ddp_model is None else self.ddp_model
+        for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
-            weight = mask.sum() / total_tokens
-            values = response_values(self.model, micro["prompt_ids"], micro["prompt_mask"], micro["response_ids"],
-                                     micro["response_mask"], micro_batch_size=len(micro),
-                                     trim=self.cfg.training.trim_padding)  # (b, SL)
-            loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
-            (loss.loss * weight).backward()
-            w = float(weight)
+            last = i == len(micro_batches) - 1  # DDP all-reduces the gradients on the last backward only
+            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
+            with context:
+                values = response_values(model, micro["prompt_ids"], micro["prompt_mask"], micro["response_ids"],
+                                         micro["response_mask"], micro_batch_size=len(micro),
+                                         trim=self.cfg.training.trim_padding)  # (b, SL)
+                loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
+                (loss.loss * (mask.sum() / tokens_per_rank)).backward()
+            w = float(mask.sum() / local_tokens)  # this rank's metrics: its own token mean
             stats["value_loss"] += loss.loss.item() * w
             stats["value_clip_fraction"] += loss.clip_fraction.item() * w
             stats["value_mean"] += float((values.detach() * mask).sum() / mask.sum().clamp(min=1)) * w
@@ -90,9 +126,18 @@ class CriticWorker:
         self.optimizer.step()
         return stats
 
+    def weights_sum(self) -> float:
+        """The sum of every parameter (in float64): equal on every rank while DDP keeps the replicas
+        in step, so a rank that drifted shows in the metrics (one read of the weights per update)."""
+        with torch.no_grad():
+            return math.fsum(float(p.double().sum()) for p in self.model.parameters())
+
     # --- checkpoint ---------------------------------------------------------------------------
 
     def save(self, staging_dir: str) -> None:
+        """Rank 0 writes the value model and its optimizer (the ranks hold the same, DDP)."""
+        if self.rank != 0:
+            return
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
                    Path(staging_dir) / CRITIC_FILE)
 

@@ -1,0 +1,28 @@
+"""The critic's metrics over its data-parallel ranks: training metrics averaged (as the actor's),
+each rank's samples per stage and its weights' sum kept apart."""
+
+from __future__ import annotations
+
+from rldock.runtime.trainer import _critic_metrics
+
+
+def _update(rank: int, value_loss: float, weights_sum: float) -> dict:
+    return {"rank": rank, "num_samples": 8, "wait_s": 0.0, "dispatch_s": 0.1, "compute_s": 1.0,
+            "value_loss": value_loss, "value_clip_fraction": 0.0, "value_mean": 0.5, "value_grad_norm": 1.0,
+            "weights_sum": weights_sum}
+
+
+def test_training_metrics_are_averaged_and_samples_kept_per_rank():
+    # Rank 1 returned first: results come back in completion order, ranks are named by the worker.
+    inferences = [{"rank": 1, "num_samples": 12}, {"rank": 0, "num_samples": 4}]
+    metrics = _critic_metrics(inferences, [_update(1, 0.3, 2.5), _update(0, 0.1, 2.5)])
+    assert abs(metrics["value_loss"] - 0.2) < 1e-12 and metrics["value_mean"] == 0.5
+    assert metrics["critic_ranks"] == {
+        "rank0": {"inference_samples": 4, "update_samples": 8, "weights_sum": 2.5},
+        "rank1": {"inference_samples": 12, "update_samples": 8, "weights_sum": 2.5},
+    }
+    assert "num_samples" not in metrics and "weights_sum" not in metrics
+
+
+def test_a_job_without_a_critic_has_no_critic_metrics():
+    assert _critic_metrics([], []) == {}
