@@ -71,5 +71,5 @@ def test_each_generation_replica_engine_spans_its_ranks_distinct_devices(actors,
     used = [bundle for engine in engines for bundle in engine]
     assert sorted(used) == sorted(set(used))  # no device holds two engines' workers
     assert all(plan.workers_on(b)[0] == f"actor {b}" for b in used)
-    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=3 must divide the 4 actor ranks"):
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=3 must divide the 4 actor ranks"):
         plan.engine_devices(3)

@@ -25,6 +25,19 @@ def test_layout_ranks_are_tp_major():
     assert layout.dp_group_ranks(3) == [1, 3, 5]
 
 
+def test_generation_replicas_of_consecutive_ranks_hold_one_engine_each():
+    # 4 actor ranks (say training TP 2 x DP 2) in generation replicas of 2: engines on ranks 0 and 2,
+    # which generate for their replica (ranks 0-1 and 2-3); generation TP 1: an engine on every rank.
+    generation = ParallelLayout.over(4, tp_size=2, field="rollout.tensor_parallel_size")
+    assert generation.leaders() == [0, 2]
+    assert [generation.tp_rank(r) == 0 for r in range(4)] == [True, False, True, False]
+    assert generation.tp_group_ranks(3) == [2, 3]
+    assert ParallelLayout.over(4, tp_size=1, field="f").leaders() == [0, 1, 2, 3]
+    assert ParallelLayout.over(4, tp_size=4, field="f").leaders() == [0]
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=3 must divide the 4 actor ranks"):
+        ParallelLayout.over(4, tp_size=3, field="rollout.tensor_parallel_size")
+
+
 def test_plan_needs_the_same_ranks():
     ReshardPlan(train=ParallelLayout(2, 1), generate=ParallelLayout(1, 2))
     with pytest.raises(ValueError, match="same ranks"):
