@@ -417,9 +417,8 @@ class Trainer:
                 prompt_length=prompt_length, response_length=response_length,
                 num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size, seconds=seconds),
             **_critic_metrics(results.get("critic_update", [])),
-            # the distinct actor ranks whose engines generated (DAPO's rounds repeat them)
-            **({"rollout/num_engines": len({r["engine_rank"] for r in results["rollout"]})}
-               if results.get("rollout") else {}),
+            # one rollout result per engine (DAPO's rounds are merged per worker)
+            **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
             **_per_rank_metrics(updates),
             **sampled.metrics,
             **self._data_metrics(iteration),

@@ -203,7 +203,6 @@ class ActorWorker:
         timing.dispatch_s += streamed_s
         self.engine.sleep()  # the device is the trainer's until the next generation
         timing.extra["response_lengths"] = response_lengths
-        timing.extra["engine_rank"] = self.rank
         return timing.as_dict()
 
     def evaluate(self, prompts: list[list[int]], *, num_samples: int, greedy: bool, max_tokens: int,
