@@ -32,6 +32,7 @@ def _tiny_model(seed: int):
 
 
 def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int = 4096):
+    from rldock.contract.tensor_parallel import TP_PLANS
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
@@ -44,7 +45,8 @@ def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int =
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     generation = GenerationWeights(shapes, dtype=torch.float32, device=torch.device("cpu"),
-                                   tp_rank=plan.generate.tp_rank(rank), tp_size=gen_tp)
+                                   tp_rank=plan.generate.tp_rank(rank), tp_size=gen_tp,
+                                   plan=TP_PLANS[model.config.model_type])
     resharder = Resharder(model=model, optimizer=optimizer, mesh=mesh, plan=plan, rank=rank, mode=mode,
                           bucket_bytes=bucket_bytes, load_weights=generation.load,
                           generation_tensors=lambda: generation.tensors.values())
@@ -72,6 +74,7 @@ def _full(param) -> torch.Tensor:
 
 def _bitwise_check(train_tp: int, gen_tp: int, rank: int) -> dict:
     """One update, then reshard; generation weights against DTensor's own full tensors."""
+    from rldock.contract.tensor_parallel import TP_PLANS
     from rldock.runtime.resharding.parallel_layout import shard_dim
     from rldock.runtime.resharding.ledger import train_state_bytes
 
@@ -79,7 +82,7 @@ def _bitwise_check(train_tp: int, gen_tp: int, rank: int) -> dict:
     _train_step(model, optimizer, mesh, rank, 0)
     expected = {}
     for name, param in model.named_parameters():
-        full, dim = _full(param).clone(), shard_dim(name)
+        full, dim = _full(param).clone(), shard_dim(name, TP_PLANS[model.config.model_type])
         expected[name] = full if dim is None or gen_tp == 1 else full.chunk(gen_tp, dim)[rank % gen_tp]
     full_shapes = {name: tuple(param.shape) for name, param in model.named_parameters()}
     resharder.to_generation()  # from here on the training tensors have no storage: do not read them

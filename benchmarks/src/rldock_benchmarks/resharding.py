@@ -58,6 +58,7 @@ def _seconds(fn) -> float:
 
 
 def run_mode(args, mode: str, rank: int) -> dict:
+    from rldock.contract.tensor_parallel import TP_PLANS
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.ledger import train_state_bytes
@@ -71,7 +72,8 @@ def run_mode(args, mode: str, rank: int) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     generation = GenerationWeights(shapes, dtype=torch.float32, device=torch.device("cpu"),
-                                   tp_rank=plan.generate.tp_rank(rank), tp_size=args.gen_tp)
+                                   tp_rank=plan.generate.tp_rank(rank), tp_size=args.gen_tp,
+                                   plan=TP_PLANS[model.config.model_type])
     resharder = Resharder(model=model, optimizer=optimizer, mesh=mesh, plan=plan, rank=rank, mode=mode,
                           bucket_bytes=args.bucket_mb << 20, load_weights=generation.load,
                           generation_tensors=lambda: generation.tensors.values())

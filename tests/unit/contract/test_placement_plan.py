@@ -70,3 +70,18 @@ def test_bad_input_is_refused():
         _plan(actors=0)
     with pytest.raises(ValueError, match="no negative reference or critic count"):
         _plan(critics=-1)
+
+
+@pytest.mark.parametrize(("actors", "generation_tp", "engines"), [
+    (4, 1, ((0,), (1,), (2,), (3,))),  # one engine per device
+    (4, 2, ((0, 1), (2, 3))),  # one engine per replica of two ranks, its TP workers on their devices
+    (4, 4, ((0, 1, 2, 3),)),
+])
+def test_each_generation_replica_engine_spans_its_ranks_distinct_devices(actors, generation_tp, engines):
+    plan = _plan(actors=actors, references=actors // 2, critics=2)
+    assert plan.engine_devices(generation_tp) == engines
+    used = [bundle for engine in engines for bundle in engine]
+    assert sorted(used) == sorted(set(used))  # no device holds two engines' workers
+    assert all(plan.workers_on(b)[0] == f"actor {b}" for b in used)
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=3 must divide the 4 actor ranks"):
+        plan.engine_devices(3)

@@ -103,3 +103,17 @@ def test_a_plan_the_cluster_cannot_hold_fails_naming_the_fields(two_nodes: Clust
                                     reward_model=False, mode="colocated")
     with pytest.raises(placement.PlacementTimeout, match=r"reserve 5 devices .* the cluster has 4 NPU"):
         placement.reserve(plan, timeout_s=3)
+
+
+def test_each_generation_tp_engine_spans_distinct_devices_of_one_node(two_nodes: Cluster) -> None:
+    # 4 actor ranks in generation replicas of 2 (rollout.tensor_parallel_size 2): two engines, each
+    # on its replica's first rank, its TP workers' devices being its two ranks' devices.
+    cfg = _job(training={"data_parallel_size": 4}, rollout={"tensor_parallel_size": 2})
+    plan = placement.job_placement(cfg, job_recipe(cfg))
+    engines = plan.engine_devices(cfg.rollout.tensor_parallel_size)
+    assert engines == ((0, 1), (2, 3))
+    placed = _place(cfg)
+    for bundles in engines:
+        devices = [placed[f"actor {b}"] for b in bundles]
+        assert len(set(devices)) == len(bundles)  # TP peers on distinct devices
+        assert len({node for node, _ in devices}) == 1  # one engine's workers on one node

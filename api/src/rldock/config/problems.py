@@ -82,6 +82,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_dapo_problems(cfg))
     problems.extend(_dpo_problems(cfg))
     problems.extend(_resharding_problems(cfg))
+    problems.extend(_generation_tp_problems(cfg))
     problems.extend(_strategy_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
@@ -318,6 +319,34 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
+    """Generation TP: replicas of rollout.tensor_parallel_size consecutive actor ranks, one engine
+    each on its first rank, taking whole prompt groups for the replica, on one node (vLLM's TP
+    workers of one engine run on the engine's node)."""
+    gen_tp, algo, training = cfg.rollout.tensor_parallel_size, cfg.algorithm, cfg.training
+    if gen_tp == 1:
+        return []
+    field = "rollout.tensor_parallel_size"
+    ranks = training.data_parallel_size * training.tensor_parallel_size
+    if not needs_rollout(algo.name):
+        return [Problem(field, f"algorithm.name {algo.name} runs no generation engine; leave {field} at 1")]
+    if ranks % gen_tp:
+        return [Problem(field, f"{gen_tp} must divide the data_parallel_size * tensor_parallel_size = {ranks} "
+                        "actor ranks, which form the generation replicas; choose a divisor of it")]
+    problems: list[Problem] = []
+    replicas = ranks // gen_tp
+    if algo.num_prompts_per_iteration % replicas:
+        problems.append(Problem(
+            field, f"each of the {replicas} generation replicas ({ranks} actor ranks / {gen_tp}) generates whole "
+            f"prompt groups, so algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide "
+            f"by {replicas}"))
+    if cfg.resources.devices_per_node % gen_tp:
+        problems.append(Problem(
+            field, f"one engine's {gen_tp} TP workers run on one node, so {gen_tp} must divide "
+            f"resources.devices_per_node ({cfg.resources.devices_per_node})"))
+    return problems
+
+
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     """FSDP and its options: FSDP shards the whole model over the DP ranks (no TP layout beside it);
     offload and mixed precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
@@ -421,24 +450,31 @@ def _term_value_problems(term: RewardTermSpec, at: str) -> list[Problem]:
 
 
 def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
-    """Tensor parallelism needs a plan for the architecture and splits heads, KV heads and the MLP
-    evenly (as the actor checks at start)."""
-    tp = cfg.training.tensor_parallel_size
+    """Training tensor parallelism needs a plan for the architecture and splits heads, KV heads and
+    the MLP evenly (as the actor checks at start); generation TP needs the even split."""
+    tp, gen_tp = cfg.training.tensor_parallel_size, cfg.rollout.tensor_parallel_size
     config_file = model_dir / "config.json"
-    if tp == 1:
+    if tp == 1 and gen_tp == 1:
         return []
     # a tiny model still to be built has the tiny builders' shapes
     config = json.loads(config_file.read_text()) if config_file.is_file() else dict(TINY_MODEL_SHAPES)
     if not config_file.is_file() and cfg.model.builder is None:
         return []  # reported as a missing model
+    problems = []
     try:
         check_architecture(tp_size=tp, model_type=config.get("model_type"), field="training.tensor_parallel_size")
         check_divisible(tp_size=tp, num_heads=config["num_attention_heads"],
                         num_kv_heads=config["num_key_value_heads"],
                         intermediate_size=config["intermediate_size"], field="training.tensor_parallel_size")
     except ValueError as error:
-        return [Problem("training.tensor_parallel_size", str(error))]
-    return []
+        problems.append(Problem("training.tensor_parallel_size", str(error)))
+    try:  # vLLM splits heads and the MLP with its own plans: only even shapes are ours to check
+        check_divisible(tp_size=gen_tp, num_heads=config["num_attention_heads"],
+                        num_kv_heads=config["num_key_value_heads"],
+                        intermediate_size=config["intermediate_size"], field="rollout.tensor_parallel_size")
+    except ValueError as error:
+        problems.append(Problem("rollout.tensor_parallel_size", str(error)))
+    return problems
 
 
 def find_local_problems(cfg: JobConfig) -> list[Problem]:

@@ -2,13 +2,14 @@
 
 One bundle is one device (a whole accelerator resource plus the logical CPUs of the workers on it).
 Every actor rank opens a bundle of its own, so tensor-parallel peers and data-parallel replicas
-never share a device and each device holds exactly one generation engine (the actor rank's). The
-other device workers (reference ranks, the critic ranks, the reward model) then fill the devices
-first fit: with `resources.placement: colocated` each takes half a device, so a reference rank
-shares an actor's device (the MindSpeed RL all-in-one placement) and the critic ranks (one per
-data-parallel rank, like the references) and the reward model take the halves left over (a TP job's
-actor devices have them) before a new device is opened; with `separate` every worker takes a whole
-device.
+never share a device. A generation replica (`rollout.tensor_parallel_size` consecutive actor ranks)
+has one engine, on its first rank, whose TP workers span the replica's devices: one engine per
+device at generation TP 1, one engine per g devices at TP g (`engine_devices`). The other device
+workers (reference ranks, the critic ranks, the reward model) then fill the devices first fit: with
+`resources.placement: colocated` each takes half a device, so a reference rank shares an actor's
+device (the MindSpeed RL all-in-one placement) and the critic ranks (one per data-parallel rank,
+like the references) and the reward model take the halves left over (a TP job's actor devices have
+them) before a new device is opened; with `separate` every worker takes a whole device.
 
 Pure and config-free: the config checks count the devices with it, the runtime builds the
 placement group from it (rldock.runtime.cluster).
@@ -50,6 +51,16 @@ class PlacementPlan:
     @property
     def num_devices(self) -> int:
         return len(self.bundles)
+
+    def engine_devices(self, generation_tp: int) -> tuple[tuple[int, ...], ...]:
+        """Per generation replica (in rank order), the bundles its one engine's TP workers use: its
+        actor ranks' devices, distinct by construction. Raises ValueError unless `generation_tp`
+        divides the actor ranks."""
+        if generation_tp < 1 or len(self.actors) % generation_tp:
+            raise ValueError(f"rollout.tensor_parallel_size={generation_tp} must divide the "
+                             f"{len(self.actors)} actor ranks")
+        bundles = [seat.bundle for seat in self.actors]
+        return tuple(tuple(bundles[start:start + generation_tp]) for start in range(0, len(bundles), generation_tp))
 
     def workers_on(self, bundle: int) -> list[str]:
         """Names of the workers seated on one bundle, e.g. ['actor 0', 'reference 0']."""

@@ -1,16 +1,58 @@
-"""The rules every tensor-parallel size must satisfy for a model: a known architecture, even shapes.
+"""Tensor-parallel plans kept as data, one per architecture, and the rules every TP size must
+satisfy for a model: a known architecture, even shapes.
 
-Megatron-style TP splits attention heads, KV heads and the MLP width evenly over the TP ranks, so
-each must be divisible by the TP size. The config checks it before a job starts (naming the
-field), and the runtime applies it again when it parallelizes the model it actually loaded.
+A plan names, for a decoder layer, how Megatron-style TP splits each linear (colwise: the output
+features, weight dim 0 and bias dim 0; rowwise: the input features, weight dim 1, its bias, absent
+in these models, would stay whole) and which replicated modules see only a rank's heads, so their
+gradients are partial sums to add over the TP group. Modules not named (embeddings, norms, the
+tied lm_head) stay replicated. The runtime parallelizes, gathers and checks from these tables
+(rldock.runtime.resharding); the config check (rldock.config.problems) reads them without torch.
+
+Heads, KV heads and the MLP width are split evenly over the TP ranks, so each must be divisible by
+the TP size. The config checks it before a job starts (naming the field), and the runtime applies
+it again when it parallelizes the model it actually loaded.
 """
 
 from __future__ import annotations
 
-# config.json `model_type`s whose decoder layers the TP plan (rldock.runtime.resharding.parallel_layout)
-# names correctly: the same q/k/v/o and gate/up/down linears, attention that reshapes with -1 heads
-# (so it runs on the local heads), and Qwen3's per-head q/k norms, which need no split.
-TP_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+TpStyle = Literal["colwise", "rowwise"]
+
+
+@dataclass(frozen=True)
+class TpPlan:
+    """How TP splits one architecture's decoder layers: module suffixes under `model.layers.{i}.`."""
+
+    linears: Mapping[str, TpStyle]
+    partial_gradient_modules: tuple[str, ...] = ()
+
+
+# Llama's decoder linears; Qwen2 and Qwen3 name theirs the same (Qwen2's q/k/v carry biases,
+# which split with their colwise weights).
+_LLAMA_LINEARS: Mapping[str, TpStyle] = MappingProxyType({
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+})
+
+# config.json `model_type` -> plan. Each architecture's attention reshapes with -1 heads, so it
+# runs on a rank's local heads unchanged. Qwen3 adds per-head RMSNorms on q and k, applied after
+# the colwise projections: replicated, each TP rank's gradient for them covers only its heads.
+TP_PLANS: Mapping[str, TpPlan] = MappingProxyType({
+    "llama": TpPlan(_LLAMA_LINEARS),
+    "qwen2": TpPlan(_LLAMA_LINEARS),
+    "qwen3": TpPlan(_LLAMA_LINEARS, partial_gradient_modules=("self_attn.q_norm", "self_attn.k_norm")),
+})
+
+TP_ARCHITECTURES = tuple(TP_PLANS)
 
 # The split dimensions of the tiny demo models (rldock.runtime.models.tiny's defaults), for the
 # config checks of a job whose tiny model is still to be built: TP 1 or 2 splits them.
@@ -18,12 +60,21 @@ TINY_MODEL_SHAPES = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_v
                      "intermediate_size": 512}
 
 
-def check_architecture(*, tp_size: int, model_type: str | None, field: str) -> None:
-    """TP > 1 only for architectures the plan covers (raises naming `field` and the architecture)."""
-    if tp_size > 1 and model_type not in TP_ARCHITECTURES:
-        raise ValueError(f"{field}={tp_size} needs a tensor-parallel plan for the model's architecture "
+def tp_plan(model_type: str | None, *, field: str = "training.tensor_parallel_size > 1") -> TpPlan:
+    """The plan for `model_type` (raises naming `field`, the setting that asked for TP, and the
+    architectures that have a plan)."""
+    plan = TP_PLANS.get(model_type or "")
+    if plan is None:
+        raise ValueError(f"{field} needs a tensor-parallel plan for the model's architecture "
                          f"(model_type {model_type!r}); plans exist for {list(TP_ARCHITECTURES)}: "
                          "use tensor_parallel_size 1 for this model")
+    return plan
+
+
+def check_architecture(*, tp_size: int, model_type: str | None, field: str) -> None:
+    """TP > 1 only for architectures with a plan (raises naming `field` and the architecture)."""
+    if tp_size > 1:
+        tp_plan(model_type, field=f"{field}={tp_size}")
 
 
 def check_divisible(*, tp_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int,

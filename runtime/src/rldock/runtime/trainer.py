@@ -120,6 +120,12 @@ class WorkerGroups:
     advantage: object | None = None
     critics: list = field(default_factory=list)
     reward_model: object | None = None
+    generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
+
+    @property
+    def engine_actors(self) -> list:
+        """The actors holding a rollout engine: each generation replica's first rank."""
+        return self.actors[::self.generation_tp]
 
     def all(self) -> list:
         singles = (self.reward, self.advantage, self.reward_model)
@@ -280,7 +286,10 @@ class Trainer:
             reward_model = seated(RewardModelWorker, plan.reward_model).remote(
                 cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
         groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critics=critics,
-                              reward_model=reward_model)
+                              reward_model=reward_model, generation_tp=cfg.rollout.tensor_parallel_size)
+        logger.info("rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "
+                    "(rollout.tensor_parallel_size %d)", list(range(0, len(actors), groups.generation_tp)),
+                    plan.engine_devices(groups.generation_tp), groups.generation_tp)
         rendezvous = ray.get(actors[0].pick_rendezvous.remote())
         ray.get([a.join_group.remote(rendezvous) for a in actors])
         if critics:  # the critic ranks' own DDP group
@@ -343,7 +352,7 @@ class Trainer:
         return interval > 0 and (iteration % interval == 0 or iteration == self.cfg.iterations)
 
     def _evaluate(self, iteration: int) -> dict[str, float]:
-        return self.evaluator.run(self.workers.actors, iteration=iteration)
+        return self.evaluator.run(self.workers.engine_actors, iteration=iteration)
 
     def _report_progress(self, record: dict) -> None:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
@@ -412,6 +421,8 @@ class Trainer:
                 prompt_length=prompt_length, response_length=response_length,
                 num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size, seconds=seconds),
             **_critic_metrics(results.get("critic_inference", []), results.get("critic_update", [])),
+            # one rollout result per engine (DAPO's rounds are merged per worker)
+            **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
             **_per_rank_metrics(updates),
             **sampled.metrics,
             **self._data_metrics(iteration),
@@ -450,7 +461,7 @@ class Trainer:
         """State -> a function that starts it on its workers and returns the futures."""
         w = self.workers
         return {
-            "rollout": lambda: [a.generate.remote(iteration, sampling_round) for a in w.actors],
+            "rollout": lambda: [a.generate.remote(iteration, sampling_round) for a in w.engine_actors],
             "actor_inference": lambda: [a.compute_old_logprobs.remote(iteration) for a in w.actors],
             # Under LoRA the actor ranks run it (their model with its adapters off): no reference ranks.
             "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in (w.references or w.actors)],

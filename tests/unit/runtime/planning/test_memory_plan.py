@@ -113,7 +113,7 @@ def test_refusal_names_the_first_single_change_that_fits():
     assert verdict.field == "training.gradient_checkpointing"
 
 
-@pytest.mark.parametrize("memory,field", [(64, "model.dtype"), (128, "model.dtype")])
+@pytest.mark.parametrize("memory,field", [(64, "rollout.tensor_parallel_size"), (128, "model.dtype")])
 def test_32b_replica_does_not_fit_one_device_in_float32(memory, field):
     cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-qwen2.5-32b-paper.yaml").read_text()))
     verdict = check_fit(cfg, PRESETS["qwen2.5-32b"], device_memory=memory * GIB)
@@ -129,3 +129,12 @@ def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch):
                "tie_word_embeddings": True}
     (tmp_path / "model" / "config.json").write_text(json.dumps(smollm2))
     assert load_shape(preset=None, model_path="~/model").num_params == 134_515_008
+
+
+def test_generation_tp_splits_the_engine_weights_over_its_devices():
+    data = yaml.safe_load((EXAMPLES / "grpo-qwen2.5-32b-paper.yaml").read_text())
+    whole = plan_memory(parse_job_config(data), PRESETS["qwen2.5-32b"], device_memory=64 * GIB)
+    data.setdefault("rollout", {})["tensor_parallel_size"] = 4
+    split = plan_memory(parse_job_config(data), PRESETS["qwen2.5-32b"], device_memory=64 * GIB)
+    assert split.generation.generation_weights == whole.generation.generation_weights // 4
+    assert split.update.params == whole.update.params  # training is unchanged

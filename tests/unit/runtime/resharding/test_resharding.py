@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rldock.runtime.resharding.gather import ParamEntry, allocate_buffers, plan_buckets
-from rldock.contract.tensor_parallel import check_divisible
+from rldock.contract.tensor_parallel import TP_PLANS, check_divisible
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan, has_partial_gradient, shard_dim
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics, resident_bytes, train_state_bytes
 from rldock.runtime.resharding.shard import GenerationWeights, generation_items, generation_shard
@@ -23,6 +23,19 @@ def test_layout_ranks_are_tp_major():
     assert [layout.dp_rank(r) for r in range(6)] == [0, 0, 1, 1, 2, 2]
     assert layout.tp_group_ranks(3) == [2, 3]
     assert layout.dp_group_ranks(3) == [1, 3, 5]
+
+
+def test_generation_replicas_of_consecutive_ranks_hold_one_engine_each():
+    # 4 actor ranks (say training TP 2 x DP 2) in generation replicas of 2: engines on ranks 0 and 2,
+    # which generate for their replica (ranks 0-1 and 2-3); generation TP 1: an engine on every rank.
+    generation = ParallelLayout.over(4, tp_size=2, field="rollout.tensor_parallel_size")
+    assert generation.leaders() == [0, 2]
+    assert [generation.tp_rank(r) == 0 for r in range(4)] == [True, False, True, False]
+    assert generation.tp_group_ranks(3) == [2, 3]
+    assert ParallelLayout.over(4, tp_size=1, field="f").leaders() == [0, 1, 2, 3]
+    assert ParallelLayout.over(4, tp_size=4, field="f").leaders() == [0]
+    with pytest.raises(ValueError, match=r"rollout\.tensor_parallel_size=3 must divide the 4 actor ranks"):
+        ParallelLayout.over(4, tp_size=3, field="rollout.tensor_parallel_size")
 
 
 def test_plan_needs_the_same_ranks():
@@ -42,7 +55,8 @@ def test_plan_needs_the_same_ranks():
     ("lm_head.weight", None),
 ])
 def test_shard_dim_map(name, dim):
-    assert shard_dim(name) == dim
+    for plan in TP_PLANS.values():  # the three architectures name their linears alike
+        assert shard_dim(name, plan) == dim
 
 
 @pytest.mark.parametrize("name, partial", [
@@ -53,7 +67,8 @@ def test_shard_dim_map(name, dim):
     ("model.layers.0.self_attn.q_proj.weight", False),  # split, not replicated
 ])
 def test_partial_gradient_map(name, partial):
-    assert has_partial_gradient(name) is partial
+    assert has_partial_gradient(name, TP_PLANS["qwen3"]) is partial
+    assert has_partial_gradient(name, TP_PLANS["qwen2"]) is False  # no per-head norms there
 
 
 def test_uneven_split_is_refused_naming_the_field():
@@ -96,21 +111,23 @@ def test_generation_shard_slices_views_of_the_full_weight():
     full = torch.arange(24.0).view(4, 6)
     q = "model.layers.0.self_attn.q_proj.weight"
     o = "model.layers.0.self_attn.o_proj.weight"
-    assert generation_shard(q, full, tp_rank=1, tp_size=2).tolist() == full[2:].tolist()
-    right = generation_shard(o, full, tp_rank=1, tp_size=2)
+    plan = TP_PLANS["qwen2"]
+    assert generation_shard(q, full, tp_rank=1, tp_size=2, plan=plan).tolist() == full[2:].tolist()
+    right = generation_shard(o, full, tp_rank=1, tp_size=2, plan=plan)
     assert right.tolist() == full[:, 3:].tolist()
     assert right.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()  # a view, no copy
-    assert generation_shard("model.norm.weight", full, tp_rank=1, tp_size=2) is full
-    assert generation_shard(q, full, tp_rank=0, tp_size=1) is full
+    assert generation_shard("model.norm.weight", full, tp_rank=1, tp_size=2, plan=plan) is full
+    assert generation_shard(q, full, tp_rank=0, tp_size=1, plan=None) is full  # TP 1 needs no plan
 
 
 def test_generation_weights_load_in_place_and_check_shapes():
     q = "model.layers.0.self_attn.q_proj.weight"
     gathered = allocate_buffers([ParamEntry(q, torch.float32, (4, 2), (4, 2), None)], CPU)
     gathered.views[q].copy_(torch.arange(8.0).view(4, 2))
-    weights = GenerationWeights(gathered.shapes, dtype=torch.float32, device=CPU, tp_rank=1, tp_size=2)
+    plan = TP_PLANS["llama"]
+    weights = GenerationWeights(gathered.shapes, dtype=torch.float32, device=CPU, tp_rank=1, tp_size=2, plan=plan)
     before = weights.tensors[q]
-    weights.load(generation_items(gathered, tp_rank=1, tp_size=2))
+    weights.load(generation_items(gathered, tp_rank=1, tp_size=2, plan=plan))
     assert weights.tensors[q] is before and before.tolist() == [[4.0, 5.0], [6.0, 7.0]]
     assert weights.nbytes == 16
     with pytest.raises(ValueError, match=q):

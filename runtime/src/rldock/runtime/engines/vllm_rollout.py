@@ -5,10 +5,13 @@ dock stores ids, and the engine never looks up a tokenizer or the Hub. Weights m
 policy into the running engine through the worker's `reload_weights` with an iterator of
 (HF name, tensor) pairs, so no checkpoint is written and re-read between iterations.
 
-The engine runs in the caller's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni-process executor):
-one engine per Ray actor, no engine-core subprocess, and the weight iterator is handed to the
-worker directly instead of being pickled. On Ascend, vllm-ascend registers itself as a vLLM
-platform plugin, so the same `vllm` API runs there.
+The engine runs in the caller's process (VLLM_ENABLE_V1_MULTIPROCESSING=0): at most one engine per
+Ray actor, no engine-core subprocess. At `rollout.tensor_parallel_size` 1 the executor is
+uni-process too, so the weight iterator is handed to the worker directly instead of being pickled.
+At generation TP > 1 vLLM's multiprocessing executor starts one worker process per TP rank, children
+of this actor (on CPU they share its cores; on an accelerator each needs one of the replica's
+devices), and new weights reach them through vLLM's RPC queue, pickled (see `update_weights`).
+On Ascend, vllm-ascend registers itself as a vLLM platform plugin, so the same `vllm` API runs there.
 
 Process-wide side effects of creating an engine (why `_prepare_process` exists):
 - vLLM reads VLLM_* variables at import and engine creation, so they are set before `import vllm`.
@@ -19,7 +22,10 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
   num_cpus, which is what bounds an engine's threads.
   vLLM's OpenMP core binding (VLLM_CPU_OMP_THREADS_BIND) is applied only by its multiprocessing
   executor, never in-process, so several engines on one node (one per data-parallel actor) need
-  no binding settings: they do not pin themselves onto each other's cores.
+  no binding settings: they do not pin themselves onto each other's cores. A TP > 1 engine does
+  use that executor; its automatic binding wants one NUMA node per TP worker and refuses otherwise
+  ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), and it would pin onto
+  cores Ray gave other actors, so it runs unbound ("nobind") unless the variable is set.
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see
@@ -50,6 +56,7 @@ _CPU_STEP_TOKENS = 4096  # vLLM's own CPU default for prompt tokens per engine s
 # Set before vLLM is imported. In-process engine core: no subprocess per engine, and the only mode
 # in which weights can be handed to the worker as live tensors.
 _VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+_CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,18 @@ def _prepare_process(device: DeviceInfo) -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp_cache_precompile_headers = False
+
+
+def _check_visible_devices(device: DeviceInfo, tp: int) -> None:
+    """An accelerator engine at TP `tp` needs that many devices visible in this process. Ray shows
+    an actor only the device of its own seat, and handing a replica's devices to its first rank is
+    not built yet (docs/placement.md#generation-tensor-parallelism)."""
+    device_type = torch.device(device.torch_device).type
+    visible = torch.get_device_module(device_type).device_count()
+    if visible < tp:
+        raise RuntimeError(f"rollout.tensor_parallel_size={tp} needs {tp} {device_type} devices visible to the "
+                           f"engine's actor, which sees {visible}; use rollout.tensor_parallel_size 1 on "
+                           "accelerators for now")
 
 
 def _restore_env(key: str, value: str | None) -> None:
@@ -159,6 +178,8 @@ class VllmRolloutEngine:
         _prepare_process(device)
         from vllm import LLM
 
+        self.tensor_parallel_size = tp = rollout.tensor_parallel_size
+
         self._rollout = rollout
         self._seed = seed
         self._device = device
@@ -170,6 +191,11 @@ class VllmRolloutEngine:
             enforce_eager=rollout.enforce_eager,
             disable_log_stats=True,
         )
+        if tp > 1 and device.engine_kind != "cpu":
+            _check_visible_devices(device, tp)
+        if tp > 1:  # vLLM splits the weights over TP worker processes of its own ("ray" inside a
+            # Ray placement group by default, which would ask Ray for more devices than the job holds)
+            engine_args.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
         if device.engine_kind == "cpu":
             if dtype != "float32":
                 # This CPU path has no fast bf16/fp16 kernels, and logprobs then drift from the
@@ -194,8 +220,14 @@ class VllmRolloutEngine:
 
         num_threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         ld_preload = os.environ.get("LD_PRELOAD")
+        cpu_bind = os.environ.get(_CPU_BIND)
+        if tp > 1 and device.engine_kind == "cpu" and cpu_bind is None:
+            os.environ[_CPU_BIND] = "nobind"  # read by the TP workers at start (module docstring)
         start = time.perf_counter()
-        self._llm = LLM(**engine_args)
+        try:
+            self._llm = LLM(**engine_args)
+        finally:
+            _restore_env(_CPU_BIND, cpu_bind)
         # The engine shares this process with the trainer, which keeps its thread count (see the
         # module docstring); vLLM's per-step CPU work is the same speed either way here.
         torch.set_num_threads = set_num_threads
@@ -327,10 +359,17 @@ class VllmRolloutEngine:
         """
         start = time.perf_counter()
         self.memory.before_weight_update()  # weights back in place (the KV cache stays freed)
-        # In-process executor: the callable runs on the worker here, so the iterator reaches it
-        # as is (no pickling of tensors).
         with torch.no_grad():  # trainer tensors may require grad; the copies must not record it
-            self._llm.collective_rpc(_reload_on_worker, args=(iter(named_tensors),))
+            if self.tensor_parallel_size == 1:
+                # In-process executor: the callable runs on the worker here, so the iterator
+                # reaches it as is (no pickling of tensors).
+                weights = iter(named_tensors)
+            else:
+                # Worker processes: the pairs are pickled once per worker. Each tensor is copied
+                # into its own storage first, since pickling a view (of the gathered buffer, or a
+                # DDP bucket) writes its whole storage. vLLM's loaders narrow each to their rank.
+                weights = [(name, tensor.detach().clone()) for name, tensor in named_tensors]
+            self._llm.collective_rpc(_reload_on_worker, args=(iter(weights),))
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.memory.after_weight_update()

@@ -18,7 +18,8 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   training.gradient_checkpointing only each layer's input b*s*h x e is kept, plus one layer's
   full set while it is recomputed. The logits add b*s*V x 4 x 2 (float32 logits and their
   log-softmax).
-- generation weights: the whole model in model.dtype (one vLLM replica per actor rank, TP 1).
+- generation weights: the model in model.dtype over rollout.tensor_parallel_size devices (one vLLM
+  engine per generation replica, its weights split by vLLM's TP; the whole model at TP 1).
 - KV cache: on an accelerator vLLM takes rollout.gpu_memory_utilization of the device and keeps
   what its weights leave as cache; on CPU, rollout.cpu_kv_cache_gib.
 
@@ -110,8 +111,8 @@ def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
 
 
 def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) -> tuple[int, int]:
-    """(generation weights, KV cache) of the rank's vLLM replica."""
-    weights = shape.num_params * DTYPE_BYTES[cfg.model.dtype]
+    """(generation weights, KV cache) per device of the replica's vLLM engine (split over its TP)."""
+    weights = shape.num_params * DTYPE_BYTES[cfg.model.dtype] // cfg.rollout.tensor_parallel_size
     if cfg.resources.device == "cpu" or device_memory is None:
         return weights, int(cfg.rollout.cpu_kv_cache_gib * GIB)
     return weights, max(0, int(cfg.rollout.gpu_memory_utilization * device_memory) - weights)
@@ -140,4 +141,5 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
                       data_parallel_size=training.data_parallel_size,
                       tensor_parallel_size=training.tensor_parallel_size, update=update, generation=generation,
                       device_memory=device_memory,
-                      kv_cache_tokens=kv_cache // shape.kv_bytes_per_token(DTYPE_BYTES[cfg.model.dtype]))
+                      kv_cache_tokens=kv_cache * cfg.rollout.tensor_parallel_size
+                      // shape.kv_bytes_per_token(DTYPE_BYTES[cfg.model.dtype]))  # a device holds 1/TP of the KV heads

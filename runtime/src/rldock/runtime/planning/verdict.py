@@ -59,8 +59,9 @@ def _fits(plan: MemoryPlan) -> bool:
 
 def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict:
     """The generation replica's weights exceed the engine's share of the device."""
-    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {cfg.model.dtype}, one whole replica per "
-            f"rank) exceed rollout.gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} of the "
+    gen_tp = cfg.rollout.tensor_parallel_size
+    share = "one whole replica per rank" if gen_tp == 1 else f"1/{gen_tp} of the model per device"
+    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {cfg.model.dtype}, {share}) exceed rollout.gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} of the "
             f"{device_memory / GIB:.1f} GiB device")
     if weights < 0.9 * device_memory:
         return Verdict(False, "rollout.gpu_memory_utilization",
@@ -68,8 +69,8 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
     if cfg.model.dtype == "float32" and weights / 2 < 0.9 * device_memory:
         return Verdict(False, "model.dtype", f"{said}; model.dtype: bfloat16 halves them (with "
                        "training.mixed_precision: none), then raise rollout.gpu_memory_utilization")
-    return Verdict(False, "model.dtype", f"{said}; even in bfloat16 one replica does not fit one device: "
-                   "it needs generation tensor parallelism over several devices, or a larger device")
+    return Verdict(False, "rollout.tensor_parallel_size", f"{said}; even in bfloat16 they do not fit: raise "
+                   "rollout.tensor_parallel_size to split the engine over more devices, or use a larger device")
 
 
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from rldock.contract.tensor_parallel import TP_PLANS
 from rldock.runtime.resharding.gather import GatheredWeights, allgather_weights
 from rldock.runtime.resharding.parallel_layout import ReshardPlan
 from rldock.runtime.resharding.ledger import ledger_entry
@@ -51,6 +52,8 @@ class Resharder:
         self.generation_tensors, self.kv_cache_bytes = generation_tensors, kv_cache_bytes
         self.device = next(model.parameters()).device
         self.gen_tp_rank = plan.generate.tp_rank(rank)
+        # The architecture's split table, for slicing the gathered weights (None: no plan, TP 1 only).
+        self.tp_plan = TP_PLANS.get(model.config.model_type)
         self.swapper = TensorSwapper(pin_memory=self.device.type != "cpu")
         if mode == "allgather_swap":
             make_storages_resizable(model)
@@ -81,7 +84,7 @@ class Resharder:
         timings["gather_s"] = _lap(start)
         start = time.perf_counter()
         self.load_weights(generation_items(self.gathered, tp_rank=self.gen_tp_rank,
-                                           tp_size=self.plan.generate.tp_size))
+                                           tp_size=self.plan.generate.tp_size, plan=self.tp_plan))
         timings["load_s"] = _lap(start)
         self.record("resharded")
         if self.mode == "allgather_swap":

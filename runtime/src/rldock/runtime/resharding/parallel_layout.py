@@ -1,52 +1,35 @@
 """Who holds what: the training layout (TP x DP), the generation layout (TP x DP) over the same
-ranks, and which decoder weights (Llama, Qwen2, Qwen3) are split along which dimension, kept as data.
+ranks, and which HF parameter a tensor-parallel plan (rldock.contract.tensor_parallel.TP_PLANS,
+one per architecture) splits along which dimension.
 
 Ranks are TP-major inside a DP replica (rank = dp_rank * tp_size + tp_rank), the usual order, so a
-TP group is a run of consecutive ranks and its collectives stay on one node.
+TP group is a run of consecutive ranks and its collectives stay on one node. The generation layout
+uses the same order: a generation replica is `rollout.tensor_parallel_size` consecutive actor
+ranks, and its first rank holds the replica's one vLLM engine.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
-TpStyle = Literal["colwise", "rowwise"]
-
-# Decoder-layer linears (the same names in Llama, Qwen2 and Qwen3) and how tensor parallelism
-# splits them (Megatron style): colwise splits the output features (weight dim 0, bias dim 0),
-# rowwise the input features (weight dim 1; its bias, absent in o_proj/down_proj, would stay whole). Embeddings, norms and the tied
-# lm_head are not in the map and stay replicated.
-DECODER_TP_PLAN: dict[str, TpStyle] = {
-    "self_attn.q_proj": "colwise",
-    "self_attn.k_proj": "colwise",
-    "self_attn.v_proj": "colwise",
-    "self_attn.o_proj": "rowwise",
-    "mlp.gate_proj": "colwise",
-    "mlp.up_proj": "colwise",
-    "mlp.down_proj": "rowwise",
-}
-
-# Replicated decoder-layer modules that see only this rank's heads (Qwen3's per-head q/k RMSNorms,
-# applied after the colwise q/k projections): each TP rank's gradient for them is a partial sum
-# over its heads, so the gradients are summed over the `tp` group before the update.
-TP_PARTIAL_GRADIENT_MODULES = ("self_attn.q_norm", "self_attn.k_norm")
+from rldock.contract.tensor_parallel import TpPlan
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
-def has_partial_gradient(name: str) -> bool:
+def has_partial_gradient(name: str, plan: TpPlan) -> bool:
     """True for a replicated HF parameter whose TP-rank gradient covers only that rank's heads."""
     match = _LAYER.match(name)
-    return match is not None and match.group(2) in TP_PARTIAL_GRADIENT_MODULES
+    return match is not None and match.group(2) in plan.partial_gradient_modules
 
 
-def shard_dim(name: str) -> int | None:
-    """The dimension along which TP splits the HF parameter `name`, or None when replicated."""
+def shard_dim(name: str, plan: TpPlan) -> int | None:
+    """The dimension along which `plan` splits the HF parameter `name`, or None when replicated."""
     match = _LAYER.match(name)
     if match is None:
         return None
-    style = DECODER_TP_PLAN.get(match.group(2))
+    style = plan.linears.get(match.group(2))
     if style == "colwise":
         return 0
     if style == "rowwise" and match.group(3) == "weight":
@@ -64,6 +47,14 @@ class ParallelLayout:
     def __post_init__(self) -> None:
         if self.tp_size < 1 or self.dp_size < 1:
             raise ValueError(f"tp_size and dp_size must be >= 1, got {self.tp_size}, {self.dp_size}")
+
+    @classmethod
+    def over(cls, world_size: int, *, tp_size: int, field: str) -> ParallelLayout:
+        """The layout of `world_size` ranks in TP groups of `tp_size` (raises naming `field` when
+        `tp_size` does not divide them)."""
+        if tp_size < 1 or world_size % tp_size:
+            raise ValueError(f"{field}={tp_size} must divide the {world_size} actor ranks")
+        return cls(tp_size=tp_size, dp_size=world_size // tp_size)
 
     @property
     def world_size(self) -> int:
@@ -83,6 +74,11 @@ class ParallelLayout:
     def dp_group_ranks(self, rank: int) -> list[int]:
         """The ranks holding the same TP shard in every replica (gradients average over these)."""
         return list(range(self.tp_rank(rank), self.world_size, self.tp_size))
+
+    def leaders(self) -> list[int]:
+        """Each replica's first rank (TP rank 0): in the generation layout, the ranks that hold
+        an engine."""
+        return list(range(0, self.world_size, self.tp_size))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Apply the training layout to a plain Hugging Face Llama, Qwen2 or Qwen3 model from outside: a
-tensor-parallel plan (DTensor, `DECODER_TP_PLAN`) on the mesh's `tp` dimension, and gradient averaging over `dp`.
+tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the mesh's `tp` dimension, and gradient averaging over `dp`.
 
 Data parallelism is plain gradient averaging over the DP group after backward (what DDP does,
 without its bucketed overlap) rather than DDP or FSDP2: DDP over DTensor parameters needs torch's
@@ -17,8 +17,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from rldock.contract.tensor_parallel import check_architecture, check_divisible
-from rldock.runtime.resharding.parallel_layout import DECODER_TP_PLAN, ParallelLayout, has_partial_gradient
+from rldock.contract.tensor_parallel import TP_PLANS, check_architecture, check_divisible
+from rldock.runtime.resharding.parallel_layout import ParallelLayout, has_partial_gradient
 
 _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
@@ -42,7 +42,8 @@ def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     if tp_size == 1:
         return model
     plan = {f"model.layers.{i}.{suffix}": _STYLES[style]()
-            for i in range(config.num_hidden_layers) for suffix, style in DECODER_TP_PLAN.items()}
+            for i in range(config.num_hidden_layers)
+            for suffix, style in TP_PLANS[config.model_type].linears.items()}
     return parallelize_module(model, mesh["tp"], plan)
 
 
@@ -58,8 +59,9 @@ def sum_partial_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
     tp = mesh["tp"]
     if tp.size() == 1:
         return
+    plan = TP_PLANS[model.config.model_type]  # parallelize_decoder checked that it has one
     for name, param in model.named_parameters():
-        if param.grad is not None and has_partial_gradient(name):
+        if param.grad is not None and has_partial_gradient(name, plan):
             dist.all_reduce(local_tensor(param.grad), group=tp.get_group())
 
 

