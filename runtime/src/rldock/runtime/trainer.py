@@ -15,7 +15,9 @@ With `training.mode: async` (and dock.max_staleness >= 1) the driver runs one it
 iteration i's update it puts iteration i+1's prompts into the other dock bank (dock/banks.py) and
 launches every stage of i+1 but its update, so on the actor ranks i+1's generation and old-logprob
 pass run before i's update, and the other workers' stages of i+1 overlap that update. Iteration
-i+1's samples then come from the policy before update i: one version old (`staleness_mean`).
+i+1's samples then come from the policy before update i: one version old (`staleness_mean`). With
+partial rollout (rollout.partial_rollout) that generation is cut at rollout.max_tokens_per_round and
+completed after update i, before i+1's old-logprob pass (workers/partial_rollout.py).
 """
 
 from __future__ import annotations

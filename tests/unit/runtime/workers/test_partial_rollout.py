@@ -163,8 +163,8 @@ def test_resume_completes_cut_responses_from_their_prefix_under_the_new_weights(
 
 
 def test_drop_samples_cut_responses_again_from_the_prompt_under_the_new_weights():
-    engine, dock, first, second = run_rounds("drop", 2)
-    prompts, n, max_tokens = engine.calls[1]
+    engine, dock, _, second = run_rounds("drop", 2)
+    prompts, _, max_tokens = engine.calls[1]
     assert prompts == [[9, 9]] * 2 + [[8, 8]] * 2 and max_tokens == 6
     assert second["partial_dropped"] == 4 and second["partial_dropped_tokens"] == 8
     assert second["partial_resumed"] == 0 and second["partial_carried_tokens"] == 0
