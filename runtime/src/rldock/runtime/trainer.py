@@ -371,7 +371,7 @@ class Trainer:
         # Calls to one actor run in submission order: the update goes after the run-ahead's
         # generation. After a failure, stages whose every rank had finished are not run again.
         futures.update(self._launch(iteration, self._update_states(), skip=inflight.skip))
-        if self._ahead is not None and self._ahead.held:  # partial rollout: after the update that cut it
+        if self._ahead is not None and self._ahead.held is not None:  # partial rollout: after the update that cut it
             self._ahead.futures.update(self._launch_after_cut(self._ahead.iteration, self._ahead.held))
         prompt_lengths = fed.prompt_lengths
         inflight.launched.update({state: len(refs) for state, refs in futures.items()})
@@ -450,11 +450,11 @@ class Trainer:
         sampler_state = self.sampler.state_dict()
         fed = self._draw()
         put_seconds = self._put(fed, self.banks.bank(iteration))
-        states, held = self._before_update_states(), ()
+        states, held = self._before_update_states(), None
         if self.cfg.rollout.partial_rollout != "off":
             actor_states = {"actor_inference"} | (set() if self.workers.references else {"reference"})
             held = tuple(s for s in states if s in actor_states)
-        futures = self._launch(iteration, [s for s in states if s not in held],
+        futures = self._launch(iteration, [s for s in states if s not in (held or ())],
                                round_tokens=self.cfg.rollout.max_tokens_per_round)
         return _Ahead(iteration, fed, put_seconds, futures, sampler_state, held)
 
@@ -630,7 +630,8 @@ class _Ahead:
     put_seconds: float
     futures: dict[str, list]  # state -> the futures of its ranks
     sampler_state: dict  # the sampler before this iteration's draw, for the checkpoint before it
-    held: tuple[str, ...] = ()  # partial rollout: states launched only after the update that cut it
+    # partial rollout: the states launched only after the update that cut the generation; None: not cut
+    held: tuple[str, ...] | None = None
 
 
 def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]] | None = None

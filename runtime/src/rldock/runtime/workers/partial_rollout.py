@@ -161,9 +161,11 @@ class PartialRollout:
         others for `finish`."""
         cut_groups: list[CutGroup] = []
         lengths: list[int] = []
+        put_s = 0.0  # writes from inside the stage function: data movement, not generation
         max_tokens = round_tokens or self.max_response_length
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> None:
+            nonlocal put_s
             prompt_ids, prompt_mask = batch["prompt_ids"][::self.group], batch["prompt_mask"][::self.group]
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
             keys = indices[::self.group] // self.group + sampling_round * self.num_prompts  # as ActorWorker.generate
@@ -179,11 +181,15 @@ class PartialRollout:
                 finished += [complete(c, max_tokens=self.max_response_length) for c in responses]
             if finished:
                 lengths.extend(len(s.token_ids) for s in finished)
+                started = time.perf_counter()
                 dock.put(torch.tensor(finished_rows), self._columns(finished, policy_version),
                          policy_version=policy_version)
+                put_s += time.perf_counter() - started
 
         timing = run_stage(dock, "rollout", columns, rollout, rank=rank, batch_size=batch_size,
                            whole_groups=True, policy_version=policy_version)
+        timing.compute_s -= put_s
+        timing.dispatch_s += put_s
         if cut_groups:
             self._cut[iteration] = cut_groups
         num_cut = sum(len(g.cut_positions()) for g in cut_groups)
@@ -222,6 +228,8 @@ class PartialRollout:
                 lengths.extend(len(s.token_ids) for s in samples)
                 dock.put(torch.tensor(rows), self._columns(samples, version), policy_version=version)
         carried = sum(len(groups[g].responses[j].token_ids) for g, j in cut)
+        logger.debug("iteration %d: %d cut responses %s (%d tokens of the older version)", iteration, len(cut),
+                     "resumed" if self.mode == "resume" else "sampled again", carried)
         return {"wait_s": 0.0, "dispatch_s": time.perf_counter() - written, "compute_s": compute_s,
                 "num_samples": len(groups) * self.group, "response_lengths": lengths,
                 "partial_resumed": len(cut) if self.mode == "resume" else 0,
