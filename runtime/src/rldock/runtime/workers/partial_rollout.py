@@ -1,0 +1,242 @@
+"""Partial rollout (rollout.partial_rollout): a generation that runs ahead of a weight update is cut
+after rollout.max_tokens_per_round tokens, and its unfinished responses are completed after the
+update under the new weights, from their prefix (`resume`) or from the prompt again (`drop`).
+
+Where the cut falls: in async mode each actor rank runs, in its own process and in this order,
+iteration i+1's first round (cut at the budget), iteration i's update, then i+1's second round
+(`PartialRollout.finish`) and old-logprob pass. So a response spans at most two policy versions:
+its first `prefix_length` tokens were sampled by the weights of `policy_version` (the oldest, which
+the dock's staleness bound and the update's staleness metrics see), the rest by the next version.
+Each token keeps the engine's logprob under the weights that sampled it (`sampled_logprobs`); the
+old-logprob pass, which runs with the newer weights, takes those for the older tokens
+(`behaviour_logprobs`), so the update's ratio is still against the policy that sampled each token.
+
+A group is written to the dock once all its N responses are complete (the advantage normalises over
+the group), so groups with a cut response wait for the second round; the others are written at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from rldock.runtime.dataflow import PARTIAL_ROLLOUT
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
+from rldock.runtime.workers.stage_loop import run_stage
+
+logger = logging.getLogger(__name__)
+
+SAMPLED_LOGPROBS, PREFIX_LENGTH = PARTIAL_ROLLOUT
+# the second round's call seed is offset from the first's so that its requests draw other streams
+_RESUME_SEED_OFFSET = 1 << 20
+# the trainer's name for the second round's results (not a dock state: it takes no samples from the dock)
+RESUME_STATE = "rollout_resume"
+METRIC_KEYS = ("partial_cut", "partial_resumed", "partial_dropped", "partial_carried_tokens",
+               "partial_dropped_tokens")
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One response as the rollout writes it: tokens, each token's logprob under the weights that
+    sampled it, and how many leading tokens the older of its (at most two) versions sampled."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    prefix_length: int
+
+
+@dataclass(frozen=True)
+class CutGroup:
+    """A prompt group with at least one response cut by the round budget, kept until the update."""
+
+    rows: list[int]  # dock indices of its N samples
+    prompt: list[int]
+    responses: list[Completion]  # the first round's, cut or finished
+    policy_version: int  # the weights that sampled the first round
+    round_tokens: int  # the first round's budget
+
+    def cut_positions(self) -> list[int]:
+        return [j for j, c in enumerate(self.responses) if is_cut(c, round_tokens=self.round_tokens)]
+
+
+def is_cut(completion: Completion, *, round_tokens: int) -> bool:
+    """A response the round budget stopped: `round_tokens` tokens long with no EOS at the end (one
+    that ended with EOS on its last allowed token is finished)."""
+    return len(completion.token_ids) >= round_tokens and not completion.finished_with_eos
+
+
+def continuation_prompt(prompt: list[int], cut: Completion, *, mode: str) -> list[int]:
+    """What the engine is given in the second round: the prompt plus the kept prefix (`resume`),
+    or the prompt alone (`drop`)."""
+    if mode == "resume":
+        return prompt + list(cut.token_ids)
+    if mode == "drop":
+        return list(prompt)
+    raise ValueError(f"rollout.partial_rollout {mode!r} has no second round; use resume or drop")
+
+
+def joined(cut: Completion, continuation: Completion, *, mode: str, max_tokens: int) -> Sampled:
+    """The complete response of a cut one: its prefix (kept in `resume` mode) then the second
+    round's tokens, at most `max_tokens` (sampling past the limit and truncating gives the same
+    distribution as stopping at it). `prefix_length` counts the tokens of the older version; a
+    dropped response is all the newer version's, so its prefix is all of it."""
+    if mode == "drop":
+        return complete(continuation, max_tokens=max_tokens)
+    tokens = (list(cut.token_ids) + list(continuation.token_ids))[:max_tokens]
+    logprobs = (_logprobs_of(cut) + _logprobs_of(continuation))[:max_tokens]
+    return Sampled(tokens, logprobs, prefix_length=min(len(cut.token_ids), len(tokens)))
+
+
+def complete(completion: Completion, *, max_tokens: int) -> Sampled:
+    """A response sampled whole by one version."""
+    tokens = list(completion.token_ids)[:max_tokens]
+    return Sampled(tokens, _logprobs_of(completion)[:len(tokens)], prefix_length=len(tokens))
+
+
+def _logprobs_of(completion: Completion) -> list[float]:
+    if completion.logprobs is None:
+        raise ValueError("partial rollout needs each sampled token's logprob; sample with logprobs=True")
+    return list(completion.logprobs)
+
+
+def response_columns(samples: list[Sampled], *, policy_version: int, max_response_length: int,
+                     pad_token_id: int) -> TensorDict:
+    """The rollout's dock columns for `samples`, one row each."""
+    rows = len(samples)
+    responses = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)  # (B, SL)
+    mask = torch.zeros_like(responses)
+    logprobs = torch.zeros((rows, max_response_length), dtype=torch.float32)  # (B, SL)
+    for i, sample in enumerate(samples):
+        length = len(sample.token_ids)
+        responses[i, :length] = torch.tensor(sample.token_ids, dtype=torch.int64)
+        mask[i, :length] = 1
+        logprobs[i, :length] = torch.tensor(sample.logprobs, dtype=torch.float32)
+    return TensorDict({
+        "response_ids": responses, "response_mask": mask,
+        "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),  # (B,)
+        SAMPLED_LOGPROBS: logprobs,
+        PREFIX_LENGTH: torch.tensor([s.prefix_length for s in samples], dtype=torch.int64),  # (B,)
+    }, batch_size=[rows])
+
+
+def behaviour_logprobs(computed: torch.Tensor, sampled: torch.Tensor, policy_version: torch.Tensor,
+                       prefix_length: torch.Tensor, *, current_version: int) -> torch.Tensor:
+    """Old logprobs (B, SL) against the policy that sampled each token: `computed` (B, SL) by the
+    weights of `current_version` where those sampled the token, the engine's `sampled` (B, SL)
+    logprob where an older version did. Token t of a sample was sampled by `policy_version` (B,)
+    when t < `prefix_length` (B,), by the next version after it."""
+    positions = torch.arange(computed.shape[1], device=computed.device)  # (SL,)
+    token_version = policy_version[:, None] + (positions[None, :] >= prefix_length[:, None]).long()  # (B, SL)
+    return torch.where(token_version == current_version, computed, sampled.to(computed.dtype))
+
+
+def partial_metrics(results: list[dict]) -> dict[str, int]:
+    """`rollout/<key>` summed over the rollout calls' results (both rounds, every rank)."""
+    return {f"rollout/{key}": sum(int(r.get(key, 0)) for r in results) for key in METRIC_KEYS}
+
+
+class PartialRollout:
+    """One actor rank's rollout with partial rollout on: the first round (cut at the budget when a
+    weight update follows) and the second (the cut groups' responses completed after it)."""
+
+    def __init__(self, *, mode: str, num_responses: int, max_response_length: int, eos_token_id: int,
+                 pad_token_id: int, num_prompts_per_iteration: int):
+        self.mode = mode
+        self.group = num_responses
+        self.max_response_length = max_response_length
+        self.eos, self.pad = eos_token_id, pad_token_id
+        self.num_prompts = num_prompts_per_iteration
+        self._cut: dict[int, list[CutGroup]] = {}  # iteration -> its groups waiting for the second round
+
+    def first_round(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, sampling_round: int,
+                    columns: tuple[str, ...], rank: int, batch_size: int, policy_version: int,
+                    round_tokens: int | None) -> dict:
+        """Generate this rank's whole prompt groups with at most `round_tokens` tokens per response
+        (None: to completion, nothing is cut); write the groups with no cut response and keep the
+        others for `finish`."""
+        cut_groups: list[CutGroup] = []
+        lengths: list[int] = []
+        put_s = 0.0  # writes from inside the stage function: data movement, not generation
+        max_tokens = round_tokens or self.max_response_length
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> None:
+            nonlocal put_s
+            prompt_ids, prompt_mask = batch["prompt_ids"][::self.group], batch["prompt_mask"][::self.group]
+            prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
+            keys = indices[::self.group] // self.group + sampling_round * self.num_prompts  # as ActorWorker.generate
+            completions = engine.sample(prompts, n=self.group, max_tokens=max_tokens, eos_token_id=self.eos,
+                                        seed=iteration, logprobs=True, prompt_keys=keys.tolist())
+            finished_rows, finished = [], []
+            for position, responses in enumerate(completions):
+                rows = indices[position * self.group:(position + 1) * self.group].tolist()
+                if round_tokens is not None and any(is_cut(c, round_tokens=round_tokens) for c in responses):
+                    cut_groups.append(CutGroup(rows, prompts[position], responses, policy_version, round_tokens))
+                    continue
+                finished_rows += rows
+                finished += [complete(c, max_tokens=self.max_response_length) for c in responses]
+            if finished:
+                lengths.extend(len(s.token_ids) for s in finished)
+                started = time.perf_counter()
+                dock.put(torch.tensor(finished_rows), self._columns(finished, policy_version),
+                         policy_version=policy_version)
+                put_s += time.perf_counter() - started
+
+        timing = run_stage(dock, "rollout", columns, rollout, rank=rank, batch_size=batch_size,
+                           whole_groups=True, policy_version=policy_version)
+        timing.compute_s -= put_s
+        timing.dispatch_s += put_s
+        if cut_groups:
+            self._cut[iteration] = cut_groups
+        num_cut = sum(len(g.cut_positions()) for g in cut_groups)
+        timing.extra.update(response_lengths=lengths, partial_cut=num_cut)
+        return timing.as_dict()
+
+    def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
+        """The second round of `iteration`, after the weight update: complete every cut response
+        under the weights of `policy_version` and write the held groups."""
+        groups = self._cut.pop(iteration, [])
+        started = time.perf_counter()
+        cut = [(g, j) for g in range(len(groups)) for j in groups[g].cut_positions()]
+        prompts = [continuation_prompt(groups[g].prompt, groups[g].responses[j], mode=self.mode) for g, j in cut]
+        # Every cut prefix is the round budget long, so one limit fits every resumed request.
+        remaining = self.max_response_length - (groups[0].round_tokens if self.mode == "resume" and groups else 0)
+        continued = engine.sample(prompts, n=1, max_tokens=remaining, eos_token_id=self.eos,
+                                  seed=iteration + _RESUME_SEED_OFFSET, logprobs=True,
+                                  prompt_keys=[groups[g].rows[j] for g, j in cut]) if cut else []
+        replaced = {(g, j): joined(groups[g].responses[j], more[0], mode=self.mode,
+                                   max_tokens=self.max_response_length)
+                    for (g, j), more in zip(cut, continued)}
+        compute_s = time.perf_counter() - started
+        lengths: list[int] = []
+        written = time.perf_counter()
+        for g, group in enumerate(groups):
+            # Rows sampled whole by the first round's weights, and (drop) the rows sampled again by the
+            # newer ones, are written with their own version; resumed rows with the older one.
+            by_version: dict[int, tuple[list[int], list[Sampled]]] = {}
+            for j, completion in enumerate(group.responses):
+                sample = replaced.get((g, j)) or complete(completion, max_tokens=self.max_response_length)
+                newer = self.mode == "drop" and (g, j) in replaced
+                rows, samples = by_version.setdefault(policy_version if newer else group.policy_version, ([], []))
+                rows.append(group.rows[j])
+                samples.append(sample)
+            for version, (rows, samples) in by_version.items():
+                lengths.extend(len(s.token_ids) for s in samples)
+                dock.put(torch.tensor(rows), self._columns(samples, version), policy_version=version)
+        carried = sum(len(groups[g].responses[j].token_ids) for g, j in cut)
+        logger.debug("iteration %d: %d cut responses %s (%d tokens of the older version)", iteration, len(cut),
+                     "resumed" if self.mode == "resume" else "sampled again", carried)
+        return {"wait_s": 0.0, "dispatch_s": time.perf_counter() - written, "compute_s": compute_s,
+                "num_samples": len(groups) * self.group, "response_lengths": lengths,
+                "partial_resumed": len(cut) if self.mode == "resume" else 0,
+                "partial_dropped": len(cut) if self.mode == "drop" else 0,
+                "partial_carried_tokens": carried if self.mode == "resume" else 0,
+                "partial_dropped_tokens": carried if self.mode == "drop" else 0}
+
+    def _columns(self, samples: list[Sampled], policy_version: int) -> TensorDict:
+        return response_columns(samples, policy_version=policy_version, max_response_length=self.max_response_length,
+                                pad_token_id=self.pad)

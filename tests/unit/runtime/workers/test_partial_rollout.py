@@ -1,0 +1,173 @@
+"""Partial rollout's prefix bookkeeping (workers/partial_rollout.py): which responses a round budget
+cuts, what the second round feeds the engine, how prefix and continuation join, which logprobs the
+old-logprob pass keeps, and the two rounds end to end over a test double of the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rldock.runtime.engines.vllm_rollout import Completion
+from rldock.runtime.workers.partial_rollout import (PartialRollout, behaviour_logprobs, complete, continuation_prompt,
+                                                    is_cut, joined, partial_metrics, response_columns)
+
+EOS, PAD = 2, 0
+
+
+def completion(tokens: list[int], logprob: float) -> Completion:
+    return Completion(tokens, [logprob] * len(tokens), finished_with_eos=bool(tokens) and tokens[-1] == EOS)
+
+
+def test_a_response_is_cut_when_the_budget_stopped_it_before_eos():
+    assert is_cut(completion([5, 6, 7], -1.0), round_tokens=3)
+    assert not is_cut(completion([5, 6, EOS], -1.0), round_tokens=3)  # EOS on its last allowed token
+    assert not is_cut(completion([5, EOS], -1.0), round_tokens=3)
+
+
+def test_the_second_round_feeds_the_prefix_back_or_the_prompt_alone():
+    cut = completion([5, 6], -1.0)
+    assert continuation_prompt([9, 8], cut, mode="resume") == [9, 8, 5, 6]
+    assert continuation_prompt([9, 8], cut, mode="drop") == [9, 8]
+    with pytest.raises(ValueError, match="resume or drop"):
+        continuation_prompt([9, 8], cut, mode="off")
+
+
+def test_a_resumed_response_keeps_its_prefix_and_both_versions_logprobs():
+    sample = joined(completion([5, 6], -1.0), completion([7, 8, 9], -2.0), mode="resume", max_tokens=4)
+    assert sample.token_ids == [5, 6, 7, 8]  # truncated at the response limit
+    assert sample.logprobs == [-1.0, -1.0, -2.0, -2.0]
+    assert sample.prefix_length == 2
+
+
+def test_a_dropped_response_is_all_the_newer_versions():
+    sample = joined(completion([5, 6], -1.0), completion([7, EOS], -2.0), mode="drop", max_tokens=4)
+    assert (sample.token_ids, sample.logprobs, sample.prefix_length) == ([7, EOS], [-2.0, -2.0], 2)
+
+
+def test_the_rollout_needs_the_engines_logprobs():
+    with pytest.raises(ValueError, match="logprobs=True"):
+        complete(Completion([5], None, False), max_tokens=4)
+
+
+def test_columns_pad_responses_and_logprobs():
+    out = response_columns([complete(completion([5, EOS], -1.0), max_tokens=4)], policy_version=3,
+                           max_response_length=4, pad_token_id=PAD)
+    assert out["response_ids"].tolist() == [[5, EOS, PAD, PAD]]
+    assert out["response_mask"].tolist() == [[1, 1, 0, 0]]
+    assert out["sampled_logprobs"].tolist() == [[-1.0, -1.0, 0.0, 0.0]]
+    assert out["policy_version"].tolist() == [3] and out["prefix_length"].tolist() == [2]
+
+
+def test_old_logprobs_keep_the_sampling_versions_for_older_tokens():
+    computed = torch.full((3, 4), -5.0)  # (B, SL) by the weights of version 2
+    sampled = torch.tensor([[-1.0] * 4, [-1.0, -1.0, -5.0, -5.0], [-5.0] * 4])
+    version = torch.tensor([1, 1, 2])  # whole by 1, cut at 2 tokens then 2, whole by 2
+    prefix = torch.tensor([4, 2, 4])
+    old = behaviour_logprobs(computed, sampled, version, prefix, current_version=2)
+    assert old.tolist() == [[-1.0] * 4, [-1.0, -1.0, -5.0, -5.0], [-5.0] * 4]
+    # on-policy (the pass runs with the sampling weights): the computed logprobs throughout
+    assert torch.equal(behaviour_logprobs(computed, sampled, version, prefix, current_version=1)[:2],
+                       torch.tensor([[-5.0] * 4, [-5.0, -5.0, -5.0, -5.0]]))
+
+
+def test_metrics_sum_over_rounds_and_ranks():
+    results = [{"partial_cut": 3}, {"partial_resumed": 2, "partial_carried_tokens": 8}, {"partial_resumed": 1}]
+    assert partial_metrics(results) == {"rollout/partial_cut": 3, "rollout/partial_resumed": 3,
+                                        "rollout/partial_dropped": 0, "rollout/partial_carried_tokens": 8,
+                                        "rollout/partial_dropped_tokens": 0}
+
+
+class EngineDouble:
+    """Test double of VllmRolloutEngine (no vLLM in a unit test): response j of a prompt is j+1
+    tokens of 7 then EOS, truncated at max_tokens; every logprob is -(version + 1), so a token's
+    logprob says which weights sampled it."""
+
+    def __init__(self):
+        self.version, self.calls = 0, []
+
+    def sample(self, prompts, *, n, max_tokens, eos_token_id, seed, logprobs, prompt_keys):
+        self.calls.append((prompts, n, max_tokens))
+        return [[completion(([7] * (j + 1) + [eos_token_id])[:max_tokens], -(self.version + 1.0)) for j in range(n)]
+                for _ in prompts]
+
+
+class RecordingDock:
+    """Test double of TransferDock: hands every row out once, records each put."""
+
+    def __init__(self, batch: TensorDict):
+        self.batch, self.given, self.waited_s, self.drained, self.puts = batch, False, 0.0, False, []
+
+    def get(self, state, columns, **kwargs):
+        if self.given:
+            return None
+        self.given = True
+        return torch.arange(len(self.batch)), self.batch.select(*columns)
+
+    def put(self, indices, out, *, policy_version=None):
+        self.puts.append((indices.tolist(), out, policy_version))
+
+
+def two_prompts(group: int) -> TensorDict:
+    prompt_ids = torch.tensor([[9, 9]] * group + [[8, 8]] * group)
+    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)},
+                      batch_size=[2 * group])
+
+
+def run_rounds(mode: str, round_tokens: int | None):
+    engine, dock = EngineDouble(), RecordingDock(two_prompts(3))
+    partial = PartialRollout(mode=mode, num_responses=3, max_response_length=6, eos_token_id=EOS, pad_token_id=PAD,
+                             num_prompts_per_iteration=2)
+    first = partial.first_round(engine, dock, iteration=1, sampling_round=0, columns=("prompt_ids", "prompt_mask"),
+                                rank=0, batch_size=6, policy_version=0, round_tokens=round_tokens)
+    first["puts"] = len(dock.puts)  # what the first round wrote
+    engine.version = 1  # the weight update between the rounds
+    second = partial.finish(engine, dock, iteration=1, policy_version=1)
+    return engine, dock, first, second
+
+
+def rows_written(dock: RecordingDock) -> dict[int, tuple[list[int], list[float], int, int]]:
+    """row -> (tokens, logprobs, policy_version, prefix_length) of everything put."""
+    rows = {}
+    for indices, out, version in dock.puts:
+        assert out["policy_version"].eq(version).all()
+        for i, row in enumerate(indices):
+            length = int(out["response_mask"][i].sum())
+            rows[row] = (out["response_ids"][i, :length].tolist(), out["sampled_logprobs"][i, :length].tolist(),
+                         version, int(out["prefix_length"][i]))
+    return rows
+
+
+def test_without_a_budget_nothing_is_cut_and_the_second_round_has_nothing_to_do():
+    engine, dock, first, second = run_rounds("resume", None)
+    assert len(engine.calls) == 1 and first["partial_cut"] == 0 and second["partial_resumed"] == 0
+    assert first["puts"] == 1 and second["num_samples"] == 0
+    rows = rows_written(dock)
+    assert sorted(rows) == list(range(6))
+    assert rows[2] == ([7, 7, 7, EOS], [-1.0] * 4, 0, 4)
+
+
+def test_resume_completes_cut_responses_from_their_prefix_under_the_new_weights():
+    engine, dock, first, second = run_rounds("resume", 2)
+    # responses 1 and 2 of both prompts ran past 2 tokens: the groups wait for the second round
+    assert first["partial_cut"] == 4 and first["response_lengths"] == [] and first["puts"] == 0
+    prompts, n, max_tokens = engine.calls[1]
+    assert prompts == [[9, 9, 7, 7]] * 2 + [[8, 8, 7, 7]] * 2 and n == 1 and max_tokens == 4
+    assert second["partial_resumed"] == 4 and second["partial_carried_tokens"] == 8
+    assert second["partial_dropped"] == 0 and second["num_samples"] == 6
+    rows = rows_written(dock)
+    assert sorted(rows) == list(range(6))
+    assert rows[0] == ([7, EOS], [-1.0, -1.0], 0, 2)  # finished in the first round
+    # prefix from version 0, continuation (the engine double's reply [7, EOS] to n=1) from version 1
+    assert rows[1] == rows[2] == ([7, 7, 7, EOS], [-1.0, -1.0, -2.0, -2.0], 0, 2)
+
+
+def test_drop_samples_cut_responses_again_from_the_prompt_under_the_new_weights():
+    engine, dock, _, second = run_rounds("drop", 2)
+    prompts, _, max_tokens = engine.calls[1]
+    assert prompts == [[9, 9]] * 2 + [[8, 8]] * 2 and max_tokens == 6
+    assert second["partial_dropped"] == 4 and second["partial_dropped_tokens"] == 8
+    assert second["partial_resumed"] == 0 and second["partial_carried_tokens"] == 0
+    rows = rows_written(dock)
+    assert rows[0] == ([7, EOS], [-1.0, -1.0], 0, 2)  # kept, with its own version
+    assert rows[1] == ([7, EOS], [-2.0, -2.0], 1, 2)  # sampled again, all by version 1
