@@ -81,3 +81,15 @@ def test_generation_tp_must_split_the_models_heads(tmp_path, demo_data):
     demo_data["rollout"] = {"tensor_parallel_size": 2}
     config_file.write_text(yaml.safe_dump(demo_data))
     assert load_job_config(config_file).rollout.tensor_parallel_size == 2
+
+
+@pytest.mark.parametrize(("section", "setting"), [
+    ("training", {"mode": "async"}),
+    ("training", {"lora": {"rank": 4}}),
+    ("rollout", {"sleep_level": 2}),
+])
+def test_combinations_not_run_with_an_engine_over_several_ranks_are_refused(demo_data, section, setting):
+    demo_data["training"].update(data_parallel_size=2, tensor_parallel_size=1)
+    demo_data.setdefault("rollout", {})["tensor_parallel_size"] = 2
+    demo_data.setdefault(section, {}).update(setting)
+    assert "rollout.tensor_parallel_size" in [p.path for p in problems(demo_data)]

@@ -380,6 +380,16 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
         problems.append(Problem(
             field, f"one engine's {gen_tp} TP workers run on one node, so {gen_tp} must divide "
             f"resources.devices_per_node ({cfg.resources.devices_per_node})"))
+    # Combinations not run yet with an engine spanning several ranks (the async pipeline and partial
+    # rollout keep per-rank generation state; LoRA merges and level-2 sleep push a rank's own weights).
+    for other, value, why in (
+        ("training.mode", training.mode == "async", "the async pipeline generates on every actor rank"),
+        ("training.lora", training.lora is not None, "LoRA's merged-weight push has run at generation TP 1 only"),
+        ("rollout.sleep_level", cfg.rollout.sleep_level == 2,
+         "level 2 re-pushes each rank's own weights, which engine-less ranks do not hold"),
+    ):
+        if value:
+            problems.append(Problem(field, f"{gen_tp} with {other}: {why}; use {field} 1 with it"))
     return problems
 
 
