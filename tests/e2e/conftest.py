@@ -96,8 +96,9 @@ def _built_image(name: str) -> tuple[Path, str]:
 @pytest.fixture(scope="session")
 def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, KindNodes, str]]:
     """Its own control plane (node-lifecycle controller on) with two kind-style nodes of
-    KIND_NODE_DEVICES emulated NPUs each, the operator image loaded into them; yields
-    (control plane, nodes, operator image reference)."""
+    KIND_NODE_DEVICES emulated NPUs each, the operator image loaded into them and a host folder
+    shared by both at nodes.cluster.SHARED_STORAGE_PATH; yields (control plane, nodes, operator
+    image reference)."""
     if os.environ.get(CONTAINERS_OPT_IN) != "1":
         pytest.skip(f"real containers are opt-in ({CONTAINERS_OPT_IN}=1, or `make test-containers`): their "
                     "cold builds (kubelet, images) add about 45 minutes on a 2-core machine, which would "
@@ -114,7 +115,8 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
     with NodeNetwork.create(index) as network, \
             ControlPlane(workdir=tmp_path_factory.mktemp("kind-controlplane"), node_address=network.gateway) as plane:
         try:
-            nodes = KindNodes(plane, network, images=[archive])
+            nodes = KindNodes(plane, network, images=[archive],
+                              storage_root=tmp_path_factory.mktemp("kind-storage"))
         except NodesUnavailable as error:
             pytest.skip(f"kind-style nodes cannot be built here: {error}")
         with nodes:

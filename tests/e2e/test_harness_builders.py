@@ -19,6 +19,7 @@ from rldock_e2e.doubles.cluster_dns import ClusterDNS, resolv_conf
 from rldock_e2e.doubles.kuberay_pods import build_pod
 from rldock_e2e.doubles.pod_env import MissingReference, container_env
 from rldock_e2e.helm_release import chart_without_optional_dependencies
+from rldock_e2e.nodes.service_dns import ready_addresses
 from rldock_e2e.repo import CHART_DIR
 
 
@@ -208,6 +209,18 @@ def test_cluster_dns_answers_service_names_only() -> None:
         assert (flags & 0xF, answers) == (3, 0), unknown  # NXDOMAIN
     assert resolv_conf("10.244.1.1", "team-a").splitlines() == [
         "search team-a.svc.cluster.local svc.cluster.local cluster.local", "nameserver 10.244.1.1", "options ndots:5"]
+
+
+def test_service_dns_names_the_first_ready_address_only() -> None:
+    """Endpoints as the endpoints controller writes them: a Service whose only pod is not ready
+    yet (notReadyAddresses) has no name, as kube-proxy would route it nowhere."""
+    def endpoints(name, subsets):
+        return {"metadata": {"namespace": "ns", "name": name}, "subsets": subsets}
+
+    items = [endpoints("head-svc", [{"addresses": [{"ip": "10.245.1.7"}, {"ip": "10.245.0.3"}]}]),
+             endpoints("starting", [{"notReadyAddresses": [{"ip": "10.245.0.9"}]}]),
+             endpoints("no-pods", None)]
+    assert ready_addresses(items) == {("ns", "head-svc"): "10.245.1.7"}
 
 
 def test_mount_points_go_when_no_agent_uses_them(tmp_path, monkeypatch) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .controlplane import ControlPlane, credentials
+from .controlplane import ControlPlane, credentials, wait_for
 from .repo import CHART_DIR
 
 RELEASE = "rldock"
@@ -68,3 +68,53 @@ class HelmRelease:
 
     def close(self) -> None:
         self.config.close()
+
+
+class ReleasedOperator:
+    """The operator of a Helm release, as the scenarios drive an operator (the interface of
+    operator_process.ChartOperator): `start` installs the release and waits for its pod to be
+    Ready, `stop` uninstalls it; its pod is run by a real kubelet, so there is no local pid."""
+
+    def __init__(self, plane: ControlPlane, release: HelmRelease, values: dict[str, Any]) -> None:
+        self.plane, self.release, self.values = plane, release, values
+        self.installed = False
+
+    @property
+    def process(self) -> bool | None:  # as OperatorProcess.process: None once stopped
+        return True if self.installed else None
+
+    def start(self) -> None:
+        if not self.installed:
+            self.release.install(self.values)
+            self.installed = True
+        wait_for("the operator pod ready", self._ready, timeout=300, interval=1, check=self.check)
+
+    def stop(self) -> None:
+        if self.installed:
+            self.release.uninstall()
+            self.installed = False
+
+    def pod(self) -> dict[str, Any] | None:
+        pods = self.plane.kubectl_json("get", "pods", "-n", self.release.namespace, "-l",
+                                       f"app.kubernetes.io/instance={self.release.name}")["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if live else None
+
+    def _ready(self) -> bool:
+        pod = self.pod()
+        return bool(pod) and any(c["type"] == "Ready" and c["status"] == "True"
+                                 for c in pod["status"].get("conditions") or ())
+
+    def check(self) -> None:
+        """Raise when the operator's container restarted (it crashed: nothing here kills it)."""
+        statuses = ((self.pod() or {}).get("status") or {}).get("containerStatuses") or ()
+        if self.installed and sum(s.get("restartCount", 0) for s in statuses):
+            raise AssertionError(f"the operator pod restarted on its own; its log ends:\n{self.log_tail(40)}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        pod = self.pod()
+        if pod is None:
+            return ""
+        result = self.plane.kubectl("logs", "-n", self.release.namespace, pod["metadata"]["name"],
+                                    f"--tail={lines}", check=False)
+        return result.stdout + result.stderr

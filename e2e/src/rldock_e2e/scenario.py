@@ -21,17 +21,26 @@ from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.node_agent import NodeAgentDouble
 from rldock_e2e.doubles.sandbox import pids_in_namespace
-from rldock_e2e.operator_process import ChartOperator, OperatorProcess
 
 T = TypeVar("T")
 RAY_POD = {"ray.io/is-ray-node": "yes"}  # KubeRay's label on head and worker pods
 
 
 class Scenario:
-    def __init__(self, *, plane: ControlPlane, namespace: str, agent: NodeAgentDouble, kuberay: KubeRayDouble,
-                 operator: ChartOperator | OperatorProcess, api: client.ApiClient) -> None:
+    def __init__(self, *, plane: ControlPlane, namespace: str, agent: NodeAgentDouble | None, kuberay: KubeRayDouble,
+                 operator: Any, api: client.ApiClient, host_root: Path | None = None,
+                 doubles: Sequence[Any] = ()) -> None:
+        """`agent`: the node agent double running the pods, None on real kubelets (kind-style
+        nodes), where `host_root` is the host folder standing for the nodes' `/` in hostPath
+        volumes (their shared storage). `operator`: an OperatorProcess, ChartOperator or
+        helm_release.ReleasedOperator. `doubles`: more test doubles whose `.errors` fail the scenario."""
         self.plane, self.namespace = plane, namespace
         self.agent, self.kuberay, self.operator = agent, kuberay, operator
+        if host_root is None:
+            assert agent is not None, "without the node agent double, say where the shared storage is (host_root)"
+            host_root = agent.host_root
+        self.host_root = host_root
+        self._doubles = [d for d in (agent, kuberay, *doubles) if d is not None]
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
 
@@ -86,7 +95,7 @@ class Scenario:
     def check(self) -> None:
         """Fail fast when something behind the scenario broke."""
         self.operator.check()
-        for double in (self.agent, self.kuberay):
+        for double in self._doubles:
             if double.errors:
                 raise AssertionError(f"{type(double).__name__} failed: {double.errors[-1]!r}")
 
@@ -121,7 +130,7 @@ class Scenario:
         else:
             claim = self.get("pvc", checkpoint["claimName"])
             host_path = self.plane.kubectl_json("get", "pv", claim["spec"]["volumeName"])["spec"]["hostPath"]["path"]
-        return self.agent.host_root / host_path.lstrip("/") / self.namespace / name / rljob["metadata"]["uid"]
+        return self.host_root / host_path.lstrip("/") / self.namespace / name / rljob["metadata"]["uid"]
 
     def metrics(self, name: str) -> list[dict[str, Any]]:
         path = self.output_dir(name) / "metrics.jsonl"

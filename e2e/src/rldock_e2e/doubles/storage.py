@@ -2,7 +2,8 @@
 controller would bind them (it is off in the e2e control plane: it needs a cloud or a provisioner).
 
 `bind_shared_claim` creates a ReadWriteMany hostPath PersistentVolume and the claim, pre-bound to
-each other (`spec.claimRef` / `spec.volumeName`, the `pv.kubernetes.io/bind-completed` annotation
+each other (`spec.claimRef` with the claim's uid, which a real kubelet checks before mounting /
+`spec.volumeName`, the `pv.kubernetes.io/bind-completed` annotation
 the scheduler's VolumeBinding plugin looks for, `status.phase: Bound`). The node agent double mounts
 a hostPath volume from its `host_root`, the one filesystem every emulated node shares (as an NFS
 export mounted on every node would be), so every pod of every node sees the same files.
@@ -26,6 +27,13 @@ def bind_shared_claim(plane: ControlPlane, *, namespace: str, claim: str, host_p
     volume = f"{namespace}-{claim}"
     with plane.api_client() as api:
         core = client.CoreV1Api(api)
+        created = core.create_namespaced_persistent_volume_claim(namespace, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "annotations": {"pv.kubernetes.io/bind-completed": "yes",
+                                                        "pv.kubernetes.io/bound-by-controller": "yes"}},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+                     "resources": {"requests": {"storage": size}}},
+        })
         core.create_persistent_volume({
             "apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": volume, "annotations": {"pv.kubernetes.io/bound-by-controller": "yes"}},
@@ -33,16 +41,9 @@ def bind_shared_claim(plane: ControlPlane, *, namespace: str, claim: str, host_p
                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
                      "hostPath": {"path": host_path, "type": "DirectoryOrCreate"},
                      "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                  "namespace": namespace, "name": claim}},
+                                  "namespace": namespace, "name": claim, "uid": created.metadata.uid}},
         })
         core.patch_persistent_volume_status(volume, {"status": {"phase": "Bound"}}, _content_type=MERGE_PATCH)
-        core.create_namespaced_persistent_volume_claim(namespace, {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim, "annotations": {"pv.kubernetes.io/bind-completed": "yes",
-                                                        "pv.kubernetes.io/bound-by-controller": "yes"}},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
-                     "resources": {"requests": {"storage": size}}},
-        })
         bound = core.patch_namespaced_persistent_volume_claim_status(claim, namespace, {"status": {
             "phase": "Bound", "accessModes": ["ReadWriteMany"], "capacity": {"storage": size}}},
             _content_type=MERGE_PATCH)

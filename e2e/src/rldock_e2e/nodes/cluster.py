@@ -39,6 +39,8 @@ DEVICE_RESOURCE = "huawei.com/Ascend910"
 # Node containers sit on 10.90.<k>.0/24 (the host is .1), pods of node i on 10.245.<i>.0/24.
 NODE_SUBNET_PREFIX = "10.90"
 POD_SUBNET_PREFIX = "10.245"
+# Where every node mounts KindNodes.shared_storage (hostPath volumes under it are shared).
+SHARED_STORAGE_PATH = "/mnt/rldock-shared"
 
 
 def cache_root() -> Path:
@@ -160,7 +162,9 @@ class NodeNetwork:
         subnet = ipaddress.IPv4Network(f"{NODE_SUBNET_PREFIX}.{index % 250}.0/24")
         name = f"rldock-e2e-{index}"
         podman("network", "rm", "-f", name, check=False)
-        podman("network", "create", "--subnet", str(subnet), "--gateway", str(subnet[1]), name)
+        # No podman DNS (aardvark) on the gateway: the pods' cluster DNS double serves there
+        # (nodes/service_dns.py).
+        podman("network", "create", "--disable-dns", "--subnet", str(subnet), "--gateway", str(subnet[1]), name)
         return cls(name, subnet)
 
     @property
@@ -192,11 +196,16 @@ class Node:
 
 @dataclass
 class KindNodes:
-    """Node containers joined to `control_plane`; `images` are OCI archives each node loads."""
+    """Node containers joined to `control_plane`; `images` are OCI archives each node loads.
+    `storage_root`, when given, is a host folder standing for `/` of every node for the paths
+    under SHARED_STORAGE_PATH: its `mnt/rldock-shared` is mounted there in every node, the one
+    filesystem all nodes share (as an NFS export mounted on every node would be), for hostPath
+    volumes such as the checkpoint claim's (doubles/storage.py)."""
 
     control_plane: ControlPlane
     network: NodeNetwork
     images: list[Path] = field(default_factory=list)
+    storage_root: Path | None = None
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -233,6 +242,8 @@ class KindNodes:
                "--volume", f"{self._stage / 'images'}:/images:ro",
                # containerd's overlay snapshots cannot sit on the container's own overlay root.
                "--volume", "/var/lib/containerd", "--volume", "/var/lib/kubelet",
+               *(("--volume", f"{self._shared_storage()}:{SHARED_STORAGE_PATH}")
+                 if self.storage_root is not None else ()),
                "--env", f"NODE_NAME={name}", "--env", f"POD_CIDR={node.pod_cidr}",
                "--env", f"ROUTES={routes}", "--env", f"CLUSTER_DNS={self.network.gateway}",
                "--env", f"DEVICE_RESOURCE={DEVICE_RESOURCE}", "--env", f"DEVICES={devices}",
@@ -244,6 +255,14 @@ class KindNodes:
         self.nodes[name] = node
         return node
 
+    def _shared_storage(self) -> Path:
+        assert self.storage_root is not None
+        shared = self.storage_root / SHARED_STORAGE_PATH.lstrip("/")
+        shared.mkdir(parents=True, exist_ok=True)
+        # Writable by the images' non-root users: hostPath volumes keep the host's owner and mode.
+        shared.chmod(0o1777)
+        return shared
+
     def load_image(self, archive: Path) -> None:
         """Import an OCI archive into every running node's containerd (as nodes do at start)."""
         target = self._stage / "images" / archive.name
@@ -253,8 +272,15 @@ class KindNodes:
             except OSError:
                 shutil.copy2(archive, target)
         self.images.append(archive)
-        for node in self.nodes.values():
-            podman("exec", node.container, "ctr", "-n", "k8s.io", "images", "import", f"/images/{archive.name}")
+        # All nodes at once: a multi-GB import is minutes per node, mostly waiting on the disk.
+        imports = {node.name: subprocess.Popen(
+            ["podman", "exec", node.container, "ctr", "-n", "k8s.io", "images", "import", f"/images/{archive.name}"],
+            env=containers_conf(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for node in self.nodes.values()}
+        failed = {name: error for name, process in imports.items()
+                  if (error := process.communicate()[1]) is not None and process.returncode != 0}
+        if failed:
+            raise RuntimeError(f"importing {archive.name} failed on nodes {sorted(failed)}: {failed}")
 
     def wait_ready(self, *, timeout: float = 600.0) -> float:
         """Wait until every node is Ready, untainted and advertises its devices; seconds taken."""

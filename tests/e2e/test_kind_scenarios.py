@@ -1,0 +1,154 @@
+"""Issue 4's happy path on the kind-style cluster (issue 17): real containers end to end.
+
+The operator is installed as a Helm release (helm_release.py, Helm's own install action) and runs
+in the operator image on a real kubelet; the KubeRay double (doubles/kuberay.py, the one piece
+that cannot be built here) turns the RayCluster into KubeRay's head and worker pods, which the
+real scheduler places and the real kubelets run in the CPU runtime image that images/build.sh
+built, with the emulated Ascend devices of the device plugin. What stands in for the rest of a
+cluster, and why (e2e/README.md, "Real nodes"):
+
+- cluster DNS and Service routing: nodes/service_dns.py, on the node network's gateway, answers
+  `<svc>.<ns>.svc.cluster.local` with the ready pod behind the Service (from the real Endpoints);
+- storage: the checkpoint claim is bound to a hostPath volume under the folder every node mounts
+  (nodes.cluster.SHARED_STORAGE_PATH), as doubles/storage.py binds it for the node agent;
+- the pods' sizes: a kind-style node has the machine's 2 CPUs, so the example's cluster sizes
+  (4 and 16 CPUs) are cut to what fits (`_fitted_example`), and one data-parallel rank (one vLLM
+  engine) as in the other scenarios.
+
+Opt-in with the other container tests (the `kind_cluster` fixture skips with the reason).
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from rldock_e2e.doubles.kuberay import KubeRayDouble
+from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
+from rldock_e2e.helm_release import (
+    HelmRelease,
+    ReleasedOperator,
+    chart_without_optional_dependencies,
+)
+from rldock_e2e.nodes.cluster import SHARED_STORAGE_PATH
+from rldock_e2e.nodes.service_dns import ServiceDNS
+from rldock_e2e.operator_process import chart_available
+from rldock_e2e.repo import REPO_ROOT
+from rldock_e2e.scenario import Scenario, sample
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = REPO_ROOT / "examples" / "rljob-tiny.yaml"
+NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+CHECKPOINT_CLAIM = "rl-checkpoints"  # what examples/rljob-tiny.yaml mounts
+# Pods in the 3.7 GB runtime image, `ray start`, the model build and a vLLM engine on two shared cores.
+START_TIMEOUT = 1200
+RUN_TIMEOUT = 1200
+
+
+def _fitted_example(devices: int) -> dict:
+    """examples/rljob-tiny.yaml with pods that fit the 2-CPU kind-style nodes: head and worker
+    1500m each, so never on one node, either beside the operator's 100m (the operator gives the
+    head's Ray floor(1.5) = 1 CPU, KubeRay the worker's ceil(1.5) = 2, what one actor and one
+    reference rank take); `devices` NPUs; one data-parallel rank. The head gets that much because
+    its CPU quota is real here: with 500m its raylet missed Ray's fixed 30 s window to register
+    with the GCS (`The current node timed out during startup`) on the loaded machine."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    job = manifest["spec"]["job"]
+    job["training"]["data_parallel_size"] = 1
+    job["resources"]["devices_per_node"] = devices
+    manifest["spec"]["cluster"].update(head={"cpu": "1500m", "memory": "4Gi"}, worker={"cpu": "1500m", "memory": "8Gi"})
+    return manifest
+
+
+def _iteration(row: dict[str, str]) -> int:
+    done = row.get("ITERATION", "<none>")
+    return int(done.split("/")[0]) if "/" in done else 0
+
+
+@pytest.fixture(scope="module")
+def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    reason = chart_available()
+    if reason:
+        pytest.skip(reason)
+    plane, nodes, operator_image = kind_cluster
+    plane.install_kuberay_crds()
+    namespace = f"kind-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", namespace)
+    bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path=f"{SHARED_STORAGE_PATH}/{namespace}")
+    (nodes.storage_root / SHARED_STORAGE_PATH.lstrip("/") / namespace).mkdir(mode=0o777)
+    (nodes.storage_root / SHARED_STORAGE_PATH.lstrip("/") / namespace).chmod(0o777)  # past the umask
+    runtime_repository, runtime_tag = runtime_image.rsplit(":", 1)
+    operator_repository, operator_tag = operator_image.rsplit(":", 1)
+    values = {
+        "image": {"repository": operator_repository, "tag": operator_tag, "pullPolicy": "Never"},
+        "runtime": {"image": {"repository": runtime_repository, "tag": runtime_tag, "pullPolicy": "Never"}},
+        "operator": {"watchNamespaces": [namespace], "pollInterval": 1},
+    }
+    release = HelmRelease(plane, chart_without_optional_dependencies(tmp_path_factory.mktemp("chart")))
+    operator = ReleasedOperator(plane, release, values)
+    with plane.api_client() as api, ServiceDNS(api, address=nodes.network.gateway) as dns, \
+            KubeRayDouble(api, namespace=namespace, interval=1.0) as kuberay:
+        world = Scenario(plane=plane, namespace=namespace, agent=None, kuberay=kuberay, operator=operator, api=api,
+                         host_root=nodes.storage_root, doubles=[dns])
+        try:
+            operator.start()
+            yield world
+        finally:
+            (tmp_path_factory.mktemp("kind-final-state") / "report.txt").write_text(world.report())
+            world.kubectl("delete", "rljobs", "--all", "--wait=true", "--timeout=120s", check=False)
+            operator.stop()
+            release.close()
+            world.kubectl("delete", "rayclusters,pods", "--all", "--wait=false", check=False)
+            plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            delete_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM)
+    assert not kuberay.errors, f"the KubeRay double failed: {kuberay.errors[-1]!r}"
+    assert not dns.errors, f"the service DNS double failed: {dns.errors[-1]!r}"
+
+
+def test_happy_path_in_real_containers(kind_cluster, runtime_image: str, kind_scenario: Scenario,
+                                       tmp_path: Path) -> None:
+    _, nodes, _ = kind_cluster
+    scenario = kind_scenario
+    manifest = tmp_path / "rljob-tiny.yaml"
+    manifest.write_text(yaml.safe_dump(_fitted_example(max(n.devices for n in nodes.nodes.values()))))
+    applied = scenario.kubectl("apply", "-f", str(manifest))
+    assert f"rljob.rldock.io/{NAME} created" in applied.stdout
+    scenario.wait_phase(NAME, "Running", timeout=START_TIMEOUT)
+
+    # KubeRay's pods, placed by the scheduler on the kind-style nodes, in the runtime image.
+    pods = scenario.ray_pods(NAME)
+    assert {p["metadata"]["labels"]["ray.io/node-type"] for p in pods} == {"head", "worker"}, pods
+    for pod in pods:
+        assert pod["spec"]["nodeName"] in nodes.nodes and pod["status"]["phase"] == "Running", pod
+        assert pod["spec"]["containers"][0]["image"] == runtime_image
+
+    rows = sample(2.0, lambda: scenario.status(NAME).get("phase") != "Running",
+                  lambda: scenario.row(NAME), timeout=RUN_TIMEOUT)
+    running = [r for r in rows if r["PHASE"] == "Running" and _iteration(r) > 0]
+    iterations = [_iteration(r) for r in running]
+    assert len(set(iterations)) >= 3, rows
+    assert iterations == sorted(iterations), rows
+    assert all(0 <= float(r["REWARD"]) <= 1 and float(r["TPS"]) > 0 for r in running), rows
+
+    status = scenario.wait_phase(NAME, "Succeeded", timeout=60)
+    final = scenario.row(NAME)
+    assert final["PHASE"] == "Succeeded" and final["ITERATION"] == "40/40", final
+    assert status["restartCount"] == 0 and status["completionTime"]
+
+    # It learned (metrics.jsonl on the storage the nodes share, written by the worker's container).
+    metrics = scenario.metrics(NAME)
+    assert [m["iteration"] for m in metrics] == list(range(1, 41))
+    first = statistics.mean(m["reward_mean"] for m in metrics[:5])
+    last = statistics.mean(m["reward_mean"] for m in metrics[-5:])
+    assert last - first >= 0.2, (first, last)
+
+    scenario.wait("the RayCluster released", lambda: "No resources found" in scenario.kubectl(
+        "get", "rayclusters").stderr, timeout=120)
+    scenario.wait("its pods gone", lambda: not scenario.ray_pods(NAME), timeout=180)
+    reasons = {e["reason"] for e in scenario.events(NAME)}
+    assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
