@@ -34,6 +34,7 @@ from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.actor_fsdp import FsdpTraining
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.stage_loop import run_stage
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), beside `policy`
 
 
-class ActorWorker:
+class ActorWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
                  dock: TransferDock, adapter_dir: str | None = None, policy_version: int = 0):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
@@ -132,6 +133,7 @@ class ActorWorker:
 
     # --- stages -------------------------------------------------------------------------------
 
+    @in_turn("rollout")
     def generate(self, iteration: int, sampling_round: int = 0) -> dict:
         """Rollout: whole prompt groups in, N responses per prompt out. `sampling_round` counts
         the rounds of dynamic sampling (DAPO) within the iteration: each round's groups get
@@ -207,6 +209,7 @@ class ActorWorker:
         self.engine.sleep()
         return [[c.token_ids for c in group] for group in completions]
 
+    @in_turn("reference")
     def compute_ref_logprobs(self, iteration: int) -> dict:
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
@@ -218,6 +221,7 @@ class ActorWorker:
         return run_stage(self.dock.bank(iteration), "reference", self.recipe.consumes["reference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
+    @in_turn("actor_inference")
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
@@ -239,6 +243,7 @@ class ActorWorker:
         return run_stage(dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
+    @in_turn("update")
     def update(self, iteration: int) -> dict:
         """Take exactly this rank's share of the batch (token-balanced across ranks), step the
         optimizer, refresh the engine."""
@@ -284,6 +289,7 @@ class ActorWorker:
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
         return {**timing.as_dict(), **summary, **sharded.drain_metrics()}
 
+    @in_turn("preference_update")
     def preference_update(self, iteration: int) -> dict:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
         algo = self.cfg.algorithm

@@ -21,12 +21,13 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.models.value import load_value_model, response_values
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.stage_loop import run_stage
 
 CRITIC_FILE = "critic.pt"
 
 
-class CriticWorker:
+class CriticWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
         self.device = detect_device(cfg.resources.device)
@@ -36,6 +37,7 @@ class CriticWorker:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algorithm.ppo.critic_learning_rate,
                                            weight_decay=cfg.algorithm.weight_decay)
 
+    @in_turn("critic_inference")
     def compute_values(self, iteration: int) -> dict:
         micro_batch_size = self.cfg.training.micro_batch_size
 
@@ -51,6 +53,7 @@ class CriticWorker:
         return run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"], infer,
                          rank=0, batch_size=micro_batch_size).as_dict()
 
+    @in_turn("critic_update")
     def update(self, iteration: int) -> dict:
         """All of the iteration's samples, in `num_updates_per_iteration` optimizer steps."""
         algo = self.cfg.algorithm
