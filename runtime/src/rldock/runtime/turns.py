@@ -105,15 +105,18 @@ class DeviceTurns:
     phases: frozenset[str]
 
     @contextmanager
-    def turn(self, iteration: int, phase: str) -> Iterator[None]:
-        """Run the body in `phase`'s turn on this worker's device (at once for an unscheduled phase)."""
+    def turn(self, iteration: int, phase: str) -> Iterator[float]:
+        """Run the body in `phase`'s turn on this worker's device (at once for an unscheduled phase);
+        yields the seconds it waited for the turn."""
         if phase not in self.phases:
-            yield
+            yield 0.0
             return
+        asked = time.perf_counter()
         ray.get(self.keeper.wait_turn.remote(self.device, iteration, phase))
+        waited = time.perf_counter() - asked
         start = time.time()
         try:
-            yield
+            yield waited
         finally:
             ray.get(self.keeper.done.remote(self.device, iteration, phase, self.worker, start, time.time()))
 
@@ -141,8 +144,11 @@ def in_turn(phase: str):
         def wrapper(self, iteration: int, *args, **kwargs):
             if self._turns is None:
                 return method(self, iteration, *args, **kwargs)
-            with self._turns.turn(iteration, phase):
-                return method(self, iteration, *args, **kwargs)
+            with self._turns.turn(iteration, phase) as waited:
+                result = method(self, iteration, *args, **kwargs)
+            if isinstance(result, dict) and "wait_s" in result:  # a stage's idle time includes its turn's wait
+                result["wait_s"] += waited
+            return result
         return wrapper
     return decorate
 
