@@ -127,14 +127,15 @@ class TakesTurns:
 
     _turns: DeviceTurns | None = None
 
-    def take_turns(self, turns: DeviceTurns) -> bool:
-        """Keep `turns` if the job's phase_schedule resolves to serial on this worker's device;
-        returns whether it did."""
+    def runs_serial(self) -> bool:
+        """Whether the job's phase_schedule resolves to serial on this worker's device (the driver
+        may not see the devices, so `auto` is resolved here)."""
         cfg = self.cfg
-        schedule = resolve_phase_schedule(cfg.resources.phase_schedule, device_kind=self.device.kind,
-                                          placement=cfg.resources.placement, mode=cfg.training.mode)
-        self._turns = turns if schedule == "serial" else None
-        return self._turns is not None
+        return resolve_phase_schedule(cfg.resources.phase_schedule, device_kind=self.device.kind,
+                                      placement=cfg.resources.placement, mode=cfg.training.mode) == "serial"
+
+    def take_turns(self, turns: DeviceTurns) -> None:
+        self._turns = turns
 
 
 def in_turn(phase: str):
@@ -156,8 +157,7 @@ def in_turn(phase: str):
 def hand_out_turns(cfg, plan, recipe, workers) -> object | None:
     """Start the job's TurnKeeper and give every device worker on a shared device its DeviceTurns;
     returns the keeper, or None when nothing is scheduled (phase_schedule overlap or `auto` on CPU, an
-    async job, or no device shared). `workers` is the trainer's WorkerGroups. The workers resolve `auto` against
-    their own device kind (take_turns), which the driver may not see."""
+    async job, or no device shared). `workers` is the trainer's WorkerGroups."""
     if cfg.resources.phase_schedule == "overlap" or cfg.training.mode != "sync":
         return None
     schedules = job_schedules(plan, recipe)
@@ -166,22 +166,17 @@ def hand_out_turns(cfg, plan, recipe, workers) -> object | None:
     handles = {**{f"actor {i}": h for i, h in enumerate(workers.actors)},
                **{f"reference {i}": h for i, h in enumerate(workers.references)},
                "critic": workers.critic, "reward_model": workers.reward_model}
-    keeper = start_keeper(schedules)
     devices = worker_devices(plan)
-    taken = {}
-    for name, handle in handles.items():
-        device = devices.get(name)
-        if handle is None or device not in schedules:
-            continue
-        phases = frozenset(turn.phase for turn in schedules[device] if name in turn.workers)
-        taken[name] = handle.take_turns.remote(DeviceTurns(keeper, device, name, phases))
-    serial = dict(zip(taken, ray.get(list(taken.values()))))
+    shared = {name: handle for name, handle in handles.items() if handle is not None and devices.get(name) in schedules}
+    serial = dict(zip(shared, ray.get([handle.runs_serial.remote() for handle in shared.values()])))
     if len(set(serial.values())) > 1:  # a worker left out would never mark its phases done
         raise RuntimeError(f"resources.phase_schedule {cfg.resources.phase_schedule!r} resolved differently on "
                            f"the workers' devices ({serial}); set resources.device or phase_schedule explicitly")
     if not any(serial.values()):  # `auto` on CPU: overlap
-        ray.kill(keeper)
         return None
+    keeper = start_keeper(schedules)
+    ray.get([handle.take_turns.remote(DeviceTurns(keeper, devices[name], name, frozenset(
+        turn.phase for turn in schedules[devices[name]] if name in turn.workers))) for name, handle in shared.items()])
     logger.info("serial phase schedule: %s", "; ".join(
         f"device {device}: " + " -> ".join(f"{turn.phase} ({', '.join(turn.workers)})" for turn in turns)
         for device, turns in schedules.items()))
