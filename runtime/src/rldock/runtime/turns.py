@@ -175,6 +175,7 @@ def hand_out_turns(cfg, plan, recipe, workers) -> object | None:
     if not any(serial.values()):  # `auto` on CPU: overlap
         return None
     keeper = start_keeper(schedules)
+    ray.get(keeper.timeline.remote(0))  # started now, not inside the first iteration's timing
     ray.get([handle.take_turns.remote(DeviceTurns(keeper, devices[name], name, frozenset(
         turn.phase for turn in schedules[devices[name]] if name in turn.workers))) for name, handle in shared.items()])
     logger.info("serial phase schedule: %s", "; ".join(
