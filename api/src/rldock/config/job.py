@@ -576,6 +576,16 @@ class ResourcesSpec(Spec):
         "an actor rank's device and the critic and reward model take the halves left over (the MindSpeed RL "
         "all-in-one placement). `separate`: reference ranks, critic and reward model each get a whole device.",
     )
+    phase_schedule: Literal["auto", "serial", "overlap"] = Field(
+        default="auto",
+        description="Whether workers that share a device run their heavy phases one at a time (docs/placement.md). "
+        "`serial`: on every shared device the iteration's phases (rollout, old logprobs, reference, critic "
+        "inference, update, critic update, as the recipe runs them) take turns in one order common to all "
+        "devices, so a phase gets the device's compute and memory to itself and never overlaps its neighbour's. "
+        "`overlap`: every stage starts at once and waits only on the dock. `auto`: serial on npu/cuda with "
+        "`colocated` placement in a training.mode sync job, overlap on CPU (each worker's thread budget is its "
+        "share) and under `separate` (no device is shared).",
+    )
     device_memory_gib: Optional[float] = Field(
         default=None, gt=0, le=65536,
         description="Memory of one device, GiB (64 on an Ascend 910B, 80 on an H100): what `rldock plan` checks "

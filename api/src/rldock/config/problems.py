@@ -203,6 +203,13 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
             "`async` needs training.tensor_parallel_size 1 and training.resharding naive: the next "
             "iteration generates while this one's training state is resident; use training.mode sync",
         ))
+    if cfg.resources.phase_schedule == "serial":
+        problems.append(Problem(
+            "resources.phase_schedule",
+            "`serial` with training.mode async: the serial schedule orders one iteration's phases on each "
+            "device, while the async pipeline runs the next iteration's generation before this one's update; "
+            "use phase_schedule auto or overlap, or training.mode sync",
+        ))
     # `never` with a staleness bound above 0 (the pipeline running ahead) is _old_logprob_problems'.
     return problems
 

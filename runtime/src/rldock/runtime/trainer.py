@@ -53,6 +53,7 @@ from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.tracking import TensorBoardLog
+from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ADAPTER_DIR, ActorWorker
 from rldock.runtime.workers.partial_rollout import RESUME_STATE, partial_metrics
@@ -167,6 +168,7 @@ class Trainer:
         self.banks: DockBanks | None = None
         self.workers: WorkerGroups | None = None
         self._placement = None  # the Ray placement group holding the workers' devices
+        self._turns = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
         # Async mode: the next iteration, put and launched (all but its update) ahead of this one's update.
         self.runs_ahead = cfg.training.mode == "async" and cfg.dock.max_staleness >= 1
@@ -298,12 +300,16 @@ class Trainer:
         if critics:  # the critic ranks' own DDP group
             rendezvous = ray.get(critics[0].pick_rendezvous.remote())
             ray.get([c.join_group.remote(rendezvous) for c in critics])
+        self._turns = hand_out_turns(cfg, plan, self.recipe, groups)  # fresh with every new set of workers
         return groups
 
     def _stop(self) -> None:
         if self.workers is not None:
             for handle in self.workers.all():
                 ray.kill(handle)
+        if self._turns is not None:
+            ray.kill(self._turns)
+            self._turns = None
         if self._placement is not None:  # after the workers: their devices go back to the cluster
             cluster.release(self._placement)
         if self.banks is not None:
@@ -378,6 +384,8 @@ class Trainer:
                 ahead.futures
         else:
             fed, put_seconds, sampled = self._fill_dock(iteration)
+            if inflight.skip and self._turns is not None:  # their turns are not taken again
+                ray.get(self._turns.skip.remote(iteration, sorted(inflight.skip)))
             futures = self._launch(iteration, self._before_update_states(), skip=inflight.skip)
         if self.runs_ahead and iteration < cfg.iterations:
             self._ahead = self._run_ahead(iteration + 1)
@@ -435,6 +443,8 @@ class Trainer:
             **self._data_metrics(iteration),
             "timing": timing,
             "dock": self._dock_traffic(),
+            # serial phase schedule: each shared device's phases, start and end (s)
+            **({"phases": ray.get(self._turns.timeline.remote(iteration))} if self._turns is not None else {}),
         }
 
     def _data_metrics(self, iteration: int) -> dict:

@@ -38,6 +38,7 @@ from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.actor_fsdp import FsdpTraining
 from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.partial_rollout import PartialRollout, behaviour_logprobs
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), beside `policy`
 
 
-class ActorWorker:
+class ActorWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
                  dock: TransferDock, adapter_dir: str | None = None, policy_version: int = 0):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
@@ -146,6 +147,7 @@ class ActorWorker:
 
     # --- stages -------------------------------------------------------------------------------
 
+    @in_turn("rollout")
     def generate(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
         """Rollout: whole prompt groups in, N responses per prompt out. `sampling_round` counts
         the rounds of dynamic sampling (DAPO) within the iteration: each round's groups get
@@ -240,6 +242,7 @@ class ActorWorker:
         self.engine.sleep()
         return [[c.token_ids for c in group] for group in completions]
 
+    @in_turn("reference")
     def compute_ref_logprobs(self, iteration: int) -> dict:
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
@@ -251,6 +254,7 @@ class ActorWorker:
         return run_stage(self.dock.bank(iteration), "reference", self.recipe.consumes["reference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
+    @in_turn("actor_inference")
     def compute_old_logprobs(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
@@ -275,6 +279,7 @@ class ActorWorker:
         return run_stage(dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
+    @in_turn("update")
     def update(self, iteration: int) -> dict:
         """Take exactly this rank's share of the batch (token-balanced across ranks), step the
         optimizer, refresh the engine."""
@@ -320,6 +325,7 @@ class ActorWorker:
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
         return {**timing.as_dict(), **summary, **sharded.drain_metrics()}
 
+    @in_turn("preference_update")
     def preference_update(self, iteration: int) -> dict:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
         algo = self.cfg.algorithm
@@ -412,9 +418,13 @@ class ActorWorker:
 
     def _push_weights(self, named_tensors) -> None:
         """The new weights into this rank's engine; a rank without one (a generation TP peer) has
-        nothing to load, its replica's first rank pushes the same full weights."""
+        nothing to load, its replica's first rank pushes the same full weights. It still runs the
+        iterator to the end: under FSDP each tensor is gathered from every rank as it is drawn."""
         if self.engine is not None:
             self.engine.update_weights(named_tensors)
+            return
+        for _ in named_tensors:
+            pass
 
     def _generation_weights(self):
         """(HF name, tensor) pairs of the policy as the engine loads it: the adapters merged in on

@@ -27,12 +27,13 @@ from rldock.runtime.engines.distributed import Rendezvous, init_process_group, p
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.models.value import load_value_model, response_values
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.stage_loop import run_stage
 
 CRITIC_FILE = "critic.pt"
 
 
-class CriticWorker:
+class CriticWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock, rank: int = 0, world_size: int = 1):
         self.cfg, self.dock, self.rank, self.world_size = cfg, dock, rank, world_size
         self.device = detect_device(cfg.resources.device)
@@ -58,6 +59,7 @@ class CriticWorker:
 
     # --- stages -------------------------------------------------------------------------------
 
+    @in_turn("critic_inference")
     def compute_values(self, iteration: int) -> dict:
         micro_batch_size = self.cfg.training.micro_batch_size
 
@@ -74,6 +76,7 @@ class CriticWorker:
                            rank=self.rank, batch_size=micro_batch_size)
         return {**timing.as_dict(), "rank": self.rank}
 
+    @in_turn("critic_update")
     def update(self, iteration: int) -> dict:
         """This rank's share of the iteration's samples (token-balanced across the critic ranks), in
         `num_updates_per_iteration` optimizer steps."""

@@ -12,10 +12,11 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.policy import response_logprobs
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.stage_loop import run_stage
 
 
-class ReferenceWorker:
+class ReferenceWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, rank: int, reference_dir: str, dock: TransferDock):
         self.cfg, self.rank, self.dock = cfg, rank, dock
         self.consumes = get_recipe(cfg.algorithm.name).consumes["reference"]  # dock columns it reads
@@ -24,6 +25,7 @@ class ReferenceWorker:
         self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         self.model.eval().requires_grad_(False)
 
+    @in_turn("reference")
     def compute_ref_logprobs(self, iteration: int) -> dict:
         micro_batch_size = self.cfg.training.micro_batch_size
 

@@ -23,6 +23,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.stage_loop import run_stage
 
 
@@ -34,7 +35,7 @@ def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
     return [prompt + response for prompt, response in zip(prompts, responses)]
 
 
-class RewardModelWorker:
+class RewardModelWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
         self.consumes = job_recipe(cfg).consumes[REWARD_MODEL_STATE]  # dock columns it reads
@@ -45,6 +46,7 @@ class RewardModelWorker:
         self.reward_model = load_reward_model(cfg.reward.terms[index].path, dtype=cfg.model.dtype,
                                               device=self.device.torch_device, field=f"reward.terms[{index}].path")
 
+    @in_turn(REWARD_MODEL_STATE)
     def compute_scores(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
