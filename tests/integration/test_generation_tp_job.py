@@ -55,12 +55,13 @@ def root(tmp_path_factory):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_one_engine_per_generation_replica(root, name):
     records = run_job(root, name)
-    _, engine_ranks = LAYOUTS[name]
+    (_, _, _, strategy), engine_ranks = LAYOUTS[name]
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     assert all(r["rollout/num_engines"] == len(engine_ranks) for r in records)
     for record in records:
         for rank in (0, 1):
-            assert record["resharding"][f"rank{rank}/holds_engine"] == float(rank in engine_ranks)
+            if strategy != "fsdp":  # the TP/DDP resharding path reports engine ownership per rank
+                assert record["resharding"][f"rank{rank}/holds_engine"] == float(rank in engine_ranks)
             ledger = record["ledger"]  # swapped out while generating, engine or not
             assert sum(ledger[f"memory/rank{rank}/generation/{c}"] for c in TRAIN_STATE) == 0
             assert ledger[f"memory/rank{rank}/generation/host_swap"] > 0
