@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -334,3 +335,47 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     counts = {reason: sum(e.get("count", 1) for e in events if e["reason"] == reason)
               for reason in ("CreatedRayCluster", "SubmittedRayJob", "Retrying")}
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1, "Retrying": 0}, counts
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:  # ended since it was listed
+        return ""
+
+
+def _past_in_flight_restart(log: str) -> bool:
+    """The runtime's restart (restart 1 of 1) kept the dock of iteration K and has got past it:
+    killed mid-iteration, the restart resumes K from that dock; killed between two iterations, the
+    dock kept is of one already checkpointed, and the restart resumes after it."""
+    if "kept the dock of iteration" not in log or "resuming after iteration" not in log.split("restart 1 of 1")[-1]:
+        return False
+    kept = int(log.split("kept the dock of iteration", 1)[1].split()[0])
+    resumed_after = int(log.split("restart 1 of 1")[-1].split("resuming after iteration", 1)[1].split()[0])
+    return resumed_after >= kept or f"iteration {kept} resumes from the dock of its failed attempt" in log
+
+
+def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts(scenario: Scenario) -> None:
+    """spec.maxRestarts 1 and an actor rank's process killed inside its pod (the pod and its node,
+    with the dock's warehouse, live): the runtime keeps the dock of the iteration in flight and its
+    restart resumes from it, inside the one Ray job."""
+    name, iterations = "in-flight", 40
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=1)  # the retry starts at the iteration
+    manifest["spec"]["maxRestarts"] = 1
+    manifest["spec"]["env"] = _code_under_test()
+    _apply(scenario, manifest)
+    scenario.wait(f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2,
+                  timeout=START_TIMEOUT)
+    (pids,) = scenario.agent.pids(scenario.namespace, labels={"ray.io/node-type": "worker"}).values()
+    actor = next(pid for pid in pids if _cmdline(pid).startswith("ray::ActorWorker"))
+    os.kill(actor, signal.SIGKILL)
+    assert len(scenario.metrics(name)) < iterations
+
+    log = scenario.wait("the runtime past its restart", lambda: (text := scenario.driver_log(name))
+                        and _past_in_flight_restart(text) and text, timeout=START_TIMEOUT)
+    assert "a worker died" in log, log[-4000:]
+    status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    assert [m["iteration"] for m in scenario.metrics(name)] == list(range(1, iterations + 1))
+    assert scenario.condition(name, "Retrying") is None
+    assert sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == "SubmittedRayJob") == 1
