@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -47,6 +48,12 @@ def _manifest(name: str, *, iterations: int = 40, checkpoint_interval: int = 5, 
     job["resources"].update(resources)
     manifest["spec"]["cluster"].update(head={"cpu": 1, "memory": "4Gi"}, worker={"cpu": 4, "memory": "16Gi"})
     return manifest
+
+
+def _code_under_test() -> list[dict[str, str]]:
+    """spec.env giving the pods the test run's PYTHONPATH, so that they run the code under test (the
+    node agent's "image" is the venv, whose editable install may be another checkout's)."""
+    return [{"name": "PYTHONPATH", "value": os.environ["PYTHONPATH"]}] if os.environ.get("PYTHONPATH") else []
 
 
 def _apply(scenario: Scenario, manifest: dict[str, Any], *, check: bool = True):
@@ -150,7 +157,7 @@ def test_a_path_missing_in_the_pods_fails_at_once_with_the_field_named(scenario:
         # A Secret's key as env (a pod whose Secret is missing would never start), and the test
         # run's PYTHONPATH, so that the pods run the code under test, as the tests themselves do.
         env=[{"name": "REWARD_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "reward-api", "key": "token"}}},
-             *([{"name": "PYTHONPATH", "value": os.environ["PYTHONPATH"]}] if os.environ.get("PYTHONPATH") else [])])
+             *_code_under_test()])
     _apply(scenario, manifest)
     scenario.wait_phase(name, "Failed", timeout=START_TIMEOUT)
     status = scenario.get("rljob", name)["status"]
@@ -280,3 +287,95 @@ def test_suspend_releases_the_cluster_and_unsuspend_resumes_from_the_checkpoint(
     _assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
     reasons = {e["reason"] for e in scenario.events(name)}
     assert {"Suspended", "Resumed"} <= reasons, reasons
+
+
+def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scenario: Scenario) -> None:
+    """spec.maxRestarts 1: the runtime, not the operator, recovers a lost worker pod. The Ray job
+    goes on (one submission, no retry counted), KubeRay's replacement pod joins the Ray cluster,
+    the runtime restarts its workers on it from the last checkpoint, and the job ends with every
+    iteration once."""
+    name, iterations = "in-job-restart", 80  # still running when the loss lands (see lost-worker)
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
+    manifest["spec"]["maxRestarts"] = 1
+    manifest["spec"]["env"] = _code_under_test()
+    _apply(scenario, manifest)
+    status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4
+                           and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
+    submission = status["rayJobId"]
+    (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+    scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
+    before = scenario.metrics(name)
+    checkpoint = _checkpoint_iteration(scenario.status(name))
+    assert checkpoint >= _checkpoint_iteration(status) and len(before) < iterations
+
+    # KubeRay replaces the pod; the runtime's restart reserves its devices on the replacement.
+    scenario.wait("a replacement worker pod running", lambda: any(
+        p["metadata"]["name"] != worker["metadata"]["name"] and p["status"].get("phase") == "Running"
+        for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")), timeout=120)
+    log = scenario.wait("the runtime resuming after its restart", lambda: (
+        (text := scenario.driver_log(name)) and "restart 1 of 1" in text
+        and "resuming after iteration" in text.split("restart 1 of 1", 1)[1] and text), timeout=START_TIMEOUT)
+    assert "a worker died" in log, log[-3000:]
+    after_restart = log.split("restart 1 of 1", 1)[1]
+    resumed_after = int(after_restart.split("resuming after iteration", 1)[1].split()[0])
+    assert checkpoint <= resumed_after < iterations, (checkpoint, resumed_after)
+    assert "reserved" in after_restart, after_restart[:3000]  # the devices of the replacement pod
+
+    # `kubectl get rljobs` shows the same attempt running on, past where the pod was lost.
+    rows = sample(2.0, lambda: scenario.status(name).get("phase") != "Running",
+                  lambda: scenario.row(name), timeout=RUN_TIMEOUT)
+    running = [_iteration(r) for r in rows if r["PHASE"] == "Running"]
+    assert any(i > len(before) for i in running), (len(before), rows)
+    status = scenario.wait_phase(name, "Succeeded", timeout=60)
+    assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    assert status["restartCount"] == 0 and status["rayJobId"] == submission, status
+    assert scenario.condition(name, "Retrying") is None
+    _assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
+    events = scenario.events(name)
+    counts = {reason: sum(e.get("count", 1) for e in events if e["reason"] == reason)
+              for reason in ("CreatedRayCluster", "SubmittedRayJob", "Retrying")}
+    assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1, "Retrying": 0}, counts
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:  # ended since it was listed
+        return ""
+
+
+def _past_in_flight_restart(log: str) -> bool:
+    """The runtime's restart (restart 1 of 1) kept the dock of iteration K and has got past it:
+    killed mid-iteration, the restart resumes K from that dock; killed between two iterations, the
+    dock kept is of one already checkpointed, and the restart resumes after it."""
+    if "kept the dock of iteration" not in log or "resuming after iteration" not in log.split("restart 1 of 1")[-1]:
+        return False
+    kept = int(log.split("kept the dock of iteration", 1)[1].split()[0])
+    resumed_after = int(log.split("restart 1 of 1")[-1].split("resuming after iteration", 1)[1].split()[0])
+    return resumed_after >= kept or f"iteration {kept} resumes from the dock of its failed attempt" in log
+
+
+def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts(scenario: Scenario) -> None:
+    """spec.maxRestarts 1 and an actor rank's process killed inside its pod (the pod and its node,
+    with the dock's warehouse, live): the runtime keeps the dock of the iteration in flight and its
+    restart resumes from it, inside the one Ray job."""
+    name, iterations = "in-flight", 40
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=1)  # the retry starts at the iteration
+    manifest["spec"]["maxRestarts"] = 1
+    manifest["spec"]["env"] = _code_under_test()
+    _apply(scenario, manifest)
+    scenario.wait(f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2,
+                  timeout=START_TIMEOUT)
+    (pids,) = scenario.agent.pids(scenario.namespace, labels={"ray.io/node-type": "worker"}).values()
+    actor = next(pid for pid in pids if _cmdline(pid).startswith("ray::ActorWorker"))
+    os.kill(actor, signal.SIGKILL)
+    assert len(scenario.metrics(name)) < iterations
+
+    log = scenario.wait("the runtime past its restart", lambda: (text := scenario.driver_log(name))
+                        and _past_in_flight_restart(text) and text, timeout=START_TIMEOUT)
+    assert "a worker died" in log, log[-4000:]
+    status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    assert [m["iteration"] for m in scenario.metrics(name)] == list(range(1, iterations + 1))
+    assert scenario.condition(name, "Retrying") is None
+    assert sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == "SubmittedRayJob") == 1

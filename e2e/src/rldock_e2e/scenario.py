@@ -9,6 +9,7 @@ core on a two-core machine.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from kubernetes import client
+from rldock.operator.constants import AUTH_SECRET_KEY, DASHBOARD_PORT, LABEL_RAY_CLUSTER, LABEL_RLJOB
+from rldock.operator.rayjobs import RayJobsClient, RayJobsError
 
 from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.doubles.kuberay import KubeRayDouble
@@ -90,6 +93,24 @@ class Scenario:
 
     def ray_pods(self, cluster: str) -> list[dict[str, Any]]:
         return self.items("pods", "-l", f"ray.io/cluster={cluster}")
+
+    def driver_log(self, name: str) -> str:
+        """The driver's log of the RLJob's current Ray job so far, as `ray job logs` shows it: the
+        head's Jobs API (at its pod IP, which the host reaches on the bridge) with the token of the
+        RLJob's Secret. Empty while there is no Ray job or no running head, or the head does not answer
+        (a dashboard on two loaded cores can miss a poll; the caller polls again)."""
+        submission = self.status(name).get("rayJobId")
+        heads = [p for p in self.pods_now(f"{LABEL_RAY_CLUSTER}={name},ray.io/node-type=head")
+                 if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+        secrets = self._core.list_namespaced_secret(self.namespace, label_selector=f"{LABEL_RLJOB}={name}").items
+        if not submission or not heads or not secrets:
+            return ""
+        token = base64.b64decode(secrets[0].data[AUTH_SECRET_KEY]).decode()
+        jobs = RayJobsClient(f"http://{heads[0]['status']['podIP']}:{DASHBOARD_PORT}", token=token, timeout=30)
+        try:
+            return jobs.get_logs(submission)
+        except RayJobsError:
+            return ""
 
     # ----- waiting ------------------------------------------------------------------------------
     def check(self) -> None:

@@ -113,3 +113,45 @@ def test_a_retry_of_a_finished_run_reports_its_last_iteration(tmp_path, capsys) 
     assert [r["iteration"] for r in trainer.run()] == [1, 2]
     record = last_progress(capsys.readouterr().out.splitlines())
     assert record is not None and (record["iteration"], record["iterations"], record["checkpoint"]) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path, kill_actor, max_restarts) -> None:
+    """A lost node takes its warehouse with its workers, and the driver's own dock call (the reset
+    before an iteration's prompts) may be the first to see it: run() restarts the attempt as for a
+    dead worker while --max-restarts lasts, and raises once it is spent."""
+    from types import SimpleNamespace
+
+    from rldock.runtime.dock import DockActorDiedError
+    from rldock.runtime.metrics import MetricsLog
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = SimpleNamespace(iterations=2)
+    trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
+    trainer.recipe, trainer.runs_ahead, trainer.max_restarts = RECIPE, False, max_restarts
+    trainer.resume_from = trainer.workers = trainer.banks = trainer._placement = trainer._inflight = None
+    docks: list[TransferDock] = []
+
+    def start() -> int:  # the workers' start, less the workers
+        trainer.dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
+                                           num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
+        docks.append(trainer.dock)
+        return 1
+
+    def loop(start_iteration: int) -> None:
+        if len(docks) == 1:  # the first attempt's node is lost before its next iteration
+            kill_actor(trainer.dock._route.peers()[0].handle)
+            trainer.dock.reset()
+
+    trainer._start, trainer._loop = start, loop
+    try:
+        if max_restarts == 0:
+            with pytest.raises(DockActorDiedError):
+                trainer.run()
+            assert len(docks) == 1
+        else:
+            assert trainer.run() == []
+            assert len(docks) == 2
+    finally:
+        for dock in docks:
+            dock.shutdown()

@@ -302,9 +302,11 @@ class RLJobSpec(_Model):
         default=0, ge=0, le=100,
         description="Restarts inside one Ray job attempt: when a worker process or its pod dies, the runtime "
         "restarts its workers from the last checkpoint and, where the dock survived, the iteration in flight "
-        "(`rldock train --max-restarts`). While this budget lasts a lost worker pod is the runtime's to "
-        "recover, not a failed attempt; once it is spent the Ray job fails and backoffLimit applies. 0: every "
-        "lost worker fails the attempt at once.")
+        "(`rldock train --max-restarts`). A lost pod takes the dock's warehouse on its node with it, so its "
+        "iteration is redone from the checkpoint; the restart waits for KubeRay's replacement pod to join "
+        "(up to 10 minutes). While this budget lasts a lost worker pod is the runtime's to recover, not a "
+        "failed attempt (no restartCount, the same Ray job); once it is spent the Ray job fails and "
+        "backoffLimit applies. 0: every lost worker fails the attempt at once.")
     ttl_seconds_after_finished: Optional[int] = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
 

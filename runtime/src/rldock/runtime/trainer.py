@@ -204,10 +204,10 @@ class Trainer:
                 start_iteration = self._start()
                 self._loop(start_iteration)
                 break
-            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as error:
-                # A worker process died (killed, out of memory, node lost): restart every worker
-                # and the dock from the last checkpoint. Errors raised by our own code are not
-                # retried: they would fail the same way again.
+            except WORKER_DEATHS as error:
+                # A worker process or dock actor died (killed, out of memory, node lost): restart
+                # every worker and the dock from the last checkpoint. Errors raised by our own code
+                # are not retried: they would fail the same way again.
                 if attempt == self.max_restarts:
                     raise
                 logger.warning("a worker died (%s); restart %d of %d from the last checkpoint",
@@ -223,6 +223,10 @@ class Trainer:
     def _start(self) -> int:
         cfg = self.cfg
         algo = cfg.algorithm
+        # The devices before the dock: after a lost worker pod, Ray has the replacement node only
+        # once this reservation is ready, and the dock's warehouses go on the worker nodes alive
+        # when it starts (the head alone would get them).
+        self._placement = cluster.reserve(cluster.job_placement(cfg, self.recipe))
         # Two banks when the next iteration's samples are put while this one's still train.
         self.banks = DockBanks([
             TransferDock.create(cfg.dock, states={s: list(c) for s, c in self.recipe.consumes.items()},
@@ -261,7 +265,7 @@ class Trainer:
         cfg, dock = self.cfg, self.banks
         dp = cfg.training.data_parallel_size
         plan = cluster.job_placement(cfg, self.recipe)
-        self._placement = group = cluster.reserve(plan)
+        group = self._placement  # reserved by _start
 
         def seated(cls, seat):
             return cluster.seated(cls, group=group, plan=plan, seat=seat)
@@ -677,6 +681,9 @@ def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict
     return {stage: ray.get(refs) for stage, refs in futures.items()}
 
 
+# What run() restarts from (--max-restarts): a worker's process or a dock actor died (a lost node
+# takes both, and whichever the driver calls first reports it).
+WORKER_DEATHS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, DockActorDiedError)
 DEAD_WORKER_GRACE_S = 5.0  # how long a stage error waits for Ray to report a dead worker behind it
 
 
