@@ -23,17 +23,14 @@ them on (see docs/transfer-dock.md, asynchronous training).
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rldock_benchmarks.throughput import build_heavy_models, run_variant, shape_config, shapes, summarise
+from rldock_benchmarks.throughput import run_shape_benchmark, run_variant, shape_config, summarise
 
 SHAPES = ("demo", "generation_heavy")
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -78,34 +75,8 @@ def run_shape(shape, *, args, models: dict[str, Path]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=Path("runs/async"))
-    parser.add_argument("--quick", action="store_true", help="small shapes, 4 iterations: a smoke run")
-    parser.add_argument("--iterations", type=int, default=None, help="per variant (default 16; quick 4)")
-    parser.add_argument("--warmup-iterations", type=int, default=None, help="not measured (default 4; quick 1)")
-    parser.add_argument("--shape", action="append", choices=SHAPES, help="only these shapes (default: both)")
-    args = parser.parse_args()
-    args.iterations = args.iterations or (4 if args.quick else 16)
-    args.warmup_iterations = args.warmup_iterations if args.warmup_iterations is not None else (1 if args.quick else 4)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-
-    import ray
-
-    from rldock_benchmarks.harness import machine
-
-    args.output.mkdir(parents=True, exist_ok=True)
-    selected = [s for s in shapes(args.quick) if s.name in (args.shape or SHAPES)]
-    models = build_heavy_models(args.output / "models", seed=0) if any(s.model != "demo" for s in selected) else {}
-    report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
-                              "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
-    try:
-        for shape in selected:
-            report["shapes"][shape.name] = run_shape(shape, args=args, models=models)
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-    print(json.dumps(report, indent=2))
-
+    run_shape_benchmark(__doc__.splitlines()[0], default_output="runs/async", shape_names=SHAPES, unit="variant",
+                        run_shape=run_shape)
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,40 @@ def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[
                       "model": shape.model, "data_parallel_size": cfg.training.data_parallel_size,
                       "kl_coef": algo.kl_coef},
             "variants": results}
+
+
+def run_shape_benchmark(description: str, *, default_output: str, shape_names: tuple[str, ...], unit: str,
+                        run_shape: Callable[..., dict]) -> None:
+    """The command line and main loop of the benchmarks that compare variants of a job on some of
+    the shapes above (async_pipeline, partial_rollout): `run_shape(shape, args=, models=)` measures
+    one shape's variants; the report (one JSON document on stdout) holds them per shape."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--output", type=Path, default=Path(default_output))
+    parser.add_argument("--quick", action="store_true", help="small shapes, 4 iterations: a smoke run")
+    parser.add_argument("--iterations", type=int, default=None, help=f"per {unit} (default 16; quick 4)")
+    parser.add_argument("--warmup-iterations", type=int, default=None, help="not measured (default 4; quick 1)")
+    parser.add_argument("--shape", action="append", choices=shape_names, help="only these shapes (default: all)")
+    args = parser.parse_args()
+    args.iterations = args.iterations or (4 if args.quick else 16)
+    args.warmup_iterations = args.warmup_iterations if args.warmup_iterations is not None else (1 if args.quick else 4)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+
+    import ray
+
+    from rldock_benchmarks.harness import machine
+
+    args.output.mkdir(parents=True, exist_ok=True)
+    selected = [s for s in shapes(args.quick) if s.name in (args.shape or shape_names)]
+    models = build_heavy_models(args.output / "models", seed=0) if any(s.model != "demo" for s in selected) else {}
+    report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
+                              "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
+    try:
+        for shape in selected:
+            report["shapes"][shape.name] = run_shape(shape, args=args, models=models)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    print(json.dumps(report, indent=2))
 
 
 def main() -> None:
