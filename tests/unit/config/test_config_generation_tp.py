@@ -84,6 +84,9 @@ def test_generation_tp_must_split_the_models_heads(tmp_path, demo_data):
 
 
 @pytest.mark.parametrize(("section", "setting"), [
+    ("resources", {"device": "npu"}),
+    ("resources", {"device": "cuda"}),
+    ("resources", {"phase_schedule": "serial"}),
     ("training", {"mode": "async"}),
     ("training", {"lora": {"rank": 4}}),
     ("rollout", {"sleep_level": 2}),

@@ -39,8 +39,12 @@ def test_tensor_parallel_actor_devices_have_room_for_the_critic():
 
 
 def test_the_critic_takes_half_a_device_per_data_parallel_rank():
-    # DP 2 colocated: two actor devices with their references, then two critic halves: one device more.
-    _parse(resources={"devices_per_node": 3}, algorithm={"name": "ppo"}, training={"data_parallel_size": 2})
+    # DP 2 colocated: two actor devices with their references, then one device per critic rank (a
+    # DDP group: never two ranks on one device).
+    _parse(resources={"devices_per_node": 4}, algorithm={"name": "ppo"}, training={"data_parallel_size": 2})
+    (problem,) = _problems(resources={"devices_per_node": 3}, algorithm={"name": "ppo"},
+                           training={"data_parallel_size": 2})
+    assert "needs 4 devices but resources give 3" in problem.message
     (problem,) = _problems(resources={"devices_per_node": 3, "placement": "separate"}, algorithm={"name": "ppo"},
                            training={"data_parallel_size": 2})
     assert problem.message.startswith("algorithm.name ppo runs 2 critic rank(s) (one per data-parallel rank)")

@@ -34,12 +34,15 @@ def test_tensor_parallel_peers_get_distinct_devices_and_the_critic_ranks_take_th
     assert all(b["CPU"] == 2.0 for b in plan.bundles[:4]) and plan.bundles[4]["CPU"] == 1.0
 
 
-def test_data_parallel_critic_ranks_pair_up_on_one_extra_device():
-    # DP 2 colocated: actor + reference on each DP device, the two critic ranks share a third.
+def test_data_parallel_critic_ranks_never_share_a_device():
+    # DP 2 colocated: actor + reference on each DP device; the two critic ranks form a DDP group,
+    # which NCCL/HCCL refuse on one device, so each opens a device of its own.
     plan = _plan(actors=2, references=2, critics=2)
-    assert plan.critics == (Seat(2, 0.5), Seat(2, 0.5))
-    assert plan.workers_on(2) == ["critic 0", "critic 1"]
-    assert plan.num_devices == 3
+    assert plan.critics == (Seat(2, 0.5), Seat(3, 0.5))
+    assert plan.workers_on(2) == ["critic 0"] and plan.workers_on(3) == ["critic 1"]
+    assert plan.num_devices == 4
+    # a reward model takes a half a critic left free
+    assert _plan(actors=2, references=2, critics=2, reward_model=True).reward_model == Seat(2, 0.5)
 
 
 @pytest.mark.parametrize(("critics", "reward_model", "devices"), [(0, False, 1), (1, False, 2),

@@ -130,6 +130,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
     trainer.recipe, trainer.runs_ahead, trainer.max_restarts = RECIPE, False, max_restarts
     trainer.resume_from = trainer.workers = trainer.banks = trainer._placement = trainer._inflight = None
+    trainer._turns = None  # no serial phase schedule
     docks: list[TransferDock] = []
 
     def start() -> int:  # the workers' start, less the workers

@@ -397,6 +397,16 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
     ):
         if value:
             problems.append(Problem(field, f"{gen_tp} with {other}: {why}; use {field} 1 with it"))
+    if cfg.resources.device in ("npu", "cuda"):
+        # Ray shows each actor only its own device; the engine's TP workers would need the replica's.
+        problems.append(Problem(field, f"{gen_tp} on resources.device {cfg.resources.device}: handing a "
+                                "replica's devices to its engine rank is not built yet (docs/placement.md, "
+                                f"generation tensor parallelism); use {field} 1 on accelerators"))
+    if cfg.resources.phase_schedule == "serial":
+        # The engine's TP workers generate on the replica's other devices, which take no rollout turn.
+        problems.append(Problem(field, f"{gen_tp} with resources.phase_schedule serial: the schedule gives the "
+                                "rollout turn to the engine rank's device only; use phase_schedule overlap "
+                                f"or {field} 1"))
     return problems
 
 

@@ -8,8 +8,9 @@ device at generation TP 1, one engine per g devices at TP g (`engine_devices`). 
 workers (reference ranks, the critic ranks, the reward model) then fill the devices first fit: with
 `resources.placement: colocated` each takes half a device, so a reference rank shares an actor's
 device (the MindSpeed RL all-in-one placement) and the critic ranks (one per data-parallel rank,
-like the references) and the reward model take the halves left over (a TP job's actor devices have
-them) before a new device is opened; with `separate` every worker takes a whole device.
+like the references, but never two on one device: they form a DDP group) and the reward model take
+the halves left over (a TP job's actor devices have them) before a new device is opened; with
+`separate` every worker takes a whole device.
 
 Pure and config-free: the config checks count the devices with it, the runtime builds the
 placement group from it (rldock.runtime.cluster).
@@ -93,13 +94,17 @@ def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_rank
         cpus[bundle] += CPUS_PER_WORKER
         return Seat(bundle=bundle, share=share)
 
-    def first_fit() -> Seat:
-        free = next((i for i, taken in enumerate(used) if taken + share <= 1.0), None)
+    def first_fit(avoid: frozenset[int] = frozenset()) -> Seat:
+        free = next((i for i, taken in enumerate(used) if taken + share <= 1.0 and i not in avoid), None)
         return seat(open_device() if free is None else free)
 
     actors = tuple(seat(open_device()) for _ in range(num_actor_ranks))
     references = tuple(first_fit() for _ in range(num_reference_ranks))
-    critics = tuple(first_fit() for _ in range(num_critic_ranks))
+    # The critic ranks form a DDP group: NCCL and HCCL refuse two ranks of one group on one device,
+    # so no two critic ranks share a device.
+    critics: tuple[Seat, ...] = ()
+    for _ in range(num_critic_ranks):
+        critics += (first_fit(avoid=frozenset(c.bundle for c in critics)),)
     reward_model_seat = first_fit() if reward_model else None
     bundles = tuple({accelerator: 1.0, "CPU": float(n)} for n in cpus)
     return PlacementPlan(accelerator=accelerator, bundles=bundles, actors=actors, references=references,
