@@ -183,8 +183,11 @@ def test_garbage_collector_deletes_dependents(control_plane: ControlPlane, names
         wait_for("the garbage collector to delete child", child_gone, timeout=60)
 
 
+# The child restores Python's Ctrl-C handler first: a test run started in the background by a
+# shell without job control (`make test &`) inherits SIGINT ignored, and Python then installs none.
 _CHILD = textwrap.dedent("""
-    import json, sys, time
+    import json, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from rldock_e2e.controlplane import ControlPlane
     with ControlPlane(workdir=sys.argv[1], build=False) as plane:
         print(json.dumps(plane.pids), flush=True)
