@@ -236,12 +236,15 @@ def run_shape_benchmark(description: str, *, default_output: str, shape_names: t
     models = build_heavy_models(args.output / "models", seed=0) if any(s.model != "demo" for s in selected) else {}
     report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
                               "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
-    try:
-        for shape in selected:
-            report["shapes"][shape.name] = run_shape(shape, args=args, models=models)
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
+    # Ray forwards its workers' and raylet's lines to the driver's stdout, also after a job ends:
+    # stdout carries only the JSON report.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            for shape in selected:
+                report["shapes"][shape.name] = run_shape(shape, args=args, models=models)
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
     print(json.dumps(report, indent=2))
 
 
@@ -270,12 +273,15 @@ def main() -> None:
     report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
                               "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
     warm_starts: dict[str, Path] = {}
-    try:
-        for shape in selected:
-            report["shapes"][shape.name] = run_shape(shape, args=args, models=models, warm_starts=warm_starts)
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
+    # Ray forwards its workers' and raylet's lines to the driver's stdout, also after a job ends:
+    # stdout carries only the JSON report.
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            for shape in selected:
+                report["shapes"][shape.name] = run_shape(shape, args=args, models=models, warm_starts=warm_starts)
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
     print(json.dumps(report, indent=2))
 
 
