@@ -8,6 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from dock_doubles import OneBatchDock
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.workers.partial_rollout import (PartialRollout, behaviour_logprobs, complete, continuation_prompt,
                                                     is_cut, joined, partial_metrics, response_columns)
@@ -92,19 +93,15 @@ class EngineDouble:
                 for _ in prompts]
 
 
-class RecordingDock:
-    """Test double of TransferDock: hands every row out once, records each put."""
+class RecordingDock(OneBatchDock):
+    """The worker tests' one-batch dock, keeping every put with its policy version."""
 
     def __init__(self, batch: TensorDict):
-        self.batch, self.given, self.waited_s, self.drained, self.puts = batch, False, 0.0, False, []
-
-    def get(self, state, columns, **kwargs):
-        if self.given:
-            return None
-        self.given = True
-        return torch.arange(len(self.batch)), self.batch.select(*columns)
+        super().__init__(batch)
+        self.puts: list[tuple[list[int], TensorDict, int | None]] = []
 
     def put(self, indices, out, *, policy_version=None):
+        super().put(indices, out, policy_version=policy_version)
         self.puts.append((indices.tolist(), out, policy_version))
 
 
