@@ -97,14 +97,11 @@ def test_combinations_not_run_with_an_engine_over_several_ranks_are_refused(demo
 
 
 @pytest.mark.parametrize("device", ["npu", "cuda"])
-def test_accelerators_refuse_generation_tp_where_the_job_runs_but_the_planner_may_plan_it(tmp_path, demo_data,
-                                                                                          device):
+def test_accelerators_take_generation_tp_where_the_job_runs(tmp_path, demo_data, device):
+    # The trainer hands each replica's devices to its engine rank (runtime/engines/replica_devices.py).
     demo_data["training"].update(data_parallel_size=2, tensor_parallel_size=1)
     demo_data["rollout"] = {"tensor_parallel_size": 2}
     demo_data["resources"]["device"] = device
-    assert parse_job_config(demo_data).rollout.tensor_parallel_size == 2  # the operator and `rldock plan`
     config_file = tmp_path / "job.yaml"
     config_file.write_text(yaml.safe_dump(demo_data))
-    with pytest.raises(ConfigError) as caught:  # `rldock validate` / `rldock train`
-        load_job_config(config_file)
-    assert [p.path for p in caught.value.problems] == ["rollout.tensor_parallel_size"]
+    assert load_job_config(config_file).rollout.tensor_parallel_size == 2  # `rldock validate` / `rldock train`

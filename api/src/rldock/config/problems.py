@@ -536,26 +536,13 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
 
 
 def find_local_problems(cfg: JobConfig) -> list[Problem]:
-    """Problems that need the local filesystem or this runtime's abilities: run where the job will
-    run (`rldock validate`, `rldock train`), not in the operator or the planner, which may plan a
-    layout this runtime cannot run yet."""
-    unbuilt = _unbuilt_runtime_problems(cfg)
+    """Problems that need the local filesystem: run where the job will run (`rldock validate`,
+    `rldock train`), not in the operator or the planner."""
     model_dir = Path(cfg.model.path).expanduser()
     if cfg.model.builder is None and not (model_dir / "config.json").is_file():
-        return [*unbuilt, Problem(
+        return [Problem(
             "model.path",
             f"no model at {model_dir} (config.json missing); point it at a Hugging Face format "
             "directory, or set model.builder to build a tiny demo model there",
         )]
-    return [*unbuilt, *_model_problems(cfg, model_dir)]
-
-
-def _unbuilt_runtime_problems(cfg: JobConfig) -> list[Problem]:
-    """Layouts the planner may show but this runtime cannot run yet."""
-    field, gen_tp = "rollout.tensor_parallel_size", cfg.rollout.tensor_parallel_size
-    if gen_tp > 1 and cfg.resources.device in ("npu", "cuda"):
-        # Ray shows each actor only its own device; the engine's TP workers would need the replica's.
-        return [Problem(field, f"{gen_tp} on resources.device {cfg.resources.device}: handing a replica's "
-                        "devices to its engine rank is not built yet (docs/placement.md, generation tensor "
-                        f"parallelism); use {field} 1 on accelerators")]
-    return []
+    return _model_problems(cfg, model_dir)

@@ -29,6 +29,9 @@ DeviceKind = Literal["npu", "cuda", "cpu"]
 # Collective backend per device kind: HCCL on Ascend, NCCL on NVIDIA, gloo on CPU.
 BACKENDS: dict[str, str] = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 REQUESTABLE = ("auto", "npu", "cuda", "cpu")
+# The variable that limits which accelerators a process (and the processes it starts) may use; Ray
+# sets it to each actor's own device. The CPU has none.
+VISIBLE_DEVICES_ENVS: dict[str, str] = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 
 # What the npu twin replaces, and with what (nothing else may branch on the twin):
 # - HCCL -> gloo: npu tensors are staged through host memory by the twin's `hccl_twin` backend,

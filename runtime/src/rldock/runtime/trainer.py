@@ -45,6 +45,7 @@ from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.grouping import split_group_columns
+from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
                                    tokens_per_s_per_device)
@@ -299,8 +300,11 @@ class Trainer:
         logger.info("rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "
                     "(rollout.tensor_parallel_size %d)", list(range(0, len(actors), groups.generation_tp)),
                     plan.engine_devices(groups.generation_tp), groups.generation_tp)
+        # Each engine rank sees its replica's devices before its engine starts (replica_devices).
+        engine_envs = engine_environments(ray.get([a.device_seat.remote() for a in actors]),
+                                          generation_tp=groups.generation_tp)
         rendezvous = ray.get(actors[0].pick_rendezvous.remote())
-        ray.get([a.join_group.remote(rendezvous) for a in actors])
+        ray.get([a.join_group.remote(rendezvous, engine_envs.get(r)) for r, a in enumerate(actors)])
         if critics:  # the critic ranks' own DDP group
             rendezvous = ray.get(critics[0].pick_rendezvous.remote())
             ray.get([c.join_group.remote(rendezvous) for c in critics])

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from rldock.config.job import RolloutSpec
-from rldock.runtime.device import DeviceInfo
+from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
 from rldock.runtime.engines.generation_memory import SleepCycle
 
 logger = logging.getLogger(__name__)
@@ -100,15 +100,20 @@ def _prepare_process(device: DeviceInfo) -> None:
 
 
 def _check_visible_devices(device: DeviceInfo, tp: int) -> None:
-    """An accelerator engine at TP `tp` needs that many devices visible in this process. Ray shows
-    an actor only the device of its own seat, and handing a replica's devices to its first rank is
-    not built yet (docs/placement.md#generation-tensor-parallelism)."""
+    """An accelerator engine at TP `tp` starts `tp` worker processes, each on one of the devices
+    this process's environment makes visible to its children. Ray shows an actor only its own
+    device; the trainer widens an engine rank's list to its replica's before the engine starts
+    (rldock.runtime.engines.replica_devices). This process's own device count was fixed when it
+    opened its device, so the variable is what counts here."""
+    name = VISIBLE_DEVICES_ENVS[device.kind]
+    listed = os.environ.get(name)
     device_type = torch.device(device.torch_device).type
-    visible = torch.get_device_module(device_type).device_count()
+    visible = len(listed.split(",")) if listed else torch.get_device_module(device_type).device_count()
     if visible < tp:
         raise RuntimeError(f"rollout.tensor_parallel_size={tp} needs {tp} {device_type} devices visible to the "
-                           f"engine's actor, which sees {visible}; use rollout.tensor_parallel_size 1 on "
-                           "accelerators for now")
+                           f"engine's actor, which sees {visible} ({name}={listed!r}); the trainer hands a "
+                           "replica's devices to its first rank, so start the engine through it (`rldock train`), "
+                           "or make the devices visible yourself")
 
 
 def _restore_env(key: str, value: str | None) -> None:
@@ -191,7 +196,7 @@ class VllmRolloutEngine:
             enforce_eager=rollout.enforce_eager,
             disable_log_stats=True,
         )
-        if tp > 1 and device.engine_kind != "cpu":
+        if tp > 1 and device.is_accelerator:  # the npu twin too: its workers get the replica's list
             _check_visible_devices(device, tp)
         if tp > 1:  # vLLM splits the weights over TP worker processes of its own ("ray" inside a
             # Ray placement group by default, which would ask Ray for more devices than the job holds)

@@ -15,9 +15,11 @@ into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md). Wit
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
+import ray
 import torch
 from tensordict import TensorDict
 
@@ -31,6 +33,7 @@ from rldock.runtime.engines.distributed import Rendezvous, init_process_group, p
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
+from rldock.runtime.engines.replica_devices import RankDevice
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
@@ -93,11 +96,19 @@ class ActorWorker(TakesTurns):
     def pick_rendezvous(self) -> Rendezvous:
         return pick_rendezvous()
 
-    def join_group(self, rendezvous: Rendezvous) -> None:
+    def device_seat(self) -> RankDevice:
+        """Where Ray put this rank: the trainer hands each replica's devices to its engine rank."""
+        context = ray.get_runtime_context()
+        ids = context.get_accelerator_ids().get(self.cfg.resources.accelerator_resource, [])
+        return RankDevice(node_id=context.get_node_id(), device_kind=self.device.kind, device_ids=tuple(ids))
+
+    def join_group(self, rendezvous: Rendezvous, engine_env: dict[str, str] | None = None) -> None:
         """Form the trainers' process group, then start the engine (called on all ranks at once).
 
         The order matters: an in-process vLLM engine adopts the default process group if one
         exists and otherwise creates a world of one that no later group could replace.
+        `engine_env`: on an engine rank at generation TP > 1 on an accelerator, its replica's visible
+        devices (rldock.runtime.engines.replica_devices), set before the engine spawns its TP workers.
         """
         init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
         if uses_sharded_training(self.cfg):  # the mesh's sub-groups form before vLLM adopts the world
@@ -112,6 +123,8 @@ class ActorWorker(TakesTurns):
             self.ddp_model = wrap_ddp(self.model, self.device)
         if not self.recipe.needs_rollout_engine or not self.holds_engine:  # DPO trains on given responses;
             return  # a replica's other ranks lend their devices to its first rank's engine
+        # This actor's process only: its TP workers inherit the list, its own device stays index 0.
+        os.environ.update(engine_env or {})
         algo = self.cfg.algorithm
         max_model_len = algo.max_prompt_length + algo.max_response_length
         self.engine = VllmRolloutEngine(
