@@ -371,9 +371,11 @@ class VllmRolloutEngine:
                 weights = iter(named_tensors)
             else:
                 # Worker processes: the pairs are pickled once per worker. Each tensor is copied
-                # into its own storage first, since pickling a view (of the gathered buffer, or a
-                # DDP bucket) writes its whole storage. vLLM's loaders narrow each to their rank.
-                weights = [(name, tensor.detach().clone()) for name, tensor in named_tensors]
+                # into its own host storage first: pickling a view (of the gathered buffer, or a
+                # DDP bucket) writes its whole storage, and a device tensor would be rebuilt in the
+                # worker on that device kind (pickling reads it through the host anyway). vLLM's
+                # loaders narrow each to their rank and copy it onto the worker's device.
+                weights = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in named_tensors]
             self._llm.collective_rpc(_reload_on_worker, args=(iter(weights),))
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
