@@ -1,6 +1,8 @@
 """The memory planner's arithmetic (rldock.runtime.planning): parameter counts, training state per
-rank under DDP and FSDP, activations, phases, and the verdict naming the field to change."""
+rank under DDP and FSDP, activations, phases (the engine asleep through the update on accelerators),
+the PPO critic rank's device, and the verdict naming the field to change."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import yaml
 
 from rldock.config import parse_job_config
 from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
-from rldock.runtime.planning.memory import GIB, activation_bytes, training_state_bytes
+from rldock.runtime.planning.memory import GIB, PhaseBytes, activation_bytes, critic_params, training_state_bytes
 from rldock.runtime.planning.shapes import load_shape, shape_from_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
@@ -80,16 +82,53 @@ def test_phases_allgather_swap_and_offload_move_the_state_to_the_host():
     swapped = plan_memory(job(strategy="fsdp", resharding="allgather_swap"), SMALL, device_memory=memory)
     assert swapped.generation.training_state == 0 and swapped.generation.host == swapped.update.training_state
     offloaded = plan_memory(job(strategy="fsdp", fsdp_cpu_offload=True), SMALL, device_memory=memory)
-    assert offloaded.update.training_state == 0 and offloaded.update.host == naive.update.training_state
+    engine_weights = SMALL.num_params * 4  # offloaded by the engine's level-1 sleep during the update
+    assert offloaded.update.training_state == 0
+    assert offloaded.update.host == naive.update.training_state + engine_weights
 
 
 def test_engine_takes_its_memory_share_and_keeps_the_rest_as_kv_cache():
     cfg = job()
     plan = plan_memory(cfg, SMALL, device_memory=64 * GIB)
     weights = SMALL.num_params * 4
-    assert plan.update.generation_weights == weights
-    assert plan.update.kv_cache == int(cfg.rollout.gpu_memory_utilization * 64 * GIB) - weights
-    assert plan.kv_cache_tokens == plan.update.kv_cache // SMALL.kv_bytes_per_token(4)
+    assert plan.generation.generation_weights == weights
+    assert plan.generation.kv_cache == int(cfg.rollout.gpu_memory_utilization * 64 * GIB) - weights
+    assert plan.kv_cache_tokens == plan.generation.kv_cache // SMALL.kv_bytes_per_token(4)
+
+
+def _with(cfg, section: str, **changes):
+    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=changes)})
+
+
+@pytest.mark.parametrize(("level", "host_weights"), [(1, True), (2, False)])
+def test_the_engine_sleeps_through_the_update_on_an_accelerator(level, host_weights):
+    cfg = _with(job(), "rollout", sleep_level=level)
+    plan = plan_memory(cfg, SMALL, device_memory=64 * GIB)
+    weights, state = SMALL.num_params * 4, plan.update.training_state
+    assert plan.engine_sleeps
+    assert (plan.update.generation_weights, plan.update.kv_cache) == (0, 0)  # KV cache freed, weights moved
+    assert plan.update.host == (weights if host_weights else 0)  # level 1: host copy; level 2: discarded
+    assert plan.weight_push == state + weights  # woken weights beside the state, KV cache still freed
+    assert plan.generation.generation_weights == weights and plan.generation.kv_cache > 0
+    assert plan.peak == max(plan.update.device_total, plan.generation.device_total, plan.weight_push)
+
+
+def test_on_cpu_the_engine_keeps_its_weights_and_cache_through_the_update():
+    cfg = _with(job(), "resources", device="cpu")
+    plan = plan_memory(cfg, SMALL, device_memory=64 * GIB)
+    weights, kv_cache = SMALL.num_params * 4, int(cfg.rollout.cpu_kv_cache_gib * GIB)
+    assert not plan.engine_sleeps
+    assert (plan.update.generation_weights, plan.update.kv_cache, plan.update.host) == (weights, kv_cache, 0)
+    assert plan.weight_push == plan.update.training_state + weights + kv_cache
+
+
+def test_the_weight_push_can_be_the_peak():
+    # No activations to speak of and a swap: the push (state + woken weights) outgrows both phases.
+    cfg = _with(job(resharding="allgather_swap", micro_batch_size=1), "algorithm", max_prompt_length=1,
+                max_response_length=1)
+    plan = plan_memory(cfg, SMALL, device_memory=SMALL.num_params * 4 * 8)  # the engine gets half: 4x its weights
+    assert plan.weight_push > max(plan.update.device_total, plan.generation.device_total)
+    assert plan.peak == plan.weight_push
 
 
 def test_paper_7b_fits_64gib_with_fsdp_and_ddp_is_refused_naming_a_field():
@@ -99,8 +138,12 @@ def test_paper_7b_fits_64gib_with_fsdp_and_ddp_is_refused_naming_a_field():
     ddp = cfg.model_copy(update={"training": cfg.training.model_copy(update={"strategy": "ddp", "mixed_precision": "none"})})
     verdict = check_fit(ddp, shape, device_memory=128 * GIB)  # fsdp alone fits 128 GiB
     assert not verdict.fits and verdict.field == "training.strategy"
-    verdict = check_fit(ddp, shape, device_memory=64 * GIB)  # on 64 GiB only more ranks do
-    assert not verdict.fits and verdict.field == "training.data_parallel_size" and ">= 32" in verdict.message
+    # With the engine asleep through the update, FSDP over the example's 16 ranks fits 64 GiB too.
+    verdict = check_fit(ddp, shape, device_memory=64 * GIB)
+    assert not verdict.fits and verdict.field == "training.strategy"
+    two_ranks = _with(_with(ddp, "training", data_parallel_size=2), "rollout", gpu_memory_utilization=0.9)
+    verdict = check_fit(two_ranks, shape, device_memory=40 * GIB)  # on 40 GiB only more ranks do
+    assert not verdict.fits and verdict.field == "training.data_parallel_size" and ">= 16" in verdict.message
 
 
 def test_refusal_names_the_first_single_change_that_fits():
@@ -138,3 +181,63 @@ def test_generation_tp_splits_the_engine_weights_over_its_devices():
     split = plan_memory(parse_job_config(data), PRESETS["qwen2.5-32b"], device_memory=64 * GIB)
     assert split.generation.generation_weights == whole.generation.generation_weights // 4
     assert split.update.params == whole.update.params  # training is unchanged
+
+
+def ppo_job(*, kl_coef: float = 0.01, placement: str = "colocated", **training):
+    data = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+    data["training"].update(training)
+    data["algorithm"].update(name="ppo", kl_coef=kl_coef)
+    data["resources"].update(device="npu", devices_per_node=16, placement=placement)
+    return parse_job_config(data)
+
+
+def test_the_critic_is_the_policy_body_with_a_value_head():
+    assert critic_params(SMALL) == SMALL.num_params + 8 + 1  # tied: the embedding is the body's
+    untied = dataclasses.replace(SMALL, tie_word_embeddings=False)
+    assert critic_params(untied) == untied.num_params - 10 * 8 + 8 + 1  # the LM head dropped
+
+
+def test_a_critic_rank_holds_a_full_replica_and_its_activations():
+    cfg = ppo_job(micro_batch_size=2, data_parallel_size=2)
+    critic = plan_memory(cfg, SMALL, device_memory=64 * GIB).critic
+    params = critic_params(SMALL) * 4
+    tokens = 2 * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
+    per_layer = tokens * (4 * 8 + (2 + 2) * 4 + 2 * 4 + 4 * 16) * 4  # as the actor's, at TP 1
+    assert critic.update == PhaseBytes(params, params, 2 * params, activations=2 * per_layer + tokens * 4)
+    assert critic.generation == PhaseBytes(params, params, 2 * params)  # never swapped
+    assert plan_memory(job(), SMALL, device_memory=64 * GIB).critic is None  # GRPO has none
+
+
+@pytest.mark.parametrize(("cfg", "beside"), [
+    (ppo_job(data_parallel_size=2), False),  # actor and reference fill devices 0, 1: critics open 2, 3
+    (ppo_job(data_parallel_size=2, kl_coef=0.0), True),  # no reference: critic r beside actor r
+    (ppo_job(data_parallel_size=2, tensor_parallel_size=2), True),  # the TP actor devices' free halves
+    (ppo_job(data_parallel_size=2, tensor_parallel_size=2, placement="separate"), False),
+])
+def test_where_the_critic_sits_matches_the_jobs_placement(cfg, beside):
+    from rldock.runtime.algorithms.recipes import job_recipe
+    from rldock.runtime.cluster import job_placement
+
+    plan = job_placement(cfg, job_recipe(cfg))  # what the trainer reserves
+    assert any(seat.bundle < len(plan.actors) for seat in plan.critics) is beside
+    assert plan_memory(cfg, SMALL, device_memory=64 * GIB).critic.beside_actor is beside
+
+
+def test_a_critic_beside_an_actor_rank_adds_to_that_device():
+    alone = plan_memory(ppo_job(data_parallel_size=2), SMALL, device_memory=64 * GIB)
+    beside = plan_memory(ppo_job(data_parallel_size=2, kl_coef=0.0), SMALL, device_memory=64 * GIB)
+    assert alone.peak == max(alone.actor_peak, alone.critic.peak)
+    assert beside.peak == max(beside.update.device_total + beside.critic.update.device_total,
+                              beside.generation.device_total + beside.critic.generation.device_total,
+                              beside.weight_push + beside.critic.update.device_total)
+    assert beside.peak > beside.actor_peak
+
+
+def test_a_critic_too_big_for_its_device_is_refused_naming_a_field():
+    shape = PRESETS["qwen2.5-7b"]
+    cfg = ppo_job(data_parallel_size=2, strategy="fsdp", resharding="allgather_swap", micro_batch_size=1)
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"gpu_memory_utilization": 0.9})})
+    verdict = check_fit(cfg, shape, device_memory=64 * GIB)  # float32 critic: 4 x 26.4 GiB of state
+    assert not verdict.fits and verdict.field == "model.dtype" and "critic rank" in verdict.message
+    verdict = check_fit(cfg, shape, device_memory=32 * GIB)  # even in bfloat16 (52.8 GiB) it does not fit
+    assert not verdict.fits and verdict.field == "resources.device_memory_gib" and "not sharded" in verdict.message

@@ -23,10 +23,21 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
 - KV cache: on an accelerator vLLM takes rollout.gpu_memory_utilization of the device and keeps
   what its weights leave as cache; on CPU, rollout.cpu_kv_cache_gib.
 
-Phases: in the update the engine keeps its weights and cache (no sleep mode in this release), so the
-update phase holds the engine plus the training state, gathered weights and activations. During
+Phases: on an accelerator the engine sleeps through the update (rollout.sleep_level; vLLM sleep
+mode): its KV cache is freed, and its weights go to host memory at level 1 or are discarded at level
+2 (pushed again before the next generation). So the update's training step holds the training
+state, gathered weights and activations with no engine, and at the update's end the weight push
+wakes the engine's weights beside the training state (its KV cache still freed): `weight_push`. On
+CPU vLLM refuses sleep mode, so the engine keeps its weights and cache through the update. During
 generation the training state stays on the device unless training.resharding is allgather_swap
 (swapped to the host) or training.fsdp_cpu_offload (it lives on the host).
+
+The PPO critic (ppo, pf_ppo): one rank per data-parallel rank, each a full DDP replica of the value
+model (the policy's body without its LM head, plus a one-output head) with its gradients and AdamW
+state, never swapped, plus its activations in the update (one micro-batch, no gradient
+checkpointing, no logits). Critic ranks never share a device with each other (rldock.contract.
+placement); a critic rank's device holds it alone, or beside an actor rank in a colocated job whose
+actor devices have a half left (`CriticBytes.beside_actor`), and then the two add up.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from rldock.config import JobConfig
+from rldock.contract.algorithms import needs_critic, needs_rollout
+from rldock.contract.placement import plan_placement
 from rldock.runtime.planning.shapes import ModelShape
 
 GIB = 1024 ** 3
@@ -43,7 +56,8 @@ COMPUTE_BYTES = {"bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class PhaseBytes:
-    """Device bytes by category in one phase; `host` is training state held in host memory."""
+    """Device bytes by category in one phase; `host` is what the device's workers keep in host
+    memory (training state swapped or offloaded, engine weights a level-1 sleep offloaded)."""
 
     params: int = 0
     grads: int = 0
@@ -64,6 +78,19 @@ class PhaseBytes:
 
 
 @dataclass(frozen=True)
+class CriticBytes:
+    """One PPO critic rank's device bytes, and whether its device also holds an actor rank."""
+
+    update: PhaseBytes
+    generation: PhaseBytes
+    beside_actor: bool
+
+    @property
+    def peak(self) -> int:
+        return max(self.update.device_total, self.generation.device_total)
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     model: str
     num_params: int
@@ -74,10 +101,25 @@ class MemoryPlan:
     generation: PhaseBytes
     device_memory: int | None
     kv_cache_tokens: int
+    weight_push: int  # device bytes while the update's end pushes weights into the woken engine
+    engine_sleeps: bool  # the engine sleeps through the update (an accelerator)
+    critic: CriticBytes | None = None
+
+    @property
+    def actor_peak(self) -> int:
+        return max(self.update.device_total, self.generation.device_total, self.weight_push)
 
     @property
     def peak(self) -> int:
-        return max(self.update.device_total, self.generation.device_total)
+        """The fullest device: an actor rank's, a critic rank's, or both where they share one."""
+        critic = self.critic
+        if critic is None:
+            return self.actor_peak
+        if not critic.beside_actor:
+            return max(self.actor_peak, critic.peak)
+        return max(self.update.device_total + critic.update.device_total,
+                   self.generation.device_total + critic.generation.device_total,
+                   self.weight_push + critic.update.device_total)
 
 
 def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, int]:
@@ -94,20 +136,67 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
             -(-2 * trainable * param_bytes // shard))
 
 
+def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int) -> int:
+    """What autograd keeps of one decoder layer for `tokens` tokens (module docstring)."""
+    h, d = shape.hidden_size, shape.head_dim
+    return tokens * (4 * h + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d
+                              + 4 * shape.intermediate_size) // tp) * element
+
+
+def _micro_batch_tokens(cfg: JobConfig) -> int:
+    return cfg.training.micro_batch_size * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
+
+
 def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     """The update's activations for one micro-batch (see the module docstring for the formula)."""
-    algo, training = cfg.algorithm, cfg.training
-    tokens = training.micro_batch_size * (algo.max_prompt_length + algo.max_response_length)
+    training = cfg.training
+    tokens = _micro_batch_tokens(cfg)
     element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-    h, d, tp = shape.hidden_size, shape.head_dim, training.tensor_parallel_size
-    per_layer = tokens * (4 * h + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d
-                                   + 4 * shape.intermediate_size) // tp) * element
+    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=training.tensor_parallel_size)
     if training.gradient_checkpointing:
-        layers = shape.num_layers * tokens * h * element + per_layer
+        layers = shape.num_layers * tokens * shape.hidden_size * element + per_layer
     else:
         layers = shape.num_layers * per_layer
     logits = tokens * shape.vocab_size * 4 * 2
     return layers + logits
+
+
+def critic_params(shape: ModelShape) -> int:
+    """The value model's parameters: the policy's body (its token embedding kept, the LM head dropped
+    unless tied to it) and a value head of hidden_size weights and a bias."""
+    lm_head = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size
+    return shape.num_params - lm_head + shape.hidden_size + 1
+
+
+def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
+    """One critic rank's device bytes (module docstring); None when the algorithm has no critic."""
+    if not needs_critic(cfg.algorithm.name):
+        return None
+    param_bytes = DTYPE_BYTES[cfg.model.dtype]
+    params = critic_params(shape) * param_bytes
+    tokens = _micro_batch_tokens(cfg)
+    activations = (shape.num_layers * _layer_activation_bytes(shape, tokens=tokens, element=param_bytes, tp=1)
+                   + tokens * 4)  # float32 values
+    state = (params, params, 2 * params)  # params, grads, AdamW's two moments: a full DDP replica
+    return CriticBytes(update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state),
+                       beside_actor=_critic_beside_actor(cfg))
+
+
+def _critic_beside_actor(cfg: JobConfig) -> bool:
+    """Whether the job's placement (rldock.runtime.cluster.job_placement) seats a critic rank on an
+    actor rank's device. The critic algorithms run a reference rank per DP rank unless kl_coef is 0
+    (job_recipe drops the state) or LoRA (the actors run the reference pass)."""
+    training, resources = cfg.training, cfg.resources
+    # Planned for one DP rank: the answer does not depend on the DP size (each DP rank brings its
+    # tp actor devices, its reference and its critic alike), and the verdict's search re-plans at
+    # thousands of ranks, where the first-fit placement would take seconds.
+    actor_ranks = training.tensor_parallel_size
+    references = 0 if training.lora is not None or cfg.algorithm.kl_coef == 0 else 1
+    plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks,
+                          num_reference_ranks=references, num_critic_ranks=1,
+                          reward_model=cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name),
+                          mode=resources.placement)
+    return any(seat.bundle < actor_ranks for seat in plan.critics)  # actor rank i sits on bundle i
 
 
 def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) -> tuple[int, int]:
@@ -132,14 +221,20 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
     offloaded = training.strategy == "fsdp" and training.fsdp_cpu_offload
     state = (0, 0, 0) if offloaded else (params, grads, optimizer)
     host = params + grads + optimizer if offloaded else 0
+    sleeps = cfg.resources.device != "cpu"  # vLLM refuses sleep mode on CPU
+    # asleep: no KV cache; the weights in host memory at level 1, discarded at level 2
+    update_engine = (0, 0, weights if cfg.rollout.sleep_level == 1 else 0) if sleeps else (weights, kv_cache, 0)
     update = PhaseBytes(*state, fsdp_gathered=gathered, activations=activation_bytes(cfg, shape),
-                        generation_weights=weights, kv_cache=kv_cache, host=host)
+                        generation_weights=update_engine[0], kv_cache=update_engine[1], host=host + update_engine[2])
+    # the update's end: the engine's weights wake (KV cache still freed) and take the new ones
+    weight_push = sum(state) + weights + (0 if sleeps else kv_cache)
     swapped = training.resharding == "allgather_swap"
     generation = PhaseBytes(*((0, 0, 0) if swapped else state), generation_weights=weights, kv_cache=kv_cache,
                             host=host + (params + grads + optimizer if swapped and not offloaded else 0))
     return MemoryPlan(model=shape.name, num_params=shape.num_params, strategy=training.strategy,
                       data_parallel_size=training.data_parallel_size,
                       tensor_parallel_size=training.tensor_parallel_size, update=update, generation=generation,
-                      device_memory=device_memory,
+                      device_memory=device_memory, weight_push=weight_push, engine_sleeps=sleeps,
+                      critic=plan_critic(cfg, shape),
                       kv_cache_tokens=kv_cache * cfg.rollout.tensor_parallel_size
                       // shape.kv_bytes_per_token(DTYPE_BYTES[cfg.model.dtype]))  # a device holds 1/TP of the KV heads

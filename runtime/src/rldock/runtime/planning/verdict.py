@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rldock.config import JobConfig
-from rldock.runtime.planning.memory import GIB, MemoryPlan, plan_memory
+from rldock.runtime.planning.memory import GIB, MemoryPlan, plan_critic, plan_memory
 from rldock.runtime.planning.shapes import ModelShape
 
 MAX_SEARCHED_DP = 4096
@@ -73,12 +73,31 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
                    "rollout.tensor_parallel_size to split the engine over more devices, or use a larger device")
 
 
+def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory: int) -> Verdict:
+    """A PPO critic rank alone exceeds its device: it is a full DDP replica, so only its micro-batch,
+    the dtype or the device can change that."""
+    need = (f"a critic rank (algorithm.name {cfg.algorithm.name}: a full DDP replica of the value model with "
+            f"AdamW) needs {peak / GIB:.1f} GiB > {device_memory / GIB:.1f} GiB per device")
+    for field, change, changed in (
+            ("training.micro_batch_size", "training.micro_batch_size: 1", lambda c: _with_training(c, micro_batch_size=1)),
+            ("model.dtype", "model.dtype: bfloat16", lambda c: c.model_copy(update={
+                "model": c.model.model_copy(update={"dtype": "bfloat16"})}))):
+        after = plan_critic(changed(cfg), shape)
+        if after is not None and after.peak <= device_memory:
+            return Verdict(False, field, f"{need}; set {change} (the critic then {after.peak / GIB:.1f} GiB)")
+    return Verdict(False, "resources.device_memory_gib", f"{need}; critic ranks are not sharded: use a larger "
+                   "device or a smaller model")
+
+
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:
     """Whether the job fits `device_memory` bytes per device; a refusal names one field to change."""
     plan = plan_memory(cfg, shape, device_memory=device_memory)
     weights = plan.generation.generation_weights
     if cfg.resources.device != "cpu" and weights > cfg.rollout.gpu_memory_utilization * device_memory:
         return _engine_refusal(cfg, weights, device_memory)
+    critic = plan.critic
+    if critic is not None and critic.peak > device_memory:  # no actor-side change can help it
+        return _critic_refusal(cfg, shape, critic.peak, device_memory)
     if _fits(plan):
         return Verdict(True, None, f"fits: peak {plan.peak / GIB:.1f} GiB of {device_memory / GIB:.1f} GiB per device")
     need = f"peak {plan.peak / GIB:.1f} GiB > {device_memory / GIB:.1f} GiB per device"
