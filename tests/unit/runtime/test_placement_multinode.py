@@ -21,6 +21,7 @@ from ray.cluster_utils import Cluster
 from rldock.config import parse_job_config
 from rldock.runtime import cluster as placement
 from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.engines.replica_devices import RankDevice, engine_environments, seat_of_this_actor
 
 EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
 NPUS_PER_NODE = 2
@@ -49,6 +50,10 @@ class PlacementProbe:
         (device,) = context.get_accelerator_ids()["NPU"]
         return context.get_node_id(), device, context.get_placement_group_id()
 
+    def seat(self) -> RankDevice:
+        """What ActorWorker.device_seat reports (the product's function, run in this actor)."""
+        return seat_of_this_actor(accelerator_resource="NPU", device_kind="npu")
+
 
 def _job(**overrides):
     data = {**EXAMPLE, "algorithm": {**EXAMPLE["algorithm"], **overrides.pop("algorithm", {})},
@@ -58,9 +63,10 @@ def _job(**overrides):
     return parse_job_config(data)
 
 
-def _place(cfg) -> dict[str, tuple[str, str]]:
+def _place(cfg, seats_out: dict[str, RankDevice] | None = None) -> dict[str, tuple[str, str]]:
     """Seat a probe for every device worker of `cfg`'s plan; (node, device) of each by worker name,
-    after checking that each landed in the job's placement group on its bundle's node."""
+    after checking that each landed in the job's placement group on its bundle's node. `seats_out`
+    collects what each probe's `seat` reports."""
     plan = placement.job_placement(cfg, job_recipe(cfg))
     group = placement.reserve(plan, timeout_s=60)
     try:
@@ -70,6 +76,8 @@ def _place(cfg) -> dict[str, tuple[str, str]]:
         probes = {name: placement.seated(PlacementProbe, group=group, plan=plan, seat=seat).remote()
                   for name, seat in seats.items()}
         placed = dict(zip(probes, ray.get([p.where.remote() for p in probes.values()])))
+        if seats_out is not None:
+            seats_out.update(zip(probes, ray.get([p.seat.remote() for p in probes.values()])))
         bundle_nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
         for name, (node, _, group_id) in placed.items():
             assert group_id == group.id.hex() and node == bundle_nodes[seats[name].bundle], name
@@ -112,8 +120,16 @@ def test_each_generation_tp_engine_spans_distinct_devices_of_one_node(two_nodes:
     plan = placement.job_placement(cfg, job_recipe(cfg))
     engines = plan.engine_devices(cfg.rollout.tensor_parallel_size)
     assert engines == ((0, 1), (2, 3))
-    placed = _place(cfg)
+    seats: dict[str, RankDevice] = {}
+    placed = _place(cfg, seats)
     for bundles in engines:
         devices = [placed[f"actor {b}"] for b in bundles]
         assert len(set(devices)) == len(bundles)  # TP peers on distinct devices
         assert len({node for node, _ in devices}) == 1  # one engine's workers on one node
+    # What the trainer hands each engine rank: its replica's Ray devices, its own first.
+    ranks = [seats[f"actor {r}"] for r in range(4)]
+    assert [(s.node_id, s.device_ids) for s in ranks] == [(node, (device,)) for node, device in
+                                                          (placed[f"actor {r}"] for r in range(4))]
+    envs = engine_environments(ranks, generation_tp=2)
+    assert envs == {first: {"ASCEND_RT_VISIBLE_DEVICES": f"{placed[f'actor {first}'][1]},"
+                                                         f"{placed[f'actor {first + 1}'][1]}"} for first in (0, 2)}

@@ -10,14 +10,16 @@ weights pushed from its training copy already are) and worker i on a peer's. The
 their own device for training. The actor's own process has already opened its device by then and
 keeps it as local index 0, which is still its device in the new list.
 
-Pure: the trainer asks each actor rank where Ray put it (`RankDevice`) and hands each engine rank
-the environment `engine_environments` returns.
+The trainer asks each actor rank where Ray put it (`seat_of_this_actor`, run inside the actor) and
+hands each engine rank the environment `engine_environments` (pure) returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import ray
 
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS
 
@@ -29,6 +31,13 @@ class RankDevice:
     node_id: str
     device_kind: str  # "npu", "cuda" or "cpu" (DeviceInfo.kind)
     device_ids: tuple[str, ...]  # Ray's accelerator ids for the job's device resource
+
+
+def seat_of_this_actor(*, accelerator_resource: str, device_kind: str) -> RankDevice:
+    """The calling Ray actor's node and the ids Ray assigned it of `accelerator_resource` (e.g. NPU)."""
+    context = ray.get_runtime_context()
+    ids = context.get_accelerator_ids().get(accelerator_resource, [])
+    return RankDevice(node_id=context.get_node_id(), device_kind=device_kind, device_ids=tuple(ids))
 
 
 def engine_environments(ranks: Sequence[RankDevice], *, generation_tp: int) -> dict[int, dict[str, str]]:

@@ -19,7 +19,6 @@ import os
 import time
 from pathlib import Path
 
-import ray
 import torch
 from tensordict import TensorDict
 
@@ -33,7 +32,7 @@ from rldock.runtime.engines.distributed import Rendezvous, init_process_group, p
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
-from rldock.runtime.engines.replica_devices import RankDevice
+from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
@@ -98,9 +97,8 @@ class ActorWorker(TakesTurns):
 
     def device_seat(self) -> RankDevice:
         """Where Ray put this rank: the trainer hands each replica's devices to its engine rank."""
-        context = ray.get_runtime_context()
-        ids = context.get_accelerator_ids().get(self.cfg.resources.accelerator_resource, [])
-        return RankDevice(node_id=context.get_node_id(), device_kind=self.device.kind, device_ids=tuple(ids))
+        return seat_of_this_actor(accelerator_resource=self.cfg.resources.accelerator_resource,
+                                  device_kind=self.device.kind)
 
     def join_group(self, rendezvous: Rendezvous, engine_env: dict[str, str] | None = None) -> None:
         """Form the trainers' process group, then start the engine (called on all ranks at once).
