@@ -60,8 +60,10 @@ def engine_environments(ranks: Sequence[RankDevice], *, generation_tp: int) -> d
             continue
         where = f"generation replica of actor ranks {first}..{first + generation_tp - 1}"
         if any(len(rank.device_ids) != 1 for rank in replica):
-            raise ValueError(f"{where}: each actor rank must see exactly one device, they see "
-                             f"{[list(rank.device_ids) for rank in replica]}")
+            raise ValueError(f"{where}: each actor rank must hold exactly one device id from Ray, they hold "
+                             f"{[list(rank.device_ids) for rank in replica]}; Ray assigns ids only for the "
+                             "accelerators it manages, so resources.accelerator_resource must be NPU on Ascend "
+                             f"or GPU on NVIDIA to use rollout.tensor_parallel_size {generation_tp} there")
         devices = [rank.device_ids[0] for rank in replica]
         if len(set(devices)) != len(devices):
             raise ValueError(f"{where}: its ranks share devices {devices}; one engine's TP workers need "
