@@ -3,7 +3,7 @@
 OUTPUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test crd e2e images test-containers
+.PHONY: setup demo test test-slow crd e2e images test-containers
 setup:
 	./scripts/setup.sh
 
@@ -16,6 +16,11 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)
+
+# The opt-in slow tests (README.md, "Tests"): each algorithm's demo learning against its
+# learning-rate-0 control, and the planner check at ~110M parameters. About 25 minutes here.
+test-slow: setup
+	.venv/bin/python -m pytest -m slow $(PYTEST_ARGS)
 
 # Regenerate the RLJob CRD from the operator's models, with the Helm chart's copy of it, the
 # RLJob reference and the config reference (tests fail while any of them is stale).
