@@ -7,7 +7,7 @@ read the tensors straight from the warehouses. One controller per state keeps ea
 hand-out independent (the reference model and the reward function consume the same samples) and
 each controller small.
 
-In distributed mode every controller is its own async Ray actor; in central mode the states'
+In distributed mode the controllers of all states share one async Ray actor, the controller host; in central mode the states'
 controllers share the buffer's event loop (`ControllerHub`, below). Hand-out works from an
 incremental index of ready, untaken units (handout.py): a request costs O(units it takes), and
 a waiting request is an entry in a queue that a write serves only when it can now be satisfied,
