@@ -40,6 +40,7 @@ def column_bytes(pl: int, sl: int) -> dict[str, int]:
         "prompt_ids": pl * _INT64, "prompt_mask": pl * _INT64,
         "prompt_index": _INT64,
         "response_ids": sl * _INT64, "response_mask": sl * _INT64,
+        "policy_version": _INT64,  # the rollout tags each sample with the weights' version (one int64)
         "old_logprobs": sl * _FLOAT32, "ref_logprobs": sl * _FLOAT32,
         "reward": _FLOAT32, "advantage": _FLOAT32,
     }
@@ -266,7 +267,9 @@ def _batch_size(share: int, most: int, unit: int) -> int:
 
 def _responses(indices: torch.Tensor, sl: int) -> TensorDict:
     mask = (torch.arange(sl) < response_lengths(indices, sl)[:, None]).long()  # (B, SL)
-    return TensorDict({"response_ids": mask * 7, "response_mask": mask}, batch_size=[len(indices)])
+    versions = torch.zeros(len(indices), dtype=torch.int64)  # (B,) the rollout's policy_version column
+    return TensorDict({"response_ids": mask * 7, "response_mask": mask, "policy_version": versions},
+                      batch_size=[len(indices)])
 
 
 def _logprobs(batch: TensorDict, name: str) -> TensorDict:

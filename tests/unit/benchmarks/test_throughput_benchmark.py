@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rldock_benchmarks.throughput import ALL_OFF, ALL_ON, SWITCHES_OFF, shape_config, shapes, summarise
+from rldock_benchmarks.throughput import ALL_OFF, ALL_ON, SWITCHES_OFF, SWITCHES_ON, shape_config, shapes, summarise
 
 MODELS = {"heavy": Path("/m/heavy"), "heavy_no_eos": Path("/m/heavy-no-eos")}
 
@@ -18,14 +18,14 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
         on = shape_config(shape, ALL_ON, iterations=3, models=MODELS)
         off = shape_config(shape, ALL_OFF, iterations=3, models=MODELS)
         assert (on.algorithm.recompute_old_logprobs, on.training.trim_padding, on.training.num_threads,
-                on.rollout.stream_groups) == ("auto", True, None, 1)
+                on.rollout.stream_groups) == ("auto", True, None, 0)
         assert (off.algorithm.recompute_old_logprobs, off.training.trim_padding, off.training.num_threads,
                 off.rollout.stream_groups) == ("always", False, 0, 0)
-        for variant in SWITCHES_OFF.values():
+        for variant in [*SWITCHES_OFF.values(), *SWITCHES_ON.values()]:
             cfg = shape_config(shape, variant, iterations=3, models=MODELS)
             changed = [cfg.algorithm.recompute_old_logprobs != "auto", not cfg.training.trim_padding,
-                       cfg.training.num_threads is not None, cfg.rollout.stream_groups == 0]
-            assert sum(changed) == 1, (shape.name, variant)  # exactly one optimisation off
+                       cfg.training.num_threads is not None, cfg.rollout.stream_groups != 0]
+            assert sum(changed) == 1, (shape.name, variant)  # exactly one optimisation switched
     full = {s.name: shape_config(s, ALL_ON, iterations=3, models=MODELS) for s in shapes(False)}
     heavy = full["generation_heavy"].algorithm
     assert (heavy.num_prompts_per_iteration, heavy.num_responses_per_prompt, heavy.max_response_length) == (32, 8, 128)

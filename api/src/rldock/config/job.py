@@ -387,11 +387,12 @@ class RolloutSpec(Spec):
         "weights again before the next generation. Level 2 needs tensor_parallel_size 1 and resharding naive.",
     )
     stream_groups: int = Field(
-        default=1, ge=0, le=65536,
-        description="Finer streaming: each actor rank generates its prompt groups in one engine batch and "
-        "writes them to the dock as soon as this many groups have all their responses, so downstream "
-        "stages start on them while the rest still generate. 0: the rank writes its whole batch at once "
-        "(for comparison).",
+        default=0, ge=0, le=65536,
+        description="Finer streaming (opt-in): each actor rank generates its prompt groups in one engine batch "
+        "and writes them to the dock as soon as this many groups have all their responses, so downstream "
+        "stages start on them while the rest still generate. Pays where response lengths differ a lot; "
+        "each write is a dock round trip, which on short responses costs more than it overlaps. "
+        "0 (default): the rank writes its whole batch at once.",
     )
     tensor_parallel_size: int = Field(
         default=1, ge=1, le=64,

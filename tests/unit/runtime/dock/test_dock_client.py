@@ -455,15 +455,16 @@ def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) 
         dock.shutdown()
 
 
-def test_a_dead_controller_fails_its_consumers_and_the_writers_that_tell_it(kill_actor) -> None:
+def test_a_dead_controller_host_fails_its_consumers_and_the_writers_that_tell_it(kill_actor) -> None:
     dock = killable_dock("distributed", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
-    update = dock._route.peers()[-1]  # one controller actor per state, the last state's last
+    host = dock._route.peers()[-1]  # the one actor holding every state's controller
+    name = "dock controller host (the controllers of states ['reference', 'update'])"
     try:
-        assert update.name == "dock controller of state 'update'"
-        kill_actor(update.handle)
-        with pytest.raises(DockActorDiedError, match="dock controller of state 'update'"):
+        assert host.name == name
+        kill_actor(host.handle)
+        with pytest.raises(DockActorDiedError, match=re.escape(name)):
             dock.get("update", ["prompt_ids"], batch_size=2)
-        with pytest.raises(DockActorDiedError, match="dock controller of state 'update'"):
+        with pytest.raises(DockActorDiedError, match=re.escape(name)):
             dock.put(torch.arange(2), samples([0, 1], ("prompt_ids",)))
     finally:
         dock.shutdown()

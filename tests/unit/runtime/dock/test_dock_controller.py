@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from rldock.runtime.dock.controller import Controller
+from rldock.runtime.dock.controller import Controller, ControllerHub
 from rldock.runtime.dock.errors import DockTimeoutError
 from rldock.runtime.dock.ownership import DockLayout
 
@@ -333,5 +333,26 @@ def test_a_write_wakes_only_the_requests_it_can_serve() -> None:
         assert not large.done() and (await controller.stats())["waiting_now"] == 1
         await ready(controller, [3, 4, 5, 6, 7])
         assert (await large).indices.tolist() == [2, 3, 4, 5, 6, 7]
+
+    asyncio.run(scenario())
+
+
+def test_the_controller_host_tells_only_the_states_a_write_concerns() -> None:
+    """One process holds every state's controller; a write named for some states leaves the others'
+    readiness, counters and waiting requests untouched, and `advance_policy` reaches every state."""
+    async def scenario() -> None:
+        layout = DockLayout(num_samples=4, group_size=2, num_warehouses=1)
+        hub = ControllerHub(states={"reference": COLUMNS, "update": COLUMNS}, layout=layout, default_timeout_s=1.0)
+        waiting = asyncio.ensure_future(hub.request("update", 0, 4, timeout_s=0.2))
+        await hub.mark_ready(np.arange(4), COLUMNS, states=["reference"])
+        assert (await hub.request("reference", 0, 4)).indices.tolist() == [0, 1, 2, 3]
+        with pytest.raises(DockTimeoutError, match="state 'update'"):
+            await waiting
+        stats = await hub.stats()
+        assert (stats["reference"]["mark_ready_calls"], stats["update"]["mark_ready_calls"]) == (1, 0)
+        with pytest.raises(ValueError, match="unknown dock state 'rollout'"):
+            await hub.mark_ready(np.arange(4), COLUMNS, states=["rollout"])
+        await hub.advance_policy(2)
+        assert [s["policy_version"] for s in (await hub.stats()).values()] == [2, 2]
 
     asyncio.run(scenario())

@@ -7,7 +7,7 @@ read the tensors straight from the warehouses. One controller per state keeps ea
 hand-out independent (the reference model and the reward function consume the same samples) and
 each controller small.
 
-In distributed mode every controller is its own async Ray actor; in central mode the states'
+In distributed mode the controllers of all states share one async Ray actor, the controller host; in central mode the states'
 controllers share the buffer's event loop (`ControllerHub`, below). Hand-out works from an
 incremental index of ready, untaken units (handout.py): a request costs O(units it takes), and
 a waiting request is an entry in a queue that a write serves only when it can now be satisfied,
@@ -508,11 +508,13 @@ class Controller:
 
 
 class ControllerHub:
-    """The controllers of every state in one event loop: the central buffer's metadata.
+    """The controllers of every state in one event loop.
 
-    Each state keeps its own Controller (its own readiness, hand-out and waiters); in central mode
-    they live in the one buffer actor, which is the point of that baseline. The distributed mode
-    gives each controller its own actor instead (distributed.py).
+    Each state keeps its own Controller (its own readiness, hand-out and waiters), so a write
+    wakes only the waiters it can satisfy and a request costs O(ready) as before; only the
+    process is shared. In central mode the hub lives in the one buffer actor; in distributed mode
+    it is an actor of its own (distributed.py), so a write tells every state it concerns in one
+    call and the metadata costs one process, not one per state.
     """
 
     def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
@@ -528,14 +530,15 @@ class ControllerHub:
 
     async def mark_ready(
         self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None,
-        policy_version: int | None = None,
+        policy_version: int | None = None, states: Sequence[str] | None = None,
     ) -> None:
-        for controller in self._controllers.values():
-            await controller.mark_ready(indices, columns, tokens, policy_version)
+        """Tell the controllers of `states` (default: every state) that `columns` of `indices` were written."""
+        for state in self._controllers if states is None else states:
+            await self._controller(state).mark_ready(indices, columns, tokens, policy_version)
 
     async def advance_policy(self, version: int, timeout_s: float | None = None) -> None:
-        for controller in self._controllers.values():
-            await controller.advance_policy(version, timeout_s)
+        # Together, as separate controller actors would: with on_stale=wait each waits for its own consumers.
+        await asyncio.gather(*(c.advance_policy(version, timeout_s) for c in self._controllers.values()))
 
     async def request(self, state: str, rank: int, batch_size: int, whole_groups: bool = False,
                       timeout_s: float | None = None, *, prefer: Sequence[int] = (), balance_ranks: int = 0) -> Grant:

@@ -1,10 +1,14 @@
 """The distributed route of the dock (the default mode): S warehouses and one controller per state.
 
 Tensors go straight between the caller and the owning warehouses, in parallel; the controllers
-(one async actor per state) only ever receive indices, column names and token counts. A write
-tells only the controllers of states that need one of its columns, in parallel; a request goes
-to its state's controller alone, so states never queue behind each other. This is the MindSpeed RL paper's
-distributed transfer dock (arXiv 2507.19017, section 3.1); `central.py` is its baseline.
+only ever receive indices, column names and token counts. Each state has its own controller
+(its own readiness, hand-out and waiters), and all of them live in one async actor, the
+controller host (`ControllerHub`): a write tells the controllers of the states that need one of
+its columns in one call, and a request waits in its state's controller alone, so states never
+queue behind each other's waiters. One process rather than one per state because the
+controllers' work is metadata of microseconds, while each process costs a Ray round trip per
+write and a scheduling hop on a busy node (docs/transfer-dock.md). This is the MindSpeed RL
+paper's distributed transfer dock (arXiv 2507.19017, section 3.1); `central.py` is its baseline.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import ray
 from ray.actor import ActorHandle
 
 from rldock.runtime.dock import rpc
-from rldock.runtime.dock.controller import Controller, Grant
+from rldock.runtime.dock.controller import ControllerHub, Grant
 from rldock.runtime.dock.ownership import DockLayout, as_slice
 from rldock.runtime.dock.placement import assign_nodes, pinned_to
 from rldock.runtime.dock.rpc import Peer
@@ -30,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 # Dock actors only hold memory and metadata: they must not take CPUs that workers ask for.
 _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
-_ControllerActor = ray.remote(num_cpus=0, max_restarts=0)(Controller)
+_ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0)(ControllerHub)
 
 
 class DistributedRoute:
@@ -43,7 +47,7 @@ class DistributedRoute:
         *,
         layout: DockLayout,
         warehouses: Sequence[ActorHandle],
-        controllers: Mapping[str, ActorHandle],
+        controllers: ActorHandle,
         states: Mapping[str, Sequence[str]],
         warehouse_nodes: Sequence[str],
         prefer_local: bool = True,
@@ -54,8 +58,7 @@ class DistributedRoute:
             Peer(_warehouse_name(layout, w, node), handle)
             for w, (handle, node) in enumerate(zip(warehouses, warehouse_nodes))
         ]
-        self._controllers = {state: Peer(f"dock controller of state {state!r}", handle)
-                             for state, handle in controllers.items()}
+        self._controllers = Peer(f"dock controller host (the controllers of states {sorted(states)})", controllers)
         self._state_columns = {state: frozenset(columns) for state, columns in states.items()}
         self.nodes = list(warehouse_nodes)
 
@@ -73,7 +76,7 @@ class DistributedRoute:
         staleness: StalenessBound | None = None,
         bounded_states: Sequence[str] = (),
     ) -> DistributedRoute:
-        """Start S warehouses round-robin over `node_ids` and one controller per state here."""
+        """Start S warehouses round-robin over `node_ids` and the controller host (a controller per state) here."""
         layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
         warehouses = []
         for w, node in enumerate(assign_nodes(num_warehouses, list(node_ids))):
@@ -85,21 +88,18 @@ class DistributedRoute:
             )
         # The controllers serve every consumer; next to the creator (usually the driver) is as good as any.
         here = ray.get_runtime_context().get_node_id()
-        controllers = {
-            state: _ControllerActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
-                state=state, columns=list(columns), layout=layout, default_timeout_s=timeout_s,
-                staleness=staleness if state in bounded_states else None)
-            for state, columns in states.items()
-        }
+        controllers = _ControllerHostActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
+            states={state: list(columns) for state, columns in states.items()}, layout=layout,
+            default_timeout_s=timeout_s, staleness=staleness, bounded_states=list(bounded_states))
         # Waiting here surfaces actor start failures now rather than at the first put.
         warehouse_nodes = ray.get([wh.node_id.remote() for wh in warehouses])
-        ray.get([controller.ping.remote() for controller in controllers.values()])
+        ray.get(controllers.ping.remote())
         return cls(layout=layout, warehouses=warehouses, controllers=controllers, states=states,
                    warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
               policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
-        """Rows to their owning warehouses in parallel, then readiness (metadata) to every controller.
+        """Rows to their owning warehouses in parallel, then readiness (metadata) to the controllers, in one call.
 
         `group_columns` hold one row per group of `indices` (whole groups, in order); each goes
         once to the group's warehouse, which expands it to the group's samples.
@@ -117,9 +117,11 @@ class DistributedRoute:
         rpc.get_all(writes)
         written = [*columns, *group_columns]
         # Only states that need a written column learn of it: the others' readiness is unchanged.
-        rpc.get_all([(peer.name, peer.handle.mark_ready.remote(indices, written, dict(tokens) or None,
-                                                               policy_version))
-                     for state, peer in self._controllers.items() if self._state_columns[state] & set(written)])
+        told = [state for state, needs in self._state_columns.items() if needs & set(written)]
+        if told:
+            peer = self._controllers
+            rpc.get(peer.name, peer.handle.mark_ready.remote(indices, written, dict(tokens) or None,
+                                                             policy_version, told))
 
     def read(
         self,
@@ -138,11 +140,11 @@ class DistributedRoute:
             here = ray.get_runtime_context().get_node_id()
             local = [w for w, node in enumerate(self.nodes) if node == here]
             prefer = local if len(local) < len(self.nodes) else []  # all local: plain ascending order
-        if state not in self._controllers:
-            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._controllers)}")
-        controller = self._controllers[state]
+        if state not in self._state_columns:
+            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
+        controller = self._controllers
         request = controller.handle.request.remote(
-            rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
+            state, rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
         )
         grant: Grant = rpc.wait_for_grant(
             controller.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=self._warehouses
@@ -159,11 +161,10 @@ class DistributedRoute:
     def reset(self) -> None:
         rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
 
-    def _each_controller(self, call: str, *args: Any) -> dict[str, Any]:
-        """`call` on every state's controller in parallel; answers by state."""
-        results = rpc.get_all([(peer.name, getattr(peer.handle, call).remote(*args))
-                               for peer in self._controllers.values()])
-        return dict(zip(self._controllers, results))
+    def _each_controller(self, call: str, *args: Any) -> Any:
+        """`call` on every state's controller (the host's answer is by state where there is one)."""
+        peer = self._controllers
+        return rpc.get(peer.name, getattr(peer.handle, call).remote(*args))
 
     def recycle(self, indices: np.ndarray) -> None:
         """The owning warehouses forget the rows, then every controller forgets their metadata."""
@@ -172,10 +173,8 @@ class DistributedRoute:
         self._each_controller("recycle", indices)
 
     def advance_policy(self, version: int, timeout_s: float) -> None:
-        requests = [(peer.name, peer.handle.advance_policy.remote(version, timeout_s))
-                    for peer in self._controllers.values()]
-        for name, request in requests:
-            rpc.get(name, request, timeout=timeout_s + rpc.RPC_GRACE_S)
+        peer = self._controllers
+        rpc.get(peer.name, peer.handle.advance_policy.remote(version, timeout_s), timeout=timeout_s + rpc.RPC_GRACE_S)
 
     def snapshot(self) -> dict[str, Any]:
         # Controllers first: a column marked ready there was stored before, so the warehouses'
@@ -193,8 +192,7 @@ class DistributedRoute:
             (peer.name, peer.handle.restore.remote(part))
             for peer, part in zip(self._warehouses, snapshot["warehouses"])
         ])
-        rpc.get_all([(peer.name, peer.handle.restore.remote(snapshot["controllers"][state], requeue.get(state)))
-                     for state, peer in self._controllers.items()])
+        self._each_controller("restore", snapshot["controllers"], dict(requeue))
 
     def stats(self) -> dict[str, Any]:
         warehouse_stats = rpc.get_all([(p.name, p.handle.stats.remote()) for p in self._warehouses])
@@ -203,7 +201,7 @@ class DistributedRoute:
         return {"warehouses": warehouse_stats, "controllers": self._each_controller("stats")}
 
     def peers(self) -> list[Peer]:
-        return [*self._warehouses, *self._controllers.values()]
+        return [*self._warehouses, self._controllers]
 
 
 def _warehouse_name(layout: DockLayout, warehouse: int, node: str) -> str:
