@@ -344,6 +344,8 @@ def test_the_controller_host_tells_only_the_states_a_write_concerns() -> None:
         layout = DockLayout(num_samples=4, group_size=2, num_warehouses=1)
         hub = ControllerHub(states={"reference": COLUMNS, "update": COLUMNS}, layout=layout, default_timeout_s=1.0)
         waiting = asyncio.ensure_future(hub.request("update", 0, 4, timeout_s=0.2))
+        await asyncio.sleep(0)  # the update request is waiting in its controller before the write
+        assert (await hub.stats())["update"]["waiting_now"] == 1
         await hub.mark_ready(np.arange(4), COLUMNS, states=["reference"])
         assert (await hub.request("reference", 0, 4)).indices.tolist() == [0, 1, 2, 3]
         with pytest.raises(DockTimeoutError, match="state 'update'"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rldock.runtime.engines.replica_devices import RankDevice, engine_environments
+from rldock.runtime.engines.replica_devices import RankDevice, engine_environments, visible_ids
 
 
 def _ranks(kind: str, devices: list[str], nodes: list[str] | None = None) -> list[RankDevice]:
@@ -40,4 +40,14 @@ def test_a_replica_spanning_nodes_is_refused_naming_the_fields():
 ])
 def test_layouts_an_engine_cannot_use_are_refused(ranks, match):
     with pytest.raises(ValueError, match=match):
+        engine_environments(ranks, generation_tp=2)
+
+
+def test_ids_of_another_accelerator_resource_are_not_this_kinds_devices():
+    assert visible_ids("npu", "NPU", ["3"]) == ("3",)
+    assert visible_ids("cuda", "GPU", ["0"]) == ("0",)
+    assert visible_ids("cuda", "NPU", ["0"]) == ()  # NPU ids must not become CUDA_VISIBLE_DEVICES
+    assert visible_ids("cpu", "NPU", ["1"]) == ("1",)  # the CPU writes no variable; ids pass through
+    ranks = [RankDevice("n", "cuda", visible_ids("cuda", "NPU", [str(i)])) for i in range(2)]
+    with pytest.raises(ValueError, match="resources.accelerator_resource"):
         engine_environments(ranks, generation_tp=2)

@@ -96,7 +96,8 @@ class CentralBuffer:
         return ray.get_runtime_context().get_node_id()
 
 
-_CentralActor = ray.remote(num_cpus=0, max_restarts=0)(CentralBuffer)
+# Waiting requests of every state hold concurrent calls of the one buffer (distributed.py says why).
+_CentralActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100_000)(CentralBuffer)
 
 
 class CentralRoute:

@@ -34,7 +34,12 @@ logger = logging.getLogger(__name__)
 
 # Dock actors only hold memory and metadata: they must not take CPUs that workers ask for.
 _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
-_ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0)(ControllerHub)
+# Every consumer's waiting request holds one of the host's concurrent calls until a write serves
+# it, and writers' calls need free ones too: Ray's default cap (1000 for an async actor) would be
+# shared by all states' waiters, so it is set far above any job's ranks times states.
+CONTROLLER_HOST_CONCURRENCY = 100_000
+_ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0,
+                                  max_concurrency=CONTROLLER_HOST_CONCURRENCY)(ControllerHub)
 
 
 class DistributedRoute:

@@ -24,6 +24,10 @@ import ray
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS
 
 
+# The Ray resource whose ids are this device kind's visible-device indices.
+RAY_ACCELERATOR = {"npu": "NPU", "cuda": "GPU"}
+
+
 @dataclass(frozen=True)
 class RankDevice:
     """Where Ray put one actor rank: its node, its device kind and the accelerator ids it sees."""
@@ -37,7 +41,15 @@ def seat_of_this_actor(*, accelerator_resource: str, device_kind: str) -> RankDe
     """The calling Ray actor's node and the ids Ray assigned it of `accelerator_resource` (e.g. NPU)."""
     context = ray.get_runtime_context()
     ids = context.get_accelerator_ids().get(accelerator_resource, [])
-    return RankDevice(node_id=context.get_node_id(), device_kind=device_kind, device_ids=tuple(ids))
+    return RankDevice(node_id=context.get_node_id(), device_kind=device_kind,
+                      device_ids=visible_ids(device_kind, accelerator_resource, ids))
+
+
+def visible_ids(device_kind: str, accelerator_resource: str, ids: Sequence[str]) -> tuple[str, ...]:
+    """Ray's ids of `accelerator_resource` when they index this device kind's visible devices; none
+    otherwise (NPU ids must not become CUDA_VISIBLE_DEVICES), so that engine_environments refuses
+    the replica naming resources.accelerator_resource."""
+    return tuple(ids) if RAY_ACCELERATOR.get(device_kind, accelerator_resource) == accelerator_resource else ()
 
 
 def engine_environments(ranks: Sequence[RankDevice], *, generation_tp: int) -> dict[int, dict[str, str]]:

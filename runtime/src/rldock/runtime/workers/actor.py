@@ -121,14 +121,24 @@ class ActorWorker(TakesTurns):
             self.ddp_model = wrap_ddp(self.model, self.device)
         if not self.recipe.needs_rollout_engine or not self.holds_engine:  # DPO trains on given responses;
             return  # a replica's other ranks lend their devices to its first rank's engine
-        # This actor's process only: its TP workers inherit the list, its own device stays index 0.
-        os.environ.update(engine_env or {})
         algo = self.cfg.algorithm
         max_model_len = algo.max_prompt_length + algo.max_response_length
-        self.engine = VllmRolloutEngine(
-            self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
-            seed=self.cfg.seed, max_model_len=max_model_len, device=self.device,
-            kv_cache_bytes=self._kv_cache_bytes(max_model_len))
+        # The engine's TP workers inherit the replica's list when they are spawned (in the engine's
+        # constructor); the rank's own device stays index 0. Put back after, so that nothing this
+        # process starts later sees its peers' devices.
+        saved = {name: os.environ.get(name) for name in (engine_env or {})}
+        os.environ.update(engine_env or {})
+        try:
+            self.engine = VllmRolloutEngine(
+                self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
+                seed=self.cfg.seed, max_model_len=max_model_len, device=self.device,
+                kv_cache_bytes=self._kv_cache_bytes(max_model_len))
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         if self.sharded is not None:
             self.sharded.attach_engine(self.engine.update_weights)
         else:  # rollout.sleep_level 2 discards the engine's weights: push ours again
