@@ -1,7 +1,8 @@
 """A PPO job end to end, kept short (2 iterations): the critic worker's states run through the
 transfer dock like every other state, and its metrics and checkpoint come out; a PPO run resumed
 after iteration 1 trains bit for bit like an uninterrupted one; and with data_parallel_size 2 both
-critic ranks share the samples and keep equal weights (DDP), across a resume too."""
+critic ranks share the samples and keep equal weights (DDP) or one sharded model (FSDP), across a
+resume too."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ G, N, ITERATIONS = 4, 4, 2
 
 
 def run_ppo(tmp_path, algorithm: str, *, micro_batch_size: int = 8, output: str = "run",
-            iterations: int = ITERATIONS, resume: bool = False, data_parallel_size: int = 1) -> list[dict]:
+            iterations: int = ITERATIONS, resume: bool = False, data_parallel_size: int = 1,
+            strategy: str = "ddp") -> list[dict]:
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump({
         "name": f"it-{algorithm}", "seed": 1, "iterations": iterations,
@@ -26,7 +28,8 @@ def run_ppo(tmp_path, algorithm: str, *, micro_batch_size: int = 8, output: str 
         "algorithm": {"name": algorithm, "num_prompts_per_iteration": G, "num_responses_per_prompt": N,
                       "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4,
                       "pf_ppo": {"mode": "best_random"}},
-        "training": {"data_parallel_size": data_parallel_size, "micro_batch_size": micro_batch_size},
+        "training": {"data_parallel_size": data_parallel_size, "micro_batch_size": micro_batch_size,
+                     "strategy": strategy},
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 1, "keep_last": 1},
     }))
@@ -70,18 +73,24 @@ def test_a_resumed_ppo_run_trains_bit_for_bit_like_an_uninterrupted_one(tmp_path
         assert [r[key] for r in resumed] == [r[key] for r in whole], key
 
 
-def test_two_critic_ranks_share_the_samples_and_stay_equal_across_a_resume(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_critic_ranks_share_the_samples_and_stay_equal_across_a_resume(tmp_path, strategy):
     # Iteration 1, a checkpoint, then iteration 2 resumed from it: rank 1 must load the checkpoint
-    # rank 0 wrote (or its weights and optimizer state would differ from rank 0's after the update).
-    run_ppo(tmp_path, "ppo", micro_batch_size=4, iterations=1, data_parallel_size=2)
-    records = run_ppo(tmp_path, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2)
+    # rank 0 wrote (or its weights and optimizer state would differ from rank 0's after the update);
+    # under FSDP each rank keeps its shards of the whole file rank 0 gathered. Two micro-batches per
+    # rank: the first backward's gradients accumulate unsynchronised.
+    run_ppo(tmp_path, "ppo", micro_batch_size=4, iterations=1, data_parallel_size=2, strategy=strategy)
+    records = run_ppo(tmp_path, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2, strategy=strategy)
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         ranks = record["critic_ranks"]
         assert sorted(ranks) == ["rank0", "rank1"]
-        # The update deals each rank exactly half; inference ranks take micro-batches as they come.
+        # The update deals each rank exactly half; DDP inference ranks take micro-batches as they
+        # come, FSDP's (a collective forward) exactly half too.
         assert [ranks[r]["update_samples"] for r in ("rank0", "rank1")] == [G * N // 2] * 2
         assert ranks["rank0"]["inference_samples"] + ranks["rank1"]["inference_samples"] == G * N
+        if strategy == "fsdp":
+            assert ranks["rank0"]["inference_samples"] == G * N // 2
         assert ranks["rank0"]["weights_sum"] == ranks["rank1"]["weights_sum"]
     assert records[0]["critic_ranks"]["rank0"]["weights_sum"] != records[1]["critic_ranks"]["rank0"]["weights_sum"]
     assert records[0]["value_mean"] == 0.0 and records[1]["value_mean"] != 0.0

@@ -50,3 +50,28 @@ def test_values_come_from_the_position_before_each_token(value_model):
         assert values[b, t].item() == pytest.approx(every_position[b, 3 + t].item(), abs=1e-5)
     assert torch.all(values[response_mask == 0] == 0)
     assert torch.any(values[response_mask == 1] != 0)
+
+
+def test_gradient_checkpointing_leaves_the_critics_gradients_unchanged(value_model):
+    # training.gradient_checkpointing applies to the critic: each decoder layer of the value model's
+    # body is recomputed in backward, and the gradients are what plain backward gives.
+    from rldock.runtime.models.layers import enable_activation_checkpointing
+
+    def grads(model):
+        torch.nn.init.normal_(model.head.weight)  # a zero head would zero every body gradient
+        model.zero_grad()
+        response_values(model, *_batch(), micro_batch_size=3).sum().backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    torch.manual_seed(1)
+    plain = grads(copy.deepcopy(value_model))
+    checkpointed_model = copy.deepcopy(value_model)
+    assert enable_activation_checkpointing(checkpointed_model) == checkpointed_model.body.config.num_hidden_layers
+    calls = []  # the first layer's attention runs again in backward: the recompute
+    checkpointed_model.body.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
+    torch.manual_seed(1)
+    checkpointed = grads(checkpointed_model)
+    assert len(calls) == 2
+    assert plain.keys() == checkpointed.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)

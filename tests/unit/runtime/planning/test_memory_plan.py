@@ -11,7 +11,8 @@ import yaml
 
 from rldock.config import parse_job_config
 from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
-from rldock.runtime.planning.memory import GIB, PhaseBytes, activation_bytes, critic_params, training_state_bytes
+from rldock.runtime.planning.memory import (GIB, PhaseBytes, activation_bytes, critic_params, plan_critic,
+                                            training_state_bytes)
 from rldock.runtime.planning.shapes import load_shape, shape_from_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
@@ -233,9 +234,61 @@ def test_a_critic_beside_an_actor_rank_adds_to_that_device():
     assert beside.peak > beside.actor_peak
 
 
+def test_an_fsdp_critic_shards_its_state_over_the_dp_ranks():
+    # grpo-tiny: 128 samples per iteration, 1 update: a mini-batch of 64 per rank at DP 2.
+    whole = plan_memory(ppo_job(micro_batch_size=64, data_parallel_size=2), SMALL, device_memory=64 * GIB).critic
+    cfg = ppo_job(micro_batch_size=64, data_parallel_size=2, strategy="fsdp")
+    assert cfg.num_samples_per_iteration // 2 // cfg.algorithm.num_updates_per_iteration == 64
+    critic = plan_memory(cfg, SMALL, device_memory=64 * GIB).critic
+    params = critic_params(SMALL) * 4
+    half = -(-params // 2)
+    gathered = (2 * SMALL.layer_params + 10 * 8) * 4  # two layers and the root's embedding, float32
+    # One micro-batch per mini-batch: gradients are reduce-scattered at once, sharded like the params.
+    assert critic.update == PhaseBytes(half, half, params, fsdp_gathered=gathered,
+                                       activations=whole.update.activations)
+    assert critic.generation == PhaseBytes(half, half, params)
+    # Two micro-batches: the first backward's gradients stay whole (no sync) until the step.
+    accumulating = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp"), SMALL,
+                               device_memory=64 * GIB).critic
+    assert accumulating.update.grads == params and accumulating.generation.grads == half
+    # Offload: the shards on the host, only accumulated whole gradients on the device.
+    offloaded = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", fsdp_cpu_offload=True),
+                            SMALL, device_memory=64 * GIB).critic
+    assert offloaded.update.training_state == params and offloaded.generation.training_state == 0
+    assert offloaded.update.host == offloaded.generation.host == half + half + params
+    # A lone FSDP rank shards nothing: the critic trains the bare model, a full replica.
+    lone = ppo_job(micro_batch_size=64, data_parallel_size=1, strategy="fsdp")
+    replica = ppo_job(micro_batch_size=64, data_parallel_size=1)
+    assert plan_memory(lone, SMALL, device_memory=64 * GIB).critic == plan_memory(replica, SMALL,
+                                                                                  device_memory=64 * GIB).critic
+
+
+def test_gradient_checkpointing_and_mixed_precision_shrink_an_fsdp_critics_activations():
+    plain = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp"), SMALL,
+                        device_memory=64 * GIB).critic.update
+    bf16 = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", mixed_precision="bf16"),
+                       SMALL, device_memory=64 * GIB).critic.update
+    tokens = 2 * (8 + 6)  # micro_batch_size x (max_prompt_length + max_response_length)
+    values = tokens * 4
+    assert bf16.activations - values == (plain.activations - values) // 2
+    assert bf16.fsdp_gathered == plain.fsdp_gathered // 2 and bf16.params == plain.params  # float32 masters
+    checkpointed = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp",
+                                       gradient_checkpointing=True), SMALL, device_memory=64 * GIB).critic.update
+    per_layer = (plain.activations - values) // 2
+    assert checkpointed.activations == 2 * tokens * 8 * 4 + per_layer + values
+
+
+def test_a_7b_critic_fits_a_64gb_device_once_sharded():
+    shape = PRESETS["qwen2.5-7b"]
+    ddp = ppo_job(data_parallel_size=8, resharding="allgather_swap", micro_batch_size=1)
+    assert plan_critic(ddp, shape).peak > 64 * GIB  # 16 bytes per parameter: about 105 GiB
+    fsdp = ppo_job(data_parallel_size=8, strategy="fsdp", resharding="allgather_swap", micro_batch_size=1)
+    assert plan_critic(fsdp, shape).peak < 64 * GIB  # about 40 GiB, 26.3 of it whole accumulated gradients
+
+
 def test_a_critic_too_big_for_its_device_is_refused_naming_a_field():
     shape = PRESETS["qwen2.5-7b"]
-    cfg = ppo_job(data_parallel_size=2, strategy="fsdp", resharding="allgather_swap", micro_batch_size=1)
+    cfg = ppo_job(data_parallel_size=2, resharding="allgather_swap", micro_batch_size=1)
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"gpu_memory_utilization": 0.9})})
     verdict = check_fit(cfg, shape, device_memory=64 * GIB)  # float32 critic: 4 x 26.4 GiB of state
     assert not verdict.fits and verdict.field == "model.dtype" and "critic rank" in verdict.message

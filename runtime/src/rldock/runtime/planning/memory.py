@@ -32,12 +32,20 @@ CPU vLLM refuses sleep mode, so the engine keeps its weights and cache through t
 generation the training state stays on the device unless training.resharding is allgather_swap
 (swapped to the host) or training.fsdp_cpu_offload (it lives on the host).
 
-The PPO critic (ppo, pf_ppo): one rank per data-parallel rank, each a full DDP replica of the value
-model (the policy's body without its LM head, plus a one-output head) with its gradients and AdamW
-state, never swapped, plus its activations in the update (one micro-batch, no gradient
-checkpointing, no logits). Critic ranks never share a device with each other (rldock.contract.
-placement); a critic rank's device holds it alone, or beside an actor rank in a colocated job whose
-actor devices have a half left (`CriticBytes.beside_actor`), and then the two add up.
+The PPO critic (ppo, pf_ppo): one rank per data-parallel rank. Under strategy ddp (or a lone rank)
+each holds a full replica of the value model (the policy's body without its LM head, plus a
+one-output head) with its gradients and AdamW state, never swapped, plus its activations in the
+update (one micro-batch, no logits; training.gradient_checkpointing applies as for the actor).
+Under strategy fsdp with more than one rank the value model is sharded as the actor is: params and
+AdamW state divided by the data-parallel size (on the host with training.fsdp_cpu_offload), two
+gathered layers plus the root (its token embedding) in the compute dtype, activations in the
+compute dtype. Its micro-batches accumulate gradients without a sync (FSDP2's
+set_requires_gradient_sync), which keeps each parameter's whole gradient on the device until the
+step's reduce-scatter: in the update gradients are counted whole when a rank's mini-batch spans
+more than one micro-batch, else sharded like the params; in generation the gradient shards stay.
+Critic ranks never share a device with each other (rldock.contract.placement); a critic rank's
+device holds it alone, or beside an actor rank in a colocated job whose actor devices have a half
+left (`CriticBytes.beside_actor`), and then the two add up.
 """
 
 from __future__ import annotations
@@ -147,17 +155,21 @@ def _micro_batch_tokens(cfg: JobConfig) -> int:
     return cfg.training.micro_batch_size * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
 
 
+def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
+    """What the decoder layers keep for one micro-batch, with or without gradient checkpointing."""
+    tokens = _micro_batch_tokens(cfg)
+    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp)
+    if cfg.training.gradient_checkpointing:
+        return shape.num_layers * tokens * shape.hidden_size * element + per_layer
+    return shape.num_layers * per_layer
+
+
 def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     """The update's activations for one micro-batch (see the module docstring for the formula)."""
     training = cfg.training
-    tokens = _micro_batch_tokens(cfg)
     element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=training.tensor_parallel_size)
-    if training.gradient_checkpointing:
-        layers = shape.num_layers * tokens * shape.hidden_size * element + per_layer
-    else:
-        layers = shape.num_layers * per_layer
-    logits = tokens * shape.vocab_size * 4 * 2
+    layers = _decoder_activation_bytes(cfg, shape, element=element, tp=training.tensor_parallel_size)
+    logits = _micro_batch_tokens(cfg) * shape.vocab_size * 4 * 2
     return layers + logits
 
 
@@ -168,18 +180,41 @@ def critic_params(shape: ModelShape) -> int:
     return shape.num_params - lm_head + shape.hidden_size + 1
 
 
+def critic_is_sharded(cfg: JobConfig) -> bool:
+    """Whether the critic ranks shard the value model (FSDP over more than one rank)."""
+    return cfg.training.strategy == "fsdp" and cfg.training.data_parallel_size > 1
+
+
 def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
     """One critic rank's device bytes (module docstring); None when the algorithm has no critic."""
     if not needs_critic(cfg.algorithm.name):
         return None
+    training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     params = critic_params(shape) * param_bytes
-    tokens = _micro_batch_tokens(cfg)
-    activations = (shape.num_layers * _layer_activation_bytes(shape, tokens=tokens, element=param_bytes, tp=1)
-                   + tokens * 4)  # float32 values
-    state = (params, params, 2 * params)  # params, grads, AdamW's two moments: a full DDP replica
-    return CriticBytes(update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state),
-                       beside_actor=_critic_beside_actor(cfg))
+    values = _micro_batch_tokens(cfg) * 4  # float32 values
+    beside = _critic_beside_actor(cfg)
+    if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
+        activations = _decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
+        state = (params, params, 2 * params)  # params, grads, AdamW's two moments
+        return CriticBytes(update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state),
+                           beside_actor=beside)
+    dp = training.data_parallel_size
+    element = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
+    activations = _decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
+    gathered = (2 * shape.layer_params + shape.vocab_size * shape.hidden_size) * element
+    mini_batch = cfg.num_samples_per_iteration // dp // cfg.algorithm.num_updates_per_iteration
+    accumulates = mini_batch > training.micro_batch_size  # whole gradients kept between micro-batches
+    sharded = (-(-params // dp), -(-params // dp), -(-2 * params // dp))
+    # After the step's reduce-scatter only the gradient shards stay (to the next step's zero_grad).
+    if training.fsdp_cpu_offload:  # the shards live on the host; accumulated whole gradients do not
+        host = sum(sharded)
+        after = (0, 0, 0)
+    else:
+        host, after = 0, sharded
+    update = (after[0], params if accumulates else after[1], after[2])
+    return CriticBytes(update=PhaseBytes(*update, fsdp_gathered=gathered, activations=activations, host=host),
+                       generation=PhaseBytes(*after, host=host), beside_actor=beside)
 
 
 def _critic_beside_actor(cfg: JobConfig) -> bool:

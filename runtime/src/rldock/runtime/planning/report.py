@@ -26,8 +26,11 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
     lines.append(f"KV cache holds {plan.kv_cache_tokens} tokens")
     if plan.critic is not None:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
-        lines.append(f"critic rank (DDP replica, {where}), per device (GiB)")
-        for row in ("params", "grads", "optimizer_state", "activations"):
+        layout = "FSDP shards" if plan.strategy == "fsdp" and plan.data_parallel_size > 1 else "DDP replica"
+        lines.append(f"critic rank ({layout}, {where}), per device (GiB)")
+        rows = ("params", "grads", "optimizer_state", *(("fsdp_gathered",) if layout == "FSDP shards" else ()),
+                "activations")
+        for row in rows:
             lines.append(f"{row:<20}{getattr(plan.critic.update, row) / GIB:>10.2f}"
                          f"{getattr(plan.critic.generation, row) / GIB:>12.2f}")
         lines.append(f"{'device total':<20}{plan.critic.update.device_total / GIB:>10.2f}"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rldock.config import JobConfig
-from rldock.runtime.planning.memory import GIB, MemoryPlan, plan_critic, plan_memory
+from rldock.runtime.planning.memory import GIB, MemoryPlan, critic_is_sharded, plan_critic, plan_memory
 from rldock.runtime.planning.shapes import ModelShape
 
 MAX_SEARCHED_DP = 4096
@@ -74,10 +74,12 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
 
 
 def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory: int) -> Verdict:
-    """A PPO critic rank alone exceeds its device: it is a full DDP replica, so only its micro-batch,
-    the dtype or the device can change that."""
-    need = (f"a critic rank (algorithm.name {cfg.algorithm.name}: a full DDP replica of the value model with "
-            f"AdamW) needs {peak / GIB:.1f} GiB > {device_memory / GIB:.1f} GiB per device")
+    """A PPO critic rank alone exceeds its device: only its micro-batch, the dtype or the device
+    (or, under FSDP, more ranks to shard over) can change that."""
+    layout = (f"the value model with AdamW sharded over {cfg.training.data_parallel_size} FSDP ranks"
+              if critic_is_sharded(cfg) else "a full DDP replica of the value model with AdamW")
+    need = (f"a critic rank (algorithm.name {cfg.algorithm.name}: {layout}) needs {peak / GIB:.1f} GiB > "
+            f"{device_memory / GIB:.1f} GiB per device")
     for field, change, changed in (
             ("training.micro_batch_size", "training.micro_batch_size: 1", lambda c: _with_training(c, micro_batch_size=1)),
             ("model.dtype", "model.dtype: bfloat16", lambda c: c.model_copy(update={
@@ -85,8 +87,12 @@ def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory:
         after = plan_critic(changed(cfg), shape)
         if after is not None and after.peak <= device_memory:
             return Verdict(False, field, f"{need}; set {change} (the critic then {after.peak / GIB:.1f} GiB)")
-    return Verdict(False, "resources.device_memory_gib", f"{need}; critic ranks are not sharded: use a larger "
-                   "device or a smaller model")
+    if critic_is_sharded(cfg):
+        return Verdict(False, "training.data_parallel_size", f"{need}; raise training.data_parallel_size to "
+                       "shard the critic over more ranks, or use a larger device")
+    return Verdict(False, "resources.device_memory_gib", f"{need}; critic ranks are not sharded under strategy "
+                   "ddp: use training.strategy: fsdp with more data-parallel ranks, a larger device or a "
+                   "smaller model")
 
 
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:

@@ -5,10 +5,16 @@ value (before advantages can be estimated), `critic_update` regresses the values
 advantage stage wrote, with PPO's value clipping. Ray runs an actor's calls in submission order, so
 an iteration's inference is complete before its update starts.
 
-Data parallelism mirrors the actor's DDP ranks (`training.data_parallel_size` critic ranks, one
-torch.distributed group of their own): inference ranks take micro-batches as they come, the update
-takes exactly this rank's token-balanced share and DDP averages the gradients, so every rank holds
-the same weights. Rank 0 writes the checkpoint, every rank loads it.
+Data parallelism mirrors the actor's (`training.data_parallel_size` critic ranks, one
+torch.distributed group of their own). Under `training.strategy: ddp` each rank is a DDP replica:
+inference ranks take micro-batches as they come, the update takes exactly this rank's
+token-balanced share and DDP averages the gradients, so every rank holds the same weights; rank 0
+writes the checkpoint, every rank loads it. Under `fsdp` the value model is sharded as the actor is
+(engines/fsdp.py, with training.fsdp_cpu_offload and training.mixed_precision): forwards are
+collective, so inference too takes exactly this rank's share in as many passes as every other rank;
+micro-batch gradients accumulate unsynchronised and are reduce-scattered once per optimizer step;
+the checkpoint is the same file, gathered whole (collective) and written by rank 0.
+training.gradient_checkpointing applies under either strategy, as for the actor.
 """
 
 from __future__ import annotations
@@ -18,19 +24,25 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.tensor import DTensor
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
+from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.engines.policy import sort_by_tokens
+from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model, response_values
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.stage_loop import run_stage
 
 CRITIC_FILE = "critic.pt"
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class CriticWorker(TakesTurns):
@@ -40,9 +52,15 @@ class CriticWorker(TakesTurns):
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
         torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
+            enable_activation_checkpointing(self.model)
         self.ddp_model = None  # set by join_group
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.algorithm.ppo.critic_learning_rate,
-                                           weight_decay=cfg.algorithm.weight_decay)
+        self.sharded = False  # strategy fsdp with more than one rank, set by join_group
+        self.optimizer = self._make_optimizer()
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.algorithm.ppo.critic_learning_rate,
+                                 weight_decay=self.cfg.algorithm.weight_decay)
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -50,12 +68,20 @@ class CriticWorker(TakesTurns):
         return pick_rendezvous()
 
     def join_group(self, rendezvous: Rendezvous) -> None:
-        """Form the critic ranks' process group and wrap the model in DDP (called on all ranks at
-        once). A lone rank (data_parallel_size 1) needs no group and trains the bare model."""
+        """Form the critic ranks' process group and wrap the model in DDP or shard it with FSDP2
+        (called on all ranks at once). A lone rank (data_parallel_size 1) needs no group and trains
+        the bare model, as a lone FSDP actor rank holds everything anyway."""
         if self.world_size == 1:
             return
         init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
-        self.ddp_model = wrap_ddp(self.model, self.device)
+        training = self.cfg.training
+        if training.strategy == "fsdp":
+            apply_fsdp(self.model, self.device, cpu_offload=training.fsdp_cpu_offload,
+                       mixed_precision=training.mixed_precision)
+            self.optimizer = self._make_optimizer()  # on the sharded parameters: 1/world of AdamW's state
+            self.sharded = True
+        else:
+            self.ddp_model = wrap_ddp(self.model, self.device)
 
     # --- stages -------------------------------------------------------------------------------
 
@@ -72,8 +98,13 @@ class CriticWorker(TakesTurns):
                                          trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
-        timing = run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"], infer,
-                           rank=self.rank, batch_size=micro_batch_size)
+        if self.sharded:  # a collective forward: every rank runs its equal share in as many passes
+            timing = run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"],
+                               infer, rank=self.rank, batch_size=self.cfg.num_samples_per_iteration // self.world_size,
+                               balance_ranks=self.world_size, max_batches=1)
+        else:
+            timing = run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"],
+                               infer, rank=self.rank, batch_size=micro_batch_size)
         return {**timing.as_dict(), "rank": self.rank}
 
     @in_turn("critic_update")
@@ -96,12 +127,12 @@ class CriticWorker(TakesTurns):
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
         """One step on a mini-batch, micro-batches weighted by their tokens: a token mean over the
-        mini-batch of every rank. DDP averages gradients over ranks, so each rank scales by
+        mini-batch of every rank. DDP and FSDP average gradients over ranks, so each rank scales by
         world_size / global tokens; the step is then the same however the dock split the samples."""
         algo = self.cfg.algorithm
         local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
         global_tokens = local_tokens.clone()
-        if self.ddp_model is not None:
+        if self.world_size > 1:
             torch.distributed.all_reduce(global_tokens)
         tokens_per_rank = global_tokens / self.world_size
         self.optimizer.zero_grad(set_to_none=True)
@@ -112,7 +143,9 @@ class CriticWorker(TakesTurns):
         model = self.model if self.ddp_model is None else self.ddp_model
         for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
-            last = i == len(micro_batches) - 1  # DDP all-reduces the gradients on the last backward only
+            last = i == len(micro_batches) - 1  # DDP/FSDP reduce the gradients on the last backward only
+            if self.sharded:  # unsynchronised micro-batches keep whole gradients until the last one
+                self.model.set_requires_gradient_sync(last)
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
                 values = response_values(model, micro["prompt_ids"], micro["prompt_mask"], micro["response_ids"],
@@ -124,27 +157,55 @@ class CriticWorker(TakesTurns):
             stats["value_loss"] += loss.loss.item() * w
             stats["value_clip_fraction"] += loss.clip_fraction.item() * w
             stats["value_mean"] += float((values.detach() * mask).sum() / mask.sum().clamp(min=1)) * w
-        stats["value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                        algo.max_grad_norm))
+        if self.sharded:  # the norm over every rank's shards
+            stats["value_grad_norm"] = clip_grad_norm(self.model, algo.max_grad_norm)
+        else:
+            stats["value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                                            algo.max_grad_norm))
         self.optimizer.step()
         return stats
 
     def weights_sum(self) -> float:
-        """The sum of every parameter (in float64): equal on every rank while DDP keeps the replicas
-        in step, so a rank that drifted shows in the metrics (one read of the weights per update)."""
+        """The sum of every parameter (in float64). DDP: each rank sums its replica, equal on every
+        rank while DDP keeps them in step, so a rank that drifted shows in the metrics. FSDP: the
+        shards' sums added over the ranks (collective), the whole model's sum, which a rank whose
+        shards were lost or loaded wrong changes for every rank alike (one read per update)."""
         with torch.no_grad():
-            return math.fsum(float(p.double().sum()) for p in self.model.parameters())
+            if not self.sharded:
+                return math.fsum(float(p.double().sum()) for p in self.model.parameters())
+            total = torch.tensor([math.fsum(float(_local(p).double().sum()) for p in self.model.parameters())],
+                                 dtype=torch.float64, device=self.device.torch_device)
+            torch.distributed.all_reduce(total)
+            return float(total)
 
     # --- checkpoint ---------------------------------------------------------------------------
 
     def save(self, staging_dir: str) -> None:
-        """Rank 0 writes the value model and its optimizer (the ranks hold the same, DDP)."""
-        if self.rank != 0:
-            return
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
-                   Path(staging_dir) / CRITIC_FILE)
+        """Rank 0 writes the value model and its optimizer (DDP: the ranks hold the same). FSDP:
+        collective, the whole weights and optimizer state are gathered first (as the actor's
+        checkpoint), so the file is the same whichever strategy wrote it; the optimizer state is
+        keyed by parameter names then, where DDP's is keyed by index."""
+        if self.sharded:
+            state = {"model": dict(full_state_dict(self.model)),
+                     "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL)}
+        elif self.rank == 0:
+            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.rank == 0:
+            torch.save(state, Path(staging_dir) / CRITIC_FILE)
 
     def load(self, checkpoint_dir: str) -> None:
-        state = torch.load(Path(checkpoint_dir) / CRITIC_FILE, map_location=self.device.torch_device)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Every rank reads the whole file; FSDP ranks keep their own shards of it (collective)."""
+        if not self.sharded:
+            state = torch.load(Path(checkpoint_dir) / CRITIC_FILE, map_location=self.device.torch_device)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            return
+        state = torch.load(Path(checkpoint_dir) / CRITIC_FILE, map_location="cpu")
+        whole = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=whole)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"], options=whole)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP parameter (a DTensor), the tensor itself otherwise."""
+    return param.to_local() if isinstance(param, DTensor) else param
