@@ -17,8 +17,9 @@ test: setup
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)
 
-# The opt-in slow tests (README.md, "Tests"): each algorithm's demo learning against its
-# learning-rate-0 control, and the planner check at ~110M parameters. About 25 minutes here.
+# The opt-in slow tests (README.md, the "slow" paragraph): each example's learning against its
+# learning-rate-0 control, the planner check at ~110M parameters, and job variants whose path
+# `make test` already runs. About 35 minutes here.
 test-slow: setup
 	.venv/bin/python -m pytest -m slow $(PYTEST_ARGS)
 
@@ -36,7 +37,7 @@ crd: setup
 # containerd in podman containers) running the images below, with the chart installed as a Helm
 # release (the kubelet and the images are built on first use, cached). Needs root; see e2e/README.md.
 e2e: setup
-	.venv/bin/python -m pytest tests/e2e $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
 # The operator and CPU runtime images with podman on a local Debian base (no registry needed),
 # cached in ~/.cache/rldock/images by a hash of their inputs (images/README.md). The e2e builds

@@ -215,6 +215,7 @@ def _delete_running_job(scenario: Scenario, name: str) -> None:
                   timeout=30)
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> None:
     # Long enough that the job is still running when the operator sees the pod go: at 12 iterations
     # a quiet machine finished the run before the worker's loss stopped it.
@@ -353,6 +354,7 @@ def _past_in_flight_restart(log: str) -> bool:
     return resumed_after >= kept or f"iteration {kept} resumes from the dock of its failed attempt" in log
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts(scenario: Scenario) -> None:
     """spec.maxRestarts 1 and an actor rank's process killed inside its pod (the pod and its node,
     with the dock's warehouse, live): the runtime keeps the dock of the iteration in flight and its

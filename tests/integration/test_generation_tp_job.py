@@ -52,7 +52,10 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("generation-tp-job")  # the first job builds the shared tiny model
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+# train-tp1-dp2-gen-tp2 is opt-in (`make test-slow`, .ci/run's budget): the fsdp layout runs the same
+# generation replicas (two DP ranks, one engine at generation TP 2) in `make test`.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "train-tp1-dp2-gen-tp2"
+                                  else name for name in LAYOUTS])
 def test_one_engine_per_generation_replica(root, name):
     records = run_job(root, name)
     (_, _, _, strategy), engine_ranks = LAYOUTS[name]

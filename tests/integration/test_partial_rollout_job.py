@@ -73,6 +73,7 @@ def test_drop_samples_cut_responses_again_under_the_new_weights(tmp_path):
         assert record["staleness_mean"] == pytest.approx(1 - cut / (G * N))
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_off_leaves_the_async_pipeline_as_it_was(tmp_path):
     records = run_job(tmp_path, "off")
     assert [r["staleness_mean"] for r in records] == [0.0, 1.0, 1.0]

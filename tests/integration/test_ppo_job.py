@@ -62,6 +62,7 @@ TRAINING_METRICS = ("reward_mean", "response_length_mean", "loss", "policy_loss"
                     "grad_norm", "value_loss", "value_mean", "value_grad_norm")
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_a_resumed_ppo_run_trains_bit_for_bit_like_an_uninterrupted_one(tmp_path):
     # One micro-batch holds the iteration's G*N samples, so every stage computes on the same batch
     # shapes whatever order the dock hands samples out in (CPU kernels round differently per shape).

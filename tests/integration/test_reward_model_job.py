@@ -27,7 +27,9 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "dapo"])
+# grpo in `make test`; ppo and dapo opt-in (`make test-slow`: .ci/run's budget; README, "slow")
+@pytest.mark.parametrize("algorithm", [pytest.param("ppo", marks=pytest.mark.slow), "grpo",
+                                       pytest.param("dapo", marks=pytest.mark.slow)])
 def test_the_reward_models_score_reaches_the_reward(root, algorithm):
     output = root / algorithm
     config = root / f"{algorithm}.yaml"
