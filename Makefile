@@ -46,7 +46,7 @@ images:
 	images/build.sh --local-base operator runtime-cpu
 
 # The kind-style node tests (real kubelets, containerd, the images above, the chart as a Helm
-# release, the happy path in real containers). Opt-in: `make test` skips them, since their
-# cold builds add about 45 minutes here.
+# release; the happy path, a lost worker pod, an operator restart and suspend/resume in real
+# containers). Opt-in: `make test` skips them, since their cold builds add about 45 minutes here.
 test-containers: setup
 	RLDOCK_E2E_CONTAINERS=1 .venv/bin/python -m pytest tests/e2e/test_kind_nodes.py tests/e2e/test_helm_release.py tests/e2e/test_kind_scenarios.py $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 """The harness's pure parts, without a control plane: KubeRay CRD edits, emulated-node objects,
 the pods the KubeRay double builds, the node agent's env, the cluster DNS double's answers and
-the chart copy the Helm release is installed from."""
+the chart copy the Helm release is installed from, a pod's containers as containerd names them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rldock_e2e.doubles.cluster_dns import ClusterDNS, resolv_conf
 from rldock_e2e.doubles.kuberay_pods import build_pod
 from rldock_e2e.doubles.pod_env import MissingReference, container_env
 from rldock_e2e.helm_release import chart_without_optional_dependencies
+from rldock_e2e.nodes.containers import container_ids, running_tasks
 from rldock_e2e.nodes.service_dns import ready_addresses
 from rldock_e2e.repo import CHART_DIR
 
@@ -249,3 +250,17 @@ def test_release_chart_drops_only_the_disabled_dependency_and_renders_the_same(t
     with helm.Chart.load(CHART_DIR) as chart, helm.Chart.load(copy) as chart_copy:
         assert (chart_copy.render(values, name="rldock", namespace="rldock-system", is_install=True)
                 == chart.render(values, name="rldock", namespace="rldock-system", is_install=True))
+
+
+def test_containers_of_a_pod_as_containerd_lists_them() -> None:
+    pod = {"metadata": {"name": "w"}, "status": {"containerStatuses": [
+        {"name": "ray-worker", "containerID": "containerd://abc123"},
+        {"name": "sidecar"}]}}  # not started yet: no id
+    assert container_ids(pod) == {"ray-worker": "abc123"}
+    assert container_ids({"metadata": {"name": "p"}, "status": {}}) == {}
+    table = ("TASK      PID     STATUS    \n"
+             "abc123    4242    RUNNING   \n"
+             "def456    0       STOPPED   \n"
+             "0a1b2c    17      PAUSED    \n")
+    assert running_tasks(table) == {"abc123"}
+    assert running_tasks("TASK    PID    STATUS    \n") == set()

@@ -15,6 +15,13 @@ cluster, and why (e2e/README.md, "Real nodes"):
   (4 and 16 CPUs) are cut to what fits (`_fitted_example`), and one data-parallel rank (one vLLM
   engine) as in the other scenarios.
 
+The lost-worker, operator-restart and suspend scenarios of tests/e2e/test_scenarios.py run here
+too, sharing job starts as there: a worker pod deleted (what a node loss or an eviction does to
+it) is retried by the operator from the last checkpoint; on another job, the operator's process is
+SIGKILLed through its node's containerd and restarted by its kubelet, then the job is suspended
+and resumed from the checkpoint. Where the node-agent version checks local processes, these check
+the pods' containers in the nodes' containerd (nodes/containers.py).
+
 Opt-in with the other container tests (the `kind_cluster` fixture skips with the reason).
 """
 
@@ -34,11 +41,12 @@ from rldock_e2e.helm_release import (
     ReleasedOperator,
     chart_without_optional_dependencies,
 )
-from rldock_e2e.nodes.cluster import SHARED_STORAGE_PATH
+from rldock_e2e.nodes.cluster import SHARED_STORAGE_PATH, KindNodes
+from rldock_e2e.nodes.containers import container_ids, running_containers
 from rldock_e2e.nodes.service_dns import ServiceDNS
 from rldock_e2e.operator_process import chart_available
 from rldock_e2e.repo import REPO_ROOT
-from rldock_e2e.scenario import Scenario, sample
+from rldock_e2e.scenario import Scenario, assert_resumed, checkpoint_iteration, sample
 
 pytestmark = pytest.mark.e2e
 
@@ -50,15 +58,21 @@ START_TIMEOUT = 1200
 RUN_TIMEOUT = 1200
 
 
-def _fitted_example(devices: int) -> dict:
+def _fitted_example(devices: int, *, name: str = NAME, iterations: int | None = None,
+                    checkpoint_interval: int | None = None) -> dict:
     """examples/rljob-tiny.yaml with pods that fit the 2-CPU kind-style nodes: head and worker
     1500m each, so never on one node, either beside the operator's 100m (the operator gives the
     head's Ray floor(1.5) = 1 CPU, KubeRay the worker's ceil(1.5) = 2, what one actor and one
     reference rank take); `devices` NPUs; one data-parallel rank. The head gets that much because
     its CPU quota is real here: with 500m its raylet missed Ray's fixed 30 s window to register
-    with the GCS (`The current node timed out during startup`) on the loaded machine."""
+    with the GCS (`The current node timed out during startup`) on the loaded machine. `name`,
+    `iterations` and `checkpoint_interval`, when given, rename it and change its length."""
     manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = name
     job = manifest["spec"]["job"]
+    job["name"] = name
+    job["iterations"] = iterations or job["iterations"]
+    job["checkpoint"]["interval"] = checkpoint_interval or job["checkpoint"]["interval"]
     job["training"]["data_parallel_size"] = 1
     job["resources"]["devices_per_node"] = devices
     manifest["spec"]["cluster"].update(head={"cpu": "1500m", "memory": "4Gi"}, worker={"cpu": "1500m", "memory": "8Gi"})
@@ -90,7 +104,7 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
         "operator": {"watchNamespaces": [namespace], "pollInterval": 1},
     }
     release = HelmRelease(plane, chart_without_optional_dependencies(tmp_path_factory.mktemp("chart")))
-    operator = ReleasedOperator(plane, release, values)
+    operator = ReleasedOperator(plane, release, values, nodes=nodes)
     with plane.api_client() as api, ServiceDNS(api, address=nodes.network.gateway) as dns, \
             KubeRayDouble(api, namespace=namespace, interval=1.0) as kuberay:
         world = Scenario(plane=plane, namespace=namespace, agent=None, kuberay=kuberay, operator=operator, api=api,
@@ -152,3 +166,110 @@ def test_happy_path_in_real_containers(kind_cluster, runtime_image: str, kind_sc
     scenario.wait("its pods gone", lambda: not scenario.ray_pods(NAME), timeout=180)
     reasons = {e["reason"] for e in scenario.events(NAME)}
     assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
+
+
+def _apply(scenario: Scenario, nodes: KindNodes, name: str, *, iterations: int, checkpoint_interval: int) -> None:
+    manifest = _fitted_example(max(n.devices for n in nodes.nodes.values()), name=name, iterations=iterations,
+                               checkpoint_interval=checkpoint_interval)
+    scenario.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def _wait_released(scenario: Scenario, name: str) -> None:
+    """The finished job's pods gone, so that the next test's pods fit on the 2-CPU nodes."""
+    scenario.wait("its pods gone", lambda: not scenario.pods_now(f"ray.io/cluster={name}"), timeout=180)
+
+
+def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_checkpoint(
+        kind_cluster, kind_scenario: Scenario) -> None:
+    """Two scenarios on one job (one job start), as on the node agent: the operator's process
+    SIGKILLed mid-run is restarted by its kubelet and carries on with the same cluster and Ray job;
+    then a suspend releases the cluster (its pods' containers gone from the nodes) and an unsuspend
+    resumes from the last checkpoint."""
+    _, nodes, _ = kind_cluster
+    scenario = kind_scenario
+    # Long enough to still run when the suspend lands, after the operator's restart in its container.
+    name, iterations = "restart", 60
+    _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4)
+    scenario.wait(f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2,
+                  timeout=START_TIMEOUT)
+    cluster = scenario.get("raycluster", name)
+    killed = scenario.operator.kill()
+    scenario.operator.start()  # waits for the kubelet's restart of the container and its readiness
+    # `kubectl get pods` shows the restart of the killed container.
+    (container,) = scenario.operator.pod()["status"]["containerStatuses"]
+    assert container["restartCount"] == 1 and container["containerID"] != f"containerd://{killed}", container
+    assert container["lastState"]["terminated"]["exitCode"] == 137, container  # 128 + SIGKILL
+    # Progress the restarted operator itself reads from the Ray job (the first one's last report is older).
+    restarted_at = scenario.status(name)["iteration"]
+    scenario.wait("the restarted operator reporting progress",
+                  lambda: scenario.status(name).get("iteration", 0) > restarted_at, timeout=300)
+    assert scenario.get("raycluster", name)["metadata"]["uid"] == cluster["metadata"]["uid"]
+    counts = {reason: sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == reason)
+              for reason in ("CreatedRayCluster", "SubmittedRayJob")}
+    assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
+
+    # Suspend: the cluster is released (suspended, no pods, their containers gone), the progress kept.
+    scenario.wait("a checkpoint", lambda: checkpoint_iteration(scenario.status(name)) >= 4, timeout=START_TIMEOUT)
+    containers = {cid for pod in scenario.ray_pods(name) for cid in container_ids(pod).values()}
+    assert containers and containers <= running_containers(nodes), containers
+    scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    status = scenario.wait_phase(name, "Suspended", timeout=120)
+    assert scenario.row(name)["PHASE"] == "Suspended"
+    scenario.wait("the cluster released: suspended, no pods, their containers gone from the nodes", lambda: (
+        scenario.get("raycluster", name)["spec"]["suspend"] is True and not scenario.ray_pods(name)
+        and not containers & running_containers(nodes)), timeout=180)
+    before = scenario.metrics(name)
+    checkpoint = checkpoint_iteration(scenario.status(name))
+    assert status["iteration"] < iterations
+
+    scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    scenario.wait_phase(name, ("Provisioning", "Running", "Succeeded"), timeout=120)
+    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
+    reasons = {e["reason"] for e in scenario.events(name)}
+    assert {"Suspended", "Resumed"} <= reasons, reasons
+    _wait_released(scenario, name)
+
+
+def test_lost_worker_pod_is_retried_from_the_checkpoint(kind_cluster, runtime_image: str,
+                                                        kind_scenario: Scenario) -> None:
+    """The worker pod deleted mid-run, as a node loss or an eviction deletes it: the operator counts
+    a retry (WorkerPodLost), KubeRay's replacement pod joins, and the next attempt resumes from the
+    last checkpoint."""
+    _, nodes, _ = kind_cluster
+    scenario = kind_scenario
+    # Deleted once a checkpoint exists, and the operator stops the Ray job as soon as it sees the pod
+    # terminating: 20 iterations after the first checkpoint leave room enough (the node agent's 80
+    # guard a run that could end before the loss lands).
+    name, iterations = "lost-worker", 24
+    _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4)
+    status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and checkpoint_iteration(s) >= 4
+                           and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
+    (worker,) = scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
+    lost = worker["metadata"]["name"]
+    containers = set(container_ids(worker).values())
+    assert containers and containers <= running_containers(nodes), containers
+    scenario.kubectl("delete", "pod", lost, "--wait=false")
+    # The checkpoint first: the job still runs, and the records up to a checkpoint are written
+    # before it commits, so the metrics read after hold at least that many.
+    checkpoint = checkpoint_iteration(scenario.status(name))
+    before = scenario.metrics(name)
+    assert checkpoint >= checkpoint_iteration(status) and len(before) < iterations
+
+    retrying = scenario.wait("the retry", lambda: scenario.status(name).get("restartCount") == 1
+                             and scenario.condition(name, "Retrying"), timeout=180)
+    assert retrying["reason"] == "WorkerPodLost" and f"worker pod {lost}" in retrying["message"], retrying
+    scenario.wait("the lost pod's containers gone from its node", lambda: not containers & running_containers(nodes),
+                  timeout=180)
+    # The next attempt runs on KubeRay's replacement, in the runtime image on a kind-style node.
+    replacement = scenario.wait("a replacement worker pod running", lambda: next(
+        (p for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
+         if p["metadata"]["name"] != lost and p["status"].get("phase") == "Running"), None), timeout=START_TIMEOUT)
+    assert replacement["spec"]["nodeName"] in nodes.nodes, replacement["spec"]
+    assert replacement["spec"]["containers"][0]["image"] == runtime_image
+    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
+    assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}" and status["restartCount"] == 1
+    assert any(e["reason"] == "Retrying" for e in scenario.events(name))
+    assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
+    _wait_released(scenario, name)

@@ -247,7 +247,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     last checkpoint."""
     # Long enough to still run when the suspend lands, after the operator's restart (the kubelet
     # restarts a killed container after a 10 s back-off); see lost-worker for 80.
-    name, iterations = "restart", 80
+    # Enough iterations that the job is still running when the suspend lands: with 80 a job at
+    # ~0.2 s per iteration finished between its checkpoint 4 and the suspend in a CI run.
+    name, iterations = "restart", 300
     _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
     status = scenario.wait(f"RLJob {name} past iteration 2", lambda: (s := scenario.status(name))
                            and s.get("iteration", 0) >= 2 and s, timeout=START_TIMEOUT)

@@ -120,6 +120,10 @@ def _tp_rank(rank: int, port: int, model_dir: str, out: str) -> None:
                          for n, p in split.named_parameters())
     gaps["num_split"] = sum(hasattr(p, "full_tensor") for p in split.parameters())
     Path(out, f"rank{rank}.json").write_text(json.dumps(gaps))
+    # Every rank's last collective has arrived before any rank tears the group down: a rank that
+    # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
+    # active exception", SIGABRT, seen once in a CI run).
+    dist.barrier()
     dist.destroy_process_group()
 
 

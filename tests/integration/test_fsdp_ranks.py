@@ -81,6 +81,10 @@ def _fsdp_rank(rank: int, port: int, out_dir: str, training: dict) -> None:
     loss = float(fsdp.model(input_ids=mine, labels=mine).loss)
     torch.save({"weights": engine.weights, "ledger": metrics, "grad_norm": grad_norm, "loss": loss},
                Path(out_dir) / f"rank{rank}.pt")
+    # Every rank's last collective has arrived before any rank tears the group down: a rank that
+    # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
+    # active exception", SIGABRT, seen once in a CI run).
+    dist.barrier()
     dist.destroy_process_group()
 
 

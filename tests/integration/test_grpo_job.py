@@ -98,9 +98,11 @@ def test_metrics_have_the_documented_fields(interrupted_then_resumed):
             assert isinstance(record[key], float), key
         assert 0.0 <= record["reward_mean"] <= 1.0
         assert record["tokens_per_s_per_device"] > 0
-        for stage in ("rollout", "reference", "reward", "advantage", "update", "dispatch", "iteration",
+        for stage in ("rollout", "reference", "reward", "update", "dispatch", "iteration",
                       "idle/rollout", "idle/update"):
             assert record["timing"][stage] >= 0, stage
+        # algorithm.fuse_reward_advantage (on by default): the reward worker writes the advantages.
+        assert "advantage" not in record["timing"]
         # One update per iteration (recompute_old_logprobs: auto): the update's own pass gives the old logprobs.
         assert "actor_inference" not in record["timing"] and record["clip_fraction"] == 0.0
 

@@ -142,6 +142,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         "losses": {f"tp{tp}_{mode}": _losses(tp, mode, rank)
                    for tp in (2, 1) for mode in ("allgather_swap", "naive")},
     }
+    # Every rank's last collective has arrived before any rank tears the group down: a rank that
+    # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
+    # active exception", SIGABRT, seen once in a CI run).
+    dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)

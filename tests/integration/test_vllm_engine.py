@@ -222,14 +222,16 @@ def dp_ranks(tiny_model_dir):
             self.device = detect_device("cpu")
 
         def rendezvous(self):
-            from rldock.runtime.engines.distributed import pick_rendezvous
+            from rldock.runtime.engines.distributed import open_rendezvous
 
-            return pick_rendezvous()
+            rendezvous, self.store = open_rendezvous(WORLD_SIZE)
+            return rendezvous
 
         def join(self, rendezvous) -> None:
             from rldock.runtime.engines.distributed import init_process_group
 
-            init_process_group(self.device, rank=self.rank, world_size=WORLD_SIZE, rendezvous=rendezvous)
+            init_process_group(self.device, rank=self.rank, world_size=WORLD_SIZE, rendezvous=rendezvous,
+                               store=getattr(self, "store", None))
 
         def all_reduce(self) -> list[float]:
             from rldock.runtime.engines.distributed import all_reduce_mean

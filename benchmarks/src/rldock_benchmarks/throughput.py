@@ -9,7 +9,11 @@ stage breakdown (`timing`: each stage's slowest rank, busy time) and each worker
 (`timing/idle/<state>`: seconds its ranks waited on the dock for upstream samples), and the ratio
 of its iteration time to the all-off baseline's. The optimisations switched off one at a time:
 the skipped old-logprob pass (`recompute_old_logprobs_always`), padding trimming
-(`no_trim_padding`) and the per-worker thread budget (`no_thread_budget`). Finer streaming, the
+(`no_trim_padding`), the per-worker thread budget (`no_thread_budget`), the group advantages
+computed by the reward worker in its own dock write instead of a separate advantage state
+(`no_fused_advantage`: algorithm.fuse_reward_advantage off) and the driver's counters and
+metrics files off the critical path (`no_background_bookkeeping`: training.background_bookkeeping
+off). Finer streaming, the
 rollout writing each prompt group as it finishes (`rollout.stream_groups`), is opt-in (off by
 default: on short responses its extra writes cost more than they overlap), so it is the
 `streaming` variant: all on plus streaming, one group per write.
@@ -61,13 +65,15 @@ SWITCHES_OFF: dict[str, dict[str, Any]] = {
     "recompute_old_logprobs_always": {"algorithm": {"recompute_old_logprobs": "always"}},
     "no_trim_padding": {"training": {"trim_padding": False}},
     "no_thread_budget": {"training": {"num_threads": 0}},
+    "no_fused_advantage": {"algorithm": {"fuse_reward_advantage": False}},
+    "no_background_bookkeeping": {"training": {"background_bookkeeping": False}},
 }
 # Opt-in optimisations: each turned on alone, on top of every default one.
 SWITCHES_ON: dict[str, dict[str, Any]] = {
     "streaming": {"rollout": {"stream_groups": 1}},  # the rollout writes each group as it finishes
 }
-ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always"},
-           "training": {"trim_padding": False, "num_threads": 0}}
+ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always", "fuse_reward_advantage": False},
+           "training": {"trim_padding": False, "num_threads": 0, "background_bookkeeping": False}}
 BASELINE = "all_off"
 # The generation-heavy model: hidden 256 over 4 heads (head_dim 64, which vLLM's CPU attention takes).
 HEAVY_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1280,
@@ -168,7 +174,9 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
 
     timing_keys = sorted({k for r in measured for k in r["timing"]})
     timing = {k: statistics.median(r["timing"].get(k, 0.0) for r in measured) for k in timing_keys}
-    seconds = timing["iteration"]
+    # End to end per iteration (the driver's bookkeeping between iterations included, inline or
+    # not); a run too short to have one falls back to the iteration's own time.
+    seconds = timing["cycle"] if all("cycle" in r["timing"] for r in measured) else timing["iteration"]
     tokens = algo.num_prompts_per_iteration * algo.num_responses_per_prompt * (
         median("prompt_length_mean") + median("response_length_mean"))
     return {
@@ -179,7 +187,7 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
         "response_length_mean": median("response_length_mean"),
         "prompt_length_mean": median("prompt_length_mean"),
         "reward_mean": median("reward_mean"),
-        "stages_s": {k: v for k, v in timing.items() if not k.startswith("idle/") and k != "iteration"},
+        "stages_s": {k: v for k, v in timing.items() if not k.startswith("idle/") and k not in ("iteration", "cycle")},
         "idle_s": {k.removeprefix("idle/"): v for k, v in timing.items() if k.startswith("idle/")},
     }
 

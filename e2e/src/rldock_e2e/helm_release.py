@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 
 from .controlplane import ControlPlane, credentials, wait_for
+from .nodes.cluster import KindNodes
+from .nodes.containers import kill_container
 from .repo import CHART_DIR
 
 RELEASE = "rldock"
@@ -73,11 +75,14 @@ class HelmRelease:
 class ReleasedOperator:
     """The operator of a Helm release, as the scenarios drive an operator (the interface of
     operator_process.ChartOperator): `start` installs the release and waits for its pod to be
-    Ready, `stop` uninstalls it; its pod is run by a real kubelet, so there is no local pid."""
+    Ready, `stop` uninstalls it; its pod is run by a real kubelet, so there is no local pid.
+    `nodes`: the kind-style nodes its pod runs on, which `kill` needs."""
 
-    def __init__(self, plane: ControlPlane, release: HelmRelease, values: dict[str, Any]) -> None:
-        self.plane, self.release, self.values = plane, release, values
+    def __init__(self, plane: ControlPlane, release: HelmRelease, values: dict[str, Any], *,
+                 nodes: KindNodes | None = None) -> None:
+        self.plane, self.release, self.values, self.nodes = plane, release, values, nodes
         self.installed = False
+        self.kills = 0
 
     @property
     def process(self) -> bool | None:  # as OperatorProcess.process: None once stopped
@@ -87,7 +92,19 @@ class ReleasedOperator:
         if not self.installed:
             self.release.install(self.values)
             self.installed = True
-        wait_for("the operator pod ready", self._ready, timeout=300, interval=1, check=self.check)
+        # After a kill, Ready again only counts once its kubelet has restarted the container.
+        wait_for("the operator pod ready", lambda: self.restarts() >= self.kills and self._ready(),
+                 timeout=300, interval=1, check=self.check)
+
+    def kill(self) -> str:
+        """SIGKILL the operator's process through its node's containerd, as the OOM killer would:
+        its kubelet restarts the container (restartPolicy Always); returns the killed container's id."""
+        assert self.nodes is not None, "killing the operator needs the nodes it runs on"
+        pod = self.pod()
+        assert pod is not None, "the operator is not running"
+        killed = kill_container(self.nodes, pod, pod["spec"]["containers"][0]["name"])
+        self.kills += 1
+        return killed
 
     def stop(self) -> None:
         if self.installed:
@@ -105,10 +122,13 @@ class ReleasedOperator:
         return bool(pod) and any(c["type"] == "Ready" and c["status"] == "True"
                                  for c in pod["status"].get("conditions") or ())
 
-    def check(self) -> None:
-        """Raise when the operator's container restarted (it crashed: nothing here kills it)."""
+    def restarts(self) -> int:
         statuses = ((self.pod() or {}).get("status") or {}).get("containerStatuses") or ()
-        if self.installed and sum(s.get("restartCount", 0) for s in statuses):
+        return sum(s.get("restartCount", 0) for s in statuses)
+
+    def check(self) -> None:
+        """Raise when the operator's container restarted more often than `kill` killed it (it crashed)."""
+        if self.installed and self.restarts() > self.kills:
             raise AssertionError(f"the operator pod restarted on its own; its log ends:\n{self.log_tail(40)}")
 
     def log_tail(self, lines: int = 40) -> str:

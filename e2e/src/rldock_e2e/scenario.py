@@ -180,3 +180,17 @@ def sample(every: float, until: Callable[[], bool], take: Callable[[], T], *, ti
         taken.append(take())
         time.sleep(every)
     return taken
+
+
+def checkpoint_iteration(status: dict[str, Any]) -> int:
+    """`status.lastCheckpoint` (.../checkpoints/iter-000008) as an iteration number; 0 when none."""
+    last = status.get("lastCheckpoint") or ""
+    return int(last.rsplit("iter-", 1)[1]) if "iter-" in last else 0
+
+
+def assert_resumed(final: list[dict[str, Any]], before: list[dict[str, Any]], *, checkpoint: int,
+                   iterations: int) -> None:
+    """Every iteration's metrics exactly once, and those up to the checkpoint the interruption left
+    are the very records written before it (kept, not recomputed from scratch)."""
+    assert [m["iteration"] for m in final] == list(range(1, iterations + 1)), [m["iteration"] for m in final]
+    assert checkpoint >= 1 and final[:checkpoint] == before[:checkpoint], (checkpoint, final[:checkpoint])

@@ -17,14 +17,16 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
     for shape in shapes(quick):
         on = shape_config(shape, ALL_ON, iterations=3, models=MODELS)
         off = shape_config(shape, ALL_OFF, iterations=3, models=MODELS)
-        assert (on.algorithm.recompute_old_logprobs, on.training.trim_padding, on.training.num_threads,
-                on.rollout.stream_groups) == ("auto", True, None, 0)
-        assert (off.algorithm.recompute_old_logprobs, off.training.trim_padding, off.training.num_threads,
-                off.rollout.stream_groups) == ("always", False, 0, 0)
+        def switches(cfg):
+            return (cfg.algorithm.recompute_old_logprobs, cfg.training.trim_padding, cfg.training.num_threads,
+                    cfg.rollout.stream_groups, cfg.algorithm.fuse_reward_advantage,
+                    cfg.training.background_bookkeeping)
+
+        assert switches(on) == ("auto", True, None, 0, True, True)
+        assert switches(off) == ("always", False, 0, 0, False, False)
         for variant in [*SWITCHES_OFF.values(), *SWITCHES_ON.values()]:
             cfg = shape_config(shape, variant, iterations=3, models=MODELS)
-            changed = [cfg.algorithm.recompute_old_logprobs != "auto", not cfg.training.trim_padding,
-                       cfg.training.num_threads is not None, cfg.rollout.stream_groups != 0]
+            changed = [a != b for a, b in zip(switches(cfg), switches(on))]
             assert sum(changed) == 1, (shape.name, variant)  # exactly one optimisation switched
     full = {s.name: shape_config(s, ALL_ON, iterations=3, models=MODELS) for s in shapes(False)}
     heavy = full["generation_heavy"].algorithm

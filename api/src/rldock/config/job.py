@@ -354,6 +354,15 @@ class AlgorithmSpec(Spec):
         "every update, whatever training.resharding; the actor runs its model without dropout), "
         "otherwise `always`. `never` with more than one update or a staleness bound is an error.",
     )
+    fuse_reward_advantage: bool = Field(
+        default=True,
+        description="Compute each prompt group's advantages in the reward worker, as it scores the group, and "
+        "write rewards and advantages in one dock write: no advantage state or worker, two Ray round trips "
+        "and a process wake-up fewer per iteration. Applies where the advantage reads only what the reward "
+        "writes, over whole groups (`grpo`, `dapo`); ignored by `ppo` and `pf_ppo` (their advantage needs "
+        "the critic's values and whitens over the iteration) and by `dpo` (no advantage). The advantages are "
+        "the same either way; `false` runs the separate advantage worker (the throughput ablation).",
+    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     ppo: PPOSpec = Field(default_factory=PPOSpec, description="Critic and GAE settings of `ppo` and `pf_ppo`.")
@@ -492,6 +501,15 @@ class TrainingSpec(Spec):
         "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
         "data_parallel_size * tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank).",
+    )
+    background_bookkeeping: bool = Field(
+        default=True,
+        description="The driver reads the dock's counters and writes each iteration's record (metrics.jsonl, "
+        "TensorBoard), and in sync mode applies the staleness bound, in a background thread while the next "
+        "iteration starts, instead of between iterations; "
+        "it waits for the counters before its next put of prompts, and for every record before a checkpoint "
+        "and at the end of the run (also a failed one), so every metric is written, only later. `false`: "
+        "inline (the throughput ablation, which times iterations end to end: timing.cycle).",
     )
     trim_padding: bool = Field(
         default=True,

@@ -39,10 +39,11 @@ from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.bookkeeping import Bookkeeper
 from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
                                  prepare_data_files, tokenizer_corpus)
 from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
-from rldock.runtime.dock import DockActorDiedError, TransferDock
+from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.grouping import split_group_columns
 from rldock.runtime.engines.replica_devices import engine_environments
@@ -116,7 +117,8 @@ def _write_atomically(final: Path, write) -> None:
 @dataclass
 class WorkerGroups:
     """The Ray actors of a job. Only the groups the recipe's states need exist: DPO has no reward or
-    advantage worker, only PPO and PF-PPO have critic ranks (one per DP rank), only a job with a
+    advantage worker, GRPO and DAPO no advantage worker where the reward computes it
+    (algorithm.fuse_reward_advantage), only PPO and PF-PPO have critic ranks (one per DP rank), only a job with a
     `model` reward term a reward model."""
 
     actors: list
@@ -171,6 +173,11 @@ class Trainer:
         self._placement = None  # the Ray placement group holding the workers' devices
         self._turns = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
+        # Counters and metrics files, in a background thread while the next iteration starts
+        # (training.background_bookkeeping; runtime/bookkeeping.py); a fresh one per _loop.
+        self._bookkeeping = Bookkeeper(background=False)
+        self._counters = None  # the Future of the last counters read, awaited before the next put
+        self._last_iteration_end: float | None = None  # perf_counter when the last iteration's stages ended
         # Async mode: the next iteration, put and launched (all but its update) ahead of this one's update.
         self.runs_ahead = cfg.training.mode == "async" and cfg.dock.max_staleness >= 1
         self._ahead: _Ahead | None = None
@@ -337,6 +344,10 @@ class Trainer:
         tensorboard = TensorBoardLog(self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
         progress = _progress_bar(total, start_iteration - 1, enabled=self.show_progress,
                                  desc=self.cfg.algorithm.name.upper())
+        self._bookkeeping = Bookkeeper(background=self.cfg.training.background_bookkeeping)
+        self._counters = None  # a failed counters read of an earlier attempt is not this attempt's
+        self._last_iteration_end = None
+        failed = True
         try:
             if evaluate_at_start:
                 self._log(tensorboard, {"iteration": 0, **self._evaluate(0)})
@@ -354,15 +365,35 @@ class Trainer:
                 progress.update(1)
                 if not self.show_progress:  # the bar is for people, the lines for the operator
                     self._report_progress(record)
+            failed = False
         finally:
             progress.close()
-            tensorboard.close()
+            try:
+                # Every finished iteration's record reaches the files, also on failure; then the
+                # loop's own error is the one raised (a bookkeeping error is only logged).
+                self._bookkeeping.close(raise_errors=not failed)
+            finally:
+                self._counters = None
+                tensorboard.close()
 
     def _log(self, tensorboard: TensorBoardLog, record: dict) -> None:
-        self.metrics.append(record)
-        tensorboard.append(record)
+        self._bookkeeping.later(self._write_record, tensorboard, record)
         if val_metrics(record):
             self._last_evaluation = record
+
+    def _write_record(self, tensorboard: TensorBoardLog, record: dict) -> None:
+        """Append `record` to metrics.jsonl and TensorBoard, its dock traffic read by then (its
+        "dock" is the Future of `_dock_traffic` until here)."""
+        if "dock" in record:  # iteration 0 (the initial policy's evaluation) moved no sample
+            try:
+                record["dock"] = record["dock"].result()
+            except (DockActorDiedError, DockTimeoutError, ray.exceptions.RayError) as error:
+                # The record is written without its traffic; the error itself is raised where the
+                # driver waits for the counters (its next put), which fails the attempt.
+                logger.warning("iteration %d's dock counters could not be read (%s)", record["iteration"], error)
+                del record["dock"]
+        self.metrics.append(record)
+        tensorboard.append(record)
 
     def _evaluation_due(self, iteration: int) -> bool:
         interval = self.cfg.evaluation.interval
@@ -406,11 +437,20 @@ class Trainer:
         inflight.launched.update({state: len(refs) for state, refs in futures.items()})
         gathered = _gather_failing_fast(futures, finished=inflight.finished)
         results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
-        seconds = time.perf_counter() - started
+        ended = time.perf_counter()
+        seconds = ended - started
+        # End to end: this iteration and the driver's work since the previous one ended (bookkeeping
+        # run inline or waited for, the next draw and reset), which `seconds` leaves out.
+        cycle = None if self._last_iteration_end is None else ended - self._last_iteration_end
+        self._last_iteration_end = ended
         # The update made policy version `iteration`: apply the staleness bound to what is left,
-        # in the next iteration's bank too when it is already filling.
-        for dock in self.banks.docks:
-            dock.set_policy_version(iteration)
+        # in the next iteration's bank too when it is already filling. Synchronous training has
+        # nothing left to bound and no stage running: it goes in the bookkeeping's order, before
+        # the counters read that the next put waits for. Async mode's next update must see it first.
+        if self.runs_ahead:
+            self._advance_policy(iteration)
+        else:
+            self._bookkeeping.later(self._advance_policy, iteration)
         ckpt.clear_inflight(self.output_dir)  # this iteration's work is done: nothing to resume
 
         rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
@@ -426,6 +466,8 @@ class Trainer:
         # dispatch: all time spent moving samples through the dock, summed over every worker.
         timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
         timing["iteration"] = seconds
+        if cycle is not None:  # the loop's first iteration has no previous end
+            timing["cycle"] = cycle
         # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
         timing.update({f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs)
                        for stage, rs in results.items() if rs})
@@ -450,7 +492,8 @@ class Trainer:
             **(partial_metrics(rollouts) if cfg.rollout.partial_rollout != "off" else {}),
             **self._data_metrics(iteration),
             "timing": timing,
-            "dock": self._dock_traffic(),
+            # a Future until _write_record: read while the driver starts the next iteration
+            "dock": self._read_counters(self.dock),
             # serial phase schedule: each shared device's phases, start and end (s)
             **({"phases": ray.get(self._turns.timeline.remote(iteration))} if self._turns is not None else {}),
         }
@@ -513,9 +556,19 @@ class Trainer:
             "preference_update": lambda: [a.preference_update.remote(iteration) for a in w.actors],
         }
 
-    def _dock_traffic(self) -> dict:
-        bank = self.banks.docks.index(self.dock)  # each bank's counters advance only with its iterations
-        stats = self.dock.stats()
+    def _advance_policy(self, version: int) -> None:
+        for dock in self.banks.docks:
+            dock.set_policy_version(version)
+
+    def _read_counters(self, dock: TransferDock):
+        """The Future of `dock`'s traffic since its last read; the driver's next put waits for it
+        (`_put_groups`), so the counters hold exactly this iteration's traffic."""
+        self._counters = self._bookkeeping.later(self._dock_traffic, dock)
+        return self._counters
+
+    def _dock_traffic(self, dock: TransferDock) -> dict:
+        bank = self.banks.docks.index(dock)  # each bank's counters advance only with its iterations
+        stats = dock.stats()
         traffic = dock_traffic(self._last_dock_stats.get(bank), stats)
         self._last_dock_stats[bank] = stats
         return traffic
@@ -586,6 +639,8 @@ class Trainer:
         every sample of a group shares (the prompt) crosses the network once per group, not once
         per sample (dock/grouping.py)."""
         shared, per_sample = split_group_columns(fed.batch, self.cfg.algorithm.num_responses_per_prompt)
+        if self._counters is not None:  # the last iteration's counters, read before this write counts
+            self._counters.result()
         (self.dock if dock is None else dock).put_groups(groups, shared, samples=per_sample)
 
     def _fill_dock(self, iteration: int) -> tuple[DriverBatch, float, SampledRounds]:
@@ -630,6 +685,9 @@ class Trainer:
         return sampled.batch, put_seconds, sampled
 
     def _save_checkpoint(self, iteration: int) -> None:
+        # The records up to this iteration are in metrics.jsonl before the checkpoint commits: a
+        # resume keeps only the records up to its checkpoint, and redoes none of these.
+        self._bookkeeping.wait()
         staging = ckpt.staging_dir(self.output_dir, iteration)
         ray.get([a.save.remote(str(staging)) for a in self.workers.actors])
         actor_rng = ray.get([a.get_rng_state.remote() for a in self.workers.actors])

@@ -99,3 +99,25 @@ def test_partial_rollout_has_the_rollout_write_what_the_old_logprob_pass_reads(n
     assert _closed(recipe)
     off = job_recipe(_cfg(name, dock={"max_staleness": 1}))
     assert "sampled_logprobs" not in off.consumes["actor_inference"] + off.produces["rollout"]
+
+
+@pytest.mark.parametrize("name, reward_writes", [("grpo", ("advantage",)), ("dapo", ("score", "advantage"))])
+def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes):
+    fused = job_recipe(_cfg(name))
+    assert fused.advantage_in_reward and "advantage" not in fused.consumes and "advantage" not in fused.produces
+    assert fused.produces["reward"] == reward_writes and _closed(fused)
+    # DAPO's sampling rounds run the reward, so the kept groups come out of them with their advantages.
+    assert "advantage" not in fused.launched_states
+    separate = job_recipe(_cfg(name, fuse_reward_advantage=False))
+    assert not separate.advantage_in_reward and "advantage" in separate.launched_states
+    assert separate.consumes["advantage"] == ("reward",) and "reward" in separate.produces["reward"]
+    assert _closed(separate)
+    assert _closed(job_recipe(_with_model_term(_cfg(name))))
+
+
+@pytest.mark.parametrize("name", ["ppo", "pf_ppo", "dpo"])
+def test_fusing_is_ignored_where_the_advantage_needs_more_than_the_reward(name):
+    # PPO's GAE reads the critic's values and whitens over the iteration; DPO has no advantage.
+    assert not get_recipe(name).can_fuse_reward_advantage
+    assert job_recipe(_cfg(name)).consumes == job_recipe(_cfg(name, fuse_reward_advantage=False)).consumes
+    assert find_problems(_cfg(name, fuse_reward_advantage=True)) == []

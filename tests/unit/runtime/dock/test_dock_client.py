@@ -19,6 +19,8 @@ from tensordict import TensorDict
 from rldock.config.job import DockSpec
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
 from rldock.runtime.dock.balance import balance_by_tokens
+from rldock.runtime.dock.distributed import DistributedRoute
+from rldock.runtime.dock.wire import from_wire
 
 PL, SL = 5, 6  # prompt and response lengths of the test batches
 NUM_SAMPLES, GROUP_SIZE = 16, 4
@@ -390,6 +392,11 @@ def test_a_state_that_writes_nothing_gets_back_everything_it_took(dock: Transfer
     dock.load_state_dict(saved, produces={"update": ()})
     assert dock.get("update", ["old_logprobs"], batch_size=NUM_SAMPLES)[0].tolist() == ALL
     assert dock.can_load(saved) and not dock.can_load({**saved, "mode": "other"})
+    # A flow that changed between attempts (e.g. the advantage fused into the reward): the states differ.
+    fewer_states = {name: snapshot for name, snapshot in saved["controllers"].items() if name != "update"}
+    assert not dock.can_load({**saved, "controllers": fewer_states})
+    other_columns = {**saved["controllers"], "update": {**saved["controllers"]["update"], "columns": ["reward"]}}
+    assert not dock.can_load({**saved, "controllers": other_columns})
 
 
 def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(mode: str) -> None:
@@ -421,7 +428,8 @@ def killable_dock(mode: str, states: dict[str, list[str]]) -> TransferDock:
 
 
 def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str, kill_actor) -> None:
-    dock = killable_dock(mode, {"reference": ["prompt_ids"]})
+    states = {"reference": ["prompt_ids"], "update": ["prompt_ids"]}
+    dock = killable_dock(mode, states)
     peers = dock._route.peers()
     victim = peers[1] if mode == "distributed" else peers[0]  # warehouse 1 / the buffer
     name = "warehouse 1 (samples [4, 8)" if mode == "distributed" else "central buffer"
@@ -433,6 +441,9 @@ def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str, kill_a
             dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
         with pytest.raises(DockActorDiedError, match=re.escape(name)):
             dock.get("reference", ["prompt_ids"], batch_size=8)
+        if mode == "distributed":  # a read the host started fails in its ref, named the same way
+            with pytest.raises(DockActorDiedError, match=re.escape(name)):
+                host_reads_twin(dock, states).get("update", ["prompt_ids"], batch_size=8)
         assert time.monotonic() - started < 10
     finally:
         dock.shutdown()
@@ -468,3 +479,46 @@ def test_a_dead_controller_host_fails_its_consumers_and_the_writers_that_tell_it
             dock.put(torch.arange(2), samples([0, 1], ("prompt_ids",)))
     finally:
         dock.shutdown()
+
+
+def test_the_controller_host_starts_the_reads_of_what_it_grants(dock: TransferDock) -> None:
+    if dock.mode != "distributed":
+        pytest.skip("only the distributed dock has a controller host")
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    before = [w["read_requests"] for w in dock.stats()["warehouses"]]
+    host = dock._route.peers()[-1].handle
+    grant = ray.get(host.request_and_read.remote("reference", ["prompt_ids"], 0, 12))
+    assert grant.indices.tolist() == ALL[:12]  # warehouse 0 holds 0..7, warehouse 1 8..15
+    assert sorted(grant.reads) == sorted(grant.by_warehouse) == [0, 1]
+    # The reads ran before anyone fetched them: the host started them as it granted. (Waited for
+    # without fetching: the stats call below comes from another caller, which Ray does not order
+    # after the host's reads.)
+    ready, _ = ray.wait(list(grant.reads.values()), num_returns=len(grant.reads), fetch_local=False, timeout=60)
+    assert len(ready) == len(grant.reads)
+    assert [w["read_requests"] for w in dock.stats()["warehouses"]] == [before[0] + 1, before[1] + 1]
+    parts = ray.get([grant.reads[w] for w in sorted(grant.reads)])
+    read = torch.cat([from_wire(part["prompt_ids"]) for part in parts])
+    assert_matches(torch.from_numpy(grant.indices), TensorDict({"prompt_ids": read}, batch_size=[12]))
+
+
+def host_reads_twin(dock: TransferDock, states: dict[str, list[str]]) -> TransferDock:
+    """A client of `dock`'s own actors whose host starts the reads of what it grants
+    (host_starts_reads, kept for side-by-side measurements)."""
+    route = dock._route
+    *warehouses, host = route.peers()
+    return TransferDock(
+        route=DistributedRoute(layout=route.layout, warehouses=[w.handle for w in warehouses], controllers=host.handle,
+                               states=states, warehouse_nodes=route.nodes, host_starts_reads=True),
+        state_columns=states, token_columns=TOKEN_COLUMNS, timeout_s=5)
+
+
+def test_a_host_that_starts_the_reads_moves_the_same_rows(dock: TransferDock) -> None:
+    if dock.mode != "distributed":
+        pytest.skip("only the distributed dock has a controller host")
+    host_reads = host_reads_twin(dock, STATES)
+    host_reads.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    assert dock.stats()["controllers"]["update"]["ready_now"] == NUM_SAMPLES  # known when put returns
+    indices, batch = host_reads.get("update", list(COLUMNS), batch_size=12)
+    assert indices.tolist() == ALL[:12]
+    assert_matches(indices, batch)
+    assert dock.stats()["controllers"]["update"]["handed_out_now"] == 12  # one host, seen by both clients

@@ -9,9 +9,10 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe, job_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import Columns, Row, load_rows
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
+from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.reward import RewardWorker
 
 from dock_doubles import OneBatchDock
@@ -28,17 +29,17 @@ class DigitTokenizer:
         return "".join(str(t - 3) for t in tokens if t >= 3)
 
 
-def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),)) -> RewardWorker:
+def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: bool = False,
+            num_prompts: int = 1) -> RewardWorker:
     cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"terms": [{"name": "exact_match"}]},
-                    algorithm={"name": name, "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
+                    algorithm={"name": name, "num_prompts_per_iteration": num_prompts, "num_responses_per_prompt": 2,
                                "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
+                               "fuse_reward_advantage": fuse,
                                "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}})
-    recipe = get_recipe(name)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.dock, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
-    worker.scorer, worker.shaping = RewardScorer(cfg.reward), recipe.reward_shaping
-    worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
-    worker.model_term = None
+    worker.scorer = RewardScorer(cfg.reward)
+    worker.follow(job_recipe(cfg))
     return worker
 
 
@@ -78,13 +79,13 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
     cfg = JobConfig(iterations=1, model={"path": "/nonexistent"},
                     reward={"terms": [{"name": "exact_match"}, {"name": "model", "path": "/rm", "weight": 0.5}]},
                     algorithm={"name": "grpo", "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0})
-    recipe = job_recipe(cfg)
+                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
+                               "fuse_reward_advantage": False})
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.tokenizer, worker.rows = cfg, DigitTokenizer(), [Row("3+4=", "77", "addition")]
-    worker.scorer, worker.shaping, worker.model_term = RewardScorer(cfg.reward), recipe.reward_shaping, 1
-    worker.consumes, worker.produces = recipe.consumes["reward"], recipe.produces["reward"]
-    assert "rm_score" in worker.consumes
+    worker.scorer = RewardScorer(cfg.reward)
+    worker.follow(job_recipe(cfg))
+    assert "rm_score" in worker.consumes and worker.model_term == 1
     response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
     batch = TensorDict({"response_ids": response_ids, "response_mask": torch.ones_like(response_ids),
                         "prompt_index": torch.tensor([0, 0]), "rm_score": torch.tensor([-1.0, 3.0])}, batch_size=[2])
@@ -93,3 +94,30 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
     assert result["rewards"] == [0.5, 1.5]  # exact_match + 0.5 * rm_score
     assert dock.written["reward"].tolist() == [0.5, 1.5]
     assert merge_reward_metrics([result["reward_metrics"]])["reward/model"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
+    # Two groups of 2 for row 0 ("77"): right and wrong; right in 2 tokens and in 3 (DAPO's overlong
+    # shaping makes their rewards differ, and the advantage must use the shaped reward).
+    response_ids = torch.tensor([[10, 10, PAD, PAD], [9, 10, EOS, PAD], [10, 10, PAD, PAD], [10, 10, EOS, PAD]])
+    response_mask = (response_ids != PAD).long()  # (B, SL)
+    batch = TensorDict({"response_ids": response_ids, "response_mask": response_mask,
+                        "prompt_index": torch.zeros(4, dtype=torch.int64)}, batch_size=[4])
+    unfused_dock = OneBatchDock(batch)
+    unfused = _worker(name, unfused_dock, num_prompts=2)
+    unfused.compute_rewards(iteration=3)
+    rewards = unfused_dock.written["reward"]
+    advantage_dock = OneBatchDock(TensorDict({"reward": rewards}, batch_size=[4]))
+    advantage_dock.states = {"advantage": ("reward",)}
+    AdvantageWorker(unfused.cfg, dock=advantage_dock).compute_advantages(iteration=3)
+
+    fused_dock = OneBatchDock(batch)
+    fused = _worker(name, fused_dock, num_prompts=2, fuse=True)
+    result = fused.compute_rewards(iteration=3)
+    assert fused.whole_groups and fused.batch_size % 2 == 0
+    # One write: the advantages, plus DAPO's score for its filter; no state reads GRPO's reward any more.
+    assert set(fused_dock.written.keys()) == ({"advantage", "score"} if name == "dapo" else {"advantage"})
+    assert torch.equal(fused_dock.written["advantage"], advantage_dock.written["advantage"])
+    assert fused_dock.written["advantage"].abs().sum() > 0  # a group with different rewards: not all zero
+    assert result["rewards"] == [1.0, 0.0, 1.0, 1.0]

@@ -80,6 +80,9 @@ class Recipe:
     # The reference's logprobs feed only the KL penalty, so a job with kl_coef 0 skips the
     # reference state; False where the loss itself needs them (DPO).
     reference_for_kl_only: bool = True
+    # The reward state also runs the advantage stage on each group it scores and writes both in one
+    # dock write; there is no advantage state (`with_advantage_in_reward`, algorithm.fuse_reward_advantage).
+    advantage_in_reward: bool = False
 
     @property
     def launched_states(self) -> tuple[str, ...]:
@@ -99,6 +102,15 @@ class Recipe:
     @property
     def needs_critic(self) -> bool:
         return "critic_inference" in self.consumes
+
+    @property
+    def can_fuse_reward_advantage(self) -> bool:
+        """Whether the reward state can run the advantage stage itself: the advantage reads only
+        columns the reward writes, over whole prompt groups (GRPO, DAPO; not PPO's GAE, which needs
+        the critic's values and whitens over the iteration)."""
+        if "advantage" not in self.consumes or "reward" not in self.consumes or self.advantage_scope != "groups":
+            return False
+        return set(self.consumes["advantage"]) <= set(self.produces["reward"])
 
 
 RECIPES: Registry[Recipe] = Registry("algorithm", field="algorithm.name")
@@ -125,8 +137,9 @@ def recomputes_old_logprobs(cfg: JobConfig) -> bool:
 
 def job_recipe(cfg: JobConfig) -> Recipe:
     """The algorithm's recipe as this job runs it, less the passes its config makes redundant: the
-    old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, plus the
-    reward model's state when a reward term is `model`. The one place the flow is derived: the
+    old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, with the
+    advantage stage run by the reward state where it can be (algorithm.fuse_reward_advantage), plus
+    the reward model's state when a reward term is `model`. The one place the flow is derived: the
     dock's states, the trainer's launched states and the workers' inputs all come from it, so they
     agree."""
     recipe = get_recipe(cfg.algorithm.name)
@@ -136,6 +149,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     if "reference" in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
         dropped.add("reference")
     recipe = without_states(recipe, dropped)
+    if cfg.algorithm.fuse_reward_advantage and recipe.can_fuse_reward_advantage:
+        recipe = with_advantage_in_reward(recipe)
     if cfg.reward.model_term_index is not None:
         recipe = with_reward_model(recipe)
     if cfg.rollout.partial_rollout != "off" and "actor_inference" in recipe.consumes:
@@ -151,6 +166,20 @@ def with_partial_rollout(recipe: Recipe) -> Recipe:
     produces = {state: cols + PARTIAL_ROLLOUT if state == "rollout" else cols
                 for state, cols in recipe.produces.items()}
     return replace(recipe, consumes=consumes, produces=produces)
+
+
+def with_advantage_in_reward(recipe: Recipe) -> Recipe:
+    """`recipe` whose reward state also computes the advantages of the groups it scores (the
+    recipe must `can_fuse_reward_advantage`): the advantage state is gone, and the reward state
+    writes the advantage stage's columns plus those of its own that a remaining state still reads
+    (DAPO's `score`; GRPO's `reward` only the advantage read, so it is no longer written)."""
+    assert recipe.can_fuse_reward_advantage, f"recipe {recipe.name!r} cannot fuse reward and advantage"
+    consumes = {state: cols for state, cols in recipe.consumes.items() if state != "advantage"}
+    read = {column for cols in consumes.values() for column in cols}
+    rewards = tuple(column for column in recipe.produces["reward"] if column in read)
+    produces = {state: cols for state, cols in recipe.produces.items() if state != "advantage"}
+    produces["reward"] = rewards + recipe.produces["advantage"]
+    return replace(recipe, consumes=consumes, produces=produces, advantage_in_reward=True)
 
 
 def with_reward_model(recipe: Recipe) -> Recipe:

@@ -70,6 +70,7 @@ class TransferDock:
         node_ids: Sequence[str] | None = None,
         prefer_local: bool = True,
         bounded_states: Sequence[str] = (),
+        host_starts_reads: bool = False,
     ) -> TransferDock:
         """Start the dock's actors on the connected Ray cluster.
 
@@ -81,6 +82,9 @@ class TransferDock:
         number of groups) warehouses round-robin on them, the central mode its buffer on the first.
         With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
         turning it off (for measurements) hands samples out in index order wherever they are.
+        `host_starts_reads` (distributed mode, for measurements only) has the controller host start
+        the warehouse reads of what it grants, saving the consumer one call; measured slower per get
+        than the default, where the consumer reads the warehouses itself (distributed.py, host.py).
         `bounded_states` are the states (those that train on samples) to which the staleness bound
         `spec.max_staleness` / `spec.on_stale` applies.
         """
@@ -118,7 +122,7 @@ class TransferDock:
             route = DistributedRoute.start(
                 num_warehouses=num_warehouses, states=states, num_samples=num_samples,
                 group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
-                staleness=staleness, bounded_states=bounded_states,
+                staleness=staleness, bounded_states=bounded_states, host_starts_reads=host_starts_reads,
             )
         logger.info(
             "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
@@ -303,15 +307,21 @@ class TransferDock:
         if not self.can_load(state):
             raise ValueError(
                 f"dock state of mode {state['mode']} layout {tuple(state['layout'])} does not fit this "
-                f"{self.mode} dock of layout {(layout.num_samples, layout.group_size, layout.num_warehouses)}"
+                f"{self.mode} dock of layout {(layout.num_samples, layout.group_size, layout.num_warehouses)}, "
+                f"or its states {sorted(state['controllers'])} and their columns are not this dock's "
+                f"{sorted(self._state_columns)}"
             )
         self._route.restore(state, _unfinished(state, produces or {}, layout.num_samples))
 
     def can_load(self, state: Mapping[str, Any]) -> bool:
-        """Whether `state` (a state_dict) came from a dock of this mode and layout."""
+        """Whether `state` (a state_dict) came from a dock of this mode and layout, with the same
+        states requiring the same columns (a changed flow, e.g. `algorithm.fuse_reward_advantage`
+        flipped between attempts, would wait for columns no worker of this run writes)."""
         layout = self.layout
+        states = {name: frozenset(snapshot["columns"]) for name, snapshot in state["controllers"].items()}
         return state["mode"] == self.mode and tuple(state["layout"]) == (
-            layout.num_samples, layout.group_size, layout.num_warehouses)
+            layout.num_samples, layout.group_size, layout.num_warehouses) and states == {
+            name: frozenset(columns) for name, columns in self._state_columns.items()}
 
     def stats(self) -> dict[str, Any]:
         """Counters of every warehouse (in central mode: the buffer) and controller, cumulative over

@@ -79,6 +79,9 @@ class Grant:
     # Nothing is left for this rank after these samples: its next request would be exhausted, so
     # a consumer can stop without that extra round trip (unless the dock is refilled, see recycle).
     drained: bool = False
+    # warehouse -> ObjectRef of its read of this grant's rows, started by the controller host as
+    # it granted (host.py, only with `host_starts_reads`); empty otherwise.
+    reads: dict[int, Any] = field(default_factory=dict)
 
 
 class Controller:

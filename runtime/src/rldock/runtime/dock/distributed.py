@@ -3,9 +3,12 @@
 Tensors go straight between the caller and the owning warehouses, in parallel; the controllers
 only ever receive indices, column names and token counts. Each state has its own controller
 (its own readiness, hand-out and waiters), and all of them live in one async actor, the
-controller host (`ControllerHub`): a write tells the controllers of the states that need one of
-its columns in one call, and a request waits in its state's controller alone, so states never
-queue behind each other's waiters. One process rather than one per state because the
+controller host (`ControllerHost`, host.py): a write tells the controllers of the states that need
+one of its columns in one call, and a request waits in its state's controller alone, so states
+never queue behind each other's waiters. A read is two calls of the consumer (the host's grant,
+then the warehouses), a write too (the warehouses, then readiness to the host); a host that
+starts the reads of what it grants (host.py, `host_starts_reads`) was measured slower per get and is kept
+for measurements only (docs/dock-benchmarks.md). One process rather than one per state because the
 controllers' work is metadata of microseconds, while each process costs a Ray round trip per
 write and a scheduling hop on a busy node (docs/transfer-dock.md). This is the MindSpeed RL
 paper's distributed transfer dock (arXiv 2507.19017, section 3.1); `central.py` is its baseline.
@@ -22,7 +25,8 @@ import ray
 from ray.actor import ActorHandle
 
 from rldock.runtime.dock import rpc
-from rldock.runtime.dock.controller import ControllerHub, Grant
+from rldock.runtime.dock.controller import Grant
+from rldock.runtime.dock.host import ControllerHost
 from rldock.runtime.dock.ownership import DockLayout, as_slice
 from rldock.runtime.dock.placement import assign_nodes, pinned_to
 from rldock.runtime.dock.rpc import Peer
@@ -39,7 +43,7 @@ _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
 # shared by all states' waiters, so it is set far above any job's ranks times states.
 CONTROLLER_HOST_CONCURRENCY = 100_000
 _ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0,
-                                  max_concurrency=CONTROLLER_HOST_CONCURRENCY)(ControllerHub)
+                                  max_concurrency=CONTROLLER_HOST_CONCURRENCY)(ControllerHost)
 
 
 class DistributedRoute:
@@ -56,9 +60,11 @@ class DistributedRoute:
         states: Mapping[str, Sequence[str]],
         warehouse_nodes: Sequence[str],
         prefer_local: bool = True,
+        host_starts_reads: bool = False,
     ) -> None:
         self.layout = layout
         self._prefer_local = prefer_local
+        self._host_starts_reads = host_starts_reads
         self._warehouses = [
             Peer(_warehouse_name(layout, w, node), handle)
             for w, (handle, node) in enumerate(zip(warehouses, warehouse_nodes))
@@ -80,8 +86,14 @@ class DistributedRoute:
         prefer_local: bool = True,
         staleness: StalenessBound | None = None,
         bounded_states: Sequence[str] = (),
+        host_starts_reads: bool = False,
     ) -> DistributedRoute:
-        """Start S warehouses round-robin over `node_ids` and the controller host (a controller per state) here."""
+        """Start S warehouses round-robin over `node_ids` and the controller host (a controller per state) here.
+
+        `host_starts_reads` (for measurements only) has the host start the warehouse reads of what
+        it grants and the consumer only fetch them (host.py); measured slower per get than the consumer
+        reading the warehouses itself (docs/dock-benchmarks.md), so off by default.
+        """
         layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
         warehouses = []
         for w, node in enumerate(assign_nodes(num_warehouses, list(node_ids))):
@@ -95,16 +107,19 @@ class DistributedRoute:
         here = ray.get_runtime_context().get_node_id()
         controllers = _ControllerHostActor.options(scheduling_strategy=pinned_to(here, soft=True)).remote(
             states={state: list(columns) for state, columns in states.items()}, layout=layout,
-            default_timeout_s=timeout_s, staleness=staleness, bounded_states=list(bounded_states))
+            default_timeout_s=timeout_s, warehouses=warehouses, staleness=staleness,
+            bounded_states=list(bounded_states))
         # Waiting here surfaces actor start failures now rather than at the first put.
         warehouse_nodes = ray.get([wh.node_id.remote() for wh in warehouses])
         ray.get(controllers.ping.remote())
         return cls(layout=layout, warehouses=warehouses, controllers=controllers, states=states,
-                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
+                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local, host_starts_reads=host_starts_reads)
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
               policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
         """Rows to their owning warehouses in parallel, then readiness (metadata) to the controllers, in one call.
+
+        When this returns, every state that needs a written column knows the rows are ready.
 
         `group_columns` hold one row per group of `indices` (whole groups, in order); each goes
         once to the group's warehouse, which expands it to the group's samples.
@@ -139,7 +154,11 @@ class DistributedRoute:
         timeout_s: float,
         balance_ranks: int,
     ) -> tuple[Grant, list[dict[str, WireColumn]]]:
-        """Ask `state`'s controller for samples, then read them from their warehouses in index order."""
+        """Ask `state`'s controller for samples and fetch them from their warehouses, in index order.
+
+        With `host_starts_reads` the host starts the warehouse reads as it grants (host.py) and
+        this only fetches their results, straight from the warehouses' nodes.
+        """
         prefer: list[int] = []
         if self._prefer_local:
             here = ray.get_runtime_context().get_node_id()
@@ -148,15 +167,23 @@ class DistributedRoute:
         if state not in self._state_columns:
             raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
         controller = self._controllers
-        request = controller.handle.request.remote(
-            state, rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
-        )
+        if self._host_starts_reads:
+            request = controller.handle.request_and_read.remote(
+                state, list(columns), rank, batch_size, whole_groups, timeout_s, prefer=prefer,
+                balance_ranks=balance_ranks,
+            )
+        else:
+            request = controller.handle.request.remote(
+                state, rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
+            )
         grant: Grant = rpc.wait_for_grant(
             controller.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=self._warehouses
         )
         if grant.exhausted:
             return grant, []
         # Ownership is contiguous, so warehouse order then each warehouse's order is index order.
+        if grant.reads:
+            return grant, rpc.get_all([(self._warehouses[w].name, ref) for w, ref in sorted(grant.reads.items())])
         reads = []
         for w in sorted(grant.by_warehouse):
             peer = self._warehouses[w]

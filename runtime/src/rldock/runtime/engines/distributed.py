@@ -1,8 +1,9 @@
 """Forming a torch.distributed group across Ray actor ranks, and wrapping the actor model in DDP.
 
 Ray starts the actors; torch.distributed needs every rank to agree on a rendezvous address. Rank 0
-picks one (`pick_rendezvous`) on its own node, the driver hands it to all ranks, and each calls
-`init_process_group` with the backend of its `DeviceInfo` (hccl / nccl / gloo).
+opens one (`open_rendezvous`: the group's store, listening on its node), the driver hands the
+address to all ranks, and each calls `init_process_group` with the backend of its `DeviceInfo`
+(hccl / nccl / gloo), rank 0 with the store it opened.
 
 Ordering with the in-process vLLM engine: vLLM reuses the default process group if one exists and
 otherwise creates a world of one for itself, after which no other default group can be created.
@@ -16,7 +17,6 @@ generate independently. An engine's `shutdown` destroys the adopted group too (s
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,6 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 from rldock.runtime.device import DeviceInfo
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_GROUP_TIMEOUT_S = 300.0  # joining the group and each collective
 
 
 @dataclass(frozen=True)
@@ -43,20 +45,19 @@ class Rendezvous:
         return f"tcp://{host}:{self.port}"
 
 
-def pick_rendezvous() -> Rendezvous:
-    """Run on rank 0: this node's Ray address and a port that is free right now.
+def open_rendezvous(world_size: int, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> tuple[Rendezvous, dist.TCPStore]:
+    """Run on rank 0: the group's store, listening on this node's Ray address, and where it listens.
 
-    The port is released before the store binds it, so another process could take it in between;
-    the window is short and a clash fails loudly at `init_process_group`, not silently.
+    The store binds a port the OS picks and keeps it: picking a free port and binding it later
+    let another process take it in between (EADDRINUSE at `init_process_group`, seen under load).
+    Rank 0 passes the store to `init_process_group`; the other ranks connect to the address.
     """
     import ray
 
     address = ray.util.get_node_ip_address()
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        port = sock.getsockname()[1]
-    return Rendezvous(address=address, port=port)
+    store = dist.TCPStore(address, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    return Rendezvous(address=address, port=store.port), store
 
 
 def init_process_group(
@@ -65,10 +66,14 @@ def init_process_group(
     rank: int,
     world_size: int,
     rendezvous: Rendezvous,
-    timeout_s: float = 300.0,
+    store: dist.TCPStore | None = None,
+    timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
 ) -> None:
     """Make this rank's device the current one, then join the default process group with the
     device's collective backend.
+
+    `store`: on rank 0, the one `open_rendezvous` opened; otherwise this rank connects to (or, as
+    rank 0 without one, listens at) `rendezvous`.
 
     The current device matters beyond DDP's `device_ids`: FSDP2 and its device mesh place shards on
     it (a model on npu:1 is otherwise sharded onto npu:0), and HCCL/NCCL bind their communicators
@@ -84,12 +89,16 @@ def init_process_group(
     logger.info(
         "rank %d/%d joining %s group at %s", rank, world_size, device.backend, rendezvous.init_method
     )
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(rendezvous.address, rendezvous.port, world_size, is_master=rank == 0,
+                              timeout=timeout, wait_for_workers=False)
     dist.init_process_group(
         backend=device.backend,
-        init_method=rendezvous.init_method,
+        store=store,
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
 
 

@@ -28,7 +28,7 @@ from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
@@ -55,6 +55,7 @@ class ActorWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
                  dock: TransferDock, adapter_dir: str | None = None, policy_version: int = 0):
         self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
+        self._group_store = None  # rank 0's listening store, from pick_rendezvous
         # Weight updates behind the weights this rank holds (the checkpoint's iteration on resume):
         # the version the rollout tags its samples with and the update measures staleness against.
         self.policy_version = policy_version
@@ -93,7 +94,9 @@ class ActorWorker(TakesTurns):
     # --- set-up -------------------------------------------------------------------------------
 
     def pick_rendezvous(self) -> Rendezvous:
-        return pick_rendezvous()
+        """On rank 0: open the group's store here; every rank's `join_group` gets its address."""
+        rendezvous, self._group_store = open_rendezvous(self.world_size)
+        return rendezvous
 
     def device_seat(self) -> RankDevice:
         """Where Ray put this rank: the trainer hands each replica's devices to its engine rank."""
@@ -108,7 +111,8 @@ class ActorWorker(TakesTurns):
         `engine_env`: on an engine rank at generation TP > 1 on an accelerator, its replica's visible
         devices (rldock.runtime.engines.replica_devices), set before the engine spawns its TP workers.
         """
-        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
+        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous,
+                           store=self._group_store)
         if uses_sharded_training(self.cfg):  # the mesh's sub-groups form before vLLM adopts the world
             self.sharded = ShardedTraining(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
                                            rank=self.rank, device_type=torch.device(self.device.torch_device).type)

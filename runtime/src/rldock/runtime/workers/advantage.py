@@ -1,6 +1,8 @@
 """The advantage worker state: the recipe's advantage stage (GRPO's group-normalised advantages,
 PPO's GAE, ...) over whole prompt groups, or over the iteration's whole batch when the recipe's
-stage takes statistics over the batch (PPO's whitening)."""
+stage takes statistics over the batch (PPO's whitening). Where the recipe fuses the advantage into
+the reward state (algorithm.fuse_reward_advantage) this worker does not exist: the reward worker
+runs the same stage (workers/reward.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,12 @@ def advantage_batch_size(recipe: Recipe, cfg: JobConfig) -> int:
     return group * max(1, cfg.training.micro_batch_size // group)
 
 
+def advantage_generator(seed: int, iteration: int, indices: torch.Tensor) -> torch.Generator:
+    """The generator of any sampling in the advantage stage (PF-PPO's best_random), keyed by (seed,
+    iteration, first sample of the batch), so a resumed run draws the same as the original did."""
+    return torch.Generator().manual_seed(hash((seed, iteration, int(indices[0]))) % 2**63)
+
+
 class AdvantageWorker:
     def __init__(self, cfg: JobConfig, *, dock: TransferDock):
         self.cfg, self.dock = cfg, dock
@@ -33,10 +41,7 @@ class AdvantageWorker:
         algo = self.cfg.algorithm
 
         def estimate(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            # Any sampling in the stage (PF-PPO's best_random) is keyed by (seed, iteration, first
-            # sample), so a resumed run draws the same as the original did.
-            generator = torch.Generator().manual_seed(hash((self.cfg.seed, iteration, int(indices[0]))) % 2**63)
-            columns = self.stage(batch, algo, generator)
+            columns = self.stage(batch, algo, advantage_generator(self.cfg.seed, iteration, indices))
             return TensorDict(columns, batch_size=[len(indices)])
 
         # Whole groups only: a group's baseline needs all N of its rewards.

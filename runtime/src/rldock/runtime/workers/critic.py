@@ -32,7 +32,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.engines.distributed import Rendezvous, init_process_group, pick_rendezvous, wrap_ddp
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.models.layers import enable_activation_checkpointing
@@ -48,6 +48,7 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 class CriticWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock, rank: int = 0, world_size: int = 1):
         self.cfg, self.dock, self.rank, self.world_size = cfg, dock, rank, world_size
+        self._group_store = None  # rank 0's listening store, from pick_rendezvous
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
         torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
@@ -65,7 +66,9 @@ class CriticWorker(TakesTurns):
     # --- set-up -------------------------------------------------------------------------------
 
     def pick_rendezvous(self) -> Rendezvous:
-        return pick_rendezvous()
+        """On rank 0: open the group's store here; every rank's `join_group` gets its address."""
+        rendezvous, self._group_store = open_rendezvous(self.world_size)
+        return rendezvous
 
     def join_group(self, rendezvous: Rendezvous) -> None:
         """Form the critic ranks' process group and wrap the model in DDP or shard it with FSDP2
@@ -73,7 +76,8 @@ class CriticWorker(TakesTurns):
         the bare model, as a lone FSDP actor rank holds everything anyway."""
         if self.world_size == 1:
             return
-        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous)
+        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous,
+                           store=self._group_store)
         training = self.cfg.training
         if training.strategy == "fsdp":
             apply_fsdp(self.model, self.device, cpu_offload=training.fsdp_cpu_offload,

@@ -4,6 +4,11 @@ Only each sample's `prompt_index` (its train-file row) travels through the dock;
 the same train files itself at start and looks up the ground truth, data source and extra info by
 that index, so no reference text is ever tokenized into the dock. A `model` term's scores come
 precomputed from the reward_model state, as the dock's `rm_score` column.
+
+Where the recipe fuses the advantage into this state (algorithm.fuse_reward_advantage: GRPO,
+DAPO), the worker takes whole prompt groups, runs the recipe's advantage stage on the rewards it
+just computed and writes the advantages in the same dock write: the separate advantage state would
+do the same arithmetic on the same rewards after two more Ray round trips.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer
+from rldock.runtime.workers.advantage import advantage_batch_size, advantage_generator
 from rldock.runtime.workers.stage_loop import run_stage
 
 
@@ -30,11 +36,20 @@ class RewardWorker:
         # The trainer passes the files it read (a generator's are under the job's output), so
         # prompt_index means the same row here as in the driver.
         self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data))
-        recipe = job_recipe(cfg)
+        self.follow(job_recipe(cfg))
+
+    def follow(self, recipe: Recipe) -> None:
+        """Take what this state reads, computes and writes from `recipe` (the job's, `job_recipe`)."""
+        cfg = self.cfg
         self.model_term = cfg.reward.model_term_index  # its scores: the dock's rm_score column
         self.shaping = recipe.reward_shaping
         self.consumes = recipe.consumes["reward"]  # dock columns it reads
-        self.produces = recipe.produces["reward"]  # "reward" (shaped), and "score" where a filter needs it
+        # "reward" (shaped) where a state reads it, "score" where a filter needs it, "advantage" when fused
+        self.produces = recipe.produces["reward"]
+        # With the advantage fused in: the stage, and requests of whole groups (a baseline needs all N).
+        self.advantage_stage = recipe.advantage_stage if recipe.advantage_in_reward else None
+        self.whole_groups = self.advantage_stage is not None
+        self.batch_size = advantage_batch_size(recipe, cfg) if self.whole_groups else cfg.training.micro_batch_size
 
     def references(self, indices: torch.Tensor, batch: TensorDict) -> tuple[list[str], list[str], list[dict]]:
         """(ground truths, data sources, extra infos) of the samples in `batch`, from the train-file
@@ -56,10 +71,13 @@ class RewardWorker:
             rewards.extend(scored.scores.tolist())  # the combined reward, unshaped: what the learning curve shows
             shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
             columns = {"reward": shaped, "score": scored.scores}  # score: unshaped, what DAPO filters on
+            if self.advantage_stage is not None:
+                columns.update(self.advantage_stage(columns, self.cfg.algorithm,
+                                                    advantage_generator(self.cfg.seed, iteration, indices)))
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
         timing = run_stage(self.dock.bank(iteration), "reward", self.consumes, score, rank=0,
-                           batch_size=self.cfg.training.micro_batch_size)
+                           batch_size=self.batch_size, whole_groups=self.whole_groups)
         timing.extra["rewards"] = rewards
         timing.extra["reward_metrics"] = metrics.state()
         return timing.as_dict()

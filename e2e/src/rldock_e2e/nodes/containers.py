@@ -1,0 +1,46 @@
+"""A pod's containers as its kind-style node's containerd sees them: what `crictl ps` and `crictl
+stop` would show and do on a real node (Debian packages no crictl; the node image's `ctr`, in the
+CRI plugin's `k8s.io` namespace, does the same job).
+
+The scenarios use it where the node-agent double let them look at local processes: a container
+SIGKILLed as by the OOM killer (the operator's crash), and a released pod's containers checked
+gone from its node, not just its API object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .cluster import KindNodes
+
+CRI_NAMESPACE = "k8s.io"  # containerd's namespace for the kubelet's containers
+RUNTIME_PREFIX = "containerd://"  # status.containerStatuses[].containerID
+
+
+def container_ids(pod: Mapping[str, Any]) -> dict[str, str]:
+    """containerd's id of each container the kubelet has reported for `pod`, by container name."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or ()
+    return {s["name"]: s["containerID"].removeprefix(RUNTIME_PREFIX) for s in statuses if s.get("containerID")}
+
+
+def kill_container(nodes: KindNodes, pod: Mapping[str, Any], container: str, *, signal: str = "SIGKILL") -> str:
+    """Send `signal` to `container`'s process in `pod` through its node's containerd, as the kernel
+    or an OOM kill would (the kubelet only learns of it from the runtime); returns the container id."""
+    ids = container_ids(pod)
+    assert container in ids, f"pod {pod['metadata']['name']} has no started container {container!r}: {ids}"
+    nodes.exec(pod["spec"]["nodeName"], "ctr", "-n", CRI_NAMESPACE, "tasks", "kill", "--signal", signal,
+               ids[container])
+    return ids[container]
+
+
+def running_tasks(table: str) -> set[str]:
+    """The ids of the RUNNING tasks in `ctr tasks ls`'s table (header `TASK PID STATUS`)."""
+    rows = [line.split() for line in table.splitlines()[1:]]
+    return {row[0] for row in rows if len(row) == 3 and row[2] == "RUNNING"}
+
+
+def running_containers(nodes: KindNodes) -> set[str]:
+    """The ids of every container with a running process on any of the nodes."""
+    return set().union(*(running_tasks(nodes.exec(name, "ctr", "-n", CRI_NAMESPACE, "tasks", "ls"))
+                         for name in nodes.nodes))
