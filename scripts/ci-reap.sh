@@ -45,7 +45,8 @@ patterns=(
 for pattern in "${patterns[@]}"; do
   for pid in $(pgrep -f -- "$pattern" || true); do
     case "$ancestors" in *" $pid "*) continue ;; esac
-    # this script's own subshells (the pgrep above among them) carry its command line
+    [ -d "/proc/$pid" ] || continue  # gone already (this script's own subshells among them)
+    # this script's own subshells carry its command line
     [ "$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2> /dev/null)" = "$$" ] && continue
     echo "ci-reap: killing leftover process $pid: $(ps -o args= -p "$pid" 2> /dev/null | cut -c1-120)"
     kill -9 "$pid" 2> /dev/null || true
