@@ -19,7 +19,7 @@ test: setup
 
 # The opt-in slow tests (README.md, the "slow" paragraph): each example's learning against its
 # learning-rate-0 control, the planner check at ~110M parameters, and job variants whose path
-# `make test` already runs. About 35 minutes here.
+# `make test` already runs. About 60 minutes here.
 test-slow: setup
 	.venv/bin/python -m pytest -m slow $(PYTEST_ARGS)
 

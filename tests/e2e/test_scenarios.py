@@ -241,6 +241,7 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> N
     assert any(e["reason"] == "Retrying" for e in scenario.events(name))
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_checkpoint(scenario: Scenario) -> None:
     """Two scenarios on one job (one job start): the operator killed mid-run comes back to the same
     cluster and submission; then a suspend releases the cluster and an unsuspend resumes from the
@@ -290,6 +291,7 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     assert {"Suspended", "Resumed"} <= reasons, reasons
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scenario: Scenario) -> None:
     """spec.maxRestarts 1: the runtime, not the operator, recovers a lost worker pod. The Ray job
     goes on (one submission, no retry counted), KubeRay's replacement pod joins the Ray cluster,

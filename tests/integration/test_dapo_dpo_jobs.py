@@ -40,6 +40,7 @@ def train(config: dict, root: Path, *extra: str) -> list[dict]:
     return [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines() if line]
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_dapo_samples_in_rounds_and_resumes(tmp_path):
     n = 4
     config = job_config({"name": "dapo", "num_responses_per_prompt": n,
@@ -72,8 +73,11 @@ def test_dpo_trains_on_pairs_without_rollout(tmp_path):
     first = records[0]
     assert set(first["dock"]["controllers"]) == {"reference", "preference_update"}
     assert "reward_mean" not in first
-    # before the first step the policy is the reference: every implicit reward is 0
-    assert first["preference_accuracy"] == 0.0 and first["reward_margin"] == 0.0
+    # Before the first step the policy is the reference: every implicit reward is 0 up to float
+    # rounding (the reference and the update run their passes on differently shaped micro-batches,
+    # so the two logprobs of a sample may differ in the last bits; a cold run here gave a margin of
+    # 1.2e-8, which also made 1 of 4 pairs count as "accurate": accuracy is not asserted here).
+    assert abs(first["reward_margin"]) <= 1e-6
     assert first["loss"] == pytest.approx(0.693147, abs=1e-5)
     assert 0.0 <= first["policy_preference_accuracy"] <= 1.0
     assert records[1]["kl"] > 0.0  # the step moved the policy

@@ -35,6 +35,7 @@ def run_job(output: Path, model: Path, *, iterations: int, resume: bool = False)
     return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_fsdp_job_trains_swaps_and_resumes(tmp_path):
     output, model = tmp_path / "run", tmp_path / "model"
     first = run_job(output, model, iterations=1)

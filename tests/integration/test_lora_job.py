@@ -46,6 +46,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_a_lora_job_updates_only_adapted_weights_and_resumes_from_its_adapters(tmp_path):
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(_job(tmp_path / "model", iterations=2)))

@@ -61,6 +61,7 @@ def test_resume_completes_cut_responses_from_their_prefix(tmp_path):
         assert record["response_length_mean"] > ROUND_TOKENS or cut < G * N  # resumed past the budget
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_drop_samples_cut_responses_again_under_the_new_weights(tmp_path):
     records = run_job(tmp_path, "drop")
     assert records[0]["rollout/partial_cut"] == 0

@@ -61,6 +61,7 @@ def learning_keys(record: dict) -> set[str]:
     return set(record) - {"phases"}
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_grpo_dp2_phases_take_turns_on_each_shared_device(tmp_path):
     # recompute always: the old-logprob pass runs too, so each device has four phases
     serial = run_job(tmp_path, name="serial", schedule="serial", recompute="always")

@@ -66,6 +66,7 @@ def test_every_term_has_its_metric_and_the_reward_is_their_weighted_sum(root):
         assert record["reward/function/chars"] >= 0 and record["reward/errors"] == 0
 
 
+@pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_a_raising_function_fails_the_job_with_one_line_naming_the_term(root):
     terms = [{"name": "digit_match"}, {"name": "function", "function": f"{root}/user_reward.py:broken"}]
     done = _train(_config(root, terms), root / "failed")

@@ -5,7 +5,8 @@ alone, and once with all of them off (the code as it ran before them), each in a
 workers on one local Ray. Each variant prints its medians over the iterations after warm-up: the
 iteration time, T by the MindSpeed RL paper's Eq. (5) (T = G*N*(PL+SL)/ND/ETE, the
 `tokens_per_s_per_device` metric), tokens/s of the whole machine (the same over one device), the
-stage breakdown (`timing`: each stage's slowest rank, busy time) and each worker group's idle time
+stage breakdown (`timing`: each stage's slowest rank, busy time; `compute_s`: of that, its compute
+without dock calls) and each worker group's idle time
 (`timing/idle/<state>`: seconds its ranks waited on the dock for upstream samples), and the ratio
 of its iteration time to the all-off baseline's. The optimisations switched off one at a time:
 the skipped old-logprob pass (`recompute_old_logprobs_always`), padding trimming
@@ -187,7 +188,9 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
         "response_length_mean": median("response_length_mean"),
         "prompt_length_mean": median("prompt_length_mean"),
         "reward_mean": median("reward_mean"),
-        "stages_s": {k: v for k, v in timing.items() if not k.startswith("idle/") and k not in ("iteration", "cycle")},
+        "stages_s": {k: v for k, v in timing.items()
+                     if not k.startswith(("idle/", "compute/")) and k not in ("iteration", "cycle")},
+        "compute_s": {k.removeprefix("compute/"): v for k, v in timing.items() if k.startswith("compute/")},
         "idle_s": {k.removeprefix("idle/"): v for k, v in timing.items() if k.startswith("idle/")},
     }
 

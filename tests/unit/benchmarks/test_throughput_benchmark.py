@@ -38,9 +38,11 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
 
 def test_summary_is_the_median_after_warm_up():
     cfg = shape_config(shapes(False)[0], ALL_ON, iterations=4, models=MODELS)  # demo: G16 N8
-    records = [{"timing": {"iteration": s, "rollout": s / 2, "idle/update": 0.1}, "tokens_per_s_per_device": 10.0 / s,
+    records = [{"timing": {"iteration": s, "rollout": s / 2, "compute/rollout": s / 4, "idle/update": 0.1},
+                "tokens_per_s_per_device": 10.0 / s,
                 "prompt_length_mean": 6.0, "response_length_mean": 2.0, "reward_mean": 0.5} for s in (9.0, 1.0, 2.0, 3.0)]
     summary = summarise(records, cfg, warmup_iterations=1)
     assert summary["iteration_s"] == 2.0 and summary["iterations_measured"] == 3
     assert summary["tokens_per_s_machine"] == 16 * 8 * (6.0 + 2.0) / 2.0
     assert summary["stages_s"] == {"rollout": 1.0} and summary["idle_s"] == {"update": 0.1}
+    assert summary["compute_s"] == {"rollout": 0.5}

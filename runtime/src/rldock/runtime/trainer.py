@@ -463,6 +463,8 @@ class Trainer:
         # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
         # upstream stages is excluded, since all stages run at once and overlap.
         timing = {stage: max(r["dispatch_s"] + r["compute_s"] for r in rs) for stage, rs in results.items()}
+        # compute: of that, the slowest rank's own work (model passes, scoring), without the dock.
+        timing.update({f"compute/{stage}": max(r["compute_s"] for r in rs) for stage, rs in results.items() if rs})
         # dispatch: all time spent moving samples through the dock, summed over every worker.
         timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
         timing["iteration"] = seconds
