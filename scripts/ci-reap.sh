@@ -3,8 +3,9 @@
 #
 # CI runs on the machine of the session that submitted, right after that session stops. Anything
 # its test runs left running there (kind-style node containers with their kubelets and Ray pods,
-# local Ray clusters, a control plane, vLLM engines) shares the two cores with the suite: two
-# submissions whose suite took 40-51 minutes on a clean machine ran past CI's 90. This prints the
+# local Ray clusters, a control plane, vLLM engines) would share the two cores with the suite (a
+# suspect when two submissions ran past CI's 90 minutes; the suite itself was measured at 70 cold
+# minutes on a slower CPU of this machine kind, README "slow"). This prints the
 # load and the busiest processes (so a slow CI run says why) and stops only rldock's own leftovers,
 # each named. It never runs under `make test`: a developer's own jobs are not leftovers.
 set -uo pipefail
