@@ -29,19 +29,19 @@ import sys
 from rldock_benchmarks import harness, tq_dock
 from rldock_benchmarks.grpo_flow import PRESETS, Dims, bytes_per_sample, predicted_bytes
 
-# name -> (dock.mode, prefer_local, host_starts_reads). `distributed-index-order` is an ablation:
+# name -> (dock.mode, prefer_local, colocate_controllers). `distributed-index-order` is an ablation:
 # the distributed dock handing samples out in index order, wherever they are stored, to separate
-# spreading the traffic over S links from keeping it on the node. `distributed-host-reads` has
-# the controller host start the warehouse reads of what it grants, so a consumer's read is one
-# call instead of two (host.py); measured slower per get, it is not the default. `transferqueue`
+# spreading the traffic over S links from keeping it on the node. `distributed-warehouse-actors`
+# has every warehouse an actor of its own and the controller host beside the driver (the layout
+# before dock.colocate_controllers): two calls per put and get on every node. `transferqueue`
 # is the PyPI TransferQueue package behind the same client API (tq_dock.py), with one storage
 # unit per node; it is skipped, with the reason in the report, where the package is absent.
 TRANSFERQUEUE = "transferqueue"
 VARIANTS = {
-    "central": ("central", True, False),
-    "distributed": ("distributed", True, False),
-    "distributed-host-reads": ("distributed", True, True),
-    "distributed-index-order": ("distributed", False, False),
+    "central": ("central", True, True),
+    "distributed": ("distributed", True, True),
+    "distributed-warehouse-actors": ("distributed", True, False),
+    "distributed-index-order": ("distributed", False, True),
     TRANSFERQUEUE: (TRANSFERQUEUE, False, False),
 }
 
@@ -92,16 +92,16 @@ def drive(args: argparse.Namespace) -> dict:
     configs = []
     for num_nodes in counts:
         for variant in variants:
-            mode, prefer_local, host_starts_reads = VARIANTS[variant]
+            mode, prefer_local, colocate = VARIANTS[variant]
             if mode == TRANSFERQUEUE:
                 dock = tq_dock.TQDock.create(states=CONSUMES, num_samples=dims.num_samples, group_size=dims.N,
                                              node_ids=node_ids[:num_nodes])
             else:
                 dock = TransferDock.create(
-                    DockSpec(mode=mode, timeout_s=600), states={s: list(c) for s, c in CONSUMES.items()},
-                    num_samples=dims.num_samples, group_size=dims.N, token_columns=TOKEN_COLUMNS,
-                    node_ids=node_ids[:num_nodes], prefer_local=prefer_local,
-                    host_starts_reads=host_starts_reads,
+                    DockSpec(mode=mode, timeout_s=600, colocate_controllers=colocate),
+                    states={s: list(c) for s, c in CONSUMES.items()}, num_samples=dims.num_samples,
+                    group_size=dims.N, token_columns=TOKEN_COLUMNS, node_ids=node_ids[:num_nodes],
+                    prefer_local=prefer_local,
                 )
             try:
                 owned = [dock.layout.capacity(w) for w in range(dock.layout.num_warehouses)]

@@ -1,14 +1,15 @@
 """Latency of one dock round trip from a worker actor: reset, put and get of a few samples.
 
-Prints one JSON document. One local Ray session; one distributed dock (--warehouses warehouses
-and the controller host); one worker actor that, each round, runs `reset`, `put` of --samples
-samples and `get` of them through two clients of the same dock actors:
-- `two_calls`: the default sequence, a get asks the controller host, then reads the warehouses;
-- `host_reads`: the host starts the warehouse reads of what it grants and the get only fetches
-  them, one call (`host_starts_reads=True`, host.py).
-The two alternate round by round, so both see the same load. Reported: per call and client, the
-median, p90 and mean milliseconds over --rounds rounds after --warmup, and the ratio host_reads
-over two_calls of the medians (above 1: host_reads is slower). Columns are --columns int64
+Prints one JSON document. One local Ray session; two distributed docks of --warehouses
+warehouses each; one worker actor that, each round, runs `reset`, `put` of --samples samples and
+`get` of them on each dock:
+- `colocated` (the default, `dock.colocate_controllers`): the controller host holds the
+  warehouses of its node, here all of them: a put or get is one call to it (host.py);
+- `warehouse_actors`: every warehouse an actor of its own, as on a node without the host: a get
+  asks the host, then reads the warehouses; a put writes them, then tells the host.
+The two alternate round by round, so both see the same load. Reported: per call and dock, the
+median, p90 and mean milliseconds over --rounds rounds after --warmup, and the ratio colocated
+over warehouse_actors of the medians (below 1: colocated is faster). Columns are --columns int64
 columns of --length tokens per sample.
 
     python -m rldock_benchmarks.dock_round_trip --rounds 200
@@ -79,8 +80,9 @@ def summarize(seconds: dict[str, dict[str, list[float]]]) -> dict:
             out[client][call] = {"median_ms": round(float(np.median(ms)), 3),
                                  "p90_ms": round(float(np.percentile(ms, 90)), 3),
                                  "mean_ms": round(float(ms.mean()), 3), "count": int(ms.size)}
-    out["host_reads_over_two_calls_median"] = {
-        call: round(out["host_reads"][call]["median_ms"] / out["two_calls"][call]["median_ms"], 3) for call in CALLS}
+    out["colocated_over_warehouse_actors_median"] = {
+        call: round(out["colocated"][call]["median_ms"] / out["warehouse_actors"][call]["median_ms"], 3)
+        for call in CALLS}
     return out
 
 
@@ -91,28 +93,21 @@ def main(argv: list[str] | None = None) -> None:
 
     from rldock.config.job import DockSpec
     from rldock.runtime.dock import TransferDock
-    from rldock.runtime.dock.distributed import DistributedRoute
 
     if __name__ != "__main__":  # Ray workers cannot import the benchmarks package (__main__ goes by value anyway)
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     states = {"consumer": [f"column_{j}" for j in range(args.columns)]}
+    docks = {}
     try:
-        two_calls = TransferDock.create(DockSpec(num_warehouses=args.warehouses, timeout_s=60), states=states,
-                                        num_samples=args.samples, group_size=1)
-        route = two_calls._route
-        *warehouses, host = route.peers()
-        # The same dock actors behind a client whose host starts the reads.
-        host_reads = TransferDock(
-            route=DistributedRoute(layout=route.layout, warehouses=[w.handle for w in warehouses],
-                                   controllers=host.handle, states=states, warehouse_nodes=route.nodes,
-                                   host_starts_reads=True),
-            state_columns=states, token_columns=(), timeout_s=60)
+        for name, colocate in (("colocated", True), ("warehouse_actors", False)):
+            spec = DockSpec(num_warehouses=args.warehouses, timeout_s=60, colocate_controllers=colocate)
+            docks[name] = TransferDock.create(spec, states=states, num_samples=args.samples, group_size=1)
         worker = ray.remote(num_cpus=0)(RoundTripper).remote()
-        seconds = ray.get(worker.run.remote({"two_calls": two_calls, "host_reads": host_reads},
-                                            samples=args.samples, columns=args.columns, length=args.length,
+        seconds = ray.get(worker.run.remote(docks, samples=args.samples, columns=args.columns, length=args.length,
                                             rounds=args.rounds, warmup=args.warmup))
-        two_calls.shutdown()
+        for dock in docks.values():
+            dock.shutdown()
     finally:
         ray.shutdown()
     report = {"benchmark": "dock_round_trip", "args": vars(args), "load_average": os.getloadavg(),

@@ -140,7 +140,7 @@ def start_agents(node_ids: Sequence[str]) -> tuple[list, list[str]]:
     import ray
     from ray import cloudpickle
 
-    import grpo_flow
+    from rldock_benchmarks import grpo_flow
     from rldock.runtime.dock.placement import pinned_to
 
     cloudpickle.register_pickle_by_value(grpo_flow)
@@ -174,7 +174,7 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
 
     import torch
 
-    from grpo_flow import dims_dict, make_prompts
+    from rldock_benchmarks.grpo_flow import dims_dict, make_prompts
     from rldock.runtime.dataflow import CONSUMES
     from rldock.runtime.dock.grouping import split_group_columns
 

@@ -558,6 +558,13 @@ class DockSpec(Spec):
     num_warehouses: Optional[int] = Field(
         default=None, ge=1, description="S: warehouses (distributed mode only); default one per Ray node."
     )
+    colocate_controllers: bool = Field(
+        default=True,
+        description="Distributed mode: the controllers run on the first warehouse's node and hold that node's "
+        "warehouses in their own process, so a put or get of samples stored there is one Ray call instead of "
+        "two (on one node: every put and get). false: every warehouse is an actor of its own and the "
+        "controllers run beside the driver (kept for measurements).",
+    )
     timeout_s: float = Field(
         default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
     )

@@ -1,5 +1,7 @@
-"""TransferDock end to end on one local Ray session, in both dock modes: round trips, hand-out
-rules, counters, balanced hand-out, state snapshots, and failing fast when a dock actor dies."""
+"""TransferDock end to end on one local Ray session, in both dock modes (the distributed one with
+its warehouses inside the controller host, as by default on one node, and as actors of their
+own): round trips, hand-out rules, counters, balanced hand-out, state snapshots, and failing fast
+when a dock actor dies."""
 
 from __future__ import annotations
 
@@ -19,8 +21,6 @@ from tensordict import TensorDict
 from rldock.config.job import DockSpec
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
 from rldock.runtime.dock.balance import balance_by_tokens
-from rldock.runtime.dock.distributed import DistributedRoute
-from rldock.runtime.dock.wire import from_wire
 
 PL, SL = 5, 6  # prompt and response lengths of the test batches
 NUM_SAMPLES, GROUP_SIZE = 16, 4
@@ -45,10 +45,20 @@ def ray_session() -> Iterator[None]:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module", params=["distributed", "central"])
-def mode(request: pytest.FixtureRequest) -> str:
-    """Every test that uses a dock runs on both modes (pytest groups the tests by mode)."""
+# Each kind of dock: its DockSpec fields. `warehouse-actors` is the distributed mode with every
+# warehouse an actor of its own (dock.colocate_controllers off), the path of a warehouse on
+# another node than the controllers, which a one-node session otherwise never takes.
+KINDS = {"distributed": {}, "warehouse-actors": {"colocate_controllers": False}, "central": {"mode": "central"}}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def kind(request: pytest.FixtureRequest) -> str:
+    """Every test that uses a dock runs on every kind (pytest groups the tests by kind)."""
     return request.param
+
+
+def spec_of(kind: str, **fields) -> DockSpec:
+    return DockSpec(**KINDS[kind], **fields)
 
 
 def make_dock(spec: DockSpec) -> TransferDock:
@@ -58,18 +68,18 @@ def make_dock(spec: DockSpec) -> TransferDock:
 
 
 @pytest.fixture(scope="module")
-def dock1(ray_session: None, mode: str) -> Iterator[TransferDock]:
+def dock1(ray_session: None, kind: str) -> Iterator[TransferDock]:
     """The default spec on a one-node session: one warehouse (or the central buffer)."""
-    dock = make_dock(DockSpec(mode=mode, timeout_s=0.5))
+    dock = make_dock(spec_of(kind, timeout_s=0.5))
     yield dock
     dock.shutdown()
 
 
 @pytest.fixture(scope="module")
-def dock2(ray_session: None, mode: str) -> Iterator[TransferDock]:
+def dock2(ray_session: None, kind: str) -> Iterator[TransferDock]:
     """Two warehouses of 2 groups each (central: the one buffer). Shared by the tests (actor
     start-up costs seconds here)."""
-    spec = DockSpec(num_warehouses=2, timeout_s=0.5) if mode == "distributed" else DockSpec(mode=mode, timeout_s=0.5)
+    spec = spec_of(kind, timeout_s=0.5) if kind == "central" else spec_of(kind, num_warehouses=2, timeout_s=0.5)
     dock = make_dock(spec)
     yield dock
     dock.shutdown()
@@ -133,8 +143,8 @@ def test_put_get_round_trip(dock1: TransferDock, dock: TransferDock, num_warehou
     assert counters(dock)["read_requests"] - before["read_requests"] == dock.layout.num_warehouses
 
 
-def test_default_spec_is_one_warehouse_per_node(dock1: TransferDock, mode: str) -> None:
-    assert dock1.mode == mode
+def test_default_spec_is_one_warehouse_per_node(dock1: TransferDock, kind: str) -> None:
+    assert dock1.mode == spec_of(kind).mode
     assert dock1.layout.num_warehouses == 1
     assert dock1.warehouse_nodes() == [ray.get_runtime_context().get_node_id()]
 
@@ -399,8 +409,8 @@ def test_a_state_that_writes_nothing_gets_back_everything_it_took(dock: Transfer
     assert not dock.can_load({**saved, "controllers": other_columns})
 
 
-def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(mode: str) -> None:
-    spec = DockSpec(mode=mode, timeout_s=5, max_staleness=1, on_stale="drop")
+def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(kind: str) -> None:
+    spec = spec_of(kind, timeout_s=5, max_staleness=1, on_stale="drop")
     dock = TransferDock.create(spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
                                bounded_states=["update"])
     try:
@@ -422,17 +432,21 @@ def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(mode: 
                             bounded_states=["rollout"])
 
 
-def killable_dock(mode: str, states: dict[str, list[str]]) -> TransferDock:
-    spec = DockSpec(mode=mode, timeout_s=60) if mode == "central" else DockSpec(num_warehouses=2, timeout_s=60)
+def killable_dock(kind: str, states: dict[str, list[str]]) -> TransferDock:
+    spec = spec_of(kind, timeout_s=60) if kind == "central" else spec_of(kind, num_warehouses=2, timeout_s=60)
     return TransferDock.create(spec, states=states, num_samples=8, group_size=2)
 
 
-def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str, kill_actor) -> None:
+def holder_of_warehouse(dock: TransferDock, w: int):
+    """The dock actor holding warehouse `w`: its own actor, or the controller host / central buffer."""
+    return next(peer for peer in dock._route.peers() if f"warehouse {w} (" in peer.name or "central buffer" in peer.name)
+
+
+def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(kind: str, kill_actor) -> None:
     states = {"reference": ["prompt_ids"], "update": ["prompt_ids"]}
-    dock = killable_dock(mode, states)
-    peers = dock._route.peers()
-    victim = peers[1] if mode == "distributed" else peers[0]  # warehouse 1 / the buffer
-    name = "warehouse 1 (samples [4, 8)" if mode == "distributed" else "central buffer"
+    dock = killable_dock(kind, states)
+    victim = holder_of_warehouse(dock, 1)
+    name = "central buffer" if kind == "central" else "warehouse 1 (samples [4, 8)"
     try:
         dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
         kill_actor(victim.handle)
@@ -441,17 +455,14 @@ def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(mode: str, kill_a
             dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids",)))
         with pytest.raises(DockActorDiedError, match=re.escape(name)):
             dock.get("reference", ["prompt_ids"], batch_size=8)
-        if mode == "distributed":  # a read the host started fails in its ref, named the same way
-            with pytest.raises(DockActorDiedError, match=re.escape(name)):
-                host_reads_twin(dock, states).get("update", ["prompt_ids"], batch_size=8)
         assert time.monotonic() - started < 10
     finally:
         dock.shutdown()
 
 
-def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) -> None:
-    dock = killable_dock(mode, {"reference": ["prompt_ids"]})
-    victim = dock._route.peers()[0]  # warehouse 0 / the buffer
+def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(kind: str) -> None:
+    dock = killable_dock(kind, {"reference": ["prompt_ids"]})
+    victim = holder_of_warehouse(dock, 0)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
             waiting = pool.submit(dock.get, "reference", ["prompt_ids"], batch_size=8)  # nothing put
@@ -467,7 +478,7 @@ def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(mode: str) 
 
 
 def test_a_dead_controller_host_fails_its_consumers_and_the_writers_that_tell_it(kill_actor) -> None:
-    dock = killable_dock("distributed", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
+    dock = killable_dock("warehouse-actors", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
     host = dock._route.peers()[-1]  # the one actor holding every state's controller
     name = "dock controller host (the controllers of states ['reference', 'update'])"
     try:
@@ -481,44 +492,21 @@ def test_a_dead_controller_host_fails_its_consumers_and_the_writers_that_tell_it
         dock.shutdown()
 
 
-def test_the_controller_host_starts_the_reads_of_what_it_grants(dock: TransferDock) -> None:
-    if dock.mode != "distributed":
-        pytest.skip("only the distributed dock has a controller host")
+def test_on_one_node_the_controller_host_holds_every_warehouse(dock: TransferDock, kind: str) -> None:
+    """Colocated (the default): no warehouse actor at all, so a put or get is one call to the host;
+    without colocation every warehouse is an actor beside the host."""
+    peers = dock._route.peers()
+    if kind == "central":
+        assert [peer.name.split(" (")[0] for peer in peers] == ["central buffer"]
+    elif kind == "distributed":
+        assert len(peers) == 1 and "with warehouse 0 (samples [0, 8)" in peers[0].name
+        assert "warehouse 1 (samples [8, 16)" in peers[0].name
+    else:
+        assert [peer.name.split(" (")[0] for peer in peers] == ["warehouse 0", "warehouse 1", "dock controller host"]
     dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
-    before = [w["read_requests"] for w in dock.stats()["warehouses"]]
-    host = dock._route.peers()[-1].handle
-    grant = ray.get(host.request_and_read.remote("reference", ["prompt_ids"], 0, 12))
-    assert grant.indices.tolist() == ALL[:12]  # warehouse 0 holds 0..7, warehouse 1 8..15
-    assert sorted(grant.reads) == sorted(grant.by_warehouse) == [0, 1]
-    # The reads ran before anyone fetched them: the host started them as it granted. (Waited for
-    # without fetching: the stats call below comes from another caller, which Ray does not order
-    # after the host's reads.)
-    ready, _ = ray.wait(list(grant.reads.values()), num_returns=len(grant.reads), fetch_local=False, timeout=60)
-    assert len(ready) == len(grant.reads)
-    assert [w["read_requests"] for w in dock.stats()["warehouses"]] == [before[0] + 1, before[1] + 1]
-    parts = ray.get([grant.reads[w] for w in sorted(grant.reads)])
-    read = torch.cat([from_wire(part["prompt_ids"]) for part in parts])
-    assert_matches(torch.from_numpy(grant.indices), TensorDict({"prompt_ids": read}, batch_size=[12]))
-
-
-def host_reads_twin(dock: TransferDock, states: dict[str, list[str]]) -> TransferDock:
-    """A client of `dock`'s own actors whose host starts the reads of what it grants
-    (host_starts_reads, kept for side-by-side measurements)."""
-    route = dock._route
-    *warehouses, host = route.peers()
-    return TransferDock(
-        route=DistributedRoute(layout=route.layout, warehouses=[w.handle for w in warehouses], controllers=host.handle,
-                               states=states, warehouse_nodes=route.nodes, host_starts_reads=True),
-        state_columns=states, token_columns=TOKEN_COLUMNS, timeout_s=5)
-
-
-def test_a_host_that_starts_the_reads_moves_the_same_rows(dock: TransferDock) -> None:
-    if dock.mode != "distributed":
-        pytest.skip("only the distributed dock has a controller host")
-    host_reads = host_reads_twin(dock, STATES)
-    host_reads.put(torch.arange(NUM_SAMPLES), samples(ALL))
-    assert dock.stats()["controllers"]["update"]["ready_now"] == NUM_SAMPLES  # known when put returns
-    indices, batch = host_reads.get("update", list(COLUMNS), batch_size=12)
+    stats = dock.stats()
+    assert stats["controllers"]["update"]["ready_now"] == NUM_SAMPLES  # known when put returns
+    indices, batch = dock.get("update", list(COLUMNS), batch_size=12)
     assert indices.tolist() == ALL[:12]
     assert_matches(indices, batch)
-    assert dock.stats()["controllers"]["update"]["handed_out_now"] == 12  # one host, seen by both clients
+    assert [w["node_id"] for w in dock.stats()["warehouses"]] == dock.warehouse_nodes()

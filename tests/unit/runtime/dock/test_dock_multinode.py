@@ -60,6 +60,26 @@ def test_default_puts_one_warehouse_on_each_worker_node_none_on_the_head(cluster
         dock.shutdown()
 
 
+def test_the_controller_host_holds_warehouse_0_on_its_node_and_the_others_are_actors(cluster: Cluster) -> None:
+    dock = TransferDock.create(DockSpec(num_warehouses=3, timeout_s=30), states=STATES, num_samples=6, group_size=2)
+    try:
+        *actors, host = dock._route.peers()
+        first, second, third = dock.warehouse_nodes()
+        # Warehouses 0 and 2 share the first worker node, the host's: both live inside it.
+        assert [peer.name.split(" (")[0] for peer in actors] == ["warehouse 1"]
+        assert "with warehouse 0 (" in host.name and "warehouse 2 (" in host.name
+        assert first == third != second and {first, second} == worker_ids()  # the host's node: where it runs
+        masks = torch.ones(6, 4, dtype=torch.int64)
+        dock.put(torch.arange(6), TensorDict({"response_mask": masks, "prompt_ids": torch.arange(6)[:, None]},
+                                             batch_size=[6]))
+        # A rank on the second node reads its own warehouse first, then the host's rows.
+        on_second = take.options(scheduling_strategy=pinned_to(second))
+        assert ray.get(on_second.remote(dock, 6)) == list(range(6))
+        assert [w["read_requests"] for w in dock.stats()["warehouses"]] == [1, 1, 1]
+    finally:
+        dock.shutdown()
+
+
 def test_more_warehouses_than_worker_nodes_go_round_robin_over_them(cluster: Cluster) -> None:
     dock = TransferDock.create(DockSpec(num_warehouses=3), states=STATES, num_samples=6, group_size=2)
     try:

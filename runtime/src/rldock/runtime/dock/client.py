@@ -2,11 +2,12 @@
 
 It is a small picklable object that the driver creates once and passes into worker actors. The
 batch type at this API is TensorDict; on the wire columns are numpy arrays (see wire.py). What
-stands behind it is chosen by `dock.mode`, with the same API and hand-out rules either way:
-- `distributed` (default, distributed.py): S warehouses hold the tensors, one controller per
-  state holds metadata only; tensors go straight between the caller and the owning warehouses.
-- `central` (central.py): one buffer actor holds every column and serves every request, the
-  baseline the MindSpeed RL paper (arXiv 2507.19017) compares against.
+stands behind it is chosen by `dock.mode`, with the same API and hand-out rules either way
+(distributed.py):
+- `distributed` (default): S warehouses hold the tensors, one controller per state holds
+  metadata only; tensors go straight between the caller and the owning warehouses;
+- `central`: one buffer actor holds every column and serves every request, the baseline the
+  MindSpeed RL paper (arXiv 2507.19017) compares against.
 A dock actor that dies makes the next call fail at once with DockActorDiedError naming it.
 Writers may tag rows with the policy version that generated them; `set_policy_version` applies
 `dock.max_staleness` / `dock.on_stale` (staleness.py) to the states the dock was told to bound.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import ray
@@ -24,7 +25,6 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import DockSpec
-from rldock.runtime.dock.central import CentralRoute
 from rldock.runtime.dock.distributed import DistributedRoute
 from rldock.runtime.dock.ownership import DockLayout
 from rldock.runtime.dock.placement import worker_node_ids
@@ -33,8 +33,6 @@ from rldock.runtime.dock.wire import from_wire, to_wire
 
 logger = logging.getLogger(__name__)
 
-Route = Union[DistributedRoute, CentralRoute]
-
 
 class TransferDock:
     """Client of the transfer dock; build it with `TransferDock.create`."""
@@ -42,7 +40,7 @@ class TransferDock:
     def __init__(
         self,
         *,
-        route: Route,
+        route: DistributedRoute,
         state_columns: Mapping[str, Sequence[str]],
         token_columns: Sequence[str],
         timeout_s: float,
@@ -70,7 +68,6 @@ class TransferDock:
         node_ids: Sequence[str] | None = None,
         prefer_local: bool = True,
         bounded_states: Sequence[str] = (),
-        host_starts_reads: bool = False,
     ) -> TransferDock:
         """Start the dock's actors on the connected Ray cluster.
 
@@ -82,9 +79,8 @@ class TransferDock:
         number of groups) warehouses round-robin on them, the central mode its buffer on the first.
         With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
         turning it off (for measurements) hands samples out in index order wherever they are.
-        `host_starts_reads` (distributed mode, for measurements only) has the controller host start
-        the warehouse reads of what it grants, saving the consumer one call; measured slower per get
-        than the default, where the consumer reads the warehouses itself (distributed.py, host.py).
+        With `spec.colocate_controllers` (distributed mode) the controllers run on the first
+        warehouse's node and hold that node's warehouses, so a put or get there is one Ray call.
         `bounded_states` are the states (those that train on samples) to which the staleness bound
         `spec.max_staleness` / `spec.on_stale` applies.
         """
@@ -105,7 +101,7 @@ class TransferDock:
                     "which keeps every column in one buffer; unset it or use mode distributed"
                 )
             node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
-            route: Route = CentralRoute.start(
+            route = DistributedRoute.start_central(
                 states=states, num_samples=num_samples, group_size=group_size, node_id=node,
                 timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
             )
@@ -122,7 +118,7 @@ class TransferDock:
             route = DistributedRoute.start(
                 num_warehouses=num_warehouses, states=states, num_samples=num_samples,
                 group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
-                staleness=staleness, bounded_states=bounded_states, host_starts_reads=host_starts_reads,
+                colocate=spec.colocate_controllers, staleness=staleness, bounded_states=bounded_states,
             )
         logger.info(
             "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",

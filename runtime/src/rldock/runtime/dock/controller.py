@@ -7,8 +7,8 @@ read the tensors straight from the warehouses. One controller per state keeps ea
 hand-out independent (the reference model and the reward function consume the same samples) and
 each controller small.
 
-In distributed mode the controllers of all states share one async Ray actor, the controller host; in central mode the states'
-controllers share the buffer's event loop (`ControllerHub`, below). Hand-out works from an
+The controllers of all states share one async Ray actor, the controller host (`ControllerHub`,
+below; host.py), which in central mode is also the buffer. Hand-out works from an
 incremental index of ready, untaken units (handout.py): a request costs O(units it takes), and
 a waiting request is an entry in a queue that a write serves only when it can now be satisfied,
 oldest first, so many ranks can wait without threads and every pick-and-mark is atomic. numpy
@@ -79,9 +79,6 @@ class Grant:
     # Nothing is left for this rank after these samples: its next request would be exhausted, so
     # a consumer can stop without that extra round trip (unless the dock is refilled, see recycle).
     drained: bool = False
-    # warehouse -> ObjectRef of its read of this grant's rows, started by the controller host as
-    # it granted (host.py, only with `host_starts_reads`); empty otherwise.
-    reads: dict[int, Any] = field(default_factory=dict)
 
 
 class Controller:
@@ -515,9 +512,9 @@ class ControllerHub:
 
     Each state keeps its own Controller (its own readiness, hand-out and waiters), so a write
     wakes only the waiters it can satisfy and a request costs O(ready) as before; only the
-    process is shared. In central mode the hub lives in the one buffer actor; in distributed mode
-    it is an actor of its own (distributed.py), so a write tells every state it concerns in one
-    call and the metadata costs one process, not one per state.
+    process is shared: a write tells every state it concerns in one call and the metadata costs
+    one process, not one per state. The controller host (host.py) is this hub plus the warehouses
+    of its node.
     """
 
     def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,

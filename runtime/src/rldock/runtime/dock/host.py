@@ -1,58 +1,100 @@
-"""The controller host of the distributed dock: every state's controller, plus the warehouses' handles.
+"""The controller host: every state's controller, and the warehouses of its own node, in one async actor.
 
-It is the `ControllerHub` with one more call, `request_and_read`, used only when the dock is
-built with `host_starts_reads` (a measurement switch, off by default): when a request is granted,
-the host itself starts the reads of the granted rows from their owning warehouses and returns
-their ObjectRefs inside the Grant, so the consumer makes one call instead of two and only fetches
-the results. A warehouse's reply sits in its own node's object store and the consumer's node
-pulls it from there; the host owns the refs (it submitted the reads), the consumer borrows them,
-and the host never fetches them. Two costs come with Ray's ownership protocol: the consumer asks
-the owner (the host) where each object is before pulling it, and a reply under Ray's inline limit
-(100 KiB, `max_direct_call_object_size`) is carried to its owner in the reply message, so a small
-read passes through the host's Ray worker. Measured side by side (docs/dock-benchmarks.md), a
-get is 1.1-1.4x slower from a worker actor and the dispatch benchmark shows no gain beyond its
-noise, hence off by default.
+A request to a controller and the read of what it grants are two Ray calls when the rows sit in a
+warehouse actor, and a write is two as well (the warehouse, then readiness to the controllers).
+Most of the dock's CPU is the fixed cost of Ray calls, not bytes (docs/dock-benchmarks.md), so
+the warehouses placed on the host's own node live inside the host (`hosted`): a grant comes
+back with the rows it hands out from them, and a write to them is stored and marked ready in the
+same call. On one node (the demo, every single-node job) every put and get is then one call; on
+S nodes, the host's node is. The other warehouses stay actors of their own on their nodes,
+reached directly by their consumers, as the MindSpeed RL paper's distributed transfer dock has it
+(arXiv 2507.19017, section 3.1). The central mode's buffer is this host holding the one
+warehouse of a one-warehouse layout.
 
-numpy only in this process too: the host never touches a tensor.
+The warehouses here share the host's event loop: a write and a read of them never interleave
+(each is synchronous within its coroutine), but a reply is serialised after its coroutine
+returns, when a later write may already have run, so reads hand out copies, never views of
+storage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from ray.actor import ActorHandle
+import numpy as np
+import ray
 
 from rldock.runtime.dock.controller import ControllerHub, Grant
 from rldock.runtime.dock.ownership import DockLayout
 from rldock.runtime.dock.staleness import StalenessBound
+from rldock.runtime.dock.warehouse import Warehouse
+from rldock.runtime.dock.wire import WireColumn
+
+# One hosted warehouse's part of a write: (its indices, per-sample columns, per-group columns or None).
+WritePart = tuple[np.ndarray, Mapping[str, WireColumn], Mapping[str, WireColumn] | None]
+# Warehouse calls the route may make on a hosted warehouse by name (the rest go through write/read).
+_WAREHOUSE_CALLS = frozenset({"forget", "snapshot", "restore", "stats", "ping"})
 
 
 class ControllerHost(ControllerHub):
-    """The controllers of every state in one event loop, able to start warehouse reads for a grant."""
+    """The controllers of every state, plus the warehouses `hosted` (ids in `layout`), in one event loop."""
 
     def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
-                 warehouses: Sequence[ActorHandle], staleness: StalenessBound | None = None,
+                 hosted: Sequence[int] = (), staleness: StalenessBound | None = None,
                  bounded_states: Sequence[str] = ()) -> None:
         super().__init__(states=states, layout=layout, default_timeout_s=default_timeout_s, staleness=staleness,
                          bounded_states=bounded_states)
-        if len(warehouses) != layout.num_warehouses:
-            raise ValueError(f"the controller host got {len(warehouses)} warehouse handles for a layout of "
-                             f"{layout.num_warehouses} warehouses")
-        self._warehouses = list(warehouses)
+        self._warehouses: dict[int, Warehouse] = {}
+        for w in hosted:
+            start, stop = layout.sample_range(w)
+            self._warehouses[w] = Warehouse(warehouse_id=w, start=start, capacity=stop - start,
+                                            group_size=layout.group_size)
+
+    async def write(self, parts: Mapping[int, WritePart], indices: np.ndarray, columns: Sequence[str],
+                    tokens: dict[str, np.ndarray] | None = None, policy_version: int | None = None,
+                    states: Sequence[str] | None = None) -> None:
+        """Store `parts` in the hosted warehouses, then tell the controllers of `states` that `columns`
+        of all of `indices` are ready (the caller wrote the other warehouses' parts before)."""
+        for w, (part_indices, part, shared) in parts.items():
+            self._hosted(w).write(part_indices, part, shared)
+        if states is None or states:
+            await self.mark_ready(indices, columns, tokens, policy_version, states)
 
     async def request_and_read(self, state: str, columns: Sequence[str], rank: int, batch_size: int,
                                whole_groups: bool = False, timeout_s: float | None = None, *,
-                               prefer: Sequence[int] = (), balance_ranks: int = 0) -> Grant:
-        """`request`, and once granted, the reads of `columns` of the granted rows, started here.
+                               prefer: Sequence[int] = (), balance_ranks: int = 0,
+                               ) -> tuple[Grant, dict[int, dict[str, WireColumn]]]:
+        """`request`, and the granted rows that hosted warehouses hold: {warehouse: its columns}.
 
-        The Grant's `reads` hold one ObjectRef per owning warehouse, in warehouse order (which is
-        index order, ownership being contiguous); the caller fetches them.
-        """
+        The caller reads the grant's other warehouses itself."""
         grant = await self.request(state, rank, batch_size, whole_groups, timeout_s, prefer=prefer,
                                    balance_ranks=balance_ranks)
         if grant.exhausted:
-            return grant
-        names = list(columns)
-        reads = {w: self._warehouses[w].read.remote(rows, names) for w, rows in sorted(grant.by_warehouse.items())}
-        return replace(grant, reads=reads)
+            return grant, {}
+        data = {}
+        for w, rows in grant.by_warehouse.items():
+            if w in self._warehouses:
+                read = self._warehouses[w].read(rows, columns)
+                data[w] = {name: WireColumn(np.array(col.array), col.dtype) for name, col in read.items()}
+        return grant, data
+
+    async def reset(self) -> None:
+        for warehouse in self._warehouses.values():
+            warehouse.reset()
+        await super().reset()
+
+    async def warehouse(self, w: int, call: str, *args: Any) -> Any:
+        """`call` (forget, snapshot, restore, stats, ping) on hosted warehouse `w`."""
+        if call not in _WAREHOUSE_CALLS:
+            raise ValueError(f"warehouse call {call!r} is not one of {sorted(_WAREHOUSE_CALLS)}")
+        return getattr(self._hosted(w), call)(*args)
+
+    async def node_id(self) -> str:
+        """The Ray node this host (and its hosted warehouses) runs on."""
+        return ray.get_runtime_context().get_node_id()
+
+    def _hosted(self, w: int) -> Warehouse:
+        if w not in self._warehouses:
+            raise ValueError(f"warehouse {w} is not hosted by the controller host (hosted: {sorted(self._warehouses)})")
+        return self._warehouses[w]
