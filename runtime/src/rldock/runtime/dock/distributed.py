@@ -151,7 +151,8 @@ class DistributedRoute:
         """
         group_columns = group_columns or {}
         n = self.layout.group_size
-        writes, hosted_parts = [], {}
+        writes = []
+        hosted_parts: dict[int, WritePart] = {}
         for w, positions in self.layout.split(indices).items():
             rows = as_slice(positions)
             part = {name: WireColumn(col.array[rows], col.dtype) for name, col in columns.items()}

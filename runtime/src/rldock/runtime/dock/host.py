@@ -34,7 +34,7 @@ from rldock.runtime.dock.wire import WireColumn
 # One hosted warehouse's part of a write: (its indices, per-sample columns, per-group columns or None).
 WritePart = tuple[np.ndarray, Mapping[str, WireColumn], Mapping[str, WireColumn] | None]
 # Warehouse calls the route may make on a hosted warehouse by name (the rest go through write/read).
-_WAREHOUSE_CALLS = frozenset({"forget", "snapshot", "restore", "stats", "ping"})
+_WAREHOUSE_CALLS = frozenset({"forget", "snapshot", "restore", "stats"})
 
 
 class ControllerHost(ControllerHub):
@@ -85,7 +85,7 @@ class ControllerHost(ControllerHub):
         await super().reset()
 
     async def warehouse(self, w: int, call: str, *args: Any) -> Any:
-        """`call` (forget, snapshot, restore, stats, ping) on hosted warehouse `w`."""
+        """`call` (forget, snapshot, restore, stats) on hosted warehouse `w`."""
         if call not in _WAREHOUSE_CALLS:
             raise ValueError(f"warehouse call {call!r} is not one of {sorted(_WAREHOUSE_CALLS)}")
         return getattr(self._hosted(w), call)(*args)
