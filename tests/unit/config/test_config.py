@@ -78,6 +78,14 @@ def test_all_problems_reported_at_once(demo_data):
     assert sorted(problem_paths(data)) == ["checkpoint.interval", "dock.num_warehouses"]
 
 
+def test_central_dock_refuses_distributed_only_settings(demo_data):
+    data = copy.deepcopy(demo_data)
+    data["dock"].update(mode="central", num_warehouses=2, colocate_controllers=False)
+    assert sorted(problem_paths(data)) == ["dock.colocate_controllers", "dock.num_warehouses"]
+    data["dock"].update(num_warehouses=1, colocate_controllers=True)
+    assert parse_job_config(data).dock.mode == "central"
+
+
 def test_missing_model_dir_is_named(tmp_path, demo_data):
     demo_data["model"] = {"path": str(tmp_path / "nope")}
     config_file = tmp_path / "job.yaml"

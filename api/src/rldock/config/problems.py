@@ -65,13 +65,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
             f"{cfg.resources.devices_per_node} = {cfg.num_devices}; lower the DP or TP size or add devices",
         ))
     problems.extend(_extra_worker_problems(cfg))
-    warehouses = cfg.dock.num_warehouses
-    if warehouses is not None and warehouses > algo.num_prompts_per_iteration:
-        problems.append(Problem(
-            "dock.num_warehouses",
-            f"{warehouses} warehouses for {algo.num_prompts_per_iteration} prompt groups would leave "
-            "some warehouses empty; use at most one warehouse per prompt group",
-        ))
+    problems.extend(_dock_problems(cfg))
     if cfg.checkpoint.interval > cfg.iterations:
         problems.append(Problem(
             "checkpoint.interval",
@@ -89,6 +83,31 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
+    return problems
+
+
+def _dock_problems(cfg: JobConfig) -> list[Problem]:
+    """Warehouses must each own a prompt group; the central buffer is one warehouse beside its controllers."""
+    dock, groups = cfg.dock, cfg.algorithm.num_prompts_per_iteration
+    problems = []
+    if dock.mode == "central" and dock.num_warehouses not in (None, 1):
+        problems.append(Problem(
+            "dock.num_warehouses",
+            f"{dock.num_warehouses} warehouses with dock.mode central, which keeps every column in one "
+            "buffer; unset it or use mode distributed",
+        ))
+    elif dock.num_warehouses is not None and dock.num_warehouses > groups:
+        problems.append(Problem(
+            "dock.num_warehouses",
+            f"{dock.num_warehouses} warehouses for {groups} prompt groups would leave "
+            "some warehouses empty; use at most one warehouse per prompt group",
+        ))
+    if dock.mode == "central" and not dock.colocate_controllers:
+        problems.append(Problem(
+            "dock.colocate_controllers",
+            "false has no effect with dock.mode central, whose one buffer always holds the controllers "
+            "and the data; unset it or use mode distributed",
+        ))
     return problems
 
 
