@@ -24,8 +24,9 @@ fi
 
 # Leftover processes, by what only rldock's runs start here: anything naming rldock (the runtime's
 # and benchmarks' commands, the e2e harness, the control plane built into ~/.cache/rldock and its
-# etcd), Ray's daemons and workers (which rename themselves ray::<Actor>), vLLM engine processes
-# and test runs. This script's own ancestors (CI's shell) are never touched.
+# etcd), Ray's daemons and workers (which rename themselves ray::<Actor>), vLLM engine processes,
+# test runs and the ranks they spawn (torch.multiprocessing children of a venv's python, which
+# outlive a killed pytest). This script's own ancestors (CI's shell) are never touched.
 ancestors=" $$ "
 pid=$$
 while [ "$pid" -gt 1 ] 2> /dev/null; do
@@ -42,6 +43,7 @@ patterns=(
   'ray/autoscaler/'
   'VLLM::'
   'python -m pytest'
+  '\.venv/bin/python -B -c from multiprocessing\.(spawn|resource_tracker) import'
 )
 for pattern in "${patterns[@]}"; do
   for pid in $(pgrep -f -- "$pattern" || true); do

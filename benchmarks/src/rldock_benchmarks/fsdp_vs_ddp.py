@@ -108,7 +108,13 @@ def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir
         losses.append(float(mean) / args.world)
     (Path(out_dir) / f"{strategy}-{rank}.json").write_text(json.dumps(
         {"state_bytes": state, "losses": losses, "step_s": seconds}))
-    dist.destroy_process_group()
+    dist.barrier()  # every rank has written its result
+    # End the rank without tearing torch down: when this frame's locals go, DDP's reducer can drop
+    # the last reference to the gloo process group, whose destructor joins gloo's worker threads
+    # while holding the GIL; a worker still releasing a tensor needs the GIL, and both wait forever
+    # (seen once in CI, in the DDP rank of test_planner_matches_fsdp_ranks...). The process ends
+    # here anyway, and its result is on disk.
+    os._exit(0)
 
 
 def _free_port() -> int:
