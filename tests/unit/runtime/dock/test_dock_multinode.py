@@ -68,7 +68,7 @@ def test_the_controller_host_holds_warehouse_0_on_its_node_and_the_others_are_ac
         # Warehouses 0 and 2 share the first worker node, the host's: both live inside it.
         assert [peer.name.split(" (")[0] for peer in actors] == ["warehouse 1"]
         assert "with warehouse 0 (" in host.name and "warehouse 2 (" in host.name
-        assert first == third != second and {first, second} == worker_ids()  # the host's node: where it runs
+        assert first == third != second and {first, second} == worker_ids()  # 0 and 2 report the host's node
         masks = torch.ones(6, 4, dtype=torch.int64)
         dock.put(torch.arange(6), TensorDict({"response_mask": masks, "prompt_ids": torch.arange(6)[:, None]},
                                              batch_size=[6]))

@@ -89,6 +89,7 @@ class DistributedRoute:
         colocate: bool = True,
         staleness: StalenessBound | None = None,
         bounded_states: Sequence[str] = (),
+        mode: str = "distributed",
     ) -> DistributedRoute:
         """Start S warehouses round-robin over `node_ids` and the controller host (a controller per state).
 
@@ -116,8 +117,10 @@ class DistributedRoute:
         remote_at = dict(zip(actors, ray.get([actor.node_id.remote() for actor in actors.values()])))
         warehouse_nodes = [remote_at.get(w, host_at) for w in range(num_warehouses)]
         warehouses = {w: Peer(_warehouse_name(layout, w, warehouse_nodes[w]), actor) for w, actor in actors.items()}
-        return cls(layout=layout, host=Peer(_host_name(layout, hosted, host_at, states), host), warehouses=warehouses,
-                   states=states, warehouse_nodes=warehouse_nodes, prefer_local=prefer_local)
+        host_name = (f"central buffer (node {host_at[:12]})" if mode == "central"
+                     else _host_name(layout, hosted, host_at, states))
+        return cls(layout=layout, host=Peer(host_name, host), warehouses=warehouses, states=states,
+                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local, mode=mode)
 
     @classmethod
     def start_central(
@@ -132,12 +135,9 @@ class DistributedRoute:
         bounded_states: Sequence[str] = (),
     ) -> DistributedRoute:
         """The central buffer on `node_id`: one warehouse of every sample, hosted with the controllers."""
-        route = cls.start(num_warehouses=1, states=states, num_samples=num_samples, group_size=group_size,
-                          node_ids=[node_id], timeout_s=timeout_s, prefer_local=False, colocate=True,
-                          staleness=staleness, bounded_states=bounded_states)
-        route.mode = "central"
-        route._host = Peer(f"central buffer (node {route.nodes[0][:12]})", route._host.handle)
-        return route
+        return cls.start(num_warehouses=1, states=states, num_samples=num_samples, group_size=group_size,
+                         node_ids=[node_id], timeout_s=timeout_s, prefer_local=False, colocate=True,
+                         staleness=staleness, bounded_states=bounded_states, mode="central")
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
               policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
@@ -210,9 +210,10 @@ class DistributedRoute:
         rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
 
     def recycle(self, indices: np.ndarray) -> None:
-        """The owning warehouses forget the rows, then every controller forgets their metadata."""
-        rpc.get_all([self._on_warehouse(w, "forget", indices[positions])
-                     for w, positions in self.layout.split(indices).items()])
+        """The owning warehouse actors forget the rows, then the host: its own warehouses' rows and
+        every controller's metadata of them."""
+        rpc.get_all([(self._warehouses[w].name, self._warehouses[w].handle.forget.remote(indices[positions]))
+                     for w, positions in self.layout.split(indices).items() if w in self._warehouses])
         self._on_host("recycle", indices)
 
     def advance_policy(self, version: int, timeout_s: float) -> None:

@@ -34,7 +34,7 @@ from rldock.runtime.dock.wire import WireColumn
 # One hosted warehouse's part of a write: (its indices, per-sample columns, per-group columns or None).
 WritePart = tuple[np.ndarray, Mapping[str, WireColumn], Mapping[str, WireColumn] | None]
 # Warehouse calls the route may make on a hosted warehouse by name (the rest go through write/read).
-_WAREHOUSE_CALLS = frozenset({"forget", "snapshot", "restore", "stats"})
+_WAREHOUSE_CALLS = frozenset({"snapshot", "restore", "stats"})
 
 
 class ControllerHost(ControllerHub):
@@ -45,6 +45,7 @@ class ControllerHost(ControllerHub):
                  bounded_states: Sequence[str] = ()) -> None:
         super().__init__(states=states, layout=layout, default_timeout_s=default_timeout_s, staleness=staleness,
                          bounded_states=bounded_states)
+        self._layout = layout
         self._warehouses: dict[int, Warehouse] = {}
         for w in hosted:
             start, stop = layout.sample_range(w)
@@ -84,8 +85,15 @@ class ControllerHost(ControllerHub):
             warehouse.reset()
         await super().reset()
 
+    async def recycle(self, indices: np.ndarray) -> None:
+        """Hosted warehouses forget the rows of `indices` they own; every controller their metadata."""
+        for w, positions in self._layout.split(indices).items():
+            if w in self._warehouses:
+                self._warehouses[w].forget(indices[positions])
+        await super().recycle(indices)
+
     async def warehouse(self, w: int, call: str, *args: Any) -> Any:
-        """`call` (forget, snapshot, restore, stats) on hosted warehouse `w`."""
+        """`call` (snapshot, restore, stats) on hosted warehouse `w`."""
         if call not in _WAREHOUSE_CALLS:
             raise ValueError(f"warehouse call {call!r} is not one of {sorted(_WAREHOUSE_CALLS)}")
         return getattr(self._hosted(w), call)(*args)
