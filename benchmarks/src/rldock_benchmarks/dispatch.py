@@ -29,20 +29,23 @@ import sys
 from rldock_benchmarks import harness, tq_dock
 from rldock_benchmarks.grpo_flow import PRESETS, Dims, bytes_per_sample, predicted_bytes
 
-# name -> (dock.mode, prefer_local, colocate_controllers). `distributed-index-order` is an ablation:
+# name -> (dock.mode, prefer_local, colocate_controllers, shared_memory). `distributed-index-order` is an ablation:
 # the distributed dock handing samples out in index order, wherever they are stored, to separate
 # spreading the traffic over S links from keeping it on the node. `distributed-warehouse-actors`
 # has every warehouse an actor of its own and the controller host beside the driver (the layout
-# before dock.colocate_controllers): two calls per put and get on every node. `transferqueue`
+# before dock.colocate_controllers): two calls per put and get on every node.
+# `distributed-no-shared-memory` moves every row through Ray calls, also on the warehouse's node
+# (the layout before dock.shared_memory). `transferqueue`
 # is the PyPI TransferQueue package behind the same client API (tq_dock.py), with one storage
 # unit per node; it is skipped, with the reason in the report, where the package is absent.
 TRANSFERQUEUE = "transferqueue"
 VARIANTS = {
-    "central": ("central", True, True),
-    "distributed": ("distributed", True, True),
-    "distributed-warehouse-actors": ("distributed", True, False),
-    "distributed-index-order": ("distributed", False, True),
-    TRANSFERQUEUE: (TRANSFERQUEUE, False, False),
+    "central": ("central", True, True, False),
+    "distributed": ("distributed", True, True, True),
+    "distributed-no-shared-memory": ("distributed", True, True, False),
+    "distributed-warehouse-actors": ("distributed", True, False, False),
+    "distributed-index-order": ("distributed", False, True, True),
+    TRANSFERQUEUE: (TRANSFERQUEUE, False, False, False),
 }
 
 
@@ -92,13 +95,13 @@ def drive(args: argparse.Namespace) -> dict:
     configs = []
     for num_nodes in counts:
         for variant in variants:
-            mode, prefer_local, colocate = VARIANTS[variant]
+            mode, prefer_local, colocate, shared_memory = VARIANTS[variant]
             if mode == TRANSFERQUEUE:
                 dock = tq_dock.TQDock.create(states=CONSUMES, num_samples=dims.num_samples, group_size=dims.N,
                                              node_ids=node_ids[:num_nodes])
             else:
                 dock = TransferDock.create(
-                    DockSpec(mode=mode, timeout_s=600, colocate_controllers=colocate),
+                    DockSpec(mode=mode, timeout_s=600, colocate_controllers=colocate, shared_memory=shared_memory),
                     states={s: list(c) for s, c in CONSUMES.items()}, num_samples=dims.num_samples,
                     group_size=dims.N, token_columns=TOKEN_COLUMNS, node_ids=node_ids[:num_nodes],
                     prefer_local=prefer_local,

@@ -132,6 +132,7 @@ class NodeAgent:
 
     def __init__(self, node: int) -> None:
         self.node = node
+        self._gcs_pid: int | None = None
 
     def address(self) -> str:
         """This node's IP address (inside its namespace)."""
@@ -150,13 +151,18 @@ class NodeAgent:
         """CPU seconds so far of this agent, of its node's raylet (the agent's parent) and, on the
         head node, of the GCS (a sibling of the raylet under the same `ray start`)."""
         raylet = os.getppid()
-        out = {"agent": time.process_time(), "raylet": _proc_cpu(raylet)}
-        starter = _proc_stat(raylet)[1]
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                stat = _proc_stat(int(entry.name))
-                if stat and stat[1] == starter and "gcs" in stat[0]:
-                    out["gcs"] = _proc_cpu(int(entry.name))
+        if self._gcs_pid is None:  # looked up once: scanning /proc costs more CPU than an iteration's calls
+            starter = _proc_stat(raylet)[1]
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    stat = _proc_stat(int(entry.name))
+                    if stat and stat[1] == starter and "gcs" in stat[0]:
+                        self._gcs_pid = int(entry.name)
+            self._gcs_pid = self._gcs_pid or 0
+        out = {"raylet": _proc_cpu(raylet)}
+        if self._gcs_pid:
+            out["gcs"] = _proc_cpu(self._gcs_pid)
+        out["agent"] = time.process_time()  # last, so this call's own work falls outside the interval
         return out
 
     def receive(self, port: int, nbytes: int) -> float:

@@ -15,7 +15,9 @@ computed by the reward worker in its own dock write instead of a separate advant
 (`no_fused_advantage`: algorithm.fuse_reward_advantage off) and the driver's counters and
 metrics files off the critical path (`no_background_bookkeeping`: training.background_bookkeeping
 off) and the dock's warehouse held by its controller host, a put or get one Ray call instead of two
-(`no_colocated_controllers`: dock.colocate_controllers off). Finer streaming, the
+(`no_colocated_controllers`: dock.colocate_controllers off) and the workers moving rows through
+the warehouse's shared memory, the calls carrying metadata only (`no_shared_memory`:
+dock.shared_memory off). Finer streaming, the
 rollout writing each prompt group as it finishes (`rollout.stream_groups`), is opt-in (off by
 default: on short responses its extra writes cost more than they overlap), so it is the
 `streaming` variant: all on plus streaming, one group per write.
@@ -70,6 +72,7 @@ SWITCHES_OFF: dict[str, dict[str, Any]] = {
     "no_fused_advantage": {"algorithm": {"fuse_reward_advantage": False}},
     "no_background_bookkeeping": {"training": {"background_bookkeeping": False}},
     "no_colocated_controllers": {"dock": {"colocate_controllers": False}},
+    "no_shared_memory": {"dock": {"shared_memory": False}},
 }
 # Opt-in optimisations: each turned on alone, on top of every default one.
 SWITCHES_ON: dict[str, dict[str, Any]] = {
@@ -77,7 +80,7 @@ SWITCHES_ON: dict[str, dict[str, Any]] = {
 }
 ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always", "fuse_reward_advantage": False},
            "training": {"trim_padding": False, "num_threads": 0, "background_bookkeeping": False},
-           "dock": {"colocate_controllers": False}}
+           "dock": {"colocate_controllers": False, "shared_memory": False}}
 BASELINE = "all_off"
 # The generation-heavy model: hidden 256 over 4 heads (head_dim 64, which vLLM's CPU attention takes).
 HEAVY_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1280,

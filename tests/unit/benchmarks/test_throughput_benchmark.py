@@ -20,10 +20,10 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
         def switches(cfg):
             return (cfg.algorithm.recompute_old_logprobs, cfg.training.trim_padding, cfg.training.num_threads,
                     cfg.rollout.stream_groups, cfg.algorithm.fuse_reward_advantage,
-                    cfg.training.background_bookkeeping, cfg.dock.colocate_controllers)
+                    cfg.training.background_bookkeeping, cfg.dock.colocate_controllers, cfg.dock.shared_memory)
 
-        assert switches(on) == ("auto", True, None, 0, True, True, True)
-        assert switches(off) == ("always", False, 0, 0, False, False, False)
+        assert switches(on) == ("auto", True, None, 0, True, True, True, True)
+        assert switches(off) == ("always", False, 0, 0, False, False, False, False)
         for variant in [*SWITCHES_OFF.values(), *SWITCHES_ON.values()]:
             cfg = shape_config(shape, variant, iterations=3, models=MODELS)
             changed = [a != b for a, b in zip(switches(cfg), switches(on))]

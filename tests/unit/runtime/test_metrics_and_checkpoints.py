@@ -34,14 +34,16 @@ def test_metrics_log_truncates_redone_iterations_and_torn_lines(tmp_path):
 def test_dock_traffic_is_the_difference_of_cumulative_counters():
     def stats(bytes_in, handed):
         return {"warehouses": [{"node_id": "n1", "bytes_in": bytes_in, "bytes_out": 2 * bytes_in,
-                                "write_requests": 1, "read_requests": 2, "capacity": 16}],
+                                "write_requests": 1, "read_requests": 2, "shared_write_requests": 1,
+                                "shared_read_requests": 0, "capacity": 16}],
                 "controllers": {"reward": {"requests": 3, "samples_handed_out": handed,
                                            "mark_ready_calls": 4, "metadata_bytes": 100, "wait_s": 1.0,
                                            "stale_dropped": handed // 8, "stale_waits": 1}}}
 
     first = dock_traffic(None, stats(100, 16))
     assert first["warehouses"][0] == {"node_id": "n1", "bytes_in": 100, "bytes_out": 200,
-                                      "write_requests": 1, "read_requests": 2}
+                                      "write_requests": 1, "read_requests": 2, "shared_write_requests": 1,
+                                      "shared_read_requests": 0}
     second = dock_traffic(stats(100, 16), stats(250, 32))
     assert second["warehouses"][0]["bytes_in"] == 150
     assert second["controllers"]["reward"]["samples_handed_out"] == 16

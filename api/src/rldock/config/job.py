@@ -565,6 +565,14 @@ class DockSpec(Spec):
         "two (on one node: every put and get). false: every warehouse is an actor of its own and the "
         "controllers run beside the driver (kept for measurements).",
     )
+    shared_memory: bool = Field(
+        default=True,
+        description="Distributed mode: warehouses keep their columns in shared memory (/dev/shm) and workers on "
+        "a warehouse's node read and write its rows there themselves, so a put or get costs one small Ray call "
+        "to the controllers instead of moving the rows through Ray's object store. Rows on other nodes still "
+        "travel by Ray calls. Falls back to private memory, per column, where /dev/shm has no room. The central "
+        "mode never shares (it is the baseline that serves every byte). false: kept for measurements.",
+    )
     timeout_s: float = Field(
         default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
     )

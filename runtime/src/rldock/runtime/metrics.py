@@ -99,7 +99,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-_WAREHOUSE_COUNTERS = ("bytes_in", "bytes_out", "write_requests", "read_requests")
+# shared_*: of those requests, the ones a worker on the warehouse's node served itself in shared memory.
+_WAREHOUSE_COUNTERS = ("bytes_in", "bytes_out", "write_requests", "read_requests", "shared_write_requests",
+                       "shared_read_requests")
 # stale_*: samples the staleness bound (dock.max_staleness) discarded, and policy updates it held.
 _CONTROLLER_COUNTERS = ("requests", "samples_handed_out", "mark_ready_calls", "metadata_bytes",
                         "stale_dropped", "stale_waits")

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import ray
@@ -45,10 +46,14 @@ def ray_session() -> Iterator[None]:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-# Each kind of dock: its DockSpec fields. `warehouse-actors` is the distributed mode with every
-# warehouse an actor of its own (dock.colocate_controllers off), the path of a warehouse on
-# another node than the controllers, which a one-node session otherwise never takes.
-KINDS = {"distributed": {}, "warehouse-actors": {"colocate_controllers": False}, "central": {"mode": "central"}}
+# Each kind of dock: its DockSpec fields. `distributed` (the default) on one node: every row moves
+# through shared memory, the calls carry metadata only. `host-reads` keeps rows out of shared
+# memory (dock.shared_memory off), so the controller host sends and stores them in its calls.
+# `warehouse-actors` has every warehouse an actor of its own, reached by Ray calls (also
+# dock.colocate_controllers off): the path of a warehouse on another node than the worker, which a
+# one-node session otherwise never takes.
+KINDS = {"distributed": {}, "host-reads": {"shared_memory": False},
+         "warehouse-actors": {"colocate_controllers": False, "shared_memory": False}, "central": {"mode": "central"}}
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -498,7 +503,7 @@ def test_on_one_node_the_controller_host_holds_every_warehouse(dock: TransferDoc
     peers = dock._route.peers()
     if kind == "central":
         assert [peer.name.split(" (")[0] for peer in peers] == ["central buffer"]
-    elif kind == "distributed":
+    elif kind in ("distributed", "host-reads"):
         assert len(peers) == 1 and "with warehouse 0 (samples [0, 8)" in peers[0].name
         assert "warehouse 1 (samples [8, 16)" in peers[0].name
     else:
@@ -510,3 +515,69 @@ def test_on_one_node_the_controller_host_holds_every_warehouse(dock: TransferDoc
     assert indices.tolist() == ALL[:12]
     assert_matches(indices, batch)
     assert [w["node_id"] for w in dock.stats()["warehouses"]] == dock.warehouse_nodes()
+
+
+def test_on_its_node_a_worker_moves_rows_through_shared_memory(dock: TransferDock, kind: str) -> None:
+    """By default every put and get here touches the rows in shared memory (counted as shared
+    requests, with the same bytes as a call would move); otherwise the dock's actors move them.
+    A column's first write goes through its warehouse's owner, which allocates it."""
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    dock.reset()
+    before = dock.stats()["warehouses"]
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    indices, batch = dock.get("update", list(COLUMNS), batch_size=NUM_SAMPLES)
+    assert_matches(indices, batch)
+    after = dock.stats()["warehouses"]
+    shared = kind == "distributed"
+    assert [w["shared_memory"] for w in after] == [shared] * len(after)
+    for old, new in zip(before, after):
+        change = {key: new[key] - old[key] for key in ("write_requests", "read_requests", "shared_write_requests",
+                                                        "shared_read_requests")}
+        assert change["write_requests"] == change["read_requests"] == 1
+        assert change["shared_write_requests"] == change["shared_read_requests"] == int(shared)
+    # The rows handed out are copies: a later write of the same samples does not change them.
+    dock.reset()
+    dock.put(torch.arange(NUM_SAMPLES), samples([i + 1 for i in ALL]))
+    assert_matches(indices, batch)
+
+
+def test_warehouse_actors_share_their_rows_with_workers_on_their_node(ray_session: None) -> None:
+    """Warehouses that are actors of their own (colocate off) share memory too: the put and the
+    get touch their rows directly, and the actors keep the counters and the checkpoint rows."""
+    dock = make_dock(DockSpec(colocate_controllers=False, num_warehouses=2, timeout_s=5))
+    try:
+        dock.put(torch.arange(NUM_SAMPLES), samples(ALL))  # the first write of a column allocates it
+        assert [w["shared_write_requests"] for w in dock.stats()["warehouses"]] == [0, 0]
+        dock.reset()
+        dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+        indices, batch = dock.get("update", list(COLUMNS), batch_size=NUM_SAMPLES)
+        assert_matches(indices, batch)
+        stats = dock.stats()["warehouses"]
+        assert [(w["shared_write_requests"], w["shared_read_requests"]) for w in stats] == [(1, 1), (1, 1)]
+        snapshot = dock.state_dict()
+        for part in snapshot["warehouses"]:  # rows written in place are in the actor's checkpoint
+            assert sorted(part["columns"]) == sorted(COLUMNS)
+            assert len(part["columns"]["reward"][0]) == NUM_SAMPLES // 2
+    finally:
+        dock.shutdown()
+
+
+def test_a_column_kept_out_of_shared_memory_is_read_through_the_host(ray_session: None) -> None:
+    """Where /dev/shm had no room for a column, the host keeps it in private memory and leaves it
+    out of the shared catalog (test_shared_columns.py): a reader on its node then asks the host."""
+    from rldock.runtime.dock import distributed
+
+    dock = make_dock(DockSpec(timeout_s=5))
+    try:
+        dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+        catalog_path = Path(dock._route._shared_directories[0]) / "columns.json"
+        catalog = json.loads(catalog_path.read_text())
+        del catalog["reward"]  # as if the host had kept it private
+        catalog_path.write_text(json.dumps(catalog))
+        distributed._ATTACHED.clear()  # this process forgets what it had mapped
+        indices, batch = dock.get("update", list(COLUMNS), batch_size=NUM_SAMPLES)
+        assert_matches(indices, batch)
+        (stats,) = dock.stats()["warehouses"]
+        assert (stats["read_requests"], stats["shared_read_requests"]) == (1, 0)
+    finally:
+        dock.shutdown()

@@ -75,7 +75,12 @@ def test_the_controller_host_holds_warehouse_0_on_its_node_and_the_others_are_ac
         # A rank on the second node reads its own warehouse first, then the host's rows.
         on_second = take.options(scheduling_strategy=pinned_to(second))
         assert ray.get(on_second.remote(dock, 6)) == list(range(6))
-        assert [w["read_requests"] for w in dock.stats()["warehouses"]] == [1, 1, 1]
+        stats = dock.stats()["warehouses"]
+        assert [w["read_requests"] for w in stats] == [1, 1, 1]
+        # Its own node's warehouse through shared memory; the host's by the host's reply. (The
+        # nodes of a local cluster share /dev/shm: only the node check keeps these apart.)
+        assert [w["shared_read_requests"] for w in stats] == [0, 1, 0]
+        assert [w["shared_write_requests"] for w in stats] == [0, 0, 0]  # the driver is on the head
     finally:
         dock.shutdown()
 
@@ -165,6 +170,9 @@ def test_each_rank_reads_its_nodes_warehouse_except_the_stated_levelling(cluster
             assert off_node <= num_samples // 4  # a location-blind deal reads about half across nodes
         else:
             assert off_node == 0
+            # every rank read its node's rows in shared memory, in one read, and nothing else
+            stats = dock.stats()["warehouses"]
+            assert sum(w["shared_read_requests"] for w in stats) == sum(w["read_requests"] for w in stats) == num_ranks
         assert [node for node, _, _ in results] == [nodes[r // ranks_per_node] for r in range(num_ranks)]
     finally:
         dock.shutdown()

@@ -119,6 +119,7 @@ class TransferDock:
                 num_warehouses=num_warehouses, states=states, num_samples=num_samples,
                 group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
                 colocate=spec.colocate_controllers, staleness=staleness, bounded_states=bounded_states,
+                shared_memory=spec.shared_memory,
             )
         logger.info(
             "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
@@ -329,7 +330,8 @@ class TransferDock:
         return list(self._route.nodes)
 
     def shutdown(self) -> None:
-        """Kill the dock's actors; the data is gone."""
+        """Kill the dock's actors, after they released their shared memory; the data is gone."""
+        self._route.close()
         for peer in self._route.peers():
             ray.kill(peer.handle)
 

@@ -16,6 +16,12 @@ and its rows cost the consumer a second call to it, after the grant or before th
 Without `colocate` every warehouse is an actor and the host runs beside the dock's creator: two
 calls per put and per get everywhere (the layout before, kept for measurements).
 
+With `shared_memory` (default on) the warehouses keep their columns in /dev/shm
+(shared_columns.py) and a worker on a warehouse's node reads and writes those rows itself, so
+that call carries metadata only (the host leaves out the rows the caller reads itself); rows on
+other nodes still travel by Ray calls. A call carrying a megabyte costs about five times the CPU
+of a metadata call, nearly all of it in Ray's object store (docs/transfer-dock.md).
+
 This is the MindSpeed RL paper's distributed transfer dock (arXiv 2507.19017, section 3.1). Its
 baseline, one central buffer serving every request (`dock.mode: central`), is the same route
 with one warehouse hosted by the host: every column and every request in one actor.
@@ -24,13 +30,14 @@ with one warehouse hosted by the host: every column and every request in one act
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import ray
 
-from rldock.runtime.dock import rpc
+from rldock.runtime.dock import rpc, shared_columns
 from rldock.runtime.dock.controller import Grant
 from rldock.runtime.dock.host import ControllerHost, WritePart
 from rldock.runtime.dock.ownership import DockLayout, as_slice
@@ -65,9 +72,12 @@ class DistributedRoute:
         warehouse_nodes: Sequence[str],
         prefer_local: bool = True,
         mode: str = "distributed",
+        shared_directories: Mapping[int, str | None] | None = None,
     ) -> None:
-        """`warehouses` are the warehouse actors by id; the ids missing from it are hosted by `host`."""
+        """`warehouses` are the warehouse actors by id; the ids missing from it are hosted by `host`.
+        `shared_directories` are where warehouses share their columns with workers on their node."""
         self.mode = mode
+        self._shared_directories = dict(shared_directories or {})
         self.layout = layout
         self._prefer_local = prefer_local
         self._host = host
@@ -90,12 +100,16 @@ class DistributedRoute:
         staleness: StalenessBound | None = None,
         bounded_states: Sequence[str] = (),
         mode: str = "distributed",
+        shared_memory: bool = True,
     ) -> DistributedRoute:
         """Start S warehouses round-robin over `node_ids` and the controller host (a controller per state).
 
         With `colocate` the host runs on warehouse 0's node and holds every warehouse of that node;
-        without, the host runs here (beside the creator, usually the driver) and holds none.
+        without, the host runs here (beside the creator, usually the driver) and holds none. With
+        `shared_memory` the warehouses keep their columns in shared memory, and workers on their
+        node read and write those rows themselves.
         """
+        shared_root = shared_columns.DEFAULT_ROOT if shared_memory else None
         layout = DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
         nodes = assign_nodes(num_warehouses, list(node_ids))
         if colocate:
@@ -105,22 +119,26 @@ class DistributedRoute:
         hosted = [w for w, node in enumerate(nodes) if colocate and node == host_node]
         host = _ControllerHostActor.options(scheduling_strategy=pinned_to(host_node, soft=soft)).remote(
             states={state: list(columns) for state, columns in states.items()}, layout=layout,
-            default_timeout_s=timeout_s, hosted=hosted, staleness=staleness, bounded_states=list(bounded_states))
+            default_timeout_s=timeout_s, hosted=hosted, staleness=staleness, bounded_states=list(bounded_states),
+            shared_root=shared_root)
         actors = {}
         for w, node in enumerate(nodes):
             if w not in hosted:
                 start, stop = layout.sample_range(w)
                 actors[w] = _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
-                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size)
+                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size,
+                    shared_root=shared_root)
         # Waiting here surfaces actor start failures now rather than at the first put.
-        host_at = ray.get(host.node_id.remote())
+        host_at, directories = ray.get([host.node_id.remote(), host.shared_directories.remote()])
         remote_at = dict(zip(actors, ray.get([actor.node_id.remote() for actor in actors.values()])))
+        directories.update(zip(actors, ray.get([actor.shared_directory.remote() for actor in actors.values()])))
         warehouse_nodes = [remote_at.get(w, host_at) for w in range(num_warehouses)]
         warehouses = {w: Peer(_warehouse_name(layout, w, warehouse_nodes[w]), actor) for w, actor in actors.items()}
         host_name = (f"central buffer (node {host_at[:12]})" if mode == "central"
                      else _host_name(layout, hosted, host_at, states))
         return cls(layout=layout, host=Peer(host_name, host), warehouses=warehouses, states=states,
-                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local, mode=mode)
+                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local, mode=mode,
+                   shared_directories=directories)
 
     @classmethod
     def start_central(
@@ -134,15 +152,17 @@ class DistributedRoute:
         staleness: StalenessBound | None = None,
         bounded_states: Sequence[str] = (),
     ) -> DistributedRoute:
-        """The central buffer on `node_id`: one warehouse of every sample, hosted with the controllers."""
+        """The central buffer on `node_id`: one warehouse of every sample, hosted with the controllers.
+
+        It shares no memory: the paper's baseline serves every byte itself, to its own node too."""
         return cls.start(num_warehouses=1, states=states, num_samples=num_samples, group_size=group_size,
                          node_ids=[node_id], timeout_s=timeout_s, prefer_local=False, colocate=True,
-                         staleness=staleness, bounded_states=bounded_states, mode="central")
+                         staleness=staleness, bounded_states=bounded_states, mode="central", shared_memory=False)
 
     def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
               policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
-        """Rows to the warehouse actors in parallel, then the hosted rows and the readiness (metadata)
-        to the host, in one call.
+        """Rows to the warehouses on this node through shared memory, to the other warehouse actors in
+        parallel, then the hosted rows and the readiness (metadata) to the host, in one call.
 
         When this returns, every state that needs a written column knows the rows are ready.
 
@@ -151,6 +171,7 @@ class DistributedRoute:
         """
         group_columns = group_columns or {}
         n = self.layout.group_size
+        here = ray.get_runtime_context().get_node_id()
         writes = []
         hosted_parts: dict[int, WritePart] = {}
         for w, positions in self.layout.split(indices).items():
@@ -158,7 +179,10 @@ class DistributedRoute:
             part = {name: WireColumn(col.array[rows], col.dtype) for name, col in columns.items()}
             groups = as_slice(positions[::n] // n) if group_columns else slice(0, 0)
             shared = {name: WireColumn(col.array[groups], col.dtype) for name, col in group_columns.items()}
-            if w in self._warehouses:
+            local = self._attached(w, here)
+            if local is not None and local.can_write({**part, **shared}):
+                local.write(indices[rows], part, shared or None)
+            elif w in self._warehouses:
                 peer = self._warehouses[w]
                 writes.append((peer.name, peer.handle.write.remote(indices[rows], part, shared or None)))
             else:
@@ -184,25 +208,38 @@ class DistributedRoute:
         balance_ranks: int,
     ) -> tuple[Grant, list[dict[str, WireColumn]]]:
         """Ask `state`'s controller for samples (the host answers with the rows it holds), then read the
-        rest from their warehouses; the parts in index order."""
+        rest: from shared memory where the warehouse is on this node, else from the warehouse actors
+        in parallel; the parts in index order."""
         prefer: list[int] = []
+        here = ray.get_runtime_context().get_node_id()
         if self._prefer_local:
-            here = ray.get_runtime_context().get_node_id()
             local = [w for w, node in enumerate(self.nodes) if node == here]
             prefer = local if len(local) < len(self.nodes) else []  # all local: plain ascending order
         if state not in self._state_columns:
             raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
         host = self._host
+        # Hosted warehouses on this node that share memory: the host sends none of their rows.
+        read_here = [w for w in range(self.layout.num_warehouses)
+                     if w not in self._warehouses and self._attached(w, here) is not None]
         request = host.handle.request_and_read.remote(
-            state, list(columns), rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
+            state, list(columns), rank, batch_size, whole_groups, timeout_s, prefer=prefer,
+            balance_ranks=balance_ranks, read_here=read_here,
         )
         grant, parts = rpc.wait_for_grant(host.name, request, timeout=timeout_s + rpc.RPC_GRACE_S,
                                           watch=list(self._warehouses.values()))
         if grant.exhausted:
             return grant, []
-        reads = {w: self._warehouses[w] for w in grant.by_warehouse if w not in parts}
-        calls = [(peer.name, peer.handle.read.remote(grant.by_warehouse[w], list(columns))) for w, peer in reads.items()]
-        parts.update(zip(reads, rpc.get_all(calls)))
+        calls = []
+        for w, rows in grant.by_warehouse.items():
+            local = self._attached(w, here)
+            if local is not None and local.has_columns(columns):  # granted: written, so allocated
+                parts[w] = local.read(rows, list(columns), copy=True)
+            elif w in self._warehouses:
+                peer = self._warehouses[w]
+                calls.append((w, peer.name, peer.handle.read.remote(rows, list(columns))))
+            elif w not in parts:  # hosted, on this node, a column kept private (no room in /dev/shm)
+                calls.append((w, self._host.name, self._host.handle.warehouse.remote(w, "read", rows, list(columns))))
+        parts.update(zip([w for w, _, _ in calls], rpc.get_all([(name, ref) for _, name, ref in calls])))
         # Ownership is contiguous, so warehouse order then each warehouse's order is index order.
         return grant, [parts[w] for w in sorted(grant.by_warehouse)]
 
@@ -241,6 +278,26 @@ class DistributedRoute:
             entry["node_id"] = node
         return {"warehouses": warehouse_stats, "controllers": self._on_host("stats")}
 
+    def close(self) -> None:
+        """Ask every dock actor to release its shared memory (before they are killed); dead ones are skipped."""
+        refs = [peer.handle.close.remote() for peer in self.peers()]
+        ray.wait(refs, num_returns=len(refs), timeout=rpc.RPC_GRACE_S)
+
+    def _attached(self, w: int, here: str) -> Warehouse | None:
+        """Warehouse `w` attached through its shared memory, if it is on node `here` and shares it."""
+        directory = self._shared_directories.get(w)
+        if directory is None or self.nodes[w] != here:
+            return None
+        start, stop = self.layout.sample_range(w)
+        local = _attach(directory, warehouse_id=w, start=start, capacity=stop - start,
+                        group_size=self.layout.group_size)
+        if local is None:
+            return None
+        if not local.owner_alive():
+            owner = self._warehouses.get(w, self._host)
+            raise rpc.died(owner.name, f"its process {local.owner_pid} ended, as its shared memory shows")
+        return local
+
     def peers(self) -> list[Peer]:
         """The dock's actors: the warehouse actors, then the controller host."""
         return [*(self._warehouses[w] for w in sorted(self._warehouses)), self._host]
@@ -256,6 +313,26 @@ class DistributedRoute:
             peer = self._warehouses[w]
             return peer.name, getattr(peer.handle, call).remote(*args)
         return self._host.name, self._host.handle.warehouse.remote(w, call, *args)
+
+
+# This process's attachments to warehouses' shared memory, by directory (unique per warehouse
+# process); None where this process may not open it.
+_ATTACHED: dict[str, Warehouse | None] = {}
+
+
+def _attach(directory: str, **where: int) -> Warehouse | None:
+    """The attachment to the warehouse at `directory`, made once per process (mapping files costs
+    system calls; a route is unpickled anew for every task that receives it)."""
+    if directory not in _ATTACHED:
+        for gone in [d for d in _ATTACHED if not os.path.isdir(d)]:  # docks shut down since
+            del _ATTACHED[gone]
+        try:
+            _ATTACHED[directory] = Warehouse.attach(directory, **where)
+        except OSError as err:  # e.g. another user's /dev/shm directory: the Ray calls still work
+            logger.warning("transfer dock: cannot attach to warehouse %s's shared memory at %s (%s); its rows "
+                           "travel by Ray calls", where.get("warehouse_id"), directory, err)
+            _ATTACHED[directory] = None
+    return _ATTACHED[directory]
 
 
 def _warehouse_name(layout: DockLayout, warehouse: int, node: str) -> str:

@@ -6,7 +6,9 @@ Most of the dock's CPU is the fixed cost of Ray calls, not bytes (docs/dock-benc
 the warehouses placed on the host's own node live inside the host (`hosted`): a grant comes
 back with the rows it hands out from them, and a write to them is stored and marked ready in the
 same call. On one node (the demo, every single-node job) every put and get is then one call; on
-S nodes, the host's node is. The other warehouses stay actors of their own on their nodes,
+S nodes, the host's node is. With shared memory (shared_columns.py) a caller on the host's node
+moves those rows itself and the calls carry metadata only (`read_here`; a write's parts are
+then empty). The other warehouses stay actors of their own on their nodes,
 reached directly by their consumers, as the MindSpeed RL paper's distributed transfer dock has it
 (arXiv 2507.19017, section 3.1). The central mode's buffer is this host holding the one
 warehouse of a one-warehouse layout.
@@ -34,7 +36,7 @@ from rldock.runtime.dock.wire import WireColumn
 # One hosted warehouse's part of a write: (its indices, per-sample columns, per-group columns or None).
 WritePart = tuple[np.ndarray, Mapping[str, WireColumn], Mapping[str, WireColumn] | None]
 # Warehouse calls the route may make on a hosted warehouse by name (the rest go through write/read).
-_WAREHOUSE_CALLS = frozenset({"snapshot", "restore", "stats"})
+_WAREHOUSE_CALLS = frozenset({"snapshot", "restore", "stats", "read"})
 
 
 class ControllerHost(ControllerHub):
@@ -42,7 +44,7 @@ class ControllerHost(ControllerHub):
 
     def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
                  hosted: Sequence[int] = (), staleness: StalenessBound | None = None,
-                 bounded_states: Sequence[str] = ()) -> None:
+                 bounded_states: Sequence[str] = (), shared_root: str | None = None) -> None:
         super().__init__(states=states, layout=layout, default_timeout_s=default_timeout_s, staleness=staleness,
                          bounded_states=bounded_states)
         self._layout = layout
@@ -50,7 +52,7 @@ class ControllerHost(ControllerHub):
         for w in hosted:
             start, stop = layout.sample_range(w)
             self._warehouses[w] = Warehouse(warehouse_id=w, start=start, capacity=stop - start,
-                                            group_size=layout.group_size)
+                                            group_size=layout.group_size, shared_root=shared_root)
 
     async def write(self, parts: Mapping[int, WritePart], indices: np.ndarray, columns: Sequence[str],
                     tokens: dict[str, np.ndarray] | None = None, policy_version: int | None = None,
@@ -64,20 +66,20 @@ class ControllerHost(ControllerHub):
 
     async def request_and_read(self, state: str, columns: Sequence[str], rank: int, batch_size: int,
                                whole_groups: bool = False, timeout_s: float | None = None, *,
-                               prefer: Sequence[int] = (), balance_ranks: int = 0,
+                               prefer: Sequence[int] = (), balance_ranks: int = 0, read_here: Sequence[int] = (),
                                ) -> tuple[Grant, dict[int, dict[str, WireColumn]]]:
         """`request`, and the granted rows that hosted warehouses hold: {warehouse: its columns}.
 
-        The caller reads the grant's other warehouses itself."""
+        The caller reads the grant's other warehouses itself, and the hosted ones in `read_here`
+        (on its node, through shared memory)."""
         grant = await self.request(state, rank, batch_size, whole_groups, timeout_s, prefer=prefer,
                                    balance_ranks=balance_ranks)
         if grant.exhausted:
             return grant, {}
         data = {}
         for w, rows in grant.by_warehouse.items():
-            if w in self._warehouses:
-                read = self._warehouses[w].read(rows, columns)
-                data[w] = {name: WireColumn(np.array(col.array), col.dtype) for name, col in read.items()}
+            if w in self._warehouses and w not in read_here:
+                data[w] = self._warehouses[w].read(rows, columns, copy=True)
         return grant, data
 
     async def reset(self) -> None:
@@ -93,10 +95,21 @@ class ControllerHost(ControllerHub):
         await super().recycle(indices)
 
     async def warehouse(self, w: int, call: str, *args: Any) -> Any:
-        """`call` (snapshot, restore, stats) on hosted warehouse `w`."""
+        """`call` (snapshot, restore, stats, read) on hosted warehouse `w`."""
         if call not in _WAREHOUSE_CALLS:
             raise ValueError(f"warehouse call {call!r} is not one of {sorted(_WAREHOUSE_CALLS)}")
+        if call == "read":  # the reply is serialised after a later write may have run: a copy
+            return self._hosted(w).read(*args, copy=True)
         return getattr(self._hosted(w), call)(*args)
+
+    async def shared_directories(self) -> dict[int, str | None]:
+        """Where each hosted warehouse shares its columns (None: in private memory)."""
+        return {w: warehouse.shared_directory() for w, warehouse in self._warehouses.items()}
+
+    async def close(self) -> None:
+        """Release the hosted warehouses' shared memory (before the host is killed)."""
+        for warehouse in self._warehouses.values():
+            warehouse.close()
 
     async def node_id(self) -> str:
         """The Ray node this host (and its hosted warehouses) runs on."""

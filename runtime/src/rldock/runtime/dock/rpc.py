@@ -79,9 +79,14 @@ def check_alive(peers: Sequence[Peer]) -> None:
                 pass
 
 
+def died(name: str, cause: str) -> DockActorDiedError:
+    """The error for the dock actor called `name` found dead because of `cause`."""
+    return DockActorDiedError(
+        f"transfer dock: {name} is dead ({cause}). The samples it held or tracked this iteration are "
+        "lost; fail the job and let its retry resume from the last checkpoint."
+    )
+
+
 def _died_message(name: str, err: RayActorError) -> str:
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return (
-        f"transfer dock: {name} is dead ({type(err).__name__}: {reason}). The samples it held or "
-        "tracked this iteration are lost; fail the job and let its retry resume from the last checkpoint."
-    )
+    return str(died(name, f"{type(err).__name__}: {reason}"))
