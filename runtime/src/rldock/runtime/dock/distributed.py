@@ -55,6 +55,8 @@ _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
 # it, and writers' calls need free ones too: Ray's default cap (1000 for an async actor) would be
 # shared by all states' waiters, so it is set far above any job's ranks times states.
 CONTROLLER_HOST_CONCURRENCY = 100_000
+# How long shutdown waits for the dock's actors to release their shared memory.
+_CLOSE_TIMEOUT_S = 10.0
 _ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0,
                                   max_concurrency=CONTROLLER_HOST_CONCURRENCY)(ControllerHost)
 
@@ -279,9 +281,11 @@ class DistributedRoute:
         return {"warehouses": warehouse_stats, "controllers": self._on_host("stats")}
 
     def close(self) -> None:
-        """Ask every dock actor to release its shared memory (before they are killed); dead ones are skipped."""
+        """Ask every dock actor to release its shared memory (before they are killed); dead ones are
+        skipped, and one that does not answer in time leaves its directory to the next warehouse's
+        sweep of orphans (shared_columns.remove_orphans)."""
         refs = [peer.handle.close.remote() for peer in self.peers()]
-        ray.wait(refs, num_returns=len(refs), timeout=rpc.RPC_GRACE_S)
+        ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_TIMEOUT_S)
 
     def _attached(self, w: int, here: str) -> Warehouse | None:
         """Warehouse `w` attached through its shared memory, if it is on node `here` and shares it."""
