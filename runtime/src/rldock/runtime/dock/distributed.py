@@ -220,9 +220,10 @@ class DistributedRoute:
         if state not in self._state_columns:
             raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
         host = self._host
-        # Hosted warehouses on this node that share memory: the host sends none of their rows.
-        read_here = [w for w in range(self.layout.num_warehouses)
-                     if w not in self._warehouses and self._attached(w, here) is not None]
+        # The warehouses on this node that share memory (their owners checked alive once per request);
+        # the host sends none of its own warehouses' rows that are among them.
+        attached = {w: local for w in range(self.layout.num_warehouses) if (local := self._attached(w, here))}
+        read_here = [w for w in attached if w not in self._warehouses]
         request = host.handle.request_and_read.remote(
             state, list(columns), rank, batch_size, whole_groups, timeout_s, prefer=prefer,
             balance_ranks=balance_ranks, read_here=read_here,
@@ -233,7 +234,7 @@ class DistributedRoute:
             return grant, []
         calls = []
         for w, rows in grant.by_warehouse.items():
-            local = self._attached(w, here)
+            local = attached.get(w)
             if local is not None and local.has_columns(columns):  # granted: written, so allocated
                 parts[w] = local.read(rows, list(columns), copy=True)
             elif w in self._warehouses:

@@ -3,13 +3,13 @@
 A request to a controller and the read of what it grants are two Ray calls when the rows sit in a
 warehouse actor, and a write is two as well (the warehouse, then readiness to the controllers).
 Each Ray call has a fixed CPU cost (and one that carries rows a larger one, in Ray's object
-store; docs/dock-benchmarks.md), so the warehouses placed on the host's own node live inside the host (`hosted`): a grant comes
-back with the rows it hands out from them, and a write to them is stored and marked ready in the
-same call. On one node (the demo, every single-node job) every put and get is then one call; on
-S nodes, the host's node is. With shared memory (shared_columns.py) a caller on the host's node
-moves those rows itself and the calls carry metadata only (`read_here`; a write's parts are
-then empty). The other warehouses stay actors of their own on their nodes,
-reached directly by their consumers, as the MindSpeed RL paper's distributed transfer dock has it
+store; docs/dock-benchmarks.md), so the warehouses placed on the host's own node live inside the
+host (`hosted`): a grant comes back with the rows it hands out from them, and a write to them is
+stored and marked ready in the same call. On one node (the demo, every single-node job) every
+put and get is then one call; on S nodes, the host's node is. With shared memory
+(shared_columns.py) a caller on the host's node moves those rows itself and the calls carry
+metadata only (`read_here`; a write's parts are then empty). The other warehouses stay actors of
+their own on their nodes, reached directly by their consumers, as the MindSpeed RL paper's distributed transfer dock has it
 (arXiv 2507.19017, section 3.1). The central mode's buffer is this host holding the one
 warehouse of a one-warehouse layout.
 

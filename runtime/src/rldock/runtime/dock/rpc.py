@@ -42,7 +42,7 @@ def get(name: str, ref: ray.ObjectRef, timeout: float | None = None) -> Any:
             raise err.cause from None
         raise
     except RayActorError as err:
-        raise DockActorDiedError(_died_message(name, err)) from None
+        raise died(name, _cause(err)) from None
 
 
 def get_all(calls: Sequence[tuple[str, ray.ObjectRef]]) -> list[Any]:
@@ -87,6 +87,6 @@ def died(name: str, cause: str) -> DockActorDiedError:
     )
 
 
-def _died_message(name: str, err: RayActorError) -> str:
+def _cause(err: RayActorError) -> str:
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return str(died(name, f"{type(err).__name__}: {reason}"))
+    return f"{type(err).__name__}: {reason}"
