@@ -43,6 +43,10 @@ def test_a_valid_mix_of_terms_has_no_problems():
     ({"name": "function", "function": "rewards.py:1st"}, "reward.terms[0].function", "is not"),
     ({"name": "function", "function": "my-pkg:score"}, "reward.terms[0].function", "is not"),
     ({"name": "remote", "url": "ftp://host/x"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+    ({"name": "remote", "url": "file:///etc/passwd"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+    ({"name": "remote", "url": "https://:8443/score"}, "reward.terms[0].url", "with a host"),
+    ({"name": "remote", "url": "http://rm:port/score"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+    ({"name": "exact_match", "allow_insecure": True}, "reward.terms[0].allow_insecure", "only a `remote` term"),
     ({"name": "model"}, "reward.terms[0].path", "a `model` term needs path"),
     ({"name": "digit_match", "path": "/rm"}, "reward.terms[0].path", "only a `model` term takes path"),
     ({"name": "model", "path": "/rm", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term"),
@@ -50,6 +54,36 @@ def test_a_valid_mix_of_terms_has_no_problems():
 def test_each_wrong_option_is_named_with_its_term_index(term, path, words):
     (problem,) = _problems(term)
     assert problem.path == path and words in problem.message
+
+
+@pytest.mark.parametrize("url", ["http://rm.team-a.svc:8000/score", "HTTP://rm.team-a.svc:8000/score"])
+def test_a_token_over_plain_http_is_refused_naming_the_url_and_both_fixes(url):
+    (problem,) = _problems({"name": "math_verify"}, {"name": "remote", "url": url, "token_env": "RM_TOKEN"})
+    assert problem.path == "reward.terms[1].url"
+    assert "token_env RM_TOKEN unencrypted" in problem.message
+    assert "use an https:// URL, or set allow_insecure: true" in problem.message
+
+
+@pytest.mark.parametrize("term", [
+    {"url": "http://127.0.0.1:8000/score", "token_env": "RM_TOKEN", "allow_insecure": True},  # a sidecar
+    {"url": "https://rm.example/score", "token_env": "RM_TOKEN"},
+    {"url": "http://rm.team-a.svc:8000/score"},  # no token to leak
+    {"url": "http://rm.team-a.svc:8000/score", "allow_insecure": False},
+])
+def test_plain_http_is_fine_without_a_token_or_when_allowed(term):
+    assert _problems({"name": "remote", **term}) == []
+
+
+def test_allow_insecure_false_refuses_like_unset():
+    (problem,) = _problems({"name": "remote", "url": "http://rm:1/s", "token_env": "T", "allow_insecure": False})
+    assert problem.path == "reward.terms[0].url"
+
+
+def test_the_job_loader_refuses_a_token_over_plain_http():
+    term = {"name": "remote", "url": "http://rm:8000/score", "token_env": "RM_TOKEN"}
+    (problem,) = _job({"terms": [term]})
+    assert problem.path == "reward.terms[0].url" and "allow_insecure" in problem.message
+    parse_job_config({**BASE, "reward": {"terms": [{**term, "allow_insecure": True}]}})
 
 
 def test_problems_name_the_index_of_the_term_at_fault():

@@ -204,7 +204,15 @@ class RewardTermSpec(Spec):
     token_env: Optional[str] = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="`remote` only: name of an environment variable holding a bearer token sent as "
-        "`Authorization: Bearer <token>` (in an RLJob, set it from a Secret with `env`).",
+        "`Authorization: Bearer <token>` (in an RLJob, set it from a Secret with `env`); with it, `url` "
+        "must be https:// unless `allow_insecure` is true.",
+    )
+    allow_insecure: Optional[bool] = Field(
+        default=None,
+        description="`remote` only: true lets a term with `token_env` send its token over a plain http:// "
+        "`url`, readable by anyone on the network path; for a service on the pod's own loopback "
+        "(`http://127.0.0.1:...`, a sidecar) or inside a mesh that encrypts traffic between pods. Unset: "
+        "false, an http:// URL with a token is refused.",
     )
     batch_size: Optional[int] = Field(
         default=None, ge=1, le=65536,
@@ -217,6 +225,13 @@ class RewardTermSpec(Spec):
         "model with one label (AutoModelForSequenceClassification, num_labels 1) and its tokenizer "
         "(tokenizer.json); the score is its logit at the last token of prompt text + response text.",
     )
+
+    @property
+    def sends_token_in_clear(self) -> bool:
+        """True for a `remote` term that would send its bearer token over plain http:// without
+        `allow_insecure` (refused by config/problems.py, and again by the runtime's client)."""
+        return (self.token_env is not None and self.url is not None and not self.allow_insecure
+                and self.url.lower().startswith("http://"))
 
 
 class RewardSpec(Spec):

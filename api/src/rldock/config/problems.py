@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+from urllib.parse import urlsplit
 
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.contract.algorithms import needs_critic, needs_rollout
@@ -468,7 +469,7 @@ TERM_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "digit_match": ((), ()),
     "format": (("pattern",), ()),
     "function": (("function",), ()),
-    "remote": (("url",), ("timeout_s", "max_retries", "token_env", "batch_size")),
+    "remote": (("url",), ("timeout_s", "max_retries", "token_env", "allow_insecure", "batch_size")),
     "model": (("path",), ()),
 }
 _OPTION_HELP = {
@@ -482,8 +483,9 @@ FUNCTION_REFERENCE = re.compile(r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?
 
 
 def reward_problems(reward: RewardSpec) -> list[Problem]:
-    """Each term's options must suit its name: the required ones set, the others unset, and the
-    pattern, function reference and URL well formed."""
+    """Each term's options must suit its name: the required ones set, the others unset, the
+    pattern, function reference and URL well formed, and a bearer token sent over https only
+    (unless the term allows plain http)."""
     problems: list[Problem] = []
     options = {option for required, optional in TERM_OPTIONS.values() for option in required + optional}
     for index, term in enumerate(reward.terms):
@@ -521,9 +523,26 @@ def _term_value_problems(term: RewardTermSpec, at: str) -> list[Problem]:
             f"{term.function!r} is not `path/to/file.py:function` or `package.module:function` (one colon "
             "before a Python identifier)",
         ))
-    if term.url is not None and not term.url.startswith(("http://", "https://")):
-        problems.append(Problem(f"{at}.url", f"{term.url!r} is not an http:// or https:// URL"))
+    if term.url is not None and not _is_http_url(term.url):
+        problems.append(Problem(f"{at}.url", f"{term.url!r} is not an http:// or https:// URL with a host"))
+    elif term.sends_token_in_clear:
+        problems.append(Problem(
+            f"{at}.url",
+            f"{term.url!r} would send the bearer token of token_env {term.token_env} unencrypted, readable on "
+            "the network path; use an https:// URL, or set allow_insecure: true on this term if the service "
+            "is on the pod's own loopback or inside a mesh that encrypts traffic",
+        ))
     return problems
+
+
+def _is_http_url(url: str) -> bool:
+    """An http or https URL with a host (and, if given, a numeric port)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
 def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:

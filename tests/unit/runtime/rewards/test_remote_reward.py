@@ -99,14 +99,22 @@ def test_batch_size_splits_requests_in_order(server):
 
 def test_the_bearer_token_comes_from_the_named_environment_variable(server, monkeypatch):
     monkeypatch.setenv("RM_TOKEN", "s3cret")
-    _score(_scorer(server.url, token_env="RM_TOKEN"), ["a"])
+    _score(_scorer(server.url, token_env="RM_TOKEN", allow_insecure=True), ["a"])  # the server is on loopback
     assert server.requests[0]["headers"]["Authorization"] == "Bearer s3cret"
+
+
+def test_a_token_over_plain_http_is_refused_when_the_term_is_built(server, monkeypatch):
+    monkeypatch.setenv("RM_TOKEN", "s3cret")
+    with pytest.raises(RewardError, match=r"reward.terms\[0\].url: .* would send the bearer token of token_env "
+                       r"RM_TOKEN unencrypted; use an https:// URL, or set allow_insecure: true"):
+        _scorer(server.url, token_env="RM_TOKEN")
+    assert server.requests == []
 
 
 def test_an_unset_token_variable_fails_when_the_term_is_built(server, monkeypatch):
     monkeypatch.delenv("RM_TOKEN", raising=False)
     with pytest.raises(RewardError, match=r"reward.terms\[0\].token_env: the environment variable RM_TOKEN is not set"):
-        _scorer(server.url, token_env="RM_TOKEN")
+        _scorer(server.url, token_env="RM_TOKEN", allow_insecure=True)
 
 
 def test_a_server_failing_twice_then_answering_is_retried_with_growing_backoff(server):

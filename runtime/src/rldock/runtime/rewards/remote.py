@@ -7,11 +7,12 @@ Wire format (docs/rewards.md), one POST per `batch_size` samples to `reward.term
               or an object {"score": number, <other numeric keys become metrics>}
 
 with `Content-Type: application/json` and, when `token_env` names an environment variable,
-`Authorization: Bearer <its value>`. A connection error, a timeout (`timeout_s`), HTTP 5xx or
-429 is retried up to `max_retries` times with exponential backoff; any other status, or a
-response that does not follow the format, is not. After the last attempt every sample of the
-batch gets the error (`reward.on_error` decides), which names the URL, the status and the start
-of the body.
+`Authorization: Bearer <its value>`. The token goes to an http:// URL only with `allow_insecure`:
+config/problems.py refuses that config, and the client checks again because it is what sends the
+token. A connection error, a timeout (`timeout_s`), HTTP 5xx or 429 is retried up to
+`max_retries` times with exponential backoff; any other status, or a response that does not
+follow the format, is not. After the last attempt every sample of the batch gets the error
+(`reward.on_error` decides), which names the URL, the status and the start of the body.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class RemoteReward:
         self.max_retries = REMOTE_MAX_RETRIES if term.max_retries is None else term.max_retries
         self.batch_size = term.batch_size
         self.headers = {"Content-Type": "application/json"}
+        if term.sends_token_in_clear:
+            raise RewardError(f"{at}.url: {term.url!r} would send the bearer token of token_env {term.token_env} "
+                              "unencrypted; use an https:// URL, or set allow_insecure: true on this term")
         if term.token_env is not None:
             token = os.environ.get(term.token_env)
             if not token:
