@@ -20,6 +20,10 @@
 # image's bundle), each folder at its own path. Nothing of it stays in the image, and without such
 # a configuration the images build unchanged. RLDOCK_HOST_PIP=0 turns it off.
 #
+# Container engine settings: with podman or buildah, every call gets CONTAINERS_CONF from
+# images/containers-conf.sh (rlimits capped to this machine's, OCI runtime runc where installed)
+# unless you set CONTAINERS_CONF yourself.
+#
 # Cache: with podman, an image whose inputs (Dockerfile, base image, copied files, build
 # arguments) hash to a value already built is not built again; its OCI archive is kept in
 # ${RLDOCK_CACHE:-~/.cache/rldock}/images/<name>-<hash>.tar (what the e2e loads into its nodes),
@@ -59,19 +63,20 @@ for arg in "$@"; do
 done
 [ ${#names[@]} -gt 0 ] || names=(operator runtime-cpu runtime-cuda runtime-ascend)
 
-build_args=() volumes=()
+build_args=() volumes=() engine_args=()
 if [[ $ENGINE == podman || $ENGINE == buildah ]]; then
   mkdir -p "$CACHE"
-  # Machines may cap hard rlimits below podman's defaults (then: "error setting rlimit type 7").
-  # On ours runc could not set nproc above 32768 although `ulimit -Hu` said more: cap it there.
+  # This machine's rlimits and OCI runtime (runc: crun refuses hybrid cgroups) for every podman
+  # and buildah call, local-base.sh's included; a CONTAINERS_CONF of your own is used as it is.
+  [[ -n ${CONTAINERS_CONF:-} ]] || CONTAINERS_CONF=$(images/containers-conf.sh)
+  export CONTAINERS_CONF
+  # ... and named on the build's command line as well, so that RUN steps use it whatever the
+  # engine's version reads from containers.conf (not a build argument: the cache key ignores it).
+  if grep -qx 'runtime = "runc"' "$CONTAINERS_CONF"; then engine_args+=(--runtime runc); fi
+  # RUN steps of a build take buildah's own rlimits, not containers.conf's: cap them too, as
+  # containers-conf.sh does (nproc: runc could not set more than 32768 here).
   nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
   [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
-  if [[ -z ${CONTAINERS_CONF:-} ]]; then
-    export CONTAINERS_CONF="$CACHE/containers.conf"
-    printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
-      "$nofile" "$nofile" "$nproc" "$nproc" >"$CONTAINERS_CONF"
-  fi
-  # RUN steps of a build take buildah's own defaults, not containers.conf's: cap them too.
   build_args+=(--ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc")
   if [[ ${RLDOCK_HOST_PIP:-1} != 0 ]]; then
     conf="$CACHE/host-pip.conf"
@@ -116,7 +121,7 @@ for name in "${names[@]}"; do
     else
       log "$name: building $REGISTRY/$image ($key)"
       t0=$SECONDS
-      nice -n 19 "$ENGINE" build --layers --label "io.rldock.inputs=$key" "${build_args[@]}" "${volumes[@]}" \
+      nice -n 19 "$ENGINE" build --layers --label "io.rldock.inputs=$key" "${engine_args[@]}" "${build_args[@]}" "${volumes[@]}" \
         -f "images/$name.Dockerfile" -t "$REGISTRY/$image" . >&2
       "$ENGINE" save --format oci-archive -o "$archive.part" "$REGISTRY/$image" && mv "$archive.part" "$archive"
       log "$name: built and saved in $((SECONDS - t0)) s: $archive"

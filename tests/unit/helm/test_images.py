@@ -213,3 +213,36 @@ def test_hadolint_finds_nothing(name):
     result = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "info",
                              str(IMAGES / f"{name}.Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _containers_conf(tmp_path: Path, *, with_runc: bool) -> tuple[str, str]:
+    """(containers.conf, stderr) that images/containers-conf.sh writes with only the tools it needs
+    on PATH, and a stand-in runc among them when `with_runc`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("mkdir", "mktemp", "mv", "chmod"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    if with_runc:
+        (bin_dir / "runc").write_text("#!/bin/sh\n")
+        (bin_dir / "runc").chmod(0o755)
+    result = subprocess.run([shutil.which("bash"), str(IMAGES / "containers-conf.sh")], capture_output=True, text=True, check=True,
+                            env={"PATH": str(bin_dir), "RLDOCK_CACHE": str(tmp_path / "cache")})
+    conf = Path(result.stdout.strip())
+    assert conf == tmp_path / "cache" / "images" / "containers.conf"
+    return conf.read_text(), result.stderr
+
+
+def test_podman_and_buildah_run_runc_where_it_is_installed(tmp_path):
+    """crun (podman's first choice on Debian 12) refuses hybrid cgroups; the conf every podman and
+    buildah call gets selects runc, and the e2e installs it with podman."""
+    conf, _ = _containers_conf(tmp_path, with_runc=True)
+    assert '[engine]\nruntime = "runc"\n' in conf
+    assert re.search(r'^default_ulimits = \["nofile=\d+:\d+", "nproc=\d+:\d+"\]$', conf, re.MULTILINE), conf
+    build = (IMAGES / "build.sh").read_text()
+    assert "CONTAINERS_CONF=$(images/containers-conf.sh)" in build and "engine_args+=(--runtime runc)" in build
+    assert '"runc"' in (REPO / "e2e" / "src" / "rldock_e2e" / "nodes" / "cluster.py").read_text()  # HOST_PACKAGES
+
+
+def test_without_runc_the_engine_keeps_its_runtime_and_says_so(tmp_path):
+    conf, stderr = _containers_conf(tmp_path, with_runc=False)
+    assert "[engine]" not in conf and "apt-get install runc" in stderr

@@ -15,6 +15,7 @@ tooling only: nothing in `rldock` imports it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import logging
@@ -47,10 +48,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("RLDOCK_CACHE", Path.home() / ".cache" / "rldock"))
 
 
+@functools.cache
+def _containers_conf_path() -> str:
+    """images/containers-conf.sh, once per process: rlimits this machine allows and OCI runtime runc."""
+    result = subprocess.run([str(REPO / "images" / "containers-conf.sh")], check=True, text=True,
+                            capture_output=True, env={**os.environ, "RLDOCK_CACHE": str(cache_root())})
+    return result.stdout.strip().splitlines()[-1]
+
+
 def containers_conf() -> dict[str, str]:
-    """Environment for podman: a containers.conf capping rlimits to what runc may set here."""
-    conf = cache_root() / "images" / "containers.conf"
-    return {**os.environ, "CONTAINERS_CONF": str(conf)} if conf.exists() else dict(os.environ)
+    """Environment for every podman call: CONTAINERS_CONF with rlimits capped to what runc may
+    set here and `[engine] runtime = "runc"` (crun, podman's first choice, refuses this machine's
+    hybrid cgroups). The same file images/build.sh gives its builds."""
+    return {**os.environ, "CONTAINERS_CONF": _containers_conf_path()}
 
 
 def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
@@ -58,8 +68,10 @@ def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.C
                           capture_output=capture)
 
 
-# What the host needs (Debian bookworm); containerd, runc and the CNI plugins go into the node image.
-HOST_PACKAGES = ("podman", "buildah", "debootstrap")
+# What the host needs (Debian bookworm); containerd, its own runc and the CNI plugins go into the
+# node image. runc for podman itself: podman pulls in crun, which fails on hybrid cgroups, and
+# whether runc is already here depends on the machine's history (containers_conf selects it).
+HOST_PACKAGES = ("podman", "buildah", "runc", "debootstrap")
 
 
 def unavailable_reason() -> str | None:
@@ -72,10 +84,13 @@ def unavailable_reason() -> str | None:
         return None
     if shutil.which("apt-get") is None:
         return f"missing {', '.join(missing)} and no apt-get to install them (a Debian bookworm machine is needed)"
-    result = subprocess.run(["apt-get", "install", "-y", "-q", *HOST_PACKAGES], check=False, text=True,
-                            capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    # Waits for another apt-get's lock (a build beside it may be installing) instead of failing.
+    result = subprocess.run(["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *HOST_PACKAGES],
+                            check=False, text=True, capture_output=True,
+                            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     if result.returncode != 0:
         return f"apt-get install {' '.join(HOST_PACKAGES)} failed: {result.stderr.strip()[-500:]}"
+    _containers_conf_path.cache_clear()  # written again, now that runc is here
     return None
 
 
@@ -142,7 +157,9 @@ def pause_archive(binaries: Path) -> Path:
 
 
 def _build(context: str, dockerfile: str, tag: str, base_image: str | None) -> None:
-    args = ["nice", "-n", "19", "podman", "build", "--layers", "-f", str(Path(context, dockerfile)), "-t", tag]
+    # runc named here too (as images/build.sh does), so that RUN steps use it whatever podman reads.
+    args = ["nice", "-n", "19", "podman", "build", "--runtime", "runc", "--layers",
+            "-f", str(Path(context, dockerfile)), "-t", tag]
     if base_image:
         args += ["--build-arg", f"BASE_IMAGE={base_image}"]
     result = subprocess.run([*args, context], check=False, text=True, capture_output=True, env=containers_conf())
