@@ -3,8 +3,9 @@ stop` would show and do on a real node (Debian packages no crictl; the node imag
 CRI plugin's `k8s.io` namespace, does the same job).
 
 The scenarios use it where the node-agent double let them look at local processes: a container
-SIGKILLed as by the OOM killer (the operator's crash), and a released pod's containers checked
-gone from its node, not just its API object.
+SIGKILLed as by the OOM killer (the operator's crash), a released pod's containers checked
+gone from its node, not just its API object, and what a container's processes really run as
+(uids, capabilities, no_new_privs, seccomp from /proc/<pid>/status on the node).
 """
 
 from __future__ import annotations
@@ -44,3 +45,34 @@ def running_containers(nodes: KindNodes) -> set[str]:
     """The ids of every container with a running process on any of the nodes."""
     return set().union(*(running_tasks(nodes.exec(name, "ctr", "-n", CRI_NAMESPACE, "tasks", "ls"))
                          for name in nodes.nodes))
+
+
+def task_pids(table: str) -> list[int]:
+    """The process ids in `ctr tasks ps`'s table (header `PID INFO`)."""
+    return [int(row.split()[0]) for row in table.splitlines()[1:] if row.split() and row.split()[0].isdigit()]
+
+
+def parse_status(text: str) -> dict[str, str]:
+    """/proc/<pid>/status as {field: value} (`Uid: 10001 10001 10001 10001` -> "10001 10001 ...")."""
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in text.splitlines()) if value}
+
+
+def container_processes(nodes: KindNodes, pod: Mapping[str, Any], container: str) -> dict[int, dict[str, str]]:
+    """/proc/<pid>/status of every process of `container` in `pod`, as its node's kernel shows them
+    (pid in the node's namespace -> parse_status), read through the node's containerd: what the
+    pod's securityContext really gave the processes (uids, capability sets, no_new_privs, seccomp),
+    not what its spec asked for. A process that ended between the listing and the read is left out."""
+    ids = container_ids(pod)
+    assert container in ids, f"pod {pod['metadata']['name']} has no started container {container!r}: {ids}"
+    node = pod["spec"]["nodeName"]
+    pids = task_pids(nodes.exec(node, "ctr", "-n", CRI_NAMESPACE, "tasks", "ps", ids[container]))
+    assert pids, f"container {container} of pod {pod['metadata']['name']} has no process"
+    # One exec for all of them; `---` separates the files, a vanished pid prints nothing.
+    script = 'for p in "$@"; do echo "--- $p"; cat "/proc/$p/status" 2>/dev/null; done'
+    out = nodes.exec(node, "sh", "-c", script, "sh", *map(str, pids))
+    statuses: dict[int, dict[str, str]] = {}
+    for chunk in out.split("--- ")[1:]:
+        pid, _, text = chunk.partition("\n")
+        if text.strip():
+            statuses[int(pid)] = parse_status(text)
+    return statuses
