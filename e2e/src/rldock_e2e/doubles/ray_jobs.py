@@ -8,6 +8,10 @@ and the dashboard port, serving, as Ray 2.60 does (ray/dashboard/modules/job/job
     GET  /api/jobs/<id>        -> {"status", "message", "start_time", "end_time", ...}; 404 unknown
     GET  /api/jobs/<id>/logs   -> {"logs": "..."}
     POST /api/jobs/<id>/stop   -> {"stopped": bool}
+    GET  /api/v0/logs/file?submission_id=<id>&lines=<n>
+                               -> the last n lines of the driver log (text/plain); 500 with the
+                                  reason while the job has no driver (unknown or PENDING), as
+                                  the state API's log endpoint (ray/dashboard/modules/state/state_head.py)
 
 With token auth (the head pod's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN), a request without
 `Authorization: Bearer <token>` gets 401 and a wrong token 403, like Ray's middleware. A submitted
@@ -25,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Optional
+from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,7 @@ class FakeHead:
         self.jobs: dict[str, FakeJob] = {}
         self.lock = threading.Lock()
         self.unauthorized = 0
+        self.log_reads = {"tail": 0, "whole": 0}  # driver log requests, by endpoint
         self._server = ThreadingHTTPServer((ip, port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -111,8 +117,24 @@ def _handler_for(head: FakeHead) -> type[BaseHTTPRequestHandler]:
                 return None, ""
             return (parts[2] if len(parts) > 2 else None), (parts[3] if len(parts) > 3 else "")
 
+        def _log_tail(self) -> None:
+            query = parse_qs(urlsplit(self.path).query)
+            submission_id = (query.get("submission_id") or [""])[0]
+            lines = int((query.get("lines") or ["1000"])[0])
+            job = head.job(submission_id)
+            if job is None or job.status == "PENDING":
+                self._reply(500, f"Could not find a log file.\n\tsubmission_id: {submission_id}\n")
+                return
+            with head.lock:
+                head.log_reads["tail"] += 1
+                tail = job.logs if lines == -1 else job.logs[-lines:]
+                self._reply(200, "".join(line + "\n" for line in tail))
+
         def do_GET(self) -> None:
             if not self._authorized():
+                return
+            if urlsplit(self.path).path == "/api/v0/logs/file":
+                self._log_tail()
                 return
             submission_id, action = self._route()
             job = head.job(submission_id) if submission_id else None
@@ -120,6 +142,7 @@ def _handler_for(head: FakeHead) -> type[BaseHTTPRequestHandler]:
                 self._reply(404, f"Job {submission_id} does not exist")
             elif action == "logs":
                 with head.lock:
+                    head.log_reads["whole"] += 1
                     self._reply(200, {"logs": "".join(line + "\n" for line in job.logs)})
             else:
                 with head.lock:
