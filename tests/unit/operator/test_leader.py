@@ -11,9 +11,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from rldock.operator.leader import LeaderElector, LeaseTimings, lease_rules, micro_time
+from rldock.operator.leader import LeaderElector, LeaseError, LeaseTimings, lease_rules, micro_time
 
 NS, NAME = "rldock-system", "rldock-operator"
 TIMINGS = LeaseTimings(lease_duration=15, renew_deadline=10, retry_period=2)
@@ -32,7 +31,7 @@ class FakeLeases:
         assert timeout > 0, f"{call} with no time left"
         self.calls.append(call)
         if self.down:
-            raise ApiException(status=503, reason="Service Unavailable")
+            raise LeaseError(503, "Service Unavailable")
 
     def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -48,13 +47,13 @@ class FakeLeases:
     def create(self, namespace: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         self._check("create", timeout)
         if body["metadata"]["name"] in self.leases:
-            raise ApiException(status=409, reason="AlreadyExists")
+            raise LeaseError(409, "AlreadyExists")
         return self._stored(body)
 
     def replace(self, namespace: str, name: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
         self._check("replace", timeout)
         if self.leases[name]["metadata"]["resourceVersion"] != body["metadata"].get("resourceVersion"):
-            raise ApiException(status=409, reason="Conflict")
+            raise LeaseError(409, "Conflict")
         return self._stored(body)
 
     def holder(self) -> Optional[str]:
@@ -141,7 +140,7 @@ def test_of_two_standbys_taking_an_expired_lease_one_wins(leases, clock):
     stale = leases.read(NS, NAME, timeout=1)  # c reads, then b writes first
     assert b.try_acquire_or_renew()
     stale["spec"]["holderIdentity"] = "c"
-    with pytest.raises(ApiException) as conflict:
+    with pytest.raises(LeaseError) as conflict:
         leases.replace(NS, NAME, stale, timeout=1)
     assert conflict.value.status == 409
     assert not c.try_acquire_or_renew() and leases.holder() == "b"  # c saw b's fresh record

@@ -37,10 +37,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
-
 log = logging.getLogger(__name__)
 
 LEASE_API_GROUP = "coordination.k8s.io"
@@ -75,31 +71,51 @@ def lease_rules(lease_name: str) -> list[dict[str, Any]]:
     ]
 
 
+class LeaseError(Exception):
+    """A Lease call failed: `status` is the API server's HTTP status (409: another replica wrote
+    first), None when there was no answer."""
+
+    def __init__(self, status: Optional[int], reason: str) -> None:
+        super().__init__(f"{status} {reason}" if status else reason)
+        self.status = status
+
+
 class LeaseApi:
     """The three Lease calls, on plain dicts (so MicroTime values are written as the API server
-    expects them); each with a total timeout in seconds. A fake of it drives the unit tests."""
+    expects them), each with a total timeout in seconds; failures are LeaseError. A fake of it
+    drives the unit tests. The Kubernetes client is imported here, not by the module, which
+    settings.py imports for LeaseTimings."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: Any) -> None:
+        from kubernetes import client
+
         self._coordination = client.CoordinationV1Api(api)
 
     def read(self, namespace: str, name: str, *, timeout: float) -> Optional[dict[str, Any]]:
         try:
-            response = self._coordination.read_namespaced_lease(name, namespace, _preload_content=False,
-                                                                _request_timeout=timeout)
-        except ApiException as error:
+            return self._call(self._coordination.read_namespaced_lease, name, namespace, timeout=timeout)
+        except LeaseError as error:
             if error.status == 404:
                 return None
             raise
-        return json.loads(response.data)
 
     def create(self, namespace: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-        response = self._coordination.create_namespaced_lease(namespace, body, _preload_content=False,
-                                                              _request_timeout=timeout)
-        return json.loads(response.data)
+        return self._call(self._coordination.create_namespaced_lease, namespace, body, timeout=timeout)
 
     def replace(self, namespace: str, name: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-        response = self._coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False,
-                                                               _request_timeout=timeout)
+        return self._call(self._coordination.replace_namespaced_lease, name, namespace, body, timeout=timeout)
+
+    @staticmethod
+    def _call(method: Callable[..., Any], *args: Any, timeout: float) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response = method(*args, _preload_content=False, _request_timeout=timeout)
+        except ApiException as error:
+            raise LeaseError(error.status, str(error.reason)) from None
+        except (HTTPError, OSError) as error:  # no answer: refused, reset, timed out
+            raise LeaseError(None, str(error) or type(error).__name__) from None
         return json.loads(response.data)
 
 
@@ -181,7 +197,7 @@ class LeaderElector:
             lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1, renewTime=now, acquireTime=now)
             self.api.replace(self.namespace, self.name, lease, timeout=self.timings.retry_period)
             log.info("leader election: %s released Lease %s/%s", self.identity, self.namespace, self.name)
-        except (ApiException, HTTPError, OSError) as error:  # it expires by itself then
+        except LeaseError as error:  # it expires by itself then
             log.warning("leader election: could not release Lease %s/%s (%s); it expires in %g s",
                         self.namespace, self.name, error, self.timings.lease_duration)
 
@@ -192,9 +208,8 @@ class LeaderElector:
         replica holds the Lease (then `leading` turns False)."""
         try:
             return self._attempt()
-        except (ApiException, HTTPError, OSError) as error:
-            reason = f"{error.status} {error.reason}" if isinstance(error, ApiException) else str(error)
-            log.warning("leader election: Lease %s/%s: %s", self.namespace, self.name, reason)
+        except LeaseError as error:
+            log.warning("leader election: Lease %s/%s: %s", self.namespace, self.name, error)
             return self._still_leading()
 
     def _attempt(self) -> bool:
@@ -231,7 +246,7 @@ class LeaderElector:
             return self._still_leading()
         try:
             written = call(timeout)
-        except ApiException as error:
+        except LeaseError as error:
             if error.status != 409:  # 409: another replica wrote first
                 raise
             log.info("leader election: Lease %s/%s changed meanwhile", self.namespace, self.name)
