@@ -154,7 +154,7 @@ def test_every_pod_mounts_config_and_checkpoints(case, source, mount_path):
         assert volumes["job-config"]["configMap"]["name"] == naming.config_map_name(JOB.name)
         (container,) = pod["containers"]
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert mounts == {"job-config": "/etc/rldock", "checkpoints": mount_path, "dshm": "/dev/shm"}
+        assert mounts == {"job-config": "/etc/rldock", "checkpoints": mount_path, "dshm": "/dev/shm", "tmp": "/tmp"}
         assert {"name": ENV_JOB_CONFIG, "value": JOB_CONFIG_PATH} in container["env"]
 
 

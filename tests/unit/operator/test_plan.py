@@ -8,7 +8,9 @@ import pytest
 from rljob_testing import spec_dict
 
 from rldock.operator.api import RLJobSpec
-from rldock.operator.constants import ANNOTATION_SPEC_HASH, Phase, RayJobStatus
+from rldock.operator.constants import (
+    ANNOTATION_SPEC_HASH, ANNOTATION_SUSPENDED_BY, MANAGED_BY_RLDOCK, Phase, RayJobStatus,
+)
 from rldock.operator.plan import (
     CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
 )
@@ -17,8 +19,11 @@ from rldock.operator.status import RayJobObservation
 HASH = "h1"
 
 
-def _cluster(*, suspend: bool = False, spec_hash: str = HASH) -> dict[str, Any]:
-    return {"metadata": {"name": "j", "uid": "c1", "annotations": {ANNOTATION_SPEC_HASH: spec_hash}},
+def _cluster(*, suspend: bool = False, spec_hash: str = HASH, suspended_by: Optional[str] = None) -> dict[str, Any]:
+    annotations = {ANNOTATION_SPEC_HASH: spec_hash}
+    if suspended_by:
+        annotations[ANNOTATION_SUSPENDED_BY] = suspended_by
+    return {"metadata": {"name": "j", "uid": "c1", "annotations": annotations},
             "spec": {"suspend": suspend}, "status": {"state": "ready"}}
 
 
@@ -49,7 +54,11 @@ CASES = {
         _situation(phase=Phase.SUSPENDED, spec=SUSPEND, cluster=_cluster(suspend=True)), []),
     "suspended with kueue, cluster gone: nothing": (
         _situation(phase=Phase.SUSPENDED, spec=KUEUE_SUSPEND, cluster=None), []),
-    "unsuspend": (_situation(phase=Phase.PROVISIONING, cluster=_cluster(suspend=True)), [SuspendCluster(False)]),
+    "unsuspend: the operator's own suspend": (
+        _situation(phase=Phase.PROVISIONING, cluster=_cluster(suspend=True, suspended_by=MANAGED_BY_RLDOCK)),
+        [SuspendCluster(False)]),
+    "suspended by someone else (an admin, Kueue): theirs to undo, nothing else either": (
+        _situation(phase=Phase.SUSPENDED, cluster=_cluster(suspend=True), job=None), []),
     "kueue has not admitted: leave spec.suspend to Kueue": (
         _situation(phase=Phase.PENDING, cluster=_cluster(suspend=True),
                    spec=spec_dict(scheduling={"gang": "kueue", "queue": "q"})), []),

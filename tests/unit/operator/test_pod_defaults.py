@@ -8,6 +8,8 @@ import pytest
 from rljob_testing import spec_dict
 from test_reconcile import NAME, FakeJobs, FakeKube, body
 
+KEY = {"RLDOCK_TOKEN_KEY": "k" * 32}
+
 from rldock.operator.api import PodDefaults, RLJobSpec
 from rldock.operator.builders import RLJobRef, build_ray_cluster
 from rldock.operator.constants import (
@@ -87,8 +89,8 @@ def test_an_unset_device_resource_is_not_a_spec_problem_but_a_bad_set_one_is():
 # --- settings ---------------------------------------------------------------------------------
 
 def test_settings_read_the_defaults_from_the_environment_and_flags():
-    assert load_settings([], {}).pod_defaults == PodDefaults()
-    env = {"RLDOCK_DEFAULT_IMAGE": CUDA.image, "RLDOCK_IMAGE_PULL_POLICY": "Always",
+    assert load_settings([], KEY).pod_defaults == PodDefaults()
+    env = {**KEY, "RLDOCK_DEFAULT_IMAGE": CUDA.image, "RLDOCK_IMAGE_PULL_POLICY": "Always",
            "RLDOCK_DEFAULT_DEVICE_RESOURCE": "nvidia.com/gpu"}
     assert load_settings([], env).pod_defaults == CUDA
     flagged = load_settings(["--default-image", "r.example.com/x:1", "--image-pull-policy", "Never",
@@ -96,7 +98,7 @@ def test_settings_read_the_defaults_from_the_environment_and_flags():
     assert flagged == PodDefaults(image="r.example.com/x:1", image_pull_policy=ImagePullPolicy.NEVER,
                                   device_resource="example.org/npu")
     # Empty variables (a chart value rendered empty) count as unset.
-    empty = {name: "" for name in env}
+    empty = {**{name: "" for name in env}, **KEY}
     assert load_settings([], empty).pod_defaults == PodDefaults()
 
 
@@ -109,7 +111,7 @@ def test_settings_read_the_defaults_from_the_environment_and_flags():
 ])
 def test_bad_defaults_are_refused_at_start(argv, env, message, capsys):
     with pytest.raises(SystemExit):
-        load_settings(argv, env)
+        load_settings(argv, {**KEY, **env})
     assert message in capsys.readouterr().err
 
 
@@ -117,7 +119,7 @@ def test_bad_defaults_are_refused_at_start(argv, env, message, capsys):
 
 def test_the_reconciler_builds_the_cluster_with_the_settings_defaults():
     kube = FakeKube()
-    settings = OperatorSettings(dashboard_address=DashboardAddress.POD_IP, pod_defaults=CUDA)
+    settings = OperatorSettings(dashboard_address=DashboardAddress.POD_IP, pod_defaults=CUDA, token_key=b"k" * 32)
     outcome = Reconciler(kube, settings, jobs_client=FakeJobs().client).reconcile(body())
     containers = _containers(kube.objects[("RayCluster", NAME)])
     assert {c["image"] for c in containers.values()} == {CUDA.image}

@@ -135,7 +135,7 @@ def test_a_spec_without_inputs_adds_nothing():
     for template in _groups(RLJobSpec.model_validate(spec_dict())):
         (container,) = template["spec"]["containers"]
         assert "envFrom" not in container
-        assert [v["name"] for v in template["spec"]["volumes"]] == ["job-config", "checkpoints", "dshm"]
+        assert [v["name"] for v in template["spec"]["volumes"]] == ["job-config", "checkpoints", "dshm", "tmp"]
 
 
 def test_pods_with_inputs_are_valid_pods_and_match_kuberays_crd():

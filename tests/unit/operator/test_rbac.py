@@ -43,10 +43,12 @@ def test_least_privilege():
     assert verbs[("rldock.io", "rljobs")] == {"get", "list", "watch", "patch", "delete"}
     assert verbs[("rldock.io", "rljobs/status")] == {"get", "patch"}
     assert verbs[("rldock.io", "rljobs/finalizers")] == {"update"}
-    assert verbs[("ray.io", "rayclusters")] == {"get", "create", "patch", "delete"}
-    # Secrets are read by name only: no list or watch, which would expose every Secret.
-    assert verbs[("", "secrets")] == verbs[("", "configmaps")] == {"get", "create", "patch"}
-    assert verbs[("", "pods")] == {"get", "list"} and verbs[("", "events")] == {"create"}
+    # Children are watched so that their changes run the RLJob's round (handlers.py).
+    assert verbs[("ray.io", "rayclusters")] == {"get", "list", "watch", "create", "patch", "delete"}
+    # Secrets are only created: the tokens are derived (tokens.py), so none is ever read back.
+    assert verbs[("", "secrets")] == {"create"}
+    assert verbs[("", "configmaps")] == verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch"}
+    assert verbs[("", "pods")] == {"get", "list", "watch"} and verbs[("", "events")] == {"create"}
     assert not {resource for _, resource in verbs} & {"namespaces", "customresourcedefinitions", "nodes"}
 
 

@@ -18,11 +18,15 @@ from rldock.operator import naming
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
 from rldock.operator.kube import CreateRefused, StatusRejected
 from rldock.operator.rayjobs import RayJobsError
+from rldock.operator.builders import RLJobRef
+from rldock.operator.policy import AdminPolicy
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings
+from rldock.operator.tokens import job_token
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 NAME, NS, UID = "grpo", "team-a", "0f5c2a6e-1111-2222-3333-444455556666"
+KEY = b"k" * 32
 
 
 def _merge(target: dict, patch: Mapping) -> dict:
@@ -124,11 +128,15 @@ def body(*, status: Optional[dict] = None, **sections: Any) -> dict[str, Any]:
             "spec": spec_dict(**sections), "status": status or {}}
 
 
+def make_world(**settings: Any) -> tuple[Reconciler, FakeKube, FakeJobs]:
+    kube, jobs = FakeKube(), FakeJobs()
+    settings = OperatorSettings(dashboard_address=DashboardAddress.POD_IP, token_key=KEY, **settings)
+    return Reconciler(kube, settings, jobs_client=jobs.client, clock=lambda: NOW), kube, jobs
+
+
 @pytest.fixture
 def world() -> tuple[Reconciler, FakeKube, FakeJobs]:
-    kube, jobs = FakeKube(), FakeJobs()
-    settings = OperatorSettings(dashboard_address=DashboardAddress.POD_IP)
-    return Reconciler(kube, settings, jobs_client=jobs.client, clock=lambda: NOW), kube, jobs
+    return make_world()
 
 
 def make_ready(kube: FakeKube, num_workers: int = 2) -> None:
@@ -147,11 +155,15 @@ def test_first_round_creates_the_children_and_says_pending(world):
     outcome = reconciler.reconcile(body())
     assert [w for w in kube.writes if w[0] == "create"] == [
         ("create", "Secret", naming.auth_secret_name(NAME)), ("create", "ConfigMap", naming.config_map_name(NAME)),
-        ("create", "RayCluster", NAME)]
+        ("create", "NetworkPolicy", naming.network_policy_name(NAME)), ("create", "RayCluster", NAME)]
     assert outcome.status["phase"] == "Pending"
-    assert [e.reason.value for e in outcome.events] == ["CreatedAuthSecret", "CreatedConfigMap", "CreatedRayCluster"]
+    assert [e.reason.value for e in outcome.events] == [
+        "CreatedAuthSecret", "CreatedConfigMap", "CreatedNetworkPolicy", "CreatedRayCluster"]
     token = base64.b64decode(kube.objects[("Secret", naming.auth_secret_name(NAME))]["data"][AUTH_SECRET_KEY])
-    assert len(token) == 64
+    assert token.decode() == job_token(KEY, RLJobRef(NAME, NS, UID)) and len(token) == 64
+    # Later rounds create the Secret no more and never read it.
+    reconciler.reconcile(body(status=outcome.status))
+    assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME))) == 1
 
 
 def test_a_ready_cluster_gets_the_job_with_the_rljobs_token(world):
@@ -163,6 +175,8 @@ def test_a_ready_cluster_gets_the_job_with_the_rljobs_token(world):
     assert jobs.jobs[submission_id]["metadata"][JOB_METADATA_WORKER_PODS] == f"{NAME}-worker-0,{NAME}-worker-1"
     secret = kube.objects[("Secret", naming.auth_secret_name(NAME))]
     assert jobs.tokens[-1] == base64.b64decode(secret["data"][AUTH_SECRET_KEY]).decode()
+    # Any replica or restart of the operator derives the same token from its key.
+    assert jobs.tokens[-1] == make_world()[0]._token(RLJobRef(NAME, NS, UID))
     assert outcome.status["rayJobId"] == submission_id and outcome.status["phase"] == "Provisioning"
     assert "SubmittedRayJob" in [e.reason.value for e in outcome.events]
 
@@ -231,14 +245,14 @@ FOREIGN_OWNER = [{"kind": "RLJob", "name": NAME, "uid": "older-rljob", "controll
 
 @pytest.mark.parametrize("kind, name", [
     ("ConfigMap", naming.config_map_name(NAME)),
-    ("Secret", naming.auth_secret_name(NAME)),
+    ("NetworkPolicy", naming.network_policy_name(NAME)),
     ("RayCluster", naming.ray_cluster_name(NAME)),
 ])
 def test_a_name_taken_by_someone_else_is_a_condition_and_a_warning(world, kind, name):
     """Before: the round was skipped, so the RLJob waited forever with no phase, condition or Event."""
     reconciler, kube, _ = world
     if kind == "RayCluster":
-        reconciler.reconcile(body())  # the ConfigMap and Secret are this RLJob's
+        reconciler.reconcile(body())  # the ConfigMap and NetworkPolicy are this RLJob's
     kube.objects[(kind, name)] = {"kind": kind, "metadata": {"name": name, "uid": "x", "ownerReferences": FOREIGN_OWNER}}
     outcome = reconciler.reconcile(body())
     ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
@@ -352,3 +366,116 @@ def test_the_job_logs_last_evaluation_reaches_the_status(world):
     jobs.logs[submission_id] += format_progress({**line, "iteration": 11}) + "\n"
     later = reconciler.reconcile(body(status=running.status))
     assert later.status["iteration"] == 11 and later.status["lastEvaluation"] == running.status["lastEvaluation"]
+
+
+def test_a_spec_outside_the_admins_policy_fails_naming_the_field_and_creates_nothing():
+    host_root = {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                 "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
+    reconciler, kube, _ = make_world()
+    outcome = reconciler.reconcile(body(**host_root))
+    assert outcome.status["phase"] == "Failed" and kube.writes == []
+    failed = {c["type"]: c for c in outcome.status["conditions"]}["Failed"]
+    assert failed["reason"] == "PolicyDenied"
+    assert "spec.volumes[0].hostPath.path" in failed["message"] and "policy.hostPathPrefixes" in failed["message"]
+    assert [(e.type, e.reason.value) for e in outcome.events] == [("Warning", "PolicyDenied")]
+
+    # The admin allows the prefix: the same RLJob (its Failed status as it was) goes ahead.
+    allowed, kube, _ = make_world(policy=AdminPolicy(host_path_prefixes=["/"]))
+    resumed = allowed.reconcile(body(status=outcome.status, **host_root))
+    assert resumed.status["phase"] == "Pending" and ("create", "RayCluster", NAME) in kube.writes
+    (volume,) = [v for v in kube.objects[("RayCluster", NAME)]["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+                 if v["name"] == "root"]
+    assert volume["hostPath"] == {"path": "/"}
+
+
+def _running(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:
+    first = reconciler.reconcile(body())
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(status=first.status))
+    jobs.jobs[submitted.status["rayJobId"]]["status"] = "RUNNING"
+    running = reconciler.reconcile(body(status=submitted.status))
+    assert running.status["phase"] == "Running"
+    return running.status
+
+
+def _suspend_from_outside(kube: FakeKube, jobs: FakeJobs, suspend: bool) -> None:
+    """What Kueue (preempting) or an admin does: spec.suspend, and KubeRay deleting the pods."""
+    kube.objects[("RayCluster", NAME)]["spec"]["suspend"] = suspend
+    if suspend:
+        kube.pods, jobs.jobs = [], {}  # the head went, and its job table with it
+
+
+def test_a_suspend_by_someone_else_counts_no_restart_and_is_not_undone(world):
+    reconciler, kube, jobs = world
+    status = _running(reconciler, kube, jobs)
+    _suspend_from_outside(kube, jobs, True)
+    suspended = reconciler.reconcile(body(status=status))
+    assert suspended.status["phase"] == "Suspended" and suspended.status["restartCount"] == 0
+    condition = {c["type"]: c for c in suspended.status["conditions"]}["Suspended"]
+    assert condition["reason"] == "SuspendedExternally"
+    assert ("Warning", "SuspendedExternally") in [(e.type, e.reason.value) for e in suspended.events]
+    again = reconciler.reconcile(body(status=suspended.status))
+    assert kube.objects[("RayCluster", NAME)]["spec"]["suspend"] is True  # theirs to undo
+    assert not [w for w in kube.writes if w[:2] == ("patch", "RayCluster")]
+
+    _suspend_from_outside(kube, jobs, False)
+    make_ready(kube)
+    resumed = reconciler.reconcile(body(status=again.status))
+    assert resumed.status["restartCount"] == 0
+    assert resumed.status["rayJobId"] == naming.ray_job_submission_id(NAME, UID, attempt=0)  # the same attempt
+    assert "Resumed" in [e.reason.value for e in resumed.events]
+
+
+def test_the_operator_undoes_only_its_own_suspend(world):
+    reconciler, kube, jobs = world
+    status = _running(reconciler, kube, jobs)
+    suspended = reconciler.reconcile(body(status=status, suspend=True))
+    cluster = kube.objects[("RayCluster", NAME)]
+    assert cluster["spec"]["suspend"] is True and cluster["metadata"]["annotations"]["rldock.io/suspended-by"]
+    kube.pods, jobs.jobs = [], {}
+    resumed = reconciler.reconcile(body(status=suspended.status))
+    assert cluster["spec"]["suspend"] is False and "rldock.io/suspended-by" not in cluster["metadata"]["annotations"]
+    assert resumed.status["restartCount"] == 0
+
+
+def test_kueue_preemption_while_running_counts_no_restart(world):
+    reconciler, kube, jobs = world
+    kueue = {"scheduling": {"gang": "kueue", "queue": "team-a"}}
+    first = reconciler.reconcile(body(**kueue))
+    assert kube.objects[("RayCluster", NAME)]["spec"]["suspend"] is True  # created for Kueue to admit
+    _suspend_from_outside(kube, jobs, False)  # admitted
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(status=first.status, **kueue))
+    jobs.jobs[submitted.status["rayJobId"]]["status"] = "RUNNING"
+    running = reconciler.reconcile(body(status=submitted.status, **kueue))
+    _suspend_from_outside(kube, jobs, True)  # preempted
+    preempted = reconciler.reconcile(body(status=running.status, **kueue))
+    ready = {c["type"]: c for c in preempted.status["conditions"]}["ClusterReady"]
+    assert (preempted.status["phase"], ready["reason"]) == ("Pending", "WaitingForAdmission")
+    assert preempted.status["restartCount"] == 0
+    _suspend_from_outside(kube, jobs, False)  # admitted again
+    make_ready(kube)
+    again = reconciler.reconcile(body(status=preempted.status, **kueue))
+    assert again.status["restartCount"] == 0 and again.status["rayJobId"].endswith("-0")
+
+
+def test_an_rljob_managed_by_another_controller_is_left_alone(world):
+    reconciler, kube, _ = world
+    outcome = reconciler.reconcile(body(managedBy="kueue.x-k8s.io/multikueue"))
+    assert outcome.status is None and outcome.events == [] and kube.writes == []
+    assert reconciler.reconcile(body(managedBy="rldock.io/rljob-operator")).status["phase"] == "Pending"
+
+
+def test_the_network_policy_is_put_back_when_edited_and_skipped_when_off():
+    reconciler, kube, _ = make_world(operator_namespace="rldock-system",
+                                     operator_pod_labels=(("app.kubernetes.io/name", "rldock"),))
+    reconciler.reconcile(body())
+    policy = kube.objects[("NetworkPolicy", naming.network_policy_name(NAME))]
+    assert len(policy["spec"]["ingress"]) == 2
+    policy["spec"]["ingress"] = [{}]  # someone opened it to everything
+    reconciler.reconcile(body())
+    assert len(kube.objects[("NetworkPolicy", naming.network_policy_name(NAME))]["spec"]["ingress"]) == 2
+
+    off, kube, _ = make_world(network_policy=False)
+    off.reconcile(body())
+    assert ("NetworkPolicy", naming.network_policy_name(NAME)) not in kube.objects

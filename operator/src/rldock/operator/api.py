@@ -12,12 +12,12 @@ fields, exactly as `rldock train` reads them. Cross-field rules live in validati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
+    AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
 )
 from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
@@ -25,7 +25,7 @@ from pydantic.alias_generators import to_camel
 from rldock.config import JobConfig
 from rldock.operator.constants import (
     DEFAULT_BACKOFF_LIMIT, DEFAULT_CHECKPOINT_MOUNT_PATH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE,
-    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, IMAGE_PATTERN, MAX_DNS_LABEL_LENGTH, MAX_ENV_NAME_LENGTH,
+    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, IMAGE_PATTERN, MANAGED_BY_RLDOCK, MAX_DNS_LABEL_LENGTH, MAX_ENV_NAME_LENGTH,
     MAX_ENV_VALUE_LENGTH, MAX_IMAGE_LENGTH, MAX_KEY_LENGTH, MAX_LABEL_VALUE_LENGTH, MAX_NAME_LENGTH, MAX_PATH_LENGTH,
     MAX_POD_INPUTS, MAX_VERSION_LENGTH, ConditionType, GangScheduler, ImagePullPolicy, Phase, Reason,
 )
@@ -266,6 +266,10 @@ class CheckpointStorage(_Model):
         description="Where the volume is mounted in the pods.")
 
 
+class LocalObjectReference(_Model):
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Name of an object in the RLJob's namespace.")
+
+
 class RLJobSpec(_Model):
     job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
     image: Optional[str] = Field(
@@ -273,6 +277,10 @@ class RLJobSpec(_Model):
         description="Runtime image of every Ray pod, an image reference `[registry/]repository[:tag][@digest]` "
         "without spaces. Unset: the operator's default (chart value "
         "`runtime.image`, `ghcr.io/rldock/rldock-runtime:<rldock version>` unless changed).")
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=MAX_POD_INPUTS,
+        description="Secrets (type kubernetes.io/dockerconfigjson) in the RLJob's namespace to pull `image` with, "
+        "besides those the cluster admin adds to every Ray pod.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Pods of the Ray cluster.")
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec, description="Scheduler and gang scheduling.")
@@ -309,14 +317,20 @@ class RLJobSpec(_Model):
         "backoffLimit applies. 0: every lost worker fails the attempt at once.")
     ttl_seconds_after_finished: Optional[int] = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
+    managed_by: Optional[str] = Field(
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        description=f"The controller that reconciles this RLJob (Kueue's convention for job resources, e.g. "
+        f"MultiKueue's `kueue.x-k8s.io/multikueue`). Unset or `{MANAGED_BY_RLDOCK}`: this operator; any other "
+        "value: the operator leaves the RLJob, its status and its children alone. Set it at creation only.")
 
 
 @dataclass(frozen=True)
 class PodDefaults:
     """What the Ray pods of an RLJob get where its spec leaves it to the installation.
 
-    One value per operator (settings.py reads it from RLDOCK_DEFAULT_IMAGE, RLDOCK_IMAGE_PULL_POLICY
-    and RLDOCK_DEFAULT_DEVICE_RESOURCE, which the chart sets from its `runtime` values) and passed
+    One value per operator (settings.py reads it from RLDOCK_DEFAULT_IMAGE, RLDOCK_IMAGE_PULL_POLICY,
+    RLDOCK_DEFAULT_DEVICE_RESOURCE and RLDOCK_POLICY, which the chart sets from its `runtime` and
+    `policy` values) and passed
     to the builders explicitly: a cluster admin picks the runtime build and the device plugin once,
     and RLJobs need not name them.
     """
@@ -324,6 +338,11 @@ class PodDefaults:
     image: str = DEFAULT_IMAGE
     image_pull_policy: ImagePullPolicy = DEFAULT_IMAGE_PULL_POLICY
     device_resource: str = DEFAULT_DEVICE_RESOURCE
+    # What the cluster admin adds to every Ray pod (the chart's policy.podDefaults, policy.py).
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    priority_class_name: Optional[str] = None
+    image_pull_secrets: tuple[str, ...] = ()
 
     def image_of(self, spec: RLJobSpec) -> str:
         return spec.image or self.image
@@ -331,14 +350,32 @@ class PodDefaults:
     def device_resource_of(self, spec: RLJobSpec) -> str:
         return spec.cluster.device_resource or self.device_resource
 
+    def image_pull_secrets_of(self, spec: RLJobSpec) -> list[str]:
+        """The admin's pull secrets, then the RLJob's own, each once."""
+        return list(dict.fromkeys([*self.image_pull_secrets, *(ref.name for ref in spec.image_pull_secrets)]))
+
+
+def _known_reason(value: str) -> str:
+    """A reason this operator knows as its Reason member (so code compares members), any other
+    reason (written by a newer operator) as the string it is."""
+    return Reason(value) if value in _REASONS else value
+
+
+_REASONS = frozenset(reason.value for reason in Reason)
+# metav1.Condition's reason: CamelCase, as the API machinery validates it.
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
 
 class Condition(_Model):
-    """The shape of a Kubernetes metav1.Condition, with typed type and reason."""
+    """The shape of a Kubernetes metav1.Condition. `reason` is a string in the schema, not an enum:
+    a CRD installed by an older release must still accept the status a newer operator writes
+    (docs/troubleshooting.md lists the reasons)."""
 
     model_config = ConfigDict(extra="ignore")  # a status written by another operator version
     type: ConditionType
     status: Literal["True", "False", "Unknown"]
-    reason: Reason
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN),
+                      AfterValidator(_known_reason)]
     message: str = ""
     last_transition_time: datetime
     observed_generation: Optional[int] = Field(default=None, ge=0)
@@ -359,7 +396,11 @@ class RLJobStatus(_Model):
 
     model_config = ConfigDict(extra="ignore")
     phase: Optional[Phase] = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        # A list-map keyed by type, as metav1.Condition lists are: one entry per type, and a
+        # server-side apply of one condition does not replace the others.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     iteration: Optional[int] = Field(default=None, ge=0, description="Last finished RL iteration.")
     iterations: Optional[int] = Field(default=None, ge=1, description="RL iterations of the job.")
     progress: Optional[str] = Field(default=None, description="`iteration/iterations`, for kubectl.")

@@ -78,6 +78,8 @@ IMAGE_PATTERN = (r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?[A-Za-z0-9][A-Za-z0-9
 LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)
 LABEL_ROLE = f"{GROUP}/role"  # value: ROLE_HEAD or ROLE_WORKER, on pod templates
 LABEL_APP_NAME = "app.kubernetes.io/name"
+# Set by the API server on every namespace (Kubernetes >= 1.21): NetworkPolicies select by it.
+LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "rldock"
 MANAGED_BY = "rldock-operator"
@@ -86,6 +88,13 @@ ROLE_WORKER = "worker"
 # Hash of the desired RayCluster spec: the handler replaces a cluster whose hash differs instead of
 # diffing KubeRay's defaulted spec field by field.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# On a RayCluster the operator suspended itself (spec.suspend of the RLJob): only such a cluster is
+# unsuspended by the operator. A cluster suspended by anyone else (Kueue preempting it, an admin)
+# is left suspended until they resume it.
+ANNOTATION_SUSPENDED_BY = f"{GROUP}/suspended-by"
+# The value of spec.managedBy (Kueue's convention for job CRDs) that this operator reconciles;
+# an RLJob naming another manager (e.g. MultiKueue's) is left to it.
+MANAGED_BY_RLDOCK = f"{GROUP}/rljob-operator"
 # Ray job metadata: the worker pods an attempt was submitted on, so a worker that KubeRay replaced
 # mid-run (new pod name) is recognised as lost, also by a restarted operator.
 JOB_METADATA_WORKER_PODS = f"{GROUP}/worker-pods"
@@ -107,10 +116,21 @@ SHM_MOUNT_PATH = "/dev/shm"
 VOLUME_JOB_CONFIG = "job-config"
 VOLUME_CHECKPOINTS = "checkpoints"
 VOLUME_SHM = "dshm"
+# Ray writes its session directory (sockets, logs, spilled objects) under /tmp: a pod-lifetime
+# emptyDir, so the pod needs no writable image layer for it and the writes count against the pod.
+TMP_MOUNT_PATH = "/tmp"
+VOLUME_TMP = "tmp"
 # What the operator itself puts into every Ray pod; an RLJob's own spec.volumes / spec.env must not
 # reuse these names (validation.py), or the pod would have two volumes or two values of one name.
-OPERATOR_VOLUMES = (VOLUME_JOB_CONFIG, VOLUME_CHECKPOINTS, VOLUME_SHM)
+OPERATOR_VOLUMES = (VOLUME_JOB_CONFIG, VOLUME_CHECKPOINTS, VOLUME_SHM, VOLUME_TMP)
 OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)
+
+# --- The pod security profile of every Ray pod ---------------------------------------------------
+# The `restricted` Pod Security Standard (docs/security.md): non-root, no privilege escalation, no
+# capabilities, the runtime's default seccomp profile. The runtime images run as this uid
+# (images/README.md); setting it in the pod also keeps an image that would run as root non-root.
+RAY_POD_UID = 10001
+RAY_POD_GID = 10001
 
 # --- KubeRay (ray.io/v1) ---------------------------------------------------------------------
 RAY_API_VERSION = "ray.io/v1"
@@ -178,6 +198,8 @@ class Reason(str, Enum):
 
     VALID = "Valid"
     INVALID_SPEC = "InvalidSpec"
+    # The spec is valid but outside what the cluster admin allows (the chart's `policy` values).
+    POLICY_DENIED = "PolicyDenied"
     RAY_CLUSTER_CREATING = "RayClusterCreating"
     RAY_CLUSTER_PROVISIONING = "RayClusterProvisioning"
     RAY_CLUSTER_READY = "RayClusterReady"
@@ -195,6 +217,10 @@ class Reason(str, Enum):
     RECOVERED = "Recovered"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     SUSPENDED_BY_USER = "SuspendedByUser"
+    # The RayCluster was suspended by someone other than this RLJob's spec.suspend: Kueue
+    # preempting it, or an admin. Not a failure: no restart is counted, and the operator does not
+    # undo it.
+    SUSPENDED_EXTERNALLY = "SuspendedExternally"
     RESUMED = "Resumed"
     # A child the round needs cannot be had: its name is taken by an object this RLJob does not
     # control, or the API server refused to create it (a ResourceQuota, RBAC, a too large object).
@@ -212,6 +238,9 @@ class EventReason(str, Enum):
     """Reasons of the Kubernetes Events the handlers emit on an RLJob."""
 
     INVALID_SPEC = "InvalidSpec"
+    POLICY_DENIED = "PolicyDenied"
+    CREATED_NETWORK_POLICY = "CreatedNetworkPolicy"
+    SUSPENDED_EXTERNALLY = "SuspendedExternally"
     CREATED_CONFIG_MAP = "CreatedConfigMap"
     CREATED_AUTH_SECRET = "CreatedAuthSecret"
     CREATED_RAY_CLUSTER = "CreatedRayCluster"

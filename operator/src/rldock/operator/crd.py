@@ -30,7 +30,8 @@ Schema = dict[str, Any]
 
 # Keywords a structural schema may carry here; anything else pydantic emits is dropped or rewritten.
 _KEPT = ("description", "type", "format", "enum", "pattern", "minLength", "maxLength", "minimum",
-         "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "required")
+         "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "required",
+         "x-kubernetes-list-type", "x-kubernetes-list-map-keys")
 _ALLOWED = frozenset(_KEPT) | {"properties", "items", "additionalProperties", "nullable", "anyOf",
                                "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
 _INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]

@@ -6,7 +6,6 @@ the same shape the builders produce and the pure layers read; no client models i
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 from typing import Any, Mapping, Optional
@@ -52,17 +51,13 @@ def api_message(error: ApiException) -> str:
     return str(error.reason or error.status)
 
 
-def decode_secret_value(secret: Mapping[str, Any], key: str) -> Optional[str]:
-    value = (secret.get("data") or {}).get(key)
-    return base64.b64decode(value).decode() if value else None
-
-
 class Kube:
     """Namespaced reads and writes of the RLJob's children, the RLJob itself, and pods."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
 
     # --- core objects (ConfigMap, Secret) ------------------------------------------------------
     def get(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
@@ -70,8 +65,9 @@ class Kube:
             if kind == "RayCluster":
                 return self.custom.get_namespaced_custom_object(
                     _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name)
+            # No Secret: the operator never reads one back (tokens.py), and its role cannot.
             read = {"ConfigMap": self.core.read_namespaced_config_map,
-                    "Secret": self.core.read_namespaced_secret}[kind]
+                    "NetworkPolicy": self.networking.read_namespaced_network_policy}[kind]
             return _load(read(name, namespace, _preload_content=False))
         except ApiException as error:
             if error.status == 404:
@@ -87,7 +83,8 @@ class Kube:
                 return self.custom.create_namespaced_custom_object(
                     _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, dict(manifest))
             create = {"ConfigMap": self.core.create_namespaced_config_map,
-                      "Secret": self.core.create_namespaced_secret}[kind]
+                      "Secret": self.core.create_namespaced_secret,
+                      "NetworkPolicy": self.networking.create_namespaced_network_policy}[kind]
             return _load(create(namespace, dict(manifest), _preload_content=False))
         except ApiException as error:
             if error.status == 409:
@@ -104,7 +101,7 @@ class Kube:
                 _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, dict(patch),
                 _content_type=MERGE_PATCH)
         method = {"ConfigMap": self.core.patch_namespaced_config_map,
-                  "Secret": self.core.patch_namespaced_secret}[kind]
+                  "NetworkPolicy": self.networking.patch_namespaced_network_policy}[kind]
         return _load(method(name, namespace, dict(patch), _content_type=MERGE_PATCH, _preload_content=False))
 
     def patch_rljob_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:

@@ -91,3 +91,8 @@ def ray_job_submission_id(rljob_name: str, uid: str, *, attempt: int) -> str:
     if attempt < 0:
         raise ValueError(f"attempt must be >= 0, got {attempt}")
     return f"rldock-{dns_label(rljob_name, max_len=40)}-{uid[:_HASH_LEN]}-{attempt}"
+
+
+def network_policy_name(rljob_name: str) -> str:
+    """The NetworkPolicy that admits connections to the RLJob's Ray pods."""
+    return dns_label(f"{rljob_name}-ray")

@@ -21,7 +21,7 @@ from rldock.contract.progress import headline_key, last_progress
 from rldock.operator import naming
 from rldock.operator.api import RLJobStatus
 from rldock.operator.constants import (
-    DASHBOARD_ENDPOINT, DASHBOARD_PORT, JOB_METADATA_WORKER_PODS, LABEL_RAY_NODE_TYPE, LABEL_RLJOB,
+    ANNOTATION_SUSPENDED_BY, MANAGED_BY_RLDOCK, DASHBOARD_ENDPOINT, DASHBOARD_PORT, JOB_METADATA_WORKER_PODS, LABEL_RAY_NODE_TYPE, LABEL_RLJOB,
     RAY_CONDITION_PROVISIONED, RAY_NODE_TYPE_HEAD, RAY_NODE_TYPE_WORKER, RAY_STATE_READY, Phase, RayJobStatus,
 )
 from rldock.operator.settings import DashboardAddress
@@ -127,6 +127,21 @@ def cluster_is_ready(cluster_status: Optional[Mapping[str, Any]]) -> bool:
     conditions = {c.get("type"): c.get("status") for c in cluster_status.get("conditions") or ()}
     return (cluster_status.get("state") == RAY_STATE_READY
             or conditions.get(RAY_CONDITION_PROVISIONED) == "True")
+
+
+class Suspension(str, Enum):
+    """Who holds a RayCluster's spec.suspend."""
+
+    NONE = "none"  # not suspended
+    OURS = "ours"  # this operator, for the RLJob's spec.suspend (the annotation says so)
+    OTHER = "other"  # Kueue (waiting for admission, preempted) or an admin
+
+
+def suspension(cluster: Optional[Mapping[str, Any]]) -> Suspension:
+    if cluster is None or not (cluster.get("spec") or {}).get("suspend"):
+        return Suspension.NONE
+    annotations = (cluster.get("metadata") or {}).get("annotations") or {}
+    return Suspension.OURS if annotations.get(ANNOTATION_SUSPENDED_BY) == MANAGED_BY_RLDOCK else Suspension.OTHER
 
 
 def ready_to_submit(cluster: Mapping[str, Any], summary: PodSummary, *, num_workers: int) -> bool:

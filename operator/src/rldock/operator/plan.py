@@ -4,10 +4,13 @@ The status says what is; the plan says what to change so the cluster follows the
 order (each one returns):
 
 1. `spec.suspend`: stop the running attempt, then free the cluster: `RayCluster.spec.suspend`
-   (KubeRay deletes every pod, the head too), or delete it when Kueue owns that field (gang=kueue).
+   (KubeRay deletes every pod, the head too; the operator marks it as its own suspend), or delete
+   it when Kueue owns that field (gang=kueue).
 2. A terminal phase (Succeeded, or Failed after backoffLimit): stop what still runs and delete the
    RayCluster, so no device stays held; the checkpoint volume keeps the results.
-3. No RayCluster: create it (also after someone deleted it mid-run).
+3. No RayCluster: create it (also after someone deleted it mid-run). A RayCluster the operator
+   suspended is unsuspended; one suspended by anyone else (Kueue, an admin) is left as it is, and
+   nothing else happens until they resume it: no restart is counted for the job it stopped.
 4. The attempt failed (Ray job failed or stopped, or a worker was lost while it ran) and the status
    says Retrying: stop it if it still runs and count a restart; the next round submits attempt
    `restartCount`, which resumes from the last checkpoint.
@@ -25,7 +28,7 @@ from typing import Any, Mapping, Optional, Union
 
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import ANNOTATION_SPEC_HASH, GangScheduler, Phase, RayJobStatus
-from rldock.operator.observe import ACTIVE_JOB_STATES
+from rldock.operator.observe import ACTIVE_JOB_STATES, Suspension, suspension
 from rldock.operator.status import RayJobObservation
 
 
@@ -78,6 +81,10 @@ class Situation:
     ready_to_submit: bool = False  # observe.ready_to_submit
     previous_attempt: Optional[RayJobObservation] = None  # attempt restart_count - 1, when looked up
 
+    @property
+    def suspension(self) -> Suspension:
+        return suspension(self.cluster)
+
 
 def _active(job: Optional[RayJobObservation]) -> bool:
     return job is not None and job.status in ACTIVE_JOB_STATES
@@ -107,8 +114,10 @@ def plan(s: Situation) -> list[Action]:
 
     if s.cluster is None:
         actions.append(CreateCluster())
-    elif not kueue and s.cluster.get("spec", {}).get("suspend"):
+    elif s.suspension is Suspension.OURS:
         actions.append(SuspendCluster(False))  # resumed
+    elif s.suspension is Suspension.OTHER:
+        return actions  # Kueue's or an admin's suspend: theirs to undo
 
     attempt_failed = s.job is not None and (
         s.job.status in (RayJobStatus.FAILED, RayJobStatus.STOPPED) or (job_active and s.lost_workers))

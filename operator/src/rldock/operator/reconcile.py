@@ -1,9 +1,11 @@
 """One reconcile round of one RLJob: ordered small steps, run by the kopf timer every poll interval.
 
+    managed by another controller? (spec.managedBy) leave it alone: no status, no children
     finished (Succeeded/Failed)?  release the RayCluster; delete the RLJob after its TTL
-    invalid spec?                 release the RayCluster; status Failed naming the fields
-    otherwise                     ensure Secret and ConfigMap -> read the RayCluster -> observe pods
-                                  and the Ray job -> compute the status -> plan -> act
+    invalid spec, or outside the  release the RayCluster; status Failed naming the fields
+    admin's policy?               (reason InvalidSpec or PolicyDenied)
+    otherwise                     ensure Secret, ConfigMap and NetworkPolicy -> read the RayCluster
+                                  -> observe pods and the Ray job -> compute the status -> plan -> act
 
 Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
 a restarted operator carries on where the last one stopped: children are found by name and owner,
@@ -14,7 +16,6 @@ decision (SkipRound); the next round, one poll interval later, tries again.
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Optional
@@ -23,26 +24,29 @@ from rldock.config import Problem
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.builders import (
-    RLJobRef, build_auth_secret, build_config_map, build_job_submission, build_ray_cluster, output_dir,
-    owner_reference,
+    RLJobRef, build_auth_secret, build_config_map, build_job_submission, build_network_policy, build_ray_cluster,
+    output_dir, owner_reference,
 )
 from rldock.operator.constants import (
-    ANNOTATION_SPEC_HASH, AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS, LABEL_RAY_CLUSTER, ConditionType,
+    ANNOTATION_SPEC_HASH, ANNOTATION_SUSPENDED_BY, JOB_METADATA_WORKER_PODS, LABEL_RAY_CLUSTER, MANAGED_BY_RLDOCK,
     EventReason, Phase, RayJobStatus, Reason,
 )
-from rldock.operator.kube import CreateRefused, Kube, StatusRejected, decode_secret_value
+from rldock.operator.kube import CreateRefused, Kube, StatusRejected
 from rldock.operator.observe import (
-    ACTIVE_JOB_STATES, Ownership, PodSummary, Progress, attempt_workers, dashboard_url, job_observation,
-    lost_workers, owned_by, ownership, progress_of, ready_to_submit, ready_worker_names, summarize_pods,
+    ACTIVE_JOB_STATES, Ownership, PodSummary, Progress, Suspension, attempt_workers, dashboard_url, job_observation,
+    lost_workers, owned_by, ownership, progress_of, ready_to_submit, ready_worker_names, summarize_pods, suspension,
 )
+from rldock.operator.policy import policy_problems
+from rldock.operator.tokens import job_token
 from rldock.operator.progress_cursor import ProgressCursor
 from rldock.operator.plan import (
     Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
 )
+from rldock.operator.metrics import Metrics
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
-    Blocked, Event, Observations, RayJobObservation, compute_status, parse_status, rejected_status,
+    Blocked, Event, Observations, RayJobObservation, compute_status, failed_on_spec, parse_status, rejected_status,
     seconds_until_expiry, status_events, status_patch,
 )
 from rldock.operator.validation import parse_spec
@@ -80,6 +84,7 @@ class Round:
     ref: RLJobRef
     spec: Optional[RLJobSpec]
     problems: list[Problem]
+    denied: list[Problem]  # what the admin's policy refuses of a valid spec
     raw_status: dict[str, Any]
     previous: RLJobStatus
     generation: Optional[int]
@@ -105,40 +110,53 @@ class Seen:
     jobs: Optional[RayJobsClient] = None  # set when the head is up
 
 
-def begin_round(body: Mapping[str, Any], now: datetime) -> Round:
+def begin_round(body: Mapping[str, Any], now: datetime, settings: OperatorSettings) -> Round:
     spec, problems = parse_spec(body.get("spec") or {})
+    denied = [] if spec is None or problems else policy_problems(
+        spec, settings.policy, default_image=settings.pod_defaults.image)
     raw_status = dict(body.get("status") or {})
-    return Round(ref=RLJobRef.from_body(body), spec=spec, problems=problems, raw_status=raw_status,
+    return Round(ref=RLJobRef.from_body(body), spec=spec, problems=problems, denied=denied, raw_status=raw_status,
                  previous=parse_status(raw_status), generation=body["metadata"].get("generation"), now=now)
+
+
+def managed_elsewhere(body: Mapping[str, Any]) -> bool:
+    """spec.managedBy names another controller (Kueue's convention, e.g. MultiKueue's dispatcher)."""
+    manager = (body.get("spec") or {}).get("managedBy")
+    return manager is not None and manager != MANAGED_BY_RLDOCK
 
 
 def finished(status: RLJobStatus) -> bool:
     """Succeeded, or Failed for good (a Failed caused by the spec alone is undone by fixing it)."""
     if status.phase is None or not status.phase.is_terminal:
         return False
-    failed = status.condition(ConditionType.FAILED)
-    return not (status.phase is Phase.FAILED and failed is not None and failed.reason is Reason.INVALID_SPEC)
+    return not failed_on_spec(status)
 
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings, *,
                  jobs_client: Optional[JobsClientFactory] = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 metrics: Optional[Metrics] = None) -> None:
         self.kube = kube
         self.settings = settings
+        self.metrics = metrics  # the operator's Prometheus metrics (metrics.py); None: not counted
+        # `ray_timeout` is each Jobs API request's total deadline; the client caps what it reads.
         self._jobs_client = jobs_client or (
-            lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout))
+            lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout, metrics=metrics))
         self._clock = clock
         self._logs = ProgressCursor()  # how far each running job's driver log was parsed
+        self._secrets_made: set[str] = set()  # uids of RLJobs whose auth Secret this process made or found
 
     # --- the round ---------------------------------------------------------------------------
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
-        rnd = begin_round(body, self._clock())
         out = Outcome()
+        if managed_elsewhere(body):
+            return out
+        rnd = begin_round(body, self._clock(), self.settings)
         try:
             if finished(rnd.previous):
                 self._finish(rnd, out)
-            elif rnd.problems:
+            elif rnd.problems or rnd.denied:
                 self._refuse(rnd, out)
             else:
                 self._run(rnd, out)
@@ -150,9 +168,9 @@ class Reconciler:
         return out
 
     def _finish(self, rnd: Round, out: Outcome) -> None:
-        self._logs.forget(rnd.ref)
+        self._forget(rnd.ref)
         self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
-        out.status = self._status(rnd, Observations(problems=rnd.problems))
+        out.status = self._status(rnd, Observations(problems=rnd.problems, denied=rnd.denied))
         if rnd.spec is None:
             return
         remaining = seconds_until_expiry(spec=rnd.spec, status=rnd.raw_status, now=rnd.now)
@@ -162,10 +180,16 @@ class Reconciler:
             self.kube.delete("RLJob", rnd.ref.namespace, rnd.ref.name, uid=rnd.ref.uid)
 
     def _refuse(self, rnd: Round, out: Outcome) -> None:
-        """An invalid spec: nothing of it may run; the checkpoint stays for when it is fixed."""
-        self._logs.forget(rnd.ref)
-        self._release(rnd, out, why="the spec is invalid")
-        out.status = self._status(rnd, Observations(problems=rnd.problems))
+        """An invalid spec, or one the admin's policy refuses: nothing of it may run; the
+        checkpoint stays for when it is fixed."""
+        self._forget(rnd.ref)
+        self._release(rnd, out, why="the spec is invalid" if rnd.problems else "the cluster's policy refuses the spec")
+        out.status = self._status(rnd, Observations(problems=rnd.problems, denied=rnd.denied))
+
+    def _forget(self, ref: RLJobRef) -> None:
+        """Drop what this process remembers of an RLJob that stopped running."""
+        self._logs.forget(ref)
+        self._secrets_made.discard(ref.uid)
 
     def _run(self, rnd: Round, out: Outcome) -> None:
         try:
@@ -179,13 +203,17 @@ class Reconciler:
         assert spec is not None, "a spec without problems parsed"
         token = self._ensure_secret(rnd, out)
         self._ensure_config_map(rnd, spec, out)
+        if self.settings.network_policy:
+            # Before the cluster: its pods never run unprotected.
+            self._ensure_network_policy(rnd, out)
         desired = build_ray_cluster(job=rnd.ref, spec=spec, defaults=self.settings.pod_defaults)
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
         status = self._status(rnd, Observations(
             ray_cluster=(cluster.get("status") or {}) if cluster is not None else None,
             ray_job=seen.job, metrics=seen.progress.metrics, last_checkpoint=seen.progress.last_checkpoint,
-            unschedulable=seen.summary.unschedulable, lost_pods=seen.lost))
+            unschedulable=seen.summary.unschedulable, lost_pods=seen.lost,
+            suspended_by_other=suspension(cluster) is Suspension.OTHER))
         actions = plan(Situation(
             spec=spec, phase=Phase(status["phase"]), restart_count=rnd.previous.restart_count,
             cluster=cluster, desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
@@ -223,19 +251,35 @@ class Reconciler:
         return obj
 
     def _ensure_secret(self, rnd: Round, out: Outcome) -> str:
-        """The Ray auth token of this RLJob, made once and never rotated while the job lives."""
-        name = naming.auth_secret_name(rnd.ref.name)
-        secret = self._read_owned(rnd, "Secret", name)
-        if secret is None:
-            token = secrets.token_hex(32)  # as Ray's own generator: 256 bits
-            if _create(self.kube, build_auth_secret(job=rnd.ref, token=token)) is None:
-                raise SkipRound(f"Secret {name} appeared meanwhile")
-            out.event("Normal", EventReason.CREATED_AUTH_SECRET, f"created Secret {name} with the Ray auth token")
-            return token
-        token = decode_secret_value(secret, AUTH_SECRET_KEY)
-        if not token:
-            raise SkipRound(f"Secret {name} has no {AUTH_SECRET_KEY}")
+        """The Ray auth token of this RLJob, derived from the operator's key (tokens.py), and the
+        Secret the Ray pods read it from, created once and never read back: the operator's role
+        holds only `create` on Secrets. An existing Secret of that name is taken as made."""
+        token = self._token(rnd.ref)
+        if rnd.ref.uid not in self._secrets_made:
+            if _create(self.kube, build_auth_secret(job=rnd.ref, token=token)) is not None:
+                out.event("Normal", EventReason.CREATED_AUTH_SECRET,
+                          f"created Secret {naming.auth_secret_name(rnd.ref.name)} with the Ray auth token")
+            self._secrets_made.add(rnd.ref.uid)
         return token
+
+    def _token(self, ref: RLJobRef) -> str:
+        if self.settings.token_key is None:
+            raise ValueError("the operator has no token key (RLDOCK_TOKEN_KEY, settings.token_key)")
+        return job_token(self.settings.token_key, ref)
+
+    def _ensure_network_policy(self, rnd: Round, out: Outcome) -> None:
+        desired = build_network_policy(job=rnd.ref, operator_namespace=self.settings.operator_namespace,
+                                       operator_pod_labels=dict(self.settings.operator_pod_labels))
+        name = desired["metadata"]["name"]
+        existing = self._read_owned(rnd, "NetworkPolicy", name)
+        if existing is None:
+            if _create(self.kube, desired) is None:
+                raise SkipRound(f"NetworkPolicy {name} appeared meanwhile")
+            out.event("Normal", EventReason.CREATED_NETWORK_POLICY,
+                      f"created NetworkPolicy {name}: the Ray pods accept connections only from the job's own pods "
+                      "and, on the Jobs API port, from the operator")
+        elif existing.get("spec") != desired["spec"]:  # edited by hand, or the operator moved
+            self.kube.patch("NetworkPolicy", rnd.ref.namespace, name, {"spec": desired["spec"]})
 
     def _ensure_config_map(self, rnd: Round, spec: RLJobSpec, out: Outcome) -> None:
         desired = build_config_map(job=rnd.ref, spec=spec)
@@ -273,7 +317,11 @@ class Reconciler:
         url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
                             namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
         details, progress, previous_attempt, jobs, log_text = None, Progress(), None, None, ""
-        if summary.head_running and url is not None and not cluster.get("spec", {}).get("suspend"):
+        if suspension(cluster) is not Suspension.NONE:
+            # Suspended (by the RLJob or by Kueue or an admin): the Ray job stopped with the cluster,
+            # which is no failure of the attempt; it is submitted again on the resumed cluster.
+            return Seen(summary=summary)
+        if summary.head_running and url is not None:
             jobs = self._jobs_client(url, token)
             try:
                 details = jobs.get_job(submission_id)
@@ -286,6 +334,13 @@ class Reconciler:
                     previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
             except RayJobsError as error:
                 raise SkipRound(str(error)) from None
+        head_lost = (details is None and rnd.previous.phase is Phase.RUNNING
+                     and rnd.previous.ray_job_id == submission_id)
+        if head_lost and suspension(self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)) \
+                is not Suspension.NONE:
+            # The head went because the cluster was suspended after this round read it (Kueue
+            # preempting it): read again, so that the suspend is not taken for a lost head.
+            raise SkipRound(f"RayCluster {rnd.cluster_name} was suspended during the round")
         try:
             # Only a failed job's log is searched for the failure line (a few rounds at most).
             job = job_observation(submission_id, details, previous=rnd.previous,
@@ -315,7 +370,10 @@ class Reconciler:
                 reason = EventReason.REPLACED_RAY_CLUSTER if action.replace else EventReason.RELEASED_RAY_CLUSTER
                 out.event("Normal", reason, f"deleted RayCluster {name}: {action.why}")
         elif isinstance(action, SuspendCluster):
-            self.kube.patch("RayCluster", ns, name, {"spec": {"suspend": action.suspend}})
+            # The annotation marks the suspend as this operator's, the only kind it undoes (plan.py).
+            self.kube.patch("RayCluster", ns, name, {
+                "metadata": {"annotations": {ANNOTATION_SUSPENDED_BY: MANAGED_BY_RLDOCK if action.suspend else None}},
+                "spec": {"suspend": action.suspend}})
         elif isinstance(action, CountRestart):
             status["restartCount"] = rnd.previous.restart_count + 1
         elif isinstance(action, (SubmitJob, StopJob)):
@@ -372,17 +430,18 @@ class Reconciler:
     def stop_for_deletion(self, body: Mapping[str, Any]) -> Optional[str]:
         """Stop the current attempt's driver before the RLJob (and, by owner references, its
         cluster) goes. Best effort: a cluster that cannot be reached is deleted with its job anyway."""
-        rnd = begin_round(body, self._clock())
-        self._logs.forget(rnd.ref)
+        rnd = begin_round(body, self._clock(), self.settings)
+        self._forget(rnd.ref)
+        if managed_elsewhere(body):
+            return None
         cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
         if cluster is None or not owned_by(cluster, rnd.ref.uid):
             return None
-        secret = self.kube.get("Secret", rnd.ref.namespace, naming.auth_secret_name(rnd.ref.name))
         url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
                             namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
-        if secret is None or url is None:
+        if url is None:
             return None
-        jobs = self._jobs_client(url, decode_secret_value(secret, AUTH_SECRET_KEY))
+        jobs = self._jobs_client(url, self._token(rnd.ref))
         submission_id = rnd.submission_id(rnd.previous.restart_count)
         try:
             details = jobs.get_job(submission_id)

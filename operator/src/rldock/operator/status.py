@@ -57,6 +57,7 @@ class Observations:
     """One round of observations. Pass only complete ones: a failed lookup is not an absence."""
 
     problems: Sequence[Problem] = ()  # validation.parse_spec
+    denied: Sequence[Problem] = ()  # policy.policy_problems: a valid spec the admin's policy refuses
     ray_cluster: Optional[Mapping[str, Any]] = None  # RayCluster .status ({} when new); None: no cluster
     ray_job: Optional[RayJobObservation] = None  # None: this attempt is not submitted yet
     metrics: Optional[Mapping[str, Any]] = None  # the runtime's last metrics record
@@ -64,6 +65,8 @@ class Observations:
     unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
     blocked: Optional[Blocked] = None  # a child that cannot be had (reconcile.py), with why
+    # The RayCluster's spec.suspend is set, and not by this operator (Kueue preempting it, an admin).
+    suspended_by_other: bool = False
 
 
 
@@ -103,23 +106,21 @@ def compute_status(*, name: str, spec: Optional[RLJobSpec], generation: Optional
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
     prev = parse_status(previous)
-    if prev.phase is not None and prev.phase.is_terminal and not _failed_on_spec(prev):
+    if prev.phase is not None and prev.phase.is_terminal and not failed_on_spec(prev):
         return _dump(prev.model_copy(update={"observed_generation": generation}))
 
     if spec is None and not observed.problems:
         raise ValueError("a spec that did not parse must come with its problems (validation.parse_spec)")
     if observed.problems or spec is None:
-        message = "; ".join(str(p) for p in observed.problems)
-        phase, conditions = Phase.FAILED, _Updates()
-        conditions.set(ConditionType.SPEC_VALID, False, Reason.INVALID_SPEC, message)
-        conditions.set(ConditionType.FAILED, True, Reason.INVALID_SPEC, message)
-        ray_job_id = None
+        phase, conditions, ray_job_id = Phase.FAILED, _refused(Reason.INVALID_SPEC, observed.problems), None
+    elif observed.denied:
+        phase, conditions, ray_job_id = Phase.FAILED, _refused(Reason.POLICY_DENIED, observed.denied), None
     else:
         phase, conditions = _decide(name, spec, observed, restart_count, prev)
         # Every condition carries a message: an empty string reads as null on some API servers
         # (seen on the 1.20 test control plane), which the schema refuses.
         conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
-        if _failed_on_spec(prev) and ConditionType.FAILED not in conditions:
+        if failed_on_spec(prev) and ConditionType.FAILED not in conditions:
             conditions.drop(ConditionType.FAILED)  # the spec was fixed: its failure no longer holds
         ray_job_id = observed.ray_job.submission_id if observed.ray_job else None
 
@@ -138,6 +139,15 @@ def compute_status(*, name: str, spec: Optional[RLJobSpec], generation: Optional
     return _dump(status)
 
 
+def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
+    """SpecValid and Failed for a spec that may not run: invalid, or outside the admin's policy."""
+    message = "; ".join(str(p) for p in problems)
+    conditions = _Updates()
+    conditions.set(ConditionType.SPEC_VALID, False, reason, message)
+    conditions.set(ConditionType.FAILED, True, reason, message)
+    return conditions
+
+
 def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: int,
             prev: RLJobStatus) -> tuple[Phase, _Updates]:
     out = _Updates()
@@ -152,6 +162,17 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.drop(ConditionType.PODS_SCHEDULED)  # no pods to schedule
         return Phase.SUSPENDED, out
 
+    if observed.suspended_by_other and spec.scheduling.gang is not GangScheduler.KUEUE:
+        # Kueue's own suspends read as waiting for admission (_cluster_conditions).
+        out.set(ConditionType.SUSPENDED, True, Reason.SUSPENDED_EXTERNALLY,
+                f"RayCluster {cluster_name} was suspended by another controller or an admin, not by this RLJob's "
+                "spec.suspend; the operator leaves it suspended, counts no restart, and resumes from the last "
+                "checkpoint once they unsuspend it")
+        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended")
+        out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_EXTERNALLY, "the Ray job stopped with its cluster")
+        out.drop(ConditionType.PODS_SCHEDULED)
+        return Phase.SUSPENDED, out
+
     was_suspended = prev.condition(ConditionType.SUSPENDED)
     if was_suspended is not None and was_suspended.status == "True":
         out.set(ConditionType.SUSPENDED, False, Reason.RESUMED, "resuming from the last checkpoint")
@@ -162,7 +183,8 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
                 "the Ray job is submitted once the cluster is ready")
         return (Phase.RETRYING if restart_count > 0 else Phase.PENDING), out
 
-    cluster_ready, waiting_for_admission = _cluster_conditions(out, spec, observed.ray_cluster, cluster_name)
+    cluster_ready, waiting_for_admission = _cluster_conditions(
+        out, spec, observed.ray_cluster, cluster_name, suspended=observed.suspended_by_other)
     if observed.unschedulable:
         messages = dict.fromkeys(observed.unschedulable)  # unique, in order
         out.set(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, "; ".join(messages))
@@ -222,14 +244,16 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
 
 
 def _cluster_conditions(out: _Updates, spec: RLJobSpec, cluster: Optional[Mapping[str, Any]],
-                        cluster_name: str) -> tuple[bool, bool]:
-    """Sets ClusterReady from KubeRay's RayCluster status; returns (ready, waiting for Kueue)."""
+                        cluster_name: str, *, suspended: bool) -> tuple[bool, bool]:
+    """Sets ClusterReady from KubeRay's RayCluster status (and its spec.suspend, `suspended`,
+    which KubeRay's status follows a moment later); returns (ready, waiting for Kueue)."""
     if cluster is None:
         out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_CREATING,
                 f"creating RayCluster {cluster_name}")
         return False, False
     kuberay_conditions = {c.get("type"): c.get("status") for c in cluster.get("conditions") or ()}
-    if cluster.get("state") == RAY_STATE_SUSPENDED or kuberay_conditions.get(RAY_CONDITION_SUSPENDED) == "True":
+    if suspended or cluster.get("state") == RAY_STATE_SUSPENDED \
+            or kuberay_conditions.get(RAY_CONDITION_SUSPENDED) == "True":
         # spec.suspend is false here, so someone else holds the cluster: Kueue until it admits it.
         if spec.scheduling.gang is GangScheduler.KUEUE:
             out.set(ConditionType.CLUSTER_READY, False, Reason.WAITING_FOR_ADMISSION,
@@ -315,10 +339,14 @@ def last_evaluation(metrics: Mapping[str, Any]) -> Optional[LastEvaluation]:
                           accuracy=round(float(metrics[VAL_ACCURACY]), 4))
 
 
-def _failed_on_spec(status: RLJobStatus) -> bool:
-    """A Failed phase that only a spec problem caused, which fixing the spec undoes."""
+_SPEC_FAILURES = (Reason.INVALID_SPEC, Reason.POLICY_DENIED)
+
+
+def failed_on_spec(status: RLJobStatus) -> bool:
+    """A Failed phase that only the spec caused (invalid, or outside the admin's policy), which
+    fixing the spec (or the policy) undoes."""
     failed = status.condition(ConditionType.FAILED)
-    return status.phase is Phase.FAILED and failed is not None and failed.reason is Reason.INVALID_SPEC
+    return status.phase is Phase.FAILED and failed is not None and failed.reason in _SPEC_FAILURES
 
 
 def parse_status(raw: Optional[Mapping[str, Any]]) -> RLJobStatus:
@@ -367,6 +395,7 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
+_SPEC_EVENTS = {Reason.STATUS_REJECTED: EventReason.STATUS_REJECTED, Reason.POLICY_DENIED: EventReason.POLICY_DENIED}
 _BLOCKED_EVENTS = {Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT, Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED}
 _INPUT_EVENTS = {Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
                  Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT}
@@ -386,9 +415,7 @@ def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> l
         return None if unchanged else cond
 
     if (cond := became(ConditionType.SPEC_VALID, "False")) is not None:
-        rejected = cond.reason is Reason.STATUS_REJECTED
-        events.append(Event("Warning", EventReason.STATUS_REJECTED if rejected else EventReason.INVALID_SPEC,
-                            cond.message))
+        events.append(Event("Warning", _SPEC_EVENTS.get(cond.reason, EventReason.INVALID_SPEC), cond.message))
     if (cond := became(ConditionType.CLUSTER_READY, "False")) is not None and cond.reason in _BLOCKED_EVENTS:
         events.append(Event("Warning", _BLOCKED_EVENTS[cond.reason], cond.message))
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
@@ -400,13 +427,16 @@ def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> l
         if after.phase is Phase.RETRYING and (cond := after.condition(ConditionType.RETRYING)) is not None:
             events.append(Event("Warning", EventReason.RETRYING, cond.message))
         cond = became(ConditionType.FAILED, "True")
-        if cond is not None and cond.reason is Reason.BACKOFF_LIMIT_EXCEEDED:
+        if cond is not None and cond.reason == Reason.BACKOFF_LIMIT_EXCEEDED:
             events.append(Event("Warning", EventReason.BACKOFF_LIMIT_EXCEEDED, cond.message))
         if cond is not None and cond.reason in _INPUT_EVENTS:
             events.append(Event("Warning", _INPUT_EVENTS[cond.reason], cond.message))
         if after.phase is Phase.SUCCEEDED:
             events.append(Event("Normal", EventReason.SUCCEEDED, f"finished {after.progress} iterations"))
-        if after.phase is Phase.SUSPENDED:
+        suspended = after.condition(ConditionType.SUSPENDED)
+        if after.phase is Phase.SUSPENDED and suspended is not None and suspended.reason == Reason.SUSPENDED_EXTERNALLY:
+            events.append(Event("Warning", EventReason.SUSPENDED_EXTERNALLY, suspended.message))
+        elif after.phase is Phase.SUSPENDED:
             events.append(Event("Normal", EventReason.SUSPENDED, "suspended: freeing the cluster"))
         if before.phase is Phase.SUSPENDED:
             events.append(Event("Normal", EventReason.RESUMED, "resuming from the last checkpoint"))

@@ -20,7 +20,7 @@ from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.constants import (
     CONFIG_MAP_MAX_BYTES, CONFIG_MOUNT_PATH, IMAGE_PATTERN, OPERATOR_ENV, OPERATOR_VOLUMES, RAY_RESERVED_RESOURCES,
-    SHM_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
+    SHM_MOUNT_PATH, TMP_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
 )
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -182,6 +182,9 @@ def _checkpoint_problems(spec: RLJobSpec) -> list[Problem]:
         if mount == taken or mount.startswith(taken + "/") or taken.startswith(mount + "/"):
             problems.append(Problem(f"{path}.mountPath", f"{storage.mount_path!r} overlaps {taken}, "
                                                          "which the operator mounts itself"))
+    if mount == TMP_MOUNT_PATH:
+        problems.append(Problem(f"{path}.mountPath", f"{TMP_MOUNT_PATH} is Ray's scratch space, which the operator "
+                                                     "mounts itself; choose another path"))
     return problems
 
 
@@ -234,6 +237,9 @@ def _volume_problems(spec: RLJobSpec) -> list[Problem]:
             if _overlaps(target, other):
                 problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} overlaps {other}, where the "
                                                              f"operator mounts {what}"))
+        if target == TMP_MOUNT_PATH:  # a mount below /tmp is fine; /tmp itself is Ray's emptyDir
+            problems.append(Problem(f"{path}.mountPath", f"{TMP_MOUNT_PATH} is where the operator mounts Ray's "
+                                                         "scratch space; mount below it or elsewhere"))
         if target in mount_paths:
             problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} is also the mount path of "
                                                          f"spec.volumeMounts[{mount_paths[target]}]"))

@@ -7,6 +7,14 @@ extended resource and advertising them to Ray as `job.resources.accelerator_reso
 runtime places one dock warehouse per such Ray node; the head advertises no devices, so none
 lands there.
 
+Every pod meets the `restricted` Pod Security Standard (docs/security.md): it runs as uid 10001 with
+runAsNonRoot, the runtime's default seccomp profile, no privilege escalation and no capabilities;
+its writable paths (/tmp for Ray's session, /dev/shm) are emptyDirs; and it gets no service-account
+token, since nothing in it calls the Kubernetes API (the operator submits the job and reads its
+progress through the Jobs API). The volumes `restricted` forbids (hostPath, NFS) are there only
+when the admin's policy allowed them (policy.py). The admin's pod defaults (labels, annotations,
+priority class, pull secrets) are added to every pod.
+
 The RLJob's own `volumes`, `volumeMounts`, `env` and `envFrom` go into the head and every worker
 alike, after the operator's own (whose names validation keeps them from reusing): the head runs the
 job driver, which reads the model and data as much as the workers do. No other pod needs them: the
@@ -15,6 +23,7 @@ operator submits the job through the Jobs API itself, with no submitter pod.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -30,8 +39,9 @@ from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH, AUTH_SECRET_KEY, CONFIG_MOUNT_PATH, ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE,
     ENV_RAY_AUTH_TOKEN, HEAD_CONTAINER, JOB_CONFIG_PATH, RAY_AUTH_MODE_TOKEN,
     LABEL_KUEUE_QUEUE, LABEL_RAY_SCHEDULER_NAME, LABEL_RLJOB, LABEL_ROLE, LABEL_VOLCANO_QUEUE, RAY_API_VERSION,
-    RAY_CLUSTER_KIND, ROLE_HEAD, ROLE_WORKER, SHM_MOUNT_PATH, VOLCANO_SCHEDULER, VOLUME_CHECKPOINTS,
-    VOLUME_JOB_CONFIG, VOLUME_SHM, WORKER_CONTAINER, WORKER_GROUP, GangScheduler,
+    RAY_CLUSTER_KIND, RAY_POD_GID, RAY_POD_UID, ROLE_HEAD, ROLE_WORKER, SHM_MOUNT_PATH, TMP_MOUNT_PATH,
+    VOLCANO_SCHEDULER, VOLUME_CHECKPOINTS, VOLUME_JOB_CONFIG, VOLUME_SHM, VOLUME_TMP, WORKER_CONTAINER, WORKER_GROUP,
+    GangScheduler,
 )
 
 _HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
@@ -44,7 +54,9 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
     num_workers = resources.num_nodes
     cluster_spec = {
         "rayVersion": spec.cluster.ray_version,
-        "suspend": spec.suspend,  # KubeRay deletes every pod and keeps the object
+        # KubeRay deletes every pod and keeps the object. A cluster for Kueue is created suspended,
+        # as Kueue's convention for the jobs it manages: Kueue unsuspends it once it admits it.
+        "suspend": spec.suspend or spec.scheduling.gang is GangScheduler.KUEUE,
         "enableInTreeAutoscaling": False,  # the job's shape is fixed; the dock needs every node
         "headGroupSpec": {
             "serviceType": "ClusterIP",
@@ -99,13 +111,28 @@ def _spec_hash(cluster_spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# The `restricted` profile (docs/security.md). The uid is the runtime images' (images/README.md);
+# fsGroup makes the checkpoint volume writable for it.
+POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": RAY_POD_UID, "runAsGroup": RAY_POD_GID,
+                        "fsGroup": RAY_POD_GID, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
+                              "capabilities": {"drop": ["ALL"]}}
+
+
 def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
     is_worker = role == ROLE_WORKER
-    labels = {**child_labels(job), LABEL_ROLE: role}
+    labels = {**defaults.labels, **child_labels(job), LABEL_ROLE: role}  # the operator's labels win
     pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "containers": [_container(job, spec, defaults, role=role)],
         "volumes": _volumes(job, spec) + [_dump(volume) for volume in spec.volumes],
     }
+    pull_secrets = defaults.image_pull_secrets_of(spec)
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
+    if defaults.priority_class_name:
+        pod_spec["priorityClassName"] = defaults.priority_class_name
     if is_worker:
         pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             # One worker of this job per node: each worker pod owns its node's devices and its
@@ -121,7 +148,10 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
                                    for toleration in spec.cluster.tolerations]
     if spec.scheduling.scheduler_name:
         pod_spec["schedulerName"] = spec.scheduling.scheduler_name
-    return {"metadata": {"labels": labels}, "spec": pod_spec}
+    metadata: dict[str, Any] = {"labels": labels}
+    if defaults.annotations:
+        metadata["annotations"] = dict(defaults.annotations)
+    return {"metadata": metadata, "spec": pod_spec}
 
 
 def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
@@ -135,6 +165,7 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
         "name": name,
         "image": defaults.image_of(spec),
         "imagePullPolicy": defaults.image_pull_policy.value,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
         # Requests equal limits: extended resources require it, and Ray sizes itself from limits.
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         "env": [
@@ -150,6 +181,7 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
             {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": VOLUME_CHECKPOINTS, "mountPath": spec.checkpoint.mount_path},
             {"name": VOLUME_SHM, "mountPath": SHM_MOUNT_PATH},
+            {"name": VOLUME_TMP, "mountPath": TMP_MOUNT_PATH},
             *(_dump(mount) for mount in spec.volume_mounts),
         ],
     }
@@ -182,4 +214,5 @@ def _volumes(job: RLJobRef, spec: RLJobSpec) -> list[dict[str, Any]]:
         # Ray's object store and the engines' worker processes use shared memory; the container
         # runtime's default /dev/shm is 64 MiB.
         {"name": VOLUME_SHM, "emptyDir": {"medium": "Memory"}},
+        {"name": VOLUME_TMP, "emptyDir": {}},
     ]

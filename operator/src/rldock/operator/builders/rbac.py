@@ -9,13 +9,22 @@ Each rule is there for one thing the operator does (operator/src/rldock/operator
   OwnerReferencesPermissionEnforcement admission plugin only allow to who may update the owner's
   finalizers.
 - rayclusters: read by name, created, patched (suspend, adoption) and deleted (replacement,
-  release after the job ends); never listed or watched.
-- configmaps, secrets: the job config and the Ray auth token, read by name, created, patched.
-- pods: listed by label (KubeRay's `ray.io/cluster`) for scheduling messages and lost workers.
+  release after the job ends); listed and watched so that a change of an RLJob's cluster (KubeRay's
+  status, a deletion, Kueue's admission) runs its round at once (handlers.py), instead of every
+  RLJob polling its cluster.
+- configmaps: the job config, read by name, created, patched.
+- secrets: `create` only, for each RLJob's Ray auth token. The operator derives the token from its
+  own key (tokens.py) and never reads a Secret back, so its role cannot read the cluster's Secrets.
+- networkpolicies: each RLJob's NetworkPolicy (builders/network_policy.py), read by name, created,
+  patched back when edited.
+- pods: listed by label (KubeRay's `ray.io/cluster`) for scheduling messages and lost workers,
+  and watched for the same reason as rayclusters (a head that came up, a pod the scheduler cannot
+  place, a lost worker). Kopf (1.45) watches a resource whole and filters labels itself, so it
+  lists and watches every pod of the watched namespaces and keeps those labelled `ray.io/cluster`.
 - events: the operator's own Kubernetes Events on RLJobs.
 
-Kopf runs standalone (no peering objects) and watches only RLJobs, so it needs nothing else; API
-discovery is open to every authenticated user.
+Kopf runs standalone (no peering objects) and watches RLJobs, RayClusters and pods, so it needs
+nothing else; API discovery is open to every authenticated user.
 """
 
 from __future__ import annotations
@@ -30,9 +39,12 @@ RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "delete"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 
