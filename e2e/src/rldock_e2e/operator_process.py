@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import yaml
 from kubernetes import client
@@ -34,6 +34,8 @@ SERVICE_ACCOUNT = "rldock-operator"
 # carries out; the operator would find the job running in its next round but never tell of the
 # submission (no SubmittedRayJob event), which the scenarios check.
 RAY_TIMEOUT = 30.0
+# The key the test operators derive Ray job tokens from (never a real cluster's).
+TEST_TOKEN_KEY = "rldock-e2e-test-token-key-0123456789abcdef"
 
 
 def service_account_kubeconfig(plane: ControlPlane, namespace: str, path: Path,
@@ -59,19 +61,37 @@ def service_account_kubeconfig(plane: ControlPlane, namespace: str, path: Path,
     return path
 
 
+class LeaseArgs(NamedTuple):
+    """Leader election of an OperatorProcess: the Lease `name` in `namespace`, held as `identity`."""
+
+    namespace: str
+    identity: str
+    name: str = "rldock-operator"
+
+
 class OperatorProcess:
-    """`python -m rldock.operator` as its own process group; its log is `<log_dir>/operator.log`."""
+    """`python -m rldock.operator` as its own process group; its log is `<log_dir>/operator.log`.
+
+    With `lease`, it runs with leader election (only while it holds the Lease); with `health_port`,
+    it serves /metrics, /healthz and /readyz there on the loopback address (`metrics_url`)."""
 
     def __init__(self, *, namespaces: Sequence[str], kubeconfig: Path, log_dir: Path,
                  poll_interval: float = 1.0, ray_timeout: float = RAY_TIMEOUT,
-                 env: Optional[Mapping[str, str]] = None, extra_args: Sequence[str] = ()) -> None:
+                 env: Optional[Mapping[str, str]] = None, extra_args: Sequence[str] = (),
+                 lease: Optional[LeaseArgs] = None, health_port: Optional[int] = None) -> None:
+        election = (["--leader-election", "--lease-namespace", lease.namespace, "--lease-name", lease.name,
+                     "--identity", lease.identity] if lease is not None else [])
+        self.health_port = health_port
         self.argv = [sys.executable, "-m", "rldock.operator", *[a for ns in namespaces for a in ("-n", ns)],
                      "--poll-interval", str(poll_interval), "--dashboard-address", "pod-ip",
                      "--ray-timeout", str(ray_timeout),
-                     "--log-level", os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO"), *extra_args]
+                     "--log-level", os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO"), *election,
+                     *(["--health-port", str(health_port)] if health_port is not None else []), *extra_args]
         # The test kubeconfig skips TLS verification; urllib3 would warn on every request.
         self.env = {**(os.environ if env is None else env), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
                     "PYTHONWARNINGS": "ignore:Unverified HTTPS request"}
+        # Every replica of one test must derive the same Ray job tokens (settings.py RLDOCK_TOKEN_KEY).
+        self.env.setdefault("RLDOCK_TOKEN_KEY", TEST_TOKEN_KEY)
         self.log_path = log_dir / "operator.log"
         self.process: Optional[ManagedProcess] = None
         self.starts = 0
@@ -108,6 +128,11 @@ class OperatorProcess:
         except FileNotFoundError:
             return ""
 
+    @property
+    def metrics_url(self) -> str:
+        assert self.health_port is not None, "started without a health port"
+        return f"http://127.0.0.1:{self.health_port}/metrics"
+
 
 CHART = CHART_DIR
 RELEASE = "rldock"
@@ -128,13 +153,16 @@ def render_operator_chart(namespace: str, *, poll_interval: float = 1.0) -> list
     """What `helm template rldock helm/rldock -n <namespace>` renders for an operator watching
     `namespace`, otherwise with the chart's defaults (it reaches Ray heads by their Services' DNS
     names, which the cluster DNS double resolves in pods); the CRD is left out (the session
-    installs it once)."""
+    installs it once). One replica (ChartOperator follows one pod; it still runs with leader
+    election, and its container, restarted after a kill, takes its own Lease back at once: the
+    identity is the pod name) and no PodDisruptionBudget (the chart renders policy/v1 when it
+    cannot ask the cluster, which Kubernetes 1.20 does not serve)."""
     import helm_python as helm
 
     values = {"operator": {"watchNamespaces": [namespace], "pollInterval": poll_interval,
                            "rayTimeout": RAY_TIMEOUT,
                            "logLevel": os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO")},
-              "crds": {"install": False}}
+              "crds": {"install": False}, "replicaCount": 1, "podDisruptionBudget": {"enabled": False}}
     with helm.Chart.load(CHART) as chart:
         files = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
     return [doc for path, text in sorted(files.items()) if not path.endswith("NOTES.txt")
