@@ -1,0 +1,288 @@
+"""Admission of RLJobs: a validating webhook that refuses at `kubectl apply` what the operator would
+otherwise fail at its first round, and serves it over HTTPS.
+
+`review` is pure: an admission.k8s.io/v1 AdmissionReview and the operator's settings in, the
+AdmissionReview with the response out. It refuses a CREATE or UPDATE of an RLJob whose spec is
+invalid (validation.parse_spec: reason InvalidSpec) or outside the admin's policy
+(policy.policy_problems: reason PolicyDenied), with status code 422 and a message listing every
+problem as `path: message`, the same text the RLJob's Failed condition would carry; and an UPDATE
+that changes spec.managedBy, which is immutable (Kueue's convention for job resources). Everything
+else is allowed.
+
+`WebhookServer` serves `review` at POST /validate-rljob in a daemon thread of every replica (the
+webhook's Service routes to any ready one, leader or standby). What it reads comes from whoever can
+reach the port (the API server, but also any pod, and the review holds a tenant's object), so each
+connection is bounded: the body's size, the number of connections served at once, and one total
+deadline for the TLS handshake, the headers and the body.
+
+The reconcile checks stay (reconcile.py): where no webhook is installed, where the API server let a
+request through without it (failurePolicy Ignore), or where the admin tightened the policy after an
+RLJob was admitted, the RLJob fails with reason PolicyDenied and nothing is created for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Mapping, Optional
+
+from rldock.operator.constants import GROUP, PLURAL, Reason
+from rldock.operator.policy import policy_problems
+from rldock.operator.reconcile import managed_elsewhere
+from rldock.operator.settings import OperatorSettings
+from rldock.operator.validation import parse_spec
+
+log = logging.getLogger(__name__)
+
+REVIEW_API_VERSION = "admission.k8s.io/v1"
+REVIEW_KIND = "AdmissionReview"
+WEBHOOK_PATH = "/validate-rljob"
+# An RLJob is at most 1.5 MiB (etcd's default object limit, the API server's 3 MiB request limit
+# for a write), and an UPDATE's review carries it twice, old and new.
+MAX_REVIEW_BYTES = 8 * 1024 * 1024
+# The API server gives up after the webhook's timeoutSeconds (the chart's 10): a connection that
+# has not sent its whole request by then is closed.
+REQUEST_DEADLINE_S = 10.0
+MAX_CONNECTIONS = 32  # served at once; more are closed at once (the API server retries)
+REFUSED_CODE = 422  # Unprocessable Entity, as the API server's own validation answers
+
+_CHECKED_OPERATIONS = ("CREATE", "UPDATE")
+
+
+class ReviewError(ValueError):
+    """The body is not an AdmissionReview request (answered with HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: Optional[str] = None  # a Reason value when refused
+    message: Optional[str] = None
+
+
+ALLOWED = Verdict(allowed=True)
+
+
+def review(body: Any, settings: OperatorSettings) -> dict[str, Any]:
+    """The AdmissionReview answering `body` (an admission.k8s.io/v1 AdmissionReview request)."""
+    request = _request(body)
+    verdict = decide(request, settings)
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {"status": "Failure", "code": REFUSED_CODE, "reason": verdict.reason,
+                              "message": verdict.message}
+    return {"apiVersion": REVIEW_API_VERSION, "kind": REVIEW_KIND, "response": response}
+
+
+def _request(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping) or body.get("kind") != REVIEW_KIND \
+            or body.get("apiVersion") != REVIEW_API_VERSION:
+        raise ReviewError(f"expected an {REVIEW_API_VERSION} {REVIEW_KIND}")
+    request = body.get("request")
+    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise ReviewError("the AdmissionReview has no request with a uid")
+    return request
+
+
+def decide(request: Mapping[str, Any], settings: OperatorSettings) -> Verdict:
+    """Whether the API server may go on with `request` (an AdmissionReview's request)."""
+    resource = request.get("resource") or {}
+    if request.get("operation") not in _CHECKED_OPERATIONS or request.get("subResource") \
+            or (resource.get("group"), resource.get("resource")) != (GROUP, PLURAL):
+        # DELETE, CONNECT, status writes, or a webhook configuration that sends more than RLJobs:
+        # none of it is ours to refuse.
+        return ALLOWED
+    obj = _mapping(request.get("object"), "request.object")
+    spec = _mapping(obj.get("spec"), "request.object.spec")
+    if request["operation"] == "UPDATE":
+        old_spec = _mapping(_mapping(request.get("oldObject"), "request.oldObject").get("spec"),
+                            "request.oldObject.spec")
+        if old_spec.get("managedBy") != spec.get("managedBy"):
+            return Verdict(False, Reason.INVALID_SPEC.value,
+                           f"spec.managedBy: field is immutable (was {json.dumps(old_spec.get('managedBy'))}, now "
+                           f"{json.dumps(spec.get('managedBy'))}); set it when the RLJob is created")
+        if old_spec == spec:
+            # Metadata only: labels, the finalizer the operator removes on deletion, kopf's
+            # annotations. Refusing those would stick an RLJob admitted under an older policy
+            # (it could not even be deleted); its spec was checked when it was written.
+            return ALLOWED
+    parsed, problems = parse_spec(spec)
+    if problems:
+        return Verdict(False, Reason.INVALID_SPEC.value, _message(problems))
+    assert parsed is not None, "parse_spec returns a spec when it finds no problem"
+    if managed_elsewhere(obj):
+        # Another controller (e.g. MultiKueue's dispatcher) runs this RLJob elsewhere: nothing of it
+        # runs in this cluster, so this cluster's policy has nothing to guard, and the cluster that
+        # runs the copy checks it against its own. Its spec's own rules hold everywhere, so they are
+        # checked here too: a mistake is reported at `kubectl apply`, not by a remote Failed status.
+        # managedBy being immutable, it cannot be handed back to this operator later to bypass the
+        # policy (and the reconcile checks the policy again anyway).
+        return ALLOWED
+    denied = policy_problems(parsed, settings.policy, default_image=settings.pod_defaults.image)
+    if denied:
+        return Verdict(False, Reason.POLICY_DENIED.value, _message(denied))
+    return ALLOWED
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ReviewError(f"{where} is not an object")
+    return value
+
+
+def _message(problems: list) -> str:
+    # As the Failed condition writes them (status.py), so both read the same.
+    return "; ".join(str(problem) for problem in problems)
+
+
+# --- The HTTPS server -------------------------------------------------------------------------
+
+Review = Callable[[Any], dict[str, Any]]
+
+
+class WebhookServer:
+    """POST /validate-rljob over HTTPS on `port` (0: any free port, see `.port`), in a thread.
+
+    `handle` answers a decoded AdmissionReview (e.g. `functools.partial(review, settings=...)`); a
+    ReviewError is answered with 400. The certificate and key are read once, at start: the chart
+    restarts the pods when it issues a new certificate.
+    """
+
+    def __init__(self, handle: Review, *, port: int, cert_file: str, key_file: str, host: str = "0.0.0.0",
+                 max_review_bytes: int = MAX_REVIEW_BYTES, deadline_s: float = REQUEST_DEADLINE_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(cert_file, key_file)
+        self._server = _TLSServer((host, port), _handler(handle, max_review_bytes), context=context,
+                                  deadline_s=deadline_s, max_connections=max_connections)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-webhook", daemon=True)
+
+    def start(self) -> "WebhookServer":
+        self._thread.start()
+        log.info("serving the RLJob admission webhook at https://0.0.0.0:%d%s", self.port, WEBHOOK_PATH)
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """Each accepted connection's TLS handshake runs in its own thread (in `accept` it would stall
+    every other client), under a deadline that closes the connection wherever it stands."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
+                 context: ssl.SSLContext, deadline_s: float, max_connections: int) -> None:
+        super().__init__(address, handler)
+        self.context, self.deadline_s = context, deadline_s
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.warning("admission webhook: %d connections in flight; closing one from %s",
+                        self.max_connections, client_address[0])
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def finish_request(self, request: socket.socket, client_address: Any) -> None:
+        request.settimeout(self.deadline_s)
+        connection = [request]  # what the deadline shuts down: the raw socket, then its TLS wrapper
+        # socket.socket.shutdown, not SSLSocket.shutdown: the handler's thread may be reading, and
+        # only the descriptor is shut (its read returns at once), the TLS state left to that thread.
+        timer = threading.Timer(self.deadline_s, _shut, args=(connection,))
+        timer.daemon = True
+        timer.start()
+        try:
+            try:
+                tls = self.context.wrap_socket(request, server_side=True)
+            except (OSError, ValueError) as error:  # a failed handshake closes the socket
+                log.debug("admission webhook: TLS handshake with %s failed: %s", client_address[0], error)
+                return
+            connection[0] = tls
+            try:
+                self.RequestHandlerClass(tls, client_address, self)
+            finally:
+                tls.close()
+        finally:
+            timer.cancel()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away or ran past the deadline: not the operator's error.
+        log.debug("admission webhook: connection from %s ended badly", client_address[0], exc_info=True)
+
+
+def _shut(connection: list[socket.socket]) -> None:
+    try:
+        socket.socket.shutdown(connection[0], socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
+def _handler(handle: Review, max_review_bytes: int) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.0: one request per connection, so the connection's deadline bounds the request.
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("admission webhook: %s " + format, self.address_string(), *args)
+
+        def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._reply(405 if self.path.split("?", 1)[0] == WEBHOOK_PATH else 404, b"POST an AdmissionReview\n")
+
+        def do_POST(self) -> None:
+            # The body is read before any answer but 411 and 413: a socket closed with unread data
+            # is reset, and the reset can overtake the answer.
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self._reply(411, b"Content-Length required\n")
+                return
+            if not 0 <= length <= max_review_bytes:
+                self._reply(413, f"at most {max_review_bytes} bytes\n".encode())
+                return
+            body = self.rfile.read(length)
+            if len(body) < length:  # the client closed, or the deadline shut the connection
+                return
+            if self.path.split("?", 1)[0] != WEBHOOK_PATH:
+                self._reply(404, b"not found\n")
+                return
+            try:
+                answer = handle(json.loads(body))
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                self._reply(400, f"not JSON: {error}\n".encode())
+                return
+            except ReviewError as error:
+                self._reply(400, f"{error}\n".encode())
+                return
+            self._reply(200, json.dumps(answer).encode(), "application/json")
+
+    return Handler
+
