@@ -32,6 +32,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: rldock
 {{- end }}
 
+{{/* The selector labels as `k=v,k=v`, how the operator learns its own pods' labels. */}}
+{{- define "rldock.selectorLabelList" -}}
+{{- $pairs := list }}
+{{- range $key, $value := (include "rldock.selectorLabels" . | fromYaml) }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," (sortAlpha $pairs) }}
+{{- end }}
+
+{{/* The Secret holding the key the RLJobs' Ray tokens are derived from. */}}
+{{- define "rldock.tokenKeySecret" -}}
+{{- printf "%s-token-key" (include "rldock.fullname" .) }}
+{{- end }}
+
 {{- define "rldock.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "rldock.fullname" .) .Values.serviceAccount.name }}

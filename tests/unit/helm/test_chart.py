@@ -4,8 +4,10 @@ operator's own settings parser reads back, the CRD identical to crds/, and bad v
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
+import shutil
 from typing import Any
 
 import helm_python as helm
@@ -21,15 +23,24 @@ from rldock.contract.version import __version__
 from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock.operator.api import PodDefaults
 from rldock.operator.constants import CRD_NAME, ImagePullPolicy
+from rldock.operator.leader import LeaseTimings, lease_rules
 from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, DashboardAddress, load_settings
 from rldock.operator.validation import device_resource_error
 
-CHART_KINDS = {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-               "RoleBinding", "Deployment"}
+CHART_KINDS = {"CustomResourceDefinition", "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+               "RoleBinding", "Deployment", "Service", "PodDisruptionBudget"}
 OPERATOR_COMMAND = ["python", "-m", "rldock.operator"]
 CHART_VARIABLES = {"RLDOCK_NAMESPACES", "RLDOCK_POLL_INTERVAL", "RLDOCK_LOG_LEVEL", "RLDOCK_DASHBOARD_ADDRESS",
-                   "RLDOCK_RAY_TIMEOUT", "RLDOCK_LIVENESS", "RLDOCK_DEFAULT_IMAGE", "RLDOCK_IMAGE_PULL_POLICY",
-                   "RLDOCK_DEFAULT_DEVICE_RESOURCE"}
+                   "RLDOCK_RAY_TIMEOUT", "RLDOCK_DEFAULT_IMAGE", "RLDOCK_IMAGE_PULL_POLICY",
+                   "RLDOCK_DEFAULT_DEVICE_RESOURCE", "RLDOCK_LEADER_ELECTION", "RLDOCK_LEASE_NAME",
+                   "RLDOCK_LEASE_DURATION", "RLDOCK_RENEW_DEADLINE", "RLDOCK_RETRY_PERIOD", "RLDOCK_HEALTH_PORT",
+                   "RLDOCK_POLICY", "RLDOCK_NETWORK_POLICY", "RLDOCK_OPERATOR_POD_LABELS", "RLDOCK_TOKEN_KEY"}
+# What the chart's token-key Secret gives the operator container (a generated key at install).
+TOKEN_KEY = "k" * 64
+# What the downward API gives the operator container in a pod of the Deployment.
+POD = {"metadata.name": "rldock-7d9f8b6c5-x2k4q", "metadata.namespace": NAMESPACE}
+LEADER_ELECTION_ROLE = "-leader-election"
+AGGREGATED_ROLES = ("-edit", "-view")  # suffixes of the ClusterRoles that aggregate into edit/admin and view  # suffix of the Role and RoleBinding for the Lease
 MISSING_DEPENDENCY = "chart directory is missing these dependencies: kuberay-operator"
 
 
@@ -99,9 +110,11 @@ def test_namespaced_objects_live_in_the_release_namespace(variant):
     watched = VARIANTS[variant].get("operator", {}).get("watchNamespaces", [])
     for manifest in render(VARIANTS[variant]):
         namespace = manifest["metadata"].get("namespace")
-        if manifest["kind"] in ("Role", "RoleBinding"):
+        if manifest["kind"] in ("Role", "RoleBinding") and manifest["metadata"]["name"].endswith(LEADER_ELECTION_ROLE):
+            assert namespace == NAMESPACE  # the Lease lives in the operator's own namespace
+        elif manifest["kind"] in ("Role", "RoleBinding"):
             assert namespace in watched
-        elif manifest["kind"] in ("ServiceAccount", "Deployment"):
+        elif manifest["kind"] in ("ServiceAccount", "Deployment", "Service", "PodDisruptionBudget", "Secret"):
             assert namespace == NAMESPACE
         else:
             assert namespace is None, manifest["kind"]
@@ -114,7 +127,8 @@ def test_rbac_is_what_the_operator_builder_makes(variant):
     objects = render(VARIANTS[variant])
     deployment = one(objects, "Deployment")
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    rbac = [_without_labels(o) for o in objects if o["kind"].endswith(("Role", "RoleBinding"))]
+    rbac = [_without_labels(o) for o in objects if o["kind"].endswith(("Role", "RoleBinding"))
+            and not o["metadata"]["name"].endswith((LEADER_ELECTION_ROLE, *AGGREGATED_ROLES))]
     namespaces = VARIANTS[variant].get("operator", {}).get("watchNamespaces", [])
     expected = build_rbac(name=deployment["metadata"]["name"], subject=service_account_subject(account, NAMESPACE),
                           namespaces=namespaces)
@@ -123,14 +137,41 @@ def test_rbac_is_what_the_operator_builder_makes(variant):
 
 
 def test_per_namespace_watching_needs_nothing_cluster_scoped():
+    """Nothing cluster-scoped for the operator; the roles that aggregate RLJob rights into `edit`
+    and `view` are cluster-scoped by nature (and bind nothing), and can be left out."""
     objects = render(VARIANTS["per-namespace"])
-    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
-    assert [r["metadata"]["namespace"] for r in by_kind(objects, "Role")] == ["team-a", "team-b"]
+    assert not by_kind(objects, "ClusterRoleBinding")
+    assert {r["metadata"]["name"] for r in by_kind(objects, "ClusterRole")} == {f"rldock{s}" for s in AGGREGATED_ROLES}
+    alone = render({**VARIANTS["per-namespace"], "rbac": {"create": True, "aggregateToDefaultRoles": False}})
+    assert not by_kind(alone, "ClusterRole")
+    roles = [r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith(LEADER_ELECTION_ROLE)]
+    assert [r["metadata"]["namespace"] for r in roles] == ["team-a", "team-b"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_lease_rules_are_the_elector_s_in_the_release_namespace(variant):
+    objects = render(VARIANTS[variant])
+    deployment = one(objects, "Deployment")
+    name = f"{deployment['metadata']['name']}{LEADER_ELECTION_ROLE}"
+    (role,) = [o for o in by_kind(objects, "Role") if o["metadata"]["name"] == name]
+    (binding,) = [o for o in by_kind(objects, "RoleBinding") if o["metadata"]["name"] == name]
+    lease = load_settings([], _env(_container(objects))).lease_name
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == lease_rules(lease)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [service_account_subject(account, NAMESPACE)]
+
+
+def test_no_lease_rules_without_leader_election():
+    objects = render({"replicaCount": 1, "leaderElection": {"enabled": False}})
+    assert not [o for o in objects if o["metadata"]["name"].endswith(LEADER_ELECTION_ROLE)]
 
 
 def test_rbac_and_service_account_can_be_left_to_an_admin():
     objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "given"}})
-    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment"}
+    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment", "Service", "PodDisruptionBudget",
+                                            "Secret"}
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "given"
 
 
@@ -142,28 +183,102 @@ def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
-    return {var["name"]: var["value"] for var in container["env"] if "value" in var}
+    """The container's environment as the operator sees it: values, and the downward API's fields
+    of a pod (POD)."""
+    env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
+    for var in container["env"]:
+        field = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field is not None:
+            env[var["name"]] = POD[field]
+        secret = var.get("valueFrom", {}).get("secretKeyRef")
+        if secret is not None:  # a Secret the chart makes, e.g. the token key: any value of its size
+            env[var["name"]] = "0" * 64
+    return env
 
 
-def test_one_replica_replaced_with_recreate():
-    spec = one(render(), "Deployment")["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+def test_two_replicas_with_leader_election_replaced_by_a_rolling_update():
+    objects = render()
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    # A new pod starts as a standby; only once it is ready does an old one stop (and, if it led,
+    # release the Lease to a standby).
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    settings = load_settings([], _env(_container(objects)))
+    assert settings.leader_election
+    assert (settings.identity, settings.lease_namespace) == (POD["metadata.name"], NAMESPACE)
+    assert settings.lease_name == one(objects, "Deployment")["metadata"]["name"]
+    assert settings.lease == LeaseTimings()
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert _container(render())["securityContext"]["readOnlyRootFilesystem"] is True
+    assert _container(objects)["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_one_replica_without_leader_election_is_replaced_with_recreate():
+    objects = render({"replicaCount": 1, "leaderElection": {"enabled": False}})
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert not load_settings([], _env(_container(objects))).leader_election
+    assert not by_kind(objects, "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"leaderElection": {"enabled": False}}, "replicaCount > 1 needs leaderElection.enabled"),
+    ({"leaderElection": {"enabled": True, "leaseDuration": 10}}, "leaseDuration > renewDeadline"),
+    ({"leaderElection": {"enabled": True, "retryPeriod": 9}}, "renewDeadline > 1.2 x retryPeriod"),
+    ({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}, "needs metrics.service"),
+])
+def test_unsafe_replica_settings_are_refused(values, message):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        render_files(values)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_probes_call_the_kopf_health_endpoint_the_operator_serves(variant):
+def test_probes_call_the_operator_s_own_health_server(variant):
     container = _container(render(VARIANTS[variant]))
     settings = load_settings([], _env(container))
-    assert settings.liveness_endpoint is not None
-    port = int(settings.liveness_endpoint.rsplit(":", 1)[1].split("/")[0])
-    path = "/" + settings.liveness_endpoint.rsplit("/", 1)[1]
+    assert settings.liveness_endpoint is None  # kopf's would serve only on the leader
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        get = container[probe]["httpGet"]
-        assert get["path"] == path and ports[get["port"]] == port, probe
+    assert ports == {"http": settings.health_port}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_metrics_service_selects_the_operator_pods():
+    objects = render()
+    service = one(objects, "Service")
+    deployment = one(objects, "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["targetPort"], port["port"]) == ("http-metrics", "http", 8080)
+    assert not by_kind(objects, "ServiceMonitor")  # only when asked for
+    assert not by_kind(render({"metrics": {"service": {"enabled": False}}}), "Service")
+
+
+def test_service_monitor_when_enabled():
+    objects = render({"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
+                                                     "labels": {"release": "prometheus"}}}})
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["namespace"] == NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= one(objects, "Service")["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [{"port": "http-metrics", "path": "/metrics", "interval": "15s",
+                                             "scrapeTimeout": "10s"}]
+
+
+def test_pod_disruption_budget_keeps_a_standby(tmp_path):
+    objects = render()
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["apiVersion"] == "policy/v1"  # offline, Helm assumes a cluster that serves it
+    assert budget["spec"] == {"maxUnavailable": 1,
+                              "selector": {"matchLabels": one(objects, "Deployment")["spec"]["selector"]["matchLabels"]}}
+    assert not by_kind(render({"podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget")
+    # A cluster without policy/v1 (Kubernetes 1.20): the same budget as policy/v1beta1.
+    chart = tmp_path / "rldock"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
+    template = chart / "templates" / "poddisruptionbudget.yaml"
+    template.write_text(template.read_text().replace('.Capabilities.APIVersions.Has "policy/v1"', "false"))
+    old = one(render(chart=chart), "PodDisruptionBudget")
+    assert old["apiVersion"] == "policy/v1beta1" and old["spec"] == budget["spec"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -193,12 +308,18 @@ def test_every_variable_the_chart_sets_changes_the_operator_settings():
     """Each RLDOCK_* variable of the Deployment, left out, gives other settings: none is ignored."""
     custom = copy.deepcopy(VARIANTS["cluster-wide-custom"])
     custom["operator"]["watchNamespaces"] = ["team-a"]  # every knob away from its default
+    custom["leaderElection"] = {"enabled": True, "leaseName": "rl-lease", "leaseDuration": 20, "renewDeadline": 12,
+                                "retryPeriod": 3}
+    custom["policy"] = {"hostPathPrefixes": ["/mnt/shared"]}
+    custom["networkPolicy"] = {"enabled": False}
     env = _env(_container(render(custom)))
     assert {name for name in env if name.startswith("RLDOCK_")} == CHART_VARIABLES
     rendered = load_settings([], env)
-    for name in CHART_VARIABLES:
+    for name in CHART_VARIABLES - {"RLDOCK_TOKEN_KEY"}:
         without = {k: v for k, v in env.items() if k != name}
         assert load_settings([], without) != rendered, f"{name} is set by the chart but not read by the operator"
+    with pytest.raises(SystemExit):  # the token key is required
+        load_settings([], {k: v for k, v in env.items() if k != "RLDOCK_TOKEN_KEY"})
 
 
 def test_operator_image_defaults_to_the_app_version():
@@ -214,7 +335,7 @@ def test_schema_bounds_and_enums_are_the_operator_settings():
                                                                                       MAX_POLL_INTERVAL)
     assert schema["dashboardAddress"]["enum"] == [d.value for d in DashboardAddress]
     for level in schema["logLevel"]["enum"]:
-        assert load_settings(["--log-level", level], {}).log_level == level
+        assert load_settings(["--log-level", level], {"RLDOCK_TOKEN_KEY": TOKEN_KEY}).log_level == level
 
 
 # --- The CRD ----------------------------------------------------------------------------------
@@ -261,7 +382,11 @@ def test_crd_can_be_left_out_or_not_kept():
     ({"crds": {"install": "yes"}}, "/crds/install"),
     ({"rbac": {"create": 1}}, "/rbac/create"),
     ({"kuberay-operator": {"enabled": "false"}}, "/kuberay-operator/enabled"),
-    ({"replicaCount": 2}, "replicaCount"),                                # one replica, always
+    ({"replicaCount": 0}, "/replicaCount"),
+    ({"leaderElection": {"enabled": True, "leaseName": "Not_A_Name"}}, "/leaderElection/leaseName"),
+    ({"leaderElection": {"enabled": True, "retryPeriod": 0}}, "/leaderElection/retryPeriod"),
+    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+    ({"podDisruptionBudget": {"maxUnavailable": 0}}, "/podDisruptionBudget/maxUnavailable"),
 ])
 def test_bad_values_are_refused_naming_the_field(values, field):
     with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications") as refused:
@@ -329,3 +454,42 @@ def test_every_variable_the_chart_sets_is_documented():
     table = (REPO / "docs" / "operator.md").read_text().split("## Running the operator", 1)[1]
     for name in CHART_VARIABLES:
         assert f"`{name}" in table, name
+
+
+# --- Shared-cluster readiness (docs/security.md) ---------------------------------------------------
+
+def test_rljob_rights_aggregate_into_the_built_in_roles():
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")}
+    edit, view = roles["rldock-edit"], roles["rldock-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {"create", "delete", "patch", "update"} <= set(edit["rules"][0]["verbs"])
+    assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in view["rules"])
+
+
+def test_the_token_key_is_a_kept_secret_the_operator_reads_from_its_environment():
+    objects = render()
+    (secret,) = by_kind(objects, "Secret")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["key"])) == 64
+    (var,) = [v for v in _container(objects)["env"] if v["name"] == "RLDOCK_TOKEN_KEY"]
+    assert var["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "key"}
+
+
+def test_policy_and_network_policy_reach_the_operator():
+    values = {"policy": {"hostPathPrefixes": ["/mnt/shared"], "imagePrefixes": ["registry.example.com/ml/"],
+                         "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
+                         "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"}},
+              "networkPolicy": {"enabled": False}}
+    settings = load_settings([], _env(_container(render(values))))
+    assert settings.policy.host_path_prefixes == ["/mnt/shared"]
+    assert settings.policy.tolerations[0].key == "huawei.com/Ascend910"
+    assert settings.pod_defaults.image_pull_secrets == ("regcred",)
+    assert settings.pod_defaults.priority_class_name == "research" and not settings.network_policy
+    defaults = load_settings([], _env(_container(render())))
+    assert defaults.policy.host_path_prefixes == [] and defaults.network_policy
+    # The operator's own pods, which the RLJobs' NetworkPolicies admit to the Jobs API.
+    deployment = one(render(), "Deployment")
+    assert dict(defaults.operator_pod_labels) == deployment["spec"]["selector"]["matchLabels"]
+    assert defaults.operator_namespace == NAMESPACE
