@@ -27,7 +27,7 @@ from rldock.operator.admission import (
 )
 from rldock.operator.constants import MANAGED_BY_RLDOCK
 from rldock.operator.policy import AdminPolicy, policy_problems
-from rldock.operator.settings import OperatorSettings
+from rldock.operator.settings import OperatorSettings, load_settings
 from rldock.operator.validation import parse_spec
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
@@ -275,3 +275,25 @@ def test_connections_over_the_cap_are_closed_at_once(certificate):
         assert status == 400
     finally:
         server.stop()
+
+
+# --- Settings ---------------------------------------------------------------------------------
+
+def test_webhook_settings_from_the_environment_and_flags():
+    env = {"RLDOCK_TOKEN_KEY": "k" * 32, "RLDOCK_WEBHOOK_PORT": "9443",
+           "RLDOCK_WEBHOOK_CERT_FILE": "/etc/webhook/tls.crt", "RLDOCK_WEBHOOK_KEY_FILE": "/etc/webhook/tls.key"}
+    settings = load_settings([], env)
+    assert (settings.webhook_port, settings.webhook_cert_file, settings.webhook_key_file) == (
+        9443, "/etc/webhook/tls.crt", "/etc/webhook/tls.key")
+    assert load_settings(["--webhook-port", "8443"], env).webhook_port == 8443
+    assert load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32}).webhook_port is None
+
+
+@pytest.mark.parametrize("drop", ["RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WEBHOOK_KEY_FILE"])
+def test_a_webhook_port_without_its_certificate_stops_the_operator_at_start(drop, capsys):
+    env = {"RLDOCK_TOKEN_KEY": "k" * 32, "RLDOCK_WEBHOOK_PORT": "9443",
+           "RLDOCK_WEBHOOK_CERT_FILE": "/c", "RLDOCK_WEBHOOK_KEY_FILE": "/k"}
+    del env[drop]
+    with pytest.raises(SystemExit):
+        load_settings([], env)
+    assert "--webhook-cert-file" in capsys.readouterr().err

@@ -19,6 +19,9 @@ Replicas and health (docs/operator.md): --leader-election [RLDOCK_LEADER_ELECTIO
 [RLDOCK_LEASE_NAME], --lease-namespace [RLDOCK_LEASE_NAMESPACE, else POD_NAMESPACE], --identity
 [POD_NAME], --lease-duration/--renew-deadline/--retry-period [RLDOCK_LEASE_DURATION,
 RLDOCK_RENEW_DEADLINE, RLDOCK_RETRY_PERIOD] and --health-port [RLDOCK_HEALTH_PORT].
+
+The admission webhook (admission.py, served by every replica): --webhook-port [RLDOCK_WEBHOOK_PORT]
+with --webhook-cert-file and --webhook-key-file [RLDOCK_WEBHOOK_CERT_FILE, RLDOCK_WEBHOOK_KEY_FILE].
 """
 
 from __future__ import annotations
@@ -84,6 +87,11 @@ class OperatorSettings:
     # Port of the operator's own /metrics, /healthz and /readyz (metrics.HealthServer), served by
     # every replica, standby included; None: not served.
     health_port: Optional[int] = None
+    # Port of the RLJob admission webhook (admission.WebhookServer, HTTPS with this certificate and
+    # key), served by every replica; None: not served.
+    webhook_port: Optional[int] = None
+    webhook_cert_file: Optional[str] = None
+    webhook_key_file: Optional[str] = None
 
     @property
     def clusterwide(self) -> bool:
@@ -109,6 +117,10 @@ class OperatorSettings:
                              "and an identity (--identity or POD_NAME)")
         if self.health_port is not None and not 1 <= self.health_port <= 65535:
             raise ValueError(f"health port must be in [1, 65535], got {self.health_port}")
+        if self.webhook_port is not None and not (1 <= self.webhook_port <= 65535 and self.webhook_cert_file
+                                                  and self.webhook_key_file):
+            raise ValueError("the webhook port must be in [1, 65535] and needs a certificate and key file "
+                             "(--webhook-cert-file, --webhook-key-file)")
         if self.token_key is not None and len(self.token_key) < MIN_TOKEN_KEY_BYTES:
             raise ValueError(f"RLDOCK_TOKEN_KEY must hold at least {MIN_TOKEN_KEY_BYTES} bytes, got {len(self.token_key)}")
 
@@ -145,6 +157,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                         default=env.get("RLDOCK_NETWORK_POLICY", "true").lower() not in ("false", "0", "no", "off"),
                         help="give each RLJob a NetworkPolicy [RLDOCK_NETWORK_POLICY]")
     _leader_election_arguments(parser, env)
+    parser.add_argument("--webhook-port", type=int, default=env.get("RLDOCK_WEBHOOK_PORT") or None,
+                        help="serve the RLJob admission webhook over HTTPS on this port [RLDOCK_WEBHOOK_PORT]")
+    parser.add_argument("--webhook-cert-file", default=env.get("RLDOCK_WEBHOOK_CERT_FILE") or None,
+                        help="the webhook's certificate, PEM [RLDOCK_WEBHOOK_CERT_FILE]")
+    parser.add_argument("--webhook-key-file", default=env.get("RLDOCK_WEBHOOK_KEY_FILE") or None,
+                        help="the webhook's private key, PEM [RLDOCK_WEBHOOK_KEY_FILE]")
     parser.set_defaults(env_namespaces=namespaces)
     return parser
 
@@ -204,6 +222,9 @@ def load_settings(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> Oper
             lease=LeaseTimings(lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
                                retry_period=args.retry_period),
             health_port=args.health_port,
+            webhook_port=args.webhook_port,
+            webhook_cert_file=args.webhook_cert_file,
+            webhook_key_file=args.webhook_key_file,
         )
     except ValueError as error:
         parser.error(str(error))
