@@ -1,13 +1,14 @@
 """`python -m rldock.operator`: run the operator (settings.py lists the flags and variables).
 
-Start-up: settings; the health and metrics server (every replica, standby included); the RLJob
-CRD check; with leader election, wait for the Lease (leader.py) and keep renewing it in a thread;
-then kopf, until SIGTERM. A leader that cannot renew exits at once (exit code 3) and the kubelet
+Start-up: settings; the health and metrics server and the admission webhook (admission.py; both in
+every replica, standby included); the RLJob CRD check; with leader election, wait for the Lease
+(leader.py) and keep renewing it in a thread; then kopf, until SIGTERM. A leader that cannot renew exits at once (exit code 3) and the kubelet
 restarts it as a standby; after kopf stops, the Lease is released so a standby takes over at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -16,6 +17,7 @@ from typing import Optional, Sequence
 import kopf
 from kubernetes import client, config
 
+from rldock.operator.admission import WebhookServer, review
 from rldock.operator.constants import CRD_NAME, GROUP, VERSION
 from rldock.operator.handlers import configure_kopf, register
 from rldock.operator.kube import Kube
@@ -56,6 +58,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     metrics = Metrics()
     if settings.health_port is not None:
         HealthServer(metrics, port=settings.health_port).start()
+    if settings.webhook_port is not None:  # every replica: the webhook's Service picks any ready one
+        assert settings.webhook_cert_file and settings.webhook_key_file, "checked by OperatorSettings"
+        WebhookServer(functools.partial(review, settings=settings), port=settings.webhook_port,
+                      cert_file=settings.webhook_cert_file, key_file=settings.webhook_key_file).start()
     api = _api_client()
     _require_crd(api)
     elector = _lead(api, settings, metrics)
