@@ -28,7 +28,9 @@ from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.doubles.kubelet import KubeletDouble
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.ray_jobs import FakeJob, RayJobsDouble
+from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
 from rldock_e2e.operator_process import OperatorProcess
+from rldock_e2e.pod_security import restricted_violations
 from rldock.operator import naming
 from rldock.operator.builders.rbac import build_rbac
 from rldock.contract.progress import format_progress
@@ -41,6 +43,9 @@ DEVICE = "huawei.com/Ascend910"
 NODE_DEVICES = 4
 POLL = 1.0  # the operator's poll interval here (production: 5 s)
 TIMEOUT = 60.0
+# The admin policy of the operator under test: the chart's default, the secure one (no hostPath).
+POLICY: dict[str, Any] = {}
+CHECKPOINT_CLAIM = "rl-checkpoints"  # bound by the `world` fixture
 
 
 def rljob(name: str, **spec: Any) -> dict[str, Any]:
@@ -50,7 +55,7 @@ def rljob(name: str, **spec: Any) -> dict[str, Any]:
                          "max_response_length": 6, "learning_rate": 3e-4},
            "training": {"data_parallel_size": 2}, "resources": {"num_nodes": 1, "devices_per_node": 2},
            "checkpoint": {"interval": 2}}
-    body = {"job": job, "checkpoint": {"hostPath": "/mnt/rl"},
+    body = {"job": job, "checkpoint": {"claimName": CHECKPOINT_CLAIM},
             "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}},
             "backoffLimit": 2, **spec}
     return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": body}
@@ -137,6 +142,12 @@ class World:
             "response_length_mean": 5.0, "tokens_per_s_per_device": 100.0 + iteration, "checkpoint": checkpoint}))
 
 
+def _selects(selector: dict[str, Any], obj: dict[str, Any]) -> bool:
+    """Whether a LabelSelector (matchLabels only, as the operator writes them) selects `obj`."""
+    labels = obj["metadata"].get("labels") or {}
+    return set(selector) <= {"matchLabels"} and selector["matchLabels"].items() <= labels.items()
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -159,6 +170,7 @@ def plane(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[
 def world(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     namespace = unique("op")
     plane.create_namespace(namespace)
+    bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path="/mnt/rl")
     # Least privilege, checked: the operator runs as a user that has only the generated Role.
     for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
                                subject={"kind": "User", "name": DEVELOPER_USER,
@@ -170,7 +182,8 @@ def world(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iter
     (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
     # A short Jobs API timeout: the Jobs API here is a local double that answers at once.
     operator = OperatorProcess(namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work,
-                               poll_interval=POLL, ray_timeout=2.0, env=plane.env)
+                               poll_interval=POLL, ray_timeout=2.0,
+                               env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)})
     (dashboard_port,) = free_ports(1)
     jobs = RayJobsDouble(port=dashboard_port, start_delay=0.3)
     api = plane.api_client()
@@ -183,6 +196,7 @@ def world(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iter
             operator.stop()
             jobs.close()
             plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
+            delete_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM)
 
 
 def test_rljob_runs_to_success_with_live_status(world: World):
@@ -191,6 +205,10 @@ def test_rljob_runs_to_success_with_live_status(world: World):
     uid = world.wait("the RLJob", lambda: world.get("rljobs", name))["metadata"]["uid"]
 
     cluster = world.wait("the RayCluster", lambda: world.get("rayclusters", name))
+    # Every pod template, as the API server stored it (defaults applied), passes `restricted`.
+    for template in [cluster["spec"]["headGroupSpec"]["template"],
+                     *(group["template"] for group in cluster["spec"]["workerGroupSpecs"])]:
+        assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []
     config_map = world.wait("the ConfigMap", lambda: world.core_object("ConfigMap", naming.config_map_name(name)))
     secret = world.core_object("Secret", naming.auth_secret_name(name))
     for child in (cluster, config_map, secret):
@@ -199,6 +217,14 @@ def test_rljob_runs_to_success_with_live_status(world: World):
     assert "iterations: 4" in config_map["data"]["job.yaml"]
 
     obj, job = world.running(name)
+    # The job's NetworkPolicy exists and selects every pod of its cluster (head and worker).
+    policy = json.loads(client.NetworkingV1Api(world.api).read_namespaced_network_policy(
+        naming.network_policy_name(name), world.namespace, _preload_content=False).data)
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == uid
+    pods = world.pods(name)
+    assert len(pods) == 2 and all(_selects(policy["spec"]["podSelector"], pod) for pod in pods)
+    own_pods = policy["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert all(_selects(own_pods, pod) for pod in pods)
     # The head's Jobs API took the submission only with the RLJob's own token (token auth).
     assert world.jobs.head_of(name).token and world.jobs.head_of(name).unauthorized == 0
     assert "--resume" in job.entrypoint and job.submission_id == world.submission_id(name, 0)
@@ -373,4 +399,81 @@ def test_suspend_releases_the_cluster_and_unsuspend_resumes(world: World):
     assert (suspended["status"], suspended["reason"]) == ("False", "Resumed")
     reasons = {e["reason"] for e in world.events(name)}
     assert {"Suspended", "Resumed"} <= reasons, reasons
+    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+
+
+def test_a_host_path_outside_the_policy_is_refused_then_allowed_by_the_admin(world: World):
+    """Whoever may create an RLJob must not mount a node's root: refused by default, naming the
+    field and the policy value, with nothing created; allowed once the admin allows the prefix."""
+    name = unique("root")
+    world.apply(rljob(name, volumes=[{"name": "root", "hostPath": {"path": "/"}}],
+                      volumeMounts=[{"name": "root", "mountPath": "/host"}]))
+    status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PolicyDenied", failed
+    assert "spec.volumes[0].hostPath.path" in failed["message"] and "policy.hostPathPrefixes" in failed["message"]
+    event = world.wait("the PolicyDenied event", lambda: next(
+        (e for e in world.events(name) if e["reason"] == "PolicyDenied"), None))
+    assert event["type"] == "Warning"
+    time.sleep(2 * POLL)
+    assert world.get("rayclusters", name) is None
+    assert world.core_object("ConfigMap", naming.config_map_name(name)) is None
+
+    # The admin allows every path (helm upgrade --set policy.hostPathPrefixes={/}): the operator
+    # restarts with the new policy and the same RLJob goes ahead.
+    world.operator.stop()
+    world.operator.env["RLDOCK_POLICY"] = json.dumps({"hostPathPrefixes": ["/"]})
+    try:
+        world.operator.start()
+        world.wait_status(name, "the spec allowed", lambda s: s.get("phase") in ("Provisioning", "Running"))
+        cluster = world.wait("the RayCluster", lambda: world.get("rayclusters", name))
+        volumes = cluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+        assert {"name": "root", "hostPath": {"path": "/"}} in volumes
+    finally:
+        world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+        world.operator.stop()
+        world.operator.env["RLDOCK_POLICY"] = json.dumps(POLICY)
+        world.operator.start()
+
+
+def test_the_operator_cannot_read_secrets_and_still_reaches_the_jobs_api(world: World):
+    """Least privilege: the operator's identity has exactly the generated role, which may create
+    Secrets and not read them; the jobs above ran with tokens it derived, never read back."""
+    for verb in ("get", "list", "watch"):
+        answer = world.plane.kubectl("auth", "can-i", verb, "secrets", "-n", world.namespace,
+                                     "--as", DEVELOPER_USER, check=False)
+        assert answer.stdout.strip() == "no", (verb, answer.stdout, answer.stderr)
+    assert world.plane.kubectl("auth", "can-i", "create", "secrets", "-n", world.namespace,
+                               "--as", DEVELOPER_USER).stdout.strip() == "yes"
+    name = unique("token")
+    world.apply(rljob(name))
+    _, job = world.running(name)  # submitted with the derived token: the head refuses any other
+    head = world.jobs.head_of(name)
+    assert head.token and head.unauthorized == 0
+    world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
+
+
+def test_a_suspend_by_kueue_or_an_admin_costs_no_restart_and_is_not_undone(world: World):
+    name = unique("preempt")
+    world.apply(rljob(name, backoffLimit=1))
+    _, job = world.running(name)
+    world.progress(job.submission_id, 2, checkpoint=2)
+    # What Kueue does when it preempts the job's workload (or an admin does by hand).
+    world.plane.kubectl("patch", "raycluster", name, "-n", world.namespace, "--type=merge",
+                        "-p", json.dumps({"spec": {"suspend": True}}))
+    status = world.wait_status(name, "phase Suspended", lambda s: s.get("phase") == "Suspended")["status"]
+    suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
+    assert suspended["reason"] == "SuspendedExternally" and status["restartCount"] == 0
+    world.wait("the pods gone", lambda: not world.pods(name))
+    time.sleep(3 * POLL)  # rounds go by: the operator leaves the suspend in place
+    assert world.get("rayclusters", name)["spec"]["suspend"] is True
+    assert world.get("rljobs", name)["status"]["restartCount"] == 0
+
+    world.plane.kubectl("patch", "raycluster", name, "-n", world.namespace, "--type=merge",
+                        "-p", json.dumps({"spec": {"suspend": False}}))  # admitted again
+    _, resumed = world.running(name)  # the same attempt 0, on a new head, from the checkpoint
+    assert resumed is not job and "--resume" in resumed.entrypoint
+    status = world.get("rljobs", name)["status"]
+    assert status["restartCount"] == 0 and status["rayJobId"] == world.submission_id(name, 0)
+    assert {"SuspendedExternally", "Resumed"} <= {e["reason"] for e in world.events(name)}
     world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
