@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import re
 import shutil
+import socket
+import ssl
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import padding
 from chart_testing import (
     CHART, KUBERNETES_VERSIONS, NAMESPACE, REPO, VARIANTS, by_kind, chart_with_kuberay_double, one, render,
     render_files,
 )
 
 from rldock.contract.version import __version__
+from rldock.operator.admission import REQUEST_DEADLINE_S, WEBHOOK_PATH, WebhookServer, review
 from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock.operator.api import PodDefaults
 from rldock.operator.constants import CRD_NAME, ImagePullPolicy
@@ -28,13 +35,16 @@ from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, Dashb
 from rldock.operator.validation import device_resource_error
 
 CHART_KINDS = {"CustomResourceDefinition", "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-               "RoleBinding", "Deployment", "Service", "PodDisruptionBudget"}
+               "RoleBinding", "Deployment", "Service", "PodDisruptionBudget", "ValidatingWebhookConfiguration"}
 OPERATOR_COMMAND = ["python", "-m", "rldock.operator"]
 CHART_VARIABLES = {"RLDOCK_NAMESPACES", "RLDOCK_POLL_INTERVAL", "RLDOCK_LOG_LEVEL", "RLDOCK_DASHBOARD_ADDRESS",
                    "RLDOCK_RAY_TIMEOUT", "RLDOCK_DEFAULT_IMAGE", "RLDOCK_IMAGE_PULL_POLICY",
                    "RLDOCK_DEFAULT_DEVICE_RESOURCE", "RLDOCK_LEADER_ELECTION", "RLDOCK_LEASE_NAME",
                    "RLDOCK_LEASE_DURATION", "RLDOCK_RENEW_DEADLINE", "RLDOCK_RETRY_PERIOD", "RLDOCK_HEALTH_PORT",
-                   "RLDOCK_POLICY", "RLDOCK_NETWORK_POLICY", "RLDOCK_OPERATOR_POD_LABELS", "RLDOCK_TOKEN_KEY"}
+                   "RLDOCK_POLICY", "RLDOCK_NETWORK_POLICY", "RLDOCK_OPERATOR_POD_LABELS", "RLDOCK_TOKEN_KEY",
+                   "RLDOCK_WEBHOOK_PORT", "RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WEBHOOK_KEY_FILE"}
+# Variables the operator refuses to start without, once the chart sets them.
+REQUIRED_VARIABLES = {"RLDOCK_TOKEN_KEY", "RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WEBHOOK_KEY_FILE"}
 # What the chart's token-key Secret gives the operator container (a generated key at install).
 TOKEN_KEY = "k" * 64
 # What the downward API gives the operator container in a pod of the Deployment.
@@ -171,7 +181,7 @@ def test_no_lease_rules_without_leader_election():
 def test_rbac_and_service_account_can_be_left_to_an_admin():
     objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "given"}})
     assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment", "Service", "PodDisruptionBudget",
-                                            "Secret"}
+                                            "Secret", "ValidatingWebhookConfiguration"}
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "given"
 
 
@@ -238,20 +248,24 @@ def test_probes_call_the_operator_s_own_health_server(variant):
     settings = load_settings([], _env(container))
     assert settings.liveness_endpoint is None  # kopf's would serve only on the leader
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": settings.health_port}
+    assert ports == {"http": settings.health_port, "webhook": settings.webhook_port}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
 
 
+def _metrics_services(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics")]
+
+
 def test_metrics_service_selects_the_operator_pods():
     objects = render()
-    service = one(objects, "Service")
+    (service,) = _metrics_services(objects)
     deployment = one(objects, "Deployment")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     (port,) = service["spec"]["ports"]
     assert (port["name"], port["targetPort"], port["port"]) == ("http-metrics", "http", 8080)
     assert not by_kind(objects, "ServiceMonitor")  # only when asked for
-    assert not by_kind(render({"metrics": {"service": {"enabled": False}}}), "Service")
+    assert not _metrics_services(render({"metrics": {"service": {"enabled": False}}}))
 
 
 def test_service_monitor_when_enabled():
@@ -260,7 +274,8 @@ def test_service_monitor_when_enabled():
     monitor = one(objects, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["namespace"] == NAMESPACE
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= one(objects, "Service")["metadata"]["labels"].items()
+    (service,) = _metrics_services(objects)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"] == [{"port": "http-metrics", "path": "/metrics", "interval": "15s",
                                              "scrapeTimeout": "10s"}]
 
@@ -315,11 +330,12 @@ def test_every_variable_the_chart_sets_changes_the_operator_settings():
     env = _env(_container(render(custom)))
     assert {name for name in env if name.startswith("RLDOCK_")} == CHART_VARIABLES
     rendered = load_settings([], env)
-    for name in CHART_VARIABLES - {"RLDOCK_TOKEN_KEY"}:
+    for name in CHART_VARIABLES - REQUIRED_VARIABLES:
         without = {k: v for k, v in env.items() if k != name}
         assert load_settings([], without) != rendered, f"{name} is set by the chart but not read by the operator"
-    with pytest.raises(SystemExit):  # the token key is required
-        load_settings([], {k: v for k, v in env.items() if k != "RLDOCK_TOKEN_KEY"})
+    for name in REQUIRED_VARIABLES:  # the token key; the webhook's certificate, once its port is set
+        with pytest.raises(SystemExit):
+            load_settings([], {k: v for k, v in env.items() if k != name})
 
 
 def test_operator_image_defaults_to_the_app_version():
@@ -470,7 +486,7 @@ def test_rljob_rights_aggregate_into_the_built_in_roles():
 
 def test_the_token_key_is_a_kept_secret_the_operator_reads_from_its_environment():
     objects = render()
-    (secret,) = by_kind(objects, "Secret")
+    (secret,) = [s for s in by_kind(objects, "Secret") if s["metadata"]["name"].endswith("-token-key")]
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert len(base64.b64decode(secret["data"]["key"])) == 64
     (var,) = [v for v in _container(objects)["env"] if v["name"] == "RLDOCK_TOKEN_KEY"]
@@ -493,3 +509,149 @@ def test_policy_and_network_policy_reach_the_operator():
     deployment = one(render(), "Deployment")
     assert dict(defaults.operator_pod_labels) == deployment["spec"]["selector"]["matchLabels"]
     assert defaults.operator_namespace == NAMESPACE
+
+
+# --- The admission webhook (operator/src/rldock/operator/admission.py) ---------------------------
+
+WEBHOOK_SECRET_KEYS = {"ca.crt", "tls.crt", "tls.key"}
+
+
+def _webhook(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (hook,) = one(objects, "ValidatingWebhookConfiguration")["webhooks"]
+    return hook
+
+
+def _webhook_secret(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (secret,) = [s for s in by_kind(objects, "Secret") if s["metadata"]["name"].endswith("-webhook-cert")]
+    return secret
+
+
+def _webhook_service(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (service,) = [s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-webhook")]
+    return service
+
+
+def test_the_api_server_sends_rljob_writes_to_every_replica_s_webhook():
+    objects = render()
+    hook = _webhook(objects)
+    assert hook["rules"] == [{"apiGroups": ["rldock.io"], "apiVersions": ["v1alpha1"], "resources": ["rljobs"],
+                              "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]
+    assert (hook["sideEffects"], hook["admissionReviewVersions"], hook["failurePolicy"]) == ("None", ["v1"], "Fail")
+    assert hook["timeoutSeconds"] == REQUEST_DEADLINE_S == 10  # the server cuts a connection off then too
+    assert "namespaceSelector" not in hook  # cluster-wide: every namespace
+    # The Service it calls selects every replica, on the port each one's operator serves.
+    service = _webhook_service(objects)
+    reference = hook["clientConfig"]["service"]
+    assert reference == {"name": service["metadata"]["name"], "namespace": NAMESPACE, "path": WEBHOOK_PATH,
+                         "port": 443}
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == 443
+    deployment = one(objects, "Deployment")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    container = _container(objects)
+    settings = load_settings([], _env(container))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[port["targetPort"]] == settings.webhook_port == 9443
+    # ... with the certificate of the Secret, mounted where the operator reads it.
+    secret = _webhook_secret(objects)
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    files = {f"{mount['mountPath']}/{item['path']}": item["key"] for item in volume["secret"]["items"]}
+    assert files == {settings.webhook_cert_file: "tls.crt", settings.webhook_key_file: "tls.key"}
+
+
+def test_the_webhook_covers_only_the_watched_namespaces():
+    hook = _webhook(render(VARIANTS["per-namespace"]))
+    assert hook["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}
+
+
+def test_the_chart_issues_a_certificate_the_api_server_accepts(tmp_path):
+    """The caBundle is the Secret's CA, which signed a certificate for <service>.<namespace>.svc,
+    and the operator's server with that certificate passes the check the API server makes."""
+    objects = render()
+    hook, secret = _webhook(objects), _webhook_secret(objects)
+    assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == WEBHOOK_SECRET_KEYS
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    pem = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+    ca = x509.load_pem_x509_certificate(pem["ca.crt"])
+    cert = x509.load_pem_x509_certificate(pem["tls.crt"])
+    ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
+                           cert.signature_hash_algorithm)
+    server_name = f"{_webhook_service(objects)['metadata']['name']}.{NAMESPACE}.svc"
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    assert server_name in names
+    assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days >= 3649  # kept ten years
+    key = serialization.load_pem_private_key(pem["tls.key"], password=None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+    # TLS as the API server speaks it: the caBundle as the only root, the Service's DNS name checked.
+    for name, data in pem.items():
+        (tmp_path / name).write_bytes(data)
+    server = WebhookServer(functools.partial(review, settings=load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32})),
+                           port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
+                           key_file=str(tmp_path / "tls.key")).start()
+    try:
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw, \
+                context.wrap_socket(raw, server_hostname=server_name) as tls:
+            assert tls.getpeercert()["subject"]
+    finally:
+        server.stop()
+
+
+LOOKUP = 'lookup "v1" "Secret" .Release.Namespace $secretName'
+
+
+def _chart_whose_lookup_finds(tmp_path, data: dict[str, str]):
+    """A copy of the chart whose lookup of the webhook Secret finds one holding `data` (what
+    `helm upgrade` sees; offline, lookup finds nothing)."""
+    chart = tmp_path / "rldock"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
+    template = chart / "templates" / "webhook.yaml"
+    text = template.read_text()
+    assert text.count(LOOKUP) == 1
+    found = "(dict " + " ".join(f'"{k}" "{v}"' for k, v in data.items()) + ")"
+    template.write_text(text.replace(LOOKUP, f'dict "data" {found}'))
+    return chart
+
+
+def test_an_upgrade_keeps_the_certificate_and_the_ca_bundle_in_step(tmp_path):
+    kept = {"ca.crt": "Q0E=", "tls.crt": "Q0VSVA==", "tls.key": "S0VZ"}
+    objects = render(chart=_chart_whose_lookup_finds(tmp_path / "whole", kept))
+    assert _webhook_secret(objects)["data"] == kept
+    assert _webhook(objects)["clientConfig"]["caBundle"] == kept["ca.crt"]
+    # A Secret missing a key is no certificate: a new pair is issued, and the bundle follows it.
+    partial = render(chart=_chart_whose_lookup_finds(tmp_path / "partial", {"ca.crt": "Q0E="}))
+    data = _webhook_secret(partial)["data"]
+    assert set(data) == WEBHOOK_SECRET_KEYS and data["ca.crt"] != "Q0E="
+    assert _webhook(partial)["clientConfig"]["caBundle"] == data["ca.crt"]
+
+
+def test_the_webhook_can_be_turned_off_or_made_to_fail_open():
+    objects = render({"webhook": {"enabled": False}})
+    assert not by_kind(objects, "ValidatingWebhookConfiguration")
+    assert not [o for o in objects if "-webhook" in o["metadata"]["name"]]
+    container = _container(objects)
+    assert load_settings([], _env(container)).webhook_port is None
+    assert "webhook" not in {p["name"] for p in container["ports"]}
+    assert _webhook(render({"webhook": {"failurePolicy": "Ignore"}}))["failurePolicy"] == "Ignore"
+
+
+@pytest.mark.parametrize("values, field", [
+    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+    ({"webhook": {"port": 443}}, "/webhook/port"),  # below 1024: the non-root container cannot bind it
+    ({"webhook": {"enabled": "yes"}}, "/webhook/enabled"),
+    ({"webhook": {"timeoutSeconds": 30}}, "/webhook"),  # fixed at the operator's own deadline
+])
+def test_bad_webhook_values_are_refused_naming_the_field(values, field):
+    with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications") as refused:
+        render_files(values)
+    assert field in str(refused.value)
+
+
+def test_the_webhook_and_health_ports_must_differ():
+    with pytest.raises(helm.HelmError, match="webhook.port and operator.healthPort must differ"):
+        render_files({"webhook": {"port": 8080}})
