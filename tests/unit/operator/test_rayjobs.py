@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from typing import Callable, Iterator
 
 import pytest
@@ -86,9 +88,25 @@ def test_the_driver_log_is_read_from_its_tail_not_whole(head: FakeHead):
     recorder = Recorder()
     client = RayJobsClient(f"http://127.0.0.1:{head.port}", token=TOKEN, timeout=2, tail_lines=10,
                            metrics=recorder)
-    assert client.get_logs(submission_id) == "".join(f"line {i}\n" for i in range(40, 50))
-    assert head.log_reads == {"tail": 1, "whole": 0}
-    assert recorder.requests == [("log_tail", "ok")]
+    tail = "".join(f"line {i}\n" for i in range(40, 50))
+    assert client.get_logs(submission_id) == tail  # the details first: the tail needs the driver's node
+    assert client.get_job(submission_id)["status"] == "RUNNING"
+    assert client.get_logs(submission_id) == tail  # known now: one request
+    assert head.log_reads == {"tail": 2, "whole": 0}
+    assert recorder.requests == [("get_job", "ok"), ("log_tail", "ok"), ("get_job", "ok"), ("log_tail", "ok")]
+
+
+def test_the_tail_request_names_the_driver_node_as_ray_requires(head: FakeHead):
+    submission_id = _running_job(head, ["x"])
+    base = f"http://127.0.0.1:{head.port}/api/v0/logs/file?submission_id={submission_id}&lines=5"
+    request = urllib.request.Request(base, headers={"Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:  # Ray 2.60's GetLogOptions: no node, 500
+        urllib.request.urlopen(request, timeout=2)
+    assert refused.value.code == 500
+    node = _client(head).get_job(submission_id)["driver_node_id"]
+    request = urllib.request.Request(f"{base}&node_id={node}", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=2) as response:
+        assert response.read() == b"x\n"
 
 
 def test_a_log_the_tail_endpoint_cannot_serve_is_read_whole(head: FakeHead):
@@ -98,9 +116,20 @@ def test_a_log_the_tail_endpoint_cannot_serve_is_read_whole(head: FakeHead):
     job.submitted += 3600  # and it stays so
     recorder = Recorder()
     client = RayJobsClient(f"http://127.0.0.1:{head.port}", token=TOKEN, timeout=2, metrics=recorder)
-    assert client.get_logs(submission_id) == "early failure\n"
+    assert client.get_logs(submission_id) == "early failure\n"  # no driver node: straight to the whole log
     assert head.log_reads == {"tail": 0, "whole": 1}
-    assert recorder.requests == [("log_tail", "http_error"), ("logs", "ok")]
+    assert recorder.requests == [("get_job", "ok"), ("logs", "ok")]
+
+
+def test_a_tail_the_state_api_refuses_falls_back_to_the_whole_log(head: FakeHead):
+    submission_id = _running_job(head, ["line"])
+    recorder = Recorder()
+    client = RayJobsClient(f"http://127.0.0.1:{head.port}", token=TOKEN, timeout=2, metrics=recorder)
+    client.get_job(submission_id)
+    head.jobs[submission_id].status = "PENDING"  # the state API answers 500 for it now
+    head.jobs[submission_id].submitted += 3600
+    assert client.get_logs(submission_id) == "line\n"
+    assert recorder.requests[1:] == [("log_tail", "http_error"), ("logs", "ok")]
 
 
 def test_a_log_larger_than_the_cap_keeps_its_last_whole_lines(head: FakeHead):

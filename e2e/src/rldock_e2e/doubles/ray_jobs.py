@@ -8,10 +8,11 @@ and the dashboard port, serving, as Ray 2.60 does (ray/dashboard/modules/job/job
     GET  /api/jobs/<id>        -> {"status", "message", "start_time", "end_time", ...}; 404 unknown
     GET  /api/jobs/<id>/logs   -> {"logs": "..."}
     POST /api/jobs/<id>/stop   -> {"stopped": bool}
-    GET  /api/v0/logs/file?submission_id=<id>&lines=<n>
+    GET  /api/v0/logs/file?node_id=<node>&submission_id=<id>&lines=<n>
                                -> the last n lines of the driver log (text/plain); 500 with the
-                                  reason while the job has no driver (unknown or PENDING), as
-                                  the state API's log endpoint (ray/dashboard/modules/state/state_head.py)
+                                  reason without a node_id or node_ip, or while the job has no
+                                  driver (unknown or PENDING), as the state API's log endpoint
+                                  (ray/dashboard/modules/state/state_head.py, GetLogOptions)
 
 With token auth (the head pod's RAY_AUTH_MODE=token and RAY_AUTH_TOKEN), a request without
 `Authorization: Bearer <token>` gets 401 and a wrong token 403, like Ray's middleware. A submitted
@@ -34,6 +35,8 @@ from urllib.parse import parse_qs, urlsplit
 log = logging.getLogger(__name__)
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# The head's node id (hex, as Ray's): every fake job's driver runs on its head.
+DRIVER_NODE_ID = "d8dd83b288d876975071a6b58cba519e18a087a142a359490576e9c4"
 
 
 @dataclass
@@ -52,7 +55,8 @@ class FakeJob:
     def details(self) -> dict[str, Any]:
         return {"type": "SUBMISSION", "job_id": None, "submission_id": self.submission_id,
                 "status": self.status, "message": self.message, "entrypoint": self.entrypoint,
-                "metadata": self.metadata, "start_time": self.start_time, "end_time": self.end_time}
+                "metadata": self.metadata, "start_time": self.start_time, "end_time": self.end_time,
+                "driver_node_id": DRIVER_NODE_ID if self.start_time is not None else None}
 
 
 class FakeHead:
@@ -121,6 +125,9 @@ def _handler_for(head: FakeHead) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(urlsplit(self.path).query)
             submission_id = (query.get("submission_id") or [""])[0]
             lines = int((query.get("lines") or ["1000"])[0])
+            if not (query.get("node_id") or query.get("node_ip")):
+                self._reply(500, "500 Internal Server Error\n\nServer got itself in trouble")
+                return
             job = head.job(submission_id)
             if job is None or job.status == "PENDING":
                 self._reply(500, f"Could not find a log file.\n\tsubmission_id: {submission_id}\n")

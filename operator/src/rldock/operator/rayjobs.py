@@ -6,7 +6,7 @@ The operator image carries no Ray, so this speaks the endpoints it needs directl
     POST /api/jobs/              submit {entrypoint, submission_id, metadata}
     GET  /api/jobs/<id>          status, message, start_time (ms)
     POST /api/jobs/<id>/stop     SIGTERM, then SIGKILL, to the driver
-    GET  /api/v0/logs/file?submission_id=<id>&lines=<n>
+    GET  /api/v0/logs/file?node_id=<driver node>&submission_id=<id>&lines=<n>
                                  the last n lines of the job's driver log (text)
     GET  /api/jobs/<id>/logs     {"logs": "..."}: the whole driver log, only as a fallback
 
@@ -16,7 +16,10 @@ API's log endpoint does read a tail: `GET /api/v0/logs/{file|stream}` with `subm
 the job's driver node and `job-driver-<id>.log` (ray/dashboard/modules/state/state_head.py
 `get_logs`, ray/dashboard/modules/log/log_manager.py `_resolve_job_filename`), and the driver
 node's log agent sends only the last `lines` lines (ray/dashboard/modules/log/log_agent.py
-`StreamLog`, default 1000). Byte offsets are only honoured there for task logs, so a client cannot
+`StreamLog`, default 1000). In 2.60 the request must also name a node: `GetLogOptions`
+(ray/util/state/common.py) refuses one with neither node_id nor node_ip unless it names an actor
+or a task, answering 500. The client sends the job's `driver_node_id`, which GET /api/jobs/<id>
+answers once the driver runs (checked against a real 2.60 head, tests/integration/test_ray_jobs_api.py). Byte offsets are only honoured there for task logs, so a client cannot
 ask for "everything after byte N" of a driver log; the tail is the smallest read Ray 2.60 offers.
 The endpoint sits behind the same token middleware as the Jobs API
 (ray/_private/authentication/http_token_authentication.py). The operator only needs the last
@@ -114,6 +117,7 @@ class RayJobsClient:
         self._tail_lines = tail_lines
         self._metrics = metrics
         self._clock = clock
+        self._driver_nodes: dict[str, str] = {}  # submission id -> driver_node_id, from get_job
 
     def get_job(self, submission_id: str) -> Optional[dict[str, Any]]:
         """The job's details, or None when the cluster has no job with this id."""
@@ -121,7 +125,10 @@ class RayJobsClient:
                                      expect=(200, 404))
         if status == 404:
             return None
-        return self._json(status, body, "get job")
+        details = self._json(status, body, "get job")
+        if details.get("driver_node_id"):
+            self._driver_nodes[submission_id] = str(details["driver_node_id"])
+        return details
 
     def submit_job(self, request: Mapping[str, Any]) -> str:
         """Submit; a job that already has this submission id counts as submitted (idempotent).
@@ -144,19 +151,24 @@ class RayJobsClient:
 
     def get_logs(self, submission_id: str) -> str:
         """The end of the job's driver log: its last `tail_lines` lines and at most `max_bytes`,
-        starting at a line start; "" when the cluster has no such job."""
-        query = urlencode({"submission_id": submission_id, "lines": self._tail_lines,
-                           "timeout": max(1, int(self._timeout))})
-        status, body, _ = self._request(Endpoint.LOG_TAIL, "GET", f"/api/v0/logs/file?{query}",
-                                     expect=(200,), keep_tail=True)
-        if status == 200:
-            return body
-        # No driver node yet, a job that ended before its driver started, or an unknown job: the
-        # state API answers 500 with its reason; the Jobs API tells these apart.
-        log.debug("log tail of %s unavailable (HTTP %s: %s); reading the whole log", submission_id, status,
-                  body[:200])
+        starting at a line start; "" when the cluster has no such job. The tail needs the job's
+        driver node: from this client's last `get_job` of the job, else from one made here."""
+        if submission_id not in self._driver_nodes:
+            self.get_job(submission_id)
+        node = self._driver_nodes.get(submission_id)
+        if node is not None:
+            query = urlencode({"node_id": node, "submission_id": submission_id, "lines": self._tail_lines,
+                               "timeout": max(1, int(self._timeout))})
+            status, body, _ = self._request(Endpoint.LOG_TAIL, "GET", f"/api/v0/logs/file?{query}",
+                                            expect=(200,), keep_tail=True)
+            if status == 200:
+                return body
+            log.debug("log tail of %s unavailable (HTTP %s: %s); reading the whole log", submission_id, status,
+                      body[:200])
+        # No driver node (a job whose driver never started, or no such job), or a state API that
+        # cannot answer: the Jobs API's whole log, under the same cap.
         status, body, cut = self._request(Endpoint.LOGS, "GET", f"/api/jobs/{quote(submission_id, safe='')}/logs",
-                                     expect=(200, 404), keep_tail=True)
+                                          expect=(200, 404), keep_tail=True)
         if status == 404:
             return ""
         return _logs_from_json(body, truncated=cut, what=f"logs at {self.base_url}")
