@@ -1,0 +1,205 @@
+"""The RLJob admission webhook on a real kube-apiserver (e2e/controlplane): the operator, as its own
+process (`python -m rldock.operator --webhook-port ...`) with the generated RBAC only, serves it over
+HTTPS on this machine with a certificate the test issues; a ValidatingWebhookConfiguration points
+the API server at `https://127.0.0.1:<port>/validate-rljob` with that CA as its caBundle, for this
+test's namespace only (the configuration is cluster-scoped and other tests share the control plane).
+
+`kubectl apply` of an RLJob outside the admin policy is refused with the fields named and nothing is
+stored; a valid one is admitted, and the operator's own writes to it (its finalizer, on creation
+and on deletion) pass; spec.managedBy cannot change.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import ssl
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
+from rldock_e2e.controlplane.processes import free_ports
+from rldock_e2e.operator_process import OperatorProcess
+from rldock.operator.admission import WEBHOOK_PATH
+from rldock.operator.builders.rbac import build_rbac
+from rldock.operator.constants import FINALIZER
+from test_operator import POLL, rljob, unique
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+
+HOST_ROOT = {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+             "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+TIMEOUT = 60.0
+
+
+class Pem(NamedTuple):
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+
+def issue_certificate(host: str) -> Pem:
+    """A CA and a serving certificate it signed for the IP address `host` (TEST ONLY)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(hours=2)}
+
+    def builder(subject: str, public_key: Any, issuer: str) -> x509.CertificateBuilder:
+        return (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                .public_key(public_key).serial_number(x509.random_serial_number())
+                .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"]))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (builder("rldock-webhook-test-ca", ca_key.public_key(), "rldock-webhook-test-ca")
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    # Go's TLS checks the subjectAltName only (never the common name).
+    cert = (builder("rldock-webhook-test", key.public_key(), "rldock-webhook-test-ca")
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return Pem(ca=ca.public_bytes(serialization.Encoding.PEM), cert=cert.public_bytes(serialization.Encoding.PEM),
+               key=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()))
+
+
+class Admission:
+    """The namespace under test, its operator and the webhook configuration sending its RLJobs there."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, operator: OperatorProcess) -> None:
+        self.plane, self.namespace, self.operator = plane, namespace, operator
+
+    def apply(self, manifest: dict[str, Any], *extra: str):
+        return self.plane.kubectl("apply", "-n", self.namespace, *extra, "-f", "-", input=yaml.safe_dump(manifest),
+                                  check=False)
+
+    def rljob(self, name: str) -> dict[str, Any] | None:
+        result = self.plane.kubectl("get", "rljob", name, "-n", self.namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            assert "NotFound" in result.stderr, result.stderr
+            return None
+        return json.loads(result.stdout)
+
+    def wait(self, what: str, probe: Any) -> Any:
+        return wait_for(what, probe, timeout=TIMEOUT, interval=0.25, check=self.operator.check)
+
+
+def _serving(url: str, ca_file: Path) -> bool:
+    """The webhook answers a GET (405: only POST is served) over TLS verified against the CA."""
+    try:
+        urllib.request.urlopen(url, timeout=2, context=ssl.create_default_context(cafile=str(ca_file)))
+    except urllib.error.HTTPError as error:
+        return error.code == 405
+    except OSError:
+        return False
+    return False
+
+
+@pytest.fixture(scope="module")
+def admission(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str],
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admission]:
+    plane = control_plane
+    namespace = unique("webhook")
+    selector = {"rldock.io/webhook-test": namespace}  # only this namespace is sent to this test's webhook
+    plane.create_namespace(namespace, labels=selector)
+    for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
+                               subject={"kind": "User", "name": DEVELOPER_USER,
+                                        "apiGroup": "rbac.authorization.k8s.io"}):
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    work = tmp_path_factory.mktemp("webhook")
+    kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
+    kubeconfig["current-context"] = DEVELOPER_USER
+    (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    pem = issue_certificate("127.0.0.1")
+    for name, data in (("ca.crt", pem.ca), ("tls.crt", pem.cert), ("tls.key", pem.key)):
+        (work / name).write_bytes(data)
+    (port,) = free_ports(1)
+    # The chart's default policy (no hostPath), as the operator reads it from the chart.
+    operator = OperatorProcess(namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work,
+                               poll_interval=POLL, env={**plane.env, "RLDOCK_POLICY": "{}"},
+                               extra_args=["--webhook-port", str(port), "--webhook-cert-file", str(work / "tls.crt"),
+                                           "--webhook-key-file", str(work / "tls.key")])
+    url = f"https://127.0.0.1:{port}{WEBHOOK_PATH}"
+    configuration = f"rldock-webhook-test-{uuid.uuid4().hex[:6]}"
+    operator.start()
+    try:
+        wait_for("the operator's webhook", lambda: _serving(url, work / "ca.crt"), timeout=TIMEOUT, interval=0.25,
+                 check=operator.check)
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": configuration},
+            "webhooks": [{
+                "name": "validate.rljobs.rldock.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail", "timeoutSeconds": 10,
+                "clientConfig": {"url": url, "caBundle": base64.b64encode(pem.ca).decode()},
+                "rules": [{"apiGroups": ["rldock.io"], "apiVersions": ["v1alpha1"], "resources": ["rljobs"],
+                           "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchLabels": selector},
+            }]}))
+        world = Admission(plane, namespace, operator)
+        # The API server picks the configuration up a moment later: wait until a server-side dry
+        # run (nothing stored; allowed, since the webhook has no side effects) is refused.
+        world.wait("the webhook configuration in effect",
+                   lambda: world.apply(rljob("probe", **HOST_ROOT), "--dry-run=server").returncode != 0)
+        yield world
+    finally:
+        plane.kubectl("delete", "validatingwebhookconfiguration", configuration, "--ignore-not-found", check=False)
+        plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
+        operator.stop()
+        plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_an_rljob_outside_the_policy_is_refused_at_apply_naming_the_field(admission: Admission):
+    name = unique("hostroot")
+    refused = admission.apply(rljob(name, **HOST_ROOT))
+    assert refused.returncode != 0
+    message = refused.stderr
+    assert "validate.rljobs.rldock.io" in message and "denied the request" in message, message
+    assert "spec.volumes[0].hostPath.path" in message and "policy.hostPathPrefixes" in message, message
+    assert "PolicyDenied" in message, message
+    assert admission.rljob(name) is None  # nothing was stored, so nothing can be created for it
+
+
+def test_an_invalid_rljob_is_refused_with_every_problem(admission: Admission):
+    name = unique("invalid")
+    manifest = rljob(name, **HOST_ROOT)
+    manifest["spec"]["job"]["training"]["data_parallel_size"] = 3  # 8 samples over 3 ranks, on 2 devices
+    refused = admission.apply(manifest)
+    assert refused.returncode != 0 and "InvalidSpec" in refused.stderr, refused.stderr
+    assert refused.stderr.count("spec.job.training.data_parallel_size: ") == 2, refused.stderr
+    assert admission.rljob(name) is None
+
+
+def test_a_valid_rljob_is_admitted_and_the_operator_s_own_writes_pass(admission: Admission):
+    name = unique("valid")
+    admitted = admission.apply(rljob(name))
+    assert admitted.returncode == 0, admitted.stderr
+    # The operator's finalizer is an UPDATE that the webhook sees and lets through (spec unchanged).
+    admission.wait("the operator's finalizer",
+                   lambda: FINALIZER in ((admission.rljob(name) or {}).get("metadata", {}).get("finalizers") or ()))
+    # A change into what the policy refuses, and a change of spec.managedBy, are refused.
+    widened = admission.apply(rljob(name, **HOST_ROOT))
+    assert widened.returncode != 0 and "spec.volumes[0].hostPath.path" in widened.stderr, widened.stderr
+    handed_over = admission.apply(rljob(name, managedBy=MULTIKUEUE))
+    assert handed_over.returncode != 0 and "spec.managedBy: field is immutable" in handed_over.stderr, \
+        handed_over.stderr
+    assert "volumes" not in admission.rljob(name)["spec"] and "managedBy" not in admission.rljob(name)["spec"]
+    # Deletion: the operator removes its finalizer (another UPDATE) and the RLJob goes.
+    admission.plane.kubectl("delete", "rljob", name, "-n", admission.namespace, "--wait=false")
+    admission.wait("the RLJob deleted", lambda: admission.rljob(name) is None)
