@@ -655,3 +655,11 @@ def test_bad_webhook_values_are_refused_naming_the_field(values, field):
 def test_the_webhook_and_health_ports_must_differ():
     with pytest.raises(helm.HelmError, match="webhook.port and operator.healthPort must differ"):
         render_files({"webhook": {"port": 8080}})
+
+
+def test_notes_say_which_replica_leads_and_where_the_metrics_are():
+    notes = render_files()["rldock/templates/NOTES.txt"]
+    assert f"kubectl -n {NAMESPACE} get lease rldock -o jsonpath='{{.spec.holderIdentity}}'" in notes
+    assert "Service rldock-metrics, port 8080, path /metrics" in notes
+    single = render_files({"replicaCount": 1, "leaderElection": {"enabled": False}})["rldock/templates/NOTES.txt"]
+    assert "get lease" not in single
