@@ -150,11 +150,10 @@ def test_what_is_not_an_admission_review_is_refused(body):
 
 # --- The HTTPS server -------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (TEST ONLY), as cert and key files."""
+def write_certificate(folder: Path, common_name: str = "rldock-webhook-test") -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (TEST ONLY) as tls.crt and tls.key in `folder`."""
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rldock-webhook-test")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
@@ -162,12 +161,16 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
                            critical=False)
             .sign(key, hashes.SHA256()))
-    folder = tmp_path_factory.mktemp("webhook-cert")
     (folder / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (folder / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                        serialization.PrivateFormat.PKCS8,
                                                        serialization.NoEncryption()))
     return folder / "tls.crt", folder / "tls.key"
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_certificate(tmp_path_factory.mktemp("webhook-cert"))
 
 
 def start_server(certificate: tuple[Path, Path], **bounds: Any) -> WebhookServer:
@@ -273,6 +276,30 @@ def test_connections_over_the_cap_are_closed_at_once(certificate):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert status == 400
+    finally:
+        server.stop()
+
+
+def _served_common_name(port: int) -> str:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only reads which one is served
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
+        cert = x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+    return cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(tmp_path):
+    """The kubelet swaps a mounted Secret's files in place; a half-written pair is not served."""
+    live, staged = tmp_path / "live", tmp_path / "staged"
+    live.mkdir(), staged.mkdir()
+    server = start_server(write_certificate(live, "first"))
+    try:
+        assert _served_common_name(server.port) == "first"
+        write_certificate(staged, "second")
+        (live / "tls.crt").write_bytes((staged / "tls.crt").read_bytes())  # the key does not match yet
+        assert _served_common_name(server.port) == "first"
+        (live / "tls.key").write_bytes((staged / "tls.key").read_bytes())
+        assert _served_common_name(server.port) == "second"
     finally:
         server.stop()
 

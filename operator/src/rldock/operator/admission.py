@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -151,18 +152,17 @@ class WebhookServer:
     """POST /validate-rljob over HTTPS on `port` (0: any free port, see `.port`), in a thread.
 
     `handle` answers a decoded AdmissionReview (e.g. `functools.partial(review, settings=...)`); a
-    ReviewError is answered with 400. The certificate and key are read once, at start: the chart
-    restarts the pods when it issues a new certificate.
+    ReviewError is answered with 400. The certificate and key are read at start (bad files fail
+    it) and again whenever either file changes, so a rotated certificate (the kubelet updates a
+    mounted Secret in place) is served without a restart.
     """
 
     def __init__(self, handle: Review, *, port: int, cert_file: str, key_file: str, host: str = "0.0.0.0",
                  max_review_bytes: int = MAX_REVIEW_BYTES, deadline_s: float = REQUEST_DEADLINE_S,
                  max_connections: int = MAX_CONNECTIONS) -> None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(cert_file, key_file)
-        self._server = _TLSServer((host, port), _handler(handle, max_review_bytes), context=context,
-                                  deadline_s=deadline_s, max_connections=max_connections)
+        self._server = _TLSServer((host, port), _handler(handle, max_review_bytes),
+                                  certificate=_Certificate(cert_file, key_file), deadline_s=deadline_s,
+                                  max_connections=max_connections)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-webhook", daemon=True)
 
@@ -176,6 +176,38 @@ class WebhookServer:
         self._server.server_close()
 
 
+class _Certificate:
+    """The TLS context of a certificate and key file pair, loaded again when either file changes."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self._files = (cert_file, key_file)
+        self._lock = threading.Lock()
+        self._stamp: Optional[tuple[tuple[int, int, int], ...]] = self._read_stamp()
+        self._context = self._load()
+
+    def _read_stamp(self) -> tuple[tuple[int, int, int], ...]:
+        # A mounted Secret's files are links into a folder the kubelet swaps: stat follows them.
+        return tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, self._files))
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(*self._files)
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        with self._lock:
+            try:
+                stamp = self._read_stamp()
+                if stamp != self._stamp:
+                    self._context, self._stamp = self._load(), stamp
+                    log.info("admission webhook: serving the certificate %s as changed", self._files[0])
+            except (OSError, ssl.SSLError) as error:  # e.g. a key that does not match yet
+                log.warning("admission webhook: cannot load %s and %s (%s); serving the previous certificate",
+                            *self._files, error)
+            return self._context
+
+
 class _TLSServer(ThreadingHTTPServer):
     """Each accepted connection's TLS handshake runs in its own thread (in `accept` it would stall
     every other client), under a deadline that closes the connection wherever it stands."""
@@ -183,9 +215,9 @@ class _TLSServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
-                 context: ssl.SSLContext, deadline_s: float, max_connections: int) -> None:
+                 certificate: _Certificate, deadline_s: float, max_connections: int) -> None:
         super().__init__(address, handler)
-        self.context, self.deadline_s = context, deadline_s
+        self.certificate, self.deadline_s = certificate, deadline_s
         self.max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
 
@@ -217,7 +249,7 @@ class _TLSServer(ThreadingHTTPServer):
         timer.start()
         try:
             try:
-                tls = self.context.wrap_socket(request, server_side=True)
+                tls = self.certificate.context().wrap_socket(request, server_side=True)
             except (OSError, ValueError) as error:  # a failed handshake closes the socket
                 log.debug("admission webhook: TLS handshake with %s failed: %s", client_address[0], error)
                 return
