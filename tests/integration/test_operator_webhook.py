@@ -55,14 +55,13 @@ class Pem(NamedTuple):
 def issue_certificate(host: str) -> Pem:
     """A CA and a serving certificate it signed for the IP address `host` (TEST ONLY)."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    valid = {"not_valid_before": now - datetime.timedelta(minutes=5), "not_valid_after": now + datetime.timedelta(hours=2)}
 
     def builder(subject: str, public_key: Any, issuer: str) -> x509.CertificateBuilder:
         return (x509.CertificateBuilder()
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
                 .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
                 .public_key(public_key).serial_number(x509.random_serial_number())
-                .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"]))
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=2)))
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (builder("rldock-webhook-test-ca", ca_key.public_key(), "rldock-webhook-test-ca")

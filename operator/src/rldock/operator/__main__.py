@@ -2,8 +2,9 @@
 
 Start-up: settings; the health and metrics server and the admission webhook (admission.py; both in
 every replica, standby included); the RLJob CRD check; with leader election, wait for the Lease
-(leader.py) and keep renewing it in a thread; then kopf, until SIGTERM. A leader that cannot renew exits at once (exit code 3) and the kubelet
-restarts it as a standby; after kopf stops, the Lease is released so a standby takes over at once.
+(leader.py) and keep renewing it in a thread; then kopf, until SIGTERM. A leader that cannot renew
+exits at once (exit code 3) and the kubelet restarts it as a standby; after kopf stops, the Lease is
+released so a standby takes over at once.
 """
 
 from __future__ import annotations
