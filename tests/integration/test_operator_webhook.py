@@ -61,7 +61,8 @@ def issue_certificate(host: str) -> Pem:
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
                 .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
                 .public_key(public_key).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=2)))
+                .not_valid_before(now - datetime.timedelta(minutes=5))
+                .not_valid_after(now + datetime.timedelta(hours=2)))
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (builder("rldock-webhook-test-ca", ca_key.public_key(), "rldock-webhook-test-ca")
