@@ -6,7 +6,8 @@ test's namespace only (the configuration is cluster-scoped and other tests share
 
 `kubectl apply` of an RLJob outside the admin policy is refused with the fields named and nothing is
 stored; a valid one is admitted, and the operator's own writes to it (its finalizer, on creation
-and on deletion) pass; spec.managedBy cannot change.
+and on deletion) pass; spec.managedBy cannot change. And the chart's certificate through `helm
+install` and `helm upgrade` on this API server: reused, so it and the caBundle stay in step.
 """
 
 from __future__ import annotations
@@ -203,3 +204,49 @@ def test_a_valid_rljob_is_admitted_and_the_operator_s_own_writes_pass(admission:
     # Deletion: the operator removes its finalizer (another UPDATE) and the RLJob goes.
     admission.plane.kubectl("delete", "rljob", name, "-n", admission.namespace, "--wait=false")
     admission.wait("the RLJob deleted", lambda: admission.rljob(name) is None)
+
+
+def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane: ControlPlane,
+                                                                    tmp_path: Path) -> None:
+    """The chart's own certificate through Helm's install and upgrade actions on this API server:
+    the upgrade's `lookup` finds the Secret, so the served certificate and the caBundle stay the
+    same pair; a Secret deleted by an admin is issued anew, the bundle with it. (The release watches
+    its own namespace only, whose name label 1.20 does not set: the configuration calls no one.)"""
+    helm_release = pytest.importorskip("rldock_e2e.helm_release")
+    pytest.importorskip("helm_python")
+    namespace, name = unique("webhook-chart"), unique("rel")
+    release = helm_release.HelmRelease(control_plane, helm_release.chart_without_optional_dependencies(tmp_path),
+                                       namespace=namespace, name=name)
+    values = {"operator": {"watchNamespaces": [namespace]}, "crds": {"install": False}, "replicaCount": 1,
+              "podDisruptionBudget": {"enabled": False}}
+
+    def issued() -> tuple[dict[str, str], str]:
+        secret = control_plane.kubectl_json("get", "secret", f"{name}-rldock-webhook-cert", "-n", namespace)
+        configuration = control_plane.kubectl_json("get", "validatingwebhookconfiguration",
+                                                   f"{name}-rldock-{namespace}")
+        (hook,) = configuration["webhooks"]
+        return secret["data"], hook["clientConfig"]["caBundle"]
+
+    installed = False
+    try:
+        release.install(values)
+        installed = True
+        first, bundle = issued()
+        assert bundle == first["ca.crt"] and set(first) == {"ca.crt", "tls.crt", "tls.key"}
+        release.upgrade({**values, "operator": {**values["operator"], "pollInterval": 2}})
+        assert issued() == (first, bundle)
+        control_plane.kubectl("delete", "secret", f"{name}-rldock-webhook-cert", "-n", namespace)
+        release.upgrade(values)
+        second, bundle = issued()
+        assert bundle == second["ca.crt"] != first["ca.crt"] and second["tls.crt"] != first["tls.crt"]
+        # `helm uninstall` takes the configuration with it: no RLJob write waits on a webhook gone.
+        release.uninstall()
+        installed = False
+        gone = control_plane.kubectl("get", "validatingwebhookconfiguration", f"{name}-rldock-{namespace}",
+                                     check=False)
+        assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stderr
+    finally:
+        if installed:
+            release.uninstall()
+        release.close()
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
