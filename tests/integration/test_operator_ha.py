@@ -41,6 +41,19 @@ HANDOVER_LIMIT = 30.0  # issue 27: the standby takes over within 30 s
 SUBJECT = {"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"}
 
 
+def lease_rbac(namespace: str) -> list[dict[str, Any]]:
+    """The Role with leader.lease_rules and its RoleBinding to the operators' user (the chart's
+    templates/leader-election-rbac.yaml, for a user instead of a ServiceAccount)."""
+    name = "rldock-leader-election"
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": namespace},
+         "rules": lease_rules(LEASE)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": [SUBJECT]},
+    ]
+
+
 class Replicas:
     """Two OperatorProcess replicas; World calls `check` and `log_path` as for one operator."""
 
@@ -89,15 +102,8 @@ def ha(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     plane.create_namespace(namespace)
     bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path="/mnt/rl")  # rljob()'s
     # Least privilege, checked: the generated Role, and the Lease rules in the operator's namespace.
-    lease_role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                  "metadata": {"name": "rldock-leader-election", "namespace": namespace}, "rules": lease_rules(LEASE)}
-    lease_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                     "metadata": {"name": "rldock-leader-election", "namespace": namespace},
-                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                 "name": "rldock-leader-election"},
-                     "subjects": [SUBJECT]}
     for manifest in [*build_rbac(name="rldock-operator", namespaces=[namespace], subject=SUBJECT),
-                     lease_role, lease_binding]:
+                     *lease_rbac(namespace)]:
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     work = tmp_path_factory.mktemp("operator-ha")
     kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
@@ -218,3 +224,37 @@ def test_the_lease_is_all_leader_election_writes(ha):
     leases = json.loads(world.plane.kubectl("get", "leases", "-n", world.namespace, "-o", "json").stdout)["items"]
     assert [lease["metadata"]["name"] for lease in leases] == [LEASE]
     assert leases[0]["spec"]["holderIdentity"] in group.replicas
+
+
+def test_a_leader_that_cannot_renew_exits_and_the_standby_takes_over(ha):
+    """The leader loses the right to renew (its RoleBinding deleted): within the renew deadline it
+    stops reconciling by exiting (code 3, for the kubelet to restart it as a standby); once the
+    Lease can be written again the standby takes it."""
+    world, group = ha
+    for replica in group.replicas.values():
+        if replica.process is None:
+            replica.start()
+    leader_id = group.leader()
+    (standby_id,) = [i for i in group.replicas if i != leader_id]
+    leader, standby = group.replicas[leader_id], group.replicas[standby_id]
+    wait_for("the standby serving", lambda: _serves(standby), timeout=60, interval=0.25)
+    timings = LeaseTimings()
+    binding = lease_rbac(world.namespace)[1]
+    world.plane.kubectl("delete", "rolebinding", binding["metadata"]["name"], "-n", world.namespace)
+    cut = time.monotonic()
+    assert leader.process is not None
+    wait_for("the leader to exit", lambda: leader.process.poll() is not None, timeout=timings.renew_deadline + 10,
+             interval=0.1)
+    exited = time.monotonic() - cut
+    code = leader.process.poll()
+    print(f"\nleader unable to renew: exited with {code} after {exited:.1f} s (renew deadline "
+          f"{timings.renew_deadline:g} s)")
+    assert code == 3 and "lost the leader Lease" in leader.log_path.read_text()
+    assert exited <= timings.renew_deadline + timings.retry_period + 2  # RBAC caches, one retry
+    assert standby.process is not None and standby.process.poll() is None  # a standby only waits
+    world.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+    wait_for("the standby to take the Lease", lambda: group.holder() == standby_id,
+             timeout=timings.lease_duration + 4 * timings.retry_period, interval=0.1, check=standby.check)
+    assert [s.value for s in scrape(standby)["rldock_leader"]] == [1.0]
+    leader.stop()  # reaped; the fixture's stop is then a no-op
+    leader.process = None
