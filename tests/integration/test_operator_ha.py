@@ -31,7 +31,9 @@ from rldock.operator.builders.rbac import build_rbac
 from rldock.operator.constants import Phase
 from rldock.operator.leader import LeaseTimings, lease_rules
 from rldock_e2e.doubles.storage import bind_shared_claim
-from test_operator import CHECKPOINT_CLAIM, POLICY, POLL, World, plane, rljob, unique  # noqa: F401  (plane: the module's nodes)
+from test_operator import (  # noqa: F401  (plane: the module's nodes)
+    CHECKPOINT_CLAIM, POLICY, POLL, World, plane, rljob, unique,
+)
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -46,8 +48,8 @@ def lease_rbac(namespace: str) -> list[dict[str, Any]]:
     templates/leader-election-rbac.yaml, for a user instead of a ServiceAccount)."""
     name = "rldock-leader-election"
     return [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": namespace},
-         "rules": lease_rules(LEASE)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace}, "rules": lease_rules(LEASE)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": name, "namespace": namespace},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": [SUBJECT]},
@@ -114,7 +116,8 @@ def ha(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         (work / identity).mkdir()
         replicas[identity] = OperatorProcess(
             namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work / identity, poll_interval=POLL,
-            ray_timeout=2.0, env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)}, lease=LeaseArgs(namespace=namespace, identity=identity, name=LEASE),
+            ray_timeout=2.0, env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
+            lease=LeaseArgs(namespace=namespace, identity=identity, name=LEASE),
             health_port=port)
     group = Replicas(plane, namespace, replicas)
     (dashboard_port,) = free_ports(1)

@@ -49,8 +49,8 @@ REQUIRED_VARIABLES = {"RLDOCK_TOKEN_KEY", "RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WE
 TOKEN_KEY = "k" * 64
 # What the downward API gives the operator container in a pod of the Deployment.
 POD = {"metadata.name": "rldock-7d9f8b6c5-x2k4q", "metadata.namespace": NAMESPACE}
-LEADER_ELECTION_ROLE = "-leader-election"
-AGGREGATED_ROLES = ("-edit", "-view")  # suffixes of the ClusterRoles that aggregate into edit/admin and view  # suffix of the Role and RoleBinding for the Lease
+LEADER_ELECTION_ROLE = "-leader-election"  # suffix of the Role and RoleBinding for the Lease
+AGGREGATED_ROLES = ("-edit", "-view")  # suffixes of the ClusterRoles that aggregate into edit/admin and view
 MISSING_DEPENDENCY = "chart directory is missing these dependencies: kuberay-operator"
 
 
@@ -284,8 +284,8 @@ def test_pod_disruption_budget_keeps_a_standby(tmp_path):
     objects = render()
     budget = one(objects, "PodDisruptionBudget")
     assert budget["apiVersion"] == "policy/v1"  # offline, Helm assumes a cluster that serves it
-    assert budget["spec"] == {"maxUnavailable": 1,
-                              "selector": {"matchLabels": one(objects, "Deployment")["spec"]["selector"]["matchLabels"]}}
+    selector = one(objects, "Deployment")["spec"]["selector"]
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector["matchLabels"]}}
     assert not by_kind(render({"podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget")
     # A cluster without policy/v1 (Kubernetes 1.20): the same budget as policy/v1beta1.
     chart = tmp_path / "rldock"

@@ -19,8 +19,10 @@ node's log agent sends only the last `lines` lines (ray/dashboard/modules/log/lo
 `StreamLog`, default 1000). In 2.60 the request must also name a node: `GetLogOptions`
 (ray/util/state/common.py) refuses one with neither node_id nor node_ip unless it names an actor
 or a task, answering 500. The client sends the job's `driver_node_id`, which GET /api/jobs/<id>
-answers once the driver runs (checked against a real 2.60 head, tests/integration/test_ray_jobs_api.py). Byte offsets are only honoured there for task logs, so a client cannot
-ask for "everything after byte N" of a driver log; the tail is the smallest read Ray 2.60 offers.
+answers once the driver runs (checked against a real 2.60 head: tests/integration/
+test_ray_jobs_api.py reads progress through it). Byte offsets are only honoured there for task
+logs, so a client cannot ask for "everything after byte N" of a driver log; the tail is the
+smallest read Ray 2.60 offers.
 The endpoint sits behind the same token middleware as the Jobs API
 (ray/_private/authentication/http_token_authentication.py). The operator only needs the last
 progress record, so it reads the last LOG_TAIL_LINES lines; progress_cursor.py then parses only
