@@ -140,7 +140,7 @@ def test_the_server_serves_a_scrape_that_parses_and_health(server: HealthServer,
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert {"rldock_reconciles", "rldock_reconcile_errors", "rldock_reconcile_duration_seconds", "rldock_rljobs",
             "rldock_rljob_last_progress_age_seconds", "rldock_ray_jobs_api_request_duration_seconds",
-            "rldock_leader"} <= families.keys()
+            "rldock_leader", "process_cpu_seconds", "process_resident_memory_bytes"} <= families.keys()
     running = [s for s in families["rldock_rljobs"].samples if s.labels["phase"] == "Running"]
     assert [s.value for s in running] == [1.0]
     assert _get(server, "/readyz")[0] == 200 and _get(server, "/healthz")[0] == 200

@@ -14,6 +14,9 @@ Metrics (one registry per Metrics object, so tests and two operators in one proc
                                                                histogram: Ray Jobs API requests
                                                                (rayjobs.Endpoint, rayjobs.Outcome)
     rldock_leader                                              gauge: 1 on the replica that reconciles
+    process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+                                                               prometheus_client's ProcessCollector:
+                                                               the operator's own cost
 
 The RLJob gauges are computed at scrape time from what the handlers reported (set_phase,
 progress_seen, forget), so an age keeps growing between rounds and a forgotten RLJob disappears.
@@ -34,7 +37,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -74,6 +79,7 @@ class Metrics:
         for result in (RESULT_SUCCESS, RESULT_ERROR):
             self._reconciles.labels(result=result)  # both series from the start, so rate() sees the first
         self.registry.register(_RLJobCollector(self))
+        ProcessCollector(registry=self.registry)  # CPU seconds, memory, open files of this process
 
     # --- what the handlers report ---------------------------------------------------------------
     def reconciled(self, *, seconds: float, error: Optional[str]) -> None:
