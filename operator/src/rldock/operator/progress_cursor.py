@@ -1,11 +1,13 @@
 """Reading each job's driver log once: where it was read up to, and the last progress record.
 
-The Jobs API of Ray 2.60 has no ranged read: `GET /api/jobs/<id>/logs` answers the whole log so
-far, and `/logs/tail` is a websocket that streams it from the start and then follows it (one open
-socket per job, which this synchronous operator does not keep). So every poll still transfers the
-whole log; what this module saves is the parsing. Per RLJob it keeps the offset up to which the
-log was parsed (always a line end), a short fingerprint of the text before it, and the last
-progress record found; a poll parses only the complete lines after the offset.
+The reconciler reads a driver's log as its last 1,000 lines (rayjobs.py: Ray 2.60's state API
+serves a driver log's tail, but no byte range of it), or whole where the tail cannot be had (no
+driver yet); either way capped at 1 MiB. Per RLJob this keeps the offset up to which the text was
+parsed (always a line end), a short fingerprint of the text before it, and the last progress
+record found; a read that continues the previous one parses only the complete lines after the
+offset. A tail that moved on is not a continuation and is parsed whole (at most 1,000 lines): a
+progress record followed by more than 1,000 other lines within one poll is missed, and the status
+keeps the previous one until the next record.
 
 A log that is shorter than the offset, or whose text before the offset changed, is a new log (the
 same attempt resubmitted to a new head after unsuspend, or an operator restarted): it is parsed
