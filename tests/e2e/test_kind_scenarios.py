@@ -42,7 +42,7 @@ from rldock_e2e.helm_release import (
     chart_without_optional_dependencies,
 )
 from rldock_e2e.nodes.cluster import SHARED_STORAGE_PATH, KindNodes
-from rldock_e2e.nodes.containers import container_ids, running_containers
+from rldock_e2e.nodes.containers import container_ids, container_processes, running_containers
 from rldock_e2e.nodes.service_dns import ServiceDNS
 from rldock_e2e.operator_process import chart_available
 from rldock_e2e.repo import REPO_ROOT
@@ -54,6 +54,8 @@ EXAMPLE = REPO_ROOT / "examples" / "rljob-tiny.yaml"
 NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
 CHECKPOINT_CLAIM = "rl-checkpoints"  # what examples/rljob-tiny.yaml mounts
 # Pods in the 3.7 GB runtime image, `ray start`, the model build and a vLLM engine on two shared cores.
+RUNTIME_UID = 10001  # images/runtime-cpu.Dockerfile's user, and the operator's runAsUser/runAsGroup
+SECCOMP_FILTER = "2"  # /proc/<pid>/status Seccomp: 0 none, 1 strict, 2 filter
 START_TIMEOUT = 1200
 RUN_TIMEOUT = 1200
 
@@ -79,6 +81,27 @@ def _fitted_example(devices: int, *, name: str = NAME, iterations: int | None = 
     return manifest
 
 
+def _assert_restricted(nodes: KindNodes, pod: dict) -> None:
+    """Every process of the pod's Ray container, as its node's kernel shows it (/proc/<pid>/status
+    through the node's containerd), runs as the `restricted` profile the operator's pods ask for:
+    uid and gid 10001 (not root), no capability in any set, no_new_privs (allowPrivilegeEscalation
+    false), a seccomp filter (RuntimeDefault); and Ray runs there (the raylet, on the head the GCS)."""
+    container = pod["spec"]["containers"][0]["name"]
+    processes = container_processes(nodes, pod, container)
+    where = f"pod {pod['metadata']['name']}, container {container}"
+    for pid, status in processes.items():
+        process = f"{where}, pid {pid} ({status.get('Name')})"
+        assert set(status["Uid"].split()) == {str(RUNTIME_UID)}, (process, status["Uid"])
+        assert set(status["Gid"].split()) == {str(RUNTIME_UID)}, (process, status["Gid"])
+        for capabilities in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(status[capabilities], 16) == 0, (process, capabilities, status[capabilities])
+        assert status["NoNewPrivs"] == "1", (process, status["NoNewPrivs"])
+        assert status["Seccomp"] == SECCOMP_FILTER, (process, status["Seccomp"])
+    names = {status.get("Name") for status in processes.values()}
+    ray = {"raylet", "gcs_server"} if pod["metadata"]["labels"]["ray.io/node-type"] == "head" else {"raylet"}
+    assert ray <= names, (where, names)
+
+
 def _iteration(row: dict[str, str]) -> int:
     done = row.get("ITERATION", "<none>")
     return int(done.split("/")[0]) if "/" in done else 0
@@ -102,6 +125,14 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
         "image": {"repository": operator_repository, "tag": operator_tag, "pullPolicy": "Never"},
         "runtime": {"image": {"repository": runtime_repository, "tag": runtime_tag, "pullPolicy": "Never"}},
         "operator": {"watchNamespaces": [namespace], "pollInterval": 1},
+        # One replica: the restart scenario SIGKILLs the operator and watches its kubelet restart
+        # it (the chart's two replicas with a standby taking over: test_helm_release.py).
+        "replicaCount": 1,
+        # The admission webhook off: the API server runs on the host, outside the pod network,
+        # with no kube-proxy to route the webhook Service's ClusterIP to a pod, so every RLJob
+        # write would fail (failurePolicy Fail). The webhook itself is tested on the real control
+        # plane (tests/integration); the operator still refuses a bad spec at its first round.
+        "webhook": {"enabled": False},
     }
     release = HelmRelease(plane, chart_without_optional_dependencies(tmp_path_factory.mktemp("chart")))
     operator = ReleasedOperator(plane, release, values, nodes=nodes)
@@ -140,6 +171,7 @@ def test_happy_path_in_real_containers(kind_cluster, runtime_image: str, kind_sc
     for pod in pods:
         assert pod["spec"]["nodeName"] in nodes.nodes and pod["status"]["phase"] == "Running", pod
         assert pod["spec"]["containers"][0]["image"] == runtime_image
+        _assert_restricted(nodes, pod)
 
     rows = sample(2.0, lambda: scenario.status(NAME).get("phase") != "Running",
                   lambda: scenario.row(NAME), timeout=RUN_TIMEOUT)

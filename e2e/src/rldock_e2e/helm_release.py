@@ -65,11 +65,43 @@ class HelmRelease:
     def uninstall(self) -> Any:
         return self.config.uninstall(self.name, timeout=300)
 
+    def uninstall_if_present(self) -> None:
+        """Uninstall the release when it exists (a test that failed midway left it installed, and
+        the next test's install of the same name would be refused)."""
+        try:
+            self.config.status(self.name)
+        except self._helm.HelmError as error:  # Helm's "release: not found", whichever class carries it
+            if isinstance(error, self._helm.HelmNotFoundError) or "not found" in str(error):
+                return
+            raise
+        self.uninstall()
+
     def history(self) -> list[Any]:
         return self.config.history(self.name)
 
     def close(self) -> None:
         self.config.close()
+
+
+def diagnosis(plane: ControlPlane, namespace: str, selector: str, *, lines: int = 30) -> str:
+    """The state of the pods matching `selector`, for a failed wait's message: phase, conditions,
+    container states and restarts, the last log lines of each container, and the namespace's
+    latest events (a pod that never started says why there)."""
+    parts = []
+    pods = plane.kubectl_json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    for pod in pods:
+        name, status = pod["metadata"]["name"], pod.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or ()}
+        parts.append(f"pod {name} on {pod['spec'].get('nodeName')}: {status.get('phase')} {conditions}")
+        for container in status.get("containerStatuses") or ():
+            parts.append(f"  {container['name']}: restarts {container.get('restartCount')}, "
+                         f"state {container.get('state')}, last {container.get('lastState')}")
+            log = plane.kubectl("logs", "-n", namespace, name, "-c", container["name"], f"--tail={lines}",
+                                check=False)
+            parts.append("  | " + (log.stdout + log.stderr).strip().replace("\n", "\n  | "))
+    events = plane.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
+    parts.append("events:\n" + "\n".join(events.strip().splitlines()[-15:]))
+    return "\n".join(parts) if pods else f"no pod matches {selector} in {namespace}\n{parts[-1]}"
 
 
 class ReleasedOperator:
@@ -93,8 +125,14 @@ class ReleasedOperator:
             self.release.install(self.values)
             self.installed = True
         # After a kill, Ready again only counts once its kubelet has restarted the container.
-        wait_for("the operator pod ready", lambda: self.restarts() >= self.kills and self._ready(),
-                 timeout=300, interval=1, check=self.check)
+        try:
+            wait_for("the operator pod ready", lambda: self.restarts() >= self.kills and self._ready(),
+                     timeout=300, interval=1, check=self.check)
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\n{self.diagnosis()}") from None
+
+    def diagnosis(self) -> str:
+        return diagnosis(self.plane, self.release.namespace, f"app.kubernetes.io/instance={self.release.name}")
 
     def kill(self) -> str:
         """SIGKILL the operator's process through its node's containerd, as the OOM killer would:
