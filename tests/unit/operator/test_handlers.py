@@ -206,19 +206,31 @@ async def _run_daemon(reconciler, poll_interval: float, script) -> None:
     assert len(handlers.wakeups) == 0
 
 
+async def _until(what: str, condition, timeout: float = 5.0) -> None:
+    """Wait until `condition()` holds; a loaded machine may be slow, never wrong."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        await asyncio.sleep(0.02)
+
+
 def test_an_idle_rljob_is_not_polled_and_a_child_event_runs_a_round_at_once():
     reconciler = _CountingReconciler("Provisioning")  # a cluster that is not up: the resync applies
 
     async def script(handlers):
-        await asyncio.sleep(0.6)  # three poll intervals
-        assert reconciler.rounds == 1  # only the first round
+        await _until("first round", lambda: reconciler.rounds == 1)
+        await asyncio.sleep(1.0)  # five poll intervals
+        assert reconciler.rounds == 1
         await handlers.pod_event(body={"metadata": {"namespace": "ns", "name": "grpo-head-x",
                                                     "labels": {"ray.io/cluster": "grpo"}}})
-        await asyncio.sleep(0.6)
-        assert reconciler.rounds == 2
+        await _until("a round after the pod's event", lambda: reconciler.rounds == 2)
         await handlers.ray_cluster_event(body={"metadata": {"namespace": "ns", "name": "grpo"}})
-        await asyncio.sleep(0.6)
+        await _until("a round after the RayCluster's event", lambda: reconciler.rounds == 3)
+        await handlers.rljob_event(body=_body(generation=1), type="MODIFIED")  # its own status write
+        await asyncio.sleep(0.5)
         assert reconciler.rounds == 3
+        await handlers.rljob_event(body=_body(generation=2), type="MODIFIED")  # a spec edit
+        await _until("a round after the spec edit", lambda: reconciler.rounds == 4)
 
     asyncio.run(_run_daemon(reconciler, 0.2, script))
 
@@ -227,21 +239,20 @@ def test_a_running_rljob_is_polled_at_the_poll_interval_and_rounds_never_overlap
     reconciler = _CountingReconciler("Running", seconds=0.05)
 
     async def script(handlers):
-        for _ in range(10):  # events during rounds: they queue one more round, never a second at once
+        await _until("rounds at the poll interval, with no event", lambda: reconciler.rounds >= 4)
+        for _ in range(10):  # events during rounds queue one more round, never a second at once
             await handlers.ray_cluster_event(body={"metadata": {"namespace": "ns", "name": "grpo"}})
-            await asyncio.sleep(0.1)
-        assert 2 <= reconciler.rounds <= 6  # events within COALESCE_SECONDS share a round
+            await asyncio.sleep(0.05)
 
     asyncio.run(_run_daemon(reconciler, 0.2, script))
     assert not reconciler.overlapped
 
 
 def test_a_round_that_hits_an_api_error_is_retried_at_the_poll_interval_without_raising():
-    reconciler = _CountingReconciler("Pending", fail=True)
+    reconciler = _CountingReconciler("Pending", fail=True)  # an idle phase would wait for the resync
 
     async def script(handlers):
-        await asyncio.sleep(1.0)
-        assert reconciler.rounds >= 3  # retried, although an idle phase would wait for the resync
+        await _until("retries at the poll interval", lambda: reconciler.rounds >= 3)
 
     asyncio.run(_run_daemon(reconciler, 0.2, script))
 
