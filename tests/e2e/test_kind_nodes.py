@@ -13,6 +13,7 @@ import uuid
 import pytest
 from rldock_e2e.controlplane import wait_for
 from rldock_e2e.nodes.cluster import DEVICE_RESOURCE
+from rldock_e2e.nodes.containers import parse_status, task_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -107,3 +108,14 @@ def test_runtime_image_runs_under_the_kubelet(kind_cluster, runtime_image):
         assert "imports ok 2.13.0+cpu" in logs and lines[-2:] == ["tmpfs", "10001"], logs
     finally:
         plane.kubectl("delete", "pod", name, "--grace-period=1", "--wait=true")
+
+
+def test_container_processes_parse_what_ctr_and_proc_print():
+    """The parsing behind the scenarios' non-root check (nodes/containers.py), on captured output
+    (runs without nodes): `ctr tasks ps` rows and a /proc/<pid>/status."""
+    assert task_pids("PID     INFO\n4242    -\n4250    -\n") == [4242, 4250]
+    assert task_pids("PID     INFO\n") == []
+    status = parse_status("Name:\traylet\nUid:\t10001\t10001\t10001\t10001\nCapBnd:\t0000000000000000\n"
+                          "NoNewPrivs:\t1\nSeccomp:\t2\n")
+    assert status == {"Name": "raylet", "Uid": "10001\t10001\t10001\t10001", "CapBnd": "0000000000000000",
+                      "NoNewPrivs": "1", "Seccomp": "2"}
