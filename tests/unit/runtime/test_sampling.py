@@ -179,6 +179,6 @@ def test_dapo_reward_shaping_and_loss_kwargs_follow_the_spec():
                                                           "overlong_penalty_factor": 0.5})
     shaped = recipe.reward_shaping(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([3, 5, 6]), algo)
     assert torch.allclose(shaped, torch.tensor([1.0, 0.75, -0.5]))
-    assert recipe.policy_loss_kwargs(algo) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
+    assert recipe.policy_loss_kwargs(algo) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
     off = _algo(name="dapo", dapo={"dynamic_sampling": False})
     assert recipe.sampling_rounds.group_filter(off)(torch.ones(4), 2).tolist() == [True, True]

@@ -351,10 +351,22 @@ class AlgorithmSpec(Spec):
     max_response_length: int = Field(ge=1, description="SL: most tokens generated per response.")
     learning_rate: float = Field(ge=0, description="Actor AdamW learning rate.")
     clip_ratio: float = Field(default=0.2, gt=0, description="PPO ratio clip epsilon.")
+    clip_ratio_c: Optional[float] = Field(
+        default=3.0, gt=1,
+        description="Dual-clip (arXiv 1912.09729) of the PPO-family losses (`grpo`, `ppo`, `pf_ppo`, `dapo`): "
+        "a token with negative advantage A loses at most -A * clip_ratio_c however far its ratio to the "
+        "sampling policy grew (off-policy data: several updates per iteration, stale or partial rollouts). "
+        "3 as verl; null turns it off.",
+    )
     kl_coef: float = Field(default=0.04, ge=0, description="Weight of the KL penalty to the reference policy.")
     kl_estimator: Literal["k1", "k3"] = Field(
         default="k3", description="Per-token KL estimator (Schulman 2020): `k3` = r - log r - 1 (>= 0, GRPO's), "
         "`k1` = -log r.",
+    )
+    kl_clamp: Optional[float] = Field(
+        default=10.0, gt=0,
+        description="Bound on each token's `k3` KL estimate (it grows like e^(log ratio)); 10 as verl; null "
+        "leaves it unbounded (the log ratio itself is clamped to +-20 nats either way).",
     )
     num_updates_per_iteration: int = Field(
         default=1, ge=1, description="Optimizer steps per iteration; the batch is split into this many mini-batches."

@@ -150,4 +150,5 @@ def test_policy_loss_metrics_are_detached_scalars():
     logprobs = torch.zeros(1, 2, requires_grad=True)
     out = clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), 0.2)
     assert not out.clip_fraction.requires_grad and not out.ratio_mean.requires_grad
-    assert out.metrics == {"clip_fraction": 0.0, "ratio_mean": 1.0}
+    assert out.metrics == {"clip_fraction": 0.0, "ratio_mean": 1.0, "dual_clip_fraction": 0.0,
+                           "log_ratio_clamp_fraction": 0.0}

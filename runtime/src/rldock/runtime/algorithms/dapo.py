@@ -18,18 +18,19 @@ from rldock.runtime.algorithms.losses import PolicyLoss, clipped_token_losses, r
 
 @register_policy_loss("decoupled_clip")
 def decoupled_clip_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                               mask: torch.Tensor, *, clip_ratio_low: float,
-                               clip_ratio_high: float) -> PolicyLoss:
+                               mask: torch.Tensor, *, clip_ratio_low: float, clip_ratio_high: float,
+                               clip_ratio_c: float | None = None) -> PolicyLoss:
     """Clip-higher surrogate: the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
     (DAPO eq. 10). A larger upper bound lets the probability of an unlikely token with positive
     advantage grow further in one step, which keeps the policy's entropy from collapsing.
 
-    logprobs, old_logprobs: (B, T); advantages: (B,); mask: (B, T) 1 on response tokens.
-    Returns a PolicyLoss whose loss is the token mean over all valid tokens.
+    logprobs, old_logprobs: (B, T); advantages: (B,); mask: (B, T) 1 on response tokens;
+    clip_ratio_c: dual-clip's bound as in `clipped_policy_loss`. Returns a PolicyLoss whose loss is
+    the token mean over all valid tokens.
     """
-    token_loss, clip_fraction, ratio_mean = clipped_token_losses(
-        logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio_low, clip_high=clip_ratio_high)
-    return PolicyLoss(masked_mean(token_loss, mask), clip_fraction, ratio_mean)
+    token_loss, stats = clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio_low,
+                                             clip_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
+    return PolicyLoss(masked_mean(token_loss, mask), **stats)
 
 
 def overlong_penalty(response_lengths: torch.Tensor, *, max_length: int, buffer_length: int,

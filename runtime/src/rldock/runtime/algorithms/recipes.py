@@ -37,7 +37,7 @@ RewardShaping = Callable[[torch.Tensor, torch.Tensor, AlgorithmSpec], torch.Tens
 
 
 def _clip_ratio_kwargs(algo: AlgorithmSpec) -> dict:
-    return {"clip_ratio": algo.clip_ratio}
+    return {"clip_ratio": algo.clip_ratio, "clip_ratio_c": algo.clip_ratio_c}
 
 
 def _unshaped(rewards: torch.Tensor, response_lengths: torch.Tensor, algo: AlgorithmSpec) -> torch.Tensor:
@@ -282,7 +282,8 @@ PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PPO_CONSUMES, produces=PPO_PR
 # --- DAPO and DPO --------------------------------------------------------------------------------
 
 def _decoupled_clip_kwargs(algo: AlgorithmSpec) -> dict:
-    return {"clip_ratio_low": algo.dapo.clip_ratio_low, "clip_ratio_high": algo.dapo.clip_ratio_high}
+    return {"clip_ratio_low": algo.dapo.clip_ratio_low, "clip_ratio_high": algo.dapo.clip_ratio_high,
+            "clip_ratio_c": algo.clip_ratio_c}
 
 
 def _overlong_shaping(rewards: torch.Tensor, response_lengths: torch.Tensor, algo: AlgorithmSpec) -> torch.Tensor:

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
+from rldock.runtime.algorithms.kl import kl_clamp_fraction
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
@@ -491,7 +492,11 @@ class ActorWorker(TakesTurns):
             mini_batch = mini_batch[sort_by_tokens(mini_batch)]
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
-        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+        # clip_fraction, dual_clip_fraction, log_ratio_clamp_fraction, kl_clamp_fraction: the share
+        # of tokens each bound touched (the ratio clip, dual-clip, the log ratio's before exp(), k3's)
+        clip_keys = ("clip_fraction", "dual_clip_fraction", "log_ratio_clamp_fraction")
+        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, **dict.fromkeys(clip_keys, 0.0),
+                 "kl_clamp_fraction": 0.0, "entropy": 0.0}
         for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
             weight = mask.sum() / tokens_per_rank
@@ -502,15 +507,20 @@ class ActorWorker(TakesTurns):
                 logprobs = scores.logprobs  # (b, SL)
                 policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
                                           **self.policy_loss_kwargs)
-                kl = masked_mean(kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator), mask) \
-                    if self._update_reads("ref_logprobs") else torch.zeros(())  # no reference with kl_coef 0
+                kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
+                if self._update_reads("ref_logprobs"):
+                    kl_tokens = kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator,
+                                           max_kl=algo.kl_clamp)  # (b, SL)
+                    kl, kl_clamped = masked_mean(kl_tokens, mask), kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
                 loss = policy.loss + algo.kl_coef * kl
                 (loss * weight).backward()
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
             stats["loss"] += loss.item() * w
             stats["policy_loss"] += policy.loss.item() * w
             stats["kl"] += kl.item() * w
-            stats["clip_fraction"] += policy.clip_fraction.item() * w
+            for key in clip_keys:
+                stats[key] += getattr(policy, key).item() * w
+            stats["kl_clamp_fraction"] += kl_clamped.item() * w
             stats["entropy"] += masked_mean(scores.entropy, mask).item() * w  # token mean, nats
         if self.sharded is not None:  # no DDP here: average over DP and clip over the TP-split model
             stats["grad_norm"] = self.sharded.apply_gradients(algo.max_grad_norm)
@@ -555,7 +565,8 @@ class ActorWorker(TakesTurns):
                                beta=algo.dpo.beta, label_smoothing=algo.dpo.label_smoothing)
                 (out.loss * weight).backward()
             with torch.no_grad():  # logged only: how far the policy drifted from the reference
-                kl = masked_mean(kl_penalty(logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator), mask)
+                kl = masked_mean(kl_penalty(logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator,
+                                            max_kl=algo.kl_clamp), mask)
             for key, value in {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
                                "entropy": masked_mean(scores.entropy, mask).item(), **out.metrics}.items():
                 stats[key] += value * weight
