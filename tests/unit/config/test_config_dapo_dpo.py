@@ -33,6 +33,24 @@ def test_overlong_buffer_must_fit_the_response_length():
     assert problem_paths(data) == ["algorithm.dapo.overlong_buffer_length"]
 
 
+def test_dapo_has_no_kl_by_default_and_a_kl_set_on_purpose_is_a_problem_quoting_the_paper():
+    data = _example("dapo-tiny.yaml")
+    del data["algorithm"]["kl_coef"]
+    assert parse_job_config(data).algorithm.kl_coef == 0.0
+    data["algorithm"]["name"] = "grpo"
+    data["algorithm"].pop("dapo")
+    assert parse_job_config(data).algorithm.kl_coef == 0.04  # every other algorithm keeps 0.04
+    data = _example("dapo-tiny.yaml")
+    data["algorithm"]["kl_coef"] = 0.04
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(data)
+    [problem] = caught.value.problems
+    assert problem.path == "algorithm.kl_coef"
+    assert "the model distribution can diverge significantly from the initial model" in problem.message
+    data["algorithm"]["kl_coef"] = 0
+    assert parse_job_config(data).algorithm.kl_coef == 0
+
+
 def test_dapo_knobs_have_bounds():
     data = _example("dapo-tiny.yaml")
     data["algorithm"]["dapo"]["max_sampling_rounds"] = 0

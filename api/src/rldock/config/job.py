@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from rldock.contract.algorithms import AlgorithmName
 from rldock.contract.placement import PlacementMode
@@ -358,7 +358,11 @@ class AlgorithmSpec(Spec):
         "sampling policy grew (off-policy data: several updates per iteration, stale or partial rollouts). "
         "3 as verl; null turns it off.",
     )
-    kl_coef: float = Field(default=0.04, ge=0, description="Weight of the KL penalty to the reference policy.")
+    kl_coef: float = Field(
+        default=0.04, ge=0,
+        description="Weight of the KL penalty to the reference policy. Unset under `dapo` it is 0 (the DAPO paper "
+        "drops the KL term, and a kl_coef > 0 there is a config problem).",
+    )
     kl_estimator: Literal["k1", "k3"] = Field(
         default="k3", description="Per-token KL estimator (Schulman 2020): `k3` = r - log r - 1 (>= 0, GRPO's), "
         "`k1` = -log r.",
@@ -398,6 +402,15 @@ class AlgorithmSpec(Spec):
         default_factory=DAPOSpec, description="Clip-higher, dynamic sampling and overlong shaping of `dapo`."
     )
     dpo: DPOSpec = Field(default_factory=DPOSpec, description="Preference loss settings of `dpo`.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dapo_has_no_kl_by_default(cls, data):
+        """DAPO's default kl_coef is 0, not 0.04 (sec. 2.3 of the paper); an explicit value stays, for
+        `problems.py` to report."""
+        if isinstance(data, dict) and data.get("name") == "dapo" and "kl_coef" not in data:
+            data = {**data, "kl_coef": 0.0}
+        return data
 
 
 class RolloutSpec(Spec):

@@ -301,16 +301,32 @@ def _data_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+# DAPO (arXiv 2503.14476), sec. 2.3, "Removing KL Divergence".
+DAPO_NO_KL_REASON = (
+    "\"during training the long-CoT reasoning model, the model distribution can diverge significantly "
+    "from the initial model, thus this restriction is not necessary\" (DAPO, arXiv 2503.14476, sec. 2.3)"
+)
+
+
 def _dapo_problems(cfg: JobConfig) -> list[Problem]:
     algo = cfg.algorithm
-    if algo.name != "dapo" or algo.dapo.overlong_buffer_length <= algo.max_response_length:
+    if algo.name != "dapo":
         return []
-    return [Problem(
-        "algorithm.dapo.overlong_buffer_length",
-        f"a buffer of {algo.dapo.overlong_buffer_length} tokens is longer than "
-        f"algorithm.max_response_length {algo.max_response_length}; the penalty ramp must fit inside "
-        "the response length, so lower it (0 turns the overlong penalty off)",
-    )]
+    problems = []
+    if algo.dapo.overlong_buffer_length > algo.max_response_length:
+        problems.append(Problem(
+            "algorithm.dapo.overlong_buffer_length",
+            f"a buffer of {algo.dapo.overlong_buffer_length} tokens is longer than "
+            f"algorithm.max_response_length {algo.max_response_length}; the penalty ramp must fit inside "
+            "the response length, so lower it (0 turns the overlong penalty off)",
+        ))
+    if algo.kl_coef > 0:
+        problems.append(Problem(
+            "algorithm.kl_coef",
+            f"{algo.kl_coef} with algorithm.name dapo, which drops the KL penalty: {DAPO_NO_KL_REASON}; "
+            "unset it (dapo's default is 0), or use algorithm.name grpo for a KL-regularised run",
+        ))
+    return problems
 
 
 def _dpo_problems(cfg: JobConfig) -> list[Problem]:

@@ -53,6 +53,8 @@ PPO_CONSUMES: dict[str, tuple[str, ...]] = {
 # kept groups stay in the warehouses for the remaining states.
 DAPO_CONSUMES: dict[str, tuple[str, ...]] = {
     **CONSUMES,
+    # the unshaped score too: a group whose scores are all equal gets advantage exactly 0
+    "advantage": ("reward", "score"),
     "sample_filter": ("score",),
 }
 

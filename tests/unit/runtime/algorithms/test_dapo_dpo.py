@@ -115,3 +115,42 @@ def test_dpo_loss_refuses_bad_inputs():
         dpo_loss(torch.zeros(4), torch.zeros(2), beta=0.1)
     with pytest.raises(ValueError, match="algorithm.dpo.label_smoothing"):
         dpo_loss(torch.zeros(2), torch.zeros(2), beta=0.1, label_smoothing=0.5)
+
+
+def _dapo_spec(**kw):
+    from rldock.config.job import AlgorithmSpec
+    return AlgorithmSpec(name="dapo", num_prompts_per_iteration=3, num_responses_per_prompt=4, max_prompt_length=4,
+                         max_response_length=6, learning_rate=0.0, **kw)
+
+
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+def test_dapo_groups_of_equal_scores_get_advantage_exactly_zero(dynamic_sampling):
+    """A padded group (all correct, one response 0.01 into the overlong ramp) trains with advantage
+    0, not GRPO's std-amplified length signal (+0.35 x3, -1.5 here); so does every equal-score group
+    with dynamic sampling off. The informative group keeps GRPO's advantages on the shaped reward."""
+    from rldock.runtime.algorithms.advantages import grpo_advantages
+    from rldock.runtime.algorithms.recipes import get_recipe
+
+    score = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0])  # (B,) unshaped
+    reward = score - torch.tensor([0.0, 0.0, 0.0, 0.01, 0.0, 0.01, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])  # shaped
+    assert grpo_advantages(reward[:4], 4).abs().max() > 1  # what the group would have trained on
+    stage = get_recipe("dapo").advantage_stage
+    out = stage({"reward": reward, "score": score}, _dapo_spec(dapo={"dynamic_sampling": dynamic_sampling}),
+                torch.Generator())["advantage"]
+    assert out[:8].tolist() == [0.0] * 8 and not torch.signbit(out[:8]).any()  # +0.0 exactly
+    assert torch.equal(out[8:], grpo_advantages(reward[8:], 4))
+
+
+def test_dapo_advantage_reads_the_unshaped_score_fused_or_not():
+    from rldock.config import JobConfig
+    from rldock.runtime.algorithms.recipes import job_recipe
+
+    for fuse in (True, False):
+        cfg = JobConfig(iterations=1, model={"path": "m"}, training={"micro_batch_size": 4},
+                        algorithm={"name": "dapo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
+                                   "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 0.0,
+                                   "fuse_reward_advantage": fuse})
+        recipe = job_recipe(cfg)
+        assert cfg.algorithm.kl_coef == 0 and "reference" not in recipe.consumes
+        reads = recipe.consumes["reward" if fuse else "advantage"]
+        assert ("score" in recipe.produces["reward"]) and (fuse or "score" in reads)

@@ -101,8 +101,11 @@ def test_partial_rollout_has_the_rollout_write_what_the_old_logprob_pass_reads(n
     assert "sampled_logprobs" not in off.consumes["actor_inference"] + off.produces["rollout"]
 
 
-@pytest.mark.parametrize("name, reward_writes", [("grpo", ("advantage",)), ("dapo", ("score", "advantage"))])
-def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes):
+@pytest.mark.parametrize("name, reward_writes, advantage_reads", [
+    ("grpo", ("advantage",), ("reward",)),
+    ("dapo", ("score", "advantage"), ("reward", "score")),  # DAPO zeroes groups of equal scores
+])
+def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes, advantage_reads):
     fused = job_recipe(_cfg(name))
     assert fused.advantage_in_reward and "advantage" not in fused.consumes and "advantage" not in fused.produces
     assert fused.produces["reward"] == reward_writes and _closed(fused)
@@ -110,7 +113,7 @@ def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes):
     assert "advantage" not in fused.launched_states
     separate = job_recipe(_cfg(name, fuse_reward_advantage=False))
     assert not separate.advantage_in_reward and "advantage" in separate.launched_states
-    assert separate.consumes["advantage"] == ("reward",) and "reward" in separate.produces["reward"]
+    assert separate.consumes["advantage"] == advantage_reads and "reward" in separate.produces["reward"]
     assert _closed(separate)
     assert _closed(job_recipe(_with_model_term(_cfg(name))))
 

@@ -107,9 +107,11 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     unfused_dock = OneBatchDock(batch)
     unfused = _worker(name, unfused_dock, num_prompts=2)
     unfused.compute_rewards(iteration=3)
-    rewards = unfused_dock.written["reward"]
-    advantage_dock = OneBatchDock(TensorDict({"reward": rewards}, batch_size=[4]))
-    advantage_dock.states = {"advantage": ("reward",)}
+    # the advantage state reads what the reward state wrote (DAPO's unshaped score too)
+    columns = job_recipe(unfused.cfg.model_copy(update={"algorithm": unfused.cfg.algorithm.model_copy(
+        update={"fuse_reward_advantage": False})})).consumes["advantage"]
+    advantage_dock = OneBatchDock(TensorDict({c: unfused_dock.written[c] for c in columns}, batch_size=[4]))
+    advantage_dock.states = {"advantage": columns}
     AdvantageWorker(unfused.cfg, dock=advantage_dock).compute_advantages(iteration=3)
 
     fused_dock = OneBatchDock(batch)

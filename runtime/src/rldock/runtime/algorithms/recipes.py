@@ -305,8 +305,21 @@ def _dapo_group_filter(algo: AlgorithmSpec) -> Callable[[torch.Tensor, int], tor
     return informative_groups if algo.dapo.dynamic_sampling else _keep_every_group
 
 
+def dapo_advantage_stage(batch, algo, generator):
+    """GRPO's advantages on the shaped reward, exactly 0 in every group whose unshaped scores are all
+    equal: the padded groups dynamic sampling could not replace, and with dynamic_sampling false
+    every such group. Dividing by their std would otherwise turn the overlong penalty alone into
+    full-size advantages (all correct, one response 0.01 shorter of the ramp: +0.35 x7 and -2.47).
+    Zeroed, not dropped: their tokens stay in the token mean's count, as the samples stay in the
+    batch. (B,) per sample."""
+    group_size = algo.num_responses_per_prompt
+    advantages = get_advantage_estimator("grpo")(batch["reward"], group_size)  # (B,)
+    keep = informative_groups(batch["score"], group_size).repeat_interleave(group_size)  # (B,)
+    return {"advantage": torch.where(keep, advantages, torch.zeros_like(advantages))}
+
+
 DAPO = register_recipe(Recipe(
-    "dapo", consumes=DAPO_CONSUMES, produces=DAPO_PRODUCES, advantage_stage=group_advantage_stage("grpo"),
+    "dapo", consumes=DAPO_CONSUMES, produces=DAPO_PRODUCES, advantage_stage=dapo_advantage_stage,
     policy_loss="decoupled_clip", policy_loss_kwargs=_decoupled_clip_kwargs, reward_shaping=_overlong_shaping,
     sampling_rounds=SamplingRounds(states=("rollout", "reward"), read_state="sample_filter",
                                    group_filter=_dapo_group_filter)))
