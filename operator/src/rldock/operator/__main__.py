@@ -54,7 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = load_settings(argv, os.environ)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.log_level != "DEBUG":  # kopf logs every round of every timer at INFO
+    if settings.log_level != "DEBUG":  # kopf logs every event and daemon step at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
     metrics = Metrics()
     if settings.health_port is not None:

@@ -1,4 +1,5 @@
-"""One reconcile round of one RLJob: ordered small steps, run by the kopf timer every poll interval.
+"""One reconcile round of one RLJob: ordered small steps, run by the RLJob's daemon (handlers.py)
+whenever it or one of its children changes, and at the poll interval while its Ray job runs.
 
     managed by another controller? (spec.managedBy) leave it alone: no status, no children
     finished (Succeeded/Failed)?  release the RayCluster; delete the RLJob after its TTL
@@ -405,7 +406,7 @@ class Reconciler:
 
         The operator writes the status itself rather than through kopf's patch: a status the API
         server refuses (too large, or not matching an older CRD) would otherwise fail after every
-        round and stop kopf's timer for good. A refused status is replaced by a short one whose
+        round, and the RLJob would show nothing. A refused status is replaced by a short one whose
         SpecValid condition says why, so the RLJob shows the problem instead of hanging.
         """
         ref = RLJobRef.from_body(body)
