@@ -367,6 +367,15 @@ class AlgorithmSpec(Spec):
         default="k3", description="Per-token KL estimator (Schulman 2020): `k3` = r - log r - 1 (>= 0, GRPO's), "
         "`k1` = -log r.",
     )
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
+        default="token_mean",
+        description="How the policy loss and the KL term of the PPO-family losses become one scalar over the "
+        "update's batch (as verl's `loss_agg_mode`): `token_mean` every valid token counts the same; "
+        "`seq_mean_token_mean` each response's token mean, then the mean over responses; `seq_mean_token_sum` "
+        "each response's token sum, then the mean over responses; `seq_mean_token_sum_norm` the sum over "
+        "responses of each response's token sum divided by max_response_length (Dr. GRPO). Responses with no "
+        "token are left out; PF-PPO's weights weight each response's tokens. See docs/algorithms/policy-losses.md.",
+    )
     kl_clamp: Optional[float] = Field(
         default=10.0, gt=0,
         description="Bound on each token's `k3` KL estimate (it grows like e^(log ratio)); 10 as verl; null "

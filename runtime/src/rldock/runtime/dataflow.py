@@ -47,6 +47,13 @@ PPO_CONSUMES: dict[str, tuple[str, ...]] = {
     "critic_update": PROMPT + RESPONSE + ("values", "returns"),
 }
 
+# PF-PPO: PPO's, with each response's filtration weight (B,) float32 >= 0, which the update's loss
+# aggregation applies to its tokens (0: the response adds nothing to the loss or its count).
+PF_PPO_CONSUMES: dict[str, tuple[str, ...]] = {
+    **PPO_CONSUMES,
+    "update": PPO_CONSUMES["update"] + ("loss_weight",),
+}
+
 # DAPO: GRPO's states; with dynamic sampling the driver reads each round's per-sample `score` (the
 # rule reward before overlong shaping, (B,) floats: the only column that reaches the driver)
 # through `sample_filter`, and the dock empties and refills the groups it drops; the samples of the
@@ -85,6 +92,11 @@ PPO_PRODUCES: dict[str, tuple[str, ...]] = {
     "critic_inference": ("values",),
     "advantage": ("advantage", "returns"),
     "critic_update": (),
+}
+
+PF_PPO_PRODUCES: dict[str, tuple[str, ...]] = {
+    **PPO_PRODUCES,
+    "advantage": ("advantage", "returns", "loss_weight"),
 }
 
 DAPO_PRODUCES: dict[str, tuple[str, ...]] = {

@@ -200,8 +200,10 @@ def test_pf_ppo_stage_zeroes_filtered_responses_but_keeps_all_returns():
     batch = {"reward": torch.tensor([0.25, 1.0]), "response_mask": torch.ones(2, 2, dtype=torch.int64),
              "values": torch.zeros(2, 2)}
     out = get_recipe("pf_ppo").advantage_stage(batch, algo, torch.Generator())
-    # Only response 1 (reward 1) is kept, with weight 2 (one of two kept, mean 1).
-    assert torch.allclose(out["advantage"], torch.tensor([[0.0, 0.0], [2.0, 2.0]]))
+    # Only response 1 (reward 1) is kept, with weight 2 (one of two kept, mean 1): the weight goes to
+    # the loss aggregation (loss_weight), the advantage of the filtered response is 0.
+    assert torch.allclose(out["advantage"], torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    assert torch.equal(out["loss_weight"], torch.tensor([0.0, 2.0]))
     assert torch.allclose(out["returns"], torch.tensor([[0.25, 0.25], [1.0, 1.0]]))
 
 

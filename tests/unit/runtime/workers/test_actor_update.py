@@ -121,3 +121,43 @@ def test_fsdp_update_step_equals_the_plain_step(tmp_path):
     assert got.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_update_step_aggregates_the_whole_mini_batch_over_its_micro_batches():
+    """For every algorithm.loss_aggregation, two micro-batches give the gradient of the aggregate
+    (policy loss + kl_coef * KL) over the whole mini-batch computed in one piece."""
+    from rldock.runtime.algorithms.aggregation import aggregate
+    from rldock.runtime.algorithms.kl import kl_penalty
+
+    prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)
+    response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
+    response_mask = (response_ids != 0).long()
+    for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"):
+        model = _tiny_model()
+        batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
+                            "response_ids": response_ids, "response_mask": response_mask}, batch_size=[4])
+        with torch.no_grad():
+            scores = response_logprobs_and_entropy(model, prompt_ids, batch["prompt_mask"], response_ids,
+                                                   response_mask, micro_batch_size=4)
+        batch["old_logprobs"] = scores.logprobs - 0.1  # ratio e^0.1: off-policy, inside the clip
+        batch["ref_logprobs"] = scores.logprobs + 0.2
+        batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
+        actor = _actor_double(model)
+        actor.cfg.algorithm.loss_aggregation = mode
+        actor.cfg.algorithm.max_grad_norm = 1e9  # no clipping: compare raw gradients
+        actor.cfg.algorithm.recompute_old_logprobs = "always"
+        actor.recipe = job_recipe(actor.cfg)
+        actor.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        actor._optimizer_step(batch)
+        split = [p.grad.clone() for p in model.parameters()]
+
+        model.zero_grad()
+        mask = response_mask.float()
+        logprobs = response_logprobs_and_entropy(model, prompt_ids, batch["prompt_mask"], response_ids,
+                                                 response_mask, micro_batch_size=4).logprobs
+        policy = get_policy_loss("clipped")(logprobs, batch["old_logprobs"], batch["advantage"], mask, clip_ratio=0.2,
+                                            aggregation=mode, norm_length=3)
+        kl = aggregate(kl_penalty(logprobs, batch["ref_logprobs"]), mask, mode, norm_length=3)
+        (policy.loss + actor.cfg.algorithm.kl_coef * kl).backward()
+        for got, want in zip(split, (p.grad for p in model.parameters())):
+            assert torch.allclose(got, want, atol=1e-6), mode

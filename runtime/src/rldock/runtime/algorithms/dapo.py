@@ -12,25 +12,28 @@ from __future__ import annotations
 
 import torch
 
-from rldock.runtime.algorithms.core import masked_mean
+from rldock.runtime.algorithms.aggregation import aggregate
 from rldock.runtime.algorithms.losses import PolicyLoss, clipped_token_losses, register_policy_loss
 
 
 @register_policy_loss("decoupled_clip")
 def decoupled_clip_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                                mask: torch.Tensor, *, clip_ratio_low: float, clip_ratio_high: float,
-                               clip_ratio_c: float | None = None) -> PolicyLoss:
+                               clip_ratio_c: float | None = None, aggregation: str = "token_mean",
+                               row_weights: torch.Tensor | None = None, norm_length: int | None = None) -> PolicyLoss:
     """Clip-higher surrogate: the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
     (DAPO eq. 10). A larger upper bound lets the probability of an unlikely token with positive
     advantage grow further in one step, which keeps the policy's entropy from collapsing.
 
     logprobs, old_logprobs: (B, T); advantages: (B,); mask: (B, T) 1 on response tokens;
-    clip_ratio_c: dual-clip's bound as in `clipped_policy_loss`. Returns a PolicyLoss whose loss is
-    the token mean over all valid tokens.
+    clip_ratio_c: dual-clip's bound and aggregation, row_weights, norm_length as in
+    `clipped_policy_loss`. Returns a PolicyLoss whose loss is by default the token mean over all
+    valid tokens.
     """
     token_loss, stats = clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio_low,
                                              clip_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
-    return PolicyLoss(masked_mean(token_loss, mask), **stats)
+    return PolicyLoss(aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length),
+                      **stats)
 
 
 def overlong_penalty(response_lengths: torch.Tensor, *, max_length: int, buffer_length: int,

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from rldock.runtime.algorithms.aggregation import aggregate
 from rldock.runtime.algorithms.core import masked_mean
 
 from rldock.runtime.registry import Registry
@@ -112,28 +113,33 @@ def clipped_token_losses(logprobs, old_logprobs, advantages, mask, *, clip_low, 
 
 @register_policy_loss("clipped")
 def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, clip_ratio: float, clip_ratio_c: float | None = None) -> PolicyLoss:
-    """PPO-clip surrogate of GRPO (DeepSeekMath, arXiv 2402.03300, eq. 3), averaged over all valid
-    tokens of the batch (the token mean of DAPO, arXiv 2503.14476, sec. 3.3), so long responses
-    are not down-weighted per token.
+                        mask: torch.Tensor, clip_ratio: float, clip_ratio_c: float | None = None, *,
+                        aggregation: str = "token_mean", row_weights: torch.Tensor | None = None,
+                        norm_length: int | None = None) -> PolicyLoss:
+    """PPO-clip surrogate of GRPO (DeepSeekMath, arXiv 2402.03300, eq. 3), by default averaged over
+    all valid tokens of the batch (the token mean of DAPO, arXiv 2503.14476, sec. 3.3), so long
+    responses are not down-weighted per token.
 
     logprobs, old_logprobs: (B, T) log-probabilities of the response tokens under the current and
     the sampling policy; advantages: (B,) one per response, applied to all its tokens; mask:
     (B, T) 1 on response tokens; clip_ratio: epsilon; clip_ratio_c: dual-clip's bound (> 1) on the
-    ratio of a token with negative advantage, None for none. Returns a PolicyLoss. Advantages may
-    also be (B, T), one per token (PPO's GAE).
+    ratio of a token with negative advantage, None for none; aggregation, row_weights (B,),
+    norm_length: how the token losses become the scalar (aggregation.py). Returns a PolicyLoss.
+    Advantages may also be (B, T), one per token (PPO's GAE).
     """
     token_loss, stats = clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio,
                                              clip_high=clip_ratio, clip_ratio_c=clip_ratio_c)
-    return PolicyLoss(masked_mean(token_loss, mask), **stats)
+    return PolicyLoss(aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length),
+                      **stats)
 
 
 @register_policy_loss("clipped_sequence_mean")
 def clipped_sequence_mean_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
                                       advantages: torch.Tensor, mask: torch.Tensor,
-                                      clip_ratio: float, clip_ratio_c: float | None = None) -> PolicyLoss:
+                                      clip_ratio: float, clip_ratio_c: float | None = None, *,
+                                      row_weights: torch.Tensor | None = None, **_: object) -> PolicyLoss:
     """The same surrogate aggregated as written in DeepSeekMath eq. 3: the mean over each
-    response's tokens, then the mean over responses. Shapes as in `clipped_policy_loss`."""
-    token_loss, stats = clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio,
-                                             clip_high=clip_ratio, clip_ratio_c=clip_ratio_c)
-    return PolicyLoss(masked_mean(token_loss, mask, dim=1).mean(), **stats)
+    response's tokens, then the mean over responses with no valid token left out (`clipped` with
+    aggregation `seq_mean_token_mean`, whatever `aggregation` says). Shapes as in `clipped_policy_loss`."""
+    return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio, clip_ratio_c,
+                               aggregation="seq_mean_token_mean", row_weights=row_weights)

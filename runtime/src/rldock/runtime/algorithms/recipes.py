@@ -22,7 +22,8 @@ from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
 from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
-                                     PARTIAL_ROLLOUT, POLICY_VERSION, PPO_CONSUMES, PPO_PRODUCES, PRODUCES, PROMPT,
+                                     PARTIAL_ROLLOUT, PF_PPO_CONSUMES, PF_PPO_PRODUCES, POLICY_VERSION, PPO_CONSUMES,
+                                     PPO_PRODUCES, PRODUCES, PROMPT,
                                      REWARD_MODEL_STATE, RESPONSE, RM_SCORE)
 from rldock.runtime.registry import Registry
 
@@ -255,16 +256,18 @@ def gae_stage(batch, algo, generator):
 
 
 def filtered_gae_stage(batch, algo, generator):
-    """PF-PPO: PPO's advantages, with each response's advantages multiplied by its filtration
-    weight (0 drops it from the policy loss). Whitening uses only the responses that are kept, so
-    the kept ones are centred among themselves, as if the filtered ones were never sampled. The
-    critic still trains on every response's returns: its values must track the sampling policy."""
+    """PF-PPO: PPO's advantages and each response's filtration weight (B,), which the update's loss
+    aggregation applies to the response's tokens, in the sum and in the count: a response of weight
+    0 adds nothing, as if it were never sampled. Whitening uses only the responses that are kept,
+    so the kept ones are centred among themselves. The critic still trains on every response's
+    returns: its values must track the sampling policy."""
     advantages, returns, mask = _gae(batch, algo)
     weights = filtration_weights(batch["reward"], algo.num_responses_per_prompt, algo.pf_ppo.mode,
                                  power=algo.pf_ppo.power, generator=generator)  # (B,)
+    kept = (weights > 0).unsqueeze(1)  # (B, 1)
     if algo.ppo.whiten_advantages:
-        advantages = masked_whiten(advantages, mask * (weights > 0).unsqueeze(1))
-    return {"advantage": advantages * weights.unsqueeze(1), "returns": returns}
+        advantages = masked_whiten(advantages, mask * kept)
+    return {"advantage": advantages * kept, "returns": returns, "loss_weight": weights}
 
 
 # --- recipes -------------------------------------------------------------------------------------
@@ -274,7 +277,7 @@ GRPO = register_recipe(Recipe("grpo", consumes=CONSUMES, produces=PRODUCES,
 # PPO and PF-PPO whiten over the iteration's batch (as verl does), so their stage sees all of it.
 PPO = register_recipe(Recipe("ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
                              advantage_stage=gae_stage, policy_loss="clipped", advantage_scope="iteration"))
-PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
+PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PF_PPO_CONSUMES, produces=PF_PPO_PRODUCES,
                                 advantage_stage=filtered_gae_stage, policy_loss="clipped",
                                 advantage_scope="iteration"))
 

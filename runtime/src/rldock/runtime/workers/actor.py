@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
+from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
 from rldock.runtime.algorithms.kl import kl_clamp_fraction
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
 from rldock.runtime.algorithms.recipes import job_recipe
@@ -476,18 +477,22 @@ class ActorWorker(TakesTurns):
                                              trim=self.cfg.training.trim_padding)
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
-        """One optimizer step over a mini-batch, accumulating micro-batches; token-level mean."""
+        """One optimizer step over a mini-batch, accumulating micro-batches; the loss aggregated over
+        the whole mini-batch by algorithm.loss_aggregation (the token mean by default)."""
         algo = self.cfg.algorithm
         device = self.device.torch_device
         mini_batch = mini_batch.to(device)
-        # Token-level mean over the whole mini-batch across ranks: DDP averages gradients over
-        # ranks, so each rank scales by world_size / global tokens. The update is then the same
-        # however the dock split the samples between ranks.
-        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
-        global_tokens = local_tokens.clone()
-        if self.world_size > 1:
-            torch.distributed.all_reduce(global_tokens)
-        tokens_per_rank = global_tokens / self.world_size
+        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
+        # The aggregate over the whole mini-batch across ranks: each micro-batch's aggregate is scaled
+        # by its units (tokens, responses, or the constant length) over the mean units per rank, and
+        # DDP averages gradients over ranks. The update is then the same however the dock split the
+        # samples between ranks and micro-batches.
+        aggregation = {"mode": algo.loss_aggregation, "norm_length": algo.max_response_length}
+        global_units = aggregation_units(mini_batch["response_mask"], row_weights=self._row_weights(mini_batch),
+                                         **aggregation)
+        if self.world_size > 1 and additive_units(algo.loss_aggregation):
+            torch.distributed.all_reduce(global_units)
+        units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / self.world_size
         if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
             mini_batch = mini_batch[sort_by_tokens(mini_batch)]
         micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
@@ -499,19 +504,22 @@ class ActorWorker(TakesTurns):
                  "kl_clamp_fraction": 0.0, "entropy": 0.0}
         for i, micro in enumerate(micro_batches):
             mask = micro["response_mask"].float()  # (b, SL)
-            weight = mask.sum() / tokens_per_rank
+            row_weights = self._row_weights(micro)  # (b,) or None
+            weight = aggregation_units(mask, row_weights=row_weights, **aggregation) / units_per_rank
             last = i == len(micro_batches) - 1
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
                 scores = self._scores(micro)
                 logprobs = scores.logprobs  # (b, SL)
                 policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
-                                          **self.policy_loss_kwargs)
+                                          aggregation=algo.loss_aggregation, row_weights=row_weights,
+                                          norm_length=algo.max_response_length, **self.policy_loss_kwargs)
                 kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
                 if self._update_reads("ref_logprobs"):
                     kl_tokens = kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator,
                                            max_kl=algo.kl_clamp)  # (b, SL)
-                    kl, kl_clamped = masked_mean(kl_tokens, mask), kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
+                    kl = aggregate(kl_tokens, mask, row_weights=row_weights, **aggregation)
+                    kl_clamped = kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
                 loss = policy.loss + algo.kl_coef * kl
                 (loss * weight).backward()
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
@@ -539,6 +547,11 @@ class ActorWorker(TakesTurns):
         them, else this forward pass's own, detached (job_recipe drops the pass only when the
         sampling policy is the one training, so the ratio is exactly 1)."""
         return micro["old_logprobs"] if self._update_reads("old_logprobs") else logprobs.detach()
+
+    def _row_weights(self, batch: TensorDict) -> torch.Tensor | None:
+        """Each response's weight in the loss aggregation (b,): PF-PPO's filtration weights; None
+        (every response 1) where the flow carries none."""
+        return batch["loss_weight"] if self._update_reads("loss_weight") else None
 
     def _update_reads(self, column: str) -> bool:
         return column in self.recipe.consumes[self.recipe.update_state]
