@@ -320,6 +320,17 @@ class DAPOSpec(Spec):
     overlong_penalty_factor: float = Field(default=1.0, ge=0, description="Largest overlong penalty.")
 
 
+class GSPOSpec(Spec):
+    """GSPO's sequence-ratio clip (arXiv 2507.18071; used by `gspo`, ignored by the other algorithms)."""
+
+    clip_ratio_low: float = Field(
+        default=3e-4, gt=0, lt=1,
+        description="Lower clip of the sequence ratio s = (pi/pi_old)^(1/|y|): 1 - low (the paper's 3e-4; s is a "
+        "geometric mean over the response's tokens, so its range is far narrower than a token ratio's).",
+    )
+    clip_ratio_high: float = Field(default=4e-4, gt=0, description="Upper clip of the sequence ratio: 1 + high (the paper's 4e-4).")
+
+
 class DPOSpec(Spec):
     """DPO's knobs (arXiv 2305.18290; used by `dpo`). Pairs come from the data: with the `addition`
     generator chosen = the sum, rejected = a wrong one; with files the `data.chosen_key` and
@@ -337,7 +348,9 @@ class AlgorithmSpec(Spec):
     name: AlgorithmName = Field(
         default="grpo",
         description="RL algorithm: `grpo` (group-normalised advantages), `ppo` (critic worker and "
-        "GAE), `pf_ppo` (PPO with policy filtration by reward), `dapo`, `dpo`. See docs/algorithms/.",
+        "GAE), `pf_ppo` (PPO with policy filtration by reward), `dapo`, `dpo`, `rloo` (leave-one-out "
+        "baseline), `reinforce_plus_plus` (batch-normalised reward), `reinforce_plus_plus_baseline` (group "
+        "mean baseline, batch-normalised), `gspo` (sequence-level ratio and clip). See docs/algorithms/.",
     )
     num_prompts_per_iteration: int = Field(
         ge=1, description="G: prompts drawn per iteration (the global batch, in prompts)."
@@ -369,8 +382,9 @@ class AlgorithmSpec(Spec):
     )
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
         default="token_mean",
-        description="How the policy loss and the KL term of the PPO-family losses become one scalar over the "
-        "update's batch (as verl's `loss_agg_mode`): `token_mean` every valid token counts the same; "
+        description="How the policy loss and the KL term become one scalar over the update's batch (unset under "
+        "`gspo` it is `seq_mean_token_mean`, GSPO's objective), "
+        "as verl's `loss_agg_mode`: `token_mean` every valid token counts the same; "
         "`seq_mean_token_mean` each response's token mean, then the mean over responses; `seq_mean_token_sum` "
         "each response's token sum, then the mean over responses; `seq_mean_token_sum_norm` the sum over "
         "responses of each response's token sum divided by max_response_length (Dr. GRPO). Responses with no "
@@ -411,14 +425,20 @@ class AlgorithmSpec(Spec):
         default_factory=DAPOSpec, description="Clip-higher, dynamic sampling and overlong shaping of `dapo`."
     )
     dpo: DPOSpec = Field(default_factory=DPOSpec, description="Preference loss settings of `dpo`.")
+    gspo: GSPOSpec = Field(default_factory=GSPOSpec, description="Sequence-ratio clip of `gspo`.")
 
     @model_validator(mode="before")
     @classmethod
-    def _dapo_has_no_kl_by_default(cls, data):
-        """DAPO's default kl_coef is 0, not 0.04 (sec. 2.3 of the paper); an explicit value stays, for
-        `problems.py` to report."""
-        if isinstance(data, dict) and data.get("name") == "dapo" and "kl_coef" not in data:
+    def _algorithm_defaults(cls, data):
+        """Defaults that depend on the algorithm; an explicit value always stays. DAPO's kl_coef is 0,
+        not 0.04 (sec. 2.3 of the paper; `problems.py` reports one set above 0). GSPO's objective is
+        a mean over responses (eq. 5), so its loss_aggregation is `seq_mean_token_mean`."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("name") == "dapo" and "kl_coef" not in data:
             data = {**data, "kl_coef": 0.0}
+        if data.get("name") == "gspo" and "loss_aggregation" not in data:
+            data = {**data, "loss_aggregation": "seq_mean_token_mean"}
         return data
 
 

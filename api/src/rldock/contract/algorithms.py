@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-AlgorithmName = Literal["grpo", "ppo", "pf_ppo", "dapo", "dpo"]
+AlgorithmName = Literal["grpo", "ppo", "pf_ppo", "dapo", "dpo", "rloo", "reinforce_plus_plus",
+                        "reinforce_plus_plus_baseline", "gspo"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ CATALOGUE: dict[str, AlgorithmTraits] = {
     "pf_ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True),
     "dapo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
     "dpo": AlgorithmTraits(needs_critic=False, needs_rollout=False),
+    "rloo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
+    "reinforce_plus_plus": AlgorithmTraits(needs_critic=False, needs_rollout=True),
+    "reinforce_plus_plus_baseline": AlgorithmTraits(needs_critic=False, needs_rollout=True),
+    "gspo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
 }
 
 assert set(CATALOGUE) == set(get_args(AlgorithmName)), "the catalogue and AlgorithmName disagree"

@@ -54,6 +54,13 @@ PF_PPO_CONSUMES: dict[str, tuple[str, ...]] = {
     "update": PPO_CONSUMES["update"] + ("loss_weight",),
 }
 
+# REINFORCE++ (and its baseline variant): GRPO's states; the advantage state normalises over the
+# iteration's whole batch, each response weighted by its tokens, so it reads the response mask.
+BATCH_NORMALISED_CONSUMES: dict[str, tuple[str, ...]] = {
+    **CONSUMES,
+    "advantage": ("reward", "response_mask"),
+}
+
 # DAPO: GRPO's states; with dynamic sampling the driver reads each round's per-sample `score` (the
 # rule reward before overlong shaping, (B,) floats: the only column that reaches the driver)
 # through `sample_filter`, and the dock empties and refills the groups it drops; the samples of the

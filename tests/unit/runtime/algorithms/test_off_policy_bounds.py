@@ -16,6 +16,7 @@ LOSS_KWARGS = {
     "clipped": {"clip_ratio": 0.2, "clip_ratio_c": 3.0},
     "clipped_sequence_mean": {"clip_ratio": 0.2, "clip_ratio_c": 3.0},
     "decoupled_clip": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0},
+    "gspo": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},  # no dual-clip: a sequence ratio
 }
 
 
@@ -26,11 +27,15 @@ def test_every_registered_policy_loss_is_in_the_property_test():
 @pytest.mark.parametrize("name", sorted(LOSS_KWARGS))
 @pytest.mark.parametrize("dual_clip", [True, False])
 @pytest.mark.parametrize("per_token_advantage", [False, True])
-def test_every_policy_loss_is_finite_for_any_log_ratio(name, dual_clip, per_token_advantage):
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+                                         "seq_mean_token_sum_norm"])
+def test_every_policy_loss_is_finite_for_any_log_ratio(name, dual_clip, per_token_advantage, aggregation):
     """Random log ratios in [-100, 100], random masks (empty rows included), advantages of either
     sign: the loss and every gradient are finite."""
     fn = get_policy_loss(name)
-    kwargs = dict(LOSS_KWARGS[name], **({} if dual_clip else {"clip_ratio_c": None}))
+    kwargs = dict(LOSS_KWARGS[name])
+    if not dual_clip and "clip_ratio_c" in kwargs:
+        kwargs["clip_ratio_c"] = None
     generator = torch.Generator().manual_seed(0)
     for _ in range(50):
         num_rows, num_tokens = torch.randint(1, 9, (2,), generator=generator).tolist()
@@ -40,7 +45,7 @@ def test_every_policy_loss_is_finite_for_any_log_ratio(name, dual_clip, per_toke
         mask = (torch.rand(num_rows, num_tokens, generator=generator) < 0.6).float()  # (B, T)
         shape = (num_rows, num_tokens) if per_token_advantage else (num_rows,)
         advantages = torch.randn(shape, generator=generator) * 3  # either sign
-        out = fn(logprobs, old, advantages, mask, **kwargs)
+        out = fn(logprobs, old, advantages, mask, aggregation=aggregation, norm_length=num_tokens, **kwargs)
         out.loss.backward()
         assert torch.isfinite(out.loss), (name, log_ratio, advantages)
         assert torch.isfinite(logprobs.grad).all(), (name, log_ratio, advantages)

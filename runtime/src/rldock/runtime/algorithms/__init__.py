@@ -6,6 +6,9 @@ from rldock.runtime.algorithms.advantages import (
     get_advantage_estimator,
     grpo_advantages,
     grpo_mean_only_advantages,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    rloo_advantages,
 )
 from rldock.runtime.algorithms.core import masked_mean
 from rldock.runtime.algorithms.kl import KL_ESTIMATORS, kl_penalty
@@ -16,6 +19,9 @@ from rldock.runtime.algorithms.losses import (
     clipped_sequence_mean_policy_loss,
     get_policy_loss,
 )
+# Imported for their registrations: every policy loss is in POLICY_LOSSES once this package is.
+from rldock.runtime.algorithms.dapo import decoupled_clip_policy_loss
+from rldock.runtime.algorithms.gspo import gspo_policy_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -24,10 +30,15 @@ __all__ = [
     "PolicyLoss",
     "clipped_policy_loss",
     "clipped_sequence_mean_policy_loss",
+    "decoupled_clip_policy_loss",
     "get_advantage_estimator",
     "get_policy_loss",
     "grpo_advantages",
     "grpo_mean_only_advantages",
+    "gspo_policy_loss",
     "kl_penalty",
     "masked_mean",
+    "reinforce_plus_plus_advantages",
+    "reinforce_plus_plus_baseline_advantages",
+    "rloo_advantages",
 ]

@@ -21,7 +21,8 @@ from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
-from rldock.runtime.dataflow import (CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
+from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
+from rldock.runtime.dataflow import (BATCH_NORMALISED_CONSUMES, CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
                                      PARTIAL_ROLLOUT, PF_PPO_CONSUMES, PF_PPO_PRODUCES, POLICY_VERSION, PPO_CONSUMES,
                                      PPO_PRODUCES, PRODUCES, PROMPT,
                                      REWARD_MODEL_STATE, RESPONSE, RM_SCORE)
@@ -239,6 +240,18 @@ def group_advantage_stage(estimator: str) -> AdvantageStage:
     return stage
 
 
+def batch_advantage_stage(estimator: str) -> AdvantageStage:
+    """Outcome advantages normalised over the iteration's whole batch by a registered estimator
+    (REINFORCE++), each response weighted by its tokens: (B,) per sample."""
+    fn = get_advantage_estimator(estimator)
+
+    def stage(batch, algo, generator):
+        token_counts = batch["response_mask"].sum(dim=1)  # (B,)
+        return {"advantage": fn(batch["reward"], algo.num_responses_per_prompt, token_counts=token_counts)}
+
+    return stage
+
+
 def _gae(batch, algo: AlgorithmSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask = batch["response_mask"]  # (B, SL)
     token_rewards = outcome_token_rewards(batch["reward"], mask)  # (B, SL)
@@ -280,6 +293,28 @@ PPO = register_recipe(Recipe("ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES
 PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PF_PPO_CONSUMES, produces=PF_PPO_PRODUCES,
                                 advantage_stage=filtered_gae_stage, policy_loss="clipped",
                                 advantage_scope="iteration"))
+
+
+# RLOO: GRPO's flow with the leave-one-out baseline (whole groups, so the reward state can run it).
+RLOO = register_recipe(Recipe("rloo", consumes=CONSUMES, produces=PRODUCES,
+                              advantage_stage=group_advantage_stage("rloo"), policy_loss="clipped"))
+# REINFORCE++ normalises over the iteration's batch (as PPO whitens), so its stage sees all of it.
+REINFORCE_PLUS_PLUS = register_recipe(Recipe(
+    "reinforce_plus_plus", consumes=BATCH_NORMALISED_CONSUMES, produces=PRODUCES,
+    advantage_stage=batch_advantage_stage("reinforce_plus_plus"), policy_loss="clipped", advantage_scope="iteration"))
+REINFORCE_PLUS_PLUS_BASELINE = register_recipe(Recipe(
+    "reinforce_plus_plus_baseline", consumes=BATCH_NORMALISED_CONSUMES, produces=PRODUCES,
+    advantage_stage=batch_advantage_stage("reinforce_plus_plus_baseline"), policy_loss="clipped",
+    advantage_scope="iteration"))
+
+
+def _gspo_kwargs(algo: AlgorithmSpec) -> dict:
+    return {"clip_ratio_low": algo.gspo.clip_ratio_low, "clip_ratio_high": algo.gspo.clip_ratio_high}
+
+
+# GSPO: GRPO's advantages, the sequence-ratio loss.
+GSPO = register_recipe(Recipe("gspo", consumes=CONSUMES, produces=PRODUCES, advantage_stage=group_advantage_stage("grpo"),
+                              policy_loss="gspo", policy_loss_kwargs=_gspo_kwargs))
 
 
 # --- DAPO and DPO --------------------------------------------------------------------------------
