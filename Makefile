@@ -47,6 +47,8 @@ images:
 
 # The kind-style node tests (real kubelets, containerd, the images above, the chart as a Helm
 # release; the happy path, a lost worker pod, an operator restart and suspend/resume in real
-# containers). Opt-in: `make test` skips them, since their cold builds add about 45 minutes here.
+# containers). Opt-in: `make test` skips them, since their cold builds add about 45 minutes here
+# under load (a fresh machine's run, with its packages (podman, buildah, runc, debootstrap)
+# installed by the tests: about 31 minutes at a light load; e2e/README.md, "Real nodes").
 test-containers: setup
 	RLDOCK_E2E_CONTAINERS=1 .venv/bin/python -m pytest tests/e2e/test_kind_nodes.py tests/e2e/test_helm_release.py tests/e2e/test_kind_scenarios.py $(PYTEST_ARGS)
