@@ -7,7 +7,9 @@ Margins, against what was measured once each (docs/algorithms/, docs/results.md)
 learning-rate-0 control rose +0.042 for GRPO, PPO and PF-PPO alike: with the policy frozen they
 sample the same responses. DAPO rose +0.405 (margin 0.2; its control -0.003). DPO's metric is the
 policy's preference accuracy on each iteration's fresh pairs (benchmarks/src/rldock_benchmarks/learning.py picks it):
-+0.375 (margin 0.2), its control -0.063 (the base model ranking the same pairs).
++0.375 (margin 0.2), its control -0.063 (the base model ranking the same pairs). RLOO rose +0.446,
+REINFORCE++ +0.449, REINFORCE++-baseline +0.416, GSPO +0.412 (margin 0.2 each; their controls
++0.042, GRPO's: the frozen policy samples the same responses).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
     ("pf-ppo-tiny.yaml", 0.15),
     ("dapo-tiny.yaml", 0.2),
     ("dpo-tiny.yaml", 0.2),
+    ("rloo-tiny.yaml", 0.2),
+    ("reinforce-plus-plus-tiny.yaml", 0.2),
+    ("reinforce-plus-plus-baseline-tiny.yaml", 0.2),
+    ("gspo-tiny.yaml", 0.2),
 ])
 def test_demo_learns_and_the_learning_rate_0_control_does_not(tmp_path, example, margin):
     result = subprocess.run(
