@@ -41,9 +41,10 @@ app.kubernetes.io/part-of: rldock
 {{- join "," (sortAlpha $pairs) }}
 {{- end }}
 
-{{/* The Secret holding the key the RLJobs' Ray tokens are derived from. */}}
+{{/* The Secret holding the key the RLJobs' Ray tokens are derived from: the admin's own
+(tokenKey.existingSecret), or the one the chart makes. */}}
 {{- define "rldock.tokenKeySecret" -}}
-{{- printf "%s-token-key" (include "rldock.fullname" .) }}
+{{- default (printf "%s-token-key" (include "rldock.fullname" .)) .Values.tokenKey.existingSecret }}
 {{- end }}
 
 {{- define "rldock.serviceAccountName" -}}

@@ -493,6 +493,13 @@ def test_the_token_key_is_a_kept_secret_the_operator_reads_from_its_environment(
     assert var["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "key"}
 
 
+def test_an_admins_own_token_key_secret_replaces_the_charts():
+    objects = render({"tokenKey": {"existingSecret": "my-key"}})
+    assert "rldock-token-key" not in {o["metadata"]["name"] for o in by_kind(objects, "Secret")}
+    (var,) = [v for v in _container(objects)["env"] if v["name"] == "RLDOCK_TOKEN_KEY"]
+    assert var["valueFrom"]["secretKeyRef"] == {"name": "my-key", "key": "key"}
+
+
 def test_policy_and_network_policy_reach_the_operator():
     values = {"policy": {"hostPathPrefixes": ["/mnt/shared"], "imagePrefixes": ["registry.example.com/ml/"],
                          "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
