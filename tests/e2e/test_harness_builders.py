@@ -283,3 +283,23 @@ def test_containers_of_a_pod_as_containerd_lists_them() -> None:
              "0a1b2c    17      PAUSED    \n")
     assert running_tasks(table) == {"abc123"}
     assert running_tasks("TASK    PID    STATUS    \n") == set()
+
+
+def test_the_pods_kuberay_makes_from_the_operators_cluster_stay_restricted() -> None:
+    """What KubeRay adds (its init container, probes, env, /dev/shm) keeps the pods `restricted`:
+    the init container carries the Ray container's securityContext, as KubeRay copies it."""
+    from rldock.operator.api import RLJobSpec
+    from rldock.operator.builders import RLJobRef, build_ray_cluster
+    from rldock_e2e.pod_security import restricted_violations
+
+    spec = RLJobSpec.model_validate({"job": {
+        "name": "j", "iterations": 1, "model": {"path": "/m"}, "resources": {"num_nodes": 1, "devices_per_node": 2},
+        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
+                      "max_response_length": 8, "learning_rate": 1e-5}, "training": {"data_parallel_size": 2}},
+        "checkpoint": {"claimName": "c"}})
+    cluster = build_ray_cluster(job=RLJobRef("j", "team-a", "u-1"), spec=spec)
+    cluster["metadata"]["uid"] = "c-1"
+    for group, head in ((cluster["spec"]["headGroupSpec"], True), (cluster["spec"]["workerGroupSpecs"][0], False)):
+        pod = build_pod(cluster, group, head=head)
+        assert bool(pod["spec"].get("initContainers")) is not head
+        assert restricted_violations(pod["spec"], pod["metadata"].get("annotations")) == []

@@ -15,7 +15,7 @@ keeping what a pod's life here depends on:
 - the env KubeRay adds (RAY_CLUSTER_NAME, RAY_CLOUD_INSTANCE_ID, RAY_NODE_TYPE_NAME through
   fieldRefs, FQ_RAY_IP/RAY_IP on workers, RAY_PORT, RAY_ADDRESS, KUBERAY_GEN_RAY_START_CMD, ...);
 - the worker's `wait-gcs-ready` init container (`ray health-check` against the head until the GCS
-  answers), the readiness and liveness exec probes (`wget` of the raylet's and the GCS's health
+  answers, with the Ray container's securityContext), the readiness and liveness exec probes (`wget` of the raylet's and the GCS's health
   endpoints), the metrics container port, and a `/dev/shm` memory emptyDir unless one is mounted.
 
 Not transcribed: autoscaler sidecars, GCS fault tolerance, TLS, RayService/RayJob specifics.
@@ -158,6 +158,8 @@ def build_pod(cluster: Mapping[str, Any], group: Mapping[str, Any], *, head: boo
             "volumeMounts": copy.deepcopy(ray.get("volumeMounts") or []),
             "resources": {"limits": {"cpu": "200m", "memory": "256Mi"},
                           "requests": {"cpu": "200m", "memory": "256Mi"}},
+            # KubeRay copies the Ray container's securityContext, so the pod keeps its profile.
+            **({"securityContext": copy.deepcopy(ray["securityContext"])} if "securityContext" in ray else {}),
         })
     if not any(p.get("name") == "metrics" for p in ray.get("ports") or ()):
         ray.setdefault("ports", []).append({"name": "metrics", "containerPort": METRICS_PORT})
