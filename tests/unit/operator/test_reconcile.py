@@ -17,7 +17,7 @@ from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, for
 from rldock.operator import naming
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
 from rldock.operator.kube import CreateRefused, StatusRejected
-from rldock.operator.rayjobs import RayJobsError
+from rldock.operator.rayjobs import RayJobsError, TokenRefused
 from rldock.operator.builders import RLJobRef
 from rldock.operator.policy import AdminPolicy
 from rldock.operator.reconcile import Reconciler
@@ -479,3 +479,22 @@ def test_the_network_policy_is_put_back_when_edited_and_skipped_when_off():
     off, kube, _ = make_world(network_policy=False)
     off.reconcile(body())
     assert ("NetworkPolicy", naming.network_policy_name(NAME)) not in kube.objects
+
+
+def test_a_head_that_refuses_the_derived_token_is_a_condition_and_the_secret_is_made_again(world):
+    """The Secret held another token (made before the RLJob, or under an earlier key): the operator,
+    which cannot read it, says what to do, and makes it again once someone deleted it."""
+    reconciler, kube, jobs = world
+    first = reconciler.reconcile(body())
+    make_ready(kube)
+
+    def refuse(submission_id):
+        raise TokenRefused("GET http://10.0.0.9:8265/api/jobs/x: 401, the Ray cluster refused the auth token")
+    jobs.get_job = refuse
+    outcome = reconciler.reconcile(body(status=first.status))
+    ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
+    assert ready["reason"] == "TokenRefused" and f"Delete Secret {naming.auth_secret_name(NAME)}" in ready["message"]
+    assert ("Warning", "TokenRefused") in [(e.type, e.reason.value) for e in outcome.events]
+    del kube.objects[("Secret", naming.auth_secret_name(NAME))]  # what the message says to do
+    reconciler.reconcile(body(status=outcome.status))
+    assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME))) == 2

@@ -226,6 +226,9 @@ class Reason(str, Enum):
     # control, or the API server refused to create it (a ResourceQuota, RBAC, a too large object).
     NAME_CONFLICT = "NameConflict"
     CREATE_REFUSED = "CreateRefused"
+    # The Ray head refused the token the operator derives for this RLJob: its Secret holds another
+    # (made by someone else before the RLJob, or under an earlier token key).
+    TOKEN_REFUSED = "TokenRefused"
     # The API server refused the status the round computed (422/413); a short status says why.
     STATUS_REJECTED = "StatusRejected"
     # The runtime refused the job's inputs before training (rldock.contract.failure): a configured
@@ -257,6 +260,7 @@ class EventReason(str, Enum):
     TTL_EXPIRED = "TTLExpired"
     NAME_CONFLICT = "NameConflict"
     CREATE_REFUSED = "CreateRefused"
+    TOKEN_REFUSED = "TokenRefused"
     STATUS_REJECTED = "StatusRejected"
     PATH_NOT_FOUND = FailureReason.PATH_NOT_FOUND.value
     INVALID_JOB_INPUT = FailureReason.INVALID_JOB_INPUT.value

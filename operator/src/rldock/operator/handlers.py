@@ -72,7 +72,7 @@ COALESCE_SECONDS = 0.25
 # A finished RLJob with ttlSecondsAfterFinished wakes this long after the TTL ends, so the round
 # finds it expired.
 TTL_SLACK_SECONDS = 1.0
-_BLOCKED = (Reason.NAME_CONFLICT, Reason.CREATE_REFUSED)
+_BLOCKED = (Reason.NAME_CONFLICT, Reason.CREATE_REFUSED, Reason.TOKEN_REFUSED)
 
 _RAY_GROUP, _RAY_VERSION = RAY_API_VERSION.split("/")
 Key = tuple[str, str]  # (namespace, RLJob name)

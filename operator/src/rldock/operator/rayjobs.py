@@ -93,6 +93,10 @@ class RayJobsError(RuntimeError):
     """The Jobs API did not answer, refused the token, or answered something unexpected."""
 
 
+class TokenRefused(RayJobsError):
+    """The head answered 401/403: it holds another token than the one this RLJob's is derived as."""
+
+
 class _Failed(RayJobsError):
     def __init__(self, message: str, outcome: str) -> None:
         super().__init__(message)
@@ -191,7 +195,7 @@ class RayJobsClient:
             raise RayJobsError(f"{method} {self.base_url}{path}: {failed}") from None
         if status in (401, 403):
             self._record(endpoint, started, Outcome.AUTH_ERROR)
-            raise RayJobsError(f"{method} {self.base_url}{path}: {status}, the Ray cluster refused "
+            raise TokenRefused(f"{method} {self.base_url}{path}: {status}, the Ray cluster refused "
                                f"the auth token: {body[:200]}")
         ok = status in expect and (accept is None or accept(status, body))
         self._record(endpoint, started, Outcome.OK if ok else Outcome.HTTP_ERROR)

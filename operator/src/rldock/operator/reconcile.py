@@ -44,7 +44,7 @@ from rldock.operator.plan import (
     Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
 )
 from rldock.operator.metrics import Metrics
-from rldock.operator.rayjobs import RayJobsClient, RayJobsError
+from rldock.operator.rayjobs import RayJobsClient, RayJobsError, TokenRefused
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
     Blocked, Event, Observations, RayJobObservation, compute_status, failed_on_spec, parse_status, rejected_status,
@@ -333,6 +333,13 @@ class Reconciler:
                 if details is None and attempt > 0:
                     previous_id = rnd.submission_id(attempt - 1)
                     previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
+            except TokenRefused as error:
+                secret = naming.auth_secret_name(rnd.ref.name)
+                self._secrets_made.discard(rnd.ref.uid)  # made again once someone deletes it
+                raise BlockedRound(Blocked(Reason.TOKEN_REFUSED, (
+                    f"the Ray head refused the token the operator derives for this RLJob ({error}): Secret "
+                    f"{secret} holds another one (it existed before the RLJob, or was made under an earlier "
+                    f"token key). Delete Secret {secret}, then suspend and resume the RLJob"))) from None
             except RayJobsError as error:
                 raise SkipRound(str(error)) from None
         head_lost = (details is None and rnd.previous.phase is Phase.RUNNING

@@ -396,7 +396,8 @@ def _without_nulls(value: Any) -> Any:
 
 
 _SPEC_EVENTS = {Reason.STATUS_REJECTED: EventReason.STATUS_REJECTED, Reason.POLICY_DENIED: EventReason.POLICY_DENIED}
-_BLOCKED_EVENTS = {Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT, Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED}
+_BLOCKED_EVENTS = {Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT, Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED,
+                   Reason.TOKEN_REFUSED: EventReason.TOKEN_REFUSED}
 _INPUT_EVENTS = {Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
                  Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT}
 
