@@ -65,6 +65,17 @@ class World:
                  timeout=60, interval=0.25, check=self.operator.check)
         return name
 
+    def settled_rounds(self) -> float:
+        """The round count once it stays the same over two poll intervals (the operator has acted
+        on everything it was told), waiting as long as a loaded machine needs."""
+        def stable() -> Optional[list[float]]:  # a list: a count of 0 is an answer too
+            first = self.rounds()
+            time.sleep(2 * POLL)
+            return [first] if self.rounds() == first else None
+        (count,) = wait_for("the operator's rounds to settle", stable, timeout=120, interval=0.1,
+                            check=self.operator.check)
+        return count
+
     def rounds(self) -> float:
         """Reconcile rounds the operator has run (its metrics endpoint)."""
         with urllib.request.urlopen(self.operator.metrics_url, timeout=10) as response:
@@ -127,8 +138,7 @@ def test_a_deleted_raycluster_is_noticed_at_once_and_recreated(world: World):
 
 def test_an_idle_rljob_is_not_polled_but_its_pods_changes_run_a_round(world: World):
     name = world.idle_rljob()
-    time.sleep(3 * POLL)  # the events of its creation are handled
-    before = world.rounds()
+    before = world.settled_rounds()  # the events of its creation handled, however slow the machine
     time.sleep(10 * POLL)
     idle_rounds = world.rounds() - before
     # A timer per RLJob would have run about 10 rounds for each RLJob of the namespace here.
