@@ -8,7 +8,9 @@ Regenerate with: python -m rldock.config.config_reference > docs/config-referenc
 from __future__ import annotations
 
 import inspect
+import re
 import sys
+import types
 import typing
 
 from pydantic import BaseModel
@@ -25,7 +27,7 @@ def _type_name(annotation) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
-    if origin is typing.Union:
+    if origin is typing.Union or origin is types.UnionType:  # Optional[int] and `int | None` alike
         return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
     return getattr(annotation, "__name__", str(annotation))
 
@@ -58,6 +60,12 @@ def constraints_text(info: FieldInfo) -> str:
     return ", ".join(parts)
 
 
+def _row(*cells: str) -> str:
+    """One table row; a `|` inside a cell (a default, a description, a type's repr) is escaped, or
+    Markdown would read it as a column border and shift the row's cells."""
+    return "| " + " | ".join(re.sub(r"(?<!\\)\|", r"\\|", cell) for cell in cells) + " |"
+
+
 def _default(info: FieldInfo) -> str:
     if info.default_factory is not None:
         return "(section defaults)"
@@ -78,24 +86,23 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         path = f"{prefix}.{name}" if prefix else name
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((path, annotation))
-            out.append(f"| `{name}` | section | {_default(info)} | | see [`{path}`](#{path.replace('.', '')}) |")
+            out.append(_row(f"`{name}`", "section", _default(info), "",
+                            f"see [`{path}`](#{path.replace('.', '')})"))
             continue
+        description = info.description or ""
         optional = _optional_model(annotation)
         if optional is not None:  # an optional section, e.g. data.generator: unset unless given
             nested.append((path, optional))
-            description = (info.description or "").replace("|", "\\|")
-            out.append(f"| `{name}` | optional section, see [`{path}`](#{path.replace('.', '')}) | "
-                       f"{_default(info)} | | {description} |")
+            out.append(_row(f"`{name}`", f"optional section, see [`{path}`](#{path.replace('.', '')})",
+                            _default(info), "", description))
             continue
         item = _list_item_model(annotation)
         if item is not None:  # a list of sections, e.g. reward.terms: one table for every item
             nested.append((f"{path}[]", item))
-            description = (info.description or "").replace("|", "\\|")
-            out.append(f"| `{name}` | list of [`{path}[]`](#{path.replace('.', '')}) | {_default(info)} | "
-                       f"{constraints_text(info)} | {description} |")
+            out.append(_row(f"`{name}`", f"list of [`{path}[]`](#{path.replace('.', '')})", _default(info),
+                            constraints_text(info), description))
             continue
-        description = (info.description or "").replace("|", "\\|")
-        out.append(f"| `{name}` | {_type_name(annotation)} | {_default(info)} | {constraints_text(info)} | {description} |")
+        out.append(_row(f"`{name}`", _type_name(annotation), _default(info), constraints_text(info), description))
     out.append("")
     for path, sub in nested:
         _section(sub, path, out)
