@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from rldock.config.job import DataSpec
 from rldock.runtime.data.generators import column_names
+from rldock.runtime.data.keys import MissingKey, read_key
 from rldock.runtime.data.rows import Row
 
 logger = logging.getLogger(__name__)
@@ -81,19 +82,41 @@ def _file_rows(path: Path, columns: Columns, *, field: str) -> list[Row]:
     wanted = [columns.prompt, columns.answer, columns.data_source, columns.extra_info]
     if columns.pairs_required:
         wanted += [columns.chosen, columns.rejected]
+    records = table.to_list()
     for key in wanted:
-        if key is not None and key not in table.column_names:
-            raise ValueError(f"{path}: no column {key!r} (the data section's key for it); the file has "
-                             f"{table.column_names}")
-    has_pairs = columns.chosen in table.column_names and columns.rejected in table.column_names
-    return [_row(record, path, line, columns, has_pairs) for line, record in enumerate(table.to_list())]
+        if key is not None:
+            try:
+                read_key(records[0], key)
+            except MissingKey as error:
+                raise ValueError(f"{path}: {error} (the data section's key for it)") from error
+    has_pairs = all(_has_key(records[0], key) for key in (columns.chosen, columns.rejected))
+    return [_row(record, path, line, columns, has_pairs) for line, record in enumerate(records)]
+
+
+def _has_key(record: dict, key: Optional[str]) -> bool:
+    if key is None:
+        return False
+    try:
+        read_key(record, key)
+    except MissingKey:
+        return False
+    return True
+
+
+def _value(record: dict, key: str, where: str):
+    """`read_key` with the row named: a key present in the first row may be missing in a later one
+    (jsonl objects need not share their fields)."""
+    try:
+        return read_key(record, key)
+    except MissingKey as error:
+        raise ValueError(f"{where}: {error}") from error
 
 
 def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool) -> Row:
     where = f"{path} row {line}"
-    prompt = record[columns.prompt]
+    prompt = _value(record, columns.prompt, where)
     check_prompt(prompt, where=f"{where} column {columns.prompt!r}")
-    extra = {} if columns.extra_info is None else record[columns.extra_info]
+    extra = {} if columns.extra_info is None else _value(record, columns.extra_info, where)
     if extra is None:
         extra = {}
     if not isinstance(extra, dict):
@@ -110,7 +133,7 @@ def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool)
 
 def _text(record: dict, key: str, where: str) -> str:
     """A string or number column as text; null, empty and other types are errors."""
-    value = record[key]
+    value = _value(record, key, where)
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"{where} column {key!r} must be a string or a number, got "
                          f"{'null' if value is None else type(value).__name__}")
