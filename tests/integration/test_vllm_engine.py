@@ -234,9 +234,11 @@ def dp_ranks(tiny_model_dir):
                                store=getattr(self, "store", None))
 
         def all_reduce(self) -> list[float]:
-            from rldock.runtime.engines.distributed import all_reduce_mean
+            import torch.distributed as dist
 
-            return all_reduce_mean(torch.full((3,), float(self.rank + 1))).tolist()
+            tensor = torch.full((3,), float(self.rank + 1))
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # the group the ranks formed carries a sum
+            return tensor.div_(dist.get_world_size()).tolist()
 
         def ddp_gradients(self) -> list[torch.Tensor]:
             from rldock.runtime.engines.distributed import wrap_ddp

@@ -8,7 +8,7 @@ import torch
 
 from rldock.config.job import LoraSpec
 from rldock.runtime.models import load_causal_lm
-from rldock.runtime.models.lora import add_lora, adapters_off, is_adapter_param, merged_weights
+from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
 from rldock.runtime.models.tiny import build_tiny_model
 
 TEXTS = ["Sam has 3 apples and buys 5 more. #### 8", "12+7=19"]
@@ -33,7 +33,7 @@ def test_only_adapter_parameters_train_and_the_base_is_the_reference(base_dir):
     base = load_causal_lm(base_dir)
     model = _with_trained_adapters(base_dir, LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]))
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    assert trainable and all(is_adapter_param(name) for name in trainable)
+    assert trainable and all(".lora_" in name for name in trainable)
     assert all("q_proj" in name or "v_proj" in name for name in trainable)
     with torch.no_grad():
         reference = base(input_ids=IDS).logits

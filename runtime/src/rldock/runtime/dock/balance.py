@@ -89,13 +89,6 @@ def _level_by_swaps(assigned: list[list[int]], unit_tokens: np.ndarray, max_swap
         loads[light] += delta
 
 
-def imbalance(tokens: np.ndarray, parts: list[np.ndarray]) -> float:
-    """Largest relative deviation of a rank's token total from the mean (0.0 means perfect)."""
-    totals = np.array([np.asarray(tokens)[part].sum() for part in parts], dtype=np.float64)
-    mean = totals.mean()
-    return float(np.abs(totals - mean).max() / mean) if mean > 0 else 0.0
-
-
 # Levelling across nodes stops once every rank is within this fraction of the mean token count:
 # below it, a cross-node move costs more link time than the step time it saves.
 LOCAL_TOLERANCE = 0.05

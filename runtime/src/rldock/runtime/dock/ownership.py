@@ -40,9 +40,6 @@ class DockLayout:
     def num_groups(self) -> int:
         return self.num_samples // self.group_size
 
-    def warehouse_of_group(self, group: int) -> int:
-        return group * self.num_warehouses // self.num_groups
-
     def group_range(self, warehouse: int) -> tuple[int, int]:
         """[first, stop) groups of `warehouse`: the first group g with g*S // G >= w is ceil(w*G/S)."""
         if not 0 <= warehouse < self.num_warehouses:

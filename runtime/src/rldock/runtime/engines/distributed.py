@@ -115,8 +115,3 @@ def wrap_ddp(model: nn.Module, device: DeviceInfo) -> DistributedDataParallel:
     device_ids = [device.device_index] if device.is_accelerator else None
     return DistributedDataParallel(model, device_ids=device_ids)
 
-
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Average `tensor` over the group in place (for metrics); returns it."""
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor.div_(dist.get_world_size())

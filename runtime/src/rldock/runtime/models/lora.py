@@ -59,6 +59,3 @@ def adapters_off(model: PeftModel) -> Iterator[None]:
     with model.disable_adapter():
         yield
 
-
-def is_adapter_param(name: str) -> bool:
-    return ".lora_" in name

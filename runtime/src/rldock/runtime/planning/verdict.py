@@ -28,10 +28,6 @@ def _with_training(cfg: JobConfig, **changes) -> JobConfig:
     return cfg.model_copy(update={"training": cfg.training.model_copy(update=changes)})
 
 
-def _with_rollout(cfg: JobConfig, **changes) -> JobConfig:
-    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=changes)})
-
-
 def _candidates(cfg: JobConfig) -> list[tuple[str, str, Callable[[JobConfig], JobConfig]]]:
     """(field, the change in words (a training.* setting), the changed config), in the order tried."""
     training = cfg.training

@@ -71,10 +71,6 @@ class ParallelLayout:
         start = self.dp_rank(rank) * self.tp_size
         return list(range(start, start + self.tp_size))
 
-    def dp_group_ranks(self, rank: int) -> list[int]:
-        """The ranks holding the same TP shard in every replica (gradients average over these)."""
-        return list(range(self.tp_rank(rank), self.world_size, self.tp_size))
-
     def leaders(self) -> list[int]:
         """Each replica's first rank (TP rank 0): in the generation layout, the ranks that hold
         an engine."""
