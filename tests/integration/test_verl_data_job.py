@@ -1,0 +1,82 @@
+"""verl's preprocessed parquet trains unchanged: chat-message prompts, the answer under
+`reward_model.ground_truth`, `data_source` and a nested `extra_info`, read with dotted keys.
+
+A user's reward function scores 1 only when it receives the nested ground truth, the row's data
+source and its extra info, so `reward/function` at 1.0 in every iteration shows each key reached
+the reward worker as verl's own reward functions would see it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+CHECK_REWARD = textwrap.dedent('''
+    def sees_verl_fields(data_source, solution_str, ground_truth, extra_info):
+        ok = data_source == "openai/gsm8k" and ground_truth == extra_info["answer"] and extra_info["split"] == "train"
+        return float(ok)
+''')
+
+
+def _verl_rows(count: int) -> list[dict]:
+    """Rows in the layout of verl's examples/data_preprocess/gsm8k.py output."""
+    rows = []
+    for index in range(count):
+        a, b = index % 10, (index * 7) % 10
+        rows.append({"data_source": "openai/gsm8k",
+                     "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                     "ability": "math",
+                     "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                     "extra_info": {"split": "train", "index": index, "answer": str(a + b)}})
+    return rows
+
+
+def _chat_tiny_model(path: Path, rows: list[dict]) -> None:
+    """The tiny model with a chat template (its builder makes none): the messages' contents joined."""
+    from transformers import AutoTokenizer
+
+    from rldock.runtime.data import ALPHABET
+    from rldock.runtime.models.tiny import build_tiny_model
+
+    build_tiny_model(path, texts=[ALPHABET] + [row["prompt"][0]["content"] for row in rows], seed=5)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(path)
+
+
+def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = _verl_rows(32)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    _chat_tiny_model(tmp_path / "model", rows)
+    (tmp_path / "check_reward.py").write_text(CHECK_REWARD)
+    config = {
+        "name": "it-verl-data", "seed": 5, "iterations": 2,
+        "model": {"path": str(tmp_path / "model")},
+        "data": {"train_files": [str(tmp_path / "train.parquet")], "prompt_key": "prompt",
+                 "answer_key": "reward_model.ground_truth", "data_source_key": "data_source",
+                 "extra_info_key": "extra_info", "chat_template": "model"},
+        "reward": {"terms": [{"name": "function", "function": f"{tmp_path}/check_reward.py:sees_verl_fields"}]},
+        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 4,
+                      "max_prompt_length": 8, "max_response_length": 4, "learning_rate": 1e-4},
+        "training": {"data_parallel_size": 1, "micro_batch_size": 8},
+        "dock": {"timeout_s": 120},
+        "checkpoint": {"interval": 2},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(tmp_path / "job.yaml"),
+                           "--output", str(tmp_path / "run"), "--no-progress"],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["iteration"] for record in records] == [1, 2]
+    assert [record["reward/function"] for record in records] == [1.0, 1.0]
