@@ -270,7 +270,7 @@ class Trainer:
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None,
                         policy_version: int) -> WorkerGroups:
-        cfg, dock = self.cfg, self.banks
+        cfg, banks = self.cfg, self.banks
         dp = cfg.training.data_parallel_size
         plan = cluster.job_placement(cfg, self.recipe)
         group = self._placement  # reserved by _start
@@ -280,28 +280,28 @@ class Trainer:
 
         num_actor_ranks = len(plan.actors)  # TP x DP; each rank a generation replica on its own device
         actors = [seated(ActorWorker, seat).remote(
-            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, dock=dock, adapter_dir=adapter_dir,
+            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, banks=banks, adapter_dir=adapter_dir,
             policy_version=policy_version)
             for r, seat in enumerate(plan.actors)]
         # none when kl_coef is 0 (job_recipe) or under LoRA (the actors run the reference pass)
         references = [seated(ReferenceWorker, seat).remote(
-            cfg, rank=r, reference_dir=str(self.reference_dir), dock=dock) for r, seat in enumerate(plan.references)]
+            cfg, rank=r, reference_dir=str(self.reference_dir), banks=banks) for r, seat in enumerate(plan.references)]
         assert len(references) in (0, dp), "one reference rank per DP rank, or none"
         states = self.recipe.states
         reward = advantage = None
         if "reward" in states:
             reward = cluster.remote(RewardWorker, num_cpus=0).remote(
-                cfg, tokenizer_dir=str(self.reference_dir), dock=dock, train_files=self.data_files.train)
+                cfg, tokenizer_dir=str(self.reference_dir), banks=banks, train_files=self.data_files.train)
         if "advantage" in states:
-            advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, dock=dock)
+            advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, banks=banks)
         # The critic starts from the initial policy's body, whatever policy the actors resume from.
-        critics = [seated(CriticWorker, seat).remote(cfg, policy_dir=str(self.reference_dir), dock=dock, rank=r,
+        critics = [seated(CriticWorker, seat).remote(cfg, policy_dir=str(self.reference_dir), banks=banks, rank=r,
                                                      world_size=len(plan.critics))
                    for r, seat in enumerate(plan.critics)]
         reward_model = None
         if plan.reward_model is not None:
             reward_model = seated(RewardModelWorker, plan.reward_model).remote(
-                cfg, tokenizer_dir=str(self.reference_dir), dock=dock)
+                cfg, tokenizer_dir=str(self.reference_dir), banks=banks)
         groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critics=critics,
                               reward_model=reward_model, generation_tp=cfg.rollout.tensor_parallel_size)
         logger.info("rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "

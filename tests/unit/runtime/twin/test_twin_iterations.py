@@ -49,7 +49,7 @@ def _place(worker, index: int) -> None:
 
 
 def _actor(cfg, model_dir, dock) -> ActorWorker:
-    actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), dock=dock)
+    actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=dock)
     _place(actor, 0)
     actor.optimizer = actor._make_optimizer(actor.model.parameters())
     actor.engine = WeightSinkEngine()
@@ -65,7 +65,7 @@ def test_grpo_iteration_on_the_twin(npu_twin, twin_model_dir):
     cfg = _cfg(twin_model_dir, "grpo")
     dock = ColumnDock(_rollout_batch(), states={})
     actor = _actor(cfg, twin_model_dir, dock)
-    reference = ReferenceWorker(cfg, rank=0, reference_dir=str(twin_model_dir), dock=dock)
+    reference = ReferenceWorker(cfg, rank=0, reference_dir=str(twin_model_dir), banks=dock)
     _place(reference, 1)
     before = {name: p.detach().cpu().clone() for name, p in actor.model.named_parameters()}
 
@@ -87,9 +87,9 @@ def test_ppo_iteration_on_the_twin(npu_twin, twin_model_dir):
               "critic_update": ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "values", "returns")}
     dock = ColumnDock(_rollout_batch(), states=states)
     actor = _actor(cfg, twin_model_dir, dock)
-    reference = ReferenceWorker(cfg, rank=0, reference_dir=str(twin_model_dir), dock=dock)
+    reference = ReferenceWorker(cfg, rank=0, reference_dir=str(twin_model_dir), banks=dock)
     _place(reference, 1)
-    critic = CriticWorker(cfg, policy_dir=str(twin_model_dir), dock=dock)
+    critic = CriticWorker(cfg, policy_dir=str(twin_model_dir), banks=dock)
     _place(critic, 2)
     critic.optimizer = torch.optim.AdamW(critic.model.parameters(), lr=1e-3)
     actor_before = {name: p.detach().cpu().clone() for name, p in actor.model.named_parameters()}

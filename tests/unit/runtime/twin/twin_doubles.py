@@ -15,7 +15,7 @@ class ColumnDock:
         self.batch, self.states, self.waited_s, self.drained = batch, states, 0.0, False
         self._given: set[str] = set()
 
-    def bank(self, iteration: int) -> ColumnDock:  # one iteration's columns: these
+    def bank(self, iteration: int) -> ColumnDock:  # stands in for DockBanks too: one bank, these columns
         return self
 
     def start_stage(self, state: str) -> None:

@@ -14,7 +14,7 @@ class OneBatchDock:
         self.batch, self.given, self.waited_s, self.written = batch, False, 0.0, None
         self.drained = False  # never says so: the consumer asks until it hears None
 
-    def bank(self, iteration):  # one bank, like a plain TransferDock
+    def bank(self, iteration):  # stands in for DockBanks too: a single bank, itself
         return self
 
     def get(self, state, columns, **kwargs):

@@ -24,7 +24,7 @@ class ScriptedDock:
         self.states = {"advantage": ("reward", "values", "response_mask")}
         self.written: dict[str, torch.Tensor] = {}
 
-    def bank(self, iteration):  # one bank, like a plain TransferDock
+    def bank(self, iteration):  # stands in for DockBanks too: a single bank, itself
         return self
 
     def get(self, state, columns, *, rank, batch_size, whole_groups, balance_ranks, timeout_s):
@@ -57,7 +57,7 @@ def _batch() -> TensorDict:
 
 def _advantages(name: str, *, micro_batch_size: int, max_hand_out: int) -> dict[str, torch.Tensor]:
     dock = ScriptedDock(_batch(), max_hand_out=max_hand_out)
-    worker = AdvantageWorker(_cfg(name, micro_batch_size), dock=dock)
+    worker = AdvantageWorker(_cfg(name, micro_batch_size), banks=dock)
     worker.compute_advantages(iteration=1)
     assert dock.next == G * N
     return dock.written

@@ -43,7 +43,7 @@ def test_the_worker_writes_the_reward_models_score_of_each_sample(tmp_path, tiny
                     algorithm={"num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
                                "max_prompt_length": 8, "max_response_length": 3, "learning_rate": 0.0})
     dock = OneBatchDock(_batch(policy_tokenizer))
-    worker = RewardModelWorker(cfg, tokenizer_dir=str(policy_dir), dock=dock)
+    worker = RewardModelWorker(cfg, tokenizer_dir=str(policy_dir), banks=dock)
     result = worker.compute_scores(iteration=1)
     assert result["num_samples"] == 2 and set(dock.written.keys()) == {"rm_score"}
     expected = load_reward_model(rm_dir, dtype="float32", device="cpu", field="f").score(["3+4=7", "12+30=42"])

@@ -37,7 +37,7 @@ def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: boo
                                "fuse_reward_advantage": fuse,
                                "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}})
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
-    worker.cfg, worker.dock, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
+    worker.cfg, worker.banks, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
     worker.scorer = RewardScorer(cfg.reward)
     worker.follow(job_recipe(cfg))
     return worker
@@ -89,7 +89,7 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
     response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
     batch = TensorDict({"response_ids": response_ids, "response_mask": torch.ones_like(response_ids),
                         "prompt_index": torch.tensor([0, 0]), "rm_score": torch.tensor([-1.0, 3.0])}, batch_size=[2])
-    worker.dock = dock = OneBatchDock(batch)
+    worker.banks = dock = OneBatchDock(batch)
     result = worker.compute_rewards(iteration=1)
     assert result["rewards"] == [0.5, 1.5]  # exact_match + 0.5 * rm_score
     assert dock.written["reward"].tolist() == [0.5, 1.5]
@@ -112,7 +112,7 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
         update={"fuse_reward_advantage": False})})).consumes["advantage"]
     advantage_dock = OneBatchDock(TensorDict({c: unfused_dock.written[c] for c in columns}, batch_size=[4]))
     advantage_dock.states = {"advantage": columns}
-    AdvantageWorker(unfused.cfg, dock=advantage_dock).compute_advantages(iteration=3)
+    AdvantageWorker(unfused.cfg, banks=advantage_dock).compute_advantages(iteration=3)
 
     fused_dock = OneBatchDock(batch)
     fused = _worker(name, fused_dock, num_prompts=2, fuse=True)

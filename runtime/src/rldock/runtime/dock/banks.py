@@ -6,7 +6,7 @@ and the driver resets the dock before putting the next batch. With `training.mod
 iterations are in flight at once (iteration i's update, iteration i+1's generation and inference),
 so each gets its own dock, a bank: iteration i uses bank i % num_banks. Workers receive the banks
 once and pick the bank of the iteration each stage call names, so no stage ever sees the other
-iteration's samples. A plain `TransferDock` is a single bank of itself (`TransferDock.bank`).
+iteration's samples. A job with one iteration in flight has one bank.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class TransferDock:
                     "which keeps every column in one buffer; unset it or use mode distributed"
                 )
             node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
-            route = DistributedRoute.start_central(
+            route = DistributedRoute.start_single_buffer(
                 states=states, num_samples=num_samples, group_size=group_size, node_id=node,
                 timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
             )
@@ -132,10 +132,6 @@ class TransferDock:
     def mode(self) -> str:
         """`distributed` or `central`."""
         return self._route.mode
-
-    def bank(self, iteration: int) -> TransferDock:
-        """The dock of `iteration`'s samples: this one (a single bank; banks.py holds several)."""
-        return self
 
     @property
     def layout(self) -> DockLayout:

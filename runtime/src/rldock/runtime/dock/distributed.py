@@ -143,7 +143,7 @@ class DistributedRoute:
                    shared_directories=directories)
 
     @classmethod
-    def start_central(
+    def start_single_buffer(
         cls,
         *,
         states: Mapping[str, Sequence[str]],

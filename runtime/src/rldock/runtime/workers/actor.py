@@ -29,7 +29,7 @@ from rldock.runtime.algorithms.kl import kl_clamp_fraction
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
-from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
@@ -55,8 +55,8 @@ ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), b
 
 class ActorWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
-                 dock: TransferDock, adapter_dir: str | None = None, policy_version: int = 0):
-        self.cfg, self.rank, self.world_size, self.dock = cfg, rank, world_size, dock
+                 banks: DockBanks, adapter_dir: str | None = None, policy_version: int = 0):
+        self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
         self._group_store = None  # rank 0's listening store, from pick_rendezvous
         # Weight updates behind the weights this rank holds (the checkpoint's iteration on resume):
         # the version the rollout tags its samples with and the update measures staleness against.
@@ -182,7 +182,7 @@ class ActorWorker(TakesTurns):
         responses there and complete them in `finish_rollout`."""
         if self.partial is not None:
             timing = self.partial.first_round(
-                self.engine, self.dock.bank(iteration), iteration=iteration, sampling_round=sampling_round,
+                self.engine, self.banks.bank(iteration), iteration=iteration, sampling_round=sampling_round,
                 columns=self.recipe.consumes["rollout"], rank=self.rank, batch_size=self._samples_per_rank(),
                 policy_version=self.policy_version, round_tokens=round_tokens)
             self.engine.sleep()
@@ -192,7 +192,7 @@ class ActorWorker(TakesTurns):
         eos = self.tokenizer.eos_token_id
         response_lengths: list[int] = []
 
-        dock = self.dock.bank(iteration)
+        dock = self.banks.bank(iteration)
         stream_groups = self.cfg.rollout.stream_groups
         streamed_s = 0.0  # seconds spent writing finished groups from inside the rollout
 
@@ -250,7 +250,7 @@ class ActorWorker(TakesTurns):
 
     def finish_rollout(self, iteration: int) -> dict:
         """Partial rollout's second round, after the weight update that cut `iteration`'s generation."""
-        timing = self.partial.finish(self.engine, self.dock.bank(iteration), iteration=iteration,
+        timing = self.partial.finish(self.engine, self.banks.bank(iteration), iteration=iteration,
                                      policy_version=self.policy_version)
         self.engine.sleep()
         return timing
@@ -278,7 +278,7 @@ class ActorWorker(TakesTurns):
                 logprobs = self._logprobs(batch.to(self.device.torch_device))
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock.bank(iteration), "reference", self.recipe.consumes["reference"], infer,
+        return run_stage(self.banks.bank(iteration), "reference", self.recipe.consumes["reference"], infer,
                          rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
 
     @in_turn("actor_inference")
@@ -292,7 +292,7 @@ class ActorWorker(TakesTurns):
                                               batch["prefix_length"], current_version=self.policy_version)
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        dock = self.dock.bank(iteration)
+        dock = self.banks.bank(iteration)
         if self.sharded is not None:  # the TP group computes together; its params come back first
             self.sharded.begin_inference()
             return self.sharded.run_training_stage(
@@ -324,7 +324,7 @@ class ActorWorker(TakesTurns):
             return {**self._sharded_update(iteration, train, losses), **_staleness_metrics(staleness)}
         if self.fsdp is not None:
             self.fsdp.to_training()
-        timing = run_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train, rank=self.rank,
+        timing = run_stage(self.banks.bank(iteration), "update", self.recipe.consumes["update"], train, rank=self.rank,
                            batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
         summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
@@ -344,7 +344,7 @@ class ActorWorker(TakesTurns):
             sharded.begin_inference()
         sharded.before_update()
         share = self.cfg.num_samples_per_iteration // sharded.dp_size
-        timing = sharded.run_training_stage(self.dock.bank(iteration), "update", self.recipe.consumes["update"], train,
+        timing = sharded.run_training_stage(self.banks.bank(iteration), "update", self.recipe.consumes["update"], train,
                                             batch_size=share, balance=True, max_batches=1)
         assert timing.num_samples == share, "update got a partial share"
         sharded.to_generation()
@@ -362,7 +362,7 @@ class ActorWorker(TakesTurns):
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 steps.append(self._preference_step(mini_batch))
 
-        timing = run_stage(self.dock.bank(iteration), "preference_update", self.dock.states["preference_update"], train,
+        timing = run_stage(self.banks.bank(iteration), "preference_update", self.banks.states["preference_update"], train,
                            rank=self.rank, batch_size=self._samples_per_rank(), whole_groups=True,
                            balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == self._samples_per_rank(), "preference_update got a partial share"

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import Recipe, get_recipe
-from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.workers.stage_loop import run_stage
 
 
@@ -31,8 +31,8 @@ def advantage_generator(seed: int, iteration: int, indices: torch.Tensor) -> tor
 
 
 class AdvantageWorker:
-    def __init__(self, cfg: JobConfig, *, dock: TransferDock):
-        self.cfg, self.dock = cfg, dock
+    def __init__(self, cfg: JobConfig, *, banks: DockBanks):
+        self.cfg, self.banks = cfg, banks
         recipe = get_recipe(cfg.algorithm.name)
         self.stage = recipe.advantage_stage
         self.batch_size = advantage_batch_size(recipe, cfg)
@@ -45,5 +45,5 @@ class AdvantageWorker:
             return TensorDict(columns, batch_size=[len(indices)])
 
         # Whole groups only: a group's baseline needs all N of its rewards.
-        return run_stage(self.dock.bank(iteration), "advantage", self.dock.states["advantage"], estimate, rank=0,
+        return run_stage(self.banks.bank(iteration), "advantage", self.banks.states["advantage"], estimate, rank=0,
                          batch_size=self.batch_size, whole_groups=True).as_dict()

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
-from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.engines.policy import sort_by_tokens
@@ -46,8 +46,8 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class CriticWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, policy_dir: str, dock: TransferDock, rank: int = 0, world_size: int = 1):
-        self.cfg, self.dock, self.rank, self.world_size = cfg, dock, rank, world_size
+    def __init__(self, cfg: JobConfig, *, policy_dir: str, banks: DockBanks, rank: int = 0, world_size: int = 1):
+        self.cfg, self.banks, self.rank, self.world_size = cfg, banks, rank, world_size
         self._group_store = None  # rank 0's listening store, from pick_rendezvous
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
@@ -103,11 +103,11 @@ class CriticWorker(TakesTurns):
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
         if self.sharded:  # a collective forward: every rank runs its equal share in as many passes
-            timing = run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"],
+            timing = run_stage(self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"],
                                infer, rank=self.rank, batch_size=self.cfg.num_samples_per_iteration // self.world_size,
                                balance_ranks=self.world_size, max_batches=1)
         else:
-            timing = run_stage(self.dock.bank(iteration), "critic_inference", self.dock.states["critic_inference"],
+            timing = run_stage(self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"],
                                infer, rank=self.rank, batch_size=micro_batch_size)
         return {**timing.as_dict(), "rank": self.rank}
 
@@ -123,7 +123,7 @@ class CriticWorker(TakesTurns):
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 steps.append(self._optimizer_step(mini_batch.to(self.device.torch_device)))
 
-        timing = run_stage(self.dock.bank(iteration), "critic_update", self.dock.states["critic_update"], train,
+        timing = run_stage(self.banks.bank(iteration), "critic_update", self.banks.states["critic_update"], train,
                            rank=self.rank, batch_size=share, balance_ranks=self.world_size, max_batches=1)
         assert timing.num_samples == share, "critic_update got a partial share"
         summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.device import detect_device
-from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.policy import response_logprobs
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.threads import apply_thread_budget
@@ -17,8 +17,8 @@ from rldock.runtime.workers.stage_loop import run_stage
 
 
 class ReferenceWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, rank: int, reference_dir: str, dock: TransferDock):
-        self.cfg, self.rank, self.dock = cfg, rank, dock
+    def __init__(self, cfg: JobConfig, *, rank: int, reference_dir: str, banks: DockBanks):
+        self.cfg, self.rank, self.banks = cfg, rank, banks
         self.consumes = get_recipe(cfg.algorithm.name).consumes["reference"]  # dock columns it reads
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"reference rank {rank}")
@@ -38,5 +38,5 @@ class ReferenceWorker(TakesTurns):
                                              trim=self.cfg.training.trim_padding)  # (B, SL)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.dock.bank(iteration), "reference", self.consumes, infer, rank=self.rank,
+        return run_stage(self.banks.bank(iteration), "reference", self.consumes, infer, rank=self.rank,
                          batch_size=micro_batch_size).as_dict()

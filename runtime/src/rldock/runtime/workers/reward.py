@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.data import Row, columns_of, load_rows
-from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer
 from rldock.runtime.workers.advantage import advantage_batch_size, advantage_generator
@@ -29,8 +29,8 @@ from rldock.runtime.workers.stage_loop import run_stage
 
 
 class RewardWorker:
-    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock, train_files: Sequence[str]):
-        self.cfg, self.dock = cfg, dock
+    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, banks: DockBanks, train_files: Sequence[str]):
+        self.cfg, self.banks = cfg, banks
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.scorer = RewardScorer(cfg.reward)
         # The trainer passes the files it read (a generator's are under the job's output), so
@@ -76,7 +76,7 @@ class RewardWorker:
                                                     advantage_generator(self.cfg.seed, iteration, indices)))
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
-        timing = run_stage(self.dock.bank(iteration), "reward", self.consumes, score, rank=0,
+        timing = run_stage(self.banks.bank(iteration), "reward", self.consumes, score, rank=0,
                            batch_size=self.batch_size, whole_groups=self.whole_groups)
         timing.extra["rewards"] = rewards
         timing.extra["reward_metrics"] = metrics.state()

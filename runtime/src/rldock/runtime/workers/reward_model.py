@@ -19,7 +19,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.dataflow import REWARD_MODEL_STATE
 from rldock.runtime.device import detect_device
-from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.threads import apply_thread_budget
@@ -36,8 +36,8 @@ def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
 
 
 class RewardModelWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, dock: TransferDock):
-        self.cfg, self.dock = cfg, dock
+    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, banks: DockBanks):
+        self.cfg, self.banks = cfg, banks
         self.consumes = job_recipe(cfg).consumes[REWARD_MODEL_STATE]  # dock columns it reads
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role="reward model")
@@ -52,5 +52,5 @@ class RewardModelWorker(TakesTurns):
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
             return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
 
-        return run_stage(self.dock.bank(iteration), REWARD_MODEL_STATE, self.consumes, infer, rank=0,
+        return run_stage(self.banks.bank(iteration), REWARD_MODEL_STATE, self.consumes, infer, rank=0,
                          batch_size=self.cfg.training.micro_batch_size).as_dict()
