@@ -8,10 +8,27 @@ from rldock.runtime.cli import main
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
 
 
-def test_validate_prints_the_resolved_config(capsys):
+def test_validate_prints_one_verdict_line(capsys):
     assert main(["validate", str(EXAMPLE)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == (f"ok: {EXAMPLE} is a valid grpo job (40 iterations, data.generator addition, "
+                            "1 reward term(s)); paths checked\n")
+    assert captured.err == ""
+
+
+def test_validate_prints_the_resolved_config_when_asked(capsys):
+    assert main(["validate", str(EXAMPLE), "--print"]) == 0
     out = capsys.readouterr().out
     assert "num_prompts_per_iteration: 16" in out and "timeout_s:" in out  # defaults filled in
+    assert out.splitlines()[-1].startswith("ok: ")
+
+
+def test_a_rule_that_protects_a_long_run_warns_with_what_to_set(capsys):
+    assert main(["validate", str(EXAMPLE), "--set", "iterations=2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ("warning: checkpoint.interval: interval 5 exceeds iterations 2, so only the final "
+                            "checkpoint is written and a crash loses the whole run; set checkpoint.interval <= 2\n")
+    assert captured.out.startswith("ok: ")
 
 
 def test_invalid_override_names_the_field(capsys):

@@ -1,7 +1,6 @@
 """`rldock plan`: the table or JSON, exit 0 when the job fits, 3 when refused (naming the field),
 2 when the model's shape cannot be found."""
 
-import argparse
 import json
 from pathlib import Path
 
@@ -47,13 +46,28 @@ def test_hf_config_json_gives_the_shape(tmp_path, capsys):
     assert report["num_params"] == 1000 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 64 + 2 * 32 + 3 * 64 * 128 + 128) + 64
 
 
-@pytest.mark.parametrize("text,expected", [("64GiB", 64 * 1024 ** 3), ("80GB", 80 * 10 ** 9), ("512MiB", 512 * 1024 ** 2),
-                                           ("1000", 1000)])
+@pytest.mark.parametrize("text,expected", [
+    ("64GiB", 64 * 1024 ** 3), ("80GB", 80 * 10 ** 9), ("512MiB", 512 * 1024 ** 2), ("1TiB", 1024 ** 4),
+    ("64", 64 * 1024 ** 3), ("64 gib", 64 * 1024 ** 3), ("0.5", 1024 ** 3 // 2),  # no unit: GiB
+])
 def test_memory_sizes(text, expected):
     assert _parse_memory(text) == expected
 
 
-@pytest.mark.parametrize("text", ["64XB", "GiB", "-1GiB"])
-def test_bad_memory_sizes_are_refused(text):
-    with pytest.raises(argparse.ArgumentTypeError, match="--device-memory"):
-        _parse_memory(text)
+@pytest.mark.parametrize("text, says", [
+    ("64XB", "unknown unit 'XB'"), ("64B", "unknown unit 'B'"), ("GiB", "expects a size like 64 (GiB)"),
+    ("-1GiB", "expects a size like 64 (GiB)"), ("0GiB", "above 0"),
+])
+def test_bad_memory_sizes_are_refused_naming_the_flag_and_the_units(text, says, capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", PAPER_7B, f"--device-memory={text}"])
+    err = capsys.readouterr().err
+    assert "argument --device-memory" in err and says in err
+    if "unit" in says:
+        assert "units: GiB (the default), GB, TiB, TB, MiB, MB" in err
+
+
+def test_a_bare_number_plans_for_that_many_gib(capsys):
+    assert main(["plan", PAPER_7B, "--model-preset", "qwen2.5-7b", "--device-memory", "80", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device_memory"] == 80 * 1024 ** 3 and report["fits"] is True

@@ -67,12 +67,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
         ))
     problems.extend(_extra_worker_problems(cfg))
     problems.extend(_dock_problems(cfg))
-    if cfg.checkpoint.interval > cfg.iterations:
-        problems.append(Problem(
-            "checkpoint.interval",
-            f"interval {cfg.checkpoint.interval} exceeds iterations {cfg.iterations}; only the final "
-            "checkpoint would be written, so a crash would lose the whole run",
-        ))
+    problems.extend(_demo_default_problems(cfg))
     problems.extend(_data_problems(cfg))
     problems.extend(_dapo_problems(cfg))
     problems.extend(_dpo_problems(cfg))
@@ -84,6 +79,42 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
+    return problems
+
+
+def find_warnings(cfg: JobConfig) -> list[Problem]:
+    """Settings that run but only hurt a long or interrupted run; `rldock validate` and `rldock
+    train` print them with what to set, and the job starts anyway."""
+    warnings: list[Problem] = []
+    if cfg.checkpoint.interval > cfg.iterations:
+        warnings.append(Problem(
+            "checkpoint.interval",
+            f"interval {cfg.checkpoint.interval} exceeds iterations {cfg.iterations}, so only the final "
+            f"checkpoint is written and a crash loses the whole run; set checkpoint.interval <= {cfg.iterations}",
+        ))
+    return warnings
+
+
+def _demo_default_problems(cfg: JobConfig) -> list[Problem]:
+    """A left-out `data:` or `reward:` means the demo's addition prompts and digit_match, which fit
+    only the tiny model the runtime builds; with a model of the user's they would train it on the
+    wrong task without a word."""
+    if cfg.model.builder is not None:
+        return []
+    problems = []
+    if "data" not in cfg.model_fields_set:
+        problems.append(Problem(
+            "data",
+            f"missing: without it model.path {cfg.model.path} would train on the tiny demo's addition prompts; "
+            "set data.train_files (with data.prompt_key and data.answer_key naming your columns), or "
+            "data.generator (docs/bring-your-own.md)",
+        ))
+    if "reward" not in cfg.model_fields_set:
+        problems.append(Problem(
+            "reward",
+            "missing: without it responses are scored by the tiny demo's digit_match; set reward.terms, "
+            "e.g. [{name: math_verify}] or [{name: function, function: my_reward.py:score}] (docs/rewards.md)",
+        ))
     return problems
 
 

@@ -7,12 +7,13 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 import yaml
 
-from rldock.config import ConfigError, load_job_config
+from rldock.config import ConfigError, JobConfig, find_warnings, load_job_config
 from rldock.contract import runtime_cli as cli
 from rldock.contract.failure import FailureReason, JobFailure, format_failure
 from rldock.runtime.preflight import failure_of, preflight
@@ -37,13 +38,16 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=cli.PROGRAM, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    validate = sub.add_parser(cli.VALIDATE, help="check a job config and print it with defaults filled in")
+    validate = sub.add_parser(cli.VALIDATE, help="check a job config and every file it names (model folder, data "
+                              "files and their keys, reward function files); print one verdict line")
     _config_argument(validate)
     validate.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
                           metavar="KEY=VALUE", help="override a field, e.g. algorithm.learning_rate=0")
     validate.add_argument("--no-path-checks", action="store_true",
                           help="skip checking that the configured paths (model.path, ...) exist here: for a "
                                "config that runs elsewhere, e.g. in an RLJob's pods")
+    validate.add_argument("--print", dest="print_config", action="store_true",
+                          help="also print the resolved config (YAML, defaults filled in)")
 
     train = sub.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
     _config_argument(train)
@@ -62,7 +66,8 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
                       metavar="KEY=VALUE", help="override a field, e.g. training.strategy=fsdp")
     plan.add_argument("--device-memory", type=_parse_memory, default=None, metavar="SIZE",
-                      help="memory of one device, e.g. 64GiB, 80GB (default: resources.device_memory_gib)")
+                      help="memory of one device: 64 (GiB), 64GiB, 80GB; units GiB (the default), GB, TiB, TB, "
+                      "MiB, MB (default: resources.device_memory_gib)")
     plan.add_argument("--model-preset", default=None,
                       help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
@@ -98,20 +103,24 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_UNITS = {"gib": 1024 ** 3, "gb": 10 ** 9, "mib": 1024 ** 2, "mb": 10 ** 6, "b": 1, "": 1}
+# A size's unit, case-insensitive; a number with no unit is GiB (device memory is quoted in GiB:
+# `resources.device_memory_gib`), so `--device-memory 64` means 64 GiB, never 64 bytes.
+MEMORY_UNITS = {"gib": 1024 ** 3, "gb": 10 ** 9, "tib": 1024 ** 4, "tb": 10 ** 12,
+                "mib": 1024 ** 2, "mb": 10 ** 6}
 
 
 def _parse_memory(text: str) -> int:
-    """'64GiB', '80GB', '512MiB' or a byte count -> bytes."""
-    number = text.rstrip("BbGgMmIi")
-    unit = text[len(number):].lower()
-    try:
-        value = float(number)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--device-memory expects a size like 64GiB or 80GB, got {text!r}") from None
-    if unit not in _UNITS or value <= 0:
-        raise argparse.ArgumentTypeError(f"--device-memory expects a size like 64GiB or 80GB, got {text!r}")
-    return int(value * _UNITS[unit])
+    """'64', '64GiB', '80GB', '512MiB' -> bytes (no unit: GiB)."""
+    units = "GiB (the default), GB, TiB, TB, MiB, MB"
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expects a size like 64 (GiB), 64GiB or 80GB, got {text!r}; units: {units}")
+    value, unit = float(match.group(1)), match.group(2).lower()
+    if unit and unit not in MEMORY_UNITS:
+        raise argparse.ArgumentTypeError(f"unknown unit {match.group(2)!r} in {text!r}; units: {units}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a size above 0, got {text!r}")
+    return int(value * MEMORY_UNITS[unit or "gib"])
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -140,6 +149,12 @@ def reward_failure(error: Exception) -> str:
     return str(getattr(error, "cause", error))
 
 
+# `rldock data generate`'s flag for each config field it fills, so an error names what was typed.
+GENERATE_FLAGS = {"num_prompts": "--num-train", "num_val_prompts": "--num-val", "max_operand": "--max-operand",
+                  "operations": "--operations", "max_number": "--max-number", "prompt_key": "--prompt-key",
+                  "answer_key": "--answer-key"}
+
+
 def _generate_data(args: argparse.Namespace) -> int:
     """`rldock data generate`: the same rows a job's `data.generator` writes, as files to keep."""
     from pydantic import ValidationError
@@ -155,7 +170,10 @@ def _generate_data(args: argparse.Namespace) -> int:
                              max_number=args.max_number)
         columns = column_names(DataSpec(generator=spec, prompt_key=prompt_key, answer_key=args.answer_key))
     except ValidationError as error:
-        print(f"error: {error}", file=sys.stderr)
+        for problem in error.errors():
+            name = str(problem["loc"][0]) if problem["loc"] else ""
+            flag = GENERATE_FLAGS.get(name, name)
+            print(f"error: {flag}: {problem['msg']} (got {problem['input']!r})", file=sys.stderr)
         return 2
     files = generate_files(spec, Path(args.out), seed=args.seed, columns=columns)
     print(json.dumps({"train": files.train, "val": files.val, "prompt_key": prompt_key,
@@ -197,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         failure = preflight(cfg, output=args.output if args.command == cli.TRAIN else None)
         if failure is not None:
             return _refuse(failure, str(args.config), machine)
+    for warning in find_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.command == "validate":
-        print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False), end="")
+        if args.print_config:
+            print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False), end="")
+        print(_verdict(cfg, str(args.config), paths_checked=not args.no_path_checks))
         return 0
 
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
@@ -230,6 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def _verdict(cfg: JobConfig, source: str, *, paths_checked: bool) -> str:
+    """The one line a successful `rldock validate` prints."""
+    data = f"data.generator {cfg.data.generator.name}" if cfg.data.generator is not None else \
+        f"{len(cfg.data.train_files)} train file(s), {len(cfg.data.val_files)} val file(s)"
+    paths = "paths checked" if paths_checked else "paths not checked (--no-path-checks)"
+    return (f"ok: {source} is a valid {cfg.algorithm.name} job ({cfg.iterations} iterations, {data}, "
+            f"{len(cfg.reward.terms)} reward term(s)); {paths}")
 
 
 def _refuse(failure: JobFailure, source: str, machine: bool) -> int:

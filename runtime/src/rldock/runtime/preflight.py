@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
+from rldock.runtime.data.probe import data_file_problems
 
 MOUNT_HINT = "mount the volume that holds it (RLJob spec.volumes/volumeMounts) or fix the path"
 OUTPUT_FIELD = "--output"
@@ -46,6 +47,9 @@ CHECKS: tuple[PathCheck, ...] = (
     # A model the runtime builds itself (tiny demo models) need not exist yet.
     PathCheck("model.path", lambda cfg: None if cfg.model.builder is not None else cfg.model.path,
               PathKind.MODEL_DIR),
+    # Data files (a generator writes its own into the output, so a generator's section lists none).
+    PathCheck("data.train_files[{i}]", lambda cfg: cfg.data.train_files, PathKind.FILE),
+    PathCheck("data.val_files[{i}]", lambda cfg: cfg.data.val_files, PathKind.FILE),
     # A user reward function given as a file (`rewards/my.py:score`); a module reference is imported.
     PathCheck("reward.terms[{i}].function",
               lambda cfg: [function_file(term.function) for term in cfg.reward.terms], PathKind.FILE),
@@ -112,11 +116,12 @@ def output_problems(output: str | Path) -> list[Problem]:
 
 def preflight(cfg: JobConfig, *, output: Optional[str | Path] = None) -> Optional[JobFailure]:
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
-    all are there are the checks that read them run (find_local_problems: the model's shape)."""
+    all are there are the checks that read them run (find_local_problems: the model's shape;
+    data_file_problems: each data file opens and has the data section's keys)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
     if path_problems:
         return failure_of(FailureReason.PATH_NOT_FOUND, path_problems)
-    local = find_local_problems(cfg)
+    local = find_local_problems(cfg) + data_file_problems(cfg.data)
     return failure_of(FailureReason.INVALID_JOB_INPUT, local) if local else None
 
 

@@ -133,3 +133,25 @@ def test_cli_writes_gsm8k_files(tmp_path, capsys):
     assert all(" + " in row["answer"] and int(row["answer"].split("#### ")[1]) <= 10 for row in easy)
     assert main(["data", "generate", "word_problems", "--num-train", "4", "--operations", "divide",
                  "--out", str(tmp_path / "bad")]) == 2
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--num-train", "0"], "error: --num-train: Input should be greater than or equal to 1 (got 0)"),
+    (["--num-val", "-1"], "error: --num-val: "),
+    (["--operations", "add,divide"], "error: --operations: "),
+    (["--max-number", "0"], "error: --max-number: "),
+])
+def test_cli_errors_name_the_flag_not_the_config_field(tmp_path, capsys, flags, says):
+    assert main(["data", "generate", "word_problems", *flags, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert "num_prompts" not in err and "num_val_prompts" not in err and "validation error" not in err
+
+
+def test_cli_regenerating_into_a_used_folder_replaces_the_files_it_owns(tmp_path, capsys):
+    assert main(["data", "generate", "addition", "--num-train", "6", "--num-val", "3", "--out", str(tmp_path)]) == 0
+    (tmp_path / "notes.txt").write_text("mine")  # not the generator's: left alone
+    assert main(["data", "generate", "addition", "--num-train", "4", "--out", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["val"] == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt", "train.jsonl"]
+    assert len((tmp_path / "train.jsonl").read_text().splitlines()) == 4

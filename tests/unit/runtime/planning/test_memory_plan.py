@@ -159,7 +159,7 @@ def test_refusal_names_the_first_single_change_that_fits():
 
 @pytest.mark.parametrize("memory,field", [(64, "rollout.tensor_parallel_size"), (128, "model.dtype")])
 def test_32b_replica_does_not_fit_one_device_in_float32(memory, field):
-    cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-qwen2.5-32b-paper.yaml").read_text()))
+    cfg = parse_job_config(_paper_32b_in_float32_at_generation_tp_1())
     verdict = check_fit(cfg, PRESETS["qwen2.5-32b"], device_memory=memory * GIB)
     assert not verdict.fits and verdict.field == field
 
@@ -175,8 +175,17 @@ def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch):
     assert load_shape(preset=None, model_path="~/model").num_params == 134_515_008
 
 
-def test_generation_tp_splits_the_engine_weights_over_its_devices():
+def _paper_32b_in_float32_at_generation_tp_1() -> dict:
+    """The 32B example before the two changes that make it fit a 64 GB device (docs/scaling.md)."""
     data = yaml.safe_load((EXAMPLES / "grpo-qwen2.5-32b-paper.yaml").read_text())
+    data["model"]["dtype"] = "float32"
+    data["training"]["mixed_precision"] = "bf16"
+    data["rollout"]["tensor_parallel_size"] = 1
+    return data
+
+
+def test_generation_tp_splits_the_engine_weights_over_its_devices():
+    data = _paper_32b_in_float32_at_generation_tp_1()
     whole = plan_memory(parse_job_config(data), PRESETS["qwen2.5-32b"], device_memory=64 * GIB)
     data.setdefault("rollout", {})["tensor_parallel_size"] = 4
     split = plan_memory(parse_job_config(data), PRESETS["qwen2.5-32b"], device_memory=64 * GIB)

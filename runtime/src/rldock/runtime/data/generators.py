@@ -61,10 +61,16 @@ def write_jsonl(rows: Sequence[dict], path: Path, columns: dict[str, str]) -> Pa
 
 
 def generate_files(spec: GeneratorSpec, out_dir: Path, *, seed: int, columns: dict[str, str]) -> DataFiles:
-    """Run the generator and write `train.jsonl` (and `val.jsonl` when it made validation rows)."""
+    """Run the generator and write `train.jsonl` (and `val.jsonl` when it made validation rows).
+    Both names are the generator's own in `out_dir`: a `val.jsonl` an earlier run with validation
+    rows left there is removed when this one makes none, so the folder holds this run's rows only."""
     rows = GENERATORS.get(spec.name)(spec, seed=seed)
     train = write_jsonl(rows.train, out_dir / TRAIN_FILE, columns)
-    val = [str(write_jsonl(rows.val, out_dir / VAL_FILE, columns))] if rows.val else []
+    if rows.val:
+        val = [str(write_jsonl(rows.val, out_dir / VAL_FILE, columns))]
+    else:
+        (out_dir / VAL_FILE).unlink(missing_ok=True)
+        val = []
     return DataFiles(train=[str(train)], val=val)
 
 
