@@ -1,4 +1,4 @@
-"""plan(): what a round does in each situation, table-driven."""
+"""next_actions(): what a round does in each situation, table-driven."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH, ANNOTATION_SUSPENDED_BY, MANAGED_BY_RLDOCK, Phase, RayJobStatus,
 )
-from rldock.operator.plan import (
-    CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
+from rldock.operator.actions import (
+    CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, next_actions,
 )
 from rldock.operator.status import RayJobObservation
 
@@ -97,5 +97,5 @@ CASES = {
 
 
 @pytest.mark.parametrize("situation, expected", CASES.values(), ids=CASES.keys())
-def test_plan(situation: Situation, expected: list):
-    assert plan(situation) == expected
+def test_next_actions(situation: Situation, expected: list):
+    assert next_actions(situation) == expected

@@ -16,7 +16,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from rldock.operator import naming
-from rldock.operator.bookkeeping import TolerantDiffBaseStorage, TolerantProgressStorage
+from rldock.operator.kopf_storage import TolerantDiffBaseStorage, TolerantProgressStorage
 from rldock.operator.handlers import (
     BLOCKED_RETRY_INTERVAL, RESYNC_INTERVAL, TTL_SLACK_SECONDS, Handlers, Wakeups, cleanup, configure_kopf,
     reconcile, register, seconds_until_next_round,

@@ -14,8 +14,8 @@ import rldock.operator
 
 HEAVY = ("torch", "ray", "vllm", "transformers")
 # The pure layers do no I/O, so they need no Kubernetes client either.
-PURE = ("api", "builders", "constants", "crd", "naming", "observe", "plan", "rayjobs", "settings", "status",
-        "validation")
+PURE = ("actions", "api", "builders", "constants", "crd", "naming", "observe", "rayjobs", "rules", "settings",
+        "status", "validation")
 
 
 def _modules() -> list[str]:

@@ -11,7 +11,7 @@ from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, for
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import Phase
 from rldock.operator.observe import job_observation
-from rldock.operator.plan import CountRestart, DeleteCluster, Situation, plan
+from rldock.operator.actions import CountRestart, DeleteCluster, Situation, next_actions
 from rldock.operator.status import Observations, compute_status, status_events
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -68,7 +68,7 @@ def test_a_failure_without_the_line_still_retries():
 
 def test_the_failed_phase_releases_the_cluster_without_counting_a_restart():
     job = _observe("FAILED", log=LOG)
-    actions = plan(Situation(spec=RLJobSpec.model_validate(spec_dict()), phase=Phase(_status(job)["phase"]),
+    actions = next_actions(Situation(spec=RLJobSpec.model_validate(spec_dict()), phase=Phase(_status(job)["phase"]),
                              restart_count=0, cluster={"metadata": {"annotations": {}}}, desired_spec_hash="h",
                              job=job))
     assert [type(a) for a in actions] == [DeleteCluster]

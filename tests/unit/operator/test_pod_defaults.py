@@ -68,7 +68,7 @@ def test_what_the_spec_sets_wins_over_the_defaults():
 
 
 def test_changing_a_default_changes_the_spec_hash():
-    """A new default image (e.g. after `helm upgrade`) replaces the cluster between attempts (plan.py)."""
+    """A new default image (e.g. after `helm upgrade`) replaces the cluster between attempts (actions.py)."""
     def spec_hash(defaults: PodDefaults, **sections) -> str:
         return build_ray_cluster(job=JOB, spec=_spec(**sections), defaults=defaults)["metadata"]["annotations"][
             ANNOTATION_SPEC_HASH]

@@ -24,7 +24,7 @@ A round never raises for the API server's answers: the round writes the status i
 condition; an unreachable or erroring API server ends the round, and the next comes one poll
 interval later. Kopf keeps its own bookkeeping in annotations, not in `status.kopf`: the RLJob's
 status schema is structural and the API server would prune it. Annotations that do not parse
-(someone edited them) count as absent and are rewritten (bookkeeping.py), rather than failing every
+(someone edited them) count as absent and are rewritten (kopf_storage.py), rather than failing every
 event of the RLJob. An invalid spec is not a kopf.PermanentError: the round writes phase Failed
 once, and later rounds find nothing to change (no hot loop, no patch).
 """
@@ -43,7 +43,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from rldock.operator import naming
-from rldock.operator.bookkeeping import TolerantDiffBaseStorage, TolerantProgressStorage
+from rldock.operator.kopf_storage import TolerantDiffBaseStorage, TolerantProgressStorage
 from rldock.operator.constants import (
     FINALIZER, GROUP, LABEL_RAY_CLUSTER, LABEL_RLJOB, PLURAL, RAY_API_VERSION, RAY_CLUSTER_PLURAL, VERSION,
     ConditionType, EventReason, Phase, Reason,

@@ -1,12 +1,15 @@
 """One reconcile round of one RLJob: ordered small steps, run by the RLJob's daemon (handlers.py)
 whenever it or one of its children changes, and at the poll interval while its Ray job runs.
 
-    managed by another controller? (spec.managedBy) leave it alone: no status, no children
-    finished (Succeeded/Failed)?  release the RayCluster; delete the RLJob after its TTL
-    invalid spec, or outside the  release the RayCluster; status Failed naming the fields
-    admin's policy?               (reason InvalidSpec or PolicyDenied)
-    otherwise                     ensure Secret, ConfigMap and NetworkPolicy -> read the RayCluster
-                                  -> observe pods and the Ray job -> compute the status -> plan -> act
+The first rules of the operator's table (rules.py) decide what the round does:
+
+    MANAGED_ELSEWHERE (spec.managedBy)  leave it alone: no status, no children
+    FINISHED (Succeeded/Failed)         release the RayCluster; delete the RLJob after its TTL
+    REFUSED (invalid spec, or outside   release the RayCluster; status Failed naming the fields
+    the admin's policy)                 (reason InvalidSpec or PolicyDenied)
+    any other                           ensure Secret, ConfigMap and NetworkPolicy -> read the RayCluster
+                                        -> observe pods and the Ray job -> compute the status (status.py)
+                                        -> its actions (actions.py) -> act
 
 Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
 a restarted operator carries on where the last one stopped: children are found by name and owner,
@@ -40,14 +43,15 @@ from rldock.operator.observe import (
 from rldock.operator.policy import policy_problems
 from rldock.operator.tokens import job_token
 from rldock.operator.progress_cursor import ProgressCursor
-from rldock.operator.plan import (
-    Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, plan,
+from rldock.operator.actions import (
+    Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, next_actions,
 )
+from rldock.operator.rules import Rule, first_rule
 from rldock.operator.metrics import Metrics
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError, TokenRefused
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
-    Blocked, Event, Observations, RayJobObservation, compute_status, failed_on_spec, parse_status, rejected_status,
+    Blocked, Event, Observations, RayJobObservation, compute_status, finished, parse_status, rejected_status,
     seconds_until_expiry, status_events, status_patch,
 )
 from rldock.operator.validation import parse_spec
@@ -126,13 +130,6 @@ def managed_elsewhere(body: Mapping[str, Any]) -> bool:
     return manager is not None and manager != MANAGED_BY_RLDOCK
 
 
-def finished(status: RLJobStatus) -> bool:
-    """Succeeded, or Failed for good (a Failed caused by the spec alone is undone by fixing it)."""
-    if status.phase is None or not status.phase.is_terminal:
-        return False
-    return not failed_on_spec(status)
-
-
 class Reconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings, *,
                  jobs_client: Optional[JobsClientFactory] = None,
@@ -151,13 +148,25 @@ class Reconciler:
     # --- the round ---------------------------------------------------------------------------
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
         out = Outcome()
-        if managed_elsewhere(body):
+        rounds: list[Round] = []  # begun only when a rule needs it: not for an RLJob managed elsewhere
+
+        def this_round() -> Round:
+            if not rounds:
+                rounds.append(begin_round(body, self._clock(), self.settings))
+            return rounds[0]
+
+        rule = first_rule({
+            Rule.MANAGED_ELSEWHERE: lambda: managed_elsewhere(body),
+            Rule.FINISHED: lambda: finished(this_round().previous),
+            Rule.REFUSED: lambda: bool(this_round().problems or this_round().denied),
+        })
+        if rule is Rule.MANAGED_ELSEWHERE:
             return out
-        rnd = begin_round(body, self._clock(), self.settings)
+        rnd = this_round()
         try:
-            if finished(rnd.previous):
+            if rule is Rule.FINISHED:
                 self._finish(rnd, out)
-            elif rnd.problems or rnd.denied:
+            elif rule is Rule.REFUSED:
                 self._refuse(rnd, out)
             else:
                 self._run(rnd, out)
@@ -215,7 +224,7 @@ class Reconciler:
             ray_job=seen.job, metrics=seen.progress.metrics, last_checkpoint=seen.progress.last_checkpoint,
             unschedulable=seen.summary.unschedulable, lost_pods=seen.lost,
             suspended_by_other=suspension(cluster) is Suspension.OTHER))
-        actions = plan(Situation(
+        actions = next_actions(Situation(
             spec=spec, phase=Phase(status["phase"]), restart_count=rnd.previous.restart_count,
             cluster=cluster, desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
             job=seen.job, lost_workers=bool(seen.lost),
@@ -378,7 +387,7 @@ class Reconciler:
                 reason = EventReason.REPLACED_RAY_CLUSTER if action.replace else EventReason.RELEASED_RAY_CLUSTER
                 out.event("Normal", reason, f"deleted RayCluster {name}: {action.why}")
         elif isinstance(action, SuspendCluster):
-            # The annotation marks the suspend as this operator's, the only kind it undoes (plan.py).
+            # The annotation marks the suspend as this operator's, the only kind it undoes (actions.py).
             self.kube.patch("RayCluster", ns, name, {
                 "metadata": {"annotations": {ANNOTATION_SUSPENDED_BY: MANAGED_BY_RLDOCK if action.suspend else None}},
                 "spec": {"suspend": action.suspend}})
@@ -387,7 +396,7 @@ class Reconciler:
         elif isinstance(action, (SubmitJob, StopJob)):
             assert seen.jobs is not None, "jobs are only submitted or stopped on a running head"
             self._apply_job(action, rnd, spec, seen, status, out)
-        else:  # pragma: no cover - plan() returns only the types above
+        else:  # pragma: no cover - next_actions() returns only the types above
             raise TypeError(f"unknown action {action!r}")
 
     def _apply_job(self, action: SubmitJob | StopJob, rnd: Round, spec: RLJobSpec, seen: Seen,

@@ -8,11 +8,12 @@ compute, patch only when `status_changed`, and act on the phase (a Retrying phas
 Ray job means: stop it, bump the restart count, resubmit). `status_events` names the transitions
 worth an Event.
 
-Rules, in order: a terminal phase sticks (except a Failed spec that has been fixed); spec problems
-fail the job; `suspend` wins over everything else; then the Ray job decides (succeeded, failed or
-lost a worker -> retry or give up at backoffLimit, running; a job whose runtime refused its inputs
-fails at once); before the job runs, the cluster
-decides (Pending, Provisioning, or Retrying when this is a restart).
+Which rule decides comes from the operator's one table of rules (rules.py): a terminal phase sticks
+(except a Failed that only the spec caused, once the spec is fixed); spec problems fail the job;
+`suspend` wins over everything below; then the Ray job decides (a job whose runtime refused its
+inputs fails at once; succeeded; failed or lost a worker -> retry or give up at backoffLimit;
+running); before the job runs, the cluster decides (Pending, Provisioning, or Retrying when this is
+a restart).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 from rldock.config import Problem
 from rldock.operator import naming
 from rldock.operator.api import Condition, LastEvaluation, RLJobSpec, RLJobStatus
+from rldock.operator.rules import Rule, first_rule
 from rldock.operator.constants import (
     CONDITION_MESSAGE_MAX, RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY,
     RAY_STATE_SUSPENDED, ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
@@ -106,17 +108,34 @@ def compute_status(*, name: str, spec: Optional[RLJobSpec], generation: Optional
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
     prev = parse_status(previous)
-    if prev.phase is not None and prev.phase.is_terminal and not failed_on_spec(prev):
-        return _dump(prev.model_copy(update={"observed_generation": generation}))
-
     if spec is None and not observed.problems:
         raise ValueError("a spec that did not parse must come with its problems (validation.parse_spec)")
-    if observed.problems or spec is None:
-        phase, conditions, ray_job_id = Phase.FAILED, _refused(Reason.INVALID_SPEC, observed.problems), None
-    elif observed.denied:
-        phase, conditions, ray_job_id = Phase.FAILED, _refused(Reason.POLICY_DENIED, observed.denied), None
+    job, kueue = observed.ray_job, spec is not None and spec.scheduling.gang is GangScheduler.KUEUE
+    # With an in-job restart budget (spec.maxRestarts) a lost worker pod is the runtime's to recover:
+    # only the Ray job's own failure ends the attempt.
+    failure = _failure(job, observed.lost_pods if spec is not None and spec.max_restarts == 0 else ())
+    rule = first_rule({
+        Rule.FINISHED: lambda: finished(prev),
+        Rule.REFUSED: lambda: bool(observed.problems or observed.denied),  # spec None comes with problems
+        Rule.SUSPENDED: lambda: spec.suspend,
+        # Kueue's own suspends read as waiting for admission (_cluster_conditions).
+        Rule.SUSPENDED_BY_OTHER: lambda: observed.suspended_by_other and not kueue,
+        Rule.BLOCKED: lambda: observed.blocked is not None,
+        Rule.ATTEMPT_REFUSED: lambda: job is not None and job.status is RayJobStatus.FAILED
+        and job.failure is not None,
+        Rule.ATTEMPT_SUCCEEDED: lambda: job is not None and job.status is RayJobStatus.SUCCEEDED,
+        Rule.ATTEMPT_FAILED: lambda: failure is not None,
+        Rule.ATTEMPT_RUNNING: lambda: job is not None and job.status in (RayJobStatus.PENDING, RayJobStatus.RUNNING),
+    })
+    if rule is Rule.FINISHED:
+        return _dump(prev.model_copy(update={"observed_generation": generation}))
+    if rule is Rule.REFUSED:
+        phase, ray_job_id = Phase.FAILED, None
+        conditions = (_refused(Reason.INVALID_SPEC, observed.problems) if observed.problems
+                      else _refused(Reason.POLICY_DENIED, observed.denied))
     else:
-        phase, conditions = _decide(name, spec, observed, restart_count, prev)
+        assert spec is not None, "a spec without problems parsed"
+        phase, conditions = _decide(rule, name, spec, observed, restart_count, prev, failure)
         # Every condition carries a message: an empty string reads as null on some API servers
         # (seen on the 1.20 test control plane), which the schema refuses.
         conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
@@ -148,11 +167,12 @@ def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
     return conditions
 
 
-def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: int,
-            prev: RLJobStatus) -> tuple[Phase, _Updates]:
+def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, restart_count: int,
+            prev: RLJobStatus, failure: Optional[tuple[Reason, str]]) -> tuple[Phase, _Updates]:
+    """Phase and conditions for a valid spec, under the rule that decided (rules.py)."""
     out = _Updates()
     cluster_name = naming.ray_cluster_name(name)
-    if spec.suspend:
+    if rule is Rule.SUSPENDED:
         out.set(ConditionType.SUSPENDED, True, Reason.SUSPENDED_BY_USER,
                 "the cluster is freed and the checkpoint kept; unset spec.suspend to resume")
         out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED,
@@ -162,8 +182,7 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.drop(ConditionType.PODS_SCHEDULED)  # no pods to schedule
         return Phase.SUSPENDED, out
 
-    if observed.suspended_by_other and spec.scheduling.gang is not GangScheduler.KUEUE:
-        # Kueue's own suspends read as waiting for admission (_cluster_conditions).
+    if rule is Rule.SUSPENDED_BY_OTHER:
         out.set(ConditionType.SUSPENDED, True, Reason.SUSPENDED_EXTERNALLY,
                 f"RayCluster {cluster_name} was suspended by another controller or an admin, not by this RLJob's "
                 "spec.suspend; the operator leaves it suspended, counts no restart, and resumes from the last "
@@ -177,7 +196,8 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
     if was_suspended is not None and was_suspended.status == "True":
         out.set(ConditionType.SUSPENDED, False, Reason.RESUMED, "resuming from the last checkpoint")
 
-    if observed.blocked is not None:
+    if rule is Rule.BLOCKED:
+        assert observed.blocked is not None
         out.set(ConditionType.CLUSTER_READY, False, observed.blocked.reason, observed.blocked.message)
         out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_NOT_SUBMITTED,
                 "the Ray job is submitted once the cluster is ready")
@@ -194,7 +214,8 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.drop(ConditionType.PODS_SCHEDULED)
 
     job, limit = observed.ray_job, spec.backoff_limit
-    if job is not None and job.status is RayJobStatus.FAILED and job.failure is not None:
+    if rule is Rule.ATTEMPT_REFUSED:
+        assert job is not None and job.failure is not None
         # The runtime refused its inputs (a path missing in the pods): every retry would fail the
         # same way, so the RLJob fails now with the runtime's reason and the fields to fix.
         reason = Reason(job.failure.reason.value)
@@ -203,16 +224,15 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.set(ConditionType.RUNNING, False, reason, message)
         out.set(ConditionType.FAILED, True, reason, message)
         return Phase.FAILED, out
-    # With an in-job restart budget (spec.maxRestarts) a lost worker pod is the runtime's to recover:
-    # only the Ray job's own failure ends the attempt.
-    failure = _failure(job, observed.lost_pods if spec.max_restarts == 0 else ())
-    if job is not None and job.status is RayJobStatus.SUCCEEDED:
+    if rule is Rule.ATTEMPT_SUCCEEDED:
+        assert job is not None
         out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED,
                 f"Ray job {job.submission_id} succeeded")
         out.set(ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED,
                 f"all {spec.job.iterations} iterations done")
         return Phase.SUCCEEDED, out
-    if failure is not None:
+    if rule is Rule.ATTEMPT_FAILED:
+        assert failure is not None
         reason, message = failure
         out.set(ConditionType.RUNNING, False, reason, message)
         if restart_count < limit:
@@ -222,14 +242,15 @@ def _decide(name: str, spec: RLJobSpec, observed: Observations, restart_count: i
         out.set(ConditionType.FAILED, True, Reason.BACKOFF_LIMIT_EXCEEDED,
                 f"failed after {restart_count} restart(s) (backoffLimit {limit}): {message}")
         return Phase.FAILED, out
-    if job is not None and job.status is RayJobStatus.RUNNING:
+    if rule is Rule.ATTEMPT_RUNNING and job is not None and job.status is RayJobStatus.RUNNING:
         out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
         if restart_count > 0:
             out.set(ConditionType.RETRYING, False, Reason.RECOVERED,
                     f"running again after restart {restart_count}")
         return Phase.RUNNING, out
 
-    if job is not None:  # PENDING: submitted, the driver has not started
+    if rule is Rule.ATTEMPT_RUNNING:  # PENDING: submitted, the driver has not started
+        assert job is not None
         out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_PENDING,
                 f"Ray job {job.submission_id} is waiting for its driver to start")
     else:
@@ -340,6 +361,11 @@ def last_evaluation(metrics: Mapping[str, Any]) -> Optional[LastEvaluation]:
 
 
 _SPEC_FAILURES = (Reason.INVALID_SPEC, Reason.POLICY_DENIED)
+
+
+def finished(status: RLJobStatus) -> bool:
+    """Succeeded, or Failed for good (a Failed caused by the spec alone is undone by fixing it)."""
+    return status.phase is not None and status.phase.is_terminal and not failed_on_spec(status)
 
 
 def failed_on_spec(status: RLJobStatus) -> bool:
