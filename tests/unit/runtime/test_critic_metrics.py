@@ -3,7 +3,7 @@ each rank's samples per stage and its weights' sum kept apart."""
 
 from __future__ import annotations
 
-from rldock.runtime.trainer import _critic_metrics
+from rldock.runtime.metrics import critic_metrics
 
 
 def _update(rank: int, value_loss: float, weights_sum: float) -> dict:
@@ -15,7 +15,7 @@ def _update(rank: int, value_loss: float, weights_sum: float) -> dict:
 def test_training_metrics_are_averaged_and_samples_kept_per_rank():
     # Rank 1 returned first: results come back in completion order, ranks are named by the worker.
     inferences = [{"rank": 1, "num_samples": 12}, {"rank": 0, "num_samples": 4}]
-    metrics = _critic_metrics(inferences, [_update(1, 0.3, 2.5), _update(0, 0.1, 2.5)])
+    metrics = critic_metrics(inferences, [_update(1, 0.3, 2.5), _update(0, 0.1, 2.5)])
     assert abs(metrics["value_loss"] - 0.2) < 1e-12 and metrics["value_mean"] == 0.5
     assert metrics["critic_ranks"] == {
         "rank0": {"inference_samples": 4, "update_samples": 8, "weights_sum": 2.5},
@@ -24,5 +24,5 @@ def test_training_metrics_are_averaged_and_samples_kept_per_rank():
     assert "num_samples" not in metrics and "weights_sum" not in metrics
 
 
-def test_a_job_without_a_critic_has_no_critic_metrics():
-    assert _critic_metrics([], []) == {}
+def test_a_job_without_a_critic_has_nocritic_metrics():
+    assert critic_metrics([], []) == {}

@@ -1,7 +1,8 @@
-"""The trainer keeps the dock of an iteration a worker died in, and its retry resumes from it.
+"""The synchronous schedule keeps the dock of an iteration a worker died in, and its retry resumes
+from it; the trainer restarts an attempt whose worker or dock died.
 
-A GRPO dock on local Ray with synthetic columns; the Trainer is built without models (only the
-attributes these two steps use), so this runs in seconds.
+A GRPO dock on local Ray with synthetic columns; the schedule's driver and the Trainer are built
+without models or workers (only what these steps use), so this runs in seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from rldock.config.job import DockSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.trainer import Trainer, _Inflight
+from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.schedule import Inflight, SyncSchedule
+from rldock.runtime.schedule.inflight import resume_inflight
+from rldock.runtime.trainer import Trainer
 
 NUM_SAMPLES, GROUP_SIZE = 8, 2
 RECIPE = get_recipe("grpo")
@@ -35,21 +39,22 @@ def columns(names: tuple[str, ...], indices: list[int]) -> TensorDict:
     return TensorDict({name: index[:, None].expand(-1, 3).clone() for name in names}, batch_size=[len(indices)])
 
 
-def trainer_double(tmp_path) -> Trainer:
-    """A Trainer with only what _keep_inflight and _resume_inflight read (no models, no workers)."""
-    trainer = Trainer.__new__(Trainer)
-    trainer.output_dir = tmp_path
-    trainer.recipe = RECIPE
-    trainer.workers = None
-    trainer.runs_ahead = False  # sync mode: one iteration in flight
-    trainer.dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
-                                       num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
-    return trainer
+class DriverDouble:
+    """The driver fields keep_inflight reads; a schedule that launched anything would fail on it."""
+
+    def __init__(self, output_dir) -> None:
+        self.recipe, self.output_dir = RECIPE, output_dir
+
+
+def schedule_double(tmp_path) -> tuple[SyncSchedule, TransferDock]:
+    """A synchronous schedule over one real bank, with a driver that only says where to keep it."""
+    dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
+                               num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
+    return SyncSchedule(DriverDouble(tmp_path), DockBanks([dock]), algo=None), dock
 
 
 def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> None:
-    trainer = trainer_double(tmp_path)
-    dock = trainer.dock
+    schedule, dock = schedule_double(tmp_path)
     everything = list(range(NUM_SAMPLES))
     # Iteration 3 so far: the driver's prompts, the whole rollout (two ranks, both returned), half
     # of the reference (its other half was taken by a rank that died), the update took 4 samples.
@@ -61,35 +66,37 @@ def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> N
     dock.put(done, columns(("ref_logprobs",), done.tolist()))
     lost, _ = dock.get("reference", ["prompt_ids"], rank=1, batch_size=4)
     rollout_results = [{"response_lengths": [3, 3, 3, 3]}, {"response_lengths": [2, 2, 2, 2]}]
-    trainer._inflight = _Inflight(3, finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
-                                  launched={state: 2 for state in ("rollout", "reference", "actor_inference")})
-    trainer._keep_inflight()
+    schedule.inflight = Inflight(3, finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
+                                 launched={state: 2 for state in ("rollout", "reference", "actor_inference")})
+    stopped = []
+    schedule.keep_inflight(stop_workers=lambda: stopped.append(True))
+    assert stopped == [True]  # the workers stop before the dock is read
     dock.shutdown()
 
-    retry = trainer_double(tmp_path)
-    retry._inflight = _Inflight(3)
+    _, again_dock = schedule_double(tmp_path)
+    inflight = Inflight(3)
     snapshot = ckpt.load_inflight(tmp_path, 3)
-    assert retry.dock.can_load(snapshot["dock"])
-    _, sampled = retry._resume_inflight(fed=None, snapshot=snapshot)
-    assert retry._inflight.skip == {"rollout"}  # the reference had one of its two ranks back
+    assert again_dock.can_load(snapshot["dock"])
+    _, sampled = resume_inflight(again_dock, None, snapshot, inflight, recipe=RECIPE)
+    assert inflight.skip == {"rollout"}  # the reference had one of its two ranks back
     assert sampled.results["rollout"] == rollout_results  # reused in this iteration's metrics
-    assert retry._inflight.launched == {"rollout": 2}
+    assert inflight.launched == {"rollout": 2}
     # Rollout has nothing left; the reference gets back only what the dead rank had taken.
-    assert retry.dock.get("rollout", ["prompt_ids"], batch_size=NUM_SAMPLES, whole_groups=True) is None
-    again, _ = retry.dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES)
+    assert again_dock.get("rollout", ["prompt_ids"], batch_size=NUM_SAMPLES, whole_groups=True) is None
+    again, _ = again_dock.get("reference", ["prompt_ids"], batch_size=NUM_SAMPLES)
     assert again.tolist() == lost.tolist()
-    indices, batch = retry.dock.get("actor_inference", ["response_ids"], batch_size=NUM_SAMPLES)
+    indices, batch = again_dock.get("actor_inference", ["response_ids"], batch_size=NUM_SAMPLES)
     assert indices.tolist() == everything and torch.equal(batch["response_ids"][:, 0], indices.float())
-    retry.dock.shutdown()
+    again_dock.shutdown()
 
 
 def test_no_snapshot_when_the_dock_died_too(tmp_path, kill_actor) -> None:
-    trainer = trainer_double(tmp_path)
-    kill_actor(trainer.dock._route.peers()[0].handle)
-    trainer._inflight = _Inflight(2)
-    trainer._keep_inflight()  # logs a warning: the iteration is redone from its start
+    schedule, dock = schedule_double(tmp_path)
+    kill_actor(dock._route.peers()[0].handle)
+    schedule.inflight = Inflight(2)
+    schedule.keep_inflight(stop_workers=lambda: None)  # logs a warning: the iteration is redone from its start
     assert ckpt.load_inflight(tmp_path, 2) is None
-    trainer.dock.shutdown()
+    dock.shutdown()
 
 
 def test_a_retry_of_a_finished_run_reports_its_last_iteration(tmp_path, capsys) -> None:
@@ -128,21 +135,20 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = SimpleNamespace(iterations=2)
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
-    trainer.recipe, trainer.runs_ahead, trainer.max_restarts = RECIPE, False, max_restarts
-    trainer.resume_from = trainer.workers = trainer.banks = trainer._placement = trainer._inflight = None
+    trainer.recipe, trainer.max_restarts = RECIPE, max_restarts
+    trainer.resume_from = trainer.workers = trainer.banks = trainer._placement = trainer.schedule = None
     trainer._turns = None  # no serial phase schedule
     docks: list[TransferDock] = []
 
     def start() -> int:  # the workers' start, less the workers
-        trainer.dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
-                                           num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
-        docks.append(trainer.dock)
+        docks.append(TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
+                                         num_samples=NUM_SAMPLES, group_size=GROUP_SIZE))
         return 1
 
     def loop(start_iteration: int) -> None:
         if len(docks) == 1:  # the first attempt's node is lost before its next iteration
-            kill_actor(trainer.dock._route.peers()[0].handle)
-            trainer.dock.reset()
+            kill_actor(docks[0]._route.peers()[0].handle)
+            docks[0].reset()
 
     trainer._start, trainer._loop = start, loop
     try:

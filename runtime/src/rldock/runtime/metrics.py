@@ -1,13 +1,18 @@
-"""Per-iteration metrics: the metrics.jsonl log (resume-safe), the throughput formula and the plot."""
+"""Per-iteration metrics: the record built from an iteration's stage results, the metrics.jsonl log
+(resume-safe), the throughput formula and the plot."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
+from rldock.runtime.rewards import merge_reward_metrics
+from rldock.runtime.workers.partial_rollout import RESUME_STATE, partial_metrics
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"
@@ -23,6 +28,101 @@ def tokens_per_s_per_device(*, num_prompts: int, num_responses: int, prompt_leng
     if seconds <= 0 or num_devices <= 0:
         raise ValueError("seconds and num_devices must be positive")
     return num_prompts * num_responses * (prompt_length + response_length) / num_devices / seconds
+
+
+def iteration_record(results: dict[str, list[dict]], *, iteration: int, update_state: str,
+                     prompt_lengths: Sequence[int], driver_response_lengths: Sequence[int], put_seconds: float,
+                     seconds: float, cycle: float | None, num_prompts: int, num_responses: int, num_devices: int,
+                     partial_rollout: bool, round_metrics: dict, data_metrics: dict) -> dict[str, Any]:
+    """An iteration's metrics record from what its stages returned (`results`: state -> one result
+    per rank call) and a few driver figures; the trainer adds the dock traffic and phase timeline.
+
+    `driver_response_lengths` stand in when no rollout ran (DPO: the driver supplies responses);
+    `put_seconds` is the driver's time putting samples, `seconds` the iteration's and `cycle` the
+    time since the previous iteration ended (None for the loop's first).
+    """
+    rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
+    rollouts = results.get("rollout", []) + results.get(RESUME_STATE, [])  # partial rollout's two rounds
+    response_lengths = [x for r in rollouts for x in r["response_lengths"]] or list(driver_response_lengths)
+    updates = results[update_state]
+    prompt_length = statistics.fmean(prompt_lengths)
+    response_length = statistics.fmean(response_lengths)
+    reward_stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} \
+        if rewards else {}
+    return {
+        "iteration": iteration,
+        **reward_stats,
+        **merge_reward_metrics([r["reward_metrics"] for r in results.get("reward", [])]),
+        "response_length_mean": response_length,
+        "prompt_length_mean": prompt_length,
+        **update_metrics(updates),
+        "tokens_per_s_per_device": tokens_per_s_per_device(
+            num_prompts=num_prompts, num_responses=num_responses, prompt_length=prompt_length,
+            response_length=response_length, num_devices=num_devices, seconds=seconds),
+        **critic_metrics(results.get("critic_inference", []), results.get("critic_update", [])),
+        # one rollout result per engine (DAPO's rounds are merged per worker)
+        **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
+        **per_rank_metrics(updates),
+        **round_metrics,
+        **(partial_metrics(rollouts) if partial_rollout else {}),
+        **data_metrics,
+        "timing": stage_timing(results, put_seconds=put_seconds, seconds=seconds, cycle=cycle),
+    }
+
+
+def stage_timing(results: dict[str, list[dict]], *, put_seconds: float, seconds: float,
+                 cycle: float | None) -> dict[str, float]:
+    """Seconds per stage (`timing/<state>`), per stage's own work (`compute/`), its wait for upstream
+    samples (`idle/`), the dock traffic's (`dispatch`), the iteration's and the cycle's."""
+    # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
+    # upstream stages is excluded, since all stages run at once and overlap.
+    timing = {stage: max(r["dispatch_s"] + r["compute_s"] for r in rs) for stage, rs in results.items()}
+    # compute: of that, the slowest rank's own work (model passes, scoring), without the dock.
+    timing.update({f"compute/{stage}": max(r["compute_s"] for r in rs) for stage, rs in results.items() if rs})
+    # dispatch: all time spent moving samples through the dock, summed over every worker.
+    timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
+    timing["iteration"] = seconds
+    if cycle is not None:  # the loop's first iteration has no previous end
+        timing["cycle"] = cycle
+    # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
+    timing.update({f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs)
+                   for stage, rs in results.items() if rs})
+    return timing
+
+
+# Update results whose values are dicts named per rank (the resharding memory ledger and times):
+# merged over ranks, not averaged.
+PER_RANK_KEYS = ("ledger", "resharding")
+
+
+def update_metrics(updates: list[dict]) -> dict:
+    """Mean over ranks of every training metric the update stage returned (not its timing)."""
+    skip = {"wait_s", "dispatch_s", "compute_s", "num_samples", *PER_RANK_KEYS}
+    return {key: statistics.fmean(u[key] for u in updates) for key in updates[0] if key not in skip}
+
+
+def per_rank_metrics(updates: list[dict]) -> dict:
+    """{"ledger": {"memory/rank{r}/...": ...}, ...} merged over the ranks that returned them."""
+    merged = {key: {name: value for u in updates for name, value in u.get(key, {}).items()}
+              for key in PER_RANK_KEYS}
+    return {key: values for key, values in merged.items() if values}
+
+
+def critic_metrics(inferences: list[dict], updates: list[dict]) -> dict:
+    """The critic's training metrics, mean over its ranks (as the actor's), and per rank
+    (`critic_ranks/rank{r}/...`) the samples it took in each stage and its weights' sum after the
+    update (equal on every rank while DDP keeps them in step)."""
+    if not updates:
+        return {}
+    keys = ("value_loss", "value_clip_fraction", "value_mean", "value_grad_norm")
+    ranks: dict[str, dict[str, float]] = {}
+    for stage, results in (("inference_samples", inferences), ("update_samples", updates)):
+        for result in results:
+            rank = ranks.setdefault(f"rank{result['rank']}", {"inference_samples": 0, "update_samples": 0})
+            rank[stage] += result["num_samples"]
+            if "weights_sum" in result:
+                rank["weights_sum"] = result["weights_sum"]
+    return {**{key: statistics.fmean(u[key] for u in updates) for key in keys}, "critic_ranks": ranks}
 
 
 class MetricsLog:

@@ -11,13 +11,12 @@ inference (before advantages) and its update, and a `model` reward term the rewa
 All stages are launched at once; the dock's controllers hand a sample to a stage only when its
 input columns are ready, which is what orders them.
 
-With `training.mode: async` (and dock.max_staleness >= 1) the driver runs one iteration ahead: before
-iteration i's update it puts iteration i+1's prompts into the other dock bank (dock/banks.py) and
-launches every stage of i+1 but its update, so on the actor ranks i+1's generation and old-logprob
-pass run before i's update, and the other workers' stages of i+1 overlap that update. Iteration
-i+1's samples then come from the policy before update i: one version old (`staleness_mean`). With
-partial rollout (rollout.partial_rollout) that generation is cut at rollout.max_tokens_per_round and
-completed after update i, before i+1's old-logprob pass (workers/partial_rollout.py).
+The order of an iteration's calls is its schedule's (runtime/schedule/): one iteration at a time,
+or with `training.mode: async` (and dock.max_staleness >= 1) the next iteration put into the other
+dock bank and launched, all but its update, before this one's update, so its samples come from the
+policy one version old (`staleness_mean`); partial rollout and DAPO's sampling rounds are parts
+they compose. The trainer chooses the schedule once per attempt and keeps the lifecycle: workers,
+checkpoints, evaluation, metrics records (metrics.iteration_record) and progress.
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -45,20 +42,18 @@ from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, c
 from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.grouping import split_group_columns
 from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
-from rldock.runtime.metrics import (PLOT_FILE, MetricsLog, dock_traffic, headline_key, plot_progress,
-                                   tokens_per_s_per_device)
+from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
-from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
-from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch, DynamicSampling, SampledRounds, group_rows
+from rldock.runtime.rewards import RewardScorer
+from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
+from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
 from rldock.runtime.tracking import TensorBoardLog
 from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ADAPTER_DIR, ActorWorker
-from rldock.runtime.workers.partial_rollout import RESUME_STATE, partial_metrics
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.critic import CriticWorker
 from rldock.runtime.workers.reference import ReferenceWorker
@@ -167,8 +162,8 @@ class Trainer:
         self.evaluator = heldout_evaluation(cfg, self.tokenizer, self.data_files.val)
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
-        self.dock: TransferDock | None = None  # the bank of the iteration running now
         self.banks: DockBanks | None = None
+        self.schedule: Schedule | None = None  # the order of each iteration's calls, chosen per attempt
         self.workers: WorkerGroups | None = None
         self._placement = None  # the Ray placement group holding the workers' devices
         self._turns = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
@@ -178,12 +173,6 @@ class Trainer:
         self._bookkeeping = Bookkeeper(background=False)
         self._counters = None  # the Future of the last counters read, awaited before the next put
         self._last_iteration_end: float | None = None  # perf_counter when the last iteration's stages ended
-        # Async mode: the next iteration, put and launched (all but its update) ahead of this one's update.
-        self.runs_ahead = cfg.training.mode == "async" and cfg.dock.max_staleness >= 1
-        self._ahead: _Ahead | None = None
-        # The iteration running now: stage results as ranks return, and ranks started per stage,
-        # kept with the dock's state if a worker dies (see _keep_inflight).
-        self._inflight: _Inflight | None = None
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -243,8 +232,7 @@ class Trainer:
                                 token_columns=TOKEN_COLUMNS,
                                 # the staleness bound (dock.max_staleness) guards what trains
                                 bounded_states=[self.recipe.update_state])
-            for _ in range(2 if self.runs_ahead else 1)])
-        self.dock = self.banks.bank(0)
+            for _ in range(num_banks(cfg))])
         policy_dir = self.reference_dir
         start_iteration = 1
         if self.resume_from is not None:
@@ -266,6 +254,7 @@ class Trainer:
             ray.get([a.load_optimizer.remote(str(self.resume_from.optimizer_file)) for a in self.workers.actors])
             ray.get([a.set_rng_state.remote(rng["actors"][i]) for i, a in enumerate(self.workers.actors)])
             ray.get([c.load.remote(str(self.resume_from.path)) for c in self.workers.critics])
+        self.schedule = choose_schedule(cfg, self._driver(), self.banks, actor_rank_states=self._actor_rank_states())
         return start_iteration
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None,
@@ -329,10 +318,9 @@ class Trainer:
             cluster.release(self._placement)
         if self.banks is not None:
             self.banks.shutdown()
-        self.workers, self.dock, self.banks, self._last_dock_stats = None, None, None, {}
+        self.workers, self.banks, self._last_dock_stats = None, None, {}
         self._placement = None
-        self._ahead = None
-        self._inflight = None  # a later attempt's failure must not save this attempt's iteration
+        self.schedule = None  # a later attempt's failure must not save this attempt's iteration
 
     # --- iterations ---------------------------------------------------------------------------
 
@@ -413,92 +401,24 @@ class Trainer:
 
     def _run_iteration(self, iteration: int) -> dict:
         cfg, algo = self.cfg, self.cfg.algorithm
-        started = time.perf_counter()
-        self._inflight = inflight = _Inflight(iteration)
-        self.dock = self.banks.bank(iteration)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:  # put and launched while the previous iteration's update ran
-            assert ahead.iteration == iteration, "the pipeline ran ahead to another iteration"
-            fed, put_seconds, sampled, futures = ahead.fed, ahead.put_seconds, SampledRounds(ahead.fed, {}, {}), \
-                ahead.futures
-        else:
-            fed, put_seconds, sampled = self._fill_dock(iteration)
-            if inflight.skip and self._turns is not None:  # their turns are not taken again
-                ray.get(self._turns.skip.remote(iteration, sorted(inflight.skip)))
-            futures = self._launch(iteration, self._before_update_states(), skip=inflight.skip)
-        if self.runs_ahead and iteration < cfg.iterations:
-            self._ahead = self._run_ahead(iteration + 1)
-        # Calls to one actor run in submission order: the update goes after the run-ahead's
-        # generation. After a failure, stages whose every rank had finished are not run again.
-        futures.update(self._launch(iteration, self._update_states(), skip=inflight.skip))
-        if self._ahead is not None and self._ahead.held is not None:  # partial rollout: after the update that cut it
-            self._ahead.futures.update(self._launch_after_cut(self._ahead.iteration, self._ahead.held))
-        prompt_lengths = fed.prompt_lengths
-        inflight.launched.update({state: len(refs) for state, refs in futures.items()})
-        gathered = _gather_failing_fast(futures, finished=inflight.finished)
-        results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
-        ended = time.perf_counter()
-        seconds = ended - started
+        stages = self.schedule.run(iteration)
         # End to end: this iteration and the driver's work since the previous one ended (bookkeeping
-        # run inline or waited for, the next draw and reset), which `seconds` leaves out.
-        cycle = None if self._last_iteration_end is None else ended - self._last_iteration_end
-        self._last_iteration_end = ended
-        # The update made policy version `iteration`: apply the staleness bound to what is left,
-        # in the next iteration's bank too when it is already filling. Synchronous training has
-        # nothing left to bound and no stage running: it goes in the bookkeeping's order, before
-        # the counters read that the next put waits for. Async mode's next update must see it first.
-        if self.runs_ahead:
-            self._advance_policy(iteration)
-        else:
-            self._bookkeeping.later(self._advance_policy, iteration)
-        ckpt.clear_inflight(self.output_dir)  # this iteration's work is done: nothing to resume
-
-        rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
-        rollouts = results.get("rollout", []) + results.get(RESUME_STATE, [])  # partial rollout's two rounds
-        response_lengths = [x for r in rollouts for x in r["response_lengths"]]
-        response_lengths = response_lengths or fed.response_lengths  # DPO: the driver's responses
-        updates = results[self.recipe.update_state]
-        prompt_length = statistics.fmean(prompt_lengths)
-        response_length = statistics.fmean(response_lengths)
-        # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
-        # upstream stages is excluded, since all stages run at once and overlap.
-        timing = {stage: max(r["dispatch_s"] + r["compute_s"] for r in rs) for stage, rs in results.items()}
-        # compute: of that, the slowest rank's own work (model passes, scoring), without the dock.
-        timing.update({f"compute/{stage}": max(r["compute_s"] for r in rs) for stage, rs in results.items() if rs})
-        # dispatch: all time spent moving samples through the dock, summed over every worker.
-        timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
-        timing["iteration"] = seconds
-        if cycle is not None:  # the loop's first iteration has no previous end
-            timing["cycle"] = cycle
-        # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
-        timing.update({f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs)
-                       for stage, rs in results.items() if rs})
-        reward_stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} \
-            if rewards else {}
-        return {
-            "iteration": iteration,
-            **reward_stats,
-            **merge_reward_metrics([r["reward_metrics"] for r in results.get("reward", [])]),
-            "response_length_mean": response_length,
-            "prompt_length_mean": prompt_length,
-            **_update_metrics(updates),
-            "tokens_per_s_per_device": tokens_per_s_per_device(
-                num_prompts=algo.num_prompts_per_iteration, num_responses=algo.num_responses_per_prompt,
-                prompt_length=prompt_length, response_length=response_length,
-                num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size, seconds=seconds),
-            **_critic_metrics(results.get("critic_inference", []), results.get("critic_update", [])),
-            # one rollout result per engine (DAPO's rounds are merged per worker)
-            **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
-            **_per_rank_metrics(updates),
-            **sampled.metrics,
-            **(partial_metrics(rollouts) if cfg.rollout.partial_rollout != "off" else {}),
-            **self._data_metrics(iteration),
-            "timing": timing,
-            # a Future until _write_record: read while the driver starts the next iteration
-            "dock": self._read_counters(self.dock),
-            # serial phase schedule: each shared device's phases, start and end (s)
-            **({"phases": ray.get(self._turns.timeline.remote(iteration))} if self._turns is not None else {}),
-        }
+        # run inline or waited for, the next draw and reset), which the iteration's own time leaves out.
+        cycle = None if self._last_iteration_end is None else stages.ended - self._last_iteration_end
+        self._last_iteration_end = stages.ended
+        record = iteration_record(
+            stages.results, iteration=iteration, update_state=self.recipe.update_state,
+            prompt_lengths=stages.fed.prompt_lengths, driver_response_lengths=stages.fed.response_lengths,
+            put_seconds=stages.put_seconds, seconds=stages.ended - stages.started, cycle=cycle,
+            num_prompts=algo.num_prompts_per_iteration, num_responses=algo.num_responses_per_prompt,
+            num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size,
+            partial_rollout=cfg.rollout.partial_rollout != "off", round_metrics=stages.round_metrics,
+            data_metrics=self._data_metrics(iteration))
+        # a Future until _write_record: read while the driver starts the next iteration
+        record["dock"] = self._read_counters(stages.bank)
+        if self._turns is not None:  # serial phase schedule: each shared device's phases, start and end (s)
+            record["phases"] = ray.get(self._turns.timeline.remote(iteration))
+        return record
 
     def _data_metrics(self, iteration: int) -> dict:
         """The prompt set's size and the over-long prompts it dropped, in the first record only."""
@@ -514,32 +434,37 @@ class Trainer:
         """The launched states that may run before the previous iteration's update (in recipe order)."""
         return tuple(s for s in self.recipe.launched_states if s not in self._update_states())
 
-    def _launch(self, iteration: int, states: Sequence[str], *, skip: set[str] = frozenset(),
+    def _launch(self, iteration: int, states: Sequence[str], *, sampling_round: int = 0,
                 round_tokens: int | None = None) -> dict[str, list]:
-        launch = self._launchers(iteration, round_tokens=round_tokens)
-        return {state: launch[state]() for state in states if state not in skip}
+        """Start each of `states` (in that order) on its workers; state -> the futures of its ranks."""
+        launch = self._launchers(iteration, sampling_round, round_tokens)
+        return {state: launch[state]() for state in states}
 
-    def _run_ahead(self, iteration: int) -> _Ahead:
-        """Async mode: put `iteration`'s prompts into its bank and launch its stages but the update,
-        before the running iteration's update (the checkpoint keeps the sampler from before this draw).
-        With partial rollout its generation is cut at rollout.max_tokens_per_round, and the passes the
-        actor ranks run over its responses are held back until after the update (`_launch_after_cut`):
-        queued before it, they would wait for responses only the second round writes."""
-        sampler_state = self.sampler.state_dict()
-        fed = self._draw()
-        put_seconds = self._put(fed, self.banks.bank(iteration))
-        states, held = self._before_update_states(), None
-        if self.cfg.rollout.partial_rollout != "off":
-            actor_states = {"actor_inference"} | (set() if self.workers.references else {"reference"})
-            held = tuple(s for s in states if s in actor_states)
-        futures = self._launch(iteration, [s for s in states if s not in (held or ())],
-                               round_tokens=self.cfg.rollout.max_tokens_per_round)
-        return _Ahead(iteration, fed, put_seconds, futures, sampler_state, held)
+    def _driver(self) -> Driver:
+        """What the schedule calls in the trainer, for this attempt's workers."""
+        return Driver(recipe=self.recipe, output_dir=self.output_dir,
+                      group_size=self.cfg.algorithm.num_responses_per_prompt,
+                      before_update=self._before_update_states(), updates=self._update_states(),
+                      launch=self._launch, draw=self._draw, sampler_state=self.sampler.state_dict,
+                      finish_rollout=self._finish_rollout, skip_turns=self._skip_turns,
+                      before_put=self._wait_for_counters,
+                      later=lambda fn, *args: self._bookkeeping.later(fn, *args))
 
-    def _launch_after_cut(self, iteration: int, held: Sequence[str]) -> dict[str, list]:
-        """Partial rollout: the second round of `iteration`'s generation, then the held-back states."""
-        futures = {RESUME_STATE: [a.finish_rollout.remote(iteration) for a in self.workers.engine_actors]}
-        return {**futures, **self._launch(iteration, held)}
+    def _actor_rank_states(self) -> set[str]:
+        """The states the actor ranks run over the responses (under LoRA the reference pass too)."""
+        return {"actor_inference"} | (set() if self.workers.references else {"reference"})
+
+    def _finish_rollout(self, iteration: int) -> list:
+        """Partial rollout: each engine's second round of `iteration`'s generation."""
+        return [a.finish_rollout.remote(iteration) for a in self.workers.engine_actors]
+
+    def _skip_turns(self, iteration: int, states: list[str]) -> None:
+        if self._turns is not None:  # their turns are not taken again
+            ray.get(self._turns.skip.remote(iteration, states))
+
+    def _wait_for_counters(self) -> None:
+        if self._counters is not None:  # the last iteration's counters, read before this write counts
+            self._counters.result()
 
     def _launchers(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
         """State -> a function that starts it on its workers and returns the futures."""
@@ -558,13 +483,9 @@ class Trainer:
             "preference_update": lambda: [a.preference_update.remote(iteration) for a in w.actors],
         }
 
-    def _advance_policy(self, version: int) -> None:
-        for dock in self.banks.docks:
-            dock.set_policy_version(version)
-
     def _read_counters(self, dock: TransferDock):
         """The Future of `dock`'s traffic since its last read; the driver's next put waits for it
-        (`_put_groups`), so the counters hold exactly this iteration's traffic."""
+        (`_wait_for_counters`), so the counters hold exactly this iteration's traffic."""
         self._counters = self._bookkeeping.later(self._dock_traffic, dock)
         return self._counters
 
@@ -584,107 +505,15 @@ class Trainer:
         return build(self.dataset, self.sampler.next_batch(count), self.tokenizer, algo)
 
     def _keep_inflight(self) -> None:
-        """After a worker died: stop the workers, then keep the dock of the iteration in flight for
-        its retry (ckpt.save_inflight), unless the dock died too."""
-        inflight = self._inflight
-        if self.dock is None or inflight is None or self.recipe.sampling_rounds is not None or self.runs_ahead:
-            # Sampling rounds (DAPO) refill the dock each round, and the async pipeline has two
-            # iterations in flight: such an iteration is redone whole from the checkpoint.
-            return
+        """After a worker died: what the retry can resume from, as the schedule keeps it."""
+        if self.schedule is not None:
+            self.schedule.keep_inflight(stop_workers=self._kill_workers)
+
+    def _kill_workers(self) -> None:
         if self.workers is not None:
-            for handle in self.workers.all():  # no writer may run while the dock is read
+            for handle in self.workers.all():
                 ray.kill(handle)
             self.workers = None
-        try:
-            state = self.dock.state_dict()
-        except DockActorDiedError as error:
-            logger.warning("the dock died too (%s); iteration %d will be redone from its start", error,
-                           inflight.iteration)
-            return
-        path = ckpt.save_inflight(self.output_dir, iteration=inflight.iteration, dock_state=state,
-                                  finished=inflight.finished, launched=inflight.launched)
-        logger.info("kept the dock of iteration %d in %s for its retry", inflight.iteration, path)
-
-    def _resume_inflight(self, fed: DriverBatch, snapshot: dict) -> tuple[float, SampledRounds]:
-        """Load the dock an earlier attempt of this iteration left (instead of putting `fed`, the same
-        prompts: the sampler resumed from the same checkpoint). Samples a stage took without its
-        outputs reaching the dock go back to it; stages whose every rank finished are not run
-        again and their results are reused. States that write nothing (the update) always run:
-        their effect, the weights, was lost with the worker."""
-        started = time.perf_counter()
-        produces = self.recipe.produces
-        self.dock.reset()
-        self.dock.load_state_dict(snapshot["dock"], produces=produces)
-        finished, launched = snapshot["finished"], snapshot["launched"]
-        reruns = {state for state in self.recipe.launched_states if not produces.get(state)}
-        kept = {state: results for state, results in finished.items() if state not in reruns}
-        skip = {state for state, results in kept.items() if len(results) == launched.get(state)}
-        # Partly finished stages run again on every rank; the ranks that had finished find their
-        # work done, so the results that came back then are joined with the new ones (in the
-        # metrics; a second failure keeps only the stages finished whole).
-        self._inflight.skip = skip
-        self._inflight.finished.update({state: list(kept[state]) for state in skip})
-        self._inflight.launched.update({state: launched[state] for state in skip})
-        logger.info("iteration %d resumes from the dock of its failed attempt; not run again: %s",
-                    self._inflight.iteration, sorted(self._inflight.skip))
-        return time.perf_counter() - started, SampledRounds(fed, kept, {})
-
-    def _put(self, fed: DriverBatch, dock: TransferDock | None = None) -> float:
-        dock = self.dock if dock is None else dock
-        started = time.perf_counter()
-        dock.reset()
-        self._put_groups(torch.arange(len(fed.batch) // self.cfg.algorithm.num_responses_per_prompt), fed, dock)
-        return time.perf_counter() - started
-
-    def _put_groups(self, groups: torch.Tensor, fed: DriverBatch, dock: TransferDock | None = None) -> None:
-        """The driver's rows of group slots `groups` into `dock` (the current one by default): what
-        every sample of a group shares (the prompt) crosses the network once per group, not once
-        per sample (dock/grouping.py)."""
-        shared, per_sample = split_group_columns(fed.batch, self.cfg.algorithm.num_responses_per_prompt)
-        if self._counters is not None:  # the last iteration's counters, read before this write counts
-            self._counters.result()
-        (self.dock if dock is None else dock).put_groups(groups, shared, samples=per_sample)
-
-    def _fill_dock(self, iteration: int) -> tuple[DriverBatch, float, SampledRounds]:
-        """Put the iteration's batch into the dock: G fresh prompts, or with sampling rounds
-        (DAPO) the groups of those rounds, refilling the slots of dropped groups. Returns the batch,
-        the seconds spent putting and the rounds' results and metrics (empty without rounds)."""
-        rounds = self.recipe.sampling_rounds
-        if rounds is None:
-            fed = self._draw()
-            snapshot = ckpt.load_inflight(self.output_dir, iteration)
-            if snapshot is not None and self.dock.can_load(snapshot["dock"]):
-                return fed, *self._resume_inflight(fed, snapshot)
-            return fed, self._put(fed), SampledRounds(fed, {}, {})
-        algo = self.cfg.algorithm
-        put_seconds = 0.0
-
-        def run_round(groups: torch.Tensor, fresh: DriverBatch, sampling_round: int):
-            """Fresh prompt groups into the dock's group slots `groups`, emptied first (the groups
-            the filter dropped; the first round starts the iteration), then the sampling states;
-            only the filter's (B,) score column comes back to the driver."""
-            nonlocal put_seconds
-            rows = group_rows(groups, algo.num_responses_per_prompt)  # (k*N,)
-            started = time.perf_counter()
-            if sampling_round == 0:
-                self.dock.reset()
-            else:
-                self.dock.recycle(rows)
-            self._put_groups(groups, fresh)
-            put_seconds += time.perf_counter() - started
-            launch = self._launchers(iteration, sampling_round)
-            results = _gather_failing_fast({state: launch[state]() for state in rounds.states})
-            indices, scored = self.dock.get(rounds.read_state, [rounds.score_column], batch_size=len(rows),
-                                            whole_groups=True)
-            assert torch.equal(indices, rows), "the filter state must get exactly this round's rows"
-            return results, scored[rounds.score_column]
-
-        sampled = DynamicSampling(num_groups=algo.num_prompts_per_iteration,
-                                  group_size=algo.num_responses_per_prompt,
-                                  max_rounds=algo.dapo.max_sampling_rounds,
-                                  group_filter=rounds.group_filter(algo)).run(self._draw, run_round)
-        # The kept groups (and any padding) are in the dock already: nothing more to put.
-        return sampled.batch, put_seconds, sampled
 
     def _save_checkpoint(self, iteration: int) -> None:
         # The records up to this iteration are in metrics.jsonl before the checkpoint commits: a
@@ -697,106 +526,10 @@ class Trainer:
         ray.get([c.save.remote(str(staging)) for c in self.workers.critics])  # rank 0 writes
         # The driver draws no random numbers itself: the sampler's state is the data position, the
         # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
-        # Async mode drew the next iteration's prompts already: keep the position before that draw.
-        state = {"sampler": self._ahead.sampler_state if self._ahead is not None else self.sampler.state_dict()}
+        # A run-ahead schedule drew the next iteration's prompts already: it keeps the position before that draw.
+        state = {"sampler": self.schedule.checkpoint_sampler_state()}
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
         plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
-
-
-@dataclass
-class _Inflight:
-    """What an iteration has done so far: results of stage ranks that returned, ranks per stage."""
-
-    iteration: int
-    finished: dict[str, list[dict]] = field(default_factory=dict)
-    launched: dict[str, int] = field(default_factory=dict)
-    skip: set[str] = field(default_factory=set)  # stages a resumed iteration does not run again
-
-
-@dataclass
-class _Ahead:
-    """Async mode: an iteration put into its bank and launched (all but its update) ahead."""
-
-    iteration: int
-    fed: DriverBatch
-    put_seconds: float
-    futures: dict[str, list]  # state -> the futures of its ranks
-    sampler_state: dict  # the sampler before this iteration's draw, for the checkpoint before it
-    # partial rollout: the states launched only after the update that cut the generation; None: not cut
-    held: tuple[str, ...] | None = None
-
-
-def _gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]] | None = None
-                         ) -> dict[str, list[dict]]:
-    """ray.get of every stage, raising the first worker error at once instead of waiting for the
-    other stages to time out on data that will never come."""
-    stage_of = {ref: stage for stage, refs in futures.items() for ref in refs}
-    pending = list(stage_of)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        try:
-            result = ray.get(done[0])  # raises the worker's exception, naming the actor and stage
-        except ray.exceptions.RayTaskError as error:
-            # A rank whose collective peer was killed fails at once (connection reset) while Ray
-            # still reports the death: the death is the cause, and only it is retried (run()).
-            raise _dead_worker_error(pending) or error
-        if finished is not None:
-            finished.setdefault(stage_of[done[0]], []).append(result)
-    return {stage: ray.get(refs) for stage, refs in futures.items()}
-
-
-# What run() restarts from (--max-restarts): a worker's process or a dock actor died (a lost node
-# takes both, and whichever the driver calls first reports it).
-WORKER_DEATHS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, DockActorDiedError)
-DEAD_WORKER_GRACE_S = 5.0  # how long a stage error waits for Ray to report a dead worker behind it
-
-
-def _dead_worker_error(pending: list) -> Exception | None:
-    """The error of a worker that died among `pending` futures, as Ray reports it within the grace."""
-    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEAD_WORKER_GRACE_S) if pending else ([], [])
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as died:
-            return died
-        except ray.exceptions.RayTaskError:
-            continue  # another stage's own error: not a death
-    return None
-
-
-# Update results whose values are dicts named per rank (the resharding memory ledger and times):
-# merged over ranks, not averaged.
-PER_RANK_KEYS = ("ledger", "resharding")
-
-
-def _update_metrics(updates: list[dict]) -> dict:
-    """Mean over ranks of every training metric the update stage returned (not its timing)."""
-    skip = {"wait_s", "dispatch_s", "compute_s", "num_samples", *PER_RANK_KEYS}
-    return {key: statistics.fmean(u[key] for u in updates) for key in updates[0] if key not in skip}
-
-
-def _per_rank_metrics(updates: list[dict]) -> dict:
-    """{"ledger": {"memory/rank{r}/...": ...}, ...} merged over the ranks that returned them."""
-    merged = {key: {name: value for u in updates for name, value in u.get(key, {}).items()}
-              for key in PER_RANK_KEYS}
-    return {key: values for key, values in merged.items() if values}
-
-
-def _critic_metrics(inferences: list[dict], updates: list[dict]) -> dict:
-    """The critic's training metrics, mean over its ranks (as the actor's), and per rank
-    (`critic_ranks/rank{r}/...`) the samples it took in each stage and its weights' sum after the
-    update (equal on every rank while DDP keeps them in step)."""
-    if not updates:
-        return {}
-    keys = ("value_loss", "value_clip_fraction", "value_mean", "value_grad_norm")
-    ranks: dict[str, dict[str, float]] = {}
-    for stage, results in (("inference_samples", inferences), ("update_samples", updates)):
-        for result in results:
-            rank = ranks.setdefault(f"rank{result['rank']}", {"inference_samples": 0, "update_samples": 0})
-            rank[stage] += result["num_samples"]
-            if "weights_sum" in result:
-                rank["weights_sum"] = result["weights_sum"]
-    return {**{key: statistics.fmean(u[key] for u in updates) for key in keys}, "critic_ranks": ranks}
 
 
 def _headline(record: dict) -> dict:

@@ -1,0 +1,49 @@
+"""DAPO's sampling rounds: an iteration's bank filled by rounds of prompt groups, each round's
+dropped groups refilled, until G groups pass the recipe's filter (sampling.py DynamicSampling)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rldock.config.job import AlgorithmSpec
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.sampling import DriverBatch, DynamicSampling, SampledRounds, group_rows
+from rldock.runtime.schedule.driver import Driver
+from rldock.runtime.schedule.stages import gather_failing_fast
+
+
+def fill_by_rounds(driver: Driver, bank: TransferDock, iteration: int, *, algo: AlgorithmSpec
+                   ) -> tuple[DriverBatch, float, SampledRounds]:
+    """Run the recipe's sampling states round by round in `bank`; returns the kept batch, the
+    seconds spent putting and the rounds' results and metrics. The kept groups (and any padding)
+    are in the bank when it returns: nothing more to put."""
+    rounds = driver.recipe.sampling_rounds
+    assert rounds is not None, "fill_by_rounds needs a recipe with sampling rounds"
+    put_seconds = 0.0
+
+    def run_round(groups: torch.Tensor, fresh: DriverBatch, sampling_round: int):
+        """Fresh prompt groups into the bank's group slots `groups`, emptied first (the groups
+        the filter dropped; the first round starts the iteration), then the sampling states;
+        only the filter's (B,) score column comes back to the driver."""
+        nonlocal put_seconds
+        rows = group_rows(groups, algo.num_responses_per_prompt)  # (k*N,)
+        started = time.perf_counter()
+        if sampling_round == 0:
+            bank.reset()
+        else:
+            bank.recycle(rows)
+        driver.put_groups(groups, fresh, bank)
+        put_seconds += time.perf_counter() - started
+        results = gather_failing_fast(driver.launch(iteration, rounds.states, sampling_round=sampling_round))
+        indices, scored = bank.get(rounds.read_state, [rounds.score_column], batch_size=len(rows),
+                                   whole_groups=True)
+        assert torch.equal(indices, rows), "the filter state must get exactly this round's rows"
+        return results, scored[rounds.score_column]
+
+    sampled = DynamicSampling(num_groups=algo.num_prompts_per_iteration,
+                              group_size=algo.num_responses_per_prompt,
+                              max_rounds=algo.dapo.max_sampling_rounds,
+                              group_filter=rounds.group_filter(algo)).run(driver.draw, run_round)
+    return sampled.batch, put_seconds, sampled
