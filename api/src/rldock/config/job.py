@@ -44,7 +44,8 @@ class ModelSpec(Spec):
         "(see docs/bring-your-own.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Parameter dtype for training and generation."
+        default="float32", description="Parameter dtype for training, and for generation unless `rollout.dtype` "
+        "sets another.",
     )
 
 
@@ -449,6 +450,13 @@ class RolloutSpec(Spec):
 
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        default=None,
+        description="The engine's weight dtype (vLLM's `dtype`), apart from `model.dtype`: `bfloat16` generates "
+        "over a float32 training master with half the engine's weight memory; every weight push casts to it. "
+        "Sampled logprobs then carry this dtype's rounding against the trainer's. Unset: `model.dtype` on an "
+        "accelerator, float32 on CPU (vLLM on CPU runs bfloat16 and float32).",
+    )
     enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
     gpu_memory_utilization: float = Field(
         default=0.5, gt=0, le=1,
@@ -496,6 +504,15 @@ class RolloutSpec(Spec):
         "before the update cuts it; below algorithm.max_response_length. Required with rollout.partial_rollout "
         "resume or drop, unused with off.",
     )
+
+
+def generation_dtype(*, model_dtype: str, rollout_dtype: Optional[str], on_cpu: bool) -> str:
+    """The engine's dtype (`rollout.dtype`'s description). Unset on CPU it stays float32 whatever
+    model.dtype says: vLLM's CPU logprobs then match a float32 trainer's to about 1e-6, and the CPU
+    demo's reward curve is pinned to float32 generation."""
+    if rollout_dtype is not None:
+        return rollout_dtype
+    return "float32" if on_cpu else model_dtype
 
 
 class LoraSpec(Spec):

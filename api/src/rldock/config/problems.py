@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.contract.algorithms import needs_critic, needs_rollout
-from rldock.contract.placement import plan_placement
+from rldock.contract.placement import SeatRequest, plan_placement
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
 
@@ -162,8 +162,11 @@ def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     if reward_model:
         extra.append(f"reward.terms[{cfg.reward.model_term_index}] runs a reward-model worker")
     references = 0 if training.lora is not None else dp  # LoRA: the actors run the reference pass
-    plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks,
-                          num_reference_ranks=references, num_critic_ranks=critics, reward_model=reward_model,
+    # The runtime seats the groups its worker-state specs name (rldock.runtime.states), which this
+    # package cannot import; tests/unit/runtime/test_states.py holds the two counts equal.
+    others = [SeatRequest("reference", references), SeatRequest("critic", critics, distinct=True),
+              SeatRequest("reward_model", int(reward_model))]
+    plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks, others=others,
                           mode=resources.placement)
     if plan.num_devices <= cfg.num_devices:
         return []

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -39,7 +39,7 @@ from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.bookkeeping import Bookkeeper
 from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
                                  prepare_data_files, tokenizer_corpus)
-from rldock.runtime.dataflow import REWARD_MODEL_STATE, TOKEN_COLUMNS
+from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.replica_devices import engine_environments
@@ -50,15 +50,11 @@ from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.rewards import RewardScorer
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
 from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
+from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, worker_groups
 from rldock.runtime.tracking import TensorBoardLog
 from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
-from rldock.runtime.workers.actor import ADAPTER_DIR, ActorWorker
-from rldock.runtime.workers.advantage import AdvantageWorker
-from rldock.runtime.workers.critic import CriticWorker
-from rldock.runtime.workers.reference import ReferenceWorker
-from rldock.runtime.workers.reward import RewardWorker
-from rldock.runtime.workers.reward_model import RewardModelWorker
+from rldock.runtime.workers.actor import ADAPTER_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -111,28 +107,38 @@ def _write_atomically(final: Path, write) -> None:
 
 @dataclass
 class WorkerGroups:
-    """The Ray actors of a job. Only the groups the recipe's states need exist: DPO has no reward or
-    advantage worker, GRPO and DAPO no advantage worker where the reward computes it
-    (algorithm.fuse_reward_advantage), only PPO and PF-PPO have critic ranks (one per DP rank), only a job with a
-    `model` reward term a reward model."""
+    """The Ray actors of a job by worker group (rldock.runtime.states): only the groups the
+    recipe's states run on exist (DPO has no reward or advantage worker, GRPO and DAPO no advantage
+    worker where the reward computes it, only PPO and PF-PPO have critic ranks, only a job with a
+    `model` reward term a reward model)."""
 
-    actors: list
-    references: list
-    reward: object | None = None
-    advantage: object | None = None
-    critics: list = field(default_factory=list)
-    reward_model: object | None = None
+    ranks: dict[str, list]  # group name -> its Ray actors by rank
     generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
+
+    @property
+    def actors(self) -> list:
+        return self.ranks.get(ACTOR.name, [])
+
+    @property
+    def references(self) -> list:
+        return self.ranks.get(REFERENCE.name, [])
+
+    @property
+    def critics(self) -> list:
+        return self.ranks.get(CRITIC.name, [])
 
     @property
     def engine_actors(self) -> list:
         """The actors holding a rollout engine: each generation replica's first rank."""
         return self.actors[::self.generation_tp]
 
+    def runners(self, spec: WorkerState) -> list:
+        """The Ray actors that run `spec`'s state: every rank of its group, or the engine ranks."""
+        handles = self.ranks[spec.group.name]
+        return handles[::self.generation_tp] if spec.runs_on == "engines" else handles
+
     def all(self) -> list:
-        singles = (self.reward, self.advantage, self.reward_model)
-        return [*self.actors, *self.references, *self.critics,
-                *(handle for handle in singles if handle is not None)]
+        return [handle for handles in self.ranks.values() for handle in handles]
 
 
 class Trainer:
@@ -165,7 +171,8 @@ class Trainer:
         self.banks: DockBanks | None = None
         self.schedule: Schedule | None = None  # the order of each iteration's calls, chosen per attempt
         self.workers: WorkerGroups | None = None
-        self._placement = None  # the Ray placement group holding the workers' devices
+        self._plan = None  # the placement plan (cluster.job_placement) of the workers' devices
+        self._placement = None  # the Ray placement group reserved for it
         self._turns = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
         # Counters and metrics files, in a background thread while the next iteration starts
@@ -223,7 +230,8 @@ class Trainer:
         # The devices before the dock: after a lost worker pod, Ray has the replacement node only
         # once this reservation is ready, and the dock's warehouses go on the worker nodes alive
         # when it starts (the head alone would get them).
-        self._placement = cluster.reserve(cluster.job_placement(cfg, self.recipe))
+        self._plan = cluster.job_placement(cfg, self.recipe)
+        self._placement = cluster.reserve(self._plan)
         # Two banks when the next iteration's samples are put while this one's still train.
         self.banks = DockBanks([
             TransferDock.create(cfg.dock, states={s: list(c) for s, c in self.recipe.consumes.items()},
@@ -259,51 +267,37 @@ class Trainer:
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None,
                         policy_version: int) -> WorkerGroups:
-        cfg, banks = self.cfg, self.banks
-        dp = cfg.training.data_parallel_size
-        plan = cluster.job_placement(cfg, self.recipe)
-        group = self._placement  # reserved by _start
-
-        def seated(cls, seat):
-            return cluster.seated(cls, group=group, plan=plan, seat=seat)
-
-        num_actor_ranks = len(plan.actors)  # TP x DP; each rank a generation replica on its own device
-        actors = [seated(ActorWorker, seat).remote(
-            cfg, rank=r, world_size=num_actor_ranks, policy_dir=policy_dir, banks=banks, adapter_dir=adapter_dir,
-            policy_version=policy_version)
-            for r, seat in enumerate(plan.actors)]
-        # none when kl_coef is 0 (job_recipe) or under LoRA (the actors run the reference pass)
-        references = [seated(ReferenceWorker, seat).remote(
-            cfg, rank=r, reference_dir=str(self.reference_dir), banks=banks) for r, seat in enumerate(plan.references)]
-        assert len(references) in (0, dp), "one reference rank per DP rank, or none"
-        states = self.recipe.states
-        reward = advantage = None
-        if "reward" in states:
-            reward = cluster.remote(RewardWorker, num_cpus=0).remote(
-                cfg, tokenizer_dir=str(self.reference_dir), banks=banks, train_files=self.data_files.train)
-        if "advantage" in states:
-            advantage = cluster.remote(AdvantageWorker, num_cpus=0).remote(cfg, banks=banks)
-        # The critic starts from the initial policy's body, whatever policy the actors resume from.
-        critics = [seated(CriticWorker, seat).remote(cfg, policy_dir=str(self.reference_dir), banks=banks, rank=r,
-                                                     world_size=len(plan.critics))
-                   for r, seat in enumerate(plan.critics)]
-        reward_model = None
-        if plan.reward_model is not None:
-            reward_model = seated(RewardModelWorker, plan.reward_model).remote(
-                cfg, tokenizer_dir=str(self.reference_dir), banks=banks)
-        groups = WorkerGroups(actors, references, reward=reward, advantage=advantage, critics=critics,
-                              reward_model=reward_model, generation_tp=cfg.rollout.tensor_parallel_size)
+        """One Ray actor per rank of every worker group the recipe's states run on (their specs,
+        rldock.runtime.states): device workers on their seats of the placement plan, the others
+        outside it; then each collective group joins its own process group."""
+        cfg, plan = self.cfg, self._plan  # reserved by _start
+        context = WorkerContext(cfg=cfg, banks=self.banks, policy_dir=policy_dir,
+                                reference_dir=str(self.reference_dir), adapter_dir=adapter_dir,
+                                policy_version=policy_version, train_files=self.data_files.train)
+        ranks = {}
+        for name, spec in worker_groups(self.recipe.specs).items():
+            cls = spec.worker_class()
+            if spec.device:
+                seats = plan.group(name)
+                handles = [cluster.seated(cls, group=self._placement, plan=plan, seat=seat) for seat in seats]
+            else:
+                handles = [cluster.remote(cls, num_cpus=0) for _ in range(spec.num_ranks(cfg))]
+            ranks[name] = [handle.remote(**spec.arguments(context, rank, len(handles)))
+                           for rank, handle in enumerate(handles)]
+        groups = WorkerGroups(ranks, generation_tp=cfg.rollout.tensor_parallel_size)
+        actors = groups.actors
         logger.info("rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "
                     "(rollout.tensor_parallel_size %d)", list(range(0, len(actors), groups.generation_tp)),
                     plan.engine_devices(groups.generation_tp), groups.generation_tp)
         # Each engine rank sees its replica's devices before its engine starts (replica_devices).
         engine_envs = engine_environments(ray.get([a.device_seat.remote() for a in actors]),
                                           generation_tp=groups.generation_tp)
-        rendezvous = ray.get(actors[0].pick_rendezvous.remote())
-        ray.get([a.join_group.remote(rendezvous, engine_envs.get(r)) for r, a in enumerate(actors)])
-        if critics:  # the critic ranks' own DDP group
-            rendezvous = ray.get(critics[0].pick_rendezvous.remote())
-            ray.get([c.join_group.remote(rendezvous) for c in critics])
+        for name, spec in worker_groups(self.recipe.specs).items():
+            handles = ranks[name]
+            if spec.collective and handles:  # the group's own DDP group (the actor's also sets up engines)
+                rendezvous = ray.get(handles[0].pick_rendezvous.remote())
+                ray.get([h.join_group.remote(rendezvous, *((engine_envs.get(r),) if name == ACTOR.name else ()))
+                         for r, h in enumerate(handles)])
         self._turns = hand_out_turns(cfg, plan, self.recipe, groups)  # fresh with every new set of workers
         return groups
 
@@ -319,7 +313,7 @@ class Trainer:
         if self.banks is not None:
             self.banks.shutdown()
         self.workers, self.banks, self._last_dock_stats = None, None, {}
-        self._placement = None
+        self._placement = self._plan = None
         self.schedule = None  # a later attempt's failure must not save this attempt's iteration
 
     # --- iterations ---------------------------------------------------------------------------
@@ -427,8 +421,9 @@ class Trainer:
         return {"data/num_prompts": len(self.dataset), "data/dropped_prompts": self.dataset.num_dropped}
 
     def _update_states(self) -> tuple[str, ...]:
-        """The recipe's launched states that train (the policy's and the critic's update)."""
-        return tuple(s for s in self.recipe.launched_states if s in (self.recipe.update_state, "critic_update"))
+        """The recipe's launched states that train (their spec's `trains`: the policy's and the
+        critic's update)."""
+        return self.recipe.training_states
 
     def _before_update_states(self) -> tuple[str, ...]:
         """The launched states that may run before the previous iteration's update (in recipe order)."""
@@ -451,8 +446,10 @@ class Trainer:
                       later=lambda fn, *args: self._bookkeeping.later(fn, *args))
 
     def _actor_rank_states(self) -> set[str]:
-        """The states the actor ranks run over the responses (under LoRA the reference pass too)."""
-        return {"actor_inference"} | (set() if self.workers.references else {"reference"})
+        """The states the actor ranks run over the responses, all but the rollout and the updates
+        (under LoRA the reference pass too: its spec's group is the actor's, job_recipe)."""
+        return {spec.name for spec in self.recipe.specs
+                if spec.group == ACTOR and spec.runs_on == "ranks" and not spec.trains}
 
     def _finish_rollout(self, iteration: int) -> list:
         """Partial rollout: each engine's second round of `iteration`'s generation."""
@@ -467,21 +464,15 @@ class Trainer:
             self._counters.result()
 
     def _launchers(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
-        """State -> a function that starts it on its workers and returns the futures."""
-        w = self.workers
-        return {
-            "rollout": lambda: [a.generate.remote(iteration, sampling_round, round_tokens) for a in w.engine_actors],
-            "actor_inference": lambda: [a.compute_old_logprobs.remote(iteration) for a in w.actors],
-            # Under LoRA the actor ranks run it (their model with its adapters off): no reference ranks.
-            "reference": lambda: [r.compute_ref_logprobs.remote(iteration) for r in (w.references or w.actors)],
-            "reward": lambda: [w.reward.compute_rewards.remote(iteration)],
-            REWARD_MODEL_STATE: lambda: [w.reward_model.compute_scores.remote(iteration)],
-            "advantage": lambda: [w.advantage.compute_advantages.remote(iteration)],
-            "update": lambda: [a.update.remote(iteration) for a in w.actors],
-            "critic_inference": lambda: [c.compute_values.remote(iteration) for c in w.critics],
-            "critic_update": lambda: [c.update.remote(iteration) for c in w.critics],
-            "preference_update": lambda: [a.preference_update.remote(iteration) for a in w.actors],
-        }
+        """State -> a function that starts it on its workers and returns the futures: its spec's
+        method on its runners, with the iteration (and the sampling round and the round's token cap
+        where the spec takes them)."""
+        def launcher(spec: WorkerState):
+            extra = (sampling_round, round_tokens) if spec.takes_round else ()
+            return lambda: [getattr(handle, spec.method).remote(iteration, *extra)
+                            for handle in self.workers.runners(spec)]
+
+        return {spec.name: launcher(spec) for spec in self.recipe.specs if spec.group is not None}
 
     def _read_counters(self, dock: TransferDock):
         """The Future of `dock`'s traffic since its last read; the driver's next put waits for it

@@ -157,7 +157,7 @@ def test_refusal_names_the_first_single_change_that_fits():
     assert verdict.field == "training.gradient_checkpointing"
 
 
-@pytest.mark.parametrize("memory,field", [(64, "rollout.tensor_parallel_size"), (128, "model.dtype")])
+@pytest.mark.parametrize("memory,field", [(64, "rollout.tensor_parallel_size"), (128, "rollout.dtype")])
 def test_32b_replica_does_not_fit_one_device_in_float32(memory, field):
     cfg = parse_job_config(_paper_32b_in_float32_at_generation_tp_1())
     verdict = check_fit(cfg, PRESETS["qwen2.5-32b"], device_memory=memory * GIB)
@@ -303,3 +303,13 @@ def test_a_critic_too_big_for_its_device_is_refused_naming_a_field():
     assert not verdict.fits and verdict.field == "model.dtype" and "critic rank" in verdict.message
     verdict = check_fit(cfg, shape, device_memory=32 * GIB)  # even in bfloat16 (52.8 GiB) it does not fit
     assert not verdict.fits and verdict.field == "resources.device_memory_gib" and "not sharded" in verdict.message
+
+
+def test_rollout_dtype_sizes_the_engine_apart_from_the_training_master():
+    master = job()  # grpo-tiny: model.dtype float32, here on an accelerator
+    bf16_engine = master.model_copy(update={"rollout": master.rollout.model_copy(update={"dtype": "bfloat16"})})
+    shape = PRESETS["qwen2.5-7b"]
+    before, after = (plan_memory(cfg, shape, device_memory=64 * GIB) for cfg in (master, bf16_engine))
+    assert after.generation.generation_weights * 2 == before.generation.generation_weights
+    assert after.update.params == before.update.params  # training keeps its float32 weights
+    assert after.kv_cache_tokens > 2 * before.kv_cache_tokens  # more cache left, at half the bytes a token

@@ -22,10 +22,10 @@ from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
-from rldock.runtime.dataflow import (BATCH_NORMALISED_CONSUMES, CONSUMES, DAPO_CONSUMES, DAPO_PRODUCES, DPO_CONSUMES, DPO_PRODUCES,
-                                     PARTIAL_ROLLOUT, PF_PPO_CONSUMES, PF_PPO_PRODUCES, POLICY_VERSION, PPO_CONSUMES,
-                                     PPO_PRODUCES, PRODUCES, PROMPT,
-                                     REWARD_MODEL_STATE, RESPONSE, RM_SCORE)
+from rldock.runtime.dataflow import PARTIAL_ROLLOUT, POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RM_SCORE
+from rldock.runtime.states import (ACTOR, ACTOR_INFERENCE, ADVANTAGE_STATE, CRITIC, CRITIC_INFERENCE, CRITIC_UPDATE,
+                                   PREFERENCE_UPDATE, REFERENCE_INFERENCE, REWARD_MODEL, REWARD_STATE, ROLLOUT,
+                                   SAMPLE_FILTER, UPDATE, WorkerState, worker_groups)
 from rldock.runtime.registry import Registry
 
 # (batch columns of the advantage state, algorithm spec, generator for any sampling) -> the
@@ -62,8 +62,8 @@ class SamplingRounds:
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    consumes: Mapping[str, tuple[str, ...]]  # worker state -> dock columns it needs
-    produces: Mapping[str, tuple[str, ...]]  # worker state (and "driver") -> columns it writes
+    # The worker states that run each iteration, in launch order (runtime/src/rldock/runtime/states.py).
+    specs: tuple[WorkerState, ...]
     advantage_stage: AdvantageStage | None  # None: the recipe has no advantage state (DPO)
     policy_loss: str | None  # a name in POLICY_LOSSES; None: the update state has its own loss (DPO)
     # keyword arguments of the policy loss besides the tensors, from the algorithm spec
@@ -72,6 +72,7 @@ class Recipe:
     # what the driver puts each iteration: "prompt_groups" (G prompts x N) or "preference_pairs"
     # (G chosen/rejected pairs), a name in runtime/src/rldock/runtime/sampling.py's BATCH_BUILDERS
     driver_batch: str = "prompt_groups"
+    driver_produces: tuple[str, ...] = PROMPT + PROMPT_INDEX  # the dock columns the driver puts
     sampling_rounds: SamplingRounds | None = None
     update_state: str = "update"  # the state whose results carry the training metrics
     # What one call of the advantage stage sees: "groups" (whole prompt groups, as they become
@@ -87,6 +88,19 @@ class Recipe:
     advantage_in_reward: bool = False
 
     @property
+    def consumes(self) -> dict[str, tuple[str, ...]]:
+        """Worker state -> the dock columns it needs (the dock's controllers, in launch order)."""
+        return {spec.name: spec.consumes for spec in self.specs}
+
+    @property
+    def produces(self) -> dict[str, tuple[str, ...]]:
+        """"driver" and each worker state -> the columns it writes."""
+        return {"driver": self.driver_produces, **{spec.name: spec.produces for spec in self.specs}}
+
+    def spec(self, state: str) -> WorkerState:
+        return next(spec for spec in self.specs if spec.name == state)
+
+    @property
     def launched_states(self) -> tuple[str, ...]:
         """States started together once the dock holds the iteration's batch."""
         rounds = self.sampling_rounds
@@ -94,8 +108,13 @@ class Recipe:
         return tuple(state for state in self.consumes if state not in skip)
 
     @property
+    def training_states(self) -> tuple[str, ...]:
+        """The launched states that train (the policy's update, the critic's): launched last."""
+        return tuple(s for s in self.launched_states if self.spec(s).trains)
+
+    @property
     def needs_rollout_engine(self) -> bool:
-        return "rollout" in self.consumes
+        return ROLLOUT.name in self.consumes
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -103,7 +122,7 @@ class Recipe:
 
     @property
     def needs_critic(self) -> bool:
-        return "critic_inference" in self.consumes
+        return CRITIC.name in worker_groups(self.specs)
 
     @property
     def can_fuse_reward_advantage(self) -> bool:
@@ -141,33 +160,49 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     """The algorithm's recipe as this job runs it, less the passes its config makes redundant: the
     old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, with the
     advantage stage run by the reward state where it can be (algorithm.fuse_reward_advantage), plus
-    the reward model's state when a reward term is `model`. The one place the flow is derived: the
-    dock's states, the trainer's launched states and the workers' inputs all come from it, so they
-    agree."""
+    the reward model's state when a reward term is `model`, and the reference pass on the actor
+    ranks under LoRA. The one place the flow is derived: the dock's states, the trainer's workers
+    and launches, the placement and the workers' inputs all come from it, so they agree."""
     recipe = get_recipe(cfg.algorithm.name)
     dropped = set()
-    if "actor_inference" in recipe.consumes and not recomputes_old_logprobs(cfg):
-        dropped.add("actor_inference")
-    if "reference" in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
-        dropped.add("reference")
+    if ACTOR_INFERENCE.name in recipe.consumes and not recomputes_old_logprobs(cfg):
+        dropped.add(ACTOR_INFERENCE.name)
+    if REFERENCE_INFERENCE.name in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
+        dropped.add(REFERENCE_INFERENCE.name)
     recipe = without_states(recipe, dropped)
     if cfg.algorithm.fuse_reward_advantage and recipe.can_fuse_reward_advantage:
         recipe = with_advantage_in_reward(recipe)
     if cfg.reward.model_term_index is not None:
         recipe = with_reward_model(recipe)
-    if cfg.rollout.partial_rollout != "off" and "actor_inference" in recipe.consumes:
+    if cfg.rollout.partial_rollout != "off" and ACTOR_INFERENCE.name in recipe.consumes:
         recipe = with_partial_rollout(recipe)
+    if cfg.training.lora is not None:
+        recipe = with_reference_on_actor(recipe)
     return recipe
+
+
+def _with_specs(recipe: Recipe, change: Callable[[WorkerState], WorkerState]) -> Recipe:
+    return replace(recipe, specs=tuple(change(spec) for spec in recipe.specs))
+
+
+def with_reference_on_actor(recipe: Recipe) -> Recipe:
+    """`recipe` whose reference pass runs on the actor ranks (their model with its LoRA adapters
+    off) instead of reference ranks of its own."""
+    return _with_specs(recipe, lambda spec: replace(spec, group=ACTOR) if spec.name == REFERENCE_INFERENCE.name
+                       else spec)
 
 
 def with_partial_rollout(recipe: Recipe) -> Recipe:
     """`recipe` whose rollout also writes each token's sampling logprob and how many leading tokens
     the older policy version sampled, which the old-logprob pass reads (workers/partial_rollout.py)."""
-    consumes = {state: cols + POLICY_VERSION + PARTIAL_ROLLOUT if state == "actor_inference" else cols
-                for state, cols in recipe.consumes.items()}
-    produces = {state: cols + PARTIAL_ROLLOUT if state == "rollout" else cols
-                for state, cols in recipe.produces.items()}
-    return replace(recipe, consumes=consumes, produces=produces)
+    def change(spec: WorkerState) -> WorkerState:
+        if spec.name == ACTOR_INFERENCE.name:
+            return replace(spec, consumes=spec.consumes + POLICY_VERSION + PARTIAL_ROLLOUT)
+        if spec.name == ROLLOUT.name:
+            return replace(spec, produces=spec.produces + PARTIAL_ROLLOUT)
+        return spec
+
+    return _with_specs(recipe, change)
 
 
 def with_advantage_in_reward(recipe: Recipe) -> Recipe:
@@ -176,42 +211,39 @@ def with_advantage_in_reward(recipe: Recipe) -> Recipe:
     writes the advantage stage's columns plus those of its own that a remaining state still reads
     (DAPO's `score`; GRPO's `reward` only the advantage read, so it is no longer written)."""
     assert recipe.can_fuse_reward_advantage, f"recipe {recipe.name!r} cannot fuse reward and advantage"
-    consumes = {state: cols for state, cols in recipe.consumes.items() if state != "advantage"}
-    read = {column for cols in consumes.values() for column in cols}
-    rewards = tuple(column for column in recipe.produces["reward"] if column in read)
-    produces = {state: cols for state, cols in recipe.produces.items() if state != "advantage"}
-    produces["reward"] = rewards + recipe.produces["advantage"]
-    return replace(recipe, consumes=consumes, produces=produces, advantage_in_reward=True)
+    advantage = recipe.spec(ADVANTAGE_STATE.name)
+    specs = [spec for spec in recipe.specs if spec is not advantage]
+    read = {column for spec in specs for column in spec.consumes}
+    reward = recipe.spec(REWARD_STATE.name)
+    fused = replace(reward, produces=tuple(c for c in reward.produces if c in read) + advantage.produces)
+    return replace(recipe, specs=tuple(fused if spec is reward else spec for spec in specs), advantage_in_reward=True)
 
 
 def with_reward_model(recipe: Recipe) -> Recipe:
     """`recipe` with the `reward_model` state, which reads prompt + response and writes `rm_score`
     for the reward state to read; it runs wherever the reward state does (in DAPO's sampling rounds
     too, whose filter reads the reward). A recipe without a reward state (DPO) is returned as is."""
-    if "reward" not in recipe.consumes:
+    if REWARD_STATE.name not in recipe.consumes:
         return recipe
-    consumes: dict[str, tuple[str, ...]] = {}
-    for state, columns in recipe.consumes.items():
-        if state == "reward":  # dict order is the launch order: the reward model before its reader
-            consumes[REWARD_MODEL_STATE] = PROMPT + RESPONSE
-            columns = columns + RM_SCORE
-        consumes[state] = columns
-    produces = {**recipe.produces, REWARD_MODEL_STATE: RM_SCORE}
+    specs: list[WorkerState] = []
+    for spec in recipe.specs:
+        if spec.name == REWARD_STATE.name:  # the specs' order is the launch order: the reward model before its reader
+            specs.append(REWARD_MODEL)
+            spec = replace(spec, consumes=spec.consumes + RM_SCORE)
+        specs.append(spec)
     rounds = recipe.sampling_rounds
-    if rounds is not None and "reward" in rounds.states:
-        rounds = replace(rounds, states=(*rounds.states, REWARD_MODEL_STATE))
-    return replace(recipe, consumes=consumes, produces=produces, sampling_rounds=rounds)
+    if rounds is not None and REWARD_STATE.name in rounds.states:
+        rounds = replace(rounds, states=(*rounds.states, REWARD_MODEL.name))
+    return replace(recipe, specs=tuple(specs), sampling_rounds=rounds)
 
 
 def without_states(recipe: Recipe, states: set[str]) -> Recipe:
     """`recipe` without `states`, whose columns no remaining state then reads."""
     if not states:
         return recipe
-    columns = {column for state in states for column in recipe.produces.get(state, ())}
-    consumes = {state: tuple(c for c in cols if c not in columns)
-                for state, cols in recipe.consumes.items() if state not in states}
-    produces = {state: cols for state, cols in recipe.produces.items() if state not in states}
-    return replace(recipe, consumes=consumes, produces=produces)
+    columns = {column for spec in recipe.specs if spec.name in states for column in spec.produces}
+    return replace(recipe, specs=tuple(replace(spec, consumes=tuple(c for c in spec.consumes if c not in columns))
+                                       for spec in recipe.specs if spec.name not in states))
 
 
 def register_recipe(recipe: Recipe) -> Recipe:
@@ -285,27 +317,46 @@ def filtered_gae_stage(batch, algo, generator):
 
 # --- recipes -------------------------------------------------------------------------------------
 
-GRPO = register_recipe(Recipe("grpo", consumes=CONSUMES, produces=PRODUCES,
-                              advantage_stage=group_advantage_stage("grpo"), policy_loss="clipped"))
+# GRPO's flow: the states every other recipe starts from.
+GRPO_STATES = (ROLLOUT, ACTOR_INFERENCE, REFERENCE_INFERENCE, REWARD_STATE, ADVANTAGE_STATE, UPDATE)
+
+
+def _changed(states: tuple[WorkerState, ...], *changes: WorkerState) -> tuple[WorkerState, ...]:
+    """`states` with each state of `changes` replacing the one of its name (or added at the end)."""
+    by_name = {change.name: change for change in changes}
+    kept = tuple(by_name.pop(spec.name, spec) for spec in states)
+    return kept + tuple(by_name.values())
+
+
+# PPO (and PF-PPO): GRPO's states plus a critic's; the advantage (GAE) reads the critic's values
+# and writes the returns the critic trains on.
+PPO_STATES = _changed(GRPO_STATES, replace(ADVANTAGE_STATE, consumes=("reward", "values", "response_mask"),
+                                           produces=("advantage", "returns")),
+                      CRITIC_INFERENCE, CRITIC_UPDATE)
+# PF-PPO: each response's filtration weight (B,) float32 >= 0, which the update's loss aggregation
+# applies to its tokens (0: the response adds nothing to the loss or its count).
+PF_PPO_STATES = _changed(PPO_STATES, replace(UPDATE, consumes=UPDATE.consumes + ("loss_weight",)),
+                         replace(ADVANTAGE_STATE, consumes=("reward", "values", "response_mask"),
+                                 produces=("advantage", "returns", "loss_weight")))
+# REINFORCE++ (and its baseline variant): the advantage state normalises over the iteration's whole
+# batch, each response weighted by its tokens, so it reads the response mask.
+BATCH_NORMALISED_STATES = _changed(GRPO_STATES, replace(ADVANTAGE_STATE, consumes=("reward", "response_mask")))
+
+register_recipe(Recipe("grpo", GRPO_STATES, advantage_stage=group_advantage_stage("grpo"), policy_loss="clipped"))
 # PPO and PF-PPO whiten over the iteration's batch (as verl does), so their stage sees all of it.
-PPO = register_recipe(Recipe("ppo", consumes=PPO_CONSUMES, produces=PPO_PRODUCES,
-                             advantage_stage=gae_stage, policy_loss="clipped", advantage_scope="iteration"))
-PF_PPO = register_recipe(Recipe("pf_ppo", consumes=PF_PPO_CONSUMES, produces=PF_PPO_PRODUCES,
-                                advantage_stage=filtered_gae_stage, policy_loss="clipped",
-                                advantage_scope="iteration"))
-
-
+register_recipe(Recipe("ppo", PPO_STATES, advantage_stage=gae_stage, policy_loss="clipped",
+                       advantage_scope="iteration"))
+register_recipe(Recipe("pf_ppo", PF_PPO_STATES, advantage_stage=filtered_gae_stage, policy_loss="clipped",
+                       advantage_scope="iteration"))
 # RLOO: GRPO's flow with the leave-one-out baseline (whole groups, so the reward state can run it).
-RLOO = register_recipe(Recipe("rloo", consumes=CONSUMES, produces=PRODUCES,
-                              advantage_stage=group_advantage_stage("rloo"), policy_loss="clipped"))
+register_recipe(Recipe("rloo", GRPO_STATES, advantage_stage=group_advantage_stage("rloo"), policy_loss="clipped"))
 # REINFORCE++ normalises over the iteration's batch (as PPO whitens), so its stage sees all of it.
-REINFORCE_PLUS_PLUS = register_recipe(Recipe(
-    "reinforce_plus_plus", consumes=BATCH_NORMALISED_CONSUMES, produces=PRODUCES,
-    advantage_stage=batch_advantage_stage("reinforce_plus_plus"), policy_loss="clipped", advantage_scope="iteration"))
-REINFORCE_PLUS_PLUS_BASELINE = register_recipe(Recipe(
-    "reinforce_plus_plus_baseline", consumes=BATCH_NORMALISED_CONSUMES, produces=PRODUCES,
-    advantage_stage=batch_advantage_stage("reinforce_plus_plus_baseline"), policy_loss="clipped",
-    advantage_scope="iteration"))
+register_recipe(Recipe("reinforce_plus_plus", BATCH_NORMALISED_STATES,
+                       advantage_stage=batch_advantage_stage("reinforce_plus_plus"), policy_loss="clipped",
+                       advantage_scope="iteration"))
+register_recipe(Recipe("reinforce_plus_plus_baseline", BATCH_NORMALISED_STATES,
+                       advantage_stage=batch_advantage_stage("reinforce_plus_plus_baseline"), policy_loss="clipped",
+                       advantage_scope="iteration"))
 
 
 def _gspo_kwargs(algo: AlgorithmSpec) -> dict:
@@ -313,8 +364,8 @@ def _gspo_kwargs(algo: AlgorithmSpec) -> dict:
 
 
 # GSPO: GRPO's advantages, the sequence-ratio loss.
-GSPO = register_recipe(Recipe("gspo", consumes=CONSUMES, produces=PRODUCES, advantage_stage=group_advantage_stage("grpo"),
-                              policy_loss="gspo", policy_loss_kwargs=_gspo_kwargs))
+register_recipe(Recipe("gspo", GRPO_STATES, advantage_stage=group_advantage_stage("grpo"), policy_loss="gspo",
+                       policy_loss_kwargs=_gspo_kwargs))
 
 
 # --- DAPO and DPO --------------------------------------------------------------------------------
@@ -356,12 +407,22 @@ def dapo_advantage_stage(batch, algo, generator):
     return {"advantage": torch.where(keep, advantages, torch.zeros_like(advantages))}
 
 
-DAPO = register_recipe(Recipe(
-    "dapo", consumes=DAPO_CONSUMES, produces=DAPO_PRODUCES, advantage_stage=dapo_advantage_stage,
+# DAPO: GRPO's states; with dynamic sampling the driver reads each round's per-sample `score` (the
+# rule reward before overlong shaping, (B,) floats: the only column that reaches the driver)
+# through `sample_filter`, and the dock empties and refills the groups it drops; the samples of the
+# kept groups stay in the warehouses for the remaining states. The reward writes the shaped reward
+# (what the advantages use) and the unshaped score (what the filter uses); the advantage reads the
+# score too: a group whose scores are all equal gets advantage exactly 0.
+DAPO_STATES = _changed(GRPO_STATES, replace(REWARD_STATE, produces=("reward", "score")),
+                       replace(ADVANTAGE_STATE, consumes=("reward", "score")), SAMPLE_FILTER)
+register_recipe(Recipe(
+    "dapo", DAPO_STATES, advantage_stage=dapo_advantage_stage,
     policy_loss="decoupled_clip", policy_loss_kwargs=_decoupled_clip_kwargs, reward_shaping=_overlong_shaping,
-    sampling_rounds=SamplingRounds(states=("rollout", "reward"), read_state="sample_filter",
+    sampling_rounds=SamplingRounds(states=(ROLLOUT.name, REWARD_STATE.name), read_state=SAMPLE_FILTER.name,
                                    group_filter=_dapo_group_filter)))
-# DPO trains in the actor's preference_update state on the DPO loss, not on a policy surrogate.
-DPO = register_recipe(Recipe(
-    "dpo", consumes=DPO_CONSUMES, produces=DPO_PRODUCES, advantage_stage=None, policy_loss=None,
-    driver_batch="preference_pairs", update_state="preference_update", reference_for_kl_only=False))
+# DPO: the driver puts chosen/rejected pairs as finished responses (no rollout, reward or
+# advantage); the reference scores them and the actor trains on the preference loss.
+register_recipe(Recipe(
+    "dpo", (REFERENCE_INFERENCE, PREFERENCE_UPDATE), advantage_stage=None, policy_loss=None,
+    driver_batch="preference_pairs", driver_produces=PROMPT + RESPONSE, update_state=PREFERENCE_UPDATE.name,
+    reference_for_kl_only=False))

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rldock.config.job import RolloutSpec
+from rldock.config.job import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
 from rldock.runtime.engines.generation_memory import SleepCycle
 
@@ -177,9 +177,10 @@ class VllmRolloutEngine:
         device: DeviceInfo,
         kv_cache_bytes: int | None = None,
     ) -> None:
-        """`kv_cache_bytes`: the KV cache's size on an accelerator (generation_memory.kv_cache_budget);
-        None leaves vLLM to size it from rollout.gpu_memory_utilization. Ignored on CPU, where
-        rollout.cpu_kv_cache_gib sizes it."""
+        """`dtype`: model.dtype, the trainer's; the engine runs `rollout.dtype` when set (see
+        `generation_dtype`). `kv_cache_bytes`: the KV cache's size on an accelerator
+        (generation_memory.kv_cache_budget); None leaves vLLM to size it from
+        rollout.gpu_memory_utilization. Ignored on CPU, where rollout.cpu_kv_cache_gib sizes it."""
         _prepare_process(device)
         from vllm import LLM
 
@@ -188,8 +189,13 @@ class VllmRolloutEngine:
         self._rollout = rollout
         self._seed = seed
         self._device = device
+        self.dtype = generation_dtype(model_dtype=dtype, rollout_dtype=rollout.dtype,
+                                      on_cpu=device.engine_kind == "cpu")
+        if self.dtype != dtype:
+            logger.info("vLLM generates in %s (model.dtype %s is the trainer's)", self.dtype, dtype)
         engine_args: dict = dict(
             model=str(model_dir),
+            dtype=self.dtype,
             skip_tokenizer_init=True,
             seed=seed,
             max_model_len=max_model_len,
@@ -202,11 +208,7 @@ class VllmRolloutEngine:
             # Ray placement group by default, which would ask Ray for more devices than the job holds)
             engine_args.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
         if device.engine_kind == "cpu":
-            if dtype != "float32":
-                # This CPU path has no fast bf16/fp16 kernels, and logprobs then drift from the
-                # float32 trainer's; float32 matches HF to about 1e-6.
-                logger.info("vLLM on CPU runs float32 (model.dtype=%s is used for training only)", dtype)
-            engine_args.update(dtype="float32", kv_cache_memory_bytes=int(rollout.cpu_kv_cache_gib * GIB))
+            engine_args.update(kv_cache_memory_bytes=int(rollout.cpu_kv_cache_gib * GIB))
             # No chunked prefill: when a step's prompt tokens outgrow its budget (G*N real prompts
             # do), vLLM splits one prompt's prefill, discards the token sampled for it and rewinds
             # that request's seeded generator, which a CPU generator refuses ("CPU Generator does
@@ -215,7 +217,6 @@ class VllmRolloutEngine:
                                max_num_batched_tokens=max(_CPU_STEP_TOKENS, max_model_len))
         else:
             engine_args.update(
-                dtype=dtype,
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
                 # Frees weights and KV cache while the trainer uses the same device.
                 enable_sleep_mode=True,
@@ -354,7 +355,8 @@ class VllmRolloutEngine:
         """Load new policy weights into the running engine in memory; returns seconds taken.
 
         `named_tensors` are HF parameter names and tensors, as in the unwrapped torch model's
-        `state_dict()` (no DDP `module.` prefix), on any device and dtype; every parameter must be
+        `state_dict()` (no DDP `module.` prefix), on any device and dtype (cast here to the engine's,
+        so a float32 master pushes bfloat16 into a bfloat16 engine); every parameter must be
         included, since a layer given only part of its weights is rebuilt from that part. vLLM's
         own `load_weights` maps them (fused qkv / gate_up, tied embeddings) inside the reload
         wrapper, which first restores the weight loaders that post-load processing strips (a bare
@@ -365,17 +367,18 @@ class VllmRolloutEngine:
         start = time.perf_counter()
         self.memory.before_weight_update()  # weights back in place (the KV cache stays freed)
         with torch.no_grad():  # trainer tensors may require grad; the copies must not record it
+            dtype = getattr(torch, self.dtype)
             if self.tensor_parallel_size == 1:
                 # In-process executor: the callable runs on the worker here, so the iterator
-                # reaches it as is (no pickling of tensors).
-                weights = iter(named_tensors)
+                # reaches it as is (no pickling of tensors); each tensor is cast as it is loaded.
+                weights = ((name, tensor.to(dtype)) for name, tensor in named_tensors)
             else:
                 # Worker processes: the pairs are pickled once per worker. Each tensor is copied
                 # into its own host storage first: pickling a view (of the gathered buffer, or a
                 # DDP bucket) writes its whole storage, and a device tensor would be rebuilt in the
                 # worker on that device kind (pickling reads it through the host anyway). vLLM's
                 # loaders narrow each to their rank and copy it onto the worker's device.
-                weights = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in named_tensors]
+                weights = [(name, tensor.detach().to("cpu", dtype=dtype, copy=True)) for name, tensor in named_tensors]
             self._llm.collective_rpc(_reload_on_worker, args=(iter(weights),))
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")

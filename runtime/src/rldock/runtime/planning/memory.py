@@ -18,8 +18,9 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   training.gradient_checkpointing only each layer's input b*s*h x e is kept, plus one layer's
   full set while it is recomputed. The logits add b*s*V x 4 x 2 (float32 logits and their
   log-softmax).
-- generation weights: the model in model.dtype over rollout.tensor_parallel_size devices (one vLLM
-  engine per generation replica, its weights split by vLLM's TP; the whole model at TP 1).
+- generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
+  rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
+  by vLLM's TP; the whole model at TP 1).
 - KV cache: on an accelerator vLLM takes rollout.gpu_memory_utilization of the device and keeps
   what its weights leave as cache; on CPU, rollout.cpu_kv_cache_gib.
 
@@ -53,6 +54,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from rldock.config import JobConfig
+from rldock.config.job import generation_dtype
 from rldock.contract.algorithms import needs_critic, needs_rollout
 from rldock.contract.placement import plan_placement
 from rldock.runtime.planning.shapes import ModelShape
@@ -234,9 +236,15 @@ def _critic_beside_actor(cfg: JobConfig) -> bool:
     return any(seat.bundle < actor_ranks for seat in plan.critics)  # actor rank i sits on bundle i
 
 
+def engine_dtype(cfg: JobConfig) -> str:
+    """The dtype the job's vLLM engine holds its weights in (rollout.dtype, else model.dtype; float32 on CPU)."""
+    return generation_dtype(model_dtype=cfg.model.dtype, rollout_dtype=cfg.rollout.dtype,
+                            on_cpu=cfg.resources.device == "cpu")
+
+
 def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) -> tuple[int, int]:
     """(generation weights, KV cache) per device of the replica's vLLM engine (split over its TP)."""
-    weights = shape.num_params * DTYPE_BYTES[cfg.model.dtype] // cfg.rollout.tensor_parallel_size
+    weights = shape.num_params * DTYPE_BYTES[engine_dtype(cfg)] // cfg.rollout.tensor_parallel_size
     if cfg.resources.device == "cpu" or device_memory is None:
         return weights, int(cfg.rollout.cpu_kv_cache_gib * GIB)
     return weights, max(0, int(cfg.rollout.gpu_memory_utilization * device_memory) - weights)
@@ -272,4 +280,4 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
                       device_memory=device_memory, weight_push=weight_push, engine_sleeps=sleeps,
                       critic=plan_critic(cfg, shape),
                       kv_cache_tokens=kv_cache * cfg.rollout.tensor_parallel_size
-                      // shape.kv_bytes_per_token(DTYPE_BYTES[cfg.model.dtype]))  # a device holds 1/TP of the KV heads
+                      // shape.kv_bytes_per_token(DTYPE_BYTES[engine_dtype(cfg)]))  # a device holds 1/TP of the KV heads

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rldock.config import JobConfig
-from rldock.runtime.planning.memory import GIB, MemoryPlan, critic_is_sharded, plan_critic, plan_memory
+from rldock.runtime.planning.memory import GIB, MemoryPlan, critic_is_sharded, engine_dtype, plan_critic, plan_memory
 from rldock.runtime.planning.shapes import ModelShape
 
 MAX_SEARCHED_DP = 4096
@@ -57,14 +57,15 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
     """The generation replica's weights exceed the engine's share of the device."""
     gen_tp = cfg.rollout.tensor_parallel_size
     share = "one whole replica per rank" if gen_tp == 1 else f"1/{gen_tp} of the model per device"
-    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {cfg.model.dtype}, {share}) exceed rollout.gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} of the "
+    dtype = engine_dtype(cfg)
+    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {dtype}, {share}) exceed rollout.gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} of the "
             f"{device_memory / GIB:.1f} GiB device")
     if weights < 0.9 * device_memory:
         return Verdict(False, "rollout.gpu_memory_utilization",
                        f"{said}; raise it above {weights / device_memory:.2f}, leaving room for the KV cache")
-    if cfg.model.dtype == "float32" and weights / 2 < 0.9 * device_memory:
-        return Verdict(False, "model.dtype", f"{said}; model.dtype: bfloat16 halves them (with "
-                       "training.mixed_precision: none), then raise rollout.gpu_memory_utilization")
+    if dtype == "float32" and weights / 2 < 0.9 * device_memory:
+        return Verdict(False, "rollout.dtype", f"{said}; rollout.dtype: bfloat16 halves them (training keeps "
+                       "its float32 weights), then raise rollout.gpu_memory_utilization")
     return Verdict(False, "rollout.tensor_parallel_size", f"{said}; even in bfloat16 they do not fit: raise "
                    "rollout.tensor_parallel_size to split the engine over more devices, or use a larger device")
 

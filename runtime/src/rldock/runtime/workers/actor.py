@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.config.job import generation_dtype
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
 from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
 from rldock.runtime.algorithms.kl import kl_clamp_fraction
@@ -424,7 +425,11 @@ class ActorWorker(TakesTurns):
             return None
         params = list(self.model.parameters())
         weight_bytes = tensor_bytes(params)
-        engine_weight_bytes = weight_bytes // self.generation.tp_size  # per device: vLLM splits them
+        # The engine holds the weights (and its KV cache) in its own dtype, rollout.dtype when set.
+        engine_element_size = getattr(torch, generation_dtype(
+            model_dtype=self.cfg.model.dtype, rollout_dtype=self.cfg.rollout.dtype, on_cpu=False)).itemsize
+        engine_weight_bytes = (weight_bytes // params[0].element_size() * engine_element_size
+                               // self.generation.tp_size)  # per device: vLLM splits them
         trainable_bytes = tensor_bytes(p for p in params if p.requires_grad)
         # grads plus AdamW's two moments, one of each per trainable parameter
         resident = 0 if self.cfg.training.resharding == "allgather_swap" else weight_bytes + 3 * trainable_bytes
@@ -438,7 +443,7 @@ class ActorWorker(TakesTurns):
             bytes_per_token=kv_bytes_per_token(num_layers=config.num_hidden_layers,
                                                num_kv_heads=config.num_key_value_heads // self.generation.tp_size,
                                                head_dim=head_dim,
-                                               dtype_bytes=params[0].element_size()))
+                                               dtype_bytes=engine_element_size))
         logger.info("actor rank %d: KV cache %.2f GiB (engine weights %.2f GiB, training state resident while "
                     "generating %.2f GiB)", self.rank, budget / 2**30, engine_weight_bytes / 2**30, resident / 2**30)
         return budget
