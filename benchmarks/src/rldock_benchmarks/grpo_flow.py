@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.dataflow import CONSUMES, PRODUCES, TOKEN_COLUMNS
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.workers.stage_loop import run_stage
 
@@ -33,6 +34,8 @@ from rldock.runtime.workers.stage_loop import run_stage
 # of docs/architecture.md: int64 token ids and masks, float32 logprobs and scalars; each sample's
 # prompt_index is one int64, the reward worker looks its ground truth up by it).
 _INT64, _FLOAT32 = 8, 4
+# GRPO's flow, the one these benchmarks move
+CONSUMES, PRODUCES = get_recipe("grpo").consumes, get_recipe("grpo").produces
 
 
 def column_bytes(pl: int, sl: int) -> dict[str, int]:

@@ -175,7 +175,9 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
     import torch
 
     from rldock_benchmarks.grpo_flow import dims_dict, make_prompts
-    from rldock.runtime.dataflow import CONSUMES
+    from rldock.runtime.algorithms.recipes import get_recipe
+
+    CONSUMES = get_recipe("grpo").consumes
     from rldock.runtime.dock.grouping import split_group_columns
 
     # Made before the clock starts: the prompt columns once per group (G,), nothing per sample.

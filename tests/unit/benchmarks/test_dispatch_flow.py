@@ -8,10 +8,13 @@ import pytest
 import ray
 
 from rldock.config.job import DockSpec
-from rldock.runtime.dataflow import CONSUMES, TOKEN_COLUMNS
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import TransferDock
 from rldock_benchmarks import harness
 from rldock_benchmarks.grpo_flow import Dims, predicted_bytes
+
+CONSUMES = get_recipe("grpo").consumes
 
 
 @pytest.fixture(scope="module")

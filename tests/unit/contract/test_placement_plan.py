@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from rldock.contract.placement import Seat, plan_placement
+from rldock.contract.placement import Seat, SeatRequest, plan_placement
 
 
 def _plan(mode="colocated", *, actors=2, references=2, critics=0, reward_model=False):
-    return plan_placement(accelerator="NPU", num_actor_ranks=actors, num_reference_ranks=references,
-                          num_critic_ranks=critics, reward_model=reward_model, mode=mode)
+    others = [SeatRequest("reference", references), SeatRequest("critic", critics, distinct=True),
+              SeatRequest("reward_model", int(reward_model))]
+    return plan_placement(accelerator="NPU", num_actor_ranks=actors, others=others, mode=mode)
 
 
 def test_colocated_puts_each_reference_rank_on_an_actor_device():
     plan = _plan()
     assert plan.bundles == ({"NPU": 1.0, "CPU": 2.0}, {"NPU": 1.0, "CPU": 2.0})
     assert plan.actors == (Seat(0, 0.5), Seat(1, 0.5))
-    assert plan.references == (Seat(0, 0.5), Seat(1, 0.5))
+    assert plan.group("reference") == (Seat(0, 0.5), Seat(1, 0.5))
     assert plan.workers_on(1) == ["actor 1", "reference 1"]
 
 
@@ -26,9 +27,9 @@ def test_tensor_parallel_peers_get_distinct_devices_and_the_critic_ranks_take_th
     # halves still free instead of opening a device; the reward model opens one.
     plan = _plan(actors=4, references=2, critics=2, reward_model=True)
     assert [s.bundle for s in plan.actors] == [0, 1, 2, 3]
-    assert [s.bundle for s in plan.references] == [0, 1]
-    assert plan.critics == (Seat(2, 0.5), Seat(3, 0.5))
-    assert plan.reward_model == Seat(4, 0.5)
+    assert [s.bundle for s in plan.group("reference")] == [0, 1]
+    assert plan.group("critic") == (Seat(2, 0.5), Seat(3, 0.5))
+    assert plan.group("reward_model") == (Seat(4, 0.5),)
     assert plan.workers_on(2) == ["actor 2", "critic 0"]
     assert plan.num_devices == 5
     assert all(b["CPU"] == 2.0 for b in plan.bundles[:4]) and plan.bundles[4]["CPU"] == 1.0
@@ -38,11 +39,11 @@ def test_data_parallel_critic_ranks_never_share_a_device():
     # DP 2 colocated: actor + reference on each DP device; the two critic ranks form a DDP group,
     # which NCCL/HCCL refuse on one device, so each opens a device of its own.
     plan = _plan(actors=2, references=2, critics=2)
-    assert plan.critics == (Seat(2, 0.5), Seat(3, 0.5))
+    assert plan.group("critic") == (Seat(2, 0.5), Seat(3, 0.5))
     assert plan.workers_on(2) == ["critic 0"] and plan.workers_on(3) == ["critic 1"]
     assert plan.num_devices == 4
     # a reward model takes a half a critic left free
-    assert _plan(actors=2, references=2, critics=2, reward_model=True).reward_model == Seat(2, 0.5)
+    assert _plan(actors=2, references=2, critics=2, reward_model=True).group("reward_model") == (Seat(2, 0.5),)
 
 
 @pytest.mark.parametrize(("critics", "reward_model", "devices"), [(0, False, 1), (1, False, 2),
@@ -51,13 +52,14 @@ def test_colocated_critic_and_reward_model_share_one_extra_device(critics, rewar
     plan = _plan(actors=1, references=1, critics=critics, reward_model=reward_model)
     assert plan.num_devices == devices
     if critics and reward_model:
-        assert plan.workers_on(1) == ["critic 0", "reward_model"]
+        assert plan.workers_on(1) == ["critic 0", "reward_model 0"]
 
 
 def test_separate_gives_every_worker_a_whole_device():
     plan = _plan("separate", actors=2, references=2, critics=2)
-    assert [s.bundle for s in (*plan.actors, *plan.references, *plan.critics)] == [0, 1, 2, 3, 4, 5]
-    assert {s.share for s in (*plan.actors, *plan.references, *plan.critics)} == {1.0}
+    seats = (*plan.actors, *plan.group("reference"), *plan.group("critic"))
+    assert [s.bundle for s in seats] == [0, 1, 2, 3, 4, 5]
+    assert {s.share for s in seats} == {1.0}
     assert plan.bundles[5] == {"NPU": 1.0, "CPU": 1.0}
 
 
@@ -71,7 +73,7 @@ def test_bad_input_is_refused():
         _plan("spread")
     with pytest.raises(ValueError, match="at least one actor rank"):
         _plan(actors=0)
-    with pytest.raises(ValueError, match="no negative reference or critic count"):
+    with pytest.raises(ValueError, match="no negative count"):
         _plan(critics=-1)
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rldock.runtime import checkpoint as ckpt
-from rldock.runtime.dataflow import CONSUMES, PRODUCES
+from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.metrics import MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
 
 
@@ -89,11 +89,12 @@ def test_no_checkpoint_in_an_empty_dir(tmp_path):
 
 def test_dataflow_is_closed():
     """Every column a state consumes is produced by some earlier state (or the driver)."""
-    produced = {column for columns in PRODUCES.values() for column in columns}
-    for state, columns in CONSUMES.items():
+    recipe = get_recipe("grpo")
+    produced = {column for columns in recipe.produces.values() for column in columns}
+    for state, columns in recipe.consumes.items():
         missing = set(columns) - produced
         assert not missing, f"{state} consumes {missing}, which nothing produces"
-    assert set(CONSUMES) <= set(PRODUCES)
+    assert set(recipe.consumes) <= set(recipe.produces)
 
 
 def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, monkeypatch):

@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
-from rldock.contract.placement import plan_placement
-from rldock.runtime.algorithms.recipes import RECIPES, get_recipe, with_reward_model, without_states
+from rldock.contract.placement import SeatRequest, plan_placement
+from rldock.runtime.algorithms.recipes import (RECIPES, get_recipe, with_reference_on_actor, with_reward_model,
+                                               without_states)
 from rldock.runtime.phase_schedule import (Turn, device_schedules, job_schedules, phase_order, resolve_phase_schedule,
                                            state_runners)
 from rldock.runtime.turns import TurnKeeper
@@ -16,8 +17,9 @@ from rldock.runtime.turns import TurnKeeper
 
 def plan(*, actors: int, references: int, critics: int = 0, reward_model: bool = False,
          mode: str = "colocated"):
-    return plan_placement(accelerator="NPU", num_actor_ranks=actors, num_reference_ranks=references,
-                          num_critic_ranks=critics, reward_model=reward_model, mode=mode)
+    others = [SeatRequest("reference", references), SeatRequest("critic", critics, distinct=True),
+              SeatRequest("reward_model", int(reward_model))]
+    return plan_placement(accelerator="NPU", num_actor_ranks=actors, others=others, mode=mode)
 
 
 def phases(schedule: tuple[Turn, ...]) -> list[str]:
@@ -92,15 +94,16 @@ def test_only_a_generation_replicas_first_rank_takes_a_rollout_turn():
 def test_critic_and_reward_model_sharing_a_device_take_turns_by_the_dataflow():
     layout = plan(actors=1, references=1, critics=1, reward_model=True)
     schedules = job_schedules(layout, with_reward_model(get_recipe("ppo")))
-    assert schedules[1] == (Turn("reward_model", ("reward_model",)), Turn("critic_inference", ("critic 0",)),
+    assert schedules[1] == (Turn("reward_model", ("reward_model 0",)), Turn("critic_inference", ("critic 0",)),
                             Turn("critic_update", ("critic 0",)))
 
 
 def test_separate_placement_and_lora_share_no_device():
     assert job_schedules(plan(actors=2, references=2, critics=2, mode="separate"), get_recipe("ppo")) == {}
     lora = plan(actors=2, references=0)  # LoRA: the actor ranks run the reference pass themselves
-    assert state_runners(lora, get_recipe("grpo"))["reference"] == ("actor 0", "actor 1")
-    assert job_schedules(lora, get_recipe("grpo")) == {}
+    recipe = with_reference_on_actor(get_recipe("grpo"))  # as job_recipe makes it under LoRA
+    assert state_runners(lora, recipe)["reference"] == ("actor 0", "actor 1")
+    assert job_schedules(lora, recipe) == {}
 
 
 def test_workers_sharing_one_phase_on_a_device_share_its_turn():

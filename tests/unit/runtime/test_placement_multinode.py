@@ -71,8 +71,8 @@ def _place(cfg, seats_out: dict[str, RankDevice] | None = None) -> dict[str, tup
     group = placement.reserve(plan, timeout_s=60)
     try:
         seats = {**{f"actor {i}": s for i, s in enumerate(plan.actors)},
-                 **{f"reference {i}": s for i, s in enumerate(plan.references)},
-                 **{f"critic {i}": s for i, s in enumerate(plan.critics)}}
+                 **{f"reference {i}": s for i, s in enumerate(plan.group("reference"))},
+                 **{f"critic {i}": s for i, s in enumerate(plan.group("critic"))}}
         probes = {name: placement.seated(PlacementProbe, group=group, plan=plan, seat=seat).remote()
                   for name, seat in seats.items()}
         placed = dict(zip(probes, ray.get([p.where.remote() for p in probes.values()])))
@@ -107,8 +107,7 @@ def test_separate_placement_gives_references_their_own_devices(two_nodes: Cluste
 
 
 def test_a_plan_the_cluster_cannot_hold_fails_naming_the_fields(two_nodes: Cluster) -> None:
-    plan = placement.plan_placement(accelerator="NPU", num_actor_ranks=5, num_reference_ranks=0, num_critic_ranks=0,
-                                    reward_model=False, mode="colocated")
+    plan = placement.plan_placement(accelerator="NPU", num_actor_ranks=5, mode="colocated")
     with pytest.raises(placement.PlacementTimeout, match=r"reserve 5 devices .* the cluster has 4 NPU"):
         placement.reserve(plan, timeout_s=3)
 

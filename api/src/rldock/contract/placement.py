@@ -12,14 +12,16 @@ like the references, but never two on one device: they form a DDP group) and the
 the halves left over (a TP job's actor devices have them) before a new device is opened; with
 `separate` every worker takes a whole device.
 
-Pure and config-free: the config checks count the devices with it, the runtime builds the
-placement group from it (rldock.runtime.cluster).
+Pure and config-free: which groups a job seats, how many ranks each and whether two of a group
+may share a device are the callers' (the runtime reads them from its worker-state specs,
+rldock.runtime.states; the config checks count the same groups). The runtime builds the placement
+group from the plan (rldock.runtime.cluster).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Mapping, Sequence
 
 PlacementMode = Literal["colocated", "separate"]
 
@@ -39,15 +41,35 @@ class Seat:
 
 
 @dataclass(frozen=True)
+class SeatRequest:
+    """The ranks of one device worker group besides the actor ranks: `count` ranks named
+    "<group> 0", "<group> 1", ...; `distinct` keeps any two of them off one device (they form a
+    collective group, which NCCL and HCCL refuse on one device)."""
+
+    group: str
+    count: int
+    distinct: bool = False
+
+
+ACTOR_GROUP = "actor"
+
+
+@dataclass(frozen=True)
 class PlacementPlan:
     """Bundles (one per device) and the seat of every device worker of a job."""
 
     accelerator: str  # the Ray resource of one device, e.g. NPU
     bundles: tuple[dict[str, float], ...]
-    actors: tuple[Seat, ...]  # by actor rank
-    references: tuple[Seat, ...]  # by reference (data-parallel) rank
-    critics: tuple[Seat, ...]  # by critic (data-parallel) rank; none without a critic
-    reward_model: Seat | None
+    seats: Mapping[str, tuple[Seat, ...]]  # worker group -> its ranks' seats, the actor ranks first
+
+    @property
+    def actors(self) -> tuple[Seat, ...]:
+        """The actor ranks' seats, by rank: actor rank i on bundle i."""
+        return self.seats[ACTOR_GROUP]
+
+    def group(self, name: str) -> tuple[Seat, ...]:
+        """The seats of worker group `name` by rank; () for a group the job does not run."""
+        return self.seats.get(name, ())
 
     @property
     def num_devices(self) -> int:
@@ -65,21 +87,19 @@ class PlacementPlan:
 
     def workers_on(self, bundle: int) -> list[str]:
         """Names of the workers seated on one bundle, e.g. ['actor 0', 'reference 0']."""
-        named = [*((f"actor {i}", s) for i, s in enumerate(self.actors)),
-                 *((f"reference {i}", s) for i, s in enumerate(self.references)),
-                 *((f"critic {i}", s) for i, s in enumerate(self.critics)),
-                 *((("reward_model", self.reward_model),) if self.reward_model is not None else ())]
-        return [name for name, seat in named if seat.bundle == bundle]
+        return [f"{group} {rank}" for group, seats in self.seats.items()
+                for rank, seat in enumerate(seats) if seat.bundle == bundle]
 
 
-def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_ranks: int, num_critic_ranks: int,
-                   reward_model: bool, mode: PlacementMode) -> PlacementPlan:
-    """The plan for these workers: actor rank i on device i, then the others first fit (see the
-    module docstring). Raises ValueError for an unknown mode or no actor rank."""
+def plan_placement(*, accelerator: str, num_actor_ranks: int, others: Sequence[SeatRequest] = (),
+                   mode: PlacementMode) -> PlacementPlan:
+    """The plan for these workers: actor rank i on device i, then the `others` groups' ranks, in
+    order, first fit (see the module docstring). Raises ValueError for an unknown mode, no actor
+    rank or a negative count."""
     if mode not in SHARE:
         raise ValueError(f"unknown placement mode {mode!r}; use one of {sorted(SHARE)}")
-    if num_actor_ranks < 1 or num_reference_ranks < 0 or num_critic_ranks < 0:
-        raise ValueError("a placement needs at least one actor rank and no negative reference or critic count")
+    if num_actor_ranks < 1 or any(request.count < 0 for request in others):
+        raise ValueError("a placement needs at least one actor rank and no negative count of other ranks")
     share = SHARE[mode]
     used: list[float] = []  # share of each device taken so far
     cpus: list[int] = []
@@ -98,14 +118,13 @@ def plan_placement(*, accelerator: str, num_actor_ranks: int, num_reference_rank
         free = next((i for i, taken in enumerate(used) if taken + share <= 1.0 and i not in avoid), None)
         return seat(open_device() if free is None else free)
 
-    actors = tuple(seat(open_device()) for _ in range(num_actor_ranks))
-    references = tuple(first_fit() for _ in range(num_reference_ranks))
-    # The critic ranks form a DDP group: NCCL and HCCL refuse two ranks of one group on one device,
-    # so no two critic ranks share a device.
-    critics: tuple[Seat, ...] = ()
-    for _ in range(num_critic_ranks):
-        critics += (first_fit(avoid=frozenset(c.bundle for c in critics)),)
-    reward_model_seat = first_fit() if reward_model else None
+    seats: dict[str, tuple[Seat, ...]] = {ACTOR_GROUP: tuple(seat(open_device()) for _ in range(num_actor_ranks))}
+    for request in others:
+        placed: tuple[Seat, ...] = ()
+        for _ in range(request.count):
+            avoid = frozenset(s.bundle for s in placed) if request.distinct else frozenset()
+            placed += (first_fit(avoid),)
+        if placed:
+            seats[request.group] = placed
     bundles = tuple({accelerator: 1.0, "CPU": float(n)} for n in cpus)
-    return PlacementPlan(accelerator=accelerator, bundles=bundles, actors=actors, references=references,
-                         critics=critics, reward_model=reward_model_seat)
+    return PlacementPlan(accelerator=accelerator, bundles=bundles, seats=seats)

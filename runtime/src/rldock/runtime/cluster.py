@@ -17,9 +17,9 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rldock.config import JobConfig
-from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat, plan_placement
+from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
 from rldock.runtime.algorithms.recipes import Recipe
-from rldock.runtime.dataflow import REWARD_MODEL_STATE
+from rldock.runtime.states import placement_plan
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +56,9 @@ def connect(cfg: JobConfig) -> None:
 
 
 def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
-    """The job's placement plan (rldock.contract.placement) for the workers its recipe runs."""
-    training = cfg.training
-    return plan_placement(
-        accelerator=cfg.resources.accelerator_resource,
-        num_actor_ranks=training.data_parallel_size * training.tensor_parallel_size,
-        # none under LoRA either: the actor ranks run the reference pass with their adapters off
-        num_reference_ranks=training.data_parallel_size
-        if "reference" in recipe.states and training.lora is None else 0,
-        num_critic_ranks=training.data_parallel_size if recipe.needs_critic else 0,  # one per DP rank
-        reward_model=REWARD_MODEL_STATE in recipe.states,
-        mode=cfg.resources.placement)
+    """The job's placement plan (rldock.contract.placement) for the device workers of its recipe's
+    states (their specs' worker groups, rldock.runtime.states)."""
+    return placement_plan(cfg, recipe.specs)
 
 
 class PlacementTimeout(RuntimeError):

@@ -27,21 +27,10 @@ from typing import Literal
 
 from rldock.contract.placement import PlacementPlan
 from rldock.runtime.algorithms.recipes import Recipe
-from rldock.runtime.dataflow import REWARD_MODEL_STATE
+from rldock.runtime.states import runner_names
 
 PhaseSchedule = Literal["serial", "overlap"]
 ACCELERATOR_KINDS = ("npu", "cuda")
-
-# State -> the placement plan's worker group that runs it (the actor ranks, the reference ranks,
-# ...). States missing here (reward, advantage) hold no device and are not scheduled.
-STATE_GROUPS: dict[str, str] = {
-    "rollout": "actor", "actor_inference": "actor", "update": "actor", "preference_update": "actor",
-    "reference": "reference", "critic_inference": "critic", "critic_update": "critic",
-    REWARD_MODEL_STATE: "reward_model",
-}
-# States that train: launched after the others (trainer._update_states), so they come last.
-UPDATE_STATES = ("update", "preference_update", "critic_update")
-
 
 def resolve_phase_schedule(setting: str, *, device_kind: str, placement: str, mode: str) -> PhaseSchedule:
     """resources.phase_schedule as a worker on `device_kind` applies it: `auto` is serial on
@@ -58,8 +47,8 @@ def phase_order(recipe: Recipe) -> tuple[str, ...]:
     (each Ray actor runs its calls in that order) where the dataflow allows it, a state moved after
     the producers of the columns it reads where not (PPO's advantage after the critic's values).
     States of the sampling rounds (DAPO) run before the others start and are not in it."""
-    launched = list(recipe.launched_states)
-    launched = [s for s in launched if s not in UPDATE_STATES] + [s for s in launched if s in UPDATE_STATES]
+    trains = recipe.training_states  # launched after the others (their spec's `trains`), so they come last
+    launched = [s for s in recipe.launched_states if s not in trains] + list(trains)
     producer = {column: state for state, columns in recipe.produces.items() if state in launched
                 for column in columns}
     needs = {state: {producer[c] for c in recipe.consumes[state] if c in producer} - {state} for state in launched}
@@ -75,17 +64,12 @@ def phase_order(recipe: Recipe) -> tuple[str, ...]:
 
 def state_runners(plan: PlacementPlan, recipe: Recipe, *, generation_tp: int = 1) -> dict[str, tuple[str, ...]]:
     """State -> names of the device workers that run it (names as PlacementPlan.workers_on gives
-    them). Under LoRA there are no reference ranks: the actor ranks run the reference pass. Only
-    each generation replica's first actor rank (every `generation_tp`-th) runs the rollout."""
-    groups = {"actor": [f"actor {i}" for i in range(len(plan.actors))],
-              "reference": [f"reference {i}" for i in range(len(plan.references))],
-              "critic": [f"critic {i}" for i in range(len(plan.critics))],
-              "reward_model": ["reward_model"] if plan.reward_model is not None else []}
-    groups["reference"] = groups["reference"] or groups["actor"]
-    runners = {state: tuple(groups[STATE_GROUPS[state]]) for state in recipe.launched_states if state in STATE_GROUPS}
-    if "rollout" in runners:
-        runners["rollout"] = runners["rollout"][::generation_tp]
-    return runners
+    them), from each launched state's spec: every rank of its worker group (under LoRA the reference
+    pass's group is the actor's), or each generation replica's first actor rank (every
+    `generation_tp`-th) for the rollout. States whose workers hold no device are not scheduled."""
+    runners = {state: runner_names(plan, recipe.spec(state), generation_tp=generation_tp)
+               for state in recipe.launched_states}
+    return {state: names for state, names in runners.items() if names}
 
 
 @dataclass(frozen=True)

@@ -163,11 +163,9 @@ def hand_out_turns(cfg, plan, recipe, workers) -> object | None:
     schedules = job_schedules(plan, recipe, generation_tp=cfg.rollout.tensor_parallel_size)
     if not schedules:
         return None
-    handles = {**{f"actor {i}": h for i, h in enumerate(workers.actors)},
-               **{f"reference {i}": h for i, h in enumerate(workers.references)},
-               **{f"critic {i}": h for i, h in enumerate(workers.critics)}, "reward_model": workers.reward_model}
+    handles = {f"{group} {rank}": handle for group, ranks in workers.ranks.items() for rank, handle in enumerate(ranks)}
     devices = worker_devices(plan)
-    shared = {name: handle for name, handle in handles.items() if handle is not None and devices.get(name) in schedules}
+    shared = {name: handle for name, handle in handles.items() if devices.get(name) in schedules}
     serial = dict(zip(shared, ray.get([handle.runs_serial.remote() for handle in shared.values()])))
     if len(set(serial.values())) > 1:  # a worker left out would never mark its phases done
         raise RuntimeError(f"resources.phase_schedule {cfg.resources.phase_schedule!r} resolved differently on "

@@ -229,7 +229,7 @@ def test_where_the_critic_sits_matches_the_jobs_placement(cfg, beside):
     from rldock.runtime.cluster import job_placement
 
     plan = job_placement(cfg, job_recipe(cfg))  # what the trainer reserves
-    assert any(seat.bundle < len(plan.actors) for seat in plan.critics) is beside
+    assert any(seat.bundle < len(plan.actors) for seat in plan.group("critic")) is beside
     assert plan_memory(cfg, SMALL, device_memory=64 * GIB).critic.beside_actor is beside
 
 

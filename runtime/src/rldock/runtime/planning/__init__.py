@@ -1,5 +1,6 @@
 """The memory planner behind `rldock plan`: per-device bytes of a job's training and generation
-phases from its config and the model's shape, no torch (docs/scaling.md)."""
+phases from its config, its worker states (rldock.runtime.states) and the model's shape:
+arithmetic, no model loaded (docs/scaling.md)."""
 
 from rldock.runtime.planning.memory import MemoryPlan, PhaseBytes, plan_memory
 from rldock.runtime.planning.shapes import PRESETS, ModelShape, load_shape

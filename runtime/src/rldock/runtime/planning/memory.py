@@ -55,8 +55,8 @@ from dataclasses import asdict, dataclass
 
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
-from rldock.contract.algorithms import needs_critic, needs_rollout
-from rldock.contract.placement import plan_placement
+from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.states import memory_models, placement_plan
 from rldock.runtime.planning.shapes import ModelShape
 
 GIB = 1024 ** 3
@@ -189,7 +189,7 @@ def critic_is_sharded(cfg: JobConfig) -> bool:
 
 def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
     """One critic rank's device bytes (module docstring); None when the algorithm has no critic."""
-    if not needs_critic(cfg.algorithm.name):
+    if "critic" not in memory_models(job_recipe(cfg).specs):
         return None
     training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
@@ -220,20 +220,13 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
 
 
 def _critic_beside_actor(cfg: JobConfig) -> bool:
-    """Whether the job's placement (rldock.runtime.cluster.job_placement) seats a critic rank on an
-    actor rank's device. The critic algorithms run a reference rank per DP rank unless kl_coef is 0
-    (job_recipe drops the state) or LoRA (the actors run the reference pass)."""
-    training, resources = cfg.training, cfg.resources
+    """Whether the job's placement (its recipe's worker states, rldock.runtime.states) seats a
+    critic rank on an actor rank's device."""
     # Planned for one DP rank: the answer does not depend on the DP size (each DP rank brings its
     # tp actor devices, its reference and its critic alike), and the verdict's search re-plans at
     # thousands of ranks, where the first-fit placement would take seconds.
-    actor_ranks = training.tensor_parallel_size
-    references = 0 if training.lora is not None or cfg.algorithm.kl_coef == 0 else 1
-    plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks,
-                          num_reference_ranks=references, num_critic_ranks=1,
-                          reward_model=cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name),
-                          mode=resources.placement)
-    return any(seat.bundle < actor_ranks for seat in plan.critics)  # actor rank i sits on bundle i
+    plan = placement_plan(cfg, job_recipe(cfg).specs, data_parallel_size=1)
+    return any(seat.bundle < len(plan.actors) for seat in plan.group("critic"))  # actor rank i sits on bundle i
 
 
 def engine_dtype(cfg: JobConfig) -> str:

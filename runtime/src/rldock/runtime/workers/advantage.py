@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import Recipe, get_recipe
+from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.workers.stage_loop import run_stage
 
@@ -33,7 +33,7 @@ def advantage_generator(seed: int, iteration: int, indices: torch.Tensor) -> tor
 class AdvantageWorker:
     def __init__(self, cfg: JobConfig, *, banks: DockBanks):
         self.cfg, self.banks = cfg, banks
-        recipe = get_recipe(cfg.algorithm.name)
+        recipe = job_recipe(cfg)
         self.stage = recipe.advantage_stage
         self.batch_size = advantage_batch_size(recipe, cfg)
 

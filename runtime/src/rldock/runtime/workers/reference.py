@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.policy import response_logprobs
@@ -19,7 +19,7 @@ from rldock.runtime.workers.stage_loop import run_stage
 class ReferenceWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, rank: int, reference_dir: str, banks: DockBanks):
         self.cfg, self.rank, self.banks = cfg, rank, banks
-        self.consumes = get_recipe(cfg.algorithm.name).consumes["reference"]  # dock columns it reads
+        self.consumes = job_recipe(cfg).consumes["reference"]  # dock columns it reads
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"reference rank {rank}")
         self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)

@@ -17,11 +17,11 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
-from rldock.runtime.dataflow import REWARD_MODEL_STATE
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.models.reward_model import load_reward_model
+from rldock.runtime.states import REWARD_MODEL
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.stage_loop import run_stage
@@ -38,7 +38,7 @@ def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
 class RewardModelWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, banks: DockBanks):
         self.cfg, self.banks = cfg, banks
-        self.consumes = job_recipe(cfg).consumes[REWARD_MODEL_STATE]  # dock columns it reads
+        self.consumes = job_recipe(cfg).consumes[REWARD_MODEL.name]  # dock columns it reads
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role="reward model")
         self.tokenizer = load_tokenizer(tokenizer_dir)  # the policy's, to decode the dock's ids
@@ -46,11 +46,11 @@ class RewardModelWorker(TakesTurns):
         self.reward_model = load_reward_model(cfg.reward.terms[index].path, dtype=cfg.model.dtype,
                                               device=self.device.torch_device, field=f"reward.terms[{index}].path")
 
-    @in_turn(REWARD_MODEL_STATE)
+    @in_turn(REWARD_MODEL.name)
     def compute_scores(self, iteration: int) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
             return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
 
-        return run_stage(self.banks.bank(iteration), REWARD_MODEL_STATE, self.consumes, infer, rank=0,
+        return run_stage(self.banks.bank(iteration), REWARD_MODEL.name, self.consumes, infer, rank=0,
                          batch_size=self.cfg.training.micro_batch_size).as_dict()
