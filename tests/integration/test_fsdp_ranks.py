@@ -1,4 +1,4 @@
-"""FSDP2 on real gloo ranks (torch.multiprocessing, CPU): the actor's FsdpTraining trains, pushes the
+"""FSDP2 on real gloo ranks (torch.multiprocessing, CPU): the actor's FsdpBackend trains, pushes the
 gathered weights and swaps its shards out and back; and, on a ~110M-parameter model, the memory
 planner's training-state bytes per rank match what the ranks measure, FSDP holds about half of
 DDP's, and both strategies give the same losses (rldock_benchmarks.fsdp_vs_ddp)."""
@@ -72,14 +72,14 @@ def _cfg(**training):
 
 def _fsdp_rank(rank: int, port: int, out_dir: str, training: dict) -> None:
     from rldock.runtime.device import detect_device
-    from rldock.runtime.workers.actor_fsdp import FsdpTraining
+    from rldock.runtime.training.fsdp import FsdpBackend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     cfg = _cfg(**training)
     model = _tiny_model(cfg.training.gradient_checkpointing)
-    fsdp = FsdpTraining(cfg, model=model, make_optimizer=_adamw,
-                        device=detect_device("cpu"), rank=rank)
+    fsdp = FsdpBackend(cfg, model=model, make_optimizer=_adamw,
+                       device=detect_device("cpu"), rank=rank)
     mine = _batch()[rank * 2:(rank + 1) * 2]
     fsdp.model(input_ids=mine, labels=mine).loss.backward()
     grad_norm = fsdp.clip_gradients(1e9)

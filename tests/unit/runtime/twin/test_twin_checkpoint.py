@@ -19,7 +19,7 @@ def _actor(model_dir, index: int) -> ActorWorker:
     actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=None)
     actor.device = detect_device("npu", index=index)
     actor.model.to(actor.device.torch_device)
-    actor.optimizer = actor._make_optimizer(actor.model.parameters())
+    actor.backend.optimizer = actor._make_optimizer(actor.model.parameters())
     return actor
 
 
@@ -27,7 +27,7 @@ def test_actor_checkpoint_from_the_device_resumes_on_the_device(npu_twin, twin_m
     actor = _actor(twin_model_dir, index=4)
     tokens = torch.tensor([[5, 6, 7, 8]], device="npu:4")
     actor.model(input_ids=tokens, labels=tokens).loss.backward()
-    actor.optimizer.step()
+    actor.backend.optimizer.step()
 
     actor.save(str(tmp_path))
 
@@ -36,8 +36,8 @@ def test_actor_checkpoint_from_the_device_resumes_on_the_device(npu_twin, twin_m
         assert torch.equal(ours.cpu(), theirs), name
     resumed = _actor(tmp_path / "policy", index=5)
     resumed.load_optimizer(str(tmp_path / "optimizer.pt"))
-    restored = resumed.optimizer.state_dict()["state"]
-    original = actor.optimizer.state_dict()["state"]
+    restored = resumed.backend.optimizer.state_dict()["state"]
+    original = actor.backend.optimizer.state_dict()["state"]
     assert restored.keys() == original.keys()
     for key, per_param in restored.items():
         assert per_param["exp_avg"].device == torch.device("npu:5")  # map_location: the resuming worker's device

@@ -1,7 +1,7 @@
 """The FSDP path (`training.strategy: fsdp`) on the npu twin: two processes, one rank each on npu:0 /
 npu:1, joined through the product's init_process_group with the device seam's backend (npu tensors
 over the twin's host-staged `hccl_twin`, host tensors over gloo) and sharded by the actor's
-FsdpTraining. One step equals one process stepping on the whole batch, and during generation the
+FsdpBackend. One step equals one process stepping on the whole batch, and during generation the
 twin's allocator (not the ledger's arithmetic) holds none of the training state on either device."""
 
 from __future__ import annotations

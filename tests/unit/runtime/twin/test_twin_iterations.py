@@ -51,7 +51,7 @@ def _place(worker, index: int) -> None:
 def _actor(cfg, model_dir, dock) -> ActorWorker:
     actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=dock)
     _place(actor, 0)
-    actor.optimizer = actor._make_optimizer(actor.model.parameters())
+    actor.backend.optimizer = actor._make_optimizer(actor.model.parameters())
     actor.engine = WeightSinkEngine()
     return actor
 

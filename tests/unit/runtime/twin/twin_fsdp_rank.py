@@ -1,7 +1,7 @@
 """One FSDP rank on the npu twin, run as its own process by test_twin_fsdp.py:
 `python twin_fsdp_rank.py RANK WORLD_SIZE PORT OUT_DIR`. Joins the group through the product's
 init_process_group (the device seam's backend), shards a tiny Llama on npu:RANK with the actor's
-FsdpTraining, takes one step on its half of the batch, pushes the gathered weights to a recording
+FsdpBackend, takes one step on its half of the batch, pushes the gathered weights to a recording
 engine and swaps the training state out, measuring the twin's allocator for this device before and
 during generation, then swaps back in and runs the model again."""
 
@@ -15,7 +15,7 @@ import torch
 from rldock.config import parse_job_config
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
-from rldock.runtime.workers.actor_fsdp import FsdpTraining
+from rldock.runtime.training.fsdp import FsdpBackend
 from rldock_e2e.doubles.npu_twin import activate
 
 TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
@@ -51,8 +51,8 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
     init_process_group(device, rank=rank, world_size=world_size,
                        rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120)
     model = tiny_model().to(device.torch_device)
-    fsdp = FsdpTraining(_cfg(world_size), model=model, device=device, rank=rank,
-                        make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
+    fsdp = FsdpBackend(_cfg(world_size), model=model, device=device, rank=rank,
+                       make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
     # This rank's rows, kept on the host and moved per pass, so the device holds only the model's state.
     mine = whole_batch(world_size)[rank * ROWS_PER_RANK:(rank + 1) * ROWS_PER_RANK]
     batch = mine.to(device.torch_device)

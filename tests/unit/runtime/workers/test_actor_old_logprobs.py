@@ -14,6 +14,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.workers.actor import ActorWorker
 
 
@@ -33,13 +34,13 @@ def _cfg(recompute: str) -> JobConfig:
 
 
 def _actor_double(model, recompute: str) -> ActorWorker:
-    """An ActorWorker with only what `_optimizer_step` reads: one CPU rank, no DDP, no engine."""
+    """An ActorWorker with only what `_optimizer_step` reads: one CPU rank, no DDP wrapper, no engine."""
     cfg = _cfg(recompute)
     actor = ActorWorker.__new__(ActorWorker)
-    actor.cfg, actor.world_size, actor.model, actor.ddp_model, actor.sharded = cfg, 1, model, None, None
-    actor.fsdp = None
+    actor.cfg, actor.world_size, actor.model = cfg, 1, model
+    actor.backend = DdpBackend(cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), rank=0,
+                               world_size=1)
     actor.device = types.SimpleNamespace(torch_device="cpu")
-    actor.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
     actor.kl_estimator = "k3"
     actor.recipe = job_recipe(cfg)

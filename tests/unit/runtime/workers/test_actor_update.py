@@ -1,9 +1,10 @@
-"""The actor's update step reports the policy's token-mean entropy over response tokens."""
+"""The actor's update and preference steps: the metrics they report and the gradients they accumulate."""
 
 from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 from tensordict import TensorDict
 
@@ -11,6 +12,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, masked_mean
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs_and_entropy
+from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.workers.actor import ActorWorker
 
 
@@ -23,15 +25,15 @@ def _tiny_model():
 
 
 def _actor_double(model) -> ActorWorker:
-    """An ActorWorker with only what `_optimizer_step` reads: one CPU rank, no DDP, no engine."""
+    """An ActorWorker with only what `_optimizer_step` reads: one CPU rank, no DDP wrapper, no engine."""
     cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, training={"micro_batch_size": 2},
                     algorithm={"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
                                "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-3})
     actor = ActorWorker.__new__(ActorWorker)
-    actor.cfg, actor.world_size, actor.model, actor.ddp_model, actor.sharded = cfg, 1, model, None, None
-    actor.fsdp = None
+    actor.cfg, actor.world_size, actor.model = cfg, 1, model
+    actor.backend = DdpBackend(cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), rank=0,
+                               world_size=1)
     actor.device = types.SimpleNamespace(torch_device="cpu")
-    actor.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
     actor.kl_estimator = "k3"
     actor.recipe = job_recipe(cfg)
@@ -71,13 +73,13 @@ def test_freeze_embeddings_trains_the_layers_only():
     actor = _actor_double(model)
     actor.cfg = actor.cfg.model_copy(update={"training": actor.cfg.training.model_copy(
         update={"freeze_embeddings": True})})
-    actor.optimizer = actor._make_optimizer(model.parameters())
-    held = {id(p) for group in actor.optimizer.param_groups for p in group["params"]}
+    actor.backend.optimizer = actor._make_optimizer(model.parameters())
+    held = {id(p) for group in actor.backend.optimizer.param_groups for p in group["params"]}
     assert id(model.get_input_embeddings().weight) not in held  # no AdamW state for it
 
     tokens = torch.tensor([[3, 4, 5, 6], [7, 8, 9, 10]])
     model(input_ids=tokens, labels=tokens).loss.backward()
-    actor.optimizer.step()
+    actor.backend.optimizer.step()
     assert model.get_input_embeddings().weight.grad is None
     assert torch.equal(model.get_input_embeddings().weight, embeddings)
     assert torch.equal(model.lm_head.weight, embeddings)  # still tied
@@ -91,7 +93,7 @@ def test_fsdp_update_step_equals_the_plain_step(tmp_path):
 
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.fsdp import full_state_dict
-    from rldock.runtime.workers.actor_fsdp import FsdpTraining
+    from rldock.runtime.training.fsdp import FsdpBackend
 
     prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)
     response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
@@ -109,9 +111,8 @@ def test_fsdp_update_step_equals_the_plain_step(tmp_path):
     try:
         actor = _actor_double(_tiny_model())
         actor.cfg = actor.cfg.model_copy(update={"training": actor.cfg.training.model_copy(update={"strategy": "fsdp"})})
-        actor.fsdp = FsdpTraining(actor.cfg, model=actor.model, make_optimizer=actor._make_optimizer,
-                                  device=detect_device("cpu"), rank=0)
-        actor.optimizer = actor.fsdp.optimizer
+        actor.backend = FsdpBackend(actor.cfg, model=actor.model, make_optimizer=actor._make_optimizer,
+                                    device=detect_device("cpu"), rank=0)
         stats = actor._optimizer_step(batch.clone())
         got = dict(full_state_dict(actor.model))
     finally:
@@ -147,7 +148,7 @@ def test_update_step_aggregates_the_whole_mini_batch_over_its_micro_batches():
         actor.cfg.algorithm.max_grad_norm = 1e9  # no clipping: compare raw gradients
         actor.cfg.algorithm.recompute_old_logprobs = "always"
         actor.recipe = job_recipe(actor.cfg)
-        actor.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        actor.backend.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         actor._optimizer_step(batch)
         split = [p.grad.clone() for p in model.parameters()]
 
@@ -161,3 +162,33 @@ def test_update_step_aggregates_the_whole_mini_batch_over_its_micro_batches():
         (policy.loss + actor.cfg.algorithm.kl_coef * kl).backward()
         for got, want in zip(split, (p.grad for p in model.parameters())):
             assert torch.allclose(got, want, atol=1e-6), mode
+
+
+def test_preference_step_over_micro_batches_of_pairs_equals_the_whole_mini_batch():
+    """DPO's step runs the same accumulation loop: two micro-batches of one pair each give the
+    gradient and metrics of the two pairs in one micro-batch."""
+    prompt_ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]])  # (B, PL): pairs share a prompt
+    response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL) chosen, rejected
+    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
+                        "response_ids": response_ids, "response_mask": (response_ids != 0).long(),
+                        "ref_logprobs": torch.full((4, 3), -3.0)}, batch_size=[4])
+    results = []
+    for micro_batch_size in (2, 4):
+        model = _tiny_model()
+        actor = _actor_double(model)
+        actor.cfg = actor.cfg.model_copy(update={
+            "training": actor.cfg.training.model_copy(update={"micro_batch_size": micro_batch_size}),
+            "algorithm": actor.cfg.algorithm.model_copy(update={"max_grad_norm": 1e9})})
+        actor.backend.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        stats = actor._preference_step(batch.clone())
+        results.append((stats, [p.grad.clone() for p in model.parameters()]))
+    (split, split_grads), (whole, whole_grads) = results
+    assert list(split) == ["loss", "policy_loss", "kl", "entropy", "preference_accuracy", "reward_margin",
+                           "policy_preference_accuracy", "grad_norm"]
+    # Pair means are exact over any split; kl and entropy are each micro-batch's token mean, weighted
+    # by its pairs (logged only), so they depend on the split.
+    for key in ("loss", "policy_loss", "preference_accuracy", "reward_margin", "policy_preference_accuracy",
+                "grad_norm"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
+    for got, want in zip(split_grads, whole_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -4,12 +4,12 @@ replica's rollout engine on the same devices (generation, old-logprob inference 
 With generation TP 1 every rank holds its own engine; with TP g one engine of vLLM TP g serves g
 ranks, generating the whole replica's share of the prompts, and the other ranks hold none.
 
-After each update the rank pushes its weights straight into its engine in memory; DDP keeps every
-rank's weights identical, so no cross-rank transfer is needed. With `training.tensor_parallel_size`
-> 1 or `training.resharding: allgather_swap` the ranks train in a TP x DP layout instead and reshard
-into their engines (`actor_resharding.ShardedTraining`, docs/resharding.md). With
-`training.strategy: fsdp` the ranks shard the model with FSDP2 and push the gathered weights
-(`actor_fsdp.FsdpTraining`, docs/scaling.md).
+How the ranks train together is the job's training backend (rldock.runtime.training), applied
+to the loaded model once, in `join_group`: DDP replicas that each push their own weights into their
+engine in memory (`training/ddp.py`), FSDP2 shards that push the gathered weights
+(`training/fsdp.py`, docs/scaling.md), or a TP x DP layout that reshards into the engines
+(`training/tensor_parallel.py`, docs/resharding.md). The stages below are written once for all
+three: the update and the preference step share one accumulation loop (`training/accumulation.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
 from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
                                            sort_by_tokens)
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
@@ -43,11 +44,13 @@ from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.training.accumulation import accumulate
+from rldock.runtime.training.backend import TrainingBackend
+from rldock.runtime.training.ddp import DdpBackend
+from rldock.runtime.training.strategies import build_backend
 from rldock.runtime.turns import TakesTurns, in_turn
-from rldock.runtime.workers.actor_fsdp import FsdpTraining
-from rldock.runtime.workers.actor_resharding import ShardedTraining, uses_sharded_training
 from rldock.runtime.workers.partial_rollout import PartialRollout, behaviour_logprobs
-from rldock.runtime.workers.stage_loop import run_stage
+from rldock.runtime.workers.stage_loop import StageTiming, run_stage
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +76,10 @@ class ActorWorker(TakesTurns):
             self.model = add_lora(self.model, cfg.training.lora, adapter_dir=adapter_dir)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
             enable_activation_checkpointing(self.model)
-        self.ddp_model = None  # set by init_distributed
-        self.fsdp: FsdpTraining | None = None  # strategy fsdp, set by join_group
-        self.sharded: ShardedTraining | None = None  # TP x DP layout and resharding, set by join_group
         algo = cfg.algorithm
-        self.optimizer = self._make_optimizer(self.model.parameters())
+        # A world of one running the bare model until join_group applies the job's strategy.
+        self.backend: TrainingBackend = DdpBackend(cfg, model=self.model, optimizer=self._make_optimizer(
+            self.model.parameters()), rank=rank, world_size=world_size)
         self.policy_dir = policy_dir
         self.recipe = job_recipe(cfg)
         self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
@@ -116,16 +118,9 @@ class ActorWorker(TakesTurns):
         """
         init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous,
                            store=self._group_store)
-        if uses_sharded_training(self.cfg):  # the mesh's sub-groups form before vLLM adopts the world
-            self.sharded = ShardedTraining(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
-                                           rank=self.rank, device_type=torch.device(self.device.torch_device).type)
-            self.optimizer = self.sharded.optimizer
-        elif self.cfg.training.strategy == "fsdp":
-            self.fsdp = FsdpTraining(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
-                                     device=self.device, rank=self.rank)
-            self.optimizer = self.fsdp.optimizer
-        else:
-            self.ddp_model = wrap_ddp(self.model, self.device)
+        # Collective (a TP mesh's sub-groups, FSDP's mesh), so before vLLM adopts the world.
+        self.backend = build_backend(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
+                                     device=self.device, rank=self.rank, world_size=self.world_size)
         if not self.recipe.needs_rollout_engine or not self.holds_engine:  # DPO trains on given responses;
             return  # a replica's other ranks lend their devices to its first rank's engine
         algo = self.cfg.algorithm
@@ -146,10 +141,7 @@ class ActorWorker(TakesTurns):
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        if self.sharded is not None:
-            self.sharded.attach_engine(self.engine.update_weights)
-        else:  # rollout.sleep_level 2 discards the engine's weights: push ours again
-            self.engine.memory.reload = lambda: self.engine.update_weights(self._generation_weights())
+        self.backend.attach_engine(self.engine, self._generation_weights)
         if self.cfg.training.lora is not None:  # the engine started from the base; the policy has adapters
             self.engine.update_weights(self._generation_weights())
 
@@ -158,14 +150,7 @@ class ActorWorker(TakesTurns):
         return torch.optim.AdamW(trainable(params), lr=algo.learning_rate, weight_decay=algo.weight_decay)
 
     def load_optimizer(self, path: str) -> None:
-        if self.sharded is not None:  # this TP rank's shard (see ShardedTraining.optimizer_path)
-            self.sharded.load_optimizer_state(torch.load(self.sharded.optimizer_path(Path(path)),
-                                                         map_location=self.device.torch_device))
-            return
-        if self.fsdp is not None:
-            self.fsdp.load_optimizer_state(Path(path))
-            return
-        self.optimizer.load_state_dict(torch.load(path, map_location=self.device.torch_device))
+        self.backend.load_optimizer(Path(path), map_location=self.device.torch_device)
 
     def get_rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
@@ -293,127 +278,76 @@ class ActorWorker(TakesTurns):
                                               batch["prefix_length"], current_version=self.policy_version)
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        dock = self.banks.bank(iteration)
-        if self.sharded is not None:  # the TP group computes together; its params come back first
-            self.sharded.begin_inference()
-            return self.sharded.run_training_stage(
-                dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
-                batch_size=self.cfg.training.micro_batch_size).as_dict()
-        if self.fsdp is not None:  # FSDP's forward is collective: every rank runs its share in as many passes
-            self.fsdp.to_training()
-            return run_stage(dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
-                             rank=self.rank, batch_size=self._samples_per_rank(), balance_ranks=self.world_size,
-                             max_batches=1).as_dict()
-        return run_stage(dock, "actor_inference", self.recipe.consumes["actor_inference"], infer,
-                         rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
+        return self.backend.run_inference_stage(self.banks.bank(iteration), "actor_inference",
+                                                self.recipe.consumes["actor_inference"], infer).as_dict()
 
     @in_turn("update")
     def update(self, iteration: int) -> dict:
-        """Take exactly this rank's share of the batch (token-balanced across ranks), step the
-        optimizer, refresh the engine."""
-        algo = self.cfg.algorithm
-        losses: list[dict] = []
+        """Take exactly this rank's share of the batch (token-balanced across its DP peers), step
+        the optimizer, export the weights to the engine. The backend's metrics (ledger and
+        resharding rows) go with the losses."""
         staleness: list[torch.Tensor] = []
 
-        def train(indices: torch.Tensor, batch: TensorDict) -> None:
+        def track(batch: TensorDict) -> None:
             # How many updates behind the policy now training each sample's generating policy is.
             staleness.append(self.policy_version - batch["policy_version"])  # (B,)
-            for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
-                losses.append(self._optimizer_step(mini_batch))
 
-        if self.sharded is not None:
-            return {**self._sharded_update(iteration, train, losses), **_staleness_metrics(staleness)}
-        if self.fsdp is not None:
-            self.fsdp.to_training()
-        timing = run_stage(self.banks.bank(iteration), "update", self.recipe.consumes["update"], train, rank=self.rank,
-                           batch_size=self._samples_per_rank(), balance_ranks=self.world_size, max_batches=1)
-        assert timing.num_samples == self._samples_per_rank(), "update got a partial share"
-        summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
+        timing, summary = self._train_share(iteration, "update", self.recipe.consumes["update"],
+                                            self._optimizer_step, track=track)
         self.policy_version += 1
-        if self.fsdp is not None:
-            self.fsdp.to_generation(self._push_weights)  # collective: every rank gathers
-            return {**timing.as_dict(), **summary, **self.fsdp.drain_metrics(), **_staleness_metrics(staleness)}
-        self._push_weights(self._generation_weights())
-        return {**timing.as_dict(), **summary, **_staleness_metrics(staleness)}
-
-    def _sharded_update(self, iteration: int, train, losses: list[dict]) -> dict:
-        """`update` in the TP x DP layout: the grads and optimizer state come back first, each TP
-        group trains on its DP share, then the weights are resharded into the engine (and the
-        training state swapped out in allgather_swap mode). The ledger rows go with the metrics."""
-        sharded = self.sharded
-        if "actor_inference" not in self.recipe.consumes:  # no old-logprob pass brought the params back
-            sharded.begin_inference()
-        sharded.before_update()
-        share = self.cfg.num_samples_per_iteration // sharded.dp_size
-        timing = sharded.run_training_stage(self.banks.bank(iteration), "update", self.recipe.consumes["update"], train,
-                                            batch_size=share, balance=True, max_batches=1)
-        assert timing.num_samples == share, "update got a partial share"
-        sharded.to_generation()
-        self.policy_version += 1
-        summary = {key: sum(step[key] for step in losses) / len(losses) for key in losses[0]}
-        return {**timing.as_dict(), **summary, **sharded.drain_metrics()}
+        exported = self.backend.export_weights(self._push_weights, self._generation_weights)
+        return {**timing.as_dict(), **summary, **exported, **_staleness_metrics(staleness)}
 
     @in_turn("preference_update")
     def preference_update(self, iteration: int) -> dict:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
+        timing, summary = self._train_share(iteration, "preference_update", self.banks.states["preference_update"],
+                                            self._preference_step, whole_groups=True)
+        return {**timing.as_dict(), **summary}
+
+    def _train_share(self, iteration: int, state: str, columns: tuple[str, ...],
+                     step: Callable[[TensorDict], dict], *, whole_groups: bool = False,
+                     track: Callable[[TensorDict], None] | None = None) -> tuple[StageTiming, dict]:
+        """Read exactly this rank's share of `state` and run `step` (mini-batch -> metrics) on each
+        of its algorithm.num_updates_per_iteration mini-batches; the metrics averaged over them.
+        `track` sees the whole share first."""
         algo = self.cfg.algorithm
         steps: list[dict] = []
 
         def train(indices: torch.Tensor, batch: TensorDict) -> None:
+            if track is not None:
+                track(batch)
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
-                steps.append(self._preference_step(mini_batch))
+                steps.append(step(mini_batch))
 
-        timing = run_stage(self.banks.bank(iteration), "preference_update", self.banks.states["preference_update"], train,
-                           rank=self.rank, batch_size=self._samples_per_rank(), whole_groups=True,
-                           balance_ranks=self.world_size, max_batches=1)
-        assert timing.num_samples == self._samples_per_rank(), "preference_update got a partial share"
-        summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
-        return {**timing.as_dict(), **summary}
+        # the training state back first (TP: parameters too, when no old-logprob pass brought them)
+        self.backend.before_update(after_inference="actor_inference" in self.recipe.consumes)
+        timing = self.backend.run_update_stage(self.banks.bank(iteration), state, columns, train,
+                                               whole_groups=whole_groups)
+        assert timing.num_samples == self.backend.update_share, f"{state} got a partial share"
+        return timing, {key: sum(metrics[key] for metrics in steps) / len(steps) for key in steps[0]}
 
     # --- checkpoint ---------------------------------------------------------------------------
 
     def save(self, staging_dir: str) -> None:
-        """Rank 0 writes the policy (HF format, loadable by the engine) and the optimizer."""
-        if self.sharded is not None:
-            self._save_sharded(Path(staging_dir))
-            return
-        if self.fsdp is not None:
-            self._save_fsdp(Path(staging_dir))
-            return
-        if self.rank != 0:
-            return
+        """Rank 0 writes the policy (HF format, loadable by the engine); the optimizer state goes
+        where the backend keeps it (one file, or TP shards beside it). Collective under FSDP and TP
+        (gathers), with the training state swapped in for the save and out again after."""
         staging = Path(staging_dir)
-        if self.cfg.training.lora is not None:  # the merged policy for readers, the adapters to resume
-            self.model.get_base_model().save_pretrained(staging / "policy", state_dict=dict(self._generation_weights()))
-            self.model.save_pretrained(staging / ADAPTER_DIR)
-        else:
-            self.model.save_pretrained(staging / "policy")
-        self.tokenizer.save_pretrained(staging / "policy")
-        torch.save(self.optimizer.state_dict(), staging / "optimizer.pt")
-
-    def _save_sharded(self, staging: Path) -> None:
-        """Collective: the full weights are gathered over TP; every rank of DP replica 0 writes its
-        optimizer shard. The training state is swapped in for the save and out again after."""
-        sharded = self.sharded
-        with sharded.resident():
-            weights = sharded.full_state_dict()
-            if sharded.dp_rank == 0:
-                torch.save(sharded.optimizer_state(), sharded.optimizer_path(staging / "optimizer.pt"))
-            if self.rank == 0:
+        with self.backend.resident():
+            weights = self.backend.full_weights()
+            self.backend.save_optimizer(staging / "optimizer.pt")
+            if self.rank != 0:
+                return
+            if self.cfg.training.lora is not None:  # the merged policy for readers, the adapters to resume
+                self.model.get_base_model().save_pretrained(staging / "policy",
+                                                            state_dict=dict(self._generation_weights()))
+                self.model.save_pretrained(staging / ADAPTER_DIR)
+            elif weights is not None:  # gathered from the shards
                 self.model.save_pretrained(staging / "policy", state_dict=weights)
-                self.tokenizer.save_pretrained(staging / "policy")
-
-    def _save_fsdp(self, staging: Path) -> None:
-        """Collective: the weights and the optimizer state are gathered whole; rank 0 writes them,
-        so the checkpoint has the same files as a DDP run's. The files are written before the state
-        is swapped out again: on CPU the gathered optimizer state can share the swapped tensors."""
-        with self.fsdp.resident():
-            weights = self.fsdp.full_weights()
-            optimizer = self.fsdp.full_optimizer_state()
-            if self.rank == 0:
-                self.model.save_pretrained(staging / "policy", state_dict=weights)
-                self.tokenizer.save_pretrained(staging / "policy")
-                torch.save(optimizer, staging / "optimizer.pt")
+            else:
+                self.model.save_pretrained(staging / "policy")
+            self.tokenizer.save_pretrained(staging / "policy")
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -476,8 +410,7 @@ class ActorWorker(TakesTurns):
 
     def _scores(self, batch: TensorDict) -> ResponseScores:
         """Logprobs (with gradients) and the policy's entropy of the response tokens, one forward pass."""
-        model = self.ddp_model if self.ddp_model is not None else self.model
-        return response_logprobs_and_entropy(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
+        return response_logprobs_and_entropy(self.backend.training_module(), batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
                                              batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
                                              trim=self.cfg.training.trim_padding)
 
@@ -500,52 +433,35 @@ class ActorWorker(TakesTurns):
         units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / self.world_size
         if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
             mini_batch = mini_batch[sort_by_tokens(mini_batch)]
-        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
-        self.optimizer.zero_grad(set_to_none=True)
         # clip_fraction, dual_clip_fraction, log_ratio_clamp_fraction, kl_clamp_fraction: the share
         # of tokens each bound touched (the ratio clip, dual-clip, the log ratio's before exp(), k3's)
         clip_keys = ("clip_fraction", "dual_clip_fraction", "log_ratio_clamp_fraction")
-        stats = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, **dict.fromkeys(clip_keys, 0.0),
-                 "kl_clamp_fraction": 0.0, "entropy": 0.0}
-        for i, micro in enumerate(micro_batches):
+
+        def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
             mask = micro["response_mask"].float()  # (b, SL)
             row_weights = self._row_weights(micro)  # (b,) or None
             weight = aggregation_units(mask, row_weights=row_weights, **aggregation) / units_per_rank
-            last = i == len(micro_batches) - 1
-            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
-            with context:
-                scores = self._scores(micro)
-                logprobs = scores.logprobs  # (b, SL)
-                policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
-                                          aggregation=algo.loss_aggregation, row_weights=row_weights,
-                                          norm_length=algo.max_response_length, **self.policy_loss_kwargs)
-                kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
-                if self._update_reads("ref_logprobs"):
-                    kl_tokens = kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator,
-                                           max_kl=algo.kl_clamp)  # (b, SL)
-                    kl = aggregate(kl_tokens, mask, row_weights=row_weights, **aggregation)
-                    kl_clamped = kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
-                loss = policy.loss + algo.kl_coef * kl
-                (loss * weight).backward()
+            scores = self._scores(micro)
+            logprobs = scores.logprobs  # (b, SL)
+            policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
+                                      aggregation=algo.loss_aggregation, row_weights=row_weights,
+                                      norm_length=algo.max_response_length, **self.policy_loss_kwargs)
+            kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
+            if self._update_reads("ref_logprobs"):
+                kl_tokens = kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator,
+                                       max_kl=algo.kl_clamp)  # (b, SL)
+                kl = aggregate(kl_tokens, mask, row_weights=row_weights, **aggregation)
+                kl_clamped = kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
+            loss = policy.loss + algo.kl_coef * kl
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
-            stats["loss"] += loss.item() * w
-            stats["policy_loss"] += policy.loss.item() * w
-            stats["kl"] += kl.item() * w
-            for key in clip_keys:
-                stats[key] += getattr(policy, key).item() * w
-            stats["kl_clamp_fraction"] += kl_clamped.item() * w
-            stats["entropy"] += masked_mean(scores.entropy, mask).item() * w  # token mean, nats
-        if self.sharded is not None:  # no DDP here: average over DP and clip over the TP-split model
-            stats["grad_norm"] = self.sharded.apply_gradients(algo.max_grad_norm)
-            return stats
-        stats["grad_norm"] = self._clip_gradients(algo.max_grad_norm)
-        self.optimizer.step()
-        return stats
+            return loss * weight, {
+                "loss": loss.item() * w, "policy_loss": policy.loss.item() * w, "kl": kl.item() * w,
+                **{key: getattr(policy, key).item() * w for key in clip_keys},
+                "kl_clamp_fraction": kl_clamped.item() * w,
+                "entropy": masked_mean(scores.entropy, mask).item() * w}  # token mean, nats
 
-    def _clip_gradients(self, max_norm: float) -> float:
-        if self.fsdp is not None:  # the norm over every rank's shards
-            return self.fsdp.clip_gradients(max_norm)
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        return accumulate(self.backend, mini_batch.split(self.cfg.training.micro_batch_size), micro_loss,
+                          max_grad_norm=algo.max_grad_norm)
 
     def _old_logprobs(self, micro: TensorDict, logprobs: torch.Tensor) -> torch.Tensor:
         """The sampling policy's logprobs (b, SL): the dock's `old_logprobs` when the flow computes
@@ -567,30 +483,24 @@ class ActorWorker(TakesTurns):
         every rank holds as many pairs, so DDP's mean over ranks is the global pair mean."""
         algo = self.cfg.algorithm
         mini_batch = mini_batch.to(self.device.torch_device)
-        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)  # an even size (problems.py)
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = dict.fromkeys(("loss", "policy_loss", "kl", "entropy", "preference_accuracy", "reward_margin",
-                               "policy_preference_accuracy"), 0.0)
-        for i, micro in enumerate(micro_batches):
+
+        def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
             mask = micro["response_mask"].float()  # (b, SL)
             weight = len(micro) / len(mini_batch)  # this micro-batch's share of the pairs
-            last = i == len(micro_batches) - 1
-            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
-            with context:
-                scores = self._scores(micro)
-                logprobs = scores.logprobs  # (b, SL)
-                out = dpo_loss(sequence_logprobs(logprobs, mask), sequence_logprobs(micro["ref_logprobs"], mask),
-                               beta=algo.dpo.beta, label_smoothing=algo.dpo.label_smoothing)
-                (out.loss * weight).backward()
+            scores = self._scores(micro)
+            logprobs = scores.logprobs  # (b, SL)
+            out = dpo_loss(sequence_logprobs(logprobs, mask), sequence_logprobs(micro["ref_logprobs"], mask),
+                           beta=algo.dpo.beta, label_smoothing=algo.dpo.label_smoothing)
             with torch.no_grad():  # logged only: how far the policy drifted from the reference
                 kl = masked_mean(kl_penalty(logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator,
                                             max_kl=algo.kl_clamp), mask)
-            for key, value in {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
-                               "entropy": masked_mean(scores.entropy, mask).item(), **out.metrics}.items():
-                stats[key] += value * weight
-        stats["grad_norm"] = self._clip_gradients(algo.max_grad_norm)
-        self.optimizer.step()
-        return stats
+            metrics = {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
+                       "entropy": masked_mean(scores.entropy, mask).item(), **out.metrics}
+            return out.loss * weight, {key: value * weight for key, value in metrics.items()}
+
+        # micro-batches of whole pairs: an even size (problems.py)
+        return accumulate(self.backend, mini_batch.split(self.cfg.training.micro_batch_size), micro_loss,
+                          max_grad_norm=algo.max_grad_norm)
 
 
 def _staleness_metrics(staleness: list[torch.Tensor]) -> dict:

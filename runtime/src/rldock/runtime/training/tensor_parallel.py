@@ -1,7 +1,8 @@
-"""The actor's tensor-parallel training layout and its resharding to generation (one rank's view).
+"""The TP x DP backend: the actor's tensor-parallel training layout and its resharding to
+generation (one rank's view).
 
-Used when `training.tensor_parallel_size` > 1 or `training.resharding` is `allgather_swap`; the
-default (TP 1, naive) keeps the actor's DDP path. The ranks form a (dp, tp) mesh (rank = dp_rank *
+Used when `training.tensor_parallel_size` > 1 or `training.resharding` is `allgather_swap` (with
+`strategy: ddp`); the default (TP 1, naive) is the DDP backend. The ranks form a (dp, tp) mesh (rank = dp_rank *
 tp_size + tp_rank); the policy is split with `parallelize_decoder`; gradients are averaged over DP
 and clipped over the whole TP-split model by hand (`resharding.parallelize`).
 
@@ -19,8 +20,10 @@ back. Letting every TP rank read would hand different samples to the ranks of on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -28,28 +31,26 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from rldock.config import JobConfig
+from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.resharding.flow import Resharder, WeightLoader
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_decoder
+from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush
 from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
+
+if TYPE_CHECKING:
+    from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 
 # Gather bucket per dtype: large enough that a tiny model needs a handful of collectives, small
 # enough that one bucket of a 100M model is not a second copy of a layer group.
 BUCKET_BYTES = 32 << 20
 
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
 _END = None  # broadcast by a TP leader when its stage has no more batches
 
 
-def uses_sharded_training(cfg: JobConfig) -> bool:
-    training = cfg.training  # FSDP runs its own allgather-swap (actor_fsdp)
-    return training.strategy != "fsdp" and (training.tensor_parallel_size > 1 or training.resharding != "naive")
-
-
-class ShardedTraining:
+class TensorParallelBackend:
     """One actor rank's TP x DP layout, its TP-group data hand-off and its `Resharder`.
 
     Create after the default process group exists and before the vLLM engine adopts it (the mesh's
@@ -60,6 +61,8 @@ class ShardedTraining:
                  device_type: str):
         training = cfg.training
         self.rank = rank
+        self._micro_batch_size = training.micro_batch_size
+        self._num_samples = cfg.num_samples_per_iteration
         self.train = ParallelLayout(tp_size=training.tensor_parallel_size, dp_size=training.data_parallel_size)
         # What each rank hands its engine: the full weights (TP 1 slices), whatever the generation TP,
         # since vLLM's loaders split them over the engine's own TP workers.
@@ -79,6 +82,67 @@ class ShardedTraining:
 
     # --- layout ---------------------------------------------------------------------------------
 
+    @classmethod
+    def build(cls, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo,
+              rank: int, world_size: int) -> TensorParallelBackend:
+        return cls(cfg, model=model, make_optimizer=make_optimizer, rank=rank,
+                   device_type=torch.device(device.torch_device).type)
+
+    # --- the training backend -------------------------------------------------------------------
+
+    @property
+    def update_share(self) -> int:
+        return self._num_samples // self.dp_size
+
+    def training_module(self) -> nn.Module:
+        return self.model
+
+    def accumulating(self, *, last: bool) -> AbstractContextManager:
+        return nullcontext()  # no DDP: `step` averages over DP
+
+    def step(self, max_grad_norm: float) -> float:
+        """Average over DP, clip over the TP-split model, step."""
+        return apply_gradients(self.model, self.optimizer, self.mesh, max_grad_norm=max_grad_norm)
+
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
+                            fn: StageFn) -> StageTiming:
+        self.begin_inference()  # the TP group computes together; its params come back first
+        return self.run_training_stage(dock, state, columns, fn, batch_size=self._micro_batch_size)
+
+    def before_update(self, *, after_inference: bool) -> None:
+        if not after_inference:  # no old-logprob pass brought the params back
+            self.begin_inference()
+        self._times.update(self.resharder.finish_update_swap())  # before any gradient is touched
+
+    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
+                         whole_groups: bool = False) -> StageTiming:
+        return self.run_training_stage(dock, state, columns, fn, batch_size=self.update_share, balance=True,
+                                       max_batches=1, whole_groups=whole_groups)
+
+    def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
+        self._engine_load = engine.update_weights  # what the resharder loads after each update
+
+    def export_weights(self, push: WeightPush, local_weights: Callable[[], WeightIter]) -> dict[str, dict]:
+        """Reshard into the attached engine (and swap the training state out in allgather_swap
+        mode); `push` is unused: the gathered weights go to the engine only on ranks holding one."""
+        self._times.update(self.resharder.to_generation())
+        return self.drain_metrics()
+
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """Full (unsplit) weights by HF name; collective over the TP group (call on every rank)."""
+        return {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                for name, tensor in self.model.state_dict().items()}
+
+    def save_optimizer(self, path: Path) -> None:
+        """Every rank of DP replica 0 writes its TP shard (`optimizer_path`)."""
+        if self.dp_rank == 0:
+            torch.save(self.optimizer_state(), self.optimizer_path(path))
+
+    def load_optimizer(self, path: Path, *, map_location: str) -> None:
+        self.load_optimizer_state(torch.load(self.optimizer_path(path), map_location=map_location))
+
+    # --- layout ---------------------------------------------------------------------------------
+
     @property
     def dp_rank(self) -> int:
         return self.train.dp_rank(self.rank)
@@ -91,9 +155,6 @@ class ShardedTraining:
     def is_tp_leader(self) -> bool:
         return self.rank == self._leader
 
-    def attach_engine(self, load_weights: WeightLoader) -> None:
-        self._engine_load = load_weights
-
     def _load(self, items) -> None:
         if self._engine_load is not None:  # DPO-like recipes run no engine
             self._engine_load(items)
@@ -101,19 +162,22 @@ class ShardedTraining:
     # --- training stages: the TP group reads once and shares ----------------------------------
 
     def run_training_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
-                           batch_size: int, balance: bool = False, max_batches: int | None = None) -> StageTiming:
+                           batch_size: int, balance: bool = False, max_batches: int | None = None,
+                           whole_groups: bool = False) -> StageTiming:
         """`run_stage` for a stage that runs the TP-split model: the TP leader reads (as DP rank
         `dp_rank`) and writes; every TP rank runs `fn` on the same batches, in the same order."""
         if self._tp_group is None:
             return run_stage(dock, state, columns, fn, rank=self.dp_rank, batch_size=batch_size,
-                             balance_ranks=self.dp_size if balance else 0, max_batches=max_batches)
+                             whole_groups=whole_groups, balance_ranks=self.dp_size if balance else 0,
+                             max_batches=max_batches)
         if self.is_tp_leader:
             def shared(indices: torch.Tensor, batch):
                 self._broadcast((indices, batch))
                 return fn(indices, batch)
 
             timing = run_stage(dock, state, columns, shared, rank=self.dp_rank, batch_size=batch_size,
-                               balance_ranks=self.dp_size if balance else 0, max_batches=max_batches)
+                               whole_groups=whole_groups, balance_ranks=self.dp_size if balance else 0,
+                               max_batches=max_batches)
             self._broadcast(_END)
             return timing
         timing = StageTiming()
@@ -135,16 +199,6 @@ class ShardedTraining:
         """Start of the old-log-prob stage: params back now, grads and optimizer state in background."""
         self._times.update(self.resharder.begin_update())
 
-    def before_update(self) -> None:
-        """Start of the update: wait for the background swap-in (before any gradient is touched)."""
-        self._times.update(self.resharder.finish_update_swap())
-
-    def apply_gradients(self, max_grad_norm: float) -> float:
-        return apply_gradients(self.model, self.optimizer, self.mesh, max_grad_norm=max_grad_norm)
-
-    def to_generation(self) -> None:
-        self._times.update(self.resharder.to_generation())
-
     def drain_metrics(self) -> dict[str, dict]:
         """Since the last call: the ledger rows (`memory/rank{r}/{stage}/{category}`, bytes) and
         the resharding steps' seconds and bytes (`rank{r}/{step}`) and whether the rank holds an
@@ -157,14 +211,9 @@ class ShardedTraining:
 
     # --- checkpoints ----------------------------------------------------------------------------
 
-    def resident(self):
+    def resident(self) -> AbstractContextManager:
         """Context: the whole training state on the device (for a checkpoint), swapped back after."""
         return self.resharder.resident()
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsplit) weights by HF name; collective over the TP group (call on every rank)."""
-        return {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-                for name, tensor in self.model.state_dict().items()}
 
     def optimizer_state(self) -> dict:
         """This rank's optimizer state with DTensors as their local shards, for `torch.save`."""

@@ -1,8 +1,9 @@
-"""The actor's FSDP layout (`training.strategy: fsdp`): sharding, the weight push into the engine,
-the swap of the shards around generation, the ledger and checkpoints of sharded state.
+"""The FSDP2 backend (`training.strategy: fsdp`): sharding, the weight push into the engine, the
+swap of the shards around generation, the ledger and checkpoints of sharded state.
 
 Every method here is collective over the actor ranks (FSDP all-gathers and reduce-scatters), so
-the actor calls them on all ranks in the same order, as it does its update.
+the actor calls them on all ranks in the same order, as it does its update. So is the forward:
+an inference stage hands every rank its equal share in one pass, as the update does.
 
 With `training.resharding: allgather_swap` the flow after an update is allgather-swap from the
 FSDP layout: the shards are all-gathered one tensor at a time into the engine's layout (whole
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
@@ -29,27 +32,96 @@ from rldock.runtime.device import DeviceInfo
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
+from rldock.runtime.training.backend import (OptimizerFactory, WeightIter, WeightPush, reload_after_sleep,
+                                             run_rank_share)
+from rldock.runtime.workers.stage_loop import StageFn, StageTiming
+
+if TYPE_CHECKING:
+    from rldock.runtime.dock import TransferDock
+    from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 
 logger = logging.getLogger(__name__)
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class FsdpTraining:
+class FsdpBackend:
     """One actor rank's FSDP2-sharded model and optimizer. Create after the default group exists
     and before the engine adopts it; the optimizer is built here, on the sharded parameters."""
 
-    def __init__(self, cfg: JobConfig, *, model: nn.Module, make_optimizer: Callable[[Iterable], torch.optim.Optimizer],
+    def __init__(self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory,
                  device: DeviceInfo, rank: int):
         training = cfg.training
         self.model = apply_fsdp(model, device, cpu_offload=training.fsdp_cpu_offload,
                                 mixed_precision=training.mixed_precision)
         self.optimizer = make_optimizer(self.model.parameters())
         self.rank = rank
+        self.world_size = dist.get_world_size()
+        self._share = cfg.num_samples_per_iteration // self.world_size
         self.swaps = training.resharding == "allgather_swap"
         self._device = torch.device(device.torch_device)
         self._swapper = TensorSwapper(pin_memory=device.is_accelerator)
         self._ledger: list[dict] = []
+
+    @classmethod
+    def build(cls, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo,
+              rank: int, world_size: int) -> FsdpBackend:
+        return cls(cfg, model=model, make_optimizer=make_optimizer, device=device, rank=rank)
+
+    # --- the training backend -------------------------------------------------------------------
+
+    @property
+    def update_share(self) -> int:
+        return self._share
+
+    def training_module(self) -> nn.Module:
+        return self.model
+
+    def accumulating(self, *, last: bool) -> AbstractContextManager:
+        return nullcontext()  # every backward reduce-scatters
+
+    def step(self, max_grad_norm: float) -> float:
+        grad_norm = self.clip_gradients(max_grad_norm)
+        self.optimizer.step()
+        return grad_norm
+
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
+                            fn: StageFn) -> StageTiming:
+        self.to_training()
+        return run_rank_share(dock, state, columns, fn, rank=self.rank, world_size=self.world_size,
+                              batch_size=self._share)
+
+    def before_update(self, *, after_inference: bool) -> None:
+        self.to_training()
+
+    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
+                         whole_groups: bool = False) -> StageTiming:
+        return run_rank_share(dock, state, columns, fn, rank=self.rank, world_size=self.world_size,
+                              batch_size=self._share, whole_groups=whole_groups)
+
+    def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
+        # This rank's local state dict, not the gathered one: the reload runs on the engine rank alone.
+        reload_after_sleep(engine, local_weights)
+
+    def export_weights(self, push: WeightPush, local_weights: Callable[[], WeightIter]) -> dict[str, dict]:
+        self.to_generation(push)  # collective: every rank gathers
+        return self.drain_metrics()
+
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on the host (collective), for save_pretrained on rank 0."""
+        return {name: tensor.cpu() for name, tensor in full_state_dict(self.model)}
+
+    def save_optimizer(self, path: Path) -> None:
+        """Gathered whole (collective), so the checkpoint has the same file as a DDP run's. Call
+        inside `resident`: on CPU the gathered state can share the swapped tensors."""
+        state = self.full_optimizer_state()
+        if self.rank == 0:
+            torch.save(state, path)
+
+    def load_optimizer(self, path: Path, *, map_location: str) -> None:
+        self.load_optimizer_state(path)  # every rank reads the whole file on the host
+
+    # --- the layout's steps ---------------------------------------------------------------------
 
     def clip_gradients(self, max_norm: float) -> float:
         return clip_grad_norm(self.model, max_norm)
@@ -90,10 +162,6 @@ class FsdpTraining:
                                          host_swap_bytes=self._swapper.swapped_bytes))
 
     # --- checkpoints ----------------------------------------------------------------------------
-
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """The whole model's weights on the host (collective), for save_pretrained on rank 0."""
-        return {name: tensor.cpu() for name, tensor in full_state_dict(self.model)}
 
     def full_optimizer_state(self) -> dict:
         """The optimizer state keyed by parameter names, gathered whole on the host (collective)."""

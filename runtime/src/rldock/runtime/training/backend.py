@@ -1,0 +1,115 @@
+"""The training backend protocol: how the actor's plain model trains across its ranks.
+
+One implementation per layout, chosen once from the config (`strategies.py`): DDP replicas
+(`ddp.py`), FSDP2 shards (`fsdp.py`), a TP x DP mesh with resharding to generation
+(`tensor_parallel.py`). A backend is applied from outside to the model the actor loaded (LoRA and
+activation checkpointing already in place), after the default process group exists and before the
+vLLM engine adopts it; the model object stays the actor's, sharded or wrapped in place.
+
+The actor's stages are then written once, whatever the layout: the backend says how the ranks
+share a stage's samples, brings its training state back before a pass that needs it, defers or
+applies gradient synchronisation, steps the optimizer, exports the weights to the engine after an
+update and gathers what a checkpoint writes. Every method is called on all actor ranks in the same
+order (FSDP and TP's are collectives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+
+from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
+
+if TYPE_CHECKING:
+    from rldock.runtime.dock import TransferDock
+    from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+
+# (HF name, tensor) pairs as the engine loads them
+WeightIter = Iterable[tuple[str, torch.Tensor]]
+WeightPush = Callable[[WeightIter], object]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class TrainingBackend(Protocol):
+    """One actor rank's share of the training layout."""
+
+    optimizer: torch.optim.Optimizer  # over the parameters as the layout holds them
+
+    @property
+    def update_share(self) -> int:
+        """Samples this rank's update consumes per iteration (its DP group's share)."""
+        ...
+
+    def training_module(self) -> nn.Module:
+        """What the update's forward runs: the DDP wrapper, or the model sharded in place."""
+        ...
+
+    def accumulating(self, *, last: bool) -> AbstractContextManager:
+        """Context for one micro-batch's forward and backward; gradients are synchronised across
+        ranks on the `last` one only where the layout allows deferring it (DDP)."""
+        ...
+
+    def step(self, max_grad_norm: float) -> float:
+        """Average where the layout has not yet, clip by the global norm, step; returns the norm."""
+        ...
+
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
+                            fn: StageFn) -> StageTiming:
+        """A no-grad pass over the model (old logprobs): the training state back first, the
+        samples dealt as the layout's forward needs them."""
+        ...
+
+    def before_update(self, *, after_inference: bool) -> None:
+        """The training state back on the device before the update touches a gradient;
+        `after_inference`: an inference stage of this iteration already brought the parameters."""
+        ...
+
+    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
+                         whole_groups: bool = False) -> StageTiming:
+        """Hand `fn` exactly this rank's share (`update_share`), token-balanced across DP ranks."""
+        ...
+
+    def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
+        """This rank's engine: where exported weights go, and what it reloads after a level-2 sleep."""
+        ...
+
+    def export_weights(self, push: WeightPush, local_weights: Callable[[], WeightIter]) -> dict[str, dict]:
+        """After an update: the full weights into the engine (`push`, or the attached engine), the
+        training state moved off the device where the layout swaps; returns the layout's metrics
+        since the last call (ledger and resharding rows, none under DDP)."""
+        ...
+
+    def resident(self) -> AbstractContextManager:
+        """Context: the whole training state on the device (for a checkpoint), put back after."""
+        ...
+
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights for rank 0's `save_pretrained` (collective where sharded);
+        None where the model holds them whole already."""
+        ...
+
+    def save_optimizer(self, path: Path) -> None:
+        """Write the optimizer state at `path` (and siblings where it stays sharded)."""
+        ...
+
+    def load_optimizer(self, path: Path, *, map_location: str) -> None:
+        """Inverse of `save_optimizer`, each rank keeping its own part."""
+        ...
+
+
+def reload_after_sleep(engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
+    """rollout.sleep_level 2 discards the engine's weights: it loads this rank's own again on waking."""
+    engine.memory.reload = lambda: engine.update_weights(local_weights())
+
+
+def run_rank_share(dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, rank: int,
+                   world_size: int, batch_size: int, whole_groups: bool = False) -> StageTiming:
+    """`run_stage` taking exactly one batch of `batch_size` as DP rank `rank` of `world_size`,
+    token-balanced: the share of an update (DDP, FSDP) or of FSDP's collective forward."""
+    return run_stage(dock, state, columns, fn, rank=rank, batch_size=batch_size, whole_groups=whole_groups,
+                     balance_ranks=world_size, max_batches=1)
