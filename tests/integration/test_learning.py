@@ -3,9 +3,9 @@ the same config with learning rate 0 does not. Runs benchmarks/src/rldock_benchm
 minutes per config on 2 cores when the machine is otherwise idle).
 
 Margins, against what was measured once each (docs/algorithms/, docs/results.md): GRPO rose
-+0.410 (margin 0.2); PPO +0.461 (margin 0.25); PF-PPO (best_worst) +0.319 (margin 0.15). The
++0.423 (margin 0.2); PPO +0.461 (margin 0.25); PF-PPO (best_worst) +0.327 (margin 0.15). The
 learning-rate-0 control rose +0.042 for GRPO, PPO and PF-PPO alike: with the policy frozen they
-sample the same responses. DAPO rose +0.405 (margin 0.2; its control -0.003). DPO's metric is the
+sample the same responses. DAPO rose +0.427 (margin 0.2; its control -0.008). DPO's metric is the
 policy's preference accuracy on each iteration's fresh pairs (benchmarks/src/rldock_benchmarks/learning.py picks it):
 +0.375 (margin 0.2), its control -0.063 (the base model ranking the same pairs). RLOO rose +0.446,
 REINFORCE++ +0.449, REINFORCE++-baseline +0.416, GSPO +0.412 (margin 0.2 each; their controls
