@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

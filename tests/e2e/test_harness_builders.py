@@ -11,7 +11,6 @@ import struct
 
 import pytest
 
-from rldock_e2e.repo import require_kuberay_crds
 from rldock_e2e.controlplane.crds import KUBERAY_CRD_DIR, downgrade_for_1_20, kuberay_crd_files, load_documents
 from rldock_e2e.controlplane.nodes import ASCEND_NODE_LABELS, node_manifest, node_status
 from rldock_e2e.doubles import mountpoints
@@ -21,7 +20,7 @@ from rldock_e2e.doubles.pod_env import MissingReference, container_env
 from rldock_e2e.helm_release import chart_without_optional_dependencies
 from rldock_e2e.nodes.containers import container_ids, running_tasks
 from rldock_e2e.nodes.service_dns import ready_addresses
-from rldock_e2e.repo import CHART_DIR
+from rldock_e2e.repo import CHART_DIR, require_kuberay_crds
 
 
 def _walk(node):

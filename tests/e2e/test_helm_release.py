@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+
 from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.helm_release import (
     RELEASE_NAMESPACE,

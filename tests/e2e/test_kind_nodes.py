@@ -11,6 +11,7 @@ import json
 import uuid
 
 import pytest
+
 from rldock_e2e.controlplane import wait_for
 from rldock_e2e.nodes.cluster import DEVICE_RESOURCE
 from rldock_e2e.nodes.containers import parse_status, task_pids

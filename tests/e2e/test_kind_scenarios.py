@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
 from rldock_e2e.helm_release import (

@@ -77,7 +77,7 @@ def test_the_sync_gives_vllm_the_merged_weights(tiny_model_dir):
     from rldock.config.job import LoraSpec, RolloutSpec
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-    from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
+    from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 
     model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
                      LoraSpec(rank=4, alpha=8))

@@ -14,15 +14,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import pytest
 import yaml
-
-
 from kubernetes import client
 
+from rldock.contract.progress import format_progress
+from rldock.operator import naming
+from rldock.operator.builders.rbac import build_rbac
 from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
 from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.doubles.kubelet import KubeletDouble
@@ -31,9 +33,6 @@ from rldock_e2e.doubles.ray_jobs import FakeJob, RayJobsDouble
 from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
 from rldock_e2e.operator_process import OperatorProcess
 from rldock_e2e.pod_security import restricted_violations
-from rldock.operator import naming
-from rldock.operator.builders.rbac import build_rbac
-from rldock.contract.progress import format_progress
 
 pytestmark = [pytest.mark.integration,
               # the test control plane serves a self-signed certificate (insecure-skip-tls-verify)
@@ -84,7 +83,7 @@ class World:
         self.plane.kubectl("patch", "rljob", name, "-n", self.namespace, "--type=merge",
                            "-p", json.dumps({"spec": spec}))
 
-    def get(self, plural: str, name: str) -> Optional[dict[str, Any]]:
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
         group, version = {"rljobs": ("rldock.io", "v1alpha1"), "rayclusters": ("ray.io", "v1")}[plural]
         try:
             return self.custom.get_namespaced_custom_object(group, version, self.namespace, plural, name)
@@ -93,7 +92,7 @@ class World:
                 return None
             raise
 
-    def core_object(self, kind: str, name: str) -> Optional[dict[str, Any]]:
+    def core_object(self, kind: str, name: str) -> dict[str, Any] | None:
         read = {"ConfigMap": self.core.read_namespaced_config_map, "Secret": self.core.read_namespaced_secret}[kind]
         try:
             return json.loads(read(name, self.namespace, _preload_content=False).data)
@@ -115,7 +114,7 @@ class World:
 
     def wait_status(self, name: str, what: str, predicate: Callable[[dict[str, Any]], bool],
                     timeout: float = TIMEOUT) -> dict[str, Any]:
-        def probe() -> Optional[dict[str, Any]]:
+        def probe() -> dict[str, Any] | None:
             obj = self.get("rljobs", name)
             return obj if obj is not None and predicate(obj.get("status") or {}) else None
         try:
@@ -135,7 +134,7 @@ class World:
                                and s.get("restartCount", 0) == attempt)
         return obj, self.jobs.find(self.submission_id(name, attempt))
 
-    def progress(self, submission_id: str, iteration: int, *, checkpoint: Optional[int] = None) -> None:
+    def progress(self, submission_id: str, iteration: int, *, checkpoint: int | None = None) -> None:
         self.jobs.print_line(submission_id, f"(TrainerDriver) iteration {iteration} done")
         self.jobs.print_line(submission_id, format_progress({
             "iteration": iteration, "iterations": 4, "reward_mean": 0.1 * iteration, "kl": 0.01, "loss": 0.5,

@@ -16,8 +16,9 @@ import json
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 import yaml
@@ -44,7 +45,7 @@ class World:
         self.custom = client.CustomObjectsApi(plane.api_client())
         self.core = client.CoreV1Api(plane.api_client())
 
-    def ray_cluster(self, name: str) -> Optional[dict[str, Any]]:
+    def ray_cluster(self, name: str) -> dict[str, Any] | None:
         try:
             return self.custom.get_namespaced_custom_object("ray.io", "v1", self.namespace, "rayclusters", name)
         except client.ApiException as error:
@@ -52,7 +53,7 @@ class World:
                 return None
             raise
 
-    def phase(self, name: str) -> Optional[str]:
+    def phase(self, name: str) -> str | None:
         obj = self.custom.get_namespaced_custom_object("rldock.io", "v1alpha1", self.namespace, "rljobs", name)
         return (obj.get("status") or {}).get("phase")
 
@@ -68,7 +69,7 @@ class World:
     def settled_rounds(self) -> float:
         """The round count once it stays the same over two poll intervals (the operator has acted
         on everything it was told), waiting as long as a loaded machine needs."""
-        def stable() -> Optional[list[float]]:  # a list: a count of 0 is an answer too
+        def stable() -> list[float] | None:  # a list: a count of 0 is an answer too
             first = self.rounds()
             time.sleep(2 * POLL)
             return [first] if self.rounds() == first else None

@@ -13,27 +13,34 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
+from test_operator import (  # noqa: F401  (plane: the module's nodes)
+    CHECKPOINT_CLAIM,
+    POLICY,
+    POLL,
+    World,
+    plane,
+    rljob,
+    unique,
+)
 
+from rldock.operator.builders.rbac import build_rbac
+from rldock.operator.constants import Phase
+from rldock.operator.leader import LeaseTimings, lease_rules
 from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
 from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.doubles.kubelet import KubeletDouble
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.ray_jobs import RayJobsDouble
-from rldock_e2e.operator_process import LeaseArgs, OperatorProcess
-from rldock.operator.builders.rbac import build_rbac
-from rldock.operator.constants import Phase
-from rldock.operator.leader import LeaseTimings, lease_rules
 from rldock_e2e.doubles.storage import bind_shared_claim
-from test_operator import (  # noqa: F401  (plane: the module's nodes)
-    CHECKPOINT_CLAIM, POLICY, POLL, World, plane, rljob, unique,
-)
+from rldock_e2e.operator_process import LeaseArgs, OperatorProcess
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -63,7 +70,7 @@ class Replicas:
         self.plane, self.namespace, self.replicas = plane, namespace, replicas
         self.coordination = client.CoordinationV1Api(plane.api_client())
 
-    def holder(self) -> Optional[str]:
+    def holder(self) -> str | None:
         try:
             lease = self.coordination.read_namespaced_lease(LEASE, self.namespace)
         except client.ApiException as error:

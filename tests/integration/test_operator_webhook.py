@@ -20,8 +20,9 @@ import ssl
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -29,14 +30,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from test_operator import POLL, rljob, unique
 
-from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
-from rldock_e2e.controlplane.processes import free_ports
-from rldock_e2e.operator_process import OperatorProcess
 from rldock.operator.admission import WEBHOOK_PATH
 from rldock.operator.builders.rbac import build_rbac
 from rldock.operator.constants import FINALIZER
-from test_operator import POLL, rljob, unique
+from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
+from rldock_e2e.controlplane.processes import free_ports
+from rldock_e2e.operator_process import OperatorProcess
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]

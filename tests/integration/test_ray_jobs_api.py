@@ -15,16 +15,16 @@ import secrets
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from rldock_e2e.controlplane import pid_alive, wait_for
-from rldock_e2e.controlplane.processes import ManagedProcess, free_ports
+from rldock.contract.progress import format_progress
 from rldock.operator.observe import read_progress
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
-from rldock.contract.progress import format_progress
+from rldock_e2e.controlplane import pid_alive, wait_for
+from rldock_e2e.controlplane.processes import ManagedProcess, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -75,8 +75,8 @@ def _full(param) -> torch.Tensor:
 def _bitwise_check(train_tp: int, gen_tp: int, rank: int) -> dict:
     """One update, then reshard; generation weights against DTensor's own full tensors."""
     from rldock.contract.tensor_parallel import TP_PLANS
-    from rldock.runtime.resharding.parallel_layout import shard_dim
     from rldock.runtime.resharding.ledger import train_state_bytes
+    from rldock.runtime.resharding.parallel_layout import shard_dim
 
     model, optimizer, mesh, generation, resharder = _setup(train_tp, gen_tp, "allgather_swap", rank)
     _train_step(model, optimizer, mesh, rank, 0)

@@ -41,8 +41,8 @@ def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
 
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.resharding.flow import Resharder
-    from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.ledger import train_state_bytes
+    from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
 
     with socket.socket() as sock:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from reward_model_builder import build_tiny_reward_model  # tests/reward_model_builder.py
 
 pytestmark = pytest.mark.integration

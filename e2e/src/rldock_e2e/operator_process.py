@@ -17,16 +17,17 @@ import base64
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 import yaml
 from kubernetes import client
 
+from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.controlplane.processes import ManagedProcess
 from rldock_e2e.repo import CHART_DIR
-from rldock.operator.builders.rbac import build_rbac, service_account_subject
 
 SERVICE_ACCOUNT = "rldock-operator"
 # Seconds for one Ray Jobs API request (the chart's operator.rayTimeout, 5 by default). A Ray head
@@ -77,8 +78,8 @@ class OperatorProcess:
 
     def __init__(self, *, namespaces: Sequence[str], kubeconfig: Path, log_dir: Path,
                  poll_interval: float = 1.0, ray_timeout: float = RAY_TIMEOUT,
-                 env: Optional[Mapping[str, str]] = None, extra_args: Sequence[str] = (),
-                 lease: Optional[LeaseArgs] = None, health_port: Optional[int] = None) -> None:
+                 env: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
+                 lease: LeaseArgs | None = None, health_port: int | None = None) -> None:
         election = (["--leader-election", "--lease-namespace", lease.namespace, "--lease-name", lease.name,
                      "--identity", lease.identity] if lease is not None else [])
         self.health_port = health_port
@@ -93,7 +94,7 @@ class OperatorProcess:
         # Every replica of one test must derive the same Ray job tokens (settings.py RLDOCK_TOKEN_KEY).
         self.env.setdefault("RLDOCK_TOKEN_KEY", TEST_TOKEN_KEY)
         self.log_path = log_dir / "operator.log"
-        self.process: Optional[ManagedProcess] = None
+        self.process: ManagedProcess | None = None
         self.starts = 0
 
     def start(self) -> None:
@@ -138,7 +139,7 @@ CHART = CHART_DIR
 RELEASE = "rldock"
 
 
-def chart_available() -> Optional[str]:
+def chart_available() -> str | None:
     """None when the operator can be deployed from helm/rldock here, else why not."""
     if not (CHART / "Chart.yaml").is_file():
         return f"no chart at {CHART}"
@@ -187,7 +188,7 @@ class ChartOperator:
         self.deployed = False
 
     @property
-    def process(self) -> Optional[int]:  # as OperatorProcess.process: None once stopped
+    def process(self) -> int | None:  # as OperatorProcess.process: None once stopped
         return self.pid() if self.deployed else None
 
     def start(self) -> None:
@@ -196,12 +197,12 @@ class ChartOperator:
             self.deployed = True
         wait_for("the operator pod ready", self._ready, timeout=180, interval=1, check=self.check)
 
-    def pod(self) -> Optional[dict[str, Any]]:
+    def pod(self) -> dict[str, Any] | None:
         pods = self.plane.kubectl_json("get", "pods", "-n", self.namespace, "-l", self.selector)["items"]
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         return live[0] if live else None
 
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         pod = self.pod()
         return self.agent.container_pid(self.namespace, pod["metadata"]["name"], self.container) if pod else None
 

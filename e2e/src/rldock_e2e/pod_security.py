@@ -10,7 +10,8 @@ by the control as the standard names it.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 # Baseline: capabilities a container may add.
 BASELINE_CAPABILITIES = frozenset({
@@ -35,7 +36,7 @@ def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any
             yield f"{field}[{container.get('name')}]", container
 
 
-def restricted_violations(spec: Mapping[str, Any], annotations: Optional[Mapping[str, str]] = None) -> list[str]:
+def restricted_violations(spec: Mapping[str, Any], annotations: Mapping[str, str] | None = None) -> list[str]:
     """Every way the pod `spec` (with its `annotations`) breaks the baseline or restricted profile."""
     problems: list[str] = []
     pod_sc = spec.get("securityContext") or {}

@@ -13,13 +13,14 @@ import base64
 import json
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from kubernetes import client
+
 from rldock.operator.constants import AUTH_SECRET_KEY, DASHBOARD_PORT, LABEL_RAY_CLUSTER, LABEL_RLJOB
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
-
 from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.node_agent import NodeAgentDouble
@@ -48,10 +49,10 @@ class Scenario:
         self._core = client.CoreV1Api(api)
 
     # ----- kubectl ------------------------------------------------------------------------------
-    def kubectl(self, *args: str, check: bool = True, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         return self.plane.kubectl(*args, "-n", self.namespace, check=check, input=input)
 
-    def get(self, kind: str, name: str) -> Optional[dict[str, Any]]:
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
         """`kubectl get <kind> <name> -o json`, None when it does not exist."""
         result = self.kubectl("get", kind, name, "-o", "json", check=False)
         if result.returncode != 0:
@@ -84,7 +85,7 @@ class Scenario:
         header, line = self.kubectl("get", "rljob", name).stdout.splitlines()[:2]
         return dict(zip(header.split(), line.split()))
 
-    def condition(self, name: str, type_: str) -> Optional[dict[str, Any]]:
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
         status = (self.get("rljob", name) or {}).get("status") or {}
         return next((c for c in status.get("conditions") or () if c["type"] == type_), None)
 

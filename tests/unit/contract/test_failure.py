@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from rldock.contract.failure import (
-    PREFIX, FailureReason, FieldProblem, JobFailure, format_failure, last_failure, parse_failure,
+    PREFIX,
+    FailureReason,
+    FieldProblem,
+    JobFailure,
+    format_failure,
+    last_failure,
+    parse_failure,
 )
 from rldock.contract.progress import format_progress
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import helm_python as helm
 import yaml
@@ -43,14 +43,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def render_files(values: Optional[dict[str, Any]] = None, *, chart: Path = CHART,
+def render_files(values: dict[str, Any] | None = None, *, chart: Path = CHART,
                  namespace: str = NAMESPACE) -> dict[str, str]:
     """Template path -> rendered text, as `helm template` would print it (NOTES.txt included)."""
     with helm.Chart.load(chart) as loaded:
         return loaded.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
 
 
-def render(values: Optional[dict[str, Any]] = None, *, chart: Path = CHART,
+def render(values: dict[str, Any] | None = None, *, chart: Path = CHART,
            namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """Every object the chart renders with `values`, in template order."""
     objects = []

@@ -17,18 +17,26 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from chart_testing import (
+    CHART,
+    KUBERNETES_VERSIONS,
+    NAMESPACE,
+    REPO,
+    VARIANTS,
+    by_kind,
+    chart_with_kuberay_double,
+    one,
+    render,
+    render_files,
+)
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import padding
-from chart_testing import (
-    CHART, KUBERNETES_VERSIONS, NAMESPACE, REPO, VARIANTS, by_kind, chart_with_kuberay_double, one, render,
-    render_files,
-)
 
 from rldock.contract.version import __version__
 from rldock.operator.admission import REQUEST_DEADLINE_S, WEBHOOK_PATH, WebhookServer, review
-from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock.operator.api import PodDefaults
+from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock.operator.constants import CRD_NAME, ImagePullPolicy
 from rldock.operator.leader import LeaseTimings, lease_rules
 from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, DashboardAddress, load_settings

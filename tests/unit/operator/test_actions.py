@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from rljob_testing import spec_dict
 
+from rldock.operator.actions import (
+    CountRestart,
+    CreateCluster,
+    DeleteCluster,
+    Situation,
+    StopJob,
+    SubmitJob,
+    SuspendCluster,
+    next_actions,
+)
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import (
-    ANNOTATION_SPEC_HASH, ANNOTATION_SUSPENDED_BY, MANAGED_BY_RLDOCK, Phase, RayJobStatus,
-)
-from rldock.operator.actions import (
-    CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, next_actions,
+    ANNOTATION_SPEC_HASH,
+    ANNOTATION_SUSPENDED_BY,
+    MANAGED_BY_RLDOCK,
+    Phase,
+    RayJobStatus,
 )
 from rldock.operator.status import RayJobObservation
 
 HASH = "h1"
 
 
-def _cluster(*, suspend: bool = False, spec_hash: str = HASH, suspended_by: Optional[str] = None) -> dict[str, Any]:
+def _cluster(*, suspend: bool = False, spec_hash: str = HASH, suspended_by: str | None = None) -> dict[str, Any]:
     annotations = {ANNOTATION_SPEC_HASH: spec_hash}
     if suspended_by:
         annotations[ANNOTATION_SUSPENDED_BY] = suspended_by
@@ -31,8 +42,8 @@ def _job(status: RayJobStatus, attempt: int = 0) -> RayJobObservation:
     return RayJobObservation(submission_id=f"rldock-j-0000-{attempt}", status=status)
 
 
-def _situation(*, phase: Phase = Phase.RUNNING, restart_count: int = 0, cluster: Optional[dict] = "default",
-               job: Optional[RayJobObservation] = None, spec: Optional[dict] = None, **kwargs: Any) -> Situation:
+def _situation(*, phase: Phase = Phase.RUNNING, restart_count: int = 0, cluster: dict | None = "default",
+               job: RayJobObservation | None = None, spec: dict | None = None, **kwargs: Any) -> Situation:
     return Situation(spec=RLJobSpec.model_validate(spec or spec_dict()), phase=phase, restart_count=restart_count,
                      cluster=_cluster() if cluster == "default" else cluster, desired_spec_hash=HASH, job=job,
                      **kwargs)

@@ -12,8 +12,9 @@ import json
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -23,7 +24,13 @@ from cryptography.x509.oid import NameOID
 from rljob_testing import spec_dict
 
 from rldock.operator.admission import (
-    MAX_REVIEW_BYTES, REFUSED_CODE, WEBHOOK_PATH, ReviewError, WebhookServer, decide, review,
+    MAX_REVIEW_BYTES,
+    REFUSED_CODE,
+    WEBHOOK_PATH,
+    ReviewError,
+    WebhookServer,
+    decide,
+    review,
 )
 from rldock.operator.constants import MANAGED_BY_RLDOCK
 from rldock.operator.policy import AdminPolicy, policy_problems
@@ -48,7 +55,7 @@ def with_spec(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return obj
 
 
-def request(operation: str, obj: Optional[dict[str, Any]], old: Optional[dict[str, Any]] = None,
+def request(operation: str, obj: dict[str, Any] | None, old: dict[str, Any] | None = None,
             **fields: Any) -> dict[str, Any]:
     """An AdmissionReview request as the API server sends it for an RLJob."""
     return {"uid": UID, "kind": {"group": "rldock.io", "version": "v1alpha1", "kind": "RLJob"},
@@ -192,7 +199,7 @@ def client_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
 
 
 def post(server: WebhookServer, certificate: tuple[Path, Path], body: bytes, *, path: str = WEBHOOK_PATH,
-         headers: Optional[dict[str, str]] = None) -> tuple[int, bytes]:
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(certificate),
                                              timeout=5)
     try:

@@ -11,17 +11,29 @@ import pytest
 import yaml
 from rljob_testing import KUBERNETES_VERSION, error_paths, kuberay_raycluster_validator, spec_dict
 
-from rldock.runtime.cli import _build_parser
 from rldock.config import parse_job_config
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import (
-    RLJobRef, build_auth_secret, build_config_map, build_entrypoint, build_job_submission, build_ray_cluster, output_dir,
+    RLJobRef,
+    build_auth_secret,
+    build_config_map,
+    build_entrypoint,
+    build_job_submission,
+    build_ray_cluster,
+    output_dir,
 )
 from rldock.operator.constants import (
-    ANNOTATION_SPEC_HASH, ENV_JOB_CONFIG, JOB_CONFIG_PATH, LABEL_KUEUE_QUEUE, LABEL_RAY_SCHEDULER_NAME,
-    LABEL_RLJOB, LABEL_ROLE, LABEL_VOLCANO_QUEUE,
+    ANNOTATION_SPEC_HASH,
+    ENV_JOB_CONFIG,
+    JOB_CONFIG_PATH,
+    LABEL_KUEUE_QUEUE,
+    LABEL_RAY_SCHEDULER_NAME,
+    LABEL_RLJOB,
+    LABEL_ROLE,
+    LABEL_VOLCANO_QUEUE,
 )
+from rldock.runtime.cli import _build_parser
 
 JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 

@@ -3,8 +3,9 @@ really validating (a bad spec is refused by the schema, as by the models)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import kubernetes_validate
 import pytest

@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 from rljob_testing import spec_dict
 
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
+from rldock.operator.actions import CountRestart, DeleteCluster, Situation, next_actions
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import Phase
 from rldock.operator.observe import job_observation
-from rldock.operator.actions import CountRestart, DeleteCluster, Situation, next_actions
 from rldock.operator.status import Observations, compute_status, status_events
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -40,7 +40,7 @@ class FakeLeases:
         self.leases[stored["metadata"]["name"]] = stored
         return copy.deepcopy(stored)
 
-    def read(self, namespace: str, name: str, *, timeout: float) -> Optional[dict[str, Any]]:
+    def read(self, namespace: str, name: str, *, timeout: float) -> dict[str, Any] | None:
         self._check("read", timeout)
         return copy.deepcopy(self.leases.get(name))
 
@@ -56,7 +56,7 @@ class FakeLeases:
             raise LeaseError(409, "Conflict")
         return self._stored(body)
 
-    def holder(self) -> Optional[str]:
+    def holder(self) -> str | None:
         return self.leases[NAME]["spec"].get("holderIdentity")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

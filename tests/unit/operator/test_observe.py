@@ -7,14 +7,23 @@ from typing import Any
 
 import pytest
 
+from rldock.contract.progress import format_progress
 from rldock.operator.api import RLJobStatus
 from rldock.operator.constants import JOB_METADATA_WORKER_PODS, Phase, RayJobStatus
 from rldock.operator.observe import (
-    Ownership, PodSummary, WorkerPod, attempt_workers, dashboard_url, job_observation, lost_workers, ownership,
-    read_progress, ready_to_submit, summarize_pods,
+    Ownership,
+    PodSummary,
+    WorkerPod,
+    attempt_workers,
+    dashboard_url,
+    job_observation,
+    lost_workers,
+    ownership,
+    read_progress,
+    ready_to_submit,
+    summarize_pods,
 )
 from rldock.operator.settings import DashboardAddress
-from rldock.contract.progress import format_progress
 
 
 def pod(name: str, node_type: str, *, phase: str = "Running", ready: bool = True, deleting: bool = False,

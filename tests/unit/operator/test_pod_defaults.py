@@ -13,7 +13,11 @@ KEY = {"RLDOCK_TOKEN_KEY": "k" * 32}
 from rldock.operator.api import PodDefaults, RLJobSpec
 from rldock.operator.builders import RLJobRef, build_ray_cluster
 from rldock.operator.constants import (
-    ANNOTATION_SPEC_HASH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE, EventReason, ImagePullPolicy,
+    ANNOTATION_SPEC_HASH,
+    DEFAULT_DEVICE_RESOURCE,
+    DEFAULT_IMAGE,
+    EventReason,
+    ImagePullPolicy,
 )
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings, load_settings

@@ -8,10 +8,10 @@ import copy
 
 import pytest
 from rljob_testing import spec_dict
-from rldock_e2e.pod_security import restricted_violations
 
 from rldock.operator.api import PodDefaults, RLJobSpec
 from rldock.operator.builders import RLJobRef, build_ray_cluster
+from rldock_e2e.pod_security import restricted_violations
 
 JOB = RLJobRef(name="grpo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 ADMIN = PodDefaults(labels={"team": "ml"}, annotations={"cost-center": "42"}, priority_class_name="research",

@@ -11,14 +11,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-
+from rldock.operator.rayjobs import RayJobsClient, RayJobsError
 from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.doubles.ray_jobs import FakeHead
-from rldock.operator.rayjobs import RayJobsClient, RayJobsError
 
 TOKEN = "0123abcd" * 8
 REQUEST = {"entrypoint": "rldock train /etc/rldock/job.yaml --resume", "submission_id": "rldock-j-1234-0",
@@ -147,6 +146,7 @@ def test_a_log_larger_than_the_cap_keeps_its_last_whole_lines(head: FakeHead):
 ])
 def test_a_whole_log_larger_than_the_cap_keeps_its_end(log_text):
     import json as json_module
+
     from rldock.operator.rayjobs import _logs_from_json
 
     body = json_module.dumps({"logs": log_text})
@@ -168,7 +168,7 @@ def _raw_server(reply: Callable[[socket.socket], None]) -> Iterator[str]:
         while not stop.is_set():
             try:
                 connection, _ = listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             with connection:
                 connection.recv(65536)

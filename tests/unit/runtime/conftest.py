@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
-
 from reward_model_builder import build_tiny_reward_model
 
 

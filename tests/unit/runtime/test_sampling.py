@@ -7,8 +7,14 @@ from tensordict import TensorDict
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
 from rldock.runtime.data import PreferencePair
-from rldock.runtime.sampling import (DriverBatch, DynamicSampling, group_rows, merge_rounds, preference_pairs,
-                                     prompt_groups)
+from rldock.runtime.sampling import (
+    DriverBatch,
+    DynamicSampling,
+    group_rows,
+    merge_rounds,
+    preference_pairs,
+    prompt_groups,
+)
 
 
 class CharTokenizer:

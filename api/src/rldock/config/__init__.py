@@ -1,8 +1,19 @@
 """The rldock job API: typed config models, cross-field checks and YAML loading."""
 
 from rldock.config.job import (
-    AlgorithmSpec, CheckpointSpec, DataSpec, DockSpec, GeneratorSpec, JobConfig, ModelSpec, ResourcesSpec,
-    RewardSpec, RewardTermSpec, RolloutSpec, TrainingSpec, WarmupSpec,
+    AlgorithmSpec,
+    CheckpointSpec,
+    DataSpec,
+    DockSpec,
+    GeneratorSpec,
+    JobConfig,
+    ModelSpec,
+    ResourcesSpec,
+    RewardSpec,
+    RewardTermSpec,
+    RolloutSpec,
+    TrainingSpec,
+    WarmupSpec,
 )
 from rldock.config.loading import ConfigError, load_job_config, parse_job_config
 from rldock.config.problems import Problem, find_local_problems, find_problems, find_warnings

@@ -27,14 +27,14 @@ def _type_name(annotation) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(annotation))
-    if origin is typing.Union or origin is types.UnionType:  # Optional[int] and `int | None` alike
+    if origin in (typing.Union, types.UnionType):  # Optional[int] and `int | None` alike
         return " or ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None))
     return getattr(annotation, "__name__", str(annotation))
 
 
 def _optional_model(annotation) -> type[BaseModel] | None:
     """The section of an optional section field (`Optional[GeneratorSpec]`), else None."""
-    if typing.get_origin(annotation) is typing.Union:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
             return args[0]

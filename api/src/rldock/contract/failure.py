@@ -11,9 +11,10 @@ has one definition (as the progress line in progress.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from rldock.contract.log_records import prefixed_records
 
@@ -56,7 +57,7 @@ def format_failure(failure: JobFailure) -> str:
     return PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
 
 
-def parse_failure(record: Any) -> Optional[JobFailure]:
+def parse_failure(record: Any) -> JobFailure | None:
     """A failure record as decoded JSON, or None when it is not one (an unknown reason included:
     a newer runtime's reason reads as no structured failure, and the generic path applies)."""
     if not isinstance(record, dict) or not isinstance(record.get("problems"), list):
@@ -70,7 +71,7 @@ def parse_failure(record: Any) -> Optional[JobFailure]:
     return JobFailure(reason, problems) if problems else None
 
 
-def last_failure(log_lines: Iterable[str]) -> Optional[JobFailure]:
+def last_failure(log_lines: Iterable[str]) -> JobFailure | None:
     """The last well-formed failure record in a log, or None; other lines are ignored."""
     last = None
     for record in prefixed_records(log_lines, PREFIX):

@@ -4,7 +4,8 @@ failure line both travel this way through the Ray job log)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 def prefixed_records(log_lines: Iterable[str], prefix: str) -> Iterator[Any]:

@@ -9,7 +9,8 @@ Both sides import this module, so the format has one definition.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rldock.contract.log_records import prefixed_records
 

@@ -23,10 +23,11 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import TypeVar
 
-from . import credentials, crds, nodes
+from . import crds, credentials, nodes
 from .binaries import Binaries, find_binaries
 from .processes import ManagedProcess, free_ports
 

@@ -8,8 +8,9 @@ else, so every RayCluster is still checked against KubeRay's real structural sch
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 

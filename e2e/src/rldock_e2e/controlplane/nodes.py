@@ -6,8 +6,8 @@ allocatable include the device resource for the real scheduler to bind pods to i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Mapping
 
 DEFAULT_DEVICE_RESOURCE = "huawei.com/Ascend910"
 

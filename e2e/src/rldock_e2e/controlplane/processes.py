@@ -16,8 +16,8 @@ import signal
 import socket
 import subprocess
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 log = logging.getLogger(__name__)
 

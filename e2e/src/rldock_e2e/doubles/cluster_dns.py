@@ -17,7 +17,7 @@ import logging
 import socket
 import struct
 import threading
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ class ClusterDNS:
         self.address, self.port = address, port
         self._records: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._socket: Optional[socket.socket] = None
-        self._thread: Optional[threading.Thread] = None
+        self._socket: socket.socket | None = None
+        self._thread: threading.Thread | None = None
 
     def set_services(self, addresses: Mapping[tuple[str, str], str]) -> None:
         """(namespace, service) -> pod IP; replaces every record."""
@@ -62,7 +62,7 @@ class ClusterDNS:
         if sock is not None:
             sock.close()
 
-    def resolve(self, name: str) -> Optional[str]:
+    def resolve(self, name: str) -> str | None:
         with self._lock:
             return self._records.get(name.lower().rstrip("."))
 
@@ -71,7 +71,7 @@ class ClusterDNS:
             sock = self._socket
             try:
                 query, client = sock.recvfrom(512)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

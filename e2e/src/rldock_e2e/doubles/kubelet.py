@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -39,7 +40,7 @@ def _now() -> str:
 
 class KubeletDouble:
     def __init__(self, api_client: client.ApiClient, *, namespace: str, interval: float = 0.3,
-                 on_start: Optional[StartHook] = None, on_stop: Optional[StopHook] = None) -> None:
+                 on_start: StartHook | None = None, on_stop: StopHook | None = None) -> None:
         self.namespace = namespace
         self.core = client.CoreV1Api(api_client)
         self._on_start, self._on_stop = on_start, on_stop
@@ -47,7 +48,7 @@ class KubeletDouble:
         self._lock = threading.Lock()
         self._poller = Poller("kubelet-double", self.sync, interval=interval)
 
-    def __enter__(self) -> "KubeletDouble":
+    def __enter__(self) -> KubeletDouble:
         self._poller.start()
         return self
 
@@ -111,13 +112,13 @@ class KubeletDouble:
         return container_env(pod, pod["spec"]["containers"][0], config_map=self._config_map_data,
                              secret=self._secret_data)
 
-    def _config_map_data(self, name: str) -> Optional[dict[str, str]]:
+    def _config_map_data(self, name: str) -> dict[str, str] | None:
         return self._read("config_map", name)
 
-    def _secret_data(self, name: str) -> Optional[dict[str, str]]:
+    def _secret_data(self, name: str) -> dict[str, str] | None:
         return self._read("secret", name)
 
-    def _read(self, kind: str, name: str) -> Optional[dict[str, str]]:
+    def _read(self, kind: str, name: str) -> dict[str, str] | None:
         read = getattr(self.core, f"read_namespaced_{kind}")
         try:
             return json.loads(read(name, self.namespace, _preload_content=False).data).get("data") or {}

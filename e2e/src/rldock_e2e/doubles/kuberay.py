@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -68,7 +69,7 @@ class KubeRayDouble:
         self.ports = {**DEFAULT_PORTS, "dashboard": dashboard_port}
         self._poller = Poller("kuberay-double", self.reconcile_all, interval=interval)
 
-    def __enter__(self) -> "KubeRayDouble":
+    def __enter__(self) -> KubeRayDouble:
         self._poller.start()
         return self
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes.utils import parse_quantity
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from rldock_e2e.controlplane.binaries import cache_dir
 from rldock_e2e.controlplane.processes import pid_alive

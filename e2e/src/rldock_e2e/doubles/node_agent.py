@@ -43,10 +43,11 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -86,7 +87,7 @@ class PodStartError(RuntimeError):
 class _Probe:
     spec: Mapping[str, Any]
     next_at: float = 0.0
-    running: Optional[ManagedProcess] = None
+    running: ManagedProcess | None = None
     started: float = 0.0
     successes: int = 0
     failures: int = 0
@@ -96,17 +97,17 @@ class _Probe:
 class _Container:
     spec: Mapping[str, Any]
     init: bool
-    process: Optional[ManagedProcess] = None
+    process: ManagedProcess | None = None
     started_at: str = ""
     started: float = 0.0
     restart_count: int = 0
-    last_terminated: Optional[dict[str, Any]] = None
+    last_terminated: dict[str, Any] | None = None
     done: bool = False  # terminated for good (restartPolicy) or an init container that succeeded
     next_start: float = 0.0
     waiting_reason: str = "ContainerCreating"
     waiting_message: str = ""
     ready: bool = False
-    probe: Optional[_Probe] = None
+    probe: _Probe | None = None
 
     @property
     def name(self) -> str:
@@ -120,11 +121,11 @@ class _PodRuntime:
     name: str
     pod: dict[str, Any]
     root: Path
-    sandbox: Optional[PodSandbox] = None
+    sandbox: PodSandbox | None = None
     init: list[_Container] = field(default_factory=list)
     main: list[_Container] = field(default_factory=list)
     start_time: str = ""
-    reported: Optional[dict[str, Any]] = None
+    reported: dict[str, Any] | None = None
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> (status, since)
 
     @property
@@ -143,7 +144,7 @@ class NodeAgentDouble:
     """Runs the pods bound to its emulated nodes (all namespaces), polling every `interval` s."""
 
     def __init__(self, plane: ControlPlane, *, workdir: Path, host_root: Path,
-                 image_path: Sequence[str] = DEFAULT_IMAGE_PATH, image_env: Optional[Mapping[str, str]] = None,
+                 image_path: Sequence[str] = DEFAULT_IMAGE_PATH, image_env: Mapping[str, str] | None = None,
                  interval: float = 0.5, max_grace: float = 5.0, max_backoff: float = 60.0) -> None:
         self.plane = plane
         self.workdir, self.host_root = Path(workdir), Path(host_root)
@@ -158,8 +159,8 @@ class NodeAgentDouble:
                           "LANG": "C.UTF-8", **(image_env or {})}
         self.max_grace, self.max_backoff = max_grace, max_backoff
         self.network = PodNetwork()
-        self.dns: Optional[ClusterDNS] = None
-        self.api_proxy: Optional[ServiceProxy] = None
+        self.dns: ClusterDNS | None = None
+        self.api_proxy: ServiceProxy | None = None
         self._api = plane.api_client()
         self.core = client.CoreV1Api(self._api)
         self._nodes: set[str] = set()
@@ -169,7 +170,7 @@ class NodeAgentDouble:
         self.profile_dir = self.workdir / "image-profile.d"
 
     # ----- lifecycle ------------------------------------------------------------------------------
-    def __enter__(self) -> "NodeAgentDouble":
+    def __enter__(self) -> NodeAgentDouble:
         reason = sandbox_unavailable()
         if reason is not None:
             raise RuntimeError(reason)
@@ -227,23 +228,23 @@ class NodeAgentDouble:
         return self.plane.create_node(name, **create_node_kwargs)
 
     # ----- what tests ask -------------------------------------------------------------------------
-    def pids(self, namespace: Optional[str] = None, *, labels: Mapping[str, str] = {}) -> dict[str, list[int]]:
+    def pids(self, namespace: str | None = None, *, labels: Mapping[str, str] = {}) -> dict[str, list[int]]:
         """Live processes of every running pod (of `namespace`, with these labels), by pod name."""
         with self._lock:
             return {r.name: r.sandbox.pids() for r in self._selected(namespace, labels) if r.sandbox is not None}
 
-    def uts_namespaces(self, namespace: Optional[str] = None, *, labels: Mapping[str, str] = {}) -> dict[str, int]:
+    def uts_namespaces(self, namespace: str | None = None, *, labels: Mapping[str, str] = {}) -> dict[str, int]:
         """The UTS namespace inode of every running pod (of `namespace`, with these labels), by pod
         name: all of a pod's processes share it (leak checks after the pod is gone)."""
         with self._lock:
             return {r.name: r.sandbox.uts_inode for r in self._selected(namespace, labels)
                     if r.sandbox is not None and r.sandbox.uts_inode}
 
-    def _selected(self, namespace: Optional[str], labels: Mapping[str, str]) -> list[_PodRuntime]:
+    def _selected(self, namespace: str | None, labels: Mapping[str, str]) -> list[_PodRuntime]:
         return [r for r in self._pods.values() if namespace in (None, r.namespace)
                 and all((r.pod["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
 
-    def container_pid(self, namespace: str, pod: str, container: str) -> Optional[int]:
+    def container_pid(self, namespace: str, pod: str, container: str) -> int | None:
         """Host pid of a running container's first process (PID 1 of its PID namespace)."""
         with self._lock:
             runtime = next((r for r in self._pods.values() if (r.namespace, r.name) == (namespace, pod)), None)
@@ -353,7 +354,7 @@ class NodeAgentDouble:
                                        or "secret" in volume)
         return list(mounts.values())
 
-    def _volume_source(self, runtime: _PodRuntime, volume: Mapping[str, Any]) -> Optional[Path]:
+    def _volume_source(self, runtime: _PodRuntime, volume: Mapping[str, Any]) -> Path | None:
         """The host folder that backs `volume` (filled now), or None for a memory-backed emptyDir."""
         folder = runtime.root / "volumes" / volume["name"]
         if "configMap" in volume or "secret" in volume:
@@ -412,7 +413,7 @@ class NodeAgentDouble:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _read_data(self, kind: str, namespace: str, name: str) -> Optional[dict[str, bytes]]:
+    def _read_data(self, kind: str, namespace: str, name: str) -> dict[str, bytes] | None:
         read = self.core.read_namespaced_config_map if kind == "configMap" else self.core.read_namespaced_secret
         try:
             obj = json.loads(read(name, namespace, _preload_content=False).data)
@@ -426,7 +427,7 @@ class NodeAgentDouble:
                 **{k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}}
 
     def _env_lookup(self, kind: str, namespace: str):
-        def lookup(name: str) -> Optional[dict[str, str]]:
+        def lookup(name: str) -> dict[str, str] | None:
             data = self._read_data(kind, namespace, name)
             if data is None:
                 return None
@@ -558,7 +559,7 @@ class NodeAgentDouble:
             container.ready = True  # tcpSocket/grpc probes are not emulated: taken as passing
 
     # ----- deletion -------------------------------------------------------------------------------
-    def _delete(self, pod: Mapping[str, Any], runtime: Optional[_PodRuntime]) -> None:
+    def _delete(self, pod: Mapping[str, Any], runtime: _PodRuntime | None) -> None:
         if runtime is not None:
             grace = min(float(pod["metadata"].get("deletionGracePeriodSeconds") or 0), self.max_grace)
             self._kill(runtime, grace=grace)

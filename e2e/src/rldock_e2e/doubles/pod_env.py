@@ -13,12 +13,13 @@ import base64
 import json
 import math
 import re
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubernetes.utils import parse_quantity
 
 # name -> the object's `data` (Secret values still base64), or None when it does not exist.
-Lookup = Callable[[str], Optional[Mapping[str, str]]]
+Lookup = Callable[[str], Mapping[str, str] | None]
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -69,7 +70,7 @@ def _data(lookup: Lookup, ref: Mapping[str, Any], *, decode: bool) -> dict[str, 
 
 
 def _value_from(source: Mapping[str, Any], pod: Mapping[str, Any], container: Mapping[str, Any], *,
-                config_map: Lookup, secret: Lookup, pod_ip: str, host_ip: str) -> Optional[str]:
+                config_map: Lookup, secret: Lookup, pod_ip: str, host_ip: str) -> str | None:
     for kind, lookup, decode in (("configMapKeyRef", config_map, False), ("secretKeyRef", secret, True)):
         if kind in source:
             ref = source[kind]

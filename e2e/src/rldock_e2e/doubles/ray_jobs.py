@@ -27,9 +27,10 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Mapping, Optional
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ class FakeJob:
     submitted: float
     status: str = "PENDING"
     message: str = "Job has not started yet."
-    start_time: Optional[int] = None  # ms since the epoch, as Ray reports it
-    end_time: Optional[int] = None
+    start_time: int | None = None  # ms since the epoch, as Ray reports it
+    end_time: int | None = None
     logs: list[str] = field(default_factory=list)
     stop_requests: int = 0
 
@@ -62,7 +63,7 @@ class FakeJob:
 class FakeHead:
     """One Ray head's Jobs API."""
 
-    def __init__(self, *, cluster: str, ip: str, port: int, token: Optional[str], start_delay: float) -> None:
+    def __init__(self, *, cluster: str, ip: str, port: int, token: str | None, start_delay: float) -> None:
         self.cluster, self.ip, self.port, self.token = cluster, ip, port, token
         self.start_delay = start_delay
         self.jobs: dict[str, FakeJob] = {}
@@ -79,7 +80,7 @@ class FakeHead:
         self._server.shutdown()
         self._server.server_close()
 
-    def job(self, submission_id: str) -> Optional[FakeJob]:
+    def job(self, submission_id: str) -> FakeJob | None:
         with self.lock:
             job = self.jobs.get(submission_id)
             if job is not None and job.status == "PENDING" and time.time() - job.submitted >= self.start_delay:
@@ -115,7 +116,7 @@ def _handler_for(head: FakeHead) -> type[BaseHTTPRequestHandler]:
                 return False
             return True
 
-        def _route(self) -> tuple[Optional[str], str]:
+        def _route(self) -> tuple[str | None, str]:
             parts = [p for p in self.path.split("?")[0].split("/") if p]  # api, jobs, <id>, [logs|stop]
             if parts[:2] != ["api", "jobs"]:
                 return None, ""
@@ -225,7 +226,7 @@ class RayJobsDouble:
             head.stop()
 
     # --- what the test does and asks ----------------------------------------------------------
-    def find(self, submission_id: str) -> Optional[FakeJob]:
+    def find(self, submission_id: str) -> FakeJob | None:
         """The job with this id on a live head."""
         with self._lock:
             heads = list(self.heads.values())
@@ -235,7 +236,7 @@ class RayJobsDouble:
                 return job
         return None
 
-    def head_of(self, cluster: str) -> Optional[FakeHead]:
+    def head_of(self, cluster: str) -> FakeHead | None:
         with self._lock:
             return next((h for h in self.heads.values() if h.cluster == cluster), None)
 

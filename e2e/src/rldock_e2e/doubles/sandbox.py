@@ -36,9 +36,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 from rldock_e2e.controlplane.processes import ManagedProcess, pid_alive
 from rldock_e2e.doubles import mountpoints
@@ -49,7 +49,7 @@ _BRIDGE_PREFIX = "rle2e"  # + the owning test run's pid in hex: stale bridges of
 _READY_LINE = "rldock-sandbox-ready"
 
 
-def sandbox_unavailable() -> Optional[str]:
+def sandbox_unavailable() -> str | None:
     """Why pods cannot be sandboxed on this machine, or None when they can."""
     if os.geteuid() != 0:
         return "the node agent double needs root (network and mount namespaces, a bridge)"
@@ -63,7 +63,7 @@ def sandbox_unavailable() -> Optional[str]:
     return None
 
 
-def _ip(*args: str, netns_pid: Optional[int] = None) -> None:
+def _ip(*args: str, netns_pid: int | None = None) -> None:
     argv = ["ip", *args] if netns_pid is None else ["nsenter", f"--target={netns_pid}", "--net", "ip", *args]
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
@@ -80,7 +80,7 @@ class PodNetwork:
 
     def __init__(self) -> None:
         self.bridge = f"{_BRIDGE_PREFIX}{os.getpid():x}"
-        self.subnet: Optional[ipaddress.IPv4Network] = None
+        self.subnet: ipaddress.IPv4Network | None = None
         self._free: list[str] = []
         self._lock = threading.Lock()
         self._veths = 0
@@ -164,9 +164,9 @@ class Mount:
     """`target` (a path in the pod) shows `source` (a host folder or file), or a fresh tmpfs."""
 
     target: str
-    source: Optional[Path] = None
+    source: Path | None = None
     read_only: bool = False
-    tmpfs_size: Optional[str] = None  # e.g. "64m"; None: the kernel's default (half the memory)
+    tmpfs_size: str | None = None  # e.g. "64m"; None: the kernel's default (half the memory)
 
 
 def _tmpfs_mount(mount: Mount, target: str) -> str:
@@ -178,14 +178,14 @@ class PodSandbox:
     """The namespaces of one pod, held by a `sleep` (the pause container), and its containers."""
 
     def __init__(self, *, name: str, root: Path, mounts: Sequence[Mount],
-                 network: Optional[PodNetwork]) -> None:
+                 network: PodNetwork | None) -> None:
         self.name = name
         self.root = root
         self.mounts = list(mounts)
         self.network = network  # None: the host's network (hostNetwork: true)
-        self.ip: Optional[str] = None
-        self.uts_inode: Optional[int] = None  # names the pod's processes: all of them share it
-        self._pause: Optional[ManagedProcess] = None
+        self.ip: str | None = None
+        self.uts_inode: int | None = None  # names the pod's processes: all of them share it
+        self._pause: ManagedProcess | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def start(self, *, timeout: float = 15.0) -> None:

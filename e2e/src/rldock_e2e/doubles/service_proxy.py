@@ -13,7 +13,6 @@ import logging
 import selectors
 import socket
 import threading
-from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +20,7 @@ log = logging.getLogger(__name__)
 class ServiceProxy:
     def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
         self.listen, self.target = listen, target
-        self._server: Optional[socket.socket] = None
+        self._server: socket.socket | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -47,7 +46,7 @@ class ServiceProxy:
         while not self._stop.is_set():
             try:
                 downstream, _ = self._server.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from kubernetes import client
+
 from rldock_e2e.doubles._poller import Poller
 from rldock_e2e.doubles.cluster_dns import ClusterDNS
 

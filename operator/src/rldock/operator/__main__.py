@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import kopf
 from kubernetes import client, config
@@ -50,7 +50,7 @@ def _require_crd(api: client.ApiClient) -> None:
                          "apply crds/ first")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings(argv, os.environ)
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -91,7 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _lead(api: client.ApiClient, settings: OperatorSettings, metrics: Metrics) -> Optional[LeaderElector]:
+def _lead(api: client.ApiClient, settings: OperatorSettings, metrics: Metrics) -> LeaderElector | None:
     """Without leader election, None at once; with it, block until this replica holds the Lease
     and keep renewing it; losing it ends the process."""
     if not settings.leader_election:

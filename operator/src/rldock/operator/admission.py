@@ -28,9 +28,10 @@ import os
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from rldock.operator.constants import GROUP, PLURAL, Reason
 from rldock.operator.policy import policy_problems
@@ -62,8 +63,8 @@ class ReviewError(ValueError):
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
-    reason: Optional[str] = None  # a Reason value when refused
-    message: Optional[str] = None
+    reason: str | None = None  # a Reason value when refused
+    message: str | None = None
 
 
 ALLOWED = Verdict(allowed=True)
@@ -166,7 +167,7 @@ class WebhookServer:
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-webhook", daemon=True)
 
-    def start(self) -> "WebhookServer":
+    def start(self) -> WebhookServer:
         self._thread.start()
         log.info("serving the RLJob admission webhook at https://0.0.0.0:%d%s", self.port, WEBHOOK_PATH)
         return self
@@ -182,7 +183,7 @@ class _Certificate:
     def __init__(self, cert_file: str, key_file: str) -> None:
         self._files = (cert_file, key_file)
         self._lock = threading.Lock()
-        self._stamp: Optional[tuple[tuple[int, int, int], ...]] = self._read_stamp()
+        self._stamp: tuple[tuple[int, int, int], ...] | None = self._read_stamp()
         self._context = self._load()
 
     def _read_stamp(self) -> tuple[tuple[int, int, int], ...]:

@@ -14,20 +14,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidatorFunctionWrapHandler, WrapValidator,
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
 )
-from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from rldock.config import JobConfig
 from rldock.operator.constants import (
-    DEFAULT_BACKOFF_LIMIT, DEFAULT_CHECKPOINT_MOUNT_PATH, DEFAULT_DEVICE_RESOURCE, DEFAULT_IMAGE,
-    DEFAULT_IMAGE_PULL_POLICY, DEFAULT_RAY_VERSION, IMAGE_PATTERN, MANAGED_BY_RLDOCK, MAX_DNS_LABEL_LENGTH, MAX_ENV_NAME_LENGTH,
-    MAX_ENV_VALUE_LENGTH, MAX_IMAGE_LENGTH, MAX_KEY_LENGTH, MAX_LABEL_VALUE_LENGTH, MAX_NAME_LENGTH, MAX_PATH_LENGTH,
-    MAX_POD_INPUTS, MAX_VERSION_LENGTH, ConditionType, GangScheduler, ImagePullPolicy, Phase, Reason,
+    DEFAULT_BACKOFF_LIMIT,
+    DEFAULT_CHECKPOINT_MOUNT_PATH,
+    DEFAULT_DEVICE_RESOURCE,
+    DEFAULT_IMAGE,
+    DEFAULT_IMAGE_PULL_POLICY,
+    DEFAULT_RAY_VERSION,
+    IMAGE_PATTERN,
+    MANAGED_BY_RLDOCK,
+    MAX_DNS_LABEL_LENGTH,
+    MAX_ENV_NAME_LENGTH,
+    MAX_ENV_VALUE_LENGTH,
+    MAX_IMAGE_LENGTH,
+    MAX_KEY_LENGTH,
+    MAX_LABEL_VALUE_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_PATH_LENGTH,
+    MAX_POD_INPUTS,
+    MAX_VERSION_LENGTH,
+    ConditionType,
+    GangScheduler,
+    ImagePullPolicy,
+    Phase,
+    Reason,
 )
 
 # Kubernetes resource.Quantity, as the API server parses it ("4", "500m", "64Gi", 4). Integers
@@ -49,7 +75,7 @@ def _one_quantity_error(value: object, handler: ValidatorFunctionWrapHandler) ->
 
 
 Quantity = Annotated[
-    Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]],
+    Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)],
     WrapValidator(_one_quantity_error),
 ]
 
@@ -79,14 +105,14 @@ class PodResources(_Model):
 class Toleration(_Model):
     """A core/v1 Toleration, copied onto every Ray pod."""
 
-    key: Optional[str] = Field(
+    key: str | None = Field(
         default=None, max_length=MAX_KEY_LENGTH, description="Taint key; empty with `Exists` tolerates every taint.")
-    operator: Optional[Literal["Exists", "Equal"]] = Field(default=None, description="Default `Equal`.")
-    value: Optional[str] = Field(
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Default `Equal`.")
+    value: str | None = Field(
         default=None, max_length=MAX_LABEL_VALUE_LENGTH, description="Taint value; must be empty with `Exists`.")
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate; empty tolerates all effects.")
-    toleration_seconds: Optional[int] = Field(
+    toleration_seconds: int | None = Field(
         default=None, ge=0, description="How long a `NoExecute` taint is tolerated before eviction.")
 
 
@@ -102,48 +128,47 @@ class Toleration(_Model):
 class PersistentVolumeClaimSource(_Model):
     claim_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
                             description="PersistentVolumeClaim in the RLJob's namespace (ReadOnlyMany or ReadWriteMany for several nodes).")
-    read_only: Optional[bool] = Field(default=None, description="Mount the claim read-only.")
+    read_only: bool | None = Field(default=None, description="Mount the claim read-only.")
 
 
 class NFSSource(_Model):
     server: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="NFS server host name or address.")
     path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH, description="Exported directory, an absolute path.")
-    read_only: Optional[bool] = Field(default=None, description="Mount the export read-only.")
+    read_only: bool | None = Field(default=None, description="Mount the export read-only.")
 
 
 class HostPathSource(_Model):
     path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
                       description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.")
-    type: Optional[Literal["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
-                           "BlockDevice"]] = Field(default=None, description="What must be at `path`; unset checks nothing.")
+    type: Literal["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"] | None = Field(default=None, description="What must be at `path`; unset checks nothing.")
 
 
 class KeyToPath(_Model):
     key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="Key in the ConfigMap or Secret.")
     path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
                       description="File name for the key, relative to the mount path (no `..`).")
-    mode: Optional[int] = Field(default=None, ge=0, le=0o777, description="File mode bits (decimal in JSON, e.g. 292 = 0444).")
+    mode: int | None = Field(default=None, ge=0, le=0o777, description="File mode bits (decimal in JSON, e.g. 292 = 0444).")
 
 
 class ConfigMapSource(_Model):
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="ConfigMap in the RLJob's namespace.")
-    items: Optional[list[KeyToPath]] = Field(
+    items: list[KeyToPath] | None = Field(
         default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key.")
-    default_mode: Optional[int] = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
-    optional: Optional[bool] = Field(default=None, description="Start even when the ConfigMap is missing.")
+    default_mode: int | None = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
+    optional: bool | None = Field(default=None, description="Start even when the ConfigMap is missing.")
 
 
 class SecretSource(_Model):
     secret_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret in the RLJob's namespace.")
-    items: Optional[list[KeyToPath]] = Field(
+    items: list[KeyToPath] | None = Field(
         default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key.")
-    default_mode: Optional[int] = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
-    optional: Optional[bool] = Field(default=None, description="Start even when the Secret is missing.")
+    default_mode: int | None = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
+    optional: bool | None = Field(default=None, description="Start even when the Secret is missing.")
 
 
 class EmptyDirSource(_Model):
-    medium: Optional[Literal["Memory"]] = Field(default=None, description="`Memory` for a tmpfs; unset: the node's disk.")
-    size_limit: Optional[Quantity] = Field(default=None, description="Largest size, e.g. \"10Gi\".")
+    medium: Literal["Memory"] | None = Field(default=None, description="`Memory` for a tmpfs; unset: the node's disk.")
+    size_limit: Quantity | None = Field(default=None, description="Largest size, e.g. \"10Gi\".")
 
 
 class Volume(_Model):
@@ -151,12 +176,12 @@ class Volume(_Model):
 
     name: str = Field(min_length=1, max_length=MAX_DNS_LABEL_LENGTH,
                       description="Volume name (a DNS label), referred to by `volumeMounts[].name`.")
-    persistent_volume_claim: Optional[PersistentVolumeClaimSource] = Field(default=None, description="A PersistentVolumeClaim.")
-    nfs: Optional[NFSSource] = Field(default=None, description="An NFS export.")
-    host_path: Optional[HostPathSource] = Field(default=None, description="A path on the node.")
-    config_map: Optional[ConfigMapSource] = Field(default=None, description="A ConfigMap's keys as files.")
-    secret: Optional[SecretSource] = Field(default=None, description="A Secret's keys as files.")
-    empty_dir: Optional[EmptyDirSource] = Field(default=None, description="A scratch directory that lives as long as the pod.")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(default=None, description="A PersistentVolumeClaim.")
+    nfs: NFSSource | None = Field(default=None, description="An NFS export.")
+    host_path: HostPathSource | None = Field(default=None, description="A path on the node.")
+    config_map: ConfigMapSource | None = Field(default=None, description="A ConfigMap's keys as files.")
+    secret: SecretSource | None = Field(default=None, description="A Secret's keys as files.")
+    empty_dir: EmptyDirSource | None = Field(default=None, description="A scratch directory that lives as long as the pod.")
 
 
 class VolumeMount(_Model):
@@ -166,29 +191,29 @@ class VolumeMount(_Model):
     mount_path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
                             description="Where the volume appears in the container, an absolute path; the job "
                             "config's paths (e.g. `job.model.path`) point below it.")
-    sub_path: Optional[str] = Field(default=None, max_length=MAX_PATH_LENGTH,
+    sub_path: str | None = Field(default=None, max_length=MAX_PATH_LENGTH,
                                     description="Path inside the volume to mount instead of its root (relative, no `..`).")
-    read_only: Optional[bool] = Field(default=None, description="Mount read-only.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
 
 
 class KeySelector(_Model):
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace.")
     key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="The key whose value to take.")
-    optional: Optional[bool] = Field(default=None, description="Start even when the object or key is missing.")
+    optional: bool | None = Field(default=None, description="Start even when the object or key is missing.")
 
 
 class FieldSelector(_Model):
     field_path: str = Field(min_length=1, max_length=MAX_KEY_LENGTH,
                             description="A field of the pod, e.g. `metadata.name` or `status.podIP`.")
-    api_version: Optional[str] = Field(default=None, max_length=MAX_VERSION_LENGTH, description="Default `v1`.")
+    api_version: str | None = Field(default=None, max_length=MAX_VERSION_LENGTH, description="Default `v1`.")
 
 
 class EnvVarSource(_Model):
     """Where an env value comes from; set exactly one."""
 
-    secret_key_ref: Optional[KeySelector] = Field(default=None, description="A key of a Secret (e.g. a reward API token).")
-    config_map_key_ref: Optional[KeySelector] = Field(default=None, description="A key of a ConfigMap.")
-    field_ref: Optional[FieldSelector] = Field(default=None, description="A field of the pod.")
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret (e.g. a reward API token).")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod.")
 
 
 class EnvVar(_Model):
@@ -196,28 +221,28 @@ class EnvVar(_Model):
     worker process inherit it."""
 
     name: str = Field(min_length=1, max_length=MAX_ENV_NAME_LENGTH, description="Variable name.")
-    value: Optional[str] = Field(default=None, max_length=MAX_ENV_VALUE_LENGTH,
+    value: str | None = Field(default=None, max_length=MAX_ENV_VALUE_LENGTH,
                                  description="Literal value; use `valueFrom` for secrets.")
-    value_from: Optional[EnvVarSource] = Field(default=None, description="Take the value from a Secret, ConfigMap or the pod.")
+    value_from: EnvVarSource | None = Field(default=None, description="Take the value from a Secret, ConfigMap or the pod.")
 
 
 class EnvFromRef(_Model):
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace.")
-    optional: Optional[bool] = Field(default=None, description="Start even when it is missing.")
+    optional: bool | None = Field(default=None, description="Start even when it is missing.")
 
 
 class EnvFromSource(_Model):
     """A core/v1 EnvFromSource: every key of a Secret or ConfigMap as a variable; set exactly one."""
 
-    prefix: Optional[str] = Field(default=None, max_length=MAX_ENV_NAME_LENGTH, description="Prepended to every key.")
-    secret_ref: Optional[EnvFromRef] = Field(default=None, description="A Secret.")
-    config_map_ref: Optional[EnvFromRef] = Field(default=None, description="A ConfigMap.")
+    prefix: str | None = Field(default=None, max_length=MAX_ENV_NAME_LENGTH, description="Prepended to every key.")
+    secret_ref: EnvFromRef | None = Field(default=None, description="A Secret.")
+    config_map_ref: EnvFromRef | None = Field(default=None, description="A ConfigMap.")
 
 
 class ClusterSpec(_Model):
     """How the Ray cluster's pods are made. Its size comes from `job.resources`."""
 
-    device_resource: Optional[str] = Field(
+    device_resource: str | None = Field(
         default=None, min_length=1, max_length=MAX_KEY_LENGTH,
         description="Extended resource that the device plugin advertises; each worker pod requests "
         "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`). "
@@ -238,13 +263,13 @@ class ClusterSpec(_Model):
 
 
 class SchedulingSpec(_Model):
-    scheduler_name: Optional[str] = Field(
+    scheduler_name: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH, description="Pod schedulerName; unset uses the cluster default.")
     gang: GangScheduler = Field(
         default=GangScheduler.NONE,
         description="All-or-nothing start of the head and every worker: `volcano` (KubeRay's "
         "Volcano integration, a PodGroup per cluster) or `kueue` (Kueue admits the RayCluster).")
-    queue: Optional[str] = Field(
+    queue: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="Volcano queue, or Kueue LocalQueue (required for `kueue`).")
 
@@ -256,10 +281,10 @@ class CheckpointStorage(_Model):
     starts fresh); `job.checkpoint` sets how often.
     """
 
-    claim_name: Optional[str] = Field(
+    claim_name: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="PersistentVolumeClaim in the RLJob's namespace (ReadWriteMany for several nodes).")
-    host_path: Optional[str] = Field(
+    host_path: str | None = Field(
         default=None, min_length=1, max_length=MAX_PATH_LENGTH, description="Directory on every node, e.g. a shared filesystem mount.")
     mount_path: str = Field(
         default=DEFAULT_CHECKPOINT_MOUNT_PATH, min_length=1, max_length=MAX_PATH_LENGTH,
@@ -272,7 +297,7 @@ class LocalObjectReference(_Model):
 
 class RLJobSpec(_Model):
     job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
-    image: Optional[str] = Field(
+    image: str | None = Field(
         default=None, min_length=1, max_length=MAX_IMAGE_LENGTH, pattern=IMAGE_PATTERN,
         description="Runtime image of every Ray pod, an image reference `[registry/]repository[:tag][@digest]` "
         "without spaces. Unset: the operator's default (chart value "
@@ -315,9 +340,9 @@ class RLJobSpec(_Model):
         "(up to 10 minutes). While this budget lasts a lost worker pod is the runtime's to recover, not a "
         "failed attempt (no restartCount, the same Ray job); once it is spent the Ray job fails and "
         "backoffLimit applies. 0: every lost worker fails the attempt at once.")
-    ttl_seconds_after_finished: Optional[int] = Field(
+    ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
-    managed_by: Optional[str] = Field(
+    managed_by: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description=f"The controller that reconciles this RLJob (Kueue's convention for job resources, e.g. "
         f"MultiKueue's `kueue.x-k8s.io/multikueue`). Unset or `{MANAGED_BY_RLDOCK}`: this operator; any other "
@@ -341,7 +366,7 @@ class PodDefaults:
     # What the cluster admin adds to every Ray pod (the chart's policy.podDefaults, policy.py).
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-    priority_class_name: Optional[str] = None
+    priority_class_name: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
 
     def image_of(self, spec: RLJobSpec) -> str:
@@ -378,7 +403,7 @@ class Condition(_Model):
                       AfterValidator(_known_reason)]
     message: str = ""
     last_transition_time: datetime
-    observed_generation: Optional[int] = Field(default=None, ge=0)
+    observed_generation: int | None = Field(default=None, ge=0)
 
 
 class LastEvaluation(_Model):
@@ -395,27 +420,27 @@ class RLJobStatus(_Model):
     """Written only by the operator (status subresource)."""
 
     model_config = ConfigDict(extra="ignore")
-    phase: Optional[Phase] = None
+    phase: Phase | None = None
     conditions: list[Condition] = Field(
         default_factory=list,
         # A list-map keyed by type, as metav1.Condition lists are: one entry per type, and a
         # server-side apply of one condition does not replace the others.
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
-    iteration: Optional[int] = Field(default=None, ge=0, description="Last finished RL iteration.")
-    iterations: Optional[int] = Field(default=None, ge=1, description="RL iterations of the job.")
-    progress: Optional[str] = Field(default=None, description="`iteration/iterations`, for kubectl.")
-    reward: Optional[float] = Field(default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
-    tokens_per_second_per_device: Optional[float] = Field(
+    iteration: int | None = Field(default=None, ge=0, description="Last finished RL iteration.")
+    iterations: int | None = Field(default=None, ge=1, description="RL iterations of the job.")
+    progress: str | None = Field(default=None, description="`iteration/iterations`, for kubectl.")
+    reward: float | None = Field(default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
+    tokens_per_second_per_device: float | None = Field(
         default=None, description="Throughput of the last iteration, tokens/s per device.")
-    last_evaluation: Optional[LastEvaluation] = Field(
+    last_evaluation: LastEvaluation | None = Field(
         default=None, description="The newest held-out evaluation; unset until the job evaluates.")
-    last_checkpoint: Optional[str] = Field(default=None, description="Path of the newest complete checkpoint.")
+    last_checkpoint: str | None = Field(default=None, description="Path of the newest complete checkpoint.")
     restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")
-    ray_cluster_name: Optional[str] = None
-    ray_job_id: Optional[str] = Field(default=None, description="Submission id of the current Ray job.")
-    start_time: Optional[datetime] = None
-    completion_time: Optional[datetime] = None
-    observed_generation: Optional[int] = Field(default=None, ge=0)
+    ray_cluster_name: str | None = None
+    ray_job_id: str | None = Field(default=None, description="Submission id of the current Ray job.")
+    start_time: datetime | None = None
+    completion_time: datetime | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
 
-    def condition(self, type_: ConditionType) -> Optional[Condition]:
+    def condition(self, type_: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

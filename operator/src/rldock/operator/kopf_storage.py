@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Optional
+from typing import Any
 
 import kopf
 
 log = logging.getLogger(__name__)
 
 
-def _decoded(body: kopf.Body, full_key: str) -> Optional[dict[str, Any]]:
+def _decoded(body: kopf.Body, full_key: str) -> dict[str, Any] | None:
     """The annotation's JSON object, or None when absent, unparseable or not an object."""
     encoded = (body.get("metadata", {}).get("annotations") or {}).get(full_key)
     if encoded is None:
@@ -35,7 +35,7 @@ def _decoded(body: kopf.Body, full_key: str) -> Optional[dict[str, Any]]:
 
 
 class TolerantDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    def fetch(self, *, body: kopf.Body) -> Optional[Any]:
+    def fetch(self, *, body: kopf.Body) -> Any | None:
         for full_key in self.make_keys(self.key, body=body):
             decoded = _decoded(body, full_key)
             if decoded is not None:
@@ -44,7 +44,7 @@ class TolerantDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 class TolerantProgressStorage(kopf.AnnotationsProgressStorage):
-    def fetch(self, *, key: Any, body: kopf.Body) -> Optional[Any]:
+    def fetch(self, *, key: Any, body: kopf.Body) -> Any | None:
         for full_key in self.make_keys(key, body=body):
             decoded = _decoded(body, full_key)
             if decoded is not None:

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rldock.operator.constants import (
-    GROUP, PLURAL, RAY_API_VERSION, RAY_CLUSTER_PLURAL, VERSION,
+    GROUP,
+    PLURAL,
+    RAY_API_VERSION,
+    RAY_CLUSTER_PLURAL,
+    VERSION,
 )
 
 log = logging.getLogger(__name__)
@@ -60,7 +65,7 @@ class Kube:
         self.networking = client.NetworkingV1Api(api_client)
 
     # --- core objects (ConfigMap, Secret) ------------------------------------------------------
-    def get(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             if kind == "RayCluster":
                 return self.custom.get_namespaced_custom_object(
@@ -74,7 +79,7 @@ class Kube:
                 return None
             raise
 
-    def create(self, manifest: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create; None when an object of that name already exists (the next round reads it);
         CreateRefused when the API server forbids or refuses it."""
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
@@ -116,7 +121,7 @@ class Kube:
                 raise StatusRejected(f"HTTP {error.status}: {message}") from None
             raise
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: Optional[str] = None) -> bool:
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (in the background); with `uid`, only that very object. False when absent."""
         body = client.V1DeleteOptions(propagation_policy="Background",
                                       preconditions=client.V1Preconditions(uid=uid) if uid else None)

@@ -33,9 +33,10 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class LeaseError(Exception):
     """A Lease call failed: `status` is the API server's HTTP status (409: another replica wrote
     first), None when there was no answer."""
 
-    def __init__(self, status: Optional[int], reason: str) -> None:
+    def __init__(self, status: int | None, reason: str) -> None:
         super().__init__(f"{status} {reason}" if status else reason)
         self.status = status
 
@@ -91,7 +92,7 @@ class LeaseApi:
 
         self._coordination = client.CoordinationV1Api(api)
 
-    def read(self, namespace: str, name: str, *, timeout: float) -> Optional[dict[str, Any]]:
+    def read(self, namespace: str, name: str, *, timeout: float) -> dict[str, Any] | None:
         try:
             return self._call(self._coordination.read_namespaced_lease, name, namespace, timeout=timeout)
         except LeaseError as error:
@@ -140,19 +141,19 @@ class LeaderElector:
         self.timings = timings
         self._clock, self._wall_clock, self._sleep = clock, wall_clock, sleep
         self._on_change = on_change
-        self._observed: Optional[tuple[Any, ...]] = None  # (holder, renewTime, resourceVersion) last seen
+        self._observed: tuple[Any, ...] | None = None  # (holder, renewTime, resourceVersion) last seen
         self._observed_at = 0.0  # clock() when `_observed` last changed
         self._last_renewal = 0.0  # clock() of this replica's last successful write as leader
         self._leading = False
         self._stop = threading.Event()
-        self._renewer: Optional[threading.Thread] = None
+        self._renewer: threading.Thread | None = None
 
     @property
     def leading(self) -> bool:
         return self._leading
 
     # --- standby --------------------------------------------------------------------------------
-    def acquire(self, stop: Optional[threading.Event] = None) -> bool:
+    def acquire(self, stop: threading.Event | None = None) -> bool:
         """Block until this replica holds the Lease (True), or `stop` is set (False)."""
         stop = stop or threading.Event()
         log.info("leader election: %s waits for Lease %s/%s", self.identity, self.namespace, self.name)
@@ -256,16 +257,16 @@ class LeaderElector:
         self._set_leading(True)
         return True
 
-    def _observe(self, spec: dict[str, Any], resource_version: Optional[str]) -> None:
+    def _observe(self, spec: dict[str, Any], resource_version: str | None) -> None:
         record = (spec.get("holderIdentity"), spec.get("renewTime"), resource_version)
         if record != self._observed:
             self._observed, self._observed_at = record, self._clock()
 
-    def _spec(self, now: datetime, *, acquired: Optional[str], transitions: int) -> dict[str, Any]:
+    def _spec(self, now: datetime, *, acquired: str | None, transitions: int) -> dict[str, Any]:
         return {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.timings.lease_duration)),
                 "acquireTime": acquired, "renewTime": micro_time(now), "leaseTransitions": transitions}
 
-    def _request_timeout(self) -> Optional[float]:
+    def _request_timeout(self) -> float | None:
         """Seconds a request may take: as leader, only until the renew deadline (None once it
         passed, so no call outlives it); as standby, one retry period."""
         if not self._leading:

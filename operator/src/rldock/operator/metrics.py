@@ -34,11 +34,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -82,7 +89,7 @@ class Metrics:
         ProcessCollector(registry=self.registry)  # CPU seconds, memory, open files of this process
 
     # --- what the handlers report ---------------------------------------------------------------
-    def reconciled(self, *, seconds: float, error: Optional[str]) -> None:
+    def reconciled(self, *, seconds: float, error: str | None) -> None:
         """One round took `seconds`; `error` names why it failed (a short reason), None: it did not."""
         self._duration.observe(seconds)
         if error is None:
@@ -91,7 +98,7 @@ class Metrics:
             self._reconciles.labels(result=RESULT_ERROR).inc()
             self._errors.labels(reason=error).inc()
 
-    def set_phase(self, namespace: str, name: str, phase: Optional[str]) -> None:
+    def set_phase(self, namespace: str, name: str, phase: str | None) -> None:
         """The RLJob's phase now; None forgets the RLJob (as `forget`). A phase this operator does
         not know is logged and leaves the RLJob uncounted."""
         key = (namespace, name)
@@ -176,7 +183,7 @@ class HealthServer:
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-health", daemon=True)
 
-    def start(self) -> "HealthServer":
+    def start(self) -> HealthServer:
         self._thread.start()
         log.info("serving /metrics, /healthz and /readyz on port %d", self.port)
         return self

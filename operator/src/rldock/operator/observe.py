@@ -11,9 +11,10 @@ use. Pure functions over plain dicts (objects as the API server returns them, ca
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Collection, Mapping, Optional, Sequence
+from typing import Any
 
 from rldock.contract.checkpoints import checkpoint_path
 from rldock.contract.failure import last_failure
@@ -21,8 +22,19 @@ from rldock.contract.progress import headline_key, last_progress
 from rldock.operator import naming
 from rldock.operator.api import RLJobStatus
 from rldock.operator.constants import (
-    ANNOTATION_SUSPENDED_BY, MANAGED_BY_RLDOCK, DASHBOARD_ENDPOINT, DASHBOARD_PORT, JOB_METADATA_WORKER_PODS, LABEL_RAY_NODE_TYPE, LABEL_RLJOB,
-    RAY_CONDITION_PROVISIONED, RAY_NODE_TYPE_HEAD, RAY_NODE_TYPE_WORKER, RAY_STATE_READY, Phase, RayJobStatus,
+    ANNOTATION_SUSPENDED_BY,
+    DASHBOARD_ENDPOINT,
+    DASHBOARD_PORT,
+    JOB_METADATA_WORKER_PODS,
+    LABEL_RAY_NODE_TYPE,
+    LABEL_RLJOB,
+    MANAGED_BY_RLDOCK,
+    RAY_CONDITION_PROVISIONED,
+    RAY_NODE_TYPE_HEAD,
+    RAY_NODE_TYPE_WORKER,
+    RAY_STATE_READY,
+    Phase,
+    RayJobStatus,
 )
 from rldock.operator.settings import DashboardAddress
 from rldock.operator.status import RayJobObservation
@@ -53,7 +65,7 @@ def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or ())
 
 
-def _condition(pod: Mapping[str, Any], type_: str) -> Optional[Mapping[str, Any]]:
+def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
     return next((c for c in pod.get("status", {}).get("conditions") or () if c.get("type") == type_), None)
 
 
@@ -87,7 +99,7 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
 
 
 def lost_workers(summary: PodSummary, *, num_workers: int,
-                 attempt_workers: Optional[Collection[str]]) -> list[str]:
+                 attempt_workers: Collection[str] | None) -> list[str]:
     """Why worker pods were lost while the Ray job ran, or an empty list.
 
     A worker is lost when its pod failed or is being deleted, or when a pod the attempt started on
@@ -109,7 +121,7 @@ def lost_workers(summary: PodSummary, *, num_workers: int,
     return lost
 
 
-def attempt_workers(details: Optional[Mapping[str, Any]]) -> Optional[frozenset[str]]:
+def attempt_workers(details: Mapping[str, Any] | None) -> frozenset[str] | None:
     """The worker pods an attempt was submitted on (its Ray job's metadata), if recorded."""
     value = ((details or {}).get("metadata") or {}).get(JOB_METADATA_WORKER_PODS)
     return frozenset(filter(None, value.split(","))) if isinstance(value, str) else None
@@ -120,7 +132,7 @@ def ready_worker_names(summary: PodSummary) -> list[str]:
 
 
 # --- The RayCluster ----------------------------------------------------------------------------
-def cluster_is_ready(cluster_status: Optional[Mapping[str, Any]]) -> bool:
+def cluster_is_ready(cluster_status: Mapping[str, Any] | None) -> bool:
     """KubeRay's own verdict: state `ready`, or the RayClusterProvisioned condition."""
     if not cluster_status:
         return False
@@ -137,7 +149,7 @@ class Suspension(str, Enum):
     OTHER = "other"  # Kueue (waiting for admission, preempted) or an admin
 
 
-def suspension(cluster: Optional[Mapping[str, Any]]) -> Suspension:
+def suspension(cluster: Mapping[str, Any] | None) -> Suspension:
     if cluster is None or not (cluster.get("spec") or {}).get("suspend"):
         return Suspension.NONE
     annotations = (cluster.get("metadata") or {}).get("annotations") or {}
@@ -152,7 +164,7 @@ def ready_to_submit(cluster: Mapping[str, Any], summary: PodSummary, *, num_work
 
 
 def dashboard_url(*, mode: DashboardAddress, rljob_name: str, namespace: str,
-                  cluster_status: Optional[Mapping[str, Any]]) -> Optional[str]:
+                  cluster_status: Mapping[str, Any] | None) -> str | None:
     """The Jobs API base URL, or None while the status lacks the address `mode` needs.
 
     The port is the dashboard entry of KubeRay's `.status.endpoints` (the head Service's port),
@@ -172,8 +184,8 @@ def dashboard_url(*, mode: DashboardAddress, rljob_name: str, namespace: str,
 
 
 # --- The Ray job -------------------------------------------------------------------------------
-def job_observation(submission_id: str, details: Optional[Mapping[str, Any]], *,
-                    previous: RLJobStatus, log_text: str = "") -> Optional[RayJobObservation]:
+def job_observation(submission_id: str, details: Mapping[str, Any] | None, *,
+                    previous: RLJobStatus, log_text: str = "") -> RayJobObservation | None:
     """The Ray job of the current attempt from the Jobs API answer (None: no such job).
 
     A job this RLJob's status saw running that the cluster no longer knows went down with its head
@@ -195,8 +207,8 @@ def job_observation(submission_id: str, details: Optional[Mapping[str, Any]], *,
 
 @dataclass(frozen=True)
 class Progress:
-    metrics: Optional[dict[str, Any]] = None  # the last progress record, as compute_status reads it
-    last_checkpoint: Optional[str] = None
+    metrics: dict[str, Any] | None = None  # the last progress record, as compute_status reads it
+    last_checkpoint: str | None = None
 
 
 def read_progress(log_text: str, *, output_dir: str) -> Progress:
@@ -204,7 +216,7 @@ def read_progress(log_text: str, *, output_dir: str) -> Progress:
     return progress_of(last_progress(log_text.splitlines()), output_dir=output_dir)
 
 
-def progress_of(record: Optional[Mapping[str, Any]], *, output_dir: str) -> Progress:
+def progress_of(record: Mapping[str, Any] | None, *, output_dir: str) -> Progress:
     """A progress record (the last one of a log) as the status reads it; nothing when incomplete."""
     if record is None or not {"iteration", headline_key(record), "tokens_per_s_per_device"} <= record.keys():
         return Progress()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -47,10 +47,10 @@ class AllowedToleration(_Model):
     """A toleration RLJobs may carry; an RLJob's toleration must equal one of these field by field
     (unset fields of the RLJob's toleration compare as their Kubernetes defaults)."""
 
-    key: Optional[str] = None
+    key: str | None = None
     operator: str = "Equal"
-    value: Optional[str] = None
-    effect: Optional[str] = None
+    value: str | None = None
+    effect: str | None = None
 
 
 class AdminPodDefaults(_Model):
@@ -58,7 +58,7 @@ class AdminPodDefaults(_Model):
 
     labels: dict[str, str] = Field(default_factory=dict, description="Labels of every Ray pod (the operator's own win).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of every Ray pod.")
-    priority_class_name: Optional[str] = Field(
+    priority_class_name: str | None = Field(
         default=None, max_length=MAX_NAME_LENGTH, description="priorityClassName of every Ray pod.")
     image_pull_secrets: list[str] = Field(
         default_factory=list, description="Secrets (in the RLJob's namespace) to pull the runtime image with.")
@@ -75,12 +75,12 @@ class AdminPolicy(_Model):
     image_prefixes: list[str] = Field(
         default_factory=list, description="Prefixes spec.image may start with (e.g. `registry.example.com/ml/`); "
         "the installation's default runtime image is always allowed.")
-    scheduler_names: Optional[list[str]] = Field(
+    scheduler_names: list[str] | None = Field(
         default=None, description="Allowed spec.scheduling.schedulerName values; null: any.")
-    queues: Optional[list[str]] = Field(default=None, description="Allowed spec.scheduling.queue values; null: any.")
-    tolerations: Optional[list[AllowedToleration]] = Field(
+    queues: list[str] | None = Field(default=None, description="Allowed spec.scheduling.queue values; null: any.")
+    tolerations: list[AllowedToleration] | None = Field(
         default=None, description="Allowed tolerations; null: any but a toleration of every taint.")
-    node_selectors: Optional[dict[str, list[str]]] = Field(
+    node_selectors: dict[str, list[str]] | None = Field(
         default=None, description="Allowed nodeSelector keys, each with its allowed values; null: any.")
     pod_defaults: AdminPodDefaults = Field(default_factory=AdminPodDefaults)
 

@@ -18,8 +18,9 @@ RLJob is forgotten when it finishes or is deleted, and at most `max_jobs` are ke
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, Hashable, Optional
+from typing import Any
 
 from rldock.contract.progress import last_progress
 
@@ -31,7 +32,7 @@ class _Read:
     submission_id: str
     offset: int = 0  # characters of the log parsed so far; a line end
     fingerprint: str = ""  # the FINGERPRINT characters before `offset`
-    record: Optional[dict[str, Any]] = None  # the last progress record up to `offset`
+    record: dict[str, Any] | None = None  # the last progress record up to `offset`
 
 
 class ProgressCursor:
@@ -39,7 +40,7 @@ class ProgressCursor:
         self._reads: OrderedDict[Hashable, _Read] = OrderedDict()
         self._max_jobs = max_jobs
 
-    def last_record(self, key: Hashable, submission_id: str, log_text: str) -> Optional[dict[str, Any]]:
+    def last_record(self, key: Hashable, submission_id: str, log_text: str) -> dict[str, Any] | None:
         """The last well-formed progress record in `log_text`, the log of `submission_id` now,
         parsing only what was not parsed at the previous call for `key` (an RLJob)."""
         read = self._reads.get(key)

@@ -52,7 +52,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,9 @@ class _Failed(RayJobsError):
 
 
 class RayJobsClient:
-    def __init__(self, base_url: str, *, token: Optional[str], timeout: float = 5.0,
+    def __init__(self, base_url: str, *, token: str | None, timeout: float = 5.0,
                  max_bytes: int = MAX_RESPONSE_BYTES, tail_lines: int = LOG_TAIL_LINES,
-                 metrics: Optional[RequestRecorder] = None,
+                 metrics: RequestRecorder | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if timeout <= 0 or max_bytes <= 0 or tail_lines <= 0:
             raise ValueError(f"timeout, max_bytes and tail_lines must be positive, got "
@@ -125,7 +126,7 @@ class RayJobsClient:
         self._clock = clock
         self._driver_nodes: dict[str, str] = {}  # submission id -> driver_node_id, from get_job
 
-    def get_job(self, submission_id: str) -> Optional[dict[str, Any]]:
+    def get_job(self, submission_id: str) -> dict[str, Any] | None:
         """The job's details, or None when the cluster has no job with this id."""
         status, body, _ = self._request(Endpoint.GET_JOB, "GET", f"/api/jobs/{quote(submission_id, safe='')}",
                                      expect=(200, 404))
@@ -182,7 +183,7 @@ class RayJobsClient:
     # ----------------------------------------------------------------------------------------
 
     def _request(self, endpoint: str, method: str, path: str, payload: Any = None, *,
-                 expect: tuple[int, ...], accept: Optional[Callable[[int, str], bool]] = None,
+                 expect: tuple[int, ...], accept: Callable[[int, str], bool] | None = None,
                  keep_tail: bool = False) -> tuple[int, str, bool]:
         """(status, body, cut) of one request, the body cut to its last `max_bytes` when `keep_tail`
         (a text body then starts at a line start). The request is recorded with its outcome:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import sys
+import types
 import typing
 from datetime import datetime
 from typing import Any
@@ -23,9 +24,18 @@ from rldock.config import JobConfig
 from rldock.config.config_reference import constraints_text
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
-    API_VERSION, CRD_NAME, FINALIZER, KIND, SHORT_NAMES, ConditionType, EventReason, Phase, Reason,
+    API_VERSION,
+    CRD_NAME,
+    FINALIZER,
+    KIND,
+    SHORT_NAMES,
+    ConditionType,
+    EventReason,
+    Phase,
+    Reason,
 )
 from rldock.operator.crd import PRINTER_COLUMNS
+
 
 def _anchor(path: str) -> str:
     return path.replace(".", "").replace("[]", "").lower()
@@ -47,7 +57,7 @@ def _type_name(annotation: Any, nested: list[tuple[str, type[BaseModel]]], path:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin is typing.Annotated:
         return _type_name(args[0], nested, path)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):  # Optional[int] and `int | None` alike
         branches = [a for a in args if a is not type(None)]
         names = sorted({_type_name(a, nested, path) for a in branches})
         if names == ["integer", "string"]:  # resource.Quantity

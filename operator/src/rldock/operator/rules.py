@@ -37,8 +37,8 @@ STARTING, holds whenever no rule above it does.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Callable, Mapping
 
 
 class Rule(str, Enum):

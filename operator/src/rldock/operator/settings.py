@@ -30,9 +30,9 @@ import argparse
 import logging
 import os
 import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, Optional, Sequence
 
 from rldock.operator.api import PodDefaults
 from rldock.operator.constants import ImagePullPolicy
@@ -62,36 +62,36 @@ class OperatorSettings:
     log_level: str = "INFO"
     dashboard_address: DashboardAddress = DashboardAddress.SERVICE_DNS
     ray_timeout: float = 5.0  # seconds for one Jobs API request
-    liveness_endpoint: Optional[str] = None  # e.g. http://0.0.0.0:8080/healthz, for a livenessProbe
+    liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8080/healthz, for a livenessProbe
     pod_defaults: PodDefaults = PodDefaults()  # image, pull policy, device resource of the Ray pods
     policy: AdminPolicy = AdminPolicy()  # what RLJobs may ask beyond the secure default (policy.py)
     # The key each RLJob's Ray token is derived from (tokens.py): the operator never reads a token
     # back from the Secret it creates. RLDOCK_TOKEN_KEY; required to reconcile.
-    token_key: Optional[bytes] = field(default=None, repr=False)
+    token_key: bytes | None = field(default=None, repr=False)
     # Each RLJob gets a NetworkPolicy (builders/network_policy.py) unless the cluster's network
     # plugin enforces none (chart value networkPolicy.enabled).
     network_policy: bool = True
     # Where the operator's own pods are, for the NetworkPolicy rule that lets them reach the Jobs
     # API: their namespace (RLDOCK_OPERATOR_NAMESPACE, else POD_NAMESPACE) and pod labels
     # (RLDOCK_OPERATOR_POD_LABELS=k=v,k=v). Unset (an operator outside the cluster): no such rule.
-    operator_namespace: Optional[str] = None
+    operator_namespace: str | None = None
     operator_pod_labels: tuple[tuple[str, str], ...] = ()
     # Leader election (leader.py): each replica competes for the Lease `lease_name` in
     # `lease_namespace` (RLDOCK_LEASE_NAMESPACE, else POD_NAMESPACE) as `identity` (POD_NAME); only
     # the holder runs kopf. Off: this process reconciles at once, so run one replica.
     leader_election: bool = False
     lease_name: str = "rldock-operator"
-    lease_namespace: Optional[str] = None
-    identity: Optional[str] = None
+    lease_namespace: str | None = None
+    identity: str | None = None
     lease: LeaseTimings = LeaseTimings()
     # Port of the operator's own /metrics, /healthz and /readyz (metrics.HealthServer), served by
     # every replica, standby included; None: not served.
-    health_port: Optional[int] = None
+    health_port: int | None = None
     # Port of the RLJob admission webhook (admission.WebhookServer, HTTPS with this certificate and
     # key), served by every replica; None: not served.
-    webhook_port: Optional[int] = None
-    webhook_cert_file: Optional[str] = None
-    webhook_key_file: Optional[str] = None
+    webhook_port: int | None = None
+    webhook_cert_file: str | None = None
+    webhook_key_file: str | None = None
 
     @property
     def clusterwide(self) -> bool:
@@ -191,7 +191,7 @@ def _leader_election_arguments(parser: argparse.ArgumentParser, env: Mapping[str
                         help="serve /metrics, /healthz and /readyz on this port [RLDOCK_HEALTH_PORT]")
 
 
-def load_settings(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> OperatorSettings:
+def load_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> OperatorSettings:
     """Settings from `argv` (without the program name) and `env`; SystemExit on bad flags."""
     parser = _parser(env)
     args = parser.parse_args(argv)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,8 +20,16 @@ from rldock.config.problems import field_path
 from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.constants import (
-    CONFIG_MAP_MAX_BYTES, CONFIG_MOUNT_PATH, IMAGE_PATTERN, OPERATOR_ENV, OPERATOR_VOLUMES, RAY_RESERVED_RESOURCES,
-    SHM_MOUNT_PATH, TMP_MOUNT_PATH, VOLCANO_SCHEDULER, GangScheduler,
+    CONFIG_MAP_MAX_BYTES,
+    CONFIG_MOUNT_PATH,
+    IMAGE_PATTERN,
+    OPERATOR_ENV,
+    OPERATOR_VOLUMES,
+    RAY_RESERVED_RESOURCES,
+    SHM_MOUNT_PATH,
+    TMP_MOUNT_PATH,
+    VOLCANO_SCHEDULER,
+    GangScheduler,
 )
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -33,7 +42,7 @@ _VOLUME_SOURCES = {"persistentVolumeClaim": "persistent_volume_claim", "nfs": "n
                    "configMap": "config_map", "secret": "secret", "emptyDir": "empty_dir"}  # field: attribute
 
 
-def parse_spec(raw: Mapping[str, Any]) -> tuple[Optional[RLJobSpec], list[Problem]]:
+def parse_spec(raw: Mapping[str, Any]) -> tuple[RLJobSpec | None, list[Problem]]:
     """The parsed spec and every problem with it; the spec is None when it does not parse.
 
     The API server has already checked the schema, so parse errors are rare (e.g. a status
@@ -104,7 +113,7 @@ def job_config_size_problems(spec: RLJobSpec, *, limit: int = CONFIG_MAP_MAX_BYT
                                 "shorten its longest values")]
 
 
-def device_resource_error(name: str) -> Optional[str]:
+def device_resource_error(name: str) -> str | None:
     """What is wrong with an extended resource name (`domain/name`, outside the kubernetes.io
     domain); None when nothing is. Also checks the operator's default (settings.py)."""
     domain, slash, resource = name.partition("/")

@@ -3,7 +3,8 @@ a name. An unknown name is a user error that lists the valid ones and the config
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

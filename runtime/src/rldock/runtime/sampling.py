@@ -10,8 +10,8 @@ and keeps the same groups again.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 from tensordict import TensorDict

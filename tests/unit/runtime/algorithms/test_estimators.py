@@ -7,8 +7,13 @@ import pytest
 import torch
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms import (get_advantage_estimator, get_policy_loss, reinforce_plus_plus_advantages,
-                                       reinforce_plus_plus_baseline_advantages, rloo_advantages)
+from rldock.runtime.algorithms import (
+    get_advantage_estimator,
+    get_policy_loss,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    rloo_advantages,
+)
 from rldock.runtime.algorithms.recipes import get_recipe, job_recipe
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from token_balance import imbalance
 
 from rldock.runtime.dock.balance import LOCAL_TOLERANCE, balance_by_tokens, balance_near_data
-
-from token_balance import imbalance
 
 
 def skewed_lengths(num_samples: int, seed: int) -> np.ndarray:

@@ -14,12 +14,11 @@ import torch
 from ray import cloudpickle
 from ray.cluster_utils import Cluster
 from tensordict import TensorDict
+from token_balance import imbalance
 
 from rldock.config.job import DockSpec
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.balance import LOCAL_TOLERANCE
-
-from token_balance import imbalance
 from rldock.runtime.dock.placement import HEAD_RESOURCE, pinned_to
 
 STATES = {"reference": ["prompt_ids"], "update": ["response_mask"]}

@@ -2,8 +2,12 @@
 
 import pytest
 
-from rldock.runtime.engines.generation_memory import (GenerationMemoryError, SleepCycle, kv_bytes_per_token,
-                                                      kv_cache_budget)
+from rldock.runtime.engines.generation_memory import (
+    GenerationMemoryError,
+    SleepCycle,
+    kv_bytes_per_token,
+    kv_cache_budget,
+)
 
 GIB = 2**30
 

@@ -8,7 +8,7 @@ import torch
 
 from rldock.config.job import LoraSpec
 from rldock.runtime.models import load_causal_lm
-from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
+from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 from rldock.runtime.models.tiny import build_tiny_model
 
 TEXTS = ["Sam has 3 apples and buys 5 more. #### 8", "12+7=19"]

@@ -6,12 +6,12 @@ import copy
 import pytest
 import torch
 
-from rldock.runtime.engines.policy import build_policy_inputs
-from rldock.runtime.models import build_tiny_model
-from rldock.runtime.models.value import load_value_model, response_values
 from rldock.config.job import GeneratorSpec
 from rldock.runtime.data import Row, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
+from rldock.runtime.engines.policy import build_policy_inputs
+from rldock.runtime.models import build_tiny_model
+from rldock.runtime.models.value import load_value_model, response_values
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldock.runtime.resharding.gather import ParamEntry, allocate_buffers, plan_buckets
 from rldock.contract.tensor_parallel import TP_PLANS, check_divisible
-from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan, has_partial_gradient, shard_dim
+from rldock.runtime.resharding.gather import ParamEntry, allocate_buffers, plan_buckets
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics, resident_bytes, train_state_bytes
+from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan, has_partial_gradient, shard_dim
 from rldock.runtime.resharding.shard import GenerationWeights, generation_items, generation_shard
 from rldock.runtime.resharding.swap import SwapIn, TensorSwapper, make_storages_resizable
 

@@ -11,8 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rldock.config import RewardSpec
-from rldock.runtime.rewards import RewardError, RewardScorer
-from rldock.runtime.rewards import remote
+from rldock.runtime.rewards import RewardError, RewardScorer, remote
 
 
 class ScoringServer:

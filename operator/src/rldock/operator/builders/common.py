@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from rldock.operator import naming
 from rldock.operator.constants import (
-    API_VERSION, APP_NAME, KIND, LABEL_APP_NAME, LABEL_MANAGED_BY, LABEL_RLJOB, MANAGED_BY,
+    API_VERSION,
+    APP_NAME,
+    KIND,
+    LABEL_APP_NAME,
+    LABEL_MANAGED_BY,
+    LABEL_RLJOB,
+    MANAGED_BY,
 )
 
 
@@ -20,7 +27,7 @@ class RLJobRef:
     uid: str
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> "RLJobRef":
+    def from_body(cls, body: Mapping[str, Any]) -> RLJobRef:
         meta = body["metadata"]
         return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
 

@@ -19,14 +19,15 @@ namespace: docs/security.md).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from rldock.operator import naming
 from rldock.operator.builders.common import RLJobRef, child_metadata
 from rldock.operator.constants import DASHBOARD_PORT, LABEL_NAMESPACE_NAME, LABEL_RLJOB
 
 
-def build_network_policy(*, job: RLJobRef, operator_namespace: Optional[str],
+def build_network_policy(*, job: RLJobRef, operator_namespace: str | None,
                          operator_pod_labels: Mapping[str, str]) -> dict[str, Any]:
     job_pods = {"matchLabels": {LABEL_RLJOB: naming.label_value(job.name)}}
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pods}]}]

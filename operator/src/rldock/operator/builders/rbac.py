@@ -29,7 +29,8 @@ nothing else; API discovery is open to every authenticated user.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rldock.operator.constants import GROUP, PLURAL
 

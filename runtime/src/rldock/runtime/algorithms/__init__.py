@@ -11,6 +11,10 @@ from rldock.runtime.algorithms.advantages import (
     rloo_advantages,
 )
 from rldock.runtime.algorithms.core import masked_mean
+
+# Imported for their registrations: every policy loss is in POLICY_LOSSES once this package is.
+from rldock.runtime.algorithms.dapo import decoupled_clip_policy_loss
+from rldock.runtime.algorithms.gspo import gspo_policy_loss
 from rldock.runtime.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from rldock.runtime.algorithms.losses import (
     POLICY_LOSSES,
@@ -19,9 +23,6 @@ from rldock.runtime.algorithms.losses import (
     clipped_sequence_mean_policy_loss,
     get_policy_loss,
 )
-# Imported for their registrations: every policy loss is in POLICY_LOSSES once this package is.
-from rldock.runtime.algorithms.dapo import decoupled_clip_policy_loss
-from rldock.runtime.algorithms.gspo import gspo_policy_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -6,7 +6,7 @@ the dock's layout (docs/architecture.md), so a group is a row after `view(-1, gr
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -23,8 +23,8 @@ denominator that is either additive (tokens, rows) or constant (the length).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

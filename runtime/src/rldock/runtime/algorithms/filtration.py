@@ -14,7 +14,7 @@ Ties go to the lower index, so the result is deterministic for a given batch.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

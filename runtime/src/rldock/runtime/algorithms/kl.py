@@ -11,7 +11,7 @@ a token sampled from the current policy:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

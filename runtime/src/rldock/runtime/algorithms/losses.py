@@ -14,14 +14,13 @@ advantage's loss by -A * clip_ratio_c however large the ratio grows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from rldock.runtime.algorithms.aggregation import aggregate
 from rldock.runtime.algorithms.core import masked_mean
-
 from rldock.runtime.registry import Registry
 
 # Bound of |log pi - log pi_old| before exp(): e^20 ~ 4.9e8 is far past any clip, so no token whose

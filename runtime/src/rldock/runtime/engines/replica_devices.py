@@ -23,7 +23,6 @@ import ray
 
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS
 
-
 # The Ray resource whose ids are this device kind's visible-device indices.
 RAY_ACCELERATOR = {"npu": "NPU", "cuda": "GPU"}
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from rldock.config.job import ModelSpec
 from rldock.runtime.models.loading import (

@@ -10,9 +10,9 @@ so a pad id must be set: the tokenizer's pad token, else its EOS.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerFast

@@ -12,8 +12,8 @@ KV heads (grouped-query attention, as in real Qwen2 checkpoints).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers

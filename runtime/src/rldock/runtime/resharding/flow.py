@@ -26,8 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from rldock.contract.tensor_parallel import TP_PLANS
 from rldock.runtime.resharding.gather import GatheredWeights, allgather_weights
-from rldock.runtime.resharding.parallel_layout import ReshardPlan
 from rldock.runtime.resharding.ledger import ledger_entry
+from rldock.runtime.resharding.parallel_layout import ReshardPlan
 from rldock.runtime.resharding.shard import generation_items
 from rldock.runtime.resharding.swap import SwapIn, TensorSwapper, make_storages_resizable, training_state
 

@@ -10,7 +10,8 @@ the scorer can apply `reward.on_error` per sample.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 from rldock.config.job import RewardTermSpec
 from rldock.runtime.registry import Registry
@@ -19,7 +20,7 @@ RewardValue = Union[float, dict[str, Any]]
 # (data_source, solution_str, ground_truth, extra_info) -> score or {"score": ..., other metrics}
 RewardFn = Callable[[str, str, str, dict], RewardValue]
 # The same over lists of equal length -> one value or raised exception per sample.
-BatchRewardFn = Callable[[list[str], list[str], list[str], list[dict]], list[Union[RewardValue, Exception]]]
+BatchRewardFn = Callable[[list[str], list[str], list[str], list[dict]], list[RewardValue | Exception]]
 # (the term's config, its field path such as "reward.terms[1]") -> its batch function
 TermBuilder = Callable[[RewardTermSpec, str], BatchRewardFn]
 
@@ -39,8 +40,8 @@ def per_sample(fn: RewardFn) -> BatchRewardFn:
     """A batch function that calls `fn` on each sample and keeps what it raised as that sample's outcome."""
 
     def score_batch(data_sources: list[str], solution_strs: list[str], ground_truths: list[str],
-                    extra_infos: list[dict]) -> list[Union[RewardValue, Exception]]:
-        outcomes: list[Union[RewardValue, Exception]] = []
+                    extra_infos: list[dict]) -> list[RewardValue | Exception]:
+        outcomes: list[RewardValue | Exception] = []
         for sample in zip(data_sources, solution_strs, ground_truths, extra_infos):
             try:
                 outcomes.append(fn(*sample))

@@ -12,9 +12,9 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 from rldock.config.job import RewardTermSpec
 from rldock.runtime.rewards.base import BatchRewardFn, RewardError, per_sample, register_reward
