@@ -1,0 +1,121 @@
+"""The order of an iteration's calls in each schedule, with a driver and banks that record them:
+the run-ahead queues the next iteration before this one's update (Ray runs one actor's calls in
+submission order), and partial rollout launches the held states after that update."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+import torch
+from tensordict import TensorDict
+
+from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.sampling import DriverBatch
+from rldock.runtime.schedule import Driver, RunAheadSchedule, SyncSchedule
+
+RECIPE = get_recipe("grpo")
+BEFORE, UPDATES = ("rollout", "actor_inference", "reference", "reward"), ("update",)
+GROUP_SIZE, ROUND_TOKENS = 2, 16
+ALGO = None  # read by sampling rounds only, which GRPO has not
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session() -> Iterator[None]:
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+class BankDouble:
+    """A dock bank that logs the driver's calls to it."""
+
+    states: dict = {}
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def reset(self) -> None:
+        self.log.append(("reset", self.name))
+
+    def put_groups(self, groups, shared, samples=None) -> None:
+        self.log.append(("put", self.name, len(groups)))
+
+    def set_policy_version(self, version: int) -> None:
+        self.log.append(("policy", self.name, version))
+
+
+def stage_result() -> dict:
+    return {"dispatch_s": 0.0, "compute_s": 0.0}
+
+
+def recording_driver(tmp_path, log: list) -> Driver:
+    draws = iter(range(100))
+
+    def launch(iteration, states, *, sampling_round=0, round_tokens=None):
+        log.append(("launch", iteration, tuple(states), round_tokens))
+        return {state: [ray.put(stage_result())] for state in states}
+
+    def draw(num_prompts=None) -> DriverBatch:
+        log.append(("draw", next(draws)))
+        return DriverBatch(TensorDict({"prompt_ids": torch.zeros(2 * GROUP_SIZE, 3)}, batch_size=[2 * GROUP_SIZE]),
+                           prompt_lengths=[3, 3])
+
+    def finish_rollout(iteration):
+        log.append(("finish_rollout", iteration))
+        return [ray.put(stage_result())]
+
+    def later(fn, *args):
+        log.append(("later", fn.__name__))
+        return fn(*args)
+
+    return Driver(recipe=RECIPE, output_dir=tmp_path, group_size=GROUP_SIZE, before_update=BEFORE, updates=UPDATES,
+                  launch=launch, draw=draw, sampler_state=lambda: {"drawn": len(log)}, finish_rollout=finish_rollout,
+                  skip_turns=lambda iteration, states: None, before_put=lambda: None, later=later)
+
+
+def banks_of(log: list, count: int) -> DockBanks:
+    return DockBanks([BankDouble(f"bank{i}", log) for i in range(count)])
+
+
+def test_sync_runs_each_iteration_whole_and_bounds_staleness_in_the_bookkeeping_order(tmp_path):
+    log: list = []
+    schedule = SyncSchedule(recording_driver(tmp_path, log), banks_of(log, 1), algo=ALGO)
+    stages = schedule.run(1)
+    assert log == [("draw", 0), ("reset", "bank0"), ("put", "bank0", 2), ("launch", 1, BEFORE, None),
+                   ("launch", 1, UPDATES, None), ("later", "advance_policy"), ("policy", "bank0", 1)]
+    assert set(stages.results) == {*BEFORE, *UPDATES} and stages.bank is schedule.banks.bank(1)
+
+
+def test_run_ahead_queues_the_next_iteration_before_the_update(tmp_path):
+    log: list = []
+    schedule = RunAheadSchedule(recording_driver(tmp_path, log), banks_of(log, 2), algo=ALGO,
+                                iterations=3, round_tokens=ROUND_TOKENS)
+    schedule.run(1)
+    assert log == [("draw", 0), ("reset", "bank1"), ("put", "bank1", 2), ("launch", 1, BEFORE, None),
+                   ("draw", 1), ("reset", "bank0"), ("put", "bank0", 2), ("launch", 2, BEFORE, ROUND_TOKENS),
+                   ("launch", 1, UPDATES, None), ("policy", "bank0", 1), ("policy", "bank1", 1)]
+    # a checkpoint after iteration 1 keeps the sampler from before iteration 2's draw
+    assert schedule.checkpoint_sampler_state() == {"drawn": 4}
+    del log[:]
+    schedule.run(2)  # already put and launched: only the next run-ahead and the update
+    assert [entry[:3] for entry in log if entry[0] == "launch"] == [("launch", 3, BEFORE), ("launch", 2, UPDATES)]
+    del log[:]
+    schedule.run(3)  # the last iteration runs nothing ahead
+    assert log == [("launch", 3, UPDATES, None), ("policy", "bank0", 3), ("policy", "bank1", 3)]
+
+
+def test_partial_rollout_launches_the_held_states_after_the_update_that_cut_the_generation(tmp_path):
+    log: list = []
+    schedule = RunAheadSchedule(recording_driver(tmp_path, log), banks_of(log, 2), algo=ALGO,
+                                iterations=2, round_tokens=ROUND_TOKENS, actor_rank_states={"actor_inference"})
+    schedule.run(1)
+    launches = [entry for entry in log if entry[0] in ("launch", "finish_rollout")]
+    assert launches == [("launch", 1, BEFORE, None),
+                        ("launch", 2, ("rollout", "reference", "reward"), ROUND_TOKENS),
+                        ("launch", 1, UPDATES, None),
+                        ("finish_rollout", 2), ("launch", 2, ("actor_inference",), None)]
+    stages = schedule.run(2)
+    assert "rollout_resume" in stages.results and "actor_inference" in stages.results
