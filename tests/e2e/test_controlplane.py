@@ -208,21 +208,20 @@ def _read_line(process: subprocess.Popen, timeout: float) -> str:
 def test_no_process_left_when_interrupted(control_plane: ControlPlane, tmp_path: Path,
                                           signum: int) -> None:
     """A test run stopped by Ctrl-C, by SIGTERM or by SIGKILL leaves no server running."""
-    log = open(tmp_path / "child.log", "w")
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cp")],
-                             stdout=subprocess.PIPE, stderr=log, text=True)
-    try:
-        line = _read_line(child, timeout=300)
-        assert line, (tmp_path / "child.log").read_text()[-3000:]
-        pids = json.loads(line)
-        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
-        assert all(pid_alive(pid) for pid in pids.values())
-        child.send_signal(signum)
-        child.wait(timeout=60)
-        # Polls the state; the bound only limits a failure. Servers stopping gracefully on a loaded
-        # 2-core machine (a full test run beside them) can take longer than 15 s.
-        wait_for("all servers gone", lambda: not any(map(pid_alive, pids.values())), timeout=60)
-    finally:
-        child.kill()
-        child.wait()
-        log.close()
+    with open(tmp_path / "child.log", "w") as log:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cp")],
+                                 stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            line = _read_line(child, timeout=300)
+            assert line, (tmp_path / "child.log").read_text()[-3000:]
+            pids = json.loads(line)
+            assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+            assert all(pid_alive(pid) for pid in pids.values())
+            child.send_signal(signum)
+            child.wait(timeout=60)
+            # Polls the state; the bound only limits a failure. Servers stopping gracefully on a loaded
+            # 2-core machine (a full test run beside them) can take longer than 15 s.
+            wait_for("all servers gone", lambda: not any(map(pid_alive, pids.values())), timeout=60)
+        finally:
+            child.kill()
+            child.wait()

@@ -53,8 +53,12 @@ def test_pod_gets_devices_env_logs_and_exec(kind_cluster):
         "id -u; exec sleep 600"))
     plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
     try:
-        wait_for(f"pod {name} running", lambda: plane.kubectl_json("get", "pod", name)["status"].get("phase") == "Running",
-                 timeout=180, interval=1.0)
+        wait_for(
+            f"pod {name} running",
+            lambda: plane.kubectl_json("get", "pod", name)["status"].get("phase") == "Running",
+            timeout=180,
+            interval=1.0,
+        )
         wait_for(f"pod {name} logs", lambda: "memory=" in plane.kubectl("logs", name).stdout, timeout=60, interval=1.0)
         logs = plane.kubectl("logs", name).stdout
         visible = logs.split("visible=")[1].split()[0]
@@ -74,10 +78,13 @@ def test_devices_are_counted_by_the_scheduler(kind_cluster):
     most = max(node.devices for node in nodes.nodes.values())
     plane.kubectl("apply", "-f", "-", input=json.dumps(_pod(name, image, devices=most + 1, command="true")))
     try:
+
         def unschedulable() -> bool:
             conditions = plane.kubectl_json("get", "pod", name)["status"].get("conditions", [])
-            return any(c.get("reason") == "Unschedulable" and DEVICE_RESOURCE in c.get("message", "")
-                       for c in conditions)
+            return any(
+                c.get("reason") == "Unschedulable" and DEVICE_RESOURCE in c.get("message", "") for c in conditions
+            )
+
         wait_for(f"pod {name} unschedulable", unschedulable, timeout=60, interval=1.0)
     finally:
         plane.kubectl("delete", "pod", name, "--grace-period=0", "--force", "--wait=true")
@@ -91,17 +98,23 @@ def test_runtime_image_runs_under_the_kubelet(kind_cluster, runtime_image):
     name = f"runtime-{uuid.uuid4().hex[:6]}"
     pod = _pod(name, runtime_image, devices=1, command="")
     container = pod["spec"]["containers"][0]
-    script = ("ray --version && rldock --help >/dev/null && python -c "
-              "'import torch, vllm, rldock.runtime.cli; print(\"imports ok\", torch.__version__)' "
-              "&& df --output=fstype /dev/shm | tail -1 && id -u")
+    script = (
+        "ray --version && rldock --help >/dev/null && python -c "
+        "'import torch, vllm, rldock.runtime.cli; print(\"imports ok\", torch.__version__)' "
+        "&& df --output=fstype /dev/shm | tail -1 && id -u"
+    )
     container["command"] = ["/bin/bash", "-lc", "--", script]
     container["resources"]["limits"]["memory"] = "2Gi"
     container["volumeMounts"] = [{"name": "shared-mem", "mountPath": "/dev/shm"}]
     pod["spec"]["volumes"] = [{"name": "shared-mem", "emptyDir": {"medium": "Memory"}}]
     plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
     try:
-        wait_for(f"pod {name} finished", lambda: plane.kubectl_json("get", "pod", name)["status"].get("phase")
-                 in ("Succeeded", "Failed"), timeout=600, interval=2.0)
+        wait_for(
+            f"pod {name} finished",
+            lambda: plane.kubectl_json("get", "pod", name)["status"].get("phase") in ("Succeeded", "Failed"),
+            timeout=600,
+            interval=2.0,
+        )
         logs = plane.kubectl("logs", name).stdout
         assert plane.kubectl_json("get", "pod", name)["status"]["phase"] == "Succeeded", logs
         lines = logs.strip().splitlines()
@@ -116,7 +129,13 @@ def test_container_processes_parse_what_ctr_and_proc_print():
     (runs without nodes): `ctr tasks ps` rows and a /proc/<pid>/status."""
     assert task_pids("PID     INFO\n4242    -\n4250    -\n") == [4242, 4250]
     assert task_pids("PID     INFO\n") == []
-    status = parse_status("Name:\traylet\nUid:\t10001\t10001\t10001\t10001\nCapBnd:\t0000000000000000\n"
-                          "NoNewPrivs:\t1\nSeccomp:\t2\n")
-    assert status == {"Name": "raylet", "Uid": "10001\t10001\t10001\t10001", "CapBnd": "0000000000000000",
-                      "NoNewPrivs": "1", "Seccomp": "2"}
+    status = parse_status(
+        "Name:\traylet\nUid:\t10001\t10001\t10001\t10001\nCapBnd:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n"
+    )
+    assert status == {
+        "Name": "raylet",
+        "Uid": "10001\t10001\t10001\t10001",
+        "CapBnd": "0000000000000000",
+        "NoNewPrivs": "1",
+        "Seccomp": "2",
+    }

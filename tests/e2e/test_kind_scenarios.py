@@ -117,7 +117,9 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
     plane.install_kuberay_crds()
     namespace = f"kind-{uuid.uuid4().hex[:6]}"
     plane.kubectl("create", "namespace", namespace)
-    bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path=f"{SHARED_STORAGE_PATH}/{namespace}")
+    bind_shared_claim(
+        plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path=f"{SHARED_STORAGE_PATH}/{namespace}"
+    )
     (nodes.storage_root / SHARED_STORAGE_PATH.lstrip("/") / namespace).mkdir(mode=0o777)
     (nodes.storage_root / SHARED_STORAGE_PATH.lstrip("/") / namespace).chmod(0o777)  # past the umask
     runtime_repository, runtime_tag = runtime_image.rsplit(":", 1)
@@ -137,10 +139,21 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
     }
     release = HelmRelease(plane, chart_without_optional_dependencies(tmp_path_factory.mktemp("chart")))
     operator = ReleasedOperator(plane, release, values, nodes=nodes)
-    with plane.api_client() as api, ServiceDNS(api, address=nodes.network.gateway) as dns, \
-            KubeRayDouble(api, namespace=namespace, interval=1.0) as kuberay:
-        world = Scenario(plane=plane, namespace=namespace, agent=None, kuberay=kuberay, operator=operator, api=api,
-                         host_root=nodes.storage_root, doubles=[dns])
+    with (
+        plane.api_client() as api,
+        ServiceDNS(api, address=nodes.network.gateway) as dns,
+        KubeRayDouble(api, namespace=namespace, interval=1.0) as kuberay,
+    ):
+        world = Scenario(
+            plane=plane,
+            namespace=namespace,
+            agent=None,
+            kuberay=kuberay,
+            operator=operator,
+            api=api,
+            host_root=nodes.storage_root,
+            doubles=[dns],
+        )
         try:
             operator.start()
             yield world
@@ -156,8 +169,9 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
     assert not dns.errors, f"the service DNS double failed: {dns.errors[-1]!r}"
 
 
-def test_happy_path_in_real_containers(kind_cluster, runtime_image: str, kind_scenario: Scenario,
-                                       tmp_path: Path) -> None:
+def test_happy_path_in_real_containers(
+    kind_cluster, runtime_image: str, kind_scenario: Scenario, tmp_path: Path
+) -> None:
     _, nodes, _ = kind_cluster
     scenario = kind_scenario
     manifest = tmp_path / "rljob-tiny.yaml"
@@ -174,8 +188,9 @@ def test_happy_path_in_real_containers(kind_cluster, runtime_image: str, kind_sc
         assert pod["spec"]["containers"][0]["image"] == runtime_image
         _assert_restricted(nodes, pod)
 
-    rows = sample(2.0, lambda: scenario.status(NAME).get("phase") != "Running",
-                  lambda: scenario.row(NAME), timeout=RUN_TIMEOUT)
+    rows = sample(
+        2.0, lambda: scenario.status(NAME).get("phase") != "Running", lambda: scenario.row(NAME), timeout=RUN_TIMEOUT
+    )
     running = [r for r in rows if r["PHASE"] == "Running" and _iteration(r) > 0]
     iterations = [_iteration(r) for r in running]
     assert len(set(iterations)) >= 3, rows
@@ -194,16 +209,23 @@ def test_happy_path_in_real_containers(kind_cluster, runtime_image: str, kind_sc
     last = statistics.mean(m["reward_mean"] for m in metrics[-5:])
     assert last - first >= 0.2, (first, last)
 
-    scenario.wait("the RayCluster released", lambda: "No resources found" in scenario.kubectl(
-        "get", "rayclusters").stderr, timeout=120)
+    scenario.wait(
+        "the RayCluster released",
+        lambda: "No resources found" in scenario.kubectl("get", "rayclusters").stderr,
+        timeout=120,
+    )
     scenario.wait("its pods gone", lambda: not scenario.ray_pods(NAME), timeout=180)
     reasons = {e["reason"] for e in scenario.events(NAME)}
     assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
 
 
 def _apply(scenario: Scenario, nodes: KindNodes, name: str, *, iterations: int, checkpoint_interval: int) -> None:
-    manifest = _fitted_example(max(n.devices for n in nodes.nodes.values()), name=name, iterations=iterations,
-                               checkpoint_interval=checkpoint_interval)
+    manifest = _fitted_example(
+        max(n.devices for n in nodes.nodes.values()),
+        name=name,
+        iterations=iterations,
+        checkpoint_interval=checkpoint_interval,
+    )
     scenario.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
 
 
@@ -213,7 +235,8 @@ def _wait_released(scenario: Scenario, name: str) -> None:
 
 
 def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_checkpoint(
-        kind_cluster, kind_scenario: Scenario) -> None:
+    kind_cluster, kind_scenario: Scenario
+) -> None:
     """Two scenarios on one job (one job start), as on the node agent: the operator's process
     SIGKILLed mid-run is restarted by its kubelet and carries on with the same cluster and Ray job;
     then a suspend releases the cluster (its pods' containers gone from the nodes) and an unsuspend
@@ -223,8 +246,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     # Long enough to still run when the suspend lands, after the operator's restart in its container.
     name, iterations = "restart", 60
     _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4)
-    scenario.wait(f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2,
-                  timeout=START_TIMEOUT)
+    scenario.wait(
+        f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2, timeout=START_TIMEOUT
+    )
     cluster = scenario.get("raycluster", name)
     killed = scenario.operator.kill()
     scenario.operator.start()  # waits for the kubelet's restart of the container and its readiness
@@ -234,11 +258,16 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     assert container["lastState"]["terminated"]["exitCode"] == 137, container  # 128 + SIGKILL
     # Progress the restarted operator itself reads from the Ray job (the first one's last report is older).
     restarted_at = scenario.status(name)["iteration"]
-    scenario.wait("the restarted operator reporting progress",
-                  lambda: scenario.status(name).get("iteration", 0) > restarted_at, timeout=300)
+    scenario.wait(
+        "the restarted operator reporting progress",
+        lambda: scenario.status(name).get("iteration", 0) > restarted_at,
+        timeout=300,
+    )
     assert scenario.get("raycluster", name)["metadata"]["uid"] == cluster["metadata"]["uid"]
-    counts = {reason: sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == reason)
-              for reason in ("CreatedRayCluster", "SubmittedRayJob")}
+    counts = {
+        reason: sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == reason)
+        for reason in ("CreatedRayCluster", "SubmittedRayJob")
+    }
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
 
     # Suspend: the cluster is released (suspended, no pods, their containers gone), the progress kept.
@@ -248,9 +277,15 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     status = scenario.wait_phase(name, "Suspended", timeout=120)
     assert scenario.row(name)["PHASE"] == "Suspended"
-    scenario.wait("the cluster released: suspended, no pods, their containers gone from the nodes", lambda: (
-        scenario.get("raycluster", name)["spec"]["suspend"] is True and not scenario.ray_pods(name)
-        and not containers & running_containers(nodes)), timeout=180)
+    scenario.wait(
+        "the cluster released: suspended, no pods, their containers gone from the nodes",
+        lambda: (
+            scenario.get("raycluster", name)["spec"]["suspend"] is True
+            and not scenario.ray_pods(name)
+            and not containers & running_containers(nodes)
+        ),
+        timeout=180,
+    )
     before = scenario.metrics(name)
     checkpoint = checkpoint_iteration(scenario.status(name))
     assert status["iteration"] < iterations
@@ -265,8 +300,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     _wait_released(scenario, name)
 
 
-def test_lost_worker_pod_is_retried_from_the_checkpoint(kind_cluster, runtime_image: str,
-                                                        kind_scenario: Scenario) -> None:
+def test_lost_worker_pod_is_retried_from_the_checkpoint(
+    kind_cluster, runtime_image: str, kind_scenario: Scenario
+) -> None:
     """The worker pod deleted mid-run, as a node loss or an eviction deletes it: the operator counts
     a retry (WorkerPodLost), KubeRay's replacement pod joins, and the next attempt resumes from the
     last checkpoint."""
@@ -277,8 +313,11 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(kind_cluster, runtime_im
     # guard a run that could end before the loss lands).
     name, iterations = "lost-worker", 24
     _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4)
-    status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and checkpoint_iteration(s) >= 4
-                           and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
+    status = scenario.wait(
+        "a checkpoint",
+        lambda: (s := scenario.status(name)) and checkpoint_iteration(s) >= 4 and s.get("phase") == "Running" and s,
+        timeout=START_TIMEOUT,
+    )
     (worker,) = scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
     lost = worker["metadata"]["name"]
     containers = set(container_ids(worker).values())
@@ -290,15 +329,28 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(kind_cluster, runtime_im
     before = scenario.metrics(name)
     assert checkpoint >= checkpoint_iteration(status) and len(before) < iterations
 
-    retrying = scenario.wait("the retry", lambda: scenario.status(name).get("restartCount") == 1
-                             and scenario.condition(name, "Retrying"), timeout=180)
+    retrying = scenario.wait(
+        "the retry",
+        lambda: scenario.status(name).get("restartCount") == 1 and scenario.condition(name, "Retrying"),
+        timeout=180,
+    )
     assert retrying["reason"] == "WorkerPodLost" and f"worker pod {lost}" in retrying["message"], retrying
-    scenario.wait("the lost pod's containers gone from its node", lambda: not containers & running_containers(nodes),
-                  timeout=180)
+    scenario.wait(
+        "the lost pod's containers gone from its node", lambda: not containers & running_containers(nodes), timeout=180
+    )
     # The next attempt runs on KubeRay's replacement, in the runtime image on a kind-style node.
-    replacement = scenario.wait("a replacement worker pod running", lambda: next(
-        (p for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
-         if p["metadata"]["name"] != lost and p["status"].get("phase") == "Running"), None), timeout=START_TIMEOUT)
+    replacement = scenario.wait(
+        "a replacement worker pod running",
+        lambda: next(
+            (
+                p
+                for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
+                if p["metadata"]["name"] != lost and p["status"].get("phase") == "Running"
+            ),
+            None,
+        ),
+        timeout=START_TIMEOUT,
+    )
     assert replacement["spec"]["nodeName"] in nodes.nodes, replacement["spec"]
     assert replacement["spec"]["containers"][0]["image"] == runtime_image
     status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)

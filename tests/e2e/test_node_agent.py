@@ -64,8 +64,8 @@ def test_pod_runs_with_volumes_env_and_its_own_address(control_plane: ControlPla
         "selector": {"app": "web"}, "ports": [{"port": 8080}]}})
     script = ("cat /etc/agent-test/job.yaml; echo \"$FROM_SECRET $GREETING $(hostname)\"; which python; "
               "test -d \"$HOME/.cache\" && echo image-home-visible; "
-              "echo written > /agent-shared/out.txt; until getent hosts web.%s.svc.cluster.local; do sleep 0.2; done; "
-              "exec python -m http.server 8080" % namespace)
+              f"echo written > /agent-shared/out.txt; until getent hosts web.{namespace}.svc.cluster.local; "
+              "do sleep 0.2; done; exec python -m http.server 8080")
     core.create_namespaced_pod(namespace, _pod("web", script))
 
     def running() -> dict | None:

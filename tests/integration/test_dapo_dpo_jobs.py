@@ -34,8 +34,22 @@ def job_config(algorithm: dict, *, warmup_steps: int) -> dict:
 def train(config: dict, root: Path, *extra: str) -> list[dict]:
     path = root / "job.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(path), "--output", str(root / "run"),
-                             "--no-progress", *extra], capture_output=True, text=True, timeout=1200)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rldock.runtime.cli",
+            "train",
+            str(path),
+            "--output",
+            str(root / "run"),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines() if line]
 
@@ -43,8 +57,14 @@ def train(config: dict, root: Path, *extra: str) -> list[dict]:
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_dapo_samples_in_rounds_and_resumes(tmp_path):
     n = 4
-    config = job_config({"name": "dapo", "num_responses_per_prompt": n,
-                         "dapo": {"max_sampling_rounds": 3, "overlong_buffer_length": 2}}, warmup_steps=20)
+    config = job_config(
+        {
+            "name": "dapo",
+            "num_responses_per_prompt": n,
+            "dapo": {"max_sampling_rounds": 3, "overlong_buffer_length": 2},
+        },
+        warmup_steps=20,
+    )
     train(config, tmp_path)
     records = train(config, tmp_path, "--resume", "--set", "iterations=3")
     assert [r["iteration"] for r in records] == [1, 2, 3]

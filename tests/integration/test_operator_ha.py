@@ -66,9 +66,9 @@ def lease_rbac(namespace: str) -> list[dict[str, Any]]:
 class Replicas:
     """Two OperatorProcess replicas; World calls `check` and `log_path` as for one operator."""
 
-    def __init__(self, plane: ControlPlane, namespace: str, replicas: dict[str, OperatorProcess]) -> None:
-        self.plane, self.namespace, self.replicas = plane, namespace, replicas
-        self.coordination = client.CoordinationV1Api(plane.api_client())
+    def __init__(self, control_plane: ControlPlane, namespace: str, replicas: dict[str, OperatorProcess]) -> None:
+        self.plane, self.namespace, self.replicas = control_plane, namespace, replicas
+        self.coordination = client.CoordinationV1Api(control_plane.api_client())
 
     def holder(self) -> str | None:
         try:
@@ -106,7 +106,8 @@ def ready(replica: OperatorProcess) -> int:
 
 
 @pytest.fixture(scope="module")
-def ha(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, Replicas]]:
+def ha(plane: ControlPlane,  # noqa: F811 (the fixture imported from test_operator)
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, Replicas]]:
     namespace = unique("ha")
     plane.create_namespace(namespace)
     bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path="/mnt/rl")  # rljob()'s

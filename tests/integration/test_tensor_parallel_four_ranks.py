@@ -59,12 +59,19 @@ def _check(architecture: str) -> dict:
             optimizer.step()
         else:
             apply_gradients(model, optimizer, mesh, max_grad_norm=0.5)
-        results[name] = (out.logits.detach(), out.loss.item(), {n: _full(p).clone() for n, p in model.named_parameters()})
+        results[name] = (
+            out.logits.detach(),
+            out.loss.item(),
+            {n: _full(p).clone() for n, p in model.named_parameters()},
+        )
     (logits, loss, weights), (split_logits, split_loss, split_weights) = results["reference"], results["split"]
     sharded = [n for n, p in split.named_parameters() if isinstance(p, DTensor) and p.to_local().shape != p.shape]
-    return {"logits_error": (logits - split_logits).abs().max().item(), "loss_error": abs(loss - split_loss),
-            "weights_error": max((weights[n] - split_weights[n]).abs().max().item() for n in weights),
-            "num_sharded": len(sharded)}
+    return {
+        "logits_error": (logits - split_logits).abs().max().item(),
+        "loss_error": abs(loss - split_loss),
+        "weights_error": max((weights[n] - split_weights[n]).abs().max().item() for n in weights),
+        "num_sharded": len(sharded),
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:

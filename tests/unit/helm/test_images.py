@@ -227,8 +227,13 @@ def _containers_conf(tmp_path: Path, *, with_runc: bool) -> tuple[str, str]:
     if with_runc:
         (bin_dir / "runc").write_text("#!/bin/sh\n")
         (bin_dir / "runc").chmod(0o755)
-    result = subprocess.run([shutil.which("bash"), str(IMAGES / "containers-conf.sh")], capture_output=True, text=True, check=True,
-                            env={"PATH": str(bin_dir), "RLDOCK_CACHE": str(tmp_path / "cache")})
+    result = subprocess.run(
+        [shutil.which("bash"), str(IMAGES / "containers-conf.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": str(bin_dir), "RLDOCK_CACHE": str(tmp_path / "cache")},
+    )
     conf = Path(result.stdout.strip())
     assert conf == tmp_path / "cache" / "images" / "containers.conf"
     return conf.read_text(), result.stderr

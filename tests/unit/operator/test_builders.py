@@ -125,19 +125,23 @@ def test_cluster_shape_comes_from_the_job(num_nodes, devices, accelerator, devic
 
 def test_one_worker_pod_per_node():
     head, worker = _groups(build_ray_cluster(job=JOB, spec=_spec()))
-    (term,) = worker["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    anti_affinity = worker["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"].items() <= worker["template"]["metadata"]["labels"].items()
     assert worker["template"]["metadata"]["labels"][LABEL_ROLE] == "worker"
     assert "affinity" not in head["template"]["spec"]
 
 
-@pytest.mark.parametrize("case, labels, scheduler_name", [
-    ("default", {}, None),
-    ("volcano", {LABEL_RAY_SCHEDULER_NAME: "volcano", LABEL_VOLCANO_QUEUE: "research"}, None),
-    ("kueue", {LABEL_KUEUE_QUEUE: "team-a-queue"}, None),
-    ("placed", {}, "my-scheduler"),
-])
+@pytest.mark.parametrize(
+    "case, labels, scheduler_name",
+    [
+        ("default", {}, None),
+        ("volcano", {LABEL_RAY_SCHEDULER_NAME: "volcano", LABEL_VOLCANO_QUEUE: "research"}, None),
+        ("kueue", {LABEL_KUEUE_QUEUE: "team-a-queue"}, None),
+        ("placed", {}, "my-scheduler"),
+    ],
+)
 def test_scheduling(case, labels, scheduler_name):
     cluster = build_ray_cluster(job=JOB, spec=_spec(**SPECS[case]))
     gang_keys = {LABEL_RAY_SCHEDULER_NAME, LABEL_VOLCANO_QUEUE, LABEL_KUEUE_QUEUE}
@@ -150,14 +154,18 @@ def test_placement_is_copied_to_every_pod():
     for group in _groups(build_ray_cluster(job=JOB, spec=_spec(**SPECS["placed"]))):
         pod = group["template"]["spec"]
         assert pod["nodeSelector"] == {"accelerator": "ascend-910b"}
-        assert pod["tolerations"] == [{"key": "huawei.com/Ascend910", "operator": "Exists",
-                                       "effect": "NoExecute", "tolerationSeconds": 60}]
+        assert pod["tolerations"] == [
+            {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+        ]
 
 
-@pytest.mark.parametrize("case, source, mount_path", [
-    ("default", {"persistentVolumeClaim": {"claimName": "rl-checkpoints"}}, "/checkpoints"),
-    ("host-path", {"hostPath": {"path": "/mnt/shared/rl", "type": "DirectoryOrCreate"}}, "/data"),
-])
+@pytest.mark.parametrize(
+    "case, source, mount_path",
+    [
+        ("default", {"persistentVolumeClaim": {"claimName": "rl-checkpoints"}}, "/checkpoints"),
+        ("host-path", {"hostPath": {"path": "/mnt/shared/rl", "type": "DirectoryOrCreate"}}, "/data"),
+    ],
+)
 def test_every_pod_mounts_config_and_checkpoints(case, source, mount_path):
     for group in _groups(build_ray_cluster(job=JOB, spec=_spec(**SPECS[case]))):
         pod = group["template"]["spec"]
@@ -175,8 +183,14 @@ def test_children_are_owned_and_labelled():
     for child in (build_ray_cluster(job=JOB, spec=spec), build_config_map(job=JOB, spec=spec)):
         meta = child["metadata"]
         (owner,) = meta["ownerReferences"]
-        assert owner == {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "name": JOB.name,
-                         "uid": JOB.uid, "controller": True, "blockOwnerDeletion": True}
+        assert owner == {
+            "apiVersion": "rldock.io/v1alpha1",
+            "kind": "RLJob",
+            "name": JOB.name,
+            "uid": JOB.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         assert meta["namespace"] == JOB.namespace and meta["labels"][LABEL_RLJOB] == JOB.name
     assert build_ray_cluster(job=JOB, spec=spec)["metadata"]["name"] == naming.ray_cluster_name(JOB.name)
 
@@ -206,9 +220,17 @@ def test_config_map_holds_the_job_config_the_runtime_accepts():
 def test_entrypoint_is_a_valid_rldock_command():
     spec = _spec(checkpoint={"claimName": "ckpt", "mountPath": "/data/ckpt"})
     argv = shlex.split(build_entrypoint(job=JOB, spec=spec))
-    assert argv == ["rldock", "train", "/etc/rldock/job.yaml", "--output",
-                    "/data/ckpt/team-a/grpo-demo/0f5c2a6e-1111-2222-3333-444455556666",
-                    "--resume", "--no-progress", "--max-restarts", "0"]
+    assert argv == [
+        "rldock",
+        "train",
+        "/etc/rldock/job.yaml",
+        "--output",
+        "/data/ckpt/team-a/grpo-demo/0f5c2a6e-1111-2222-3333-444455556666",
+        "--resume",
+        "--no-progress",
+        "--max-restarts",
+        "0",
+    ]
     args = _build_parser().parse_args(argv[1:])
     assert (args.command, args.config, args.resume, args.no_progress) == ("train", JOB_CONFIG_PATH, True, True)
     assert args.max_restarts == 0  # the operator owns retries (restartCount, backoffLimit)
@@ -223,12 +245,15 @@ def test_entrypoint_passes_the_in_job_restart_budget(max_restarts):
     assert _build_parser().parse_args(argv[1:]).max_restarts == max_restarts
 
 
-@pytest.mark.parametrize("other, same_dir", [
-    (JOB, True),  # a retry, suspend or unsuspend of the same object: it resumes
-    (RLJobRef(name=JOB.name, namespace=JOB.namespace, uid="9e8d7c6b-0000-0000-0000-000000000000"), False),
-    (RLJobRef(name="other", namespace=JOB.namespace, uid=JOB.uid), False),
-    (RLJobRef(name=JOB.name, namespace="team-b", uid=JOB.uid), False),
-])
+@pytest.mark.parametrize(
+    "other, same_dir",
+    [
+        (JOB, True),  # a retry, suspend or unsuspend of the same object: it resumes
+        (RLJobRef(name=JOB.name, namespace=JOB.namespace, uid="9e8d7c6b-0000-0000-0000-000000000000"), False),
+        (RLJobRef(name="other", namespace=JOB.namespace, uid=JOB.uid), False),
+        (RLJobRef(name=JOB.name, namespace="team-b", uid=JOB.uid), False),
+    ],
+)
 def test_output_dir_belongs_to_one_rljob_object(other, same_dir):
     """A re-created RLJob of the same name (a new uid) must not resume the old run's checkpoints."""
     spec = _spec()
@@ -256,7 +281,9 @@ def test_every_ray_pod_authenticates_with_the_rljobs_token():
         env = {var["name"]: var for var in group["template"]["spec"]["containers"][0]["env"]}
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-            "name": naming.auth_secret_name(JOB.name), "key": "auth_token"}
+            "name": naming.auth_secret_name(JOB.name),
+            "key": "auth_token",
+        }
 
 
 def test_auth_secret_is_owned_and_valid():

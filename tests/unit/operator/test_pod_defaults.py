@@ -8,8 +8,6 @@ import pytest
 from rljob_testing import spec_dict
 from test_reconcile import NAME, FakeJobs, FakeKube, body
 
-KEY = {"RLDOCK_TOKEN_KEY": "k" * 32}
-
 from rldock.operator.api import PodDefaults, RLJobSpec
 from rldock.operator.builders import RLJobRef, build_ray_cluster
 from rldock.operator.constants import (
@@ -22,6 +20,8 @@ from rldock.operator.constants import (
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings, load_settings
 from rldock.operator.validation import parse_spec
+
+KEY = {"RLDOCK_TOKEN_KEY": "k" * 32}
 
 JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 CUDA = PodDefaults(image="registry.example.com/rl/runtime:0.1.0-cuda", image_pull_policy=ImagePullPolicy.ALWAYS,

@@ -21,7 +21,9 @@ SHARED = {"volumes": [{"name": "shared", "hostPath": {"path": "/mnt/shared/model
 NFS = {"volumes": [{"name": "data", "nfs": {"server": "nfs.example.com", "path": "/data"}}],
        "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
 EVERY_TAINT = {"cluster": {"tolerations": [{"operator": "Exists"}]}}
-ONE_TAINT = {"cluster": {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}}
+ONE_TAINT = {
+    "cluster": {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}
+}
 
 CASES = [
     # (spec sections, policy, the fields refused)
@@ -47,9 +49,17 @@ CASES = [
     (EVERY_TAINT, {}, ["spec.cluster.tolerations[0]"]),
     (EVERY_TAINT, {"tolerations": [{"operator": "Exists"}]}, []),
     (ONE_TAINT, {}, []),
-    (ONE_TAINT, {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}]}, ["spec.cluster.tolerations[0]"]),
+    (
+        ONE_TAINT,
+        {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}]},
+        ["spec.cluster.tolerations[0]"],
+    ),
     (ONE_TAINT, {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}, []),
-    ({"cluster": {"nodeSelector": {"pool": "a"}}}, {"nodeSelectors": {"pool": ["b"]}}, ["spec.cluster.nodeSelector[pool]"]),
+    (
+        {"cluster": {"nodeSelector": {"pool": "a"}}},
+        {"nodeSelectors": {"pool": ["b"]}},
+        ["spec.cluster.nodeSelector[pool]"],
+    ),
     ({"cluster": {"nodeSelector": {"pool": "b"}}}, {"nodeSelectors": {"pool": ["b"]}}, []),
 ]
 
@@ -66,17 +76,22 @@ def test_policy(sections, policy, refused):
 def test_the_message_names_the_value_and_the_policy():
     spec = RLJobSpec.model_validate(spec_dict(**HOST_ROOT))
     (problem,) = policy_problems(spec, AdminPolicy(host_path_prefixes=["/mnt/shared"]), default_image=DEFAULT_IMAGE)
-    assert str(problem) == ("spec.volumes[0].hostPath.path: hostPath '/' is not allowed by the cluster's policy "
-                            "(policy.hostPathPrefixes: [\"/mnt/shared\"]); use an allowed value or ask the cluster "
-                            "admin to allow it")
+    assert str(problem) == (
+        "spec.volumes[0].hostPath.path: hostPath '/' is not allowed by the cluster's policy "
+        '(policy.hostPathPrefixes: ["/mnt/shared"]); use an allowed value or ask the cluster '
+        "admin to allow it"
+    )
 
 
-@pytest.mark.parametrize("text, error", [
-    ('{"hostPathPrefixes": ["relative"]}', "policy.hostPathPrefixes[0]: 'relative' must be an absolute path"),
-    ('{"hostPath": []}', "policy.hostPath"),
-    ('{"tolerations": [{"operator": "Exists", "colour": "red"}]}', "policy.tolerations.0.colour"),
-    ("{", "policy: not JSON"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ('{"hostPathPrefixes": ["relative"]}', "policy.hostPathPrefixes[0]: 'relative' must be an absolute path"),
+        ('{"hostPath": []}', "policy.hostPath"),
+        ('{"tolerations": [{"operator": "Exists", "colour": "red"}]}', "policy.tolerations.0.colour"),
+        ("{", "policy: not JSON"),
+    ],
+)
 def test_a_bad_policy_names_the_chart_value(text, error):
     with pytest.raises(ValueError, match=None) as raised:
         parse_policy(text)
@@ -91,8 +106,9 @@ JOB = RLJobRef(name="grpo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444
 
 
 def test_the_network_policy_admits_the_jobs_pods_and_the_operator_on_the_jobs_api():
-    policy = build_network_policy(job=JOB, operator_namespace="rldock-system",
-                                  operator_pod_labels={"app.kubernetes.io/name": "rldock"})
+    policy = build_network_policy(
+        job=JOB, operator_namespace="rldock-system", operator_pod_labels={"app.kubernetes.io/name": "rldock"}
+    )
     kubernetes_validate.validate(policy, KUBERNETES_VERSION, strict=True)
     assert policy["metadata"]["name"] == naming.network_policy_name(JOB.name)
     assert policy["spec"]["podSelector"] == {"matchLabels": {"rldock.io/rljob": "grpo"}}
@@ -100,8 +116,12 @@ def test_the_network_policy_admits_the_jobs_pods_and_the_operator_on_the_jobs_ap
     own, operator = policy["spec"]["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": {"rldock.io/rljob": "grpo"}}}]}
     assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
-    assert operator["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rldock-system"}},
-                                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rldock"}}}]
+    assert operator["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rldock-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rldock"}},
+        }
+    ]
     alone = build_network_policy(job=JOB, operator_namespace=None, operator_pod_labels={})
     assert len(alone["spec"]["ingress"]) == 1  # an operator outside the cluster gets no rule
 

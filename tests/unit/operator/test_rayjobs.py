@@ -6,6 +6,7 @@ tests/integration/test_ray_jobs_api.py runs the same client against a real Ray 2
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -172,10 +173,8 @@ def _raw_server(reply: Callable[[socket.socket], None]) -> Iterator[str]:
                 continue
             with connection:
                 connection.recv(65536)
-                try:
+                with contextlib.suppress(OSError):
                     reply(connection)
-                except OSError:
-                    pass
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

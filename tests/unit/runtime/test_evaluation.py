@@ -106,16 +106,27 @@ def test_the_trainers_held_out_set_is_the_val_files_scored_by_the_jobs_reward(to
     from rldock.runtime.trainer import heldout_evaluation
 
     val = tmp_path / "val.jsonl"
-    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)] + [{"prompt": "12345678+1=", "answer": "0"}]
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)] + [
+        {"prompt": "12345678+1=", "answer": "0"}
+    ]
     val.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    data = {"iterations": 10, "model": {"path": "/unused"},
-            "data": {"train_files": [str(val)], "val_files": [str(val)], "chat_template": "none"},
-            "reward": {"terms": [{"name": "exact_match"}]},
-            "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
-                          "max_response_length": 4, "learning_rate": 0.0}}
+    data = {
+        "iterations": 10,
+        "model": {"path": "/unused"},
+        "data": {"train_files": [str(val)], "val_files": [str(val)], "chat_template": "none"},
+        "reward": {"terms": [{"name": "exact_match"}]},
+        "algorithm": {
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 8,
+            "max_response_length": 4,
+            "learning_rate": 0.0,
+        },
+    }
     assert heldout_evaluation(parse_job_config(data), tokenizer, [str(val)]) is None  # evaluation off
-    evaluator = heldout_evaluation(parse_job_config({**data, "evaluation": {"interval": 1, "max_prompts": 5}}),
-                                   tokenizer, [str(val)])
+    evaluator = heldout_evaluation(
+        parse_job_config({**data, "evaluation": {"interval": 1, "max_prompts": 5}}), tokenizer, [str(val)]
+    )
     # the first 5 of the 6 prompts that fit algorithm.max_prompt_length (the long one is dropped, as in training)
     assert [e.prompt for e in evaluator.examples] == [f"{a}+{a}=" for a in range(5)]
     assert {e.data_source for e in evaluator.examples} == {"val"}  # the file's stem
@@ -134,12 +145,22 @@ def test_held_out_responses_are_scored_without_the_reward_model_term(tokenizer, 
 
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(3)))
-    cfg = parse_job_config({
-        "iterations": 10, "model": {"path": "/unused"}, "evaluation": {"interval": 1},
-        "data": {"train_files": [str(val)], "val_files": [str(val)], "chat_template": "none"},
-        "reward": {"terms": [{"name": "model", "path": "/no/reward/model"}, {"name": "exact_match", "weight": 2}]},
-        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
-                      "max_response_length": 4, "learning_rate": 0.0}})
+    cfg = parse_job_config(
+        {
+            "iterations": 10,
+            "model": {"path": "/unused"},
+            "evaluation": {"interval": 1},
+            "data": {"train_files": [str(val)], "val_files": [str(val)], "chat_template": "none"},
+            "reward": {"terms": [{"name": "model", "path": "/no/reward/model"}, {"name": "exact_match", "weight": 2}]},
+            "algorithm": {
+                "num_prompts_per_iteration": 2,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 8,
+                "max_response_length": 4,
+                "learning_rate": 0.0,
+            },
+        }
+    )
     evaluator = heldout_evaluation(cfg, tokenizer, [str(val)])
     eos = tokenizer.eos_token_id
     answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]

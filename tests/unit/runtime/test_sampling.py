@@ -81,10 +81,22 @@ def test_merge_rounds_sums_numbers_and_joins_lists_per_worker():
 def test_merge_rounds_merges_the_reward_workers_metric_states_key_by_key():
     """DAPO's reward worker returns its metric sums and counts each round; the rounds' are summed."""
     first = {"reward_metrics": {"sums": {"reward/model": 1.5}, "counts": {"reward/model": 2}, "errors": 0}}
-    second = {"reward_metrics": {"sums": {"reward/model": 0.5, "reward/x/y": 1.0}, "counts": {"reward/model": 2,
-                                                                                              "reward/x/y": 1}, "errors": 1}}
-    assert merge_rounds([[first], [second]]) == [{"reward_metrics": {
-        "sums": {"reward/model": 2.0, "reward/x/y": 1.0}, "counts": {"reward/model": 4, "reward/x/y": 1}, "errors": 1}}]
+    second = {
+        "reward_metrics": {
+            "sums": {"reward/model": 0.5, "reward/x/y": 1.0},
+            "counts": {"reward/model": 2, "reward/x/y": 1},
+            "errors": 1,
+        }
+    }
+    assert merge_rounds([[first], [second]]) == [
+        {
+            "reward_metrics": {
+                "sums": {"reward/model": 2.0, "reward/x/y": 1.0},
+                "counts": {"reward/model": 4, "reward/x/y": 1},
+                "errors": 1,
+            }
+        }
+    ]
     assert first["reward_metrics"]["sums"] == {"reward/model": 1.5}  # the inputs are left as they were
 
 
@@ -104,8 +116,10 @@ class SlotDock:
     def draw(self, num_prompts):
         ids = torch.arange(self.drawn, self.drawn + num_prompts).repeat_interleave(self.group_size)
         self.drawn += num_prompts
-        return DriverBatch(TensorDict({"id": ids, "prompt_mask": torch.ones(len(ids), 3)}, batch_size=[len(ids)]),
-                           [3 + i for i in range(num_prompts)])
+        return DriverBatch(
+            TensorDict({"id": ids, "prompt_mask": torch.ones(len(ids), 3)}, batch_size=[len(ids)]),
+            [3 + i for i in range(num_prompts)],
+        )
 
     def run_round(self, groups, fresh, sampling_round):
         rows = group_rows(groups, self.group_size)
@@ -116,8 +130,9 @@ class SlotDock:
         return {"reward": [{"compute_s": 1.0, "rewards": rewards}]}, torch.tensor(rewards)
 
     def run(self, *, num_groups=2, max_rounds=3):
-        sampler = DynamicSampling(num_groups=num_groups, group_size=self.group_size, max_rounds=max_rounds,
-                                  group_filter=informative_groups)
+        sampler = DynamicSampling(
+            num_groups=num_groups, group_size=self.group_size, max_rounds=max_rounds, group_filter=informative_groups
+        )
         return sampler.run(self.draw, self.run_round)
 
 
@@ -130,8 +145,11 @@ def test_dynamic_sampling_refills_only_the_slots_of_dropped_groups():
     assert dock.rows == {0: 2, 1: 2, 2: 1, 3: 1}  # the kept prompt 1 never moved
     assert out.batch.batch["id"].tolist() == [2, 2, 1, 1]  # the driver's copy agrees with the dock
     assert out.batch.prompt_lengths == [3, 4]
-    assert out.metrics == {"dynamic_sampling/rounds": 2, "dynamic_sampling/kept_groups": 2,
-                           "dynamic_sampling/padded_groups": 0}
+    assert out.metrics == {
+        "dynamic_sampling/rounds": 2,
+        "dynamic_sampling/kept_groups": 2,
+        "dynamic_sampling/padded_groups": 0,
+    }
     assert out.results["reward"] == [{"compute_s": 2.0, "rewards": [1.0, 1.0, 0.0, 1.0, 0.0, 0.5]}]
 
 
@@ -181,8 +199,7 @@ def test_dapo_reward_shaping_and_loss_kwargs_follow_the_spec():
     from rldock.runtime.algorithms.recipes import get_recipe
 
     recipe = get_recipe("dapo")
-    algo = _algo(name="dapo", max_response_length=6, dapo={"overlong_buffer_length": 2,
-                                                          "overlong_penalty_factor": 0.5})
+    algo = _algo(name="dapo", max_response_length=6, dapo={"overlong_buffer_length": 2, "overlong_penalty_factor": 0.5})
     shaped = recipe.reward_shaping(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([3, 5, 6]), algo)
     assert torch.allclose(shaped, torch.tensor([1.0, 0.75, -0.5]))
     assert recipe.policy_loss_kwargs(algo) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}

@@ -70,4 +70,6 @@ def test_answer_loss_ignores_padding_columns(base_dir):
     padded = TokenBatch(torch.tensor([target + [tokenizer.pad_token_id] * 2]),
                         torch.tensor([[1, 1, 0, 0]]))
     with torch.no_grad():
-        assert answer_loss(model, prompts, tight).item() == pytest.approx(answer_loss(model, prompts, padded).item(), abs=1e-6)
+        assert answer_loss(model, prompts, tight).item() == pytest.approx(
+            answer_loss(model, prompts, padded).item(), abs=1e-6
+        )

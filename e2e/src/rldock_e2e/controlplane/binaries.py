@@ -61,8 +61,7 @@ def find_binaries(*, build: bool = True) -> Binaries:
             raise BinariesUnavailable(f"control-plane binaries not in {cache_dir()} "
                                       f"(or etcd/kubectl not on PATH); run {BUILD_SCRIPT}")
         return found
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
     if result.returncode == EXIT_UNAVAILABLE:
         raise BinariesUnavailable(result.stderr.strip()[-3000:])
     if result.returncode != 0:

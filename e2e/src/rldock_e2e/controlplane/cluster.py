@@ -285,8 +285,7 @@ class ControlPlane:
         """Run kubectl as `user` (a context of the kubeconfig); raises KubectlError on failure
         unless `check` is False. `input` is fed to stdin (for `-f -`)."""
         argv = [str(self.binaries.kubectl), f"--context={user}", *args]
-        result = subprocess.run(argv, env=self.env, input=input, text=True, timeout=timeout,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        result = subprocess.run(argv, env=self.env, input=input, text=True, timeout=timeout, capture_output=True)
         if check and result.returncode != 0:
             raise KubectlError(args, result.returncode, result.stderr)
         return result

@@ -9,6 +9,7 @@ without running any cleanup (SIGKILL, OOM). On the normal paths -- `stop()`, int
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
@@ -43,10 +44,9 @@ def free_ports(count: int) -> list[int]:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
-    try:
+    # Already gone (PermissionError: the pgid was reused by someone else's group).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone (PermissionError: the pgid was reused by someone else's group)
 
 
 def kill_all_groups() -> None:

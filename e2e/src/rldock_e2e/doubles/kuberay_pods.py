@@ -15,7 +15,8 @@ keeping what a pod's life here depends on:
 - the env KubeRay adds (RAY_CLUSTER_NAME, RAY_CLOUD_INSTANCE_ID, RAY_NODE_TYPE_NAME through
   fieldRefs, FQ_RAY_IP/RAY_IP on workers, RAY_PORT, RAY_ADDRESS, KUBERAY_GEN_RAY_START_CMD, ...);
 - the worker's `wait-gcs-ready` init container (`ray health-check` against the head until the GCS
-  answers, with the Ray container's securityContext), the readiness and liveness exec probes (`wget` of the raylet's and the GCS's health
+  answers, with the Ray container's securityContext), the readiness and liveness exec probes (`wget` of the
+  raylet's and the GCS's health
   endpoints), the metrics container port, and a `/dev/shm` memory emptyDir unless one is mounted.
 
 Not transcribed: autoscaler sidecars, GCS fault tolerance, TLS, RayService/RayJob specifics.

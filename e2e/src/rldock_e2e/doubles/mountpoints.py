@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from rldock_e2e.controlplane.binaries import cache_dir
@@ -65,8 +65,6 @@ def release(*, mine: bool = True) -> None:
         keep = [(p, w) for p, w in entries if pid_alive(p) and not (mine and p == me)]
         unused = {w for _, w in entries} - {w for _, w in keep}
         for where in sorted(unused, key=lambda w: -len(Path(w).parts)):  # children first
-            try:
+            with suppress(OSError):  # not empty, or already gone
                 Path(where).rmdir()
-            except OSError:
-                pass  # not empty, or already gone
         entries[:] = keep

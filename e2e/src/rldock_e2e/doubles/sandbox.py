@@ -25,6 +25,7 @@ test run dies, killed at exit). Needs root: `sandbox_unavailable()` says why not
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -276,10 +277,8 @@ class PodSandbox:
         # Containers die with their PID namespaces; anything else that entered the pod (a probe
         # cut off mid-run) is killed here, so nothing of the pod is left.
         for pid in self.pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self.ip is not None and self.network is not None:
             self.network.release(self.ip)
 
@@ -292,10 +291,8 @@ def stop_processes(processes: Sequence[ManagedProcess], *, grace: float) -> None
     """SIGTERM every process group at once, wait up to `grace` s for all, then SIGKILL the rest."""
     live = [p for p in processes if p.poll() is None]
     for process in live:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + grace
     while any(p.poll() is None for p in live) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -303,10 +300,8 @@ def stop_processes(processes: Sequence[ManagedProcess], *, grace: float) -> None
     # init), as in any container runtime: what is left is killed now.
     for process in live:
         if process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     for process in processes:
         process.stop(timeout=5)
 

@@ -22,6 +22,7 @@ RLJob was admitted, the RLJob fails with reason PolicyDenied and nothing is crea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -268,10 +269,8 @@ class _TLSServer(ThreadingHTTPServer):
 
 
 def _shut(connection: list[socket.socket]) -> None:
-    try:
+    with contextlib.suppress(OSError):  # already closed
         socket.socket.shutdown(connection[0], socket.SHUT_RDWR)
-    except OSError:  # already closed
-        pass
 
 
 def _handler(handle: Review, max_review_bytes: int) -> type[BaseHTTPRequestHandler]:

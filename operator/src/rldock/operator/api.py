@@ -127,7 +127,8 @@ class Toleration(_Model):
 
 class PersistentVolumeClaimSource(_Model):
     claim_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
-                            description="PersistentVolumeClaim in the RLJob's namespace (ReadOnlyMany or ReadWriteMany for several nodes).")
+                            description="PersistentVolumeClaim in the RLJob's namespace (ReadOnlyMany or "
+                                        "ReadWriteMany for several nodes).")
     read_only: bool | None = Field(default=None, description="Mount the claim read-only.")
 
 
@@ -138,16 +139,20 @@ class NFSSource(_Model):
 
 
 class HostPathSource(_Model):
-    path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
-                      description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.")
-    type: Literal["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"] | None = Field(default=None, description="What must be at `path`; unset checks nothing.")
+    path: str = Field(
+        min_length=1, max_length=MAX_PATH_LENGTH,
+        description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.")
+    type: Literal[
+        "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"] | None = Field(
+        default=None, description="What must be at `path`; unset checks nothing.")
 
 
 class KeyToPath(_Model):
     key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="Key in the ConfigMap or Secret.")
     path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
                       description="File name for the key, relative to the mount path (no `..`).")
-    mode: int | None = Field(default=None, ge=0, le=0o777, description="File mode bits (decimal in JSON, e.g. 292 = 0444).")
+    mode: int | None = Field(default=None, ge=0, le=0o777,
+                             description="File mode bits (decimal in JSON, e.g. 292 = 0444).")
 
 
 class ConfigMapSource(_Model):
@@ -176,12 +181,14 @@ class Volume(_Model):
 
     name: str = Field(min_length=1, max_length=MAX_DNS_LABEL_LENGTH,
                       description="Volume name (a DNS label), referred to by `volumeMounts[].name`.")
-    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(default=None, description="A PersistentVolumeClaim.")
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(default=None,
+                                                                        description="A PersistentVolumeClaim.")
     nfs: NFSSource | None = Field(default=None, description="An NFS export.")
     host_path: HostPathSource | None = Field(default=None, description="A path on the node.")
     config_map: ConfigMapSource | None = Field(default=None, description="A ConfigMap's keys as files.")
     secret: SecretSource | None = Field(default=None, description="A Secret's keys as files.")
-    empty_dir: EmptyDirSource | None = Field(default=None, description="A scratch directory that lives as long as the pod.")
+    empty_dir: EmptyDirSource | None = Field(default=None,
+                                             description="A scratch directory that lives as long as the pod.")
 
 
 class VolumeMount(_Model):
@@ -191,13 +198,15 @@ class VolumeMount(_Model):
     mount_path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
                             description="Where the volume appears in the container, an absolute path; the job "
                             "config's paths (e.g. `job.model.path`) point below it.")
-    sub_path: str | None = Field(default=None, max_length=MAX_PATH_LENGTH,
-                                    description="Path inside the volume to mount instead of its root (relative, no `..`).")
+    sub_path: str | None = Field(
+        default=None, max_length=MAX_PATH_LENGTH,
+        description="Path inside the volume to mount instead of its root (relative, no `..`).")
     read_only: bool | None = Field(default=None, description="Mount read-only.")
 
 
 class KeySelector(_Model):
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace.")
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
+                      description="Secret or ConfigMap in the RLJob's namespace.")
     key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="The key whose value to take.")
     optional: bool | None = Field(default=None, description="Start even when the object or key is missing.")
 
@@ -223,11 +232,13 @@ class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=MAX_ENV_NAME_LENGTH, description="Variable name.")
     value: str | None = Field(default=None, max_length=MAX_ENV_VALUE_LENGTH,
                                  description="Literal value; use `valueFrom` for secrets.")
-    value_from: EnvVarSource | None = Field(default=None, description="Take the value from a Secret, ConfigMap or the pod.")
+    value_from: EnvVarSource | None = Field(default=None,
+                                            description="Take the value from a Secret, ConfigMap or the pod.")
 
 
 class EnvFromRef(_Model):
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace.")
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
+                      description="Secret or ConfigMap in the RLJob's namespace.")
     optional: bool | None = Field(default=None, description="Start even when it is missing.")
 
 
@@ -259,12 +270,14 @@ class ClusterSpec(_Model):
         default_factory=dict, description="Node labels every Ray pod requires.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of every Ray pod.")
     ray_version: str = Field(
-        default=DEFAULT_RAY_VERSION, min_length=1, max_length=MAX_VERSION_LENGTH, description="Ray version of the image, for KubeRay.")
+        default=DEFAULT_RAY_VERSION, min_length=1, max_length=MAX_VERSION_LENGTH,
+        description="Ray version of the image, for KubeRay.")
 
 
 class SchedulingSpec(_Model):
     scheduler_name: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH, description="Pod schedulerName; unset uses the cluster default.")
+        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        description="Pod schedulerName; unset uses the cluster default.")
     gang: GangScheduler = Field(
         default=GangScheduler.NONE,
         description="All-or-nothing start of the head and every worker: `volcano` (KubeRay's "
@@ -285,14 +298,16 @@ class CheckpointStorage(_Model):
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="PersistentVolumeClaim in the RLJob's namespace (ReadWriteMany for several nodes).")
     host_path: str | None = Field(
-        default=None, min_length=1, max_length=MAX_PATH_LENGTH, description="Directory on every node, e.g. a shared filesystem mount.")
+        default=None, min_length=1, max_length=MAX_PATH_LENGTH,
+        description="Directory on every node, e.g. a shared filesystem mount.")
     mount_path: str = Field(
         default=DEFAULT_CHECKPOINT_MOUNT_PATH, min_length=1, max_length=MAX_PATH_LENGTH,
         description="Where the volume is mounted in the pods.")
 
 
 class LocalObjectReference(_Model):
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Name of an object in the RLJob's namespace.")
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
+                      description="Name of an object in the RLJob's namespace.")
 
 
 class RLJobSpec(_Model):
@@ -429,7 +444,8 @@ class RLJobStatus(_Model):
     iteration: int | None = Field(default=None, ge=0, description="Last finished RL iteration.")
     iterations: int | None = Field(default=None, ge=1, description="RL iterations of the job.")
     progress: str | None = Field(default=None, description="`iteration/iterations`, for kubectl.")
-    reward: float | None = Field(default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
+    reward: float | None = Field(
+        default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
     tokens_per_second_per_device: float | None = Field(
         default=None, description="Throughput of the last iteration, tokens/s per device.")
     last_evaluation: LastEvaluation | None = Field(

@@ -56,7 +56,8 @@ class AllowedToleration(_Model):
 class AdminPodDefaults(_Model):
     """What the admin adds to every Ray pod (settings.py puts them into api.PodDefaults)."""
 
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels of every Ray pod (the operator's own win).")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="Labels of every Ray pod (the operator's own win).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of every Ray pod.")
     priority_class_name: str | None = Field(
         default=None, max_length=MAX_NAME_LENGTH, description="priorityClassName of every Ray pod.")
@@ -89,7 +90,7 @@ class AdminPolicy(_Model):
         for index, prefix in enumerate(self.host_path_prefixes):
             if not posixpath.isabs(prefix):
                 raise ValueError(f"{CHART_PREFIX}.hostPathPrefixes[{index}]: {prefix!r} must be an absolute path")
-        for index, value in enumerate(self.pod_defaults.labels.values()):
+        for value in self.pod_defaults.labels.values():
             if len(value) > MAX_LABEL_VALUE_LENGTH:
                 raise ValueError(f"{CHART_PREFIX}.podDefaults.labels: value {value!r} is longer than 63 characters")
 

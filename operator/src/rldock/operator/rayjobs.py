@@ -46,6 +46,7 @@ than reading "no answer" as "no job". Each request is reported to an optional re
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -222,10 +223,8 @@ class RayJobsClient:
             expired.set()
             sock = connection.sock
             if sock is not None:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
         watchdog = threading.Timer(self._timeout, expire)
         watchdog.daemon = True

@@ -122,7 +122,8 @@ class OperatorSettings:
             raise ValueError("the webhook port must be in [1, 65535] and needs a certificate and key file "
                              "(--webhook-cert-file, --webhook-key-file)")
         if self.token_key is not None and len(self.token_key) < MIN_TOKEN_KEY_BYTES:
-            raise ValueError(f"RLDOCK_TOKEN_KEY must hold at least {MIN_TOKEN_KEY_BYTES} bytes, got {len(self.token_key)}")
+            raise ValueError(f"RLDOCK_TOKEN_KEY must hold at least {MIN_TOKEN_KEY_BYTES} bytes, "
+                             f"got {len(self.token_key)}")
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:

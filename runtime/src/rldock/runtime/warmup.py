@@ -9,7 +9,8 @@ brings the sampled reward into the range where a group's responses differ and RL
 Real checkpoints that already follow the format leave `warmup.steps` at 0.
 
 Each example is laid out exactly as in RL (docs/architecture.md): the prompt's tokens as the
-prompt set holds them (rendered, with BOS where one is added) left-padded to the longest prompt, then answer + EOS right-padded, `position_ids = cumsum(mask) - 1`. The loss is
+prompt set holds them (rendered, with BOS where one is added) left-padded to the longest prompt, then answer + EOS
+right-padded, `position_ids = cumsum(mask) - 1`. The loss is
 cross-entropy on the answer and EOS tokens only, averaged over those tokens.
 """
 

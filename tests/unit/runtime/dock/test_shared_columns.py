@@ -34,7 +34,8 @@ def test_an_attached_warehouse_reads_and_writes_the_owners_rows(tmp_path) -> Non
     assert not attached.can_write({"ids": wire(torch.zeros(4, 3, dtype=torch.int64))})  # not allocated yet
     owner.write(indices, {"ids": wire(torch.arange(12).view(4, 3))})  # the first write allocates
     assert attached.can_write({"ids": wire(torch.zeros(4, 3, dtype=torch.int64))})
-    assert not attached.can_write({"ids": wire(torch.zeros(4, 2, dtype=torch.int64))})  # other shape: the owner says why
+    # other shape: the owner says why
+    assert not attached.can_write({"ids": wire(torch.zeros(4, 2, dtype=torch.int64))})
     assert not attached.can_write({"ids": wire(torch.zeros(4, 3, dtype=torch.int32))})
     np.testing.assert_array_equal(attached.read(indices, ["ids"])["ids"].array, np.arange(12).reshape(4, 3))
     attached.write(np.arange(12, 16), {"ids": wire(torch.arange(100, 112).view(4, 3))})

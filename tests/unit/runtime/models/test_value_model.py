@@ -16,8 +16,12 @@ from rldock.runtime.models.value import load_value_model, response_values
 
 @pytest.fixture(scope="module")
 def value_model(tmp_path_factory):
-    texts = tokenizer_corpus([Row(r["prompt"], r["answer"], r["data_source"])
-                             for r in generate_addition(GeneratorSpec(name="addition", max_operand=9, num_prompts=20), seed=0).train])
+    texts = tokenizer_corpus(
+        [
+            Row(r["prompt"], r["answer"], r["data_source"])
+            for r in generate_addition(GeneratorSpec(name="addition", max_operand=9, num_prompts=20), seed=0).train
+        ]
+    )
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny"), texts=texts, seed=0)
     return load_value_model(model_dir, dtype="float32", device="cpu")
 
@@ -41,8 +45,9 @@ def test_values_come_from_the_position_before_each_token(value_model):
     torch.nn.init.normal_(value_model.head.weight)
     prompt_ids, prompt_mask, response_ids, response_mask = _batch()
     with torch.no_grad():
-        values = response_values(value_model, prompt_ids, prompt_mask, response_ids, response_mask,
-                                 micro_batch_size=2)  # (3, 5)
+        values = response_values(
+            value_model, prompt_ids, prompt_mask, response_ids, response_mask, micro_batch_size=2
+        )  # (3, 5)
         inputs = build_policy_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
         every_position = value_model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (3, 9)
     # response token t of row b is chosen in the state ending at input position PL + t - 1 = 3 + t

@@ -84,7 +84,9 @@ def test_posts_the_four_columns_and_reads_the_scores(server):
 
 
 def test_a_plain_list_of_dicts_gives_scores_and_metrics(server):
-    server.reply = lambda body: [{"score": 1.0, "judge_confidence": 0.5 * i} for i, _ in enumerate(body["solution_str"])]
+    server.reply = lambda body: [
+        {"score": 1.0, "judge_confidence": 0.5 * i} for i, _ in enumerate(body["solution_str"])
+    ]
     scored = _score(_scorer(server.url), ["a", "b"])
     assert scored.scores.tolist() == [1.0, 1.0]
     assert scored.metrics["reward/remote/judge_confidence"] == 0.25
@@ -104,8 +106,11 @@ def test_the_bearer_token_comes_from_the_named_environment_variable(server, monk
 
 def test_a_token_over_plain_http_is_refused_when_the_term_is_built(server, monkeypatch):
     monkeypatch.setenv("RM_TOKEN", "s3cret")
-    with pytest.raises(RewardError, match=r"reward.terms\[0\].url: .* would send the bearer token of token_env "
-                       r"RM_TOKEN unencrypted; use an https:// URL, or set allow_insecure: true"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward.terms\[0\].url: .* would send the bearer token of token_env "
+        r"RM_TOKEN unencrypted; use an https:// URL, or set allow_insecure: true",
+    ):
         _scorer(server.url, token_env="RM_TOKEN")
     assert server.requests == []
 
@@ -126,9 +131,12 @@ def test_a_server_failing_twice_then_answering_is_retried_with_growing_backoff(s
 
 def test_a_server_that_always_fails_gives_an_error_with_the_url_status_and_body(server):
     server.plan = [(500, "database is down", 0)] * 3
-    with pytest.raises(RewardError, match=r"reward.terms\[0\] \(remote http://127.0.0.1:\d+/score\) failed on a "
-                                          r"sample from data_source 'gsm8k': RemoteRewardError: POST .* failed after "
-                                          r"3 attempt\(s\).*HTTP 500: 'database is down'"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward.terms\[0\] \(remote http://127.0.0.1:\d+/score\) failed on a "
+        r"sample from data_source 'gsm8k': RemoteRewardError: POST .* failed after "
+        r"3 attempt\(s\).*HTTP 500: 'database is down'",
+    ):
         _score(_scorer(server.url, max_retries=2), ["a"])
     assert len(server.requests) == 3
 
@@ -146,11 +154,14 @@ def test_a_client_error_is_not_retried(server):
     assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize("text, words", [
-    ("not json", "not JSON"),
-    ('{"scores": [1.0, 2.0]}', r"with 1 values, one per sample"),
-    ('{"score": 1.0}', r"must answer"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("not json", "not JSON"),
+        ('{"scores": [1.0, 2.0]}', r"with 1 values, one per sample"),
+        ('{"score": 1.0}', r"must answer"),
+    ],
+)
 def test_a_malformed_answer_is_reported(server, text, words):
     server.plan = [(200, text, 0)]
     with pytest.raises(RewardError, match=words):

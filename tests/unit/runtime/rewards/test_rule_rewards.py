@@ -9,36 +9,44 @@ from rldock.runtime.rewards.rules import digit_match, exact_match
 
 
 def _score(name: str, response: str, answer: str, **options) -> float:
-    (value,) = REWARDS.get(name)(RewardTermSpec(name=name, **options), "reward.terms[0]")([""], [response], [answer], [{}])
+    (value,) = REWARDS.get(name)(RewardTermSpec(name=name, **options), "reward.terms[0]")(
+        [""], [response], [answer], [{}]
+    )
     return value
 
 
-@pytest.mark.parametrize("response, answer, expected", [
-    ("95", "95", 1.0),
-    (" 95 ", "95", 1.0),
-    ("96", "95", 0.0),
-    ("", "95", 0.0),
-    ("950", "95", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, answer, expected",
+    [
+        ("95", "95", 1.0),
+        (" 95 ", "95", 1.0),
+        ("96", "95", 0.0),
+        ("", "95", 0.0),
+        ("950", "95", 0.0),
+    ],
+)
 def test_exact_match(response, answer, expected):
     assert exact_match("", response, answer, {}) == expected
     assert _score("exact_match", response, answer) == expected
 
 
-@pytest.mark.parametrize("response, answer, expected", [
-    ("95", "95", 1.0),
-    (" 95\n", "95", 1.0),
-    ("85", "95", 0.5),  # units right
-    ("94", "95", 0.5),  # tens right
-    ("15", "105", 1 / 3),  # aligned by place value: units right, wrong length
-    ("105", "15", 1 / 3),
-    ("950", "95", 0.0),  # shifted digits are not in place
-    ("5", "95", 0.5),  # missing digit costs its share
-    ("", "95", 0.0),
-    ("+=", "7", 0.0),
-    ("7", "7", 1.0),
-    ("1+7", "7", 1 / 3),
-])
+@pytest.mark.parametrize(
+    "response, answer, expected",
+    [
+        ("95", "95", 1.0),
+        (" 95\n", "95", 1.0),
+        ("85", "95", 0.5),  # units right
+        ("94", "95", 0.5),  # tens right
+        ("15", "105", 1 / 3),  # aligned by place value: units right, wrong length
+        ("105", "15", 1 / 3),
+        ("950", "95", 0.0),  # shifted digits are not in place
+        ("5", "95", 0.5),  # missing digit costs its share
+        ("", "95", 0.0),
+        ("+=", "7", 0.0),
+        ("7", "7", 1.0),
+        ("1+7", "7", 1 / 3),
+    ],
+)
 def test_digit_match(response, answer, expected):
     assert digit_match("", response, answer, {}) == pytest.approx(expected)
     assert _score("digit_match", response, answer) == pytest.approx(expected)
@@ -55,15 +63,18 @@ def test_rule_rewards_are_in_unit_interval(fn):
         assert 0.0 <= fn("", response, answer, {}) <= 1.0
 
 
-@pytest.mark.parametrize("pattern, response, expected", [
-    (r"\d+", "42", 1.0),
-    (r"\d+", " 42\n", 1.0),  # surrounding whitespace is removed first
-    (r"\d+", "x42", 0.0),  # the whole response must match, not a part
-    (r".*####\s*\d+", "so 6*7 = 42\n#### 42", 1.0),  # `.` spans lines
-    (r"<think>.*</think>\s*<answer>.*</answer>", "<think>6*7</think>\n<answer>42</answer>", 1.0),
-    (r"<think>.*</think>\s*<answer>.*</answer>", "<answer>42</answer>", 0.0),
-    (r".*boxed.*", "the answer is \\boxed{42}.", 1.0),
-])
+@pytest.mark.parametrize(
+    "pattern, response, expected",
+    [
+        (r"\d+", "42", 1.0),
+        (r"\d+", " 42\n", 1.0),  # surrounding whitespace is removed first
+        (r"\d+", "x42", 0.0),  # the whole response must match, not a part
+        (r".*####\s*\d+", "so 6*7 = 42\n#### 42", 1.0),  # `.` spans lines
+        (r"<think>.*</think>\s*<answer>.*</answer>", "<think>6*7</think>\n<answer>42</answer>", 1.0),
+        (r"<think>.*</think>\s*<answer>.*</answer>", "<answer>42</answer>", 0.0),
+        (r".*boxed.*", "the answer is \\boxed{42}.", 1.0),
+    ],
+)
 def test_format_matches_the_whole_response(pattern, response, expected):
     assert _score("format", response, "", pattern=pattern) == expected
 

@@ -13,6 +13,16 @@ from rldock.operator.builders.rbac import build_rbac
 from rldock.operator.builders.secret import build_auth_secret
 
 __all__ = [
-    "RLJobRef", "build_auth_secret", "build_config_map", "build_entrypoint", "build_job_submission", "build_network_policy",
-    "build_ray_cluster", "build_rbac", "child_labels", "owner_reference", "output_dir", "render_job_config",
+    "RLJobRef",
+    "build_auth_secret",
+    "build_config_map",
+    "build_entrypoint",
+    "build_job_submission",
+    "build_network_policy",
+    "build_ray_cluster",
+    "build_rbac",
+    "child_labels",
+    "owner_reference",
+    "output_dir",
+    "render_job_config",
 ]

@@ -9,7 +9,8 @@ stored and marked ready in the same call. On one node (the demo, every single-no
 put and get is then one call; on S nodes, the host's node is. With shared memory
 (shared_columns.py) a caller on the host's node moves those rows itself and the calls carry
 metadata only (`read_here`; a write's parts are then empty). The other warehouses stay actors of
-their own on their nodes, reached directly by their consumers, as the MindSpeed RL paper's distributed transfer dock has it
+their own on their nodes, reached directly by their consumers, as the MindSpeed RL paper's distributed transfer
+dock has it
 (arXiv 2507.19017, section 3.1). The central mode's buffer is this host holding the one
 warehouse of a one-warehouse layout.
 

@@ -8,6 +8,7 @@ a dead warehouse is reported even when the request itself would otherwise just w
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -73,10 +74,8 @@ def check_alive(peers: Sequence[Peer]) -> None:
     done = set(ready)
     for name, ref in pings:
         if ref in done:
-            try:
+            with contextlib.suppress(GetTimeoutError):
                 get(name, ref, timeout=0)
-            except GetTimeoutError:
-                pass
 
 
 def died(name: str, cause: str) -> DockActorDiedError:

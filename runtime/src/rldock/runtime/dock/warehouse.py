@@ -250,7 +250,9 @@ class Warehouse:
         if not self._has_column(name):
             if self._attached:  # callers check can_write first; this is the owner's job
                 raise KeyError(f"warehouse {self._id}: column {name!r} is not allocated; write it through the owner")
-            shared = self._shared.allocate(name, column.dtype, column.array.dtype, sample_shape) if self._shared else None
+            shared = None
+            if self._shared:
+                shared = self._shared.allocate(name, column.dtype, column.array.dtype, sample_shape)
             if shared is not None:
                 self._keep(name, shared.rows, shared.written, shared.dtype)
             else:

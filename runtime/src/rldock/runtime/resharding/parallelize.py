@@ -1,5 +1,6 @@
 """Apply the training layout to a plain Hugging Face Llama, Qwen2 or Qwen3 model from outside: a
-tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the mesh's `tp` dimension, and gradient averaging over `dp`.
+tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the mesh's `tp` dimension, and gradient
+averaging over `dp`.
 
 Data parallelism is plain gradient averaging over the DP group after backward (what DDP does,
 without its bucketed overlap) rather than DDP or FSDP2: DDP over DTensor parameters needs torch's

@@ -11,12 +11,12 @@ the scorer can apply `reward.on_error` per sample.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
 from rldock.config.job import RewardTermSpec
 from rldock.runtime.registry import Registry
 
-RewardValue = Union[float, dict[str, Any]]
+RewardValue = float | dict[str, Any]
 # (data_source, solution_str, ground_truth, extra_info) -> score or {"score": ..., other metrics}
 RewardFn = Callable[[str, str, str, dict], RewardValue]
 # The same over lists of equal length -> one value or raised exception per sample.
