@@ -33,9 +33,9 @@ from rldock_benchmarks.grpo_flow import PRESETS, Dims, bytes_per_sample, predict
 # the distributed dock handing samples out in index order, wherever they are stored, to separate
 # spreading the traffic over S links from keeping it on the node. `distributed-warehouse-actors`
 # has every warehouse an actor of its own and the controller host beside the driver (the layout
-# before dock.colocate_controllers): two calls per put and get on every node.
+# before colocated controllers): two calls per put and get on every node.
 # `distributed-no-shared-memory` moves every row through Ray calls, also on the warehouse's node
-# (the layout before dock.shared_memory). `transferqueue`
+# (the layout before shared-memory rows). Both switches are TransferDock.create's (JobConfig.ablations). `transferqueue`
 # is the PyPI TransferQueue package behind the same client API (tq_dock.py), with one storage
 # unit per node; it is skipped, with the reason in the report, where the package is absent.
 TRANSFERQUEUE = "transferqueue"
@@ -104,10 +104,10 @@ def drive(args: argparse.Namespace) -> dict:
                                              node_ids=node_ids[:num_nodes])
             else:
                 dock = TransferDock.create(
-                    DockSpec(mode=mode, timeout_s=600, colocate_controllers=colocate, shared_memory=shared_memory),
+                    DockSpec(mode=mode, timeout_s=600),
                     states={s: list(c) for s, c in CONSUMES.items()}, num_samples=dims.num_samples,
                     group_size=dims.N, token_columns=TOKEN_COLUMNS, node_ids=node_ids[:num_nodes],
-                    prefer_local=prefer_local,
+                    prefer_local=prefer_local, colocate_controllers=colocate, shared_memory=shared_memory,
                 )
             try:
                 owned = [dock.layout.capacity(w) for w in range(dock.layout.num_warehouses)]

@@ -3,7 +3,7 @@
 Prints one JSON document. One local Ray session; two distributed docks of --warehouses
 warehouses each; one worker actor that, each round, runs `reset`, `put` of --samples samples and
 `get` of them on each dock:
-- `colocated` (the default, `dock.colocate_controllers`): the controller host holds the
+- `colocated` (the default, TransferDock.create's `colocate_controllers`): the controller host holds the
   warehouses of its node, here all of them: a put or get is one call to it (host.py);
 - `warehouse_actors`: every warehouse an actor of its own, as on a node without the host: a get
   asks the host, then reads the warehouses; a put writes them, then tells the host.
@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     docks = {}
     try:
         for name, colocate in (("colocated", True), ("warehouse_actors", False)):
-            spec = DockSpec(num_warehouses=args.warehouses, timeout_s=60, colocate_controllers=colocate)
-            docks[name] = TransferDock.create(spec, states=states, num_samples=args.samples, group_size=1)
+            spec = DockSpec(num_warehouses=args.warehouses, timeout_s=60)
+            docks[name] = TransferDock.create(spec, states=states, num_samples=args.samples, group_size=1,
+                                              colocate_controllers=colocate)
         worker = ray.remote(num_cpus=0)(RoundTripper).remote()
         seconds = ray.get(worker.run.remote(docks, samples=args.samples, columns=args.columns, length=args.length,
                                             rounds=args.rounds, warmup=args.warmup))

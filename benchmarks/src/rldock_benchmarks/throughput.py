@@ -12,12 +12,12 @@ of its iteration time to the all-off baseline's. The optimisations switched off 
 the skipped old-logprob pass (`recompute_old_logprobs_always`), padding trimming
 (`no_trim_padding`), the per-worker thread budget (`no_thread_budget`), the group advantages
 computed by the reward worker in its own dock write instead of a separate advantage state
-(`no_fused_advantage`: algorithm.fuse_reward_advantage off) and the driver's counters and
-metrics files off the critical path (`no_background_bookkeeping`: training.background_bookkeeping
-off) and the dock's warehouse held by its controller host, a put or get one Ray call instead of two
-(`no_colocated_controllers`: dock.colocate_controllers off) and the workers moving rows through
-the warehouse's shared memory, the calls carrying metadata only (`no_shared_memory`:
-dock.shared_memory off). Finer streaming, the
+(`no_fused_advantage`) and the driver's counters and
+metrics files off the critical path (`no_background_bookkeeping`) and the dock's warehouse held by
+its controller host, a put or get one Ray call instead of two (`no_colocated_controllers`) and the
+workers moving rows through the warehouse's shared memory, the calls carrying metadata only
+(`no_shared_memory`). These four are no job config fields: a variant turns them off under its
+`ablations` key, which `shape_config` sets with JobConfig.with_ablations. Finer streaming, the
 rollout writing each prompt group as it finishes (`rollout.stream_groups`), is opt-in (off by
 default: on short responses its extra writes cost more than they overlap), so it is the
 `streaming` variant: all on plus streaming, one group per write.
@@ -64,23 +64,25 @@ from rldock.config.loading import parse_job_config
 REPO = Path(__file__).resolve().parents[3]
 DEMO_CONFIG = REPO / "examples" / "grpo-tiny.yaml"
 ALL_ON: dict[str, Any] = {}
+# A variant's key for the optimisations that are no config field (JobConfig.ablations).
+ABLATIONS = "ablations"
 # Each optimisation's switch, set to what the code did before it.
 SWITCHES_OFF: dict[str, dict[str, Any]] = {
     "recompute_old_logprobs_always": {"algorithm": {"recompute_old_logprobs": "always"}},
     "no_trim_padding": {"training": {"trim_padding": False}},
     "no_thread_budget": {"training": {"num_threads": 0}},
-    "no_fused_advantage": {"algorithm": {"fuse_reward_advantage": False}},
-    "no_background_bookkeeping": {"training": {"background_bookkeeping": False}},
-    "no_colocated_controllers": {"dock": {"colocate_controllers": False}},
-    "no_shared_memory": {"dock": {"shared_memory": False}},
+    "no_fused_advantage": {ABLATIONS: {"fuse_reward_advantage": False}},
+    "no_background_bookkeeping": {ABLATIONS: {"background_bookkeeping": False}},
+    "no_colocated_controllers": {ABLATIONS: {"colocate_controllers": False}},
+    "no_shared_memory": {ABLATIONS: {"shared_memory": False}},
 }
 # Opt-in optimisations: each turned on alone, on top of every default one.
 SWITCHES_ON: dict[str, dict[str, Any]] = {
     "streaming": {"rollout": {"stream_groups": 1}},  # the rollout writes each group as it finishes
 }
-ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always", "fuse_reward_advantage": False},
-           "training": {"trim_padding": False, "num_threads": 0, "background_bookkeeping": False},
-           "dock": {"colocate_controllers": False, "shared_memory": False}}
+ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always"}, "training": {"trim_padding": False, "num_threads": 0},
+           ABLATIONS: {"fuse_reward_advantage": False, "background_bookkeeping": False,
+                       "colocate_controllers": False, "shared_memory": False}}
 BASELINE = "all_off"
 # The generation-heavy model: hidden 256 over 4 heads (head_dim 64, which vLLM's CPU attention takes).
 HEAVY_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1280,
@@ -151,12 +153,14 @@ def build_heavy_models(root: Path, seed: int) -> dict[str, Path]:
 def shape_config(shape: Shape, variant: dict, *, iterations: int, models: dict[str, Path]) -> JobConfig:
     data = yaml.safe_load(DEMO_CONFIG.read_text())
     data = merge(data, shape.overrides)
+    variant = dict(variant)
+    ablations = variant.pop(ABLATIONS, {})
     data = merge(data, variant)
     data["iterations"] = iterations
     data["checkpoint"] = {"interval": iterations, "keep_last": 1}
     if shape.model != "demo":
         data["model"] = {"path": str(models[shape.model]), "dtype": "float32"}
-    return parse_job_config(data, source=f"throughput shape {shape.name}")
+    return parse_job_config(data, source=f"throughput shape {shape.name}").with_ablations(**ablations)
 
 
 def run_variant(cfg: JobConfig, output: Path, warm_start: Path | None) -> list[dict]:

@@ -19,8 +19,9 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
         off = shape_config(shape, ALL_OFF, iterations=3, models=MODELS)
         def switches(cfg):
             return (cfg.algorithm.recompute_old_logprobs, cfg.training.trim_padding, cfg.training.num_threads,
-                    cfg.rollout.stream_groups, cfg.algorithm.fuse_reward_advantage,
-                    cfg.training.background_bookkeeping, cfg.dock.colocate_controllers, cfg.dock.shared_memory)
+                    cfg.rollout.stream_groups, cfg.ablations.fuse_reward_advantage,
+                    cfg.ablations.background_bookkeeping, cfg.ablations.colocate_controllers,
+                    cfg.ablations.shared_memory)
 
         assert switches(on) == ("auto", True, None, 0, True, True, True, True)
         assert switches(off) == ("always", False, 0, 0, False, False, False, False)

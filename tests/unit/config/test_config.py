@@ -1,13 +1,16 @@
 """Job config validation: every error names the field path to fix."""
 
 import copy
+import pickle
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from job_examples import example, problem_paths
 
 from rldock.config import ConfigError, JobConfig, load_job_config, parse_job_config
+from rldock.config.job import Ablations
 
 
 @pytest.fixture
@@ -80,10 +83,38 @@ def test_all_problems_reported_at_once(demo_data):
 
 def test_central_dock_refuses_distributed_only_settings(demo_data):
     data = copy.deepcopy(demo_data)
-    data["dock"].update(mode="central", num_warehouses=2, colocate_controllers=False)
-    assert sorted(problem_paths(data)) == ["dock.colocate_controllers", "dock.num_warehouses"]
-    data["dock"].update(num_warehouses=1, colocate_controllers=True)
+    data["dock"].update(mode="central", num_warehouses=2)
+    assert sorted(problem_paths(data)) == ["dock.num_warehouses"]
+    data["dock"].update(num_warehouses=1)
     assert parse_job_config(data).dock.mode == "central"
+
+
+@pytest.mark.parametrize("section, field", [
+    ("algorithm", "fuse_reward_advantage"), ("training", "background_bookkeeping"),
+    ("dock", "colocate_controllers"), ("dock", "shared_memory"), (None, "_ablations"), (None, "ablations"),
+])
+def test_the_benchmarks_switches_are_no_config_fields(demo_data, section, field):
+    """The optimisations the benchmarks turn off are set in code (JobConfig.with_ablations): a
+    config naming one is refused as an unknown field, and the private attribute is out of reach."""
+    data = copy.deepcopy(demo_data)
+    (data.setdefault(section, {}) if section else data)[field] = False
+    path = f"{section}.{field}" if section else field
+    with pytest.raises(ConfigError) as refused:
+        parse_job_config(data)
+    assert [p.path for p in refused.value.problems] == [path]
+    assert "not permitted" in str(refused.value) or "unknown" in str(refused.value)
+
+
+def test_a_benchmark_turns_an_optimisation_off_in_code(demo_data):
+    cfg = parse_job_config(copy.deepcopy(demo_data))
+    assert cfg.ablations == Ablations()  # every optimisation on
+    off = cfg.with_ablations(shared_memory=False)
+    assert (off.ablations.shared_memory, off.ablations.colocate_controllers, cfg.ablations.shared_memory) == (
+        False, True, True)
+    assert off.model_dump() == cfg.model_dump()  # not part of the config written or shipped as YAML
+    assert pickle.loads(pickle.dumps(off)).ablations == off.ablations  # as Ray ships it to the workers
+    with pytest.raises(ValidationError):
+        cfg.with_ablations(no_such_switch=False)
 
 
 def test_missing_model_dir_is_named(tmp_path, demo_data):

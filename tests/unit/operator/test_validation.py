@@ -60,6 +60,9 @@ def test_a_valid_spec_has_no_problems():
     ("backoffLimit", -1, "spec.backoffLimit"),
     ("cluster.gpus", 1, "spec.cluster.gpus"),
     ("job.algorithm", DELETE, "spec.job.algorithm"),
+    # The benchmarks' switches are no RLJob fields (JobConfig.ablations, set in code).
+    ("job.dock.shared_memory", False, "spec.job.dock.shared_memory"),
+    ("job.algorithm.fuse_reward_advantage", False, "spec.job.algorithm.fuse_reward_advantage"),
 ])
 def test_problems_name_the_field(path, value, problem_at):
     paths = _paths(set_path(spec_dict(), path, value))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 
 from rldock.contract.algorithms import AlgorithmName
 from rldock.contract.placement import PlacementMode
@@ -409,15 +409,6 @@ class AlgorithmSpec(Spec):
         "every update, whatever training.resharding; the actor runs its model without dropout), "
         "otherwise `always`. `never` with more than one update or a staleness bound is an error.",
     )
-    fuse_reward_advantage: bool = Field(
-        default=True,
-        description="Compute each prompt group's advantages in the reward worker, as it scores the group, and "
-        "write rewards and advantages in one dock write: no advantage state or worker, two Ray round trips "
-        "and a process wake-up fewer per iteration. Applies where the advantage reads only what the reward "
-        "writes, over whole groups (`grpo`, `dapo`); ignored by `ppo` and `pf_ppo` (their advantage needs "
-        "the critic's values and whitens over the iteration) and by `dpo` (no advantage). The advantages are "
-        "the same either way; `false` runs the separate advantage worker (the throughput ablation).",
-    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     ppo: PPOSpec = Field(default_factory=PPOSpec, description="Critic and GAE settings of `ppo` and `pf_ppo`.")
@@ -588,15 +579,6 @@ class TrainingSpec(Spec):
         "data_parallel_size * tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank).",
     )
-    background_bookkeeping: bool = Field(
-        default=True,
-        description="The driver reads the dock's counters and writes each iteration's record (metrics.jsonl, "
-        "TensorBoard), and in sync mode applies the staleness bound, in a background thread while the next "
-        "iteration starts, instead of between iterations; "
-        "it waits for the counters before its next put of prompts, and for every record before a checkpoint "
-        "and at the end of the run (also a failed one), so every metric is written, only later. `false`: "
-        "inline (the throughput ablation, which times iterations end to end: timing.cycle).",
-    )
     trim_padding: bool = Field(
         default=True,
         description="Run each micro-batch of the old-logprob, reference, critic and update passes on its "
@@ -643,21 +625,6 @@ class DockSpec(Spec):
     )
     num_warehouses: Optional[int] = Field(
         default=None, ge=1, description="S: warehouses (distributed mode only); default one per Ray node."
-    )
-    colocate_controllers: bool = Field(
-        default=True,
-        description="Distributed mode: the controllers run on the first warehouse's node and hold that node's "
-        "warehouses in their own process, so a put or get of samples stored there is one Ray call instead of "
-        "two (on one node: every put and get). false: every warehouse is an actor of its own and the "
-        "controllers run beside the driver (kept for measurements).",
-    )
-    shared_memory: bool = Field(
-        default=True,
-        description="Distributed mode: warehouses keep their columns in shared memory (/dev/shm) and workers on "
-        "a warehouse's node read and write its rows there themselves, so a put or get costs one small Ray call "
-        "to the controllers instead of moving the rows through Ray's object store. Rows on other nodes still "
-        "travel by Ray calls. Falls back to private memory, per column, where /dev/shm has no room. The central "
-        "mode never shares (it is the baseline that serves every byte). false: kept for measurements.",
     )
     timeout_s: float = Field(
         default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
@@ -750,8 +717,35 @@ class EvaluationSpec(Spec):
     )
 
 
+class Ablations(BaseModel):
+    """Optimisations that the benchmarks (rldock_benchmarks) turn off to measure what each one gains.
+
+    Not part of the job config: a JobConfig holds them in a private attribute, which no YAML file,
+    RLJob or CRD can reach (a config naming one of these fields is refused as an unknown field); a
+    benchmark sets them in code (`JobConfig.with_ablations`). Each defaults to the optimisation on.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The reward worker computes each prompt group's advantages as it scores the group and writes
+    # them with the rewards, where the recipe can (grpo, dapo): no advantage state, two Ray round
+    # trips and a wake-up fewer per iteration. Off: the separate advantage worker.
+    fuse_reward_advantage: bool = True
+    # The driver's counters, records and (sync) staleness bound run in a background thread while the
+    # next iteration starts (runtime/bookkeeping.py). Off: inline, between iterations.
+    background_bookkeeping: bool = True
+    # Distributed dock: the controllers hold the first warehouse node's warehouses in their process,
+    # a put or get there one Ray call instead of two. Off: every warehouse an actor of its own.
+    colocate_controllers: bool = True
+    # Distributed dock: warehouses keep columns in /dev/shm and workers on their node move rows there
+    # themselves. Off: rows travel through Ray's object store.
+    shared_memory: bool = True
+
+
 class JobConfig(Spec):
     """One RL post-training job."""
+
+    _ablations: Ablations = PrivateAttr(default_factory=Ablations)
 
     name: str = Field(default="rldock-job", min_length=1, max_length=MAX_NAME_LENGTH, description="Job name used in logs and outputs.")
     seed: int = Field(default=0, ge=0, description="Seed for data order, sampling and initialisation.")
@@ -770,6 +764,17 @@ class JobConfig(Spec):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+
+    @property
+    def ablations(self) -> Ablations:
+        """The optimisations a benchmark turned off (all on unless `with_ablations` said otherwise)."""
+        return self._ablations
+
+    def with_ablations(self, **switches: bool) -> JobConfig:
+        """A copy with these `Ablations` fields set (benchmarks only; unknown names raise)."""
+        copy = self.model_copy()
+        copy._ablations = Ablations(**{**self._ablations.model_dump(), **switches})
+        return copy
 
     @property
     def num_samples_per_iteration(self) -> int:

@@ -134,12 +134,6 @@ def _dock_problems(cfg: JobConfig) -> list[Problem]:
             f"{dock.num_warehouses} warehouses for {groups} prompt groups would leave "
             "some warehouses empty; use at most one warehouse per prompt group",
         ))
-    if dock.mode == "central" and not dock.colocate_controllers:
-        problems.append(Problem(
-            "dock.colocate_controllers",
-            "false has no effect with dock.mode central, whose one buffer always holds the controllers "
-            "and the data; unset it or use mode distributed",
-        ))
     return problems
 
 

@@ -176,7 +176,7 @@ class Trainer:
         self._turns = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
         # Counters and metrics files, in a background thread while the next iteration starts
-        # (training.background_bookkeeping; runtime/bookkeeping.py); a fresh one per _loop.
+        # (JobConfig.ablations.background_bookkeeping; runtime/bookkeeping.py); a fresh one per _loop.
         self._bookkeeping = Bookkeeper(background=False)
         self._counters = None  # the Future of the last counters read, awaited before the next put
         self._last_iteration_end: float | None = None  # perf_counter when the last iteration's stages ended
@@ -238,6 +238,8 @@ class Trainer:
                                 num_samples=cfg.num_samples_per_iteration,
                                 group_size=algo.num_responses_per_prompt,
                                 token_columns=TOKEN_COLUMNS,
+                                colocate_controllers=cfg.ablations.colocate_controllers,
+                                shared_memory=cfg.ablations.shared_memory,
                                 # the staleness bound (dock.max_staleness) guards what trains
                                 bounded_states=[self.recipe.update_state])
             for _ in range(num_banks(cfg))])
@@ -326,7 +328,7 @@ class Trainer:
         tensorboard = TensorBoardLog(self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
         progress = _progress_bar(total, start_iteration - 1, enabled=self.show_progress,
                                  desc=self.cfg.algorithm.name.upper())
-        self._bookkeeping = Bookkeeper(background=self.cfg.training.background_bookkeeping)
+        self._bookkeeping = Bookkeeper(background=self.cfg.ablations.background_bookkeeping)
         self._counters = None  # a failed counters read of an earlier attempt is not this attempt's
         self._last_iteration_end = None
         failed = True

@@ -148,8 +148,8 @@ def test_dapo_advantage_reads_the_unshaped_score_fused_or_not():
     for fuse in (True, False):
         cfg = JobConfig(iterations=1, model={"path": "m"}, training={"micro_batch_size": 4},
                         algorithm={"name": "dapo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                                   "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 0.0,
-                                   "fuse_reward_advantage": fuse})
+                                   "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 0.0}
+                        ).with_ablations(fuse_reward_advantage=fuse)
         recipe = job_recipe(cfg)
         assert cfg.algorithm.kl_coef == 0 and "reference" not in recipe.consumes
         reads = recipe.consumes["reward" if fuse else "advantage"]

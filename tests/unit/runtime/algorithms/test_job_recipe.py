@@ -111,7 +111,7 @@ def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes, a
     assert fused.produces["reward"] == reward_writes and _closed(fused)
     # DAPO's sampling rounds run the reward, so the kept groups come out of them with their advantages.
     assert "advantage" not in fused.launched_states
-    separate = job_recipe(_cfg(name, fuse_reward_advantage=False))
+    separate = job_recipe(_cfg(name).with_ablations(fuse_reward_advantage=False))
     assert not separate.advantage_in_reward and "advantage" in separate.launched_states
     assert separate.consumes["advantage"] == advantage_reads and "reward" in separate.produces["reward"]
     assert _closed(separate)
@@ -122,5 +122,5 @@ def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes, a
 def test_fusing_is_ignored_where_the_advantage_needs_more_than_the_reward(name):
     # PPO's GAE reads the critic's values and whitens over the iteration; DPO has no advantage.
     assert not get_recipe(name).can_fuse_reward_advantage
-    assert job_recipe(_cfg(name)).consumes == job_recipe(_cfg(name, fuse_reward_advantage=False)).consumes
-    assert find_problems(_cfg(name, fuse_reward_advantage=True)) == []
+    assert job_recipe(_cfg(name)).consumes == job_recipe(_cfg(name).with_ablations(fuse_reward_advantage=False)).consumes
+    assert find_problems(_cfg(name)) == []

@@ -46,14 +46,16 @@ def ray_session() -> Iterator[None]:
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-# Each kind of dock: its DockSpec fields. `distributed` (the default) on one node: every row moves
-# through shared memory, the calls carry metadata only. `host-reads` keeps rows out of shared
-# memory (dock.shared_memory off), so the controller host sends and stores them in its calls.
+# Each kind of dock: its DockSpec fields and TransferDock.create's switches (which a job sets from
+# JobConfig.ablations). `distributed` (the default) on one node: every row moves through shared
+# memory, the calls carry metadata only. `host-reads` keeps rows out of shared memory
+# (shared_memory off), so the controller host sends and stores them in its calls.
 # `warehouse-actors` has every warehouse an actor of its own, reached by Ray calls (also
-# dock.colocate_controllers off): the path of a warehouse on another node than the worker, which a
+# colocate_controllers off): the path of a warehouse on another node than the worker, which a
 # one-node session otherwise never takes.
-KINDS = {"distributed": {}, "host-reads": {"shared_memory": False},
-         "warehouse-actors": {"colocate_controllers": False, "shared_memory": False}, "central": {"mode": "central"}}
+KINDS = {"distributed": ({}, {}), "host-reads": ({}, {"shared_memory": False}),
+         "warehouse-actors": ({}, {"colocate_controllers": False, "shared_memory": False}),
+         "central": ({"mode": "central"}, {})}
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -63,19 +65,20 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 def spec_of(kind: str, **fields) -> DockSpec:
-    return DockSpec(**KINDS[kind], **fields)
+    return DockSpec(**KINDS[kind][0], **fields)
 
 
-def make_dock(spec: DockSpec) -> TransferDock:
+def make_dock(spec: DockSpec, kind: str = "distributed", **switches: bool) -> TransferDock:
     return TransferDock.create(
-        spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE, token_columns=TOKEN_COLUMNS
+        spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE, token_columns=TOKEN_COLUMNS,
+        **{**KINDS[kind][1], **switches},
     )
 
 
 @pytest.fixture(scope="module")
 def dock1(ray_session: None, kind: str) -> Iterator[TransferDock]:
     """The default spec on a one-node session: one warehouse (or the central buffer)."""
-    dock = make_dock(spec_of(kind, timeout_s=0.5))
+    dock = make_dock(spec_of(kind, timeout_s=0.5), kind)
     yield dock
     dock.shutdown()
 
@@ -85,7 +88,7 @@ def dock2(ray_session: None, kind: str) -> Iterator[TransferDock]:
     """Two warehouses of 2 groups each (central: the one buffer). Shared by the tests (actor
     start-up costs seconds here)."""
     spec = spec_of(kind, timeout_s=0.5) if kind == "central" else spec_of(kind, num_warehouses=2, timeout_s=0.5)
-    dock = make_dock(spec)
+    dock = make_dock(spec, kind)
     yield dock
     dock.shutdown()
 
@@ -417,7 +420,7 @@ def test_a_state_that_writes_nothing_gets_back_everything_it_took(dock: Transfer
 def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(kind: str) -> None:
     spec = spec_of(kind, timeout_s=5, max_staleness=1, on_stale="drop")
     dock = TransferDock.create(spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
-                               bounded_states=["update"])
+                               bounded_states=["update"], **KINDS[kind][1])
     try:
         dock.put(torch.arange(8), samples(ALL[:8]), policy_version=0)
         dock.put(torch.arange(8, 16), samples(ALL[8:]), policy_version=1)
@@ -439,7 +442,7 @@ def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(kind: 
 
 def killable_dock(kind: str, states: dict[str, list[str]]) -> TransferDock:
     spec = spec_of(kind, timeout_s=60) if kind == "central" else spec_of(kind, num_warehouses=2, timeout_s=60)
-    return TransferDock.create(spec, states=states, num_samples=8, group_size=2)
+    return TransferDock.create(spec, states=states, num_samples=8, group_size=2, **KINDS[kind][1])
 
 
 def holder_of_warehouse(dock: TransferDock, w: int):
@@ -544,7 +547,7 @@ def test_on_its_node_a_worker_moves_rows_through_shared_memory(dock: TransferDoc
 def test_warehouse_actors_share_their_rows_with_workers_on_their_node(ray_session: None) -> None:
     """Warehouses that are actors of their own (colocate off) share memory too: the put and the
     get touch their rows directly, and the actors keep the counters and the checkpoint rows."""
-    dock = make_dock(DockSpec(colocate_controllers=False, num_warehouses=2, timeout_s=5))
+    dock = make_dock(DockSpec(num_warehouses=2, timeout_s=5), colocate_controllers=False)
     try:
         dock.put(torch.arange(NUM_SAMPLES), samples(ALL))  # the first write of a column allocates it
         assert [w["shared_write_requests"] for w in dock.stats()["warehouses"]] == [0, 0]

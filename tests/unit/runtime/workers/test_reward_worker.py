@@ -34,8 +34,8 @@ def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: boo
     cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"terms": [{"name": "exact_match"}]},
                     algorithm={"name": name, "num_prompts_per_iteration": num_prompts, "num_responses_per_prompt": 2,
                                "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
-                               "fuse_reward_advantage": fuse,
-                               "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}})
+                               "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}}
+                    ).with_ablations(fuse_reward_advantage=fuse)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.banks, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
     worker.scorer = RewardScorer(cfg.reward)
@@ -79,8 +79,8 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
     cfg = JobConfig(iterations=1, model={"path": "/nonexistent"},
                     reward={"terms": [{"name": "exact_match"}, {"name": "model", "path": "/rm", "weight": 0.5}]},
                     algorithm={"name": "grpo", "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
-                               "fuse_reward_advantage": False})
+                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0}
+                    ).with_ablations(fuse_reward_advantage=False)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.tokenizer, worker.rows = cfg, DigitTokenizer(), [Row("3+4=", "77", "addition")]
     worker.scorer = RewardScorer(cfg.reward)
@@ -108,8 +108,7 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     unfused = _worker(name, unfused_dock, num_prompts=2)
     unfused.compute_rewards(iteration=3)
     # the advantage state reads what the reward state wrote (DAPO's unshaped score too)
-    columns = job_recipe(unfused.cfg.model_copy(update={"algorithm": unfused.cfg.algorithm.model_copy(
-        update={"fuse_reward_advantage": False})})).consumes["advantage"]
+    columns = job_recipe(unfused.cfg.with_ablations(fuse_reward_advantage=False)).consumes["advantage"]
     advantage_dock = OneBatchDock(TensorDict({c: unfused_dock.written[c] for c in columns}, batch_size=[4]))
     advantage_dock.states = {"advantage": columns}
     AdvantageWorker(unfused.cfg, banks=advantage_dock).compute_advantages(iteration=3)

@@ -84,7 +84,7 @@ class Recipe:
     # reference state; False where the loss itself needs them (DPO).
     reference_for_kl_only: bool = True
     # The reward state also runs the advantage stage on each group it scores and writes both in one
-    # dock write; there is no advantage state (`with_advantage_in_reward`, algorithm.fuse_reward_advantage).
+    # dock write; there is no advantage state (`with_advantage_in_reward`; JobConfig.ablations turns it off).
     advantage_in_reward: bool = False
 
     @property
@@ -159,7 +159,7 @@ def recomputes_old_logprobs(cfg: JobConfig) -> bool:
 def job_recipe(cfg: JobConfig) -> Recipe:
     """The algorithm's recipe as this job runs it, less the passes its config makes redundant: the
     old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, with the
-    advantage stage run by the reward state where it can be (algorithm.fuse_reward_advantage), plus
+    advantage stage run by the reward state where it can be (unless JobConfig.ablations says not to), plus
     the reward model's state when a reward term is `model`, and the reference pass on the actor
     ranks under LoRA. The one place the flow is derived: the dock's states, the trainer's workers
     and launches, the placement and the workers' inputs all come from it, so they agree."""
@@ -170,7 +170,7 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     if REFERENCE_INFERENCE.name in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
         dropped.add(REFERENCE_INFERENCE.name)
     recipe = without_states(recipe, dropped)
-    if cfg.algorithm.fuse_reward_advantage and recipe.can_fuse_reward_advantage:
+    if cfg.ablations.fuse_reward_advantage and recipe.can_fuse_reward_advantage:
         recipe = with_advantage_in_reward(recipe)
     if cfg.reward.model_term_index is not None:
         recipe = with_reward_model(recipe)

@@ -67,6 +67,8 @@ class TransferDock:
         token_columns: Sequence[str] = (),
         node_ids: Sequence[str] | None = None,
         prefer_local: bool = True,
+        colocate_controllers: bool = True,
+        shared_memory: bool = True,
         bounded_states: Sequence[str] = (),
     ) -> TransferDock:
         """Start the dock's actors on the connected Ray cluster.
@@ -79,8 +81,11 @@ class TransferDock:
         number of groups) warehouses round-robin on them, the central mode its buffer on the first.
         With `prefer_local` (distributed mode) a consumer gets samples stored on its own node first;
         turning it off (for measurements) hands samples out in index order wherever they are.
-        With `spec.colocate_controllers` (distributed mode) the controllers run on the first
-        warehouse's node and hold that node's warehouses, so a put or get there is one Ray call.
+        With `colocate_controllers` (distributed mode) the controllers run on the first warehouse's
+        node and hold that node's warehouses, so a put or get there is one Ray call; with
+        `shared_memory` the warehouses keep their columns in /dev/shm, where workers on their node
+        move rows themselves. Both are on for every job; the benchmarks turn them off to measure them
+        (JobConfig.ablations). The central mode does neither: it serves every byte itself.
         `bounded_states` are the states (those that train on samples) to which the staleness bound
         `spec.max_staleness` / `spec.on_stale` applies.
         """
@@ -118,8 +123,8 @@ class TransferDock:
             route = DistributedRoute.start(
                 num_warehouses=num_warehouses, states=states, num_samples=num_samples,
                 group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
-                colocate=spec.colocate_controllers, staleness=staleness, bounded_states=bounded_states,
-                shared_memory=spec.shared_memory,
+                colocate=colocate_controllers, staleness=staleness, bounded_states=bounded_states,
+                shared_memory=shared_memory,
             )
         logger.info(
             "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
@@ -308,7 +313,7 @@ class TransferDock:
 
     def can_load(self, state: Mapping[str, Any]) -> bool:
         """Whether `state` (a state_dict) came from a dock of this mode and layout, with the same
-        states requiring the same columns (a changed flow, e.g. `algorithm.fuse_reward_advantage`
+        states requiring the same columns (a changed flow, e.g. `JobConfig.ablations.fuse_reward_advantage`
         flipped between attempts, would wait for columns no worker of this run writes)."""
         layout = self.layout
         states = {name: frozenset(snapshot["columns"]) for name, snapshot in state["controllers"].items()}
