@@ -28,7 +28,8 @@ def test_a_valid_spec_has_no_problems():
     # The runtime's own cross-field rules, re-rooted: G*N = 32 samples over DP 3; DP beyond devices.
     ("job.training.data_parallel_size", 3, "spec.job.training.data_parallel_size"),
     ("job.training.data_parallel_size", 32, "spec.job.training.data_parallel_size"),
-    ("job.checkpoint", {"interval": 100}, "spec.job.checkpoint.interval"),
+    ("job.evaluation", {"interval": 5}, "spec.job.evaluation.interval"),  # no held-out prompts
+    ("job.model", {"path": "/models/qwen"}, "spec.job.data"),  # a model of the user's, the demo's data
     ("job.resources.accelerator_resource", "CPU", "spec.job.resources.accelerator_resource"),
     # Storage: exactly one source, sane paths.
     ("checkpoint", {"claimName": "pvc", "hostPath": "/mnt/rl"}, "spec.checkpoint"),
