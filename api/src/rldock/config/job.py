@@ -742,6 +742,17 @@ class Ablations(BaseModel):
     shared_memory: bool = True
 
 
+class WandbSpec(Spec):
+    """The Weights & Biases run, when `tracking` lists `wandb`. The API key is read from the
+    WANDB_API_KEY environment variable (in an RLJob from a Secret, docs/operator.md); with
+    WANDB_MODE=offline the run is written under the output directory and needs no network."""
+
+    project: str = Field(default="rldock", min_length=1, max_length=MAX_NAME_LENGTH,
+                         description="W&B project the run is logged to.")
+    entity: Optional[str] = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+                                  description="W&B entity (user or team); unset: the API key's default entity.")
+
+
 class JobConfig(Spec):
     """One RL post-training job."""
 
@@ -764,6 +775,12 @@ class JobConfig(Spec):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    tracking: list[Literal["tensorboard", "wandb"]] = Field(
+        default=["tensorboard"], max_length=2,
+        description="Where each iteration's metrics go besides metrics.jsonl: `tensorboard` (event files in the "
+        "output directory) and `wandb` (Weights & Biases, see `wandb`).",
+    )
+    wandb: WandbSpec = Field(default_factory=WandbSpec)
 
     @property
     def ablations(self) -> Ablations:

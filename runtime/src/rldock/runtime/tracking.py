@@ -1,4 +1,5 @@
-"""TensorBoard event files beside metrics.jsonl: one scalar per numeric metric per iteration.
+"""Where each iteration's metrics go besides metrics.jsonl (`tracking`): TensorBoard event files
+and Weights & Biases, one scalar per numeric metric per iteration.
 
 `tensorboard --logdir <output>` then shows every metric the trainer logs (nested dicts such as
 `timing` become `timing/<stage>`; lists such as the dock's per-warehouse traffic are left to
@@ -7,14 +8,24 @@ TensorBoard reads as one run. A resumed attempt redoes the iterations after the 
 whose scalars an earlier attempt may already have written: it opens its writer with
 `purge_step` = the first step it writes, so TensorBoard hides the earlier attempt's events from
 that step on and no step shows twice.
-"""
 
+Weights & Biases logs the same scalars under the same names at step = iteration, into one run per
+output directory: the run's id is kept in the output directory, so a resumed attempt continues it.
+W&B's steps only grow, so a resumed attempt's redone iterations that the run already holds are not
+sent again. Its files go under `<output>/wandb`; WANDB_MODE=offline keeps them there with no
+network (`wandb sync <output>/wandb/offline-run-*` uploads them later).
+"""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from rldock.config import JobConfig
+
+WANDB_RUN_ID_FILE = "wandb-run-id"  # in the output directory: the run a resumed attempt continues
 
 
 def scalars(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -47,3 +58,63 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class MetricsLog(Protocol):
+    def append(self, record: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class WandbLog:
+    """A Weights & Biases run over the output directory; `close` it when the attempt ends."""
+
+    def __init__(self, output_dir: Path, cfg: JobConfig):
+        import wandb  # heavy: only where used
+
+        id_file = output_dir / WANDB_RUN_ID_FILE
+        if not id_file.is_file():
+            id_file.write_text(secrets.token_hex(8))
+        self._run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, name=cfg.name,
+                               id=id_file.read_text().strip(), resume="allow", dir=str(output_dir),
+                               config=cfg.model_dump(mode="json"))
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        step = int(record["iteration"])
+        if step < self._run.step:  # the run already holds it (module docstring)
+            return
+        self._run.log(dict(scalars(record)), step=step)
+
+    def close(self) -> None:
+        import wandb
+
+        self._run.finish()
+        # finish() can return before W&B's service process has written the run's file (offline, the
+        # file sometimes held only its header); teardown waits for the service to exit.
+        wandb.teardown()
+
+
+class Tracking:
+    """Every log `tracking` names; each record goes to all of them."""
+
+    def __init__(self, logs: Sequence[MetricsLog]):
+        self._logs = list(logs)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        for log in self._logs:
+            log.append(record)
+
+    def close(self) -> None:
+        for log in self._logs:
+            log.close()
+
+
+def open_tracking(cfg: JobConfig, output_dir: Path, *, first_step: int) -> Tracking:
+    """The logs `cfg.tracking` names, opened over `output_dir`; `first_step`: the first iteration
+    this attempt writes (TensorBoard's purge step)."""
+    logs: list[MetricsLog] = []
+    if "tensorboard" in cfg.tracking:
+        logs.append(TensorBoardLog(output_dir, first_step=first_step))
+    if "wandb" in cfg.tracking:
+        logs.append(WandbLog(output_dir, cfg))
+    return Tracking(logs)

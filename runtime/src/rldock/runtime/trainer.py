@@ -51,7 +51,7 @@ from rldock.runtime.rewards import RewardScorer
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
 from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
 from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, worker_groups
-from rldock.runtime.tracking import TensorBoardLog
+from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ADAPTER_DIR
@@ -325,7 +325,7 @@ class Trainer:
         # The initial policy's evaluation is logged as iteration 0, once per run.
         evaluate_at_start = (self.evaluator is not None and self.cfg.evaluation.at_start and start_iteration == 1
                              and not any(r["iteration"] == 0 for r in self.metrics.read()))
-        tensorboard = TensorBoardLog(self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
+        tracking = open_tracking(self.cfg, self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
         progress = _progress_bar(total, start_iteration - 1, enabled=self.show_progress,
                                  desc=self.cfg.algorithm.name.upper())
         self._bookkeeping = Bookkeeper(background=self.cfg.ablations.background_bookkeeping)
@@ -334,12 +334,12 @@ class Trainer:
         failed = True
         try:
             if evaluate_at_start:
-                self._log(tensorboard, {"iteration": 0, **self._evaluate(0)})
+                self._log(tracking, {"iteration": 0, **self._evaluate(0)})
             for iteration in range(start_iteration, total + 1):
                 record = self._run_iteration(iteration)
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(iteration))
-                self._log(tensorboard, record)
+                self._log(tracking, record)
                 if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
                     self._save_checkpoint(iteration)
                 key = headline_key(record)
@@ -358,15 +358,15 @@ class Trainer:
                 self._bookkeeping.close(raise_errors=not failed)
             finally:
                 self._counters = None
-                tensorboard.close()
+                tracking.close()
 
-    def _log(self, tensorboard: TensorBoardLog, record: dict) -> None:
-        self._bookkeeping.later(self._write_record, tensorboard, record)
+    def _log(self, tracking: Tracking, record: dict) -> None:
+        self._bookkeeping.later(self._write_record, tracking, record)
         if val_metrics(record):
             self._last_evaluation = record
 
-    def _write_record(self, tensorboard: TensorBoardLog, record: dict) -> None:
-        """Append `record` to metrics.jsonl and TensorBoard, its dock traffic read by then (its
+    def _write_record(self, tracking: Tracking, record: dict) -> None:
+        """Append `record` to metrics.jsonl and the `tracking` logs, its dock traffic read by then (its
         "dock" is the Future of `_dock_traffic` until here)."""
         if "dock" in record:  # iteration 0 (the initial policy's evaluation) moved no sample
             try:
@@ -377,7 +377,7 @@ class Trainer:
                 logger.warning("iteration %d's dock counters could not be read (%s)", record["iteration"], error)
                 del record["dock"]
         self.metrics.append(record)
-        tensorboard.append(record)
+        tracking.append(record)
 
     def _evaluation_due(self, iteration: int) -> bool:
         interval = self.cfg.evaluation.interval
