@@ -145,3 +145,34 @@ def test_an_rljobs_train_fails_at_once_with_path_not_found_for_a_data_file(tmp_p
     assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
     assert [p.field for p in failure.problems] == ["data.train_files[0]"]
     assert not (tmp_path / "out").exists()
+
+
+def _with_reward_file(tmp_path: Path, source: str, name: str = "score") -> dict:
+    job = _job(tmp_path, train_files=[_jsonl(tmp_path / "train.jsonl")])
+    (tmp_path / "my_reward.py").write_text(source)
+    job["reward"] = {"terms": [{"name": "math_verify"},
+                               {"name": "function", "function": f"{tmp_path}/my_reward.py:{name}"}]}
+    return job
+
+
+@pytest.mark.parametrize("source", [
+    "def score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n",
+    "from math import isclose as score\n",
+    "score = lambda *args: 0.0\n",
+    "try:\n    from fast import score\nexcept ImportError:\n    def score(*args):\n        return 0.0\n",
+    "from helpers import *\n",  # may define it: left to the import where the job runs
+])
+def test_a_reward_file_that_defines_its_function_passes(tmp_path, source):
+    assert preflight(parse_job_config(_with_reward_file(tmp_path, source))) is None
+
+
+@pytest.mark.parametrize("source, name, says", [
+    ("def score(a, b, c, d):\n    return 1.0\n", "scor", "defines no 'scor' at its top level (its functions: ['score'])"),
+    ("def helper():\n    def score():\n        pass\n", "score", "defines no 'score'"),
+    ("def score(:\n", "score", "line 1 is not valid Python"),
+])
+def test_a_reward_file_without_its_function_names_the_term(tmp_path, source, name, says):
+    failure = preflight(parse_job_config(_with_reward_file(tmp_path, source, name)))
+    assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
+    (problem,) = failure.problems
+    assert problem.field == "reward.terms[1].function" and says in problem.message

@@ -12,6 +12,7 @@ A field that holds a list is one row whose field has `{i}` and whose getter retu
 
 from __future__ import annotations
 
+import ast
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -102,6 +103,56 @@ def path_problem(path: Path, kind: PathKind) -> Optional[str]:
     return None
 
 
+def reward_function_problems(cfg: JobConfig) -> list[Problem]:
+    """Each `file.py:name` reward term's file parses and defines `name` at its top level. Read as
+    source, not imported: the reward worker imports it (running the user's code) where it runs;
+    here a typo in the name or the file's syntax is caught before anything starts."""
+    problems = []
+    for index, term in enumerate(cfg.reward.terms):
+        target, _, name = (term.function or "").rpartition(":")
+        if target.endswith(".py"):
+            message = _definition_problem(Path(target).expanduser(), name)
+            if message is not None:
+                problems.append(Problem(f"reward.terms[{index}].function", message))
+    return problems
+
+
+def _module_level(statements: list[ast.stmt]):
+    """The statements that run when the module is imported: the top level and the branches of its
+    if/try/with blocks (a definition in `try: ... except ImportError: ...` counts), not bodies of
+    functions or classes."""
+    for node in statements:
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+            blocks += [handler.body for handler in getattr(node, "handlers", [])]
+            for block in blocks:
+                yield from _module_level(block)
+
+
+def _definition_problem(path: Path, name: str) -> Optional[str]:
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as error:
+        return f"{path} line {error.lineno} is not valid Python: {error.msg}"
+    defined: set[str] = set()
+    for node in _module_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None  # a star import may define it: the reward worker's import decides
+            defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            defined.update(named.id for target in targets for named in ast.walk(target) if isinstance(named, ast.Name))
+    if name in defined:
+        return None
+    functions = sorted(node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return (f"{path} defines no {name!r} at its top level (its functions: {functions}); name one of them after "
+            "the colon")
+
+
 def output_problems(output: str | Path) -> list[Problem]:
     """The output directory is writable, or can be made in its nearest existing parent."""
     path = Path(output).expanduser()
@@ -117,11 +168,12 @@ def output_problems(output: str | Path) -> list[Problem]:
 def preflight(cfg: JobConfig, *, output: Optional[str | Path] = None) -> Optional[JobFailure]:
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
     all are there are the checks that read them run (find_local_problems: the model's shape;
-    data_file_problems: each data file opens and has the data section's keys)."""
+    data_file_problems: each data file opens and has the data section's keys;
+    reward_function_problems: each reward function file defines its function)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
     if path_problems:
         return failure_of(FailureReason.PATH_NOT_FOUND, path_problems)
-    local = find_local_problems(cfg) + data_file_problems(cfg.data)
+    local = find_local_problems(cfg) + data_file_problems(cfg.data) + reward_function_problems(cfg)
     return failure_of(FailureReason.INVALID_JOB_INPUT, local) if local else None
 
 
