@@ -89,7 +89,8 @@ class DataSpec(Spec):
     how a prompt becomes the model's input text, and which columns the rewards read.
 
     Leaving the section out means the tiny demo's data: the `addition` generator (operands 0-99,
-    20000 prompts) with `chat_template: none`."""
+    20000 prompts) with `chat_template: none`; only a model that `model.builder` builds may leave it
+    out (a model of your own is refused without it)."""
 
     train_files: list[DataFile] = Field(
         default=[], max_length=1000,
@@ -241,7 +242,8 @@ class RewardSpec(Spec):
     terms: list[RewardTermSpec] = Field(
         default_factory=lambda: [RewardTermSpec(name="digit_match")], min_length=1, max_length=32,
         description="Reward terms; each response's reward is the sum of weight * score over them. "
-        "Default: one `digit_match` term.",
+        "Default: one `digit_match` term, and leaving the `reward` section out is allowed only with "
+        "`model.builder` (a model of your own needs its reward named).",
     )
     on_error: Literal["fail", "zero"] = Field(
         default="fail",
@@ -764,7 +766,8 @@ class JobConfig(Spec):
     model: ModelSpec
     data: DataSpec = Field(
         default_factory=demo_data,
-        description="Prompts and reference answers; unset: the `addition` generator with `chat_template: none`.",
+        description="Prompts and reference answers; unset: the `addition` generator with `chat_template: none`, "
+        "allowed only with `model.builder` (a model of your own needs its data named).",
     )
     reward: RewardSpec = Field(default_factory=RewardSpec)
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
