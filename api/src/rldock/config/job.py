@@ -105,7 +105,8 @@ class DataSpec(Spec):
     prompt_key: str = Field(
         default="prompt", min_length=1, max_length=MAX_NAME_LENGTH,
         description="Column holding the prompt: a string, or a list of chat messages `{role, content}` "
-        "(which needs `chat_template: model`).",
+        "(which needs `chat_template: model`). In every `*_key` a dot reads a nested field "
+        "(`reward_model.ground_truth`, as in verl's parquet) unless a column has the dotted name itself.",
     )
     answer_key: str = Field(
         default="answer", min_length=1, max_length=MAX_NAME_LENGTH,
