@@ -247,8 +247,9 @@ def test_rljob_runs_to_success_with_live_status(world: World):
     status = world.wait_status(name, "phase Succeeded", lambda s: s.get("phase") == "Succeeded")["status"]
     assert status["progress"] == "4/4" and status["completionTime"]
     world.wait("the RayCluster released after success", lambda: world.get("rayclusters", name) is None)
-    reasons = {e["reason"] for e in world.events(name)}
-    assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
+    expected = {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"}
+    # A round posts its Events after it writes the status and deletes the cluster: wait for them.
+    world.wait("the round's Events", lambda: expected <= {e["reason"] for e in world.events(name)})
     world.wait("ttlSecondsAfterFinished to delete the RLJob", lambda: world.get("rljobs", name) is None)
 
 
