@@ -137,6 +137,8 @@ def planned_state_bytes(args: argparse.Namespace, strategy: str) -> int:
 
     cfg = parse_job_config({
         "iterations": 1, "model": {"path": args.model_dir or "unused"},
+        # Planned, never trained: the planner reads no prompts or rewards, but a model of one's own must name them.
+        "data": {"generator": {"name": "addition"}}, "reward": {"terms": [{"name": "digit_match"}]},
         "algorithm": {"name": "grpo", "num_prompts_per_iteration": args.world, "num_responses_per_prompt": 2,
                       "max_prompt_length": 1, "max_response_length": args.seq_len,
                       "learning_rate": args.learning_rate},

@@ -12,7 +12,8 @@ from rldock.runtime.algorithms.recipes import get_recipe, job_recipe, recomputes
 
 def _cfg(name="grpo", *, dock=None, **algorithm) -> JobConfig:
     n = 2 if name == "dpo" else 4
-    return JobConfig(iterations=1, model={"path": "/m"}, dock=dock or {}, checkpoint={"interval": 1},
+    return JobConfig(iterations=1, model={"path": "/m", "builder": "tiny-qwen2"}, dock=dock or {},
+                     checkpoint={"interval": 1},
                      algorithm={"name": name, "num_prompts_per_iteration": 4, "num_responses_per_prompt": n,
                                 "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 1e-3,
                                 **algorithm})
