@@ -19,6 +19,7 @@ from ray import cloudpickle
 from ray.cluster_utils import Cluster
 
 from rldock.config import parse_job_config
+from rldock.contract.placement import plan_placement
 from rldock.runtime import cluster as placement
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.replica_devices import RankDevice, engine_environments, seat_of_this_actor
@@ -107,7 +108,7 @@ def test_separate_placement_gives_references_their_own_devices(two_nodes: Cluste
 
 
 def test_a_plan_the_cluster_cannot_hold_fails_naming_the_fields(two_nodes: Cluster) -> None:
-    plan = placement.plan_placement(accelerator="NPU", num_actor_ranks=5, mode="colocated")
+    plan = plan_placement(accelerator="NPU", num_actor_ranks=5, mode="colocated")
     with pytest.raises(placement.PlacementTimeout, match=r"reserve 5 devices .* the cluster has 4 NPU"):
         placement.reserve(plan, timeout_s=3)
 
