@@ -13,8 +13,17 @@ from rldock.runtime import trainer as trainer_module
 from rldock.runtime.algorithms.recipes import RECIPES, get_recipe, job_recipe
 from rldock.runtime.dataflow import PROMPT, RESPONSE
 from rldock.runtime.phase_schedule import job_schedules, phase_order
-from rldock.runtime.states import (ACTOR, REWARD_MODEL, UPDATE, WorkerContext, WorkerGroup, WorkerState,
-                                   memory_models, placement_plan, worker_groups)
+from rldock.runtime.states import (
+    ACTOR,
+    REWARD_MODEL,
+    UPDATE,
+    WorkerContext,
+    WorkerGroup,
+    WorkerState,
+    memory_models,
+    placement_plan,
+    worker_groups,
+)
 from rldock.runtime.trainer import Trainer, WorkerGroups
 
 P, R = PROMPT, RESPONSE

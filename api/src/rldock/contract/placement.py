@@ -20,8 +20,9 @@ group from the plan (rldock.runtime.cluster).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 PlacementMode = Literal["colocated", "separate"]
 

@@ -16,8 +16,9 @@ classes are named by import path and imported only where the trainer starts them
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 from rldock.config import JobConfig
 from rldock.contract.placement import ACTOR_GROUP, PlacementPlan, SeatRequest, plan_placement
