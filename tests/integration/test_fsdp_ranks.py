@@ -64,6 +64,8 @@ def _cfg(**training):
 
     return parse_job_config({
         "iterations": 1, "model": {"path": "unused"}, "checkpoint": {"interval": 1},
+        # Never trained as a job: no prompts or rewards are read, but a model of one's own must name them.
+        "data": {"generator": {"name": "addition"}}, "reward": {"terms": [{"name": "digit_match"}]},
         "algorithm": {"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
                       "max_prompt_length": 8, "max_response_length": 8, "learning_rate": 1e-2},
         "training": {"strategy": "fsdp", "data_parallel_size": WORLD, **training},
