@@ -42,7 +42,10 @@ def gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]
         except ray.exceptions.RayTaskError as error:
             # A rank whose collective peer was killed fails at once (connection reset) while Ray
             # still reports the death: the death is the cause, and only it is retried (run()).
-            raise _dead_worker_error(pending) or error
+            died = _dead_worker_error(pending)
+            if died is None:
+                raise
+            raise died from error
         if finished is not None:
             finished.setdefault(stage_of[done[0]], []).append(result)
     return {stage: ray.get(refs) for stage, refs in futures.items()}
