@@ -1,4 +1,4 @@
-"""The driver's bookkeeping off an iteration's critical path (training.background_bookkeeping).
+"""The driver's bookkeeping off an iteration's critical path (JobConfig.ablations.background_bookkeeping).
 
 After an iteration's stages return, the driver reads the dock's counters (a Ray call to every
 warehouse and the controller host) and appends the record to metrics.jsonl (with an fsync) and

@@ -1,7 +1,7 @@
 """The advantage worker state: the recipe's advantage stage (GRPO's group-normalised advantages,
 PPO's GAE, ...) over whole prompt groups, or over the iteration's whole batch when the recipe's
 stage takes statistics over the batch (PPO's whitening). Where the recipe fuses the advantage into
-the reward state (algorithm.fuse_reward_advantage) this worker does not exist: the reward worker
+the reward state (JobConfig.ablations.fuse_reward_advantage) this worker does not exist: the reward worker
 runs the same stage (workers/reward.py)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the same train files itself at start and looks up the ground truth, data source 
 that index, so no reference text is ever tokenized into the dock. A `model` term's scores come
 precomputed from the reward_model state, as the dock's `rm_score` column.
 
-Where the recipe fuses the advantage into this state (algorithm.fuse_reward_advantage: GRPO,
+Where the recipe fuses the advantage into this state (unless JobConfig.ablations turns it off: GRPO,
 DAPO), the worker takes whole prompt groups, runs the recipe's advantage stage on the rewards it
 just computed and writes the advantages in the same dock write: the separate advantage state would
 do the same arithmetic on the same rewards after two more Ray round trips.
