@@ -103,7 +103,7 @@ def test_metrics_have_the_documented_fields(interrupted_then_resumed):
             assert record["timing"][stage] >= 0, stage
         for stage in ("rollout", "reference", "reward", "update"):  # compute is part of the busy time
             assert 0 <= record["timing"][f"compute/{stage}"] <= record["timing"][stage], stage
-        # The advantage fused into the reward state (always, outside the benchmarks' ablations): the reward worker writes the advantages.
+        # The advantage is fused into the reward state: the reward worker writes the advantages.
         assert "advantage" not in record["timing"]
         # One update per iteration (recompute_old_logprobs: auto): the update's own pass gives the old logprobs.
         assert "actor_inference" not in record["timing"] and record["clip_fraction"] == 0.0
