@@ -9,7 +9,7 @@ Both sides import this module, so the format has one definition.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rldock.contract.log_records import prefixed_records
@@ -21,7 +21,7 @@ def format_progress(record: dict[str, Any]) -> str:
     return PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
 
 
-def headline_key(record: dict[str, Any]) -> str:
+def headline_key(record: Mapping[str, Any]) -> str:
     """The metric that says whether a run learns: the sampled reward, or for DPO (which samples
     nothing) the share of preference pairs the policy itself ranks right."""
     return "reward_mean" if "reward_mean" in record else "policy_preference_accuracy"

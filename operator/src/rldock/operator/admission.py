@@ -241,7 +241,7 @@ class _TLSServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
-    def finish_request(self, request: socket.socket, client_address: Any) -> None:
+    def finish_request(self, request: Any, client_address: Any) -> None:  # a TCP server's request is its socket
         request.settimeout(self.deadline_s)
         connection = [request]  # what the deadline shuts down: the raw socket, then its TLS wrapper
         # socket.socket.shutdown, not SSLSocket.shutdown: the handler's thread may be reading, and
@@ -257,7 +257,7 @@ class _TLSServer(ThreadingHTTPServer):
                 return
             connection[0] = tls
             try:
-                self.RequestHandlerClass(tls, client_address, self)
+                self.RequestHandlerClass(tls, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
             finally:
                 tls.close()
         finally:

@@ -36,7 +36,7 @@ _ALLOWED = frozenset(_KEPT) | {"properties", "items", "additionalProperties", "n
                                "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
 _INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Iteration", "type": "string", "jsonPath": ".status.progress",
      "description": "Finished RL iterations / iterations of the job"},

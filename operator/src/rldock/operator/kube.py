@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -68,8 +68,8 @@ class Kube:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             if kind == "RayCluster":
-                return self.custom.get_namespaced_custom_object(
-                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name)
+                return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name))
             # No Secret: the operator never reads one back (tokens.py), and its role cannot.
             read = {"ConfigMap": self.core.read_namespaced_config_map,
                     "NetworkPolicy": self.networking.read_namespaced_network_policy}[kind]
@@ -85,9 +85,9 @@ class Kube:
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         try:
             if kind == "RayCluster":
-                return self.custom.create_namespaced_custom_object(
-                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, dict(manifest))
-            create = {"ConfigMap": self.core.create_namespaced_config_map,
+                return cast(dict[str, Any], self.custom.create_namespaced_custom_object(
+                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, dict(manifest)))
+            create: Any = {"ConfigMap": self.core.create_namespaced_config_map,
                       "Secret": self.core.create_namespaced_secret,
                       "NetworkPolicy": self.networking.create_namespaced_network_policy}[kind]
             return _load(create(namespace, dict(manifest), _preload_content=False))
@@ -102,9 +102,9 @@ class Kube:
     def patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch (RFC 7386): lists are replaced, null removes a key."""
         if kind == "RayCluster":
-            return self.custom.patch_namespaced_custom_object(
+            return cast(dict[str, Any], self.custom.patch_namespaced_custom_object(
                 _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, dict(patch),
-                _content_type=MERGE_PATCH)
+                _content_type=MERGE_PATCH))
         method = {"ConfigMap": self.core.patch_namespaced_config_map,
                   "NetworkPolicy": self.networking.patch_namespaced_network_policy}[kind]
         return _load(method(name, namespace, dict(patch), _content_type=MERGE_PATCH, _preload_content=False))

@@ -152,7 +152,8 @@ class DynamicSampling:
                 prompt_lengths[slot] = length
             rounds += 1
         num_kept = int(kept.sum())
-        metrics = {"dynamic_sampling/rounds": rounds, "dynamic_sampling/kept_groups": num_kept,
+        assert slots_batch is not None  # max_rounds >= 1 and the first round fills every slot
+        metrics: dict[str, float] = {"dynamic_sampling/rounds": rounds, "dynamic_sampling/kept_groups": num_kept,
                    "dynamic_sampling/padded_groups": self.num_groups - num_kept}
         merged = {state: merge_rounds([r[state] for r in results]) for state in results[0]}
         return SampledRounds(DriverBatch(slots_batch, prompt_lengths), merged, metrics)

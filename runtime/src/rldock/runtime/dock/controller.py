@@ -153,7 +153,7 @@ class Controller:
         positions = [self._column_pos[name] for name in columns if name in self._column_pos]
         if not positions:
             return
-        cells = np.ix_(indices, positions)
+        cells = np.ix_(indices, np.array(positions))
         newly = (~self._ready[cells]).sum(axis=1)  # (B,) columns of each sample ready only now
         self._ready[cells] = True
         self._index.columns_ready(indices, newly)

@@ -24,6 +24,7 @@ def split_group_columns(batch: TensorDict, group_size: int) -> tuple[TensorDict,
     num_groups = num_rows // group_size
     shared, per_sample = {}, {}
     for name, column in batch.items():
+        assert isinstance(column, torch.Tensor)  # dock batches are flat: one tensor per column
         grouped = column.reshape(num_groups, group_size, *column.shape[1:])  # (k, N, ...)
         if torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
             shared[name] = grouped[:, 0]  # (k, ...)

@@ -33,7 +33,7 @@ class _Units:
         self.owner = layout.warehouse_of(np.arange(self.num_units) * size)  # (num_units,) warehouse
         num_warehouses = layout.num_warehouses
         self.heaps: list[list[int]] = [[] for _ in range(num_warehouses)]
-        self.pooled = np.zeros(self.num_units, dtype=bool)  # ready and untaken: in its heap
+        self.pooled: np.ndarray = np.zeros(self.num_units, dtype=bool)  # ready and untaken: in its heap
         self.available = np.zeros(num_warehouses, dtype=np.int64)  # pooled units per warehouse
         self.untaken = np.zeros(num_warehouses, dtype=np.int64)  # units none of whose samples is taken
 
@@ -41,7 +41,7 @@ class _Units:
         """From (num_samples,) bool arrays: every sample ready / not taken (nor dropped)."""
         unit_complete = complete.reshape(-1, self.size).all(axis=1)
         unit_untaken = untaken.reshape(-1, self.size).all(axis=1)
-        self.pooled = unit_complete & unit_untaken
+        self.pooled = np.asarray(unit_complete & unit_untaken)
         self.available = np.bincount(self.owner[self.pooled], minlength=len(self.heaps))
         self.untaken = np.bincount(self.owner[unit_untaken], minlength=len(self.heaps))
         self.heaps = [np.flatnonzero(self.pooled & (self.owner == w)).tolist() for w in range(len(self.heaps))]
@@ -65,7 +65,8 @@ class _Units:
 
     def pop(self, warehouse: int, count: int) -> list[int]:
         """The `count` smallest pooled units of `warehouse` (it holds at least that many)."""
-        heap, out = self.heaps[warehouse], []
+        heap = self.heaps[warehouse]
+        out: list[int] = []
         while len(out) < count:
             unit = heapq.heappop(heap)
             if self.pooled[unit]:

@@ -69,7 +69,7 @@ def wait_for_grant(name: str, ref: ray.ObjectRef, *, timeout: float, watch: Sequ
 
 def check_alive(peers: Sequence[Peer]) -> None:
     """Raise DockActorDiedError naming the first dead peer; busy peers (no answer yet) count as alive."""
-    pings = [(peer.name, peer.handle.ping.remote()) for peer in peers]
+    pings: list[tuple[str, ray.ObjectRef]] = [(peer.name, peer.handle.ping.remote()) for peer in peers]
     ready, _ = ray.wait([ref for _, ref in pings], num_returns=len(pings), timeout=HEALTH_INTERVAL_S)
     done = set(ready)
     for name, ref in pings:

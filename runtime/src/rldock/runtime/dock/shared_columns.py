@@ -129,8 +129,8 @@ class SharedColumns:
                 if shape[0] * int(np.prod(shape[1:], dtype=np.int64)) else np.zeros(shape, dtype=wire))
         written = np.memmap(self.directory / (entry["file"] + ".written"), dtype=np.bool_, mode="r+",
                             shape=(self._capacity,))
-        rows, written = rows.view(np.ndarray), written.view(np.ndarray)
-        self._mapped[name] = SharedColumn(rows, written, getattr(torch, entry["dtype"]))
+        self._mapped[name] = SharedColumn(rows.view(np.ndarray), written.view(np.ndarray),
+                                          getattr(torch, entry["dtype"]))
         return self._mapped[name]
 
     def owner_alive(self) -> bool:

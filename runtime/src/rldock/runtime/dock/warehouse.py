@@ -238,6 +238,7 @@ class Warehouse:
         if name in self._views:
             return True
         if self._attached:
+            assert self._shared is not None  # an attached warehouse's shared columns are the owner's
             shared = self._shared.column(name)
             if shared is not None:
                 self._keep(name, shared.rows, shared.written, shared.dtype)

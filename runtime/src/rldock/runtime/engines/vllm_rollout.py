@@ -371,7 +371,8 @@ class VllmRolloutEngine:
             if self.tensor_parallel_size == 1:
                 # In-process executor: the callable runs on the worker here, so the iterator
                 # reaches it as is (no pickling of tensors); each tensor is cast as it is loaded.
-                weights = ((name, tensor.to(dtype)) for name, tensor in named_tensors)
+                weights: Iterable[tuple[str, torch.Tensor]] = (
+                    (name, tensor.to(dtype)) for name, tensor in named_tensors)
             else:
                 # Worker processes: the pairs are pickled once per worker. Each tensor is copied
                 # into its own host storage first: pickling a view (of the gathered buffer, or a

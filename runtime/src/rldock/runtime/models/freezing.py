@@ -10,6 +10,7 @@ transformer layers, which carry what RL changes, still train.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from torch import nn
 
@@ -19,7 +20,8 @@ logger = logging.getLogger(__name__)
 def freeze_embeddings(model: nn.Module) -> int:
     """Stop gradients to the input embeddings and the LM head (one tensor when tied); returns the
     number of parameters frozen."""
-    frozen = {id(p): p for module in (model.get_input_embeddings(), model.get_output_embeddings())
+    hf_model: Any = model  # a Hugging Face model: nn.Module's attribute type does not know its methods
+    frozen = {id(p): p for module in (hf_model.get_input_embeddings(), hf_model.get_output_embeddings())
               if module is not None for p in module.parameters()}
     for param in frozen.values():
         param.requires_grad_(False)

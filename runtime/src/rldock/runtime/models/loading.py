@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
@@ -54,7 +54,7 @@ def load_causal_lm(path: str | Path, *, dtype: str | torch.dtype = "float32",
             raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")
         dtype = DTYPES[dtype]
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return model.to(device)
+    return model.to(device)  # type: ignore[arg-type]  # transformers' `to` wrapper hides torch's signature
 
 
 def _token_lists(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], *,
@@ -120,10 +120,10 @@ def decode_responses(tokenizer: PreTrainedTokenizerFast, ids: torch.Tensor,
     """Response texts from right-padded `ids` (B, SL) and `mask` (B, SL): tokens up to the first
     EOS, with special tokens dropped."""
     eos = tokenizer.eos_token_id
-    texts = []
+    texts: list[str] = []
     for row, row_mask in zip(ids.tolist(), mask.tolist()):
         tokens = [t for t, m in zip(row, row_mask) if m]
         if eos in tokens:
             tokens = tokens[:tokens.index(eos)]
-        texts.append(tokenizer.decode(tokens, skip_special_tokens=True))
+        texts.append(cast(str, tokenizer.decode(tokens, skip_special_tokens=True)))  # one sequence: one str
     return texts

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -32,7 +33,9 @@ def add_lora(model: torch.nn.Module, spec: LoraSpec, *, adapter_dir: str | Path 
                          f"(it has {sorted(names)})")
     if adapter_dir is not None:
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.target_modules),
+    # peft annotates lora_alpha as int; it scales by alpha / r as a float, so a float alpha is kept as given
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]
+                        target_modules=list(spec.target_modules),
                         lora_dropout=spec.dropout, bias="none")
     return get_peft_model(model, config)
 
@@ -41,7 +44,8 @@ def merged_weights(model: PeftModel) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every weight of the base model with the adapters merged in, as a plain
     model's `state_dict()` would name them; computed on the fly, the model is left unchanged."""
     base = model.get_base_model()
-    adapted = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    # LoraLayer is the mixin; get_delta_weight is on the concrete layer (lora.Linear)
+    adapted: dict[str, Any] = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
     with torch.no_grad():
         for name, tensor in base.state_dict().items():
             if ".lora_" in name:

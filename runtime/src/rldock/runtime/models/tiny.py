@@ -12,7 +12,7 @@ KV heads (grouped-query attention, as in real Qwen2 checkpoints).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0..3 in this order
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # model_type -> config class. Qwen3 defaults head_dim to 128 whatever the hidden size, so the
 # builder always passes head_dim explicitly.
-TINY_ARCHITECTURES: dict[str, type[PretrainedConfig]] = {
+TINY_ARCHITECTURES: dict[str, Callable[..., PretrainedConfig]] = {
     "qwen2": Qwen2Config,
     "llama": LlamaConfig,
     "qwen3": Qwen3Config,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -53,7 +53,8 @@ class Resharder:
         self.device = next(model.parameters()).device
         self.gen_tp_rank = plan.generate.tp_rank(rank)
         # The architecture's split table, for slicing the gathered weights (None: no plan, TP 1 only).
-        self.tp_plan = TP_PLANS.get(model.config.model_type)
+        config: Any = model.config
+        self.tp_plan = TP_PLANS.get(config.model_type)
         self.swapper = TensorSwapper(pin_memory=self.device.type != "cpu")
         if mode == "allgather_swap":
             make_storages_resizable(model)

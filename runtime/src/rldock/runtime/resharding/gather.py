@@ -137,6 +137,7 @@ def allgather_weights(model: nn.Module, *, tp_group: dist.ProcessGroup | None, t
         for entry in sharded:
             parts = [chunks[r, offset:offset + entry.local_numel].view(entry.local_shape)
                      for r in range(tp_size)]
+            assert entry.shard_dim is not None  # `sharded` holds the split entries only
             torch.cat(parts, dim=entry.shard_dim, out=gathered.views[entry.name])
             offset += entry.local_numel
     return gathered

@@ -11,6 +11,8 @@ local heads unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -35,7 +37,7 @@ def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     With a TP size of 1 the model is left as plain tensors (a DTensor over one rank buys nothing).
     """
     tp_size = mesh["tp"].size()
-    config = model.config
+    config: Any = model.config  # the architecture's Hugging Face config
     check_architecture(tp_size=tp_size, model_type=config.model_type, field="training.tensor_parallel_size")
     check_divisible(tp_size=tp_size, num_heads=config.num_attention_heads,
                     num_kv_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
@@ -60,7 +62,8 @@ def sum_partial_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
     tp = mesh["tp"]
     if tp.size() == 1:
         return
-    plan = TP_PLANS[model.config.model_type]  # parallelize_decoder checked that it has one
+    config: Any = model.config
+    plan = TP_PLANS[config.model_type]  # parallelize_decoder checked that it has one
     for name, param in model.named_parameters():
         if param.grad is not None and has_partial_gradient(name, plan):
             dist.all_reduce(local_tensor(param.grad), group=tp.get_group())

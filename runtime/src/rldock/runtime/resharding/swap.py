@@ -15,7 +15,7 @@ thread, so the copy overlaps the old-log-prob / reference inference that runs be
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +77,7 @@ class TensorSwapper:
     def swapped_bytes(self) -> int:
         return sum(slot.nbytes for slots in self._slots.values() for slot in slots)
 
-    def swap_out(self, tensors_by_category: dict[str, Sequence[torch.Tensor]]) -> int:
+    def swap_out(self, tensors_by_category: Mapping[str, Sequence[torch.Tensor]]) -> int:
         """Copy every distinct storage to host and free it on the device; returns the bytes moved."""
         if self._slots:
             raise RuntimeError("swap_out called twice without swap_in: training state is already on host")

@@ -29,6 +29,7 @@ def _load_file(path: Path, at: str) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # what the file defines (dataclasses, pickled objects) finds its module
     try:
@@ -62,4 +63,5 @@ def load_function(reference: str, at: str) -> Callable:
 
 @register_reward("function")
 def _build_function(term: RewardTermSpec, at: str) -> BatchRewardFn:
+    assert term.function is not None  # problems.py requires it for a `function` term
     return per_sample(load_function(term.function, at))

@@ -44,6 +44,7 @@ class RemoteReward:
     """The batch function of one `remote` term."""
 
     def __init__(self, term: RewardTermSpec, at: str):
+        assert term.url is not None  # problems.py requires it for a `remote` term
         self.url, self.at = term.url, at
         self.timeout_s = REMOTE_TIMEOUT_S if term.timeout_s is None else term.timeout_s
         self.max_retries = REMOTE_MAX_RETRIES if term.max_retries is None else term.max_retries
@@ -68,7 +69,7 @@ class RemoteReward:
             chunk = slice(start, start + size)
             payload = {"data_source": data_sources[chunk], "solution_str": solution_strs[chunk],
                        "ground_truth": ground_truths[chunk], "extra_info": extra_infos[chunk]}
-            num = len(payload["solution_str"])
+            num = len(solution_strs[chunk])
             try:
                 outcomes.extend(self.post(payload, num))
             except RemoteRewardError as error:

@@ -51,6 +51,7 @@ def _build_digit_match(term: RewardTermSpec, at: str) -> BatchRewardFn:
 
 @register_reward("format")
 def _build_format(term: RewardTermSpec, at: str) -> BatchRewardFn:
+    assert term.pattern is not None  # problems.py requires it for a `format` term
     pattern = re.compile(term.pattern, re.DOTALL)  # problems.py checked that it compiles
 
     def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict) -> float:
