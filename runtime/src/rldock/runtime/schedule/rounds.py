@@ -8,19 +8,18 @@ import time
 import torch
 
 from rldock.config.job import AlgorithmSpec
+from rldock.runtime.algorithms.recipes import SamplingRounds
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.sampling import DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.stages import gather_failing_fast
 
 
-def fill_by_rounds(driver: Driver, bank: TransferDock, iteration: int, *, algo: AlgorithmSpec
-                   ) -> tuple[DriverBatch, float, SampledRounds]:
-    """Run the recipe's sampling states round by round in `bank`; returns the kept batch, the
+def fill_by_rounds(driver: Driver, bank: TransferDock, iteration: int, *, rounds: SamplingRounds,
+                   algo: AlgorithmSpec) -> tuple[DriverBatch, float, SampledRounds]:
+    """Run the recipe's sampling `rounds` round by round in `bank`; returns the kept batch, the
     seconds spent putting and the rounds' results and metrics. The kept groups (and any padding)
     are in the bank when it returns: nothing more to put."""
-    rounds = driver.recipe.sampling_rounds
-    assert rounds is not None, "fill_by_rounds needs a recipe with sampling rounds"
     put_seconds = 0.0
 
     def run_round(groups: torch.Tensor, fresh: DriverBatch, sampling_round: int):
@@ -37,9 +36,9 @@ def fill_by_rounds(driver: Driver, bank: TransferDock, iteration: int, *, algo: 
         driver.put_groups(groups, fresh, bank)
         put_seconds += time.perf_counter() - started
         results = gather_failing_fast(driver.launch(iteration, rounds.states, sampling_round=sampling_round))
-        indices, scored = bank.get(rounds.read_state, [rounds.score_column], batch_size=len(rows),
-                                   whole_groups=True)
-        assert torch.equal(indices, rows), "the filter state must get exactly this round's rows"
+        got = bank.get(rounds.read_state, [rounds.score_column], batch_size=len(rows), whole_groups=True)
+        assert got is not None and torch.equal(got[0], rows), "the filter state must get exactly this round's rows"
+        scored = got[1]
         return results, scored[rounds.score_column]
 
     sampled = DynamicSampling(num_groups=algo.num_prompts_per_iteration,

@@ -22,8 +22,9 @@ def fill_bank(driver: Driver, bank: TransferDock, iteration: int, inflight: Infl
     """Put the iteration's batch into `bank`: G fresh prompts, the dock a failed attempt of this
     iteration left (same prompts), or with sampling rounds (DAPO) the groups those rounds kept.
     Returns the batch, the seconds spent putting and the results already in (rounds', resumed)."""
-    if driver.recipe.sampling_rounds is not None:
-        return fill_by_rounds(driver, bank, iteration, algo=algo)
+    rounds = driver.recipe.sampling_rounds
+    if rounds is not None:
+        return fill_by_rounds(driver, bank, iteration, rounds=rounds, algo=algo)
     fed = driver.draw()
     snapshot = ckpt.load_inflight(driver.output_dir, iteration)
     if snapshot is not None and bank.can_load(snapshot["dock"]):
