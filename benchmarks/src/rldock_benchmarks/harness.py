@@ -140,8 +140,8 @@ def start_agents(node_ids: Sequence[str]) -> tuple[list, list[str]]:
     import ray
     from ray import cloudpickle
 
-    from rldock_benchmarks import grpo_flow
     from rldock.runtime.dock.placement import pinned_to
+    from rldock_benchmarks import grpo_flow
 
     cloudpickle.register_pickle_by_value(grpo_flow)
     agent_cls = ray.remote(num_cpus=0, max_concurrency=16, max_restarts=0)(grpo_flow.NodeAgent)
@@ -171,11 +171,10 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
     measured ones: wall seconds from the driver's put to the last update read, per-state timings,
     the dock's counter differences and each node's link bytes."""
     import ray
-
     import torch
 
-    from rldock_benchmarks.grpo_flow import dims_dict, make_prompts
     from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock_benchmarks.grpo_flow import dims_dict, make_prompts
 
     CONSUMES = get_recipe("grpo").consumes
     from rldock.runtime.dock.grouping import split_group_columns

@@ -32,8 +32,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import yaml
 
@@ -49,7 +50,7 @@ RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rljobs", type=int, default=100)
     parser.add_argument("--poll-intervals", type=float, nargs="+", default=[5.0, 1.0],
@@ -123,7 +124,7 @@ def _delete_rljobs(plane: ControlPlane, namespace: str, operator: OperatorProces
 
 
 def measure(plane: ControlPlane, *, num_rljobs: int, poll_interval: float, window: float, settle: float,
-            work: Path, operator_root: Optional[Path] = None) -> dict[str, Any]:
+            work: Path, operator_root: Path | None = None) -> dict[str, Any]:
     """One measurement in a fresh namespace; `operator_root`: another checkout's operator."""
     namespace = f"idle-{uuid.uuid4().hex[:6]}"
     plane.create_namespace(namespace)
@@ -189,7 +190,7 @@ def run(plane: ControlPlane, args: argparse.Namespace, work: Path) -> dict[str, 
     return result
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     missing = missing_kuberay_crds_reason(KUBERAY_CRD_DIR)
     if missing is not None:

@@ -60,8 +60,8 @@ def _seconds(fn) -> float:
 def run_mode(args, mode: str, rank: int) -> dict:
     from rldock.contract.tensor_parallel import TP_PLANS
     from rldock.runtime.resharding.flow import Resharder
-    from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.ledger import train_state_bytes
+    from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
     from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, parallelize_decoder
     from rldock.runtime.resharding.shard import GenerationWeights
 

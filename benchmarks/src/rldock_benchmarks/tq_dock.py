@@ -32,7 +32,6 @@ import torch
 from tensordict import TensorDict
 
 
-
 def unavailable_reason() -> str | None:
     """Why TransferQueue cannot run here (None when it can)."""
     try:

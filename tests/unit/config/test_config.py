@@ -5,9 +5,8 @@ import pickle
 
 import pytest
 import yaml
-from pydantic import ValidationError
-
 from job_examples import example, problem_paths
+from pydantic import ValidationError
 
 from rldock.config import ConfigError, JobConfig, load_job_config, parse_job_config
 from rldock.config.job import Ablations

@@ -2,7 +2,6 @@
 only protect a long run are warnings that say what to set."""
 
 import pytest
-
 from job_examples import example, problem_paths
 
 from rldock.config import find_warnings, parse_job_config

@@ -14,18 +14,25 @@ import kopf
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
+from rljob_testing import spec_dict
 
 from rldock.operator import naming
-from rldock.operator.kopf_storage import TolerantDiffBaseStorage, TolerantProgressStorage
 from rldock.operator.handlers import (
-    BLOCKED_RETRY_INTERVAL, RESYNC_INTERVAL, TTL_SLACK_SECONDS, Handlers, Wakeups, cleanup, configure_kopf,
-    reconcile, register, seconds_until_next_round,
+    BLOCKED_RETRY_INTERVAL,
+    RESYNC_INTERVAL,
+    TTL_SLACK_SECONDS,
+    Handlers,
+    Wakeups,
+    cleanup,
+    configure_kopf,
+    reconcile,
+    register,
+    seconds_until_next_round,
 )
+from rldock.operator.kopf_storage import TolerantDiffBaseStorage, TolerantProgressStorage
 from rldock.operator.reconcile import Outcome
-from rldock.operator.status import status_patch
 from rldock.operator.settings import OperatorSettings
-
-from rljob_testing import spec_dict
+from rldock.operator.status import status_patch
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

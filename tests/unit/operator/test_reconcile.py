@@ -7,19 +7,20 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import pytest
 from rljob_testing import spec_dict
 
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
 from rldock.operator import naming
+from rldock.operator.builders import RLJobRef
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
 from rldock.operator.kube import CreateRefused, StatusRejected
-from rldock.operator.rayjobs import RayJobsError, TokenRefused
-from rldock.operator.builders import RLJobRef
 from rldock.operator.policy import AdminPolicy
+from rldock.operator.rayjobs import RayJobsError, TokenRefused
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings
 from rldock.operator.tokens import job_token
@@ -48,15 +49,15 @@ class FakeKube:
         self.pods: list[dict[str, Any]] = []
         self.writes: list[tuple[str, str, str]] = []
         self.refuse: dict[str, CreateRefused] = {}  # kind -> what the API server answers a create with
-        self.status_limit: Optional[int] = None  # a status whose JSON is longer is refused (422)
+        self.status_limit: int | None = None  # a status whose JSON is longer is refused (422)
         self.statuses: list[dict[str, Any]] = []  # status patches, in order
         self._uids = 0
 
-    def get(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         obj = self.objects.get((kind, name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def create(self, manifest: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         key = (manifest["kind"], manifest["metadata"]["name"])
         if key in self.objects:
             return None
@@ -75,7 +76,7 @@ class FakeKube:
         self.writes.append(("patch", kind, name))
         return copy.deepcopy(_merge(self.objects[(kind, name)], patch))
 
-    def delete(self, kind: str, namespace: str, name: str, *, uid: Optional[str] = None) -> bool:
+    def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         self.writes.append(("delete", kind, name))
         return self.objects.pop((kind, name), None) is not None or kind == "RLJob"
 
@@ -92,10 +93,10 @@ class FakeJobs:
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, str] = {}
-        self.tokens: list[Optional[str]] = []
+        self.tokens: list[str | None] = []
         self.down = False
 
-    def client(self, url: str, token: Optional[str]) -> "FakeJobs":
+    def client(self, url: str, token: str | None) -> FakeJobs:
         self.tokens.append(token)
         return self
 
@@ -103,7 +104,7 @@ class FakeJobs:
         if self.down:
             raise RayJobsError("GET http://10.0.0.9:8265/api/jobs/x: connection refused")
 
-    def get_job(self, submission_id: str) -> Optional[dict[str, Any]]:
+    def get_job(self, submission_id: str) -> dict[str, Any] | None:
         self._check()
         return self.jobs.get(submission_id)
 
@@ -122,7 +123,7 @@ class FakeJobs:
         return True
 
 
-def body(*, status: Optional[dict] = None, **sections: Any) -> dict[str, Any]:
+def body(*, status: dict | None = None, **sections: Any) -> dict[str, Any]:
     return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob",
             "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1},
             "spec": spec_dict(**sections), "status": status or {}}

@@ -12,7 +12,12 @@ from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import CONDITION_MESSAGE_MAX, EventReason, RayJobStatus
 from rldock.operator.crd import rljob_schema
 from rldock.operator.status import (
-    Observations, RayJobObservation, compute_status, seconds_until_expiry, status_changed, status_events,
+    Observations,
+    RayJobObservation,
+    compute_status,
+    seconds_until_expiry,
+    status_changed,
+    status_events,
 )
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -292,8 +297,8 @@ def test_condition_messages_are_bounded(length):
 
 
 def test_last_evaluation_comes_from_the_progress_record_and_outlives_records_without_one():
-    from rldock.operator.observe import read_progress
     from rldock.contract.progress import format_progress
+    from rldock.operator.observe import read_progress
 
     # as the trainer prints it: iteration 6 carries the evaluation of iteration 5
     line = format_progress({**METRICS, "iteration": 6, "val_iteration": 5, "val_reward": 0.41234,

@@ -8,10 +8,21 @@ import asyncio
 import pytest
 
 from rldock.contract.placement import SeatRequest, plan_placement
-from rldock.runtime.algorithms.recipes import (RECIPES, get_recipe, with_reference_on_actor, with_reward_model,
-                                               without_states)
-from rldock.runtime.phase_schedule import (Turn, device_schedules, job_schedules, phase_order, resolve_phase_schedule,
-                                           state_runners)
+from rldock.runtime.algorithms.recipes import (
+    RECIPES,
+    get_recipe,
+    with_reference_on_actor,
+    with_reward_model,
+    without_states,
+)
+from rldock.runtime.phase_schedule import (
+    Turn,
+    device_schedules,
+    job_schedules,
+    phase_order,
+    resolve_phase_schedule,
+    state_runners,
+)
 from rldock.runtime.turns import TurnKeeper
 
 

@@ -12,7 +12,14 @@ import yaml
 from rldock.config import parse_job_config
 from rldock.contract.failure import FailureReason
 from rldock.runtime.preflight import (
-    CHECKS, MOUNT_HINT, PathCheck, PathKind, find_path_problems, function_file, output_problems, preflight,
+    CHECKS,
+    MOUNT_HINT,
+    PathCheck,
+    PathKind,
+    find_path_problems,
+    function_file,
+    output_problems,
+    preflight,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"

@@ -8,7 +8,7 @@ operator can report them as conditions on an object the API server already accep
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 
@@ -36,7 +36,7 @@ class ModelSpec(Spec):
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions."
     )
-    builder: Optional[Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3"]] = Field(
+    builder: Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3"] | None = Field(
         default=None,
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
         "trained on the train prompts and answers) and save it at `path`: `tiny-qwen2` (the demo's), or the same "
@@ -113,25 +113,25 @@ class DataSpec(Spec):
         description="Column holding the ground truth the rewards compare with (a string or a number, "
         "read as text; never empty).",
     )
-    data_source_key: Optional[str] = Field(
+    data_source_key: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="Column naming each row's data source (rewards and metrics are per source); unset: "
         "the file's name without extension (with a generator: its `data_source` column).",
     )
-    extra_info_key: Optional[str] = Field(
+    extra_info_key: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="Column of a dict passed to reward functions as `extra_info`; unset: an empty dict.",
     )
-    chosen_key: Optional[str] = Field(
+    chosen_key: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="DPO with files: column of the preferred response (with `rejected_key`). The "
         "`addition` generator makes its own pairs.",
     )
-    rejected_key: Optional[str] = Field(
+    rejected_key: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH,
         description="DPO with files: column of the dispreferred response (with `chosen_key`).",
     )
-    system_prompt: Optional[str] = Field(
+    system_prompt: str | None = Field(
         default=None, min_length=1, max_length=65536,
         description="Prepended to every prompt: as a system message with a chat template; with "
         "`chat_template: none` as plain text, exactly as given (end it with the separator you want).",
@@ -142,10 +142,10 @@ class DataSpec(Spec):
         "generation prompt; the tokenizer must have one). `none`: the prompt string is the model's "
         "input as is, after BOS (for base models and the tiny demo).",
     )
-    shuffle_seed: Optional[int] = Field(
+    shuffle_seed: int | None = Field(
         default=None, ge=0, description="Seed of the order prompts are drawn in; unset: the job's `seed`."
     )
-    generator: Optional[GeneratorSpec] = Field(
+    generator: GeneratorSpec | None = Field(
         default=None,
         description="Generate the train (and validation) files instead of reading `train_files`.",
     )
@@ -179,50 +179,50 @@ class RewardTermSpec(Spec):
         description="Factor of this term in the reward, which is the sum of weight * score over the "
         "terms; negative for a penalty.",
     )
-    pattern: Optional[str] = Field(
+    pattern: str | None = Field(
         default=None, min_length=1, max_length=MAX_PATH_LENGTH,
         description="`format` only: a Python regex the whole response (surrounding whitespace "
         "removed) must match (`re.fullmatch`, `.` also matches newlines); write `.*x.*` for \"contains x\".",
     )
-    function: Optional[str] = Field(
+    function: str | None = Field(
         default=None, min_length=3, max_length=MAX_PATH_LENGTH,
         description="`function` only: `path/to/file.py:name` or `package.module:name`, a function "
         "`(data_source, solution_str, ground_truth, extra_info) -> float | dict` run in the reward "
         "worker; a relative file path is relative to the working directory of `rldock train`.",
     )
-    url: Optional[str] = Field(
+    url: str | None = Field(
         default=None, min_length=8, max_length=MAX_PATH_LENGTH,
         description="`remote` only: the http(s) URL that batches of samples are POSTed to as JSON "
         "(wire format in docs/rewards.md).",
     )
-    timeout_s: Optional[float] = Field(
+    timeout_s: float | None = Field(
         default=None, gt=0, le=3600,
         description=f"`remote` only: seconds to wait for one response; unset: {REMOTE_TIMEOUT_S:g}.",
     )
-    max_retries: Optional[int] = Field(
+    max_retries: int | None = Field(
         default=None, ge=0, le=10,
         description="`remote` only: retries of a request after a connection error, a timeout or a "
         f"5xx/429 status, with exponential backoff; unset: {REMOTE_MAX_RETRIES}.",
     )
-    token_env: Optional[str] = Field(
+    token_env: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="`remote` only: name of an environment variable holding a bearer token sent as "
         "`Authorization: Bearer <token>` (in an RLJob, set it from a Secret with `env`); with it, `url` "
         "must be https:// unless `allow_insecure` is true.",
     )
-    allow_insecure: Optional[bool] = Field(
+    allow_insecure: bool | None = Field(
         default=None,
         description="`remote` only: true lets a term with `token_env` send its token over a plain http:// "
         "`url`, readable by anyone on the network path; for a service on the pod's own loopback "
         "(`http://127.0.0.1:...`, a sidecar) or inside a mesh that encrypts traffic between pods. Unset: "
         "false, an http:// URL with a token is refused.",
     )
-    batch_size: Optional[int] = Field(
+    batch_size: int | None = Field(
         default=None, ge=1, le=65536,
         description="`remote` only: samples per request; unset: all samples the reward worker "
         "scores at once (training.micro_batch_size).",
     )
-    path: Optional[str] = Field(
+    path: str | None = Field(
         default=None, min_length=1, max_length=MAX_PATH_LENGTH,
         description="`model` only: a local Hugging Face folder holding a sequence-classification reward "
         "model with one label (AutoModelForSequenceClassification, num_labels 1) and its tokenizer "
@@ -255,7 +255,7 @@ class RewardSpec(Spec):
     )
 
     @property
-    def model_term_index(self) -> Optional[int]:
+    def model_term_index(self) -> int | None:
         """Index of the `model` term (at most one, config/problems.py), or None without one."""
         return next((index for index, term in enumerate(self.terms) if term.name == "model"), None)
 
@@ -368,7 +368,7 @@ class AlgorithmSpec(Spec):
     max_response_length: int = Field(ge=1, description="SL: most tokens generated per response.")
     learning_rate: float = Field(ge=0, description="Actor AdamW learning rate.")
     clip_ratio: float = Field(default=0.2, gt=0, description="PPO ratio clip epsilon.")
-    clip_ratio_c: Optional[float] = Field(
+    clip_ratio_c: float | None = Field(
         default=3.0, gt=1,
         description="Dual-clip (arXiv 1912.09729) of the PPO-family losses (`grpo`, `ppo`, `pf_ppo`, `dapo`): "
         "a token with negative advantage A loses at most -A * clip_ratio_c however far its ratio to the "
@@ -394,7 +394,7 @@ class AlgorithmSpec(Spec):
         "responses of each response's token sum divided by max_response_length (Dr. GRPO). Responses with no "
         "token are left out; PF-PPO's weights weight each response's tokens. See docs/algorithms/policy-losses.md.",
     )
-    kl_clamp: Optional[float] = Field(
+    kl_clamp: float | None = Field(
         default=10.0, gt=0,
         description="Bound on each token's `k3` KL estimate (it grows like e^(log ratio)); 10 as verl; null "
         "leaves it unbounded (the log ratio itself is clamped to +-20 nats either way).",
@@ -444,7 +444,7 @@ class RolloutSpec(Spec):
 
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
-    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None,
         description="The engine's weight dtype (vLLM's `dtype`), apart from `model.dtype`: `bfloat16` generates "
         "over a float32 training master with half the engine's weight memory; every weight push casts to it. "
@@ -500,7 +500,7 @@ class RolloutSpec(Spec):
     )
 
 
-def generation_dtype(*, model_dtype: str, rollout_dtype: Optional[str], on_cpu: bool) -> str:
+def generation_dtype(*, model_dtype: str, rollout_dtype: str | None, on_cpu: bool) -> str:
     """The engine's dtype (`rollout.dtype`'s description). Unset on CPU it stays float32 whatever
     model.dtype says: vLLM's CPU logprobs then match a float32 trainer's to about 1e-6, and the CPU
     demo's reward curve is pinned to float32 generation."""
@@ -589,7 +589,7 @@ class TrainingSpec(Spec):
         "the longest response are cut; results are the same) and sort samples by length so micro-batches "
         "hold similar lengths. `false` computes on the dock's full PL + SL columns (for comparison).",
     )
-    num_threads: Optional[int] = Field(
+    num_threads: int | None = Field(
         default=None, ge=0, le=1024,
         description="Torch (and in-process vLLM) threads of each compute worker process (actor, reference, "
         "critic ranks). Unset: the node's cores divided by the compute workers on that node, at least 1, "
@@ -602,7 +602,7 @@ class TrainingSpec(Spec):
         "gradients or optimizer state for the vocabulary-sized weights (SmolLM2-135M: 28M of 135M parameters) "
         "and a cheaper backward; the transformer layers still train. vLLM still receives every weight.",
     )
-    lora: Optional[LoraSpec] = Field(
+    lora: LoraSpec | None = Field(
         default=None,
         description="Train low-rank adapters instead of every weight (docs/placement.md#lora); unset: full "
         "fine-tuning. Needs tensor_parallel_size 1 and resharding `naive`.",
@@ -626,7 +626,7 @@ class DockSpec(Spec):
         "tensors moving straight between workers and warehouses. `central`: one buffer actor holds "
         "every column and serves every request (the replay-buffer baseline; for comparison).",
     )
-    num_warehouses: Optional[int] = Field(
+    num_warehouses: int | None = Field(
         default=None, ge=1, description="S: warehouses (distributed mode only); default one per Ray node."
     )
     timeout_s: float = Field(
@@ -676,7 +676,7 @@ class ResourcesSpec(Spec):
         "`colocated` placement in a training.mode sync job, overlap on CPU (each worker's thread budget is its "
         "share) and under `separate` (no device is shared).",
     )
-    device_memory_gib: Optional[float] = Field(
+    device_memory_gib: float | None = Field(
         default=None, gt=0, le=65536,
         description="Memory of one device, GiB (64 on an Ascend 910B, 80 on an H100): what `rldock plan` checks "
         "the job against when no --device-memory is given. Unset: the plan prints the bytes without a verdict.",
@@ -703,7 +703,7 @@ class EvaluationSpec(Spec):
         description="Also evaluate the initial policy before iteration 1 (logged as iteration 0): the "
         "baseline the later evaluations compare with. Ignored when `interval` is 0.",
     )
-    max_prompts: Optional[int] = Field(
+    max_prompts: int | None = Field(
         default=None, ge=1, le=10**6,
         description="Evaluate only the first this many held-out prompts; unset uses all of them.",
     )
@@ -752,7 +752,7 @@ class WandbSpec(Spec):
 
     project: str = Field(default="rldock", min_length=1, max_length=MAX_NAME_LENGTH,
                          description="W&B project the run is logged to.")
-    entity: Optional[str] = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+    entity: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH,
                                   description="W&B entity (user or team); unset: the API key's default entity.")
 
 

@@ -26,8 +26,9 @@ unsuspended (`_bring_up`), also in the round that counts a restart.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Union
 
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import ANNOTATION_SPEC_HASH, GangScheduler, Phase, RayJobStatus
@@ -78,19 +79,19 @@ class Situation:
     spec: RLJobSpec
     phase: Phase  # what compute_status decided this round
     restart_count: int
-    cluster: Optional[Mapping[str, Any]]  # the RayCluster as stored; None: there is none
+    cluster: Mapping[str, Any] | None  # the RayCluster as stored; None: there is none
     desired_spec_hash: str
-    job: Optional[RayJobObservation] = None  # attempt `restart_count`; None: not submitted
+    job: RayJobObservation | None = None  # attempt `restart_count`; None: not submitted
     lost_workers: bool = False  # a worker pod was lost while this attempt ran
     ready_to_submit: bool = False  # observe.ready_to_submit
-    previous_attempt: Optional[RayJobObservation] = None  # attempt restart_count - 1, when looked up
+    previous_attempt: RayJobObservation | None = None  # attempt restart_count - 1, when looked up
 
     @property
     def suspension(self) -> Suspension:
         return suspension(self.cluster)
 
 
-def _active(job: Optional[RayJobObservation]) -> bool:
+def _active(job: RayJobObservation | None) -> bool:
     return job is not None and job.status in ACTIVE_JOB_STATES
 
 

@@ -35,19 +35,30 @@ import asyncio
 import copy
 import logging
 import time
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from rldock.operator import naming
-from rldock.operator.kopf_storage import TolerantDiffBaseStorage, TolerantProgressStorage
 from rldock.operator.constants import (
-    FINALIZER, GROUP, LABEL_RAY_CLUSTER, LABEL_RLJOB, PLURAL, RAY_API_VERSION, RAY_CLUSTER_PLURAL, VERSION,
-    ConditionType, EventReason, Phase, Reason,
+    FINALIZER,
+    GROUP,
+    LABEL_RAY_CLUSTER,
+    LABEL_RLJOB,
+    PLURAL,
+    RAY_API_VERSION,
+    RAY_CLUSTER_PLURAL,
+    VERSION,
+    ConditionType,
+    EventReason,
+    Phase,
+    Reason,
 )
+from rldock.operator.kopf_storage import TolerantDiffBaseStorage, TolerantProgressStorage
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import parse_status, seconds_until_expiry, status_changed
@@ -102,15 +113,15 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- one round ------------------------------------------------------------------------------------
 
-def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logger) -> Optional[dict[str, Any]]:
+def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logger) -> dict[str, Any] | None:
     """One round of the RLJob `raw` (a plain copy of its body); the status it has after the round,
     or None when the round decided nothing (an API error, a lookup that failed).
 
     Never raises for the API server's answers: the daemon would be restarted only after kopf's
     backoff, and the next round should come at the poll pace instead."""
     started = time.monotonic()
-    error: Optional[str] = None
-    status: Optional[dict[str, Any]] = None
+    error: str | None = None
+    status: dict[str, Any] | None = None
     events: list[Any] = []
     try:
         outcome = reconciler.reconcile(raw)
@@ -130,8 +141,8 @@ def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logge
     return status
 
 
-def _count(reconciler: Reconciler, raw: Mapping[str, Any], status: Optional[Mapping[str, Any]], *,
-           seconds: float, error: Optional[str]) -> None:
+def _count(reconciler: Reconciler, raw: Mapping[str, Any], status: Mapping[str, Any] | None, *,
+           seconds: float, error: str | None) -> None:
     """The round in the operator's metrics: its duration and error, the phase, new progress."""
     metrics = reconciler.metrics
     if metrics is None:
@@ -147,7 +158,7 @@ def _count(reconciler: Reconciler, raw: Mapping[str, Any], status: Optional[Mapp
         metrics.progress_seen(namespace, name)
 
 
-def seconds_until_next_round(body: Mapping[str, Any], status: Optional[Mapping[str, Any]], *,
+def seconds_until_next_round(body: Mapping[str, Any], status: Mapping[str, Any] | None, *,
                              poll_interval: float, now: datetime) -> float:
     """How long the RLJob `body` may wait for its next round when nothing it watches changes,
     given `status`, what the last round left (None: that round decided nothing)."""
@@ -181,7 +192,7 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._events: dict[Key, asyncio.Event] = {}
-        self._generations: dict[Key, Optional[int]] = {}
+        self._generations: dict[Key, int | None] = {}
         self._by_cluster: dict[Key, Key] = {}  # (namespace, RayCluster name) -> RLJob
         self._by_label: dict[Key, Key] = {}  # (namespace, value of rldock.io/rljob) -> RLJob
 
@@ -206,10 +217,10 @@ class Wakeups:
             for child in [child for child, owner in index.items() if owner == key]:
                 del index[child]
 
-    def saw_generation(self, key: Key, generation: Optional[int]) -> None:
+    def saw_generation(self, key: Key, generation: int | None) -> None:
         self._generations[key] = generation
 
-    def rljob_changed(self, key: Key, generation: Optional[int]) -> bool:
+    def rljob_changed(self, key: Key, generation: int | None) -> bool:
         """Wake `key` when its spec has a generation the last round did not see; whether it did.
         Status writes (the rounds' own) and kopf's annotations leave the generation as it is."""
         if key not in self._events or self._generations.get(key) == generation:
@@ -217,7 +228,7 @@ class Wakeups:
         self._events[key].set()
         return True
 
-    def child_changed(self, namespace: str, *, cluster: Optional[str], rljob_label: Optional[str]) -> list[Key]:
+    def child_changed(self, namespace: str, *, cluster: str | None, rljob_label: str | None) -> list[Key]:
         """Wake the RLJobs a child belongs to (by its RayCluster's name or its rljob label)."""
         owners = {self._by_cluster.get((namespace, cluster or "")), self._by_label.get((namespace, rljob_label or ""))}
         woken = [key for key in owners if key is not None and key in self._events]
@@ -226,7 +237,7 @@ class Wakeups:
         return woken
 
 
-async def _sleep(stopped: kopf.DaemonStopped, seconds: float, *, wake: Optional[asyncio.Event] = None) -> None:
+async def _sleep(stopped: kopf.DaemonStopped, seconds: float, *, wake: asyncio.Event | None = None) -> None:
     """Until `seconds` pass, the daemon is stopped, or `wake` is set."""
     waiters = {asyncio.ensure_future(stopped.wait())}
     if wake is not None:
@@ -270,7 +281,7 @@ class Handlers:
             if reconciler.metrics is not None and body["metadata"].get("deletionTimestamp"):
                 reconciler.metrics.forget(*key)  # also after a round that ended during the deletion
 
-    async def rljob_event(self, body: kopf.Body, type: Optional[str], **_: Any) -> None:
+    async def rljob_event(self, body: kopf.Body, type: str | None, **_: Any) -> None:
         if type == "DELETED":
             return
         meta = body["metadata"]

@@ -20,45 +20,90 @@ decision (SkipRound); the next round, one poll interval later, tries again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from rldock.config import Problem
 from rldock.operator import naming
+from rldock.operator.actions import (
+    Action,
+    CountRestart,
+    CreateCluster,
+    DeleteCluster,
+    Situation,
+    StopJob,
+    SubmitJob,
+    SuspendCluster,
+    next_actions,
+)
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.builders import (
-    RLJobRef, build_auth_secret, build_config_map, build_job_submission, build_network_policy, build_ray_cluster,
-    output_dir, owner_reference,
+    RLJobRef,
+    build_auth_secret,
+    build_config_map,
+    build_job_submission,
+    build_network_policy,
+    build_ray_cluster,
+    output_dir,
+    owner_reference,
 )
 from rldock.operator.constants import (
-    ANNOTATION_SPEC_HASH, ANNOTATION_SUSPENDED_BY, JOB_METADATA_WORKER_PODS, LABEL_RAY_CLUSTER, MANAGED_BY_RLDOCK,
-    EventReason, Phase, RayJobStatus, Reason,
+    ANNOTATION_SPEC_HASH,
+    ANNOTATION_SUSPENDED_BY,
+    JOB_METADATA_WORKER_PODS,
+    LABEL_RAY_CLUSTER,
+    MANAGED_BY_RLDOCK,
+    EventReason,
+    Phase,
+    RayJobStatus,
+    Reason,
 )
 from rldock.operator.kube import CreateRefused, Kube, StatusRejected
+from rldock.operator.metrics import Metrics
 from rldock.operator.observe import (
-    ACTIVE_JOB_STATES, Ownership, PodSummary, Progress, Suspension, attempt_workers, dashboard_url, job_observation,
-    lost_workers, owned_by, ownership, progress_of, ready_to_submit, ready_worker_names, summarize_pods, suspension,
+    ACTIVE_JOB_STATES,
+    Ownership,
+    PodSummary,
+    Progress,
+    Suspension,
+    attempt_workers,
+    dashboard_url,
+    job_observation,
+    lost_workers,
+    owned_by,
+    ownership,
+    progress_of,
+    ready_to_submit,
+    ready_worker_names,
+    summarize_pods,
+    suspension,
 )
 from rldock.operator.policy import policy_problems
-from rldock.operator.tokens import job_token
 from rldock.operator.progress_cursor import ProgressCursor
-from rldock.operator.actions import (
-    Action, CountRestart, CreateCluster, DeleteCluster, Situation, StopJob, SubmitJob, SuspendCluster, next_actions,
-)
-from rldock.operator.rules import Rule, first_rule
-from rldock.operator.metrics import Metrics
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError, TokenRefused
+from rldock.operator.rules import Rule, first_rule
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
-    Blocked, Event, Observations, RayJobObservation, compute_status, finished, parse_status, rejected_status,
-    seconds_until_expiry, status_events, status_patch,
+    Blocked,
+    Event,
+    Observations,
+    RayJobObservation,
+    compute_status,
+    finished,
+    parse_status,
+    rejected_status,
+    seconds_until_expiry,
+    status_events,
+    status_patch,
 )
+from rldock.operator.tokens import job_token
 from rldock.operator.validation import parse_spec
 
 log = logging.getLogger(__name__)
 
-JobsClientFactory = Callable[[str, Optional[str]], RayJobsClient]
+JobsClientFactory = Callable[[str, str | None], RayJobsClient]
 
 
 class SkipRound(Exception):
@@ -77,7 +122,7 @@ class BlockedRound(Exception):
 class Outcome:
     """What a round wants written: the full new status (None: leave it) and Events to post."""
 
-    status: Optional[dict[str, Any]] = None
+    status: dict[str, Any] | None = None
     events: list[Event] = field(default_factory=list)
 
     def event(self, type_: str, reason: EventReason, message: str) -> None:
@@ -87,12 +132,12 @@ class Outcome:
 @dataclass(frozen=True)
 class Round:
     ref: RLJobRef
-    spec: Optional[RLJobSpec]
+    spec: RLJobSpec | None
     problems: list[Problem]
     denied: list[Problem]  # what the admin's policy refuses of a valid spec
     raw_status: dict[str, Any]
     previous: RLJobStatus
-    generation: Optional[int]
+    generation: int | None
     now: datetime
 
     @property
@@ -108,11 +153,11 @@ class Seen:
     """What observing the cluster's pods and its Jobs API found."""
 
     summary: PodSummary = PodSummary()
-    job: Optional[RayJobObservation] = None
+    job: RayJobObservation | None = None
     progress: Progress = Progress()
     lost: tuple[str, ...] = ()
-    previous_attempt: Optional[RayJobObservation] = None
-    jobs: Optional[RayJobsClient] = None  # set when the head is up
+    previous_attempt: RayJobObservation | None = None
+    jobs: RayJobsClient | None = None  # set when the head is up
 
 
 def begin_round(body: Mapping[str, Any], now: datetime, settings: OperatorSettings) -> Round:
@@ -132,9 +177,9 @@ def managed_elsewhere(body: Mapping[str, Any]) -> bool:
 
 class Reconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings, *,
-                 jobs_client: Optional[JobsClientFactory] = None,
+                 jobs_client: JobsClientFactory | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 metrics: Optional[Metrics] = None) -> None:
+                 metrics: Metrics | None = None) -> None:
         self.kube = kube
         self.settings = settings
         self.metrics = metrics  # the operator's Prometheus metrics (metrics.py); None: not counted
@@ -240,7 +285,7 @@ class Reconciler:
                               restart_count=rnd.previous.restart_count, previous=rnd.raw_status, now=rnd.now)
 
     # --- children ----------------------------------------------------------------------------
-    def _read_owned(self, rnd: Round, kind: str, name: str) -> Optional[dict[str, Any]]:
+    def _read_owned(self, rnd: Round, kind: str, name: str) -> dict[str, Any] | None:
         """The child `name`, adopted when it is labelled ours but has no controller; SkipRound when
         it belongs to someone else (e.g. an RLJob of the same name that is still going away)."""
         obj = self.kube.get(kind, rnd.ref.namespace, name)
@@ -316,7 +361,7 @@ class Reconciler:
             out.event("Normal", EventReason.RELEASED_RAY_CLUSTER, f"deleted RayCluster {rnd.cluster_name}: {why}")
 
     # --- observing ---------------------------------------------------------------------------
-    def _observe(self, rnd: Round, spec: RLJobSpec, cluster: Optional[Mapping[str, Any]], token: str) -> Seen:
+    def _observe(self, rnd: Round, spec: RLJobSpec, cluster: Mapping[str, Any] | None, token: str) -> Seen:
         attempt = rnd.previous.restart_count
         submission_id = rnd.submission_id(attempt)
         if cluster is None:
@@ -373,7 +418,7 @@ class Reconciler:
 
     # --- acting ------------------------------------------------------------------------------
     def _apply(self, action: Action, rnd: Round, spec: RLJobSpec, *, desired: Mapping[str, Any],
-               cluster: Optional[Mapping[str, Any]], seen: Seen, status: dict[str, Any], out: Outcome) -> None:
+               cluster: Mapping[str, Any] | None, seen: Seen, status: dict[str, Any], out: Outcome) -> None:
         ns, name = rnd.ref.namespace, rnd.cluster_name
         if isinstance(action, CreateCluster):
             if _create(self.kube, desired) is not None:
@@ -444,7 +489,7 @@ class Reconciler:
         return status_events(old, fallback)
 
     # --- deletion ----------------------------------------------------------------------------
-    def stop_for_deletion(self, body: Mapping[str, Any]) -> Optional[str]:
+    def stop_for_deletion(self, body: Mapping[str, Any]) -> str | None:
         """Stop the current attempt's driver before the RLJob (and, by owner references, its
         cluster) goes. Best effort: a cluster that cannot be reached is deleted with its job anyway."""
         rnd = begin_round(body, self._clock(), self.settings)
@@ -471,7 +516,7 @@ class Reconciler:
         return None
 
 
-def _create(kube: Kube, manifest: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+def _create(kube: Kube, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
     """Kube.create, with a refusal (quota, RBAC, invalid) turned into a blocked round."""
     try:
         return kube.create(manifest)
@@ -490,7 +535,7 @@ def _controller(obj: Mapping[str, Any]) -> str:
     return f"{controller.get('kind', 'an object')} {controller.get('name', '?')} (uid {controller.get('uid', '?')})"
 
 
-def _observation(submission_id: str, details: Optional[Mapping[str, Any]]) -> Optional[RayJobObservation]:
+def _observation(submission_id: str, details: Mapping[str, Any] | None) -> RayJobObservation | None:
     if details is None:
         return None
     return RayJobObservation(submission_id=submission_id, status=RayJobStatus(details["status"]),

@@ -18,22 +18,32 @@ a restart).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
 from rldock.config import Problem
-from rldock.operator import naming
-from rldock.operator.api import Condition, LastEvaluation, RLJobSpec, RLJobStatus
-from rldock.operator.rules import Rule, first_rule
-from rldock.operator.constants import (
-    CONDITION_MESSAGE_MAX, RAY_CONDITION_PROVISIONED, RAY_CONDITION_SUSPENDED, RAY_STATE_READY,
-    RAY_STATE_SUSPENDED, ConditionType, EventReason, GangScheduler, Phase, RayJobStatus, Reason,
-)
 from rldock.contract.failure import JobFailure
 from rldock.contract.progress import VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
+from rldock.operator import naming
+from rldock.operator.api import Condition, LastEvaluation, RLJobSpec, RLJobStatus
+from rldock.operator.constants import (
+    CONDITION_MESSAGE_MAX,
+    RAY_CONDITION_PROVISIONED,
+    RAY_CONDITION_SUSPENDED,
+    RAY_STATE_READY,
+    RAY_STATE_SUSPENDED,
+    ConditionType,
+    EventReason,
+    GangScheduler,
+    Phase,
+    RayJobStatus,
+    Reason,
+)
+from rldock.operator.rules import Rule, first_rule
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ class RayJobObservation:
     submission_id: str
     status: RayJobStatus
     message: str = ""
-    failure: Optional[JobFailure] = None  # the runtime's failure line, when it refused its inputs
+    failure: JobFailure | None = None  # the runtime's failure line, when it refused its inputs
 
 
 @dataclass(frozen=True)
@@ -60,13 +70,13 @@ class Observations:
 
     problems: Sequence[Problem] = ()  # validation.parse_spec
     denied: Sequence[Problem] = ()  # policy.policy_problems: a valid spec the admin's policy refuses
-    ray_cluster: Optional[Mapping[str, Any]] = None  # RayCluster .status ({} when new); None: no cluster
-    ray_job: Optional[RayJobObservation] = None  # None: this attempt is not submitted yet
-    metrics: Optional[Mapping[str, Any]] = None  # the runtime's last metrics record
-    last_checkpoint: Optional[str] = None
+    ray_cluster: Mapping[str, Any] | None = None  # RayCluster .status ({} when new); None: no cluster
+    ray_job: RayJobObservation | None = None  # None: this attempt is not submitted yet
+    metrics: Mapping[str, Any] | None = None  # the runtime's last metrics record
+    last_checkpoint: str | None = None
     unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
-    blocked: Optional[Blocked] = None  # a child that cannot be had (reconcile.py), with why
+    blocked: Blocked | None = None  # a child that cannot be had (reconcile.py), with why
     # The RayCluster's spec.suspend is set, and not by this operator (Kueue preempting it, an admin).
     suspended_by_other: bool = False
 
@@ -84,7 +94,7 @@ class Event(NamedTuple):
     message: str
 
 
-class _Updates(dict[ConditionType, Optional[_Cond]]):
+class _Updates(dict[ConditionType, _Cond | None]):
     """Condition updates of one round: a value sets the condition, None removes it."""
 
     def set(self, type_: ConditionType, status: bool, reason: Reason, message: str = "") -> None:
@@ -97,8 +107,8 @@ class _Updates(dict[ConditionType, Optional[_Cond]]):
 _ORDER = list(ConditionType)
 
 
-def compute_status(*, name: str, spec: Optional[RLJobSpec], generation: Optional[int],
-                   observed: Observations, restart_count: int, previous: Optional[Mapping[str, Any]],
+def compute_status(*, name: str, spec: RLJobSpec | None, generation: int | None,
+                   observed: Observations, restart_count: int, previous: Mapping[str, Any] | None,
                    now: datetime) -> dict[str, Any]:
     """The status the RLJob should have now, as the camelCase dict to write.
 
@@ -168,7 +178,7 @@ def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
 
 
 def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, restart_count: int,
-            prev: RLJobStatus, failure: Optional[tuple[Reason, str]]) -> tuple[Phase, _Updates]:
+            prev: RLJobStatus, failure: tuple[Reason, str] | None) -> tuple[Phase, _Updates]:
     """Phase and conditions for a valid spec, under the rule that decided (rules.py)."""
     out = _Updates()
     cluster_name = naming.ray_cluster_name(name)
@@ -264,7 +274,7 @@ def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, rest
     return Phase.PROVISIONING, out
 
 
-def _cluster_conditions(out: _Updates, spec: RLJobSpec, cluster: Optional[Mapping[str, Any]],
+def _cluster_conditions(out: _Updates, spec: RLJobSpec, cluster: Mapping[str, Any] | None,
                         cluster_name: str, *, suspended: bool) -> tuple[bool, bool]:
     """Sets ClusterReady from KubeRay's RayCluster status (and its spec.suspend, `suspended`,
     which KubeRay's status follows a moment later); returns (ready, waiting for Kueue)."""
@@ -293,7 +303,7 @@ def _cluster_conditions(out: _Updates, spec: RLJobSpec, cluster: Optional[Mappin
     return False, False
 
 
-def _failure(job: Optional[RayJobObservation], lost_pods: Sequence[str]) -> Optional[tuple[Reason, str]]:
+def _failure(job: RayJobObservation | None, lost_pods: Sequence[str]) -> tuple[Reason, str] | None:
     """Why the current attempt failed, or None; a finished (succeeded) job has nothing left to lose."""
     if job is not None and job.status is RayJobStatus.FAILED:
         return Reason.RAY_JOB_FAILED, f"Ray job {job.submission_id} failed: {job.message or 'no message'}"
@@ -305,7 +315,7 @@ def _failure(job: Optional[RayJobObservation], lost_pods: Sequence[str]) -> Opti
 
 
 def _merge_conditions(prev: RLJobStatus, new: _Updates,
-                      generation: Optional[int], now: datetime) -> list[Condition]:
+                      generation: int | None, now: datetime) -> list[Condition]:
     """New values win; a None value removes the condition; conditions not mentioned carry over.
 
     lastTransitionTime moves only when the True/False status flips, so an unchanged situation
@@ -336,7 +346,7 @@ def shorten(message: str, limit: int = CONDITION_MESSAGE_MAX) -> str:
     return message[: keep // 2] + infix + message[len(message) - (keep - keep // 2):]
 
 
-def _set_progress(status: RLJobStatus, spec: Optional[RLJobSpec], metrics: Optional[Mapping[str, Any]],
+def _set_progress(status: RLJobStatus, spec: RLJobSpec | None, metrics: Mapping[str, Any] | None,
                   prev: RLJobStatus) -> None:
     status.iteration, status.reward = prev.iteration, prev.reward
     status.tokens_per_second_per_device = prev.tokens_per_second_per_device
@@ -351,7 +361,7 @@ def _set_progress(status: RLJobStatus, spec: Optional[RLJobSpec], metrics: Optio
         status.progress = f"{status.iteration or 0}/{status.iterations}"
 
 
-def last_evaluation(metrics: Mapping[str, Any]) -> Optional[LastEvaluation]:
+def last_evaluation(metrics: Mapping[str, Any]) -> LastEvaluation | None:
     """The evaluation a progress record carries (rldock.contract.progress.evaluation_headline), or
     None when the job has not evaluated yet."""
     if not {VAL_ITERATION, VAL_REWARD, VAL_ACCURACY} <= metrics.keys():
@@ -375,7 +385,7 @@ def failed_on_spec(status: RLJobStatus) -> bool:
     return status.phase is Phase.FAILED and failed is not None and failed.reason in _SPEC_FAILURES
 
 
-def parse_status(raw: Optional[Mapping[str, Any]]) -> RLJobStatus:
+def parse_status(raw: Mapping[str, Any] | None) -> RLJobStatus:
     """The previous status; one this operator cannot read (another version wrote it) counts as empty."""
     try:
         return RLJobStatus.model_validate(raw or {})
@@ -387,7 +397,7 @@ def _dump(status: RLJobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def rejected_status(*, previous: Optional[Mapping[str, Any]], message: str, generation: Optional[int],
+def rejected_status(*, previous: Mapping[str, Any] | None, message: str, generation: int | None,
                     now: datetime) -> dict[str, Any]:
     """A short status for when the API server refused the computed one: the phase and counts as
     they were, and SpecValid=False saying why (a refusal that repeats is a spec too large)."""
@@ -408,7 +418,7 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, An
     return {**{key: None for key in old if key not in new}, **new}
 
 
-def status_changed(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> bool:
+def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
     """Whether `new` differs from the stored status (absent and null fields are the same)."""
     return _without_nulls(old or {}) != _without_nulls(new)
 
@@ -428,12 +438,12 @@ _INPUT_EVENTS = {Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
                  Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT}
 
 
-def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[Event]:
+def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[Event]:
     """Events for the transitions between two statuses (none when nothing meaningful changed)."""
     before, after = parse_status(old), parse_status(new)
     events: list[Event] = []
 
-    def became(type_: ConditionType, status: str) -> Optional[Condition]:
+    def became(type_: ConditionType, status: str) -> Condition | None:
         cond, was = after.condition(type_), before.condition(type_)
         if cond is None or cond.status != status:
             return None
@@ -470,7 +480,7 @@ def status_events(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> l
     return events
 
 
-def seconds_until_expiry(*, spec: RLJobSpec, status: Mapping[str, Any], now: datetime) -> Optional[float]:
+def seconds_until_expiry(*, spec: RLJobSpec, status: Mapping[str, Any], now: datetime) -> float | None:
     """Seconds until ttlSecondsAfterFinished deletes a finished RLJob (<= 0: delete now); None: never."""
     parsed = parse_status(status)
     if spec.ttl_seconds_after_finished is None or parsed.completion_time is None:

@@ -226,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
     from rldock.runtime.metrics import headline_key
     from rldock.runtime.rewards import RewardError
+    from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
 
     try:
         trainer = Trainer(cfg, args.output, resume=args.resume, show_progress=not args.no_progress,

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Union
 
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
@@ -34,7 +35,7 @@ class PathKind(Enum):
     MODEL_DIR = "model-dir"  # a Hugging Face format directory: config.json inside
 
 
-Paths = Union[Optional[str], Sequence[Optional[str]]]
+Paths = Union[str | None, Sequence[str | None]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ CHECKS: tuple[PathCheck, ...] = (
 )
 
 
-def function_file(reference: Optional[str]) -> Optional[str]:
+def function_file(reference: str | None) -> str | None:
     """The file part of a user function reference, or None when it names a module.
 
     `rewards/my.py:score` -> `rewards/my.py`; `my_pkg.rewards:score` -> None (imported, not a path).
@@ -86,7 +87,7 @@ def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) 
     return problems
 
 
-def path_problem(path: Path, kind: PathKind) -> Optional[str]:
+def path_problem(path: Path, kind: PathKind) -> str | None:
     """What is wrong with `path` for `kind` (to follow the path in a message), or None."""
     if not path.exists():
         return f"does not exist (nearest existing folder: {_nearest_existing(path)}); {MOUNT_HINT}"
@@ -130,7 +131,7 @@ def _module_level(statements: list[ast.stmt]):
                 yield from _module_level(block)
 
 
-def _definition_problem(path: Path, name: str) -> Optional[str]:
+def _definition_problem(path: Path, name: str) -> str | None:
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError as error:
@@ -165,7 +166,7 @@ def output_problems(output: str | Path) -> list[Problem]:
     return []
 
 
-def preflight(cfg: JobConfig, *, output: Optional[str | Path] = None) -> Optional[JobFailure]:
+def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure | None:
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
     all are there are the checks that read them run (find_local_problems: the model's shape;
     data_file_problems: each data file opens and has the data section's keys;

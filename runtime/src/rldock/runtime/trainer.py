@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import ray
 import torch
@@ -37,8 +37,16 @@ from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.bookkeeping import Bookkeeper
-from rldock.runtime.data import (DataFiles, PromptDataset, PromptSampler, Row, columns_of, load_rows,
-                                 prepare_data_files, tokenizer_corpus)
+from rldock.runtime.data import (
+    DataFiles,
+    PromptDataset,
+    PromptSampler,
+    Row,
+    columns_of,
+    load_rows,
+    prepare_data_files,
+    tokenizer_corpus,
+)
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
 from rldock.runtime.dock.banks import DockBanks

@@ -11,8 +11,14 @@ import yaml
 
 from rldock.config import parse_job_config
 from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
-from rldock.runtime.planning.memory import (GIB, PhaseBytes, activation_bytes, critic_params, plan_critic,
-                                            training_state_bytes)
+from rldock.runtime.planning.memory import (
+    GIB,
+    PhaseBytes,
+    activation_bytes,
+    critic_params,
+    plan_critic,
+    training_state_bytes,
+)
 from rldock.runtime.planning.shapes import load_shape, shape_from_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from twin_fsdp_rank import tiny_model, whole_batch
 
 RANK_SCRIPT = Path(__file__).with_name("twin_fsdp_rank.py")

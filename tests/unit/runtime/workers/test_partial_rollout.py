@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
-from dock_doubles import OneBatchDock
 from rldock.runtime.engines.vllm_rollout import Completion
-from rldock.runtime.workers.partial_rollout import (PartialRollout, behaviour_logprobs, complete, continuation_prompt,
-                                                    is_cut, joined, partial_metrics, response_columns)
+from rldock.runtime.workers.partial_rollout import (
+    PartialRollout,
+    behaviour_logprobs,
+    complete,
+    continuation_prompt,
+    is_cut,
+    joined,
+    partial_metrics,
+    response_columns,
+)
 
 EOS, PAD = 2, 0
 

@@ -4,6 +4,7 @@ with the reward model's own tokenizer and classifier, and writes rm_score (B,) t
 from __future__ import annotations
 
 import torch
+from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
@@ -11,8 +12,6 @@ from rldock.runtime.models.loading import encode_prompts
 from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.models.tiny import train_char_tokenizer
 from rldock.runtime.workers.reward_model import RewardModelWorker, sample_texts
-
-from dock_doubles import OneBatchDock
 
 TEXTS = ["3+4=", "12+30=", "7", "42", "abc"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
@@ -14,8 +15,6 @@ from rldock.runtime.data import Columns, Row, load_rows
 from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.reward import RewardWorker
-
-from dock_doubles import OneBatchDock
 
 EOS, PAD = 1, 0
 

@@ -10,8 +10,8 @@ it), not an `if` in the trainer.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
 
 import torch
 
@@ -23,10 +23,24 @@ from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
 from rldock.runtime.dataflow import PARTIAL_ROLLOUT, POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RM_SCORE
-from rldock.runtime.states import (ACTOR, ACTOR_INFERENCE, ADVANTAGE_STATE, CRITIC, CRITIC_INFERENCE, CRITIC_UPDATE,
-                                   PREFERENCE_UPDATE, REFERENCE_INFERENCE, REWARD_MODEL, REWARD_STATE, ROLLOUT,
-                                   SAMPLE_FILTER, UPDATE, WorkerState, worker_groups)
 from rldock.runtime.registry import Registry
+from rldock.runtime.states import (
+    ACTOR,
+    ACTOR_INFERENCE,
+    ADVANTAGE_STATE,
+    CRITIC,
+    CRITIC_INFERENCE,
+    CRITIC_UPDATE,
+    PREFERENCE_UPDATE,
+    REFERENCE_INFERENCE,
+    REWARD_MODEL,
+    REWARD_STATE,
+    ROLLOUT,
+    SAMPLE_FILTER,
+    UPDATE,
+    WorkerState,
+    worker_groups,
+)
 
 # (batch columns of the advantage state, algorithm spec, generator for any sampling) -> the
 # columns to write back, each with the batch's leading dimension B.

@@ -10,7 +10,7 @@ looks its ground truth up by.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from rldock.config.job import DataSpec
 from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 ALPHABET = "0123456789+="
 
 
-def tokenizer_corpus(rows: Sequence[Row], system_prompt: Optional[str] = None) -> list[str]:
+def tokenizer_corpus(rows: Sequence[Row], system_prompt: str | None = None) -> list[str]:
     """Texts to train the tiny model's tokenizer on: every character of the prompts and answers."""
     texts = [ALPHABET] + ([system_prompt] if system_prompt else [])
     for row in rows:

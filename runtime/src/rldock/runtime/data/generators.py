@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from rldock.config.job import DataSpec, GeneratorSpec
 from rldock.runtime.data.addition import generate_addition

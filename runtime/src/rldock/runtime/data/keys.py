@@ -9,7 +9,8 @@ generated files, written under the configured key) read as before.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class MissingKey(ValueError):

@@ -10,9 +10,9 @@ its `prompt_index`, the one number the dock carries for it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from rldock.config.job import DataSpec
 from rldock.runtime.data.generators import column_names
@@ -31,10 +31,10 @@ class Columns:
 
     prompt: str
     answer: str
-    data_source: Optional[str] = None  # None: the file's stem
-    extra_info: Optional[str] = None
-    chosen: Optional[str] = None
-    rejected: Optional[str] = None
+    data_source: str | None = None  # None: the file's stem
+    extra_info: str | None = None
+    chosen: str | None = None
+    rejected: str | None = None
     pairs_required: bool = False
 
 
@@ -93,7 +93,7 @@ def _file_rows(path: Path, columns: Columns, *, field: str) -> list[Row]:
     return [_row(record, path, line, columns, has_pairs) for line, record in enumerate(records)]
 
 
-def _has_key(record: dict, key: Optional[str]) -> bool:
+def _has_key(record: dict, key: str | None) -> bool:
     if key is None:
         return False
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rldock.config import DataSpec, Problem
 from rldock.runtime.data.keys import MissingKey, read_key
@@ -126,7 +126,7 @@ def _file_problems(path: Path, file_field: str, wanted: list[tuple[str, str]]) -
     return problems
 
 
-def _key_problem(row: dict[str, Any], key: str) -> Optional[str]:
+def _key_problem(row: dict[str, Any], key: str) -> str | None:
     try:
         read_key(row, key)
     except MissingKey as error:

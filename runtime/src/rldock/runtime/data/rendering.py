@@ -10,14 +10,14 @@ tokenizer that adds BOS adds it, as the tiny demo was trained.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import jinja2
 
 from rldock.runtime.data.rows import RawPrompt
 
 
-def render_prompt(prompt: RawPrompt, *, tokenizer, chat_template: str, system_prompt: Optional[str],
+def render_prompt(prompt: RawPrompt, *, tokenizer, chat_template: str, system_prompt: str | None,
                   where: str) -> str:
     """The input text for `prompt`; `where` (file, row) is named in errors."""
     if chat_template == "none":

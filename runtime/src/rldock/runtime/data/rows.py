@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Union
 
 # A prompt as stored in a file: plain text, or chat messages [{"role": ..., "content": ...}].
 RawPrompt = Union[str, list]
@@ -17,8 +17,8 @@ class Row:
     ground_truth: str
     data_source: str
     extra_info: dict = field(default_factory=dict)
-    chosen: Optional[str] = None  # DPO: the preferred response (data.chosen_key)
-    rejected: Optional[str] = None  # DPO: the dispreferred response (data.rejected_key)
+    chosen: str | None = None  # DPO: the preferred response (data.chosen_key)
+    rejected: str | None = None  # DPO: the dispreferred response (data.rejected_key)
     file: str = ""
     line: int = 0  # 0-based row in its file
 

@@ -13,7 +13,7 @@ partly right on one-digit additions and subtractions, nearly never on products.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

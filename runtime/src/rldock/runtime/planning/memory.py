@@ -56,8 +56,8 @@ from dataclasses import asdict, dataclass
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
 from rldock.runtime.algorithms.recipes import job_recipe
-from rldock.runtime.states import memory_models, placement_plan
 from rldock.runtime.planning.shapes import ModelShape
+from rldock.runtime.states import memory_models, placement_plan
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -24,16 +24,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
-from rldock.runtime.training.backend import (OptimizerFactory, WeightIter, WeightPush, reload_after_sleep,
-                                             run_rank_share)
+from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
 from rldock.runtime.workers.stage_loop import StageFn, StageTiming
 
 if TYPE_CHECKING:

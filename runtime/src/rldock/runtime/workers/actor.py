@@ -27,21 +27,25 @@ from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
 from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
-from rldock.runtime.algorithms.kl import kl_clamp_fraction
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
+from rldock.runtime.algorithms.kl import kl_clamp_fraction
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
-from rldock.runtime.engines.policy import (ResponseScores, response_logprobs, response_logprobs_and_entropy,
-                                           sort_by_tokens)
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
+from rldock.runtime.engines.policy import (
+    ResponseScores,
+    response_logprobs,
+    response_logprobs_and_entropy,
+    sort_by_tokens,
+)
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
-from rldock.runtime.models.lora import add_lora, adapters_off, merged_weights
+from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.training.accumulation import accumulate

@@ -13,7 +13,7 @@ do the same arithmetic on the same rewards after two more Ray round trips.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from tensordict import TensorDict
