@@ -12,8 +12,11 @@ setup:
 demo: setup
 	.venv/bin/rldock train examples/grpo-tiny.yaml --output $(OUTPUT) --resume
 
-# The npu twin's unit tests run in a second pytest process (tests/conftest.py says why).
+# The linters first (pyproject.toml configures both), then the tests. The npu twin's unit
+# tests run in a second pytest process (tests/conftest.py says why).
 test: setup
+	.venv/bin/ruff check .
+	.venv/bin/mypy
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)
 
