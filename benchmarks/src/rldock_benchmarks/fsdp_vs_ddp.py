@@ -90,7 +90,7 @@ def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir
     batch = torch.randint(0, vocab, (args.world * args.batch_per_rank, args.seq_len), generator=generator)
     mine = batch[rank * args.batch_per_rank:(rank + 1) * args.batch_per_rank]  # (b, T)
     losses, seconds, state = [], [], None
-    for step in range(args.steps):
+    for _ in range(args.steps):
         start = time.perf_counter()
         loss = trained(input_ids=mine, labels=mine).loss  # token mean; equal tokens per rank
         loss.backward()

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     cursor = ProgressCursor()
     per_poll: dict[str, list[float]] = {"decode": [], "whole": [], "incremental": []}
     answers_agree = True
-    for poll in range(args.polls):
+    for _ in range(args.polls):
         added = _grow(args.lines_per_poll, written, args.progress_every)
         written += args.lines_per_poll
         logs = [log + added for log in logs]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import ANNOTATION_SPEC_HASH, GangScheduler, Phase, RayJobStatus
@@ -69,7 +69,7 @@ class CountRestart:
     pass
 
 
-Action = Union[CreateCluster, DeleteCluster, SuspendCluster, SubmitJob, StopJob, CountRestart]
+Action = CreateCluster | DeleteCluster | SuspendCluster | SubmitJob | StopJob | CountRestart
 
 
 @dataclass(frozen=True)

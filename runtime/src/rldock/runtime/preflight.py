@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Union
 
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
@@ -35,7 +34,7 @@ class PathKind(Enum):
     MODEL_DIR = "model-dir"  # a Hugging Face format directory: config.json inside
 
 
-Paths = Union[str | None, Sequence[str | None]]
+Paths = str | None | Sequence[str | None]
 
 
 @dataclass(frozen=True)

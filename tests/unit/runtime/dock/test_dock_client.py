@@ -377,7 +377,7 @@ def test_balanced_hand_out_levels_tokens_over_ranks(dock: TransferDock) -> None:
     assert [taken[0], taken[1]] == [part.tolist() for part in expected]
     tokens = [sum(lengths[i] for i in taken[r]) for r in (0, 1)]
     assert abs(tokens[0] - tokens[1]) <= 1  # 26 tokens: 13 each
-    for (indices, batch), r in zip(shares, (1, 0)):
+    for (_, batch), r in zip(shares, (1, 0)):
         assert batch["response_mask"].sum().item() == tokens[r]  # the counted tokens are the data
     assert dock.get("balanced", ["response_mask"], rank=0, batch_size=8, balance_ranks=2) is None
     with pytest.raises(ValueError, match="one mode per state"):

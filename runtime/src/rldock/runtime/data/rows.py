@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 # A prompt as stored in a file: plain text, or chat messages [{"role": ..., "content": ...}].
-RawPrompt = Union[str, list]
+RawPrompt = str | list
 
 
 @dataclass(frozen=True)
