@@ -14,6 +14,7 @@ the machine. Needs root.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -172,10 +173,8 @@ def _end_sessions(sessions: list[int]) -> None:
     """SIGTERM, then SIGKILL, every process of the sessions led by `sessions` (our own `ray start`s)."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         for pid in _session_members(sessions):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace
         while _session_members(sessions) and time.monotonic() < deadline:
             time.sleep(0.2)

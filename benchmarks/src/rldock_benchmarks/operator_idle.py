@@ -26,6 +26,7 @@ commit, and reports the ratios:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -116,11 +117,9 @@ def _delete_rljobs(plane: ControlPlane, namespace: str, operator: OperatorProces
     """Delete the RLJobs while the operator runs, so their finalizers come off and the namespace
     can go; best effort (a namespace left Terminating harms nothing but itself)."""
     plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
-    try:
+    with contextlib.suppress(TimeoutError):
         wait_for("the RLJobs deleted", lambda: not plane.kubectl_json("get", "rljobs", "-n", namespace)["items"],
                  timeout=120, interval=2)
-    except TimeoutError:
-        pass
 
 
 def measure(plane: ControlPlane, *, num_rljobs: int, poll_interval: float, window: float, settle: float,

@@ -82,7 +82,7 @@ def run_mode(args, mode: str, rank: int) -> dict:
     for iteration in range(args.iterations):
         tokens = torch.randint(0, vocab, (args.batch, args.seq_len), generator=torch.Generator().manual_seed(iteration))
 
-        def train_step():
+        def train_step(tokens=tokens):
             optimizer.zero_grad(set_to_none=True)
             model(input_ids=tokens, labels=tokens).loss.backward()
             apply_gradients(model, optimizer, mesh, max_grad_norm=1.0)
@@ -134,7 +134,7 @@ def time_swaps(args, resharder, model, optimizer) -> dict:
     plain_h2d = statistics.median(_seconds(lambda: device_side.copy_(host_side)) for _ in range(args.repeats))
     # Swapping in allocates the device memory again (the swap-out gave it back); on CPU that is
     # fresh pages from the kernel, so a copy into a newly allocated buffer is the second baseline.
-    del device_side
+    device_side = None  # its memory back before the fresh allocations below
     fresh_h2d = statistics.median(_seconds(lambda: torch.empty_like(host_side).copy_(host_side))
                                   for _ in range(args.repeats))
     d2h_s, h2d_s = statistics.median(d2h), statistics.median(h2d)

@@ -583,7 +583,7 @@ def _is_http_url(url: str) -> bool:
     """An http or https URL with a host (and, if given, a numeric port)."""
     try:
         parts = urlsplit(url)
-        parts.port  # raises ValueError for a port that is not a number in 0-65535
+        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
     except ValueError:  # e.g. an unclosed IPv6 bracket
         return False
     return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
