@@ -523,7 +523,8 @@ _OPTION_HELP = {
     "path": "a local Hugging Face folder with a one-label sequence-classification model and its tokenizer",
 }
 # `file.py:fn` (any path ending in .py) or `package.module:fn`.
-FUNCTION_REFERENCE = re.compile(r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$")
+FUNCTION_REFERENCE = re.compile(
+    r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$")
 
 
 def reward_problems(reward: RewardSpec) -> list[Problem]:

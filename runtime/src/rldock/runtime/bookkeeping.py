@@ -3,7 +3,8 @@
 After an iteration's stages return, the driver reads the dock's counters (a Ray call to every
 warehouse and the controller host) and appends the record to metrics.jsonl (with an fsync) and
 TensorBoard: a few milliseconds in which no worker has anything to do. With `background` on, these
-(and in synchronous training the staleness call before them) run in one background thread, in the order they were asked for, while the driver draws, resets
+(and in synchronous training the staleness call before them) run in one background thread, in the order they were
+asked for, while the driver draws, resets
 and starts the next iteration; the driver waits for them only where it must (the counters before
 its next write to the dock, every record before a checkpoint commits and when the loop ends, also
 on failure), so every metric is written exactly as before, only later. Without it each call runs
