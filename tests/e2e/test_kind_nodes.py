@@ -49,7 +49,8 @@ def test_pod_gets_devices_env_logs_and_exec(kind_cluster):
     name = f"devices-{uuid.uuid4().hex[:6]}"
     pod = _pod(name, image, devices=2, command=(
         "echo visible=$ASCEND_RT_VISIBLE_DEVICES runtime=$ASCEND_VISIBLE_DEVICES; "
-        "echo memory=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max); "
+        "echo memory=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null "
+        "|| cat /sys/fs/cgroup/memory.max); "
         "id -u; exec sleep 600"))
     plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
     try:

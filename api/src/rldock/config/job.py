@@ -536,7 +536,8 @@ class TrainingSpec(Spec):
     strategy: Literal["ddp", "fsdp"] = Field(
         default="ddp",
         description="Data-parallel wrapper of the actor ranks and the PPO critic ranks. `ddp`: "
-        "every rank holds the whole model, its gradients and AdamW state. `fsdp`: PyTorch FSDP2 (`fully_shard` per decoder layer): each "
+        "every rank holds the whole model, its gradients and AdamW state. `fsdp`: PyTorch FSDP2 "
+        "(`fully_shard` per decoder layer): each "
         "rank keeps 1/data_parallel_size of them and gathers a layer's weights only while computing it "
         "(ZeRO-3); the engine receives the gathered full weights after each update. Needs "
         "tensor_parallel_size 1.",

@@ -169,7 +169,8 @@ def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     return [Problem(
         "resources.devices_per_node",
         f"{what}: with {resources.placement} placement the job needs {plan.num_devices} devices but resources "
-        f"give {cfg.num_devices}; add a device, lower training.data_parallel_size or use resources.placement colocated",
+        f"give {cfg.num_devices}; add a device, lower training.data_parallel_size or use resources.placement "
+        "colocated",
     )]
 
 

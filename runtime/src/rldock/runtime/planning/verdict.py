@@ -58,7 +58,8 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
     gen_tp = cfg.rollout.tensor_parallel_size
     share = "one whole replica per rank" if gen_tp == 1 else f"1/{gen_tp} of the model per device"
     dtype = engine_dtype(cfg)
-    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {dtype}, {share}) exceed rollout.gpu_memory_utilization {cfg.rollout.gpu_memory_utilization} of the "
+    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {dtype}, {share}) exceed rollout.gpu_memory_utilization "
+             f"{cfg.rollout.gpu_memory_utilization} of the "
             f"{device_memory / GIB:.1f} GiB device")
     if weights < 0.9 * device_memory:
         return Verdict(False, "rollout.gpu_memory_utilization",
