@@ -6,7 +6,8 @@ other part of the pipeline (warm-up, sampling, rewards, dock traffic) identical,
 only the real run shows comes from the GRPO updates.
 
     .venv/bin/python -m rldock_benchmarks.learning examples/grpo-tiny.yaml --output runs/learning
-    .venv/bin/python -m rldock_benchmarks.learning examples/ppo-tiny.yaml --output runs/ppo --plot docs/img/ppo-learning.png
+    .venv/bin/python -m rldock_benchmarks.learning examples/ppo-tiny.yaml --output runs/ppo \\
+        --plot docs/img/ppo-learning.png
 
 Any algorithm's config works: the control only sets `algorithm.learning_rate=0` (the policy), so
 whatever else the algorithm trains (PPO's critic) still runs in the control. `--plot` draws both
