@@ -16,6 +16,7 @@ demo: setup
 # tests run in a second pytest process (tests/conftest.py says why).
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)

@@ -30,11 +30,9 @@ RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "e2e: against a real local Kubernetes control plane (built once, ~12 min cold)")
+    config.addinivalue_line("markers", "e2e: against a real local Kubernetes control plane (built once, ~12 min cold)")
     # The kubeconfig skips TLS verification of the throwaway self-signed serving certificate.
-    config.addinivalue_line("filterwarnings",
-                            "ignore::urllib3.exceptions.InsecureRequestWarning")
+    config.addinivalue_line("filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +70,7 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.create_namespace(name)
     yield name
     # No kubelet confirms graceful deletion of bound pods, so they are removed forcibly.
-    control_plane.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force",
-                          check=False)
+    control_plane.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", check=False)
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
@@ -102,8 +99,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     twin = [item for item in items if item.nodeid.startswith(TWIN_TESTS)]
     if not twin or len(twin) == len(items):
         return
-    skip = pytest.mark.skip(reason=f"the npu twin's tests run in a process of their own: "
-                                   f"`python -m pytest {TWIN_TESTS}` (as `make test` does)")
+    skip = pytest.mark.skip(
+        reason=f"the npu twin's tests run in a process of their own: "
+        f"`python -m pytest {TWIN_TESTS}` (as `make test` does)"
+    )
     for item in twin:
         item.add_marker(skip)
 

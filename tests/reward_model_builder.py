@@ -16,9 +16,17 @@ def build_tiny_reward_model(path, *, texts, num_labels: int = 1, constant: float
     from rldock.runtime.models.tiny import train_char_tokenizer
 
     tokenizer = train_char_tokenizer(texts)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                         num_labels=num_labels, rms_norm_eps=1e-12)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        num_labels=num_labels,
+        rms_norm_eps=1e-12,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForSequenceClassification(config)
     if constant is not None:

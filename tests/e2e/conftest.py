@@ -44,8 +44,9 @@ CONTAINERS_OPT_IN = "RLDOCK_E2E_CONTAINERS"  # the kind-style node tests run onl
 
 
 @pytest.fixture(scope="module")
-def node_agent(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str],
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgentDouble]:
+def node_agent(
+    control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NodeAgentDouble]:
     reason = sandbox_unavailable()
     if reason:
         pytest.skip(reason)
@@ -57,8 +58,9 @@ def node_agent(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: 
 
 
 @pytest.fixture
-def scenario(control_plane: ControlPlane, namespace: str, node_agent: NodeAgentDouble,
-             tmp_path: Path) -> Iterator[Scenario]:
+def scenario(
+    control_plane: ControlPlane, namespace: str, node_agent: NodeAgentDouble, tmp_path: Path
+) -> Iterator[Scenario]:
     bind_shared_claim(control_plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path="/mnt/rldock")
     operator: ChartOperator | OperatorProcess
     if chart_available() is None and os.environ.get("RLDOCK_E2E_OPERATOR", "chart") == "chart":
@@ -68,8 +70,9 @@ def scenario(control_plane: ControlPlane, namespace: str, node_agent: NodeAgentD
         operator = OperatorProcess(namespaces=[namespace], kubeconfig=kubeconfig, log_dir=tmp_path)
     with control_plane.api_client() as api, KubeRayDouble(api, namespace=namespace, interval=0.5) as kuberay:
         operator.start()
-        world = Scenario(plane=control_plane, namespace=namespace, agent=node_agent, kuberay=kuberay,
-                         operator=operator, api=api)
+        world = Scenario(
+            plane=control_plane, namespace=namespace, agent=node_agent, kuberay=kuberay, operator=operator, api=api
+        )
         try:
             yield world
         finally:
@@ -81,14 +84,20 @@ def scenario(control_plane: ControlPlane, namespace: str, node_agent: NodeAgentD
 
 def _built_image(name: str) -> tuple[Path, str]:
     """(OCI archive, image reference) of images/build.sh --local-base NAME (cached)."""
-    result = subprocess.run([str(REPO_ROOT / "images" / "build.sh"), "--local-base", name],
-                            check=False, text=True, capture_output=True, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [str(REPO_ROOT / "images" / "build.sh"), "--local-base", name],
+        check=False,
+        text=True,
+        capture_output=True,
+        cwd=REPO_ROOT,
+    )
     if result.returncode == 2:
         pytest.skip(f"images/build.sh cannot build {name} here: {result.stderr.strip().splitlines()[-1]}")
     assert result.returncode == 0, result.stderr[-3000:]
     archive = Path(result.stdout.strip().splitlines()[-1])
-    manifest = subprocess.run(["tar", "-xOf", str(archive), "index.json"], text=True,
-                              capture_output=True, check=True).stdout
+    manifest = subprocess.run(
+        ["tar", "-xOf", str(archive), "index.json"], text=True, capture_output=True, check=True
+    ).stdout
     reference = json.loads(manifest)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"]
     return archive, reference
 
@@ -100,9 +109,11 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
     shared by both at nodes.cluster.SHARED_STORAGE_PATH; yields (control plane, nodes, operator
     image reference)."""
     if os.environ.get(CONTAINERS_OPT_IN) != "1":
-        pytest.skip(f"real containers are opt-in ({CONTAINERS_OPT_IN}=1, or `make test-containers`): their "
-                    "cold builds (kubelet, images) add about 45 minutes on a 2-core machine, which would "
-                    "take `make test` past CI's 90 minutes (e2e/README.md, section Real nodes)")
+        pytest.skip(
+            f"real containers are opt-in ({CONTAINERS_OPT_IN}=1, or `make test-containers`): their "
+            "cold builds (kubelet, images) add about 45 minutes on a 2-core machine, which would "
+            "take `make test` past CI's 90 minutes (e2e/README.md, section Real nodes)"
+        )
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -112,11 +123,12 @@ def kind_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Con
         pytest.skip(f"no Kubernetes control-plane binaries and they cannot be built here: {error}")
     archive, operator_image = _built_image("operator")
     index = uuid.uuid4().int % 200 + 20
-    with NodeNetwork.create(index) as network, \
-            ControlPlane(workdir=tmp_path_factory.mktemp("kind-controlplane"), node_address=network.gateway) as plane:
+    with (
+        NodeNetwork.create(index) as network,
+        ControlPlane(workdir=tmp_path_factory.mktemp("kind-controlplane"), node_address=network.gateway) as plane,
+    ):
         try:
-            nodes = KindNodes(plane, network, images=[archive],
-                              storage_root=tmp_path_factory.mktemp("kind-storage"))
+            nodes = KindNodes(plane, network, images=[archive], storage_root=tmp_path_factory.mktemp("kind-storage"))
         except NodesUnavailable as error:
             pytest.skip(f"kind-style nodes cannot be built here: {error}")
         with nodes:
@@ -155,9 +167,19 @@ def _clean_up(world: Scenario) -> None:
         wait_for("the RLJobs deleted", lambda: not world.items("rljobs"), timeout=60, interval=2)
     except TimeoutError:  # the operator is broken: take its finalizer off, the test has failed anyway
         for job in world.items("rljobs"):
-            world.kubectl("patch", "rljob", job["metadata"]["name"], "--type=merge",
-                          "-p", '{"metadata":{"finalizers":null}}', check=False)
+            world.kubectl(
+                "patch",
+                "rljob",
+                job["metadata"]["name"],
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+                check=False,
+            )
     world.operator.stop()
     world.kubectl("delete", "rayclusters,pods", "--all", "--wait=false", check=False)
-    wait_for("every pod's processes gone", lambda: not world.agent.pids(world.namespace) or not any(
-        world.agent.pids(world.namespace).values()), timeout=60)
+    wait_for(
+        "every pod's processes gone",
+        lambda: not world.agent.pids(world.namespace) or not any(world.agent.pids(world.namespace).values()),
+        timeout=60,
+    )

@@ -30,11 +30,19 @@ def unique(prefix: str) -> str:
 def device_pod(name: str, *, node: str, devices: int) -> dict:
     """A pod asking for `devices` NPUs, pinned to `node` so other tests' nodes don't matter."""
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [{"name": "main", "image": "rldock/none:0", "command": ["true"],
-                            "resources": {"limits": {DEVICE: str(devices)}}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "rldock/none:0",
+                    "command": ["true"],
+                    "resources": {"limits": {DEVICE: str(devices)}},
+                }
+            ],
         },
     }
 
@@ -45,29 +53,41 @@ def ray_container(name: str) -> dict:
 
 def raycluster(name: str, *, replicas: object) -> dict:
     return {
-        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name},
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name},
         "spec": {
-            "headGroupSpec": {"rayStartParams": {},
-                              "template": {"spec": {"containers": [ray_container("ray-head")]}}},
-            "workerGroupSpecs": [{
-                "groupName": "workers", "replicas": replicas, "minReplicas": 0, "maxReplicas": 4,
-                "rayStartParams": {},
-                "template": {"spec": {"containers": [ray_container("ray-worker")]}},
-            }],
+            "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [ray_container("ray-head")]}}},
+            "workerGroupSpecs": [
+                {
+                    "groupName": "workers",
+                    "replicas": replicas,
+                    "minReplicas": 0,
+                    "maxReplicas": 4,
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [ray_container("ray-worker")]}},
+                }
+            ],
         },
     }
 
 
 def rljob(name: str, *, iterations: object = 3) -> dict:
     return {
-        "apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
+        "apiVersion": "rldock.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
         "spec": {
             "job": {
                 "iterations": iterations,
                 "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
-                "algorithm": {"num_prompts_per_iteration": 8, "num_responses_per_prompt": 4,
-                              "max_prompt_length": 8, "max_response_length": 6,
-                              "learning_rate": 3e-4},
+                "algorithm": {
+                    "num_prompts_per_iteration": 8,
+                    "num_responses_per_prompt": 4,
+                    "max_prompt_length": 8,
+                    "max_response_length": 6,
+                    "learning_rate": 3e-4,
+                },
                 "resources": {"num_nodes": 1, "devices_per_node": 8},
             },
             "checkpoint": {"claimName": "rl-checkpoints"},
@@ -87,8 +107,7 @@ def test_namespace_and_configmap_round_trip(control_plane: ControlPlane, namespa
 
 
 def test_non_admin_user_is_authenticated_but_not_authorized(control_plane: ControlPlane) -> None:
-    result = control_plane.kubectl("get", "pods", "-n", "default", user=DEVELOPER_USER,
-                                   check=False)
+    result = control_plane.kubectl("get", "pods", "-n", "default", user=DEVELOPER_USER, check=False)
     assert result.returncode != 0
     assert 'User "developer" cannot list resource "pods"' in result.stderr
 
@@ -105,7 +124,8 @@ def test_emulated_node_advertises_devices(emulated_nodes) -> None:
 
 
 def test_scheduler_binds_fitting_pod_and_leaves_oversized_pending(
-        control_plane: ControlPlane, namespace: str, emulated_nodes) -> None:
+    control_plane: ControlPlane, namespace: str, emulated_nodes
+) -> None:
     node = unique("npu")
     emulated_nodes(node, devices=8)
     with control_plane.api_client() as api_client:
@@ -113,14 +133,16 @@ def test_scheduler_binds_fitting_pod_and_leaves_oversized_pending(
         core.create_namespaced_pod(namespace, device_pod("fits", node=node, devices=8))
         core.create_namespaced_pod(namespace, device_pod("too-big", node=node, devices=16))
 
-        bound = wait_for("pod fits bound", lambda: core.read_namespaced_pod(
-            "fits", namespace).spec.node_name, timeout=60)
+        bound = wait_for(
+            "pod fits bound", lambda: core.read_namespaced_pod("fits", namespace).spec.node_name, timeout=60
+        )
         assert bound == node
 
         def unschedulable():
             pod = core.read_namespaced_pod("too-big", namespace)
-            return next((c for c in pod.status.conditions or []
-                         if c.type == "PodScheduled" and c.status == "False"), None)
+            return next(
+                (c for c in pod.status.conditions or [] if c.type == "PodScheduled" and c.status == "False"), None
+            )
 
         condition = wait_for("pod too-big marked unschedulable", unschedulable, timeout=60)
         pod = core.read_namespaced_pod("too-big", namespace)
@@ -129,30 +151,31 @@ def test_scheduler_binds_fitting_pod_and_leaves_oversized_pending(
         assert f"Insufficient {DEVICE}" in condition.message
 
 
-def test_kuberay_schema_refuses_wrong_type(control_plane: ControlPlane, kuberay_crds: list[str],
-                                           namespace: str) -> None:
+def test_kuberay_schema_refuses_wrong_type(
+    control_plane: ControlPlane, kuberay_crds: list[str], namespace: str
+) -> None:
     assert "rayclusters.ray.io" in kuberay_crds
-    good = control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                                 input=json.dumps(raycluster("good", replicas=2)))
+    good = control_plane.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(raycluster("good", replicas=2)))
     assert "created" in good.stdout
     # Server side, as the operator's client sends it (no client-side validation).
     with control_plane.api_client() as api_client:
         custom = client.CustomObjectsApi(api_client)
         with pytest.raises(client.ApiException) as refused:
-            custom.create_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters",
-                                                   raycluster("bad", replicas="two"))
+            custom.create_namespaced_custom_object(
+                "ray.io", "v1", namespace, "rayclusters", raycluster("bad", replicas="two")
+            )
     assert refused.value.status == 422
     message = json.loads(refused.value.body)["message"]
     assert "spec.workerGroupSpecs.replicas in body must be of type integer" in message, message
     # Through kubectl, whose client-side validation uses the schema the server publishes.
-    bad = control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                                input=json.dumps(raycluster("bad", replicas="two")), check=False)
+    bad = control_plane.kubectl(
+        "create", "-n", namespace, "-f", "-", input=json.dumps(raycluster("bad", replicas="two")), check=False
+    )
     assert bad.returncode != 0
     assert "spec.workerGroupSpecs[0].replicas" in bad.stderr and "integer" in bad.stderr, bad.stderr
 
 
-def test_rljob_crd_installs_and_serves(control_plane: ControlPlane, rljob_crd: list[str],
-                                       namespace: str) -> None:
+def test_rljob_crd_installs_and_serves(control_plane: ControlPlane, rljob_crd: list[str], namespace: str) -> None:
     assert rljob_crd == ["rljobs.rldock.io"]
     empty = control_plane.kubectl("get", "rljobs", "-n", namespace)
     assert empty.returncode == 0
@@ -160,8 +183,9 @@ def test_rljob_crd_installs_and_serves(control_plane: ControlPlane, rljob_crd: l
     table = control_plane.kubectl("get", "rljobs", "-n", namespace).stdout.split()
     for column in ("NAME", "PHASE", "ITERATION", "REWARD", "TPS", "AGE", "tiny"):
         assert column in table, table
-    bad = control_plane.kubectl("create", "-n", namespace, "-f", "-",
-                                input=json.dumps(rljob("bad", iterations="many")), check=False)
+    bad = control_plane.kubectl(
+        "create", "-n", namespace, "-f", "-", input=json.dumps(rljob("bad", iterations="many")), check=False
+    )
     assert bad.returncode != 0
     assert "spec.job.iterations" in bad.stderr, bad.stderr
 
@@ -170,10 +194,8 @@ def test_garbage_collector_deletes_dependents(control_plane: ControlPlane, names
     with control_plane.api_client() as api_client:
         core = client.CoreV1Api(api_client)
         owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
-        owner_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
-                     "uid": owner.metadata.uid}
-        core.create_namespaced_config_map(
-            namespace, {"metadata": {"name": "child", "ownerReferences": [owner_ref]}})
+        owner_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": "child", "ownerReferences": [owner_ref]}})
         core.delete_namespaced_config_map("owner", namespace)
 
         def child_gone() -> bool:
@@ -203,14 +225,15 @@ def _read_line(process: subprocess.Popen, timeout: float) -> str:
     return process.stdout.readline()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
-                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
-def test_no_process_left_when_interrupted(control_plane: ControlPlane, tmp_path: Path,
-                                          signum: int) -> None:
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"]
+)
+def test_no_process_left_when_interrupted(control_plane: ControlPlane, tmp_path: Path, signum: int) -> None:
     """A test run stopped by Ctrl-C, by SIGTERM or by SIGKILL leaves no server running."""
     with open(tmp_path / "child.log", "w") as log:
-        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cp")],
-                                 stdout=subprocess.PIPE, stderr=log, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(tmp_path / "cp")], stdout=subprocess.PIPE, stderr=log, text=True
+        )
         try:
             line = _read_line(child, timeout=300)
             assert line, (tmp_path / "child.log").read_text()[-3000:]

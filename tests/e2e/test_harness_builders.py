@@ -37,24 +37,36 @@ LIST_MAP = {
     "type": "array",
     "x-kubernetes-list-type": "map",
     "x-kubernetes-list-map-keys": ["containerPort", "protocol"],
-    "items": {"type": "object", "required": ["containerPort"], "properties": {
-        "containerPort": {"type": "integer"},
-        "protocol": {"type": "string", "default": "TCP"},
-        "name": {"type": "string"},
-    }},
+    "items": {
+        "type": "object",
+        "required": ["containerPort"],
+        "properties": {
+            "containerPort": {"type": "integer"},
+            "protocol": {"type": "string", "default": "TCP"},
+            "name": {"type": "string"},
+        },
+    },
 }
 
 
-@pytest.mark.parametrize("schema, expected", [
-    ({"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf"}]},
-     {"type": "string"}),
-    ({"type": "string", "default": ""}, {"type": "string"}),
-    ({"type": "string", "default": "x"}, {"type": "string", "default": "x"}),
-    (LIST_MAP, LIST_MAP),  # the key without a default is already required: unchanged
-    ({**LIST_MAP, "x-kubernetes-list-map-keys": ["name"]},
-     {**LIST_MAP, "x-kubernetes-list-map-keys": ["name"],
-      "items": {**LIST_MAP["items"], "required": ["containerPort", "name"]}}),
-], ids=["cel", "empty-default", "real-default", "keys-required", "key-made-required"])
+@pytest.mark.parametrize(
+    "schema, expected",
+    [
+        ({"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf"}]}, {"type": "string"}),
+        ({"type": "string", "default": ""}, {"type": "string"}),
+        ({"type": "string", "default": "x"}, {"type": "string", "default": "x"}),
+        (LIST_MAP, LIST_MAP),  # the key without a default is already required: unchanged
+        (
+            {**LIST_MAP, "x-kubernetes-list-map-keys": ["name"]},
+            {
+                **LIST_MAP,
+                "x-kubernetes-list-map-keys": ["name"],
+                "items": {**LIST_MAP["items"], "required": ["containerPort", "name"]},
+            },
+        ),
+    ],
+    ids=["cel", "empty-default", "real-default", "keys-required", "key-made-required"],
+)
 def test_downgrade_for_1_20(schema: dict, expected: dict) -> None:
     crd = {"spec": {"versions": [{"schema": {"openAPIV3Schema": schema}}]}}
     out = downgrade_for_1_20(crd)
@@ -78,8 +90,12 @@ def test_downgrade_of_kuberay_crds_leaves_nothing_1_20_refuses() -> None:
 def test_emulated_node_objects() -> None:
     manifest = node_manifest("npu-3", labels={"pool": "a"})
     assert manifest["metadata"]["labels"] == {
-        "kubernetes.io/hostname": "npu-3", "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64", **ASCEND_NODE_LABELS, "pool": "a"}
+        "kubernetes.io/hostname": "npu-3",
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **ASCEND_NODE_LABELS,
+        "pool": "a",
+    }
     status = node_status("npu-3", device_resource="huawei.com/Ascend910", num_devices=16)
     assert status["capacity"] == status["allocatable"]
     assert status["allocatable"]["huawei.com/Ascend910"] == "16"
@@ -90,37 +106,81 @@ def test_emulated_node_objects() -> None:
 
 # ----- the KubeRay double's pods (e2e/src/rldock_e2e/doubles/kuberay_pods.py) -----------------------------------
 
+
 def _cluster(worker_params: dict, *, worker_limits: dict) -> dict:
     def template(name: str, limits: dict) -> dict:
-        return {"spec": {"containers": [{"name": name, "image": "img", "resources": {"limits": limits},
-                                          "env": [{"name": "MINE", "value": "1"}],
-                                          "volumeMounts": [{"name": "cfg", "mountPath": "/etc/rldock"}]}],
-                         "volumes": [{"name": "cfg", "configMap": {"name": "c"}}]}}
-    return {"metadata": {"name": "demo", "namespace": "team-a", "uid": "u-1"},
-            "spec": {"headGroupSpec": {"rayStartParams": {"num-cpus": "2", "dashboard-host": "0.0.0.0"},
-                                       "template": template("ray-head", {"cpu": "2", "memory": "4Gi"})},
-                     "workerGroupSpecs": [{"groupName": "workers", "replicas": 1, "rayStartParams": worker_params,
-                                           "template": template("ray-worker", worker_limits)}]}}
+        return {
+            "spec": {
+                "containers": [
+                    {
+                        "name": name,
+                        "image": "img",
+                        "resources": {"limits": limits},
+                        "env": [{"name": "MINE", "value": "1"}],
+                        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/rldock"}],
+                    }
+                ],
+                "volumes": [{"name": "cfg", "configMap": {"name": "c"}}],
+            }
+        }
+
+    return {
+        "metadata": {"name": "demo", "namespace": "team-a", "uid": "u-1"},
+        "spec": {
+            "headGroupSpec": {
+                "rayStartParams": {"num-cpus": "2", "dashboard-host": "0.0.0.0"},
+                "template": template("ray-head", {"cpu": "2", "memory": "4Gi"}),
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": "workers",
+                    "replicas": 1,
+                    "rayStartParams": worker_params,
+                    "template": template("ray-worker", worker_limits),
+                }
+            ],
+        },
+    }
 
 
 FQDN = "demo-head-svc.team-a.svc.cluster.local"
 
 
-@pytest.mark.parametrize("head, params, limits, expected", [
-    (True, {"num-cpus": "2", "dashboard-host": "0.0.0.0"}, {"cpu": "2", "memory": "4Gi"},
-     "ray start --head  --block  --dashboard-agent-listen-port=52365  --dashboard-host=0.0.0.0 "
-     " --memory=4294967296  --metrics-export-port=8080  --num-cpus=2 "),
-    # The operator's worker group: the resources JSON carries its own shell quotes.
-    (False, {"resources": "'{\"NPU\": 8}'"}, {"cpu": "500m", "memory": "1Gi", "huawei.com/Ascend910": "8"},
-     f"ray start  --address={FQDN}:6379  --block  --dashboard-agent-listen-port=52365 "
-     " --memory=1073741824  --metrics-export-port=8080  --num-cpus=1  --resources='{\"NPU\": 8}' "),
-    (False, {}, {"cpu": "4", "nvidia.com/gpu": "2"},
-     f"ray start  --address={FQDN}:6379  --block  --dashboard-agent-listen-port=52365 "
-     " --metrics-export-port=8080  --num-cpus=4  --num-gpus=2 "),
-    (False, {}, {"cpu": "4", "google.com/tpu": "4"},
-     f"ray start  --address={FQDN}:6379  --block  --dashboard-agent-listen-port=52365 "
-     " --metrics-export-port=8080  --num-cpus=4  --resources='{\"TPU\":4.0}' "),
-], ids=["head", "worker-npu", "worker-gpu", "worker-tpu"])
+@pytest.mark.parametrize(
+    "head, params, limits, expected",
+    [
+        (
+            True,
+            {"num-cpus": "2", "dashboard-host": "0.0.0.0"},
+            {"cpu": "2", "memory": "4Gi"},
+            "ray start --head  --block  --dashboard-agent-listen-port=52365  --dashboard-host=0.0.0.0 "
+            " --memory=4294967296  --metrics-export-port=8080  --num-cpus=2 ",
+        ),
+        # The operator's worker group: the resources JSON carries its own shell quotes.
+        (
+            False,
+            {"resources": "'{\"NPU\": 8}'"},
+            {"cpu": "500m", "memory": "1Gi", "huawei.com/Ascend910": "8"},
+            f"ray start  --address={FQDN}:6379  --block  --dashboard-agent-listen-port=52365 "
+            " --memory=1073741824  --metrics-export-port=8080  --num-cpus=1  --resources='{\"NPU\": 8}' ",
+        ),
+        (
+            False,
+            {},
+            {"cpu": "4", "nvidia.com/gpu": "2"},
+            f"ray start  --address={FQDN}:6379  --block  --dashboard-agent-listen-port=52365 "
+            " --metrics-export-port=8080  --num-cpus=4  --num-gpus=2 ",
+        ),
+        (
+            False,
+            {},
+            {"cpu": "4", "google.com/tpu": "4"},
+            f"ray start  --address={FQDN}:6379  --block  --dashboard-agent-listen-port=52365 "
+            " --metrics-export-port=8080  --num-cpus=4  --resources='{\"TPU\":4.0}' ",
+        ),
+    ],
+    ids=["head", "worker-npu", "worker-gpu", "worker-tpu"],
+)
 def test_ray_start_line_as_kuberay_writes_it(head, params, limits, expected) -> None:
     cluster = _cluster(params, worker_limits=limits)
     if head:
@@ -166,28 +226,53 @@ def test_workers_wait_for_the_gcs_with_the_ray_containers_env_and_mounts() -> No
 
 # ----- the node agent's pieces: env (pod_env.py) and cluster DNS (cluster_dns.py) ----------------
 
+
 def test_container_env_as_the_kubelet_computes_it() -> None:
     secret = {"s": {"token": base64.b64encode(b"t0k").decode()}}
     config = {"c": {"mode": "fast", "level": "3"}}
-    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"ray.io/cluster": "demo"}},
-           "spec": {"nodeName": "npu-0"}}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"ray.io/cluster": "demo"}},
+        "spec": {"nodeName": "npu-0"},
+    }
     container = {
         "envFrom": [{"configMapRef": {"name": "c"}, "prefix": "CFG_"}],
-        "env": [{"name": "A", "value": "x"}, {"name": "B", "value": "$(A)-$(NOPE)-$$(A)"},
-                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
-                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "mode"}}},
-                {"name": "CLUSTER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
-                {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                {"name": "GONE", "valueFrom": {"secretKeyRef": {"name": "missing", "key": "k", "optional": True}}}],
+        "env": [
+            {"name": "A", "value": "x"},
+            {"name": "B", "value": "$(A)-$(NOPE)-$$(A)"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "mode"}}},
+            {"name": "CLUSTER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "GONE", "valueFrom": {"secretKeyRef": {"name": "missing", "key": "k", "optional": True}}},
+        ],
         "resources": {"limits": {"cpu": "1500m"}},
     }
-    env = container_env(pod, container, config_map=config.get, secret=secret.get, pod_ip="10.244.1.7",
-                        image_env={"PATH": "/bin", "A": "image"})
-    assert env == {"PATH": "/bin", "A": "x", "B": "x-$(NOPE)-$(A)", "TOKEN": "t0k", "MODE": "fast",
-                   "CFG_mode": "fast", "CFG_level": "3", "CLUSTER": "demo", "IP": "10.244.1.7"}
+    env = container_env(
+        pod,
+        container,
+        config_map=config.get,
+        secret=secret.get,
+        pod_ip="10.244.1.7",
+        image_env={"PATH": "/bin", "A": "image"},
+    )
+    assert env == {
+        "PATH": "/bin",
+        "A": "x",
+        "B": "x-$(NOPE)-$(A)",
+        "TOKEN": "t0k",
+        "MODE": "fast",
+        "CFG_mode": "fast",
+        "CFG_level": "3",
+        "CLUSTER": "demo",
+        "IP": "10.244.1.7",
+    }
     with pytest.raises(MissingReference):
-        container_env(pod, {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "missing", "key": "k"}}}]},
-                      config_map=config.get, secret=secret.get)
+        container_env(
+            pod,
+            {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "missing", "key": "k"}}}]},
+            config_map=config.get,
+            secret=secret.get,
+        )
 
 
 def _query(name: str, qtype: int) -> bytes:
@@ -203,23 +288,32 @@ def test_cluster_dns_answers_service_names_only() -> None:
     assert (ident, flags & 0xF, answers) == (0x1234, 0, 1) and reply[-4:] == bytes([10, 244, 1, 2])
     _, flags, _, answers = struct.unpack("!HHHH", dns.answer(_query("demo-head-svc.team-a.svc.cluster.local", 28))[:8])
     assert (flags & 0xF, answers) == (0, 0)  # AAAA of a known name: NOERROR, no address
-    for unknown in ("other.team-a.svc.cluster.local", "demo-head-svc.team-a.svc.cluster.local.team-a.svc.cluster.local",
-                    "pypi.org"):
+    for unknown in (
+        "other.team-a.svc.cluster.local",
+        "demo-head-svc.team-a.svc.cluster.local.team-a.svc.cluster.local",
+        "pypi.org",
+    ):
         _, flags, _, answers = struct.unpack("!HHHH", dns.answer(_query(unknown, 1))[:8])
         assert (flags & 0xF, answers) == (3, 0), unknown  # NXDOMAIN
     assert resolv_conf("10.244.1.1", "team-a").splitlines() == [
-        "search team-a.svc.cluster.local svc.cluster.local cluster.local", "nameserver 10.244.1.1", "options ndots:5"]
+        "search team-a.svc.cluster.local svc.cluster.local cluster.local",
+        "nameserver 10.244.1.1",
+        "options ndots:5",
+    ]
 
 
 def test_service_dns_names_the_first_ready_address_only() -> None:
     """Endpoints as the endpoints controller writes them: a Service whose only pod is not ready
     yet (notReadyAddresses) has no name, as kube-proxy would route it nowhere."""
+
     def endpoints(name, subsets):
         return {"metadata": {"namespace": "ns", "name": name}, "subsets": subsets}
 
-    items = [endpoints("head-svc", [{"addresses": [{"ip": "10.245.1.7"}, {"ip": "10.245.0.3"}]}]),
-             endpoints("starting", [{"notReadyAddresses": [{"ip": "10.245.0.9"}]}]),
-             endpoints("no-pods", None)]
+    items = [
+        endpoints("head-svc", [{"addresses": [{"ip": "10.245.1.7"}, {"ip": "10.245.0.3"}]}]),
+        endpoints("starting", [{"notReadyAddresses": [{"ip": "10.245.0.9"}]}]),
+        endpoints("no-pods", None),
+    ]
     assert ready_addresses(items) == {("ns", "head-svc"): "10.245.1.7"}
 
 
@@ -247,10 +341,9 @@ def test_release_chart_drops_only_the_disabled_dependency_and_renders_the_same(t
     assert yaml.safe_load((copy / "Chart.yaml").read_text())["dependencies"] == []
     values = {"operator": {"watchNamespaces": ["team-a"]}}
     with helm.Chart.load(CHART_DIR) as chart, helm.Chart.load(copy) as chart_copy:
-        assert (_without_generated_secrets(chart_copy.render(values, name="rldock", namespace="rldock-system",
-                                                             is_install=True))
-                == _without_generated_secrets(chart.render(values, name="rldock", namespace="rldock-system",
-                                                           is_install=True)))
+        assert _without_generated_secrets(
+            chart_copy.render(values, name="rldock", namespace="rldock-system", is_install=True)
+        ) == _without_generated_secrets(chart.render(values, name="rldock", namespace="rldock-system", is_install=True))
 
 
 def _without_generated_secrets(files: dict[str, str]) -> dict[str, list]:
@@ -271,15 +364,20 @@ def _without_generated_secrets(files: dict[str, str]) -> dict[str, list]:
 
 
 def test_containers_of_a_pod_as_containerd_lists_them() -> None:
-    pod = {"metadata": {"name": "w"}, "status": {"containerStatuses": [
-        {"name": "ray-worker", "containerID": "containerd://abc123"},
-        {"name": "sidecar"}]}}  # not started yet: no id
+    pod = {
+        "metadata": {"name": "w"},
+        "status": {
+            "containerStatuses": [{"name": "ray-worker", "containerID": "containerd://abc123"}, {"name": "sidecar"}]
+        },
+    }  # not started yet: no id
     assert container_ids(pod) == {"ray-worker": "abc123"}
     assert container_ids({"metadata": {"name": "p"}, "status": {}}) == {}
-    table = ("TASK      PID     STATUS    \n"
-             "abc123    4242    RUNNING   \n"
-             "def456    0       STOPPED   \n"
-             "0a1b2c    17      PAUSED    \n")
+    table = (
+        "TASK      PID     STATUS    \n"
+        "abc123    4242    RUNNING   \n"
+        "def456    0       STOPPED   \n"
+        "0a1b2c    17      PAUSED    \n"
+    )
     assert running_tasks(table) == {"abc123"}
     assert running_tasks("TASK    PID    STATUS    \n") == set()
 
@@ -291,11 +389,25 @@ def test_the_pods_kuberay_makes_from_the_operators_cluster_stay_restricted() -> 
     from rldock.operator.builders import RLJobRef, build_ray_cluster
     from rldock_e2e.pod_security import restricted_violations
 
-    spec = RLJobSpec.model_validate({"job": {
-        "name": "j", "iterations": 1, "model": {"path": "/m"}, "resources": {"num_nodes": 1, "devices_per_node": 2},
-        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 2, "max_prompt_length": 8,
-                      "max_response_length": 8, "learning_rate": 1e-5}, "training": {"data_parallel_size": 2}},
-        "checkpoint": {"claimName": "c"}})
+    spec = RLJobSpec.model_validate(
+        {
+            "job": {
+                "name": "j",
+                "iterations": 1,
+                "model": {"path": "/m"},
+                "resources": {"num_nodes": 1, "devices_per_node": 2},
+                "algorithm": {
+                    "num_prompts_per_iteration": 2,
+                    "num_responses_per_prompt": 2,
+                    "max_prompt_length": 8,
+                    "max_response_length": 8,
+                    "learning_rate": 1e-5,
+                },
+                "training": {"data_parallel_size": 2},
+            },
+            "checkpoint": {"claimName": "c"},
+        }
+    )
     cluster = build_ray_cluster(job=RLJobRef("j", "team-a", "u-1"), spec=spec)
     cluster["metadata"]["uid"] = "c-1"
     for group, head in ((cluster["spec"]["headGroupSpec"], True), (cluster["spec"]["workerGroupSpecs"][0], False)):

@@ -50,9 +50,12 @@ def _rolled_out(plane: ControlPlane) -> bool:
     """Every replica of the chart's default (two, with leader election) updated and available."""
     deployment = _deployment(plane)
     status, wanted = deployment["status"], deployment["spec"]["replicas"]
-    return (status.get("observedGeneration") == deployment["metadata"]["generation"]
-            and status.get("updatedReplicas") == wanted and status.get("availableReplicas") == wanted
-            and status.get("replicas") == wanted)
+    return (
+        status.get("observedGeneration") == deployment["metadata"]["generation"]
+        and status.get("updatedReplicas") == wanted
+        and status.get("availableReplicas") == wanted
+        and status.get("replicas") == wanted
+    )
 
 
 def _wait_rolled_out(plane: ControlPlane, what: str) -> None:
@@ -103,8 +106,22 @@ def test_install_upgrade_uninstall_keeps_the_crd(kind_cluster, release: HelmRele
     assert [(r["revision"], r["status"]) for r in history] == [(1, "superseded"), (2, "deployed")], history
 
     release.uninstall()
-    wait_for("the release's objects gone", lambda: not plane.kubectl(
-        "get", "deployment,serviceaccount,role,rolebinding", "-n", RELEASE_NAMESPACE, "-l",
-        "app.kubernetes.io/instance=rldock", "-o", "name").stdout.strip(), timeout=120, interval=1.0)
+    wait_for(
+        "the release's objects gone",
+        lambda: (
+            not plane.kubectl(
+                "get",
+                "deployment,serviceaccount,role,rolebinding",
+                "-n",
+                RELEASE_NAMESPACE,
+                "-l",
+                "app.kubernetes.io/instance=rldock",
+                "-o",
+                "name",
+            ).stdout.strip()
+        ),
+        timeout=120,
+        interval=1.0,
+    )
     # helm.sh/resource-policy: keep -- the RLJobs (and their checkpoints) outlive the release
     assert json.loads(plane.kubectl("get", "crd", CRD, "-o", "json").stdout)["metadata"]["name"] == CRD

@@ -32,14 +32,20 @@ def test_nodes_join_ready_with_their_devices(kind_cluster):
 
 def _pod(name: str, image: str, *, devices: int, command: str) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{
-                "name": "main", "image": image, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", command],
-                "resources": {"limits": {DEVICE_RESOURCE: str(devices), "memory": "256Mi", "cpu": "500m"}},
-            }],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", command],
+                    "resources": {"limits": {DEVICE_RESOURCE: str(devices), "memory": "256Mi", "cpu": "500m"}},
+                }
+            ],
         },
     }
 
@@ -47,11 +53,17 @@ def _pod(name: str, image: str, *, devices: int, command: str) -> dict:
 def test_pod_gets_devices_env_logs_and_exec(kind_cluster):
     plane, _, image = kind_cluster
     name = f"devices-{uuid.uuid4().hex[:6]}"
-    pod = _pod(name, image, devices=2, command=(
-        "echo visible=$ASCEND_RT_VISIBLE_DEVICES runtime=$ASCEND_VISIBLE_DEVICES; "
-        "echo memory=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null "
-        "|| cat /sys/fs/cgroup/memory.max); "
-        "id -u; exec sleep 600"))
+    pod = _pod(
+        name,
+        image,
+        devices=2,
+        command=(
+            "echo visible=$ASCEND_RT_VISIBLE_DEVICES runtime=$ASCEND_VISIBLE_DEVICES; "
+            "echo memory=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null "
+            "|| cat /sys/fs/cgroup/memory.max); "
+            "id -u; exec sleep 600"
+        ),
+    )
     plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
     try:
         wait_for(

@@ -61,8 +61,9 @@ START_TIMEOUT = 1200
 RUN_TIMEOUT = 1200
 
 
-def _fitted_example(devices: int, *, name: str = NAME, iterations: int | None = None,
-                    checkpoint_interval: int | None = None) -> dict:
+def _fitted_example(
+    devices: int, *, name: str = NAME, iterations: int | None = None, checkpoint_interval: int | None = None
+) -> dict:
     """examples/rljob-tiny.yaml with pods that fit the 2-CPU kind-style nodes: head and worker
     1500m each, so never on one node, either beside the operator's 100m (the operator gives the
     head's Ray floor(1.5) = 1 CPU, KubeRay the worker's ceil(1.5) = 2, what one actor and one

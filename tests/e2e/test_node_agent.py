@@ -37,35 +37,52 @@ def agent(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
 
 def _pod(name: str, script: str, **spec) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{
-                "name": "main", "image": "none", "command": ["/bin/bash", "-lc", "--"], "args": [script],
-                "env": [{"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "none",
+                    "command": ["/bin/bash", "-lc", "--"],
+                    "args": [script],
+                    "env": [
+                        {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
                         {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                        {"name": "GREETING", "value": "hello $(MY_IP)"}],
-                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/agent-test", "readOnly": True},
-                                 {"name": "shared", "mountPath": "/agent-shared"}],
-            }],
-            "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}},
-                        {"name": "shared", "hostPath": {"path": "/data/agent", "type": "DirectoryOrCreate"}}],
+                        {"name": "GREETING", "value": "hello $(MY_IP)"},
+                    ],
+                    "volumeMounts": [
+                        {"name": "cfg", "mountPath": "/etc/agent-test", "readOnly": True},
+                        {"name": "shared", "mountPath": "/agent-shared"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "cfg"}},
+                {"name": "shared", "hostPath": {"path": "/data/agent", "type": "DirectoryOrCreate"}},
+            ],
             **spec,
         },
     }
 
 
-def test_pod_runs_with_volumes_env_and_its_own_address(control_plane: ControlPlane, namespace: str,
-                                                       agent: NodeAgentDouble) -> None:
+def test_pod_runs_with_volumes_env_and_its_own_address(
+    control_plane: ControlPlane, namespace: str, agent: NodeAgentDouble
+) -> None:
     core = client.CoreV1Api(control_plane.api_client())
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "cfg"}, "data": {"job.yaml": "x: 1\n"}})
     core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}, "stringData": {"token": "t0ken"}})
-    core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
-        "selector": {"app": "web"}, "ports": [{"port": 8080}]}})
-    script = ("cat /etc/agent-test/job.yaml; echo \"$FROM_SECRET $GREETING $(hostname)\"; which python; "
-              "test -d \"$HOME/.cache\" && echo image-home-visible; "
-              f"echo written > /agent-shared/out.txt; until getent hosts web.{namespace}.svc.cluster.local; "
-              "do sleep 0.2; done; exec python -m http.server 8080")
+    core.create_namespaced_service(
+        namespace, {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080}]}}
+    )
+    script = (
+        'cat /etc/agent-test/job.yaml; echo "$FROM_SECRET $GREETING $(hostname)"; which python; '
+        'test -d "$HOME/.cache" && echo image-home-visible; '
+        f"echo written > /agent-shared/out.txt; until getent hosts web.{namespace}.svc.cluster.local; "
+        "do sleep 0.2; done; exec python -m http.server 8080"
+    )
     core.create_namespaced_pod(namespace, _pod("web", script))
 
     def running() -> dict | None:
@@ -101,8 +118,14 @@ def test_exit_codes_and_phases(control_plane: ControlPlane, namespace: str, agen
     core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}, "stringData": {"token": "t"}})
     core.create_namespaced_pod(namespace, _pod("ok", "exit 0"))
     core.create_namespaced_pod(namespace, _pod("bad", "exit 3"))
-    core.create_namespaced_pod(namespace, _pod("missing", "exit 0", volumes=[
-        {"name": "cfg", "configMap": {"name": "no-such-map"}}, {"name": "shared", "emptyDir": {}}]))
+    core.create_namespaced_pod(
+        namespace,
+        _pod(
+            "missing",
+            "exit 0",
+            volumes=[{"name": "cfg", "configMap": {"name": "no-such-map"}}, {"name": "shared", "emptyDir": {}}],
+        ),
+    )
 
     def phase(name: str) -> str:
         return control_plane.kubectl_json("get", "pod", name, "-n", namespace)["status"].get("phase", "")
@@ -113,8 +136,11 @@ def test_exit_codes_and_phases(control_plane: ControlPlane, namespace: str, agen
     assert bad["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
     missing = control_plane.kubectl_json("get", "pod", "missing", "-n", namespace)
     assert missing["status"]["phase"] == "Pending"
-    waiting = wait_for("missing waits for its ConfigMap", lambda: control_plane.kubectl_json(
-        "get", "pod", "missing", "-n", namespace)["status"].get("containerStatuses"), timeout=30)
+    waiting = wait_for(
+        "missing waits for its ConfigMap",
+        lambda: control_plane.kubectl_json("get", "pod", "missing", "-n", namespace)["status"].get("containerStatuses"),
+        timeout=30,
+    )
     assert waiting[0]["state"]["waiting"]["reason"] == "CreateContainerConfigError", json.dumps(waiting)
 
 

@@ -66,8 +66,9 @@ def _checkpoint_iteration(status: dict[str, Any]) -> int:
     return int(last.rsplit("iter-", 1)[1]) if "iter-" in last else 0
 
 
-def _assert_resumed(final: list[dict[str, Any]], before: list[dict[str, Any]], *, checkpoint: int,
-                    iterations: int) -> None:
+def _assert_resumed(
+    final: list[dict[str, Any]], before: list[dict[str, Any]], *, checkpoint: int, iterations: int
+) -> None:
     """Every iteration exactly once, and those up to the checkpoint the interruption left are the
     very records written before it (kept, not recomputed from scratch)."""
     assert [m["iteration"] for m in final] == list(range(1, iterations + 1)), [m["iteration"] for m in final]
@@ -81,8 +82,9 @@ def test_happy_path_from_apply_to_success(scenario: Scenario) -> None:
     assert scenario.row(NAME)["PHASE"] == "Running"
 
     # While it runs, `kubectl get rljobs` shows the iteration count rising, a reward and a TPS.
-    rows = sample(2.0, lambda: scenario.status(NAME).get("phase") != "Running",
-                  lambda: scenario.row(NAME), timeout=RUN_TIMEOUT)
+    rows = sample(
+        2.0, lambda: scenario.status(NAME).get("phase") != "Running", lambda: scenario.row(NAME), timeout=RUN_TIMEOUT
+    )
     running = [r for r in rows if r["PHASE"] == "Running" and _iteration(r) > 0]
     iterations = [_iteration(r) for r in running]
     assert len(set(iterations)) >= 3, rows
@@ -103,10 +105,14 @@ def test_happy_path_from_apply_to_success(scenario: Scenario) -> None:
     assert last - first >= 0.2, (first, last)
 
     # The cluster is released at once; the RLJob itself stays (ttlSecondsAfterFinished: a day).
-    scenario.wait("the RayCluster released", lambda: "No resources found" in scenario.kubectl(
-        "get", "rayclusters").stderr, timeout=60)
-    scenario.wait("its pods and processes gone", lambda: not scenario.ray_pods(NAME) and not scenario.processes(),
-                  timeout=60)
+    scenario.wait(
+        "the RayCluster released",
+        lambda: "No resources found" in scenario.kubectl("get", "rayclusters").stderr,
+        timeout=60,
+    )
+    scenario.wait(
+        "its pods and processes gone", lambda: not scenario.ray_pods(NAME) and not scenario.processes(), timeout=60
+    )
     reasons = {e["reason"] for e in scenario.events(NAME)}
     assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
     assert scenario.get("rljob", NAME) is not None
@@ -135,8 +141,11 @@ def test_invalid_spec_is_refused_or_failed_with_the_field_named(scenario: Scenar
     failed = scenario.condition(name, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
     assert "spec.job.training.data_parallel_size" in failed["message"], failed
-    event = scenario.wait("the InvalidSpec event", lambda: next(
-        (e for e in scenario.events(name) if e["reason"] == "InvalidSpec"), None), timeout=30)
+    event = scenario.wait(
+        "the InvalidSpec event",
+        lambda: next((e for e in scenario.events(name) if e["reason"] == "InvalidSpec"), None),
+        timeout=30,
+    )
     assert event["type"] == "Warning" and "spec.job.training.data_parallel_size" in event["message"]
     time.sleep(3)  # several operator rounds later: still no cluster, no pod
     assert "No resources found" in scenario.kubectl("get", "rayclusters").stderr
@@ -156,8 +165,11 @@ def test_a_path_missing_in_the_pods_fails_at_once_with_the_field_named(scenario:
         volumeMounts=[{"name": "model-card", "mountPath": "/models"}],
         # A Secret's key as env (a pod whose Secret is missing would never start), and the test
         # run's PYTHONPATH, so that the pods run the code under test, as the tests themselves do.
-        env=[{"name": "REWARD_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "reward-api", "key": "token"}}},
-             *_code_under_test()])
+        env=[
+            {"name": "REWARD_API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "reward-api", "key": "token"}}},
+            *_code_under_test(),
+        ],
+    )
     _apply(scenario, manifest)
     scenario.wait_phase(name, "Failed", timeout=START_TIMEOUT)
     status = scenario.get("rljob", name)["status"]
@@ -167,18 +179,27 @@ def test_a_path_missing_in_the_pods_fails_at_once_with_the_field_named(scenario:
     # What the pod saw at /models is the ConfigMap's file: the volume reached the pod.
     assert "spec.job.model.path: /models has no config.json" in failed["message"], failed
     assert "(it holds: README.md)" in failed["message"], failed
-    event = scenario.wait("the PathNotFound event", lambda: next(
-        (e for e in scenario.events(name) if e["reason"] == "PathNotFound"), None), timeout=30)
+    event = scenario.wait(
+        "the PathNotFound event",
+        lambda: next((e for e in scenario.events(name) if e["reason"] == "PathNotFound"), None),
+        timeout=30,
+    )
     assert event["type"] == "Warning" and "spec.job.model.path" in event["message"]
-    scenario.wait("the RayCluster released", lambda: "No resources found" in scenario.kubectl(
-        "get", "rayclusters").stderr, timeout=90)
+    scenario.wait(
+        "the RayCluster released",
+        lambda: "No resources found" in scenario.kubectl("get", "rayclusters").stderr,
+        timeout=90,
+    )
 
 
 def test_unschedulable_job_waits_until_a_node_fits_and_deleting_it_removes_everything(scenario: Scenario) -> None:
     name = "too-big"
     _apply(scenario, _manifest(name, devices_per_node=16))  # the nodes have 8 NPUs
-    condition = scenario.wait("a PodsScheduled=False condition", lambda: (
-        (c := scenario.condition(name, "PodsScheduled")) and c["status"] == "False" and c), timeout=120)
+    condition = scenario.wait(
+        "a PodsScheduled=False condition",
+        lambda: (c := scenario.condition(name, "PodsScheduled")) and c["status"] == "False" and c,
+        timeout=120,
+    )
     assert condition["reason"] == "Unschedulable"
     assert "Insufficient huawei.com/Ascend910" in condition["message"], condition  # the scheduler's words
     assert scenario.row(name)["PHASE"] == "Provisioning"
@@ -196,8 +217,11 @@ def test_unschedulable_job_waits_until_a_node_fits_and_deleting_it_removes_every
 
 
 def _delete_running_job(scenario: Scenario, name: str) -> None:
-    scenario.wait(f"RLJob {name} past its first iteration", lambda: scenario.status(name).get("iteration", 0) >= 1,
-                  timeout=START_TIMEOUT)
+    scenario.wait(
+        f"RLJob {name} past its first iteration",
+        lambda: scenario.status(name).get("iteration", 0) >= 1,
+        timeout=START_TIMEOUT,
+    )
     config_map = scenario.items("configmaps", "-l", f"rldock.io/rljob={name}")
     assert [c["metadata"]["name"] for c in config_map] == [f"{name}-config"]
     pods = scenario.ray_pods(name)
@@ -207,12 +231,17 @@ def _delete_running_job(scenario: Scenario, name: str) -> None:
 
     deleted = scenario.kubectl("delete", "rljob", name, "--timeout=120s")
     assert f'rljob.rldock.io "{name}" deleted' in deleted.stdout
-    scenario.wait("the RayCluster, its pods, the ConfigMap and the Secret gone", lambda: (
-        "No resources found" in scenario.kubectl("get", "rayclusters").stderr
-        and not scenario.ray_pods(name) and not scenario.items("configmaps", "-l", f"rldock.io/rljob={name}")
-        and not scenario.items("secrets", "-l", f"rldock.io/rljob={name}")), timeout=90)
-    scenario.wait("every local process of the job's pods gone", lambda: not scenario.leftovers(namespaces),
-                  timeout=30)
+    scenario.wait(
+        "the RayCluster, its pods, the ConfigMap and the Secret gone",
+        lambda: (
+            "No resources found" in scenario.kubectl("get", "rayclusters").stderr
+            and not scenario.ray_pods(name)
+            and not scenario.items("configmaps", "-l", f"rldock.io/rljob={name}")
+            and not scenario.items("secrets", "-l", f"rldock.io/rljob={name}")
+        ),
+        timeout=90,
+    )
+    scenario.wait("every local process of the job's pods gone", lambda: not scenario.leftovers(namespaces), timeout=30)
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
@@ -221,16 +250,22 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> N
     # a quiet machine finished the run before the worker's loss stopped it.
     name, iterations = "lost-worker", 80
     _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
-    status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4
-                           and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
+    status = scenario.wait(
+        "a checkpoint",
+        lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4 and s.get("phase") == "Running" and s,
+        timeout=START_TIMEOUT,
+    )
     (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
     scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
     before = scenario.metrics(name)
     checkpoint = _checkpoint_iteration(scenario.status(name))
     assert checkpoint >= _checkpoint_iteration(status)
 
-    retrying = scenario.wait("the retry", lambda: scenario.status(name).get("restartCount") == 1
-                             and scenario.condition(name, "Retrying"), timeout=120)
+    retrying = scenario.wait(
+        "the retry",
+        lambda: scenario.status(name).get("restartCount") == 1 and scenario.condition(name, "Retrying"),
+        timeout=120,
+    )
     assert retrying["reason"] == "WorkerPodLost", retrying
     status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
     assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
@@ -252,8 +287,11 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     # ~0.2 s per iteration finished between its checkpoint 4 and the suspend in a CI run.
     name, iterations = "restart", 300
     _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
-    status = scenario.wait(f"RLJob {name} past iteration 2", lambda: (s := scenario.status(name))
-                           and s.get("iteration", 0) >= 2 and s, timeout=START_TIMEOUT)
+    status = scenario.wait(
+        f"RLJob {name} past iteration 2",
+        lambda: (s := scenario.status(name)) and s.get("iteration", 0) >= 2 and s,
+        timeout=START_TIMEOUT,
+    )
     (cluster,) = scenario.items("rayclusters")
     scenario.operator.kill()  # SIGKILL: the chart's pod is restarted by its kubelet, a process by us
     time.sleep(3)  # the job goes on without the operator
@@ -261,12 +299,17 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     if isinstance(scenario.operator, ChartOperator):  # `kubectl get pods` shows the restart
         (pod,) = scenario.items("pods", "-l", scenario.operator.selector)
         assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
-    scenario.wait("the restarted operator reporting progress",
-                  lambda: scenario.status(name).get("iteration", 0) > status["iteration"], timeout=120)
+    scenario.wait(
+        "the restarted operator reporting progress",
+        lambda: scenario.status(name).get("iteration", 0) > status["iteration"],
+        timeout=120,
+    )
     assert [c["metadata"]["uid"] for c in scenario.items("rayclusters")] == [cluster["metadata"]["uid"]]
     # One cluster, one submission, over both operators' lifetimes.
-    counts = {reason: sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == reason)
-              for reason in ("CreatedRayCluster", "SubmittedRayJob")}
+    counts = {
+        reason: sum(e.get("count", 1) for e in scenario.events(name) if e["reason"] == reason)
+        for reason in ("CreatedRayCluster", "SubmittedRayJob")
+    }
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
 
     # Suspend: the cluster is released (suspended, no pods, no processes), the progress kept.
@@ -275,9 +318,15 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     status = scenario.wait_phase(name, "Suspended", timeout=60)
     assert scenario.row(name)["PHASE"] == "Suspended"
-    scenario.wait("the cluster released: suspended, no pods, no processes", lambda: (
-        scenario.items("rayclusters")[0]["spec"]["suspend"] is True and not scenario.ray_pods(name)
-        and not scenario.leftovers(namespaces)), timeout=90)
+    scenario.wait(
+        "the cluster released: suspended, no pods, no processes",
+        lambda: (
+            scenario.items("rayclusters")[0]["spec"]["suspend"] is True
+            and not scenario.ray_pods(name)
+            and not scenario.leftovers(namespaces)
+        ),
+        timeout=90,
+    )
     before = scenario.metrics(name)
     checkpoint = _checkpoint_iteration(scenario.status(name))
     assert status["iteration"] < iterations
@@ -302,8 +351,11 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     manifest["spec"]["maxRestarts"] = 1
     manifest["spec"]["env"] = _code_under_test()
     _apply(scenario, manifest)
-    status = scenario.wait("a checkpoint", lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4
-                           and s.get("phase") == "Running" and s, timeout=START_TIMEOUT)
+    status = scenario.wait(
+        "a checkpoint",
+        lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4 and s.get("phase") == "Running" and s,
+        timeout=START_TIMEOUT,
+    )
     submission = status["rayJobId"]
     (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
     scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
@@ -312,12 +364,24 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     assert checkpoint >= _checkpoint_iteration(status) and len(before) < iterations
 
     # KubeRay replaces the pod; the runtime's restart reserves its devices on the replacement.
-    scenario.wait("a replacement worker pod running", lambda: any(
-        p["metadata"]["name"] != worker["metadata"]["name"] and p["status"].get("phase") == "Running"
-        for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")), timeout=120)
-    log = scenario.wait("the runtime resuming after its restart", lambda: (
-        (text := scenario.driver_log(name)) and "restart 1 of 1" in text
-        and "resuming after iteration" in text.split("restart 1 of 1", 1)[1] and text), timeout=START_TIMEOUT)
+    scenario.wait(
+        "a replacement worker pod running",
+        lambda: any(
+            p["metadata"]["name"] != worker["metadata"]["name"] and p["status"].get("phase") == "Running"
+            for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
+        ),
+        timeout=120,
+    )
+    log = scenario.wait(
+        "the runtime resuming after its restart",
+        lambda: (
+            (text := scenario.driver_log(name))
+            and "restart 1 of 1" in text
+            and "resuming after iteration" in text.split("restart 1 of 1", 1)[1]
+            and text
+        ),
+        timeout=START_TIMEOUT,
+    )
     assert "a worker died" in log, log[-3000:]
     after_restart = log.split("restart 1 of 1", 1)[1]
     resumed_after = int(after_restart.split("resuming after iteration", 1)[1].split()[0])
@@ -325,8 +389,9 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     assert "reserved" in after_restart, after_restart[:3000]  # the devices of the replacement pod
 
     # `kubectl get rljobs` shows the same attempt running on, past where the pod was lost.
-    rows = sample(2.0, lambda: scenario.status(name).get("phase") != "Running",
-                  lambda: scenario.row(name), timeout=RUN_TIMEOUT)
+    rows = sample(
+        2.0, lambda: scenario.status(name).get("phase") != "Running", lambda: scenario.row(name), timeout=RUN_TIMEOUT
+    )
     running = [_iteration(r) for r in rows if r["PHASE"] == "Running"]
     assert any(i > len(before) for i in running), (len(before), rows)
     status = scenario.wait_phase(name, "Succeeded", timeout=60)
@@ -335,8 +400,10 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     assert scenario.condition(name, "Retrying") is None
     _assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
     events = scenario.events(name)
-    counts = {reason: sum(e.get("count", 1) for e in events if e["reason"] == reason)
-              for reason in ("CreatedRayCluster", "SubmittedRayJob", "Retrying")}
+    counts = {
+        reason: sum(e.get("count", 1) for e in events if e["reason"] == reason)
+        for reason in ("CreatedRayCluster", "SubmittedRayJob", "Retrying")
+    }
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1, "Retrying": 0}, counts
 
 
@@ -368,15 +435,19 @@ def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts
     manifest["spec"]["maxRestarts"] = 1
     manifest["spec"]["env"] = _code_under_test()
     _apply(scenario, manifest)
-    scenario.wait(f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2,
-                  timeout=START_TIMEOUT)
+    scenario.wait(
+        f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2, timeout=START_TIMEOUT
+    )
     (pids,) = scenario.agent.pids(scenario.namespace, labels={"ray.io/node-type": "worker"}).values()
     actor = next(pid for pid in pids if _cmdline(pid).startswith("ray::ActorWorker"))
     os.kill(actor, signal.SIGKILL)
     assert len(scenario.metrics(name)) < iterations
 
-    log = scenario.wait("the runtime past its restart", lambda: (text := scenario.driver_log(name))
-                        and _past_in_flight_restart(text) and text, timeout=START_TIMEOUT)
+    log = scenario.wait(
+        "the runtime past its restart",
+        lambda: (text := scenario.driver_log(name)) and _past_in_flight_restart(text) and text,
+        timeout=START_TIMEOUT,
+    )
     assert "a worker died" in log, log[-4000:]
     status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
     assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"

@@ -47,13 +47,16 @@ def _hf_scores(model, prompts: list[list[int]], responses: list[list[int]], pad:
     prompt_ids, prompt_mask = _padded(prompts, max(map(len, prompts)), pad, left=True)
     response_ids, response_mask = _padded(responses, max(map(len, responses)), pad, left=False)
     with torch.no_grad():
-        return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                                 micro_batch_size=4)  # (B, SL)
+        return response_logprobs(
+            model, prompt_ids, prompt_mask, response_ids, response_mask, micro_batch_size=4
+        )  # (B, SL)
 
 
 def _max_gap(completions, scores: torch.Tensor) -> float:
-    return max((torch.tensor(c.logprobs) - scores[row, :len(c.token_ids)]).abs().max().item()
-               for row, (c,) in enumerate(completions))
+    return max(
+        (torch.tensor(c.logprobs) - scores[row, : len(c.token_ids)]).abs().max().item()
+        for row, (c,) in enumerate(completions)
+    )
 
 
 @pytest.mark.parametrize("builder", ARCHITECTURES)
@@ -66,8 +69,14 @@ def test_load_generate_train_and_sync(tmp_path, builder):
     model = load_causal_lm(model_dir, dtype="float32")  # (a) what the actor loads
     prompts = [tokenizer(text)["input_ids"] for text in PROMPT_TEXTS]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    engine = VllmRolloutEngine(model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25), dtype="float32", seed=0,
-                               max_model_len=MAX_MODEL_LEN, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25),
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+        device=detect_device("cpu"),
+    )
     try:
         # (b) vLLM generates from the saved folder, and its logprobs are the HF model's.
         sample = dict(n=1, max_tokens=12, eos_token_id=eos, seed=3, logprobs=True)
@@ -116,8 +125,10 @@ def _tp_rank(rank: int, port: int, model_dir: str, out: str) -> None:
         logits_whole = whole(input_ids=tokens).logits
     gaps["logits"] = (logits_split - logits_whole).abs().max().item()
     whole_params = dict(whole.named_parameters())
-    gaps["params"] = max((p.full_tensor() if hasattr(p, "full_tensor") else p).sub(whole_params[n]).abs().max().item()
-                         for n, p in split.named_parameters())
+    gaps["params"] = max(
+        (p.full_tensor() if hasattr(p, "full_tensor") else p).sub(whole_params[n]).abs().max().item()
+        for n, p in split.named_parameters()
+    )
     gaps["num_split"] = sum(hasattr(p, "full_tensor") for p in split.parameters())
     Path(out, f"rank{rank}.json").write_text(json.dumps(gaps))
     # Every rank's last collective has arrived before any rank tears the group down: a rank that
@@ -151,8 +162,14 @@ def test_seeded_sampling_of_more_prompt_tokens_than_one_engine_step(tmp_path):
     model_dir = _build("tiny-llama", tmp_path / "llama")
     tokenizer = load_tokenizer(model_dir)
     prompt = tokenizer("Sam has 3 apples and buys 5 more. 12+7=19 and 40-2=38")["input_ids"]  # ~55 tokens
-    engine = VllmRolloutEngine(model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25), dtype="float32", seed=0,
-                               max_model_len=MAX_MODEL_LEN, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25),
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+        device=detect_device("cpu"),
+    )
     try:
         out = engine.generate([prompt] * 12, n=8, max_tokens=2, eos_token_id=tokenizer.eos_token_id, seed=1)
     finally:

@@ -19,12 +19,19 @@ G = 4
 
 def job_config(algorithm: dict, *, warmup_steps: int) -> dict:
     return {
-        "name": f"it-{algorithm['name']}", "seed": 2, "iterations": 2,
+        "name": f"it-{algorithm['name']}",
+        "seed": 2,
+        "iterations": 2,
         "model": {"path": str(MODEL), "builder": "tiny-qwen2"},
         "data": {"generator": {"name": "addition", "max_operand": 5}, "chat_template": "none"},
         "warmup": {"steps": warmup_steps, "batch_size": 32},
-        "algorithm": {"num_prompts_per_iteration": G, "max_prompt_length": 8, "max_response_length": 6,
-                      "learning_rate": 1e-4, **algorithm},
+        "algorithm": {
+            "num_prompts_per_iteration": G,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 1e-4,
+            **algorithm,
+        },
         "training": {"data_parallel_size": 2, "micro_batch_size": 8},
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 1, "keep_last": 2},

@@ -27,22 +27,40 @@ ITERATIONS, INTERVAL, PROMPTS = 3, 2, 12
 def evaluated_run(tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("evaluation")
     config = root / "job.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "it-evaluation", "seed": 3, "iterations": ITERATIONS,
-        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
-        "data": {"generator": {"name": "addition", "max_operand": 5, "num_prompts": 200, "num_val_prompts": 64},
-                 "chat_template": "none"},
-        "warmup": {"steps": 20, "batch_size": 32},
-        "algorithm": {"num_prompts_per_iteration": 4, "num_responses_per_prompt": 2, "max_prompt_length": 8,
-                      "max_response_length": 6, "learning_rate": 0.0},
-        "training": {"data_parallel_size": 2, "micro_batch_size": 8},
-        "dock": {"timeout_s": 120},
-        "checkpoint": {"interval": 2},
-        "evaluation": {"interval": INTERVAL, "max_prompts": PROMPTS},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "it-evaluation",
+                "seed": 3,
+                "iterations": ITERATIONS,
+                "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+                "data": {
+                    "generator": {"name": "addition", "max_operand": 5, "num_prompts": 200, "num_val_prompts": 64},
+                    "chat_template": "none",
+                },
+                "warmup": {"steps": 20, "batch_size": 32},
+                "algorithm": {
+                    "num_prompts_per_iteration": 4,
+                    "num_responses_per_prompt": 2,
+                    "max_prompt_length": 8,
+                    "max_response_length": 6,
+                    "learning_rate": 0.0,
+                },
+                "training": {"data_parallel_size": 2, "micro_batch_size": 8},
+                "dock": {"timeout_s": 120},
+                "checkpoint": {"interval": 2},
+                "evaluation": {"interval": INTERVAL, "max_prompts": PROMPTS},
+            }
+        )
+    )
     output = root / "run"
-    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
-                          "--no-progress"], capture_output=True, text=True, timeout=900, check=False)
+    job = subprocess.run(
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert job.returncode == 0, job.stdout + job.stderr
     return output, job.stdout
 
@@ -74,7 +92,7 @@ def test_greedy_evaluation_of_the_same_weights_is_deterministic(evaluated_run):
 
 def test_progress_lines_carry_the_last_evaluation(evaluated_run):
     _, log = evaluated_run
-    lines = [json.loads(line[len(PREFIX):]) for line in log.splitlines() if line.startswith(PREFIX)]
+    lines = [json.loads(line[len(PREFIX) :]) for line in log.splitlines() if line.startswith(PREFIX)]
     assert [(p["iteration"], p["val_iteration"]) for p in lines] == [(1, 0), (2, 2), (3, 3)]
 
 
@@ -93,9 +111,23 @@ def test_tensorboard_events_beside_the_metrics(evaluated_run):
 def test_resuming_the_finished_run_reports_its_last_evaluation(evaluated_run):
     output, _ = evaluated_run
     before = (output / "metrics.jsonl").read_text()
-    again = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(output.parent / "job.yaml"),
-                            "--output", str(output), "--no-progress", "--resume"],
-                           capture_output=True, text=True, timeout=300, check=False)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rldock.runtime.cli",
+            "train",
+            str(output.parent / "job.yaml"),
+            "--output",
+            str(output),
+            "--no-progress",
+            "--resume",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert (output / "metrics.jsonl").read_text() == before
     progress = last_progress(again.stdout.splitlines())

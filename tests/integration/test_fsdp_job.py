@@ -20,14 +20,33 @@ TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 
 def run_job(output: Path, model: Path, *, iterations: int, resume: bool = False) -> list[dict]:
     overrides = {
-        "iterations": iterations, "model.path": str(model), "warmup.steps": 0,
-        "algorithm.num_prompts_per_iteration": 4, "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": 2, "training.strategy": "fsdp", "training.resharding": "allgather_swap",
-        "training.gradient_checkpointing": "true", "rollout.cpu_kv_cache_gib": 0.25, "dock.timeout_s": 120,
-        "checkpoint.interval": 1, "evaluation.interval": 0,
+        "iterations": iterations,
+        "model.path": str(model),
+        "warmup.steps": 0,
+        "algorithm.num_prompts_per_iteration": 4,
+        "algorithm.num_responses_per_prompt": 4,
+        "training.data_parallel_size": 2,
+        "training.strategy": "fsdp",
+        "training.resharding": "allgather_swap",
+        "training.gradient_checkpointing": "true",
+        "rollout.cpu_kv_cache_gib": 0.25,
+        "dock.timeout_s": 120,
+        "checkpoint.interval": 1,
+        "evaluation.interval": 0,
     }
-    command = [sys.executable, "-m", "rldock.runtime.cli", "train", str(ROOT / "examples" / "grpo-tiny.yaml"),
-               "--output", str(output), "--no-progress", "--max-restarts", "0", *(["--resume"] if resume else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "rldock.runtime.cli",
+        "train",
+        str(ROOT / "examples" / "grpo-tiny.yaml"),
+        "--output",
+        str(output),
+        "--no-progress",
+        "--max-restarts",
+        "0",
+        *(["--resume"] if resume else []),
+    ]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)

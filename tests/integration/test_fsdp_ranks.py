@@ -16,8 +16,16 @@ import torch.multiprocessing as mp
 
 pytestmark = pytest.mark.integration
 
-TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, tie_word_embeddings=True, max_position_embeddings=64)
+TINY = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    tie_word_embeddings=True,
+    max_position_embeddings=64,
+)
 WORLD = 2
 
 
@@ -62,14 +70,26 @@ def _batch() -> torch.Tensor:
 def _cfg(**training):
     from rldock.config import parse_job_config
 
-    return parse_job_config({
-        "iterations": 1, "model": {"path": "unused"}, "checkpoint": {"interval": 1},
-        # Never trained as a job: no prompts or rewards are read, but a model of one's own must name them.
-        "data": {"generator": {"name": "addition"}}, "reward": {"terms": [{"name": "digit_match"}]},
-        "algorithm": {"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                      "max_prompt_length": 8, "max_response_length": 8, "learning_rate": 1e-2},
-        "training": {"strategy": "fsdp", "data_parallel_size": WORLD, **training},
-        "resources": {"device": "cpu", "devices_per_node": WORLD}})
+    return parse_job_config(
+        {
+            "iterations": 1,
+            "model": {"path": "unused"},
+            "checkpoint": {"interval": 1},
+            # Never trained as a job: no prompts or rewards are read, but a model of one's own must name them.
+            "data": {"generator": {"name": "addition"}},
+            "reward": {"terms": [{"name": "digit_match"}]},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": 2,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 8,
+                "max_response_length": 8,
+                "learning_rate": 1e-2,
+            },
+            "training": {"strategy": "fsdp", "data_parallel_size": WORLD, **training},
+            "resources": {"device": "cpu", "devices_per_node": WORLD},
+        }
+    )
 
 
 def _fsdp_rank(rank: int, port: int, out_dir: str, training: dict) -> None:
@@ -80,9 +100,8 @@ def _fsdp_rank(rank: int, port: int, out_dir: str, training: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     cfg = _cfg(**training)
     model = _tiny_model(cfg.training.gradient_checkpointing)
-    fsdp = FsdpBackend(cfg, model=model, make_optimizer=_adamw,
-                       device=detect_device("cpu"), rank=rank)
-    mine = _batch()[rank * 2:(rank + 1) * 2]
+    fsdp = FsdpBackend(cfg, model=model, make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
+    mine = _batch()[rank * 2 : (rank + 1) * 2]
     fsdp.model(input_ids=mine, labels=mine).loss.backward()
     grad_norm = fsdp.clip_gradients(1e9)
     fsdp.optimizer.step()
@@ -91,8 +110,10 @@ def _fsdp_rank(rank: int, port: int, out_dir: str, training: dict) -> None:
     metrics = fsdp.drain_metrics()["ledger"]
     fsdp.to_training()  # the next iteration's pass: everything back, training goes on
     loss = float(fsdp.model(input_ids=mine, labels=mine).loss)
-    torch.save({"weights": engine.weights, "ledger": metrics, "grad_norm": grad_norm, "loss": loss},
-               Path(out_dir) / f"rank{rank}.pt")
+    torch.save(
+        {"weights": engine.weights, "ledger": metrics, "grad_norm": grad_norm, "loss": loss},
+        Path(out_dir) / f"rank{rank}.pt",
+    )
     # Every rank's last collective has arrived before any rank tears the group down: a rank that
     # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
     # active exception", SIGABRT, seen once in a CI run).
@@ -117,10 +138,15 @@ def _single_process_step(checkpointing: bool) -> tuple[dict[str, torch.Tensor], 
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}, norm
 
 
-@pytest.mark.parametrize("training", [{"resharding": "allgather_swap"},
-                                      {"resharding": "allgather_swap", "gradient_checkpointing": True},
-                                      {"fsdp_cpu_offload": True}],
-                         ids=["swap", "swap+checkpointing", "cpu_offload"])
+@pytest.mark.parametrize(
+    "training",
+    [
+        {"resharding": "allgather_swap"},
+        {"resharding": "allgather_swap", "gradient_checkpointing": True},
+        {"fsdp_cpu_offload": True},
+    ],
+    ids=["swap", "swap+checkpointing", "cpu_offload"],
+)
 def test_fsdp_step_push_and_swap_on_gloo_ranks(tmp_path, training):
     mp.spawn(_fsdp_rank, args=(_free_port(), str(tmp_path), training), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
@@ -167,9 +193,18 @@ def test_planner_matches_fsdp_ranks_and_fsdp_halves_ddp_on_a_small_llama(tmp_pat
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=8000, hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
-                                 num_key_value_heads=2, intermediate_size=1024, tie_word_embeddings=True,
-                                 max_position_embeddings=512)).save_pretrained(tmp_path / "llama")
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=8000,
+            hidden_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            intermediate_size=1024,
+            tie_word_embeddings=True,
+            max_position_embeddings=512,
+        )
+    ).save_pretrained(tmp_path / "llama")
     _planner_check(["--model-dir", str(tmp_path / "llama"), "--steps", "2", "--threads", "1"])
 
 

@@ -28,13 +28,16 @@ def _hf_scores(model, prompts: list[list[int]], responses: list[list[int]], pad:
         return ids, mask
 
     with torch.no_grad():
-        return response_logprobs(model, *padded(prompts, left=True), *padded(responses, left=False),
-                                 micro_batch_size=4)  # (B, SL)
+        return response_logprobs(
+            model, *padded(prompts, left=True), *padded(responses, left=False), micro_batch_size=4
+        )  # (B, SL)
 
 
 def _max_gap(completions, scores: torch.Tensor) -> float:
-    return max((torch.tensor(c.logprobs) - scores[row, :len(c.token_ids)]).abs().max().item()
-               for row, (c,) in enumerate(completions))
+    return max(
+        (torch.tensor(c.logprobs) - scores[row, : len(c.token_ids)]).abs().max().item()
+        for row, (c,) in enumerate(completions)
+    )
 
 
 def test_tp2_engine_generates_and_takes_full_weights(tiny_model_dir):
@@ -43,8 +46,14 @@ def test_tp2_engine_generates_and_takes_full_weights(tiny_model_dir):
 
     model = load_causal_lm(tiny_model_dir, dtype="float32")
     pad = model.config.pad_token_id
-    engine = VllmRolloutEngine(tiny_model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25, tensor_parallel_size=2),
-                               dtype="float32", seed=0, max_model_len=64, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        tiny_model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25, tensor_parallel_size=2),
+        dtype="float32",
+        seed=0,
+        max_model_len=64,
+        device=detect_device("cpu"),
+    )
     try:
         sample = dict(n=1, max_tokens=8, eos_token_id=model.config.eos_token_id, seed=3, logprobs=True)
         before = engine.sample(PROMPTS, **sample)

@@ -22,8 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 2
 
 # (training TP, DP, generation TP, training strategy) -> the actor ranks expected to hold an engine
-LAYOUTS = {"train-tp1-dp2-gen-tp2": ((1, 2, 2, "ddp"), (0,)), "train-tp2-dp1-gen-tp1": ((2, 1, 1, "ddp"), (0, 1)),
-           "train-fsdp-dp2-gen-tp2": ((1, 2, 2, "fsdp"), (0,))}
+LAYOUTS = {
+    "train-tp1-dp2-gen-tp2": ((1, 2, 2, "ddp"), (0,)),
+    "train-tp2-dp1-gen-tp1": ((2, 1, 1, "ddp"), (0, 1)),
+    "train-fsdp-dp2-gen-tp2": ((1, 2, 2, "fsdp"), (0,)),
+}
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 
 
@@ -31,15 +34,33 @@ def run_job(root: Path, name: str) -> list[dict]:
     (tp, dp, gen_tp, strategy), _ = LAYOUTS[name]
     output = root / name
     overrides = {
-        "iterations": ITERATIONS, "checkpoint.interval": ITERATIONS, "model.path": str(root / "model"),
-        "warmup.steps": 0, "algorithm.num_prompts_per_iteration": 4, "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": dp, "training.tensor_parallel_size": tp, "training.micro_batch_size": 8,
+        "iterations": ITERATIONS,
+        "checkpoint.interval": ITERATIONS,
+        "model.path": str(root / "model"),
+        "warmup.steps": 0,
+        "algorithm.num_prompts_per_iteration": 4,
+        "algorithm.num_responses_per_prompt": 4,
+        "training.data_parallel_size": dp,
+        "training.tensor_parallel_size": tp,
+        "training.micro_batch_size": 8,
         "training.strategy": strategy,
         "training.resharding": "allgather_swap",
-        "rollout.tensor_parallel_size": gen_tp, "rollout.cpu_kv_cache_gib": 0.25, "dock.timeout_s": 300,
+        "rollout.tensor_parallel_size": gen_tp,
+        "rollout.cpu_kv_cache_gib": 0.25,
+        "dock.timeout_s": 300,
     }
-    command = [sys.executable, "-m", "rldock.runtime.cli", "train", str(ROOT / "examples" / "grpo-tiny.yaml"),
-               "--output", str(output), "--no-progress", "--max-restarts", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "rldock.runtime.cli",
+        "train",
+        str(ROOT / "examples" / "grpo-tiny.yaml"),
+        "--output",
+        str(output),
+        "--no-progress",
+        "--max-restarts",
+        "0",
+    ]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
@@ -54,8 +75,10 @@ def root(tmp_path_factory):
 
 # train-tp1-dp2-gen-tp2 is opt-in (`make test-slow`, .ci/run's budget): the fsdp layout runs the same
 # generation replicas (two DP ranks, one engine at generation TP 2) in `make test`.
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "train-tp1-dp2-gen-tp2"
-                                  else name for name in LAYOUTS])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=pytest.mark.slow) if name == "train-tp1-dp2-gen-tp2" else name for name in LAYOUTS],
+)
 def test_one_engine_per_generation_replica(root, name):
     records = run_job(root, name)
     (_, _, _, strategy), engine_ranks = LAYOUTS[name]

@@ -27,11 +27,18 @@ G, N, ITERATIONS = 4, 4, 4
 
 def job_config(model_dir: Path, iterations: int = ITERATIONS) -> dict:
     return {
-        "name": "it-grpo", "seed": 1, "iterations": iterations,
+        "name": "it-grpo",
+        "seed": 1,
+        "iterations": iterations,
         "model": {"path": str(model_dir), "builder": "tiny-qwen2"},
         "warmup": {"steps": 20, "batch_size": 32},
-        "algorithm": {"num_prompts_per_iteration": G, "num_responses_per_prompt": N,
-                      "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4},
+        "algorithm": {
+            "num_prompts_per_iteration": G,
+            "num_responses_per_prompt": N,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 1e-4,
+        },
         "training": {"data_parallel_size": 2, "micro_batch_size": 8},
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2, "keep_last": 2},
@@ -40,9 +47,22 @@ def job_config(model_dir: Path, iterations: int = ITERATIONS) -> dict:
 
 def start_job(config: Path, output: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
-         "--no-progress", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "rldock.runtime.cli",
+            "train",
+            str(config),
+            "--output",
+            str(output),
+            "--no-progress",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def read_metrics(output: Path) -> list[dict]:
@@ -93,13 +113,20 @@ def test_resume_after_sigkill_neither_loses_nor_repeats_iterations(interrupted_t
 def test_metrics_have_the_documented_fields(interrupted_then_resumed):
     output, _, _ = interrupted_then_resumed
     for record in read_metrics(output):
-        for key in ("reward_mean", "reward_std", "response_length_mean", "kl", "loss",
-                    "tokens_per_s_per_device"):
+        for key in ("reward_mean", "reward_std", "response_length_mean", "kl", "loss", "tokens_per_s_per_device"):
             assert isinstance(record[key], float), key
         assert 0.0 <= record["reward_mean"] <= 1.0
         assert record["tokens_per_s_per_device"] > 0
-        for stage in ("rollout", "reference", "reward", "update", "dispatch", "iteration",
-                      "idle/rollout", "idle/update"):
+        for stage in (
+            "rollout",
+            "reference",
+            "reward",
+            "update",
+            "dispatch",
+            "iteration",
+            "idle/rollout",
+            "idle/update",
+        ):
             assert record["timing"][stage] >= 0, stage
         for stage in ("rollout", "reference", "reward", "update"):  # compute is part of the busy time
             assert 0 <= record["timing"][f"compute/{stage}"] <= record["timing"][stage], stage
@@ -164,8 +191,11 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
         time.sleep(0.2)
     # Ray names actor processes "ray::ActorWorker[.method]"; only this job's own descendants are
     # candidates (other Ray jobs may be running on the machine).
-    pids = [p.pid for p in psutil.Process(job.pid).children(recursive=True)
-            if " ".join(p.cmdline()).startswith("ray::ActorWorker")]
+    pids = [
+        p.pid
+        for p in psutil.Process(job.pid).children(recursive=True)
+        if " ".join(p.cmdline()).startswith("ray::ActorWorker")
+    ]
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)
     killed_at = len(read_metrics(output))

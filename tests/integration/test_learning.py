@@ -26,22 +26,35 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("example", "margin"), [
-    ("grpo-tiny.yaml", 0.2),
-    ("ppo-tiny.yaml", 0.25),
-    ("pf-ppo-tiny.yaml", 0.15),
-    ("dapo-tiny.yaml", 0.2),
-    ("dpo-tiny.yaml", 0.2),
-    ("rloo-tiny.yaml", 0.2),
-    ("reinforce-plus-plus-tiny.yaml", 0.2),
-    ("reinforce-plus-plus-baseline-tiny.yaml", 0.2),
-    ("gspo-tiny.yaml", 0.2),
-])
+@pytest.mark.parametrize(
+    ("example", "margin"),
+    [
+        ("grpo-tiny.yaml", 0.2),
+        ("ppo-tiny.yaml", 0.25),
+        ("pf-ppo-tiny.yaml", 0.15),
+        ("dapo-tiny.yaml", 0.2),
+        ("dpo-tiny.yaml", 0.2),
+        ("rloo-tiny.yaml", 0.2),
+        ("reinforce-plus-plus-tiny.yaml", 0.2),
+        ("reinforce-plus-plus-baseline-tiny.yaml", 0.2),
+        ("gspo-tiny.yaml", 0.2),
+    ],
+)
 def test_demo_learns_and_the_learning_rate_0_control_does_not(tmp_path, example, margin):
     result = subprocess.run(
-        [sys.executable, "-m", "rldock_benchmarks.learning", str(ROOT / "examples" / example),
-         "--output", str(tmp_path)],
-        capture_output=True, text=True, timeout=1500, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "rldock_benchmarks.learning",
+            str(ROOT / "examples" / example),
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     trained, control = report["trained"], report["learning_rate_0"]

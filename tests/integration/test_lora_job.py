@@ -23,12 +23,23 @@ TARGETS = ["q_proj", "v_proj", "up_proj"]
 
 def _job(model_dir: Path, iterations: int) -> dict:
     return {
-        "name": "it-lora", "seed": 1, "iterations": iterations,
+        "name": "it-lora",
+        "seed": 1,
+        "iterations": iterations,
         "model": {"path": str(model_dir), "builder": "tiny-qwen2"},
-        "algorithm": {"num_prompts_per_iteration": 4, "num_responses_per_prompt": 4, "max_prompt_length": 8,
-                      "max_response_length": 6, "learning_rate": 5e-3, "kl_coef": 0.05},
-        "training": {"data_parallel_size": 2, "micro_batch_size": 8,
-                     "lora": {"rank": 4, "alpha": 8, "target_modules": TARGETS}},
+        "algorithm": {
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 4,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 5e-3,
+            "kl_coef": 0.05,
+        },
+        "training": {
+            "data_parallel_size": 2,
+            "micro_batch_size": 8,
+            "lora": {"rank": 4, "alpha": 8, "target_modules": TARGETS},
+        },
         "resources": {"devices_per_node": 2},  # two actor ranks; no reference ranks under LoRA
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2, "keep_last": 3},
@@ -36,8 +47,22 @@ def _job(model_dir: Path, iterations: int) -> dict:
 
 
 def _train(config: Path, output: Path, *extra: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
-                           "--no-progress", *extra], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rldock.runtime.cli",
+            "train",
+            str(config),
+            "--output",
+            str(output),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done.stdout
 
@@ -79,20 +104,29 @@ def test_the_sync_gives_vllm_the_merged_weights(tiny_model_dir):
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 
-    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
-                     LoraSpec(rank=4, alpha=8))
+    model = add_lora(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), LoraSpec(rank=4, alpha=8)
+    )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
     for seed in range(3):  # the adapters must visibly move the policy
         tokens = torch.randint(3, model.config.vocab_size, (4, 10), generator=torch.Generator().manual_seed(seed))
         optimizer.zero_grad()
         model(input_ids=tokens, labels=tokens).loss.backward()
         optimizer.step()
-    engine = VllmRolloutEngine(tiny_model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25), dtype="float32",
-                               seed=0, max_model_len=64, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        tiny_model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25),
+        dtype="float32",
+        seed=0,
+        max_model_len=64,
+        device=detect_device("cpu"),
+    )
     try:
         engine.update_weights(merged_weights(model))
-        completions = [group[0] for group in engine.sample(PROMPTS, n=1, max_tokens=6, eos_token_id=EOS, seed=0,
-                                                           greedy=True, logprobs=True)]
+        completions = [
+            group[0]
+            for group in engine.sample(PROMPTS, n=1, max_tokens=6, eos_token_id=EOS, seed=0, greedy=True, logprobs=True)
+        ]
     finally:
         engine.shutdown()
     model.eval()
@@ -108,5 +142,5 @@ def test_the_sync_gives_vllm_the_merged_weights(tiny_model_dir):
 
 def _token_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_length: int) -> torch.Tensor:
     """Logprob of each response token under `logits` (1, L, V) of the sequence `ids` (1, L)."""
-    logprobs = torch.log_softmax(logits[0, prompt_length - 1:-1].float(), dim=-1)  # (R, V)
+    logprobs = torch.log_softmax(logits[0, prompt_length - 1 : -1].float(), dim=-1)  # (R, V)
     return logprobs.gather(1, ids[0, prompt_length:, None])[:, 0]

@@ -34,9 +34,11 @@ from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
 from rldock_e2e.operator_process import OperatorProcess
 from rldock_e2e.pod_security import restricted_violations
 
-pytestmark = [pytest.mark.integration,
-              # the test control plane serves a self-signed certificate (insecure-skip-tls-verify)
-              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+pytestmark = [
+    pytest.mark.integration,
+    # the test control plane serves a self-signed certificate (insecure-skip-tls-verify)
+    pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
+]
 
 DEVICE = "huawei.com/Ascend910"
 NODE_DEVICES = 4
@@ -49,14 +51,28 @@ CHECKPOINT_CLAIM = "rl-checkpoints"  # bound by the `world` fixture
 
 def rljob(name: str, **spec: Any) -> dict[str, Any]:
     """A small valid RLJob: 1 node x 2 devices, 4 iterations; keyword arguments replace spec keys."""
-    job = {"name": name, "iterations": 4, "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
-           "algorithm": {"num_prompts_per_iteration": 4, "num_responses_per_prompt": 2, "max_prompt_length": 8,
-                         "max_response_length": 6, "learning_rate": 3e-4},
-           "training": {"data_parallel_size": 2}, "resources": {"num_nodes": 1, "devices_per_node": 2},
-           "checkpoint": {"interval": 2}}
-    body = {"job": job, "checkpoint": {"claimName": CHECKPOINT_CLAIM},
-            "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}},
-            "backoffLimit": 2, **spec}
+    job = {
+        "name": name,
+        "iterations": 4,
+        "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
+        "algorithm": {
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 3e-4,
+        },
+        "training": {"data_parallel_size": 2},
+        "resources": {"num_nodes": 1, "devices_per_node": 2},
+        "checkpoint": {"interval": 2},
+    }
+    body = {
+        "job": job,
+        "checkpoint": {"claimName": CHECKPOINT_CLAIM},
+        "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}},
+        "backoffLimit": 2,
+        **spec,
+    }
     return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": body}
 
 
@@ -67,8 +83,14 @@ def unique(prefix: str) -> str:
 class World:
     """The namespace under test and what acts in it, with the reads the tests make."""
 
-    def __init__(self, plane: ControlPlane, namespace: str, operator: OperatorProcess, jobs: RayJobsDouble,
-                 kubelet: KubeletDouble) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        namespace: str,
+        operator: OperatorProcess,
+        jobs: RayJobsDouble,
+        kubelet: KubeletDouble,
+    ) -> None:
         self.plane, self.namespace, self.operator = plane, namespace, operator
         self.jobs, self.kubelet = jobs, kubelet
         self.api = plane.api_client()
@@ -76,12 +98,12 @@ class World:
         self.custom = client.CustomObjectsApi(self.api)
 
     def apply(self, manifest: dict[str, Any], *, check: bool = True):
-        return self.plane.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(manifest),
-                                  check=check)
+        return self.plane.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(manifest), check=check)
 
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self.plane.kubectl("patch", "rljob", name, "-n", self.namespace, "--type=merge",
-                           "-p", json.dumps({"spec": spec}))
+        self.plane.kubectl(
+            "patch", "rljob", name, "-n", self.namespace, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         group, version = {"rljobs": ("rldock.io", "v1alpha1"), "rayclusters": ("ray.io", "v1")}[plural]
@@ -102,43 +124,66 @@ class World:
             raise
 
     def pods(self, cluster: str) -> list[dict[str, Any]]:
-        return json.loads(self.core.list_namespaced_pod(
-            self.namespace, label_selector=f"ray.io/cluster={cluster}", _preload_content=False).data)["items"]
+        return json.loads(
+            self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"ray.io/cluster={cluster}", _preload_content=False
+            ).data
+        )["items"]
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return json.loads(self.core.list_namespaced_event(
-            self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False).data)["items"]
+        return json.loads(
+            self.core.list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+            ).data
+        )["items"]
 
     def wait(self, what: str, probe: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
         return wait_for(what, probe, timeout=timeout, interval=0.25, check=self.operator.check)
 
-    def wait_status(self, name: str, what: str, predicate: Callable[[dict[str, Any]], bool],
-                    timeout: float = TIMEOUT) -> dict[str, Any]:
+    def wait_status(
+        self, name: str, what: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = TIMEOUT
+    ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
             obj = self.get("rljobs", name)
             return obj if obj is not None and predicate(obj.get("status") or {}) else None
+
         try:
             return self.wait(f"RLJob {name}: {what}", probe, timeout)
         except TimeoutError:
             obj = self.get("rljobs", name)
-            raise AssertionError(f"RLJob {name}: no {what}; status now:\n"
-                                 f"{json.dumps((obj or {}).get('status'), indent=1)}\noperator log:\n"
-                                 f"{_tail(self.operator.log_path)}") from None
+            raise AssertionError(
+                f"RLJob {name}: no {what}; status now:\n"
+                f"{json.dumps((obj or {}).get('status'), indent=1)}\noperator log:\n"
+                f"{_tail(self.operator.log_path)}"
+            ) from None
 
     def submission_id(self, name: str, attempt: int) -> str:
         return naming.ray_job_submission_id(name, self.get("rljobs", name)["metadata"]["uid"], attempt=attempt)
 
     def running(self, name: str, attempt: int = 0) -> tuple[dict[str, Any], FakeJob]:
         """Wait until attempt `attempt` runs and the RLJob says Running; its Ray job (fake)."""
-        obj = self.wait_status(name, "phase Running", lambda s: s.get("phase") == "Running"
-                               and s.get("restartCount", 0) == attempt)
+        obj = self.wait_status(
+            name, "phase Running", lambda s: s.get("phase") == "Running" and s.get("restartCount", 0) == attempt
+        )
         return obj, self.jobs.find(self.submission_id(name, attempt))
 
     def progress(self, submission_id: str, iteration: int, *, checkpoint: int | None = None) -> None:
         self.jobs.print_line(submission_id, f"(TrainerDriver) iteration {iteration} done")
-        self.jobs.print_line(submission_id, format_progress({
-            "iteration": iteration, "iterations": 4, "reward_mean": 0.1 * iteration, "kl": 0.01, "loss": 0.5,
-            "response_length_mean": 5.0, "tokens_per_s_per_device": 100.0 + iteration, "checkpoint": checkpoint}))
+        self.jobs.print_line(
+            submission_id,
+            format_progress(
+                {
+                    "iteration": iteration,
+                    "iterations": 4,
+                    "reward_mean": 0.1 * iteration,
+                    "kl": 0.01,
+                    "loss": 0.5,
+                    "response_length_mean": 5.0,
+                    "tokens_per_s_per_device": 100.0 + iteration,
+                    "checkpoint": checkpoint,
+                }
+            ),
+        )
 
 
 def _selects(selector: dict[str, Any], obj: dict[str, Any]) -> bool:
@@ -171,18 +216,25 @@ def world(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iter
     plane.create_namespace(namespace)
     bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path="/mnt/rl")
     # Least privilege, checked: the operator runs as a user that has only the generated Role.
-    for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
-                               subject={"kind": "User", "name": DEVELOPER_USER,
-                                        "apiGroup": "rbac.authorization.k8s.io"}):
+    for manifest in build_rbac(
+        name="rldock-operator",
+        namespaces=[namespace],
+        subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
+    ):
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
     kubeconfig["current-context"] = DEVELOPER_USER
     (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
     # A short Jobs API timeout: the Jobs API here is a local double that answers at once.
-    operator = OperatorProcess(namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work,
-                               poll_interval=POLL, ray_timeout=2.0,
-                               env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)})
+    operator = OperatorProcess(
+        namespaces=[namespace],
+        kubeconfig=work / "kubeconfig",
+        log_dir=work,
+        poll_interval=POLL,
+        ray_timeout=2.0,
+        env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
+    )
     (dashboard_port,) = free_ports(1)
     jobs = RayJobsDouble(port=dashboard_port, start_delay=0.3)
     api = plane.api_client()
@@ -205,8 +257,10 @@ def test_rljob_runs_to_success_with_live_status(world: World):
 
     cluster = world.wait("the RayCluster", lambda: world.get("rayclusters", name))
     # Every pod template, as the API server stored it (defaults applied), passes `restricted`.
-    for template in [cluster["spec"]["headGroupSpec"]["template"],
-                     *(group["template"] for group in cluster["spec"]["workerGroupSpecs"])]:
+    for template in [
+        cluster["spec"]["headGroupSpec"]["template"],
+        *(group["template"] for group in cluster["spec"]["workerGroupSpecs"]),
+    ]:
         assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []
     config_map = world.wait("the ConfigMap", lambda: world.core_object("ConfigMap", naming.config_map_name(name)))
     secret = world.core_object("Secret", naming.auth_secret_name(name))
@@ -217,8 +271,11 @@ def test_rljob_runs_to_success_with_live_status(world: World):
 
     obj, job = world.running(name)
     # The job's NetworkPolicy exists and selects every pod of its cluster (head and worker).
-    policy = json.loads(client.NetworkingV1Api(world.api).read_namespaced_network_policy(
-        naming.network_policy_name(name), world.namespace, _preload_content=False).data)
+    policy = json.loads(
+        client.NetworkingV1Api(world.api)
+        .read_namespaced_network_policy(naming.network_policy_name(name), world.namespace, _preload_content=False)
+        .data
+    )
     assert policy["metadata"]["ownerReferences"][0]["uid"] == uid
     pods = world.pods(name)
     assert len(pods) == 2 and all(_selects(policy["spec"]["podSelector"], pod) for pod in pods)
@@ -261,8 +318,9 @@ def test_invalid_spec_fails_with_the_field_named_and_creates_nothing(world: Worl
     status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec" and "spec.job.training.data_parallel_size" in failed["message"]
-    event = world.wait("the InvalidSpec event", lambda: next(
-        (e for e in world.events(name) if e["reason"] == "InvalidSpec"), None))
+    event = world.wait(
+        "the InvalidSpec event", lambda: next((e for e in world.events(name) if e["reason"] == "InvalidSpec"), None)
+    )
     assert event["type"] == "Warning" and "spec.job.training.data_parallel_size" in event["message"]
     time.sleep(2 * POLL)  # a few more rounds: still nothing created, status unchanged
     assert world.get("rayclusters", name) is None
@@ -326,8 +384,11 @@ def test_unschedulable_pods_show_the_schedulers_message(world: World):
     manifest = rljob(name)
     manifest["spec"]["job"]["resources"]["devices_per_node"] = 2 * NODE_DEVICES  # more than any node has
     world.apply(manifest)
-    status = world.wait_status(name, "a PodsScheduled=False condition", lambda s: any(
-        c["type"] == "PodsScheduled" and c["status"] == "False" for c in s.get("conditions") or ()))["status"]
+    status = world.wait_status(
+        name,
+        "a PodsScheduled=False condition",
+        lambda s: any(c["type"] == "PodsScheduled" and c["status"] == "False" for c in s.get("conditions") or ()),
+    )["status"]
     condition = next(c for c in status["conditions"] if c["type"] == "PodsScheduled")
     assert condition["reason"] == "Unschedulable"
     assert f"Insufficient {DEVICE}" in condition["message"], condition["message"]  # the scheduler's words
@@ -355,10 +416,15 @@ def test_deletion_stops_the_job_and_the_children_are_collected(world: World):
     world.plane.kubectl("delete", "rljob", name, "-n", world.namespace, "--wait=false")
     world.wait("the Ray job stopped", lambda: job.status == "STOPPED")
     world.wait("the RLJob gone", lambda: world.get("rljobs", name) is None)
-    world.wait("the children garbage-collected", lambda: (
-        world.get("rayclusters", name) is None and not world.pods(name)
-        and world.core_object("ConfigMap", naming.config_map_name(name)) is None
-        and world.core_object("Secret", naming.auth_secret_name(name)) is None))
+    world.wait(
+        "the children garbage-collected",
+        lambda: (
+            world.get("rayclusters", name) is None
+            and not world.pods(name)
+            and world.core_object("ConfigMap", naming.config_map_name(name)) is None
+            and world.core_object("Secret", naming.auth_secret_name(name)) is None
+        ),
+    )
 
 
 def test_operator_restart_resumes_tracking_without_a_second_cluster(world: World):
@@ -372,7 +438,8 @@ def test_operator_restart_resumes_tracking_without_a_second_cluster(world: World
     world.wait_status(name, "iteration 1 read by the new operator", lambda s: s.get("iteration") == 1)
     time.sleep(2 * POLL)
     clusters = world.custom.list_namespaced_custom_object(
-        "ray.io", "v1", world.namespace, "rayclusters", label_selector=f"rldock.io/rljob={name}")["items"]
+        "ray.io", "v1", world.namespace, "rayclusters", label_selector=f"rldock.io/rljob={name}"
+    )["items"]
     assert [c["metadata"]["uid"] for c in clusters] == [cluster_uid]
     assert list(world.jobs.head_of(name).jobs) == [job.submission_id]  # found, not resubmitted
     assert world.get("rljobs", name)["status"]["restartCount"] == 0
@@ -387,8 +454,10 @@ def test_suspend_releases_the_cluster_and_unsuspend_resumes(world: World):
     world.patch_spec(name, {"suspend": True})
     status = world.wait_status(name, "phase Suspended", lambda s: s.get("phase") == "Suspended")["status"]
     assert job.status == "STOPPED"
-    world.wait("the RayCluster suspended and its pods gone", lambda: (
-        world.get("rayclusters", name)["spec"]["suspend"] is True and not world.pods(name)))
+    world.wait(
+        "the RayCluster suspended and its pods gone",
+        lambda: world.get("rayclusters", name)["spec"]["suspend"] is True and not world.pods(name),
+    )
     assert status["iteration"] == 2 and status["restartCount"] == 0
 
     world.patch_spec(name, {"suspend": False})
@@ -406,14 +475,20 @@ def test_a_host_path_outside_the_policy_is_refused_then_allowed_by_the_admin(wor
     """Whoever may create an RLJob must not mount a node's root: refused by default, naming the
     field and the policy value, with nothing created; allowed once the admin allows the prefix."""
     name = unique("root")
-    world.apply(rljob(name, volumes=[{"name": "root", "hostPath": {"path": "/"}}],
-                      volumeMounts=[{"name": "root", "mountPath": "/host"}]))
+    world.apply(
+        rljob(
+            name,
+            volumes=[{"name": "root", "hostPath": {"path": "/"}}],
+            volumeMounts=[{"name": "root", "mountPath": "/host"}],
+        )
+    )
     status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PolicyDenied", failed
     assert "spec.volumes[0].hostPath.path" in failed["message"] and "policy.hostPathPrefixes" in failed["message"]
-    event = world.wait("the PolicyDenied event", lambda: next(
-        (e for e in world.events(name) if e["reason"] == "PolicyDenied"), None))
+    event = world.wait(
+        "the PolicyDenied event", lambda: next((e for e in world.events(name) if e["reason"] == "PolicyDenied"), None)
+    )
     assert event["type"] == "Warning"
     time.sleep(2 * POLL)
     assert world.get("rayclusters", name) is None
@@ -440,11 +515,16 @@ def test_the_operator_cannot_read_secrets_and_still_reaches_the_jobs_api(world: 
     """Least privilege: the operator's identity has exactly the generated role, which may create
     Secrets and not read them; the jobs above ran with tokens it derived, never read back."""
     for verb in ("get", "list", "watch"):
-        answer = world.plane.kubectl("auth", "can-i", verb, "secrets", "-n", world.namespace,
-                                     "--as", DEVELOPER_USER, check=False)
+        answer = world.plane.kubectl(
+            "auth", "can-i", verb, "secrets", "-n", world.namespace, "--as", DEVELOPER_USER, check=False
+        )
         assert answer.stdout.strip() == "no", (verb, answer.stdout, answer.stderr)
-    assert world.plane.kubectl("auth", "can-i", "create", "secrets", "-n", world.namespace,
-                               "--as", DEVELOPER_USER).stdout.strip() == "yes"
+    assert (
+        world.plane.kubectl(
+            "auth", "can-i", "create", "secrets", "-n", world.namespace, "--as", DEVELOPER_USER
+        ).stdout.strip()
+        == "yes"
+    )
     name = unique("token")
     world.apply(rljob(name))
     _, job = world.running(name)  # submitted with the derived token: the head refuses any other
@@ -459,8 +539,16 @@ def test_a_suspend_by_kueue_or_an_admin_costs_no_restart_and_is_not_undone(world
     _, job = world.running(name)
     world.progress(job.submission_id, 2, checkpoint=2)
     # What Kueue does when it preempts the job's workload (or an admin does by hand).
-    world.plane.kubectl("patch", "raycluster", name, "-n", world.namespace, "--type=merge",
-                        "-p", json.dumps({"spec": {"suspend": True}}))
+    world.plane.kubectl(
+        "patch",
+        "raycluster",
+        name,
+        "-n",
+        world.namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"suspend": True}}),
+    )
     status = world.wait_status(name, "phase Suspended", lambda s: s.get("phase") == "Suspended")["status"]
     suspended = next(c for c in status["conditions"] if c["type"] == "Suspended")
     assert suspended["reason"] == "SuspendedExternally" and status["restartCount"] == 0
@@ -469,8 +557,16 @@ def test_a_suspend_by_kueue_or_an_admin_costs_no_restart_and_is_not_undone(world
     assert world.get("rayclusters", name)["spec"]["suspend"] is True
     assert world.get("rljobs", name)["status"]["restartCount"] == 0
 
-    world.plane.kubectl("patch", "raycluster", name, "-n", world.namespace, "--type=merge",
-                        "-p", json.dumps({"spec": {"suspend": False}}))  # admitted again
+    world.plane.kubectl(
+        "patch",
+        "raycluster",
+        name,
+        "-n",
+        world.namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"suspend": False}}),
+    )  # admitted again
     _, resumed = world.running(name)  # the same attempt 0, on a new head, from the checkpoint
     assert resumed is not job and "--resume" in resumed.entrypoint
     status = world.get("rljobs", name)["status"]

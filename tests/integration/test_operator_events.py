@@ -32,8 +32,7 @@ from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
 from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.operator_process import OperatorProcess
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
 
 POLL = 1.0  # the operator's poll interval here: an idle RLJob polled at it would take a round a second
 PROMPT = 5.0  # seconds within which a child's change must have run the round
@@ -61,46 +60,66 @@ class World:
         """A new RLJob, once it waits (Provisioning) for a RayCluster that never comes up."""
         name = f"idle-{uuid.uuid4().hex[:5]}"
         self.plane.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(rljob(name)))
-        wait_for(f"RLJob {name} Provisioning with its RayCluster",
-                 lambda: self.ray_cluster(name) is not None and self.phase(name) == "Provisioning",
-                 timeout=60, interval=0.25, check=self.operator.check)
+        wait_for(
+            f"RLJob {name} Provisioning with its RayCluster",
+            lambda: self.ray_cluster(name) is not None and self.phase(name) == "Provisioning",
+            timeout=60,
+            interval=0.25,
+            check=self.operator.check,
+        )
         return name
 
     def settled_rounds(self) -> float:
         """The round count once it stays the same over two poll intervals (the operator has acted
         on everything it was told), waiting as long as a loaded machine needs."""
+
         def stable() -> list[float] | None:  # a list: a count of 0 is an answer too
             first = self.rounds()
             time.sleep(2 * POLL)
             return [first] if self.rounds() == first else None
-        (count,) = wait_for("the operator's rounds to settle", stable, timeout=120, interval=0.1,
-                            check=self.operator.check)
+
+        (count,) = wait_for(
+            "the operator's rounds to settle", stable, timeout=120, interval=0.1, check=self.operator.check
+        )
         return count
 
     def rounds(self) -> float:
         """Reconcile rounds the operator has run (its metrics endpoint)."""
         with urllib.request.urlopen(self.operator.metrics_url, timeout=10) as response:
             text = response.read().decode()
-        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == "rldock_reconciles_total")
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "rldock_reconciles_total"
+        )
 
 
 @pytest.fixture(scope="module")
-def world(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str],
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(
+    control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
     namespace = f"ev-{uuid.uuid4().hex[:5]}"
     control_plane.create_namespace(namespace)
-    for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
-                               subject={"kind": "User", "name": DEVELOPER_USER,
-                                        "apiGroup": "rbac.authorization.k8s.io"}):
+    for manifest in build_rbac(
+        name="rldock-operator",
+        namespaces=[namespace],
+        subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
+    ):
         control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     work: Path = tmp_path_factory.mktemp("operator-events")
     kubeconfig = yaml.safe_load(control_plane.kubeconfig.read_text())
     kubeconfig["current-context"] = DEVELOPER_USER
     (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
     (health_port,) = free_ports(1)
-    operator = OperatorProcess(namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work,
-                               poll_interval=POLL, env=control_plane.env, health_port=health_port)
+    operator = OperatorProcess(
+        namespaces=[namespace],
+        kubeconfig=work / "kubeconfig",
+        log_dir=work,
+        poll_interval=POLL,
+        env=control_plane.env,
+        health_port=health_port,
+    )
     operator.start()
     try:
         world = World(control_plane, namespace, operator)
@@ -109,8 +128,12 @@ def world(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[
     finally:
         control_plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
         try:
-            wait_for("the RLJobs deleted", lambda: not control_plane.kubectl_json(
-                "get", "rljobs", "-n", namespace)["items"], timeout=60, interval=1)
+            wait_for(
+                "the RLJobs deleted",
+                lambda: not control_plane.kubectl_json("get", "rljobs", "-n", namespace)["items"],
+                timeout=60,
+                interval=1,
+            )
         finally:
             operator.stop()
             control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
@@ -129,8 +152,12 @@ def test_a_deleted_raycluster_is_noticed_at_once_and_recreated(world: World):
     old_uid = world.ray_cluster(name)["metadata"]["uid"]
     deleted = time.monotonic()
     world.plane.kubectl("delete", "raycluster", name, "-n", world.namespace)
-    recreated = wait_for("a new RayCluster", lambda: (world.ray_cluster(name) or {}).get("metadata", {}).get(
-        "uid") not in (None, old_uid), timeout=RESYNC_INTERVAL, interval=0.1)
+    recreated = wait_for(
+        "a new RayCluster",
+        lambda: (world.ray_cluster(name) or {}).get("metadata", {}).get("uid") not in (None, old_uid),
+        timeout=RESYNC_INTERVAL,
+        interval=0.1,
+    )
     took = time.monotonic() - deleted
     # Only the RayCluster's watch event can have run this round so soon: the RLJob is idle, so its
     # next round without an event would be the resync, minutes away.
@@ -146,21 +173,26 @@ def test_an_idle_rljob_is_not_polled_but_its_pods_changes_run_a_round(world: Wor
     assert idle_rounds <= 1, f"{idle_rounds} rounds in {10 * POLL:.0f} s of nothing happening"
 
     # A pod KubeRay would make for the cluster (labelled ray.io/cluster) wakes the RLJob's round.
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": f"{name}-head-test", "labels": {"ray.io/cluster": name, "ray.io/node-type": "head"}},
-           "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.9.0"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{name}-head-test", "labels": {"ray.io/cluster": name, "ray.io/node-type": "head"}},
+        "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.9.0"}]},
+    }
     before = world.rounds()
     world.plane.kubectl("apply", "-n", world.namespace, "-f", "-", input=json.dumps(pod))
     try:
         wait_for("a round after the pod appeared", lambda: world.rounds() > before, timeout=PROMPT, interval=0.1)
     finally:
-        world.plane.kubectl("delete", "pod", pod["metadata"]["name"], "-n", world.namespace,
-                            "--grace-period=0", "--force", check=False)
+        world.plane.kubectl(
+            "delete", "pod", pod["metadata"]["name"], "-n", world.namespace, "--grace-period=0", "--force", check=False
+        )
 
 
 @pytest.mark.slow
 def test_100_idle_rljobs_cost_the_operator_at_most_5_percent_of_a_core(
-        control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str], tmp_path: Path):
+    control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str], tmp_path: Path
+):
     # The fast poll interval, the worse case of a timer per RLJob; a short window (the benchmark's
     # default is a whole resync interval, which adds one resync round per RLJob).
     result = measure(control_plane, num_rljobs=100, poll_interval=1.0, window=60.0, settle=10.0, work=tmp_path)

@@ -42,8 +42,7 @@ from rldock_e2e.doubles.ray_jobs import RayJobsDouble
 from rldock_e2e.doubles.storage import bind_shared_claim
 from rldock_e2e.operator_process import LeaseArgs, OperatorProcess
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
 
 LEASE = "rldock-operator"
 HANDOVER_LIMIT = 30.0  # issue 27: the standby takes over within 30 s
@@ -55,11 +54,19 @@ def lease_rbac(namespace: str) -> list[dict[str, Any]]:
     templates/leader-election-rbac.yaml, for a user instead of a ServiceAccount)."""
     name = "rldock-leader-election"
     return [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": name, "namespace": namespace}, "rules": lease_rules(LEASE)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": name, "namespace": namespace},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": [SUBJECT]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": lease_rules(LEASE),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [SUBJECT],
+        },
     ]
 
 
@@ -80,8 +87,13 @@ class Replicas:
         return lease.spec.holder_identity
 
     def leader(self) -> str:
-        return wait_for("a replica to hold the Lease", lambda: self.holder() in self.replicas and self.holder(),
-                        timeout=60, interval=0.25, check=self.check)
+        return wait_for(
+            "a replica to hold the Lease",
+            lambda: self.holder() in self.replicas and self.holder(),
+            timeout=60,
+            interval=0.25,
+            check=self.check,
+        )
 
     def check(self) -> None:
         for replica in self.replicas.values():
@@ -106,14 +118,18 @@ def ready(replica: OperatorProcess) -> int:
 
 
 @pytest.fixture(scope="module")
-def ha(plane: ControlPlane,  # noqa: F811 (the fixture imported from test_operator)
-       tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, Replicas]]:
+def ha(
+    plane: ControlPlane,  # noqa: F811 (the fixture imported from test_operator)
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[World, Replicas]]:
     namespace = unique("ha")
     plane.create_namespace(namespace)
     bind_shared_claim(plane, namespace=namespace, claim=CHECKPOINT_CLAIM, host_path="/mnt/rl")  # rljob()'s
     # Least privilege, checked: the generated Role, and the Lease rules in the operator's namespace.
-    for manifest in [*build_rbac(name="rldock-operator", namespaces=[namespace], subject=SUBJECT),
-                     *lease_rbac(namespace)]:
+    for manifest in [
+        *build_rbac(name="rldock-operator", namespaces=[namespace], subject=SUBJECT),
+        *lease_rbac(namespace),
+    ]:
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     work = tmp_path_factory.mktemp("operator-ha")
     kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
@@ -123,10 +139,15 @@ def ha(plane: ControlPlane,  # noqa: F811 (the fixture imported from test_operat
     for identity, port in zip(("replica-a", "replica-b"), free_ports(2)):
         (work / identity).mkdir()
         replicas[identity] = OperatorProcess(
-            namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work / identity, poll_interval=POLL,
-            ray_timeout=2.0, env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
+            namespaces=[namespace],
+            kubeconfig=work / "kubeconfig",
+            log_dir=work / identity,
+            poll_interval=POLL,
+            ray_timeout=2.0,
+            env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
             lease=LeaseArgs(namespace=namespace, identity=identity, name=LEASE),
-            health_port=port)
+            health_port=port,
+        )
     group = Replicas(plane, namespace, replicas)
     (dashboard_port,) = free_ports(1)
     jobs = RayJobsDouble(port=dashboard_port, start_delay=0.3)
@@ -146,7 +167,8 @@ def ha(plane: ControlPlane,  # noqa: F811 (the fixture imported from test_operat
 
 def _clusters(world: World, name: str) -> list[dict[str, Any]]:
     return world.custom.list_namespaced_custom_object(
-        "ray.io", "v1", world.namespace, "rayclusters", label_selector=f"rldock.io/rljob={name}")["items"]
+        "ray.io", "v1", world.namespace, "rayclusters", label_selector=f"rldock.io/rljob={name}"
+    )["items"]
 
 
 def test_the_standby_takes_over_a_killed_leader_within_30_s_without_duplicates(ha):
@@ -155,8 +177,13 @@ def test_the_standby_takes_over_a_killed_leader_within_30_s_without_duplicates(h
     (standby_id,) = [i for i in group.replicas if i != leader_id]
     leader, standby = group.replicas[leader_id], group.replicas[standby_id]
     # Both serve health; the standby is ready (it can take over at any moment) but does not lead.
-    wait_for("both health servers", lambda: _serves(leader) and _serves(standby), timeout=60, interval=0.25,
-             check=group.check)
+    wait_for(
+        "both health servers",
+        lambda: _serves(leader) and _serves(standby),
+        timeout=60,
+        interval=0.25,
+        check=group.check,
+    )
     assert [s.value for s in scrape(standby)["rldock_leader"]] == [0.0]
     assert [s.value for s in scrape(leader)["rldock_leader"]] == [1.0]
 
@@ -171,16 +198,27 @@ def test_the_standby_takes_over_a_killed_leader_within_30_s_without_duplicates(h
     killed = time.monotonic()
     leader.kill()  # SIGKILL: no release, the Lease must expire
     world.progress(job.submission_id, 2)  # the runtime goes on while nobody reconciles
-    wait_for("the standby to hold the Lease", lambda: group.holder() == standby_id, timeout=HANDOVER_LIMIT,
-             interval=0.1, check=standby.check)
+    wait_for(
+        "the standby to hold the Lease",
+        lambda: group.holder() == standby_id,
+        timeout=HANDOVER_LIMIT,
+        interval=0.1,
+        check=standby.check,
+    )
     took_lease = time.monotonic() - killed
-    world.wait_status(name, "iteration 2 read by the new leader", lambda s: s.get("iteration") == 2,
-                      timeout=HANDOVER_LIMIT - took_lease)
+    world.wait_status(
+        name,
+        "iteration 2 read by the new leader",
+        lambda s: s.get("iteration") == 2,
+        timeout=HANDOVER_LIMIT - took_lease,
+    )
     handover = time.monotonic() - killed
     timings = LeaseTimings()
-    print(f"\nhandover after SIGKILL of the leader: Lease taken after {took_lease:.1f} s, first reconcile "
-          f"(status updated) after {handover:.1f} s (lease {timings.lease_duration:g} s, renew deadline "
-          f"{timings.renew_deadline:g} s, retry {timings.retry_period:g} s)")
+    print(
+        f"\nhandover after SIGKILL of the leader: Lease taken after {took_lease:.1f} s, first reconcile "
+        f"(status updated) after {handover:.1f} s (lease {timings.lease_duration:g} s, renew deadline "
+        f"{timings.renew_deadline:g} s, retry {timings.retry_period:g} s)"
+    )
     assert took_lease >= timings.lease_duration - timings.retry_period  # it waited for the Lease to expire
     assert handover < HANDOVER_LIMIT
 
@@ -211,8 +249,13 @@ def test_the_standby_takes_over_a_killed_leader_within_30_s_without_duplicates(h
     # A graceful stop (SIGTERM) releases the Lease: the other replica takes it at its next read.
     stopped = time.monotonic()
     standby.stop()
-    wait_for("the Lease handed over on SIGTERM", lambda: group.holder() == leader_id, timeout=HANDOVER_LIMIT,
-             interval=0.1, check=group.check)
+    wait_for(
+        "the Lease handed over on SIGTERM",
+        lambda: group.holder() == leader_id,
+        timeout=HANDOVER_LIMIT,
+        interval=0.1,
+        check=group.check,
+    )
     released = time.monotonic() - stopped
     print(f"handover after SIGTERM of the leader (Lease released): {released:.1f} s")
     world.progress(job.submission_id, 3)
@@ -254,18 +297,29 @@ def test_a_leader_that_cannot_renew_exits_and_the_standby_takes_over(ha):
     world.plane.kubectl("delete", "rolebinding", binding["metadata"]["name"], "-n", world.namespace)
     cut = time.monotonic()
     assert leader.process is not None
-    wait_for("the leader to exit", lambda: leader.process.poll() is not None, timeout=timings.renew_deadline + 10,
-             interval=0.1)
+    wait_for(
+        "the leader to exit",
+        lambda: leader.process.poll() is not None,
+        timeout=timings.renew_deadline + 10,
+        interval=0.1,
+    )
     exited = time.monotonic() - cut
     code = leader.process.poll()
-    print(f"\nleader unable to renew: exited with {code} after {exited:.1f} s (renew deadline "
-          f"{timings.renew_deadline:g} s)")
+    print(
+        f"\nleader unable to renew: exited with {code} after {exited:.1f} s (renew deadline "
+        f"{timings.renew_deadline:g} s)"
+    )
     assert code == 3 and "lost the leader Lease" in leader.log_path.read_text()
     assert exited <= timings.renew_deadline + timings.retry_period + 2  # RBAC caches, one retry
     assert standby.process is not None and standby.process.poll() is None  # a standby only waits
     world.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
-    wait_for("the standby to take the Lease", lambda: group.holder() == standby_id,
-             timeout=timings.lease_duration + 4 * timings.retry_period, interval=0.1, check=standby.check)
+    wait_for(
+        "the standby to take the Lease",
+        lambda: group.holder() == standby_id,
+        timeout=timings.lease_duration + 4 * timings.retry_period,
+        interval=0.1,
+        check=standby.check,
+    )
     assert [s.value for s in scrape(standby)["rldock_leader"]] == [1.0]
     leader.stop()  # reaped; the fixture's stop is then a no-op
     leader.process = None

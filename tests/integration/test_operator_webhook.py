@@ -39,11 +39,12 @@ from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
 from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.operator_process import OperatorProcess
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
 
-HOST_ROOT = {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
-             "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
+HOST_ROOT = {
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+}
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 TIMEOUT = 60.0
 
@@ -59,26 +60,37 @@ def issue_certificate(host: str) -> Pem:
     now = datetime.datetime.now(datetime.timezone.utc)
 
     def builder(subject: str, public_key: Any, issuer: str) -> x509.CertificateBuilder:
-        return (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-                .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-                .public_key(public_key).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(hours=2)))
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=2))
+        )
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (builder("rldock-webhook-test-ca", ca_key.public_key(), "rldock-webhook-test-ca")
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        builder("rldock-webhook-test-ca", ca_key.public_key(), "rldock-webhook-test-ca")
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
     # Go's TLS checks the subjectAltName only (never the common name).
-    cert = (builder("rldock-webhook-test", key.public_key(), "rldock-webhook-test-ca")
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return Pem(ca=ca.public_bytes(serialization.Encoding.PEM), cert=cert.public_bytes(serialization.Encoding.PEM),
-               key=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                     serialization.NoEncryption()))
+    cert = (
+        builder("rldock-webhook-test", key.public_key(), "rldock-webhook-test-ca")
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Pem(
+        ca=ca.public_bytes(serialization.Encoding.PEM),
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
 
 
 class Admission:
@@ -88,8 +100,9 @@ class Admission:
         self.plane, self.namespace, self.operator = plane, namespace, operator
 
     def apply(self, manifest: dict[str, Any], *extra: str):
-        return self.plane.kubectl("apply", "-n", self.namespace, *extra, "-f", "-", input=yaml.safe_dump(manifest),
-                                  check=False)
+        return self.plane.kubectl(
+            "apply", "-n", self.namespace, *extra, "-f", "-", input=yaml.safe_dump(manifest), check=False
+        )
 
     def rljob(self, name: str) -> dict[str, Any] | None:
         result = self.plane.kubectl("get", "rljob", name, "-n", self.namespace, "-o", "json", check=False)
@@ -114,15 +127,18 @@ def _serving(url: str, ca_file: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def admission(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str],
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Admission]:
+def admission(
+    control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Admission]:
     plane = control_plane
     namespace = unique("webhook")
     selector = {"rldock.io/webhook-test": namespace}  # only this namespace is sent to this test's webhook
     plane.create_namespace(namespace, labels=selector)
-    for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
-                               subject={"kind": "User", "name": DEVELOPER_USER,
-                                        "apiGroup": "rbac.authorization.k8s.io"}):
+    for manifest in build_rbac(
+        name="rldock-operator",
+        namespaces=[namespace],
+        subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
+    ):
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     work = tmp_path_factory.mktemp("webhook")
     kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
@@ -133,32 +149,71 @@ def admission(control_plane: ControlPlane, kuberay_crds: list[str], rljob_crd: l
         (work / name).write_bytes(data)
     (port,) = free_ports(1)
     # The chart's default policy (no hostPath), as the operator reads it from the chart.
-    operator = OperatorProcess(namespaces=[namespace], kubeconfig=work / "kubeconfig", log_dir=work,
-                               poll_interval=POLL, env={**plane.env, "RLDOCK_POLICY": "{}"},
-                               extra_args=["--webhook-port", str(port), "--webhook-cert-file", str(work / "tls.crt"),
-                                           "--webhook-key-file", str(work / "tls.key")])
+    operator = OperatorProcess(
+        namespaces=[namespace],
+        kubeconfig=work / "kubeconfig",
+        log_dir=work,
+        poll_interval=POLL,
+        env={**plane.env, "RLDOCK_POLICY": "{}"},
+        extra_args=[
+            "--webhook-port",
+            str(port),
+            "--webhook-cert-file",
+            str(work / "tls.crt"),
+            "--webhook-key-file",
+            str(work / "tls.key"),
+        ],
+    )
     url = f"https://127.0.0.1:{port}{WEBHOOK_PATH}"
     configuration = f"rldock-webhook-test-{uuid.uuid4().hex[:6]}"
     operator.start()
     try:
-        wait_for("the operator's webhook", lambda: _serving(url, work / "ca.crt"), timeout=TIMEOUT, interval=0.25,
-                 check=operator.check)
-        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": configuration},
-            "webhooks": [{
-                "name": "validate.rljobs.rldock.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "timeoutSeconds": 10,
-                "clientConfig": {"url": url, "caBundle": base64.b64encode(pem.ca).decode()},
-                "rules": [{"apiGroups": ["rldock.io"], "apiVersions": ["v1alpha1"], "resources": ["rljobs"],
-                           "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchLabels": selector},
-            }]}))
+        wait_for(
+            "the operator's webhook",
+            lambda: _serving(url, work / "ca.crt"),
+            timeout=TIMEOUT,
+            interval=0.25,
+            check=operator.check,
+        )
+        plane.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingWebhookConfiguration",
+                    "metadata": {"name": configuration},
+                    "webhooks": [
+                        {
+                            "name": "validate.rljobs.rldock.io",
+                            "admissionReviewVersions": ["v1"],
+                            "sideEffects": "None",
+                            "failurePolicy": "Fail",
+                            "timeoutSeconds": 10,
+                            "clientConfig": {"url": url, "caBundle": base64.b64encode(pem.ca).decode()},
+                            "rules": [
+                                {
+                                    "apiGroups": ["rldock.io"],
+                                    "apiVersions": ["v1alpha1"],
+                                    "resources": ["rljobs"],
+                                    "operations": ["CREATE", "UPDATE"],
+                                    "scope": "Namespaced",
+                                }
+                            ],
+                            "namespaceSelector": {"matchLabels": selector},
+                        }
+                    ],
+                }
+            ),
+        )
         world = Admission(plane, namespace, operator)
         # The API server picks the configuration up a moment later: wait until a server-side dry
         # run (nothing stored; allowed, since the webhook has no side effects) is refused.
-        world.wait("the webhook configuration in effect",
-                   lambda: world.apply(rljob("probe", **HOST_ROOT), "--dry-run=server").returncode != 0)
+        world.wait(
+            "the webhook configuration in effect",
+            lambda: world.apply(rljob("probe", **HOST_ROOT), "--dry-run=server").returncode != 0,
+        )
         yield world
     finally:
         plane.kubectl("delete", "validatingwebhookconfiguration", configuration, "--ignore-not-found", check=False)
@@ -193,22 +248,24 @@ def test_a_valid_rljob_is_admitted_and_the_operator_s_own_writes_pass(admission:
     admitted = admission.apply(rljob(name))
     assert admitted.returncode == 0, admitted.stderr
     # The operator's finalizer is an UPDATE that the webhook sees and lets through (spec unchanged).
-    admission.wait("the operator's finalizer",
-                   lambda: FINALIZER in ((admission.rljob(name) or {}).get("metadata", {}).get("finalizers") or ()))
+    admission.wait(
+        "the operator's finalizer",
+        lambda: FINALIZER in ((admission.rljob(name) or {}).get("metadata", {}).get("finalizers") or ()),
+    )
     # A change into what the policy refuses, and a change of spec.managedBy, are refused.
     widened = admission.apply(rljob(name, **HOST_ROOT))
     assert widened.returncode != 0 and "spec.volumes[0].hostPath.path" in widened.stderr, widened.stderr
     handed_over = admission.apply(rljob(name, managedBy=MULTIKUEUE))
-    assert handed_over.returncode != 0 and "spec.managedBy: field is immutable" in handed_over.stderr, \
+    assert handed_over.returncode != 0 and "spec.managedBy: field is immutable" in handed_over.stderr, (
         handed_over.stderr
+    )
     assert "volumes" not in admission.rljob(name)["spec"] and "managedBy" not in admission.rljob(name)["spec"]
     # Deletion: the operator removes its finalizer (another UPDATE) and the RLJob goes.
     admission.plane.kubectl("delete", "rljob", name, "-n", admission.namespace, "--wait=false")
     admission.wait("the RLJob deleted", lambda: admission.rljob(name) is None)
 
 
-def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane: ControlPlane,
-                                                                    tmp_path: Path) -> None:
+def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane: ControlPlane, tmp_path: Path) -> None:
     """The chart's own certificate through Helm's install and upgrade actions on this API server:
     the upgrade's `lookup` finds the Secret, so the served certificate and the caBundle stay the
     same pair; a Secret deleted by an admin is issued anew, the bundle with it. (The release watches
@@ -216,15 +273,21 @@ def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane:
     helm_release = pytest.importorskip("rldock_e2e.helm_release")
     pytest.importorskip("helm_python")
     namespace, name = unique("webhook-chart"), unique("rel")
-    release = helm_release.HelmRelease(control_plane, helm_release.chart_without_optional_dependencies(tmp_path),
-                                       namespace=namespace, name=name)
-    values = {"operator": {"watchNamespaces": [namespace]}, "crds": {"install": False}, "replicaCount": 1,
-              "podDisruptionBudget": {"enabled": False}}
+    release = helm_release.HelmRelease(
+        control_plane, helm_release.chart_without_optional_dependencies(tmp_path), namespace=namespace, name=name
+    )
+    values = {
+        "operator": {"watchNamespaces": [namespace]},
+        "crds": {"install": False},
+        "replicaCount": 1,
+        "podDisruptionBudget": {"enabled": False},
+    }
 
     def issued() -> tuple[dict[str, str], str]:
         secret = control_plane.kubectl_json("get", "secret", f"{name}-rldock-webhook-cert", "-n", namespace)
-        configuration = control_plane.kubectl_json("get", "validatingwebhookconfiguration",
-                                                   f"{name}-rldock-{namespace}")
+        configuration = control_plane.kubectl_json(
+            "get", "validatingwebhookconfiguration", f"{name}-rldock-{namespace}"
+        )
         (hook,) = configuration["webhooks"]
         return secret["data"], hook["clientConfig"]["caBundle"]
 
@@ -243,8 +306,7 @@ def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane:
         # `helm uninstall` takes the configuration with it: no RLJob write waits on a webhook gone.
         release.uninstall()
         installed = False
-        gone = control_plane.kubectl("get", "validatingwebhookconfiguration", f"{name}-rldock-{namespace}",
-                                     check=False)
+        gone = control_plane.kubectl("get", "validatingwebhookconfiguration", f"{name}-rldock-{namespace}", check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stderr
     finally:
         if installed:

@@ -18,24 +18,60 @@ pytestmark = pytest.mark.integration
 G, N, ITERATIONS = 4, 4, 2
 
 
-def run_ppo(tmp_path, algorithm: str, *, micro_batch_size: int = 8, output: str = "run",
-            iterations: int = ITERATIONS, resume: bool = False, data_parallel_size: int = 1,
-            strategy: str = "ddp") -> list[dict]:
+def run_ppo(
+    tmp_path,
+    algorithm: str,
+    *,
+    micro_batch_size: int = 8,
+    output: str = "run",
+    iterations: int = ITERATIONS,
+    resume: bool = False,
+    data_parallel_size: int = 1,
+    strategy: str = "ddp",
+) -> list[dict]:
     config = tmp_path / "job.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": f"it-{algorithm}", "seed": 1, "iterations": iterations,
-        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-        "algorithm": {"name": algorithm, "num_prompts_per_iteration": G, "num_responses_per_prompt": N,
-                      "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4,
-                      "pf_ppo": {"mode": "best_random"}},
-        "training": {"data_parallel_size": data_parallel_size, "micro_batch_size": micro_batch_size,
-                     "strategy": strategy},
-        "dock": {"timeout_s": 120},
-        "checkpoint": {"interval": 1, "keep_last": 1},
-    }))
-    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output",
-                          str(tmp_path / output), "--no-progress", *(["--resume"] if resume else [])],
-                         capture_output=True, text=True, timeout=900)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"it-{algorithm}",
+                "seed": 1,
+                "iterations": iterations,
+                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+                "algorithm": {
+                    "name": algorithm,
+                    "num_prompts_per_iteration": G,
+                    "num_responses_per_prompt": N,
+                    "max_prompt_length": 8,
+                    "max_response_length": 6,
+                    "learning_rate": 1e-4,
+                    "pf_ppo": {"mode": "best_random"},
+                },
+                "training": {
+                    "data_parallel_size": data_parallel_size,
+                    "micro_batch_size": micro_batch_size,
+                    "strategy": strategy,
+                },
+                "dock": {"timeout_s": 120},
+                "checkpoint": {"interval": 1, "keep_last": 1},
+            }
+        )
+    )
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rldock.runtime.cli",
+            "train",
+            str(config),
+            "--output",
+            str(tmp_path / output),
+            "--no-progress",
+            *(["--resume"] if resume else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     return [json.loads(line) for line in (tmp_path / output / "metrics.jsonl").read_text().splitlines() if line]
 
@@ -60,8 +96,19 @@ def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm):
     assert (output / "checkpoints" / "iter-000002" / "critic.pt").is_file()
 
 
-TRAINING_METRICS = ("reward_mean", "response_length_mean", "loss", "policy_loss", "kl", "entropy", "clip_fraction",
-                    "grad_norm", "value_loss", "value_mean", "value_grad_norm")
+TRAINING_METRICS = (
+    "reward_mean",
+    "response_length_mean",
+    "loss",
+    "policy_loss",
+    "kl",
+    "entropy",
+    "clip_fraction",
+    "grad_norm",
+    "value_loss",
+    "value_mean",
+    "value_grad_norm",
+)
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"

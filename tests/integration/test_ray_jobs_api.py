@@ -41,14 +41,34 @@ def ray_head() -> Iterator[tuple[str, str]]:
     token = secrets.token_hex(32)
     gcs, dashboard, manager, objects, client, agent_http, agent_grpc, runtime_env, metrics = free_ports(9)
     temp = Path(tempfile.mkdtemp(prefix="rldock-ray-", dir="/tmp"))  # short: Ray's unix sockets live here
-    argv = [str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-            f"--node-manager-port={manager}", f"--object-manager-port={objects}",
-            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
-            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
-            f"--metrics-export-port={metrics}", "--num-cpus=1", f"--temp-dir={temp}", "--disable-usage-stats"]
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    argv = [
+        str(ray),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        f"--node-manager-port={manager}",
+        f"--object-manager-port={objects}",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-listen-port={agent_http}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--metrics-export-port={metrics}",
+        "--num-cpus=1",
+        f"--temp-dir={temp}",
+        "--disable-usage-stats",
+    ]
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     head = ManagedProcess("ray-head", argv, log_path=temp / "head.log", env=env, cwd=temp)
     url = f"http://127.0.0.1:{dashboard}"
     client_ = RayJobsClient(url, token=token, timeout=5)
@@ -76,17 +96,23 @@ HTTP_TIMEOUT_S = 60.0
 
 
 def _wait_terminal(client: RayJobsClient, submission_id: str) -> dict:
-    return wait_for(f"Ray job {submission_id} to end", lambda: (
-        (job := client.get_job(submission_id)) and job["status"] in TERMINAL and job), timeout=240, interval=0.5)
+    return wait_for(
+        f"Ray job {submission_id} to end",
+        lambda: (job := client.get_job(submission_id)) and job["status"] in TERMINAL and job,
+        timeout=240,
+        interval=0.5,
+    )
 
 
 def test_submit_follow_and_read_progress_with_token_auth(ray_head):
     url, token = ray_head
     client = RayJobsClient(url, token=token, timeout=HTTP_TIMEOUT_S)
-    record = {"iteration": 3, "iterations": 4, "reward_mean": 0.25, "tokens_per_s_per_device": 1234.5,
-              "checkpoint": 2}
-    request = {"entrypoint": f"echo starting; echo '{format_progress(record)}'",
-               "submission_id": "rldock-real-0000-0", "metadata": {"rldock.io/rljob": "real"}}
+    record = {"iteration": 3, "iterations": 4, "reward_mean": 0.25, "tokens_per_s_per_device": 1234.5, "checkpoint": 2}
+    request = {
+        "entrypoint": f"echo starting; echo '{format_progress(record)}'",
+        "submission_id": "rldock-real-0000-0",
+        "metadata": {"rldock.io/rljob": "real"},
+    }
     assert client.submit_job(request) == request["submission_id"]
     assert client.submit_job(request) == request["submission_id"]  # idempotent: "already exists"
     job = _wait_terminal(client, request["submission_id"])
@@ -100,8 +126,10 @@ def test_submit_follow_and_read_progress_with_token_auth(ray_head):
 def test_the_driver_sees_the_clusters_auth_settings(ray_head):
     url, token = ray_head
     client = RayJobsClient(url, token=token, timeout=HTTP_TIMEOUT_S)
-    request = {"entrypoint": 'test "$RAY_AUTH_MODE" = token && test -n "$RAY_AUTH_TOKEN"',
-               "submission_id": "rldock-env-0000-0"}
+    request = {
+        "entrypoint": 'test "$RAY_AUTH_MODE" = token && test -n "$RAY_AUTH_TOKEN"',
+        "submission_id": "rldock-env-0000-0",
+    }
     assert _wait_terminal(client, client.submit_job(request))["status"] == "SUCCEEDED"
 
 

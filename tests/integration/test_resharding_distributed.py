@@ -24,9 +24,16 @@ ITERATIONS = 3
 def _tiny_model(seed: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=40,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config)
 
@@ -38,18 +45,32 @@ def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int =
     from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
     from rldock.runtime.resharding.shard import GenerationWeights
 
-    plan = ReshardPlan(train=ParallelLayout(train_tp, WORLD // train_tp),
-                       generate=ParallelLayout(gen_tp, WORLD // gen_tp))
+    plan = ReshardPlan(
+        train=ParallelLayout(train_tp, WORLD // train_tp), generate=ParallelLayout(gen_tp, WORLD // gen_tp)
+    )
     mesh = build_mesh(plan.train, "cpu")
     model = parallelize_decoder(_tiny_model(seed=7), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    generation = GenerationWeights(shapes, dtype=torch.float32, device=torch.device("cpu"),
-                                   tp_rank=plan.generate.tp_rank(rank), tp_size=gen_tp,
-                                   plan=TP_PLANS[model.config.model_type])
-    resharder = Resharder(model=model, optimizer=optimizer, mesh=mesh, plan=plan, rank=rank, mode=mode,
-                          bucket_bytes=bucket_bytes, load_weights=generation.load,
-                          generation_tensors=lambda: generation.tensors.values())
+    generation = GenerationWeights(
+        shapes,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        tp_rank=plan.generate.tp_rank(rank),
+        tp_size=gen_tp,
+        plan=TP_PLANS[model.config.model_type],
+    )
+    resharder = Resharder(
+        model=model,
+        optimizer=optimizer,
+        mesh=mesh,
+        plan=plan,
+        rank=rank,
+        mode=mode,
+        bucket_bytes=bucket_bytes,
+        load_weights=generation.load,
+        generation_tensors=lambda: generation.tensors.values(),
+    )
     return model, optimizer, mesh, generation, resharder
 
 
@@ -91,11 +112,15 @@ def _bitwise_check(train_tp: int, gen_tp: int, rank: int) -> dict:
     by_stage = {entry["stage"]: entry for entry in resharder.ledger}
     resharder.begin_update()
     resharder.finish_update_swap()
-    return {"mismatched": mismatched, "num_params": len(expected), "num_sharded": len(sharded),
-            "generation_train_state": train_state_bytes(by_stage["generation"]),
-            "generation_ledger": by_stage["generation"]["device_bytes"],
-            "resharded_ledger": by_stage["resharded"]["device_bytes"],
-            "update_start_ledger": resharder.ledger[-1]["device_bytes"]}
+    return {
+        "mismatched": mismatched,
+        "num_params": len(expected),
+        "num_sharded": len(sharded),
+        "generation_train_state": train_state_bytes(by_stage["generation"]),
+        "generation_ledger": by_stage["generation"]["device_bytes"],
+        "resharded_ledger": by_stage["resharded"]["device_bytes"],
+        "update_start_ledger": resharder.ledger[-1]["device_bytes"],
+    }
 
 
 def _losses(train_tp: int, mode: str, rank: int) -> dict:
@@ -139,8 +164,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         "tp1_to_tp2": _bitwise_check(1, 2, rank),  # TP1 DP2 -> TP2 DP1
         "tp2_to_tp2": _bitwise_check(2, 2, rank),
         "grad_norm": _grad_norm_check(rank),
-        "losses": {f"tp{tp}_{mode}": _losses(tp, mode, rank)
-                   for tp in (2, 1) for mode in ("allgather_swap", "naive")},
+        "losses": {f"tp{tp}_{mode}": _losses(tp, mode, rank) for tp in (2, 1) for mode in ("allgather_swap", "naive")},
     }
     # Every rank's last collective has arrived before any rank tears the group down: a rank that
     # exits while its peer's gloo thread still talks to it aborts ("terminate called without an

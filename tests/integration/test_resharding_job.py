@@ -31,16 +31,34 @@ TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 def run_job(root: Path, mode: str, *, iterations: int, resume: bool = False) -> tuple[Path, list[dict]]:
     output = root / mode
     overrides = {
-        "iterations": iterations, "model.path": str(root / "model"), "warmup.steps": 0,
-        "algorithm.num_prompts_per_iteration": 4, "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": 1, "training.tensor_parallel_size": 2, "training.resharding": mode,
+        "iterations": iterations,
+        "model.path": str(root / "model"),
+        "warmup.steps": 0,
+        "algorithm.num_prompts_per_iteration": 4,
+        "algorithm.num_responses_per_prompt": 4,
+        "training.data_parallel_size": 1,
+        "training.tensor_parallel_size": 2,
+        "training.resharding": mode,
         # One micro-batch holds the iteration's 16 samples: the old log-probs then come from the same
         # batch shapes in both runs, whatever order the dock hands samples out in.
         "training.micro_batch_size": 16,
-        "rollout.cpu_kv_cache_gib": 0.25, "dock.timeout_s": 120, "checkpoint.interval": CHECKPOINT_AT,
+        "rollout.cpu_kv_cache_gib": 0.25,
+        "dock.timeout_s": 120,
+        "checkpoint.interval": CHECKPOINT_AT,
     }
-    command = [sys.executable, "-m", "rldock.runtime.cli", "train", str(ROOT / "examples" / "grpo-tiny.yaml"),
-               "--output", str(output), "--no-progress", "--max-restarts", "0", *(["--resume"] if resume else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "rldock.runtime.cli",
+        "train",
+        str(ROOT / "examples" / "grpo-tiny.yaml"),
+        "--output",
+        str(output),
+        "--no-progress",
+        "--max-restarts",
+        "0",
+        *(["--resume"] if resume else []),
+    ]
     for key, value in overrides.items():
         command += ["--set", f"{key}={value}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
@@ -96,8 +114,10 @@ def test_checkpoint_holds_full_weights_and_every_tp_shard_of_the_optimizer(runs)
         (checkpoint,) = (output / "checkpoints").glob(f"*{ITERATIONS:06d}")
         weights[mode] = load_file(checkpoint / "policy" / "model.safetensors")
         config = json.loads((checkpoint / "policy" / "config.json").read_text())
-        assert weights[mode]["model.layers.0.mlp.up_proj.weight"].shape == (config["intermediate_size"],
-                                                                            config["hidden_size"])
+        assert weights[mode]["model.layers.0.mlp.up_proj.weight"].shape == (
+            config["intermediate_size"],
+            config["hidden_size"],
+        )
         assert (checkpoint / "optimizer.pt").is_file() and (checkpoint / "optimizer.tp1.pt").is_file()
     naive, swap = weights["naive"], weights["allgather_swap"]
     assert naive.keys() == swap.keys()

@@ -32,8 +32,9 @@ def _train_step(model, optimizer, mesh, seed: int) -> float:
 
 def _hf_greedy(model, prompt: list[int]) -> list[int]:
     ids = torch.tensor([prompt])
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                          eos_token_id=EOS, pad_token_id=0)[0, len(prompt):].tolist()
+    return model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, eos_token_id=EOS, pad_token_id=0
+    )[0, len(prompt) :].tolist()
 
 
 def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
@@ -50,16 +51,30 @@ def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
         port = sock.getsockname()[1]
     # As in the actor: the trainer group first, then the engine, which adopts it.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    engine = VllmRolloutEngine(tiny_model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25), dtype="float32",
-                               seed=0, max_model_len=64, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        tiny_model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25),
+        dtype="float32",
+        seed=0,
+        max_model_len=64,
+        device=detect_device("cpu"),
+    )
     try:
         plan = ReshardPlan(train=ParallelLayout(1, 1), generate=ParallelLayout(1, 1))
         mesh = build_mesh(plan.train, "cpu")
         model = parallelize_decoder(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=5e-2)  # large: the weights must visibly move
-        resharder = Resharder(model=model, optimizer=optimizer, mesh=mesh, plan=plan, rank=0,
-                              mode="allgather_swap", bucket_bytes=1 << 16, load_weights=engine.update_weights,
-                              generation_tensors=list)
+        resharder = Resharder(
+            model=model,
+            optimizer=optimizer,
+            mesh=mesh,
+            plan=plan,
+            rank=0,
+            mode="allgather_swap",
+            bucket_bytes=1 << 16,
+            load_weights=engine.update_weights,
+            generation_tensors=list,
+        )
         _train_step(model, optimizer, mesh, seed=0)
         expected = [_hf_greedy(model, prompt) for prompt in PROMPTS]
         params = {name: p.detach().clone() for name, p in model.named_parameters()}

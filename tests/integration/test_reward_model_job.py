@@ -27,24 +27,46 @@ def root(tmp_path_factory) -> Path:
 
 
 # grpo in `make test`; ppo and dapo opt-in (`make test-slow`: .ci/run's budget; README, "slow")
-@pytest.mark.parametrize("algorithm", [pytest.param("ppo", marks=pytest.mark.slow), "grpo",
-                                       pytest.param("dapo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "algorithm", [pytest.param("ppo", marks=pytest.mark.slow), "grpo", pytest.param("dapo", marks=pytest.mark.slow)]
+)
 def test_the_reward_models_score_reaches_the_reward(root, algorithm):
     output = root / algorithm
     config = root / f"{algorithm}.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": f"it-rm-{algorithm}", "seed": 2, "iterations": 2,
-        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
-        "algorithm": {"name": algorithm, "num_prompts_per_iteration": G, "num_responses_per_prompt": N,
-                      "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4},
-        "reward": {"terms": [{"name": "model", "path": str(root / "rm")},
-                             {"name": "digit_match", "weight": DIGIT_WEIGHT}]},
-        "training": {"data_parallel_size": 1, "micro_batch_size": 8},
-        "dock": {"timeout_s": 120},
-        "checkpoint": {"interval": 2, "keep_last": 1},
-    }))
-    job = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
-                          "--no-progress"], capture_output=True, text=True, timeout=900, check=False)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"it-rm-{algorithm}",
+                "seed": 2,
+                "iterations": 2,
+                "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+                "algorithm": {
+                    "name": algorithm,
+                    "num_prompts_per_iteration": G,
+                    "num_responses_per_prompt": N,
+                    "max_prompt_length": 8,
+                    "max_response_length": 6,
+                    "learning_rate": 1e-4,
+                },
+                "reward": {
+                    "terms": [
+                        {"name": "model", "path": str(root / "rm")},
+                        {"name": "digit_match", "weight": DIGIT_WEIGHT},
+                    ]
+                },
+                "training": {"data_parallel_size": 1, "micro_batch_size": 8},
+                "dock": {"timeout_s": 120},
+                "checkpoint": {"interval": 2, "keep_last": 1},
+            }
+        )
+    )
+    job = subprocess.run(
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
     assert [r["iteration"] for r in records] == [1, 2]

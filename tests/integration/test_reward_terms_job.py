@@ -15,22 +15,29 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-USER_REWARD = textwrap.dedent('''
+USER_REWARD = textwrap.dedent("""
     def length_bonus(data_source, solution_str, ground_truth, extra_info):
         return {"score": min(len(solution_str), 4) / 4, "chars": len(solution_str)}
 
     def broken(data_source, solution_str, ground_truth, extra_info):
         raise RuntimeError("the judge is confused")
-''')
+""")
 
 
 def _config(root: Path, terms: list[dict], on_error: str = "fail") -> Path:
     config = {
-        "name": "it-rewards", "seed": 3, "iterations": 2,
+        "name": "it-rewards",
+        "seed": 3,
+        "iterations": 2,
         "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
         "warmup": {"steps": 5, "batch_size": 16},
-        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 4,
-                      "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 1e-4},
+        "algorithm": {
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 4,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 1e-4,
+        },
         "training": {"data_parallel_size": 1, "micro_batch_size": 8},
         "reward": {"terms": terms, "on_error": on_error},
         "dock": {"timeout_s": 120},
@@ -42,8 +49,13 @@ def _config(root: Path, terms: list[dict], on_error: str = "fail") -> Path:
 
 
 def _train(config: Path, output: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output),
-                           "--no-progress"], capture_output=True, text=True, timeout=900, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +66,11 @@ def root(tmp_path_factory) -> Path:
 
 
 def test_every_term_has_its_metric_and_the_reward_is_their_weighted_sum(root):
-    terms = [{"name": "digit_match"}, {"name": "function", "function": f"{root}/user_reward.py:length_bonus",
-                                       "weight": 0.5}, {"name": "format", "pattern": r"\d+", "weight": 0.25}]
+    terms = [
+        {"name": "digit_match"},
+        {"name": "function", "function": f"{root}/user_reward.py:length_bonus", "weight": 0.5},
+        {"name": "format", "pattern": r"\d+", "weight": 0.25},
+    ]
     done = _train(_config(root, terms), root / "run")
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -33,8 +33,14 @@ def test_a_bfloat16_engine_takes_a_float32_push(tiny_model_dir):
 
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 
-    engine = VllmRolloutEngine(tiny_model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25, dtype="bfloat16"),
-                               dtype="float32", seed=0, max_model_len=64, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        tiny_model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25, dtype="bfloat16"),
+        dtype="float32",
+        seed=0,
+        max_model_len=64,
+        device=detect_device("cpu"),
+    )
     try:
         assert engine.dtype == "bfloat16"
         assert engine._llm.collective_rpc(_param_dtype) == ["torch.bfloat16"]
@@ -47,8 +53,9 @@ def test_a_bfloat16_engine_takes_a_float32_push(tiny_model_dir):
         (before,) = engine.sample(PROMPTS[:1], **greedy)[0]
         # The check below can fail: the engine's first policy scores its own response far from the
         # pushed policy.
-        assert torch.tensor(before.logprobs) != pytest.approx(_hf_scores(master, PROMPTS[0], before.token_ids),
-                                                             abs=0.15)
+        assert torch.tensor(before.logprobs) != pytest.approx(
+            _hf_scores(master, PROMPTS[0], before.token_ids), abs=0.15
+        )
         engine.update_weights(master.state_dict().items())
         assert engine._llm.collective_rpc(_param_dtype) == ["torch.bfloat16"]
         for prompt, (sample,) in zip(PROMPTS, engine.sample(PROMPTS, **greedy)):

@@ -45,17 +45,26 @@ def test_runtime_loads_generates_and_syncs(smollm2_dir):
     model = load_causal_lm(smollm2_dir)
     assert model.lm_head.weight is model.get_input_embeddings().weight
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token_id == tokenizer.eos_token_id
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True) for q in QUESTIONS]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in QUESTIONS
+    ]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     assert all(p[0] == tokenizer.bos_token_id for p in prompts)  # the template's <|im_start|>, once
 
-    engine = VllmRolloutEngine(smollm2_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25), dtype="float32", seed=0,
-                               max_model_len=160, device=detect_device("cpu"))
+    engine = VllmRolloutEngine(
+        smollm2_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25),
+        dtype="float32",
+        seed=0,
+        max_model_len=160,
+        device=detect_device("cpu"),
+    )
     try:
         greedy = dict(n=1, max_tokens=16, eos_token_id=tokenizer.eos_token_id, seed=None, greedy=True, logprobs=True)
-        assert any(ch.isdigit() for (c,) in engine.sample(prompts[:1], **greedy)
-                   for ch in tokenizer.decode(c.token_ids))  # a real model answers with a number
+        assert any(
+            ch.isdigit() for (c,) in engine.sample(prompts[:1], **greedy) for ch in tokenizer.decode(c.token_ids)
+        )  # a real model answers with a number
         with torch.no_grad():  # stands in for a training step: every weight moves, the tied one included
             for param in model.parameters():
                 param.mul_(1.01)
@@ -74,5 +83,6 @@ def test_runtime_loads_generates_and_syncs(smollm2_dir):
     with torch.no_grad():
         hf = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, micro_batch_size=2)
     for row, (completion,) in enumerate(after):
-        torch.testing.assert_close(torch.tensor(completion.logprobs), hf[row, :len(completion.token_ids)],
-                                   atol=1e-3, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(completion.logprobs), hf[row, : len(completion.token_ids)], atol=1e-3, rtol=0
+        )

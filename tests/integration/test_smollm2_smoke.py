@@ -21,19 +21,34 @@ from rldock_benchmarks.smollm2_learning import EXAMPLE, job_overrides, prepare_d
 
 pytestmark = pytest.mark.integration
 
-TINY_SLICE = ["algorithm.num_prompts_per_iteration=2", "algorithm.num_responses_per_prompt=2",
-              "algorithm.max_response_length=16", "evaluation.max_prompts=4", "training.micro_batch_size=4"]
+TINY_SLICE = [
+    "algorithm.num_prompts_per_iteration=2",
+    "algorithm.num_responses_per_prompt=2",
+    "algorithm.max_response_length=16",
+    "evaluation.max_prompts=4",
+    "training.micro_batch_size=4",
+]
 
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2-smoke")
     model = prepare_model()
-    data = prepare_data(root / "data", ("word_problems", "--operations", "add,subtract", "--max-number", "9",
-                                        "--num-train", "16", "--num-val", "4"))
+    data = prepare_data(
+        root / "data",
+        ("word_problems", "--operations", "add,subtract", "--max-number", "9", "--num-train", "16", "--num-val", "4"),
+    )
     output = root / "run"
-    command = [sys.executable, "-m", "rldock.runtime.cli", "train", str(EXAMPLE), "--output", str(output),
-               "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "rldock.runtime.cli",
+        "train",
+        str(EXAMPLE),
+        "--output",
+        str(output),
+        "--no-progress",
+    ]
     for override in [*job_overrides(model, data, iterations=2), *TINY_SLICE]:
         command += ["--set", override]
     job = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)

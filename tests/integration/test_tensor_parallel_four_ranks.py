@@ -23,11 +23,22 @@ def _tiny(architecture: str, seed: int):
     """8 heads and 4 KV heads of 16, MLP 128: every split dimension divides by 4."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[architecture]
-    config = config_cls(vocab_size=40, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=16, max_position_embeddings=32,
-                        tie_word_embeddings=True)
+    config_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[architecture]
+    config = config_cls(
+        vocab_size=40,
+        hidden_size=128,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=16,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     return model_cls(config)
 

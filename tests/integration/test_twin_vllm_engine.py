@@ -37,8 +37,14 @@ def test_twin_engine_runs_on_cpu_and_takes_weights_from_the_device(npu_twin, tin
     device_model.load_state_dict(host_model.state_dict())
     device_model.to(device.torch_device)
 
-    engine = VllmRolloutEngine(tiny_model_dir, rollout=RolloutSpec(temperature=1.0, top_p=1.0, cpu_kv_cache_gib=0.25),
-                               dtype="float32", seed=0, max_model_len=64, device=device)
+    engine = VllmRolloutEngine(
+        tiny_model_dir,
+        rollout=RolloutSpec(temperature=1.0, top_p=1.0, cpu_kv_cache_gib=0.25),
+        dtype="float32",
+        seed=0,
+        max_model_len=64,
+        device=device,
+    )
     try:
         engine.update_weights(device_model.state_dict().items())  # npu tensors into the CPU engine
         after = engine.sample(PROMPTS, n=1, max_tokens=10, eos_token_id=EOS, seed=None, greedy=True)
@@ -48,8 +54,14 @@ def test_twin_engine_runs_on_cpu_and_takes_weights_from_the_device(npu_twin, tin
 
     for prompt, (completion,) in zip(PROMPTS, after):
         ids = torch.tensor([prompt])
-        expected = host_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
-                                       do_sample=False, eos_token_id=EOS, pad_token_id=0)[0, len(prompt):].tolist()
+        expected = host_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=10,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
         assert completion.token_ids == expected
 
 
@@ -60,8 +72,7 @@ def _visible_devices_of_worker(worker) -> str | None:
     return os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
 
 
-def test_twin_tp2_engine_workers_see_the_replica_devices_the_trainer_hands_over(npu_twin, tiny_model_dir,
-                                                                                monkeypatch):
+def test_twin_tp2_engine_workers_see_the_replica_devices_the_trainer_hands_over(npu_twin, tiny_model_dir, monkeypatch):
     """Generation TP 2 on the twin: the engine rank (Ray put it on device 3, its peer on 1) gets the
     replica's devices, its own first, and vLLM's TP worker processes inherit exactly that list."""
     from ray import cloudpickle
@@ -82,8 +93,14 @@ def test_twin_tp2_engine_workers_see_the_replica_devices_the_trainer_hands_over(
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * 0.05)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    engine = VllmRolloutEngine(tiny_model_dir, rollout=RolloutSpec(cpu_kv_cache_gib=0.25, tensor_parallel_size=2),
-                               dtype="float32", seed=0, max_model_len=64, device=device)
+    engine = VllmRolloutEngine(
+        tiny_model_dir,
+        rollout=RolloutSpec(cpu_kv_cache_gib=0.25, tensor_parallel_size=2),
+        dtype="float32",
+        seed=0,
+        max_model_len=64,
+        device=device,
+    )
     try:
         assert engine._llm.collective_rpc(_visible_devices_of_worker) == ["3,1", "3,1"]
         engine.update_weights({k: v.to(device.torch_device) for k, v in model.state_dict().items()}.items())
@@ -93,6 +110,12 @@ def test_twin_tp2_engine_workers_see_the_replica_devices_the_trainer_hands_over(
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     for prompt, (completion,) in zip(PROMPTS, after):
         ids = torch.tensor([prompt])
-        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                                  eos_token_id=EOS, pad_token_id=0)[0, len(prompt):].tolist()
+        expected = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=6,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
         assert completion.token_ids == expected

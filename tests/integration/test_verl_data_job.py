@@ -18,11 +18,11 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-CHECK_REWARD = textwrap.dedent('''
+CHECK_REWARD = textwrap.dedent("""
     def sees_verl_fields(data_source, solution_str, ground_truth, extra_info):
         ok = data_source == "openai/gsm8k" and ground_truth == extra_info["answer"] and extra_info["split"] == "train"
         return float(ok)
-''')
+""")
 
 
 def _verl_rows(count: int) -> list[dict]:
@@ -30,11 +30,15 @@ def _verl_rows(count: int) -> list[dict]:
     rows = []
     for index in range(count):
         a, b = index % 10, (index * 7) % 10
-        rows.append({"data_source": "openai/gsm8k",
-                     "prompt": [{"role": "user", "content": f"{a}+{b}="}],
-                     "ability": "math",
-                     "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-                     "extra_info": {"split": "train", "index": index, "answer": str(a + b)}})
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"{a}+{b}="}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "extra_info": {"split": "train", "index": index, "answer": str(a + b)},
+            }
+        )
     return rows
 
 
@@ -60,22 +64,47 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
     _chat_tiny_model(tmp_path / "model", rows)
     (tmp_path / "check_reward.py").write_text(CHECK_REWARD)
     config = {
-        "name": "it-verl-data", "seed": 5, "iterations": 2,
+        "name": "it-verl-data",
+        "seed": 5,
+        "iterations": 2,
         "model": {"path": str(tmp_path / "model")},
-        "data": {"train_files": [str(tmp_path / "train.parquet")], "prompt_key": "prompt",
-                 "answer_key": "reward_model.ground_truth", "data_source_key": "data_source",
-                 "extra_info_key": "extra_info", "chat_template": "model"},
+        "data": {
+            "train_files": [str(tmp_path / "train.parquet")],
+            "prompt_key": "prompt",
+            "answer_key": "reward_model.ground_truth",
+            "data_source_key": "data_source",
+            "extra_info_key": "extra_info",
+            "chat_template": "model",
+        },
         "reward": {"terms": [{"name": "function", "function": f"{tmp_path}/check_reward.py:sees_verl_fields"}]},
-        "algorithm": {"num_prompts_per_iteration": 2, "num_responses_per_prompt": 4,
-                      "max_prompt_length": 8, "max_response_length": 4, "learning_rate": 1e-4},
+        "algorithm": {
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 4,
+            "max_prompt_length": 8,
+            "max_response_length": 4,
+            "learning_rate": 1e-4,
+        },
         "training": {"data_parallel_size": 1, "micro_batch_size": 8},
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(tmp_path / "job.yaml"),
-                           "--output", str(tmp_path / "run"), "--no-progress"],
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rldock.runtime.cli",
+            "train",
+            str(tmp_path / "job.yaml"),
+            "--output",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [record["iteration"] for record in records] == [1, 2]

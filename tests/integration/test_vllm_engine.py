@@ -69,9 +69,7 @@ def _score_with_hf(model, prompts: list[list[int]], responses: list[list[int]]) 
     prompt_ids, prompt_mask = _padded(prompts, max(map(len, prompts)), left=True)
     response_ids, response_mask = _padded(responses, max(map(len, responses)), left=False)
     with torch.no_grad():
-        return response_logprobs(
-            model, prompt_ids, prompt_mask, response_ids, response_mask, micro_batch_size=2
-        )
+        return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, micro_batch_size=2)
 
 
 def test_generate_returns_n_responses_per_prompt(engine):
@@ -92,8 +90,9 @@ def test_generate_returns_n_responses_per_prompt(engine):
 def test_stream_yields_every_prompt_once_with_the_responses_generate_gives(engine):
     streamed = dict(engine.stream(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7))
     assert sorted(streamed) == list(range(len(PROMPTS)))
-    assert [streamed[i] for i in range(len(PROMPTS))] == engine.generate(PROMPTS, n=4, max_tokens=8,
-                                                                          eos_token_id=EOS, seed=7)
+    assert [streamed[i] for i in range(len(PROMPTS))] == engine.generate(
+        PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7
+    )
 
 
 def test_eos_stops_the_response_and_is_kept(engine):
@@ -101,9 +100,7 @@ def test_eos_stops_the_response_and_is_kept(engine):
     tokens = free[0].token_ids
     # Declare a token greedy decoding emits as EOS: decoding must stop right after it.
     stop_at = next(i for i, t in enumerate(tokens) if i > 0 and t not in tokens[:i])
-    (stopped,) = engine.sample(
-        [PROMPTS[0]], n=1, max_tokens=12, eos_token_id=tokens[stop_at], seed=None, greedy=True
-    )
+    (stopped,) = engine.sample([PROMPTS[0]], n=1, max_tokens=12, eos_token_id=tokens[stop_at], seed=None, greedy=True)
     assert stopped[0].token_ids == tokens[: stop_at + 1]
     assert stopped[0].finished_with_eos
 
@@ -124,9 +121,13 @@ def test_update_weights_in_memory_then_vllm_matches_hf(engine, tiny_model_dir):
     for prompt, (completion,) in zip(PROMPTS, after):
         ids = torch.tensor([prompt])
         hf = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-            eos_token_id=EOS, pad_token_id=0,
-        )[0, len(prompt):].tolist()
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=10,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
         assert completion.token_ids == hf
 
     responses = [c.token_ids for (c,) in after]
@@ -230,8 +231,13 @@ def dp_ranks(tiny_model_dir):
         def join(self, rendezvous) -> None:
             from rldock.runtime.engines.distributed import init_process_group
 
-            init_process_group(self.device, rank=self.rank, world_size=WORLD_SIZE, rendezvous=rendezvous,
-                               store=getattr(self, "store", None))
+            init_process_group(
+                self.device,
+                rank=self.rank,
+                world_size=WORLD_SIZE,
+                rendezvous=rendezvous,
+                store=getattr(self, "store", None),
+            )
 
         def all_reduce(self) -> list[float]:
             import torch.distributed as dist

@@ -43,8 +43,9 @@ def test_every_source_file_is_found_by_its_dotted_name():
 
 def test_code_lives_only_in_src_trees():
     """No Python file outside a src/ root, tests/ and the chart; nothing called `operator` on top."""
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     stray = [f for f in tracked if "/src/" not in f and not f.startswith("tests/")]
     assert stray == []
     assert not (REPO / "operator" / "__init__.py").exists()
@@ -52,8 +53,9 @@ def test_code_lives_only_in_src_trees():
 
 def test_nothing_edits_sys_path():
     pattern = re.compile(r"sys\.path\.(insert|append)")
-    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     offenders = [f for f in tracked if f != "tests/unit/test_layout.py" and pattern.search((REPO / f).read_text())]
     assert offenders == []
 
@@ -80,12 +82,29 @@ def fresh_install(tmp_path_factory) -> Path:
         shutil.copytree(REPO / root, source / root, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(work / "dist"), str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(work / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wheel = next((work / "dist").glob("rldock-*.whl"))
     site = work / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     return site
 
 
@@ -97,10 +116,13 @@ def test_fresh_install_imports_every_module_from_its_own_path(fresh_install: Pat
     # venv's site-packages comes after the fresh install only for third-party dependencies.
     names = sorted(name for name in expected if not name.endswith("__main__"))  # __main__ would run the operator
     deps = sysconfig.get_paths()["purelib"]
-    out = subprocess.run([sys.executable, "-S", "-c", _IMPORT_EVERYTHING, str(fresh_install), json.dumps(names)],
-                         env={"PYTHONPATH": f"{fresh_install}:{deps}", "PATH": "/usr/bin:/bin",
-                              "HOME": str(fresh_install)},
-                         capture_output=True, text=True, cwd=fresh_install.parent)
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", _IMPORT_EVERYTHING, str(fresh_install), json.dumps(names)],
+        env={"PYTHONPATH": f"{fresh_install}:{deps}", "PATH": "/usr/bin:/bin", "HOME": str(fresh_install)},
+        capture_output=True,
+        text=True,
+        cwd=fresh_install.parent,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     paths = json.loads(out.stdout.strip().splitlines()[-1])
     for name, file in paths.items():

@@ -35,20 +35,33 @@ ARMS: dict[str, list[str]] = {
 def curve_summary(rewards: list[float], window: int) -> dict:
     """Mean reward of the first and last `window` iterations and of all of them."""
     window = max(1, min(window, len(rewards)))
-    return {"reward_first": statistics.fmean(rewards[:window]), "reward_last": statistics.fmean(rewards[-window:]),
-            "reward_all": statistics.fmean(rewards), "window": window, "curve": rewards}
+    return {
+        "reward_first": statistics.fmean(rewards[:window]),
+        "reward_last": statistics.fmean(rewards[-window:]),
+        "reward_all": statistics.fmean(rewards),
+        "window": window,
+        "curve": rewards,
+    }
 
 
 def compare(runs: dict[int, dict[str, dict]]) -> dict:
     """Margins async - sync per seed (last window and all iterations), their means over seeds, and
     the sync arm's spread over seeds (population standard deviation; 0 with one seed)."""
     seeds = sorted(runs)
-    margins = {seed: {key: runs[seed]["async"][key] - runs[seed]["sync"][key] for key in ("reward_last", "reward_all")}
-               for seed in seeds}
-    spread = {key: statistics.pstdev([runs[seed]["sync"][key] for seed in seeds]) for key in ("reward_last", "reward_all")}
+    margins = {
+        seed: {key: runs[seed]["async"][key] - runs[seed]["sync"][key] for key in ("reward_last", "reward_all")}
+        for seed in seeds
+    }
+    spread = {
+        key: statistics.pstdev([runs[seed]["sync"][key] for seed in seeds]) for key in ("reward_last", "reward_all")
+    }
     mean_margin = {key: statistics.fmean(m[key] for m in margins.values()) for key in ("reward_last", "reward_all")}
-    return {"margin_per_seed": margins, "mean_margin": mean_margin, "sync_seed_spread": spread,
-            "async_within_sync_noise": {key: mean_margin[key] >= -spread[key] for key in mean_margin}}
+    return {
+        "margin_per_seed": margins,
+        "mean_margin": mean_margin,
+        "sync_seed_spread": spread,
+        "async_within_sync_noise": {key: mean_margin[key] >= -spread[key] for key in mean_margin},
+    }
 
 
 def main() -> None:
@@ -68,13 +81,18 @@ def main() -> None:
             result = run(args.config, output, [*common, f"seed={seed}", *overrides])
             records = read_records(output)
             key = headline_key(records[0])
-            runs.setdefault(seed, {})[arm] = {**curve_summary([r[key] for r in records], args.window),
-                                              "metric": key, "seconds": result["seconds"],
-                                              "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0)
-                                                                                 for r in records)}
+            runs.setdefault(seed, {})[arm] = {
+                **curve_summary([r[key] for r in records], args.window),
+                "metric": key,
+                "seconds": result["seconds"],
+                "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0) for r in records),
+            }
     if args.plot:
-        plot_curves({f"{arm}, seed {seed}": args.output / f"seed{seed}" / arm for seed in args.seeds for arm in ARMS},
-                    f"{Path(args.config).name}: sync vs async", args.plot)
+        plot_curves(
+            {f"{arm}, seed {seed}": args.output / f"seed{seed}" / arm for seed in args.seeds for arm in ARMS},
+            f"{Path(args.config).name}: sync vs async",
+            args.plot,
+        )
     print(json.dumps({"config": args.config, "seeds": args.seeds, "runs": runs, **compare(runs)}, indent=2))
 
 

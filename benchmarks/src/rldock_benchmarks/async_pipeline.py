@@ -35,8 +35,11 @@ from rldock_benchmarks.throughput import run_shape_benchmark, run_variant, shape
 SHAPES = ("demo", "generation_heavy")
 VARIANTS: dict[str, dict[str, Any]] = {
     "sync": {"training": {"mode": "sync"}, "dock": {"max_staleness": 0}},
-    "sync_recompute": {"training": {"mode": "sync"}, "dock": {"max_staleness": 0},
-                       "algorithm": {"recompute_old_logprobs": "always"}},
+    "sync_recompute": {
+        "training": {"mode": "sync"},
+        "dock": {"max_staleness": 0},
+        "algorithm": {"recompute_old_logprobs": "always"},
+    },
     "async": {"training": {"mode": "async"}, "dock": {"max_staleness": 1}},
 }
 
@@ -53,30 +56,41 @@ def run_shape(shape, *, args, models: dict[str, Path]) -> dict:
             warm_start = args.output / shape.name / "warmup"
             shutil.rmtree(warm_start, ignore_errors=True)
             shutil.copytree(output / "warmup", warm_start)
-        measured = records[args.warmup_iterations:] or records[-1:]
-        results[name] = {**summarise(records, cfg, args.warmup_iterations),
-                         "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0) for r in measured),
-                         "wall_s": time.perf_counter() - started}
+        measured = records[args.warmup_iterations :] or records[-1:]
+        results[name] = {
+            **summarise(records, cfg, args.warmup_iterations),
+            "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0) for r in measured),
+            "wall_s": time.perf_counter() - started,
+        }
         logging.info("%s/%s: %.3f s per iteration", shape.name, name, results[name]["iteration_s"])
     asynchronous = results["async"]
     algo = cfg.algorithm
     return {
-        "shape": {"G": algo.num_prompts_per_iteration, "N": algo.num_responses_per_prompt,
-                  "PL": algo.max_prompt_length, "SL": algo.max_response_length, "model": shape.model},
+        "shape": {
+            "G": algo.num_prompts_per_iteration,
+            "N": algo.num_responses_per_prompt,
+            "PL": algo.max_prompt_length,
+            "SL": algo.max_response_length,
+            "model": shape.model,
+        },
         "variants": results,
-        "async_vs_sync": {"iteration_time_ratio": asynchronous["iteration_s"] / results["sync"]["iteration_s"],
-                          "tokens_per_s_ratio": asynchronous["tokens_per_s_machine"]
-                          / results["sync"]["tokens_per_s_machine"]},
+        "async_vs_sync": {
+            "iteration_time_ratio": asynchronous["iteration_s"] / results["sync"]["iteration_s"],
+            "tokens_per_s_ratio": asynchronous["tokens_per_s_machine"] / results["sync"]["tokens_per_s_machine"],
+        },
         "async_vs_sync_recompute": {
             "iteration_time_ratio": asynchronous["iteration_s"] / results["sync_recompute"]["iteration_s"],
             "tokens_per_s_ratio": asynchronous["tokens_per_s_machine"]
-            / results["sync_recompute"]["tokens_per_s_machine"]},
+            / results["sync_recompute"]["tokens_per_s_machine"],
+        },
     }
 
 
 def main() -> None:
-    run_shape_benchmark(__doc__.splitlines()[0], default_output="runs/async", shape_names=SHAPES, unit="variant",
-                        run_shape=run_shape)
+    run_shape_benchmark(
+        __doc__.splitlines()[0], default_output="runs/async", shape_names=SHAPES, unit="variant", run_shape=run_shape
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def percentiles(seconds: list[float]) -> dict[str, float]:
     values = np.asarray(seconds) * 1e3
     return {f"p{q}_ms": round(float(np.percentile(values, q)), 4) for q in (50, 90, 99)} | {
-        "max_ms": round(float(values.max()), 4), "count": int(values.size)}
+        "max_ms": round(float(values.max()), 4),
+        "count": int(values.size),
+    }
 
 
 async def ready_first(args: argparse.Namespace) -> dict:
@@ -54,8 +56,7 @@ async def ready_first(args: argparse.Namespace) -> dict:
     from rldock.runtime.dock.ownership import DockLayout
 
     layout = DockLayout(num_samples=args.samples, group_size=args.group, num_warehouses=args.warehouses)
-    controller = Controller(state="update", columns=["response_ids", "advantage"], layout=layout,
-                            default_timeout_s=600)
+    controller = Controller(state="update", columns=["response_ids", "advantage"], layout=layout, default_timeout_s=600)
     await controller.mark_ready(np.arange(args.samples), ["response_ids", "advantage"])
     latencies: list[float] = []
 
@@ -71,8 +72,12 @@ async def ready_first(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     await asyncio.gather(*(rank(r) for r in range(args.ranks)))
     wall = time.perf_counter() - started
-    return {"wall_s": round(wall, 4), "requests": len(latencies), "requests_per_s": round(len(latencies) / wall, 1),
-            "request_latency": percentiles(latencies)}
+    return {
+        "wall_s": round(wall, 4),
+        "requests": len(latencies),
+        "requests_per_s": round(len(latencies) / wall, 1),
+        "request_latency": percentiles(latencies),
+    }
 
 
 async def streaming(args: argparse.Namespace) -> dict:
@@ -97,7 +102,7 @@ async def streaming(args: argparse.Namespace) -> dict:
 
     async def writer() -> None:
         for first in range(0, groups.size, per_chunk):
-            chosen = np.sort(groups[first:first + per_chunk])
+            chosen = np.sort(groups[first : first + per_chunk])
             indices = (chosen[:, None] * args.group + np.arange(args.group)).ravel()
             started = time.perf_counter()
             await controller.mark_ready(indices, ["response_ids"])
@@ -110,21 +115,29 @@ async def streaming(args: argparse.Namespace) -> dict:
     await writer()
     await asyncio.gather(*ranks)
     wall = time.perf_counter() - started
-    return {"wall_s": round(wall, 4), "requests": requests, "requests_per_s": round(requests / wall, 1),
-            "write_latency": percentiles(writes)}
+    return {
+        "wall_s": round(wall, 4),
+        "requests": requests,
+        "requests_per_s": round(requests / wall, 1),
+        "write_latency": percentiles(writes),
+    }
 
 
 def child(args: argparse.Namespace) -> dict:
     import rldock.runtime.dock.controller as module
 
-    return {"controller": os.path.dirname(module.__file__), "ready_first": asyncio.run(ready_first(args)),
-            "streaming": asyncio.run(streaming(args))}
+    return {
+        "controller": os.path.dirname(module.__file__),
+        "ready_first": asyncio.run(ready_first(args)),
+        "streaming": asyncio.run(streaming(args)),
+    }
 
 
 def run_child(src: str, argv: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *os.environ.get("PYTHONPATH", "").split(os.pathsep)])}
-    done = subprocess.run([sys.executable, "-m", __spec__.name, *argv, "--child"], env=env, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", __spec__.name, *argv, "--child"], env=env, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"controller run under {src} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)
@@ -140,19 +153,26 @@ def main(argv: list[str] | None = None) -> None:
     import rldock.runtime.dock.controller as module
 
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(module.__file__))))
-    report = {"benchmark": "controller_scale", "shape": shape, "load_note": "timings on a shared, loaded machine",
-              "this": run_child(here, passed)}
+    report = {
+        "benchmark": "controller_scale",
+        "shape": shape,
+        "load_note": "timings on a shared, loaded machine",
+        "this": run_child(here, passed),
+    }
     if args.compare:
         report["baseline"] = run_child(args.compare, passed)
         this, base = report["this"], report["baseline"]
         report["ratios_this_over_baseline"] = {
-            "ready_first_requests_per_s": round(this["ready_first"]["requests_per_s"]
-                                                / base["ready_first"]["requests_per_s"], 2),
-            "ready_first_p50_latency": round(base["ready_first"]["request_latency"]["p50_ms"]
-                                             / this["ready_first"]["request_latency"]["p50_ms"], 2),
+            "ready_first_requests_per_s": round(
+                this["ready_first"]["requests_per_s"] / base["ready_first"]["requests_per_s"], 2
+            ),
+            "ready_first_p50_latency": round(
+                base["ready_first"]["request_latency"]["p50_ms"] / this["ready_first"]["request_latency"]["p50_ms"], 2
+            ),
             "streaming_wall": round(base["streaming"]["wall_s"] / this["streaming"]["wall_s"], 2),
-            "streaming_p99_write_latency": round(base["streaming"]["write_latency"]["p99_ms"]
-                                                 / this["streaming"]["write_latency"]["p99_ms"], 2),
+            "streaming_p99_write_latency": round(
+                base["streaming"]["write_latency"]["p99_ms"] / this["streaming"]["write_latency"]["p99_ms"], 2
+            ),
         }
     print(json.dumps(report, indent=2))
 

@@ -100,14 +100,20 @@ def drive(args: argparse.Namespace) -> dict:
         for variant in variants:
             mode, prefer_local, colocate, shared_memory = VARIANTS[variant]
             if mode == TRANSFERQUEUE:
-                dock = tq_dock.TQDock.create(states=CONSUMES, num_samples=dims.num_samples, group_size=dims.N,
-                                             node_ids=node_ids[:num_nodes])
+                dock = tq_dock.TQDock.create(
+                    states=CONSUMES, num_samples=dims.num_samples, group_size=dims.N, node_ids=node_ids[:num_nodes]
+                )
             else:
                 dock = TransferDock.create(
                     DockSpec(mode=mode, timeout_s=600),
-                    states={s: list(c) for s, c in CONSUMES.items()}, num_samples=dims.num_samples,
-                    group_size=dims.N, token_columns=TOKEN_COLUMNS, node_ids=node_ids[:num_nodes],
-                    prefer_local=prefer_local, colocate_controllers=colocate, shared_memory=shared_memory,
+                    states={s: list(c) for s, c in CONSUMES.items()},
+                    num_samples=dims.num_samples,
+                    group_size=dims.N,
+                    token_columns=TOKEN_COLUMNS,
+                    node_ids=node_ids[:num_nodes],
+                    prefer_local=prefer_local,
+                    colocate_controllers=colocate,
+                    shared_memory=shared_memory,
                 )
             try:
                 owned = [dock.layout.capacity(w) for w in range(dock.layout.num_warehouses)]
@@ -117,8 +123,13 @@ def drive(args: argparse.Namespace) -> dict:
             configs.append(summarize(variant, num_nodes, dims, owned, records, link))
             logging.getLogger(__name__).info("%s S=%d: %.3fs", variant, num_nodes, configs[-1]["seconds_median"])
     harness.disconnect(cluster)
-    return {"link_bandwidth": link, "configs": configs, "speedup_vs_central": speedups(configs),
-            "speedup_vs_transferqueue": speedups(configs, baseline=TRANSFERQUEUE), "skipped": skipped}
+    return {
+        "link_bandwidth": link,
+        "configs": configs,
+        "speedup_vs_central": speedups(configs),
+        "speedup_vs_transferqueue": speedups(configs, baseline=TRANSFERQUEUE),
+        "skipped": skipped,
+    }
 
 
 DOCK_CPU_ROLES = ("dock_actors", "agents", "raylets")  # what "dock CPU per GB moved" counts
@@ -126,12 +137,13 @@ PREDICTIONS = {
     "central": "Eq. (2'): one buffer moves V = G*N*b, b counting the prompt once per group (b_driver/N)",
     "distributed": "Eq. (4'): warehouse w moves V * G_w / G (= V/S when S divides G), b as in Eq. (2')",
     TRANSFERQUEUE: "Eq. (4) by samples, prompt N times: unit u moves V_rep * n_u / (G*N), "
-                   "n_u = samples with index mod S = u",
+    "n_u = samples with index mod S = u",
 }
 
 
-def summarize(variant: str, num_nodes: int, dims: Dims, owned: list[int], records: list[dict],
-              link: dict | None) -> dict:
+def summarize(
+    variant: str, num_nodes: int, dims: Dims, owned: list[int], records: list[dict], link: dict | None
+) -> dict:
     predicted = predicted_bytes(dims, owned, prompt_once=variant != TRANSFERQUEUE)
     measured = [int(harness.median([r["warehouse_bytes"][w] for r in records])) for w in range(len(owned))]
     errors = [abs(m - p) / p for m, p in zip(measured, predicted)]
@@ -184,10 +196,22 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(drive(args)))
         return
     caps = [None if c.strip().lower() == "none" else float(c) for c in args.caps.split(",")]
-    driver_args = ["--preset", args.preset, "--scale", str(args.scale), "--nodes", args.nodes,
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                   "--bandwidth-mb", str(args.bandwidth_mb),
-                   "--variants", args.variants]
+    driver_args = [
+        "--preset",
+        args.preset,
+        "--scale",
+        str(args.scale),
+        "--nodes",
+        args.nodes,
+        "--repeats",
+        str(args.repeats),
+        "--warmup",
+        str(args.warmup),
+        "--bandwidth-mb",
+        str(args.bandwidth_mb),
+        "--variants",
+        args.variants,
+    ]
     report = harness.orchestrate(__spec__.name, driver_args, max_nodes=max(node_counts(args)), caps=caps)
     dims = scaled_dims(args)
     per_sample = bytes_per_sample(dims)

@@ -42,14 +42,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class RoundTripper:
     """A worker actor timing dock calls, as a worker state's loop makes them."""
 
-    def run(self, docks: dict, *, samples: int, columns: int, length: int, rounds: int,
-            warmup: int) -> dict[str, dict[str, list[float]]]:
+    def run(
+        self, docks: dict, *, samples: int, columns: int, length: int, rounds: int, warmup: int
+    ) -> dict[str, dict[str, list[float]]]:
         import torch
         from tensordict import TensorDict
 
         names = [f"column_{j}" for j in range(columns)]
-        batch = TensorDict({name: torch.arange(samples * length).reshape(samples, length) for name in names},
-                           batch_size=[samples])  # (B, T) int64 each
+        batch = TensorDict(
+            {name: torch.arange(samples * length).reshape(samples, length) for name in names}, batch_size=[samples]
+        )  # (B, T) int64 each
         indices = torch.arange(samples)
         seconds: dict[str, dict[str, list[float]]] = {c: {call: [] for call in CALLS} for c in docks}
         for r in range(warmup + rounds):
@@ -77,12 +79,16 @@ def summarize(seconds: dict[str, dict[str, list[float]]]) -> dict:
         out[client] = {}
         for call, values in calls.items():
             ms = np.asarray(values) * 1e3
-            out[client][call] = {"median_ms": round(float(np.median(ms)), 3),
-                                 "p90_ms": round(float(np.percentile(ms, 90)), 3),
-                                 "mean_ms": round(float(ms.mean()), 3), "count": int(ms.size)}
+            out[client][call] = {
+                "median_ms": round(float(np.median(ms)), 3),
+                "p90_ms": round(float(np.percentile(ms, 90)), 3),
+                "mean_ms": round(float(ms.mean()), 3),
+                "count": int(ms.size),
+            }
     out["colocated_over_warehouse_actors_median"] = {
         call: round(out["colocated"][call]["median_ms"] / out["warehouse_actors"][call]["median_ms"], 3)
-        for call in CALLS}
+        for call in CALLS
+    }
     return out
 
 
@@ -102,17 +108,25 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for name, colocate in (("colocated", True), ("warehouse_actors", False)):
             spec = DockSpec(num_warehouses=args.warehouses, timeout_s=60)
-            docks[name] = TransferDock.create(spec, states=states, num_samples=args.samples, group_size=1,
-                                              colocate_controllers=colocate)
+            docks[name] = TransferDock.create(
+                spec, states=states, num_samples=args.samples, group_size=1, colocate_controllers=colocate
+            )
         worker = ray.remote(num_cpus=0)(RoundTripper).remote()
-        seconds = ray.get(worker.run.remote(docks, samples=args.samples, columns=args.columns, length=args.length,
-                                            rounds=args.rounds, warmup=args.warmup))
+        seconds = ray.get(
+            worker.run.remote(
+                docks,
+                samples=args.samples,
+                columns=args.columns,
+                length=args.length,
+                rounds=args.rounds,
+                warmup=args.warmup,
+            )
+        )
         for dock in docks.values():
             dock.shutdown()
     finally:
         ray.shutdown()
-    report = {"benchmark": "dock_round_trip", "args": vars(args), "load_average": os.getloadavg(),
-              **summarize(seconds)}
+    report = {"benchmark": "dock_round_trip", "args": vars(args), "load_average": os.getloadavg(), **summarize(seconds)}
     print(json.dumps(report, indent=2))
 
 

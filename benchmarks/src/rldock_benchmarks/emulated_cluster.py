@@ -71,8 +71,11 @@ class EmulatedNetwork:
         for k in range(self.num_nodes):
             ns, veth = self.namespace(k), self.host_veth(k)
             self._step(f"create namespace {ns}", ["ip", "netns", "add", ns], ("netns", ns))
-            self._step(f"create veth {veth}", ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
-                                              "netns", ns], ("link", veth))
+            self._step(
+                f"create veth {veth}",
+                ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
+                ("link", veth),
+            )
             self._step(f"attach {veth} to the bridge", ["ip", "link", "set", veth, "master", self.bridge, "up"])
             self._step(f"address node {k}", ["ip", "-n", ns, "addr", "add", f"{self.node_ip(k)}/24", "dev", "eth0"])
             self._step(f"bring node {k} up", ["ip", "-n", ns, "link", "set", "eth0", "up"])
@@ -87,9 +90,24 @@ class EmulatedNetwork:
                 if mbytes_per_s is not None:
                     mbit = int(mbytes_per_s * 8)
                     # A token bucket: rate in Mbit/s, a 4 MB burst (a few ms of traffic), 100 ms queue.
-                    self._step(f"tc cap on {dev} of node {k}",
-                               [*where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
-                                "burst", "4mb", "latency", "100ms"])
+                    self._step(
+                        f"tc cap on {dev} of node {k}",
+                        [
+                            *where,
+                            "qdisc",
+                            "add",
+                            "dev",
+                            dev,
+                            "root",
+                            "tbf",
+                            "rate",
+                            f"{mbit}mbit",
+                            "burst",
+                            "4mb",
+                            "latency",
+                            "100ms",
+                        ],
+                    )
         self.cap_mbytes_per_s = mbytes_per_s
 
     def down(self) -> None:
@@ -127,17 +145,33 @@ class RayNodes:
         """Start a head in node 0's namespace and one worker node per other namespace; the GCS address."""
         head = f"{network.node_ip(0)}:{GCS_PORT}"
         for k in range(network.num_nodes):
-            role = ["--head", f"--port={GCS_PORT}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false"] \
-                if k == 0 else [f"--address={head}"]
-            cmd = [*network.exec_prefix(k), sys.executable, "-m", "ray.scripts.scripts", "start", *role, "--block",
-                   f"--node-ip-address={network.node_ip(k)}", f"--num-cpus={self.num_cpus}",
-                   f"--object-store-memory={self.object_store_bytes}", "--disable-usage-stats",
-                   f"--resources={json.dumps({NODE_RESOURCE.format(k): 1})}"]
+            role = (
+                ["--head", f"--port={GCS_PORT}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false"]
+                if k == 0
+                else [f"--address={head}"]
+            )
+            cmd = [
+                *network.exec_prefix(k),
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                *role,
+                "--block",
+                f"--node-ip-address={network.node_ip(k)}",
+                f"--num-cpus={self.num_cpus}",
+                f"--object-store-memory={self.object_store_bytes}",
+                "--disable-usage-stats",
+                f"--resources={json.dumps({NODE_RESOURCE.format(k): 1})}",
+            ]
             log_path = Path(self.temp_dir).parent / f"rldock-bench-node{k}.log"
             for attempt in range(1, _START_ATTEMPTS + 1):
                 with log_path.open("w") as log:
-                    self.processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env(),
-                                                           start_new_session=True))
+                    self.processes.append(
+                        subprocess.Popen(
+                            cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env(), start_new_session=True
+                        )
+                    )
                 # One node at a time: on a small machine, nodes that start together time out.
                 try:
                     _wait_for_start(self.processes[-1], log_path, node=k)
@@ -149,8 +183,9 @@ class RayNodes:
                     failed = self.processes.pop()
                     _end_sessions([failed.pid])
                     failed.wait(timeout=5)
-                    logger.warning("Ray node %d did not come up (attempt %d of %d); starting it again",
-                                   k, attempt, _START_ATTEMPTS)
+                    logger.warning(
+                        "Ray node %d did not come up (attempt %d of %d); starting it again", k, attempt, _START_ATTEMPTS
+                    )
                     time.sleep(5)
         return head
 
@@ -193,8 +228,13 @@ def _wait_for_start(process: subprocess.Popen, log_path: Path, *, node: int, tim
 
 def ray_env() -> dict[str, str]:
     """Environment of every emulated-cluster process: no token auth, no usage reporting."""
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-            "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+    }
 
 
 def _session_members(session_ids: list[int]) -> list[int]:
@@ -207,7 +247,7 @@ def _session_members(session_ids: list[int]) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[3]) in session_ids:  # field 6 of /proc/pid/stat: session id
             members.append(int(entry.name))
     return members

@@ -37,8 +37,15 @@ import torch.multiprocessing as mp
 
 LOSS_RTOL = 1e-4
 # A ~110M-parameter Llama (tied embeddings): vocab, hidden, layers, heads, KV heads, intermediate.
-DEFAULT_SHAPE = dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                     num_key_value_heads=4, intermediate_size=2048, tie_word_embeddings=True)
+DEFAULT_SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    intermediate_size=2048,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(model_dir: str | None, seed: int):
@@ -64,8 +71,10 @@ def _state_bytes(model, optimizer) -> dict[str, int]:
     from rldock.runtime.resharding.swap import training_state
 
     seen: set[int] = set()
-    return {category: resident_bytes(tensors, device_type="cpu", seen=seen)
-            for category, tensors in training_state(model, optimizer).items()}
+    return {
+        category: resident_bytes(tensors, device_type="cpu", seen=seen)
+        for category, tensors in training_state(model, optimizer).items()
+    }
 
 
 def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir: str) -> None:
@@ -88,7 +97,7 @@ def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir
     generator = torch.Generator().manual_seed(args.seed)
     vocab = model_config(args.model_dir)["vocab_size"]
     batch = torch.randint(0, vocab, (args.world * args.batch_per_rank, args.seq_len), generator=generator)
-    mine = batch[rank * args.batch_per_rank:(rank + 1) * args.batch_per_rank]  # (b, T)
+    mine = batch[rank * args.batch_per_rank : (rank + 1) * args.batch_per_rank]  # (b, T)
     losses, seconds, state = [], [], None
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -106,8 +115,9 @@ def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(float(mean) / args.world)
-    (Path(out_dir) / f"{strategy}-{rank}.json").write_text(json.dumps(
-        {"state_bytes": state, "losses": losses, "step_s": seconds}))
+    (Path(out_dir) / f"{strategy}-{rank}.json").write_text(
+        json.dumps({"state_bytes": state, "losses": losses, "step_s": seconds})
+    )
     dist.barrier()  # every rank has written its result
     # End the rank without tearing torch down: when this frame's locals go, DDP's reducer can drop
     # the last reference to the gloo process group, whose destructor joins gloo's worker threads
@@ -135,15 +145,26 @@ def planned_state_bytes(args: argparse.Namespace, strategy: str) -> int:
     from rldock.runtime.planning.memory import training_state_bytes
     from rldock.runtime.planning.shapes import shape_from_hf_config
 
-    cfg = parse_job_config({
-        "iterations": 1, "model": {"path": args.model_dir or "unused"},
-        # Planned, never trained: the planner reads no prompts or rewards, but a model of one's own must name them.
-        "data": {"generator": {"name": "addition"}}, "reward": {"terms": [{"name": "digit_match"}]},
-        "algorithm": {"name": "grpo", "num_prompts_per_iteration": args.world, "num_responses_per_prompt": 2,
-                      "max_prompt_length": 1, "max_response_length": args.seq_len,
-                      "learning_rate": args.learning_rate},
-        "training": {"strategy": strategy, "data_parallel_size": args.world},
-        "resources": {"device": "cpu", "devices_per_node": args.world}, "checkpoint": {"interval": 1}})
+    cfg = parse_job_config(
+        {
+            "iterations": 1,
+            "model": {"path": args.model_dir or "unused"},
+            # Planned, never trained: the planner reads no prompts or rewards, but a model of one's own must name them.
+            "data": {"generator": {"name": "addition"}},
+            "reward": {"terms": [{"name": "digit_match"}]},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": args.world,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 1,
+                "max_response_length": args.seq_len,
+                "learning_rate": args.learning_rate,
+            },
+            "training": {"strategy": strategy, "data_parallel_size": args.world},
+            "resources": {"device": "cpu", "devices_per_node": args.world},
+            "checkpoint": {"interval": 1},
+        }
+    )
     return sum(training_state_bytes(cfg, shape_from_hf_config(model_config(args.model_dir), name="benchmark")))
 
 
@@ -154,12 +175,18 @@ def median_step_s(ranks: list[dict]) -> float:
 
 
 def summarize(args: argparse.Namespace, results: dict[str, list[dict]]) -> dict:
-    report: dict = {"world": args.world, "steps": args.steps, "model_dir": args.model_dir,
-                    "gradient_checkpointing": args.gradient_checkpointing, "loss_rtol": LOSS_RTOL}
+    report: dict = {
+        "world": args.world,
+        "steps": args.steps,
+        "model_dir": args.model_dir,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "loss_rtol": LOSS_RTOL,
+    }
     for strategy, ranks in results.items():
         totals = [sum(r["state_bytes"].values()) for r in ranks]
         report[strategy] = {
-            "state_bytes_per_rank": totals, "state_bytes_by_category_rank0": ranks[0]["state_bytes"],
+            "state_bytes_per_rank": totals,
+            "state_bytes_by_category_rank0": ranks[0]["state_bytes"],
             "planned_state_bytes_per_rank": planned_state_bytes(args, strategy),
             "losses": ranks[0]["losses"],
             "median_step_s": median_step_s(ranks),
@@ -167,7 +194,9 @@ def summarize(args: argparse.Namespace, results: dict[str, list[dict]]) -> dict:
     if {"ddp", "fsdp"} <= results.keys():
         ddp, fsdp = report["ddp"], report["fsdp"]
         report["state_ratio_fsdp_over_ddp"] = max(fsdp["state_bytes_per_rank"]) / max(ddp["state_bytes_per_rank"])
-        report["max_loss_rel_diff"] = max(abs(a - b) / abs(a) for a, b in zip(ddp["losses"], fsdp["losses"], strict=True))
+        report["max_loss_rel_diff"] = max(
+            abs(a - b) / abs(a) for a, b in zip(ddp["losses"], fsdp["losses"], strict=True)
+        )
         report["losses_equal"] = report["max_loss_rel_diff"] <= LOSS_RTOL
         report["step_time_ratio_fsdp_over_ddp"] = fsdp["median_step_s"] / ddp["median_step_s"]
     return report
@@ -183,10 +212,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--mixed-precision", default="none", choices=["none", "bf16", "fp16"],
-                        help="FSDP only (DDP computes in float32)")
-    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
-                        help="torch threads per rank")
+    parser.add_argument(
+        "--mixed-precision",
+        default="none",
+        choices=["none", "bf16", "fp16"],
+        help="FSDP only (DDP computes in float32)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="torch threads per rank"
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 

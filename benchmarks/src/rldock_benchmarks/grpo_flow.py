@@ -40,12 +40,16 @@ CONSUMES, PRODUCES = get_recipe("grpo").consumes, get_recipe("grpo").produces
 
 def column_bytes(pl: int, sl: int) -> dict[str, int]:
     return {
-        "prompt_ids": pl * _INT64, "prompt_mask": pl * _INT64,
+        "prompt_ids": pl * _INT64,
+        "prompt_mask": pl * _INT64,
         "prompt_index": _INT64,
-        "response_ids": sl * _INT64, "response_mask": sl * _INT64,
+        "response_ids": sl * _INT64,
+        "response_mask": sl * _INT64,
         "policy_version": _INT64,  # the rollout tags each sample with the weights' version (one int64)
-        "old_logprobs": sl * _FLOAT32, "ref_logprobs": sl * _FLOAT32,
-        "reward": _FLOAT32, "advantage": _FLOAT32,
+        "old_logprobs": sl * _FLOAT32,
+        "ref_logprobs": sl * _FLOAT32,
+        "reward": _FLOAT32,
+        "advantage": _FLOAT32,
     }
 
 
@@ -91,8 +95,13 @@ def bytes_per_sample(dims: Dims) -> dict[str, float]:
     driver = sum(sizes[c] for c in PRODUCES["driver"])
     others = sum(sizes[c] for state, cols in PRODUCES.items() if state != "driver" for c in cols)
     read = sum(sizes[c] for cols in CONSUMES.values() for c in cols)
-    return {"driver_written": driver / dims.N, "written": others + driver / dims.N, "read": read,
-            "total": others + driver / dims.N + read, "written_repeated": others + driver}
+    return {
+        "driver_written": driver / dims.N,
+        "written": others + driver / dims.N,
+        "read": read,
+        "total": others + driver / dims.N + read,
+        "written_repeated": others + driver,
+    }
 
 
 def predicted_bytes(dims: Dims, samples_per_warehouse: list[int], *, prompt_once: bool = True) -> list[int]:
@@ -119,8 +128,10 @@ def make_prompts(dims: Dims, seed: int = 0) -> TensorDict:
     prompt_mask = (positions >= dims.PL - lengths[:, None]).long()  # (G*N, PL), left padding
     prompt_ids = prompt_mask * (torch.arange(dims.G).repeat_interleave(dims.N)[:, None] % 1000 + 3)
     prompt_index = torch.arange(dims.G).repeat_interleave(dims.N)  # (G*N,)
-    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index},
-                      batch_size=[dims.num_samples])
+    return TensorDict(
+        {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index},
+        batch_size=[dims.num_samples],
+    )
 
 
 def response_lengths(indices: torch.Tensor, sl: int) -> torch.Tensor:
@@ -202,8 +213,9 @@ class NodeAgent:
                 conn.sendall(payload[: min(len(payload), nbytes - sent)])
                 sent += min(len(payload), nbytes - sent)
 
-    def run_state(self, dock: TransferDock, state: str, rank: int, num_ranks: int, dims: dict,
-                  device_s_per_sample: float = 0.0) -> dict[str, Any]:
+    def run_state(
+        self, dock: TransferDock, state: str, rank: int, num_ranks: int, dims: dict, device_s_per_sample: float = 0.0
+    ) -> dict[str, Any]:
         """This node's rank of `state` for one iteration, through the runtime's stage loop.
 
         Every rank takes exactly its 1/num_ranks share of the samples, as data-parallel ranks of
@@ -231,8 +243,16 @@ class NodeAgent:
                 time.sleep(device_s_per_sample * len(indices))
                 return fn(indices, batch)
 
-            timing = run_stage(dock, state, columns, compute, rank=rank, batch_size=batch, whole_groups=whole,
-                               max_batches=share // batch)
+            timing = run_stage(
+                dock,
+                state,
+                columns,
+                compute,
+                rank=rank,
+                batch_size=batch,
+                whole_groups=whole,
+                max_batches=share // batch,
+            )
         elif state == "update":
             tokens: list[int] = []
 
@@ -240,8 +260,16 @@ class NodeAgent:
                 time.sleep(device_s_per_sample * len(indices))
                 tokens.append(int(sum(batch[c].sum() for c in TOKEN_COLUMNS)))
 
-            timing = run_stage(dock, state, columns, update, rank=rank, batch_size=d.num_samples // num_ranks,
-                               balance_ranks=num_ranks, max_batches=1)
+            timing = run_stage(
+                dock,
+                state,
+                columns,
+                update,
+                rank=rank,
+                batch_size=d.num_samples // num_ranks,
+                balance_ranks=num_ranks,
+                max_batches=1,
+            )
             timing.extra["tokens"] = sum(tokens)
         else:
             raise ValueError(f"unknown state {state!r}")
@@ -254,8 +282,8 @@ def _proc_stat(pid: int) -> tuple[str, int, float] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    name = raw[raw.index("(") + 1: raw.rindex(")")]
-    fields = raw[raw.rindex(")") + 2:].split()
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
@@ -277,8 +305,9 @@ def _batch_size(share: int, most: int, unit: int) -> int:
 def _responses(indices: torch.Tensor, sl: int) -> TensorDict:
     mask = (torch.arange(sl) < response_lengths(indices, sl)[:, None]).long()  # (B, SL)
     versions = torch.zeros(len(indices), dtype=torch.int64)  # (B,) the rollout's policy_version column
-    return TensorDict({"response_ids": mask * 7, "response_mask": mask, "policy_version": versions},
-                      batch_size=[len(indices)])
+    return TensorDict(
+        {"response_ids": mask * 7, "response_mask": mask, "policy_version": versions}, batch_size=[len(indices)]
+    )
 
 
 def _logprobs(batch: TensorDict, name: str) -> TensorDict:

@@ -28,22 +28,32 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "loopback"
 
 
-def orchestrate(module: str, driver_args: list[str], *, max_nodes: int, caps: Sequence[float | None],
-                driver_timeout_s: float = 3600) -> dict[str, Any]:
+def orchestrate(
+    module: str, driver_args: list[str], *, max_nodes: int, caps: Sequence[float | None], driver_timeout_s: float = 3600
+) -> dict[str, Any]:
     """Build the cluster, run the driver once per cap, tear everything down; what each run printed."""
     started_on = machine()
     network = EmulatedNetwork(num_nodes=max_nodes)
     nodes = RayNodes()
-    emulation: dict[str, Any] = {"kind": "netns", "nodes": max_nodes, "bridge": network.bridge,
-                                 "addresses": [network.node_ip(k) for k in range(max_nodes)]}
+    emulation: dict[str, Any] = {
+        "kind": "netns",
+        "nodes": max_nodes,
+        "bridge": network.bridge,
+        "addresses": [network.node_ip(k) for k in range(max_nodes)],
+    }
     runs = []
     try:
         try:
             network.up()
         except NetworkRefused as refused:
             network.down()
-            emulation = {"kind": LOOPBACK, "nodes": max_nodes, "refused_step": refused.step,
-                         "detail": refused.detail, "cap": "absent: links are loopback, uncapped"}
+            emulation = {
+                "kind": LOOPBACK,
+                "nodes": max_nodes,
+                "refused_step": refused.step,
+                "detail": refused.detail,
+                "cap": "absent: links are loopback, uncapped",
+            }
             logger.warning("emulated network refused (%s); falling back to loopback without caps", refused)
         if emulation["kind"] == LOOPBACK:
             caps = [None]
@@ -61,8 +71,19 @@ def orchestrate(module: str, driver_args: list[str], *, max_nodes: int, caps: Se
                     cap_note.update(applied_cap_MBps=None, refused_step=refused.step, detail=refused.detail)
             prefix = network.exec_prefix(0) if emulation["kind"] != LOOPBACK else []
             node_ip = network.node_ip(0) if emulation["kind"] != LOOPBACK else "127.0.0.1"
-            command = [*prefix, sys.executable, "-m", module, "--role", "driver", "--address", address,
-                       "--node-ip", node_ip, *driver_args]
+            command = [
+                *prefix,
+                sys.executable,
+                "-m",
+                module,
+                "--role",
+                "driver",
+                "--address",
+                address,
+                "--node-ip",
+                node_ip,
+                *driver_args,
+            ]
             logger.info("driver run with cap %s: %s", cap, " ".join(command))
             done = subprocess.run(command, capture_output=True, text=True, env=ray_env(), timeout=driver_timeout_s)
             if done.returncode != 0:
@@ -79,12 +100,25 @@ def machine() -> dict[str, Any]:
     import ray
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     meminfo = Path("/proc/meminfo").read_text().split()
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_GiB": round(int(meminfo[1]) / 2**20, 1),
-            "kernel": platform.release(), "python": platform.python_version(), "ray": ray.__version__,
-            "torch": torch.__version__, "load_average_at_start": os.getloadavg()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_GiB": round(int(meminfo[1]) / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "torch": torch.__version__,
+        "load_average_at_start": os.getloadavg(),
+    }
 
 
 # --- driver side ------------------------------------------------------------------------------
@@ -100,8 +134,10 @@ def connect(address: str, node_ip: str, num_nodes: int):
     if address.startswith(LOOPBACK):
         from ray.cluster_utils import Cluster
 
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 8, "include_dashboard": False, "resources": {NODE_RESOURCE.format(0): 1}})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 8, "include_dashboard": False, "resources": {NODE_RESOURCE.format(0): 1}},
+        )
         for k in range(1, num_nodes):
             cluster.add_node(num_cpus=8, resources={NODE_RESOURCE.format(k): 1})
         cluster.wait_for_nodes()
@@ -161,12 +197,24 @@ def link_bandwidth(agents: list, node_ips: Sequence[str], nbytes: int) -> dict[s
     sending = agents[1].send.remote(node_ips[0], port, nbytes)
     seconds = ray.get(receiving)
     ray.get(sending)
-    return {"MBps": round(nbytes / seconds / 1e6, 1), "bytes": nbytes, "seconds": round(seconds, 3),
-            "path": "node 1 -> node 0, one TCP stream"}
+    return {
+        "MBps": round(nbytes / seconds / 1e6, 1),
+        "bytes": nbytes,
+        "seconds": round(seconds, 3),
+        "path": "node 1 -> node 0, one TCP stream",
+    }
 
 
-def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_per_sample: float = 0.0,
-             on_iteration: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+def run_flow(
+    dock,
+    agents: list,
+    dims,
+    *,
+    repeats: int,
+    warmup: int,
+    device_s_per_sample: float = 0.0,
+    on_iteration: Callable[[dict], None] | None = None,
+) -> list[dict[str, Any]]:
     """`warmup` + `repeats` iterations of the sample flow on `dock` with one rank per agent; the
     measured ones: wall seconds from the driver's put to the last update read, per-state timings,
     the dock's counter differences and each node's link bytes."""
@@ -188,8 +236,11 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
         stats_before = dock.stats()
         links_before = ray.get([a.link_counters.remote() for a in agents])
         cpu_before = cpu_seconds(dock, agents)
-        futures = [a.run_state.remote(dock, state, rank, len(agents), dims_dict(dims), device_s_per_sample)
-                   for rank, a in enumerate(agents) for state in CONSUMES]
+        futures = [
+            a.run_state.remote(dock, state, rank, len(agents), dims_dict(dims), device_s_per_sample)
+            for rank, a in enumerate(agents)
+            for state in CONSUMES
+        ]
         time.sleep(0.5)  # let every stage reach its first (waiting) request before the clock starts
         started = time.perf_counter()
         dock.put_groups(groups, prompts, samples=per_sample)
@@ -211,8 +262,9 @@ def run_flow(dock, agents: list, dims, *, repeats: int, warmup: int, device_s_pe
                 for a, b in zip(stats_after["warehouses"], stats_before["warehouses"])
             ],
             "update_tokens_per_rank": [r["tokens"] for r in results if r["state"] == "update"],
-            "link_bytes": [None if a is None else {k: a[k] - b[k] for k in a}
-                           for a, b in zip(links_after, links_before)],
+            "link_bytes": [
+                None if a is None else {k: a[k] - b[k] for k in a} for a, b in zip(links_after, links_before)
+            ],
             "cpu_s": {k: round(cpu_after[k] - cpu_before.get(k, 0.0), 3) for k in cpu_after},
         }
         measured.append(record)

@@ -34,13 +34,27 @@ def reward_rise(records: list[dict], window: int = 5) -> dict:
     rewards = [r[key] for r in records]
     first, last = rewards[:window], rewards[-window:]
     first_mean, last_mean = sum(first) / len(first), sum(last) / len(last)
-    return {"metric": key, "reward_first5": first_mean, "reward_last5": last_mean, "rise": last_mean - first_mean,
-            "iterations": len(records)}
+    return {
+        "metric": key,
+        "reward_first5": first_mean,
+        "reward_last5": last_mean,
+        "rise": last_mean - first_mean,
+        "iterations": len(records),
+    }
 
 
 def run(config: str, output: Path, overrides: list[str]) -> dict:
-    command = [sys.executable, "-m", "rldock.runtime.cli", "train", config, "--output", str(output),
-               "--no-progress", "--resume"]
+    command = [
+        sys.executable,
+        "-m",
+        "rldock.runtime.cli",
+        "train",
+        config,
+        "--output",
+        str(output),
+        "--no-progress",
+        "--resume",
+    ]
     for override in overrides:
         command += ["--set", override]
     output.mkdir(parents=True, exist_ok=True)
@@ -90,14 +104,20 @@ def main() -> None:
     trained = run(args.config, out / "trained", args.overrides)
     control = run(args.config, out / "lr0", [*args.overrides, "algorithm.learning_rate=0"])
     if args.plot:
-        plot_curves({"trained": out / "trained", "learning rate 0 (control)": out / "lr0"},
-                    Path(args.config).name, args.plot)
-    print(json.dumps({
-        "config": args.config,
-        "trained": trained,
-        "learning_rate_0": control,
-        "rise_difference": trained["rise"] - control["rise"],
-    }, indent=2))
+        plot_curves(
+            {"trained": out / "trained", "learning rate 0 (control)": out / "lr0"}, Path(args.config).name, args.plot
+        )
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "trained": trained,
+                "learning_rate_0": control,
+                "rise_difference": trained["rise"] - control["rise"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

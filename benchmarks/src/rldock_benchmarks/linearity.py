@@ -64,25 +64,39 @@ def drive(args: argparse.Namespace) -> dict:
         dims = dims_for(args, num_nodes)
         for variant in VARIANTS:
             dock = TransferDock.create(
-                DockSpec(mode=variant, timeout_s=600), states={s: list(c) for s, c in CONSUMES.items()},
-                num_samples=dims.num_samples, group_size=dims.N, token_columns=TOKEN_COLUMNS,
+                DockSpec(mode=variant, timeout_s=600),
+                states={s: list(c) for s, c in CONSUMES.items()},
+                num_samples=dims.num_samples,
+                group_size=dims.N,
+                token_columns=TOKEN_COLUMNS,
                 node_ids=node_ids[:num_nodes],
             )
             try:
-                records = harness.run_flow(dock, agents[:num_nodes], dims, repeats=args.repeats, warmup=args.warmup,
-                                           device_s_per_sample=args.device_ms_per_sample / 1000)
+                records = harness.run_flow(
+                    dock,
+                    agents[:num_nodes],
+                    dims,
+                    repeats=args.repeats,
+                    warmup=args.warmup,
+                    device_s_per_sample=args.device_ms_per_sample / 1000,
+                )
             finally:
                 dock.shutdown()
             seconds = harness.median([r["seconds"] for r in records])
             cpu = records[len(records) // 2]["cpu_s"]
-            points.append({
-                "variant": variant, "nodes": num_nodes, "samples": dims.num_samples,
-                "seconds": [round(r["seconds"], 4) for r in records], "seconds_median": round(seconds, 4),
-                "samples_per_s": round(dims.num_samples / seconds, 2),
-                "samples_per_s_per_node": round(dims.num_samples / seconds / num_nodes, 2),
-                "cpu_s": cpu,
-                "cpu_ms_per_sample": round(1000 * sum(cpu.values()) / dims.num_samples, 3),
-            })
+            points.append(
+                {
+                    "variant": variant,
+                    "nodes": num_nodes,
+                    "samples": dims.num_samples,
+                    "seconds": [round(r["seconds"], 4) for r in records],
+                    "seconds_median": round(seconds, 4),
+                    "samples_per_s": round(dims.num_samples / seconds, 2),
+                    "samples_per_s_per_node": round(dims.num_samples / seconds / num_nodes, 2),
+                    "cpu_s": cpu,
+                    "cpu_ms_per_sample": round(1000 * sum(cpu.values()) / dims.num_samples, 3),
+                }
+            )
             logging.getLogger(__name__).info("%s k=%d: %.3fs", variant, num_nodes, seconds)
     harness.disconnect(cluster)
     for point in points:
@@ -127,13 +141,30 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(drive(args)))
         return
     cap = None if args.cap.lower() == "none" else float(args.cap)
-    driver_args = ["--preset", args.preset, "--prompts-per-node", str(args.prompts_per_node), "--nodes", args.nodes,
-                   "--device-ms-per-sample", str(args.device_ms_per_sample), "--repeats", str(args.repeats),
-                   "--warmup", str(args.warmup)]
+    driver_args = [
+        "--preset",
+        args.preset,
+        "--prompts-per-node",
+        str(args.prompts_per_node),
+        "--nodes",
+        args.nodes,
+        "--device-ms-per-sample",
+        str(args.device_ms_per_sample),
+        "--repeats",
+        str(args.repeats),
+        "--warmup",
+        str(args.warmup),
+    ]
     counts = [int(k) for k in args.nodes.split(",")]
     report = harness.orchestrate(__spec__.name, driver_args, max_nodes=max(counts), caps=[cap])
-    report = {"benchmark": "linearity", "preset": args.preset, "prompts_per_node": args.prompts_per_node,
-              "device_ms_per_sample": args.device_ms_per_sample, "repeats": args.repeats, **report}
+    report = {
+        "benchmark": "linearity",
+        "preset": args.preset,
+        "prompts_per_node": args.prompts_per_node,
+        "device_ms_per_sample": args.device_ms_per_sample,
+        "repeats": args.repeats,
+        **report,
+    }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     png = args.output.with_suffix(".png")
     plot(report, png)

@@ -54,25 +54,51 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rljobs", type=int, default=100)
-    parser.add_argument("--poll-intervals", type=float, nargs="+", default=[5.0, 1.0],
-                        help="the operator's --poll-interval, one measurement each (5 is its default)")
+    parser.add_argument(
+        "--poll-intervals",
+        type=float,
+        nargs="+",
+        default=[5.0, 1.0],
+        help="the operator's --poll-interval, one measurement each (5 is its default)",
+    )
     parser.add_argument("--window", type=float, default=RESYNC_INTERVAL, help="seconds of CPU measured")
-    parser.add_argument("--settle", type=float, default=15.0,
-                        help="seconds between every RLJob having its status and cluster and the window")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=15.0,
+        help="seconds between every RLJob having its status and cluster and the window",
+    )
     parser.add_argument("--compare", type=Path, help="root of another checkout whose operator to measure too")
     return parser.parse_args(argv)
 
 
 def rljob(name: str) -> dict[str, Any]:
     """A small valid RLJob: 1 node x 2 devices."""
-    job = {"name": name, "iterations": 4, "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
-           "algorithm": {"num_prompts_per_iteration": 4, "num_responses_per_prompt": 2, "max_prompt_length": 8,
-                         "max_response_length": 6, "learning_rate": 3e-4},
-           "training": {"data_parallel_size": 2}, "resources": {"num_nodes": 1, "devices_per_node": 2},
-           "checkpoint": {"interval": 2}}
-    return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
-            "spec": {"job": job, "checkpoint": {"claimName": "rl-checkpoints"},
-                     "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}}}}
+    job = {
+        "name": name,
+        "iterations": 4,
+        "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
+        "algorithm": {
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 3e-4,
+        },
+        "training": {"data_parallel_size": 2},
+        "resources": {"num_nodes": 1, "devices_per_node": 2},
+        "checkpoint": {"interval": 2},
+    }
+    return {
+        "apiVersion": "rldock.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "job": job,
+            "checkpoint": {"claimName": "rl-checkpoints"},
+            "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}},
+        },
+    }
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -85,7 +111,7 @@ def group_cpu_seconds(pgid: int) -> float:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:  # gone meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is the state
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; fields[0] is the state
         if int(fields[2]) == pgid:
             ticks += int(fields[11]) + int(fields[12])
     return ticks / _CLOCK_TICKS
@@ -118,18 +144,32 @@ def _delete_rljobs(plane: ControlPlane, namespace: str, operator: OperatorProces
     can go; best effort (a namespace left Terminating harms nothing but itself)."""
     plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
     with contextlib.suppress(TimeoutError):
-        wait_for("the RLJobs deleted", lambda: not plane.kubectl_json("get", "rljobs", "-n", namespace)["items"],
-                 timeout=120, interval=2)
+        wait_for(
+            "the RLJobs deleted",
+            lambda: not plane.kubectl_json("get", "rljobs", "-n", namespace)["items"],
+            timeout=120,
+            interval=2,
+        )
 
 
-def measure(plane: ControlPlane, *, num_rljobs: int, poll_interval: float, window: float, settle: float,
-            work: Path, operator_root: Path | None = None) -> dict[str, Any]:
+def measure(
+    plane: ControlPlane,
+    *,
+    num_rljobs: int,
+    poll_interval: float,
+    window: float,
+    settle: float,
+    work: Path,
+    operator_root: Path | None = None,
+) -> dict[str, Any]:
     """One measurement in a fresh namespace; `operator_root`: another checkout's operator."""
     namespace = f"idle-{uuid.uuid4().hex[:6]}"
     plane.create_namespace(namespace)
-    for manifest in build_rbac(name="rldock-operator", namespaces=[namespace],
-                               subject={"kind": "User", "name": DEVELOPER_USER,
-                                        "apiGroup": "rbac.authorization.k8s.io"}):
+    for manifest in build_rbac(
+        name="rldock-operator",
+        namespaces=[namespace],
+        subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
+    ):
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     env = dict(plane.env)
     if operator_root is not None:
@@ -137,15 +177,31 @@ def measure(plane: ControlPlane, *, num_rljobs: int, poll_interval: float, windo
         env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *filter(None, [env.get("PYTHONPATH")])])
     log_dir = work / namespace
     log_dir.mkdir(parents=True)
-    operator = OperatorProcess(namespaces=[namespace], kubeconfig=_developer_kubeconfig(plane, log_dir / "kubeconfig"),
-                               log_dir=log_dir, poll_interval=poll_interval, env=env)
+    operator = OperatorProcess(
+        namespaces=[namespace],
+        kubeconfig=_developer_kubeconfig(plane, log_dir / "kubeconfig"),
+        log_dir=log_dir,
+        poll_interval=poll_interval,
+        env=env,
+    )
     operator.start()
     try:
         started = time.monotonic()
-        plane.kubectl("apply", "-n", namespace, "-f", "-",
-                      input=yaml.safe_dump_all([rljob(f"idle-{i:03d}") for i in range(num_rljobs)]))
-        wait_for(f"{num_rljobs} RLJobs Provisioning with their RayClusters",
-                 lambda: _settled(plane, namespace, num_rljobs), timeout=600, interval=2, check=operator.check)
+        plane.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=yaml.safe_dump_all([rljob(f"idle-{i:03d}") for i in range(num_rljobs)]),
+        )
+        wait_for(
+            f"{num_rljobs} RLJobs Provisioning with their RayClusters",
+            lambda: _settled(plane, namespace, num_rljobs),
+            timeout=600,
+            interval=2,
+            check=operator.check,
+        )
         settled_after = time.monotonic() - started
         time.sleep(settle)
         assert operator.process is not None
@@ -159,33 +215,55 @@ def measure(plane: ControlPlane, *, num_rljobs: int, poll_interval: float, windo
         _delete_rljobs(plane, namespace, operator)
         operator.stop()
         plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-    return {"poll_interval_s": poll_interval, "cpu_seconds": round(cpu, 3), "window_s": round(wall, 1),
-            "core_share": round(cpu / wall, 4), "settled_after_s": round(settled_after, 1),
-            "phases_after_window": phases_after,
-            "operator": str(operator_root) if operator_root is not None else "this checkout"}
+    return {
+        "poll_interval_s": poll_interval,
+        "cpu_seconds": round(cpu, 3),
+        "window_s": round(wall, 1),
+        "core_share": round(cpu / wall, 4),
+        "settled_after_s": round(settled_after, 1),
+        "phases_after_window": phases_after,
+        "operator": str(operator_root) if operator_root is not None else "this checkout",
+    }
 
 
 def run(plane: ControlPlane, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     runs = {}
     for interval in args.poll_intervals:
-        runs[interval] = measure(plane, num_rljobs=args.rljobs, poll_interval=interval, window=args.window,
-                                 settle=args.settle, work=work)
+        runs[interval] = measure(
+            plane, num_rljobs=args.rljobs, poll_interval=interval, window=args.window, settle=args.settle, work=work
+        )
     result: dict[str, Any] = {
-        "benchmark": "operator_idle", "rljobs": args.rljobs, "window_s": args.window, "settle_s": args.settle,
-        "resync_interval_s": RESYNC_INTERVAL, "target_core_share": TARGET_CORE_SHARE,
-        "note": ("RLJobs whose RayClusters never get pods or a status (no KubeRay): each stays Provisioning. "
-                 "core_share: the operator process group's utime+stime over the window / the window."),
+        "benchmark": "operator_idle",
+        "rljobs": args.rljobs,
+        "window_s": args.window,
+        "settle_s": args.settle,
+        "resync_interval_s": RESYNC_INTERVAL,
+        "target_core_share": TARGET_CORE_SHARE,
+        "note": (
+            "RLJobs whose RayClusters never get pods or a status (no KubeRay): each stays Provisioning. "
+            "core_share: the operator process group's utime+stime over the window / the window."
+        ),
         "runs": list(runs.values()),
         "within_target": all(r["core_share"] <= TARGET_CORE_SHARE for r in runs.values()),
     }
     if args.compare is not None:
-        baseline = [measure(plane, num_rljobs=args.rljobs, poll_interval=interval, window=args.window,
-                            settle=args.settle, work=work, operator_root=args.compare.resolve())
-                    for interval in args.poll_intervals]
+        baseline = [
+            measure(
+                plane,
+                num_rljobs=args.rljobs,
+                poll_interval=interval,
+                window=args.window,
+                settle=args.settle,
+                work=work,
+                operator_root=args.compare.resolve(),
+            )
+            for interval in args.poll_intervals
+        ]
         result["baseline"] = baseline
         result["ratio_baseline_over_this"] = {
             str(b["poll_interval_s"]): round(b["core_share"] / max(runs[b["poll_interval_s"]]["core_share"], 1e-6), 1)
-            for b in baseline}
+            for b in baseline
+        }
     return result
 
 
@@ -194,7 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = missing_kuberay_crds_reason(KUBERAY_CRD_DIR)
     if missing is not None:
         raise SystemExit(missing)
-    with tempfile.TemporaryDirectory(prefix="operator-idle-") as tmp, ControlPlane(workdir=Path(tmp) / "plane") as plane:
+    with (
+        tempfile.TemporaryDirectory(prefix="operator-idle-") as tmp,
+        ControlPlane(workdir=Path(tmp) / "plane") as plane,
+    ):
         plane.install_kuberay_crds(KUBERAY_CRD_DIR)
         plane.install_crd(RLJOB_CRD)
         result = run(plane, args, Path(tmp))

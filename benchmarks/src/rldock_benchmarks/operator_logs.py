@@ -30,8 +30,10 @@ from rldock.contract.progress import format_progress
 from rldock.operator.observe import progress_of, read_progress
 from rldock.operator.progress_cursor import ProgressCursor
 
-CHATTER = ("(RolloutWorker pid=4711) INFO 01-01 12:00:00 metrics.py:351] Avg prompt throughput: 812.4 tokens/s, "
-           "Running: 32 reqs\n")
+CHATTER = (
+    "(RolloutWorker pid=4711) INFO 01-01 12:00:00 metrics.py:351] Avg prompt throughput: 812.4 tokens/s, "
+    "Running: 32 reqs\n"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,13 +48,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _progress_line(iteration: int) -> str:
-    return format_progress({"iteration": iteration, "reward_mean": 0.5, "tokens_per_s_per_device": 1500.0,
-                            "kl": 0.01, "checkpoint": iteration - iteration % 10 or None}) + "\n"
+    return (
+        format_progress(
+            {
+                "iteration": iteration,
+                "reward_mean": 0.5,
+                "tokens_per_s_per_device": 1500.0,
+                "kl": 0.01,
+                "checkpoint": iteration - iteration % 10 or None,
+            }
+        )
+        + "\n"
+    )
 
 
 def _grow(lines: int, start: int, every: int) -> str:
-    return "".join(_progress_line((start + i) // every) if (start + i) % every == every - 1 else CHATTER
-                   for i in range(lines))
+    return "".join(
+        _progress_line((start + i) // every) if (start + i) % every == every - 1 else CHATTER for i in range(lines)
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -76,8 +89,10 @@ def run(args: argparse.Namespace) -> dict:
         per_poll["whole"].append(time.process_time() - start)
 
         start = time.process_time()
-        incremental = [progress_of(cursor.last_record(job, "attempt-0", text), output_dir="/checkpoints/ns/job/uid")
-                       for job, text in enumerate(texts)]
+        incremental = [
+            progress_of(cursor.last_record(job, "attempt-0", text), output_dir="/checkpoints/ns/job/uid")
+            for job, text in enumerate(texts)
+        ]
         per_poll["incremental"].append(time.process_time() - start)
         answers_agree = answers_agree and whole == incremental
 
@@ -88,24 +103,33 @@ def run(args: argparse.Namespace) -> dict:
 
     def side(parse: float) -> dict:
         total = steady["decode"] + parse
-        return {"parse_cpu_s_per_poll": round(parse, 6), "decode_plus_parse_cpu_s_per_poll": round(total, 6),
-                "core_share_at_poll_interval": round(total / args.poll_interval, 5)}
+        return {
+            "parse_cpu_s_per_poll": round(parse, 6),
+            "decode_plus_parse_cpu_s_per_poll": round(total, 6),
+            "core_share_at_poll_interval": round(total / args.poll_interval, 5),
+        }
 
     return {
         "benchmark": "operator_logs",
-        "jobs": args.jobs, "polls": args.polls, "poll_interval_s": args.poll_interval,
-        "log_lines_per_job_at_end": written, "log_bytes_per_job_at_end": log_bytes,
+        "jobs": args.jobs,
+        "polls": args.polls,
+        "poll_interval_s": args.poll_interval,
+        "log_lines_per_job_at_end": written,
+        "log_bytes_per_job_at_end": log_bytes,
         "bytes_transferred_per_poll_all_jobs": log_bytes * args.jobs,
-        "note": ("Ray 2.60's GET /api/jobs/<id>/logs has no offset: both approaches receive and decode the "
-                 "whole body; only the parsing differs. First incremental poll (operator start) parses "
-                 "every whole log once and is excluded from the steady state."),
+        "note": (
+            "Ray 2.60's GET /api/jobs/<id>/logs has no offset: both approaches receive and decode the "
+            "whole body; only the parsing differs. First incremental poll (operator start) parses "
+            "every whole log once and is excluded from the steady state."
+        ),
         "json_decode_cpu_s_per_poll": round(steady["decode"], 6),
         "whole": side(steady["whole"]),
         "incremental": side(steady["incremental"]),
         "incremental_first_poll_parse_cpu_s": round(per_poll["incremental"][0], 6),
         "ratio_parse_whole_over_incremental": round(steady["whole"] / max(steady["incremental"], 1e-9), 1),
         "ratio_total_whole_over_incremental": round(
-            (steady["decode"] + steady["whole"]) / max(steady["decode"] + steady["incremental"], 1e-9), 2),
+            (steady["decode"] + steady["whole"]) / max(steady["decode"] + steady["incremental"], 1e-9), 2
+        ),
         "same_progress_reported": answers_agree,
         "cursor_entries": len(cursor),
     }

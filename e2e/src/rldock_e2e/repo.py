@@ -26,8 +26,10 @@ def missing_kuberay_crds_reason(path: Path) -> str | None:
     """Why KubeRay's CRDs at `path` cannot be used, or None when they are there."""
     if path.exists():
         return None
-    return (f"KubeRay's CRDs are read from {path} (../shared/kuberay beside the checkout, or "
-            f"${KUBERAY_CRDS_ENV}), which is absent here")
+    return (
+        f"KubeRay's CRDs are read from {path} (../shared/kuberay beside the checkout, or "
+        f"${KUBERAY_CRDS_ENV}), which is absent here"
+    )
 
 
 def under_ci() -> bool:

@@ -31,9 +31,18 @@ RAY_POD = {"ray.io/is-ray-node": "yes"}  # KubeRay's label on head and worker po
 
 
 class Scenario:
-    def __init__(self, *, plane: ControlPlane, namespace: str, agent: NodeAgentDouble | None, kuberay: KubeRayDouble,
-                 operator: Any, api: client.ApiClient, host_root: Path | None = None,
-                 doubles: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        plane: ControlPlane,
+        namespace: str,
+        agent: NodeAgentDouble | None,
+        kuberay: KubeRayDouble,
+        operator: Any,
+        api: client.ApiClient,
+        host_root: Path | None = None,
+        doubles: Sequence[Any] = (),
+    ) -> None:
         """`agent`: the node agent double running the pods, None on real kubelets (kind-style
         nodes), where `host_root` is the host folder standing for the nodes' `/` in hostPath
         volumes (their shared storage). `operator`: an OperatorProcess, ChartOperator or
@@ -77,8 +86,9 @@ class Scenario:
 
     def pods_now(self, selector: str = "") -> list[dict[str, Any]]:
         """The namespace's pods (through the API: for polling)."""
-        return json.loads(self._core.list_namespaced_pod(self.namespace, label_selector=selector,
-                                                         _preload_content=False).data)["items"]
+        return json.loads(
+            self._core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False).data
+        )["items"]
 
     def row(self, name: str) -> dict[str, str]:
         """`kubectl get rljob <name>` as the user reads it: column -> value."""
@@ -101,8 +111,11 @@ class Scenario:
         RLJob's Secret. Empty while there is no Ray job or no running head, or the head does not answer
         (a dashboard on two loaded cores can miss a poll; the caller polls again)."""
         submission = self.status(name).get("rayJobId")
-        heads = [p for p in self.pods_now(f"{LABEL_RAY_CLUSTER}={name},ray.io/node-type=head")
-                 if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+        heads = [
+            p
+            for p in self.pods_now(f"{LABEL_RAY_CLUSTER}={name},ray.io/node-type=head")
+            if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+        ]
         secrets = self._core.list_namespaced_secret(self.namespace, label_selector=f"{LABEL_RLJOB}={name}").items
         if not submission or not heads or not secrets:
             return ""
@@ -129,8 +142,11 @@ class Scenario:
 
     def wait_phase(self, name: str, phases: Sequence[str] | str, *, timeout: float) -> dict[str, Any]:
         wanted = (phases,) if isinstance(phases, str) else tuple(phases)
-        return self.wait(f"RLJob {name} in phase {'/'.join(wanted)}",
-                         lambda: (s := self.status(name)).get("phase") in wanted and s, timeout=timeout)
+        return self.wait(
+            f"RLJob {name} in phase {'/'.join(wanted)}",
+            lambda: (s := self.status(name)).get("phase") in wanted and s,
+            timeout=timeout,
+        )
 
     def report(self) -> str:
         """What a user would look at when a scenario is stuck, plus the operator's log."""
@@ -189,8 +205,9 @@ def checkpoint_iteration(status: dict[str, Any]) -> int:
     return int(last.rsplit("iter-", 1)[1]) if "iter-" in last else 0
 
 
-def assert_resumed(final: list[dict[str, Any]], before: list[dict[str, Any]], *, checkpoint: int,
-                   iterations: int) -> None:
+def assert_resumed(
+    final: list[dict[str, Any]], before: list[dict[str, Any]], *, checkpoint: int, iterations: int
+) -> None:
     """Every iteration's metrics exactly once, and those up to the checkpoint the interruption left
     are the very records written before it (kept, not recomputed from scratch)."""
     assert [m["iteration"] for m in final] == list(range(1, iterations + 1)), [m["iteration"] for m in final]

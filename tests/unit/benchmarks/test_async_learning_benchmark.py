@@ -16,8 +16,10 @@ def test_curve_summary_windows():
 
 
 def test_margins_and_the_sync_spread():
-    runs = {0: {"sync": {"reward_last": 0.8, "reward_all": 0.5}, "async": {"reward_last": 0.7, "reward_all": 0.5}},
-            1: {"sync": {"reward_last": 0.6, "reward_all": 0.5}, "async": {"reward_last": 0.7, "reward_all": 0.6}}}
+    runs = {
+        0: {"sync": {"reward_last": 0.8, "reward_all": 0.5}, "async": {"reward_last": 0.7, "reward_all": 0.5}},
+        1: {"sync": {"reward_last": 0.6, "reward_all": 0.5}, "async": {"reward_last": 0.7, "reward_all": 0.6}},
+    }
     result = compare(runs)
     assert result["margin_per_seed"][0]["reward_last"] == pytest.approx(-0.1)
     assert result["mean_margin"]["reward_last"] == pytest.approx(0.0)
@@ -31,8 +33,12 @@ def test_margins_and_the_sync_spread():
 
 def test_arms_are_valid_jobs_of_the_mode_they_name():
     # the overrides as `rldock train --set` parses them
-    cfgs = {arm: load_job_config(DEMO_CONFIG, overrides=dict(map(_parse_override, overrides)), check_local=False)
-            for arm, overrides in ARMS.items()}
-    assert {arm: (cfg.training.mode, cfg.dock.max_staleness) for arm, cfg in cfgs.items()} == \
-        {"sync": ("sync", 0), "async": ("async", 1)}
+    cfgs = {
+        arm: load_job_config(DEMO_CONFIG, overrides=dict(map(_parse_override, overrides)), check_local=False)
+        for arm, overrides in ARMS.items()
+    }
+    assert {arm: (cfg.training.mode, cfg.dock.max_staleness) for arm, cfg in cfgs.items()} == {
+        "sync": ("sync", 0),
+        "async": ("async", 1),
+    }
     assert cfgs["sync"].iterations >= 20  # enough iterations for a first/last window of 10 each

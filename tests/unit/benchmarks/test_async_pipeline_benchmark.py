@@ -20,8 +20,11 @@ def test_variants_run_the_modes_they_name(quick):
     assert [s.name for s in selected] == list(SHAPES)
     for shape in selected:
         cfgs = {name: shape_config(shape, variant, iterations=3, models=MODELS) for name, variant in VARIANTS.items()}
-        assert [(c.training.mode, c.dock.max_staleness) for c in cfgs.values()] == \
-            [("sync", 0), ("sync", 0), ("async", 1)]
+        assert [(c.training.mode, c.dock.max_staleness) for c in cfgs.values()] == [
+            ("sync", 0),
+            ("sync", 0),
+            ("async", 1),
+        ]
         # sync skips the old-logprob pass; the other two run it, so sync_recompute isolates the pipelining.
         passes = {name: "actor_inference" in job_recipe(cfg).consumes for name, cfg in cfgs.items()}
         assert passes == {"sync": False, "sync_recompute": True, "async": True}

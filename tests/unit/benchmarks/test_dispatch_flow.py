@@ -31,9 +31,14 @@ def test_one_iteration_of_the_flow_moves_the_predicted_bytes(local_ray, colocate
     agents, ips = harness.start_agents([node])
     assert len(ips) == 1
     dock = TransferDock.create(
-        DockSpec(timeout_s=120), states={s: list(c) for s, c in CONSUMES.items()},
-        num_samples=dims.num_samples, group_size=dims.N, token_columns=TOKEN_COLUMNS, node_ids=[node],
-        colocate_controllers=colocate)
+        DockSpec(timeout_s=120),
+        states={s: list(c) for s, c in CONSUMES.items()},
+        num_samples=dims.num_samples,
+        group_size=dims.N,
+        token_columns=TOKEN_COLUMNS,
+        node_ids=[node],
+        colocate_controllers=colocate,
+    )
     try:
         records = harness.run_flow(dock, agents, dims, repeats=1, warmup=0)
     finally:
@@ -43,4 +48,5 @@ def test_one_iteration_of_the_flow_moves_the_predicted_bytes(local_ray, colocate
     (record,) = records
     assert record["warehouse_bytes"] == predicted_bytes(dims, [dims.num_samples])
     assert {state: entry["samples"] for state, entry in record["states"].items()} == {
-        state: dims.num_samples for state in CONSUMES}
+        state: dims.num_samples for state in CONSUMES
+    }

@@ -4,14 +4,19 @@ from rldock_benchmarks.fsdp_vs_ddp import DEFAULT_SHAPE, LOSS_RTOL, parse_args, 
 
 
 def _rank(state: int, losses: list[float], step_s: list[float]) -> dict:
-    return {"state_bytes": {"train_params": state // 4, "grads": state // 4, "optimizer_state": state // 2},
-            "losses": losses, "step_s": step_s}
+    return {
+        "state_bytes": {"train_params": state // 4, "grads": state // 4, "optimizer_state": state // 2},
+        "losses": losses,
+        "step_s": step_s,
+    }
 
 
 def test_report_ratios_and_loss_agreement():
     args = parse_args(["--steps", "3"])
-    results = {"ddp": [_rank(1600, [3.0, 2.0, 1.0], [9.0, 2.0, 2.0])] * 2,
-               "fsdp": [_rank(800, [3.0, 2.0, 1.0 + LOSS_RTOL / 2], [9.0, 3.0, 3.0])] * 2}
+    results = {
+        "ddp": [_rank(1600, [3.0, 2.0, 1.0], [9.0, 2.0, 2.0])] * 2,
+        "fsdp": [_rank(800, [3.0, 2.0, 1.0 + LOSS_RTOL / 2], [9.0, 3.0, 3.0])] * 2,
+    }
     report = summarize(args, results)
     assert report["state_ratio_fsdp_over_ddp"] == 0.5
     assert report["losses_equal"] and report["max_loss_rel_diff"] <= LOSS_RTOL

@@ -16,14 +16,19 @@ DATA = {"train": ["/d/train.jsonl"], "val": ["/d/val.jsonl"]}
 
 
 def _parsed(overrides: list[str]) -> dict:
-    return {key: json.loads(value) if value.startswith("[") else value
-            for key, value in (o.split("=", 1) for o in overrides)}
+    return {
+        key: json.loads(value) if value.startswith("[") else value
+        for key, value in (o.split("=", 1) for o in overrides)
+    }
 
 
 def test_overrides_point_the_example_at_the_prepared_model_and_data():
     overrides = _parsed(job_overrides(Path("/m/smol"), DATA, iterations=3))
-    cfg = load_job_config(EXAMPLE, overrides={**overrides, "iterations": 3, "evaluation.interval": 3,
-                                              "checkpoint.interval": 3}, check_local=False)
+    cfg = load_job_config(
+        EXAMPLE,
+        overrides={**overrides, "iterations": 3, "evaluation.interval": 3, "checkpoint.interval": 3},
+        check_local=False,
+    )
     assert cfg.model.path == "/m/smol" and cfg.data.train_files == DATA["train"] and cfg.data.val_files == DATA["val"]
     assert overrides["iterations"] == overrides["evaluation.interval"] == "3"
     example = load_job_config(EXAMPLE, check_local=False)
@@ -33,16 +38,22 @@ def test_overrides_point_the_example_at_the_prepared_model_and_data():
 
 
 def test_the_benchmark_prepares_the_data_the_example_header_documents():
-    header = " ".join(line.lstrip("#").strip().rstrip("\\").strip()
-                      for line in EXAMPLE.read_text().splitlines() if line.startswith("#"))
+    header = " ".join(
+        line.lstrip("#").strip().rstrip("\\").strip()
+        for line in EXAMPLE.read_text().splitlines()
+        if line.startswith("#")
+    )
     assert f"rldock data generate {' '.join(DATA_ARGS)}" in header
 
 
 def _record(iteration: int, reward: float, accuracy: float | None = None) -> dict:
     record = {"iteration": iteration}
     if iteration:
-        record |= {"reward_mean": reward, "tokens_per_s_per_device": 10.0,
-                   "timing": {"iteration": 4.0, "rollout": 1.0, "update": 3.0, "idle/update": 0.5}}
+        record |= {
+            "reward_mean": reward,
+            "tokens_per_s_per_device": 10.0,
+            "timing": {"iteration": 4.0, "rollout": 1.0, "update": 3.0, "idle/update": 0.5},
+        }
     if accuracy is not None:
         record |= {"val/accuracy": accuracy, "val/reward": accuracy + 0.1, "val/num_prompts": 100, "val/seconds": 2.0}
     return record

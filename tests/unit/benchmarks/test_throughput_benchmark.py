@@ -17,11 +17,18 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
     for shape in shapes(quick):
         on = shape_config(shape, ALL_ON, iterations=3, models=MODELS)
         off = shape_config(shape, ALL_OFF, iterations=3, models=MODELS)
+
         def switches(cfg):
-            return (cfg.algorithm.recompute_old_logprobs, cfg.training.trim_padding, cfg.training.num_threads,
-                    cfg.rollout.stream_groups, cfg.ablations.fuse_reward_advantage,
-                    cfg.ablations.background_bookkeeping, cfg.ablations.colocate_controllers,
-                    cfg.ablations.shared_memory)
+            return (
+                cfg.algorithm.recompute_old_logprobs,
+                cfg.training.trim_padding,
+                cfg.training.num_threads,
+                cfg.rollout.stream_groups,
+                cfg.ablations.fuse_reward_advantage,
+                cfg.ablations.background_bookkeeping,
+                cfg.ablations.colocate_controllers,
+                cfg.ablations.shared_memory,
+            )
 
         assert switches(on) == ("auto", True, None, 0, True, True, True, True)
         assert switches(off) == ("always", False, 0, 0, False, False, False, False)
@@ -39,9 +46,16 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
 
 def test_summary_is_the_median_after_warm_up():
     cfg = shape_config(shapes(False)[0], ALL_ON, iterations=4, models=MODELS)  # demo: G16 N8
-    records = [{"timing": {"iteration": s, "rollout": s / 2, "compute/rollout": s / 4, "idle/update": 0.1},
-                "tokens_per_s_per_device": 10.0 / s,
-                "prompt_length_mean": 6.0, "response_length_mean": 2.0, "reward_mean": 0.5} for s in (9.0, 1.0, 2.0, 3.0)]
+    records = [
+        {
+            "timing": {"iteration": s, "rollout": s / 2, "compute/rollout": s / 4, "idle/update": 0.1},
+            "tokens_per_s_per_device": 10.0 / s,
+            "prompt_length_mean": 6.0,
+            "response_length_mean": 2.0,
+            "reward_mean": 0.5,
+        }
+        for s in (9.0, 1.0, 2.0, 3.0)
+    ]
     summary = summarise(records, cfg, warmup_iterations=1)
     assert summary["iteration_s"] == 2.0 and summary["iterations_measured"] == 3
     assert summary["tokens_per_s_machine"] == 16 * 8 * (6.0 + 2.0) / 2.0

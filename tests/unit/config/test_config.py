@@ -45,13 +45,16 @@ def test_missing_required_field_is_named(demo_data):
     assert problem_paths(demo_data) == ["algorithm.num_responses_per_prompt"]
 
 
-@pytest.mark.parametrize("path, value", [
-    (("algorithm", "num_responses_per_prompt"), 1),
-    (("algorithm", "learning_rate"), -1.0),
-    (("rollout", "top_p"), 1.5),
-    (("resources", "device"), "tpu"),
-    (("training", "data_parallel_size"), 0),
-])
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        (("algorithm", "num_responses_per_prompt"), 1),
+        (("algorithm", "learning_rate"), -1.0),
+        (("rollout", "top_p"), 1.5),
+        (("resources", "device"), "tpu"),
+        (("training", "data_parallel_size"), 0),
+    ],
+)
 def test_bad_values_are_named(demo_data, path, value):
     demo_data[path[0]][path[1]] = value
     assert problem_paths(demo_data) == [".".join(path)]
@@ -88,10 +91,17 @@ def test_central_dock_refuses_distributed_only_settings(demo_data):
     assert parse_job_config(data).dock.mode == "central"
 
 
-@pytest.mark.parametrize("section, field", [
-    ("algorithm", "fuse_reward_advantage"), ("training", "background_bookkeeping"),
-    ("dock", "colocate_controllers"), ("dock", "shared_memory"), (None, "_ablations"), (None, "ablations"),
-])
+@pytest.mark.parametrize(
+    "section, field",
+    [
+        ("algorithm", "fuse_reward_advantage"),
+        ("training", "background_bookkeeping"),
+        ("dock", "colocate_controllers"),
+        ("dock", "shared_memory"),
+        (None, "_ablations"),
+        (None, "ablations"),
+    ],
+)
 def test_the_benchmarks_switches_are_no_config_fields(demo_data, section, field):
     """The optimisations the benchmarks turn off are set in code (JobConfig.with_ablations): a
     config naming one is refused as an unknown field, and the private attribute is out of reach."""
@@ -109,7 +119,10 @@ def test_a_benchmark_turns_an_optimisation_off_in_code(demo_data):
     assert cfg.ablations == Ablations()  # every optimisation on
     off = cfg.with_ablations(shared_memory=False)
     assert (off.ablations.shared_memory, off.ablations.colocate_controllers, cfg.ablations.shared_memory) == (
-        False, True, True)
+        False,
+        True,
+        True,
+    )
     assert off.model_dump() == cfg.model_dump()  # not part of the config written or shipped as YAML
     assert pickle.loads(pickle.dumps(off)).ablations == off.ablations  # as Ray ships it to the workers
     with pytest.raises(ValidationError):

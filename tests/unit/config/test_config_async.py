@@ -29,12 +29,15 @@ def test_sync_is_the_default_and_async_grpo_is_valid(demo_data):
     assert parse_job_config(demo_data).training.mode == "async"
 
 
-@pytest.mark.parametrize("change, path", [
-    ({"training": {"tensor_parallel_size": 2, "data_parallel_size": 2}}, "training.mode"),
-    ({"training": {"resharding": "allgather_swap"}}, "training.mode"),
-    # samples one version old: the update's own forward pass is not the sampling policy
-    ({"algorithm": {"recompute_old_logprobs": "never"}}, "algorithm.recompute_old_logprobs"),
-])
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        ({"training": {"tensor_parallel_size": 2, "data_parallel_size": 2}}, "training.mode"),
+        ({"training": {"resharding": "allgather_swap"}}, "training.mode"),
+        # samples one version old: the update's own forward pass is not the sampling policy
+        ({"algorithm": {"recompute_old_logprobs": "never"}}, "algorithm.recompute_old_logprobs"),
+    ],
+)
 def test_what_async_cannot_run_is_named(demo_data, change, path):
     for section, values in change.items():
         demo_data[section].update(values)

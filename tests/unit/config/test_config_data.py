@@ -39,10 +39,13 @@ def test_files_with_the_defaults_are_valid():
     assert (data.prompt_key, data.answer_key, data.chat_template, data.generator) == ("prompt", "answer", "model", None)
 
 
-@pytest.mark.parametrize("data, fragment", [
-    ({}, "neither is set"),
-    ({"train_files": ["/d/a.jsonl"], "generator": {"name": "addition"}}, "both are set"),
-])
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({}, "neither is set"),
+        ({"train_files": ["/d/a.jsonl"], "generator": {"name": "addition"}}, "both are set"),
+    ],
+)
 def test_exactly_one_of_files_and_generator(data, fragment):
     (problem,) = _problems(_job(data))
     assert problem[0] == "data.train_files"
@@ -50,8 +53,9 @@ def test_exactly_one_of_files_and_generator(data, fragment):
 
 
 def test_generated_data_has_no_val_files_and_pairs_need_both_keys():
-    problems = _problems(_job({"generator": {"name": "word_problems"}, "val_files": ["/d/v.jsonl"],
-                               "chosen_key": "good"}))
+    problems = _problems(
+        _job({"generator": {"name": "word_problems"}, "val_files": ["/d/v.jsonl"], "chosen_key": "good"})
+    )
     assert [path for path, _ in problems] == ["data.val_files", "data.rejected_key"]
 
 

@@ -28,8 +28,13 @@ def test_evaluation_is_off_by_default_and_greedy_once_enabled(demo_data):
     assert evaluation.interval == 0
     demo_data["evaluation"] = {"interval": 5}
     evaluation = parse_job_config(demo_data).evaluation
-    assert (evaluation.at_start, evaluation.greedy, evaluation.num_samples, evaluation.max_prompts,
-            evaluation.correct_threshold) == (True, True, 1, None, 1.0)
+    assert (
+        evaluation.at_start,
+        evaluation.greedy,
+        evaluation.num_samples,
+        evaluation.max_prompts,
+        evaluation.correct_threshold,
+    ) == (True, True, 1, None, 1.0)
 
 
 @pytest.mark.parametrize("field, value", [("interval", -1), ("max_prompts", 0), ("num_samples", 0)])

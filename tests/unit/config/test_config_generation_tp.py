@@ -67,8 +67,9 @@ def test_dpo_has_no_engine_to_split(demo_data):
 def test_generation_tp_must_split_the_models_heads(tmp_path, demo_data):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(
-        {"model_type": "gpt2", "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512}))
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512})
+    )
     demo_data["model"] = {"path": str(model)}
     demo_data["training"].update(data_parallel_size=4, tensor_parallel_size=1)
     demo_data["rollout"] = {"tensor_parallel_size": 4}
@@ -83,12 +84,15 @@ def test_generation_tp_must_split_the_models_heads(tmp_path, demo_data):
     assert load_job_config(config_file).rollout.tensor_parallel_size == 2
 
 
-@pytest.mark.parametrize(("section", "setting"), [
-    ("resources", {"phase_schedule": "serial"}),
-    ("training", {"mode": "async"}),
-    ("training", {"lora": {"rank": 4}}),
-    ("rollout", {"sleep_level": 2}),
-])
+@pytest.mark.parametrize(
+    ("section", "setting"),
+    [
+        ("resources", {"phase_schedule": "serial"}),
+        ("training", {"mode": "async"}),
+        ("training", {"lora": {"rank": 4}}),
+        ("rollout", {"sleep_level": 2}),
+    ],
+)
 def test_combinations_not_run_with_an_engine_over_several_ranks_are_refused(demo_data, section, setting):
     demo_data["training"].update(data_parallel_size=2, tensor_parallel_size=1)
     demo_data.setdefault("rollout", {})["tensor_parallel_size"] = 2

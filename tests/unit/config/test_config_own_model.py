@@ -19,11 +19,14 @@ DATA = {"train_files": ["/data/train.parquet"], "prompt_key": "question", "chat_
 REWARD = {"terms": [{"name": "math_verify"}]}
 
 
-@pytest.mark.parametrize("sections, missing", [
-    ({}, ["data", "reward"]),
-    ({"data": DATA}, ["reward"]),
-    ({"reward": REWARD}, ["data"]),
-])
+@pytest.mark.parametrize(
+    "sections, missing",
+    [
+        ({}, ["data", "reward"]),
+        ({"data": DATA}, ["reward"]),
+        ({"reward": REWARD}, ["data"]),
+    ],
+)
 def test_a_real_model_without_data_or_reward_is_refused_naming_the_section(sections, missing):
     assert problem_paths(_own_model(**sections)) == missing
 

@@ -38,14 +38,17 @@ def test_async_running_ahead_with_a_budget_is_valid(partial_data, mode):
     assert (cfg.rollout.partial_rollout, cfg.rollout.max_tokens_per_round) == (mode, 4)
 
 
-@pytest.mark.parametrize("change, path", [
-    # no weight update ever interrupts a generation: sync, or async that never runs ahead
-    ({"training": {"mode": "sync"}}, "rollout.partial_rollout"),
-    ({"dock": {"max_staleness": 0}}, "rollout.partial_rollout"),
-    ({"rollout": {"max_tokens_per_round": None}}, "rollout.max_tokens_per_round"),
-    # a budget at or past the response limit cuts nothing
-    ({"rollout": {"max_tokens_per_round": 16}}, "rollout.max_tokens_per_round"),
-])
+@pytest.mark.parametrize(
+    "change, path",
+    [
+        # no weight update ever interrupts a generation: sync, or async that never runs ahead
+        ({"training": {"mode": "sync"}}, "rollout.partial_rollout"),
+        ({"dock": {"max_staleness": 0}}, "rollout.partial_rollout"),
+        ({"rollout": {"max_tokens_per_round": None}}, "rollout.max_tokens_per_round"),
+        # a budget at or past the response limit cuts nothing
+        ({"rollout": {"max_tokens_per_round": 16}}, "rollout.max_tokens_per_round"),
+    ],
+)
 def test_what_partial_rollout_cannot_run_is_named(partial_data, change, path):
     for section, values in change.items():
         partial_data[section].update(values)

@@ -19,11 +19,14 @@ def demo(*, mode: str, schedule: str) -> dict:
 
 
 def test_auto_is_the_default():
-    assert parse_job_config(yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())).resources.phase_schedule == "auto"
+    assert (
+        parse_job_config(yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())).resources.phase_schedule == "auto"
+    )
 
 
-@pytest.mark.parametrize("mode, schedule", [("sync", "serial"), ("sync", "overlap"), ("async", "auto"),
-                                            ("async", "overlap")])
+@pytest.mark.parametrize(
+    "mode, schedule", [("sync", "serial"), ("sync", "overlap"), ("async", "auto"), ("async", "overlap")]
+)
 def test_accepted(mode, schedule):
     assert parse_job_config(demo(mode=mode, schedule=schedule)).resources.phase_schedule == schedule
 

@@ -34,19 +34,26 @@ def test_separate_placement_counts_a_device_per_reference_rank():
 
 def test_tensor_parallel_actor_devices_have_room_for_the_critic():
     # DP 1 x TP 2 on 2 devices: the reference and the critic take the two free halves.
-    _parse(resources={"devices_per_node": 2}, algorithm={"name": "ppo"},
-           training={"data_parallel_size": 1, "tensor_parallel_size": 2})
+    _parse(
+        resources={"devices_per_node": 2},
+        algorithm={"name": "ppo"},
+        training={"data_parallel_size": 1, "tensor_parallel_size": 2},
+    )
 
 
 def test_the_critic_takes_half_a_device_per_data_parallel_rank():
     # DP 2 colocated: two actor devices with their references, then one device per critic rank (a
     # DDP group: never two ranks on one device).
     _parse(resources={"devices_per_node": 4}, algorithm={"name": "ppo"}, training={"data_parallel_size": 2})
-    (problem,) = _problems(resources={"devices_per_node": 3}, algorithm={"name": "ppo"},
-                           training={"data_parallel_size": 2})
+    (problem,) = _problems(
+        resources={"devices_per_node": 3}, algorithm={"name": "ppo"}, training={"data_parallel_size": 2}
+    )
     assert "needs 4 devices but resources give 3" in problem.message
-    (problem,) = _problems(resources={"devices_per_node": 3, "placement": "separate"}, algorithm={"name": "ppo"},
-                           training={"data_parallel_size": 2})
+    (problem,) = _problems(
+        resources={"devices_per_node": 3, "placement": "separate"},
+        algorithm={"name": "ppo"},
+        training={"data_parallel_size": 2},
+    )
     assert problem.message.startswith("algorithm.name ppo runs 2 critic rank(s) (one per data-parallel rank)")
     assert "needs 6 devices but resources give 3" in problem.message
 

@@ -10,7 +10,8 @@ REFERENCE = Path(__file__).resolve().parents[3] / "docs" / "config-reference.md"
 
 def test_config_reference_is_current():
     assert REFERENCE.read_text() == render(), (
-        "docs/config-reference.md is stale: python -m rldock.config.config_reference > docs/config-reference.md")
+        "docs/config-reference.md is stale: python -m rldock.config.config_reference > docs/config-reference.md"
+    )
 
 
 def test_every_field_is_documented():

@@ -63,8 +63,11 @@ def test_dpo_refuses_tp_and_resharding(demo_data, field, value):
 def test_tp_must_split_the_models_heads(tmp_path, demo_data):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(
-        {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 512}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 512}
+        )
+    )
     demo_data["model"] = {"path": str(model)}
     demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=2)
     config_file = tmp_path / "job.yaml"
@@ -82,8 +85,11 @@ def test_tp_must_split_the_models_heads(tmp_path, demo_data):
 def test_tp_needs_a_plan_for_the_models_architecture(tmp_path, demo_data, model_type, accepted):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(
-        {"model_type": model_type, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {"model_type": model_type, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512}
+        )
+    )
     demo_data["model"] = {"path": str(model)}
     demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=2)
     config_file = tmp_path / "job.yaml"
@@ -100,8 +106,11 @@ def test_tp_needs_a_plan_for_the_models_architecture(tmp_path, demo_data, model_
 def test_any_tp_size_that_splits_the_model_is_accepted(tmp_path, demo_data):
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(
-        {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 512}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 512}
+        )
+    )
     demo_data["model"] = {"path": str(model)}
     demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=4)
     config_file = tmp_path / "job.yaml"

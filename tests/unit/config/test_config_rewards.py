@@ -23,34 +23,53 @@ def test_default_is_one_digit_match_term_that_fails_on_errors():
 
 
 def test_a_valid_mix_of_terms_has_no_problems():
-    assert _problems({"name": "math_verify"}, {"name": "format", "pattern": r".*####.*", "weight": 0.1},
-                     {"name": "function", "function": "rewards/gsm8k.py:score"},
-                     {"name": "function", "function": "my_pkg.rewards:score"},
-                     {"name": "remote", "url": "https://rm.example:8443/score", "timeout_s": 5, "max_retries": 0,
-                      "token_env": "RM_TOKEN", "batch_size": 16}) == []
+    assert (
+        _problems(
+            {"name": "math_verify"},
+            {"name": "format", "pattern": r".*####.*", "weight": 0.1},
+            {"name": "function", "function": "rewards/gsm8k.py:score"},
+            {"name": "function", "function": "my_pkg.rewards:score"},
+            {
+                "name": "remote",
+                "url": "https://rm.example:8443/score",
+                "timeout_s": 5,
+                "max_retries": 0,
+                "token_env": "RM_TOKEN",
+                "batch_size": 16,
+            },
+        )
+        == []
+    )
 
 
-@pytest.mark.parametrize("term, path, words", [
-    ({"name": "format"}, "reward.terms[0].pattern", "needs pattern"),
-    ({"name": "function"}, "reward.terms[0].function", "needs function"),
-    ({"name": "remote"}, "reward.terms[0].url", "needs url"),
-    ({"name": "digit_match", "pattern": r"\d+"}, "reward.terms[0].pattern", "only a `format` term takes pattern"),
-    ({"name": "math_verify", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term takes url"),
-    ({"name": "format", "pattern": ".*", "timeout_s": 3}, "reward.terms[0].timeout_s", "only a `remote` term"),
-    ({"name": "function", "function": "f.py:g", "token_env": "T"}, "reward.terms[0].token_env", "only a `remote`"),
-    ({"name": "format", "pattern": "(unclosed"}, "reward.terms[0].pattern", "not a Python regex"),
-    ({"name": "function", "function": "rewards.py"}, "reward.terms[0].function", "is not `path/to/file.py:function`"),
-    ({"name": "function", "function": "rewards.py:1st"}, "reward.terms[0].function", "is not"),
-    ({"name": "function", "function": "my-pkg:score"}, "reward.terms[0].function", "is not"),
-    ({"name": "remote", "url": "ftp://host/x"}, "reward.terms[0].url", "not an http:// or https:// URL"),
-    ({"name": "remote", "url": "file:///etc/passwd"}, "reward.terms[0].url", "not an http:// or https:// URL"),
-    ({"name": "remote", "url": "https://:8443/score"}, "reward.terms[0].url", "with a host"),
-    ({"name": "remote", "url": "http://rm:port/score"}, "reward.terms[0].url", "not an http:// or https:// URL"),
-    ({"name": "exact_match", "allow_insecure": True}, "reward.terms[0].allow_insecure", "only a `remote` term"),
-    ({"name": "model"}, "reward.terms[0].path", "a `model` term needs path"),
-    ({"name": "digit_match", "path": "/rm"}, "reward.terms[0].path", "only a `model` term takes path"),
-    ({"name": "model", "path": "/rm", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term"),
-])
+@pytest.mark.parametrize(
+    "term, path, words",
+    [
+        ({"name": "format"}, "reward.terms[0].pattern", "needs pattern"),
+        ({"name": "function"}, "reward.terms[0].function", "needs function"),
+        ({"name": "remote"}, "reward.terms[0].url", "needs url"),
+        ({"name": "digit_match", "pattern": r"\d+"}, "reward.terms[0].pattern", "only a `format` term takes pattern"),
+        ({"name": "math_verify", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term takes url"),
+        ({"name": "format", "pattern": ".*", "timeout_s": 3}, "reward.terms[0].timeout_s", "only a `remote` term"),
+        ({"name": "function", "function": "f.py:g", "token_env": "T"}, "reward.terms[0].token_env", "only a `remote`"),
+        ({"name": "format", "pattern": "(unclosed"}, "reward.terms[0].pattern", "not a Python regex"),
+        (
+            {"name": "function", "function": "rewards.py"},
+            "reward.terms[0].function",
+            "is not `path/to/file.py:function`",
+        ),
+        ({"name": "function", "function": "rewards.py:1st"}, "reward.terms[0].function", "is not"),
+        ({"name": "function", "function": "my-pkg:score"}, "reward.terms[0].function", "is not"),
+        ({"name": "remote", "url": "ftp://host/x"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+        ({"name": "remote", "url": "file:///etc/passwd"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+        ({"name": "remote", "url": "https://:8443/score"}, "reward.terms[0].url", "with a host"),
+        ({"name": "remote", "url": "http://rm:port/score"}, "reward.terms[0].url", "not an http:// or https:// URL"),
+        ({"name": "exact_match", "allow_insecure": True}, "reward.terms[0].allow_insecure", "only a `remote` term"),
+        ({"name": "model"}, "reward.terms[0].path", "a `model` term needs path"),
+        ({"name": "digit_match", "path": "/rm"}, "reward.terms[0].path", "only a `model` term takes path"),
+        ({"name": "model", "path": "/rm", "url": "http://x:1"}, "reward.terms[0].url", "only a `remote` term"),
+    ],
+)
 def test_each_wrong_option_is_named_with_its_term_index(term, path, words):
     (problem,) = _problems(term)
     assert problem.path == path and words in problem.message
@@ -64,12 +83,15 @@ def test_a_token_over_plain_http_is_refused_naming_the_url_and_both_fixes(url):
     assert "use an https:// URL, or set allow_insecure: true" in problem.message
 
 
-@pytest.mark.parametrize("term", [
-    {"url": "http://127.0.0.1:8000/score", "token_env": "RM_TOKEN", "allow_insecure": True},  # a sidecar
-    {"url": "https://rm.example/score", "token_env": "RM_TOKEN"},
-    {"url": "http://rm.team-a.svc:8000/score"},  # no token to leak
-    {"url": "http://rm.team-a.svc:8000/score", "allow_insecure": False},
-])
+@pytest.mark.parametrize(
+    "term",
+    [
+        {"url": "http://127.0.0.1:8000/score", "token_env": "RM_TOKEN", "allow_insecure": True},  # a sidecar
+        {"url": "https://rm.example/score", "token_env": "RM_TOKEN"},
+        {"url": "http://rm.team-a.svc:8000/score"},  # no token to leak
+        {"url": "http://rm.team-a.svc:8000/score", "allow_insecure": False},
+    ],
+)
 def test_plain_http_is_fine_without_a_token_or_when_allowed(term):
     assert _problems({"name": "remote", **term}) == []
 
@@ -102,13 +124,16 @@ def test_the_job_loader_reports_reward_problems_and_schema_errors_with_indexed_p
     assert [p.path for p in caught.value.problems] == ["reward.terms[1].name", "reward.on_error"]
 
 
-@pytest.mark.parametrize("reward, path", [
-    ({"terms": []}, "reward.terms"),
-    ({"terms": [{"name": "digit_match", "weight": 1e6}]}, "reward.terms[0].weight"),
-    ({"terms": [{"name": "remote", "url": "http://x:1", "token_env": "NOT-A-NAME"}]}, "reward.terms[0].token_env"),
-    ({"terms": [{"name": "remote", "url": "http://x:1", "timeout_s": 0}]}, "reward.terms[0].timeout_s"),
-    ({"name": "digit_match"}, "reward.name"),  # the old form is refused, naming the field
-])
+@pytest.mark.parametrize(
+    "reward, path",
+    [
+        ({"terms": []}, "reward.terms"),
+        ({"terms": [{"name": "digit_match", "weight": 1e6}]}, "reward.terms[0].weight"),
+        ({"terms": [{"name": "remote", "url": "http://x:1", "token_env": "NOT-A-NAME"}]}, "reward.terms[0].token_env"),
+        ({"terms": [{"name": "remote", "url": "http://x:1", "timeout_s": 0}]}, "reward.terms[0].timeout_s"),
+        ({"name": "digit_match"}, "reward.name"),  # the old form is refused, naming the field
+    ],
+)
 def test_bad_values_are_named(reward, path):
     with pytest.raises(ConfigError) as caught:
         parse_job_config({**BASE, "reward": reward})
@@ -155,8 +180,10 @@ def test_the_reward_model_worker_takes_a_device_share_that_must_fit():
     ppo = {**BASE["algorithm"], "name": "ppo"}
     parse_job_config({**BASE, "reward": {"terms": [model]}, "algorithm": ppo, **two_devices})  # critic + RM: 1 device
     (problem,) = _job({"terms": [model]}, algorithm=ppo, **one_device)
-    assert "runs 1 critic rank(s) (one per data-parallel rank) and reward.terms[0] runs a reward-model worker" \
+    assert (
+        "runs 1 critic rank(s) (one per data-parallel rank) and reward.terms[0] runs a reward-model worker"
         in problem.message
+    )
 
 
 def test_evaluation_needs_a_term_besides_the_model():

@@ -13,13 +13,22 @@ def demo_data() -> dict:
 
 def test_defaults_are_ddp_without_extras(demo_data):
     training = parse_job_config(demo_data).training
-    assert (training.strategy, training.fsdp_cpu_offload, training.gradient_checkpointing,
-            training.mixed_precision) == ("ddp", False, False, "none")
+    assert (
+        training.strategy,
+        training.fsdp_cpu_offload,
+        training.gradient_checkpointing,
+        training.mixed_precision,
+    ) == ("ddp", False, False, "none")
 
 
 def test_fsdp_with_every_option_is_valid(demo_data):
-    demo_data["training"].update(strategy="fsdp", fsdp_cpu_offload=True, gradient_checkpointing=True,
-                                 mixed_precision="bf16", resharding="allgather_swap")
+    demo_data["training"].update(
+        strategy="fsdp",
+        fsdp_cpu_offload=True,
+        gradient_checkpointing=True,
+        mixed_precision="bf16",
+        resharding="allgather_swap",
+    )
     assert parse_job_config(demo_data).training.strategy == "fsdp"
 
 

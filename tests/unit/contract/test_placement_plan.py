@@ -9,8 +9,11 @@ from rldock.contract.placement import Seat, SeatRequest, plan_placement
 
 
 def _plan(mode="colocated", *, actors=2, references=2, critics=0, reward_model=False):
-    others = [SeatRequest("reference", references), SeatRequest("critic", critics, distinct=True),
-              SeatRequest("reward_model", int(reward_model))]
+    others = [
+        SeatRequest("reference", references),
+        SeatRequest("critic", critics, distinct=True),
+        SeatRequest("reward_model", int(reward_model)),
+    ]
     return plan_placement(accelerator="NPU", num_actor_ranks=actors, others=others, mode=mode)
 
 
@@ -46,8 +49,9 @@ def test_data_parallel_critic_ranks_never_share_a_device():
     assert _plan(actors=2, references=2, critics=2, reward_model=True).group("reward_model") == (Seat(2, 0.5),)
 
 
-@pytest.mark.parametrize(("critics", "reward_model", "devices"), [(0, False, 1), (1, False, 2),
-                                                                  (0, True, 2), (1, True, 2)])
+@pytest.mark.parametrize(
+    ("critics", "reward_model", "devices"), [(0, False, 1), (1, False, 2), (0, True, 2), (1, True, 2)]
+)
 def test_colocated_critic_and_reward_model_share_one_extra_device(critics, reward_model, devices):
     plan = _plan(actors=1, references=1, critics=critics, reward_model=reward_model)
     assert plan.num_devices == devices
@@ -77,11 +81,14 @@ def test_bad_input_is_refused():
         _plan(critics=-1)
 
 
-@pytest.mark.parametrize(("actors", "generation_tp", "engines"), [
-    (4, 1, ((0,), (1,), (2,), (3,))),  # one engine per device
-    (4, 2, ((0, 1), (2, 3))),  # one engine per replica of two ranks, its TP workers on their devices
-    (4, 4, ((0, 1, 2, 3),)),
-])
+@pytest.mark.parametrize(
+    ("actors", "generation_tp", "engines"),
+    [
+        (4, 1, ((0,), (1,), (2,), (3,))),  # one engine per device
+        (4, 2, ((0, 1), (2, 3))),  # one engine per replica of two ranks, its TP workers on their devices
+        (4, 4, ((0, 1, 2, 3),)),
+    ],
+)
 def test_each_generation_replica_engine_spans_its_ranks_distinct_devices(actors, generation_tp, engines):
     plan = _plan(actors=actors, references=actors // 2, critics=2)
     assert plan.engine_devices(generation_tp) == engines

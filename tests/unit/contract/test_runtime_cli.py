@@ -8,8 +8,13 @@ from rldock.runtime.cli import _build_parser
 
 @pytest.mark.parametrize("resume, progress_lines, max_restarts", [(True, True, 0), (False, False, 3)])
 def test_runtime_parses_the_submitted_command(resume, progress_lines, max_restarts):
-    argv = train_argv(config="/etc/rldock/job.yaml", output="/ckpt/ns/job", resume=resume,
-                      progress_lines=progress_lines, max_restarts=max_restarts)
+    argv = train_argv(
+        config="/etc/rldock/job.yaml",
+        output="/ckpt/ns/job",
+        resume=resume,
+        progress_lines=progress_lines,
+        max_restarts=max_restarts,
+    )
     assert argv[0] == "rldock"
     args = _build_parser().parse_args(argv[1:])
     assert (args.command, args.config, args.output) == ("train", "/etc/rldock/job.yaml", "/ckpt/ns/job")

@@ -12,15 +12,26 @@ from rldock.contract.tensor_parallel import TP_ARCHITECTURES, TP_PLANS, check_ar
 from rldock.runtime.resharding.parallel_layout import has_partial_gradient, shard_dim
 from rldock.runtime.resharding.shard import generation_shard
 
-MODELS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-          "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+MODELS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+}
 
 
 def _tiny(model_type: str):
     """8 heads, 4 KV heads, MLP 64: every split dimension divides by 4."""
     config_cls, model_cls = MODELS[model_type]
-    config = config_cls(vocab_size=24, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=8, max_position_embeddings=16)
+    config = config_cls(
+        vocab_size=24,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=8,
+        max_position_embeddings=16,
+    )
     torch.manual_seed(0)
     return model_cls(config)
 
@@ -57,8 +68,13 @@ def test_plan_names_real_modules_of_the_architecture(model_type):
 def test_tp4_shards_of_the_real_weights_tile_them(model_type):
     model = _tiny(model_type)
     config, plan = model.config, TP_PLANS[model_type]
-    check_divisible(tp_size=4, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
-                    intermediate_size=config.intermediate_size, field="training.tensor_parallel_size")
+    check_divisible(
+        tp_size=4,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        field="training.tensor_parallel_size",
+    )
     for name, full in model.state_dict().items():
         shards = [generation_shard(name, full, tp_rank=r, tp_size=4, plan=plan) for r in range(4)]
         dim = shard_dim(name, plan)
@@ -68,5 +84,7 @@ def test_tp4_shards_of_the_real_weights_tile_them(model_type):
         assert all(shard.shape[dim] == full.shape[dim] // 4 for shard in shards), name
         assert torch.equal(torch.cat(shards, dim=dim), full), name
     q = model.model.layers[0].self_attn.q_proj.weight  # (heads * head_dim, hidden): 2 heads per rank
-    assert generation_shard("model.layers.0.self_attn.q_proj.weight", q, tp_rank=3, tp_size=4,
-                            plan=plan).shape == (2 * 8, 64)
+    assert generation_shard("model.layers.0.self_attn.q_proj.weight", q, tp_rank=3, tp_size=4, plan=plan).shape == (
+        2 * 8,
+        64,
+    )

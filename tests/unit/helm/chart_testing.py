@@ -25,17 +25,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cluster-wide-custom": {
         "image": {"tag": "0.1.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
-        "runtime": {"image": {"repository": "registry.example.com/rl/runtime", "tag": "0.1.0-cuda",
-                              "pullPolicy": "Always"},
-                    "deviceResource": "nvidia.com/gpu"},
-        "operator": {"pollInterval": 0.5, "logLevel": "DEBUG", "dashboardAddress": "service-ip",
-                     "rayTimeout": 2.5, "healthPort": 9090,
-                     "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]},
+        "runtime": {
+            "image": {"repository": "registry.example.com/rl/runtime", "tag": "0.1.0-cuda", "pullPolicy": "Always"},
+            "deviceResource": "nvidia.com/gpu",
+        },
+        "operator": {
+            "pollInterval": 0.5,
+            "logLevel": "DEBUG",
+            "dashboardAddress": "service-ip",
+            "rayTimeout": 2.5,
+            "healthPort": 9090,
+            "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+        },
         "crds": {"keep": False},
         "serviceAccount": {"name": "rl-operator", "annotations": {"team": "rl"}},
         "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
-        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
-                         "effect": "NoSchedule"}],
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
         "priorityClassName": "system-cluster-critical",
         "podAnnotations": {"prometheus.io/scrape": "false"},
         "fullnameOverride": "rl-operator",
@@ -43,15 +48,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def render_files(values: dict[str, Any] | None = None, *, chart: Path = CHART,
-                 namespace: str = NAMESPACE) -> dict[str, str]:
+def render_files(
+    values: dict[str, Any] | None = None, *, chart: Path = CHART, namespace: str = NAMESPACE
+) -> dict[str, str]:
     """Template path -> rendered text, as `helm template` would print it (NOTES.txt included)."""
     with helm.Chart.load(chart) as loaded:
         return loaded.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
 
 
-def render(values: dict[str, Any] | None = None, *, chart: Path = CHART,
-           namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any] | None = None, *, chart: Path = CHART, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
     """Every object the chart renders with `values`, in template order."""
     objects = []
     for path, text in sorted(render_files(values, chart=chart, namespace=namespace).items()):
@@ -79,11 +86,20 @@ def chart_with_kuberay_double(tmp: Path) -> Path:
     (dependency,) = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
     double = chart / "charts" / dependency["name"]
     (double / "templates").mkdir(parents=True)
-    (double / "Chart.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "v2", "name": dependency["name"], "version": dependency["version"],
-        "description": "Test double of the KubeRay operator chart", "icon": "https://example.com/icon.png"}))
+    (double / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": dependency["name"],
+                "version": dependency["version"],
+                "description": "Test double of the KubeRay operator chart",
+                "icon": "https://example.com/icon.png",
+            }
+        )
+    )
     (double / "values.yaml").write_text("{}\n")
     (double / "templates" / "double.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kuberay-operator-double\n"
-        "  namespace: {{ .Release.Namespace }}\ndata:\n  what: test double\n")
+        "  namespace: {{ .Release.Namespace }}\ndata:\n  what: test double\n"
+    )
     return chart

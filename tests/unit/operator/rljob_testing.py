@@ -21,8 +21,13 @@ def job_dict() -> dict[str, Any]:
         "name": "grpo-test",
         "iterations": 40,
         "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
-        "algorithm": {"num_prompts_per_iteration": 8, "num_responses_per_prompt": 4,
-                      "max_prompt_length": 8, "max_response_length": 6, "learning_rate": 3e-4},
+        "algorithm": {
+            "num_prompts_per_iteration": 8,
+            "num_responses_per_prompt": 4,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 3e-4,
+        },
         "training": {"data_parallel_size": 2},
         "resources": {"num_nodes": 2, "devices_per_node": 8},
     }
@@ -63,11 +68,14 @@ def openapi_to_jsonschema(schema: Any, *, closed: bool = True) -> Any:
         return [openapi_to_jsonschema(item, closed=closed) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: openapi_to_jsonschema(value, closed=closed) if key in _SUBSCHEMA_KEYS else value
-           for key, value in schema.items()}
+    out = {
+        key: openapi_to_jsonschema(value, closed=closed) if key in _SUBSCHEMA_KEYS else value
+        for key, value in schema.items()
+    }
     if "properties" in schema:
-        out["properties"] = {name: openapi_to_jsonschema(sub, closed=closed)
-                             for name, sub in schema["properties"].items()}
+        out["properties"] = {
+            name: openapi_to_jsonschema(sub, closed=closed) for name, sub in schema["properties"].items()
+        }
     for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
         if out.get(exclusive) is True:
             out[exclusive] = out.pop(bound)
@@ -78,8 +86,12 @@ def openapi_to_jsonschema(schema: Any, *, closed: bool = True) -> Any:
             out["type"] = [out["type"], "null"]
         if "enum" in out:
             out["enum"] = [*out["enum"], None]
-    if (closed and "properties" in schema and "additionalProperties" not in schema
-            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        closed
+        and "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 

@@ -39,14 +39,20 @@ from rldock.operator.validation import parse_spec
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 SETTINGS = OperatorSettings()
-HOST_ROOT = {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
-             "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
+HOST_ROOT = {
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+}
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 
 
 def rljob(**sections: Any) -> dict[str, Any]:
-    return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob",
-            "metadata": {"name": "grpo", "namespace": "team-a"}, "spec": spec_dict(**sections)}
+    return {
+        "apiVersion": "rldock.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "grpo", "namespace": "team-a"},
+        "spec": spec_dict(**sections),
+    }
 
 
 def with_spec(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -55,13 +61,22 @@ def with_spec(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return obj
 
 
-def request(operation: str, obj: dict[str, Any] | None, old: dict[str, Any] | None = None,
-            **fields: Any) -> dict[str, Any]:
+def request(
+    operation: str, obj: dict[str, Any] | None, old: dict[str, Any] | None = None, **fields: Any
+) -> dict[str, Any]:
     """An AdmissionReview request as the API server sends it for an RLJob."""
-    return {"uid": UID, "kind": {"group": "rldock.io", "version": "v1alpha1", "kind": "RLJob"},
-            "resource": {"group": "rldock.io", "version": "v1alpha1", "resource": "rljobs"},
-            "name": "grpo", "namespace": "team-a", "operation": operation, "object": obj, "oldObject": old,
-            "userInfo": {"username": "alice"}, **fields}
+    return {
+        "uid": UID,
+        "kind": {"group": "rldock.io", "version": "v1alpha1", "kind": "RLJob"},
+        "resource": {"group": "rldock.io", "version": "v1alpha1", "resource": "rljobs"},
+        "name": "grpo",
+        "namespace": "team-a",
+        "operation": operation,
+        "object": obj,
+        "oldObject": old,
+        "userInfo": {"username": "alice"},
+        **fields,
+    }
 
 
 def admission_review(req: dict[str, Any]) -> dict[str, Any]:
@@ -76,35 +91,52 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
 
 # --- What is allowed and what is refused ------------------------------------------------------
 
-@pytest.mark.parametrize("req, reason, fields", [
-    # CREATE: checked in full
-    (request("CREATE", VALID), None, ()),
-    (request("CREATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK)), None, ()),
-    (request("CREATE", INVALID), "InvalidSpec", ("spec.job",)),
-    (request("CREATE", OUTSIDE_POLICY), "PolicyDenied", ("spec.volumes[0].hostPath.path", "policy.hostPathPrefixes")),
-    (request("CREATE", rljob(checkpoint={"hostPath": "/mnt/rl"}, image="docker.io/evil:1", **HOST_ROOT)),
-     "PolicyDenied", ("spec.checkpoint.hostPath", "spec.volumes[0].hostPath.path", "spec.image",
-                      "policy.imagePrefixes")),
-    # managed by another controller: its own rules hold, this cluster's policy is not for it
-    (request("CREATE", ELSEWHERE), None, ()),
-    (request("CREATE", with_spec(INVALID, managedBy=MULTIKUEUE)), "InvalidSpec", ("spec.job",)),
-    # UPDATE: a changed spec is checked as a CREATE would be
-    (request("UPDATE", VALID, VALID), None, ()),
-    (request("UPDATE", OUTSIDE_POLICY, VALID), "PolicyDenied", ("spec.volumes[0].hostPath.path",)),
-    (request("UPDATE", INVALID, VALID), "InvalidSpec", ("spec.job",)),
-    # ... an unchanged one (labels, finalizers, kopf's annotations) is not: it was checked when written
-    (request("UPDATE", {**OUTSIDE_POLICY, "metadata": {"name": "grpo", "finalizers": []}}, OUTSIDE_POLICY), None, ()),
-    # managedBy is immutable, either way
-    (request("UPDATE", with_spec(VALID, managedBy=MULTIKUEUE), VALID), "InvalidSpec", ("spec.managedBy",)),
-    (request("UPDATE", VALID, ELSEWHERE), "InvalidSpec", ("spec.managedBy", "immutable")),
-    (request("UPDATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK), VALID), "InvalidSpec", ("spec.managedBy",)),
-    # not ours to refuse
-    (request("DELETE", None, OUTSIDE_POLICY), None, ()),
-    (request("CONNECT", None), None, ()),
-    (request("UPDATE", OUTSIDE_POLICY, VALID, subResource="status"), None, ()),
-    (request("CREATE", OUTSIDE_POLICY, resource={"group": "ray.io", "version": "v1", "resource": "rayclusters"}),
-     None, ()),
-])
+
+@pytest.mark.parametrize(
+    "req, reason, fields",
+    [
+        # CREATE: checked in full
+        (request("CREATE", VALID), None, ()),
+        (request("CREATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK)), None, ()),
+        (request("CREATE", INVALID), "InvalidSpec", ("spec.job",)),
+        (
+            request("CREATE", OUTSIDE_POLICY),
+            "PolicyDenied",
+            ("spec.volumes[0].hostPath.path", "policy.hostPathPrefixes"),
+        ),
+        (
+            request("CREATE", rljob(checkpoint={"hostPath": "/mnt/rl"}, image="docker.io/evil:1", **HOST_ROOT)),
+            "PolicyDenied",
+            ("spec.checkpoint.hostPath", "spec.volumes[0].hostPath.path", "spec.image", "policy.imagePrefixes"),
+        ),
+        # managed by another controller: its own rules hold, this cluster's policy is not for it
+        (request("CREATE", ELSEWHERE), None, ()),
+        (request("CREATE", with_spec(INVALID, managedBy=MULTIKUEUE)), "InvalidSpec", ("spec.job",)),
+        # UPDATE: a changed spec is checked as a CREATE would be
+        (request("UPDATE", VALID, VALID), None, ()),
+        (request("UPDATE", OUTSIDE_POLICY, VALID), "PolicyDenied", ("spec.volumes[0].hostPath.path",)),
+        (request("UPDATE", INVALID, VALID), "InvalidSpec", ("spec.job",)),
+        # ... an unchanged one (labels, finalizers, kopf's annotations) is not: it was checked when written
+        (
+            request("UPDATE", {**OUTSIDE_POLICY, "metadata": {"name": "grpo", "finalizers": []}}, OUTSIDE_POLICY),
+            None,
+            (),
+        ),
+        # managedBy is immutable, either way
+        (request("UPDATE", with_spec(VALID, managedBy=MULTIKUEUE), VALID), "InvalidSpec", ("spec.managedBy",)),
+        (request("UPDATE", VALID, ELSEWHERE), "InvalidSpec", ("spec.managedBy", "immutable")),
+        (request("UPDATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK), VALID), "InvalidSpec", ("spec.managedBy",)),
+        # not ours to refuse
+        (request("DELETE", None, OUTSIDE_POLICY), None, ()),
+        (request("CONNECT", None), None, ()),
+        (request("UPDATE", OUTSIDE_POLICY, VALID, subResource="status"), None, ()),
+        (
+            request("CREATE", OUTSIDE_POLICY, resource={"group": "ray.io", "version": "v1", "resource": "rayclusters"}),
+            None,
+            (),
+        ),
+    ],
+)
 def test_decide(req, reason, fields):
     verdict = decide(req, SETTINGS)
     assert verdict.allowed == (reason is None)
@@ -141,15 +173,20 @@ def test_review_answers_the_request_uid_with_a_422_status():
     assert review(admission_review(request("CREATE", VALID)), SETTINGS)["response"] == {"uid": UID, "allowed": True}
 
 
-@pytest.mark.parametrize("body", [
-    None, [], {"kind": "AdmissionReview"},
-    {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": UID}},
-    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
-    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}},
-    admission_review(request("CREATE", ["not", "an", "object"])),
-    admission_review(request("CREATE", {**VALID, "spec": "x"})),
-    admission_review(request("UPDATE", VALID, {"spec": 3})),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        [],
+        {"kind": "AdmissionReview"},
+        {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": UID}},
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}},
+        admission_review(request("CREATE", ["not", "an", "object"])),
+        admission_review(request("CREATE", {**VALID, "spec": "x"})),
+        admission_review(request("UPDATE", VALID, {"spec": 3})),
+    ],
+)
 def test_what_is_not_an_admission_review_is_refused(body):
     with pytest.raises(ReviewError):
         review(body, SETTINGS)
@@ -157,21 +194,27 @@ def test_what_is_not_an_admission_review_is_refused(body):
 
 # --- The HTTPS server -------------------------------------------------------------------------
 
+
 def write_certificate(folder: Path, common_name: str = "rldock-webhook-test") -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (TEST ONLY) as tls.crt and tls.key in `folder`."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     (folder / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (folder / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                       serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
+    (folder / "tls.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return folder / "tls.crt", folder / "tls.key"
 
 
@@ -182,8 +225,14 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def start_server(certificate: tuple[Path, Path], **bounds: Any) -> WebhookServer:
     cert, key = certificate
-    return WebhookServer(functools.partial(review, settings=SETTINGS), port=0, host="127.0.0.1",
-                         cert_file=str(cert), key_file=str(key), **bounds).start()
+    return WebhookServer(
+        functools.partial(review, settings=SETTINGS),
+        port=0,
+        host="127.0.0.1",
+        cert_file=str(cert),
+        key_file=str(key),
+        **bounds,
+    ).start()
 
 
 @pytest.fixture
@@ -198,10 +247,15 @@ def client_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
     return context
 
 
-def post(server: WebhookServer, certificate: tuple[Path, Path], body: bytes, *, path: str = WEBHOOK_PATH,
-         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(certificate),
-                                             timeout=5)
+def post(
+    server: WebhookServer,
+    certificate: tuple[Path, Path],
+    body: bytes,
+    *,
+    path: str = WEBHOOK_PATH,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    connection = http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(certificate), timeout=5)
     try:
         connection.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
         response = connection.getresponse()
@@ -217,11 +271,14 @@ def test_server_answers_a_review_over_verified_tls(server, certificate):
     assert response["allowed"] is False and response["status"]["reason"] == "PolicyDenied"
 
 
-@pytest.mark.parametrize("body, path, code", [
-    (b"{", WEBHOOK_PATH, 400),
-    (b'{"kind": "Pod"}', WEBHOOK_PATH, 400),
-    (b"{}", "/mutate", 404),
-])
+@pytest.mark.parametrize(
+    "body, path, code",
+    [
+        (b"{", WEBHOOK_PATH, 400),
+        (b'{"kind": "Pod"}', WEBHOOK_PATH, 400),
+        (b"{}", "/mutate", 404),
+    ],
+)
 def test_server_refuses_what_is_not_a_review(server, certificate, body, path, code):
     assert post(server, certificate, body, path=path)[0] == code
 
@@ -317,20 +374,32 @@ def test_a_rotated_certificate_is_served_without_a_restart(tmp_path):
 
 # --- Settings ---------------------------------------------------------------------------------
 
+
 def test_webhook_settings_from_the_environment_and_flags():
-    env = {"RLDOCK_TOKEN_KEY": "k" * 32, "RLDOCK_WEBHOOK_PORT": "9443",
-           "RLDOCK_WEBHOOK_CERT_FILE": "/etc/webhook/tls.crt", "RLDOCK_WEBHOOK_KEY_FILE": "/etc/webhook/tls.key"}
+    env = {
+        "RLDOCK_TOKEN_KEY": "k" * 32,
+        "RLDOCK_WEBHOOK_PORT": "9443",
+        "RLDOCK_WEBHOOK_CERT_FILE": "/etc/webhook/tls.crt",
+        "RLDOCK_WEBHOOK_KEY_FILE": "/etc/webhook/tls.key",
+    }
     settings = load_settings([], env)
     assert (settings.webhook_port, settings.webhook_cert_file, settings.webhook_key_file) == (
-        9443, "/etc/webhook/tls.crt", "/etc/webhook/tls.key")
+        9443,
+        "/etc/webhook/tls.crt",
+        "/etc/webhook/tls.key",
+    )
     assert load_settings(["--webhook-port", "8443"], env).webhook_port == 8443
     assert load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32}).webhook_port is None
 
 
 @pytest.mark.parametrize("drop", ["RLDOCK_WEBHOOK_CERT_FILE", "RLDOCK_WEBHOOK_KEY_FILE"])
 def test_a_webhook_port_without_its_certificate_stops_the_operator_at_start(drop, capsys):
-    env = {"RLDOCK_TOKEN_KEY": "k" * 32, "RLDOCK_WEBHOOK_PORT": "9443",
-           "RLDOCK_WEBHOOK_CERT_FILE": "/c", "RLDOCK_WEBHOOK_KEY_FILE": "/k"}
+    env = {
+        "RLDOCK_TOKEN_KEY": "k" * 32,
+        "RLDOCK_WEBHOOK_PORT": "9443",
+        "RLDOCK_WEBHOOK_CERT_FILE": "/c",
+        "RLDOCK_WEBHOOK_KEY_FILE": "/k",
+    }
     del env[drop]
     with pytest.raises(SystemExit):
         load_settings([], env)

@@ -44,20 +44,33 @@ def _spec(**sections) -> RLJobSpec:
 
 def _resources(num_nodes: int, devices_per_node: int, accelerator: str = "NPU") -> dict:
     job = spec_dict()["job"]
-    job["resources"] = {"num_nodes": num_nodes, "devices_per_node": devices_per_node,
-                        "accelerator_resource": accelerator}
+    job["resources"] = {
+        "num_nodes": num_nodes,
+        "devices_per_node": devices_per_node,
+        "accelerator_resource": accelerator,
+    }
     return job
 
 
 SPECS = {
     "default": {},
-    "four-nodes-gpu": {"job": _resources(4, 16, "GPU_DEVICE"),
-                       "cluster": {"deviceResource": "nvidia.com/gpu", "head": {"cpu": "500m", "memory": "2Gi"},
-                                   "worker": {"cpu": 8, "memory": "64Gi"}}},
-    "placed": {"cluster": {"nodeSelector": {"accelerator": "ascend-910b"},
-                           "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists",
-                                            "effect": "NoExecute", "tolerationSeconds": 60}]},
-               "scheduling": {"schedulerName": "my-scheduler"}},
+    "four-nodes-gpu": {
+        "job": _resources(4, 16, "GPU_DEVICE"),
+        "cluster": {
+            "deviceResource": "nvidia.com/gpu",
+            "head": {"cpu": "500m", "memory": "2Gi"},
+            "worker": {"cpu": 8, "memory": "64Gi"},
+        },
+    },
+    "placed": {
+        "cluster": {
+            "nodeSelector": {"accelerator": "ascend-910b"},
+            "tolerations": [
+                {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+            ],
+        },
+        "scheduling": {"schedulerName": "my-scheduler"},
+    },
     "volcano": {"scheduling": {"gang": "volcano", "queue": "research"}},
     "kueue": {"scheduling": {"gang": "kueue", "queue": "team-a-queue"}},
     "host-path": {"checkpoint": {"hostPath": "/mnt/shared/rl", "mountPath": "/data"}},
@@ -71,9 +84,12 @@ def _groups(cluster: dict) -> tuple[dict, dict]:
 
 
 def _as_pod(template: dict, name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {**template["metadata"], "name": name, "namespace": JOB.namespace},
-            "spec": template["spec"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template["metadata"], "name": name, "namespace": JOB.namespace},
+        "spec": template["spec"],
+    }
 
 
 @pytest.mark.parametrize("case", SPECS)
@@ -97,22 +113,27 @@ def test_kuberay_schema_check_has_teeth():
     cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = 8
     cluster["spec"]["workerGroupSpecs"][0]["groupNmae"] = "typo"
     assert set(error_paths(validator, cluster)) == {
-        "spec.workerGroupSpecs.0.replicas", "spec.headGroupSpec.rayStartParams.num-cpus",
-        "spec.workerGroupSpecs.0"}
+        "spec.workerGroupSpecs.0.replicas",
+        "spec.headGroupSpec.rayStartParams.num-cpus",
+        "spec.workerGroupSpecs.0",
+    }
 
 
-@pytest.mark.parametrize("num_nodes, devices, accelerator, device_resource", [
-    (1, 8, "NPU", "huawei.com/Ascend910"),
-    (4, 8, "NPU", "huawei.com/Ascend910"),
-    (2, 16, "GPU_DEVICE", "nvidia.com/gpu"),
-])
+@pytest.mark.parametrize(
+    "num_nodes, devices, accelerator, device_resource",
+    [
+        (1, 8, "NPU", "huawei.com/Ascend910"),
+        (4, 8, "NPU", "huawei.com/Ascend910"),
+        (2, 16, "GPU_DEVICE", "nvidia.com/gpu"),
+    ],
+)
 def test_cluster_shape_comes_from_the_job(num_nodes, devices, accelerator, device_resource):
     spec = _spec(job=_resources(num_nodes, devices, accelerator), cluster={"deviceResource": device_resource})
     head, worker = _groups(build_ray_cluster(job=JOB, spec=spec))
     assert worker["replicas"] == worker["minReplicas"] == worker["maxReplicas"] == num_nodes
     # KubeRay writes `--resources=<value>` into a bash command line as it is: the value must be
     # one shell word that bash turns into the JSON.
-    (word,) = shlex.split(f'--resources={worker["rayStartParams"]["resources"]}')
+    (word,) = shlex.split(f"--resources={worker['rayStartParams']['resources']}")
     assert json.loads(word.removeprefix("--resources=")) == {accelerator: devices}
     (container,) = worker["template"]["spec"]["containers"]
     assert container["resources"]["requests"][device_resource] == str(devices)

@@ -31,7 +31,8 @@ def _nodes(schema: Any, path: str = "") -> Iterator[tuple[str, dict]]:
 
 def test_checked_in_crd_is_current():
     assert CRD_FILE.read_text() == render(), (
-        "crds/rljobs.rldock.io.yaml is stale: python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml")
+        "crds/rljobs.rldock.io.yaml is stale: python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml"
+    )
 
 
 def test_crd_is_a_valid_customresourcedefinition():
@@ -79,15 +80,18 @@ def test_schema_is_structural_and_fits_kubernetes_1_20():
         assert "nullable" not in node, f"{path}: optional means not required (a null is pruned)"
 
 
-@pytest.mark.parametrize("bad, complaint", [
-    ({"type": "object", "properties": {"a": {"$ref": "#/x"}}}, "no type"),
-    ({"type": "object", "properties": {"a": {"type": "string", "const": "x"}}}, "'const'"),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}, "both"),
-    ({"type": "integer", "minimum": 0, "exclusiveMinimum": 0}, "boolean"),
-    ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "anyOf other than int-or-string"),
-    ({"type": "object", "required": ["b"], "properties": {"a": {"type": "string"}}}, "'b' is not a property"),
-    ({"type": "string", "x-kubernetes-validations": [{"rule": "self != ''"}]}, "x-kubernetes-validations"),
-])
+@pytest.mark.parametrize(
+    "bad, complaint",
+    [
+        ({"type": "object", "properties": {"a": {"$ref": "#/x"}}}, "no type"),
+        ({"type": "object", "properties": {"a": {"type": "string", "const": "x"}}}, "'const'"),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}, "both"),
+        ({"type": "integer", "minimum": 0, "exclusiveMinimum": 0}, "boolean"),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "anyOf other than int-or-string"),
+        ({"type": "object", "required": ["b"], "properties": {"a": {"type": "string"}}}, "'b' is not a property"),
+        ({"type": "string", "x-kubernetes-validations": [{"rule": "self != ''"}]}, "x-kubernetes-validations"),
+    ],
+)
 def test_structural_errors_catch_what_the_api_server_refuses(bad, complaint):
     assert any(complaint in error for error in structural_errors(bad)), structural_errors(bad)
 
@@ -106,56 +110,68 @@ def _spec_validator():
     return validator_for(rljob_schema()["properties"]["spec"])
 
 
-@pytest.mark.parametrize("path, value", [
-    ("ttlSecondsAfterFinished", 0),
-    ("scheduling", {"gang": "kueue", "queue": "team-a"}),
-    ("cluster", {"head": {"cpu": 4, "memory": "16Gi"}, "worker": {"cpu": "500m", "memory": 1073741824},
-                 "nodeSelector": {"node.kubernetes.io/instance-type": "ascend-910b"},
-                 "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}),
-    ("ttlSecondsAfterFinished", 3600),
-    ("job.algorithm.clip_ratio", 0.1),
-    ("image", "localhost:5000/team/rldock-runtime:dev"),
-    ("image", "ghcr.io/rldock/rldock-runtime@sha256:" + "0" * 64),
-    ("image", "rldock"),
-    ("job.model.path", "/m" * 2048),
-])
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("ttlSecondsAfterFinished", 0),
+        ("scheduling", {"gang": "kueue", "queue": "team-a"}),
+        (
+            "cluster",
+            {
+                "head": {"cpu": 4, "memory": "16Gi"},
+                "worker": {"cpu": "500m", "memory": 1073741824},
+                "nodeSelector": {"node.kubernetes.io/instance-type": "ascend-910b"},
+                "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}],
+            },
+        ),
+        ("ttlSecondsAfterFinished", 3600),
+        ("job.algorithm.clip_ratio", 0.1),
+        ("image", "localhost:5000/team/rldock-runtime:dev"),
+        ("image", "ghcr.io/rldock/rldock-runtime@sha256:" + "0" * 64),
+        ("image", "rldock"),
+        ("job.model.path", "/m" * 2048),
+    ],
+)
 def test_schema_accepts_valid_specs(path, value):
     spec = set_path(spec_dict(), path, value)
     assert error_paths(_spec_validator(), spec) == []
     assert parse_spec(spec)[0] is not None
 
 
-@pytest.mark.parametrize("path, value, error_at", [
-    ("backoffLimit", "three", "backoffLimit"),  # wrong type
-    ("suspend", "maybe", "suspend"),
-    ("scheduling.gang", "slurm", "scheduling.gang"),  # not in the enum
-    ("job.dock.mode", "sharded", "job.dock.mode"),  # the job's Literal
-    ("job.iterations", 0, "job.iterations"),  # below minimum
-    ("backoffLimit", -1, "backoffLimit"),
-    ("job.algorithm.clip_ratio", 0, "job.algorithm.clip_ratio"),  # exclusive minimum
-    ("job.rollout.top_p", 1.5, "job.rollout.top_p"),  # above maximum
-    ("job.algorithm", DELETE, "job"),  # required field missing
-    ("checkpoint", DELETE, ""),
-    ("cluster.head", {"cpu": 4}, "cluster.head"),
-    ("cluster.gpus", 8, "cluster"),  # unknown field
-    ("job.algorithm.lr", 0.1, "job.algorithm"),
-    ("job.resources.numNodes", 2, "job.resources"),  # camelCase is not the job's spelling
-    ("cluster.worker.memory", "lots", "cluster.worker.memory"),  # not a quantity
-    ("cluster.worker.cpu", 1.5, "cluster.worker.cpu"),  # fractions must be quoted
-    ("cluster.nodeSelector", {"zone": 1}, "cluster.nodeSelector.zone"),
-    ("cluster.tolerations", [{"effect": "Sometimes"}], "cluster.tolerations.0.effect"),
-    ("image", "", "image"),
-    # Accepted before, then hung or failed with union noise (issue 18):
-    ("image", "ghcr.io/rldock/runtime:1 0", "image"),  # a space
-    ("image", "my image", "image"),
-    ("image", "x" * 513, "image"),
-    ("cluster.worker", {"cpu": -4, "memory": "8Gi"}, "cluster.worker.cpu"),  # negative
-    ("cluster.worker", {"cpu": "-500m", "memory": "8Gi"}, "cluster.worker.cpu"),
-    ("job.model.path", "/m" * 2049, "job.model.path"),  # beyond PATH_MAX
-    ("checkpoint", {"claimName": "c" * 254}, "checkpoint.claimName"),
-    ("cluster.nodeSelector", {"zone": "z" * 64}, "cluster.nodeSelector.zone"),
-    ("scheduling", {"gang": "kueue", "queue": "q" * 254}, "scheduling.queue"),
-])
+@pytest.mark.parametrize(
+    "path, value, error_at",
+    [
+        ("backoffLimit", "three", "backoffLimit"),  # wrong type
+        ("suspend", "maybe", "suspend"),
+        ("scheduling.gang", "slurm", "scheduling.gang"),  # not in the enum
+        ("job.dock.mode", "sharded", "job.dock.mode"),  # the job's Literal
+        ("job.iterations", 0, "job.iterations"),  # below minimum
+        ("backoffLimit", -1, "backoffLimit"),
+        ("job.algorithm.clip_ratio", 0, "job.algorithm.clip_ratio"),  # exclusive minimum
+        ("job.rollout.top_p", 1.5, "job.rollout.top_p"),  # above maximum
+        ("job.algorithm", DELETE, "job"),  # required field missing
+        ("checkpoint", DELETE, ""),
+        ("cluster.head", {"cpu": 4}, "cluster.head"),
+        ("cluster.gpus", 8, "cluster"),  # unknown field
+        ("job.algorithm.lr", 0.1, "job.algorithm"),
+        ("job.resources.numNodes", 2, "job.resources"),  # camelCase is not the job's spelling
+        ("cluster.worker.memory", "lots", "cluster.worker.memory"),  # not a quantity
+        ("cluster.worker.cpu", 1.5, "cluster.worker.cpu"),  # fractions must be quoted
+        ("cluster.nodeSelector", {"zone": 1}, "cluster.nodeSelector.zone"),
+        ("cluster.tolerations", [{"effect": "Sometimes"}], "cluster.tolerations.0.effect"),
+        ("image", "", "image"),
+        # Accepted before, then hung or failed with union noise (issue 18):
+        ("image", "ghcr.io/rldock/runtime:1 0", "image"),  # a space
+        ("image", "my image", "image"),
+        ("image", "x" * 513, "image"),
+        ("cluster.worker", {"cpu": -4, "memory": "8Gi"}, "cluster.worker.cpu"),  # negative
+        ("cluster.worker", {"cpu": "-500m", "memory": "8Gi"}, "cluster.worker.cpu"),
+        ("job.model.path", "/m" * 2049, "job.model.path"),  # beyond PATH_MAX
+        ("checkpoint", {"claimName": "c" * 254}, "checkpoint.claimName"),
+        ("cluster.nodeSelector", {"zone": "z" * 64}, "cluster.nodeSelector.zone"),
+        ("scheduling", {"gang": "kueue", "queue": "q" * 254}, "scheduling.queue"),
+    ],
+)
 def test_schema_refuses_bad_specs_like_the_models_do(path, value, error_at):
     spec = set_path(spec_dict(), path, value)
     assert error_at in error_paths(_spec_validator(), spec)
@@ -167,7 +183,11 @@ def test_every_field_is_described():
     """`kubectl explain rljob.spec...` shows these. The job config's sections are the exception:
     their fields are described, the sections themselves in docs/config-reference.md."""
     spec = rljob_schema()["properties"]["spec"]
-    undocumented = [path for path, node in _nodes(spec, ".spec")
-                    if path.rsplit(".", 2)[-2] == "properties" and "description" not in node
-                    and not (path.startswith(".spec.properties.job.") and node["type"] == "object")]
+    undocumented = [
+        path
+        for path, node in _nodes(spec, ".spec")
+        if path.rsplit(".", 2)[-2] == "properties"
+        and "description" not in node
+        and not (path.startswith(".spec.properties.job.") and node["type"] == "object")
+    ]
     assert undocumented == []

@@ -67,9 +67,15 @@ def test_status_patch_removes_what_the_new_status_lacks():
 
 # --- when the next round runs ---------------------------------------------------------------------
 
+
 def _condition(type_: str, status: str, reason: str) -> dict:
-    return {"type": type_, "status": status, "reason": reason, "message": "m",
-            "lastTransitionTime": "2026-01-01T11:00:00Z"}
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": "m",
+        "lastTransitionTime": "2026-01-01T11:00:00Z",
+    }
 
 
 def _ready(status: str, reason: str) -> dict:
@@ -79,32 +85,38 @@ def _ready(status: str, reason: str) -> dict:
 POLL = 2.0
 
 
-@pytest.mark.parametrize("status, expected", [
-    (None, POLL),  # the round decided nothing (API error, failed lookup): again soon
-    ({"phase": "Running", "rayJobId": "sid-0"}, POLL),  # progress lines only come from the Jobs API
-    ({"phase": "Retrying", "restartCount": 1}, POLL),
-    ({"phase": "Provisioning", "rayJobId": "sid-0"}, POLL),  # submitted: its start shows in the Jobs API
-    ({"phase": "Provisioning", "conditions": [_ready("True", "RayClusterReady")]}, POLL),  # submitting
-    # A cluster that is not up: its RayCluster and pods wake the round when they change.
-    ({"phase": "Provisioning", "conditions": [_ready("False", "RayClusterProvisioning")]}, RESYNC_INTERVAL),
-    ({"phase": "Pending", "conditions": [_ready("False", "WaitingForAdmission")]}, RESYNC_INTERVAL),
-    ({"phase": "Suspended"}, RESYNC_INTERVAL),
-    ({"phase": "Pending", "conditions": [_ready("False", "CreateRefused")]}, BLOCKED_RETRY_INTERVAL),
-    ({"phase": "Pending", "conditions": [_ready("False", "NameConflict")]}, BLOCKED_RETRY_INTERVAL),
-    ({"phase": "Failed", "conditions": [_condition("Failed", "True", "InvalidSpec")]}, RESYNC_INTERVAL),
-    ({"phase": "Succeeded", "completionTime": "2026-01-01T11:00:00Z"}, RESYNC_INTERVAL),  # no TTL
-    ({}, RESYNC_INTERVAL),
-])
+@pytest.mark.parametrize(
+    "status, expected",
+    [
+        (None, POLL),  # the round decided nothing (API error, failed lookup): again soon
+        ({"phase": "Running", "rayJobId": "sid-0"}, POLL),  # progress lines only come from the Jobs API
+        ({"phase": "Retrying", "restartCount": 1}, POLL),
+        ({"phase": "Provisioning", "rayJobId": "sid-0"}, POLL),  # submitted: its start shows in the Jobs API
+        ({"phase": "Provisioning", "conditions": [_ready("True", "RayClusterReady")]}, POLL),  # submitting
+        # A cluster that is not up: its RayCluster and pods wake the round when they change.
+        ({"phase": "Provisioning", "conditions": [_ready("False", "RayClusterProvisioning")]}, RESYNC_INTERVAL),
+        ({"phase": "Pending", "conditions": [_ready("False", "WaitingForAdmission")]}, RESYNC_INTERVAL),
+        ({"phase": "Suspended"}, RESYNC_INTERVAL),
+        ({"phase": "Pending", "conditions": [_ready("False", "CreateRefused")]}, BLOCKED_RETRY_INTERVAL),
+        ({"phase": "Pending", "conditions": [_ready("False", "NameConflict")]}, BLOCKED_RETRY_INTERVAL),
+        ({"phase": "Failed", "conditions": [_condition("Failed", "True", "InvalidSpec")]}, RESYNC_INTERVAL),
+        ({"phase": "Succeeded", "completionTime": "2026-01-01T11:00:00Z"}, RESYNC_INTERVAL),  # no TTL
+        ({}, RESYNC_INTERVAL),
+    ],
+)
 def test_the_poll_interval_only_while_the_ray_job_may_move(status, expected):
     body = {"spec": spec_dict()}
     assert seconds_until_next_round(body, status, poll_interval=POLL, now=NOW) == expected
 
 
-@pytest.mark.parametrize("finished_ago, ttl, expected", [
-    (2, 10, 8 + TTL_SLACK_SECONDS),  # wakes just after the TTL ends, so the round deletes it
-    (20, 10, TTL_SLACK_SECONDS),  # overdue (an operator that was away): at once
-    (0, 3600, RESYNC_INTERVAL),  # far off: the resync comes first
-])
+@pytest.mark.parametrize(
+    "finished_ago, ttl, expected",
+    [
+        (2, 10, 8 + TTL_SLACK_SECONDS),  # wakes just after the TTL ends, so the round deletes it
+        (20, 10, TTL_SLACK_SECONDS),  # overdue (an operator that was away): at once
+        (0, 3600, RESYNC_INTERVAL),  # far off: the resync comes first
+    ],
+)
 def test_a_finished_rljob_wakes_when_its_ttl_ends(finished_ago, ttl, expected):
     body = {"spec": spec_dict(ttlSecondsAfterFinished=ttl)}
     done = (NOW - timedelta(seconds=finished_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -113,6 +125,7 @@ def test_a_finished_rljob_wakes_when_its_ttl_ends(finished_ago, ttl, expected):
 
 
 # --- which RLJob an event wakes --------------------------------------------------------------------
+
 
 def test_children_wake_their_rljob_by_cluster_name_or_label_and_nothing_else():
     async def scenario():
@@ -125,16 +138,20 @@ def test_children_wake_their_rljob_by_cluster_name_or_label_and_nothing_else():
         assert wakeups.child_changed("other", cluster="grpo", rljob_label="grpo") == []  # namespaced
         assert wakeups.child_changed("ns", cluster="someone-elses", rljob_label=None) == []
         assert wakeups.child_changed("ns", cluster=naming.ray_cluster_name(long_name), rljob_label=None) == [
-            ("ns", long_name)]
+            ("ns", long_name)
+        ]
         long_job.clear()
         assert wakeups.child_changed("ns", cluster=None, rljob_label=naming.label_value(long_name)) == [
-            ("ns", long_name)]
+            ("ns", long_name)
+        ]
         wakeups.remove(("ns", "grpo"), grpo)
         assert wakeups.child_changed("ns", cluster="grpo", rljob_label="grpo") == [] and len(wakeups) == 1
         newer = wakeups.add(("ns", long_name))  # a restarted daemon: the older one's exit keeps it
         wakeups.remove(("ns", long_name), long_job)
-        assert wakeups.child_changed("ns", cluster=None, rljob_label=naming.label_value(long_name)) == [
-            ("ns", long_name)] and newer.is_set()
+        assert (
+            wakeups.child_changed("ns", cluster=None, rljob_label=naming.label_value(long_name)) == [("ns", long_name)]
+            and newer.is_set()
+        )
 
     asyncio.run(scenario())
 
@@ -152,6 +169,7 @@ def test_only_a_new_generation_of_the_rljob_wakes_it_not_its_own_status_writes()
 
 
 # --- the daemon ------------------------------------------------------------------------------------
+
 
 class _Stopped:
     """A TEST DOUBLE of kopf's `stopped` flag of a daemon."""
@@ -195,16 +213,24 @@ class _CountingReconciler:
 
 
 def _body(generation: int = 1) -> kopf.Body:
-    return kopf.Body({"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob",
-                      "metadata": {"name": "grpo", "namespace": "ns", "uid": "u1", "generation": generation},
-                      "spec": spec_dict()})
+    return kopf.Body(
+        {
+            "apiVersion": "rldock.io/v1alpha1",
+            "kind": "RLJob",
+            "metadata": {"name": "grpo", "namespace": "ns", "uid": "u1", "generation": generation},
+            "spec": spec_dict(),
+        }
+    )
 
 
 async def _run_daemon(reconciler, poll_interval: float, script) -> None:
     handlers = Handlers(OperatorSettings(poll_interval=poll_interval))
     stopped = _Stopped()
-    task = asyncio.create_task(handlers.rounds(body=_body(), memo=kopf.Memo(reconciler=reconciler),
-                                               logger=logging.getLogger("test"), stopped=stopped))
+    task = asyncio.create_task(
+        handlers.rounds(
+            body=_body(), memo=kopf.Memo(reconciler=reconciler), logger=logging.getLogger("test"), stopped=stopped
+        )
+    )
     try:
         await script(handlers)
     finally:
@@ -228,8 +254,9 @@ def test_an_idle_rljob_is_not_polled_and_a_child_event_runs_a_round_at_once():
         await _until("first round", lambda: reconciler.rounds == 1)
         await asyncio.sleep(1.0)  # five poll intervals
         assert reconciler.rounds == 1
-        await handlers.pod_event(body={"metadata": {"namespace": "ns", "name": "grpo-head-x",
-                                                    "labels": {"ray.io/cluster": "grpo"}}})
+        await handlers.pod_event(
+            body={"metadata": {"namespace": "ns", "name": "grpo-head-x", "labels": {"ray.io/cluster": "grpo"}}}
+        )
         await _until("a round after the pod's event", lambda: reconciler.rounds == 2)
         await handlers.ray_cluster_event(body={"metadata": {"namespace": "ns", "name": "grpo"}})
         await _until("a round after the RayCluster's event", lambda: reconciler.rounds == 3)
@@ -265,6 +292,7 @@ def test_a_round_that_hits_an_api_error_is_retried_at_the_poll_interval_without_
 
 
 # --- metrics ---------------------------------------------------------------------------------------
+
 
 class _RecordingMetrics:
     """A TEST DOUBLE of metrics.Metrics: the calls the handlers make."""
@@ -304,16 +332,23 @@ class _AnsweringReconciler:
 
 
 def _raw(status: dict) -> dict:
-    return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob",
-            "metadata": {"name": "grpo", "namespace": "ns", "uid": "u1"}, "status": status}
+    return {
+        "apiVersion": "rldock.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "grpo", "namespace": "ns", "uid": "u1"},
+        "status": status,
+    }
 
 
 def test_a_round_reports_its_result_phase_and_new_progress_to_the_metrics():
     reconciler = _AnsweringReconciler(status={"phase": "Running", "iteration": 3})
     status = reconcile(_raw({"phase": "Running", "iteration": 2}), reconciler, logging.getLogger("test"))
     assert status == {"phase": "Running", "iteration": 3} and reconciler.written == [status]
-    assert reconciler.metrics.calls == [("reconciled", None), ("set_phase", "ns", "grpo", "Running"),
-                                        ("progress_seen", "ns", "grpo")]
+    assert reconciler.metrics.calls == [
+        ("reconciled", None),
+        ("set_phase", "ns", "grpo", "Running"),
+        ("progress_seen", "ns", "grpo"),
+    ]
 
     same = _AnsweringReconciler(status={"phase": "Running", "iteration": 3})  # no new progress line
     reconcile(_raw({"phase": "Running", "iteration": 3}), same, logging.getLogger("test"))
@@ -321,10 +356,13 @@ def test_a_round_reports_its_result_phase_and_new_progress_to_the_metrics():
     assert same.written == []  # unchanged: no patch
 
 
-@pytest.mark.parametrize("error, reason", [
-    (ApiException(status=500, reason="etcd leader changed"), "http_500"),
-    (urllib3.exceptions.MaxRetryError(None, "/", "connection refused"), "unreachable"),
-])
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        (ApiException(status=500, reason="etcd leader changed"), "http_500"),
+        (urllib3.exceptions.MaxRetryError(None, "/", "connection refused"), "unreachable"),
+    ],
+)
 def test_a_round_that_fails_is_counted_with_its_reason_and_keeps_the_phase(error, reason):
     reconciler = _AnsweringReconciler(error=error)
     assert reconcile(_raw({"phase": "Provisioning"}), reconciler, logging.getLogger("test")) is None
@@ -334,8 +372,11 @@ def test_a_round_that_fails_is_counted_with_its_reason_and_keeps_the_phase(error
 def test_a_deleted_rljob_is_forgotten_by_the_metrics():
     reconciler = _AnsweringReconciler()
     reconciler.stop_for_deletion = lambda body: None
-    cleanup(body=kopf.Body(_raw({"phase": "Running"})), memo=kopf.Memo(reconciler=reconciler),
-            logger=logging.getLogger("test"))
+    cleanup(
+        body=kopf.Body(_raw({"phase": "Running"})),
+        memo=kopf.Memo(reconciler=reconciler),
+        logger=logging.getLogger("test"),
+    )
     assert reconciler.metrics.calls == [("forget", "ns", "grpo")]
 
 
@@ -348,13 +389,16 @@ def _rljob(annotations: dict) -> kopf.Body:
     return kopf.Body({"metadata": {"name": "grpo", "namespace": "ns", "annotations": annotations}})
 
 
-@pytest.mark.parametrize("value, expected", [
-    ('{"spec": {"suspend": true}}', {"spec": {"suspend": True}}),  # what kopf wrote
-    ("{not json", None),  # before: JSONDecodeError on every event; never reconciled, deletion hung
-    ('"a string"', None),  # parses, but kopf then calls .get on it
-    ("[1, 2]", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ('{"spec": {"suspend": true}}', {"spec": {"suspend": True}}),  # what kopf wrote
+        ("{not json", None),  # before: JSONDecodeError on every event; never reconciled, deletion hung
+        ('"a string"', None),  # parses, but kopf then calls .get on it
+        ("[1, 2]", None),
+        ("", None),
+    ],
+)
 def test_kopf_annotations_that_do_not_parse_count_as_absent(value, expected):
     storages = configure_kopf(kopf.OperatorSettings(), OperatorSettings()).persistence
     assert isinstance(storages.diffbase_storage, TolerantDiffBaseStorage)

@@ -14,18 +14,36 @@ import rldock.operator
 
 HEAVY = ("torch", "ray", "vllm", "transformers")
 # The pure layers do no I/O, so they need no Kubernetes client either.
-PURE = ("actions", "api", "builders", "constants", "crd", "naming", "observe", "rayjobs", "rules", "settings",
-        "status", "validation")
+PURE = (
+    "actions",
+    "api",
+    "builders",
+    "constants",
+    "crd",
+    "naming",
+    "observe",
+    "rayjobs",
+    "rules",
+    "settings",
+    "status",
+    "validation",
+)
 
 
 def _modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(rldock.operator.__path__, "rldock.operator.")
-                  if not m.name.endswith("__main__"))
+    return sorted(
+        m.name
+        for m in pkgutil.walk_packages(rldock.operator.__path__, "rldock.operator.")
+        if not m.name.endswith("__main__")
+    )
 
 
 def _ground_floor() -> list[str]:
-    return sorted(m.name for package in (rldock.config, rldock.contract)
-                  for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."))
+    return sorted(
+        m.name
+        for package in (rldock.config, rldock.contract)
+        for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    )
 
 
 # Makes the heavy packages unimportable, as in the operator image where they are not installed.
@@ -40,9 +58,11 @@ sys.meta_path.insert(0, _Absent())
 
 
 def _imported_after(modules: list[str]) -> set[str]:
-    code = (_BLOCK_HEAVY + "import importlib\n"
-            f"for name in {modules!r}: importlib.import_module(name)\n"
-            "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    code = (
+        _BLOCK_HEAVY + "import importlib\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
     # A fresh interpreter: this test session may already hold torch from other tests.
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     return set(out.split())

@@ -17,11 +17,22 @@ from rldock.operator.status import Observations, compute_status, status_events
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 NAME = "grpo"
 JOB_ID = "rldock-grpo-0f5c2a6e-0"
-MISSING = JobFailure(FailureReason.PATH_NOT_FOUND, (
-    FieldProblem("model.path", "/models/qwen does not exist (nearest existing folder: /); mount the volume"),
-    FieldProblem("--output", "/checkpoints/a/b: /checkpoints is not writable by this process (uid 1000)")))
-LOG = "\n".join(["INFO rldock: loading", "invalid job config /etc/rldock/job.yaml:",
-                 "  - model.path: /models/qwen does not exist", format_failure(MISSING), ""])
+MISSING = JobFailure(
+    FailureReason.PATH_NOT_FOUND,
+    (
+        FieldProblem("model.path", "/models/qwen does not exist (nearest existing folder: /); mount the volume"),
+        FieldProblem("--output", "/checkpoints/a/b: /checkpoints is not writable by this process (uid 1000)"),
+    ),
+)
+LOG = "\n".join(
+    [
+        "INFO rldock: loading",
+        "invalid job config /etc/rldock/job.yaml:",
+        "  - model.path: /models/qwen does not exist",
+        format_failure(MISSING),
+        "",
+    ]
+)
 RAY_MESSAGE = "Job entrypoint command failed with exit code 2, last available logs (truncated to 20,000 chars):\n"
 
 
@@ -37,9 +48,15 @@ def test_the_failure_line_is_read_from_a_failed_jobs_log_or_rays_message():
 
 
 def _status(job, *, restart_count: int = 0) -> dict:
-    return compute_status(name=NAME, spec=RLJobSpec.model_validate(spec_dict()), generation=1,
-                          observed=Observations(ray_cluster={"state": "ready"}, ray_job=job),
-                          restart_count=restart_count, previous={"phase": "Running", "rayJobId": JOB_ID}, now=NOW)
+    return compute_status(
+        name=NAME,
+        spec=RLJobSpec.model_validate(spec_dict()),
+        generation=1,
+        observed=Observations(ray_cluster={"state": "ready"}, ray_job=job),
+        restart_count=restart_count,
+        previous={"phase": "Running", "rayJobId": JOB_ID},
+        now=NOW,
+    )
 
 
 def test_a_refused_input_fails_at_once_naming_the_field_under_spec_job():
@@ -68,8 +85,15 @@ def test_a_failure_without_the_line_still_retries():
 
 def test_the_failed_phase_releases_the_cluster_without_counting_a_restart():
     job = _observe("FAILED", log=LOG)
-    actions = next_actions(Situation(spec=RLJobSpec.model_validate(spec_dict()), phase=Phase(_status(job)["phase"]),
-                             restart_count=0, cluster={"metadata": {"annotations": {}}}, desired_spec_hash="h",
-                             job=job))
+    actions = next_actions(
+        Situation(
+            spec=RLJobSpec.model_validate(spec_dict()),
+            phase=Phase(_status(job)["phase"]),
+            restart_count=0,
+            cluster={"metadata": {"annotations": {}}},
+            desired_spec_hash="h",
+            job=job,
+        )
+    )
     assert [type(a) for a in actions] == [DeleteCluster]
     assert not any(isinstance(a, CountRestart) for a in actions)

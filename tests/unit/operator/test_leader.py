@@ -78,8 +78,17 @@ class Clock:
 
 
 def elector(leases: FakeLeases, clock: Clock, identity: str, **kwargs: Any) -> LeaderElector:
-    return LeaderElector(leases, namespace=NS, name=NAME, identity=identity, timings=TIMINGS, clock=clock,
-                         wall_clock=clock.wall, sleep=clock.sleep, **kwargs)
+    return LeaderElector(
+        leases,
+        namespace=NS,
+        name=NAME,
+        identity=identity,
+        timings=TIMINGS,
+        clock=clock,
+        wall_clock=clock.wall,
+        sleep=clock.sleep,
+        **kwargs,
+    )
 
 
 @pytest.fixture
@@ -217,11 +226,14 @@ def test_release_leaves_a_lease_someone_else_holds(leases, clock):
     assert leases.holder() == "b"
 
 
-@pytest.mark.parametrize("timings", [
-    dict(lease_duration=10, renew_deadline=10, retry_period=2),  # a standby could take over before the leader stops
-    dict(lease_duration=15, renew_deadline=2, retry_period=2),
-    dict(lease_duration=15, renew_deadline=10, retry_period=0),
-])
+@pytest.mark.parametrize(
+    "timings",
+    [
+        dict(lease_duration=10, renew_deadline=10, retry_period=2),  # a standby could take over before the leader stops
+        dict(lease_duration=15, renew_deadline=2, retry_period=2),
+        dict(lease_duration=15, renew_deadline=10, retry_period=0),
+    ],
+)
 def test_inconsistent_timings_are_refused(timings):
     with pytest.raises(ValueError):
         LeaseTimings(**timings)

@@ -68,22 +68,18 @@ def test_progress_age_grows_between_scrapes_and_only_for_running_rljobs(metrics:
     assert ages == {(("namespace", "ns"), ("rljob", "job")): 7.0}
     metrics.progress_seen("ns", "job")
     clock.now += 2.5
-    assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"] == {
-        (("namespace", "ns"), ("rljob", "job")): 2.5}
+    assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"] == {(("namespace", "ns"), ("rljob", "job")): 2.5}
     metrics.set_phase("ns", "job", "Running")  # a later round in the same phase keeps the time
-    assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"][
-        (("namespace", "ns"), ("rljob", "job"))] == 2.5
+    assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"][(("namespace", "ns"), ("rljob", "job"))] == 2.5
     metrics.set_phase("ns", "job", "Succeeded")
     assert "rldock_rljob_last_progress_age_seconds" not in scrape(metrics)
     metrics.forget("ns", "job")
     metrics.set_phase("ns", "job", "Running")  # a new RLJob of the same name starts from now
-    assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"][
-        (("namespace", "ns"), ("rljob", "job"))] == 0.0
+    assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"][(("namespace", "ns"), ("rljob", "job"))] == 0.0
 
 
 def test_reconciles_errors_and_durations(metrics: Metrics):
-    assert scrape(metrics)["rldock_reconciles_total"] == {(("result", "success"),): 0.0,
-                                                          (("result", "error"),): 0.0}
+    assert scrape(metrics)["rldock_reconciles_total"] == {(("result", "success"),): 0.0, (("result", "error"),): 0.0}
     metrics.reconciled(seconds=0.02, error=None)
     metrics.reconciled(seconds=0.3, error=None)
     metrics.reconciled(seconds=4.0, error="ApiException")
@@ -102,9 +98,11 @@ def test_jobs_api_requests_by_endpoint_and_outcome(metrics: Metrics):
     metrics.jobs_api_request(endpoint="get_job", seconds=5.0, outcome="timeout")
     metrics.jobs_api_request(endpoint="log_tail", seconds=0.2, outcome="ok")
     counts = scrape(metrics)["rldock_ray_jobs_api_request_duration_seconds_count"]
-    assert counts == {(("endpoint", "get_job"), ("outcome", "ok")): 1.0,
-                      (("endpoint", "get_job"), ("outcome", "timeout")): 1.0,
-                      (("endpoint", "log_tail"), ("outcome", "ok")): 1.0}
+    assert counts == {
+        (("endpoint", "get_job"), ("outcome", "ok")): 1.0,
+        (("endpoint", "get_job"), ("outcome", "timeout")): 1.0,
+        (("endpoint", "log_tail"), ("outcome", "ok")): 1.0,
+    }
 
 
 def test_two_metrics_objects_share_nothing(clock: Clock):
@@ -138,9 +136,17 @@ def test_the_server_serves_a_scrape_that_parses_and_health(server: HealthServer,
     status, content_type, text = _get(server, "/metrics")
     assert status == 200 and content_type.startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    assert {"rldock_reconciles", "rldock_reconcile_errors", "rldock_reconcile_duration_seconds", "rldock_rljobs",
-            "rldock_rljob_last_progress_age_seconds", "rldock_ray_jobs_api_request_duration_seconds",
-            "rldock_leader", "process_cpu_seconds", "process_resident_memory_bytes"} <= families.keys()
+    assert {
+        "rldock_reconciles",
+        "rldock_reconcile_errors",
+        "rldock_reconcile_duration_seconds",
+        "rldock_rljobs",
+        "rldock_rljob_last_progress_age_seconds",
+        "rldock_ray_jobs_api_request_duration_seconds",
+        "rldock_leader",
+        "process_cpu_seconds",
+        "process_resident_memory_bytes",
+    } <= families.keys()
     running = [s for s in families["rldock_rljobs"].samples if s.labels["phase"] == "Running"]
     assert [s.value for s in running] == [1.0]
     assert _get(server, "/readyz")[0] == 200 and _get(server, "/healthz")[0] == 200

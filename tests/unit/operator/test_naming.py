@@ -29,10 +29,13 @@ def test_names_are_valid_where_they_are_used(name):
     assert naming.ray_cluster_name(name) == cluster, "deterministic: a restarted operator finds it again"
 
 
-@pytest.mark.parametrize("name, cluster, config_map", [
-    ("grpo", "grpo", "grpo-config"),
-    ("grpo-qwen2-7b", "grpo-qwen2-7b", "grpo-qwen2-7b-config"),
-])
+@pytest.mark.parametrize(
+    "name, cluster, config_map",
+    [
+        ("grpo", "grpo", "grpo-config"),
+        ("grpo-qwen2-7b", "grpo-qwen2-7b", "grpo-qwen2-7b-config"),
+    ],
+)
 def test_short_names_are_kept(name, cluster, config_map):
     assert naming.ray_cluster_name(name) == cluster
     assert naming.config_map_name(name) == config_map

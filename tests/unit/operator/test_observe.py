@@ -26,12 +26,18 @@ from rldock.operator.observe import (
 from rldock.operator.settings import DashboardAddress
 
 
-def pod(name: str, node_type: str, *, phase: str = "Running", ready: bool = True, deleting: bool = False,
-        unschedulable: str | None = None) -> dict[str, Any]:
+def pod(
+    name: str,
+    node_type: str,
+    *,
+    phase: str = "Running",
+    ready: bool = True,
+    deleting: bool = False,
+    unschedulable: str | None = None,
+) -> dict[str, Any]:
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
     if unschedulable is not None:
-        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                       "message": unschedulable}]
+        conditions = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}]
     meta: dict[str, Any] = {"name": name, "labels": {"ray.io/node-type": node_type}}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -39,20 +45,26 @@ def pod(name: str, node_type: str, *, phase: str = "Running", ready: bool = True
 
 
 def test_summary_of_a_ready_cluster():
-    summary = summarize_pods([pod("c-head-a", "head"), pod("c-workers-worker-b", "worker"),
-                              pod("c-workers-worker-c", "worker", ready=False)])
+    summary = summarize_pods(
+        [pod("c-head-a", "head"), pod("c-workers-worker-b", "worker"), pod("c-workers-worker-c", "worker", ready=False)]
+    )
     assert summary.head_running and summary.head_ready
     assert summary.ready_workers == 1 and [w.name for w in summary.workers] == [
-        "c-workers-worker-b", "c-workers-worker-c"]
+        "c-workers-worker-b",
+        "c-workers-worker-c",
+    ]
     assert summary.unschedulable == ()
 
 
 def test_summary_carries_the_schedulers_messages():
     message = "0/2 nodes are available: 2 Insufficient huawei.com/Ascend910."
-    summary = summarize_pods([pod("c-head-a", "head", phase="Pending", ready=False),
-                              pod("c-workers-worker-b", "worker", phase="Pending", unschedulable=message),
-                              pod("c-workers-worker-c", "worker", phase="Pending", unschedulable="gone",
-                                  deleting=True)])
+    summary = summarize_pods(
+        [
+            pod("c-head-a", "head", phase="Pending", ready=False),
+            pod("c-workers-worker-b", "worker", phase="Pending", unschedulable=message),
+            pod("c-workers-worker-c", "worker", phase="Pending", unschedulable="gone", deleting=True),
+        ]
+    )
     assert summary.unschedulable == (message,)
     assert not summary.head_running and summary.ready_workers == 0
 
@@ -63,24 +75,36 @@ def test_a_terminating_head_is_not_up():
 
 
 def _workers(*workers: WorkerPod) -> PodSummary:
-    return PodSummary(head_running=True, head_ready=True, workers=workers,
-                      ready_workers=sum(w.ready for w in workers))
+    return PodSummary(head_running=True, head_ready=True, workers=workers, ready_workers=sum(w.ready for w in workers))
 
 
 W = WorkerPod
 
 
-@pytest.mark.parametrize("summary, attempt, expected", [
-    (_workers(W("w-a", "Running", False, True), W("w-b", "Running", False, True)), {"w-a", "w-b"}, []),
-    (_workers(W("w-a", "Failed", False, reason="OOMKilled"), W("w-b", "Running", False, True)), None,
-     ["worker pod w-a failed: OOMKilled", "only 1 of 2 worker pods exist"]),
-    (_workers(W("w-a", "Running", True), W("w-b", "Running", False, True)), None,
-     ["worker pod w-a was deleted", "only 1 of 2 worker pods exist"]),
-    # KubeRay already replaced w-a by w-c: the attempt lost a worker all the same.
-    (_workers(W("w-c", "Running", False, True), W("w-b", "Running", False, True)), {"w-a", "w-b"},
-     ["worker pod w-a is gone"]),
-    (_workers(W("w-b", "Running", False, True)), None, ["only 1 of 2 worker pods exist"]),
-], ids=["none", "failed", "deleted", "replaced", "missing"])
+@pytest.mark.parametrize(
+    "summary, attempt, expected",
+    [
+        (_workers(W("w-a", "Running", False, True), W("w-b", "Running", False, True)), {"w-a", "w-b"}, []),
+        (
+            _workers(W("w-a", "Failed", False, reason="OOMKilled"), W("w-b", "Running", False, True)),
+            None,
+            ["worker pod w-a failed: OOMKilled", "only 1 of 2 worker pods exist"],
+        ),
+        (
+            _workers(W("w-a", "Running", True), W("w-b", "Running", False, True)),
+            None,
+            ["worker pod w-a was deleted", "only 1 of 2 worker pods exist"],
+        ),
+        # KubeRay already replaced w-a by w-c: the attempt lost a worker all the same.
+        (
+            _workers(W("w-c", "Running", False, True), W("w-b", "Running", False, True)),
+            {"w-a", "w-b"},
+            ["worker pod w-a is gone"],
+        ),
+        (_workers(W("w-b", "Running", False, True)), None, ["only 1 of 2 worker pods exist"]),
+    ],
+    ids=["none", "failed", "deleted", "replaced", "missing"],
+)
 def test_lost_workers(summary, attempt, expected):
     assert lost_workers(summary, num_workers=2, attempt_workers=attempt) == expected
 
@@ -94,13 +118,16 @@ def _ray_cluster(*, state: str | None = "ready", suspend: bool = False) -> dict[
     return {"spec": {"suspend": suspend}, "status": {"state": state} if state else {}}
 
 
-@pytest.mark.parametrize("cluster, summary, expected", [
-    (_ray_cluster(), _workers(W("w-a", "Running", False, True)), True),
-    (_ray_cluster(state=None), _workers(W("w-a", "Running", False, True)), False),  # KubeRay not ready yet
-    (_ray_cluster(), _workers(W("w-a", "Pending", False, False)), False),  # a worker is being replaced
-    (_ray_cluster(suspend=True), _workers(W("w-a", "Running", False, True)), False),
-    (_ray_cluster(), PodSummary(head_running=True, head_ready=False, ready_workers=1), False),
-])
+@pytest.mark.parametrize(
+    "cluster, summary, expected",
+    [
+        (_ray_cluster(), _workers(W("w-a", "Running", False, True)), True),
+        (_ray_cluster(state=None), _workers(W("w-a", "Running", False, True)), False),  # KubeRay not ready yet
+        (_ray_cluster(), _workers(W("w-a", "Pending", False, False)), False),  # a worker is being replaced
+        (_ray_cluster(suspend=True), _workers(W("w-a", "Running", False, True)), False),
+        (_ray_cluster(), PodSummary(head_running=True, head_ready=False, ready_workers=1), False),
+    ],
+)
 def test_ready_to_submit(cluster, summary, expected):
     assert ready_to_submit(cluster, summary, num_workers=1) is expected
 
@@ -113,14 +140,17 @@ def test_ready_to_submit_reads_kuberays_provisioned_condition():
 STATUS = {"head": {"podIP": "10.1.2.3", "serviceIP": "10.96.0.7"}, "endpoints": {"dashboard": "18265"}}
 
 
-@pytest.mark.parametrize("mode, status, expected", [
-    (DashboardAddress.SERVICE_DNS, {}, "http://my-job-head-svc.team-a.svc:8265"),
-    (DashboardAddress.SERVICE_DNS, STATUS, "http://my-job-head-svc.team-a.svc:18265"),
-    (DashboardAddress.SERVICE_IP, STATUS, "http://10.96.0.7:18265"),
-    (DashboardAddress.POD_IP, STATUS, "http://10.1.2.3:18265"),
-    (DashboardAddress.POD_IP, {"head": {"podIP": "fd00::5"}}, "http://[fd00::5]:8265"),
-    (DashboardAddress.POD_IP, {"head": {"serviceIP": "10.96.0.7"}}, None),  # no pod IP yet
-])
+@pytest.mark.parametrize(
+    "mode, status, expected",
+    [
+        (DashboardAddress.SERVICE_DNS, {}, "http://my-job-head-svc.team-a.svc:8265"),
+        (DashboardAddress.SERVICE_DNS, STATUS, "http://my-job-head-svc.team-a.svc:18265"),
+        (DashboardAddress.SERVICE_IP, STATUS, "http://10.96.0.7:18265"),
+        (DashboardAddress.POD_IP, STATUS, "http://10.1.2.3:18265"),
+        (DashboardAddress.POD_IP, {"head": {"podIP": "fd00::5"}}, "http://[fd00::5]:8265"),
+        (DashboardAddress.POD_IP, {"head": {"serviceIP": "10.96.0.7"}}, None),  # no pod IP yet
+    ],
+)
 def test_dashboard_url(mode, status, expected):
     assert dashboard_url(mode=mode, rljob_name="my-job", namespace="team-a", cluster_status=status) == expected
 
@@ -139,8 +169,16 @@ def test_job_observation():
 
 
 def _record(iteration: int, checkpoint: int | None) -> dict[str, Any]:
-    return {"iteration": iteration, "iterations": 10, "reward_mean": 0.5, "tokens_per_s_per_device": 99.0,
-            "kl": 0.0, "loss": 0.1, "response_length_mean": 4.0, "checkpoint": checkpoint}
+    return {
+        "iteration": iteration,
+        "iterations": 10,
+        "reward_mean": 0.5,
+        "tokens_per_s_per_device": 99.0,
+        "kl": 0.0,
+        "loss": 0.1,
+        "response_length_mean": 4.0,
+        "checkpoint": checkpoint,
+    }
 
 
 def test_read_progress_takes_the_last_line_and_its_checkpoint():
@@ -170,12 +208,15 @@ def _owned(uid: str | None, label: str | None = None) -> dict[str, Any]:
     return {"metadata": meta}
 
 
-@pytest.mark.parametrize("obj, expected", [
-    (_owned("u1"), Ownership.OURS),
-    (_owned("u2", label="job"), Ownership.FOREIGN),  # an older RLJob of the same name
-    (_owned(None, label="job"), Ownership.ORPHAN),
-    (_owned(None), Ownership.FOREIGN),  # someone else's object of that name
-])
+@pytest.mark.parametrize(
+    "obj, expected",
+    [
+        (_owned("u1"), Ownership.OURS),
+        (_owned("u2", label="job"), Ownership.FOREIGN),  # an older RLJob of the same name
+        (_owned(None, label="job"), Ownership.ORPHAN),
+        (_owned(None), Ownership.FOREIGN),  # someone else's object of that name
+    ],
+)
 def test_ownership(obj, expected):
     assert ownership(obj, uid="u1", rljob_name="job") is expected
 

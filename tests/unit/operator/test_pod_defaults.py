@@ -24,8 +24,11 @@ from rldock.operator.validation import parse_spec
 KEY = {"RLDOCK_TOKEN_KEY": "k" * 32}
 
 JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
-CUDA = PodDefaults(image="registry.example.com/rl/runtime:0.1.0-cuda", image_pull_policy=ImagePullPolicy.ALWAYS,
-                   device_resource="nvidia.com/gpu")
+CUDA = PodDefaults(
+    image="registry.example.com/rl/runtime:0.1.0-cuda",
+    image_pull_policy=ImagePullPolicy.ALWAYS,
+    device_resource="nvidia.com/gpu",
+)
 
 
 def _containers(cluster: dict) -> dict[str, dict]:
@@ -42,8 +45,9 @@ def _spec(**sections) -> RLJobSpec:
 
 
 def test_the_built_in_defaults_are_the_constants():
-    assert PodDefaults() == PodDefaults(image=DEFAULT_IMAGE, image_pull_policy=ImagePullPolicy.IF_NOT_PRESENT,
-                                        device_resource=DEFAULT_DEVICE_RESOURCE)
+    assert PodDefaults() == PodDefaults(
+        image=DEFAULT_IMAGE, image_pull_policy=ImagePullPolicy.IF_NOT_PRESENT, device_resource=DEFAULT_DEVICE_RESOURCE
+    )
     spec = _spec()
     assert spec.image is None and spec.cluster.device_resource is None  # left to the installation
     containers = _containers(build_ray_cluster(job=JOB, spec=spec))
@@ -73,9 +77,11 @@ def test_what_the_spec_sets_wins_over_the_defaults():
 
 def test_changing_a_default_changes_the_spec_hash():
     """A new default image (e.g. after `helm upgrade`) replaces the cluster between attempts (actions.py)."""
+
     def spec_hash(defaults: PodDefaults, **sections) -> str:
         return build_ray_cluster(job=JOB, spec=_spec(**sections), defaults=defaults)["metadata"]["annotations"][
-            ANNOTATION_SPEC_HASH]
+            ANNOTATION_SPEC_HASH
+        ]
 
     assert spec_hash(PodDefaults()) != spec_hash(PodDefaults(image="registry.local/rldock:0.2.0"))
     assert spec_hash(PodDefaults()) != spec_hash(PodDefaults(image_pull_policy=ImagePullPolicy.NEVER))
@@ -92,27 +98,45 @@ def test_an_unset_device_resource_is_not_a_spec_problem_but_a_bad_set_one_is():
 
 # --- settings ---------------------------------------------------------------------------------
 
+
 def test_settings_read_the_defaults_from_the_environment_and_flags():
     assert load_settings([], KEY).pod_defaults == PodDefaults()
-    env = {**KEY, "RLDOCK_DEFAULT_IMAGE": CUDA.image, "RLDOCK_IMAGE_PULL_POLICY": "Always",
-           "RLDOCK_DEFAULT_DEVICE_RESOURCE": "nvidia.com/gpu"}
+    env = {
+        **KEY,
+        "RLDOCK_DEFAULT_IMAGE": CUDA.image,
+        "RLDOCK_IMAGE_PULL_POLICY": "Always",
+        "RLDOCK_DEFAULT_DEVICE_RESOURCE": "nvidia.com/gpu",
+    }
     assert load_settings([], env).pod_defaults == CUDA
-    flagged = load_settings(["--default-image", "r.example.com/x:1", "--image-pull-policy", "Never",
-                             "--default-device-resource", "example.org/npu"], env).pod_defaults
-    assert flagged == PodDefaults(image="r.example.com/x:1", image_pull_policy=ImagePullPolicy.NEVER,
-                                  device_resource="example.org/npu")
+    flagged = load_settings(
+        [
+            "--default-image",
+            "r.example.com/x:1",
+            "--image-pull-policy",
+            "Never",
+            "--default-device-resource",
+            "example.org/npu",
+        ],
+        env,
+    ).pod_defaults
+    assert flagged == PodDefaults(
+        image="r.example.com/x:1", image_pull_policy=ImagePullPolicy.NEVER, device_resource="example.org/npu"
+    )
     # Empty variables (a chart value rendered empty) count as unset.
     empty = {**{name: "" for name in env}, **KEY}
     assert load_settings([], empty).pod_defaults == PodDefaults()
 
 
-@pytest.mark.parametrize("argv, env, message", [
-    ([], {"RLDOCK_DEFAULT_DEVICE_RESOURCE": "Ascend910"}, "default device resource: 'Ascend910' is not"),
-    (["--default-device-resource", "kubernetes.io/npu"], {}, "reserved by Kubernetes"),
-    ([], {"RLDOCK_IMAGE_PULL_POLICY": "Sometimes"}, "'Sometimes' is not a valid ImagePullPolicy"),
-    (["--image-pull-policy", "sometimes"], {}, "invalid choice: 'sometimes'"),
-    (["--default-image", "my image:1"], {}, "default image must be an image reference without spaces"),
-])
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        ([], {"RLDOCK_DEFAULT_DEVICE_RESOURCE": "Ascend910"}, "default device resource: 'Ascend910' is not"),
+        (["--default-device-resource", "kubernetes.io/npu"], {}, "reserved by Kubernetes"),
+        ([], {"RLDOCK_IMAGE_PULL_POLICY": "Sometimes"}, "'Sometimes' is not a valid ImagePullPolicy"),
+        (["--image-pull-policy", "sometimes"], {}, "invalid choice: 'sometimes'"),
+        (["--default-image", "my image:1"], {}, "default image must be an image reference without spaces"),
+    ],
+)
 def test_bad_defaults_are_refused_at_start(argv, env, message, capsys):
     with pytest.raises(SystemExit):
         load_settings(argv, {**KEY, **env})
@@ -120,6 +144,7 @@ def test_bad_defaults_are_refused_at_start(argv, env, message, capsys):
 
 
 # --- the reconciler passes the settings' defaults in -----------------------------------------
+
 
 def test_the_reconciler_builds_the_cluster_with_the_settings_defaults():
     kube = FakeKube()

@@ -14,28 +14,42 @@ from rldock.operator.builders import RLJobRef, build_ray_cluster
 from rldock_e2e.pod_security import restricted_violations
 
 JOB = RLJobRef(name="grpo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
-ADMIN = PodDefaults(labels={"team": "ml"}, annotations={"cost-center": "42"}, priority_class_name="research",
-                    image_pull_secrets=("registry",))
+ADMIN = PodDefaults(
+    labels={"team": "ml"},
+    annotations={"cost-center": "42"},
+    priority_class_name="research",
+    image_pull_secrets=("registry",),
+)
 
 # What a researcher can ask for without the admin's say: the templates must stay restricted.
 VARIANTS = {
     "default": {},
-    "inputs": {"volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
-                           {"name": "reward", "configMap": {"name": "reward-code"}},
-                           {"name": "token", "secret": {"secretName": "hf"}},
-                           {"name": "scratch", "emptyDir": {"medium": "Memory"}}],
-               "volumeMounts": [{"name": n, "mountPath": f"/{n}"} for n in ("models", "reward", "token", "scratch")],
-               "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
-               "imagePullSecrets": [{"name": "mine"}]},
+    "inputs": {
+        "volumes": [
+            {"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
+            {"name": "reward", "configMap": {"name": "reward-code"}},
+            {"name": "token", "secret": {"secretName": "hf"}},
+            {"name": "scratch", "emptyDir": {"medium": "Memory"}},
+        ],
+        "volumeMounts": [{"name": n, "mountPath": f"/{n}"} for n in ("models", "reward", "token", "scratch")],
+        "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+        "imagePullSecrets": [{"name": "mine"}],
+    },
     "kueue": {"scheduling": {"gang": "kueue", "queue": "q"}},
-    "placed": {"cluster": {"nodeSelector": {"accelerator": "ascend"},
-                           "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}]}},
+    "placed": {
+        "cluster": {
+            "nodeSelector": {"accelerator": "ascend"},
+            "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
+        }
+    },
 }
 
 
 def _templates(cluster: dict) -> list[dict]:
-    return [cluster["spec"]["headGroupSpec"]["template"],
-            *(group["template"] for group in cluster["spec"]["workerGroupSpecs"])]
+    return [
+        cluster["spec"]["headGroupSpec"]["template"],
+        *(group["template"] for group in cluster["spec"]["workerGroupSpecs"]),
+    ]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -49,8 +63,12 @@ def test_every_ray_pod_template_is_restricted(variant, defaults):
 
 def test_the_admins_pod_defaults_reach_every_pod_and_the_operators_labels_win():
     spec = RLJobSpec.model_validate(spec_dict(imagePullSecrets=[{"name": "mine"}, {"name": "registry"}]))
-    defaults = PodDefaults(labels={"team": "ml", "rldock.io/rljob": "spoofed"}, annotations={"cost-center": "42"},
-                           priority_class_name="research", image_pull_secrets=("registry",))
+    defaults = PodDefaults(
+        labels={"team": "ml", "rldock.io/rljob": "spoofed"},
+        annotations={"cost-center": "42"},
+        priority_class_name="research",
+        image_pull_secrets=("registry",),
+    )
     for template in _templates(build_ray_cluster(job=JOB, spec=spec, defaults=defaults)):
         assert template["metadata"]["labels"]["team"] == "ml"
         assert template["metadata"]["labels"]["rldock.io/rljob"] == JOB.name
@@ -113,5 +131,6 @@ def test_the_checker_needs_non_root_and_seccomp_somewhere():
     del pod["containers"][0]["securityContext"]["runAsNonRoot"]
     controls = {v.split(":")[0] for v in restricted_violations(pod)}
     assert controls == {"Running as Non-root", "Seccomp"}
-    assert restricted_violations(pod, {"container.apparmor.security.beta.kubernetes.io/x": "unconfined"})[0] \
-        .startswith("AppArmor")
+    assert restricted_violations(pod, {"container.apparmor.security.beta.kubernetes.io/x": "unconfined"})[0].startswith(
+        "AppArmor"
+    )

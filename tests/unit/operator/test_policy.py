@@ -14,12 +14,18 @@ from rldock.operator.policy import AdminPolicy, parse_policy, policy_problems
 from rldock.operator.tokens import job_token
 
 DEFAULT_IMAGE = "ghcr.io/rldock/rldock-runtime:0.1.0"
-HOST_ROOT = {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
-             "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
-SHARED = {"volumes": [{"name": "shared", "hostPath": {"path": "/mnt/shared/models"}}],
-          "volumeMounts": [{"name": "shared", "mountPath": "/models"}]}
-NFS = {"volumes": [{"name": "data", "nfs": {"server": "nfs.example.com", "path": "/data"}}],
-       "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+HOST_ROOT = {
+    "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+    "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+}
+SHARED = {
+    "volumes": [{"name": "shared", "hostPath": {"path": "/mnt/shared/models"}}],
+    "volumeMounts": [{"name": "shared", "mountPath": "/models"}],
+}
+NFS = {
+    "volumes": [{"name": "data", "nfs": {"server": "nfs.example.com", "path": "/data"}}],
+    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+}
 EVERY_TAINT = {"cluster": {"tolerations": [{"operator": "Exists"}]}}
 ONE_TAINT = {
     "cluster": {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}

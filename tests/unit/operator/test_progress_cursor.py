@@ -19,21 +19,23 @@ def _line(i: int) -> str:
 NOISE = "INFO worker.py:123 -- some Ray chatter\n"
 
 
-@pytest.mark.parametrize("polls, expected", [
-    # (submission id, log) per poll -> the iteration each poll reports
-    ([("a", _line(1)), ("a", _line(1) + _line(2))], [1, 2]),
-    ([("a", _line(1)), ("a", _line(1) + NOISE)], [1, 1]),  # nothing new: the last record stays
-    ([("a", _line(1)), ("a", _line(1) + _line(2)[:20])], [1, 1]),  # a half-written line waits
-    ([("a", _line(1) + _line(2)[:20]), ("a", _line(1) + _line(2))], [1, 2]),  # ... until complete
-    ([("a", _line(1) + _line(2)), ("a", _line(7))], [2, 7]),  # shorter: a new log (new head)
-    # other text before the offset: a new log
-    ([("a", NOISE + _line(1)), ("a", NOISE.upper() + _line(5) + NOISE)], [1, 5]),
-    ([("a", _line(3)), ("b", NOISE)], [3, None]),  # the next attempt's log is its own
-])
+@pytest.mark.parametrize(
+    "polls, expected",
+    [
+        # (submission id, log) per poll -> the iteration each poll reports
+        ([("a", _line(1)), ("a", _line(1) + _line(2))], [1, 2]),
+        ([("a", _line(1)), ("a", _line(1) + NOISE)], [1, 1]),  # nothing new: the last record stays
+        ([("a", _line(1)), ("a", _line(1) + _line(2)[:20])], [1, 1]),  # a half-written line waits
+        ([("a", _line(1) + _line(2)[:20]), ("a", _line(1) + _line(2))], [1, 2]),  # ... until complete
+        ([("a", _line(1) + _line(2)), ("a", _line(7))], [2, 7]),  # shorter: a new log (new head)
+        # other text before the offset: a new log
+        ([("a", NOISE + _line(1)), ("a", NOISE.upper() + _line(5) + NOISE)], [1, 5]),
+        ([("a", _line(3)), ("b", NOISE)], [3, None]),  # the next attempt's log is its own
+    ],
+)
 def test_each_poll_reports_the_last_record_of_the_log(polls, expected):
     cursor = ProgressCursor()
-    got = [(record or {}).get("iteration") for sid, log in polls
-           for record in [cursor.last_record("job", sid, log)]]
+    got = [(record or {}).get("iteration") for sid, log in polls for record in [cursor.last_record("job", sid, log)]]
     assert got == expected
 
 

@@ -21,8 +21,11 @@ from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.doubles.ray_jobs import FakeHead
 
 TOKEN = "0123abcd" * 8
-REQUEST = {"entrypoint": "rldock train /etc/rldock/job.yaml --resume", "submission_id": "rldock-j-1234-0",
-           "metadata": {"rldock.io/rljob": "j"}}
+REQUEST = {
+    "entrypoint": "rldock train /etc/rldock/job.yaml --resume",
+    "submission_id": "rldock-j-1234-0",
+    "metadata": {"rldock.io/rljob": "j"},
+}
 
 
 @pytest.fixture
@@ -67,6 +70,7 @@ def test_an_unreachable_head_is_an_error():
 
 # --- bounded reads: only the log's tail, a size cap, a total deadline ------------------------------
 
+
 class Recorder:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str]] = []
@@ -86,8 +90,7 @@ def _running_job(head: FakeHead, lines: list[str]) -> str:
 def test_the_driver_log_is_read_from_its_tail_not_whole(head: FakeHead):
     submission_id = _running_job(head, [f"line {i}" for i in range(50)])
     recorder = Recorder()
-    client = RayJobsClient(f"http://127.0.0.1:{head.port}", token=TOKEN, timeout=2, tail_lines=10,
-                           metrics=recorder)
+    client = RayJobsClient(f"http://127.0.0.1:{head.port}", token=TOKEN, timeout=2, tail_lines=10, metrics=recorder)
     tail = "".join(f"line {i}\n" for i in range(40, 50))
     assert client.get_logs(submission_id) == tail  # the details first: the tail needs the driver's node
     assert client.get_job(submission_id)["status"] == "RUNNING"
@@ -140,11 +143,14 @@ def test_a_log_larger_than_the_cap_keeps_its_last_whole_lines(head: FakeHead):
     assert text == "".join(line + "\n" for line in lines[-9:])  # 9 whole lines fit in 1000 bytes
 
 
-@pytest.mark.parametrize("log_text", [
-    "a\nb \\ \"quoted\" \u00e9\n" * 40 + "last line with \\n and \t\n",
-    "\\" * 500 + "\nend\n",
-    "\u4e2d\u6587" * 300 + "\nend\n",
-])
+@pytest.mark.parametrize(
+    "log_text",
+    [
+        'a\nb \\ "quoted" \u00e9\n' * 40 + "last line with \\n and \t\n",
+        "\\" * 500 + "\nend\n",
+        "\u4e2d\u6587" * 300 + "\nend\n",
+    ],
+)
 def test_a_whole_log_larger_than_the_cap_keeps_its_end(log_text):
     import json as json_module
 
@@ -191,6 +197,7 @@ def trickling() -> Iterator[str]:
         for _ in range(100):  # a byte every 0.1 s: every socket read succeeds, the body never ends
             connection.sendall(b" ")
             time.sleep(0.1)
+
     yield from _raw_server(reply)
 
 
@@ -198,8 +205,13 @@ def trickling() -> Iterator[str]:
 def huge() -> Iterator[str]:
     def reply(connection: socket.socket) -> None:
         body = b'{"status": "RUNNING", "pad": "' + b"x" * 200_000 + b'"}'
-        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+
     yield from _raw_server(reply)
 
 
@@ -231,8 +243,13 @@ def test_requests_are_recorded_with_their_outcome(head: FakeHead):
     client.stop_job(REQUEST["submission_id"])
     with pytest.raises(RayJobsError):
         RayJobsClient(f"http://127.0.0.1:{head.port}", token="wrong", timeout=2, metrics=recorder).get_job("x")
-    assert recorder.requests == [("get_job", "ok"), ("submit", "ok"), ("submit", "ok"), ("stop", "ok"),
-                                 ("get_job", "auth_error")]
+    assert recorder.requests == [
+        ("get_job", "ok"),
+        ("submit", "ok"),
+        ("submit", "ok"),
+        ("stop", "ok"),
+        ("get_job", "auth_error"),
+    ]
     (port,) = free_ports(1)
     with pytest.raises(RayJobsError):
         RayJobsClient(f"http://127.0.0.1:{port}", token=TOKEN, timeout=1, metrics=recorder).get_job("x")

@@ -12,14 +12,22 @@ SUBJECT = service_account_subject("rldock-operator", "rldock-system")
 
 
 def _verbs(manifest: dict) -> dict[tuple[str, str], set[str]]:
-    return {(group, resource): set(rule["verbs"])
-            for rule in manifest["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+    return {
+        (group, resource): set(rule["verbs"])
+        for rule in manifest["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
 
 
 def test_namespaced_watching_gets_a_role_per_namespace():
     manifests = build_rbac(name="rldock-operator", subject=SUBJECT, namespaces=["team-a", "team-b"])
     assert [(m["kind"], m["metadata"].get("namespace")) for m in manifests] == [
-        ("Role", "team-a"), ("RoleBinding", "team-a"), ("Role", "team-b"), ("RoleBinding", "team-b")]
+        ("Role", "team-a"),
+        ("RoleBinding", "team-a"),
+        ("Role", "team-b"),
+        ("RoleBinding", "team-b"),
+    ]
     binding = manifests[1]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rldock-operator"}
     assert binding["subjects"] == [SUBJECT]

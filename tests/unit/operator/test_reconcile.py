@@ -85,7 +85,7 @@ class FakeKube:
 
     def patch_rljob_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         if self.status_limit is not None and len(json.dumps(patch)) > self.status_limit:
-            raise StatusRejected("HTTP 422: RLJob.rldock.io \"grpo\" is invalid: status: Too long")
+            raise StatusRejected('HTTP 422: RLJob.rldock.io "grpo" is invalid: status: Too long')
         self.statuses.append(dict(patch))
 
 
@@ -124,9 +124,13 @@ class FakeJobs:
 
 
 def body(*, status: dict | None = None, **sections: Any) -> dict[str, Any]:
-    return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob",
-            "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1},
-            "spec": spec_dict(**sections), "status": status or {}}
+    return {
+        "apiVersion": "rldock.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1},
+        "spec": spec_dict(**sections),
+        "status": status or {},
+    }
 
 
 def make_world(**settings: Any) -> tuple[Reconciler, FakeKube, FakeJobs]:
@@ -146,20 +150,36 @@ def make_ready(kube: FakeKube, num_workers: int = 2) -> None:
     cluster["status"] = {"state": "ready", "head": {"podIP": "10.0.0.9"}, "endpoints": {"dashboard": "8265"}}
     owner = [{"uid": cluster["metadata"]["uid"], "controller": True}]
     ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    kube.pods = [{"metadata": {"name": f"{NAME}-{role}-{i}", "ownerReferences": owner,
-                               "labels": {"ray.io/cluster": NAME, "ray.io/node-type": role}}, "status": ready}
-                 for role, count in (("head", 1), ("worker", num_workers)) for i in range(count)]
+    kube.pods = [
+        {
+            "metadata": {
+                "name": f"{NAME}-{role}-{i}",
+                "ownerReferences": owner,
+                "labels": {"ray.io/cluster": NAME, "ray.io/node-type": role},
+            },
+            "status": ready,
+        }
+        for role, count in (("head", 1), ("worker", num_workers))
+        for i in range(count)
+    ]
 
 
 def test_first_round_creates_the_children_and_says_pending(world):
     reconciler, kube, _ = world
     outcome = reconciler.reconcile(body())
     assert [w for w in kube.writes if w[0] == "create"] == [
-        ("create", "Secret", naming.auth_secret_name(NAME)), ("create", "ConfigMap", naming.config_map_name(NAME)),
-        ("create", "NetworkPolicy", naming.network_policy_name(NAME)), ("create", "RayCluster", NAME)]
+        ("create", "Secret", naming.auth_secret_name(NAME)),
+        ("create", "ConfigMap", naming.config_map_name(NAME)),
+        ("create", "NetworkPolicy", naming.network_policy_name(NAME)),
+        ("create", "RayCluster", NAME),
+    ]
     assert outcome.status["phase"] == "Pending"
     assert [e.reason.value for e in outcome.events] == [
-        "CreatedAuthSecret", "CreatedConfigMap", "CreatedNetworkPolicy", "CreatedRayCluster"]
+        "CreatedAuthSecret",
+        "CreatedConfigMap",
+        "CreatedNetworkPolicy",
+        "CreatedRayCluster",
+    ]
     token = base64.b64decode(kube.objects[("Secret", naming.auth_secret_name(NAME))]["data"][AUTH_SECRET_KEY])
     assert token.decode() == job_token(KEY, RLJobRef(NAME, NS, UID)) and len(token) == 64
     # Later rounds create the Secret no more and never read it.
@@ -220,8 +240,13 @@ def test_a_job_that_refused_its_inputs_fails_at_once(world):
     submitted = reconciler.reconcile(body(status=first.status))
     job_id = submitted.status["rayJobId"]
     jobs.jobs[job_id]["status"] = "FAILED"
-    jobs.logs[job_id] = "invalid job config:\n" + format_failure(JobFailure(
-        FailureReason.PATH_NOT_FOUND, (FieldProblem("model.path", "/models/x does not exist"),))) + "\n"
+    jobs.logs[job_id] = (
+        "invalid job config:\n"
+        + format_failure(
+            JobFailure(FailureReason.PATH_NOT_FOUND, (FieldProblem("model.path", "/models/x does not exist"),))
+        )
+        + "\n"
+    )
     outcome = reconciler.reconcile(body(status=submitted.status))
     assert outcome.status["phase"] == "Failed" and outcome.status["restartCount"] == 0
     failed = {c["type"]: c for c in outcome.status["conditions"]}["Failed"]
@@ -233,8 +258,11 @@ def test_a_job_that_refused_its_inputs_fails_at_once(world):
 def test_an_orphan_child_is_adopted(world):
     reconciler, kube, _ = world
     name = naming.config_map_name(NAME)
-    kube.objects[("ConfigMap", name)] = {"kind": "ConfigMap", "metadata": {
-        "name": name, "uid": "cm", "labels": {"rldock.io/rljob": NAME}}, "data": {}}
+    kube.objects[("ConfigMap", name)] = {
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "uid": "cm", "labels": {"rldock.io/rljob": NAME}},
+        "data": {},
+    }
     reconciler.reconcile(body())
     (owner,) = kube.objects[("ConfigMap", name)]["metadata"]["ownerReferences"]
     assert owner["uid"] == UID and owner["controller"]
@@ -244,17 +272,23 @@ def test_an_orphan_child_is_adopted(world):
 FOREIGN_OWNER = [{"kind": "RLJob", "name": NAME, "uid": "older-rljob", "controller": True}]
 
 
-@pytest.mark.parametrize("kind, name", [
-    ("ConfigMap", naming.config_map_name(NAME)),
-    ("NetworkPolicy", naming.network_policy_name(NAME)),
-    ("RayCluster", naming.ray_cluster_name(NAME)),
-])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("ConfigMap", naming.config_map_name(NAME)),
+        ("NetworkPolicy", naming.network_policy_name(NAME)),
+        ("RayCluster", naming.ray_cluster_name(NAME)),
+    ],
+)
 def test_a_name_taken_by_someone_else_is_a_condition_and_a_warning(world, kind, name):
     """Before: the round was skipped, so the RLJob waited forever with no phase, condition or Event."""
     reconciler, kube, _ = world
     if kind == "RayCluster":
         reconciler.reconcile(body())  # the ConfigMap and NetworkPolicy are this RLJob's
-    kube.objects[(kind, name)] = {"kind": kind, "metadata": {"name": name, "uid": "x", "ownerReferences": FOREIGN_OWNER}}
+    kube.objects[(kind, name)] = {
+        "kind": kind,
+        "metadata": {"name": name, "uid": "x", "ownerReferences": FOREIGN_OWNER},
+    }
     outcome = reconciler.reconcile(body())
     ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
     assert outcome.status["phase"] == "Pending"
@@ -266,15 +300,20 @@ def test_a_name_taken_by_someone_else_is_a_condition_and_a_warning(world, kind, 
     assert again.status == outcome.status and again.events == []  # one Event, not one per round
 
 
-QUOTA = ('rayclusters.ray.io "grpo" is forbidden: exceeded quota: team-quota, requested: '
-         'count/rayclusters.ray.io=1, used: count/rayclusters.ray.io=1, limited: count/rayclusters.ray.io=1')
+QUOTA = (
+    'rayclusters.ray.io "grpo" is forbidden: exceeded quota: team-quota, requested: '
+    "count/rayclusters.ray.io=1, used: count/rayclusters.ray.io=1, limited: count/rayclusters.ray.io=1"
+)
 
 
-@pytest.mark.parametrize("kind, status, message", [
-    ("RayCluster", 403, QUOTA),
-    ("ConfigMap", 403, 'configmaps "grpo-config" is forbidden: exceeded quota: cm-quota'),
-    ("ConfigMap", 422, 'ConfigMap "grpo-config" is invalid: []: Too long: must have at most 1048576 bytes'),
-])
+@pytest.mark.parametrize(
+    "kind, status, message",
+    [
+        ("RayCluster", 403, QUOTA),
+        ("ConfigMap", 403, 'configmaps "grpo-config" is forbidden: exceeded quota: cm-quota'),
+        ("ConfigMap", 422, 'ConfigMap "grpo-config" is invalid: []: Too long: must have at most 1048576 bytes'),
+    ],
+)
 def test_a_refused_create_quotes_the_api_server(world, kind, status, message):
     reconciler, kube, _ = world
     kube.refuse[kind] = CreateRefused(kind, "x", status, message)
@@ -282,7 +321,9 @@ def test_a_refused_create_quotes_the_api_server(world, kind, status, message):
     ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
     assert (ready["reason"], outcome.status["phase"]) == ("CreateRefused", "Pending")
     assert message in ready["message"] and f"HTTP {status}" in ready["message"]
-    assert ("Warning", "CreateRefused", ready["message"]) in [(e.type, e.reason.value, e.message) for e in outcome.events]
+    assert ("Warning", "CreateRefused", ready["message"]) in [
+        (e.type, e.reason.value, e.message) for e in outcome.events
+    ]
     del kube.refuse[kind]  # the quota freed: the next round goes on by itself
     assert reconciler.reconcile(body(status=outcome.status)).status["conditions"][1]["reason"] == "RayClusterCreating"
 
@@ -358,8 +399,16 @@ def test_the_job_logs_last_evaluation_reaches_the_status(world):
     submitted = reconciler.reconcile(body(status=first.status))
     submission_id = submitted.status["rayJobId"]
     jobs.jobs[submission_id]["status"] = "RUNNING"
-    line = {"iteration": 10, "iterations": 40, "reward_mean": 0.5, "tokens_per_s_per_device": 900.0,
-            "checkpoint": 10, "val_iteration": 10, "val_reward": 0.75, "val_accuracy": 0.5}
+    line = {
+        "iteration": 10,
+        "iterations": 40,
+        "reward_mean": 0.5,
+        "tokens_per_s_per_device": 900.0,
+        "checkpoint": 10,
+        "val_iteration": 10,
+        "val_reward": 0.75,
+        "val_accuracy": 0.5,
+    }
     jobs.logs[submission_id] = "starting\n" + format_progress(line) + "\n"
     running = reconciler.reconcile(body(status=submitted.status))
     assert running.status["lastEvaluation"] == {"iteration": 10, "reward": 0.75, "accuracy": 0.5}
@@ -370,8 +419,10 @@ def test_the_job_logs_last_evaluation_reaches_the_status(world):
 
 
 def test_a_spec_outside_the_admins_policy_fails_naming_the_field_and_creates_nothing():
-    host_root = {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
-                 "volumeMounts": [{"name": "root", "mountPath": "/host"}]}
+    host_root = {
+        "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+        "volumeMounts": [{"name": "root", "mountPath": "/host"}],
+    }
     reconciler, kube, _ = make_world()
     outcome = reconciler.reconcile(body(**host_root))
     assert outcome.status["phase"] == "Failed" and kube.writes == []
@@ -384,8 +435,11 @@ def test_a_spec_outside_the_admins_policy_fails_naming_the_field_and_creates_not
     allowed, kube, _ = make_world(policy=AdminPolicy(host_path_prefixes=["/"]))
     resumed = allowed.reconcile(body(status=outcome.status, **host_root))
     assert resumed.status["phase"] == "Pending" and ("create", "RayCluster", NAME) in kube.writes
-    (volume,) = [v for v in kube.objects[("RayCluster", NAME)]["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
-                 if v["name"] == "root"]
+    (volume,) = [
+        v
+        for v in kube.objects[("RayCluster", NAME)]["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+        if v["name"] == "root"
+    ]
     assert volume["hostPath"] == {"path": "/"}
 
 
@@ -468,8 +522,9 @@ def test_an_rljob_managed_by_another_controller_is_left_alone(world):
 
 
 def test_the_network_policy_is_put_back_when_edited_and_skipped_when_off():
-    reconciler, kube, _ = make_world(operator_namespace="rldock-system",
-                                     operator_pod_labels=(("app.kubernetes.io/name", "rldock"),))
+    reconciler, kube, _ = make_world(
+        operator_namespace="rldock-system", operator_pod_labels=(("app.kubernetes.io/name", "rldock"),)
+    )
     reconciler.reconcile(body())
     policy = kube.objects[("NetworkPolicy", naming.network_policy_name(NAME))]
     assert len(policy["spec"]["ingress"]) == 2
@@ -491,6 +546,7 @@ def test_a_head_that_refuses_the_derived_token_is_a_condition_and_the_secret_is_
 
     def refuse(submission_id):
         raise TokenRefused("GET http://10.0.0.9:8265/api/jobs/x: 401, the Ray cluster refused the auth token")
+
     jobs.get_job = refuse
     outcome = reconciler.reconcile(body(status=first.status))
     ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]

@@ -16,16 +16,21 @@ TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 
 
 def test_rljob_reference_is_current():
-    assert REFERENCE.read_text() == render(), (
-        "docs/rljob-reference.md is stale: make crd")
+    assert REFERENCE.read_text() == render(), "docs/rljob-reference.md is stale: make crd"
 
 
 def test_every_spec_field_is_in_the_reference():
     text = REFERENCE.read_text()
     for name, info in RLJobSpec.model_fields.items():
         assert f"| `{info.alias or name}` |" in text, name
-    for section in ("spec.cluster", "spec.cluster.tolerations[]", "spec.scheduling", "spec.checkpoint",
-                    "status", "status.conditions[]"):
+    for section in (
+        "spec.cluster",
+        "spec.cluster.tolerations[]",
+        "spec.scheduling",
+        "spec.checkpoint",
+        "status",
+        "status.conditions[]",
+    ):
         assert f"## `{section}`" in text, section
 
 

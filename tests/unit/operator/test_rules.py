@@ -10,8 +10,16 @@ from rldock.operator.rules import RULES, Rule, first_rule
 def test_the_rules_apply_in_this_order():
     """The one place the precedence is pinned: the round, the status and the actions all read it."""
     assert RULES == (
-        Rule.MANAGED_ELSEWHERE, Rule.FINISHED, Rule.REFUSED, Rule.SUSPENDED, Rule.SUSPENDED_BY_OTHER,
-        Rule.BLOCKED, Rule.ATTEMPT_REFUSED, Rule.ATTEMPT_SUCCEEDED, Rule.ATTEMPT_FAILED, Rule.ATTEMPT_RUNNING,
+        Rule.MANAGED_ELSEWHERE,
+        Rule.FINISHED,
+        Rule.REFUSED,
+        Rule.SUSPENDED,
+        Rule.SUSPENDED_BY_OTHER,
+        Rule.BLOCKED,
+        Rule.ATTEMPT_REFUSED,
+        Rule.ATTEMPT_SUCCEEDED,
+        Rule.ATTEMPT_FAILED,
+        Rule.ATTEMPT_RUNNING,
         Rule.STARTING,
     )
 
@@ -23,6 +31,7 @@ def test_the_first_rule_that_holds_decides_whatever_order_the_tests_are_given_in
 
 def test_rules_below_the_deciding_one_are_not_tested():
     """A lower rule's test may read what only exists when the rules above do not hold."""
+
     def spec_suspend() -> bool:
         raise AssertionError("tested although REFUSED decided")
 

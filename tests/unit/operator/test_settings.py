@@ -21,9 +21,14 @@ def test_defaults_watch_every_namespace():
 
 
 def test_environment_then_flags():
-    env = {**KEY, "RLDOCK_NAMESPACES": "team-a, team-b,team-a", "RLDOCK_POLL_INTERVAL": "2",
-           "RLDOCK_LOG_LEVEL": "debug", "RLDOCK_DASHBOARD_ADDRESS": "service-ip",
-           "RLDOCK_LIVENESS": "http://0.0.0.0:8080/healthz"}
+    env = {
+        **KEY,
+        "RLDOCK_NAMESPACES": "team-a, team-b,team-a",
+        "RLDOCK_POLL_INTERVAL": "2",
+        "RLDOCK_LOG_LEVEL": "debug",
+        "RLDOCK_DASHBOARD_ADDRESS": "service-ip",
+        "RLDOCK_LIVENESS": "http://0.0.0.0:8080/healthz",
+    }
     settings = load_settings([], env)
     assert settings.namespaces == ("team-a", "team-b") and not settings.clusterwide
     assert (settings.poll_interval, settings.log_level) == (2.0, "DEBUG")
@@ -34,18 +39,21 @@ def test_environment_then_flags():
     assert flagged.dashboard_address is DashboardAddress.POD_IP
 
 
-@pytest.mark.parametrize("argv, env", [
-    (["--poll-interval", "30"], {}),  # status would lag more than 10 s
-    (["--poll-interval", "0"], {}),
-    ([], {"RLDOCK_POLL_INTERVAL": "soon"}),
-    (["--log-level", "chatty"], {}),
-    (["--dashboard-address", "dns"], {}),
-    (["--ray-timeout", "-1"], {}),
-    (["--leader-election"], {}),  # no namespace for the Lease
-    (["--leader-election", "--lease-namespace", "ns", "--lease-duration", "5"], {}),  # <= renew deadline
-    (["--health-port", "70000"], {}),
-    ([], {"RLDOCK_HEALTH_PORT": "http"}),
-])
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["--poll-interval", "30"], {}),  # status would lag more than 10 s
+        (["--poll-interval", "0"], {}),
+        ([], {"RLDOCK_POLL_INTERVAL": "soon"}),
+        (["--log-level", "chatty"], {}),
+        (["--dashboard-address", "dns"], {}),
+        (["--ray-timeout", "-1"], {}),
+        (["--leader-election"], {}),  # no namespace for the Lease
+        (["--leader-election", "--lease-namespace", "ns", "--lease-duration", "5"], {}),  # <= renew deadline
+        (["--health-port", "70000"], {}),
+        ([], {"RLDOCK_HEALTH_PORT": "http"}),
+    ],
+)
 def test_bad_values_are_refused(argv, env, capsys):
     with pytest.raises(SystemExit):
         load_settings(argv, {**KEY, **env})
@@ -62,20 +70,29 @@ def test_the_token_key_is_required_and_long_enough(capsys):
 
 
 def test_policy_network_policy_and_the_operators_pods_from_the_environment(capsys):
-    env = {**KEY, "RLDOCK_POLICY": '{"hostPathPrefixes": ["/mnt/shared"], "podDefaults": {"imagePullSecrets": ["r"],'
-                                   ' "labels": {"team": "ml"}, "priorityClassName": "research"}}',
-           "RLDOCK_NETWORK_POLICY": "false", "POD_NAMESPACE": "rldock-system",
-           "RLDOCK_OPERATOR_POD_LABELS": "app.kubernetes.io/name=rldock,app.kubernetes.io/instance=rl"}
+    env = {
+        **KEY,
+        "RLDOCK_POLICY": '{"hostPathPrefixes": ["/mnt/shared"], "podDefaults": {"imagePullSecrets": ["r"],'
+        ' "labels": {"team": "ml"}, "priorityClassName": "research"}}',
+        "RLDOCK_NETWORK_POLICY": "false",
+        "POD_NAMESPACE": "rldock-system",
+        "RLDOCK_OPERATOR_POD_LABELS": "app.kubernetes.io/name=rldock,app.kubernetes.io/instance=rl",
+    }
     settings = load_settings([], env)
-    assert settings.policy == AdminPolicy(host_path_prefixes=["/mnt/shared"], pod_defaults={
-        "image_pull_secrets": ["r"], "labels": {"team": "ml"}, "priority_class_name": "research"})
+    assert settings.policy == AdminPolicy(
+        host_path_prefixes=["/mnt/shared"],
+        pod_defaults={"image_pull_secrets": ["r"], "labels": {"team": "ml"}, "priority_class_name": "research"},
+    )
     assert settings.pod_defaults.image_pull_secrets == ("r",) and settings.pod_defaults.labels == {"team": "ml"}
     assert settings.pod_defaults.priority_class_name == "research"
     assert not settings.network_policy and settings.operator_namespace == "rldock-system"
     assert settings.operator_pod_labels == (("app.kubernetes.io/name", "rldock"), ("app.kubernetes.io/instance", "rl"))
     assert load_settings(["--network-policy"], env).network_policy
-    for bad, message in (('{"hostPathPrefixes": ["mnt"]}', "policy.hostPathPrefixes[0]"),
-                         ('{"hostPaths": []}', "policy.hostPaths"), ("[", "policy: not JSON")):
+    for bad, message in (
+        ('{"hostPathPrefixes": ["mnt"]}', "policy.hostPathPrefixes[0]"),
+        ('{"hostPaths": []}', "policy.hostPaths"),
+        ("[", "policy: not JSON"),
+    ):
         with pytest.raises(SystemExit):
             load_settings([], {**env, "RLDOCK_POLICY": bad})
         assert message in capsys.readouterr().err
@@ -83,15 +100,35 @@ def test_policy_network_policy_and_the_operators_pods_from_the_environment(capsy
 
 def test_leader_election_is_off_unless_asked_and_then_takes_the_pod_from_the_downward_api():
     assert not load_settings([], KEY).leader_election and load_settings([], KEY).health_port is None
-    env = {**KEY, "RLDOCK_LEADER_ELECTION": "true", "RLDOCK_LEASE_NAME": "rl-operator",
-           "POD_NAME": "rl-operator-7f9c-x2", "POD_NAMESPACE": "rldock-system", "RLDOCK_HEALTH_PORT": "8080"}
+    env = {
+        **KEY,
+        "RLDOCK_LEADER_ELECTION": "true",
+        "RLDOCK_LEASE_NAME": "rl-operator",
+        "POD_NAME": "rl-operator-7f9c-x2",
+        "POD_NAMESPACE": "rldock-system",
+        "RLDOCK_HEALTH_PORT": "8080",
+    }
     settings = load_settings([], env)
     assert settings.leader_election and settings.lease_name == "rl-operator"
     assert (settings.lease_namespace, settings.identity) == ("rldock-system", "rl-operator-7f9c-x2")
     assert settings.lease == LeaseTimings(lease_duration=15, renew_deadline=10, retry_period=2)
     assert settings.health_port == 8080
-    flagged = load_settings(["--no-leader-election", "--identity", "me", "--lease-namespace", "other",
-                             "--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "4"], env)
+    flagged = load_settings(
+        [
+            "--no-leader-election",
+            "--identity",
+            "me",
+            "--lease-namespace",
+            "other",
+            "--lease-duration",
+            "30",
+            "--renew-deadline",
+            "20",
+            "--retry-period",
+            "4",
+        ],
+        env,
+    )
     assert not flagged.leader_election and (flagged.identity, flagged.lease_namespace) == ("me", "other")
     assert flagged.lease == LeaseTimings(lease_duration=30, renew_deadline=20, retry_period=4)
 

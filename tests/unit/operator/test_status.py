@@ -39,10 +39,24 @@ def _spec(**sections) -> RLJobSpec:
     return RLJobSpec.model_validate(spec_dict(**sections))
 
 
-def _compute(observed: Observations = Observations(), *, spec: RLJobSpec | None = None, restart_count: int = 0,
-             previous: dict | None = None, now: datetime = NOW, generation: int = 1) -> dict:
-    return compute_status(name=NAME, spec=spec if spec is not None else _spec(), generation=generation,
-                          observed=observed, restart_count=restart_count, previous=previous, now=now)
+def _compute(
+    observed: Observations = Observations(),
+    *,
+    spec: RLJobSpec | None = None,
+    restart_count: int = 0,
+    previous: dict | None = None,
+    now: datetime = NOW,
+    generation: int = 1,
+) -> dict:
+    return compute_status(
+        name=NAME,
+        spec=spec if spec is not None else _spec(),
+        generation=generation,
+        observed=observed,
+        restart_count=restart_count,
+        previous=previous,
+        now=now,
+    )
 
 
 def _conditions(status: dict) -> dict[str, tuple[str, str]]:
@@ -54,66 +68,216 @@ RUNNING = Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING))
 
 CASES = [
     # id, spec sections, observations, restart count, phase, conditions expected among the status's
-    ("nothing-created", {}, Observations(), 0, "Pending",
-     {"SpecValid": ("True", "Valid"), "ClusterReady": ("False", "RayClusterCreating"),
-      "Running": ("False", "RayJobNotSubmitted")}),
-    ("cluster-starting", {}, Observations(ray_cluster=STARTING), 0, "Provisioning",
-     {"ClusterReady": ("False", "RayClusterProvisioning"), "PodsScheduled": ("True", "Scheduled")}),
-    ("new-cluster-no-status", {}, Observations(ray_cluster={}), 0, "Provisioning",
-     {"ClusterReady": ("False", "RayClusterProvisioning")}),
-    ("unschedulable", {}, Observations(ray_cluster=STARTING, unschedulable=(
-        "0/3 nodes are available: 3 Insufficient huawei.com/Ascend910.",)), 0, "Provisioning",
-     {"PodsScheduled": ("False", "Unschedulable")}),
-    ("kueue-holds-cluster", KUEUE, Observations(ray_cluster=HELD), 0, "Pending",
-     {"ClusterReady": ("False", "WaitingForAdmission")}),
-    ("suspended-by-someone", {}, Observations(ray_cluster=HELD), 0, "Provisioning",
-     {"ClusterReady": ("False", "RayClusterSuspended")}),
-    ("ready-not-submitted", {}, Observations(ray_cluster=READY), 0, "Provisioning",
-     {"ClusterReady": ("True", "RayClusterReady"), "Running": ("False", "RayJobNotSubmitted")}),
-    ("ready-by-condition", {}, Observations(ray_cluster={"conditions": [
-        {"type": "RayClusterProvisioned", "status": "True"}]}), 0, "Provisioning",
-     {"ClusterReady": ("True", "RayClusterReady")}),
-    ("job-pending", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.PENDING)), 0, "Provisioning",
-     {"Running": ("False", "RayJobPending")}),
+    (
+        "nothing-created",
+        {},
+        Observations(),
+        0,
+        "Pending",
+        {
+            "SpecValid": ("True", "Valid"),
+            "ClusterReady": ("False", "RayClusterCreating"),
+            "Running": ("False", "RayJobNotSubmitted"),
+        },
+    ),
+    (
+        "cluster-starting",
+        {},
+        Observations(ray_cluster=STARTING),
+        0,
+        "Provisioning",
+        {"ClusterReady": ("False", "RayClusterProvisioning"), "PodsScheduled": ("True", "Scheduled")},
+    ),
+    (
+        "new-cluster-no-status",
+        {},
+        Observations(ray_cluster={}),
+        0,
+        "Provisioning",
+        {"ClusterReady": ("False", "RayClusterProvisioning")},
+    ),
+    (
+        "unschedulable",
+        {},
+        Observations(
+            ray_cluster=STARTING, unschedulable=("0/3 nodes are available: 3 Insufficient huawei.com/Ascend910.",)
+        ),
+        0,
+        "Provisioning",
+        {"PodsScheduled": ("False", "Unschedulable")},
+    ),
+    (
+        "kueue-holds-cluster",
+        KUEUE,
+        Observations(ray_cluster=HELD),
+        0,
+        "Pending",
+        {"ClusterReady": ("False", "WaitingForAdmission")},
+    ),
+    (
+        "suspended-by-someone",
+        {},
+        Observations(ray_cluster=HELD),
+        0,
+        "Provisioning",
+        {"ClusterReady": ("False", "RayClusterSuspended")},
+    ),
+    (
+        "ready-not-submitted",
+        {},
+        Observations(ray_cluster=READY),
+        0,
+        "Provisioning",
+        {"ClusterReady": ("True", "RayClusterReady"), "Running": ("False", "RayJobNotSubmitted")},
+    ),
+    (
+        "ready-by-condition",
+        {},
+        Observations(ray_cluster={"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]}),
+        0,
+        "Provisioning",
+        {"ClusterReady": ("True", "RayClusterReady")},
+    ),
+    (
+        "job-pending",
+        {},
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.PENDING)),
+        0,
+        "Provisioning",
+        {"Running": ("False", "RayJobPending")},
+    ),
     ("job-running", {}, RUNNING, 0, "Running", {"Running": ("True", "RayJobRunning")}),
-    ("job-succeeded", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), 0, "Succeeded",
-     {"Complete": ("True", "RayJobSucceeded"), "Running": ("False", "RayJobSucceeded")}),
-    ("succeeded-then-pod-gone", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED),
-                                                 lost_pods=("pod grpo-workers-worker-x deleted",)), 0, "Succeeded",
-     {"Complete": ("True", "RayJobSucceeded")}),
-    ("job-failed", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")), 0,
-     "Retrying", {"Retrying": ("True", "RayJobFailed"), "Running": ("False", "RayJobFailed")}),
-    ("job-stopped", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.STOPPED)), 1, "Retrying",
-     {"Retrying": ("True", "RayJobStopped")}),
-    ("worker-lost", {}, Observations(ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING),
-                                     lost_pods=("pod grpo-workers-worker-x: OOMKilled",)), 2, "Retrying",
-     {"Retrying": ("True", "WorkerPodLost")}),
+    (
+        "job-succeeded",
+        {},
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)),
+        0,
+        "Succeeded",
+        {"Complete": ("True", "RayJobSucceeded"), "Running": ("False", "RayJobSucceeded")},
+    ),
+    (
+        "succeeded-then-pod-gone",
+        {},
+        Observations(
+            ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED), lost_pods=("pod grpo-workers-worker-x deleted",)
+        ),
+        0,
+        "Succeeded",
+        {"Complete": ("True", "RayJobSucceeded")},
+    ),
+    (
+        "job-failed",
+        {},
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")),
+        0,
+        "Retrying",
+        {"Retrying": ("True", "RayJobFailed"), "Running": ("False", "RayJobFailed")},
+    ),
+    (
+        "job-stopped",
+        {},
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.STOPPED)),
+        1,
+        "Retrying",
+        {"Retrying": ("True", "RayJobStopped")},
+    ),
+    (
+        "worker-lost",
+        {},
+        Observations(
+            ray_cluster=STARTING,
+            ray_job=_job(RayJobStatus.RUNNING),
+            lost_pods=("pod grpo-workers-worker-x: OOMKilled",),
+        ),
+        2,
+        "Retrying",
+        {"Retrying": ("True", "WorkerPodLost")},
+    ),
     # With an in-job restart budget the runtime recovers the lost worker; the attempt keeps running.
-    ("worker-lost-in-job-budget", {"maxRestarts": 2}, Observations(
-        ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING), lost_pods=("pod grpo-workers-worker-x deleted",)),
-     0, "Running", {"Running": ("True", "RayJobRunning")}),
-    ("pod-lost-before-job", {}, Observations(ray_cluster=STARTING, lost_pods=("pod x deleted",)), 0,
-     "Provisioning", {"ClusterReady": ("False", "RayClusterProvisioning")}),
-    ("backoff-exhausted", {}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), 3, "Failed",
-     {"Failed": ("True", "BackoffLimitExceeded")}),
-    ("no-retries-allowed", {"backoffLimit": 0}, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
-     0, "Failed", {"Failed": ("True", "BackoffLimitExceeded")}),
-    ("restart-in-progress", {}, Observations(ray_cluster=STARTING), 1, "Retrying",
-     {"Running": ("False", "RayJobNotSubmitted")}),
-    ("restart-running", {}, RUNNING, 1, "Running",
-     {"Running": ("True", "RayJobRunning"), "Retrying": ("False", "Recovered")}),
-    ("suspended", {"suspend": True}, Observations(ray_cluster=HELD), 0, "Suspended",
-     {"Suspended": ("True", "SuspendedByUser"), "ClusterReady": ("False", "RayClusterSuspended"),
-      "Running": ("False", "SuspendedByUser")}),
-    ("suspended-and-freed", {"suspend": True}, Observations(), 0, "Suspended",
-     {"Suspended": ("True", "SuspendedByUser")}),
-    ("invalid-spec", {}, Observations(problems=(Problem("spec.checkpoint", "set exactly one"),)), 0, "Failed",
-     {"SpecValid": ("False", "InvalidSpec"), "Failed": ("True", "InvalidSpec")}),
+    (
+        "worker-lost-in-job-budget",
+        {"maxRestarts": 2},
+        Observations(
+            ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING), lost_pods=("pod grpo-workers-worker-x deleted",)
+        ),
+        0,
+        "Running",
+        {"Running": ("True", "RayJobRunning")},
+    ),
+    (
+        "pod-lost-before-job",
+        {},
+        Observations(ray_cluster=STARTING, lost_pods=("pod x deleted",)),
+        0,
+        "Provisioning",
+        {"ClusterReady": ("False", "RayClusterProvisioning")},
+    ),
+    (
+        "backoff-exhausted",
+        {},
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
+        3,
+        "Failed",
+        {"Failed": ("True", "BackoffLimitExceeded")},
+    ),
+    (
+        "no-retries-allowed",
+        {"backoffLimit": 0},
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
+        0,
+        "Failed",
+        {"Failed": ("True", "BackoffLimitExceeded")},
+    ),
+    (
+        "restart-in-progress",
+        {},
+        Observations(ray_cluster=STARTING),
+        1,
+        "Retrying",
+        {"Running": ("False", "RayJobNotSubmitted")},
+    ),
+    (
+        "restart-running",
+        {},
+        RUNNING,
+        1,
+        "Running",
+        {"Running": ("True", "RayJobRunning"), "Retrying": ("False", "Recovered")},
+    ),
+    (
+        "suspended",
+        {"suspend": True},
+        Observations(ray_cluster=HELD),
+        0,
+        "Suspended",
+        {
+            "Suspended": ("True", "SuspendedByUser"),
+            "ClusterReady": ("False", "RayClusterSuspended"),
+            "Running": ("False", "SuspendedByUser"),
+        },
+    ),
+    (
+        "suspended-and-freed",
+        {"suspend": True},
+        Observations(),
+        0,
+        "Suspended",
+        {"Suspended": ("True", "SuspendedByUser")},
+    ),
+    (
+        "invalid-spec",
+        {},
+        Observations(problems=(Problem("spec.checkpoint", "set exactly one"),)),
+        0,
+        "Failed",
+        {"SpecValid": ("False", "InvalidSpec"), "Failed": ("True", "InvalidSpec")},
+    ),
 ]
 
 
-@pytest.mark.parametrize("sections, observed, restarts, phase, conditions",
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "sections, observed, restarts, phase, conditions", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_phase_and_conditions(sections, observed, restarts, phase, conditions):
     status = _compute(observed, spec=_spec(**sections), restart_count=restarts)
     assert status["phase"] == phase
@@ -132,24 +296,37 @@ def test_messages_carry_what_was_observed():
     status = _compute(Observations(ray_cluster=STARTING, unschedulable=(message, message)))
     (scheduled,) = [c for c in status["conditions"] if c["type"] == "PodsScheduled"]
     assert scheduled["message"] == message, "the scheduler's message, once"
-    failed = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")),
-                      restart_count=1)
+    failed = _compute(
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")), restart_count=1
+    )
     (retrying,) = [c for c in failed["conditions"] if c["type"] == "Retrying"]
     assert "HCCL timeout" in retrying["message"] and "restart 2 of 3" in retrying["message"]
     invalid = _compute(Observations(problems=(Problem("spec.job.training.data_parallel_size", "G*N ..."),)))
-    assert all("spec.job.training.data_parallel_size" in c["message"]
-               for c in invalid["conditions"] if c["status"] == "False" or c["type"] == "Failed")
+    assert all(
+        "spec.job.training.data_parallel_size" in c["message"]
+        for c in invalid["conditions"]
+        if c["status"] == "False" or c["type"] == "Failed"
+    )
 
 
 def test_progress_from_metrics_survives_rounds_without_them():
-    status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=METRICS,
-                                   last_checkpoint="/checkpoints/ns/grpo/checkpoints/iter-000010"))
+    status = _compute(
+        Observations(
+            ray_cluster=READY,
+            ray_job=_job(RayJobStatus.RUNNING),
+            metrics=METRICS,
+            last_checkpoint="/checkpoints/ns/grpo/checkpoints/iter-000010",
+        )
+    )
     assert (status["iteration"], status["iterations"], status["progress"]) == (12, 40, "12/40")
     assert (status["reward"], status["tokensPerSecondPerDevice"]) == (0.6123, 1534.3)
     assert status["rayJobId"] == JOB_ID
     later = _compute(Observations(ray_cluster=STARTING), restart_count=1, previous=status, now=LATER)
     assert (later["progress"], later["reward"], later["lastCheckpoint"]) == (
-        "12/40", 0.6123, "/checkpoints/ns/grpo/checkpoints/iter-000010")
+        "12/40",
+        0.6123,
+        "/checkpoints/ns/grpo/checkpoints/iter-000010",
+    )
     assert "rayJobId" not in later, "the new attempt is not submitted yet"
     assert _compute()["progress"] == "0/40"
 
@@ -169,8 +346,11 @@ def test_start_and_completion_times():
     assert "startTime" not in provisioning
     running = _compute(RUNNING, previous=provisioning, now=LATER)
     assert running["startTime"] == "2026-03-01T12:00:10Z"
-    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), previous=running,
-                    now=LATER + timedelta(hours=1))
+    done = _compute(
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)),
+        previous=running,
+        now=LATER + timedelta(hours=1),
+    )
     assert done["startTime"] == running["startTime"] and done["completionTime"] == "2026-03-01T13:00:10Z"
 
 
@@ -216,23 +396,33 @@ def test_resume_after_suspend():
     assert "PodsScheduled" not in _conditions(suspended)
 
 
-@pytest.mark.parametrize("old, new, changed", [
-    (None, {}, False),
-    ({"phase": "Running", "reward": None}, {"phase": "Running"}, False),
-    ({"phase": "Running"}, {"phase": "Running", "iteration": 3}, True),
-    ({"conditions": [{"type": "A", "message": None}]}, {"conditions": [{"type": "A"}]}, False),
-])
+@pytest.mark.parametrize(
+    "old, new, changed",
+    [
+        (None, {}, False),
+        ({"phase": "Running", "reward": None}, {"phase": "Running"}, False),
+        ({"phase": "Running"}, {"phase": "Running", "iteration": 3}, True),
+        ({"conditions": [{"type": "A", "message": None}]}, {"conditions": [{"type": "A"}]}, False),
+    ],
+)
 def test_status_changed(old, new, changed):
     assert status_changed(old, new) is changed
 
 
-@pytest.mark.parametrize("old_observed, new_observed, sections, reasons", [
-    (Observations(), Observations(problems=(Problem("spec.x", "bad"),)), {}, [EventReason.INVALID_SPEC]),
-    (Observations(ray_cluster=STARTING), Observations(ray_cluster=STARTING, unschedulable=("no nodes",)), {},
-     [EventReason.UNSCHEDULABLE]),
-    (RUNNING, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), {}, [EventReason.SUCCEEDED]),
-    (RUNNING, RUNNING, {}, []),
-])
+@pytest.mark.parametrize(
+    "old_observed, new_observed, sections, reasons",
+    [
+        (Observations(), Observations(problems=(Problem("spec.x", "bad"),)), {}, [EventReason.INVALID_SPEC]),
+        (
+            Observations(ray_cluster=STARTING),
+            Observations(ray_cluster=STARTING, unschedulable=("no nodes",)),
+            {},
+            [EventReason.UNSCHEDULABLE],
+        ),
+        (RUNNING, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), {}, [EventReason.SUCCEEDED]),
+        (RUNNING, RUNNING, {}, []),
+    ],
+)
 def test_status_events(old_observed, new_observed, sections, reasons):
     old = _compute(old_observed, spec=_spec(**sections))
     new = _compute(new_observed, spec=_spec(**sections), previous=old, now=LATER)
@@ -241,19 +431,23 @@ def test_status_events(old_observed, new_observed, sections, reasons):
 
 def test_backoff_exhaustion_and_suspension_events():
     running = _compute(RUNNING, restart_count=3)
-    failed = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3,
-                      previous=running, now=LATER)
+    failed = _compute(
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3, previous=running, now=LATER
+    )
     (event,) = status_events(running, failed)
     assert (event.type, event.reason) == ("Warning", EventReason.BACKOFF_LIMIT_EXCEEDED)
     suspended = _compute(Observations(ray_cluster=READY), spec=_spec(suspend=True), previous=running, now=LATER)
     assert [e.reason for e in status_events(running, suspended)] == [EventReason.SUSPENDED]
 
 
-@pytest.mark.parametrize("ttl, finished_ago, expected", [
-    (None, 100, None),
-    (3600, 100, 3500.0),
-    (60, 100, -40.0),
-])
+@pytest.mark.parametrize(
+    "ttl, finished_ago, expected",
+    [
+        (None, 100, None),
+        (3600, 100, 3500.0),
+        (60, 100, -40.0),
+    ],
+)
 def test_seconds_until_expiry(ttl, finished_ago, expected):
     spec = _spec(ttlSecondsAfterFinished=ttl)
     done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=spec)
@@ -301,14 +495,16 @@ def test_last_evaluation_comes_from_the_progress_record_and_outlives_records_wit
     from rldock.operator.observe import read_progress
 
     # as the trainer prints it: iteration 6 carries the evaluation of iteration 5
-    line = format_progress({**METRICS, "iteration": 6, "val_iteration": 5, "val_reward": 0.41234,
-                            "val_accuracy": 0.25})
+    line = format_progress({**METRICS, "iteration": 6, "val_iteration": 5, "val_reward": 0.41234, "val_accuracy": 0.25})
     metrics = read_progress(line, output_dir="/o").metrics
     status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=metrics))
     assert status["lastEvaluation"] == {"iteration": 5, "reward": 0.4123, "accuracy": 0.25}
     assert validator_for(rljob_schema()["properties"]["status"]).is_valid(status)
     # a later line of a job that never evaluated again (or an older trainer) keeps it
-    later = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING),
-                                  metrics={**METRICS, "iteration": 7}), previous=status, now=LATER)
+    later = _compute(
+        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics={**METRICS, "iteration": 7}),
+        previous=status,
+        now=LATER,
+    )
     assert later["lastEvaluation"] == status["lastEvaluation"] and later["iteration"] == 7
     assert "lastEvaluation" not in _compute(Observations(ray_cluster=READY, metrics=METRICS))

@@ -24,63 +24,77 @@ def test_a_valid_spec_has_no_problems():
     assert find_spec_problems(RLJobSpec.model_validate(spec_dict())) == []
 
 
-@pytest.mark.parametrize("path, value, problem_at", [
-    # The runtime's own cross-field rules, re-rooted: G*N = 32 samples over DP 3; DP beyond devices.
-    ("job.training.data_parallel_size", 3, "spec.job.training.data_parallel_size"),
-    ("job.training.data_parallel_size", 32, "spec.job.training.data_parallel_size"),
-    ("job.evaluation", {"interval": 5}, "spec.job.evaluation.interval"),  # no held-out prompts
-    ("job.model", {"path": "/models/qwen"}, "spec.job.data"),  # a model of the user's, the demo's data
-    ("job.resources.accelerator_resource", "CPU", "spec.job.resources.accelerator_resource"),
-    # Storage: exactly one source, sane paths.
-    ("checkpoint", {"claimName": "pvc", "hostPath": "/mnt/rl"}, "spec.checkpoint"),
-    ("checkpoint", {"mountPath": "/ckpt"}, "spec.checkpoint"),
-    ("checkpoint", {"hostPath": "relative/dir"}, "spec.checkpoint.hostPath"),
-    ("checkpoint", {"claimName": "pvc", "mountPath": "ckpt"}, "spec.checkpoint.mountPath"),
-    ("checkpoint", {"claimName": "pvc", "mountPath": "/"}, "spec.checkpoint.mountPath"),
-    ("checkpoint", {"claimName": "pvc", "mountPath": "/etc/rldock/ckpt"}, "spec.checkpoint.mountPath"),
-    ("checkpoint", {"claimName": "pvc", "mountPath": "/dev"}, "spec.checkpoint.mountPath"),
-    # Device resource names: domain/name, outside kubernetes.io.
-    ("cluster.deviceResource", "Ascend910", "spec.cluster.deviceResource"),
-    ("cluster.deviceResource", "Huawei.com/Ascend910", "spec.cluster.deviceResource"),
-    ("cluster.deviceResource", "huawei.com/", "spec.cluster.deviceResource"),
-    ("cluster.deviceResource", "kubernetes.io/npu", "spec.cluster.deviceResource"),
-    ("cluster.deviceResource", "huawei.com/Ascend 910", "spec.cluster.deviceResource"),
-    ("cluster.head", {"cpu": "2k", "memory": "8Gi"}, "spec.cluster.head.cpu"),
-    # Tolerations and node selectors the API server would refuse on the pods.
-    ("cluster.tolerations", [{"operator": "Equal", "value": "x"}], "spec.cluster.tolerations[0].operator"),
-    ("cluster.tolerations", [{"key": "a", "operator": "Exists", "value": "x"}], "spec.cluster.tolerations[0].value"),
-    ("cluster.tolerations", [{"key": "a", "tolerationSeconds": 5}], "spec.cluster.tolerations[0].tolerationSeconds"),
-    ("cluster.tolerations", [{"key": "bad key!", "operator": "Exists"}], "spec.cluster.tolerations[0].key"),
-    ("cluster.nodeSelector", {"-bad": "x"}, "spec.cluster.nodeSelector[-bad]"),
-    ("cluster.nodeSelector", {"zone": "not valid!"}, "spec.cluster.nodeSelector[zone]"),
-    # Scheduling.
-    ("scheduling", {"gang": "kueue"}, "spec.scheduling.queue"),
-    ("scheduling", {"queue": "q"}, "spec.scheduling.queue"),
-    ("scheduling", {"gang": "volcano", "schedulerName": "default-scheduler"}, "spec.scheduling.schedulerName"),
-    # What does not parse at all is reported, not raised.
-    ("backoffLimit", -1, "spec.backoffLimit"),
-    ("cluster.gpus", 1, "spec.cluster.gpus"),
-    ("job.algorithm", DELETE, "spec.job.algorithm"),
-    # The benchmarks' switches are no RLJob fields (JobConfig.ablations, set in code).
-    ("job.dock.shared_memory", False, "spec.job.dock.shared_memory"),
-    ("job.algorithm.fuse_reward_advantage", False, "spec.job.algorithm.fuse_reward_advantage"),
-])
+@pytest.mark.parametrize(
+    "path, value, problem_at",
+    [
+        # The runtime's own cross-field rules, re-rooted: G*N = 32 samples over DP 3; DP beyond devices.
+        ("job.training.data_parallel_size", 3, "spec.job.training.data_parallel_size"),
+        ("job.training.data_parallel_size", 32, "spec.job.training.data_parallel_size"),
+        ("job.evaluation", {"interval": 5}, "spec.job.evaluation.interval"),  # no held-out prompts
+        ("job.model", {"path": "/models/qwen"}, "spec.job.data"),  # a model of the user's, the demo's data
+        ("job.resources.accelerator_resource", "CPU", "spec.job.resources.accelerator_resource"),
+        # Storage: exactly one source, sane paths.
+        ("checkpoint", {"claimName": "pvc", "hostPath": "/mnt/rl"}, "spec.checkpoint"),
+        ("checkpoint", {"mountPath": "/ckpt"}, "spec.checkpoint"),
+        ("checkpoint", {"hostPath": "relative/dir"}, "spec.checkpoint.hostPath"),
+        ("checkpoint", {"claimName": "pvc", "mountPath": "ckpt"}, "spec.checkpoint.mountPath"),
+        ("checkpoint", {"claimName": "pvc", "mountPath": "/"}, "spec.checkpoint.mountPath"),
+        ("checkpoint", {"claimName": "pvc", "mountPath": "/etc/rldock/ckpt"}, "spec.checkpoint.mountPath"),
+        ("checkpoint", {"claimName": "pvc", "mountPath": "/dev"}, "spec.checkpoint.mountPath"),
+        # Device resource names: domain/name, outside kubernetes.io.
+        ("cluster.deviceResource", "Ascend910", "spec.cluster.deviceResource"),
+        ("cluster.deviceResource", "Huawei.com/Ascend910", "spec.cluster.deviceResource"),
+        ("cluster.deviceResource", "huawei.com/", "spec.cluster.deviceResource"),
+        ("cluster.deviceResource", "kubernetes.io/npu", "spec.cluster.deviceResource"),
+        ("cluster.deviceResource", "huawei.com/Ascend 910", "spec.cluster.deviceResource"),
+        ("cluster.head", {"cpu": "2k", "memory": "8Gi"}, "spec.cluster.head.cpu"),
+        # Tolerations and node selectors the API server would refuse on the pods.
+        ("cluster.tolerations", [{"operator": "Equal", "value": "x"}], "spec.cluster.tolerations[0].operator"),
+        (
+            "cluster.tolerations",
+            [{"key": "a", "operator": "Exists", "value": "x"}],
+            "spec.cluster.tolerations[0].value",
+        ),
+        (
+            "cluster.tolerations",
+            [{"key": "a", "tolerationSeconds": 5}],
+            "spec.cluster.tolerations[0].tolerationSeconds",
+        ),
+        ("cluster.tolerations", [{"key": "bad key!", "operator": "Exists"}], "spec.cluster.tolerations[0].key"),
+        ("cluster.nodeSelector", {"-bad": "x"}, "spec.cluster.nodeSelector[-bad]"),
+        ("cluster.nodeSelector", {"zone": "not valid!"}, "spec.cluster.nodeSelector[zone]"),
+        # Scheduling.
+        ("scheduling", {"gang": "kueue"}, "spec.scheduling.queue"),
+        ("scheduling", {"queue": "q"}, "spec.scheduling.queue"),
+        ("scheduling", {"gang": "volcano", "schedulerName": "default-scheduler"}, "spec.scheduling.schedulerName"),
+        # What does not parse at all is reported, not raised.
+        ("backoffLimit", -1, "spec.backoffLimit"),
+        ("cluster.gpus", 1, "spec.cluster.gpus"),
+        ("job.algorithm", DELETE, "spec.job.algorithm"),
+        # The benchmarks' switches are no RLJob fields (JobConfig.ablations, set in code).
+        ("job.dock.shared_memory", False, "spec.job.dock.shared_memory"),
+        ("job.algorithm.fuse_reward_advantage", False, "spec.job.algorithm.fuse_reward_advantage"),
+    ],
+)
 def test_problems_name_the_field(path, value, problem_at):
     paths = _paths(set_path(spec_dict(), path, value))
     assert problem_at in paths, paths
 
 
-@pytest.mark.parametrize("path, value", [
-    ("cluster.deviceResource", "nvidia.com/gpu"),
-    ("cluster.deviceResource", "example.org/my_npu.v2"),
-    ("cluster.tolerations", [{"operator": "Exists"}]),
-    ("cluster.tolerations", [{"key": "k", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30}]),
-    ("cluster.nodeSelector", {"node.kubernetes.io/instance-type": "ascend-910b", "empty": ""}),
-    ("scheduling", {"gang": "volcano"}),
-    ("scheduling", {"gang": "volcano", "queue": "q", "schedulerName": "volcano"}),
-    ("checkpoint", {"hostPath": "/mnt/rl", "mountPath": "/data/ckpt"}),
-    ("cluster.head", {"cpu": "500m", "memory": "8Gi"}),
-])
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("cluster.deviceResource", "nvidia.com/gpu"),
+        ("cluster.deviceResource", "example.org/my_npu.v2"),
+        ("cluster.tolerations", [{"operator": "Exists"}]),
+        ("cluster.tolerations", [{"key": "k", "value": "v", "effect": "NoExecute", "tolerationSeconds": 30}]),
+        ("cluster.nodeSelector", {"node.kubernetes.io/instance-type": "ascend-910b", "empty": ""}),
+        ("scheduling", {"gang": "volcano"}),
+        ("scheduling", {"gang": "volcano", "queue": "q", "schedulerName": "volcano"}),
+        ("checkpoint", {"hostPath": "/mnt/rl", "mountPath": "/data/ckpt"}),
+        ("cluster.head", {"cpu": "500m", "memory": "8Gi"}),
+    ],
+)
 def test_valid_variants_pass(path, value):
     assert _paths(set_path(spec_dict(), path, value)) == []
 
@@ -91,7 +105,10 @@ def test_every_problem_is_reported_at_once():
     raw = set_path(raw, "cluster.deviceResource", "npu")
     _, problems = parse_spec(raw)
     assert [p.path for p in problems] == [
-        "spec.job.training.data_parallel_size", "spec.cluster.deviceResource", "spec.checkpoint"]
+        "spec.job.training.data_parallel_size",
+        "spec.cluster.deviceResource",
+        "spec.checkpoint",
+    ]
     assert all(p.message for p in problems)
     assert "G*N" in problems[0].message  # the runtime's own message, unchanged
 
@@ -103,13 +120,21 @@ def test_the_example_in_the_docs_is_valid():
     assert _paths(example["spec"]) == []
 
 
-@pytest.mark.parametrize("path, value, problem_at, says", [
-    ("image", "ghcr.io/rldock/runtime:1 0", "spec.image", "is not an image reference such as"),
-    ("image", "x" * 600, "spec.image", "at most 512"),
-    ("cluster.worker", {"cpu": -4, "memory": "8Gi"}, "spec.cluster.worker.cpu", 'such as 4, or a quoted amount such as "500m"'),
-    ("cluster.head", {"cpu": "lots", "memory": "8Gi"}, "spec.cluster.head.cpu", "'lots' is not a quantity"),
-    ("job.model.path", "/m" * 2049, "spec.job.model.path", "at most 4096"),
-])
+@pytest.mark.parametrize(
+    "path, value, problem_at, says",
+    [
+        ("image", "ghcr.io/rldock/runtime:1 0", "spec.image", "is not an image reference such as"),
+        ("image", "x" * 600, "spec.image", "at most 512"),
+        (
+            "cluster.worker",
+            {"cpu": -4, "memory": "8Gi"},
+            "spec.cluster.worker.cpu",
+            'such as 4, or a quoted amount such as "500m"',
+        ),
+        ("cluster.head", {"cpu": "lots", "memory": "8Gi"}, "spec.cluster.head.cpu", "'lots' is not a quantity"),
+        ("job.model.path", "/m" * 2049, "spec.job.model.path", "at most 4096"),
+    ],
+)
 def test_refusals_say_what_a_valid_value_looks_like(path, value, problem_at, says):
     """Before: a negative cpu failed with pydantic's union-branch noise (`cpu.constrained-int`)."""
     _, problems = parse_spec(set_path(spec_dict(), path, value))

@@ -11,8 +11,9 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
 def test_validate_prints_one_verdict_line(capsys):
     assert main(["validate", str(EXAMPLE)]) == 0
     captured = capsys.readouterr()
-    assert captured.out == (f"ok: {EXAMPLE} is a valid grpo job (40 iterations, data.generator addition, "
-                            "1 reward term(s)); paths checked\n")
+    assert captured.out == (
+        f"ok: {EXAMPLE} is a valid grpo job (40 iterations, data.generator addition, 1 reward term(s)); paths checked\n"
+    )
     assert captured.err == ""
 
 
@@ -26,8 +27,10 @@ def test_validate_prints_the_resolved_config_when_asked(capsys):
 def test_a_rule_that_protects_a_long_run_warns_with_what_to_set(capsys):
     assert main(["validate", str(EXAMPLE), "--set", "iterations=2"]) == 0
     captured = capsys.readouterr()
-    assert captured.err == ("warning: checkpoint.interval: interval 5 exceeds iterations 2, so only the final "
-                            "checkpoint is written and a crash loses the whole run; set checkpoint.interval <= 2\n")
+    assert captured.err == (
+        "warning: checkpoint.interval: interval 5 exceeds iterations 2, so only the final "
+        "checkpoint is written and a crash loses the whole run; set checkpoint.interval <= 2\n"
+    )
     assert captured.out.startswith("ok: ")
 
 
@@ -43,8 +46,11 @@ def test_unknown_field_override(capsys):
 
 def _missing_model_config(tmp_path: Path) -> Path:
     config = tmp_path / "job.yaml"
-    config.write_text(EXAMPLE.read_text().replace("  builder: tiny-qwen2", "").replace(
-        "~/.cache/rldock/models/tiny-qwen2-addition-v1", str(tmp_path / "absent")))
+    config.write_text(
+        EXAMPLE.read_text()
+        .replace("  builder: tiny-qwen2", "")
+        .replace("~/.cache/rldock/models/tiny-qwen2-addition-v1", str(tmp_path / "absent"))
+    )
     return config
 
 
@@ -59,8 +65,9 @@ def test_train_refuses_a_missing_model_before_starting_anything(tmp_path, capsys
 
 def test_train_for_the_operator_prints_the_failure_line(tmp_path, capsys):
     """`--no-progress` (what the operator submits): the refusal also goes out as a failure line."""
-    assert main(["train", str(_missing_model_config(tmp_path)), "--output", str(tmp_path / "out"),
-                 "--no-progress"]) == 2
+    assert (
+        main(["train", str(_missing_model_config(tmp_path)), "--output", str(tmp_path / "out"), "--no-progress"]) == 2
+    )
     failure = last_failure(capsys.readouterr().out.splitlines())
     assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
     assert [p.field for p in failure.problems] == ["model.path"]

@@ -7,9 +7,18 @@ from rldock.runtime.metrics import critic_metrics
 
 
 def _update(rank: int, value_loss: float, weights_sum: float) -> dict:
-    return {"rank": rank, "num_samples": 8, "wait_s": 0.0, "dispatch_s": 0.1, "compute_s": 1.0,
-            "value_loss": value_loss, "value_clip_fraction": 0.0, "value_mean": 0.5, "value_grad_norm": 1.0,
-            "weights_sum": weights_sum}
+    return {
+        "rank": rank,
+        "num_samples": 8,
+        "wait_s": 0.0,
+        "dispatch_s": 0.1,
+        "compute_s": 1.0,
+        "value_loss": value_loss,
+        "value_clip_fraction": 0.0,
+        "value_mean": 0.5,
+        "value_grad_norm": 1.0,
+        "weights_sum": weights_sum,
+    }
 
 
 def test_training_metrics_are_averaged_and_samples_kept_per_rank():

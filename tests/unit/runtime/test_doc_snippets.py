@@ -18,8 +18,9 @@ from rldock.runtime.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-MARKED = re.compile(r"^<!-- validated(?P<option>: no-path-checks)? -->\n(?:\s*\n)*```yaml\n(?P<body>.*?)^```$",
-                    re.MULTILINE | re.DOTALL)
+MARKED = re.compile(
+    r"^<!-- validated(?P<option>: no-path-checks)? -->\n(?:\s*\n)*```yaml\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL
+)
 
 
 def marked_snippets() -> list[tuple[str, bool, str]]:

@@ -11,32 +11,53 @@ from rldock.runtime.models.tiny import train_char_tokenizer
 
 
 def test_aggregate_means_and_accuracy_per_data_source():
-    metrics = aggregate(data_sources=["gsm8k", "gsm8k", "math", "gsm8k"], rewards=[1.0, 0.0, 0.5, 1.0],
-                        response_lengths=[4, 6, 10, 4], num_prompts=3, correct_threshold=1.0)
-    assert metrics == pytest.approx({
-        "val/gsm8k/reward": 2 / 3, "val/gsm8k/accuracy": 2 / 3,
-        "val/math/reward": 0.5, "val/math/accuracy": 0.0,
-        "val/reward": 2.5 / 4, "val/accuracy": 0.5, "val/response_length": 6.0, "val/num_prompts": 3.0,
-    })
+    metrics = aggregate(
+        data_sources=["gsm8k", "gsm8k", "math", "gsm8k"],
+        rewards=[1.0, 0.0, 0.5, 1.0],
+        response_lengths=[4, 6, 10, 4],
+        num_prompts=3,
+        correct_threshold=1.0,
+    )
+    assert metrics == pytest.approx(
+        {
+            "val/gsm8k/reward": 2 / 3,
+            "val/gsm8k/accuracy": 2 / 3,
+            "val/math/reward": 0.5,
+            "val/math/accuracy": 0.0,
+            "val/reward": 2.5 / 4,
+            "val/accuracy": 0.5,
+            "val/response_length": 6.0,
+            "val/num_prompts": 3.0,
+        }
+    )
 
 
 def test_correct_threshold_counts_rewards_at_or_above_it():
-    metrics = aggregate(data_sources=["a"] * 4, rewards=[0.2, 0.5, 0.7, 1.0], response_lengths=[1] * 4,
-                        num_prompts=4, correct_threshold=0.5)
+    metrics = aggregate(
+        data_sources=["a"] * 4,
+        rewards=[0.2, 0.5, 0.7, 1.0],
+        response_lengths=[1] * 4,
+        num_prompts=4,
+        correct_threshold=0.5,
+    )
     assert metrics["val/accuracy"] == metrics["val/a/accuracy"] == 0.75
 
 
-@pytest.mark.parametrize("kwargs, complaint", [
-    ({"data_sources": ["a"], "rewards": [1.0, 0.0], "response_lengths": [1]}, "one of each per response"),
-    ({"data_sources": [], "rewards": [], "response_lengths": []}, "held-out set is empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, complaint",
+    [
+        ({"data_sources": ["a"], "rewards": [1.0, 0.0], "response_lengths": [1]}, "one of each per response"),
+        ({"data_sources": [], "rewards": [], "response_lengths": []}, "held-out set is empty"),
+    ],
+)
 def test_aggregate_refuses_misaligned_or_empty_input(kwargs, complaint):
     with pytest.raises(ValueError, match=complaint):
         aggregate(**kwargs, num_prompts=1, correct_threshold=1.0)
 
 
-@pytest.mark.parametrize("count, parts, sizes", [(10, 3, [4, 3, 3]), (2, 4, [1, 1, 0, 0]), (8, 2, [4, 4]),
-                                                  (0, 2, [0, 0])])
+@pytest.mark.parametrize(
+    "count, parts, sizes", [(10, 3, [4, 3, 3]), (2, 4, [1, 1, 0, 0]), (8, 2, [4, 4]), (0, 2, [0, 0])]
+)
 def test_split_evenly_covers_every_prompt_once_in_order(count, parts, sizes):
     chunks = split_evenly(count, parts)
     assert [len(c) for c in chunks] == sizes
@@ -49,15 +70,24 @@ def tokenizer():
 
 
 def _evaluator(tokenizer, **spec) -> Evaluator:
-    examples = [EvalExample("1+2=", "3", "addition"), EvalExample("4+4=", "8", "addition"),
-                EvalExample("9+9=", "18", "carry")]
+    examples = [
+        EvalExample("1+2=", "3", "addition"),
+        EvalExample("4+4=", "8", "addition"),
+        EvalExample("9+9=", "18", "carry"),
+    ]
 
     def exact(responses, scored):
         return [float(r == e.ground_truth) for r, e in zip(responses, scored)]
 
     prompt_ids = [tokenizer(e.prompt)["input_ids"] for e in examples]  # with BOS, as train prompts
-    return Evaluator(examples, exact, prompt_ids=prompt_ids, tokenizer=tokenizer,
-                     spec=EvaluationSpec(interval=1, **spec), max_response_length=4)
+    return Evaluator(
+        examples,
+        exact,
+        prompt_ids=prompt_ids,
+        tokenizer=tokenizer,
+        spec=EvaluationSpec(interval=1, **spec),
+        max_response_length=4,
+    )
 
 
 def test_score_decodes_up_to_eos_and_groups_by_data_source(tokenizer):
@@ -89,9 +119,14 @@ def test_max_prompts_keeps_the_first_prompts_and_samples_count_per_response(toke
 
 def test_every_held_out_example_needs_its_prompt_ids(tokenizer):
     with pytest.raises(ValueError, match="1 tokenized prompts for 2 held-out examples"):
-        Evaluator([EvalExample("1+2=", "3", "addition"), EvalExample("4+4=", "8", "addition")],
-                  lambda r, e: [0.0] * len(r), prompt_ids=[[1, 2]], tokenizer=tokenizer,
-                  spec=EvaluationSpec(interval=1), max_response_length=4)
+        Evaluator(
+            [EvalExample("1+2=", "3", "addition"), EvalExample("4+4=", "8", "addition")],
+            lambda r, e: [0.0] * len(r),
+            prompt_ids=[[1, 2]],
+            tokenizer=tokenizer,
+            spec=EvaluationSpec(interval=1),
+            max_response_length=4,
+        )
 
 
 def test_val_metrics_picks_the_val_keys_of_a_record():

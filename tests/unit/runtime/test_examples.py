@@ -31,7 +31,7 @@ def _header_plan_commands(path: Path) -> list[str]:
             break  # the header ends at the first line that is not a comment
         match = HEADER_COMMAND.match(line)
         if match:
-            command, following = match.group(1), iter(lines[index + 1:])
+            command, following = match.group(1), iter(lines[index + 1 :])
             while command.endswith("\\"):
                 command = command[:-1] + next(following).lstrip("#")
             commands.append(command)
@@ -42,7 +42,9 @@ def test_the_walk_finds_the_examples_and_their_plan_commands():
     names = {path.name for path in EXAMPLES}
     assert {"grpo-tiny.yaml", "rljob-tiny.yaml", "grpo-qwen2.5-32b-paper.yaml"} <= names
     assert {path.name for path in EXAMPLES if _header_plan_commands(path)} >= {
-        "grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"}
+        "grpo-qwen2.5-7b-paper.yaml",
+        "grpo-qwen2.5-32b-paper.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)

@@ -19,23 +19,49 @@ def reward_state(total: float, count: int) -> dict:
 GRPO_RESULTS = {
     "rollout": [timed(0.1, 2.0, response_lengths=[2, 4]), timed(0.3, 1.0, response_lengths=[6, 8])],
     "reward": [timed(0.05, 0.2, rewards=[1.0, 0.0, 1.0, 0.0], reward_metrics=reward_state(2.0, 4))],
-    "update": [timed(0.2, 3.0, wait_s=1.0, num_samples=2, loss=0.5, kl=0.1, ledger={"memory/rank0/peak": 7}),
-               timed(0.2, 3.5, wait_s=3.0, num_samples=2, loss=0.25, kl=0.3, ledger={"memory/rank1/peak": 8})],
+    "update": [
+        timed(0.2, 3.0, wait_s=1.0, num_samples=2, loss=0.5, kl=0.1, ledger={"memory/rank0/peak": 7}),
+        timed(0.2, 3.5, wait_s=3.0, num_samples=2, loss=0.25, kl=0.3, ledger={"memory/rank1/peak": 8}),
+    ],
 }
 
 
 def record_of(results: dict, **overrides) -> dict:
-    arguments = dict(iteration=2, update_state="update", prompt_lengths=[4, 6], driver_response_lengths=[],
-                     put_seconds=0.5, seconds=10.0, cycle=12.0, num_prompts=2, num_responses=2, num_devices=2,
-                     partial_rollout=False, round_metrics={}, data_metrics={})
+    arguments = dict(
+        iteration=2,
+        update_state="update",
+        prompt_lengths=[4, 6],
+        driver_response_lengths=[],
+        put_seconds=0.5,
+        seconds=10.0,
+        cycle=12.0,
+        num_prompts=2,
+        num_responses=2,
+        num_devices=2,
+        partial_rollout=False,
+        round_metrics={},
+        data_metrics={},
+    )
     return iteration_record(results, **{**arguments, **overrides})
 
 
 def test_a_grpo_iteration_record():
     record = record_of(GRPO_RESULTS)
-    assert list(record) == ["iteration", "reward_mean", "reward_std", "reward/digit_match", "reward/errors",
-                            "response_length_mean", "prompt_length_mean", "loss", "kl",
-                            "tokens_per_s_per_device", "rollout/num_engines", "ledger", "timing"]
+    assert list(record) == [
+        "iteration",
+        "reward_mean",
+        "reward_std",
+        "reward/digit_match",
+        "reward/errors",
+        "response_length_mean",
+        "prompt_length_mean",
+        "loss",
+        "kl",
+        "tokens_per_s_per_device",
+        "rollout/num_engines",
+        "ledger",
+        "timing",
+    ]
     assert (record["iteration"], record["reward_mean"], record["reward_std"]) == (2, 0.5, 0.5)
     assert (record["reward/digit_match"], record["reward/errors"]) == (0.5, 0)
     assert (record["response_length_mean"], record["prompt_length_mean"]) == (5.0, 5.0)
@@ -59,9 +85,11 @@ def test_the_first_iteration_of_a_loop_has_no_cycle_and_carries_the_data_metrics
 
 
 def test_partial_rollout_counts_both_rounds():
-    results = {**GRPO_RESULTS,
-               "rollout": [timed(0.1, 1.0, response_lengths=[2, 2], partial_cut=2, partial_carried_tokens=4)],
-               "rollout_resume": [timed(0.1, 1.0, response_lengths=[6, 6], partial_resumed=2)]}
+    results = {
+        **GRPO_RESULTS,
+        "rollout": [timed(0.1, 1.0, response_lengths=[2, 2], partial_cut=2, partial_carried_tokens=4)],
+        "rollout_resume": [timed(0.1, 1.0, response_lengths=[6, 6], partial_resumed=2)],
+    }
     record = record_of(results, partial_rollout=True)
     assert record["response_length_mean"] == 4.0  # the responses of both rounds
     assert (record["rollout/partial_cut"], record["rollout/partial_resumed"]) == (2, 2)
@@ -70,8 +98,10 @@ def test_partial_rollout_counts_both_rounds():
 
 
 def test_a_preference_update_without_rollout_or_reward_reads_the_driver_responses():
-    results = {"reference": [timed(0.1, 0.4)],
-               "preference_update": [timed(0.1, 1.0, num_samples=4, loss=0.6, preference_accuracy=0.75)]}
+    results = {
+        "reference": [timed(0.1, 0.4)],
+        "preference_update": [timed(0.1, 1.0, num_samples=4, loss=0.6, preference_accuracy=0.75)],
+    }
     record = record_of(results, update_state="preference_update", driver_response_lengths=[3, 5])
     assert record["response_length_mean"] == 4.0
     assert "reward_mean" not in record and "rollout/num_engines" not in record
@@ -79,10 +109,14 @@ def test_a_preference_update_without_rollout_or_reward_reads_the_driver_response
 
 
 def test_a_critic_brings_its_metrics():
-    critic_update = timed(0.1, 1.0, rank=0, num_samples=4, value_loss=0.2, value_clip_fraction=0.0,
-                          value_mean=0.1, value_grad_norm=1.0)
-    results = {**GRPO_RESULTS, "critic_inference": [timed(0.1, 0.5, rank=0, num_samples=4)],
-               "critic_update": [critic_update]}
+    critic_update = timed(
+        0.1, 1.0, rank=0, num_samples=4, value_loss=0.2, value_clip_fraction=0.0, value_mean=0.1, value_grad_norm=1.0
+    )
+    results = {
+        **GRPO_RESULTS,
+        "critic_inference": [timed(0.1, 0.5, rank=0, num_samples=4)],
+        "critic_update": [critic_update],
+    }
     record = record_of(results)
     assert record["value_loss"] == 0.2
     assert record["critic_ranks"] == {"rank0": {"inference_samples": 4, "update_samples": 4}}

@@ -11,11 +11,13 @@ from rldock.runtime.metrics import MetricsLog, dock_traffic, plot_progress, toke
 
 def test_throughput_is_the_papers_formula():
     # G=16, N=8, PL=5, SL=3, 2 devices, 4 s: 16*8*8/2/4 = 128 tokens/s per device
-    assert tokens_per_s_per_device(num_prompts=16, num_responses=8, prompt_length=5, response_length=3,
-                                   num_devices=2, seconds=4.0) == pytest.approx(128.0)
+    assert tokens_per_s_per_device(
+        num_prompts=16, num_responses=8, prompt_length=5, response_length=3, num_devices=2, seconds=4.0
+    ) == pytest.approx(128.0)
     with pytest.raises(ValueError):
-        tokens_per_s_per_device(num_prompts=1, num_responses=1, prompt_length=1, response_length=1,
-                                num_devices=1, seconds=0)
+        tokens_per_s_per_device(
+            num_prompts=1, num_responses=1, prompt_length=1, response_length=1, num_devices=1, seconds=0
+        )
 
 
 def test_metrics_log_truncates_redone_iterations_and_torn_lines(tmp_path):
@@ -33,17 +35,42 @@ def test_metrics_log_truncates_redone_iterations_and_torn_lines(tmp_path):
 
 def test_dock_traffic_is_the_difference_of_cumulative_counters():
     def stats(bytes_in, handed):
-        return {"warehouses": [{"node_id": "n1", "bytes_in": bytes_in, "bytes_out": 2 * bytes_in,
-                                "write_requests": 1, "read_requests": 2, "shared_write_requests": 1,
-                                "shared_read_requests": 0, "capacity": 16}],
-                "controllers": {"reward": {"requests": 3, "samples_handed_out": handed,
-                                           "mark_ready_calls": 4, "metadata_bytes": 100, "wait_s": 1.0,
-                                           "stale_dropped": handed // 8, "stale_waits": 1}}}
+        return {
+            "warehouses": [
+                {
+                    "node_id": "n1",
+                    "bytes_in": bytes_in,
+                    "bytes_out": 2 * bytes_in,
+                    "write_requests": 1,
+                    "read_requests": 2,
+                    "shared_write_requests": 1,
+                    "shared_read_requests": 0,
+                    "capacity": 16,
+                }
+            ],
+            "controllers": {
+                "reward": {
+                    "requests": 3,
+                    "samples_handed_out": handed,
+                    "mark_ready_calls": 4,
+                    "metadata_bytes": 100,
+                    "wait_s": 1.0,
+                    "stale_dropped": handed // 8,
+                    "stale_waits": 1,
+                }
+            },
+        }
 
     first = dock_traffic(None, stats(100, 16))
-    assert first["warehouses"][0] == {"node_id": "n1", "bytes_in": 100, "bytes_out": 200,
-                                      "write_requests": 1, "read_requests": 2, "shared_write_requests": 1,
-                                      "shared_read_requests": 0}
+    assert first["warehouses"][0] == {
+        "node_id": "n1",
+        "bytes_in": 100,
+        "bytes_out": 200,
+        "write_requests": 1,
+        "read_requests": 2,
+        "shared_write_requests": 1,
+        "shared_read_requests": 0,
+    }
     second = dock_traffic(stats(100, 16), stats(250, 32))
     assert second["warehouses"][0]["bytes_in"] == 150
     assert second["controllers"]["reward"]["samples_handed_out"] == 16
@@ -71,8 +98,13 @@ def test_inflight_dock_is_kept_for_the_retry_of_its_iteration_only(tmp_path):
 
     assert ckpt.load_inflight(tmp_path, 3) is None
     dock = {"mode": "central", "consumer": np.arange(4)}
-    ckpt.save_inflight(tmp_path, iteration=3, dock_state=dock, finished={"reward": [{"rewards": [1.0]}]},
-                       launched={"reward": 1, "rollout": 2})
+    ckpt.save_inflight(
+        tmp_path,
+        iteration=3,
+        dock_state=dock,
+        finished={"reward": [{"rewards": [1.0]}]},
+        launched={"reward": 1, "rollout": 2},
+    )
     assert ckpt.load_inflight(tmp_path, 4) is None  # a retry that starts elsewhere ignores it
     kept = ckpt.load_inflight(tmp_path, 3)
     assert kept["dock"]["consumer"].tolist() == [0, 1, 2, 3]
@@ -104,8 +136,11 @@ def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, 
     real_savefig = Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
-    records = [{"iteration": 1, **base}, {"iteration": 2, **base, "entropy": 1.5},
-               {"iteration": 3, **base, "entropy": 1.25}]
+    records = [
+        {"iteration": 1, **base},
+        {"iteration": 2, **base, "entropy": 1.5},
+        {"iteration": 3, **base, "entropy": 1.25},
+    ]
     plot_progress(records, tmp_path / "progress.png")
     assert (tmp_path / "progress.png").stat().st_size > 0
     panels = {ax.get_ylabel(): ax.lines[0] for ax in saved[0].axes}
@@ -120,8 +155,11 @@ def test_progress_plot_draws_the_held_out_curve_from_iteration_0(tmp_path, monke
     real_savefig = Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
-    records = [{"iteration": 0, "val/reward": 0.1, "val/accuracy": 0.0},  # the initial policy: val/ only
-               {"iteration": 1, **base}, {"iteration": 2, **base, "val/reward": 0.3, "val/accuracy": 0.25}]
+    records = [
+        {"iteration": 0, "val/reward": 0.1, "val/accuracy": 0.0},  # the initial policy: val/ only
+        {"iteration": 1, **base},
+        {"iteration": 2, **base, "val/reward": 0.3, "val/accuracy": 0.25},
+    ]
     plot_progress(records, tmp_path / "progress.png")
     reward_axis = next(ax for ax in saved[0].axes if ax.get_ylabel() == "mean reward")
     lines = {line.get_label(): line for line in reward_axis.lines}

@@ -26,10 +26,12 @@ from rldock.runtime.phase_schedule import (
 from rldock.runtime.turns import TurnKeeper
 
 
-def plan(*, actors: int, references: int, critics: int = 0, reward_model: bool = False,
-         mode: str = "colocated"):
-    others = [SeatRequest("reference", references), SeatRequest("critic", critics, distinct=True),
-              SeatRequest("reward_model", int(reward_model))]
+def plan(*, actors: int, references: int, critics: int = 0, reward_model: bool = False, mode: str = "colocated"):
+    others = [
+        SeatRequest("reference", references),
+        SeatRequest("critic", critics, distinct=True),
+        SeatRequest("reward_model", int(reward_model)),
+    ]
     return plan_placement(accelerator="NPU", num_actor_ranks=actors, others=others, mode=mode)
 
 
@@ -52,8 +54,10 @@ def test_every_recipe_order_is_topological_and_keeps_the_launch_order_per_worker
     # (updates last): a worker's phases must keep that order or its queue would block its own turn
     launched = recipe.launched_states
     submitted = [s for s in launched if "update" not in s] + [s for s in launched if "update" in s]
-    for group_states in (("rollout", "actor_inference", "reference", "update", "preference_update"),
-                         ("critic_inference", "critic_update")):
+    for group_states in (
+        ("rollout", "actor_inference", "reference", "update", "preference_update"),
+        ("critic_inference", "critic_update"),
+    ):
         mine = [s for s in order if s in group_states]
         assert mine == [s for s in submitted if s in group_states]
 
@@ -68,10 +72,12 @@ def test_grpo_dp2_colocated_each_device_runs_actor_then_reference_then_update():
     schedules = job_schedules(plan(actors=2, references=2), get_recipe("grpo"))
     assert set(schedules) == {0, 1}
     for device in (0, 1):
-        assert schedules[device] == (Turn("rollout", (f"actor {device}",)),
-                                     Turn("actor_inference", (f"actor {device}",)),
-                                     Turn("reference", (f"reference {device}",)),
-                                     Turn("update", (f"actor {device}",)))
+        assert schedules[device] == (
+            Turn("rollout", (f"actor {device}",)),
+            Turn("actor_inference", (f"actor {device}",)),
+            Turn("reference", (f"reference {device}",)),
+            Turn("update", (f"actor {device}",)),
+        )
 
 
 def test_unscheduled_states_and_dropped_passes_stay_out():
@@ -85,8 +91,13 @@ def test_ppo_tp2_dp2_puts_each_critic_rank_beside_an_actor_rank():
     schedules = job_schedules(layout, get_recipe("ppo"))
     assert layout.workers_on(3) == ["actor 3", "critic 1"]
     for device in (2, 3):
-        assert phases(schedules[device]) == ["rollout", "actor_inference", "critic_inference", "update",
-                                             "critic_update"]
+        assert phases(schedules[device]) == [
+            "rollout",
+            "actor_inference",
+            "critic_inference",
+            "update",
+            "critic_update",
+        ]
     assert schedules[3][2] == Turn("critic_inference", ("critic 1",))
     assert phases(schedules[1]) == ["rollout", "actor_inference", "reference", "update"]
 
@@ -105,8 +116,11 @@ def test_only_a_generation_replicas_first_rank_takes_a_rollout_turn():
 def test_critic_and_reward_model_sharing_a_device_take_turns_by_the_dataflow():
     layout = plan(actors=1, references=1, critics=1, reward_model=True)
     schedules = job_schedules(layout, with_reward_model(get_recipe("ppo")))
-    assert schedules[1] == (Turn("reward_model", ("reward_model 0",)), Turn("critic_inference", ("critic 0",)),
-                            Turn("critic_update", ("critic 0",)))
+    assert schedules[1] == (
+        Turn("reward_model", ("reward_model 0",)),
+        Turn("critic_inference", ("critic 0",)),
+        Turn("critic_update", ("critic 0",)),
+    )
 
 
 def test_separate_placement_and_lora_share_no_device():
@@ -121,25 +135,30 @@ def test_workers_sharing_one_phase_on_a_device_share_its_turn():
     layout = plan(actors=1, references=1)
     runners = {"rollout": ("actor 0",), "reference": ("actor 0", "reference 0")}
     assert device_schedules(layout, ("rollout", "reference"), runners) == {
-        0: (Turn("rollout", ("actor 0",)), Turn("reference", ("actor 0", "reference 0")))}
+        0: (Turn("rollout", ("actor 0",)), Turn("reference", ("actor 0", "reference 0")))
+    }
 
 
-@pytest.mark.parametrize("setting, kind, placement, mode, expected", [
-    ("auto", "npu", "colocated", "sync", "serial"),
-    ("auto", "cuda", "colocated", "sync", "serial"),
-    ("auto", "cpu", "colocated", "sync", "overlap"),
-    ("auto", "npu", "separate", "sync", "overlap"),
-    ("auto", "npu", "colocated", "async", "overlap"),
-    ("serial", "cpu", "colocated", "sync", "serial"),
-    ("overlap", "npu", "colocated", "sync", "overlap"),
-])
+@pytest.mark.parametrize(
+    "setting, kind, placement, mode, expected",
+    [
+        ("auto", "npu", "colocated", "sync", "serial"),
+        ("auto", "cuda", "colocated", "sync", "serial"),
+        ("auto", "cpu", "colocated", "sync", "overlap"),
+        ("auto", "npu", "separate", "sync", "overlap"),
+        ("auto", "npu", "colocated", "async", "overlap"),
+        ("serial", "cpu", "colocated", "sync", "serial"),
+        ("overlap", "npu", "colocated", "sync", "overlap"),
+    ],
+)
 def test_auto_is_serial_only_on_accelerators_with_colocated_sync_jobs(setting, kind, placement, mode, expected):
     assert resolve_phase_schedule(setting, device_kind=kind, placement=placement, mode=mode) == expected
 
 
 def test_keeper_grants_a_device_its_phases_in_order_and_shared_phases_together():
-    schedules = {0: (Turn("rollout", ("actor 0",)), Turn("reference", ("actor 0", "reference 0")),
-                     Turn("update", ("actor 0",)))}
+    schedules = {
+        0: (Turn("rollout", ("actor 0",)), Turn("reference", ("actor 0", "reference 0")), Turn("update", ("actor 0",)))
+    }
 
     async def scenario() -> list[str]:
         keeper, events = TurnKeeper(schedules), []
@@ -152,14 +171,19 @@ def test_keeper_grants_a_device_its_phases_in_order_and_shared_phases_together()
             await keeper.done(0, 1, name, worker, 0.0, 1.0)
 
         # asked in the worst order: the last phase first
-        await asyncio.gather(phase("actor 0", "update"), phase("reference 0", "reference"),
-                             phase("actor 0", "reference"), phase("actor 0", "rollout"))
+        await asyncio.gather(
+            phase("actor 0", "update"),
+            phase("reference 0", "reference"),
+            phase("actor 0", "reference"),
+            phase("actor 0", "rollout"),
+        )
         return events
 
     events = asyncio.run(scenario())
     assert events[:2] == ["start rollout actor 0", "end rollout actor 0"]
-    assert sorted(events[2:6]) == sorted(["start reference reference 0", "start reference actor 0",
-                                          "end reference reference 0", "end reference actor 0"])
+    assert sorted(events[2:6]) == sorted(
+        ["start reference reference 0", "start reference actor 0", "end reference reference 0", "end reference actor 0"]
+    )
     assert events[2].startswith("start") and events[3].startswith("start")  # the shared phase runs together
     assert events[6:] == ["start update actor 0", "end update actor 0"]
 
@@ -178,8 +202,10 @@ def test_keeper_skips_phases_a_resumed_iteration_does_not_rerun_and_reports_the_
         return first, await keeper.timeline(1)
 
     first, stale = asyncio.run(scenario())
-    assert first == [{"device": 0, "phase": "rollout", "worker": "actor 0", "start": 0.0, "end": 1.0},
-                     {"device": 0, "phase": "update", "worker": "actor 0", "start": 1.5, "end": 2.0}]
+    assert first == [
+        {"device": 0, "phase": "rollout", "worker": "actor 0", "start": 0.0, "end": 1.0},
+        {"device": 0, "phase": "update", "worker": "actor 0", "start": 1.5, "end": 2.0},
+    ]
     assert stale == []  # iteration 2 started: only its timeline is kept
 
 

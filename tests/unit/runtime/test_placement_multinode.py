@@ -57,10 +57,18 @@ class PlacementProbe:
 
 
 def _job(**overrides):
-    data = {**EXAMPLE, "algorithm": {**EXAMPLE["algorithm"], **overrides.pop("algorithm", {})},
-            "resources": {**EXAMPLE["resources"], "num_nodes": 2, "devices_per_node": NPUS_PER_NODE,
-                          **overrides.pop("resources", {})},
-            "training": {**EXAMPLE["training"], **overrides.pop("training", {})}, **overrides}
+    data = {
+        **EXAMPLE,
+        "algorithm": {**EXAMPLE["algorithm"], **overrides.pop("algorithm", {})},
+        "resources": {
+            **EXAMPLE["resources"],
+            "num_nodes": 2,
+            "devices_per_node": NPUS_PER_NODE,
+            **overrides.pop("resources", {}),
+        },
+        "training": {**EXAMPLE["training"], **overrides.pop("training", {})},
+        **overrides,
+    }
     return parse_job_config(data)
 
 
@@ -71,11 +79,15 @@ def _place(cfg, seats_out: dict[str, RankDevice] | None = None) -> dict[str, tup
     plan = placement.job_placement(cfg, job_recipe(cfg))
     group = placement.reserve(plan, timeout_s=60)
     try:
-        seats = {**{f"actor {i}": s for i, s in enumerate(plan.actors)},
-                 **{f"reference {i}": s for i, s in enumerate(plan.group("reference"))},
-                 **{f"critic {i}": s for i, s in enumerate(plan.group("critic"))}}
-        probes = {name: placement.seated(PlacementProbe, group=group, plan=plan, seat=seat).remote()
-                  for name, seat in seats.items()}
+        seats = {
+            **{f"actor {i}": s for i, s in enumerate(plan.actors)},
+            **{f"reference {i}": s for i, s in enumerate(plan.group("reference"))},
+            **{f"critic {i}": s for i, s in enumerate(plan.group("critic"))},
+        }
+        probes = {
+            name: placement.seated(PlacementProbe, group=group, plan=plan, seat=seat).remote()
+            for name, seat in seats.items()
+        }
         placed = dict(zip(probes, ray.get([p.where.remote() for p in probes.values()])))
         if seats_out is not None:
             seats_out.update(zip(probes, ray.get([p.seat.remote() for p in probes.values()])))
@@ -128,8 +140,11 @@ def test_each_generation_tp_engine_spans_distinct_devices_of_one_node(two_nodes:
         assert len({node for node, _ in devices}) == 1  # one engine's workers on one node
     # What the trainer hands each engine rank: its replica's Ray devices, its own first.
     ranks = [seats[f"actor {r}"] for r in range(4)]
-    assert [(s.node_id, s.device_ids) for s in ranks] == [(node, (device,)) for node, device in
-                                                          (placed[f"actor {r}"] for r in range(4))]
+    assert [(s.node_id, s.device_ids) for s in ranks] == [
+        (node, (device,)) for node, device in (placed[f"actor {r}"] for r in range(4))
+    ]
     envs = engine_environments(ranks, generation_tp=2)
-    assert envs == {first: {"ASCEND_RT_VISIBLE_DEVICES": f"{placed[f'actor {first}'][1]},"
-                                                         f"{placed[f'actor {first + 1}'][1]}"} for first in (0, 2)}
+    assert envs == {
+        first: {"ASCEND_RT_VISIBLE_DEVICES": f"{placed[f'actor {first}'][1]},{placed[f'actor {first + 1}'][1]}"}
+        for first in (0, 2)
+    }

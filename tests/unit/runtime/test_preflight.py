@@ -36,8 +36,9 @@ def _config(model_path: Path | str, *, builder: bool = False, **training):
 
 def _model_dir(root: Path, **config) -> Path:
     root.mkdir(parents=True)
-    (root / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2,
-                                                  "intermediate_size": 512, **config}))
+    (root / "config.json").write_text(
+        json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, **config})
+    )
     return root
 
 
@@ -50,8 +51,9 @@ def test_a_missing_model_names_the_field_the_path_and_the_mount(tmp_path):
     assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
     (problem,) = failure.problems
     assert problem.field == "model.path"
-    assert problem.message == (f"{tmp_path}/models/qwen does not exist (nearest existing folder: {tmp_path}); "
-                               f"{MOUNT_HINT}")
+    assert problem.message == (
+        f"{tmp_path}/models/qwen does not exist (nearest existing folder: {tmp_path}); {MOUNT_HINT}"
+    )
     assert "spec.volumes/volumeMounts" in problem.message
 
 
@@ -59,10 +61,13 @@ def test_a_model_the_runtime_builds_need_not_exist(tmp_path):
     assert find_path_problems(_config(tmp_path / "absent", builder=True)) == []
 
 
-@pytest.mark.parametrize("make, says", [
-    (lambda p: p.write_text("x"), "is not a directory"),
-    (lambda p: (p.mkdir(), (p / "model.gguf").write_text("")), "has no config.json"),
-])
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda p: p.write_text("x"), "is not a directory"),
+        (lambda p: (p.mkdir(), (p / "model.gguf").write_text("")), "has no config.json"),
+    ],
+)
 def test_a_model_path_that_is_no_model_directory(tmp_path, make, says):
     path = tmp_path / "m"
     make(path)
@@ -83,8 +88,9 @@ def _deny_access(monkeypatch, denied: Path) -> None:
     """Test double for permissions: these tests may run as root, whom chmod does not stop, so
     os.access answers False for `denied` (and only for it)."""
     real = os.access
-    monkeypatch.setattr("rldock.runtime.preflight.os.access",
-                        lambda path, mode: Path(path) != denied and real(path, mode))
+    monkeypatch.setattr(
+        "rldock.runtime.preflight.os.access", lambda path, mode: Path(path) != denied and real(path, mode)
+    )
 
 
 def test_an_unreadable_model_directory(tmp_path, monkeypatch):
@@ -98,9 +104,12 @@ def test_list_fields_are_one_row_and_keep_their_indexes(tmp_path):
     """How the data and reward fields plug in: `{i}` in the field, None to skip an entry."""
     present = tmp_path / "train.jsonl"
     present.write_text("{}\n")
-    checks = (PathCheck("data.train_files[{i}]",
-                        lambda cfg: [str(present), None, str(tmp_path / "val.jsonl")], PathKind.FILE),
-              PathCheck("data.dir", lambda cfg: str(present), PathKind.DIR))
+    checks = (
+        PathCheck(
+            "data.train_files[{i}]", lambda cfg: [str(present), None, str(tmp_path / "val.jsonl")], PathKind.FILE
+        ),
+        PathCheck("data.dir", lambda cfg: str(present), PathKind.DIR),
+    )
     problems = find_path_problems(_config(tmp_path, builder=True), checks=checks)
     assert [p.path for p in problems] == ["data.train_files[2]", "data.dir"]
     assert "is not a directory" in problems[1].message
@@ -134,13 +143,16 @@ def test_a_model_the_config_cannot_split_is_invalid_input_once_the_path_is_there
     assert [p.field for p in failure.problems] == ["training.tensor_parallel_size"]
 
 
-@pytest.mark.parametrize("reference, file", [
-    ("/rewards/reward.py:score", "/rewards/reward.py"),
-    ("rewards/reward.py:score", "rewards/reward.py"),
-    ("my_pkg.rewards:score", None),
-    ("reward.py", "reward.py"),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "reference, file",
+    [
+        ("/rewards/reward.py:score", "/rewards/reward.py"),
+        ("rewards/reward.py:score", "rewards/reward.py"),
+        ("my_pkg.rewards:score", None),
+        ("reward.py", "reward.py"),
+        (None, None),
+    ],
+)
 def test_function_file_is_the_path_part_of_a_function_reference(reference, file):
     assert function_file(reference) == file
 
@@ -149,9 +161,11 @@ def test_a_missing_reward_function_file_names_its_term(tmp_path):
     cfg = _config(_model_dir(tmp_path / "m"))
     present = tmp_path / "rewards.py"
     present.write_text("def score(*args):\n    return 0.0\n")
-    cfg.reward.terms = [{"name": "function", "function": f"{present}:score"},
-                        {"name": "function", "function": "my_pkg.rewards:score"},
-                        {"name": "function", "function": f"{tmp_path}/absent.py:score"}]
+    cfg.reward.terms = [
+        {"name": "function", "function": f"{present}:score"},
+        {"name": "function", "function": "my_pkg.rewards:score"},
+        {"name": "function", "function": f"{tmp_path}/absent.py:score"},
+    ]
     (problem,) = find_path_problems(cfg)
     assert problem.path == "reward.terms[2].function"
     assert f"{tmp_path}/absent.py does not exist" in problem.message
@@ -161,8 +175,18 @@ def test_a_model_reward_terms_folder_is_checked_as_a_model_directory(tmp_path):
     cfg = _config(tmp_path / "m", builder=True)
     rm = tmp_path / "rm"
     rm.mkdir()
-    cfg = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"terms": [
-        cfg.reward.terms[0], cfg.reward.terms[0].model_copy(update={"name": "model", "path": str(rm)})]})})
+    cfg = cfg.model_copy(
+        update={
+            "reward": cfg.reward.model_copy(
+                update={
+                    "terms": [
+                        cfg.reward.terms[0],
+                        cfg.reward.terms[0].model_copy(update={"name": "model", "path": str(rm)}),
+                    ]
+                }
+            )
+        }
+    )
     (problem,) = find_path_problems(cfg)
     assert problem.path == "reward.terms[1].path" and "has no config.json" in problem.message
     _model_dir(rm / "ok")

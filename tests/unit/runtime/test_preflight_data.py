@@ -41,14 +41,24 @@ def _parquet(path: Path, rows) -> str:
 
 
 def test_files_with_the_keys_pass(tmp_path):
-    cfg = parse_job_config(_job(tmp_path, train_files=[_jsonl(tmp_path / "train.jsonl")],
-                                val_files=[_parquet(tmp_path / "val.parquet", ROWS)]))
+    cfg = parse_job_config(
+        _job(
+            tmp_path,
+            train_files=[_jsonl(tmp_path / "train.jsonl")],
+            val_files=[_parquet(tmp_path / "val.parquet", ROWS)],
+        )
+    )
     assert preflight(cfg) is None
 
 
 def test_a_missing_data_file_is_path_not_found_naming_the_list_field(tmp_path):
-    cfg = parse_job_config(_job(tmp_path, train_files=[_jsonl(tmp_path / "train.jsonl"), "/nonexistent/train.parquet"],
-                                val_files=[str(tmp_path / "val.jsonl")]))
+    cfg = parse_job_config(
+        _job(
+            tmp_path,
+            train_files=[_jsonl(tmp_path / "train.jsonl"), "/nonexistent/train.parquet"],
+            val_files=[str(tmp_path / "val.jsonl")],
+        )
+    )
     failure = preflight(cfg)
     assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
     assert [p.field for p in failure.problems] == ["data.train_files[1]", "data.val_files[0]"]
@@ -74,8 +84,9 @@ def test_a_dotted_key_reads_a_nested_parquet_column(tmp_path):
     """verl's layout: the answer under reward_model.ground_truth."""
     rows = [{"question": "q", "reward_model": {"style": "rule", "ground_truth": "7"}}]
     train = _parquet(tmp_path / "train.parquet", rows)
-    assert preflight(parse_job_config(_job(tmp_path, train_files=[train],
-                                           answer_key="reward_model.ground_truth"))) is None
+    assert (
+        preflight(parse_job_config(_job(tmp_path, train_files=[train], answer_key="reward_model.ground_truth"))) is None
+    )
     failure = preflight(parse_job_config(_job(tmp_path, train_files=[train], answer_key="reward_model.answer")))
     assert failure is not None and [p.field for p in failure.problems] == ["data.answer_key"]
 
@@ -84,17 +95,22 @@ def test_every_key_the_section_names_is_checked(tmp_path):
     train = _jsonl(tmp_path / "train.jsonl")
     job = _job(tmp_path, train_files=[train], data_source_key="source", extra_info_key="meta")
     assert [p.path for p in data_file_problems(parse_job_config(job).data)] == [
-        "data.data_source_key", "data.extra_info_key"]
+        "data.data_source_key",
+        "data.extra_info_key",
+    ]
 
 
-@pytest.mark.parametrize("name, content, says", [
-    ("train.jsonl", "\n\n", "holds no rows"),
-    ("train.jsonl", '{"question": "q", "answer": "1"\n', "line 1 is not JSON"),
-    ("train.jsonl", '["q", "1"]\n', "line 1 is a JSON list, not an object of columns"),
-    ("train.json", "[]", "holds no rows (an empty JSON array)"),
-    ("train.parquet", "not parquet", "is not a readable parquet file"),
-    ("train.csv", "question,answer\n", "has suffix '.csv'"),
-])
+@pytest.mark.parametrize(
+    "name, content, says",
+    [
+        ("train.jsonl", "\n\n", "holds no rows"),
+        ("train.jsonl", '{"question": "q", "answer": "1"\n', "line 1 is not JSON"),
+        ("train.jsonl", '["q", "1"]\n', "line 1 is a JSON list, not an object of columns"),
+        ("train.json", "[]", "holds no rows (an empty JSON array)"),
+        ("train.parquet", "not parquet", "is not a readable parquet file"),
+        ("train.csv", "question,answer\n", "has suffix '.csv'"),
+    ],
+)
 def test_a_file_that_does_not_open_names_the_file_field(tmp_path, name, content, says):
     (tmp_path / name).write_text(content)
     cfg = parse_job_config(_job(tmp_path, train_files=[str(tmp_path / name)]))
@@ -104,11 +120,14 @@ def test_a_file_that_does_not_open_names_the_file_field(tmp_path, name, content,
     assert problem.field == "data.train_files[0]" and says in problem.message
 
 
-@pytest.mark.parametrize("content", [
-    json.dumps(ROWS),  # an array of objects
-    json.dumps({"question": ["q1", "q2"], "answer": ["1", "2"]}),  # an object of columns
-    "".join(json.dumps(row) + "\n" for row in ROWS),  # JSON lines in a .json file
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps(ROWS),  # an array of objects
+        json.dumps({"question": ["q1", "q2"], "answer": ["1", "2"]}),  # an object of columns
+        "".join(json.dumps(row) + "\n" for row in ROWS),  # JSON lines in a .json file
+    ],
+)
 def test_the_json_layouts_datasets_reads(tmp_path, content):
     path = tmp_path / "train.json"
     path.write_text(content)
@@ -150,27 +169,38 @@ def test_an_rljobs_train_fails_at_once_with_path_not_found_for_a_data_file(tmp_p
 def _with_reward_file(tmp_path: Path, source: str, name: str = "score") -> dict:
     job = _job(tmp_path, train_files=[_jsonl(tmp_path / "train.jsonl")])
     (tmp_path / "my_reward.py").write_text(source)
-    job["reward"] = {"terms": [{"name": "math_verify"},
-                               {"name": "function", "function": f"{tmp_path}/my_reward.py:{name}"}]}
+    job["reward"] = {
+        "terms": [{"name": "math_verify"}, {"name": "function", "function": f"{tmp_path}/my_reward.py:{name}"}]
+    }
     return job
 
 
-@pytest.mark.parametrize("source", [
-    "def score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n",
-    "from math import isclose as score\n",
-    "score = lambda *args: 0.0\n",
-    "try:\n    from fast import score\nexcept ImportError:\n    def score(*args):\n        return 0.0\n",
-    "from helpers import *\n",  # may define it: left to the import where the job runs
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def score(data_source, solution_str, ground_truth, extra_info):\n    return 1.0\n",
+        "from math import isclose as score\n",
+        "score = lambda *args: 0.0\n",
+        "try:\n    from fast import score\nexcept ImportError:\n    def score(*args):\n        return 0.0\n",
+        "from helpers import *\n",  # may define it: left to the import where the job runs
+    ],
+)
 def test_a_reward_file_that_defines_its_function_passes(tmp_path, source):
     assert preflight(parse_job_config(_with_reward_file(tmp_path, source))) is None
 
 
-@pytest.mark.parametrize("source, name, says", [
-    ("def score(a, b, c, d):\n    return 1.0\n", "scor", "defines no 'scor' at its top level (its functions: ['score'])"),
-    ("def helper():\n    def score():\n        pass\n", "score", "defines no 'score'"),
-    ("def score(:\n", "score", "line 1 is not valid Python"),
-])
+@pytest.mark.parametrize(
+    "source, name, says",
+    [
+        (
+            "def score(a, b, c, d):\n    return 1.0\n",
+            "scor",
+            "defines no 'scor' at its top level (its functions: ['score'])",
+        ),
+        ("def helper():\n    def score():\n        pass\n", "score", "defines no 'score'"),
+        ("def score(:\n", "score", "line 1 is not valid Python"),
+    ],
+)
 def test_a_reward_file_without_its_function_names_the_term(tmp_path, source, name, says):
     failure = preflight(parse_job_config(_with_reward_file(tmp_path, source, name)))
     assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT

@@ -1,6 +1,7 @@
 """Every config field that names an implementation accepts exactly its registry's entries, so a
 name the schema accepts always resolves, and every implementation is reachable from a config."""
 
+import types
 from typing import Literal, Optional, Union, get_args, get_origin
 
 import pytest
@@ -21,7 +22,8 @@ REGISTRIES = [GENERATORS, REWARDS, RECIPES, FILTRATION_MODES, KL_ESTIMATORS, MOD
 def _literal_names(model: type[BaseModel], dotted: str) -> set[str]:
     head, _, rest = dotted.partition(".")
     annotation = model.model_fields[head].annotation
-    if get_origin(annotation) in (Optional, Union):  # Optional[Literal[...]] or Optional[a section]
+    # Optional[Literal[...]] or `a section | None` (typing's Union or the | operator's UnionType)
+    if get_origin(annotation) in (Optional, Union, types.UnionType):
         annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
     if get_origin(annotation) is list:  # a list of sections, e.g. reward.terms
         (annotation,) = get_args(annotation)

@@ -45,8 +45,14 @@ class TwoPromptDataset:
 
 
 def _algo(**kw):
-    base = dict(name="dpo", num_prompts_per_iteration=2, num_responses_per_prompt=2, max_prompt_length=5,
-                max_response_length=4, learning_rate=0.0)
+    base = dict(
+        name="dpo",
+        num_prompts_per_iteration=2,
+        num_responses_per_prompt=2,
+        max_prompt_length=5,
+        max_response_length=4,
+        learning_rate=0.0,
+    )
     return AlgorithmSpec(**{**base, **kw})
 
 
@@ -62,8 +68,9 @@ def test_preference_pairs_are_chosen_then_rejected_with_eos():
 
 
 def test_prompt_groups_carry_each_prompts_train_row_instead_of_its_answer():
-    fed = prompt_groups(TwoPromptDataset(), [1, 0], CharTokenizer(), _algo(name="grpo", num_responses_per_prompt=3,
-                                                                           max_prompt_length=6))
+    fed = prompt_groups(
+        TwoPromptDataset(), [1, 0], CharTokenizer(), _algo(name="grpo", num_responses_per_prompt=3, max_prompt_length=6)
+    )
     b = fed.batch
     assert set(b.keys()) == {"prompt_ids", "prompt_mask", "prompt_index"}
     assert b["prompt_index"].dtype == torch.int64 and b["prompt_index"].tolist() == [9, 9, 9, 7, 7, 7]  # (G*N,)
@@ -73,8 +80,10 @@ def test_prompt_groups_carry_each_prompts_train_row_instead_of_its_answer():
 
 
 def test_merge_rounds_sums_numbers_and_joins_lists_per_worker():
-    rounds = [[{"compute_s": 1.0, "rewards": [1]}, {"compute_s": 2.0, "rewards": [2]}],
-              [{"compute_s": 0.5, "rewards": [3]}, {"compute_s": 0.25, "rewards": []}]]
+    rounds = [
+        [{"compute_s": 1.0, "rewards": [1]}, {"compute_s": 2.0, "rewards": [2]}],
+        [{"compute_s": 0.5, "rewards": [3]}, {"compute_s": 0.25, "rewards": []}],
+    ]
     assert merge_rounds(rounds) == [{"compute_s": 1.5, "rewards": [1, 3]}, {"compute_s": 2.25, "rewards": [2]}]
 
 

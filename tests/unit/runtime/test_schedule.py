@@ -60,8 +60,10 @@ def recording_driver(tmp_path, log: list) -> Driver:
 
     def draw(num_prompts=None) -> DriverBatch:
         log.append(("draw", next(draws)))
-        return DriverBatch(TensorDict({"prompt_ids": torch.zeros(2 * GROUP_SIZE, 3)}, batch_size=[2 * GROUP_SIZE]),
-                           prompt_lengths=[3, 3])
+        return DriverBatch(
+            TensorDict({"prompt_ids": torch.zeros(2 * GROUP_SIZE, 3)}, batch_size=[2 * GROUP_SIZE]),
+            prompt_lengths=[3, 3],
+        )
 
     def finish_rollout(iteration):
         log.append(("finish_rollout", iteration))
@@ -71,9 +73,20 @@ def recording_driver(tmp_path, log: list) -> Driver:
         log.append(("later", fn.__name__))
         return fn(*args)
 
-    return Driver(recipe=RECIPE, output_dir=tmp_path, group_size=GROUP_SIZE, before_update=BEFORE, updates=UPDATES,
-                  launch=launch, draw=draw, sampler_state=lambda: {"drawn": len(log)}, finish_rollout=finish_rollout,
-                  skip_turns=lambda iteration, states: None, before_put=lambda: None, later=later)
+    return Driver(
+        recipe=RECIPE,
+        output_dir=tmp_path,
+        group_size=GROUP_SIZE,
+        before_update=BEFORE,
+        updates=UPDATES,
+        launch=launch,
+        draw=draw,
+        sampler_state=lambda: {"drawn": len(log)},
+        finish_rollout=finish_rollout,
+        skip_turns=lambda iteration, states: None,
+        before_put=lambda: None,
+        later=later,
+    )
 
 
 def banks_of(log: list, count: int) -> DockBanks:
@@ -84,19 +97,37 @@ def test_sync_runs_each_iteration_whole_and_bounds_staleness_in_the_bookkeeping_
     log: list = []
     schedule = SyncSchedule(recording_driver(tmp_path, log), banks_of(log, 1), algo=ALGO)
     stages = schedule.run(1)
-    assert log == [("draw", 0), ("reset", "bank0"), ("put", "bank0", 2), ("launch", 1, BEFORE, None),
-                   ("launch", 1, UPDATES, None), ("later", "advance_policy"), ("policy", "bank0", 1)]
+    assert log == [
+        ("draw", 0),
+        ("reset", "bank0"),
+        ("put", "bank0", 2),
+        ("launch", 1, BEFORE, None),
+        ("launch", 1, UPDATES, None),
+        ("later", "advance_policy"),
+        ("policy", "bank0", 1),
+    ]
     assert set(stages.results) == {*BEFORE, *UPDATES} and stages.bank is schedule.banks.bank(1)
 
 
 def test_run_ahead_queues_the_next_iteration_before_the_update(tmp_path):
     log: list = []
-    schedule = RunAheadSchedule(recording_driver(tmp_path, log), banks_of(log, 2), algo=ALGO,
-                                iterations=3, round_tokens=ROUND_TOKENS)
+    schedule = RunAheadSchedule(
+        recording_driver(tmp_path, log), banks_of(log, 2), algo=ALGO, iterations=3, round_tokens=ROUND_TOKENS
+    )
     schedule.run(1)
-    assert log == [("draw", 0), ("reset", "bank1"), ("put", "bank1", 2), ("launch", 1, BEFORE, None),
-                   ("draw", 1), ("reset", "bank0"), ("put", "bank0", 2), ("launch", 2, BEFORE, ROUND_TOKENS),
-                   ("launch", 1, UPDATES, None), ("policy", "bank0", 1), ("policy", "bank1", 1)]
+    assert log == [
+        ("draw", 0),
+        ("reset", "bank1"),
+        ("put", "bank1", 2),
+        ("launch", 1, BEFORE, None),
+        ("draw", 1),
+        ("reset", "bank0"),
+        ("put", "bank0", 2),
+        ("launch", 2, BEFORE, ROUND_TOKENS),
+        ("launch", 1, UPDATES, None),
+        ("policy", "bank0", 1),
+        ("policy", "bank1", 1),
+    ]
     # a checkpoint after iteration 1 keeps the sampler from before iteration 2's draw
     assert schedule.checkpoint_sampler_state() == {"drawn": 4}
     del log[:]
@@ -109,13 +140,22 @@ def test_run_ahead_queues_the_next_iteration_before_the_update(tmp_path):
 
 def test_partial_rollout_launches_the_held_states_after_the_update_that_cut_the_generation(tmp_path):
     log: list = []
-    schedule = RunAheadSchedule(recording_driver(tmp_path, log), banks_of(log, 2), algo=ALGO,
-                                iterations=2, round_tokens=ROUND_TOKENS, actor_rank_states={"actor_inference"})
+    schedule = RunAheadSchedule(
+        recording_driver(tmp_path, log),
+        banks_of(log, 2),
+        algo=ALGO,
+        iterations=2,
+        round_tokens=ROUND_TOKENS,
+        actor_rank_states={"actor_inference"},
+    )
     schedule.run(1)
     launches = [entry for entry in log if entry[0] in ("launch", "finish_rollout")]
-    assert launches == [("launch", 1, BEFORE, None),
-                        ("launch", 2, ("rollout", "reference", "reward"), ROUND_TOKENS),
-                        ("launch", 1, UPDATES, None),
-                        ("finish_rollout", 2), ("launch", 2, ("actor_inference",), None)]
+    assert launches == [
+        ("launch", 1, BEFORE, None),
+        ("launch", 2, ("rollout", "reference", "reward"), ROUND_TOKENS),
+        ("launch", 1, UPDATES, None),
+        ("finish_rollout", 2),
+        ("launch", 2, ("actor_inference",), None),
+    ]
     stages = schedule.run(2)
     assert "rollout_resume" in stages.results and "actor_inference" in stages.results

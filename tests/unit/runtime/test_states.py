@@ -28,43 +28,77 @@ from rldock.runtime.trainer import Trainer, WorkerGroups
 
 P, R = PROMPT, RESPONSE
 GRPO_CONSUMES = {
-    "rollout": P, "actor_inference": P + R, "reference": P + R, "reward": R + ("prompt_index",),
+    "rollout": P,
+    "actor_inference": P + R,
+    "reference": P + R,
+    "reward": R + ("prompt_index",),
     "advantage": ("reward",),
     "update": P + R + ("old_logprobs", "ref_logprobs", "advantage", "policy_version"),
 }
 GRPO_PRODUCES = {
-    "driver": P + ("prompt_index",), "rollout": R + ("policy_version",), "actor_inference": ("old_logprobs",),
-    "reference": ("ref_logprobs",), "reward": ("reward",), "advantage": ("advantage",), "update": (),
+    "driver": P + ("prompt_index",),
+    "rollout": R + ("policy_version",),
+    "actor_inference": ("old_logprobs",),
+    "reference": ("ref_logprobs",),
+    "reward": ("reward",),
+    "advantage": ("advantage",),
+    "update": (),
 }
-PPO_CONSUMES = {**GRPO_CONSUMES, "advantage": ("reward", "values", "response_mask"),
-                "critic_inference": P + R, "critic_update": P + R + ("values", "returns")}
-PPO_PRODUCES = {**GRPO_PRODUCES, "advantage": ("advantage", "returns"), "critic_inference": ("values",),
-                "critic_update": ()}
+PPO_CONSUMES = {
+    **GRPO_CONSUMES,
+    "advantage": ("reward", "values", "response_mask"),
+    "critic_inference": P + R,
+    "critic_update": P + R + ("values", "returns"),
+}
+PPO_PRODUCES = {
+    **GRPO_PRODUCES,
+    "advantage": ("advantage", "returns"),
+    "critic_inference": ("values",),
+    "critic_update": (),
+}
 REINFORCE_CONSUMES = {**GRPO_CONSUMES, "advantage": ("reward", "response_mask")}
 # algorithm -> (consumes, produces), as the dataflow tables gave them before the specs held them
 FLOWS = {
-    "grpo": (GRPO_CONSUMES, GRPO_PRODUCES), "rloo": (GRPO_CONSUMES, GRPO_PRODUCES),
+    "grpo": (GRPO_CONSUMES, GRPO_PRODUCES),
+    "rloo": (GRPO_CONSUMES, GRPO_PRODUCES),
     "gspo": (GRPO_CONSUMES, GRPO_PRODUCES),
     "reinforce_plus_plus": (REINFORCE_CONSUMES, GRPO_PRODUCES),
     "reinforce_plus_plus_baseline": (REINFORCE_CONSUMES, GRPO_PRODUCES),
     "ppo": (PPO_CONSUMES, PPO_PRODUCES),
-    "pf_ppo": ({**PPO_CONSUMES, "update": PPO_CONSUMES["update"] + ("loss_weight",)},
-               {**PPO_PRODUCES, "advantage": ("advantage", "returns", "loss_weight")}),
-    "dapo": ({**GRPO_CONSUMES, "advantage": ("reward", "score"), "sample_filter": ("score",)},
-             {**GRPO_PRODUCES, "reward": ("reward", "score"), "sample_filter": ()}),
-    "dpo": ({"reference": P + R, "preference_update": P + R + ("ref_logprobs",)},
-            {"driver": P + R, "reference": ("ref_logprobs",), "preference_update": ()}),
+    "pf_ppo": (
+        {**PPO_CONSUMES, "update": PPO_CONSUMES["update"] + ("loss_weight",)},
+        {**PPO_PRODUCES, "advantage": ("advantage", "returns", "loss_weight")},
+    ),
+    "dapo": (
+        {**GRPO_CONSUMES, "advantage": ("reward", "score"), "sample_filter": ("score",)},
+        {**GRPO_PRODUCES, "reward": ("reward", "score"), "sample_filter": ()},
+    ),
+    "dpo": (
+        {"reference": P + R, "preference_update": P + R + ("ref_logprobs",)},
+        {"driver": P + R, "reference": ("ref_logprobs",), "preference_update": ()},
+    ),
 }
 
 
 def _cfg(name="grpo", *, reward=None, training=None, resources=None, **algorithm) -> JobConfig:
     n = 2 if name == "dpo" else 4
-    return JobConfig(iterations=1, model={"path": "/m"}, checkpoint={"interval": 1},
-                     training=training or {}, resources=resources or {},
-                     **({"reward": reward} if reward else {}),
-                     algorithm={"name": name, "num_prompts_per_iteration": 4, "num_responses_per_prompt": n,
-                                "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 1e-3,
-                                **algorithm})
+    return JobConfig(
+        iterations=1,
+        model={"path": "/m"},
+        checkpoint={"interval": 1},
+        training=training or {},
+        resources=resources or {},
+        **({"reward": reward} if reward else {}),
+        algorithm={
+            "name": name,
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": n,
+            "max_prompt_length": 4,
+            "max_response_length": 4,
+            "learning_rate": 1e-3,
+            **algorithm,
+        },
+    )
 
 
 MODEL_TERM = {"terms": [{"name": "model", "path": "/rm"}]}
@@ -85,10 +119,13 @@ def test_each_recipes_specs_give_its_flow_in_launch_order(name):
 @pytest.mark.parametrize("name", sorted(FLOWS))
 def test_the_states_that_train_come_from_the_specs(name):
     recipe = get_recipe(name)
-    expected = {"ppo": ("update", "critic_update"), "pf_ppo": ("update", "critic_update"),
-                "dpo": ("preference_update",)}.get(name, ("update",))
+    expected = {
+        "ppo": ("update", "critic_update"),
+        "pf_ppo": ("update", "critic_update"),
+        "dpo": ("preference_update",),
+    }.get(name, ("update",))
     assert recipe.training_states == expected
-    assert phase_order(recipe)[-len(expected):] == expected
+    assert phase_order(recipe)[-len(expected) :] == expected
 
 
 def test_the_reward_model_is_one_spec_on_a_device_worker_of_its_own():
@@ -115,8 +152,13 @@ def test_the_config_checks_count_the_devices_the_specs_seat(name, reward, placem
     # The config checks (rldock.config.problems) cannot import the runtime: they count the same groups
     # (with a reference rank per DP rank even where kl_coef 0 drops it, so kl_coef is set here).
     training = {"data_parallel_size": 2, "tensor_parallel_size": tensor_parallel}
-    cfg = _cfg(name, reward=reward, training=training, kl_coef=0.01,
-               resources={"placement": placement, "num_nodes": 1, "devices_per_node": 64})
+    cfg = _cfg(
+        name,
+        reward=reward,
+        training=training,
+        kl_coef=0.01,
+        resources={"placement": placement, "num_nodes": 1, "devices_per_node": 64},
+    )
     needed = placement_plan(cfg, job_recipe(cfg).specs).num_devices
     for devices, refused in ((needed, False), (needed - 1, True)):
         tight = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"devices_per_node": devices})})
@@ -137,6 +179,7 @@ def test_two_specs_naming_one_group_differently_are_refused():
 
 # --- a state added by one spec ---------------------------------------------------------------------
 
+
 class ToyWorker:
     """A worker scoring each response (the test double of a new worker class)."""
 
@@ -148,8 +191,13 @@ def _toy_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
     return {"cfg": ctx.cfg, "banks": ctx.banks, "tag": f"toy {rank}/{world_size}"}
 
 
-TOY = WorkerState("toy_score", WorkerGroup("toy", f"{__name__}:ToyWorker", _toy_arguments),
-                  method="score", consumes=PROMPT + RESPONSE, produces=("toy_score",))
+TOY = WorkerState(
+    "toy_score",
+    WorkerGroup("toy", f"{__name__}:ToyWorker", _toy_arguments),
+    method="score",
+    consumes=PROMPT + RESPONSE,
+    produces=("toy_score",),
+)
 
 
 def _with_toy(recipe):
@@ -174,7 +222,10 @@ def test_a_state_added_by_one_spec_is_in_the_flow_placed_and_scheduled():
     assert order.index("rollout") < order.index("toy_score") < order.index("update")
     [turns] = job_schedules(plan, recipe).values()
     assert [(turn.phase, turn.workers) for turn in turns] == [
-        ("rollout", ("actor 0",)), ("toy_score", ("toy 0",)), ("update", ("actor 0",))]
+        ("rollout", ("actor 0",)),
+        ("toy_score", ("toy 0",)),
+        ("update", ("actor 0",)),
+    ]
 
 
 class _Call:
@@ -209,6 +260,7 @@ def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch)
             def remote(self, **kwargs):
                 created.append((cls.__name__, seat, kwargs))
                 return _Handle(calls, f"{cls.__name__}#{len(created) - 1}")
+
         return Starter()
 
     monkeypatch.setattr(trainer_module.cluster, "seated", lambda cls, *, group, plan, seat: start(cls, seat=seat))

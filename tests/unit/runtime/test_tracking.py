@@ -22,11 +22,23 @@ def _steps(accumulator: EventAccumulator, tag: str) -> dict[int, float]:
 
 
 def test_scalars_flatten_nested_metrics_and_skip_what_is_not_a_number():
-    record = {"iteration": 3, "reward_mean": 0.5, "timing": {"rollout": 1.5, "dispatch": 0.25},
-              "dock": {"warehouses": [{"bytes_in": 10}], "controllers": {"reward": {"requests": 4}}},
-              "val/addition/reward": 0.75, "flag": True, "name": "x", "bad": math.nan}
-    assert dict(scalars(record)) == {"reward_mean": 0.5, "timing/rollout": 1.5, "timing/dispatch": 0.25,
-                                     "dock/controllers/reward/requests": 4.0, "val/addition/reward": 0.75}
+    record = {
+        "iteration": 3,
+        "reward_mean": 0.5,
+        "timing": {"rollout": 1.5, "dispatch": 0.25},
+        "dock": {"warehouses": [{"bytes_in": 10}], "controllers": {"reward": {"requests": 4}}},
+        "val/addition/reward": 0.75,
+        "flag": True,
+        "name": "x",
+        "bad": math.nan,
+    }
+    assert dict(scalars(record)) == {
+        "reward_mean": 0.5,
+        "timing/rollout": 1.5,
+        "timing/dispatch": 0.25,
+        "dock/controllers/reward/requests": 4.0,
+        "val/addition/reward": 0.75,
+    }
 
 
 def test_event_file_holds_one_scalar_per_metric_per_iteration(tmp_path):

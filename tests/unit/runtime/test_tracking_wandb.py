@@ -30,16 +30,17 @@ def wandb_history(run_file: Path) -> list[dict]:
         if BLOCK - pos % BLOCK < 7:
             pos += BLOCK - pos % BLOCK
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        pending += data[pos + 7:pos + 7 + length]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (FULL, LAST):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
     return rows
 
 
@@ -69,7 +70,10 @@ def test_both_logs_get_every_iteration_and_wandb_runs_offline(tmp_path, offline)
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     history = wandb_history(run_file)
     assert [(row["_step"], row["reward_mean"], row["timing/update"]) for row in history] == [
-        (1, 0.1, 0.5), (2, 0.2, 1.0), (3, 0.3, 1.5)]
+        (1, 0.1, 0.5),
+        (2, 0.2, 1.0),
+        (3, 0.3, 1.5),
+    ]
     assert not any("flag" in row for row in history)
 
 

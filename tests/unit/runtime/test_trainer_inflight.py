@@ -48,8 +48,9 @@ class DriverDouble:
 
 def schedule_double(tmp_path) -> tuple[SyncSchedule, TransferDock]:
     """A synchronous schedule over one real bank, with a driver that only says where to keep it."""
-    dock = TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
-                               num_samples=NUM_SAMPLES, group_size=GROUP_SIZE)
+    dock = TransferDock.create(
+        DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes), num_samples=NUM_SAMPLES, group_size=GROUP_SIZE
+    )
     return SyncSchedule(DriverDouble(tmp_path), DockBanks([dock]), algo=None), dock
 
 
@@ -66,8 +67,11 @@ def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> N
     dock.put(done, columns(("ref_logprobs",), done.tolist()))
     lost, _ = dock.get("reference", ["prompt_ids"], rank=1, batch_size=4)
     rollout_results = [{"response_lengths": [3, 3, 3, 3]}, {"response_lengths": [2, 2, 2, 2]}]
-    schedule.inflight = Inflight(3, finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
-                                 launched={state: 2 for state in ("rollout", "reference", "actor_inference")})
+    schedule.inflight = Inflight(
+        3,
+        finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
+        launched={state: 2 for state in ("rollout", "reference", "actor_inference")},
+    )
     stopped = []
     schedule.keep_inflight(stop_workers=lambda: stopped.append(True))
     assert stopped == [True]  # the workers stop before the dock is read
@@ -111,8 +115,16 @@ def test_a_retry_of_a_finished_run_reports_its_last_iteration(tmp_path, capsys) 
     ckpt.commit(tmp_path, staging, 2, {}, keep_last=1)
     log = MetricsLog(tmp_path)
     for iteration in (1, 2):
-        log.append({"iteration": iteration, "reward_mean": 0.5, "kl": 0.0, "loss": 0.1, "response_length_mean": 3.0,
-                    "tokens_per_s_per_device": 1.0})
+        log.append(
+            {
+                "iteration": iteration,
+                "reward_mean": 0.5,
+                "kl": 0.0,
+                "loss": 0.1,
+                "response_length_mean": 3.0,
+                "tokens_per_s_per_device": 1.0,
+            }
+        )
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = SimpleNamespace(iterations=2)
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, log, False
@@ -141,8 +153,11 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     docks: list[TransferDock] = []
 
     def start() -> int:  # the workers' start, less the workers
-        docks.append(TransferDock.create(DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes),
-                                         num_samples=NUM_SAMPLES, group_size=GROUP_SIZE))
+        docks.append(
+            TransferDock.create(
+                DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes), num_samples=NUM_SAMPLES, group_size=GROUP_SIZE
+            )
+        )
         return 1
 
     def loop(start_iteration: int) -> None:

@@ -10,8 +10,10 @@ from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokeniz
 from rldock.runtime.models.loading import TokenBatch
 from rldock.runtime.warmup import answer_loss, run_warmup
 
-ROWS = [Row(r["prompt"], r["answer"], r["data_source"])
-        for r in generate_addition(GeneratorSpec(name="addition", max_operand=5, num_prompts=100), seed=0).train]
+ROWS = [
+    Row(r["prompt"], r["answer"], r["data_source"])
+    for r in generate_addition(GeneratorSpec(name="addition", max_operand=5, num_prompts=100), seed=0).train
+]
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +33,9 @@ def base_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dataset(base_dir):
-    return PromptDataset(ROWS, tokenizer=load_tokenizer(base_dir), spec=DataSpec(chat_template="none"),
-                         max_prompt_length=8)
+    return PromptDataset(
+        ROWS, tokenizer=load_tokenizer(base_dir), spec=DataSpec(chat_template="none"), max_prompt_length=8
+    )
 
 
 def test_warmup_reduces_loss_and_saves_a_loadable_model(base_dir, dataset, tmp_path):
@@ -67,8 +70,7 @@ def test_answer_loss_ignores_padding_columns(base_dir):
     prompts = TokenBatch(prompt_ids, torch.ones_like(prompt_ids))
     target = tokenizer("7", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     tight = TokenBatch(torch.tensor([target]), torch.ones(1, 2, dtype=torch.int64))
-    padded = TokenBatch(torch.tensor([target + [tokenizer.pad_token_id] * 2]),
-                        torch.tensor([[1, 1, 0, 0]]))
+    padded = TokenBatch(torch.tensor([target + [tokenizer.pad_token_id] * 2]), torch.tensor([[1, 1, 0, 0]]))
     with torch.no_grad():
         assert answer_loss(model, prompts, tight).item() == pytest.approx(
             answer_loss(model, prompts, padded).item(), abs=1e-6

@@ -19,7 +19,24 @@ from rldock.config.loading import ConfigError, load_job_config, parse_job_config
 from rldock.config.problems import Problem, find_local_problems, find_problems, find_warnings
 
 __all__ = [
-    "AlgorithmSpec", "CheckpointSpec", "ConfigError", "DataSpec", "DockSpec", "GeneratorSpec", "JobConfig",
-    "ModelSpec", "Problem", "ResourcesSpec", "RewardSpec", "RewardTermSpec", "RolloutSpec", "TrainingSpec",
-    "WarmupSpec", "find_local_problems", "find_problems", "find_warnings", "load_job_config", "parse_job_config",
+    "AlgorithmSpec",
+    "CheckpointSpec",
+    "ConfigError",
+    "DataSpec",
+    "DockSpec",
+    "GeneratorSpec",
+    "JobConfig",
+    "ModelSpec",
+    "Problem",
+    "ResourcesSpec",
+    "RewardSpec",
+    "RewardTermSpec",
+    "RolloutSpec",
+    "TrainingSpec",
+    "WarmupSpec",
+    "find_local_problems",
+    "find_problems",
+    "find_warnings",
+    "load_job_config",
+    "parse_job_config",
 ]

@@ -19,8 +19,7 @@ from pydantic_core import PydanticUndefined
 
 from rldock.config.job import JobConfig
 
-_CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length",
-                "max_length": "max length"}
+_CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length", "max_length": "max length"}
 
 
 def _type_name(annotation) -> str:
@@ -86,21 +85,34 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         path = f"{prefix}.{name}" if prefix else name
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((path, annotation))
-            out.append(_row(f"`{name}`", "section", _default(info), "",
-                            f"see [`{path}`](#{path.replace('.', '')})"))
+            out.append(_row(f"`{name}`", "section", _default(info), "", f"see [`{path}`](#{path.replace('.', '')})"))
             continue
         description = info.description or ""
         optional = _optional_model(annotation)
         if optional is not None:  # an optional section, e.g. data.generator: unset unless given
             nested.append((path, optional))
-            out.append(_row(f"`{name}`", f"optional section, see [`{path}`](#{path.replace('.', '')})",
-                            _default(info), "", description))
+            out.append(
+                _row(
+                    f"`{name}`",
+                    f"optional section, see [`{path}`](#{path.replace('.', '')})",
+                    _default(info),
+                    "",
+                    description,
+                )
+            )
             continue
         item = _list_item_model(annotation)
         if item is not None:  # a list of sections, e.g. reward.terms: one table for every item
             nested.append((f"{path}[]", item))
-            out.append(_row(f"`{name}`", f"list of [`{path}[]`](#{path.replace('.', '')})", _default(info),
-                            constraints_text(info), description))
+            out.append(
+                _row(
+                    f"`{name}`",
+                    f"list of [`{path}[]`](#{path.replace('.', '')})",
+                    _default(info),
+                    constraints_text(info),
+                    description,
+                )
+            )
             continue
         out.append(_row(f"`{name}`", _type_name(annotation), _default(info), constraints_text(info), description))
     out.append("")
@@ -109,10 +121,14 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
 
 
 def render() -> str:
-    out = ["# Job config reference", "",
-           "Generated from `api/src/rldock/config/job.py` by `python -m rldock.config.config_reference`; do not edit.",
-           "Unknown fields are errors. Rules across fields (G*N divisible by the DP size, DP not above the "
-           "devices, ...) are listed in `api/src/rldock/config/problems.py`.", ""]
+    out = [
+        "# Job config reference",
+        "",
+        "Generated from `api/src/rldock/config/job.py` by `python -m rldock.config.config_reference`; do not edit.",
+        "Unknown fields are errors. Rules across fields (G*N divisible by the DP size, DP not above the "
+        "devices, ...) are listed in `api/src/rldock/config/problems.py`.",
+        "",
+    ]
     _section(JobConfig, "", out)
     return "\n".join(out)
 

@@ -34,7 +34,7 @@ class ModelSpec(Spec):
     path: str = Field(
         max_length=MAX_PATH_LENGTH,
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
-        "weights) loaded with save_pretrained/from_pretrained conventions."
+        "weights) loaded with save_pretrained/from_pretrained conventions.",
     )
     builder: Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3"] | None = Field(
         default=None,
@@ -44,8 +44,8 @@ class ModelSpec(Spec):
         "(see docs/bring-your-own.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Parameter dtype for training, and for generation unless `rollout.dtype` "
-        "sets another.",
+        default="float32",
+        description="Parameter dtype for training, and for generation unless `rollout.dtype` sets another.",
     )
 
 
@@ -65,20 +65,24 @@ class GeneratorSpec(Spec):
         default=20000, ge=1, le=10**7, description="Rows of the generated train set that iterations draw from."
     )
     num_val_prompts: int = Field(
-        default=0, ge=0, le=10**6,
+        default=0,
+        ge=0,
+        le=10**6,
         description="Rows of the generated validation set (`val.jsonl`); word problems never repeat a "
         "train question there.",
     )
-    max_operand: int = Field(
-        default=99, ge=1, le=10**6, description="`addition`: largest operand drawn (inclusive)."
-    )
+    max_operand: int = Field(default=99, ge=1, le=10**6, description="`addition`: largest operand drawn (inclusive).")
     operations: list[Literal["add", "subtract", "multiply", "share"]] = Field(
-        default=["add", "subtract", "multiply", "share"], min_length=1, max_length=4,
+        default=["add", "subtract", "multiply", "share"],
+        min_length=1,
+        max_length=4,
         description="`word_problems`: the kinds of problem drawn, each equally often (the difficulty "
         "knob: a 135M model is partly right on `add` and `subtract`, rarely on `multiply` and `share`).",
     )
     max_number: int = Field(
-        default=20, ge=3, le=10**6,
+        default=20,
+        ge=3,
+        le=10**6,
         description="`word_problems`: largest number added or given away (inclusive); the factors of "
         "`multiply` and `share` stay at most min(10, max_number).",
     )
@@ -93,46 +97,62 @@ class DataSpec(Spec):
     out (a model of your own is refused without it)."""
 
     train_files: list[DataFile] = Field(
-        default=[], max_length=1000,
+        default=[],
+        max_length=1000,
         description="Train files (`.jsonl`, `.json`, `.parquet`) on a local path or mounted volume, read "
         "with Hugging Face `datasets` (never from the Hub) and concatenated in order. Exactly one of "
         "`train_files` and `generator` is set.",
     )
     val_files: list[DataFile] = Field(
-        default=[], max_length=1000,
+        default=[],
+        max_length=1000,
         description="Held-out files in the same format, for evaluation.",
     )
     prompt_key: str = Field(
-        default="prompt", min_length=1, max_length=MAX_NAME_LENGTH,
+        default="prompt",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="Column holding the prompt: a string, or a list of chat messages `{role, content}` "
         "(which needs `chat_template: model`). In every `*_key` a dot reads a nested field "
         "(`reward_model.ground_truth`, as in verl's parquet) unless a column has the dotted name itself.",
     )
     answer_key: str = Field(
-        default="answer", min_length=1, max_length=MAX_NAME_LENGTH,
+        default="answer",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="Column holding the ground truth the rewards compare with (a string or a number, "
         "read as text; never empty).",
     )
     data_source_key: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="Column naming each row's data source (rewards and metrics are per source); unset: "
         "the file's name without extension (with a generator: its `data_source` column).",
     )
     extra_info_key: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="Column of a dict passed to reward functions as `extra_info`; unset: an empty dict.",
     )
     chosen_key: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="DPO with files: column of the preferred response (with `rejected_key`). The "
         "`addition` generator makes its own pairs.",
     )
     rejected_key: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="DPO with files: column of the dispreferred response (with `chosen_key`).",
     )
     system_prompt: str | None = Field(
-        default=None, min_length=1, max_length=65536,
+        default=None,
+        min_length=1,
+        max_length=65536,
         description="Prepended to every prompt: as a system message with a chat template; with "
         "`chat_template: none` as plain text, exactly as given (end it with the separator you want).",
     )
@@ -175,37 +195,52 @@ class RewardTermSpec(Spec):
         "`model`: a learned reward model (a sequence classifier at `path`) run as its own worker.",
     )
     weight: float = Field(
-        default=1.0, ge=-1000, le=1000,
+        default=1.0,
+        ge=-1000,
+        le=1000,
         description="Factor of this term in the reward, which is the sum of weight * score over the "
         "terms; negative for a penalty.",
     )
     pattern: str | None = Field(
-        default=None, min_length=1, max_length=MAX_PATH_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
         description="`format` only: a Python regex the whole response (surrounding whitespace "
-        "removed) must match (`re.fullmatch`, `.` also matches newlines); write `.*x.*` for \"contains x\".",
+        'removed) must match (`re.fullmatch`, `.` also matches newlines); write `.*x.*` for "contains x".',
     )
     function: str | None = Field(
-        default=None, min_length=3, max_length=MAX_PATH_LENGTH,
+        default=None,
+        min_length=3,
+        max_length=MAX_PATH_LENGTH,
         description="`function` only: `path/to/file.py:name` or `package.module:name`, a function "
         "`(data_source, solution_str, ground_truth, extra_info) -> float | dict` run in the reward "
         "worker; a relative file path is relative to the working directory of `rldock train`.",
     )
     url: str | None = Field(
-        default=None, min_length=8, max_length=MAX_PATH_LENGTH,
+        default=None,
+        min_length=8,
+        max_length=MAX_PATH_LENGTH,
         description="`remote` only: the http(s) URL that batches of samples are POSTed to as JSON "
         "(wire format in docs/rewards.md).",
     )
     timeout_s: float | None = Field(
-        default=None, gt=0, le=3600,
+        default=None,
+        gt=0,
+        le=3600,
         description=f"`remote` only: seconds to wait for one response; unset: {REMOTE_TIMEOUT_S:g}.",
     )
     max_retries: int | None = Field(
-        default=None, ge=0, le=10,
+        default=None,
+        ge=0,
+        le=10,
         description="`remote` only: retries of a request after a connection error, a timeout or a "
         f"5xx/429 status, with exponential backoff; unset: {REMOTE_MAX_RETRIES}.",
     )
     token_env: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="`remote` only: name of an environment variable holding a bearer token sent as "
         "`Authorization: Bearer <token>` (in an RLJob, set it from a Secret with `env`); with it, `url` "
         "must be https:// unless `allow_insecure` is true.",
@@ -218,12 +253,16 @@ class RewardTermSpec(Spec):
         "false, an http:// URL with a token is refused.",
     )
     batch_size: int | None = Field(
-        default=None, ge=1, le=65536,
+        default=None,
+        ge=1,
+        le=65536,
         description="`remote` only: samples per request; unset: all samples the reward worker "
         "scores at once (training.micro_batch_size).",
     )
     path: str | None = Field(
-        default=None, min_length=1, max_length=MAX_PATH_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
         description="`model` only: a local Hugging Face folder holding a sequence-classification reward "
         "model with one label (AutoModelForSequenceClassification, num_labels 1) and its tokenizer "
         "(tokenizer.json); the score is its logit at the last token of prompt text + response text.",
@@ -233,15 +272,21 @@ class RewardTermSpec(Spec):
     def sends_token_in_clear(self) -> bool:
         """True for a `remote` term that would send its bearer token over plain http:// without
         `allow_insecure` (refused by config/problems.py, and again by the runtime's client)."""
-        return (self.token_env is not None and self.url is not None and not self.allow_insecure
-                and self.url.lower().startswith("http://"))
+        return (
+            self.token_env is not None
+            and self.url is not None
+            and not self.allow_insecure
+            and self.url.lower().startswith("http://")
+        )
 
 
 class RewardSpec(Spec):
     """The reward of each response: the weighted sum of its terms' scores."""
 
     terms: list[RewardTermSpec] = Field(
-        default_factory=lambda: [RewardTermSpec(name="digit_match")], min_length=1, max_length=32,
+        default_factory=lambda: [RewardTermSpec(name="digit_match")],
+        min_length=1,
+        max_length=32,
         description="Reward terms; each response's reward is the sum of weight * score over them. "
         "Default: one `digit_match` term, and leaving the `reward` section out is allowed only with "
         "`model.builder` (a model of your own needs its reward named).",
@@ -274,13 +319,15 @@ class PPOSpec(Spec):
     gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount over response tokens.")
     lam: float = Field(default=0.95, ge=0, le=1, description="GAE lambda: 0 is one-step TD, 1 is Monte Carlo.")
     value_clip: float = Field(
-        default=0.2, gt=0,
+        default=0.2,
+        gt=0,
         description="The critic's new values may move at most this far from the values it predicted "
         "at sampling time before the clipped value loss stops pulling them.",
     )
     critic_learning_rate: float = Field(default=1e-3, ge=0, description="Critic AdamW learning rate.")
     whiten_advantages: bool = Field(
-        default=True, description="Normalise the GAE advantages to mean 0, std 1 over the response tokens of the iteration's batch."
+        default=True,
+        description="Normalise the GAE advantages to mean 0, std 1 over the response tokens of the iteration's batch.",
     )
 
 
@@ -301,7 +348,8 @@ class DAPOSpec(Spec):
 
     clip_ratio_low: float = Field(default=0.2, gt=0, lt=1, description="Lower ratio clip: 1 - low.")
     clip_ratio_high: float = Field(
-        default=0.28, gt=0,
+        default=0.28,
+        gt=0,
         description="Upper ratio clip: 1 + high (clip-higher; larger than `clip_ratio_low` keeps exploration).",
     )
     dynamic_sampling: bool = Field(
@@ -311,13 +359,15 @@ class DAPOSpec(Spec):
         "with differing scores.",
     )
     max_sampling_rounds: int = Field(
-        default=4, ge=1,
+        default=4,
+        ge=1,
         description="Most sampling rounds per iteration for dynamic sampling (the first samples G prompts, "
         "each later one only the slots of dropped groups); slots still without a kept group after them "
         "keep their last dropped group (advantage 0) and the shortfall is logged.",
     )
     overlong_buffer_length: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="Soft overlong punishment: over the last this many tokens before max_response_length "
         "the reward is lowered linearly up to `overlong_penalty_factor`; 0 disables.",
     )
@@ -328,11 +378,15 @@ class GSPOSpec(Spec):
     """GSPO's sequence-ratio clip (arXiv 2507.18071; used by `gspo`, ignored by the other algorithms)."""
 
     clip_ratio_low: float = Field(
-        default=3e-4, gt=0, lt=1,
+        default=3e-4,
+        gt=0,
+        lt=1,
         description="Lower clip of the sequence ratio s = (pi/pi_old)^(1/|y|): 1 - low (the paper's 3e-4; s is a "
         "geometric mean over the response's tokens, so its range is far narrower than a token ratio's).",
     )
-    clip_ratio_high: float = Field(default=4e-4, gt=0, description="Upper clip of the sequence ratio: 1 + high (the paper's 4e-4).")
+    clip_ratio_high: float = Field(
+        default=4e-4, gt=0, description="Upper clip of the sequence ratio: 1 + high (the paper's 4e-4)."
+    )
 
 
 class DPOSpec(Spec):
@@ -363,39 +417,46 @@ class AlgorithmSpec(Spec):
         ge=2, description="N: responses sampled per prompt; they form one GRPO group."
     )
     max_prompt_length: int = Field(
-        ge=1, description="PL: most prompt tokens (after the chat template, with BOS); longer prompts are "
-        "dropped from the prompt set and counted (`data/dropped_prompts`), never cut.")
+        ge=1,
+        description="PL: most prompt tokens (after the chat template, with BOS); longer prompts are "
+        "dropped from the prompt set and counted (`data/dropped_prompts`), never cut.",
+    )
     max_response_length: int = Field(ge=1, description="SL: most tokens generated per response.")
     learning_rate: float = Field(ge=0, description="Actor AdamW learning rate.")
     clip_ratio: float = Field(default=0.2, gt=0, description="PPO ratio clip epsilon.")
     clip_ratio_c: float | None = Field(
-        default=3.0, gt=1,
+        default=3.0,
+        gt=1,
         description="Dual-clip (arXiv 1912.09729) of the PPO-family losses (`grpo`, `ppo`, `pf_ppo`, `dapo`): "
         "a token with negative advantage A loses at most -A * clip_ratio_c however far its ratio to the "
         "sampling policy grew (off-policy data: several updates per iteration, stale or partial rollouts). "
         "3 as verl; null turns it off.",
     )
     kl_coef: float = Field(
-        default=0.04, ge=0,
+        default=0.04,
+        ge=0,
         description="Weight of the KL penalty to the reference policy. Unset under `dapo` it is 0 (the DAPO paper "
         "drops the KL term, and a kl_coef > 0 there is a config problem).",
     )
     kl_estimator: Literal["k1", "k3"] = Field(
-        default="k3", description="Per-token KL estimator (Schulman 2020): `k3` = r - log r - 1 (>= 0, GRPO's), "
-        "`k1` = -log r.",
+        default="k3",
+        description="Per-token KL estimator (Schulman 2020): `k3` = r - log r - 1 (>= 0, GRPO's), `k1` = -log r.",
     )
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
-        default="token_mean",
-        description="How the policy loss and the KL term become one scalar over the update's batch (unset under "
-        "`gspo` it is `seq_mean_token_mean`, GSPO's objective), "
-        "as verl's `loss_agg_mode`: `token_mean` every valid token counts the same; "
-        "`seq_mean_token_mean` each response's token mean, then the mean over responses; `seq_mean_token_sum` "
-        "each response's token sum, then the mean over responses; `seq_mean_token_sum_norm` the sum over "
-        "responses of each response's token sum divided by max_response_length (Dr. GRPO). Responses with no "
-        "token are left out; PF-PPO's weights weight each response's tokens. See docs/algorithms/policy-losses.md.",
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        Field(
+            default="token_mean",
+            description="How the policy loss and the KL term become one scalar over the update's batch (unset under "
+            "`gspo` it is `seq_mean_token_mean`, GSPO's objective), "
+            "as verl's `loss_agg_mode`: `token_mean` every valid token counts the same; "
+            "`seq_mean_token_mean` each response's token mean, then the mean over responses; `seq_mean_token_sum` "
+            "each response's token sum, then the mean over responses; `seq_mean_token_sum_norm` the sum over "
+            "responses of each response's token sum divided by max_response_length (Dr. GRPO). Responses with no "
+            "token are left out; PF-PPO's weights weight each response's tokens. See docs/algorithms/policy-losses.md.",
+        )
     )
     kl_clamp: float | None = Field(
-        default=10.0, gt=0,
+        default=10.0,
+        gt=0,
         description="Bound on each token's `k3` KL estimate (it grows like e^(log ratio)); 10 as verl; null "
         "leaves it unbounded (the log ratio itself is clamped to +-20 nats either way).",
     )
@@ -453,7 +514,9 @@ class RolloutSpec(Spec):
     )
     enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
     gpu_memory_utilization: float = Field(
-        default=0.5, gt=0, le=1,
+        default=0.5,
+        gt=0,
+        le=1,
         description="Share of accelerator memory the engine may take (NPU/CUDA): its weights plus a KV cache sized "
         "as this share less the weights and the training state still on the device while generating (all of it "
         "with resharding naive, none with allgather_swap; docs/placement.md#generation-memory).",
@@ -467,7 +530,9 @@ class RolloutSpec(Spec):
         "weights again before the next generation. Level 2 needs tensor_parallel_size 1 and resharding naive.",
     )
     stream_groups: int = Field(
-        default=0, ge=0, le=65536,
+        default=0,
+        ge=0,
+        le=65536,
         description="Finer streaming (opt-in): each actor rank generates its prompt groups in one engine batch "
         "and writes them to the dock as soon as this many groups have all their responses, so downstream "
         "stages start on them while the rest still generate. Pays where response lengths differ a lot; "
@@ -475,7 +540,9 @@ class RolloutSpec(Spec):
         "0 (default): the rank writes its whole batch at once.",
     )
     tensor_parallel_size: int = Field(
-        default=1, ge=1, le=64,
+        default=1,
+        ge=1,
+        le=64,
         description="Generation TP, chosen independently of training.tensor_parallel_size: the actor ranks form "
         "generation replicas of this many consecutive ranks (it must divide data_parallel_size * "
         "tensor_parallel_size), and only each replica's first rank starts a vLLM engine, with vLLM's own "
@@ -493,7 +560,9 @@ class RolloutSpec(Spec):
         "`off`: generations are never cut (docs/transfer-dock.md#partial-rollout).",
     )
     max_tokens_per_round: int | None = Field(
-        default=None, ge=1, le=1_048_576,
+        default=None,
+        ge=1,
+        le=1_048_576,
         description="Partial rollout: response tokens a generation that runs ahead of a weight update may sample "
         "before the update cuts it; below algorithm.max_response_length. Required with rollout.partial_rollout "
         "resume or drop, unused with off.",
@@ -520,7 +589,8 @@ class LoraSpec(Spec):
     )
     target_modules: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)]] = Field(
         default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        min_length=1, max_length=64,
+        min_length=1,
+        max_length=64,
         description="Names (last component) of the Linear modules that get an adapter; the default covers the "
         "attention and MLP projections of Llama, Qwen2 and Qwen3.",
     )
@@ -572,12 +642,16 @@ class TrainingSpec(Spec):
         "`sync` (see docs/transfer-dock.md, asynchronous training).",
     )
     data_parallel_size: int = Field(
-        default=1, ge=1,
+        default=1,
+        ge=1,
         description="DP: actor ranks, each on one device (times tensor_parallel_size); PPO's critic runs as many "
-        "DDP ranks.")
+        "DDP ranks.",
+    )
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
     tensor_parallel_size: int = Field(
-        default=1, ge=1, le=64,
+        default=1,
+        ge=1,
+        le=64,
         description="TP: actor ranks that split each layer's weights, any size that divides the model's attention "
         "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
         "data_parallel_size * tensor_parallel_size ranks and reshards into generation by allgather after every "
@@ -591,7 +665,9 @@ class TrainingSpec(Spec):
         "hold similar lengths. `false` computes on the dock's full PL + SL columns (for comparison).",
     )
     num_threads: int | None = Field(
-        default=None, ge=0, le=1024,
+        default=None,
+        ge=0,
+        le=1024,
         description="Torch (and in-process vLLM) threads of each compute worker process (actor, reference, "
         "critic ranks). Unset: the node's cores divided by the compute workers on that node, at least 1, "
         "so workers do not oversubscribe the cores. 0: leave the process default (Ray's OMP_NUM_THREADS, "
@@ -634,7 +710,8 @@ class DockSpec(Spec):
         default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
     )
     max_staleness: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="How many policy versions (weight updates) a sample may lag behind the policy that trains "
         "on it. 0: on-policy. With training.mode async, 1 or more lets generation run one iteration ahead "
         "of the update (samples 1 version old); the dock applies the bound to the update's samples after "
@@ -655,7 +732,9 @@ class ResourcesSpec(Spec):
     )
     accelerator_resource: str = Field(
         max_length=MAX_NAME_LENGTH,
-        default="NPU", min_length=1, description="Ray resource name that workers request per device."
+        default="NPU",
+        min_length=1,
+        description="Ray resource name that workers request per device.",
     )
     num_nodes: int = Field(default=1, ge=1, description="Nodes of the Ray cluster.")
     devices_per_node: int = Field(default=8, ge=1, description="Accelerators per node.")
@@ -678,7 +757,9 @@ class ResourcesSpec(Spec):
         "share) and under `separate` (no device is shared).",
     )
     device_memory_gib: float | None = Field(
-        default=None, gt=0, le=65536,
+        default=None,
+        gt=0,
+        le=65536,
         description="Memory of one device, GiB (64 on an Ascend 910B, 80 on an H100): what `rldock plan` checks "
         "the job against when no --device-memory is given. Unset: the plan prints the bytes without a verdict.",
     )
@@ -696,7 +777,8 @@ class EvaluationSpec(Spec):
     prompts, scored by the job's reward and logged as `val/...` metrics (docs/evaluation.md)."""
 
     interval: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="Evaluate every this many iterations (and always after the last one); 0 disables.",
     )
     at_start: bool = Field(
@@ -705,7 +787,9 @@ class EvaluationSpec(Spec):
         "baseline the later evaluations compare with. Ignored when `interval` is 0.",
     )
     max_prompts: int | None = Field(
-        default=None, ge=1, le=10**6,
+        default=None,
+        ge=1,
+        le=10**6,
         description="Evaluate only the first this many held-out prompts; unset uses all of them.",
     )
     num_samples: int = Field(default=1, ge=1, le=1024, description="Responses generated per held-out prompt.")
@@ -715,7 +799,9 @@ class EvaluationSpec(Spec):
         "`rollout.temperature` and `rollout.top_p`.",
     )
     correct_threshold: float = Field(
-        default=1.0, ge=-1e6, le=1e6,
+        default=1.0,
+        ge=-1e6,
+        le=1e6,
         description="A response counts as correct when its reward is at least this; `val/accuracy` is the "
         "share of correct responses.",
     )
@@ -751,10 +837,15 @@ class WandbSpec(Spec):
     WANDB_API_KEY environment variable (in an RLJob from a Secret, docs/operator.md); with
     WANDB_MODE=offline the run is written under the output directory and needs no network."""
 
-    project: str = Field(default="rldock", min_length=1, max_length=MAX_NAME_LENGTH,
-                         description="W&B project the run is logged to.")
-    entity: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH,
-                                  description="W&B entity (user or team); unset: the API key's default entity.")
+    project: str = Field(
+        default="rldock", min_length=1, max_length=MAX_NAME_LENGTH, description="W&B project the run is logged to."
+    )
+    entity: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="W&B entity (user or team); unset: the API key's default entity.",
+    )
 
 
 class JobConfig(Spec):
@@ -762,7 +853,9 @@ class JobConfig(Spec):
 
     _ablations: Ablations = PrivateAttr(default_factory=Ablations)
 
-    name: str = Field(default="rldock-job", min_length=1, max_length=MAX_NAME_LENGTH, description="Job name used in logs and outputs.")
+    name: str = Field(
+        default="rldock-job", min_length=1, max_length=MAX_NAME_LENGTH, description="Job name used in logs and outputs."
+    )
     seed: int = Field(default=0, ge=0, description="Seed for data order, sampling and initialisation.")
     iterations: int = Field(ge=1, description="RL iterations to run.")
     model: ModelSpec
@@ -781,7 +874,8 @@ class JobConfig(Spec):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     tracking: list[Literal["tensorboard", "wandb"]] = Field(
-        default=["tensorboard"], max_length=2,
+        default=["tensorboard"],
+        max_length=2,
         description="Where each iteration's metrics go besides metrics.jsonl: `tensorboard` (event files in the "
         "output directory) and `wandb` (Weights & Biases, see `wandb`).",
     )

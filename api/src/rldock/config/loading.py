@@ -52,8 +52,9 @@ def parse_job_config(data: Any, *, source: str = "<config>") -> JobConfig:
     return cfg
 
 
-def load_job_config(path: str | Path, *, overrides: dict[str, Any] | None = None,
-                    check_local: bool = True) -> JobConfig:
+def load_job_config(
+    path: str | Path, *, overrides: dict[str, Any] | None = None, check_local: bool = True
+) -> JobConfig:
     """Load YAML, apply dotted overrides ({"algorithm.learning_rate": 0}), validate."""
     path = Path(path)
     try:

@@ -45,26 +45,32 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     dp = training.data_parallel_size
 
     if num_samples % dp:
-        problems.append(Problem(
-            "training.data_parallel_size",
-            f"G*N = {algo.num_prompts_per_iteration}*{algo.num_responses_per_prompt} = {num_samples} "
-            f"samples per iteration cannot be split evenly over {dp} data-parallel ranks; choose a DP "
-            f"size that divides {num_samples} or change algorithm.num_prompts_per_iteration",
-        ))
+        problems.append(
+            Problem(
+                "training.data_parallel_size",
+                f"G*N = {algo.num_prompts_per_iteration}*{algo.num_responses_per_prompt} = {num_samples} "
+                f"samples per iteration cannot be split evenly over {dp} data-parallel ranks; choose a DP "
+                f"size that divides {num_samples} or change algorithm.num_prompts_per_iteration",
+            )
+        )
     elif num_samples % (dp * algo.num_updates_per_iteration):
-        problems.append(Problem(
-            "algorithm.num_updates_per_iteration",
-            f"each of the {dp} ranks holds {num_samples // dp} samples, which cannot be split into "
-            f"{algo.num_updates_per_iteration} equal mini-batches",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.num_updates_per_iteration",
+                f"each of the {dp} ranks holds {num_samples // dp} samples, which cannot be split into "
+                f"{algo.num_updates_per_iteration} equal mini-batches",
+            )
+        )
     ranks = dp * training.tensor_parallel_size  # actor ranks, one device each
     if ranks > cfg.num_devices:
         what = f"{dp} ranks" if ranks == dp else f"data_parallel_size * tensor_parallel_size = {ranks} actor ranks"
-        problems.append(Problem(
-            "training.data_parallel_size" if ranks == dp else "training.tensor_parallel_size",
-            f"{what} need {ranks} devices but resources give {cfg.resources.num_nodes} node(s) x "
-            f"{cfg.resources.devices_per_node} = {cfg.num_devices}; lower the DP or TP size or add devices",
-        ))
+        problems.append(
+            Problem(
+                "training.data_parallel_size" if ranks == dp else "training.tensor_parallel_size",
+                f"{what} need {ranks} devices but resources give {cfg.resources.num_nodes} node(s) x "
+                f"{cfg.resources.devices_per_node} = {cfg.num_devices}; lower the DP or TP size or add devices",
+            )
+        )
     problems.extend(_extra_worker_problems(cfg))
     problems.extend(_dock_problems(cfg))
     problems.extend(_demo_default_problems(cfg))
@@ -87,11 +93,13 @@ def find_warnings(cfg: JobConfig) -> list[Problem]:
     train` print them with what to set, and the job starts anyway."""
     warnings: list[Problem] = []
     if cfg.checkpoint.interval > cfg.iterations:
-        warnings.append(Problem(
-            "checkpoint.interval",
-            f"interval {cfg.checkpoint.interval} exceeds iterations {cfg.iterations}, so only the final "
-            f"checkpoint is written and a crash loses the whole run; set checkpoint.interval <= {cfg.iterations}",
-        ))
+        warnings.append(
+            Problem(
+                "checkpoint.interval",
+                f"interval {cfg.checkpoint.interval} exceeds iterations {cfg.iterations}, so only the final "
+                f"checkpoint is written and a crash loses the whole run; set checkpoint.interval <= {cfg.iterations}",
+            )
+        )
     return warnings
 
 
@@ -103,18 +111,22 @@ def _demo_default_problems(cfg: JobConfig) -> list[Problem]:
         return []
     problems = []
     if "data" not in cfg.model_fields_set:
-        problems.append(Problem(
-            "data",
-            f"missing: without it model.path {cfg.model.path} would train on the tiny demo's addition prompts; "
-            "set data.train_files (with data.prompt_key and data.answer_key naming your columns), or "
-            "data.generator (docs/bring-your-own.md)",
-        ))
+        problems.append(
+            Problem(
+                "data",
+                f"missing: without it model.path {cfg.model.path} would train on the tiny demo's addition prompts; "
+                "set data.train_files (with data.prompt_key and data.answer_key naming your columns), or "
+                "data.generator (docs/bring-your-own.md)",
+            )
+        )
     if "reward" not in cfg.model_fields_set:
-        problems.append(Problem(
-            "reward",
-            "missing: without it responses are scored by the tiny demo's digit_match; set reward.terms, "
-            "e.g. [{name: math_verify}] or [{name: function, function: my_reward.py:score}] (docs/rewards.md)",
-        ))
+        problems.append(
+            Problem(
+                "reward",
+                "missing: without it responses are scored by the tiny demo's digit_match; set reward.terms, "
+                "e.g. [{name: math_verify}] or [{name: function, function: my_reward.py:score}] (docs/rewards.md)",
+            )
+        )
     return problems
 
 
@@ -123,17 +135,21 @@ def _dock_problems(cfg: JobConfig) -> list[Problem]:
     dock, groups = cfg.dock, cfg.algorithm.num_prompts_per_iteration
     problems = []
     if dock.mode == "central" and dock.num_warehouses not in (None, 1):
-        problems.append(Problem(
-            "dock.num_warehouses",
-            f"{dock.num_warehouses} warehouses with dock.mode central, which keeps every column in one "
-            "buffer; unset it or use mode distributed",
-        ))
+        problems.append(
+            Problem(
+                "dock.num_warehouses",
+                f"{dock.num_warehouses} warehouses with dock.mode central, which keeps every column in one "
+                "buffer; unset it or use mode distributed",
+            )
+        )
     elif dock.num_warehouses is not None and dock.num_warehouses > groups:
-        problems.append(Problem(
-            "dock.num_warehouses",
-            f"{dock.num_warehouses} warehouses for {groups} prompt groups would leave "
-            "some warehouses empty; use at most one warehouse per prompt group",
-        ))
+        problems.append(
+            Problem(
+                "dock.num_warehouses",
+                f"{dock.num_warehouses} warehouses for {groups} prompt groups would leave "
+                "some warehouses empty; use at most one warehouse per prompt group",
+            )
+        )
     return problems
 
 
@@ -158,53 +174,67 @@ def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     references = 0 if training.lora is not None else dp  # LoRA: the actors run the reference pass
     # The runtime seats the groups its worker-state specs name (rldock.runtime.states), which this
     # package cannot import; tests/unit/runtime/test_states.py holds the two counts equal.
-    others = [SeatRequest("reference", references), SeatRequest("critic", critics, distinct=True),
-              SeatRequest("reward_model", int(reward_model))]
-    plan = plan_placement(accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks, others=others,
-                          mode=resources.placement)
+    others = [
+        SeatRequest("reference", references),
+        SeatRequest("critic", critics, distinct=True),
+        SeatRequest("reward_model", int(reward_model)),
+    ]
+    plan = plan_placement(
+        accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks, others=others, mode=resources.placement
+    )
     if plan.num_devices <= cfg.num_devices:
         return []
     ranks = f"the {actor_ranks} actor rank(s) and {references} reference rank(s)"
     what = " and ".join(extra) + f" besides {ranks}" if extra else ranks
-    return [Problem(
-        "resources.devices_per_node",
-        f"{what}: with {resources.placement} placement the job needs {plan.num_devices} devices but resources "
-        f"give {cfg.num_devices}; add a device, lower training.data_parallel_size or use resources.placement "
-        "colocated",
-    )]
+    return [
+        Problem(
+            "resources.devices_per_node",
+            f"{what}: with {resources.placement} placement the job needs {plan.num_devices} devices but resources "
+            f"give {cfg.num_devices}; add a device, lower training.data_parallel_size or use resources.placement "
+            "colocated",
+        )
+    ]
 
 
 def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
     evaluation = cfg.evaluation
     problems: list[Problem] = []
     if evaluation.greedy and evaluation.num_samples > 1:
-        problems.append(Problem(
-            "evaluation.num_samples",
-            f"greedy evaluation (evaluation.greedy true) gives every prompt the same response, so "
-            f"{evaluation.num_samples} samples would repeat it; set evaluation.num_samples to 1 or "
-            "evaluation.greedy to false",
-        ))
+        problems.append(
+            Problem(
+                "evaluation.num_samples",
+                f"greedy evaluation (evaluation.greedy true) gives every prompt the same response, so "
+                f"{evaluation.num_samples} samples would repeat it; set evaluation.num_samples to 1 or "
+                "evaluation.greedy to false",
+            )
+        )
     generated_val = cfg.data.generator is not None and cfg.data.generator.num_val_prompts > 0
     if evaluation.interval > 0 and not (cfg.data.val_files or generated_val):
-        problems.append(Problem(
-            "evaluation.interval",
-            "evaluation needs held-out prompts: list them in data.val_files (or, with data.generator, set "
-            "data.generator.num_val_prompts), or set evaluation.interval to 0",
-        ))
+        problems.append(
+            Problem(
+                "evaluation.interval",
+                "evaluation needs held-out prompts: list them in data.val_files (or, with data.generator, set "
+                "data.generator.num_val_prompts), or set evaluation.interval to 0",
+            )
+        )
     # Held-out responses are scored in the driver, which holds no reward model (docs/rewards.md).
     if evaluation.interval > 0 and all(term.name == "model" for term in cfg.reward.terms):
-        problems.append(Problem(
-            "evaluation.interval",
-            "held-out evaluation scores with the reward terms other than `model`, and this job has none; add "
-            "one (weight 0 counts it for evaluation only, e.g. {name: math_verify, weight: 0}) or set "
-            "evaluation.interval to 0",
-        ))
+        problems.append(
+            Problem(
+                "evaluation.interval",
+                "held-out evaluation scores with the reward terms other than `model`, and this job has none; add "
+                "one (weight 0 counts it for evaluation only, e.g. {name: math_verify, weight: 0}) or set "
+                "evaluation.interval to 0",
+            )
+        )
     if evaluation.interval > 0 and not needs_rollout(cfg.algorithm.name):
-        problems.append(Problem(
-            "evaluation.interval",
-            f"algorithm.name {cfg.algorithm.name} runs no rollout engine to generate held-out responses "
-            "with; set evaluation.interval to 0",
-        ))
+        problems.append(
+            Problem(
+                "evaluation.interval",
+                f"algorithm.name {cfg.algorithm.name} runs no rollout engine to generate held-out responses "
+                "with; set evaluation.interval to 0",
+            )
+        )
     return problems
 
 
@@ -216,18 +246,22 @@ def _old_logprob_problems(cfg: JobConfig) -> list[Problem]:
         return []
     problems: list[Problem] = []
     if algo.num_updates_per_iteration > 1:
-        problems.append(Problem(
-            "algorithm.recompute_old_logprobs",
-            f"`never` with algorithm.num_updates_per_iteration {algo.num_updates_per_iteration}: after the "
-            "first optimizer step the policy is no longer the one that sampled, so the ratio would be wrong; "
-            "use `auto` (or `always`), or set num_updates_per_iteration to 1",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.recompute_old_logprobs",
+                f"`never` with algorithm.num_updates_per_iteration {algo.num_updates_per_iteration}: after the "
+                "first optimizer step the policy is no longer the one that sampled, so the ratio would be wrong; "
+                "use `auto` (or `always`), or set num_updates_per_iteration to 1",
+            )
+        )
     if cfg.dock.max_staleness > 0:
-        problems.append(Problem(
-            "algorithm.recompute_old_logprobs",
-            f"`never` with dock.max_staleness {cfg.dock.max_staleness}: samples from older policies would "
-            "train with a ratio of 1; use `auto` (or `always`), or set dock.max_staleness to 0",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.recompute_old_logprobs",
+                f"`never` with dock.max_staleness {cfg.dock.max_staleness}: samples from older policies would "
+                "train with a ratio of 1; use `auto` (or `always`), or set dock.max_staleness to 0",
+            )
+        )
     return problems
 
 
@@ -240,25 +274,34 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
         return []
     problems: list[Problem] = []
     if algo.name in ("dpo", "dapo"):
-        why = "has no rollout to run ahead" if algo.name == "dpo" else \
-            "refills its batch in sampling rounds that read the reward before the next round"
-        problems.append(Problem(
-            "training.mode",
-            f"`async` with algorithm.name {algo.name}, which {why}; use training.mode sync",
-        ))
+        why = (
+            "has no rollout to run ahead"
+            if algo.name == "dpo"
+            else "refills its batch in sampling rounds that read the reward before the next round"
+        )
+        problems.append(
+            Problem(
+                "training.mode",
+                f"`async` with algorithm.name {algo.name}, which {why}; use training.mode sync",
+            )
+        )
     if training.tensor_parallel_size > 1 or training.resharding != "naive":
-        problems.append(Problem(
-            "training.mode",
-            "`async` needs training.tensor_parallel_size 1 and training.resharding naive: the next "
-            "iteration generates while this one's training state is resident; use training.mode sync",
-        ))
+        problems.append(
+            Problem(
+                "training.mode",
+                "`async` needs training.tensor_parallel_size 1 and training.resharding naive: the next "
+                "iteration generates while this one's training state is resident; use training.mode sync",
+            )
+        )
     if cfg.resources.phase_schedule == "serial":
-        problems.append(Problem(
-            "resources.phase_schedule",
-            "`serial` with training.mode async: the serial schedule orders one iteration's phases on each "
-            "device, while the async pipeline runs the next iteration's generation before this one's update; "
-            "use phase_schedule auto or overlap, or training.mode sync",
-        ))
+        problems.append(
+            Problem(
+                "resources.phase_schedule",
+                "`serial` with training.mode async: the serial schedule orders one iteration's phases on each "
+                "device, while the async pipeline runs the next iteration's generation before this one's update; "
+                "use phase_schedule auto or overlap, or training.mode sync",
+            )
+        )
     # `never` with a staleness bound above 0 (the pipeline running ahead) is _old_logprob_problems'.
     return problems
 
@@ -271,30 +314,38 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
         return []
     problems: list[Problem] = []
     if training.mode != "async" or cfg.dock.max_staleness < 1:
-        problems.append(Problem(
-            "rollout.partial_rollout",
-            f"`{rollout.partial_rollout}` cuts generations at a weight update, which only happen while a "
-            f"generation runs ahead (training.mode async with dock.max_staleness >= 1; here mode "
-            f"{training.mode}, max_staleness {cfg.dock.max_staleness}); set those or use `off`",
-        ))
+        problems.append(
+            Problem(
+                "rollout.partial_rollout",
+                f"`{rollout.partial_rollout}` cuts generations at a weight update, which only happen while a "
+                f"generation runs ahead (training.mode async with dock.max_staleness >= 1; here mode "
+                f"{training.mode}, max_staleness {cfg.dock.max_staleness}); set those or use `off`",
+            )
+        )
     if not needs_rollout(algo.name):
-        problems.append(Problem(
-            "rollout.partial_rollout",
-            f"`{rollout.partial_rollout}` with algorithm.name {algo.name}, which generates nothing; use `off`",
-        ))
+        problems.append(
+            Problem(
+                "rollout.partial_rollout",
+                f"`{rollout.partial_rollout}` with algorithm.name {algo.name}, which generates nothing; use `off`",
+            )
+        )
     if rollout.max_tokens_per_round is None:
-        problems.append(Problem(
-            "rollout.max_tokens_per_round",
-            f"required with rollout.partial_rollout {rollout.partial_rollout}: it decides where a generation "
-            f"is cut; set it below algorithm.max_response_length ({algo.max_response_length})",
-        ))
+        problems.append(
+            Problem(
+                "rollout.max_tokens_per_round",
+                f"required with rollout.partial_rollout {rollout.partial_rollout}: it decides where a generation "
+                f"is cut; set it below algorithm.max_response_length ({algo.max_response_length})",
+            )
+        )
     elif rollout.max_tokens_per_round >= algo.max_response_length:
-        problems.append(Problem(
-            "rollout.max_tokens_per_round",
-            f"{rollout.max_tokens_per_round} is not below algorithm.max_response_length "
-            f"({algo.max_response_length}), so no response would ever be cut; lower it or use "
-            "rollout.partial_rollout off",
-        ))
+        problems.append(
+            Problem(
+                "rollout.max_tokens_per_round",
+                f"{rollout.max_tokens_per_round} is not below algorithm.max_response_length "
+                f"({algo.max_response_length}), so no response would ever be cut; lower it or use "
+                "rollout.partial_rollout off",
+            )
+        )
     return problems
 
 
@@ -303,37 +354,45 @@ def _data_problems(cfg: JobConfig) -> list[Problem]:
     data = cfg.data
     problems: list[Problem] = []
     if (data.generator is None) == (not data.train_files):
-        problems.append(Problem(
-            "data.train_files",
-            "set exactly one of data.train_files and data.generator: "
-            + ("both are set" if data.train_files else "neither is set"),
-        ))
+        problems.append(
+            Problem(
+                "data.train_files",
+                "set exactly one of data.train_files and data.generator: "
+                + ("both are set" if data.train_files else "neither is set"),
+            )
+        )
     if data.generator is not None and data.val_files:
-        problems.append(Problem(
-            "data.val_files",
-            "with data.generator the validation rows are generated (data.generator.num_val_prompts); "
-            "leave data.val_files empty or read both splits from files",
-        ))
+        problems.append(
+            Problem(
+                "data.val_files",
+                "with data.generator the validation rows are generated (data.generator.num_val_prompts); "
+                "leave data.val_files empty or read both splits from files",
+            )
+        )
     if (data.chosen_key is None) != (data.rejected_key is None):
-        problems.append(Problem(
-            "data.chosen_key" if data.chosen_key is None else "data.rejected_key",
-            "preference pairs need both data.chosen_key and data.rejected_key",
-        ))
+        problems.append(
+            Problem(
+                "data.chosen_key" if data.chosen_key is None else "data.rejected_key",
+                "preference pairs need both data.chosen_key and data.rejected_key",
+            )
+        )
     if cfg.algorithm.name == "dpo":
         addition = data.generator is not None and data.generator.name == "addition"
         if not addition and data.chosen_key is None:
-            problems.append(Problem(
-                "data.chosen_key",
-                "dpo trains on preference pairs: use data.generator addition (which makes them) or "
-                "set data.chosen_key and data.rejected_key to the columns of the chosen and rejected responses",
-            ))
+            problems.append(
+                Problem(
+                    "data.chosen_key",
+                    "dpo trains on preference pairs: use data.generator addition (which makes them) or "
+                    "set data.chosen_key and data.rejected_key to the columns of the chosen and rejected responses",
+                )
+            )
     return problems
 
 
 # DAPO (arXiv 2503.14476), sec. 2.3, "Removing KL Divergence".
 DAPO_NO_KL_REASON = (
-    "\"during training the long-CoT reasoning model, the model distribution can diverge significantly "
-    "from the initial model, thus this restriction is not necessary\" (DAPO, arXiv 2503.14476, sec. 2.3)"
+    '"during training the long-CoT reasoning model, the model distribution can diverge significantly '
+    'from the initial model, thus this restriction is not necessary" (DAPO, arXiv 2503.14476, sec. 2.3)'
 )
 
 
@@ -343,18 +402,22 @@ def _dapo_problems(cfg: JobConfig) -> list[Problem]:
         return []
     problems = []
     if algo.dapo.overlong_buffer_length > algo.max_response_length:
-        problems.append(Problem(
-            "algorithm.dapo.overlong_buffer_length",
-            f"a buffer of {algo.dapo.overlong_buffer_length} tokens is longer than "
-            f"algorithm.max_response_length {algo.max_response_length}; the penalty ramp must fit inside "
-            "the response length, so lower it (0 turns the overlong penalty off)",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.dapo.overlong_buffer_length",
+                f"a buffer of {algo.dapo.overlong_buffer_length} tokens is longer than "
+                f"algorithm.max_response_length {algo.max_response_length}; the penalty ramp must fit inside "
+                "the response length, so lower it (0 turns the overlong penalty off)",
+            )
+        )
     if algo.kl_coef > 0:
-        problems.append(Problem(
-            "algorithm.kl_coef",
-            f"{algo.kl_coef} with algorithm.name dapo, which drops the KL penalty: {DAPO_NO_KL_REASON}; "
-            "unset it (dapo's default is 0), or use algorithm.name grpo for a KL-regularised run",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.kl_coef",
+                f"{algo.kl_coef} with algorithm.name dapo, which drops the KL penalty: {DAPO_NO_KL_REASON}; "
+                "unset it (dapo's default is 0), or use algorithm.name grpo for a KL-regularised run",
+            )
+        )
     return problems
 
 
@@ -365,30 +428,38 @@ def _dpo_problems(cfg: JobConfig) -> list[Problem]:
         return []
     problems: list[Problem] = []
     if algo.num_responses_per_prompt != 2:
-        problems.append(Problem(
-            "algorithm.num_responses_per_prompt",
-            f"dpo trains on (chosen, rejected) pairs, so it must be 2, not {algo.num_responses_per_prompt}",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.num_responses_per_prompt",
+                f"dpo trains on (chosen, rejected) pairs, so it must be 2, not {algo.num_responses_per_prompt}",
+            )
+        )
         return problems
     dp, pairs = training.data_parallel_size, algo.num_prompts_per_iteration
     if pairs % dp == 0 and (pairs // dp) % algo.num_updates_per_iteration:
-        problems.append(Problem(
-            "algorithm.num_updates_per_iteration",
-            f"each of the {dp} ranks holds {pairs // dp} pairs, which cannot be split into "
-            f"{algo.num_updates_per_iteration} mini-batches of whole pairs",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.num_updates_per_iteration",
+                f"each of the {dp} ranks holds {pairs // dp} pairs, which cannot be split into "
+                f"{algo.num_updates_per_iteration} mini-batches of whole pairs",
+            )
+        )
     elif pairs % dp:
-        problems.append(Problem(
-            "algorithm.num_prompts_per_iteration",
-            f"{pairs} preference pairs cannot be dealt evenly over {dp} data-parallel ranks without "
-            f"splitting a pair; use a multiple of {dp}",
-        ))
+        problems.append(
+            Problem(
+                "algorithm.num_prompts_per_iteration",
+                f"{pairs} preference pairs cannot be dealt evenly over {dp} data-parallel ranks without "
+                f"splitting a pair; use a multiple of {dp}",
+            )
+        )
     if training.micro_batch_size % 2:
-        problems.append(Problem(
-            "training.micro_batch_size",
-            f"{training.micro_batch_size} samples per micro-batch would split a chosen/rejected pair; "
-            "use an even size",
-        ))
+        problems.append(
+            Problem(
+                "training.micro_batch_size",
+                f"{training.micro_batch_size} samples per micro-batch would split a chosen/rejected pair; "
+                "use an even size",
+            )
+        )
     return problems
 
 
@@ -399,31 +470,39 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
     tp, dp = training.tensor_parallel_size, training.data_parallel_size
     problems: list[Problem] = []
     if algo.name == "dpo" and (tp > 1 or training.resharding != "naive"):
-        problems.append(Problem(
-            "training.tensor_parallel_size" if tp > 1 else "training.resharding",
-            "dpo has no rollout engine to reshard to and its preference update runs without tensor "
-            "parallelism; use tensor_parallel_size 1 and resharding naive",
-        ))
+        problems.append(
+            Problem(
+                "training.tensor_parallel_size" if tp > 1 else "training.resharding",
+                "dpo has no rollout engine to reshard to and its preference update runs without tensor "
+                "parallelism; use tensor_parallel_size 1 and resharding naive",
+            )
+        )
     elif tp > 1 and algo.num_prompts_per_iteration % (dp * tp):
-        problems.append(Problem(
-            "training.tensor_parallel_size",
-            f"each of the {dp * tp} actor ranks generates whole prompt groups, so "
-            f"algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide by "
-            f"data_parallel_size * tensor_parallel_size = {dp * tp}",
-        ))
+        problems.append(
+            Problem(
+                "training.tensor_parallel_size",
+                f"each of the {dp * tp} actor ranks generates whole prompt groups, so "
+                f"algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide by "
+                f"data_parallel_size * tensor_parallel_size = {dp * tp}",
+            )
+        )
     if cfg.rollout.sleep_level == 2 and (tp > 1 or training.resharding != "naive"):
-        problems.append(Problem(
-            "rollout.sleep_level",
-            "level 2 discards the engine's weights and the actor pushes its own again before generating, "
-            "which only replicated (DDP) ranks hold: use sleep_level 1, or tensor_parallel_size 1 and "
-            "resharding naive",
-        ))
+        problems.append(
+            Problem(
+                "rollout.sleep_level",
+                "level 2 discards the engine's weights and the actor pushes its own again before generating, "
+                "which only replicated (DDP) ranks hold: use sleep_level 1, or tensor_parallel_size 1 and "
+                "resharding naive",
+            )
+        )
     if training.lora is not None and (tp > 1 or training.resharding != "naive"):
-        problems.append(Problem(
-            "training.lora",
-            "LoRA adapters train on replicated (DDP) ranks only: use tensor_parallel_size 1 and resharding "
-            "naive, or unset training.lora",
-        ))
+        problems.append(
+            Problem(
+                "training.lora",
+                "LoRA adapters train on replicated (DDP) ranks only: use tensor_parallel_size 1 and resharding "
+                "naive, or unset training.lora",
+            )
+        )
     return problems
 
 
@@ -439,34 +518,55 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
     if not needs_rollout(algo.name):
         return [Problem(field, f"algorithm.name {algo.name} runs no generation engine; leave {field} at 1")]
     if ranks % gen_tp:
-        return [Problem(field, f"{gen_tp} must divide the data_parallel_size * tensor_parallel_size = {ranks} "
-                        "actor ranks, which form the generation replicas; choose a divisor of it")]
+        return [
+            Problem(
+                field,
+                f"{gen_tp} must divide the data_parallel_size * tensor_parallel_size = {ranks} "
+                "actor ranks, which form the generation replicas; choose a divisor of it",
+            )
+        ]
     problems: list[Problem] = []
     replicas = ranks // gen_tp
     if algo.num_prompts_per_iteration % replicas:
-        problems.append(Problem(
-            field, f"each of the {replicas} generation replicas ({ranks} actor ranks / {gen_tp}) generates whole "
-            f"prompt groups, so algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide "
-            f"by {replicas}"))
+        problems.append(
+            Problem(
+                field,
+                f"each of the {replicas} generation replicas ({ranks} actor ranks / {gen_tp}) generates whole "
+                f"prompt groups, so algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide "
+                f"by {replicas}",
+            )
+        )
     if cfg.resources.devices_per_node % gen_tp:
-        problems.append(Problem(
-            field, f"one engine's {gen_tp} TP workers run on one node, so {gen_tp} must divide "
-            f"resources.devices_per_node ({cfg.resources.devices_per_node})"))
+        problems.append(
+            Problem(
+                field,
+                f"one engine's {gen_tp} TP workers run on one node, so {gen_tp} must divide "
+                f"resources.devices_per_node ({cfg.resources.devices_per_node})",
+            )
+        )
     # Combinations not run yet with an engine spanning several ranks (the async pipeline and partial
     # rollout keep per-rank generation state; LoRA merges and level-2 sleep push a rank's own weights).
     for other, value, why in (
         ("training.mode", training.mode == "async", "the async pipeline generates on every actor rank"),
         ("training.lora", training.lora is not None, "LoRA's merged-weight push has run at generation TP 1 only"),
-        ("rollout.sleep_level", cfg.rollout.sleep_level == 2,
-         "level 2 re-pushes each rank's own weights, which engine-less ranks do not hold"),
+        (
+            "rollout.sleep_level",
+            cfg.rollout.sleep_level == 2,
+            "level 2 re-pushes each rank's own weights, which engine-less ranks do not hold",
+        ),
     ):
         if value:
             problems.append(Problem(field, f"{gen_tp} with {other}: {why}; use {field} 1 with it"))
     if cfg.resources.phase_schedule == "serial":
         # The engine's TP workers generate on the replica's other devices, which take no rollout turn.
-        problems.append(Problem(field, f"{gen_tp} with resources.phase_schedule serial: the schedule gives the "
-                                "rollout turn to the engine rank's device only; use phase_schedule overlap "
-                                f"or {field} 1"))
+        problems.append(
+            Problem(
+                field,
+                f"{gen_tp} with resources.phase_schedule serial: the schedule gives the "
+                "rollout turn to the engine rank's device only; use phase_schedule overlap "
+                f"or {field} 1",
+            )
+        )
     return problems
 
 
@@ -476,33 +576,45 @@ def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     training = cfg.training
     problems: list[Problem] = []
     if training.strategy == "fsdp" and training.tensor_parallel_size > 1:
-        problems.append(Problem(
-            "training.strategy",
-            f"fsdp shards the whole model over the data-parallel ranks and does not combine with "
-            f"tensor_parallel_size {training.tensor_parallel_size}; use tensor_parallel_size 1 or strategy ddp",
-        ))
+        problems.append(
+            Problem(
+                "training.strategy",
+                f"fsdp shards the whole model over the data-parallel ranks and does not combine with "
+                f"tensor_parallel_size {training.tensor_parallel_size}; use tensor_parallel_size 1 or strategy ddp",
+            )
+        )
     if training.strategy == "fsdp":
         # Combinations that have not been built or run with sharded parameters yet.
         for field, value, why in (
             ("training.lora", training.lora, "LoRA adapters train on replicated (DDP) ranks only"),
             ("training.mode", training.mode == "async", "the async pipeline runs with DDP ranks only"),
-            ("rollout.sleep_level", cfg.rollout.sleep_level == 2,
-             "level 2 makes the actor push its own replica's weights again, which FSDP ranks do not hold"),
+            (
+                "rollout.sleep_level",
+                cfg.rollout.sleep_level == 2,
+                "level 2 makes the actor push its own replica's weights again, which FSDP ranks do not hold",
+            ),
         ):
             if value:
-                problems.append(Problem(field, f"{why}: use training.strategy ddp with it, or leave {field} "
-                                        "at its default"))
+                problems.append(
+                    Problem(field, f"{why}: use training.strategy ddp with it, or leave {field} at its default")
+                )
     else:
         for name in ("fsdp_cpu_offload", "mixed_precision"):
             if getattr(training, name) not in (False, "none"):
-                problems.append(Problem(f"training.{name}", f"applies to strategy fsdp only; set "
-                                        f"training.strategy: fsdp or leave {name} at its default"))
+                problems.append(
+                    Problem(
+                        f"training.{name}",
+                        f"applies to strategy fsdp only; set training.strategy: fsdp or leave {name} at its default",
+                    )
+                )
     if training.mixed_precision != "none" and cfg.model.dtype != "float32":
-        problems.append(Problem(
-            "training.mixed_precision",
-            f"{training.mixed_precision} compute keeps float32 master weights, so model.dtype must be float32 "
-            f"(got {cfg.model.dtype}); set model.dtype: float32 or mixed_precision: none",
-        ))
+        problems.append(
+            Problem(
+                "training.mixed_precision",
+                f"{training.mixed_precision} compute keeps float32 master weights, so model.dtype must be float32 "
+                f"(got {cfg.model.dtype}); set model.dtype: float32 or mixed_precision: none",
+            )
+        )
     return problems
 
 
@@ -525,7 +637,8 @@ _OPTION_HELP = {
 }
 # `file.py:fn` (any path ending in .py) or `package.module:fn`.
 FUNCTION_REFERENCE = re.compile(
-    r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$")
+    r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$"
+)
 
 
 def reward_problems(reward: RewardSpec) -> list[Problem]:
@@ -539,20 +652,31 @@ def reward_problems(reward: RewardSpec) -> list[Problem]:
         required, optional = TERM_OPTIONS[term.name]
         for option in required:
             if getattr(term, option) is None:
-                problems.append(Problem(f"{at}.{option}", f"a `{term.name}` term needs {option}: {_OPTION_HELP[option]}"))
+                problems.append(
+                    Problem(f"{at}.{option}", f"a `{term.name}` term needs {option}: {_OPTION_HELP[option]}")
+                )
         for option in sorted(options - set(required) - set(optional)):
             if getattr(term, option) is not None:
                 owner = next(name for name, (req, opt) in TERM_OPTIONS.items() if option in req + opt)
-                problems.append(Problem(f"{at}.{option}", f"only a `{owner}` term takes {option}; remove it "
-                                        f"from this `{term.name}` term"))
+                problems.append(
+                    Problem(
+                        f"{at}.{option}",
+                        f"only a `{owner}` term takes {option}; remove it from this `{term.name}` term",
+                    )
+                )
         problems.extend(_term_value_problems(term, at))
     models = [index for index, term in enumerate(reward.terms) if term.name == "model"]
     # One reward_model worker state writes one dock column (rm_score); a second model would need
     # a second state and column, and the device share of each.
     for index in models[1:]:
-        problems.append(Problem(f"reward.terms[{index}].name", f"only one `model` term per job (reward.terms"
-                                f"[{models[0]}] is one already); score with one reward model, or combine "
-                                "several into one folder's classifier"))
+        problems.append(
+            Problem(
+                f"reward.terms[{index}].name",
+                f"only one `model` term per job (reward.terms"
+                f"[{models[0]}] is one already); score with one reward model, or combine "
+                "several into one folder's classifier",
+            )
+        )
     return problems
 
 
@@ -564,20 +688,24 @@ def _term_value_problems(term: RewardTermSpec, at: str) -> list[Problem]:
         except re.error as error:
             problems.append(Problem(f"{at}.pattern", f"{term.pattern!r} is not a Python regex: {error}"))
     if term.function is not None and not FUNCTION_REFERENCE.match(term.function):
-        problems.append(Problem(
-            f"{at}.function",
-            f"{term.function!r} is not `path/to/file.py:function` or `package.module:function` (one colon "
-            "before a Python identifier)",
-        ))
+        problems.append(
+            Problem(
+                f"{at}.function",
+                f"{term.function!r} is not `path/to/file.py:function` or `package.module:function` (one colon "
+                "before a Python identifier)",
+            )
+        )
     if term.url is not None and not _is_http_url(term.url):
         problems.append(Problem(f"{at}.url", f"{term.url!r} is not an http:// or https:// URL with a host"))
     elif term.sends_token_in_clear:
-        problems.append(Problem(
-            f"{at}.url",
-            f"{term.url!r} would send the bearer token of token_env {term.token_env} unencrypted, readable on "
-            "the network path; use an https:// URL, or set allow_insecure: true on this term if the service "
-            "is on the pod's own loopback or inside a mesh that encrypts traffic",
-        ))
+        problems.append(
+            Problem(
+                f"{at}.url",
+                f"{term.url!r} would send the bearer token of token_env {term.token_env} unencrypted, readable on "
+                "the network path; use an https:// URL, or set allow_insecure: true on this term if the service "
+                "is on the pod's own loopback or inside a mesh that encrypts traffic",
+            )
+        )
     return problems
 
 
@@ -605,15 +733,23 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     problems = []
     try:
         check_architecture(tp_size=tp, model_type=config.get("model_type"), field="training.tensor_parallel_size")
-        check_divisible(tp_size=tp, num_heads=config["num_attention_heads"],
-                        num_kv_heads=config["num_key_value_heads"],
-                        intermediate_size=config["intermediate_size"], field="training.tensor_parallel_size")
+        check_divisible(
+            tp_size=tp,
+            num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"],
+            intermediate_size=config["intermediate_size"],
+            field="training.tensor_parallel_size",
+        )
     except ValueError as error:
         problems.append(Problem("training.tensor_parallel_size", str(error)))
     try:  # vLLM splits heads and the MLP with its own plans: only even shapes are ours to check
-        check_divisible(tp_size=gen_tp, num_heads=config["num_attention_heads"],
-                        num_kv_heads=config["num_key_value_heads"],
-                        intermediate_size=config["intermediate_size"], field="rollout.tensor_parallel_size")
+        check_divisible(
+            tp_size=gen_tp,
+            num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"],
+            intermediate_size=config["intermediate_size"],
+            field="rollout.tensor_parallel_size",
+        )
     except ValueError as error:
         problems.append(Problem("rollout.tensor_parallel_size", str(error)))
     return problems
@@ -624,9 +760,11 @@ def find_local_problems(cfg: JobConfig) -> list[Problem]:
     `rldock train`), not in the operator or the planner."""
     model_dir = Path(cfg.model.path).expanduser()
     if cfg.model.builder is None and not (model_dir / "config.json").is_file():
-        return [Problem(
-            "model.path",
-            f"no model at {model_dir} (config.json missing); point it at a Hugging Face format "
-            "directory, or set model.builder to build a tiny demo model there",
-        )]
+        return [
+            Problem(
+                "model.path",
+                f"no model at {model_dir} (config.json missing); point it at a Hugging Face format "
+                "directory, or set model.builder to build a tiny demo model there",
+            )
+        ]
     return _model_problems(cfg, model_dir)

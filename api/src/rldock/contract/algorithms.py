@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-AlgorithmName = Literal["grpo", "ppo", "pf_ppo", "dapo", "dpo", "rloo", "reinforce_plus_plus",
-                        "reinforce_plus_plus_baseline", "gspo"]
+AlgorithmName = Literal[
+    "grpo", "ppo", "pf_ppo", "dapo", "dpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gspo"
+]
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,16 @@ class JobFailure:
     def message(self, *, field_prefix: str = "") -> str:
         """Every problem on one line, job config fields under `field_prefix` (the operator:
         `spec.job.`); command-line options such as `--output` keep their name."""
-        return "; ".join(f"{'' if p.field.startswith('-') else field_prefix}{p.field}: {p.message}"
-                         for p in self.problems)
+        return "; ".join(
+            f"{'' if p.field.startswith('-') else field_prefix}{p.field}: {p.message}" for p in self.problems
+        )
 
 
 def format_failure(failure: JobFailure) -> str:
-    record = {"reason": failure.reason.value,
-              "problems": [{"field": p.field, "message": p.message} for p in failure.problems]}
+    record = {
+        "reason": failure.reason.value,
+        "problems": [{"field": p.field, "message": p.message} for p in failure.problems],
+    }
     return PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
 
 
@@ -66,8 +69,11 @@ def parse_failure(record: Any) -> JobFailure | None:
         reason = FailureReason(record.get("reason"))
     except ValueError:
         return None
-    problems = tuple(FieldProblem(str(p["field"]), str(p["message"])) for p in record["problems"]
-                     if isinstance(p, dict) and "field" in p and "message" in p)
+    problems = tuple(
+        FieldProblem(str(p["field"]), str(p["message"]))
+        for p in record["problems"]
+        if isinstance(p, dict) and "field" in p and "message" in p
+    )
     return JobFailure(reason, problems) if problems else None
 
 

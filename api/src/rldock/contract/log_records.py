@@ -16,6 +16,6 @@ def prefixed_records(log_lines: Iterable[str], prefix: str) -> Iterator[Any]:
         if start < 0:
             continue
         try:
-            yield json.loads(line[start + len(prefix):])
+            yield json.loads(line[start + len(prefix) :])
         except json.JSONDecodeError:
             continue

@@ -81,19 +81,25 @@ class PlacementPlan:
         actor ranks' devices, distinct by construction. Raises ValueError unless `generation_tp`
         divides the actor ranks."""
         if generation_tp < 1 or len(self.actors) % generation_tp:
-            raise ValueError(f"rollout.tensor_parallel_size={generation_tp} must divide the "
-                             f"{len(self.actors)} actor ranks")
+            raise ValueError(
+                f"rollout.tensor_parallel_size={generation_tp} must divide the {len(self.actors)} actor ranks"
+            )
         bundles = [seat.bundle for seat in self.actors]
-        return tuple(tuple(bundles[start:start + generation_tp]) for start in range(0, len(bundles), generation_tp))
+        return tuple(tuple(bundles[start : start + generation_tp]) for start in range(0, len(bundles), generation_tp))
 
     def workers_on(self, bundle: int) -> list[str]:
         """Names of the workers seated on one bundle, e.g. ['actor 0', 'reference 0']."""
-        return [f"{group} {rank}" for group, seats in self.seats.items()
-                for rank, seat in enumerate(seats) if seat.bundle == bundle]
+        return [
+            f"{group} {rank}"
+            for group, seats in self.seats.items()
+            for rank, seat in enumerate(seats)
+            if seat.bundle == bundle
+        ]
 
 
-def plan_placement(*, accelerator: str, num_actor_ranks: int, others: Sequence[SeatRequest] = (),
-                   mode: PlacementMode) -> PlacementPlan:
+def plan_placement(
+    *, accelerator: str, num_actor_ranks: int, others: Sequence[SeatRequest] = (), mode: PlacementMode
+) -> PlacementPlan:
     """The plan for these workers: actor rank i on device i, then the `others` groups' ranks, in
     order, first fit (see the module docstring). Raises ValueError for an unknown mode, no actor
     rank or a negative count."""

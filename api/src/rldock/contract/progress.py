@@ -38,8 +38,11 @@ def evaluation_headline(record: dict[str, Any] | None) -> dict[str, Any]:
     `val/accuracy`), or {} when there was none yet."""
     if record is None:
         return {}
-    return {VAL_ITERATION: int(record["iteration"]), VAL_REWARD: round(float(record["val/reward"]), 4),
-            VAL_ACCURACY: round(float(record["val/accuracy"]), 4)}
+    return {
+        VAL_ITERATION: int(record["iteration"]),
+        VAL_REWARD: round(float(record["val/reward"]), 4),
+        VAL_ACCURACY: round(float(record["val/accuracy"]), 4),
+    }
 
 
 def last_progress(log_lines: Iterable[str]) -> dict[str, Any] | None:

@@ -33,31 +33,39 @@ class TpPlan:
 
 # Llama's decoder linears; Qwen2 and Qwen3 name theirs the same (Qwen2's q/k/v carry biases,
 # which split with their colwise weights).
-_LLAMA_LINEARS: Mapping[str, TpStyle] = MappingProxyType({
-    "self_attn.q_proj": "colwise",
-    "self_attn.k_proj": "colwise",
-    "self_attn.v_proj": "colwise",
-    "self_attn.o_proj": "rowwise",
-    "mlp.gate_proj": "colwise",
-    "mlp.up_proj": "colwise",
-    "mlp.down_proj": "rowwise",
-})
+_LLAMA_LINEARS: Mapping[str, TpStyle] = MappingProxyType(
+    {
+        "self_attn.q_proj": "colwise",
+        "self_attn.k_proj": "colwise",
+        "self_attn.v_proj": "colwise",
+        "self_attn.o_proj": "rowwise",
+        "mlp.gate_proj": "colwise",
+        "mlp.up_proj": "colwise",
+        "mlp.down_proj": "rowwise",
+    }
+)
 
 # config.json `model_type` -> plan. Each architecture's attention reshapes with -1 heads, so it
 # runs on a rank's local heads unchanged. Qwen3 adds per-head RMSNorms on q and k, applied after
 # the colwise projections: replicated, each TP rank's gradient for them covers only its heads.
-TP_PLANS: Mapping[str, TpPlan] = MappingProxyType({
-    "llama": TpPlan(_LLAMA_LINEARS),
-    "qwen2": TpPlan(_LLAMA_LINEARS),
-    "qwen3": TpPlan(_LLAMA_LINEARS, partial_gradient_modules=("self_attn.q_norm", "self_attn.k_norm")),
-})
+TP_PLANS: Mapping[str, TpPlan] = MappingProxyType(
+    {
+        "llama": TpPlan(_LLAMA_LINEARS),
+        "qwen2": TpPlan(_LLAMA_LINEARS),
+        "qwen3": TpPlan(_LLAMA_LINEARS, partial_gradient_modules=("self_attn.q_norm", "self_attn.k_norm")),
+    }
+)
 
 TP_ARCHITECTURES = tuple(TP_PLANS)
 
 # The split dimensions of the tiny demo models (rldock.runtime.models.tiny's defaults), for the
 # config checks of a job whose tiny model is still to be built: TP 1 or 2 splits them.
-TINY_MODEL_SHAPES = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
-                     "intermediate_size": 512}
+TINY_MODEL_SHAPES = {
+    "model_type": "qwen2",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+}
 
 
 def tp_plan(model_type: str | None, *, field: str = "training.tensor_parallel_size > 1") -> TpPlan:
@@ -65,9 +73,11 @@ def tp_plan(model_type: str | None, *, field: str = "training.tensor_parallel_si
     architectures that have a plan)."""
     plan = TP_PLANS.get(model_type or "")
     if plan is None:
-        raise ValueError(f"{field} needs a tensor-parallel plan for the model's architecture "
-                         f"(model_type {model_type!r}); plans exist for {list(TP_ARCHITECTURES)}: "
-                         "use tensor_parallel_size 1 for this model")
+        raise ValueError(
+            f"{field} needs a tensor-parallel plan for the model's architecture "
+            f"(model_type {model_type!r}); plans exist for {list(TP_ARCHITECTURES)}: "
+            "use tensor_parallel_size 1 for this model"
+        )
     return plan
 
 
@@ -77,11 +87,15 @@ def check_architecture(*, tp_size: int, model_type: str | None, field: str) -> N
         tp_plan(model_type, field=f"{field}={tp_size}")
 
 
-def check_divisible(*, tp_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int,
-                    field: str) -> None:
+def check_divisible(*, tp_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int, field: str) -> None:
     """Even shards only: every split dimension must divide by `tp_size` (raises naming `field`)."""
-    for what, size in (("num_attention_heads", num_heads), ("num_key_value_heads", num_kv_heads),
-                       ("intermediate_size", intermediate_size)):
+    for what, size in (
+        ("num_attention_heads", num_heads),
+        ("num_key_value_heads", num_kv_heads),
+        ("intermediate_size", intermediate_size),
+    ):
         if size % tp_size:
-            raise ValueError(f"{field}={tp_size} does not divide the model's {what} ({size}); "
-                             "choose a tensor-parallel size that splits every head and MLP evenly")
+            raise ValueError(
+                f"{field}={tp_size} does not divide the model's {what} ({size}); "
+                "choose a tensor-parallel size that splits every head and MLP evenly"
+            )

@@ -6,6 +6,15 @@ from .credentials import ADMIN_USER, DEVELOPER_USER
 from .processes import pid_alive
 
 __all__ = [
-    "ADMIN_USER", "BinariesUnavailable", "BuildFailed", "ControlPlane", "ControlPlaneError",
-    "DEVELOPER_USER", "KubectlError", "cache_dir", "find_binaries", "pid_alive", "wait_for",
+    "ADMIN_USER",
+    "BinariesUnavailable",
+    "BuildFailed",
+    "ControlPlane",
+    "ControlPlaneError",
+    "DEVELOPER_USER",
+    "KubectlError",
+    "cache_dir",
+    "find_binaries",
+    "pid_alive",
+    "wait_for",
 ]

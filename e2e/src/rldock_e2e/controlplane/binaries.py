@@ -58,17 +58,18 @@ def find_binaries(*, build: bool = True) -> Binaries:
     found = _find()
     if found is not None or not build:
         if found is None:
-            raise BinariesUnavailable(f"control-plane binaries not in {cache_dir()} "
-                                      f"(or etcd/kubectl not on PATH); run {BUILD_SCRIPT}")
+            raise BinariesUnavailable(
+                f"control-plane binaries not in {cache_dir()} (or etcd/kubectl not on PATH); run {BUILD_SCRIPT}"
+            )
         return found
     result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
     if result.returncode == EXIT_UNAVAILABLE:
         raise BinariesUnavailable(result.stderr.strip()[-3000:])
     if result.returncode != 0:
-        raise BuildFailed(f"{BUILD_SCRIPT} failed (exit {result.returncode}):\n"
-                          f"{result.stderr[-3000:]}")
+        raise BuildFailed(f"{BUILD_SCRIPT} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
     found = _find()
     if found is None:
-        raise BuildFailed(f"{BUILD_SCRIPT} succeeded but binaries are still missing "
-                                  f"from {cache_dir()} (or kubectl is not on PATH)")
+        raise BuildFailed(
+            f"{BUILD_SCRIPT} succeeded but binaries are still missing from {cache_dir()} (or kubectl is not on PATH)"
+        )
     return found

@@ -42,8 +42,10 @@ SERVICE_CLUSTER_IP_PREFIX = "10.96"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 # Controllers that need a kubelet, a cloud or a pod network are off; the rest (garbage
 # collector, namespaces, service accounts and tokens, replica sets, jobs, ...) run.
-CONTROLLERS = ("*,-nodeipam,-nodelifecycle,-attachdetach,-persistentvolume-binder,-pvc-protection,"
-               "-pv-protection,-route,-service,-cloud-node-lifecycle")
+CONTROLLERS = (
+    "*,-nodeipam,-nodelifecycle,-attachdetach,-persistentvolume-binder,-pvc-protection,"
+    "-pv-protection,-route,-service,-cloud-node-lifecycle"
+)
 _START_ATTEMPTS = 3
 
 
@@ -58,8 +60,14 @@ class KubectlError(RuntimeError):
         super().__init__(f"kubectl {' '.join(args)} failed ({returncode}): {stderr.strip()}")
 
 
-def wait_for(what: str, probe: Callable[[], T], *, timeout: float, interval: float = 0.5,
-             check: Callable[[], None] = lambda: None) -> T:
+def wait_for(
+    what: str,
+    probe: Callable[[], T],
+    *,
+    timeout: float,
+    interval: float = 0.5,
+    check: Callable[[], None] = lambda: None,
+) -> T:
     """Poll `probe` until it returns something truthy; `check` may raise to give up early."""
     deadline = time.monotonic() + timeout
     while True:
@@ -86,8 +94,14 @@ class ControlPlane:
             controller runs (it lifts a Ready node's not-ready taint and marks silent nodes).
     """
 
-    def __init__(self, *, workdir: Path | None = None, build: bool = True,
-                 start_timeout: float = 180.0, node_address: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        workdir: Path | None = None,
+        build: bool = True,
+        start_timeout: float = 180.0,
+        node_address: str | None = None,
+    ) -> None:
         self._given_workdir = Path(workdir) if workdir is not None else None
         self._build = build
         self._start_timeout = start_timeout
@@ -148,8 +162,7 @@ class ControlPlane:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - t0
-        log.info("control plane up at %s in %.1f s (workdir %s)", self.server,
-                 self.start_seconds, self.workdir)
+        log.info("control plane up at %s in %.1f s (workdir %s)", self.server, self.start_seconds, self.workdir)
         return self
 
     def stop(self) -> None:
@@ -172,51 +185,79 @@ class ControlPlane:
         sa_key, sa_pub = credentials.write_service_account_keys(work / "certs")
         tokens = credentials.write_token_file(work / "certs" / "tokens.csv", self.users)
         self.kubeconfig = credentials.write_kubeconfig(
-            work / "kubeconfig", credentials.kubeconfig(self.server, self.users))
+            work / "kubeconfig", credentials.kubeconfig(self.server, self.users)
+        )
 
         etcd_url = f"http://127.0.0.1:{self.ports['etcd-client']}"
-        self._spawn("etcd", [
-            str(self.binaries.etcd), "--name=rldock-e2e", f"--data-dir={work / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{self.ports['etcd-peer']}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{self.ports['etcd-peer']}",
-            f"--initial-cluster=rldock-e2e=http://127.0.0.1:{self.ports['etcd-peer']}",
-            # KubeRay's CRDs are over a megabyte each; etcd's default request limit is 1.5 MiB.
-            "--max-request-bytes=8388608", "--log-level=warn",
-        ])
+        self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name=rldock-e2e",
+                f"--data-dir={work / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{self.ports['etcd-peer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{self.ports['etcd-peer']}",
+                f"--initial-cluster=rldock-e2e=http://127.0.0.1:{self.ports['etcd-peer']}",
+                # KubeRay's CRDs are over a megabyte each; etcd's default request limit is 1.5 MiB.
+                "--max-request-bytes=8388608",
+                "--log-level=warn",
+            ],
+        )
         self._wait_http("etcd", f"{etcd_url}/health")
 
-        self._spawn("kube-apiserver", [
-            str(self.binaries.kube_apiserver),
-            f"--etcd-servers={etcd_url}",
-            *self._apiserver_address_flags(),
-            f"--secure-port={self.ports['apiserver']}", "--insecure-port=0",
-            f"--cert-dir={work / 'certs' / 'apiserver'}",
-            f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
-            f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-cluster-ip-range={self.service_cidr}",
-            "--allow-privileged=true", "--profiling=false",
-        ])
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers={etcd_url}",
+                *self._apiserver_address_flags(),
+                f"--secure-port={self.ports['apiserver']}",
+                "--insecure-port=0",
+                f"--cert-dir={work / 'certs' / 'apiserver'}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                f"--service-account-key-file={sa_pub}",
+                f"--service-account-signing-key-file={sa_key}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                "--allow-privileged=true",
+                "--profiling=false",
+            ],
+        )
         self._wait_http("kube-apiserver", f"{self.server}/readyz")
 
         for name, port_name, extra in (
-            ("kube-controller-manager", "controller-manager",
-             [f"--service-account-private-key-file={sa_key}", f"--controllers={self._controllers()}",
-              # Service-account token Secrets then carry ca.crt: the API server's self-signed
-              # certificate (with its CA), which names the `kubernetes` Service's ClusterIP, so
-              # in-cluster clients (a pod the node agent double runs) verify it.
-              f"--root-ca-file={work / 'certs' / 'apiserver' / 'apiserver.crt'}"]),
+            (
+                "kube-controller-manager",
+                "controller-manager",
+                [
+                    f"--service-account-private-key-file={sa_key}",
+                    f"--controllers={self._controllers()}",
+                    # Service-account token Secrets then carry ca.crt: the API server's self-signed
+                    # certificate (with its CA), which names the `kubernetes` Service's ClusterIP, so
+                    # in-cluster clients (a pod the node agent double runs) verify it.
+                    f"--root-ca-file={work / 'certs' / 'apiserver' / 'apiserver.crt'}",
+                ],
+            ),
             ("kube-scheduler", "scheduler", []),
         ):
             binary = getattr(self.binaries, name.replace("-", "_"))
-            self._spawn(name, [
-                str(binary), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-                "--port=0", f"--secure-port={self.ports[port_name]}", "--bind-address=127.0.0.1",
-                f"--cert-dir={work / 'certs' / name}", *extra,
-            ])
-        for name, port_name in (("kube-controller-manager", "controller-manager"),
-                                ("kube-scheduler", "scheduler")):
+            self._spawn(
+                name,
+                [
+                    str(binary),
+                    f"--kubeconfig={self.kubeconfig}",
+                    "--leader-elect=false",
+                    "--port=0",
+                    f"--secure-port={self.ports[port_name]}",
+                    "--bind-address=127.0.0.1",
+                    f"--cert-dir={work / 'certs' / name}",
+                    *extra,
+                ],
+            )
+        for name, port_name in (("kube-controller-manager", "controller-manager"), ("kube-scheduler", "scheduler")):
             self._wait_http(name, f"https://127.0.0.1:{self.ports[port_name]}/healthz")
         # The controller manager's service-account and token controllers must have run before
         # any pod can be admitted in a namespace.
@@ -226,8 +267,11 @@ class ControlPlane:
         if self.node_address is None:
             return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
         # All addresses: the loopback for the tests, node_address for the node containers.
-        return ["--bind-address=0.0.0.0", f"--advertise-address={self.node_address}",
-                "--kubelet-preferred-address-types=InternalIP"]
+        return [
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={self.node_address}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
 
     def _controllers(self) -> str:
         return CONTROLLERS if self.node_address is None else CONTROLLERS.replace(",-nodelifecycle", "")
@@ -239,20 +283,26 @@ class ControlPlane:
         return f"https://{self.node_address}:{self.ports['apiserver']}"
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        self._processes.append(ManagedProcess(
-            name, argv, log_path=self.workdir / "logs" / f"{name}.log", cwd=self.workdir))
+        self._processes.append(
+            ManagedProcess(name, argv, log_path=self.workdir / "logs" / f"{name}.log", cwd=self.workdir)
+        )
 
     def _check_running(self) -> None:
         for process in self._processes:
             code = process.poll()
             if code is not None:
-                raise ControlPlaneError(f"{process.name} exited with {code}; its log "
-                                        f"({process.log_path}) ends:\n{process.log_tail()}")
+                raise ControlPlaneError(
+                    f"{process.name} exited with {code}; its log ({process.log_path}) ends:\n{process.log_tail()}"
+                )
 
     def _wait_http(self, name: str, url: str) -> None:
         try:
-            wait_for(f"{name} at {url}", lambda: self._get(url) == 200,
-                     timeout=self._start_timeout, check=self._check_running)
+            wait_for(
+                f"{name} at {url}",
+                lambda: self._get(url) == 200,
+                timeout=self._start_timeout,
+                check=self._check_running,
+            )
         except TimeoutError as error:
             process = next(p for p in self._processes if p.name == name)
             raise ControlPlaneError(f"{error}; {name}'s log ends:\n{process.log_tail()}") from None
@@ -263,7 +313,8 @@ class ControlPlane:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         request = urllib.request.Request(
-            url, headers={"Authorization": f"Bearer {self.users[credentials.ADMIN_USER].token}"})
+            url, headers={"Authorization": f"Bearer {self.users[credentials.ADMIN_USER].token}"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=5, context=context) as response:
                 return response.status
@@ -277,11 +328,16 @@ class ControlPlane:
     @property
     def env(self) -> dict[str, str]:
         """os.environ plus KUBECONFIG, for processes (kubectl, the operator) run against it."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig),
-                "KUBECACHEDIR": str(self.workdir / "kube-cache")}
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.workdir / "kube-cache")}
 
-    def kubectl(self, *args: str, user: str = credentials.ADMIN_USER, input: str | None = None,
-                check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    def kubectl(
+        self,
+        *args: str,
+        user: str = credentials.ADMIN_USER,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess:
         """Run kubectl as `user` (a context of the kubeconfig); raises KubectlError on failure
         unless `check` is False. `input` is fed to stdin (for `-f -`)."""
         argv = [str(self.binaries.kubectl), f"--context={user}", *args]
@@ -305,24 +361,31 @@ class ControlPlane:
         # 1.20 admits a pod only once the namespace's `default` service account has its token
         # secret (made by the controller manager).
         def ready() -> bool:
-            result = self.kubectl("get", "serviceaccount", "default", "-n", namespace, "-o",
-                                  "jsonpath={.secrets[0].name}", check=False)
+            result = self.kubectl(
+                "get", "serviceaccount", "default", "-n", namespace, "-o", "jsonpath={.secrets[0].name}", check=False
+            )
             return result.returncode == 0 and bool(result.stdout.strip())
 
-        wait_for(f"service account default/{namespace} with a token", ready, timeout=timeout,
-                 check=self._check_running)
+        wait_for(f"service account default/{namespace} with a token", ready, timeout=timeout, check=self._check_running)
 
     def create_namespace(self, name: str, *, labels: Mapping[str, str] | None = None) -> None:
         """Create a namespace and wait until pods can be created in it."""
-        manifest = {"apiVersion": "v1", "kind": "Namespace",
-                    "metadata": {"name": name, "labels": dict(labels or {})}}
+        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels or {})}}
         self.kubectl("create", "-f", "-", input=json.dumps(manifest))
         self._wait_service_account(name)
 
-    def create_node(self, name: str, *, device_resource: str | None = nodes.DEFAULT_DEVICE_RESOURCE,
-                    devices: int = 8, labels: Mapping[str, str] | None = None,
-                    taints: list[dict] | None = None, cpu: str = "64",
-                    memory: str = "512Gi", max_pods: int = 110) -> dict:
+    def create_node(
+        self,
+        name: str,
+        *,
+        device_resource: str | None = nodes.DEFAULT_DEVICE_RESOURCE,
+        devices: int = 8,
+        labels: Mapping[str, str] | None = None,
+        taints: list[dict] | None = None,
+        cpu: str = "64",
+        memory: str = "512Gi",
+        max_pods: int = 110,
+    ) -> dict:
         """Create a Ready emulated node with `devices` of `device_resource` and the Ascend labels.
 
         The status is written through the status subresource (a create drops it). The
@@ -336,12 +399,13 @@ class ControlPlane:
         api = client.CoreV1Api(self.api_client())
         try:
             api.create_node(nodes.node_manifest(name, labels=labels, taints=taints))
-            status = nodes.node_status(name, device_resource=device_resource,
-                                       num_devices=devices, cpu=cpu, memory=memory,
-                                       max_pods=max_pods)
+            status = nodes.node_status(
+                name, device_resource=device_resource, num_devices=devices, cpu=cpu, memory=memory, max_pods=max_pods
+            )
             api.patch_node_status(name, {"status": status}, _content_type=merge_patch)
-            node = api.patch_node(name, {"spec": {"taints": list(taints) if taints else None}},
-                                  _content_type=merge_patch)
+            node = api.patch_node(
+                name, {"spec": {"taints": list(taints) if taints else None}}, _content_type=merge_patch
+            )
             return api.api_client.sanitize_for_serialization(node)
         finally:
             api.api_client.close()
@@ -367,11 +431,12 @@ class ControlPlane:
         # is still absent, as it is right after the create.
         def established() -> bool:
             crd = self.kubectl_json("get", "crd", name)
-            return any(c["type"] == "Established" and c["status"] == "True"
-                       for c in crd.get("status", {}).get("conditions") or [])
+            return any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in crd.get("status", {}).get("conditions") or []
+            )
 
-        wait_for(f"CRD {name} Established", established, timeout=timeout,
-                 check=self._check_running)
+        wait_for(f"CRD {name} Established", established, timeout=timeout, check=self._check_running)
 
     def install_kuberay_crds(self, path: Path | str = crds.KUBERAY_CRD_DIR) -> list[str]:
         """Install KubeRay's own CRDs from `path` (a folder of *.yaml or one file), with only the

@@ -37,8 +37,7 @@ def default_users() -> dict[str, TokenUser]:
 def write_token_file(path: Path, users: dict[str, TokenUser]) -> Path:
     """kube-apiserver --token-auth-file format: token,user,uid,"group1,group2"."""
     # No fourth column without groups: an empty one would read as a group named "".
-    lines = [f'{u.token},{u.name},{u.name}' + (f',"{",".join(u.groups)}"' if u.groups else "")
-             for u in users.values()]
+    lines = [f"{u.token},{u.name},{u.name}" + (f',"{",".join(u.groups)}"' if u.groups else "") for u in users.values()]
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
     return path
@@ -49,26 +48,28 @@ def write_service_account_keys(directory: Path) -> tuple[Path, Path]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     private = directory / "sa.key"
     public = directory / "sa.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.TraditionalOpenSSL,
-                                          serialization.NoEncryption()))
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+    )
     private.chmod(0o600)
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return private, public
 
 
-def kubeconfig(server: str, users: dict[str, TokenUser], *, current: str = ADMIN_USER,
-               cluster_name: str = "rldock-e2e") -> dict:
+def kubeconfig(
+    server: str, users: dict[str, TokenUser], *, current: str = ADMIN_USER, cluster_name: str = "rldock-e2e"
+) -> dict:
     """A kubeconfig with one context per user (named after the user), `current` selected."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster_name,
-                      "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "clusters": [{"name": cluster_name, "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
         "users": [{"name": u.name, "user": {"token": u.token}} for u in users.values()],
-        "contexts": [{"name": u.name, "context": {"cluster": cluster_name, "user": u.name}}
-                     for u in users.values()],
+        "contexts": [{"name": u.name, "context": {"cluster": cluster_name, "user": u.name}} for u in users.values()],
         "current-context": current,
         "preferences": {},
     }

@@ -22,8 +22,7 @@ ASCEND_NODE_LABELS = {
 }
 
 
-def node_manifest(name: str, *, labels: Mapping[str, str] | None = None,
-                  taints: list[dict] | None = None) -> dict:
+def node_manifest(name: str, *, labels: Mapping[str, str] | None = None, taints: list[dict] | None = None) -> dict:
     """The Node as created (spec and metadata; status goes through the status subresource)."""
     all_labels = {
         "kubernetes.io/hostname": name,
@@ -40,29 +39,46 @@ def node_manifest(name: str, *, labels: Mapping[str, str] | None = None,
     }
 
 
-def node_status(name: str, *, device_resource: str | None = DEFAULT_DEVICE_RESOURCE,
-                num_devices: int = 8, cpu: str = "64", memory: str = "512Gi",
-                max_pods: int = 110, now: datetime | None = None) -> dict:
+def node_status(
+    name: str,
+    *,
+    device_resource: str | None = DEFAULT_DEVICE_RESOURCE,
+    num_devices: int = 8,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    max_pods: int = 110,
+    now: datetime | None = None,
+) -> dict:
     """A Ready node's status with `num_devices` of `device_resource` (None: a CPU-only node)."""
-    resources = {"cpu": cpu, "memory": memory, "pods": str(max_pods),
-                 "ephemeral-storage": "1Ti"}
+    resources = {"cpu": cpu, "memory": memory, "pods": str(max_pods), "ephemeral-storage": "1Ti"}
     if device_resource is not None:
         resources[device_resource] = str(num_devices)
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "capacity": dict(resources),
         "allocatable": dict(resources),
-        "conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": "emulated node (rldock e2e)",
-            "lastHeartbeatTime": stamp, "lastTransitionTime": stamp,
-        }],
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "emulated node (rldock e2e)",
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": stamp,
+            }
+        ],
         # Loopback: the node agent test double runs pods as local processes on 127.0.0.1.
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                      {"type": "Hostname", "address": name}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
         "nodeInfo": {
-            "architecture": "amd64", "operatingSystem": "linux", "osImage": "rldock emulated node",
-            "kernelVersion": "", "kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2",
-            "containerRuntimeVersion": "none://", "machineID": "", "systemUUID": "", "bootID": "",
+            "architecture": "amd64",
+            "operatingSystem": "linux",
+            "osImage": "rldock emulated node",
+            "kernelVersion": "",
+            "kubeletVersion": "v1.20.2",
+            "kubeProxyVersion": "v1.20.2",
+            "containerRuntimeVersion": "none://",
+            "machineID": "",
+            "systemUUID": "",
+            "bootID": "",
         },
     }

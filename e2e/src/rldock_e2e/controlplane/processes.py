@@ -91,8 +91,15 @@ def _install_handlers() -> None:
 class ManagedProcess:
     """One server process, its output appended to `log_path`."""
 
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         _install_handlers()
         self.name = name
         self.log_path = log_path
@@ -102,8 +109,14 @@ class ManagedProcess:
         prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
         with open(log_path, "ab") as out:
             self._popen = subprocess.Popen(
-                [*prefix, *argv], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+                [*prefix, *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,
+            )
         self.pid = self._popen.pid  # also its pgid (new session)
         with _LOCK:
             _LIVE_GROUPS[self.pid] = name
@@ -126,8 +139,7 @@ class ManagedProcess:
             try:
                 self._popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing", self.name, self.pid,
-                            timeout)
+                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing", self.name, self.pid, timeout)
         # Always SIGKILL the group too: the leader exiting does not take children it forked.
         _kill_group(self.pid, signal.SIGKILL)
         self._popen.wait()

@@ -29,8 +29,7 @@ _TTL = 5
 
 def resolv_conf(nameserver: str, namespace: str) -> str:
     """A pod's /etc/resolv.conf under dnsPolicy ClusterFirst, as the kubelet writes it."""
-    return (f"search {namespace}.svc.{DOMAIN} svc.{DOMAIN} {DOMAIN}\n"
-            f"nameserver {nameserver}\noptions ndots:5\n")
+    return f"search {namespace}.svc.{DOMAIN} svc.{DOMAIN} {DOMAIN}\nnameserver {nameserver}\noptions ndots:5\n"
 
 
 class ClusterDNS:
@@ -87,10 +86,10 @@ class ClusterDNS:
         labels, offset = [], 12
         while query[offset]:
             length = query[offset]
-            labels.append(query[offset + 1:offset + 1 + length].decode("ascii"))
+            labels.append(query[offset + 1 : offset + 1 + length].decode("ascii"))
             offset += 1 + length
-        qtype, qclass = struct.unpack("!HH", query[offset + 1:offset + 5])
-        question = query[12:offset + 5]
+        qtype, qclass = struct.unpack("!HH", query[offset + 1 : offset + 5])
+        question = query[12 : offset + 5]
         address = self.resolve(".".join(labels))
         answers = b""
         if address is not None and qtype == _TYPE_A and qclass == _CLASS_IN:

@@ -39,8 +39,15 @@ def _now() -> str:
 
 
 class KubeletDouble:
-    def __init__(self, api_client: client.ApiClient, *, namespace: str, interval: float = 0.3,
-                 on_start: StartHook | None = None, on_stop: StopHook | None = None) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        namespace: str,
+        interval: float = 0.3,
+        on_start: StartHook | None = None,
+        on_stop: StopHook | None = None,
+    ) -> None:
         self.namespace = namespace
         self.core = client.CoreV1Api(api_client)
         self._on_start, self._on_stop = on_start, on_stop
@@ -73,10 +80,19 @@ class KubeletDouble:
         """Mark a running pod Failed (its process died and restartPolicy does not bring it back)."""
         with self._lock:
             now = _now()
-            self.core.patch_namespaced_pod_status(pod_name, self.namespace, {"status": {
-                "phase": "Failed", "reason": reason, "message": message,
-                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
-            }}, _content_type=MERGE_PATCH)
+            self.core.patch_namespaced_pod_status(
+                pod_name,
+                self.namespace,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "reason": reason,
+                        "message": message,
+                        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+                    }
+                },
+                _content_type=MERGE_PATCH,
+            )
 
     # ------------------------------------------------------------------------------------------
     def _run(self, pod: Mapping[str, Any]) -> None:
@@ -87,30 +103,48 @@ class KubeletDouble:
         now = _now()
         containers = pod["spec"]["containers"]
         status = {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1", "startTime": now,
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
-            "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True,
-                                   "restartCount": 0, "started": True, "state": {"running": {"startedAt": now}}}
-                                  for c in containers],
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "hostIP": "127.0.0.1",
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": now}},
+                }
+                for c in containers
+            ],
         }
-        self.core.patch_namespaced_pod_status(pod["metadata"]["name"], self.namespace, {"status": status},
-                                              _content_type=MERGE_PATCH)
+        self.core.patch_namespaced_pod_status(
+            pod["metadata"]["name"], self.namespace, {"status": status}, _content_type=MERGE_PATCH
+        )
         log.info("pod %s running at %s", pod["metadata"]["name"], ip)
 
     def _remove(self, pod: Mapping[str, Any]) -> None:
         if self._on_stop is not None and pod.get("status", {}).get("phase") == "Running":
             self._on_stop(pod)
         try:
-            self.core.delete_namespaced_pod(pod["metadata"]["name"], self.namespace, grace_period_seconds=0,
-                                            _preload_content=False)
+            self.core.delete_namespaced_pod(
+                pod["metadata"]["name"], self.namespace, grace_period_seconds=0, _preload_content=False
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
 
     def _environment(self, pod: Mapping[str, Any]) -> dict[str, str]:
-        return container_env(pod, pod["spec"]["containers"][0], config_map=self._config_map_data,
-                             secret=self._secret_data)
+        return container_env(
+            pod, pod["spec"]["containers"][0], config_map=self._config_map_data, secret=self._secret_data
+        )
 
     def _config_map_data(self, name: str) -> dict[str, str] | None:
         return self._read("config_map", name)

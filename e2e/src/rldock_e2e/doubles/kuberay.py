@@ -54,15 +54,23 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 
 
 def _alive(pod: Mapping[str, Any]) -> bool:
-    return (not pod["metadata"].get("deletionTimestamp")
-            and pod.get("status", {}).get("phase") not in ("Failed", "Succeeded"))
+    return not pod["metadata"].get("deletionTimestamp") and pod.get("status", {}).get("phase") not in (
+        "Failed",
+        "Succeeded",
+    )
 
 
 class KubeRayDouble:
     """Reconciles the RayClusters of `namespace` every `interval` seconds in a background thread."""
 
-    def __init__(self, api_client: client.ApiClient, *, namespace: str, interval: float = 0.3,
-                 dashboard_port: int = DEFAULT_PORTS["dashboard"]) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        namespace: str,
+        interval: float = 0.3,
+        dashboard_port: int = DEFAULT_PORTS["dashboard"],
+    ) -> None:
         self.namespace = namespace
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -83,8 +91,9 @@ class KubeRayDouble:
     # ------------------------------------------------------------------------------------------
     def reconcile_all(self) -> None:
         clusters = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
-        pods = json.loads(self.core.list_namespaced_pod(
-            self.namespace, label_selector="ray.io/cluster", _preload_content=False).data)["items"]
+        pods = json.loads(
+            self.core.list_namespaced_pod(self.namespace, label_selector="ray.io/cluster", _preload_content=False).data
+        )["items"]
         for cluster in clusters:
             if not cluster["metadata"].get("deletionTimestamp"):
                 uid = cluster["metadata"]["uid"]
@@ -109,8 +118,12 @@ class KubeRayDouble:
         if not heads:
             self._create_pod(cluster, spec["headGroupSpec"], head=True)
         for group in spec.get("workerGroupSpecs") or ():
-            members = [p for p in live if p["metadata"]["labels"].get("ray.io/group") == group["groupName"]
-                       and p["metadata"]["labels"].get("ray.io/node-type") == "worker"]
+            members = [
+                p
+                for p in live
+                if p["metadata"]["labels"].get("ray.io/group") == group["groupName"]
+                and p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+            ]
             wanted = 0 if group.get("suspend") else int(group.get("replicas", group.get("minReplicas", 0)))
             for _ in range(wanted - len(members)):
                 self._create_pod(cluster, group, head=False)
@@ -121,8 +134,14 @@ class KubeRayDouble:
 
     # ------------------------------------------------------------------------------------------
     def _owner(self, cluster: Mapping[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RayCluster", "name": cluster["metadata"]["name"],
-                "uid": cluster["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "RayCluster",
+            "name": cluster["metadata"]["name"],
+            "uid": cluster["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def _ensure_service(self, cluster: Mapping[str, Any]) -> dict[str, Any]:
         name = f"{cluster['metadata']['name']}-head-svc"
@@ -132,14 +151,26 @@ class KubeRayDouble:
             if error.status != 404:
                 raise
         manifest = {
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": self.namespace, "ownerReferences": [self._owner(cluster)],
-                         "labels": {"ray.io/cluster": cluster["metadata"]["name"], "ray.io/node-type": "head",
-                                    "app.kubernetes.io/created-by": "kuberay-operator"}},
-            "spec": {"type": "ClusterIP",
-                     "selector": {"ray.io/cluster": cluster["metadata"]["name"], "ray.io/node-type": "head"},
-                     "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}
-                               for port_name, port in self.ports.items()]},
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "ownerReferences": [self._owner(cluster)],
+                "labels": {
+                    "ray.io/cluster": cluster["metadata"]["name"],
+                    "ray.io/node-type": "head",
+                    "app.kubernetes.io/created-by": "kuberay-operator",
+                },
+            },
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {"ray.io/cluster": cluster["metadata"]["name"], "ray.io/node-type": "head"},
+                "ports": [
+                    {"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}
+                    for port_name, port in self.ports.items()
+                ],
+            },
         }
         return json.loads(self.core.create_namespaced_service(self.namespace, manifest, _preload_content=False).data)
 
@@ -157,8 +188,9 @@ class KubeRayDouble:
             if error.status != 404:
                 raise
 
-    def _write_status(self, cluster: Mapping[str, Any], service: Mapping[str, Any], *,
-                      pods: list[dict[str, Any]], suspended: bool) -> None:
+    def _write_status(
+        self, cluster: Mapping[str, Any], service: Mapping[str, Any], *, pods: list[dict[str, Any]], suspended: bool
+    ) -> None:
         previous = cluster.get("status") or {}
         groups = cluster["spec"].get("workerGroupSpecs") or ()
         desired = sum(0 if g.get("suspend") else int(g.get("replicas", 0)) for g in groups)
@@ -167,8 +199,10 @@ class KubeRayDouble:
         ready_workers = sum(_ready(p) for p in workers)
         head_ready = head is not None and _ready(head)
         all_ready = head_ready and ready_workers >= desired
-        was_provisioned = any(c.get("type") == "RayClusterProvisioned" and c.get("status") == "True"
-                              for c in previous.get("conditions") or ())
+        was_provisioned = any(
+            c.get("type") == "RayClusterProvisioned" and c.get("status") == "True"
+            for c in previous.get("conditions") or ()
+        )
         provisioned = (all_ready or was_provisioned) and not suspended
         if suspended:
             state = "suspended"
@@ -177,14 +211,27 @@ class KubeRayDouble:
         else:
             state = None
         conditions = [
-            self._condition(previous, "HeadPodReady", head_ready,
-                            "HeadPodRunningAndReady" if head_ready else "HeadPodNotFound",
-                            "the head pod is ready" if head_ready else "the head pod is not ready"),
-            self._condition(previous, "RayClusterProvisioned", provisioned,
-                            "AllPodRunningAndReadyFirstTime" if provisioned else "RayClusterPodsProvisioning",
-                            "all pods were ready once" if provisioned else "waiting for all pods to be ready"),
-            self._condition(previous, "RayClusterSuspended", suspended, "Suspended" if suspended else "NotSuspended",
-                            "suspended" if suspended else "not suspended"),
+            self._condition(
+                previous,
+                "HeadPodReady",
+                head_ready,
+                "HeadPodRunningAndReady" if head_ready else "HeadPodNotFound",
+                "the head pod is ready" if head_ready else "the head pod is not ready",
+            ),
+            self._condition(
+                previous,
+                "RayClusterProvisioned",
+                provisioned,
+                "AllPodRunningAndReadyFirstTime" if provisioned else "RayClusterPodsProvisioning",
+                "all pods were ready once" if provisioned else "waiting for all pods to be ready",
+            ),
+            self._condition(
+                previous,
+                "RayClusterSuspended",
+                suspended,
+                "Suspended" if suspended else "NotSuspended",
+                "suspended" if suspended else "not suspended",
+            ),
         ]
         status: dict[str, Any] = {
             "state": state,
@@ -195,9 +242,12 @@ class KubeRayDouble:
             "availableWorkerReplicas": ready_workers,
             "conditions": conditions,
             "endpoints": {port["name"]: str(port["port"]) for port in service["spec"]["ports"]},
-            "head": {"serviceName": service["metadata"]["name"], "serviceIP": service["spec"].get("clusterIP"),
-                     "podName": head["metadata"]["name"] if head else None,
-                     "podIP": head.get("status", {}).get("podIP") if head else None},
+            "head": {
+                "serviceName": service["metadata"]["name"],
+                "serviceIP": service["spec"].get("clusterIP"),
+                "podName": head["metadata"]["name"] if head else None,
+                "podIP": head.get("status", {}).get("podIP") if head else None,
+            },
             "observedGeneration": cluster["metadata"].get("generation"),
         }
         status["head"] = {k: v for k, v in status["head"].items() if v}
@@ -208,13 +258,24 @@ class KubeRayDouble:
         status["lastUpdateTime"] = _now()
         removed = {k: None for k in previous if k not in status and k != "stateTransitionTimes"}
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, self.namespace, PLURAL, cluster["metadata"]["name"],
-            {"status": {**removed, **status}}, _content_type=MERGE_PATCH)
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            cluster["metadata"]["name"],
+            {"status": {**removed, **status}},
+            _content_type=MERGE_PATCH,
+        )
 
     @staticmethod
     def _condition(previous: Mapping[str, Any], type_: str, value: bool, reason: str, message: str) -> dict[str, Any]:
         status = "True" if value else "False"
         old = next((c for c in previous.get("conditions") or () if c.get("type") == type_), None)
         moved = old is None or old.get("status") != status
-        return {"type": type_, "status": status, "reason": reason, "message": message,
-                "lastTransitionTime": _now() if moved else old["lastTransitionTime"]}
+        return {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _now() if moved else old["lastTransitionTime"],
+        }

@@ -104,9 +104,14 @@ def convert_param_map(params: Mapping[str, str]) -> str:
 
 
 def _probe(command: str, *, initial_delay: int, timeout: int, failure_threshold: int) -> dict[str, Any]:
-    return {"exec": {"command": ["bash", "-c", command]}, "initialDelaySeconds": initial_delay,
-            "timeoutSeconds": timeout, "periodSeconds": 5, "successThreshold": 1,
-            "failureThreshold": failure_threshold}
+    return {
+        "exec": {"command": ["bash", "-c", command]},
+        "initialDelaySeconds": initial_delay,
+        "timeoutSeconds": timeout,
+        "periodSeconds": 5,
+        "successThreshold": 1,
+        "failureThreshold": failure_threshold,
+    }
 
 
 def _health_command(*, head: bool) -> str:
@@ -152,17 +157,26 @@ def build_pod(cluster: Mapping[str, Any], group: Mapping[str, Any], *, head: boo
     params = complete_params(group.get("rayStartParams") or {}, head=head, port=port, fqdn=fqdn)
 
     if not head:
-        spec.setdefault("initContainers", []).append({
-            "name": "wait-gcs-ready", "image": ray.get("image", ""), "command": list(CONTAINER_COMMAND),
-            "args": [_wait_gcs_ready(fqdn, port)],
-            "env": [*copy.deepcopy(ray.get("env") or []), {"name": "FQ_RAY_IP", "value": fqdn},
-                    {"name": "RAY_IP", "value": head_service_name(name)}],
-            "volumeMounts": copy.deepcopy(ray.get("volumeMounts") or []),
-            "resources": {"limits": {"cpu": "200m", "memory": "256Mi"},
-                          "requests": {"cpu": "200m", "memory": "256Mi"}},
-            # KubeRay copies the Ray container's securityContext, so the pod keeps its profile.
-            **({"securityContext": copy.deepcopy(ray["securityContext"])} if "securityContext" in ray else {}),
-        })
+        spec.setdefault("initContainers", []).append(
+            {
+                "name": "wait-gcs-ready",
+                "image": ray.get("image", ""),
+                "command": list(CONTAINER_COMMAND),
+                "args": [_wait_gcs_ready(fqdn, port)],
+                "env": [
+                    *copy.deepcopy(ray.get("env") or []),
+                    {"name": "FQ_RAY_IP", "value": fqdn},
+                    {"name": "RAY_IP", "value": head_service_name(name)},
+                ],
+                "volumeMounts": copy.deepcopy(ray.get("volumeMounts") or []),
+                "resources": {
+                    "limits": {"cpu": "200m", "memory": "256Mi"},
+                    "requests": {"cpu": "200m", "memory": "256Mi"},
+                },
+                # KubeRay copies the Ray container's securityContext, so the pod keeps its profile.
+                **({"securityContext": copy.deepcopy(ray["securityContext"])} if "securityContext" in ray else {}),
+            }
+        )
     if not any(p.get("name") == "metrics" for p in ray.get("ports") or ()):
         ray.setdefault("ports", []).append({"name": "metrics", "containerPort": METRICS_PORT})
     if not any(m.get("mountPath") == "/dev/shm" for m in ray.get("volumeMounts") or ()):
@@ -187,8 +201,11 @@ def build_pod(cluster: Mapping[str, Any], group: Mapping[str, Any], *, head: boo
         {"name": "RAY_NODE_TYPE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/group']"}}},
         {"name": "KUBERAY_GEN_RAY_START_CMD", "value": start},
     ]
-    for key, value in (("RAY_PORT", port), ("RAY_ADDRESS", f"{address}:{port}"),
-                       ("RAY_USAGE_STATS_KUBERAY_IN_USE", "1")):
+    for key, value in (
+        ("RAY_PORT", port),
+        ("RAY_ADDRESS", f"{address}:{port}"),
+        ("RAY_USAGE_STATS_KUBERAY_IN_USE", "1"),
+    ):
         if key not in present:
             env.append({"name": key, "value": value})
     if head:
@@ -199,18 +216,34 @@ def build_pod(cluster: Mapping[str, Any], group: Mapping[str, Any], *, head: boo
     ray.setdefault("livenessProbe", _probe(health, initial_delay=30, timeout=5 if head else 1, failure_threshold=120))
     ray.setdefault("readinessProbe", _probe(health, initial_delay=10, timeout=5 if head else 1, failure_threshold=10))
 
-    labels = {**(template.get("metadata", {}).get("labels") or {}),
-              "ray.io/is-ray-node": "yes", "ray.io/cluster": name, "ray.io/node-type": node_type,
-              "ray.io/group": group_name, "ray.io/identifier": f"{name}-{node_type}",
-              "app.kubernetes.io/name": "kuberay", "app.kubernetes.io/created-by": "kuberay-operator"}
+    labels = {
+        **(template.get("metadata", {}).get("labels") or {}),
+        "ray.io/is-ray-node": "yes",
+        "ray.io/cluster": name,
+        "ray.io/node-type": node_type,
+        "ray.io/group": group_name,
+        "ray.io/identifier": f"{name}-{node_type}",
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
     return {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {
             "generateName": f"{name}-head-" if head else f"{name}-{group_name}-worker-",
-            "namespace": namespace, "labels": labels,
+            "namespace": namespace,
+            "labels": labels,
             "annotations": dict(template.get("metadata", {}).get("annotations") or {}),
-            "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name,
-                                 "uid": cluster["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "ray.io/v1",
+                    "kind": "RayCluster",
+                    "name": name,
+                    "uid": cluster["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
         "spec": spec,
     }

@@ -130,8 +130,11 @@ class _PodRuntime:
 
     @property
     def ip(self) -> str:
-        return self.sandbox.ip if self.sandbox is not None and self.sandbox.ip else (
-            NODE_IP if self.sandbox is not None else "")
+        return (
+            self.sandbox.ip
+            if self.sandbox is not None and self.sandbox.ip
+            else (NODE_IP if self.sandbox is not None else "")
+        )
 
     def processes(self) -> list[ManagedProcess]:
         found = []
@@ -143,9 +146,18 @@ class _PodRuntime:
 class NodeAgentDouble:
     """Runs the pods bound to its emulated nodes (all namespaces), polling every `interval` s."""
 
-    def __init__(self, plane: ControlPlane, *, workdir: Path, host_root: Path,
-                 image_path: Sequence[str] = DEFAULT_IMAGE_PATH, image_env: Mapping[str, str] | None = None,
-                 interval: float = 0.5, max_grace: float = 5.0, max_backoff: float = 60.0) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        *,
+        workdir: Path,
+        host_root: Path,
+        image_path: Sequence[str] = DEFAULT_IMAGE_PATH,
+        image_env: Mapping[str, str] | None = None,
+        interval: float = 0.5,
+        max_grace: float = 5.0,
+        max_backoff: float = 60.0,
+    ) -> None:
         self.plane = plane
         self.workdir, self.host_root = Path(workdir), Path(host_root)
         # The image's home: empty but for .cache, the host's (built models, compile caches, vLLM's
@@ -155,8 +167,12 @@ class NodeAgentDouble:
         # so HOME would not exist in the pod and every cache would start cold (minutes per vLLM
         # engine on two cores).
         self.image_home = cache_dir().parent / "e2e-image-home"
-        self.image_env = {"PATH": ":".join([*image_path, _SYSTEM_PATH]), "HOME": str(self.image_home),
-                          "LANG": "C.UTF-8", **(image_env or {})}
+        self.image_env = {
+            "PATH": ":".join([*image_path, _SYSTEM_PATH]),
+            "HOME": str(self.image_home),
+            "LANG": "C.UTF-8",
+            **(image_env or {}),
+        }
         self.max_grace, self.max_backoff = max_grace, max_backoff
         self.network = PodNetwork()
         self.dns: ClusterDNS | None = None
@@ -191,8 +207,9 @@ class NodeAgentDouble:
         # kube-proxy's part for Service default/kubernetes: its ClusterIP on the bridge, forwarded
         # to the API server (in-cluster clients, e.g. an operator Deployment, use it).
         add_address(self.network.bridge, self.plane.kubernetes_service_ip)
-        self.api_proxy = ServiceProxy((self.plane.kubernetes_service_ip, 443),
-                                      ("127.0.0.1", self.plane.ports["apiserver"]))
+        self.api_proxy = ServiceProxy(
+            (self.plane.kubernetes_service_ip, 443), ("127.0.0.1", self.plane.ports["apiserver"])
+        )
         self.api_proxy.start()
         self._poller.start()
         return self
@@ -237,12 +254,19 @@ class NodeAgentDouble:
         """The UTS namespace inode of every running pod (of `namespace`, with these labels), by pod
         name: all of a pod's processes share it (leak checks after the pod is gone)."""
         with self._lock:
-            return {r.name: r.sandbox.uts_inode for r in self._selected(namespace, labels)
-                    if r.sandbox is not None and r.sandbox.uts_inode}
+            return {
+                r.name: r.sandbox.uts_inode
+                for r in self._selected(namespace, labels)
+                if r.sandbox is not None and r.sandbox.uts_inode
+            }
 
     def _selected(self, namespace: str | None, labels: Mapping[str, str]) -> list[_PodRuntime]:
-        return [r for r in self._pods.values() if namespace in (None, r.namespace)
-                and all((r.pod["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+        return [
+            r
+            for r in self._pods.values()
+            if namespace in (None, r.namespace)
+            and all((r.pod["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
+        ]
 
     def container_pid(self, namespace: str, pod: str, container: str) -> int | None:
         """Host pid of a running container's first process (PID 1 of its PID namespace)."""
@@ -294,8 +318,14 @@ class NodeAgentDouble:
     # ----- admission and start --------------------------------------------------------------------
     def _admit(self, pod: Mapping[str, Any]) -> _PodRuntime:
         meta, spec = pod["metadata"], pod["spec"]
-        runtime = _PodRuntime(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], pod=dict(pod),
-                              root=self.workdir / "pods" / meta["namespace"] / meta["name"], start_time=_now())
+        runtime = _PodRuntime(
+            uid=meta["uid"],
+            namespace=meta["namespace"],
+            name=meta["name"],
+            pod=dict(pod),
+            root=self.workdir / "pods" / meta["namespace"] / meta["name"],
+            start_time=_now(),
+        )
         runtime.init = [_Container(spec=c, init=True) for c in spec.get("initContainers") or ()]
         runtime.main = [_Container(spec=c, init=False) for c in spec["containers"]]
         for container in runtime.main:
@@ -323,15 +353,17 @@ class NodeAgentDouble:
             mounts.append(Mount("/etc/resolv.conf", root / "resolv.conf"))
         if "/dev/shm" not in targets:
             mounts.append(Mount("/dev/shm", None, tmpfs_size="64m"))  # a container runtime's default
-        sandbox = PodSandbox(name=runtime.name, root=root, mounts=mounts,
-                             network=None if host_network else self.network)
+        sandbox = PodSandbox(
+            name=runtime.name, root=root, mounts=mounts, network=None if host_network else self.network
+        )
         sandbox.prepare_mountpoints()
         sandbox.start()
         runtime.sandbox = sandbox
         # In place: /etc/hosts in the pod is a bind mount of this very file.
         with open(root / "hosts", "r+") as out:
-            out.write(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-                      f"{runtime.ip}\t{runtime.name}\n")
+            out.write(
+                f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{runtime.ip}\t{runtime.name}\n"
+            )
 
     def _volume_mounts(self, runtime: _PodRuntime) -> list[Mount]:
         pod = runtime.pod
@@ -350,8 +382,9 @@ class NodeAgentDouble:
                     continue
                 if volume_mount.get("subPath"):
                     source = source / volume_mount["subPath"]
-                mounts[target] = Mount(target, source, read_only=read_only or "configMap" in volume
-                                       or "secret" in volume)
+                mounts[target] = Mount(
+                    target, source, read_only=read_only or "configMap" in volume or "secret" in volume
+                )
         return list(mounts.values())
 
     def _volume_source(self, runtime: _PodRuntime, volume: Mapping[str, Any]) -> Path | None:
@@ -389,15 +422,18 @@ class NodeAgentDouble:
             return path
         if "persistentVolumeClaim" in volume:
             return self._claim_source(runtime.namespace, volume["persistentVolumeClaim"]["claimName"])
-        raise PodStartError(f"volume {volume['name']!r}: only configMap, secret, emptyDir, hostPath and "
-                            "persistentVolumeClaim (of a hostPath or local volume) volumes are emulated")
+        raise PodStartError(
+            f"volume {volume['name']!r}: only configMap, secret, emptyDir, hostPath and "
+            "persistentVolumeClaim (of a hostPath or local volume) volumes are emulated"
+        )
 
     def _claim_source(self, namespace: str, claim: str) -> Path:
         """A bound claim's volume, as the kubelet mounts it: a hostPath or local PersistentVolume's
         path, under `host_root` like every hostPath."""
         try:
-            pvc = json.loads(self.core.read_namespaced_persistent_volume_claim(
-                claim, namespace, _preload_content=False).data)
+            pvc = json.loads(
+                self.core.read_namespaced_persistent_volume_claim(claim, namespace, _preload_content=False).data
+            )
             volume_name = pvc["spec"].get("volumeName")
             if not volume_name:
                 raise PodStartError(f"persistentvolumeclaim {claim!r} is not bound")
@@ -423,8 +459,10 @@ class NodeAgentDouble:
             raise
         if kind == "secret":
             return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
-        return {**{k: v.encode() for k, v in (obj.get("data") or {}).items()},
-                **{k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()}}
+        return {
+            **{k: v.encode() for k, v in (obj.get("data") or {}).items()},
+            **{k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()},
+        }
 
     def _env_lookup(self, kind: str, namespace: str):
         def lookup(name: str) -> dict[str, str] | None:
@@ -433,6 +471,7 @@ class NodeAgentDouble:
                 return None
             # pod_env wants Secret values base64-encoded, as the API serves them.
             return {k: base64.b64encode(v).decode() if kind == "secret" else v.decode() for k, v in data.items()}
+
         return lookup
 
     # ----- the state machine ----------------------------------------------------------------------
@@ -470,15 +509,21 @@ class NodeAgentDouble:
         container.process = None
         container.ready = False
         exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a kubelet reports
-        container.last_terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                                     "startedAt": container.started_at, "finishedAt": _now()}
+        container.last_terminated = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "startedAt": container.started_at,
+            "finishedAt": _now(),
+        }
         log.info("pod %s/%s container %s exited with %d", runtime.namespace, runtime.name, container.name, exit_code)
         policy = self._policy(runtime, container)
         if policy == "Always" or (policy == "OnFailure" and exit_code != 0):
             container.restart_count += 1
             container.next_start = now + min(10.0 * 2 ** (container.restart_count - 1), self.max_backoff)
-            container.waiting_reason, container.waiting_message = "CrashLoopBackOff", (
-                f"back-off restarting failed container {container.name}")
+            container.waiting_reason, container.waiting_message = (
+                "CrashLoopBackOff",
+                (f"back-off restarting failed container {container.name}"),
+            )
         else:
             container.done = True
 
@@ -486,31 +531,48 @@ class NodeAgentDouble:
         spec = container.spec
         api = self.plane.kubernetes_service_ip
         # The image's env, then the kubelet's service links of Service default/kubernetes.
-        image_env = dict(self.image_env, HOSTNAME=runtime.name, KUBERNETES_SERVICE_HOST=api,
-                         KUBERNETES_SERVICE_PORT="443", KUBERNETES_SERVICE_PORT_HTTPS="443",
-                         KUBERNETES_PORT=f"tcp://{api}:443", KUBERNETES_PORT_443_TCP=f"tcp://{api}:443",
-                         KUBERNETES_PORT_443_TCP_PROTO="tcp", KUBERNETES_PORT_443_TCP_PORT="443",
-                         KUBERNETES_PORT_443_TCP_ADDR=api)
+        image_env = dict(
+            self.image_env,
+            HOSTNAME=runtime.name,
+            KUBERNETES_SERVICE_HOST=api,
+            KUBERNETES_SERVICE_PORT="443",
+            KUBERNETES_SERVICE_PORT_HTTPS="443",
+            KUBERNETES_PORT=f"tcp://{api}:443",
+            KUBERNETES_PORT_443_TCP=f"tcp://{api}:443",
+            KUBERNETES_PORT_443_TCP_PROTO="tcp",
+            KUBERNETES_PORT_443_TCP_PORT="443",
+            KUBERNETES_PORT_443_TCP_ADDR=api,
+        )
         try:
-            env = container_env(runtime.pod, spec, config_map=self._env_lookup("configMap", runtime.namespace),
-                                secret=self._env_lookup("secret", runtime.namespace), pod_ip=runtime.ip,
-                                host_ip=NODE_IP, image_env=image_env)
+            env = container_env(
+                runtime.pod,
+                spec,
+                config_map=self._env_lookup("configMap", runtime.namespace),
+                secret=self._env_lookup("secret", runtime.namespace),
+                pod_ip=runtime.ip,
+                host_ip=NODE_IP,
+                image_env=image_env,
+            )
         except MissingReference as error:
             container.waiting_reason, container.waiting_message = "CreateContainerConfigError", str(error)
             return
         argv = [expand(word, env) for word in (*(spec.get("command") or ()), *(spec.get("args") or ()))]
         if not spec.get("command"):
             container.waiting_reason, container.waiting_message = (
-                "CreateContainerError", "the emulated image has no entrypoint: set the container's command")
+                "CreateContainerError",
+                "the emulated image has no entrypoint: set the container's command",
+            )
             return
         assert runtime.sandbox is not None
-        container.process = runtime.sandbox.exec(container.name, argv, env=env,
-                                                 working_dir=spec.get("workingDir") or "/")
+        container.process = runtime.sandbox.exec(
+            container.name, argv, env=env, working_dir=spec.get("workingDir") or "/"
+        )
         container.started_at, container.started = _now(), time.monotonic()
         if container.probe is not None:
             container.probe = _Probe(spec=container.probe.spec)  # a restart probes afresh
-        log.info("pod %s/%s started %s (pid %d)", runtime.namespace, runtime.name, container.name,
-                 container.process.pid)
+        log.info(
+            "pod %s/%s started %s (pid %d)", runtime.namespace, runtime.name, container.name, container.process.pid
+        )
 
     def _probe(self, runtime: _PodRuntime, container: _Container) -> None:
         """Readiness: Ready when running without a probe; with one, its thresholds decide."""
@@ -544,8 +606,9 @@ class NodeAgentDouble:
         probe.started = now
         assert runtime.sandbox is not None
         if "exec" in spec:
-            probe.running = runtime.sandbox.exec(f"{container.name}.probe", spec["exec"]["command"],
-                                                 env=self.image_env, own_pid_namespace=False)
+            probe.running = runtime.sandbox.exec(
+                f"{container.name}.probe", spec["exec"]["command"], env=self.image_env, own_pid_namespace=False
+            )
         elif "httpGet" in spec:
             get = spec["httpGet"]
             port = get["port"]
@@ -553,8 +616,10 @@ class NodeAgentDouble:
                 port = next(p["containerPort"] for p in container.spec.get("ports") or () if p.get("name") == port)
             url = f"http://{runtime.ip}:{port}{get.get('path', '/')}"
             probe.running = ManagedProcess(
-                f"pod {runtime.name}: {container.name}.probe", ["wget", "-q", "-O", "/dev/null", url],
-                log_path=runtime.root / "logs" / f"{container.name}.probe.log")
+                f"pod {runtime.name}: {container.name}.probe",
+                ["wget", "-q", "-O", "/dev/null", url],
+                log_path=runtime.root / "logs" / f"{container.name}.probe.log",
+            )
         else:
             container.ready = True  # tcpSocket/grpc probes are not emulated: taken as passing
 
@@ -565,8 +630,9 @@ class NodeAgentDouble:
             self._kill(runtime, grace=grace)
             self._pods.pop(runtime.uid, None)
         try:
-            self.core.delete_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"],
-                                            grace_period_seconds=0, _preload_content=False)
+            self.core.delete_namespaced_pod(
+                pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period_seconds=0, _preload_content=False
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -594,10 +660,16 @@ class NodeAgentDouble:
                 continue
             namespace = service["metadata"]["namespace"]
             backends = sorted(
-                (p for p in pods if p["metadata"]["namespace"] == namespace and ip_of(p)
-                 and not p["metadata"].get("deletionTimestamp")
-                 and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())),
-                key=lambda p: (not _is_ready(p), p["metadata"]["name"]))
+                (
+                    p
+                    for p in pods
+                    if p["metadata"]["namespace"] == namespace
+                    and ip_of(p)
+                    and not p["metadata"].get("deletionTimestamp")
+                    and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                ),
+                key=lambda p: (not _is_ready(p), p["metadata"]["name"]),
+            )
             if backends:
                 addresses[(namespace, service["metadata"]["name"])] = ip_of(backends[0])
         assert self.dns is not None
@@ -608,8 +680,9 @@ class NodeAgentDouble:
         if status == runtime.reported:
             return
         try:
-            self.core.patch_namespaced_pod_status(runtime.name, runtime.namespace, {"status": status},
-                                                  _content_type=MERGE_PATCH, _preload_content=False)
+            self.core.patch_namespaced_pod_status(
+                runtime.name, runtime.namespace, {"status": status}, _content_type=MERGE_PATCH, _preload_content=False
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -629,12 +702,17 @@ class NodeAgentDouble:
         else:
             phase = "Running"
         ready = phase == "Running" and all(c.ready for c in mains)
-        conditions = [self._condition(runtime, "Initialized", init_done),
-                      self._condition(runtime, "Ready", ready),
-                      self._condition(runtime, "ContainersReady", ready),
-                      self._condition(runtime, "PodScheduled", True)]
+        conditions = [
+            self._condition(runtime, "Initialized", init_done),
+            self._condition(runtime, "Ready", ready),
+            self._condition(runtime, "ContainersReady", ready),
+            self._condition(runtime, "PodScheduled", True),
+        ]
         status: dict[str, Any] = {
-            "phase": phase, "hostIP": NODE_IP, "startTime": runtime.start_time, "conditions": conditions,
+            "phase": phase,
+            "hostIP": NODE_IP,
+            "startTime": runtime.start_time,
+            "conditions": conditions,
             "containerStatuses": [self._container_status(c) for c in mains],
         }
         if runtime.init:
@@ -658,18 +736,27 @@ class NodeAgentDouble:
         elif container.done and container.last_terminated is not None:
             state = {"terminated": container.last_terminated}
         else:
-            state = {"waiting": {"reason": container.waiting_reason,
-                                 **({"message": container.waiting_message} if container.waiting_message else {})}}
-        status = {"name": container.name, "image": container.spec.get("image", ""), "imageID": "",
-                  "ready": container.ready, "restartCount": container.restart_count,
-                  "started": container.process is not None, "state": state}
+            state = {
+                "waiting": {
+                    "reason": container.waiting_reason,
+                    **({"message": container.waiting_message} if container.waiting_message else {}),
+                }
+            }
+        status = {
+            "name": container.name,
+            "image": container.spec.get("image", ""),
+            "imageID": "",
+            "ready": container.ready,
+            "restartCount": container.restart_count,
+            "started": container.process is not None,
+            "state": state,
+        }
         if container.last_terminated is not None and "terminated" not in state:
             status["lastState"] = {"terminated": container.last_terminated}
         return status
 
 
 def _is_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in pod.get("status", {}).get("conditions") or ())
-
-
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions") or ()
+    )

@@ -31,15 +31,25 @@ class MissingReference(LookupError):
 
 def expand(text: str, env: Mapping[str, str]) -> str:
     """Kubernetes' `$(VAR)` expansion: defined references replaced, others kept, `$$` -> `$`."""
+
     def replace(match: re.Match) -> str:
         if match.group(0) == "$$":
             return "$"
         return env.get(match.group(1), match.group(0))
+
     return _REFERENCE.sub(replace, text)
 
 
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], *, config_map: Lookup, secret: Lookup,
-                  pod_ip: str = "", host_ip: str = "", image_env: Mapping[str, str] = ()) -> dict[str, str]:
+def container_env(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    *,
+    config_map: Lookup,
+    secret: Lookup,
+    pod_ip: str = "",
+    host_ip: str = "",
+    image_env: Mapping[str, str] = (),
+) -> dict[str, str]:
     env: dict[str, str] = dict(image_env)
     for source in container.get("envFrom") or ():
         prefix = source.get("prefix", "")
@@ -53,8 +63,9 @@ def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], *, confi
         if source is None:
             env[var["name"]] = expand(var.get("value", ""), env)
             continue
-        value = _value_from(source, pod, container, config_map=config_map, secret=secret,
-                            pod_ip=pod_ip, host_ip=host_ip)
+        value = _value_from(
+            source, pod, container, config_map=config_map, secret=secret, pod_ip=pod_ip, host_ip=host_ip
+        )
         if value is not None:
             env[var["name"]] = value
     return env
@@ -69,8 +80,16 @@ def _data(lookup: Lookup, ref: Mapping[str, Any], *, decode: bool) -> dict[str, 
     return {k: base64.b64decode(v).decode() if decode else v for k, v in data.items()}
 
 
-def _value_from(source: Mapping[str, Any], pod: Mapping[str, Any], container: Mapping[str, Any], *,
-                config_map: Lookup, secret: Lookup, pod_ip: str, host_ip: str) -> str | None:
+def _value_from(
+    source: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    *,
+    config_map: Lookup,
+    secret: Lookup,
+    pod_ip: str,
+    host_ip: str,
+) -> str | None:
     for kind, lookup, decode in (("configMapKeyRef", config_map, False), ("secretKeyRef", secret, True)):
         if kind in source:
             ref = source[kind]
@@ -99,10 +118,14 @@ def field_value(pod: Mapping[str, Any], path: str, *, pod_ip: str, host_ip: str)
     if labelled:
         return (meta.get(labelled.group(1)) or {}).get(labelled.group(2), "")
     simple = {
-        "metadata.name": meta.get("name", ""), "metadata.namespace": meta.get("namespace", ""),
-        "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
+        "metadata.name": meta.get("name", ""),
+        "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": spec.get("nodeName", ""),
         "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-        "status.podIP": pod_ip, "status.podIPs": pod_ip, "status.hostIP": host_ip,
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
+        "status.hostIP": host_ip,
     }
     if path not in simple:
         raise ValueError(f"unsupported fieldRef {path!r}")

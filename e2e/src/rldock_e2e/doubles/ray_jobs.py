@@ -54,10 +54,18 @@ class FakeJob:
     stop_requests: int = 0
 
     def details(self) -> dict[str, Any]:
-        return {"type": "SUBMISSION", "job_id": None, "submission_id": self.submission_id,
-                "status": self.status, "message": self.message, "entrypoint": self.entrypoint,
-                "metadata": self.metadata, "start_time": self.start_time, "end_time": self.end_time,
-                "driver_node_id": DRIVER_NODE_ID if self.start_time is not None else None}
+        return {
+            "type": "SUBMISSION",
+            "job_id": None,
+            "submission_id": self.submission_id,
+            "status": self.status,
+            "message": self.message,
+            "entrypoint": self.entrypoint,
+            "metadata": self.metadata,
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+            "driver_node_id": DRIVER_NODE_ID if self.start_time is not None else None,
+        }
 
 
 class FakeHead:
@@ -72,8 +80,9 @@ class FakeHead:
         self.log_reads = {"tail": 0, "whole": 0}  # driver log requests, by endpoint
         self._server = ThreadingHTTPServer((ip, port), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"ray-head-{cluster}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"ray-head-{cluster}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -182,12 +191,18 @@ def _handler_for(head: FakeHead) -> type[BaseHTTPRequestHandler]:
             with head.lock:
                 if submission_id in head.jobs:
                     # Ray 2.60 wraps the job manager's ValueError into a 500 with its traceback.
-                    self._reply(500, f"Traceback (most recent call last):\nValueError: Job with submission_id "
-                                     f"{submission_id} already exists. Please use a different submission_id.\n")
+                    self._reply(
+                        500,
+                        f"Traceback (most recent call last):\nValueError: Job with submission_id "
+                        f"{submission_id} already exists. Please use a different submission_id.\n",
+                    )
                     return
                 head.jobs[submission_id] = FakeJob(
-                    submission_id=submission_id, entrypoint=payload["entrypoint"],
-                    metadata=dict(payload.get("metadata") or {}), submitted=time.time())
+                    submission_id=submission_id,
+                    entrypoint=payload["entrypoint"],
+                    metadata=dict(payload.get("metadata") or {}),
+                    submitted=time.time(),
+                )
             self._reply(200, {"submission_id": submission_id, "job_id": None})
 
     return Handler
@@ -208,8 +223,9 @@ class RayJobsDouble:
         if labels.get("ray.io/node-type") != "head":
             return
         token = env.get("RAY_AUTH_TOKEN") if env.get("RAY_AUTH_MODE") == "token" else None
-        head = FakeHead(cluster=labels["ray.io/cluster"], ip=ip, port=self.port, token=token,
-                        start_delay=self.start_delay)
+        head = FakeHead(
+            cluster=labels["ray.io/cluster"], ip=ip, port=self.port, token=token, start_delay=self.start_delay
+        )
         with self._lock:
             self.heads[pod["metadata"]["name"]] = head
 

@@ -57,8 +57,9 @@ def sandbox_unavailable() -> str | None:
     for tool in ("unshare", "nsenter", "ip", "mount"):
         if shutil.which(tool) is None:
             return f"the node agent double needs `{tool}` (util-linux / iproute2)"
-    probe = subprocess.run(["unshare", "--net", "--mount", "--uts", "--pid", "--fork", "true"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "--net", "--mount", "--uts", "--pid", "--fork", "true"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         return f"cannot create namespaces here: {probe.stderr.strip()}"
     return None
@@ -137,8 +138,9 @@ def add_address(interface: str, address: str) -> None:
 
 
 def _remove_stale_bridges() -> None:
-    links = json.loads(subprocess.run(["ip", "-j", "link", "show", "type", "bridge"],
-                                      capture_output=True, text=True).stdout or "[]")
+    links = json.loads(
+        subprocess.run(["ip", "-j", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout or "[]"
+    )
     for link in links:
         match = re.fullmatch(rf"{_BRIDGE_PREFIX}([0-9a-f]+)", link.get("ifname", ""))
         if match and not pid_alive(int(match.group(1), 16)):
@@ -178,8 +180,7 @@ def _tmpfs_mount(mount: Mount, target: str) -> str:
 class PodSandbox:
     """The namespaces of one pod, held by a `sleep` (the pause container), and its containers."""
 
-    def __init__(self, *, name: str, root: Path, mounts: Sequence[Mount],
-                 network: PodNetwork | None) -> None:
+    def __init__(self, *, name: str, root: Path, mounts: Sequence[Mount], network: PodNetwork | None) -> None:
         self.name = name
         self.root = root
         self.mounts = list(mounts)
@@ -194,9 +195,13 @@ class PodSandbox:
         unshare = ["unshare", "--mount", "--uts", "--propagation", "private"]
         if self.network is not None:
             unshare.append("--net")
-        self._pause = ManagedProcess(f"pod {self.name} (pause)",
-                                     [*unshare, "--", "/bin/sh", "-c", self._setup_script()],
-                                     log_path=self.root / "logs" / "sandbox.log", env=_PLAIN_ENV, cwd=Path("/"))
+        self._pause = ManagedProcess(
+            f"pod {self.name} (pause)",
+            [*unshare, "--", "/bin/sh", "-c", self._setup_script()],
+            log_path=self.root / "logs" / "sandbox.log",
+            env=_PLAIN_ENV,
+            cwd=Path("/"),
+        )
         deadline = time.monotonic() + timeout
         while _READY_LINE not in self._pause.log_tail(5):
             if self._pause.poll() is not None or time.monotonic() > deadline:
@@ -255,8 +260,15 @@ class PodSandbox:
                 directories.append(mount.target)
         mountpoints.claim(directories)
 
-    def exec(self, name: str, argv: Sequence[str], *, env: Mapping[str, str], working_dir: str = "/",
-             own_pid_namespace: bool = True) -> ManagedProcess:
+    def exec(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        working_dir: str = "/",
+        own_pid_namespace: bool = True,
+    ) -> ManagedProcess:
         """Start `argv` in the pod: its network, mounts and hostname; with `own_pid_namespace` in a
         PID namespace of its own (a container), else in the host's (a probe)."""
         assert self._pause is not None, "start() first"
@@ -265,8 +277,13 @@ class PodSandbox:
             enter.append("--net")
         if own_pid_namespace:
             enter += ["--", "unshare", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc"]
-        return ManagedProcess(f"pod {self.name}: {name}", [*enter, "--", *argv],
-                              log_path=self.root / "logs" / f"{name}.log", env=dict(env), cwd=Path("/"))
+        return ManagedProcess(
+            f"pod {self.name}: {name}",
+            [*enter, "--", *argv],
+            log_path=self.root / "logs" / f"{name}.log",
+            env=dict(env),
+            cwd=Path("/"),
+        )
 
     def stop(self, *, grace: float, processes: Sequence[ManagedProcess] = ()) -> None:
         """SIGTERM `processes`, SIGKILL what is left after `grace` s, then end the namespaces."""

@@ -56,8 +56,9 @@ class ServiceProxy:
                 log.warning("service proxy: %s:%d unreachable: %s", *self.target, error)
                 downstream.close()
                 continue
-            threading.Thread(target=self._pump, args=(downstream, upstream), daemon=True,
-                             name="service-proxy-conn").start()
+            threading.Thread(
+                target=self._pump, args=(downstream, upstream), daemon=True, name="service-proxy-conn"
+            ).start()
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         selector = selectors.DefaultSelector()

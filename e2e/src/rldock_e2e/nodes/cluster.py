@@ -51,8 +51,13 @@ def cache_root() -> Path:
 @functools.cache
 def _containers_conf_path() -> str:
     """images/containers-conf.sh, once per process: rlimits this machine allows and OCI runtime runc."""
-    result = subprocess.run([str(REPO / "images" / "containers-conf.sh")], check=True, text=True,
-                            capture_output=True, env={**os.environ, "RLDOCK_CACHE": str(cache_root())})
+    result = subprocess.run(
+        [str(REPO / "images" / "containers-conf.sh")],
+        check=True,
+        text=True,
+        capture_output=True,
+        env={**os.environ, "RLDOCK_CACHE": str(cache_root())},
+    )
     return result.stdout.strip().splitlines()[-1]
 
 
@@ -64,8 +69,7 @@ def containers_conf() -> dict[str, str]:
 
 
 def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["podman", *args], check=check, text=True, env=containers_conf(),
-                          capture_output=capture)
+    return subprocess.run(["podman", *args], check=check, text=True, env=containers_conf(), capture_output=capture)
 
 
 # What the host needs (Debian bookworm); containerd, its own runc and the CNI plugins go into the
@@ -85,9 +89,13 @@ def unavailable_reason() -> str | None:
     if shutil.which("apt-get") is None:
         return f"missing {', '.join(missing)} and no apt-get to install them (a Debian bookworm machine is needed)"
     # Waits for another apt-get's lock (a build beside it may be installing) instead of failing.
-    result = subprocess.run(["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *HOST_PACKAGES],
-                            check=False, text=True, capture_output=True,
-                            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    result = subprocess.run(
+        ["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=600", *HOST_PACKAGES],
+        check=False,
+        text=True,
+        capture_output=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
     if result.returncode != 0:
         return f"apt-get install {' '.join(HOST_PACKAGES)} failed: {result.stderr.strip()[-500:]}"
     _containers_conf_path.cache_clear()  # written again, now that runc is here
@@ -106,8 +114,13 @@ def build_node_binaries() -> Path:
 
 def local_base_image() -> str:
     """images/local-base.sh: Debian bookworm + python3 from debootstrap (cached)."""
-    result = subprocess.run([str(REPO / "images" / "local-base.sh")], check=False, text=True, capture_output=True,
-                            env={**containers_conf(), "ENGINE": "podman"})
+    result = subprocess.run(
+        [str(REPO / "images" / "local-base.sh")],
+        check=False,
+        text=True,
+        capture_output=True,
+        env={**containers_conf(), "ENGINE": "podman"},
+    )
     if result.returncode == 2:
         raise NodesUnavailable(result.stderr.strip().splitlines()[-1])
     if result.returncode != 0:
@@ -158,8 +171,20 @@ def pause_archive(binaries: Path) -> Path:
 
 def _build(context: str, dockerfile: str, tag: str, base_image: str | None) -> None:
     # runc named here too (as images/build.sh does), so that RUN steps use it whatever podman reads.
-    args = ["nice", "-n", "19", "podman", "build", "--runtime", "runc", "--layers",
-            "-f", str(Path(context, dockerfile)), "-t", tag]
+    args = [
+        "nice",
+        "-n",
+        "19",
+        "podman",
+        "build",
+        "--runtime",
+        "runc",
+        "--layers",
+        "-f",
+        str(Path(context, dockerfile)),
+        "-t",
+        tag,
+    ]
     if base_image:
         args += ["--build-arg", f"BASE_IMAGE={base_image}"]
     result = subprocess.run([*args, context], check=False, text=True, capture_output=True, env=containers_conf())
@@ -238,8 +263,9 @@ class KindNodes:
             except OSError:
                 shutil.copy2(archive, target)
         admin = self.control_plane.users[credentials.ADMIN_USER]
-        credentials.write_kubeconfig(self._stage / "kubeconfig", credentials.kubeconfig(
-            self.control_plane.node_server, {admin.name: admin}))
+        credentials.write_kubeconfig(
+            self._stage / "kubeconfig", credentials.kubeconfig(self.control_plane.node_server, {admin.name: admin})
+        )
 
     def __enter__(self) -> KindNodes:
         return self
@@ -249,24 +275,55 @@ class KindNodes:
 
     def add(self, name: str, *, devices: int = 8) -> Node:
         index = len(self.nodes)
-        node = Node(name, index, f"{self.network.name}-{name}", self.network.node_ip(index),
-                    f"{POD_SUBNET_PREFIX}.{index}.0/24", devices)
+        node = Node(
+            name,
+            index,
+            f"{self.network.name}-{name}",
+            self.network.node_ip(index),
+            f"{POD_SUBNET_PREFIX}.{index}.0/24",
+            devices,
+        )
         podman("rm", "-f", "-v", node.container, check=False)
         routes = ",".join(f"{other.pod_cidr} via {other.ip}" for other in self.nodes.values())
-        podman("run", "-d", "--privileged", "--name", node.container, "--hostname", name,
-               "--network", self.network.name, "--ip", node.ip,
-               "--volume", f"{self._stage / 'kubeconfig'}:/etc/rldock-node/kubeconfig:ro",
-               "--volume", f"{self._stage / 'images'}:/images:ro",
-               # containerd's overlay snapshots cannot sit on the container's own overlay root.
-               "--volume", "/var/lib/containerd", "--volume", "/var/lib/kubelet",
-               *(("--volume", f"{self._shared_storage()}:{SHARED_STORAGE_PATH}")
-                 if self.storage_root is not None else ()),
-               "--env", f"NODE_NAME={name}", "--env", f"POD_CIDR={node.pod_cidr}",
-               "--env", f"ROUTES={routes}", "--env", f"CLUSTER_DNS={self.network.gateway}",
-               "--env", f"DEVICE_RESOURCE={DEVICE_RESOURCE}", "--env", f"DEVICES={devices}",
-               "--env", f"API_SERVICE={self.control_plane.kubernetes_service_ip} "
-                        f"{self.control_plane.node_address}:{self.control_plane.ports['apiserver']}",
-               self.node_image)
+        podman(
+            "run",
+            "-d",
+            "--privileged",
+            "--name",
+            node.container,
+            "--hostname",
+            name,
+            "--network",
+            self.network.name,
+            "--ip",
+            node.ip,
+            "--volume",
+            f"{self._stage / 'kubeconfig'}:/etc/rldock-node/kubeconfig:ro",
+            "--volume",
+            f"{self._stage / 'images'}:/images:ro",
+            # containerd's overlay snapshots cannot sit on the container's own overlay root.
+            "--volume",
+            "/var/lib/containerd",
+            "--volume",
+            "/var/lib/kubelet",
+            *(("--volume", f"{self._shared_storage()}:{SHARED_STORAGE_PATH}") if self.storage_root is not None else ()),
+            "--env",
+            f"NODE_NAME={name}",
+            "--env",
+            f"POD_CIDR={node.pod_cidr}",
+            "--env",
+            f"ROUTES={routes}",
+            "--env",
+            f"CLUSTER_DNS={self.network.gateway}",
+            "--env",
+            f"DEVICE_RESOURCE={DEVICE_RESOURCE}",
+            "--env",
+            f"DEVICES={devices}",
+            "--env",
+            f"API_SERVICE={self.control_plane.kubernetes_service_ip} "
+            f"{self.control_plane.node_address}:{self.control_plane.ports['apiserver']}",
+            self.node_image,
+        )
         for other in self.nodes.values():  # the existing nodes learn the new node's pod range
             podman("exec", other.container, "ip", "route", "replace", node.pod_cidr, "via", node.ip)
         self.nodes[name] = node
@@ -290,12 +347,31 @@ class KindNodes:
                 shutil.copy2(archive, target)
         self.images.append(archive)
         # All nodes at once: a multi-GB import is minutes per node, mostly waiting on the disk.
-        imports = {node.name: subprocess.Popen(
-            ["podman", "exec", node.container, "ctr", "-n", "k8s.io", "images", "import", f"/images/{archive.name}"],
-            env=containers_conf(), text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for node in self.nodes.values()}
-        failed = {name: error for name, process in imports.items()
-                  if (error := process.communicate()[1]) is not None and process.returncode != 0}
+        imports = {
+            node.name: subprocess.Popen(
+                [
+                    "podman",
+                    "exec",
+                    node.container,
+                    "ctr",
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    f"/images/{archive.name}",
+                ],
+                env=containers_conf(),
+                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for node in self.nodes.values()
+        }
+        failed = {
+            name: error
+            for name, process in imports.items()
+            if (error := process.communicate()[1]) is not None and process.returncode != 0
+        }
         if failed:
             raise RuntimeError(f"importing {archive.name} failed on nodes {sorted(failed)}: {failed}")
 

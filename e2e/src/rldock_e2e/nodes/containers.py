@@ -30,8 +30,7 @@ def kill_container(nodes: KindNodes, pod: Mapping[str, Any], container: str, *, 
     or an OOM kill would (the kubelet only learns of it from the runtime); returns the container id."""
     ids = container_ids(pod)
     assert container in ids, f"pod {pod['metadata']['name']} has no started container {container!r}: {ids}"
-    nodes.exec(pod["spec"]["nodeName"], "ctr", "-n", CRI_NAMESPACE, "tasks", "kill", "--signal", signal,
-               ids[container])
+    nodes.exec(pod["spec"]["nodeName"], "ctr", "-n", CRI_NAMESPACE, "tasks", "kill", "--signal", signal, ids[container])
     return ids[container]
 
 
@@ -43,8 +42,9 @@ def running_tasks(table: str) -> set[str]:
 
 def running_containers(nodes: KindNodes) -> set[str]:
     """The ids of every container with a running process on any of the nodes."""
-    return set().union(*(running_tasks(nodes.exec(name, "ctr", "-n", CRI_NAMESPACE, "tasks", "ls"))
-                         for name in nodes.nodes))
+    return set().union(
+        *(running_tasks(nodes.exec(name, "ctr", "-n", CRI_NAMESPACE, "tasks", "ls")) for name in nodes.nodes)
+    )
 
 
 def task_pids(table: str) -> list[int]:

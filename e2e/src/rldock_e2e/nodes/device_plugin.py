@@ -57,8 +57,7 @@ class EmulatedAscendPlugin:
         self.stopped = threading.Event()
 
     def get_options(self, request, context):
-        return api_pb2.DevicePluginOptions(pre_start_required=False,
-                                           get_preferred_allocation_available=False)
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
 
     def list_and_watch(self, request, context):
         devices = [api_pb2.Device(ID=i, health="Healthy") for i in self.ids]
@@ -85,29 +84,45 @@ class EmulatedAscendPlugin:
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(method, request_type, response_type):
             return grpc.unary_unary_rpc_method_handler(
-                method, request_deserializer=request_type.FromString,
-                response_serializer=response_type.SerializeToString)
-        return grpc.method_handlers_generic_handler(f"{API_VERSION}.DevicePlugin", {
-            "GetDevicePluginOptions": unary(self.get_options, api_pb2.Empty, api_pb2.DevicePluginOptions),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self.list_and_watch, request_deserializer=api_pb2.Empty.FromString,
-                response_serializer=api_pb2.ListAndWatchResponse.SerializeToString),
-            "Allocate": unary(self.allocate, api_pb2.AllocateRequest, api_pb2.AllocateResponse),
-            "PreStartContainer": unary(self.pre_start, api_pb2.PreStartContainerRequest,
-                                       api_pb2.PreStartContainerResponse),
-            "GetPreferredAllocation": unary(self.preferred, api_pb2.PreferredAllocationRequest,
-                                            api_pb2.PreferredAllocationResponse),
-        })
+                method,
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
+
+        return grpc.method_handlers_generic_handler(
+            f"{API_VERSION}.DevicePlugin",
+            {
+                "GetDevicePluginOptions": unary(self.get_options, api_pb2.Empty, api_pb2.DevicePluginOptions),
+                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                    self.list_and_watch,
+                    request_deserializer=api_pb2.Empty.FromString,
+                    response_serializer=api_pb2.ListAndWatchResponse.SerializeToString,
+                ),
+                "Allocate": unary(self.allocate, api_pb2.AllocateRequest, api_pb2.AllocateResponse),
+                "PreStartContainer": unary(
+                    self.pre_start, api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse
+                ),
+                "GetPreferredAllocation": unary(
+                    self.preferred, api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse
+                ),
+            },
+        )
 
 
 def register(socket_name: str, resource: str) -> None:
     """Tell the kubelet where the plugin listens (the kubelet then calls ListAndWatch)."""
     with grpc.insecure_channel(f"unix://{KUBELET_SOCKET}") as channel:
-        call = channel.unary_unary(f"/{API_VERSION}.Registration/Register",
-                                   request_serializer=api_pb2.RegisterRequest.SerializeToString,
-                                   response_deserializer=api_pb2.Empty.FromString)
-        call(api_pb2.RegisterRequest(version=API_VERSION, endpoint=socket_name, resource_name=resource,
-                                     options=api_pb2.DevicePluginOptions()), timeout=10)
+        call = channel.unary_unary(
+            f"/{API_VERSION}.Registration/Register",
+            request_serializer=api_pb2.RegisterRequest.SerializeToString,
+            response_deserializer=api_pb2.Empty.FromString,
+        )
+        call(
+            api_pb2.RegisterRequest(
+                version=API_VERSION, endpoint=socket_name, resource_name=resource, options=api_pb2.DevicePluginOptions()
+            ),
+            timeout=10,
+        )
 
 
 def serve(resource: str, count: int) -> None:

@@ -46,14 +46,16 @@ def _require_crd(api: client.ApiClient) -> None:
     not watch CRDs here, would otherwise serve nothing."""
     groups = client.ApisApi(api).get_api_versions().groups  # discovery: open to every user
     if not any(g.name == GROUP and any(v.version == VERSION for v in g.versions) for g in groups):
-        raise SystemExit(f"the {CRD_NAME} CustomResourceDefinition ({GROUP}/{VERSION}) is not installed; "
-                         "apply crds/ first")
+        raise SystemExit(
+            f"the {CRD_NAME} CustomResourceDefinition ({GROUP}/{VERSION}) is not installed; apply crds/ first"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings(argv, os.environ)
-    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if settings.log_level != "DEBUG":  # kopf logs every event and daemon step at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
     metrics = Metrics()
@@ -61,18 +63,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         HealthServer(metrics, port=settings.health_port).start()
     if settings.webhook_port is not None:  # every replica: the webhook's Service picks any ready one
         assert settings.webhook_cert_file and settings.webhook_key_file, "checked by OperatorSettings"
-        WebhookServer(functools.partial(review, settings=settings), port=settings.webhook_port,
-                      cert_file=settings.webhook_cert_file, key_file=settings.webhook_key_file).start()
+        WebhookServer(
+            functools.partial(review, settings=settings),
+            port=settings.webhook_port,
+            cert_file=settings.webhook_cert_file,
+            key_file=settings.webhook_key_file,
+        ).start()
     api = _api_client()
     _require_crd(api)
     elector = _lead(api, settings, metrics)
     reconciler = Reconciler(Kube(api), settings, metrics=metrics)
     defaults = settings.pod_defaults
-    log.info("watching %s; poll interval %.1f s; Jobs API via %s; RLJobs without their own get image %s "
-             "(pull policy %s) and device resource %s",
-             ", ".join(settings.namespaces) or "all namespaces", settings.poll_interval,
-             settings.dashboard_address.value, defaults.image, defaults.image_pull_policy.value,
-             defaults.device_resource)
+    log.info(
+        "watching %s; poll interval %.1f s; Jobs API via %s; RLJobs without their own get image %s "
+        "(pull policy %s) and device resource %s",
+        ", ".join(settings.namespaces) or "all namespaces",
+        settings.poll_interval,
+        settings.dashboard_address.value,
+        defaults.image,
+        defaults.image_pull_policy.value,
+        defaults.device_resource,
+    )
     try:
         kopf.run(
             registry=register(kopf.OperatorRegistry(), settings),
@@ -98,8 +109,14 @@ def _lead(api: client.ApiClient, settings: OperatorSettings, metrics: Metrics) -
         metrics.set_leader(True)
         return None
     assert settings.lease_namespace and settings.identity, "checked by OperatorSettings"
-    elector = LeaderElector(LeaseApi(api), namespace=settings.lease_namespace, name=settings.lease_name,
-                            identity=settings.identity, timings=settings.lease, on_change=metrics.set_leader)
+    elector = LeaderElector(
+        LeaseApi(api),
+        namespace=settings.lease_namespace,
+        name=settings.lease_name,
+        identity=settings.identity,
+        timings=settings.lease,
+        on_change=metrics.set_leader,
+    )
     elector.acquire()
     elector.keep_leading(on_lost=_lost)
     return elector

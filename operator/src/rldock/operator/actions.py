@@ -98,14 +98,19 @@ def _active(job: RayJobObservation | None) -> bool:
 def next_actions(s: Situation) -> list[Action]:
     """What this round does, in order."""
     job = s.job
-    rule = first_rule({
-        Rule.FINISHED: lambda: s.phase.is_terminal,
-        Rule.SUSPENDED: lambda: s.spec.suspend,
-        Rule.SUSPENDED_BY_OTHER: lambda: s.suspension is Suspension.OTHER,
-        Rule.ATTEMPT_FAILED: lambda: s.phase is Phase.RETRYING and job is not None and (
-            job.status in (RayJobStatus.FAILED, RayJobStatus.STOPPED) or (_active(job) and s.lost_workers)),
-        Rule.ATTEMPT_RUNNING: lambda: _active(job),
-    })
+    rule = first_rule(
+        {
+            Rule.FINISHED: lambda: s.phase.is_terminal,
+            Rule.SUSPENDED: lambda: s.spec.suspend,
+            Rule.SUSPENDED_BY_OTHER: lambda: s.suspension is Suspension.OTHER,
+            Rule.ATTEMPT_FAILED: lambda: (
+                s.phase is Phase.RETRYING
+                and job is not None
+                and (job.status in (RayJobStatus.FAILED, RayJobStatus.STOPPED) or (_active(job) and s.lost_workers))
+            ),
+            Rule.ATTEMPT_RUNNING: lambda: _active(job),
+        }
+    )
     return _ACTIONS[rule](s)
 
 

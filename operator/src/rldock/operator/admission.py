@@ -77,14 +77,17 @@ def review(body: Any, settings: OperatorSettings) -> dict[str, Any]:
     verdict = decide(request, settings)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if not verdict.allowed:
-        response["status"] = {"status": "Failure", "code": REFUSED_CODE, "reason": verdict.reason,
-                              "message": verdict.message}
+        response["status"] = {
+            "status": "Failure",
+            "code": REFUSED_CODE,
+            "reason": verdict.reason,
+            "message": verdict.message,
+        }
     return {"apiVersion": REVIEW_API_VERSION, "kind": REVIEW_KIND, "response": response}
 
 
 def _request(body: Any) -> Mapping[str, Any]:
-    if not isinstance(body, Mapping) or body.get("kind") != REVIEW_KIND \
-            or body.get("apiVersion") != REVIEW_API_VERSION:
+    if not isinstance(body, Mapping) or body.get("kind") != REVIEW_KIND or body.get("apiVersion") != REVIEW_API_VERSION:
         raise ReviewError(f"expected an {REVIEW_API_VERSION} {REVIEW_KIND}")
     request = body.get("request")
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str) or not request["uid"]:
@@ -95,20 +98,27 @@ def _request(body: Any) -> Mapping[str, Any]:
 def decide(request: Mapping[str, Any], settings: OperatorSettings) -> Verdict:
     """Whether the API server may go on with `request` (an AdmissionReview's request)."""
     resource = request.get("resource") or {}
-    if request.get("operation") not in _CHECKED_OPERATIONS or request.get("subResource") \
-            or (resource.get("group"), resource.get("resource")) != (GROUP, PLURAL):
+    if (
+        request.get("operation") not in _CHECKED_OPERATIONS
+        or request.get("subResource")
+        or (resource.get("group"), resource.get("resource")) != (GROUP, PLURAL)
+    ):
         # DELETE, CONNECT, status writes, or a webhook configuration that sends more than RLJobs:
         # none of it is ours to refuse.
         return ALLOWED
     obj = _mapping(request.get("object"), "request.object")
     spec = _mapping(obj.get("spec"), "request.object.spec")
     if request["operation"] == "UPDATE":
-        old_spec = _mapping(_mapping(request.get("oldObject"), "request.oldObject").get("spec"),
-                            "request.oldObject.spec")
+        old_spec = _mapping(
+            _mapping(request.get("oldObject"), "request.oldObject").get("spec"), "request.oldObject.spec"
+        )
         if old_spec.get("managedBy") != spec.get("managedBy"):
-            return Verdict(False, Reason.INVALID_SPEC.value,
-                           f"spec.managedBy: field is immutable (was {json.dumps(old_spec.get('managedBy'))}, now "
-                           f"{json.dumps(spec.get('managedBy'))}); set it when the RLJob is created")
+            return Verdict(
+                False,
+                Reason.INVALID_SPEC.value,
+                f"spec.managedBy: field is immutable (was {json.dumps(old_spec.get('managedBy'))}, now "
+                f"{json.dumps(spec.get('managedBy'))}); set it when the RLJob is created",
+            )
         if old_spec == spec:
             # Metadata only: labels, the finalizer the operator removes on deletion, kopf's
             # annotations. Refusing those would stick an RLJob admitted under an older policy
@@ -159,12 +169,25 @@ class WebhookServer:
     mounted Secret in place) is served without a restart.
     """
 
-    def __init__(self, handle: Review, *, port: int, cert_file: str, key_file: str, host: str = "0.0.0.0",
-                 max_review_bytes: int = MAX_REVIEW_BYTES, deadline_s: float = REQUEST_DEADLINE_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self._server = _TLSServer((host, port), _handler(handle, max_review_bytes),
-                                  certificate=_Certificate(cert_file, key_file), deadline_s=deadline_s,
-                                  max_connections=max_connections)
+    def __init__(
+        self,
+        handle: Review,
+        *,
+        port: int,
+        cert_file: str,
+        key_file: str,
+        host: str = "0.0.0.0",
+        max_review_bytes: int = MAX_REVIEW_BYTES,
+        deadline_s: float = REQUEST_DEADLINE_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self._server = _TLSServer(
+            (host, port),
+            _handler(handle, max_review_bytes),
+            certificate=_Certificate(cert_file, key_file),
+            deadline_s=deadline_s,
+            max_connections=max_connections,
+        )
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-webhook", daemon=True)
 
@@ -205,8 +228,11 @@ class _Certificate:
                     self._context, self._stamp = self._load(), stamp
                     log.info("admission webhook: serving the certificate %s as changed", self._files[0])
             except (OSError, ssl.SSLError) as error:  # e.g. a key that does not match yet
-                log.warning("admission webhook: cannot load %s and %s (%s); serving the previous certificate",
-                            *self._files, error)
+                log.warning(
+                    "admission webhook: cannot load %s and %s (%s); serving the previous certificate",
+                    *self._files,
+                    error,
+                )
             return self._context
 
 
@@ -216,8 +242,15 @@ class _TLSServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *,
-                 certificate: _Certificate, deadline_s: float, max_connections: int) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        certificate: _Certificate,
+        deadline_s: float,
+        max_connections: int,
+    ) -> None:
         super().__init__(address, handler)
         self.certificate, self.deadline_s = certificate, deadline_s
         self.max_connections = max_connections
@@ -225,8 +258,11 @@ class _TLSServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            log.warning("admission webhook: %d connections in flight; closing one from %s",
-                        self.max_connections, client_address[0])
+            log.warning(
+                "admission webhook: %d connections in flight; closing one from %s",
+                self.max_connections,
+                client_address[0],
+            )
             self.shutdown_request(request)
             return
         try:
@@ -317,4 +353,3 @@ def _handler(handle: Review, max_review_bytes: int) -> type[BaseHTTPRequestHandl
             self._reply(200, json.dumps(answer).encode(), "application/json")
 
     return Handler
-

@@ -59,8 +59,10 @@ from rldock.operator.constants import (
 # Kubernetes resource.Quantity, as the API server parses it ("4", "500m", "64Gi", 4). Integers
 # are accepted because people write `cpu: 4`; fractions must be quoted ("0.5" or "500m"); negative
 # amounts are refused.
-QUANTITY_PATTERN = (r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-                    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 QUANTITY_HINT = 'a whole number >= 0 such as 4, or a quoted amount such as "500m", "0.5" or "64Gi"'
 
 
@@ -70,8 +72,9 @@ def _one_quantity_error(value: object, handler: ValidatorFunctionWrapHandler) ->
     try:
         return handler(value)
     except ValidationError:
-        raise PydanticCustomError("quantity", "{value} is not a quantity: use " + QUANTITY_HINT,
-                                  {"value": repr(value)}) from None
+        raise PydanticCustomError(
+            "quantity", "{value} is not a quantity: use " + QUANTITY_HINT, {"value": repr(value)}
+        ) from None
 
 
 Quantity = Annotated[
@@ -86,7 +89,7 @@ def cpu_cores(quantity: Quantity) -> float:
     try:
         return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
     except ValueError:
-        raise ValueError(f"{quantity!r} is not a CPU amount such as 4, \"0.5\" or \"500m\"") from None
+        raise ValueError(f'{quantity!r} is not a CPU amount such as 4, "0.5" or "500m"') from None
 
 
 class _Model(BaseModel):
@@ -98,22 +101,26 @@ class _Model(BaseModel):
 class PodResources(_Model):
     """CPU and memory of one pod (request = limit, so Ray's view of the pod is what it gets)."""
 
-    cpu: Quantity = Field(description="CPU cores, e.g. 16 or \"500m\".")
-    memory: Quantity = Field(description="Memory, e.g. \"64Gi\".")
+    cpu: Quantity = Field(description='CPU cores, e.g. 16 or "500m".')
+    memory: Quantity = Field(description='Memory, e.g. "64Gi".')
 
 
 class Toleration(_Model):
     """A core/v1 Toleration, copied onto every Ray pod."""
 
     key: str | None = Field(
-        default=None, max_length=MAX_KEY_LENGTH, description="Taint key; empty with `Exists` tolerates every taint.")
+        default=None, max_length=MAX_KEY_LENGTH, description="Taint key; empty with `Exists` tolerates every taint."
+    )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Default `Equal`.")
     value: str | None = Field(
-        default=None, max_length=MAX_LABEL_VALUE_LENGTH, description="Taint value; must be empty with `Exists`.")
+        default=None, max_length=MAX_LABEL_VALUE_LENGTH, description="Taint value; must be empty with `Exists`."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect to tolerate; empty tolerates all effects.")
+        default=None, description="Taint effect to tolerate; empty tolerates all effects."
+    )
     toleration_seconds: int | None = Field(
-        default=None, ge=0, description="How long a `NoExecute` taint is tolerated before eviction.")
+        default=None, ge=0, description="How long a `NoExecute` taint is tolerated before eviction."
+    )
 
 
 # --- What the job needs to reach its model and data: core/v1 volumes, mounts and env ------------
@@ -125,10 +132,13 @@ class Toleration(_Model):
 # Sources beyond these (csi, projected, ...) are left out on purpose; a PVC or NFS share holds
 # models and data, a Secret or ConfigMap holds tokens and reward code.
 
+
 class PersistentVolumeClaimSource(_Model):
-    claim_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
-                            description="PersistentVolumeClaim in the RLJob's namespace (ReadOnlyMany or "
-                                        "ReadWriteMany for several nodes).")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="PersistentVolumeClaim in the RLJob's namespace (ReadOnlyMany or ReadWriteMany for several nodes).",
+    )
     read_only: bool | None = Field(default=None, description="Mount the claim read-only.")
 
 
@@ -140,25 +150,32 @@ class NFSSource(_Model):
 
 class HostPathSource(_Model):
     path: str = Field(
-        min_length=1, max_length=MAX_PATH_LENGTH,
-        description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.")
-    type: Literal[
-        "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"] | None = Field(
-        default=None, description="What must be at `path`; unset checks nothing.")
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Directory (or file) on every node, e.g. a shared filesystem mount; an absolute path.",
+    )
+    type: (
+        Literal["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"] | None
+    ) = Field(default=None, description="What must be at `path`; unset checks nothing.")
 
 
 class KeyToPath(_Model):
     key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="Key in the ConfigMap or Secret.")
-    path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
-                      description="File name for the key, relative to the mount path (no `..`).")
-    mode: int | None = Field(default=None, ge=0, le=0o777,
-                             description="File mode bits (decimal in JSON, e.g. 292 = 0444).")
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="File name for the key, relative to the mount path (no `..`).",
+    )
+    mode: int | None = Field(
+        default=None, ge=0, le=0o777, description="File mode bits (decimal in JSON, e.g. 292 = 0444)."
+    )
 
 
 class ConfigMapSource(_Model):
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="ConfigMap in the RLJob's namespace.")
     items: list[KeyToPath] | None = Field(
-        default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key.")
+        default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key."
+    )
     default_mode: int | None = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
     optional: bool | None = Field(default=None, description="Start even when the ConfigMap is missing.")
 
@@ -166,54 +183,69 @@ class ConfigMapSource(_Model):
 class SecretSource(_Model):
     secret_name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Secret in the RLJob's namespace.")
     items: list[KeyToPath] | None = Field(
-        default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key.")
+        default=None, max_length=MAX_POD_INPUTS, description="Keys to project, and their file names; unset: every key."
+    )
     default_mode: int | None = Field(default=None, ge=0, le=0o777, description="Mode bits of the files.")
     optional: bool | None = Field(default=None, description="Start even when the Secret is missing.")
 
 
 class EmptyDirSource(_Model):
     medium: Literal["Memory"] | None = Field(default=None, description="`Memory` for a tmpfs; unset: the node's disk.")
-    size_limit: Quantity | None = Field(default=None, description="Largest size, e.g. \"10Gi\".")
+    size_limit: Quantity | None = Field(default=None, description='Largest size, e.g. "10Gi".')
 
 
 class Volume(_Model):
     """A core/v1 Volume of every Ray pod; set exactly one source."""
 
-    name: str = Field(min_length=1, max_length=MAX_DNS_LABEL_LENGTH,
-                      description="Volume name (a DNS label), referred to by `volumeMounts[].name`.")
-    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(default=None,
-                                                                        description="A PersistentVolumeClaim.")
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_DNS_LABEL_LENGTH,
+        description="Volume name (a DNS label), referred to by `volumeMounts[].name`.",
+    )
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(
+        default=None, description="A PersistentVolumeClaim."
+    )
     nfs: NFSSource | None = Field(default=None, description="An NFS export.")
     host_path: HostPathSource | None = Field(default=None, description="A path on the node.")
     config_map: ConfigMapSource | None = Field(default=None, description="A ConfigMap's keys as files.")
     secret: SecretSource | None = Field(default=None, description="A Secret's keys as files.")
-    empty_dir: EmptyDirSource | None = Field(default=None,
-                                             description="A scratch directory that lives as long as the pod.")
+    empty_dir: EmptyDirSource | None = Field(
+        default=None, description="A scratch directory that lives as long as the pod."
+    )
 
 
 class VolumeMount(_Model):
     """A core/v1 VolumeMount of the Ray container of every pod (head and workers)."""
 
     name: str = Field(min_length=1, max_length=MAX_DNS_LABEL_LENGTH, description="Name of a volume in `spec.volumes`.")
-    mount_path: str = Field(min_length=1, max_length=MAX_PATH_LENGTH,
-                            description="Where the volume appears in the container, an absolute path; the job "
-                            "config's paths (e.g. `job.model.path`) point below it.")
+    mount_path: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Where the volume appears in the container, an absolute path; the job "
+        "config's paths (e.g. `job.model.path`) point below it.",
+    )
     sub_path: str | None = Field(
-        default=None, max_length=MAX_PATH_LENGTH,
-        description="Path inside the volume to mount instead of its root (relative, no `..`).")
+        default=None,
+        max_length=MAX_PATH_LENGTH,
+        description="Path inside the volume to mount instead of its root (relative, no `..`).",
+    )
     read_only: bool | None = Field(default=None, description="Mount read-only.")
 
 
 class KeySelector(_Model):
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
-                      description="Secret or ConfigMap in the RLJob's namespace.")
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace."
+    )
     key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, description="The key whose value to take.")
     optional: bool | None = Field(default=None, description="Start even when the object or key is missing.")
 
 
 class FieldSelector(_Model):
-    field_path: str = Field(min_length=1, max_length=MAX_KEY_LENGTH,
-                            description="A field of the pod, e.g. `metadata.name` or `status.podIP`.")
+    field_path: str = Field(
+        min_length=1,
+        max_length=MAX_KEY_LENGTH,
+        description="A field of the pod, e.g. `metadata.name` or `status.podIP`.",
+    )
     api_version: str | None = Field(default=None, max_length=MAX_VERSION_LENGTH, description="Default `v1`.")
 
 
@@ -230,15 +262,18 @@ class EnvVar(_Model):
     worker process inherit it."""
 
     name: str = Field(min_length=1, max_length=MAX_ENV_NAME_LENGTH, description="Variable name.")
-    value: str | None = Field(default=None, max_length=MAX_ENV_VALUE_LENGTH,
-                                 description="Literal value; use `valueFrom` for secrets.")
-    value_from: EnvVarSource | None = Field(default=None,
-                                            description="Take the value from a Secret, ConfigMap or the pod.")
+    value: str | None = Field(
+        default=None, max_length=MAX_ENV_VALUE_LENGTH, description="Literal value; use `valueFrom` for secrets."
+    )
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a Secret, ConfigMap or the pod."
+    )
 
 
 class EnvFromRef(_Model):
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
-                      description="Secret or ConfigMap in the RLJob's namespace.")
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="Secret or ConfigMap in the RLJob's namespace."
+    )
     optional: bool | None = Field(default=None, description="Start even when it is missing.")
 
 
@@ -254,37 +289,53 @@ class ClusterSpec(_Model):
     """How the Ray cluster's pods are made. Its size comes from `job.resources`."""
 
     device_resource: str | None = Field(
-        default=None, min_length=1, max_length=MAX_KEY_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_KEY_LENGTH,
         description="Extended resource that the device plugin advertises; each worker pod requests "
         "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`). "
         f"Unset: the operator's default (chart value `runtime.deviceResource`, `{DEFAULT_DEVICE_RESOURCE}` "
-        "unless changed).")
+        "unless changed).",
+    )
     head: PodResources = Field(
         default_factory=lambda: PodResources(cpu=8, memory="32Gi"),
         description="The head pod, which runs the trainer driver and the dock's controllers. "
-        "Default: cpu 8, memory 32Gi.")
+        "Default: cpu 8, memory 32Gi.",
+    )
     worker: PodResources = Field(
         default_factory=lambda: PodResources(cpu=32, memory="256Gi"),
-        description="Each worker pod (one per node), besides its devices. Default: cpu 32, memory 256Gi.")
+        description="Each worker pod (one per node), besides its devices. Default: cpu 32, memory 256Gi.",
+    )
     node_selector: dict[str, Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]] = Field(
-        default_factory=dict, description="Node labels every Ray pod requires.")
+        default_factory=dict, description="Node labels every Ray pod requires."
+    )
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of every Ray pod.")
     ray_version: str = Field(
-        default=DEFAULT_RAY_VERSION, min_length=1, max_length=MAX_VERSION_LENGTH,
-        description="Ray version of the image, for KubeRay.")
+        default=DEFAULT_RAY_VERSION,
+        min_length=1,
+        max_length=MAX_VERSION_LENGTH,
+        description="Ray version of the image, for KubeRay.",
+    )
 
 
 class SchedulingSpec(_Model):
     scheduler_name: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
-        description="Pod schedulerName; unset uses the cluster default.")
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="Pod schedulerName; unset uses the cluster default.",
+    )
     gang: GangScheduler = Field(
         default=GangScheduler.NONE,
         description="All-or-nothing start of the head and every worker: `volcano` (KubeRay's "
-        "Volcano integration, a PodGroup per cluster) or `kueue` (Kueue admits the RayCluster).")
+        "Volcano integration, a PodGroup per cluster) or `kueue` (Kueue admits the RayCluster).",
+    )
     queue: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
-        description="Volcano queue, or Kueue LocalQueue (required for `kueue`).")
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="Volcano queue, or Kueue LocalQueue (required for `kueue`).",
+    )
 
 
 class CheckpointStorage(_Model):
@@ -295,73 +346,106 @@ class CheckpointStorage(_Model):
     """
 
     claim_name: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
-        description="PersistentVolumeClaim in the RLJob's namespace (ReadWriteMany for several nodes).")
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="PersistentVolumeClaim in the RLJob's namespace (ReadWriteMany for several nodes).",
+    )
     host_path: str | None = Field(
-        default=None, min_length=1, max_length=MAX_PATH_LENGTH,
-        description="Directory on every node, e.g. a shared filesystem mount.")
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Directory on every node, e.g. a shared filesystem mount.",
+    )
     mount_path: str = Field(
-        default=DEFAULT_CHECKPOINT_MOUNT_PATH, min_length=1, max_length=MAX_PATH_LENGTH,
-        description="Where the volume is mounted in the pods.")
+        default=DEFAULT_CHECKPOINT_MOUNT_PATH,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Where the volume is mounted in the pods.",
+    )
 
 
 class LocalObjectReference(_Model):
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH,
-                      description="Name of an object in the RLJob's namespace.")
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="Name of an object in the RLJob's namespace."
+    )
 
 
 class RLJobSpec(_Model):
     job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
     image: str | None = Field(
-        default=None, min_length=1, max_length=MAX_IMAGE_LENGTH, pattern=IMAGE_PATTERN,
+        default=None,
+        min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
+        pattern=IMAGE_PATTERN,
         description="Runtime image of every Ray pod, an image reference `[registry/]repository[:tag][@digest]` "
         "without spaces. Unset: the operator's default (chart value "
-        "`runtime.image`, `ghcr.io/rldock/rldock-runtime:<rldock version>` unless changed).")
+        "`runtime.image`, `ghcr.io/rldock/rldock-runtime:<rldock version>` unless changed).",
+    )
     image_pull_secrets: list[LocalObjectReference] = Field(
-        default_factory=list, max_length=MAX_POD_INPUTS,
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
         description="Secrets (type kubernetes.io/dockerconfigjson) in the RLJob's namespace to pull `image` with, "
-        "besides those the cluster admin adds to every Ray pod.")
+        "besides those the cluster admin adds to every Ray pod.",
+    )
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Pods of the Ray cluster.")
-    scheduling: SchedulingSpec = Field(
-        default_factory=SchedulingSpec, description="Scheduler and gang scheduling.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Scheduler and gang scheduling.")
     checkpoint: CheckpointStorage = Field(description="Checkpoint storage shared by all Ray pods.")
     volumes: list[Volume] = Field(
-        default_factory=list, max_length=MAX_POD_INPUTS,
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
         description="Volumes of every Ray pod (head and workers), as in a pod spec: the PVC or NFS share "
-        "with the model and data, a ConfigMap with a reward function file. Mount them with `volumeMounts`.")
+        "with the model and data, a ConfigMap with a reward function file. Mount them with `volumeMounts`.",
+    )
     volume_mounts: list[VolumeMount] = Field(
-        default_factory=list, max_length=MAX_POD_INPUTS,
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
         description="Mounts of `volumes` into the Ray container of every pod; the job config's paths "
-        "refer to these mount paths. The runtime checks every configured path before it starts.")
+        "refer to these mount paths. The runtime checks every configured path before it starts.",
+    )
     env: list[EnvVar] = Field(
-        default_factory=list, max_length=MAX_POD_INPUTS,
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
         description="Environment of the Ray container of every pod, e.g. a remote reward's token from a "
-        "Secret (`valueFrom.secretKeyRef`).")
+        "Secret (`valueFrom.secretKeyRef`).",
+    )
     env_from: list[EnvFromSource] = Field(
-        default_factory=list, max_length=MAX_POD_INPUTS,
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
         description="Every key of a Secret or ConfigMap as environment variables of every Ray container; "
-        "`env` and the operator's own variables win over keys of the same name.")
+        "`env` and the operator's own variables win over keys of the same name.",
+    )
     suspend: bool = Field(
-        default=False, description="Free the cluster and keep the checkpoint; unset to resume from it.")
+        default=False, description="Free the cluster and keep the checkpoint; unset to resume from it."
+    )
     backoff_limit: int = Field(
-        default=DEFAULT_BACKOFF_LIMIT, ge=0,
-        description="Restarts (failed Ray job or lost worker pod) before the RLJob fails.")
+        default=DEFAULT_BACKOFF_LIMIT,
+        ge=0,
+        description="Restarts (failed Ray job or lost worker pod) before the RLJob fails.",
+    )
     max_restarts: int = Field(
-        default=0, ge=0, le=100,
+        default=0,
+        ge=0,
+        le=100,
         description="Restarts inside one Ray job attempt: when a worker process or its pod dies, the runtime "
         "restarts its workers from the last checkpoint and, where the dock survived, the iteration in flight "
         "(`rldock train --max-restarts`). A lost pod takes the dock's warehouse on its node with it, so its "
         "iteration is redone from the checkpoint; the restart waits for KubeRay's replacement pod to join "
         "(up to 10 minutes). While this budget lasts a lost worker pod is the runtime's to recover, not a "
         "failed attempt (no restartCount, the same Ray job); once it is spent the Ray job fails and "
-        "backoffLimit applies. 0: every lost worker fails the attempt at once.")
+        "backoffLimit applies. 0: every lost worker fails the attempt at once.",
+    )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails.")
+        default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails."
+    )
     managed_by: str | None = Field(
-        default=None, min_length=1, max_length=MAX_NAME_LENGTH,
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description=f"The controller that reconciles this RLJob (Kueue's convention for job resources, e.g. "
         f"MultiKueue's `kueue.x-k8s.io/multikueue`). Unset or `{MANAGED_BY_RLDOCK}`: this operator; any other "
-        "value: the operator leaves the RLJob, its status and its children alone. Set it at creation only.")
+        "value: the operator leaves the RLJob, its status and its children alone. Set it at creation only.",
+    )
 
 
 @dataclass(frozen=True)
@@ -414,8 +498,11 @@ class Condition(_Model):
     model_config = ConfigDict(extra="ignore")  # a status written by another operator version
     type: ConditionType
     status: Literal["True", "False", "Unknown"]
-    reason: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN),
-                      AfterValidator(_known_reason)]
+    reason: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN),
+        AfterValidator(_known_reason),
+    ]
     message: str = ""
     last_transition_time: datetime
     observed_generation: int | None = Field(default=None, ge=0)
@@ -428,7 +515,8 @@ class LastEvaluation(_Model):
     iteration: int = Field(ge=0, description="Iteration whose policy was evaluated; 0 is the initial policy.")
     reward: float = Field(description="Mean reward of the held-out responses.")
     accuracy: float = Field(
-        ge=0, le=1, description="Share of held-out responses with reward >= job.evaluation.correct_threshold.")
+        ge=0, le=1, description="Share of held-out responses with reward >= job.evaluation.correct_threshold."
+    )
 
 
 class RLJobStatus(_Model):
@@ -440,16 +528,20 @@ class RLJobStatus(_Model):
         default_factory=list,
         # A list-map keyed by type, as metav1.Condition lists are: one entry per type, and a
         # server-side apply of one condition does not replace the others.
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     iteration: int | None = Field(default=None, ge=0, description="Last finished RL iteration.")
     iterations: int | None = Field(default=None, ge=1, description="RL iterations of the job.")
     progress: str | None = Field(default=None, description="`iteration/iterations`, for kubectl.")
     reward: float | None = Field(
-        default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy).")
+        default=None, description="Mean reward of the last iteration (DPO: the policy's preference accuracy)."
+    )
     tokens_per_second_per_device: float | None = Field(
-        default=None, description="Throughput of the last iteration, tokens/s per device.")
+        default=None, description="Throughput of the last iteration, tokens/s per device."
+    )
     last_evaluation: LastEvaluation | None = Field(
-        default=None, description="The newest held-out evaluation; unset until the job evaluates.")
+        default=None, description="The newest held-out evaluation; unset until the job evaluates."
+    )
     last_checkpoint: str | None = Field(default=None, description="Path of the newest complete checkpoint.")
     restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")
     ray_cluster_name: str | None = None

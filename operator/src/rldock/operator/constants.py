@@ -71,8 +71,10 @@ MAX_POD_INPUTS = 64  # entries of each of spec.volumes, volumeMounts, env, envFr
 # An image reference: [host[:port]/]path[:tag][@digest], without spaces or other characters a
 # registry would refuse (the full grammar is docker/distribution's reference package; the runtime's
 # pull reports what this lets through).
-IMAGE_PATTERN = (r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?[A-Za-z0-9][A-Za-z0-9._/-]*"
-                 r"(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9_+.-]+:[A-Fa-f0-9]{32,})?$")
+IMAGE_PATTERN = (
+    r"^([A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?/)?[A-Za-z0-9][A-Za-z0-9._/-]*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@[A-Za-z0-9_+.-]+:[A-Fa-f0-9]{32,})?$"
+)
 
 # --- Labels and annotations on the children --------------------------------------------------
 LABEL_RLJOB = f"{GROUP}/rljob"  # value: the RLJob name, label-safe (naming.label_value)

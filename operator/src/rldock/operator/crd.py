@@ -29,25 +29,69 @@ from rldock.operator.constants import CRD_NAME, GROUP, KIND, LIST_KIND, PLURAL, 
 Schema = dict[str, Any]
 
 # Keywords a structural schema may carry here; anything else pydantic emits is dropped or rewritten.
-_KEPT = ("description", "type", "format", "enum", "pattern", "minLength", "maxLength", "minimum",
-         "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "required",
-         "x-kubernetes-list-type", "x-kubernetes-list-map-keys")
-_ALLOWED = frozenset(_KEPT) | {"properties", "items", "additionalProperties", "nullable", "anyOf",
-                               "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
+_KEPT = (
+    "description",
+    "type",
+    "format",
+    "enum",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minItems",
+    "maxItems",
+    "required",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+)
+_ALLOWED = frozenset(_KEPT) | {
+    "properties",
+    "items",
+    "additionalProperties",
+    "nullable",
+    "anyOf",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+}
 _INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Iteration", "type": "string", "jsonPath": ".status.progress",
-     "description": "Finished RL iterations / iterations of the job"},
-    {"name": "Reward", "type": "number", "jsonPath": ".status.reward",
-     "description": "Mean reward of the last iteration (DPO: preference accuracy)"},
-    {"name": "TPS", "type": "number", "jsonPath": ".status.tokensPerSecondPerDevice",
-     "description": "Tokens per second per device in the last iteration"},
-    {"name": "Val-Reward", "type": "number", "jsonPath": ".status.lastEvaluation.reward", "priority": 1,
-     "description": "Mean reward on the held-out prompts at the last evaluation"},
-    {"name": "Val-Acc", "type": "number", "jsonPath": ".status.lastEvaluation.accuracy", "priority": 1,
-     "description": "Share of correct held-out responses at the last evaluation"},
+    {
+        "name": "Iteration",
+        "type": "string",
+        "jsonPath": ".status.progress",
+        "description": "Finished RL iterations / iterations of the job",
+    },
+    {
+        "name": "Reward",
+        "type": "number",
+        "jsonPath": ".status.reward",
+        "description": "Mean reward of the last iteration (DPO: preference accuracy)",
+    },
+    {
+        "name": "TPS",
+        "type": "number",
+        "jsonPath": ".status.tokensPerSecondPerDevice",
+        "description": "Tokens per second per device in the last iteration",
+    },
+    {
+        "name": "Val-Reward",
+        "type": "number",
+        "jsonPath": ".status.lastEvaluation.reward",
+        "priority": 1,
+        "description": "Mean reward on the held-out prompts at the last evaluation",
+    },
+    {
+        "name": "Val-Acc",
+        "type": "number",
+        "jsonPath": ".status.lastEvaluation.accuracy",
+        "priority": 1,
+        "description": "Share of correct held-out responses at the last evaluation",
+    },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
@@ -80,8 +124,7 @@ def _convert(node: Schema, defs: dict[str, Schema], path: str) -> Schema:
         out["description"] = f"{out['description']} {text}" if out.get("description") else text
     if "properties" in node:
         out["type"] = "object"
-        out["properties"] = {name: _convert(sub, defs, f"{path}.{name}")
-                             for name, sub in node["properties"].items()}
+        out["properties"] = {name: _convert(sub, defs, f"{path}.{name}") for name, sub in node["properties"].items()}
     if isinstance(node.get("additionalProperties"), dict):  # a map such as nodeSelector
         out["additionalProperties"] = _convert(node["additionalProperties"], defs, f"{path}.*")
     if "items" in node:
@@ -171,23 +214,33 @@ def build_crd() -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "listKind": LIST_KIND, "plural": PLURAL, "singular": SINGULAR,
-                      "shortNames": list(SHORT_NAMES), "categories": ["rldock"]},
-            "versions": [{
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": rljob_schema()},
-            }],
+            "names": {
+                "kind": KIND,
+                "listKind": LIST_KIND,
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["rldock"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": rljob_schema()},
+                }
+            ],
         },
     }
 
 
 def render() -> str:
-    header = ("# Generated from the pydantic models in operator/src/rldock/operator/api.py; do not edit.\n"
-              "# Regenerate: python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml\n")
+    header = (
+        "# Generated from the pydantic models in operator/src/rldock/operator/api.py; do not edit.\n"
+        "# Regenerate: python -m rldock.operator.crd > crds/rljobs.rldock.io.yaml\n"
+    )
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
 
 

@@ -113,6 +113,7 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
 
 # --- one round ------------------------------------------------------------------------------------
 
+
 def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logger) -> dict[str, Any] | None:
     """One round of the RLJob `raw` (a plain copy of its body); the status it has after the round,
     or None when the round decided nothing (an API error, a lookup that failed).
@@ -141,8 +142,14 @@ def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logge
     return status
 
 
-def _count(reconciler: Reconciler, raw: Mapping[str, Any], status: Mapping[str, Any] | None, *,
-           seconds: float, error: str | None) -> None:
+def _count(
+    reconciler: Reconciler,
+    raw: Mapping[str, Any],
+    status: Mapping[str, Any] | None,
+    *,
+    seconds: float,
+    error: str | None,
+) -> None:
     """The round in the operator's metrics: its duration and error, the phase, new progress."""
     metrics = reconciler.metrics
     if metrics is None:
@@ -158,8 +165,9 @@ def _count(reconciler: Reconciler, raw: Mapping[str, Any], status: Mapping[str, 
         metrics.progress_seen(namespace, name)
 
 
-def seconds_until_next_round(body: Mapping[str, Any], status: Mapping[str, Any] | None, *,
-                             poll_interval: float, now: datetime) -> float:
+def seconds_until_next_round(
+    body: Mapping[str, Any], status: Mapping[str, Any] | None, *, poll_interval: float, now: datetime
+) -> float:
     """How long the RLJob `body` may wait for its next round when nothing it watches changes,
     given `status`, what the last round left (None: that round decided nothing)."""
     if status is None:
@@ -171,7 +179,8 @@ def seconds_until_next_round(body: Mapping[str, Any], status: Mapping[str, Any] 
     # Provisioning on a ready head, or with the job submitted: the job's start shows only in the
     # Jobs API. On a head that is not up yet, the RayCluster's and pods' changes wake the round.
     if parsed.phase is Phase.PROVISIONING and (
-            parsed.ray_job_id is not None or (cluster_ready is not None and cluster_ready.status == "True")):
+        parsed.ray_job_id is not None or (cluster_ready is not None and cluster_ready.status == "True")
+    ):
         return poll_interval
     if cluster_ready is not None and cluster_ready.status == "False" and cluster_ready.reason in _BLOCKED:
         return BLOCKED_RETRY_INTERVAL
@@ -184,6 +193,7 @@ def seconds_until_next_round(body: Mapping[str, Any], status: Mapping[str, Any] 
 
 
 # --- when rounds run ------------------------------------------------------------------------------
+
 
 class Wakeups:
     """An asyncio.Event per RLJob that has a daemon, and which RLJob a child's event is for.
@@ -252,14 +262,16 @@ async def _sleep(stopped: kopf.DaemonStopped, seconds: float, *, wake: asyncio.E
 class Handlers:
     """The handlers of one operator, sharing its Wakeups."""
 
-    def __init__(self, settings: OperatorSettings, *,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self, settings: OperatorSettings, *, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    ) -> None:
         self.settings = settings
         self.wakeups = Wakeups()
         self._clock = clock
 
-    async def rounds(self, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, stopped: kopf.DaemonStopped,
-                     **_: Any) -> None:
+    async def rounds(
+        self, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, stopped: kopf.DaemonStopped, **_: Any
+    ) -> None:
         """The daemon of one RLJob: a round now, then one whenever woken or its timeout passes."""
         reconciler: Reconciler = memo["reconciler"]
         key: Key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -270,8 +282,9 @@ class Handlers:
                 raw = _plain(body)  # kopf replaces the live body on each event; the thread gets a copy
                 self.wakeups.saw_generation(key, raw["metadata"].get("generation"))
                 status = await asyncio.to_thread(reconcile, raw, reconciler, logger)  # copies contextvars
-                delay = seconds_until_next_round(raw, status, poll_interval=self.settings.poll_interval,
-                                                 now=self._clock())
+                delay = seconds_until_next_round(
+                    raw, status, poll_interval=self.settings.poll_interval, now=self._clock()
+                )
                 log.debug("%s/%s: next round in %.1f s unless something changes", *key, delay)
                 await _sleep(stopped, delay, wake=wake)
                 if wake.is_set():
@@ -289,14 +302,16 @@ class Handlers:
 
     async def ray_cluster_event(self, body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
-        self.wakeups.child_changed(meta["namespace"], cluster=meta["name"],
-                                   rljob_label=(meta.get("labels") or {}).get(LABEL_RLJOB))
+        self.wakeups.child_changed(
+            meta["namespace"], cluster=meta["name"], rljob_label=(meta.get("labels") or {}).get(LABEL_RLJOB)
+        )
 
     async def pod_event(self, body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
         labels = meta.get("labels") or {}
-        self.wakeups.child_changed(meta["namespace"], cluster=labels.get(LABEL_RAY_CLUSTER),
-                                   rljob_label=labels.get(LABEL_RLJOB))
+        self.wakeups.child_changed(
+            meta["namespace"], cluster=labels.get(LABEL_RAY_CLUSTER), rljob_label=labels.get(LABEL_RLJOB)
+        )
 
 
 def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
@@ -313,8 +328,12 @@ def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) 
         logger.warning("Kubernetes API unreachable (%s); deleting anyway", error)
         return
     if stopped is not None:
-        kopf.event(body, type="Normal", reason=EventReason.STOPPED_RAY_JOB.value,
-                   message=f"stopped Ray job {stopped}: the RLJob is deleted")
+        kopf.event(
+            body,
+            type="Normal",
+            reason=EventReason.STOPPED_RAY_JOB.value,
+            message=f"stopped Ray job {stopped}: the RLJob is deleted",
+        )
         logger.info("stopped Ray job %s", stopped)
 
 
@@ -324,15 +343,32 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kop
     # Kopf authenticates as the kubernetes client does: in-cluster service account or $KUBECONFIG.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     # backoff: a daemon that raised (a bug) is restarted at the poll pace, not kopf's default 60 s.
-    kopf.daemon(group=GROUP, version=VERSION, plural=PLURAL, id=HANDLER_ID, registry=registry,
-                backoff=settings.poll_interval)(handlers.rounds)
-    kopf.on.event(group=GROUP, version=VERSION, plural=PLURAL, id="rljob-changed", registry=registry)(handlers.rljob_event)
+    kopf.daemon(
+        group=GROUP, version=VERSION, plural=PLURAL, id=HANDLER_ID, registry=registry, backoff=settings.poll_interval
+    )(handlers.rounds)
+    kopf.on.event(group=GROUP, version=VERSION, plural=PLURAL, id="rljob-changed", registry=registry)(
+        handlers.rljob_event
+    )
     # Every RayCluster (a foreign one of an RLJob's cluster name blocks it until it goes), and
     # only the pods KubeRay made (label ray.io/cluster); kopf filters labels on its side.
-    kopf.on.event(group=_RAY_GROUP, version=_RAY_VERSION, plural=RAY_CLUSTER_PLURAL, id="raycluster-changed",
-                  registry=registry)(handlers.ray_cluster_event)
-    kopf.on.event(group="", version="v1", plural="pods", id="pod-changed", registry=registry,
-                  labels={LABEL_RAY_CLUSTER: kopf.PRESENT})(handlers.pod_event)
-    kopf.on.delete(group=GROUP, version=VERSION, plural=PLURAL, id="cleanup", registry=registry,
-                   retries=3, backoff=settings.poll_interval)(cleanup)
+    kopf.on.event(
+        group=_RAY_GROUP, version=_RAY_VERSION, plural=RAY_CLUSTER_PLURAL, id="raycluster-changed", registry=registry
+    )(handlers.ray_cluster_event)
+    kopf.on.event(
+        group="",
+        version="v1",
+        plural="pods",
+        id="pod-changed",
+        registry=registry,
+        labels={LABEL_RAY_CLUSTER: kopf.PRESENT},
+    )(handlers.pod_event)
+    kopf.on.delete(
+        group=GROUP,
+        version=VERSION,
+        plural=PLURAL,
+        id="cleanup",
+        registry=registry,
+        retries=3,
+        backoff=settings.poll_interval,
+    )(cleanup)
     return registry

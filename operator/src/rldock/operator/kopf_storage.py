@@ -28,8 +28,12 @@ def _decoded(body: kopf.Body, full_key: str) -> dict[str, Any] | None:
     except ValueError:  # json.JSONDecodeError, or text that is not even a str (bytes)
         decoded = None
     if not isinstance(decoded, dict):
-        log.warning("annotation %s of %s/%s is not a JSON object; treating it as absent and rewriting it",
-                    full_key, body.get("metadata", {}).get("namespace"), body.get("metadata", {}).get("name"))
+        log.warning(
+            "annotation %s of %s/%s is not a JSON object; treating it as absent and rewriting it",
+            full_key,
+            body.get("metadata", {}).get("namespace"),
+            body.get("metadata", {}).get("name"),
+        )
         return None
     return decoded
 

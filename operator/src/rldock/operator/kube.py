@@ -68,11 +68,17 @@ class Kube:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             if kind == "RayCluster":
-                return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
-                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name))
+                return cast(
+                    dict[str, Any],
+                    self.custom.get_namespaced_custom_object(
+                        _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name
+                    ),
+                )
             # No Secret: the operator never reads one back (tokens.py), and its role cannot.
-            read = {"ConfigMap": self.core.read_namespaced_config_map,
-                    "NetworkPolicy": self.networking.read_namespaced_network_policy}[kind]
+            read = {
+                "ConfigMap": self.core.read_namespaced_config_map,
+                "NetworkPolicy": self.networking.read_namespaced_network_policy,
+            }[kind]
             return _load(read(name, namespace, _preload_content=False))
         except ApiException as error:
             if error.status == 404:
@@ -85,11 +91,17 @@ class Kube:
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         try:
             if kind == "RayCluster":
-                return cast(dict[str, Any], self.custom.create_namespaced_custom_object(
-                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, dict(manifest)))
-            create: Any = {"ConfigMap": self.core.create_namespaced_config_map,
-                      "Secret": self.core.create_namespaced_secret,
-                      "NetworkPolicy": self.networking.create_namespaced_network_policy}[kind]
+                return cast(
+                    dict[str, Any],
+                    self.custom.create_namespaced_custom_object(
+                        _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, dict(manifest)
+                    ),
+                )
+            create: Any = {
+                "ConfigMap": self.core.create_namespaced_config_map,
+                "Secret": self.core.create_namespaced_secret,
+                "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            }[kind]
             return _load(create(namespace, dict(manifest), _preload_content=False))
         except ApiException as error:
             if error.status == 409:
@@ -102,11 +114,22 @@ class Kube:
     def patch(self, kind: str, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch (RFC 7386): lists are replaced, null removes a key."""
         if kind == "RayCluster":
-            return cast(dict[str, Any], self.custom.patch_namespaced_custom_object(
-                _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, dict(patch),
-                _content_type=MERGE_PATCH))
-        method = {"ConfigMap": self.core.patch_namespaced_config_map,
-                  "NetworkPolicy": self.networking.patch_namespaced_network_policy}[kind]
+            return cast(
+                dict[str, Any],
+                self.custom.patch_namespaced_custom_object(
+                    _RAY_GROUP,
+                    _RAY_VERSION,
+                    namespace,
+                    RAY_CLUSTER_PLURAL,
+                    name,
+                    dict(patch),
+                    _content_type=MERGE_PATCH,
+                ),
+            )
+        method = {
+            "ConfigMap": self.core.patch_namespaced_config_map,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
+        }[kind]
         return _load(method(name, namespace, dict(patch), _content_type=MERGE_PATCH, _preload_content=False))
 
     def patch_rljob_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
@@ -114,7 +137,8 @@ class Kube:
         refuses that status (it would refuse it again next round), ApiException otherwise."""
         try:
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)}, _content_type=MERGE_PATCH)
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(patch)}, _content_type=MERGE_PATCH
+            )
         except ApiException as error:
             message = api_message(error)
             if error.status in (400, 413, 422) or (error.status == 500 and "too large" in message):
@@ -123,12 +147,14 @@ class Kube:
 
     def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (in the background); with `uid`, only that very object. False when absent."""
-        body = client.V1DeleteOptions(propagation_policy="Background",
-                                      preconditions=client.V1Preconditions(uid=uid) if uid else None)
+        body = client.V1DeleteOptions(
+            propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid) if uid else None
+        )
         try:
             if kind == "RayCluster":
                 self.custom.delete_namespaced_custom_object(
-                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, body=body)
+                    _RAY_GROUP, _RAY_VERSION, namespace, RAY_CLUSTER_PLURAL, name, body=body
+                )
             elif kind == "RLJob":
                 self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body=body)
             else:

@@ -55,11 +55,15 @@ class LeaseTimings:
         if not self.retry_period > 0:
             raise ValueError(f"the retry period must be positive, got {self.retry_period}")
         if not self.renew_deadline > self.retry_period * (1 + JITTER):
-            raise ValueError(f"the renew deadline ({self.renew_deadline} s) must exceed the retry period with "
-                             f"its jitter ({self.retry_period * (1 + JITTER):g} s)")
+            raise ValueError(
+                f"the renew deadline ({self.renew_deadline} s) must exceed the retry period with "
+                f"its jitter ({self.retry_period * (1 + JITTER):g} s)"
+            )
         if not self.lease_duration > self.renew_deadline:
-            raise ValueError(f"the lease duration ({self.lease_duration} s) must exceed the renew deadline "
-                             f"({self.renew_deadline} s), so a leader stops before a standby takes over")
+            raise ValueError(
+                f"the lease duration ({self.lease_duration} s) must exceed the renew deadline "
+                f"({self.renew_deadline} s), so a leader stops before a standby takes over"
+            )
 
 
 def lease_rules(lease_name: str) -> list[dict[str, Any]]:
@@ -67,8 +71,12 @@ def lease_rules(lease_name: str) -> list[dict[str, Any]]:
     be narrowed to a name) and `get`/`update` of the one Lease."""
     return [
         {"apiGroups": [LEASE_API_GROUP], "resources": ["leases"], "verbs": ["create"]},
-        {"apiGroups": [LEASE_API_GROUP], "resources": ["leases"], "resourceNames": [lease_name],
-         "verbs": ["get", "update"]},
+        {
+            "apiGroups": [LEASE_API_GROUP],
+            "resources": ["leases"],
+            "resourceNames": [lease_name],
+            "verbs": ["get", "update"],
+        },
     ]
 
 
@@ -129,12 +137,19 @@ class LeaderElector:
     """One replica's side of the election: `acquire` blocks until it leads, `keep_leading` renews
     in a thread and calls `on_lost` when it cannot, `release` hands the Lease back."""
 
-    def __init__(self, api: Any, *, namespace: str, name: str, identity: str,
-                 timings: LeaseTimings = LeaseTimings(),
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 sleep: Callable[[float], Any] = time.sleep,
-                 on_change: Callable[[bool], None] = lambda leading: None) -> None:
+    def __init__(
+        self,
+        api: Any,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        timings: LeaseTimings = LeaseTimings(),
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        sleep: Callable[[float], Any] = time.sleep,
+        on_change: Callable[[bool], None] = lambda leading: None,
+    ) -> None:
         if not identity:
             raise ValueError("leader election needs an identity (the pod name, POD_NAME)")
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
@@ -199,8 +214,13 @@ class LeaderElector:
             self.api.replace(self.namespace, self.name, lease, timeout=self.timings.retry_period)
             log.info("leader election: %s released Lease %s/%s", self.identity, self.namespace, self.name)
         except LeaseError as error:  # it expires by itself then
-            log.warning("leader election: could not release Lease %s/%s (%s); it expires in %g s",
-                        self.namespace, self.name, error, self.timings.lease_duration)
+            log.warning(
+                "leader election: could not release Lease %s/%s (%s); it expires in %g s",
+                self.namespace,
+                self.name,
+                error,
+                self.timings.lease_duration,
+            )
 
     # --- one attempt ----------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
@@ -220,9 +240,12 @@ class LeaderElector:
         now = self._wall_clock()
         lease = self.api.read(self.namespace, self.name, timeout=timeout)
         if lease is None:
-            body = {"apiVersion": f"{LEASE_API_GROUP}/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": self._spec(now, acquired=micro_time(now), transitions=0)}
+            body = {
+                "apiVersion": f"{LEASE_API_GROUP}/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(now, acquired=micro_time(now), transitions=0),
+            }
             return self._write(lambda t: self.api.create(self.namespace, body, timeout=t))
         spec = lease.get("spec") or {}
         self._observe(spec, lease["metadata"].get("resourceVersion"))
@@ -237,8 +260,10 @@ class LeaderElector:
             log.info("leader election: Lease %s/%s of %s expired; taking it", self.namespace, self.name, holder)
         ours = holder == self.identity
         lease["spec"] = self._spec(
-            now, acquired=spec.get("acquireTime") if ours else micro_time(now),
-            transitions=int(spec.get("leaseTransitions") or 0) + (0 if ours else 1))
+            now,
+            acquired=spec.get("acquireTime") if ours else micro_time(now),
+            transitions=int(spec.get("leaseTransitions") or 0) + (0 if ours else 1),
+        )
         return self._write(lambda t: self.api.replace(self.namespace, self.name, lease, timeout=t))
 
     def _write(self, call: Callable[[float], dict[str, Any]]) -> bool:
@@ -263,8 +288,13 @@ class LeaderElector:
             self._observed, self._observed_at = record, self._clock()
 
     def _spec(self, now: datetime, *, acquired: str | None, transitions: int) -> dict[str, Any]:
-        return {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.timings.lease_duration)),
-                "acquireTime": acquired, "renewTime": micro_time(now), "leaseTransitions": transitions}
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(round(self.timings.lease_duration)),
+            "acquireTime": acquired,
+            "renewTime": micro_time(now),
+            "leaseTransitions": transitions,
+        }
 
     def _request_timeout(self) -> float | None:
         """Seconds a request may take: as leader, only until the renew deadline (None once it

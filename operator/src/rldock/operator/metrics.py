@@ -72,17 +72,28 @@ class Metrics:
         self._lock = threading.Lock()
         self._phases: dict[Key, Phase] = {}
         self._progress: dict[Key, float] = {}  # clock() of the last new progress line, or of Running
-        self._reconciles = Counter("rldock_reconciles", "Reconcile rounds, by result.", ["result"],
-                                   registry=self.registry)
-        self._errors = Counter("rldock_reconcile_errors", "Reconcile rounds that failed, by reason.", ["reason"],
-                               registry=self.registry)
-        self._duration = Histogram("rldock_reconcile_duration_seconds", "Duration of one reconcile round.",
-                                   buckets=DURATION_BUCKETS, registry=self.registry)
-        self._jobs_api = Histogram("rldock_ray_jobs_api_request_duration_seconds",
-                                   "Duration of Ray Jobs API requests, by endpoint and outcome.",
-                                   ["endpoint", "outcome"], buckets=DURATION_BUCKETS, registry=self.registry)
-        self._leader = Gauge("rldock_leader", "1 on the operator replica that holds the lease and reconciles.",
-                             registry=self.registry)
+        self._reconciles = Counter(
+            "rldock_reconciles", "Reconcile rounds, by result.", ["result"], registry=self.registry
+        )
+        self._errors = Counter(
+            "rldock_reconcile_errors", "Reconcile rounds that failed, by reason.", ["reason"], registry=self.registry
+        )
+        self._duration = Histogram(
+            "rldock_reconcile_duration_seconds",
+            "Duration of one reconcile round.",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self._jobs_api = Histogram(
+            "rldock_ray_jobs_api_request_duration_seconds",
+            "Duration of Ray Jobs API requests, by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self._leader = Gauge(
+            "rldock_leader", "1 on the operator replica that holds the lease and reconciles.", registry=self.registry
+        )
         for result in (RESULT_SUCCESS, RESULT_ERROR):
             self._reconciles.labels(result=result)  # both series from the start, so rate() sees the first
         self.registry.register(_RLJobCollector(self))
@@ -147,9 +158,12 @@ class Metrics:
         for phase in Phase:
             by_phase.add_metric([phase.value], sum(1 for p in phases.values() if p is phase))
         yield by_phase
-        age = GaugeMetricFamily("rldock_rljob_last_progress_age_seconds",
-                                "Seconds since a Running RLJob's last new progress line (before its first: "
-                                "since it was first seen Running).", labels=["namespace", "rljob"])
+        age = GaugeMetricFamily(
+            "rldock_rljob_last_progress_age_seconds",
+            "Seconds since a Running RLJob's last new progress line (before its first: "
+            "since it was first seen Running).",
+            labels=["namespace", "rljob"],
+        )
         for (namespace, name), seen in sorted(progress.items()):
             if phases.get((namespace, name)) is Phase.RUNNING:
                 age.add_metric([namespace, name], max(0.0, now - seen))
@@ -176,8 +190,9 @@ class HealthServer:
     200 whenever the process serves: a standby is ready, since it can take over at any moment.
     """
 
-    def __init__(self, metrics: Metrics, *, port: int, host: str = "0.0.0.0",
-                 healthy: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self, metrics: Metrics, *, port: int, host: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True
+    ) -> None:
         self._server = ThreadingHTTPServer((host, port), _handler(metrics, healthy))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]

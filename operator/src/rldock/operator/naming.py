@@ -57,8 +57,7 @@ def ray_cluster_name(rljob_name: str) -> str:
 
     It must start with a letter because KubeRay turns it into Service names (DNS-1035 labels).
     """
-    return _shorten(rljob_name, max_len=RAY_CLUSTER_NAME_MAX, valid=_DNS_1035_LABEL,
-                    must_start_with_letter=True)
+    return _shorten(rljob_name, max_len=RAY_CLUSTER_NAME_MAX, valid=_DNS_1035_LABEL, must_start_with_letter=True)
 
 
 def config_map_name(rljob_name: str) -> str:

@@ -71,8 +71,12 @@ def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
 
 def _ready(pod: Mapping[str, Any]) -> bool:
     ready = _condition(pod, "Ready")
-    return (pod.get("status", {}).get("phase") == "Running" and ready is not None
-            and ready.get("status") == "True" and not pod["metadata"].get("deletionTimestamp"))
+    return (
+        pod.get("status", {}).get("phase") == "Running"
+        and ready is not None
+        and ready.get("status") == "True"
+        and not pod["metadata"].get("deletionTimestamp")
+    )
 
 
 def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
@@ -81,25 +85,37 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta, status = pod["metadata"], pod.get("status", {})
         scheduled = _condition(pod, "PodScheduled")
-        if (scheduled is not None and scheduled.get("status") == "False"
-                and scheduled.get("reason") == "Unschedulable" and not meta.get("deletionTimestamp")):
+        if (
+            scheduled is not None
+            and scheduled.get("status") == "False"
+            and scheduled.get("reason") == "Unschedulable"
+            and not meta.get("deletionTimestamp")
+        ):
             unschedulable.append(scheduled.get("message") or f"pod {meta['name']} cannot be scheduled")
         node_type = (meta.get("labels") or {}).get(LABEL_RAY_NODE_TYPE)
         if node_type == RAY_NODE_TYPE_HEAD:
             head_running = head_running or (status.get("phase") == "Running" and not meta.get("deletionTimestamp"))
             head_ready = head_ready or _ready(pod)
         elif node_type == RAY_NODE_TYPE_WORKER:
-            workers.append(WorkerPod(
-                name=meta["name"], phase=status.get("phase", "Pending"),
-                terminating=bool(meta.get("deletionTimestamp")), ready=_ready(pod),
-                reason=status.get("reason") or status.get("message") or ""))
-    return PodSummary(head_running=head_running, head_ready=head_ready,
-                      ready_workers=sum(w.ready for w in workers), workers=tuple(workers),
-                      unschedulable=tuple(unschedulable))
+            workers.append(
+                WorkerPod(
+                    name=meta["name"],
+                    phase=status.get("phase", "Pending"),
+                    terminating=bool(meta.get("deletionTimestamp")),
+                    ready=_ready(pod),
+                    reason=status.get("reason") or status.get("message") or "",
+                )
+            )
+    return PodSummary(
+        head_running=head_running,
+        head_ready=head_ready,
+        ready_workers=sum(w.ready for w in workers),
+        workers=tuple(workers),
+        unschedulable=tuple(unschedulable),
+    )
 
 
-def lost_workers(summary: PodSummary, *, num_workers: int,
-                 attempt_workers: Collection[str] | None) -> list[str]:
+def lost_workers(summary: PodSummary, *, num_workers: int, attempt_workers: Collection[str] | None) -> list[str]:
     """Why worker pods were lost while the Ray job ran, or an empty list.
 
     A worker is lost when its pod failed or is being deleted, or when a pod the attempt started on
@@ -137,8 +153,7 @@ def cluster_is_ready(cluster_status: Mapping[str, Any] | None) -> bool:
     if not cluster_status:
         return False
     conditions = {c.get("type"): c.get("status") for c in cluster_status.get("conditions") or ()}
-    return (cluster_status.get("state") == RAY_STATE_READY
-            or conditions.get(RAY_CONDITION_PROVISIONED) == "True")
+    return cluster_status.get("state") == RAY_STATE_READY or conditions.get(RAY_CONDITION_PROVISIONED) == "True"
 
 
 class Suspension(str, Enum):
@@ -159,12 +174,18 @@ def suspension(cluster: Mapping[str, Any] | None) -> Suspension:
 def ready_to_submit(cluster: Mapping[str, Any], summary: PodSummary, *, num_workers: int) -> bool:
     """The cluster can take the job: KubeRay says ready and the head and every worker are Ready now
     (KubeRay keeps `ready` once reached, also while it replaces a lost worker)."""
-    return (not cluster.get("spec", {}).get("suspend") and cluster_is_ready(cluster.get("status"))
-            and summary.head_ready and summary.ready_workers >= num_workers and not summary.unschedulable)
+    return (
+        not cluster.get("spec", {}).get("suspend")
+        and cluster_is_ready(cluster.get("status"))
+        and summary.head_ready
+        and summary.ready_workers >= num_workers
+        and not summary.unschedulable
+    )
 
 
-def dashboard_url(*, mode: DashboardAddress, rljob_name: str, namespace: str,
-                  cluster_status: Mapping[str, Any] | None) -> str | None:
+def dashboard_url(
+    *, mode: DashboardAddress, rljob_name: str, namespace: str, cluster_status: Mapping[str, Any] | None
+) -> str | None:
     """The Jobs API base URL, or None while the status lacks the address `mode` needs.
 
     The port is the dashboard entry of KubeRay's `.status.endpoints` (the head Service's port),
@@ -184,8 +205,9 @@ def dashboard_url(*, mode: DashboardAddress, rljob_name: str, namespace: str,
 
 
 # --- The Ray job -------------------------------------------------------------------------------
-def job_observation(submission_id: str, details: Mapping[str, Any] | None, *,
-                    previous: RLJobStatus, log_text: str = "") -> RayJobObservation | None:
+def job_observation(
+    submission_id: str, details: Mapping[str, Any] | None, *, previous: RLJobStatus, log_text: str = ""
+) -> RayJobObservation | None:
     """The Ray job of the current attempt from the Jobs API answer (None: no such job).
 
     A job this RLJob's status saw running that the cluster no longer knows went down with its head
@@ -200,8 +222,9 @@ def job_observation(submission_id: str, details: Mapping[str, Any] | None, *,
             failure = last_failure(log_text.splitlines()) or last_failure(message.splitlines())
         return RayJobObservation(submission_id=submission_id, status=status, message=message, failure=failure)
     if previous.ray_job_id == submission_id and previous.phase is Phase.RUNNING:
-        return RayJobObservation(submission_id=submission_id, status=RayJobStatus.FAILED,
-                                 message="the Ray head was lost while the job ran")
+        return RayJobObservation(
+            submission_id=submission_id, status=RayJobStatus.FAILED, message="the Ray head was lost while the job ran"
+        )
     return None
 
 

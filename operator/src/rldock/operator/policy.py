@@ -56,13 +56,16 @@ class AllowedToleration(_Model):
 class AdminPodDefaults(_Model):
     """What the admin adds to every Ray pod (settings.py puts them into api.PodDefaults)."""
 
-    labels: dict[str, str] = Field(default_factory=dict,
-                                   description="Labels of every Ray pod (the operator's own win).")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels of every Ray pod (the operator's own win)."
+    )
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of every Ray pod.")
     priority_class_name: str | None = Field(
-        default=None, max_length=MAX_NAME_LENGTH, description="priorityClassName of every Ray pod.")
+        default=None, max_length=MAX_NAME_LENGTH, description="priorityClassName of every Ray pod."
+    )
     image_pull_secrets: list[str] = Field(
-        default_factory=list, description="Secrets (in the RLJob's namespace) to pull the runtime image with.")
+        default_factory=list, description="Secrets (in the RLJob's namespace) to pull the runtime image with."
+    )
 
 
 class AdminPolicy(_Model):
@@ -70,19 +73,26 @@ class AdminPolicy(_Model):
     default runtime image, no toleration of every taint."""
 
     host_path_prefixes: list[str] = Field(
-        default_factory=list, description="Absolute path prefixes hostPath volumes may mount; `/` allows any path.")
+        default_factory=list, description="Absolute path prefixes hostPath volumes may mount; `/` allows any path."
+    )
     nfs_servers: list[str] = Field(
-        default_factory=list, description=f"NFS servers volumes may mount; `{ANY_NFS_SERVER}` allows any.")
+        default_factory=list, description=f"NFS servers volumes may mount; `{ANY_NFS_SERVER}` allows any."
+    )
     image_prefixes: list[str] = Field(
-        default_factory=list, description="Prefixes spec.image may start with (e.g. `registry.example.com/ml/`); "
-        "the installation's default runtime image is always allowed.")
+        default_factory=list,
+        description="Prefixes spec.image may start with (e.g. `registry.example.com/ml/`); "
+        "the installation's default runtime image is always allowed.",
+    )
     scheduler_names: list[str] | None = Field(
-        default=None, description="Allowed spec.scheduling.schedulerName values; null: any.")
+        default=None, description="Allowed spec.scheduling.schedulerName values; null: any."
+    )
     queues: list[str] | None = Field(default=None, description="Allowed spec.scheduling.queue values; null: any.")
     tolerations: list[AllowedToleration] | None = Field(
-        default=None, description="Allowed tolerations; null: any but a toleration of every taint.")
+        default=None, description="Allowed tolerations; null: any but a toleration of every taint."
+    )
     node_selectors: dict[str, list[str]] | None = Field(
-        default=None, description="Allowed nodeSelector keys, each with its allowed values; null: any.")
+        default=None, description="Allowed nodeSelector keys, each with its allowed values; null: any."
+    )
     pod_defaults: AdminPodDefaults = Field(default_factory=AdminPodDefaults)
 
     def __init__(self, **data: Any) -> None:
@@ -115,8 +125,11 @@ def parse_policy(text: str) -> AdminPolicy:
 
 
 def _denied(path: str, what: str, value: str, rule: str, allowed: Any) -> Problem:
-    return Problem(path, f"{what} {value!r} is not allowed by the cluster's policy ({CHART_PREFIX}.{rule}: "
-                         f"{json.dumps(allowed)}); use an allowed value or ask the cluster admin to allow it")
+    return Problem(
+        path,
+        f"{what} {value!r} is not allowed by the cluster's policy ({CHART_PREFIX}.{rule}: "
+        f"{json.dumps(allowed)}); use an allowed value or ask the cluster admin to allow it",
+    )
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -133,18 +146,35 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
         path = f"spec.volumes[{index}]"
         if volume.host_path is not None:
             problems += _host_path_problem(f"{path}.hostPath.path", volume.host_path.path, policy)
-        if volume.nfs is not None and ANY_NFS_SERVER not in policy.nfs_servers \
-                and volume.nfs.server not in policy.nfs_servers:
-            problems.append(_denied(f"{path}.nfs.server", "NFS server", volume.nfs.server, "nfsServers",
-                                    policy.nfs_servers))
-    if spec.image is not None and spec.image != default_image \
-            and not any(spec.image.startswith(prefix) for prefix in policy.image_prefixes):
+        if (
+            volume.nfs is not None
+            and ANY_NFS_SERVER not in policy.nfs_servers
+            and volume.nfs.server not in policy.nfs_servers
+        ):
+            problems.append(
+                _denied(f"{path}.nfs.server", "NFS server", volume.nfs.server, "nfsServers", policy.nfs_servers)
+            )
+    if (
+        spec.image is not None
+        and spec.image != default_image
+        and not any(spec.image.startswith(prefix) for prefix in policy.image_prefixes)
+    ):
         problems.append(_denied("spec.image", "image", spec.image, "imagePrefixes", policy.image_prefixes))
     scheduling = spec.scheduling
-    if scheduling.scheduler_name is not None and policy.scheduler_names is not None \
-            and scheduling.scheduler_name not in policy.scheduler_names:
-        problems.append(_denied("spec.scheduling.schedulerName", "scheduler", scheduling.scheduler_name,
-                                "schedulerNames", policy.scheduler_names))
+    if (
+        scheduling.scheduler_name is not None
+        and policy.scheduler_names is not None
+        and scheduling.scheduler_name not in policy.scheduler_names
+    ):
+        problems.append(
+            _denied(
+                "spec.scheduling.schedulerName",
+                "scheduler",
+                scheduling.scheduler_name,
+                "schedulerNames",
+                policy.scheduler_names,
+            )
+        )
     if scheduling.queue is not None and policy.queues is not None and scheduling.queue not in policy.queues:
         problems.append(_denied("spec.scheduling.queue", "queue", scheduling.queue, "queues", policy.queues))
     for index, toleration in enumerate(spec.cluster.tolerations):
@@ -153,8 +183,15 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
         if policy.node_selectors is None:
             continue
         if value not in policy.node_selectors.get(key, ()):
-            problems.append(_denied(f"spec.cluster.nodeSelector[{key}]", "node selector", f"{key}={value}",
-                                    "nodeSelectors", policy.node_selectors))
+            problems.append(
+                _denied(
+                    f"spec.cluster.nodeSelector[{key}]",
+                    "node selector",
+                    f"{key}={value}",
+                    "nodeSelectors",
+                    policy.node_selectors,
+                )
+            )
     return problems
 
 
@@ -165,14 +202,23 @@ def _host_path_problem(path: str, host_path: str, policy: AdminPolicy) -> list[P
 
 
 def _toleration_problem(path: str, toleration: Toleration, policy: AdminPolicy) -> list[Problem]:
-    asked = AllowedToleration(key=toleration.key or None, operator=toleration.operator or "Equal",
-                              value=toleration.value or None, effect=toleration.effect)
+    asked = AllowedToleration(
+        key=toleration.key or None,
+        operator=toleration.operator or "Equal",
+        value=toleration.value or None,
+        effect=toleration.effect,
+    )
     described = json.dumps(asked.model_dump(by_alias=True, exclude_none=True))
     if policy.tolerations is None:
         if asked.key is None and asked.operator == "Exists":
-            return [Problem(path, "a toleration of every taint (empty key, operator Exists) is not allowed by the "
-                                  f"cluster's policy ({CHART_PREFIX}.tolerations: null); name the taint's key, or ask "
-                                  "the cluster admin to list this toleration")]
+            return [
+                Problem(
+                    path,
+                    "a toleration of every taint (empty key, operator Exists) is not allowed by the "
+                    f"cluster's policy ({CHART_PREFIX}.tolerations: null); name the taint's key, or ask "
+                    "the cluster admin to list this toleration",
+                )
+            ]
         return []
     if asked in policy.tolerations:
         return []

@@ -48,10 +48,10 @@ class ProgressCursor:
             read = _Read(submission_id)
         end = log_text.rfind("\n", read.offset) + 1  # complete lines only: a line may be half written
         if end > read.offset:
-            record = last_progress(log_text[read.offset:end].splitlines())
+            record = last_progress(log_text[read.offset : end].splitlines())
             read.record = record if record is not None else read.record
             read.offset = end
-            read.fingerprint = log_text[max(0, end - FINGERPRINT):end]
+            read.fingerprint = log_text[max(0, end - FINGERPRINT) : end]
         self._reads[key] = read
         self._reads.move_to_end(key)
         while len(self._reads) > self._max_jobs:

@@ -106,13 +106,21 @@ class _Failed(RayJobsError):
 
 
 class RayJobsClient:
-    def __init__(self, base_url: str, *, token: str | None, timeout: float = 5.0,
-                 max_bytes: int = MAX_RESPONSE_BYTES, tail_lines: int = LOG_TAIL_LINES,
-                 metrics: RequestRecorder | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        timeout: float = 5.0,
+        max_bytes: int = MAX_RESPONSE_BYTES,
+        tail_lines: int = LOG_TAIL_LINES,
+        metrics: RequestRecorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if timeout <= 0 or max_bytes <= 0 or tail_lines <= 0:
-            raise ValueError(f"timeout, max_bytes and tail_lines must be positive, got "
-                             f"{timeout}, {max_bytes}, {tail_lines}")
+            raise ValueError(
+                f"timeout, max_bytes and tail_lines must be positive, got {timeout}, {max_bytes}, {tail_lines}"
+            )
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -129,8 +137,9 @@ class RayJobsClient:
 
     def get_job(self, submission_id: str) -> dict[str, Any] | None:
         """The job's details, or None when the cluster has no job with this id."""
-        status, body, _ = self._request(Endpoint.GET_JOB, "GET", f"/api/jobs/{quote(submission_id, safe='')}",
-                                     expect=(200, 404))
+        status, body, _ = self._request(
+            Endpoint.GET_JOB, "GET", f"/api/jobs/{quote(submission_id, safe='')}", expect=(200, 404)
+        )
         if status == 404:
             return None
         details = self._json(status, body, "get job")
@@ -143,16 +152,23 @@ class RayJobsClient:
 
         Ray 2.60 answers a reused id with HTTP 500 and the job manager's ValueError traceback.
         """
-        status, body, _ = self._request(Endpoint.SUBMIT, "POST", "/api/jobs/", request,
-                                     expect=(200, 400, 500), accept=lambda s, b: s == 200 or "already exists" in b)
+        status, body, _ = self._request(
+            Endpoint.SUBMIT,
+            "POST",
+            "/api/jobs/",
+            request,
+            expect=(200, 400, 500),
+            accept=lambda s, b: s == 200 or "already exists" in b,
+        )
         if status in (400, 500) and "already exists" in body:
             return str(request["submission_id"])
         return str(self._json(status, body, "submit job")["submission_id"])
 
     def stop_job(self, submission_id: str) -> bool:
         """Ask the driver to stop; False when there is no such job."""
-        status, body, _ = self._request(Endpoint.STOP, "POST", f"/api/jobs/{quote(submission_id, safe='')}/stop",
-                                     expect=(200, 404))
+        status, body, _ = self._request(
+            Endpoint.STOP, "POST", f"/api/jobs/{quote(submission_id, safe='')}/stop", expect=(200, 404)
+        )
         if status == 404:
             return False
         return bool(self._json(status, body, "stop job").get("stopped", True))
@@ -165,27 +181,44 @@ class RayJobsClient:
             self.get_job(submission_id)
         node = self._driver_nodes.get(submission_id)
         if node is not None:
-            query = urlencode({"node_id": node, "submission_id": submission_id, "lines": self._tail_lines,
-                               "timeout": max(1, int(self._timeout))})
-            status, body, _ = self._request(Endpoint.LOG_TAIL, "GET", f"/api/v0/logs/file?{query}",
-                                            expect=(200,), keep_tail=True)
+            query = urlencode(
+                {
+                    "node_id": node,
+                    "submission_id": submission_id,
+                    "lines": self._tail_lines,
+                    "timeout": max(1, int(self._timeout)),
+                }
+            )
+            status, body, _ = self._request(
+                Endpoint.LOG_TAIL, "GET", f"/api/v0/logs/file?{query}", expect=(200,), keep_tail=True
+            )
             if status == 200:
                 return body
-            log.debug("log tail of %s unavailable (HTTP %s: %s); reading the whole log", submission_id, status,
-                      body[:200])
+            log.debug(
+                "log tail of %s unavailable (HTTP %s: %s); reading the whole log", submission_id, status, body[:200]
+            )
         # No driver node (a job whose driver never started, or no such job), or a state API that
         # cannot answer: the Jobs API's whole log, under the same cap.
-        status, body, cut = self._request(Endpoint.LOGS, "GET", f"/api/jobs/{quote(submission_id, safe='')}/logs",
-                                          expect=(200, 404), keep_tail=True)
+        status, body, cut = self._request(
+            Endpoint.LOGS, "GET", f"/api/jobs/{quote(submission_id, safe='')}/logs", expect=(200, 404), keep_tail=True
+        )
         if status == 404:
             return ""
         return _logs_from_json(body, truncated=cut, what=f"logs at {self.base_url}")
 
     # ----------------------------------------------------------------------------------------
 
-    def _request(self, endpoint: str, method: str, path: str, payload: Any = None, *,
-                 expect: tuple[int, ...], accept: Callable[[int, str], bool] | None = None,
-                 keep_tail: bool = False) -> tuple[int, str, bool]:
+    def _request(
+        self,
+        endpoint: str,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        expect: tuple[int, ...],
+        accept: Callable[[int, str], bool] | None = None,
+        keep_tail: bool = False,
+    ) -> tuple[int, str, bool]:
         """(status, body, cut) of one request, the body cut to its last `max_bytes` when `keep_tail`
         (a text body then starts at a line start). The request is recorded with its outcome:
         ok when the status is in `expect` and `accept`, if given, takes the answer."""
@@ -197,8 +230,9 @@ class RayJobsClient:
             raise RayJobsError(f"{method} {self.base_url}{path}: {failed}") from None
         if status in (401, 403):
             self._record(endpoint, started, Outcome.AUTH_ERROR)
-            raise TokenRefused(f"{method} {self.base_url}{path}: {status}, the Ray cluster refused "
-                               f"the auth token: {body[:200]}")
+            raise TokenRefused(
+                f"{method} {self.base_url}{path}: {status}, the Ray cluster refused the auth token: {body[:200]}"
+            )
         ok = status in expect and (accept is None or accept(status, body))
         self._record(endpoint, started, Outcome.OK if ok else Outcome.HTTP_ERROR)
         return status, body, truncated
@@ -244,8 +278,9 @@ class RayJobsClient:
             watchdog.cancel()
             connection.close()
 
-    def _read(self, response: http.client.HTTPResponse, *, keep_tail: bool,
-              expired: threading.Event) -> tuple[str, bool]:
+    def _read(
+        self, response: http.client.HTTPResponse, *, keep_tail: bool, expired: threading.Event
+    ) -> tuple[str, bool]:
         kept = bytearray()
         truncated = False
         while True:
@@ -258,7 +293,7 @@ class RayJobsClient:
             if len(kept) > self._max_bytes:
                 if not keep_tail:
                     raise _Failed(f"answer larger than {self._max_bytes} bytes", Outcome.TOO_LARGE)
-                del kept[:len(kept) - self._max_bytes]
+                del kept[: len(kept) - self._max_bytes]
                 truncated = True
         text = kept.decode(errors="replace")
         if truncated and response.status == 200 and "json" not in (response.getheader("Content-Type") or ""):
@@ -315,4 +350,4 @@ def _logs_from_json(body: str, *, truncated: bool, what: str) -> str:
 def _from_second_line(text: str) -> str:
     """A text whose first line was cut, without it (nothing when it has one line only)."""
     newline = text.find("\n")
-    return text[newline + 1:] if newline >= 0 else ""
+    return text[newline + 1 :] if newline >= 0 else ""

@@ -162,11 +162,22 @@ class Seen:
 
 def begin_round(body: Mapping[str, Any], now: datetime, settings: OperatorSettings) -> Round:
     spec, problems = parse_spec(body.get("spec") or {})
-    denied = [] if spec is None or problems else policy_problems(
-        spec, settings.policy, default_image=settings.pod_defaults.image)
+    denied = (
+        []
+        if spec is None or problems
+        else policy_problems(spec, settings.policy, default_image=settings.pod_defaults.image)
+    )
     raw_status = dict(body.get("status") or {})
-    return Round(ref=RLJobRef.from_body(body), spec=spec, problems=problems, denied=denied, raw_status=raw_status,
-                 previous=parse_status(raw_status), generation=body["metadata"].get("generation"), now=now)
+    return Round(
+        ref=RLJobRef.from_body(body),
+        spec=spec,
+        problems=problems,
+        denied=denied,
+        raw_status=raw_status,
+        previous=parse_status(raw_status),
+        generation=body["metadata"].get("generation"),
+        now=now,
+    )
 
 
 def managed_elsewhere(body: Mapping[str, Any]) -> bool:
@@ -176,16 +187,22 @@ def managed_elsewhere(body: Mapping[str, Any]) -> bool:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings, *,
-                 jobs_client: JobsClientFactory | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        *,
+        jobs_client: JobsClientFactory | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        metrics: Metrics | None = None,
+    ) -> None:
         self.kube = kube
         self.settings = settings
         self.metrics = metrics  # the operator's Prometheus metrics (metrics.py); None: not counted
         # `ray_timeout` is each Jobs API request's total deadline; the client caps what it reads.
         self._jobs_client = jobs_client or (
-            lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout, metrics=metrics))
+            lambda url, token: RayJobsClient(url, token=token, timeout=settings.ray_timeout, metrics=metrics)
+        )
         self._clock = clock
         self._logs = ProgressCursor()  # how far each running job's driver log was parsed
         self._secrets_made: set[str] = set()  # uids of RLJobs whose auth Secret this process made or found
@@ -200,11 +217,13 @@ class Reconciler:
                 rounds.append(begin_round(body, self._clock(), self.settings))
             return rounds[0]
 
-        rule = first_rule({
-            Rule.MANAGED_ELSEWHERE: lambda: managed_elsewhere(body),
-            Rule.FINISHED: lambda: finished(this_round().previous),
-            Rule.REFUSED: lambda: bool(this_round().problems or this_round().denied),
-        })
+        rule = first_rule(
+            {
+                Rule.MANAGED_ELSEWHERE: lambda: managed_elsewhere(body),
+                Rule.FINISHED: lambda: finished(this_round().previous),
+                Rule.REFUSED: lambda: bool(this_round().problems or this_round().denied),
+            }
+        )
         if rule is Rule.MANAGED_ELSEWHERE:
             return out
         rnd = this_round()
@@ -230,8 +249,11 @@ class Reconciler:
             return
         remaining = seconds_until_expiry(spec=rnd.spec, status=rnd.raw_status, now=rnd.now)
         if remaining is not None and remaining <= 0:
-            out.event("Normal", EventReason.TTL_EXPIRED,
-                      f"ttlSecondsAfterFinished ({rnd.spec.ttl_seconds_after_finished} s) passed; deleting the RLJob")
+            out.event(
+                "Normal",
+                EventReason.TTL_EXPIRED,
+                f"ttlSecondsAfterFinished ({rnd.spec.ttl_seconds_after_finished} s) passed; deleting the RLJob",
+            )
             self.kube.delete("RLJob", rnd.ref.namespace, rnd.ref.name, uid=rnd.ref.uid)
 
     def _refuse(self, rnd: Round, out: Outcome) -> None:
@@ -264,25 +286,46 @@ class Reconciler:
         desired = build_ray_cluster(job=rnd.ref, spec=spec, defaults=self.settings.pod_defaults)
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
-        status = self._status(rnd, Observations(
-            ray_cluster=(cluster.get("status") or {}) if cluster is not None else None,
-            ray_job=seen.job, metrics=seen.progress.metrics, last_checkpoint=seen.progress.last_checkpoint,
-            unschedulable=seen.summary.unschedulable, lost_pods=seen.lost,
-            suspended_by_other=suspension(cluster) is Suspension.OTHER))
-        actions = next_actions(Situation(
-            spec=spec, phase=Phase(status["phase"]), restart_count=rnd.previous.restart_count,
-            cluster=cluster, desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
-            job=seen.job, lost_workers=bool(seen.lost),
-            ready_to_submit=cluster is not None and ready_to_submit(
-                cluster, seen.summary, num_workers=spec.job.resources.num_nodes),
-            previous_attempt=seen.previous_attempt))
+        status = self._status(
+            rnd,
+            Observations(
+                ray_cluster=(cluster.get("status") or {}) if cluster is not None else None,
+                ray_job=seen.job,
+                metrics=seen.progress.metrics,
+                last_checkpoint=seen.progress.last_checkpoint,
+                unschedulable=seen.summary.unschedulable,
+                lost_pods=seen.lost,
+                suspended_by_other=suspension(cluster) is Suspension.OTHER,
+            ),
+        )
+        actions = next_actions(
+            Situation(
+                spec=spec,
+                phase=Phase(status["phase"]),
+                restart_count=rnd.previous.restart_count,
+                cluster=cluster,
+                desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
+                job=seen.job,
+                lost_workers=bool(seen.lost),
+                ready_to_submit=cluster is not None
+                and ready_to_submit(cluster, seen.summary, num_workers=spec.job.resources.num_nodes),
+                previous_attempt=seen.previous_attempt,
+            )
+        )
         for action in actions:
             self._apply(action, rnd, spec, desired=desired, cluster=cluster, seen=seen, status=status, out=out)
         out.status = status
 
     def _status(self, rnd: Round, observed: Observations) -> dict[str, Any]:
-        return compute_status(name=rnd.ref.name, spec=rnd.spec, generation=rnd.generation, observed=observed,
-                              restart_count=rnd.previous.restart_count, previous=rnd.raw_status, now=rnd.now)
+        return compute_status(
+            name=rnd.ref.name,
+            spec=rnd.spec,
+            generation=rnd.generation,
+            observed=observed,
+            restart_count=rnd.previous.restart_count,
+            previous=rnd.raw_status,
+            now=rnd.now,
+        )
 
     # --- children ----------------------------------------------------------------------------
     def _read_owned(self, rnd: Round, kind: str, name: str) -> dict[str, Any] | None:
@@ -295,10 +338,16 @@ class Reconciler:
             raise SkipRound(f"{kind} {name} is being deleted; waiting for it to go")
         whose = ownership(obj, uid=rnd.ref.uid, rljob_name=rnd.ref.name)
         if whose is Ownership.FOREIGN:
-            raise BlockedRound(Blocked(Reason.NAME_CONFLICT, (
-                f"{kind} {name} already exists and belongs to {_controller(obj)}, not to this RLJob; "
-                "it is left alone. If it belonged to a deleted RLJob of the same name it goes away "
-                f"with it; otherwise delete or rename that {kind}, or give this RLJob another name")))
+            raise BlockedRound(
+                Blocked(
+                    Reason.NAME_CONFLICT,
+                    (
+                        f"{kind} {name} already exists and belongs to {_controller(obj)}, not to this RLJob; "
+                        "it is left alone. If it belonged to a deleted RLJob of the same name it goes away "
+                        f"with it; otherwise delete or rename that {kind}, or give this RLJob another name"
+                    ),
+                )
+            )
         if whose is Ownership.ORPHAN:
             refs = [*(obj["metadata"].get("ownerReferences") or ()), owner_reference(rnd.ref)]
             log.info("%s/%s: adopting %s %s", rnd.ref.namespace, rnd.ref.name, kind, name)
@@ -312,8 +361,11 @@ class Reconciler:
         token = self._token(rnd.ref)
         if rnd.ref.uid not in self._secrets_made:
             if _create(self.kube, build_auth_secret(job=rnd.ref, token=token)) is not None:
-                out.event("Normal", EventReason.CREATED_AUTH_SECRET,
-                          f"created Secret {naming.auth_secret_name(rnd.ref.name)} with the Ray auth token")
+                out.event(
+                    "Normal",
+                    EventReason.CREATED_AUTH_SECRET,
+                    f"created Secret {naming.auth_secret_name(rnd.ref.name)} with the Ray auth token",
+                )
             self._secrets_made.add(rnd.ref.uid)
         return token
 
@@ -323,16 +375,22 @@ class Reconciler:
         return job_token(self.settings.token_key, ref)
 
     def _ensure_network_policy(self, rnd: Round, out: Outcome) -> None:
-        desired = build_network_policy(job=rnd.ref, operator_namespace=self.settings.operator_namespace,
-                                       operator_pod_labels=dict(self.settings.operator_pod_labels))
+        desired = build_network_policy(
+            job=rnd.ref,
+            operator_namespace=self.settings.operator_namespace,
+            operator_pod_labels=dict(self.settings.operator_pod_labels),
+        )
         name = desired["metadata"]["name"]
         existing = self._read_owned(rnd, "NetworkPolicy", name)
         if existing is None:
             if _create(self.kube, desired) is None:
                 raise SkipRound(f"NetworkPolicy {name} appeared meanwhile")
-            out.event("Normal", EventReason.CREATED_NETWORK_POLICY,
-                      f"created NetworkPolicy {name}: the Ray pods accept connections only from the job's own pods "
-                      "and, on the Jobs API port, from the operator")
+            out.event(
+                "Normal",
+                EventReason.CREATED_NETWORK_POLICY,
+                f"created NetworkPolicy {name}: the Ray pods accept connections only from the job's own pods "
+                "and, on the Jobs API port, from the operator",
+            )
         elif existing.get("spec") != desired["spec"]:  # edited by hand, or the operator moved
             self.kube.patch("NetworkPolicy", rnd.ref.namespace, name, {"spec": desired["spec"]})
 
@@ -366,11 +424,18 @@ class Reconciler:
         submission_id = rnd.submission_id(attempt)
         if cluster is None:
             return Seen(job=job_observation(submission_id, None, previous=rnd.previous))
-        pods = [pod for pod in self.kube.list_pods(rnd.ref.namespace, {LABEL_RAY_CLUSTER: rnd.cluster_name})
-                if owned_by(pod, cluster["metadata"]["uid"])]
+        pods = [
+            pod
+            for pod in self.kube.list_pods(rnd.ref.namespace, {LABEL_RAY_CLUSTER: rnd.cluster_name})
+            if owned_by(pod, cluster["metadata"]["uid"])
+        ]
         summary = summarize_pods(pods)
-        url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
-                            namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
+        url = dashboard_url(
+            mode=self.settings.dashboard_address,
+            rljob_name=rnd.ref.name,
+            namespace=rnd.ref.namespace,
+            cluster_status=cluster.get("status"),
+        )
         details, progress, previous_attempt, jobs, log_text = None, Progress(), None, None, ""
         if suspension(cluster) is not Suspension.NONE:
             # Suspended (by the RLJob or by Kueue or an admin): the Ray job stopped with the cluster,
@@ -390,42 +455,68 @@ class Reconciler:
             except TokenRefused as error:
                 secret = naming.auth_secret_name(rnd.ref.name)
                 self._secrets_made.discard(rnd.ref.uid)  # made again once someone deletes it
-                raise BlockedRound(Blocked(Reason.TOKEN_REFUSED, (
-                    f"the Ray head refused the token the operator derives for this RLJob ({error}): Secret "
-                    f"{secret} holds another one (it existed before the RLJob, or was made under an earlier "
-                    f"token key). Delete Secret {secret}, then suspend and resume the RLJob"))) from None
+                raise BlockedRound(
+                    Blocked(
+                        Reason.TOKEN_REFUSED,
+                        (
+                            f"the Ray head refused the token the operator derives for this RLJob ({error}): Secret "
+                            f"{secret} holds another one (it existed before the RLJob, or was made under an earlier "
+                            f"token key). Delete Secret {secret}, then suspend and resume the RLJob"
+                        ),
+                    )
+                ) from None
             except RayJobsError as error:
                 raise SkipRound(str(error)) from None
-        head_lost = (details is None and rnd.previous.phase is Phase.RUNNING
-                     and rnd.previous.ray_job_id == submission_id)
-        if head_lost and suspension(self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)) \
-                is not Suspension.NONE:
+        head_lost = details is None and rnd.previous.phase is Phase.RUNNING and rnd.previous.ray_job_id == submission_id
+        if (
+            head_lost
+            and suspension(self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)) is not Suspension.NONE
+        ):
             # The head went because the cluster was suspended after this round read it (Kueue
             # preempting it): read again, so that the suspend is not taken for a lost head.
             raise SkipRound(f"RayCluster {rnd.cluster_name} was suspended during the round")
         try:
             # Only a failed job's log is searched for the failure line (a few rounds at most).
-            job = job_observation(submission_id, details, previous=rnd.previous,
-                                  log_text=log_text if (details or {}).get("status") == RayJobStatus.FAILED.value else "")
+            job = job_observation(
+                submission_id,
+                details,
+                previous=rnd.previous,
+                log_text=log_text if (details or {}).get("status") == RayJobStatus.FAILED.value else "",
+            )
         except ValueError as error:  # a job state this operator does not know
             raise SkipRound(f"Ray job {submission_id}: {error}") from None
         lost: list[str] = []
         if job is not None and job.status is RayJobStatus.RUNNING:
-            lost = lost_workers(summary, num_workers=spec.job.resources.num_nodes,
-                                attempt_workers=attempt_workers(details))
-        return Seen(summary=summary, job=job, progress=progress, lost=tuple(lost),
-                    previous_attempt=previous_attempt, jobs=jobs)
+            lost = lost_workers(
+                summary, num_workers=spec.job.resources.num_nodes, attempt_workers=attempt_workers(details)
+            )
+        return Seen(
+            summary=summary, job=job, progress=progress, lost=tuple(lost), previous_attempt=previous_attempt, jobs=jobs
+        )
 
     # --- acting ------------------------------------------------------------------------------
-    def _apply(self, action: Action, rnd: Round, spec: RLJobSpec, *, desired: Mapping[str, Any],
-               cluster: Mapping[str, Any] | None, seen: Seen, status: dict[str, Any], out: Outcome) -> None:
+    def _apply(
+        self,
+        action: Action,
+        rnd: Round,
+        spec: RLJobSpec,
+        *,
+        desired: Mapping[str, Any],
+        cluster: Mapping[str, Any] | None,
+        seen: Seen,
+        status: dict[str, Any],
+        out: Outcome,
+    ) -> None:
         ns, name = rnd.ref.namespace, rnd.cluster_name
         if isinstance(action, CreateCluster):
             if _create(self.kube, desired) is not None:
                 resources = spec.job.resources
-                out.event("Normal", EventReason.CREATED_RAY_CLUSTER,
-                          f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with "
-                          f"{resources.devices_per_node} {self.settings.pod_defaults.device_resource_of(spec)} each")
+                out.event(
+                    "Normal",
+                    EventReason.CREATED_RAY_CLUSTER,
+                    f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with "
+                    f"{resources.devices_per_node} {self.settings.pod_defaults.device_resource_of(spec)} each",
+                )
         elif isinstance(action, DeleteCluster):
             assert cluster is not None
             if self.kube.delete("RayCluster", ns, name, uid=cluster["metadata"]["uid"]):
@@ -433,9 +524,17 @@ class Reconciler:
                 out.event("Normal", reason, f"deleted RayCluster {name}: {action.why}")
         elif isinstance(action, SuspendCluster):
             # The annotation marks the suspend as this operator's, the only kind it undoes (actions.py).
-            self.kube.patch("RayCluster", ns, name, {
-                "metadata": {"annotations": {ANNOTATION_SUSPENDED_BY: MANAGED_BY_RLDOCK if action.suspend else None}},
-                "spec": {"suspend": action.suspend}})
+            self.kube.patch(
+                "RayCluster",
+                ns,
+                name,
+                {
+                    "metadata": {
+                        "annotations": {ANNOTATION_SUSPENDED_BY: MANAGED_BY_RLDOCK if action.suspend else None}
+                    },
+                    "spec": {"suspend": action.suspend},
+                },
+            )
         elif isinstance(action, CountRestart):
             status["restartCount"] = rnd.previous.restart_count + 1
         elif isinstance(action, (SubmitJob, StopJob)):
@@ -444,8 +543,9 @@ class Reconciler:
         else:  # pragma: no cover - next_actions() returns only the types above
             raise TypeError(f"unknown action {action!r}")
 
-    def _apply_job(self, action: SubmitJob | StopJob, rnd: Round, spec: RLJobSpec, seen: Seen,
-                   status: dict[str, Any], out: Outcome) -> None:
+    def _apply_job(
+        self, action: SubmitJob | StopJob, rnd: Round, spec: RLJobSpec, seen: Seen, status: dict[str, Any], out: Outcome
+    ) -> None:
         jobs = seen.jobs
         assert jobs is not None
         try:
@@ -456,8 +556,9 @@ class Reconciler:
                 # request that timed out but took effect is still announced once the job is seen.
                 status["rayJobId"] = jobs.submit_job(request)
             elif jobs.stop_job(action.submission_id):
-                out.event("Normal", EventReason.STOPPED_RAY_JOB,
-                          f"stopped Ray job {action.submission_id}: {action.why}")
+                out.event(
+                    "Normal", EventReason.STOPPED_RAY_JOB, f"stopped Ray job {action.submission_id}: {action.why}"
+                )
         except RayJobsError as error:  # the next round sees the job's state and decides again
             log.warning("%s/%s: %s failed: %s", rnd.ref.namespace, rnd.ref.name, action, error)
 
@@ -478,13 +579,18 @@ class Reconciler:
         except StatusRejected as error:
             message = f"the API server refused the RLJob's status ({error}); shorten the spec's values"
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
-        fallback = rejected_status(previous=old, message=message,
-                                   generation=body["metadata"].get("generation"), now=self._clock())
+        fallback = rejected_status(
+            previous=old, message=message, generation=body["metadata"].get("generation"), now=self._clock()
+        )
         try:
             self.kube.patch_rljob_status(ref.namespace, ref.name, status_patch(old, fallback))
         except StatusRejected as error:  # e.g. an older CRD without these reasons: nothing to write
-            log.error("%s/%s: the short status was refused too (%s); install the CRD of this operator's "
-                      "release", ref.namespace, ref.name, error)
+            log.error(
+                "%s/%s: the short status was refused too (%s); install the CRD of this operator's release",
+                ref.namespace,
+                ref.name,
+                error,
+            )
             return []
         return status_events(old, fallback)
 
@@ -499,8 +605,12 @@ class Reconciler:
         cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
         if cluster is None or not owned_by(cluster, rnd.ref.uid):
             return None
-        url = dashboard_url(mode=self.settings.dashboard_address, rljob_name=rnd.ref.name,
-                            namespace=rnd.ref.namespace, cluster_status=cluster.get("status"))
+        url = dashboard_url(
+            mode=self.settings.dashboard_address,
+            rljob_name=rnd.ref.name,
+            namespace=rnd.ref.namespace,
+            cluster_status=cluster.get("status"),
+        )
         if url is None:
             return None
         jobs = self._jobs_client(url, self._token(rnd.ref))
@@ -511,8 +621,13 @@ class Reconciler:
                 jobs.stop_job(submission_id)
                 return submission_id
         except RayJobsError as error:
-            log.warning("%s/%s: could not stop Ray job %s (%s); deleting its cluster ends it anyway",
-                        rnd.ref.namespace, rnd.ref.name, submission_id, error)
+            log.warning(
+                "%s/%s: could not stop Ray job %s (%s); deleting its cluster ends it anyway",
+                rnd.ref.namespace,
+                rnd.ref.name,
+                submission_id,
+                error,
+            )
         return None
 
 
@@ -521,9 +636,15 @@ def _create(kube: Kube, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
     try:
         return kube.create(manifest)
     except CreateRefused as refused:
-        raise BlockedRound(Blocked(Reason.CREATE_REFUSED, (
-            f"the API server refused to create {refused.kind} {refused.name} (HTTP {refused.status}): "
-            f"{refused.message}"))) from None
+        raise BlockedRound(
+            Blocked(
+                Reason.CREATE_REFUSED,
+                (
+                    f"the API server refused to create {refused.kind} {refused.name} (HTTP {refused.status}): "
+                    f"{refused.message}"
+                ),
+            )
+        ) from None
 
 
 def _controller(obj: Mapping[str, Any]) -> str:
@@ -538,5 +659,6 @@ def _controller(obj: Mapping[str, Any]) -> str:
 def _observation(submission_id: str, details: Mapping[str, Any] | None) -> RayJobObservation | None:
     if details is None:
         return None
-    return RayJobObservation(submission_id=submission_id, status=RayJobStatus(details["status"]),
-                             message=str(details.get("message") or ""))
+    return RayJobObservation(
+        submission_id=submission_id, status=RayJobStatus(details["status"]), message=str(details.get("message") or "")
+    )

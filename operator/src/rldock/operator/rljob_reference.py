@@ -61,14 +61,15 @@ def _type_name(annotation: Any, nested: list[tuple[str, type[BaseModel]]], path:
         branches = [a for a in args if a is not type(None)]
         names = sorted({_type_name(a, nested, path) for a in branches})
         if names == ["integer", "string"]:  # resource.Quantity
-            return "quantity (e.g. `4`, `\"500m\"`, `\"64Gi\"`)"
+            return 'quantity (e.g. `4`, `"500m"`, `"64Gi"`)'
         return " or ".join(names)
     if origin is list:
         return f"list of {_type_name(args[0], nested, path + '[]')}"
     if origin is dict:
         return f"map of {_type_name(args[0], nested, path)} to {_type_name(args[1], nested, path)}"
     return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
-        getattr(annotation, "__name__", ""), str(annotation))
+        getattr(annotation, "__name__", ""), str(annotation)
+    )
 
 
 def _defaults_of(model: type[BaseModel]) -> BaseModel | None:
@@ -113,24 +114,29 @@ def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
 
 def render() -> str:
     out = [
-        "# RLJob reference", "",
+        "# RLJob reference",
+        "",
         "Generated from `operator/src/rldock/operator/api.py` and `operator/src/rldock/operator/constants.py` by "
         "`python -m rldock.operator.rljob_reference`; do not edit. How the operator acts on each field is in "
         "[operator.md](operator.md); what to do about each condition reason and Event is in "
-        "[troubleshooting.md](troubleshooting.md).", "",
+        "[troubleshooting.md](troubleshooting.md).",
+        "",
         f"`apiVersion: {API_VERSION}`, `kind: {KIND}` (CRD `{CRD_NAME}`, short name "
         f"{', '.join(f'`{s}`' for s in SHORT_NAMES)}), namespaced, with a status subresource. Unknown "
         "fields are refused only where the client asks for strict field validation: `kubectl` 1.25 and "
         "later does by default (server-side `fieldValidation=Strict`; older `kubectl` checks the published "
-        "schema itself), so `kubectl apply`/`create` fail with `unknown field \"spec.foo\"`. Other clients "
+        'schema itself), so `kubectl apply`/`create` fail with `unknown field "spec.foo"`. Other clients '
         "(the Python or Go client, Helm, `kubectl --validate=false`) get the API server's default, which "
         "accepts the object and silently drops (prunes) the unknown fields, with at most a warning: the "
         "operator never sees them and cannot refuse them. Check a spec written by such a client with "
         "`kubectl apply --dry-run=server --validate=strict -f rljob.yaml`. "
         "Rules across fields are checked by the operator, which reports them as "
-        f"condition `SpecValid=False`. The operator adds the finalizer `{FINALIZER}`.", "",
-        "`kubectl get rljobs` columns:", "",
-        "| column | from | meaning |", "| --- | --- | --- |",
+        f"condition `SpecValid=False`. The operator adds the finalizer `{FINALIZER}`.",
+        "",
+        "`kubectl get rljobs` columns:",
+        "",
+        "| column | from | meaning |",
+        "| --- | --- | --- |",
     ]
     for column in PRINTER_COLUMNS:
         wide = " (`-o wide`)" if column.get("priority") else ""
@@ -138,12 +144,17 @@ def render() -> str:
     out.append("")
     _section(RLJobSpec, "spec", out)
     _section(RLJobStatus, "status", out)
-    out += ["## Values", "",
-            "| what | values |", "| --- | --- |",
-            f"| `status.phase` | {', '.join(f'`{p.value}`' for p in Phase)} |",
-            f"| condition `type` | {', '.join(f'`{c.value}`' for c in ConditionType)} |",
-            f"| condition `reason` | {', '.join(f'`{r.value}`' for r in Reason)} |",
-            f"| Event `reason` | {', '.join(f'`{r.value}`' for r in EventReason)} |", ""]
+    out += [
+        "## Values",
+        "",
+        "| what | values |",
+        "| --- | --- |",
+        f"| `status.phase` | {', '.join(f'`{p.value}`' for p in Phase)} |",
+        f"| condition `type` | {', '.join(f'`{c.value}`' for c in ConditionType)} |",
+        f"| condition `reason` | {', '.join(f'`{r.value}`' for r in Reason)} |",
+        f"| Event `reason` | {', '.join(f'`{r.value}`' for r in EventReason)} |",
+        "",
+    ]
     return "\n".join(out)
 
 

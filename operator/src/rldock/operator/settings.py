@@ -99,8 +99,10 @@ class OperatorSettings:
 
     def __post_init__(self) -> None:
         if not MIN_POLL_INTERVAL <= self.poll_interval <= MAX_POLL_INTERVAL:
-            raise ValueError(f"poll interval must be in [{MIN_POLL_INTERVAL}, {MAX_POLL_INTERVAL}] s "
-                             f"(status must stay within 10 s of the job), got {self.poll_interval}")
+            raise ValueError(
+                f"poll interval must be in [{MIN_POLL_INTERVAL}, {MAX_POLL_INTERVAL}] s "
+                f"(status must stay within 10 s of the job), got {self.poll_interval}"
+            )
         if self.ray_timeout <= 0:
             raise ValueError(f"ray timeout must be positive, got {self.ray_timeout}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
@@ -113,83 +115,154 @@ class OperatorSettings:
         if error:
             raise ValueError(f"default device resource: {error}")
         if self.leader_election and not (self.lease_namespace and self.identity and self.lease_name):
-            raise ValueError("leader election needs a lease name, its namespace (--lease-namespace or POD_NAMESPACE) "
-                             "and an identity (--identity or POD_NAME)")
+            raise ValueError(
+                "leader election needs a lease name, its namespace (--lease-namespace or POD_NAMESPACE) "
+                "and an identity (--identity or POD_NAME)"
+            )
         if self.health_port is not None and not 1 <= self.health_port <= 65535:
             raise ValueError(f"health port must be in [1, 65535], got {self.health_port}")
-        if self.webhook_port is not None and not (1 <= self.webhook_port <= 65535 and self.webhook_cert_file
-                                                  and self.webhook_key_file):
-            raise ValueError("the webhook port must be in [1, 65535] and needs a certificate and key file "
-                             "(--webhook-cert-file, --webhook-key-file)")
+        if self.webhook_port is not None and not (
+            1 <= self.webhook_port <= 65535 and self.webhook_cert_file and self.webhook_key_file
+        ):
+            raise ValueError(
+                "the webhook port must be in [1, 65535] and needs a certificate and key file "
+                "(--webhook-cert-file, --webhook-key-file)"
+            )
         if self.token_key is not None and len(self.token_key) < MIN_TOKEN_KEY_BYTES:
-            raise ValueError(f"RLDOCK_TOKEN_KEY must hold at least {MIN_TOKEN_KEY_BYTES} bytes, "
-                             f"got {len(self.token_key)}")
+            raise ValueError(
+                f"RLDOCK_TOKEN_KEY must hold at least {MIN_TOKEN_KEY_BYTES} bytes, got {len(self.token_key)}"
+            )
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     # String defaults go through `type` too, so a bad variable is reported like a bad flag.
-    parser = argparse.ArgumentParser(prog="python -m rldock.operator",
-                                     description="The rldock operator: RLJob -> KubeRay RayCluster + Ray job.")
+    parser = argparse.ArgumentParser(
+        prog="python -m rldock.operator", description="The rldock operator: RLJob -> KubeRay RayCluster + Ray job."
+    )
     namespaces = [n.strip() for n in env.get("RLDOCK_NAMESPACES", "").split(",") if n.strip()]
-    parser.add_argument("-n", "--namespace", dest="namespaces", action="append", default=None,
-                        help="watch this namespace (repeatable); none: cluster-wide [RLDOCK_NAMESPACES]")
-    parser.add_argument("--poll-interval", type=float, default=env.get("RLDOCK_POLL_INTERVAL", str(MAX_POLL_INTERVAL)),
-                        help=f"seconds between rounds per RLJob, at most {MAX_POLL_INTERVAL} [RLDOCK_POLL_INTERVAL]")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        dest="namespaces",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable); none: cluster-wide [RLDOCK_NAMESPACES]",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=env.get("RLDOCK_POLL_INTERVAL", str(MAX_POLL_INTERVAL)),
+        help=f"seconds between rounds per RLJob, at most {MAX_POLL_INTERVAL} [RLDOCK_POLL_INTERVAL]",
+    )
     parser.add_argument("--log-level", default=env.get("RLDOCK_LOG_LEVEL", "INFO"), help="[RLDOCK_LOG_LEVEL]")
-    parser.add_argument("--dashboard-address", choices=[d.value for d in DashboardAddress],
-                        default=env.get("RLDOCK_DASHBOARD_ADDRESS", DashboardAddress.SERVICE_DNS.value),
-                        help="how to reach the Ray Jobs API [RLDOCK_DASHBOARD_ADDRESS]")
-    parser.add_argument("--ray-timeout", type=float, default=env.get("RLDOCK_RAY_TIMEOUT", "5"),
-                        help="seconds per Jobs API request [RLDOCK_RAY_TIMEOUT]")
-    parser.add_argument("--liveness", dest="liveness_endpoint", default=env.get("RLDOCK_LIVENESS") or None,
-                        help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz [RLDOCK_LIVENESS]")
+    parser.add_argument(
+        "--dashboard-address",
+        choices=[d.value for d in DashboardAddress],
+        default=env.get("RLDOCK_DASHBOARD_ADDRESS", DashboardAddress.SERVICE_DNS.value),
+        help="how to reach the Ray Jobs API [RLDOCK_DASHBOARD_ADDRESS]",
+    )
+    parser.add_argument(
+        "--ray-timeout",
+        type=float,
+        default=env.get("RLDOCK_RAY_TIMEOUT", "5"),
+        help="seconds per Jobs API request [RLDOCK_RAY_TIMEOUT]",
+    )
+    parser.add_argument(
+        "--liveness",
+        dest="liveness_endpoint",
+        default=env.get("RLDOCK_LIVENESS") or None,
+        help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz [RLDOCK_LIVENESS]",
+    )
     # An empty variable counts as unset, as a chart value rendered empty would be.
     defaults = PodDefaults()
-    parser.add_argument("--default-image", default=env.get("RLDOCK_DEFAULT_IMAGE") or defaults.image,
-                        help="runtime image of RLJobs without spec.image [RLDOCK_DEFAULT_IMAGE]")
-    parser.add_argument("--image-pull-policy", choices=[p.value for p in ImagePullPolicy],
-                        default=env.get("RLDOCK_IMAGE_PULL_POLICY") or defaults.image_pull_policy.value,
-                        help="imagePullPolicy of every Ray pod [RLDOCK_IMAGE_PULL_POLICY]")
-    parser.add_argument("--default-device-resource",
-                        default=env.get("RLDOCK_DEFAULT_DEVICE_RESOURCE") or defaults.device_resource,
-                        help="device plugin resource of RLJobs without spec.cluster.deviceResource "
-                             "[RLDOCK_DEFAULT_DEVICE_RESOURCE]")
-    parser.add_argument("--network-policy", action=argparse.BooleanOptionalAction,
-                        default=env.get("RLDOCK_NETWORK_POLICY", "true").lower() not in ("false", "0", "no", "off"),
-                        help="give each RLJob a NetworkPolicy [RLDOCK_NETWORK_POLICY]")
+    parser.add_argument(
+        "--default-image",
+        default=env.get("RLDOCK_DEFAULT_IMAGE") or defaults.image,
+        help="runtime image of RLJobs without spec.image [RLDOCK_DEFAULT_IMAGE]",
+    )
+    parser.add_argument(
+        "--image-pull-policy",
+        choices=[p.value for p in ImagePullPolicy],
+        default=env.get("RLDOCK_IMAGE_PULL_POLICY") or defaults.image_pull_policy.value,
+        help="imagePullPolicy of every Ray pod [RLDOCK_IMAGE_PULL_POLICY]",
+    )
+    parser.add_argument(
+        "--default-device-resource",
+        default=env.get("RLDOCK_DEFAULT_DEVICE_RESOURCE") or defaults.device_resource,
+        help="device plugin resource of RLJobs without spec.cluster.deviceResource [RLDOCK_DEFAULT_DEVICE_RESOURCE]",
+    )
+    parser.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=env.get("RLDOCK_NETWORK_POLICY", "true").lower() not in ("false", "0", "no", "off"),
+        help="give each RLJob a NetworkPolicy [RLDOCK_NETWORK_POLICY]",
+    )
     _leader_election_arguments(parser, env)
-    parser.add_argument("--webhook-port", type=int, default=env.get("RLDOCK_WEBHOOK_PORT") or None,
-                        help="serve the RLJob admission webhook over HTTPS on this port [RLDOCK_WEBHOOK_PORT]")
-    parser.add_argument("--webhook-cert-file", default=env.get("RLDOCK_WEBHOOK_CERT_FILE") or None,
-                        help="the webhook's certificate, PEM [RLDOCK_WEBHOOK_CERT_FILE]")
-    parser.add_argument("--webhook-key-file", default=env.get("RLDOCK_WEBHOOK_KEY_FILE") or None,
-                        help="the webhook's private key, PEM [RLDOCK_WEBHOOK_KEY_FILE]")
+    parser.add_argument(
+        "--webhook-port",
+        type=int,
+        default=env.get("RLDOCK_WEBHOOK_PORT") or None,
+        help="serve the RLJob admission webhook over HTTPS on this port [RLDOCK_WEBHOOK_PORT]",
+    )
+    parser.add_argument(
+        "--webhook-cert-file",
+        default=env.get("RLDOCK_WEBHOOK_CERT_FILE") or None,
+        help="the webhook's certificate, PEM [RLDOCK_WEBHOOK_CERT_FILE]",
+    )
+    parser.add_argument(
+        "--webhook-key-file",
+        default=env.get("RLDOCK_WEBHOOK_KEY_FILE") or None,
+        help="the webhook's private key, PEM [RLDOCK_WEBHOOK_KEY_FILE]",
+    )
     parser.set_defaults(env_namespaces=namespaces)
     return parser
 
 
 def _leader_election_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     timings = LeaseTimings()
-    parser.add_argument("--leader-election", action=argparse.BooleanOptionalAction,
-                        default=env.get("RLDOCK_LEADER_ELECTION", "false").lower() in ("true", "1", "yes", "on"),
-                        help="run only while holding the Lease, so several replicas can run [RLDOCK_LEADER_ELECTION]")
-    parser.add_argument("--lease-name", default=env.get("RLDOCK_LEASE_NAME") or "rldock-operator",
-                        help="[RLDOCK_LEASE_NAME]")
-    parser.add_argument("--lease-namespace", default=env.get("RLDOCK_LEASE_NAMESPACE") or env.get("POD_NAMESPACE"),
-                        help="the operator's own namespace [RLDOCK_LEASE_NAMESPACE, else POD_NAMESPACE]")
-    parser.add_argument("--identity", default=env.get("POD_NAME"),
-                        help="this replica's name in the Lease [POD_NAME; else host name and pid]")
-    parser.add_argument("--lease-duration", type=float, default=env.get("RLDOCK_LEASE_DURATION",
-                                                                        str(timings.lease_duration)),
-                        help="seconds a standby waits for an unrenewed Lease [RLDOCK_LEASE_DURATION]")
-    parser.add_argument("--renew-deadline", type=float, default=env.get("RLDOCK_RENEW_DEADLINE",
-                                                                        str(timings.renew_deadline)),
-                        help="seconds the leader tries to renew before it exits [RLDOCK_RENEW_DEADLINE]")
-    parser.add_argument("--retry-period", type=float, default=env.get("RLDOCK_RETRY_PERIOD",
-                                                                      str(timings.retry_period)),
-                        help="seconds between Lease reads and renewals [RLDOCK_RETRY_PERIOD]")
-    parser.add_argument("--health-port", type=int, default=env.get("RLDOCK_HEALTH_PORT") or None,
-                        help="serve /metrics, /healthz and /readyz on this port [RLDOCK_HEALTH_PORT]")
+    parser.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=env.get("RLDOCK_LEADER_ELECTION", "false").lower() in ("true", "1", "yes", "on"),
+        help="run only while holding the Lease, so several replicas can run [RLDOCK_LEADER_ELECTION]",
+    )
+    parser.add_argument(
+        "--lease-name", default=env.get("RLDOCK_LEASE_NAME") or "rldock-operator", help="[RLDOCK_LEASE_NAME]"
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=env.get("RLDOCK_LEASE_NAMESPACE") or env.get("POD_NAMESPACE"),
+        help="the operator's own namespace [RLDOCK_LEASE_NAMESPACE, else POD_NAMESPACE]",
+    )
+    parser.add_argument(
+        "--identity",
+        default=env.get("POD_NAME"),
+        help="this replica's name in the Lease [POD_NAME; else host name and pid]",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=env.get("RLDOCK_LEASE_DURATION", str(timings.lease_duration)),
+        help="seconds a standby waits for an unrenewed Lease [RLDOCK_LEASE_DURATION]",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=env.get("RLDOCK_RENEW_DEADLINE", str(timings.renew_deadline)),
+        help="seconds the leader tries to renew before it exits [RLDOCK_RENEW_DEADLINE]",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=float,
+        default=env.get("RLDOCK_RETRY_PERIOD", str(timings.retry_period)),
+        help="seconds between Lease reads and renewals [RLDOCK_RETRY_PERIOD]",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=env.get("RLDOCK_HEALTH_PORT") or None,
+        help="serve /metrics, /healthz and /readyz on this port [RLDOCK_HEALTH_PORT]",
+    )
 
 
 def load_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> OperatorSettings:
@@ -198,9 +271,11 @@ def load_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operato
     args = parser.parse_args(argv)
     token_key = env.get("RLDOCK_TOKEN_KEY", "")
     if not token_key:
-        parser.error("RLDOCK_TOKEN_KEY is not set: the key every RLJob's Ray token is derived from. The chart "
-                     "sets it from its Secret; for an operator of your own export one that stays the same across "
-                     "restarts, e.g. RLDOCK_TOKEN_KEY=$(openssl rand -hex 32)")
+        parser.error(
+            "RLDOCK_TOKEN_KEY is not set: the key every RLJob's Ray token is derived from. The chart "
+            "sets it from its Secret; for an operator of your own export one that stays the same across "
+            "restarts, e.g. RLDOCK_TOKEN_KEY=$(openssl rand -hex 32)"
+        )
     try:
         policy = parse_policy(env.get("RLDOCK_POLICY", ""))
         return OperatorSettings(
@@ -220,8 +295,9 @@ def load_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operato
             lease_name=args.lease_name,
             lease_namespace=args.lease_namespace or None,
             identity=args.identity or (f"{socket.gethostname()}-{os.getpid()}" if args.leader_election else None),
-            lease=LeaseTimings(lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-                               retry_period=args.retry_period),
+            lease=LeaseTimings(
+                lease_duration=args.lease_duration, renew_deadline=args.renew_deadline, retry_period=args.retry_period
+            ),
             health_port=args.health_port,
             webhook_port=args.webhook_port,
             webhook_cert_file=args.webhook_cert_file,
@@ -234,10 +310,15 @@ def load_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operato
 
 def _pod_defaults(args: argparse.Namespace, policy: AdminPolicy) -> PodDefaults:
     additions = policy.pod_defaults
-    return PodDefaults(image=args.default_image, image_pull_policy=ImagePullPolicy(args.image_pull_policy),
-                       device_resource=args.default_device_resource, labels=dict(additions.labels),
-                       annotations=dict(additions.annotations), priority_class_name=additions.priority_class_name,
-                       image_pull_secrets=tuple(additions.image_pull_secrets))
+    return PodDefaults(
+        image=args.default_image,
+        image_pull_policy=ImagePullPolicy(args.image_pull_policy),
+        device_resource=args.default_device_resource,
+        labels=dict(additions.labels),
+        annotations=dict(additions.annotations),
+        priority_class_name=additions.priority_class_name,
+        image_pull_secrets=tuple(additions.image_pull_secrets),
+    )
 
 
 def _labels(text: str) -> tuple[tuple[str, str], ...]:

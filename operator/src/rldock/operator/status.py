@@ -81,7 +81,6 @@ class Observations:
     suspended_by_other: bool = False
 
 
-
 class _Cond(NamedTuple):
     status: bool
     reason: Reason
@@ -107,9 +106,16 @@ class _Updates(dict[ConditionType, _Cond | None]):
 _ORDER = list(ConditionType)
 
 
-def compute_status(*, name: str, spec: RLJobSpec | None, generation: int | None,
-                   observed: Observations, restart_count: int, previous: Mapping[str, Any] | None,
-                   now: datetime) -> dict[str, Any]:
+def compute_status(
+    *,
+    name: str,
+    spec: RLJobSpec | None,
+    generation: int | None,
+    observed: Observations,
+    restart_count: int,
+    previous: Mapping[str, Any] | None,
+    now: datetime,
+) -> dict[str, Any]:
     """The status the RLJob should have now, as the camelCase dict to write.
 
     `now` must be timezone-aware (UTC); `restart_count` is the number of restarts the handlers
@@ -124,25 +130,33 @@ def compute_status(*, name: str, spec: RLJobSpec | None, generation: int | None,
     # With an in-job restart budget (spec.maxRestarts) a lost worker pod is the runtime's to recover:
     # only the Ray job's own failure ends the attempt.
     failure = _failure(job, observed.lost_pods if spec is not None and spec.max_restarts == 0 else ())
-    rule = first_rule({
-        Rule.FINISHED: lambda: finished(prev),
-        Rule.REFUSED: lambda: bool(observed.problems or observed.denied),  # spec None comes with problems
-        Rule.SUSPENDED: lambda: spec.suspend,
-        # Kueue's own suspends read as waiting for admission (_cluster_conditions).
-        Rule.SUSPENDED_BY_OTHER: lambda: observed.suspended_by_other and not kueue,
-        Rule.BLOCKED: lambda: observed.blocked is not None,
-        Rule.ATTEMPT_REFUSED: lambda: job is not None and job.status is RayJobStatus.FAILED
-        and job.failure is not None,
-        Rule.ATTEMPT_SUCCEEDED: lambda: job is not None and job.status is RayJobStatus.SUCCEEDED,
-        Rule.ATTEMPT_FAILED: lambda: failure is not None,
-        Rule.ATTEMPT_RUNNING: lambda: job is not None and job.status in (RayJobStatus.PENDING, RayJobStatus.RUNNING),
-    })
+    rule = first_rule(
+        {
+            Rule.FINISHED: lambda: finished(prev),
+            Rule.REFUSED: lambda: bool(observed.problems or observed.denied),  # spec None comes with problems
+            Rule.SUSPENDED: lambda: spec.suspend,
+            # Kueue's own suspends read as waiting for admission (_cluster_conditions).
+            Rule.SUSPENDED_BY_OTHER: lambda: observed.suspended_by_other and not kueue,
+            Rule.BLOCKED: lambda: observed.blocked is not None,
+            Rule.ATTEMPT_REFUSED: lambda: (
+                job is not None and job.status is RayJobStatus.FAILED and job.failure is not None
+            ),
+            Rule.ATTEMPT_SUCCEEDED: lambda: job is not None and job.status is RayJobStatus.SUCCEEDED,
+            Rule.ATTEMPT_FAILED: lambda: failure is not None,
+            Rule.ATTEMPT_RUNNING: lambda: (
+                job is not None and job.status in (RayJobStatus.PENDING, RayJobStatus.RUNNING)
+            ),
+        }
+    )
     if rule is Rule.FINISHED:
         return _dump(prev.model_copy(update={"observed_generation": generation}))
     if rule is Rule.REFUSED:
         phase, ray_job_id = Phase.FAILED, None
-        conditions = (_refused(Reason.INVALID_SPEC, observed.problems) if observed.problems
-                      else _refused(Reason.POLICY_DENIED, observed.denied))
+        conditions = (
+            _refused(Reason.INVALID_SPEC, observed.problems)
+            if observed.problems
+            else _refused(Reason.POLICY_DENIED, observed.denied)
+        )
     else:
         assert spec is not None, "a spec without problems parsed"
         phase, conditions = _decide(rule, name, spec, observed, restart_count, prev, failure)
@@ -177,27 +191,47 @@ def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
     return conditions
 
 
-def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, restart_count: int,
-            prev: RLJobStatus, failure: tuple[Reason, str] | None) -> tuple[Phase, _Updates]:
+def _decide(
+    rule: Rule,
+    name: str,
+    spec: RLJobSpec,
+    observed: Observations,
+    restart_count: int,
+    prev: RLJobStatus,
+    failure: tuple[Reason, str] | None,
+) -> tuple[Phase, _Updates]:
     """Phase and conditions for a valid spec, under the rule that decided (rules.py)."""
     out = _Updates()
     cluster_name = naming.ray_cluster_name(name)
     if rule is Rule.SUSPENDED:
-        out.set(ConditionType.SUSPENDED, True, Reason.SUSPENDED_BY_USER,
-                "the cluster is freed and the checkpoint kept; unset spec.suspend to resume")
-        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED,
-                f"RayCluster {cluster_name} is "
-                + ("suspended" if observed.ray_cluster is not None else "deleted"))
+        out.set(
+            ConditionType.SUSPENDED,
+            True,
+            Reason.SUSPENDED_BY_USER,
+            "the cluster is freed and the checkpoint kept; unset spec.suspend to resume",
+        )
+        out.set(
+            ConditionType.CLUSTER_READY,
+            False,
+            Reason.RAY_CLUSTER_SUSPENDED,
+            f"RayCluster {cluster_name} is " + ("suspended" if observed.ray_cluster is not None else "deleted"),
+        )
         out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_BY_USER, "the Ray job is stopped")
         out.drop(ConditionType.PODS_SCHEDULED)  # no pods to schedule
         return Phase.SUSPENDED, out
 
     if rule is Rule.SUSPENDED_BY_OTHER:
-        out.set(ConditionType.SUSPENDED, True, Reason.SUSPENDED_EXTERNALLY,
-                f"RayCluster {cluster_name} was suspended by another controller or an admin, not by this RLJob's "
-                "spec.suspend; the operator leaves it suspended, counts no restart, and resumes from the last "
-                "checkpoint once they unsuspend it")
-        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended")
+        out.set(
+            ConditionType.SUSPENDED,
+            True,
+            Reason.SUSPENDED_EXTERNALLY,
+            f"RayCluster {cluster_name} was suspended by another controller or an admin, not by this RLJob's "
+            "spec.suspend; the operator leaves it suspended, counts no restart, and resumes from the last "
+            "checkpoint once they unsuspend it",
+        )
+        out.set(
+            ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended"
+        )
         out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_EXTERNALLY, "the Ray job stopped with its cluster")
         out.drop(ConditionType.PODS_SCHEDULED)
         return Phase.SUSPENDED, out
@@ -209,12 +243,17 @@ def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, rest
     if rule is Rule.BLOCKED:
         assert observed.blocked is not None
         out.set(ConditionType.CLUSTER_READY, False, observed.blocked.reason, observed.blocked.message)
-        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_NOT_SUBMITTED,
-                "the Ray job is submitted once the cluster is ready")
+        out.set(
+            ConditionType.RUNNING,
+            False,
+            Reason.RAY_JOB_NOT_SUBMITTED,
+            "the Ray job is submitted once the cluster is ready",
+        )
         return (Phase.RETRYING if restart_count > 0 else Phase.PENDING), out
 
     cluster_ready, waiting_for_admission = _cluster_conditions(
-        out, spec, observed.ray_cluster, cluster_name, suspended=observed.suspended_by_other)
+        out, spec, observed.ray_cluster, cluster_name, suspended=observed.suspended_by_other
+    )
     if observed.unschedulable:
         messages = dict.fromkeys(observed.unschedulable)  # unique, in order
         out.set(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, "; ".join(messages))
@@ -229,44 +268,57 @@ def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, rest
         # The runtime refused its inputs (a path missing in the pods): every retry would fail the
         # same way, so the RLJob fails now with the runtime's reason and the fields to fix.
         reason = Reason(job.failure.reason.value)
-        message = (f"Ray job {job.submission_id}: the runtime refused to start (not retried): "
-                   + job.failure.message(field_prefix="spec.job."))
+        message = f"Ray job {job.submission_id}: the runtime refused to start (not retried): " + job.failure.message(
+            field_prefix="spec.job."
+        )
         out.set(ConditionType.RUNNING, False, reason, message)
         out.set(ConditionType.FAILED, True, reason, message)
         return Phase.FAILED, out
     if rule is Rule.ATTEMPT_SUCCEEDED:
         assert job is not None
-        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED,
-                f"Ray job {job.submission_id} succeeded")
-        out.set(ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED,
-                f"all {spec.job.iterations} iterations done")
+        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED, f"Ray job {job.submission_id} succeeded")
+        out.set(ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED, f"all {spec.job.iterations} iterations done")
         return Phase.SUCCEEDED, out
     if rule is Rule.ATTEMPT_FAILED:
         assert failure is not None
         reason, message = failure
         out.set(ConditionType.RUNNING, False, reason, message)
         if restart_count < limit:
-            out.set(ConditionType.RETRYING, True, reason,
-                    f"restart {restart_count + 1} of {limit}, resuming from the last checkpoint: {message}")
+            out.set(
+                ConditionType.RETRYING,
+                True,
+                reason,
+                f"restart {restart_count + 1} of {limit}, resuming from the last checkpoint: {message}",
+            )
             return Phase.RETRYING, out
-        out.set(ConditionType.FAILED, True, Reason.BACKOFF_LIMIT_EXCEEDED,
-                f"failed after {restart_count} restart(s) (backoffLimit {limit}): {message}")
+        out.set(
+            ConditionType.FAILED,
+            True,
+            Reason.BACKOFF_LIMIT_EXCEEDED,
+            f"failed after {restart_count} restart(s) (backoffLimit {limit}): {message}",
+        )
         return Phase.FAILED, out
     if rule is Rule.ATTEMPT_RUNNING and job is not None and job.status is RayJobStatus.RUNNING:
         out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
         if restart_count > 0:
-            out.set(ConditionType.RETRYING, False, Reason.RECOVERED,
-                    f"running again after restart {restart_count}")
+            out.set(ConditionType.RETRYING, False, Reason.RECOVERED, f"running again after restart {restart_count}")
         return Phase.RUNNING, out
 
     if rule is Rule.ATTEMPT_RUNNING:  # PENDING: submitted, the driver has not started
         assert job is not None
-        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_PENDING,
-                f"Ray job {job.submission_id} is waiting for its driver to start")
+        out.set(
+            ConditionType.RUNNING,
+            False,
+            Reason.RAY_JOB_PENDING,
+            f"Ray job {job.submission_id} is waiting for its driver to start",
+        )
     else:
-        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_NOT_SUBMITTED,
-                "submitting the Ray job" if cluster_ready
-                else "the Ray job is submitted once the cluster is ready")
+        out.set(
+            ConditionType.RUNNING,
+            False,
+            Reason.RAY_JOB_NOT_SUBMITTED,
+            "submitting the Ray job" if cluster_ready else "the Ray job is submitted once the cluster is ready",
+        )
     if restart_count > 0:
         return Phase.RETRYING, out  # the Retrying condition of the failure stays as it was
     if observed.ray_cluster is None or waiting_for_admission:
@@ -274,32 +326,43 @@ def _decide(rule: Rule, name: str, spec: RLJobSpec, observed: Observations, rest
     return Phase.PROVISIONING, out
 
 
-def _cluster_conditions(out: _Updates, spec: RLJobSpec, cluster: Mapping[str, Any] | None,
-                        cluster_name: str, *, suspended: bool) -> tuple[bool, bool]:
+def _cluster_conditions(
+    out: _Updates, spec: RLJobSpec, cluster: Mapping[str, Any] | None, cluster_name: str, *, suspended: bool
+) -> tuple[bool, bool]:
     """Sets ClusterReady from KubeRay's RayCluster status (and its spec.suspend, `suspended`,
     which KubeRay's status follows a moment later); returns (ready, waiting for Kueue)."""
     if cluster is None:
-        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_CREATING,
-                f"creating RayCluster {cluster_name}")
+        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_CREATING, f"creating RayCluster {cluster_name}")
         return False, False
     kuberay_conditions = {c.get("type"): c.get("status") for c in cluster.get("conditions") or ()}
-    if suspended or cluster.get("state") == RAY_STATE_SUSPENDED \
-            or kuberay_conditions.get(RAY_CONDITION_SUSPENDED) == "True":
+    if (
+        suspended
+        or cluster.get("state") == RAY_STATE_SUSPENDED
+        or kuberay_conditions.get(RAY_CONDITION_SUSPENDED) == "True"
+    ):
         # spec.suspend is false here, so someone else holds the cluster: Kueue until it admits it.
         if spec.scheduling.gang is GangScheduler.KUEUE:
-            out.set(ConditionType.CLUSTER_READY, False, Reason.WAITING_FOR_ADMISSION,
-                    f"Kueue has not admitted RayCluster {cluster_name} from queue {spec.scheduling.queue} yet")
+            out.set(
+                ConditionType.CLUSTER_READY,
+                False,
+                Reason.WAITING_FOR_ADMISSION,
+                f"Kueue has not admitted RayCluster {cluster_name} from queue {spec.scheduling.queue} yet",
+            )
             return False, True
-        out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED,
-                f"RayCluster {cluster_name} is suspended")
+        out.set(
+            ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended"
+        )
         return False, False
     num_workers = spec.job.resources.num_nodes
     if cluster.get("state") == RAY_STATE_READY or kuberay_conditions.get(RAY_CONDITION_PROVISIONED) == "True":
-        out.set(ConditionType.CLUSTER_READY, True, Reason.RAY_CLUSTER_READY,
-                f"head and {num_workers} worker(s) ready")
+        out.set(ConditionType.CLUSTER_READY, True, Reason.RAY_CLUSTER_READY, f"head and {num_workers} worker(s) ready")
         return True, False
-    out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_PROVISIONING,
-            f"{cluster.get('readyWorkerReplicas') or 0}/{num_workers} workers ready")
+    out.set(
+        ConditionType.CLUSTER_READY,
+        False,
+        Reason.RAY_CLUSTER_PROVISIONING,
+        f"{cluster.get('readyWorkerReplicas') or 0}/{num_workers} workers ready",
+    )
     return False, False
 
 
@@ -314,8 +377,7 @@ def _failure(job: RayJobObservation | None, lost_pods: Sequence[str]) -> tuple[R
     return None
 
 
-def _merge_conditions(prev: RLJobStatus, new: _Updates,
-                      generation: int | None, now: datetime) -> list[Condition]:
+def _merge_conditions(prev: RLJobStatus, new: _Updates, generation: int | None, now: datetime) -> list[Condition]:
     """New values win; a None value removes the condition; conditions not mentioned carry over.
 
     lastTransitionTime moves only when the True/False status flips, so an unchanged situation
@@ -331,9 +393,13 @@ def _merge_conditions(prev: RLJobStatus, new: _Updates,
         old = merged.get(type_)
         moved = old is None or old.status != status
         merged[type_] = Condition(
-            type=type_, status=status, reason=cond.reason, message=message,
+            type=type_,
+            status=status,
+            reason=cond.reason,
+            message=message,
             last_transition_time=now if moved else old.last_transition_time,
-            observed_generation=generation)
+            observed_generation=generation,
+        )
     return [merged[t] for t in _ORDER if t in merged]
 
 
@@ -343,11 +409,12 @@ def shorten(message: str, limit: int = CONDITION_MESSAGE_MAX) -> str:
         return message
     infix = f" ... [{len(message) - limit} characters cut] ... "
     keep = limit - len(infix)
-    return message[: keep // 2] + infix + message[len(message) - (keep - keep // 2):]
+    return message[: keep // 2] + infix + message[len(message) - (keep - keep // 2) :]
 
 
-def _set_progress(status: RLJobStatus, spec: RLJobSpec | None, metrics: Mapping[str, Any] | None,
-                  prev: RLJobStatus) -> None:
+def _set_progress(
+    status: RLJobStatus, spec: RLJobSpec | None, metrics: Mapping[str, Any] | None, prev: RLJobStatus
+) -> None:
     status.iteration, status.reward = prev.iteration, prev.reward
     status.tokens_per_second_per_device = prev.tokens_per_second_per_device
     status.last_evaluation = prev.last_evaluation
@@ -366,8 +433,11 @@ def last_evaluation(metrics: Mapping[str, Any]) -> LastEvaluation | None:
     None when the job has not evaluated yet."""
     if not {VAL_ITERATION, VAL_REWARD, VAL_ACCURACY} <= metrics.keys():
         return None
-    return LastEvaluation(iteration=int(metrics[VAL_ITERATION]), reward=round(float(metrics[VAL_REWARD]), 4),
-                          accuracy=round(float(metrics[VAL_ACCURACY]), 4))
+    return LastEvaluation(
+        iteration=int(metrics[VAL_ITERATION]),
+        reward=round(float(metrics[VAL_REWARD]), 4),
+        accuracy=round(float(metrics[VAL_ACCURACY]), 4),
+    )
 
 
 _SPEC_FAILURES = (Reason.INVALID_SPEC, Reason.POLICY_DENIED)
@@ -397,8 +467,9 @@ def _dump(status: RLJobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def rejected_status(*, previous: Mapping[str, Any] | None, message: str, generation: int | None,
-                    now: datetime) -> dict[str, Any]:
+def rejected_status(
+    *, previous: Mapping[str, Any] | None, message: str, generation: int | None, now: datetime
+) -> dict[str, Any]:
     """A short status for when the API server refused the computed one: the phase and counts as
     they were, and SpecValid=False saying why (a refusal that repeats is a spec too large)."""
     prev = parse_status(previous)
@@ -406,10 +477,14 @@ def rejected_status(*, previous: Mapping[str, Any] | None, message: str, generat
     updates.set(ConditionType.SPEC_VALID, False, Reason.STATUS_REJECTED, message)
     # Only SpecValid carries over (its transition time), so the short status stays short.
     spec_valid = RLJobStatus(conditions=[c for c in prev.conditions if c.type is ConditionType.SPEC_VALID])
-    status = RLJobStatus(phase=prev.phase or Phase.PENDING, restart_count=prev.restart_count,
-                         ray_job_id=prev.ray_job_id, ray_cluster_name=prev.ray_cluster_name,
-                         conditions=_merge_conditions(spec_valid, updates, generation, now),
-                         observed_generation=generation)
+    status = RLJobStatus(
+        phase=prev.phase or Phase.PENDING,
+        restart_count=prev.restart_count,
+        ray_job_id=prev.ray_job_id,
+        ray_cluster_name=prev.ray_cluster_name,
+        conditions=_merge_conditions(spec_valid, updates, generation, now),
+        observed_generation=generation,
+    )
     return _dump(status)
 
 
@@ -432,10 +507,15 @@ def _without_nulls(value: Any) -> Any:
 
 
 _SPEC_EVENTS = {Reason.STATUS_REJECTED: EventReason.STATUS_REJECTED, Reason.POLICY_DENIED: EventReason.POLICY_DENIED}
-_BLOCKED_EVENTS = {Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT, Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED,
-                   Reason.TOKEN_REFUSED: EventReason.TOKEN_REFUSED}
-_INPUT_EVENTS = {Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
-                 Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT}
+_BLOCKED_EVENTS = {
+    Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT,
+    Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED,
+    Reason.TOKEN_REFUSED: EventReason.TOKEN_REFUSED,
+}
+_INPUT_EVENTS = {
+    Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
+    Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT,
+}
 
 
 def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[Event]:
@@ -448,7 +528,10 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
         if cond is None or cond.status != status:
             return None
         unchanged = was is not None and (was.status, was.reason, was.message) == (
-            cond.status, cond.reason, cond.message)
+            cond.status,
+            cond.reason,
+            cond.message,
+        )
         return None if unchanged else cond
 
     if (cond := became(ConditionType.SPEC_VALID, "False")) is not None:
@@ -458,8 +541,13 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
         events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
     if after.ray_job_id is not None and after.ray_job_id != before.ray_job_id:
-        events.append(Event("Normal", EventReason.SUBMITTED_RAY_JOB,
-                            f"submitted Ray job {after.ray_job_id} (attempt {after.restart_count})"))
+        events.append(
+            Event(
+                "Normal",
+                EventReason.SUBMITTED_RAY_JOB,
+                f"submitted Ray job {after.ray_job_id} (attempt {after.restart_count})",
+            )
+        )
     if after.phase is not before.phase:
         if after.phase is Phase.RETRYING and (cond := after.condition(ConditionType.RETRYING)) is not None:
             events.append(Event("Warning", EventReason.RETRYING, cond.message))

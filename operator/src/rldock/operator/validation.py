@@ -38,8 +38,14 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # core/v1 env names (Kubernetes 1.20-1.29): a C identifier that may also hold '-' and '.'.
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_VOLUME_SOURCES = {"persistentVolumeClaim": "persistent_volume_claim", "nfs": "nfs", "hostPath": "host_path",
-                   "configMap": "config_map", "secret": "secret", "emptyDir": "empty_dir"}  # field: attribute
+_VOLUME_SOURCES = {
+    "persistentVolumeClaim": "persistent_volume_claim",
+    "nfs": "nfs",
+    "hostPath": "host_path",
+    "configMap": "config_map",
+    "secret": "secret",
+    "emptyDir": "empty_dir",
+}  # field: attribute
 
 
 def parse_spec(raw: Mapping[str, Any]) -> tuple[RLJobSpec | None, list[Problem]]:
@@ -70,8 +76,11 @@ def _problem_from_error(item: Mapping[str, Any]) -> Problem:
     if item["type"] == "string_pattern_mismatch" and item.get("ctx", {}).get("pattern") in _PATTERN_HINTS:
         return Problem(path, f"{item['input']!r} is not {_PATTERN_HINTS[item['ctx']['pattern']]}")
     if item["type"] == "string_too_long":
-        return Problem(path, f"{len(item['input'])} characters is too long: at most "
-                             f"{item['ctx']['max_length']} (see docs/operator.md, Limits)")
+        return Problem(
+            path,
+            f"{len(item['input'])} characters is too long: at most "
+            f"{item['ctx']['max_length']} (see docs/operator.md, Limits)",
+        )
     return Problem(path, item["msg"])
 
 
@@ -80,9 +89,12 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     problems = [Problem(f"spec.job.{p.path}", p.message) for p in find_problems(spec.job)]
     accelerator = spec.job.resources.accelerator_resource
     if accelerator in RAY_RESERVED_RESOURCES:
-        problems.append(Problem(
-            "spec.job.resources.accelerator_resource",
-            f"{accelerator!r} is a Ray built-in resource and cannot name the devices; use e.g. NPU"))
+        problems.append(
+            Problem(
+                "spec.job.resources.accelerator_resource",
+                f"{accelerator!r} is a Ray built-in resource and cannot name the devices; use e.g. NPU",
+            )
+        )
     if spec.cluster.device_resource is not None:  # unset: the operator's default, checked at its start
         error = device_resource_error(spec.cluster.device_resource)
         if error:
@@ -109,8 +121,12 @@ def job_config_size_problems(spec: RLJobSpec, *, limit: int = CONFIG_MAP_MAX_BYT
     size = len(render_job_config(spec.job).encode())
     if size <= limit:
         return []
-    return [Problem("spec.job", f"the job config is {size} bytes as YAML; a ConfigMap holds at most {limit}: "
-                                "shorten its longest values")]
+    return [
+        Problem(
+            "spec.job",
+            f"the job config is {size} bytes as YAML; a ConfigMap holds at most {limit}: shorten its longest values",
+        )
+    ]
 
 
 def device_resource_error(name: str) -> str | None:
@@ -124,8 +140,10 @@ def device_resource_error(name: str) -> str | None:
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or name.startswith("requests."):
         return f"{name!r} is reserved by Kubernetes; device plugins use their own domain"
     if len(resource) > 63 or not _QUALIFIED_NAME.match(resource):
-        return (f"name {resource!r} of {name!r} must be at most 63 alphanumerics, "
-                "'-', '_' or '.', starting and ending with an alphanumeric")
+        return (
+            f"name {resource!r} of {name!r} must be at most 63 alphanumerics, "
+            "'-', '_' or '.', starting and ending with an alphanumeric"
+        )
     return None
 
 
@@ -168,10 +186,17 @@ def _scheduling_problems(spec: RLJobSpec) -> list[Problem]:
         return [Problem("spec.scheduling.queue", "gang scheduling through kueue needs the LocalQueue name")]
     if scheduling.gang is GangScheduler.NONE and scheduling.queue:
         return [Problem("spec.scheduling.queue", "a queue needs gang: volcano or gang: kueue")]
-    if (scheduling.gang is GangScheduler.VOLCANO and scheduling.scheduler_name
-            and scheduling.scheduler_name != VOLCANO_SCHEDULER):
-        return [Problem("spec.scheduling.schedulerName",
-                        f"gang: volcano schedules pods with {VOLCANO_SCHEDULER!r}; leave schedulerName unset")]
+    if (
+        scheduling.gang is GangScheduler.VOLCANO
+        and scheduling.scheduler_name
+        and scheduling.scheduler_name != VOLCANO_SCHEDULER
+    ):
+        return [
+            Problem(
+                "spec.scheduling.schedulerName",
+                f"gang: volcano schedules pods with {VOLCANO_SCHEDULER!r}; leave schedulerName unset",
+            )
+        ]
     return []
 
 
@@ -179,21 +204,30 @@ def _checkpoint_problems(spec: RLJobSpec) -> list[Problem]:
     storage, path = spec.checkpoint, "spec.checkpoint"
     problems = []
     if (storage.claim_name is None) == (storage.host_path is None):
-        problems.append(Problem(path, "set exactly one of claimName (a PersistentVolumeClaim) or "
-                                      "hostPath (a directory on every node)"))
+        problems.append(
+            Problem(
+                path, "set exactly one of claimName (a PersistentVolumeClaim) or hostPath (a directory on every node)"
+            )
+        )
     if storage.host_path is not None and not posixpath.isabs(storage.host_path):
         problems.append(Problem(f"{path}.hostPath", f"{storage.host_path!r} must be an absolute path"))
     mount = posixpath.normpath(storage.mount_path)
     if not posixpath.isabs(storage.mount_path) or mount == "/":
-        problems.append(Problem(f"{path}.mountPath",
-                                f"{storage.mount_path!r} must be an absolute path below /"))
+        problems.append(Problem(f"{path}.mountPath", f"{storage.mount_path!r} must be an absolute path below /"))
     for taken in (CONFIG_MOUNT_PATH, SHM_MOUNT_PATH):
         if mount == taken or mount.startswith(taken + "/") or taken.startswith(mount + "/"):
-            problems.append(Problem(f"{path}.mountPath", f"{storage.mount_path!r} overlaps {taken}, "
-                                                         "which the operator mounts itself"))
+            problems.append(
+                Problem(
+                    f"{path}.mountPath", f"{storage.mount_path!r} overlaps {taken}, which the operator mounts itself"
+                )
+            )
     if mount == TMP_MOUNT_PATH:
-        problems.append(Problem(f"{path}.mountPath", f"{TMP_MOUNT_PATH} is Ray's scratch space, which the operator "
-                                                     "mounts itself; choose another path"))
+        problems.append(
+            Problem(
+                f"{path}.mountPath",
+                f"{TMP_MOUNT_PATH} is Ray's scratch space, which the operator mounts itself; choose another path",
+            )
+        )
     return problems
 
 
@@ -216,57 +250,99 @@ def _volume_problems(spec: RLJobSpec) -> list[Problem]:
     for index, volume in enumerate(spec.volumes):
         path = f"spec.volumes[{index}]"
         if volume.name in OPERATOR_VOLUMES:
-            problems.append(Problem(f"{path}.name", f"{volume.name!r} is a volume the operator mounts itself "
-                                                    f"({', '.join(OPERATOR_VOLUMES)}); choose another name"))
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"{volume.name!r} is a volume the operator mounts itself "
+                    f"({', '.join(OPERATOR_VOLUMES)}); choose another name",
+                )
+            )
         elif not _DNS_LABEL.match(volume.name):
-            problems.append(Problem(f"{path}.name", f"{volume.name!r} is not a DNS label (lowercase letters, "
-                                                    "digits and '-', starting and ending with a letter or digit)"))
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"{volume.name!r} is not a DNS label (lowercase letters, "
+                    "digits and '-', starting and ending with a letter or digit)",
+                )
+            )
         elif volume.name in names:
             problems.append(Problem(f"{path}.name", f"{volume.name!r} names an earlier volume too"))
         names.add(volume.name)
         problems += _volume_source_problems(volume, path)
     mount_paths: dict[str, int] = {}
     mounted: set[str] = set()
-    taken = {CONFIG_MOUNT_PATH: "the job config", SHM_MOUNT_PATH: "shared memory",
-             posixpath.normpath(spec.checkpoint.mount_path): "the checkpoints (spec.checkpoint.mountPath)"}
+    taken = {
+        CONFIG_MOUNT_PATH: "the job config",
+        SHM_MOUNT_PATH: "shared memory",
+        posixpath.normpath(spec.checkpoint.mount_path): "the checkpoints (spec.checkpoint.mountPath)",
+    }
     for index, mount in enumerate(spec.volume_mounts):
         path = f"spec.volumeMounts[{index}]"
         mounted.add(mount.name)
         if mount.name in OPERATOR_VOLUMES:
-            problems.append(Problem(f"{path}.name", f"{mount.name!r} is a volume the operator mounts itself; "
-                                                    "mount a volume of spec.volumes"))
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"{mount.name!r} is a volume the operator mounts itself; mount a volume of spec.volumes",
+                )
+            )
         elif mount.name not in names:
-            problems.append(Problem(f"{path}.name", f"no volume {mount.name!r} in spec.volumes"
-                                                    + (f" (there are: {', '.join(sorted(names))})" if names else "")))
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"no volume {mount.name!r} in spec.volumes"
+                    + (f" (there are: {', '.join(sorted(names))})" if names else ""),
+                )
+            )
         target = posixpath.normpath(mount.mount_path)
         if not posixpath.isabs(mount.mount_path) or target == "/":
             problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} must be an absolute path below /"))
             continue
         for other, what in taken.items():
             if _overlaps(target, other):
-                problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} overlaps {other}, where the "
-                                                             f"operator mounts {what}"))
+                problems.append(
+                    Problem(
+                        f"{path}.mountPath", f"{mount.mount_path!r} overlaps {other}, where the operator mounts {what}"
+                    )
+                )
         if target == TMP_MOUNT_PATH:  # a mount below /tmp is fine; /tmp itself is Ray's emptyDir
-            problems.append(Problem(f"{path}.mountPath", f"{TMP_MOUNT_PATH} is where the operator mounts Ray's "
-                                                         "scratch space; mount below it or elsewhere"))
+            problems.append(
+                Problem(
+                    f"{path}.mountPath",
+                    f"{TMP_MOUNT_PATH} is where the operator mounts Ray's scratch space; mount below it or elsewhere",
+                )
+            )
         if target in mount_paths:
-            problems.append(Problem(f"{path}.mountPath", f"{mount.mount_path!r} is also the mount path of "
-                                                         f"spec.volumeMounts[{mount_paths[target]}]"))
+            problems.append(
+                Problem(
+                    f"{path}.mountPath",
+                    f"{mount.mount_path!r} is also the mount path of spec.volumeMounts[{mount_paths[target]}]",
+                )
+            )
         mount_paths.setdefault(target, index)
         if mount.sub_path is not None and not _relative_inside(mount.sub_path):
             problems.append(Problem(f"{path}.subPath", f"{mount.sub_path!r} must be a relative path without '..'"))
     for index, volume in enumerate(spec.volumes):
         if volume.name not in mounted and volume.name not in OPERATOR_VOLUMES:
-            problems.append(Problem(f"spec.volumes[{index}]", f"volume {volume.name!r} is not mounted: add a "
-                                                              f"spec.volumeMounts entry with name {volume.name!r}"))
+            problems.append(
+                Problem(
+                    f"spec.volumes[{index}]",
+                    f"volume {volume.name!r} is not mounted: add a spec.volumeMounts entry with name {volume.name!r}",
+                )
+            )
     return problems
 
 
 def _volume_source_problems(volume: Volume, path: str) -> list[Problem]:
     sources = [name for name, attribute in _VOLUME_SOURCES.items() if getattr(volume, attribute) is not None]
     if len(sources) != 1:
-        return [Problem(path, f"set exactly one source of {', '.join(_VOLUME_SOURCES)}"
-                              + (f" (found {', '.join(sources)})" if sources else ""))]
+        return [
+            Problem(
+                path,
+                f"set exactly one source of {', '.join(_VOLUME_SOURCES)}"
+                + (f" (found {', '.join(sources)})" if sources else ""),
+            )
+        ]
     problems = []
     for source, absolute in (("hostPath", volume.host_path), ("nfs", volume.nfs)):
         if absolute is not None and not posixpath.isabs(absolute.path):
@@ -275,8 +351,9 @@ def _volume_source_problems(volume: Volume, path: str) -> list[Problem]:
     source = "configMap" if volume.config_map is not None else "secret"
     for index, item in enumerate((projected.items or []) if projected is not None else []):
         if not _relative_inside(item.path):
-            problems.append(Problem(f"{path}.{source}.items[{index}].path",
-                                    f"{item.path!r} must be a relative path without '..'"))
+            problems.append(
+                Problem(f"{path}.{source}.items[{index}].path", f"{item.path!r} must be a relative path without '..'")
+            )
     return problems
 
 
@@ -287,11 +364,21 @@ def _env_problems(spec: RLJobSpec) -> list[Problem]:
     for index, var in enumerate(spec.env):
         path = f"spec.env[{index}]"
         if var.name in OPERATOR_ENV:
-            problems.append(Problem(f"{path}.name", f"{var.name!r} is set by the operator in every Ray pod "
-                                                    f"({', '.join(OPERATOR_ENV)}); choose another name"))
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"{var.name!r} is set by the operator in every Ray pod "
+                    f"({', '.join(OPERATOR_ENV)}); choose another name",
+                )
+            )
         elif not _ENV_NAME.match(var.name):
-            problems.append(Problem(f"{path}.name", f"{var.name!r} is not a valid variable name (letters, digits, "
-                                                    "'_', '-' and '.', not starting with a digit)"))
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"{var.name!r} is not a valid variable name (letters, digits, "
+                    "'_', '-' and '.', not starting with a digit)",
+                )
+            )
         elif var.name in seen:
             problems.append(Problem(f"{path}.name", f"{var.name!r} is also set by spec.env[{seen[var.name]}]"))
         seen.setdefault(var.name, index)
@@ -310,8 +397,11 @@ def _env_value_problems(var: EnvVar, path: str) -> list[Problem]:
         return []
     if var.value is not None:
         return [Problem(path, "set value or valueFrom, not both")]
-    sources = [s for s in (var.value_from.secret_key_ref, var.value_from.config_map_key_ref, var.value_from.field_ref)
-               if s is not None]
+    sources = [
+        s
+        for s in (var.value_from.secret_key_ref, var.value_from.config_map_key_ref, var.value_from.field_ref)
+        if s is not None
+    ]
     if len(sources) != 1:
         return [Problem(f"{path}.valueFrom", "set exactly one of secretKeyRef, configMapKeyRef or fieldRef")]
     return []

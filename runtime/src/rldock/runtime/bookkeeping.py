@@ -26,8 +26,9 @@ class Bookkeeper:
     """Runs bookkeeping calls in submission order, in one background thread or at once."""
 
     def __init__(self, *, background: bool):
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldock-bookkeeping") \
-            if background else None
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rldock-bookkeeping") if background else None
+        )
         self._pending: list[Future] = []
 
     @property

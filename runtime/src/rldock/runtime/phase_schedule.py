@@ -32,6 +32,7 @@ from rldock.runtime.states import runner_names
 PhaseSchedule = Literal["serial", "overlap"]
 ACCELERATOR_KINDS = ("npu", "cuda")
 
+
 def resolve_phase_schedule(setting: str, *, device_kind: str, placement: str, mode: str) -> PhaseSchedule:
     """resources.phase_schedule as a worker on `device_kind` applies it: `auto` is serial on
     accelerators with colocated placement in a synchronous job, overlap otherwise (on CPU each
@@ -49,15 +50,16 @@ def phase_order(recipe: Recipe) -> tuple[str, ...]:
     States of the sampling rounds (DAPO) run before the others start and are not in it."""
     trains = recipe.training_states  # launched after the others (their spec's `trains`), so they come last
     launched = [s for s in recipe.launched_states if s not in trains] + list(trains)
-    producer = {column: state for state, columns in recipe.produces.items() if state in launched
-                for column in columns}
+    producer = {column: state for state, columns in recipe.produces.items() if state in launched for column in columns}
     needs = {state: {producer[c] for c in recipe.consumes[state] if c in producer} - {state} for state in launched}
     order: list[str] = []
     while len(order) < len(launched):
         ready = next((s for s in launched if s not in order and needs[s] <= set(order)), None)
         if ready is None:
-            raise ValueError(f"recipe {recipe.name!r}: its states {sorted(set(launched) - set(order))} "
-                             "read each other's columns; there is no order to run them in")
+            raise ValueError(
+                f"recipe {recipe.name!r}: its states {sorted(set(launched) - set(order))} "
+                "read each other's columns; there is no order to run them in"
+            )
         order.append(ready)
     return tuple(order)
 
@@ -67,8 +69,9 @@ def state_runners(plan: PlacementPlan, recipe: Recipe, *, generation_tp: int = 1
     them), from each launched state's spec: every rank of its worker group (under LoRA the reference
     pass's group is the actor's), or each generation replica's first actor rank (every
     `generation_tp`-th) for the rollout. States whose workers hold no device are not scheduled."""
-    runners = {state: runner_names(plan, recipe.spec(state), generation_tp=generation_tp)
-               for state in recipe.launched_states}
+    runners = {
+        state: runner_names(plan, recipe.spec(state), generation_tp=generation_tp) for state in recipe.launched_states
+    }
     return {state: names for state, names in runners.items() if names}
 
 
@@ -80,8 +83,9 @@ class Turn:
     workers: tuple[str, ...]
 
 
-def device_schedules(plan: PlacementPlan, order: tuple[str, ...],
-                     runners: Mapping[str, tuple[str, ...]]) -> dict[int, tuple[Turn, ...]]:
+def device_schedules(
+    plan: PlacementPlan, order: tuple[str, ...], runners: Mapping[str, tuple[str, ...]]
+) -> dict[int, tuple[Turn, ...]]:
     """Device (bundle) -> its turns in `order`, for every device that more than one worker shares;
     a device with one worker has nothing to schedule."""
     schedules = {}
@@ -89,8 +93,11 @@ def device_schedules(plan: PlacementPlan, order: tuple[str, ...],
         seated = plan.workers_on(device)
         if len(seated) < 2:
             continue
-        turns = tuple(Turn(phase, workers) for phase in order
-                      if (workers := tuple(w for w in runners.get(phase, ()) if w in seated)))
+        turns = tuple(
+            Turn(phase, workers)
+            for phase in order
+            if (workers := tuple(w for w in runners.get(phase, ()) if w in seated))
+        )
         if turns:
             schedules[device] = turns
     return schedules

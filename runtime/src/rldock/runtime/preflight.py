@@ -46,14 +46,16 @@ class PathCheck:
 
 CHECKS: tuple[PathCheck, ...] = (
     # A model the runtime builds itself (tiny demo models) need not exist yet.
-    PathCheck("model.path", lambda cfg: None if cfg.model.builder is not None else cfg.model.path,
-              PathKind.MODEL_DIR),
+    PathCheck("model.path", lambda cfg: None if cfg.model.builder is not None else cfg.model.path, PathKind.MODEL_DIR),
     # Data files (a generator writes its own into the output, so a generator's section lists none).
     PathCheck("data.train_files[{i}]", lambda cfg: cfg.data.train_files, PathKind.FILE),
     PathCheck("data.val_files[{i}]", lambda cfg: cfg.data.val_files, PathKind.FILE),
     # A user reward function given as a file (`rewards/my.py:score`); a module reference is imported.
-    PathCheck("reward.terms[{i}].function",
-              lambda cfg: [function_file(term.function) for term in cfg.reward.terms], PathKind.FILE),
+    PathCheck(
+        "reward.terms[{i}].function",
+        lambda cfg: [function_file(term.function) for term in cfg.reward.terms],
+        PathKind.FILE,
+    ),
     # A `model` term's reward model folder (config.json, tokenizer, weights).
     PathCheck("reward.terms[{i}].path", lambda cfg: [term.path for term in cfg.reward.terms], PathKind.MODEL_DIR),
 )
@@ -76,8 +78,11 @@ def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) 
     problems = []
     for check in checks:
         value = check.paths(cfg)
-        named = [(check.field, value)] if value is None or isinstance(value, str) else [
-            (check.field.format(i=index), path) for index, path in enumerate(value)]
+        named = (
+            [(check.field, value)]
+            if value is None or isinstance(value, str)
+            else [(check.field.format(i=index), path) for index, path in enumerate(value)]
+        )
         for field, path in named:
             if path is not None:
                 message = path_problem(Path(path).expanduser(), check.kind)
@@ -98,8 +103,10 @@ def path_problem(path: Path, kind: PathKind) -> str | None:
     if not os.access(path, os.R_OK | (os.X_OK if want_dir else 0)):
         return f"is not readable by this process (uid {os.getuid()}); check the volume's permissions"
     if kind is PathKind.MODEL_DIR and not (path / "config.json").is_file():
-        return (f"has no config.json, so it is not a Hugging Face format model directory "
-                f"(it holds: {_listing(path)}); point it at the folder with config.json, tokenizer and weights")
+        return (
+            f"has no config.json, so it is not a Hugging Face format model directory "
+            f"(it holds: {_listing(path)}); point it at the folder with config.json, tokenizer and weights"
+        )
     return None
 
 
@@ -149,8 +156,7 @@ def _definition_problem(path: Path, name: str) -> str | None:
     if name in defined:
         return None
     functions = sorted(node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    return (f"{path} defines no {name!r} at its top level (its functions: {functions}); name one of them after "
-            "the colon")
+    return f"{path} defines no {name!r} at its top level (its functions: {functions}); name one of them after the colon"
 
 
 def output_problems(output: str | Path) -> list[Problem]:
@@ -160,8 +166,13 @@ def output_problems(output: str | Path) -> list[Problem]:
     if not existing.is_dir():
         return [Problem(OUTPUT_FIELD, f"{path}: {existing} is not a directory")]
     if not os.access(existing, os.W_OK | os.X_OK):
-        return [Problem(OUTPUT_FIELD, f"{path}: {existing} is not writable by this process (uid {os.getuid()}); "
-                                      "in an RLJob the output lies on the checkpoint volume (spec.checkpoint)")]
+        return [
+            Problem(
+                OUTPUT_FIELD,
+                f"{path}: {existing} is not writable by this process (uid {os.getuid()}); "
+                "in an RLJob the output lies on the checkpoint volume (spec.checkpoint)",
+            )
+        ]
     return []
 
 

@@ -36,26 +36,26 @@ BATCH_BUILDERS: Registry[BatchBuilder] = Registry("driver batch", field="algorit
 @BATCH_BUILDERS.register("prompt_groups")
 def prompt_groups(dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
     """Each prompt N times (one row per sample) with its train-file row: (G*N,) rows."""
-    prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length,
-                                          tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length, tokenizer.pad_token_id)
     prompt_index = torch.tensor([dataset.prompt_index(p) for p in positions], dtype=torch.int64)  # (G,)
     n = algo.num_responses_per_prompt
-    batch = TensorDict({
-        "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),  # (G*N, PL)
-        "prompt_mask": prompt_mask.repeat_interleave(n, dim=0),
-        "prompt_index": prompt_index.repeat_interleave(n, dim=0),  # (G*N,)
-    }, batch_size=[len(positions) * n])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),  # (G*N, PL)
+            "prompt_mask": prompt_mask.repeat_interleave(n, dim=0),
+            "prompt_index": prompt_index.repeat_interleave(n, dim=0),  # (G*N,)
+        },
+        batch_size=[len(positions) * n],
+    )
     return DriverBatch(batch, prompt_mask.sum(dim=1).tolist())
 
 
 @BATCH_BUILDERS.register("preference_pairs")
-def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer,
-                     algo: AlgorithmSpec) -> DriverBatch:
+def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
     """DPO pairs as finished responses: rows 2i (chosen) and 2i+1 (rejected) share prompt i; each
     response is its answer tokens then EOS, as the policy would have to write it: (2G,) rows."""
     pairs = dataset.preference_pairs(positions)
-    prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length,
-                                          tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length, tokenizer.pad_token_id)
     texts = [text for p in pairs for text in (p.chosen, p.rejected)]
     response_ids, response_mask = encode_answers(tokenizer, texts, algo.max_response_length - 1)
     lengths = response_mask.sum(dim=1)  # (2G,)
@@ -64,12 +64,15 @@ def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer
     response_ids[torch.arange(len(texts)), lengths] = tokenizer.eos_token_id
     response_mask = torch.cat([response_mask, torch.zeros_like(pad)], dim=1)
     response_mask[torch.arange(len(texts)), lengths] = 1
-    batch = TensorDict({
-        "prompt_ids": prompt_ids.repeat_interleave(2, dim=0),  # (2G, PL)
-        "prompt_mask": prompt_mask.repeat_interleave(2, dim=0),
-        "response_ids": response_ids,  # (2G, SL)
-        "response_mask": response_mask,
-    }, batch_size=[len(texts)])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids.repeat_interleave(2, dim=0),  # (2G, PL)
+            "prompt_mask": prompt_mask.repeat_interleave(2, dim=0),
+            "response_ids": response_ids,  # (2G, SL)
+            "response_mask": response_mask,
+        },
+        batch_size=[len(texts)],
+    )
     return DriverBatch(batch, prompt_mask.sum(dim=1).tolist(), (lengths + 1).tolist())
 
 
@@ -125,8 +128,14 @@ class DynamicSampling:
     `dynamic_sampling/padded_groups` says how many.
     """
 
-    def __init__(self, *, num_groups: int, group_size: int, max_rounds: int,
-                 group_filter: Callable[[torch.Tensor, int], torch.Tensor]):
+    def __init__(
+        self,
+        *,
+        num_groups: int,
+        group_size: int,
+        max_rounds: int,
+        group_filter: Callable[[torch.Tensor, int], torch.Tensor],
+    ):
         assert max_rounds >= 1, "the config bounds algorithm.dapo.max_sampling_rounds below by 1"
         self.num_groups, self.group_size, self.max_rounds = num_groups, group_size, max_rounds
         self.group_filter = group_filter
@@ -153,7 +162,10 @@ class DynamicSampling:
             rounds += 1
         num_kept = int(kept.sum())
         assert slots_batch is not None  # max_rounds >= 1 and the first round fills every slot
-        metrics: dict[str, float] = {"dynamic_sampling/rounds": rounds, "dynamic_sampling/kept_groups": num_kept,
-                   "dynamic_sampling/padded_groups": self.num_groups - num_kept}
+        metrics: dict[str, float] = {
+            "dynamic_sampling/rounds": rounds,
+            "dynamic_sampling/kept_groups": num_kept,
+            "dynamic_sampling/padded_groups": self.num_groups - num_kept,
+        }
         merged = {state: merge_rounds([r[state] for r in results]) for state in results[0]}
         return SampledRounds(DriverBatch(slots_batch, prompt_lengths), merged, metrics)

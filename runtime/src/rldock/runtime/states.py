@@ -86,9 +86,17 @@ class WorkerState:
 
 # --- worker groups -------------------------------------------------------------------------------
 
+
 def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {"cfg": ctx.cfg, "rank": rank, "world_size": world_size, "policy_dir": ctx.policy_dir,
-            "banks": ctx.banks, "adapter_dir": ctx.adapter_dir, "policy_version": ctx.policy_version}
+    return {
+        "cfg": ctx.cfg,
+        "rank": rank,
+        "world_size": world_size,
+        "policy_dir": ctx.policy_dir,
+        "banks": ctx.banks,
+        "adapter_dir": ctx.adapter_dir,
+        "policy_version": ctx.policy_version,
+    }
 
 
 def _reference_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
@@ -97,8 +105,7 @@ def _reference_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict
 
 def _critic_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
     # The critic starts from the initial policy's body, whatever policy the actors resume from.
-    return {"cfg": ctx.cfg, "policy_dir": ctx.reference_dir, "banks": ctx.banks, "rank": rank,
-            "world_size": world_size}
+    return {"cfg": ctx.cfg, "policy_dir": ctx.reference_dir, "banks": ctx.banks, "rank": rank, "world_size": world_size}
 
 
 def _reward_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
@@ -115,40 +122,71 @@ def _tokenizer_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict
 
 # Each actor rank opens a device of its own (rldock.contract.placement) and holds the policy, its
 # rollout engine (on each generation replica's first rank) and its optimizer.
-ACTOR = WorkerGroup(ACTOR_GROUP, "rldock.runtime.workers.actor:ActorWorker", _actor_arguments,
-                    ranks="actor_ranks", collective=True, memory="actor")
-REFERENCE = WorkerGroup("reference", "rldock.runtime.workers.reference:ReferenceWorker", _reference_arguments,
-                        ranks="dp_ranks")
-CRITIC = WorkerGroup("critic", "rldock.runtime.workers.critic:CriticWorker", _critic_arguments,
-                     ranks="dp_ranks", collective=True, memory="critic")
+ACTOR = WorkerGroup(
+    ACTOR_GROUP,
+    "rldock.runtime.workers.actor:ActorWorker",
+    _actor_arguments,
+    ranks="actor_ranks",
+    collective=True,
+    memory="actor",
+)
+REFERENCE = WorkerGroup(
+    "reference", "rldock.runtime.workers.reference:ReferenceWorker", _reference_arguments, ranks="dp_ranks"
+)
+CRITIC = WorkerGroup(
+    "critic",
+    "rldock.runtime.workers.critic:CriticWorker",
+    _critic_arguments,
+    ranks="dp_ranks",
+    collective=True,
+    memory="critic",
+)
 REWARD = WorkerGroup("reward", "rldock.runtime.workers.reward:RewardWorker", _reward_arguments, device=False)
-ADVANTAGE = WorkerGroup("advantage", "rldock.runtime.workers.advantage:AdvantageWorker", _advantage_arguments,
-                        device=False)
+ADVANTAGE = WorkerGroup(
+    "advantage", "rldock.runtime.workers.advantage:AdvantageWorker", _advantage_arguments, device=False
+)
 
 
 # --- states --------------------------------------------------------------------------------------
 
-ROLLOUT = WorkerState("rollout", ACTOR, "generate", consumes=PROMPT, produces=RESPONSE + POLICY_VERSION,
-                      runs_on="engines", takes_round=True)
-ACTOR_INFERENCE = WorkerState("actor_inference", ACTOR, "compute_old_logprobs", consumes=PROMPT + RESPONSE,
-                              produces=("old_logprobs",))
-REFERENCE_INFERENCE = WorkerState("reference", REFERENCE, "compute_ref_logprobs", consumes=PROMPT + RESPONSE,
-                                  produces=("ref_logprobs",))
+ROLLOUT = WorkerState(
+    "rollout",
+    ACTOR,
+    "generate",
+    consumes=PROMPT,
+    produces=RESPONSE + POLICY_VERSION,
+    runs_on="engines",
+    takes_round=True,
+)
+ACTOR_INFERENCE = WorkerState(
+    "actor_inference", ACTOR, "compute_old_logprobs", consumes=PROMPT + RESPONSE, produces=("old_logprobs",)
+)
+REFERENCE_INFERENCE = WorkerState(
+    "reference", REFERENCE, "compute_ref_logprobs", consumes=PROMPT + RESPONSE, produces=("ref_logprobs",)
+)
 REWARD_STATE = WorkerState("reward", REWARD, "compute_rewards", consumes=RESPONSE + PROMPT_INDEX, produces=("reward",))
-ADVANTAGE_STATE = WorkerState("advantage", ADVANTAGE, "compute_advantages", consumes=("reward",),
-                              produces=("advantage",))
-UPDATE = WorkerState("update", ACTOR, "update",
-                     consumes=PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage") + POLICY_VERSION,
-                     trains=True)
+ADVANTAGE_STATE = WorkerState(
+    "advantage", ADVANTAGE, "compute_advantages", consumes=("reward",), produces=("advantage",)
+)
+UPDATE = WorkerState(
+    "update",
+    ACTOR,
+    "update",
+    consumes=PROMPT + RESPONSE + ("old_logprobs", "ref_logprobs", "advantage") + POLICY_VERSION,
+    trains=True,
+)
 # DPO trains in the actor's preference_update state on the DPO loss, not on a policy surrogate.
-PREFERENCE_UPDATE = WorkerState("preference_update", ACTOR, "preference_update",
-                                consumes=PROMPT + RESPONSE + ("ref_logprobs",), trains=True)
+PREFERENCE_UPDATE = WorkerState(
+    "preference_update", ACTOR, "preference_update", consumes=PROMPT + RESPONSE + ("ref_logprobs",), trains=True
+)
 # PPO's critic scores every response token before the advantage stage (GAE needs the values), and
 # trains on the returns that stage writes.
-CRITIC_INFERENCE = WorkerState("critic_inference", CRITIC, "compute_values", consumes=PROMPT + RESPONSE,
-                               produces=("values",))
-CRITIC_UPDATE = WorkerState("critic_update", CRITIC, "update", consumes=PROMPT + RESPONSE + ("values", "returns"),
-                            trains=True)
+CRITIC_INFERENCE = WorkerState(
+    "critic_inference", CRITIC, "compute_values", consumes=PROMPT + RESPONSE, produces=("values",)
+)
+CRITIC_UPDATE = WorkerState(
+    "critic_update", CRITIC, "update", consumes=PROMPT + RESPONSE + ("values", "returns"), trains=True
+)
 # DAPO's dynamic sampling: the driver reads each round's per-sample `score` through this state
 # itself (no worker runs it; recipes.SamplingRounds.read_state).
 SAMPLE_FILTER = WorkerState("sample_filter", None, "", consumes=("score",))
@@ -158,10 +196,14 @@ SAMPLE_FILTER = WorkerState("sample_filter", None, "", consumes=("score",))
 REWARD_MODEL = WorkerState(
     "reward_model",
     WorkerGroup("reward_model", "rldock.runtime.workers.reward_model:RewardModelWorker", _tokenizer_arguments),
-    method="compute_scores", consumes=PROMPT + RESPONSE, produces=RM_SCORE)
+    method="compute_scores",
+    consumes=PROMPT + RESPONSE,
+    produces=RM_SCORE,
+)
 
 
 # --- reading the specs ---------------------------------------------------------------------------
+
 
 def worker_groups(states: Sequence[WorkerState]) -> dict[str, WorkerGroup]:
     """Group name -> group of the workers `states` run on, in the states' order (the actor first
@@ -172,24 +214,32 @@ def worker_groups(states: Sequence[WorkerState]) -> dict[str, WorkerGroup]:
             continue
         known = groups.setdefault(state.group.name, state.group)
         if known != state.group:
-            raise ValueError(f"state {state.name!r} names worker group {state.group.name!r} differently "
-                             f"from another state: {state.group} != {known}")
+            raise ValueError(
+                f"state {state.name!r} names worker group {state.group.name!r} differently "
+                f"from another state: {state.group} != {known}"
+            )
     return groups
 
 
-def placement_plan(cfg: JobConfig, states: Sequence[WorkerState], *,
-                   data_parallel_size: int | None = None) -> PlacementPlan:
+def placement_plan(
+    cfg: JobConfig, states: Sequence[WorkerState], *, data_parallel_size: int | None = None
+) -> PlacementPlan:
     """The placement plan (rldock.contract.placement) for the device workers of `states`, in the
     order their groups first appear; `data_parallel_size` overrides the config's (the planner plans
     one DP rank)."""
     groups = worker_groups(states)
     actor = groups.get(ACTOR_GROUP, ACTOR)  # DPO too trains on actor ranks
-    others = [SeatRequest(group.name, group.num_ranks(cfg, data_parallel_size=data_parallel_size),
-                          distinct=group.collective)
-              for group in groups.values() if group.device and group.name != ACTOR_GROUP]
-    return plan_placement(accelerator=cfg.resources.accelerator_resource,
-                          num_actor_ranks=actor.num_ranks(cfg, data_parallel_size=data_parallel_size),
-                          others=others, mode=cfg.resources.placement)
+    others = [
+        SeatRequest(group.name, group.num_ranks(cfg, data_parallel_size=data_parallel_size), distinct=group.collective)
+        for group in groups.values()
+        if group.device and group.name != ACTOR_GROUP
+    ]
+    return plan_placement(
+        accelerator=cfg.resources.accelerator_resource,
+        num_actor_ranks=actor.num_ranks(cfg, data_parallel_size=data_parallel_size),
+        others=others,
+        mode=cfg.resources.placement,
+    )
 
 
 def runner_names(plan: PlacementPlan, state: WorkerState, *, generation_tp: int = 1) -> tuple[str, ...]:

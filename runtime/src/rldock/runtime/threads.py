@@ -54,6 +54,12 @@ def apply_thread_budget(cfg: JobConfig, *, device_kind: str, role: str) -> int |
     cores, workers = node_cores(), compute_workers_per_node(cfg)
     threads = setting if setting is not None else thread_share(cores, workers)
     torch.set_num_threads(threads)
-    logger.info("%s: %d torch threads (%d cores, %d compute workers on the node, training.num_threads=%s)",
-                role, threads, cores, workers, setting)
+    logger.info(
+        "%s: %d torch threads (%d cores, %d compute workers on the node, training.num_threads=%s)",
+        role,
+        threads,
+        cores,
+        workers,
+        setting,
+    )
     return threads

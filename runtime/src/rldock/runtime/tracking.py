@@ -15,6 +15,7 @@ W&B's steps only grow, so a resumed attempt's redone iterations that the run alr
 sent again. Its files go under `<output>/wandb`; WANDB_MODE=offline keeps them there with no
 network (`wandb sync <output>/wandb/offline-run-*` uploads them later).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,12 @@ def scalars(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, 
         tag = f"{prefix}{key}"
         if isinstance(value, Mapping):
             yield from scalars(value, prefix=f"{tag}/")
-        elif (isinstance(value, (int, float)) and not isinstance(value, bool) and tag != "iteration"
-              and math.isfinite(value)):
+        elif (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and tag != "iteration"
+            and math.isfinite(value)
+        ):
             yield tag, float(value)
 
 
@@ -75,9 +80,15 @@ class WandbLog:
         id_file = output_dir / WANDB_RUN_ID_FILE
         if not id_file.is_file():
             id_file.write_text(secrets.token_hex(8))
-        self._run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, name=cfg.name,
-                               id=id_file.read_text().strip(), resume="allow", dir=str(output_dir),
-                               config=cfg.model_dump(mode="json"))
+        self._run = wandb.init(
+            project=cfg.wandb.project,
+            entity=cfg.wandb.entity,
+            name=cfg.name,
+            id=id_file.read_text().strip(),
+            resume="allow",
+            dir=str(output_dir),
+            config=cfg.model_dump(mode="json"),
+        )
 
     def append(self, record: Mapping[str, Any]) -> None:
         step = int(record["iteration"])

@@ -138,20 +138,27 @@ class WorkerGroups:
     @property
     def engine_actors(self) -> list:
         """The actors holding a rollout engine: each generation replica's first rank."""
-        return self.actors[::self.generation_tp]
+        return self.actors[:: self.generation_tp]
 
     def runners(self, spec: WorkerState) -> list:
         """The Ray actors that run `spec`'s state: every rank of its group, or the engine ranks."""
         handles = self.ranks[spec.group.name]
-        return handles[::self.generation_tp] if spec.runs_on == "engines" else handles
+        return handles[:: self.generation_tp] if spec.runs_on == "engines" else handles
 
     def all(self) -> list:
         return [handle for handles in self.ranks.values() for handle in handles]
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, output_dir: str | Path, *, resume: bool = False,
-                 show_progress: bool = True, max_restarts: int = 0):
+    def __init__(
+        self,
+        cfg: JobConfig,
+        output_dir: str | Path,
+        *,
+        resume: bool = False,
+        show_progress: bool = True,
+        max_restarts: int = 0,
+    ):
         self.cfg = cfg
         self.output_dir = Path(output_dir)
         self.show_progress = show_progress
@@ -166,10 +173,15 @@ class Trainer:
         self.data_files, rows = load_prompt_set(cfg, self.output_dir)
         base = prepare_base_model(cfg, rows)
         self.tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again
-        self.dataset = PromptDataset(rows, tokenizer=self.tokenizer, spec=cfg.data,
-                                     max_prompt_length=cfg.algorithm.max_prompt_length)
-        logger.info("prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
-                    len(self.dataset), self.data_files.train, self.dataset.num_dropped)
+        self.dataset = PromptDataset(
+            rows, tokenizer=self.tokenizer, spec=cfg.data, max_prompt_length=cfg.algorithm.max_prompt_length
+        )
+        logger.info(
+            "prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
+            len(self.dataset),
+            self.data_files.train,
+            self.dataset.num_dropped,
+        )
         shuffle_seed = cfg.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
         self.sampler = PromptSampler(len(self.dataset), seed=shuffle_seed)
         self.reference_dir = prepare_initial_policy(cfg, self.output_dir, base, self.dataset)
@@ -192,8 +204,8 @@ class Trainer:
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
             raise OutputDirInUse(
-                f"{self.output_dir} already holds a run; pass --resume to continue it or choose "
-                "another --output")
+                f"{self.output_dir} already holds a run; pass --resume to continue it or choose another --output"
+            )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -222,8 +234,12 @@ class Trainer:
                 # are not retried: they would fail the same way again.
                 if attempt == self.max_restarts:
                     raise
-                logger.warning("a worker died (%s); restart %d of %d from the last checkpoint",
-                               error, attempt + 1, self.max_restarts)
+                logger.warning(
+                    "a worker died (%s); restart %d of %d from the last checkpoint",
+                    error,
+                    attempt + 1,
+                    self.max_restarts,
+                )
                 self._keep_inflight()
                 self.resume_from = ckpt.latest_checkpoint(self.output_dir)
             finally:
@@ -241,16 +257,22 @@ class Trainer:
         self._plan = cluster.job_placement(cfg, self.recipe)
         self._placement = cluster.reserve(self._plan)
         # Two banks when the next iteration's samples are put while this one's still train.
-        self.banks = DockBanks([
-            TransferDock.create(cfg.dock, states={s: list(c) for s, c in self.recipe.consumes.items()},
-                                num_samples=cfg.num_samples_per_iteration,
-                                group_size=algo.num_responses_per_prompt,
-                                token_columns=TOKEN_COLUMNS,
-                                colocate_controllers=cfg.ablations.colocate_controllers,
-                                shared_memory=cfg.ablations.shared_memory,
-                                # the staleness bound (dock.max_staleness) guards what trains
-                                bounded_states=[self.recipe.update_state])
-            for _ in range(num_banks(cfg))])
+        self.banks = DockBanks(
+            [
+                TransferDock.create(
+                    cfg.dock,
+                    states={s: list(c) for s, c in self.recipe.consumes.items()},
+                    num_samples=cfg.num_samples_per_iteration,
+                    group_size=algo.num_responses_per_prompt,
+                    token_columns=TOKEN_COLUMNS,
+                    colocate_controllers=cfg.ablations.colocate_controllers,
+                    shared_memory=cfg.ablations.shared_memory,
+                    # the staleness bound (dock.max_staleness) guards what trains
+                    bounded_states=[self.recipe.update_state],
+                )
+                for _ in range(num_banks(cfg))
+            ]
+        )
         policy_dir = self.reference_dir
         start_iteration = 1
         if self.resume_from is not None:
@@ -265,8 +287,9 @@ class Trainer:
         if cfg.training.lora is not None and self.resume_from is not None:
             # LoRA: the actors load the base model and the trained adapters on top of it.
             policy_dir, adapter_dir = self.reference_dir, str(self.resume_from.path / ADAPTER_DIR)
-        self.workers = self._create_workers(str(policy_dir), adapter_dir=adapter_dir,
-                                            policy_version=start_iteration - 1)
+        self.workers = self._create_workers(
+            str(policy_dir), adapter_dir=adapter_dir, policy_version=start_iteration - 1
+        )
         if self.resume_from is not None:
             rng = torch.load(self.resume_from.path / "rng.pt")
             ray.get([a.load_optimizer.remote(str(self.resume_from.optimizer_file)) for a in self.workers.actors])
@@ -275,15 +298,20 @@ class Trainer:
         self.schedule = choose_schedule(cfg, self._driver(), self.banks, actor_rank_states=self._actor_rank_states())
         return start_iteration
 
-    def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None,
-                        policy_version: int) -> WorkerGroups:
+    def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None, policy_version: int) -> WorkerGroups:
         """One Ray actor per rank of every worker group the recipe's states run on (their specs,
         rldock.runtime.states): device workers on their seats of the placement plan, the others
         outside it; then each collective group joins its own process group."""
         cfg, plan = self.cfg, self._plan  # reserved by _start
-        context = WorkerContext(cfg=cfg, banks=self.banks, policy_dir=policy_dir,
-                                reference_dir=str(self.reference_dir), adapter_dir=adapter_dir,
-                                policy_version=policy_version, train_files=self.data_files.train)
+        context = WorkerContext(
+            cfg=cfg,
+            banks=self.banks,
+            policy_dir=policy_dir,
+            reference_dir=str(self.reference_dir),
+            adapter_dir=adapter_dir,
+            policy_version=policy_version,
+            train_files=self.data_files.train,
+        )
         ranks = {}
         for name, spec in worker_groups(self.recipe.specs).items():
             cls = spec.worker_class()
@@ -292,22 +320,32 @@ class Trainer:
                 handles = [cluster.seated(cls, group=self._placement, plan=plan, seat=seat) for seat in seats]
             else:
                 handles = [cluster.remote(cls, num_cpus=0) for _ in range(spec.num_ranks(cfg))]
-            ranks[name] = [handle.remote(**spec.arguments(context, rank, len(handles)))
-                           for rank, handle in enumerate(handles)]
+            ranks[name] = [
+                handle.remote(**spec.arguments(context, rank, len(handles))) for rank, handle in enumerate(handles)
+            ]
         groups = WorkerGroups(ranks, generation_tp=cfg.rollout.tensor_parallel_size)
         actors = groups.actors
-        logger.info("rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "
-                    "(rollout.tensor_parallel_size %d)", list(range(0, len(actors), groups.generation_tp)),
-                    plan.engine_devices(groups.generation_tp), groups.generation_tp)
+        logger.info(
+            "rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "
+            "(rollout.tensor_parallel_size %d)",
+            list(range(0, len(actors), groups.generation_tp)),
+            plan.engine_devices(groups.generation_tp),
+            groups.generation_tp,
+        )
         # Each engine rank sees its replica's devices before its engine starts (replica_devices).
-        engine_envs = engine_environments(ray.get([a.device_seat.remote() for a in actors]),
-                                          generation_tp=groups.generation_tp)
+        engine_envs = engine_environments(
+            ray.get([a.device_seat.remote() for a in actors]), generation_tp=groups.generation_tp
+        )
         for name, spec in worker_groups(self.recipe.specs).items():
             handles = ranks[name]
             if spec.collective and handles:  # the group's own DDP group (the actor's also sets up engines)
                 rendezvous = ray.get(handles[0].pick_rendezvous.remote())
-                ray.get([h.join_group.remote(rendezvous, *((engine_envs.get(r),) if name == ACTOR.name else ()))
-                         for r, h in enumerate(handles)])
+                ray.get(
+                    [
+                        h.join_group.remote(rendezvous, *((engine_envs.get(r),) if name == ACTOR.name else ()))
+                        for r, h in enumerate(handles)
+                    ]
+                )
         self._turns = hand_out_turns(cfg, plan, self.recipe, groups)  # fresh with every new set of workers
         return groups
 
@@ -331,11 +369,16 @@ class Trainer:
     def _loop(self, start_iteration: int) -> None:
         total = self.cfg.iterations
         # The initial policy's evaluation is logged as iteration 0, once per run.
-        evaluate_at_start = (self.evaluator is not None and self.cfg.evaluation.at_start and start_iteration == 1
-                             and not any(r["iteration"] == 0 for r in self.metrics.read()))
+        evaluate_at_start = (
+            self.evaluator is not None
+            and self.cfg.evaluation.at_start
+            and start_iteration == 1
+            and not any(r["iteration"] == 0 for r in self.metrics.read())
+        )
         tracking = open_tracking(self.cfg, self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
-        progress = _progress_bar(total, start_iteration - 1, enabled=self.show_progress,
-                                 desc=self.cfg.algorithm.name.upper())
+        progress = _progress_bar(
+            total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
+        )
         self._bookkeeping = Bookkeeper(background=self.cfg.ablations.background_bookkeeping)
         self._counters = None  # a failed counters read of an earlier attempt is not this attempt's
         self._last_iteration_end = None
@@ -352,8 +395,13 @@ class Trainer:
                     self._save_checkpoint(iteration)
                 key = headline_key(record)
                 val = {"val": f"{self._last_evaluation['val/reward']:.3f}"} if self._last_evaluation else {}
-                progress.set_postfix(**{key: f"{record[key]:.3f}"}, kl=f"{record['kl']:.4f}",
-                                     tps=f"{record['tokens_per_s_per_device']:.0f}", **val, refresh=False)
+                progress.set_postfix(
+                    **{key: f"{record[key]:.3f}"},
+                    kl=f"{record['kl']:.4f}",
+                    tps=f"{record['tokens_per_s_per_device']:.0f}",
+                    **val,
+                    refresh=False,
+                )
                 progress.update(1)
                 if not self.show_progress:  # the bar is for people, the lines for the operator
                     self._report_progress(record)
@@ -398,9 +446,13 @@ class Trainer:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
         job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
-        headline = {**_headline(record), "iteration": record["iteration"], "iterations": self.cfg.iterations,
-                    "checkpoint": latest.iteration if latest else None,
-                    **evaluation_headline(self._last_evaluation)}
+        headline = {
+            **_headline(record),
+            "iteration": record["iteration"],
+            "iterations": self.cfg.iterations,
+            "checkpoint": latest.iteration if latest else None,
+            **evaluation_headline(self._last_evaluation),
+        }
         print(format_progress(headline), flush=True)
 
     def _run_iteration(self, iteration: int) -> dict:
@@ -411,13 +463,21 @@ class Trainer:
         cycle = None if self._last_iteration_end is None else stages.ended - self._last_iteration_end
         self._last_iteration_end = stages.ended
         record = iteration_record(
-            stages.results, iteration=iteration, update_state=self.recipe.update_state,
-            prompt_lengths=stages.fed.prompt_lengths, driver_response_lengths=stages.fed.response_lengths,
-            put_seconds=stages.put_seconds, seconds=stages.ended - stages.started, cycle=cycle,
-            num_prompts=algo.num_prompts_per_iteration, num_responses=algo.num_responses_per_prompt,
+            stages.results,
+            iteration=iteration,
+            update_state=self.recipe.update_state,
+            prompt_lengths=stages.fed.prompt_lengths,
+            driver_response_lengths=stages.fed.response_lengths,
+            put_seconds=stages.put_seconds,
+            seconds=stages.ended - stages.started,
+            cycle=cycle,
+            num_prompts=algo.num_prompts_per_iteration,
+            num_responses=algo.num_responses_per_prompt,
             num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size,
-            partial_rollout=cfg.rollout.partial_rollout != "off", round_metrics=stages.round_metrics,
-            data_metrics=self._data_metrics(iteration))
+            partial_rollout=cfg.rollout.partial_rollout != "off",
+            round_metrics=stages.round_metrics,
+            data_metrics=self._data_metrics(iteration),
+        )
         # a Future until _write_record: read while the driver starts the next iteration
         record["dock"] = self._read_counters(stages.bank)
         if self._turns is not None:  # serial phase schedule: each shared device's phases, start and end (s)
@@ -439,27 +499,38 @@ class Trainer:
         """The launched states that may run before the previous iteration's update (in recipe order)."""
         return tuple(s for s in self.recipe.launched_states if s not in self._update_states())
 
-    def _launch(self, iteration: int, states: Sequence[str], *, sampling_round: int = 0,
-                round_tokens: int | None = None) -> dict[str, list]:
+    def _launch(
+        self, iteration: int, states: Sequence[str], *, sampling_round: int = 0, round_tokens: int | None = None
+    ) -> dict[str, list]:
         """Start each of `states` (in that order) on its workers; state -> the futures of its ranks."""
         launch = self._launchers(iteration, sampling_round, round_tokens)
         return {state: launch[state]() for state in states}
 
     def _driver(self) -> Driver:
         """What the schedule calls in the trainer, for this attempt's workers."""
-        return Driver(recipe=self.recipe, output_dir=self.output_dir,
-                      group_size=self.cfg.algorithm.num_responses_per_prompt,
-                      before_update=self._before_update_states(), updates=self._update_states(),
-                      launch=self._launch, draw=self._draw, sampler_state=self.sampler.state_dict,
-                      finish_rollout=self._finish_rollout, skip_turns=self._skip_turns,
-                      before_put=self._wait_for_counters,
-                      later=lambda fn, *args: self._bookkeeping.later(fn, *args))
+        return Driver(
+            recipe=self.recipe,
+            output_dir=self.output_dir,
+            group_size=self.cfg.algorithm.num_responses_per_prompt,
+            before_update=self._before_update_states(),
+            updates=self._update_states(),
+            launch=self._launch,
+            draw=self._draw,
+            sampler_state=self.sampler.state_dict,
+            finish_rollout=self._finish_rollout,
+            skip_turns=self._skip_turns,
+            before_put=self._wait_for_counters,
+            later=lambda fn, *args: self._bookkeeping.later(fn, *args),
+        )
 
     def _actor_rank_states(self) -> set[str]:
         """The states the actor ranks run over the responses, all but the rollout and the updates
         (under LoRA the reference pass too: its spec's group is the actor's, job_recipe)."""
-        return {spec.name for spec in self.recipe.specs
-                if spec.group == ACTOR and spec.runs_on == "ranks" and not spec.trains}
+        return {
+            spec.name
+            for spec in self.recipe.specs
+            if spec.group == ACTOR and spec.runs_on == "ranks" and not spec.trains
+        }
 
     def _finish_rollout(self, iteration: int) -> list:
         """Partial rollout: each engine's second round of `iteration`'s generation."""
@@ -477,10 +548,12 @@ class Trainer:
         """State -> a function that starts it on its workers and returns the futures: its spec's
         method on its runners, with the iteration (and the sampling round and the round's token cap
         where the spec takes them)."""
+
         def launcher(spec: WorkerState):
             extra = (sampling_round, round_tokens) if spec.takes_round else ()
-            return lambda: [getattr(handle, spec.method).remote(iteration, *extra)
-                            for handle in self.workers.runners(spec)]
+            return lambda: [
+                getattr(handle, spec.method).remote(iteration, *extra) for handle in self.workers.runners(spec)
+            ]
 
         return {spec.name: launcher(spec) for spec in self.recipe.specs if spec.group is not None}
 
@@ -561,18 +634,26 @@ def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> E
     if cfg.evaluation.interval == 0:
         return None
     rows = load_rows(val_files, columns_of(cfg.data), field="data.val_files")
-    dataset = PromptDataset(rows, tokenizer=tokenizer, spec=cfg.data,
-                            max_prompt_length=cfg.algorithm.max_prompt_length)
+    dataset = PromptDataset(rows, tokenizer=tokenizer, spec=cfg.data, max_prompt_length=cfg.algorithm.max_prompt_length)
     positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
-    examples = [EvalExample(prompt=e.prompt, ground_truth=e.ground_truth, data_source=e.data_source,
-                            extra_info=e.extra_info) for e in dataset.examples(positions)]
+    examples = [
+        EvalExample(prompt=e.prompt, ground_truth=e.ground_truth, data_source=e.data_source, extra_info=e.extra_info)
+        for e in dataset.examples(positions)
+    ]
     # The driver holds no reward model: held-out responses are scored by the other terms only
     # (config/problems.py refuses evaluation in a job whose only term is `model`).
     scorer = RewardScorer(cfg.reward.model_copy(update={"terms": [t for t in cfg.reward.terms if t.name != "model"]}))
 
     def score(responses: list[str], scored: list[EvalExample]) -> list[float]:
-        return scorer.score(responses, [e.ground_truth for e in scored], [e.data_source for e in scored],
-                            [e.extra_info for e in scored]).scores.tolist()
+        return scorer.score(
+            responses, [e.ground_truth for e in scored], [e.data_source for e in scored], [e.extra_info for e in scored]
+        ).scores.tolist()
 
-    return Evaluator(examples, score, prompt_ids=dataset.prompt_ids(positions), tokenizer=tokenizer,
-                     spec=cfg.evaluation, max_response_length=cfg.algorithm.max_response_length)
+    return Evaluator(
+        examples,
+        score,
+        prompt_ids=dataset.prompt_ids(positions),
+        tokenizer=tokenizer,
+        spec=cfg.evaluation,
+        max_response_length=cfg.algorithm.max_response_length,
+    )

@@ -85,8 +85,10 @@ class TurnKeeper:
         if iteration != self._iteration or not self._timeline:
             return []
         origin = min(entry["start"] for entry in self._timeline)
-        return [{**entry, "start": round(entry["start"] - origin, 6), "end": round(entry["end"] - origin, 6)}
-                for entry in self._timeline]
+        return [
+            {**entry, "start": round(entry["start"] - origin, 6), "end": round(entry["end"] - origin, 6)}
+            for entry in self._timeline
+        ]
 
 
 def start_keeper(schedules: Mapping[int, tuple[Turn, ...]]):
@@ -131,8 +133,15 @@ class TakesTurns:
         """Whether the job's phase_schedule resolves to serial on this worker's device (the driver
         may not see the devices, so `auto` is resolved here)."""
         cfg = self.cfg
-        return resolve_phase_schedule(cfg.resources.phase_schedule, device_kind=self.device.kind,
-                                      placement=cfg.resources.placement, mode=cfg.training.mode) == "serial"
+        return (
+            resolve_phase_schedule(
+                cfg.resources.phase_schedule,
+                device_kind=self.device.kind,
+                placement=cfg.resources.placement,
+                mode=cfg.training.mode,
+            )
+            == "serial"
+        )
 
     def take_turns(self, turns: DeviceTurns) -> None:
         self._turns = turns
@@ -140,6 +149,7 @@ class TakesTurns:
 
 def in_turn(phase: str):
     """Decorate a stage method `(self, iteration, ...)` of a TakesTurns worker to run in its turn."""
+
     def decorate(method):
         @functools.wraps(method)
         def wrapper(self, iteration: int, *args, **kwargs):
@@ -150,7 +160,9 @@ def in_turn(phase: str):
             if isinstance(result, dict) and "wait_s" in result:  # a stage's idle time includes its turn's wait
                 result["wait_s"] += waited
             return result
+
         return wrapper
+
     return decorate
 
 
@@ -168,15 +180,32 @@ def hand_out_turns(cfg, plan, recipe, workers) -> object | None:
     shared = {name: handle for name, handle in handles.items() if devices.get(name) in schedules}
     serial = dict(zip(shared, ray.get([handle.runs_serial.remote() for handle in shared.values()])))
     if len(set(serial.values())) > 1:  # a worker left out would never mark its phases done
-        raise RuntimeError(f"resources.phase_schedule {cfg.resources.phase_schedule!r} resolved differently on "
-                           f"the workers' devices ({serial}); set resources.device or phase_schedule explicitly")
+        raise RuntimeError(
+            f"resources.phase_schedule {cfg.resources.phase_schedule!r} resolved differently on "
+            f"the workers' devices ({serial}); set resources.device or phase_schedule explicitly"
+        )
     if not any(serial.values()):  # `auto` on CPU: overlap
         return None
     keeper = start_keeper(schedules)
     ray.get(keeper.timeline.remote(0))  # started now, not inside the first iteration's timing
-    ray.get([handle.take_turns.remote(DeviceTurns(keeper, devices[name], name, frozenset(
-        turn.phase for turn in schedules[devices[name]] if name in turn.workers))) for name, handle in shared.items()])
-    logger.info("serial phase schedule: %s", "; ".join(
-        f"device {device}: " + " -> ".join(f"{turn.phase} ({', '.join(turn.workers)})" for turn in turns)
-        for device, turns in schedules.items()))
+    ray.get(
+        [
+            handle.take_turns.remote(
+                DeviceTurns(
+                    keeper,
+                    devices[name],
+                    name,
+                    frozenset(turn.phase for turn in schedules[devices[name]] if name in turn.workers),
+                )
+            )
+            for name, handle in shared.items()
+        ]
+    )
+    logger.info(
+        "serial phase schedule: %s",
+        "; ".join(
+            f"device {device}: " + " -> ".join(f"{turn.phase} ({', '.join(turn.workers)})" for turn in turns)
+            for device, turns in schedules.items()
+        ),
+    )
     return keeper

@@ -36,8 +36,8 @@ def _answer_targets(tokenizer, answers: list[str], length: int) -> TokenBatch:
     ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.int64)  # (B, T)
     mask = torch.zeros((len(rows), length), dtype=torch.int64)  # (B, T)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
     return TokenBatch(ids, mask)
 
 
@@ -49,14 +49,21 @@ def answer_loss(model, prompts: TokenBatch, targets: TokenBatch) -> torch.Tensor
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     prompt_len, num_targets = prompts.ids.shape[1], targets.ids.shape[1]
     # Target token t is predicted by the logits at position PL + t - 1.
-    target_logits = logits[:, prompt_len - 1:prompt_len - 1 + num_targets].float()  # (B, T, V)
+    target_logits = logits[:, prompt_len - 1 : prompt_len - 1 + num_targets].float()  # (B, T, V)
     token_loss = F.cross_entropy(target_logits.transpose(1, 2), targets.ids, reduction="none")  # (B, T)
     mask = targets.mask.to(token_loss.dtype)
     return (token_loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, dataset: PromptDataset,
-               spec: WarmupSpec, seed: int, device: str | torch.device = "cpu") -> dict:
+def run_warmup(
+    model_dir_in: str | Path,
+    model_dir_out: str | Path,
+    *,
+    dataset: PromptDataset,
+    spec: WarmupSpec,
+    seed: int,
+    device: str | torch.device = "cpu",
+) -> dict:
     """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the prompt set's prompts
     and ground truths (`dataset` was tokenized with this model's tokenizer); save model and
     tokenizer to `model_dir_out`.
@@ -82,8 +89,11 @@ def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, dataset: 
             target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
             prompts = pad_prompts(prompt_rows, max(map(len, prompt_rows)), tokenizer.pad_token_id)
             targets = _answer_targets(tokenizer, answer_texts, target_len)
-            loss = answer_loss(model, TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
-                               TokenBatch(targets.ids.to(device), targets.mask.to(device)))
+            loss = answer_loss(
+                model,
+                TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
+                TokenBatch(targets.ids.to(device), targets.mask.to(device)),
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -95,6 +105,10 @@ def run_warmup(model_dir_in: str | Path, model_dir_out: str | Path, *, dataset: 
     model.save_pretrained(model_dir_out)
     tokenizer.save_pretrained(model_dir_out)
     seconds = time.perf_counter() - start
-    logger.info("warmup finished: %d steps in %.1f s, final loss %s", spec.steps, seconds,
-                f"{losses[-1]:.4f}" if losses else "n/a")
+    logger.info(
+        "warmup finished: %d steps in %.1f s, final loss %s",
+        spec.steps,
+        seconds,
+        f"{losses[-1]:.4f}" if losses else "n/a",
+    )
     return {"loss": losses, "steps": spec.steps, "seconds": seconds}

@@ -12,10 +12,10 @@ MODES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_to
 
 def _verl_agg_loss(loss_mat, loss_mask, mode):
     """verl's `agg_loss` written out from its definition (mask (B, T) 0/1, T = the mask's width):
-        token-mean:              sum(l m) / sum(m)
-        seq-mean-token-mean:     mean_b [ sum_t(l m) / sum_t(m) ]
-        seq-mean-token-sum:      mean_b [ sum_t(l m) ]
-        seq-mean-token-sum-norm: sum_b [ sum_t(l m) ] / T
+    token-mean:              sum(l m) / sum(m)
+    seq-mean-token-mean:     mean_b [ sum_t(l m) / sum_t(m) ]
+    seq-mean-token-sum:      mean_b [ sum_t(l m) ]
+    seq-mean-token-sum-norm: sum_b [ sum_t(l m) ] / T
     """
     seq_sums = (loss_mat * loss_mask).sum(dim=-1)  # (B,)
     if mode == "token_mean":
@@ -79,8 +79,9 @@ def test_pf_ppo_weights_weight_tokens_in_sum_and_count():
     # token mean: (0.5 * 3 * 1 + 1.5 * 4) / (0.5 * 3 + 1.5 * 1) = 7.5 / 3 = 2.5
     assert aggregate(values, mask, row_weights=torch.tensor([0.5, 1.5])).item() == pytest.approx(2.5)
     # the sequence mean: (0.5 * 1 + 1.5 * 4) / (0.5 + 1.5) = 3.25
-    assert aggregate(values, mask, "seq_mean_token_mean", row_weights=torch.tensor([0.5, 1.5])).item() == \
-        pytest.approx(3.25)
+    assert aggregate(values, mask, "seq_mean_token_mean", row_weights=torch.tensor([0.5, 1.5])).item() == pytest.approx(
+        3.25
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -99,14 +100,21 @@ def test_a_split_batch_aggregates_as_the_whole(mode):
     rank_losses = []
     for r in ranks:
         parts = [slice(r.start, r.start + 2), slice(r.start + 2, r.stop)]  # two micro-batches
-        rank_losses.append(sum(
-            aggregate(values[p], mask[p], mode, row_weights=weights[p], norm_length=5)
-            * aggregation_units(mask[p], mode, row_weights=weights[p], norm_length=5) / per_rank for p in parts))
+        rank_losses.append(
+            sum(
+                aggregate(values[p], mask[p], mode, row_weights=weights[p], norm_length=5)
+                * aggregation_units(mask[p], mode, row_weights=weights[p], norm_length=5)
+                / per_rank
+                for p in parts
+            )
+        )
     assert (sum(rank_losses) / len(ranks)).item() == pytest.approx(whole.item(), abs=1e-6)
 
 
-@pytest.mark.parametrize("name, kwargs", [("clipped", {"clip_ratio": 0.2}),
-                                          ("decoupled_clip", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [("clipped", {"clip_ratio": 0.2}), ("decoupled_clip", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28})],
+)
 @pytest.mark.parametrize("mode", MODES)
 def test_policy_losses_aggregate_their_token_losses_by_the_mode(name, kwargs, mode):
     generator = torch.Generator().manual_seed(6)
@@ -115,8 +123,9 @@ def test_policy_losses_aggregate_their_token_losses_by_the_mode(name, kwargs, mo
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
     advantages = torch.tensor([1.0, -1.0, 2.0, -0.5])
     ratio = torch.exp(logprobs - old)
-    token_loss = torch.maximum(-advantages[:, None] * ratio,
-                               -advantages[:, None] * ratio.clamp(0.8, 1 + kwargs.get("clip_ratio_high", 0.2)))
+    token_loss = torch.maximum(
+        -advantages[:, None] * ratio, -advantages[:, None] * ratio.clamp(0.8, 1 + kwargs.get("clip_ratio_high", 0.2))
+    )
     out = get_policy_loss(name)(logprobs, old, advantages, mask, aggregation=mode, norm_length=3, **kwargs)
     keep = mask.sum(dim=1) > 0
     assert out.loss.item() == pytest.approx(_verl_agg_loss(token_loss[keep], mask[keep], mode).item(), abs=1e-6)

@@ -59,12 +59,15 @@ def _one_token(ratio, advantage, fn=clipped_policy_loss):
     return out, logprobs.grad.item()
 
 
-@pytest.mark.parametrize("ratio, advantage, loss, clipped", [
-    (1.5, +1.0, -1.2, True),   # pushed past 1 + eps in the advantage's direction: clipped, no gradient
-    (1.5, -1.0, 1.5, False),   # moved against a negative advantage: unclipped, full penalty
-    (0.5, +1.0, -0.5, False),  # moved against a positive advantage: unclipped
-    (0.5, -1.0, 0.8, True),    # pushed below 1 - eps with a negative advantage: clipped
-])
+@pytest.mark.parametrize(
+    "ratio, advantage, loss, clipped",
+    [
+        (1.5, +1.0, -1.2, True),  # pushed past 1 + eps in the advantage's direction: clipped, no gradient
+        (1.5, -1.0, 1.5, False),  # moved against a negative advantage: unclipped, full penalty
+        (0.5, +1.0, -0.5, False),  # moved against a positive advantage: unclipped
+        (0.5, -1.0, 0.8, True),  # pushed below 1 - eps with a negative advantage: clipped
+    ],
+)
 def test_clipped_loss_one_token(ratio, advantage, loss, clipped):
     out, grad = _one_token(ratio, advantage)
     assert out.loss.item() == pytest.approx(loss, abs=1e-6)
@@ -150,5 +153,9 @@ def test_policy_loss_metrics_are_detached_scalars():
     logprobs = torch.zeros(1, 2, requires_grad=True)
     out = clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), 0.2)
     assert not out.clip_fraction.requires_grad and not out.ratio_mean.requires_grad
-    assert out.metrics == {"clip_fraction": 0.0, "ratio_mean": 1.0, "dual_clip_fraction": 0.0,
-                           "log_ratio_clamp_fraction": 0.0}
+    assert out.metrics == {
+        "clip_fraction": 0.0,
+        "ratio_mean": 1.0,
+        "dual_clip_fraction": 0.0,
+        "log_ratio_clamp_fraction": 0.0,
+    }

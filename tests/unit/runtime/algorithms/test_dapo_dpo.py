@@ -12,19 +12,28 @@ from rldock.runtime.algorithms.losses import get_policy_loss
 
 def _one_token(ratio, advantage, low=0.2, high=0.28):
     logprobs = torch.tensor([[math.log(ratio)]], requires_grad=True)  # (1, 1); old logprob 0
-    out = decoupled_clip_policy_loss(logprobs, torch.zeros(1, 1), torch.tensor([advantage]), torch.ones(1, 1),
-                                     clip_ratio_low=low, clip_ratio_high=high)
+    out = decoupled_clip_policy_loss(
+        logprobs,
+        torch.zeros(1, 1),
+        torch.tensor([advantage]),
+        torch.ones(1, 1),
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+    )
     out.loss.backward()
     return out, logprobs.grad.item()
 
 
-@pytest.mark.parametrize("ratio, advantage, loss, grad, clipped", [
-    (1.25, 1.0, -1.25, -1.25, 0.0),  # inside 1 + 0.28: still pushed up (a symmetric 0.2 clip would stop it)
-    (1.5, 1.0, -1.28, 0.0, 1.0),  # past 1 + 0.28: clipped, no gradient
-    (0.85, -1.0, 0.85, 0.85, 0.0),  # inside 1 - 0.2
-    (0.7, -1.0, 0.8, 0.0, 1.0),  # past 1 - 0.2: clipped
-    (0.7, 1.0, -0.7, -0.7, 0.0),  # below the lower clip with a positive advantage: min keeps the unclipped term
-])
+@pytest.mark.parametrize(
+    "ratio, advantage, loss, grad, clipped",
+    [
+        (1.25, 1.0, -1.25, -1.25, 0.0),  # inside 1 + 0.28: still pushed up (a symmetric 0.2 clip would stop it)
+        (1.5, 1.0, -1.28, 0.0, 1.0),  # past 1 + 0.28: clipped, no gradient
+        (0.85, -1.0, 0.85, 0.85, 0.0),  # inside 1 - 0.2
+        (0.7, -1.0, 0.8, 0.0, 1.0),  # past 1 - 0.2: clipped
+        (0.7, 1.0, -0.7, -0.7, 0.0),  # below the lower clip with a positive advantage: min keeps the unclipped term
+    ],
+)
 def test_decoupled_clip_bounds(ratio, advantage, loss, grad, clipped):
     out, g = _one_token(ratio, advantage)
     assert out.loss.item() == pytest.approx(loss, abs=1e-6)
@@ -41,8 +50,9 @@ def test_decoupled_clip_is_a_token_mean_over_the_batch():
     # ratio 1 everywhere: token losses -A. Response 0 has 3 tokens at A=1, response 1 one token
     # at A=-2: (-1 - 1 - 1 + 2) / 4 = -0.25 (a per-response mean would give (-1 + 2) / 2 = 0.5).
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    out = decoupled_clip_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -2.0]), mask,
-                                     clip_ratio_low=0.2, clip_ratio_high=0.28)
+    out = decoupled_clip_policy_loss(
+        torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -2.0]), mask, clip_ratio_low=0.2, clip_ratio_high=0.28
+    )
     assert out.loss.item() == pytest.approx(-0.25)
 
 
@@ -119,8 +129,16 @@ def test_dpo_loss_refuses_bad_inputs():
 
 def _dapo_spec(**kw):
     from rldock.config.job import AlgorithmSpec
-    return AlgorithmSpec(name="dapo", num_prompts_per_iteration=3, num_responses_per_prompt=4, max_prompt_length=4,
-                         max_response_length=6, learning_rate=0.0, **kw)
+
+    return AlgorithmSpec(
+        name="dapo",
+        num_prompts_per_iteration=3,
+        num_responses_per_prompt=4,
+        max_prompt_length=4,
+        max_response_length=6,
+        learning_rate=0.0,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("dynamic_sampling", [True, False])
@@ -135,8 +153,9 @@ def test_dapo_groups_of_equal_scores_get_advantage_exactly_zero(dynamic_sampling
     reward = score - torch.tensor([0.0, 0.0, 0.0, 0.01, 0.0, 0.01, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])  # shaped
     assert grpo_advantages(reward[:4], 4).abs().max() > 1  # what the group would have trained on
     stage = get_recipe("dapo").advantage_stage
-    out = stage({"reward": reward, "score": score}, _dapo_spec(dapo={"dynamic_sampling": dynamic_sampling}),
-                torch.Generator())["advantage"]
+    out = stage(
+        {"reward": reward, "score": score}, _dapo_spec(dapo={"dynamic_sampling": dynamic_sampling}), torch.Generator()
+    )["advantage"]
     assert out[:8].tolist() == [0.0] * 8 and not torch.signbit(out[:8]).any()  # +0.0 exactly
     assert torch.equal(out[8:], grpo_advantages(reward[8:], 4))
 
@@ -146,10 +165,19 @@ def test_dapo_advantage_reads_the_unshaped_score_fused_or_not():
     from rldock.runtime.algorithms.recipes import job_recipe
 
     for fuse in (True, False):
-        cfg = JobConfig(iterations=1, model={"path": "m"}, training={"micro_batch_size": 4},
-                        algorithm={"name": "dapo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                                   "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 0.0}
-                        ).with_ablations(fuse_reward_advantage=fuse)
+        cfg = JobConfig(
+            iterations=1,
+            model={"path": "m"},
+            training={"micro_batch_size": 4},
+            algorithm={
+                "name": "dapo",
+                "num_prompts_per_iteration": 2,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 4,
+                "max_response_length": 4,
+                "learning_rate": 0.0,
+            },
+        ).with_ablations(fuse_reward_advantage=fuse)
         recipe = job_recipe(cfg)
         assert cfg.algorithm.kl_coef == 0 and "reference" not in recipe.consumes
         reads = recipe.consumes["reward" if fuse else "advantage"]

@@ -41,8 +41,9 @@ def test_reinforce_plus_plus_weights_each_response_by_its_tokens():
     are 6 tokens, 4 of reward 1: mean 4/6 = 2/3; unbiased variance (4 (1/3)^2 + 2 (2/3)^2) / 5
     = (4/9 + 8/9) / 5 = 4/15; A(1) = (1/3) / sqrt(4/15), A(0) = -(2/3) / sqrt(4/15). (By response
     the mean would be 1/2.)"""
-    adv = reinforce_plus_plus_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=2,
-                                         token_counts=torch.tensor([3, 1, 1, 1]))
+    adv = reinforce_plus_plus_advantages(
+        torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=2, token_counts=torch.tensor([3, 1, 1, 1])
+    )
     std = math.sqrt(4 / 15)
     assert torch.allclose(adv, torch.tensor([1 / 3 / std, -2 / 3 / std, -2 / 3 / std, 1 / 3 / std]), atol=1e-5)
 
@@ -62,8 +63,9 @@ def test_batch_normalised_estimators_of_one_token_or_equal_rewards_are_zero_not_
 
 def _gspo(logprobs, advantages, mask, low, high, **kw):
     logprobs = logprobs.clone().requires_grad_(True)
-    out = get_policy_loss("gspo")(logprobs, torch.zeros_like(logprobs), advantages, mask,
-                                  clip_ratio_low=low, clip_ratio_high=high, **kw)
+    out = get_policy_loss("gspo")(
+        logprobs, torch.zeros_like(logprobs), advantages, mask, clip_ratio_low=low, clip_ratio_high=high, **kw
+    )
     out.loss.backward()
     return out, logprobs.grad
 
@@ -109,23 +111,39 @@ def test_gspo_token_form_equals_the_sequence_objective_and_its_gradient():
 
 
 def _cfg(name, **algorithm):
-    return JobConfig(iterations=1, model={"path": "m"}, training={"micro_batch_size": 4},
-                     algorithm={"name": name, "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                                "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 0.0, **algorithm})
+    return JobConfig(
+        iterations=1,
+        model={"path": "m"},
+        training={"micro_batch_size": 4},
+        algorithm={
+            "name": name,
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 4,
+            "max_response_length": 4,
+            "learning_rate": 0.0,
+            **algorithm,
+        },
+    )
 
 
-@pytest.mark.parametrize("name, estimator, scope, fused", [
-    ("rloo", "rloo", "groups", True),
-    ("reinforce_plus_plus", "reinforce_plus_plus", "iteration", False),
-    ("reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline", "iteration", False),
-    ("gspo", "grpo", "groups", True),
-])
+@pytest.mark.parametrize(
+    "name, estimator, scope, fused",
+    [
+        ("rloo", "rloo", "groups", True),
+        ("reinforce_plus_plus", "reinforce_plus_plus", "iteration", False),
+        ("reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline", "iteration", False),
+        ("gspo", "grpo", "groups", True),
+    ],
+)
 def test_recipes_of_the_new_estimators(name, estimator, scope, fused):
     recipe = get_recipe(name)
     assert recipe.advantage_scope == scope and not recipe.needs_critic
     assert job_recipe(_cfg(name)).advantage_in_reward is fused
-    batch = {"reward": torch.tensor([1.0, 0.0, 1.0, 1.0]), "response_mask": torch.tensor(
-        [[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]])}
+    batch = {
+        "reward": torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        "response_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]]),
+    }
     out = recipe.advantage_stage(batch, _cfg(name).algorithm, torch.Generator())["advantage"]
     kwargs = {"token_counts": batch["response_mask"].sum(dim=1)} if scope == "iteration" else {}
     assert torch.equal(out, get_advantage_estimator(estimator)(batch["reward"], 2, **kwargs))
@@ -139,10 +157,15 @@ def test_gspo_defaults_to_the_sequence_mean_and_its_own_clip():
     assert _cfg("grpo").algorithm.loss_aggregation == "token_mean"
 
 
-@pytest.mark.parametrize("example, name", [("rloo-tiny.yaml", "rloo"),
-                                           ("reinforce-plus-plus-tiny.yaml", "reinforce_plus_plus"),
-                                           ("reinforce-plus-plus-baseline-tiny.yaml", "reinforce_plus_plus_baseline"),
-                                           ("gspo-tiny.yaml", "gspo")])
+@pytest.mark.parametrize(
+    "example, name",
+    [
+        ("rloo-tiny.yaml", "rloo"),
+        ("reinforce-plus-plus-tiny.yaml", "reinforce_plus_plus"),
+        ("reinforce-plus-plus-baseline-tiny.yaml", "reinforce_plus_plus_baseline"),
+        ("gspo-tiny.yaml", "gspo"),
+    ],
+)
 def test_examples_are_the_demo_with_only_the_algorithm_changed(example, name):
     from pathlib import Path
 

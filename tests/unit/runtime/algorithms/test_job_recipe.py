@@ -12,11 +12,21 @@ from rldock.runtime.algorithms.recipes import get_recipe, job_recipe, recomputes
 
 def _cfg(name="grpo", *, dock=None, **algorithm) -> JobConfig:
     n = 2 if name == "dpo" else 4
-    return JobConfig(iterations=1, model={"path": "/m", "builder": "tiny-qwen2"}, dock=dock or {},
-                     checkpoint={"interval": 1},
-                     algorithm={"name": name, "num_prompts_per_iteration": 4, "num_responses_per_prompt": n,
-                                "max_prompt_length": 4, "max_response_length": 4, "learning_rate": 1e-3,
-                                **algorithm})
+    return JobConfig(
+        iterations=1,
+        model={"path": "/m", "builder": "tiny-qwen2"},
+        dock=dock or {},
+        checkpoint={"interval": 1},
+        algorithm={
+            "name": name,
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": n,
+            "max_prompt_length": 4,
+            "max_response_length": 4,
+            "learning_rate": 1e-3,
+            **algorithm,
+        },
+    )
 
 
 def _closed(recipe) -> bool:
@@ -24,13 +34,16 @@ def _closed(recipe) -> bool:
     return all(c in written for cols in recipe.consumes.values() for c in cols)
 
 
-@pytest.mark.parametrize("cfg, recomputes", [
-    (_cfg(), False),
-    (_cfg(recompute_old_logprobs="always"), True),
-    (_cfg(num_updates_per_iteration=2), True),
-    (_cfg(dock={"max_staleness": 1}), True),
-    (_cfg(recompute_old_logprobs="never"), False),
-])
+@pytest.mark.parametrize(
+    "cfg, recomputes",
+    [
+        (_cfg(), False),
+        (_cfg(recompute_old_logprobs="always"), True),
+        (_cfg(num_updates_per_iteration=2), True),
+        (_cfg(dock={"max_staleness": 1}), True),
+        (_cfg(recompute_old_logprobs="never"), False),
+    ],
+)
 def test_auto_recomputes_only_when_the_sampling_policy_is_not_the_training_one(cfg, recomputes):
     assert recomputes_old_logprobs(cfg) is recomputes
     recipe = job_recipe(cfg)
@@ -62,8 +75,9 @@ def test_never_with_several_updates_or_stale_samples_is_a_problem_naming_both_fi
 
 
 def _with_model_term(cfg: JobConfig) -> JobConfig:
-    return cfg.model_copy(update={"reward": RewardSpec(terms=[{"name": "model", "path": "/rm"},
-                                                             {"name": "digit_match", "weight": 0.1}])})
+    return cfg.model_copy(
+        update={"reward": RewardSpec(terms=[{"name": "model", "path": "/rm"}, {"name": "digit_match", "weight": 0.1}])}
+    )
 
 
 @pytest.mark.parametrize("name", ["grpo", "ppo", "pf_ppo", "dapo"])
@@ -91,8 +105,13 @@ def test_a_model_term_adds_nothing_to_dpo_which_has_no_reward_state():
 
 @pytest.mark.parametrize("name", ["grpo", "ppo"])
 def test_partial_rollout_has_the_rollout_write_what_the_old_logprob_pass_reads(name):
-    cfg = JobConfig(**{**_cfg(name, dock={"max_staleness": 1}).model_dump(), "training": {"mode": "async"},
-                       "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2}})
+    cfg = JobConfig(
+        **{
+            **_cfg(name, dock={"max_staleness": 1}).model_dump(),
+            "training": {"mode": "async"},
+            "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2},
+        }
+    )
     assert find_problems(cfg) == []
     recipe = job_recipe(cfg)
     assert {"sampled_logprobs", "prefix_length", "policy_version"} <= set(recipe.consumes["actor_inference"])
@@ -102,10 +121,13 @@ def test_partial_rollout_has_the_rollout_write_what_the_old_logprob_pass_reads(n
     assert "sampled_logprobs" not in off.consumes["actor_inference"] + off.produces["rollout"]
 
 
-@pytest.mark.parametrize("name, reward_writes, advantage_reads", [
-    ("grpo", ("advantage",), ("reward",)),
-    ("dapo", ("score", "advantage"), ("reward", "score")),  # DAPO zeroes groups of equal scores
-])
+@pytest.mark.parametrize(
+    "name, reward_writes, advantage_reads",
+    [
+        ("grpo", ("advantage",), ("reward",)),
+        ("dapo", ("score", "advantage"), ("reward", "score")),  # DAPO zeroes groups of equal scores
+    ],
+)
 def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes, advantage_reads):
     fused = job_recipe(_cfg(name))
     assert fused.advantage_in_reward and "advantage" not in fused.consumes and "advantage" not in fused.produces
@@ -123,5 +145,7 @@ def test_group_advantages_are_fused_into_the_reward_state(name, reward_writes, a
 def test_fusing_is_ignored_where_the_advantage_needs_more_than_the_reward(name):
     # PPO's GAE reads the critic's values and whitens over the iteration; DPO has no advantage.
     assert not get_recipe(name).can_fuse_reward_advantage
-    assert job_recipe(_cfg(name)).consumes == job_recipe(_cfg(name).with_ablations(fuse_reward_advantage=False)).consumes
+    assert (
+        job_recipe(_cfg(name)).consumes == job_recipe(_cfg(name).with_ablations(fuse_reward_advantage=False)).consumes
+    )
     assert find_problems(_cfg(name)) == []

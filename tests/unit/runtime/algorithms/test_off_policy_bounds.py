@@ -27,8 +27,9 @@ def test_every_registered_policy_loss_is_in_the_property_test():
 @pytest.mark.parametrize("name", sorted(LOSS_KWARGS))
 @pytest.mark.parametrize("dual_clip", [True, False])
 @pytest.mark.parametrize("per_token_advantage", [False, True])
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
-                                         "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize(
+    "aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+)
 def test_every_policy_loss_is_finite_for_any_log_ratio(name, dual_clip, per_token_advantage, aggregation):
     """Random log ratios in [-100, 100], random masks (empty rows included), advantages of either
     sign: the loss and every gradient are finite."""
@@ -85,7 +86,8 @@ def test_dual_clip_equals_verls_compute_policy_loss_with_c_3():
 
     theirs_logprobs = (old + log_ratio).requires_grad_(True)
     losses, clipfrac, clipfrac_lower = _verl_dual_clip_token_losses(
-        theirs_logprobs - old, token_adv, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+        theirs_logprobs - old, token_adv, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0
+    )
     theirs = (losses * mask).sum() / mask.sum()  # verl's token-mean
     theirs.backward()
 
@@ -100,14 +102,21 @@ def test_dual_clip_caps_a_negative_advantage_at_c():
     # A = -1, ratio e^4 = 54.6: PPO's bound is -A r = 54.6 and grows with r; dual-clip caps it at
     # -A c = 3 with no gradient.
     logprobs = torch.tensor([[4.0]], requires_grad=True)
-    out = clipped_policy_loss(logprobs, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1),
-                              clip_ratio=0.2, clip_ratio_c=3.0)
+    out = clipped_policy_loss(
+        logprobs, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), clip_ratio=0.2, clip_ratio_c=3.0
+    )
     out.loss.backward()
     assert out.loss.item() == pytest.approx(3.0)
     assert logprobs.grad.item() == 0.0
     assert out.dual_clip_fraction.item() == 1.0
-    unbounded = clipped_policy_loss(torch.tensor([[4.0]]), torch.zeros(1, 1), torch.tensor([-1.0]),
-                                    torch.ones(1, 1), clip_ratio=0.2, clip_ratio_c=None)
+    unbounded = clipped_policy_loss(
+        torch.tensor([[4.0]]),
+        torch.zeros(1, 1),
+        torch.tensor([-1.0]),
+        torch.ones(1, 1),
+        clip_ratio=0.2,
+        clip_ratio_c=None,
+    )
     assert unbounded.loss.item() == pytest.approx(math.exp(4), rel=1e-6)
 
 
@@ -115,10 +124,12 @@ def test_dual_clip_leaves_positive_advantages_and_small_ratios_alone():
     logprobs = torch.tensor([[4.0, 0.1]])
     old, mask = torch.zeros(1, 2), torch.ones(1, 2)
     for advantage in (1.0, -1.0):
-        with_c = clipped_policy_loss(logprobs[:, 1:], old[:, 1:], torch.tensor([advantage]), mask[:, 1:],
-                                     clip_ratio=0.2, clip_ratio_c=3.0)
-        without = clipped_policy_loss(logprobs[:, 1:], old[:, 1:], torch.tensor([advantage]), mask[:, 1:],
-                                      clip_ratio=0.2, clip_ratio_c=None)
+        with_c = clipped_policy_loss(
+            logprobs[:, 1:], old[:, 1:], torch.tensor([advantage]), mask[:, 1:], clip_ratio=0.2, clip_ratio_c=3.0
+        )
+        without = clipped_policy_loss(
+            logprobs[:, 1:], old[:, 1:], torch.tensor([advantage]), mask[:, 1:], clip_ratio=0.2, clip_ratio_c=None
+        )
         assert with_c.loss.item() == without.loss.item()
     positive = clipped_policy_loss(logprobs, old, torch.tensor([1.0]), mask, clip_ratio=0.2, clip_ratio_c=3.0)
     assert positive.dual_clip_fraction.item() == 0.0
@@ -126,15 +137,17 @@ def test_dual_clip_leaves_positive_advantages_and_small_ratios_alone():
 
 def test_clip_ratio_c_must_exceed_one():
     with pytest.raises(ValueError, match="algorithm.clip_ratio_c"):
-        clipped_policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1),
-                            clip_ratio=0.2, clip_ratio_c=1.0)
+        clipped_policy_loss(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), clip_ratio=0.2, clip_ratio_c=1.0
+        )
 
 
 @pytest.mark.parametrize("advantage", [1.0, -1.0])
 def test_log_ratio_of_100_on_one_token_stays_finite(advantage):
     logprobs = torch.tensor([[100.0, 0.0]], requires_grad=True)
-    out = clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.tensor([advantage]), torch.ones(1, 2),
-                              clip_ratio=0.2, clip_ratio_c=None)
+    out = clipped_policy_loss(
+        logprobs, torch.zeros(1, 2), torch.tensor([advantage]), torch.ones(1, 2), clip_ratio=0.2, clip_ratio_c=None
+    )
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logprobs.grad).all()
     assert out.log_ratio_clamp_fraction.item() == 0.5

@@ -21,6 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 
 # --- GAE ---------------------------------------------------------------------------------------
 
+
 def test_outcome_reward_sits_on_the_last_valid_token():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     got = outcome_token_rewards(torch.tensor([1.0, 0.5, 0.7]), mask)
@@ -62,6 +63,7 @@ def test_masked_whiten_ignores_pads():
 
 # --- value loss --------------------------------------------------------------------------------
 
+
 def test_clipped_value_loss_hand_computed():
     # clip 0.2. tok0: V 2 vs R 1.5 -> 0.25; V_clip = 1.2 -> 0.09; max 0.25 (unclipped).
     # tok1: V 0 = V_old, error 1 either way. tok2: V 2 vs R 3 -> 1; V_clip 1.2 -> 3.24 (clipped
@@ -86,6 +88,7 @@ def test_value_loss_without_movement_is_half_the_squared_error():
 
 
 # --- policy loss with per-token advantages -------------------------------------------------------
+
 
 def test_policy_loss_takes_per_token_advantages():
     logprobs = torch.tensor([[-1.0, -2.0, -3.0]])
@@ -153,6 +156,7 @@ def test_unknown_filtration_mode_names_the_field():
 
 # --- recipes -----------------------------------------------------------------------------------
 
+
 def _algo(name: str, **overrides):
     data = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
     data["algorithm"].update(name=name, num_prompts_per_iteration=1, num_responses_per_prompt=2, **overrides)
@@ -187,18 +191,23 @@ def test_the_recipes_are_the_contracts_algorithm_catalogue():
 
 def test_ppo_stage_writes_gae_advantages_and_returns():
     algo = _algo("ppo", ppo={"gamma": 1.0, "lam": 0.5, "whiten_advantages": False})
-    batch = {"reward": torch.tensor([1.0, 0.5]), "response_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-             "values": torch.tensor([[0.5, 0.25, 0.75], [1.0, 0.5, 9.0]])}
+    batch = {
+        "reward": torch.tensor([1.0, 0.5]),
+        "response_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        "values": torch.tensor([[0.5, 0.25, 0.75], [1.0, 0.5, 9.0]]),
+    }
     out = get_recipe("ppo").advantage_stage(batch, algo, torch.Generator())
     assert torch.allclose(out["advantage"], torch.tensor([[0.0625, 0.625, 0.25], [-0.5, 0.0, 0.0]]))
     assert torch.allclose(out["returns"], torch.tensor([[0.5625, 0.875, 1.0], [0.5, 0.5, 0.0]]))
 
 
 def test_pf_ppo_stage_zeroes_filtered_responses_but_keeps_all_returns():
-    algo = _algo("pf_ppo", ppo={"gamma": 1.0, "lam": 1.0, "whiten_advantages": False},
-                 pf_ppo={"mode": "best_of_n"})
-    batch = {"reward": torch.tensor([0.25, 1.0]), "response_mask": torch.ones(2, 2, dtype=torch.int64),
-             "values": torch.zeros(2, 2)}
+    algo = _algo("pf_ppo", ppo={"gamma": 1.0, "lam": 1.0, "whiten_advantages": False}, pf_ppo={"mode": "best_of_n"})
+    batch = {
+        "reward": torch.tensor([0.25, 1.0]),
+        "response_mask": torch.ones(2, 2, dtype=torch.int64),
+        "values": torch.zeros(2, 2),
+    }
     out = get_recipe("pf_ppo").advantage_stage(batch, algo, torch.Generator())
     # Only response 1 (reward 1) is kept, with weight 2 (one of two kept, mean 1): the weight goes to
     # the loss aggregation (loss_weight), the advantage of the filtered response is 0.
@@ -213,6 +222,7 @@ def test_unknown_recipe_lists_the_valid_ones():
 
 
 # --- config ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("example", ["ppo-tiny.yaml", "pf-ppo-tiny.yaml"])
 def test_examples_are_valid(example):

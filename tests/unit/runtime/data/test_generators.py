@@ -33,7 +33,9 @@ def test_addition_rows_are_the_sums_the_former_task_drew_from_the_same_seed():
     rows = generate_addition(GeneratorSpec(name="addition", max_operand=12, num_prompts=200), seed=3).train
     operands = np.random.default_rng(3).integers(0, 13, size=(200, 2))  # the former AdditionTask's draw
     assert [r["prompt"] for r in rows] == [f"{a}+{b}=" for a, b in operands.tolist()]
-    assert all(r["answer"] == str(a + b) and r["data_source"] == "addition" for r, (a, b) in zip(rows, operands.tolist()))
+    assert all(
+        r["answer"] == str(a + b) and r["data_source"] == "addition" for r, (a, b) in zip(rows, operands.tolist())
+    )
 
 
 def test_addition_pairs_are_correct_versus_wrong_same_length_and_deterministic():
@@ -78,8 +80,9 @@ def test_word_problems_are_deterministic_and_val_questions_never_appear_in_train
 
 
 def test_word_problem_difficulty_knob_limits_the_kinds_and_numbers():
-    spec = GeneratorSpec(name="word_problems", num_prompts=400, num_val_prompts=50, operations=["add", "subtract"],
-                         max_number=9)
+    spec = GeneratorSpec(
+        name="word_problems", num_prompts=400, num_val_prompts=50, operations=["add", "subtract"], max_number=9
+    )
     rows = generate_word_problems(spec, seed=0)
     kinds, numbers = set(), set()
     for row in [*rows.train, *rows.val]:
@@ -87,23 +90,30 @@ def test_word_problem_difficulty_knob_limits_the_kinds_and_numbers():
         kinds.add(op)
         numbers |= {int(a), int(b)}
     assert kinds == {"+", "-"} and max(numbers) == 9 and min(numbers) == 1
-    products = generate_word_problems(GeneratorSpec(name="word_problems", num_prompts=200, operations=["multiply"],
-                                                    max_number=4), seed=0).train
+    products = generate_word_problems(
+        GeneratorSpec(name="word_problems", num_prompts=200, operations=["multiply"], max_number=4), seed=0
+    ).train
     assert {int(n) for r in products for n in re.findall(r"(\d+) \* (\d+)", r["answer"])[0]} == {2, 3, 4}
 
 
 def test_too_narrow_word_problems_for_the_validation_size_name_the_knobs():
-    spec = GeneratorSpec(name="word_problems", num_prompts=5000, num_val_prompts=5000, operations=["multiply"],
-                         max_number=3)
+    spec = GeneratorSpec(
+        name="word_problems", num_prompts=5000, num_val_prompts=5000, operations=["multiply"], max_number=3
+    )
     with pytest.raises(ValueError, match="num_val_prompts.*operations or max_number"):
         generate_word_problems(spec, seed=0)
 
 
 def test_a_generator_writes_files_under_the_configs_keys_and_the_loader_reads_them(tmp_path):
-    spec = DataSpec(generator=GeneratorSpec(name="word_problems", num_prompts=20, num_val_prompts=5),
-                    prompt_key="question", chat_template="none")
+    spec = DataSpec(
+        generator=GeneratorSpec(name="word_problems", num_prompts=20, num_val_prompts=5),
+        prompt_key="question",
+        chat_template="none",
+    )
     files = prepare_data_files(spec, tmp_path, seed=0)
-    assert files.train == [str(tmp_path / "data" / "train.jsonl")] and files.val == [str(tmp_path / "data" / "val.jsonl")]
+    assert files.train == [str(tmp_path / "data" / "train.jsonl")] and files.val == [
+        str(tmp_path / "data" / "val.jsonl")
+    ]
     first = json.loads((tmp_path / "data" / "train.jsonl").read_text().splitlines()[0])
     assert set(first) == {"question", "answer", "data_source"}
     rows = load_rows(files.train, columns_of(spec))
@@ -119,28 +129,62 @@ def test_files_are_passed_through_when_no_generator_is_set(tmp_path):
 
 
 def test_cli_writes_gsm8k_files(tmp_path, capsys):
-    assert main(["data", "generate", "word_problems", "--num-train", "8", "--num-val", "2",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(["data", "generate", "word_problems", "--num-train", "8", "--num-val", "2", "--out", str(tmp_path)]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["prompt_key"] == "question"
     train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     val = [json.loads(line) for line in (tmp_path / "val.jsonl").read_text().splitlines()]
     assert len(train) == 8 and len(val) == 2 and set(train[0]) == {"question", "answer", "data_source"}
     assert main(["data", "generate", "addition", "--num-train", "0", "--out", str(tmp_path / "x")]) == 2
-    assert main(["data", "generate", "word_problems", "--num-train", "4", "--operations", "add", "--max-number", "5",
-                 "--out", str(tmp_path / "easy")]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "generate",
+                "word_problems",
+                "--num-train",
+                "4",
+                "--operations",
+                "add",
+                "--max-number",
+                "5",
+                "--out",
+                str(tmp_path / "easy"),
+            ]
+        )
+        == 0
+    )
     easy = [json.loads(line) for line in (tmp_path / "easy" / "train.jsonl").read_text().splitlines()]
     assert all(" + " in row["answer"] and int(row["answer"].split("#### ")[1]) <= 10 for row in easy)
-    assert main(["data", "generate", "word_problems", "--num-train", "4", "--operations", "divide",
-                 "--out", str(tmp_path / "bad")]) == 2
+    assert (
+        main(
+            [
+                "data",
+                "generate",
+                "word_problems",
+                "--num-train",
+                "4",
+                "--operations",
+                "divide",
+                "--out",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 2
+    )
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--num-train", "0"], "error: --num-train: Input should be greater than or equal to 1 (got 0)"),
-    (["--num-val", "-1"], "error: --num-val: "),
-    (["--operations", "add,divide"], "error: --operations: "),
-    (["--max-number", "0"], "error: --max-number: "),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--num-train", "0"], "error: --num-train: Input should be greater than or equal to 1 (got 0)"),
+        (["--num-val", "-1"], "error: --num-val: "),
+        (["--operations", "add,divide"], "error: --operations: "),
+        (["--max-number", "0"], "error: --max-number: "),
+    ],
+)
 def test_cli_errors_name_the_flag_not_the_config_field(tmp_path, capsys, flags, says):
     assert main(["data", "generate", "word_problems", *flags, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err

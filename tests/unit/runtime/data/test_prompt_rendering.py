@@ -8,8 +8,10 @@ from rldock.runtime.data import PromptDataset, Row, render_prompt, tokenize_prom
 from rldock.runtime.models.tiny import BOS, train_char_tokenizer
 
 # A chat template in the shape real ones have: BOS, role-tagged turns, the assistant tag last.
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
-            "{% if add_generation_prompt %}[assistant]{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 CHAT = [{"role": "user", "content": "hi"}]
 
 
@@ -32,8 +34,9 @@ def test_model_template_renders_a_string_prompt_as_a_user_turn_with_the_generati
 
 
 def test_system_prompt_becomes_a_system_message_before_the_messages(chat_tokenizer):
-    text = render_prompt(CHAT, tokenizer=chat_tokenizer, chat_template="model", system_prompt="be brief",
-                         where="f row 0")
+    text = render_prompt(
+        CHAT, tokenizer=chat_tokenizer, chat_template="model", system_prompt="be brief", where="f row 0"
+    )
     assert text == f"{BOS}[system]be brief[user]hi[assistant]"
 
 
@@ -46,24 +49,31 @@ def test_templated_prompts_get_exactly_one_bos(chat_tokenizer):
 
 
 def test_none_uses_the_prompt_as_is_after_the_system_text_and_adds_bos(plain_tokenizer):
-    text = render_prompt("2+3=", tokenizer=plain_tokenizer, chat_template="none", system_prompt="add ",
-                         where="")
+    text = render_prompt("2+3=", tokenizer=plain_tokenizer, chat_template="none", system_prompt="add ", where="")
     assert text == "add 2+3="
     (ids,) = tokenize_prompts(plain_tokenizer, [text], chat_template="none")
     assert ids[0] == plain_tokenizer.bos_token_id and len(ids) == 1 + len(text)
 
 
 def test_template_errors_name_the_field_and_the_row(plain_tokenizer, chat_tokenizer):
-    with pytest.raises(ValueError, match=r"data.chat_template is model, but the model's tokenizer has no chat template"):
+    with pytest.raises(
+        ValueError, match=r"data.chat_template is model, but the model's tokenizer has no chat template"
+    ):
         render_prompt("2+3=", tokenizer=plain_tokenizer, chat_template="model", system_prompt=None, where="f row 0")
     with pytest.raises(ValueError, match=r"train.jsonl row 4: a prompt of chat messages needs a chat template"):
-        render_prompt(CHAT, tokenizer=plain_tokenizer, chat_template="none", system_prompt=None,
-                      where="train.jsonl row 4")
+        render_prompt(
+            CHAT, tokenizer=plain_tokenizer, chat_template="none", system_prompt=None, where="train.jsonl row 4"
+        )
     strict = train_char_tokenizer(["abc"])
     strict.chat_template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}x"
     with pytest.raises(ValueError, match=r"train.jsonl row 2: the tokenizer's chat template failed.*user first"):
-        render_prompt([{"role": "assistant", "content": "a"}], tokenizer=strict, chat_template="model",
-                      system_prompt=None, where="train.jsonl row 2")
+        render_prompt(
+            [{"role": "assistant", "content": "a"}],
+            tokenizer=strict,
+            chat_template="model",
+            system_prompt=None,
+            where="train.jsonl row 2",
+        )
 
 
 def _rows(*prompts):
@@ -83,10 +93,14 @@ def test_prompts_longer_than_max_prompt_length_are_dropped_and_counted(plain_tok
 
 
 def test_every_prompt_too_long_names_the_file_and_the_field(plain_tokenizer):
-    with pytest.raises(ValueError, match=r"every prompt of \['train.jsonl'\] is longer than "
-                                         r"algorithm.max_prompt_length=3 tokens \(the shortest has 5\)"):
-        PromptDataset(_rows("1+1=", "2+2="), tokenizer=plain_tokenizer, spec=DataSpec(chat_template="none"),
-                      max_prompt_length=3)
+    with pytest.raises(
+        ValueError,
+        match=r"every prompt of \['train.jsonl'\] is longer than "
+        r"algorithm.max_prompt_length=3 tokens \(the shortest has 5\)",
+    ):
+        PromptDataset(
+            _rows("1+1=", "2+2="), tokenizer=plain_tokenizer, spec=DataSpec(chat_template="none"), max_prompt_length=3
+        )
 
 
 def test_the_length_check_counts_the_chat_template(chat_tokenizer):

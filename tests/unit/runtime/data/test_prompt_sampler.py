@@ -30,10 +30,13 @@ def test_sampler_resume_continues_at_the_same_position():
     assert got == expected
 
 
-@pytest.mark.parametrize("field, value, match", [
-    ("num_prompts", 8, r"prompt set of 8 prompts.*algorithm.max_prompt_length"),
-    ("seed", 1, r"data.shuffle_seed"),
-])
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("num_prompts", 8, r"prompt set of 8 prompts.*algorithm.max_prompt_length"),
+        ("seed", 1, r"data.shuffle_seed"),
+    ],
+)
 def test_sampler_refuses_state_from_another_setup(field, value, match):
     state = PromptSampler(7, seed=9).state_dict()
     state[field] = value

@@ -59,8 +59,12 @@ def test_one_sample_longer_than_a_share_is_the_best_possible() -> None:
 
 @pytest.mark.parametrize(
     ("tokens", "num_ranks", "group_size", "match"),
-    [([1, 2, 3], 0, 1, "num_ranks"), ([1, 2, 3], 4, 1, "cannot be spread"), ([1, 2, 3], 1, 2, "whole groups"),
-     ([[1, 2]], 1, 1, "1-D")],
+    [
+        ([1, 2, 3], 0, 1, "num_ranks"),
+        ([1, 2, 3], 4, 1, "cannot be spread"),
+        ([1, 2, 3], 1, 2, "whole groups"),
+        ([[1, 2]], 1, 1, "1-D"),
+    ],
 )
 def test_invalid_arguments(tokens: list, num_ranks: int, group_size: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -77,8 +81,10 @@ def off_site(parts: list[np.ndarray], unit_site: np.ndarray, rank_site: list[int
 
 
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize(("num_samples", "num_sites", "ranks_per_site", "group_size"),
-                         [(512, 4, 2, 1), (1024, 4, 2, 8), (2048, 2, 4, 16), (256, 4, 1, 1)])
+@pytest.mark.parametrize(
+    ("num_samples", "num_sites", "ranks_per_site", "group_size"),
+    [(512, 4, 2, 1), (1024, 4, 2, 8), (2048, 2, 4, 16), (256, 4, 1, 1)],
+)
 def test_near_data_deal_is_within_the_stated_bound_with_few_cross_node_moves(
     num_samples: int, num_sites: int, ranks_per_site: int, group_size: int, seed: int
 ) -> None:
@@ -87,8 +93,9 @@ def test_near_data_deal_is_within_the_stated_bound_with_few_cross_node_moves(
     unit_site = sites_of(num_units, num_sites)
     rank_site = [r // ranks_per_site for r in range(num_sites * ranks_per_site)]
     num_ranks = len(rank_site)
-    parts, moved = balance_near_data(lengths, num_ranks, group_size=group_size, unit_site=unit_site,
-                                     rank_site=rank_site)
+    parts, moved = balance_near_data(
+        lengths, num_ranks, group_size=group_size, unit_site=unit_site, rank_site=rank_site
+    )
     assert sorted(np.concatenate(parts).tolist()) == list(range(num_samples))  # a partition
     assert {part.size for part in parts} == {num_samples // num_ranks}  # equal shares for DDP
     assert moved == off_site(parts, unit_site, rank_site, group_size)
@@ -109,8 +116,7 @@ def test_equal_sites_need_no_move_at_all() -> None:
 def test_only_what_a_site_cannot_hold_moves() -> None:
     # Site 0 stores 6 units for its one rank of room 4; site 1 stores 2. Two must move, no more.
     lengths = np.full(8, 10)
-    parts, moved = balance_near_data(lengths, 2, unit_site=np.array([0] * 6 + [1] * 2), rank_site=[0, 1],
-                                     tolerance=0.5)
+    parts, moved = balance_near_data(lengths, 2, unit_site=np.array([0] * 6 + [1] * 2), rank_site=[0, 1], tolerance=0.5)
     assert moved == 2 and [part.size for part in parts] == [4, 4]
 
 

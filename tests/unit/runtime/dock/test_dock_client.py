@@ -53,9 +53,12 @@ def ray_session() -> Iterator[None]:
 # `warehouse-actors` has every warehouse an actor of its own, reached by Ray calls (also
 # colocate_controllers off): the path of a warehouse on another node than the worker, which a
 # one-node session otherwise never takes.
-KINDS = {"distributed": ({}, {}), "host-reads": ({}, {"shared_memory": False}),
-         "warehouse-actors": ({}, {"colocate_controllers": False, "shared_memory": False}),
-         "central": ({"mode": "central"}, {})}
+KINDS = {
+    "distributed": ({}, {}),
+    "host-reads": ({}, {"shared_memory": False}),
+    "warehouse-actors": ({}, {"colocate_controllers": False, "shared_memory": False}),
+    "central": ({"mode": "central"}, {}),
+}
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -70,7 +73,11 @@ def spec_of(kind: str, **fields) -> DockSpec:
 
 def make_dock(spec: DockSpec, kind: str = "distributed", **switches: bool) -> TransferDock:
     return TransferDock.create(
-        spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE, token_columns=TOKEN_COLUMNS,
+        spec,
+        states=STATES,
+        num_samples=NUM_SAMPLES,
+        group_size=GROUP_SIZE,
+        token_columns=TOKEN_COLUMNS,
         **{**KINDS[kind][1], **switches},
     )
 
@@ -212,9 +219,7 @@ def test_consumer_gets_nothing_until_its_column_is_written(dock: TransferDock) -
     with pytest.raises(DockTimeoutError, match="'old_logprobs': 16"):
         dock.get("update", ["reward"], batch_size=NUM_SAMPLES, timeout_s=0.2)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        waiting = pool.submit(
-            dock.get, "update", ["reward", "prompt_ids"], batch_size=NUM_SAMPLES, timeout_s=60
-        )
+        waiting = pool.submit(dock.get, "update", ["reward", "prompt_ids"], batch_size=NUM_SAMPLES, timeout_s=60)
         time.sleep(0.3)
         assert not waiting.done()
         dock.put(torch.arange(NUM_SAMPLES), samples(ALL, ("old_logprobs", "reward")))
@@ -240,8 +245,17 @@ def test_timeout_raises_quickly_with_a_helpful_message(dock: TransferDock) -> No
         dock.get("reference", ["prompt_ids", "response_ids"], rank=1, batch_size=4)  # spec timeout: 0.5 s
     assert time.monotonic() - started < 5
     message = str(caught.value)
-    for part in ["'reference'", "rank 1", "response_ids", "waited 0.5s", "16 samples remaining",
-                 "0 are ready", "16 are not", "'prompt_ids': 12", "'response_ids': 16"]:
+    for part in [
+        "'reference'",
+        "rank 1",
+        "response_ids",
+        "waited 0.5s",
+        "16 samples remaining",
+        "0 are ready",
+        "16 are not",
+        "'prompt_ids': 12",
+        "'response_ids': 16",
+    ]:
         assert part in message, message
     assert "Traceback" not in message and "ray::" not in message  # unwrapped from RayTaskError
 
@@ -359,9 +373,7 @@ def test_caller_errors(dock: TransferDock) -> None:
 def masks(lengths: list[int]) -> TensorDict:
     """response_mask rows with `lengths` ones each: (B, SL) int64."""
     lengths_t = torch.tensor(lengths)
-    return TensorDict(
-        {"response_mask": (torch.arange(SL) < lengths_t[:, None]).long()}, batch_size=[len(lengths)]
-    )
+    return TensorDict({"response_mask": (torch.arange(SL) < lengths_t[:, None]).long()}, batch_size=[len(lengths)])
 
 
 def test_balanced_hand_out_levels_tokens_over_ranks(dock: TransferDock) -> None:
@@ -419,8 +431,9 @@ def test_a_state_that_writes_nothing_gets_back_everything_it_took(dock: Transfer
 
 def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(kind: str) -> None:
     spec = spec_of(kind, timeout_s=5, max_staleness=1, on_stale="drop")
-    dock = TransferDock.create(spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
-                               bounded_states=["update"], **KINDS[kind][1])
+    dock = TransferDock.create(
+        spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE, bounded_states=["update"], **KINDS[kind][1]
+    )
     try:
         dock.put(torch.arange(8), samples(ALL[:8]), policy_version=0)
         dock.put(torch.arange(8, 16), samples(ALL[8:]), policy_version=1)
@@ -436,8 +449,9 @@ def test_samples_the_policy_leaves_behind_are_dropped_from_bounded_states(kind: 
     finally:
         dock.shutdown()
     with pytest.raises(ValueError, match="not dock states"):
-        TransferDock.create(spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE,
-                            bounded_states=["rollout"])
+        TransferDock.create(
+            spec, states=STATES, num_samples=NUM_SAMPLES, group_size=GROUP_SIZE, bounded_states=["rollout"]
+        )
 
 
 def killable_dock(kind: str, states: dict[str, list[str]]) -> TransferDock:
@@ -447,7 +461,9 @@ def killable_dock(kind: str, states: dict[str, list[str]]) -> TransferDock:
 
 def holder_of_warehouse(dock: TransferDock, w: int):
     """The dock actor holding warehouse `w`: its own actor, or the controller host / central buffer."""
-    return next(peer for peer in dock._route.peers() if f"warehouse {w} (" in peer.name or "central buffer" in peer.name)
+    return next(
+        peer for peer in dock._route.peers() if f"warehouse {w} (" in peer.name or "central buffer" in peer.name
+    )
 
 
 def test_a_dead_dock_actor_fails_put_and_get_at_once_naming_it(kind: str, kill_actor) -> None:
@@ -534,8 +550,10 @@ def test_on_its_node_a_worker_moves_rows_through_shared_memory(dock: TransferDoc
     shared = kind == "distributed"
     assert [w["shared_memory"] for w in after] == [shared] * len(after)
     for old, new in zip(before, after):
-        change = {key: new[key] - old[key] for key in ("write_requests", "read_requests", "shared_write_requests",
-                                                        "shared_read_requests")}
+        change = {
+            key: new[key] - old[key]
+            for key in ("write_requests", "read_requests", "shared_write_requests", "shared_read_requests")
+        }
         assert change["write_requests"] == change["read_requests"] == 1
         assert change["shared_write_requests"] == change["shared_read_requests"] == int(shared)
     # The rows handed out are copies: a later write of the same samples does not change them.

@@ -137,8 +137,17 @@ def test_timeout_is_prompt_and_explains_what_is_missing() -> None:
             await controller.request(1, 4, timeout_s=0.1)
         assert time.monotonic() - started < 1.0
         message = str(caught.value)
-        for part in ["'reference'", "rank 1", "response_ids", "old_logprobs", "8 samples remaining",
-                     "1 are ready", "7 are not", "'response_ids': 5", "'old_logprobs': 7"]:
+        for part in [
+            "'reference'",
+            "rank 1",
+            "response_ids",
+            "old_logprobs",
+            "8 samples remaining",
+            "1 are ready",
+            "7 are not",
+            "'response_ids': 5",
+            "'old_logprobs': 7",
+        ]:
             assert part in message, message
         assert (await controller.stats())["timeouts"] == 1
 
@@ -305,7 +314,7 @@ def test_hand_out_matches_a_scan_of_every_sample(seed: int, whole_groups: bool) 
         writes = [(int(i), int(c)) for i, c in rng.permutation([(i, c) for i in range(num_samples) for c in (0, 1)])]
         for step in range(0, len(writes), 16):
             for c in (0, 1):
-                rows = sorted(i for i, col in writes[step:step + 16] if col == c)
+                rows = sorted(i for i, col in writes[step : step + 16] if col == c)
                 if rows:
                     await ready(controller, rows, [COLUMNS[c]])
                     ready_cols[rows, c] = True
@@ -340,6 +349,7 @@ def test_a_write_wakes_only_the_requests_it_can_serve() -> None:
 def test_the_controller_host_tells_only_the_states_a_write_concerns() -> None:
     """One process holds every state's controller; a write named for some states leaves the others'
     readiness, counters and waiting requests untouched, and `advance_policy` reaches every state."""
+
     async def scenario() -> None:
         layout = DockLayout(num_samples=4, group_size=2, num_warehouses=1)
         hub = ControllerHub(states={"reference": COLUMNS, "update": COLUMNS}, layout=layout, default_timeout_s=1.0)

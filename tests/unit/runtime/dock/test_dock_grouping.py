@@ -12,8 +12,7 @@ from rldock.runtime.dock.grouping import split_group_columns
 def test_prompt_columns_go_per_group_and_responses_per_sample() -> None:
     prompts = torch.tensor([[1, 2], [3, 4]])  # (G, PL)
     responses = torch.arange(4 * 3).view(4, 3)  # (G*N, SL), differ within each group
-    batch = TensorDict({"prompt_ids": prompts.repeat_interleave(2, dim=0), "response_ids": responses},
-                       batch_size=[4])
+    batch = TensorDict({"prompt_ids": prompts.repeat_interleave(2, dim=0), "response_ids": responses}, batch_size=[4])
     shared, per_sample = split_group_columns(batch, 2)
     assert list(shared.keys()) == ["prompt_ids"] and torch.equal(shared["prompt_ids"], prompts)
     assert list(per_sample.keys()) == ["response_ids"] and torch.equal(per_sample["response_ids"], responses)

@@ -28,8 +28,9 @@ def rows(indices: list[int]) -> dict:
 def test_a_grant_carries_copies_of_the_hosted_rows_and_leaves_the_others_to_the_caller() -> None:
     async def scenario() -> None:
         dock = host([0])
-        await dock.write({0: (np.arange(4), rows([0, 1, 2, 3]), None)}, np.arange(8), ["prompt_ids"],
-                         states=["reference"])  # warehouse 1's rows went to its actor (not here)
+        await dock.write(
+            {0: (np.arange(4), rows([0, 1, 2, 3]), None)}, np.arange(8), ["prompt_ids"], states=["reference"]
+        )  # warehouse 1's rows went to its actor (not here)
         grant, data = await dock.request_and_read("reference", ["prompt_ids"], 0, 6)
         assert grant.indices.tolist() == [0, 1, 2, 3, 4, 5]
         assert sorted(grant.by_warehouse) == [0, 1] and sorted(data) == [0]
@@ -37,8 +38,9 @@ def test_a_grant_carries_copies_of_the_hosted_rows_and_leaves_the_others_to_the_
         assert got.tolist() == [[0, 1, 2], [10, 11, 12], [20, 21, 22], [30, 31, 32]]
         # A later write to the same rows (the next iteration's) leaves the handed-out rows alone.
         await dock.reset()
-        await dock.write({0: (np.arange(4), rows([4, 5, 6, 7]), None)}, np.arange(4), ["prompt_ids"],
-                         states=["reference"])
+        await dock.write(
+            {0: (np.arange(4), rows([4, 5, 6, 7]), None)}, np.arange(4), ["prompt_ids"], states=["reference"]
+        )
         assert np.array_equal(data[0]["prompt_ids"].array, got)
 
     asyncio.run(scenario())

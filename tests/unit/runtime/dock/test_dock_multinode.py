@@ -71,8 +71,10 @@ def test_the_controller_host_holds_warehouse_0_on_its_node_and_the_others_are_ac
         assert "with warehouse 0 (" in host.name and "warehouse 2 (" in host.name
         assert first == third != second and {first, second} == worker_ids()  # 0 and 2 report the host's node
         masks = torch.ones(6, 4, dtype=torch.int64)
-        dock.put(torch.arange(6), TensorDict({"response_mask": masks, "prompt_ids": torch.arange(6)[:, None]},
-                                             batch_size=[6]))
+        dock.put(
+            torch.arange(6),
+            TensorDict({"response_mask": masks, "prompt_ids": torch.arange(6)[:, None]}, batch_size=[6]),
+        )
         # A rank on the second node reads its own warehouse first, then the host's rows.
         on_second = take.options(scheduling_strategy=pinned_to(second))
         assert ray.get(on_second.remote(dock, 6)) == list(range(6))
@@ -129,8 +131,9 @@ def test_central_buffer_serves_every_node_from_one_actor(cluster: Cluster) -> No
 @ray.remote(num_cpus=0)
 def update_rank(dock: TransferDock, rank: int, num_ranks: int, share: int) -> tuple[str, list[int], int]:
     """One DP rank of the update: its balanced share, where it ran, and its tokens."""
-    indices, batch = dock.get("update", ["response_mask"], rank=rank, batch_size=share, balance_ranks=num_ranks,
-                              timeout_s=60)
+    indices, batch = dock.get(
+        "update", ["response_mask"], rank=rank, batch_size=share, balance_ranks=num_ranks, timeout_s=60
+    )
     return ray.get_runtime_context().get_node_id(), indices.tolist(), int(batch["response_mask"].sum())
 
 
@@ -145,14 +148,23 @@ def wait_for_requests(dock: TransferDock, state: str, count: int, timeout_s: flo
 @pytest.mark.parametrize("skewed", [False, True])
 def test_each_rank_reads_its_nodes_warehouse_except_the_stated_levelling(cluster: Cluster, skewed: bool) -> None:
     num_samples, group_size, ranks_per_node = 64, 4, 2
-    dock = TransferDock.create(DockSpec(timeout_s=60), states=STATES, num_samples=num_samples,
-                               group_size=group_size, token_columns=["response_mask"])
+    dock = TransferDock.create(
+        DockSpec(timeout_s=60),
+        states=STATES,
+        num_samples=num_samples,
+        group_size=group_size,
+        token_columns=["response_mask"],
+    )
     try:
         nodes = dock.warehouse_nodes()  # warehouse w on nodes[w], two worker nodes
         num_ranks = ranks_per_node * len(nodes)
         share = num_samples // num_ranks
-        ranks = [update_rank.options(scheduling_strategy=pinned_to(nodes[r // ranks_per_node])).remote(
-            dock, r, num_ranks, share) for r in range(num_ranks)]
+        ranks = [
+            update_rank.options(scheduling_strategy=pinned_to(nodes[r // ranks_per_node])).remote(
+                dock, r, num_ranks, share
+            )
+            for r in range(num_ranks)
+        ]
         wait_for_requests(dock, "update", num_ranks)  # every rank said where it is before the deal
         if skewed:  # log-normal lengths: the two nodes hold different token totals
             lengths = np.clip(np.random.default_rng(3).lognormal(2.5, 0.8, num_samples), 1, 48).astype(np.int64)

@@ -79,9 +79,7 @@ def test_split_gives_positions_per_owner_in_order() -> None:
         (8, 4, 0, "num_warehouses"),
     ],
 )
-def test_invalid_layouts_are_refused(
-    num_samples: int, group_size: int, num_warehouses: int, match: str
-) -> None:
+def test_invalid_layouts_are_refused(num_samples: int, group_size: int, num_warehouses: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DockLayout(num_samples=num_samples, group_size=group_size, num_warehouses=num_warehouses)
 

@@ -43,8 +43,13 @@ def test_bad_bounds_name_the_field() -> None:
 
 
 def bounded(max_staleness: int, on_stale: str) -> Controller:
-    return Controller(state="update", columns=COLUMNS, layout=LAYOUT, default_timeout_s=5.0,
-                      staleness=StalenessBound(max_staleness=max_staleness, on_stale=on_stale))
+    return Controller(
+        state="update",
+        columns=COLUMNS,
+        layout=LAYOUT,
+        default_timeout_s=5.0,
+        staleness=StalenessBound(max_staleness=max_staleness, on_stale=on_stale),
+    )
 
 
 async def write(controller: Controller, indices: list[int], version: int) -> None:
@@ -113,8 +118,13 @@ def test_wait_times_out_with_the_count_and_the_setting() -> None:
 
 def test_states_without_a_bound_ignore_versions() -> None:
     async def scenario() -> None:
-        hub = ControllerHub(states={"update": COLUMNS, "reference": COLUMNS}, layout=LAYOUT, default_timeout_s=1.0,
-                            staleness=StalenessBound(max_staleness=0, on_stale="drop"), bounded_states=["update"])
+        hub = ControllerHub(
+            states={"update": COLUMNS, "reference": COLUMNS},
+            layout=LAYOUT,
+            default_timeout_s=1.0,
+            staleness=StalenessBound(max_staleness=0, on_stale="drop"),
+            bounded_states=["update"],
+        )
         await hub.mark_ready(np.arange(8), COLUMNS, policy_version=0)
         await hub.advance_policy(3)
         stats = await hub.stats()

@@ -39,8 +39,9 @@ def test_an_attached_warehouse_reads_and_writes_the_owners_rows(tmp_path) -> Non
     assert not attached.can_write({"ids": wire(torch.zeros(4, 3, dtype=torch.int32))})
     np.testing.assert_array_equal(attached.read(indices, ["ids"])["ids"].array, np.arange(12).reshape(4, 3))
     attached.write(np.arange(12, 16), {"ids": wire(torch.arange(100, 112).view(4, 3))})
-    np.testing.assert_array_equal(owner.read(np.arange(12, 16), ["ids"])["ids"].array,
-                                  np.arange(100, 112).reshape(4, 3))
+    np.testing.assert_array_equal(
+        owner.read(np.arange(12, 16), ["ids"])["ids"].array, np.arange(100, 112).reshape(4, 3)
+    )
     stats = owner.stats()
     assert stats["shared_memory"] and stats["columns"] == ["ids"]
     assert (stats["write_requests"], stats["shared_write_requests"]) == (2, 1)
@@ -112,7 +113,12 @@ def test_a_column_without_room_in_shared_memory_stays_private(tmp_path, monkeypa
     assert attached.has_columns(["small"]) and not attached.has_columns(["big"])  # callers go to the owner
     assert not attached.can_write({"big": wire(torch.zeros(8))})
     assert sorted(p.name for p in owner._shared.directory.iterdir()) == [
-        "0.rows", "0.written", "columns.json", "counters", "owner"]  # nothing half-made left
+        "0.rows",
+        "0.written",
+        "columns.json",
+        "counters",
+        "owner",
+    ]  # nothing half-made left
 
 
 def test_without_a_shared_root_the_warehouse_keeps_private_memory(tmp_path) -> None:
@@ -130,8 +136,9 @@ def test_close_removes_the_directory_and_orphans_of_dead_owners_are_swept(tmp_pa
     assert attached.owner_alive() and attached.owner_pid == os.getpid()
     owner.close()
     assert not directory.exists()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     orphan, alive, foreign = tmp_path / "rldock-orphan", tmp_path / "rldock-alive", tmp_path / "other"
     for path, pid in ((orphan, dead), (alive, str(os.getpid())), (foreign, dead)):
         path.mkdir()
@@ -142,8 +149,11 @@ def test_close_removes_the_directory_and_orphans_of_dead_owners_are_swept(tmp_pa
 
 def test_an_attached_warehouse_tells_when_its_owner_is_gone(tmp_path) -> None:
     owner, attached = owner_and_attached(tmp_path)
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True).stdout)
+    dead = int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     attached._shared.owner_pid = dead
     assert not attached.owner_alive()
     assert owner_and_attached(tmp_path)[1].owner_alive()

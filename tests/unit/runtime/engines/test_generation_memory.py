@@ -20,8 +20,9 @@ def test_kv_bytes_per_token_counts_a_key_and_a_value_per_layer_and_kv_head():
 def test_what_the_swap_frees_goes_to_the_kv_cache():
     # A 7B bf16 engine (15.2 GB of weights) at half of a 64 GiB device: with the training state
     # swapped out the cache gets the whole rest of the share; left resident, that much less.
-    common = dict(device_bytes=64 * GIB, utilization=0.5, engine_weight_bytes=15 * GIB, min_tokens=4096,
-                  bytes_per_token=57344)
+    common = dict(
+        device_bytes=64 * GIB, utilization=0.5, engine_weight_bytes=15 * GIB, min_tokens=4096, bytes_per_token=57344
+    )
     swapped = kv_cache_budget(resident_training_bytes=0, **common)
     assert swapped == 17 * GIB
     assert kv_cache_budget(resident_training_bytes=10 * GIB, **common) == swapped - 10 * GIB
@@ -29,8 +30,14 @@ def test_what_the_swap_frees_goes_to_the_kv_cache():
 
 def test_a_budget_below_one_sequence_names_the_fields_to_change():
     with pytest.raises(GenerationMemoryError, match="rollout.gpu_memory_utilization 0.5 .* allgather_swap") as caught:
-        kv_cache_budget(device_bytes=64 * GIB, utilization=0.5, engine_weight_bytes=15 * GIB,
-                        resident_training_bytes=17 * GIB, min_tokens=4096, bytes_per_token=57344)
+        kv_cache_budget(
+            device_bytes=64 * GIB,
+            utilization=0.5,
+            engine_weight_bytes=15 * GIB,
+            resident_training_bytes=17 * GIB,
+            min_tokens=4096,
+            bytes_per_token=57344,
+        )
     assert "algorithm.max_response_length" in str(caught.value)
 
 
@@ -61,8 +68,13 @@ def test_level_1_wakes_weights_for_the_update_and_the_kv_cache_for_generation():
     cycle = SleepCycle(engine, level=1, enabled=True)
     _iteration(cycle, pushes)
     _iteration(cycle, pushes)
-    assert engine.calls == ["sleep(1)", "wake_up(['weights'])", "wake_up(['kv_cache'])", "sleep(1)",
-                            "wake_up(['weights'])"]
+    assert engine.calls == [
+        "sleep(1)",
+        "wake_up(['weights'])",
+        "wake_up(['kv_cache'])",
+        "sleep(1)",
+        "wake_up(['weights'])",
+    ]
     assert cycle.state == "weights" and pushes == ["update", "update"]
 
 
@@ -80,8 +92,14 @@ def test_level_2_pushes_the_weights_again_when_generating_twice_without_an_updat
     _iteration(cycle, pushes)
     cycle.before_generation()  # the next iteration: the update brought fresh weights
     assert pushes == ["reload", "update"]
-    assert engine.calls == ["sleep(2)", "wake_up(['weights'])", "wake_up(['kv_cache'])", "sleep(2)",
-                            "wake_up(['weights'])", "wake_up(['kv_cache'])"]
+    assert engine.calls == [
+        "sleep(2)",
+        "wake_up(['weights'])",
+        "wake_up(['kv_cache'])",
+        "sleep(2)",
+        "wake_up(['weights'])",
+        "wake_up(['kv_cache'])",
+    ]
 
 
 def test_on_cpu_the_same_sequence_runs_without_engine_calls():

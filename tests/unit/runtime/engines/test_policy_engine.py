@@ -142,6 +142,7 @@ def test_entropy_is_a_metric_only_and_matches_the_logits(model):
     assert not scores.entropy.requires_grad  # no second (b, SL, V) graph: the loss has no entropy term
     with torch.no_grad():
         inputs = build_policy_inputs(*batch)
-        logits = model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                       position_ids=inputs.position_ids).logits[:, 3:6]  # (3, SL, V)
+        logits = model(
+            input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, position_ids=inputs.position_ids
+        ).logits[:, 3:6]  # (3, SL, V)
     torch.testing.assert_close(scores.entropy, token_entropy(logits) * batch[3], atol=1e-5, rtol=0)

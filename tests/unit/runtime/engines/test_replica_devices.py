@@ -12,8 +12,7 @@ def _ranks(kind: str, devices: list[str], nodes: list[str] | None = None) -> lis
     return [RankDevice(node_id=node, device_kind=kind, device_ids=(device,)) for node, device in zip(nodes, devices)]
 
 
-@pytest.mark.parametrize(("kind", "variable"), [("npu", "ASCEND_RT_VISIBLE_DEVICES"),
-                                                ("cuda", "CUDA_VISIBLE_DEVICES")])
+@pytest.mark.parametrize(("kind", "variable"), [("npu", "ASCEND_RT_VISIBLE_DEVICES"), ("cuda", "CUDA_VISIBLE_DEVICES")])
 def test_each_engine_rank_sees_its_replica_with_its_own_device_first(kind, variable):
     # Ray's ids need not follow rank order: rank 0 on device 5, its peer on 2, and so on.
     ranks = _ranks(kind, ["5", "2", "7", "0"])
@@ -32,12 +31,15 @@ def test_a_replica_spanning_nodes_is_refused_naming_the_fields():
         engine_environments(ranks, generation_tp=2)
 
 
-@pytest.mark.parametrize(("ranks", "match"), [
-    (_ranks("npu", ["3", "3"]), "share devices"),
-    ([RankDevice("a", "npu", ("0", "1")), RankDevice("a", "npu", ("2",))], "exactly one device id"),
-    ([RankDevice("a", "cuda", ()), RankDevice("a", "cuda", ("2",))], "accelerator_resource must be NPU"),
-    (_ranks("npu", ["0", "1", "2"]), "must divide the 3 actor ranks"),
-])
+@pytest.mark.parametrize(
+    ("ranks", "match"),
+    [
+        (_ranks("npu", ["3", "3"]), "share devices"),
+        ([RankDevice("a", "npu", ("0", "1")), RankDevice("a", "npu", ("2",))], "exactly one device id"),
+        ([RankDevice("a", "cuda", ()), RankDevice("a", "cuda", ("2",))], "accelerator_resource must be NPU"),
+        (_ranks("npu", ["0", "1", "2"]), "must divide the 3 actor ranks"),
+    ],
+)
 def test_layouts_an_engine_cannot_use_are_refused(ranks, match):
     with pytest.raises(ValueError, match=match):
         engine_environments(ranks, generation_tp=2)

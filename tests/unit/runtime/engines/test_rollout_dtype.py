@@ -8,13 +8,16 @@ from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 
 
-@pytest.mark.parametrize("model_dtype, rollout_dtype, on_cpu, expected", [
-    ("float32", None, True, "float32"),  # the CPU demo's engine, as it always ran
-    ("bfloat16", None, True, "float32"),
-    ("bfloat16", None, False, "bfloat16"),  # an accelerator follows model.dtype
-    ("float32", "bfloat16", False, "bfloat16"),  # bfloat16 generation over a float32 master
-    ("float32", "bfloat16", True, "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "model_dtype, rollout_dtype, on_cpu, expected",
+    [
+        ("float32", None, True, "float32"),  # the CPU demo's engine, as it always ran
+        ("bfloat16", None, True, "float32"),
+        ("bfloat16", None, False, "bfloat16"),  # an accelerator follows model.dtype
+        ("float32", "bfloat16", False, "bfloat16"),  # bfloat16 generation over a float32 master
+        ("float32", "bfloat16", True, "bfloat16"),
+    ],
+)
 def test_generation_dtype(model_dtype, rollout_dtype, on_cpu, expected):
     assert generation_dtype(model_dtype=model_dtype, rollout_dtype=rollout_dtype, on_cpu=on_cpu) == expected
 

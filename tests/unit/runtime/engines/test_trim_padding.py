@@ -18,8 +18,17 @@ def _tiny_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=40,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        )
+    )
 
 
 def _batch():
@@ -31,7 +40,7 @@ def _batch():
     prompt_ids = torch.zeros(6, PL, dtype=torch.int64)
     response_ids = torch.zeros(6, SL, dtype=torch.int64)
     for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
-        prompt_ids[i, PL - p:] = torch.randint(3, 40, (p,), generator=generator)
+        prompt_ids[i, PL - p :] = torch.randint(3, 40, (p,), generator=generator)
         response_ids[i, :r] = torch.randint(3, 40, (r,), generator=generator)
     return prompt_ids, (prompt_ids != 0).long(), response_ids, (response_ids != 0).long()
 
@@ -48,8 +57,10 @@ def test_plans_keep_only_each_passes_own_columns_and_cover_every_row_once():
     # sorted by tokens: the two shortest rows (3: 2 tokens, 0: 5 tokens) form the first pass
     assert [p.rows.tolist() for p in plans][0] == [3, 0]
     untrimmed = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=4, trim=False)
-    assert [(p.rows.tolist(), p.prompt_start, p.response_end) for p in untrimmed] == \
-        [([0, 1, 2, 3], 0, SL), ([4, 5], 0, SL)]
+    assert [(p.rows.tolist(), p.prompt_start, p.response_end) for p in untrimmed] == [
+        ([0, 1, 2, 3], 0, SL),
+        ([4, 5], 0, SL),
+    ]
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 2, 4, 6])
@@ -80,8 +91,8 @@ def test_trimmed_values_and_gradients_equal_untrimmed():
     full = response_values(model, *batch, micro_batch_size=4)
     trimmed = response_values(twin, *batch, micro_batch_size=4, trim=True)
     torch.testing.assert_close(trimmed, full, rtol=0, atol=1e-6)
-    (full ** 2).sum().backward()
-    (trimmed ** 2).sum().backward()
+    (full**2).sum().backward()
+    (trimmed**2).sum().backward()
     for (name, p_full), p_trim in zip(model.named_parameters(), twin.parameters()):
         # float32 rounding relative to the largest entry (these gradients reach ~100)
         assert float((p_trim.grad - p_full.grad).abs().max()) <= 1e-6 * float(p_full.grad.abs().max()), name

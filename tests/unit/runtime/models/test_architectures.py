@@ -15,8 +15,9 @@ from rldock.runtime.models.tiny import build_tiny_model, train_char_tokenizer
 TEXTS = ["Sam has 3 apples and buys 5 more. #### 8", "12+7=19"]
 
 
-@pytest.mark.parametrize("builder, model_type", [("tiny-qwen2", "qwen2"), ("tiny-llama", "llama"),
-                                                 ("tiny-qwen3", "qwen3")])
+@pytest.mark.parametrize(
+    "builder, model_type", [("tiny-qwen2", "qwen2"), ("tiny-llama", "llama"), ("tiny-qwen3", "qwen3")]
+)
 def test_each_builder_saves_a_model_the_loader_reads(tmp_path, builder, model_type):
     assert ensure_model(ModelSpec(path=str(tmp_path), builder=builder), texts=TEXTS, seed=0)
     model = load_causal_lm(tmp_path)

@@ -76,13 +76,18 @@ def test_cli_prints_a_json_summary(tmp_path, capsys):
 # The import's check: greedy tokens and logits within float32 rounding (a tiny model stands in for
 # the GGUF-loaded one; the check only sees two models' logits on the probe).
 
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from rldock.runtime.models import load_causal_lm, load_tokenizer
     from rldock.runtime.models.tiny import build_tiny_model
 
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0, max_position_embeddings=128,
-                            texts=["Sam has 3 apples and buys 5 more. How many apples does Sam have now?"])
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "model",
+        seed=0,
+        max_position_embeddings=128,
+        texts=["Sam has 3 apples and buys 5 more. How many apples does Sam have now?"],
+    )
     return load_causal_lm(path, dtype="float32").eval(), load_tokenizer(path)
 
 
@@ -90,8 +95,12 @@ def _tolerance(model, reference):
     from rldock.runtime.models.gguf_import import logit_tolerance
 
     config = model.config
-    return logit_tolerance(reference, dtype="float32", num_layers=config.num_hidden_layers,
-                           accumulation_length=config.hidden_size + config.intermediate_size)
+    return logit_tolerance(
+        reference,
+        dtype="float32",
+        num_layers=config.num_hidden_layers,
+        accumulation_length=config.hidden_size + config.intermediate_size,
+    )
 
 
 def _permuted(model, seed: int):
@@ -152,8 +161,9 @@ def test_a_swapped_weight_is_refused(tiny):
         mlp.gate_proj.weight.copy_(mlp.up_proj.weight)
         mlp.up_proj.weight.copy_(gate)
     with pytest.raises(RuntimeError, match=r"the conversion is wrong, nothing was written"):
-        check_logits(reference, _probe_logits(swapped, tokenizer), tolerance=_tolerance(model, reference),
-                     tokenizer=tokenizer)
+        check_logits(
+            reference, _probe_logits(swapped, tokenizer), tolerance=_tolerance(model, reference), tokenizer=tokenizer
+        )
 
 
 def test_a_different_greedy_token_is_refused_and_a_near_tie_is_not(tiny):

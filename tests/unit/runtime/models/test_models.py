@@ -18,8 +18,12 @@ from rldock.runtime.models import (
     max_token_length,
 )
 
-TEXTS = tokenizer_corpus([Row(r["prompt"], r["answer"], r["data_source"])
-        for r in generate_addition(GeneratorSpec(name="addition", max_operand=99, num_prompts=50), seed=0).train])
+TEXTS = tokenizer_corpus(
+    [
+        Row(r["prompt"], r["answer"], r["data_source"])
+        for r in generate_addition(GeneratorSpec(name="addition", max_operand=99, num_prompts=50), seed=0).train
+    ]
+)
 
 
 @pytest.fixture(scope="module")

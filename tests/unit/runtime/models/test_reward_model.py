@@ -42,9 +42,8 @@ def test_a_folder_without_a_fast_tokenizer_is_refused(tmp_path, tiny_reward_mode
 
 def test_a_tokenizer_without_a_pad_token_pads_with_eos(tmp_path, tiny_reward_model):
     path = tiny_reward_model(tmp_path / "rm", texts=TEXTS)
-    config = (path / "tokenizer_config.json")
+    config = path / "tokenizer_config.json"
     config.write_text(config.read_text().replace('"pad_token": "<pad>"', '"pad_token": null'))
     rm = load_reward_model(path, dtype="float32", device="cpu", field="f")
     assert rm.tokenizer.pad_token == "<eos>" and rm.model.config.pad_token_id == rm.tokenizer.eos_token_id
-    torch.testing.assert_close(rm.score(TEXTS[:2]), torch.cat([rm.score([t]) for t in TEXTS[:2]]),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rm.score(TEXTS[:2]), torch.cat([rm.score([t]) for t in TEXTS[:2]]), atol=1e-5, rtol=1e-5)

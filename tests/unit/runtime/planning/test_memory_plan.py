@@ -23,8 +23,17 @@ from rldock.runtime.planning.shapes import load_shape, shape_from_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 # A shape small enough to check by hand: 2 layers, hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocab 10.
-SMALL = ModelShape("small", vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
-                   intermediate_size=16, tie_word_embeddings=True)
+SMALL = ModelShape(
+    "small",
+    vocab_size=10,
+    hidden_size=8,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    tie_word_embeddings=True,
+)
 
 
 def job(**training) -> object:
@@ -37,9 +46,17 @@ def job(**training) -> object:
 def test_presets_and_hf_configs_count_the_published_parameters():
     assert PRESETS["qwen2.5-7b"].num_params == 7_615_616_512
     assert PRESETS["qwen2.5-32b"].num_params == 32_763_876_352
-    smollm2 = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
-               "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
-               "tie_word_embeddings": True}
+    smollm2 = {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "tie_word_embeddings": True,
+    }
     assert shape_from_hf_config(smollm2, name="SmolLM2-135M").num_params == 134_515_008
 
 
@@ -131,8 +148,9 @@ def test_on_cpu_the_engine_keeps_its_weights_and_cache_through_the_update():
 
 def test_the_weight_push_can_be_the_peak():
     # No activations to speak of and a swap: the push (state + woken weights) outgrows both phases.
-    cfg = _with(job(resharding="allgather_swap", micro_batch_size=1), "algorithm", max_prompt_length=1,
-                max_response_length=1)
+    cfg = _with(
+        job(resharding="allgather_swap", micro_batch_size=1), "algorithm", max_prompt_length=1, max_response_length=1
+    )
     plan = plan_memory(cfg, SMALL, device_memory=SMALL.num_params * 4 * 8)  # the engine gets half: 4x its weights
     assert plan.weight_push > max(plan.update.device_total, plan.generation.device_total)
     assert plan.peak == plan.weight_push
@@ -142,7 +160,9 @@ def test_paper_7b_fits_64gib_with_fsdp_and_ddp_is_refused_naming_a_field():
     cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-qwen2.5-7b-paper.yaml").read_text()))
     shape = PRESETS["qwen2.5-7b"]
     assert check_fit(cfg, shape, device_memory=64 * GIB).fits
-    ddp = cfg.model_copy(update={"training": cfg.training.model_copy(update={"strategy": "ddp", "mixed_precision": "none"})})
+    ddp = cfg.model_copy(
+        update={"training": cfg.training.model_copy(update={"strategy": "ddp", "mixed_precision": "none"})}
+    )
     verdict = check_fit(ddp, shape, device_memory=128 * GIB)  # fsdp alone fits 128 GiB
     assert not verdict.fits and verdict.field == "training.strategy"
     # With the engine asleep through the update, FSDP over the example's 16 ranks fits 64 GiB too.
@@ -155,8 +175,9 @@ def test_paper_7b_fits_64gib_with_fsdp_and_ddp_is_refused_naming_a_field():
 
 def test_refusal_names_the_first_single_change_that_fits():
     cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-qwen2.5-7b-paper.yaml").read_text()))
-    no_checkpointing = cfg.model_copy(update={"training": cfg.training.model_copy(
-        update={"gradient_checkpointing": False})})
+    no_checkpointing = cfg.model_copy(
+        update={"training": cfg.training.model_copy(update={"gradient_checkpointing": False})}
+    )
     plan = plan_memory(no_checkpointing, PRESETS["qwen2.5-7b"], device_memory=64 * GIB)
     assert plan.peak > 64 * GIB
     verdict = check_fit(no_checkpointing, PRESETS["qwen2.5-7b"], device_memory=64 * GIB)
@@ -174,9 +195,17 @@ def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch):
     # model.path as the examples write it (~/.cache/...): the planner reads it as the trainer does.
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "model").mkdir()
-    smollm2 = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "num_hidden_layers": 30,
-               "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
-               "tie_word_embeddings": True}
+    smollm2 = {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "tie_word_embeddings": True,
+    }
     (tmp_path / "model" / "config.json").write_text(json.dumps(smollm2))
     assert load_shape(preset=None, model_path="~/model").num_params == 134_515_008
 
@@ -224,12 +253,15 @@ def test_a_critic_rank_holds_a_full_replica_and_its_activations():
     assert plan_memory(job(), SMALL, device_memory=64 * GIB).critic is None  # GRPO has none
 
 
-@pytest.mark.parametrize(("cfg", "beside"), [
-    (ppo_job(data_parallel_size=2), False),  # actor and reference fill devices 0, 1: critics open 2, 3
-    (ppo_job(data_parallel_size=2, kl_coef=0.0), True),  # no reference: critic r beside actor r
-    (ppo_job(data_parallel_size=2, tensor_parallel_size=2), True),  # the TP actor devices' free halves
-    (ppo_job(data_parallel_size=2, tensor_parallel_size=2, placement="separate"), False),
-])
+@pytest.mark.parametrize(
+    ("cfg", "beside"),
+    [
+        (ppo_job(data_parallel_size=2), False),  # actor and reference fill devices 0, 1: critics open 2, 3
+        (ppo_job(data_parallel_size=2, kl_coef=0.0), True),  # no reference: critic r beside actor r
+        (ppo_job(data_parallel_size=2, tensor_parallel_size=2), True),  # the TP actor devices' free halves
+        (ppo_job(data_parallel_size=2, tensor_parallel_size=2, placement="separate"), False),
+    ],
+)
 def test_where_the_critic_sits_matches_the_jobs_placement(cfg, beside):
     from rldock.runtime.algorithms.recipes import job_recipe
     from rldock.runtime.cluster import job_placement
@@ -243,9 +275,11 @@ def test_a_critic_beside_an_actor_rank_adds_to_that_device():
     alone = plan_memory(ppo_job(data_parallel_size=2), SMALL, device_memory=64 * GIB)
     beside = plan_memory(ppo_job(data_parallel_size=2, kl_coef=0.0), SMALL, device_memory=64 * GIB)
     assert alone.peak == max(alone.actor_peak, alone.critic.peak)
-    assert beside.peak == max(beside.update.device_total + beside.critic.update.device_total,
-                              beside.generation.device_total + beside.critic.generation.device_total,
-                              beside.weight_push + beside.critic.update.device_total)
+    assert beside.peak == max(
+        beside.update.device_total + beside.critic.update.device_total,
+        beside.generation.device_total + beside.critic.generation.device_total,
+        beside.weight_push + beside.critic.update.device_total,
+    )
     assert beside.peak > beside.actor_peak
 
 
@@ -259,36 +293,48 @@ def test_an_fsdp_critic_shards_its_state_over_the_dp_ranks():
     half = -(-params // 2)
     gathered = (2 * SMALL.layer_params + 10 * 8) * 4  # two layers and the root's embedding, float32
     # One micro-batch per mini-batch: gradients are reduce-scattered at once, sharded like the params.
-    assert critic.update == PhaseBytes(half, half, params, fsdp_gathered=gathered,
-                                       activations=whole.update.activations)
+    assert critic.update == PhaseBytes(half, half, params, fsdp_gathered=gathered, activations=whole.update.activations)
     assert critic.generation == PhaseBytes(half, half, params)
     # Two micro-batches: the first backward's gradients stay whole (no sync) until the step.
-    accumulating = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp"), SMALL,
-                               device_memory=64 * GIB).critic
+    accumulating = plan_memory(
+        ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp"), SMALL, device_memory=64 * GIB
+    ).critic
     assert accumulating.update.grads == params and accumulating.generation.grads == half
     # Offload: the shards on the host, only accumulated whole gradients on the device.
-    offloaded = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", fsdp_cpu_offload=True),
-                            SMALL, device_memory=64 * GIB).critic
+    offloaded = plan_memory(
+        ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", fsdp_cpu_offload=True),
+        SMALL,
+        device_memory=64 * GIB,
+    ).critic
     assert offloaded.update.training_state == params and offloaded.generation.training_state == 0
     assert offloaded.update.host == offloaded.generation.host == half + half + params
     # A lone FSDP rank shards nothing: the critic trains the bare model, a full replica.
     lone = ppo_job(micro_batch_size=64, data_parallel_size=1, strategy="fsdp")
     replica = ppo_job(micro_batch_size=64, data_parallel_size=1)
-    assert plan_memory(lone, SMALL, device_memory=64 * GIB).critic == plan_memory(replica, SMALL,
-                                                                                  device_memory=64 * GIB).critic
+    assert (
+        plan_memory(lone, SMALL, device_memory=64 * GIB).critic
+        == plan_memory(replica, SMALL, device_memory=64 * GIB).critic
+    )
 
 
 def test_gradient_checkpointing_and_mixed_precision_shrink_an_fsdp_critics_activations():
-    plain = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp"), SMALL,
-                        device_memory=64 * GIB).critic.update
-    bf16 = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", mixed_precision="bf16"),
-                       SMALL, device_memory=64 * GIB).critic.update
+    plain = plan_memory(
+        ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp"), SMALL, device_memory=64 * GIB
+    ).critic.update
+    bf16 = plan_memory(
+        ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", mixed_precision="bf16"),
+        SMALL,
+        device_memory=64 * GIB,
+    ).critic.update
     tokens = 2 * (8 + 6)  # micro_batch_size x (max_prompt_length + max_response_length)
     values = tokens * 4
     assert bf16.activations - values == (plain.activations - values) // 2
     assert bf16.fsdp_gathered == plain.fsdp_gathered // 2 and bf16.params == plain.params  # float32 masters
-    checkpointed = plan_memory(ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp",
-                                       gradient_checkpointing=True), SMALL, device_memory=64 * GIB).critic.update
+    checkpointed = plan_memory(
+        ppo_job(micro_batch_size=2, data_parallel_size=2, strategy="fsdp", gradient_checkpointing=True),
+        SMALL,
+        device_memory=64 * GIB,
+    ).critic.update
     per_layer = (plain.activations - values) // 2
     assert checkpointed.activations == 2 * tokens * 8 * 4 + per_layer + values
 

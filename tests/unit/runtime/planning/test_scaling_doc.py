@@ -32,8 +32,10 @@ def test_the_page_shows_the_paper_configurations_on_both_device_sizes():
     commands = [command for command, _ in plan_blocks()]
     for model in ("7b", "32b"):
         for memory in ("64GiB", "128GiB"):
-            assert any(f"qwen2.5-{model}-paper" in c and f"--device-memory {memory}" in c for c in commands), \
-                (model, memory)
+            assert any(f"qwen2.5-{model}-paper" in c and f"--device-memory {memory}" in c for c in commands), (
+                model,
+                memory,
+            )
 
 
 @pytest.mark.parametrize(("command", "printed"), plan_blocks())

@@ -43,28 +43,34 @@ def test_plan_needs_the_same_ranks():
         ReshardPlan(train=ParallelLayout(2, 2), generate=ParallelLayout(1, 2))
 
 
-@pytest.mark.parametrize("name, dim", [
-    ("model.layers.0.self_attn.q_proj.weight", 0),
-    ("model.layers.3.self_attn.v_proj.bias", 0),
-    ("model.layers.1.self_attn.o_proj.weight", 1),
-    ("model.layers.1.mlp.up_proj.weight", 0),
-    ("model.layers.12.mlp.down_proj.weight", 1),
-    ("model.layers.0.input_layernorm.weight", None),
-    ("model.embed_tokens.weight", None),
-    ("lm_head.weight", None),
-])
+@pytest.mark.parametrize(
+    "name, dim",
+    [
+        ("model.layers.0.self_attn.q_proj.weight", 0),
+        ("model.layers.3.self_attn.v_proj.bias", 0),
+        ("model.layers.1.self_attn.o_proj.weight", 1),
+        ("model.layers.1.mlp.up_proj.weight", 0),
+        ("model.layers.12.mlp.down_proj.weight", 1),
+        ("model.layers.0.input_layernorm.weight", None),
+        ("model.embed_tokens.weight", None),
+        ("lm_head.weight", None),
+    ],
+)
 def test_shard_dim_map(name, dim):
     for plan in TP_PLANS.values():  # the three architectures name their linears alike
         assert shard_dim(name, plan) == dim
 
 
-@pytest.mark.parametrize("name, partial", [
-    ("model.layers.0.self_attn.q_norm.weight", True),  # Qwen3: per-head norms see local heads only
-    ("model.layers.5.self_attn.k_norm.weight", True),
-    ("model.layers.0.input_layernorm.weight", False),  # sees the whole (replicated) hidden state
-    ("model.norm.weight", False),
-    ("model.layers.0.self_attn.q_proj.weight", False),  # split, not replicated
-])
+@pytest.mark.parametrize(
+    "name, partial",
+    [
+        ("model.layers.0.self_attn.q_norm.weight", True),  # Qwen3: per-head norms see local heads only
+        ("model.layers.5.self_attn.k_norm.weight", True),
+        ("model.layers.0.input_layernorm.weight", False),  # sees the whole (replicated) hidden state
+        ("model.norm.weight", False),
+        ("model.layers.0.self_attn.q_proj.weight", False),  # split, not replicated
+    ],
+)
 def test_partial_gradient_map(name, partial):
     assert has_partial_gradient(name, TP_PLANS["qwen3"]) is partial
     assert has_partial_gradient(name, TP_PLANS["qwen2"]) is False  # no per-head norms there
@@ -73,8 +79,9 @@ def test_partial_gradient_map(name, partial):
 def test_uneven_split_is_refused_naming_the_field():
     check_divisible(tp_size=2, num_heads=4, num_kv_heads=2, intermediate_size=128, field="f")
     with pytest.raises(ValueError, match=r"training.tensor_parallel_size=2 .*num_key_value_heads \(1\)"):
-        check_divisible(tp_size=2, num_heads=4, num_kv_heads=1, intermediate_size=128,
-                        field="training.tensor_parallel_size")
+        check_divisible(
+            tp_size=2, num_heads=4, num_kv_heads=1, intermediate_size=128, field="training.tensor_parallel_size"
+        )
 
 
 def _entry(name, numel, dtype=torch.float32):
@@ -83,8 +90,14 @@ def _entry(name, numel, dtype=torch.float32):
 
 def test_buckets_per_dtype_in_order_with_oversize_alone():
     # float32: 10 elements = 40 bytes; bf16 10 elements = 20 bytes. Bucket: 100 bytes.
-    entries = [_entry("a", 10), _entry("b", 10, torch.bfloat16), _entry("c", 10), _entry("d", 10),
-               _entry("e", 50), _entry("f", 10)]
+    entries = [
+        _entry("a", 10),
+        _entry("b", 10, torch.bfloat16),
+        _entry("c", 10),
+        _entry("d", 10),
+        _entry("e", 50),
+        _entry("f", 10),
+    ]
     buckets = plan_buckets(entries, bucket_bytes=100)
     names = [[e.name for e in bucket] for bucket in buckets]
     # a+c = 80, adding d (120) closes it; e (200 bytes) alone; f starts the next; bf16 b on its own.
@@ -94,8 +107,11 @@ def test_buckets_per_dtype_in_order_with_oversize_alone():
 
 
 def test_one_contiguous_buffer_per_dtype():
-    entries = [ParamEntry("w", torch.float32, (2, 3), (4, 3), 0), _entry("n", 5, torch.bfloat16),
-               ParamEntry("v", torch.float32, (2,), (2,), None)]
+    entries = [
+        ParamEntry("w", torch.float32, (2, 3), (4, 3), 0),
+        _entry("n", 5, torch.bfloat16),
+        ParamEntry("v", torch.float32, (2,), (2,), None),
+    ]
     gathered = allocate_buffers(entries, CPU)
     assert {dtype: buf.numel() for dtype, buf in gathered.buffers.items()} == {torch.float32: 14, torch.bfloat16: 5}
     assert gathered.views["w"].shape == (4, 3)
@@ -177,11 +193,21 @@ def test_ledger_counts_distinct_resident_storages_by_category():
     buffer = torch.zeros(3)  # 12 bytes
     assert resident_bytes([a, a[:2], b], device_type="cpu") == 80
     assert resident_bytes([a], device_type="cuda") == 0
-    entry = ledger_entry("generation", {"train_params": [a], "grads": [a[1:]], "optimizer_state": [b],
-                                        "temp_buffer": [buffer]},
-                         device=CPU, kv_cache_bytes=1000, host_swap_bytes=7)
-    assert entry["device_bytes"] == {"train_params": 40, "grads": 0, "optimizer_state": 40,
-                                     "generation_weights": 0, "temp_buffer": 12, "kv_cache": 1000}
+    entry = ledger_entry(
+        "generation",
+        {"train_params": [a], "grads": [a[1:]], "optimizer_state": [b], "temp_buffer": [buffer]},
+        device=CPU,
+        kv_cache_bytes=1000,
+        host_swap_bytes=7,
+    )
+    assert entry["device_bytes"] == {
+        "train_params": 40,
+        "grads": 0,
+        "optimizer_state": 40,
+        "generation_weights": 0,
+        "temp_buffer": 12,
+        "kv_cache": 1000,
+    }
     assert entry["allocator"] is None and train_state_bytes(entry) == 80
     b.untyped_storage().resize_(0)
     assert resident_bytes([b], device_type="cpu") == 0

@@ -77,8 +77,12 @@ def test_posts_the_four_columns_and_reads_the_scores(server):
     scored = _score(_scorer(server.url), ["a", "bbb"])
     assert scored.scores.tolist() == [1.0, 3.0]
     (request,) = server.requests
-    assert request["body"] == {"data_source": ["gsm8k", "gsm8k"], "solution_str": ["a", "bbb"],
-                               "ground_truth": ["gt", "gt"], "extra_info": [{"i": 0}, {"i": 1}]}
+    assert request["body"] == {
+        "data_source": ["gsm8k", "gsm8k"],
+        "solution_str": ["a", "bbb"],
+        "ground_truth": ["gt", "gt"],
+        "extra_info": [{"i": 0}, {"i": 1}],
+    }
     assert request["headers"]["Content-Type"] == "application/json"
     assert "Authorization" not in request["headers"]
 

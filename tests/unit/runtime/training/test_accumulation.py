@@ -21,9 +21,18 @@ ROWS = 6
 
 
 def _cfg() -> JobConfig:
-    return JobConfig(iterations=1, model={"path": "/nonexistent"},
-                     algorithm={"name": "grpo", "num_prompts_per_iteration": 3, "num_responses_per_prompt": 2,
-                                "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-3})
+    return JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 3,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 3,
+            "max_response_length": 3,
+            "learning_rate": 1e-3,
+        },
+    )
 
 
 def _model() -> torch.nn.Module:
@@ -34,8 +43,13 @@ def _model() -> torch.nn.Module:
 
 def _batch() -> TensorDict:
     generator = torch.Generator().manual_seed(1)
-    return TensorDict({"x": torch.randn(ROWS, 4, generator=generator, dtype=torch.float64),
-                       "y": torch.randn(ROWS, 1, generator=generator, dtype=torch.float64)}, batch_size=[ROWS])
+    return TensorDict(
+        {
+            "x": torch.randn(ROWS, 4, generator=generator, dtype=torch.float64),
+            "y": torch.randn(ROWS, 1, generator=generator, dtype=torch.float64),
+        },
+        batch_size=[ROWS],
+    )
 
 
 def _micro_loss(module: torch.nn.Module):
@@ -43,6 +57,7 @@ def _micro_loss(module: torch.nn.Module):
         share = len(micro) / ROWS  # this micro-batch's share of the mean over the mini-batch
         loss = (module(micro["x"]) - micro["y"]).square().mean()
         return loss * share, {"loss": loss.item() * share, "rows": float(len(micro))}
+
     return micro_loss
 
 
@@ -62,11 +77,13 @@ def test_k_micro_batches_step_like_the_whole_batch(micro_batch_size, max_grad_no
     expected, expected_norm, expected_loss = _whole_batch_step(max_grad_norm)
     model = _model()
     model[0].weight.grad = torch.ones_like(model[0].weight)  # a stale gradient the step must not keep
-    backend = DdpBackend(_cfg(), model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), rank=0,
-                         world_size=1)
+    backend = DdpBackend(
+        _cfg(), model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), rank=0, world_size=1
+    )
 
-    stats = accumulate(backend, _batch().split(micro_batch_size), _micro_loss(backend.training_module()),
-                       max_grad_norm=max_grad_norm)
+    stats = accumulate(
+        backend, _batch().split(micro_batch_size), _micro_loss(backend.training_module()), max_grad_norm=max_grad_norm
+    )
 
     assert stats["grad_norm"] == pytest.approx(expected_norm, rel=1e-9)
     assert stats["loss"] == pytest.approx(expected_loss, rel=1e-9)
@@ -84,8 +101,14 @@ def test_ddp_accumulates_under_no_sync_and_matches_the_whole_batch(tmp_path):
     try:
         model = _model()
         ddp = wrap_ddp(model, detect_device("cpu"))
-        backend = DdpBackend(_cfg(), model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), rank=0,
-                             world_size=1, ddp_model=ddp)
+        backend = DdpBackend(
+            _cfg(),
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            rank=0,
+            world_size=1,
+            ddp_model=ddp,
+        )
         contexts = []
         accumulating = backend.accumulating
 

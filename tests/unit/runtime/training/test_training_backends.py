@@ -17,19 +17,32 @@ from rldock.runtime.training.tensor_parallel import TensorParallelBackend
 
 
 def _cfg(**training) -> JobConfig:
-    return JobConfig(iterations=1, model={"path": "/nonexistent"}, training=training,
-                     algorithm={"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                                "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-3})
+    return JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        training=training,
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 3,
+            "max_response_length": 3,
+            "learning_rate": 1e-3,
+        },
+    )
 
 
-@pytest.mark.parametrize(("training", "strategy"), [
-    ({}, "ddp"),
-    ({"strategy": "fsdp"}, "fsdp"),
-    ({"strategy": "fsdp", "resharding": "allgather_swap"}, "fsdp"),  # FSDP swaps its own shards
-    ({"resharding": "allgather_swap"}, "tensor_parallel"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel"),
-    ({"tensor_parallel_size": 2, "resharding": "allgather_swap"}, "tensor_parallel"),
-])
+@pytest.mark.parametrize(
+    ("training", "strategy"),
+    [
+        ({}, "ddp"),
+        ({"strategy": "fsdp"}, "fsdp"),
+        ({"strategy": "fsdp", "resharding": "allgather_swap"}, "fsdp"),  # FSDP swaps its own shards
+        ({"resharding": "allgather_swap"}, "tensor_parallel"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel"),
+        ({"tensor_parallel_size": 2, "resharding": "allgather_swap"}, "tensor_parallel"),
+    ],
+)
 def test_strategy_of_the_training_config(training, strategy):
     assert strategy_of(_cfg(**training)) == strategy
 
@@ -38,24 +51,42 @@ def _tiny_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def test_each_strategy_builds_its_backend_around_the_same_model(tmp_path):
     """On a one-rank group: the backend keeps the actor's model object (wrapped or sharded in place),
     its optimizer holds the parameters as the layout has them, and the update's share is the
     iteration's samples over the DP ranks."""
-    cases = {"ddp": ({}, DdpBackend), "fsdp": ({"strategy": "fsdp"}, FsdpBackend),
-             "tensor_parallel": ({"resharding": "allgather_swap"}, TensorParallelBackend)}
+    cases = {
+        "ddp": ({}, DdpBackend),
+        "fsdp": ({"strategy": "fsdp"}, FsdpBackend),
+        "tensor_parallel": ({"resharding": "allgather_swap"}, TensorParallelBackend),
+    }
     assert cases.keys() == BACKENDS.keys()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         for name, (training, backend_class) in cases.items():
             cfg = _cfg(**training)
             model = _tiny_model()
-            backend = build_backend(cfg, model=model, make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
-                                    device=detect_device("cpu"), rank=0, world_size=1)
+            backend = build_backend(
+                cfg,
+                model=model,
+                make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+                device=detect_device("cpu"),
+                rank=0,
+                world_size=1,
+            )
             assert type(backend) is backend_class, name
             held = [p for group in backend.optimizer.param_groups for p in group["params"]]
             assert [id(p) for p in held] == [id(p) for p in model.parameters()], name

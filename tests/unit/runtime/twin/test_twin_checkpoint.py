@@ -13,9 +13,19 @@ from rldock.runtime.workers.actor import ActorWorker
 
 
 def _actor(model_dir, index: int) -> ActorWorker:
-    cfg = JobConfig(iterations=1, model={"path": str(model_dir)}, resources={"device": "npu"},
-                    algorithm={"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 4, "max_response_length": 3, "learning_rate": 1e-3})
+    cfg = JobConfig(
+        iterations=1,
+        model={"path": str(model_dir)},
+        resources={"device": "npu"},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 4,
+            "max_response_length": 3,
+            "learning_rate": 1e-3,
+        },
+    )
     actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=None)
     actor.device = detect_device("npu", index=index)
     actor.model.to(actor.device.torch_device)

@@ -25,9 +25,16 @@ def _free_port() -> int:
 def test_ddp_averages_gradients_across_twin_devices(npu_twin, tmp_path):
     port, world_size = _free_port(), 2
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the ranks import what this process does
-    ranks = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(rank), str(world_size), str(port), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(world_size)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(RANK_SCRIPT), str(rank), str(world_size), str(port), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
     for rank in ranks:
         output, _ = rank.communicate(timeout=300)
         assert rank.returncode == 0, output[-4000:]

@@ -41,9 +41,16 @@ def _single_process_step() -> tuple[dict[str, torch.Tensor], float]:
 def test_fsdp_step_and_swap_on_two_twin_devices(npu_twin, tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the ranks import what this process does
-    ranks = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(rank), str(WORLD), str(port), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(WORLD)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(RANK_SCRIPT), str(rank), str(WORLD), str(port), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
     for rank in ranks:
         output, _ = rank.communicate(timeout=300)
         assert rank.returncode == 0, output[-4000:]

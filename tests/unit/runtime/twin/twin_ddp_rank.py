@@ -19,8 +19,9 @@ from rldock_e2e.doubles.npu_twin import activate
 def main(rank: int, world_size: int, port: int, out: Path) -> None:
     activate()
     device = detect_device("npu", index=rank)
-    init_process_group(device, rank=rank, world_size=world_size,
-                       rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120)
+    init_process_group(
+        device, rank=rank, world_size=world_size, rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120
+    )
     torch.manual_seed(0)  # the same initial weights on every rank
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device.torch_device)
     ddp = wrap_ddp(model, device)
@@ -33,8 +34,15 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
     local = {name: p.grad.cpu() for name, p in model.named_parameters()}
     tokens = torch.tensor([float(rank + 1)])  # a host tensor: gloo, as the actor's token count
     dist.all_reduce(tokens)
-    torch.save({"averaged": averaged, "local": local, "tokens": tokens,
-                "grad_device": str(next(model.parameters()).grad.device)}, out / f"rank{rank}.pt")
+    torch.save(
+        {
+            "averaged": averaged,
+            "local": local,
+            "tokens": tokens,
+            "grad_device": str(next(model.parameters()).grad.device),
+        },
+        out / f"rank{rank}.pt",
+    )
     destroy_process_group()
 
 

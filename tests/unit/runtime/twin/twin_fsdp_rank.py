@@ -18,8 +18,16 @@ from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group
 from rldock.runtime.training.fsdp import FsdpBackend
 from rldock_e2e.doubles.npu_twin import activate
 
-TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, tie_word_embeddings=True, max_position_embeddings=64)
+TINY = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    tie_word_embeddings=True,
+    max_position_embeddings=64,
+)
 ROWS_PER_RANK = 2
 
 
@@ -31,32 +39,51 @@ def tiny_model():
 
 
 def whole_batch(world_size: int) -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (ROWS_PER_RANK * world_size, 16),
-                         generator=torch.Generator().manual_seed(1))  # (B, T)
+    return torch.randint(
+        0, TINY["vocab_size"], (ROWS_PER_RANK * world_size, 16), generator=torch.Generator().manual_seed(1)
+    )  # (B, T)
 
 
 def _cfg(world_size: int):
-    return parse_job_config({
-        "iterations": 1, "model": {"path": "unused"}, "checkpoint": {"interval": 1},
-        # Never trained as a job: no prompts or rewards are read, but a model of one's own must name them.
-        "data": {"generator": {"name": "addition"}}, "reward": {"terms": [{"name": "digit_match"}]},
-        "algorithm": {"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                      "max_prompt_length": 8, "max_response_length": 8, "learning_rate": 1e-2},
-        "training": {"strategy": "fsdp", "data_parallel_size": world_size, "resharding": "allgather_swap"},
-        "resources": {"device": "npu", "devices_per_node": world_size}})
+    return parse_job_config(
+        {
+            "iterations": 1,
+            "model": {"path": "unused"},
+            "checkpoint": {"interval": 1},
+            # Never trained as a job: no prompts or rewards are read, but a model of one's own must name them.
+            "data": {"generator": {"name": "addition"}},
+            "reward": {"terms": [{"name": "digit_match"}]},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": 2,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 8,
+                "max_response_length": 8,
+                "learning_rate": 1e-2,
+            },
+            "training": {"strategy": "fsdp", "data_parallel_size": world_size, "resharding": "allgather_swap"},
+            "resources": {"device": "npu", "devices_per_node": world_size},
+        }
+    )
 
 
 def main(rank: int, world_size: int, port: int, out: Path) -> None:
     activate()
     torch.set_num_threads(1)
     device = detect_device("npu", index=rank)
-    init_process_group(device, rank=rank, world_size=world_size,
-                       rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120)
+    init_process_group(
+        device, rank=rank, world_size=world_size, rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120
+    )
     model = tiny_model().to(device.torch_device)
-    fsdp = FsdpBackend(_cfg(world_size), model=model, device=device, rank=rank,
-                       make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
+    fsdp = FsdpBackend(
+        _cfg(world_size),
+        model=model,
+        device=device,
+        rank=rank,
+        make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2),
+    )
     # This rank's rows, kept on the host and moved per pass, so the device holds only the model's state.
-    mine = whole_batch(world_size)[rank * ROWS_PER_RANK:(rank + 1) * ROWS_PER_RANK]
+    mine = whole_batch(world_size)[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK]
     batch = mine.to(device.torch_device)
     fsdp.model(input_ids=batch, labels=batch).loss.backward()
     del batch
@@ -81,10 +108,21 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
     with torch.no_grad():
         batch = mine.to(device.torch_device)
         loss = float(fsdp.model(input_ids=batch, labels=batch).loss)
-    torch.save({"weights": pushed, "pushed_devices": sorted(pushed_devices), "grad_norm": grad_norm,
-                "param_device": param_device, "loss": loss, "buffer_bytes": buffer_bytes, "after_update": after_update,
-                "during_generation": during_generation, "after_swap_in": after_swap_in,
-                "ledger": fsdp.drain_metrics()["ledger"]}, out / f"rank{rank}.pt")
+    torch.save(
+        {
+            "weights": pushed,
+            "pushed_devices": sorted(pushed_devices),
+            "grad_norm": grad_norm,
+            "param_device": param_device,
+            "loss": loss,
+            "buffer_bytes": buffer_bytes,
+            "after_update": after_update,
+            "during_generation": during_generation,
+            "after_swap_in": after_swap_in,
+            "ledger": fsdp.drain_metrics()["ledger"],
+        },
+        out / f"rank{rank}.pt",
+    )
     destroy_process_group()
 
 

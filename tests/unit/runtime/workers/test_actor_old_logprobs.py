@@ -22,15 +22,34 @@ def _tiny_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def _cfg(recompute: str) -> JobConfig:
-    return JobConfig(iterations=1, model={"path": "/nonexistent"}, training={"micro_batch_size": 2},
-                     algorithm={"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                                "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-2,
-                                "recompute_old_logprobs": recompute})
+    return JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        training={"micro_batch_size": 2},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 3,
+            "max_response_length": 3,
+            "learning_rate": 1e-2,
+            "recompute_old_logprobs": recompute,
+        },
+    )
 
 
 def _actor_double(model, recompute: str) -> ActorWorker:
@@ -38,8 +57,9 @@ def _actor_double(model, recompute: str) -> ActorWorker:
     cfg = _cfg(recompute)
     actor = ActorWorker.__new__(ActorWorker)
     actor.cfg, actor.world_size, actor.model = cfg, 1, model
-    actor.backend = DdpBackend(cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), rank=0,
-                               world_size=1)
+    actor.backend = DdpBackend(
+        cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), rank=0, world_size=1
+    )
     actor.device = types.SimpleNamespace(torch_device="cpu")
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
     actor.kl_estimator = "k3"
@@ -50,13 +70,23 @@ def _actor_double(model, recompute: str) -> ActorWorker:
 def _batch(model) -> TensorDict:
     prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL) left-padded
     response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
-    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
-                        "response_ids": response_ids, "response_mask": (response_ids != 0).long()}, batch_size=[4])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": (prompt_ids != 0).long(),
+            "response_ids": response_ids,
+            "response_mask": (response_ids != 0).long(),
+        },
+        batch_size=[4],
+    )
     torch.manual_seed(1)
     with torch.no_grad():
-        batch["ref_logprobs"] = response_logprobs(model, prompt_ids, batch["prompt_mask"], response_ids,
-                                                  batch["response_mask"], micro_batch_size=4) \
+        batch["ref_logprobs"] = (
+            response_logprobs(
+                model, prompt_ids, batch["prompt_mask"], response_ids, batch["response_mask"], micro_batch_size=4
+            )
             + 0.1 * torch.randn(4, 3) * batch["response_mask"]
+        )
     batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
     return batch
 
@@ -72,9 +102,14 @@ def test_auto_update_equals_always_update_on_the_same_batch():
     batch = _batch(base)
     always_batch = batch.clone()
     with torch.no_grad():  # what the actor_inference pass writes to the dock (one pass of the same weights)
-        always_batch["old_logprobs"] = response_logprobs(always_model, batch["prompt_ids"], batch["prompt_mask"],
-                                                         batch["response_ids"], batch["response_mask"],
-                                                         micro_batch_size=2)
+        always_batch["old_logprobs"] = response_logprobs(
+            always_model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["response_ids"],
+            batch["response_mask"],
+            micro_batch_size=2,
+        )
 
     always = _actor_double(always_model, "always")._optimizer_step(always_batch)
     auto = _actor_double(auto_model, "auto")._optimizer_step(batch)

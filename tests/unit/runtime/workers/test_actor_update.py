@@ -20,19 +20,39 @@ def _tiny_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=32,
+        )
+    )
 
 
 def _actor_double(model) -> ActorWorker:
     """An ActorWorker with only what `_optimizer_step` reads: one CPU rank, no DDP wrapper, no engine."""
-    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, training={"micro_batch_size": 2},
-                    algorithm={"name": "grpo", "num_prompts_per_iteration": 2, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 3, "max_response_length": 3, "learning_rate": 1e-3})
+    cfg = JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        training={"micro_batch_size": 2},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 3,
+            "max_response_length": 3,
+            "learning_rate": 1e-3,
+        },
+    )
     actor = ActorWorker.__new__(ActorWorker)
     actor.cfg, actor.world_size, actor.model = cfg, 1, model
-    actor.backend = DdpBackend(cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), rank=0,
-                               world_size=1)
+    actor.backend = DdpBackend(
+        cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), rank=0, world_size=1
+    )
     actor.device = types.SimpleNamespace(torch_device="cpu")
     actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
     actor.kl_estimator = "k3"
@@ -45,11 +65,19 @@ def test_update_step_logs_the_token_mean_entropy_before_the_step():
     prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)
     response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
     response_mask = (response_ids != 0).long()
-    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
-                        "response_ids": response_ids, "response_mask": response_mask}, batch_size=[4])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": (prompt_ids != 0).long(),
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        },
+        batch_size=[4],
+    )
     with torch.no_grad():
-        scores = response_logprobs_and_entropy(model, batch["prompt_ids"], batch["prompt_mask"],
-                                               response_ids, response_mask, micro_batch_size=4)
+        scores = response_logprobs_and_entropy(
+            model, batch["prompt_ids"], batch["prompt_mask"], response_ids, response_mask, micro_batch_size=4
+        )
     batch["old_logprobs"] = scores.logprobs
     batch["ref_logprobs"] = scores.logprobs
     batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
@@ -71,8 +99,9 @@ def test_freeze_embeddings_trains_the_layers_only():
     layer = model.model.layers[0].mlp.up_proj.weight.detach().clone()
     assert freeze_embeddings(model) == 32 * 32  # the tied matrix counted once
     actor = _actor_double(model)
-    actor.cfg = actor.cfg.model_copy(update={"training": actor.cfg.training.model_copy(
-        update={"freeze_embeddings": True})})
+    actor.cfg = actor.cfg.model_copy(
+        update={"training": actor.cfg.training.model_copy(update={"freeze_embeddings": True})}
+    )
     actor.backend.optimizer = actor._make_optimizer(model.parameters())
     held = {id(p) for group in actor.backend.optimizer.param_groups for p in group["params"]}
     assert id(model.get_input_embeddings().weight) not in held  # no AdamW state for it
@@ -97,11 +126,18 @@ def test_fsdp_update_step_equals_the_plain_step(tmp_path):
 
     prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)
     response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL)
-    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
-                        "response_ids": response_ids, "response_mask": (response_ids != 0).long(),
-                        "advantage": torch.tensor([1.0, -1.0, 0.5, -0.5]),
-                        "old_logprobs": torch.full((4, 3), -3.0), "ref_logprobs": torch.full((4, 3), -3.0)},
-                       batch_size=[4])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": (prompt_ids != 0).long(),
+            "response_ids": response_ids,
+            "response_mask": (response_ids != 0).long(),
+            "advantage": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+            "old_logprobs": torch.full((4, 3), -3.0),
+            "ref_logprobs": torch.full((4, 3), -3.0),
+        },
+        batch_size=[4],
+    )
     plain = _actor_double(_tiny_model())
     plain.recipe = job_recipe(plain.cfg)
     expected_stats = plain._optimizer_step(batch.clone())
@@ -110,9 +146,12 @@ def test_fsdp_update_step_equals_the_plain_step(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         actor = _actor_double(_tiny_model())
-        actor.cfg = actor.cfg.model_copy(update={"training": actor.cfg.training.model_copy(update={"strategy": "fsdp"})})
-        actor.backend = FsdpBackend(actor.cfg, model=actor.model, make_optimizer=actor._make_optimizer,
-                                    device=detect_device("cpu"), rank=0)
+        actor.cfg = actor.cfg.model_copy(
+            update={"training": actor.cfg.training.model_copy(update={"strategy": "fsdp"})}
+        )
+        actor.backend = FsdpBackend(
+            actor.cfg, model=actor.model, make_optimizer=actor._make_optimizer, device=detect_device("cpu"), rank=0
+        )
         stats = actor._optimizer_step(batch.clone())
         got = dict(full_state_dict(actor.model))
     finally:
@@ -135,11 +174,19 @@ def test_update_step_aggregates_the_whole_mini_batch_over_its_micro_batches():
     response_mask = (response_ids != 0).long()
     for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"):
         model = _tiny_model()
-        batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
-                            "response_ids": response_ids, "response_mask": response_mask}, batch_size=[4])
+        batch = TensorDict(
+            {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": (prompt_ids != 0).long(),
+                "response_ids": response_ids,
+                "response_mask": response_mask,
+            },
+            batch_size=[4],
+        )
         with torch.no_grad():
-            scores = response_logprobs_and_entropy(model, prompt_ids, batch["prompt_mask"], response_ids,
-                                                   response_mask, micro_batch_size=4)
+            scores = response_logprobs_and_entropy(
+                model, prompt_ids, batch["prompt_mask"], response_ids, response_mask, micro_batch_size=4
+            )
         batch["old_logprobs"] = scores.logprobs - 0.1  # ratio e^0.1: off-policy, inside the clip
         batch["ref_logprobs"] = scores.logprobs + 0.2
         batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
@@ -154,10 +201,12 @@ def test_update_step_aggregates_the_whole_mini_batch_over_its_micro_batches():
 
         model.zero_grad()
         mask = response_mask.float()
-        logprobs = response_logprobs_and_entropy(model, prompt_ids, batch["prompt_mask"], response_ids,
-                                                 response_mask, micro_batch_size=4).logprobs
-        policy = get_policy_loss("clipped")(logprobs, batch["old_logprobs"], batch["advantage"], mask, clip_ratio=0.2,
-                                            aggregation=mode, norm_length=3)
+        logprobs = response_logprobs_and_entropy(
+            model, prompt_ids, batch["prompt_mask"], response_ids, response_mask, micro_batch_size=4
+        ).logprobs
+        policy = get_policy_loss("clipped")(
+            logprobs, batch["old_logprobs"], batch["advantage"], mask, clip_ratio=0.2, aggregation=mode, norm_length=3
+        )
         kl = aggregate(kl_penalty(logprobs, batch["ref_logprobs"]), mask, mode, norm_length=3)
         (policy.loss + actor.cfg.algorithm.kl_coef * kl).backward()
         for got, want in zip(split, (p.grad for p in model.parameters())):
@@ -169,26 +218,50 @@ def test_preference_step_over_micro_batches_of_pairs_equals_the_whole_mini_batch
     gradient and metrics of the two pairs in one micro-batch."""
     prompt_ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]])  # (B, PL): pairs share a prompt
     response_ids = torch.tensor([[12, 13, 0], [14, 0, 0], [15, 16, 17], [18, 19, 0]])  # (B, SL) chosen, rejected
-    batch = TensorDict({"prompt_ids": prompt_ids, "prompt_mask": (prompt_ids != 0).long(),
-                        "response_ids": response_ids, "response_mask": (response_ids != 0).long(),
-                        "ref_logprobs": torch.full((4, 3), -3.0)}, batch_size=[4])
+    batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": (prompt_ids != 0).long(),
+            "response_ids": response_ids,
+            "response_mask": (response_ids != 0).long(),
+            "ref_logprobs": torch.full((4, 3), -3.0),
+        },
+        batch_size=[4],
+    )
     results = []
     for micro_batch_size in (2, 4):
         model = _tiny_model()
         actor = _actor_double(model)
-        actor.cfg = actor.cfg.model_copy(update={
-            "training": actor.cfg.training.model_copy(update={"micro_batch_size": micro_batch_size}),
-            "algorithm": actor.cfg.algorithm.model_copy(update={"max_grad_norm": 1e9})})
+        actor.cfg = actor.cfg.model_copy(
+            update={
+                "training": actor.cfg.training.model_copy(update={"micro_batch_size": micro_batch_size}),
+                "algorithm": actor.cfg.algorithm.model_copy(update={"max_grad_norm": 1e9}),
+            }
+        )
         actor.backend.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         stats = actor._preference_step(batch.clone())
         results.append((stats, [p.grad.clone() for p in model.parameters()]))
     (split, split_grads), (whole, whole_grads) = results
-    assert list(split) == ["loss", "policy_loss", "kl", "entropy", "preference_accuracy", "reward_margin",
-                           "policy_preference_accuracy", "grad_norm"]
+    assert list(split) == [
+        "loss",
+        "policy_loss",
+        "kl",
+        "entropy",
+        "preference_accuracy",
+        "reward_margin",
+        "policy_preference_accuracy",
+        "grad_norm",
+    ]
     # Pair means are exact over any split; kl and entropy are each micro-batch's token mean, weighted
     # by its pairs (logged only), so they depend on the split.
-    for key in ("loss", "policy_loss", "preference_accuracy", "reward_margin", "policy_preference_accuracy",
-                "grad_norm"):
+    for key in (
+        "loss",
+        "policy_loss",
+        "preference_accuracy",
+        "reward_margin",
+        "policy_preference_accuracy",
+        "grad_norm",
+    ):
         assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
     for got, want in zip(split_grads, whole_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

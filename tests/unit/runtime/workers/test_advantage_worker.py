@@ -41,18 +41,33 @@ class ScriptedDock:
 
 
 def _cfg(name: str, micro_batch_size: int) -> JobConfig:
-    return JobConfig(iterations=1, model={"path": "/nonexistent"}, training={"micro_batch_size": micro_batch_size},
-                     algorithm={"name": name, "num_prompts_per_iteration": G, "num_responses_per_prompt": N,
-                                "max_prompt_length": 4, "max_response_length": SL, "learning_rate": 0.0})
+    return JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        training={"micro_batch_size": micro_batch_size},
+        algorithm={
+            "name": name,
+            "num_prompts_per_iteration": G,
+            "num_responses_per_prompt": N,
+            "max_prompt_length": 4,
+            "max_response_length": SL,
+            "learning_rate": 0.0,
+        },
+    )
 
 
 def _batch() -> TensorDict:
     gen = torch.Generator().manual_seed(0)
     lengths = torch.tensor([5, 3, 4, 1, 2, 5, 3, 4])  # (B,)
     mask = (torch.arange(SL) < lengths[:, None]).long()  # (B, SL)
-    return TensorDict({"reward": torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]),
-                       "values": torch.randn(G * N, SL, generator=gen) * mask,
-                       "response_mask": mask}, batch_size=[G * N])
+    return TensorDict(
+        {
+            "reward": torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]),
+            "values": torch.randn(G * N, SL, generator=gen) * mask,
+            "response_mask": mask,
+        },
+        batch_size=[G * N],
+    )
 
 
 def _advantages(name: str, *, micro_batch_size: int, max_hand_out: int) -> dict[str, torch.Tensor]:

@@ -60,8 +60,9 @@ def test_the_rollout_needs_the_engines_logprobs():
 
 
 def test_columns_pad_responses_and_logprobs():
-    out = response_columns([complete(completion([5, EOS], -1.0), max_tokens=4)], policy_version=3,
-                           max_response_length=4, pad_token_id=PAD)
+    out = response_columns(
+        [complete(completion([5, EOS], -1.0), max_tokens=4)], policy_version=3, max_response_length=4, pad_token_id=PAD
+    )
     assert out["response_ids"].tolist() == [[5, EOS, PAD, PAD]]
     assert out["response_mask"].tolist() == [[1, 1, 0, 0]]
     assert out["sampled_logprobs"].tolist() == [[-1.0, -1.0, 0.0, 0.0]]
@@ -76,15 +77,21 @@ def test_old_logprobs_keep_the_sampling_versions_for_older_tokens():
     old = behaviour_logprobs(computed, sampled, version, prefix, current_version=2)
     assert old.tolist() == [[-1.0] * 4, [-1.0, -1.0, -5.0, -5.0], [-5.0] * 4]
     # on-policy (the pass runs with the sampling weights): the computed logprobs throughout
-    assert torch.equal(behaviour_logprobs(computed, sampled, version, prefix, current_version=1)[:2],
-                       torch.tensor([[-5.0] * 4, [-5.0, -5.0, -5.0, -5.0]]))
+    assert torch.equal(
+        behaviour_logprobs(computed, sampled, version, prefix, current_version=1)[:2],
+        torch.tensor([[-5.0] * 4, [-5.0, -5.0, -5.0, -5.0]]),
+    )
 
 
 def test_metrics_sum_over_rounds_and_ranks():
     results = [{"partial_cut": 3}, {"partial_resumed": 2, "partial_carried_tokens": 8}, {"partial_resumed": 1}]
-    assert partial_metrics(results) == {"rollout/partial_cut": 3, "rollout/partial_resumed": 3,
-                                        "rollout/partial_dropped": 0, "rollout/partial_carried_tokens": 8,
-                                        "rollout/partial_dropped_tokens": 0}
+    assert partial_metrics(results) == {
+        "rollout/partial_cut": 3,
+        "rollout/partial_resumed": 3,
+        "rollout/partial_dropped": 0,
+        "rollout/partial_carried_tokens": 8,
+        "rollout/partial_dropped_tokens": 0,
+    }
 
 
 class EngineDouble:
@@ -97,8 +104,10 @@ class EngineDouble:
 
     def sample(self, prompts, *, n, max_tokens, eos_token_id, seed, logprobs, prompt_keys):
         self.calls.append((prompts, n, max_tokens))
-        return [[completion(([7] * (j + 1) + [eos_token_id])[:max_tokens], -(self.version + 1.0)) for j in range(n)]
-                for _ in prompts]
+        return [
+            [completion(([7] * (j + 1) + [eos_token_id])[:max_tokens], -(self.version + 1.0)) for j in range(n)]
+            for _ in prompts
+        ]
 
 
 class RecordingDock(OneBatchDock):
@@ -115,16 +124,30 @@ class RecordingDock(OneBatchDock):
 
 def two_prompts(group: int) -> TensorDict:
     prompt_ids = torch.tensor([[9, 9]] * group + [[8, 8]] * group)
-    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)},
-                      batch_size=[2 * group])
+    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)}, batch_size=[2 * group])
 
 
 def run_rounds(mode: str, round_tokens: int | None):
     engine, dock = EngineDouble(), RecordingDock(two_prompts(3))
-    partial = PartialRollout(mode=mode, num_responses=3, max_response_length=6, eos_token_id=EOS, pad_token_id=PAD,
-                             num_prompts_per_iteration=2)
-    first = partial.first_round(engine, dock, iteration=1, sampling_round=0, columns=("prompt_ids", "prompt_mask"),
-                                rank=0, batch_size=6, policy_version=0, round_tokens=round_tokens)
+    partial = PartialRollout(
+        mode=mode,
+        num_responses=3,
+        max_response_length=6,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        num_prompts_per_iteration=2,
+    )
+    first = partial.first_round(
+        engine,
+        dock,
+        iteration=1,
+        sampling_round=0,
+        columns=("prompt_ids", "prompt_mask"),
+        rank=0,
+        batch_size=6,
+        policy_version=0,
+        round_tokens=round_tokens,
+    )
     first["puts"] = len(dock.puts)  # what the first round wrote
     engine.version = 1  # the weight update between the rounds
     second = partial.finish(engine, dock, iteration=1, policy_version=1)
@@ -138,8 +161,12 @@ def rows_written(dock: RecordingDock) -> dict[int, tuple[list[int], list[float],
         assert out["policy_version"].eq(version).all()
         for i, row in enumerate(indices):
             length = int(out["response_mask"][i].sum())
-            rows[row] = (out["response_ids"][i, :length].tolist(), out["sampled_logprobs"][i, :length].tolist(),
-                         version, int(out["prefix_length"][i]))
+            rows[row] = (
+                out["response_ids"][i, :length].tolist(),
+                out["sampled_logprobs"][i, :length].tolist(),
+                version,
+                int(out["prefix_length"][i]),
+            )
     return rows
 
 

@@ -22,8 +22,15 @@ def _batch(tokenizer) -> TensorDict:
     seven, four, two = (tokenizer.convert_tokens_to_ids(c) for c in "742")
     response_ids = torch.tensor([[seven, eos, pad], [four, two, eos]])  # (B, SL), right-padded
     response_mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    return TensorDict({"prompt_ids": prompts.ids, "prompt_mask": prompts.mask, "response_ids": response_ids,
-                       "response_mask": response_mask}, batch_size=[2])
+    return TensorDict(
+        {
+            "prompt_ids": prompts.ids,
+            "prompt_mask": prompts.mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        },
+        batch_size=[2],
+    )
 
 
 def test_the_reward_model_sees_prompt_text_then_response_text(tmp_path):
@@ -37,10 +44,19 @@ def test_the_worker_writes_the_reward_models_score_of_each_sample(tmp_path, tiny
     policy_tokenizer.save_pretrained(policy_dir)
     # Another vocabulary than the policy's (more characters, other ids): the text is re-tokenized.
     rm_dir = tiny_reward_model(tmp_path / "rm", texts=["zyx 0987654321=+ more"])
-    cfg = JobConfig(iterations=1, model={"path": str(policy_dir)}, resources={"device": "cpu"},
-                    reward={"terms": [{"name": "digit_match"}, {"name": "model", "path": str(rm_dir)}]},
-                    algorithm={"num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 8, "max_response_length": 3, "learning_rate": 0.0})
+    cfg = JobConfig(
+        iterations=1,
+        model={"path": str(policy_dir)},
+        resources={"device": "cpu"},
+        reward={"terms": [{"name": "digit_match"}, {"name": "model", "path": str(rm_dir)}]},
+        algorithm={
+            "num_prompts_per_iteration": 1,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 8,
+            "max_response_length": 3,
+            "learning_rate": 0.0,
+        },
+    )
     dock = OneBatchDock(_batch(policy_tokenizer))
     worker = RewardModelWorker(cfg, tokenizer_dir=str(policy_dir), banks=dock)
     result = worker.compute_scores(iteration=1)

@@ -28,13 +28,23 @@ class DigitTokenizer:
         return "".join(str(t - 3) for t in tokens if t >= 3)
 
 
-def _worker(name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: bool = False,
-            num_prompts: int = 1) -> RewardWorker:
-    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"}, reward={"terms": [{"name": "exact_match"}]},
-                    algorithm={"name": name, "num_prompts_per_iteration": num_prompts, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0,
-                               "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0}}
-                    ).with_ablations(fuse_reward_advantage=fuse)
+def _worker(
+    name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: bool = False, num_prompts: int = 1
+) -> RewardWorker:
+    cfg = JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        reward={"terms": [{"name": "exact_match"}]},
+        algorithm={
+            "name": name,
+            "num_prompts_per_iteration": num_prompts,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 2,
+            "max_response_length": 4,
+            "learning_rate": 0.0,
+            "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0},
+        },
+    ).with_ablations(fuse_reward_advantage=fuse)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.banks, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
     worker.scorer = RewardScorer(cfg.reward)
@@ -47,8 +57,10 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
     # Two correct answers "77": one of 2 tokens, one of 3 (with EOS), 1 token into the overlong buffer.
     response_ids = torch.tensor([[10, 10, PAD, PAD], [10, 10, EOS, PAD]])  # (B, SL)
     response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
-    batch = TensorDict({"response_ids": response_ids, "response_mask": response_mask,
-                        "prompt_index": torch.tensor([0, 0])}, batch_size=[2])
+    batch = TensorDict(
+        {"response_ids": response_ids, "response_mask": response_mask, "prompt_index": torch.tensor([0, 0])},
+        batch_size=[2],
+    )
     dock = OneBatchDock(batch)
     result = _worker(name, dock).compute_rewards(iteration=1)
     assert set(dock.written.keys()) == columns
@@ -66,8 +78,14 @@ def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
     rows = load_rows([train], Columns(prompt="prompt", answer="answer"))
     # Both responses say "77": right for row 1, wrong for rows 0 and 2.
     response_ids = torch.tensor([[10, 10, EOS], [10, 10, EOS], [10, 10, EOS]])  # (B, SL)
-    batch = TensorDict({"response_ids": response_ids, "response_mask": torch.ones_like(response_ids),
-                        "prompt_index": torch.tensor([1, 0, 2])}, batch_size=[3])
+    batch = TensorDict(
+        {
+            "response_ids": response_ids,
+            "response_mask": torch.ones_like(response_ids),
+            "prompt_index": torch.tensor([1, 0, 2]),
+        },
+        batch_size=[3],
+    )
     dock = OneBatchDock(batch)
     result = _worker("grpo", dock, rows).compute_rewards(iteration=1)
     assert result["rewards"] == [1.0, 0.0, 0.0]
@@ -75,19 +93,34 @@ def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
 
 
 def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
-    cfg = JobConfig(iterations=1, model={"path": "/nonexistent"},
-                    reward={"terms": [{"name": "exact_match"}, {"name": "model", "path": "/rm", "weight": 0.5}]},
-                    algorithm={"name": "grpo", "num_prompts_per_iteration": 1, "num_responses_per_prompt": 2,
-                               "max_prompt_length": 2, "max_response_length": 4, "learning_rate": 0.0}
-                    ).with_ablations(fuse_reward_advantage=False)
+    cfg = JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        reward={"terms": [{"name": "exact_match"}, {"name": "model", "path": "/rm", "weight": 0.5}]},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 1,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 2,
+            "max_response_length": 4,
+            "learning_rate": 0.0,
+        },
+    ).with_ablations(fuse_reward_advantage=False)
     worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
     worker.cfg, worker.tokenizer, worker.rows = cfg, DigitTokenizer(), [Row("3+4=", "77", "addition")]
     worker.scorer = RewardScorer(cfg.reward)
     worker.follow(job_recipe(cfg))
     assert "rm_score" in worker.consumes and worker.model_term == 1
     response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
-    batch = TensorDict({"response_ids": response_ids, "response_mask": torch.ones_like(response_ids),
-                        "prompt_index": torch.tensor([0, 0]), "rm_score": torch.tensor([-1.0, 3.0])}, batch_size=[2])
+    batch = TensorDict(
+        {
+            "response_ids": response_ids,
+            "response_mask": torch.ones_like(response_ids),
+            "prompt_index": torch.tensor([0, 0]),
+            "rm_score": torch.tensor([-1.0, 3.0]),
+        },
+        batch_size=[2],
+    )
     worker.banks = dock = OneBatchDock(batch)
     result = worker.compute_rewards(iteration=1)
     assert result["rewards"] == [0.5, 1.5]  # exact_match + 0.5 * rm_score
@@ -101,8 +134,14 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     # shaping makes their rewards differ, and the advantage must use the shaped reward).
     response_ids = torch.tensor([[10, 10, PAD, PAD], [9, 10, EOS, PAD], [10, 10, PAD, PAD], [10, 10, EOS, PAD]])
     response_mask = (response_ids != PAD).long()  # (B, SL)
-    batch = TensorDict({"response_ids": response_ids, "response_mask": response_mask,
-                        "prompt_index": torch.zeros(4, dtype=torch.int64)}, batch_size=[4])
+    batch = TensorDict(
+        {
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "prompt_index": torch.zeros(4, dtype=torch.int64),
+        },
+        batch_size=[4],
+    )
     unfused_dock = OneBatchDock(batch)
     unfused = _worker(name, unfused_dock, num_prompts=2)
     unfused.compute_rewards(iteration=3)

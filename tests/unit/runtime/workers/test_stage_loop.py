@@ -30,8 +30,9 @@ class CountingDock:
 
 def test_a_drained_grant_ends_the_loop_without_another_request():
     dock = CountingDock(says_drained=True)
-    timing = run_stage(dock, "s", ("x",), lambda i, b: TensorDict({"y": b["x"]}, batch_size=[len(i)]),
-                       rank=0, batch_size=2)
+    timing = run_stage(
+        dock, "s", ("x",), lambda i, b: TensorDict({"y": b["x"]}, batch_size=[len(i)]), rank=0, batch_size=2
+    )
     assert (timing.num_samples, dock.requests, dock.puts) == (4, 2, 2)
 
 

@@ -49,14 +49,21 @@ def load_extension() -> ModuleType:
     if not python_header.exists():
         missing.append(f"Python's C headers ({python_header})")
     if missing:
-        raise TwinUnavailable(f"the npu twin cannot build its C++ extension here: {', '.join(missing)} missing "
-                              "(apt-get install g++ ninja-build python3-dev)")
+        raise TwinUnavailable(
+            f"the npu twin cannot build its C++ extension here: {', '.join(missing)} missing "
+            "(apt-get install g++ ninja-build python3-dev)"
+        )
     build_dir = cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     logger.info("loading the npu twin from %s (built there first if missing)", build_dir)
     os.environ["PATH"] = search
     try:
-        return load(name=EXTENSION_NAME, sources=[str(source) for source in SOURCES], build_directory=str(build_dir),
-                    extra_cflags=["-O1"], verbose=False)
+        return load(
+            name=EXTENSION_NAME,
+            sources=[str(source) for source in SOURCES],
+            build_directory=str(build_dir),
+            extra_cflags=["-O1"],
+            verbose=False,
+        )
     finally:
         os.environ["PATH"] = path

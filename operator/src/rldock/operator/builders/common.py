@@ -39,15 +39,25 @@ def child_labels(job: RLJobRef) -> dict[str, str]:
 
 def owner_reference(job: RLJobRef) -> dict[str, Any]:
     """Makes the RLJob the controller of a child, so deleting it garbage-collects the child."""
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": job.name, "uid": job.uid,
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-def child_metadata(job: RLJobRef, name: str, *, labels: Mapping[str, str] | None = None,
-                   annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": job.namespace,
-                            "labels": {**child_labels(job), **(labels or {})},
-                            "ownerReferences": [owner_reference(job)]}
+def child_metadata(
+    job: RLJobRef, name: str, *, labels: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {**child_labels(job), **(labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
     if annotations:
         meta["annotations"] = dict(annotations)
     return meta

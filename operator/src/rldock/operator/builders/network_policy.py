@@ -27,16 +27,23 @@ from rldock.operator.builders.common import RLJobRef, child_metadata
 from rldock.operator.constants import DASHBOARD_PORT, LABEL_NAMESPACE_NAME, LABEL_RLJOB
 
 
-def build_network_policy(*, job: RLJobRef, operator_namespace: str | None,
-                         operator_pod_labels: Mapping[str, str]) -> dict[str, Any]:
+def build_network_policy(
+    *, job: RLJobRef, operator_namespace: str | None, operator_pod_labels: Mapping[str, str]
+) -> dict[str, Any]:
     job_pods = {"matchLabels": {LABEL_RLJOB: naming.label_value(job.name)}}
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pods}]}]
     if operator_namespace and operator_pod_labels:
-        ingress.append({
-            "from": [{"namespaceSelector": {"matchLabels": {LABEL_NAMESPACE_NAME: operator_namespace}},
-                      "podSelector": {"matchLabels": dict(operator_pod_labels)}}],
-            "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}],
-        })
+        ingress.append(
+            {
+                "from": [
+                    {
+                        "namespaceSelector": {"matchLabels": {LABEL_NAMESPACE_NAME: operator_namespace}},
+                        "podSelector": {"matchLabels": dict(operator_pod_labels)},
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}],
+            }
+        )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -92,25 +92,31 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
             },
             "template": _pod_template(job, spec, defaults, role=ROLE_HEAD),
         },
-        "workerGroupSpecs": [{
-            "groupName": WORKER_GROUP,
-            "replicas": num_workers,
-            "minReplicas": num_workers,
-            "maxReplicas": num_workers,
-            "rayStartParams": {
-                # KubeRay pastes every value into the container's `bash -lc` line as `--key=value`
-                # without quoting (common/pod.go convertParamMap), so the JSON carries its own shell
-                # quotes, as KubeRay writes its own accelerator resources: --resources='{"NPU": 8}'.
-                "resources": shlex.quote(json.dumps({resources.accelerator_resource: resources.devices_per_node})),
-            },
-            "template": _pod_template(job, spec, defaults, role=ROLE_WORKER),
-        }],
+        "workerGroupSpecs": [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": num_workers,
+                "minReplicas": num_workers,
+                "maxReplicas": num_workers,
+                "rayStartParams": {
+                    # KubeRay pastes every value into the container's `bash -lc` line as `--key=value`
+                    # without quoting (common/pod.go convertParamMap), so the JSON carries its own shell
+                    # quotes, as KubeRay writes its own accelerator resources: --resources='{"NPU": 8}'.
+                    "resources": shlex.quote(json.dumps({resources.accelerator_resource: resources.devices_per_node})),
+                },
+                "template": _pod_template(job, spec, defaults, role=ROLE_WORKER),
+            }
+        ],
     }
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAY_CLUSTER_KIND,
-        "metadata": child_metadata(job, naming.ray_cluster_name(job.name), labels=_gang_labels(spec),
-                                   annotations={ANNOTATION_SPEC_HASH: _spec_hash(cluster_spec)}),
+        "metadata": child_metadata(
+            job,
+            naming.ray_cluster_name(job.name),
+            labels=_gang_labels(spec),
+            annotations={ANNOTATION_SPEC_HASH: _spec_hash(cluster_spec)},
+        ),
         "spec": cluster_spec,
     }
 
@@ -137,10 +143,19 @@ def _spec_hash(cluster_spec: dict[str, Any]) -> str:
 
 # The `restricted` profile (docs/security.md). The uid is the runtime images' (images/README.md);
 # fsGroup makes the checkpoint volume writable for it.
-POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": RAY_POD_UID, "runAsGroup": RAY_POD_GID,
-                        "fsGroup": RAY_POD_GID, "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
-                              "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True,
+    "runAsUser": RAY_POD_UID,
+    "runAsGroup": RAY_POD_GID,
+    "fsGroup": RAY_POD_GID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
@@ -158,18 +173,25 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
     if defaults.priority_class_name:
         pod_spec["priorityClassName"] = defaults.priority_class_name
     if is_worker:
-        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-            # One worker of this job per node: each worker pod owns its node's devices and its
-            # node's dock warehouse. Pods of other jobs are not excluded here; their device
-            # requests keep them off a node that is full.
-            "labelSelector": {"matchLabels": {LABEL_RLJOB: labels[LABEL_RLJOB], LABEL_ROLE: ROLE_WORKER}},
-            "topologyKey": _HOSTNAME_TOPOLOGY,
-        }]}}
+        pod_spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        # One worker of this job per node: each worker pod owns its node's devices and its
+                        # node's dock warehouse. Pods of other jobs are not excluded here; their device
+                        # requests keep them off a node that is full.
+                        "labelSelector": {"matchLabels": {LABEL_RLJOB: labels[LABEL_RLJOB], LABEL_ROLE: ROLE_WORKER}},
+                        "topologyKey": _HOSTNAME_TOPOLOGY,
+                    }
+                ]
+            }
+        }
     if spec.cluster.node_selector:
         pod_spec["nodeSelector"] = dict(spec.cluster.node_selector)
     if spec.cluster.tolerations:
-        pod_spec["tolerations"] = [toleration.model_dump(by_alias=True, exclude_none=True)
-                                   for toleration in spec.cluster.tolerations]
+        pod_spec["tolerations"] = [
+            toleration.model_dump(by_alias=True, exclude_none=True) for toleration in spec.cluster.tolerations
+        ]
     if spec.scheduling.scheduler_name:
         pod_spec["schedulerName"] = spec.scheduling.scheduler_name
     metadata: dict[str, Any] = {"labels": labels}
@@ -197,8 +219,10 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
             # Every Ray process (and the job driver, which inherits the raylet's environment)
             # authenticates with the RLJob's own token; see builders/secret.py.
             {"name": ENV_RAY_AUTH_MODE, "value": RAY_AUTH_MODE_TOKEN},
-            {"name": ENV_RAY_AUTH_TOKEN, "valueFrom": {"secretKeyRef": {
-                "name": naming.auth_secret_name(job.name), "key": AUTH_SECRET_KEY}}},
+            {
+                "name": ENV_RAY_AUTH_TOKEN,
+                "valueFrom": {"secretKeyRef": {"name": naming.auth_secret_name(job.name), "key": AUTH_SECRET_KEY}},
+            },
             *(_dump(var) for var in spec.env),
         ],
         "volumeMounts": [

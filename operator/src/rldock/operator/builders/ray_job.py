@@ -39,8 +39,15 @@ def build_entrypoint(*, job: RLJobRef, spec: RLJobSpec) -> str:
     With 0 a dead worker fails the attempt and the operator retries it (counted in
     status.restartCount against spec.backoffLimit).
     """
-    return shlex.join(train_argv(config=JOB_CONFIG_PATH, output=output_dir(job=job, spec=spec), resume=True,
-                                 progress_lines=True, max_restarts=spec.max_restarts))
+    return shlex.join(
+        train_argv(
+            config=JOB_CONFIG_PATH,
+            output=output_dir(job=job, spec=spec),
+            resume=True,
+            progress_lines=True,
+            max_restarts=spec.max_restarts,
+        )
+    )
 
 
 def build_job_submission(*, job: RLJobRef, spec: RLJobSpec, attempt: int) -> dict[str, Any]:
@@ -48,6 +55,5 @@ def build_job_submission(*, job: RLJobRef, spec: RLJobSpec, attempt: int) -> dic
     return {
         "entrypoint": build_entrypoint(job=job, spec=spec),
         "submission_id": naming.ray_job_submission_id(job.name, job.uid, attempt=attempt),
-        "metadata": {LABEL_RLJOB: job.name, f"{GROUP}/namespace": job.namespace,
-                     f"{GROUP}/attempt": str(attempt)},
+        "metadata": {LABEL_RLJOB: job.name, f"{GROUP}/namespace": job.namespace, f"{GROUP}/attempt": str(attempt)},
     }

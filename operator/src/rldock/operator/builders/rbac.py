@@ -41,8 +41,11 @@ RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "delete"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayclusters"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {
+        "apiGroups": ["ray.io"],
+        "resources": ["rayclusters"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
@@ -61,14 +64,20 @@ def build_rbac(*, name: str, subject: Mapping[str, str], namespaces: Sequence[st
     `name` names the (Cluster)Role and its binding; `subject` is who runs the operator, usually
     `service_account_subject(...)` of its Deployment.
     """
-    rules = [dict(rule, apiGroups=list(rule["apiGroups"]), resources=list(rule["resources"]),
-                  verbs=list(rule["verbs"])) for rule in RULES]
+    rules = [
+        dict(rule, apiGroups=list(rule["apiGroups"]), resources=list(rule["resources"]), verbs=list(rule["verbs"]))
+        for rule in RULES
+    ]
     if not namespaces:
         return [
             {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRole", "metadata": {"name": name}, "rules": rules},
-            {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-             "subjects": [dict(subject)]},
+            {
+                "apiVersion": RBAC_API_VERSION,
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [dict(subject)],
+            },
         ]
     if len(set(namespaces)) != len(namespaces):
         raise ValueError(f"namespaces listed twice: {list(namespaces)}")
@@ -77,8 +86,12 @@ def build_rbac(*, name: str, subject: Mapping[str, str], namespaces: Sequence[st
         metadata = {"name": name, "namespace": namespace}
         manifests += [
             {"apiVersion": RBAC_API_VERSION, "kind": "Role", "metadata": dict(metadata), "rules": rules},
-            {"apiVersion": RBAC_API_VERSION, "kind": "RoleBinding", "metadata": dict(metadata),
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-             "subjects": [dict(subject)]},
+            {
+                "apiVersion": RBAC_API_VERSION,
+                "kind": "RoleBinding",
+                "metadata": dict(metadata),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [dict(subject)],
+            },
         ]
     return manifests

@@ -83,8 +83,9 @@ def _batch_whiten(values: torch.Tensor, token_counts: torch.Tensor | None, eps: 
 
 
 @register_advantage("reinforce_plus_plus")
-def reinforce_plus_plus_advantages(rewards: torch.Tensor, group_size: int,
-                                   token_counts: torch.Tensor | None = None) -> torch.Tensor:
+def reinforce_plus_plus_advantages(
+    rewards: torch.Tensor, group_size: int, token_counts: torch.Tensor | None = None
+) -> torch.Tensor:
     """REINFORCE++ (Hu et al., arXiv 2501.03262, sec. 3): no critic and no group baseline; the
     advantage is the return normalised over the whole global batch,
 
@@ -99,8 +100,9 @@ def reinforce_plus_plus_advantages(rewards: torch.Tensor, group_size: int,
 
 
 @register_advantage("reinforce_plus_plus_baseline")
-def reinforce_plus_plus_baseline_advantages(rewards: torch.Tensor, group_size: int,
-                                            token_counts: torch.Tensor | None = None) -> torch.Tensor:
+def reinforce_plus_plus_baseline_advantages(
+    rewards: torch.Tensor, group_size: int, token_counts: torch.Tensor | None = None
+) -> torch.Tensor:
     """REINFORCE++-baseline (Hu et al., arXiv 2501.03262, the variant for several responses per
     prompt): subtract the group's mean reward (the prompt's baseline), then normalise over the
     global batch as REINFORCE++ (no per-group std division, which GRPO has):

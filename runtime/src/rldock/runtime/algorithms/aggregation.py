@@ -61,27 +61,37 @@ def _seq_mean(per_row: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> 
     def parts(values, mask, row_weights, norm_length):
         weights = _row_weights(mask, row_weights)  # (B,)
         return (per_row(values, mask) * weights).sum(), weights.sum()
+
     return parts
 
 
 def _token_sum_norm(values, mask, row_weights, norm_length):
     if norm_length is None or norm_length < 1:
-        raise ValueError(f"seq_mean_token_sum_norm needs the normalising length (algorithm.max_response_length), "
-                         f"got {norm_length}")
+        raise ValueError(
+            f"seq_mean_token_sum_norm needs the normalising length (algorithm.max_response_length), got {norm_length}"
+        )
     weights = _row_weights(mask, row_weights)  # (B,)
     return ((values * mask).sum(dim=1) * weights).sum(), torch.tensor(float(norm_length), dtype=values.dtype)
 
 
 LOSS_AGGREGATIONS.register("token_mean")(Aggregation(_token_mean))
 LOSS_AGGREGATIONS.register("seq_mean_token_mean")(
-    Aggregation(_seq_mean(lambda values, mask: masked_mean(values, mask, dim=1))))
+    Aggregation(_seq_mean(lambda values, mask: masked_mean(values, mask, dim=1)))
+)
 LOSS_AGGREGATIONS.register("seq_mean_token_sum")(
-    Aggregation(_seq_mean(lambda values, mask: (values * mask).sum(dim=1))))
+    Aggregation(_seq_mean(lambda values, mask: (values * mask).sum(dim=1)))
+)
 LOSS_AGGREGATIONS.register("seq_mean_token_sum_norm")(Aggregation(_token_sum_norm, additive_units=False))
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean", *,
-              row_weights: torch.Tensor | None = None, norm_length: int | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    *,
+    row_weights: torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> torch.Tensor:
     """The scalar `mode` makes of per-token `values` (B, T) over `mask` (B, T) 1 on valid tokens;
     `row_weights` (B,) >= 0 or None; `norm_length` the constant of `seq_mean_token_sum_norm`. An
     empty batch (no valid token, or every weight 0) gives 0."""
@@ -89,12 +99,18 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean"
     if mode == "token_mean" and row_weights is None:
         return masked_mean(values, mask)  # today's loss, bit for bit
     numerator, units = LOSS_AGGREGATIONS.get(mode).parts(values, mask, row_weights, norm_length)
-    return torch.where(units > 0, numerator / units.clamp(min=torch.finfo(values.dtype).tiny),
-                       torch.zeros_like(numerator))
+    return torch.where(
+        units > 0, numerator / units.clamp(min=torch.finfo(values.dtype).tiny), torch.zeros_like(numerator)
+    )
 
 
-def aggregation_units(mask: torch.Tensor, mode: str = "token_mean", *, row_weights: torch.Tensor | None = None,
-                      norm_length: int | None = None) -> torch.Tensor:
+def aggregation_units(
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    *,
+    row_weights: torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> torch.Tensor:
     """The denominator `aggregate` divides by for this batch (a float scalar): weighted tokens,
     weighted non-empty rows, or the normalising length."""
     mask = mask.float()

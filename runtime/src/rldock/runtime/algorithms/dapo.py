@@ -17,10 +17,19 @@ from rldock.runtime.algorithms.losses import PolicyLoss, clipped_token_losses, r
 
 
 @register_policy_loss("decoupled_clip")
-def decoupled_clip_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                               mask: torch.Tensor, *, clip_ratio_low: float, clip_ratio_high: float,
-                               clip_ratio_c: float | None = None, aggregation: str = "token_mean",
-                               row_weights: torch.Tensor | None = None, norm_length: int | None = None) -> PolicyLoss:
+def decoupled_clip_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
+    aggregation: str = "token_mean",
+    row_weights: torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> PolicyLoss:
     """Clip-higher surrogate: the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
     (DAPO eq. 10). A larger upper bound lets the probability of an unlikely token with positive
     advantage grow further in one step, which keeps the policy's entropy from collapsing.
@@ -30,14 +39,23 @@ def decoupled_clip_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tenso
     `clipped_policy_loss`. Returns a PolicyLoss whose loss is by default the token mean over all
     valid tokens.
     """
-    token_loss, stats = clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio_low,
-                                             clip_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
-    return PolicyLoss(aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length),
-                      **stats)
+    token_loss, stats = clipped_token_losses(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_ratio_low,
+        clip_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+    )
+    return PolicyLoss(
+        aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length), **stats
+    )
 
 
-def overlong_penalty(response_lengths: torch.Tensor, *, max_length: int, buffer_length: int,
-                     penalty_factor: float) -> torch.Tensor:
+def overlong_penalty(
+    response_lengths: torch.Tensor, *, max_length: int, buffer_length: int, penalty_factor: float
+) -> torch.Tensor:
     """Soft overlong punishment (DAPO eq. 13), to add to each response's rule reward.
 
     response_lengths: (B,) tokens per response; max_length: L_max, the generation limit;
@@ -46,8 +64,8 @@ def overlong_penalty(response_lengths: torch.Tensor, *, max_length: int, buffer_
     """
     if not 0 < buffer_length <= max_length:
         raise ValueError(
-            f"algorithm.dapo.overlong_buffer_length must be in 1..max_response_length={max_length}, "
-            f"got {buffer_length}")
+            f"algorithm.dapo.overlong_buffer_length must be in 1..max_response_length={max_length}, got {buffer_length}"
+        )
     if response_lengths.dim() != 1:
         raise ValueError(f"response_lengths must have shape (B,), got {tuple(response_lengths.shape)}")
     excess = response_lengths.float() - (max_length - buffer_length)  # (B,) tokens into the buffer
@@ -63,7 +81,8 @@ def informative_groups(rewards: torch.Tensor, group_size: int, tolerance: float 
     """
     if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
         raise ValueError(
-            f"{tuple(rewards.shape)} rewards cannot form groups of algorithm.num_responses_per_prompt={group_size}")
+            f"{tuple(rewards.shape)} rewards cannot form groups of algorithm.num_responses_per_prompt={group_size}"
+        )
     groups = rewards.float().view(-1, group_size)  # (B/N, N)
     spread = groups.max(dim=1).values - groups.min(dim=1).values  # (B/N,)
     return spread > tolerance

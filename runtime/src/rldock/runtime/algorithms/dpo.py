@@ -22,8 +22,11 @@ class DPOLoss:
 
     @property
     def metrics(self) -> dict[str, float]:
-        return {"preference_accuracy": float(self.reward_accuracy), "reward_margin": float(self.reward_margin),
-                "policy_preference_accuracy": float(self.policy_accuracy)}
+        return {
+            "preference_accuracy": float(self.reward_accuracy),
+            "reward_margin": float(self.reward_margin),
+            "policy_preference_accuracy": float(self.policy_accuracy),
+        }
 
 
 def sequence_logprobs(token_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -40,8 +43,9 @@ def split_pairs(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values[0::2], values[1::2]
 
 
-def dpo_loss(policy_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, beta: float,
-             label_smoothing: float = 0.0) -> DPOLoss:
+def dpo_loss(
+    policy_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, beta: float, label_smoothing: float = 0.0
+) -> DPOLoss:
     """DPO loss (eq. 7) over pairs, from sequence logprobs in pair order.
 
     policy_logprobs: (2P,) log pi(y|x) of each response under the policy (differentiable);
@@ -53,7 +57,8 @@ def dpo_loss(policy_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, beta:
     if policy_logprobs.shape != ref_logprobs.shape or policy_logprobs.dim() != 1:
         raise ValueError(
             f"policy {tuple(policy_logprobs.shape)} and reference {tuple(ref_logprobs.shape)} logprobs "
-            "must both have shape (2P,)")
+            "must both have shape (2P,)"
+        )
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"algorithm.dpo.label_smoothing must be in [0, 0.5), got {label_smoothing}")
     rewards = beta * (policy_logprobs - ref_logprobs.to(policy_logprobs.dtype))  # (2P,)

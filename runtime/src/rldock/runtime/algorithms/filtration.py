@@ -59,8 +59,9 @@ def reward_power(groups: torch.Tensor, *, power: float = 2.0, **_: object) -> to
     return groups.abs() ** power
 
 
-def filtration_weights(rewards: torch.Tensor, group_size: int, mode: str, *, power: float = 2.0,
-                       generator: torch.Generator | None = None) -> torch.Tensor:
+def filtration_weights(
+    rewards: torch.Tensor, group_size: int, mode: str, *, power: float = 2.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per-response policy-loss weights (B,) from rewards (B,) in consecutive groups of `group_size`.
 
     Weights are >= 0 and average 1 over the batch; if every raw weight is 0 (mode `pow` with all

@@ -27,8 +27,9 @@ def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return token_rewards
 
 
-def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
-                   gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and the critic's return targets.
 
     token_rewards, values, mask: (B, T), right-padded. With V = 0 after a response's last token,

@@ -23,10 +23,18 @@ from rldock.runtime.algorithms.losses import MAX_LOG_RATIO, PolicyLoss, check_sh
 
 
 @register_policy_loss("gspo")
-def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, *, clip_ratio_low: float, clip_ratio_high: float,
-                     aggregation: str = "seq_mean_token_mean", row_weights: torch.Tensor | None = None,
-                     norm_length: int | None = None) -> PolicyLoss:
+def gspo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    aggregation: str = "seq_mean_token_mean",
+    row_weights: torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> PolicyLoss:
     """GSPO(-token) surrogate to minimise.
 
     logprobs, old_logprobs: (B, T) response tokens' logprobs under the current and the sampling
@@ -50,8 +58,11 @@ def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advanta
     clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)  # (B, T)
     token_loss = torch.maximum(unclipped, clipped)  # (B, T)
     with torch.no_grad():
-        stats = {"clip_fraction": masked_mean((clipped > unclipped).float(), mask),
-                 "ratio_mean": masked_mean(ratio, mask),
-                 "log_ratio_clamp_fraction": masked_mean(clamped.unsqueeze(1).expand_as(mask).float(), mask)}
-    return PolicyLoss(aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length),
-                      **stats)
+        stats = {
+            "clip_fraction": masked_mean((clipped > unclipped).float(), mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "log_ratio_clamp_fraction": masked_mean(clamped.unsqueeze(1).expand_as(mask).float(), mask),
+        }
+    return PolicyLoss(
+        aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length), **stats
+    )

@@ -42,8 +42,13 @@ def k3(log_ratio: torch.Tensor, *, max_kl: float | None = DEFAULT_MAX_KL) -> tor
     return kl if max_kl is None else kl.clamp(-max_kl, max_kl)
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None,
-               estimator: str = "k3", max_kl: float | None = DEFAULT_MAX_KL) -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    estimator: str = "k3",
+    max_kl: float | None = DEFAULT_MAX_KL,
+) -> torch.Tensor:
     """Estimate of KL(policy || reference) from the sampled tokens' logprobs.
 
     logprobs: (B, T) under the current policy (differentiable); ref_logprobs: (B, T) under the

@@ -41,9 +41,12 @@ class PolicyLoss:
 
     @property
     def metrics(self) -> dict[str, float]:
-        return {"clip_fraction": float(self.clip_fraction), "ratio_mean": float(self.ratio_mean),
-                "dual_clip_fraction": float(self.dual_clip_fraction),
-                "log_ratio_clamp_fraction": float(self.log_ratio_clamp_fraction)}
+        return {
+            "clip_fraction": float(self.clip_fraction),
+            "ratio_mean": float(self.ratio_mean),
+            "dual_clip_fraction": float(self.dual_clip_fraction),
+            "log_ratio_clamp_fraction": float(self.log_ratio_clamp_fraction),
+        }
 
 
 PolicyLossFn = Callable[..., PolicyLoss]
@@ -53,20 +56,24 @@ register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.get
 
 
-def check_shapes(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor) -> None:
+def check_shapes(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> None:
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
             f"{tuple(mask.shape)} must have the same (B, T) shape"
         )
     if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
-        raise ValueError(f"advantages must have shape (B,)=({logprobs.shape[0]},) (one per response) or "
-                         f"(B, T)={tuple(logprobs.shape)} (one per token), got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must have shape (B,)=({logprobs.shape[0]},) (one per response) or "
+            f"(B, T)={tuple(logprobs.shape)} (one per token), got {tuple(advantages.shape)}"
+        )
 
 
-def clamped_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                      mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def clamped_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi - log pi_old clamped to [-MAX_LOG_RATIO, MAX_LOG_RATIO], (B, T), and the share of
     valid tokens the clamp changed (detached)."""
     log_ratio = logprobs - old_logprobs  # (B, T)
@@ -75,8 +82,7 @@ def clamped_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     return log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), clamped_share
 
 
-def clipped_token_losses(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high,
-                         clip_ratio_c=None):
+def clipped_token_losses(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, clip_ratio_c=None):
     """Per-token PPO clipped surrogate (to minimise) with the ratio clipped to
     [1 - clip_low, 1 + clip_high] and, where the advantage is negative and `clip_ratio_c` is set,
     bounded by -A * clip_ratio_c (dual-clip). Inputs as in the losses. Returns
@@ -103,18 +109,28 @@ def clipped_token_losses(logprobs, old_logprobs, advantages, mask, *, clip_low, 
         dual_clipped = negative & (token_loss > bound)
         token_loss = torch.where(negative, torch.minimum(token_loss, bound), token_loss)
     with torch.no_grad():
-        stats = {"clip_fraction": masked_mean((clipped > unclipped).float(), mask),
-                 "ratio_mean": masked_mean(ratio, mask),
-                 "dual_clip_fraction": masked_mean(dual_clipped.float(), mask),
-                 "log_ratio_clamp_fraction": clamped_share}
+        stats = {
+            "clip_fraction": masked_mean((clipped > unclipped).float(), mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "dual_clip_fraction": masked_mean(dual_clipped.float(), mask),
+            "log_ratio_clamp_fraction": clamped_share,
+        }
     return token_loss, stats
 
 
 @register_policy_loss("clipped")
-def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, clip_ratio: float, clip_ratio_c: float | None = None, *,
-                        aggregation: str = "token_mean", row_weights: torch.Tensor | None = None,
-                        norm_length: int | None = None) -> PolicyLoss:
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio: float,
+    clip_ratio_c: float | None = None,
+    *,
+    aggregation: str = "token_mean",
+    row_weights: torch.Tensor | None = None,
+    norm_length: int | None = None,
+) -> PolicyLoss:
     """PPO-clip surrogate of GRPO (DeepSeekMath, arXiv 2402.03300, eq. 3), by default averaged over
     all valid tokens of the batch (the token mean of DAPO, arXiv 2503.14476, sec. 3.3), so long
     responses are not down-weighted per token.
@@ -126,19 +142,36 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
     norm_length: how the token losses become the scalar (aggregation.py). Returns a PolicyLoss.
     Advantages may also be (B, T), one per token (PPO's GAE).
     """
-    token_loss, stats = clipped_token_losses(logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio,
-                                             clip_high=clip_ratio, clip_ratio_c=clip_ratio_c)
-    return PolicyLoss(aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length),
-                      **stats)
+    token_loss, stats = clipped_token_losses(
+        logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio, clip_high=clip_ratio, clip_ratio_c=clip_ratio_c
+    )
+    return PolicyLoss(
+        aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length), **stats
+    )
 
 
 @register_policy_loss("clipped_sequence_mean")
-def clipped_sequence_mean_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                                      advantages: torch.Tensor, mask: torch.Tensor,
-                                      clip_ratio: float, clip_ratio_c: float | None = None, *,
-                                      row_weights: torch.Tensor | None = None, **_: object) -> PolicyLoss:
+def clipped_sequence_mean_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio: float,
+    clip_ratio_c: float | None = None,
+    *,
+    row_weights: torch.Tensor | None = None,
+    **_: object,
+) -> PolicyLoss:
     """The same surrogate aggregated as written in DeepSeekMath eq. 3: the mean over each
     response's tokens, then the mean over responses with no valid token left out (`clipped` with
     aggregation `seq_mean_token_mean`, whatever `aggregation` says). Shapes as in `clipped_policy_loss`."""
-    return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio, clip_ratio_c,
-                               aggregation="seq_mean_token_mean", row_weights=row_weights)
+    return clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_ratio,
+        clip_ratio_c,
+        aggregation="seq_mean_token_mean",
+        row_weights=row_weights,
+    )

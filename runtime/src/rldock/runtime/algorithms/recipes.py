@@ -108,7 +108,7 @@ class Recipe:
 
     @property
     def produces(self) -> dict[str, tuple[str, ...]]:
-        """"driver" and each worker state -> the columns it writes."""
+        """ "driver" and each worker state -> the columns it writes."""
         return {"driver": self.driver_produces, **{spec.name: spec.produces for spec in self.specs}}
 
     def spec(self, state: str) -> WorkerState:
@@ -202,13 +202,15 @@ def _with_specs(recipe: Recipe, change: Callable[[WorkerState], WorkerState]) ->
 def with_reference_on_actor(recipe: Recipe) -> Recipe:
     """`recipe` whose reference pass runs on the actor ranks (their model with its LoRA adapters
     off) instead of reference ranks of its own."""
-    return _with_specs(recipe, lambda spec: replace(spec, group=ACTOR) if spec.name == REFERENCE_INFERENCE.name
-                       else spec)
+    return _with_specs(
+        recipe, lambda spec: replace(spec, group=ACTOR) if spec.name == REFERENCE_INFERENCE.name else spec
+    )
 
 
 def with_partial_rollout(recipe: Recipe) -> Recipe:
     """`recipe` whose rollout also writes each token's sampling logprob and how many leading tokens
     the older policy version sampled, which the old-logprob pass reads (workers/partial_rollout.py)."""
+
     def change(spec: WorkerState) -> WorkerState:
         if spec.name == ACTOR_INFERENCE.name:
             return replace(spec, consumes=spec.consumes + POLICY_VERSION + PARTIAL_ROLLOUT)
@@ -256,16 +258,23 @@ def without_states(recipe: Recipe, states: set[str]) -> Recipe:
     if not states:
         return recipe
     columns = {column for spec in recipe.specs if spec.name in states for column in spec.produces}
-    return replace(recipe, specs=tuple(replace(spec, consumes=tuple(c for c in spec.consumes if c not in columns))
-                                       for spec in recipe.specs if spec.name not in states))
+    return replace(
+        recipe,
+        specs=tuple(
+            replace(spec, consumes=tuple(c for c in spec.consumes if c not in columns))
+            for spec in recipe.specs
+            if spec.name not in states
+        ),
+    )
 
 
 def register_recipe(recipe: Recipe) -> Recipe:
     """Register `recipe`; it must be in the contract's algorithm catalogue and agree with it (the
     operator counts devices from the catalogue without importing the runtime)."""
     if recipe.advantage_scope not in ADVANTAGE_SCOPES:
-        raise ValueError(f"recipe {recipe.name!r}: advantage_scope {recipe.advantage_scope!r} is not one of "
-                         f"{ADVANTAGE_SCOPES}")
+        raise ValueError(
+            f"recipe {recipe.name!r}: advantage_scope {recipe.advantage_scope!r} is not one of {ADVANTAGE_SCOPES}"
+        )
     traits = CATALOGUE.get(recipe.name)
     if traits is None:
         raise ValueError(f"recipe {recipe.name!r} is not in rldock.contract.algorithms.CATALOGUE")
@@ -275,6 +284,7 @@ def register_recipe(recipe: Recipe) -> Recipe:
 
 
 # --- advantage stages ----------------------------------------------------------------------------
+
 
 def group_advantage_stage(estimator: str) -> AdvantageStage:
     """Outcome advantages from whole groups of rewards by a registered estimator: (B,) per sample."""
@@ -301,8 +311,9 @@ def batch_advantage_stage(estimator: str) -> AdvantageStage:
 def _gae(batch, algo: AlgorithmSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask = batch["response_mask"]  # (B, SL)
     token_rewards = outcome_token_rewards(batch["reward"], mask)  # (B, SL)
-    advantages, returns = gae_advantages(token_rewards, batch["values"], mask,
-                                         gamma=algo.ppo.gamma, lam=algo.ppo.lam)  # (B, SL) each
+    advantages, returns = gae_advantages(
+        token_rewards, batch["values"], mask, gamma=algo.ppo.gamma, lam=algo.ppo.lam
+    )  # (B, SL) each
     return advantages, returns, mask
 
 
@@ -321,8 +332,9 @@ def filtered_gae_stage(batch, algo, generator):
     so the kept ones are centred among themselves. The critic still trains on every response's
     returns: its values must track the sampling policy."""
     advantages, returns, mask = _gae(batch, algo)
-    weights = filtration_weights(batch["reward"], algo.num_responses_per_prompt, algo.pf_ppo.mode,
-                                 power=algo.pf_ppo.power, generator=generator)  # (B,)
+    weights = filtration_weights(
+        batch["reward"], algo.num_responses_per_prompt, algo.pf_ppo.mode, power=algo.pf_ppo.power, generator=generator
+    )  # (B,)
     kept = (weights > 0).unsqueeze(1)  # (B, 1)
     if algo.ppo.whiten_advantages:
         advantages = masked_whiten(advantages, mask * kept)
@@ -344,33 +356,58 @@ def _changed(states: tuple[WorkerState, ...], *changes: WorkerState) -> tuple[Wo
 
 # PPO (and PF-PPO): GRPO's states plus a critic's; the advantage (GAE) reads the critic's values
 # and writes the returns the critic trains on.
-PPO_STATES = _changed(GRPO_STATES, replace(ADVANTAGE_STATE, consumes=("reward", "values", "response_mask"),
-                                           produces=("advantage", "returns")),
-                      CRITIC_INFERENCE, CRITIC_UPDATE)
+PPO_STATES = _changed(
+    GRPO_STATES,
+    replace(ADVANTAGE_STATE, consumes=("reward", "values", "response_mask"), produces=("advantage", "returns")),
+    CRITIC_INFERENCE,
+    CRITIC_UPDATE,
+)
 # PF-PPO: each response's filtration weight (B,) float32 >= 0, which the update's loss aggregation
 # applies to its tokens (0: the response adds nothing to the loss or its count).
-PF_PPO_STATES = _changed(PPO_STATES, replace(UPDATE, consumes=UPDATE.consumes + ("loss_weight",)),
-                         replace(ADVANTAGE_STATE, consumes=("reward", "values", "response_mask"),
-                                 produces=("advantage", "returns", "loss_weight")))
+PF_PPO_STATES = _changed(
+    PPO_STATES,
+    replace(UPDATE, consumes=UPDATE.consumes + ("loss_weight",)),
+    replace(
+        ADVANTAGE_STATE,
+        consumes=("reward", "values", "response_mask"),
+        produces=("advantage", "returns", "loss_weight"),
+    ),
+)
 # REINFORCE++ (and its baseline variant): the advantage state normalises over the iteration's whole
 # batch, each response weighted by its tokens, so it reads the response mask.
 BATCH_NORMALISED_STATES = _changed(GRPO_STATES, replace(ADVANTAGE_STATE, consumes=("reward", "response_mask")))
 
 register_recipe(Recipe("grpo", GRPO_STATES, advantage_stage=group_advantage_stage("grpo"), policy_loss="clipped"))
 # PPO and PF-PPO whiten over the iteration's batch (as verl does), so their stage sees all of it.
-register_recipe(Recipe("ppo", PPO_STATES, advantage_stage=gae_stage, policy_loss="clipped",
-                       advantage_scope="iteration"))
-register_recipe(Recipe("pf_ppo", PF_PPO_STATES, advantage_stage=filtered_gae_stage, policy_loss="clipped",
-                       advantage_scope="iteration"))
+register_recipe(
+    Recipe("ppo", PPO_STATES, advantage_stage=gae_stage, policy_loss="clipped", advantage_scope="iteration")
+)
+register_recipe(
+    Recipe(
+        "pf_ppo", PF_PPO_STATES, advantage_stage=filtered_gae_stage, policy_loss="clipped", advantage_scope="iteration"
+    )
+)
 # RLOO: GRPO's flow with the leave-one-out baseline (whole groups, so the reward state can run it).
 register_recipe(Recipe("rloo", GRPO_STATES, advantage_stage=group_advantage_stage("rloo"), policy_loss="clipped"))
 # REINFORCE++ normalises over the iteration's batch (as PPO whitens), so its stage sees all of it.
-register_recipe(Recipe("reinforce_plus_plus", BATCH_NORMALISED_STATES,
-                       advantage_stage=batch_advantage_stage("reinforce_plus_plus"), policy_loss="clipped",
-                       advantage_scope="iteration"))
-register_recipe(Recipe("reinforce_plus_plus_baseline", BATCH_NORMALISED_STATES,
-                       advantage_stage=batch_advantage_stage("reinforce_plus_plus_baseline"), policy_loss="clipped",
-                       advantage_scope="iteration"))
+register_recipe(
+    Recipe(
+        "reinforce_plus_plus",
+        BATCH_NORMALISED_STATES,
+        advantage_stage=batch_advantage_stage("reinforce_plus_plus"),
+        policy_loss="clipped",
+        advantage_scope="iteration",
+    )
+)
+register_recipe(
+    Recipe(
+        "reinforce_plus_plus_baseline",
+        BATCH_NORMALISED_STATES,
+        advantage_stage=batch_advantage_stage("reinforce_plus_plus_baseline"),
+        policy_loss="clipped",
+        advantage_scope="iteration",
+    )
+)
 
 
 def _gspo_kwargs(algo: AlgorithmSpec) -> dict:
@@ -378,24 +415,38 @@ def _gspo_kwargs(algo: AlgorithmSpec) -> dict:
 
 
 # GSPO: GRPO's advantages, the sequence-ratio loss.
-register_recipe(Recipe("gspo", GRPO_STATES, advantage_stage=group_advantage_stage("grpo"), policy_loss="gspo",
-                       policy_loss_kwargs=_gspo_kwargs))
+register_recipe(
+    Recipe(
+        "gspo",
+        GRPO_STATES,
+        advantage_stage=group_advantage_stage("grpo"),
+        policy_loss="gspo",
+        policy_loss_kwargs=_gspo_kwargs,
+    )
+)
 
 
 # --- DAPO and DPO --------------------------------------------------------------------------------
 
+
 def _decoupled_clip_kwargs(algo: AlgorithmSpec) -> dict:
-    return {"clip_ratio_low": algo.dapo.clip_ratio_low, "clip_ratio_high": algo.dapo.clip_ratio_high,
-            "clip_ratio_c": algo.clip_ratio_c}
+    return {
+        "clip_ratio_low": algo.dapo.clip_ratio_low,
+        "clip_ratio_high": algo.dapo.clip_ratio_high,
+        "clip_ratio_c": algo.clip_ratio_c,
+    }
 
 
 def _overlong_shaping(rewards: torch.Tensor, response_lengths: torch.Tensor, algo: AlgorithmSpec) -> torch.Tensor:
     spec = algo.dapo
     if spec.overlong_buffer_length == 0:
         return rewards
-    return rewards + overlong_penalty(response_lengths, max_length=algo.max_response_length,
-                                      buffer_length=spec.overlong_buffer_length,
-                                      penalty_factor=spec.overlong_penalty_factor)
+    return rewards + overlong_penalty(
+        response_lengths,
+        max_length=algo.max_response_length,
+        buffer_length=spec.overlong_buffer_length,
+        penalty_factor=spec.overlong_penalty_factor,
+    )
 
 
 def _keep_every_group(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -427,16 +478,36 @@ def dapo_advantage_stage(batch, algo, generator):
 # kept groups stay in the warehouses for the remaining states. The reward writes the shaped reward
 # (what the advantages use) and the unshaped score (what the filter uses); the advantage reads the
 # score too: a group whose scores are all equal gets advantage exactly 0.
-DAPO_STATES = _changed(GRPO_STATES, replace(REWARD_STATE, produces=("reward", "score")),
-                       replace(ADVANTAGE_STATE, consumes=("reward", "score")), SAMPLE_FILTER)
-register_recipe(Recipe(
-    "dapo", DAPO_STATES, advantage_stage=dapo_advantage_stage,
-    policy_loss="decoupled_clip", policy_loss_kwargs=_decoupled_clip_kwargs, reward_shaping=_overlong_shaping,
-    sampling_rounds=SamplingRounds(states=(ROLLOUT.name, REWARD_STATE.name), read_state=SAMPLE_FILTER.name,
-                                   group_filter=_dapo_group_filter)))
+DAPO_STATES = _changed(
+    GRPO_STATES,
+    replace(REWARD_STATE, produces=("reward", "score")),
+    replace(ADVANTAGE_STATE, consumes=("reward", "score")),
+    SAMPLE_FILTER,
+)
+register_recipe(
+    Recipe(
+        "dapo",
+        DAPO_STATES,
+        advantage_stage=dapo_advantage_stage,
+        policy_loss="decoupled_clip",
+        policy_loss_kwargs=_decoupled_clip_kwargs,
+        reward_shaping=_overlong_shaping,
+        sampling_rounds=SamplingRounds(
+            states=(ROLLOUT.name, REWARD_STATE.name), read_state=SAMPLE_FILTER.name, group_filter=_dapo_group_filter
+        ),
+    )
+)
 # DPO: the driver puts chosen/rejected pairs as finished responses (no rollout, reward or
 # advantage); the reference scores them and the actor trains on the preference loss.
-register_recipe(Recipe(
-    "dpo", (REFERENCE_INFERENCE, PREFERENCE_UPDATE), advantage_stage=None, policy_loss=None,
-    driver_batch="preference_pairs", driver_produces=PROMPT + RESPONSE, update_state=PREFERENCE_UPDATE.name,
-    reference_for_kl_only=False))
+register_recipe(
+    Recipe(
+        "dpo",
+        (REFERENCE_INFERENCE, PREFERENCE_UPDATE),
+        advantage_stage=None,
+        policy_loss=None,
+        driver_batch="preference_pairs",
+        driver_produces=PROMPT + RESPONSE,
+        update_state=PREFERENCE_UPDATE.name,
+        reference_for_kl_only=False,
+    )
+)

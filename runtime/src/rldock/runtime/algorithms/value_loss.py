@@ -19,8 +19,9 @@ class ValueLoss:
         return {"value_clip_fraction": float(self.clip_fraction)}
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       mask: torch.Tensor, value_clip: float) -> ValueLoss:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, value_clip: float
+) -> ValueLoss:
     """0.5 * max((V - R)^2, (V_clip - R)^2), token mean over the mask, with
     V_clip = V_old + clamp(V - V_old, -value_clip, value_clip) (the PPO value clipping of OpenAI
     baselines' ppo2 and of InstructGPT-style RLHF trainers).

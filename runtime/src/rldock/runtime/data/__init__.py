@@ -14,7 +14,21 @@ from rldock.runtime.data.rows import Example, GeneratedRows, PreferencePair, Row
 from rldock.runtime.data.sampler import PromptSampler
 
 __all__ = [
-    "ALPHABET", "GENERATORS", "Columns", "DataFiles", "Example", "GeneratedRows", "PreferencePair",
-    "PromptDataset", "PromptSampler", "Row", "columns_of", "generate_files", "load_rows",
-    "prepare_data_files", "render_prompt", "tokenize_prompts", "tokenizer_corpus",
+    "ALPHABET",
+    "GENERATORS",
+    "Columns",
+    "DataFiles",
+    "Example",
+    "GeneratedRows",
+    "PreferencePair",
+    "PromptDataset",
+    "PromptSampler",
+    "Row",
+    "columns_of",
+    "generate_files",
+    "load_rows",
+    "prepare_data_files",
+    "render_prompt",
+    "tokenize_prompts",
+    "tokenizer_corpus",
 ]

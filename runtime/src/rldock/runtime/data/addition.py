@@ -36,8 +36,9 @@ def _rows(rng: np.random.Generator, num_rows: int, max_operand: int, *, seed: in
         answer = str(a + b)
         # The wrong answer depends only on (seed, row), as the former task's pairs did.
         wrong = wrong_answer(answer, np.random.default_rng([seed, i]))
-        rows.append({"prompt": f"{a}+{b}=", "answer": answer, "data_source": DATA_SOURCE,
-                     "chosen": answer, "rejected": wrong})
+        rows.append(
+            {"prompt": f"{a}+{b}=", "answer": answer, "data_source": DATA_SOURCE, "chosen": answer, "rejected": wrong}
+        )
     return rows
 
 
@@ -47,4 +48,4 @@ def wrong_answer(answer: str, rng: np.random.Generator) -> str:
     position = int(rng.integers(len(answer)))
     lowest = 1 if position == 0 and len(answer) > 1 else 0
     choices = [str(d) for d in range(lowest, 10) if str(d) != answer[position]]
-    return answer[:position] + choices[int(rng.integers(len(choices)))] + answer[position + 1:]
+    return answer[:position] + choices[int(rng.integers(len(choices)))] + answer[position + 1 :]

@@ -36,9 +36,16 @@ class PromptDataset:
     """Kept train prompts with their token ids, ground truths, data sources and extra info."""
 
     def __init__(self, rows: Sequence[Row], *, tokenizer, spec: DataSpec, max_prompt_length: int):
-        texts = [render_prompt(row.prompt, tokenizer=tokenizer, chat_template=spec.chat_template,
-                               system_prompt=spec.system_prompt, where=f"{row.file} row {row.line}")
-                 for row in rows]
+        texts = [
+            render_prompt(
+                row.prompt,
+                tokenizer=tokenizer,
+                chat_template=spec.chat_template,
+                system_prompt=spec.system_prompt,
+                where=f"{row.file} row {row.line}",
+            )
+            for row in rows
+        ]
         ids = tokenize_prompts(tokenizer, texts, chat_template=spec.chat_template)
         keep = [i for i, row_ids in enumerate(ids) if len(row_ids) <= max_prompt_length]
         self.num_rows = len(rows)
@@ -47,11 +54,17 @@ class PromptDataset:
             files = sorted({row.file for row in rows})
             raise ValueError(
                 f"every prompt of {files} is longer than algorithm.max_prompt_length={max_prompt_length} "
-                f"tokens (the shortest has {min(map(len, ids))}); raise it")
+                f"tokens (the shortest has {min(map(len, ids))}); raise it"
+            )
         if self.num_dropped:
             longest = max(map(len, ids))
-            logger.warning("dropped %d of %d prompts longer than algorithm.max_prompt_length=%d tokens "
-                           "(the longest has %d)", self.num_dropped, len(rows), max_prompt_length, longest)
+            logger.warning(
+                "dropped %d of %d prompts longer than algorithm.max_prompt_length=%d tokens (the longest has %d)",
+                self.num_dropped,
+                len(rows),
+                max_prompt_length,
+                longest,
+            )
         self._rows = list(rows)
         self._keep = keep  # position among kept prompts -> row in the train files
         self._texts = texts
@@ -82,7 +95,9 @@ class PromptDataset:
         for p in positions:
             row = self._rows[self._keep[p]]
             if row.chosen is None or row.rejected is None:
-                raise ValueError(f"{row.file} row {row.line} has no preference pair; dpo needs "
-                                 "data.chosen_key and data.rejected_key (or the addition generator)")
+                raise ValueError(
+                    f"{row.file} row {row.line} has no preference pair; dpo needs "
+                    "data.chosen_key and data.rejected_key (or the addition generator)"
+                )
             pairs.append(PreferencePair(self._keep[p], row.chosen, row.rejected))
         return pairs

@@ -42,10 +42,13 @@ class DataFiles:
 def column_names(spec: DataSpec) -> dict[str, str]:
     """Logical key (`prompt`, `answer`, `data_source`, `chosen`, `rejected`) -> the column generated
     files use: the config's key where it names one, else DEFAULT_COLUMNS."""
-    return {"prompt": spec.prompt_key, "answer": spec.answer_key,
-            "data_source": spec.data_source_key or DEFAULT_COLUMNS["data_source"],
-            "chosen": spec.chosen_key or DEFAULT_COLUMNS["chosen"],
-            "rejected": spec.rejected_key or DEFAULT_COLUMNS["rejected"]}
+    return {
+        "prompt": spec.prompt_key,
+        "answer": spec.answer_key,
+        "data_source": spec.data_source_key or DEFAULT_COLUMNS["data_source"],
+        "chosen": spec.chosen_key or DEFAULT_COLUMNS["chosen"],
+        "rejected": spec.rejected_key or DEFAULT_COLUMNS["rejected"],
+    }
 
 
 def write_jsonl(rows: Sequence[dict], path: Path, columns: dict[str, str]) -> Path:

@@ -26,8 +26,9 @@ def read_key(record: Mapping[str, Any], key: str) -> Any:
     walked: list[str] = []
     for part in key.split("."):
         if not isinstance(value, Mapping):
-            raise MissingKey(f"no column {key!r}: {'.'.join(walked)!r} is a {type(value).__name__}, "
-                             f"not a dict to read {part!r} from")
+            raise MissingKey(
+                f"no column {key!r}: {'.'.join(walked)!r} is a {type(value).__name__}, not a dict to read {part!r} from"
+            )
         if part not in value:
             where = "the row" if not walked else f"{'.'.join(walked)!r}"
             raise MissingKey(f"no column {key!r}: {where} has no {part!r}; it has {sorted(value)}")

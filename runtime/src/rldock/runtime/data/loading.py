@@ -42,11 +42,23 @@ def columns_of(spec: DataSpec) -> Columns:
     """What to read for `spec`: its keys, and for generated files the generator's own columns."""
     if spec.generator is not None:
         names = column_names(spec)
-        return Columns(prompt=spec.prompt_key, answer=spec.answer_key, data_source=names["data_source"],
-                       extra_info=spec.extra_info_key, chosen=names["chosen"], rejected=names["rejected"])
-    return Columns(prompt=spec.prompt_key, answer=spec.answer_key, data_source=spec.data_source_key,
-                   extra_info=spec.extra_info_key, chosen=spec.chosen_key, rejected=spec.rejected_key,
-                   pairs_required=spec.chosen_key is not None)
+        return Columns(
+            prompt=spec.prompt_key,
+            answer=spec.answer_key,
+            data_source=names["data_source"],
+            extra_info=spec.extra_info_key,
+            chosen=names["chosen"],
+            rejected=names["rejected"],
+        )
+    return Columns(
+        prompt=spec.prompt_key,
+        answer=spec.answer_key,
+        data_source=spec.data_source_key,
+        extra_info=spec.extra_info_key,
+        chosen=spec.chosen_key,
+        rejected=spec.rejected_key,
+        pairs_required=spec.chosen_key is not None,
+    )
 
 
 def load_rows(files: Sequence[str | Path], columns: Columns, *, field: str = "data.train_files") -> list[Row]:
@@ -120,23 +132,34 @@ def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool)
     if extra is None:
         extra = {}
     if not isinstance(extra, dict):
-        raise ValueError(f"{where} column {columns.extra_info!r} (data.extra_info_key) must be a dict, "
-                         f"got {type(extra).__name__}")
+        raise ValueError(
+            f"{where} column {columns.extra_info!r} (data.extra_info_key) must be a dict, got {type(extra).__name__}"
+        )
     source = path.stem if columns.data_source is None else _text(record, columns.data_source, where)
     chosen = rejected = None
     if has_pairs:
         chosen = _text(record, columns.chosen, where)
         rejected = _text(record, columns.rejected, where)
-    return Row(prompt=prompt, ground_truth=_text(record, columns.answer, where), data_source=source,
-               extra_info=extra, chosen=chosen, rejected=rejected, file=str(path), line=line)
+    return Row(
+        prompt=prompt,
+        ground_truth=_text(record, columns.answer, where),
+        data_source=source,
+        extra_info=extra,
+        chosen=chosen,
+        rejected=rejected,
+        file=str(path),
+        line=line,
+    )
 
 
 def _text(record: dict, key: str, where: str) -> str:
     """A string or number column as text; null, empty and other types are errors."""
     value = _value(record, key, where)
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"{where} column {key!r} must be a string or a number, got "
-                         f"{'null' if value is None else type(value).__name__}")
+        raise ValueError(
+            f"{where} column {key!r} must be a string or a number, got "
+            f"{'null' if value is None else type(value).__name__}"
+        )
     text = str(value)
     if not text.strip():
         raise ValueError(f"{where} column {key!r} is empty")
@@ -149,9 +172,15 @@ def check_prompt(prompt: object, *, where: str) -> None:
         if not prompt:
             raise ValueError(f"{where}: the prompt is empty")
         return
-    if isinstance(prompt, list) and prompt and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        )
+    ):
         return
-    raise ValueError(f"{where}: a prompt must be a string or a non-empty list of chat messages "
-                     f"{{role, content}} (strings), got {prompt!r:.200}")
+    raise ValueError(
+        f"{where}: a prompt must be a string or a non-empty list of chat messages "
+        f"{{role, content}} (strings), got {prompt!r:.200}"
+    )

@@ -70,8 +70,9 @@ def _first_json_line(text: str) -> dict[str, Any]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise UnreadableFile(f"line {number} is not JSON ({error.msg}); each line must be one JSON object") \
-                from error
+            raise UnreadableFile(
+                f"line {number} is not JSON ({error.msg}); each line must be one JSON object"
+            ) from error
         if not isinstance(record, dict):
             raise UnreadableFile(f"line {number} is a JSON {type(record).__name__}, not an object of columns")
         return record
@@ -120,9 +121,14 @@ def _file_problems(path: Path, file_field: str, wanted: list[tuple[str, str]]) -
     for key, key_field in wanted:
         problem = _key_problem(row, key)
         if problem is not None:
-            problems.append(Problem(key_field, f"{problem} in {path} ({file_field}); set {key_field} to the "
-                                    "column that holds it (a dotted key reads a nested field, e.g. "
-                                    "reward_model.ground_truth)"))
+            problems.append(
+                Problem(
+                    key_field,
+                    f"{problem} in {path} ({file_field}); set {key_field} to the "
+                    "column that holds it (a dotted key reads a nested field, e.g. "
+                    "reward_model.ground_truth)",
+                )
+            )
     return problems
 
 

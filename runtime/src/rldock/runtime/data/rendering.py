@@ -17,25 +17,30 @@ import jinja2
 from rldock.runtime.data.rows import RawPrompt
 
 
-def render_prompt(prompt: RawPrompt, *, tokenizer, chat_template: str, system_prompt: str | None,
-                  where: str) -> str:
+def render_prompt(prompt: RawPrompt, *, tokenizer, chat_template: str, system_prompt: str | None, where: str) -> str:
     """The input text for `prompt`; `where` (file, row) is named in errors."""
     if chat_template == "none":
         if not isinstance(prompt, str):
-            raise ValueError(f"{where}: a prompt of chat messages needs a chat template, but "
-                             "data.chat_template is none; set it to model or store the prompt as text")
+            raise ValueError(
+                f"{where}: a prompt of chat messages needs a chat template, but "
+                "data.chat_template is none; set it to model or store the prompt as text"
+            )
         return (system_prompt or "") + prompt
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("data.chat_template is model, but the model's tokenizer has no chat template; "
-                         "use a chat (instruct) model or set data.chat_template to none")
+        raise ValueError(
+            "data.chat_template is model, but the model's tokenizer has no chat template; "
+            "use a chat (instruct) model or set data.chat_template to none"
+        )
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system_prompt is not None:
         messages = [{"role": "system", "content": system_prompt}, *messages]
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except jinja2.TemplateError as error:
-        raise ValueError(f"{where}: the tokenizer's chat template failed on this prompt ({error}); "
-                         "check the prompt's roles or set data.chat_template to none") from error
+        raise ValueError(
+            f"{where}: the tokenizer's chat template failed on this prompt ({error}); "
+            "check the prompt's roles or set data.chat_template to none"
+        ) from error
 
 
 def tokenize_prompts(tokenizer, texts: Sequence[str], *, chat_template: str) -> list[list[int]]:

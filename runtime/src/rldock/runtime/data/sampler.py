@@ -41,7 +41,7 @@ class PromptSampler:
                 self._position = 0
                 self._order = self._permutation(self._epoch)
             take = min(n - len(out), self.num_prompts - self._position)
-            out.extend(int(i) for i in self._order[self._position:self._position + take])
+            out.extend(int(i) for i in self._order[self._position : self._position + take])
             self._position += take
         return out
 

@@ -38,37 +38,50 @@ def _number(rng: np.random.Generator, low: int, high: int) -> int:
 
 def _add(rng, name, items, max_number):
     a, b = _number(rng, 1, max_number), _number(rng, 1, max_number)
-    return (f"{name} has {a} {items} and buys {b} more. How many {items} does {name} have now?",
-            f"{name} has {a} + {b} = {a + b} {items}.", a + b)
+    return (
+        f"{name} has {a} {items} and buys {b} more. How many {items} does {name} have now?",
+        f"{name} has {a} + {b} = {a + b} {items}.",
+        a + b,
+    )
 
 
 def _subtract(rng, name, items, max_number):
     a = _number(rng, 3, max_number)
     b = _number(rng, 1, a - 2)  # at least 2 left: every answer reads "<n> <items>" with a plural
-    return (f"{name} has {a} {items} and gives {b} of them away. How many {items} does {name} have left?",
-            f"{name} has {a} - {b} = {a - b} {items} left.", a - b)
+    return (
+        f"{name} has {a} {items} and gives {b} of them away. How many {items} does {name} have left?",
+        f"{name} has {a} - {b} = {a - b} {items} left.",
+        a - b,
+    )
 
 
 def _multiply(rng, name, items, max_number):
     high = min(MAX_FACTOR, max_number)
     a, b = _number(rng, 2, high), _number(rng, 2, high)
-    return (f"{name} has {a} boxes with {b} {items} in each box. How many {items} does {name} have in all?",
-            f"{name} has {a} * {b} = {a * b} {items}.", a * b)
+    return (
+        f"{name} has {a} boxes with {b} {items} in each box. How many {items} does {name} have in all?",
+        f"{name} has {a} * {b} = {a * b} {items}.",
+        a * b,
+    )
 
 
 def _share(rng, name, items, max_number):
     high = min(MAX_FACTOR, max_number)
     each, friends = _number(rng, 2, high), _number(rng, 2, high)
     total = each * friends
-    return (f"{name} shares {total} {items} equally among {friends} friends. How many {items} does each "
-            "friend get?", f"Each friend gets {total} / {friends} = {each} {items}.", each)
+    return (
+        f"{name} shares {total} {items} equally among {friends} friends. How many {items} does each friend get?",
+        f"Each friend gets {total} / {friends} = {each} {items}.",
+        each,
+    )
 
 
 TEMPLATES: dict[str, Template] = {"add": _add, "subtract": _subtract, "multiply": _multiply, "share": _share}
 
 
-def word_problem(rng: np.random.Generator, operations: tuple[str, ...] = tuple(TEMPLATES),
-                 max_number: int = 20) -> dict:
+def word_problem(
+    rng: np.random.Generator, operations: tuple[str, ...] = tuple(TEMPLATES), max_number: int = 20
+) -> dict:
     """One row with the logical keys: `prompt` (the question), `answer` (GSM8K: solution + `#### n`)."""
     template = TEMPLATES[operations[int(rng.integers(len(operations)))]]
     name, items = NAMES[int(rng.integers(len(NAMES)))], ITEMS[int(rng.integers(len(ITEMS)))]
@@ -94,5 +107,6 @@ def generate_word_problems(spec: GeneratorSpec, *, seed: int) -> GeneratedRows:
         raise ValueError(
             f"data.generator.num_val_prompts {spec.num_val_prompts}: found only {len(val)} word problems "
             f"that are not among the {spec.num_prompts} train questions; lower num_val_prompts or num_prompts, "
-            "or widen data.generator.operations or max_number")
+            "or widen data.generator.operations or max_number"
+        )
     return GeneratedRows(train=train, val=val)

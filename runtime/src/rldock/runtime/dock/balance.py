@@ -48,8 +48,7 @@ def balance_by_tokens(tokens: np.ndarray, num_ranks: int, *, group_size: int = 1
             heapq.heappush(heap, (load + int(unit_tokens[unit]), rank))
     _level_by_swaps(assigned, unit_tokens)
     offsets = np.arange(group_size)
-    return [np.sort((np.asarray(units, dtype=np.int64)[:, None] * group_size + offsets).ravel())
-            for units in assigned]
+    return [np.sort((np.asarray(units, dtype=np.int64)[:, None] * group_size + offsets).ravel()) for units in assigned]
 
 
 def _level_by_swaps(assigned: list[list[int]], unit_tokens: np.ndarray, max_swaps: int = 1000) -> None:
@@ -123,8 +122,10 @@ def balance_near_data(
     num_units = unit_tokens.size
     unit_site = np.asarray(unit_site, dtype=np.int64)
     if unit_site.shape != (num_units,) or len(rank_site) != num_ranks:
-        raise ValueError(f"unit_site must have one site per unit ({num_units}) and rank_site one per rank "
-                         f"({num_ranks}), got {unit_site.shape} and {len(rank_site)}")
+        raise ValueError(
+            f"unit_site must have one site per unit ({num_units}) and rank_site one per rank "
+            f"({num_ranks}), got {unit_site.shape} and {len(rank_site)}"
+        )
     capacity = [num_units // num_ranks + (r < num_units % num_ranks) for r in range(num_ranks)]
     assigned: list[list[int]] = [[] for _ in range(num_ranks)]
     loads = np.zeros(num_ranks, dtype=np.int64)
@@ -176,8 +177,7 @@ def balance_near_data(
             break  # no swap narrows the gap: the bound's other case
     moved = sum(int((unit_site[units] != rank_site[r]).sum()) for r, units in enumerate(assigned))
     offsets = np.arange(group_size)
-    parts = [np.sort((np.asarray(units, dtype=np.int64)[:, None] * group_size + offsets).ravel())
-             for units in assigned]
+    parts = [np.sort((np.asarray(units, dtype=np.int64)[:, None] * group_size + offsets).ravel()) for units in assigned]
     return parts, moved
 
 

@@ -107,8 +107,13 @@ class TransferDock:
                 )
             node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
             route = DistributedRoute.start_single_buffer(
-                states=states, num_samples=num_samples, group_size=group_size, node_id=node,
-                timeout_s=spec.timeout_s, staleness=staleness, bounded_states=bounded_states,
+                states=states,
+                num_samples=num_samples,
+                group_size=group_size,
+                node_id=node,
+                timeout_s=spec.timeout_s,
+                staleness=staleness,
+                bounded_states=bounded_states,
             )
         else:
             nodes = list(node_ids) if node_ids else worker_node_ids()
@@ -121,14 +126,25 @@ class TransferDock:
                     "would leave some warehouses empty; use at most one warehouse per prompt group"
                 )
             route = DistributedRoute.start(
-                num_warehouses=num_warehouses, states=states, num_samples=num_samples,
-                group_size=group_size, node_ids=nodes, timeout_s=spec.timeout_s, prefer_local=prefer_local,
-                colocate=colocate_controllers, staleness=staleness, bounded_states=bounded_states,
+                num_warehouses=num_warehouses,
+                states=states,
+                num_samples=num_samples,
+                group_size=group_size,
+                node_ids=nodes,
+                timeout_s=spec.timeout_s,
+                prefer_local=prefer_local,
+                colocate=colocate_controllers,
+                staleness=staleness,
+                bounded_states=bounded_states,
                 shared_memory=shared_memory,
             )
         logger.info(
             "transfer dock (%s): %d samples in groups of %d over %d warehouse(s) on %d node(s); states %s",
-            route.mode, num_samples, group_size, route.layout.num_warehouses, len(set(route.nodes)),
+            route.mode,
+            num_samples,
+            group_size,
+            route.layout.num_warehouses,
+            len(set(route.nodes)),
             sorted(states),
         )
         return cls(route=route, state_columns=states, token_columns=token_columns, timeout_s=spec.timeout_s)
@@ -166,12 +182,19 @@ class TransferDock:
         if index_array.size == 0:
             return
         tensors = _columns_of(batch)
-        tokens = {name: _token_counts(tensors[name], index_array.size)
-                  for name in self._token_columns if name in tensors}
+        tokens = {
+            name: _token_counts(tensors[name], index_array.size) for name in self._token_columns if name in tensors
+        }
         self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens, policy_version)
 
-    def put_groups(self, groups: torch.Tensor, batch: TensorDict, *, samples: TensorDict | None = None,
-                   policy_version: int | None = None) -> None:
+    def put_groups(
+        self,
+        groups: torch.Tensor,
+        batch: TensorDict,
+        *,
+        samples: TensorDict | None = None,
+        policy_version: int | None = None,
+    ) -> None:
         """Write whole groups: `batch` (batch size [k]) once per group slot `groups` (k,), `samples`
         (batch size [k*N], each group's N rows consecutive) per sample, in one write.
 
@@ -183,15 +206,16 @@ class TransferDock:
         group_array = _index_array(groups)
         n = layout.group_size
         if group_array.size and (group_array.min() < 0 or group_array.max() >= layout.num_groups):
-            raise IndexError(f"group slots must lie in [0, {layout.num_groups}), "
-                             f"got [{int(group_array.min())}, {int(group_array.max())}]")
+            raise IndexError(
+                f"group slots must lie in [0, {layout.num_groups}), "
+                f"got [{int(group_array.min())}, {int(group_array.max())}]"
+            )
         if np.unique(group_array).size != group_array.size:
             raise ValueError("groups of one put_groups must be distinct")
         if batch.batch_size[:1] != torch.Size([group_array.size]):
             raise ValueError(f"batch has batch size {tuple(batch.batch_size)} for {group_array.size} groups")
         if samples is not None and samples.batch_size[:1] != torch.Size([group_array.size * n]):
-            raise ValueError(f"samples has batch size {tuple(samples.batch_size)} for {group_array.size} groups "
-                             f"of {n}")
+            raise ValueError(f"samples has batch size {tuple(samples.batch_size)} for {group_array.size} groups of {n}")
         if policy_version is not None and policy_version < 0:
             raise ValueError(f"policy_version must be >= 0, got {policy_version}")
         if group_array.size == 0:
@@ -208,8 +232,13 @@ class TransferDock:
                 tokens[name] = _token_counts(per_sample[name], index_array.size)
             elif name in shared:
                 tokens[name] = np.repeat(_token_counts(shared[name], group_array.size), n)
-        self._route.write(index_array, {name: to_wire(t) for name, t in per_sample.items()}, tokens, policy_version,
-                          group_columns={name: to_wire(t) for name, t in shared.items()})
+        self._route.write(
+            index_array,
+            {name: to_wire(t) for name, t in per_sample.items()},
+            tokens,
+            policy_version,
+            group_columns={name: to_wire(t) for name, t in shared.items()},
+        )
 
     def get(
         self,
@@ -239,13 +268,17 @@ class TransferDock:
         if unknown:
             # Readiness is tracked only for the state's own columns; others could be stale.
             raise ValueError(
-                f"state {state!r} requires columns {list(self._state_columns[state])}; "
-                f"it cannot read {unknown}"
+                f"state {state!r} requires columns {list(self._state_columns[state])}; it cannot read {unknown}"
             )
         timeout = self._timeout_s if timeout_s is None else timeout_s
         grant, parts = self._route.read(
-            state, list(columns), rank=rank, batch_size=batch_size, whole_groups=whole_groups,
-            timeout_s=timeout, balance_ranks=balance_ranks,
+            state,
+            list(columns),
+            rank=rank,
+            batch_size=batch_size,
+            whole_groups=whole_groups,
+            timeout_s=timeout,
+            balance_ranks=balance_ranks,
         )
         self.waited_s += grant.waited_s
         self.drained = grant.exhausted or grant.drained
@@ -317,9 +350,11 @@ class TransferDock:
         flipped between attempts, would wait for columns no worker of this run writes)."""
         layout = self.layout
         states = {name: frozenset(snapshot["columns"]) for name, snapshot in state["controllers"].items()}
-        return state["mode"] == self.mode and tuple(state["layout"]) == (
-            layout.num_samples, layout.group_size, layout.num_warehouses) and states == {
-            name: frozenset(columns) for name, columns in self._state_columns.items()}
+        return (
+            state["mode"] == self.mode
+            and tuple(state["layout"]) == (layout.num_samples, layout.group_size, layout.num_warehouses)
+            and states == {name: frozenset(columns) for name, columns in self._state_columns.items()}
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters of every warehouse (in central mode: the buffer) and controller, cumulative over
@@ -369,9 +404,7 @@ def _unfinished(
 
 def _index_array(indices: torch.Tensor) -> np.ndarray:
     if indices.ndim != 1 or indices.dtype.is_floating_point or indices.dtype == torch.bool:
-        raise ValueError(
-            f"indices must be a 1-D integer tensor, got shape {tuple(indices.shape)} {indices.dtype}"
-        )
+        raise ValueError(f"indices must be a 1-D integer tensor, got shape {tuple(indices.shape)} {indices.dtype}")
     return indices.detach().cpu().numpy().astype(np.int64, copy=False)
 
 

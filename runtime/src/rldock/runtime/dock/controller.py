@@ -85,7 +85,12 @@ class Controller:
     """Hands out ready samples of one state to its consumer ranks, each sample at most once."""
 
     def __init__(
-        self, *, state: str, columns: Sequence[str], layout: DockLayout, default_timeout_s: float,
+        self,
+        *,
+        state: str,
+        columns: Sequence[str],
+        layout: DockLayout,
+        default_timeout_s: float,
         staleness: StalenessBound | None = None,
     ) -> None:
         if not columns:
@@ -131,7 +136,10 @@ class Controller:
         self._stale_wait_s = 0.0
 
     async def mark_ready(
-        self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None,
+        self,
+        indices: np.ndarray,
+        columns: Sequence[str],
+        tokens: dict[str, np.ndarray] | None = None,
         policy_version: int | None = None,
     ) -> None:
         """Record that `columns` of samples `indices` were written; columns this state ignores are skipped.
@@ -183,8 +191,15 @@ class Controller:
         timeout = self._default_timeout_s if timeout_s is None else timeout_s
         self._requests += 1
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(rank, batch_size, whole_groups, tuple(int(w) for w in prefer), balance_ranks,
-                         loop.time(), loop.create_future())
+        waiter = _Waiter(
+            rank,
+            batch_size,
+            whole_groups,
+            tuple(int(w) for w in prefer),
+            balance_ranks,
+            loop.time(),
+            loop.create_future(),
+        )
         if not self._try_serve(waiter):
             self._waiters.append(waiter)
             try:
@@ -216,7 +231,7 @@ class Controller:
             started = loop.time()
             deadline = started + (self._default_timeout_s if timeout_s is None else timeout_s)
             counted = False
-            while (blocking := int((bound.too_old(self._version, version) & (self._consumer == UNTAKEN)).sum())):
+            while blocking := int((bound.too_old(self._version, version) & (self._consumer == UNTAKEN)).sum()):
                 if not counted:
                     self._stale_waits += 1
                     counted = True
@@ -266,8 +281,10 @@ class Controller:
         group_size = self._layout.group_size
         groups = np.unique(indices // group_size)
         if indices.size != groups.size * group_size:
-            raise ValueError(f"state {self._state!r}: recycle takes whole groups of {group_size} samples, "
-                             f"got {indices.size} samples over {groups.size} groups")
+            raise ValueError(
+                f"state {self._state!r}: recycle takes whole groups of {group_size} samples, "
+                f"got {indices.size} samples over {groups.size} groups"
+            )
         self._ready[indices] = False
         self._consumer[indices] = UNTAKEN
         self._version[indices] = UNVERSIONED
@@ -453,8 +470,9 @@ class Controller:
                 site_of_warehouse[list(home)] = site
             unit_site = site_of_warehouse[self._warehouse[::group_size]]
             rank_site = [site_of_home[h] if h else -1 for h in homes]
-            parts, moved = balance_near_data(tokens, num_ranks, group_size=group_size, unit_site=unit_site,
-                                             rank_site=rank_site)
+            parts, moved = balance_near_data(
+                tokens, num_ranks, group_size=group_size, unit_site=unit_site, rank_site=rank_site
+            )
             self._deal_moves += moved
         else:  # one node, or ranks that did not say where they are: tokens only
             parts = balance_by_tokens(tokens, num_ranks, group_size=group_size)
@@ -485,9 +503,7 @@ class Controller:
         unconsumed = self._consumer == UNTAKEN
         ready = self._ready.all(axis=1)
         remaining = int(unconsumed.sum())
-        missing = {
-            name: int((~self._ready[:, j] & unconsumed).sum()) for name, j in self._column_pos.items()
-        }
+        missing = {name: int((~self._ready[:, j] & unconsumed).sum()) for name, j in self._column_pos.items()}
         message = (
             f"transfer dock: state {self._state!r} rank {rank} waited {timeout:g}s for "
             f"{min(batch_size, remaining)} samples with columns {list(self._columns)}; of "
@@ -517,20 +533,36 @@ class ControllerHub:
     of its node.
     """
 
-    def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
-                 staleness: StalenessBound | None = None, bounded_states: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        states: dict[str, Sequence[str]],
+        layout: DockLayout,
+        default_timeout_s: float,
+        staleness: StalenessBound | None = None,
+        bounded_states: Sequence[str] = (),
+    ) -> None:
         unknown = sorted(set(bounded_states) - set(states))
         if unknown:
             raise ValueError(f"staleness bound for unknown dock states {unknown}; states: {sorted(states)}")
         self._controllers = {
-            state: Controller(state=state, columns=list(columns), layout=layout, default_timeout_s=default_timeout_s,
-                              staleness=staleness if state in bounded_states else None)
+            state: Controller(
+                state=state,
+                columns=list(columns),
+                layout=layout,
+                default_timeout_s=default_timeout_s,
+                staleness=staleness if state in bounded_states else None,
+            )
             for state, columns in states.items()
         }
 
     async def mark_ready(
-        self, indices: np.ndarray, columns: Sequence[str], tokens: dict[str, np.ndarray] | None = None,
-        policy_version: int | None = None, states: Sequence[str] | None = None,
+        self,
+        indices: np.ndarray,
+        columns: Sequence[str],
+        tokens: dict[str, np.ndarray] | None = None,
+        policy_version: int | None = None,
+        states: Sequence[str] | None = None,
     ) -> None:
         """Tell the controllers of `states` (default: every state) that `columns` of `indices` were written."""
         for state in self._controllers if states is None else states:
@@ -540,8 +572,17 @@ class ControllerHub:
         # Together, as separate controller actors would: with on_stale=wait each waits for its own consumers.
         await asyncio.gather(*(c.advance_policy(version, timeout_s) for c in self._controllers.values()))
 
-    async def request(self, state: str, rank: int, batch_size: int, whole_groups: bool = False,
-                      timeout_s: float | None = None, *, prefer: Sequence[int] = (), balance_ranks: int = 0) -> Grant:
+    async def request(
+        self,
+        state: str,
+        rank: int,
+        batch_size: int,
+        whole_groups: bool = False,
+        timeout_s: float | None = None,
+        *,
+        prefer: Sequence[int] = (),
+        balance_ranks: int = 0,
+    ) -> Grant:
         return await self._controller(state).request(
             rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
         )

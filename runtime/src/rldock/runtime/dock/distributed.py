@@ -57,8 +57,9 @@ _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
 CONTROLLER_HOST_CONCURRENCY = 100_000
 # How long shutdown waits for the dock's actors to release their shared memory.
 _CLOSE_TIMEOUT_S = 10.0
-_ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0,
-                                  max_concurrency=CONTROLLER_HOST_CONCURRENCY)(ControllerHost)
+_ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=CONTROLLER_HOST_CONCURRENCY)(
+    ControllerHost
+)
 
 
 class DistributedRoute:
@@ -120,27 +121,42 @@ class DistributedRoute:
             host_node, soft = ray.get_runtime_context().get_node_id(), True
         hosted = [w for w, node in enumerate(nodes) if colocate and node == host_node]
         host = _ControllerHostActor.options(scheduling_strategy=pinned_to(host_node, soft=soft)).remote(
-            states={state: list(columns) for state, columns in states.items()}, layout=layout,
-            default_timeout_s=timeout_s, hosted=hosted, staleness=staleness, bounded_states=list(bounded_states),
-            shared_root=shared_root)
+            states={state: list(columns) for state, columns in states.items()},
+            layout=layout,
+            default_timeout_s=timeout_s,
+            hosted=hosted,
+            staleness=staleness,
+            bounded_states=list(bounded_states),
+            shared_root=shared_root,
+        )
         actors = {}
         for w, node in enumerate(nodes):
             if w not in hosted:
                 start, stop = layout.sample_range(w)
                 actors[w] = _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
-                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size,
-                    shared_root=shared_root)
+                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size, shared_root=shared_root
+                )
         # Waiting here surfaces actor start failures now rather than at the first put.
         host_at, directories = ray.get([host.node_id.remote(), host.shared_directories.remote()])
         remote_at = dict(zip(actors, ray.get([actor.node_id.remote() for actor in actors.values()])))
         directories.update(zip(actors, ray.get([actor.shared_directory.remote() for actor in actors.values()])))
         warehouse_nodes = [remote_at.get(w, host_at) for w in range(num_warehouses)]
         warehouses = {w: Peer(_warehouse_name(layout, w, warehouse_nodes[w]), actor) for w, actor in actors.items()}
-        host_name = (f"central buffer (node {host_at[:12]})" if mode == "central"
-                     else _host_name(layout, hosted, host_at, states))
-        return cls(layout=layout, host=Peer(host_name, host), warehouses=warehouses, states=states,
-                   warehouse_nodes=warehouse_nodes, prefer_local=prefer_local, mode=mode,
-                   shared_directories=directories)
+        host_name = (
+            f"central buffer (node {host_at[:12]})"
+            if mode == "central"
+            else _host_name(layout, hosted, host_at, states)
+        )
+        return cls(
+            layout=layout,
+            host=Peer(host_name, host),
+            warehouses=warehouses,
+            states=states,
+            warehouse_nodes=warehouse_nodes,
+            prefer_local=prefer_local,
+            mode=mode,
+            shared_directories=directories,
+        )
 
     @classmethod
     def start_single_buffer(
@@ -157,12 +173,29 @@ class DistributedRoute:
         """The central buffer on `node_id`: one warehouse of every sample, hosted with the controllers.
 
         It shares no memory: the paper's baseline serves every byte itself, to its own node too."""
-        return cls.start(num_warehouses=1, states=states, num_samples=num_samples, group_size=group_size,
-                         node_ids=[node_id], timeout_s=timeout_s, prefer_local=False, colocate=True,
-                         staleness=staleness, bounded_states=bounded_states, mode="central", shared_memory=False)
+        return cls.start(
+            num_warehouses=1,
+            states=states,
+            num_samples=num_samples,
+            group_size=group_size,
+            node_ids=[node_id],
+            timeout_s=timeout_s,
+            prefer_local=False,
+            colocate=True,
+            staleness=staleness,
+            bounded_states=bounded_states,
+            mode="central",
+            shared_memory=False,
+        )
 
-    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn], tokens: Mapping[str, np.ndarray],
-              policy_version: int | None = None, group_columns: Mapping[str, WireColumn] | None = None) -> None:
+    def write(
+        self,
+        indices: np.ndarray,
+        columns: Mapping[str, WireColumn],
+        tokens: Mapping[str, np.ndarray],
+        policy_version: int | None = None,
+        group_columns: Mapping[str, WireColumn] | None = None,
+    ) -> None:
         """Rows to the warehouses on this node through shared memory, to the other warehouse actors in
         parallel, then the hosted rows and the readiness (metadata) to the host, in one call.
 
@@ -195,8 +228,10 @@ class DistributedRoute:
         told = [state for state, needs in self._state_columns.items() if needs & set(written)]
         if told or hosted_parts:
             peer = self._host
-            rpc.get(peer.name, peer.handle.write.remote(hosted_parts, indices, written, dict(tokens) or None,
-                                                        policy_version, told))
+            rpc.get(
+                peer.name,
+                peer.handle.write.remote(hosted_parts, indices, written, dict(tokens) or None, policy_version, told),
+            )
 
     def read(
         self,
@@ -225,11 +260,19 @@ class DistributedRoute:
         attached = {w: local for w in range(self.layout.num_warehouses) if (local := self._attached(w, here))}
         read_here = [w for w in attached if w not in self._warehouses]
         request = host.handle.request_and_read.remote(
-            state, list(columns), rank, batch_size, whole_groups, timeout_s, prefer=prefer,
-            balance_ranks=balance_ranks, read_here=read_here,
+            state,
+            list(columns),
+            rank,
+            batch_size,
+            whole_groups,
+            timeout_s,
+            prefer=prefer,
+            balance_ranks=balance_ranks,
+            read_here=read_here,
         )
-        grant, parts = rpc.wait_for_grant(host.name, request, timeout=timeout_s + rpc.RPC_GRACE_S,
-                                          watch=list(self._warehouses.values()))
+        grant, parts = rpc.wait_for_grant(
+            host.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=list(self._warehouses.values())
+        )
         if grant.exhausted:
             return grant, []
         calls = []
@@ -252,8 +295,13 @@ class DistributedRoute:
     def recycle(self, indices: np.ndarray) -> None:
         """The owning warehouse actors forget the rows, then the host: its own warehouses' rows and
         every controller's metadata of them."""
-        rpc.get_all([(self._warehouses[w].name, self._warehouses[w].handle.forget.remote(indices[positions]))
-                     for w, positions in self.layout.split(indices).items() if w in self._warehouses])
+        rpc.get_all(
+            [
+                (self._warehouses[w].name, self._warehouses[w].handle.forget.remote(indices[positions]))
+                for w, positions in self.layout.split(indices).items()
+                if w in self._warehouses
+            ]
+        )
         self._on_host("recycle", indices)
 
     def advance_policy(self, version: int, timeout_s: float) -> None:
@@ -294,8 +342,9 @@ class DistributedRoute:
         if directory is None or self.nodes[w] != here:
             return None
         start, stop = self.layout.sample_range(w)
-        local = _attach(directory, warehouse_id=w, start=start, capacity=stop - start,
-                        group_size=self.layout.group_size)
+        local = _attach(
+            directory, warehouse_id=w, start=start, capacity=stop - start, group_size=self.layout.group_size
+        )
         if local is None:
             return None
         if not local.owner_alive():
@@ -334,8 +383,12 @@ def _attach(directory: str, **where: int) -> Warehouse | None:
         try:
             _ATTACHED[directory] = Warehouse.attach(directory, **where)
         except OSError as err:  # e.g. another user's /dev/shm directory: the Ray calls still work
-            logger.warning("transfer dock: cannot attach to warehouse %s's shared memory at %s (%s); its rows "
-                           "travel by Ray calls", where.get("warehouse_id"), directory, err)
+            logger.warning(
+                "transfer dock: cannot attach to warehouse %s's shared memory at %s (%s); its rows travel by Ray calls",
+                where.get("warehouse_id"),
+                directory,
+                err,
+            )
             _ATTACHED[directory] = None
     return _ATTACHED[directory]
 

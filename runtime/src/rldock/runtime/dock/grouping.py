@@ -30,5 +30,7 @@ def split_group_columns(batch: TensorDict, group_size: int) -> tuple[TensorDict,
             shared[name] = grouped[:, 0]  # (k, ...)
         else:
             per_sample[name] = column
-    return (TensorDict(shared, batch_size=[num_groups]),
-            TensorDict(per_sample, batch_size=[num_rows]) if per_sample else None)
+    return (
+        TensorDict(shared, batch_size=[num_groups]),
+        TensorDict(per_sample, batch_size=[num_rows]) if per_sample else None,
+    )

@@ -43,21 +43,45 @@ _WAREHOUSE_CALLS = frozenset({"snapshot", "restore", "stats", "read"})
 class ControllerHost(ControllerHub):
     """The controllers of every state, plus the warehouses `hosted` (ids in `layout`), in one event loop."""
 
-    def __init__(self, *, states: dict[str, Sequence[str]], layout: DockLayout, default_timeout_s: float,
-                 hosted: Sequence[int] = (), staleness: StalenessBound | None = None,
-                 bounded_states: Sequence[str] = (), shared_root: str | None = None) -> None:
-        super().__init__(states=states, layout=layout, default_timeout_s=default_timeout_s, staleness=staleness,
-                         bounded_states=bounded_states)
+    def __init__(
+        self,
+        *,
+        states: dict[str, Sequence[str]],
+        layout: DockLayout,
+        default_timeout_s: float,
+        hosted: Sequence[int] = (),
+        staleness: StalenessBound | None = None,
+        bounded_states: Sequence[str] = (),
+        shared_root: str | None = None,
+    ) -> None:
+        super().__init__(
+            states=states,
+            layout=layout,
+            default_timeout_s=default_timeout_s,
+            staleness=staleness,
+            bounded_states=bounded_states,
+        )
         self._layout = layout
         self._warehouses: dict[int, Warehouse] = {}
         for w in hosted:
             start, stop = layout.sample_range(w)
-            self._warehouses[w] = Warehouse(warehouse_id=w, start=start, capacity=stop - start,
-                                            group_size=layout.group_size, shared_root=shared_root)
+            self._warehouses[w] = Warehouse(
+                warehouse_id=w,
+                start=start,
+                capacity=stop - start,
+                group_size=layout.group_size,
+                shared_root=shared_root,
+            )
 
-    async def write(self, parts: Mapping[int, WritePart], indices: np.ndarray, columns: Sequence[str],
-                    tokens: dict[str, np.ndarray] | None = None, policy_version: int | None = None,
-                    states: Sequence[str] | None = None) -> None:
+    async def write(
+        self,
+        parts: Mapping[int, WritePart],
+        indices: np.ndarray,
+        columns: Sequence[str],
+        tokens: dict[str, np.ndarray] | None = None,
+        policy_version: int | None = None,
+        states: Sequence[str] | None = None,
+    ) -> None:
         """Store `parts` in the hosted warehouses, then tell the controllers of `states` that `columns`
         of all of `indices` are ready (the caller wrote the other warehouses' parts before)."""
         for w, (part_indices, part, shared) in parts.items():
@@ -65,16 +89,26 @@ class ControllerHost(ControllerHub):
         if states is None or states:
             await self.mark_ready(indices, columns, tokens, policy_version, states)
 
-    async def request_and_read(self, state: str, columns: Sequence[str], rank: int, batch_size: int,
-                               whole_groups: bool = False, timeout_s: float | None = None, *,
-                               prefer: Sequence[int] = (), balance_ranks: int = 0, read_here: Sequence[int] = (),
-                               ) -> tuple[Grant, dict[int, dict[str, WireColumn]]]:
+    async def request_and_read(
+        self,
+        state: str,
+        columns: Sequence[str],
+        rank: int,
+        batch_size: int,
+        whole_groups: bool = False,
+        timeout_s: float | None = None,
+        *,
+        prefer: Sequence[int] = (),
+        balance_ranks: int = 0,
+        read_here: Sequence[int] = (),
+    ) -> tuple[Grant, dict[int, dict[str, WireColumn]]]:
         """`request`, and the granted rows that hosted warehouses hold: {warehouse: its columns}.
 
         The caller reads the grant's other warehouses itself, and the hosted ones in `read_here`
         (on its node, through shared memory)."""
-        grant = await self.request(state, rank, batch_size, whole_groups, timeout_s, prefer=prefer,
-                                   balance_ranks=balance_ranks)
+        grant = await self.request(
+            state, rank, batch_size, whole_groups, timeout_s, prefer=prefer, balance_ranks=balance_ranks
+        )
         if grant.exhausted:
             return grant, {}
         data = {}

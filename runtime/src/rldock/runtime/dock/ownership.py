@@ -27,8 +27,7 @@ class DockLayout:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
         if self.num_samples < 1 or self.num_samples % self.group_size:
             raise ValueError(
-                f"num_samples must be a positive multiple of group_size {self.group_size}, "
-                f"got {self.num_samples}"
+                f"num_samples must be a positive multiple of group_size {self.group_size}, got {self.num_samples}"
             )
         if not 1 <= self.num_warehouses <= self.num_groups:
             raise ValueError(
@@ -63,13 +62,10 @@ class DockLayout:
     def check_indices(self, indices: np.ndarray) -> None:
         """Raise if `indices` is not a 1-D integer array of in-range sample indices."""
         if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
-            raise ValueError(
-                f"indices must be a 1-D integer array, got shape {indices.shape} {indices.dtype}"
-            )
+            raise ValueError(f"indices must be a 1-D integer array, got shape {indices.shape} {indices.dtype}")
         if indices.size and (indices.min() < 0 or indices.max() >= self.num_samples):
             raise IndexError(
-                f"sample indices must lie in [0, {self.num_samples}), got "
-                f"[{int(indices.min())}, {int(indices.max())}]"
+                f"sample indices must lie in [0, {self.num_samples}), got [{int(indices.min())}, {int(indices.max())}]"
             )
 
     def split(self, indices: np.ndarray) -> dict[int, np.ndarray]:

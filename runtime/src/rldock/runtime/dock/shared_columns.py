@@ -43,8 +43,15 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ROOT = "/dev/shm"
 _PREFIX = "rldock-"
-COUNTERS = ("bytes_in", "bytes_out", "expanded_bytes", "write_requests", "read_requests",
-            "shared_write_requests", "shared_read_requests")
+COUNTERS = (
+    "bytes_in",
+    "bytes_out",
+    "expanded_bytes",
+    "write_requests",
+    "read_requests",
+    "shared_write_requests",
+    "shared_read_requests",
+)
 
 
 class SharedColumn(NamedTuple):
@@ -72,8 +79,11 @@ class SharedColumns:
         """A new directory under `root` owned by this process; None (with a warning) if `root` cannot take it."""
         base = Path(root)
         if not base.is_dir() or not os.access(base, os.W_OK):
-            logger.warning("transfer dock: %s is not a writable directory; warehouse rows stay in private "
-                           "memory and every read and write is a Ray call", root)
+            logger.warning(
+                "transfer dock: %s is not a writable directory; warehouse rows stay in private "
+                "memory and every read and write is a Ray call",
+                root,
+            )
             return None
         remove_orphans(base)
         directory = base / f"{_PREFIX}{uuid.uuid4().hex}"
@@ -103,13 +113,22 @@ class SharedColumns:
                 finally:
                     os.close(fd)
         except OSError as err:
-            logger.warning("transfer dock: no shared memory for column %r (%d bytes: %s); it stays in private "
-                           "memory and its reads and writes are Ray calls", name, nbytes, err)
+            logger.warning(
+                "transfer dock: no shared memory for column %r (%d bytes: %s); it stays in private "
+                "memory and its reads and writes are Ray calls",
+                name,
+                nbytes,
+                err,
+            )
             for suffix in (".rows", ".written"):
                 (self.directory / (stem + suffix)).unlink(missing_ok=True)
             return None
-        self._catalog[name] = {"file": stem, "dtype": str(dtype).removeprefix("torch."),
-                               "wire": np.dtype(wire).str, "shape": list(shape)}
+        self._catalog[name] = {
+            "file": stem,
+            "dtype": str(dtype).removeprefix("torch."),
+            "wire": np.dtype(wire).str,
+            "shape": list(shape),
+        }
         _write_catalog(self.directory, self._catalog)
         return self.column(name)
 
@@ -125,12 +144,17 @@ class SharedColumns:
         shape = (self._capacity, *entry["shape"])
         wire = np.dtype(entry["wire"])
         # Plain ndarray views of the maps: they pickle (a warehouse actor's reply) as arrays.
-        rows = (np.memmap(self.directory / (entry["file"] + ".rows"), dtype=wire, mode="r+", shape=shape)
-                if shape[0] * int(np.prod(shape[1:], dtype=np.int64)) else np.zeros(shape, dtype=wire))
-        written = np.memmap(self.directory / (entry["file"] + ".written"), dtype=np.bool_, mode="r+",
-                            shape=(self._capacity,))
-        self._mapped[name] = SharedColumn(rows.view(np.ndarray), written.view(np.ndarray),
-                                          getattr(torch, entry["dtype"]))
+        rows = (
+            np.memmap(self.directory / (entry["file"] + ".rows"), dtype=wire, mode="r+", shape=shape)
+            if shape[0] * int(np.prod(shape[1:], dtype=np.int64))
+            else np.zeros(shape, dtype=wire)
+        )
+        written = np.memmap(
+            self.directory / (entry["file"] + ".written"), dtype=np.bool_, mode="r+", shape=(self._capacity,)
+        )
+        self._mapped[name] = SharedColumn(
+            rows.view(np.ndarray), written.view(np.ndarray), getattr(torch, entry["dtype"])
+        )
         return self._mapped[name]
 
     def owner_alive(self) -> bool:

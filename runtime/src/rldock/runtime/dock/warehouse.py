@@ -41,11 +41,20 @@ logger = logging.getLogger(__name__)
 class Warehouse:
     """Stores samples [start, start + capacity) of the global batch."""
 
-    def __init__(self, *, warehouse_id: int, start: int, capacity: int, group_size: int = 1,
-                 shared_root: str | None = None, _attached: SharedColumns | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        warehouse_id: int,
+        start: int,
+        capacity: int,
+        group_size: int = 1,
+        shared_root: str | None = None,
+        _attached: SharedColumns | None = None,
+    ) -> None:
         if group_size < 1 or start % group_size or capacity % group_size:
-            raise ValueError(f"warehouse {warehouse_id}: samples [{start}, {start + capacity}) are not whole "
-                             f"groups of {group_size}")
+            raise ValueError(
+                f"warehouse {warehouse_id}: samples [{start}, {start + capacity}) are not whole groups of {group_size}"
+            )
         self._id = warehouse_id
         self._group_size = group_size
         self._start = start
@@ -62,11 +71,15 @@ class Warehouse:
         self._counts = np.zeros(len(COUNTERS), dtype=np.int64)
 
     @classmethod
-    def attach(cls, directory: str, *, warehouse_id: int, start: int, capacity: int,
-               group_size: int = 1) -> Warehouse:
+    def attach(cls, directory: str, *, warehouse_id: int, start: int, capacity: int, group_size: int = 1) -> Warehouse:
         """The warehouse whose shared columns are at `directory`, for reads and writes from this process."""
-        return cls(warehouse_id=warehouse_id, start=start, capacity=capacity, group_size=group_size,
-                   _attached=SharedColumns.attach(directory, capacity))
+        return cls(
+            warehouse_id=warehouse_id,
+            start=start,
+            capacity=capacity,
+            group_size=group_size,
+            _attached=SharedColumns.attach(directory, capacity),
+        )
 
     def shared_directory(self) -> str | None:
         """Where this warehouse's columns are shared (None: private memory, reachable by Ray calls only)."""
@@ -102,8 +115,12 @@ class Warehouse:
         self._dtypes.clear()
         self._written.clear()
 
-    def write(self, indices: np.ndarray, columns: Mapping[str, WireColumn],
-              group_columns: Mapping[str, WireColumn] | None = None) -> None:
+    def write(
+        self,
+        indices: np.ndarray,
+        columns: Mapping[str, WireColumn],
+        group_columns: Mapping[str, WireColumn] | None = None,
+    ) -> None:
         """Copy `columns` (each (B, ...)) into the rows of global sample `indices` (B,).
 
         `group_columns` (each (B / group_size, ...), one row per group) are written to every sample
@@ -115,8 +132,10 @@ class Warehouse:
         bytes_in = expanded = 0
         for name, column in (group_columns or {}).items():
             if column.array.shape[0] * self._group_size != indices.shape[0]:
-                raise ValueError(f"group column {name!r} has {column.array.shape[0]} rows for "
-                                 f"{indices.shape[0] // self._group_size} groups")
+                raise ValueError(
+                    f"group column {name!r} has {column.array.shape[0]} rows for "
+                    f"{indices.shape[0] // self._group_size} groups"
+                )
             view = self._view_for(name, column)
             if isinstance(rows, slice):  # (k*N, ...) view as (k, N, ...): broadcast, no expanded copy
                 view[rows].reshape(-1, self._group_size, *column.array.shape[1:])[...] = column.array[:, None]
@@ -127,15 +146,14 @@ class Warehouse:
             expanded += column.array.nbytes * (self._group_size - 1)
         for name, column in columns.items():
             if column.array.shape[:1] != indices.shape:
-                raise ValueError(
-                    f"column {name!r} has {column.array.shape[:1]} rows for {indices.shape[0]} indices"
-                )
+                raise ValueError(f"column {name!r} has {column.array.shape[:1]} rows for {indices.shape[0]} indices")
             view = self._view_for(name, column)
             view[rows] = column.array
             self._written[name][rows] = True
             bytes_in += column.array.nbytes
-        self._count(bytes_in=bytes_in, expanded_bytes=expanded, write_requests=1,
-                    shared_write_requests=int(self._attached))
+        self._count(
+            bytes_in=bytes_in, expanded_bytes=expanded, write_requests=1, shared_write_requests=int(self._attached)
+        )
 
     def read(self, indices: np.ndarray, columns: Sequence[str], *, copy: bool = False) -> dict[str, WireColumn]:
         """Columns of global sample `indices` (B,), each (B, ...), in the order of `indices`.
@@ -150,8 +168,7 @@ class Warehouse:
         for name in columns:
             if not self._has_column(name):
                 raise KeyError(
-                    f"warehouse {self._id}: column {name!r} was never written; "
-                    f"stored columns: {sorted(self._views)}"
+                    f"warehouse {self._id}: column {name!r} was never written; stored columns: {sorted(self._views)}"
                 )
             if not self._written[name][rows].all():
                 raise ValueError(
@@ -228,10 +245,15 @@ class Warehouse:
 
     def _check_whole_groups(self, indices: np.ndarray) -> None:
         n = self._group_size
-        if indices.size % n or not np.array_equal(indices.reshape(-1, n),
-                                                  indices[::n, None] + np.arange(n)) or indices[0] % n:
-            raise ValueError(f"warehouse {self._id}: a write with group columns needs whole groups of {n} "
-                             f"consecutive samples, got samples {indices.tolist()}")
+        if (
+            indices.size % n
+            or not np.array_equal(indices.reshape(-1, n), indices[::n, None] + np.arange(n))
+            or indices[0] % n
+        ):
+            raise ValueError(
+                f"warehouse {self._id}: a write with group columns needs whole groups of {n} "
+                f"consecutive samples, got samples {indices.tolist()}"
+            )
 
     def _has_column(self, name: str) -> bool:
         """Whether column `name` is stored (in an attached warehouse: mapped now if the owner made it)."""

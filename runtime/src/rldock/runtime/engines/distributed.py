@@ -55,8 +55,9 @@ def open_rendezvous(world_size: int, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S)
     import ray
 
     address = ray.util.get_node_ip_address()
-    store = dist.TCPStore(address, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        address, 0, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
     return Rendezvous(address=address, port=store.port), store
 
 
@@ -86,13 +87,17 @@ def init_process_group(
         )
     if device.is_accelerator:
         torch.get_device_module(device.kind).set_device(device.device_index)
-    logger.info(
-        "rank %d/%d joining %s group at %s", rank, world_size, device.backend, rendezvous.init_method
-    )
+    logger.info("rank %d/%d joining %s group at %s", rank, world_size, device.backend, rendezvous.init_method)
     timeout = timedelta(seconds=timeout_s)
     if store is None:
-        store = dist.TCPStore(rendezvous.address, rendezvous.port, world_size, is_master=rank == 0,
-                              timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(
+            rendezvous.address,
+            rendezvous.port,
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
     dist.init_process_group(
         backend=device.backend,
         store=store,
@@ -114,4 +119,3 @@ def wrap_ddp(model: nn.Module, device: DeviceInfo) -> DistributedDataParallel:
     """
     device_ids = [device.device_index] if device.is_accelerator else None
     return DistributedDataParallel(model, device_ids=device_ids)
-

@@ -36,8 +36,9 @@ def check_mixed_precision(mode: str, device: DeviceInfo) -> None:
     AVX512-BF16/AMX); Ascend 910B runs both; older CUDA GPUs lack bf16."""
     dtype = COMPUTE_DTYPES[mode]
     if dtype is torch.bfloat16 and device.kind == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"training.mixed_precision: bf16 is not supported by {torch.cuda.get_device_name()}; "
-                         "use fp16 or none")
+        raise ValueError(
+            f"training.mixed_precision: bf16 is not supported by {torch.cuda.get_device_name()}; use fp16 or none"
+        )
 
 
 def mixed_precision_policy(mode: str) -> MixedPrecisionPolicy:
@@ -48,8 +49,9 @@ def mixed_precision_policy(mode: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def apply_fsdp(model: nn.Module, device: DeviceInfo, *, cpu_offload: bool = False,
-               mixed_precision: str = "none") -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, device: DeviceInfo, *, cpu_offload: bool = False, mixed_precision: str = "none"
+) -> nn.Module:
     """Shard `model` (on `device.torch_device`, default group initialised) in place; returns it.
 
     Layers first, root last: the root then holds only what no layer owns (embeddings, final norm,
@@ -63,8 +65,11 @@ def apply_fsdp(model: nn.Module, device: DeviceInfo, *, cpu_offload: bool = Fals
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
     # The model's own output (logits, values) comes back in float32, so logprobs are not rounded to bf16.
-    root_policy = MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype,
-                                       output_dtype=torch.float32 if policy.param_dtype is not None else None)
+    root_policy = MixedPrecisionPolicy(
+        param_dtype=policy.param_dtype,
+        reduce_dtype=policy.reduce_dtype,
+        output_dtype=torch.float32 if policy.param_dtype is not None else None,
+    )
     fully_shard(model, mesh=mesh, mp_policy=root_policy, offload_policy=offload)
     return model
 

@@ -34,8 +34,15 @@ def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dty
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
-def kv_cache_budget(*, device_bytes: int, utilization: float, engine_weight_bytes: int,
-                    resident_training_bytes: int, min_tokens: int, bytes_per_token: int) -> int:
+def kv_cache_budget(
+    *,
+    device_bytes: int,
+    utilization: float,
+    engine_weight_bytes: int,
+    resident_training_bytes: int,
+    min_tokens: int,
+    bytes_per_token: int,
+) -> int:
     """Bytes the engine's KV cache may take on one device while generating:
     utilization * device - engine weights - training state still on the device.
 
@@ -51,7 +58,8 @@ def kv_cache_budget(*, device_bytes: int, utilization: float, engine_weight_byte
             f"{max(budget, 0) / 2**30:.3f} GiB for the KV cache, less than one sequence of {min_tokens} tokens "
             f"({min_tokens * bytes_per_token / 2**30:.3f} GiB). Raise rollout.gpu_memory_utilization, use "
             "training.resharding allgather_swap (swaps the training state out while generating) or shorten "
-            "algorithm.max_response_length")
+            "algorithm.max_response_length"
+        )
     return budget
 
 

@@ -50,8 +50,9 @@ class MicroBatch:
     response_end: int  # response columns kept, [0, response_end): the rest is padding in every row
 
 
-def plan_micro_batches(prompt_mask: Tensor, response_mask: Tensor, *, micro_batch_size: int,
-                       trim: bool) -> list[MicroBatch]:
+def plan_micro_batches(
+    prompt_mask: Tensor, response_mask: Tensor, *, micro_batch_size: int, trim: bool
+) -> list[MicroBatch]:
     """Split a batch of left-padded prompts (B, PL) and right-padded responses (B, SL) into forward
     passes of at most `micro_batch_size` rows.
 
@@ -66,12 +67,14 @@ def plan_micro_batches(prompt_mask: Tensor, response_mask: Tensor, *, micro_batc
     num_rows, prompt_len = prompt_mask.shape
     response_len = response_mask.shape[1]
     if not trim:
-        return [MicroBatch(torch.arange(start, min(start + micro_batch_size, num_rows)), 0, response_len)
-                for start in range(0, num_rows, micro_batch_size)]
+        return [
+            MicroBatch(torch.arange(start, min(start + micro_batch_size, num_rows)), 0, response_len)
+            for start in range(0, num_rows, micro_batch_size)
+        ]
     order = sort_by_tokens({"prompt_mask": prompt_mask, "response_mask": response_mask})  # (B,)
     plans = []
     for start in range(0, num_rows, micro_batch_size):
-        rows = order[start:start + micro_batch_size]
+        rows = order[start : start + micro_batch_size]
         prompt_columns = prompt_mask[rows].any(dim=0).nonzero()  # (k, 1)
         response_columns = response_mask[rows].any(dim=0).nonzero()  # (k, 1)
         # Column PL - 1 always stays: its logits score response token 0.
@@ -94,13 +97,15 @@ def scatter_rows(chunks: list[Tensor], plans: list[MicroBatch], response_len: in
     return padded[torch.argsort(rows)]  # (B, SL)
 
 
-def micro_batch_inputs(plan: MicroBatch, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                       response_mask: Tensor) -> tuple[PolicyInputs, slice]:
+def micro_batch_inputs(
+    plan: MicroBatch, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor
+) -> tuple[PolicyInputs, slice]:
     """The model inputs of one pass and the slice of its output positions that score (predict)
     its response tokens 0 .. response_end - 1."""
     rows, start, end = plan.rows, plan.prompt_start, plan.response_end
-    inputs = build_policy_inputs(prompt_ids[rows, start:], prompt_mask[rows, start:],
-                                 response_ids[rows, :end], response_mask[rows, :end])
+    inputs = build_policy_inputs(
+        prompt_ids[rows, start:], prompt_mask[rows, start:], response_ids[rows, :end], response_mask[rows, :end]
+    )
     kept_prompt = prompt_ids.shape[1] - start
     # Position kept_prompt + t - 1 predicts response token t.
     return inputs, slice(kept_prompt - 1, kept_prompt + end - 1)
@@ -150,8 +155,9 @@ def response_logprobs(
     """
     plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
     chunks = []
-    for logits, plan in _response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, plans,
-                                         temperature=temperature):
+    for logits, plan in _response_logits(
+        model, prompt_ids, prompt_mask, response_ids, response_mask, plans, temperature=temperature
+    ):
         end = plan.response_end
         chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], response_mask[plan.rows, :end]))
     return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)
@@ -173,16 +179,19 @@ def response_logprobs_and_entropy(
     entropy bonus), so it is computed without building a second (b, SL, V) autograd graph."""
     plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
     logprob_chunks, entropy_chunks = [], []
-    for logits, plan in _response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, plans,
-                                         temperature=temperature):
+    for logits, plan in _response_logits(
+        model, prompt_ids, prompt_mask, response_ids, response_mask, plans, temperature=temperature
+    ):
         end = plan.response_end
         mask = response_mask[plan.rows, :end]
         logprob_chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], mask))
         with torch.no_grad():
             entropy_chunks.append(token_entropy(logits.detach()) * mask)  # (b, end)
     response_len = response_ids.shape[1]
-    return ResponseScores(logprobs=scatter_rows(logprob_chunks, plans, response_len),
-                          entropy=scatter_rows(entropy_chunks, plans, response_len))
+    return ResponseScores(
+        logprobs=scatter_rows(logprob_chunks, plans, response_len),
+        entropy=scatter_rows(entropy_chunks, plans, response_len),
+    )
 
 
 def token_entropy(logits: Tensor) -> Tensor:

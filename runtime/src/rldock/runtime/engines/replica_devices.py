@@ -40,8 +40,11 @@ def seat_of_this_actor(*, accelerator_resource: str, device_kind: str) -> RankDe
     """The calling Ray actor's node and the ids Ray assigned it of `accelerator_resource` (e.g. NPU)."""
     context = ray.get_runtime_context()
     ids = context.get_accelerator_ids().get(accelerator_resource, [])
-    return RankDevice(node_id=context.get_node_id(), device_kind=device_kind,
-                      device_ids=visible_ids(device_kind, accelerator_resource, ids))
+    return RankDevice(
+        node_id=context.get_node_id(),
+        device_kind=device_kind,
+        device_ids=visible_ids(device_kind, accelerator_resource, ids),
+    )
 
 
 def visible_ids(device_kind: str, accelerator_resource: str, ids: Sequence[str]) -> tuple[str, ...]:
@@ -65,23 +68,28 @@ def engine_environments(ranks: Sequence[RankDevice], *, generation_tp: int) -> d
         return {}
     environments: dict[int, dict[str, str]] = {}
     for first in range(0, len(ranks), generation_tp):
-        replica = ranks[first:first + generation_tp]
+        replica = ranks[first : first + generation_tp]
         kind = replica[0].device_kind
         if kind not in VISIBLE_DEVICES_ENVS:  # the CPU: nothing to hand over
             continue
         where = f"generation replica of actor ranks {first}..{first + generation_tp - 1}"
         if any(len(rank.device_ids) != 1 for rank in replica):
-            raise ValueError(f"{where}: each actor rank must hold exactly one device id from Ray, they hold "
-                             f"{[list(rank.device_ids) for rank in replica]}; Ray assigns ids only for the "
-                             "accelerators it manages, so resources.accelerator_resource must be NPU on Ascend "
-                             f"or GPU on NVIDIA to use rollout.tensor_parallel_size {generation_tp} there")
+            raise ValueError(
+                f"{where}: each actor rank must hold exactly one device id from Ray, they hold "
+                f"{[list(rank.device_ids) for rank in replica]}; Ray assigns ids only for the "
+                "accelerators it manages, so resources.accelerator_resource must be NPU on Ascend "
+                f"or GPU on NVIDIA to use rollout.tensor_parallel_size {generation_tp} there"
+            )
         devices = [rank.device_ids[0] for rank in replica]
         if len(set(devices)) != len(devices):
-            raise ValueError(f"{where}: its ranks share devices {devices}; one engine's TP workers need "
-                             "distinct devices")
+            raise ValueError(
+                f"{where}: its ranks share devices {devices}; one engine's TP workers need distinct devices"
+            )
         if len({rank.node_id for rank in replica}) != 1:
-            raise ValueError(f"{where}: its ranks landed on several nodes, but one engine's TP workers run on "
-                             "its node; make rollout.tensor_parallel_size divide resources.devices_per_node "
-                             "and give the job whole nodes")
+            raise ValueError(
+                f"{where}: its ranks landed on several nodes, but one engine's TP workers run on "
+                "its node; make rollout.tensor_parallel_size divide resources.devices_per_node "
+                "and give the job whole nodes"
+            )
         environments[first] = {VISIBLE_DEVICES_ENVS[kind]: ",".join(devices)}
     return environments

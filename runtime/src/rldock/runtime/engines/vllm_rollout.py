@@ -110,10 +110,12 @@ def _check_visible_devices(device: DeviceInfo, tp: int) -> None:
     device_type = torch.device(device.torch_device).type
     visible = len(listed.split(",")) if listed else torch.get_device_module(device_type).device_count()
     if visible < tp:
-        raise RuntimeError(f"rollout.tensor_parallel_size={tp} needs {tp} {device_type} devices visible to the "
-                           f"engine's actor, which sees {visible} ({name}={listed!r}); the trainer hands a "
-                           "replica's devices to its first rank, so start the engine through it (`rldock train`), "
-                           "or make the devices visible yourself")
+        raise RuntimeError(
+            f"rollout.tensor_parallel_size={tp} needs {tp} {device_type} devices visible to the "
+            f"engine's actor, which sees {visible} ({name}={listed!r}); the trainer hands a "
+            "replica's devices to its first rank, so start the engine through it (`rldock train`), "
+            "or make the devices visible yourself"
+        )
 
 
 def _restore_env(key: str, value: str | None) -> None:
@@ -189,8 +191,9 @@ class VllmRolloutEngine:
         self._rollout = rollout
         self._seed = seed
         self._device = device
-        self.dtype = generation_dtype(model_dtype=dtype, rollout_dtype=rollout.dtype,
-                                      on_cpu=device.engine_kind == "cpu")
+        self.dtype = generation_dtype(
+            model_dtype=dtype, rollout_dtype=rollout.dtype, on_cpu=device.engine_kind == "cpu"
+        )
         if self.dtype != dtype:
             logger.info("vLLM generates in %s (model.dtype %s is the trainer's)", self.dtype, dtype)
         engine_args: dict = dict(
@@ -213,8 +216,9 @@ class VllmRolloutEngine:
             # do), vLLM splits one prompt's prefill, discards the token sampled for it and rewinds
             # that request's seeded generator, which a CPU generator refuses ("CPU Generator does
             # not use offset"). Unchunked, a prompt that does not fit waits for the next step.
-            engine_args.update(enable_chunked_prefill=False,
-                               max_num_batched_tokens=max(_CPU_STEP_TOKENS, max_model_len))
+            engine_args.update(
+                enable_chunked_prefill=False, max_num_batched_tokens=max(_CPU_STEP_TOKENS, max_model_len)
+            )
         else:
             engine_args.update(
                 gpu_memory_utilization=rollout.gpu_memory_utilization,
@@ -247,9 +251,7 @@ class VllmRolloutEngine:
         # Sleep and wake around generation; on CPU the same sequence with no engine calls (vLLM
         # refuses sleep mode there). The actor sets `memory.reload` for level 2.
         self.memory = SleepCycle(self._llm, level=rollout.sleep_level, enabled=device.engine_kind != "cpu")
-        logger.info(
-            "vLLM engine for %s on %s started in %.1f s", model_dir, device.torch_device, self.start_seconds
-        )
+        logger.info("vLLM engine for %s on %s started in %.1f s", model_dir, device.torch_device, self.start_seconds)
 
     def sample(
         self,
@@ -275,15 +277,32 @@ class VllmRolloutEngine:
         """
         if not prompts:
             return []
-        requests, params = self._requests(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id,
-                                          seed=seed, greedy=greedy, logprobs=logprobs, prompt_keys=prompt_keys)
+        requests, params = self._requests(
+            prompts,
+            n=n,
+            max_tokens=max_tokens,
+            eos_token_id=eos_token_id,
+            seed=seed,
+            greedy=greedy,
+            logprobs=logprobs,
+            prompt_keys=prompt_keys,
+        )
         self.memory.before_generation()
         outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [_completions(out, eos_token_id) for out in outputs]
 
-    def _requests(self, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int, eos_token_id: int,
-                  seed: int | None, greedy: bool = False, logprobs: bool = False,
-                  prompt_keys: Sequence[int] | None = None) -> tuple[list, list]:
+    def _requests(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        n: int,
+        max_tokens: int,
+        eos_token_id: int,
+        seed: int | None,
+        greedy: bool = False,
+        logprobs: bool = False,
+        prompt_keys: Sequence[int] | None = None,
+    ) -> tuple[list, list]:
         """vLLM's prompts and per-prompt sampling parameters for `sample` and `stream`."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -323,8 +342,9 @@ class VllmRolloutEngine:
         still generate. Same seeds, hence the same responses, as `generate`."""
         if not prompts:
             return
-        requests, params = self._requests(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id,
-                                          seed=seed, prompt_keys=prompt_keys)
+        requests, params = self._requests(
+            prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
+        )
         self.memory.before_generation()
         request_ids = self._llm.enqueue(requests, params, use_tqdm=False)
         # enqueue returns vLLM's internal ids ("<external>-<8 random chars>"); outputs carry the
@@ -347,8 +367,9 @@ class VllmRolloutEngine:
         prompt_keys: Sequence[int] | None = None,
     ) -> list[list[list[int]]]:
         """Per prompt, `n` response token id lists sampled with the rollout temperature/top_p."""
-        completions = self.sample(prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed,
-                                  prompt_keys=prompt_keys)
+        completions = self.sample(
+            prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
+        )
         return [[c.token_ids for c in group] for group in completions]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> float:
@@ -372,7 +393,8 @@ class VllmRolloutEngine:
                 # In-process executor: the callable runs on the worker here, so the iterator
                 # reaches it as is (no pickling of tensors); each tensor is cast as it is loaded.
                 weights: Iterable[tuple[str, torch.Tensor]] = (
-                    (name, tensor.to(dtype)) for name, tensor in named_tensors)
+                    (name, tensor.to(dtype)) for name, tensor in named_tensors
+                )
             else:
                 # Worker processes: the pairs are pickled once per worker. Each tensor is copied
                 # into its own host storage first: pickling a view (of the gathered buffer, or a

@@ -21,8 +21,12 @@ def freeze_embeddings(model: nn.Module) -> int:
     """Stop gradients to the input embeddings and the LM head (one tensor when tied); returns the
     number of parameters frozen."""
     hf_model: Any = model  # a Hugging Face model: nn.Module's attribute type does not know its methods
-    frozen = {id(p): p for module in (hf_model.get_input_embeddings(), hf_model.get_output_embeddings())
-              if module is not None for p in module.parameters()}
+    frozen = {
+        id(p): p
+        for module in (hf_model.get_input_embeddings(), hf_model.get_output_embeddings())
+        if module is not None
+        for p in module.parameters()
+    }
     for param in frozen.values():
         param.requires_grad_(False)
     count = sum(p.numel() for p in frozen.values())

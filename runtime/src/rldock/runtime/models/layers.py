@@ -26,8 +26,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
         names.update(getattr(module, "_no_split_modules", None) or ())
     layers = [module for module in model.modules() if type(module).__name__ in names]
     if not layers:
-        raise ValueError(f"{type(model).__name__} declares no decoder layer class (_no_split_modules); "
-                         "FSDP and gradient checkpointing need one per layer")
+        raise ValueError(
+            f"{type(model).__name__} declares no decoder layer class (_no_split_modules); "
+            "FSDP and gradient checkpointing need one per layer"
+        )
     return layers
 
 

@@ -38,16 +38,19 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"tokenizer at model.path {path} defines no eos token; set eos_token in its "
-                         "tokenizer_config.json (generation stops on it)")
+        raise ValueError(
+            f"tokenizer at model.path {path} defines no eos token; set eos_token in its "
+            "tokenizer_config.json (generation stops on it)"
+        )
     if tokenizer.pad_token_id is None:
         logger.info("tokenizer at %s defines no pad token; padding with eos %r", path, tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_causal_lm(path: str | Path, *, dtype: str | torch.dtype = "float32",
-                   device: str | torch.device = "cpu") -> PreTrainedModel:
+def load_causal_lm(
+    path: str | Path, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+) -> PreTrainedModel:
     """The causal LM saved at `path` (model.path), in `dtype` (model.dtype), on `device`."""
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -57,8 +60,9 @@ def load_causal_lm(path: str | Path, *, dtype: str | torch.dtype = "float32",
     return model.to(device)  # type: ignore[arg-type]  # transformers' `to` wrapper hides torch's signature
 
 
-def _token_lists(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], *,
-                 add_special_tokens: bool) -> list[list[int]]:
+def _token_lists(
+    tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], *, add_special_tokens: bool
+) -> list[list[int]]:
     return tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"]
 
 
@@ -74,8 +78,7 @@ def _pad(rows: list[list[int]], length: int, pad_id: int, *, left: bool) -> Toke
     return TokenBatch(ids, mask)
 
 
-def encode_prompts(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
-                   max_length: int) -> TokenBatch:
+def encode_prompts(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], max_length: int) -> TokenBatch:
     """Prompts as BOS + tokens, left-padded to `max_length` (algorithm.max_prompt_length, PL).
 
     Raises ValueError for a prompt longer than PL: cutting it would change the question.
@@ -98,8 +101,7 @@ def pad_prompts(rows: Sequence[Sequence[int]], max_length: int, pad_id: int) -> 
     return _pad([list(row) for row in rows], max_length, pad_id, left=True)
 
 
-def encode_answers(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
-                   max_length: int) -> TokenBatch:
+def encode_answers(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], max_length: int) -> TokenBatch:
     """Reference answers as tokens (no BOS/EOS), right-padded to `max_length` (A)."""
     rows = _token_lists(tokenizer, texts, add_special_tokens=False)
     for text, row in zip(texts, rows):
@@ -108,15 +110,12 @@ def encode_answers(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str],
     return _pad(rows, max_length, tokenizer.pad_token_id, left=False)
 
 
-def max_token_length(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], *,
-                     add_special_tokens: bool) -> int:
+def max_token_length(tokenizer: PreTrainedTokenizerFast, texts: Sequence[str], *, add_special_tokens: bool) -> int:
     """Longest tokenization of `texts`: sizes PL (prompts, with BOS) or A (answers, without)."""
-    return max((len(row) for row in _token_lists(tokenizer, texts, add_special_tokens=add_special_tokens)),
-               default=0)
+    return max((len(row) for row in _token_lists(tokenizer, texts, add_special_tokens=add_special_tokens)), default=0)
 
 
-def decode_responses(tokenizer: PreTrainedTokenizerFast, ids: torch.Tensor,
-                     mask: torch.Tensor) -> list[str]:
+def decode_responses(tokenizer: PreTrainedTokenizerFast, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     """Response texts from right-padded `ids` (B, SL) and `mask` (B, SL): tokens up to the first
     EOS, with special tokens dropped."""
     eos = tokenizer.eos_token_id
@@ -124,6 +123,6 @@ def decode_responses(tokenizer: PreTrainedTokenizerFast, ids: torch.Tensor,
     for row, row_mask in zip(ids.tolist(), mask.tolist()):
         tokens = [t for t, m in zip(row, row_mask) if m]
         if eos in tokens:
-            tokens = tokens[:tokens.index(eos)]
+            tokens = tokens[: tokens.index(eos)]
         texts.append(cast(str, tokenizer.decode(tokens, skip_special_tokens=True)))  # one sequence: one str
     return texts

@@ -29,14 +29,20 @@ def add_lora(model: torch.nn.Module, spec: LoraSpec, *, adapter_dir: str | Path 
     Raises ValueError naming training.lora.target_modules when none of them is in the model."""
     names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     if not names & set(spec.target_modules):
-        raise ValueError(f"training.lora.target_modules {spec.target_modules} names no Linear module of the model "
-                         f"(it has {sorted(names)})")
+        raise ValueError(
+            f"training.lora.target_modules {spec.target_modules} names no Linear module of the model "
+            f"(it has {sorted(names)})"
+        )
     if adapter_dir is not None:
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
     # peft annotates lora_alpha as int; it scales by alpha / r as a float, so a float alpha is kept as given
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha,  # type: ignore[arg-type]
-                        target_modules=list(spec.target_modules),
-                        lora_dropout=spec.dropout, bias="none")
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,  # type: ignore[arg-type]
+        target_modules=list(spec.target_modules),
+        lora_dropout=spec.dropout,
+        bias="none",
+    )
     return get_peft_model(model, config)
 
 
@@ -62,4 +68,3 @@ def adapters_off(model: PeftModel) -> Iterator[None]:
     """The base model (the reference policy) inside the block: the adapters are skipped."""
     with model.disable_adapter():
         yield
-

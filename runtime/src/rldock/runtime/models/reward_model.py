@@ -30,8 +30,9 @@ class RewardModel:
     def score(self, texts: Sequence[str]) -> torch.Tensor:
         """(B,) float32 on the CPU: the classifier's logit for each text, at its last real token."""
         encoded = self.tokenizer(list(texts), padding=True, return_tensors="pt")
-        logits = self.model(input_ids=encoded["input_ids"].to(self.device),
-                            attention_mask=encoded["attention_mask"].to(self.device)).logits  # (B, 1)
+        logits = self.model(
+            input_ids=encoded["input_ids"].to(self.device), attention_mask=encoded["attention_mask"].to(self.device)
+        ).logits  # (B, 1)
         return logits[:, 0].float().cpu()  # (B,)
 
 
@@ -41,19 +42,25 @@ def load_reward_model(path: str | Path, *, dtype: str, device: torch.device | st
     # PreTrainedTokenizerFast, as for the policy (models/loading.py): AutoTokenizer may build a
     # model family's own tokenizer class instead of the one saved in the folder.
     if not (Path(path) / "tokenizer.json").is_file():
-        raise ValueError(f"{field}: {path} has no tokenizer.json; save the reward model's (fast) tokenizer "
-                         "beside it with tokenizer.save_pretrained")
+        raise ValueError(
+            f"{field}: {path} has no tokenizer.json; save the reward model's (fast) tokenizer "
+            "beside it with tokenizer.save_pretrained"
+        )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"{field}: the tokenizer at {path} has neither a pad nor an eos token; set "
-                             "tokenizer.pad_token before saving it")
+            raise ValueError(
+                f"{field}: the tokenizer at {path} has neither a pad nor an eos token; set "
+                "tokenizer.pad_token before saving it"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=DTYPES[dtype])
     if model.config.num_labels != 1:
-        raise ValueError(f"{field}: the model at {path} has num_labels {model.config.num_labels}; a reward "
-                         "model gives one scalar per text (num_labels 1)")
+        raise ValueError(
+            f"{field}: the model at {path} has num_labels {model.config.num_labels}; a reward "
+            "model gives one scalar per text (num_labels 1)"
+        )
     # The classifier finds each row's last real token by the pad id: without one it would pool
     # the last column, a pad for every row but the longest.
     model.config.pad_token_id = tokenizer.pad_token_id

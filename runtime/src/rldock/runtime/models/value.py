@@ -27,8 +27,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=False).last_hidden_state  # (B, L, H)
+        hidden = self.body(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, L, H)
         return self.head(hidden).squeeze(-1).float()  # (B, L)
 
 
@@ -39,8 +40,16 @@ def load_value_model(policy_dir: str | Path, *, dtype: str, device: torch.device
     return model.to(device=device, dtype=lm.dtype)
 
 
-def response_values(model: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                    response_mask: Tensor, *, micro_batch_size: int, trim: bool = False) -> Tensor:
+def response_values(
+    model: ValueModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    *,
+    micro_batch_size: int,
+    trim: bool = False,
+) -> Tensor:
     """V(state before response token t) for every t: (B, SL) float32, 0 where the mask is 0.
 
     The state before token t ends at input position PL + t - 1, the same position whose logits
@@ -53,5 +62,5 @@ def response_values(model: ValueModel, prompt_ids: Tensor, prompt_mask: Tensor, 
         inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
         values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
         values = values[:, scored]  # (b, response_end)
-        chunks.append(values * response_mask[plan.rows, :plan.response_end].to(values.dtype))
+        chunks.append(values * response_mask[plan.rows, : plan.response_end].to(values.dtype))
     return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)

@@ -59,7 +59,7 @@ from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.planning.shapes import ModelShape
 from rldock.runtime.states import memory_models, placement_plan
 
-GIB = 1024 ** 3
+GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 COMPUTE_BYTES = {"bf16": 2, "fp16": 2}
 
@@ -127,9 +127,11 @@ class MemoryPlan:
             return self.actor_peak
         if not critic.beside_actor:
             return max(self.actor_peak, critic.peak)
-        return max(self.update.device_total + critic.update.device_total,
-                   self.generation.device_total + critic.generation.device_total,
-                   self.weight_push + critic.update.device_total)
+        return max(
+            self.update.device_total + critic.update.device_total,
+            self.generation.device_total + critic.generation.device_total,
+            self.weight_push + critic.update.device_total,
+        )
 
 
 def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, int]:
@@ -142,15 +144,24 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
     layers = shape.num_layers * shape.layer_params
     params = vocab + layers // tp + shape.hidden_size  # TP splits the decoder layers' weights only
     trainable = params - (vocab if training.freeze_embeddings else 0)
-    return (-(-params * param_bytes // shard), -(-trainable * param_bytes // shard),
-            -(-2 * trainable * param_bytes // shard))
+    return (
+        -(-params * param_bytes // shard),
+        -(-trainable * param_bytes // shard),
+        -(-2 * trainable * param_bytes // shard),
+    )
 
 
 def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int) -> int:
     """What autograd keeps of one decoder layer for `tokens` tokens (module docstring)."""
     h, d = shape.hidden_size, shape.head_dim
-    return tokens * (4 * h + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d
-                              + 4 * shape.intermediate_size) // tp) * element
+    return (
+        tokens
+        * (
+            4 * h
+            + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.intermediate_size) // tp
+        )
+        * element
+    )
 
 
 def _micro_batch_tokens(cfg: JobConfig) -> int:
@@ -199,8 +210,9 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
     if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
         activations = _decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
         state = (params, params, 2 * params)  # params, grads, AdamW's two moments
-        return CriticBytes(update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state),
-                           beside_actor=beside)
+        return CriticBytes(
+            update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
+        )
     dp = training.data_parallel_size
     element = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
     activations = _decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
@@ -215,8 +227,11 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
     else:
         host, after = 0, sharded
     update = (after[0], params if accumulates else after[1], after[2])
-    return CriticBytes(update=PhaseBytes(*update, fsdp_gathered=gathered, activations=activations, host=host),
-                       generation=PhaseBytes(*after, host=host), beside_actor=beside)
+    return CriticBytes(
+        update=PhaseBytes(*update, fsdp_gathered=gathered, activations=activations, host=host),
+        generation=PhaseBytes(*after, host=host),
+        beside_actor=beside,
+    )
 
 
 def _critic_beside_actor(cfg: JobConfig) -> bool:
@@ -231,8 +246,9 @@ def _critic_beside_actor(cfg: JobConfig) -> bool:
 
 def engine_dtype(cfg: JobConfig) -> str:
     """The dtype the job's vLLM engine holds its weights in (rollout.dtype, else model.dtype; float32 on CPU)."""
-    return generation_dtype(model_dtype=cfg.model.dtype, rollout_dtype=cfg.rollout.dtype,
-                            on_cpu=cfg.resources.device == "cpu")
+    return generation_dtype(
+        model_dtype=cfg.model.dtype, rollout_dtype=cfg.rollout.dtype, on_cpu=cfg.resources.device == "cpu"
+    )
 
 
 def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) -> tuple[int, int]:
@@ -260,17 +276,36 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
     sleeps = cfg.resources.device != "cpu"  # vLLM refuses sleep mode on CPU
     # asleep: no KV cache; the weights in host memory at level 1, discarded at level 2
     update_engine = (0, 0, weights if cfg.rollout.sleep_level == 1 else 0) if sleeps else (weights, kv_cache, 0)
-    update = PhaseBytes(*state, fsdp_gathered=gathered, activations=activation_bytes(cfg, shape),
-                        generation_weights=update_engine[0], kv_cache=update_engine[1], host=host + update_engine[2])
+    update = PhaseBytes(
+        *state,
+        fsdp_gathered=gathered,
+        activations=activation_bytes(cfg, shape),
+        generation_weights=update_engine[0],
+        kv_cache=update_engine[1],
+        host=host + update_engine[2],
+    )
     # the update's end: the engine's weights wake (KV cache still freed) and take the new ones
     weight_push = sum(state) + weights + (0 if sleeps else kv_cache)
     swapped = training.resharding == "allgather_swap"
-    generation = PhaseBytes(*((0, 0, 0) if swapped else state), generation_weights=weights, kv_cache=kv_cache,
-                            host=host + (params + grads + optimizer if swapped and not offloaded else 0))
-    return MemoryPlan(model=shape.name, num_params=shape.num_params, strategy=training.strategy,
-                      data_parallel_size=training.data_parallel_size,
-                      tensor_parallel_size=training.tensor_parallel_size, update=update, generation=generation,
-                      device_memory=device_memory, weight_push=weight_push, engine_sleeps=sleeps,
-                      critic=plan_critic(cfg, shape),
-                      kv_cache_tokens=kv_cache * cfg.rollout.tensor_parallel_size
-                      // shape.kv_bytes_per_token(DTYPE_BYTES[engine_dtype(cfg)]))  # a device holds 1/TP of the KV heads
+    generation = PhaseBytes(
+        *((0, 0, 0) if swapped else state),
+        generation_weights=weights,
+        kv_cache=kv_cache,
+        host=host + (params + grads + optimizer if swapped and not offloaded else 0),
+    )
+    return MemoryPlan(
+        model=shape.name,
+        num_params=shape.num_params,
+        strategy=training.strategy,
+        data_parallel_size=training.data_parallel_size,
+        tensor_parallel_size=training.tensor_parallel_size,
+        update=update,
+        generation=generation,
+        device_memory=device_memory,
+        weight_push=weight_push,
+        engine_sleeps=sleeps,
+        critic=plan_critic(cfg, shape),
+        kv_cache_tokens=kv_cache
+        * cfg.rollout.tensor_parallel_size
+        // shape.kv_bytes_per_token(DTYPE_BYTES[engine_dtype(cfg)]),
+    )  # a device holds 1/TP of the KV heads

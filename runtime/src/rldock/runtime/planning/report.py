@@ -11,16 +11,22 @@ ROWS = [f.name for f in fields(PhaseBytes)]
 
 
 def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
-    title = (f"{plan.model}: {plan.num_params / 1e9:.2f}B parameters, {plan.strategy}, "
-             f"DP {plan.data_parallel_size} x TP {plan.tensor_parallel_size}, per device (GiB)")
+    title = (
+        f"{plan.model}: {plan.num_params / 1e9:.2f}B parameters, {plan.strategy}, "
+        f"DP {plan.data_parallel_size} x TP {plan.tensor_parallel_size}, per device (GiB)"
+    )
     lines = [title, f"{'':<20}{'update':>10}{'generation':>12}"]
     for row in ROWS:
         label = "host (not device)" if row == "host" else row
         lines.append(f"{label:<20}{getattr(plan.update, row) / GIB:>10.2f}{getattr(plan.generation, row) / GIB:>12.2f}")
-    lines.append(f"{'device total':<20}{plan.update.device_total / GIB:>10.2f}{plan.generation.device_total / GIB:>12.2f}")
+    lines.append(
+        f"{'device total':<20}{plan.update.device_total / GIB:>10.2f}{plan.generation.device_total / GIB:>12.2f}"
+    )
     if plan.engine_sleeps:
-        lines.append(f"engine asleep through the update; weight push at its end {plan.weight_push / GIB:.2f} GiB "
-                     "(training state and the engine's woken weights)")
+        lines.append(
+            f"engine asleep through the update; weight push at its end {plan.weight_push / GIB:.2f} GiB "
+            "(training state and the engine's woken weights)"
+        )
     else:
         lines.append("engine awake through the update (vLLM has no sleep mode on CPU)")
     lines.append(f"KV cache holds {plan.kv_cache_tokens} tokens")
@@ -28,13 +34,22 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
         layout = "FSDP shards" if plan.strategy == "fsdp" and plan.data_parallel_size > 1 else "DDP replica"
         lines.append(f"critic rank ({layout}, {where}), per device (GiB)")
-        rows = ("params", "grads", "optimizer_state", *(("fsdp_gathered",) if layout == "FSDP shards" else ()),
-                "activations")
+        rows = (
+            "params",
+            "grads",
+            "optimizer_state",
+            *(("fsdp_gathered",) if layout == "FSDP shards" else ()),
+            "activations",
+        )
         for row in rows:
-            lines.append(f"{row:<20}{getattr(plan.critic.update, row) / GIB:>10.2f}"
-                         f"{getattr(plan.critic.generation, row) / GIB:>12.2f}")
-        lines.append(f"{'device total':<20}{plan.critic.update.device_total / GIB:>10.2f}"
-                     f"{plan.critic.generation.device_total / GIB:>12.2f}")
+            lines.append(
+                f"{row:<20}{getattr(plan.critic.update, row) / GIB:>10.2f}"
+                f"{getattr(plan.critic.generation, row) / GIB:>12.2f}"
+            )
+        lines.append(
+            f"{'device total':<20}{plan.critic.update.device_total / GIB:>10.2f}"
+            f"{plan.critic.generation.device_total / GIB:>12.2f}"
+        )
     if plan.device_memory is not None:
         lines.append(f"device memory {plan.device_memory / GIB:.2f} GiB")
     if verdict is not None:
@@ -43,16 +58,27 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
 
 
 def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
-    return {"model": plan.model, "num_params": plan.num_params, "strategy": plan.strategy,
-            "data_parallel_size": plan.data_parallel_size, "tensor_parallel_size": plan.tensor_parallel_size,
-            "device_memory": plan.device_memory, "kv_cache_tokens": plan.kv_cache_tokens,
-            "update": {**asdict(plan.update), "device_total": plan.update.device_total},
-            "generation": {**asdict(plan.generation), "device_total": plan.generation.device_total},
-            "weight_push": plan.weight_push, "engine_sleeps": plan.engine_sleeps, "peak": plan.peak,
-            "critic": None if plan.critic is None else {
-                "beside_actor": plan.critic.beside_actor,
-                "update": {**asdict(plan.critic.update), "device_total": plan.critic.update.device_total},
-                "generation": {**asdict(plan.critic.generation), "device_total": plan.critic.generation.device_total}},
-            "fits": None if verdict is None else verdict.fits,
-            "field": None if verdict is None else verdict.field,
-            "message": None if verdict is None else verdict.message}
+    return {
+        "model": plan.model,
+        "num_params": plan.num_params,
+        "strategy": plan.strategy,
+        "data_parallel_size": plan.data_parallel_size,
+        "tensor_parallel_size": plan.tensor_parallel_size,
+        "device_memory": plan.device_memory,
+        "kv_cache_tokens": plan.kv_cache_tokens,
+        "update": {**asdict(plan.update), "device_total": plan.update.device_total},
+        "generation": {**asdict(plan.generation), "device_total": plan.generation.device_total},
+        "weight_push": plan.weight_push,
+        "engine_sleeps": plan.engine_sleeps,
+        "peak": plan.peak,
+        "critic": None
+        if plan.critic is None
+        else {
+            "beside_actor": plan.critic.beside_actor,
+            "update": {**asdict(plan.critic.update), "device_total": plan.critic.update.device_total},
+            "generation": {**asdict(plan.critic.generation), "device_total": plan.critic.generation.device_total},
+        },
+        "fits": None if verdict is None else verdict.fits,
+        "field": None if verdict is None else verdict.field,
+        "message": None if verdict is None else verdict.message,
+    }

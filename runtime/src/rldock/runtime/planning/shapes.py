@@ -50,12 +50,30 @@ class ModelShape:
 
 # The paper's models (MindSpeed RL trains Qwen2.5-7B and -32B), from their published config.json files.
 PRESETS: dict[str, ModelShape] = {
-    "qwen2.5-7b": ModelShape("Qwen2.5-7B", vocab_size=152064, hidden_size=3584, num_layers=28, num_heads=28,
-                             num_kv_heads=4, head_dim=128, intermediate_size=18944, tie_word_embeddings=False,
-                             qkv_bias=True),
-    "qwen2.5-32b": ModelShape("Qwen2.5-32B", vocab_size=152064, hidden_size=5120, num_layers=64, num_heads=40,
-                              num_kv_heads=8, head_dim=128, intermediate_size=27648, tie_word_embeddings=False,
-                              qkv_bias=True),
+    "qwen2.5-7b": ModelShape(
+        "Qwen2.5-7B",
+        vocab_size=152064,
+        hidden_size=3584,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+    ),
+    "qwen2.5-32b": ModelShape(
+        "Qwen2.5-32B",
+        vocab_size=152064,
+        hidden_size=5120,
+        num_layers=64,
+        num_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=27648,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+    ),
 }
 
 
@@ -64,8 +82,11 @@ def shape_from_hf_config(config: dict, *, name: str) -> ModelShape:
     heads = config["num_attention_heads"]
     model_type = config.get("model_type", "")
     return ModelShape(
-        name=name, vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-        num_layers=config["num_hidden_layers"], num_heads=heads,
+        name=name,
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=heads,
         num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
         intermediate_size=config["intermediate_size"],
@@ -83,6 +104,8 @@ def load_shape(*, preset: str | None, model_path: str) -> ModelShape:
         return PRESETS[preset]
     path = Path(model_path).expanduser() / "config.json"  # the trainer expands `~` too
     if not path.is_file():
-        raise ValueError(f"model.path: {path} not found; point model.path at a Hugging Face model folder or "
-                         f"pass --model-preset ({', '.join(sorted(PRESETS))})")
+        raise ValueError(
+            f"model.path: {path} not found; point model.path at a Hugging Face model folder or "
+            f"pass --model-preset ({', '.join(sorted(PRESETS))})"
+        )
     return shape_from_hf_config(json.loads(path.read_text()), name=Path(model_path).name)

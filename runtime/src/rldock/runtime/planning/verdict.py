@@ -35,17 +35,29 @@ def _candidates(cfg: JobConfig) -> list[tuple[str, str, Callable[[JobConfig], Jo
     if training.strategy == "ddp" and training.tensor_parallel_size == 1 and training.data_parallel_size > 1:
         found.append(("training.strategy", "strategy: fsdp", lambda c: _with_training(c, strategy="fsdp")))
     if not training.gradient_checkpointing:
-        found.append(("training.gradient_checkpointing", "gradient_checkpointing: true",
-                      lambda c: _with_training(c, gradient_checkpointing=True)))
+        found.append(
+            (
+                "training.gradient_checkpointing",
+                "gradient_checkpointing: true",
+                lambda c: _with_training(c, gradient_checkpointing=True),
+            )
+        )
     if training.resharding == "naive":
-        found.append(("training.resharding", "resharding: allgather_swap",
-                      lambda c: _with_training(c, resharding="allgather_swap")))
+        found.append(
+            (
+                "training.resharding",
+                "resharding: allgather_swap",
+                lambda c: _with_training(c, resharding="allgather_swap"),
+            )
+        )
     if training.micro_batch_size > 1:
-        found.append(("training.micro_batch_size", "micro_batch_size: 1",
-                      lambda c: _with_training(c, micro_batch_size=1)))
+        found.append(
+            ("training.micro_batch_size", "micro_batch_size: 1", lambda c: _with_training(c, micro_batch_size=1))
+        )
     if training.strategy == "fsdp" and not training.fsdp_cpu_offload:
-        found.append(("training.fsdp_cpu_offload", "fsdp_cpu_offload: true",
-                      lambda c: _with_training(c, fsdp_cpu_offload=True)))
+        found.append(
+            ("training.fsdp_cpu_offload", "fsdp_cpu_offload: true", lambda c: _with_training(c, fsdp_cpu_offload=True))
+        )
     return found
 
 
@@ -58,39 +70,68 @@ def _engine_refusal(cfg: JobConfig, weights: int, device_memory: int) -> Verdict
     gen_tp = cfg.rollout.tensor_parallel_size
     share = "one whole replica per rank" if gen_tp == 1 else f"1/{gen_tp} of the model per device"
     dtype = engine_dtype(cfg)
-    said = (f"the engine's weights ({weights / GIB:.1f} GiB in {dtype}, {share}) exceed rollout.gpu_memory_utilization "
-             f"{cfg.rollout.gpu_memory_utilization} of the "
-            f"{device_memory / GIB:.1f} GiB device")
+    said = (
+        f"the engine's weights ({weights / GIB:.1f} GiB in {dtype}, {share}) exceed rollout.gpu_memory_utilization "
+        f"{cfg.rollout.gpu_memory_utilization} of the "
+        f"{device_memory / GIB:.1f} GiB device"
+    )
     if weights < 0.9 * device_memory:
-        return Verdict(False, "rollout.gpu_memory_utilization",
-                       f"{said}; raise it above {weights / device_memory:.2f}, leaving room for the KV cache")
+        return Verdict(
+            False,
+            "rollout.gpu_memory_utilization",
+            f"{said}; raise it above {weights / device_memory:.2f}, leaving room for the KV cache",
+        )
     if dtype == "float32" and weights / 2 < 0.9 * device_memory:
-        return Verdict(False, "rollout.dtype", f"{said}; rollout.dtype: bfloat16 halves them (training keeps "
-                       "its float32 weights), then raise rollout.gpu_memory_utilization")
-    return Verdict(False, "rollout.tensor_parallel_size", f"{said}; even in bfloat16 they do not fit: raise "
-                   "rollout.tensor_parallel_size to split the engine over more devices, or use a larger device")
+        return Verdict(
+            False,
+            "rollout.dtype",
+            f"{said}; rollout.dtype: bfloat16 halves them (training keeps "
+            "its float32 weights), then raise rollout.gpu_memory_utilization",
+        )
+    return Verdict(
+        False,
+        "rollout.tensor_parallel_size",
+        f"{said}; even in bfloat16 they do not fit: raise "
+        "rollout.tensor_parallel_size to split the engine over more devices, or use a larger device",
+    )
 
 
 def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory: int) -> Verdict:
     """A PPO critic rank alone exceeds its device: only its micro-batch, the dtype or the device
     (or, under FSDP, more ranks to shard over) can change that."""
-    layout = (f"the value model with AdamW sharded over {cfg.training.data_parallel_size} FSDP ranks"
-              if critic_is_sharded(cfg) else "a full DDP replica of the value model with AdamW")
-    need = (f"a critic rank (algorithm.name {cfg.algorithm.name}: {layout}) needs {peak / GIB:.1f} GiB > "
-            f"{device_memory / GIB:.1f} GiB per device")
+    layout = (
+        f"the value model with AdamW sharded over {cfg.training.data_parallel_size} FSDP ranks"
+        if critic_is_sharded(cfg)
+        else "a full DDP replica of the value model with AdamW"
+    )
+    need = (
+        f"a critic rank (algorithm.name {cfg.algorithm.name}: {layout}) needs {peak / GIB:.1f} GiB > "
+        f"{device_memory / GIB:.1f} GiB per device"
+    )
     for field, change, changed in (
-            ("training.micro_batch_size", "training.micro_batch_size: 1", lambda c: _with_training(c, micro_batch_size=1)),
-            ("model.dtype", "model.dtype: bfloat16", lambda c: c.model_copy(update={
-                "model": c.model.model_copy(update={"dtype": "bfloat16"})}))):
+        ("training.micro_batch_size", "training.micro_batch_size: 1", lambda c: _with_training(c, micro_batch_size=1)),
+        (
+            "model.dtype",
+            "model.dtype: bfloat16",
+            lambda c: c.model_copy(update={"model": c.model.model_copy(update={"dtype": "bfloat16"})}),
+        ),
+    ):
         after = plan_critic(changed(cfg), shape)
         if after is not None and after.peak <= device_memory:
             return Verdict(False, field, f"{need}; set {change} (the critic then {after.peak / GIB:.1f} GiB)")
     if critic_is_sharded(cfg):
-        return Verdict(False, "training.data_parallel_size", f"{need}; raise training.data_parallel_size to "
-                       "shard the critic over more ranks, or use a larger device")
-    return Verdict(False, "resources.device_memory_gib", f"{need}; critic ranks are not sharded under strategy "
-                   "ddp: use training.strategy: fsdp with more data-parallel ranks, a larger device or a "
-                   "smaller model")
+        return Verdict(
+            False,
+            "training.data_parallel_size",
+            f"{need}; raise training.data_parallel_size to shard the critic over more ranks, or use a larger device",
+        )
+    return Verdict(
+        False,
+        "resources.device_memory_gib",
+        f"{need}; critic ranks are not sharded under strategy "
+        "ddp: use training.strategy: fsdp with more data-parallel ranks, a larger device or a "
+        "smaller model",
+    )
 
 
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:
@@ -109,17 +150,24 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
         after = plan_memory(changed(cfg), shape, device_memory=device_memory)
         if _fits(after):
             return Verdict(False, field, f"{need}; set training.{change} (peak then {after.peak / GIB:.1f} GiB)")
-    lean = _with_training(cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap",
-                          tensor_parallel_size=1)
+    lean = _with_training(
+        cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap", tensor_parallel_size=1
+    )
     dp = cfg.training.data_parallel_size
     while dp <= MAX_SEARCHED_DP:
         dp *= 2
         after = plan_memory(_with_training(lean, data_parallel_size=dp), shape, device_memory=device_memory)
         if _fits(after):
-            return Verdict(False, "training.data_parallel_size",
-                           f"{need}; no single setting fits; with strategy fsdp, gradient_checkpointing and "
-                           f"allgather_swap it needs training.data_parallel_size >= {dp} "
-                           f"(peak then {after.peak / GIB:.1f} GiB), or a larger device")
-    return Verdict(False, "resources.device_memory_gib",
-                   f"{need}; it does not fit even sharded over {MAX_SEARCHED_DP} ranks: the engine and activations "
-                   "alone exceed the device; lower training.micro_batch_size or the sequence lengths")
+            return Verdict(
+                False,
+                "training.data_parallel_size",
+                f"{need}; no single setting fits; with strategy fsdp, gradient_checkpointing and "
+                f"allgather_swap it needs training.data_parallel_size >= {dp} "
+                f"(peak then {after.peak / GIB:.1f} GiB), or a larger device",
+            )
+    return Verdict(
+        False,
+        "resources.device_memory_gib",
+        f"{need}; it does not fit even sharded over {MAX_SEARCHED_DP} ranks: the engine and activations "
+        "alone exceed the device; lower training.micro_batch_size or the sequence lengths",
+    )

@@ -40,10 +40,20 @@ WeightLoader = Callable[[Iterable[tuple[str, torch.Tensor]]], None]
 class Resharder:
     """Moves one rank between its training and generation layouts (collective: all ranks call it)."""
 
-    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh,
-                 plan: ReshardPlan, rank: int, mode: ReshardMode, bucket_bytes: int,
-                 load_weights: WeightLoader, generation_tensors: Callable[[], Iterable[torch.Tensor]],
-                 kv_cache_bytes: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        mesh: DeviceMesh,
+        plan: ReshardPlan,
+        rank: int,
+        mode: ReshardMode,
+        bucket_bytes: int,
+        load_weights: WeightLoader,
+        generation_tensors: Callable[[], Iterable[torch.Tensor]],
+        kv_cache_bytes: Callable[[], int] = lambda: 0,
+    ):
         if mode not in MODES:
             raise ValueError(f"training.resharding must be one of {MODES}, got {mode!r}")
         self.model, self.optimizer, self.mesh, self.plan = model, optimizer, mesh, plan
@@ -66,8 +76,13 @@ class Resharder:
         tensors = dict(training_state(self.model, self.optimizer))
         tensors["generation_weights"] = list(self.generation_tensors())
         tensors["temp_buffer"] = list(self.gathered.buffers.values()) if self.gathered else []
-        entry = ledger_entry(stage, tensors, device=self.device, kv_cache_bytes=self.kv_cache_bytes(),
-                             host_swap_bytes=self.swapper.swapped_bytes)
+        entry = ledger_entry(
+            stage,
+            tensors,
+            device=self.device,
+            kv_cache_bytes=self.kv_cache_bytes(),
+            host_swap_bytes=self.swapper.swapped_bytes,
+        )
         self.ledger.append(entry)
         return entry
 
@@ -80,12 +95,16 @@ class Resharder:
         tp_group = self.mesh["tp"].get_group() if train.tp_size > 1 else None
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        self.gathered = allgather_weights(self.model, tp_group=tp_group, tp_size=train.tp_size,
-                                          bucket_bytes=self.bucket_bytes)
+        self.gathered = allgather_weights(
+            self.model, tp_group=tp_group, tp_size=train.tp_size, bucket_bytes=self.bucket_bytes
+        )
         timings["gather_s"] = _lap(start)
         start = time.perf_counter()
-        self.load_weights(generation_items(self.gathered, tp_rank=self.gen_tp_rank,
-                                           tp_size=self.plan.generate.tp_size, plan=self.tp_plan))
+        self.load_weights(
+            generation_items(
+                self.gathered, tp_rank=self.gen_tp_rank, tp_size=self.plan.generate.tp_size, plan=self.tp_plan
+            )
+        )
         timings["load_s"] = _lap(start)
         self.record("resharded")
         if self.mode == "allgather_swap":

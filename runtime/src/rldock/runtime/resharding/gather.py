@@ -107,14 +107,15 @@ def allocate_buffers(entries: list[ParamEntry], device: torch.device) -> Gathere
     views = {}
     for entry in entries:
         start = offsets[entry.dtype]
-        views[entry.name] = buffers[entry.dtype][start:start + entry.full_numel].view(entry.full_shape)
+        views[entry.name] = buffers[entry.dtype][start : start + entry.full_numel].view(entry.full_shape)
         offsets[entry.dtype] = start + entry.full_numel
     return GatheredWeights(buffers, views, {e.name: e.full_shape for e in entries})
 
 
 @torch.no_grad()
-def allgather_weights(model: nn.Module, *, tp_group: dist.ProcessGroup | None, tp_size: int,
-                      bucket_bytes: int) -> GatheredWeights:
+def allgather_weights(
+    model: nn.Module, *, tp_group: dist.ProcessGroup | None, tp_size: int, bucket_bytes: int
+) -> GatheredWeights:
     """Gather every parameter of `model` at full size into the temporary buffer (collective over
     `tp_group`: every TP rank calls it with the same model structure)."""
     pairs = param_entries(model)
@@ -135,8 +136,7 @@ def allgather_weights(model: nn.Module, *, tp_group: dist.ProcessGroup | None, t
         chunks = receive.view(tp_size, send.numel())  # (TP, s): row r is TP rank r's send
         offset = 0
         for entry in sharded:
-            parts = [chunks[r, offset:offset + entry.local_numel].view(entry.local_shape)
-                     for r in range(tp_size)]
+            parts = [chunks[r, offset : offset + entry.local_numel].view(entry.local_shape) for r in range(tp_size)]
             assert entry.shard_dim is not None  # `sharded` holds the split entries only
             torch.cat(parts, dim=entry.shard_dim, out=gathered.views[entry.name])
             offset += entry.local_numel

@@ -22,8 +22,7 @@ CATEGORIES = ("train_params", "grads", "optimizer_state", "generation_weights", 
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 
 
-def resident_bytes(tensors: Iterable[torch.Tensor], *, device_type: str,
-                   seen: set[int] | None = None) -> int:
+def resident_bytes(tensors: Iterable[torch.Tensor], *, device_type: str, seen: set[int] | None = None) -> int:
     """Bytes of the distinct allocated storages of `tensors` on `device_type`.
 
     `seen` (storage addresses) is shared across calls so that a storage counts in one category only.
@@ -39,8 +38,14 @@ def resident_bytes(tensors: Iterable[torch.Tensor], *, device_type: str,
     return total
 
 
-def ledger_entry(stage: str, tensors_by_category: Mapping[str, Iterable[torch.Tensor]], *,
-                 device: torch.device, kv_cache_bytes: int = 0, host_swap_bytes: int = 0) -> dict:
+def ledger_entry(
+    stage: str,
+    tensors_by_category: Mapping[str, Iterable[torch.Tensor]],
+    *,
+    device: torch.device,
+    kv_cache_bytes: int = 0,
+    host_swap_bytes: int = 0,
+) -> dict:
     """One ledger row: {"stage", "device_bytes": {category: bytes}, "host_swap", "allocator"}.
 
     `kv_cache_bytes` comes from the engine (its cache is not a tensor set the ledger can see);
@@ -49,15 +54,16 @@ def ledger_entry(stage: str, tensors_by_category: Mapping[str, Iterable[torch.Te
     unknown = set(tensors_by_category) - set(CATEGORIES)
     assert not unknown, f"unknown ledger categories {sorted(unknown)}"
     seen: set[int] = set()
-    device_bytes = {category: resident_bytes(tensors_by_category.get(category, ()), device_type=device.type,
-                                             seen=seen)
-                    for category in CATEGORIES if category != "kv_cache"}
+    device_bytes = {
+        category: resident_bytes(tensors_by_category.get(category, ()), device_type=device.type, seen=seen)
+        for category in CATEGORIES
+        if category != "kv_cache"
+    }
     device_bytes["kv_cache"] = int(kv_cache_bytes)
     allocator = None
     if device.type != "cpu":
         allocator = int(torch.get_device_module(device.type).memory_allocated(device))
-    return {"stage": stage, "device_bytes": device_bytes, "host_swap": int(host_swap_bytes),
-            "allocator": allocator}
+    return {"stage": stage, "device_bytes": device_bytes, "host_swap": int(host_swap_bytes), "allocator": allocator}
 
 
 def train_state_bytes(entry: dict) -> int:

@@ -88,4 +88,5 @@ class ReshardPlan:
         if self.train.world_size != self.generate.world_size:
             raise ValueError(
                 f"training TP x DP = {self.train.tp_size} x {self.train.dp_size} and generation TP x DP "
-                f"= {self.generate.tp_size} x {self.generate.dp_size} must cover the same ranks")
+                f"= {self.generate.tp_size} x {self.generate.dp_size} must cover the same ranks"
+            )

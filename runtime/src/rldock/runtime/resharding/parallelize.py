@@ -39,14 +39,20 @@ def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     tp_size = mesh["tp"].size()
     config: Any = model.config  # the architecture's Hugging Face config
     check_architecture(tp_size=tp_size, model_type=config.model_type, field="training.tensor_parallel_size")
-    check_divisible(tp_size=tp_size, num_heads=config.num_attention_heads,
-                    num_kv_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
-                    field="training.tensor_parallel_size")
+    check_divisible(
+        tp_size=tp_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        field="training.tensor_parallel_size",
+    )
     if tp_size == 1:
         return model
-    plan = {f"model.layers.{i}.{suffix}": _STYLES[style]()
-            for i in range(config.num_hidden_layers)
-            for suffix, style in TP_PLANS[config.model_type].linears.items()}
+    plan = {
+        f"model.layers.{i}.{suffix}": _STYLES[style]()
+        for i in range(config.num_hidden_layers)
+        for suffix, style in TP_PLANS[config.model_type].linears.items()
+    }
     return parallelize_module(model, mesh["tp"], plan)
 
 
@@ -107,8 +113,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float
     return float(total)
 
 
-def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, *,
-                    max_grad_norm: float) -> float:
+def apply_gradients(
+    model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, *, max_grad_norm: float
+) -> float:
     """After backward: complete per-head gradients over TP, average over DP, clip over the whole
     (TP-split) model, step. Returns the norm."""
     sum_partial_gradients(model, mesh)

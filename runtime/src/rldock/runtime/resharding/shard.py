@@ -20,8 +20,7 @@ from rldock.runtime.resharding.gather import GatheredWeights
 from rldock.runtime.resharding.parallel_layout import shard_dim
 
 
-def generation_shard(name: str, full: torch.Tensor, *, tp_rank: int, tp_size: int,
-                     plan: TpPlan | None) -> torch.Tensor:
+def generation_shard(name: str, full: torch.Tensor, *, tp_rank: int, tp_size: int, plan: TpPlan | None) -> torch.Tensor:
     """The part of the full parameter `name` that generation TP rank `tp_rank` of `tp_size` holds
     under `plan` (a view; the whole tensor when the parameter is replicated). `plan` may be None
     only at TP 1 (an architecture without a plan)."""
@@ -36,8 +35,9 @@ def generation_shard(name: str, full: torch.Tensor, *, tp_rank: int, tp_size: in
     return full.narrow(dim, tp_rank * size, size)
 
 
-def generation_items(gathered: GatheredWeights, *, tp_rank: int, tp_size: int,
-                     plan: TpPlan | None) -> Iterator[tuple[str, torch.Tensor]]:
+def generation_items(
+    gathered: GatheredWeights, *, tp_rank: int, tp_size: int, plan: TpPlan | None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, this generation rank's shard) for every gathered parameter."""
     for name, full in gathered.views.items():
         yield name, generation_shard(name, full, tp_rank=tp_rank, tp_size=tp_size, plan=plan)
@@ -46,8 +46,16 @@ def generation_items(gathered: GatheredWeights, *, tp_rank: int, tp_size: int,
 class GenerationWeights:
     """Generation-layout weights held as preallocated tensors, updated in place by `load`."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], *, dtype: torch.dtype, device: torch.device,
-                 tp_rank: int, tp_size: int, plan: TpPlan | None):
+    def __init__(
+        self,
+        shapes: dict[str, tuple[int, ...]],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        tp_rank: int,
+        tp_size: int,
+        plan: TpPlan | None,
+    ):
         self.tensors: dict[str, torch.Tensor] = {}
         for name, shape in shapes.items():
             full = torch.empty(shape, dtype=dtype, device="meta")
@@ -59,8 +67,10 @@ class GenerationWeights:
         for name, value in items:
             target = self.tensors.get(name)
             if target is None or target.shape != value.shape:
-                raise ValueError(f"generation weight {name}: expected "
-                                 f"{None if target is None else tuple(target.shape)}, got {tuple(value.shape)}")
+                raise ValueError(
+                    f"generation weight {name}: expected "
+                    f"{None if target is None else tuple(target.shape)}, got {tuple(value.shape)}"
+                )
             target.copy_(value)
 
     @property

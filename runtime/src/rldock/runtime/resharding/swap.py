@@ -31,8 +31,12 @@ def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
     """This rank's training tensors by category (local shards of DTensors)."""
     params = list(model.parameters())
     device = params[0].device
-    state = [local_tensor(value) for per_param in optimizer.state.values() for value in per_param.values()
-             if isinstance(value, torch.Tensor) and value.device == device]  # step counters may live on host
+    state = [
+        local_tensor(value)
+        for per_param in optimizer.state.values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor) and value.device == device
+    ]  # step counters may live on host
     return {
         "train_params": [local_tensor(p.detach()) for p in params],
         "grads": [local_tensor(p.grad) for p in params if p.grad is not None],
@@ -91,8 +95,10 @@ class TensorSwapper:
                 if storage.nbytes() == 0 or storage.data_ptr() in seen:
                     continue  # already out, or shared with a tensor seen earlier (tied weights)
                 if not storage.resizable():
-                    raise RuntimeError(f"a {category} tensor of shape {tuple(tensor.shape)} has a storage that "
-                                       "cannot be freed (memory-mapped); call make_storages_resizable first")
+                    raise RuntimeError(
+                        f"a {category} tensor of shape {tuple(tensor.shape)} has a storage that "
+                        "cannot be freed (memory-mapped); call make_storages_resizable first"
+                    )
                 seen.add(storage.data_ptr())
                 plan[category].append(_Slot(storage, storage.nbytes(), offset))
                 offset += storage.nbytes()
@@ -102,8 +108,9 @@ class TensorSwapper:
             self.host = torch.empty(offset, dtype=torch.uint8, pin_memory=self.pin_memory)
         slots = [slot for category_slots in plan.values() for slot in category_slots]
         for slot in slots:
-            self.host[slot.offset:slot.offset + slot.nbytes].copy_(_bytes_view(slot.storage),
-                                                                     non_blocking=self.pin_memory)
+            self.host[slot.offset : slot.offset + slot.nbytes].copy_(
+                _bytes_view(slot.storage), non_blocking=self.pin_memory
+            )
         if slots and slots[0].storage.device.type != "cpu":
             torch.get_device_module(slots[0].storage.device.type).synchronize()
         for slot in slots:
@@ -122,8 +129,9 @@ class TensorSwapper:
         for category in list(self._slots if categories is None else categories):
             for slot in self._slots.pop(category, []):
                 slot.storage.resize_(slot.nbytes)
-                _bytes_view(slot.storage).copy_(self.host[slot.offset:slot.offset + slot.nbytes],
-                                                non_blocking=self.pin_memory)
+                _bytes_view(slot.storage).copy_(
+                    self.host[slot.offset : slot.offset + slot.nbytes], non_blocking=self.pin_memory
+                )
                 moved += slot.nbytes
         return moved
 

@@ -10,6 +10,15 @@ from rldock.runtime.rewards.metrics import RewardMetrics, merge_reward_metrics
 from rldock.runtime.rewards.scorer import ERRORS_METRIC, RewardScorer, ScoredBatch
 
 __all__ = [
-    "ERRORS_METRIC", "REWARDS", "BatchRewardFn", "RewardError", "RewardFn", "RewardMetrics", "RewardScorer",
-    "ScoredBatch", "merge_reward_metrics", "per_sample", "register_reward",
+    "ERRORS_METRIC",
+    "REWARDS",
+    "BatchRewardFn",
+    "RewardError",
+    "RewardFn",
+    "RewardMetrics",
+    "RewardScorer",
+    "ScoredBatch",
+    "merge_reward_metrics",
+    "per_sample",
+    "register_reward",
 ]

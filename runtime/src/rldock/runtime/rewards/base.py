@@ -39,8 +39,9 @@ class RewardError(RuntimeError):
 def per_sample(fn: RewardFn) -> BatchRewardFn:
     """A batch function that calls `fn` on each sample and keeps what it raised as that sample's outcome."""
 
-    def score_batch(data_sources: list[str], solution_strs: list[str], ground_truths: list[str],
-                    extra_infos: list[dict]) -> list[RewardValue | Exception]:
+    def score_batch(
+        data_sources: list[str], solution_strs: list[str], ground_truths: list[str], extra_infos: list[dict]
+    ) -> list[RewardValue | Exception]:
         outcomes: list[RewardValue | Exception] = []
         for sample in zip(data_sources, solution_strs, ground_truths, extra_infos):
             try:

@@ -23,8 +23,10 @@ from rldock.runtime.rewards.base import BatchRewardFn, RewardError, per_sample, 
 def _load_file(path: Path, at: str) -> ModuleType:
     path = path.expanduser().resolve()
     if not path.is_file():
-        raise RewardError(f"{at}.function: no file {path} (a relative path is relative to the working "
-                          "directory of `rldock train`; in an RLJob mount the file and give its absolute path)")
+        raise RewardError(
+            f"{at}.function: no file {path} (a relative path is relative to the working "
+            "directory of `rldock train`; in an RLJob mount the file and give its absolute path)"
+        )
     name = f"rldock_user_reward_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -44,8 +46,10 @@ def _load_module(name: str, at: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except Exception as error:  # broad on purpose: importing user code may raise anything
-        raise RewardError(f"{at}.function: cannot import module {name!r}: {type(error).__name__}: {error} "
-                          "(is it installed, or on PYTHONPATH?)") from error
+        raise RewardError(
+            f"{at}.function: cannot import module {name!r}: {type(error).__name__}: {error} "
+            "(is it installed, or on PYTHONPATH?)"
+        ) from error
 
 
 def load_function(reference: str, at: str) -> Callable:

@@ -76,9 +76,11 @@ def _gold(ground_truth: str) -> tuple:
 def math_verify_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict) -> float:
     gold = _gold(ground_truth)
     if not gold:
-        raise ValueError(f"math_verify cannot parse the ground truth {ground_truth[-200:]!r} of a sample "
-                         f"from data_source {data_source!r}: expected `#### <answer>`, `\\boxed{{...}}` "
-                         "or a number or expression")
+        raise ValueError(
+            f"math_verify cannot parse the ground truth {ground_truth[-200:]!r} of a sample "
+            f"from data_source {data_source!r}: expected `#### <answer>`, `\\boxed{{...}}` "
+            "or a number or expression"
+        )
     answer = extract_answer(solution_str)
     if not answer:
         return 0.0

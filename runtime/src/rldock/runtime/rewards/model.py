@@ -16,8 +16,10 @@ from rldock.runtime.rewards.base import BatchRewardFn, RewardError, register_rew
 @register_reward("model")
 def reward_model_term(term: RewardTermSpec, at: str) -> BatchRewardFn:
     def score_batch(data_sources, solution_strs, ground_truths, extra_infos):
-        raise RewardError(f"{at} (model {term.path}) has no precomputed scores: its scores come from the "
-                          "reward_model worker state (the dock's rm_score column), which did not run for "
-                          "these samples")
+        raise RewardError(
+            f"{at} (model {term.path}) has no precomputed scores: its scores come from the "
+            "reward_model worker state (the dock's rm_score column), which did not run for "
+            "these samples"
+        )
 
     return score_batch

@@ -51,24 +51,33 @@ class RemoteReward:
         self.batch_size = term.batch_size
         self.headers = {"Content-Type": "application/json"}
         if term.sends_token_in_clear:
-            raise RewardError(f"{at}.url: {term.url!r} would send the bearer token of token_env {term.token_env} "
-                              "unencrypted; use an https:// URL, or set allow_insecure: true on this term")
+            raise RewardError(
+                f"{at}.url: {term.url!r} would send the bearer token of token_env {term.token_env} "
+                "unencrypted; use an https:// URL, or set allow_insecure: true on this term"
+            )
         if term.token_env is not None:
             token = os.environ.get(term.token_env)
             if not token:
-                raise RewardError(f"{at}.token_env: the environment variable {term.token_env} is not set or "
-                                  "empty; export it (in an RLJob: `env` from a Secret) or remove token_env")
+                raise RewardError(
+                    f"{at}.token_env: the environment variable {term.token_env} is not set or "
+                    "empty; export it (in an RLJob: `env` from a Secret) or remove token_env"
+                )
             self.headers["Authorization"] = f"Bearer {token}"
         self.session = requests.Session()  # keeps the connection open between batches
 
-    def __call__(self, data_sources: list[str], solution_strs: list[str], ground_truths: list[str],
-                 extra_infos: list[dict]) -> list[Any]:
+    def __call__(
+        self, data_sources: list[str], solution_strs: list[str], ground_truths: list[str], extra_infos: list[dict]
+    ) -> list[Any]:
         size = self.batch_size or max(len(solution_strs), 1)
         outcomes: list[Any] = []
         for start in range(0, len(solution_strs), size):
             chunk = slice(start, start + size)
-            payload = {"data_source": data_sources[chunk], "solution_str": solution_strs[chunk],
-                       "ground_truth": ground_truths[chunk], "extra_info": extra_infos[chunk]}
+            payload = {
+                "data_source": data_sources[chunk],
+                "solution_str": solution_strs[chunk],
+                "ground_truth": ground_truths[chunk],
+                "extra_info": extra_infos[chunk],
+            }
             num = len(solution_strs[chunk])
             try:
                 outcomes.extend(self.post(payload, num))
@@ -87,8 +96,15 @@ class RemoteReward:
         for attempt in range(attempts):
             if attempt:
                 delay = min(BACKOFF_S * 2 ** (attempt - 1), MAX_BACKOFF_S)
-                logger.warning("%s: POST %s failed (%s); retry %d of %d in %.1f s",
-                               self.at, self.url, last, attempt, self.max_retries, delay)
+                logger.warning(
+                    "%s: POST %s failed (%s); retry %d of %d in %.1f s",
+                    self.at,
+                    self.url,
+                    last,
+                    attempt,
+                    self.max_retries,
+                    delay,
+                )
                 time.sleep(delay)
             try:
                 response = self.session.post(self.url, data=body, headers=self.headers, timeout=self.timeout_s)
@@ -99,22 +115,28 @@ class RemoteReward:
                 last = f"HTTP {response.status_code}: {response.text[:BODY_EXCERPT]!r}"
                 continue
             if not response.ok:
-                raise RemoteRewardError(f"POST {self.url} returned HTTP {response.status_code} (not retried): "
-                                        f"{response.text[:BODY_EXCERPT]!r}")
+                raise RemoteRewardError(
+                    f"POST {self.url} returned HTTP {response.status_code} (not retried): "
+                    f"{response.text[:BODY_EXCERPT]!r}"
+                )
             return self._values(response, num)
-        raise RemoteRewardError(f"POST {self.url} failed after {attempts} attempt(s) "
-                                f"(timeout_s {self.timeout_s:g}); last: {last}")
+        raise RemoteRewardError(
+            f"POST {self.url} failed after {attempts} attempt(s) (timeout_s {self.timeout_s:g}); last: {last}"
+        )
 
     def _values(self, response: requests.Response, num: int) -> list[Any]:
         try:
             body = response.json()
         except ValueError:
-            raise RemoteRewardError(f"POST {self.url} answered with a body that is not JSON: "
-                                    f"{response.text[:BODY_EXCERPT]!r}") from None
+            raise RemoteRewardError(
+                f"POST {self.url} answered with a body that is not JSON: {response.text[:BODY_EXCERPT]!r}"
+            ) from None
         values = body.get("scores") if isinstance(body, dict) else body
         if not isinstance(values, list) or len(values) != num:
-            raise RemoteRewardError(f"POST {self.url} must answer {{\"scores\": [...]}} or a list with {num} "
-                                    f"values, one per sample; got {response.text[:BODY_EXCERPT]!r}")
+            raise RemoteRewardError(
+                f'POST {self.url} must answer {{"scores": [...]}} or a list with {num} '
+                f"values, one per sample; got {response.text[:BODY_EXCERPT]!r}"
+            )
         return values
 
 

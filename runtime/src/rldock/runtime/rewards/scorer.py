@@ -74,19 +74,29 @@ class RewardScorer:
             build = REWARDS.get(term.name)
             self.terms.append(_Term(label, _describe(term, at), term.weight, build(term, at)))
 
-    def score(self, responses: list[str], ground_truths: list[str], data_sources: list[str],
-              extra_infos: list[dict], *, precomputed: Mapping[int, torch.Tensor] | None = None) -> ScoredBatch:
+    def score(
+        self,
+        responses: list[str],
+        ground_truths: list[str],
+        data_sources: list[str],
+        extra_infos: list[dict],
+        *,
+        precomputed: Mapping[int, torch.Tensor] | None = None,
+    ) -> ScoredBatch:
         """Score a batch; `precomputed` maps a term's index in reward.terms to its (B,) scores,
         computed elsewhere (the `model` term's rm_score), used instead of calling the term."""
         num = len(responses)
         if not len(ground_truths) == len(data_sources) == len(extra_infos) == num:
-            raise ValueError(f"{num} responses but {len(ground_truths)} ground truths, {len(data_sources)} "
-                             f"data sources and {len(extra_infos)} extra infos")
+            raise ValueError(
+                f"{num} responses but {len(ground_truths)} ground truths, {len(data_sources)} "
+                f"data sources and {len(extra_infos)} extra infos"
+            )
         precomputed = precomputed or {}
         unknown = set(precomputed) - set(range(len(self.terms)))
         if unknown:
-            raise ValueError(f"precomputed scores for term indices {sorted(unknown)}; reward.terms has "
-                             f"{len(self.terms)} terms")
+            raise ValueError(
+                f"precomputed scores for term indices {sorted(unknown)}; reward.terms has {len(self.terms)} terms"
+            )
         total = torch.zeros(num, dtype=torch.float32)  # (B,)
         term_scores: dict[str, torch.Tensor] = {}
         extras: dict[str, list[float]] = {}
@@ -116,8 +126,14 @@ class RewardScorer:
                 for key, value in metrics.items():
                     extras.setdefault(f"reward/{term.label}/{key}", []).append(value)
             if failed:
-                logger.warning("%s raised on %d of %d samples, scored 0 (reward.on_error: zero); first: %s: %s",
-                               term.description, len(failed), num, type(failed[0]).__name__, failed[0])
+                logger.warning(
+                    "%s raised on %d of %d samples, scored 0 (reward.on_error: zero); first: %s: %s",
+                    term.description,
+                    len(failed),
+                    num,
+                    type(failed[0]).__name__,
+                    failed[0],
+                )
             num_errors += len(failed)
             scores = torch.tensor(values, dtype=torch.float32)  # (B,)
             term_scores[term.label] = scores
@@ -148,14 +164,19 @@ def _parse_value(outcome: Any, term: _Term) -> tuple[float, dict[str, float]]:
     if isinstance(outcome, dict):
         score = _number(outcome.get("score"))
         if score is None:
-            raise RewardError(f"{term.description} returned a dict whose \"score\" is {outcome.get('score')!r}; "
-                              "it must hold a finite number under \"score\"")
+            raise RewardError(
+                f'{term.description} returned a dict whose "score" is {outcome.get("score")!r}; '
+                'it must hold a finite number under "score"'
+            )
         # Other keys that are numbers become metrics; the rest (a parsed answer, a message) is dropped.
-        metrics = {key: number for key, value in outcome.items()
-                   if key != "score" and (number := _number(value)) is not None}
+        metrics = {
+            key: number for key, value in outcome.items() if key != "score" and (number := _number(value)) is not None
+        }
         return score, metrics
     score = _number(outcome)
     if score is None:
-        raise RewardError(f"{term.description} returned {type(outcome).__name__} {outcome!r:.100}; a reward "
-                          "returns a finite number or a dict with a numeric \"score\"")
+        raise RewardError(
+            f"{term.description} returned {type(outcome).__name__} {outcome!r:.100}; a reward "
+            'returns a finite number or a dict with a numeric "score"'
+        )
     return score, {}

@@ -28,8 +28,20 @@ from rldock.runtime.schedule.run_ahead import RunAheadSchedule
 from rldock.runtime.schedule.stages import WORKER_DEATHS, Stages, gather_failing_fast
 from rldock.runtime.schedule.sync import SyncSchedule
 
-__all__ = ["WORKER_DEATHS", "Driver", "Inflight", "Launch", "RunAheadSchedule", "Schedule", "Stages",
-           "SyncSchedule", "choose_schedule", "gather_failing_fast", "num_banks", "runs_ahead"]
+__all__ = [
+    "WORKER_DEATHS",
+    "Driver",
+    "Inflight",
+    "Launch",
+    "RunAheadSchedule",
+    "Schedule",
+    "Stages",
+    "SyncSchedule",
+    "choose_schedule",
+    "gather_failing_fast",
+    "num_banks",
+    "runs_ahead",
+]
 
 
 class Schedule(Protocol):
@@ -54,13 +66,19 @@ def num_banks(cfg: JobConfig) -> int:
     return 2 if runs_ahead(cfg) else 1
 
 
-def choose_schedule(cfg: JobConfig, driver: Driver, banks: DockBanks, *,
-                    actor_rank_states: Collection[str]) -> Schedule:
+def choose_schedule(
+    cfg: JobConfig, driver: Driver, banks: DockBanks, *, actor_rank_states: Collection[str]
+) -> Schedule:
     """The job's schedule. `actor_rank_states`: the states the actor ranks run (partial rollout
     holds them back until the cut generation is finished)."""
     if not runs_ahead(cfg):
         return SyncSchedule(driver, banks, algo=cfg.algorithm)
     partial = cfg.rollout.partial_rollout != "off"
-    return RunAheadSchedule(driver, banks, algo=cfg.algorithm, iterations=cfg.iterations,
-                            round_tokens=cfg.rollout.max_tokens_per_round,
-                            actor_rank_states=actor_rank_states if partial else None)
+    return RunAheadSchedule(
+        driver,
+        banks,
+        algo=cfg.algorithm,
+        iterations=cfg.iterations,
+        round_tokens=cfg.rollout.max_tokens_per_round,
+        actor_rank_states=actor_rank_states if partial else None,
+    )

@@ -21,8 +21,9 @@ class Launch(Protocol):
     """`launch(iteration, states, *, sampling_round=0, round_tokens=None)`: starts each of `states`
     (in that order) on its workers and returns state -> the futures of its rank calls."""
 
-    def __call__(self, iteration: int, states: Sequence[str], *, sampling_round: int = 0,
-                 round_tokens: int | None = None) -> dict[str, list]: ...
+    def __call__(
+        self, iteration: int, states: Sequence[str], *, sampling_round: int = 0, round_tokens: int | None = None
+    ) -> dict[str, list]: ...
 
 
 @dataclass(frozen=True)

@@ -32,16 +32,21 @@ def keep_inflight(output_dir: Path, inflight: Inflight, bank: TransferDock) -> N
     try:
         state = bank.state_dict()
     except DockActorDiedError as error:
-        logger.warning("the dock died too (%s); iteration %d will be redone from its start", error,
-                       inflight.iteration)
+        logger.warning("the dock died too (%s); iteration %d will be redone from its start", error, inflight.iteration)
         return
-    path = ckpt.save_inflight(output_dir, iteration=inflight.iteration, dock_state=state,
-                              finished=inflight.finished, launched=inflight.launched)
+    path = ckpt.save_inflight(
+        output_dir,
+        iteration=inflight.iteration,
+        dock_state=state,
+        finished=inflight.finished,
+        launched=inflight.launched,
+    )
     logger.info("kept the dock of iteration %d in %s for its retry", inflight.iteration, path)
 
 
-def resume_inflight(bank: TransferDock, fed: DriverBatch, snapshot: dict, inflight: Inflight, *,
-                    recipe: Recipe) -> tuple[float, SampledRounds]:
+def resume_inflight(
+    bank: TransferDock, fed: DriverBatch, snapshot: dict, inflight: Inflight, *, recipe: Recipe
+) -> tuple[float, SampledRounds]:
     """Load the dock an earlier attempt of this iteration left into `bank` (instead of putting `fed`,
     the same prompts: the sampler resumed from the same checkpoint). Samples a stage took without
     its outputs reaching the dock go back to it; stages whose every rank finished are not run again
@@ -62,6 +67,9 @@ def resume_inflight(bank: TransferDock, fed: DriverBatch, snapshot: dict, inflig
     inflight.skip = skip
     inflight.finished.update({state: list(kept[state]) for state in skip})
     inflight.launched.update({state: launched[state] for state in skip})
-    logger.info("iteration %d resumes from the dock of its failed attempt; not run again: %s",
-                inflight.iteration, sorted(inflight.skip))
+    logger.info(
+        "iteration %d resumes from the dock of its failed attempt; not run again: %s",
+        inflight.iteration,
+        sorted(inflight.skip),
+    )
     return time.perf_counter() - started, SampledRounds(fed, kept, {})

@@ -15,8 +15,9 @@ from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.stages import gather_failing_fast
 
 
-def fill_by_rounds(driver: Driver, bank: TransferDock, iteration: int, *, rounds: SamplingRounds,
-                   algo: AlgorithmSpec) -> tuple[DriverBatch, float, SampledRounds]:
+def fill_by_rounds(
+    driver: Driver, bank: TransferDock, iteration: int, *, rounds: SamplingRounds, algo: AlgorithmSpec
+) -> tuple[DriverBatch, float, SampledRounds]:
     """Run the recipe's sampling `rounds` round by round in `bank`; returns the kept batch, the
     seconds spent putting and the rounds' results and metrics. The kept groups (and any padding)
     are in the bank when it returns: nothing more to put."""
@@ -41,8 +42,10 @@ def fill_by_rounds(driver: Driver, bank: TransferDock, iteration: int, *, rounds
         scored = got[1]
         return results, scored[rounds.score_column]
 
-    sampled = DynamicSampling(num_groups=algo.num_prompts_per_iteration,
-                              group_size=algo.num_responses_per_prompt,
-                              max_rounds=algo.dapo.max_sampling_rounds,
-                              group_filter=rounds.group_filter(algo)).run(driver.draw, run_round)
+    sampled = DynamicSampling(
+        num_groups=algo.num_prompts_per_iteration,
+        group_size=algo.num_responses_per_prompt,
+        max_rounds=algo.dapo.max_sampling_rounds,
+        group_filter=rounds.group_filter(algo),
+    ).run(driver.draw, run_round)
     return sampled.batch, put_seconds, sampled

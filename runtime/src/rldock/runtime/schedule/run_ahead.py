@@ -36,8 +36,16 @@ class RunAheadSchedule:
     """Two iterations in flight, each in its own bank (dock/banks.py): the next one's generation and
     inference run before, and beside, this one's update."""
 
-    def __init__(self, driver: Driver, banks: DockBanks, *, algo: AlgorithmSpec, iterations: int,
-                 round_tokens: int | None = None, actor_rank_states: Collection[str] | None = None):
+    def __init__(
+        self,
+        driver: Driver,
+        banks: DockBanks,
+        *,
+        algo: AlgorithmSpec,
+        iterations: int,
+        round_tokens: int | None = None,
+        actor_rank_states: Collection[str] | None = None,
+    ):
         """`round_tokens`: the run-ahead generation's token budget (rollout.max_tokens_per_round, which
         the rollout applies under partial rollout only). `actor_rank_states`: the states the actor
         ranks run, held back while a cut generation waits for its second round (None: no cut)."""
@@ -64,8 +72,9 @@ class RunAheadSchedule:
         futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
         if self.ahead is not None and self.ahead.held is not None:  # after the update that cut it
             self.ahead.futures.update(launch_after_cut(driver, self.ahead.iteration, self.ahead.held))
-        stages = gather_stages(futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank,
-                               started=started)
+        stages = gather_stages(
+            futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
+        )
         # The update made policy version `iteration`: the bound applies at once to what is left, in
         # the next iteration's bank too, which is filling: its update must see the new version.
         advance_policy(self.banks, iteration)
@@ -86,8 +95,9 @@ class RunAheadSchedule:
         fed = driver.draw()
         put_seconds = driver.put(fed, self.banks.bank(iteration))
         held = None if self.actor_rank_states is None else held_states(driver.before_update, self.actor_rank_states)
-        futures = driver.launch(iteration, [s for s in driver.before_update if s not in (held or ())],
-                                round_tokens=self.round_tokens)
+        futures = driver.launch(
+            iteration, [s for s in driver.before_update if s not in (held or ())], round_tokens=self.round_tokens
+        )
         return Ahead(iteration, fed, put_seconds, futures, sampler_state, held)
 
     def checkpoint_sampler_state(self) -> dict:

@@ -28,8 +28,9 @@ class Stages:
     round_metrics: dict = field(default_factory=dict)  # DAPO's sampling rounds (sampling.py)
 
 
-def gather_failing_fast(futures: dict[str, list], finished: dict[str, list[dict]] | None = None
-                        ) -> dict[str, list[dict]]:
+def gather_failing_fast(
+    futures: dict[str, list], finished: dict[str, list[dict]] | None = None
+) -> dict[str, list[dict]]:
     """ray.get of every stage, raising the first worker error at once instead of waiting for the
     other stages to time out on data that will never come. Each rank's result is added to
     `finished[stage]` as it returns (what an in-flight resume reuses)."""

@@ -17,8 +17,9 @@ from rldock.runtime.schedule.rounds import fill_by_rounds
 from rldock.runtime.schedule.stages import Stages, gather_failing_fast
 
 
-def fill_bank(driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
-              ) -> tuple[DriverBatch, float, SampledRounds]:
+def fill_bank(
+    driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
+) -> tuple[DriverBatch, float, SampledRounds]:
     """Put the iteration's batch into `bank`: G fresh prompts, the dock a failed attempt of this
     iteration left (same prompts), or with sampling rounds (DAPO) the groups those rounds kept.
     Returns the batch, the seconds spent putting and the results already in (rounds', resumed)."""
@@ -32,8 +33,9 @@ def fill_bank(driver: Driver, bank: TransferDock, iteration: int, inflight: Infl
     return fed, driver.put(fed, bank), SampledRounds(fed, {}, {})
 
 
-def start_in_bank(driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
-                  ) -> tuple[DriverBatch, float, SampledRounds, dict[str, list]]:
+def start_in_bank(
+    driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
+) -> tuple[DriverBatch, float, SampledRounds, dict[str, list]]:
     """Fill `bank` with the iteration's batch and launch its states before the update; returns
     what `fill_bank` does and the launched futures."""
     fed, put_seconds, sampled = fill_bank(driver, bank, iteration, inflight, algo=algo)
@@ -47,8 +49,16 @@ def launch_unfinished(driver: Driver, iteration: int, states: Sequence[str], inf
     return driver.launch(iteration, [state for state in states if state not in inflight.skip])
 
 
-def gather_stages(futures: dict[str, list], inflight: Inflight, *, fed: DriverBatch, put_seconds: float,
-                  sampled: SampledRounds, bank: TransferDock, started: float) -> Stages:
+def gather_stages(
+    futures: dict[str, list],
+    inflight: Inflight,
+    *,
+    fed: DriverBatch,
+    put_seconds: float,
+    sampled: SampledRounds,
+    bank: TransferDock,
+    started: float,
+) -> Stages:
     """Wait for every launched stage (recording each rank's result in `inflight` as it returns) and
     join the results that came in before (sampling rounds, a resumed attempt)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})

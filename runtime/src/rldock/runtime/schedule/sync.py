@@ -30,8 +30,9 @@ class SyncSchedule:
         bank = self.banks.bank(iteration)
         fed, put_seconds, sampled, futures = start_in_bank(driver, bank, iteration, inflight, algo=self.algo)
         futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
-        stages = gather_stages(futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank,
-                               started=started)
+        stages = gather_stages(
+            futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
+        )
         # The update made policy version `iteration`. No stage runs now and nothing is left to
         # bound, so it goes in the bookkeeping's order, before the counters read the next put waits for.
         driver.later(advance_policy, self.banks, iteration)

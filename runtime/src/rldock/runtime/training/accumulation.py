@@ -15,8 +15,9 @@ from rldock.runtime.training.backend import TrainingBackend
 MicroLoss = Callable[[TensorDict], tuple[torch.Tensor, dict[str, float]]]
 
 
-def accumulate(backend: TrainingBackend, micro_batches: Sequence[TensorDict], micro_loss: MicroLoss, *,
-               max_grad_norm: float) -> dict[str, float]:
+def accumulate(
+    backend: TrainingBackend, micro_batches: Sequence[TensorDict], micro_loss: MicroLoss, *, max_grad_norm: float
+) -> dict[str, float]:
     """Zero the gradients, add every micro-batch's backward to them (synchronised across ranks on
     the last one where the backend defers it), then clip and step once. Returns the metrics summed
     over the micro-batches, in the first one's key order, and `grad_norm` (before clipping)."""

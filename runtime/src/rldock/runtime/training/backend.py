@@ -58,8 +58,7 @@ class TrainingBackend(Protocol):
         """Average where the layout has not yet, clip by the global norm, step; returns the norm."""
         ...
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
-                            fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
         """A no-grad pass over the model (old logprobs): the training state back first, the
         samples dealt as the layout's forward needs them."""
         ...
@@ -69,8 +68,9 @@ class TrainingBackend(Protocol):
         `after_inference`: an inference stage of this iteration already brought the parameters."""
         ...
 
-    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
-                         whole_groups: bool = False) -> StageTiming:
+    def run_update_stage(
+        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+    ) -> StageTiming:
         """Hand `fn` exactly this rank's share (`update_share`), token-balanced across DP ranks."""
         ...
 
@@ -107,9 +107,27 @@ def reload_after_sleep(engine: VllmRolloutEngine, local_weights: Callable[[], We
     engine.memory.reload = lambda: engine.update_weights(local_weights())
 
 
-def run_rank_share(dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, rank: int,
-                   world_size: int, batch_size: int, whole_groups: bool = False) -> StageTiming:
+def run_rank_share(
+    dock: TransferDock,
+    state: str,
+    columns: tuple[str, ...],
+    fn: StageFn,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    whole_groups: bool = False,
+) -> StageTiming:
     """`run_stage` taking exactly one batch of `batch_size` as DP rank `rank` of `world_size`,
     token-balanced: the share of an update (DDP, FSDP) or of FSDP's collective forward."""
-    return run_stage(dock, state, columns, fn, rank=rank, batch_size=batch_size, whole_groups=whole_groups,
-                     balance_ranks=world_size, max_batches=1)
+    return run_stage(
+        dock,
+        state,
+        columns,
+        fn,
+        rank=rank,
+        batch_size=batch_size,
+        whole_groups=whole_groups,
+        balance_ranks=world_size,
+        max_batches=1,
+    )

@@ -29,18 +29,40 @@ class DdpBackend:
     """One DDP rank. `ddp_model` None: a world of one that runs the bare model (an actor that has
     not joined a group, as the single-process tests build it)."""
 
-    def __init__(self, cfg: JobConfig, *, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int,
-                 world_size: int, ddp_model: DistributedDataParallel | None = None):
+    def __init__(
+        self,
+        cfg: JobConfig,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        rank: int,
+        world_size: int,
+        ddp_model: DistributedDataParallel | None = None,
+    ):
         self.model, self.optimizer, self.ddp_model = model, optimizer, ddp_model
         self.rank, self.world_size = rank, world_size
         self._micro_batch_size = cfg.training.micro_batch_size
         self._share = cfg.num_samples_per_iteration // world_size
 
     @classmethod
-    def build(cls, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo,
-              rank: int, world_size: int) -> DdpBackend:
-        return cls(cfg, model=model, optimizer=make_optimizer(model.parameters()), rank=rank, world_size=world_size,
-                   ddp_model=wrap_ddp(model, device))
+    def build(
+        cls,
+        cfg: JobConfig,
+        *,
+        model: nn.Module,
+        make_optimizer: OptimizerFactory,
+        device: DeviceInfo,
+        rank: int,
+        world_size: int,
+    ) -> DdpBackend:
+        return cls(
+            cfg,
+            model=model,
+            optimizer=make_optimizer(model.parameters()),
+            rank=rank,
+            world_size=world_size,
+            ddp_model=wrap_ddp(model, device),
+        )
 
     @property
     def update_share(self) -> int:
@@ -58,18 +80,26 @@ class DdpBackend:
         self.optimizer.step()
         return grad_norm
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
-                            fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
         # Each rank's forward is its own: micro-batches as they come, no share to balance.
         return run_stage(dock, state, columns, fn, rank=self.rank, batch_size=self._micro_batch_size)
 
     def before_update(self, *, after_inference: bool) -> None:
         pass  # nothing leaves the device
 
-    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
-                         whole_groups: bool = False) -> StageTiming:
-        return run_rank_share(dock, state, columns, fn, rank=self.rank, world_size=self.world_size,
-                              batch_size=self._share, whole_groups=whole_groups)
+    def run_update_stage(
+        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+    ) -> StageTiming:
+        return run_rank_share(
+            dock,
+            state,
+            columns,
+            fn,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self._share,
+            whole_groups=whole_groups,
+        )
 
     def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
         reload_after_sleep(engine, local_weights)

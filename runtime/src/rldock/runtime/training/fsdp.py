@@ -47,11 +47,13 @@ class FsdpBackend:
     """One actor rank's FSDP2-sharded model and optimizer. Create after the default group exists
     and before the engine adopts it; the optimizer is built here, on the sharded parameters."""
 
-    def __init__(self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory,
-                 device: DeviceInfo, rank: int):
+    def __init__(
+        self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo, rank: int
+    ):
         training = cfg.training
-        self.model = apply_fsdp(model, device, cpu_offload=training.fsdp_cpu_offload,
-                                mixed_precision=training.mixed_precision)
+        self.model = apply_fsdp(
+            model, device, cpu_offload=training.fsdp_cpu_offload, mixed_precision=training.mixed_precision
+        )
         self.optimizer = make_optimizer(self.model.parameters())
         self.rank = rank
         self.world_size = dist.get_world_size()
@@ -62,8 +64,16 @@ class FsdpBackend:
         self._ledger: list[dict] = []
 
     @classmethod
-    def build(cls, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo,
-              rank: int, world_size: int) -> FsdpBackend:
+    def build(
+        cls,
+        cfg: JobConfig,
+        *,
+        model: nn.Module,
+        make_optimizer: OptimizerFactory,
+        device: DeviceInfo,
+        rank: int,
+        world_size: int,
+    ) -> FsdpBackend:
         return cls(cfg, model=model, make_optimizer=make_optimizer, device=device, rank=rank)
 
     # --- the training backend -------------------------------------------------------------------
@@ -83,19 +93,28 @@ class FsdpBackend:
         self.optimizer.step()
         return grad_norm
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
-                            fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
         self.to_training()
-        return run_rank_share(dock, state, columns, fn, rank=self.rank, world_size=self.world_size,
-                              batch_size=self._share)
+        return run_rank_share(
+            dock, state, columns, fn, rank=self.rank, world_size=self.world_size, batch_size=self._share
+        )
 
     def before_update(self, *, after_inference: bool) -> None:
         self.to_training()
 
-    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
-                         whole_groups: bool = False) -> StageTiming:
-        return run_rank_share(dock, state, columns, fn, rank=self.rank, world_size=self.world_size,
-                              batch_size=self._share, whole_groups=whole_groups)
+    def run_update_stage(
+        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+    ) -> StageTiming:
+        return run_rank_share(
+            dock,
+            state,
+            columns,
+            fn,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self._share,
+            whole_groups=whole_groups,
+        )
 
     def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
         # This rank's local state dict, not the gathered one: the reload runs on the engine rank alone.
@@ -156,8 +175,9 @@ class FsdpBackend:
 
     def _record(self, stage: str) -> None:
         state = training_state(self.model, self.optimizer)
-        self._ledger.append(ledger_entry(stage, state, device=self._device,
-                                         host_swap_bytes=self._swapper.swapped_bytes))
+        self._ledger.append(
+            ledger_entry(stage, state, device=self._device, host_swap_bytes=self._swapper.swapped_bytes)
+        )
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -169,8 +189,9 @@ class FsdpBackend:
         """Every rank reads the whole file and keeps its own shards."""
         state = torch.load(path, map_location="cpu")
         with self.resident():
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state,
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                self.model, self.optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
+            )
         # Plain tensors kept from the file (AdamW's step counters) have storages the swap cannot free.
         for per_param in self.optimizer.state.values():
             for key, value in per_param.items():

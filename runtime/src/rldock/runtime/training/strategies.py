@@ -26,9 +26,17 @@ def strategy_of(cfg: JobConfig) -> str:
     return "ddp"
 
 
-def build_backend(cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo,
-                  rank: int, world_size: int) -> TrainingBackend:
+def build_backend(
+    cfg: JobConfig,
+    *,
+    model: nn.Module,
+    make_optimizer: OptimizerFactory,
+    device: DeviceInfo,
+    rank: int,
+    world_size: int,
+) -> TrainingBackend:
     """Apply the job's strategy to `model` on this rank (collective: the default group must exist,
     and every rank calls this before the engine adopts the group)."""
-    return BACKENDS[strategy_of(cfg)].build(cfg, model=model, make_optimizer=make_optimizer, device=device,
-                                            rank=rank, world_size=world_size)
+    return BACKENDS[strategy_of(cfg)].build(
+        cfg, model=model, make_optimizer=make_optimizer, device=device, rank=rank, world_size=world_size
+    )

@@ -57,8 +57,9 @@ class TensorParallelBackend:
     sub-groups are formed collectively on every rank); then `attach_engine`.
     """
 
-    def __init__(self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, rank: int,
-                 device_type: str):
+    def __init__(
+        self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, rank: int, device_type: str
+    ):
         training = cfg.training
         self.rank = rank
         self._micro_batch_size = training.micro_batch_size
@@ -73,9 +74,17 @@ class TensorParallelBackend:
         self.optimizer = optimizer = make_optimizer(self.model.parameters())
         self.mode = training.resharding
         self._engine_load: WeightLoader | None = None
-        self.resharder = Resharder(model=self.model, optimizer=optimizer, mesh=self.mesh, plan=plan, rank=rank,
-                                   mode=self.mode, bucket_bytes=BUCKET_BYTES, load_weights=self._load,
-                                   generation_tensors=list)  # the vLLM engine reports no tensors (docs)
+        self.resharder = Resharder(
+            model=self.model,
+            optimizer=optimizer,
+            mesh=self.mesh,
+            plan=plan,
+            rank=rank,
+            mode=self.mode,
+            bucket_bytes=BUCKET_BYTES,
+            load_weights=self._load,
+            generation_tensors=list,
+        )  # the vLLM engine reports no tensors (docs)
         self._tp_group = self.mesh["tp"].get_group() if self.train.tp_size > 1 else None
         self._leader = self.train.tp_group_ranks(rank)[0]
         self._times: dict[str, float] = {}  # resharding steps since the last drain_metrics
@@ -83,10 +92,23 @@ class TensorParallelBackend:
     # --- layout ---------------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo,
-              rank: int, world_size: int) -> TensorParallelBackend:
-        return cls(cfg, model=model, make_optimizer=make_optimizer, rank=rank,
-                   device_type=torch.device(device.torch_device).type)
+    def build(
+        cls,
+        cfg: JobConfig,
+        *,
+        model: nn.Module,
+        make_optimizer: OptimizerFactory,
+        device: DeviceInfo,
+        rank: int,
+        world_size: int,
+    ) -> TensorParallelBackend:
+        return cls(
+            cfg,
+            model=model,
+            make_optimizer=make_optimizer,
+            rank=rank,
+            device_type=torch.device(device.torch_device).type,
+        )
 
     # --- the training backend -------------------------------------------------------------------
 
@@ -104,8 +126,7 @@ class TensorParallelBackend:
         """Average over DP, clip over the TP-split model, step."""
         return apply_gradients(self.model, self.optimizer, self.mesh, max_grad_norm=max_grad_norm)
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...],
-                            fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
         self.begin_inference()  # the TP group computes together; its params come back first
         return self.run_training_stage(dock, state, columns, fn, batch_size=self._micro_batch_size)
 
@@ -114,10 +135,19 @@ class TensorParallelBackend:
             self.begin_inference()
         self._times.update(self.resharder.finish_update_swap())  # before any gradient is touched
 
-    def run_update_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
-                         whole_groups: bool = False) -> StageTiming:
-        return self.run_training_stage(dock, state, columns, fn, batch_size=self.update_share, balance=True,
-                                       max_batches=1, whole_groups=whole_groups)
+    def run_update_stage(
+        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+    ) -> StageTiming:
+        return self.run_training_stage(
+            dock,
+            state,
+            columns,
+            fn,
+            batch_size=self.update_share,
+            balance=True,
+            max_batches=1,
+            whole_groups=whole_groups,
+        )
 
     def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
         self._engine_load = engine.update_weights  # what the resharder loads after each update
@@ -130,8 +160,10 @@ class TensorParallelBackend:
 
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """Full (unsplit) weights by HF name; collective over the TP group (call on every rank)."""
-        return {name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-                for name, tensor in self.model.state_dict().items()}
+        return {
+            name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            for name, tensor in self.model.state_dict().items()
+        }
 
     def save_optimizer(self, path: Path) -> None:
         """Every rank of DP replica 0 writes its TP shard (`optimizer_path`)."""
@@ -161,23 +193,49 @@ class TensorParallelBackend:
 
     # --- training stages: the TP group reads once and shares ----------------------------------
 
-    def run_training_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *,
-                           batch_size: int, balance: bool = False, max_batches: int | None = None,
-                           whole_groups: bool = False) -> StageTiming:
+    def run_training_stage(
+        self,
+        dock: TransferDock,
+        state: str,
+        columns: tuple[str, ...],
+        fn: StageFn,
+        *,
+        batch_size: int,
+        balance: bool = False,
+        max_batches: int | None = None,
+        whole_groups: bool = False,
+    ) -> StageTiming:
         """`run_stage` for a stage that runs the TP-split model: the TP leader reads (as DP rank
         `dp_rank`) and writes; every TP rank runs `fn` on the same batches, in the same order."""
         if self._tp_group is None:
-            return run_stage(dock, state, columns, fn, rank=self.dp_rank, batch_size=batch_size,
-                             whole_groups=whole_groups, balance_ranks=self.dp_size if balance else 0,
-                             max_batches=max_batches)
+            return run_stage(
+                dock,
+                state,
+                columns,
+                fn,
+                rank=self.dp_rank,
+                batch_size=batch_size,
+                whole_groups=whole_groups,
+                balance_ranks=self.dp_size if balance else 0,
+                max_batches=max_batches,
+            )
         if self.is_tp_leader:
+
             def shared(indices: torch.Tensor, batch):
                 self._broadcast((indices, batch))
                 return fn(indices, batch)
 
-            timing = run_stage(dock, state, columns, shared, rank=self.dp_rank, batch_size=batch_size,
-                               whole_groups=whole_groups, balance_ranks=self.dp_size if balance else 0,
-                               max_batches=max_batches)
+            timing = run_stage(
+                dock,
+                state,
+                columns,
+                shared,
+                rank=self.dp_rank,
+                batch_size=batch_size,
+                whole_groups=whole_groups,
+                balance_ranks=self.dp_size if balance else 0,
+                max_batches=max_batches,
+            )
             self._broadcast(_END)
             return timing
         timing = StageTiming()
@@ -206,8 +264,10 @@ class TensorParallelBackend:
         rows, self.resharder.ledger = self.resharder.ledger, []
         times, self._times = self._times, {}
         times["holds_engine"] = float(self._engine_load is not None)  # 0 on a generation TP peer
-        return {"ledger": ledger_metrics(rows, rank=self.rank),
-                "resharding": {f"rank{self.rank}/{key}": value for key, value in times.items()}}
+        return {
+            "ledger": ledger_metrics(rows, rank=self.rank),
+            "resharding": {f"rank{self.rank}/{key}": value for key, value in times.items()},
+        }
 
     # --- checkpoints ----------------------------------------------------------------------------
 
@@ -219,9 +279,13 @@ class TensorParallelBackend:
         """This rank's optimizer state with DTensors as their local shards, for `torch.save`."""
         state = self.optimizer.state_dict()
         # New dicts: state_dict() shares the per-parameter dicts with the live optimizer.
-        state["state"] = {index: {key: local_tensor(value) if isinstance(value, torch.Tensor) else value
-                                  for key, value in per_param.items()}
-                          for index, per_param in state["state"].items()}
+        state["state"] = {
+            index: {
+                key: local_tensor(value) if isinstance(value, torch.Tensor) else value
+                for key, value in per_param.items()
+            }
+            for index, per_param in state["state"].items()
+        }
         return state
 
     def load_optimizer_state(self, state: dict) -> None:

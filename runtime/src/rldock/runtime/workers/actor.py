@@ -62,8 +62,17 @@ ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), b
 
 
 class ActorWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, rank: int, world_size: int, policy_dir: str,
-                 banks: DockBanks, adapter_dir: str | None = None, policy_version: int = 0):
+    def __init__(
+        self,
+        cfg: JobConfig,
+        *,
+        rank: int,
+        world_size: int,
+        policy_dir: str,
+        banks: DockBanks,
+        adapter_dir: str | None = None,
+        policy_version: int = 0,
+    ):
         self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
         self._group_store = None  # rank 0's listening store, from pick_rendezvous
         # Weight updates behind the weights this rank holds (the checkpoint's iteration on resume):
@@ -82,8 +91,13 @@ class ActorWorker(TakesTurns):
             enable_activation_checkpointing(self.model)
         algo = cfg.algorithm
         # A world of one running the bare model until join_group applies the job's strategy.
-        self.backend: TrainingBackend = DdpBackend(cfg, model=self.model, optimizer=self._make_optimizer(
-            self.model.parameters()), rank=rank, world_size=world_size)
+        self.backend: TrainingBackend = DdpBackend(
+            cfg,
+            model=self.model,
+            optimizer=self._make_optimizer(self.model.parameters()),
+            rank=rank,
+            world_size=world_size,
+        )
         self.policy_dir = policy_dir
         self.recipe = job_recipe(cfg)
         self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
@@ -91,14 +105,23 @@ class ActorWorker(TakesTurns):
         self.kl_estimator = algo.kl_estimator
         self.engine: VllmRolloutEngine | None = None  # started by join_group on a replica's first rank
         # Generation replicas of consecutive actor ranks; the first rank of each holds the engine.
-        self.generation = ParallelLayout.over(world_size, tp_size=cfg.rollout.tensor_parallel_size,
-                                              field="rollout.tensor_parallel_size")
+        self.generation = ParallelLayout.over(
+            world_size, tp_size=cfg.rollout.tensor_parallel_size, field="rollout.tensor_parallel_size"
+        )
         self.holds_engine = self.generation.tp_rank(rank) == 0
         # rollout.partial_rollout: generations run ahead of an update are cut, completed after it
-        self.partial = None if cfg.rollout.partial_rollout == "off" else PartialRollout(
-            mode=cfg.rollout.partial_rollout, num_responses=algo.num_responses_per_prompt,
-            max_response_length=algo.max_response_length, eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id, num_prompts_per_iteration=algo.num_prompts_per_iteration)
+        self.partial = (
+            None
+            if cfg.rollout.partial_rollout == "off"
+            else PartialRollout(
+                mode=cfg.rollout.partial_rollout,
+                num_responses=algo.num_responses_per_prompt,
+                max_response_length=algo.max_response_length,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                num_prompts_per_iteration=algo.num_prompts_per_iteration,
+            )
+        )
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -109,8 +132,9 @@ class ActorWorker(TakesTurns):
 
     def device_seat(self) -> RankDevice:
         """Where Ray put this rank: the trainer hands each replica's devices to its engine rank."""
-        return seat_of_this_actor(accelerator_resource=self.cfg.resources.accelerator_resource,
-                                  device_kind=self.device.kind)
+        return seat_of_this_actor(
+            accelerator_resource=self.cfg.resources.accelerator_resource, device_kind=self.device.kind
+        )
 
     def join_group(self, rendezvous: Rendezvous, engine_env: dict[str, str] | None = None) -> None:
         """Form the trainers' process group, then start the engine (called on all ranks at once).
@@ -120,11 +144,18 @@ class ActorWorker(TakesTurns):
         `engine_env`: on an engine rank at generation TP > 1 on an accelerator, its replica's visible
         devices (rldock.runtime.engines.replica_devices), set before the engine spawns its TP workers.
         """
-        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous,
-                           store=self._group_store)
+        init_process_group(
+            self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous, store=self._group_store
+        )
         # Collective (a TP mesh's sub-groups, FSDP's mesh), so before vLLM adopts the world.
-        self.backend = build_backend(self.cfg, model=self.model, make_optimizer=self._make_optimizer,
-                                     device=self.device, rank=self.rank, world_size=self.world_size)
+        self.backend = build_backend(
+            self.cfg,
+            model=self.model,
+            make_optimizer=self._make_optimizer,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         if not self.recipe.needs_rollout_engine or not self.holds_engine:  # DPO trains on given responses;
             return  # a replica's other ranks lend their devices to its first rank's engine
         algo = self.cfg.algorithm
@@ -136,9 +167,14 @@ class ActorWorker(TakesTurns):
         os.environ.update(engine_env or {})
         try:
             self.engine = VllmRolloutEngine(
-                self.policy_dir, rollout=self.cfg.rollout, dtype=self.cfg.model.dtype,
-                seed=self.cfg.seed, max_model_len=max_model_len, device=self.device,
-                kv_cache_bytes=self._kv_cache_bytes(max_model_len))
+                self.policy_dir,
+                rollout=self.cfg.rollout,
+                dtype=self.cfg.model.dtype,
+                seed=self.cfg.seed,
+                max_model_len=max_model_len,
+                device=self.device,
+                kv_cache_bytes=self._kv_cache_bytes(max_model_len),
+            )
         finally:
             for name, value in saved.items():
                 if value is None:
@@ -172,9 +208,16 @@ class ActorWorker(TakesTurns):
         responses there and complete them in `finish_rollout`."""
         if self.partial is not None:
             timing = self.partial.first_round(
-                self.engine, self.banks.bank(iteration), iteration=iteration, sampling_round=sampling_round,
-                columns=self.recipe.consumes["rollout"], rank=self.rank, batch_size=self._samples_per_rank(),
-                policy_version=self.policy_version, round_tokens=round_tokens)
+                self.engine,
+                self.banks.bank(iteration),
+                iteration=iteration,
+                sampling_round=sampling_round,
+                columns=self.recipe.consumes["rollout"],
+                rank=self.rank,
+                batch_size=self._samples_per_rank(),
+                policy_version=self.policy_version,
+                round_tokens=round_tokens,
+            )
             self.engine.sleep()
             return timing
         algo = self.cfg.algorithm
@@ -188,16 +231,19 @@ class ActorWorker(TakesTurns):
 
         def responses_of(per_prompt: list[list[list[int]]]) -> TensorDict:
             """(responses, mask, policy version) columns of whole groups, N rows per prompt."""
-            responses = torch.full((len(per_prompt) * group, algo.max_response_length), self.tokenizer.pad_token_id,
-                                   dtype=torch.int64)  # (B, SL)
+            responses = torch.full(
+                (len(per_prompt) * group, algo.max_response_length), self.tokenizer.pad_token_id, dtype=torch.int64
+            )  # (B, SL)
             mask = torch.zeros_like(responses)
             versions = torch.full((len(responses),), self.policy_version, dtype=torch.int64)  # (B,)
             for i, tokens in enumerate(r for group_responses in per_prompt for r in group_responses):
-                responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-                mask[i, :len(tokens)] = 1
+                responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+                mask[i, : len(tokens)] = 1
                 response_lengths.append(len(tokens))
-            return TensorDict({"response_ids": responses, "response_mask": mask, "policy_version": versions},
-                              batch_size=[len(responses)])
+            return TensorDict(
+                {"response_ids": responses, "response_mask": mask, "policy_version": versions},
+                batch_size=[len(responses)],
+            )
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
             nonlocal streamed_s
@@ -207,8 +253,13 @@ class ActorWorker(TakesTurns):
             # Seeded by (job seed, iteration, round, group index): a resumed run, or the same group
             # landing on another rank, samples the same responses.
             keys = indices[::group] // group + sampling_round * algo.num_prompts_per_iteration
-            request = dict(n=group, max_tokens=algo.max_response_length, eos_token_id=eos, seed=iteration,
-                           prompt_keys=keys.tolist())
+            request = dict(
+                n=group,
+                max_tokens=algo.max_response_length,
+                eos_token_id=eos,
+                seed=iteration,
+                prompt_keys=keys.tolist(),
+            )
             if stream_groups == 0:
                 return responses_of(self.engine.generate(prompts, **request))
             # Finer streaming: groups go to the dock as they finish, stream_groups at a time.
@@ -218,7 +269,7 @@ class ActorWorker(TakesTurns):
                 finished.append((position, group_responses))
                 if len(finished) == stream_groups or written + len(finished) == len(prompts):
                     written += len(finished)
-                    rows = torch.cat([indices[p * group:(p + 1) * group] for p, _ in finished])  # (k*N,)
+                    rows = torch.cat([indices[p * group : (p + 1) * group] for p, _ in finished])  # (k*N,)
                     out = responses_of([r for _, r in finished])
                     started = time.perf_counter()
                     dock.put(rows, out, policy_version=self.policy_version)
@@ -229,9 +280,16 @@ class ActorWorker(TakesTurns):
         # The engine holds the weights of `policy_version` updates: the responses' policy version
         # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
         # The replica's share: this rank's and its generation TP peers' (they hold no engine).
-        timing = run_stage(dock, "rollout", self.recipe.consumes["rollout"], rollout, rank=self.rank,
-                           batch_size=self._samples_per_rank() * self.generation.tp_size, whole_groups=True,
-                           policy_version=self.policy_version)
+        timing = run_stage(
+            dock,
+            "rollout",
+            self.recipe.consumes["rollout"],
+            rollout,
+            rank=self.rank,
+            batch_size=self._samples_per_rank() * self.generation.tp_size,
+            whole_groups=True,
+            policy_version=self.policy_version,
+        )
         timing.compute_s -= streamed_s  # the streamed writes are data movement, not generation
         timing.dispatch_s += streamed_s
         self.engine.sleep()  # the device is the trainer's until the next generation
@@ -240,22 +298,39 @@ class ActorWorker(TakesTurns):
 
     def finish_rollout(self, iteration: int) -> dict:
         """Partial rollout's second round, after the weight update that cut `iteration`'s generation."""
-        timing = self.partial.finish(self.engine, self.banks.bank(iteration), iteration=iteration,
-                                     policy_version=self.policy_version)
+        timing = self.partial.finish(
+            self.engine, self.banks.bank(iteration), iteration=iteration, policy_version=self.policy_version
+        )
         self.engine.sleep()
         return timing
 
-    def evaluate(self, prompts: list[list[int]], *, num_samples: int, greedy: bool, max_tokens: int,
-                 seed: int, prompt_keys: list[int]) -> list[list[list[int]]]:
+    def evaluate(
+        self,
+        prompts: list[list[int]],
+        *,
+        num_samples: int,
+        greedy: bool,
+        max_tokens: int,
+        seed: int,
+        prompt_keys: list[int],
+    ) -> list[list[list[int]]]:
         """Held-out responses from this rank's engine (the current policy), per prompt
         `num_samples` token id lists, EOS included when generated. Not a dock stage: evaluation
         samples never enter the dock (rldock.runtime.evaluation). Only ranks holding an engine."""
         if self.engine is None:
-            raise RuntimeError(f"actor rank {self.rank} holds no engine (rollout.tensor_parallel_size "
-                               f"{self.generation.tp_size}): evaluate on ranks {self.generation.leaders()}")
-        completions = self.engine.sample(prompts, n=num_samples, max_tokens=max_tokens,
-                                         eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy,
-                                         prompt_keys=prompt_keys)
+            raise RuntimeError(
+                f"actor rank {self.rank} holds no engine (rollout.tensor_parallel_size "
+                f"{self.generation.tp_size}): evaluate on ranks {self.generation.leaders()}"
+            )
+        completions = self.engine.sample(
+            prompts,
+            n=num_samples,
+            max_tokens=max_tokens,
+            eos_token_id=self.tokenizer.eos_token_id,
+            seed=seed,
+            greedy=greedy,
+            prompt_keys=prompt_keys,
+        )
         self.engine.sleep()
         return [[c.token_ids for c in group] for group in completions]
 
@@ -263,13 +338,20 @@ class ActorWorker(TakesTurns):
     def compute_ref_logprobs(self, iteration: int) -> dict:
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
+
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             with torch.no_grad(), adapters_off(self.model):
                 logprobs = self._logprobs(batch.to(self.device.torch_device))
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.banks.bank(iteration), "reference", self.recipe.consumes["reference"], infer,
-                         rank=self.rank, batch_size=self.cfg.training.micro_batch_size).as_dict()
+        return run_stage(
+            self.banks.bank(iteration),
+            "reference",
+            self.recipe.consumes["reference"],
+            infer,
+            rank=self.rank,
+            batch_size=self.cfg.training.micro_batch_size,
+        ).as_dict()
 
     @in_turn("actor_inference")
     def compute_old_logprobs(self, iteration: int) -> dict:
@@ -278,12 +360,18 @@ class ActorWorker(TakesTurns):
             with torch.no_grad():
                 logprobs = self._logprobs(batch)
             if self.partial is not None:  # tokens an older version sampled keep that version's logprob
-                logprobs = behaviour_logprobs(logprobs, batch["sampled_logprobs"], batch["policy_version"],
-                                              batch["prefix_length"], current_version=self.policy_version)
+                logprobs = behaviour_logprobs(
+                    logprobs,
+                    batch["sampled_logprobs"],
+                    batch["policy_version"],
+                    batch["prefix_length"],
+                    current_version=self.policy_version,
+                )
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return self.backend.run_inference_stage(self.banks.bank(iteration), "actor_inference",
-                                                self.recipe.consumes["actor_inference"], infer).as_dict()
+        return self.backend.run_inference_stage(
+            self.banks.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer
+        ).as_dict()
 
     @in_turn("update")
     def update(self, iteration: int) -> dict:
@@ -296,8 +384,9 @@ class ActorWorker(TakesTurns):
             # How many updates behind the policy now training each sample's generating policy is.
             staleness.append(self.policy_version - batch["policy_version"])  # (B,)
 
-        timing, summary = self._train_share(iteration, "update", self.recipe.consumes["update"],
-                                            self._optimizer_step, track=track)
+        timing, summary = self._train_share(
+            iteration, "update", self.recipe.consumes["update"], self._optimizer_step, track=track
+        )
         self.policy_version += 1
         exported = self.backend.export_weights(self._push_weights, self._generation_weights)
         return {**timing.as_dict(), **summary, **exported, **_staleness_metrics(staleness)}
@@ -305,13 +394,25 @@ class ActorWorker(TakesTurns):
     @in_turn("preference_update")
     def preference_update(self, iteration: int) -> dict:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
-        timing, summary = self._train_share(iteration, "preference_update", self.banks.states["preference_update"],
-                                            self._preference_step, whole_groups=True)
+        timing, summary = self._train_share(
+            iteration,
+            "preference_update",
+            self.banks.states["preference_update"],
+            self._preference_step,
+            whole_groups=True,
+        )
         return {**timing.as_dict(), **summary}
 
-    def _train_share(self, iteration: int, state: str, columns: tuple[str, ...],
-                     step: Callable[[TensorDict], dict], *, whole_groups: bool = False,
-                     track: Callable[[TensorDict], None] | None = None) -> tuple[StageTiming, dict]:
+    def _train_share(
+        self,
+        iteration: int,
+        state: str,
+        columns: tuple[str, ...],
+        step: Callable[[TensorDict], dict],
+        *,
+        whole_groups: bool = False,
+        track: Callable[[TensorDict], None] | None = None,
+    ) -> tuple[StageTiming, dict]:
         """Read exactly this rank's share of `state` and run `step` (mini-batch -> metrics) on each
         of its algorithm.num_updates_per_iteration mini-batches; the metrics averaged over them.
         `track` sees the whole share first."""
@@ -326,8 +427,9 @@ class ActorWorker(TakesTurns):
 
         # the training state back first (TP: parameters too, when no old-logprob pass brought them)
         self.backend.before_update(after_inference="actor_inference" in self.recipe.consumes)
-        timing = self.backend.run_update_stage(self.banks.bank(iteration), state, columns, train,
-                                               whole_groups=whole_groups)
+        timing = self.backend.run_update_stage(
+            self.banks.bank(iteration), state, columns, train, whole_groups=whole_groups
+        )
         assert timing.num_samples == self.backend.update_share, f"{state} got a partial share"
         return timing, {key: sum(metrics[key] for metrics in steps) / len(steps) for key in steps[0]}
 
@@ -344,8 +446,9 @@ class ActorWorker(TakesTurns):
             if self.rank != 0:
                 return
             if self.cfg.training.lora is not None:  # the merged policy for readers, the adapters to resume
-                self.model.get_base_model().save_pretrained(staging / "policy",
-                                                            state_dict=dict(self._generation_weights()))
+                self.model.get_base_model().save_pretrained(
+                    staging / "policy", state_dict=dict(self._generation_weights())
+                )
                 self.model.save_pretrained(staging / ADAPTER_DIR)
             elif weights is not None:  # gathered from the shards
                 self.model.save_pretrained(staging / "policy", state_dict=weights)
@@ -364,10 +467,13 @@ class ActorWorker(TakesTurns):
         params = list(self.model.parameters())
         weight_bytes = tensor_bytes(params)
         # The engine holds the weights (and its KV cache) in its own dtype, rollout.dtype when set.
-        engine_element_size = getattr(torch, generation_dtype(
-            model_dtype=self.cfg.model.dtype, rollout_dtype=self.cfg.rollout.dtype, on_cpu=False)).itemsize
-        engine_weight_bytes = (weight_bytes // params[0].element_size() * engine_element_size
-                               // self.generation.tp_size)  # per device: vLLM splits them
+        engine_element_size = getattr(
+            torch,
+            generation_dtype(model_dtype=self.cfg.model.dtype, rollout_dtype=self.cfg.rollout.dtype, on_cpu=False),
+        ).itemsize
+        engine_weight_bytes = (
+            weight_bytes // params[0].element_size() * engine_element_size // self.generation.tp_size
+        )  # per device: vLLM splits them
         trainable_bytes = tensor_bytes(p for p in params if p.requires_grad)
         # grads plus AdamW's two moments, one of each per trainable parameter
         resident = 0 if self.cfg.training.resharding == "allgather_swap" else weight_bytes + 3 * trainable_bytes
@@ -376,14 +482,25 @@ class ActorWorker(TakesTurns):
         device_type = torch.device(self.device.torch_device).type
         budget = kv_cache_budget(
             device_bytes=torch.get_device_module(device_type).mem_get_info()[1],
-            utilization=self.cfg.rollout.gpu_memory_utilization, engine_weight_bytes=engine_weight_bytes,
-            resident_training_bytes=resident, min_tokens=max_model_len,
-            bytes_per_token=kv_bytes_per_token(num_layers=config.num_hidden_layers,
-                                               num_kv_heads=config.num_key_value_heads // self.generation.tp_size,
-                                               head_dim=head_dim,
-                                               dtype_bytes=engine_element_size))
-        logger.info("actor rank %d: KV cache %.2f GiB (engine weights %.2f GiB, training state resident while "
-                    "generating %.2f GiB)", self.rank, budget / 2**30, engine_weight_bytes / 2**30, resident / 2**30)
+            utilization=self.cfg.rollout.gpu_memory_utilization,
+            engine_weight_bytes=engine_weight_bytes,
+            resident_training_bytes=resident,
+            min_tokens=max_model_len,
+            bytes_per_token=kv_bytes_per_token(
+                num_layers=config.num_hidden_layers,
+                num_kv_heads=config.num_key_value_heads // self.generation.tp_size,
+                head_dim=head_dim,
+                dtype_bytes=engine_element_size,
+            ),
+        )
+        logger.info(
+            "actor rank %d: KV cache %.2f GiB (engine weights %.2f GiB, training state resident while "
+            "generating %.2f GiB)",
+            self.rank,
+            budget / 2**30,
+            engine_weight_bytes / 2**30,
+            resident / 2**30,
+        )
         return budget
 
     def _push_weights(self, named_tensors) -> None:
@@ -408,15 +525,27 @@ class ActorWorker(TakesTurns):
 
     def _logprobs(self, batch: TensorDict) -> torch.Tensor:
         """Logprobs for inference (old logprobs): the bare model, no DDP hooks."""
-        return response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
-                                 batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
-                                 trim=self.cfg.training.trim_padding)
+        return response_logprobs(
+            self.model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["response_ids"],
+            batch["response_mask"],
+            micro_batch_size=self.cfg.training.micro_batch_size,
+            trim=self.cfg.training.trim_padding,
+        )
 
     def _scores(self, batch: TensorDict) -> ResponseScores:
         """Logprobs (with gradients) and the policy's entropy of the response tokens, one forward pass."""
-        return response_logprobs_and_entropy(self.backend.training_module(), batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"],
-                                             batch["response_mask"], micro_batch_size=self.cfg.training.micro_batch_size,
-                                             trim=self.cfg.training.trim_padding)
+        return response_logprobs_and_entropy(
+            self.backend.training_module(),
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["response_ids"],
+            batch["response_mask"],
+            micro_batch_size=self.cfg.training.micro_batch_size,
+            trim=self.cfg.training.trim_padding,
+        )
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step over a mini-batch, accumulating micro-batches; the loss aggregated over
@@ -430,8 +559,9 @@ class ActorWorker(TakesTurns):
         # DDP averages gradients over ranks. The update is then the same however the dock split the
         # samples between ranks and micro-batches.
         aggregation = {"mode": algo.loss_aggregation, "norm_length": algo.max_response_length}
-        global_units = aggregation_units(mini_batch["response_mask"], row_weights=self._row_weights(mini_batch),
-                                         **aggregation)
+        global_units = aggregation_units(
+            mini_batch["response_mask"], row_weights=self._row_weights(mini_batch), **aggregation
+        )
         if self.world_size > 1 and additive_units(algo.loss_aggregation):
             torch.distributed.all_reduce(global_units)
         units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / self.world_size
@@ -447,25 +577,40 @@ class ActorWorker(TakesTurns):
             weight = aggregation_units(mask, row_weights=row_weights, **aggregation) / units_per_rank
             scores = self._scores(micro)
             logprobs = scores.logprobs  # (b, SL)
-            policy = self.policy_loss(logprobs, self._old_logprobs(micro, logprobs), micro["advantage"], mask,
-                                      aggregation=algo.loss_aggregation, row_weights=row_weights,
-                                      norm_length=algo.max_response_length, **self.policy_loss_kwargs)
+            policy = self.policy_loss(
+                logprobs,
+                self._old_logprobs(micro, logprobs),
+                micro["advantage"],
+                mask,
+                aggregation=algo.loss_aggregation,
+                row_weights=row_weights,
+                norm_length=algo.max_response_length,
+                **self.policy_loss_kwargs,
+            )
             kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
             if self._update_reads("ref_logprobs"):
-                kl_tokens = kl_penalty(logprobs, micro["ref_logprobs"], estimator=self.kl_estimator,
-                                       max_kl=algo.kl_clamp)  # (b, SL)
+                kl_tokens = kl_penalty(
+                    logprobs, micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=algo.kl_clamp
+                )  # (b, SL)
                 kl = aggregate(kl_tokens, mask, row_weights=row_weights, **aggregation)
                 kl_clamped = kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
             loss = policy.loss + algo.kl_coef * kl
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
             return loss * weight, {
-                "loss": loss.item() * w, "policy_loss": policy.loss.item() * w, "kl": kl.item() * w,
+                "loss": loss.item() * w,
+                "policy_loss": policy.loss.item() * w,
+                "kl": kl.item() * w,
                 **{key: getattr(policy, key).item() * w for key in clip_keys},
                 "kl_clamp_fraction": kl_clamped.item() * w,
-                "entropy": masked_mean(scores.entropy, mask).item() * w}  # token mean, nats
+                "entropy": masked_mean(scores.entropy, mask).item() * w,
+            }  # token mean, nats
 
-        return accumulate(self.backend, mini_batch.split(self.cfg.training.micro_batch_size), micro_loss,
-                          max_grad_norm=algo.max_grad_norm)
+        return accumulate(
+            self.backend,
+            mini_batch.split(self.cfg.training.micro_batch_size),
+            micro_loss,
+            max_grad_norm=algo.max_grad_norm,
+        )
 
     def _old_logprobs(self, micro: TensorDict, logprobs: torch.Tensor) -> torch.Tensor:
         """The sampling policy's logprobs (b, SL): the dock's `old_logprobs` when the flow computes
@@ -493,18 +638,35 @@ class ActorWorker(TakesTurns):
             weight = len(micro) / len(mini_batch)  # this micro-batch's share of the pairs
             scores = self._scores(micro)
             logprobs = scores.logprobs  # (b, SL)
-            out = dpo_loss(sequence_logprobs(logprobs, mask), sequence_logprobs(micro["ref_logprobs"], mask),
-                           beta=algo.dpo.beta, label_smoothing=algo.dpo.label_smoothing)
+            out = dpo_loss(
+                sequence_logprobs(logprobs, mask),
+                sequence_logprobs(micro["ref_logprobs"], mask),
+                beta=algo.dpo.beta,
+                label_smoothing=algo.dpo.label_smoothing,
+            )
             with torch.no_grad():  # logged only: how far the policy drifted from the reference
-                kl = masked_mean(kl_penalty(logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator,
-                                            max_kl=algo.kl_clamp), mask)
-            metrics = {"loss": out.loss.item(), "policy_loss": out.loss.item(), "kl": kl.item(),
-                       "entropy": masked_mean(scores.entropy, mask).item(), **out.metrics}
+                kl = masked_mean(
+                    kl_penalty(
+                        logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=algo.kl_clamp
+                    ),
+                    mask,
+                )
+            metrics = {
+                "loss": out.loss.item(),
+                "policy_loss": out.loss.item(),
+                "kl": kl.item(),
+                "entropy": masked_mean(scores.entropy, mask).item(),
+                **out.metrics,
+            }
             return out.loss * weight, {key: value * weight for key, value in metrics.items()}
 
         # micro-batches of whole pairs: an even size (problems.py)
-        return accumulate(self.backend, mini_batch.split(self.cfg.training.micro_batch_size), micro_loss,
-                          max_grad_norm=algo.max_grad_norm)
+        return accumulate(
+            self.backend,
+            mini_batch.split(self.cfg.training.micro_batch_size),
+            micro_loss,
+            max_grad_norm=algo.max_grad_norm,
+        )
 
 
 def _staleness_metrics(staleness: list[torch.Tensor]) -> dict:

@@ -45,5 +45,12 @@ class AdvantageWorker:
             return TensorDict(columns, batch_size=[len(indices)])
 
         # Whole groups only: a group's baseline needs all N of its rewards.
-        return run_stage(self.banks.bank(iteration), "advantage", self.banks.states["advantage"], estimate, rank=0,
-                         batch_size=self.batch_size, whole_groups=True).as_dict()
+        return run_stage(
+            self.banks.bank(iteration),
+            "advantage",
+            self.banks.states["advantage"],
+            estimate,
+            rank=0,
+            batch_size=self.batch_size,
+            whole_groups=True,
+        ).as_dict()

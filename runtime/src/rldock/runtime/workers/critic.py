@@ -64,8 +64,11 @@ class CriticWorker(TakesTurns):
         self.optimizer = self._make_optimizer()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.parameters(), lr=self.cfg.algorithm.ppo.critic_learning_rate,
-                                 weight_decay=self.cfg.algorithm.weight_decay)
+        return torch.optim.AdamW(
+            self.model.parameters(),
+            lr=self.cfg.algorithm.ppo.critic_learning_rate,
+            weight_decay=self.cfg.algorithm.weight_decay,
+        )
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -80,12 +83,14 @@ class CriticWorker(TakesTurns):
         the bare model, as a lone FSDP actor rank holds everything anyway."""
         if self.world_size == 1:
             return
-        init_process_group(self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous,
-                           store=self._group_store)
+        init_process_group(
+            self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous, store=self._group_store
+        )
         training = self.cfg.training
         if training.strategy == "fsdp":
-            apply_fsdp(self.model, self.device, cpu_offload=training.fsdp_cpu_offload,
-                       mixed_precision=training.mixed_precision)
+            apply_fsdp(
+                self.model, self.device, cpu_offload=training.fsdp_cpu_offload, mixed_precision=training.mixed_precision
+            )
             self.optimizer = self._make_optimizer()  # on the sharded parameters: 1/world of AdamW's state
             self.sharded = True
         else:
@@ -100,19 +105,37 @@ class CriticWorker(TakesTurns):
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)
             with torch.no_grad():
-                values = response_values(self.model, batch["prompt_ids"], batch["prompt_mask"],
-                                         batch["response_ids"], batch["response_mask"],
-                                         micro_batch_size=micro_batch_size,
-                                         trim=self.cfg.training.trim_padding)  # (B, SL)
+                values = response_values(
+                    self.model,
+                    batch["prompt_ids"],
+                    batch["prompt_mask"],
+                    batch["response_ids"],
+                    batch["response_mask"],
+                    micro_batch_size=micro_batch_size,
+                    trim=self.cfg.training.trim_padding,
+                )  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
         if self.sharded:  # a collective forward: every rank runs its equal share in as many passes
-            timing = run_stage(self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"],
-                               infer, rank=self.rank, batch_size=self.cfg.num_samples_per_iteration // self.world_size,
-                               balance_ranks=self.world_size, max_batches=1)
+            timing = run_stage(
+                self.banks.bank(iteration),
+                "critic_inference",
+                self.banks.states["critic_inference"],
+                infer,
+                rank=self.rank,
+                batch_size=self.cfg.num_samples_per_iteration // self.world_size,
+                balance_ranks=self.world_size,
+                max_batches=1,
+            )
         else:
-            timing = run_stage(self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"],
-                               infer, rank=self.rank, batch_size=micro_batch_size)
+            timing = run_stage(
+                self.banks.bank(iteration),
+                "critic_inference",
+                self.banks.states["critic_inference"],
+                infer,
+                rank=self.rank,
+                batch_size=micro_batch_size,
+            )
         return {**timing.as_dict(), "rank": self.rank}
 
     @in_turn("critic_update")
@@ -127,8 +150,16 @@ class CriticWorker(TakesTurns):
             for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
                 steps.append(self._optimizer_step(mini_batch.to(self.device.torch_device)))
 
-        timing = run_stage(self.banks.bank(iteration), "critic_update", self.banks.states["critic_update"], train,
-                           rank=self.rank, batch_size=share, balance_ranks=self.world_size, max_batches=1)
+        timing = run_stage(
+            self.banks.bank(iteration),
+            "critic_update",
+            self.banks.states["critic_update"],
+            train,
+            rank=self.rank,
+            batch_size=share,
+            balance_ranks=self.world_size,
+            max_batches=1,
+        )
         assert timing.num_samples == share, "critic_update got a partial share"
         summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
         return {**timing.as_dict(), **summary, "rank": self.rank, "weights_sum": self.weights_sum()}
@@ -156,9 +187,15 @@ class CriticWorker(TakesTurns):
                 self.model.set_requires_gradient_sync(last)
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
-                values = response_values(model, micro["prompt_ids"], micro["prompt_mask"], micro["response_ids"],
-                                         micro["response_mask"], micro_batch_size=len(micro),
-                                         trim=self.cfg.training.trim_padding)  # (b, SL)
+                values = response_values(
+                    model,
+                    micro["prompt_ids"],
+                    micro["prompt_mask"],
+                    micro["response_ids"],
+                    micro["response_mask"],
+                    micro_batch_size=len(micro),
+                    trim=self.cfg.training.trim_padding,
+                )  # (b, SL)
                 loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
                 (loss.loss * (mask.sum() / tokens_per_rank)).backward()
             w = float(mask.sum() / local_tokens)  # this rank's metrics: its own token mean
@@ -168,8 +205,9 @@ class CriticWorker(TakesTurns):
         if self.sharded:  # the norm over every rank's shards
             stats["value_grad_norm"] = clip_grad_norm(self.model, algo.max_grad_norm)
         else:
-            stats["value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                                            algo.max_grad_norm))
+            stats["value_grad_norm"] = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
+            )
         self.optimizer.step()
         return stats
 
@@ -181,8 +219,11 @@ class CriticWorker(TakesTurns):
         with torch.no_grad():
             if not self.sharded:
                 return math.fsum(float(p.double().sum()) for p in self.model.parameters())
-            total = torch.tensor([math.fsum(float(_local(p).double().sum()) for p in self.model.parameters())],
-                                 dtype=torch.float64, device=self.device.torch_device)
+            total = torch.tensor(
+                [math.fsum(float(_local(p).double().sum()) for p in self.model.parameters())],
+                dtype=torch.float64,
+                device=self.device.torch_device,
+            )
             torch.distributed.all_reduce(total)
             return float(total)
 
@@ -194,8 +235,10 @@ class CriticWorker(TakesTurns):
         checkpoint), so the file is the same whichever strategy wrote it; the optimizer state is
         keyed by parameter names then, where DDP's is keyed by index."""
         if self.sharded:
-            state = {"model": dict(full_state_dict(self.model)),
-                     "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL)}
+            state = {
+                "model": dict(full_state_dict(self.model)),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL),
+            }
         elif self.rank == 0:
             state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.rank == 0:

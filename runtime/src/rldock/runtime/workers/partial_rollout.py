@@ -36,8 +36,7 @@ SAMPLED_LOGPROBS, PREFIX_LENGTH = PARTIAL_ROLLOUT
 _RESUME_SEED_OFFSET = 1 << 20
 # the trainer's name for the second round's results (not a dock state: it takes no samples from the dock)
 RESUME_STATE = "rollout_resume"
-METRIC_KEYS = ("partial_cut", "partial_resumed", "partial_dropped", "partial_carried_tokens",
-               "partial_dropped_tokens")
+METRIC_KEYS = ("partial_cut", "partial_resumed", "partial_dropped", "partial_carried_tokens", "partial_dropped_tokens")
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def joined(cut: Completion, continuation: Completion, *, mode: str, max_tokens: 
 def complete(completion: Completion, *, max_tokens: int) -> Sampled:
     """A response sampled whole by one version."""
     tokens = list(completion.token_ids)[:max_tokens]
-    return Sampled(tokens, _logprobs_of(completion)[:len(tokens)], prefix_length=len(tokens))
+    return Sampled(tokens, _logprobs_of(completion)[: len(tokens)], prefix_length=len(tokens))
 
 
 def _logprobs_of(completion: Completion) -> list[float]:
@@ -104,8 +103,9 @@ def _logprobs_of(completion: Completion) -> list[float]:
     return list(completion.logprobs)
 
 
-def response_columns(samples: list[Sampled], *, policy_version: int, max_response_length: int,
-                     pad_token_id: int) -> TensorDict:
+def response_columns(
+    samples: list[Sampled], *, policy_version: int, max_response_length: int, pad_token_id: int
+) -> TensorDict:
     """The rollout's dock columns for `samples`, one row each."""
     rows = len(samples)
     responses = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)  # (B, SL)
@@ -116,16 +116,26 @@ def response_columns(samples: list[Sampled], *, policy_version: int, max_respons
         responses[i, :length] = torch.tensor(sample.token_ids, dtype=torch.int64)
         mask[i, :length] = 1
         logprobs[i, :length] = torch.tensor(sample.logprobs, dtype=torch.float32)
-    return TensorDict({
-        "response_ids": responses, "response_mask": mask,
-        "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),  # (B,)
-        SAMPLED_LOGPROBS: logprobs,
-        PREFIX_LENGTH: torch.tensor([s.prefix_length for s in samples], dtype=torch.int64),  # (B,)
-    }, batch_size=[rows])
+    return TensorDict(
+        {
+            "response_ids": responses,
+            "response_mask": mask,
+            "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),  # (B,)
+            SAMPLED_LOGPROBS: logprobs,
+            PREFIX_LENGTH: torch.tensor([s.prefix_length for s in samples], dtype=torch.int64),  # (B,)
+        },
+        batch_size=[rows],
+    )
 
 
-def behaviour_logprobs(computed: torch.Tensor, sampled: torch.Tensor, policy_version: torch.Tensor,
-                       prefix_length: torch.Tensor, *, current_version: int) -> torch.Tensor:
+def behaviour_logprobs(
+    computed: torch.Tensor,
+    sampled: torch.Tensor,
+    policy_version: torch.Tensor,
+    prefix_length: torch.Tensor,
+    *,
+    current_version: int,
+) -> torch.Tensor:
     """Old logprobs (B, SL) against the policy that sampled each token: `computed` (B, SL) by the
     weights of `current_version` where those sampled the token, the engine's `sampled` (B, SL)
     logprob where an older version did. Token t of a sample was sampled by `policy_version` (B,)
@@ -144,8 +154,16 @@ class PartialRollout:
     """One actor rank's rollout with partial rollout on: the first round (cut at the budget when a
     weight update follows) and the second (the cut groups' responses completed after it)."""
 
-    def __init__(self, *, mode: str, num_responses: int, max_response_length: int, eos_token_id: int,
-                 pad_token_id: int, num_prompts_per_iteration: int):
+    def __init__(
+        self,
+        *,
+        mode: str,
+        num_responses: int,
+        max_response_length: int,
+        eos_token_id: int,
+        pad_token_id: int,
+        num_prompts_per_iteration: int,
+    ):
         self.mode = mode
         self.group = num_responses
         self.max_response_length = max_response_length
@@ -153,9 +171,19 @@ class PartialRollout:
         self.num_prompts = num_prompts_per_iteration
         self._cut: dict[int, list[CutGroup]] = {}  # iteration -> its groups waiting for the second round
 
-    def first_round(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, sampling_round: int,
-                    columns: tuple[str, ...], rank: int, batch_size: int, policy_version: int,
-                    round_tokens: int | None) -> dict:
+    def first_round(
+        self,
+        engine: VllmRolloutEngine,
+        dock: TransferDock,
+        *,
+        iteration: int,
+        sampling_round: int,
+        columns: tuple[str, ...],
+        rank: int,
+        batch_size: int,
+        policy_version: int,
+        round_tokens: int | None,
+    ) -> dict:
         """Generate this rank's whole prompt groups with at most `round_tokens` tokens per response
         (None: to completion, nothing is cut); write the groups with no cut response and keep the
         others for `finish`."""
@@ -166,14 +194,21 @@ class PartialRollout:
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> None:
             nonlocal put_s
-            prompt_ids, prompt_mask = batch["prompt_ids"][::self.group], batch["prompt_mask"][::self.group]
+            prompt_ids, prompt_mask = batch["prompt_ids"][:: self.group], batch["prompt_mask"][:: self.group]
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-            keys = indices[::self.group] // self.group + sampling_round * self.num_prompts  # as ActorWorker.generate
-            completions = engine.sample(prompts, n=self.group, max_tokens=max_tokens, eos_token_id=self.eos,
-                                        seed=iteration, logprobs=True, prompt_keys=keys.tolist())
+            keys = indices[:: self.group] // self.group + sampling_round * self.num_prompts  # as ActorWorker.generate
+            completions = engine.sample(
+                prompts,
+                n=self.group,
+                max_tokens=max_tokens,
+                eos_token_id=self.eos,
+                seed=iteration,
+                logprobs=True,
+                prompt_keys=keys.tolist(),
+            )
             finished_rows, finished = [], []
             for position, responses in enumerate(completions):
-                rows = indices[position * self.group:(position + 1) * self.group].tolist()
+                rows = indices[position * self.group : (position + 1) * self.group].tolist()
                 if round_tokens is not None and any(is_cut(c, round_tokens=round_tokens) for c in responses):
                     cut_groups.append(CutGroup(rows, prompts[position], responses, policy_version, round_tokens))
                     continue
@@ -182,12 +217,21 @@ class PartialRollout:
             if finished:
                 lengths.extend(len(s.token_ids) for s in finished)
                 started = time.perf_counter()
-                dock.put(torch.tensor(finished_rows), self._columns(finished, policy_version),
-                         policy_version=policy_version)
+                dock.put(
+                    torch.tensor(finished_rows), self._columns(finished, policy_version), policy_version=policy_version
+                )
                 put_s += time.perf_counter() - started
 
-        timing = run_stage(dock, "rollout", columns, rollout, rank=rank, batch_size=batch_size,
-                           whole_groups=True, policy_version=policy_version)
+        timing = run_stage(
+            dock,
+            "rollout",
+            columns,
+            rollout,
+            rank=rank,
+            batch_size=batch_size,
+            whole_groups=True,
+            policy_version=policy_version,
+        )
         timing.compute_s -= put_s
         timing.dispatch_s += put_s
         if cut_groups:
@@ -205,12 +249,23 @@ class PartialRollout:
         prompts = [continuation_prompt(groups[g].prompt, groups[g].responses[j], mode=self.mode) for g, j in cut]
         # Every cut prefix is the round budget long, so one limit fits every resumed request.
         remaining = self.max_response_length - (groups[0].round_tokens if self.mode == "resume" and groups else 0)
-        continued = engine.sample(prompts, n=1, max_tokens=remaining, eos_token_id=self.eos,
-                                  seed=iteration + _RESUME_SEED_OFFSET, logprobs=True,
-                                  prompt_keys=[groups[g].rows[j] for g, j in cut]) if cut else []
-        replaced = {(g, j): joined(groups[g].responses[j], more[0], mode=self.mode,
-                                   max_tokens=self.max_response_length)
-                    for (g, j), more in zip(cut, continued)}
+        continued = (
+            engine.sample(
+                prompts,
+                n=1,
+                max_tokens=remaining,
+                eos_token_id=self.eos,
+                seed=iteration + _RESUME_SEED_OFFSET,
+                logprobs=True,
+                prompt_keys=[groups[g].rows[j] for g, j in cut],
+            )
+            if cut
+            else []
+        )
+        replaced = {
+            (g, j): joined(groups[g].responses[j], more[0], mode=self.mode, max_tokens=self.max_response_length)
+            for (g, j), more in zip(cut, continued)
+        }
         compute_s = time.perf_counter() - started
         lengths: list[int] = []
         written = time.perf_counter()
@@ -228,15 +283,26 @@ class PartialRollout:
                 lengths.extend(len(s.token_ids) for s in samples)
                 dock.put(torch.tensor(rows), self._columns(samples, version), policy_version=version)
         carried = sum(len(groups[g].responses[j].token_ids) for g, j in cut)
-        logger.debug("iteration %d: %d cut responses %s (%d tokens of the older version)", iteration, len(cut),
-                     "resumed" if self.mode == "resume" else "sampled again", carried)
-        return {"wait_s": 0.0, "dispatch_s": time.perf_counter() - written, "compute_s": compute_s,
-                "num_samples": len(groups) * self.group, "response_lengths": lengths,
-                "partial_resumed": len(cut) if self.mode == "resume" else 0,
-                "partial_dropped": len(cut) if self.mode == "drop" else 0,
-                "partial_carried_tokens": carried if self.mode == "resume" else 0,
-                "partial_dropped_tokens": carried if self.mode == "drop" else 0}
+        logger.debug(
+            "iteration %d: %d cut responses %s (%d tokens of the older version)",
+            iteration,
+            len(cut),
+            "resumed" if self.mode == "resume" else "sampled again",
+            carried,
+        )
+        return {
+            "wait_s": 0.0,
+            "dispatch_s": time.perf_counter() - written,
+            "compute_s": compute_s,
+            "num_samples": len(groups) * self.group,
+            "response_lengths": lengths,
+            "partial_resumed": len(cut) if self.mode == "resume" else 0,
+            "partial_dropped": len(cut) if self.mode == "drop" else 0,
+            "partial_carried_tokens": carried if self.mode == "resume" else 0,
+            "partial_dropped_tokens": carried if self.mode == "drop" else 0,
+        }
 
     def _columns(self, samples: list[Sampled], policy_version: int) -> TensorDict:
-        return response_columns(samples, policy_version=policy_version, max_response_length=self.max_response_length,
-                                pad_token_id=self.pad)
+        return response_columns(
+            samples, policy_version=policy_version, max_response_length=self.max_response_length, pad_token_id=self.pad
+        )

@@ -32,11 +32,17 @@ class ReferenceWorker(TakesTurns):
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)
             with torch.no_grad():
-                logprobs = response_logprobs(self.model, batch["prompt_ids"], batch["prompt_mask"],
-                                             batch["response_ids"], batch["response_mask"],
-                                             micro_batch_size=micro_batch_size,
-                                             trim=self.cfg.training.trim_padding)  # (B, SL)
+                logprobs = response_logprobs(
+                    self.model,
+                    batch["prompt_ids"],
+                    batch["prompt_mask"],
+                    batch["response_ids"],
+                    batch["response_mask"],
+                    micro_batch_size=micro_batch_size,
+                    trim=self.cfg.training.trim_padding,
+                )  # (B, SL)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(self.banks.bank(iteration), "reference", self.consumes, infer, rank=self.rank,
-                         batch_size=micro_batch_size).as_dict()
+        return run_stage(
+            self.banks.bank(iteration), "reference", self.consumes, infer, rank=self.rank, batch_size=micro_batch_size
+        ).as_dict()

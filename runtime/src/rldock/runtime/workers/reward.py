@@ -55,8 +55,7 @@ class RewardWorker:
         """(ground truths, data sources, extra infos) of the samples in `batch`, from the train-file
         rows their `prompt_index` names."""
         rows = [self.rows[i] for i in batch["prompt_index"].tolist()]
-        return ([row.ground_truth for row in rows], [row.data_source for row in rows],
-                [row.extra_info for row in rows])
+        return ([row.ground_truth for row in rows], [row.data_source for row in rows], [row.extra_info for row in rows])
 
     def compute_rewards(self, iteration: int) -> dict:
         rewards: list[float] = []
@@ -72,12 +71,22 @@ class RewardWorker:
             shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
             columns = {"reward": shaped, "score": scored.scores}  # score: unshaped, what DAPO filters on
             if self.advantage_stage is not None:
-                columns.update(self.advantage_stage(columns, self.cfg.algorithm,
-                                                    advantage_generator(self.cfg.seed, iteration, indices)))
+                columns.update(
+                    self.advantage_stage(
+                        columns, self.cfg.algorithm, advantage_generator(self.cfg.seed, iteration, indices)
+                    )
+                )
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
-        timing = run_stage(self.banks.bank(iteration), "reward", self.consumes, score, rank=0,
-                           batch_size=self.batch_size, whole_groups=self.whole_groups)
+        timing = run_stage(
+            self.banks.bank(iteration),
+            "reward",
+            self.consumes,
+            score,
+            rank=0,
+            batch_size=self.batch_size,
+            whole_groups=self.whole_groups,
+        )
         timing.extra["rewards"] = rewards
         timing.extra["reward_metrics"] = metrics.state()
         return timing.as_dict()

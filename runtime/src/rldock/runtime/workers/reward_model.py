@@ -29,8 +29,9 @@ from rldock.runtime.workers.stage_loop import run_stage
 
 def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
     """Prompt text + response text of each sample, decoded with the policy's `tokenizer`."""
-    prompts = tokenizer.batch_decode([ids[mask.bool()] for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])],
-                                     skip_special_tokens=True)
+    prompts = tokenizer.batch_decode(
+        [ids[mask.bool()] for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])], skip_special_tokens=True
+    )
     responses = decode_responses(tokenizer, batch["response_ids"], batch["response_mask"])
     return [prompt + response for prompt, response in zip(prompts, responses)]
 
@@ -43,8 +44,12 @@ class RewardModelWorker(TakesTurns):
         apply_thread_budget(cfg, device_kind=self.device.kind, role="reward model")
         self.tokenizer = load_tokenizer(tokenizer_dir)  # the policy's, to decode the dock's ids
         index = cfg.reward.model_term_index
-        self.reward_model = load_reward_model(cfg.reward.terms[index].path, dtype=cfg.model.dtype,
-                                              device=self.device.torch_device, field=f"reward.terms[{index}].path")
+        self.reward_model = load_reward_model(
+            cfg.reward.terms[index].path,
+            dtype=cfg.model.dtype,
+            device=self.device.torch_device,
+            field=f"reward.terms[{index}].path",
+        )
 
     @in_turn(REWARD_MODEL.name)
     def compute_scores(self, iteration: int) -> dict:
@@ -52,5 +57,11 @@ class RewardModelWorker(TakesTurns):
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
             return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
 
-        return run_stage(self.banks.bank(iteration), REWARD_MODEL.name, self.consumes, infer, rank=0,
-                         batch_size=self.cfg.training.micro_batch_size).as_dict()
+        return run_stage(
+            self.banks.bank(iteration),
+            REWARD_MODEL.name,
+            self.consumes,
+            infer,
+            rank=0,
+            batch_size=self.cfg.training.micro_batch_size,
+        ).as_dict()

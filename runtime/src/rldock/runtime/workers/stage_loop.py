@@ -27,14 +27,29 @@ class StageTiming:
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"wait_s": self.wait_s, "dispatch_s": self.dispatch_s, "compute_s": self.compute_s,
-                "num_samples": self.num_samples, **self.extra}
+        return {
+            "wait_s": self.wait_s,
+            "dispatch_s": self.dispatch_s,
+            "compute_s": self.compute_s,
+            "num_samples": self.num_samples,
+            **self.extra,
+        }
 
 
-def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, rank: int,
-              batch_size: int, whole_groups: bool = False, balance_ranks: int = 0,
-              max_batches: int | None = None, timeout_s: float | None = None,
-              policy_version: int | None = None) -> StageTiming:
+def run_stage(
+    dock: TransferDock,
+    state: str,
+    columns: tuple[str, ...],
+    fn: StageFn,
+    *,
+    rank: int,
+    batch_size: int,
+    whole_groups: bool = False,
+    balance_ranks: int = 0,
+    max_batches: int | None = None,
+    timeout_s: float | None = None,
+    policy_version: int | None = None,
+) -> StageTiming:
     """Consume batches of `state` until the dock says the iteration's samples are exhausted.
 
     `max_batches` lets a consumer that must get exactly its share (the DP ranks of the update)
@@ -46,8 +61,15 @@ def run_stage(dock: TransferDock, state: str, columns: tuple[str, ...], fn: Stag
     num_batches = 0
     while max_batches is None or num_batches < max_batches:
         start, waited_before = time.perf_counter(), dock.waited_s
-        got = dock.get(state, list(columns), rank=rank, batch_size=batch_size,
-                       whole_groups=whole_groups, balance_ranks=balance_ranks, timeout_s=timeout_s)
+        got = dock.get(
+            state,
+            list(columns),
+            rank=rank,
+            batch_size=batch_size,
+            whole_groups=whole_groups,
+            balance_ranks=balance_ranks,
+            timeout_s=timeout_s,
+        )
         waited = dock.waited_s - waited_before
         timing.wait_s += waited
         timing.dispatch_s += time.perf_counter() - start - waited
