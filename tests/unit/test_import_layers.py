@@ -1,0 +1,139 @@
+"""Imports follow docs/architecture.md's picture: the ground floor (`rldock.contract`,
+`rldock.config`) imports nothing of ours above it, the runtime and the operator sit side by side
+and never import each other, the operator never imports the ML stack, no product module imports
+the benchmarks or the e2e harness, and inside the runtime the dock, the algorithms, the worker-state
+specs and the schedules keep to their rooms.
+
+Read from the source with `ast` (every import statement, also those inside functions), so a lazy
+import cannot hide a dependency the picture forbids.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE_ROOTS = [REPO / "api" / "src", REPO / "runtime" / "src", REPO / "operator" / "src"]
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+ML_STACK = {"torch", "torch_npu", "ray", "vllm", "vllm_ascend", "mindspeed", "tensordict", "transformers", "peft"}
+TOOLING = {"rldock_e2e", "rldock_benchmarks"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for root in SOURCE_ROOTS:
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """Every absolute module `name` imports: `import a.b` gives a.b, `from a import b` gives a.b when
+    a.b is one of our modules (a submodule), else a."""
+    imported = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                imported.add(candidate if candidate in MODULES else node.module)
+    return imported
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _offenders(package: str, allowed) -> list[str]:
+    """`module -> import` for every import of `package`'s modules that `allowed(import)` refuses."""
+    return [
+        f"{module} -> {imported}"
+        for module in MODULES
+        if _within(module, package)
+        for imported in sorted(_imports(module))
+        if not allowed(imported)
+    ]
+
+
+def test_the_scan_sees_the_trees():
+    assert {"rldock.config.job", "rldock.contract.progress", "rldock.operator.handlers"} <= set(MODULES)
+    assert "rldock.runtime.states" in _imports("rldock.runtime.algorithms.recipes")
+
+
+def test_contract_imports_only_the_standard_library():
+    assert _offenders("rldock.contract", lambda i: _top(i) in STDLIB or _within(i, "rldock.contract")) == []
+
+
+def test_config_imports_only_pydantic_yaml_and_the_contract():
+    def allowed(i: str) -> bool:
+        return (
+            _top(i) in STDLIB | {"pydantic", "pydantic_core", "yaml"}
+            or _within(i, "rldock.config")
+            or _within(i, "rldock.contract")
+        )
+
+    assert _offenders("rldock.config", allowed) == []
+
+
+def test_operator_never_imports_the_runtime_or_the_ml_stack():
+    def allowed(i: str) -> bool:
+        return not _within(i, "rldock.runtime") and _top(i) not in ML_STACK
+
+    assert _offenders("rldock.operator", allowed) == []
+
+
+def test_runtime_never_imports_the_operator():
+    assert _offenders("rldock.runtime", lambda i: not _within(i, "rldock.operator")) == []
+
+
+@pytest.mark.parametrize("package", ["rldock.config", "rldock.contract", "rldock.runtime", "rldock.operator"])
+def test_no_product_module_imports_the_tooling(package):
+    assert _offenders(package, lambda i: _top(i) not in TOOLING) == []
+
+
+# Rooms inside the runtime (architecture.md's module table): what each must not reach into.
+RUNTIME_ROOMS = {
+    # The dock moves samples: it knows no worker, schedule, engine or the driver.
+    "rldock.runtime.dock": (
+        "rldock.runtime.workers",
+        "rldock.runtime.schedule",
+        "rldock.runtime.trainer",
+        "rldock.runtime.engines",
+        "rldock.runtime.training",
+    ),
+    # Algorithms are tensor functions and recipes: no Ray, no engines, no workers.
+    "rldock.runtime.algorithms": (
+        "ray",
+        "vllm",
+        "rldock.runtime.workers",
+        "rldock.runtime.engines",
+        "rldock.runtime.trainer",
+        "rldock.runtime.schedule",
+    ),
+    # The specs and the column groups are data the dock, trainer, placement and planner read.
+    "rldock.runtime.states": ("ray", "torch", "rldock.runtime.workers", "rldock.runtime.trainer"),
+    "rldock.runtime.dataflow": ("ray", "torch"),
+    # The schedules are driven by the trainer, never the other way round.
+    "rldock.runtime.schedule": ("rldock.runtime.trainer",),
+    # The training backends serve the actor; they do not drive iterations.
+    "rldock.runtime.training": ("rldock.runtime.trainer", "rldock.runtime.schedule"),
+}
+
+
+@pytest.mark.parametrize("room", sorted(RUNTIME_ROOMS))
+def test_runtime_rooms_keep_to_themselves(room):
+    forbidden = RUNTIME_ROOMS[room]
+    assert _offenders(room, lambda i: not any(_within(i, f) for f in forbidden)) == []
