@@ -687,8 +687,8 @@ class TrainingSpec(Spec):
     resharding: Literal["naive", "allgather_swap"] = Field(
         default="naive",
         description="How the actor moves from its update to generation. `naive`: the training state stays on "
-        "the device during generation (with tensor_parallel_size 1: DDP and an in-memory weight push, as "
-        "before). `allgather_swap`: the TP shards are gathered into a temporary buffer, loaded into the engine, "
+        "the device during generation (with tensor_parallel_size 1: DDP and an in-memory weight push). "
+        "`allgather_swap`: the TP shards are gathered into a temporary buffer, loaded into the engine, "
         "then params, grads and optimizer state are swapped to host and the buffer freed, so no training "
         "tensor stays on the device while generating (see docs/resharding.md).",
     )
