@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
@@ -727,7 +728,7 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     if tp == 1 and gen_tp == 1:
         return []
     # a tiny model still to be built has the tiny builders' shapes
-    config = json.loads(config_file.read_text()) if config_file.is_file() else dict(TINY_MODEL_SHAPES)
+    config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else dict(TINY_MODEL_SHAPES)
     if not config_file.is_file() and cfg.model.builder is None:
         return []  # reported as a missing model
     problems = []

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import ANNOTATION_SPEC_HASH, GangScheduler, Phase, RayJobStatus
@@ -91,7 +91,7 @@ class Situation:
         return suspension(self.cluster)
 
 
-def _active(job: RayJobObservation | None) -> bool:
+def _active(job: RayJobObservation | None) -> TypeGuard[RayJobObservation]:
     return job is not None and job.status in ACTIVE_JOB_STATES
 
 

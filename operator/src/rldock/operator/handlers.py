@@ -114,7 +114,7 @@ def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
 # --- one round ------------------------------------------------------------------------------------
 
 
-def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logger) -> dict[str, Any] | None:
+def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: kopf.Logger) -> dict[str, Any] | None:
     """One round of the RLJob `raw` (a plain copy of its body); the status it has after the round,
     or None when the round decided nothing (an API error, a lookup that failed).
 
@@ -138,7 +138,7 @@ def reconcile(raw: dict[str, Any], reconciler: Reconciler, logger: logging.Logge
         error, status, events = "unreachable", None, []
     _count(reconciler, raw, status, seconds=time.monotonic() - started, error=error)
     for event in events:
-        kopf.event(raw, type=event.type, reason=event.reason.value, message=event.message)
+        kopf.event(raw, type=event.type, reason=event.reason.value, message=event.message)  # type: ignore[arg-type]  # kopf.event reads any mapping, typed Body
     return status
 
 
@@ -249,7 +249,7 @@ class Wakeups:
 
 async def _sleep(stopped: kopf.DaemonStopped, seconds: float, *, wake: asyncio.Event | None = None) -> None:
     """Until `seconds` pass, the daemon is stopped, or `wake` is set."""
-    waiters = {asyncio.ensure_future(stopped.wait())}
+    waiters: set[asyncio.Future[object]] = {asyncio.ensure_future(stopped.wait())}
     if wake is not None:
         waiters.add(asyncio.ensure_future(wake.wait()))
     try:
@@ -270,7 +270,7 @@ class Handlers:
         self._clock = clock
 
     async def rounds(
-        self, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, stopped: kopf.DaemonStopped, **_: Any
+        self, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, stopped: kopf.DaemonStopped, **_: Any
     ) -> None:
         """The daemon of one RLJob: a round now, then one whenever woken or its timeout passes."""
         reconciler: Reconciler = memo["reconciler"]
@@ -314,7 +314,7 @@ class Handlers:
         )
 
 
-def cleanup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def cleanup(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     reconciler: Reconciler = memo["reconciler"]
     meta = body["metadata"]
     if reconciler.metrics is not None:

@@ -243,6 +243,7 @@ class Reconciler:
 
     def _finish(self, rnd: Round, out: Outcome) -> None:
         self._forget(rnd.ref)
+        assert rnd.previous.phase is not None  # FINISHED holds only for a terminal phase (status.finished)
         self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
         out.status = self._status(rnd, Observations(problems=rnd.problems, denied=rnd.denied))
         if rnd.spec is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import ValidationError
 
@@ -134,7 +134,8 @@ def compute_status(
         {
             Rule.FINISHED: lambda: finished(prev),
             Rule.REFUSED: lambda: bool(observed.problems or observed.denied),  # spec None comes with problems
-            Rule.SUSPENDED: lambda: spec.suspend,
+            # spec is None only with problems, which REFUSED above has decided on already
+            Rule.SUSPENDED: lambda: spec is not None and spec.suspend,
             # Kueue's own suspends read as waiting for admission (_cluster_conditions).
             Rule.SUSPENDED_BY_OTHER: lambda: observed.suspended_by_other and not kueue,
             Rule.BLOCKED: lambda: observed.blocked is not None,
@@ -388,16 +389,15 @@ def _merge_conditions(prev: RLJobStatus, new: _Updates, generation: int | None, 
         if cond is None:
             merged.pop(type_, None)
             continue
-        status = "True" if cond.status else "False"
+        status: Literal["True", "False"] = "True" if cond.status else "False"
         message = shorten(cond.message)
         old = merged.get(type_)
-        moved = old is None or old.status != status
         merged[type_] = Condition(
             type=type_,
             status=status,
             reason=cond.reason,
             message=message,
-            last_transition_time=now if moved else old.last_transition_time,
+            last_transition_time=now if old is None or old.status != status else old.last_transition_time,
             observed_generation=generation,
         )
     return [merged[t] for t in _ORDER if t in merged]
@@ -506,13 +506,17 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-_SPEC_EVENTS = {Reason.STATUS_REJECTED: EventReason.STATUS_REJECTED, Reason.POLICY_DENIED: EventReason.POLICY_DENIED}
-_BLOCKED_EVENTS = {
+# keyed by str: Condition.reason is a plain str, and a Reason (a str Enum) equals its value
+_SPEC_EVENTS: dict[str, EventReason] = {
+    Reason.STATUS_REJECTED: EventReason.STATUS_REJECTED,
+    Reason.POLICY_DENIED: EventReason.POLICY_DENIED,
+}
+_BLOCKED_EVENTS: dict[str, EventReason] = {
     Reason.NAME_CONFLICT: EventReason.NAME_CONFLICT,
     Reason.CREATE_REFUSED: EventReason.CREATE_REFUSED,
     Reason.TOKEN_REFUSED: EventReason.TOKEN_REFUSED,
 }
-_INPUT_EVENTS = {
+_INPUT_EVENTS: dict[str, EventReason] = {
     Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
     Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT,
 }
