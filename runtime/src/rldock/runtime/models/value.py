@@ -41,7 +41,7 @@ def load_value_model(policy_dir: str | Path, *, dtype: str, device: torch.device
 
 
 def response_values(
-    model: ValueModel,
+    model: nn.Module,  # a ValueModel, or the DDP wrapper around one
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     response_ids: Tensor,

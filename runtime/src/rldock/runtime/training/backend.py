@@ -104,7 +104,11 @@ class TrainingBackend(Protocol):
 
 def reload_after_sleep(engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
     """rollout.sleep_level 2 discards the engine's weights: it loads this rank's own again on waking."""
-    engine.memory.reload = lambda: engine.update_weights(local_weights())
+
+    def reload() -> None:  # memory.reload returns nothing; update_weights returns its seconds
+        engine.update_weights(local_weights())
+
+    engine.memory.reload = reload
 
 
 def run_rank_share(

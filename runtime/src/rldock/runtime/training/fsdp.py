@@ -16,7 +16,7 @@ holds at each step, as the TP x DP path's do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,7 +143,7 @@ class FsdpBackend:
     def clip_gradients(self, max_norm: float) -> float:
         return clip_grad_norm(self.model, max_norm)
 
-    def to_generation(self, update_weights: Callable[[Iterable[tuple[str, torch.Tensor]]], float]) -> None:
+    def to_generation(self, update_weights: WeightPush) -> None:
         """After an update: gather the full weights into the engine, then (allgather_swap) move the
         training state to the host."""
         self._record("after_update")

@@ -12,7 +12,11 @@ from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.training.fsdp import FsdpBackend
 from rldock.runtime.training.tensor_parallel import TensorParallelBackend
 
-BACKENDS = {"ddp": DdpBackend, "fsdp": FsdpBackend, "tensor_parallel": TensorParallelBackend}
+BACKENDS: dict[str, type[DdpBackend | FsdpBackend | TensorParallelBackend]] = {
+    "ddp": DdpBackend,
+    "fsdp": FsdpBackend,
+    "tensor_parallel": TensorParallelBackend,
+}
 
 
 def strategy_of(cfg: JobConfig) -> str:

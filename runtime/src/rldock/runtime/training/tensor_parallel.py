@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.resharding.flow import Resharder, WeightLoader
+from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
 from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_decoder
@@ -73,7 +73,7 @@ class TensorParallelBackend:
         # Built after parallelizing: the plan replaces the split layers' Parameters by DTensor ones.
         self.optimizer = optimizer = make_optimizer(self.model.parameters())
         self.mode = training.resharding
-        self._engine_load: WeightLoader | None = None
+        self._engine_load: WeightPush | None = None  # update_weights, whose seconds go unused
         self.resharder = Resharder(
             model=self.model,
             optimizer=optimizer,

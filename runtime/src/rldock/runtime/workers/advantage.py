@@ -34,6 +34,8 @@ class AdvantageWorker:
     def __init__(self, cfg: JobConfig, *, banks: DockBanks):
         self.cfg, self.banks = cfg, banks
         recipe = job_recipe(cfg)
+        # Only a recipe with an advantage stage has the advantage state this worker serves.
+        assert recipe.advantage_stage is not None, f"recipe {recipe.name!r} has no advantage stage"
         self.stage = recipe.advantage_stage
         self.batch_size = advantage_batch_size(recipe, cfg)
 

@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 from tensordict import TensorDict
+from torch.distributed import TCPStore
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
@@ -52,14 +56,14 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 class CriticWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, policy_dir: str, banks: DockBanks, rank: int = 0, world_size: int = 1):
         self.cfg, self.banks, self.rank, self.world_size = cfg, banks, rank, world_size
-        self._group_store = None  # rank 0's listening store, from pick_rendezvous
+        self._group_store: TCPStore | None = None  # rank 0's listening store, from pick_rendezvous
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
         torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
             enable_activation_checkpointing(self.model)
-        self.ddp_model = None  # set by join_group
+        self.ddp_model: DistributedDataParallel | None = None  # set by join_group
         self.sharded = False  # strategy fsdp with more than one rank, set by join_group
         self.optimizer = self._make_optimizer()
 
@@ -184,7 +188,7 @@ class CriticWorker(TakesTurns):
             mask = micro["response_mask"].float()  # (b, SL)
             last = i == len(micro_batches) - 1  # DDP/FSDP reduce the gradients on the last backward only
             if self.sharded:  # unsynchronised micro-batches keep whole gradients until the last one
-                self.model.set_requires_gradient_sync(last)
+                cast(FSDPModule, self.model).set_requires_gradient_sync(last)  # apply_fsdp made it one in place
             context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
             with context:
                 values = response_values(

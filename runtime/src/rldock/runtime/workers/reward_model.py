@@ -44,8 +44,12 @@ class RewardModelWorker(TakesTurns):
         apply_thread_budget(cfg, device_kind=self.device.kind, role="reward model")
         self.tokenizer = load_tokenizer(tokenizer_dir)  # the policy's, to decode the dock's ids
         index = cfg.reward.model_term_index
+        # job_recipe seats this worker only for a `model` term, whose `path` config/problems.py requires.
+        assert index is not None, "no `model` reward term"
+        path = cfg.reward.terms[index].path
+        assert path is not None, f"reward.terms[{index}].path is unset"
         self.reward_model = load_reward_model(
-            cfg.reward.terms[index].path,
+            path,
             dtype=cfg.model.dtype,
             device=self.device.torch_device,
             field=f"reward.terms[{index}].path",
