@@ -19,9 +19,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
+from peft import PeftModel
 from tensordict import TensorDict
+from torch.distributed import TCPStore
+from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
@@ -74,7 +78,7 @@ class ActorWorker(TakesTurns):
         policy_version: int = 0,
     ):
         self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
-        self._group_store = None  # rank 0's listening store, from pick_rendezvous
+        self._group_store: TCPStore | None = None  # rank 0's listening store, from pick_rendezvous
         # Weight updates behind the weights this rank holds (the checkpoint's iteration on resume):
         # the version the rollout tags its samples with and the update measures staleness against.
         self.policy_version = policy_version
@@ -82,7 +86,9 @@ class ActorWorker(TakesTurns):
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"actor rank {rank}")
         torch.manual_seed(cfg.seed + rank)
         self.tokenizer = load_tokenizer(policy_dir)
-        self.model = load_causal_lm(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
+        self.model: PreTrainedModel | PeftModel = load_causal_lm(
+            policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device
+        )
         if cfg.training.freeze_embeddings:
             freeze_embeddings(self.model)
         if cfg.training.lora is not None:  # policy_dir is the base model; adapter_dir the trained adapters
@@ -206,9 +212,10 @@ class ActorWorker(TakesTurns):
         the rounds of dynamic sampling (DAPO) within the iteration: each round's groups get
         their own sampling seeds. `round_tokens` (partial rollout, a weight update follows): cut
         responses there and complete them in `finish_rollout`."""
+        engine = self._held_engine()
         if self.partial is not None:
-            timing = self.partial.first_round(
-                self.engine,
+            first = self.partial.first_round(
+                engine,
                 self.banks.bank(iteration),
                 iteration=iteration,
                 sampling_round=sampling_round,
@@ -218,8 +225,8 @@ class ActorWorker(TakesTurns):
                 policy_version=self.policy_version,
                 round_tokens=round_tokens,
             )
-            self.engine.sleep()
-            return timing
+            engine.sleep()
+            return first
         algo = self.cfg.algorithm
         group = algo.num_responses_per_prompt
         eos = self.tokenizer.eos_token_id
@@ -261,11 +268,11 @@ class ActorWorker(TakesTurns):
                 prompt_keys=keys.tolist(),
             )
             if stream_groups == 0:
-                return responses_of(self.engine.generate(prompts, **request))
+                return responses_of(engine.generate(prompts, **request))
             # Finer streaming: groups go to the dock as they finish, stream_groups at a time.
             finished: list[tuple[int, list[list[int]]]] = []
             written = 0  # groups of this batch already in the dock
-            for position, group_responses in self.engine.stream(prompts, **request):
+            for position, group_responses in engine.stream(prompts, **request):
                 finished.append((position, group_responses))
                 if len(finished) == stream_groups or written + len(finished) == len(prompts):
                     written += len(finished)
@@ -292,16 +299,19 @@ class ActorWorker(TakesTurns):
         )
         timing.compute_s -= streamed_s  # the streamed writes are data movement, not generation
         timing.dispatch_s += streamed_s
-        self.engine.sleep()  # the device is the trainer's until the next generation
+        engine.sleep()  # the device is the trainer's until the next generation
         timing.extra["response_lengths"] = response_lengths
         return timing.as_dict()
 
     def finish_rollout(self, iteration: int) -> dict:
         """Partial rollout's second round, after the weight update that cut `iteration`'s generation."""
+        # The trainer calls this only with rollout.partial_rollout on, so `partial` is set.
+        assert self.partial is not None, "finish_rollout without rollout.partial_rollout"
+        engine = self._held_engine()
         timing = self.partial.finish(
-            self.engine, self.banks.bank(iteration), iteration=iteration, policy_version=self.policy_version
+            engine, self.banks.bank(iteration), iteration=iteration, policy_version=self.policy_version
         )
-        self.engine.sleep()
+        engine.sleep()
         return timing
 
     def evaluate(
@@ -317,12 +327,8 @@ class ActorWorker(TakesTurns):
         """Held-out responses from this rank's engine (the current policy), per prompt
         `num_samples` token id lists, EOS included when generated. Not a dock stage: evaluation
         samples never enter the dock (rldock.runtime.evaluation). Only ranks holding an engine."""
-        if self.engine is None:
-            raise RuntimeError(
-                f"actor rank {self.rank} holds no engine (rollout.tensor_parallel_size "
-                f"{self.generation.tp_size}): evaluate on ranks {self.generation.leaders()}"
-            )
-        completions = self.engine.sample(
+        engine = self._held_engine()
+        completions = engine.sample(
             prompts,
             n=num_samples,
             max_tokens=max_tokens,
@@ -331,16 +337,27 @@ class ActorWorker(TakesTurns):
             greedy=greedy,
             prompt_keys=prompt_keys,
         )
-        self.engine.sleep()
+        engine.sleep()
         return [[c.token_ids for c in group] for group in completions]
+
+    def _held_engine(self) -> VllmRolloutEngine:
+        """This rank's engine; only the first rank of a generation replica holds one."""
+        if self.engine is None:
+            raise RuntimeError(
+                f"actor rank {self.rank} holds no engine (rollout.tensor_parallel_size "
+                f"{self.generation.tp_size}): generate and evaluate on ranks {self.generation.leaders()}"
+            )
+        return self.engine
 
     @in_turn("reference")
     def compute_ref_logprobs(self, iteration: int) -> dict:
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
+        model = self.model
+        assert isinstance(model, PeftModel), "the actors run the reference state only under training.lora"
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            with torch.no_grad(), adapters_off(self.model):
+            with torch.no_grad(), adapters_off(model):
                 logprobs = self._logprobs(batch.to(self.device.torch_device))
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
@@ -445,11 +462,10 @@ class ActorWorker(TakesTurns):
             self.backend.save_optimizer(staging / "optimizer.pt")
             if self.rank != 0:
                 return
-            if self.cfg.training.lora is not None:  # the merged policy for readers, the adapters to resume
-                self.model.get_base_model().save_pretrained(
-                    staging / "policy", state_dict=dict(self._generation_weights())
-                )
-                self.model.save_pretrained(staging / ADAPTER_DIR)
+            if isinstance(self.model, PeftModel):  # training.lora: the merged policy, the adapters to resume
+                base = cast(PreTrainedModel, self.model.get_base_model())  # peft types it nn.Module
+                base.save_pretrained(staging / "policy", state_dict=dict(self._generation_weights()))
+                self.model.save_pretrained(str(staging / ADAPTER_DIR))
             elif weights is not None:  # gathered from the shards
                 self.model.save_pretrained(staging / "policy", state_dict=weights)
             else:
@@ -516,7 +532,7 @@ class ActorWorker(TakesTurns):
     def _generation_weights(self):
         """(HF name, tensor) pairs of the policy as the engine loads it: the adapters merged in on
         the fly under LoRA (the trained adapters stay as they are)."""
-        if self.cfg.training.lora is not None:
+        if isinstance(self.model, PeftModel):  # training.lora
             return merged_weights(self.model)
         return self.model.state_dict().items()
 
@@ -551,6 +567,9 @@ class ActorWorker(TakesTurns):
         """One optimizer step over a mini-batch, accumulating micro-batches; the loss aggregated over
         the whole mini-batch by algorithm.loss_aggregation (the token mean by default)."""
         algo = self.cfg.algorithm
+        # The `update` state's recipes all name a policy loss (DPO's preference_update has its own).
+        policy_loss = self.policy_loss
+        assert policy_loss is not None, f"recipe {self.recipe.name!r} has no policy loss"
         device = self.device.torch_device
         mini_batch = mini_batch.to(device)
         local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
@@ -558,9 +577,9 @@ class ActorWorker(TakesTurns):
         # by its units (tokens, responses, or the constant length) over the mean units per rank, and
         # DDP averages gradients over ranks. The update is then the same however the dock split the
         # samples between ranks and micro-batches.
-        aggregation = {"mode": algo.loss_aggregation, "norm_length": algo.max_response_length}
+        mode, norm_length = algo.loss_aggregation, algo.max_response_length
         global_units = aggregation_units(
-            mini_batch["response_mask"], row_weights=self._row_weights(mini_batch), **aggregation
+            mini_batch["response_mask"], mode, row_weights=self._row_weights(mini_batch), norm_length=norm_length
         )
         if self.world_size > 1 and additive_units(algo.loss_aggregation):
             torch.distributed.all_reduce(global_units)
@@ -574,10 +593,10 @@ class ActorWorker(TakesTurns):
         def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
             mask = micro["response_mask"].float()  # (b, SL)
             row_weights = self._row_weights(micro)  # (b,) or None
-            weight = aggregation_units(mask, row_weights=row_weights, **aggregation) / units_per_rank
+            weight = aggregation_units(mask, mode, row_weights=row_weights, norm_length=norm_length) / units_per_rank
             scores = self._scores(micro)
             logprobs = scores.logprobs  # (b, SL)
-            policy = self.policy_loss(
+            policy = policy_loss(
                 logprobs,
                 self._old_logprobs(micro, logprobs),
                 micro["advantage"],
@@ -592,7 +611,7 @@ class ActorWorker(TakesTurns):
                 kl_tokens = kl_penalty(
                     logprobs, micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=algo.kl_clamp
                 )  # (b, SL)
-                kl = aggregate(kl_tokens, mask, row_weights=row_weights, **aggregation)
+                kl = aggregate(kl_tokens, mask, mode, row_weights=row_weights, norm_length=norm_length)
                 kl_clamped = kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
             loss = policy.loss + algo.kl_coef * kl
             w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
