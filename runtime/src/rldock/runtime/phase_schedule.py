@@ -37,8 +37,10 @@ def resolve_phase_schedule(setting: str, *, device_kind: str, placement: str, mo
     """resources.phase_schedule as a worker on `device_kind` applies it: `auto` is serial on
     accelerators with colocated placement in a synchronous job, overlap otherwise (on CPU each
     worker's thread budget is its compute share; under `separate` no device is shared)."""
-    if setting in ("serial", "overlap"):
-        return setting
+    if setting == "serial":
+        return "serial"
+    if setting == "overlap":
+        return "overlap"
     serial = device_kind in ACCELERATOR_KINDS and placement == "colocated" and mode == "sync"
     return "serial" if serial else "overlap"
 

@@ -25,13 +25,17 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 import torch
+from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup
 
 from rldock.config import JobConfig
+from rldock.contract.placement import PlacementPlan
 from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
@@ -142,6 +146,7 @@ class WorkerGroups:
 
     def runners(self, spec: WorkerState) -> list:
         """The Ray actors that run `spec`'s state: every rank of its group, or the engine ranks."""
+        assert spec.group is not None  # a state without a group runs on the driver, not on runners
         handles = self.ranks[spec.group.name]
         return handles[:: self.generation_tp] if spec.runs_on == "engines" else handles
 
@@ -191,14 +196,14 @@ class Trainer:
         self.banks: DockBanks | None = None
         self.schedule: Schedule | None = None  # the order of each iteration's calls, chosen per attempt
         self.workers: WorkerGroups | None = None
-        self._plan = None  # the placement plan (cluster.job_placement) of the workers' devices
-        self._placement = None  # the Ray placement group reserved for it
-        self._turns = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
+        self._plan: PlacementPlan | None = None  # the placement plan (cluster.job_placement) of the devices
+        self._placement: PlacementGroup | None = None  # the Ray placement group reserved for it
+        self._turns: ActorHandle | None = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
         # Counters and metrics files, in a background thread while the next iteration starts
         # (JobConfig.ablations.background_bookkeeping; runtime/bookkeeping.py); a fresh one per _loop.
         self._bookkeeping = Bookkeeper(background=False)
-        self._counters = None  # the Future of the last counters read, awaited before the next put
+        self._counters: Future | None = None  # the Future of the last counters read, awaited before the next put
         self._last_iteration_end: float | None = None  # perf_counter when the last iteration's stages ended
 
     def _check_output_dir(self, resume: bool) -> None:
@@ -302,7 +307,8 @@ class Trainer:
         """One Ray actor per rank of every worker group the recipe's states run on (their specs,
         rldock.runtime.states): device workers on their seats of the placement plan, the others
         outside it; then each collective group joins its own process group."""
-        cfg, plan = self.cfg, self._plan  # reserved by _start
+        cfg, plan, placement = self.cfg, self._plan, self._placement
+        assert plan is not None and placement is not None  # reserved by _start
         context = WorkerContext(
             cfg=cfg,
             banks=self.banks,
@@ -317,7 +323,7 @@ class Trainer:
             cls = spec.worker_class()
             if spec.device:
                 seats = plan.group(name)
-                handles = [cluster.seated(cls, group=self._placement, plan=plan, seat=seat) for seat in seats]
+                handles = [cluster.seated(cls, group=placement, plan=plan, seat=seat) for seat in seats]
             else:
                 handles = [cluster.remote(cls, num_cpus=0) for _ in range(spec.num_ranks(cfg))]
             ranks[name] = [
@@ -440,7 +446,8 @@ class Trainer:
         return interval > 0 and (iteration % interval == 0 or iteration == self.cfg.iterations)
 
     def _evaluate(self, iteration: int) -> dict[str, float]:
-        return self.evaluator.run(self.workers.engine_actors, iteration=iteration)
+        assert self.evaluator is not None  # called only with evaluation.interval > 0, which makes one
+        return self.evaluator.run(self._started().engine_actors, iteration=iteration)
 
     def _report_progress(self, record: dict) -> None:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
@@ -457,6 +464,7 @@ class Trainer:
 
     def _run_iteration(self, iteration: int) -> dict:
         cfg, algo = self.cfg, self.cfg.algorithm
+        assert self.schedule is not None  # chosen by _start
         stages = self.schedule.run(iteration)
         # End to end: this iteration and the driver's work since the previous one ended (bookkeeping
         # run inline or waited for, the next draw and reset), which the iteration's own time leaves out.
@@ -534,7 +542,7 @@ class Trainer:
 
     def _finish_rollout(self, iteration: int) -> list:
         """Partial rollout: each engine's second round of `iteration`'s generation."""
-        return [a.finish_rollout.remote(iteration) for a in self.workers.engine_actors]
+        return [a.finish_rollout.remote(iteration) for a in self._started().engine_actors]
 
     def _skip_turns(self, iteration: int, states: list[str]) -> None:
         if self._turns is not None:  # their turns are not taken again
@@ -552,7 +560,7 @@ class Trainer:
         def launcher(spec: WorkerState):
             extra = (sampling_round, round_tokens) if spec.takes_round else ()
             return lambda: [
-                getattr(handle, spec.method).remote(iteration, *extra) for handle in self.workers.runners(spec)
+                getattr(handle, spec.method).remote(iteration, *extra) for handle in self._started().runners(spec)
             ]
 
         return {spec.name: launcher(spec) for spec in self.recipe.specs if spec.group is not None}
@@ -564,6 +572,7 @@ class Trainer:
         return self._counters
 
     def _dock_traffic(self, dock: TransferDock) -> dict:
+        assert self.banks is not None  # the dock is one of this attempt's banks
         bank = self.banks.docks.index(dock)  # each bank's counters advance only with its iterations
         stats = dock.stats()
         traffic = dock_traffic(self._last_dock_stats.get(bank), stats)
@@ -583,6 +592,11 @@ class Trainer:
         if self.schedule is not None:
             self.schedule.keep_inflight(stop_workers=self._kill_workers)
 
+    def _started(self) -> WorkerGroups:
+        """The workers of the running attempt (created by _start, dropped by _stop)."""
+        assert self.workers is not None, "the attempt's workers are not running"
+        return self.workers
+
     def _kill_workers(self) -> None:
         if self.workers is not None:
             for handle in self.workers.all():
@@ -594,13 +608,15 @@ class Trainer:
         # resume keeps only the records up to its checkpoint, and redoes none of these.
         self._bookkeeping.wait()
         staging = ckpt.staging_dir(self.output_dir, iteration)
-        ray.get([a.save.remote(str(staging)) for a in self.workers.actors])
-        actor_rng = ray.get([a.get_rng_state.remote() for a in self.workers.actors])
+        workers = self._started()
+        ray.get([a.save.remote(str(staging)) for a in workers.actors])
+        actor_rng = ray.get([a.get_rng_state.remote() for a in workers.actors])
         torch.save({"actors": actor_rng}, staging / "rng.pt")
-        ray.get([c.save.remote(str(staging)) for c in self.workers.critics])  # rank 0 writes
+        ray.get([c.save.remote(str(staging)) for c in workers.critics])  # rank 0 writes
         # The driver draws no random numbers itself: the sampler's state is the data position, the
         # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
         # A run-ahead schedule drew the next iteration's prompts already: it keeps the position before that draw.
+        assert self.schedule is not None  # chosen by _start
         state = {"sampler": self.schedule.checkpoint_sampler_state()}
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
         plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)

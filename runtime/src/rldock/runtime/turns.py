@@ -20,10 +20,16 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
+from ray.actor import ActorHandle
 
 from rldock.runtime.phase_schedule import Turn, job_schedules, resolve_phase_schedule, worker_devices
+
+if TYPE_CHECKING:
+    from rldock.config import JobConfig
+    from rldock.runtime.device import DeviceInfo
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +107,7 @@ def start_keeper(schedules: Mapping[int, tuple[Turn, ...]]):
 class DeviceTurns:
     """What one worker needs to take its turns: the keeper, its device and its scheduled phases."""
 
-    keeper: object  # TurnKeeper actor handle
+    keeper: ActorHandle  # the job's TurnKeeper
     device: int
     worker: str
     phases: frozenset[str]
@@ -127,6 +133,8 @@ class TakesTurns:
     """Mixin for device workers: `take_turns` hands them their DeviceTurns; stage methods decorated
     with `in_turn(phase)` then run in their turn. Needs `self.cfg` and `self.device` (DeviceInfo)."""
 
+    cfg: JobConfig  # set by the worker's __init__
+    device: DeviceInfo  # set by the worker's __init__
     _turns: DeviceTurns | None = None
 
     def runs_serial(self) -> bool:
@@ -166,7 +174,7 @@ def in_turn(phase: str):
     return decorate
 
 
-def hand_out_turns(cfg, plan, recipe, workers) -> object | None:
+def hand_out_turns(cfg, plan, recipe, workers) -> ActorHandle | None:
     """Start the job's TurnKeeper and give every device worker on a shared device its DeviceTurns;
     returns the keeper, or None when nothing is scheduled (phase_schedule overlap or `auto` on CPU, an
     async job, or no device shared). `workers` is the trainer's WorkerGroups."""

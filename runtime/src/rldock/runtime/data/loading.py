@@ -138,6 +138,8 @@ def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool)
     source = path.stem if columns.data_source is None else _text(record, columns.data_source, where)
     chosen = rejected = None
     if has_pairs:
+        # has_pairs: both columns are named and were found in the first record.
+        assert columns.chosen is not None and columns.rejected is not None
         chosen = _text(record, columns.chosen, where)
         rejected = _text(record, columns.rejected, where)
     return Row(

@@ -32,10 +32,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
+from ray.actor import ActorHandle
 
 from rldock.runtime.dock import rpc, shared_columns
 from rldock.runtime.dock.controller import Grant
@@ -57,9 +58,9 @@ _WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
 CONTROLLER_HOST_CONCURRENCY = 100_000
 # How long shutdown waits for the dock's actors to release their shared memory.
 _CLOSE_TIMEOUT_S = 10.0
-_ControllerHostActor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=CONTROLLER_HOST_CONCURRENCY)(
-    ControllerHost
-)
+_ControllerHostActor = ray.remote(  # type: ignore[call-overload]  # Ray's overloads leave out actor options
+    num_cpus=0, max_restarts=0, max_concurrency=CONTROLLER_HOST_CONCURRENCY
+)(ControllerHost)
 
 
 class DistributedRoute:
@@ -129,16 +130,24 @@ class DistributedRoute:
             bounded_states=list(bounded_states),
             shared_root=shared_root,
         )
-        actors = {}
+        actors: dict[int, ActorHandle] = {}
         for w, node in enumerate(nodes):
             if w not in hosted:
                 start, stop = layout.sample_range(w)
-                actors[w] = _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
-                    warehouse_id=w, start=start, capacity=stop - start, group_size=group_size, shared_root=shared_root
+                # Creating an actor gives its handle; Ray types it as handle or class.
+                actors[w] = cast(
+                    ActorHandle,
+                    _WarehouseActor.options(scheduling_strategy=pinned_to(node)).remote(
+                        warehouse_id=w,
+                        start=start,
+                        capacity=stop - start,
+                        group_size=group_size,
+                        shared_root=shared_root,
+                    ),
                 )
         # Waiting here surfaces actor start failures now rather than at the first put.
         host_at, directories = ray.get([host.node_id.remote(), host.shared_directories.remote()])
-        remote_at = dict(zip(actors, ray.get([actor.node_id.remote() for actor in actors.values()])))
+        remote_at: dict[int, str] = dict(zip(actors, ray.get([actor.node_id.remote() for actor in actors.values()])))
         directories.update(zip(actors, ray.get([actor.shared_directory.remote() for actor in actors.values()])))
         warehouse_nodes = [remote_at.get(w, host_at) for w in range(num_warehouses)]
         warehouses = {w: Peer(_warehouse_name(layout, w, warehouse_nodes[w]), actor) for w, actor in actors.items()}
@@ -250,8 +259,8 @@ class DistributedRoute:
         prefer: list[int] = []
         here = ray.get_runtime_context().get_node_id()
         if self._prefer_local:
-            local = [w for w, node in enumerate(self.nodes) if node == here]
-            prefer = local if len(local) < len(self.nodes) else []  # all local: plain ascending order
+            on_this_node = [w for w, node in enumerate(self.nodes) if node == here]
+            prefer = on_this_node if len(on_this_node) < len(self.nodes) else []  # all local: plain ascending order
         if state not in self._state_columns:
             raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
         host = self._host
@@ -259,7 +268,7 @@ class DistributedRoute:
         # the host sends none of its own warehouses' rows that are among them.
         attached = {w: local for w in range(self.layout.num_warehouses) if (local := self._attached(w, here))}
         read_here = [w for w in attached if w not in self._warehouses]
-        request = host.handle.request_and_read.remote(
+        request: ray.ObjectRef = host.handle.request_and_read.remote(
             state,
             list(columns),
             rank,
@@ -333,7 +342,7 @@ class DistributedRoute:
         """Ask every dock actor to release its shared memory (before they are killed); dead ones are
         skipped, and one that does not answer in time leaves its directory to the next warehouse's
         sweep of orphans (shared_columns.remove_orphans)."""
-        refs = [peer.handle.close.remote() for peer in self.peers()]
+        refs: list[ray.ObjectRef] = [peer.handle.close.remote() for peer in self.peers()]
         ray.wait(refs, num_returns=len(refs), timeout=_CLOSE_TIMEOUT_S)
 
     def _attached(self, w: int, here: str) -> Warehouse | None:

@@ -195,7 +195,8 @@ def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bo
     fresh.tie_weights()
     fresh.to(DTYPES[dtype])
     fresh.generation_config = gguf_model.generation_config
-    reference = _probe_logits(gguf_model.to(DTYPES[dtype]), tokenizer)
+    # transformers types PreTrainedModel.to as the unbound nn.Module.to it wraps (self first).
+    reference = _probe_logits(gguf_model.to(DTYPES[dtype]), tokenizer)  # type: ignore[arg-type]
     del gguf_model
 
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -225,12 +226,13 @@ def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bo
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+    size_bytes = _folder_bytes(output)
     result = ImportResult(
         output=output,
         skipped=False,
         architecture=architecture,
         num_parameters=num_parameters,
-        size_bytes=_folder_bytes(output),
+        size_bytes=size_bytes,
         seconds=time.perf_counter() - start,
         max_logit_diff=diff,
     )
@@ -241,7 +243,7 @@ def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bo
         num_parameters,
         output,
         result.seconds,
-        result.size_bytes / 1e6,
+        size_bytes / 1e6,
         diff,
     )
     return result

@@ -62,6 +62,8 @@ def _candidates(cfg: JobConfig) -> list[tuple[str, str, Callable[[JobConfig], Jo
 
 
 def _fits(plan: MemoryPlan) -> bool:
+    # check_fit makes every plan here with its own device_memory, never None.
+    assert plan.device_memory is not None
     return plan.peak <= plan.device_memory
 
 
