@@ -38,6 +38,18 @@ def _config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _overrides_argument(parser: argparse.ArgumentParser, *, example: str) -> None:
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        type=_parse_override,
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a field, e.g. {example}",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=cli.PROGRAM, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,15 +60,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "files and their keys, reward function files); print one verdict line",
     )
     _config_argument(validate)
-    validate.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        type=_parse_override,
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. algorithm.learning_rate=0",
-    )
+    _overrides_argument(validate, example="algorithm.learning_rate=0")
     validate.add_argument(
         "--no-path-checks",
         action="store_true",
@@ -74,15 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _config_argument(train)
     train.add_argument(cli.OUTPUT, required=True, help="directory for metrics, checkpoints and plots")
     train.add_argument(cli.RESUME, action="store_true", help="continue from the latest checkpoint in --output")
-    train.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        type=_parse_override,
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. algorithm.learning_rate=0",
-    )
+    _overrides_argument(train, example="algorithm.learning_rate=0")
     train.add_argument(
         cli.NO_PROGRESS,
         action="store_true",
@@ -102,15 +98,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "and refuse a config that cannot fit, naming the field to change",
     )
     plan.add_argument("config", help="the job config (YAML)")
-    plan.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        type=_parse_override,
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. training.strategy=fsdp",
-    )
+    _overrides_argument(plan, example="training.strategy=fsdp")
     plan.add_argument(
         "--device-memory",
         type=_parse_memory,
