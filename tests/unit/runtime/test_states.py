@@ -9,6 +9,7 @@ import pytest
 
 from rldock.config.job import JobConfig
 from rldock.config.problems import find_problems
+from rldock.contract.placement import SeatRequest, plan_placement
 from rldock.runtime import trainer as trainer_module
 from rldock.runtime.algorithms.recipes import RECIPES, get_recipe, job_recipe
 from rldock.runtime.dataflow import PROMPT, RESPONSE
@@ -164,6 +165,38 @@ def test_the_config_checks_count_the_devices_the_specs_seat(name, reward, placem
         tight = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"devices_per_node": devices})})
         problems = [p for p in find_problems(tight) if "devices" in p.message]
         assert bool(problems) is refused, (devices, problems)
+
+
+@pytest.mark.parametrize("placement", ["colocated", "separate"])
+@pytest.mark.parametrize("data_parallel_size", [1, 2, 3])
+def test_ppo_with_a_reward_model_seats_reference_critic_then_reward_model(placement, data_parallel_size):
+    # The specs name the reward model's group before the critic's; the seats still follow the
+    # contract's SEAT_ORDER, as the config checks' plan does, so the two agree seat by seat.
+    cfg = _cfg(
+        "ppo",
+        reward=MODEL_TERM,
+        training={"data_parallel_size": data_parallel_size},
+        kl_coef=0.01,
+        resources={"placement": placement, "num_nodes": 1, "devices_per_node": 64},
+    )
+    runtime = placement_plan(cfg, job_recipe(cfg).specs)
+    by_hand = plan_placement(
+        accelerator=cfg.resources.accelerator_resource,
+        num_actor_ranks=data_parallel_size,
+        others=[
+            SeatRequest("reward_model", 1),
+            SeatRequest("critic", data_parallel_size, distinct=True),
+            SeatRequest("reference", data_parallel_size),
+        ],
+        mode=placement,
+    )
+    assert runtime == by_hand
+    assert list(runtime.seats) == ["actor", "reference", "critic", "reward_model"]
+
+
+def test_an_unknown_state_is_a_key_error_naming_it_and_the_recipe_states():
+    with pytest.raises(KeyError, match="no state 'critic_update'.*'update'"):
+        job_recipe(_cfg("grpo")).spec("critic_update")
 
 
 def test_the_planner_sizes_the_groups_the_specs_name():

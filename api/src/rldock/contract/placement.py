@@ -54,6 +54,16 @@ class SeatRequest:
 
 ACTOR_GROUP = "actor"
 
+# The order the non-actor groups take their seats in, first fit: the one table both the runtime (its
+# worker-state specs) and the config checks seat by, so the two plans agree seat by seat. A group
+# not listed here sits after these, in the order its caller names it.
+SEAT_ORDER: tuple[str, ...] = ("reference", "critic", "reward_model")
+
+
+def in_seat_order(requests: Sequence[SeatRequest]) -> list[SeatRequest]:
+    """`requests` sorted by SEAT_ORDER (a stable sort: unlisted groups keep their given order, last)."""
+    return sorted(requests, key=lambda r: SEAT_ORDER.index(r.group) if r.group in SEAT_ORDER else len(SEAT_ORDER))
+
 
 @dataclass(frozen=True)
 class PlacementPlan:
@@ -100,8 +110,8 @@ class PlacementPlan:
 def plan_placement(
     *, accelerator: str, num_actor_ranks: int, others: Sequence[SeatRequest] = (), mode: PlacementMode
 ) -> PlacementPlan:
-    """The plan for these workers: actor rank i on device i, then the `others` groups' ranks, in
-    order, first fit (see the module docstring). Raises ValueError for an unknown mode, no actor
+    """The plan for these workers: actor rank i on device i, then the `others` groups' ranks in
+    SEAT_ORDER, first fit (see the module docstring). Raises ValueError for an unknown mode, no actor
     rank or a negative count."""
     if mode not in SHARE:
         raise ValueError(f"unknown placement mode {mode!r}; use one of {sorted(SHARE)}")
@@ -126,7 +136,7 @@ def plan_placement(
         return seat(open_device() if free is None else free)
 
     seats: dict[str, tuple[Seat, ...]] = {ACTOR_GROUP: tuple(seat(open_device()) for _ in range(num_actor_ranks))}
-    for request in others:
+    for request in in_seat_order(others):
         placed: tuple[Seat, ...] = ()
         for _ in range(request.count):
             avoid = frozenset(s.bundle for s in placed) if request.distinct else frozenset()

@@ -224,8 +224,8 @@ def worker_groups(states: Sequence[WorkerState]) -> dict[str, WorkerGroup]:
 def placement_plan(
     cfg: JobConfig, states: Sequence[WorkerState], *, data_parallel_size: int | None = None
 ) -> PlacementPlan:
-    """The placement plan (rldock.contract.placement) for the device workers of `states`, in the
-    order their groups first appear; `data_parallel_size` overrides the config's (the planner plans
+    """The placement plan (rldock.contract.placement) for the device workers of `states`, seated in
+    the contract's SEAT_ORDER; `data_parallel_size` overrides the config's (the planner plans
     one DP rank)."""
     groups = worker_groups(states)
     actor = groups.get(ACTOR_GROUP, ACTOR)  # DPO too trains on actor ranks

@@ -112,7 +112,10 @@ class Recipe:
         return {"driver": self.driver_produces, **{spec.name: spec.produces for spec in self.specs}}
 
     def spec(self, state: str) -> WorkerState:
-        return next(spec for spec in self.specs if spec.name == state)
+        for spec in self.specs:
+            if spec.name == state:
+                return spec
+        raise KeyError(f"recipe {self.name!r} has no state {state!r}; its states: {list(self.states)}")
 
     @property
     def launched_states(self) -> tuple[str, ...]:
