@@ -154,3 +154,13 @@ def test_bad_yaml_and_missing_file(tmp_path):
     broken.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_job_config(broken)
+
+
+def test_an_rljob_manifest_is_refused_naming_spec_job_and_the_dry_run(tmp_path):
+    manifest = tmp_path / "rljob.yaml"
+    manifest.write_text(
+        yaml.safe_dump({"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "spec": {"job": example()}})
+    )
+    with pytest.raises(ConfigError, match=r"RLJob manifest; its job config is spec\.job.*--dry-run=server") as error:
+        load_job_config(manifest, check_local=False)
+    assert [p.path for p in error.value.problems] == ["kind"]

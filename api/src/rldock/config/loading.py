@@ -63,6 +63,20 @@ def load_job_config(
         raise ConfigError(str(path), [Problem("<file>", "config file not found")]) from None
     except yaml.YAMLError as error:
         raise ConfigError(str(path), [Problem("<file>", f"not valid YAML: {error}")]) from None
+    if isinstance(data, dict) and data.get("kind") == "RLJob":
+        # A manifest, not a job config: without this it fails as "spec: unknown field", which reads
+        # as a typo in the job.
+        raise ConfigError(
+            str(path),
+            [
+                Problem(
+                    "kind",
+                    "this is an RLJob manifest; its job config is spec.job: save spec.job as a file of its "
+                    "own to check it here, or let the operator's admission check the whole RLJob with "
+                    f"`kubectl apply --dry-run=server -f {path}`",
+                )
+            ],
+        )
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     cfg = parse_job_config(data, source=str(path))
