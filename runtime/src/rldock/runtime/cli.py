@@ -123,14 +123,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "--output", "--out", dest="out", required=True, help="directory for train.jsonl and val.jsonl"
     )
     generate.add_argument("--seed", type=int, default=0, help="the rows are a pure function of it (default 0)")
-    generate.add_argument("--max-operand", type=int, default=99, help="addition: largest operand (default 99)")
+    # The generators' own flags default to None: the generator's defaults apply, and a flag of the
+    # other generator is refused instead of ignored (GENERATOR_FLAGS).
+    generate.add_argument("--max-operand", type=int, help="addition: largest operand (default 99)")
     generate.add_argument(
-        "--operations",
-        default="add,subtract,multiply,share",
-        help="word_problems: comma-separated kinds drawn (default add,subtract,multiply,share)",
+        "--operations", help="word_problems: comma-separated kinds drawn (default add,subtract,multiply,share)"
     )
     generate.add_argument(
-        "--max-number", type=int, default=20, help="word_problems: largest number added or given away (default 20)"
+        "--max-number", type=int, help="word_problems: largest number added or given away (default 20)"
     )
     generate.add_argument(
         "--prompt-key",
@@ -217,6 +217,10 @@ GENERATE_FLAGS = {
 }
 
 
+# The flags only one generator reads (their config fields): another generator's flag is an error.
+GENERATOR_FLAGS = {"addition": ("max_operand",), "word_problems": ("operations", "max_number")}
+
+
 def _generate_data(args: argparse.Namespace) -> int:
     """`rldock data generate`: the same rows a job's `data.generator` writes, as files to keep."""
     from pydantic import ValidationError
@@ -226,15 +230,17 @@ def _generate_data(args: argparse.Namespace) -> int:
     from rldock.runtime.data.generators import column_names
 
     prompt_key = args.prompt_key or ("question" if args.generator == "word_problems" else "prompt")
+    given = {field: getattr(args, field) for fields in GENERATOR_FLAGS.values() for field in fields}
+    given = {field: value for field, value in given.items() if value is not None}
+    foreign = [field for field in given if field not in GENERATOR_FLAGS[args.generator]]
+    if foreign:
+        flags = ", ".join(GENERATE_FLAGS[field] for field in foreign)
+        print(f"error: {flags}: not read by the {args.generator} generator; drop it", file=sys.stderr)
+        return 2
+    if "operations" in given:
+        given["operations"] = given["operations"].split(",")
     try:
-        spec = GeneratorSpec(
-            name=args.generator,
-            num_prompts=args.num_train,
-            num_val_prompts=args.num_val,
-            max_operand=args.max_operand,
-            operations=args.operations.split(","),
-            max_number=args.max_number,
-        )
+        spec = GeneratorSpec(name=args.generator, num_prompts=args.num_train, num_val_prompts=args.num_val, **given)
         columns = column_names(DataSpec(generator=spec, prompt_key=prompt_key, answer_key=args.answer_key))
     except ValidationError as error:
         for problem in error.errors():

@@ -192,6 +192,20 @@ def test_cli_errors_name_the_flag_not_the_config_field(tmp_path, capsys, flags, 
     assert "num_prompts" not in err and "num_val_prompts" not in err and "validation error" not in err
 
 
+@pytest.mark.parametrize(
+    "generator, flags, named",
+    [
+        ("addition", ["--max-number", "3"], "--max-number"),
+        ("addition", ["--operations", "add"], "--operations"),
+        ("word_problems", ["--max-operand", "9"], "--max-operand"),
+    ],
+)
+def test_cli_refuses_the_other_generators_flag_instead_of_ignoring_it(tmp_path, capsys, generator, flags, named):
+    assert main(["data", "generate", generator, *flags, "--out", str(tmp_path)]) == 2
+    assert f"error: {named}: not read by the {generator} generator" in capsys.readouterr().err
+    assert not (tmp_path / "train.jsonl").exists()
+
+
 def test_cli_regenerating_into_a_used_folder_replaces_the_files_it_owns(tmp_path, capsys):
     assert main(["data", "generate", "addition", "--num-train", "6", "--num-val", "3", "--out", str(tmp_path)]) == 0
     (tmp_path / "notes.txt").write_text("mine")  # not the generator's: left alone
