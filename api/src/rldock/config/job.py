@@ -8,9 +8,10 @@ operator can report them as conditions on an object the API server already accep
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, field_validator, model_validator
 
 from rldock.contract.algorithms import AlgorithmName
 from rldock.contract.placement import PlacementMode
@@ -569,6 +570,138 @@ class RolloutSpec(Spec):
     )
 
 
+# The built-in tools and environments (runtime/src/rldock/runtime/agent/); anything else is a user's own
+# class, named `path/to/file.py:Class` or `package.module:Class` like a reward function.
+BUILTIN_TOOLS = ("python", "calculator")
+BUILTIN_ENVIRONMENTS = ("feedback",)
+_CLASS_REFERENCE = re.compile(r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
+UserOptions = dict[
+    Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)],
+    Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)],
+]
+
+
+def _check_class_name(name: str, builtins: tuple[str, ...], kind: str) -> str:
+    if name in builtins or _CLASS_REFERENCE.match(name):
+        return name
+    raise ValueError(
+        f"{name!r} is not a built-in {kind} ({', '.join(builtins)}) nor a class of your own "
+        f"written `path/to/file.py:Class` or `package.module:Class`"
+    )
+
+
+class SandboxSpec(Spec):
+    """Limits of the `python` tool's sandbox: each call runs the model's code in a fresh interpreter process
+    with no network, in a scratch directory of its own (docs/agentic.md#the-sandbox)."""
+
+    cpu_seconds: float = Field(default=5.0, gt=0, le=600, description="CPU time one program may use (RLIMIT_CPU).")
+    wall_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Wall-clock time one program may run (a program that sleeps or waits uses no CPU) before its "
+        "whole process group is killed.",
+    )
+    memory_mib: int = Field(
+        default=512, ge=64, le=1_048_576, description="Address space one program may map (RLIMIT_AS), MiB."
+    )
+    max_output_chars: int = Field(
+        default=2000,
+        ge=16,
+        le=1_048_576,
+        description="Characters of the program's stdout and stderr returned to the model; the rest is cut and "
+        "the cut is said.",
+    )
+
+
+class ToolSpec(Spec):
+    """One tool the policy may call."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="`python` (runs the model's code in the sandbox, see `agent.sandbox`), `calculator` (evaluates "
+        "an arithmetic expression), or your own tool class, `path/to/file.py:Class` or `package.module:Class` "
+        "(docs/agentic.md#your-own-tool); a relative file path is relative to the working directory of "
+        "`rldock train`.",
+    )
+    options: UserOptions = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Your own tool only: keyword arguments (strings) passed to its class.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _check_class_name(name, BUILTIN_TOOLS, "tool")
+
+
+class EnvironmentSpec(Spec):
+    """What answers the model when a turn ends without a tool call."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="`feedback` (says whether the final answer equals the ground truth and, if not, lets the "
+        "model try again until agent.max_turns), or your own environment class, `path/to/file.py:Class` or "
+        "`package.module:Class` (docs/agentic.md#your-own-environment).",
+    )
+    options: UserOptions = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Your own environment only: keyword arguments (strings) passed to its class.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _check_class_name(name, BUILTIN_ENVIRONMENTS, "environment")
+
+
+class AgentSpec(Spec):
+    """Multi-turn rollouts: the policy may call tools and an environment may answer it between turns; the
+    whole trajectory is one sample, trained on the model's own tokens only (docs/agentic.md)."""
+
+    tools: list[ToolSpec] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tools the policy may call, rendered into the prompt by the model's chat template.",
+    )
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="What answers a turn that ends without a tool call; unset: that turn ends the episode.",
+    )
+    max_turns: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Model turns (generations) per episode; the episode also ends at a final answer the "
+        "environment accepts (or any final answer without one) and when algorithm.max_response_length, which "
+        "counts the model's and the tools' tokens, is used up.",
+    )
+    tool_call_format: Literal["hermes"] = Field(
+        default="hermes",
+        description='How tool calls are written in a generation: `hermes`, `<tool_call>{"name": ..., '
+        '"arguments": {...}}</tool_call>` (Hermes, Qwen2.5, Qwen3).',
+    )
+    max_tool_response_tokens: int = Field(
+        default=256,
+        ge=1,
+        le=1_048_576,
+        description="Tokens of one tool or environment message kept in the trajectory; a longer one is cut "
+        "and the cut is said.",
+    )
+    max_concurrent_tool_calls: int = Field(
+        default=8,
+        ge=1,
+        le=4096,
+        description="Tool calls one rollout engine runs at the same time (the engine keeps generating for the "
+        "other samples meanwhile).",
+    )
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec, description="The `python` tool's limits.")
+
+
 def generation_dtype(*, model_dtype: str, rollout_dtype: str | None, on_cpu: bool) -> str:
     """The engine's dtype (`rollout.dtype`'s description). Unset on CPU it stays float32 whatever
     model.dtype says: vLLM's CPU logprobs then match a float32 trainer's to about 1e-6, and the CPU
@@ -868,6 +1001,11 @@ class JobConfig(Spec):
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     algorithm: AlgorithmSpec
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    agent: AgentSpec | None = Field(
+        default=None,
+        description="Multi-turn rollouts with tools and an environment (docs/agentic.md); unset: one generation "
+        "per sample.",
+    )
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     dock: DockSpec = Field(default_factory=DockSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
