@@ -692,6 +692,13 @@ class AgentSpec(Spec):
         description="Tokens of one tool or environment message kept in the trajectory; a longer one is cut "
         "and the cut is said.",
     )
+    tool_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds one tool call may take before it is cancelled and the model is told so (the `python` "
+        "tool's own agent.sandbox limits stop its program first).",
+    )
     max_concurrent_tool_calls: int = Field(
         default=8,
         ge=1,

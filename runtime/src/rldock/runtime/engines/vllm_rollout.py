@@ -125,10 +125,10 @@ def _restore_env(key: str, value: str | None) -> None:
         os.environ[key] = value
 
 
-def _request_seed(engine_seed: int, call_seed: int, index: int) -> int:
-    # SeedSequence mixes the triple so nearby triples land far apart; 31 bits leave room for
-    # vLLM's seed + j per response.
-    entropy = [engine_seed, call_seed, index]
+def _request_seed(engine_seed: int, call_seed: int, key: int | Sequence[int]) -> int:
+    # SeedSequence mixes the numbers so nearby keys land far apart; 31 bits leave room for
+    # vLLM's seed + j per response. A key of several numbers: (sample, turn) in a multi-turn rollout.
+    entropy = [engine_seed, call_seed, *([key] if isinstance(key, int) else key)]
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint32)[0] >> 1)
 
 
@@ -296,25 +296,27 @@ class VllmRolloutEngine:
         prompts: Sequence[Sequence[int]],
         *,
         n: int,
-        max_tokens: int,
+        max_tokens: int | Sequence[int],
         eos_token_id: int,
         seed: int | None,
         greedy: bool = False,
         logprobs: bool = False,
-        prompt_keys: Sequence[int] | None = None,
+        prompt_keys: Sequence[int | Sequence[int]] | None = None,
     ) -> tuple[list, list]:
-        """vLLM's prompts and per-prompt sampling parameters for `sample` and `stream`."""
+        """vLLM's prompts and per-prompt sampling parameters for `sample`, `stream` and `submit`
+        (`max_tokens` one for all prompts or one per prompt)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
         if len(keys) != len(prompts):
             raise ValueError(f"{len(keys)} prompt_keys for {len(prompts)} prompts")
+        limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
         temperature, top_p = (0.0, 1.0) if greedy else (self._rollout.temperature, self._rollout.top_p)
         params = [
             SamplingParams(
                 n=n,
-                max_tokens=max_tokens,
+                max_tokens=limits[i],
                 temperature=temperature,
                 top_p=top_p,
                 seed=None if seed is None else _request_seed(self._seed, seed, keys[i]),
@@ -355,6 +357,42 @@ class VllmRolloutEngine:
             for out in engine.step():
                 if out.finished:
                     yield position[out.request_id], [c.token_ids for c in _completions(out, eos_token_id)]
+
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: Sequence[int],
+        eos_token_id: int,
+        seed: int,
+        request_keys: Sequence[Sequence[int]],
+        greedy: bool = False,
+    ) -> list[str]:
+        """Queue one response per prompt without running the engine (a multi-turn rollout adds turns
+        while others generate); returns the ids `step` reports them under. Each request's seed is mixed
+        from (engine seed, `seed`, its key), as in `sample`."""
+        if not prompts:
+            return []
+        requests, params = self._requests(
+            prompts,
+            n=1,
+            max_tokens=max_tokens,
+            eos_token_id=eos_token_id,
+            seed=seed,
+            greedy=greedy,
+            prompt_keys=request_keys,
+        )
+        self.memory.before_generation()
+        # vLLM's internal ids are "<external>-<8 random chars>"; outputs carry the external id.
+        return [request_id.rsplit("-", 1)[0] for request_id in self._llm.enqueue(requests, params, use_tqdm=False)]
+
+    def step(self, eos_token_id: int) -> list[tuple[str, Completion]]:
+        """One engine step over every queued request; the (id, response) of those it finished."""
+        outputs = self._llm.llm_engine.step()
+        return [(out.request_id, _completions(out, eos_token_id)[0]) for out in outputs if out.finished]
+
+    def has_unfinished(self) -> bool:
+        return self._llm.llm_engine.has_unfinished_requests()
 
     def generate(
         self,

@@ -1,0 +1,126 @@
+"""A multi-turn conversation as the policy sees it: token ids, and which of them are the model's own.
+
+The trajectory is built from pieces, never re-tokenized as a whole: the rendered prompt, then for each
+turn the tokens the engine sampled (EOS included) and, between turns, the tokens of the tool or
+environment messages as the chat template writes them after an assistant turn, up to and including
+the next generation prompt. The trainer scores exactly the ids the engine sampled, and a tokenizer
+that would merge characters across a turn boundary cannot shift a mask.
+
+The template's text for the messages between turns is found by difference: a fixed conversation
+ending in an assistant turn is rendered with and without the new messages (and the generation
+prompt); the new messages' text is what follows that assistant turn's end-of-turn token. Templates
+that write each message on its own (ChatML and its relatives: SmolLM2, Qwen2.5, Qwen3, Hermes)
+render it the same whatever came before.
+
+A template that ignores `tools=` (SmolLM2's, the tiny demo's has its own) gets the tools described
+in a system message in the Hermes format instead, so the model is always told what it can call and
+how to write a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_PROBE_SYSTEM, _PROBE_USER, _PROBE_ANSWER = "S", "U", "A"
+
+
+def tools_system_text(tools: Sequence[dict]) -> str:
+    """The Hermes-format description of `tools` for a template that does not render them itself."""
+    listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return (
+        "You can call functions to help with the user's request. Their signatures are in <tools></tools>:\n"
+        f"<tools>\n{listed}\n</tools>\n"
+        "To call one, write a JSON object with its name and arguments inside <tool_call></tool_call> tags, "
+        'like <tool_call>{"name": "<function-name>", "arguments": {<arguments>}}</tool_call>, and end your '
+        "turn. Its result comes back in the next message. When you know the answer, write it without a call."
+    )
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """Tokens appended to a trajectory and whether the model wrote them (trained on) or not."""
+
+    ids: list[int]
+    model: bool
+
+
+class ChatRenderer:
+    """Renders prompts with the tools, and the messages between turns, with the tokenizer's chat template."""
+
+    def __init__(self, tokenizer, *, tools: Sequence[dict]):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "agent: the model's tokenizer has no chat template, which multi-turn rollouts render the "
+                "tools and the turns with; use a chat (instruct) model"
+            )
+        self.tokenizer = tokenizer
+        self.tools = list(tools)
+        self.eos_text: str = tokenizer.eos_token
+        # Tools in the template's own words where it renders them, else in a system message of ours.
+        probe = [{"role": "user", "content": _PROBE_USER}]
+        renders_tools = bool(self.tools) and self._render(probe, tools=self.tools) != self._render(probe)
+        self._template_tools = self.tools if renders_tools else None
+        self._system_tools = tools_system_text(self.tools) if self.tools and not renders_tools else None
+
+    def _render(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None, generation: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=tools or None, add_generation_prompt=generation, tokenize=False
+        )
+
+    def with_tools(self, messages: Sequence[dict]) -> list[dict]:
+        """`messages` with our tools message first where the template does not render the tools: into
+        the conversation's own system message when it has one."""
+        if self._system_tools is None:
+            return list(messages)
+        if messages and messages[0]["role"] == "system":
+            first = {**messages[0], "content": f"{messages[0]['content']}\n\n{self._system_tools}"}
+            return [first, *messages[1:]]
+        return [{"role": "system", "content": self._system_tools}, *messages]
+
+    def prompt_text(self, messages: Sequence[dict]) -> str:
+        """The rendered prompt (tools included) ending in the generation prompt."""
+        return self._render(self.with_tools(messages), tools=self._template_tools)
+
+    def between_turns(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of `messages` (tool results, an environment's reply) as they follow an assistant
+        turn's end-of-turn token, through the next generation prompt."""
+        base = [
+            {"role": "system", "content": _PROBE_SYSTEM},
+            {"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": _PROBE_ANSWER},
+        ]
+        before = self._render(base, generation=False)
+        after = self._render([*base, *messages])
+        end_of_answer = before.find(_PROBE_ANSWER + self.eos_text)
+        if end_of_answer < 0 or not after.startswith(before[: end_of_answer + len(_PROBE_ANSWER + self.eos_text)]):
+            raise ValueError(
+                "agent: the chat template does not end an assistant turn with the tokenizer's EOS "
+                f"({self.eos_text!r}) or renders earlier turns differently once more follow; multi-turn rollouts "
+                "need a template that writes each message on its own (ChatML and its relatives)"
+            )
+        delta = after[end_of_answer + len(_PROBE_ANSWER + self.eos_text) :]
+        return self.tokenizer(delta, add_special_tokens=False)["input_ids"]
+
+    def model_turn(self, content: str) -> list[int]:
+        """A turn's tokens as the model would sample them: the content, then EOS (demonstrations)."""
+        return [*self.tokenizer(content, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
+
+    def demonstration(self, messages: Sequence[dict]) -> list[TokenSpan]:
+        """The spans after the prompt of a conversation's later messages (assistant turns the model's,
+        the rest between turns), as the rollout would have built them: for supervised warm-up on
+        tool-use demonstrations and for checking masks."""
+        spans: list[TokenSpan] = []
+        pending: list[dict] = []
+        for message in messages:
+            if message["role"] == "assistant":
+                if pending:
+                    spans.append(TokenSpan(self.between_turns(pending), model=False))
+                    pending = []
+                spans.append(TokenSpan(self.model_turn(message["content"]), model=True))
+            else:
+                pending.append(message)
+        if pending:
+            raise ValueError("a demonstration ends with the assistant's turn, not a " + pending[-1]["role"] + " message")
+        return spans
