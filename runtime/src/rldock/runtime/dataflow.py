@@ -27,6 +27,14 @@ PARTIAL_ROLLOUT = ("sampled_logprobs", "prefix_length")
 # the reward state as that term's scores.
 RM_SCORE = ("rm_score",)
 
+# Multi-turn rollouts only (JobConfig.agent, docs/agentic.md): `response_attention_mask` (B, SL), 1 on
+# every response token the policy attends to, the tools' and the environment's included, where
+# `response_mask` marks only the model's own (trained and scored); every state that reads the response
+# reads it. `num_turns`, `num_tool_calls`, `num_tool_errors` (B,) int64, what the reward sees of the
+# trajectory besides its text.
+RESPONSE_ATTENTION = ("response_attention_mask",)
+TRAJECTORY_COUNTS = ("num_turns", "num_tool_calls", "num_tool_errors")
+
 # 0/1 mask columns whose per-sample sums are a sample's tokens: the dock uses them to deal the
 # update's samples over DP ranks with about equal token counts.
 TOKEN_COLUMNS: tuple[str, ...] = ("prompt_mask", "response_mask")

@@ -28,6 +28,8 @@ from typing import Any
 import ray
 
 from rldock.config.job import EvaluationSpec
+from rldock.runtime.agent.base import EpisodeContext
+from rldock.runtime.agent.metrics import agent_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -149,11 +151,16 @@ class Evaluator:
                 max_tokens=self.max_response_length,
                 seed=iteration,
                 prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk],
+                contexts=[self._context(i) for i in chunk],
             )
             for actor, chunk in zip(actors, chunks)
             if len(chunk)
         ]
-        metrics = self.score([samples for result in ray.get(futures) for samples in result])
+        results = ray.get(futures)
+        metrics = self.score([samples for result in results for samples in result["responses"]])
+        # multi-turn episodes: their turns and tool calls, as the rollout's (agent/metrics.py)
+        agent = agent_metrics([result["agent"] for result in results if "agent" in result])
+        metrics.update({f"{VAL_PREFIX}agent/{key}": value for key, value in agent.get("agent", {}).items()})
         metrics[f"{VAL_PREFIX}seconds"] = time.perf_counter() - started
         logger.info(
             "evaluation after iteration %d: reward %.4f, accuracy %.4f on %d prompts",
@@ -163,6 +170,10 @@ class Evaluator:
             len(self.examples),
         )
         return metrics
+
+    def _context(self, index: int) -> EpisodeContext:
+        example = self.examples[index]
+        return EpisodeContext(example.ground_truth, example.data_source, example.extra_info)
 
     def score(self, per_prompt: Sequence[Sequence[list[int]]]) -> dict[str, float]:
         """The `val/...` metrics of generated responses: `per_prompt[i]` holds the response token

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
+from rldock.runtime.agent.metrics import agent_metrics
 from rldock.runtime.rewards import merge_reward_metrics
 from rldock.runtime.workers.partial_rollout import RESUME_STATE, partial_metrics
 
@@ -91,6 +92,7 @@ def iteration_record(
         **per_rank_metrics(updates),
         **round_metrics,
         **(partial_metrics(rollouts) if partial_rollout else {}),
+        **agent_metrics([r["agent"] for r in rollouts if "agent" in r]),
         **data_metrics,
         "timing": stage_timing(results, put_seconds=put_seconds, seconds=seconds, cycle=cycle),
     }

@@ -96,6 +96,7 @@ def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
         "banks": ctx.banks,
         "adapter_dir": ctx.adapter_dir,
         "policy_version": ctx.policy_version,
+        "train_files": ctx.train_files,  # an agent environment checks answers against the rows
     }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import string
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from rldock.contract.placement import PlacementPlan
 from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
+from rldock.runtime.agent.sampler import job_conversation
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.bookkeeping import Bookkeeper
 from rldock.runtime.data import (
@@ -84,7 +86,13 @@ def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
     if cfg.model.builder and not (base / "config.json").is_file():
         logger.info("building tiny model %s at %s", cfg.model.builder, base)
         texts = tokenizer_corpus(rows, cfg.data.system_prompt)
-        _write_atomically(base, lambda tmp: build_tiny_model(tmp, texts=texts, seed=cfg.seed))
+        if cfg.data.chat_template == "model":  # the template's, the tools' and their calls' characters
+            texts.append(string.printable)
+        # Room for a job's whole sequence (multi-turn trajectories are long); 64 for the demo's.
+        positions = max(64, 1 << (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length - 1).bit_length())
+        _write_atomically(
+            base, lambda tmp: build_tiny_model(tmp, texts=texts, seed=cfg.seed, max_position_embeddings=positions)
+        )
     return base
 
 
@@ -178,8 +186,13 @@ class Trainer:
         self.data_files, rows = load_prompt_set(cfg, self.output_dir)
         base = prepare_base_model(cfg, rows)
         self.tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again
+        conversation = job_conversation(cfg, self.tokenizer)  # an agent job's prompts describe its tools
         self.dataset = PromptDataset(
-            rows, tokenizer=self.tokenizer, spec=cfg.data, max_prompt_length=cfg.algorithm.max_prompt_length
+            rows,
+            tokenizer=self.tokenizer,
+            spec=cfg.data,
+            max_prompt_length=cfg.algorithm.max_prompt_length,
+            conversation=conversation,
         )
         logger.info(
             "prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
@@ -650,7 +663,13 @@ def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> E
     if cfg.evaluation.interval == 0:
         return None
     rows = load_rows(val_files, columns_of(cfg.data), field="data.val_files")
-    dataset = PromptDataset(rows, tokenizer=tokenizer, spec=cfg.data, max_prompt_length=cfg.algorithm.max_prompt_length)
+    dataset = PromptDataset(
+        rows,
+        tokenizer=tokenizer,
+        spec=cfg.data,
+        max_prompt_length=cfg.algorithm.max_prompt_length,
+        conversation=job_conversation(cfg, tokenizer),
+    )
     positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
     examples = [
         EvalExample(prompt=e.prompt, ground_truth=e.ground_truth, data_source=e.data_source, extra_info=e.extra_info)

@@ -33,11 +33,17 @@ def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
     return dict(sums)
 
 
+def merged_sums(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Several `episode_sums` as one (an engine's batches, or several engines)."""
+    total: Counter[str] = Counter()
+    for part in parts:
+        total.update(part)
+    return dict(total)
+
+
 def agent_metrics(sums: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
     """The iteration's `agent` section from every engine's `episode_sums`; empty without any."""
-    total: Counter[str] = Counter()
-    for part in sums:
-        total.update(part)
+    total = Counter(merged_sums(sums))
     if not total["episodes"]:
         return {}
     episodes = total["episodes"]

@@ -210,13 +210,19 @@ class AgentLoop:
     async def _call_one(self, name: str, arguments: Mapping) -> tuple[str, ToolResult, float]:
         tool = self.tools.get(name)
         if tool is None:
-            return UNKNOWN, ToolResult(f"error: there is no tool {name!r}; the tools are {sorted(self.tools)}", True), 0.0
+            return (
+                UNKNOWN,
+                ToolResult(f"error: there is no tool {name!r}; the tools are {sorted(self.tools)}", True),
+                0.0,
+            )
         async with self._slots:
             start = time.perf_counter()
             try:
                 result = await asyncio.wait_for(tool.call(arguments), timeout=self.spec.tool_timeout_s)
             except TimeoutError:
-                result = ToolResult(f"error: {name} took longer than {self.spec.tool_timeout_s:g} s and was stopped", True)
+                result = ToolResult(
+                    f"error: {name} took longer than {self.spec.tool_timeout_s:g} s and was stopped", True
+                )
             except Exception as error:  # broad on purpose: a tool's bug is the model's error message, not a crash
                 result = ToolResult(f"error: {name} failed: {type(error).__name__}: {error}", True)
             return name, result, time.perf_counter() - start

@@ -22,7 +22,16 @@ from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
-from rldock.runtime.dataflow import PARTIAL_ROLLOUT, POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RM_SCORE
+from rldock.runtime.dataflow import (
+    PARTIAL_ROLLOUT,
+    POLICY_VERSION,
+    PROMPT,
+    PROMPT_INDEX,
+    RESPONSE,
+    RESPONSE_ATTENTION,
+    RM_SCORE,
+    TRAJECTORY_COUNTS,
+)
 from rldock.runtime.registry import Registry
 from rldock.runtime.states import (
     ACTOR,
@@ -195,7 +204,28 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_partial_rollout(recipe)
     if cfg.training.lora is not None:
         recipe = with_reference_on_actor(recipe)
+    if cfg.agent is not None:
+        recipe = with_agent(recipe)
     return recipe
+
+
+def with_agent(recipe: Recipe) -> Recipe:
+    """`recipe` whose rollout writes multi-turn trajectories: the response tokens attended to beside
+    the model's own, read by every state that reads the response, and the trajectory's counts, read
+    by the reward state."""
+
+    def change(spec: WorkerState) -> WorkerState:
+        produces, consumes = spec.produces, spec.consumes
+        if spec.name == ROLLOUT.name:  # an environment looks each sample's row up by its prompt_index
+            produces += RESPONSE_ATTENTION + TRAJECTORY_COUNTS
+            consumes += PROMPT_INDEX
+        if "response_mask" in spec.consumes:
+            consumes += RESPONSE_ATTENTION
+        if spec.name == REWARD_STATE.name:
+            consumes += TRAJECTORY_COUNTS
+        return replace(spec, consumes=consumes, produces=produces)
+
+    return _with_specs(recipe, change)
 
 
 def _with_specs(recipe: Recipe, change: Callable[[WorkerState], WorkerState]) -> Recipe:

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Sequence
 
 from rldock.config.job import DataSpec
+from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
 from rldock.runtime.data.rows import Example, PreferencePair, Row
 
@@ -35,7 +36,16 @@ def tokenizer_corpus(rows: Sequence[Row], system_prompt: str | None = None) -> l
 class PromptDataset:
     """Kept train prompts with their token ids, ground truths, data sources and extra info."""
 
-    def __init__(self, rows: Sequence[Row], *, tokenizer, spec: DataSpec, max_prompt_length: int):
+    def __init__(
+        self,
+        rows: Sequence[Row],
+        *,
+        tokenizer,
+        spec: DataSpec,
+        max_prompt_length: int,
+        conversation: ChatRenderer | None = None,
+    ):
+        """`conversation`: an agent job's renderer (the prompts describe the tools)."""
         texts = [
             render_prompt(
                 row.prompt,
@@ -43,6 +53,7 @@ class PromptDataset:
                 chat_template=spec.chat_template,
                 system_prompt=spec.system_prompt,
                 where=f"{row.file} row {row.line}",
+                conversation=conversation,
             )
             for row in rows
         ]

@@ -14,11 +14,21 @@ from collections.abc import Sequence
 
 import jinja2
 
+from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data.rows import RawPrompt
 
 
-def render_prompt(prompt: RawPrompt, *, tokenizer, chat_template: str, system_prompt: str | None, where: str) -> str:
-    """The input text for `prompt`; `where` (file, row) is named in errors."""
+def render_prompt(
+    prompt: RawPrompt,
+    *,
+    tokenizer,
+    chat_template: str,
+    system_prompt: str | None,
+    where: str,
+    conversation: ChatRenderer | None = None,
+) -> str:
+    """The input text for `prompt`; `where` (file, row) is named in errors. `conversation`: a job
+    with an agent section renders through it, so the prompt describes the tools."""
     if chat_template == "none":
         if not isinstance(prompt, str):
             raise ValueError(
@@ -35,6 +45,8 @@ def render_prompt(prompt: RawPrompt, *, tokenizer, chat_template: str, system_pr
     if system_prompt is not None:
         messages = [{"role": "system", "content": system_prompt}, *messages]
     try:
+        if conversation is not None:
+            return conversation.prompt_text(messages)
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except jinja2.TemplateError as error:
         raise ValueError(

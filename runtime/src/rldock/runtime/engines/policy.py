@@ -5,6 +5,10 @@ so the actor (old logprobs, training), the reference and any test compute the sa
 `input_ids = cat(prompt_ids, response_ids)`, `attention_mask = cat(prompt_mask, response_mask)`,
 `position_ids = cumsum(mask) - 1` clamped at 0, and response token t is scored by the logits at
 position PL + t - 1.
+
+A multi-turn trajectory (docs/agentic.md) also carries `response_attention_mask`: every token after
+the prompt, the tools' included, is context the model attends to, while `response_mask` marks the
+tokens it sampled, the only ones scored. Without that column the two are the same.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ class MicroBatch:
     rows: Tensor  # (b,) int64 indices into the batch
     prompt_start: int  # first prompt column kept: the ones before are padding in every row
     response_end: int  # response columns kept, [0, response_end): the rest is padding in every row
+
+
+def response_attention(batch) -> Tensor:
+    """The response tokens a batch's model pass attends to (B, SL): `response_attention_mask` where
+    the rollout wrote one (multi-turn: the tools' tokens too), else `response_mask`."""
+    return batch["response_attention_mask"] if "response_attention_mask" in batch.keys() else batch["response_mask"]
 
 
 def plan_micro_batches(
@@ -146,17 +156,21 @@ def response_logprobs(
     micro_batch_size: int,
     temperature: float = 1.0,
     trim: bool = False,
+    attention_mask: Tensor | None = None,
 ) -> Tensor:
     """Log-probability (B, SL) of each response token under `model`; 0 where the mask is 0.
+    `attention_mask` (B, SL): the response tokens attended to, when more than the scored ones
+    (`response_attention`); None: `response_mask`.
 
     Runs `micro_batch_size` rows per forward pass (on their own longest sequence with `trim`, see
     `plan_micro_batches`). Gradients flow when called outside `torch.no_grad()`, so the same
     function serves old logprobs, reference logprobs and the loss.
     """
-    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
+    attention = response_mask if attention_mask is None else attention_mask
+    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
     chunks = []
     for logits, plan in _response_logits(
-        model, prompt_ids, prompt_mask, response_ids, response_mask, plans, temperature=temperature
+        model, prompt_ids, prompt_mask, response_ids, attention, plans, temperature=temperature
     ):
         end = plan.response_end
         chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], response_mask[plan.rows, :end]))
@@ -173,14 +187,16 @@ def response_logprobs_and_entropy(
     micro_batch_size: int,
     temperature: float = 1.0,
     trim: bool = False,
+    attention_mask: Tensor | None = None,
 ) -> ResponseScores:
     """`response_logprobs` plus the policy's entropy (B, SL) at each response position, from the
     same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
     entropy bonus), so it is computed without building a second (b, SL, V) autograd graph."""
-    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
+    attention = response_mask if attention_mask is None else attention_mask
+    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
     logprob_chunks, entropy_chunks = [], []
     for logits, plan in _response_logits(
-        model, prompt_ids, prompt_mask, response_ids, response_mask, plans, temperature=temperature
+        model, prompt_ids, prompt_mask, response_ids, attention, plans, temperature=temperature
     ):
         end = plan.response_end
         mask = response_mask[plan.rows, :end]

@@ -31,6 +31,15 @@ logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]  # ids 0..3 in this order
+# The tiny model's chat template, for jobs that render prompts with one (data.chat_template: model, which
+# multi-turn rollouts need): each message is `<role>content` closed by EOS, the tools by name only (the
+# warm-up's demonstrations teach the call format), so a character-level model sees short prompts.
+CHAT_TEMPLATE = (
+    "{% if tools %}<tools>{% for tool in tools %}{{ tool.function.name }}{% if not loop.last %},{% endif %}"
+    "{% endfor %}</tools>{% endif %}"
+    "{% for message in messages %}<{{ message.role }}>{{ message.content }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # model_type -> config class. Qwen3 defaults head_dim to 128 whatever the hidden size, so the
 # builder always passes head_dim explicitly.
@@ -118,6 +127,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

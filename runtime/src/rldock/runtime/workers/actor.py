@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -29,6 +29,9 @@ from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
+from rldock.runtime.agent.base import EpisodeContext
+from rldock.runtime.agent.metrics import merged_sums
+from rldock.runtime.agent.sampler import AgentSampler
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
 from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
@@ -40,6 +43,7 @@ from rldock.runtime.engines.distributed import Rendezvous, init_process_group, o
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
 from rldock.runtime.engines.policy import (
     ResponseScores,
+    response_attention,
     response_logprobs,
     response_logprobs_and_entropy,
     sort_by_tokens,
@@ -76,6 +80,7 @@ class ActorWorker(TakesTurns):
         banks: DockBanks,
         adapter_dir: str | None = None,
         policy_version: int = 0,
+        train_files: Sequence[str] = (),
     ):
         self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
         self._group_store: TCPStore | None = None  # rank 0's listening store, from pick_rendezvous
@@ -115,6 +120,10 @@ class ActorWorker(TakesTurns):
             world_size, tp_size=cfg.rollout.tensor_parallel_size, field="rollout.tensor_parallel_size"
         )
         self.holds_engine = self.generation.tp_rank(rank) == 0
+        # agent: multi-turn episodes with tools (on the engine's rank; train_files for an environment)
+        self.agent = (
+            AgentSampler(cfg, tokenizer=self.tokenizer, train_files=train_files) if cfg.agent is not None else None
+        )
         # rollout.partial_rollout: generations run ahead of an update are cut, completed after it
         self.partial = (
             None
@@ -252,8 +261,23 @@ class ActorWorker(TakesTurns):
                 batch_size=[len(responses)],
             )
 
+        agent_sums: list[dict[str, float]] = []
+
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
             nonlocal streamed_s
+            if self.agent is not None:  # multi-turn episodes, one per sample
+                prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]
+                columns, sums, lengths = self.agent.rollout(
+                    engine,
+                    prompts,
+                    keys=(indices + sampling_round * self.cfg.num_samples_per_iteration).tolist(),
+                    prompt_indices=batch["prompt_index"].tolist(),
+                    seed=iteration,
+                    policy_version=self.policy_version,
+                )
+                agent_sums.append(sums)
+                response_lengths.extend(lengths)
+                return columns
             # The dock holds the prompt once per sample; one engine request per group.
             prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
             prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
@@ -301,6 +325,8 @@ class ActorWorker(TakesTurns):
         timing.dispatch_s += streamed_s
         engine.sleep()  # the device is the trainer's until the next generation
         timing.extra["response_lengths"] = response_lengths
+        if agent_sums:
+            timing.extra["agent"] = merged_sums(agent_sums)
         return timing.as_dict()
 
     def finish_rollout(self, iteration: int) -> dict:
@@ -323,11 +349,29 @@ class ActorWorker(TakesTurns):
         max_tokens: int,
         seed: int,
         prompt_keys: list[int],
-    ) -> list[list[list[int]]]:
-        """Held-out responses from this rank's engine (the current policy), per prompt
-        `num_samples` token id lists, EOS included when generated. Not a dock stage: evaluation
-        samples never enter the dock (rldock.runtime.evaluation). Only ranks holding an engine."""
+        contexts: list[EpisodeContext | None] | None = None,
+    ) -> dict:
+        """Held-out responses from this rank's engine (the current policy): `responses`, per prompt
+        `num_samples` token id lists, EOS included when generated (a multi-turn episode's final turn,
+        with `agent` its metric sums; `contexts` are the prompts' rows an environment checks against).
+        Not a dock stage: evaluation samples never enter the dock (rldock.runtime.evaluation). Only
+        ranks holding an engine."""
         engine = self._held_engine()
+        if self.agent is not None:
+            repeated = [prompt for prompt in prompts for _ in range(num_samples)]
+            finals, sums = self.agent.evaluate(
+                engine,
+                repeated,
+                keys=[key * num_samples + j for key in prompt_keys for j in range(num_samples)],
+                contexts=[c for c in (contexts or [None] * len(prompts)) for _ in range(num_samples)],
+                seed=seed,
+                greedy=greedy,
+            )
+            engine.sleep()
+            return {
+                "responses": [finals[i : i + num_samples] for i in range(0, len(finals), num_samples)],
+                "agent": sums,
+            }
         completions = engine.sample(
             prompts,
             n=num_samples,
@@ -338,7 +382,7 @@ class ActorWorker(TakesTurns):
             prompt_keys=prompt_keys,
         )
         engine.sleep()
-        return [[c.token_ids for c in group] for group in completions]
+        return {"responses": [[c.token_ids for c in group] for group in completions]}
 
     def _held_engine(self) -> VllmRolloutEngine:
         """This rank's engine; only the first rank of a generation replica holds one."""
@@ -549,6 +593,7 @@ class ActorWorker(TakesTurns):
             batch["response_mask"],
             micro_batch_size=self.cfg.training.micro_batch_size,
             trim=self.cfg.training.trim_padding,
+            attention_mask=response_attention(batch),
         )
 
     def _scores(self, batch: TensorDict) -> ResponseScores:
@@ -561,6 +606,7 @@ class ActorWorker(TakesTurns):
             batch["response_mask"],
             micro_batch_size=self.cfg.training.micro_batch_size,
             trim=self.cfg.training.trim_padding,
+            attention_mask=response_attention(batch),
         )
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:

@@ -9,7 +9,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.engines.policy import response_attention, response_logprobs
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
@@ -40,6 +40,7 @@ class ReferenceWorker(TakesTurns):
                     batch["response_mask"],
                     micro_batch_size=micro_batch_size,
                     trim=self.cfg.training.trim_padding,
+                    attention_mask=response_attention(batch),
                 )  # (B, SL)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 

@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.runtime.agent.trajectory import is_trajectory, reward_views
 from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
@@ -62,8 +63,12 @@ class RewardWorker:
         metrics = RewardMetrics()
 
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
             ground_truths, data_sources, extra_infos = self.references(indices, batch)
+            if is_trajectory(batch):  # multi-turn: the final turn is the answer; the rest in extra_info
+                responses, trajectories = reward_views(self.tokenizer, batch)
+                extra_infos = [{**info, "trajectory": t} for info, t in zip(extra_infos, trajectories)]
+            else:
+                responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
             precomputed = {} if self.model_term is None else {self.model_term: batch["rm_score"]}
             scored = self.scorer.score(responses, ground_truths, data_sources, extra_infos, precomputed=precomputed)
             metrics.add(scored)

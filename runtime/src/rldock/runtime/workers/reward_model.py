@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.runtime.agent.trajectory import final_texts, is_trajectory
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
@@ -32,7 +33,10 @@ def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
     prompts = tokenizer.batch_decode(
         [ids[mask.bool()] for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])], skip_special_tokens=True
     )
-    responses = decode_responses(tokenizer, batch["response_ids"], batch["response_mask"])
+    if is_trajectory(batch):  # multi-turn: the final turn is the answer the model scores, as the rules do
+        responses = final_texts(tokenizer, batch)
+    else:
+        responses = decode_responses(tokenizer, batch["response_ids"], batch["response_mask"])
     return [prompt + response for prompt, response in zip(prompts, responses)]
 
 

@@ -1,0 +1,140 @@
+"""What an actor rank's engine runs for a job with an `agent` section: multi-turn episodes for the
+rollout and for held-out evaluation, built once per actor from the job config.
+
+The rollout's episodes become the dock's columns here: `response_ids` (every token after the prompt,
+right-padded), `response_mask` (1 on the tokens the model sampled: what the old-logprob, reference
+and update passes score and train on), `response_attention_mask` (1 on every token of the trajectory:
+what those passes attend to) and the trajectory's counts for the reward (rldock.runtime.dataflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.runtime.agent.base import EpisodeContext
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.loading import build_environment, build_parser, build_tools
+from rldock.runtime.agent.metrics import episode_sums
+from rldock.runtime.agent.rollout import AgentLoop, Episode
+from rldock.runtime.agent.trajectory import final_turn_span
+from rldock.runtime.data import Row, columns_of, load_rows
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+
+
+def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
+    """The renderer of an agent job's prompts and turns (its tools described), None without an agent."""
+    if cfg.agent is None:
+        return None
+    return ChatRenderer(tokenizer, tools=[tool.schema() for tool in build_tools(cfg.agent).values()])
+
+
+class AgentSampler:
+    def __init__(self, cfg: JobConfig, *, tokenizer, train_files: Sequence[str]):
+        assert cfg.agent is not None, "AgentSampler is for jobs with an agent section"
+        self.cfg, self.spec, self.tokenizer = cfg, cfg.agent, tokenizer
+        self.tools = build_tools(cfg.agent)
+        self.environment = build_environment(cfg.agent)
+        self.parser = build_parser(cfg.agent)
+        self.renderer = ChatRenderer(tokenizer, tools=[tool.schema() for tool in self.tools.values()])
+        # An environment checks answers against the sample's train-file row (by `prompt_index`, as the
+        # reward worker looks it up).
+        self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data)) if self.environment is not None else []
+        self._loop: AgentLoop | None = None
+
+    def _loop_on(self, engine: VllmRolloutEngine) -> AgentLoop:
+        if self._loop is None or self._loop.engine is not engine:
+            self._loop = AgentLoop(
+                engine=engine,
+                tokenizer=self.tokenizer,
+                renderer=self.renderer,
+                tools=self.tools,
+                environment=self.environment,
+                parser=self.parser,
+                spec=self.spec,
+                max_response_length=self.cfg.algorithm.max_response_length,
+            )
+        return self._loop
+
+    def context(self, prompt_index: int) -> EpisodeContext | None:
+        if self.environment is None:
+            return None
+        row = self.rows[prompt_index]
+        return EpisodeContext(row.ground_truth, row.data_source, row.extra_info or {})
+
+    def rollout(
+        self,
+        engine: VllmRolloutEngine,
+        prompts: Sequence[list[int]],
+        *,
+        keys: Sequence[int],
+        prompt_indices: Sequence[int],
+        seed: int,
+        policy_version: int,
+    ) -> tuple[TensorDict, dict[str, float], list[int]]:
+        """One episode per prompt row: the dock's columns (B rows), the episodes' metric sums and
+        their response lengths (every token after the prompt)."""
+        episodes = self._loop_on(engine).run(prompts, keys, [self.context(i) for i in prompt_indices], seed=seed)
+        return (
+            episode_columns(
+                episodes,
+                max_response_length=self.cfg.algorithm.max_response_length,
+                pad_token_id=self.tokenizer.pad_token_id,
+                policy_version=policy_version,
+            ),
+            episode_sums(episodes),
+            [len(e.response) for e in episodes],
+        )
+
+    def evaluate(
+        self,
+        engine: VllmRolloutEngine,
+        prompts: Sequence[list[int]],
+        *,
+        keys: Sequence[int],
+        contexts: Sequence[EpisodeContext | None],
+        seed: int,
+        greedy: bool,
+    ) -> tuple[list[list[int]], dict[str, float]]:
+        """Held-out episodes: each one's final turn (the answer the reward scores) and the metric sums."""
+        episodes = self._loop_on(engine).run(prompts, keys, contexts, seed=seed, greedy=greedy)
+        return [final_turn(e) for e in episodes], episode_sums(episodes)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+
+
+def final_turn(episode: Episode) -> list[int]:
+    """The tokens of the episode's last model turn (its answer, EOS included when sampled)."""
+    return episode.response[final_turn_span(episode.model_mask)]
+
+
+def episode_columns(
+    episodes: Sequence[Episode], *, max_response_length: int, pad_token_id: int, policy_version: int
+) -> TensorDict:
+    """The dock's response columns of `episodes`, one row each."""
+    rows = len(episodes)
+    response_ids = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)  # (B, SL)
+    model_mask = torch.zeros((rows, max_response_length), dtype=torch.int64)  # (B, SL)
+    attention = torch.zeros((rows, max_response_length), dtype=torch.int64)  # (B, SL)
+    for row, episode in enumerate(episodes):
+        length = len(episode.response)
+        response_ids[row, :length] = torch.tensor(episode.response, dtype=torch.int64)
+        model_mask[row, :length] = torch.tensor(episode.model_mask, dtype=torch.int64)
+        attention[row, :length] = 1
+    return TensorDict(
+        {
+            "response_ids": response_ids,
+            "response_mask": model_mask,
+            "response_attention_mask": attention,
+            "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),
+            "num_turns": torch.tensor([e.turns for e in episodes], dtype=torch.int64),
+            "num_tool_calls": torch.tensor([e.num_tool_calls for e in episodes], dtype=torch.int64),
+            "num_tool_errors": torch.tensor([e.num_tool_errors for e in episodes], dtype=torch.int64),
+        },
+        batch_size=[rows],
+    )
