@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
+from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, JobConfig, RewardSpec, RewardTermSpec
 from rldock.contract.algorithms import needs_critic, needs_rollout
 from rldock.contract.placement import SeatRequest, plan_placement
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
@@ -86,6 +86,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
+    problems.extend(_agent_problems(cfg))
     return problems
 
 
@@ -348,6 +349,84 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
             )
         )
     return problems
+
+
+def _agent_problems(cfg: JobConfig) -> list[Problem]:
+    """Multi-turn rollouts sample the whole episode with the engine, one request per turn, and render
+    the tools and the turns with the model's chat template."""
+    agent, algo, rollout = cfg.agent, cfg.algorithm, cfg.rollout
+    if agent is None:
+        return []
+    problems: list[Problem] = []
+    if not needs_rollout(algo.name):
+        problems.append(
+            Problem(
+                "agent", f"algorithm.name {algo.name} samples no responses, so no tool is ever called; remove agent"
+            )
+        )
+    if rollout.partial_rollout != "off":
+        problems.append(
+            Problem(
+                "rollout.partial_rollout",
+                f"`{rollout.partial_rollout}` with agent: an episode's turns are not cut and resumed at a weight "
+                "update; use `off`",
+            )
+        )
+    if rollout.stream_groups > 0:
+        problems.append(
+            Problem(
+                "rollout.stream_groups",
+                f"{rollout.stream_groups} with agent: episodes are written to the dock when the rank's whole batch "
+                "has ended; set 0",
+            )
+        )
+    if cfg.data.chat_template == "none":
+        problems.append(
+            Problem(
+                "data.chat_template",
+                "`none` with agent: the model's chat template renders the tools and each turn (tool results, the "
+                "environment's messages); use `model` with a model whose tokenizer has a chat template",
+            )
+        )
+    if not agent.tools and agent.environment is None:
+        problems.append(
+            Problem(
+                "agent",
+                "neither tools nor an environment: every episode would be one generation, as without agent; set "
+                "agent.tools, agent.environment, or remove agent",
+            )
+        )
+    if agent.max_tool_response_tokens >= algo.max_response_length:
+        problems.append(
+            Problem(
+                "agent.max_tool_response_tokens",
+                f"{agent.max_tool_response_tokens} is not below algorithm.max_response_length "
+                f"({algo.max_response_length}), which counts the tools' tokens too: one tool message could use up "
+                "the episode; lower it",
+            )
+        )
+    first: dict[str, int] = {}  # built-in tool name -> its first index
+    for index, tool in enumerate(agent.tools):
+        if tool.name in BUILTIN_TOOLS and tool.name in first:
+            problems.append(
+                Problem(
+                    f"agent.tools[{index}].name",
+                    f"`{tool.name}` is listed already (agent.tools[{first[tool.name]}]); list each tool once",
+                )
+            )
+        first.setdefault(tool.name, index)
+        if tool.name in BUILTIN_TOOLS and tool.options:
+            problems.append(_builtin_options_problem(f"agent.tools[{index}]", tool.name))
+    if agent.environment is not None and agent.environment.name in BUILTIN_ENVIRONMENTS and agent.environment.options:
+        problems.append(_builtin_options_problem("agent.environment", agent.environment.name))
+    return problems
+
+
+def _builtin_options_problem(at: str, name: str) -> Problem:
+    return Problem(
+        f"{at}.options",
+        f"the built-in `{name}` takes no options (its settings are fields of the agent section); remove them",
+    )
 
 
 def _data_problems(cfg: JobConfig) -> list[Problem]:
