@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
+from rldock.config.job import AgentSpec
 from rldock.contract.failure import FailureReason
 from rldock.runtime.preflight import (
     CHECKS,
@@ -192,3 +193,27 @@ def test_a_model_reward_terms_folder_is_checked_as_a_model_directory(tmp_path):
     _model_dir(rm / "ok")
     cfg.reward.terms[1].path = str(rm / "ok")
     assert find_path_problems(cfg) == []
+
+
+def test_a_missing_agent_tool_or_environment_file_names_its_field(tmp_path):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    present = tmp_path / "tools.py"
+    present.write_text("class Echo:\n    pass\n")
+    cfg.agent = AgentSpec(
+        tools=[{"name": "python"}, {"name": f"{present}:Echo"}, {"name": "my_pkg.tools:Echo"}, {"name": "gone.py:T"}],
+        environment={"name": f"{tmp_path}/envs.py:Judge"},
+    )
+    problems = find_path_problems(cfg)
+    assert [p.path for p in problems] == ["agent.tools[3].name", "agent.environment.name"]
+    assert problems[1].message.startswith(f"{tmp_path}/envs.py does not exist")
+
+
+def test_an_agent_file_without_its_class_names_the_field_and_lists_its_classes(tmp_path):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    (tmp_path / "tools.py").write_text("class Echo:\n    pass\n\ndef echo():\n    pass\n")
+    cfg.agent = AgentSpec(tools=[{"name": f"{tmp_path}/tools.py:Echo"}, {"name": f"{tmp_path}/tools.py:Ecko"}])
+    failure = preflight(cfg)
+    assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
+    (problem,) = failure.problems
+    assert problem.field == "agent.tools[1].name"
+    assert "defines no 'Ecko' at its top level (its classes: ['Echo'])" in problem.message

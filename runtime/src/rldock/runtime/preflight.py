@@ -56,16 +56,33 @@ CHECKS: tuple[PathCheck, ...] = (
         lambda cfg: [function_file(term.function) for term in cfg.reward.terms],
         PathKind.FILE,
     ),
+    # The user's own tool and environment classes given as files (`tools/search.py:Search`); a built-in
+    # name or a module reference is no path.
+    PathCheck(
+        "agent.tools[{i}].name",
+        lambda cfg: [function_file(tool.name) for tool in cfg.agent.tools] if cfg.agent is not None else [],
+        PathKind.FILE,
+    ),
+    PathCheck(
+        "agent.environment.name",
+        lambda cfg: (
+            function_file(cfg.agent.environment.name)
+            if cfg.agent is not None and cfg.agent.environment is not None
+            else None
+        ),
+        PathKind.FILE,
+    ),
     # A `model` term's reward model folder (config.json, tokenizer, weights).
     PathCheck("reward.terms[{i}].path", lambda cfg: [term.path for term in cfg.reward.terms], PathKind.MODEL_DIR),
 )
 
 
 def function_file(reference: str | None) -> str | None:
-    """The file part of a user function reference, or None when it names a module.
+    """The file part of a reference to a user function or class, or None when it names a module (or
+    is a built-in's name).
 
     `rewards/my.py:score` -> `rewards/my.py`; `my_pkg.rewards:score` -> None (imported, not a path).
-    For the table row of a `function` reward term.
+    For the table rows of `function` reward terms and of the agent's own tools and environment.
     """
     if not reference:
         return None
@@ -114,13 +131,30 @@ def reward_function_problems(cfg: JobConfig) -> list[Problem]:
     """Each `file.py:name` reward term's file parses and defines `name` at its top level. Read as
     source, not imported: the reward worker imports it (running the user's code) where it runs;
     here a typo in the name or the file's syntax is caught before anything starts."""
+    named = [(f"reward.terms[{index}].function", term.function) for index, term in enumerate(cfg.reward.terms)]
+    return _definition_problems(named, kind="function")
+
+
+def agent_class_problems(cfg: JobConfig) -> list[Problem]:
+    """As reward_function_problems, for the agent's own tool and environment classes given as
+    `file.py:Class` (the actor imports them where it runs)."""
+    if cfg.agent is None:
+        return []
+    named = [(f"agent.tools[{index}].name", tool.name) for index, tool in enumerate(cfg.agent.tools)]
+    if cfg.agent.environment is not None:
+        named.append(("agent.environment.name", cfg.agent.environment.name))
+    return _definition_problems(named, kind="class")
+
+
+def _definition_problems(named: Sequence[tuple[str, str | None]], *, kind: str) -> list[Problem]:
+    """For each (field, reference) whose reference is `file.py:name`: the file defines `name`."""
     problems = []
-    for index, term in enumerate(cfg.reward.terms):
-        target, _, name = (term.function or "").rpartition(":")
+    for field, reference in named:
+        target, _, name = (reference or "").rpartition(":")
         if target.endswith(".py"):
-            message = _definition_problem(Path(target).expanduser(), name)
+            message = _definition_problem(Path(target).expanduser(), name, kind=kind)
             if message is not None:
-                problems.append(Problem(f"reward.terms[{index}].function", message))
+                problems.append(Problem(field, message))
     return problems
 
 
@@ -137,7 +171,7 @@ def _module_level(statements: list[ast.stmt]):
                 yield from _module_level(block)
 
 
-def _definition_problem(path: Path, name: str) -> str | None:
+def _definition_problem(path: Path, name: str, *, kind: str) -> str | None:
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError as error:
@@ -155,8 +189,10 @@ def _definition_problem(path: Path, name: str) -> str | None:
             defined.update(named.id for target in targets for named in ast.walk(target) if isinstance(named, ast.Name))
     if name in defined:
         return None
-    functions = sorted(node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    return f"{path} defines no {name!r} at its top level (its functions: {functions}); name one of them after the colon"
+    shapes = (ast.ClassDef,) if kind == "class" else (ast.FunctionDef, ast.AsyncFunctionDef)
+    listed = sorted(node.name for node in tree.body if isinstance(node, shapes))
+    plural = "classes" if kind == "class" else "functions"
+    return f"{path} defines no {name!r} at its top level (its {plural}: {listed}); name one of them after the colon"
 
 
 def output_problems(output: str | Path) -> list[Problem]:
@@ -180,11 +216,16 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
     all are there are the checks that read them run (find_local_problems: the model's shape;
     data_file_problems: each data file opens and has the data section's keys;
-    reward_function_problems: each reward function file defines its function)."""
+    reward_function_problems and agent_class_problems: each user file defines what it is named for)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
     if path_problems:
         return failure_of(FailureReason.PATH_NOT_FOUND, path_problems)
-    local = find_local_problems(cfg) + data_file_problems(cfg.data) + reward_function_problems(cfg)
+    local = (
+        find_local_problems(cfg)
+        + data_file_problems(cfg.data)
+        + reward_function_problems(cfg)
+        + agent_class_problems(cfg)
+    )
     return failure_of(FailureReason.INVALID_JOB_INPUT, local) if local else None
 
 
