@@ -146,3 +146,44 @@ def test_entropy_is_a_metric_only_and_matches_the_logits(model):
             input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, position_ids=inputs.position_ids
         ).logits[:, 3:6]  # (3, SL, V)
     torch.testing.assert_close(scores.entropy, token_entropy(logits) * batch[3], atol=1e-5, rtol=0)
+
+
+def _trajectory_batch():
+    """Row 0 a multi-turn trajectory: model tokens 12 13, tool tokens 20 21, model token 14; row 1
+    single-turn. `response_mask` marks the model's tokens, the attention mask every real one."""
+    prompt_ids = torch.tensor([[PAD, 5, 6], [7, 8, 9]])  # (2, PL=3)
+    prompt_mask = (prompt_ids != PAD).long()
+    response_ids = torch.tensor([[12, 13, 20, 21, 14, PAD], [15, 16, PAD, PAD, PAD, PAD]])  # (2, SL=6)
+    response_mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]])
+    return prompt_ids, prompt_mask, response_ids, response_mask, attention
+
+
+@pytest.mark.parametrize("trim", [False, True])
+@pytest.mark.parametrize("micro_batch_size", [1, 2])
+def test_a_trajectory_is_attended_whole_and_scored_on_the_model_tokens_only(model, trim, micro_batch_size):
+    prompt_ids, prompt_mask, response_ids, response_mask, attention = _trajectory_batch()
+    # The definition: every attended token in context, each response token scored in place.
+    expected = _reference_logprobs(model, prompt_ids, prompt_mask, response_ids, attention) * response_mask
+    scores = response_logprobs_and_entropy(
+        model,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        micro_batch_size=micro_batch_size,
+        trim=trim,
+        attention_mask=attention,
+    )
+    torch.testing.assert_close(scores.logprobs.detach(), expected, atol=1e-5, rtol=0)
+    assert (scores.logprobs[response_mask == 0] == 0).all() and (scores.entropy[response_mask == 0] == 0).all()
+    # Token 14 is scored after the tool's tokens: masking them out of attention would change it.
+    without_tools = response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, micro_batch_size=2)
+    assert not torch.allclose(without_tools[0, 4], expected[0, 4])
+    # Nothing a loss takes from a tool token's position reaches the weights.
+    model.zero_grad()
+    scores.logprobs[response_mask == 0].sum().backward(retain_graph=True)
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    scores.logprobs[0, 4].backward()  # while the model's token after the tools does
+    assert any(p.grad is not None and p.grad.any() for p in model.parameters())
+    model.zero_grad()
