@@ -170,6 +170,12 @@ def test_schema_accepts_valid_specs(path, value):
         ("checkpoint", {"claimName": "c" * 254}, "checkpoint.claimName"),
         ("cluster.nodeSelector", {"zone": "z" * 64}, "cluster.nodeSelector.zone"),
         ("scheduling", {"gang": "kueue", "queue": "q" * 254}, "scheduling.queue"),
+        ("job.agent", {"tools": [{"name": "t.py:T", "options": {"k": 1}}]}, "job.agent.tools.0.options.k"),
+        (
+            "job.agent",
+            {"tools": [{"name": "t.py:T", "options": {str(k): "" for k in range(65)}}]},
+            "job.agent.tools.0.options",
+        ),
     ],
 )
 def test_schema_refuses_bad_specs_like_the_models_do(path, value, error_at):
@@ -177,6 +183,14 @@ def test_schema_refuses_bad_specs_like_the_models_do(path, value, error_at):
     assert error_at in error_paths(_spec_validator(), spec)
     parsed, problems = parse_spec(spec)
     assert parsed is None and problems, "the models must refuse what the schema refuses"
+
+
+def test_the_schema_takes_an_agent_with_string_options():
+    agent = {
+        "tools": [{"name": "t.py:T", "options": {str(k): "v" for k in range(64)}}],
+        "environment": {"name": "feedback"},
+    }
+    assert error_paths(_spec_validator(), set_path(spec_dict(), "job.agent", agent)) == []
 
 
 def test_every_field_is_described():

@@ -43,6 +43,8 @@ _KEPT = (
     "exclusiveMaximum",
     "minItems",
     "maxItems",
+    "minProperties",  # bounds of a map's entries (a tool's options)
+    "maxProperties",
     "required",
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
