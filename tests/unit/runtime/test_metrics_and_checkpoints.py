@@ -167,3 +167,20 @@ def test_progress_plot_draws_the_held_out_curve_from_iteration_0(tmp_path, monke
     assert list(lines["held-out reward"].get_xdata()) == [0, 2]
     assert list(lines["held-out reward"].get_ydata()) == [0.1, 0.3]
     assert list(lines["held-out accuracy"].get_ydata()) == [0.0, 0.25]
+
+
+def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    agent = {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_errors_mean": 0.25}
+    records = [{"iteration": 1, **base, "agent": agent}, {"iteration": 2, **base, "agent": {**agent, "turns_mean": 3.0}}]
+    plot_progress(records, tmp_path / "progress.png")
+    panel = next(ax for ax in saved[0].axes if ax.get_ylabel() == "per episode")
+    lines = {line.get_label(): list(line.get_ydata()) for line in panel.lines}
+    assert lines == {"turns": [2.0, 3.0], "tool calls": [1.0, 1.0], "tool errors": [0.25, 0.25]}
+    plot_progress([{"iteration": 1, **base}], tmp_path / "single.png")  # single-turn jobs: three panels
+    assert len(saved[1].axes) == 3

@@ -191,7 +191,8 @@ class MetricsLog:
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     """Reward (DPO: preference accuracy) with the held-out evaluation's reward and accuracy, the
-    policy's entropy and throughput per iteration, as a PNG."""
+    policy's entropy and throughput per iteration, and a multi-turn job's turns, tool calls and tool
+    errors per episode, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,7 +202,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     trained = [r for r in records if "tokens_per_s_per_device" in r]
     evaluated = [r for r in records if "val/reward" in r]
     iterations = [r["iteration"] for r in trained]
-    fig, (ax_reward, ax_entropy, ax_tps) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    agentic = [r for r in trained if "agent" in r]  # multi-turn jobs: a panel of their tool use
+    fig, axes = plt.subplots(3 + bool(agentic), 1, figsize=(7, 8 + 2.5 * bool(agentic)), sharex=True)
+    ax_reward, ax_entropy, ax_tps = axes[:3]
     key = headline_key(trained[0]) if trained else "reward_mean"
     ax_reward.plot(iterations, [r[key] for r in trained], marker=".", label="training (sampled)")
     ax_reward.set_ylabel("mean reward" if key == "reward_mean" else "policy preference accuracy")
@@ -229,8 +232,20 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     ax_entropy.grid(alpha=0.3)
     ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in trained], marker=".", color="tab:orange")
     ax_tps.set_ylabel("tokens/s per device")
-    ax_tps.set_xlabel("iteration")
     ax_tps.grid(alpha=0.3)
+    if agentic:
+        ax_agent = axes[3]
+        steps = [r["iteration"] for r in agentic]
+        for key, label in (
+            ("turns_mean", "turns"),
+            ("tool_calls_mean", "tool calls"),
+            ("tool_errors_mean", "tool errors"),
+        ):
+            ax_agent.plot(steps, [r["agent"][key] for r in agentic], marker=".", label=label)
+        ax_agent.set_ylabel("per episode")
+        ax_agent.legend(loc="best", fontsize="small")
+        ax_agent.grid(alpha=0.3)
+    axes[-1].set_xlabel("iteration")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
