@@ -1,0 +1,306 @@
+"""The first code a sandboxed program's interpreter runs (agent/sandbox.py starts it by path): it limits
+itself, then runs the program. Standard library only, and nothing runs on import: the interpreter that
+runs it has no site-packages of its own and cannot import rldock.
+
+Two stages in one process:
+  `start`  sets the resource limits, tries to leave the network (a new network namespace), then
+           re-executes a fresh interpreter as `run`. The re-exec keeps the pid, the process group, the
+           limits and the namespace, and drops ctypes (which `start` needs for unshare(2)): a program
+           that found a loaded ctypes could write memory with no audit event.
+  `run`    installs the audit hook, then runs program.py from the scratch directory as `__main__`.
+
+Usage: sandbox_boot.py start|run <scratch dir> <cpu seconds> <memory MiB> <site-packages dir>...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Exit codes that tell the parent why the program stopped (a program that exits with one of them on
+# purpose is reported as that outcome; nothing else follows from it).
+EXIT_MEMORY = 90  # the program ran out of its address space (RLIMIT_AS turns that into MemoryError)
+EXIT_REFUSED = 91  # the audit hook refused something the program asked for and the program did not catch it
+EXIT_BOOT_FAILED = 92  # this script could not set the sandbox up: a bug or a broken installation, not the program
+
+PROGRAM = "program.py"  # in the scratch directory; the name the program's tracebacks show
+MAX_FILE_BYTES = 16 * 2**20  # RLIMIT_FSIZE: one file the program writes
+MAX_OPEN_FILES = 64  # RLIMIT_NOFILE
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+
+
+def _set_limits(*, cpu_seconds: float, memory_mib: int) -> None:
+    import math
+    import resource
+
+    cpu = max(1, math.ceil(cpu_seconds))
+    # At the soft limit the kernel sends SIGXCPU (which ends a Python process); the hard limit one
+    # second later is SIGKILL, for a program that handles SIGXCPU.
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    memory = memory_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _leave_network() -> bool:
+    """A network namespace of our own has only a loopback device, and it is down: no address is
+    reachable, the host's loopback included. Unprivileged this needs a user namespace too; a seccomp
+    profile (the RuntimeDefault one of a restricted pod refuses unshare(2)) or a kernel setting may
+    refuse both, and then the audit hook is the only network guard. Returns whether it was entered."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        return False
+    return any(libc.unshare(flags) == 0 for flags in (_CLONE_NEWUSER | _CLONE_NEWNET, _CLONE_NEWNET))
+
+
+# Isolated (no PYTHON* variables, no user site, no script directory on sys.path), no site (no .pth file
+# runs), no .pyc written, unbuffered (what a killed program printed is not lost), UTF-8 streams.
+INTERPRETER_FLAGS = ("-I", "-S", "-B", "-u", "-X", "utf8")
+
+
+def _start(argv: list[str]) -> None:
+    """Limits this process, then becomes the `run` stage (os.execv does not return)."""
+    _set_limits(cpu_seconds=float(argv[1]), memory_mib=int(argv[2]))
+    _leave_network()
+    os.execv(sys.executable, [sys.executable, *INTERPRETER_FLAGS, __file__, "run", *argv])
+
+
+class SandboxRefused(PermissionError):
+    """What the audit hook raises. A PermissionError, so library code that falls back on OSError
+    (platform, uuid, ...) keeps working; uncaught, the program exits with EXIT_REFUSED."""
+
+
+class SandboxRefusedImport(ImportError):
+    """A refused import: an ImportError, so a library with an optional dependency (numpy imports
+    ctypes if it can) imports without it; uncaught, the program exits with EXIT_REFUSED."""
+
+
+_PROCESSES = "starting another process"
+_OBJECT_WALK = "walking the interpreter's objects"
+# event -> what the program is told it may not do
+_REFUSED_EVENTS = {
+    "os.fork": _PROCESSES,
+    "os.forkpty": _PROCESSES,
+    "os.exec": _PROCESSES,
+    "os.posix_spawn": _PROCESSES,
+    "os.spawn": _PROCESSES,
+    "os.system": _PROCESSES,
+    "subprocess.Popen": _PROCESSES,
+    "pty.spawn": _PROCESSES,
+    # A subinterpreter gets none of this interpreter's audit hooks.
+    "cpython.PyInterpreterState_New": "starting a subinterpreter",
+    # Hand-built code objects can read and write memory the interpreter does not check.
+    "code.__new__": "building code objects",
+    "resource.setrlimit": "changing resource limits",
+    "resource.prlimit": "changing resource limits",
+    "gc.get_objects": _OBJECT_WALK,
+    "gc.get_referrers": _OBJECT_WALK,
+    "gc.get_referents": _OBJECT_WALK,
+    # A link swapped between the hook's check and the open would redirect a write.
+    "os.symlink": "creating symbolic links",
+}
+# Modules that start processes (_posixsubprocess.fork_exec raises no audit event in 3.11), run
+# subinterpreters, or call C and write memory without audit events.
+_REFUSED_IMPORTS = frozenset(
+    {"ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "_testcapi", "_testinternalcapi"}
+)
+# Events whose first argument is a path the call changes.
+_CHANGES_PATH = frozenset(
+    {
+        "os.remove",
+        "os.rmdir",
+        "os.mkdir",
+        "os.chmod",
+        "os.chown",
+        "os.truncate",
+        "os.utime",
+        "os.setxattr",
+        "os.removexattr",
+        "shutil.rmtree",
+    }
+)
+# Events whose first two arguments are paths: both change (rename, link, move) or the second does (copy).
+_CHANGES_BOTH = frozenset({"os.rename", "os.link", "shutil.move"})
+_CHANGES_SECOND = frozenset({"shutil.copyfile", "shutil.copytree"})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Readable besides the working directory and Python's installation: what the standard library and
+# common packages read at run time.
+_SYSTEM_READABLE = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/etc/localtime",
+    "/etc/os-release",
+    "/etc/mime.types",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/urandom",
+    "/dev/random",
+    "/proc/cpuinfo",
+    "/proc/meminfo",
+    "/proc/stat",
+    "/sys/devices/system/cpu",
+)
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _audit_hook(*, scratch: str, readable: tuple[str, ...]):
+    """The hook, a closure over immutable values only: no name the program can see leads to it, and
+    nothing it reads can be changed from outside."""
+    pid = os.getpid()
+
+    def refuse(what: str, event: str):
+        raise SandboxRefused(f"the sandbox refused {what} ({event})")
+
+    def check_write(path, event: str) -> None:
+        if isinstance(path, int):
+            # By descriptor (fchmod, fchown, ftruncate): chmod and chown need no write access to the
+            # file, so a read-only descriptor of a file outside would do.
+            if event != "os.truncate":
+                refuse("changing a file by its descriptor", event)
+            return
+        text = os.fsdecode(path)
+        if ".." in text.split("/"):
+            # The hook resolves a relative path from the working directory; from a directory
+            # descriptor (dir_fd=, which not every event shows) `..` could climb out of it.
+            refuse("'..' in a path written to", event)
+        if not _under(os.path.realpath(text), (scratch,)):
+            refuse("writing outside the working directory", event)
+
+    def check_read(path, event: str) -> None:
+        resolved = os.path.realpath(os.fsdecode(path))
+        if resolved.startswith("/proc/") and resolved.endswith("/mem"):
+            refuse("reading process memory", event)
+        if not _under(resolved, readable):
+            refuse(f"reading {resolved}: only the working directory and Python's installation are readable", event)
+        if os.path.isdir(resolved) and not _under(resolved, (scratch,)):
+            # A directory descriptor would let later opens relative to it (dir_fd=, which the open
+            # event does not show) reach anything below it.
+            refuse("opening a directory outside the working directory", event)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            if path is None or isinstance(path, int):
+                return  # a descriptor the program holds (checked when it was opened)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS
+            )
+            (check_write if writes else check_read)(path, event)
+        elif event == "import":
+            if args[0] in _REFUSED_IMPORTS:
+                raise SandboxRefusedImport(f"the sandbox refused importing {args[0]}", name=args[0])
+        elif event.startswith("socket."):
+            refuse("network access", event)
+        elif event.startswith("ctypes."):
+            refuse("ctypes", event)
+        elif event in _REFUSED_EVENTS:
+            refuse(_REFUSED_EVENTS[event], event)
+        elif event in ("os.kill", "os.killpg"):
+            # The worker that started this program runs as the same user: one signal would end it.
+            if args[0] not in (0, pid, -pid):
+                refuse("signalling another process", event)
+        elif event in _CHANGES_PATH:
+            check_write(args[0], event)
+        elif event in _CHANGES_BOTH:
+            check_write(args[0], event)
+            check_write(args[1], event)
+        elif event in _CHANGES_SECOND:
+            check_write(args[1], event)
+
+    return hook
+
+
+def _run(argv: list[str]) -> int:
+    """Runs program.py as `__main__` under the audit hook; returns the exit code."""
+    # Before the hook, which then refuses importing it again: subprocess needs the module to import,
+    # and its fork_exec, which raises no audit event in 3.11, is replaced below by a refusal.
+    import _posixsubprocess
+    import builtins
+
+    # Loaded now, so that reporting a MemoryError needs no memory for an import.
+    import traceback  # noqa: F401
+    import types
+
+    scratch, site_dirs = os.path.realpath(argv[0]), argv[3:]
+    sys.path.extend(site_dirs)
+    python = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path)
+    pid = os.getpid()
+    readable = (scratch, f"/proc/{pid}", *(os.path.realpath(p) for p in python if p), *_SYSTEM_READABLE)
+
+    def no_fork_exec(*args, **kwargs):
+        raise SandboxRefused("the sandbox refused starting another process (_posixsubprocess.fork_exec)")
+
+    _posixsubprocess.fork_exec = no_fork_exec
+    with open(os.path.join(scratch, PROGRAM), encoding="utf-8") as file:
+        source = file.read()
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": PROGRAM, "__builtins__": builtins})
+    sys.modules["__main__"] = main
+    sys.argv = [PROGRAM]
+    sys.addaudithook(_audit_hook(scratch=scratch, readable=readable))
+    try:
+        exec(compile(source, PROGRAM, "exec"), main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as error:  # what the interpreter would report for any exception, with our exit code
+        if isinstance(error, MemoryError):
+            # Free what the program holds (its globals are this namespace), so that the report fits.
+            main.__dict__.clear()
+        _print_program_traceback(error)
+        return _exit_code(error)
+    return 0
+
+
+def _print_program_traceback(error: BaseException) -> None:
+    """The traceback the interpreter would print, less this script's frames (the exec in `_run`, the
+    audit hook): the program's author cannot act on them."""
+    import traceback
+
+    report = traceback.TracebackException(type(error), error, error.__traceback__)
+    pending, seen = [report], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack[:] = [frame for frame in current.stack if frame.filename != __file__]
+        pending.extend(chained for chained in (current.__cause__, current.__context__) if chained is not None)
+    print("".join(report.format()), end="", file=sys.stderr)
+
+
+def _exit_code(error: BaseException) -> int:
+    """EXIT_MEMORY or EXIT_REFUSED when the exception, or one it was raised from or during, says so."""
+    seen: set[int] = set()
+    chain: BaseException | None = error
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if isinstance(chain, MemoryError):
+            return EXIT_MEMORY
+        if isinstance(chain, (SandboxRefused, SandboxRefusedImport)):
+            return EXIT_REFUSED
+        chain = chain.__cause__ or chain.__context__
+    return 1
+
+
+if __name__ == "__main__":
+    stage, arguments = sys.argv[1], sys.argv[2:]
+    if stage == "start":
+        try:
+            _start(arguments)
+        except (OSError, ValueError) as error:
+            # No limit could be set or no interpreter started: the program has not run.
+            print(f"sandbox: could not start: {error!r}", file=sys.stderr)
+            sys.exit(EXIT_BOOT_FAILED)
+    else:
+        sys.exit(_run(arguments))
