@@ -35,6 +35,7 @@ def test_an_environment_alone_or_tools_alone_are_valid(agent_data):
     "change, path, words",
     [
         ({"algorithm": {"name": "dpo"}}, "agent", "samples no responses"),
+        ({"algorithm": {"name": "ppo"}}, "algorithm.name", "GAE runs over contiguous"),
         ({"rollout": {"partial_rollout": "drop"}}, "rollout.partial_rollout", "with agent"),
         ({"rollout": {"stream_groups": 2}}, "rollout.stream_groups", "set 0"),
         ({"data": {"chat_template": "none"}}, "data.chat_template", "renders the tools"),

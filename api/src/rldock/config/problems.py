@@ -364,6 +364,15 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "agent", f"algorithm.name {algo.name} samples no responses, so no tool is ever called; remove agent"
             )
         )
+    if needs_critic(algo.name):
+        problems.append(
+            Problem(
+                "algorithm.name",
+                f"{algo.name} with agent: its critic's GAE runs over contiguous response tokens, and a trajectory "
+                "has tool tokens between the model's; use an outcome-advantage algorithm (grpo, dapo, gspo, rloo, "
+                "reinforce_plus_plus)",
+            )
+        )
     if rollout.partial_rollout != "off":
         problems.append(
             Problem(
