@@ -1,0 +1,170 @@
+"""The built-in tools: `python` (runs a program in the sandbox, agent/sandbox.py) and `calculator`
+(evaluates an arithmetic expression). Importing this module registers them in agent.base.TOOLS."""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rldock.config.job import AgentSpec, SandboxSpec
+from rldock.runtime.agent.base import TOOLS, Tool, ToolResult
+from rldock.runtime.agent.sandbox import Outcome, run_python
+
+
+def _string_parameter(name: str, description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": description}},
+        "required": [name],
+    }
+
+
+def _no_options(name: str, options: Mapping[str, str]) -> None:
+    if options:
+        raise ValueError(
+            f"agent.tools[].options: the built-in tool {name!r} takes no options (got {sorted(options)}); "
+            f"remove them (the python tool's limits are agent.sandbox)"
+        )
+
+
+def _string_argument(arguments: Mapping[str, Any], name: str) -> str | ToolResult:
+    """The argument, or the error the model reads when it is missing or not a string."""
+    value = arguments.get(name)
+    if not isinstance(value, str):
+        got = "nothing" if value is None else type(value).__name__
+        return ToolResult(f'error: the argument "{name}" must be a string; got {got}', error=True)
+    return value
+
+
+@TOOLS.register("python")
+class PythonTool(Tool):
+    name = "python"
+    description = (
+        "Run a Python 3 program and get what it prints (stdout, then stderr). Each call is a fresh "
+        "interpreter: nothing is kept between calls, so print what you need. No network, no subprocesses."
+    )
+    parameters = _string_parameter("code", "The program's source code.")
+
+    def __init__(self, limits: SandboxSpec):
+        self.limits = limits
+
+    @classmethod
+    def from_config(cls, agent: AgentSpec, options: Mapping[str, str]) -> PythonTool:
+        _no_options(cls.name, options)
+        return cls(agent.sandbox)
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        code = _string_argument(arguments, "code")
+        if isinstance(code, ToolResult):
+            return code
+        result = await run_python(code, self.limits)
+        text = result.text or "(the program printed nothing)"
+        return ToolResult(text, error=result.outcome is not Outcome.OK)
+
+
+@TOOLS.register("calculator")
+class CalculatorTool(Tool):
+    name = "calculator"
+    description = (
+        "Evaluate an arithmetic expression on integers and decimals: + - * / // % ** and parentheses, "
+        'e.g. "(3 + 4.5) * 2 ** 10".'
+    )
+    parameters = _string_parameter("expression", "The expression.")
+
+    @classmethod
+    def from_config(cls, agent: AgentSpec, options: Mapping[str, str]) -> CalculatorTool:
+        _no_options(cls.name, options)
+        return cls()
+
+    async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
+        expression = _string_argument(arguments, "expression")
+        if isinstance(expression, ToolResult):
+            return expression
+        try:
+            return ToolResult(_format(evaluate(expression)))
+        except CalculatorError as error:
+            return ToolResult(f"error: {error}", error=True)
+
+
+class CalculatorError(ValueError):
+    """An expression the calculator cannot evaluate; the message is what the model reads."""
+
+
+MAX_EXPRESSION_CHARS = 1000
+# Integers up to this many bits (about 3,000 decimal digits): enough for any arithmetic a model
+# checks by hand, and each operation on them takes microseconds, so no expression runs long.
+MAX_INTEGER_BITS = 10_000
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def evaluate(expression: str) -> int | float:
+    """The value of an arithmetic expression, by a walk over its syntax tree (nothing is executed).
+    Raises CalculatorError for anything else, and for results too large to be worth computing."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as error:
+        raise CalculatorError(f"not an arithmetic expression: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        raise CalculatorError("the expression is nested too deeply") from None
+    try:
+        return _value(tree.body)
+    except RecursionError:
+        raise CalculatorError("the expression is nested too deeply") from None
+
+
+def _value(node: ast.expr) -> int | float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return _checked(node.value)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_value(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Pow):
+            _check_power(left, right)
+        try:
+            result = _BINARY[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise CalculatorError("division by zero") from None
+        except OverflowError:
+            raise CalculatorError("the result is too large") from None
+        if isinstance(result, complex):
+            raise CalculatorError("the result is not a real number (a negative number to a fractional power)")
+        return _checked(result)
+    raise CalculatorError(f"{ast.unparse(node)!r} is not allowed: only numbers, + - * / // % ** and parentheses")
+
+
+def _check_power(base: int | float, exponent: int | float) -> None:
+    """Refuses an integer power whose result would pass MAX_INTEGER_BITS, before computing it (9**9**9
+    would take hours); float powers overflow on their own, at once."""
+    # bit_length - 1 bits of the base, times the exponent, is a lower bound of the result's bits.
+    if not (isinstance(base, int) and isinstance(exponent, int)) or abs(base) <= 1:
+        return
+    if (abs(base).bit_length() - 1) * exponent > MAX_INTEGER_BITS:
+        raise CalculatorError("the result is too large")
+
+
+def _checked(value: int | float) -> int | float:
+    if isinstance(value, int) and value.bit_length() > MAX_INTEGER_BITS:
+        raise CalculatorError("the result is too large")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalculatorError("the result is too large" if math.isinf(value) else "the result is not a number")
+    return value
+
+
+def _format(value: int | float) -> str:
+    return str(value) if isinstance(value, int) else repr(value)
