@@ -85,7 +85,21 @@ class GeneratorSpec(Spec):
         ge=3,
         le=10**6,
         description="`word_problems`: largest number added or given away (inclusive); the factors of "
-        "`multiply` and `share` stay at most min(10, max_number).",
+        "`multiply` and `share` stay at most min(max_factor, max_number).",
+    )
+    max_factor: int = Field(
+        default=10,
+        ge=2,
+        le=10**6,
+        description="`word_problems`: largest factor of `multiply` and `share` (inclusive, and at most "
+        "`max_number`); 999 with `max_number: 999` gives products of 3-digit numbers.",
+    )
+    tool_demonstrations: Literal["python", "calculator"] | None = Field(
+        default=None,
+        description="Also write each row's solution with this tool (column `data.demonstration_key`, default "
+        "`demonstration`): a call that computes the answer, the tool's reply and the final answer in the "
+        "task's format, which `warmup` trains on when the raw model never calls the tool. The job's "
+        "`agent.tools` must list the tool.",
     )
 
 
@@ -149,6 +163,15 @@ class DataSpec(Spec):
         min_length=1,
         max_length=MAX_NAME_LENGTH,
         description="DPO with files: column of the dispreferred response (with `chosen_key`).",
+    )
+    demonstration_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="Agent jobs: column of a demonstration, the chat messages that follow the prompt (`{role, "
+        "content}` with role `assistant`, `tool` or `user`, ending with an `assistant` turn), which `warmup` "
+        "trains on (the assistant turns only) instead of the answer. With a generator: the column its "
+        "`tool_demonstrations` are written to (default `demonstration`).",
     )
     system_prompt: str | None = Field(
         default=None,
@@ -307,7 +330,8 @@ class RewardSpec(Spec):
 
 
 class WarmupSpec(Spec):
-    """A short supervised phase on the train prompts' reference answers before RL starts."""
+    """A short supervised phase before RL starts: on the train prompts' reference answers, or where the
+    rows carry demonstrations (`data.demonstration_key`) on the model's turns of those."""
 
     steps: int = Field(default=0, ge=0, description="Supervised steps before RL; 0 disables.")
     learning_rate: float = Field(default=1e-3, ge=0, description="AdamW learning rate.")

@@ -87,6 +87,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
     problems.extend(_agent_problems(cfg))
+    problems.extend(_demonstration_problems(cfg))
     return problems
 
 
@@ -857,3 +858,37 @@ def find_local_problems(cfg: JobConfig) -> list[Problem]:
             )
         ]
     return _model_problems(cfg, model_dir)
+
+
+def _demonstration_problems(cfg: JobConfig) -> list[Problem]:
+    """Tool-use demonstrations (data.demonstration_key, a generator's tool_demonstrations) are trained by
+    the warm-up after prompts rendered with the agent's tools, and a generator writes them to the column
+    data.demonstration_key names (default `demonstration`), so the two settings go together."""
+    data, generator = cfg.data, cfg.data.generator
+    tool = generator.tool_demonstrations if generator is not None else None
+    problems: list[Problem] = []
+    if generator is not None and tool is None and data.demonstration_key is not None:
+        problems.append(
+            Problem(
+                "data.demonstration_key",
+                f"the {generator.name} generator writes demonstrations only with data.generator.tool_demonstrations; "
+                "set that (python or calculator) or leave data.demonstration_key unset",
+            )
+        )
+    if cfg.agent is None and (tool is not None or data.demonstration_key is not None):
+        problems.append(
+            Problem(
+                "data.generator.tool_demonstrations" if tool is not None else "data.demonstration_key",
+                "demonstrations show the model calling tools, which only a job with an agent section renders and "
+                "runs; add agent (with agent.tools) or drop the demonstrations",
+            )
+        )
+    if cfg.agent is not None and tool is not None and tool not in {spec.name for spec in cfg.agent.tools}:
+        problems.append(
+            Problem(
+                "data.generator.tool_demonstrations",
+                f"the demonstrations call the {tool} tool, which agent.tools does not list; add {{name: {tool}}} "
+                "to agent.tools or demonstrate a tool the job has",
+            )
+        )
+    return problems

@@ -22,7 +22,12 @@ from rldock.runtime.registry import Registry
 DATA_DIR = "data"  # under the job's output directory
 TRAIN_FILE, VAL_FILE = "train.jsonl", "val.jsonl"
 # Columns a generator writes when the config names none for them (data_source_key etc. unset).
-DEFAULT_COLUMNS = {"data_source": "data_source", "chosen": "chosen", "rejected": "rejected"}
+DEFAULT_COLUMNS = {
+    "data_source": "data_source",
+    "chosen": "chosen",
+    "rejected": "rejected",
+    "demonstration": "demonstration",
+}
 
 Generator = Callable[..., GeneratedRows]  # (GeneratorSpec, *, seed) -> GeneratedRows
 
@@ -40,14 +45,15 @@ class DataFiles:
 
 
 def column_names(spec: DataSpec) -> dict[str, str]:
-    """Logical key (`prompt`, `answer`, `data_source`, `chosen`, `rejected`) -> the column generated
-    files use: the config's key where it names one, else DEFAULT_COLUMNS."""
+    """Logical key (`prompt`, `answer`, `data_source`, `chosen`, `rejected`, `demonstration`) -> the
+    column generated files use: the config's key where it names one, else DEFAULT_COLUMNS."""
     return {
         "prompt": spec.prompt_key,
         "answer": spec.answer_key,
         "data_source": spec.data_source_key or DEFAULT_COLUMNS["data_source"],
         "chosen": spec.chosen_key or DEFAULT_COLUMNS["chosen"],
         "rejected": spec.rejected_key or DEFAULT_COLUMNS["rejected"],
+        "demonstration": spec.demonstration_key or DEFAULT_COLUMNS["demonstration"],
     }
 
 

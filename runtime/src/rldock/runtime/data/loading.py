@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rldock.config.job import DataSpec
+from rldock.runtime.data.demonstrations import check_demonstration
 from rldock.runtime.data.generators import column_names
 from rldock.runtime.data.keys import MissingKey, read_key
 from rldock.runtime.data.rows import Row
@@ -27,7 +28,8 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # suffix 
 @dataclass(frozen=True)
 class Columns:
     """The columns a job reads; None: not read. `pairs_required`: a missing chosen/rejected column
-    is an error (set in the config) rather than a row without a pair (a generator's files)."""
+    is an error (set in the config) rather than a row without a pair (a generator's files).
+    `demonstration`, when read, is in every row."""
 
     prompt: str
     answer: str
@@ -36,6 +38,7 @@ class Columns:
     chosen: str | None = None
     rejected: str | None = None
     pairs_required: bool = False
+    demonstration: str | None = None
 
 
 def columns_of(spec: DataSpec) -> Columns:
@@ -49,6 +52,7 @@ def columns_of(spec: DataSpec) -> Columns:
             extra_info=spec.extra_info_key,
             chosen=names["chosen"],
             rejected=names["rejected"],
+            demonstration=names["demonstration"] if spec.generator.tool_demonstrations else None,
         )
     return Columns(
         prompt=spec.prompt_key,
@@ -58,6 +62,7 @@ def columns_of(spec: DataSpec) -> Columns:
         chosen=spec.chosen_key,
         rejected=spec.rejected_key,
         pairs_required=spec.chosen_key is not None,
+        demonstration=spec.demonstration_key,
     )
 
 
@@ -91,7 +96,7 @@ def _file_rows(path: Path, columns: Columns, *, field: str) -> list[Row]:
         raise ValueError(f"{field}: {path} holds no rows ({error})") from error
     if len(table) == 0:
         raise ValueError(f"{field}: {path} holds no rows")
-    wanted = [columns.prompt, columns.answer, columns.data_source, columns.extra_info]
+    wanted = [columns.prompt, columns.answer, columns.data_source, columns.extra_info, columns.demonstration]
     if columns.pairs_required:
         wanted += [columns.chosen, columns.rejected]
     records = table.to_list()
@@ -142,6 +147,12 @@ def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool)
         assert columns.chosen is not None and columns.rejected is not None
         chosen = _text(record, columns.chosen, where)
         rejected = _text(record, columns.rejected, where)
+    demonstration = None
+    if columns.demonstration is not None:
+        demonstration = check_demonstration(
+            _value(record, columns.demonstration, where),
+            where=f"{where} column {columns.demonstration!r} (data.demonstration_key)",
+        )
     return Row(
         prompt=prompt,
         ground_truth=_text(record, columns.answer, where),
@@ -149,6 +160,7 @@ def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool)
         extra_info=extra,
         chosen=chosen,
         rejected=rejected,
+        demonstration=demonstration,
         file=str(path),
         line=line,
     )

@@ -19,6 +19,8 @@ class Row:
     extra_info: dict = field(default_factory=dict)
     chosen: str | None = None  # DPO: the preferred response (data.chosen_key)
     rejected: str | None = None  # DPO: the dispreferred response (data.rejected_key)
+    # The chat messages that follow the prompt, solving it (data.demonstration_key): the warm-up's target.
+    demonstration: list[dict] | None = None
     file: str = ""
     line: int = 0  # 0-based row in its file
 
@@ -40,8 +42,8 @@ class PreferencePair(NamedTuple):
 @dataclass(frozen=True)
 class GeneratedRows:
     """What a generator makes: rows with the logical keys `prompt`, `answer`, `data_source` (and
-    `chosen`/`rejected` where it makes preference pairs), before they are written under the keys
-    the config names."""
+    `chosen`/`rejected` where it makes preference pairs, `demonstration` where it shows the task
+    solved with a tool), before they are written under the keys the config names."""
 
     train: list[dict]
     val: list[dict]
