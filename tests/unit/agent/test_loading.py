@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from rldock.config.job import BUILTIN_ENVIRONMENTS, AgentSpec
-from rldock.runtime.agent.base import ENVIRONMENTS, TOOL_CALL_PARSERS
+from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, AgentSpec
+from rldock.runtime.agent.base import ENVIRONMENTS, TOOL_CALL_PARSERS, TOOLS
 from rldock.runtime.agent.environments import FeedbackEnvironment
 from rldock.runtime.agent.loading import AgentConfigError, build_environment, build_parser, build_tools
 from rldock.runtime.agent.parsers import HermesParser
@@ -65,8 +65,25 @@ def agent(**fields) -> AgentSpec:
 
 
 def test_the_registries_hold_what_the_config_accepts():
+    assert list(TOOLS) == sorted(BUILTIN_TOOLS)
     assert list(ENVIRONMENTS) == sorted(BUILTIN_ENVIRONMENTS)
     assert list(TOOL_CALL_PARSERS) == list(AgentSpec.model_fields["tool_call_format"].annotation.__args__)
+
+
+def test_the_built_in_tools_by_name_beside_ones_own(user_file):
+    tools = build_tools(agent(tools=[{"name": "calculator"}, {"name": f"{user_file}:Echo"}, {"name": "python"}]))
+    try:
+        assert list(tools) == ["calculator", "echo", "python"]
+        assert type(tools["python"]) is TOOLS.get("python")
+    finally:
+        for tool in tools.values():
+            tool.close()
+
+
+def test_a_tool_of_ones_own_with_a_built_in_name_is_refused(user_file):
+    spec = agent(tools=[{"name": "calculator"}, {"name": f"{user_file}:Echo", "options": {"name": "calculator"}}])
+    with pytest.raises(AgentConfigError, match=r"^agent.tools\[1\].name: a second tool called 'calculator'"):
+        build_tools(spec)
 
 
 def test_a_tool_of_ones_own_from_a_file_gets_its_options(user_file):

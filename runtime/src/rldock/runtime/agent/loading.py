@@ -8,14 +8,13 @@ starts with the config field to change.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TypeVar, cast
 
 from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, AgentSpec
-from rldock.runtime.agent import environments, parsers  # noqa: F401  (importing registers the built-ins)
+from rldock.runtime.agent import environments, parsers, tools  # noqa: F401  (register the built-ins)
 from rldock.runtime.agent.base import (
     ENVIRONMENTS,
     TOOL_CALL_PARSERS,
@@ -26,10 +25,6 @@ from rldock.runtime.agent.base import (
 )
 from rldock.runtime.registry import Registry
 from rldock.runtime.user_code import load_object
-
-# The built-in tools' module, imported when a job names one: it is the only module here that starts
-# processes (the python sandbox), and a job with only its own tools has no use for it.
-BUILTIN_TOOLS_MODULE = "rldock.runtime.agent.tools"
 
 ClassT = TypeVar("ClassT", type[Tool], type[Environment])
 MadeT = TypeVar("MadeT", Tool, Environment)
@@ -43,13 +38,11 @@ class AgentConfigError(ValueError):
 def build_tools(agent: AgentSpec) -> dict[str, Tool]:
     """The configured tools by the name the model calls them (`Tool.name`), in config order. On an error
     the tools already built are closed."""
-    tools: dict[str, Tool] = {}
+    built: dict[str, Tool] = {}
     where: dict[str, int] = {}  # tool name -> index in agent.tools
     with ExitStack() as close_on_error:
         for index, spec in enumerate(agent.tools):
             at = f"agent.tools[{index}]"
-            if spec.name in BUILTIN_TOOLS:
-                importlib.import_module(BUILTIN_TOOLS_MODULE)
             cls = _class(spec.name, builtins=BUILTIN_TOOLS, registry=TOOLS, interface=Tool, field=f"{at}.name")
             tool = _instance(cls, Tool, agent, spec.options, at)
             close_on_error.callback(tool.close)
@@ -59,14 +52,14 @@ def build_tools(agent: AgentSpec) -> dict[str, Tool]:
                     f"{at}.name: {spec.name} has no `name` (a non-empty string, what the model writes to call it); "
                     "set it as a class attribute or in __init__"
                 )
-            if name in tools:
+            if name in built:
                 raise AgentConfigError(
                     f"{at}.name: a second tool called {name!r} (agent.tools[{where[name]}] is one already); the "
                     "model could not tell them apart: list each tool once, or give your own tool another name"
                 )
-            tools[name], where[name] = tool, index
+            built[name], where[name] = tool, index
         close_on_error.pop_all()
-    return tools
+    return built
 
 
 def build_environment(agent: AgentSpec) -> Environment | None:
