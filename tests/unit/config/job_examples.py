@@ -19,3 +19,10 @@ def problem_paths(data: dict) -> list[str]:
     with pytest.raises(ConfigError) as caught:
         parse_job_config(data)
     return [p.path for p in caught.value.problems]
+
+
+def problem_messages(data: dict, path: str) -> list[str]:
+    """The messages of the problems at `path` that a config is refused with."""
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(data)
+    return [p.message for p in caught.value.problems if p.path == path]

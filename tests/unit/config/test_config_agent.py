@@ -1,9 +1,9 @@
 """Config rules of the agent section: what multi-turn rollouts need from the rest of the job."""
 
 import pytest
-from job_examples import example
+from job_examples import example, problem_messages
 
-from rldock.config import ConfigError, parse_job_config
+from rldock.config import parse_job_config
 
 
 @pytest.fixture
@@ -13,12 +13,6 @@ def agent_data() -> dict:
     data["algorithm"]["max_response_length"] = 512
     data["agent"] = {"tools": [{"name": "calculator"}], "environment": {"name": "feedback"}, "max_turns": 3}
     return data
-
-
-def messages(data: dict, path: str) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
-        parse_job_config(data)
-    return [p.message for p in caught.value.problems if p.path == path]
 
 
 def test_tools_and_an_environment_with_a_chat_template_are_valid(agent_data):
@@ -49,7 +43,7 @@ def test_an_environment_alone_or_tools_alone_are_valid(agent_data):
 def test_what_an_agent_cannot_run_with_is_named_with_the_fix(agent_data, change, path, words):
     for section, values in change.items():
         agent_data[section].update(values)
-    assert len([message for message in messages(agent_data, path) if words in message]) == 1
+    assert len([message for message in problem_messages(agent_data, path) if words in message]) == 1
 
 
 def test_the_same_own_tool_twice_is_left_to_its_names(agent_data):
