@@ -1,14 +1,20 @@
-"""Tests of the supervised warm-up."""
+"""Tests of the supervised warm-up: on answers, and on tool-use demonstrations (the model's turns learnt)."""
+
+import json
+import string
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from rldock.config.job import DataSpec, GeneratorSpec, WarmupSpec
-from rldock.runtime.data import PromptDataset, Row, tokenizer_corpus
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.data import PromptDataset, Row, columns_of, load_rows, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer
 from rldock.runtime.models.loading import TokenBatch
-from rldock.runtime.warmup import answer_loss, run_warmup
+from rldock.runtime.warmup import answer_loss, demonstration_targets, demonstration_tokens, run_warmup
 
 ROWS = [
     Row(r["prompt"], r["answer"], r["data_source"])
@@ -75,3 +81,161 @@ def test_answer_loss_ignores_padding_columns(base_dir):
         assert answer_loss(model, prompts, tight).item() == pytest.approx(
             answer_loss(model, prompts, padded).item(), abs=1e-6
         )
+
+
+# Tool-use demonstrations: the tiny model with its chat template, the python tool described to it.
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "runs a Python program and returns its stdout",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
+DEMO_ROWS = [
+    Row(r["prompt"], r["answer"], r["data_source"], demonstration=r["demonstration"])
+    for r in generate_addition(
+        GeneratorSpec(name="addition", max_operand=5, num_prompts=60, tool_demonstrations="python"), seed=0
+    ).train
+]
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    texts = [*tokenizer_corpus(DEMO_ROWS), string.printable]
+    return build_tiny_model(tmp_path_factory.mktemp("chat"), texts=texts, seed=0, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def renderer(chat_dir):
+    return ChatRenderer(load_tokenizer(chat_dir), tools=[PYTHON_TOOL])
+
+
+@pytest.fixture(scope="module")
+def demo_dataset(chat_dir, renderer):
+    return PromptDataset(
+        DEMO_ROWS,
+        tokenizer=load_tokenizer(chat_dir),
+        spec=DataSpec(chat_template="model"),
+        max_prompt_length=64,
+        conversation=renderer,
+    )
+
+
+def _runs(ids: list[int], flags: list[int], tokenizer) -> list[tuple[int, str]]:
+    """Consecutive tokens with the same flag, decoded with special tokens: [(flag, text), ...]."""
+    runs: list[tuple[int, list[int]]] = []
+    for token, flag in zip(ids, flags):
+        if runs and runs[-1][0] == flag:
+            runs[-1][1].append(token)
+        else:
+            runs.append((flag, [token]))
+    return [(flag, tokenizer.decode(tokens)) for flag, tokens in runs]
+
+
+def test_the_loss_mask_covers_exactly_the_assistant_turns_token_by_token(chat_dir, renderer, demo_dataset):
+    tokenizer = load_tokenizer(chat_dir)
+    first, second = DEMO_ROWS[0].demonstration, DEMO_ROWS[1].demonstration
+    rows = [demonstration_tokens(renderer, first), demonstration_tokens(renderer, second)]
+    targets, loss_mask = demonstration_targets(rows, tokenizer.pad_token_id)
+    for i, demo in enumerate([first, second]):
+        spans = renderer.demonstration(demo)
+        expected_ids = [token for span in spans for token in span.ids]
+        expected_model = [int(span.model) for span in spans for _ in span.ids]
+        n = len(expected_ids)
+        assert targets.ids[i, :n].tolist() == expected_ids
+        assert loss_mask[i, :n].tolist() == expected_model
+        assert targets.mask[i, :n].tolist() == [1] * n
+        assert targets.ids[i, n:].tolist() == [tokenizer.pad_token_id] * (targets.ids.shape[1] - n)
+        assert loss_mask[i, n:].sum() == 0 and targets.mask[i, n:].sum() == 0
+        # The learnt runs are the assistant's two turns with their EOS; the tool's message is context.
+        call, reply, final = (message["content"] for message in demo)
+        assert _runs(expected_ids, expected_model, tokenizer) == [
+            (1, call + "<eos>"),
+            (0, f"<tool>{reply}<eos><assistant>"),
+            (1, final + "<eos>"),
+        ]
+    # The prompt the warm-up trains after and the demonstration are the conversation as the template
+    # renders it, token for token.
+    messages = [{"role": "user", "content": DEMO_ROWS[0].prompt}, *first]
+    rendered = tokenizer.apply_chat_template(
+        renderer.with_tools(messages), tools=[PYTHON_TOOL], tokenize=False, add_generation_prompt=False
+    )
+    (prompt_ids,) = demo_dataset.prompt_ids([0])
+    assert prompt_ids + rows[0][0] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_answer_loss_with_a_loss_mask_averages_over_the_masked_tokens_only(chat_dir, renderer, demo_dataset):
+    model = load_causal_lm(chat_dir)
+    (prompt_ids,) = demo_dataset.prompt_ids([0])
+    prompts = TokenBatch(torch.tensor([prompt_ids]), torch.ones(1, len(prompt_ids), dtype=torch.int64))
+    targets, loss_mask = demonstration_targets([demonstration_tokens(renderer, DEMO_ROWS[0].demonstration)], 0)
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([prompts.ids, targets.ids], dim=1)).logits[0]  # (PL+T, V)
+        token_loss = torch.nn.functional.cross_entropy(
+            logits[len(prompt_ids) - 1 : -1], targets.ids[0], reduction="none"
+        )  # (T,)
+        expected = token_loss[loss_mask[0].bool()].mean()
+        assert answer_loss(model, prompts, targets, loss_mask).item() == pytest.approx(expected.item(), rel=1e-5)
+        # Every target token (the tool's message too) would give a different mean.
+        assert answer_loss(model, prompts, targets).item() == pytest.approx(token_loss.mean().item(), rel=1e-5)
+        assert token_loss.mean().item() != pytest.approx(expected.item(), rel=1e-3)
+
+
+def test_warmup_on_demonstrations_reduces_the_loss(chat_dir, renderer, demo_dataset, tmp_path):
+    spec = WarmupSpec(steps=20, learning_rate=3e-3, batch_size=16)
+    losses = run_warmup(chat_dir, tmp_path / "warm", dataset=demo_dataset, spec=spec, seed=0, conversation=renderer)[
+        "loss"
+    ]
+    assert len(losses) == 20
+    assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
+
+
+def test_demonstrations_without_the_agents_renderer_are_refused(chat_dir, demo_dataset, tmp_path):
+    with pytest.raises(ValueError, match=r"data.demonstration_key.*add an agent section"):
+        run_warmup(chat_dir, tmp_path / "w", dataset=demo_dataset, spec=WarmupSpec(steps=1), seed=0)
+
+
+OWN_PYTHON_TOOL = """
+from rldock.runtime.agent.base import Tool, ToolResult
+
+
+class Python(Tool):
+    name, description = "python", "runs a Python program and returns its stdout"
+    parameters = {"type": "object", "properties": {"code": {"type": "string"}}}
+
+    async def call(self, arguments):
+        return ToolResult("")
+"""
+
+
+def test_the_trainer_warms_an_agent_job_up_on_its_demonstrations(chat_dir, tmp_path):
+    """prepare_initial_policy hands the job's renderer to the warm-up (without it demonstrations are refused)."""
+    from rldock.config import parse_job_config
+    from rldock.runtime.agent.sampler import job_conversation
+    from rldock.runtime.trainer import prepare_initial_policy
+
+    (tmp_path / "own_tools.py").write_text(OWN_PYTHON_TOOL)
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps({"prompt": r.prompt, "answer": r.ground_truth, "demo": r.demonstration}) + "\n"
+            for r in DEMO_ROWS
+        )
+    )
+    data = yaml.safe_load((Path(__file__).parents[3] / "examples" / "grpo-tiny.yaml").read_text())
+    data["data"] = {"train_files": [str(train)], "demonstration_key": "demo", "chat_template": "model"}
+    data["algorithm"]["max_response_length"] = 512
+    data["agent"] = {"tools": [{"name": f"{tmp_path / 'own_tools.py'}:Python"}]}
+    data["warmup"] = {"steps": 2, "batch_size": 4}
+    cfg = parse_job_config(data)
+    tokenizer = load_tokenizer(chat_dir)
+    rows = load_rows([train], columns_of(cfg.data))
+    dataset = PromptDataset(
+        rows, tokenizer=tokenizer, spec=cfg.data, max_prompt_length=64, conversation=job_conversation(cfg, tokenizer)
+    )
+    warm = prepare_initial_policy(cfg, tmp_path / "out", chat_dir, dataset)
+    assert warm == tmp_path / "out" / "warmup"
+    assert not all(
+        torch.equal(a, b) for a, b in zip(load_causal_lm(warm).parameters(), load_causal_lm(chat_dir).parameters())
+    )

@@ -104,7 +104,13 @@ def prepare_initial_policy(cfg: JobConfig, output_dir: Path, base: Path, dataset
     warm = output_dir / WARMUP_DIR
     if not (warm / "config.json").is_file():
         logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
-        _write_atomically(warm, lambda tmp: run_warmup(base, tmp, dataset=dataset, spec=cfg.warmup, seed=cfg.seed))
+        conversation = job_conversation(cfg, load_tokenizer(base))  # lays out an agent job's demonstrations
+        _write_atomically(
+            warm,
+            lambda tmp: run_warmup(
+                base, tmp, dataset=dataset, spec=cfg.warmup, seed=cfg.seed, conversation=conversation
+            ),
+        )
     return warm
 
 

@@ -1,29 +1,38 @@
 """The supervised warm-up: a short phase of next-token training on the train prompts' reference
-answers (the ground truth text) before RL starts.
+answers (the ground truth text), or on their tool-use demonstrations, before RL starts.
 
 Why it exists: RL only learns from differences in reward inside a group of sampled responses. A
 freshly initialised tiny model almost never samples a partly right answer, so GRPO's advantages
 are mostly zero and it learns very slowly (0.05 -> 0.14 reward in 200 steps in our TRL probe). A
 few hundred supervised steps teach the output format (digits, then EOS) and some arithmetic, which
 brings the sampled reward into the range where a group's responses differ and RL can improve it.
-Real checkpoints that already follow the format leave `warmup.steps` at 0.
+Real checkpoints that already follow the format leave `warmup.steps` at 0. An instruct model that
+never calls a tool on its own is in the same place for an agent job: its rows' demonstrations
+(`data.demonstration_key`) show the call, and the warm-up trains on them.
 
 Each example is laid out exactly as in RL (docs/architecture.md): the prompt's tokens as the
 prompt set holds them (rendered, with BOS where one is added) left-padded to the longest prompt, then answer + EOS
 right-padded, `position_ids = cumsum(mask) - 1`. The loss is
 cross-entropy on the answer and EOS tokens only, averaged over those tokens.
+
+With demonstrations the target is the demonstration's tokens exactly as a multi-turn rollout lays
+them after the prompt (ChatRenderer.demonstration: each model turn's tokens and EOS, the tool
+messages' tokens between turns), and the loss is on the model's turns only, averaged over their
+tokens: the tool messages are context, as in RL, where the model never writes them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from rldock.config.job import WarmupSpec
+from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, PromptSampler
 from rldock.runtime.models import TokenBatch, load_causal_lm, load_tokenizer, max_token_length, pad_prompts
 
@@ -33,16 +42,42 @@ logger = logging.getLogger(__name__)
 def _answer_targets(tokenizer, answers: list[str], length: int) -> TokenBatch:
     """Answer tokens + EOS, right-padded to `length`: (B, T) ids and mask."""
     rows = [row + [tokenizer.eos_token_id] for row in tokenizer(answers, add_special_tokens=False)["input_ids"]]
-    ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.int64)  # (B, T)
+    return _right_padded(rows, length, tokenizer.pad_token_id)
+
+
+def _right_padded(rows: Sequence[Sequence[int]], length: int, value: int) -> TokenBatch:
+    """`rows` right-padded with `value` to `length`: (B, T) ids and the mask of the rows' own entries."""
+    ids = torch.full((len(rows), length), value, dtype=torch.int64)  # (B, T)
     mask = torch.zeros((len(rows), length), dtype=torch.int64)  # (B, T)
     for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
         mask[i, : len(row)] = 1
     return TokenBatch(ids, mask)
 
 
-def answer_loss(model, prompts: TokenBatch, targets: TokenBatch) -> torch.Tensor:
-    """Mean cross-entropy of `targets` (B, T) given `prompts` (B, PL); a scalar."""
+def demonstration_tokens(renderer: ChatRenderer, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
+    """A demonstration's token ids after the prompt and, per token, 1 where the model writes it (its
+    turns and their EOS) and 0 where a tool or the environment does."""
+    ids: list[int] = []
+    model: list[int] = []
+    for span in renderer.demonstration(messages):
+        ids += span.ids
+        model += [int(span.model)] * len(span.ids)
+    return ids, model
+
+
+def demonstration_targets(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[TokenBatch, torch.Tensor]:
+    """Demonstrations' tokens (`demonstration_tokens`) right-padded to the longest: (B, T) ids and
+    mask (every token the model attends to), and the (B, T) loss mask (1 on the model's own tokens)."""
+    length = max(len(ids) for ids, _ in rows)
+    targets = _right_padded([ids for ids, _ in rows], length, pad_id)
+    loss_mask = _right_padded([model for _, model in rows], length, 0).ids  # (B, T)
+    return targets, loss_mask
+
+
+def answer_loss(model, prompts: TokenBatch, targets: TokenBatch, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy of `targets` (B, T) given `prompts` (B, PL), over the target tokens where
+    `loss_mask` (B, T) is 1 (default `targets.mask`: every target token); a scalar."""
     input_ids = torch.cat([prompts.ids, targets.ids], dim=1)  # (B, PL+T)
     attention_mask = torch.cat([prompts.mask, targets.mask], dim=1)  # (B, PL+T)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, PL+T)
@@ -51,8 +86,29 @@ def answer_loss(model, prompts: TokenBatch, targets: TokenBatch) -> torch.Tensor
     # Target token t is predicted by the logits at position PL + t - 1.
     target_logits = logits[:, prompt_len - 1 : prompt_len - 1 + num_targets].float()  # (B, T, V)
     token_loss = F.cross_entropy(target_logits.transpose(1, 2), targets.ids, reduction="none")  # (B, T)
-    mask = targets.mask.to(token_loss.dtype)
+    mask = (targets.mask if loss_mask is None else loss_mask).to(token_loss.dtype)
     return (token_loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _batch_targets(
+    dataset: PromptDataset,
+    positions: Sequence[int],
+    tokenizer,
+    conversation: ChatRenderer | None,
+    laid_out: dict[int, tuple[list[int], list[int]]],
+) -> tuple[TokenBatch, torch.Tensor | None]:
+    """A step's targets and loss mask: with `conversation`, the rows' demonstrations (each laid out once,
+    kept in `laid_out` by position) learnt on the model's turns; without, the answers + EOS, all learnt
+    (loss mask None)."""
+    if conversation is None:
+        answer_texts = [ex.ground_truth for ex in dataset.examples(positions)]
+        target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
+        return _answer_targets(tokenizer, answer_texts, target_len), None
+    for position, messages in zip(positions, dataset.demonstrations(positions)):
+        if position not in laid_out:
+            assert messages is not None, "the loader reads a demonstration in every row or in none"
+            laid_out[position] = demonstration_tokens(conversation, messages)
+    return demonstration_targets([laid_out[position] for position in positions], tokenizer.pad_token_id)
 
 
 def run_warmup(
@@ -63,10 +119,12 @@ def run_warmup(
     spec: WarmupSpec,
     seed: int,
     device: str | torch.device = "cpu",
+    conversation: ChatRenderer | None = None,
 ) -> dict:
     """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the prompt set's prompts
-    and ground truths (`dataset` was tokenized with this model's tokenizer); save model and
-    tokenizer to `model_dir_out`.
+    and ground truths, or their demonstrations where the rows carry them (`dataset` was tokenized
+    with this model's tokenizer; `conversation`, the agent job's renderer, lays the demonstrations
+    out); save model and tokenizer to `model_dir_out`.
 
     Trains in float32 whatever the job's model.dtype, since the phase is short and its output is
     also the reference policy. With `spec.steps == 0` the model is copied unchanged. Deterministic
@@ -77,6 +135,14 @@ def run_warmup(
     tokenizer = load_tokenizer(model_dir_in)
     model = load_causal_lm(model_dir_in, dtype="float32", device=device)
     model.train()
+    # The loader reads a demonstration column in every row or in none.
+    demonstrated = dataset.demonstrations([0])[0] is not None
+    if demonstrated and conversation is None:
+        raise ValueError(
+            "warmup: the train rows carry demonstrations (data.demonstration_key), which are laid out with the "
+            "agent's chat renderer; add an agent section or drop the demonstrations"
+        )
+    laid_out: dict[int, tuple[list[int], list[int]]] = {}  # position -> its demonstration's tokens
     sampler = PromptSampler(len(dataset), seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
     losses: list[float] = []
@@ -85,14 +151,15 @@ def run_warmup(
         for step in range(spec.steps):
             positions = sampler.next_batch(spec.batch_size)
             prompt_rows = dataset.prompt_ids(positions)
-            answer_texts = [ex.ground_truth for ex in dataset.examples(positions)]
-            target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
             prompts = pad_prompts(prompt_rows, max(map(len, prompt_rows)), tokenizer.pad_token_id)
-            targets = _answer_targets(tokenizer, answer_texts, target_len)
+            targets, loss_mask = _batch_targets(
+                dataset, positions, tokenizer, conversation if demonstrated else None, laid_out
+            )
             loss = answer_loss(
                 model,
                 TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
                 TokenBatch(targets.ids.to(device), targets.mask.to(device)),
+                None if loss_mask is None else loss_mask.to(device),
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -100,6 +100,11 @@ class PromptDataset:
             out.append(Example(self._texts[index], row.ground_truth, row.data_source, row.extra_info, index))
         return out
 
+    def demonstrations(self, positions: Sequence[int]) -> list[list[dict] | None]:
+        """The demonstrations (data.demonstration_key) of the kept prompts at `positions`; None where a
+        row has none."""
+        return [self._rows[self._keep[p]].demonstration for p in positions]
+
     def preference_pairs(self, positions: Sequence[int]) -> list[PreferencePair]:
         """(prompt row, chosen, rejected) of the kept prompts at `positions` (DPO)."""
         pairs = []
