@@ -1,0 +1,317 @@
+"""The python tool's sandbox, with real interpreter processes: each limit stops its program and says
+so, the audit hook refuses network, processes and files outside, and the caller (the worker) is
+unharmed: after every test a plain program still runs (the autouse fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rldock.config.job import SandboxSpec
+from rldock.runtime.agent.sandbox import Outcome, SandboxResult, _run, run_python
+
+LIMITS = SandboxSpec(cpu_seconds=1, wall_seconds=3, memory_mib=256, max_output_chars=2000)
+
+
+def run(code: str, limits: SandboxSpec = LIMITS) -> SandboxResult:
+    return asyncio.run(run_python(textwrap.dedent(code), limits))
+
+
+@pytest.fixture(autouse=True)
+def sandbox_still_works():
+    """Whatever a test's program did, the worker is alive and the next program runs normally."""
+    yield
+    result = run("print(6 * 7)")
+    assert (result.outcome, result.stdout, result.text) == (Outcome.OK, "42\n", "42\n")
+
+
+def wait_until_dead(pid: int, timeout_s: float = 30.0) -> None:
+    """Returns once `pid` has exited (gone, or a zombie nobody reaps: no PID 1 in a container has to)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)  # polls the state it waits for
+    raise AssertionError(f"process {pid} still runs {timeout_s} s after its group was killed")
+
+
+def test_a_program_prints_and_exits():
+    result = run("import sys\nprint('out')\nprint('err', file=sys.stderr)")
+    assert result.outcome is Outcome.OK and result.exit_code == 0
+    assert (result.stdout, result.stderr, result.text) == ("out\n", "err\n", "out\nerr\n")
+
+
+def test_an_exception_is_an_error_with_the_programs_traceback_only():
+    result = run("def f():\n    return 1 / 0\nf()")
+    assert result.outcome is Outcome.ERROR and result.exit_code == 1
+    assert 'File "program.py", line 2, in f' in result.stderr and "ZeroDivisionError" in result.stderr
+    assert "sandbox_boot" not in result.stderr
+    assert result.text == result.stderr  # an error is not a limit: no reason line
+
+
+def test_a_nonzero_exit_is_an_error():
+    result = run("import sys\nsys.exit(3)")
+    assert (result.outcome, result.exit_code) == (Outcome.ERROR, 3)
+
+
+def test_a_loop_is_stopped_by_the_cpu_or_the_wall_clock_limit():
+    # On a loaded machine the wall clock can come first: both are the loop being stopped.
+    result = run("print('looping')\nwhile True:\n    pass")
+    assert result.outcome in (Outcome.CPU_LIMIT, Outcome.WALL_LIMIT)
+    assert result.text.startswith("looping\n") and result.text.endswith("]")
+    assert "CPU time" in result.text or "time limit" in result.text
+
+
+def test_a_program_that_handles_sigxcpu_is_still_stopped():
+    result = run(
+        """
+        import signal
+        signal.signal(signal.SIGXCPU, lambda *_: None)
+        while True:
+            pass
+        """,
+        SandboxSpec(cpu_seconds=1, wall_seconds=60),
+    )
+    assert result.outcome is Outcome.CPU_LIMIT and result.exit_code == -9
+
+
+def test_allocating_10_gb_is_the_memory_limit():
+    result = run("data = bytearray(10 * 2**30)")
+    assert result.outcome is Outcome.MEMORY_LIMIT
+    assert "MemoryError" in result.stderr
+    assert result.text.endswith("[stopped: the program ran out of its 256 MiB of memory]")
+
+
+def test_growing_until_memory_runs_out_is_the_memory_limit():
+    result = run("chunks = []\nwhile True:\n    chunks.append(bytearray(2**20))", SandboxSpec(memory_mib=128))
+    assert result.outcome is Outcome.MEMORY_LIMIT
+
+
+def test_sleeping_forever_is_the_wall_limit_and_what_it_printed_is_kept():
+    result = run("import time\nprint('started')\ntime.sleep(3600)", SandboxSpec(wall_seconds=1))
+    assert result.outcome is Outcome.WALL_LIMIT and result.exit_code == -9
+    assert result.text == "started\n[stopped: the program ran for 1 s, its time limit]"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos.fork()",
+        "import subprocess\nsubprocess.run(['true'])",
+        "import os\nos.system('true')",
+        "import os\nos.execv('/bin/true', ['true'])",
+        "import os\nos.posix_spawn('/bin/true', ['true'], {})",
+        "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+        # The module subprocess forks with: no audit event of its own in Python 3.11.
+        "import _posixsubprocess\n_posixsubprocess.fork_exec()",
+        "import sys\ndel sys.modules['_posixsubprocess']\nimport _posixsubprocess",
+        "import ctypes",
+        "import _ctypes",
+    ],
+)
+def test_starting_a_process_or_reaching_c_is_refused(code):
+    result = run(code)
+    assert result.outcome is Outcome.REFUSED and result.exit_code == 91, result.text
+    assert "the sandbox refused" in result.stderr
+    assert result.text.endswith("[stopped: the sandbox refused an operation (network, processes, files or ctypes)]")
+
+
+@pytest.mark.parametrize(
+    "connect",
+    [
+        "socket.create_connection(('127.0.0.1', PORT), timeout=1)",
+        "socket.socket(socket.AF_INET, socket.SOCK_STREAM).connect(('127.0.0.1', PORT))",
+        "import _socket; _socket.socket()",
+        "socket.socketpair()",
+        "socket.getaddrinfo('example.com', 80)",
+    ],
+)
+def test_network_access_is_refused_and_nothing_connects(connect):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        result = run(f"import socket\n{connect.replace('PORT', str(port))}")
+        assert result.outcome is Outcome.REFUSED, result.text
+        # The program has ended: a connection it made would be waiting in the listener's queue.
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_a_refusal_is_an_oserror_a_program_can_catch():
+    result = run(
+        """
+        import os, platform
+        try:
+            os.fork()
+        except PermissionError as error:
+            print("caught:", error)
+        print(platform.architecture()[0])  # runs `file` in a subprocess and falls back on OSError
+        """
+    )
+    assert result.outcome is Outcome.OK
+    assert result.stdout.startswith("caught: the sandbox refused starting another process (os.fork)\n")
+
+
+def test_signalling_the_worker_is_refused():
+    result = run("import os, signal\nos.kill(os.getppid(), signal.SIGTERM)")
+    assert result.outcome is Outcome.REFUSED and "signalling another process" in result.stderr
+
+
+def test_the_worker_environment_is_not_visible(monkeypatch):
+    monkeypatch.setenv("RLDOCK_TEST_SECRET", "hunter2")
+    result = run("import os\nprint(sorted(os.environ))\nprint(open('/proc/self/environ').read())")
+    assert result.outcome is Outcome.OK and "RLDOCK_TEST_SECRET" not in result.text and "hunter2" not in result.text
+    # Its /proc files would tell another process's environment.
+    result = run("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())")
+    assert result.outcome is Outcome.REFUSED and "hunter2" not in result.text
+
+
+def test_files_outside_the_working_directory_are_neither_written_nor_read(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the answers")
+    for code in (
+        f"open({str(outside)!r}, 'w').write('x')",
+        f"import os\nos.remove({str(outside)!r})",
+        f"import os\nos.rename({str(outside)!r}, 'mine.txt')",
+        f"import shutil\nshutil.rmtree({str(tmp_path)!r})",
+        f"print(open({str(outside)!r}).read())",
+        "import os, sys\nos.open(sys.prefix, os.O_RDONLY)",  # readable, but a directory descriptor reaches below it
+        "open('../escape.txt', 'w')",
+    ):
+        result = run(code)
+        assert result.outcome is Outcome.REFUSED, (code, result.text)
+        assert "the answers" not in result.text
+    assert outside.read_text() == "the answers"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["outside.txt"]
+
+
+def test_the_working_directory_is_the_programs_and_is_removed_afterwards():
+    result = run(
+        """
+        import os, tempfile
+        os.makedirs("a/b")
+        with open("a/b/data.txt", "w") as file:
+            file.write("kept for this call")
+        os.chmod("a", 0)  # removal copes with a directory the program locked
+        print(os.getcwd())
+        print(tempfile.gettempdir() == os.getcwd() == os.path.expanduser("~"))
+        """
+    )
+    assert result.outcome is Outcome.OK, result.text
+    scratch, same = result.stdout.splitlines()
+    assert same == "True" and Path(scratch).name.startswith("rldock-sandbox-")
+    assert not Path(scratch).exists()
+
+
+def test_long_output_is_cut_keeping_its_beginning_and_end():
+    limits = SandboxSpec(max_output_chars=100)
+    result = run("print('BEGIN' + 'x' * 100_000 + 'END')", limits)
+    assert result.outcome is Outcome.OK
+    assert result.stdout.startswith("BEGIN") and result.stdout.endswith("END\n")
+    assert "[... output cut: 100009 bytes in all ...]" in result.stdout
+    assert len(result.stdout) == 100 + len("\n[... output cut: 100009 bytes in all ...]\n")
+    assert result.text == result.stdout
+
+
+def test_stdout_and_stderr_share_the_models_text():
+    limits = SandboxSpec(max_output_chars=100)
+    result = run("import sys\nprint('o' * 1000)\nprint('e' * 30, file=sys.stderr)\nraise SystemExit(1)", limits)
+    assert result.outcome is Outcome.ERROR
+    assert result.text.startswith("o") and result.text.endswith("e" * 30 + "\n")  # stderr's end survives
+    assert len(result.text) < 100 + 50
+
+
+def test_installed_packages_import():
+    pytest.importorskip("numpy")
+    result = run("import numpy\nprint(int(numpy.arange(10).sum()))", SandboxSpec(wall_seconds=60, cpu_seconds=30))
+    assert (result.outcome, result.stdout) == (Outcome.OK, "45\n"), result.text
+
+
+def test_programs_run_at_the_same_time():
+    # Each prints when it started and when it ended; run one after another, one would start after
+    # another ended.
+    code = "import time\nprint(time.time())\ntime.sleep(2)\nprint(time.time())"
+
+    async def four():
+        return await asyncio.gather(*(run_python(code, SandboxSpec(wall_seconds=30)) for _ in range(4)))
+
+    results = asyncio.run(four())
+    assert all(result.outcome is Outcome.OK for result in results)
+    spans = [tuple(float(line) for line in result.stdout.split()) for result in results]
+    assert max(start for start, _ in spans) < min(end for _, end in spans)
+
+
+def test_the_wall_limit_kills_the_whole_process_group(tmp_path):
+    # A process group the audit hook would not let a program make, so started without the boot script.
+    pid_file = tmp_path / "grandchild.pid"
+    code = f"""
+        import os, time
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(3600)
+        else:
+            with open({str(pid_file)!r}, "w") as file:
+                file.write(str(pid))
+            time.sleep(3600)
+        """
+    command = [sys.executable, "-c", textwrap.dedent(code)]
+    result = asyncio.run(_run(command, cwd=str(tmp_path), env={}, limits=SandboxSpec(wall_seconds=5)))
+    assert result.outcome is Outcome.WALL_LIMIT
+    wait_until_dead(int(pid_file.read_text()))
+
+
+def test_cancelling_a_call_kills_its_program_and_removes_its_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    async def cancel_while_running() -> int:
+        task = asyncio.ensure_future(
+            run_python("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)", LIMITS)
+        )
+        while not (pid_files := list(tmp_path.glob("rldock-sandbox-*/pid"))) or not pid_files[0].read_text():
+            await asyncio.sleep(0.01)  # polls the state it waits for
+        pid = int(pid_files[0].read_text())
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pid
+
+    wait_until_dead(asyncio.run(cancel_while_running()))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_limits_of_the_child_are_the_configured_ones():
+    result = run(
+        """
+        import resource
+        for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE"):
+            print(name, *resource.getrlimit(getattr(resource, name)))
+        """,
+        SandboxSpec(cpu_seconds=2.5, memory_mib=300),
+    )
+    assert result.stdout.splitlines() == [
+        "RLIMIT_CPU 3 4",
+        f"RLIMIT_AS {300 * 2**20} {300 * 2**20}",
+        f"RLIMIT_FSIZE {16 * 2**20} {16 * 2**20}",
+        "RLIMIT_NOFILE 64 64",
+        "RLIMIT_CORE 0 0",
+    ]
+    assert run("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (4, 4))").outcome is Outcome.REFUSED
+
+
+def test_a_file_larger_than_16_mib_is_not_written():
+    # Python ignores SIGXFSZ: the write past RLIMIT_FSIZE fails with EFBIG.
+    result = run("open('big', 'wb').write(b'x' * (17 * 2**20))")
+    assert result.outcome is Outcome.ERROR and "File too large" in result.stderr
