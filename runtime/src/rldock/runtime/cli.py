@@ -133,6 +133,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "--max-number", type=int, help="word_problems: largest number added or given away (default 20)"
     )
     generate.add_argument(
+        "--max-factor", type=int, help="word_problems: largest factor of products and shares (default 10)"
+    )
+    generate.add_argument(
+        "--tool-demonstrations",
+        choices=["python", "calculator"],
+        default=None,
+        help="also write each row solved with this tool, in the column `demonstration` (data.demonstration_key)",
+    )
+    generate.add_argument(
         "--prompt-key",
         default=None,
         help="column of the prompt (default: question for word_problems, as GSM8K; else prompt)",
@@ -212,13 +221,14 @@ GENERATE_FLAGS = {
     "max_operand": "--max-operand",
     "operations": "--operations",
     "max_number": "--max-number",
+    "max_factor": "--max-factor",
     "prompt_key": "--prompt-key",
     "answer_key": "--answer-key",
 }
 
 
 # The flags only one generator reads (their config fields): another generator's flag is an error.
-GENERATOR_FLAGS = {"addition": ("max_operand",), "word_problems": ("operations", "max_number")}
+GENERATOR_FLAGS = {"addition": ("max_operand",), "word_problems": ("operations", "max_number", "max_factor")}
 
 
 def _generate_data(args: argparse.Namespace) -> int:
@@ -240,7 +250,13 @@ def _generate_data(args: argparse.Namespace) -> int:
     if "operations" in given:
         given["operations"] = given["operations"].split(",")
     try:
-        spec = GeneratorSpec(name=args.generator, num_prompts=args.num_train, num_val_prompts=args.num_val, **given)
+        spec = GeneratorSpec(
+            name=args.generator,
+            num_prompts=args.num_train,
+            num_val_prompts=args.num_val,
+            tool_demonstrations=args.tool_demonstrations,
+            **given,
+        )
         columns = column_names(DataSpec(generator=spec, prompt_key=prompt_key, answer_key=args.answer_key))
     except ValidationError as error:
         for problem in error.errors():
@@ -249,7 +265,10 @@ def _generate_data(args: argparse.Namespace) -> int:
             print(f"error: {flag}: {problem['msg']} (got {problem['input']!r})", file=sys.stderr)
         return 2
     files = generate_files(spec, Path(args.out), seed=args.seed, columns=columns)
-    print(json.dumps({"train": files.train, "val": files.val, "prompt_key": prompt_key, "answer_key": args.answer_key}))
+    keys = {"prompt_key": prompt_key, "answer_key": args.answer_key}
+    if spec.tool_demonstrations is not None:
+        keys["demonstration_key"] = columns["demonstration"]
+    print(json.dumps({"train": files.train, "val": files.val, **keys}))
     return 0
 
 

@@ -176,6 +176,25 @@ def test_cli_writes_gsm8k_files(tmp_path, capsys):
     )
 
 
+def test_cli_writes_three_digit_products_with_python_demonstrations(tmp_path, capsys):
+    flags = [
+        "--operations",
+        "multiply",
+        "--max-number",
+        "999",
+        "--max-factor",
+        "999",
+        "--tool-demonstrations",
+        "python",
+    ]
+    assert main(["data", "generate", "word_problems", "--num-train", "20", *flags, "--out", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["demonstration_key"] == "demonstration"
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert set(rows[0]) == {"question", "answer", "data_source", "demonstration"}
+    assert max(int(n) for row in rows for n in re.search(r"(\d+) \* (\d+)", row["answer"]).groups()) > 99
+    assert all('"name": "python"' in row["demonstration"][0]["content"] for row in rows)
+
+
 @pytest.mark.parametrize(
     "flags, says",
     [
@@ -183,6 +202,7 @@ def test_cli_writes_gsm8k_files(tmp_path, capsys):
         (["--num-val", "-1"], "error: --num-val: "),
         (["--operations", "add,divide"], "error: --operations: "),
         (["--max-number", "0"], "error: --max-number: "),
+        (["--max-factor", "1"], "error: --max-factor: "),
     ],
 )
 def test_cli_errors_name_the_flag_not_the_config_field(tmp_path, capsys, flags, says):
@@ -198,6 +218,7 @@ def test_cli_errors_name_the_flag_not_the_config_field(tmp_path, capsys, flags, 
         ("addition", ["--max-number", "3"], "--max-number"),
         ("addition", ["--operations", "add"], "--operations"),
         ("word_problems", ["--max-operand", "9"], "--max-operand"),
+        ("addition", ["--max-factor", "9"], "--max-factor"),
     ],
 )
 def test_cli_refuses_the_other_generators_flag_instead_of_ignoring_it(tmp_path, capsys, generator, flags, named):
