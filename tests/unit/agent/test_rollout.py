@@ -239,3 +239,14 @@ def test_an_environment_answers_between_turns(tokenizer):
     text = tokenizer.decode(episodes[0].response, skip_special_tokens=False)
     assert text == "4<eos><user>wrong, again<eos><assistant>3<eos>"
     assert episodes[0].model_mask == [1, 1] + [0] * (len(episodes[0].response) - 4) + [1, 1]
+
+
+def test_an_environment_that_does_not_answer_in_time_ends_the_episode(tokenizer):
+    class Stuck(Environment):
+        async def respond(self, final_text, *, turn, context):
+            await asyncio.Event().wait()
+
+    engine = ScriptedEngine(tokenizer, {0: ["4"]})
+    loop = make_loop(tokenizer, engine, [], environment=Stuck(), tool_timeout_s=0.05)
+    (episode,) = run(loop, tokenizer, 1, contexts=[EpisodeContext("3", "test")])
+    assert (episode.turns, episode.ended) == (1, "environment_timeout")

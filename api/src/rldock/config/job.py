@@ -721,7 +721,8 @@ class AgentSpec(Spec):
         gt=0,
         le=3600,
         description="Seconds one tool call may take before it is cancelled and the model is told so (the `python` "
-        "tool's own agent.sandbox limits stop its program first).",
+        "tool's own agent.sandbox limits stop its program first); an environment's answer that takes longer ends "
+        "the episode (`agent/ended/environment_timeout`).",
     )
     max_concurrent_tool_calls: int = Field(
         default=8,

@@ -56,6 +56,7 @@ class Tool(ABC):
 
     def close(self) -> None:
         """Free what the tool holds (processes, connections); called once when the rollout ends."""
+        return  # most tools hold nothing
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Environment(ABC):
 
     def close(self) -> None:
         """Free what the environment holds; called once when the rollout ends."""
+        return  # most environments hold nothing
 
 
 @dataclass(frozen=True)

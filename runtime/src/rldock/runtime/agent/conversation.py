@@ -122,5 +122,7 @@ class ChatRenderer:
             else:
                 pending.append(message)
         if pending:
-            raise ValueError("a demonstration ends with the assistant's turn, not a " + pending[-1]["role"] + " message")
+            raise ValueError(
+                "a demonstration ends with the assistant's turn, not a " + pending[-1]["role"] + " message"
+            )
         return spans

@@ -10,7 +10,7 @@ at the length budget). Calls that named no tool count under `malformed` and `unk
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Sequence
 
 from rldock.runtime.agent.rollout import Episode
@@ -18,7 +18,8 @@ from rldock.runtime.agent.rollout import Episode
 
 def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
     """Additive figures of one engine's episodes."""
-    sums: Counter[str] = Counter(
+    sums: defaultdict[str, float] = defaultdict(float)
+    sums.update(
         episodes=len(episodes),
         turns=sum(e.turns for e in episodes),
         model_tokens=sum(sum(e.model_mask) for e in episodes),
@@ -29,21 +30,22 @@ def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
         for name, count in episode.tool_calls.items():
             sums[f"calls/{name}"] += count
             sums[f"errors/{name}"] += episode.tool_errors[name]
-            sums[f"seconds/{name}"] += episode.tool_seconds[name]
+            sums[f"seconds/{name}"] += episode.tool_seconds.get(name, 0.0)
     return dict(sums)
 
 
 def merged_sums(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     """Several `episode_sums` as one (an engine's batches, or several engines)."""
-    total: Counter[str] = Counter()
+    total: defaultdict[str, float] = defaultdict(float)
     for part in parts:
-        total.update(part)
+        for key, value in part.items():
+            total[key] += value
     return dict(total)
 
 
 def agent_metrics(sums: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
     """The iteration's `agent` section from every engine's `episode_sums`; empty without any."""
-    total = Counter(merged_sums(sums))
+    total = defaultdict(float, merged_sums(sums))
     if not total["episodes"]:
         return {}
     episodes = total["episodes"]

@@ -54,8 +54,8 @@ class Episode:
     final_text: str = ""  # the model's last turn, decoded
     tool_calls: Counter[str] = field(default_factory=Counter)  # per tool name
     tool_errors: Counter[str] = field(default_factory=Counter)  # per tool name ("malformed", "unknown")
-    tool_seconds: Counter[str] = field(default_factory=Counter)  # per tool name
-    ended: str = ""  # answer | max_turns | length
+    tool_seconds: dict[str, float] = field(default_factory=dict)  # per tool name
+    ended: str = ""  # answer | max_turns | length | environment_timeout
 
     def add(self, ids: Sequence[int], *, model: bool) -> None:
         self.response.extend(ids)
@@ -75,7 +75,7 @@ class Episode:
 class Answers:
     messages: list[dict]
     calls: list[tuple[str, bool, float]] = field(default_factory=list)
-    done: bool = False  # the environment ended the episode
+    ended: str = ""  # why the environment ended the episode: "answer" (accepted), "environment_timeout"
 
 
 MALFORMED, UNKNOWN = "malformed", "unknown"  # tool-error keys of calls that named no tool
@@ -186,9 +186,9 @@ class AgentLoop:
         for name, error, seconds in answers.calls:
             episode.tool_calls[name] += 1
             episode.tool_errors[name] += int(error)
-            episode.tool_seconds[name] += seconds
-        if answers.done:
-            episode.ended = "answer"
+            episode.tool_seconds[name] = episode.tool_seconds.get(name, 0.0) + seconds
+        if answers.ended:
+            episode.ended = answers.ended
             return False
         ids = self.renderer.between_turns(answers.messages)
         if len(episode.response) + len(ids) >= self.max_response_length:  # no token left to answer
@@ -229,14 +229,21 @@ class AgentLoop:
 
     async def _ask_environment(self, environment: Environment, episode: Episode) -> Answers:
         assert episode.context is not None, "an environment's rollout passes each sample's row"
+        name = type(environment).__name__
         try:
-            reply = await environment.respond(episode.final_text, turn=episode.turns, context=episode.context)
-        except Exception as error:  # broad on purpose: user code; the episode ends, the job goes on
-            raise RuntimeError(f"agent.environment {type(environment).__name__} failed: {error}") from error
+            reply = await asyncio.wait_for(
+                environment.respond(episode.final_text, turn=episode.turns, context=episode.context),
+                timeout=self.spec.tool_timeout_s,
+            )
+        except TimeoutError:  # e.g. a checker stuck on a pathological answer: the episode ends, the job goes on
+            return Answers([], ended="environment_timeout")
+        except Exception as error:  # broad on purpose: user code; an environment's bug (or a bad ground
+            # truth) stops the job with the field to look at, as a reward term's does
+            raise RuntimeError(f"agent.environment {name} failed: {type(error).__name__}: {error}") from error
         if not isinstance(reply, EnvironmentReply):
-            raise TypeError(f"agent.environment {type(environment).__name__}.respond returned {reply!r}")
+            raise TypeError(f"agent.environment {name}.respond returned {reply!r}, not an EnvironmentReply")
         if reply.done or reply.message is None:
-            return Answers([], done=True)
+            return Answers([], ended="answer")
         return Answers([{"role": "user", "content": self._cut(reply.message)}])
 
     def _cut(self, text: str) -> str:

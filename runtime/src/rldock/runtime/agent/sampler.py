@@ -29,7 +29,12 @@ def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
     """The renderer of an agent job's prompts and turns (its tools described), None without an agent."""
     if cfg.agent is None:
         return None
-    return ChatRenderer(tokenizer, tools=[tool.schema() for tool in build_tools(cfg.agent).values()])
+    tools = build_tools(cfg.agent)
+    try:
+        return ChatRenderer(tokenizer, tools=[tool.schema() for tool in tools.values()])
+    finally:
+        for tool in tools.values():
+            tool.close()
 
 
 class AgentSampler:
