@@ -315,3 +315,36 @@ def test_a_file_larger_than_16_mib_is_not_written():
     # Python ignores SIGXFSZ: the write past RLIMIT_FSIZE fails with EFBIG.
     result = run("open('big', 'wb').write(b'x' * (17 * 2**20))")
     assert result.outcome is Outcome.ERROR and "File too large" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "trick",
+    [
+        "import os\nos.path.realpath = lambda path: os.getcwd() + '/mine'",
+        "import os, posixpath\nos.getcwd = lambda: '/nowhere'\nposixpath.realpath = lambda path: '/nowhere'",
+        "import builtins\nbuiltins.isinstance = lambda *_: True\nbuiltins.any = lambda *_: True",
+        "import sys\nsys.settrace(lambda *_: None)",
+    ],
+)
+def test_replacing_what_the_hook_calls_does_not_get_past_it(tmp_path, trick):
+    outside = tmp_path / "outside.txt"
+    result = run(f"{trick}\nopen({str(outside)!r}, 'w').write('x')")
+    assert result.outcome is Outcome.REFUSED, result.text
+    assert not outside.exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # A str subclass that tells the hook another path than the kernel reads.
+        "type('Lying', (str,), {'split': lambda self, *_: ['mine'], 'startswith': lambda self, *_: True})(OUTSIDE)",
+        # Symbolic links the system already has.
+        "'/proc/self/root' + OUTSIDE",
+        "'/proc/self/cwd/../../' + OUTSIDE",
+    ],
+)
+def test_a_path_is_checked_as_the_kernel_reads_it(tmp_path, path):
+    outside = tmp_path / "outside.txt"
+    result = run(f"OUTSIDE = {str(outside)!r}\nopen({path}, 'w').write('x')")
+    assert result.outcome is Outcome.REFUSED, result.text
+    assert not outside.exists()

@@ -18,21 +18,24 @@ would cost the rollout). Its layers, and where each holds:
   SIGKILL. Holds everywhere.
 - A network namespace of its own (unshare(2) of a user and a network namespace, or of a network
   namespace alone where the process may): no interface is up, the host's loopback is unreachable.
-  Holds where unshare is allowed (here as root, on hosts that allow unprivileged user namespaces); in a
-  pod under the restricted Pod Security Standard, the RuntimeDefault seccomp profile refuses unshare
-  and the child carries on without it.
+  Holds where unshare is allowed (as root with CAP_SYS_ADMIN, or where unprivileged user namespaces
+  are); in a pod under the restricted Pod Security Standard (all capabilities dropped), the
+  RuntimeDefault seccomp profile refuses unshare and the child carries on without the namespace.
 - An audit hook (sys.addaudithook), installed in the child before the program's first line, which
-  always applies: it refuses sockets (and name lookups), starting processes (fork, exec, spawn,
-  subprocess, os.system), ctypes and the modules that reach C or start processes without audit events,
-  subinterpreters, hand-built code objects, changing resource limits, signalling other processes (the
-  worker runs as the same user), writing outside the scratch directory, and reading outside it and
-  Python's installation (other processes' /proc files hold their environment; the job's data holds the
-  answers). A refusal is a PermissionError (an ImportError for an import) the program may catch.
-  An audit hook is a guard against what programs ordinarily do, not a security boundary: Python's
-  documentation says as much, and a program written to exploit the interpreter (crafted bytecode from
-  marshal, memory corruption) can get past it. Against such code, where the pod's own isolation
-  (non-root, no capabilities, no service-account token, network policy) is not enough, run the tool
-  in a separate sandbox service.
+  always applies: it refuses sockets and name lookups, starting processes (fork, exec, spawn,
+  subprocess, os.system), ctypes and the modules that reach C or start processes without audit events
+  (so packages that import ctypes unconditionally, sympy among them, do not import; numpy does),
+  subinterpreters, hand-built code objects, tracing, changing resource limits, signalling other
+  processes (the worker runs as the same user), writing outside the scratch directory, and reading
+  outside it and Python's installation (another process's /proc files hold its environment; the job's
+  data holds the answers). A refusal is a PermissionError (an ImportError for an import) the program
+  may catch. The hook keeps what it calls in a closure, so replacing os.path.realpath or a builtin
+  does not blind it, and checks a path as the kernel will resolve it. It is still a guard against
+  what programs ordinarily do, not a security boundary (Python's documentation says as much): a
+  program written to defeat it gets past it, e.g. with a path object whose __fspath__ answers the
+  hook and the call differently, or with crafted bytecode loaded by marshal. Against such programs,
+  run the tool in a separate sandbox service: past the hook, what remains is the kernel's limits
+  above and the pod's own isolation (the restricted Pod Security Standard).
 
 Outcomes (`Outcome`): ok, error (nonzero exit or an exception), cpu_limit, memory_limit, wall_limit,
 refused (the audit hook refused something and the program did not catch it).

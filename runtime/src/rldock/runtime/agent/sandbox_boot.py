@@ -105,6 +105,9 @@ _REFUSED_EVENTS = {
     "gc.get_referents": _OBJECT_WALK,
     # A link swapped between the hook's check and the open would redirect a write.
     "os.symlink": "creating symbolic links",
+    # A trace function can write a frame's variables, the hook's own among them.
+    "sys.settrace": "tracing",
+    "sys.setprofile": "tracing",
 }
 # Modules that start processes (_posixsubprocess.fork_exec raises no audit event in 3.11), run
 # subinterpreters, or call C and write memory without audit events.
@@ -150,72 +153,136 @@ _SYSTEM_READABLE = (
 )
 
 
-def _under(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
-
-
 def _audit_hook(*, scratch: str, readable: tuple[str, ...]):
-    """The hook, a closure over immutable values only: no name the program can see leads to it, and
-    nothing it reads can be changed from outside."""
+    """The hook. Everything it calls or reads is bound here, in its closure, which no name the
+    program can reach leads to: a program that replaces os.path.realpath, a builtin, or one of this
+    module's tables (its globals are reachable from a traceback's frames) changes nothing the hook
+    sees. Paths are turned into plain str first: a str subclass could answer the hook's comparisons
+    otherwise than the kernel reads its characters."""
+    import stat
+
     pid = os.getpid()
+    refused_events = dict(_REFUSED_EVENTS)
+    refused_imports, changes_path = _REFUSED_IMPORTS, _CHANGES_PATH
+    changes_both, changes_second, write_flags = _CHANGES_BOTH, _CHANGES_SECOND, _WRITE_FLAGS
+    lstat, stat_, readlink, getcwd, fspath = os.lstat, os.stat, os.readlink, os.getcwd, os.fspath
+    is_link, is_dir = stat.S_ISLNK, stat.S_ISDIR
+    exact_type, is_instance, any_of = type, isinstance, any
+    str_type, bytes_type, int_type, os_error = str, bytes, int, OSError
+    join, decode, refused_error, refused_import = str.join, bytes.decode, SandboxRefused, SandboxRefusedImport
 
     def refuse(what: str, event: str):
-        raise SandboxRefused(f"the sandbox refused {what} ({event})")
+        raise refused_error(f"the sandbox refused {what} ({event})")
 
-    def check_write(path, event: str) -> None:
-        if isinstance(path, int):
+    def plain(value) -> str:
+        """`value` (str, bytes, a path object) as a plain str."""
+        if exact_type(value) is not str_type and exact_type(value) is not bytes_type:
+            # A path object's __fspath__ is called here and again by the call itself; one that answers
+            # differently the second time is a way past the hook (the module docstring of sandbox.py).
+            value = fspath(value)
+        if is_instance(value, bytes_type):
+            return decode(value, "utf-8", "surrogateescape")
+        return join("", (value,))  # a copy of the characters: a plain str even from a subclass
+
+    def resolve(path: str, event: str) -> str:
+        """The absolute path with every symbolic link followed, as the kernel would find it (what does
+        not exist yet is kept as written)."""
+        pending = (path if path.startswith("/") else getcwd() + "/" + path).split("/")
+        pending.reverse()
+        parts: list[str] = []
+        links = 0
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if parts:
+                    parts.pop()
+                continue
+            candidate = "/" + "/".join([*parts, part])
+            try:
+                mode = lstat(candidate).st_mode
+            except os_error:
+                parts.append(part)
+                continue
+            if not is_link(mode):
+                parts.append(part)
+                continue
+            links += 1
+            if links > 40:
+                refuse("a path with too many symbolic links", event)
+            target = readlink(candidate)
+            if target.startswith("/"):
+                parts = []
+            pending.extend(reversed(target.split("/")))
+        return "/" + "/".join(parts)
+
+    def under(path: str, roots: tuple[str, ...]) -> bool:
+        return any_of(path == root or path.startswith(root + "/") for root in roots)
+
+    def check_write(value, event: str) -> None:
+        if exact_type(value) is int_type:
             # By descriptor (fchmod, fchown, ftruncate): chmod and chown need no write access to the
             # file, so a read-only descriptor of a file outside would do.
             if event != "os.truncate":
                 refuse("changing a file by its descriptor", event)
             return
-        text = os.fsdecode(path)
-        if ".." in text.split("/"):
+        path = plain(value)
+        if ".." in path.split("/"):
             # The hook resolves a relative path from the working directory; from a directory
             # descriptor (dir_fd=, which not every event shows) `..` could climb out of it.
             refuse("'..' in a path written to", event)
-        if not _under(os.path.realpath(text), (scratch,)):
+        if not under(resolve(path, event), (scratch,)):
             refuse("writing outside the working directory", event)
 
-    def check_read(path, event: str) -> None:
-        resolved = os.path.realpath(os.fsdecode(path))
+    def check_read(value, event: str) -> None:
+        resolved = resolve(plain(value), event)
         if resolved.startswith("/proc/") and resolved.endswith("/mem"):
             refuse("reading process memory", event)
-        if not _under(resolved, readable):
+        if not under(resolved, readable):
             refuse(f"reading {resolved}: only the working directory and Python's installation are readable", event)
-        if os.path.isdir(resolved) and not _under(resolved, (scratch,)):
-            # A directory descriptor would let later opens relative to it (dir_fd=, which the open
-            # event does not show) reach anything below it.
-            refuse("opening a directory outside the working directory", event)
+        if not under(resolved, (scratch,)):
+            try:
+                directory = is_dir(stat_(resolved).st_mode)
+            except os_error:
+                directory = False
+            if directory:
+                # A directory descriptor would let later opens relative to it (dir_fd=, which the
+                # open event does not show) reach anything below it.
+                refuse("opening a directory outside the working directory", event)
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
-            if path is None or isinstance(path, int):
+            if path is None or exact_type(path) is int_type:
                 return  # a descriptor the program holds (checked when it was opened)
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & _WRITE_FLAGS
+            writes = (exact_type(mode) is str_type and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+                exact_type(flags) is int_type and flags & write_flags
             )
-            (check_write if writes else check_read)(path, event)
+            if writes:
+                check_write(path, event)
+            else:
+                check_read(path, event)
         elif event == "import":
-            if args[0] in _REFUSED_IMPORTS:
-                raise SandboxRefusedImport(f"the sandbox refused importing {args[0]}", name=args[0])
+            name = plain(args[0])
+            if name in refused_imports:
+                raise refused_import(f"the sandbox refused importing {name}", name=name)
         elif event.startswith("socket."):
             refuse("network access", event)
         elif event.startswith("ctypes."):
             refuse("ctypes", event)
-        elif event in _REFUSED_EVENTS:
-            refuse(_REFUSED_EVENTS[event], event)
+        elif event in refused_events:
+            refuse(refused_events[event], event)
         elif event in ("os.kill", "os.killpg"):
             # The worker that started this program runs as the same user: one signal would end it.
             if args[0] not in (0, pid, -pid):
                 refuse("signalling another process", event)
-        elif event in _CHANGES_PATH:
+        elif event in changes_path:
             check_write(args[0], event)
-        elif event in _CHANGES_BOTH:
+        elif event in changes_both:
             check_write(args[0], event)
             check_write(args[1], event)
-        elif event in _CHANGES_SECOND:
+        elif event in changes_second:
             check_write(args[1], event)
 
     return hook
@@ -237,6 +304,7 @@ def _run(argv: list[str]) -> int:
     python = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path)
     pid = os.getpid()
     readable = (scratch, f"/proc/{pid}", *(os.path.realpath(p) for p in python if p), *_SYSTEM_READABLE)
+    readable = tuple(root.rstrip("/") or "/" for root in readable)
 
     def no_fork_exec(*args, **kwargs):
         raise SandboxRefused("the sandbox refused starting another process (_posixsubprocess.fork_exec)")
@@ -248,12 +316,16 @@ def _run(argv: list[str]) -> int:
     main.__dict__.update({"__file__": PROGRAM, "__builtins__": builtins})
     sys.modules["__main__"] = main
     sys.argv = [PROGRAM]
+    # The program may replace builtins (isinstance, BaseException, ...) that the report below uses.
+    saved_builtins, restore_builtins = dict(vars(builtins)), vars(builtins).update
+    system_exit, base_exception = SystemExit, BaseException
     sys.addaudithook(_audit_hook(scratch=scratch, readable=readable))
     try:
         exec(compile(source, PROGRAM, "exec"), main.__dict__)
-    except SystemExit:
+    except system_exit:
         raise
-    except BaseException as error:  # what the interpreter would report for any exception, with our exit code
+    except base_exception as error:  # what the interpreter would report for any exception, with our exit code
+        restore_builtins(saved_builtins)
         if isinstance(error, MemoryError):
             # Free what the program holds (its globals are this namespace), so that the report fits.
             main.__dict__.clear()
