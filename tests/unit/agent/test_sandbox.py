@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rldock.config.job import SandboxSpec
+from rldock.runtime.agent import sandbox_boot
 from rldock.runtime.agent.sandbox import Outcome, SandboxResult, _run, run_python
 
 LIMITS = SandboxSpec(cpu_seconds=1, wall_seconds=3, memory_mib=256, max_output_chars=2000)
@@ -348,3 +349,20 @@ def test_a_path_is_checked_as_the_kernel_reads_it(tmp_path, path):
     result = run(f"OUTSIDE = {str(outside)!r}\nopen({path}, 'w').write('x')")
     assert result.outcome is Outcome.REFUSED, result.text
     assert not outside.exists()
+
+
+def test_the_programs_own_streams_and_dev_null_are_writable():
+    result = run("open('/dev/stdout', 'w').write('out\\n')\nopen('/dev/null', 'w').write('gone')")
+    assert (result.outcome, result.stdout) == (Outcome.OK, "out\n"), result.text
+    # Through /proc, the descriptor of a file (one readable, in the standard library) is that file.
+    result = run("import os\nfd = os.open(os.__file__, os.O_RDONLY)\nopen(f'/proc/self/fd/{fd}', 'a')")
+    assert result.outcome is Outcome.REFUSED and "writing outside the working directory" in result.stderr
+
+
+def test_a_lower_hard_limit_of_the_worker_is_kept(tmp_path):
+    # Only root may raise a hard limit: the sandbox lowers what it can and keeps what is lower already.
+    (tmp_path / sandbox_boot.PROGRAM).write_text("import resource\nprint(*resource.getrlimit(resource.RLIMIT_NOFILE))")
+    boot = [sys.executable, *sandbox_boot.INTERPRETER_FLAGS, sandbox_boot.__file__, "start", str(tmp_path), "1", "256"]
+    command = ["/bin/sh", "-c", 'ulimit -n 32 && exec "$@"', "sh", *boot]
+    result = asyncio.run(_run(command, cwd=str(tmp_path), env={}, limits=LIMITS))
+    assert (result.outcome, result.stdout) == (Outcome.OK, "32 32\n"), result.text

@@ -35,15 +35,22 @@ def _set_limits(*, cpu_seconds: float, memory_mib: int) -> None:
     import math
     import resource
 
+    def lower(limit: int, soft: int, hard: int) -> None:
+        # Never above a hard limit the worker already has: only root may raise one.
+        _, current = resource.getrlimit(limit)
+        if current != resource.RLIM_INFINITY:
+            soft, hard = min(soft, current), min(hard, current)
+        resource.setrlimit(limit, (soft, hard))
+
+    # RLIMIT_CPU counts whole seconds. At the soft limit the kernel sends SIGXCPU (which ends a Python
+    # process); the hard limit a second later is SIGKILL, for a program that handles SIGXCPU.
     cpu = max(1, math.ceil(cpu_seconds))
-    # At the soft limit the kernel sends SIGXCPU (which ends a Python process); the hard limit one
-    # second later is SIGKILL, for a program that handles SIGXCPU.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    lower(resource.RLIMIT_CPU, cpu, cpu + 1)
     memory = memory_mib * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    lower(resource.RLIMIT_AS, memory, memory)
+    lower(resource.RLIMIT_FSIZE, MAX_FILE_BYTES, MAX_FILE_BYTES)
+    lower(resource.RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES)
+    lower(resource.RLIMIT_CORE, 0, 0)
 
 
 def _leave_network() -> bool:
@@ -162,6 +169,9 @@ def _audit_hook(*, scratch: str, readable: tuple[str, ...]):
     import stat
 
     pid = os.getpid()
+    # /dev/null, and the program's own pipes (/dev/stdout is /proc/self/fd/1, a link to `pipe:[...]`,
+    # which resolves to no file): a descriptor that is a file resolves to the file.
+    writable = (scratch, "/dev/null", f"/proc/{pid}/fd")
     refused_events = dict(_REFUSED_EVENTS)
     refused_imports, changes_path = _REFUSED_IMPORTS, _CHANGES_PATH
     changes_both, changes_second, write_flags = _CHANGES_BOTH, _CHANGES_SECOND, _WRITE_FLAGS
@@ -232,7 +242,7 @@ def _audit_hook(*, scratch: str, readable: tuple[str, ...]):
             # The hook resolves a relative path from the working directory; from a directory
             # descriptor (dir_fd=, which not every event shows) `..` could climb out of it.
             refuse("'..' in a path written to", event)
-        if not under(resolve(path, event), (scratch,)):
+        if not under(resolve(path, event), writable):
             refuse("writing outside the working directory", event)
 
     def check_read(value, event: str) -> None:
