@@ -366,3 +366,15 @@ def test_a_lower_hard_limit_of_the_worker_is_kept(tmp_path):
     command = ["/bin/sh", "-c", 'ulimit -n 32 && exec "$@"', "sh", *boot]
     result = asyncio.run(_run(command, cwd=str(tmp_path), env={}, limits=LIMITS))
     assert (result.outcome, result.stdout) == (Outcome.OK, "32 32\n"), result.text
+
+
+def test_a_sandbox_that_cannot_start_is_logged_and_a_program_cannot_fake_it(tmp_path, caplog):
+    boot = [sys.executable, *sandbox_boot.INTERPRETER_FLAGS, sandbox_boot.__file__, "start", str(tmp_path)]
+    result = asyncio.run(_run([*boot, "not-a-number", "256"], cwd=str(tmp_path), env={}, limits=LIMITS))
+    assert result.outcome is Outcome.ERROR and result.stderr.startswith(sandbox_boot.BOOT_FAILED_MESSAGE)
+    assert [record.levelname for record in caplog.records] == ["ERROR"]
+    assert "the python tool's sandbox did not start" in caplog.records[0].getMessage()
+    # The same exit from a program is its own error, never an exception in the worker.
+    caplog.clear()
+    result = run(f"import sys\nprint({sandbox_boot.BOOT_FAILED_MESSAGE!r}, file=sys.stderr)\nsys.exit(92)")
+    assert (result.outcome, result.exit_code) == (Outcome.ERROR, 92)

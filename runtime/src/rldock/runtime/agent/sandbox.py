@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import logging
 import os
 import shutil
 import signal
@@ -59,6 +60,8 @@ from pathlib import Path
 from rldock.config.job import SandboxSpec
 from rldock.runtime.agent import sandbox_boot
 
+logger = logging.getLogger(__name__)
+
 # What the child's environment holds: enough for the interpreter and common libraries, nothing of
 # the worker's. One thread per numeric library: the sandbox shares the worker's CPUs.
 _ENVIRONMENT = {
@@ -70,6 +73,7 @@ _ENVIRONMENT = {
     "MKL_NUM_THREADS": "1",
 }
 _READ_CHUNK = 65536
+_BOOT_FAILED = sandbox_boot.BOOT_FAILED_MESSAGE
 # After the group is killed, its pipes close at once; a process that left the group (only a program
 # that got past the audit hook can make one) could hold them open, so stop reading after this.
 _DRAIN_SECONDS = 5.0
@@ -123,15 +127,16 @@ class _Capture:
             self.total += len(chunk)
             room = self.keep_bytes - len(self.head)
             self.head += chunk[:room]
-            self.tail += chunk[max(room, 0) :]
+            self.tail += chunk[room:]
             del self.tail[: -self.keep_bytes]
 
     def text(self, max_chars: int) -> str:
         """The stream if it fits in max_chars characters; else its first and last max_chars/2 and a line
         saying that output was cut between them."""
-        head = self.head.decode(errors="replace")
         dropped = self.total > len(self.head) + len(self.tail)
-        tail = self.tail.decode(errors="replace") if dropped else head + self.tail.decode(errors="replace")
+        head = self.head.decode(errors="replace")
+        # Decoded as one where nothing was dropped: a character may straddle the two buffers.
+        tail = self.tail.decode(errors="replace") if dropped else (self.head + self.tail).decode(errors="replace")
         if not dropped and len(tail) <= max_chars:
             return tail
         first = max_chars // 2
@@ -156,7 +161,7 @@ def _model_text(stdout: _Capture, stderr: _Capture, outcome: Outcome, limits: Sa
 
 async def run_python(code: str, limits: SandboxSpec) -> SandboxResult:
     """Runs `code` as a program in a fresh sandboxed interpreter (the module docstring says how);
-    returns its output and outcome. Raises only for a sandbox that could not be set up."""
+    returns its output and outcome. Raises for nothing the program does."""
     scratch = tempfile.mkdtemp(prefix="rldock-sandbox-")
     try:
         Path(scratch, sandbox_boot.PROGRAM).write_text(code, encoding="utf-8")
@@ -178,8 +183,9 @@ async def run_python(code: str, limits: SandboxSpec) -> SandboxResult:
 
 def _site_packages() -> list[str]:
     """The worker's site-packages (in a virtual environment, its own and not the base interpreter's),
-    added to the child's sys.path without running their .pth files: numpy, sympy and the other
-    installed packages import, rldock's editable source trees do not."""
+    added to the child's sys.path without running their .pth files: installed packages such as numpy
+    import (not those that need ctypes, which the audit hook refuses: sympy), rldock's editable source
+    trees do not."""
     return [path for path in site.getsitepackages() if os.path.isdir(path)]
 
 
@@ -222,8 +228,10 @@ async def _run(argv: list[str], *, cwd: str, env: dict[str, str], limits: Sandbo
             reader.cancel()
     elapsed = time.monotonic() - started
     assert process.returncode is not None
-    if process.returncode == sandbox_boot.EXIT_BOOT_FAILED:
-        raise RuntimeError(f"the python tool's sandbox did not start: {stderr.text(limits.max_output_chars)}")
+    if process.returncode == sandbox_boot.EXIT_BOOT_FAILED and stderr.head.startswith(_BOOT_FAILED.encode()):
+        # Not raised: a program can exit with the same code and message, and must not stop the
+        # rollout. A sandbox that cannot start fails every call, and says so here.
+        logger.error("the python tool's sandbox did not start: %s", stderr.text(limits.max_output_chars))
     outcome = _outcome(process.returncode, timed_out=timed_out, elapsed=elapsed, limits=limits)
     return SandboxResult(
         stdout=stdout.text(limits.max_output_chars),
@@ -236,8 +244,9 @@ async def _run(argv: list[str], *, cwd: str, env: dict[str, str], limits: Sandbo
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:
     """SIGKILL to the child's process group (the child leads it: its pid is the group id), so that what
-    it started dies with it. While the child is unreaped, or while a member of its group lives, the
-    kernel gives its id to no other process or group."""
+    it started dies with it. Sent while the child is unreaped (or was reaped an instant before, when it
+    ended just at the limit) or while a member of its group lives: until then the kernel gives its id
+    to no other process or group."""
     with contextlib.suppress(ProcessLookupError):  # the group ended on its own meanwhile
         os.killpg(process.pid, signal.SIGKILL)
 

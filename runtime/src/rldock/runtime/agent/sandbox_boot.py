@@ -21,8 +21,9 @@ import sys
 # purpose is reported as that outcome; nothing else follows from it).
 EXIT_MEMORY = 90  # the program ran out of its address space (RLIMIT_AS turns that into MemoryError)
 EXIT_REFUSED = 91  # the audit hook refused something the program asked for and the program did not catch it
-EXIT_BOOT_FAILED = 92  # this script could not set the sandbox up: a bug or a broken installation, not the program
+EXIT_BOOT_FAILED = 92  # this script could not set the sandbox up (a bug, a broken installation): the parent logs it
 
+BOOT_FAILED_MESSAGE = "sandbox: could not start: "  # how stderr starts with EXIT_BOOT_FAILED
 PROGRAM = "program.py"  # in the scratch directory; the name the program's tracebacks show
 MAX_FILE_BYTES = 16 * 2**20  # RLIMIT_FSIZE: one file the program writes
 MAX_OPEN_FILES = 64  # RLIMIT_NOFILE
@@ -382,7 +383,7 @@ if __name__ == "__main__":
             _start(arguments)
         except (OSError, ValueError) as error:
             # No limit could be set or no interpreter started: the program has not run.
-            print(f"sandbox: could not start: {error!r}", file=sys.stderr)
+            print(f"{BOOT_FAILED_MESSAGE}{error!r}", file=sys.stderr)
             sys.exit(EXIT_BOOT_FAILED)
     else:
         sys.exit(_run(arguments))
