@@ -2,6 +2,7 @@
 reads, the tool's reply, the answer in the task's format) under data.demonstration_key's column, and the
 loader reads them into `Row.demonstration`, naming the file, row and column of a malformed one."""
 
+import asyncio
 import contextlib
 import io
 import json
@@ -9,7 +10,8 @@ import re
 
 import pytest
 
-from rldock.config.job import DataSpec, GeneratorSpec
+from rldock.config.job import DataSpec, GeneratorSpec, SandboxSpec
+from rldock.runtime.agent.base import ToolResult
 from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.data import Columns, columns_of, load_rows, prepare_data_files
 from rldock.runtime.data.addition import generate_addition
@@ -89,6 +91,29 @@ def test_word_problems_with_three_digit_numbers_are_solved_with_the_tool_in_gsm8
         if product := re.search(r"(\d+) \* (\d+) =", row["answer"]):
             factors |= {int(product.group(1)), int(product.group(2))}
     assert max(factors) > 900 and min(factors) < 100  # 3-digit factors drawn from 2..999
+
+
+@pytest.mark.parametrize("tool", ["python", "calculator"])
+def test_the_built_in_tool_replies_to_the_demonstrated_call_with_the_demonstrated_reply(tool):
+    """One row of each kind, 3-digit numbers: the call runs on the real tool (the python sandbox)."""
+    from rldock.runtime.agent.tools import CalculatorTool, PythonTool
+
+    tools = {"python": PythonTool(SandboxSpec()), "calculator": CalculatorTool()}
+    for operation in ("add", "subtract", "multiply", "share"):
+        spec = GeneratorSpec(
+            name="word_problems",
+            num_prompts=1,
+            operations=[operation],
+            max_number=999,
+            max_factor=999,
+            tool_demonstrations=tool,
+        )
+        (row,) = generate_word_problems(spec, seed=0).train
+        call, reply, _ = row["demonstration"]
+        (parsed,) = HermesParser().parse(call["content"]).calls
+        assert parsed.name == tool
+        assert asyncio.run(tools[tool].call(parsed.arguments)) == ToolResult(reply["content"])
+        assert reply["content"].strip() == row["answer"].split("#### ")[1]
 
 
 def test_default_word_problems_are_unchanged():
