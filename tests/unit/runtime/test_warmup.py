@@ -191,6 +191,30 @@ def test_warmup_on_demonstrations_reduces_the_loss(chat_dir, renderer, demo_data
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3
 
 
+def test_a_demonstration_longer_than_a_response_is_refused_naming_the_row(chat_dir, renderer, demo_dataset, tmp_path):
+    lengths = [len(demonstration_tokens(renderer, row.demonstration)[0]) for row in DEMO_ROWS]
+    spec = WarmupSpec(steps=1, batch_size=len(demo_dataset))
+    with pytest.raises(ValueError, match=r"demonstration of train row \d+ is \d+ tokens.*max_response_length=\d+"):
+        run_warmup(
+            chat_dir,
+            tmp_path / "w",
+            dataset=demo_dataset,
+            spec=spec,
+            seed=0,
+            conversation=renderer,
+            max_response_length=min(lengths) - 1,
+        )
+    run_warmup(
+        chat_dir,
+        tmp_path / "fits",
+        dataset=demo_dataset,
+        spec=spec,
+        seed=0,
+        conversation=renderer,
+        max_response_length=max(lengths),
+    )
+
+
 def test_demonstrations_without_the_agents_renderer_are_refused(chat_dir, demo_dataset, tmp_path):
     with pytest.raises(ValueError, match=r"data.demonstration_key.*add an agent section"):
         run_warmup(chat_dir, tmp_path / "w", dataset=demo_dataset, spec=WarmupSpec(steps=1), seed=0)

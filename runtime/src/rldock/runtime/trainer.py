@@ -108,7 +108,13 @@ def prepare_initial_policy(cfg: JobConfig, output_dir: Path, base: Path, dataset
         _write_atomically(
             warm,
             lambda tmp: run_warmup(
-                base, tmp, dataset=dataset, spec=cfg.warmup, seed=cfg.seed, conversation=conversation
+                base,
+                tmp,
+                dataset=dataset,
+                spec=cfg.warmup,
+                seed=cfg.seed,
+                conversation=conversation,
+                max_response_length=cfg.algorithm.max_response_length,
             ),
         )
     return warm

@@ -90,25 +90,33 @@ def answer_loss(model, prompts: TokenBatch, targets: TokenBatch, loss_mask: torc
     return (token_loss * mask).sum() / mask.sum().clamp(min=1)
 
 
-def _batch_targets(
-    dataset: PromptDataset,
-    positions: Sequence[int],
-    tokenizer,
-    conversation: ChatRenderer | None,
-    laid_out: dict[int, tuple[list[int], list[int]]],
-) -> tuple[TokenBatch, torch.Tensor | None]:
-    """A step's targets and loss mask: with `conversation`, the rows' demonstrations (each laid out once,
-    kept in `laid_out` by position) learnt on the model's turns; without, the answers + EOS, all learnt
-    (loss mask None)."""
-    if conversation is None:
-        answer_texts = [ex.ground_truth for ex in dataset.examples(positions)]
-        target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
-        return _answer_targets(tokenizer, answer_texts, target_len), None
-    for position, messages in zip(positions, dataset.demonstrations(positions)):
-        if position not in laid_out:
-            assert messages is not None, "the loader reads a demonstration in every row or in none"
-            laid_out[position] = demonstration_tokens(conversation, messages)
-    return demonstration_targets([laid_out[position] for position in positions], tokenizer.pad_token_id)
+class _Demonstrations:
+    """The prompt set's demonstrations as warm-up targets, each laid out once (by position) and checked to
+    fit in a rollout's response."""
+
+    def __init__(self, dataset: PromptDataset, conversation: ChatRenderer, *, pad_id: int, max_length: int | None):
+        self.dataset, self.conversation, self.pad_id, self.max_length = dataset, conversation, pad_id, max_length
+        self.laid_out: dict[int, tuple[list[int], list[int]]] = {}  # position -> demonstration_tokens
+
+    def targets(self, positions: Sequence[int]) -> tuple[TokenBatch, torch.Tensor]:
+        for position, messages in zip(positions, self.dataset.demonstrations(positions)):
+            if position not in self.laid_out:
+                assert messages is not None, "the loader reads a demonstration in every row or in none"
+                self.laid_out[position] = tokens = demonstration_tokens(self.conversation, messages)
+                if self.max_length is not None and len(tokens[0]) > self.max_length:
+                    raise ValueError(
+                        f"warmup: the demonstration of train row {self.dataset.prompt_index(position)} is "
+                        f"{len(tokens[0])} tokens after the prompt, more than algorithm.max_response_length="
+                        f"{self.max_length}, which a whole episode (the model's and the tools' tokens) fits in; "
+                        "raise it or shorten the demonstrations"
+                    )
+        return demonstration_targets([self.laid_out[position] for position in positions], self.pad_id)
+
+
+def _answer_batch(dataset: PromptDataset, positions: Sequence[int], tokenizer) -> TokenBatch:
+    answer_texts = [ex.ground_truth for ex in dataset.examples(positions)]
+    target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
+    return _answer_targets(tokenizer, answer_texts, target_len)
 
 
 def run_warmup(
@@ -120,11 +128,12 @@ def run_warmup(
     seed: int,
     device: str | torch.device = "cpu",
     conversation: ChatRenderer | None = None,
+    max_response_length: int | None = None,
 ) -> dict:
     """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the prompt set's prompts
     and ground truths, or their demonstrations where the rows carry them (`dataset` was tokenized
     with this model's tokenizer; `conversation`, the agent job's renderer, lays the demonstrations
-    out); save model and tokenizer to `model_dir_out`.
+    out, and each must fit in `max_response_length` tokens); save model and tokenizer to `model_dir_out`.
 
     Trains in float32 whatever the job's model.dtype, since the phase is short and its output is
     also the reference policy. With `spec.steps == 0` the model is copied unchanged. Deterministic
@@ -135,14 +144,17 @@ def run_warmup(
     tokenizer = load_tokenizer(model_dir_in)
     model = load_causal_lm(model_dir_in, dtype="float32", device=device)
     model.train()
+    demonstrations = None
     # The loader reads a demonstration column in every row or in none.
-    demonstrated = dataset.demonstrations([0])[0] is not None
-    if demonstrated and conversation is None:
-        raise ValueError(
-            "warmup: the train rows carry demonstrations (data.demonstration_key), which are laid out with the "
-            "agent's chat renderer; add an agent section or drop the demonstrations"
+    if dataset.demonstrations([0])[0] is not None:
+        if conversation is None:
+            raise ValueError(
+                "warmup: the train rows carry demonstrations (data.demonstration_key), which are laid out with "
+                "the agent's chat renderer; add an agent section or drop the demonstrations"
+            )
+        demonstrations = _Demonstrations(
+            dataset, conversation, pad_id=tokenizer.pad_token_id, max_length=max_response_length
         )
-    laid_out: dict[int, tuple[list[int], list[int]]] = {}  # position -> its demonstration's tokens
     sampler = PromptSampler(len(dataset), seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
     losses: list[float] = []
@@ -152,9 +164,10 @@ def run_warmup(
             positions = sampler.next_batch(spec.batch_size)
             prompt_rows = dataset.prompt_ids(positions)
             prompts = pad_prompts(prompt_rows, max(map(len, prompt_rows)), tokenizer.pad_token_id)
-            targets, loss_mask = _batch_targets(
-                dataset, positions, tokenizer, conversation if demonstrated else None, laid_out
-            )
+            if demonstrations is not None:
+                targets, loss_mask = demonstrations.targets(positions)
+            else:
+                targets, loss_mask = _answer_batch(dataset, positions, tokenizer), None
             loss = answer_loss(
                 model,
                 TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
