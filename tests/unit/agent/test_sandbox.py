@@ -5,6 +5,7 @@ unharmed: after every test a plain program still runs (the autouse fixture)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import tempfile
@@ -378,3 +379,58 @@ def test_a_sandbox_that_cannot_start_is_logged_and_a_program_cannot_fake_it(tmp_
     caplog.clear()
     result = run(f"import sys\nprint({sandbox_boot.BOOT_FAILED_MESSAGE!r}, file=sys.stderr)\nsys.exit(92)")
     assert (result.outcome, result.exit_code) == (Outcome.ERROR, 92)
+
+
+@pytest.mark.skipif(os.uname().machine not in sandbox_boot._SYSCALLS, reason="no syscall table for this machine")
+def test_the_program_runs_under_the_syscall_filter():
+    result = run("print([line for line in open('/proc/self/status') if line.startswith('Seccomp:')][0].split()[1])")
+    assert (result.outcome, result.stdout) == (Outcome.OK, "2\n"), result.text  # 2: SECCOMP_MODE_FILTER
+
+
+_FILTERED = """
+import errno, os, socket, threading
+from rldock.runtime.agent import sandbox_boot
+
+def attempt(call):
+    try:
+        call()
+    except OSError as error:
+        return errno.errorcode[error.errno]
+    return "allowed"
+
+print("installed", sandbox_boot._restrict_syscalls())
+print("fork", attempt(os.fork))
+print("posix_spawn", attempt(lambda: os.posix_spawn("/bin/true", ["true"], {})))
+print("socket", attempt(socket.socket))
+print("signal the parent", attempt(lambda: os.kill(os.getppid(), 0)))
+print("signal itself", attempt(lambda: os.kill(os.getpid(), 0)))
+thread = threading.Thread(target=print, args=("a thread runs",))
+thread.start()
+thread.join()
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in sandbox_boot._SYSCALLS, reason="no syscall table for this machine")
+def test_the_syscall_filter_holds_without_the_audit_hook(tmp_path):
+    # What a program that got past the audit hook meets: a plain interpreter with only the filter.
+    result = asyncio.run(_run([sys.executable, "-c", _FILTERED], cwd=str(tmp_path), env={}, limits=LIMITS))
+    assert result.stdout.splitlines() == [
+        "installed True",
+        "fork EPERM",
+        "posix_spawn EPERM",
+        "socket EPERM",
+        "signal the parent EPERM",
+        "signal itself allowed",
+        "a thread runs",
+    ], result.text
+
+
+@pytest.mark.parametrize("machine", sorted(sandbox_boot._SYSCALLS))
+def test_the_syscall_filter_is_a_valid_program(machine):
+    program = sandbox_boot._syscall_filter(machine, 4242)
+    assert program is not None and len(program) < 64
+    for at, (code, true, false, _) in enumerate(program):
+        if code & 0x07 == 0x05:  # a jump: forward (classic BPF cannot jump back) and inside the program
+            assert min(true, false) >= 0 and at + 1 + max(true, false) < len(program)
+    assert program[-1][0] == 0x06  # it ends with a return
+    assert sandbox_boot._syscall_filter("sparc64", 4242) is None

@@ -21,6 +21,12 @@ would cost the rollout). Its layers, and where each holds:
   Holds where unshare is allowed (as root with CAP_SYS_ADMIN, or where unprivileged user namespaces
   are); in a pod under the restricted Pod Security Standard (all capabilities dropped), the
   RuntimeDefault seccomp profile refuses unshare and the child carries on without the namespace.
+- A seccomp filter the child installs on itself (agent/sandbox_boot.py `_syscall_filter`), which the
+  kernel applies whatever the program does in the interpreter: socket(2), creating processes (fork,
+  vfork, clone without CLONE_THREAD: threads stay allowed), signals to other processes, and reaching
+  another process's memory (ptrace, process_vm_*) fail with EPERM. Holds wherever a process may install
+  a filter with no_new_privs (no privilege needed; RuntimeDefault allows it) on x86_64 and aarch64; on
+  other machines, or where prctl is refused, the child carries on without it.
 - An audit hook (sys.addaudithook), installed in the child before the program's first line, which
   always applies: it refuses sockets and name lookups, starting processes (fork, exec, spawn,
   subprocess, os.system), ctypes and the modules that reach C or start processes without audit events
@@ -34,8 +40,9 @@ would cost the rollout). Its layers, and where each holds:
   what programs ordinarily do, not a security boundary (Python's documentation says as much): a
   program written to defeat it gets past it, e.g. with a path object whose __fspath__ answers the
   hook and the call differently, or with crafted bytecode loaded by marshal. Against such programs,
-  run the tool in a separate sandbox service: past the hook, what remains is the kernel's limits
-  above and the pod's own isolation (the restricted Pod Security Standard).
+  run the tool in a separate sandbox service: past the hook, what remains is the kernel's layers
+  above (no processes, sockets or signals where the filter is installed; files are then the pod's to
+  guard, under the restricted Pod Security Standard).
 
 Outcomes (`Outcome`): ok, error (nonzero exit or an exception), cpu_limit, memory_limit, wall_limit,
 refused (the audit hook refused something and the program did not catch it).

@@ -3,10 +3,11 @@ itself, then runs the program. Standard library only, and nothing runs on import
 runs it has no site-packages of its own and cannot import rldock.
 
 Two stages in one process:
-  `start`  sets the resource limits, tries to leave the network (a new network namespace), then
-           re-executes a fresh interpreter as `run`. The re-exec keeps the pid, the process group, the
-           limits and the namespace, and drops ctypes (which `start` needs for unshare(2)): a program
-           that found a loaded ctypes could write memory with no audit event.
+  `start`  sets the resource limits, tries to leave the network (a new network namespace) and to
+           install the seccomp filter, then re-executes a fresh interpreter as `run`. The re-exec
+           keeps the pid, the process group, the limits, the namespace and the filter, and drops
+           ctypes (which `start` needs for unshare(2) and prctl(2)): a program that found a loaded
+           ctypes could write memory with no audit event.
   `run`    installs the audit hook, then runs program.py from the scratch directory as `__main__`.
 
 Usage: sandbox_boot.py start|run <scratch dir> <cpu seconds> <memory MiB> <site-packages dir>...
@@ -68,6 +69,128 @@ def _leave_network() -> bool:
     return any(libc.unshare(flags) == 0 for flags in (_CLONE_NEWUSER | _CLONE_NEWNET, _CLONE_NEWNET))
 
 
+# Syscall numbers of the filter below, per machine (os.uname().machine); AUDIT_ARCH_* of each.
+_SYSCALLS = {
+    "x86_64": (
+        0xC000003E,
+        {
+            "socket": 41,
+            "fork": 57,
+            "vfork": 58,
+            "clone": 56,
+            "clone3": 435,
+            "kill": 62,
+            "tkill": 200,
+            "tgkill": 234,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "pidfd_send_signal": 424,
+        },
+    ),
+    # The generic table (asm-generic/unistd.h): no fork or vfork, processes come from clone.
+    "aarch64": (
+        0xC00000B7,
+        {
+            "socket": 198,
+            "clone": 220,
+            "clone3": 435,
+            "kill": 129,
+            "tkill": 130,
+            "tgkill": 131,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "pidfd_send_signal": 424,
+        },
+    ),
+}
+_EPERM, _ENOSYS = 1, 38
+_CLONE_THREAD = 0x00010000
+
+
+def _syscall_filter(machine: str, pid: int) -> list[tuple[int, int, int, int]] | None:
+    """A seccomp BPF program (code, jump if true, jump if false, k) that fails with EPERM: socket(2),
+    creating a process (fork, vfork, clone without CLONE_THREAD: threads stay allowed), signals to any
+    process but this one, and reaching another process's memory (ptrace, process_vm_*). clone3 fails
+    with ENOSYS, which makes the C library fall back on clone, whose flags the filter can read.
+    Syscalls of another ABI (i386, x32 on x86_64) fail with ENOSYS. None for a machine not listed."""
+    if machine not in _SYSCALLS:
+        return None
+    arch, numbers = _SYSCALLS[machine]
+    load, jump_equal, jump_above_or_equal, jump_set, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    nr, arch_offset, first_argument = 0, 4, 16  # offsets in struct seccomp_data (the low half of args[0])
+    denied = (
+        "socket",
+        "fork",
+        "vfork",
+        "tkill",
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "pidfd_send_signal",
+    )
+    # Jumps name their targets; they are resolved into offsets once the program is laid out.
+    program: list[tuple[int, int | str, int | str, int]] = [
+        (load, 0, 0, arch_offset),
+        (jump_equal, 0, "nosys", arch),
+        (load, 0, 0, nr),
+        (jump_above_or_equal, "nosys", 0, 0x40000000),  # x32 numbers on x86_64; none exist elsewhere
+        *((jump_equal, "deny", 0, numbers[name]) for name in denied if name in numbers),
+        (jump_equal, "nosys", 0, numbers["clone3"]),
+        (jump_equal, "clone", 0, numbers["clone"]),
+        (jump_equal, "kill", 0, numbers["kill"]),
+        (jump_equal, "tgkill", 0, numbers["tgkill"]),
+        (ret, 0, 0, 0x7FFF0000),
+    ]
+    labels = {"clone": len(program)}
+    program += [(load, 0, 0, first_argument), (jump_set, "allow", "deny", _CLONE_THREAD)]
+    labels["kill"] = len(program)
+    program += [
+        (load, 0, 0, first_argument),
+        (jump_equal, "allow", 0, pid),
+        (jump_equal, "allow", 0, 0),  # this process's group, which is only this process
+        (jump_equal, "allow", "deny", -pid & 0xFFFFFFFF),
+    ]
+    labels["tgkill"] = len(program)
+    program += [(load, 0, 0, first_argument), (jump_equal, "allow", "deny", pid)]
+    labels.update(allow=len(program), deny=len(program) + 1, nosys=len(program) + 2)
+    program += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | _EPERM), (ret, 0, 0, 0x00050000 | _ENOSYS)]
+
+    def offset(target: int | str, at: int) -> int:
+        return target if isinstance(target, int) else labels[target] - at - 1
+
+    return [(code, offset(true, at), offset(false, at), k) for at, (code, true, false, k) in enumerate(program)]
+
+
+def _restrict_syscalls() -> bool:
+    """Installs `_syscall_filter` (seccomp, which needs no privilege once no_new_privs is set; the
+    restricted Pod Security Standard sets it anyway). It holds for this process and what it executes,
+    whatever the program does to the audit hook. Returns whether it was installed: not on a machine
+    the filter does not know, nor where prctl is refused; the audit hook then stands alone."""
+    program = _syscall_filter(os.uname().machine, os.getpid())
+    if program is None:
+        return False
+    try:
+        import ctypes
+    except ImportError:
+        return False
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    instructions = (SockFilter * len(program))(*(SockFilter(*instruction) for instruction in program))
+    fprog = SockFprog(len(program), instructions)
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) == 0
+
+
 # Isolated (no PYTHON* variables, no user site, no script directory on sys.path), no site (no .pth file
 # runs), no .pyc written, unbuffered (what a killed program printed is not lost), UTF-8 streams.
 INTERPRETER_FLAGS = ("-I", "-S", "-B", "-u", "-X", "utf8")
@@ -77,6 +200,7 @@ def _start(argv: list[str]) -> None:
     """Limits this process, then becomes the `run` stage (os.execv does not return)."""
     _set_limits(cpu_seconds=float(argv[1]), memory_mib=int(argv[2]))
     _leave_network()
+    _restrict_syscalls()
     os.execv(sys.executable, [sys.executable, *INTERPRETER_FLAGS, __file__, "run", *argv])
 
 
