@@ -52,6 +52,7 @@ from rldock.runtime.data import (
     load_rows,
     prepare_data_files,
     tokenizer_corpus,
+    val_columns,
 )
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDock
@@ -674,7 +675,7 @@ def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> E
     reward terms to score them; None when evaluation is off."""
     if cfg.evaluation.interval == 0:
         return None
-    rows = load_rows(val_files, columns_of(cfg.data), field="data.val_files")
+    rows = load_rows(val_files, val_columns(cfg.data), field="data.val_files")
     dataset = PromptDataset(
         rows,
         tokenizer=tokenizer,

@@ -13,9 +13,10 @@ import pytest
 from rldock.config.job import DataSpec, GeneratorSpec, SandboxSpec
 from rldock.runtime.agent.base import ToolResult
 from rldock.runtime.agent.parsers import HermesParser
-from rldock.runtime.data import Columns, columns_of, load_rows, prepare_data_files
+from rldock.runtime.data import Columns, columns_of, load_rows, prepare_data_files, val_columns
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.data.demonstrations import tool_call_text, tool_demonstration
+from rldock.runtime.data.probe import data_file_problems
 from rldock.runtime.data.word_problems import generate_word_problems
 
 
@@ -207,3 +208,18 @@ def test_a_missing_demonstration_column_names_the_key(tmp_path):
     path.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
     with pytest.raises(ValueError, match=r"none.jsonl: no column 'demo'"):
         load_rows([path], Columns(prompt="prompt", answer="answer", demonstration="demo"))
+
+
+def test_only_the_train_files_need_the_demonstration_column(tmp_path):
+    """The warm-up reads the train rows' demonstrations; held-out files without them load and pass preflight."""
+    demo = [{"role": "assistant", "content": "3"}]
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train.write_text(json.dumps({"prompt": "1+2=", "answer": "3", "demo": demo}) + "\n")
+    val.write_text(json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
+    spec = DataSpec(train_files=[str(train)], val_files=[str(val)], demonstration_key="demo")
+    assert data_file_problems(spec) == []
+    assert load_rows([val], val_columns(spec), field="data.val_files")[0].demonstration is None
+    with pytest.raises(ValueError, match=r"val.jsonl: no column 'demo'"):
+        load_rows([val], columns_of(spec))
+    (problem,) = data_file_problems(DataSpec(train_files=[str(val)], demonstration_key="demo"))
+    assert problem.path == "data.demonstration_key" and "data.train_files[0]" in problem.message

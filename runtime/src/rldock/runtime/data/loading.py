@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rldock.config.job import DataSpec
@@ -64,6 +64,12 @@ def columns_of(spec: DataSpec) -> Columns:
         pairs_required=spec.chosen_key is not None,
         demonstration=spec.demonstration_key,
     )
+
+
+def val_columns(spec: DataSpec) -> Columns:
+    """What to read of the validation files: the train files' columns but the demonstrations, which only
+    the warm-up reads (on the train rows), so held-out files need not carry them."""
+    return replace(columns_of(spec), demonstration=None)
 
 
 def load_rows(files: Sequence[str | Path], columns: Columns, *, field: str = "data.train_files") -> list[Row]:

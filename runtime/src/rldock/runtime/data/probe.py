@@ -14,7 +14,7 @@ from typing import Any
 
 from rldock.config import DataSpec, Problem
 from rldock.runtime.data.keys import MissingKey, read_key
-from rldock.runtime.data.loading import BUILDERS, columns_of
+from rldock.runtime.data.loading import BUILDERS, columns_of, val_columns
 
 # Each key the loader reads, as (the Columns attribute, the data section's field naming it).
 KEY_FIELDS = (
@@ -24,6 +24,7 @@ KEY_FIELDS = (
     ("extra_info", "data.extra_info_key"),
     ("chosen", "data.chosen_key"),
     ("rejected", "data.rejected_key"),
+    ("demonstration", "data.demonstration_key"),
 )
 
 
@@ -101,10 +102,12 @@ def data_file_problems(spec: DataSpec) -> list[Problem]:
     Run after the path checks (preflight), so each file exists."""
     if spec.generator is not None:
         return []
-    columns = columns_of(spec)
-    wanted = [(getattr(columns, name), field) for name, field in KEY_FIELDS if getattr(columns, name) is not None]
     problems = []
-    for list_field, files in (("data.train_files", spec.train_files), ("data.val_files", spec.val_files)):
+    for list_field, files, columns in (
+        ("data.train_files", spec.train_files, columns_of(spec)),
+        ("data.val_files", spec.val_files, val_columns(spec)),
+    ):
+        wanted = [(getattr(columns, name), field) for name, field in KEY_FIELDS if getattr(columns, name) is not None]
         for index, name in enumerate(files):
             problems.extend(_file_problems(Path(name).expanduser(), f"{list_field}[{index}]", wanted))
     return problems
