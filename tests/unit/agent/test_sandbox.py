@@ -1,6 +1,7 @@
 """The python tool's sandbox, with real interpreter processes: each limit stops its program and says
-so, the audit hook refuses network, processes and files outside, and the caller (the worker) is
-unharmed: after every test a plain program still runs (the autouse fixture)."""
+so, the audit hook refuses network, processes and files outside, the seccomp filter holds without the
+hook, and the caller (the worker) is unharmed: after every test a plain program still runs (the
+autouse fixture)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def sandbox_still_works():
 
 
 def wait_until_dead(pid: int, timeout_s: float = 30.0) -> None:
-    """Returns once `pid` has exited (gone, or a zombie nobody reaps: no PID 1 in a container has to)."""
+    """Returns once `pid` has exited: gone, or a zombie (a container's PID 1 may never reap it)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -385,6 +386,9 @@ def test_a_sandbox_that_cannot_start_is_logged_and_a_program_cannot_fake_it(tmp_
 def test_the_program_runs_under_the_syscall_filter():
     result = run("print([line for line in open('/proc/self/status') if line.startswith('Seccomp:')][0].split()[1])")
     assert (result.outcome, result.stdout) == (Outcome.OK, "2\n"), result.text  # 2: SECCOMP_MODE_FILTER
+    # Threads are not processes: they stay allowed.
+    result = run("import threading\nthread = threading.Thread(target=print, args=('a thread',))\nthread.start()")
+    assert (result.outcome, result.stdout) == (Outcome.OK, "a thread\n"), result.text
 
 
 _FILTERED = """
