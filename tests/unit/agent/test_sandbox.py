@@ -392,7 +392,7 @@ def test_the_program_runs_under_the_syscall_filter():
 
 
 _FILTERED = """
-import errno, os, socket, threading
+import errno, os, signal, socket, threading
 from rldock.runtime.agent import sandbox_boot
 
 def attempt(call):
@@ -408,6 +408,8 @@ print("posix_spawn", attempt(lambda: os.posix_spawn("/bin/true", ["true"], {})))
 print("socket", attempt(socket.socket))
 print("signal the parent", attempt(lambda: os.kill(os.getppid(), 0)))
 print("signal itself", attempt(lambda: os.kill(os.getpid(), 0)))
+print("signal its own thread", attempt(lambda: signal.pthread_kill(threading.get_ident(), 0)))
+print("pidfd of the parent", attempt(lambda: os.pidfd_open(os.getppid())))
 thread = threading.Thread(target=print, args=("a thread runs",))
 thread.start()
 thread.join()
@@ -425,12 +427,17 @@ def test_the_syscall_filter_holds_without_the_audit_hook(tmp_path):
         "socket EPERM",
         "signal the parent EPERM",
         "signal itself allowed",
+        "signal its own thread allowed",
+        "pidfd of the parent EPERM",
         "a thread runs",
     ], result.text
 
 
 @pytest.mark.parametrize("machine", sorted(sandbox_boot._SYSCALLS))
 def test_the_syscall_filter_is_a_valid_program(machine):
+    _, numbers = sandbox_boot._SYSCALLS[machine]
+    needed = {*sandbox_boot._DENIED, *sandbox_boot._SIGNAL_OWN_PROCESS, "clone", "clone3", "kill"}
+    assert needed - set(numbers) <= {"fork", "vfork"}  # the generic table has neither
     program = sandbox_boot._syscall_filter(machine, 4242)
     assert program is not None and len(program) < 64
     for at, (code, true, false, _) in enumerate(program):

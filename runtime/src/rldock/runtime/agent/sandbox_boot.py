@@ -69,78 +69,97 @@ def _leave_network() -> bool:
     return any(libc.unshare(flags) == 0 for flags in (_CLONE_NEWUSER | _CLONE_NEWNET, _CLONE_NEWNET))
 
 
-# Syscall numbers of the filter below, per machine (os.uname().machine); AUDIT_ARCH_* of each.
+# Syscall numbers of the filter below, per machine (os.uname().machine), with its AUDIT_ARCH_*; the
+# numbers from 424 on are the same on every machine.
+_UNIFIED_SYSCALLS = {
+    "pidfd_send_signal": 424,
+    "io_uring_setup": 425,  # its operations include socket and connect, which the filter would not see
+    "pidfd_open": 434,
+    "clone3": 435,
+    "pidfd_getfd": 438,
+    "process_madvise": 440,
+}
 _SYSCALLS = {
     "x86_64": (
         0xC000003E,
         {
             "socket": 41,
+            "clone": 56,
             "fork": 57,
             "vfork": 58,
-            "clone": 56,
-            "clone3": 435,
             "kill": 62,
+            "ptrace": 101,
+            "rt_sigqueueinfo": 129,
             "tkill": 200,
             "tgkill": 234,
-            "ptrace": 101,
+            "rt_tgsigqueueinfo": 297,
             "process_vm_readv": 310,
             "process_vm_writev": 311,
-            "pidfd_send_signal": 424,
+            **_UNIFIED_SYSCALLS,
         },
     ),
     # The generic table (asm-generic/unistd.h): no fork or vfork, processes come from clone.
     "aarch64": (
         0xC00000B7,
         {
-            "socket": 198,
-            "clone": 220,
-            "clone3": 435,
+            "ptrace": 117,
             "kill": 129,
             "tkill": 130,
             "tgkill": 131,
-            "ptrace": 117,
+            "rt_sigqueueinfo": 138,
+            "socket": 198,
+            "clone": 220,
+            "rt_tgsigqueueinfo": 240,
             "process_vm_readv": 270,
             "process_vm_writev": 271,
-            "pidfd_send_signal": 424,
+            **_UNIFIED_SYSCALLS,
         },
     ),
 }
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
+# Fail with EPERM whatever their arguments: sockets, new processes, other processes' memory, signals
+# by thread id alone or through a pidfd.
+_DENIED = (
+    "socket",
+    "fork",
+    "vfork",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "process_madvise",
+    "tkill",
+    "pidfd_open",
+    "pidfd_getfd",
+    "pidfd_send_signal",
+    "io_uring_setup",
+)
+# Signals whose first argument is the target's process (thread group) id: allowed to this process only.
+_SIGNAL_OWN_PROCESS = ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 
 
 def _syscall_filter(machine: str, pid: int) -> list[tuple[int, int, int, int]] | None:
-    """A seccomp BPF program (code, jump if true, jump if false, k) that fails with EPERM: socket(2),
-    creating a process (fork, vfork, clone without CLONE_THREAD: threads stay allowed), signals to any
-    process but this one, and reaching another process's memory (ptrace, process_vm_*). clone3 fails
-    with ENOSYS, which makes the C library fall back on clone, whose flags the filter can read.
-    Syscalls of another ABI (i386, x32 on x86_64) fail with ENOSYS. None for a machine not listed."""
+    """A seccomp BPF program (code, jump if true, jump if false, k): `_DENIED` fail with EPERM, and so
+    do clone without CLONE_THREAD (a process; threads stay allowed) and signals to any process but this
+    one. clone3 fails with ENOSYS, which makes the C library fall back on clone, whose flags the filter
+    can read. Syscalls of another ABI (i386, x32 on x86_64) fail with ENOSYS. None for a machine not
+    listed in _SYSCALLS."""
     if machine not in _SYSCALLS:
         return None
     arch, numbers = _SYSCALLS[machine]
     load, jump_equal, jump_above_or_equal, jump_set, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     nr, arch_offset, first_argument = 0, 4, 16  # offsets in struct seccomp_data (the low half of args[0])
-    denied = (
-        "socket",
-        "fork",
-        "vfork",
-        "tkill",
-        "ptrace",
-        "process_vm_readv",
-        "process_vm_writev",
-        "pidfd_send_signal",
-    )
     # Jumps name their targets; they are resolved into offsets once the program is laid out.
     program: list[tuple[int, int | str, int | str, int]] = [
         (load, 0, 0, arch_offset),
         (jump_equal, 0, "nosys", arch),
         (load, 0, 0, nr),
         (jump_above_or_equal, "nosys", 0, 0x40000000),  # x32 numbers on x86_64; none exist elsewhere
-        *((jump_equal, "deny", 0, numbers[name]) for name in denied if name in numbers),
+        *((jump_equal, "deny", 0, numbers[name]) for name in _DENIED if name in numbers),
         (jump_equal, "nosys", 0, numbers["clone3"]),
         (jump_equal, "clone", 0, numbers["clone"]),
         (jump_equal, "kill", 0, numbers["kill"]),
-        (jump_equal, "tgkill", 0, numbers["tgkill"]),
+        *((jump_equal, "own", 0, numbers[name]) for name in _SIGNAL_OWN_PROCESS),
         (ret, 0, 0, 0x7FFF0000),
     ]
     labels = {"clone": len(program)}
@@ -152,7 +171,7 @@ def _syscall_filter(machine: str, pid: int) -> list[tuple[int, int, int, int]] |
         (jump_equal, "allow", 0, 0),  # this process's group, which is only this process
         (jump_equal, "allow", "deny", -pid & 0xFFFFFFFF),
     ]
-    labels["tgkill"] = len(program)
+    labels["own"] = len(program)
     program += [(load, 0, 0, first_argument), (jump_equal, "allow", "deny", pid)]
     labels.update(allow=len(program), deny=len(program) + 1, nosys=len(program) + 2)
     program += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | _EPERM), (ret, 0, 0, 0x00050000 | _ENOSYS)]
