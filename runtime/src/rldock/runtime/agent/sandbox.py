@@ -23,10 +23,11 @@ would cost the rollout). Its layers, and where each holds:
   RuntimeDefault seccomp profile refuses unshare and the child carries on without the namespace.
 - A seccomp filter the child installs on itself (agent/sandbox_boot.py `_syscall_filter`), which the
   kernel applies whatever the program does in the interpreter: socket(2), creating processes (fork,
-  vfork, clone without CLONE_THREAD: threads stay allowed), signals to other processes, and reaching
-  another process's memory (ptrace, process_vm_*) fail with EPERM. Holds wherever a process may install
-  a filter with no_new_privs (no privilege needed; RuntimeDefault allows it) on x86_64 and aarch64; on
-  other machines, or where prctl is refused, the child carries on without it.
+  vfork, clone without CLONE_THREAD: threads stay allowed), signals to other processes, pidfds,
+  io_uring, and reaching another process's memory (ptrace, process_vm_*) fail with EPERM. Holds
+  wherever a process may install a filter with no_new_privs (no privilege needed; RuntimeDefault
+  allows it) on x86_64 and aarch64; on other machines, or where prctl is refused, the child carries on
+  without it.
 - An audit hook (sys.addaudithook), installed in the child before the program's first line, which
   always applies: it refuses sockets and name lookups, starting processes (fork, exec, spawn,
   subprocess, os.system), ctypes and the modules that reach C or start processes without audit events
