@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from rldock.runtime.agent.rollout import Episode
+from rldock.runtime.agent.rollout import MALFORMED, UNKNOWN, Episode
 
 
 def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
@@ -61,6 +61,7 @@ def agent_metrics(sums: Sequence[dict[str, float]]) -> dict[str, dict[str, float
     for name in tools:
         section[f"calls/{name}"] = total[f"calls/{name}"]
         section[f"errors/{name}"] = total[f"errors/{name}"]
-        section[f"latency_s/{name}"] = total[f"seconds/{name}"] / max(total[f"calls/{name}"], 1)
+        if name not in (MALFORMED, UNKNOWN):  # calls that reached no tool took no time
+            section[f"latency_s/{name}"] = total[f"seconds/{name}"] / max(total[f"calls/{name}"], 1)
     section.update({key: total[key] for key in sorted(total) if key.startswith("ended/")})
     return {"agent": section}
