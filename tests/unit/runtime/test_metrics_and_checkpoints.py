@@ -177,7 +177,10 @@ def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, monkey
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
     agent = {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_errors_mean": 0.25}
-    records = [{"iteration": 1, **base, "agent": agent}, {"iteration": 2, **base, "agent": {**agent, "turns_mean": 3.0}}]
+    records = [
+        {"iteration": 1, **base, "agent": agent},
+        {"iteration": 2, **base, "agent": {**agent, "turns_mean": 3.0}},
+    ]
     plot_progress(records, tmp_path / "progress.png")
     panel = next(ax for ax in saved[0].axes if ax.get_ylabel() == "per episode")
     lines = {line.get_label(): list(line.get_ydata()) for line in panel.lines}
