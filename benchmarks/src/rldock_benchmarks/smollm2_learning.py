@@ -166,10 +166,11 @@ def compare(trained: dict[str, Any], control: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=EXAMPLE)
-    parser.add_argument("--output", type=Path, default=Path("runs/smollm2-learning"))
+def arguments(description: str, *, config: Path, output: Path) -> argparse.ArgumentParser:
+    """The options of a benchmark that runs an example in several arms (this one, agent_learning)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", type=Path, default=config)
+    parser.add_argument("--output", type=Path, default=output)
     parser.add_argument("--iterations", type=int, default=None, help="default: the config's")
     parser.add_argument(
         "--set",
@@ -177,8 +178,13 @@ def main(argv: list[str] | None = None) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="more overrides for both arms, e.g. evaluation.max_prompts=8",
+        help="more overrides for every arm, e.g. evaluation.max_prompts=8",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments(__doc__.splitlines()[0], config=EXAMPLE, output=Path("runs/smollm2-learning"))
     args = parser.parse_args(argv)
     started = time.perf_counter()
     model = prepare_model()
