@@ -55,7 +55,9 @@ class Tool(ABC):
         """Run the tool on the arguments the model wrote (a JSON object, not yet checked)."""
 
     def close(self) -> None:
-        """Free what the tool holds (processes, connections); called once when the rollout ends."""
+        """Free what the tool holds (processes, connections), where rldock discards the tool before its
+        process ends (the driver builds the tools once to read their schemas); an actor's tools live as
+        long as its process, which Ray ends with the job."""
         return  # most tools hold nothing
 
 
@@ -92,7 +94,7 @@ class Environment(ABC):
         """`final_text`: the model's last turn, decoded; `turn`: model turns so far (1 after the first)."""
 
     def close(self) -> None:
-        """Free what the environment holds; called once when the rollout ends."""
+        """Free what the environment holds, where rldock discards it before its process ends (as `Tool.close`)."""
         return  # most environments hold nothing
 
 
