@@ -36,6 +36,7 @@ from rldock_benchmarks.smollm2_learning import (
     prepare_data,
     prepare_model,
     read_records,
+    report,
     summarise,
     train,
 )
@@ -125,16 +126,8 @@ def main(argv: list[str] | None = None) -> None:
             f"tool calls {arms[label]['val_tool_calls_start']:.2f} -> {arms[label]['val_tool_calls_end']:.2f} "
             f"in {seconds:.0f} s"
         )
-    report = {
-        "config": str(args.config),
-        "model": str(model),
-        "data": data,
-        "overrides": overrides,
-        **arms,
-        **(margins(arms) if set(ARMS) <= set(arms) else {}),
-        "seconds": time.perf_counter() - started,
-    }
-    print(json.dumps(report, indent=2))
+    results = {**arms, **(margins(arms) if set(ARMS) <= set(arms) else {})}
+    print(json.dumps(report(args.config, model, data, overrides, started, results), indent=2))
 
 
 if __name__ == "__main__":

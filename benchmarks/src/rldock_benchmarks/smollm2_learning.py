@@ -101,7 +101,7 @@ def train(config: Path, output: Path, overrides: list[str], *, label: str) -> fl
     output.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with (
-        (output / "train.log").open("a") as train_log,
+        (output / "train.log").open("a", buffering=1) as train_log,  # line-buffered: readable while it runs
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as job,
     ):
         for line in job.stdout:
@@ -183,6 +183,20 @@ def arguments(description: str, *, config: Path, output: Path) -> argparse.Argum
     return parser
 
 
+def report(
+    config: Path, model: Path, data: dict[str, list[str]], overrides: list[str], started: float, results: dict
+) -> dict[str, Any]:
+    """A benchmark's JSON document: what it ran on, its results, and its seconds since `started`."""
+    return {
+        "config": str(config),
+        "model": str(model),
+        "data": data,
+        "overrides": overrides,
+        **results,
+        "seconds": time.perf_counter() - started,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = arguments(__doc__.splitlines()[0], config=EXAMPLE, output=Path("runs/smollm2-learning"))
     args = parser.parse_args(argv)
@@ -199,15 +213,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{label}: val accuracy {arms[label]['val_accuracy_start']:.3f} -> "
             f"{arms[label]['val_accuracy_end']:.3f} in {seconds:.0f} s"
         )
-    report = {
-        "config": str(args.config),
-        "model": str(model),
-        "data": data,
-        "overrides": overrides,
-        **compare(arms["trained"], arms["learning_rate_0"]),
-        "seconds": time.perf_counter() - started,
-    }
-    print(json.dumps(report, indent=2))
+    print(
+        json.dumps(
+            report(args.config, model, data, overrides, started, compare(arms["trained"], arms["learning_rate_0"])),
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

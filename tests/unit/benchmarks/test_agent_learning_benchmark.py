@@ -10,7 +10,7 @@ import pytest
 
 from rldock.config.loading import load_job_config
 from rldock_benchmarks.agent_learning import ARMS, DATA_ARGS, EXAMPLE, arm_overrides, margins, tool_use, warmup_seconds
-from rldock_benchmarks.smollm2_learning import job_overrides
+from rldock_benchmarks.smollm2_learning import job_overrides, report
 
 DATA = {"train": ["/d/train.jsonl"], "val": ["/d/val.jsonl"]}
 
@@ -79,3 +79,9 @@ def test_the_control_starts_from_the_tools_arms_warmup_once_that_arm_has_run():
         "warmup.steps=0",
     ]
     assert arm_overrides("no_tools", Path("/o"), {"tools": {}}) == ARMS["no_tools"]
+
+
+def test_the_report_names_what_ran_beside_the_results():
+    document = report(EXAMPLE, Path("/m"), DATA, ["x=1"], 0.0, {"tools": {"a": 1}, "final_margin_vs_no_tools": 0.5})
+    assert document["config"] == str(EXAMPLE) and document["model"] == "/m" and document["overrides"] == ["x=1"]
+    assert document["tools"] == {"a": 1} and document["final_margin_vs_no_tools"] == 0.5 and document["seconds"] > 0
