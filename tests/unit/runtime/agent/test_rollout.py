@@ -250,3 +250,13 @@ def test_an_environment_that_does_not_answer_in_time_ends_the_episode(tokenizer)
     loop = make_loop(tokenizer, engine, [], environment=Stuck(), tool_timeout_s=0.05)
     (episode,) = run(loop, tokenizer, 1, contexts=[EpisodeContext("3", "test")])
     assert (episode.turns, episode.ended) == (1, "environment_timeout")
+
+
+def test_an_engine_that_drops_a_request_fails_the_rollout_instead_of_hanging(tokenizer):
+    class Dropping(ScriptedEngine):
+        def has_unfinished(self) -> bool:
+            return False  # as if the engine had aborted every queued request
+
+    loop = make_loop(tokenizer, Dropping(tokenizer, {0: ["4"]}), [])
+    with pytest.raises(RuntimeError, match="without answering 1 turn request"):
+        run(loop, tokenizer, 1)

@@ -152,8 +152,10 @@ class AgentLoop:
                     if pending is not None:
                         out[asyncio.run_coroutine_threadsafe(pending, self._loop)] = index
                 ready = [future for future in out if future.done()]
-            else:  # nothing to generate until a tool answers
+            elif out:  # nothing to generate until a tool answers
                 ready = list(concurrent.futures.wait(out, return_when=concurrent.futures.FIRST_COMPLETED).done)
+            else:  # the engine dropped a request without finishing it: fail, rather than wait forever
+                raise RuntimeError(f"the rollout engine finished without answering {len(requests)} turn request(s)")
             again = [out[future] for future in ready if self._after_answers(episodes[out[future]], future.result())]
             for future in ready:
                 del out[future]
