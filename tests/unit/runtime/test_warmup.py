@@ -255,10 +255,9 @@ def test_the_trainer_warms_an_agent_job_up_on_its_demonstrations(chat_dir, tmp_p
     cfg = parse_job_config(data)
     tokenizer = load_tokenizer(chat_dir)
     rows = load_rows([train], columns_of(cfg.data))
-    dataset = PromptDataset(
-        rows, tokenizer=tokenizer, spec=cfg.data, max_prompt_length=64, conversation=job_conversation(cfg, tokenizer)
-    )
-    warm = prepare_initial_policy(cfg, tmp_path / "out", chat_dir, dataset)
+    conversation = job_conversation(cfg, tokenizer)
+    dataset = PromptDataset(rows, tokenizer=tokenizer, spec=cfg.data, max_prompt_length=64, conversation=conversation)
+    warm = prepare_initial_policy(cfg, tmp_path / "out", chat_dir, dataset, conversation=conversation)
     assert warm == tmp_path / "out" / "warmup"
     assert not all(
         torch.equal(a, b) for a, b in zip(load_causal_lm(warm).parameters(), load_causal_lm(chat_dir).parameters())

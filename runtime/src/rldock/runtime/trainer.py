@@ -40,6 +40,7 @@ from rldock.contract.placement import PlacementPlan
 from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
+from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.sampler import job_conversation
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.bookkeeping import Bookkeeper
@@ -97,15 +98,17 @@ def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
     return base
 
 
-def prepare_initial_policy(cfg: JobConfig, output_dir: Path, base: Path, dataset: PromptDataset) -> Path:
+def prepare_initial_policy(
+    cfg: JobConfig, output_dir: Path, base: Path, dataset: PromptDataset, *, conversation: ChatRenderer | None = None
+) -> Path:
     """Model dir the RL phase starts from (and the reference policy): the base model, after the
-    supervised warm-up when one is configured (skipped when its output exists)."""
+    supervised warm-up when one is configured (skipped when its output exists). `conversation`: an
+    agent job's renderer, which lays its demonstrations out."""
     if cfg.warmup.steps == 0:
         return base
     warm = output_dir / WARMUP_DIR
     if not (warm / "config.json").is_file():
         logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
-        conversation = job_conversation(cfg, load_tokenizer(base))  # lays out an agent job's demonstrations
         _write_atomically(
             warm,
             lambda tmp: run_warmup(
@@ -215,8 +218,8 @@ class Trainer:
         )
         shuffle_seed = cfg.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
         self.sampler = PromptSampler(len(self.dataset), seed=shuffle_seed)
-        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, base, self.dataset)
-        self.evaluator = heldout_evaluation(cfg, self.tokenizer, self.data_files.val)
+        self.reference_dir = prepare_initial_policy(cfg, self.output_dir, base, self.dataset, conversation=conversation)
+        self.evaluator = heldout_evaluation(cfg, self.tokenizer, self.data_files.val, conversation=conversation)
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
         self.banks: DockBanks | None = None
@@ -669,10 +672,13 @@ def _last_evaluation(records: list[dict]) -> dict | None:
     return next((r for r in reversed(records) if val_metrics(r)), None)
 
 
-def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> Evaluator | None:
+def heldout_evaluation(
+    cfg: JobConfig, tokenizer, val_files: Sequence[str], *, conversation: ChatRenderer | None = None
+) -> Evaluator | None:
     """The evaluator of a job: its held-out prompts (`val_files`: data.val_files, or the generator's
     val split), rendered, tokenized and length-checked exactly like the train prompts, and the job's
-    reward terms to score them; None when evaluation is off."""
+    reward terms to score them; None when evaluation is off. `conversation`: an agent job's renderer
+    (the held-out prompts describe the tools, as the train prompts do)."""
     if cfg.evaluation.interval == 0:
         return None
     rows = load_rows(val_files, val_columns(cfg.data), field="data.val_files")
@@ -681,7 +687,7 @@ def heldout_evaluation(cfg: JobConfig, tokenizer, val_files: Sequence[str]) -> E
         tokenizer=tokenizer,
         spec=cfg.data,
         max_prompt_length=cfg.algorithm.max_prompt_length,
-        conversation=job_conversation(cfg, tokenizer),
+        conversation=conversation,
     )
     positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
     examples = [
