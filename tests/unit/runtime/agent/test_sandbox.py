@@ -246,7 +246,7 @@ def test_installed_packages_import():
 def test_programs_run_at_the_same_time():
     # Each prints when it started and when it ended; run one after another, one would start after
     # another ended.
-    code = "import time\nprint(time.time())\ntime.sleep(3)\nprint(time.time())"
+    code = "import time\nprint(time.time())\ntime.sleep(8)\nprint(time.time())"
 
     async def four():
         return await asyncio.gather(*(run_python(code, SandboxSpec(wall_seconds=30)) for _ in range(4)))
