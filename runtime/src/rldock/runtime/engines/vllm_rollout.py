@@ -347,16 +347,19 @@ class VllmRolloutEngine:
         requests, params = self._requests(
             prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
         )
-        self.memory.before_generation()
-        request_ids = self._llm.enqueue(requests, params, use_tqdm=False)
-        # enqueue returns vLLM's internal ids ("<external>-<8 random chars>"); outputs carry the
-        # external id, vLLM's request counter.
-        position = {request_id.rsplit("-", 1)[0]: i for i, request_id in enumerate(request_ids)}
+        position = {request_id: i for i, request_id in enumerate(self._enqueue(requests, params))}
         engine = self._llm.llm_engine
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
                     yield position[out.request_id], [c.token_ids for c in _completions(out, eos_token_id)]
+
+    def _enqueue(self, requests: list, params: list) -> list[str]:
+        """Wake the engine and queue `requests` without running it; the ids its outputs carry."""
+        self.memory.before_generation()
+        # enqueue returns vLLM's internal ids ("<external>-<8 random chars>"); outputs carry the
+        # external id, vLLM's request counter.
+        return [request_id.rsplit("-", 1)[0] for request_id in self._llm.enqueue(requests, params, use_tqdm=False)]
 
     def submit(
         self,
@@ -382,9 +385,7 @@ class VllmRolloutEngine:
             greedy=greedy,
             prompt_keys=request_keys,
         )
-        self.memory.before_generation()
-        # vLLM's internal ids are "<external>-<8 random chars>"; outputs carry the external id.
-        return [request_id.rsplit("-", 1)[0] for request_id in self._llm.enqueue(requests, params, use_tqdm=False)]
+        return self._enqueue(requests, params)
 
     def step(self, eos_token_id: int) -> list[tuple[str, Completion]]:
         """One engine step over every queued request; the (id, response) of those it finished."""
