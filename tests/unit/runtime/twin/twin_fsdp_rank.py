@@ -7,6 +7,7 @@ during generation, then swaps back in and runs the model again."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -128,3 +129,8 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+    # Leave without interpreter finalization, as twin_ddp_rank.py explains (gloo's run-loop thread
+    # releasing the last collective's tensor after finalization began aborts the rank).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
