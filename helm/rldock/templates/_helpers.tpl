@@ -94,4 +94,7 @@ one is there; tests/unit/helm/test_chart.py compares the rendered rules with it.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+- apiGroups: [authorization.k8s.io]
+  resources: [localsubjectaccessreviews]
+  verbs: [create]
 {{- end }}

@@ -39,6 +39,7 @@ from rldock.operator.api import PodDefaults
 from rldock.operator.builders.rbac import build_rbac, service_account_subject
 from rldock.operator.constants import CRD_NAME, ImagePullPolicy
 from rldock.operator.leader import LeaseTimings, lease_rules
+from rldock.operator.policy import AdminPolicy
 from rldock.operator.settings import MAX_POLL_INTERVAL, MIN_POLL_INTERVAL, DashboardAddress, load_settings
 from rldock.operator.validation import device_resource_error
 
@@ -476,6 +477,14 @@ def test_crd_can_be_left_out_or_not_kept():
         ({"leaderElection": {"enabled": True, "retryPeriod": 0}}, "/leaderElection/retryPeriod"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
         ({"podDisruptionBudget": {"maxUnavailable": 0}}, "/podDisruptionBudget/maxUnavailable"),
+        # The admin policy (policy.py checks the same again when the operator starts).
+        ({"policy": {"imagePrefixes": ["https://registry.example.com"]}}, "/policy/imagePrefixes/0"),
+        ({"policy": {"imagePrefixes": [""]}}, "/policy/imagePrefixes/0"),
+        ({"policy": {"imagePrefixes": ["registry.example.com /ml"]}}, "/policy/imagePrefixes/0"),
+        ({"policy": {"nfsServers": ["nfs.example.com"]}}, "/policy/nfsServers"),  # replaced by nfsExports
+        ({"policy": {"nfsExports": [{"server": "nfs.example.com"}]}}, "/policy/nfsExports/0"),
+        ({"policy": {"nfsExports": [{"server": "*", "path": "/"}]}}, "/policy/nfsExports/0/server"),
+        ({"policy": {"nfsExports": [{"server": "nfs", "path": "exports"}]}}, "/policy/nfsExports/0/path"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(values, field):
@@ -598,6 +607,9 @@ def test_policy_and_network_policy_reach_the_operator():
         "policy": {
             "hostPathPrefixes": ["/mnt/shared"],
             "imagePrefixes": ["registry.example.com/ml/"],
+            "nfsExports": [{"server": "nfs.example.com", "path": "/exports/team-a"}],
+            "schedulerNames": ["default-scheduler", "volcano"],
+            "queues": ["research"],
             "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
             "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"},
         },
@@ -605,11 +617,17 @@ def test_policy_and_network_policy_reach_the_operator():
     }
     settings = load_settings([], _env(_container(render(values))))
     assert settings.policy.host_path_prefixes == ["/mnt/shared"]
+    assert [(e.server, e.path) for e in settings.policy.nfs_exports] == [("nfs.example.com", "/exports/team-a")]
+    assert settings.policy.scheduler_names == ["default-scheduler", "volcano"] and settings.policy.queues == [
+        "research"
+    ]
     assert settings.policy.tolerations[0].key == "huawei.com/Ascend910"
     assert settings.pod_defaults.image_pull_secrets == ("regcred",)
     assert settings.pod_defaults.priority_class_name == "research" and not settings.network_policy
     defaults = load_settings([], _env(_container(render())))
     assert defaults.policy.host_path_prefixes == [] and defaults.network_policy
+    # The chart's defaults are the operator's own secure defaults (AdminPolicy()).
+    assert defaults.policy == AdminPolicy()
     # The operator's own pods, which the RLJobs' NetworkPolicies admit to the Jobs API.
     deployment = one(render(), "Deployment")
     assert dict(defaults.operator_pod_labels) == deployment["spec"]["selector"]["matchLabels"]
@@ -703,7 +721,11 @@ def test_the_chart_issues_a_certificate_the_api_server_accepts(tmp_path):
     for name, data in pem.items():
         (tmp_path / name).write_bytes(data)
     server = WebhookServer(
-        functools.partial(review, settings=load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32})),
+        functools.partial(
+            review,
+            settings=load_settings([], {"RLDOCK_TOKEN_KEY": "k" * 32}),
+            access=lambda user, namespace: lambda resource, name: False,  # a double; only the handshake runs
+        ),
         port=0,
         host="127.0.0.1",
         cert_file=str(tmp_path / "tls.crt"),

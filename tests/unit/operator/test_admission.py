@@ -1,5 +1,6 @@
 """The admission webhook (rldock.operator.admission): what `review` allows and refuses, table by
-table, and the HTTPS server's bounds (size, deadline, connections) against a certificate made here."""
+table, and the HTTPS server's bounds (size, deadline, connections) against a certificate made here.
+(Its question whether the user may read what an RLJob names: test_references.py.)"""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ HOST_ROOT = {
     "volumeMounts": [{"name": "root", "mountPath": "/host"}],
 }
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+
+
+def grant_all(user: Any, namespace: str) -> Any:
+    """Test double of access_review.AccessReviewer: every user may read every object."""
+    return lambda resource, name: True
 
 
 def rljob(**sections: Any) -> dict[str, Any]:
@@ -138,7 +144,7 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
     ],
 )
 def test_decide(req, reason, fields):
-    verdict = decide(req, SETTINGS)
+    verdict = decide(req, SETTINGS, grant_all)
     assert verdict.allowed == (reason is None)
     assert verdict.reason == reason
     for field in fields:
@@ -147,14 +153,14 @@ def test_decide(req, reason, fields):
 
 def test_the_policy_is_the_operators():
     allowed = OperatorSettings(policy=AdminPolicy(host_path_prefixes=["/"]))
-    assert decide(request("CREATE", OUTSIDE_POLICY), allowed).allowed
+    assert decide(request("CREATE", OUTSIDE_POLICY), allowed, grant_all).allowed
     own_image = with_spec(VALID, image=SETTINGS.pod_defaults.image)
-    assert decide(request("CREATE", own_image), SETTINGS).allowed
+    assert decide(request("CREATE", own_image), SETTINGS, grant_all).allowed
 
 
 def test_every_problem_is_listed_as_the_failed_condition_would_list_it():
     obj = rljob(image="docker.io/evil:1", **HOST_ROOT)
-    verdict = decide(request("CREATE", obj), SETTINGS)
+    verdict = decide(request("CREATE", obj), SETTINGS, grant_all)
     spec, _ = parse_spec(obj["spec"])
     problems = policy_problems(spec, SETTINGS.policy, default_image=SETTINGS.pod_defaults.image)
     assert [p.path for p in problems] == ["spec.volumes[0].hostPath.path", "spec.image"]
@@ -163,14 +169,17 @@ def test_every_problem_is_listed_as_the_failed_condition_would_list_it():
 
 
 def test_review_answers_the_request_uid_with_a_422_status():
-    answer = review(admission_review(request("CREATE", OUTSIDE_POLICY)), SETTINGS)
+    answer = review(admission_review(request("CREATE", OUTSIDE_POLICY)), SETTINGS, grant_all)
     assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
     response = answer["response"]
     assert response["uid"] == UID and response["allowed"] is False
     assert response["status"]["code"] == REFUSED_CODE == 422
     assert response["status"]["reason"] == "PolicyDenied"
     assert response["status"]["message"].startswith("spec.volumes[0].hostPath.path: hostPath '/' is not allowed")
-    assert review(admission_review(request("CREATE", VALID)), SETTINGS)["response"] == {"uid": UID, "allowed": True}
+    assert review(admission_review(request("CREATE", VALID)), SETTINGS, grant_all)["response"] == {
+        "uid": UID,
+        "allowed": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -189,7 +198,7 @@ def test_review_answers_the_request_uid_with_a_422_status():
 )
 def test_what_is_not_an_admission_review_is_refused(body):
     with pytest.raises(ReviewError):
-        review(body, SETTINGS)
+        review(body, SETTINGS, grant_all)
 
 
 # --- The HTTPS server -------------------------------------------------------------------------
@@ -226,7 +235,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def start_server(certificate: tuple[Path, Path], **bounds: Any) -> WebhookServer:
     cert, key = certificate
     return WebhookServer(
-        functools.partial(review, settings=SETTINGS),
+        functools.partial(review, settings=SETTINGS, access=grant_all),
         port=0,
         host="127.0.0.1",
         cert_file=str(cert),

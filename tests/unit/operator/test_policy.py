@@ -1,5 +1,7 @@
-"""The admin policy (policy.py): what an RLJob may ask beyond the secure default, table-driven,
-and the NetworkPolicy and token every RLJob gets."""
+"""The admin policy (policy.py): what an RLJob may ask beyond the secure default, table-driven (every
+rule, then image prefixes, NFS exports, control-plane nodes, schedulers and queues each in a table
+of their own), a malformed policy refused at start, and the NetworkPolicy and token every RLJob
+gets."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from rljob_testing import KUBERNETES_VERSION, spec_dict
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import RLJobRef, build_network_policy
-from rldock.operator.policy import AdminPolicy, parse_policy, policy_problems
+from rldock.operator.policy import AdminPolicy, image_allowed, parse_policy, policy_problems
 from rldock.operator.tokens import job_token
 
 DEFAULT_IMAGE = "ghcr.io/rldock/rldock-runtime:0.1.0"
@@ -42,14 +44,17 @@ CASES = [
     ({"checkpoint": {"hostPath": "/mnt/rl"}}, {}, ["spec.checkpoint.hostPath"]),
     ({"checkpoint": {"hostPath": "/mnt/rl/x/../y"}}, {"hostPathPrefixes": ["/mnt/rl"]}, []),
     ({"checkpoint": {"hostPath": "/mnt/rl/../etc"}}, {"hostPathPrefixes": ["/mnt/rl"]}, ["spec.checkpoint.hostPath"]),
-    (NFS, {}, ["spec.volumes[0].nfs.server"]),
-    (NFS, {"nfsServers": ["nfs.example.com"]}, []),
-    (NFS, {"nfsServers": ["*"]}, []),
+    (NFS, {}, ["spec.volumes[0].nfs"]),
+    (NFS, {"nfsExports": [{"server": "nfs.example.com", "path": "/data"}]}, []),
+    (NFS, {"nfsExports": [{"server": "nfs.example.com", "path": "/"}]}, []),
+    (NFS, {"nfsExports": [{"server": "other.example.com", "path": "/"}]}, ["spec.volumes[0].nfs"]),
     ({"image": "evil.example.com/root:1"}, {}, ["spec.image"]),
     ({"image": DEFAULT_IMAGE}, {}, []),
     ({"image": "registry.example.com/ml/rt:2"}, {"imagePrefixes": ["registry.example.com/ml/"]}, []),
     ({"image": "registry.example.com/mlx/rt:2"}, {"imagePrefixes": ["registry.example.com/ml/"]}, ["spec.image"]),
-    ({"scheduling": {"schedulerName": "custom"}}, {}, []),
+    ({"image": "registry.example.com/ml-evil/x"}, {"imagePrefixes": ["registry.example.com/ml"]}, ["spec.image"]),
+    ({"scheduling": {"schedulerName": "custom"}}, {}, ["spec.scheduling.schedulerName"]),
+    ({"scheduling": {"schedulerName": "custom"}}, {"schedulerNames": None}, []),
     ({"scheduling": {"schedulerName": "custom"}}, {"schedulerNames": ["volcano"]}, ["spec.scheduling.schedulerName"]),
     ({"scheduling": {"gang": "kueue", "queue": "other-team"}}, {"queues": ["team-a"]}, ["spec.scheduling.queue"]),
     (EVERY_TAINT, {}, ["spec.cluster.tolerations[0]"]),
@@ -79,6 +84,148 @@ def test_policy(sections, policy, refused):
         assert "policy." in problem.message and "cluster admin" in problem.message
 
 
+IMAGE_CASES = [
+    # (image, prefix, admitted)
+    ("registry.example.com/ml/rt:1", "registry.example.com/ml", True),
+    ("registry.example.com/ml:1", "registry.example.com/ml", True),
+    ("registry.example.com/ml@sha256:" + "a" * 64, "registry.example.com/ml", True),
+    ("registry.example.com/ml", "registry.example.com/ml", True),
+    ("registry.example.com/ml-evil/x", "registry.example.com/ml", False),
+    ("registry.example.com/mlx", "registry.example.com/ml", False),
+    ("registry.example.com.evil.io/x", "registry.example.com", False),
+    ("registry.example.com/x", "registry.example.com", True),
+    ("registry.example.com:5000/x", "registry.example.com", True),  # the host's other port: `:` is a boundary
+    ("registry.example.com:5000/x", "registry.example.com/", False),  # ... unless the prefix says `/`
+    ("registry.example.com/ml/rt:1", "registry.example.com/ml/", True),
+    ("registry.example.com/ml", "registry.example.com/ml/", False),
+    ("registry.example.com/ml/rt:1", "registry.example.com/ml/rt:", True),
+    ("registry.example.com/ml/rt:1-evil", "registry.example.com/ml/rt:1", False),
+    ("registry.example.com/ml/rt@sha256:" + "b" * 64, "registry.example.com/ml/rt@", True),
+    ("registry.example.com/ml/rt:1@sha256:" + "b" * 64, "registry.example.com/ml/rt:1", True),
+]
+
+
+@pytest.mark.parametrize("image, prefix, admitted", IMAGE_CASES)
+def test_image_prefixes_match_at_a_boundary(image, prefix, admitted):
+    assert image_allowed(image, [prefix]) is admitted
+    spec = RLJobSpec.model_validate(spec_dict(image=image))
+    problems = policy_problems(spec, AdminPolicy(image_prefixes=[prefix]), default_image=DEFAULT_IMAGE)
+    assert [p.path for p in problems] == ([] if admitted else ["spec.image"])
+
+
+def nfs(server: str, path: str) -> dict:
+    return {
+        "volumes": [{"name": "data", "nfs": {"server": server, "path": path}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+
+
+TEAM_A = [{"server": "nfs.example.com", "path": "/exports/team-a"}]
+NFS_REFUSED = "spec.volumes[0].nfs"
+NFS_CASES = [
+    # (server, path, exports, the field refused)
+    ("nfs.example.com", "/exports/team-a", TEAM_A, None),
+    ("nfs.example.com", "/exports/team-a/", TEAM_A, None),  # trailing slashes are normalised
+    ("nfs.example.com", "/exports/team-a/models", TEAM_A, None),
+    ("nfs.example.com", "//exports//team-a/./models", TEAM_A, None),
+    ("NFS.example.com", "/exports/team-a", TEAM_A, None),  # host names compare without case
+    ("nfs.example.com", "/exports/team-ab", TEAM_A, NFS_REFUSED),  # a prefix of a name is not a directory above it
+    ("nfs.example.com", "/exports", TEAM_A, NFS_REFUSED),
+    ("nfs.example.com", "/", TEAM_A, NFS_REFUSED),  # the server's root needs `/` listed
+    ("nfs.example.com", "/exports/team-a/../team-b", TEAM_A, "spec.volumes[0].nfs.path"),  # `..` is refused outright
+    ("nfs.example.com", "/exports/team-a/..", TEAM_A, "spec.volumes[0].nfs.path"),
+    ("nfs.example.com.evil.io", "/exports/team-a", TEAM_A, NFS_REFUSED),
+    ("10.0.0.5", "/exports/team-a", TEAM_A, NFS_REFUSED),  # an address is not the name the admin listed
+    ("nfs.example.com", "/", [{"server": "nfs.example.com", "path": "/"}], None),
+    ("nfs.example.com", "/anything", [{"server": "nfs.example.com", "path": "/"}], None),
+    ("nfs.example.com", "/exports/team-a", [{"server": "nfs.example.com", "path": "/exports/team-a/"}], None),
+    ("nfs.example.com", "/exports/team-a", [], NFS_REFUSED),
+]
+
+
+@pytest.mark.parametrize("server, path, exports, refused", NFS_CASES)
+def test_nfs_volumes_need_a_listed_export(server, path, exports, refused):
+    spec = RLJobSpec.model_validate(spec_dict(**nfs(server, path)))
+    problems = policy_problems(spec, AdminPolicy.model_validate({"nfsExports": exports}), default_image=DEFAULT_IMAGE)
+    assert [p.path for p in problems] == ([refused] if refused else [])
+    for problem in problems:
+        assert "policy.nfsExports" in problem.message and repr(path)[1:-1] in problem.message
+
+
+def tolerate(**toleration: str) -> dict:
+    return {"cluster": {"tolerations": [toleration]}}
+
+
+CONTROL_PLANE_CASES = [
+    # (spec sections, policy, the fields refused, what the message names)
+    (tolerate(key="node-role.kubernetes.io/control-plane", operator="Exists"), {}, ["spec.cluster.tolerations[0]"]),
+    (
+        tolerate(key="node-role.kubernetes.io/master", operator="Exists", effect="NoSchedule"),
+        {},
+        ["spec.cluster.tolerations[0]"],
+    ),
+    (tolerate(key="node-role.kubernetes.io/control-plane", value=""), {}, ["spec.cluster.tolerations[0]"]),
+    (tolerate(operator="Exists"), {}, ["spec.cluster.tolerations[0]"]),  # tolerates every taint
+    (tolerate(operator="Exists", effect="NoSchedule"), {}, ["spec.cluster.tolerations[0]"]),
+    (
+        tolerate(key="node-role.kubernetes.io/control-plane", operator="Exists"),
+        {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]},
+        [],
+    ),  # the admin listed it
+    (
+        {"cluster": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}},
+        {},
+        ["spec.cluster.nodeSelector[node-role.kubernetes.io/control-plane]"],
+    ),
+    (
+        {"cluster": {"nodeSelector": {"node-role.kubernetes.io/master": "true"}}},
+        {},
+        ["spec.cluster.nodeSelector[node-role.kubernetes.io/master]"],
+    ),
+    (
+        {"cluster": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}},
+        {"nodeSelectors": {"node-role.kubernetes.io/control-plane": [""]}},
+        [],
+    ),
+    ({"cluster": {"nodeSelector": {"pool": "ascend"}}}, {}, []),
+]
+
+
+@pytest.mark.parametrize("sections, policy, refused", CONTROL_PLANE_CASES)
+def test_control_plane_nodes_are_refused_unless_listed(sections, policy, refused):
+    spec = RLJobSpec.model_validate(spec_dict(**sections))
+    problems = policy_problems(spec, AdminPolicy.model_validate(policy), default_image=DEFAULT_IMAGE)
+    assert [p.path for p in problems] == refused
+    for problem in problems:
+        rule = "policy.nodeSelectors" if "nodeSelector" in problem.path else "policy.tolerations"
+        assert rule in problem.message and "cluster admin" in problem.message, problem.message
+
+
+SCHEDULING_CASES = [
+    # (spec.scheduling, policy, the fields refused)
+    ({}, {}, []),  # the cluster's default scheduler
+    ({"schedulerName": "default-scheduler"}, {}, []),
+    ({"schedulerName": "my-scheduler"}, {}, ["spec.scheduling.schedulerName"]),
+    ({"schedulerName": "my-scheduler"}, {"schedulerNames": ["my-scheduler"]}, []),
+    ({"gang": "volcano"}, {}, ["spec.scheduling.gang"]),  # Volcano's scheduler
+    ({"gang": "volcano"}, {"schedulerNames": ["volcano"]}, []),
+    ({"gang": "volcano", "queue": "research"}, {"schedulerNames": ["volcano"]}, ["spec.scheduling.queue"]),
+    ({"gang": "volcano", "queue": "research"}, {"schedulerNames": ["volcano"], "queues": ["research"]}, []),
+    ({"gang": "kueue", "queue": "team-a"}, {}, ["spec.scheduling.queue"]),  # no queue label unless listed
+    ({"gang": "kueue", "queue": "team-a"}, {"queues": ["team-a"]}, []),
+    ({"gang": "kueue", "queue": "team-a"}, {"queues": None}, []),
+]
+
+
+@pytest.mark.parametrize("scheduling, policy, refused", SCHEDULING_CASES)
+def test_only_listed_schedulers_and_queues(scheduling, policy, refused):
+    spec = RLJobSpec.model_validate(spec_dict(scheduling=scheduling))
+    problems = policy_problems(spec, AdminPolicy.model_validate(policy), default_image=DEFAULT_IMAGE)
+    assert [p.path for p in problems] == refused
+    for problem in problems:
+        assert ("policy.schedulerNames" in problem.message) != ("policy.queues" in problem.message), problem.message
+
+
 def test_the_message_names_the_value_and_the_policy():
     spec = RLJobSpec.model_validate(spec_dict(**HOST_ROOT))
     (problem,) = policy_problems(spec, AdminPolicy(host_path_prefixes=["/mnt/shared"]), default_image=DEFAULT_IMAGE)
@@ -96,6 +243,30 @@ def test_the_message_names_the_value_and_the_policy():
         ('{"hostPath": []}', "policy.hostPath"),
         ('{"tolerations": [{"operator": "Exists", "colour": "red"}]}', "policy.tolerations.0.colour"),
         ("{", "policy: not JSON"),
+        ('{"imagePrefixes": [""]}', "policy.imagePrefixes[0]: '' is empty"),
+        (
+            '{"imagePrefixes": ["registry.example.com/ml", " r.io"]}',
+            "policy.imagePrefixes[1]: ' r.io' contains whitespace",
+        ),
+        (
+            '{"imagePrefixes": ["https://registry.example.com"]}',
+            "policy.imagePrefixes[0]: 'https://registry.example.com' has a scheme",
+        ),
+        ('{"imagePrefixes": ["*"]}', "policy.imagePrefixes[0]: '*' is not the start of an image reference"),
+        ('{"imagePrefixes": ["/ml"]}', "policy.imagePrefixes[0]: '/ml' is not the start of an image reference"),
+        ('{"imagePrefixes": ["r.io//ml"]}', "policy.imagePrefixes[0]: 'r.io//ml' is not the start"),
+        ('{"nfsExports": [{"server": "nfs.example.com"}]}', "policy.nfsExports.0.path"),
+        ('{"nfsExports": [{"server": "*", "path": "/"}]}', "policy.nfsExports[0].server: '*' is not a host name"),
+        (
+            '{"nfsExports": [{"server": "nfs", "path": "exports"}]}',
+            "policy.nfsExports[0].path: 'exports' must be an absolute",
+        ),
+        (
+            '{"nfsExports": [{"server": "nfs", "path": "/a/../b"}]}',
+            "policy.nfsExports[0].path: '/a/../b' must not contain '..'",
+        ),
+        # The old list of bare servers is refused with its migration, not read as "any path".
+        ('{"nfsServers": ["nfs.example.com"]}', "[{server: nfs.example.com, path: /<export>}]"),
     ],
 )
 def test_a_bad_policy_names_the_chart_value(text, error):
@@ -106,6 +277,18 @@ def test_a_bad_policy_names_the_chart_value(text, error):
 
 def test_an_empty_policy_is_the_secure_default():
     assert parse_policy("") == parse_policy("null") == parse_policy("{}") == AdminPolicy()
+    default = AdminPolicy()
+    assert default.scheduler_names == ["default-scheduler"] and default.queues == []
+    assert default.nfs_exports == [] and default.image_prefixes == [] and default.host_path_prefixes == []
+    assert parse_policy('{"nfsServers": []}') == default  # an upgraded values file keeps working
+
+
+def test_good_prefixes_and_exports_load():
+    policy = parse_policy(
+        '{"imagePrefixes": ["registry.example.com", "registry.example.com:5000/ml/", "r.io/ml/rt:", "r.io/x@"],'
+        ' "nfsExports": [{"server": "10.0.0.5", "path": "/"}, {"server": "fd00::5", "path": "/exports/a/"}]}'
+    )
+    assert len(policy.image_prefixes) == 4 and len(policy.nfs_exports) == 2
 
 
 JOB = RLJobRef(name="grpo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")

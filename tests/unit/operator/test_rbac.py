@@ -57,6 +57,10 @@ def test_least_privilege():
     assert verbs[("", "secrets")] == {"create"}
     assert verbs[("", "configmaps")] == verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch"}
     assert verbs[("", "pods")] == {"get", "list", "watch"} and verbs[("", "events")] == {"create"}
+    # The webhook asks whether an RLJob's author may read what it names (access_review.py): the
+    # namespaced review only, so a per-namespace Role can grant it; never the cluster-wide one.
+    assert verbs[("authorization.k8s.io", "localsubjectaccessreviews")] == {"create"}
+    assert ("authorization.k8s.io", "subjectaccessreviews") not in verbs
     assert not {resource for _, resource in verbs} & {"namespaces", "customresourcedefinitions", "nodes"}
 
 

@@ -493,8 +493,9 @@ def test_the_operator_undoes_only_its_own_suspend(world):
     assert resumed.status["restartCount"] == 0
 
 
-def test_kueue_preemption_while_running_counts_no_restart(world):
-    reconciler, kube, jobs = world
+def test_kueue_preemption_while_running_counts_no_restart():
+    # The default policy lists no queue (policy.queues: []): the admin allows this one.
+    reconciler, kube, jobs = make_world(policy=AdminPolicy(queues=["team-a"]))
     kueue = {"scheduling": {"gang": "kueue", "queue": "team-a"}}
     first = reconciler.reconcile(body(**kueue))
     assert kube.objects[("RayCluster", NAME)]["spec"]["suspend"] is True  # created for Kueue to admit

@@ -1,7 +1,8 @@
 """`python -m rldock.operator`: run the operator (settings.py lists the flags and variables).
 
-Start-up: settings; the health and metrics server and the admission webhook (admission.py; both in
-every replica, standby included); the RLJob CRD check; with leader election, wait for the Lease
+Start-up: settings; the health and metrics server, the API client and the admission webhook
+(admission.py, asking the API server about the objects an RLJob names through access_review.py;
+both servers in every replica, standby included); the RLJob CRD check; with leader election, wait for the Lease
 (leader.py) and keep renewing it in a thread; then kopf, until SIGTERM. A leader that cannot renew
 exits at once (exit code 3) and the kubelet restarts it as a standby; after kopf stops, the Lease is
 released so a standby takes over at once.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 import kopf
 from kubernetes import client, config
 
+from rldock.operator.access_review import AccessReviewer
 from rldock.operator.admission import WebhookServer, review
 from rldock.operator.constants import CRD_NAME, GROUP, VERSION
 from rldock.operator.handlers import configure_kopf, register
@@ -61,15 +63,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = Metrics()
     if settings.health_port is not None:
         HealthServer(metrics, port=settings.health_port).start()
+    api = _api_client()
     if settings.webhook_port is not None:  # every replica: the webhook's Service picks any ready one
         assert settings.webhook_cert_file and settings.webhook_key_file, "checked by OperatorSettings"
         WebhookServer(
-            functools.partial(review, settings=settings),
+            functools.partial(review, settings=settings, access=AccessReviewer(api)),
             port=settings.webhook_port,
             cert_file=settings.webhook_cert_file,
             key_file=settings.webhook_key_file,
         ).start()
-    api = _api_client()
     _require_crd(api)
     elector = _lead(api, settings, metrics)
     reconciler = Reconciler(Kube(api), settings, metrics=metrics)

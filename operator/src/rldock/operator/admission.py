@@ -6,7 +6,11 @@ AdmissionReview with the response out. It refuses a CREATE or UPDATE of an RLJob
 invalid (validation.parse_spec: reason InvalidSpec) or outside the admin's policy
 (policy.policy_problems: reason PolicyDenied), with status code 422 and a message listing every
 problem as `path: message`, the same text the RLJob's Failed condition would carry; and an UPDATE
-that changes spec.managedBy, which is immutable (Kueue's convention for job resources). Everything
+that changes spec.managedBy, which is immutable (Kueue's convention for job resources). And it
+refuses, with status code 403 and reason Forbidden, an RLJob naming a Secret, ConfigMap or
+PersistentVolumeClaim that the requesting user may not `get` (references.py: on CREATE every one,
+on UPDATE those the old object did not name), asking the API server through the injected `access`
+(access_review.py); when the API server cannot answer, it refuses too (500), saying so. Everything
 else is allowed.
 
 `WebhookServer` serves `review` at POST /validate-rljob in a daemon thread of every replica (the
@@ -17,7 +21,9 @@ deadline for the TLS handshake, the headers and the body.
 
 The reconcile checks stay (reconcile.py): where no webhook is installed, where the API server let a
 request through without it (failurePolicy Ignore), or where the admin tightened the policy after an
-RLJob was admitted, the RLJob fails with reason PolicyDenied and nothing is created for it.
+RLJob was admitted, the RLJob fails with reason PolicyDenied and nothing is created for it. The
+user check has no such second line: only an admission request says who asked (docs/security.md,
+"Without the webhook").
 """
 
 from __future__ import annotations
@@ -37,6 +43,14 @@ from typing import Any
 from rldock.operator.constants import GROUP, PLURAL, Reason
 from rldock.operator.policy import policy_problems
 from rldock.operator.reconcile import managed_elsewhere
+from rldock.operator.references import (
+    AccessReviewFailed,
+    MayGet,
+    User,
+    forbidden_references,
+    new_references,
+    user_of,
+)
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.validation import parse_spec
 
@@ -53,6 +67,10 @@ MAX_REVIEW_BYTES = 8 * 1024 * 1024
 REQUEST_DEADLINE_S = 10.0
 MAX_CONNECTIONS = 32  # served at once; more are closed at once (the API server retries)
 REFUSED_CODE = 422  # Unprocessable Entity, as the API server's own validation answers
+# A reference to an object the user may not read: 403, as the API server answers what RBAC denies.
+FORBIDDEN_CODE, FORBIDDEN_REASON = 403, "Forbidden"
+# The API server could not say whether the user may read an object: refused all the same.
+UNCHECKED_CODE, UNCHECKED_REASON = 500, "InternalError"
 
 _CHECKED_OPERATIONS = ("CREATE", "UPDATE")
 
@@ -64,22 +82,27 @@ class ReviewError(ValueError):
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
-    reason: str | None = None  # a Reason value when refused
+    reason: str | None = None  # a Reason value, or FORBIDDEN_REASON/UNCHECKED_REASON, when refused
     message: str | None = None
+    code: int = REFUSED_CODE
 
 
 ALLOWED = Verdict(allowed=True)
 
+# Who answers `may_get` for one request: its user and the RLJob's namespace in, the answer out
+# (access_review.AccessReviewer; the unit tests pass doubles).
+Access = Callable[[User, str], MayGet]
 
-def review(body: Any, settings: OperatorSettings) -> dict[str, Any]:
+
+def review(body: Any, settings: OperatorSettings, access: Access) -> dict[str, Any]:
     """The AdmissionReview answering `body` (an admission.k8s.io/v1 AdmissionReview request)."""
     request = _request(body)
-    verdict = decide(request, settings)
+    verdict = decide(request, settings, access)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if not verdict.allowed:
         response["status"] = {
             "status": "Failure",
-            "code": REFUSED_CODE,
+            "code": verdict.code,
             "reason": verdict.reason,
             "message": verdict.message,
         }
@@ -95,8 +118,9 @@ def _request(body: Any) -> Mapping[str, Any]:
     return request
 
 
-def decide(request: Mapping[str, Any], settings: OperatorSettings) -> Verdict:
-    """Whether the API server may go on with `request` (an AdmissionReview's request)."""
+def decide(request: Mapping[str, Any], settings: OperatorSettings, access: Access) -> Verdict:
+    """Whether the API server may go on with `request` (an AdmissionReview's request); `access`
+    answers whether its user may read an object, and is asked only about objects the RLJob adds."""
     resource = request.get("resource") or {}
     if (
         request.get("operation") not in _CHECKED_OPERATIONS
@@ -108,6 +132,7 @@ def decide(request: Mapping[str, Any], settings: OperatorSettings) -> Verdict:
         return ALLOWED
     obj = _mapping(request.get("object"), "request.object")
     spec = _mapping(obj.get("spec"), "request.object.spec")
+    old_spec: Mapping[str, Any] | None = None
     if request["operation"] == "UPDATE":
         old_spec = _mapping(
             _mapping(request.get("oldObject"), "request.oldObject").get("spec"), "request.oldObject.spec"
@@ -139,6 +164,33 @@ def decide(request: Mapping[str, Any], settings: OperatorSettings) -> Verdict:
     denied = policy_problems(parsed, settings.policy, default_image=settings.pod_defaults.image)
     if denied:
         return Verdict(False, Reason.POLICY_DENIED.value, _message(denied))
+    # An old spec that no longer parses (written under older rules) vouches for nothing: every
+    # reference is checked then.
+    old_parsed = parse_spec(old_spec)[0] if old_spec is not None else None
+    added = new_references(parsed, old_parsed)
+    if not added:
+        return ALLOWED
+    namespace = request.get("namespace") or _mapping(obj.get("metadata"), "request.object.metadata").get("namespace")
+    if not isinstance(namespace, str) or not namespace:
+        raise ReviewError("the request names no namespace")
+    try:
+        user = user_of(request.get("userInfo"))
+    except ValueError as error:
+        raise ReviewError(str(error)) from None
+    try:
+        forbidden = forbidden_references(added, user=user, namespace=namespace, may_get=access(user, namespace))
+    except AccessReviewFailed as error:
+        log.warning("admission webhook: refusing an RLJob in %s unchecked: %s", namespace, error)
+        return Verdict(
+            False,
+            UNCHECKED_REASON,
+            f"could not check that the RLJob's author may read the objects it names, so it is not admitted: "
+            f"{error}. Try again; if this persists, the cluster admin checks that the operator may create "
+            "localsubjectaccessreviews and that the API server answers",
+            UNCHECKED_CODE,
+        )
+    if forbidden:
+        return Verdict(False, FORBIDDEN_REASON, _message(forbidden), FORBIDDEN_CODE)
     return ALLOWED
 
 

@@ -6,12 +6,15 @@ choosing. So the operator enforces a policy that the admin sets once, in the cha
 values (passed to the operator as JSON in RLDOCK_POLICY, settings.py):
 
 - volumes: hostPath (in spec.volumes and spec.checkpoint.hostPath) and NFS are refused unless the
-  admin lists the allowed path prefixes and servers; PVCs, ConfigMaps, Secrets and emptyDirs are
-  always allowed (they are what the `restricted` Pod Security Standard allows);
-- images: spec.image must be the installation's default runtime image or start with an allowed
-  prefix;
-- scheduling: scheduler names, queues, tolerations and node selectors, each either unrestricted
-  (null) or a list of what is allowed; a toleration of every taint is refused unless listed;
+  admin lists the allowed path prefixes and exports (server and path prefix); PVCs, ConfigMaps,
+  Secrets and emptyDirs are allowed here (they are what the `restricted` Pod Security Standard
+  allows), and the webhook asks whether the requesting user may read them (references.py);
+- images: spec.image must be the installation's default runtime image or lie under an allowed
+  prefix, matched at a boundary (`image_allowed`, the one image matcher);
+- scheduling: scheduler names (default: only the cluster's default scheduler), queues (default:
+  none), tolerations and node selectors, each either unrestricted (null) or a list of what is
+  allowed; by default a toleration of every taint and tolerations or node selectors that target
+  control-plane nodes are refused unless listed;
 - pod defaults the admin adds to every Ray pod: labels, annotations, a priority class and
   imagePullSecrets.
 
@@ -25,18 +28,33 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from rldock.config import Problem
-from rldock.operator.api import RLJobSpec, Toleration
-from rldock.operator.constants import MAX_LABEL_VALUE_LENGTH, MAX_NAME_LENGTH
+from rldock.operator.api import NFSSource, RLJobSpec, Toleration
+from rldock.operator.constants import (
+    IMAGE_PATTERN,
+    MAX_LABEL_VALUE_LENGTH,
+    MAX_NAME_LENGTH,
+    VOLCANO_SCHEDULER,
+    GangScheduler,
+)
 
 # The chart value each rule reads, as a person would write it in `helm install --set`.
 CHART_PREFIX = "policy"
-ANY_NFS_SERVER = "*"
+# kube-scheduler's name: what a pod without a schedulerName gets.
+DEFAULT_SCHEDULER = "default-scheduler"
+# The label and taint keys kubeadm (and most installers) put on control-plane nodes; `master` is
+# the name before Kubernetes 1.20 and still found on older clusters.
+CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+# Where an image reference's repository part ends: a path separator, the tag, the digest.
+IMAGE_BOUNDARIES = ("/", ":", "@")
+_IMAGE = re.compile(IMAGE_PATTERN)
+_NFS_SERVER = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^\[?[0-9A-Fa-f:.]+\]?$")  # a name, IPv4 or IPv6
 
 
 class _Model(BaseModel):
@@ -51,6 +69,17 @@ class AllowedToleration(_Model):
     operator: str = "Equal"
     value: str | None = None
     effect: str | None = None
+
+
+class NFSExport(_Model):
+    """An NFS export RLJobs may mount: a server and a path prefix on it."""
+
+    server: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="NFS server host name or address.")
+    path: str = Field(
+        min_length=1,
+        description="Absolute path prefix on the server; a volume's path must equal it or lie below it. "
+        "`/` allows the whole server.",
+    )
 
 
 class AdminPodDefaults(_Model):
@@ -75,23 +104,34 @@ class AdminPolicy(_Model):
     host_path_prefixes: list[str] = Field(
         default_factory=list, description="Absolute path prefixes hostPath volumes may mount; `/` allows any path."
     )
+    nfs_exports: list[NFSExport] = Field(
+        default_factory=list,
+        description="NFS exports volumes may mount, each a server and a path prefix on it.",
+    )
     nfs_servers: list[str] = Field(
-        default_factory=list, description=f"NFS servers volumes may mount; `{ANY_NFS_SERVER}` allows any."
+        default_factory=list,
+        description="Replaced by nfsExports; must be empty (a bare server would not say which paths).",
     )
     image_prefixes: list[str] = Field(
         default_factory=list,
-        description="Prefixes spec.image may start with (e.g. `registry.example.com/ml/`); "
-        "the installation's default runtime image is always allowed.",
+        description="Prefixes spec.image may lie under (e.g. `registry.example.com/ml`), matched at a `/`, `:` "
+        "or `@`; the installation's default runtime image is always allowed.",
     )
     scheduler_names: list[str] | None = Field(
-        default=None, description="Allowed spec.scheduling.schedulerName values; null: any."
+        default_factory=lambda: [DEFAULT_SCHEDULER],
+        description="Allowed schedulers (spec.scheduling.schedulerName, `volcano` for gang: volcano); "
+        "an RLJob without one always gets the cluster's default; null: any.",
     )
-    queues: list[str] | None = Field(default=None, description="Allowed spec.scheduling.queue values; null: any.")
+    queues: list[str] | None = Field(
+        default_factory=list, description="Allowed spec.scheduling.queue values; empty: none; null: any."
+    )
     tolerations: list[AllowedToleration] | None = Field(
-        default=None, description="Allowed tolerations; null: any but a toleration of every taint."
+        default=None,
+        description="Allowed tolerations; null: any but a toleration of every taint or of a control-plane taint.",
     )
     node_selectors: dict[str, list[str]] | None = Field(
-        default=None, description="Allowed nodeSelector keys, each with its allowed values; null: any."
+        default=None,
+        description="Allowed nodeSelector keys, each with its allowed values; null: any but a control-plane label.",
     )
     pod_defaults: AdminPodDefaults = Field(default_factory=AdminPodDefaults)
 
@@ -100,6 +140,28 @@ class AdminPolicy(_Model):
         for index, prefix in enumerate(self.host_path_prefixes):
             if not posixpath.isabs(prefix):
                 raise ValueError(f"{CHART_PREFIX}.hostPathPrefixes[{index}]: {prefix!r} must be an absolute path")
+        for index, prefix in enumerate(self.image_prefixes):
+            error = image_prefix_error(prefix)
+            if error:
+                raise ValueError(f"{CHART_PREFIX}.imagePrefixes[{index}]: {prefix!r} {error}")
+        for index, export in enumerate(self.nfs_exports):
+            if not _NFS_SERVER.match(export.server):
+                raise ValueError(
+                    f"{CHART_PREFIX}.nfsExports[{index}].server: {export.server!r} is not a host name or address "
+                    "(no wildcards: list each server)"
+                )
+            error = _export_path_error(export.path)
+            if error:
+                raise ValueError(f"{CHART_PREFIX}.nfsExports[{index}].path: {export.path!r} {error}")
+        if self.nfs_servers:
+            # Refused rather than read as "any path": that is the reading that hands out a server's
+            # whole tree, and an admin who wrote it may have meant one export.
+            listed = ", ".join(f"{{server: {server}, path: /<export>}}" for server in self.nfs_servers)
+            raise ValueError(
+                f"{CHART_PREFIX}.nfsServers: {json.dumps(self.nfs_servers)} is replaced by {CHART_PREFIX}.nfsExports, "
+                f"which names each export's path: list [{listed}] there (path `/` for the whole server) "
+                f"and set {CHART_PREFIX}.nfsServers to []"
+            )
         for value in self.pod_defaults.labels.values():
             if len(value) > MAX_LABEL_VALUE_LENGTH:
                 raise ValueError(f"{CHART_PREFIX}.podDefaults.labels: value {value!r} is longer than 63 characters")
@@ -120,6 +182,8 @@ def parse_policy(text: str) -> AdminPolicy:
         return AdminPolicy.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
+        if first["type"] == "value_error" and not first["loc"]:  # AdminPolicy's own checks name the value
+            raise ValueError(str(first["ctx"]["error"])) from None
         where = ".".join(str(part) for part in (CHART_PREFIX, *first["loc"]))
         raise ValueError(f"{where}: {first['msg']}") from None
 
@@ -132,9 +196,90 @@ def _denied(path: str, what: str, value: str, rule: str, allowed: Any) -> Proble
     )
 
 
+# --- Images ----------------------------------------------------------------------------------
+
+
+def image_prefix_error(prefix: str) -> str | None:
+    """What is wrong with an admin's image prefix (`registry[:port][/repository...]`, optionally
+    ending in `/`, `:` or `@`); None when nothing is."""
+    if not prefix:
+        return "is empty, which would allow every image; remove it"
+    if any(c.isspace() for c in prefix):
+        return "contains whitespace; an image reference has none"
+    if "://" in prefix:
+        return "has a scheme; image references name no scheme: write e.g. 'registry.example.com/ml'"
+    stem = prefix[:-1] if prefix[-1] in IMAGE_BOUNDARIES else prefix
+    if not stem or "//" in stem or not _IMAGE.match(stem):
+        return (
+            "is not the start of an image reference `registry[:port][/repository...]`, e.g. 'registry.example.com/ml'"
+        )
+    return None
+
+
+def image_allowed(image: str, prefixes: list[str]) -> bool:
+    """Whether `image` lies under one of `prefixes`: it equals one, or continues after it with `/`,
+    `:` or `@` (a prefix ending in one of those matches as is). So `registry.example.com/ml` admits
+    `registry.example.com/ml/rt:1` and `registry.example.com/ml:2`, never `registry.example.com/ml-evil/x`;
+    `registry.example.com` never admits `registry.example.com.evil.io/x`."""
+    for prefix in prefixes:
+        if prefix[-1] in IMAGE_BOUNDARIES:
+            if image.startswith(prefix):
+                return True
+        elif image == prefix or (image.startswith(prefix) and image[len(prefix)] in IMAGE_BOUNDARIES):
+            return True
+    return False
+
+
+# --- Paths -----------------------------------------------------------------------------------
+
+
 def _under(path: str, prefix: str) -> bool:
     path, prefix = posixpath.normpath(path), posixpath.normpath(prefix)
     return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+def _normal_path(path: str) -> str:
+    # normpath keeps a leading `//` (POSIX leaves its meaning to the system); an NFS server does not.
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def _export_path_error(path: str) -> str | None:
+    if not posixpath.isabs(path):
+        return "must be an absolute path"
+    if ".." in path.split("/"):
+        return "must not contain '..'"
+    return None
+
+
+def _nfs_problem(path: str, nfs: NFSSource, policy: AdminPolicy) -> list[Problem]:
+    exports = [export.model_dump() for export in policy.nfs_exports]
+    if ".." in nfs.path.split("/"):
+        return [
+            Problem(
+                f"{path}.path",
+                f"NFS path {nfs.path!r} contains '..'; name the export's directory itself "
+                f"({CHART_PREFIX}.nfsExports: {json.dumps(exports)})",
+            )
+        ]
+    asked = _normal_path(nfs.path)
+    for export in policy.nfs_exports:
+        # Host names compare without case, as DNS does; an address and a name of the same host do not
+        # match (the admin lists what they mean).
+        if export.server.lower() != nfs.server.lower():
+            continue
+        prefix = _normal_path(export.path)
+        if asked == prefix or asked.startswith(prefix.rstrip("/") + "/"):
+            return []
+    return [_denied(path, "NFS export", f"{nfs.server}:{nfs.path}", "nfsExports", exports)]
+
+
+def _host_path_problem(path: str, host_path: str, policy: AdminPolicy) -> list[Problem]:
+    if any(_under(host_path, prefix) for prefix in policy.host_path_prefixes):
+        return []
+    return [_denied(path, "hostPath", host_path, "hostPathPrefixes", policy.host_path_prefixes)]
+
+
+# --- The whole spec --------------------------------------------------------------------------
 
 
 def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str) -> list[Problem]:
@@ -146,59 +291,47 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
         path = f"spec.volumes[{index}]"
         if volume.host_path is not None:
             problems += _host_path_problem(f"{path}.hostPath.path", volume.host_path.path, policy)
-        if (
-            volume.nfs is not None
-            and ANY_NFS_SERVER not in policy.nfs_servers
-            and volume.nfs.server not in policy.nfs_servers
-        ):
-            problems.append(
-                _denied(f"{path}.nfs.server", "NFS server", volume.nfs.server, "nfsServers", policy.nfs_servers)
-            )
-    if (
-        spec.image is not None
-        and spec.image != default_image
-        and not any(spec.image.startswith(prefix) for prefix in policy.image_prefixes)
-    ):
+        if volume.nfs is not None:
+            problems += _nfs_problem(f"{path}.nfs", volume.nfs, policy)
+    if spec.image is not None and spec.image != default_image and not image_allowed(spec.image, policy.image_prefixes):
         problems.append(_denied("spec.image", "image", spec.image, "imagePrefixes", policy.image_prefixes))
-    scheduling = spec.scheduling
-    if (
-        scheduling.scheduler_name is not None
-        and policy.scheduler_names is not None
-        and scheduling.scheduler_name not in policy.scheduler_names
-    ):
-        problems.append(
-            _denied(
-                "spec.scheduling.schedulerName",
-                "scheduler",
-                scheduling.scheduler_name,
-                "schedulerNames",
-                policy.scheduler_names,
-            )
-        )
-    if scheduling.queue is not None and policy.queues is not None and scheduling.queue not in policy.queues:
-        problems.append(_denied("spec.scheduling.queue", "queue", scheduling.queue, "queues", policy.queues))
+    problems += _scheduling_problems(spec, policy)
     for index, toleration in enumerate(spec.cluster.tolerations):
         problems += _toleration_problem(f"spec.cluster.tolerations[{index}]", toleration, policy)
     for key, value in spec.cluster.node_selector.items():
-        if policy.node_selectors is None:
-            continue
-        if value not in policy.node_selectors.get(key, ()):
-            problems.append(
-                _denied(
-                    f"spec.cluster.nodeSelector[{key}]",
-                    "node selector",
-                    f"{key}={value}",
-                    "nodeSelectors",
-                    policy.node_selectors,
-                )
-            )
+        problems += _node_selector_problem(f"spec.cluster.nodeSelector[{key}]", key, value, policy)
     return problems
 
 
-def _host_path_problem(path: str, host_path: str, policy: AdminPolicy) -> list[Problem]:
-    if any(_under(host_path, prefix) for prefix in policy.host_path_prefixes):
+def _scheduling_problems(spec: RLJobSpec, policy: AdminPolicy) -> list[Problem]:
+    scheduling, problems = spec.scheduling, []
+    # gang: volcano hands the pods to Volcano's scheduler (KubeRay sets their schedulerName), so it
+    # is a choice of scheduler too; validation.py keeps an explicit schedulerName consistent with it.
+    scheduler, path = scheduling.scheduler_name, "spec.scheduling.schedulerName"
+    if scheduler is None and scheduling.gang is GangScheduler.VOLCANO:
+        scheduler, path = VOLCANO_SCHEDULER, "spec.scheduling.gang"
+    if scheduler is not None and policy.scheduler_names is not None and scheduler not in policy.scheduler_names:
+        problems.append(_denied(path, "scheduler", scheduler, "schedulerNames", policy.scheduler_names))
+    if scheduling.queue is not None and policy.queues is not None and scheduling.queue not in policy.queues:
+        problems.append(_denied("spec.scheduling.queue", "queue", scheduling.queue, "queues", policy.queues))
+    return problems
+
+
+def _node_selector_problem(path: str, key: str, value: str, policy: AdminPolicy) -> list[Problem]:
+    if policy.node_selectors is None:
+        if key in CONTROL_PLANE_KEYS:
+            return [
+                Problem(
+                    path,
+                    f"node selector {key}={value!r} places the pods on control-plane nodes, which the cluster's "
+                    f"policy does not allow ({CHART_PREFIX}.nodeSelectors: null); remove it, or ask the cluster "
+                    f"admin to list it in {CHART_PREFIX}.nodeSelectors",
+                )
+            ]
         return []
-    return [_denied(path, "hostPath", host_path, "hostPathPrefixes", policy.host_path_prefixes)]
+    if value in policy.node_selectors.get(key, ()):
+        return []
+    return [_denied(path, "node selector", f"{key}={value}", "nodeSelectors", policy.node_selectors)]
 
 
 def _toleration_problem(path: str, toleration: Toleration, policy: AdminPolicy) -> list[Problem]:
@@ -214,9 +347,18 @@ def _toleration_problem(path: str, toleration: Toleration, policy: AdminPolicy) 
             return [
                 Problem(
                     path,
-                    "a toleration of every taint (empty key, operator Exists) is not allowed by the "
-                    f"cluster's policy ({CHART_PREFIX}.tolerations: null); name the taint's key, or ask "
-                    "the cluster admin to list this toleration",
+                    "a toleration of every taint (empty key, operator Exists), control-plane taints included, is "
+                    f"not allowed by the cluster's policy ({CHART_PREFIX}.tolerations: null); name the taint's key, "
+                    f"or ask the cluster admin to list this toleration in {CHART_PREFIX}.tolerations",
+                )
+            ]
+        if asked.key in CONTROL_PLANE_KEYS:
+            return [
+                Problem(
+                    path,
+                    f"toleration {described} lets the pods onto control-plane nodes, which the cluster's policy "
+                    f"does not allow ({CHART_PREFIX}.tolerations: null); remove it, or ask the cluster admin to "
+                    f"list it in {CHART_PREFIX}.tolerations",
                 )
             ]
         return []

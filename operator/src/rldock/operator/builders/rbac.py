@@ -23,6 +23,11 @@ operator/src/rldock/operator/handlers.py):
   place, a lost worker). Kopf (1.45) watches a resource whole and filters labels itself, so it
   lists and watches every pod of the watched namespaces and keeps those labelled `ray.io/cluster`.
 - events: the operator's own Kubernetes Events on RLJobs.
+- localsubjectaccessreviews: `create` only, for the admission webhook's question whether the user
+  who sends an RLJob may `get` each Secret, ConfigMap and PersistentVolumeClaim it names
+  (access_review.py). The namespaced form of SubjectAccessReview, so a per-namespace Role can grant
+  it and the operator can ask only about the namespaces it serves; it reveals a user's rights to
+  the operator and grants nothing.
 
 Kopf runs standalone (no peering objects) and watches RLJobs, RayClusters and pods, so it needs
 nothing else; API discovery is open to every authenticated user.
@@ -51,6 +56,7 @@ RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
 )
 
 
