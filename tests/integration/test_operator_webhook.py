@@ -6,8 +6,11 @@ test's namespace only (the configuration is cluster-scoped and other tests share
 
 `kubectl apply` of an RLJob outside the admin policy is refused with the fields named and nothing is
 stored; a valid one is admitted, and the operator's own writes to it (its finalizer, on creation
-and on deletion) pass; spec.managedBy cannot change. And the chart's certificate through `helm
-install` and `helm upgrade` on this API server: reused, so it and the caBundle stay in step.
+and on deletion) pass; spec.managedBy cannot change. An RLJob is never a way around RBAC: a second
+non-admin user (the tenant, with a Role in the namespace) cannot name a Secret it may not `get`,
+and can name one it may; the image-prefix, NFS-export and control-plane rules refuse with the
+field named. And the chart's certificate through `helm install` and `helm upgrade` on this API
+server: reused, so it and the caBundle stay in step.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from test_operator import POLL, rljob, unique
 from rldock.operator.admission import WEBHOOK_PATH
 from rldock.operator.builders.rbac import build_rbac
 from rldock.operator.constants import FINALIZER
-from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
+from rldock_e2e.controlplane import ADMIN_USER, DEVELOPER_USER, TENANT_USER, ControlPlane, wait_for
 from rldock_e2e.controlplane.processes import free_ports
 from rldock_e2e.operator_process import OperatorProcess
 
@@ -47,6 +50,37 @@ HOST_ROOT = {
 }
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 TIMEOUT = 60.0
+# The operator's policy here: the chart's defaults, plus one image prefix and one NFS export.
+IMAGE_PREFIX = "registry.example.com/ml"
+NFS_EXPORT = {"server": "nfs.example.com", "path": "/exports/team-a"}
+POLICY = {"imagePrefixes": [IMAGE_PREFIX], "nfsExports": [NFS_EXPORT]}
+# Secrets of the namespace: the tenant may get the first only.
+READABLE, UNREADABLE = "reward-token", "db-password"
+
+
+def tenant_role(namespace: str) -> list[dict[str, Any]]:
+    """What a namespace admin gives a team that runs RLJobs but must not read every Secret: RLJobs,
+    the claims and ConfigMaps, and one Secret by name."""
+    rules = [
+        {
+            "apiGroups": ["rldock.io"],
+            "resources": ["rljobs"],
+            "verbs": ["get", "list", "create", "update", "patch", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [READABLE], "verbs": ["get"]},
+    ]
+    metadata = {"name": "rljob-author", "namespace": namespace}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata, "rules": rules},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rljob-author"},
+            "subjects": [{"kind": "User", "name": TENANT_USER, "apiGroup": "rbac.authorization.k8s.io"}],
+        },
+    ]
 
 
 class Pem(NamedTuple):
@@ -99,9 +133,9 @@ class Admission:
     def __init__(self, plane: ControlPlane, namespace: str, operator: OperatorProcess) -> None:
         self.plane, self.namespace, self.operator = plane, namespace, operator
 
-    def apply(self, manifest: dict[str, Any], *extra: str):
+    def apply(self, manifest: dict[str, Any], *extra: str, user: str = ADMIN_USER):
         return self.plane.kubectl(
-            "apply", "-n", self.namespace, *extra, "-f", "-", input=yaml.safe_dump(manifest), check=False
+            "apply", "-n", self.namespace, *extra, "-f", "-", input=yaml.safe_dump(manifest), check=False, user=user
         )
 
     def rljob(self, name: str) -> dict[str, Any] | None:
@@ -140,6 +174,10 @@ def admission(
         subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
     ):
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    for manifest in tenant_role(namespace):
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    for secret in (READABLE, UNREADABLE):
+        plane.kubectl("create", "secret", "generic", secret, "-n", namespace, "--from-literal=token=s3cret")
     work = tmp_path_factory.mktemp("webhook")
     kubeconfig = yaml.safe_load(plane.kubeconfig.read_text())
     kubeconfig["current-context"] = DEVELOPER_USER
@@ -148,13 +186,14 @@ def admission(
     for name, data in (("ca.crt", pem.ca), ("tls.crt", pem.cert), ("tls.key", pem.key)):
         (work / name).write_bytes(data)
     (port,) = free_ports(1)
-    # The chart's default policy (no hostPath), as the operator reads it from the chart.
+    # The chart's default policy (no hostPath, no control-plane nodes) with one image prefix and
+    # one NFS export, as the operator reads it from the chart.
     operator = OperatorProcess(
         namespaces=[namespace],
         kubeconfig=work / "kubeconfig",
         log_dir=work,
         poll_interval=POLL,
-        env={**plane.env, "RLDOCK_POLICY": "{}"},
+        env={**plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
         extra_args=[
             "--webhook-port",
             str(port),
@@ -263,6 +302,133 @@ def test_a_valid_rljob_is_admitted_and_the_operator_s_own_writes_pass(admission:
     # Deletion: the operator removes its finalizer (another UPDATE) and the RLJob goes.
     admission.plane.kubectl("delete", "rljob", name, "-n", admission.namespace, "--wait=false")
     admission.wait("the RLJob deleted", lambda: admission.rljob(name) is None)
+
+
+def secret_volume(secret: str) -> dict[str, Any]:
+    return {
+        "volumes": [{"name": "creds", "secret": {"secretName": secret}}],
+        "volumeMounts": [{"name": "creds", "mountPath": "/creds"}],
+    }
+
+
+def test_a_user_cannot_mount_a_secret_they_may_not_get(admission: Admission):
+    """Through each field that names a Secret: refused at apply with the field, the user, the verb,
+    the Secret and the namespace, and nothing stored."""
+    name = unique("steal")
+    manifest = rljob(
+        name,
+        **secret_volume(UNREADABLE),
+        env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": UNREADABLE, "key": "token"}}}],
+        envFrom=[{"secretRef": {"name": "default-token-xyz"}}],  # a legacy token Secret's name
+        imagePullSecrets=[{"name": "regcred"}],
+    )
+    refused = admission.apply(manifest, user=TENANT_USER)
+    assert refused.returncode != 0
+    message, ns = refused.stderr, admission.namespace
+    assert "denied the request" in message and "Forbidden" in message, message
+    for field, secret in (
+        ("spec.imagePullSecrets[0].name", "regcred"),
+        ("spec.volumes[0].secret.secretName", UNREADABLE),
+        ("spec.env[0].valueFrom.secretKeyRef.name", UNREADABLE),
+        ("spec.envFrom[0].secretRef.name", "default-token-xyz"),
+    ):
+        assert f'{field}: user "{TENANT_USER}" may not get secrets "{secret}" in namespace "{ns}"' in message, message
+    assert admission.rljob(name) is None
+    # The same spec from someone who may read them all (the admin) is admitted: it is the user that
+    # decides, not the spec.
+    assert admission.apply(manifest, "--dry-run=server").returncode == 0
+
+
+def test_a_user_with_get_can_mount_the_secret_and_not_add_another(admission: Admission):
+    name = unique("allowed")
+    admitted = admission.apply(rljob(name, **secret_volume(READABLE)), user=TENANT_USER)
+    assert admitted.returncode == 0, admitted.stderr
+    # The operator's finalizer: an UPDATE by the operator's own identity, which may get no Secret.
+    admission.wait(
+        "the operator's finalizer",
+        lambda: FINALIZER in ((admission.rljob(name) or {}).get("metadata", {}).get("finalizers") or ()),
+    )
+    # A change that adds nothing passes; one that adds a Secret the tenant may not get does not.
+    suspended = admission.apply(rljob(name, **secret_volume(READABLE), suspend=True), user=TENANT_USER)
+    assert suspended.returncode == 0, suspended.stderr
+    widened = rljob(name, **secret_volume(READABLE), envFrom=[{"secretRef": {"name": UNREADABLE}}])
+    refused = admission.apply(widened, user=TENANT_USER)
+    assert refused.returncode != 0, refused.stdout
+    assert f'spec.envFrom[0].secretRef.name: user "{TENANT_USER}" may not get secrets "{UNREADABLE}"' in refused.stderr
+    assert "envFrom" not in admission.rljob(name)["spec"]
+    admission.plane.kubectl("delete", "rljob", name, "-n", admission.namespace, "--wait=false")
+    admission.wait("the RLJob deleted", lambda: admission.rljob(name) is None)
+
+
+@pytest.mark.parametrize(
+    "spec, field, setting",
+    [
+        ({"image": f"{IMAGE_PREFIX}-evil/rt:1"}, "spec.image", "policy.imagePrefixes"),
+        ({"image": "registry.example.com.evil.io/ml/rt:1"}, "spec.image", "policy.imagePrefixes"),
+        (
+            {
+                "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": "/"}}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            },
+            "spec.volumes[0].nfs",
+            "policy.nfsExports",
+        ),
+        (
+            {
+                "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": "/exports/team-a/../b"}}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            },
+            "spec.volumes[0].nfs.path",
+            "policy.nfsExports",
+        ),
+        (
+            {
+                "cluster": {
+                    "head": {"cpu": 1, "memory": "1Gi"},
+                    "worker": {"cpu": 1, "memory": "1Gi"},
+                    "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}],
+                }
+            },
+            "spec.cluster.tolerations[0]",
+            "policy.tolerations",
+        ),
+        (
+            {
+                "cluster": {
+                    "head": {"cpu": 1, "memory": "1Gi"},
+                    "worker": {"cpu": 1, "memory": "1Gi"},
+                    "nodeSelector": {"node-role.kubernetes.io/master": "true"},
+                }
+            },
+            "spec.cluster.nodeSelector[node-role.kubernetes.io/master]",
+            "policy.nodeSelectors",
+        ),
+        ({"scheduling": {"gang": "kueue", "queue": "team-a"}}, "spec.scheduling.queue", "policy.queues"),
+    ],
+)
+def test_the_policy_refuses_naming_the_field_and_the_setting(admission: Admission, spec, field, setting):
+    name = unique("policy")
+    refused = admission.apply(rljob(name, **spec), user=TENANT_USER)
+    assert refused.returncode != 0
+    assert "PolicyDenied" in refused.stderr and f"{field}: " in refused.stderr and setting in refused.stderr, (
+        refused.stderr
+    )
+    assert admission.rljob(name) is None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"image": f"{IMAGE_PREFIX}/rt:1"},
+        {
+            "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": "/exports/team-a/models/"}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        },
+    ],
+)
+def test_what_the_policy_lists_is_admitted(admission: Admission, spec):
+    admitted = admission.apply(rljob(unique("listed"), **spec), "--dry-run=server", user=TENANT_USER)
+    assert admitted.returncode == 0, admitted.stderr
 
 
 def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane: ControlPlane, tmp_path: Path) -> None:

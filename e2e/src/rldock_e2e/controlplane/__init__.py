@@ -2,7 +2,7 @@
 
 from .binaries import BinariesUnavailable, BuildFailed, cache_dir, find_binaries
 from .cluster import ControlPlane, ControlPlaneError, KubectlError, wait_for
-from .credentials import ADMIN_USER, DEVELOPER_USER
+from .credentials import ADMIN_USER, DEVELOPER_USER, TENANT_USER
 from .processes import pid_alive
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ControlPlaneError",
     "DEVELOPER_USER",
     "KubectlError",
+    "TENANT_USER",
     "cache_dir",
     "find_binaries",
     "pid_alive",

@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 ADMIN_USER = "admin"
 # A real user with no RBAC bindings: what a tenant sees before an admin grants it a Role.
 DEVELOPER_USER = "developer"
+# A second one, for tests where the developer runs the operator and someone else writes RLJobs.
+TENANT_USER = "tenant"
 
 
 @dataclass(frozen=True)
@@ -27,10 +29,11 @@ class TokenUser:
 
 
 def default_users() -> dict[str, TokenUser]:
-    """The admin (system:masters) and one non-admin user, with fresh random tokens."""
+    """The admin (system:masters) and two non-admin users, with fresh random tokens."""
     return {
         ADMIN_USER: TokenUser(ADMIN_USER, secrets.token_hex(16), ("system:masters",)),
         DEVELOPER_USER: TokenUser(DEVELOPER_USER, secrets.token_hex(16)),
+        TENANT_USER: TokenUser(TENANT_USER, secrets.token_hex(16)),
     }
 
 
