@@ -162,7 +162,7 @@ def test_a_forbidden_reference_names_the_field_user_verb_object_and_namespace():
     problems = forbidden_references(
         found, user=User("alice"), namespace="team-a", may_get=grants(User("alice"), "team-a")
     )
-    assert [str(p).split(";")[0] for p in problems] == [
+    assert [str(p).split(" (")[0] for p in problems] == [
         'spec.volumes[0].secret.secretName: user "alice" may not get secrets "db-password" in namespace "team-a"',
         'spec.envFrom[0].secretRef.name: user "alice" may not get secrets "db-password" in namespace "team-a"',
     ]

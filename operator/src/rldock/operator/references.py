@@ -143,8 +143,8 @@ def forbidden_references(found: list[Reference], *, user: User, namespace: str, 
                 Problem(
                     reference.path,
                     f"user {json.dumps(user.name)} may not {VERB} {reference.resource} {json.dumps(reference.name)} "
-                    f"in namespace {json.dumps(namespace)}; an RLJob may only use what its author may read: "
-                    f"name one you may read, or ask a namespace admin for `{VERB}` on it",
+                    f"in namespace {json.dumps(namespace)} (an RLJob may only use what its author may read: "
+                    f"name one you may read, or ask a namespace admin for `{VERB}` on it)",
                 )
             )
     return problems
