@@ -304,6 +304,18 @@ def test_a_valid_rljob_is_admitted_and_the_operator_s_own_writes_pass(admission:
     admission.wait("the RLJob deleted", lambda: admission.rljob(name) is None)
 
 
+def nfs_volume(path: str) -> dict[str, Any]:
+    return {
+        "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": path}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+
+
+def small_cluster(**placement: Any) -> dict[str, Any]:
+    """spec.cluster as rljob() has it, with tolerations or a nodeSelector."""
+    return {"cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}, **placement}}
+
+
 def secret_volume(secret: str) -> dict[str, Any]:
     return {
         "volumes": [{"name": "creds", "secret": {"secretName": secret}}],
@@ -365,41 +377,15 @@ def test_a_user_with_get_can_mount_the_secret_and_not_add_another(admission: Adm
     [
         ({"image": f"{IMAGE_PREFIX}-evil/rt:1"}, "spec.image", "policy.imagePrefixes"),
         ({"image": "registry.example.com.evil.io/ml/rt:1"}, "spec.image", "policy.imagePrefixes"),
+        (nfs_volume("/"), "spec.volumes[0].nfs", "policy.nfsExports"),
+        (nfs_volume("/exports/team-a/../b"), "spec.volumes[0].nfs.path", "policy.nfsExports"),
         (
-            {
-                "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": "/"}}],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            },
-            "spec.volumes[0].nfs",
-            "policy.nfsExports",
-        ),
-        (
-            {
-                "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": "/exports/team-a/../b"}}],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            },
-            "spec.volumes[0].nfs.path",
-            "policy.nfsExports",
-        ),
-        (
-            {
-                "cluster": {
-                    "head": {"cpu": 1, "memory": "1Gi"},
-                    "worker": {"cpu": 1, "memory": "1Gi"},
-                    "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}],
-                }
-            },
+            small_cluster(tolerations=[{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]),
             "spec.cluster.tolerations[0]",
             "policy.tolerations",
         ),
         (
-            {
-                "cluster": {
-                    "head": {"cpu": 1, "memory": "1Gi"},
-                    "worker": {"cpu": 1, "memory": "1Gi"},
-                    "nodeSelector": {"node-role.kubernetes.io/master": "true"},
-                }
-            },
+            small_cluster(nodeSelector={"node-role.kubernetes.io/master": "true"}),
             "spec.cluster.nodeSelector[node-role.kubernetes.io/master]",
             "policy.nodeSelectors",
         ),
@@ -420,10 +406,7 @@ def test_the_policy_refuses_naming_the_field_and_the_setting(admission: Admissio
     "spec",
     [
         {"image": f"{IMAGE_PREFIX}/rt:1"},
-        {
-            "volumes": [{"name": "data", "nfs": {"server": NFS_EXPORT["server"], "path": "/exports/team-a/models/"}}],
-            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-        },
+        nfs_volume("/exports/team-a/models/"),
     ],
 )
 def test_what_the_policy_lists_is_admitted(admission: Admission, spec):

@@ -40,6 +40,17 @@ def spec_dict(**sections: Any) -> dict[str, Any]:
     return spec
 
 
+def rljob_object(**sections: Any) -> dict[str, Any]:
+    """The RLJob `grpo` in namespace team-a with spec_dict(**sections), as the API server sends it
+    to the admission webhook."""
+    return {
+        "apiVersion": "rldock.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "grpo", "namespace": "team-a"},
+        "spec": spec_dict(**sections),
+    }
+
+
 def set_path(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     """A copy of `data` with `a.b.c` set to `value` (or removed when value is DELETE)."""
     data = copy.deepcopy(data)

@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from rljob_testing import spec_dict
+from rljob_testing import rljob_object
 
 from rldock.operator.admission import (
     MAX_REVIEW_BYTES,
@@ -50,15 +50,6 @@ MULTIKUEUE = "kueue.x-k8s.io/multikueue"
 def grant_all(user: Any, namespace: str) -> Any:
     """Test double of access_review.AccessReviewer: every user may read every object."""
     return lambda resource, name: True
-
-
-def rljob(**sections: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "rldock.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "grpo", "namespace": "team-a"},
-        "spec": spec_dict(**sections),
-    }
 
 
 def with_spec(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -89,9 +80,9 @@ def admission_review(req: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
 
 
-VALID = rljob()
-INVALID = rljob(job={"name": "grpo-test"})  # the job config's required sections are missing
-OUTSIDE_POLICY = rljob(**HOST_ROOT)
+VALID = rljob_object()
+INVALID = rljob_object(job={"name": "grpo-test"})  # the job config's required sections are missing
+OUTSIDE_POLICY = rljob_object(**HOST_ROOT)
 ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
 
 
@@ -111,7 +102,7 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
             ("spec.volumes[0].hostPath.path", "policy.hostPathPrefixes"),
         ),
         (
-            request("CREATE", rljob(checkpoint={"hostPath": "/mnt/rl"}, image="docker.io/evil:1", **HOST_ROOT)),
+            request("CREATE", rljob_object(checkpoint={"hostPath": "/mnt/rl"}, image="docker.io/evil:1", **HOST_ROOT)),
             "PolicyDenied",
             ("spec.checkpoint.hostPath", "spec.volumes[0].hostPath.path", "spec.image", "policy.imagePrefixes"),
         ),
@@ -159,7 +150,7 @@ def test_the_policy_is_the_operators():
 
 
 def test_every_problem_is_listed_as_the_failed_condition_would_list_it():
-    obj = rljob(image="docker.io/evil:1", **HOST_ROOT)
+    obj = rljob_object(image="docker.io/evil:1", **HOST_ROOT)
     verdict = decide(request("CREATE", obj), SETTINGS, grant_all)
     spec, _ = parse_spec(obj["spec"])
     problems = policy_problems(spec, SETTINGS.policy, default_image=SETTINGS.pod_defaults.image)

@@ -33,6 +33,13 @@ ONE_TAINT = {
     "cluster": {"tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]}
 }
 
+
+def problems_of(sections: dict, policy: dict) -> list:
+    """The policy's problems with a spec_dict(**sections) under the chart values `policy`."""
+    spec = RLJobSpec.model_validate(spec_dict(**sections))
+    return policy_problems(spec, AdminPolicy.model_validate(policy), default_image=DEFAULT_IMAGE)
+
+
 CASES = [
     # (spec sections, policy, the fields refused)
     ({}, {}, []),
@@ -77,8 +84,7 @@ CASES = [
 
 @pytest.mark.parametrize("sections, policy, refused", CASES)
 def test_policy(sections, policy, refused):
-    spec = RLJobSpec.model_validate(spec_dict(**sections))
-    problems = policy_problems(spec, AdminPolicy.model_validate(policy), default_image=DEFAULT_IMAGE)
+    problems = problems_of(sections, policy)
     assert [p.path for p in problems] == refused
     for problem in problems:
         assert "policy." in problem.message and "cluster admin" in problem.message
@@ -108,8 +114,7 @@ IMAGE_CASES = [
 @pytest.mark.parametrize("image, prefix, admitted", IMAGE_CASES)
 def test_image_prefixes_match_at_a_boundary(image, prefix, admitted):
     assert image_allowed(image, [prefix]) is admitted
-    spec = RLJobSpec.model_validate(spec_dict(image=image))
-    problems = policy_problems(spec, AdminPolicy(image_prefixes=[prefix]), default_image=DEFAULT_IMAGE)
+    problems = problems_of({"image": image}, {"imagePrefixes": [prefix]})
     assert [p.path for p in problems] == ([] if admitted else ["spec.image"])
 
 
@@ -145,8 +150,7 @@ NFS_CASES = [
 
 @pytest.mark.parametrize("server, path, exports, refused", NFS_CASES)
 def test_nfs_volumes_need_a_listed_export(server, path, exports, refused):
-    spec = RLJobSpec.model_validate(spec_dict(**nfs(server, path)))
-    problems = policy_problems(spec, AdminPolicy.model_validate({"nfsExports": exports}), default_image=DEFAULT_IMAGE)
+    problems = problems_of(nfs(server, path), {"nfsExports": exports})
     assert [p.path for p in problems] == ([refused] if refused else [])
     for problem in problems:
         assert "policy.nfsExports" in problem.message and repr(path)[1:-1] in problem.message
@@ -193,8 +197,7 @@ CONTROL_PLANE_CASES = [
 
 @pytest.mark.parametrize("sections, policy, refused", CONTROL_PLANE_CASES)
 def test_control_plane_nodes_are_refused_unless_listed(sections, policy, refused):
-    spec = RLJobSpec.model_validate(spec_dict(**sections))
-    problems = policy_problems(spec, AdminPolicy.model_validate(policy), default_image=DEFAULT_IMAGE)
+    problems = problems_of(sections, policy)
     assert [p.path for p in problems] == refused
     for problem in problems:
         rule = "policy.nodeSelectors" if "nodeSelector" in problem.path else "policy.tolerations"
@@ -219,8 +222,7 @@ SCHEDULING_CASES = [
 
 @pytest.mark.parametrize("scheduling, policy, refused", SCHEDULING_CASES)
 def test_only_listed_schedulers_and_queues(scheduling, policy, refused):
-    spec = RLJobSpec.model_validate(spec_dict(scheduling=scheduling))
-    problems = policy_problems(spec, AdminPolicy.model_validate(policy), default_image=DEFAULT_IMAGE)
+    problems = problems_of({"scheduling": scheduling}, policy)
     assert [p.path for p in problems] == refused
     for problem in problems:
         assert ("policy.schedulerNames" in problem.message) != ("policy.queues" in problem.message), problem.message

@@ -19,7 +19,7 @@ from rldock.operator import naming
 from rldock.operator.builders import RLJobRef
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
 from rldock.operator.kube import CreateRefused, StatusRejected
-from rldock.operator.policy import AdminPolicy
+from rldock.operator.policy import AdminPolicy, NFSExport
 from rldock.operator.rayjobs import RayJobsError, TokenRefused
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings
@@ -441,6 +441,43 @@ def test_a_spec_outside_the_admins_policy_fails_naming_the_field_and_creates_not
         if v["name"] == "root"
     ]
     assert volume["hostPath"] == {"path": "/"}
+
+
+@pytest.mark.parametrize(
+    "sections, field, setting",
+    [
+        ({"image": "registry.example.com/ml-evil/x:1"}, "spec.image", "policy.imagePrefixes"),
+        (
+            {
+                "volumes": [{"name": "data", "nfs": {"server": "nfs.example.com", "path": "/"}}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            },
+            "spec.volumes[0].nfs",
+            "policy.nfsExports",
+        ),
+        (
+            {"cluster": {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}},
+            "spec.cluster.tolerations[0]",
+            "policy.tolerations",
+        ),
+        ({"scheduling": {"gang": "volcano"}}, "spec.scheduling.gang", "policy.schedulerNames"),
+    ],
+)
+def test_without_the_webhook_the_new_rules_fail_the_rljob_naming_the_field(sections, field, setting):
+    """The webhook off: the image-prefix, NFS-export, control-plane and scheduler rules surface as
+    every policy refusal does, a PolicyDenied condition and Warning Event, with nothing created."""
+    reconciler, kube, _ = make_world(
+        policy=AdminPolicy(
+            image_prefixes=["registry.example.com/ml"],
+            nfs_exports=[NFSExport(server="nfs.example.com", path="/exports/team-a")],
+        )
+    )
+    outcome = reconciler.reconcile(body(**sections))
+    assert outcome.status["phase"] == "Failed" and kube.writes == []
+    failed = {c["type"]: c for c in outcome.status["conditions"]}["Failed"]
+    assert failed["reason"] == "PolicyDenied" and f"{field}: " in failed["message"] and setting in failed["message"]
+    assert [(e.type, e.reason.value) for e in outcome.events] == [("Warning", "PolicyDenied")]
+    assert field in outcome.events[0].message
 
 
 def _running(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:

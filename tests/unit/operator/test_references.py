@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from kubernetes import client
-from rljob_testing import KUBERNETES_VERSION, spec_dict
+from rljob_testing import KUBERNETES_VERSION, rljob_object, spec_dict
 
 from rldock.operator.access_review import AccessReviewer, build_access_review
 from rldock.operator.admission import (
@@ -73,15 +73,6 @@ EVERY_KIND = {
 
 def spec(**sections: Any) -> RLJobSpec:
     return RLJobSpec.model_validate(spec_dict(**sections))
-
-
-def rljob(**sections: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "rldock.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "grpo", "namespace": "team-a"},
-        "spec": spec_dict(**sections),
-    }
 
 
 def request(
@@ -183,7 +174,7 @@ def test_a_forbidden_reference_names_the_field_user_verb_object_and_namespace():
     ],
 )
 def test_an_rljob_may_name_only_what_its_author_may_read(readable, allowed):
-    verdict = decide(request("CREATE", rljob(**SECRET_VOLUME)), SETTINGS, Grants(*readable))
+    verdict = decide(request("CREATE", rljob_object(**SECRET_VOLUME)), SETTINGS, Grants(*readable))
     assert verdict.allowed is allowed
     if not allowed:
         assert (verdict.code, verdict.reason) == (FORBIDDEN_CODE, "Forbidden") == (403, "Forbidden")
@@ -192,46 +183,48 @@ def test_an_rljob_may_name_only_what_its_author_may_read(readable, allowed):
 
 def test_the_question_carries_the_request_s_user_unchanged():
     grants = Grants(CHECKPOINTS)
-    decide(request("CREATE", rljob()), SETTINGS, grants)
+    decide(request("CREATE", rljob_object()), SETTINGS, grants)
     ((user, namespace, resource, name),) = grants.asked
     assert user == User("alice", "u-1", ("team-a", "system:authenticated"), {"scope": ("x",)})
     assert (namespace, resource, name) == ("team-a", *CHECKPOINTS)
 
 
 def test_updates_ask_only_about_added_objects_so_the_operator_s_own_writes_pass():
-    old = rljob(**SECRET_VOLUME)
+    old = rljob_object(**SECRET_VOLUME)
     grants = Grants()  # nobody may read anything
     # The operator's finalizer and kopf's annotations (metadata only), as its own service account.
     finalized = {**old, "metadata": {**old["metadata"], "finalizers": ["rldock.io/finalizer"]}}
     assert decide(request("UPDATE", finalized, old, user=OPERATOR), SETTINGS, grants).allowed
     # A spec change that adds no object (suspend) by someone who may read none of them.
-    suspended = rljob(**SECRET_VOLUME, suspend=True)
+    suspended = rljob_object(**SECRET_VOLUME, suspend=True)
     assert decide(request("UPDATE", suspended, old, user=OPERATOR), SETTINGS, grants).allowed
     assert grants.asked == []
     # Adding a Secret is asked about, and only that.
-    more = rljob(**SECRET_VOLUME, env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}])
+    more = rljob_object(
+        **SECRET_VOLUME, env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}]
+    )
     verdict = decide(request("UPDATE", more, old), SETTINGS, grants)
     assert not verdict.allowed and "spec.env[0].valueFrom.secretKeyRef.name" in verdict.message
     assert [asked[2:] for asked in grants.asked] == [("secrets", "other")]
 
 
 def test_an_old_spec_that_no_longer_parses_vouches_for_nothing():
-    old = rljob(**SECRET_VOLUME)
+    old = rljob_object(**SECRET_VOLUME)
     old["spec"]["job"] = {"name": "broken"}
     grants = Grants(CHECKPOINTS)
-    verdict = decide(request("UPDATE", rljob(**SECRET_VOLUME), old), SETTINGS, grants)
+    verdict = decide(request("UPDATE", rljob_object(**SECRET_VOLUME), old), SETTINGS, grants)
     assert not verdict.allowed and "db-password" in verdict.message
 
 
 def test_the_policy_is_checked_first_and_asks_nothing():
     grants = Grants()
-    verdict = decide(request("CREATE", rljob(image="docker.io/evil:1", **SECRET_VOLUME)), SETTINGS, grants)
+    verdict = decide(request("CREATE", rljob_object(image="docker.io/evil:1", **SECRET_VOLUME)), SETTINGS, grants)
     assert verdict.reason == "PolicyDenied" and grants.asked == []
-    elsewhere = rljob(managedBy="kueue.x-k8s.io/multikueue", **SECRET_VOLUME)  # nothing of it runs here
+    elsewhere = rljob_object(managedBy="kueue.x-k8s.io/multikueue", **SECRET_VOLUME)  # nothing of it runs here
     assert decide(request("CREATE", elsewhere), SETTINGS, grants).allowed and grants.asked == []
 
 
-def test_an_unanswered_question_refuses_the_rljob():
+def test_an_unanswered_question_refuses_the_rljob_object():
     def failing(user: User, namespace: str) -> Any:
         def may_get(resource: str, name: str) -> bool:
             raise AccessReviewFailed(f'whether user "alice" may get {resource} "{name}": HTTP 503: unavailable')
@@ -239,7 +232,7 @@ def test_an_unanswered_question_refuses_the_rljob():
         return may_get
 
     answer = review(
-        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request("CREATE", rljob())},
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request("CREATE", rljob_object())},
         SETTINGS,
         failing,
     )["response"]
@@ -252,7 +245,7 @@ def test_an_unanswered_question_refuses_the_rljob():
 @pytest.mark.parametrize("user_info", [None, {}, {"username": 3}, {"username": "a", "groups": "g"}])
 def test_a_request_without_a_user_is_not_a_review(user_info):
     with pytest.raises(ReviewError):
-        decide(request("CREATE", rljob(), user=user_info), SETTINGS, Grants(CHECKPOINTS))
+        decide(request("CREATE", rljob_object(), user=user_info), SETTINGS, Grants(CHECKPOINTS))
 
 
 def test_user_of_reads_every_field():
