@@ -92,6 +92,13 @@ def test_policy_network_policy_and_the_operators_pods_from_the_environment(capsy
         ('{"hostPathPrefixes": ["mnt"]}', "policy.hostPathPrefixes[0]"),
         ('{"hostPaths": []}', "policy.hostPaths"),
         ("[", "policy: not JSON"),
+        # The operator stops at start on a prefix that would match wrongly, naming value and setting.
+        (
+            '{"imagePrefixes": ["https://registry.example.com"]}',
+            "policy.imagePrefixes[0]: 'https://registry.example.com'",
+        ),
+        ('{"imagePrefixes": ["registry.example.com/ml", ""]}', "policy.imagePrefixes[1]: '' is empty"),
+        ('{"nfsServers": ["nfs.example.com"]}', "policy.nfsServers"),
     ):
         with pytest.raises(SystemExit):
             load_settings([], {**env, "RLDOCK_POLICY": bad})
