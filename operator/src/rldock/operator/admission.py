@@ -46,6 +46,7 @@ from rldock.operator.reconcile import managed_elsewhere
 from rldock.operator.references import (
     AccessReviewFailed,
     MayGet,
+    Reference,
     User,
     forbidden_references,
     new_references,
@@ -167,7 +168,13 @@ def decide(request: Mapping[str, Any], settings: OperatorSettings, access: Acces
     # An old spec that no longer parses (written under older rules) vouches for nothing: every
     # reference is checked then.
     old_parsed = parse_spec(old_spec)[0] if old_spec is not None else None
-    added = new_references(parsed, old_parsed)
+    return _references_verdict(request, obj, new_references(parsed, old_parsed), access)
+
+
+def _references_verdict(
+    request: Mapping[str, Any], obj: Mapping[str, Any], added: list[Reference], access: Access
+) -> Verdict:
+    """Refused when the request's user may not get one of `added`, or when that cannot be known."""
     if not added:
         return ALLOWED
     namespace = request.get("namespace") or _mapping(obj.get("metadata"), "request.object.metadata").get("namespace")
