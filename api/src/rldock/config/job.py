@@ -629,6 +629,20 @@ class SandboxSpec(Spec):
     memory_mib: int = Field(
         default=512, ge=64, le=1_048_576, description="Address space one program may map (RLIMIT_AS), MiB."
     )
+    disk_mib: int = Field(
+        default=64,
+        ge=1,
+        le=65_536,
+        description="Bytes one program may write into its scratch directory, all files together, MiB: a tmpfs of "
+        "this size where the kernel allows a mount namespace, else a watchdog that stops the program (outcome "
+        "`disk_limit`). One file is also capped at 16 MiB or this, whichever is less.",
+    )
+    max_files: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="Files and directories one program may create in its scratch directory, enforced as `disk_mib` is.",
+    )
     max_output_chars: int = Field(
         default=2000,
         ge=16,
