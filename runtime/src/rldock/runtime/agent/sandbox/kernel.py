@@ -339,6 +339,7 @@ _UNIFIED_SYSCALLS = {
     "listxattrat": 465,
     "removexattrat": 466,
     "open_tree_attr": 467,
+    "fchmodat2": 452,
 }
 SYSCALLS = {
     "x86_64": (
@@ -352,6 +353,10 @@ SYSCALLS = {
             "execve": 59,
             "kill": 62,
             "fcntl": 72,
+            "chmod": 90,
+            "chown": 92,
+            "lchown": 94,
+            "utime": 132,
             "ptrace": 101,
             "rt_sigqueueinfo": 129,
             "mknod": 133,
@@ -381,13 +386,18 @@ SYSCALLS = {
             "fremovexattr": 199,
             "tkill": 200,
             "tgkill": 234,
+            "utimes": 235,
             "kexec_load": 246,
             "add_key": 248,
             "request_key": 249,
             "keyctl": 250,
             "mknodat": 259,
+            "fchownat": 260,
+            "futimesat": 261,
+            "fchmodat": 268,
             "unshare": 272,
             "rt_tgsigqueueinfo": 297,
+            "utimensat": 280,
             "perf_event_open": 298,
             "fanotify_init": 300,
             "prlimit64": 302,
@@ -429,7 +439,10 @@ SYSCALLS = {
             "mount": 40,
             "pivot_root": 41,
             "chroot": 51,
+            "fchmodat": 53,
+            "fchownat": 54,
             "quotactl": 60,
+            "utimensat": 88,
             "acct": 89,
             "unshare": 97,
             "kexec_load": 104,
@@ -496,6 +509,19 @@ DENIED = (
     # Device nodes and fifos, anywhere.
     "mknod",
     "mknodat",
+    # Modes, owners and times by path (or by an O_PATH descriptor, which Landlock lets open anything):
+    # Landlock rules contents, not metadata, so these would reach files outside. By an open descriptor
+    # (fchmod, fchown) they stay allowed: the descriptor was checked when it was opened.
+    "chmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "lchown",
+    "fchownat",
+    "utime",
+    "utimes",
+    "futimesat",
+    "utimensat",
     # Namespaces, mounts, the root directory: a way around Landlock's view of paths.
     "unshare",
     "setns",

@@ -1,0 +1,210 @@
+"""The attack corpus (sandbox_attacks.py) against the python tool's sandbox, in every mode it runs in:
+with namespaces (this machine), with unshare refused and no capability (a pod under the `restricted`
+Pod Security Standard), and, in that weaker mode, without the audit hook (what a program that got past
+the hook meets). Each attack runs through a caller of its own process (sandbox_caller.py), and after
+each one:
+
+- nothing outside the scratch directory was read (the secret is not in what the model reads) or written
+  (the directory beside it is as it was: names, contents, modes, times), nothing connected to loopback;
+- the caller is alive (it answered), no process of the program's session is left, and the scratch
+  directory is gone;
+- with the audit hook, the program did not end `ok`, the model reads why it stopped, and its interpreter
+  did not crash (no signal but the sandbox's own kills).
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_attacks import ATTACK_LIMITS, ATTACKS
+
+CALLER = Path(__file__).with_name("sandbox_caller.py")
+MODES = [("namespaces", "hook"), ("restricted", "hook"), ("restricted", "kernel-only")]
+LIMITS = {"cpu_seconds": 2, "wall_seconds": 4, "memory_mib": 512, "max_output_chars": 2000}
+ANSWER_TIMEOUT_S = 120.0
+# Our own kills: the wall clock and the disk watchdog (SIGKILL), RLIMIT_CPU (SIGXCPU, then SIGKILL).
+SANDBOX_SIGNALS = (-9, -24)
+
+
+class Caller:
+    """One sandbox_caller.py process; restarted if an attack killed it (that attack's test fails)."""
+
+    def __init__(self, mode: str, hook: str):
+        self.argv = [sys.executable, str(CALLER), mode, hook]
+        self.process: subprocess.Popen | None = None
+
+    def ask(self, request: dict) -> dict:
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=CALLER.parent
+            )
+            assert json.loads(self._line()) == {"ready": True}
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self._line()
+        assert line, f"the caller died during the attack (exit {self.process.wait()})"
+        return json.loads(line)
+
+    def _line(self) -> str:
+        assert self.process is not None and self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], ANSWER_TIMEOUT_S)
+        assert ready, f"the caller gave no answer in {ANSWER_TIMEOUT_S} s"
+        return self.process.stdout.readline()
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module", params=MODES, ids=["namespaces", "restricted", "restricted-kernel-only"])
+def caller(request) -> Iterator[tuple[Caller, str, str]]:
+    instance = Caller(*request.param)
+    yield instance, *request.param
+    instance.close()
+
+
+def snapshot(directory: Path) -> dict[str, tuple]:
+    return {
+        path.name: (path.read_bytes(), path.stat().st_mode, path.stat().st_mtime_ns) for path in directory.iterdir()
+    }
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
+    client, mode, hook = caller
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    canary = f"CANARY-{uuid.uuid4()}"
+    secret.write_text(canary)
+    outside.chmod(0o755)
+    secret.chmod(0o644)  # readable to the sandbox's user as far as file modes go: only the sandbox stops it
+    before = snapshot(outside)
+    scratch_parent = tmp_path / "scratch"
+    scratch_parent.mkdir()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    prelude = f"OUTSIDE = {str(outside)!r}\nSECRET = {str(secret)!r}\nPORT = {port}\n"
+    try:
+        answer = client.ask(
+            {
+                "code": prelude + ATTACKS[name],
+                "tempdir": str(scratch_parent),
+                "limits": {**LIMITS, **ATTACK_LIMITS.get(name, {})},
+            }
+        )
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nothing connected
+    finally:
+        listener.close()
+    assert canary not in answer["text"], answer["text"]
+    assert snapshot(outside) == before
+    assert answer["left"] == [] and answer["scratch_left"] == [], answer
+    if hook == "hook":
+        assert answer["outcome"] != "ok", answer["text"]
+        assert answer["text"].strip(), "the model is told why the program stopped"
+        assert answer["exit_code"] >= 0 or answer["exit_code"] in SANDBOX_SIGNALS, answer
+    expected_namespaces = ["user", "mount", "network", "scratch_filesystem"] if mode == "namespaces" else []
+    assert answer["layers"] == {
+        "namespaces": expected_namespaces,
+        "landlock": answer["layers"]["landlock"],
+        "seccomp": True,
+    }
+    assert answer["layers"]["landlock"] >= 1
+
+
+def test_the_corpus_has_every_attack_of_the_issue():
+    # Issue 36's list, each by the name it has here: a renamed or dropped attack fails this.
+    named = {
+        "disarm the hook, then run a fresh interpreter",
+        "disarm the hook, then read the caller's environment and memory",
+        "SIGIO to the caller through F_SETOWN",
+        "SIGKILL to the caller through F_SETSIG",
+        "mkfifo outside",
+        "mknod outside",
+        "list /",
+        "list extended attributes outside",
+        "_ctypes under another module name",
+        "marshal.loads of hand-built code",
+        "bad bytecode through marshal",
+        "a path that answers the check and the call differently",
+        "1,100 nested directories",
+        "fill the disk with 64 files of 16 MiB",
+    }
+    assert named <= set(ATTACKS)
+    assert len(ATTACKS) >= 68
+
+
+def test_the_caller_dying_kills_the_program(tmp_path):
+    # The caller is SIGKILLed while its program sleeps: the program dies with it (PR_SET_PDEATHSIG), with
+    # no one left to enforce the wall clock.
+    code = "import time\nprint('sleeping', flush=True)\ntime.sleep(3600)"
+    request = {"code": code, "tempdir": str(tmp_path), "limits": {**LIMITS, "wall_seconds": 600}}
+    caller = subprocess.Popen(
+        [sys.executable, str(CALLER), "restricted", "hook"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=CALLER.parent,
+    )
+    try:
+        assert caller.stdout is not None and caller.stdin is not None
+        assert json.loads(caller.stdout.readline()) == {"ready": True}
+        caller.stdin.write(json.dumps(request) + "\n")
+        caller.stdin.flush()
+        program = wait_for_child_in_run_stage(caller.pid)
+    finally:
+        caller.kill()
+        caller.wait()
+    from test_sandbox import wait_until_dead
+
+    wait_until_dead(program)
+
+
+def wait_for_child_in_run_stage(parent: int, timeout_s: float = 60.0) -> int:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(fields[1]) == parent and b"run" in command:
+                return int(entry.name)
+        time.sleep(0.01)  # polls the state it waits for
+    raise AssertionError(f"no program of caller {parent} started in {timeout_s} s")
+
+
+def test_the_caller_runs_as_a_restricted_pod_would():
+    # The emulation itself: without it, the restricted modes would test nothing.
+    probe = (
+        "import ctypes, os\n"
+        "from sandbox_caller import _as_a_restricted_pod\n"
+        "_as_a_restricted_pod()\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x40000000), ctypes.get_errno())\n"
+        "keys = ('CapEff', 'CapBnd', 'NoNewPrivs')\n"
+        "print([line.split()[1] for line in open('/proc/self/status') if line.startswith(keys)])\n"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", probe], cwd=CALLER.parent, capture_output=True, text=True, check=True
+    )
+    assert output.stdout.splitlines() == ["-1 1", "['0000000000000000', '0000000000000000', '1']"], output.stderr
