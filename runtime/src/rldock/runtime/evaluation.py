@@ -47,6 +47,8 @@ class EvalExample:
     ground_truth: str
     data_source: str  # the metrics group: `val/<data_source>/...`
     extra_info: dict[str, Any] = field(default_factory=dict)
+    row_prompt: str | list | None = None  # the prompt as stored (text or chat messages), for TRL-form rewards
+    columns: dict[str, Any] = field(default_factory=dict)  # the row's other columns, for TRL-form rewards
 
 
 # Rewards of decoded responses: `responses[i]` answers `examples[i]` (an example repeats once per

@@ -22,6 +22,7 @@ from pathlib import Path
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.data.probe import data_file_problems
+from rldock.runtime.user_code import wrong_kind
 
 MOUNT_HINT = "mount the volume that holds it (RLJob spec.volumes/volumeMounts) or fix the path"
 OUTPUT_FIELD = "--output"
@@ -128,9 +129,13 @@ def path_problem(path: Path, kind: PathKind) -> str | None:
 
 
 def reward_function_problems(cfg: JobConfig) -> list[Problem]:
-    """Each `file.py:name` reward term's file parses and defines `name` at its top level. Read as
+    """Each `file.py:name` reward term's file parses and defines `name` at its top level, as a
+    function of one of the two reward forms (rewards/forms.py: verl's or TRL's, the same check the
+    reward worker makes on the loaded function) and not as a literal (`compute_score = 3`). Read as
     source, not imported: the reward worker imports it (running the user's code) where it runs;
-    here a typo in the name or the file's syntax is caught before anything starts."""
+    here a typo in the name, the file's syntax or a signature that fits neither form is caught
+    before anything starts. A decorated function, or a name bound by an import or a call, is left to
+    the worker, whose check runs before any model work."""
     named = [(f"reward.terms[{index}].function", term.function) for index, term in enumerate(cfg.reward.terms)]
     return _definition_problems(named, kind="function")
 
@@ -152,7 +157,7 @@ def _definition_problems(named: Sequence[tuple[str, str | None]], *, kind: str) 
     for field, reference in named:
         target, _, name = (reference or "").rpartition(":")
         if target.endswith(".py"):
-            message = _definition_problem(Path(target).expanduser(), name, kind=kind)
+            message = _definition_problem(Path(target).expanduser(), name, kind=kind, reference=str(reference))
             if message is not None:
                 problems.append(Problem(field, message))
     return problems
@@ -171,28 +176,47 @@ def _module_level(statements: list[ast.stmt]):
                 yield from _module_level(block)
 
 
-def _definition_problem(path: Path, name: str, *, kind: str) -> str | None:
+def _definition_problem(path: Path, name: str, *, kind: str, reference: str) -> str | None:
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except SyntaxError as error:
         return f"{path} line {error.lineno} is not valid Python: {error.msg}"
-    defined: set[str] = set()
+    defined: dict[str, ast.stmt] = {}  # name -> the last module-level statement that binds it
     for node in _module_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
+            defined[node.name] = node
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             if any(alias.name == "*" for alias in node.names):
                 return None  # a star import may define it: the reward worker's import decides
-            defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            defined.update(((alias.asname or alias.name).split(".")[0], node) for alias in node.names)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            defined.update(named.id for target in targets for named in ast.walk(target) if isinstance(named, ast.Name))
+            defined.update(
+                (named.id, node) for target in targets for named in ast.walk(target) if isinstance(named, ast.Name)
+            )
     if name in defined:
-        return None
+        return _function_problem(reference, defined[name]) if kind == "function" else None
     shapes = (ast.ClassDef,) if kind == "class" else (ast.FunctionDef, ast.AsyncFunctionDef)
     listed = sorted(node.name for node in tree.body if isinstance(node, shapes))
     plural = "classes" if kind == "class" else "functions"
     return f"{path} defines no {name!r} at its top level (its {plural}: {listed}); name one of them after the colon"
+
+
+def _function_problem(reference: str, binding: ast.stmt) -> str | None:
+    """What is wrong with the statement that binds a reward function's name, as far as its source
+    tells: a literal is no function; a plain `def` must have a reward form's signature."""
+    if isinstance(binding, (ast.Assign, ast.AnnAssign)) and binding.value is not None:
+        try:
+            value = ast.literal_eval(binding.value)
+        except (ValueError, TypeError):  # not a literal (a call, a lambda, a name): the worker's load decides
+            return None
+        return wrong_kind(reference, type(value).__name__, "function")
+    if isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)) and not binding.decorator_list:
+        from rldock.runtime.rewards.forms import form_problem, signature_of  # imports torch: only here
+
+        problem = form_problem(signature_of(binding))
+        return None if problem is None else f"{reference} {problem}"
+    return None
 
 
 def output_problems(output: str | Path) -> list[Problem]:

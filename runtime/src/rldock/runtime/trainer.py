@@ -63,7 +63,7 @@ from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
-from rldock.runtime.rewards import RewardScorer
+from rldock.runtime.rewards import RewardScorer, column_lists
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
 from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
 from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, worker_groups
@@ -691,8 +691,15 @@ def heldout_evaluation(
     )
     positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
     examples = [
-        EvalExample(prompt=e.prompt, ground_truth=e.ground_truth, data_source=e.data_source, extra_info=e.extra_info)
-        for e in dataset.examples(positions)
+        EvalExample(
+            prompt=e.prompt,
+            ground_truth=e.ground_truth,
+            data_source=e.data_source,
+            extra_info=e.extra_info,
+            row_prompt=row.prompt,
+            columns=row.columns,
+        )
+        for e, row in zip(dataset.examples(positions), dataset.rows(positions))
     ]
     # The driver holds no reward model: held-out responses are scored by the other terms only
     # (config/problems.py refuses evaluation in a job whose only term is `model`).
@@ -700,7 +707,12 @@ def heldout_evaluation(
 
     def score(responses: list[str], scored: list[EvalExample]) -> list[float]:
         return scorer.score(
-            responses, [e.ground_truth for e in scored], [e.data_source for e in scored], [e.extra_info for e in scored]
+            responses,
+            [e.ground_truth for e in scored],
+            [e.data_source for e in scored],
+            [e.extra_info for e in scored],
+            prompts=[e.row_prompt for e in scored],
+            columns=column_lists([e.columns for e in scored]),
         ).scores.tolist()
 
     return Evaluator(

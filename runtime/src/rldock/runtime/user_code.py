@@ -42,8 +42,14 @@ def load_object(
         plural = "classes" if kind == "class" else "functions"
         raise error(f"{field}: {target} has no attribute {attr!r}; its {plural}: {names}")
     if not _is(kind, found):
-        raise error(f"{field}: {reference} is a {type(found).__name__}, not a {kind}")
+        raise error(f"{field}: {wrong_kind(reference, type(found).__name__, kind)}")
     return found
+
+
+def wrong_kind(reference: str, type_name: str, kind: str) -> str:
+    """The message for a reference whose object is a `type_name`, not a `kind` (to follow the field);
+    `rldock validate` says the same of a name the file's source binds to a literal."""
+    return f"{reference} is a {type_name}, not a {kind}"
 
 
 def _is(kind: Literal["function", "class"], value: object) -> bool:

@@ -4,13 +4,13 @@ numbers must not move) and format."""
 import pytest
 
 from rldock.config import RewardTermSpec
-from rldock.runtime.rewards import REWARDS
+from rldock.runtime.rewards import REWARDS, RewardBatch
 from rldock.runtime.rewards.rules import digit_match, exact_match
 
 
 def _score(name: str, response: str, answer: str, **options) -> float:
     (value,) = REWARDS.get(name)(RewardTermSpec(name=name, **options), "reward.terms[0]")(
-        [""], [response], [answer], [{}]
+        RewardBatch([""], [response], [answer], [{}])
     )
     return value
 

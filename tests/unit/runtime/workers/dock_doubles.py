@@ -6,6 +6,30 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+EOS, PAD = 1, 0
+
+
+class DigitTokenizer:
+    """Test double: ids 3-12 are the digits 0-9, 1 is EOS."""
+
+    eos_token_id, pad_token_id = EOS, PAD
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return "".join(str(t - 3) for t in tokens if t >= 3)
+
+
+def reward_worker_without_files(cfg, rows, dock=None):
+    """A RewardWorker over `rows` with DigitTokenizer standing in for the tokenizer files it would load."""
+    from rldock.runtime.algorithms.recipes import job_recipe
+    from rldock.runtime.rewards import RewardScorer
+    from rldock.runtime.workers.reward import RewardWorker
+
+    worker = RewardWorker.__new__(RewardWorker)
+    worker.cfg, worker.banks, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
+    worker.scorer = RewardScorer(cfg.reward)
+    worker.follow(job_recipe(cfg))
+    return worker
+
 
 class OneBatchDock:
     """Test double of TransferDock: hands the whole batch out once, records what is put."""

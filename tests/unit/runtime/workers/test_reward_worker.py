@@ -6,26 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dock_doubles import OneBatchDock
+from dock_doubles import EOS, PAD, OneBatchDock, reward_worker_without_files
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import Columns, Row, load_rows
-from rldock.runtime.rewards import RewardScorer, merge_reward_metrics
+from rldock.runtime.rewards import merge_reward_metrics
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.reward import RewardWorker
-
-EOS, PAD = 1, 0
-
-
-class DigitTokenizer:
-    """Test double: ids 3-12 are the digits 0-9, 1 is EOS."""
-
-    eos_token_id, pad_token_id = EOS, PAD
-
-    def decode(self, tokens, skip_special_tokens=True):
-        return "".join(str(t - 3) for t in tokens if t >= 3)
 
 
 def _worker(
@@ -45,11 +34,7 @@ def _worker(
             "dapo": {"overlong_buffer_length": 2, "overlong_penalty_factor": 1.0},
         },
     ).with_ablations(fuse_reward_advantage=fuse)
-    worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
-    worker.cfg, worker.banks, worker.tokenizer, worker.rows = cfg, dock, DigitTokenizer(), list(rows)
-    worker.scorer = RewardScorer(cfg.reward)
-    worker.follow(job_recipe(cfg))
-    return worker
+    return reward_worker_without_files(cfg, rows, dock)
 
 
 @pytest.mark.parametrize("name, columns", [("dapo", {"reward", "score"}), ("grpo", {"reward"})])
@@ -106,10 +91,7 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
             "learning_rate": 0.0,
         },
     ).with_ablations(fuse_reward_advantage=False)
-    worker = RewardWorker.__new__(RewardWorker)  # no tokenizer files: a test double instead
-    worker.cfg, worker.tokenizer, worker.rows = cfg, DigitTokenizer(), [Row("3+4=", "77", "addition")]
-    worker.scorer = RewardScorer(cfg.reward)
-    worker.follow(job_recipe(cfg))
+    worker = reward_worker_without_files(cfg, [Row("3+4=", "77", "addition")])
     assert "rm_score" in worker.consumes and worker.model_term == 1
     response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
     batch = TensorDict(

@@ -100,6 +100,10 @@ class PromptDataset:
             out.append(Example(self._texts[index], row.ground_truth, row.data_source, row.extra_info, index))
         return out
 
+    def rows(self, positions: Sequence[int]) -> list[Row]:
+        """The train-file rows of the kept prompts at `positions`."""
+        return [self._rows[self._keep[p]] for p in positions]
+
     def demonstrations(self, positions: Sequence[int]) -> list[list[dict] | None]:
         """The demonstrations (data.demonstration_key) of the kept prompts at `positions`; None where a
         row has none."""

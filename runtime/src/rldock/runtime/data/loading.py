@@ -169,6 +169,7 @@ def _row(record: dict, path: Path, line: int, columns: Columns, has_pairs: bool)
         demonstration=demonstration,
         file=str(path),
         line=line,
+        columns={name: value for name, value in record.items() if name != columns.prompt},
     )
 
 

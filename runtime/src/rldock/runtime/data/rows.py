@@ -23,6 +23,9 @@ class Row:
     demonstration: list[dict] | None = None
     file: str = ""
     line: int = 0  # 0-based row in its file
+    # Every top-level column of the row but the prompt's, as read: what a TRL-form reward function
+    # gets as keyword lists (rewards/forms.py).
+    columns: dict = field(default_factory=dict)
 
 
 class Example(NamedTuple):

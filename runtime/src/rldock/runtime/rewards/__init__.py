@@ -1,11 +1,20 @@
-"""Rewards: registered terms with verl's function signature, combined by `RewardScorer`.
+"""Rewards: registered terms scoring a `RewardBatch`, combined by `RewardScorer`.
 
 `reward.terms` in the job config lists the terms; each response's reward is the sum of
 weight * score over them (docs/rewards.md). Importing this package registers every term.
 """
 
 from rldock.runtime.rewards import function, math_answer, model, remote, rules  # noqa: F401  (register the terms)
-from rldock.runtime.rewards.base import REWARDS, BatchRewardFn, RewardError, RewardFn, per_sample, register_reward
+from rldock.runtime.rewards.base import (
+    REWARDS,
+    BatchRewardFn,
+    RewardBatch,
+    RewardError,
+    RewardFn,
+    column_lists,
+    per_sample,
+    register_reward,
+)
 from rldock.runtime.rewards.metrics import RewardMetrics, merge_reward_metrics
 from rldock.runtime.rewards.scorer import ERRORS_METRIC, RewardScorer, ScoredBatch
 
@@ -13,10 +22,12 @@ __all__ = [
     "ERRORS_METRIC",
     "REWARDS",
     "BatchRewardFn",
+    "RewardBatch",
     "RewardError",
     "RewardFn",
     "RewardMetrics",
     "RewardScorer",
+    "column_lists",
     "ScoredBatch",
     "merge_reward_metrics",
     "per_sample",

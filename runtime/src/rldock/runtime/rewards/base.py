@@ -1,16 +1,18 @@
-"""What every reward term shares: the registry of term builders, the function signature, the error.
+"""What every reward term shares: the registry of term builders, the batch they score, the error.
 
-A reward function has verl's signature, `fn(data_source, solution_str, ground_truth, extra_info)
+The built-in terms have verl's signature, `fn(data_source, solution_str, ground_truth, extra_info)
 -> float | dict`; a dict holds the score under "score" and its other numeric keys become metrics.
-Terms are built from their config by a registered builder into a *batch* function over lists of
-those four arguments, because some terms (the `remote` one) score a whole batch per call. A batch
-function returns one outcome per sample: the function's value, or the exception it raised, so that
-the scorer can apply `reward.on_error` per sample.
+A user's `function` term may also have TRL's batch form (rewards/forms.py). Terms are built from
+their config by a registered builder into a *batch* function over a `RewardBatch`, because some
+terms (the `remote` one, TRL's form) score a whole batch per call. A batch function returns one
+outcome per sample: the function's value, or the exception it raised, so that the scorer can apply
+`reward.on_error` per sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rldock.config.job import RewardTermSpec
@@ -19,8 +21,35 @@ from rldock.runtime.registry import Registry
 RewardValue = float | dict[str, Any]
 # (data_source, solution_str, ground_truth, extra_info) -> score or {"score": ..., other metrics}
 RewardFn = Callable[[str, str, str, dict], RewardValue]
-# The same over lists of equal length -> one value or raised exception per sample.
-BatchRewardFn = Callable[[list[str], list[str], list[str], list[dict]], list[RewardValue | Exception]]
+
+
+@dataclass(frozen=True)
+class RewardBatch:
+    """The samples a term scores, one entry per sample in every list. `prompts`, `columns` and
+    `completion_ids` are what TRL's form passes besides the completions; a caller that has none
+    leaves them out."""
+
+    data_sources: list[str]
+    solution_strs: list[str]  # the decoded responses
+    ground_truths: list[str]
+    extra_infos: list[dict]
+    prompts: list[str | list] | None = None  # each row's prompt as stored: text or chat messages
+    columns: dict[str, list] = field(default_factory=dict)  # each other data column -> its values
+    completion_ids: list[list[int]] | None = None  # each response's token ids (no padding)
+
+    def __len__(self) -> int:
+        return len(self.solution_strs)
+
+
+def column_lists(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+    """Each column of `rows` (one mapping of column -> value per row) -> its value per row, None where
+    a row lacks it (jsonl objects need not share their fields): RewardBatch.columns."""
+    names = dict.fromkeys(name for row in rows for name in row)
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+# A batch -> one value or raised exception per sample.
+BatchRewardFn = Callable[[RewardBatch], list[RewardValue | Exception]]
 # (the term's config, its field path such as "reward.terms[1]") -> its batch function
 TermBuilder = Callable[[RewardTermSpec, str], BatchRewardFn]
 
@@ -39,11 +68,9 @@ class RewardError(RuntimeError):
 def per_sample(fn: RewardFn) -> BatchRewardFn:
     """A batch function that calls `fn` on each sample and keeps what it raised as that sample's outcome."""
 
-    def score_batch(
-        data_sources: list[str], solution_strs: list[str], ground_truths: list[str], extra_infos: list[dict]
-    ) -> list[RewardValue | Exception]:
+    def score_batch(batch: RewardBatch) -> list[RewardValue | Exception]:
         outcomes: list[RewardValue | Exception] = []
-        for sample in zip(data_sources, solution_strs, ground_truths, extra_infos):
+        for sample in zip(batch.data_sources, batch.solution_strs, batch.ground_truths, batch.extra_infos):
             try:
                 outcomes.append(fn(*sample))
             except Exception as error:  # broad on purpose: user functions may raise anything; on_error decides

@@ -1,8 +1,10 @@
 """`function`: the user's own reward function, loaded in the reward worker's process.
 
 `reward.terms[i].function` names it as `path/to/file.py:name` or `package.module:name`, loaded as
-every user object is (rldock.runtime.user_code). It must have the signature
-`fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`.
+every user object is (rldock.runtime.user_code). It has verl's form
+`fn(data_source, solution_str, ground_truth, extra_info) -> float | dict` or TRL's batch form
+`fn(prompts, completions, **kwargs) -> list[float | None]`, told apart by its signature
+(rewards/forms.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from collections.abc import Callable
 from typing import cast
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardError, per_sample, register_reward
+from rldock.runtime.rewards.base import BatchRewardFn, RewardError, register_reward
+from rldock.runtime.rewards.forms import batch_function
 from rldock.runtime.user_code import load_object
 
 
@@ -23,4 +26,4 @@ def load_function(reference: str, at: str) -> Callable:
 @register_reward("function")
 def _build_function(term: RewardTermSpec, at: str) -> BatchRewardFn:
     assert term.function is not None  # problems.py requires it for a `function` term
-    return per_sample(load_function(term.function, at))
+    return batch_function(load_function(term.function, at), field=f"{at}.function", reference=term.function)

@@ -10,12 +10,12 @@ scores were not passed, a wiring bug, and it says so.
 from __future__ import annotations
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardError, register_reward
+from rldock.runtime.rewards.base import BatchRewardFn, RewardBatch, RewardError, register_reward
 
 
 @register_reward("model")
 def reward_model_term(term: RewardTermSpec, at: str) -> BatchRewardFn:
-    def score_batch(data_sources, solution_strs, ground_truths, extra_infos):
+    def score_batch(batch: RewardBatch):
         raise RewardError(
             f"{at} (model {term.path}) has no precomputed scores: its scores come from the "
             "reward_model worker state (the dock's rm_score column), which did not run for "

@@ -26,7 +26,7 @@ from typing import Any
 import requests
 
 from rldock.config.job import REMOTE_MAX_RETRIES, REMOTE_TIMEOUT_S, RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardError, register_reward
+from rldock.runtime.rewards.base import BatchRewardFn, RewardBatch, RewardError, register_reward
 
 logger = logging.getLogger(__name__)
 
@@ -65,20 +65,18 @@ class RemoteReward:
             self.headers["Authorization"] = f"Bearer {token}"
         self.session = requests.Session()  # keeps the connection open between batches
 
-    def __call__(
-        self, data_sources: list[str], solution_strs: list[str], ground_truths: list[str], extra_infos: list[dict]
-    ) -> list[Any]:
-        size = self.batch_size or max(len(solution_strs), 1)
+    def __call__(self, batch: RewardBatch) -> list[Any]:
+        size = self.batch_size or max(len(batch), 1)
         outcomes: list[Any] = []
-        for start in range(0, len(solution_strs), size):
+        for start in range(0, len(batch), size):
             chunk = slice(start, start + size)
             payload = {
-                "data_source": data_sources[chunk],
-                "solution_str": solution_strs[chunk],
-                "ground_truth": ground_truths[chunk],
-                "extra_info": extra_infos[chunk],
+                "data_source": batch.data_sources[chunk],
+                "solution_str": batch.solution_strs[chunk],
+                "ground_truth": batch.ground_truths[chunk],
+                "extra_info": batch.extra_infos[chunk],
             }
-            num = len(solution_strs[chunk])
+            num = len(batch.solution_strs[chunk])
             try:
                 outcomes.extend(self.post(payload, num))
             except RemoteRewardError as error:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from rldock.config.job import RewardSpec, RewardTermSpec
-from rldock.runtime.rewards.base import REWARDS, BatchRewardFn, RewardError
+from rldock.runtime.rewards.base import REWARDS, BatchRewardFn, RewardBatch, RewardError
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,15 @@ class RewardScorer:
         data_sources: list[str],
         extra_infos: list[dict],
         *,
+        prompts: list[str | list] | None = None,
+        columns: Mapping[str, list] | None = None,
+        completion_ids: list[list[int]] | None = None,
         precomputed: Mapping[int, torch.Tensor] | None = None,
     ) -> ScoredBatch:
-        """Score a batch; `precomputed` maps a term's index in reward.terms to its (B,) scores,
-        computed elsewhere (the `model` term's rm_score), used instead of calling the term."""
+        """Score a batch; `prompts` (each row's prompt as stored), `columns` (each other data column's
+        values) and `completion_ids` are what TRL-form functions read besides the responses (RewardBatch);
+        `precomputed` maps a term's index in reward.terms to its (B,) scores, computed elsewhere (the
+        `model` term's rm_score), used instead of calling the term."""
         num = len(responses)
         if not len(ground_truths) == len(data_sources) == len(extra_infos) == num:
             raise ValueError(
@@ -97,6 +102,9 @@ class RewardScorer:
             raise ValueError(
                 f"precomputed scores for term indices {sorted(unknown)}; reward.terms has {len(self.terms)} terms"
             )
+        batch = RewardBatch(
+            data_sources, responses, ground_truths, extra_infos, prompts, dict(columns or {}), completion_ids
+        )
         total = torch.zeros(num, dtype=torch.float32)  # (B,)
         term_scores: dict[str, torch.Tensor] = {}
         extras: dict[str, list[float]] = {}
@@ -107,7 +115,7 @@ class RewardScorer:
                 term_scores[term.label] = scores
                 total += term.weight * scores
                 continue
-            outcomes = term.score_batch(data_sources, responses, ground_truths, extra_infos)
+            outcomes = term.score_batch(batch)
             if len(outcomes) != num:
                 raise RewardError(f"{term.description} returned {len(outcomes)} scores for {num} samples")
             values, failed = [], []

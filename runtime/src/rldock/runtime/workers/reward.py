@@ -24,7 +24,7 @@ from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
-from rldock.runtime.rewards import RewardMetrics, RewardScorer
+from rldock.runtime.rewards import RewardMetrics, RewardScorer, column_lists
 from rldock.runtime.workers.advantage import advantage_batch_size, advantage_generator
 from rldock.runtime.workers.stage_loop import run_stage
 
@@ -52,25 +52,34 @@ class RewardWorker:
         self.whole_groups = self.advantage_stage is not None
         self.batch_size = advantage_batch_size(recipe, cfg) if self.whole_groups else cfg.training.micro_batch_size
 
-    def references(self, indices: torch.Tensor, batch: TensorDict) -> tuple[list[str], list[str], list[dict]]:
-        """(ground truths, data sources, extra infos) of the samples in `batch`, from the train-file
-        rows their `prompt_index` names."""
-        rows = [self.rows[i] for i in batch["prompt_index"].tolist()]
-        return ([row.ground_truth for row in rows], [row.data_source for row in rows], [row.extra_info for row in rows])
+    def rows_of(self, batch: TensorDict) -> list[Row]:
+        """The train-file rows the samples' `prompt_index` names: their ground truths, data sources,
+        extra infos, prompts and columns."""
+        return [self.rows[i] for i in batch["prompt_index"].tolist()]
 
     def compute_rewards(self, iteration: int) -> dict:
         rewards: list[float] = []
         metrics = RewardMetrics()
 
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            ground_truths, data_sources, extra_infos = self.references(indices, batch)
+            rows = self.rows_of(batch)
+            extra_infos = [row.extra_info for row in rows]
             if is_trajectory(batch):  # multi-turn: the final turn is the answer; the rest in extra_info
                 responses, trajectories = reward_views(self.tokenizer, batch)
                 extra_infos = [{**info, "trajectory": t} for info, t in zip(extra_infos, trajectories)]
             else:
                 responses = decode_responses(self.tokenizer, batch["response_ids"], batch["response_mask"])
             precomputed = {} if self.model_term is None else {self.model_term: batch["rm_score"]}
-            scored = self.scorer.score(responses, ground_truths, data_sources, extra_infos, precomputed=precomputed)
+            scored = self.scorer.score(
+                responses,
+                [row.ground_truth for row in rows],
+                [row.data_source for row in rows],
+                extra_infos,
+                prompts=[row.prompt for row in rows],
+                columns=column_lists([row.columns for row in rows]),
+                completion_ids=None if is_trajectory(batch) else response_id_lists(batch),
+                precomputed=precomputed,
+            )
             metrics.add(scored)
             rewards.extend(scored.scores.tolist())  # the combined reward, unshaped: what the learning curve shows
             shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
@@ -95,3 +104,8 @@ class RewardWorker:
         timing.extra["rewards"] = rewards
         timing.extra["reward_metrics"] = metrics.state()
         return timing.as_dict()
+
+
+def response_id_lists(batch: TensorDict) -> list[list[int]]:
+    """Each response's token ids without padding."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(batch["response_ids"], batch["response_mask"])]
