@@ -37,5 +37,14 @@ def test_metrics_merge_engines_and_average_per_episode_and_per_call():
     assert merged_sums([first, second])["episodes"] == 3
 
 
+def test_the_tools_own_counts_are_summed_under_their_keys():
+    counted = _episode(1, 4, 2, {"python": 2}, {"python": 0}, {"python": 0.2}, "answer")
+    counted.tool_counts = Counter({"sandbox/without_landlock": 2})
+    plain = _episode(1, 4, 0, {}, {}, {}, "answer")
+    section = agent_metrics([episode_sums([counted]), episode_sums([counted, plain])])["agent"]
+    assert section["sandbox/without_landlock"] == 4
+    assert "sandbox/without_landlock" not in agent_metrics([episode_sums([plain])])["agent"]
+
+
 def test_no_episodes_no_section():
     assert agent_metrics([]) == {}

@@ -474,3 +474,62 @@ def test_the_syscall_filter_is_a_valid_program(machine):
             assert max(true, false) <= 255
     assert program[-1][0] == 0x06  # it ends with a return
     assert kernel.syscall_filter("sparc64", 4242, 64) is None
+
+
+def test_a_missing_layer_is_logged_once_per_process(monkeypatch, caplog):
+    from rldock.runtime.agent import sandbox
+
+    async def on_an_old_kernel(code, limits, *, audit_hook):
+        assert audit_hook
+        return SandboxResult("", "", 0, Outcome.OK, "", sandbox.Layers(namespaces=("network",), seccomp=True))
+
+    monkeypatch.setattr(sandbox, "_run_program", on_an_old_kernel)
+    monkeypatch.setattr(sandbox, "_missing_logged", set())
+    for _ in range(3):
+        assert run("print(1)").layers.missing == ("landlock",)
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "without Landlock" in warnings[0] and "agent/sandbox/without_landlock" in warnings[0]
+
+
+def _code_objects(code):
+    yield code
+    for constant in code.co_consts:
+        if hasattr(constant, "co_code"):
+            yield from _code_objects(constant)
+
+
+def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
+    # A refusal's traceback shows the hook's frames: their f_locals and f_globals are the program's to
+    # change. So the helpers look up no global or builtin name and close over nothing, and the hook
+    # closes over immutable values, builtins and those helpers only (its own cells are unreachable).
+    import dis
+    import types
+
+    from rldock.runtime.agent.sandbox import hook
+
+    helpers = [
+        value for name, value in vars(hook).items() if name.startswith("_") and isinstance(value, types.FunctionType)
+    ]
+    assert len(helpers) >= 8
+    installed = hook.audit_hook(
+        scratch="/s",
+        readable=("/s",),
+        installation=("/usr",),
+        refused_native=frozenset(),
+        refused_error=PermissionError,
+        refused_import=ImportError,
+    )
+    for function in [*helpers, installed]:
+        for code in _code_objects(function.__code__):
+            operations = {instruction.opname for instruction in dis.get_instructions(code)}
+            assert not operations & {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "STORE_NAME"}, code.co_name
+    assert all(helper.__closure__ is None for helper in helpers)
+    immutable = (str, int, bool, frozenset, type, types.BuiltinFunctionType)
+
+    def safe(value) -> bool:
+        if isinstance(value, tuple):
+            return all(safe(item) for item in value)
+        return isinstance(value, immutable) or value in helpers
+
+    for cell in installed.__closure__:
+        assert safe(cell.cell_contents), cell.cell_contents

@@ -50,6 +50,21 @@ def test_python_returns_what_the_program_printed():
     assert call(PythonTool(SandboxSpec()), {"code": "print(6 * 7)"}) == ToolResult("42\n")
 
 
+def test_python_counts_the_sandbox_layers_a_call_ran_without(monkeypatch):
+    # Landlock missing (a kernel before 5.13) and unshare refused (a restricted pod); the filter held.
+    from rldock.runtime.agent import tools
+    from rldock.runtime.agent.sandbox import Layers, Outcome, SandboxResult
+
+    async def without_landlock(code, limits):
+        return SandboxResult("1\n", "", 0, Outcome.OK, "1\n", Layers(namespaces=(), landlock=0, seccomp=True))
+
+    monkeypatch.setattr(tools, "run_python", without_landlock)
+    result = call(PythonTool(SandboxSpec()), {"code": "print(1)"})
+    assert result.counts == {"sandbox/without_landlock": 1, "sandbox/without_namespaces": 1}
+    monkeypatch.undo()  # here every layer holds: nothing to count
+    assert call(PythonTool(SandboxSpec()), {"code": "print(1)"}).counts == {}
+
+
 def test_python_says_when_a_program_printed_nothing():
     assert call(PythonTool(SandboxSpec()), {"code": "x = 1"}) == ToolResult("(the program printed nothing)")
 

@@ -23,10 +23,13 @@ from rldock.runtime.registry import Registry
 @dataclass(frozen=True)
 class ToolResult:
     """What a tool returns to the model: the text of the `tool` message, and whether the call failed
-    (bad arguments, the program raised, a limit stopped it): failures are counted per tool."""
+    (bad arguments, the program raised, a limit stopped it): failures are counted per tool. `counts`
+    are the tool's own counters for this call, summed per iteration as `agent/<key>` (the python tool
+    counts the sandbox layers a call ran without)."""
 
     text: str
     error: bool = False
+    counts: Mapping[str, int] = field(default_factory=dict)
 
 
 class Tool(ABC):

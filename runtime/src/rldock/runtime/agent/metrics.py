@@ -5,7 +5,9 @@ In metrics.jsonl and TensorBoard under `agent/`: `turns_mean` (model turns per e
 `tool_calls_mean` and `tool_errors_mean` (per episode), per tool `calls/<tool>`, `errors/<tool>` and
 `latency_s/<tool>` (mean seconds per call), `model_token_share` (of the response tokens, the share the
 model sampled: what trains), and `ended/<reason>` (episodes that ended at an answer, at max_turns or
-at the length budget). Calls that named no tool count under `malformed` and `unknown`.
+at the length budget), and the tools' own counters (ToolResult.counts: the python tool's
+`sandbox/without_<layer>`, calls run without a kernel layer). Calls that named no tool count under
+`malformed` and `unknown`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
             sums[f"calls/{name}"] += count
             sums[f"errors/{name}"] += episode.tool_errors[name]
             sums[f"seconds/{name}"] += episode.tool_seconds.get(name, 0.0)
+        for key, count in episode.tool_counts.items():
+            sums[f"counts/{key}"] += count
     return dict(sums)
 
 
@@ -64,4 +68,5 @@ def agent_metrics(sums: Sequence[dict[str, float]]) -> dict[str, dict[str, float
         if name not in (MALFORMED, UNKNOWN):  # calls that reached no tool took no time
             section[f"latency_s/{name}"] = total[f"seconds/{name}"] / max(total[f"calls/{name}"], 1)
     section.update({key: total[key] for key in sorted(total) if key.startswith("ended/")})
+    section.update({key.removeprefix("counts/"): total[key] for key in sorted(total) if key.startswith("counts/")})
     return {"agent": section}

@@ -55,6 +55,7 @@ class Episode:
     tool_calls: Counter[str] = field(default_factory=Counter)  # per tool name
     tool_errors: Counter[str] = field(default_factory=Counter)  # per tool name ("malformed", "unknown")
     tool_seconds: dict[str, float] = field(default_factory=dict)  # per tool name
+    tool_counts: Counter[str] = field(default_factory=Counter)  # the tools' own counts (ToolResult.counts)
     ended: str = ""  # answer | max_turns | length | environment_timeout
 
     def add(self, ids: Sequence[int], *, model: bool) -> None:
@@ -70,11 +71,12 @@ class Episode:
         return sum(self.tool_errors.values())
 
 
-# What a turn's tools or the environment answered: the messages, and each call's (tool, error, seconds).
+# What a turn's tools or the environment answered: the messages, and each call's (tool, error, seconds,
+# the tool's own counts).
 @dataclass(frozen=True)
 class Answers:
     messages: list[dict]
-    calls: list[tuple[str, bool, float]] = field(default_factory=list)
+    calls: list[tuple[str, bool, float, Mapping[str, int]]] = field(default_factory=list)
     ended: str = ""  # why the environment ended the episode: "answer" (accepted), "environment_timeout"
 
 
@@ -185,10 +187,11 @@ class AgentLoop:
 
     def _after_answers(self, episode: Episode, answers: Answers) -> bool:
         """Add the answers to the trajectory; whether the episode goes on (another turn to submit)."""
-        for name, error, seconds in answers.calls:
+        for name, error, seconds, counts in answers.calls:
             episode.tool_calls[name] += 1
             episode.tool_errors[name] += int(error)
             episode.tool_seconds[name] = episode.tool_seconds.get(name, 0.0) + seconds
+            episode.tool_counts.update(counts)
         if answers.ended:
             episode.ended = answers.ended
             return False
@@ -204,8 +207,8 @@ class AgentLoop:
     async def _call_tools(self, parsed: ParsedTurn) -> Answers:
         results = await asyncio.gather(*(self._call_one(call.name, call.arguments) for call in parsed.calls))
         malformed = [ToolResult(f"error: {message}", error=True) for message in parsed.malformed]
-        calls = [(name, result.error, seconds) for name, result, seconds in results]
-        calls += [(MALFORMED, True, 0.0)] * len(malformed)
+        calls = [(name, result.error, seconds, result.counts) for name, result, seconds in results]
+        calls += [(MALFORMED, True, 0.0, {})] * len(malformed)
         texts = [result for _, result, _ in results] + malformed
         return Answers([{"role": "tool", "content": self._cut(result.text)} for result in texts], calls)
 

@@ -62,7 +62,8 @@ class PythonTool(Tool):
             return code
         result = await run_python(code, self.limits)
         text = result.text or "(the program printed nothing)"
-        return ToolResult(text, error=result.outcome is not Outcome.OK)
+        counts = {f"sandbox/without_{layer}": 1 for layer in result.layers.missing}
+        return ToolResult(text, error=result.outcome is not Outcome.OK, counts=counts)
 
 
 @TOOLS.register("calculator")

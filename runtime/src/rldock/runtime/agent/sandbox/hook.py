@@ -228,7 +228,7 @@ def _check_unmarshal(data, installation, tools):
         resolved = resolve(path, "marshal.loads", tools)
         if under(resolved, installation) and read_file(resolved, tools)[16:] == data:
             return
-    refuse(_CODE, "marshal.loads", tools)
+    refuse("building or loading code objects", "marshal.loads", tools)
 
 
 def _read_file(path, tools):
