@@ -35,7 +35,8 @@ def test_leaving_data_out_means_the_addition_generator_without_a_chat_template()
 
 
 def test_files_with_the_defaults_are_valid():
-    data = parse_job_config(_job({"train_files": ["/d/train.parquet"], "val_files": ["/d/test.parquet"]})).data
+    job = _job({"train_files": ["/d/train.parquet"], "val_files": ["/d/test.parquet"]})
+    data = parse_job_config({**job, "evaluation": {"interval": 5}}).data
     assert (data.prompt_key, data.answer_key, data.chat_template, data.generator) == ("prompt", "answer", "model", None)
 
 

@@ -64,3 +64,16 @@ def test_evaluation_needs_held_out_prompts(demo_data):
     demo_data["evaluation"] = {"interval": 2}
     message = _problems(demo_data)["evaluation.interval"]
     assert "data.val_files" in message and "data.generator.num_val_prompts" in message
+
+
+def test_held_out_files_with_evaluation_off_are_refused_naming_both_fields():
+    job = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+    job["model"].pop("builder")
+    job["data"] = {"train_files": ["/d/train.jsonl"], "val_files": ["/d/val.jsonl"]}
+    with pytest.raises(ConfigError) as caught:
+        parse_job_config(job)
+    (problem,) = caught.value.problems
+    assert problem.path == "evaluation.interval"
+    assert "data.val_files lists 1 held-out file(s), but evaluation.interval is 0" in problem.message
+    assert "set evaluation.interval" in problem.message and "or remove data.val_files" in problem.message
+    assert parse_job_config({**job, "evaluation": {"interval": 20}}).evaluation.interval == 20

@@ -158,7 +158,8 @@ def test_the_trainers_held_out_set_is_the_val_files_scored_by_the_jobs_reward(to
             "learning_rate": 0.0,
         },
     }
-    assert heldout_evaluation(parse_job_config(data), tokenizer, [str(val)]) is None  # evaluation off
+    evaluation_off = {**data, "data": {"train_files": [str(val)], "chat_template": "none"}}
+    assert heldout_evaluation(parse_job_config(evaluation_off), tokenizer, [str(val)]) is None
     evaluator = heldout_evaluation(
         parse_job_config({**data, "evaluation": {"interval": 1, "max_prompts": 5}}), tokenizer, [str(val)]
     )

@@ -27,6 +27,8 @@ def _job(tmp_path: Path, **data) -> dict:
     job = yaml.safe_load(EXAMPLE.read_text())
     job["model"]["path"] = str(tmp_path / "model")
     job["data"] = {"prompt_key": "question", "answer_key": "answer", "chat_template": "none", **data}
+    if data.get("val_files"):
+        job["evaluation"] = {"interval": 5}  # held-out files are read only with evaluation on
     return job
 
 

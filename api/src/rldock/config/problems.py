@@ -220,6 +220,18 @@ def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
                 "data.generator.num_val_prompts), or set evaluation.interval to 0",
             )
         )
+    # The other way round: held-out files listed while evaluation is off would never be read, and no
+    # val/ metric would ever appear; refused rather than warned, since the default interval is 0 and
+    # listing the files is the user's statement that they want the evaluation.
+    if evaluation.interval == 0 and cfg.data.val_files and cfg.data.generator is None:
+        problems.append(
+            Problem(
+                "evaluation.interval",
+                f"data.val_files lists {len(cfg.data.val_files)} held-out file(s), but evaluation.interval is 0 "
+                "(the default), so they would never be read and no val/ metric would appear; set "
+                "evaluation.interval (e.g. 20: every 20 iterations and after the last) or remove data.val_files",
+            )
+        )
     # Held-out responses are scored in the driver, which holds no reward model (docs/rewards.md).
     if evaluation.interval > 0 and all(term.name == "model" for term in cfg.reward.terms):
         problems.append(

@@ -4,7 +4,8 @@ scheduled into its bundle.
 
 Inside a RayCluster (the operator sets RAY_ADDRESS) the job joins the existing cluster. Locally it
 starts a one-node Ray whose accelerators are a logical resource (`NPU` by default), so the same
-placement code runs on a laptop and on Ascend nodes.
+placement code runs on a laptop and on Ascend nodes; `GPU` is Ray's built-in resource instead
+(num_gpus, rldock.runtime.ray_devices), declared only where torch sees that many GPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rldock.config import JobConfig
 from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
 from rldock.runtime.algorithms.recipes import Recipe
+from rldock.runtime.ray_devices import device_request, local_device_problems
 from rldock.runtime.states import placement_plan
 
 logger = logging.getLogger(__name__)
@@ -47,16 +49,19 @@ def connect(cfg: JobConfig) -> None:
     # Ray probes for real Ascend devices when a resource is called NPU and logs a traceback when
     # the probe's library (acl, from CANN) is absent, which it always is with emulated NPUs.
     logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
+    problems = local_device_problems(cfg)
+    if problems:
+        raise ValueError("; ".join(map(str, problems)))
     # address="local": always a fresh cluster, never a stray one found on this machine.
     ray.init(
         address="local",
         num_cpus=_LOCAL_LOGICAL_CPUS,
-        resources={resources.accelerator_resource: resources.num_nodes * resources.devices_per_node},
+        **device_request(resources.accelerator_resource, resources.num_nodes * resources.devices_per_node),
         include_dashboard=False,
         runtime_env={"env_vars": env_vars},
         logging_level=logging.WARNING,
     )
-    logger.info("started a local Ray with %d emulated %s devices", cfg.num_devices, resources.accelerator_resource)
+    logger.info("started a local Ray with %d %s devices", cfg.num_devices, resources.accelerator_resource)
 
 
 def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
@@ -101,7 +106,7 @@ def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
     bundle of the placement group."""
     return ray.remote(cls).options(
         num_cpus=CPUS_PER_WORKER,
-        resources={plan.accelerator: seat.share},
+        **device_request(plan.accelerator, seat.share),
         max_restarts=0,
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=seat.bundle

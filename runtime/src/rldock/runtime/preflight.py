@@ -22,6 +22,9 @@ from pathlib import Path
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.data.probe import data_file_problems
+from rldock.runtime.data.prompt_lengths import prompt_set_problems
+from rldock.runtime.ray_devices import local_device_problems
+from rldock.runtime.tracking import wandb_credentials_problems
 from rldock.runtime.user_code import wrong_kind
 
 MOUNT_HINT = "mount the volume that holds it (RLJob spec.volumes/volumeMounts) or fix the path"
@@ -239,8 +242,12 @@ def output_problems(output: str | Path) -> list[Problem]:
 def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure | None:
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
     all are there are the checks that read them run (find_local_problems: the model's shape;
-    data_file_problems: each data file opens and has the data section's keys;
-    reward_function_problems and agent_class_problems: each user file defines what it is named for)."""
+    data_file_problems: each data file opens, has the data section's keys and a prompt the chat
+    template setting can render; reward_function_problems and agent_class_problems: each user file
+    defines what it is named for; wandb_credentials_problems: W&B has an API key;
+    local_device_problems: the GPUs a local Ray is asked for are here); only when those pass, the
+    prompt sets are built as the trainer builds them (prompt_set_problems: a prompt within
+    algorithm.max_prompt_length, every row readable)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
     if path_problems:
         return failure_of(FailureReason.PATH_NOT_FOUND, path_problems)
@@ -249,7 +256,11 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         + data_file_problems(cfg.data)
         + reward_function_problems(cfg)
         + agent_class_problems(cfg)
+        + wandb_credentials_problems(cfg)
+        + local_device_problems(cfg)
     )
+    if not local:
+        local = prompt_set_problems(cfg)
     return failure_of(FailureReason.INVALID_JOB_INPUT, local) if local else None
 
 

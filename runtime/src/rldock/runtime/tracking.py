@@ -19,14 +19,50 @@ network (`wandb sync <output>/wandb/offline-run-*` uploads them later).
 from __future__ import annotations
 
 import math
+import netrc
+import os
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
-from rldock.config import JobConfig
+from rldock.config import JobConfig, Problem
 
 WANDB_RUN_ID_FILE = "wandb-run-id"  # in the output directory: the run a resumed attempt continues
+WANDB_KEYLESS_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no API key
+WANDB_DEFAULT_HOST = "https://api.wandb.ai"
+
+
+def wandb_credentials_problems(cfg: JobConfig, environ: Mapping[str, str] = os.environ) -> list[Problem]:
+    """`tracking` lists wandb, but W&B would find no API key: WANDB_API_KEY unset and no entry for
+    its host (WANDB_BASE_URL's, api.wandb.ai by default) in the netrc file `wandb login` writes
+    ($NETRC, else ~/.netrc), unless WANDB_MODE needs none. Without this check `wandb.init` raises
+    its UsageError once the models are loaded, a minute or more into the run. `rldock validate` and
+    `rldock train` (preflight) and the W&B log itself (WandbLog) call it."""
+    if "wandb" not in cfg.tracking:
+        return []
+    if environ.get("WANDB_MODE", "").lower() in WANDB_KEYLESS_MODES or environ.get("WANDB_API_KEY"):
+        return []
+    host = urlparse(environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_HOST).hostname or ""
+    netrc_file = Path(environ.get("NETRC") or Path(environ.get("HOME", "~")) / ".netrc").expanduser()
+    if _netrc_has(netrc_file, host):
+        return []
+    return [
+        Problem(
+            "tracking",
+            f"lists wandb, but W&B has no API key here: WANDB_API_KEY is unset and {netrc_file} has no entry "
+            f"for {host}; export WANDB_API_KEY (in an RLJob: `env` from a Secret), run `wandb login`, set "
+            "WANDB_MODE=offline to keep the run under the output directory, or remove wandb from tracking",
+        )
+    ]
+
+
+def _netrc_has(path: Path, host: str) -> bool:
+    try:
+        return netrc.netrc(str(path)).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):  # no file, or one W&B could not read a key from either
+        return False
 
 
 def scalars(record: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -75,6 +111,9 @@ class WandbLog:
     """A Weights & Biases run over the output directory; `close` it when the attempt ends."""
 
     def __init__(self, output_dir: Path, cfg: JobConfig):
+        problems = wandb_credentials_problems(cfg)
+        if problems:
+            raise ValueError("; ".join(map(str, problems)))
         import wandb  # heavy: only where used
 
         id_file = output_dir / WANDB_RUN_ID_FILE

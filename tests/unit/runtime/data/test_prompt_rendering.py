@@ -95,8 +95,8 @@ def test_prompts_longer_than_max_prompt_length_are_dropped_and_counted(plain_tok
 def test_every_prompt_too_long_names_the_file_and_the_field(plain_tokenizer):
     with pytest.raises(
         ValueError,
-        match=r"every prompt of \['train.jsonl'\] is longer than "
-        r"algorithm.max_prompt_length=3 tokens \(the shortest has 5\)",
+        match=r"all 2 prompts of \['train.jsonl'\] are longer than "
+        r"algorithm.max_prompt_length=3 tokens after the chat template \(the shortest has 5\)",
     ):
         PromptDataset(
             _rows("1+1=", "2+2="), tokenizer=plain_tokenizer, spec=DataSpec(chat_template="none"), max_prompt_length=3

@@ -33,6 +33,10 @@ def tokenizer_corpus(rows: Sequence[Row], system_prompt: str | None = None) -> l
     return texts
 
 
+class PromptsTooLong(ValueError):
+    """No prompt of a file set fits algorithm.max_prompt_length; the message names the field and the count."""
+
+
 class PromptDataset:
     """Kept train prompts with their token ids, ground truths, data sources and extra info."""
 
@@ -63,9 +67,10 @@ class PromptDataset:
         self.num_dropped = len(rows) - len(keep)
         if not keep:
             files = sorted({row.file for row in rows})
-            raise ValueError(
-                f"every prompt of {files} is longer than algorithm.max_prompt_length={max_prompt_length} "
-                f"tokens (the shortest has {min(map(len, ids))}); raise it"
+            raise PromptsTooLong(
+                f"all {len(rows)} prompts of {files} are longer than algorithm.max_prompt_length="
+                f"{max_prompt_length} tokens after the chat template (the shortest has {min(map(len, ids))}), "
+                "so none could be drawn; raise it"
             )
         if self.num_dropped:
             longest = max(map(len, ids))

@@ -1,5 +1,6 @@
-"""Checks a job's data files before anything starts: each opens, holds a row, and that row has every
-key the data section names (read with the loader's own key resolution, dotted keys included).
+"""Checks a job's data files before anything starts: each opens, holds a row, that row has every
+key the data section names (read with the loader's own key resolution, dotted keys included), and
+its prompt can be rendered with data.chat_template (the loader's own check).
 
 Only the first row is read (parquet: one row group's first batch; jsonl: the first line), so a
 check of a large file costs milliseconds; a later row that lacks a key is still an error of the
@@ -15,6 +16,7 @@ from typing import Any
 from rldock.config import DataSpec, Problem
 from rldock.runtime.data.keys import MissingKey, read_key
 from rldock.runtime.data.loading import BUILDERS, columns_of, val_columns
+from rldock.runtime.data.rendering import chat_template_problem
 
 # Each key the loader reads, as (the Columns attribute, the data section's field naming it).
 KEY_FIELDS = (
@@ -109,11 +111,11 @@ def data_file_problems(spec: DataSpec) -> list[Problem]:
     ):
         wanted = [(getattr(columns, name), field) for name, field in KEY_FIELDS if getattr(columns, name) is not None]
         for index, name in enumerate(files):
-            problems.extend(_file_problems(Path(name).expanduser(), f"{list_field}[{index}]", wanted))
+            problems.extend(_file_problems(Path(name).expanduser(), f"{list_field}[{index}]", wanted, spec))
     return problems
 
 
-def _file_problems(path: Path, file_field: str, wanted: list[tuple[str, str]]) -> list[Problem]:
+def _file_problems(path: Path, file_field: str, wanted: list[tuple[str, str]], spec: DataSpec) -> list[Problem]:
     try:
         row = first_row(path)
     except UnreadableFile as error:
@@ -121,6 +123,15 @@ def _file_problems(path: Path, file_field: str, wanted: list[tuple[str, str]]) -
     except OSError as error:
         return [Problem(file_field, f"{path} could not be read: {error.strerror}")]
     problems = []
+    if _key_problem(row, spec.prompt_key) is None:
+        template = chat_template_problem(read_key(row, spec.prompt_key), spec.chat_template)
+        if template is not None:
+            problems.append(
+                Problem(
+                    "data.chat_template",
+                    f"data.prompt_key {spec.prompt_key!r} holds chat messages in {path} ({file_field}): {template}",
+                )
+            )
     for key, key_field in wanted:
         problem = _key_problem(row, key)
         if problem is not None:

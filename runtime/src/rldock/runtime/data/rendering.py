@@ -18,6 +18,17 @@ from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data.rows import RawPrompt
 
 
+def chat_template_problem(prompt: RawPrompt, chat_template: str) -> str | None:
+    """Why `prompt` cannot be rendered with `chat_template`, or None: chat messages need a template.
+    The loader's check (render_prompt) and `rldock validate`'s (data/probe.py, on each file's first row)."""
+    if chat_template == "none" and not isinstance(prompt, str):
+        return (
+            "a prompt of chat messages needs a chat template, but data.chat_template is none; set "
+            "data.chat_template to model or store the prompt (the data.prompt_key column) as text"
+        )
+    return None
+
+
 def render_prompt(
     prompt: RawPrompt,
     *,
@@ -29,12 +40,10 @@ def render_prompt(
 ) -> str:
     """The input text for `prompt`; `where` (file, row) is named in errors. `conversation`: a job
     with an agent section renders through it, so the prompt describes the tools."""
-    if chat_template == "none":
-        if not isinstance(prompt, str):
-            raise ValueError(
-                f"{where}: a prompt of chat messages needs a chat template, but "
-                "data.chat_template is none; set it to model or store the prompt as text"
-            )
+    problem = chat_template_problem(prompt, chat_template)
+    if problem is not None:
+        raise ValueError(f"{where}: {problem}")
+    if isinstance(prompt, str) and chat_template == "none":
         return (system_prompt or "") + prompt
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
