@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -533,3 +534,30 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
 
     for cell in installed.__closure__:
         assert safe(cell.cell_contents), cell.cell_contents
+
+
+_REPORT_AT_64 = """
+import asyncio, os
+from rldock.config.job import SandboxSpec
+from rldock.runtime.agent import sandbox
+
+real_pipe = os.pipe
+
+def pipe_writing_at_64():  # the report's pipe, the first made; subprocess makes its own after
+    os.pipe = real_pipe
+    read, write = real_pipe()
+    os.dup2(write, 64)  # a fresh interpreter: 64 is free
+    os.close(write)
+    return read, 64
+
+os.pipe = pipe_writing_at_64
+result = asyncio.run(sandbox.run_python("print(1)", SandboxSpec()))
+print(result.outcome.value, result.layers.landlock > 0, result.layers.seccomp)
+"""
+
+
+def test_the_layers_are_reported_whatever_number_the_report_descriptor_has():
+    # The caller's pipe can have the very number the boot holds the interpreter at (64).
+    assert kernel.MAX_OPEN_FILES == 64
+    output = subprocess.run([sys.executable, "-c", _REPORT_AT_64], capture_output=True, text=True, check=True)
+    assert output.stdout == "ok True True\n", output.stderr

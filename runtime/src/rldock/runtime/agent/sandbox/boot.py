@@ -81,6 +81,10 @@ def _start(config: dict) -> None:
     import json
 
     kernel = _import_beside("kernel")
+    # The report descriptor keeps whatever number it had in the caller, which could be the one
+    # hold_interpreter takes: moved to the lowest free one (the child has only 0-2 besides it).
+    report = os.dup(config["report_fd"])
+    os.close(config["report_fd"])
     scratch = config["scratch"]
     with open(os.path.join(scratch, PROGRAM), "rb") as file:
         program = file.read()
@@ -109,9 +113,9 @@ def _start(config: dict) -> None:
         rules.extend((path, kernel.READ) for path in files)
         landlock = kernel.restrict_files(rules)
         seccomp = kernel.restrict_syscalls(exec_fd)
-    report = {"namespaces": list(namespaces), "landlock": landlock, "seccomp": seccomp}
-    os.write(config["report_fd"], json.dumps(report).encode())
-    os.close(config["report_fd"])
+    layers = {"namespaces": list(namespaces), "landlock": landlock, "seccomp": seccomp}
+    os.write(report, json.dumps(layers).encode())
+    os.close(report)
     run = {
         **config,
         "readable": [scratch, *installation, *files, _DEV_NULL],
