@@ -315,3 +315,10 @@ def test_auth_secret_is_owned_and_valid():
     assert secret["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
     with pytest.raises(ValueError):
         build_auth_secret(job=JOB, token="")
+
+
+def test_a_cluster_for_kueue_is_created_suspended_for_kueue_to_admit():
+    cluster = build_ray_cluster(job=JOB, spec=_spec(**SPECS["kueue"]))
+    assert cluster["spec"]["suspend"] is True
+    assert cluster["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "team-a-queue"
+    assert build_ray_cluster(job=JOB, spec=_spec())["spec"]["suspend"] is False

@@ -2,8 +2,10 @@
 
 from pathlib import Path
 
+import pytest
+
 from rldock.contract.failure import FailureReason, last_failure
-from rldock.runtime.cli import main
+from rldock.runtime.cli import main, run_summary
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
 
@@ -78,3 +80,38 @@ def test_validate_checks_paths_unless_told_not_to(tmp_path, capsys):
     assert main(["validate", config]) == 2
     assert "model.path:" in capsys.readouterr().err
     assert main(["validate", config, "--no-path-checks"]) == 0
+
+
+def test_version_prints_the_installed_version(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"rldock {importlib.metadata.version('rldock')}\n"
+
+
+def test_plan_reads_the_config_from_the_environment_as_validate_and_train_do(monkeypatch, capsys):
+    monkeypatch.setenv("RLDOCK_JOB_CONFIG", str(EXAMPLE))
+    assert main(["plan", "--json"]) == 0
+    from_env = capsys.readouterr().out
+    assert main(["plan", str(EXAMPLE), "--json"]) == 0
+    assert from_env == capsys.readouterr().out and from_env.startswith("{")
+
+
+@pytest.mark.parametrize(
+    "rewards, window, first, last",
+    [
+        ([0.0], 1, 0.0, 0.0),  # one iteration: both ends are it
+        ([0.0, 1.0], 1, 0.0, 1.0),
+        ([0.0, 0.5, 1.0], 1, 0.0, 1.0),  # the middle one in neither half
+        ([0.0, 0.2, 0.8, 1.0], 2, 0.1, 0.9),
+        ([0.0] * 5 + [1.0] * 5, 5, 0.0, 1.0),
+        ([0.0] * 5 + [0.5] * 10 + [1.0] * 5, 5, 0.0, 1.0),  # 5 at each end of a long run
+    ],
+)
+def test_the_summary_line_compares_ends_that_never_overlap(rewards, window, first, last):
+    records = [{"iteration": i + 1, "reward_mean": reward} for i, reward in enumerate(rewards)]
+    summary = run_summary(records, output="runs/x")
+    assert summary["window"] == window and summary["metric"] == "reward_mean"
+    assert summary["reward_first5"] == pytest.approx(first) and summary["reward_last5"] == pytest.approx(last)

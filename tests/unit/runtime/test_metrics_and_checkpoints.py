@@ -187,3 +187,16 @@ def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, monkey
     assert lines == {"turns": [2.0, 3.0], "tool calls": [1.0, 1.0], "tool errors": [0.25, 0.25]}
     plot_progress([{"iteration": 1, **base}], tmp_path / "single.png")  # single-turn jobs: three panels
     assert len(saved[1].axes) == 3
+
+
+@pytest.mark.parametrize("num_iterations", [2, 3, 7, 40])
+def test_progress_plot_ticks_whole_iterations_only(num_iterations):
+    import matplotlib.pyplot as plt
+
+    from rldock.runtime.metrics import progress_figure
+
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0, "entropy": 1.0}
+    fig = progress_figure([{"iteration": i, **base} for i in range(1, num_iterations + 1)])
+    ticks = fig.axes[-1].get_xticks()
+    plt.close(fig)
+    assert len(ticks) >= 2 and all(float(tick).is_integer() for tick in ticks), ticks

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rldock.config.job import JobConfig
 from rldock.config.problems import Problem, field_path, find_local_problems, find_problems
@@ -23,19 +24,87 @@ class ConfigError(ValueError):
 
 
 def _problems_from_validation(error: ValidationError) -> list[Problem]:
+    items = error.errors()
+    # A misspelt field is an unknown field and, when the field it meant is required, a missing one: the
+    # "did you mean" of the first says it all, so the second is left out.
+    meant = {(*item["loc"][:-1], close): item["loc"] for item in items if (close := _close_field(item)) is not None}
     problems = []
-    for item in error.errors():
+    for item in items:
         path = field_path(item["loc"]) or "<root>"
         if item["type"] == "extra_forbidden":
-            message = "unknown field (check spelling; see docs/config-reference.md)"
+            close = _close_field(item)
+            hint = f"did you mean {close}? " if close is not None else "check spelling; "
+            message = f"unknown field ({hint}see docs/config-reference.md)"
         elif item["type"] == "missing":
+            if tuple(item["loc"]) in meant:
+                continue
             message = "required field is missing"
         else:
             message = item["msg"]
             if "input" in item and not isinstance(item["input"], (dict, list)):
                 message += f" (got {item['input']!r})"
+            message += _allowed_values(item)
         problems.append(Problem(path, message))
     return problems
+
+
+def _close_field(item: Any) -> str | None:
+    """For an unknown field, the closest field name of its section (difflib), if one is close."""
+    if item["type"] != "extra_forbidden" or not isinstance(item["loc"][-1], str):
+        return None
+    model = _model_at(item["loc"][:-1])
+    if model is None:
+        return None
+    close = difflib.get_close_matches(item["loc"][-1], list(model.model_fields), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _allowed_values(item: Any) -> str:
+    """ "; allowed values: ..." for a field whose type is (a list of) a Literal, unless the message
+    already lists them (pydantic's literal_error does)."""
+    if item["type"] == "literal_error":
+        return ""
+    values = _literals(_annotation_at(item["loc"]))
+    if not values:
+        return ""
+    listed = ", ".join(map(str, values))
+    if item["type"] == "list_type":
+        example = f"[{values[-1]}]"
+        where = field_path(item["loc"])
+        return f"; give a list of: {listed} (e.g. {example}; on the command line --set {where}={example})"
+    return f"; allowed values: {listed}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation (itself, or in Optional/list/dict arguments)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((model for arg in get_args(annotation) if (model := _model_in(arg)) is not None), None)
+
+
+def _annotation_at(loc: tuple[int | str, ...]) -> Any:
+    """The annotation of the JobConfig field at a pydantic error location; None where the walk fails."""
+    model: type[BaseModel] | None = JobConfig
+    annotation: Any = None
+    for part in loc:
+        if isinstance(part, int):  # a list index: the same element model
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        model = _model_in(annotation)
+    return annotation
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    return JobConfig if not loc else _model_in(_annotation_at(loc))
+
+
+def _literals(annotation: Any) -> list[Any]:
+    if get_origin(annotation) is Literal:
+        return list(get_args(annotation))
+    return [value for arg in get_args(annotation) for value in _literals(arg)]
 
 
 def parse_job_config(data: Any, *, source: str = "<config>") -> JobConfig:

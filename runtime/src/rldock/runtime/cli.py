@@ -4,6 +4,7 @@ it on a local or existing Ray, or prepare a model (`rldock models import-gguf`).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import yaml
 from rldock.config import ConfigError, JobConfig, find_warnings, load_job_config
 from rldock.contract import runtime_cli as cli
 from rldock.contract.failure import FailureReason, JobFailure, format_failure
+from rldock.contract.progress import headline_key
 from rldock.runtime.preflight import failure_of, preflight
 
 logger = logging.getLogger("rldock")
@@ -52,6 +54,7 @@ def _overrides_argument(parser: argparse.ArgumentParser, *, example: str) -> Non
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=cli.PROGRAM, description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version('rldock')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     validate = sub.add_parser(
@@ -97,7 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="print the job's memory per device (training and generation phases) "
         "and refuse a config that cannot fit, naming the field to change",
     )
-    plan.add_argument("config", help="the job config (YAML)")
+    _config_argument(plan)
     _overrides_argument(plan, example="training.strategy=fsdp")
     plan.add_argument(
         "--device-memory",
@@ -317,7 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from rldock.runtime.metrics import headline_key
     from rldock.runtime.rewards import RewardError
     from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
 
@@ -333,17 +335,30 @@ def main(argv: list[str] | None = None) -> int:
     except RewardError as error:
         print(f"error: {reward_failure(error)}", file=sys.stderr)
         return 1
-    first, last = records[:5], records[-5:]
-    key = headline_key(records[0])  # the sampled reward; DPO: the policy's preference accuracy
-    summary = {
+    print(json.dumps(run_summary(records, output=str(args.output))))
+    return 0
+
+
+SUMMARY_WINDOW = 5  # iterations averaged at each end of a run in its summary line
+
+
+def run_summary(records: list[dict], *, output: str) -> dict:
+    """The last stdout line of `rldock train` (README, "What the demo shows"): the headline metric
+    (the sampled reward; DPO: the policy's preference accuracy) averaged over the run's first and last
+    `window` iterations, window = 5, or half the run (rounded down, at least 1) when it has fewer than
+    10, so the two ends never share an iteration unless the run has only one. The keys keep their
+    names (`reward_first5`, `reward_last5`) for the scripts that read them; `window` says how many."""
+    key = headline_key(records[0])
+    window = max(1, min(SUMMARY_WINDOW, len(records) // 2))
+    first, last = records[:window], records[-window:]
+    return {
         "iterations": len(records),
         "metric": key,
+        "window": window,
         "reward_first5": sum(r[key] for r in first) / len(first),
         "reward_last5": sum(r[key] for r in last) / len(last),
-        "output": str(args.output),
+        "output": output,
     }
-    print(json.dumps(summary))
-    return 0
 
 
 def _verdict(cfg: JobConfig, source: str, *, paths_checked: bool) -> str:

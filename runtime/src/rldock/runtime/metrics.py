@@ -190,13 +190,23 @@ class MetricsLog:
 
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
+    """progress_figure(records) as a PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = progress_figure(records)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def progress_figure(records: list[dict[str, Any]]):
     """Reward (DPO: preference accuracy) with the held-out evaluation's reward and accuracy, the
     policy's entropy and throughput per iteration, and a multi-turn job's turns, tool calls and tool
-    errors per episode, as a PNG."""
+    errors per episode; the shared iteration axis has whole-number ticks only."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     # Iteration 0 (the initial policy's evaluation, docs/evaluation.md) has val/ metrics only.
     trained = [r for r in records if "tokens_per_s_per_device" in r]
@@ -246,9 +256,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
         ax_agent.legend(loc="best", fontsize="small")
         ax_agent.grid(alpha=0.3)
     axes[-1].set_xlabel("iteration")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole: no 1.5 ticks
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 # shared_*: of those requests, the ones a worker on the warehouse's node served itself in shared memory.

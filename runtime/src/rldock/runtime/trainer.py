@@ -711,7 +711,7 @@ def heldout_evaluation(
             [e.ground_truth for e in scored],
             [e.data_source for e in scored],
             [e.extra_info for e in scored],
-            prompts=[e.row_prompt for e in scored],
+            prompts=[e.prompt if e.row_prompt is None else e.row_prompt for e in scored],
             columns=column_lists([e.columns for e in scored]),
         ).scores.tolist()
 
