@@ -260,8 +260,8 @@ def test_programs_run_at_the_same_time():
     assert max(start for start, _ in spans) < min(end for _, end in spans)
 
 
-def running_programs() -> list[int]:
-    """This process's children that reached the boot's `run` stage: the program runs."""
+def running_programs(parent: int | None = None) -> list[int]:
+    """The children of `parent` (this process) that reached the boot's `run` stage: the program runs."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -271,7 +271,7 @@ def running_programs() -> list[int]:
             command = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # the process ended meanwhile
             continue
-        if int(stat_fields[1]) == os.getpid() and b"run" in command and boot.__file__.encode() in command:
+        if int(stat_fields[1]) == (parent or os.getpid()) and b"run" in command and boot.__file__.encode() in command:
             found.append(int(entry.name))
     return found
 

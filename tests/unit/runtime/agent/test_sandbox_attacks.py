@@ -19,6 +19,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,20 +176,12 @@ def test_the_caller_dying_kills_the_program(tmp_path):
 
 
 def wait_for_child_in_run_stage(parent: int, timeout_s: float = 60.0) -> int:
-    import time
+    from test_sandbox import running_programs
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                command = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if int(fields[1]) == parent and b"run" in command:
-                return int(entry.name)
+        if programs := running_programs(parent):
+            return programs[0]
         time.sleep(0.01)  # polls the state it waits for
     raise AssertionError(f"no program of caller {parent} started in {timeout_s} s")
 
