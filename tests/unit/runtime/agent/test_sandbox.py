@@ -477,12 +477,24 @@ def test_the_syscall_filter_is_a_valid_program(machine):
     assert kernel.syscall_filter("sparc64", 4242, 64) is None
 
 
+def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, caplog):
+    # It reports nothing; only its error is logged (the program never ran, under no layer at all).
+    failing = tmp_path / "failing_boot.py"
+    failing.write_text(f"import sys\nprint({boot.BOOT_FAILED_MESSAGE!r} + 'test', file=sys.stderr)\nsys.exit(92)")
+    monkeypatch.setattr(boot, "__file__", str(failing))
+    result = run("print(1)")
+    assert result.outcome is Outcome.ERROR and not result.layers.reported and result.layers.missing == ()
+    assert [record.levelname for record in caplog.records] == ["ERROR"]
+
+
 def test_a_missing_layer_is_logged_once_per_process(monkeypatch, caplog):
     from rldock.runtime.agent import sandbox
 
     async def on_an_old_kernel(code, limits, *, audit_hook):
         assert audit_hook
-        return SandboxResult("", "", 0, Outcome.OK, "", sandbox.Layers(namespaces=("network",), seccomp=True))
+        return SandboxResult(
+            "", "", 0, Outcome.OK, "", sandbox.Layers(namespaces=("network",), seccomp=True, reported=True)
+        )
 
     monkeypatch.setattr(sandbox, "_run_program", on_an_old_kernel)
     monkeypatch.setattr(sandbox, "_missing_logged", set())

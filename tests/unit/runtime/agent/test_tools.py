@@ -56,7 +56,9 @@ def test_python_counts_the_sandbox_layers_a_call_ran_without(monkeypatch):
     from rldock.runtime.agent.sandbox import Layers, Outcome, SandboxResult
 
     async def without_landlock(code, limits):
-        return SandboxResult("1\n", "", 0, Outcome.OK, "1\n", Layers(namespaces=(), landlock=0, seccomp=True))
+        return SandboxResult(
+            "1\n", "", 0, Outcome.OK, "1\n", Layers(namespaces=(), landlock=0, seccomp=True, reported=True)
+        )
 
     monkeypatch.setattr(tools, "run_python", without_landlock)
     result = call(PythonTool(SandboxSpec()), {"code": "print(1)"})

@@ -78,15 +78,19 @@ class Outcome(str, enum.Enum):
 class Layers:
     """The kernel layers that held for one program: the namespaces it entered (`user`, `mount`,
     `network`, and `scratch_filesystem` for the capped tmpfs), the Landlock ABI enforced (0: none) and
-    whether the seccomp filter was installed."""
+    whether the seccomp filter was installed. `reported` is false where the boot failed before it
+    could say (the program did not run): then nothing is missing, the boot's error is what to read."""
 
     namespaces: tuple[str, ...] = ()
     landlock: int = 0
     seccomp: bool = False
+    reported: bool = False
 
     @property
     def missing(self) -> tuple[str, ...]:
         """The layers a kernel or a pod's profile refused, by the names of the metrics that count them."""
+        if not self.reported:
+            return ()
         held = {"landlock": self.landlock > 0, "seccomp": self.seccomp, "namespaces": "network" in self.namespaces}
         return tuple(name for name, present in held.items() if not present)
 
@@ -221,13 +225,14 @@ async def _run_program(code: str, limits: SandboxSpec, *, audit_hook: bool) -> S
 def _layers(report: int) -> Layers:
     """What the boot's `start` stage wrote before it ran the program (nothing if it failed first)."""
     try:
-        data = json.loads(os.read(report, 65536) or b"{}")
+        data = json.loads(os.read(report, 65536))
     except (BlockingIOError, ValueError):
         return Layers()
     return Layers(
         namespaces=tuple(data.get("namespaces", ())),
         landlock=data.get("landlock", 0),
         seccomp=data.get("seccomp", False),
+        reported=True,
     )
 
 
