@@ -150,3 +150,19 @@ def test_calculator_errors_are_error_results(expression, message):
 def test_calculator_without_an_expression_string_is_an_error_result(arguments):
     result = call(CalculatorTool(), arguments)
     assert result.error and result.text.startswith('error: the argument "expression" must be a string; got ')
+
+
+def test_the_calculators_nesting_limit_is_its_own_not_the_interpreters():
+    # vLLM and torch raise sys's recursion limit in a worker: the same expression gets the same answer.
+    import sys
+
+    deep = "-" * 990 + "-1"
+    previous = sys.getrecursionlimit()
+    try:
+        for limit in (previous, 100_000):
+            sys.setrecursionlimit(limit)
+            result = calculate(deep)
+            assert result.error and "nested too deeply" in result.text, (limit, result)
+    finally:
+        sys.setrecursionlimit(previous)
+    assert calculate("-" * 199 + "1") == ToolResult("-1")

@@ -98,6 +98,10 @@ MAX_EXPRESSION_CHARS = 1000
 # Integers up to this many bits (about 3,000 decimal digits): enough for any arithmetic a model
 # checks by hand, and each operation on them takes microseconds, so no expression runs long.
 MAX_INTEGER_BITS = 10_000
+# Operators nested in one another: the walk below recurses once per level, so it stops here rather than
+# at the interpreter's recursion limit, which libraries raise (the answer must not depend on what else
+# the process imported).
+MAX_NESTING = 200
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -122,19 +126,18 @@ def evaluate(expression: str) -> int | float:
         raise CalculatorError(f"not an arithmetic expression: {error.msg}") from None
     except (RecursionError, MemoryError):
         raise CalculatorError("the expression is nested too deeply") from None
-    try:
-        return _value(tree.body)
-    except RecursionError:
-        raise CalculatorError("the expression is nested too deeply") from None
+    return _value(tree.body, depth=0)
 
 
-def _value(node: ast.expr) -> int | float:
+def _value(node: ast.expr, *, depth: int) -> int | float:
+    if depth > MAX_NESTING:
+        raise CalculatorError(f"the expression is nested too deeply (more than {MAX_NESTING} operators in one another)")
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return _checked(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_value(node.operand))
+        return _UNARY[type(node.op)](_value(node.operand, depth=depth + 1))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _value(node.left), _value(node.right)
+        left, right = _value(node.left, depth=depth + 1), _value(node.right, depth=depth + 1)
         if isinstance(node.op, ast.Pow):
             _check_power(left, right)
         try:
