@@ -68,8 +68,9 @@ def _import_beside(name: str):
 
 
 def _readable(config: dict) -> tuple[list[str], list[str]]:
-    """The roots the program may read (absolute, links resolved): Python's installation (this folder's
-    files included) and the system's, then the installation alone (where native modules may load from)."""
+    """The directories the program may read, and load native modules from: Python's installation, this
+    folder and the system's libraries; then the single files it may read besides. Absolute, links
+    resolved."""
     python = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *config["site"], HERE)
     installation = sorted({os.path.realpath(path) for path in (*python, *_SYSTEM_ROOTS) if os.path.exists(path)})
     files = sorted({os.path.realpath(path) for path in _SYSTEM_FILES if os.path.exists(path)})
