@@ -34,6 +34,11 @@ FINALIZER = f"{GROUP}/cleanup"
 # own (settings.py: RLDOCK_DEFAULT_IMAGE, RLDOCK_DEFAULT_DEVICE_RESOURCE; the chart's runtime.* values).
 DEFAULT_IMAGE = f"ghcr.io/rldock/rldock-runtime:{__version__}"
 DEFAULT_DEVICE_RESOURCE = "huawei.com/Ascend910"
+# The device resource of GPU jobs (job.resources.accelerator_resource GPU) that leave
+# spec.cluster.deviceResource unset where the installation's default is an Ascend one (its domain):
+# NVIDIA's device plugin's. An installation configured with another resource gives them that one.
+GPU_DEVICE_RESOURCE = "nvidia.com/gpu"
+ASCEND_RESOURCE_DOMAIN = "huawei.com"
 # The Ray version baked into the runtime image (requirements/cpu.lock pins ray==2.60.0).
 DEFAULT_RAY_VERSION = "2.60.0"
 DEFAULT_CHECKPOINT_MOUNT_PATH = "/checkpoints"
@@ -155,6 +160,9 @@ RAY_CONDITION_PROVISIONED = "RayClusterProvisioned"
 RAY_CONDITION_SUSPENDED = "RayClusterSuspended"
 # Ray resource names that `ray start --resources` refuses: they have their own flags.
 RAY_RESERVED_RESOURCES = frozenset({"CPU", "GPU", "TPU", "memory", "object_store_memory"})
+# Ray's built-in GPU resource: a GPU job's workers start with `--num-gpus` (rayStartParams
+# `num-gpus`), the one reserved name an RLJob's accelerator_resource may take.
+RAY_GPU = "GPU"
 
 # --- Gang scheduling, the way a KubeRay user sets it -----------------------------------------
 LABEL_RAY_SCHEDULER_NAME = "ray.io/scheduler-name"  # KubeRay's batch-scheduler switch

@@ -46,6 +46,7 @@ from rldock.operator.builders import (
     build_job_submission,
     build_network_policy,
     build_ray_cluster,
+    device_resource,
     output_dir,
     owner_reference,
 )
@@ -512,11 +513,12 @@ class Reconciler:
         if isinstance(action, CreateCluster):
             if _create(self.kube, desired) is not None:
                 resources = spec.job.resources
+                devices = device_resource(spec, self.settings.pod_defaults)
+                each = f"{resources.devices_per_node} {devices} each" if devices else "no device (resources.device cpu)"
                 out.event(
                     "Normal",
                     EventReason.CREATED_RAY_CLUSTER,
-                    f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with "
-                    f"{resources.devices_per_node} {self.settings.pod_defaults.device_resource_of(spec)} each",
+                    f"created RayCluster {name}: a head and {resources.num_nodes} worker(s) with {each}",
                 )
         elif isinstance(action, DeleteCluster):
             assert cluster is not None

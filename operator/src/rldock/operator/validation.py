@@ -19,12 +19,14 @@ from rldock.config import Problem, find_problems
 from rldock.config.problems import field_path
 from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
+from rldock.operator.builders.ray_cluster import is_ascend_resource
 from rldock.operator.constants import (
     CONFIG_MAP_MAX_BYTES,
     CONFIG_MOUNT_PATH,
     IMAGE_PATTERN,
     OPERATOR_ENV,
     OPERATOR_VOLUMES,
+    RAY_GPU,
     RAY_RESERVED_RESOURCES,
     SHM_MOUNT_PATH,
     TMP_MOUNT_PATH,
@@ -87,18 +89,7 @@ def _problem_from_error(item: Mapping[str, Any]) -> Problem:
 def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     """Every problem of a parsed spec (the runtime's job rules first), in field order."""
     problems = [Problem(f"spec.job.{p.path}", p.message) for p in find_problems(spec.job)]
-    accelerator = spec.job.resources.accelerator_resource
-    if accelerator in RAY_RESERVED_RESOURCES:
-        problems.append(
-            Problem(
-                "spec.job.resources.accelerator_resource",
-                f"{accelerator!r} is a Ray built-in resource and cannot name the devices; use e.g. NPU",
-            )
-        )
-    if spec.cluster.device_resource is not None:  # unset: the operator's default, checked at its start
-        error = device_resource_error(spec.cluster.device_resource)
-        if error:
-            problems.append(Problem("spec.cluster.deviceResource", error))
+    problems += _device_problems(spec)
     for role in ("head", "worker"):
         try:
             cpu_cores(getattr(spec.cluster, role).cpu)
@@ -112,6 +103,54 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     problems += _volume_problems(spec)
     problems += _env_problems(spec)
     problems += job_config_size_problems(spec)
+    return problems
+
+
+def _device_problems(spec: RLJobSpec) -> list[Problem]:
+    """The devices the pods ask Kubernetes and Ray for (builders/ray_cluster.py's docstring): GPU is Ray's
+    built-in GPU count, any other name but Ray's built-ins a custom resource, and a job on the CPU
+    (`resources.device: cpu`) asks for no device plugin's resource."""
+    resources, device_resource = spec.job.resources, spec.cluster.device_resource
+    accelerator = resources.accelerator_resource
+    if accelerator in RAY_RESERVED_RESOURCES and accelerator != RAY_GPU:
+        return [
+            Problem(
+                "spec.job.resources.accelerator_resource",
+                f"{accelerator!r} is a Ray built-in resource and cannot name the devices; "
+                "use NPU (Ascend, or devices emulated on a CPU-only cluster) or GPU (NVIDIA)",
+            )
+        ]
+    problems = []
+    if device_resource is not None:  # unset: the operator's default, checked at its start
+        error = device_resource_error(device_resource)
+        if error:
+            problems.append(Problem("spec.cluster.deviceResource", error))
+    if resources.device == "cpu":
+        if accelerator == RAY_GPU:
+            problems.append(
+                Problem(
+                    "spec.job.resources.accelerator_resource",
+                    "GPU asks the pods for GPUs while resources.device cpu runs the job on the CPU; "
+                    "on a CPU-only cluster leave accelerator_resource at NPU (emulated devices)",
+                )
+            )
+        if device_resource is not None:
+            problems.append(
+                Problem(
+                    "spec.cluster.deviceResource",
+                    f"a job with spec.job.resources.device cpu requests no device, so {device_resource!r} "
+                    "would never be asked for; leave it unset (or set resources.device to auto)",
+                )
+            )
+    elif accelerator == RAY_GPU and device_resource is not None and is_ascend_resource(device_resource):
+        problems.append(
+            Problem(
+                "spec.cluster.deviceResource",
+                f"{device_resource!r} is an Ascend NPU resource, and accelerator_resource GPU would have Ray "
+                "count those NPUs as GPUs; name your GPU device plugin's resource (e.g. nvidia.com/gpu) or "
+                "leave it unset",
+            )
+        )
     return problems
 
 

@@ -7,7 +7,7 @@ against Kubernetes' and KubeRay's own schemas.
 from rldock.operator.builders.common import RLJobRef, child_labels, owner_reference
 from rldock.operator.builders.config_map import build_config_map, render_job_config
 from rldock.operator.builders.network_policy import build_network_policy
-from rldock.operator.builders.ray_cluster import build_ray_cluster
+from rldock.operator.builders.ray_cluster import build_ray_cluster, device_resource
 from rldock.operator.builders.ray_job import build_entrypoint, build_job_submission, output_dir
 from rldock.operator.builders.rbac import build_rbac
 from rldock.operator.builders.secret import build_auth_secret
@@ -20,6 +20,7 @@ __all__ = [
     "build_job_submission",
     "build_network_policy",
     "build_ray_cluster",
+    "device_resource",
     "build_rbac",
     "child_labels",
     "owner_reference",

@@ -3,9 +3,16 @@
 Shape: a head group (trainer driver, dock controllers; CPU only) and ONE worker group with exactly
 `job.resources.num_nodes` pods (replicas = min = max, no autoscaling), at most one per node through
 pod anti-affinity, each taking the node's `devices_per_node` devices through the device plugin's
-extended resource and advertising them to Ray as `job.resources.accelerator_resource` (NPU). The
+extended resource and advertising them to Ray as `job.resources.accelerator_resource`. The
 runtime places one dock warehouse per such Ray node; the head advertises no devices, so none
-lands there.
+lands there. How the devices are asked for, by the job's `resources`:
+- `accelerator_resource: NPU` (or any custom name): each worker pod requests `devices_per_node`
+  of the device resource, and its `ray start` gets `--resources='{"NPU": n}'`;
+- `accelerator_resource: GPU`: the pods request the same of a GPU device plugin's resource
+  (`nvidia.com/gpu` unless set, `device_resource`), and Ray's built-in `--num-gpus=n` counts them
+  (the head gets `--num-gpus=0`);
+- `device: cpu` (a CPU-only cluster): no device resource at all; `--resources='{"NPU": n}'` still
+  gives Ray n emulated devices, the slots the runtime places its workers on.
 
 Every pod meets the `restricted` Pod Security Standard (docs/security.md): it runs as uid 10001 with
 runAsNonRoot, the runtime's default seccomp profile, no privilege escalation and no capabilities;
@@ -37,11 +44,13 @@ from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
+    ASCEND_RESOURCE_DOMAIN,
     AUTH_SECRET_KEY,
     CONFIG_MOUNT_PATH,
     ENV_JOB_CONFIG,
     ENV_RAY_AUTH_MODE,
     ENV_RAY_AUTH_TOKEN,
+    GPU_DEVICE_RESOURCE,
     HEAD_CONTAINER,
     JOB_CONFIG_PATH,
     LABEL_KUEUE_QUEUE,
@@ -52,6 +61,7 @@ from rldock.operator.constants import (
     RAY_API_VERSION,
     RAY_AUTH_MODE_TOKEN,
     RAY_CLUSTER_KIND,
+    RAY_GPU,
     RAY_POD_GID,
     RAY_POD_UID,
     ROLE_HEAD,
@@ -84,12 +94,7 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
         "enableInTreeAutoscaling": False,  # the job's shape is fixed; the dock needs every node
         "headGroupSpec": {
             "serviceType": "ClusterIP",
-            "rayStartParams": {
-                # CPU for the driver's helpers; no accelerator resource, so no device worker or
-                # warehouse is placed on the head.
-                "num-cpus": str(math.floor(cpu_cores(spec.cluster.head.cpu))),
-                "dashboard-host": "0.0.0.0",  # the operator reaches the Jobs API via the Service
-            },
+            "rayStartParams": _head_start_params(spec),
             "template": _pod_template(job, spec, defaults, role=ROLE_HEAD),
         },
         "workerGroupSpecs": [
@@ -98,12 +103,7 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
                 "replicas": num_workers,
                 "minReplicas": num_workers,
                 "maxReplicas": num_workers,
-                "rayStartParams": {
-                    # KubeRay pastes every value into the container's `bash -lc` line as `--key=value`
-                    # without quoting (common/pod.go convertParamMap), so the JSON carries its own shell
-                    # quotes, as KubeRay writes its own accelerator resources: --resources='{"NPU": 8}'.
-                    "resources": shlex.quote(json.dumps({resources.accelerator_resource: resources.devices_per_node})),
-                },
+                "rayStartParams": _worker_start_params(spec),
                 "template": _pod_template(job, spec, defaults, role=ROLE_WORKER),
             }
         ],
@@ -119,6 +119,52 @@ def build_ray_cluster(*, job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults =
         ),
         "spec": cluster_spec,
     }
+
+
+def device_resource(spec: RLJobSpec, defaults: PodDefaults) -> str | None:
+    """The extended resource each worker pod requests `devices_per_node` of; None for a job that
+    runs on the CPU (`job.resources.device: cpu`), whose pods request no device.
+
+    `spec.cluster.deviceResource` when set, else the installation's default; a GPU job
+    (`accelerator_resource: GPU`) on an installation whose default is an Ascend resource gets
+    NVIDIA's `nvidia.com/gpu` instead, so a few GPU jobs on an Ascend cluster need not name it."""
+    if spec.job.resources.device == "cpu":
+        return None
+    if spec.cluster.device_resource:
+        return spec.cluster.device_resource
+    if spec.job.resources.accelerator_resource == RAY_GPU and is_ascend_resource(defaults.device_resource):
+        return GPU_DEVICE_RESOURCE
+    return defaults.device_resource
+
+
+def is_ascend_resource(name: str) -> bool:
+    return name.partition("/")[0] == ASCEND_RESOURCE_DOMAIN
+
+
+def _head_start_params(spec: RLJobSpec) -> dict[str, str]:
+    params = {
+        # CPU for the driver's helpers; no accelerator resource, so no device worker or warehouse
+        # is placed on the head.
+        "num-cpus": str(math.floor(cpu_cores(spec.cluster.head.cpu))),
+        "dashboard-host": "0.0.0.0",  # the operator reaches the Jobs API via the Service
+    }
+    if spec.job.resources.accelerator_resource == RAY_GPU:
+        # Ray counts the GPUs it can see; a head in a CUDA image may see the node's GPUs without
+        # asking for any (NVIDIA's images set NVIDIA_VISIBLE_DEVICES=all), and must offer none.
+        params["num-gpus"] = "0"
+    return params
+
+
+def _worker_start_params(spec: RLJobSpec) -> dict[str, str]:
+    resources = spec.job.resources
+    if resources.accelerator_resource == RAY_GPU:
+        # Ray's built-in GPU count: `--resources='{"GPU": n}'` Ray refuses ("GPU cannot be a
+        # custom resource"), and the workers ask for GPUs as `num_gpus` (runtime ray_devices.py).
+        return {"num-gpus": str(resources.devices_per_node)}
+    # KubeRay pastes every value into the container's `bash -lc` line as `--key=value` without
+    # quoting (common/pod.go convertParamMap), so the JSON carries its own shell quotes, as KubeRay
+    # writes its own accelerator resources: --resources='{"NPU": 8}'.
+    return {"resources": shlex.quote(json.dumps({resources.accelerator_resource: resources.devices_per_node}))}
 
 
 def _gang_labels(spec: RLJobSpec) -> dict[str, str]:
@@ -203,7 +249,9 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
 def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: str) -> dict[str, Any]:
     if role == ROLE_WORKER:
         amounts = _cpu_memory(spec.cluster.worker)
-        amounts[defaults.device_resource_of(spec)] = str(spec.job.resources.devices_per_node)
+        devices = device_resource(spec, defaults)
+        if devices is not None:
+            amounts[devices] = str(spec.job.resources.devices_per_node)
         name = WORKER_CONTAINER
     else:
         amounts, name = _cpu_memory(spec.cluster.head), HEAD_CONTAINER
