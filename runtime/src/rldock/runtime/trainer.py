@@ -60,6 +60,7 @@ from rldock.runtime.dock import DockActorDiedError, DockTimeoutError, TransferDo
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
+from rldock.runtime.iteration_hold import IterationHold
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
@@ -234,6 +235,7 @@ class Trainer:
         self._bookkeeping = Bookkeeper(background=False)
         self._counters: Future | None = None  # the Future of the last counters read, awaited before the next put
         self._last_iteration_end: float | None = None  # perf_counter when the last iteration's stages ended
+        self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -422,6 +424,7 @@ class Trainer:
             if evaluate_at_start:
                 self._log(tracking, {"iteration": 0, **self._evaluate(0)})
             for iteration in range(start_iteration, total + 1):
+                self._hold.wait_before(iteration)
                 record = self._run_iteration(iteration)
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(iteration))
