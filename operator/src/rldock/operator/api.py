@@ -30,18 +30,24 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from rldock.config import JobConfig
+from rldock.config.job import EnvironmentServersSpec
 from rldock.operator.constants import (
     DEFAULT_BACKOFF_LIMIT,
     DEFAULT_CHECKPOINT_MOUNT_PATH,
     DEFAULT_DEVICE_RESOURCE,
+    DEFAULT_ENVIRONMENT_PORT,
     DEFAULT_IMAGE,
     DEFAULT_IMAGE_PULL_POLICY,
     DEFAULT_RAY_VERSION,
+    DNS_LABEL_PATTERN,
+    ENVIRONMENT_HEALTH_PATH,
     IMAGE_PATTERN,
     MANAGED_BY_RLDOCK,
+    MAX_ARGUMENTS,
     MAX_DNS_LABEL_LENGTH,
     MAX_ENV_NAME_LENGTH,
     MAX_ENV_VALUE_LENGTH,
+    MAX_ENVIRONMENTS,
     MAX_IMAGE_LENGTH,
     MAX_KEY_LENGTH,
     MAX_LABEL_VALUE_LENGTH,
@@ -365,6 +371,69 @@ class CheckpointStorage(_Model):
     )
 
 
+Argument = Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)]
+# One default for `rldock train`'s servers and an RLJob's environment pods alike.
+DEFAULT_SESSIONS_PER_REPLICA: int = EnvironmentServersSpec.model_fields["sessions_per_replica"].default
+
+
+class Environment(_Model):
+    """The server pods of one environment (an OpenEnv server image): a Deployment of `replicas` pods
+    and a headless Service, named `<rljob>-env-<name>`, reachable only from the job's Ray pods. The
+    job config names it with `servers.service: <name>` (`job.agent.environment.servers` or
+    `job.agent.sandbox.servers`)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="The environment's name (a DNS label), which `servers.service` in the job config names.",
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
+        pattern=IMAGE_PATTERN,
+        description="The server's image, under the cluster's allowed image prefixes (chart value "
+        "`policy.imagePrefixes`). Unset: the RLJob's runtime image (`spec.image`, else the operator's default), "
+        "whose `rldock env serve <module:Class>` serves an environment class (set `command`).",
+    )
+    command: list[Argument] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ARGUMENTS,
+        description="The container's command (replaces the image's entrypoint), e.g. "
+        "`[rldock, env, serve, rldock.runtime.agent.sandbox_service:PythonSandbox, --port, '8000']`.",
+    )
+    args: list[Argument] | None = Field(
+        default=None, max_length=MAX_ARGUMENTS, description="The container's arguments (replace the image's CMD)."
+    )
+    port: int = Field(
+        default=DEFAULT_ENVIRONMENT_PORT,
+        ge=1,
+        le=65535,
+        description=f"The TCP port the server listens on; it must answer `GET {ENVIRONMENT_HEALTH_PATH}` there "
+        "(the readiness probe) and serve the OpenEnv protocol.",
+    )
+    replicas: int = Field(default=1, ge=1, le=256, description="Server pods; episodes are spread over them.")
+    sessions_per_replica: int = Field(
+        default=DEFAULT_SESSIONS_PER_REPLICA,
+        ge=1,
+        le=4096,
+        description="Sessions (episodes) one pod holds at once; the operator writes it into the job config's "
+        "`servers.sessions_per_replica`.",
+    )
+    resources: PodResources = Field(
+        default_factory=lambda: PodResources(cpu=1, memory="1Gi"),
+        description="CPU and memory of each pod (request = limit). Default: cpu 1, memory 1Gi.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
+        description="Environment variables of the server container (only these: the pods get nothing of the "
+        "Ray pods' `env`, volumes or token).",
+    )
+
+
 class LocalObjectReference(_Model):
     name: str = Field(
         min_length=1, max_length=MAX_NAME_LENGTH, description="Name of an object in the RLJob's namespace."
@@ -415,8 +484,16 @@ class RLJobSpec(_Model):
         description="Every key of a Secret or ConfigMap as environment variables of every Ray container; "
         "`env` and the operator's own variables win over keys of the same name.",
     )
+    environments: list[Environment] = Field(
+        default_factory=list,
+        max_length=MAX_ENVIRONMENTS,
+        description="Environment servers the operator runs as pods for this job (docs/agentic.md, Environments "
+        "in an RLJob); `servers.service: <name>` in the job config points the runtime at one.",
+    )
     suspend: bool = Field(
-        default=False, description="Free the cluster and keep the checkpoint; unset to resume from it."
+        default=False,
+        description="Free the cluster and keep the checkpoint (the environments' pods are scaled to 0); unset to "
+        "resume from it.",
     )
     backoff_limit: int = Field(
         default=DEFAULT_BACKOFF_LIMIT,
@@ -519,6 +596,17 @@ class LastEvaluation(_Model):
     )
 
 
+class EnvironmentStatus(_Model):
+    """The pods of one spec.environments entry, as its Deployment reports them."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(description="The spec.environments entry.")
+    replicas: int = Field(
+        ge=0, description="Pods its Deployment asks for now (0 while the RLJob is suspended or finished)."
+    )
+    ready_replicas: int = Field(default=0, ge=0, description="Pods that answer their readiness probe.")
+
+
 class RLJobStatus(_Model):
     """Written only by the operator (status subresource)."""
 
@@ -541,6 +629,13 @@ class RLJobStatus(_Model):
     )
     last_evaluation: LastEvaluation | None = Field(
         default=None, description="The newest held-out evaluation; unset until the job evaluates."
+    )
+    environments: list[EnvironmentStatus] | None = Field(
+        default=None, description="The pods of each spec.environments entry; unset without environments."
+    )
+    environments_ready: str | None = Field(
+        default=None,
+        description="`ready/replicas` summed over spec.environments, for kubectl; unset without environments.",
     )
     last_checkpoint: str | None = Field(default=None, description="Path of the newest complete checkpoint.")
     restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")

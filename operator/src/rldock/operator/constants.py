@@ -73,6 +73,10 @@ MAX_DNS_LABEL_LENGTH = 63  # volume names
 MAX_ENV_NAME_LENGTH = 253  # env var names and envFrom prefixes (a bound; core/v1 sets none)
 MAX_ENV_VALUE_LENGTH = 32 * 1024  # a literal env value; larger values belong in a Secret or ConfigMap
 MAX_POD_INPUTS = 64  # entries of each of spec.volumes, volumeMounts, env, envFrom
+MAX_ENVIRONMENTS = 16  # entries of spec.environments
+MAX_ARGUMENTS = 256  # entries of an environment's command and args
+# A DNS-1123 label: volume names, spec.environments[].name (the job config's servers.service).
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # An image reference: [host[:port]/]path[:tag][@digest], without spaces or other characters a
 # registry would refuse (the full grammar is docker/distribution's reference package; the runtime's
 # pull reports what this lets through).
@@ -92,6 +96,14 @@ APP_NAME = "rldock"
 MANAGED_BY = "rldock-operator"
 ROLE_HEAD = "head"
 ROLE_WORKER = "worker"
+ROLE_ENVIRONMENT = "environment"  # the pods of spec.environments
+# On an environment's Deployment, Service and NetworkPolicy (beside `rldock.io/rljob`) and its pods:
+# the spec.environments entry's name.
+LABEL_ENVIRONMENT = f"{GROUP}/environment"
+# On an environment's pods instead of `rldock.io/rljob` (value alike: naming.label_value of the
+# RLJob's name). They must not carry `rldock.io/rljob`: the Ray pods' NetworkPolicy admits every pod
+# with it on every port, and an environment runs code the job's author did not write.
+LABEL_ENVIRONMENT_OF = f"{GROUP}/environment-of"
 # Hash of the desired RayCluster spec: the handler replaces a cluster whose hash differs instead of
 # diffing KubeRay's defaulted spec field by field.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
@@ -138,6 +150,15 @@ OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)
 # (images/README.md); setting it in the pod also keeps an image that would run as root non-root.
 RAY_POD_UID = 10001
 RAY_POD_GID = 10001
+
+# --- The pods of spec.environments (builders/environments.py) -----------------------------------
+ENVIRONMENT_CONTAINER = "environment"
+ENVIRONMENT_PORT_NAME = "http"
+# OpenEnv's servers answer GET /health with {"status": "healthy"}: the readiness probe.
+ENVIRONMENT_HEALTH_PATH = "/health"
+DEFAULT_ENVIRONMENT_PORT = 8000  # OpenEnv's (and uvicorn's) default port
+# What every Kubernetes Service name resolves under in the cluster's DNS.
+CLUSTER_DOMAIN = "cluster.local"
 
 # --- KubeRay (ray.io/v1) ---------------------------------------------------------------------
 RAY_API_VERSION = "ray.io/v1"
@@ -253,6 +274,8 @@ class EventReason(str, Enum):
     INVALID_SPEC = "InvalidSpec"
     POLICY_DENIED = "PolicyDenied"
     CREATED_NETWORK_POLICY = "CreatedNetworkPolicy"
+    CREATED_ENVIRONMENT = "CreatedEnvironment"  # the Deployment, Service and NetworkPolicy of one entry
+    DELETED_ENVIRONMENT = "DeletedEnvironment"  # an entry left spec.environments
     SUSPENDED_EXTERNALLY = "SuspendedExternally"
     CREATED_CONFIG_MAP = "CreatedConfigMap"
     CREATED_AUTH_SECRET = "CreatedAuthSecret"

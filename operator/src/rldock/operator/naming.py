@@ -95,3 +95,15 @@ def ray_job_submission_id(rljob_name: str, uid: str, *, attempt: int) -> str:
 def network_policy_name(rljob_name: str) -> str:
     """The NetworkPolicy that admits connections to the RLJob's Ray pods."""
     return dns_label(f"{rljob_name}-ray")
+
+
+def environment_name(rljob_name: str, environment: str) -> str:
+    """The Deployment, the Service and the NetworkPolicy of one `spec.environments` entry, all three
+    `<rljob>-env-<environment>`: a DNS-1035 label, as a Service name must be (it starts with a
+    letter), and the host name the runtime's client resolves (builders/environments.py)."""
+    return _shorten(
+        f"{rljob_name}-env-{environment}",
+        max_len=DNS_LABEL_MAX,
+        valid=_DNS_1035_LABEL,
+        must_start_with_letter=True,
+    )

@@ -102,6 +102,7 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     problems += _checkpoint_problems(spec)
     problems += _volume_problems(spec)
     problems += _env_problems(spec)
+    problems += environment_problems(spec)
     problems += job_config_size_problems(spec)
     return problems
 
@@ -444,3 +445,69 @@ def _env_value_problems(var: EnvVar, path: str) -> list[Problem]:
     if len(sources) != 1:
         return [Problem(f"{path}.valueFrom", "set exactly one of secretKeyRef, configMapKeyRef or fieldRef")]
     return []
+
+
+# --- spec.environments and the job config's servers that name them ----------------------------------
+_SERVERS = ("environment", "sandbox")  # job.agent.<section>.servers
+
+
+def environment_problems(spec: RLJobSpec) -> list[Problem]:
+    """spec.environments (names once each, valid env, a CPU amount) and every `servers` of the job
+    config: `service` names an entry, and no `command`, which in an RLJob would start the servers in
+    the Ray head pod, beside the job's credentials and Ray session."""
+    problems: list[Problem] = []
+    entries: dict[str, int] = {}
+    for index, environment in enumerate(spec.environments):
+        path = f"spec.environments[{index}]"
+        if environment.name in entries:
+            problems.append(
+                Problem(
+                    f"{path}.name", f"{environment.name!r} also names spec.environments[{entries[environment.name]}]"
+                )
+            )
+        entries.setdefault(environment.name, index)
+        try:
+            cpu_cores(environment.resources.cpu)
+        except ValueError as error:
+            problems.append(Problem(f"{path}.resources.cpu", str(error)))
+        seen: dict[str, int] = {}
+        for number, var in enumerate(environment.env):
+            at = f"{path}.env[{number}]"
+            if not _ENV_NAME.match(var.name):
+                problems.append(Problem(f"{at}.name", f"{var.name!r} is not a valid variable name"))
+            elif var.name in seen:
+                problems.append(Problem(f"{at}.name", f"{var.name!r} is also set by {path}.env[{seen[var.name]}]"))
+            seen.setdefault(var.name, number)
+            problems += _env_value_problems(var, at)
+    agent = spec.job.agent
+    for section in _SERVERS if agent is not None else ():
+        owner = getattr(agent, section)
+        servers = owner.servers if owner is not None else None
+        if servers is None:
+            continue
+        path = f"spec.job.agent.{section}.servers"
+        if servers.command is not None:
+            problems.append(
+                Problem(
+                    f"{path}.command",
+                    "in an RLJob a command would start the servers inside the Ray head pod, beside the job's "
+                    "credentials, model and Ray session; run them as pods: add a spec.environments entry and name "
+                    "it with servers.service",
+                )
+            )
+        if servers.service is not None and servers.service not in entries:
+            problems.append(
+                Problem(
+                    f"{path}.service",
+                    f"{servers.service!r} is not in spec.environments ({', '.join(entries) or 'none'})",
+                )
+            )
+        if servers.service is not None and "sessions_per_replica" in servers.model_fields_set:
+            problems.append(
+                Problem(
+                    f"{path}.sessions_per_replica",
+                    "a service's sessions per replica are its spec.environments entry's sessionsPerReplica; set "
+                    "them there",
+                )
+            )
+    return problems
