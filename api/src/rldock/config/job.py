@@ -211,12 +211,16 @@ class RewardTermSpec(Spec):
 
     # One flat model rather than a union per name: the RLJob CRD needs a structural schema (no
     # oneOf), and a flat model lists every option in one table of the reference.
-    name: Literal["math_verify", "exact_match", "digit_match", "format", "function", "remote", "model"] = Field(
+    name: Literal[
+        "math_verify", "exact_match", "digit_match", "format", "function", "remote", "model", "environment"
+    ] = Field(
         description="`math_verify`: 1 if the response's final answer (after the last `####`, in "
         "`\\boxed{}`, else the last number) equals the ground truth by math-verify; `exact_match`: 1 for "
         "the exact answer; `digit_match`: partial credit for digits in place; `format`: 1 if the "
         "response matches `pattern`; `function`: your Python function; `remote`: an HTTP scoring service; "
-        "`model`: a learned reward model (a sequence classifier at `path`) run as its own worker.",
+        "`model`: a learned reward model (a sequence classifier at `path`) run as its own worker; "
+        "`environment`: the rewards the episode's environment answered its steps with (agent.environment), "
+        "aggregated as `aggregate` says.",
     )
     weight: float = Field(
         default=1.0,
@@ -290,6 +294,12 @@ class RewardTermSpec(Spec):
         description="`model` only: a local Hugging Face folder holding a sequence-classification reward "
         "model with one label (AutoModelForSequenceClassification, num_labels 1) and its tokenizer "
         "(tokenizer.json); the score is its logit at the last token of prompt text + response text.",
+    )
+
+    aggregate: Literal["sum", "last"] | None = Field(
+        default=None,
+        description="`environment` only: the score of an episode from its environment's per-step rewards: `sum` "
+        "of every step's, or the `last` step's (a step that answered no reward counts 0). Unset: sum.",
     )
 
     @property
@@ -597,7 +607,7 @@ class RolloutSpec(Spec):
 # The built-in tools and environments (runtime/src/rldock/runtime/agent/); anything else is a user's own
 # class, named `path/to/file.py:Class` or `package.module:Class` like a reward function.
 BUILTIN_TOOLS = ("python", "calculator")
-BUILTIN_ENVIRONMENTS = ("feedback",)
+BUILTIN_ENVIRONMENTS = ("feedback", "openenv")
 _CLASS_REFERENCE = re.compile(r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
 UserOptions = dict[
     Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)],
@@ -611,6 +621,60 @@ def _check_class_name(name: str, builtins: tuple[str, ...], kind: str) -> str:
     raise ValueError(
         f"{name!r} is not a built-in {kind} ({', '.join(builtins)}) nor a class of your own "
         f"written `path/to/file.py:Class` or `package.module:Class`"
+    )
+
+
+class EnvironmentServersSpec(Spec):
+    """Where the servers of an OpenEnv environment are (docs/agentic.md#environments-as-services): set exactly
+    one of `url`, `command` and `service`. Each episode opens its own session (a WebSocket at `/ws`) on one of
+    them, so an environment keeps each episode's state apart."""
+
+    url: str | None = Field(
+        default=None,
+        min_length=8,
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^(http|https|ws|wss)://[^\s]+$",
+        description="Servers running elsewhere: `http://host:port` (or https, ws, wss). A host name that resolves "
+        "to several addresses (a headless Service) is one replica per address, looked up again when one fails.",
+    )
+    command: list[Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="`rldock train` only: the server's command, which rldock starts `replicas` times on this "
+        "machine, waits for at `/health`, restarts when one dies and stops with the job; `{port}` in an argument "
+        "is replaced by each process's port, e.g. `[rldock, env, serve, my_env.py:MyEnv, --port, '{port}']`.",
+    )
+    service: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="RLJob only: the name of an entry of the RLJob's `spec.environments`, whose pods the operator "
+        "runs; it sets `url` (and `sessions_per_replica`) from it.",
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=256, description="`command` only: server processes to start (one port each)."
+    )
+    sessions_per_replica: int = Field(
+        default=8,
+        ge=1,
+        le=4096,
+        description="Sessions (episodes) one server holds at once; episodes beyond all replicas' sessions wait for "
+        "one to close.",
+    )
+    startup_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="Seconds the servers have to answer `/health` at start (`command`: after starting them).",
+    )
+    unavailable_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="Seconds in which no replica may answer before the job fails naming the environment; until "
+        "then an episode that finds none ends as `agent/ended/environment_unavailable` and the others go on.",
     )
 
 
@@ -650,6 +714,12 @@ class SandboxSpec(Spec):
         description="Characters of the program's stdout and stderr returned to the model; the rest is cut and "
         "the cut is said.",
     )
+    servers: EnvironmentServersSpec | None = Field(
+        default=None,
+        description="Unset: each program runs in a sandbox process beside the actor (the local default). Set: in "
+        "the python sandbox environment rldock ships (`rldock env serve rldock.runtime.agent.sandbox_service:"
+        "PythonSandbox`), so the model's code never runs in the trainer's pod; these limits travel with each call.",
+    )
 
 
 class ToolSpec(Spec):
@@ -676,19 +746,37 @@ class ToolSpec(Spec):
 
 
 class EnvironmentSpec(Spec):
-    """What answers the model when a turn ends without a tool call."""
+    """What answers the model when a turn ends without a tool call: each episode opens a session of it,
+    reset at the start and stepped with every such turn."""
 
     name: str = Field(
         min_length=1,
         max_length=MAX_PATH_LENGTH,
         description="`feedback` (says whether the final answer equals the ground truth and, if not, lets the "
-        "model try again until agent.max_turns), or your own environment class, `path/to/file.py:Class` or "
+        "model try again until agent.max_turns), `openenv` (an OpenEnv environment server, see `servers`), or "
+        "your own environment class run in the actor's process, `path/to/file.py:Class` or "
         "`package.module:Class` (docs/agentic.md#your-own-environment).",
     )
     options: UserOptions = Field(
         default_factory=dict,
         max_length=64,
         description="Your own environment only: keyword arguments (strings) passed to its class.",
+    )
+    servers: EnvironmentServersSpec | None = Field(
+        default=None, description="`openenv` only (required there): where its servers are."
+    )
+    action_field: str = Field(
+        default="message",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="`openenv` only: the field of the environment's action that carries the model's turn (its text).",
+    )
+    observation_field: str = Field(
+        default="message",
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="`openenv` only: the field of the environment's observation shown to the model as the next "
+        "user message; an observation without it is shown as JSON.",
     )
 
     @field_validator("name")

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, JobConfig, RewardSpec, RewardTermSpec
+from rldock.config.job import (
+    BUILTIN_ENVIRONMENTS,
+    BUILTIN_TOOLS,
+    EnvironmentServersSpec,
+    JobConfig,
+    RewardSpec,
+    RewardTermSpec,
+)
 from rldock.contract.algorithms import needs_critic, needs_rollout
 from rldock.contract.placement import SeatRequest, plan_placement
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
@@ -441,6 +448,80 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
             problems.append(_builtin_options_problem(f"agent.tools[{index}]", tool.name))
     if agent.environment is not None and agent.environment.name in BUILTIN_ENVIRONMENTS and agent.environment.options:
         problems.append(_builtin_options_problem("agent.environment", agent.environment.name))
+    problems.extend(_environment_problems(cfg))
+    return problems
+
+
+def _environment_problems(cfg: JobConfig) -> list[Problem]:
+    """An OpenEnv environment names its servers one way; only it has servers and action/observation fields;
+    an `environment` reward term needs an environment that answers with rewards."""
+    agent = cfg.agent
+    environment = agent.environment if agent is not None else None
+    problems: list[Problem] = []
+    for index, term in enumerate(cfg.reward.terms):
+        if term.name == "environment" and environment is None:
+            problems.append(
+                Problem(
+                    f"reward.terms[{index}].name",
+                    "an `environment` term scores the rewards of the episode's environment, and the job has no "
+                    "agent.environment; set one or remove the term",
+                )
+            )
+    if agent is None:
+        return problems
+    if environment is not None:
+        at = "agent.environment"
+        if environment.name == "openenv" and environment.servers is None:
+            problems.append(
+                Problem(
+                    f"{at}.servers",
+                    "an `openenv` environment needs its servers: servers.url (running elsewhere), servers.command "
+                    "(started by rldock train) or servers.service (an RLJob's spec.environments entry)",
+                )
+            )
+        if environment.name != "openenv":
+            for field in ("servers", "action_field", "observation_field"):
+                if field in environment.model_fields_set:
+                    problems.append(
+                        Problem(
+                            f"{at}.{field}",
+                            f"only an `openenv` environment takes {field}; remove it from `{environment.name}`",
+                        )
+                    )
+        if environment.servers is not None:
+            problems.extend(_servers_problems(environment.servers, f"{at}.servers"))
+    if agent.sandbox.servers is not None:
+        problems.extend(_servers_problems(agent.sandbox.servers, "agent.sandbox.servers"))
+    return problems
+
+
+def _servers_problems(servers: EnvironmentServersSpec, at: str) -> list[Problem]:
+    problems: list[Problem] = []
+    given = [name for name in ("url", "command", "service") if getattr(servers, name) is not None]
+    if len(given) != 1:
+        problems.append(
+            Problem(
+                at,
+                f"set exactly one of url, command and service ({', '.join(given) or 'none'} set): url for servers "
+                "running elsewhere, command for servers rldock train starts, service for an RLJob's environment pods",
+            )
+        )
+    if servers.command is None and "replicas" in servers.model_fields_set:
+        problems.append(
+            Problem(
+                f"{at}.replicas",
+                "only servers started from a `command` take replicas (a url's or a service's replicas are the "
+                "addresses its name resolves to); remove it",
+            )
+        )
+    if servers.command is not None and not any("{port}" in argument for argument in servers.command):
+        problems.append(
+            Problem(
+                f"{at}.command",
+                "no argument holds `{port}`, so every replica would listen on the same port; pass it, e.g. "
+                "[rldock, env, serve, my_env.py:MyEnv, --port, '{port}']",
+            )
+        )
     return problems
 
 
@@ -730,6 +811,7 @@ TERM_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "function": (("function",), ()),
     "remote": (("url",), ("timeout_s", "max_retries", "token_env", "allow_insecure", "batch_size")),
     "model": (("path",), ()),
+    "environment": ((), ("aggregate",)),
 }
 _OPTION_HELP = {
     "pattern": "a Python regex the whole response must match",

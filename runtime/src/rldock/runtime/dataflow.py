@@ -32,8 +32,11 @@ RM_SCORE = ("rm_score",)
 # `response_mask` marks only the model's own (trained and scored); every state that reads the response
 # reads it. `num_turns`, `num_tool_calls`, `num_tool_errors` (B,) int64, what the reward sees of the
 # trajectory besides its text.
+# `environment_rewards` (B, agent.max_turns) float32, the environment's reward for each step (0 where it
+# gave none, and past the episode's `num_environment_steps` (B,) int64), what an `environment` reward
+# term aggregates.
 RESPONSE_ATTENTION = ("response_attention_mask",)
-TRAJECTORY_COUNTS = ("num_turns", "num_tool_calls", "num_tool_errors")
+TRAJECTORY_COUNTS = ("num_turns", "num_tool_calls", "num_tool_errors", "environment_rewards", "num_environment_steps")
 
 # 0/1 mask columns whose per-sample sums are a sample's tokens: the dock uses them to deal the
 # update's samples over DP ranks with about equal token counts.

@@ -22,7 +22,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -159,7 +159,10 @@ class Evaluator:
             if len(chunk)
         ]
         results = ray.get(futures)
-        metrics = self.score([samples for result in results for samples in result["responses"]])
+        metrics = self.score(
+            [samples for result in results for samples in result["responses"]],
+            environment_rewards=[per for result in results for per in result.get("environment_rewards", [])] or None,
+        )
         # multi-turn episodes: their turns and tool calls, as the rollout's (agent/metrics.py)
         agent = agent_metrics([result["agent"] for result in results if "agent" in result])
         metrics.update({f"{VAL_PREFIX}agent/{key}": value for key, value in agent.get("agent", {}).items()})
@@ -177,16 +180,26 @@ class Evaluator:
         example = self.examples[index]
         return EpisodeContext(example.ground_truth, example.data_source, example.extra_info)
 
-    def score(self, per_prompt: Sequence[Sequence[list[int]]]) -> dict[str, float]:
+    def score(
+        self,
+        per_prompt: Sequence[Sequence[list[int]]],
+        *,
+        environment_rewards: Sequence[Sequence[list[float]]] | None = None,
+    ) -> dict[str, float]:
         """The `val/...` metrics of generated responses: `per_prompt[i]` holds the response token
-        id lists (EOS included when generated) of held-out prompt i."""
+        id lists (EOS included when generated) of held-out prompt i; `environment_rewards[i]` (a job with
+        an environment) each of those episodes' rewards per step, which an `environment` term scores."""
         if len(per_prompt) != len(self.examples):
             raise ValueError(f"responses for {len(per_prompt)} prompts, but {len(self.examples)} were evaluated")
         responses, examples, lengths = [], [], []
-        for example, samples in zip(self.examples, per_prompt):
-            for tokens in samples:
+        for index, (example, samples) in enumerate(zip(self.examples, per_prompt)):
+            for sample, tokens in enumerate(samples):
                 responses.append(self._decode(tokens))
-                examples.append(example)
+                scored = example
+                if environment_rewards is not None:
+                    trajectory = {"environment_rewards": environment_rewards[index][sample]}
+                    scored = replace(example, extra_info={**example.extra_info, "trajectory": trajectory})
+                examples.append(scored)
                 lengths.append(len(tokens))
         rewards = self.score_fn(responses, examples)
         return aggregate(

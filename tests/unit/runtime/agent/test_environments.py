@@ -5,14 +5,24 @@ import asyncio
 
 import pytest
 
-from rldock.runtime.agent.base import ENVIRONMENTS, EnvironmentReply, EpisodeContext
+from rldock.runtime.agent.base import ENVIRONMENTS, EpisodeContext, Observation
 from rldock.runtime.agent.environments import NO_ANSWER, WRONG, FeedbackEnvironment
 from rldock.runtime.rewards.math_answer import math_verify_reward
 
 
-def respond(text: str, ground_truth: str = "#### 42") -> EnvironmentReply:
+def respond(text: str, ground_truth: str = "#### 42") -> Observation:
+    """The feedback environment's answer to `text` as an episode's first step."""
     context = EpisodeContext(ground_truth=ground_truth, data_source="gsm8k")
-    return asyncio.run(FeedbackEnvironment().respond(text, turn=1, context=context))
+
+    async def episode() -> Observation:
+        session = FeedbackEnvironment().session()
+        assert await session.reset(seed=0, episode_id="e", context=context) == Observation()
+        try:
+            return await session.step(text)
+        finally:
+            await session.close()
+
+    return asyncio.run(episode())
 
 
 def test_feedback_is_the_registered_environment_of_its_name():
@@ -29,11 +39,11 @@ def test_feedback_is_the_registered_environment_of_its_name():
     ],
 )
 def test_a_right_answer_ends_the_episode(text, ground_truth):
-    assert respond(text, ground_truth) == EnvironmentReply(done=True)
+    assert respond(text, ground_truth) == Observation(done=True)
 
 
 def test_a_wrong_answer_asks_for_another_try():
-    assert respond("6 * 7 = 48\n#### 48") == EnvironmentReply(done=False, message=WRONG)
+    assert respond("6 * 7 = 48\n#### 48") == Observation(message=WRONG)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +52,7 @@ def test_a_wrong_answer_asks_for_another_try():
 )
 def test_no_answer_at_all_says_which_form_is_expected(ground_truth, form):
     reply = respond("I am not sure.", ground_truth)
-    assert reply == EnvironmentReply(done=False, message=NO_ANSWER.format(form=form)) and form in reply.message
+    assert reply == Observation(message=NO_ANSWER.format(form=form)) and form in reply.message
 
 
 @pytest.mark.parametrize("text", ["#### 42", "#### 41", "\\boxed{42}", "the answer is 42.0", "no idea"])

@@ -14,7 +14,7 @@ from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.user_code import load_file
 
 USER_FILE = textwrap.dedent("""
-    from rldock.runtime.agent.base import Environment, EnvironmentReply, Tool, ToolResult
+    from rldock.runtime.agent.base import Environment, EnvironmentSession, Observation, Tool, ToolResult
 
     CLOSED = []
 
@@ -42,8 +42,15 @@ USER_FILE = textwrap.dedent("""
         def __init__(self, verdict="yes"):
             self.verdict = verdict
 
-        async def respond(self, final_text, *, turn, context):
-            return EnvironmentReply(done=True)
+        def session(self):
+            return Verdict()
+
+    class Verdict(EnvironmentSession):
+        async def reset(self, *, seed, episode_id, context):
+            return Observation()
+
+        async def step(self, text):
+            return Observation(done=True)
 
     class NotATool:
         pass

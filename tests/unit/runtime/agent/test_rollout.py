@@ -15,7 +15,16 @@ from collections.abc import Mapping
 import pytest
 
 from rldock.config.job import AgentSpec
-from rldock.runtime.agent.base import Environment, EnvironmentReply, EpisodeContext, Tool, ToolResult
+from rldock.runtime.agent.base import (
+    Environment,
+    EnvironmentSession,
+    EnvironmentUnavailable,
+    EpisodeContext,
+    Observation,
+    SessionFailed,
+    Tool,
+    ToolResult,
+)
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.metrics import agent_metrics, episode_sums
 from rldock.runtime.agent.parsers import HermesParser
@@ -35,6 +44,8 @@ def tokenizer():
 class ScriptedEngine:
     """Answers turn t of sample k with `script[k][t]` (text; EOS appended unless it ends in '…'),
     one request per step, oldest first, so every step is visible in `log`."""
+
+    seed = 0  # the engine's own seed (the job's)
 
     def __init__(self, tokenizer, script: Mapping[int, list[str]]):
         self.tokenizer, self.script = tokenizer, script
@@ -96,7 +107,9 @@ def make_loop(tokenizer, engine, tools, *, environment=None, max_response_length
     return AgentLoop(
         engine=engine,
         tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer, tools=[t.schema() for t in tools]),
+        renderer=ChatRenderer(
+            tokenizer, tools=[t.schema() for t in tools], opens_with_environment=environment is not None
+        ),
         tools={t.name: t for t in tools},
         environment=environment,
         parser=HermesParser(),
@@ -106,7 +119,9 @@ def make_loop(tokenizer, engine, tools, *, environment=None, max_response_length
 
 
 def run(loop: AgentLoop, tokenizer, n: int, contexts=None):
-    prompt = tokenizer("<user>1+2<eos><assistant>", add_special_tokens=False)["input_ids"]
+    # With an environment the prompt ends before the generation prompt: the response opens with it.
+    prompt_text = "<user>1+2<eos>" if loop.environment is not None else "<user>1+2<eos><assistant>"
+    prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     try:
         return loop.run([prompt] * n, list(range(n)), contexts or [None] * n, seed=0)
     finally:
@@ -138,7 +153,7 @@ def test_masks_match_the_rendered_conversation_token_by_token(tokenizer):
 def test_dock_columns_carry_both_masks(tokenizer):
     engine = ScriptedEngine(tokenizer, {0: [call("add", a=1, b=2), "3"], 1: ["4"]})
     episodes = run(make_loop(tokenizer, engine, [Adder()]), tokenizer, 2)
-    columns = episode_columns(episodes, max_response_length=200, pad_token_id=0, policy_version=7)
+    columns = episode_columns(episodes, max_response_length=200, max_turns=4, pad_token_id=0, policy_version=7)
     for row, episode in enumerate(episodes):
         length = len(episode.response)
         assert columns["response_attention_mask"][row].sum() == length
@@ -223,33 +238,181 @@ def test_long_tool_output_is_cut(tokenizer):
     assert "<tool>" + "y" * 10 + "\n[90 more tokens cut]<eos>" in text
 
 
-def test_an_environment_answers_between_turns(tokenizer):
-    class Checker(Environment):
-        async def respond(self, final_text, *, turn, context):
-            if final_text.strip() == context.ground_truth:
-                return EnvironmentReply(done=True)
-            return EnvironmentReply(done=False, message="wrong, again")
+class Checker(Environment):
+    """Says `done` with reward 1 to the ground truth, else asks again with reward 0; records its sessions'
+    resets and closes, and may open with a message."""
 
+    def __init__(self, opening: str | None = None):
+        self.opening, self.resets, self.closed = opening, [], []
+
+    def session(self) -> EnvironmentSession:
+        return CheckerSession(self)
+
+
+class CheckerSession(EnvironmentSession):
+    def __init__(self, environment: Checker):
+        self.environment = environment
+
+    async def reset(self, *, seed, episode_id, context):
+        self.context = context
+        self.environment.resets.append((seed, episode_id))
+        return Observation(message=self.environment.opening)
+
+    async def step(self, text):
+        if text.strip() == self.context.ground_truth:
+            return Observation(done=True, reward=1.0)
+        return Observation(message="wrong, again", reward=0.0)
+
+    async def close(self):
+        self.environment.closed.append(self)
+
+
+def test_an_environment_answers_between_turns(tokenizer):
     engine = ScriptedEngine(tokenizer, {0: ["4", "3"], 1: ["5", "6", "7"]})
     context = EpisodeContext("3", "test")
+    checker = Checker()
     episodes = run(
-        make_loop(tokenizer, engine, [], environment=Checker(), max_turns=3), tokenizer, 2, contexts=[context] * 2
+        make_loop(tokenizer, engine, [], environment=checker, max_turns=3), tokenizer, 2, contexts=[context] * 2
     )
     assert [(e.turns, e.ended) for e in episodes] == [(2, "answer"), (3, "max_turns")]
     text = tokenizer.decode(episodes[0].response, skip_special_tokens=False)
-    assert text == "4<eos><user>wrong, again<eos><assistant>3<eos>"
-    assert episodes[0].model_mask == [1, 1] + [0] * (len(episodes[0].response) - 4) + [1, 1]
+    # The response opens with the generation prompt, which the model did not sample.
+    assert text == "<assistant>4<eos><user>wrong, again<eos><assistant>3<eos>"
+    renderer = ChatRenderer(tokenizer, tools=[], opens_with_environment=True)
+    between = renderer.between_turns([{"role": "user", "content": "wrong, again"}])
+    assert episodes[0].model_mask == [0] * len(renderer.opening([])) + [1, 1] + [0] * len(between) + [1, 1]
+    assert [e.rewards for e in episodes] == [[0.0, 1.0], [0.0, 0.0]]  # the third turn was max_turns: no step
+    assert len(checker.closed) == 2 and len(checker.resets) == 2
+    columns = episode_columns(episodes, max_response_length=200, max_turns=3, pad_token_id=0, policy_version=0)
+    assert columns["environment_rewards"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    assert columns["num_environment_steps"].tolist() == [2, 2]
+
+
+def test_a_reset_message_opens_the_response_and_the_seeds_replay(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: ["3"], 1: ["3"]})
+    checker = Checker(opening="find it")
+    contexts = [EpisodeContext("3", "test")] * 2
+    episodes = run(make_loop(tokenizer, engine, [], environment=checker), tokenizer, 2, contexts=contexts)
+    text = tokenizer.decode(episodes[0].response, skip_special_tokens=False)
+    assert text == "<user>find it<eos><assistant>3<eos>" and episodes[0].ended == "answer"
+    assert sum(episodes[0].model_mask) == 2  # "3" and EOS; the reset's message and the prompt are not the model's
+    # Each sample its own reset seed, the same on a second run (a resumed iteration).
+    again = Checker(opening="find it")
+    run(
+        make_loop(tokenizer, ScriptedEngine(tokenizer, {0: ["3"], 1: ["3"]}), [], environment=again),
+        tokenizer,
+        2,
+        contexts,
+    )
+    assert checker.resets == again.resets and checker.resets[0][0] != checker.resets[1][0]
 
 
 def test_an_environment_that_does_not_answer_in_time_ends_the_episode(tokenizer):
-    class Stuck(Environment):
-        async def respond(self, final_text, *, turn, context):
-            await asyncio.Event().wait()
+    class Stuck(Checker):
+        def session(self):
+            environment = self
+
+            class StuckSession(CheckerSession):
+                async def step(self, text):
+                    await asyncio.Event().wait()
+
+            return StuckSession(environment)
 
     engine = ScriptedEngine(tokenizer, {0: ["4"]})
-    loop = make_loop(tokenizer, engine, [], environment=Stuck(), tool_timeout_s=0.05)
+    stuck = Stuck()
+    loop = make_loop(tokenizer, engine, [], environment=stuck, tool_timeout_s=0.05)
     (episode,) = run(loop, tokenizer, 1, contexts=[EpisodeContext("3", "test")])
-    assert (episode.turns, episode.ended) == (1, "environment_timeout")
+    assert (episode.turns, episode.ended) == (1, "environment_timeout") and len(stuck.closed) == 1
+
+
+class Failing(Checker):
+    """Sessions whose reset or step raises `error` for the samples in `bad` (by opening order)."""
+
+    def __init__(self, error: Exception, *, at: str, bad: set[int]):
+        super().__init__()
+        self.error, self.at, self.bad = error, at, bad
+        self.opened = 0
+
+    def session(self):
+        environment, number = self, self.opened
+        self.opened += 1
+
+        class FailingSession(CheckerSession):
+            async def reset(self, *, seed, episode_id, context):
+                observation = await super().reset(seed=seed, episode_id=episode_id, context=context)
+                if environment.at == "reset" and number in environment.bad:
+                    raise environment.error
+                return observation
+
+            async def step(self, text):
+                if environment.at == "step" and number in environment.bad:
+                    raise environment.error
+                return await super().step(text)
+
+        return FailingSession(environment)
+
+
+@pytest.mark.parametrize("at", ["reset", "step"])
+@pytest.mark.parametrize(
+    "error, reason",
+    [(SessionFailed("replica lost"), "environment_error"), (EnvironmentUnavailable("none"), "environment_unavailable")],
+)
+def test_a_failed_session_ends_its_episode_only(tokenizer, at, error, reason):
+    engine = ScriptedEngine(tokenizer, {0: ["3"], 1: ["3"]})
+    failing = Failing(error, at=at, bad={0})
+    loop = make_loop(tokenizer, engine, [], environment=failing)
+    episodes = run(loop, tokenizer, 2, contexts=[EpisodeContext("3", "test")] * 2)
+    assert [e.ended for e in episodes] == [reason, "answer"]
+    assert episodes[0].turns == 1 and sum(episodes[0].model_mask) > 0  # a failed reset still has its one turn
+    assert len(failing.closed) == 2  # closed on every path
+    sums = episode_sums(episodes, loop)
+    assert sums["environment/errors"] == 1 and sums["environment/sessions_open"] == 0
+
+
+def test_no_replica_for_the_whole_limit_fails_the_job_and_still_closes_the_sessions(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: ["3"], 1: ["3"]})
+    failing = Failing(EnvironmentUnavailable("no replica of x answered for 300 s", fatal=True), at="step", bad={1})
+    loop = make_loop(tokenizer, engine, [], environment=failing)
+    with pytest.raises(EnvironmentUnavailable, match="no replica of x"):
+        run(loop, tokenizer, 2, contexts=[EpisodeContext("3", "test")] * 2)
+    assert len(failing.closed) == 2 and loop.sessions_open == 0
+
+
+def test_a_bug_in_an_in_process_environment_stops_the_job_naming_it(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: ["3"]})
+    loop = make_loop(tokenizer, engine, [], environment=Failing(KeyError("x"), at="step", bad={0}))
+    with pytest.raises(RuntimeError, match="agent.environment Failing failed: KeyError"):
+        run(loop, tokenizer, 1, contexts=[EpisodeContext("3", "test")])
+
+
+def test_an_observation_too_long_for_the_budget_ends_the_episode_not_the_job(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: ["4", "3"]})
+    loop = make_loop(tokenizer, engine, [], environment=Checker(), max_response_length=len("<assistant>4<eos>") + 5)
+    (episode,) = run(loop, tokenizer, 1, contexts=[EpisodeContext("3", "test")])
+    assert episode.ended == "observation_too_long" and episode.turns == 1
+
+
+def test_episodes_beyond_the_environments_sessions_wait_for_a_place(tokenizer):
+    # Two places for four episodes: at most two sessions are ever open, and every episode still runs.
+    class Small(Checker):
+        max_sessions = 2
+
+    engine = ScriptedEngine(tokenizer, {k: ["4", "3"] for k in range(4)})
+    small = Small()
+    loop = make_loop(tokenizer, engine, [], environment=small)
+    episodes = run(loop, tokenizer, 4, contexts=[EpisodeContext("3", "test")] * 4)
+    assert [e.ended for e in episodes] == ["answer"] * 4
+    assert loop.sessions_open_max == 2 and loop.sessions_open == 0 and len(small.closed) == 4
+
+
+def test_per_turn_rewards_become_metrics(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: ["4", "3"], 1: ["3"]})
+    loop = make_loop(tokenizer, engine, [], environment=Checker())
+    episodes = run(loop, tokenizer, 2, contexts=[EpisodeContext("3", "test")] * 2)
+    section = agent_metrics([episode_sums(episodes, loop)])["agent"]
+    assert section["environment/reward/turn_1"] == 0.5 and section["environment/reward/turn_2"] == 1.0
+    assert section["environment/steps"] == 3 and section["environment/resets"] == 2
+    assert section["environment/sessions_open"] == 0 and section["environment/step_p95_s"] >= 0
 
 
 def test_an_engine_that_drops_a_request_fails_the_rollout_instead_of_hanging(tokenizer):

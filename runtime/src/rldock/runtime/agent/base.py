@@ -1,12 +1,14 @@
-"""The interfaces of agentic rollouts: a tool the policy calls, an environment that answers it between
-turns, and a parser that finds tool calls in a generation. Each is a registry (names in the job
+"""The interfaces of agentic rollouts: a tool the policy calls, an environment whose sessions answer it
+between turns, and a parser that finds tool calls in a generation. Each is a registry (names in the job
 config's `agent` section); a user's own class loads as `path/to/file.py:Class` or `module:Class`.
 
-A tool's `call` and an environment's `respond` are coroutines: the rollout loop runs them on an event
-loop of its own while the engine keeps generating for the other samples (agent/rollout.py), so a
-tool that waits (a subprocess, an HTTP request) never stalls generation. They must not raise for
-anything the model wrote: a bad argument is a `ToolResult(..., error=True)` the model reads. An
-exception that escapes is still caught by the loop, answered to the model as an error and counted.
+A tool's `call` and a session's `reset`, `step` and `close` are coroutines: the rollout loop runs them
+on an event loop of its own while the engine keeps generating for the other samples (agent/rollout.py),
+so a tool or an environment that waits (a subprocess, an HTTP request) never stalls generation. They
+must not raise for anything the model wrote: a bad argument is a `ToolResult(..., error=True)` or an
+observation the model reads. An exception that escapes a tool is still caught by the loop, answered to
+the model as an error and counted; one that escapes an environment of the actor's own process stops
+the job (SessionFailed and EnvironmentUnavailable, what a service's client raises, end one episode).
 """
 
 from __future__ import annotations
@@ -74,18 +76,68 @@ class EpisodeContext:
 
 
 @dataclass(frozen=True)
-class EnvironmentReply:
-    """The environment's answer to a turn that ended without a tool call: `message` goes to the model
-    as a `user` turn when the episode goes on; `done` ends it."""
+class Observation:
+    """What an environment answers a reset or a step (OpenEnv's observation, as the model reads it):
+    `message` goes to the model as the next `user` message (None or "": nothing to say), `reward` is
+    this step's (None: none), `done` ends the episode. `fields` are more fields of the observation
+    as OpenEnv sends it (an object of which `message` is one field), JSON values under names other
+    than message, reward and done: the python sandbox environment says there whether the program
+    failed and which sandbox layers it ran without (agent/sandbox_service.py)."""
 
-    done: bool
     message: str | None = None
+    reward: float | None = None
+    done: bool = False
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EnvironmentSession(ABC):
+    """One episode's session with an environment: reset once at the episode's start, then stepped with
+    every model turn that ends without a tool call, until an observation says `done`. A session may
+    keep the episode's state (a checkout, a database, a game); nothing is shared between sessions.
+    `close` is called once on every path (done, error, timeout, job stop)."""
+
+    @abstractmethod
+    async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
+        """Start the episode. `seed` is derived from (job seed, iteration, sample), so a resumed job's
+        episodes start the same; `context` is the sample's train-file row."""
+
+    @abstractmethod
+    async def step(self, text: str) -> Observation:
+        """The model's turn (decoded, special tokens dropped) as the action; the observation that follows."""
+
+    async def close(self) -> None:
+        """End the session and free what it holds."""
+        return  # a session that holds nothing has nothing to free
+
+
+class SessionFailed(RuntimeError):
+    """An episode's session broke (its replica went away, the server answered an error or spoke another
+    protocol): that episode ends (`agent/ended/environment_error`), the others go on."""
+
+
+class EnvironmentUnavailable(RuntimeError):
+    """No replica of a service environment answered. Until `servers.unavailable_timeout_s` has passed
+    without any answer the episode ends (`agent/ended/environment_unavailable`); after it (`fatal`) the
+    job fails with this message, which names the environment and what was tried."""
+
+    def __init__(self, message: str, *, fatal: bool = False):
+        super().__init__(message)
+        self.fatal = fatal
+
+    def __reduce__(self):  # keep `fatal` across Ray's pickling
+        return (_unavailable, (str(self), self.fatal))
+
+
+def _unavailable(message: str, fatal: bool) -> EnvironmentUnavailable:
+    return EnvironmentUnavailable(message, fatal=fatal)
 
 
 class Environment(ABC):
-    """Answers the model between turns (verl calls this an interaction). One instance serves every
-    episode of a rollout, so it keeps no per-episode state of its own: what it needs is in its
-    arguments."""
+    """What answers the model between turns (verl calls this an interaction, OpenEnv an environment):
+    one instance per rollout engine, which opens one session per episode. `max_sessions`: how many
+    sessions it holds at once (None: no limit); an episode beyond them waits for one to close."""
+
+    max_sessions: int | None = None
 
     @classmethod
     def from_config(cls, agent: AgentSpec, options: Mapping[str, str]) -> Environment:
@@ -93,8 +145,8 @@ class Environment(ABC):
         return cls(**options)
 
     @abstractmethod
-    async def respond(self, final_text: str, *, turn: int, context: EpisodeContext) -> EnvironmentReply:
-        """`final_text`: the model's last turn, decoded; `turn`: model turns so far (1 after the first)."""
+    def session(self) -> EnvironmentSession:
+        """A new session for one episode (not yet reset)."""
 
     def close(self) -> None:
         """Free what the environment holds, where rldock discards it before its process ends (as `Tool.close`)."""

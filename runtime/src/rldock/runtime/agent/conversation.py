@@ -15,6 +15,10 @@ render it the same whatever came before.
 A template that ignores `tools=` (SmolLM2's, the tiny demo's has its own) gets the tools described
 in a system message in the Hermes format instead, so the model is always told what it can call and
 how to write a call.
+
+With an environment (`opens_with_environment`) the prompt ends before the generation prompt: the
+response opens with the environment's reset message, if any, as a `user` message, then the generation
+prompt (`opening`), found by difference after a fixed user message as the messages between turns are.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class TokenSpan:
 class ChatRenderer:
     """Renders prompts with the tools, and the messages between turns, with the tokenizer's chat template."""
 
-    def __init__(self, tokenizer, *, tools: Sequence[dict]):
+    def __init__(self, tokenizer, *, tools: Sequence[dict], opens_with_environment: bool = False):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "agent: the model's tokenizer has no chat template, which multi-turn rollouts render the "
@@ -57,6 +61,7 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.tools = list(tools)
+        self.opens_with_environment = opens_with_environment
         self.eos_text: str = tokenizer.eos_token
         # Tools in the template's own words where it renders them, else in a system message of ours.
         probe = [{"role": "user", "content": _PROBE_USER}]
@@ -80,8 +85,24 @@ class ChatRenderer:
         return [{"role": "system", "content": self._system_tools}, *messages]
 
     def prompt_text(self, messages: Sequence[dict]) -> str:
-        """The rendered prompt (tools included) ending in the generation prompt."""
-        return self._render(self.with_tools(messages), tools=self._template_tools)
+        """The rendered prompt (tools included), ending in the generation prompt unless the response
+        opens with an environment's reset (`opening`)."""
+        return self._render(
+            self.with_tools(messages), tools=self._template_tools, generation=not self.opens_with_environment
+        )
+
+    def opening(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of `messages` (an environment's reset message; none is fine) as they follow the
+        prompt's last message, through the generation prompt: how a response opens with an environment."""
+        base = [{"role": "system", "content": _PROBE_SYSTEM}, {"role": "user", "content": _PROBE_USER}]
+        before = self._render(base, generation=False)
+        after = self._render([*base, *messages])
+        if not after.startswith(before):
+            raise ValueError(
+                "agent: the chat template renders earlier messages differently once more follow; an environment's "
+                "rollout needs a template that writes each message on its own (ChatML and its relatives)"
+            )
+        return self.tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
 
     def between_turns(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of `messages` (tool results, an environment's reply) as they follow an assistant
@@ -115,7 +136,10 @@ class ChatRenderer:
         pending: list[dict] = []
         for message in messages:
             if message["role"] == "assistant":
-                if pending:
+                if not spans and self.opens_with_environment:  # the reset's message, if any, and the generation prompt
+                    spans.append(TokenSpan(self.opening(pending), model=False))
+                    pending = []
+                elif pending:
                     spans.append(TokenSpan(self.between_turns(pending), model=False))
                     pending = []
                 spans.append(TokenSpan(self.model_turn(message["content"]), model=True))

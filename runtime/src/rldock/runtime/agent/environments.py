@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
-from rldock.runtime.agent.base import ENVIRONMENTS, Environment, EnvironmentReply, EpisodeContext
+from rldock.runtime.agent.base import (
+    ENVIRONMENTS,
+    Environment,
+    EnvironmentSession,
+    EpisodeContext,
+    Observation,
+)
 from rldock.runtime.rewards.math_answer import extract_answer, math_verify_reward
 
 WRONG = "That is not right. Check your work and give the final answer again."
@@ -24,18 +30,32 @@ class FeedbackEnvironment(Environment):
     which names the expected form when no answer was found at all. A ground truth with no answer in it
     is a data error (ValueError naming the sample's data source), as it is for the reward."""
 
-    async def respond(self, final_text: str, *, turn: int, context: EpisodeContext) -> EnvironmentReply:
+    def session(self) -> EnvironmentSession:
+        return FeedbackSession()
+
+
+class FeedbackSession(EnvironmentSession):
+    """One episode's checks: the sample's row, kept from the reset."""
+
+    context: EpisodeContext
+
+    async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
+        self.context = context
+        return Observation()
+
+    async def step(self, text: str) -> Observation:
         # SymPy runs in a worker thread so the tools' event loop keeps answering other episodes' calls.
         # Off the main thread math-verify has no time limit (it times out with signal.alarm), as in a
         # reward worker's thread.
-        return await asyncio.to_thread(self.check, final_text, context)
+        return await asyncio.to_thread(check, text, self.context)
 
-    def check(self, final_text: str, context: EpisodeContext) -> EnvironmentReply:
-        """`respond`'s verdict, computed in the calling thread."""
-        score = math_verify_reward(context.data_source, final_text, context.ground_truth, dict(context.extra_info))
-        if score == 1.0:
-            return EnvironmentReply(done=True)
-        if extract_answer(final_text):
-            return EnvironmentReply(done=False, message=WRONG)
-        form = "`\\boxed{<answer>}`" if "\\boxed" in context.ground_truth else "`#### <answer>`"
-        return EnvironmentReply(done=False, message=NO_ANSWER.format(form=form))
+
+def check(final_text: str, context: EpisodeContext) -> Observation:
+    """The verdict on a final answer, computed in the calling thread."""
+    score = math_verify_reward(context.data_source, final_text, context.ground_truth, dict(context.extra_info))
+    if score == 1.0:
+        return Observation(done=True)
+    if extract_answer(final_text):
+        return Observation(message=WRONG)
+    form = "`\\boxed{<answer>}`" if "\\boxed" in context.ground_truth else "`#### <answer>`"
+    return Observation(message=NO_ANSWER.format(form=form))

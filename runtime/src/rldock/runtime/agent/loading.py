@@ -9,7 +9,7 @@ starts with the config field to change.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import TypeVar, cast
 
@@ -23,6 +23,7 @@ from rldock.runtime.agent.base import (
     Tool,
     ToolCallParser,
 )
+from rldock.runtime.agent.service.client import OpenEnvEnvironment
 from rldock.runtime.registry import Registry
 from rldock.runtime.user_code import load_object
 
@@ -62,11 +63,14 @@ def build_tools(agent: AgentSpec) -> dict[str, Tool]:
     return built
 
 
-def build_environment(agent: AgentSpec) -> Environment | None:
-    """The configured environment, or None when turns without a tool call end the episode."""
+def build_environment(agent: AgentSpec, *, replica_urls: Sequence[str] = ()) -> Environment | None:
+    """The configured environment, or None when turns without a tool call end the episode.
+    `replica_urls`: the servers `rldock train` started from `servers.command` (an `openenv` environment)."""
     spec = agent.environment
     if spec is None:
         return None
+    if spec.name == "openenv":  # the one built-in with servers: where they are is the trainer's to say
+        return OpenEnvEnvironment.from_config(agent, {}, urls=replica_urls)
     at = "agent.environment"
     cls = _class(
         spec.name, builtins=BUILTIN_ENVIRONMENTS, registry=ENVIRONMENTS, interface=Environment, field=f"{at}.name"

@@ -7,7 +7,11 @@ In metrics.jsonl and TensorBoard under `agent/`: `turns_mean` (model turns per e
 model sampled: what trains), and `ended/<reason>` (episodes that ended at an answer, at max_turns or
 at the length budget), and the tools' own counters (ToolResult.counts: the python tool's
 `sandbox/without_<layer>`, calls run without a kernel layer). Calls that named no tool count under
-`malformed` and `unknown`.
+`malformed` and `unknown`. With an environment, under `agent/environment/`: `resets`, `steps`, `errors`
+(sessions that failed, timed out or found no replica), `step_p50_s` and `step_p95_s` (seconds a reset
+or a step waited), `sessions_open` (left open after the rollout: 0 unless a close failed) and
+`sessions_open_max` (the most at once), and `reward/turn_<k>` (the mean reward of the k-th step, over the
+episodes that took it).
 """
 
 from __future__ import annotations
@@ -15,11 +19,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from rldock.runtime.agent.rollout import MALFORMED, UNKNOWN, Episode
+import numpy as np
+
+from rldock.runtime.agent.rollout import MALFORMED, UNKNOWN, AgentLoop, Episode
+
+# Per-episode ends of an environment's session that are its failures (not the model's).
+SESSION_FAILURES = ("environment_error", "environment_timeout", "environment_unavailable")
+Sums = dict[str, float | list[float]]  # additive figures; a list (wait times) adds by concatenation
 
 
-def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Additive figures of one engine's episodes."""
+def episode_sums(episodes: Sequence[Episode], loop: AgentLoop | None = None) -> Sums:
+    """Additive figures of one engine's episodes (`loop`: the sessions it has open)."""
     sums: defaultdict[str, float] = defaultdict(float)
     sums.update(
         episodes=len(episodes),
@@ -35,21 +45,42 @@ def episode_sums(episodes: Sequence[Episode]) -> dict[str, float]:
             sums[f"seconds/{name}"] += episode.tool_seconds.get(name, 0.0)
         for key, count in episode.tool_counts.items():
             sums[f"counts/{key}"] += count
-    return dict(sums)
+        for turn, reward in enumerate(episode.rewards, start=1):
+            sums[f"environment/reward_sum/turn_{turn}"] += reward
+            sums[f"environment/reward_count/turn_{turn}"] += 1
+    result: Sums = dict(sums)
+    waits = [seconds for episode in episodes for seconds in episode.step_seconds]
+    if loop is not None and loop.environment is not None:
+        result.update(
+            {
+                "environment/resets": float(sum(1 for e in episodes if e.step_seconds)),
+                "environment/steps": float(sum(len(e.rewards) for e in episodes)),
+                "environment/errors": float(sum(1 for e in episodes if e.ended in SESSION_FAILURES)),
+                "environment/sessions_open": float(loop.sessions_open),
+                "environment/sessions_open_max": float(loop.sessions_open_max),
+                "environment/wait_s": waits,
+            }
+        )
+    return result
 
 
-def merged_sums(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+def merged_sums(parts: Sequence[Sums]) -> Sums:
     """Several `episode_sums` as one (an engine's batches, or several engines)."""
-    total: defaultdict[str, float] = defaultdict(float)
+    total: dict[str, float | list[float]] = {}
     for part in parts:
         for key, value in part.items():
-            total[key] += value
-    return dict(total)
+            if isinstance(value, list):
+                total[key] = [*total.get(key, []), *value]  # type: ignore[misc]
+            else:
+                total[key] = total.get(key, 0.0) + value  # type: ignore[operator]
+    return total
 
 
-def agent_metrics(sums: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
+def agent_metrics(sums: Sequence[Sums]) -> dict[str, dict[str, float]]:
     """The iteration's `agent` section from every engine's `episode_sums`; empty without any."""
-    total = defaultdict(float, merged_sums(sums))
+    merged = merged_sums(sums)
+    waits = merged.pop("environment/wait_s", None)
+    total: defaultdict[str, float] = defaultdict(float, merged)  # type: ignore[arg-type]
     if not total["episodes"]:
         return {}
     episodes = total["episodes"]
@@ -69,4 +100,14 @@ def agent_metrics(sums: Sequence[dict[str, float]]) -> dict[str, dict[str, float
             section[f"latency_s/{name}"] = total[f"seconds/{name}"] / max(total[f"calls/{name}"], 1)
     section.update({key: total[key] for key in sorted(total) if key.startswith("ended/")})
     section.update({key.removeprefix("counts/"): total[key] for key in sorted(total) if key.startswith("counts/")})
+    if waits is not None:  # a job with an environment
+        for name in ("resets", "steps", "errors", "sessions_open", "sessions_open_max"):
+            section[f"environment/{name}"] = total[f"environment/{name}"]
+        if waits:
+            section["environment/step_p50_s"] = float(np.percentile(waits, 50))
+            section["environment/step_p95_s"] = float(np.percentile(waits, 95))
+    for key in sorted(total):
+        if key.startswith("environment/reward_sum/"):
+            turn = key.removeprefix("environment/reward_sum/")
+            section[f"environment/reward/{turn}"] = total[key] / total[f"environment/reward_count/{turn}"]
     return {"agent": section}

@@ -9,18 +9,31 @@ environment accepts (or any final answer without one), after agent.max_turns tur
 algorithm.max_response_length, which counts every token after the prompt, is used up: a message
 that would leave the model no token to answer is not added.
 
-The engine is never idle on a tool: turns of all episodes share one engine, the tools run as
-coroutines on an event loop in a thread of their own, and the loop steps the engine for the other
-episodes while calls are out; it blocks on the tools only when no request is left to generate.
+With an environment each episode is a session of it (agent/base.py): opened and reset before the
+episode's first turn, stepped with every turn that ends without a tool call, closed on every path.
+The prompt then ends before the generation prompt, and the response opens with the reset's message
+(if any) as a `user` message and the generation prompt, tokens the model did not sample. A step's
+reward is kept per turn (`Episode.rewards`); its message is the next `user` message; `done` ends the
+episode. A session that fails, times out or finds no replica ends its episode with a counted reason
+(`ended`) and the others go on; an environment of the actor's own process that raises stops the job
+(a bug in its code, named), as does a service none of whose replicas answered for
+`servers.unavailable_timeout_s` (EnvironmentUnavailable).
 
-Each episode's seed is mixed from (engine seed, iteration, sample key, turn): a resumed iteration,
-or the same sample on another rank, samples the same turns given the same tool results.
+The engine is never idle on a tool or an environment: turns of all episodes share one engine, the
+tools and sessions run as coroutines on an event loop in a thread of their own, and the loop steps
+the engine for the other episodes while calls are out; it blocks on them only when no request is
+left to generate.
+
+Each episode's seed is mixed from (engine seed, iteration, sample key, turn), its environment's reset
+seed from (engine seed, iteration, sample key): a resumed iteration, or the same sample on another
+rank, samples the same turns given the same tool results and observations.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections import Counter
@@ -30,15 +43,20 @@ from dataclasses import dataclass, field
 from rldock.config.job import AgentSpec
 from rldock.runtime.agent.base import (
     Environment,
-    EnvironmentReply,
+    EnvironmentSession,
+    EnvironmentUnavailable,
     EpisodeContext,
+    Observation,
     ParsedTurn,
+    SessionFailed,
     Tool,
     ToolCallParser,
     ToolResult,
 )
 from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
+from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine, mixed_seed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -56,7 +74,10 @@ class Episode:
     tool_errors: Counter[str] = field(default_factory=Counter)  # per tool name ("malformed", "unknown")
     tool_seconds: dict[str, float] = field(default_factory=dict)  # per tool name
     tool_counts: Counter[str] = field(default_factory=Counter)  # the tools' own counts (ToolResult.counts)
-    ended: str = ""  # answer | max_turns | length | environment_timeout
+    ended: str = ""  # answer | max_turns | length | environment_<timeout|error|unavailable> | observation_too_long
+    session: EnvironmentSession | None = None  # open while the episode runs with an environment
+    rewards: list[float] = field(default_factory=list)  # the environment's per step (0.0 where it gave none)
+    step_seconds: list[float] = field(default_factory=list)  # each reset and step's wait
 
     def add(self, ids: Sequence[int], *, model: bool) -> None:
         self.response.extend(ids)
@@ -77,7 +98,10 @@ class Episode:
 class Answers:
     messages: list[dict]
     calls: list[tuple[str, bool, float, Mapping[str, int]]] = field(default_factory=list)
-    ended: str = ""  # why the environment ended the episode: "answer" (accepted), "environment_timeout"
+    ended: str = ""  # why the environment ended the episode: "answer" (done), "environment_timeout", ...
+    kind: str = "tools"  # tools | reset (rendered after the prompt, not after a model turn) | step
+    reward: float | None = None  # an environment step's reward (a reset's is not kept)
+    seconds: float = 0.0  # the environment's wait
 
 
 MALFORMED, UNKNOWN = "malformed", "unknown"  # tool-error keys of calls that named no tool
@@ -106,9 +130,20 @@ class AgentLoop:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agent-tools", daemon=True)
         self._thread.start()
         self._slots = asyncio.run_coroutine_threadsafe(self._make_slots(), self._loop).result()
+        # Sessions the environment holds at once (Environment.max_sessions); an episode past them waits
+        # for another's to close before its reset, outside the reset's time limit.
+        self._admitted = asyncio.run_coroutine_threadsafe(self._make_admission(environment), self._loop).result()
+        self._closing: list[concurrent.futures.Future] = []
+        self.sessions_open = 0  # sessions opened and not yet closed (0 between rollouts)
+        self.sessions_open_max = 0  # the most open at once in the last run
 
     async def _make_slots(self) -> asyncio.Semaphore:
         return asyncio.Semaphore(self.spec.max_concurrent_tool_calls)  # bound to the tools' loop
+
+    @staticmethod
+    async def _make_admission(environment: Environment | None) -> asyncio.Semaphore | None:
+        limit = None if environment is None else environment.max_sessions
+        return None if limit is None else asyncio.Semaphore(limit)  # bound to the tools' loop
 
     def close(self) -> None:
         for tool in self.tools.values():
@@ -145,24 +180,51 @@ class AgentLoop:
             requests.update(zip(ids, indices))
 
         out: dict[concurrent.futures.Future, int] = {}  # tool or environment answers -> episode
-        submit(list(range(len(episodes))))
-        while requests or out:
-            if self.engine.has_unfinished():
-                for request_id, completion in self.engine.step(self.eos):
-                    index = requests.pop(request_id)
-                    pending = self._after_turn(episodes[index], completion)
-                    if pending is not None:
-                        out[asyncio.run_coroutine_threadsafe(pending, self._loop)] = index
-                ready = [future for future in out if future.done()]
-            elif out:  # nothing to generate until a tool answers
-                ready = list(concurrent.futures.wait(out, return_when=concurrent.futures.FIRST_COMPLETED).done)
-            else:  # the engine dropped a request without finishing it: fail, rather than wait forever
-                raise RuntimeError(f"the rollout engine finished without answering {len(requests)} turn request(s)")
-            again = [out[future] for future in ready if self._after_answers(episodes[out[future]], future.result())]
-            for future in ready:
-                del out[future]
-            submit(again)
+        self.sessions_open_max = 0
+        try:
+            if self.environment is None:
+                submit(list(range(len(episodes))))
+            else:  # each episode's first turn waits for its session's reset, not for the others'
+                for index, episode in enumerate(episodes):
+                    reset = self._open(self.environment, episode, mixed_seed(self.engine.seed, seed, (episode.key,)))
+                    out[asyncio.run_coroutine_threadsafe(reset, self._loop)] = index
+            while requests or out:
+                if self.engine.has_unfinished():
+                    for request_id, completion in self.engine.step(self.eos):
+                        index = requests.pop(request_id)
+                        pending = self._after_turn(episodes[index], completion)
+                        if pending is not None:
+                            out[asyncio.run_coroutine_threadsafe(pending, self._loop)] = index
+                        else:
+                            self._end(episodes[index])
+                    ready = [future for future in out if future.done()]
+                elif out:  # nothing to generate until a tool or an environment answers
+                    ready = list(concurrent.futures.wait(out, return_when=concurrent.futures.FIRST_COMPLETED).done)
+                else:  # the engine dropped a request without finishing it: fail, rather than wait forever
+                    raise RuntimeError(f"the rollout engine finished without answering {len(requests)} turn request(s)")
+                again = []
+                for future in ready:
+                    index = out.pop(future)
+                    if self._after_answers(episodes[index], future.result()):
+                        again.append(index)
+                    else:
+                        self._end(episodes[index])
+                submit(again)
+        finally:  # every path, an error included: no answer is left running, no session left open
+            for future in out:
+                future.cancel()
+            concurrent.futures.wait(out)
+            for episode in episodes:
+                self._end(episode)
+            closing, self._closing = self._closing, []
+            concurrent.futures.wait(closing)
         return episodes
+
+    def _end(self, episode: Episode) -> None:
+        """The episode has ended: close its session now, so that its place goes to a waiting episode."""
+        if episode.session is not None:
+            session, episode.session = episode.session, None
+            self._closing.append(asyncio.run_coroutine_threadsafe(self._close(session), self._loop))
 
     def _after_turn(self, episode: Episode, completion: Completion):
         """Record a finished turn; the coroutine answering it, or None when the episode ends."""
@@ -170,6 +232,8 @@ class AgentLoop:
         episode.turns += 1
         text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
         episode.final_text = text.removesuffix(self.renderer.eos_text)
+        if episode.ended:  # its session ended at the reset (failed, or done): this turn was its whole episode
+            return None
         if not completion.finished_with_eos or len(episode.response) >= self.max_response_length:
             episode.ended = "length"
             return None
@@ -182,8 +246,9 @@ class AgentLoop:
             return None
         if parsed.wants_tools:
             return self._call_tools(parsed)
-        assert self.environment is not None
-        return self._ask_environment(self.environment, episode)
+        assert episode.session is not None
+        answer = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        return self._step(episode.session, answer)
 
     def _after_answers(self, episode: Episode, answers: Answers) -> bool:
         """Add the answers to the trajectory; whether the episode goes on (another turn to submit)."""
@@ -192,12 +257,22 @@ class AgentLoop:
             episode.tool_errors[name] += int(error)
             episode.tool_seconds[name] = episode.tool_seconds.get(name, 0.0) + seconds
             episode.tool_counts.update(counts)
+        if answers.kind != "tools":
+            episode.step_seconds.append(answers.seconds)
+        if answers.kind == "step":
+            episode.rewards.append(answers.reward or 0.0)
+        if answers.kind == "reset":
+            # The first turn always runs, a failed reset's too: a sample has at least one model turn to
+            # train on (its reward says it found no environment).
+            episode.ended = answers.ended
+            episode.add(self.renderer.opening(answers.messages), model=False)
+            return True
         if answers.ended:
             episode.ended = answers.ended
             return False
         ids = self.renderer.between_turns(answers.messages)
         if len(episode.response) + len(ids) >= self.max_response_length:  # no token left to answer
-            episode.ended = "length"
+            episode.ended = "observation_too_long" if answers.kind == "step" else "length"
             return False
         episode.add(ids, model=False)
         return True
@@ -232,24 +307,58 @@ class AgentLoop:
                 result = ToolResult(f"error: {name} failed: {type(error).__name__}: {error}", True)
             return name, result, time.perf_counter() - start
 
-    async def _ask_environment(self, environment: Environment, episode: Episode) -> Answers:
+    async def _open(self, environment: Environment, episode: Episode, seed: int) -> Answers:
+        """Open the episode's session and reset it: the opening messages, or why it ended."""
         assert episode.context is not None, "an environment's rollout passes each sample's row"
-        name = type(environment).__name__
+        if self._admitted is not None:
+            await self._admitted.acquire()  # released when the session closes
+        session = environment.session()
+        episode.session = session
+        self.sessions_open += 1
+        self.sessions_open_max = max(self.sessions_open_max, self.sessions_open)
+        reset = session.reset(seed=seed, episode_id=f"{seed}-{episode.key}", context=episode.context)
+        return await self._answer(environment, reset, kind="reset")
+
+    async def _step(self, session: EnvironmentSession, text: str) -> Answers:
+        assert self.environment is not None
+        return await self._answer(self.environment, session.step(text), kind="step")
+
+    async def _close(self, session: EnvironmentSession) -> None:
         try:
-            reply = await asyncio.wait_for(
-                environment.respond(episode.final_text, turn=episode.turns, context=episode.context),
-                timeout=self.spec.tool_timeout_s,
-            )
+            await asyncio.wait_for(session.close(), timeout=self.spec.tool_timeout_s)
+        except Exception as error:  # broad on purpose: the episode is complete; a session that cannot close
+            # is the server's to reap (OpenEnv servers end a session when its connection goes)
+            logger.warning("an environment session failed to close: %s: %s", type(error).__name__, error)
+        finally:
+            self.sessions_open -= 1
+            if self._admitted is not None:
+                self._admitted.release()
+
+    async def _answer(self, environment: Environment, pending, *, kind: str) -> Answers:
+        """The environment's observation as the answer to a turn (or a reset); a session that fails,
+        times out or finds no replica ends the episode, counted by reason."""
+        name = type(environment).__name__
+        start = time.perf_counter()
+        try:
+            observation = await asyncio.wait_for(pending, timeout=self.spec.tool_timeout_s)
         except TimeoutError:  # e.g. a checker stuck on a pathological answer: the episode ends, the job goes on
-            return Answers([], ended="environment_timeout")
-        except Exception as error:  # broad on purpose: user code; an environment's bug (or a bad ground
+            return Answers([], ended="environment_timeout", kind=kind, seconds=time.perf_counter() - start)
+        except EnvironmentUnavailable as error:
+            if error.fatal:  # no replica answered for servers.unavailable_timeout_s: the job cannot go on
+                raise
+            return Answers([], ended="environment_unavailable", kind=kind, seconds=time.perf_counter() - start)
+        except SessionFailed as error:
+            logger.warning("agent.environment %s: an episode's session failed: %s", name, error)
+            return Answers([], ended="environment_error", kind=kind, seconds=time.perf_counter() - start)
+        except Exception as error:  # broad on purpose: user code in this process; its bug (or a bad ground
             # truth) stops the job with the field to look at, as a reward term's does
             raise RuntimeError(f"agent.environment {name} failed: {type(error).__name__}: {error}") from error
-        if not isinstance(reply, EnvironmentReply):
-            raise TypeError(f"agent.environment {name}.respond returned {reply!r}, not an EnvironmentReply")
-        if reply.done or reply.message is None:
-            return Answers([], ended="answer")
-        return Answers([{"role": "user", "content": self._cut(reply.message)}])
+        seconds = time.perf_counter() - start
+        if not isinstance(observation, Observation):
+            raise TypeError(f"agent.environment {name} returned {observation!r}, not an Observation")
+        messages = [{"role": "user", "content": self._cut(observation.message)}] if observation.message else []
+        ended = "answer" if observation.done else ""
+        return Answers(messages, ended=ended, kind=kind, reward=observation.reward, seconds=seconds)
 
     def _cut(self, text: str) -> str:
         """`text` within agent.max_tool_response_tokens, saying how much was cut."""

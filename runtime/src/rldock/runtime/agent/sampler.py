@@ -4,7 +4,8 @@ rollout and for held-out evaluation, built once per actor from the job config.
 The rollout's episodes become the dock's columns here: `response_ids` (every token after the prompt,
 right-padded), `response_mask` (1 on the tokens the model sampled: what the old-logprob, reference
 and update passes score and train on), `response_attention_mask` (1 on every token of the trajectory:
-what those passes attend to) and the trajectory's counts for the reward (rldock.runtime.dataflow).
+what those passes attend to), the trajectory's counts and the environment's per-step rewards for the
+reward (rldock.runtime.dataflow).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rldock.config import JobConfig
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.loading import build_environment, build_parser, build_tools
-from rldock.runtime.agent.metrics import episode_sums
+from rldock.runtime.agent.metrics import Sums, episode_sums
 from rldock.runtime.agent.rollout import AgentLoop, Episode
 from rldock.runtime.agent.trajectory import final_turn_span
 from rldock.runtime.data import Row, columns_of, load_rows
@@ -31,7 +32,11 @@ def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
         return None
     tools = build_tools(cfg.agent)
     try:
-        return ChatRenderer(tokenizer, tools=[tool.schema() for tool in tools.values()])
+        return ChatRenderer(
+            tokenizer,
+            tools=[tool.schema() for tool in tools.values()],
+            opens_with_environment=cfg.agent.environment is not None,
+        )
     finally:
         for tool in tools.values():
             tool.close()
@@ -44,7 +49,11 @@ class AgentSampler:
         self.tools = build_tools(cfg.agent)
         self.environment = build_environment(cfg.agent)
         self.parser = build_parser(cfg.agent)
-        self.renderer = ChatRenderer(tokenizer, tools=[tool.schema() for tool in self.tools.values()])
+        self.renderer = ChatRenderer(
+            tokenizer,
+            tools=[tool.schema() for tool in self.tools.values()],
+            opens_with_environment=self.environment is not None,
+        )
         # An environment checks answers against the sample's train-file row (by `prompt_index`, as the
         # reward worker looks it up).
         self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data)) if self.environment is not None else []
@@ -79,7 +88,7 @@ class AgentSampler:
         prompt_indices: Sequence[int],
         seed: int,
         policy_version: int,
-    ) -> tuple[TensorDict, dict[str, float], list[int]]:
+    ) -> tuple[TensorDict, Sums, list[int]]:
         """One episode per prompt row: the dock's columns (B rows), the episodes' metric sums and
         their response lengths (every token after the prompt)."""
         episodes = self._loop_on(engine).run(prompts, keys, [self.context(i) for i in prompt_indices], seed=seed)
@@ -87,10 +96,11 @@ class AgentSampler:
             episode_columns(
                 episodes,
                 max_response_length=self.cfg.algorithm.max_response_length,
+                max_turns=self.spec.max_turns,
                 pad_token_id=self.tokenizer.pad_token_id,
                 policy_version=policy_version,
             ),
-            episode_sums(episodes),
+            episode_sums(episodes, self._loop_on(engine)),
             [len(e.response) for e in episodes],
         )
 
@@ -103,10 +113,12 @@ class AgentSampler:
         contexts: Sequence[EpisodeContext | None],
         seed: int,
         greedy: bool,
-    ) -> tuple[list[list[int]], dict[str, float]]:
-        """Held-out episodes: each one's final turn (the answer the reward scores) and the metric sums."""
-        episodes = self._loop_on(engine).run(prompts, keys, contexts, seed=seed, greedy=greedy)
-        return [final_turn(e) for e in episodes], episode_sums(episodes)
+    ) -> tuple[list[list[int]], Sums, list[list[float]]]:
+        """Held-out episodes: each one's final turn (the answer the reward scores), the metric sums and
+        each one's environment rewards per step (what an `environment` reward term scores)."""
+        loop = self._loop_on(engine)
+        episodes = loop.run(prompts, keys, contexts, seed=seed, greedy=greedy)
+        return [final_turn(e) for e in episodes], episode_sums(episodes, loop), [e.rewards for e in episodes]
 
     def close(self) -> None:
         if self._loop is not None:
@@ -119,10 +131,13 @@ def final_turn(episode: Episode) -> list[int]:
 
 
 def episode_columns(
-    episodes: Sequence[Episode], *, max_response_length: int, pad_token_id: int, policy_version: int
+    episodes: Sequence[Episode], *, max_response_length: int, max_turns: int, pad_token_id: int, policy_version: int
 ) -> TensorDict:
     """The dock's response columns of `episodes`, one row each."""
     rows = len(episodes)
+    rewards = torch.zeros((rows, max_turns), dtype=torch.float32)  # (B, max_turns): the environment's per step
+    for row, episode in enumerate(episodes):
+        rewards[row, : len(episode.rewards)] = torch.tensor(episode.rewards, dtype=torch.float32)
     response_ids = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)  # (B, SL)
     model_mask = torch.zeros((rows, max_response_length), dtype=torch.int64)  # (B, SL)
     attention = torch.zeros((rows, max_response_length), dtype=torch.int64)  # (B, SL)
@@ -140,6 +155,8 @@ def episode_columns(
             "num_turns": torch.tensor([e.turns for e in episodes], dtype=torch.int64),
             "num_tool_calls": torch.tensor([e.num_tool_calls for e in episodes], dtype=torch.int64),
             "num_tool_errors": torch.tensor([e.num_tool_errors for e in episodes], dtype=torch.int64),
+            "environment_rewards": rewards,
+            "num_environment_steps": torch.tensor([len(e.rewards) for e in episodes], dtype=torch.int64),
         },
         batch_size=[rows],
     )

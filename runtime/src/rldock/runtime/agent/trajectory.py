@@ -1,6 +1,7 @@
 """What the reward sees of a multi-turn trajectory: the model's final turn is `solution_str`, the answer
 the rule rewards check (a number the tool printed is not the model's answer); the whole trajectory's
-text and counts are in `extra_info["trajectory"]` for a reward function of your own (docs/agentic.md)."""
+text, counts and the environment's per-step rewards are in `extra_info["trajectory"]` for a reward function
+of your own and the `environment` term (docs/agentic.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def final_texts(tokenizer, batch) -> list[str]:
 
 def reward_views(tokenizer, batch) -> tuple[list[str], list[dict]]:
     """Per sample of a batch with the agent's columns: `final_texts`, and its `trajectory` entry: the
-    whole trajectory's text (special tokens kept, so the turns show) and its turn, call and error counts."""
+    whole trajectory's text (special tokens kept, so the turns show), its turn, call and error counts, and
+    the environment's reward for each step."""
     trajectories = []
     rows = zip(
         batch["response_ids"].tolist(),
@@ -41,8 +43,10 @@ def reward_views(tokenizer, batch) -> tuple[list[str], list[dict]]:
         batch["num_turns"].tolist(),
         batch["num_tool_calls"].tolist(),
         batch["num_tool_errors"].tolist(),
+        batch["environment_rewards"].tolist(),
+        batch["num_environment_steps"].tolist(),
     )
-    for ids, attention, turns, calls, errors in rows:
+    for ids, attention, turns, calls, errors, rewards, steps in rows:
         whole = [token for token, attended in zip(ids, attention) if attended]
         trajectories.append(
             {
@@ -50,6 +54,7 @@ def reward_views(tokenizer, batch) -> tuple[list[str], list[dict]]:
                 "num_turns": turns,
                 "num_tool_calls": calls,
                 "num_tool_errors": errors,
+                "environment_rewards": rewards[:steps],
             }
         )
     return final_texts(tokenizer, batch), trajectories

@@ -125,7 +125,9 @@ def _restore_env(key: str, value: str | None) -> None:
         os.environ[key] = value
 
 
-def _request_seed(engine_seed: int, call_seed: int, key: int | Sequence[int]) -> int:
+def mixed_seed(engine_seed: int, call_seed: int, key: int | Sequence[int]) -> int:
+    """A 31-bit seed mixed from (engine seed, a call's seed, a key): a request's, or an environment
+    reset's (agent/rollout.py)."""
     # SeedSequence mixes the numbers so nearby keys land far apart; 31 bits leave room for
     # vLLM's seed + j per response. A key of several numbers: (sample, turn) in a multi-turn rollout.
     entropy = [engine_seed, call_seed, *([key] if isinstance(key, int) else key)]
@@ -319,7 +321,7 @@ class VllmRolloutEngine:
                 max_tokens=limits[i],
                 temperature=temperature,
                 top_p=top_p,
-                seed=None if seed is None else _request_seed(self._seed, seed, keys[i]),
+                seed=None if seed is None else mixed_seed(self._seed, seed, keys[i]),
                 # Without a tokenizer vLLM knows no EOS; as a stop token it stays in the output.
                 stop_token_ids=[eos_token_id],
                 detokenize=False,
@@ -391,6 +393,11 @@ class VllmRolloutEngine:
         """One engine step over every queued request; the (id, response) of those it finished."""
         outputs = self._llm.llm_engine.step()
         return [(out.request_id, _completions(out, eos_token_id)[0]) for out in outputs if out.finished]
+
+    @property
+    def seed(self) -> int:
+        """The engine's own seed (the job's), mixed into every request's."""
+        return self._seed
 
     def has_unfinished(self) -> bool:
         return self._llm.llm_engine.has_unfinished_requests()

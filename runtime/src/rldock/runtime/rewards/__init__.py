@@ -4,7 +4,7 @@
 weight * score over them (docs/rewards.md). Importing this package registers every term.
 """
 
-from rldock.runtime.rewards import function, math_answer, model, remote, rules  # noqa: F401  (register the terms)
+from rldock.runtime.rewards import environment, function, math_answer, model, remote, rules  # noqa: F401  (register)
 from rldock.runtime.rewards.base import (
     REWARDS,
     BatchRewardFn,

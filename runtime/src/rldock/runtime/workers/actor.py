@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
 from rldock.runtime.agent.base import EpisodeContext
-from rldock.runtime.agent.metrics import merged_sums
+from rldock.runtime.agent.metrics import Sums, merged_sums
 from rldock.runtime.agent.sampler import AgentSampler
 from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
 from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
@@ -261,7 +261,7 @@ class ActorWorker(TakesTurns):
                 batch_size=[len(responses)],
             )
 
-        agent_sums: list[dict[str, float]] = []
+        agent_sums: list[Sums] = []
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
             nonlocal streamed_s
@@ -353,13 +353,14 @@ class ActorWorker(TakesTurns):
     ) -> dict:
         """Held-out responses from this rank's engine (the current policy): `responses`, per prompt
         `num_samples` token id lists, EOS included when generated (a multi-turn episode's final turn,
-        with `agent` its metric sums; `contexts` are the prompts' rows an environment checks against).
+        with `agent` its metric sums and `environment_rewards` each episode's per step; `contexts` are
+        the prompts' rows an environment checks against).
         Not a dock stage: evaluation samples never enter the dock (rldock.runtime.evaluation). Only
         ranks holding an engine."""
         engine = self._held_engine()
         if self.agent is not None:
             repeated = [prompt for prompt in prompts for _ in range(num_samples)]
-            finals, sums = self.agent.evaluate(
+            finals, sums, rewards = self.agent.evaluate(
                 engine,
                 repeated,
                 keys=[key * num_samples + j for key in prompt_keys for j in range(num_samples)],
@@ -370,6 +371,7 @@ class ActorWorker(TakesTurns):
             engine.sleep()
             return {
                 "responses": [finals[i : i + num_samples] for i in range(0, len(finals), num_samples)],
+                "environment_rewards": [rewards[i : i + num_samples] for i in range(0, len(rewards), num_samples)],
                 "agent": sums,
             }
         completions = engine.sample(

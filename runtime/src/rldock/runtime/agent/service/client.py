@@ -1,0 +1,290 @@
+"""rldock's client of OpenEnv environment servers: the `openenv` environment, one WebSocket session per
+episode (docs/agentic.md#environments-as-services).
+
+A small client of the documented protocol rather than `openenv-core`, whose base install pulls gradio,
+fastmcp and openai into the trainer's image; the tests run it against `openenv-core`'s own server
+classes. On the wire (OpenEnv 0.3): a session is a WebSocket at `<base>/ws`; the client sends
+`{"type": "reset", "data": {...}}`, `{"type": "step", "data": <action>}` and `{"type": "close"}`; the
+server answers `{"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}` or
+`{"type": "error", "data": {"message": ..., "code": ...}}`.
+
+Replicas: the base URLs the servers listen at, given (`rldock train` starting `servers.command`), or
+the addresses `servers.url`'s host resolves to (a headless Service: one per ready pod), looked up again
+when a replica fails. Each session goes to the replica with the fewest open sessions that did not fail
+recently; a session whose replica goes away ends its episode (SessionFailed), and when no replica
+answers the episode ends as `environment_unavailable` until `servers.unavailable_timeout_s` has
+passed without any answer, after which the job fails (EnvironmentUnavailable, fatal).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+
+from rldock.config.job import AgentSpec, EnvironmentServersSpec
+from rldock.runtime.agent.base import (
+    ENVIRONMENTS,
+    Environment,
+    EnvironmentSession,
+    EnvironmentUnavailable,
+    EpisodeContext,
+    Observation,
+    SessionFailed,
+)
+
+logger = logging.getLogger(__name__)
+
+# A replica that failed is not chosen again for this long, unless every replica has failed.
+RETRY_AFTER_S = 5.0
+# Seconds to open a session's connection (a replica that does not accept in time is taken as gone).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def ws_url(base: str) -> str:
+    """The session endpoint of a server's base URL (http(s) becomes ws(s))."""
+    parts = urlsplit(base)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws", "", ""))
+
+
+def http_url(base: str, path: str) -> str:
+    """`path` on a server's base URL over http(s) (ws(s) becomes http(s))."""
+    parts = urlsplit(base)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + path, "", ""))
+
+
+def resolve_replicas(url: str, *, lookup: Callable[..., list] = socket.getaddrinfo) -> list[str]:
+    """One base URL per address `url`'s host resolves to (a headless Service's ready pods), in a stable
+    order; the URL itself where its host is an address or resolves to one."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port
+    try:
+        addresses = sorted({info[4][0] for info in lookup(host, port, type=socket.SOCK_STREAM)})
+    except OSError:
+        return [url]  # unresolvable now: connecting will say so, and the next lookup may find it
+    if len(addresses) <= 1:
+        return [url]
+    netloc = lambda address: (f"[{address}]" if ":" in address else address) + (f":{port}" if port else "")  # noqa: E731
+    return [urlunsplit((parts.scheme, netloc(address), parts.path, "", "")) for address in addresses]
+
+
+@dataclass
+class Replica:
+    base: str
+    open_sessions: int = 0
+    failed_at: float | None = None  # monotonic time of the last failure, None while it answers
+
+
+class Replicas:
+    """The replicas of one environment service, which one a new session goes to, and whether any has
+    answered recently enough for the job to go on."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        servers: EnvironmentServersSpec,
+        urls: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        lookup: Callable[[str], list[str]] = resolve_replicas,
+    ):
+        if not urls and servers.url is None:
+            raise ValueError(f"{name}: no replica URLs (servers.command started none) and no servers.url")
+        self.name, self.servers, self.clock, self.lookup = name, servers, clock, lookup
+        self.given = list(urls)  # fixed replicas (started by rldock train); else looked up from servers.url
+        self.replicas: dict[str, Replica] = {}
+        self.refresh()
+        self.last_answer = clock()  # the servers answered /health before the job started (preflight)
+
+    def refresh(self) -> None:
+        """Look the replicas up again (a headless Service's pods come and go); their counts are kept."""
+        bases = self.given or self.lookup(self.servers.url or "")
+        self.replicas = {base: self.replicas.get(base, Replica(base)) for base in bases}
+
+    @property
+    def capacity(self) -> int:
+        return len(self.replicas) * self.servers.sessions_per_replica
+
+    def candidates(self) -> list[Replica]:
+        """Replicas to try for a new session, best first: not failed recently, fewest open sessions."""
+        now = self.clock()
+        replicas = list(self.replicas.values())
+        fresh = [r for r in replicas if r.failed_at is None or now - r.failed_at >= RETRY_AFTER_S]
+        return sorted(fresh or replicas, key=lambda r: (r.open_sessions, r.base))
+
+    def answered(self, replica: Replica) -> None:
+        replica.failed_at = None
+        self.last_answer = self.clock()
+
+    def failed(self, replica: Replica) -> None:
+        replica.failed_at = self.clock()
+
+    def unavailable(self, tried: Sequence[str], errors: Sequence[str]) -> EnvironmentUnavailable:
+        """The error of a session that found no replica: fatal once none has answered for the limit."""
+        silent = self.clock() - self.last_answer
+        limit = self.servers.unavailable_timeout_s
+        fatal = silent >= limit
+        what = "; ".join(f"{url}: {error}" for url, error in zip(tried, errors)) or "no replica to try"
+        message = (
+            f"agent environment {self.name}: no replica answered for {silent:.0f} s (servers.unavailable_timeout_s "
+            f"{limit:g}); tried {what}"
+        )
+        return EnvironmentUnavailable(message, fatal=fatal)
+
+
+@ENVIRONMENTS.register("openenv")
+class OpenEnvEnvironment(Environment):
+    """An OpenEnv environment served elsewhere: each episode a WebSocket session on one of its replicas.
+    The model's turn goes out as the action's `action_field`; the observation's `observation_field` comes
+    back as the next message (the whole observation as JSON where it lacks that field)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        servers: EnvironmentServersSpec,
+        action_field: str = "message",
+        observation_field: str = "message",
+        urls: Sequence[str] = (),
+    ):
+        self.name, self.action_field, self.observation_field = name, action_field, observation_field
+        self.replicas = Replicas(name=name, servers=servers, urls=urls)
+        self.max_sessions = self.replicas.capacity
+
+    @classmethod
+    def from_config(cls, agent: AgentSpec, options: Mapping[str, str], urls: Sequence[str] = ()) -> Environment:
+        spec = agent.environment
+        assert spec is not None and spec.servers is not None, "config/problems.py requires servers for openenv"
+        return cls(
+            name=describe(spec.servers),
+            servers=spec.servers,
+            action_field=spec.action_field,
+            observation_field=spec.observation_field,
+            urls=urls,
+        )
+
+    def session(self) -> EnvironmentSession:
+        return OpenEnvSession(self)
+
+    def observation(self, data: Any) -> Observation:
+        """An observation message's `data` as the model reads it."""
+        if not isinstance(data, dict) or not isinstance(data.get("observation", {}), dict):
+            raise SessionFailed(
+                f"{self.name}: an observation that is not OpenEnv's {{observation, reward, done}}: {data!r:.200}"
+            )
+        fields = data.get("observation") or {}
+        shown = fields.get(self.observation_field)
+        if isinstance(shown, str):
+            message: str | None = shown
+        elif shown is None and not (set(fields) - {self.observation_field}):
+            message = None
+        else:
+            message = json.dumps(fields, ensure_ascii=False, sort_keys=True)
+        reward = data.get("reward")
+        if reward is not None and not isinstance(reward, (int, float)):
+            raise SessionFailed(f"{self.name}: a reward that is not a number: {reward!r:.100}")
+        reward = None if reward is None else float(reward)
+        return Observation(message=message, reward=reward, done=bool(data.get("done")))
+
+
+def describe(servers: EnvironmentServersSpec) -> str:
+    """The environment's name in messages and logs: its URL, service or command."""
+    if servers.url is not None:
+        return servers.url
+    if servers.service is not None:
+        return f"service {servers.service}"
+    return " ".join(servers.command or ())
+
+
+class OpenEnvSession(EnvironmentSession):
+    """One episode's WebSocket session on one replica."""
+
+    def __init__(self, environment: OpenEnvEnvironment):
+        self.environment = environment
+        self.replica: Replica | None = None
+        self.connection: ClientConnection | None = None
+
+    async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
+        await self._connect()
+        data = {
+            "seed": seed,
+            "episode_id": episode_id,
+            "ground_truth": context.ground_truth,
+            "data_source": context.data_source,
+            "extra_info": dict(context.extra_info),
+        }
+        return await self._exchange({"type": "reset", "data": data})
+
+    async def step(self, text: str) -> Observation:
+        return await self._exchange({"type": "step", "data": {self.environment.action_field: text}})
+
+    async def close(self) -> None:
+        connection, replica = self.connection, self.replica
+        self.connection = self.replica = None
+        if replica is not None:
+            replica.open_sessions -= 1
+        if connection is None:
+            return
+        try:
+            await connection.send(json.dumps({"type": "close"}))
+        except websockets.ConnectionClosed:
+            pass  # the server ended it already
+        finally:
+            await connection.close()
+
+    async def _connect(self) -> None:
+        replicas = self.environment.replicas
+        tried: list[str] = []
+        errors: list[str] = []
+        for attempt in range(2):  # the known replicas, then those a fresh lookup finds
+            if attempt:
+                replicas.refresh()
+            for replica in replicas.candidates():
+                if replica.base in tried:
+                    continue
+                tried.append(replica.base)
+                try:
+                    self.connection = await connect(ws_url(replica.base), open_timeout=CONNECT_TIMEOUT_S, max_size=None)
+                except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as error:
+                    replicas.failed(replica)
+                    errors.append(f"{type(error).__name__}: {error}")
+                    continue
+                replica.open_sessions += 1
+                self.replica = replica
+                return
+        raise replicas.unavailable(tried, errors)
+
+    async def _exchange(self, message: dict) -> Observation:
+        connection, replica = self.connection, self.replica
+        assert connection is not None and replica is not None, "reset opens the session first"
+        environment = self.environment
+        try:
+            await connection.send(json.dumps(message))
+            answer = json.loads(await connection.recv())
+        except websockets.ConnectionClosed as error:
+            environment.replicas.failed(replica)
+            raise SessionFailed(f"{environment.name}: the session on {replica.base} was closed: {error}") from error
+        except json.JSONDecodeError as error:
+            raise SessionFailed(f"{environment.name}: {replica.base} answered something that is not JSON") from error
+        environment.replicas.answered(replica)
+        if not isinstance(answer, dict) or answer.get("type") not in ("observation", "error"):
+            raise SessionFailed(
+                f"{environment.name}: {replica.base} answered {answer!r:.200}, not an OpenEnv observation"
+            )
+        if answer["type"] == "error":
+            data = answer.get("data") or {}
+            raise SessionFailed(
+                f"{environment.name}: {replica.base} answered {message['type']} with error {data.get('code')}: "
+                f"{data.get('message')}"
+            )
+        return environment.observation(answer.get("data"))
