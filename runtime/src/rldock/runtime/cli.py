@@ -119,7 +119,12 @@ def _build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="work with data files")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     generate = data_sub.add_parser("generate", help="write a generator's train (and val) rows as jsonl files")
-    generate.add_argument("generator", choices=["addition", "word_problems"])
+    generate.add_argument(
+        "generator",
+        choices=["addition", "word_problems", "cabinet"],
+        help="cabinet: tasks of the cabinet environment (rldock.runtime.agent.examples.cabinet:Cabinet), each "
+        "with its demonstration and the extra_info the environment rebuilds its files from",
+    )
     generate.add_argument("--num-train", type=int, default=1000, metavar="N", help="train rows (default 1000)")
     generate.add_argument("--num-val", type=int, default=0, metavar="M", help="validation rows (default 0)")
     generate.add_argument(
@@ -138,6 +143,8 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--max-factor", type=int, help="word_problems: largest factor of products and shares (default 10)"
     )
+    generate.add_argument("--num-files", type=int, help="cabinet: files in each task's directory (default 4)")
+    generate.add_argument("--num-lines", type=int, help="cabinet: codes in each file (default 3)")
     generate.add_argument(
         "--tool-demonstrations",
         choices=["python", "calculator"],
@@ -225,13 +232,19 @@ GENERATE_FLAGS = {
     "operations": "--operations",
     "max_number": "--max-number",
     "max_factor": "--max-factor",
+    "num_files": "--num-files",
+    "num_lines": "--num-lines",
     "prompt_key": "--prompt-key",
     "answer_key": "--answer-key",
 }
 
 
 # The flags only one generator reads (their config fields): another generator's flag is an error.
-GENERATOR_FLAGS = {"addition": ("max_operand",), "word_problems": ("operations", "max_number", "max_factor")}
+GENERATOR_FLAGS = {
+    "addition": ("max_operand",),
+    "word_problems": ("operations", "max_number", "max_factor"),
+    "cabinet": ("num_files", "num_lines"),
+}
 
 
 def _generate_data(args: argparse.Namespace) -> int:
@@ -250,6 +263,8 @@ def _generate_data(args: argparse.Namespace) -> int:
         flags = ", ".join(GENERATE_FLAGS[field] for field in foreign)
         print(f"error: {flags}: not read by the {args.generator} generator; drop it", file=sys.stderr)
         return 2
+    if args.generator == "cabinet":  # not a data.generator: its files are for data.train_files
+        return _generate_cabinet(args, given, prompt_key)
     if "operations" in given:
         given["operations"] = given["operations"].split(",")
     try:
@@ -271,6 +286,37 @@ def _generate_data(args: argparse.Namespace) -> int:
     keys = {"prompt_key": prompt_key, "answer_key": args.answer_key}
     if spec.tool_demonstrations is not None:
         keys["demonstration_key"] = columns["demonstration"]
+    print(json.dumps({"train": files.train, "val": files.val, **keys}))
+    return 0
+
+
+def _generate_cabinet(args: argparse.Namespace, given: dict, prompt_key: str) -> int:
+    """`rldock data generate cabinet`: the cabinet environment's tasks, with their demonstrations and the
+    extra_info the environment rebuilds each task from (rldock.runtime.data.cabinet)."""
+    from rldock.config.job import DataSpec
+    from rldock.runtime.data.cabinet import generate_cabinet
+    from rldock.runtime.data.generators import column_names, write_rows
+
+    if args.tool_demonstrations is not None:
+        print("error: --tool-demonstrations: the cabinet rows always show their own commands; drop it", file=sys.stderr)
+        return 2
+    if args.num_train < 1 or args.num_val < 0:
+        flag, value = ("--num-train", args.num_train) if args.num_train < 1 else ("--num-val", args.num_val)
+        print(f"error: {flag}: too few rows (got {value})", file=sys.stderr)
+        return 2
+    try:
+        rows = generate_cabinet(num_train=args.num_train, num_val=args.num_val, seed=args.seed, **given)
+    except ValueError as error:
+        print(f"error: --num-files, --num-lines: {error}", file=sys.stderr)
+        return 2
+    columns = column_names(DataSpec(prompt_key=prompt_key, answer_key=args.answer_key))
+    files = write_rows(rows, Path(args.out), columns=columns)
+    keys = {
+        "prompt_key": prompt_key,
+        "answer_key": args.answer_key,
+        "demonstration_key": columns["demonstration"],
+        "extra_info_key": columns["extra_info"],
+    }
     print(json.dumps({"train": files.train, "val": files.val, **keys}))
     return 0
 

@@ -27,6 +27,7 @@ DEFAULT_COLUMNS = {
     "chosen": "chosen",
     "rejected": "rejected",
     "demonstration": "demonstration",
+    "extra_info": "extra_info",
 }
 
 Generator = Callable[..., GeneratedRows]  # (GeneratorSpec, *, seed) -> GeneratedRows
@@ -45,8 +46,8 @@ class DataFiles:
 
 
 def column_names(spec: DataSpec) -> dict[str, str]:
-    """Logical key (`prompt`, `answer`, `data_source`, `chosen`, `rejected`, `demonstration`) -> the
-    column generated files use: the config's key where it names one, else DEFAULT_COLUMNS."""
+    """Logical key (`prompt`, `answer`, `data_source`, `chosen`, `rejected`, `demonstration`, `extra_info`)
+    -> the column generated files use: the config's key where it names one, else DEFAULT_COLUMNS."""
     return {
         "prompt": spec.prompt_key,
         "answer": spec.answer_key,
@@ -54,6 +55,7 @@ def column_names(spec: DataSpec) -> dict[str, str]:
         "chosen": spec.chosen_key or DEFAULT_COLUMNS["chosen"],
         "rejected": spec.rejected_key or DEFAULT_COLUMNS["rejected"],
         "demonstration": spec.demonstration_key or DEFAULT_COLUMNS["demonstration"],
+        "extra_info": spec.extra_info_key or DEFAULT_COLUMNS["extra_info"],
     }
 
 
@@ -70,10 +72,14 @@ def write_jsonl(rows: Sequence[dict], path: Path, columns: dict[str, str]) -> Pa
 
 
 def generate_files(spec: GeneratorSpec, out_dir: Path, *, seed: int, columns: dict[str, str]) -> DataFiles:
-    """Run the generator and write `train.jsonl` (and `val.jsonl` when it made validation rows).
-    Both names are the generator's own in `out_dir`: a `val.jsonl` an earlier run with validation
-    rows left there is removed when this one makes none, so the folder holds this run's rows only."""
-    rows = GENERATORS.get(spec.name)(spec, seed=seed)
+    """Run the generator and write its rows in `out_dir` (write_rows)."""
+    return write_rows(GENERATORS.get(spec.name)(spec, seed=seed), out_dir, columns=columns)
+
+
+def write_rows(rows: GeneratedRows, out_dir: Path, *, columns: dict[str, str]) -> DataFiles:
+    """`rows` as `train.jsonl` (and `val.jsonl` when there are validation rows) in `out_dir`. Both names
+    are the generator's own in `out_dir`: a `val.jsonl` an earlier run with validation rows left there
+    is removed when this one makes none, so the folder holds this run's rows only."""
     train = write_jsonl(rows.train, out_dir / TRAIN_FILE, columns)
     if rows.val:
         val = [str(write_jsonl(rows.val, out_dir / VAL_FILE, columns))]
