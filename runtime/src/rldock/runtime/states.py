@@ -16,8 +16,8 @@ classes are named by import path and imported only where the trainer starts them
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rldock.config import JobConfig
@@ -36,6 +36,9 @@ class WorkerContext:
     adapter_dir: str | None  # LoRA: the adapters the actor ranks resume with
     policy_version: int  # weight updates behind the actor ranks' starting policy
     train_files: Sequence[str]  # the prompt files the driver read (the reward looks rows up in them)
+    # The environment servers the trainer started (servers.command), by config field ("agent.environment",
+    # "agent.sandbox") -> their base URLs.
+    environment_urls: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 # (context, rank, number of ranks) -> the worker class's constructor keyword arguments
@@ -97,6 +100,7 @@ def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
         "adapter_dir": ctx.adapter_dir,
         "policy_version": ctx.policy_version,
         "train_files": ctx.train_files,  # an agent environment checks answers against the rows
+        "environment_urls": ctx.environment_urls,
     }
 
 

@@ -42,6 +42,7 @@ from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.sampler import job_conversation
+from rldock.runtime.agent.service.local import JobEnvironmentServers
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.bookkeeping import Bookkeeper
 from rldock.runtime.data import (
@@ -229,6 +230,9 @@ class Trainer:
         self._plan: PlacementPlan | None = None  # the placement plan (cluster.job_placement) of the devices
         self._placement: PlacementGroup | None = None  # the Ray placement group reserved for it
         self._turns: ActorHandle | None = None  # the TurnKeeper of a serial phase schedule (runtime/turns.py)
+        # The environment servers this job starts itself (agent ... servers.command), per attempt.
+        self._environment_servers: JobEnvironmentServers | None = None
+        self._environment_urls: dict[str, list[str]] = {}
         self._last_dock_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
         # Counters and metrics files, in a background thread while the next iteration starts
         # (JobConfig.ablations.background_bookkeeping; runtime/bookkeeping.py); a fresh one per _loop.
@@ -309,6 +313,9 @@ class Trainer:
                 for _ in range(num_banks(cfg))
             ]
         )
+        # Before the workers, whose rollout engines open sessions on them.
+        self._environment_servers = JobEnvironmentServers(cfg, log_dir=self.output_dir / "environments")
+        self._environment_urls = self._environment_servers.start()
         policy_dir = self.reference_dir
         start_iteration = 1
         if self.resume_from is not None:
@@ -348,6 +355,7 @@ class Trainer:
             adapter_dir=adapter_dir,
             policy_version=policy_version,
             train_files=self.data_files.train,
+            environment_urls=self._environment_urls,
         )
         ranks = {}
         for name, spec in worker_groups(self.recipe.specs).items():
@@ -397,6 +405,9 @@ class Trainer:
             cluster.release(self._placement)
         if self.banks is not None:
             self.banks.shutdown()
+        if self._environment_servers is not None:  # after the workers: no session is left to end
+            self._environment_servers.stop()
+            self._environment_servers = None
         self.workers, self.banks, self._last_dock_stats = None, None, {}
         self._placement = self._plan = None
         self.schedule = None  # a later attempt's failure must not save this attempt's iteration

@@ -24,6 +24,7 @@ from rldock.runtime.agent.base import (
     ToolCallParser,
 )
 from rldock.runtime.agent.service.client import OpenEnvEnvironment
+from rldock.runtime.agent.tools import PythonTool
 from rldock.runtime.registry import Registry
 from rldock.runtime.user_code import load_object
 
@@ -36,16 +37,20 @@ class AgentConfigError(ValueError):
     field to change."""
 
 
-def build_tools(agent: AgentSpec) -> dict[str, Tool]:
+def build_tools(agent: AgentSpec, *, sandbox_urls: Sequence[str] = ()) -> dict[str, Tool]:
     """The configured tools by the name the model calls them (`Tool.name`), in config order. On an error
-    the tools already built are closed."""
+    the tools already built are closed. `sandbox_urls`: the python sandbox servers `rldock train` started
+    from agent.sandbox.servers.command."""
     built: dict[str, Tool] = {}
     where: dict[str, int] = {}  # tool name -> index in agent.tools
     with ExitStack() as close_on_error:
         for index, spec in enumerate(agent.tools):
             at = f"agent.tools[{index}]"
             cls = _class(spec.name, builtins=BUILTIN_TOOLS, registry=TOOLS, interface=Tool, field=f"{at}.name")
-            tool = _instance(cls, Tool, agent, spec.options, at)
+            if spec.name == "python":  # its sandbox servers' URLs are the trainer's to say
+                tool: Tool = PythonTool.from_config(agent, spec.options, sandbox_urls=sandbox_urls)
+            else:
+                tool = _instance(cls, Tool, agent, spec.options, at)
             close_on_error.callback(tool.close)
             name = getattr(tool, "name", None)
             if not isinstance(name, str) or not name:

@@ -303,6 +303,10 @@ class AgentLoop:
                 result = ToolResult(
                     f"error: {name} took longer than {self.spec.tool_timeout_s:g} s and was stopped", True
                 )
+            except EnvironmentUnavailable as error:
+                if error.fatal:  # the python sandbox's servers: none answered for its unavailable_timeout_s
+                    raise
+                result = ToolResult(f"error: {name} failed: {error}", True)
             except Exception as error:  # broad on purpose: a tool's bug is the model's error message, not a crash
                 result = ToolResult(f"error: {name} failed: {type(error).__name__}: {error}", True)
             return name, result, time.perf_counter() - start

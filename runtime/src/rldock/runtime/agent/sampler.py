@@ -10,7 +10,7 @@ reward (rldock.runtime.dataflow).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -43,11 +43,19 @@ def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
 
 
 class AgentSampler:
-    def __init__(self, cfg: JobConfig, *, tokenizer, train_files: Sequence[str]):
+    def __init__(
+        self,
+        cfg: JobConfig,
+        *,
+        tokenizer,
+        train_files: Sequence[str],
+        environment_urls: Mapping[str, Sequence[str]] | None = None,
+    ):
         assert cfg.agent is not None, "AgentSampler is for jobs with an agent section"
         self.cfg, self.spec, self.tokenizer = cfg, cfg.agent, tokenizer
-        self.tools = build_tools(cfg.agent)
-        self.environment = build_environment(cfg.agent)
+        urls = environment_urls or {}
+        self.tools = build_tools(cfg.agent, sandbox_urls=urls.get("agent.sandbox", ()))
+        self.environment = build_environment(cfg.agent, replica_urls=urls.get("agent.environment", ()))
         self.parser = build_parser(cfg.agent)
         self.renderer = ChatRenderer(
             tokenizer,

@@ -1,4 +1,5 @@
-"""The built-in tools: `python` (runs a program in the sandbox, agent/sandbox.py) and `calculator`
+"""The built-in tools: `python` (runs a program in the sandbox, agent/sandbox/, in this process's
+machine or, with agent.sandbox.servers, in the python sandbox environment's servers) and `calculator`
 (evaluates an arithmetic expression). Importing this module registers them in agent.base.TOOLS."""
 
 from __future__ import annotations
@@ -6,12 +7,13 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rldock.config.job import AgentSpec, SandboxSpec
-from rldock.runtime.agent.base import TOOLS, Tool, ToolResult
+from rldock.runtime.agent.base import TOOLS, EnvironmentUnavailable, EpisodeContext, SessionFailed, Tool, ToolResult
 from rldock.runtime.agent.sandbox import Outcome, run_python
+from rldock.runtime.agent.service.client import OpenEnvEnvironment, describe
 
 
 def _string_parameter(name: str, description: str) -> dict[str, Any]:
@@ -48,22 +50,54 @@ class PythonTool(Tool):
     )
     parameters = _string_parameter("code", "The program's source code.")
 
-    def __init__(self, limits: SandboxSpec):
-        self.limits = limits
+    def __init__(self, limits: SandboxSpec, *, sandbox_urls: Sequence[str] = ()):
+        self.limits, self.sandbox_urls = limits, list(sandbox_urls)
+        self._service: OpenEnvEnvironment | None = None  # made at the first call: the driver only reads the schema
 
     @classmethod
-    def from_config(cls, agent: AgentSpec, options: Mapping[str, str]) -> PythonTool:
+    def from_config(
+        cls, agent: AgentSpec, options: Mapping[str, str], *, sandbox_urls: Sequence[str] = ()
+    ) -> PythonTool:
         _no_options(cls.name, options)
-        return cls(agent.sandbox)
+        return cls(agent.sandbox, sandbox_urls=sandbox_urls)
 
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
         code = _string_argument(arguments, "code")
         if isinstance(code, ToolResult):
             return code
+        if self.limits.servers is not None:
+            return await self._call_service(code)
         result = await run_python(code, self.limits)
         text = result.text or "(the program printed nothing)"
         counts = {f"sandbox/without_{layer}": 1 for layer in result.layers.missing}
         return ToolResult(text, error=result.outcome is not Outcome.OK, counts=counts)
+
+    async def _call_service(self, code: str) -> ToolResult:
+        """The program run by the python sandbox environment's servers (agent/sandbox_service.py), one
+        session per call with this job's limits; the answer is the one the in-process tool gives."""
+        servers = self.limits.servers
+        assert servers is not None
+        if self._service is None:
+            self._service = OpenEnvEnvironment(
+                name=f"agent.sandbox.servers ({describe(servers)})", servers=servers, urls=self.sandbox_urls
+            )
+        limits = self.limits.model_dump(exclude={"servers"})
+        session = self._service.session()
+        try:
+            await session.reset(seed=0, episode_id="python", context=EpisodeContext("", "", {"sandbox": limits}))
+            observation = await session.step(code)
+        except (SessionFailed, EnvironmentUnavailable) as error:
+            if isinstance(error, EnvironmentUnavailable) and error.fatal:
+                raise
+            return ToolResult(f"error: the python sandbox service failed: {error}", error=True)
+        finally:
+            await session.close()
+        counts = observation.fields.get("counts")
+        return ToolResult(
+            observation.message or "(the program printed nothing)",
+            error=bool(observation.fields.get("error")),
+            counts={str(k): int(v) for k, v in counts.items()} if isinstance(counts, dict) else {},
+        )
 
 
 @TOOLS.register("calculator")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -81,6 +81,7 @@ class ActorWorker(TakesTurns):
         adapter_dir: str | None = None,
         policy_version: int = 0,
         train_files: Sequence[str] = (),
+        environment_urls: Mapping[str, Sequence[str]] | None = None,
     ):
         self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
         self._group_store: TCPStore | None = None  # rank 0's listening store, from pick_rendezvous
@@ -120,10 +121,13 @@ class ActorWorker(TakesTurns):
             world_size, tp_size=cfg.rollout.tensor_parallel_size, field="rollout.tensor_parallel_size"
         )
         self.holds_engine = self.generation.tp_rank(rank) == 0
-        # agent: multi-turn episodes with tools (on the engine's rank; train_files for an environment)
-        self.agent = (
-            AgentSampler(cfg, tokenizer=self.tokenizer, train_files=train_files) if cfg.agent is not None else None
-        )
+        # agent: multi-turn episodes with tools (on the engine's rank; train_files for an environment, and
+        # the URLs of the environment servers the trainer started)
+        self.agent = None
+        if cfg.agent is not None:
+            self.agent = AgentSampler(
+                cfg, tokenizer=self.tokenizer, train_files=train_files, environment_urls=environment_urls or {}
+            )
         # rollout.partial_rollout: generations run ahead of an update are cut, completed after it
         self.partial = (
             None

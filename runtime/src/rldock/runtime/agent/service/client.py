@@ -194,7 +194,8 @@ class OpenEnvEnvironment(Environment):
         if reward is not None and not isinstance(reward, (int, float)):
             raise SessionFailed(f"{self.name}: a reward that is not a number: {reward!r:.100}")
         reward = None if reward is None else float(reward)
-        return Observation(message=message, reward=reward, done=bool(data.get("done")))
+        others = {key: value for key, value in fields.items() if key != self.observation_field}
+        return Observation(message=message, reward=reward, done=bool(data.get("done")), fields=others)
 
 
 def describe(servers: EnvironmentServersSpec) -> str:

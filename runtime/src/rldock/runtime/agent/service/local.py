@@ -1,0 +1,203 @@
+"""Environment servers `rldock train` runs itself (`servers.command`): `replicas` processes of the
+command on free ports of this machine, each waited for at `/health`, replaced when it dies, stopped
+with the job.
+
+Each process gets its own process group and the parent-death signal, so none outlives the trainer
+even when it is SIGKILLed; its output goes to `<output>/environments/<name>-<i>.log`. A replacement
+listens on the dead one's port, so the URLs the rollout engines hold stay right; the episodes whose
+sessions were on it end as `agent/ended/environment_error` and the others go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from rldock.config.job import EnvironmentServersSpec, JobConfig
+from rldock.runtime.agent.service.probe import health, replica_problems
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.2  # how often the watcher looks at the processes, and startup polls /health
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+_PR_SET_PDEATHSIG = 1
+
+
+class EnvironmentStartError(RuntimeError):
+    """The servers did not come up: the message names the field, the command and what it printed."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class LocalServers:
+    """The processes of one `servers.command`, kept running until `stop`."""
+
+    def __init__(self, servers: EnvironmentServersSpec, *, field: str, log_dir: Path):
+        assert servers.command is not None, "LocalServers runs a servers.command"
+        self.servers, self.field, self.log_dir = servers, field, log_dir
+        self.ports = [free_port() for _ in range(servers.replicas)]
+        self.processes: list[subprocess.Popen | None] = [None] * len(self.ports)
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    def start(self) -> list[str]:
+        """Start every replica and wait for all to answer `/health`; the replicas' base URLs."""
+        log_dir = self.log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for index in range(len(self.ports)):
+            self._spawn(index)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="environment-servers", daemon=True)
+        self._watcher.start()
+        logger.info("%s: %d server(s) up at %s", self.field, len(self.ports), ", ".join(self.urls))
+        return self.urls
+
+    def _log(self, index: int) -> Path:
+        return self.log_dir / f"{self.field.replace('.', '-')}-{index}.log"
+
+    def _spawn(self, index: int) -> None:
+        port = str(self.ports[index])
+        command = [argument.replace("{port}", port) for argument in self.servers.command or ()]
+        with open(self._log(index), "ab") as log:
+            try:
+                self.processes[index] = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                )
+            except OSError as error:
+                raise EnvironmentStartError(f"{self.field}.command: cannot start {command!r}: {error}") from error
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.servers.startup_timeout_s
+        waiting = dict(enumerate(self.urls))
+        answers: dict[int, str] = {}
+        while waiting:
+            for index, base in list(waiting.items()):
+                process = self.processes[index]
+                assert process is not None
+                if process.poll() is not None:
+                    raise EnvironmentStartError(
+                        f"{self.field}.command: replica {index} exited with status {process.returncode} before "
+                        f"answering {base}/health; its output ({self._log(index)}) ends:\n{self.tail(index)}"
+                    )
+                problem = health(base)
+                if problem is None:
+                    del waiting[index]
+                else:
+                    answers[index] = problem
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                index = next(iter(waiting))
+                raise EnvironmentStartError(
+                    f"{self.field}.startup_timeout_s: {len(waiting)} of {len(self.ports)} server(s) did not answer "
+                    f"/health within {self.servers.startup_timeout_s:g} s; {self.urls[index]} last answered "
+                    f"{answers.get(index)}; its output ({self._log(index)}) ends:\n{self.tail(index)}"
+                )
+            time.sleep(POLL_S)
+
+    def tail(self, index: int, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self._log(index).read_text(errors="replace").splitlines()[-lines:])
+        return "(no output)"
+
+    def _watch(self) -> None:
+        """Replace a replica that died, on its port, until `stop`."""
+        while not self._stopping.wait(POLL_S):
+            for index, process in enumerate(self.processes):
+                if process is None or process.poll() is None or self._stopping.is_set():
+                    continue
+                logger.warning(
+                    "%s: replica %d (%s) exited with status %s; starting it again",
+                    self.field,
+                    index,
+                    self.urls[index],
+                    process.returncode,
+                )
+                self.restarts += 1
+                try:
+                    self._spawn(index)
+                except EnvironmentStartError as error:  # the next look tries again
+                    logger.warning("%s", error)
+
+    def stop(self) -> None:
+        """Stop every replica's process group: SIGTERM, SIGKILL after STOP_GRACE_S."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        running = [p for p in self.processes if p is not None and p.poll() is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in running:
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+class JobEnvironmentServers:
+    """Every `servers.command` of a job's agent section (agent.environment, agent.sandbox with the python
+    tool), started together and asked the preflight's questions (probe.py); `urls` by config field."""
+
+    def __init__(self, cfg: JobConfig, *, log_dir: Path):
+        self.groups: dict[str, tuple[LocalServers, str]] = {}  # field -> servers, the action field they take
+        agent = cfg.agent
+        if agent is None:
+            return
+        environment = agent.environment
+        if environment is not None and environment.servers is not None and environment.servers.command is not None:
+            servers = LocalServers(environment.servers, field="agent.environment", log_dir=log_dir)
+            self.groups["agent.environment"] = (servers, environment.action_field)
+        sandbox = agent.sandbox.servers
+        if sandbox is not None and sandbox.command is not None and any(tool.name == "python" for tool in agent.tools):
+            self.groups["agent.sandbox"] = (LocalServers(sandbox, field="agent.sandbox", log_dir=log_dir), "message")
+
+    def start(self) -> dict[str, list[str]]:
+        """Start every group, wait for /health, check /schema; the base URLs by field. Stops what it
+        started before raising EnvironmentStartError."""
+        urls: dict[str, list[str]] = {}
+        try:
+            for field, (group, action_field) in self.groups.items():
+                urls[field] = group.start()
+                found = replica_problems(urls[field], action_field=action_field)
+                if found is not None:
+                    kind, problem = found
+                    at = f"{field}.action_field" if kind == "action_field" else f"{field}.servers.command"
+                    raise EnvironmentStartError(f"{at}: {problem}")
+        except BaseException:
+            self.stop()
+            raise
+        return urls
+
+    def stop(self) -> None:
+        for group, _ in self.groups.values():
+            group.stop()
