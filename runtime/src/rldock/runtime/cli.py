@@ -1,5 +1,6 @@
 """The `rldock` command line: validate a job config, plan its memory per device (`rldock plan`), train
-it on a local or existing Ray, or prepare a model (`rldock models import-gguf`)."""
+it on a local or existing Ray, prepare a model (`rldock models import-gguf`), or serve an environment
+class over OpenEnv's protocol (`rldock env serve`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,23 @@ def _overrides_argument(parser: argparse.ArgumentParser, *, example: str) -> Non
         metavar="KEY=VALUE",
         help=f"override a field, e.g. {example}",
     )
+
+
+def _parse_option(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"--option expects key=value, got {text!r}")
+    return key, value  # kept a string, as agent.environment.options are
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -176,6 +194,37 @@ def _build_parser() -> argparse.ArgumentParser:
         help="dtype of the saved weights (default float32)",
     )
     gguf.add_argument("--force", action="store_true", help="re-import even if --output already holds a model")
+
+    env = sub.add_parser("env", help="environments as services (docs/agentic.md#environments-as-services)")
+    env_sub = env.add_subparsers(dest="env_command", required=True)
+    serve = env_sub.add_parser(
+        "serve",
+        help="serve an environment class over OpenEnv's protocol (HTTP, and a WebSocket per episode) until "
+        "SIGTERM, which closes every session",
+    )
+    serve.add_argument(
+        "environment",
+        metavar="CLASS",
+        help="a built-in environment (feedback) or your own class, path/to/file.py:Class or package.module:Class",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: a free one, logged)")
+    serve.add_argument(
+        "--sessions",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="sessions (episodes) open at once; one more is refused with CAPACITY_REACHED (default 8)",
+    )
+    serve.add_argument(
+        "--option",
+        dest="options",
+        action="append",
+        type=_parse_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument (a string) of your class, as agent.environment.options; repeatable",
+    )
     return parser
 
 
@@ -335,6 +384,32 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_serve(args: argparse.Namespace) -> int:
+    """`rldock env serve`: exit 2 for a class or option that cannot be served, else serve until stopped."""
+    from rldock.runtime.agent.loading import AgentConfigError
+    from rldock.runtime.agent.service.server import listen, load_environment, serve
+
+    options: dict[str, str] = {}
+    for key, value in args.options:
+        if key in options:
+            print(f"error: --option: {key} is given twice; give each option once", file=sys.stderr)
+            return 2
+        options[key] = value
+    try:
+        environment = load_environment(args.environment, options)
+    except AgentConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as error:
+        environment.close()
+        print(f"error: --host/--port: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 2
+    serve(environment, sock=sock, max_sessions=args.sessions)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -342,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         return _generate_data(args)
     if args.command == "models":
         return _models(args)
+    if args.command == "env":
+        return _env_serve(args)
     if args.command == "plan":
         return _plan(args)
     # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the
