@@ -1,0 +1,64 @@
+"""The python tool's sandbox as an environment (`rldock env serve
+rldock.runtime.agent.sandbox_service:PythonSandbox`): in an RLJob the python tool sends each call to such
+a server (agent.sandbox.servers), so the code a model writes never runs in a pod that holds the job's
+credentials, weights or Ray session.
+
+One call is one session: the reset brings the call's limits (the job's agent.sandbox) in
+`extra_info["sandbox"]`, the one step is the program, and the observation is what the in-process tool
+answers, made by the same code (tools.PythonTool): `message` the text the model reads, and two more
+fields, `error` (the call failed: the program raised, exited nonzero or hit a limit) and `counts` (the
+tool's counters, {"sandbox/without_<layer>": 1} for each kernel layer the program ran without), with
+done true. The sandbox inside is the in-process one (agent/sandbox/): its kernel layers hold in this
+server's process as they do in an actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rldock.config.job import SandboxSpec
+from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.tools import PythonTool
+
+# The SandboxSpec fields a call's limits may set: all but `servers`, which says where the tool runs. Left
+# unset here, so the tool this server runs is the in-process one (never a client of another server).
+LIMIT_FIELDS = tuple(name for name in SandboxSpec.model_fields if name != "servers")
+
+
+def sandbox_limits(extra_info: Mapping[str, Any]) -> SandboxSpec:
+    """The limits a reset's `extra_info["sandbox"]` sets (a mapping of LIMIT_FIELDS; a field left out
+    keeps SandboxSpec's default, as in a job config). A field that is not a limit, or a value out of
+    SandboxSpec's range, raises ValueError naming it."""
+    given = extra_info.get("sandbox", {})
+    if not isinstance(given, Mapping):
+        raise ValueError(f'extra_info["sandbox"] must be an object of sandbox limits, got {type(given).__name__}')
+    unknown = sorted(set(given) - set(LIMIT_FIELDS))
+    if unknown:
+        raise ValueError(
+            f'extra_info["sandbox"]: {", ".join(unknown)} not a sandbox limit; limits: {", ".join(LIMIT_FIELDS)}'
+        )
+    return SandboxSpec.model_validate(dict(given))  # pydantic's ValidationError is a ValueError
+
+
+class PythonSandbox(Environment):
+    """Runs each session's program in the python tool's sandbox and answers what the tool would."""
+
+    def session(self) -> EnvironmentSession:
+        return PythonSandboxSession()
+
+
+class PythonSandboxSession(EnvironmentSession):
+    """One tool call: the limits from the reset, the program as the step."""
+
+    tool: PythonTool
+
+    async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
+        self.tool = PythonTool(sandbox_limits(context.extra_info))
+        return Observation()
+
+    async def step(self, text: str) -> Observation:
+        result = await self.tool.call({"code": text})
+        return Observation(
+            message=result.text, done=True, fields={"error": result.error, "counts": dict(result.counts)}
+        )
