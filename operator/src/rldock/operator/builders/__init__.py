@@ -6,6 +6,12 @@ against Kubernetes' and KubeRay's own schemas.
 
 from rldock.operator.builders.common import RLJobRef, child_labels, owner_reference
 from rldock.operator.builders.config_map import build_config_map, render_job_config
+from rldock.operator.builders.environments import (
+    EnvironmentChildren,
+    build_environment,
+    runtime_job_config,
+    service_url,
+)
 from rldock.operator.builders.network_policy import build_network_policy
 from rldock.operator.builders.ray_cluster import build_ray_cluster, device_resource
 from rldock.operator.builders.ray_job import build_entrypoint, build_job_submission, output_dir
@@ -13,10 +19,12 @@ from rldock.operator.builders.rbac import build_rbac
 from rldock.operator.builders.secret import build_auth_secret
 
 __all__ = [
+    "EnvironmentChildren",
     "RLJobRef",
     "build_auth_secret",
     "build_config_map",
     "build_entrypoint",
+    "build_environment",
     "build_job_submission",
     "build_network_policy",
     "build_ray_cluster",
@@ -26,4 +34,6 @@ __all__ = [
     "owner_reference",
     "output_dir",
     "render_job_config",
+    "runtime_job_config",
+    "service_url",
 ]

@@ -1,4 +1,5 @@
-"""The ConfigMap holding the job config that the runtime reads at RLDOCK_JOB_CONFIG."""
+"""The ConfigMap holding the job config that the runtime reads at RLDOCK_JOB_CONFIG: `spec.job` with
+its `servers.service` names resolved to the environments' URLs (builders/environments.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rldock.config import JobConfig
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders.common import RLJobRef, child_metadata
+from rldock.operator.builders.environments import runtime_job_config
 from rldock.operator.constants import JOB_CONFIG_FILE
 
 
@@ -24,5 +26,5 @@ def build_config_map(*, job: RLJobRef, spec: RLJobSpec) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": child_metadata(job, naming.config_map_name(job.name)),
-        "data": {JOB_CONFIG_FILE: render_job_config(spec.job)},
+        "data": {JOB_CONFIG_FILE: render_job_config(runtime_job_config(job=job, spec=spec))},
     }
