@@ -1,0 +1,55 @@
+"""TEST DOUBLES: rldock environments that test_env_serve.py serves with `rldock env serve
+tests/unit/runtime/agent/env_doubles.py:CountingEnvironment`, in a process of their own.
+
+CountingEnvironment keeps each episode's state (its seed, id and row, and the steps so far), so sessions
+that share it prove they are kept apart; it raises when asked to (a reset with ground truth "raise", a
+step "raise"), and appends each closed session's episode id to the file `closed_log` (an option), which
+proves that sessions are closed on every path.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+
+
+class CountingEnvironment(Environment):
+    """Counts each episode's steps and says what it was reset with."""
+
+    def __init__(self, closed_log: str = ""):
+        self.closed_log = closed_log
+
+    def session(self) -> EnvironmentSession:
+        return CountingSession(self.closed_log)
+
+
+class CountingSession(EnvironmentSession):
+    def __init__(self, closed_log: str):
+        self.closed_log = closed_log
+        self.episode_id = ""
+        self.seed = -1
+        self.steps = 0
+
+    async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
+        self.seed, self.episode_id = seed, episode_id
+        if context.ground_truth == "raise":
+            raise ValueError("asked to raise at reset")
+        row = {"ground_truth": context.ground_truth, "data_source": context.data_source, **context.extra_info}
+        return Observation(message=f"seed {seed}: {json.dumps(row, sort_keys=True)}")
+
+    async def step(self, text: str) -> Observation:
+        if text == "raise":
+            raise RuntimeError("asked to raise at a step")
+        self.steps += 1
+        return Observation(
+            message=f"step {self.steps} of seed {self.seed}: {text}",
+            reward=float(self.steps),
+            done=text == "stop",
+            fields={"steps": self.steps, "seed": self.seed},
+        )
+
+    async def close(self) -> None:
+        if self.closed_log:
+            with open(self.closed_log, "a") as log:
+                log.write(f"{self.episode_id}\n")
