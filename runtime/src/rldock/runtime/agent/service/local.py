@@ -90,7 +90,7 @@ class LocalServers:
                     command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
                 )
             except OSError as error:
-                raise EnvironmentStartError(f"{self.field}.command: cannot start {command!r}: {error}") from error
+                raise EnvironmentStartError(f"{self.field}.servers.command: cannot start {command!r}: {error}") from error
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.servers.startup_timeout_s
@@ -102,7 +102,7 @@ class LocalServers:
                 assert process is not None
                 if process.poll() is not None:
                     raise EnvironmentStartError(
-                        f"{self.field}.command: replica {index} exited with status {process.returncode} before "
+                        f"{self.field}.servers.command: replica {index} exited with status {process.returncode} before "
                         f"answering {base}/health; its output ({self._log(index)}) ends:\n{self.tail(index)}"
                     )
                 problem = health(base)
@@ -115,7 +115,7 @@ class LocalServers:
             if time.monotonic() > deadline:
                 index = next(iter(waiting))
                 raise EnvironmentStartError(
-                    f"{self.field}.startup_timeout_s: {len(waiting)} of {len(self.ports)} server(s) did not answer "
+                    f"{self.field}.servers.startup_timeout_s: {len(waiting)} of {len(self.ports)} server(s) did not answer "
                     f"/health within {self.servers.startup_timeout_s:g} s; {self.urls[index]} last answered "
                     f"{answers.get(index)}; its output ({self._log(index)}) ends:\n{self.tail(index)}"
                 )

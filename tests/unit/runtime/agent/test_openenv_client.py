@@ -1,0 +1,271 @@
+"""rldock's OpenEnv client (agent/service/client.py) against real servers: an environment written with
+openenv-core's own server classes, and `rldock env serve` replicas that rldock starts, loses and
+replaces itself (agent/service/local.py); the preflight's questions (agent/service/probe.py); the
+python tool sending its calls to the python sandbox environment."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from openenv_servers import openenv_guess_server, secret_number
+
+from rldock.config.job import AgentSpec, EnvironmentServersSpec, JobConfig, SandboxSpec
+from rldock.runtime.agent.base import EnvironmentUnavailable, EpisodeContext, Observation, SessionFailed
+from rldock.runtime.agent.service.client import OpenEnvEnvironment, Replicas, resolve_replicas
+from rldock.runtime.agent.service.local import EnvironmentStartError, JobEnvironmentServers, LocalServers
+from rldock.runtime.agent.service.probe import environment_server_problems, replica_problems
+from rldock.runtime.agent.tools import PythonTool
+
+HERE = Path(__file__).resolve().parent
+RLDOCK = [sys.executable, "-m", "rldock.runtime.cli"]
+COUNTING = f"{HERE / 'env_doubles.py'}:CountingEnvironment"
+ROW = EpisodeContext("42", "test", {"task": 7})
+
+
+ALGORITHM = {
+    "name": "grpo",
+    "num_prompts_per_iteration": 2,
+    "num_responses_per_prompt": 2,
+    "max_prompt_length": 64,
+    "max_response_length": 64,
+    "learning_rate": 1e-4,
+}
+
+
+def job(**fields) -> JobConfig:
+    """A job config with `fields` beside the required ones."""
+    return JobConfig.model_validate({"iterations": 1, "model": {"path": "/models/m"}, "algorithm": ALGORITHM, **fields})
+
+
+@pytest.fixture(scope="module")
+def guess_url():
+    with openenv_guess_server(highest=10) as url:
+        yield url
+
+
+def serve_command(environment: str, *options: str) -> list[str]:
+    return [*RLDOCK, "env", "serve", environment, "--port", "{port}", *options]
+
+
+async def play(environment: OpenEnvEnvironment, seed: int, guesses: list[str]) -> list[Observation]:
+    session = environment.session()
+    try:
+        observations = [await session.reset(seed=seed, episode_id=f"e{seed}", context=ROW)]
+        for guess in guesses:
+            observations.append(await session.step(guess))
+            if observations[-1].done:
+                break
+        return observations
+    finally:
+        await session.close()
+
+
+def test_an_environment_written_with_openenv_core_is_played_session_by_session(guess_url):
+    environment = OpenEnvEnvironment(name="guess", servers=EnvironmentServersSpec(url=guess_url))
+    assert environment.max_sessions == 8  # one replica, servers.sessions_per_replica
+
+    async def two_games():
+        # Two sessions at once, each with its own number: their state is the server's, per session.
+        return await asyncio.gather(
+            play(environment, 1, ["0", "11"]), play(environment, 2, [str(n) for n in range(1, 11)])
+        )
+
+    first, second = asyncio.run(two_games())
+    assert first[0].message == "I picked a whole number from 1 to 10. Guess it."
+    assert [o.message for o in first[1:]] == ["Higher.", "Lower."] and [o.reward for o in first[1:]] == [0.0, 0.0]
+    number = secret_number(2, 10)
+    assert len(second) == 1 + number and second[-1].done and second[-1].reward == 1.0
+    assert second[-1].message == f"Right! The number was {number}."
+    assert all(o.reward == 0.0 and not o.done for o in second[1:-1])
+
+
+def test_the_preflight_asks_health_and_schema_naming_the_field(guess_url):
+    assert replica_problems([guess_url], action_field="message") is None
+    kind, problem = replica_problems([guess_url], action_field="guess")
+    assert kind == "action_field" and "has no field 'guess' (its fields: message, metadata)" in problem
+    cfg = job(
+        **{
+            "agent": {"environment": {"name": "openenv", "servers": {"url": guess_url}, "action_field": "guess"}},
+            "reward": {"terms": [{"name": "environment"}]},
+        }
+    )
+    (found,) = environment_server_problems(cfg)
+    assert found.path == "agent.environment.action_field" and guess_url in found.message
+
+
+def test_a_server_that_does_not_speak_openenv_is_named_with_what_it_answered():
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        kind, problem = replica_problems([base], action_field="message")
+        assert kind == "health" and "not OpenEnv's" in problem and '{"ok": true}' in problem
+    finally:
+        server.shutdown()
+    # Nothing listening: the URL and the connection error.
+    kind, problem = replica_problems([base], action_field="message")
+    assert kind == "health" and f"{base}/health did not answer" in problem
+    cfg = job(agent={"environment": {"name": "openenv", "servers": {"url": base}}})
+    (found,) = environment_server_problems(cfg)
+    assert found.path == "agent.environment.servers.url"
+
+
+def test_a_service_name_is_an_rljobs_to_resolve():
+    cfg = job(agent={"environment": {"name": "openenv", "servers": {"service": "games"}}})
+    (found,) = environment_server_problems(cfg)
+    assert found.path == "agent.environment.servers.service" and "spec.environments" in found.message
+
+
+def test_local_replicas_share_the_sessions_and_a_dead_one_is_replaced(tmp_path):
+    closed = tmp_path / "closed.log"
+    servers = EnvironmentServersSpec(
+        command=serve_command(COUNTING, "--option", f"closed_log={closed}"), replicas=2, sessions_per_replica=2
+    )
+    local = LocalServers(servers, field="agent.environment", log_dir=tmp_path / "logs")
+    urls = local.start()
+    try:
+        environment = OpenEnvEnvironment(name="counting", servers=servers, urls=urls)
+        assert environment.max_sessions == 4
+
+        async def four_sessions():
+            sessions = [environment.session() for _ in range(4)]
+            for number, session in enumerate(sessions):
+                await session.reset(seed=number, episode_id=f"e{number}", context=ROW)
+            on = [session.replica.base for session in sessions]
+            steps = [await session.step("hi") for session in sessions]
+            return sessions, on, steps
+
+        async def scenario():
+            sessions, on, steps = await four_sessions()
+            assert sorted(on) == sorted(urls * 2)  # two sessions on each replica
+            assert [s.fields["seed"] for s in steps] == [0, 1, 2, 3] and all(s.reward == 1.0 for s in steps)
+            # The replica of session 0 dies: that session fails, the ones on the other replica go on.
+            victim = local.processes[urls.index(on[0])]
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait()
+            with pytest.raises(SessionFailed, match="was closed"):
+                await sessions[0].step("again")
+            other = next(i for i, base in enumerate(on) if base != on[0])
+            assert (await sessions[other].step("again")).reward == 2.0
+            for session in sessions:
+                await session.close()
+
+        asyncio.run(scenario())
+        # rldock started it again on its port, and a new episode plays there.
+        deadline_replaced = local.restarts
+        asyncio.run(_until(lambda: local.restarts >= 1 and replica_problems(urls, action_field="message") is None))
+        assert local.restarts >= 1 >= deadline_replaced - 1
+        (reset, step) = asyncio.run(play(environment, 9, ["x"]))
+        assert step.fields == {"steps": 1, "seed": 9}
+    finally:
+        local.stop()
+    assert all(process.poll() is not None for process in local.processes)
+    # The sessions on the surviving replica closed (the killed one's never could).
+    assert len(closed.read_text().split()) >= 2
+
+
+async def _until(condition, timeout_s: float = 120.0) -> None:
+    """Poll `condition` (the state a test waits for) until it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "the condition did not hold in time"
+        await asyncio.sleep(0.2)
+
+
+def test_a_command_that_dies_at_start_is_named_with_its_output(tmp_path):
+    servers = EnvironmentServersSpec(command=serve_command("no_such_module:Nothing"))
+    with pytest.raises(
+        EnvironmentStartError, match=r"(?s)agent.environment.servers.command: replica 0 exited .*no_such_module"
+    ):
+        LocalServers(servers, field="agent.environment", log_dir=tmp_path).start()
+
+
+def test_the_jobs_servers_are_asked_the_preflights_questions_once_started(tmp_path):
+    cfg = job(
+        **{
+            "agent": {
+                "environment": {
+                    "name": "openenv",
+                    "servers": {"command": serve_command(COUNTING)},
+                    "action_field": "code",
+                }
+            }
+        }
+    )
+    with pytest.raises(
+        EnvironmentStartError, match="agent.environment.action_field: the action of .* has no field 'code'"
+    ):
+        JobEnvironmentServers(cfg, log_dir=tmp_path).start()
+
+
+def test_no_replica_answering_ends_the_episode_until_the_limit_then_fails_the_job():
+    now = [0.0]
+    servers = EnvironmentServersSpec(url="http://127.0.0.1:9", unavailable_timeout_s=60)  # port 9: discard, closed
+    environment = OpenEnvEnvironment(name="gone", servers=servers)
+    environment.replicas = Replicas(name="gone", servers=servers, clock=lambda: now[0])
+
+    async def reset():
+        await environment.session().reset(seed=0, episode_id="e", context=ROW)
+
+    with pytest.raises(EnvironmentUnavailable) as first:
+        asyncio.run(reset())
+    assert not first.value.fatal and "http://127.0.0.1:9" in str(first.value)
+    now[0] = 61.0
+    with pytest.raises(
+        EnvironmentUnavailable, match=r"no replica answered for 61 s .* tried http://127.0.0.1:9"
+    ) as late:
+        asyncio.run(reset())
+    assert late.value.fatal
+
+
+def test_a_headless_services_addresses_are_its_replicas():
+    def lookup(host, port, type):
+        assert (host, port) == ("games.ns.svc.cluster.local", 8000)
+        return [(0, 0, 0, "", (address, port)) for address in ("10.0.0.7", "10.0.0.5", "10.0.0.7")]
+
+    url = "http://games.ns.svc.cluster.local:8000"
+    assert resolve_replicas(url, lookup=lookup) == ["http://10.0.0.5:8000", "http://10.0.0.7:8000"]
+    assert resolve_replicas(url, lookup=lambda *a, **k: [(0, 0, 0, "", ("10.0.0.5", 8000))]) == [url]
+
+
+def test_the_python_tool_runs_its_code_in_the_sandbox_environment(tmp_path):
+    servers = EnvironmentServersSpec(command=serve_command("rldock.runtime.agent.sandbox_service:PythonSandbox"))
+    local = LocalServers(servers, field="agent.sandbox", log_dir=tmp_path)
+    urls = local.start()
+    try:
+        agent = AgentSpec(tools=[{"name": "python"}], sandbox=SandboxSpec(servers=servers, wall_seconds=5))
+        tool = PythonTool.from_config(agent, {}, sandbox_urls=urls)
+        here = asyncio.run(PythonTool(SandboxSpec()).call({"code": "print(6 * 7)"}))
+        there = asyncio.run(tool.call({"code": "print(6 * 7)"}))
+        assert there == here and there.text.strip() == "42" and not there.error
+        # A program that fails fails the same way, and one that reads outside its scratch directory too.
+        failed = asyncio.run(tool.call({"code": "raise SystemExit(3)"}))
+        assert failed.error
+        secret = tmp_path / "secret.txt"
+        secret.write_text("s3cr3t")
+        spy = asyncio.run(tool.call({"code": f"print(open({str(secret)!r}).read())"}))
+        assert spy.error and "s3cr3t" not in spy.text
+    finally:
+        local.stop()
+    # The server is gone: the call is the model's error message, not a crash.
+    gone = asyncio.run(tool.call({"code": "print(1)"}))
+    assert gone.error and "the python sandbox service failed" in gone.text
