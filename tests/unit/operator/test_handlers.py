@@ -53,8 +53,10 @@ def test_a_daemon_per_rljob_watches_of_the_rljob_and_its_children_and_a_deletion
     assert daemon.id == "reconcile" and daemon.backoff == 3 and daemon.requires_finalizer
     assert type(daemon).__name__ == "DaemonHandler"  # not a timer: it waits for events between rounds
     watched = {(h.selector.group, h.selector.plural): h for h in registry._watching.get_all_handlers()}
-    assert set(watched) == {("rldock.io", "rljobs"), ("ray.io", "rayclusters"), ("", "pods")}
+    assert set(watched) == {("rldock.io", "rljobs"), ("ray.io", "rayclusters"), ("", "pods"), ("apps", "deployments")}
     assert watched[("", "pods")].labels == {"ray.io/cluster": kopf.PRESENT}  # KubeRay's pods only
+    # The environments' Deployments only (spec.environments), so their ready pods reach the status.
+    assert watched[("apps", "deployments")].labels == {"rldock.io/environment": kopf.PRESENT}
     (deletion,) = registry._changing.get_all_handlers()
     assert deletion.id == "cleanup" and deletion.reason == kopf.Reason.DELETE
 
@@ -265,6 +267,9 @@ def test_an_idle_rljob_is_not_polled_and_a_child_event_runs_a_round_at_once():
         assert reconciler.rounds == 3
         await handlers.rljob_event(body=_body(generation=2), type="MODIFIED")  # a spec edit
         await _until("a round after the spec edit", lambda: reconciler.rounds == 4)
+        deployment = {"namespace": "ns", "name": "grpo-env-a", "labels": {"rldock.io/rljob": "grpo"}}
+        await handlers.environment_event(body={"metadata": deployment})  # an environment's pod got ready
+        await _until("a round after the environment's event", lambda: reconciler.rounds == 5)
 
     asyncio.run(_run_daemon(reconciler, 0.2, script))
 

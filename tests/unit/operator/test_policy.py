@@ -60,6 +60,23 @@ CASES = [
     ({"image": "registry.example.com/ml/rt:2"}, {"imagePrefixes": ["registry.example.com/ml/"]}, []),
     ({"image": "registry.example.com/mlx/rt:2"}, {"imagePrefixes": ["registry.example.com/ml/"]}, ["spec.image"]),
     ({"image": "registry.example.com/ml-evil/x"}, {"imagePrefixes": ["registry.example.com/ml"]}, ["spec.image"]),
+    # The environments' images (spec.environments): the same rule; unset is the runtime image.
+    ({"environments": [{"name": "e"}]}, {}, []),
+    ({"environments": [{"name": "e", "image": DEFAULT_IMAGE}]}, {}, []),
+    ({"environments": [{"name": "e", "image": "evil.example.com/env:1"}]}, {}, ["spec.environments[0].image"]),
+    (
+        {"environments": [{"name": "a", "image": "registry.example.com/envs/a:1"}, {"name": "b", "image": "b:1"}]},
+        {"imagePrefixes": ["registry.example.com/envs/"]},
+        ["spec.environments[1].image"],
+    ),
+    (
+        {
+            "image": "registry.example.com/ml/rt:2",
+            "environments": [{"name": "e", "image": "registry.example.com/ml-x"}],
+        },
+        {"imagePrefixes": ["registry.example.com/ml"]},
+        ["spec.environments[0].image"],
+    ),
     ({"scheduling": {"schedulerName": "custom"}}, {}, ["spec.scheduling.schedulerName"]),
     ({"scheduling": {"schedulerName": "custom"}}, {"schedulerNames": None}, []),
     ({"scheduling": {"schedulerName": "custom"}}, {"schedulerNames": ["volcano"]}, ["spec.scheduling.schedulerName"]),

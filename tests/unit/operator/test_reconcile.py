@@ -16,7 +16,8 @@ from rljob_testing import spec_dict
 
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
 from rldock.operator import naming
-from rldock.operator.builders import RLJobRef
+from rldock.operator.api import RLJobSpec
+from rldock.operator.builders import RLJobRef, build_environment
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
 from rldock.operator.kube import CreateRefused, StatusRejected
 from rldock.operator.policy import AdminPolicy, NFSExport
@@ -82,6 +83,13 @@ class FakeKube:
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         return [p for p in self.pods if labels.items() <= p["metadata"]["labels"].items()]
+
+    def list_deployments(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj)
+            for (kind, _), obj in self.objects.items()
+            if kind == "Deployment" and labels.items() <= obj["metadata"]["labels"].items()
+        ]
 
     def patch_rljob_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         if self.status_limit is not None and len(json.dumps(patch)) > self.status_limit:
@@ -593,3 +601,161 @@ def test_a_head_that_refuses_the_derived_token_is_a_condition_and_the_secret_is_
     del kube.objects[("Secret", naming.auth_secret_name(NAME))]  # what the message says to do
     reconciler.reconcile(body(status=outcome.status))
     assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME))) == 2
+
+
+# --- spec.environments ---------------------------------------------------------------------------------
+
+CABINET = {"name": "cabinet", "image": "registry.example.com/envs/cabinet:1", "port": 9000, "replicas": 2}
+SANDBOX = {"name": "sandbox", "command": ["rldock", "env", "serve", "m:C", "--port", "8000"]}
+ENV_POLICY = AdminPolicy(image_prefixes=["registry.example.com/envs/"])
+
+
+def _agent_job() -> dict[str, Any]:
+    job = spec_dict()["job"]
+    job["data"] = {"generator": {"name": "addition"}, "chat_template": "model"}
+    job["algorithm"]["max_response_length"] = 512
+    job["agent"] = {
+        "tools": [{"name": "python"}],
+        "environment": {"name": "openenv", "servers": {"service": "cabinet"}},
+        "sandbox": {"servers": {"service": "sandbox"}},
+    }
+    return job
+
+
+def _env(name: str) -> str:
+    return naming.environment_name(NAME, name)
+
+
+def _ready(kube: FakeKube, name: str, ready: int) -> None:
+    """What the Deployment controller writes once `ready` pods pass their readiness probe."""
+    kube.objects[("Deployment", _env(name))]["status"] = {"readyReplicas": ready}
+
+
+def test_each_environment_gets_its_policy_service_and_deployment_before_the_cluster():
+    reconciler, kube, _ = make_world(policy=ENV_POLICY)
+    outcome = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX]))
+    created = [w[1:] for w in kube.writes if w[0] == "create"]
+    assert created[3:] == [
+        ("NetworkPolicy", _env("cabinet")),
+        ("Service", _env("cabinet")),
+        ("Deployment", _env("cabinet")),
+        ("NetworkPolicy", _env("sandbox")),
+        ("Service", _env("sandbox")),
+        ("Deployment", _env("sandbox")),
+        ("RayCluster", NAME),
+    ]
+    events = [e for e in outcome.events if e.reason.value == "CreatedEnvironment"]
+    assert len(events) == 2 and "2 pod(s) of registry.example.com/envs/cabinet:1 on port 9000" in events[0].message
+    assert outcome.status["environmentsReady"] == "0/3"
+    job_yaml = kube.objects[("ConfigMap", naming.config_map_name(NAME))]["data"]["job.yaml"]
+    assert f"url: http://{_env('cabinet')}.{NS}.svc.cluster.local:9000" in job_yaml
+    assert f"url: http://{_env('sandbox')}.{NS}.svc.cluster.local:8000" in job_yaml
+
+    _ready(kube, "cabinet", 2)
+    _ready(kube, "sandbox", 1)
+    writes = len(kube.writes)
+    again = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX], status=outcome.status))
+    assert again.status["environmentsReady"] == "3/3"
+    assert again.status["environments"] == [
+        {"name": "cabinet", "replicas": 2, "readyReplicas": 2},
+        {"name": "sandbox", "replicas": 1, "readyReplicas": 1},
+    ]
+    assert kube.writes[writes:] == []  # nothing differs: nothing patched
+
+
+def test_without_network_policies_the_environments_get_none():
+    reconciler, kube, _ = make_world(policy=ENV_POLICY, network_policy=False)
+    reconciler.reconcile(body(environments=[CABINET]))
+    assert [w[1] for w in kube.writes if w[0] == "create"] == [
+        "Secret",
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "RayCluster",
+    ]
+
+
+def test_suspend_scales_the_environments_to_zero_and_resume_restores_them():
+    reconciler, kube, _ = make_world(policy=ENV_POLICY)
+    first = reconciler.reconcile(body(environments=[CABINET, SANDBOX]))
+    suspended = reconciler.reconcile(body(environments=[CABINET, SANDBOX], suspend=True, status=first.status))
+    assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [0, 0]
+    assert suspended.status["phase"] == "Suspended" and suspended.status["environmentsReady"] == "0/0"
+    # Only the count changed: the pods' template (and so its pods' identity) is left as it was.
+    assert kube.objects[("Deployment", _env("cabinet"))]["metadata"]["annotations"] == first_annotations(kube)
+    resumed = reconciler.reconcile(body(environments=[CABINET, SANDBOX], status=suspended.status))
+    assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [2, 1]
+    assert resumed.status["environmentsReady"] == "0/3"
+
+
+def first_annotations(kube: FakeKube) -> dict[str, str]:
+    spec = RLJobSpec.model_validate(spec_dict(environments=[CABINET]))
+    return build_environment(job=RLJobRef(NAME, NS, UID), spec=spec, environment=spec.environments[0]).deployment[
+        "metadata"
+    ]["annotations"]
+
+
+def test_a_changed_entry_rolls_its_pods_and_a_removed_one_is_deleted():
+    reconciler, kube, _ = make_world(policy=ENV_POLICY)
+    first = reconciler.reconcile(body(environments=[CABINET, SANDBOX]))
+    newer = {**CABINET, "image": "registry.example.com/envs/cabinet:2"}
+    outcome = reconciler.reconcile(body(environments=[newer], status=first.status))
+    deployment = kube.objects[("Deployment", _env("cabinet"))]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == newer["image"]
+    assert ("patch", "Deployment", _env("cabinet")) in kube.writes
+    for kind in ("NetworkPolicy", "Service", "Deployment"):
+        assert ("delete", kind, _env("sandbox")) in kube.writes and (kind, _env("sandbox")) not in kube.objects
+    (deleted,) = [e for e in outcome.events if e.reason.value == "DeletedEnvironment"]
+    assert "'sandbox' is no longer in spec.environments" in deleted.message
+    assert [e["name"] for e in outcome.status["environments"]] == ["cabinet"]
+    # The last entry gone: the status says no more of environments.
+    last = reconciler.reconcile(body(status=outcome.status))
+    assert "environments" not in last.status and "environmentsReady" not in last.status
+    assert not [key for key in kube.objects if key[0] in ("Deployment", "Service")]
+
+
+def test_a_finished_job_scales_its_environments_to_zero():
+    reconciler, kube, jobs = make_world(policy=ENV_POLICY)
+    first = reconciler.reconcile(body(environments=[CABINET]))
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(environments=[CABINET], status=first.status))
+    jobs.jobs[submitted.status["rayJobId"]]["status"] = "SUCCEEDED"
+    done = reconciler.reconcile(body(environments=[CABINET], status=submitted.status))
+    assert done.status["phase"] == "Succeeded"
+    assert kube.objects[("Deployment", _env("cabinet"))]["spec"]["replicas"] == 0  # with the cluster
+    later = reconciler.reconcile(body(environments=[CABINET], status=done.status))
+    assert later.status["environmentsReady"] == "0/0" and later.status["phase"] == "Succeeded"
+
+
+def test_an_environment_image_outside_the_policy_is_denied_and_nothing_is_created():
+    reconciler, kube, _ = make_world()  # the default policy: only the runtime image
+    outcome = reconciler.reconcile(body(environments=[SANDBOX, CABINET]))
+    failed = {c["type"]: c for c in outcome.status["conditions"]}["Failed"]
+    assert failed["reason"] == "PolicyDenied"
+    assert failed["message"].startswith("spec.environments[1].image: image 'registry.example.com/envs/cabinet:1'")
+    assert "policy.imagePrefixes" in failed["message"]
+    assert ("Warning", "PolicyDenied") in [(e.type, e.reason.value) for e in outcome.events]
+    assert [w for w in kube.writes if w[0] == "create"] == []
+
+
+def test_a_spec_refused_after_it_ran_scales_the_environments_to_zero():
+    reconciler, kube, _ = make_world(policy=ENV_POLICY)
+    first = reconciler.reconcile(body(environments=[CABINET]))
+    refused = {**CABINET, "image": "elsewhere.example.com/cabinet:1"}
+    outcome = reconciler.reconcile(body(environments=[refused], status=first.status))
+    assert outcome.status["phase"] == "Failed"
+    assert kube.objects[("Deployment", _env("cabinet"))]["spec"]["replicas"] == 0
+    assert outcome.status["environmentsReady"] == "0/0"
+
+
+def test_an_environment_name_taken_by_another_object_blocks_the_round():
+    reconciler, kube, _ = make_world(policy=ENV_POLICY)
+    kube.objects[("Service", _env("cabinet"))] = {
+        "kind": "Service",
+        "metadata": {"name": _env("cabinet"), "uid": "x", "labels": {}, "ownerReferences": []},
+        "spec": {},
+    }
+    outcome = reconciler.reconcile(body(environments=[CABINET]))
+    ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
+    assert ready["reason"] == "NameConflict" and f"Service {_env('cabinet')}" in ready["message"]
+    assert ("Deployment", _env("cabinet")) not in kube.objects

@@ -68,6 +68,17 @@ EVERY_KIND = {
         {"name": "PLAIN", "value": "1"},
     ],
     "envFrom": [{"secretRef": {"name": "api-keys"}}, {"configMapRef": {"name": "defaults"}, "prefix": "D_"}],
+    # The environments' pods read what their env names, as the Ray pods do.
+    "environments": [
+        {
+            "name": "cabinet",
+            "env": [
+                {"name": "PLAIN", "value": "1"},
+                {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "env-key", "key": "key"}}},
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "env-settings", "key": "mode"}}},
+            ],
+        }
+    ],
 }
 
 
@@ -122,6 +133,8 @@ def test_every_field_that_names_an_object_is_listed_in_field_order():
         Reference("configmaps", "settings", "spec.env[1].valueFrom.configMapKeyRef.name"),
         Reference("secrets", "api-keys", "spec.envFrom[0].secretRef.name"),
         Reference("configmaps", "defaults", "spec.envFrom[1].configMapRef.name"),
+        Reference("secrets", "env-key", "spec.environments[0].env[1].valueFrom.secretKeyRef.name"),
+        Reference("configmaps", "env-settings", "spec.environments[0].env[2].valueFrom.configMapKeyRef.name"),
     ]
     # A hostPath checkpoint names no claim; literal and pod-field env values name nothing.
     assert references(spec(checkpoint={"hostPath": "/mnt/rl"})) == []

@@ -12,6 +12,7 @@ from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import CONDITION_MESSAGE_MAX, EventReason, RayJobStatus
 from rldock.operator.crd import rljob_schema
 from rldock.operator.status import (
+    EnvironmentObservation,
     Observations,
     RayJobObservation,
     compute_status,
@@ -508,3 +509,69 @@ def test_last_evaluation_comes_from_the_progress_record_and_outlives_records_wit
     )
     assert later["lastEvaluation"] == status["lastEvaluation"] and later["iteration"] == 7
     assert "lastEvaluation" not in _compute(Observations(ray_cluster=READY, metrics=METRICS))
+
+
+# --- spec.environments ---------------------------------------------------------------------------------
+
+ENVIRONMENTS = {"environments": [{"name": "cabinet", "replicas": 3}, {"name": "sandbox"}]}
+
+
+@pytest.mark.parametrize(
+    "observed, previous, environments, ready",
+    [
+        # This round's Deployments, in spec order, summed for kubectl.
+        (
+            (EnvironmentObservation("cabinet", 3, 2), EnvironmentObservation("sandbox", 1, 1)),
+            None,
+            [
+                {"name": "cabinet", "replicas": 3, "readyReplicas": 2},
+                {"name": "sandbox", "replicas": 1, "readyReplicas": 1},
+            ],
+            "3/4",
+        ),
+        # Suspended: 0 asked for, the pods still going.
+        ((EnvironmentObservation("cabinet", 0, 1), EnvironmentObservation("sandbox", 0)), None, None, "1/0"),
+        # Not looked at this round (a blocked round): as before.
+        (
+            None,
+            {"environments": [{"name": "a", "replicas": 1, "readyReplicas": 1}], "environmentsReady": "1/1"},
+            [{"name": "a", "replicas": 1, "readyReplicas": 1}],
+            "1/1",
+        ),
+        # Looked at and none there (the entries left the spec): gone from the status.
+        (
+            (),
+            {"environments": [{"name": "a", "replicas": 1, "readyReplicas": 1}], "environmentsReady": "1/1"},
+            None,
+            None,
+        ),
+    ],
+    ids=["running", "suspended", "not-looked-at", "none-left"],
+)
+def test_the_environments_ready_pods_are_in_the_status(observed, previous, environments, ready):
+    status = _compute(
+        Observations(ray_cluster=READY, environments=observed), spec=_spec(**ENVIRONMENTS), previous=previous
+    )
+    if environments is not None:
+        assert status["environments"] == environments
+    elif observed:
+        assert [e["readyReplicas"] for e in status["environments"]] == [seen.ready_replicas for seen in observed]
+    else:
+        assert "environments" not in status
+    assert status.get("environmentsReady") == ready
+    assert error_paths(validator_for(rljob_schema()["properties"]["status"]), status) == []
+
+
+def test_a_finished_rljob_keeps_its_status_and_reports_its_environments_scaled_down():
+    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=_spec(**ENVIRONMENTS))
+    assert done["phase"] == "Succeeded"
+    later = _compute(
+        Observations(environments=(EnvironmentObservation("cabinet", 0), EnvironmentObservation("sandbox", 0))),
+        spec=_spec(**ENVIRONMENTS),
+        previous=done,
+        now=LATER,
+    )
+    assert later["environmentsReady"] == "0/0" and later["phase"] == "Succeeded"
+    assert {k: v for k, v in later.items() if not k.startswith("environments")} == {
+        k: v for k, v in done.items() if not k.startswith("environments")
+    }

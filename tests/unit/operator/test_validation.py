@@ -148,3 +148,122 @@ def test_a_job_config_that_cannot_fit_its_configmap_is_a_spec_problem(limit, too
     problems = job_config_size_problems(spec, limit=limit)
     assert bool(problems) is too_large
     assert all(p.path == "spec.job" and f"at most {limit}" in p.message for p in problems)
+
+
+# --- spec.environments and the job config's servers ---------------------------------------------------
+
+
+def _agent_job(environment: dict | None = None, sandbox: dict | None = None) -> dict:
+    job = spec_dict()["job"]
+    job["data"] = {"generator": {"name": "addition"}, "chat_template": "model"}
+    job["algorithm"]["max_response_length"] = 512
+    job["agent"] = {"tools": [{"name": "python"}]}
+    if environment is not None:
+        job["agent"]["environment"] = {"name": "openenv", "servers": environment}
+    if sandbox is not None:
+        job["agent"]["sandbox"] = {"servers": sandbox}
+    return job
+
+
+ENVIRONMENTS = [{"name": "cabinet", "image": "registry.example.com/envs/cabinet:1"}, {"name": "sandbox"}]
+
+
+@pytest.mark.parametrize(
+    "job, environments, problems",
+    [
+        (_agent_job({"service": "cabinet"}, {"service": "sandbox"}), ENVIRONMENTS, []),
+        (_agent_job({"url": "http://envs.example.com:8000"}), [], []),  # servers running elsewhere
+        (
+            _agent_job({"service": "x"}),
+            ENVIRONMENTS,
+            ["spec.job.agent.environment.servers.service: 'x' is not in spec.environments (cabinet, sandbox)"],
+        ),
+        (
+            _agent_job(sandbox={"service": "cabinet-2"}),
+            [],
+            ["spec.job.agent.sandbox.servers.service: 'cabinet-2' is not in spec.environments (none)"],
+        ),
+        (
+            _agent_job({"command": ["my-env", "--port", "{port}"]}),
+            [],
+            [
+                "spec.job.agent.environment.servers.command: in an RLJob a command would start the servers inside "
+                "the Ray head pod, beside the job's credentials, model and Ray session; run them as pods: add a "
+                "spec.environments entry and name it with servers.service"
+            ],
+        ),
+        (
+            _agent_job({"service": "cabinet", "sessions_per_replica": 4}),
+            ENVIRONMENTS,
+            [
+                "spec.job.agent.environment.servers.sessions_per_replica: a service's sessions per replica are its "
+                "spec.environments entry's sessionsPerReplica; set them there"
+            ],
+        ),
+        (
+            _agent_job({"service": "cabinet"}),
+            [*ENVIRONMENTS, {"name": "cabinet"}],
+            ["spec.environments[2].name: 'cabinet' also names spec.environments[0]"],
+        ),
+        (
+            spec_dict()["job"],
+            [
+                {
+                    "name": "a",
+                    "env": [
+                        {"name": "9LIVES", "value": "x"},
+                        {"name": "K", "value": "v"},
+                        {"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                    ],
+                }
+            ],
+            [
+                "spec.environments[0].env[0].name: '9LIVES' is not a valid variable name",
+                "spec.environments[0].env[2].name: 'K' is also set by spec.environments[0].env[1]",
+            ],
+        ),
+        (
+            spec_dict()["job"],
+            [
+                {
+                    "name": "a",
+                    "env": [{"name": "K", "value": "v", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}],
+                    "resources": {"cpu": "2k", "memory": "1Gi"},
+                }
+            ],
+            [
+                'spec.environments[0].resources.cpu: \'2k\' is not a CPU amount such as 4, "0.5" or "500m"',
+                "spec.environments[0].env[0]: set value or valueFrom, not both",
+            ],
+        ),
+    ],
+    ids=[
+        "services",
+        "url",
+        "unknown-service",
+        "no-environments",
+        "command",
+        "sessions-twice",
+        "duplicate",
+        "env-names",
+        "cpu-and-env-value",
+    ],
+)
+def test_environments_and_the_servers_that_name_them(job, environments, problems):
+    _, found = parse_spec(spec_dict(job=job, environments=environments))
+    assert [str(p) for p in found] == problems
+
+
+@pytest.mark.parametrize(
+    "environment, error_at",
+    [
+        ({"name": "Cabinet"}, "spec.environments.0.name"),  # a DNS label: the Service's name and servers.service
+        ({"name": "a", "port": 0}, "spec.environments.0.port"),
+        ({"name": "a", "replicas": 0}, "spec.environments.0.replicas"),
+        ({"name": "a", "image": "no spaces allowed"}, "spec.environments.0.image"),
+        ({"name": "a", "volumes": []}, "spec.environments.0.volumes"),  # nothing beyond the fields listed
+    ],
+)
+def test_the_schema_refuses_bad_entries(environment, error_at):
+    _, found = parse_spec(spec_dict(environments=[environment]))
+    assert [p.path for p in found] == [error_at.replace(".0.", "[0].")]

@@ -14,7 +14,9 @@ missed events could leave an RLJob behind. What decides WHEN a round runs is her
   generation; the round's own status writes do not count) and when one of its children changes:
   its RayCluster (by name, or by the `rldock.io/rljob` label) and the RayCluster's pods (KubeRay
   labels them `ray.io/cluster`; they carry our `rldock.io/rljob` too). So an RLJob whose cluster
-  is waiting (nodes, Kueue, a suspend) costs nothing until something happens to it.
+  is waiting (nodes, Kueue, a suspend) costs nothing until something happens to it. The
+  environments' Deployments (label `rldock.io/environment`) wake it too, so their ready pods reach
+  its status as they come.
 - a deletion handler behind the finalizer `rldock.io/cleanup`: stop the Ray job; the children go
   by owner references (garbage collector). It is best effort and never raises, so the finalizer
   comes off whatever the cluster answers; nothing in it writes the status.
@@ -47,6 +49,7 @@ from rldock.operator import naming
 from rldock.operator.constants import (
     FINALIZER,
     GROUP,
+    LABEL_ENVIRONMENT,
     LABEL_RAY_CLUSTER,
     LABEL_RLJOB,
     PLURAL,
@@ -306,6 +309,12 @@ class Handlers:
             meta["namespace"], cluster=meta["name"], rljob_label=(meta.get("labels") or {}).get(LABEL_RLJOB)
         )
 
+    async def environment_event(self, body: kopf.Body, **_: Any) -> None:
+        meta = body["metadata"]
+        self.wakeups.child_changed(
+            meta["namespace"], cluster=None, rljob_label=(meta.get("labels") or {}).get(LABEL_RLJOB)
+        )
+
     async def pod_event(self, body: kopf.Body, **_: Any) -> None:
         meta = body["metadata"]
         labels = meta.get("labels") or {}
@@ -362,6 +371,15 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kop
         registry=registry,
         labels={LABEL_RAY_CLUSTER: kopf.PRESENT},
     )(handlers.pod_event)
+    # The environments' Deployments (builders/environments.py): their ready replicas are the status's.
+    kopf.on.event(
+        group="apps",
+        version="v1",
+        plural="deployments",
+        id="environment-changed",
+        registry=registry,
+        labels={LABEL_ENVIRONMENT: kopf.PRESENT},
+    )(handlers.environment_event)
     kopf.on.delete(
         group=GROUP,
         version=VERSION,

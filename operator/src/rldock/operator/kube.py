@@ -63,8 +63,9 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
 
-    # --- core objects (ConfigMap, Secret) ------------------------------------------------------
+    # --- the children (ConfigMap, Secret, NetworkPolicy, Service, Deployment, RayCluster) ---------
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             if kind == "RayCluster":
@@ -78,6 +79,8 @@ class Kube:
             read = {
                 "ConfigMap": self.core.read_namespaced_config_map,
                 "NetworkPolicy": self.networking.read_namespaced_network_policy,
+                "Service": self.core.read_namespaced_service,
+                "Deployment": self.apps.read_namespaced_deployment,
             }[kind]
             return _load(read(name, namespace, _preload_content=False))
         except ApiException as error:
@@ -101,6 +104,8 @@ class Kube:
                 "ConfigMap": self.core.create_namespaced_config_map,
                 "Secret": self.core.create_namespaced_secret,
                 "NetworkPolicy": self.networking.create_namespaced_network_policy,
+                "Service": self.core.create_namespaced_service,
+                "Deployment": self.apps.create_namespaced_deployment,
             }[kind]
             return _load(create(namespace, dict(manifest), _preload_content=False))
         except ApiException as error:
@@ -129,6 +134,8 @@ class Kube:
         method = {
             "ConfigMap": self.core.patch_namespaced_config_map,
             "NetworkPolicy": self.networking.patch_namespaced_network_policy,
+            "Service": self.core.patch_namespaced_service,
+            "Deployment": self.apps.patch_namespaced_deployment,
         }[kind]
         return _load(method(name, namespace, dict(patch), _content_type=MERGE_PATCH, _preload_content=False))
 
@@ -157,8 +164,15 @@ class Kube:
                 )
             elif kind == "RLJob":
                 self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body=body)
-            else:
-                raise ValueError(f"the operator does not delete {kind}s")
+            else:  # an environment's children, once its entry left the spec
+                remove: Any = {
+                    "Deployment": self.apps.delete_namespaced_deployment,
+                    "Service": self.core.delete_namespaced_service,
+                    "NetworkPolicy": self.networking.delete_namespaced_network_policy,
+                }.get(kind)
+                if remove is None:
+                    raise ValueError(f"the operator does not delete {kind}s")
+                remove(name, namespace, body=body)
         except ApiException as error:
             if error.status in (404, 409):  # gone, or a newer object of the same name (uid mismatch)
                 return False
@@ -168,4 +182,9 @@ class Kube:
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         selector = ",".join(f"{key}={value}" for key, value in labels.items())
         response = self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        return _load(response).get("items") or []
+
+    def list_deployments(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{key}={value}" for key, value in labels.items())
+        response = self.apps.list_namespaced_deployment(namespace, label_selector=selector, _preload_content=False)
         return _load(response).get("items") or []

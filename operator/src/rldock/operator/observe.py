@@ -37,7 +37,7 @@ from rldock.operator.constants import (
     RayJobStatus,
 )
 from rldock.operator.settings import DashboardAddress
-from rldock.operator.status import RayJobObservation
+from rldock.operator.status import EnvironmentObservation, RayJobObservation
 
 ACTIVE_JOB_STATES = frozenset({RayJobStatus.PENDING, RayJobStatus.RUNNING})
 
@@ -262,3 +262,13 @@ def ownership(obj: Mapping[str, Any], *, uid: str, rljob_name: str) -> Ownership
         return Ownership.OURS if controller.get("uid") == uid else Ownership.FOREIGN
     labels = obj.get("metadata", {}).get("labels") or {}
     return Ownership.ORPHAN if labels.get(LABEL_RLJOB) == naming.label_value(rljob_name) else Ownership.FOREIGN
+
+
+# --- Environments ------------------------------------------------------------------------------
+def environment_observation(name: str, deployment: Mapping[str, Any]) -> EnvironmentObservation:
+    """The pods a spec.environments entry's Deployment asks for, and those ready."""
+    return EnvironmentObservation(
+        name=name,
+        replicas=int(deployment["spec"].get("replicas") or 0),
+        ready_replicas=int((deployment.get("status") or {}).get("readyReplicas") or 0),
+    )

@@ -295,6 +295,11 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
             problems += _nfs_problem(f"{path}.nfs", volume.nfs, policy)
     if spec.image is not None and spec.image != default_image and not image_allowed(spec.image, policy.image_prefixes):
         problems.append(_denied("spec.image", "image", spec.image, "imagePrefixes", policy.image_prefixes))
+    for index, environment in enumerate(spec.environments):  # unset: the runtime image, checked above
+        image = environment.image
+        if image is not None and image != default_image and not image_allowed(image, policy.image_prefixes):
+            path = f"spec.environments[{index}].image"
+            problems.append(_denied(path, "image", image, "imagePrefixes", policy.image_prefixes))
     problems += _scheduling_problems(spec, policy)
     for index, toleration in enumerate(spec.cluster.tolerations):
         problems += _toleration_problem(f"spec.cluster.tolerations[{index}]", toleration, policy)

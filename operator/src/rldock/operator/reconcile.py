@@ -7,9 +7,14 @@ The first rules of the operator's table (rules.py) decide what the round does:
     FINISHED (Succeeded/Failed)         release the RayCluster; delete the RLJob after its TTL
     REFUSED (invalid spec, or outside   release the RayCluster; status Failed naming the fields
     the admin's policy)                 (reason InvalidSpec or PolicyDenied)
-    any other                           ensure Secret, ConfigMap and NetworkPolicy -> read the RayCluster
-                                        -> observe pods and the Ray job -> compute the status (status.py)
-                                        -> its actions (actions.py) -> act
+    any other                           ensure Secret, ConfigMap, NetworkPolicy and the environments
+                                        (spec.environments) -> read the RayCluster -> observe pods and
+                                        the Ray job -> compute the status (status.py) -> its actions
+                                        (actions.py) -> act
+
+The environments' Deployments run while the job may run: scaled to 0 while it is suspended, once
+it finished and while its spec is refused; an entry that left the spec is deleted with its Service
+and NetworkPolicy.
 
 Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
 a restarted operator carries on where the last one stopped: children are found by name and owner,
@@ -43,6 +48,7 @@ from rldock.operator.builders import (
     RLJobRef,
     build_auth_secret,
     build_config_map,
+    build_environment,
     build_job_submission,
     build_network_policy,
     build_ray_cluster,
@@ -50,11 +56,14 @@ from rldock.operator.builders import (
     output_dir,
     owner_reference,
 )
+from rldock.operator.builders.environments import deployment_patch, network_policy_patch, service_patch
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ANNOTATION_SUSPENDED_BY,
     JOB_METADATA_WORKER_PODS,
+    LABEL_ENVIRONMENT,
     LABEL_RAY_CLUSTER,
+    LABEL_RLJOB,
     MANAGED_BY_RLDOCK,
     EventReason,
     Phase,
@@ -71,6 +80,7 @@ from rldock.operator.observe import (
     Suspension,
     attempt_workers,
     dashboard_url,
+    environment_observation,
     job_observation,
     lost_workers,
     owned_by,
@@ -88,6 +98,7 @@ from rldock.operator.rules import Rule, first_rule
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
     Blocked,
+    EnvironmentObservation,
     Event,
     Observations,
     RayJobObservation,
@@ -246,7 +257,10 @@ class Reconciler:
         self._forget(rnd.ref)
         assert rnd.previous.phase is not None  # FINISHED holds only for a terminal phase (status.finished)
         self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
-        out.status = self._status(rnd, Observations(problems=rnd.problems, denied=rnd.denied))
+        environments = self._release_environments(rnd)
+        out.status = self._status(
+            rnd, Observations(problems=rnd.problems, denied=rnd.denied, environments=environments)
+        )
         if rnd.spec is None:
             return
         remaining = seconds_until_expiry(spec=rnd.spec, status=rnd.raw_status, now=rnd.now)
@@ -263,7 +277,10 @@ class Reconciler:
         checkpoint stays for when it is fixed."""
         self._forget(rnd.ref)
         self._release(rnd, out, why="the spec is invalid" if rnd.problems else "the cluster's policy refuses the spec")
-        out.status = self._status(rnd, Observations(problems=rnd.problems, denied=rnd.denied))
+        environments = self._release_environments(rnd)
+        out.status = self._status(
+            rnd, Observations(problems=rnd.problems, denied=rnd.denied, environments=environments)
+        )
 
     def _forget(self, ref: RLJobRef) -> None:
         """Drop what this process remembers of an RLJob that stopped running."""
@@ -285,6 +302,7 @@ class Reconciler:
         if self.settings.network_policy:
             # Before the cluster: its pods never run unprotected.
             self._ensure_network_policy(rnd, out)
+        environments = self._ensure_environments(rnd, spec, out)
         desired = build_ray_cluster(job=rnd.ref, spec=spec, defaults=self.settings.pod_defaults)
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
@@ -298,6 +316,7 @@ class Reconciler:
                 unschedulable=seen.summary.unschedulable,
                 lost_pods=seen.lost,
                 suspended_by_other=suspension(cluster) is Suspension.OTHER,
+                environments=environments,
             ),
         )
         actions = next_actions(
@@ -316,6 +335,9 @@ class Reconciler:
         )
         for action in actions:
             self._apply(action, rnd, spec, desired=desired, cluster=cluster, seen=seen, status=status, out=out)
+        if Phase(status["phase"]).is_terminal:
+            # As the cluster is released; the next round (woken by the Deployments' change) reports it.
+            self._release_environments(rnd)
         out.status = status
 
     def _status(self, rnd: Round, observed: Observations) -> dict[str, Any]:
@@ -395,6 +417,105 @@ class Reconciler:
             )
         elif existing.get("spec") != desired["spec"]:  # edited by hand, or the operator moved
             self.kube.patch("NetworkPolicy", rnd.ref.namespace, name, {"spec": desired["spec"]})
+
+    def _ensure_environments(self, rnd: Round, spec: RLJobSpec, out: Outcome) -> list[EnvironmentObservation] | None:
+        """Each spec.environments entry's NetworkPolicy, Service and Deployment (builders/environments.py),
+        created, or patched where they differ from the spec; entries that left the spec deleted. What
+        their Deployments report, in spec order; None for a job that has and had no environments."""
+        if not spec.environments and not rnd.previous.environments:
+            return None
+        seen = []
+        for environment in spec.environments:
+            children = build_environment(
+                job=rnd.ref, spec=spec, environment=environment, defaults=self.settings.pod_defaults
+            )
+            if self.settings.network_policy:  # before the pods, as for the Ray pods
+                self._ensure_child(rnd, children.network_policy, network_policy_patch)
+            self._ensure_child(rnd, children.service, service_patch)
+            deployment, created = self._ensure_child(rnd, children.deployment, deployment_patch)
+            if created:
+                name = deployment["metadata"]["name"]
+                out.event(
+                    "Normal",
+                    EventReason.CREATED_ENVIRONMENT,
+                    f"created Deployment and Service {name}"
+                    + (" and its NetworkPolicy" if self.settings.network_policy else "")
+                    + f" for environment {environment.name!r}: {deployment['spec']['replicas']} pod(s) of "
+                    f"{deployment['spec']['template']['spec']['containers'][0]['image']} on port {environment.port}",
+                )
+            seen.append(environment_observation(environment.name, deployment))
+        wanted = {environment.name for environment in spec.environments}
+        for deployment in self._environment_deployments(rnd):
+            environment = deployment["metadata"]["labels"][LABEL_ENVIRONMENT]
+            if environment not in wanted:
+                self._delete_environment(rnd, deployment, out)
+        return seen
+
+    def _ensure_child(
+        self,
+        rnd: Round,
+        desired: dict[str, Any],
+        patch_of: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any] | None],
+    ) -> tuple[dict[str, Any], bool]:
+        """The child `desired` as stored after creating it, or patching it with `patch_of(existing,
+        desired)` when that returns a patch; whether it was created now."""
+        kind, name = desired["kind"], desired["metadata"]["name"]
+        existing = self._read_owned(rnd, kind, name)
+        if existing is None:
+            created = _create(self.kube, desired)
+            if created is None:
+                raise SkipRound(f"{kind} {name} appeared meanwhile")
+            return created, True
+        patch = patch_of(existing, desired)
+        if patch:
+            existing = self.kube.patch(kind, rnd.ref.namespace, name, patch)
+        return existing, False
+
+    def _environment_deployments(self, rnd: Round) -> list[dict[str, Any]]:
+        """The environments' Deployments this RLJob controls, not being deleted, by name."""
+        listed = self.kube.list_deployments(rnd.ref.namespace, {LABEL_RLJOB: naming.label_value(rnd.ref.name)})
+        return sorted(
+            (
+                deployment
+                for deployment in listed
+                if LABEL_ENVIRONMENT in (deployment["metadata"].get("labels") or {})
+                and ownership(deployment, uid=rnd.ref.uid, rljob_name=rnd.ref.name) is Ownership.OURS
+                and not deployment["metadata"].get("deletionTimestamp")
+            ),
+            key=lambda deployment: deployment["metadata"]["name"],
+        )
+
+    def _release_environments(self, rnd: Round) -> list[EnvironmentObservation] | None:
+        """Scale every environment of the RLJob to 0 (finished, or its spec refused); what their
+        Deployments report; None for a job that has and had no environments."""
+        if not (rnd.spec is not None and rnd.spec.environments) and not rnd.previous.environments:
+            return None
+        seen = []
+        for deployment in self._environment_deployments(rnd):
+            if deployment["spec"].get("replicas"):
+                name = deployment["metadata"]["name"]
+                deployment = self.kube.patch("Deployment", rnd.ref.namespace, name, {"spec": {"replicas": 0}})
+            seen.append(environment_observation(deployment["metadata"]["labels"][LABEL_ENVIRONMENT], deployment))
+        if rnd.spec is not None:  # in spec order, as the running job reports them
+            order = {environment.name: index for index, environment in enumerate(rnd.spec.environments)}
+            seen.sort(key=lambda observed: order.get(observed.name, len(order)))
+        return seen
+
+    def _delete_environment(self, rnd: Round, deployment: Mapping[str, Any], out: Outcome) -> None:
+        """The children of an entry that left spec.environments: its Deployment last, since that is
+        what the next round finds them by."""
+        name, environment = deployment["metadata"]["name"], deployment["metadata"]["labels"][LABEL_ENVIRONMENT]
+        for kind in ("NetworkPolicy", "Service"):
+            child = self.kube.get(kind, rnd.ref.namespace, name)
+            if child is not None and ownership(child, uid=rnd.ref.uid, rljob_name=rnd.ref.name) is Ownership.OURS:
+                self.kube.delete(kind, rnd.ref.namespace, name, uid=child["metadata"]["uid"])
+        if self.kube.delete("Deployment", rnd.ref.namespace, name, uid=deployment["metadata"]["uid"]):
+            out.event(
+                "Normal",
+                EventReason.DELETED_ENVIRONMENT,
+                f"deleted Deployment, Service and NetworkPolicy {name}: environment {environment!r} is no longer "
+                "in spec.environments",
+            )
 
     def _ensure_config_map(self, rnd: Round, spec: RLJobSpec, out: Outcome) -> None:
         desired = build_config_map(job=rnd.ref, spec=spec)

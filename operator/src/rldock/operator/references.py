@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
 from rldock.config import Problem
-from rldock.operator.api import RLJobSpec
+from rldock.operator.api import EnvVar, RLJobSpec
 
 # The resources as RBAC names them, so a refusal reads as `kubectl auth can-i get secrets` would.
 SECRETS: Final = "secrets"
@@ -102,19 +102,27 @@ def references(spec: RLJobSpec) -> list[Reference]:
             found.append(Reference(CONFIG_MAPS, volume.config_map.name, f"{path}.configMap.name"))
         if volume.secret is not None:
             found.append(Reference(SECRETS, volume.secret.secret_name, f"{path}.secret.secretName"))
-    for index, var in enumerate(spec.env):
-        source = var.value_from
-        path = f"spec.env[{index}].valueFrom"
-        if source is not None and source.secret_key_ref is not None:
-            found.append(Reference(SECRETS, source.secret_key_ref.name, f"{path}.secretKeyRef.name"))
-        if source is not None and source.config_map_key_ref is not None:
-            found.append(Reference(CONFIG_MAPS, source.config_map_key_ref.name, f"{path}.configMapKeyRef.name"))
+    found += _env_references(spec.env, "spec.env")
     for index, env_from in enumerate(spec.env_from):
         path = f"spec.envFrom[{index}]"
         if env_from.secret_ref is not None:
             found.append(Reference(SECRETS, env_from.secret_ref.name, f"{path}.secretRef.name"))
         if env_from.config_map_ref is not None:
             found.append(Reference(CONFIG_MAPS, env_from.config_map_ref.name, f"{path}.configMapRef.name"))
+    for index, environment in enumerate(spec.environments):  # the environments' pods read them too
+        found += _env_references(environment.env, f"spec.environments[{index}].env")
+    return found
+
+
+def _env_references(env: list[EnvVar], at: str) -> list[Reference]:
+    found = []
+    for index, var in enumerate(env):
+        source = var.value_from
+        path = f"{at}[{index}].valueFrom"
+        if source is not None and source.secret_key_ref is not None:
+            found.append(Reference(SECRETS, source.secret_key_ref.name, f"{path}.secretKeyRef.name"))
+        if source is not None and source.config_map_key_ref is not None:
+            found.append(Reference(CONFIG_MAPS, source.config_map_key_ref.name, f"{path}.configMapKeyRef.name"))
     return found
 
 

@@ -29,7 +29,7 @@ from rldock.config import Problem
 from rldock.contract.failure import JobFailure
 from rldock.contract.progress import VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
 from rldock.operator import naming
-from rldock.operator.api import Condition, LastEvaluation, RLJobSpec, RLJobStatus
+from rldock.operator.api import Condition, EnvironmentStatus, LastEvaluation, RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     CONDITION_MESSAGE_MAX,
     RAY_CONDITION_PROVISIONED,
@@ -57,6 +57,15 @@ class RayJobObservation:
 
 
 @dataclass(frozen=True)
+class EnvironmentObservation:
+    """The Deployment of one spec.environments entry: the pods it asks for and those ready."""
+
+    name: str
+    replicas: int
+    ready_replicas: int = 0
+
+
+@dataclass(frozen=True)
 class Blocked:
     """The round cannot get a child it needs: NameConflict or CreateRefused, and the message."""
 
@@ -79,6 +88,8 @@ class Observations:
     blocked: Blocked | None = None  # a child that cannot be had (reconcile.py), with why
     # The RayCluster's spec.suspend is set, and not by this operator (Kueue preempting it, an admin).
     suspended_by_other: bool = False
+    # The environments' Deployments (spec.environments order); None: not looked at this round.
+    environments: Sequence[EnvironmentObservation] | None = None
 
 
 class _Cond(NamedTuple):
@@ -150,7 +161,9 @@ def compute_status(
         }
     )
     if rule is Rule.FINISHED:
-        return _dump(prev.model_copy(update={"observed_generation": generation}))
+        finished_status = prev.model_copy(update={"observed_generation": generation})
+        _set_environments(finished_status, observed.environments, prev)
+        return _dump(finished_status)
     if rule is Rule.REFUSED:
         phase, ray_job_id = Phase.FAILED, None
         conditions = (
@@ -180,6 +193,7 @@ def compute_status(
         observed_generation=generation,
     )
     _set_progress(status, spec, observed.metrics, prev)
+    _set_environments(status, observed.environments, prev)
     return _dump(status)
 
 
@@ -426,6 +440,25 @@ def _set_progress(
     status.iterations = spec.job.iterations if spec is not None else prev.iterations
     if status.iterations is not None:
         status.progress = f"{status.iteration or 0}/{status.iterations}"
+
+
+def _set_environments(
+    status: RLJobStatus, observed: Sequence[EnvironmentObservation] | None, prev: RLJobStatus
+) -> None:
+    """`environments` and `environmentsReady` ("ready/replicas" summed) from this round's Deployments,
+    or as they were when the round did not look; neither without environments."""
+    if observed is None:
+        status.environments, status.environments_ready = prev.environments, prev.environments_ready
+        return
+    status.environments = [
+        EnvironmentStatus(name=seen.name, replicas=seen.replicas, ready_replicas=seen.ready_replicas)
+        for seen in observed
+    ] or None
+    status.environments_ready = (
+        f"{sum(seen.ready_replicas for seen in observed)}/{sum(seen.replicas for seen in observed)}"
+        if observed
+        else None
+    )
 
 
 def last_evaluation(metrics: Mapping[str, Any]) -> LastEvaluation | None:
