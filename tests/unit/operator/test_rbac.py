@@ -55,7 +55,19 @@ def test_least_privilege():
     assert verbs[("ray.io", "rayclusters")] == {"get", "list", "watch", "create", "patch", "delete"}
     # Secrets are only created: the tokens are derived (tokens.py), so none is ever read back.
     assert verbs[("", "secrets")] == {"create"}
-    assert verbs[("", "configmaps")] == verbs[("networking.k8s.io", "networkpolicies")] == {"get", "create", "patch"}
+    assert verbs[("", "configmaps")] == {"get", "create", "patch"}
+    # The environments' children (builders/environments.py); an entry that leaves the spec is deleted.
+    assert (
+        verbs[("networking.k8s.io", "networkpolicies")]
+        == verbs[("", "services")]
+        == {
+            "get",
+            "create",
+            "patch",
+            "delete",
+        }
+    )
+    assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch", "delete"}
     assert verbs[("", "pods")] == {"get", "list", "watch"} and verbs[("", "events")] == {"create"}
     # The webhook asks whether an RLJob's author may read what it names (access_review.py): the
     # namespaced review only, so a per-namespace Role can grant it; never the cluster-wide one.

@@ -81,6 +81,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Tokens per second per device in the last iteration",
     },
     {
+        "name": "Envs",
+        "type": "string",
+        "jsonPath": ".status.environmentsReady",
+        "description": "Ready / wanted pods of the job's environments (spec.environments), summed",
+    },
+    {
         "name": "Val-Reward",
         "type": "number",
         "jsonPath": ".status.lastEvaluation.reward",

@@ -16,8 +16,15 @@ operator/src/rldock/operator/handlers.py):
 - configmaps: the job config, read by name, created, patched.
 - secrets: `create` only, for each RLJob's Ray auth token. The operator derives the token from its
   own key (tokens.py) and never reads a Secret back, so its role cannot read the cluster's Secrets.
-- networkpolicies: each RLJob's NetworkPolicy (builders/network_policy.py), read by name, created,
-  patched back when edited.
+- networkpolicies: each RLJob's NetworkPolicy (builders/network_policy.py) and one per environment
+  (builders/environments.py), read by name, created, patched back when edited; an environment's is
+  deleted when its entry leaves spec.environments.
+- deployments and services: the pods and the headless Service of each spec.environments entry
+  (builders/environments.py), read by name, created, patched (a changed entry, suspend and resume,
+  scaled to 0 when the job ends) and deleted when the entry leaves the spec. Deployments are also
+  listed by label (the RLJob's environments, to find entries that left it) and watched, so that
+  their ready replicas reach the RLJob's status at once; kopf filters the label
+  `rldock.io/environment` itself, as for pods.
 - pods: listed by label (KubeRay's `ray.io/cluster`) for scheduling messages and lost workers,
   and watched for the same reason as rayclusters (a head that came up, a pod the scheduler cannot
   place, a lost worker). Kopf (1.45) watches a resource whole and filters labels itself, so it
@@ -29,8 +36,8 @@ operator/src/rldock/operator/handlers.py):
   it and the operator can ask only about the namespaces it serves; it reveals a user's rights to
   the operator and grants nothing.
 
-Kopf runs standalone (no peering objects) and watches RLJobs, RayClusters and pods, so it needs
-nothing else; API discovery is open to every authenticated user.
+Kopf runs standalone (no peering objects) and watches RLJobs, RayClusters, pods and Deployments, so
+it needs nothing else; API discovery is open to every authenticated user.
 """
 
 from __future__ import annotations
@@ -53,7 +60,17 @@ RULES: tuple[dict[str, Any], ...] = (
     },
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "patch", "delete"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
