@@ -17,10 +17,9 @@ from rldock_e2e.doubles import mountpoints
 from rldock_e2e.doubles.cluster_dns import ClusterDNS, resolv_conf
 from rldock_e2e.doubles.kuberay_pods import build_pod
 from rldock_e2e.doubles.pod_env import MissingReference, container_env
-from rldock_e2e.helm_release import chart_without_optional_dependencies
 from rldock_e2e.nodes.containers import container_ids, running_tasks
 from rldock_e2e.nodes.service_dns import ready_addresses
-from rldock_e2e.repo import CHART_DIR, require_kuberay_crds
+from rldock_e2e.repo import require_kuberay_crds
 
 
 def _walk(node):
@@ -329,38 +328,6 @@ def test_mount_points_go_when_no_agent_uses_them(tmp_path, monkeypatch) -> None:
     registry.write_text(f"999999999 {target}\n")  # that run died without cleaning up
     mountpoints.release(mine=False)
     assert not target.exists() and registry.read_text() == ""
-
-
-def test_release_chart_drops_only_the_disabled_dependency_and_renders_the_same(tmp_path):
-    helm = pytest.importorskip("helm_python", reason="helm_python (the Helm library binding) is not installed")
-    import yaml
-
-    copy = chart_without_optional_dependencies(tmp_path)
-    original = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
-    assert [d["name"] for d in original["dependencies"]] == ["kuberay-operator"]
-    assert yaml.safe_load((copy / "Chart.yaml").read_text())["dependencies"] == []
-    values = {"operator": {"watchNamespaces": ["team-a"]}}
-    with helm.Chart.load(CHART_DIR) as chart, helm.Chart.load(copy) as chart_copy:
-        assert _without_generated_secrets(
-            chart_copy.render(values, name="rldock", namespace="rldock-system", is_install=True)
-        ) == _without_generated_secrets(chart.render(values, name="rldock", namespace="rldock-system", is_install=True))
-
-
-def _without_generated_secrets(files: dict[str, str]) -> dict[str, list]:
-    """A render's objects less what the chart generates anew each time it renders without a cluster:
-    the token key and the webhook's certificate (data of Secrets, the webhook's caBundle)."""
-    import yaml
-
-    objects = {}
-    for path, text in files.items():
-        docs = [doc for doc in yaml.safe_load_all(text) if doc] if path.endswith(".yaml") else [text]
-        for doc in docs:
-            if isinstance(doc, dict) and doc.get("kind") == "Secret":
-                doc.pop("data", None)
-            for webhook in doc.get("webhooks", ()) if isinstance(doc, dict) else ():
-                webhook.get("clientConfig", {}).pop("caBundle", None)
-        objects[path] = docs
-    return objects
 
 
 def test_containers_of_a_pod_as_containerd_lists_them() -> None:

@@ -15,7 +15,6 @@ from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.helm_release import (
     RELEASE_NAMESPACE,
     HelmRelease,
-    chart_without_optional_dependencies,
     diagnosis,
 )
 from rldock_e2e.operator_process import chart_available
@@ -33,8 +32,7 @@ def release(kind_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     if reason:
         pytest.skip(reason)
     plane, _, _ = kind_cluster
-    chart = chart_without_optional_dependencies(tmp_path_factory.mktemp("chart"))
-    helm = HelmRelease(plane, chart)
+    helm = HelmRelease(plane)  # helm/rldock as it is, as docs/install.md installs it
     try:
         yield helm
     finally:

@@ -422,9 +422,7 @@ def test_helm_upgrade_keeps_the_chart_s_certificate_and_ca_bundle(control_plane:
     helm_release = pytest.importorskip("rldock_e2e.helm_release")
     pytest.importorskip("helm_python")
     namespace, name = unique("webhook-chart"), unique("rel")
-    release = helm_release.HelmRelease(
-        control_plane, helm_release.chart_without_optional_dependencies(tmp_path), namespace=namespace, name=name
-    )
+    release = helm_release.HelmRelease(control_plane, namespace=namespace, name=name)
     values = {
         "operator": {"watchNamespaces": [namespace]},
         "crds": {"install": False},

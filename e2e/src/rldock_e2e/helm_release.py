@@ -1,22 +1,14 @@
 """The operator installed the way docs/install.md installs it: a Helm release of helm/rldock,
 through the Helm library (helm_python binds Helm's own install, upgrade and uninstall actions:
 the code path of `helm install`, with release records in Secrets, hooks, ownership checks and
-the CRD's keep policy), not rendered and applied.
-
-One difference from the documented command, because of this machine: docs/install.md runs
-`helm install rldock helm/rldock --dependency-update ...`, which fetches the optional KubeRay
-subchart (disabled by default) from its chart repository, unreachable here. Helm refuses a chart
-whose declared dependency is missing from charts/, so the release is installed from a copy of the
-chart without that (disabled) dependency; every template and value is the chart's own.
+the CRD's keep policy), not rendered and applied. The chart is installed as it is in the checkout,
+its vendored (and disabled) KubeRay subchart included.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .controlplane import ControlPlane, credentials, wait_for
 from .nodes.cluster import KindNodes
@@ -28,25 +20,16 @@ RELEASE = "rldock"
 RELEASE_NAMESPACE = "rldock-system"
 
 
-def chart_without_optional_dependencies(workdir: Path) -> Path:
-    """A copy of helm/rldock whose Chart.yaml declares no dependency that is off by default."""
-    chart = workdir / "rldock"
-    shutil.rmtree(chart, ignore_errors=True)
-    shutil.copytree(CHART_DIR, chart, ignore=shutil.ignore_patterns("charts", "*.tgz", "Chart.lock"))
-    metadata = yaml.safe_load((chart / "Chart.yaml").read_text())
-    values = yaml.safe_load((chart / "values.yaml").read_text())
-    metadata["dependencies"] = [
-        d for d in metadata.get("dependencies", []) if values.get(d["name"], {}).get("enabled", True)
-    ]
-    (chart / "Chart.yaml").write_text(yaml.safe_dump(metadata, sort_keys=False))
-    return chart
-
-
 class HelmRelease:
     """`helm install/upgrade/uninstall rldock <chart> -n <namespace>` as the control plane's admin."""
 
     def __init__(
-        self, plane: ControlPlane, chart: Path, *, namespace: str = RELEASE_NAMESPACE, name: str = RELEASE
+        self,
+        plane: ControlPlane,
+        chart: Path = CHART_DIR,
+        *,
+        namespace: str = RELEASE_NAMESPACE,
+        name: str = RELEASE,
     ) -> None:
         import helm_python as helm
 

@@ -3,7 +3,6 @@ no helm binary, no cluster) and load the result as Kubernetes objects. Imported,
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -75,31 +74,3 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     (found,) = by_kind(objects, kind)
     return found
-
-
-def chart_with_kuberay_double(tmp: Path) -> Path:
-    """A copy of the chart whose charts/ holds a TEST DOUBLE of the kuberay-operator subchart (a
-    ConfigMap, nothing of KubeRay's), so that the dependency is present as after `helm dependency
-    update`, which needs the network."""
-    chart = tmp / "rldock"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
-    (dependency,) = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
-    double = chart / "charts" / dependency["name"]
-    (double / "templates").mkdir(parents=True)
-    (double / "Chart.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v2",
-                "name": dependency["name"],
-                "version": dependency["version"],
-                "description": "Test double of the KubeRay operator chart",
-                "icon": "https://example.com/icon.png",
-            }
-        )
-    )
-    (double / "values.yaml").write_text("{}\n")
-    (double / "templates" / "double.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kuberay-operator-double\n"
-        "  namespace: {{ .Release.Namespace }}\ndata:\n  what: test double\n"
-    )
-    return chart

@@ -11,6 +11,7 @@ import re
 import shutil
 import socket
 import ssl
+import tarfile
 from typing import Any
 
 import helm_python as helm
@@ -24,7 +25,6 @@ from chart_testing import (
     REPO,
     VARIANTS,
     by_kind,
-    chart_with_kuberay_double,
     one,
     render,
     render_files,
@@ -88,7 +88,6 @@ TOKEN_KEY = "k" * 64
 POD = {"metadata.name": "rldock-7d9f8b6c5-x2k4q", "metadata.namespace": NAMESPACE}
 LEADER_ELECTION_ROLE = "-leader-election"  # suffix of the Role and RoleBinding for the Lease
 AGGREGATED_ROLES = ("-edit", "-view")  # suffixes of the ClusterRoles that aggregate into edit/admin and view
-MISSING_DEPENDENCY = "chart directory is missing these dependencies: kuberay-operator"
 
 
 def _values(**overrides: Any) -> dict[str, Any]:
@@ -113,31 +112,52 @@ def test_app_version_is_the_package_version():
     assert f'version = "{__version__}"' in pyproject
 
 
-def test_lint_finds_only_the_dependency_fetched_by_helm_dependency_update():
-    report = helm.lint(CHART, kube_version="v1.30.0")
-    assert report["errors"] == []
-    problems = [m["error"] for m in report["messages"] if m["severity"] >= 2]
-    fetched = any((CHART / "charts").glob("kuberay-operator*"))  # after `helm dependency update`
-    # Documented in Chart.yaml and docs/install.md: fetching it needs the network.
-    assert problems == ([] if fetched else [MISSING_DEPENDENCY])
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_strict_lint_is_clean_once_the_dependency_is_there(variant, tmp_path):
-    report = helm.lint(
-        chart_with_kuberay_double(tmp_path), VARIANTS[variant], strict=True, namespace=NAMESPACE, kube_version="v1.30.0"
-    )
+@pytest.mark.parametrize("kube_version", ["v1.20.0", "v1.30.0"])
+@pytest.mark.parametrize("variant", [*VARIANTS, "with-kuberay"])
+def test_strict_lint_is_clean(variant, kube_version):
+    """`helm lint --strict helm/rldock` as a user runs it on the checkout: no error, no warning (the
+    KubeRay subchart is vendored, so nothing is missing), for each variant of the values."""
+    values = {"kuberay-operator": {"enabled": True}} if variant == "with-kuberay" else VARIANTS[variant]
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=kube_version)
     assert report["errors"] == [], report["messages"]
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report["messages"]
 
 
-def test_kuberay_is_an_optional_dependency_off_by_default(tmp_path):
+def test_the_vendored_kuberay_chart_is_the_declared_dependency():
+    """charts/ holds KubeRay's chart at the declared version (Chart.yaml says where it came from), and
+    Helm finds it: no `helm dependency update`, no chart repository needed to install or lint."""
+    (dependency,) = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
+    archive = CHART / "charts" / f"{dependency['name']}-{dependency['version']}.tgz"
+    assert sorted(p.name for p in (CHART / "charts").iterdir()) == [archive.name]
+    with tarfile.open(archive) as tar:
+        vendored = yaml.safe_load(tar.extractfile(f"{dependency['name']}/Chart.yaml").read())  # type: ignore[union-attr]
+    assert (vendored["name"], vendored["version"]) == (dependency["name"], dependency["version"])
+    assert vendored["home"] == "https://github.com/ray-project/kuberay"
+    assert helm.dependency_list(CHART) == [
+        {**{k: dependency[k] for k in ("name", "version", "repository")}, "status": "ok"}
+    ]
+
+
+def test_kuberay_is_an_optional_dependency_off_by_default():
     (dependency,) = yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
     assert dependency["condition"] == "kuberay-operator.enabled"
     assert _values()["kuberay-operator"]["enabled"] is False
-    chart = chart_with_kuberay_double(tmp_path)
-    assert not [o for o in render(chart=chart) if o["kind"] == "ConfigMap"]
-    enabled = render({"kuberay-operator": {"enabled": True}}, chart=chart)
-    assert [o["metadata"]["name"] for o in by_kind(enabled, "ConfigMap")] == ["kuberay-operator-double"]
+    assert not [o for o in render() if "kuberay" in o["metadata"]["name"]]
+    enabled = render({"kuberay-operator": {"enabled": True}})
+    images = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+        for d in by_kind(enabled, "Deployment")
+    }
+    assert images["kuberay-operator"] == f"quay.io/kuberay/operator:v{dependency['version']}", images
+
+
+def test_helm_show_readme_prints_the_charts_readme():
+    """`helm show readme helm/rldock`: the chart's README, whose quick start names files that exist."""
+    readme = helm.show(str(CHART), output_format="readme")
+    assert readme.startswith("# rldock") and readme.strip() == (CHART / "README.md").read_text().strip()
+    for path in ("examples/rljob-cpu.yaml", "docs/install.md", "docs/rljob-reference.md", "docs/troubleshooting.md"):
+        assert path in readme and (REPO / path).is_file(), path
+    assert "helm install rldock helm/rldock" in readme and "--dependency-update" not in readme
 
 
 # --- Every rendered object --------------------------------------------------------------------
@@ -549,21 +569,22 @@ def test_notes_say_what_to_do_next():
     assert f"kubectl -n {NAMESPACE} rollout status deployment/rldock" in notes
     assert f"run\n   {PodDefaults().image} and request {PodDefaults().device_resource}." in notes
     assert "team-a, team-b" in notes and "kubectl apply -n team-a -f examples/rljob-tiny.yaml" in notes
-    for path in ("examples/rljob-tiny.yaml", "docs/install.md", "docs/rljob-reference.md", "docs/troubleshooting.md"):
+    notes_paths = ("examples/rljob-tiny.yaml", "examples/rljob-cpu.yaml", "docs/install.md", "docs/rljob-reference.md")
+    for path in (*notes_paths, "docs/troubleshooting.md"):
         assert path in notes and (REPO / path).is_file(), path
 
 
 # --- The install docs follow the chart --------------------------------------------------------
 
 
-def test_documented_helm_commands_fetch_the_declared_dependency():
-    """Helm refuses a chart whose declared dependencies are not in charts/, even disabled ones, so
-    every documented install or upgrade from the checkout fetches them."""
-    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["dependencies"]
-    text = (REPO / "docs" / "install.md").read_text()
+@pytest.mark.parametrize("doc", ["docs/install.md", "README.md", "helm/rldock/README.md"])
+def test_documented_helm_commands_need_no_chart_repository(doc):
+    """The KubeRay subchart is vendored, so the documented install and upgrade from the checkout
+    fetch nothing (Helm would refuse a chart whose declared dependency is missing from charts/)."""
+    text = (REPO / doc).read_text()
     commands = re.findall(r"^helm (?:install|upgrade) rldock helm/rldock.*$", text, re.MULTILINE)
-    assert len(commands) >= 3, commands  # install, install with KubeRay, upgrade
-    assert all("--dependency-update" in command for command in commands), commands
+    assert commands, doc
+    assert not [c for c in commands if "--dependency-update" in c], commands
     assert "--set kuberay-operator.enabled=true" in text
 
 
