@@ -5,10 +5,15 @@ Pods find a Service by name: KubeRay's workers join `<cluster>-head-svc.<ns>.svc
 nameservers of /etc/resolv.conf. So, as in a cluster, every pod's /etc/resolv.conf names this
 server (on the pod network's gateway, port 53) with the kubelet's search path, and it answers A
 queries for `<svc>.<ns>.svc.cluster.local` with the address of a pod behind the Service (DNS and
-kube-proxy in one: there are no Service IPs that route here). Everything else is NXDOMAIN (no
-upstream: nothing here leaves the machine); AAAA of a known name is an empty NOERROR.
+kube-proxy in one: there are no Service IPs that route here), and for a headless Service's name
+with every ready pod's address, one A record each, as CoreDNS does (a client that spreads its
+connections over the replicas, like the runtime's environment client, sees them all). Everything
+else is NXDOMAIN (no upstream: nothing here leaves the machine); AAAA of a known name is an empty
+NOERROR.
 
-Minimal DNS over UDP (RFC 1035): one question per query, no compression in questions, no EDNS.
+Minimal DNS over UDP (RFC 1035): one question per query, no compression in questions, no EDNS, no
+TCP: an answer holds as many A records as fit the 512 bytes of a UDP message (27 for a name of 50
+characters), without the truncation bit, which would send the client to TCP.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import logging
 import socket
 import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +30,8 @@ DOMAIN = "cluster.local"
 _TYPE_A, _TYPE_AAAA, _CLASS_IN = 1, 28, 1
 _NOERROR, _FORMERR, _NXDOMAIN = 0, 1, 3
 _TTL = 5
+_UDP_MAX = 512
+_A_RECORD = 16  # name pointer 2, type 2, class 2, TTL 4, length 2, address 4
 
 
 def resolv_conf(nameserver: str, namespace: str) -> str:
@@ -35,14 +42,19 @@ def resolv_conf(nameserver: str, namespace: str) -> str:
 class ClusterDNS:
     def __init__(self, address: str, port: int = 53) -> None:
         self.address, self.port = address, port
-        self._records: dict[str, str] = {}
+        self._records: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
 
-    def set_services(self, addresses: Mapping[tuple[str, str], str]) -> None:
-        """(namespace, service) -> pod IP; replaces every record."""
-        records = {f"{name}.{namespace}.svc.{DOMAIN}": ip for (namespace, name), ip in addresses.items()}
+    def set_services(self, addresses: Mapping[tuple[str, str], str | Sequence[str]]) -> None:
+        """(namespace, service) -> its pod's IP, or every IP of a headless Service (none: no name);
+        replaces every record."""
+        records = {
+            f"{name}.{namespace}.svc.{DOMAIN}": (ips,) if isinstance(ips, str) else tuple(ips)
+            for (namespace, name), ips in addresses.items()
+            if ips
+        }
         with self._lock:
             self._records = records
 
@@ -61,9 +73,10 @@ class ClusterDNS:
         if sock is not None:
             sock.close()
 
-    def resolve(self, name: str) -> str | None:
+    def resolve(self, name: str) -> tuple[str, ...]:
+        """The addresses of `name`; empty when it is not a Service's."""
         with self._lock:
-            return self._records.get(name.lower().rstrip("."))
+            return self._records.get(name.lower().rstrip("."), ())
 
     def _serve(self) -> None:
         while self._socket is not None:
@@ -90,13 +103,17 @@ class ClusterDNS:
             offset += 1 + length
         qtype, qclass = struct.unpack("!HH", query[offset + 1 : offset + 5])
         question = query[12 : offset + 5]
-        address = self.resolve(".".join(labels))
-        answers = b""
-        if address is not None and qtype == _TYPE_A and qclass == _CLASS_IN:
+        addresses = self.resolve(".".join(labels))
+        records: list[bytes] = []
+        if qtype == _TYPE_A and qclass == _CLASS_IN:
+            room = (_UDP_MAX - 12 - len(question)) // _A_RECORD
             # Name: a pointer to the question's name at offset 12.
-            answers = struct.pack("!HHHIH", 0xC00C, _TYPE_A, _CLASS_IN, _TTL, 4) + socket.inet_aton(address)
-        rcode = _NOERROR if address is not None else _NXDOMAIN
+            records = [
+                struct.pack("!HHHIH", 0xC00C, _TYPE_A, _CLASS_IN, _TTL, 4) + socket.inet_aton(address)
+                for address in addresses[:room]
+            ]
+        rcode = _NOERROR if addresses else _NXDOMAIN
         # QR, AA, RD copied, RA.
         response_flags = 0x8000 | 0x0400 | (flags & 0x0100) | 0x0080 | rcode
-        header = struct.pack("!HHHHHH", ident, response_flags, 1, 1 if answers else 0, 0, 0)
-        return header + question + answers
+        header = struct.pack("!HHHHHH", ident, response_flags, 1, len(records), 0, 0)
+        return header + question + b"".join(records)

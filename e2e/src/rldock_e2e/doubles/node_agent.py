@@ -25,7 +25,8 @@ and Ray see pods as they would in a cluster. Per pod, as a kubelet does:
   clients work (the token Secret mounted by the ServiceAccount admission plugin has ca.crt);
 - names: /etc/hosts with the pod's name, and /etc/resolv.conf naming the cluster DNS double
   (cluster_dns.py), which resolves every Service's `svc.ns.svc.cluster.local` to the IP of a
-  running pod its selector matches (DNS and kube-proxy in one), refreshed every round;
+  running pod its selector matches (DNS and kube-proxy in one), a headless Service's to every
+  ready one's (one A record each, as CoreDNS answers), refreshed every round;
 - a pod being deleted gets SIGTERM, SIGKILL after its grace period (at most `max_grace` s), then is
   confirmed gone; a pod that vanished (force-deleted) is killed at once. Nothing of a pod
   outlives it (sandbox.py), and `close` stops every pod and deletes the nodes.
@@ -43,7 +44,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -646,34 +647,15 @@ class NodeAgentDouble:
 
     # ----- Service names and status ---------------------------------------------------------------
     def _publish_services(self, pods: list[dict[str, Any]]) -> None:
-        """Point every Service's DNS name at a running pod it selects (ready ones first)."""
+        """Point every Service's DNS name at the pods it selects (service_addresses)."""
         services = json.loads(self.core.list_service_for_all_namespaces(_preload_content=False).data)["items"]
         local = {r.uid: r.ip for r in self._pods.values() if r.ip}  # not yet in the pods' status
 
         def ip_of(pod: Mapping[str, Any]) -> str:
             return pod.get("status", {}).get("podIP") or local.get(pod["metadata"]["uid"], "")
 
-        addresses: dict[tuple[str, str], str] = {}
-        for service in services:
-            selector = service["spec"].get("selector")
-            if not selector:
-                continue
-            namespace = service["metadata"]["namespace"]
-            backends = sorted(
-                (
-                    p
-                    for p in pods
-                    if p["metadata"]["namespace"] == namespace
-                    and ip_of(p)
-                    and not p["metadata"].get("deletionTimestamp")
-                    and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-                ),
-                key=lambda p: (not _is_ready(p), p["metadata"]["name"]),
-            )
-            if backends:
-                addresses[(namespace, service["metadata"]["name"])] = ip_of(backends[0])
         assert self.dns is not None
-        self.dns.set_services(addresses)
+        self.dns.set_services(service_addresses(services, pods, ip_of=ip_of))
 
     def _report(self, runtime: _PodRuntime) -> None:
         status = self._status(runtime)
@@ -754,6 +736,45 @@ class NodeAgentDouble:
         if container.last_terminated is not None and "terminated" not in state:
             status["lastState"] = {"terminated": container.last_terminated}
         return status
+
+
+def service_addresses(
+    services: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    ip_of: Callable[[Mapping[str, Any]], str],
+) -> dict[tuple[str, str], str | tuple[str, ...]]:
+    """(namespace, service) -> what its DNS name answers. A ClusterIP Service: the address of one
+    running pod it selects, ready ones first (the pod stands in for the Service's IP, which nothing
+    here routes). A headless Service (`clusterIP: None`): every ready pod's address, in name order
+    (with `publishNotReadyAddresses` every running one's), as the cluster DNS answers it; none ready,
+    no name. A Service without a selector has no name here."""
+    addresses: dict[tuple[str, str], str | tuple[str, ...]] = {}
+    for service in services:
+        spec = service["spec"]
+        selector = spec.get("selector")
+        if not selector:
+            continue
+        namespace = service["metadata"]["namespace"]
+        backends = sorted(
+            (
+                p
+                for p in pods
+                if p["metadata"]["namespace"] == namespace
+                and ip_of(p)
+                and not p["metadata"].get("deletionTimestamp")
+                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+            ),
+            key=lambda p: (not _is_ready(p), p["metadata"]["name"]),
+        )
+        key = (namespace, service["metadata"]["name"])
+        if spec.get("clusterIP") == "None":
+            published = [p for p in backends if spec.get("publishNotReadyAddresses") or _is_ready(p)]
+            if published:
+                addresses[key] = tuple(ip_of(p) for p in sorted(published, key=lambda p: p["metadata"]["name"]))
+        elif backends:
+            addresses[key] = ip_of(backends[0])
+    return addresses
 
 
 def _is_ready(pod: Mapping[str, Any]) -> bool:
