@@ -40,20 +40,20 @@ from rldock_e2e.doubles.storage import bind_shared_claim, delete_shared_claim
 from rldock_e2e.helm_release import (
     HelmRelease,
     ReleasedOperator,
-    chart_without_optional_dependencies,
 )
 from rldock_e2e.nodes.cluster import SHARED_STORAGE_PATH, KindNodes
 from rldock_e2e.nodes.containers import container_ids, container_processes, running_containers
 from rldock_e2e.nodes.service_dns import ServiceDNS
 from rldock_e2e.operator_process import chart_available
 from rldock_e2e.repo import REPO_ROOT
-from rldock_e2e.scenario import Scenario, assert_resumed, checkpoint_iteration, sample
+from rldock_e2e.scenario import JobHold, Scenario, assert_resumed, checkpoint_iteration, sample
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = REPO_ROOT / "examples" / "rljob-tiny.yaml"
 NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
-CHECKPOINT_CLAIM = "rl-checkpoints"  # what examples/rljob-tiny.yaml mounts
+CPU_EXAMPLE = REPO_ROOT / "examples" / "rljob-cpu.yaml"  # the quick start's: no device requested
+CHECKPOINT_CLAIM = "rl-checkpoints"  # what the examples mount
 # Pods in the 3.7 GB runtime image, `ray start`, the model build and a vLLM engine on two shared cores.
 RUNTIME_UID = 10001  # images/runtime-cpu.Dockerfile's user, and the operator's runAsUser/runAsGroup
 SECCOMP_FILTER = "2"  # /proc/<pid>/status Seccomp: 0 none, 1 strict, 2 filter
@@ -62,23 +62,32 @@ RUN_TIMEOUT = 1200
 
 
 def _fitted_example(
-    devices: int, *, name: str = NAME, iterations: int | None = None, checkpoint_interval: int | None = None
+    devices: int,
+    *,
+    example: Path = EXAMPLE,
+    name: str | None = None,
+    iterations: int | None = None,
+    checkpoint_interval: int | None = None,
 ) -> dict:
-    """examples/rljob-tiny.yaml with pods that fit the 2-CPU kind-style nodes: head and worker
-    1500m each, so never on one node, either beside the operator's 100m (the operator gives the
-    head's Ray floor(1.5) = 1 CPU, KubeRay the worker's ceil(1.5) = 2, what one actor and one
-    reference rank take); `devices` NPUs; one data-parallel rank. The head gets that much because
-    its CPU quota is real here: with 500m its raylet missed Ray's fixed 30 s window to register
-    with the GCS (`The current node timed out during startup`) on the loaded machine. `name`,
-    `iterations` and `checkpoint_interval`, when given, rename it and change its length."""
-    manifest = yaml.safe_load(EXAMPLE.read_text())
+    """An example RLJob (examples/rljob-tiny.yaml unless `example`) with pods that fit the 2-CPU
+    kind-style nodes: head and worker 1500m each, so never on one node, either beside the
+    operator's 100m (the operator gives the head's Ray floor(1.5) = 1 CPU, KubeRay the worker's
+    ceil(1.5) = 2, what one actor and one reference rank take); one data-parallel rank; `devices`
+    NPUs for a job that asks for devices (the CPU example asks for none and keeps its own). The
+    head gets that much because its CPU quota is real here: with 500m its raylet missed Ray's fixed
+    30 s window to register with the GCS (`The current node timed out during startup`) on the
+    loaded machine. `name`, `iterations` and `checkpoint_interval`, when given, rename it and change
+    its length."""
+    manifest = yaml.safe_load(example.read_text())
+    name = name or manifest["metadata"]["name"]
     manifest["metadata"]["name"] = name
     job = manifest["spec"]["job"]
     job["name"] = name
     job["iterations"] = iterations or job["iterations"]
     job["checkpoint"]["interval"] = checkpoint_interval or job["checkpoint"]["interval"]
     job["training"]["data_parallel_size"] = 1
-    job["resources"]["devices_per_node"] = devices
+    if job["resources"].get("device") != "cpu":
+        job["resources"]["devices_per_node"] = devices
     manifest["spec"]["cluster"].update(head={"cpu": "1500m", "memory": "4Gi"}, worker={"cpu": "1500m", "memory": "8Gi"})
     return manifest
 
@@ -138,7 +147,7 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
         # plane (tests/integration); the operator still refuses a bad spec at its first round.
         "webhook": {"enabled": False},
     }
-    release = HelmRelease(plane, chart_without_optional_dependencies(tmp_path_factory.mktemp("chart")))
+    release = HelmRelease(plane)  # helm/rldock as it is, as docs/install.md installs it
     operator = ReleasedOperator(plane, release, values, nodes=nodes)
     with (
         plane.api_client() as api,
@@ -170,13 +179,18 @@ def kind_scenario(kind_cluster, runtime_image: str, tmp_path_factory: pytest.Tem
     assert not dns.errors, f"the service DNS double failed: {dns.errors[-1]!r}"
 
 
+@pytest.mark.parametrize("example", [pytest.param(EXAMPLE, id="rljob-tiny"), pytest.param(CPU_EXAMPLE, id="rljob-cpu")])
 def test_happy_path_in_real_containers(
-    kind_cluster, runtime_image: str, kind_scenario: Scenario, tmp_path: Path
+    kind_cluster, runtime_image: str, kind_scenario: Scenario, tmp_path: Path, example: Path
 ) -> None:
+    """The example RLJobs (the emulated-NPU one, and the quick start's CPU-only one, whose pods ask
+    for no device) to Succeeded; the tests of this module run one job at a time (2-CPU nodes)."""
     _, nodes, _ = kind_cluster
     scenario = kind_scenario
-    manifest = tmp_path / "rljob-tiny.yaml"
-    manifest.write_text(yaml.safe_dump(_fitted_example(max(n.devices for n in nodes.nodes.values()))))
+    fitted = _fitted_example(max(n.devices for n in nodes.nodes.values()), example=example)
+    NAME = fitted["metadata"]["name"]  # noqa: N806 (each example's own name)
+    manifest = tmp_path / example.name
+    manifest.write_text(yaml.safe_dump(fitted))
     applied = scenario.kubectl("apply", "-f", str(manifest))
     assert f"rljob.rldock.io/{NAME} created" in applied.stdout
     scenario.wait_phase(NAME, "Running", timeout=START_TIMEOUT)
@@ -188,6 +202,8 @@ def test_happy_path_in_real_containers(
         assert pod["spec"]["nodeName"] in nodes.nodes and pod["status"]["phase"] == "Running", pod
         assert pod["spec"]["containers"][0]["image"] == runtime_image
         _assert_restricted(nodes, pod)
+        if example == CPU_EXAMPLE:  # the real kubelet admitted it without any device
+            assert set(pod["spec"]["containers"][0]["resources"]["limits"]) == {"cpu", "memory"}, pod["spec"]
 
     rows = sample(
         2.0, lambda: scenario.status(NAME).get("phase") != "Running", lambda: scenario.row(NAME), timeout=RUN_TIMEOUT
@@ -220,14 +236,22 @@ def test_happy_path_in_real_containers(
     assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
 
 
-def _apply(scenario: Scenario, nodes: KindNodes, name: str, *, iterations: int, checkpoint_interval: int) -> None:
+def _apply(
+    scenario: Scenario, nodes: KindNodes, name: str, *, iterations: int, checkpoint_interval: int, hold_before: int
+) -> JobHold:
+    """Apply the fitted example, held before iteration `hold_before` (runtime/iteration_hold.py: the
+    driver waits there until the test moves the hold or releases it), so an interruption lands at an
+    iteration the test chose, however fast the job runs; the hold file is on the checkpoint volume."""
     manifest = _fitted_example(
         max(n.devices for n in nodes.nodes.values()),
         name=name,
         iterations=iterations,
         checkpoint_interval=checkpoint_interval,
     )
+    hold = scenario.hold(name, claim=CHECKPOINT_CLAIM).before(hold_before)
+    manifest["spec"]["env"] = hold.env
     scenario.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    return hold
 
 
 def _wait_released(scenario: Scenario, name: str) -> None:
@@ -244,11 +268,16 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     resumes from the last checkpoint."""
     _, nodes, _ = kind_cluster
     scenario = kind_scenario
-    # Long enough to still run when the suspend lands, after the operator's restart in its container.
-    name, iterations = "restart", 60
-    _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4)
+    # Held where each step needs the job (runtime/iteration_hold.py), not left to its speed: before
+    # iteration 3 while the operator is killed and restarted, then before 9 (past the checkpoint of
+    # 8) until the suspend; unheld, 60 iterations finished before the suspend landed on a quiet
+    # machine (`assert 60 < 60`).
+    name, iterations = "restart", 16
+    hold = _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4, hold_before=3)
     scenario.wait(
-        f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2, timeout=START_TIMEOUT
+        f"RLJob {name} held after iteration 2",
+        lambda: scenario.status(name).get("iteration", 0) == 2,
+        timeout=START_TIMEOUT,
     )
     cluster = scenario.get("raycluster", name)
     killed = scenario.operator.kill()
@@ -259,6 +288,7 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     assert container["lastState"]["terminated"]["exitCode"] == 137, container  # 128 + SIGKILL
     # Progress the restarted operator itself reads from the Ray job (the first one's last report is older).
     restarted_at = scenario.status(name)["iteration"]
+    hold.before(9)  # the job runs on
     scenario.wait(
         "the restarted operator reporting progress",
         lambda: scenario.status(name).get("iteration", 0) > restarted_at,
@@ -271,8 +301,13 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     }
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
 
-    # Suspend: the cluster is released (suspended, no pods, their containers gone), the progress kept.
-    scenario.wait("a checkpoint", lambda: checkpoint_iteration(scenario.status(name)) >= 4, timeout=START_TIMEOUT)
+    # Suspend, the job held after the checkpoint of 8: the cluster is released (suspended, no pods,
+    # their containers gone), the progress kept.
+    scenario.wait(
+        "the job held after the checkpoint of iteration 8",
+        lambda: (s := scenario.status(name)).get("iteration") == 8 and checkpoint_iteration(s) == 8,
+        timeout=RUN_TIMEOUT,
+    )
     containers = {cid for pod in scenario.ray_pods(name) for cid in container_ids(pod).values()}
     assert containers and containers <= running_containers(nodes), containers
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
@@ -289,8 +324,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     )
     before = scenario.metrics(name)
     checkpoint = checkpoint_iteration(scenario.status(name))
-    assert status["iteration"] < iterations
+    assert status["iteration"] == checkpoint == len(before) == 8, (status["iteration"], checkpoint, len(before))
 
+    hold.release()  # the resumed job runs to the end
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     scenario.wait_phase(name, ("Provisioning", "Running", "Succeeded"), timeout=120)
     status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
@@ -309,14 +345,13 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(
     last checkpoint."""
     _, nodes, _ = kind_cluster
     scenario = kind_scenario
-    # Deleted once a checkpoint exists, and the operator stops the Ray job as soon as it sees the pod
-    # terminating: 20 iterations after the first checkpoint leave room enough (the node agent's 80
-    # guard a run that could end before the loss lands).
-    name, iterations = "lost-worker", 24
-    _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4)
+    # Held before iteration 5, past the checkpoint of 4, until the retry: the loss lands while the
+    # job runs, however fast.
+    name, iterations = "lost-worker", 12
+    hold = _apply(scenario, nodes, name, iterations=iterations, checkpoint_interval=4, hold_before=5)
     status = scenario.wait(
-        "a checkpoint",
-        lambda: (s := scenario.status(name)) and checkpoint_iteration(s) >= 4 and s.get("phase") == "Running" and s,
+        "the job held after the checkpoint of iteration 4",
+        lambda: (s := scenario.status(name)) and checkpoint_iteration(s) == 4 and s.get("phase") == "Running" and s,
         timeout=START_TIMEOUT,
     )
     (worker,) = scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
@@ -328,7 +363,7 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(
     # before it commits, so the metrics read after hold at least that many.
     checkpoint = checkpoint_iteration(scenario.status(name))
     before = scenario.metrics(name)
-    assert checkpoint >= checkpoint_iteration(status) and len(before) < iterations
+    assert checkpoint == checkpoint_iteration(status) == 4 and len(before) == 4, (checkpoint, len(before))
 
     retrying = scenario.wait(
         "the retry",
@@ -336,6 +371,7 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(
         timeout=180,
     )
     assert retrying["reason"] == "WorkerPodLost" and f"worker pod {lost}" in retrying["message"], retrying
+    hold.release()  # the retry, resumed from iteration 4, runs on
     scenario.wait(
         "the lost pod's containers gone from its node", lambda: not containers & running_containers(nodes), timeout=180
     )

@@ -18,13 +18,15 @@ import pytest
 import yaml
 
 from rldock_e2e.operator_process import ChartOperator
-from rldock_e2e.scenario import Scenario, sample
+from rldock_e2e.scenario import JobHold, Scenario, sample
 
 pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "examples" / "rljob-tiny.yaml"
 NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+CPU_EXAMPLE = REPO_ROOT / "examples" / "rljob-cpu.yaml"  # the quick start's: no device requested
+CHECKPOINT_CLAIM = "rl-checkpoints"  # what the examples mount (the `scenario` fixture binds it)
 START_TIMEOUT = 420  # a Ray head and worker, the driver's model build and warm-up, four engines
 RUN_TIMEOUT = 600
 
@@ -56,6 +58,16 @@ def _code_under_test() -> list[dict[str, str]]:
     return [{"name": "PYTHONPATH", "value": os.environ["PYTHONPATH"]}] if os.environ.get("PYTHONPATH") else []
 
 
+def _held(scenario: Scenario, manifest: dict[str, Any], *, before: int) -> JobHold:
+    """Hold the job of `manifest` before iteration `before` (runtime/iteration_hold.py): its
+    driver waits there until the test moves the hold or releases it, so an interruption lands at
+    an iteration the test chose, however fast the job runs. The pods run the code under test."""
+    name = manifest["metadata"]["name"]
+    hold = scenario.hold(name, claim=CHECKPOINT_CLAIM).before(before)
+    manifest["spec"]["env"] = [*manifest["spec"].get("env", []), *hold.env, *_code_under_test()]
+    return hold
+
+
 def _apply(scenario: Scenario, manifest: dict[str, Any], *, check: bool = True):
     return scenario.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=check)
 
@@ -75,15 +87,60 @@ def _assert_resumed(
     assert checkpoint >= 1 and final[:checkpoint] == before[:checkpoint]
 
 
-def test_happy_path_from_apply_to_success(scenario: Scenario) -> None:
-    applied = scenario.kubectl("apply", "-f", str(EXAMPLE))
-    assert f"rljob.rldock.io/{NAME} created" in applied.stdout
-    scenario.wait_phase(NAME, "Running", timeout=START_TIMEOUT)
-    assert scenario.row(NAME)["PHASE"] == "Running"
+def _node_names(scenario: Scenario) -> list[str]:
+    return [node["metadata"]["name"] for node in scenario.plane.kubectl_json("get", "nodes")["items"]]
 
+
+def _cpu_only_node(scenario: Scenario) -> str:
+    """A CPU-only node (no device resource at all) that takes the next pods: every other node is
+    cordoned until the caller's pods are bound (`_back_to_the_device_nodes`)."""
+    for node in _node_names(scenario):
+        scenario.plane.kubectl("cordon", node)
+    name = f"cpu-{scenario.namespace}"
+    scenario.agent.add_node(name, device_resource=None)
+    return name
+
+
+def _back_to_the_device_nodes(scenario: Scenario, cpu_node: str) -> None:
+    """The other nodes schedulable again, the CPU-only one not (its pods run on), so that the
+    module's later scenarios are placed as before."""
+    for node in _node_names(scenario):
+        scenario.plane.kubectl("cordon" if node == cpu_node else "uncordon", node)
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(EXAMPLE, id="rljob-tiny"),
+        # The quick start's CPU-only RLJob as it is, on a node without any device: one more job
+        # start (about 7 minutes here), so opt-in (README, "slow").
+        pytest.param(CPU_EXAMPLE, id="rljob-cpu", marks=pytest.mark.slow),
+    ],
+)
+def test_happy_path_from_apply_to_success(scenario: Scenario, example: Path) -> None:
+    name = yaml.safe_load(example.read_text())["metadata"]["name"]
+    cpu_node = _cpu_only_node(scenario) if example == CPU_EXAMPLE else None
+    try:
+        applied = scenario.kubectl("apply", "-f", str(example))
+        assert f"rljob.rldock.io/{name} created" in applied.stdout
+        scenario.wait_phase(name, "Running", timeout=START_TIMEOUT)
+    finally:
+        if cpu_node:
+            _back_to_the_device_nodes(scenario, cpu_node)
+    assert scenario.row(name)["PHASE"] == "Running"
+    if cpu_node:  # both pods on the node without devices, asking for none
+        pods = scenario.ray_pods(name)
+        assert len(pods) == 2 and {p["spec"]["nodeName"] for p in pods} == {cpu_node}, pods
+        for pod in pods:
+            (container,) = pod["spec"]["containers"]
+            assert set(container["resources"]["limits"]) == {"cpu", "memory"}, container["resources"]
+    _runs_to_success(scenario, name)
+
+
+def _runs_to_success(scenario: Scenario, name: str) -> None:
     # While it runs, `kubectl get rljobs` shows the iteration count rising, a reward and a TPS.
     rows = sample(
-        2.0, lambda: scenario.status(NAME).get("phase") != "Running", lambda: scenario.row(NAME), timeout=RUN_TIMEOUT
+        2.0, lambda: scenario.status(name).get("phase") != "Running", lambda: scenario.row(name), timeout=RUN_TIMEOUT
     )
     running = [r for r in rows if r["PHASE"] == "Running" and _iteration(r) > 0]
     iterations = [_iteration(r) for r in running]
@@ -92,13 +149,13 @@ def test_happy_path_from_apply_to_success(scenario: Scenario) -> None:
     assert all(r["REWARD"] != "<none>" and r["TPS"] != "<none>" for r in running), rows
     assert all(0 <= float(r["REWARD"]) <= 1 and float(r["TPS"]) > 0 for r in running), rows
 
-    status = scenario.wait_phase(NAME, "Succeeded", timeout=60)
-    final = scenario.row(NAME)
+    status = scenario.wait_phase(name, "Succeeded", timeout=60)
+    final = scenario.row(name)
     assert final["PHASE"] == "Succeeded" and final["ITERATION"] == "40/40", final
     assert status["restartCount"] == 0 and status["completionTime"]
 
     # It learned: the mean reward of the last five iterations is well above the first five's.
-    metrics = scenario.metrics(NAME)
+    metrics = scenario.metrics(name)
     assert [m["iteration"] for m in metrics] == list(range(1, 41))
     first = statistics.mean(m["reward_mean"] for m in metrics[:5])
     last = statistics.mean(m["reward_mean"] for m in metrics[-5:])
@@ -111,11 +168,11 @@ def test_happy_path_from_apply_to_success(scenario: Scenario) -> None:
         timeout=60,
     )
     scenario.wait(
-        "its pods and processes gone", lambda: not scenario.ray_pods(NAME) and not scenario.processes(), timeout=60
+        "its pods and processes gone", lambda: not scenario.ray_pods(name) and not scenario.processes(), timeout=60
     )
-    reasons = {e["reason"] for e in scenario.events(NAME)}
+    reasons = {e["reason"] for e in scenario.events(name)}
     assert {"CreatedRayCluster", "SubmittedRayJob", "Succeeded", "ReleasedRayCluster"} <= reasons, reasons
-    assert scenario.get("rljob", NAME) is not None
+    assert scenario.get("rljob", name) is not None
 
 
 def test_invalid_spec_is_refused_or_failed_with_the_field_named(scenario: Scenario) -> None:
@@ -194,7 +251,9 @@ def test_a_path_missing_in_the_pods_fails_at_once_with_the_field_named(scenario:
 
 def test_unschedulable_job_waits_until_a_node_fits_and_deleting_it_removes_everything(scenario: Scenario) -> None:
     name = "too-big"
-    _apply(scenario, _manifest(name, devices_per_node=16))  # the nodes have 8 NPUs
+    manifest = _manifest(name, devices_per_node=16)  # the nodes have 8 NPUs
+    _held(scenario, manifest, before=2)  # still running when it is deleted past iteration 1
+    _apply(scenario, manifest)
     condition = scenario.wait(
         "a PodsScheduled=False condition",
         lambda: (c := scenario.condition(name, "PodsScheduled")) and c["status"] == "False" and c,
@@ -246,20 +305,22 @@ def _delete_running_job(scenario: Scenario, name: str) -> None:
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> None:
-    # Long enough that the job is still running when the operator sees the pod go: at 12 iterations
-    # a quiet machine finished the run before the worker's loss stopped it.
-    name, iterations = "lost-worker", 80
-    _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
+    # Held before iteration 5, past the checkpoint of 4, until the retry: the loss lands while the
+    # job runs, however fast (at 12 iterations and no hold a quiet machine finished first).
+    name, iterations = "lost-worker", 12
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
+    hold = _held(scenario, manifest, before=5)
+    _apply(scenario, manifest)
     status = scenario.wait(
-        "a checkpoint",
-        lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4 and s.get("phase") == "Running" and s,
+        "the job held after the checkpoint of iteration 4",
+        lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) == 4 and s.get("phase") == "Running" and s,
         timeout=START_TIMEOUT,
     )
     (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
     scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
     before = scenario.metrics(name)
     checkpoint = _checkpoint_iteration(scenario.status(name))
-    assert checkpoint >= _checkpoint_iteration(status)
+    assert checkpoint == _checkpoint_iteration(status) == 4 and len(before) == 4, (checkpoint, len(before))
 
     retrying = scenario.wait(
         "the retry",
@@ -267,6 +328,7 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> N
         timeout=120,
     )
     assert retrying["reason"] == "WorkerPodLost", retrying
+    hold.release()  # the retry, resumed from iteration 4, runs on
     status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
     assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
     assert status["restartCount"] == 1
@@ -281,15 +343,17 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     """Two scenarios on one job (one job start): the operator killed mid-run comes back to the same
     cluster and submission; then a suspend releases the cluster and an unsuspend resumes from the
     last checkpoint."""
-    # Long enough to still run when the suspend lands, after the operator's restart (the kubelet
-    # restarts a killed container after a 10 s back-off); see lost-worker for 80.
-    # Enough iterations that the job is still running when the suspend lands: with 80 a job at
-    # ~0.2 s per iteration finished between its checkpoint 4 and the suspend in a CI run.
-    name, iterations = "restart", 300
-    _apply(scenario, _manifest(name, iterations=iterations, checkpoint_interval=4))
+    # The job is held where each step needs it (runtime/iteration_hold.py), not left to its speed:
+    # before iteration 3 while the operator is killed and restarted, then before 9 (past the
+    # checkpoint of 8) until it is suspended; with 300 iterations and no hold a job at ~0.2 s per
+    # iteration could finish first (`assert 60 < 60` on the real nodes).
+    name, iterations = "restart", 16
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
+    hold = _held(scenario, manifest, before=3)
+    _apply(scenario, manifest)
     status = scenario.wait(
-        f"RLJob {name} past iteration 2",
-        lambda: (s := scenario.status(name)) and s.get("iteration", 0) >= 2 and s,
+        f"RLJob {name} held after iteration 2",
+        lambda: (s := scenario.status(name)) and s.get("iteration", 0) == 2 and s,
         timeout=START_TIMEOUT,
     )
     (cluster,) = scenario.items("rayclusters")
@@ -299,6 +363,7 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     if isinstance(scenario.operator, ChartOperator):  # `kubectl get pods` shows the restart
         (pod,) = scenario.items("pods", "-l", scenario.operator.selector)
         assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
+    hold.before(9)  # the job runs on: progress only the restarted operator can have read
     scenario.wait(
         "the restarted operator reporting progress",
         lambda: scenario.status(name).get("iteration", 0) > status["iteration"],
@@ -312,8 +377,13 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     }
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
 
-    # Suspend: the cluster is released (suspended, no pods, no processes), the progress kept.
-    scenario.wait("a checkpoint", lambda: _checkpoint_iteration(scenario.status(name)) >= 4, timeout=START_TIMEOUT)
+    # Suspend, the job held after the checkpoint of 8: the cluster is released (suspended, no pods,
+    # no processes), the progress kept.
+    scenario.wait(
+        "the job held after the checkpoint of iteration 8",
+        lambda: (s := scenario.status(name)).get("iteration") == 8 and _checkpoint_iteration(s) == 8,
+        timeout=RUN_TIMEOUT,
+    )
     namespaces = scenario.pod_namespaces()
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     status = scenario.wait_phase(name, "Suspended", timeout=60)
@@ -329,8 +399,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     )
     before = scenario.metrics(name)
     checkpoint = _checkpoint_iteration(scenario.status(name))
-    assert status["iteration"] < iterations
+    assert status["iteration"] == checkpoint == len(before) == 8, (status["iteration"], checkpoint, len(before))
 
+    hold.release()  # the resumed job runs to the end
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     scenario.wait_phase(name, ("Provisioning", "Running", "Succeeded"), timeout=60)
     status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
@@ -346,14 +417,16 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     goes on (one submission, no retry counted), KubeRay's replacement pod joins the Ray cluster,
     the runtime restarts its workers on it from the last checkpoint, and the job ends with every
     iteration once."""
-    name, iterations = "in-job-restart", 80  # still running when the loss lands (see lost-worker)
+    # Held before iteration 5, past the checkpoint of 4, until the lost pod's replacement runs:
+    # the loss lands while the job runs, and the driver meets it at iteration 5.
+    name, iterations = "in-job-restart", 12
     manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
     manifest["spec"]["maxRestarts"] = 1
-    manifest["spec"]["env"] = _code_under_test()
+    hold = _held(scenario, manifest, before=5)
     _apply(scenario, manifest)
     status = scenario.wait(
-        "a checkpoint",
-        lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) >= 4 and s.get("phase") == "Running" and s,
+        "the job held after the checkpoint of iteration 4",
+        lambda: (s := scenario.status(name)) and _checkpoint_iteration(s) == 4 and s.get("phase") == "Running" and s,
         timeout=START_TIMEOUT,
     )
     submission = status["rayJobId"]
@@ -361,7 +434,7 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
     before = scenario.metrics(name)
     checkpoint = _checkpoint_iteration(scenario.status(name))
-    assert checkpoint >= _checkpoint_iteration(status) and len(before) < iterations
+    assert checkpoint == _checkpoint_iteration(status) == 4 and len(before) == 4, (checkpoint, len(before))
 
     # KubeRay replaces the pod; the runtime's restart reserves its devices on the replacement.
     scenario.wait(
@@ -372,6 +445,7 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
         ),
         timeout=120,
     )
+    hold.release()  # iteration 5 meets the lost worker; the runtime restarts inside the attempt
     log = scenario.wait(
         "the runtime resuming after its restart",
         lambda: (
@@ -430,18 +504,23 @@ def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts
     """spec.maxRestarts 1 and an actor rank's process killed inside its pod (the pod and its node,
     with the dock's warehouse, live): the runtime keeps the dock of the iteration in flight and its
     restart resumes from it, inside the one Ray job."""
-    name, iterations = "in-flight", 40
+    # Held before iteration 3 while the actor is killed, then released: iteration 3 starts with
+    # the dead rank and fails in flight, however fast the job ran before.
+    name, iterations = "in-flight", 8
     manifest = _manifest(name, iterations=iterations, checkpoint_interval=1)  # the retry starts at the iteration
     manifest["spec"]["maxRestarts"] = 1
-    manifest["spec"]["env"] = _code_under_test()
+    hold = _held(scenario, manifest, before=3)
     _apply(scenario, manifest)
     scenario.wait(
-        f"RLJob {name} past iteration 2", lambda: scenario.status(name).get("iteration", 0) >= 2, timeout=START_TIMEOUT
+        f"RLJob {name} held after iteration 2",
+        lambda: scenario.status(name).get("iteration", 0) == 2,
+        timeout=START_TIMEOUT,
     )
     (pids,) = scenario.agent.pids(scenario.namespace, labels={"ray.io/node-type": "worker"}).values()
     actor = next(pid for pid in pids if _cmdline(pid).startswith("ray::ActorWorker"))
     os.kill(actor, signal.SIGKILL)
-    assert len(scenario.metrics(name)) < iterations
+    assert len(scenario.metrics(name)) == 2
+    hold.release()
 
     log = scenario.wait(
         "the runtime past its restart",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from kubernetes import client
 
 from rldock.operator.constants import AUTH_SECRET_KEY, DASHBOARD_PORT, LABEL_RAY_CLUSTER, LABEL_RLJOB
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
+from rldock.runtime.iteration_hold import HOLD_FILE_ENV
 from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.node_agent import NodeAgentDouble
@@ -163,12 +165,22 @@ class Scenario:
         the claim's (or hostPath's) folder on the nodes' shared storage."""
         rljob = self.get("rljob", name) or {}
         checkpoint = rljob["spec"]["checkpoint"]
-        if "hostPath" in checkpoint:
-            host_path = checkpoint["hostPath"]
-        else:
-            claim = self.get("pvc", checkpoint["claimName"])
-            host_path = self.plane.kubectl_json("get", "pv", claim["spec"]["volumeName"])["spec"]["hostPath"]["path"]
-        return self.host_root / host_path.lstrip("/") / self.namespace / name / rljob["metadata"]["uid"]
+        volume = self.host_root / checkpoint["hostPath"].lstrip("/") if "hostPath" in checkpoint else None
+        volume = volume or self.claim_dir(checkpoint["claimName"])
+        return volume / self.namespace / name / rljob["metadata"]["uid"]
+
+    def claim_dir(self, claim: str) -> Path:
+        """The host folder of a claim bound to a hostPath volume on the nodes' shared storage."""
+        bound = self.get("pvc", claim)
+        assert bound is not None, f"no claim {claim} in {self.namespace}"
+        volume_name = bound["spec"]["volumeName"]
+        host_path = self.plane.kubectl_json("get", "pv", volume_name)["spec"]["hostPath"]["path"]
+        return self.host_root / host_path.lstrip("/")
+
+    def hold(self, name: str, *, claim: str, mount_path: str = "/checkpoints") -> JobHold:
+        """A hold for RLJob `name` (not yet applied) on the checkpoint volume `claim`, which its pods
+        mount at `mount_path`: put `hold.env` in its spec.env (runtime/iteration_hold.py)."""
+        return JobHold(self.claim_dir(claim), mount_path, name=f"{self.namespace}-{name}")
 
     def metrics(self, name: str) -> list[dict[str, Any]]:
         path = self.output_dir(name) / "metrics.jsonl"
@@ -186,6 +198,31 @@ class Scenario:
     def leftovers(namespaces: dict[str, int]) -> dict[str, list[int]]:
         """Processes still alive in any of these pods' namespaces (none, once the pods are gone)."""
         return {pod: pids for pod, inode in namespaces.items() if (pids := pids_in_namespace("uts", inode))}
+
+
+class JobHold:
+    """The test's end of the runtime's hold (runtime/iteration_hold.py): a file at the root of the
+    job's checkpoint volume, which the driver reads before each iteration while RLDOCK_TEST_HOLD_FILE
+    names it. `before(n)`: iterations n and later wait; `release()`: the job runs on. So a scenario
+    interrupts a job at an iteration it chose, not at one the job's speed left it."""
+
+    def __init__(self, volume: Path, mount_path: str, *, name: str) -> None:
+        file_name = f".rldock-test-hold-{name}"
+        self.host_path = volume / file_name
+        self.env = [{"name": HOLD_FILE_ENV, "value": f"{mount_path.rstrip('/')}/{file_name}"}]
+
+    def before(self, iteration: int) -> JobHold:
+        """Hold the job before `iteration` (it runs the earlier ones); written whole (a rename), and
+        readable by the pods' non-root user."""
+        self.host_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.host_path.with_name(self.host_path.name + ".partial")
+        partial.write_text(f"{iteration}\n")
+        partial.chmod(0o644)
+        os.replace(partial, self.host_path)
+        return self
+
+    def release(self) -> None:
+        self.host_path.unlink(missing_ok=True)
 
 
 def sample(every: float, until: Callable[[], bool], take: Callable[[], T], *, timeout: float) -> list[T]:
