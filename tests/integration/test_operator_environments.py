@@ -1,0 +1,292 @@
+"""spec.environments against a real kube-apiserver and controller-manager (e2e/controlplane): the
+operator as its own process with exactly the RBAC builders/rbac.py generates, the real Deployment,
+ReplicaSet and endpoints controllers and garbage collector, and the kubelet double
+(e2e/src/rldock_e2e/doubles/kubelet.py) making the bound pods Running and Ready.
+
+No KubeRay double here: the RayCluster is created and left alone (no Ray pods), which is all the
+environments need; the Ray side is test_operator.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rldock.operator import naming
+from rldock.operator.builders.rbac import build_rbac
+from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
+from rldock_e2e.doubles.cluster_dns import ClusterDNS
+from rldock_e2e.doubles.kubelet import KubeletDouble
+from rldock_e2e.doubles.node_agent import service_addresses
+from rldock_e2e.operator_process import OperatorProcess
+from rldock_e2e.pod_security import restricted_violations
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
+]
+
+POLL = 1.0
+TIMEOUT = 60.0
+ENV_PREFIX = "registry.example.com/envs/"
+# The admin allows environment images under one prefix (and, as always, the runtime image).
+POLICY = {"imagePrefixes": [ENV_PREFIX]}
+CABINET = {
+    "name": "cabinet",
+    "image": f"{ENV_PREFIX}cabinet:1",
+    "port": 9000,
+    "replicas": 2,
+    "sessionsPerReplica": 4,
+    "resources": {"cpu": "100m", "memory": "64Mi"},
+}
+SANDBOX = {
+    "name": "sandbox",
+    "command": ["rldock", "env", "serve", "rldock.runtime.agent.sandbox_service:PythonSandbox", "--port", "8000"],
+    "resources": {"cpu": "100m", "memory": "64Mi"},
+}
+CHILDREN = ("Deployment", "Service", "NetworkPolicy")
+
+
+def rljob(name: str, environments: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """An agent job whose environment and sandbox servers are the RLJob's environments."""
+    job = {
+        "name": name,
+        "iterations": 4,
+        "model": {"path": "/models/tiny", "builder": "tiny-qwen2"},
+        "data": {"generator": {"name": "addition"}, "chat_template": "model"},
+        "algorithm": {
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 8,
+            "max_response_length": 512,
+            "learning_rate": 3e-4,
+        },
+        "training": {"data_parallel_size": 2},
+        "resources": {"num_nodes": 1, "devices_per_node": 2},
+        "agent": {
+            "tools": [{"name": "python"}],
+            "environment": {"name": "openenv", "servers": {"service": "cabinet"}},
+            "sandbox": {"servers": {"service": "sandbox"}},
+        },
+    }
+    body = {
+        "job": job,
+        "checkpoint": {"claimName": "rl-checkpoints"},
+        "cluster": {"head": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 1, "memory": "1Gi"}},
+        "environments": environments,
+        **spec,
+    }
+    return {"apiVersion": "rldock.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": body}
+
+
+class Envs:
+    """The namespace under test and the reads the tests make."""
+
+    def __init__(self, plane: ControlPlane, namespace: str, operator: OperatorProcess) -> None:
+        self.plane, self.namespace, self.operator = plane, namespace, operator
+        self.api = plane.api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.plane.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.plane.kubectl(
+            "patch", "rljob", name, "-n", self.namespace, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
+
+    def rljob(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object("rldock.io", "v1alpha1", self.namespace, "rljobs", name)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def child(self, kind: str, name: str) -> dict[str, Any] | None:
+        read = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "Service": self.core.read_namespaced_service,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
+            "ConfigMap": self.core.read_namespaced_config_map,
+        }[kind]
+        try:
+            return json.loads(read(name, self.namespace, _preload_content=False).data)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def environment_pods(self, rljob: str) -> list[dict[str, Any]]:
+        selector = f"rldock.io/environment-of={naming.label_value(rljob)}"
+        response = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
+        return json.loads(response.data)["items"]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        response = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+        )
+        return json.loads(response.data)["items"]
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
+        return wait_for(what, probe, timeout=timeout, interval=0.25, check=self.operator.check)
+
+    def wait_status(self, name: str, what: str, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            obj = self.rljob(name)
+            return obj if obj is not None and predicate(obj.get("status") or {}) else None
+
+        try:
+            return self.wait(f"RLJob {name}: {what}", probe)
+        except TimeoutError:
+            raise AssertionError(
+                f"RLJob {name}: no {what}; status now: {json.dumps((self.rljob(name) or {}).get('status'))}\n"
+                f"operator log:\n{self.operator.log_path.read_text(errors='replace')[-4000:]}"
+            ) from None
+
+
+@pytest.fixture(scope="module")
+def envs(
+    control_plane: ControlPlane,
+    kuberay_crds: list[str],
+    rljob_crd: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Envs]:
+    namespace, node = f"envs-{uuid.uuid4().hex[:6]}", f"envs-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(namespace)
+    control_plane.create_node(node, devices=4)
+    for manifest in build_rbac(
+        name="rldock-operator",
+        namespaces=[namespace],
+        subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
+    ):
+        control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = yaml.safe_load(control_plane.kubeconfig.read_text())
+    kubeconfig["current-context"] = DEVELOPER_USER
+    (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    operator = OperatorProcess(
+        namespaces=[namespace],
+        kubeconfig=work / "kubeconfig",
+        log_dir=work,
+        poll_interval=POLL,
+        ray_timeout=2.0,
+        env={**control_plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
+    )
+    with KubeletDouble(control_plane.api_client(), namespace=namespace):
+        operator.start()
+        try:
+            yield Envs(control_plane, namespace, operator)
+        finally:
+            operator.stop()
+            control_plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
+            control_plane.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
+def test_environments_run_as_restricted_pods_behind_headless_services_and_go_with_the_rljob(envs: Envs):
+    name = "agent"
+    envs.apply(rljob(name, [CABINET, SANDBOX]))
+    uid = envs.wait("the RLJob", lambda: envs.rljob(name))["metadata"]["uid"]
+    ray_policy = envs.wait("the Ray pods' NetworkPolicy", lambda: envs.child("NetworkPolicy", f"{name}-ray"))
+
+    for entry in (CABINET, SANDBOX):
+        child = naming.environment_name(name, entry["name"])
+        deployment, service, policy = (
+            envs.wait(f"{kind} {child}", lambda k=kind, c=child: envs.child(k, c)) for kind in CHILDREN
+        )
+        for obj in (deployment, service, policy):
+            (owner,) = obj["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["uid"], owner["controller"]) == ("RLJob", uid, True)
+        # The pod template as the API server stored it (defaults applied) passes `restricted`.
+        template = deployment["spec"]["template"]
+        assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []
+        assert template["spec"]["automountServiceAccountToken"] is False
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["port"] == entry.get("port", 8000)
+        # Only the job's Ray pods (head and workers) may connect, on the entry's port; the Ray pods'
+        # own policy does not select the environment's pods.
+        (rule,) = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"protocol": "TCP", "port": entry.get("port", 8000)}]
+        assert rule["from"] == [
+            {
+                "podSelector": {
+                    "matchLabels": {"rldock.io/rljob": name},
+                    "matchExpressions": [{"key": "rldock.io/role", "operator": "In", "values": ["head", "worker"]}],
+                }
+            }
+        ]
+        labels = template["metadata"]["labels"]
+        assert "rldock.io/rljob" not in labels
+        assert not ray_policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+    # The runtime's job config names the Services, never `service:`.
+    job_yaml = envs.child("ConfigMap", naming.config_map_name(name))["data"]["job.yaml"]
+    cabinet = naming.environment_name(name, "cabinet")
+    assert f"url: http://{cabinet}.{envs.namespace}.svc.cluster.local:9000" in job_yaml
+    assert "sessions_per_replica: 4" in job_yaml
+
+    # The Deployment controller makes the pods, the kubelet double readies them, the status follows.
+    status = envs.wait_status(name, "3/3 environment pods ready", lambda s: s.get("environmentsReady") == "3/3")[
+        "status"
+    ]
+    assert status["environments"] == [
+        {"name": "cabinet", "replicas": 2, "readyReplicas": 2},
+        {"name": "sandbox", "replicas": 1, "readyReplicas": 1},
+    ]
+    table = envs.plane.kubectl("get", "rlj", name, "-n", envs.namespace).stdout
+    assert "ENVS" in table and "3/3" in table, table
+    assert any(e["reason"] == "CreatedEnvironment" for e in envs.events(name))
+
+    # The headless Service's name answers every ready pod's address, as the node agent's cluster
+    # DNS double publishes it from the pods and the Service as stored. (The Endpoints the real
+    # controller would write are refused here: the kubelet double's pod IPs are loopback addresses.)
+    service = envs.child("Service", cabinet)
+    pods = envs.environment_pods(name)
+    dns = ClusterDNS("127.0.0.1")
+    dns.set_services(service_addresses([service], pods, ip_of=lambda pod: pod["status"].get("podIP", "")))
+    cabinet_ips = sorted(
+        p["status"]["podIP"] for p in pods if p["metadata"]["labels"]["rldock.io/environment"] == "cabinet"
+    )
+    assert len(cabinet_ips) == 2
+    assert sorted(dns.resolve(f"{cabinet}.{envs.namespace}.svc.cluster.local")) == cabinet_ips
+
+    # Suspend scales every environment to 0; resume brings them back.
+    envs.patch_spec(name, {"suspend": True})
+    envs.wait_status(name, "environments scaled to 0", lambda s: s.get("environmentsReady") == "0/0")
+    envs.wait("no environment pod", lambda: envs.environment_pods(name) == [])
+    envs.patch_spec(name, {"suspend": False})
+    envs.wait_status(name, "environments back", lambda s: s.get("environmentsReady") == "3/3")
+
+    # Deleted with the RLJob: the garbage collector takes every child and its pods.
+    envs.plane.kubectl("delete", "rljob", name, "-n", envs.namespace, "--wait=false")
+    envs.wait("the RLJob gone", lambda: envs.rljob(name) is None)
+    for entry in (CABINET, SANDBOX):
+        child = naming.environment_name(name, entry["name"])
+        for kind in CHILDREN:
+            envs.wait(f"{kind} {child} collected", lambda k=kind, c=child: envs.child(k, c) is None)
+    envs.wait("the environments' pods gone", lambda: envs.environment_pods(name) == [])
+
+
+def test_an_environment_image_outside_the_policy_is_denied_and_nothing_is_created(envs: Envs):
+    name = "denied"
+    envs.apply(rljob(name, [{**CABINET, "image": "elsewhere.example.com/cabinet:1"}, SANDBOX]))
+    status = envs.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PolicyDenied" and "spec.environments[0].image" in failed["message"]
+    assert "policy.imagePrefixes" in failed["message"]
+    event = envs.wait(
+        "the PolicyDenied event", lambda: next((e for e in envs.events(name) if e["reason"] == "PolicyDenied"), None)
+    )
+    assert event["type"] == "Warning" and "spec.environments[0].image" in event["message"]
+    for entry in (CABINET, SANDBOX):
+        for kind in CHILDREN:
+            assert envs.child(kind, naming.environment_name(name, entry["name"])) is None
+    assert envs.environment_pods(name) == []
