@@ -47,7 +47,16 @@ CABINET = {
 }
 SANDBOX = {
     "name": "sandbox",
-    "command": ["rldock", "env", "serve", "rldock.runtime.agent.sandbox_service:PythonSandbox", "--port", "8000"],
+    "command": [
+        "rldock",
+        "env",
+        "serve",
+        "rldock.runtime.agent.sandbox_service:PythonSandbox",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ],
     "resources": {"cpu": "100m", "memory": "64Mi"},
 }
 CHILDREN = ("Deployment", "Service", "NetworkPolicy")

@@ -32,7 +32,16 @@ from rldock_e2e.pod_security import restricted_violations
 JOB = RLJobRef(name="agent-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 SANDBOX = {
     "name": "sandbox",
-    "command": ["rldock", "env", "serve", "rldock.runtime.agent.sandbox_service:PythonSandbox", "--port", "8000"],
+    "command": [
+        "rldock",
+        "env",
+        "serve",
+        "rldock.runtime.agent.sandbox_service:PythonSandbox",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ],
 }
 CABINET = {
     "name": "cabinet",

@@ -401,8 +401,9 @@ class Environment(_Model):
         default=None,
         min_length=1,
         max_length=MAX_ARGUMENTS,
-        description="The container's command (replaces the image's entrypoint), e.g. "
-        "`[rldock, env, serve, rldock.runtime.agent.sandbox_service:PythonSandbox, --port, '8000']`.",
+        description="The container's command (replaces the image's entrypoint); the server must listen on all "
+        "addresses at `port`, e.g. `[rldock, env, serve, rldock.runtime.agent.sandbox_service:PythonSandbox, --host, "
+        "0.0.0.0, --port, '8000']`.",
     )
     args: list[Argument] | None = Field(
         default=None, max_length=MAX_ARGUMENTS, description="The container's arguments (replace the image's CMD)."
