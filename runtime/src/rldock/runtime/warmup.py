@@ -13,7 +13,9 @@ never calls a tool on its own is in the same place for an agent job: its rows' d
 Each example is laid out exactly as in RL (docs/architecture.md): the prompt's tokens as the
 prompt set holds them (rendered, with BOS where one is added) left-padded to the longest prompt, then answer + EOS
 right-padded, `position_ids = cumsum(mask) - 1`. The loss is
-cross-entropy on the answer and EOS tokens only, averaged over those tokens.
+cross-entropy on the answer and EOS tokens only, averaged over those tokens. In a job with an
+environment the prompts end before the generation prompt, which opens every response (agent/rollout.py):
+it precedes each answer as context, outside the loss.
 
 With demonstrations the target is the demonstration's tokens exactly as a multi-turn rollout lays
 them after the prompt (ChatRenderer.demonstration: each model turn's tokens and EOS, the tool
@@ -113,10 +115,19 @@ class _Demonstrations:
         return demonstration_targets([self.laid_out[position] for position in positions], self.pad_id)
 
 
-def _answer_batch(dataset: PromptDataset, positions: Sequence[int], tokenizer) -> TokenBatch:
+def _answer_batch(
+    dataset: PromptDataset, positions: Sequence[int], tokenizer, opening: Sequence[int] = ()
+) -> tuple[TokenBatch, torch.Tensor | None]:
+    """The reference answers as targets and their loss mask; `opening` (an environment job's generation
+    prompt, which its prompts end before) precedes each answer as context, as in its rollout."""
     answer_texts = [ex.ground_truth for ex in dataset.examples(positions)]
-    target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
-    return _answer_targets(tokenizer, answer_texts, target_len)
+    if not opening:
+        target_len = max_token_length(tokenizer, answer_texts, add_special_tokens=False) + 1  # + EOS
+        return _answer_targets(tokenizer, answer_texts, target_len), None
+    answers = [row + [tokenizer.eos_token_id] for row in tokenizer(answer_texts, add_special_tokens=False)["input_ids"]]
+    return demonstration_targets(
+        [([*opening, *row], [0] * len(opening) + [1] * len(row)) for row in answers], tokenizer.pad_token_id
+    )
 
 
 def run_warmup(
@@ -155,6 +166,8 @@ def run_warmup(
         demonstrations = _Demonstrations(
             dataset, conversation, pad_id=tokenizer.pad_token_id, max_length=max_response_length
         )
+    # An environment job's prompts end before the generation prompt, which opens each response.
+    opening = conversation.opening([]) if conversation is not None and conversation.opens_with_environment else []
     sampler = PromptSampler(len(dataset), seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
     losses: list[float] = []
@@ -167,7 +180,7 @@ def run_warmup(
             if demonstrations is not None:
                 targets, loss_mask = demonstrations.targets(positions)
             else:
-                targets, loss_mask = _answer_batch(dataset, positions, tokenizer), None
+                targets, loss_mask = _answer_batch(dataset, positions, tokenizer, opening)
             loss = answer_loss(
                 model,
                 TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),

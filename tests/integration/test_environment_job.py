@@ -1,0 +1,93 @@
+"""rldock trains against an environment written with openenv-core's own server classes: the tiny model's
+episodes are sessions of openenv-core's guess-the-number game (tests/unit/runtime/agent/openenv_servers.py),
+each reset with its own seed, stepped with every turn, rewarded per step by the game, closed at the end,
+through `rldock train` and the dock, with an `environment` reward term."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "runtime" / "agent"))
+from openenv_servers import openenv_guess_server  # noqa: E402  (the agent tests' helper, by path)
+
+ITERATIONS = 2
+MAX_TURNS = 3
+
+
+def _config(root: Path, url: str) -> dict:
+    return {
+        "name": "it-environment",
+        "seed": 3,
+        "iterations": ITERATIONS,
+        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+        "data": {"generator": {"name": "addition", "max_operand": 9, "num_prompts": 64}, "chat_template": "model"},
+        "reward": {"terms": [{"name": "environment", "aggregate": "sum"}]},
+        # The answers' format (digits, then EOS): every turn then ends and goes to the game as a step.
+        "warmup": {"steps": 150, "batch_size": 32, "learning_rate": 0.003},
+        "agent": {
+            "environment": {"name": "openenv", "servers": {"url": url, "sessions_per_replica": 4}},
+            "max_turns": MAX_TURNS,
+            "max_tool_response_tokens": 24,
+        },
+        "algorithm": {
+            "name": "grpo",
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 4,
+            "max_prompt_length": 48,
+            "max_response_length": 96,
+            "learning_rate": 1e-4,
+        },
+        "training": {"data_parallel_size": 1, "micro_batch_size": 16},
+        "dock": {"timeout_s": 300},
+        "checkpoint": {"interval": ITERATIONS},
+    }
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("environment")
+    with openenv_guess_server(sessions=4, highest=10) as url:
+        (root / "job.yaml").write_text(yaml.safe_dump(_config(root, url)))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rldock.runtime.cli",
+                "train",
+                str(root / "job.yaml"),
+                "--output",
+                str(root / "run"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root / "run"
+
+
+def test_every_episode_is_a_session_of_the_openenv_core_environment(run):
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    for record in records:
+        environment = {
+            key.removeprefix("environment/"): v for key, v in record["agent"].items() if "environment/" in key
+        }
+        assert environment["resets"] == 16  # one session per episode, 16 episodes an iteration
+        assert 16 <= environment["steps"] <= 16 * MAX_TURNS
+        assert environment["errors"] == 0 and environment["sessions_open"] == 0
+        assert 1 <= environment["sessions_open_max"] <= 4  # the one replica's 4 sessions, never more
+        assert environment["step_p50_s"] <= environment["step_p95_s"]
+        # The game's per-step rewards are 0 or 1; the episode's reward is their sum, at most one 1 (done).
+        assert 0 <= environment["reward/turn_1"] <= 1
+        assert 0 <= record["reward/environment"] <= 1
+        assert record["reward_mean"] == pytest.approx(record["reward/environment"])  # the only term, weight 1
