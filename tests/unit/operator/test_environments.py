@@ -6,6 +6,8 @@ every `servers.service` replaced by its Service's URL."""
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -27,6 +29,8 @@ from rldock.operator.builders import (
 )
 from rldock.operator.builders.environments import deployment_patch, network_policy_patch, service_patch
 from rldock.operator.constants import ANNOTATION_SPEC_HASH, JOB_CONFIG_FILE
+from rldock.operator.policy import AdminPolicy, policy_problems
+from rldock.operator.validation import parse_spec
 from rldock_e2e.pod_security import restricted_violations
 
 JOB = RLJobRef(name="agent-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
@@ -373,3 +377,19 @@ def test_the_runtime_accepts_the_job_config_the_operator_writes(environment):
     job["agent"]["environment"] = environment
     spec = _spec(job=job, environments=[CABINET])
     parse_job_config(yaml.safe_load(build_config_map(job=JOB, spec=spec)["data"][JOB_CONFIG_FILE]))
+
+
+def test_the_example_in_agentic_md_is_valid_and_allowed_with_its_prefix():
+    """docs/agentic.md, Environments in an RLJob: its spec (the job's elided sections filled in)."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "agentic.md").read_text()
+    section = text.split("## Environments in an RLJob", 1)[1]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    spec = example["spec"]
+    spec["job"] = {**_agent_job(None), "agent": spec["job"]["agent"]}
+    parsed, problems = parse_spec(spec)
+    assert problems == []
+    policy = AdminPolicy(image_prefixes=["registry.example.com/envs/"])
+    assert policy_problems(parsed, policy, default_image=PodDefaults().image) == []
+    ref = RLJobRef(name=example["metadata"]["name"], namespace=example["metadata"]["namespace"], uid="u")
+    resolved = runtime_job_config(job=ref, spec=parsed)
+    assert resolved.agent.environment.servers.url == "http://agent-demo-env-cabinet.team-a.svc.cluster.local:9000"
