@@ -365,12 +365,6 @@ def test_the_service_name_is_a_dns_1035_label_and_the_url_uses_it(rljob, environ
     assert service_url(ref, spec.environments[0]) == f"http://{name}.team-a.svc.cluster.local:8000"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api/src/rldock/config/problems.py's new agent rules (issue 37) test model_fields_set, and the operator "
-    "writes every default into job.yaml (render_job_config): the runtime then refuses `servers.replicas` of a url "
-    "and `servers`/`action_field`/`observation_field` of a non-openenv environment it was never given",
-)
 @pytest.mark.parametrize("environment", [{"name": "feedback"}, {"name": "openenv", "servers": {"service": "cabinet"}}])
 def test_the_runtime_accepts_the_job_config_the_operator_writes(environment):
     job = _agent_job(None)

@@ -19,6 +19,7 @@ from rldock.config.job import (
     BUILTIN_ENVIRONMENTS,
     BUILTIN_TOOLS,
     EnvironmentServersSpec,
+    EnvironmentSpec,
     JobConfig,
     RewardSpec,
     RewardTermSpec,
@@ -480,8 +481,10 @@ def _environment_problems(cfg: JobConfig) -> list[Problem]:
                 )
             )
         if environment.name != "openenv":
+            # Compared with the defaults, not with what was set: the operator writes every default out.
+            defaults = EnvironmentSpec(name=environment.name)
             for field in ("servers", "action_field", "observation_field"):
-                if field in environment.model_fields_set:
+                if getattr(environment, field) != getattr(defaults, field):
                     problems.append(
                         Problem(
                             f"{at}.{field}",
@@ -506,7 +509,7 @@ def _servers_problems(servers: EnvironmentServersSpec, at: str) -> list[Problem]
                 "running elsewhere, command for servers rldock train starts, service for an RLJob's environment pods",
             )
         )
-    if servers.command is None and "replicas" in servers.model_fields_set:
+    if servers.command is None and servers.replicas != EnvironmentServersSpec.model_fields["replicas"].default:
         problems.append(
             Problem(
                 f"{at}.replicas",

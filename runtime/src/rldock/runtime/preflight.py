@@ -260,7 +260,7 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         + agent_class_problems(cfg)
         + wandb_credentials_problems(cfg)
         + local_device_problems(cfg)
-        + environment_server_problems(cfg)
+        + environment_server_problems(cfg, starting=output is not None)
     )
     if not local:
         local = prompt_set_problems(cfg)

@@ -7,7 +7,9 @@ In metrics.jsonl and TensorBoard under `agent/`: `turns_mean` (model turns per e
 model sampled: what trains), and `ended/<reason>` (episodes that ended at an answer, at max_turns or
 at the length budget), and the tools' own counters (ToolResult.counts: the python tool's
 `sandbox/without_<layer>`, calls run without a kernel layer). Calls that named no tool count under
-`malformed` and `unknown`. With an environment, under `agent/environment/`: `resets`, `steps`, `errors`
+`malformed` and `unknown`. `engine_while_waiting_s` and `engine_blocked_s`: seconds the engines generated
+while tool calls or environment steps were out, and sat with nothing to generate until one answered.
+With an environment, under `agent/environment/`: `resets`, `steps`, `errors`
 (sessions that failed, timed out or found no replica), `step_p50_s` and `step_p95_s` (seconds a reset
 or a step waited), `sessions_open` (left open after the rollout: 0 unless a close failed) and
 `sessions_open_max` (the most at once), and `reward/turn_<k>` (the mean reward of the k-th step, over the
@@ -50,6 +52,9 @@ def episode_sums(episodes: Sequence[Episode], loop: AgentLoop | None = None) -> 
             sums[f"environment/reward_count/turn_{turn}"] += 1
     result: Sums = dict(sums)
     waits = [seconds for episode in episodes for seconds in episode.step_seconds]
+    if loop is not None:  # seconds the engine generated while calls or steps were out, and sat blocked on them
+        result["engine_while_waiting_s"] = loop.timing.engine_while_waiting_s
+        result["engine_blocked_s"] = loop.timing.blocked_s
     if loop is not None and loop.environment is not None:
         result.update(
             {
@@ -99,6 +104,7 @@ def agent_metrics(sums: Sequence[Sums]) -> dict[str, dict[str, float]]:
         if name not in (MALFORMED, UNKNOWN):  # calls that reached no tool took no time
             section[f"latency_s/{name}"] = total[f"seconds/{name}"] / max(total[f"calls/{name}"], 1)
     section.update({key: total[key] for key in sorted(total) if key.startswith("ended/")})
+    section.update({key: total[key] for key in ("engine_while_waiting_s", "engine_blocked_s") if key in total})
     section.update({key.removeprefix("counts/"): total[key] for key in sorted(total) if key.startswith("counts/")})
     if waits is not None:  # a job with an environment
         for name in ("resets", "steps", "errors", "sessions_open", "sessions_open_max"):

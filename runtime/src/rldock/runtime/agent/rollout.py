@@ -107,6 +107,18 @@ class Answers:
 MALFORMED, UNKNOWN = "malformed", "unknown"  # tool-error keys of calls that named no tool
 
 
+@dataclass
+class LoopTiming:
+    """Where one `AgentLoop.run`'s wall time went: generating (`engine_s`), generating while tool calls or
+    environment steps were out (`engine_while_waiting_s`: the overlap), and blocked with nothing to
+    generate until one answered (`blocked_s`)."""
+
+    wall_s: float = 0.0
+    engine_s: float = 0.0
+    engine_while_waiting_s: float = 0.0
+    blocked_s: float = 0.0
+
+
 class AgentLoop:
     """Runs episodes on one engine with the job's tools, environment and tool-call parser."""
 
@@ -136,6 +148,7 @@ class AgentLoop:
         self._closing: list[concurrent.futures.Future] = []
         self.sessions_open = 0  # sessions opened and not yet closed (0 between rollouts)
         self.sessions_open_max = 0  # the most open at once in the last run
+        self.timing = LoopTiming()  # the last run's
 
     async def _make_slots(self) -> asyncio.Semaphore:
         return asyncio.Semaphore(self.spec.max_concurrent_tool_calls)  # bound to the tools' loop
@@ -180,6 +193,8 @@ class AgentLoop:
             requests.update(zip(ids, indices))
 
         out: dict[concurrent.futures.Future, int] = {}  # tool or environment answers -> episode
+        timing = self.timing = LoopTiming()
+        started = time.perf_counter()
         self.sessions_open_max = 0
         try:
             if self.environment is None:
@@ -190,7 +205,12 @@ class AgentLoop:
                     out[asyncio.run_coroutine_threadsafe(reset, self._loop)] = index
             while requests or out:
                 if self.engine.has_unfinished():
-                    for request_id, completion in self.engine.step(self.eos):
+                    waiting, step_started = bool(out), time.perf_counter()
+                    finished = self.engine.step(self.eos)
+                    seconds = time.perf_counter() - step_started
+                    timing.engine_s += seconds
+                    timing.engine_while_waiting_s += seconds if waiting else 0.0
+                    for request_id, completion in finished:
                         index = requests.pop(request_id)
                         pending = self._after_turn(episodes[index], completion)
                         if pending is not None:
@@ -199,7 +219,9 @@ class AgentLoop:
                             self._end(episodes[index])
                     ready = [future for future in out if future.done()]
                 elif out:  # nothing to generate until a tool or an environment answers
+                    blocked_started = time.perf_counter()
                     ready = list(concurrent.futures.wait(out, return_when=concurrent.futures.FIRST_COMPLETED).done)
+                    timing.blocked_s += time.perf_counter() - blocked_started
                 else:  # the engine dropped a request without finishing it: fail, rather than wait forever
                     raise RuntimeError(f"the rollout engine finished without answering {len(requests)} turn request(s)")
                 again = []
@@ -218,6 +240,7 @@ class AgentLoop:
                 self._end(episode)
             closing, self._closing = self._closing, []
             concurrent.futures.wait(closing)
+            timing.wall_s = time.perf_counter() - started
         return episodes
 
     def _end(self, episode: Episode) -> None:

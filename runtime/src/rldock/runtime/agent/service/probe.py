@@ -5,6 +5,7 @@ and what it answered."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import requests
@@ -14,6 +15,7 @@ from rldock.config.problems import Problem
 from rldock.runtime.agent.service.client import http_url, resolve_replicas
 
 TIMEOUT_S = 5.0
+POLL_S = 1.0  # between questions to a server that does not answer yet
 
 
 def health(base: str, *, timeout: float = TIMEOUT_S) -> str | None:
@@ -51,10 +53,15 @@ def schema_problem(base: str, *, action_field: str | None, timeout: float = TIME
     return None
 
 
-def replica_problems(bases: Sequence[str], *, action_field: str | None) -> tuple[str, str] | None:
-    """The first problem of the replicas at `bases`: ("health" or "action_field", what was found)."""
+def replica_problems(bases: Sequence[str], *, action_field: str | None, wait_s: float = 0.0) -> tuple[str, str] | None:
+    """The first problem of the replicas at `bases`: ("health" or "action_field", what was found). A
+    server that does not answer yet is asked again for up to `wait_s` (pods still starting)."""
+    deadline = time.monotonic() + wait_s
     for base in bases:
         problem = health(base)
+        while problem is not None and "did not answer" in problem and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            problem = health(base)
         if problem is not None:
             return "health", problem
         problem = schema_problem(base, action_field=action_field)
@@ -63,9 +70,11 @@ def replica_problems(bases: Sequence[str], *, action_field: str | None) -> tuple
     return None
 
 
-def environment_server_problems(cfg: JobConfig) -> list[Problem]:
+def environment_server_problems(cfg: JobConfig, *, starting: bool = False) -> list[Problem]:
     """Servers a job reaches at a `url` answer as OpenEnv servers; `service` is an RLJob's to resolve.
-    (Servers started from a `command` are asked the same when the trainer has started them.)"""
+    (Servers started from a `command` are asked the same when the trainer has started them.) `starting`:
+    the job is about to start, so a server not answering yet gets `servers.startup_timeout_s` (an RLJob's
+    environment pods may still be starting); `rldock validate` asks once."""
     agent = cfg.agent
     if agent is None:
         return []
@@ -85,7 +94,8 @@ def environment_server_problems(cfg: JobConfig) -> list[Problem]:
                 )
             )
         elif servers.url is not None:
-            found = replica_problems(resolve_replicas(servers.url), action_field=action_field)
+            wait_s = servers.startup_timeout_s if starting else 0.0
+            found = replica_problems(resolve_replicas(servers.url), action_field=action_field, wait_s=wait_s)
             if found is not None:
                 kind, problem = found
                 field = f"{at}.action_field" if kind == "action_field" else f"{at}.servers.url"
