@@ -182,6 +182,30 @@ def test_local_replicas_share_the_sessions_and_a_dead_one_is_replaced(tmp_path):
     assert len(closed.read_text().split()) >= 2
 
 
+def test_sessions_opened_at_once_spread_over_the_replicas(tmp_path):
+    """A rollout opens its first episodes' sessions all at once: each counts on its replica before its
+    connection is open, so they fill both replicas instead of all going to the one first in order
+    (whose server would refuse those past its sessions with CAPACITY_REACHED)."""
+    servers = EnvironmentServersSpec(command=serve_command(COUNTING), replicas=2, sessions_per_replica=2)
+    local = LocalServers(servers, field="agent.environment", log_dir=tmp_path / "logs")
+    urls = local.start()
+    try:
+        environment = OpenEnvEnvironment(name="counting", servers=servers, urls=urls)
+
+        async def at_once():
+            sessions = [environment.session() for _ in range(4)]
+            await asyncio.gather(*(s.reset(seed=n, episode_id=f"e{n}", context=ROW) for n, s in enumerate(sessions)))
+            on = [session.replica.base for session in sessions]
+            for session in sessions:
+                await session.close()
+            return on
+
+        assert sorted(asyncio.run(at_once())) == sorted(urls * 2)
+        assert [replica.open_sessions for replica in environment.replicas.replicas.values()] == [0, 0]
+    finally:
+        local.stop()
+
+
 async def _until(condition, timeout_s: float = 120.0) -> None:
     """Poll `condition` (the state a test waits for) until it holds."""
     loop = asyncio.get_running_loop()
@@ -189,6 +213,33 @@ async def _until(condition, timeout_s: float = 120.0) -> None:
     while not condition():
         assert loop.time() < deadline, "the condition did not hold in time"
         await asyncio.sleep(0.2)
+
+
+def test_a_full_replica_makes_a_reset_wait_for_a_place_not_fail(tmp_path):
+    # The load benchmark found it: a server counts a closed session until its close has run, a moment
+    # after the client's, so a reset right after a close could be refused as CAPACITY_REACHED.
+    servers = EnvironmentServersSpec(command=serve_command(COUNTING, "--sessions", "1"), sessions_per_replica=1)
+    local = LocalServers(servers, field="agent.environment", log_dir=tmp_path)
+    urls = local.start()
+    try:
+        environment = OpenEnvEnvironment(name="counting", servers=servers, urls=urls)
+
+        async def scenario():
+            for seed in range(5):  # back to back: each reset follows the previous close at once
+                reset, step = await play(environment, seed, ["x"])
+                assert step.fields["seed"] == seed
+            holder = environment.session()
+            await holder.reset(seed=10, episode_id="holder", context=ROW)
+            waiting = asyncio.ensure_future(play(environment, 11, ["y"]))
+            await asyncio.sleep(0.5)  # the second reset keeps asking while the one place is taken
+            assert not waiting.done()
+            await holder.close()
+            reset, step = await asyncio.wait_for(waiting, timeout=60)
+            assert step.fields["seed"] == 11
+
+        asyncio.run(scenario())
+    finally:
+        local.stop()
 
 
 def test_a_command_that_dies_at_start_is_named_with_its_output(tmp_path):

@@ -18,11 +18,12 @@ passed without any answer, after which the job fails (EnvironmentUnavailable, fa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -47,6 +48,13 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 5.0
 # Seconds to open a session's connection (a replica that does not accept in time is taken as gone).
 CONNECT_TIMEOUT_S = 10.0
+# Every replica refused a session as full (a server counts a closed session until its close has run, a
+# moment after the client's): wait this long before asking again, within the reset's time limit.
+CAPACITY_RETRY_S = 0.1
+
+
+class CapacityReached(SessionFailed):
+    """The replica holds its most sessions: the reset is tried on another one, or again shortly."""
 
 
 def ws_url(base: str) -> str:
@@ -216,7 +224,6 @@ class OpenEnvSession(EnvironmentSession):
         self.connection: ClientConnection | None = None
 
     async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
-        await self._connect()
         data = {
             "seed": seed,
             "episode_id": episode_id,
@@ -224,7 +231,18 @@ class OpenEnvSession(EnvironmentSession):
             "data_source": context.data_source,
             "extra_info": dict(context.extra_info),
         }
-        return await self._exchange({"type": "reset", "data": data})
+        full: set[str] = set()  # replicas that refused this session as full
+        while True:
+            await self._connect(avoid=full)
+            try:
+                return await self._exchange({"type": "reset", "data": data})
+            except CapacityReached:
+                assert self.replica is not None
+                full.add(self.replica.base)
+                await self.close()
+                if full >= set(self.environment.replicas.replicas):
+                    full.clear()
+                    await asyncio.sleep(CAPACITY_RETRY_S)
 
     async def step(self, text: str) -> Observation:
         return await self._exchange({"type": "step", "data": {self.environment.action_field: text}})
@@ -232,35 +250,43 @@ class OpenEnvSession(EnvironmentSession):
     async def close(self) -> None:
         connection, replica = self.connection, self.replica
         self.connection = self.replica = None
-        if replica is not None:
-            replica.open_sessions -= 1
-        if connection is None:
-            return
         try:
-            await connection.send(json.dumps({"type": "close"}))
-        except websockets.ConnectionClosed:
-            pass  # the server ended it already
-        finally:
-            await connection.close()
+            if connection is not None:
+                try:
+                    await connection.send(json.dumps({"type": "close"}))
+                except websockets.ConnectionClosed:
+                    pass  # the server ended it already
+                finally:
+                    await connection.close()
+        finally:  # counted until the close handshake is done, as the server counts it
+            if replica is not None:
+                replica.open_sessions -= 1
 
-    async def _connect(self) -> None:
+    async def _connect(self, avoid: Collection[str] = ()) -> None:
         replicas = self.environment.replicas
         tried: list[str] = []
         errors: list[str] = []
         for attempt in range(2):  # the known replicas, then those a fresh lookup finds
             if attempt:
                 replicas.refresh()
-            for replica in replicas.candidates():
+            candidates = replicas.candidates()
+            for replica in [r for r in candidates if r.base not in avoid] or candidates:
                 if replica.base in tried:
                     continue
                 tried.append(replica.base)
+                # Counted before the connect's await: sessions opened at once (a rollout's first episodes)
+                # then spread over the replicas instead of all choosing the one that had the fewest.
+                replica.open_sessions += 1
                 try:
                     self.connection = await connect(ws_url(replica.base), open_timeout=CONNECT_TIMEOUT_S, max_size=None)
                 except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as error:
+                    replica.open_sessions -= 1
                     replicas.failed(replica)
                     errors.append(f"{type(error).__name__}: {error}")
                     continue
-                replica.open_sessions += 1
+                except BaseException:  # cancelled (the rollout's timeout): the slot was never used
+                    replica.open_sessions -= 1
+                    raise
                 self.replica = replica
                 return
         raise replicas.unavailable(tried, errors)
@@ -284,7 +310,8 @@ class OpenEnvSession(EnvironmentSession):
             )
         if answer["type"] == "error":
             data = answer.get("data") or {}
-            raise SessionFailed(
+            failure = CapacityReached if data.get("code") == "CAPACITY_REACHED" else SessionFailed
+            raise failure(
                 f"{environment.name}: {replica.base} answered {message['type']} with error {data.get('code')}: "
                 f"{data.get('message')}"
             )
