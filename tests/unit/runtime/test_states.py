@@ -285,6 +285,7 @@ def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch)
     trainer = Trainer.__new__(Trainer)  # its workers only: no data, model or Ray
     trainer.cfg, trainer.recipe, trainer.banks = cfg, _with_toy(job_recipe(cfg)), "banks"
     trainer.reference_dir, trainer.data_files = "/ref", type("Files", (), {"train": ["train.jsonl"]})()
+    trainer._environment_urls = {}  # no agent.environment servers
     trainer._plan, trainer._placement = placement_plan(cfg, trainer.recipe.specs), "group"
     created, calls = [], []
 
