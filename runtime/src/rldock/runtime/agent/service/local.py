@@ -90,7 +90,8 @@ class LocalServers:
                     command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
                 )
             except OSError as error:
-                raise EnvironmentStartError(f"{self.field}.servers.command: cannot start {command!r}: {error}") from error
+                message = f"{self.field}.servers.command: cannot start {command!r}: {error}"
+                raise EnvironmentStartError(message) from error
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.servers.startup_timeout_s
@@ -115,8 +116,8 @@ class LocalServers:
             if time.monotonic() > deadline:
                 index = next(iter(waiting))
                 raise EnvironmentStartError(
-                    f"{self.field}.servers.startup_timeout_s: {len(waiting)} of {len(self.ports)} server(s) did not answer "
-                    f"/health within {self.servers.startup_timeout_s:g} s; {self.urls[index]} last answered "
+                    f"{self.field}.servers.startup_timeout_s: {len(waiting)} of {len(self.ports)} server(s) did not "
+                    f"answer /health within {self.servers.startup_timeout_s:g} s; {self.urls[index]} last answered "
                     f"{answers.get(index)}; its output ({self._log(index)}) ends:\n{self.tail(index)}"
                 )
             time.sleep(POLL_S)
