@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -93,9 +94,13 @@ class Scenario:
         )["items"]
 
     def row(self, name: str) -> dict[str, str]:
-        """`kubectl get rljob <name>` as the user reads it: column -> value."""
+        """`kubectl get rljob <name>` as the user reads it: column -> value ("" for an empty cell:
+        kubectl leaves a number column without a value blank, so the row is cut at the header's
+        column starts, not split on spaces)."""
         header, line = self.kubectl("get", "rljob", name).stdout.splitlines()[:2]
-        return dict(zip(header.split(), line.split()))
+        starts = [match.start() for match in re.finditer(r"\S+", header)]
+        ends = [*starts[1:], None]
+        return {header.split()[i]: line[start:end].strip() for i, (start, end) in enumerate(zip(starts, ends))}
 
     def condition(self, name: str, type_: str) -> dict[str, Any] | None:
         status = (self.get("rljob", name) or {}).get("status") or {}

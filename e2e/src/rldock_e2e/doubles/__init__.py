@@ -7,6 +7,8 @@
   in Linux namespaces, with a pod network, cluster DNS and the API server's Service.
 - kubelet.KubeletDouble: a cheaper kubelet: bound Pods -> Running with an IP, nothing run.
 - ray_jobs.RayJobsDouble: Ray heads' Jobs API (the dashboard), with jobs the test scripts.
+- slow_environment.SlowAddition: an environment whose steps take a while, served by `rldock env
+  serve` in an RLJob's environment pods (the venv being every pod's image).
 - npu_twin: an `npu` torch device that computes on the CPU (a PrivateUse1 C++ extension), for
   running the runtime's Ascend code paths without an NPU (docs/accelerators.md).
 

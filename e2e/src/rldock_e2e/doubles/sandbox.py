@@ -96,6 +96,11 @@ class PodNetwork:
         _remove_stale_bridges()
         self.subnet = _free_subnet()
         _ip("link", "add", "name", self.bridge, "type", "bridge")
+        # A MAC of its own: a bridge without one takes the lowest of its ports', so deleting that pod's
+        # veth changed the gateway's MAC under the other pods, whose cached ARP entry then pointed
+        # nowhere: they lost the API server and DNS for ~30 s (an operator lost its leader Lease).
+        mac = "02:00:" + ":".join(f"{byte:02x}" for byte in self.subnet.network_address.packed)  # local, per subnet
+        _ip("link", "set", self.bridge, "address", mac)
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         self._free = [str(host) for host in list(self.subnet.hosts())[1:]]
