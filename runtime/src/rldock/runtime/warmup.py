@@ -177,6 +177,7 @@ def run_warmup(
             positions = sampler.next_batch(spec.batch_size)
             prompt_rows = dataset.prompt_ids(positions)
             prompts = pad_prompts(prompt_rows, max(map(len, prompt_rows)), tokenizer.pad_token_id)
+            loss_mask: torch.Tensor | None
             if demonstrations is not None:
                 targets, loss_mask = demonstrations.targets(positions)
             else:
