@@ -8,13 +8,15 @@ cannot build or run it).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import uuid
 
 import pytest
 
 from rldock_e2e.controlplane import wait_for
 from rldock_e2e.nodes.cluster import DEVICE_RESOURCE
-from rldock_e2e.nodes.containers import parse_status, task_pids
+from rldock_e2e.nodes.containers import STATUS_SCRIPT, parse_status, task_pids
 
 pytestmark = pytest.mark.e2e
 
@@ -135,6 +137,20 @@ def test_runtime_image_runs_under_the_kubelet(kind_cluster, runtime_image):
         assert "imports ok 2.13.0+cpu" in logs and lines[-2:] == ["tmpfs", "10001"], logs
     finally:
         plane.kubectl("delete", "pod", name, "--grace-period=1", "--wait=true")
+
+
+def test_the_status_read_leaves_out_a_process_that_ended():
+    """The script container_processes runs in a node, run here: a pid that is gone, listed last,
+    prints nothing and fails nothing (the happy path once failed on a Ray worker that ended)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    read = subprocess.run(
+        ["sh", "-c", STATUS_SCRIPT, "sh", str(os.getpid()), str(gone.pid)], capture_output=True, text=True, check=True
+    )
+    chunks = read.stdout.split("--- ")[1:]
+    assert [chunk.partition("\n")[0] for chunk in chunks] == [str(os.getpid()), str(gone.pid)]
+    assert parse_status(chunks[0].partition("\n")[2])["Pid"] == str(os.getpid())
+    assert chunks[1].partition("\n")[2].strip() == ""
 
 
 def test_container_processes_parse_what_ctr_and_proc_print():

@@ -57,6 +57,12 @@ def parse_status(text: str) -> dict[str, str]:
     return {key: value.strip() for key, _, value in (line.partition(":") for line in text.splitlines()) if value}
 
 
+# /proc/<pid>/status of each pid given, in one exec; `---` separates the files. A pid that ended
+# since `ctr tasks ps` listed it prints nothing, and the script still exits 0: the loop's status is
+# its last command's, and a vanished last pid made the whole read fail (seen once, a Ray worker).
+STATUS_SCRIPT = 'for p in "$@"; do echo "--- $p"; cat "/proc/$p/status" 2>/dev/null || true; done'
+
+
 def container_processes(nodes: KindNodes, pod: Mapping[str, Any], container: str) -> dict[int, dict[str, str]]:
     """/proc/<pid>/status of every process of `container` in `pod`, as its node's kernel shows them
     (pid in the node's namespace -> parse_status), read through the node's containerd: what the
@@ -67,9 +73,7 @@ def container_processes(nodes: KindNodes, pod: Mapping[str, Any], container: str
     node = pod["spec"]["nodeName"]
     pids = task_pids(nodes.exec(node, "ctr", "-n", CRI_NAMESPACE, "tasks", "ps", ids[container]))
     assert pids, f"container {container} of pod {pod['metadata']['name']} has no process"
-    # One exec for all of them; `---` separates the files, a vanished pid prints nothing.
-    script = 'for p in "$@"; do echo "--- $p"; cat "/proc/$p/status" 2>/dev/null; done'
-    out = nodes.exec(node, "sh", "-c", script, "sh", *map(str, pids))
+    out = nodes.exec(node, "sh", "-c", STATUS_SCRIPT, "sh", *map(str, pids))
     statuses: dict[int, dict[str, str]] = {}
     for chunk in out.split("--- ")[1:]:
         pid, _, text = chunk.partition("\n")
