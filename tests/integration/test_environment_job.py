@@ -5,6 +5,7 @@ through `rldock train` and the dock, with an `environment` reward term."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,8 +16,20 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "runtime" / "agent"))
-from openenv_servers import openenv_guess_server  # noqa: E402  (the agent tests' helper, by path)
+
+def _agent_test_helpers():
+    """tests/unit/runtime/agent/openenv_servers.py (the agent tests' servers), loaded by its path."""
+    name = "openenv_servers"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "unit" / "runtime" / "agent" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+openenv_guess_server = _agent_test_helpers().openenv_guess_server
 
 ITERATIONS = 2
 MAX_TURNS = 3
