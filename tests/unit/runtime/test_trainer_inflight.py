@@ -150,6 +150,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     trainer.recipe, trainer.max_restarts = RECIPE, max_restarts
     trainer.resume_from = trainer.workers = trainer.banks = trainer._placement = trainer.schedule = None
     trainer._turns = None  # no serial phase schedule
+    trainer._environment_servers, trainer._environment_urls = None, {}  # no agent environment servers
     docks: list[TransferDock] = []
 
     def start() -> int:  # the workers' start, less the workers
