@@ -298,10 +298,11 @@ class ClusterSpec(_Model):
         default=None,
         min_length=1,
         max_length=MAX_KEY_LENGTH,
-        description="Extended resource that the device plugin advertises; each worker pod requests "
-        "`job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`). "
+        description="Extended resource that the device plugin advertises; each worker pod of an NPU or GPU job "
+        "requests `job.resources.devices_per_node` of it (e.g. `huawei.com/Ascend910`, `nvidia.com/gpu`); a "
+        "`job.resources.device: cpu` job requests none (and may not set it). "
         f"Unset: the operator's default (chart value `runtime.deviceResource`, `{DEFAULT_DEVICE_RESOURCE}` "
-        "unless changed).",
+        "unless changed; a GPU job with an Ascend default requests `nvidia.com/gpu`).",
     )
     head: PodResources = Field(
         default_factory=lambda: PodResources(cpu=8, memory="32Gi"),
