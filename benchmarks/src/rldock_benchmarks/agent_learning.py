@@ -87,11 +87,14 @@ def warmup_seconds(output: Path) -> float | None:
     return float(found[-1]) if found else None
 
 
-def arm_overrides(label: str, output: Path, done: dict[str, Any]) -> list[str]:
-    """The arm's own overrides; the control starts from the tools arm's warm-up when that arm has run."""
-    if label == "learning_rate_0" and "tools" in done:
-        return [*ARMS[label], f"model.path={output / 'tools' / 'warmup'}", "warmup.steps=0"]
-    return ARMS[label]
+def arm_overrides(
+    label: str, output: Path, done: dict[str, Any], *, arms: dict[str, list[str]] = ARMS, warmed_up_by: str = "tools"
+) -> list[str]:
+    """The arm's own overrides (of `arms`); the control starts from the warm-up of the arm `warmed_up_by`
+    when that arm has run."""
+    if label == "learning_rate_0" and warmed_up_by in done:
+        return [*arms[label], f"model.path={output / warmed_up_by / 'warmup'}", "warmup.steps=0"]
+    return arms[label]
 
 
 def margins(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     model = prepare_model()
     data = prepare_data(args.output / "data", DATA_ARGS)
     overrides = [*job_overrides(model, data, iterations=args.iterations), *args.overrides]
-    arms = {}
+    arms: dict[str, dict[str, Any]] = {}
     for label in labels:
         log(f"{label}: starting")
         output = args.output / label

@@ -1,0 +1,105 @@
+"""Does a stateful environment's task learn? examples/agent-smollm2-cabinet.yaml against a learning-rate-0 control.
+
+SmolLM2-135M-Instruct looks through a directory of files the cabinet environment holds for each episode
+(rldock.runtime.agent.examples.cabinet): `ls`, then `cat` the right file, then `#### <code>`. Prepares the
+model as smollm2_learning does and the data with `rldock data generate cabinet` (each row's demonstration
+and the task seed the environment rebuilds its files from), then runs two arms one after the other with
+the same seed, through `rldock train`, each starting the environment's server processes
+(`agent.environment.servers.command`: `rldock env serve`) itself:
+
+- `trained`: the example: a warm-up on the demonstrations, then GRPO on episodes with the environment;
+- `learning_rate_0`: the same with `algorithm.learning_rate=0`, from the `trained` arm's warmed-up model
+  with `warmup.steps=0` where that arm ran first (as agent_learning's control).
+
+Prints one JSON document to stdout: each arm's held-out greedy accuracy at the start (iteration 0, after
+the warm-up) and after the last iteration, the model turns per held-out and per sampled episode, how the
+held-out episodes ended, the warm-up's and the whole run's seconds, and the margin (trained gain -
+control gain); progress goes to stderr.
+
+    .venv/bin/python -m rldock_benchmarks.cabinet_learning --output runs/cabinet-learning
+    .venv/bin/python -m rldock_benchmarks.cabinet_learning --iterations 1 --set evaluation.max_prompts=8
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rldock_benchmarks.agent_learning import arm_overrides, warmup_seconds
+from rldock_benchmarks.smollm2_learning import (
+    arguments,
+    job_overrides,
+    log,
+    prepare_data,
+    prepare_model,
+    read_records,
+    report,
+    summarise,
+    train,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agent-smollm2-cabinet.yaml"
+# The data the example's header prepares: 4 files of 3 codes per task.
+DATA_ARGS = ("cabinet", "--num-train", "2000", "--num-val", "100", "--seed", "0")
+ARMS = {"trained": [], "learning_rate_0": ["algorithm.learning_rate=0"]}
+ENDS = ("answer", "max_turns", "length")  # how an episode can end without its session failing
+
+
+def episodes(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Model turns per episode, held-out (greedy, first and last evaluation) and sampled (first and last
+    iteration), and the shares of the last evaluation's episodes by how they ended."""
+    evaluations = [r for r in records if "val/accuracy" in r]
+    trained = [r for r in records if "timing" in r]
+    last = evaluations[-1]
+    ended = {end: last.get(f"val/agent/ended/{end}", 0.0) for end in ENDS}
+    total = sum(ended.values()) or 1.0
+    return {
+        "val_turns_start": evaluations[0].get("val/agent/turns_mean"),
+        "val_turns_end": last.get("val/agent/turns_mean"),
+        "val_ended_end": {end: count / total for end, count in ended.items()},
+        "train_turns_first": trained[0].get("agent", {}).get("turns_mean"),
+        "train_turns_last": trained[-1].get("agent", {}).get("turns_mean"),
+        "train_reward_by_iteration": [r["reward_mean"] for r in trained],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments(__doc__.splitlines()[0], config=EXAMPLE, output=Path("runs/cabinet-learning"))
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    args = parser.parse_args(argv)
+    labels = args.arms.split(",")
+    unknown = sorted(set(labels) - set(ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown {unknown}; choose from {list(ARMS)}")
+    # The environment's servers.command starts `rldock`: the one beside this interpreter, venv activated or not.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    started = time.perf_counter()
+    model = prepare_model()
+    data = prepare_data(args.output / "data", DATA_ARGS)
+    overrides = [*job_overrides(model, data, iterations=args.iterations), *args.overrides]
+    arms: dict[str, dict[str, Any]] = {}
+    for label in labels:
+        log(f"{label}: starting")
+        output = args.output / label
+        extra = arm_overrides(label, args.output, arms, arms=ARMS, warmed_up_by="trained")
+        seconds = train(args.config, output, [*overrides, *extra], label=label)
+        records = read_records(output)
+        arms[label] = {**summarise(records, seconds), **episodes(records), "warmup_seconds": warmup_seconds(output)}
+        log(
+            f"{label}: val accuracy {arms[label]['val_accuracy_start']:.3f} -> {arms[label]['val_accuracy_end']:.3f}, "
+            f"turns {arms[label]['val_turns_start']} -> {arms[label]['val_turns_end']} in {seconds:.0f} s"
+        )
+    results: dict[str, Any] = dict(arms)
+    if set(ARMS) <= set(arms):
+        results["gain_margin_vs_learning_rate_0"] = (
+            arms["trained"]["val_accuracy_gain"] - arms["learning_rate_0"]["val_accuracy_gain"]
+        )
+    print(json.dumps(report(args.config, model, data, overrides, started, results), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The cabinet learning benchmark without running jobs: each arm's overrides make the example a valid job
+whose environment runs as `rldock env serve` processes of the cabinet class, the data it prepares is the
+example header's, and the summary reads turns, ends and the sampled reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rldock.config.loading import load_job_config
+from rldock_benchmarks.agent_learning import arm_overrides
+from rldock_benchmarks.cabinet_learning import ARMS, DATA_ARGS, EXAMPLE, episodes
+from rldock_benchmarks.smollm2_learning import job_overrides
+
+DATA = {"train": ["/d/train.jsonl"], "val": ["/d/val.jsonl"]}
+
+
+def _config(arm: str):
+    overrides = dict(o.split("=", 1) for o in [*job_overrides(Path("/m/smol"), DATA, iterations=3), *ARMS[arm]])
+    # --set reads each value as YAML; these are the only non-strings the arms set.
+    parsed = {key: {"0": 0, "3": 3}.get(value, value) for key, value in overrides.items()}
+    parsed["data.train_files"], parsed["data.val_files"] = DATA["train"], DATA["val"]
+    return load_job_config(EXAMPLE, overrides=parsed, check_local=False)
+
+
+def test_each_arm_is_the_example_with_one_change():
+    trained, control = _config("trained"), _config("learning_rate_0")
+    environment = trained.agent.environment
+    assert environment.name == "openenv" and environment.servers.replicas == 2
+    assert environment.servers.command[:4] == [
+        "rldock",
+        "env",
+        "serve",
+        "rldock.runtime.agent.examples.cabinet:Cabinet",
+    ]
+    assert [term.name for term in trained.reward.terms] == ["environment"] and not trained.agent.tools
+    assert trained.data.demonstration_key == "demonstration" and trained.data.extra_info_key == "extra_info"
+    assert trained.warmup.steps > 0 and trained.algorithm.learning_rate > 0 and trained.evaluation.at_start
+    assert control.algorithm.learning_rate == 0 and control.agent == trained.agent
+    assert trained.iterations == trained.evaluation.interval == 3
+
+
+def test_the_control_starts_from_the_trained_arms_warmup():
+    extra = arm_overrides("learning_rate_0", Path("/o"), {"trained": {}}, arms=ARMS, warmed_up_by="trained")
+    assert extra == [*ARMS["learning_rate_0"], "model.path=/o/trained/warmup", "warmup.steps=0"]
+    assert (
+        arm_overrides("learning_rate_0", Path("/o"), {}, arms=ARMS, warmed_up_by="trained") == ARMS["learning_rate_0"]
+    )
+
+
+def test_the_benchmark_prepares_the_data_the_example_header_documents():
+    header_words = " ".join(EXAMPLE.read_text().replace("\\\n#", " ").split())
+    assert f"rldock data generate {' '.join(DATA_ARGS)}" in header_words
+
+
+def test_episodes_reads_turns_ends_and_the_sampled_reward():
+    records = [
+        {"iteration": 0, "val/accuracy": 0.4, "val/agent/turns_mean": 2.5},
+        {"iteration": 1, "timing": {}, "reward_mean": 0.25, "agent": {"turns_mean": 2.8}},
+        {"iteration": 2, "timing": {}, "reward_mean": 0.5, "agent": {"turns_mean": 3.0}},
+        {
+            "iteration": 2,
+            "val/accuracy": 0.6,
+            "val/agent/turns_mean": 3.0,
+            "val/agent/ended/answer": 3.0,
+            "val/agent/ended/max_turns": 1.0,
+        },
+    ]
+    summary = episodes(records)
+    assert summary["val_ended_end"] == pytest.approx({"answer": 0.75, "max_turns": 0.25, "length": 0.0})
+    assert (summary["val_turns_start"], summary["val_turns_end"]) == (2.5, 3.0)
+    assert (summary["train_turns_first"], summary["train_turns_last"]) == (2.8, 3.0)
+    assert summary["train_reward_by_iteration"] == [0.25, 0.5]
