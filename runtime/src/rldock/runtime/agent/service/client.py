@@ -82,8 +82,9 @@ def resolve_replicas(url: str, *, lookup: Callable[..., list] = socket.getaddrin
         return [url]  # unresolvable now: connecting will say so, and the next lookup may find it
     if len(addresses) <= 1:
         return [url]
-    netloc = lambda address: (f"[{address}]" if ":" in address else address) + (f":{port}" if port else "")  # noqa: E731
-    return [urlunsplit((parts.scheme, netloc(address), parts.path, "", "")) for address in addresses]
+    suffix = f":{port}" if port else ""
+    hosts = [f"[{address}]" if ":" in address else address for address in addresses]  # IPv6 in brackets
+    return [urlunsplit((parts.scheme, host + suffix, parts.path, "", "")) for host in hosts]
 
 
 @dataclass

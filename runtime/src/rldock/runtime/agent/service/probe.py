@@ -34,22 +34,30 @@ def health(base: str, *, timeout: float = TIMEOUT_S) -> str | None:
     return f'{url} answered HTTP {answer.status_code} {answer.text[:200]!r}, not OpenEnv\'s {{"status": "healthy"}}'
 
 
-def schema_problem(base: str, *, action_field: str | None, timeout: float = TIMEOUT_S) -> str | None:
-    """None if `/schema` is OpenEnv's {action, observation, state} and the action takes `action_field`."""
+def schema_problem(base: str, *, action_field: str | None, timeout: float = TIMEOUT_S) -> tuple[str, str] | None:
+    """None if `/schema` is OpenEnv's {action, observation, state} and the action takes `action_field`; else
+    which field is wrong ("health": the server, "action_field": the action field) and what was found."""
     url = http_url(base, "/schema")
     try:
         answer = requests.get(url, timeout=timeout)
         schema = answer.json()
     except (requests.RequestException, ValueError) as error:
-        return f"{url} did not answer with JSON ({type(error).__name__}: {error}); an OpenEnv server serves /schema"
+        return (
+            "health",
+            f"{url} did not answer with JSON ({type(error).__name__}: {error}); an OpenEnv server serves /schema",
+        )
     if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict) or "observation" not in schema:
         return (
+            "health",
             f"{url} answered {str(schema)[:200]!r}: not OpenEnv's {{action, observation, state}} schemas (another "
-            "protocol, or another version of it)"
+            "protocol, or another version of it)",
         )
     fields = schema["action"].get("properties")
     if action_field is not None and isinstance(fields, dict) and action_field not in fields:
-        return f"the action of {url} has no field {action_field!r} (its fields: {', '.join(sorted(fields))})"
+        return (
+            "action_field",
+            f"the action of {url} has no field {action_field!r} (its fields: {', '.join(sorted(fields))})",
+        )
     return None
 
 
@@ -64,9 +72,9 @@ def replica_problems(bases: Sequence[str], *, action_field: str | None, wait_s: 
             problem = health(base)
         if problem is not None:
             return "health", problem
-        problem = schema_problem(base, action_field=action_field)
-        if problem is not None:
-            return ("action_field" if "has no field" in problem else "health"), problem
+        found = schema_problem(base, action_field=action_field)
+        if found is not None:
+            return found
     return None
 
 
