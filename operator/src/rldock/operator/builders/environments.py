@@ -169,12 +169,7 @@ def build_environment_deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": child_metadata(
-            job,
-            naming.environment_name(job.name, environment.name),
-            labels={LABEL_ENVIRONMENT: environment.name},
-            annotations={ANNOTATION_SPEC_HASH: _hash({k: v for k, v in deployment_spec.items() if k != "replicas"})},
-        ),
+        "metadata": _metadata(job, environment, hashed={k: v for k, v in deployment_spec.items() if k != "replicas"}),
         "spec": deployment_spec,
     }
 
@@ -229,12 +224,7 @@ def build_environment_service(*, job: RLJobRef, environment: Environment) -> dic
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": child_metadata(
-            job,
-            naming.environment_name(job.name, environment.name),
-            labels={LABEL_ENVIRONMENT: environment.name},
-            annotations={ANNOTATION_SPEC_HASH: _hash(service_spec)},
-        ),
+        "metadata": _metadata(job, environment, hashed=service_spec),
         "spec": service_spec,
     }
 
@@ -248,9 +238,7 @@ def build_environment_network_policy(*, job: RLJobRef, environment: Environment)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": child_metadata(
-            job, naming.environment_name(job.name, environment.name), labels={LABEL_ENVIRONMENT: environment.name}
-        ),
+        "metadata": _metadata(job, environment),
         "spec": {
             "podSelector": {"matchLabels": pod_selector(job, environment)},
             "policyTypes": ["Ingress"],
@@ -300,6 +288,18 @@ def _spec_hash(obj: Mapping[str, Any]) -> str | None:
 
 def _dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(by_alias=True, exclude_none=True)
+
+
+def _metadata(job: RLJobRef, environment: Environment, *, hashed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An environment child's metadata: its name and label, and the hash of the spec it was built from
+    (`hashed`: what a change of rolls it) where the reconciler compares one."""
+    annotations = None if hashed is None else {ANNOTATION_SPEC_HASH: _hash(hashed)}
+    return child_metadata(
+        job,
+        naming.environment_name(job.name, environment.name),
+        labels={LABEL_ENVIRONMENT: environment.name},
+        annotations=annotations,
+    )
 
 
 def _hash(spec: dict[str, Any]) -> str:
