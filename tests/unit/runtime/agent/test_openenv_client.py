@@ -242,6 +242,17 @@ def test_a_full_replica_makes_a_reset_wait_for_a_place_not_fail(tmp_path):
         local.stop()
 
 
+def test_rldock_in_a_command_is_the_trainers_own_without_an_activated_venv(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # as `.venv/bin/rldock train ...` from a plain shell
+    servers = EnvironmentServersSpec(command=["rldock", "env", "serve", COUNTING, "--port", "{port}"])
+    local = LocalServers(servers, field="agent.environment", log_dir=tmp_path)
+    try:
+        (url,) = local.start()
+        assert replica_problems([url], action_field="message") is None
+    finally:
+        local.stop()
+
+
 def test_a_command_that_dies_at_start_is_named_with_its_output(tmp_path):
     servers = EnvironmentServersSpec(command=serve_command("no_such_module:Nothing"))
     with pytest.raises(

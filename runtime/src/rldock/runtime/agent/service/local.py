@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -44,6 +45,13 @@ def free_port() -> int:
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def server_environment() -> dict[str, str]:
+    """The servers' environment: the trainer's, with its Python's scripts first on PATH, so `rldock` in a
+    command is the trainer's own also where the venv is not activated (`.venv/bin/rldock train ...`)."""
+    scripts = os.path.dirname(sys.executable)
+    return {**os.environ, "PATH": os.pathsep.join([scripts, os.environ.get("PATH", "")])}
 
 
 class LocalServers:
@@ -87,7 +95,12 @@ class LocalServers:
         with open(self._log(index), "ab") as log:
             try:
                 self.processes[index] = subprocess.Popen(
-                    command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                    env=server_environment(),
                 )
             except OSError as error:
                 message = f"{self.field}.servers.command: cannot start {command!r}: {error}"
