@@ -31,11 +31,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from rldock.config.job import WarmupSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, PromptSampler
+from rldock.runtime.engines.policy import response_logprobs
 from rldock.runtime.models import TokenBatch, load_causal_lm, load_tokenizer, max_token_length, pad_prompts
 
 logger = logging.getLogger(__name__)
@@ -79,17 +79,20 @@ def demonstration_targets(rows: Sequence[tuple[list[int], list[int]]], pad_id: i
 
 def answer_loss(model, prompts: TokenBatch, targets: TokenBatch, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy of `targets` (B, T) given `prompts` (B, PL), over the target tokens where
-    `loss_mask` (B, T) is 1 (default `targets.mask`: every target token); a scalar."""
-    input_ids = torch.cat([prompts.ids, targets.ids], dim=1)  # (B, PL+T)
-    attention_mask = torch.cat([prompts.mask, targets.mask], dim=1)  # (B, PL+T)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, PL+T)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    prompt_len, num_targets = prompts.ids.shape[1], targets.ids.shape[1]
-    # Target token t is predicted by the logits at position PL + t - 1.
-    target_logits = logits[:, prompt_len - 1 : prompt_len - 1 + num_targets].float()  # (B, T, V)
-    token_loss = F.cross_entropy(target_logits.transpose(1, 2), targets.ids, reduction="none")  # (B, T)
-    mask = (targets.mask if loss_mask is None else loss_mask).to(token_loss.dtype)
-    return (token_loss * mask).sum() / mask.sum().clamp(min=1)
+    `loss_mask` (B, T) is 1 (default `targets.mask`: every target token); a scalar. The logprobs of
+    the policy passes: the LM head runs where the loss counts a token, on its longest sequence."""
+    mask = targets.mask if loss_mask is None else loss_mask  # (B, T)
+    logprobs = response_logprobs(
+        model,
+        prompts.ids,
+        prompts.mask,
+        targets.ids,
+        mask,
+        micro_batch_size=len(targets.ids),
+        trim=True,
+        attention_mask=targets.mask,
+    )  # (B, T), 0 where mask is 0
+    return -logprobs.sum() / mask.sum().clamp(min=1)
 
 
 class _Demonstrations:

@@ -9,6 +9,10 @@ position PL + t - 1.
 A multi-turn trajectory (docs/agentic.md) also carries `response_attention_mask`: every token after
 the prompt, the tools' included, is context the model attends to, while `response_mask` marks the
 tokens it sampled, the only ones scored. Without that column the two are the same.
+
+The LM head runs only where a token is scored: the model returns its last hidden states with no
+logits, and `head_logprobs` applies the head to the scored positions a chunk at a time, so no pass
+holds float32 logits of the whole (b, L, V), prompt included (docs/scaling.md, "The update's memory").
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from rldock.runtime.engines.head_logprobs import head_logprobs
 
 
 @dataclass(frozen=True)
@@ -121,29 +128,81 @@ def micro_batch_inputs(
     return inputs, slice(kept_prompt - 1, kept_prompt + end - 1)
 
 
-def _response_logits(
+def output_head(model: nn.Module) -> nn.Linear:
+    """The LM head (V, H) of a causal LM, through the DDP wrapper the update trains with (FSDP and
+    TP leave the head a plain linear on every rank; a LoRA policy keeps the base model's head)."""
+    module = model.module if isinstance(model, DistributedDataParallel) else model
+    head = module.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"{type(module).__name__}: the output embeddings are {type(head).__name__}, not a linear head")
+    return head
+
+
+def _scored_hidden(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    attention: Tensor,
+    plans: list[MicroBatch],
+) -> Iterator[tuple[Tensor, MicroBatch]]:
+    """Yield the last hidden states (b, response_end, H) that score each kept response token, per pass.
+
+    The model runs through its own forward (the training wrapper's hooks included) with no logits
+    at all (`logits_to_keep` an empty index); `head_logprobs` applies the head where a token is scored.
+    """
+    for plan in plans:
+        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
+        outputs = model(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=torch.empty(0, dtype=torch.int64, device=inputs.input_ids.device),
+        )
+        yield outputs.hidden_states[-1][:, scored], plan  # the final norm's output (b, response_end, H)
+
+
+def _score_passes(
     model: nn.Module,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     response_ids: Tensor,
     response_mask: Tensor,
-    plans: list[MicroBatch],
+    attention_mask: Tensor | None,
     *,
+    micro_batch_size: int,
     temperature: float,
-) -> Iterator[tuple[Tensor, MicroBatch]]:
-    """Yield float32 logits (b, response_end, V) that score each kept response token, per pass."""
-    for plan in plans:
-        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
-        logits = model(
-            input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
-            use_cache=False,
-        ).logits  # (b, L, V)
-        logits = logits[:, scored].float()  # (b, response_end, V)
-        if temperature != 1.0:
-            logits = logits / temperature
-        yield logits, plan
+    trim: bool,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Logprobs (B, SL) and, `with_entropy`, entropy (B, SL) of the response tokens where
+    `response_mask` is 1 (0 elsewhere): the head runs on those positions only."""
+    attention = response_mask if attention_mask is None else attention_mask
+    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
+    head = output_head(model)
+    logprob_chunks, entropy_chunks = [], []
+    for hidden, plan in _scored_hidden(model, prompt_ids, prompt_mask, response_ids, attention, plans):
+        end = plan.response_end
+        scored = response_mask[plan.rows, :end].bool()  # (b, end)
+        logprobs, entropy = head_logprobs(
+            hidden[scored],  # (n, H)
+            head.weight,
+            head.bias,
+            response_ids[plan.rows, :end][scored],
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
+        # Back to (b, end), 0 where nothing is scored; index_put keeps the logprobs' gradient.
+        logprob_chunks.append(logprobs.new_zeros(scored.shape).index_put((scored,), logprobs))
+        if entropy is not None:
+            entropy_chunks.append(entropy.new_zeros(scored.shape).index_put((scored,), entropy))
+    response_len = response_ids.shape[1]
+    return (
+        scatter_rows(logprob_chunks, plans, response_len),
+        scatter_rows(entropy_chunks, plans, response_len) if with_entropy else None,
+    )
 
 
 def response_logprobs(
@@ -166,15 +225,19 @@ def response_logprobs(
     `plan_micro_batches`). Gradients flow when called outside `torch.no_grad()`, so the same
     function serves old logprobs, reference logprobs and the loss.
     """
-    attention = response_mask if attention_mask is None else attention_mask
-    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
-    chunks = []
-    for logits, plan in _response_logits(
-        model, prompt_ids, prompt_mask, response_ids, attention, plans, temperature=temperature
-    ):
-        end = plan.response_end
-        chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], response_mask[plan.rows, :end]))
-    return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)
+    logprobs, _ = _score_passes(
+        model,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        attention_mask,
+        micro_batch_size=micro_batch_size,
+        temperature=temperature,
+        trim=trim,
+        with_entropy=False,
+    )
+    return logprobs
 
 
 def response_logprobs_and_entropy(
@@ -189,25 +252,23 @@ def response_logprobs_and_entropy(
     trim: bool = False,
     attention_mask: Tensor | None = None,
 ) -> ResponseScores:
-    """`response_logprobs` plus the policy's entropy (B, SL) at each response position, from the
-    same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
-    entropy bonus), so it is computed without building a second (b, SL, V) autograd graph."""
-    attention = response_mask if attention_mask is None else attention_mask
-    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
-    logprob_chunks, entropy_chunks = [], []
-    for logits, plan in _response_logits(
-        model, prompt_ids, prompt_mask, response_ids, attention, plans, temperature=temperature
-    ):
-        end = plan.response_end
-        mask = response_mask[plan.rows, :end]
-        logprob_chunks.append(_token_logprobs(logits, response_ids[plan.rows, :end], mask))
-        with torch.no_grad():
-            entropy_chunks.append(token_entropy(logits.detach()) * mask)  # (b, end)
-    response_len = response_ids.shape[1]
-    return ResponseScores(
-        logprobs=scatter_rows(logprob_chunks, plans, response_len),
-        entropy=scatter_rows(entropy_chunks, plans, response_len),
+    """`response_logprobs` plus the policy's entropy (B, SL) at each scored response position, from
+    the same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
+    entropy bonus)."""
+    logprobs, entropy = _score_passes(
+        model,
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        attention_mask,
+        micro_batch_size=micro_batch_size,
+        temperature=temperature,
+        trim=trim,
+        with_entropy=True,
     )
+    assert entropy is not None
+    return ResponseScores(logprobs=logprobs, entropy=entropy)
 
 
 def token_entropy(logits: Tensor) -> Tensor:
@@ -217,12 +278,3 @@ def token_entropy(logits: Tensor) -> Tensor:
     """
     log_p = logits.float().log_softmax(dim=-1)  # (..., V)
     return -(log_p.exp() * log_p).sum(dim=-1)  # (...)
-
-
-def _token_logprobs(logits: Tensor, token_ids: Tensor, mask: Tensor) -> Tensor:
-    """logits (b, SL, V) float32, token_ids (b, SL), mask (b, SL) -> (b, SL) masked logprobs."""
-    # logit - logsumexp avoids materialising a second (b, SL, V) tensor of log-softmax values.
-    picked = logits.gather(dim=-1, index=token_ids.unsqueeze(-1)).squeeze(-1)  # (b, SL)
-    logprobs = picked - logits.logsumexp(dim=-1)  # (b, SL)
-    # where, not multiply: a pad id's logprob could be -inf, and -inf * 0 is nan.
-    return torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs))
