@@ -291,30 +291,45 @@ def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch)
 
     def start(cls, *, seat=None):
         class Starter:
-            def remote(self, **kwargs):
-                created.append((cls.__name__, seat, kwargs))
+            def remote(self, *args, **kwargs):
+                created.append((cls.__name__, seat, args or kwargs))
                 return _Handle(calls, f"{cls.__name__}#{len(created) - 1}")
 
         return Starter()
 
     monkeypatch.setattr(trainer_module.cluster, "seated", lambda cls, *, group, plan, seat: start(cls, seat=seat))
+    monkeypatch.setattr(
+        trainer_module.cluster,
+        "seated_together",
+        lambda cls, *, group, plan, seats, max_concurrency: start(cls, seat=tuple(seats)),
+    )
     monkeypatch.setattr(trainer_module.cluster, "remote", lambda cls, *, num_cpus: start(cls))
     monkeypatch.setattr(trainer_module.ray, "get", lambda refs: refs)
     monkeypatch.setattr(trainer_module, "engine_environments", lambda seats, generation_tp: {})
     monkeypatch.setattr(trainer_module, "hand_out_turns", lambda *args: None)
 
     workers = trainer._create_workers("/policy", policy_version=0)
-    toy = next(entry for entry in created if entry[0] == "ToyWorker")
-    assert toy[1] == trainer._plan.group("toy")[0]
-    assert toy[2] == {"cfg": cfg, "banks": "banks", "tag": "toy 0/1"}
+    # The toy seat shares device 0 with actor rank 0: one device worker holds both (device_worker.py).
+    [device] = [entry for entry in created if entry[0] == "DeviceWorker"]
+    _, seats, (roles,) = device
+    assert seats == (trainer._plan.group("actor")[0], trainer._plan.group("toy")[0])
+    toy = roles[1]
+    assert (toy.name, toy.cls, dict(toy.arguments)) == (
+        "toy 0",
+        ToyWorker,
+        {"cfg": cfg, "banks": "banks", "tag": "toy 0/1"},
+    )
     assert set(workers.ranks) == {"actor", "toy", "reward"}  # the reward computes the advantage (fused)
     trainer.workers = workers
     calls.clear()
     futures = trainer._launchers(7, 2, 16)["toy_score"]()
-    assert len(futures) == 1 and calls == [(f"ToyWorker#{created.index(toy)}", "score", (7,), {})]
+    assert len(futures) == 1 and calls == [
+        (f"DeviceWorker#{created.index(device)}", "call", ("toy 0", 0, "score", 7), {})
+    ]
     calls.clear()
     trainer._launchers(7, 2, 16)["rollout"]()  # the rollout's spec takes the round too
-    assert [call[2] for call in calls] == [(7, 2, 16)]
+    [(_, _, (role, _, method, *arguments), _)] = calls
+    assert (role, method, tuple(arguments)) == ("actor 0", "generate", (7, 2, 16))
     assert trainer._update_states() == ("update",)
     assert "toy_score" in trainer._before_update_states()
 

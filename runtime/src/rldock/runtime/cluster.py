@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -110,6 +111,22 @@ def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
         max_restarts=0,
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=seat.bundle
+        ),
+    )
+
+
+def seated_together(cls, *, group: PlacementGroup, plan: PlacementPlan, seats: Sequence[Seat], max_concurrency: int):
+    """`cls` as one Ray actor holding several seats of one bundle (the integrated device worker,
+    rldock.runtime.workers.device_worker): their shares of the device and their logical CPUs
+    together; threaded, with `max_concurrency` calls at once."""
+    [bundle] = {seat.bundle for seat in seats}
+    return ray.remote(cls).options(
+        num_cpus=CPUS_PER_WORKER * len(seats),
+        **device_request(plan.accelerator, sum(seat.share for seat in seats)),
+        max_restarts=0,
+        max_concurrency=max_concurrency,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=bundle
         ),
     )
 

@@ -73,6 +73,7 @@ from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.actor import ADAPTER_DIR
+from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,8 @@ class WorkerGroups:
         return handles[:: self.generation_tp] if spec.runs_on == "engines" else handles
 
     def all(self) -> list:
-        return [handle for handles in self.ranks.values() for handle in handles]
+        """The job's worker processes (Ray actors), each once: a device worker holds several ranks."""
+        return distinct_processes([handle for handles in self.ranks.values() for handle in handles])
 
 
 class Trainer:
@@ -342,9 +344,10 @@ class Trainer:
         return start_iteration
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None, policy_version: int) -> WorkerGroups:
-        """One Ray actor per rank of every worker group the recipe's states run on (their specs,
-        rldock.runtime.states): device workers on their seats of the placement plan, the others
-        outside it; then each collective group joins its own process group."""
+        """The workers of every worker group the recipe's states run on (their specs,
+        rldock.runtime.states): the device groups' ranks on their seats of the placement plan, the
+        seats of one device in one process (workers/device_worker.py), the others one Ray actor per
+        rank outside it; then each collective group joins its own process group."""
         cfg, plan, placement = self.cfg, self._plan, self._placement
         assert plan is not None and placement is not None  # reserved by _start
         context = WorkerContext(
@@ -357,16 +360,19 @@ class Trainer:
             train_files=self.data_files.train,
             environment_urls=self._environment_urls,
         )
+        specs = worker_groups(self.recipe.specs)
+        seated = start_device_seats(
+            {name: spec for name, spec in specs.items() if spec.device}, context, plan=plan, placement=placement
+        )
         ranks = {}
-        for name, spec in worker_groups(self.recipe.specs).items():
-            cls = spec.worker_class()
+        for name, spec in specs.items():
             if spec.device:
-                seats = plan.group(name)
-                handles = [cluster.seated(cls, group=placement, plan=plan, seat=seat) for seat in seats]
-            else:
-                handles = [cluster.remote(cls, num_cpus=0) for _ in range(spec.num_ranks(cfg))]
+                ranks[name] = seated[name]
+                continue
+            num_ranks = spec.num_ranks(cfg)
             ranks[name] = [
-                handle.remote(**spec.arguments(context, rank, len(handles))) for rank, handle in enumerate(handles)
+                cluster.remote(spec.worker_class(), num_cpus=0).remote(**spec.arguments(context, rank, num_ranks))
+                for rank in range(num_ranks)
             ]
         groups = WorkerGroups(ranks, generation_tp=cfg.rollout.tensor_parallel_size)
         actors = groups.actors
