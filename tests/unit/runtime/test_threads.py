@@ -25,10 +25,11 @@ def test_thread_share_is_an_equal_share_and_at_least_one(cores, processes, share
     assert thread_share(cores, processes) == share
 
 
-def _cfg(name="grpo", *, kl_coef=0.04, dp=1, tp=1, nodes=1, num_threads=None) -> JobConfig:
+def _cfg(name="grpo", *, kl_coef=0.04, dp=1, tp=1, nodes=1, num_threads=None, reward=None) -> JobConfig:
     return JobConfig(
         iterations=1,
         model={"path": "/m"},
+        **({"reward": reward} if reward else {}),
         training={"data_parallel_size": dp, "tensor_parallel_size": tp, "num_threads": num_threads},
         resources={"num_nodes": nodes},
         algorithm={
@@ -50,6 +51,9 @@ def _cfg(name="grpo", *, kl_coef=0.04, dp=1, tp=1, nodes=1, num_threads=None) ->
         (_cfg(dp=2, kl_coef=0.0), 2),  # no reference ranks
         (_cfg(dp=2, tp=2), 6),  # four actor ranks (TP x DP), two reference ranks
         (_cfg("ppo"), 3),  # actor, reference, critic
+        (_cfg("ppo", dp=2), 6),  # a critic rank per data-parallel rank, like the references
+        (_cfg(reward={"terms": [{"name": "model", "path": "/rm"}]}), 3),  # actor, reference, reward model
+        (_cfg(dp=2, kl_coef=0.0, reward={"terms": [{"name": "model", "path": "/rm"}]}), 3),
         (_cfg(dp=2, nodes=2), 2),  # spread over two nodes
     ],
 )

@@ -579,7 +579,7 @@ class RolloutSpec(Spec):
         ge=1,
         le=64,
         description="Generation TP, chosen independently of training.tensor_parallel_size: the actor ranks form "
-        "generation replicas of this many consecutive ranks (it must divide data_parallel_size * "
+        "generation replicas of this many consecutive ranks (it must divide data_parallel_size x "
         "tensor_parallel_size), and only each replica's first rank starts a vLLM engine, with vLLM's own "
         "tensor_parallel_size set to this, generating the whole replica's share of the prompts. The engine "
         "takes the full (gathered) weights after each update and vLLM splits them over its TP workers. Must "
@@ -921,7 +921,7 @@ class TrainingSpec(Spec):
         le=64,
         description="TP: actor ranks that split each layer's weights, any size that divides the model's attention "
         "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
-        "data_parallel_size * tensor_parallel_size ranks and reshards into generation by allgather after every "
+        "data_parallel_size x tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank).",
     )
     trim_padding: bool = Field(

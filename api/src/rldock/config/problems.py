@@ -24,8 +24,8 @@ from rldock.config.job import (
     RewardSpec,
     RewardTermSpec,
 )
+from rldock.config.layout import job_layout
 from rldock.contract.algorithms import needs_critic, needs_rollout
-from rldock.contract.placement import SeatRequest, plan_placement
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
 
@@ -62,7 +62,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
                 f"size that divides {num_samples} or change algorithm.num_prompts_per_iteration",
             )
         )
-    elif num_samples % (dp * algo.num_updates_per_iteration):
+    elif (num_samples // dp) % algo.num_updates_per_iteration:
         problems.append(
             Problem(
                 "algorithm.num_updates_per_iteration",
@@ -70,14 +70,15 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
                 f"{algo.num_updates_per_iteration} equal mini-batches",
             )
         )
-    ranks = dp * training.tensor_parallel_size  # actor ranks, one device each
-    if ranks > cfg.num_devices:
-        what = f"{dp} ranks" if ranks == dp else f"data_parallel_size * tensor_parallel_size = {ranks} actor ranks"
+    layout = job_layout(cfg)
+    ranks = layout.num_actor_ranks  # one device each
+    if ranks > layout.num_devices:
+        what = f"{dp} ranks" if ranks == dp else f"data_parallel_size x tensor_parallel_size = {ranks} actor ranks"
         problems.append(
             Problem(
                 "training.data_parallel_size" if ranks == dp else "training.tensor_parallel_size",
-                f"{what} need {ranks} devices but resources give {cfg.resources.num_nodes} node(s) x "
-                f"{cfg.resources.devices_per_node} = {cfg.num_devices}; lower the DP or TP size or add devices",
+                f"{what} need {ranks} devices but resources give {layout.num_nodes} node(s) x "
+                f"{layout.devices_per_node} = {layout.num_devices}; lower the DP or TP size or add devices",
             )
         )
     problems.extend(_extra_worker_problems(cfg))
@@ -169,40 +170,26 @@ def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     actor rank a device of its own, reference ranks, the critic ranks (ppo, pf_ppo: one per DP rank)
     and the reward model (a `model` reward term) half a device each in colocated mode (filling the
     halves a TP job's actor devices have left before opening a device), a whole one in separate
-    mode. Counted with a reference rank per DP rank even where kl_coef 0 drops them."""
-    training, algo, resources = cfg.training, cfg.algorithm, cfg.resources
-    dp = training.data_parallel_size
-    actor_ranks = dp * training.tensor_parallel_size
-    if actor_ranks > cfg.num_devices:  # reported by find_problems already
+    mode. The groups are the config's count (rldock.config.layout)."""
+    layout = job_layout(cfg)
+    if layout.num_actor_ranks > layout.num_devices:  # reported by find_problems already
+        return []
+    if layout.num_devices_needed <= layout.num_devices:
         return []
     extra = []
-    critics = dp if needs_critic(algo.name) else 0
+    critics = layout.group_ranks("critic")
     if critics:
-        extra.append(f"algorithm.name {algo.name} runs {critics} critic rank(s) (one per data-parallel rank)")
-    reward_model = cfg.reward.model_term_index is not None and needs_rollout(algo.name)
-    if reward_model:
+        extra.append(f"algorithm.name {cfg.algorithm.name} runs {critics} critic rank(s) (one per data-parallel rank)")
+    if layout.group_ranks("reward_model"):
         extra.append(f"reward.terms[{cfg.reward.model_term_index}] runs a reward-model worker")
-    references = 0 if training.lora is not None else dp  # LoRA: the actors run the reference pass
-    # The runtime seats the groups its worker-state specs name (rldock.runtime.states), which this
-    # package cannot import; tests/unit/runtime/test_states.py holds the two counts equal.
-    others = [
-        SeatRequest("reference", references),
-        SeatRequest("critic", critics, distinct=True),
-        SeatRequest("reward_model", int(reward_model)),
-    ]
-    plan = plan_placement(
-        accelerator=resources.accelerator_resource, num_actor_ranks=actor_ranks, others=others, mode=resources.placement
-    )
-    if plan.num_devices <= cfg.num_devices:
-        return []
-    ranks = f"the {actor_ranks} actor rank(s) and {references} reference rank(s)"
+    ranks = f"the {layout.num_actor_ranks} actor rank(s) and {layout.group_ranks('reference')} reference rank(s)"
     what = " and ".join(extra) + f" besides {ranks}" if extra else ranks
     return [
         Problem(
             "resources.devices_per_node",
-            f"{what}: with {resources.placement} placement the job needs {plan.num_devices} devices but resources "
-            f"give {cfg.num_devices}; add a device, lower training.data_parallel_size or use resources.placement "
-            "colocated",
+            f"{what}: with {layout.placement} placement the job needs {layout.num_devices_needed} devices but "
+            f"resources give {layout.num_devices}; add a device, lower training.data_parallel_size or use "
+            "resources.placement colocated",
         )
     ]
 
@@ -653,7 +640,7 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
     """Tensor parallelism and resharding: the actor's TP group trains on the same samples, while
     every actor rank is its own generation replica (TP 1) that takes whole prompt groups."""
     algo, training = cfg.algorithm, cfg.training
-    tp, dp = training.tensor_parallel_size, training.data_parallel_size
+    tp, ranks = training.tensor_parallel_size, job_layout(cfg).num_actor_ranks
     problems: list[Problem] = []
     if algo.name == "dpo" and (tp > 1 or training.resharding != "naive"):
         problems.append(
@@ -663,13 +650,13 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
                 "parallelism; use tensor_parallel_size 1 and resharding naive",
             )
         )
-    elif tp > 1 and algo.num_prompts_per_iteration % (dp * tp):
+    elif tp > 1 and algo.num_prompts_per_iteration % ranks:
         problems.append(
             Problem(
                 "training.tensor_parallel_size",
-                f"each of the {dp * tp} actor ranks generates whole prompt groups, so "
+                f"each of the {ranks} actor ranks generates whole prompt groups, so "
                 f"algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide by "
-                f"data_parallel_size * tensor_parallel_size = {dp * tp}",
+                f"data_parallel_size x tensor_parallel_size = {ranks}",
             )
         )
     if cfg.rollout.sleep_level == 2 and (tp > 1 or training.resharding != "naive"):
@@ -696,23 +683,23 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
     """Generation TP: replicas of rollout.tensor_parallel_size consecutive actor ranks, one engine
     each on its first rank, taking whole prompt groups for the replica, on one node (vLLM's TP
     workers of one engine run on the engine's node)."""
-    gen_tp, algo, training = cfg.rollout.tensor_parallel_size, cfg.algorithm, cfg.training
+    algo, training, layout = cfg.algorithm, cfg.training, job_layout(cfg)
+    gen_tp, ranks = layout.generation_tp, layout.num_actor_ranks
     if gen_tp == 1:
         return []
     field = "rollout.tensor_parallel_size"
-    ranks = training.data_parallel_size * training.tensor_parallel_size
     if not needs_rollout(algo.name):
         return [Problem(field, f"algorithm.name {algo.name} runs no generation engine; leave {field} at 1")]
-    if ranks % gen_tp:
+    if not layout.generation_divides:
         return [
             Problem(
                 field,
-                f"{gen_tp} must divide the data_parallel_size * tensor_parallel_size = {ranks} "
+                f"{gen_tp} must divide the data_parallel_size x tensor_parallel_size = {ranks} "
                 "actor ranks, which form the generation replicas; choose a divisor of it",
             )
         ]
     problems: list[Problem] = []
-    replicas = ranks // gen_tp
+    replicas = layout.num_generation_replicas
     if algo.num_prompts_per_iteration % replicas:
         problems.append(
             Problem(

@@ -9,6 +9,8 @@ operator, so what they share lives here, on the ground floor beside the job conf
   use and the runtime's recipes must match;
 - `tensor_parallel`: the divisibility rule for a tensor-parallel size, checked by the config and
   applied by the runtime;
+- `layout`, `placement`: the job's shape (ranks, generation replicas, device groups, devices) and
+  which worker sits on which device, read by the config checks, the runtime and the planner;
 - `runtime_cli`: the runtime's command line as the operator submits it;
 - `version`: the release, which names the default runtime image.
 """

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rldock.config import JobConfig
-from rldock.contract.placement import ACTOR_GROUP, PlacementPlan, SeatRequest, plan_placement
+from rldock.config.layout import job_layout
+from rldock.contract.layout import DeviceGroup, JobLayout, RankCount
+from rldock.contract.placement import ACTOR_GROUP, PlacementPlan
 from rldock.runtime.dataflow import POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RM_SCORE
 
 
@@ -53,8 +55,8 @@ class WorkerGroup:
     name: str  # "actor", "reference", ...: the workers are "<name> <rank>" in the placement plan
     worker: str  # "package.module:Class", imported where the trainer starts it (worker_class)
     arguments: Arguments
-    # How many ranks: every actor rank (TP x DP), one per data-parallel rank, or one.
-    ranks: Literal["actor_ranks", "dp_ranks", "one"] = "one"
+    # How many ranks: every actor rank (TP x DP), one per data-parallel rank, or one (JobLayout.num_ranks).
+    ranks: RankCount = "one"
     device: bool = True  # a seat on a device share in the placement group; False: a CPU actor beside it
     collective: bool = False  # its ranks form a DDP group: joined at start, never two on one device
     # Which of planning/memory.py's models sizes its devices: "actor", "critic"; None: not planned.
@@ -64,9 +66,8 @@ class WorkerGroup:
         module, _, name = self.worker.partition(":")
         return getattr(importlib.import_module(module), name)
 
-    def num_ranks(self, cfg: JobConfig, *, data_parallel_size: int | None = None) -> int:
-        dp = cfg.training.data_parallel_size if data_parallel_size is None else data_parallel_size
-        return {"actor_ranks": dp * cfg.training.tensor_parallel_size, "dp_ranks": dp, "one": 1}[self.ranks]
+    def num_ranks(self, cfg: JobConfig) -> int:
+        return job_layout(cfg).num_ranks(self.ranks)
 
 
 @dataclass(frozen=True)
@@ -226,25 +227,21 @@ def worker_groups(states: Sequence[WorkerState]) -> dict[str, WorkerGroup]:
     return groups
 
 
+def states_layout(cfg: JobConfig, states: Sequence[WorkerState]) -> JobLayout:
+    """The job's layout (rldock.contract.layout) seating the device workers of `states`: the actor
+    ranks (DPO too trains on actor ranks) and every other device group their specs name."""
+    others = (group for group in worker_groups(states).values() if group.device and group.name != ACTOR_GROUP)
+    return job_layout(cfg, groups=[DeviceGroup(g.name, g.ranks, distinct=g.collective) for g in others])
+
+
 def placement_plan(
     cfg: JobConfig, states: Sequence[WorkerState], *, data_parallel_size: int | None = None
 ) -> PlacementPlan:
     """The placement plan (rldock.contract.placement) for the device workers of `states`, seated in
     the contract's SEAT_ORDER; `data_parallel_size` overrides the config's (the planner plans
     one DP rank)."""
-    groups = worker_groups(states)
-    actor = groups.get(ACTOR_GROUP, ACTOR)  # DPO too trains on actor ranks
-    others = [
-        SeatRequest(group.name, group.num_ranks(cfg, data_parallel_size=data_parallel_size), distinct=group.collective)
-        for group in groups.values()
-        if group.device and group.name != ACTOR_GROUP
-    ]
-    return plan_placement(
-        accelerator=cfg.resources.accelerator_resource,
-        num_actor_ranks=actor.num_ranks(cfg, data_parallel_size=data_parallel_size),
-        others=others,
-        mode=cfg.resources.placement,
-    )
+    layout = states_layout(cfg, states)
+    return (layout if data_parallel_size is None else layout.with_data_parallel_size(data_parallel_size)).plan
 
 
 def runner_names(plan: PlacementPlan, state: WorkerState, *, generation_tp: int = 1) -> tuple[str, ...]:

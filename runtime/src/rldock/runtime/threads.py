@@ -4,7 +4,8 @@ On a CPU node every actor, reference and critic rank runs torch (and the actor's
 engine, which uses the same OpenMP pool) in its own process. Left alone, each takes Ray's
 OMP_NUM_THREADS (its num_cpus, 1) or, outside Ray, one thread per core, so ranks either leave
 cores idle or oversubscribe them. The budget is `training.num_threads`, by default the node's cores
-divided by the compute workers placed on it. The reward and advantage workers do no tensor work
+divided by the compute workers placed on it: the device workers of the job's layout (actor,
+reference, critic and reward-model ranks). The reward and advantage workers do no tensor work
 worth threads and are not counted.
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.states import states_layout
 
 logger = logging.getLogger(__name__)
 
@@ -28,15 +30,11 @@ def thread_share(num_cores: int, num_processes: int) -> int:
 
 
 def compute_workers_per_node(cfg: JobConfig) -> int:
-    """Compute worker processes on the busiest node: the actor ranks (TP x DP), the reference ranks
-    (none when the flow skips the reference) and the critic, spread evenly over the nodes."""
-    training = cfg.training
-    recipe = job_recipe(cfg)
-    workers = training.data_parallel_size * training.tensor_parallel_size
-    # no reference ranks under LoRA: the actors run the reference pass
-    workers += training.data_parallel_size if "reference" in recipe.consumes and training.lora is None else 0
-    workers += 1 if recipe.needs_critic else 0
-    return math.ceil(workers / cfg.resources.num_nodes)
+    """Compute worker processes on the busiest node: the device workers the job's flow starts (its
+    actor ranks, reference ranks unless the flow skips the reference or LoRA moves it onto the
+    actor ranks, critic ranks, reward model), spread evenly over the nodes."""
+    layout = states_layout(cfg, job_recipe(cfg).specs)
+    return math.ceil(layout.num_device_workers / layout.num_nodes)
 
 
 def node_cores() -> int:

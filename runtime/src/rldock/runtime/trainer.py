@@ -68,7 +68,7 @@ from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.rewards import RewardScorer, column_lists
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
 from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
-from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, worker_groups
+from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, states_layout, worker_groups
 from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
@@ -201,6 +201,7 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.recipe = job_recipe(cfg)  # less the passes this config makes redundant
+        self.layout = states_layout(cfg, self.recipe.specs)  # ranks, replicas, devices (rldock.contract.layout)
         if "reward" in self.recipe.states:
             RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
         self.data_files, rows = load_prompt_set(cfg, self.output_dir)
@@ -530,7 +531,7 @@ class Trainer:
             cycle=cycle,
             num_prompts=algo.num_prompts_per_iteration,
             num_responses=algo.num_responses_per_prompt,
-            num_devices=cfg.training.data_parallel_size * cfg.training.tensor_parallel_size,
+            num_devices=self.layout.num_actor_ranks,
             partial_rollout=cfg.rollout.partial_rollout != "off",
             round_metrics=stages.round_metrics,
             data_metrics=self._data_metrics(iteration),

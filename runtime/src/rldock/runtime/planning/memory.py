@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
+from rldock.config.layout import job_layout
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.planning.shapes import ModelShape
 from rldock.runtime.states import memory_models, placement_plan
@@ -253,7 +254,7 @@ def engine_dtype(cfg: JobConfig) -> str:
 
 def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) -> tuple[int, int]:
     """(generation weights, KV cache) per device of the replica's vLLM engine (split over its TP)."""
-    weights = shape.num_params * DTYPE_BYTES[engine_dtype(cfg)] // cfg.rollout.tensor_parallel_size
+    weights = shape.num_params * DTYPE_BYTES[engine_dtype(cfg)] // job_layout(cfg).generation_tp
     if cfg.resources.device == "cpu" or device_memory is None:
         return weights, int(cfg.rollout.cpu_kv_cache_gib * GIB)
     return weights, max(0, int(cfg.rollout.gpu_memory_utilization * device_memory) - weights)
@@ -305,7 +306,8 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
         weight_push=weight_push,
         engine_sleeps=sleeps,
         critic=plan_critic(cfg, shape),
+        # a device holds 1/TP of the KV heads
         kv_cache_tokens=kv_cache
-        * cfg.rollout.tensor_parallel_size
+        * job_layout(cfg).generation_tp
         // shape.kv_bytes_per_token(DTYPE_BYTES[engine_dtype(cfg)]),
-    )  # a device holds 1/TP of the KV heads
+    )

@@ -1,0 +1,45 @@
+"""A JobConfig's layout (rldock.contract.layout): its parallel sizes, devices and device groups,
+read from the config once.
+
+Without `groups` the layout seats the device groups the config counts from the algorithm catalogue
+(rldock.contract.algorithms): a reference rank per data-parallel rank (none under LoRA, where the
+actor ranks run the reference pass; counted even where kl_coef 0 drops them), a critic rank per
+data-parallel rank for the algorithms with a critic, and one reward model for a `model` reward term.
+The runtime passes the groups its worker-state specs run instead (rldock.runtime.states), which
+this package cannot import; tests/unit/runtime/test_states.py holds the two device counts equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rldock.config.job import JobConfig
+from rldock.contract.algorithms import needs_critic, needs_rollout
+from rldock.contract.layout import DeviceGroup, JobLayout
+
+
+def config_groups(cfg: JobConfig) -> tuple[DeviceGroup, ...]:
+    """The device groups besides the actor ranks that the config counts (module docstring)."""
+    groups = []
+    if cfg.training.lora is None:
+        groups.append(DeviceGroup("reference", "dp_ranks"))
+    if needs_critic(cfg.algorithm.name):
+        groups.append(DeviceGroup("critic", "dp_ranks", distinct=True))  # a DDP group
+    if cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name):
+        groups.append(DeviceGroup("reward_model"))
+    return tuple(groups)
+
+
+def job_layout(cfg: JobConfig, *, groups: Sequence[DeviceGroup] | None = None) -> JobLayout:
+    """`cfg`'s layout seating `groups` (default: `config_groups`)."""
+    training, resources = cfg.training, cfg.resources
+    return JobLayout(
+        dp=training.data_parallel_size,
+        tp=training.tensor_parallel_size,
+        generation_tp=cfg.rollout.tensor_parallel_size,
+        num_nodes=resources.num_nodes,
+        devices_per_node=resources.devices_per_node,
+        placement=resources.placement,
+        accelerator=resources.accelerator_resource,
+        groups=config_groups(cfg) if groups is None else tuple(groups),
+    )
