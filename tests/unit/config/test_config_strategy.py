@@ -58,3 +58,27 @@ def test_paper_examples_are_valid():
     for name in ("grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"):
         cfg = parse_job_config(example(name))
         assert cfg.training.strategy == "fsdp" and cfg.resources.device_memory_gib == 64
+
+
+def test_a_token_budget_is_valid_with_trimmed_ddp_passes(demo_data):
+    demo_data["training"]["micro_batch_tokens"] = 512
+    assert parse_job_config(demo_data).training.micro_batch_tokens == 512
+
+
+@pytest.mark.parametrize(
+    "training,algorithm,words",
+    [
+        ({"trim_padding": False}, {}, "set trim_padding"),
+        ({"strategy": "fsdp"}, {}, "as many passes"),
+        ({}, {"name": "dpo"}, "whole chosen/rejected pairs"),
+    ],
+)
+def test_a_token_budget_names_what_it_cannot_go_with(demo_data, training, algorithm, words):
+    demo_data["training"].update(micro_batch_tokens=512, **training)
+    demo_data["algorithm"].update(algorithm)
+    from rldock.config import find_problems
+    from rldock.config.job import JobConfig
+
+    cfg = JobConfig.model_validate(demo_data)
+    budget = [p for p in find_problems(cfg) if p.path == "training.micro_batch_tokens"]
+    assert len(budget) == 1 and words in budget[0].message

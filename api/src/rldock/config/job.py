@@ -914,7 +914,17 @@ class TrainingSpec(Spec):
         description="DP: actor ranks, each on one device (times tensor_parallel_size); PPO's critic runs as many "
         "DDP ranks.",
     )
-    micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass.")
+    micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass (at most).")
+    micro_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="A token budget per forward/backward pass of the old-logprob, reference and update passes: "
+        "samples sorted by length fill a pass while its rows x (longest prompt + longest response) stays "
+        "within this (a longer sample runs alone), at most micro_batch_size of them, so short samples share a "
+        "pass and long ones are not padded to each other. Needs trim_padding; not with strategy fsdp (whose "
+        "ranks must run as many passes as each other) or DPO (whose micro-batches hold whole pairs). Unset: "
+        "micro_batch_size samples per pass.",
+    )
     tensor_parallel_size: int = Field(
         default=1,
         ge=1,

@@ -90,6 +90,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_resharding_problems(cfg))
     problems.extend(_generation_tp_problems(cfg))
     problems.extend(_strategy_problems(cfg))
+    problems.extend(_micro_batch_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
@@ -741,6 +742,28 @@ def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
             )
         )
     return problems
+
+
+def _micro_batch_problems(cfg: JobConfig) -> list[Problem]:
+    """training.micro_batch_tokens: passes cut by a token budget need the sorted, trimmed rows, ranks
+    free to run different numbers of passes, and no pairs to keep whole."""
+    training = cfg.training
+    if training.micro_batch_tokens is None:
+        return []
+    field, budget = "training.micro_batch_tokens", training.micro_batch_tokens
+    if not training.trim_padding:
+        return [Problem(field, f"a token budget ({budget}) cuts passes of rows sorted by length; set trim_padding")]
+    if training.strategy == "fsdp":
+        return [
+            Problem(
+                field,
+                f"under strategy fsdp every rank's forward is collective, so ranks must run as many passes; "
+                f"a token budget ({budget}) gives each rank its own count: unset it and size micro_batch_size",
+            )
+        ]
+    if cfg.algorithm.name == "dpo":
+        return [Problem(field, "DPO's micro-batches hold whole chosen/rejected pairs: unset it")]
+    return []
 
 
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:

@@ -68,10 +68,16 @@ def response_attention(batch) -> Tensor:
 
 
 def plan_micro_batches(
-    prompt_mask: Tensor, response_mask: Tensor, *, micro_batch_size: int, trim: bool
+    prompt_mask: Tensor,
+    response_mask: Tensor,
+    *,
+    micro_batch_size: int,
+    trim: bool,
+    max_tokens: int | None = None,
 ) -> list[MicroBatch]:
     """Split a batch of left-padded prompts (B, PL) and right-padded responses (B, SL) into forward
-    passes of at most `micro_batch_size` rows.
+    passes of at most `micro_batch_size` rows and, with `max_tokens`, of at most that many
+    computed tokens (`micro_batch_rows`).
 
     With `trim`, rows are sorted by their token count (so a pass holds sequences of similar
     length) and each pass keeps only its own longest prompt and response: leading prompt columns
@@ -79,19 +85,14 @@ def plan_micro_batches(
     not computed. Padding is masked out of attention and positions count real tokens only, so the
     kept columns give the same results. Without `trim`: consecutive rows, all PL + SL columns.
     """
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    num_rows, prompt_len = prompt_mask.shape
-    response_len = response_mask.shape[1]
-    if not trim:
-        return [
-            MicroBatch(torch.arange(start, min(start + micro_batch_size, num_rows)), 0, response_len)
-            for start in range(0, num_rows, micro_batch_size)
-        ]
-    order = sort_by_tokens({"prompt_mask": prompt_mask, "response_mask": response_mask})  # (B,)
+    prompt_len = prompt_mask.shape[1]
     plans = []
-    for start in range(0, num_rows, micro_batch_size):
-        rows = order[start : start + micro_batch_size]
+    for rows in micro_batch_rows(
+        prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim, max_tokens=max_tokens
+    ):
+        if not trim:
+            plans.append(MicroBatch(rows, 0, response_mask.shape[1]))
+            continue
         prompt_columns = prompt_mask[rows].any(dim=0).nonzero()  # (k, 1)
         response_columns = response_mask[rows].any(dim=0).nonzero()  # (k, 1)
         # Column PL - 1 always stays: its logits score response token 0.
@@ -99,6 +100,47 @@ def plan_micro_batches(
         response_end = max(int(response_columns[-1]) + 1 if len(response_columns) else 0, 1)
         plans.append(MicroBatch(rows, prompt_start, response_end))
     return plans
+
+
+def micro_batch_rows(
+    prompt_mask: Tensor, response_mask: Tensor, *, micro_batch_size: int, trim: bool, max_tokens: int | None = None
+) -> list[Tensor]:
+    """The rows (b,) of each pass over a batch of left-padded prompts (B, PL) and right-padded
+    responses (B, SL): consecutive runs of `micro_batch_size` rows, or with `trim` the rows sorted
+    by token count, shortest first, and cut into runs of at most `micro_batch_size` rows.
+
+    `max_tokens` (with `trim`): a run also ends before its computed tokens, rows x (its longest
+    prompt + its longest response), would pass `max_tokens`; a row longer than that runs alone.
+    Short rows then share a pass by the dozen and long ones go few at a time, so a batch of mixed
+    lengths costs about its real token count instead of `micro_batch_size` x its longest row.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    num_rows = prompt_mask.shape[0]
+    if not trim:
+        return [
+            torch.arange(start, min(start + micro_batch_size, num_rows))
+            for start in range(0, num_rows, micro_batch_size)
+        ]
+    order = sort_by_tokens({"prompt_mask": prompt_mask, "response_mask": response_mask})  # (B,)
+    if max_tokens is None:
+        return list(order.split(micro_batch_size))
+    prompt_lengths = prompt_mask.sum(dim=1).tolist()  # left-padded: the real tokens are the last ones
+    response_columns = response_mask * torch.arange(1, response_mask.shape[1] + 1)  # (B, SL)
+    response_lengths = response_columns.amax(dim=1).tolist()  # right-padded: one past the last real token
+    runs: list[list[int]] = []
+    longest_prompt = longest_response = 0
+    for row in order.tolist():
+        prompt, response = max(longest_prompt, prompt_lengths[row]), max(longest_response, response_lengths[row])
+        if runs and len(runs[-1]) < micro_batch_size and (len(runs[-1]) + 1) * (prompt + response) <= max_tokens:
+            runs[-1].append(row)
+            longest_prompt, longest_response = prompt, response
+        else:
+            runs.append([row])
+            longest_prompt, longest_response = prompt_lengths[row], response_lengths[row]
+    return [torch.tensor(run, dtype=torch.int64) for run in runs]
 
 
 def sort_by_tokens(batch) -> Tensor:
@@ -173,6 +215,7 @@ def _score_passes(
     attention_mask: Tensor | None,
     *,
     micro_batch_size: int,
+    max_tokens: int | None,
     temperature: float,
     trim: bool,
     with_entropy: bool,
@@ -180,7 +223,9 @@ def _score_passes(
     """Logprobs (B, SL) and, `with_entropy`, entropy (B, SL) of the response tokens where
     `response_mask` is 1 (0 elsewhere): the head runs on those positions only."""
     attention = response_mask if attention_mask is None else attention_mask
-    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
+    plans = plan_micro_batches(
+        prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim, max_tokens=max_tokens
+    )
     head = output_head(model)
     logprob_chunks, entropy_chunks = [], []
     for hidden, plan in _scored_hidden(model, prompt_ids, prompt_mask, response_ids, attention, plans):
@@ -213,6 +258,7 @@ def response_logprobs(
     response_mask: Tensor,
     *,
     micro_batch_size: int,
+    max_tokens: int | None = None,
     temperature: float = 1.0,
     trim: bool = False,
     attention_mask: Tensor | None = None,
@@ -221,9 +267,9 @@ def response_logprobs(
     `attention_mask` (B, SL): the response tokens attended to, when more than the scored ones
     (`response_attention`); None: `response_mask`.
 
-    Runs `micro_batch_size` rows per forward pass (on their own longest sequence with `trim`, see
-    `plan_micro_batches`). Gradients flow when called outside `torch.no_grad()`, so the same
-    function serves old logprobs, reference logprobs and the loss.
+    Runs `micro_batch_size` rows per forward pass, at most `max_tokens` tokens with `trim` (each
+    pass on its own longest sequence, see `plan_micro_batches`). Gradients flow when called outside
+    `torch.no_grad()`, so the same function serves old logprobs, reference logprobs and the loss.
     """
     logprobs, _ = _score_passes(
         model,
@@ -233,6 +279,7 @@ def response_logprobs(
         response_mask,
         attention_mask,
         micro_batch_size=micro_batch_size,
+        max_tokens=max_tokens,
         temperature=temperature,
         trim=trim,
         with_entropy=False,
@@ -248,6 +295,7 @@ def response_logprobs_and_entropy(
     response_mask: Tensor,
     *,
     micro_batch_size: int,
+    max_tokens: int | None = None,
     temperature: float = 1.0,
     trim: bool = False,
     attention_mask: Tensor | None = None,
@@ -263,6 +311,7 @@ def response_logprobs_and_entropy(
         response_mask,
         attention_mask,
         micro_batch_size=micro_batch_size,
+        max_tokens=max_tokens,
         temperature=temperature,
         trim=trim,
         with_entropy=True,

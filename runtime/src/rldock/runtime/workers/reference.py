@@ -9,11 +9,11 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.engines.policy import response_attention, response_logprobs
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
-from rldock.runtime.workers.stage_loop import run_stage
 
 
 class ReferenceWorker(TakesTurns):
@@ -39,6 +39,7 @@ class ReferenceWorker(TakesTurns):
                     batch["response_ids"],
                     batch["response_mask"],
                     micro_batch_size=micro_batch_size,
+                    max_tokens=self.cfg.training.micro_batch_tokens,
                     trim=self.cfg.training.trim_padding,
                     attention_mask=response_attention(batch),
                 )  # (B, SL)
