@@ -16,8 +16,10 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   outputs, q/k/v, the attention output, the MLP's gate, up, activation and product; attention
   scores not kept, as with fused/flash attention), times L layers; with
   training.gradient_checkpointing only each layer's input b*s*h x e is kept, plus one layer's
-  full set while it is recomputed. The logits add b*s*V x 4 x 2 (float32 logits and their
-  log-softmax).
+  full set while it is recomputed. With training.micro_batch_tokens a pass computes at most that
+  many tokens (b*s when smaller; one whole sequence s when larger). The LM head adds about three
+  float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
+  (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -165,8 +167,16 @@ def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp:
     )
 
 
+# engines/head_logprobs.py's CHUNK_BYTES (a test keeps them equal; the planner imports no torch)
+LOGIT_CHUNK_BYTES = 32 << 20
+
+
 def _micro_batch_tokens(cfg: JobConfig) -> int:
-    return cfg.training.micro_batch_size * (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
+    """The most tokens one pass computes: micro_batch_size whole sequences, within micro_batch_tokens."""
+    sequence = cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length
+    tokens = cfg.training.micro_batch_size * sequence
+    budget = cfg.training.micro_batch_tokens
+    return tokens if budget is None else max(min(tokens, budget), sequence)
 
 
 def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
@@ -183,8 +193,14 @@ def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     training = cfg.training
     element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
     layers = _decoder_activation_bytes(cfg, shape, element=element, tp=training.tensor_parallel_size)
-    logits = _micro_batch_tokens(cfg) * shape.vocab_size * 4 * 2
-    return layers + logits
+    return layers + head_chunk_bytes(cfg, shape)
+
+
+def head_chunk_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """The LM head's working set: about three float32 (chunk, V) tensors, a chunk being the positions
+    whose logits fit in LOGIT_CHUNK_BYTES, or the pass's tokens when fewer."""
+    chunk = min(_micro_batch_tokens(cfg), max(1, LOGIT_CHUNK_BYTES // (4 * shape.vocab_size)))
+    return 3 * chunk * shape.vocab_size * 4
 
 
 def critic_params(shape: ModelShape) -> int:
