@@ -12,6 +12,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss
+from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs
 from rldock.runtime.training.ddp import DdpBackend
@@ -61,9 +62,8 @@ def _actor_double(model, recompute: str) -> ActorWorker:
         cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), rank=0, world_size=1
     )
     actor.device = types.SimpleNamespace(torch_device="cpu")
-    actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
-    actor.kl_estimator = "k3"
     actor.recipe = job_recipe(cfg)
+    actor.objective = job_objective(cfg, actor.recipe)
     return actor
 
 

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, masked_mean
+from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs_and_entropy
 from rldock.runtime.training.ddp import DdpBackend
@@ -54,9 +55,8 @@ def _actor_double(model) -> ActorWorker:
         cfg, model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), rank=0, world_size=1
     )
     actor.device = types.SimpleNamespace(torch_device="cpu")
-    actor.policy_loss, actor.policy_loss_kwargs = get_policy_loss("clipped"), {"clip_ratio": 0.2}
-    actor.kl_estimator = "k3"
     actor.recipe = job_recipe(cfg)
+    actor.objective = job_objective(cfg, actor.recipe)
     return actor
 
 
@@ -195,6 +195,7 @@ def test_update_step_aggregates_the_whole_mini_batch_over_its_micro_batches():
         actor.cfg.algorithm.max_grad_norm = 1e9  # no clipping: compare raw gradients
         actor.cfg.algorithm.recompute_old_logprobs = "always"
         actor.recipe = job_recipe(actor.cfg)
+        actor.objective = job_objective(actor.cfg, actor.recipe)  # fixed at start from the config
         actor.backend.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         actor._optimizer_step(batch)
         split = [p.grad.clone() for p in model.parameters()]

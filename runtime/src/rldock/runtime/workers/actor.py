@@ -32,10 +32,10 @@ from rldock.config.job import generation_dtype
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.metrics import Sums, merged_sums
 from rldock.runtime.agent.sampler import AgentSampler
-from rldock.runtime.algorithms import get_policy_loss, kl_penalty, masked_mean
-from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
+from rldock.runtime.algorithms import kl_penalty, masked_mean
+from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
-from rldock.runtime.algorithms.kl import kl_clamp_fraction
+from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
@@ -43,10 +43,10 @@ from rldock.runtime.engines.distributed import Rendezvous, init_process_group, o
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
 from rldock.runtime.engines.policy import (
     ResponseScores,
+    micro_batch_rows,
     response_attention,
     response_logprobs,
     response_logprobs_and_entropy,
-    sort_by_tokens,
 )
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
@@ -112,9 +112,7 @@ class ActorWorker(TakesTurns):
         )
         self.policy_dir = policy_dir
         self.recipe = job_recipe(cfg)
-        self.policy_loss = get_policy_loss(self.recipe.policy_loss) if self.recipe.policy_loss else None
-        self.policy_loss_kwargs = self.recipe.policy_loss_kwargs(algo)
-        self.kl_estimator = algo.kl_estimator
+        self.objective = job_objective(cfg, self.recipe)  # the update's loss; None under DPO
         self.engine: VllmRolloutEngine | None = None  # started by join_group on a replica's first rank
         # Generation replicas of consecutive actor ranks; the first rank of each holds the engine.
         self.generation = ParallelLayout.over(
@@ -598,104 +596,55 @@ class ActorWorker(TakesTurns):
             batch["response_ids"],
             batch["response_mask"],
             micro_batch_size=self.cfg.training.micro_batch_size,
+            max_tokens=self.cfg.training.micro_batch_tokens,
             trim=self.cfg.training.trim_padding,
             attention_mask=response_attention(batch),
         )
 
     def _scores(self, batch: TensorDict) -> ResponseScores:
-        """Logprobs (with gradients) and the policy's entropy of the response tokens, one forward pass."""
+        """Logprobs (with gradients) and the policy's entropy of a micro-batch's response tokens, one
+        forward pass."""
         return response_logprobs_and_entropy(
             self.backend.training_module(),
             batch["prompt_ids"],
             batch["prompt_mask"],
             batch["response_ids"],
             batch["response_mask"],
-            micro_batch_size=self.cfg.training.micro_batch_size,
+            micro_batch_size=len(batch),
             trim=self.cfg.training.trim_padding,
             attention_mask=response_attention(batch),
         )
 
     def _optimizer_step(self, mini_batch: TensorDict) -> dict:
-        """One optimizer step over a mini-batch, accumulating micro-batches; the loss aggregated over
-        the whole mini-batch by algorithm.loss_aggregation (the token mean by default)."""
-        algo = self.cfg.algorithm
-        # The `update` state's recipes all name a policy loss (DPO's preference_update has its own).
-        policy_loss = self.policy_loss
-        assert policy_loss is not None, f"recipe {self.recipe.name!r} has no policy loss"
-        device = self.device.torch_device
-        mini_batch = mini_batch.to(device)
-        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
-        # The aggregate over the whole mini-batch across ranks: each micro-batch's aggregate is scaled
-        # by its units (tokens, responses, or the constant length) over the mean units per rank, and
-        # DDP averages gradients over ranks. The update is then the same however the dock split the
-        # samples between ranks and micro-batches.
-        mode, norm_length = algo.loss_aggregation, algo.max_response_length
-        global_units = aggregation_units(
-            mini_batch["response_mask"], mode, row_weights=self._row_weights(mini_batch), norm_length=norm_length
-        )
-        if self.world_size > 1 and additive_units(algo.loss_aggregation):
+        """One optimizer step over a mini-batch, accumulating micro-batches (training.micro_batch_size
+        rows, within training.micro_batch_tokens when set); the loss aggregated over the whole
+        mini-batch by algorithm.loss_aggregation (the token mean by default), algorithms/policy_objective.py."""
+        objective = self.objective
+        assert objective is not None, f"recipe {self.recipe.name!r} has no policy loss"
+        mini_batch = mini_batch.to(self.device.torch_device)
+        rank_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
+        global_units = objective.units(mini_batch)
+        if self.world_size > 1 and additive_units(objective.aggregation):
             torch.distributed.all_reduce(global_units)
         units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / self.world_size
-        if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
-            mini_batch = mini_batch[sort_by_tokens(mini_batch)]
-        # clip_fraction, dual_clip_fraction, log_ratio_clamp_fraction, kl_clamp_fraction: the share
-        # of tokens each bound touched (the ratio clip, dual-clip, the log ratio's before exp(), k3's)
-        clip_keys = ("clip_fraction", "dual_clip_fraction", "log_ratio_clamp_fraction")
 
         def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = micro["response_mask"].float()  # (b, SL)
-            row_weights = self._row_weights(micro)  # (b,) or None
-            weight = aggregation_units(mask, mode, row_weights=row_weights, norm_length=norm_length) / units_per_rank
             scores = self._scores(micro)
-            logprobs = scores.logprobs  # (b, SL)
-            policy = policy_loss(
-                logprobs,
-                self._old_logprobs(micro, logprobs),
-                micro["advantage"],
-                mask,
-                aggregation=algo.loss_aggregation,
-                row_weights=row_weights,
-                norm_length=algo.max_response_length,
-                **self.policy_loss_kwargs,
+            return objective(
+                scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens
             )
-            kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
-            if self._update_reads("ref_logprobs"):
-                kl_tokens = kl_penalty(
-                    logprobs, micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=algo.kl_clamp
-                )  # (b, SL)
-                kl = aggregate(kl_tokens, mask, mode, row_weights=row_weights, norm_length=norm_length)
-                kl_clamped = kl_clamp_fraction(kl_tokens, mask, algo.kl_clamp)
-            loss = policy.loss + algo.kl_coef * kl
-            w = (mask.sum() / local_tokens).item()  # this rank's metrics: its own token mean
-            return loss * weight, {
-                "loss": loss.item() * w,
-                "policy_loss": policy.loss.item() * w,
-                "kl": kl.item() * w,
-                **{key: getattr(policy, key).item() * w for key in clip_keys},
-                "kl_clamp_fraction": kl_clamped.item() * w,
-                "entropy": masked_mean(scores.entropy, mask).item() * w,
-            }  # token mean, nats
 
-        return accumulate(
-            self.backend,
-            mini_batch.split(self.cfg.training.micro_batch_size),
-            micro_loss,
-            max_grad_norm=algo.max_grad_norm,
+        training = self.cfg.training
+        rows = micro_batch_rows(
+            mini_batch["prompt_mask"],
+            response_attention(mini_batch),
+            micro_batch_size=training.micro_batch_size,
+            trim=training.trim_padding,  # sorted by length: trimming cuts more
+            max_tokens=training.micro_batch_tokens,
         )
-
-    def _old_logprobs(self, micro: TensorDict, logprobs: torch.Tensor) -> torch.Tensor:
-        """The sampling policy's logprobs (b, SL): the dock's `old_logprobs` when the flow computes
-        them, else this forward pass's own, detached (job_recipe drops the pass only when the
-        sampling policy is the one training, so the ratio is exactly 1)."""
-        return micro["old_logprobs"] if self._update_reads("old_logprobs") else logprobs.detach()
-
-    def _row_weights(self, batch: TensorDict) -> torch.Tensor | None:
-        """Each response's weight in the loss aggregation (b,): PF-PPO's filtration weights; None
-        (every response 1) where the flow carries none."""
-        return batch["loss_weight"] if self._update_reads("loss_weight") else None
-
-    def _update_reads(self, column: str) -> bool:
-        return column in self.recipe.consumes[self.recipe.update_state]
+        return accumulate(
+            self.backend, [mini_batch[r] for r in rows], micro_loss, max_grad_norm=self.cfg.algorithm.max_grad_norm
+        )
 
     def _preference_step(self, mini_batch: TensorDict) -> dict:
         """One optimizer step on the DPO loss over a mini-batch of whole pairs (rows 2i chosen,
@@ -718,7 +667,7 @@ class ActorWorker(TakesTurns):
             with torch.no_grad():  # logged only: how far the policy drifted from the reference
                 kl = masked_mean(
                     kl_penalty(
-                        logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=algo.kl_clamp
+                        logprobs.detach(), micro["ref_logprobs"], estimator=algo.kl_estimator, max_kl=algo.kl_clamp
                     ),
                     mask,
                 )
