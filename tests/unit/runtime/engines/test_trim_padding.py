@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rldock.runtime.engines.policy import plan_micro_batches, response_logprobs, response_logprobs_and_entropy
-from rldock.runtime.models.value import ValueModel, response_values
+from rldock.runtime.engines.values import response_values
+from rldock.runtime.models.value import ValueModel
 
 PL, SL = 6, 7
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock

@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
+from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
 from rldock.runtime.engines.distributed import wrap_ddp
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
-from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock

@@ -28,11 +28,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
+from rldock.runtime.dock.stage_loop import StageFn, StageTiming
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
-from rldock.runtime.workers.stage_loop import StageFn, StageTiming
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock

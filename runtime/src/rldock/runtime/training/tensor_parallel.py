@@ -33,12 +33,12 @@ from torch.distributed.tensor import DTensor
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
 from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
 from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_decoder
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush
-from rldock.runtime.workers.stage_loop import StageFn, StageTiming, run_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine

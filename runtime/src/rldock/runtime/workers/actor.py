@@ -39,6 +39,7 @@ from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import StageTiming, run_stage
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
 from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
 from rldock.runtime.engines.policy import (
@@ -62,7 +63,6 @@ from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.training.strategies import build_backend
 from rldock.runtime.turns import TakesTurns, in_turn
 from rldock.runtime.workers.partial_rollout import PartialRollout, behaviour_logprobs
-from rldock.runtime.workers.stage_loop import StageTiming, run_stage
 
 logger = logging.getLogger(__name__)
 

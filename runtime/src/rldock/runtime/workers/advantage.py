@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.workers.stage_loop import run_stage
+from rldock.runtime.dock.stage_loop import run_stage
 
 
 def advantage_batch_size(recipe: Recipe, cfg: JobConfig) -> int:

@@ -40,14 +40,15 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.engines.policy import sort_by_tokens
+from rldock.runtime.engines.values import response_values
 from rldock.runtime.models.layers import enable_activation_checkpointing
-from rldock.runtime.models.value import load_value_model, response_values
+from rldock.runtime.models.value import load_value_model
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
-from rldock.runtime.workers.stage_loop import run_stage
 
 CRITIC_FILE = "critic.pt"
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

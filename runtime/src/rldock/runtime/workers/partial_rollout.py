@@ -26,8 +26,8 @@ from tensordict import TensorDict
 
 from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
-from rldock.runtime.workers.stage_loop import run_stage
 
 logger = logging.getLogger(__name__)
 

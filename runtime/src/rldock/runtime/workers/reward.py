@@ -23,10 +23,10 @@ from rldock.runtime.agent.trajectory import is_trajectory, reward_views
 from rldock.runtime.algorithms.recipes import Recipe, job_recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer, column_lists
 from rldock.runtime.workers.advantage import advantage_batch_size, advantage_generator
-from rldock.runtime.workers.stage_loop import run_stage
 
 
 class RewardWorker:

@@ -20,12 +20,12 @@ from rldock.runtime.agent.trajectory import final_texts, is_trajectory
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.states import REWARD_MODEL
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
-from rldock.runtime.workers.stage_loop import run_stage
 
 
 def sample_texts(tokenizer, batch: TensorDict) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.workers.stage_loop import run_stage
+from rldock.runtime.dock.stage_loop import run_stage
 
 
 class CountingDock:

@@ -1,4 +1,8 @@
-"""The loop every worker runs for one iteration: ask the controller, read, compute, write back."""
+"""The loop every worker runs for one iteration: ask the controller, read, compute, write back.
+
+The dock's consumer side: the workers and the parts they are built from (the training backends)
+run it from here, so none of those parts imports the workers.
+"""
 
 from __future__ import annotations
 

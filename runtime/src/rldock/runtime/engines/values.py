@@ -1,0 +1,35 @@
+"""The value model's pass: V(state before response token t) for every response token, micro-batched
+and trimmed like the policy's logprobs (engines/policy.py), so values and logprobs line up token for
+token. The model itself (rldock.runtime.models.value) is architecture only."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from rldock.runtime.engines.policy import micro_batch_inputs, plan_micro_batches, scatter_rows
+
+
+def response_values(
+    model: nn.Module,  # a ValueModel, or the DDP wrapper around one
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    *,
+    micro_batch_size: int,
+    trim: bool = False,
+) -> Tensor:
+    """V(state before response token t) for every t: (B, SL) float32, 0 where the mask is 0.
+
+    The state before token t ends at input position PL + t - 1, the same position whose logits
+    score token t in `response_logprobs`, so values and logprobs line up token for token. With
+    `trim` each pass runs on its own longest sequence (engines.policy.plan_micro_batches).
+    """
+    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
+    chunks = []
+    for plan in plans:
+        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
+        values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
+        values = values[:, scored]  # (b, response_end)
+        chunks.append(values * response_mask[plan.rows, : plan.response_end].to(values.dtype))
+    return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)
