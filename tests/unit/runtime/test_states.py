@@ -314,7 +314,7 @@ def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch)
     _, seats, (roles,) = device
     assert seats == (trainer._plan.group("actor")[0], trainer._plan.group("toy")[0])
     toy = roles[1]
-    assert (toy.name, toy.cls, dict(toy.arguments)) == (
+    assert (toy.name, toy.cls, toy.arguments()) == (
         "toy 0",
         ToyWorker,
         {"cfg": cfg, "banks": "banks", "tag": "toy 0/1"},

@@ -73,12 +73,12 @@ def test_actor_and_reference_share_one_process_and_generation_holds_no_training_
     dock = ColumnDock(_rollout_batch(), states={})
     worker = DeviceWorker(
         [
-            Role(
+            Role.of(
                 "actor 0",
                 ActorWorker,
                 {"cfg": cfg, "rank": 0, "world_size": 1, "policy_dir": str(twin_model_dir), "banks": dock},
             ),
-            Role(
+            Role.of(
                 "reference 0",
                 ReferenceWorker,
                 {"cfg": cfg, "rank": 0, "reference_dir": str(twin_model_dir), "banks": dock},

@@ -6,14 +6,22 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+_DOCKS: dict[int, ColumnDock] = {}  # every ColumnDock of this process, by id
+
 
 class ColumnDock:
     """Test double of TransferDock for one rank: each state gets the whole batch once per call of
-    its stage; what a stage puts is copied to host, as the real dock's wire does."""
+    its stage; what a stage puts is copied to host, as the real dock's wire does. A pickled copy
+    (a device worker's seat gets one) is this dock again, as a real client's copies reach the same
+    warehouses."""
 
     def __init__(self, batch: TensorDict, states: dict[str, tuple[str, ...]]):
         self.batch, self.states, self.waited_s, self.drained = batch, states, 0.0, False
         self._given: set[str] = set()
+        _DOCKS[id(self)] = self
+
+    def __reduce__(self):
+        return _registered, (id(self),)
 
     def bank(self, iteration: int) -> ColumnDock:  # stands in for DockBanks too: one bank, these columns
         return self
@@ -33,6 +41,10 @@ class ColumnDock:
     def put(self, indices, out, *, policy_version=None):
         for key, value in out.items():
             self.batch[key] = value.detach().to("cpu")
+
+
+def _registered(key: int) -> ColumnDock:
+    return _DOCKS[key]
 
 
 class WeightSinkEngine:

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
@@ -116,6 +117,25 @@ def test_call_order_runs_a_seats_calls_in_their_numbers_also_after_one_raises():
     assert ran == [0, 1, 2, 3]
 
 
+class Seat:
+    """A seat class keeping what it was given (the test double of a worker class)."""
+
+    def __init__(self, *, dock: dict, tag: str):
+        self.dock, self.tag = dock, tag
+
+
+def test_each_seat_gets_its_own_copy_of_its_arguments():
+    """As in processes of their own: a dock client handed to two seats is two clients."""
+    dock = {"drained": False}
+    worker = DeviceWorker(
+        [Role.of("a 0", Seat, {"dock": dock, "tag": "a"}), Role.of("b 0", Seat, {"dock": dock, "tag": "b"})]
+    )
+    a, b = worker.roles["a 0"], worker.roles["b 0"]
+    assert a.dock == b.dock == dock and a.dock is not b.dock and (a.tag, b.tag) == ("a", "b")
+    a.dock["drained"] = True
+    assert b.dock == {"drained": False}
+
+
 def test_a_role_handle_stays_in_the_driver():
     with pytest.raises(TypeError, match="actor 0"):
         pickle.dumps(RoleHandle(object(), "actor 0"))
@@ -141,13 +161,14 @@ def ray_session() -> Iterator[None]:
 
 
 class Writer:
-    """A seat that writes to a board its process shares with another seat (the dock's part)."""
+    """A seat that writes values to a board file (the dock's part)."""
 
-    def __init__(self, *, board: dict):
+    def __init__(self, *, board: Path):
         self.board = board
 
     def write(self, value: int) -> int:
-        self.board.setdefault("values", []).append(value)
+        with self.board.open("a") as board:
+            board.write(f"{value}\n")
         return value
 
 
@@ -155,29 +176,28 @@ class Reader:
     """A seat whose call waits inside it for what the Writer seat writes (a stage waiting for its
     inputs, or for its turn)."""
 
-    def __init__(self, *, board: dict):
+    def __init__(self, *, board: Path):
         self.board = board
 
-    def read(self, timeout_s: float) -> list:
+    def read(self, timeout_s: float) -> list[int]:
         deadline = time.monotonic() + timeout_s
-        while not self.board.get("values"):
+        while not self.board.exists() or not self.board.read_text():
             if time.monotonic() > deadline:
                 raise TimeoutError("nothing was written")
             time.sleep(0.01)
-        return list(self.board["values"])
+        return [int(line) for line in self.board.read_text().split()]
 
 
-def _device_worker(max_concurrency: int):
-    board: dict = {}  # one object in one pickle: both seats get the same board in the worker
-    roles = [Role("reader 0", Reader, {"board": board}), Role("writer 0", Writer, {"board": board})]
+def _device_worker(board: Path, max_concurrency: int):
+    roles = [Role.of("reader 0", Reader, {"board": board}), Role.of("writer 0", Writer, {"board": board})]
     process = ray.remote(DeviceWorker).options(num_cpus=0, max_concurrency=max_concurrency).remote(roles)
     return process, RoleHandle(process, "reader 0"), RoleHandle(process, "writer 0")
 
 
-def test_a_seat_waiting_inside_its_call_lets_the_other_seat_run(ray_session):
+def test_a_seat_waiting_inside_its_call_lets_the_other_seat_run(ray_session, tmp_path):
     """Submitted first, the reader waits for a value the writer's later call writes: the threaded
     device worker runs both, and each seat's own calls in the order submitted."""
-    process, reader, writer = _device_worker(MAX_PENDING_CALLS)
+    process, reader, writer = _device_worker(tmp_path / "board", MAX_PENDING_CALLS)
     waiting = reader.read.remote(timeout_s=60)
     writes = [writer.write.remote(value) for value in range(5)]
     assert ray.get(writes, timeout=60) == list(range(5))
@@ -186,10 +206,10 @@ def test_a_seat_waiting_inside_its_call_lets_the_other_seat_run(ray_session):
     ray.kill(process)
 
 
-def test_one_thread_for_the_seats_of_a_device_would_deadlock(ray_session):
+def test_one_thread_for_the_seats_of_a_device_would_deadlock(ray_session, tmp_path):
     """Why the device worker is threaded: in one queue the reader's wait holds the writer's call
     back, and the read never returns (it gives up after its own timeout)."""
-    process, reader, writer = _device_worker(1)
+    process, reader, writer = _device_worker(tmp_path / "board", 1)
     waiting = reader.read.remote(timeout_s=3)
     written = writer.write.remote(0)
     ready, _ = ray.wait([written], timeout=2)

@@ -34,7 +34,8 @@ two of them belong to collective groups (the actor ranks' DDP/FSDP/TP group, the
 in which case the second takes a process of its own (PPO with training TP > 1 puts critic rank r
 beside an actor rank).
 
-What the seats share in one process besides the device: torch's global RNG (the actor seeds it
+What the seats do not share: their constructor arguments, pickled per seat (`Role`), so each has
+its own dock client, as in a process of its own. What they share besides the device: torch's global RNG (the actor seeds it
 with seed + rank and the critic with the seed in their constructors, which run in seat order, so
 each model starts as in a process of its own; later draws come from one stream), and the torch
 thread pool (`training.num_threads` budgets threads per seat, rldock.runtime.threads).
@@ -50,6 +51,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+import torch
 from ray.util.placement_group import PlacementGroup
 
 from rldock.contract.placement import PlacementPlan
@@ -128,11 +131,24 @@ class CallOrder:
 
 @dataclass(frozen=True)
 class Role:
-    """A seat as the device worker builds it: its worker name, class and constructor arguments."""
+    """A seat as the device worker builds it: its worker name, class and constructor arguments.
+
+    The arguments are pickled apart from the other seats' (`Role.of`), so each seat unpickles
+    objects of its own, as its own process did: a dock client (DockBanks) keeps per-reader state,
+    the seconds it waited and whether its rank's share is drained, which two seats must not share
+    (one seat's stage loop would stop when the other's share ran out)."""
 
     name: str  # "actor 0"
     cls: type
-    arguments: Mapping[str, Any]
+    pickled_arguments: bytes
+
+    @classmethod
+    def of(cls, name: str, worker: type, arguments: Mapping[str, Any]) -> Role:
+        return cls(name, worker, ray.cloudpickle.dumps(dict(arguments)))
+
+    def arguments(self) -> dict[str, Any]:
+        """The constructor arguments, a copy of their own at each call."""
+        return ray.cloudpickle.loads(self.pickled_arguments)
 
 
 class DeviceWorker:
@@ -143,13 +159,18 @@ class DeviceWorker:
         self.roles: dict[str, Any] = {}
         self._orders: dict[str, CallOrder] = {}
         for role in roles:
-            self.roles[role.name] = role.cls(**role.arguments)
+            self.roles[role.name] = role.cls(**role.arguments())
             self._orders[role.name] = CallOrder()
         logger.info("device worker holding %s", ", ".join(self.roles))
 
     def call(self, role: str, number: int, method: str, *args, **kwargs):
         """`role`'s `method(*args, **kwargs)`, once its calls numbered before `number` finished."""
         with self._orders[role].turn(number):
+            # OpenMP keeps its thread count per thread, and a pool thread starts from the Ray actor's
+            # OMP_NUM_THREADS, not from the count the seats set (threads.py) until torch first runs
+            # parallel work in it. vLLM's CPU attention reads the count when it plans a batch and
+            # again in its kernel, and refuses two different counts: set it before anything runs.
+            torch.set_num_threads(torch.get_num_threads())
             return getattr(self.roles[role], method)(*args, **kwargs)
 
 
@@ -200,26 +221,21 @@ def start_device_seats(
     collective = {name for name, group in groups.items() if group.collective}
     handles: dict[str, dict[int, Any]] = {name: {} for name in groups}
     for process in seat_processes(plan, collective=collective):
-        roles = [
-            Role(
-                f"{group} {rank}",
-                groups[group].worker_class(),
-                groups[group].arguments(context, rank, len(plan.group(group))),
-            )
+        seats = [plan.group(group)[rank] for group, rank in process.seats]
+        workers = [
+            (groups[group].worker_class(), groups[group].arguments(context, rank, len(plan.group(group))))
             for group, rank in process.seats
         ]
-        seats = [plan.group(group)[rank] for group, rank in process.seats]
-        if len(roles) == 1:
-            [(group, rank)], [role] = process.seats, roles
-            handles[group][rank] = cluster.seated(role.cls, group=placement, plan=plan, seat=seats[0]).remote(
-                **role.arguments
-            )
+        if len(workers) == 1:
+            [(group, rank)], [(worker, arguments)] = process.seats, workers
+            handles[group][rank] = cluster.seated(worker, group=placement, plan=plan, seat=seats[0]).remote(**arguments)
             continue
-        worker = cluster.seated_together(
+        roles = [Role.of(name, worker, arguments) for name, (worker, arguments) in zip(process.names, workers)]
+        device_worker = cluster.seated_together(
             DeviceWorker, group=placement, plan=plan, seats=seats, max_concurrency=MAX_PENDING_CALLS
         ).remote(roles)
         for (group, rank), role in zip(process.seats, roles):
-            handles[group][rank] = RoleHandle(worker, role.name)
+            handles[group][rank] = RoleHandle(device_worker, role.name)
     return {name: [by_rank[rank] for rank in sorted(by_rank)] for name, by_rank in handles.items()}
 
 
