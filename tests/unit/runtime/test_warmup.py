@@ -12,9 +12,15 @@ from rldock.config.job import DataSpec, GeneratorSpec, WarmupSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, Row, columns_of, load_rows, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
-from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer
+from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, pad_prompts
 from rldock.runtime.models.loading import TokenBatch
-from rldock.runtime.warmup import answer_loss, demonstration_targets, demonstration_tokens, run_warmup
+from rldock.runtime.warmup import (
+    accumulate_answer_loss,
+    answer_loss,
+    demonstration_targets,
+    demonstration_tokens,
+    run_warmup,
+)
 
 ROWS = [
     Row(r["prompt"], r["answer"], r["data_source"])
@@ -81,6 +87,24 @@ def test_answer_loss_ignores_padding_columns(base_dir):
         assert answer_loss(model, prompts, tight).item() == pytest.approx(
             answer_loss(model, prompts, padded).item(), abs=1e-6
         )
+
+
+@pytest.mark.parametrize("micro_batch_size,max_tokens", [(1, None), (3, None), (8, 12)])
+def test_passes_accumulate_the_whole_batch_gradient(base_dir, micro_batch_size, max_tokens):
+    model, tokenizer = load_causal_lm(base_dir), load_tokenizer(base_dir)
+    texts = [("1+2=", "3"), ("4+4=", "8"), ("12+30=", "42"), ("5+0=", "5"), ("9+9=", "18")]
+    rows = [tokenizer(p)["input_ids"] for p, _ in texts]
+    prompts = pad_prompts(rows, max(map(len, rows)), tokenizer.pad_token_id)
+    answers = [tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for _, a in texts]
+    targets, _ = demonstration_targets([(ids, [1] * len(ids)) for ids in answers], tokenizer.pad_token_id)
+    whole = answer_loss(model, prompts, targets)
+    whole.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss = accumulate_answer_loss(model, prompts, targets, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+    assert loss == pytest.approx(whole.item(), rel=1e-5)
+    for got, expected in zip((p.grad for p in model.parameters()), want):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
 
 
 # Tool-use demonstrations: the tiny model with its chat template, the python tool described to it.
@@ -236,7 +260,7 @@ class Python(Tool):
 def test_the_trainer_warms_an_agent_job_up_on_its_demonstrations(chat_dir, tmp_path):
     """prepare_initial_policy hands the job's renderer to the warm-up (without it demonstrations are refused)."""
     from rldock.config import parse_job_config
-    from rldock.runtime.agent.sampler import job_conversation
+    from rldock.runtime.agent.loading import job_conversation
     from rldock.runtime.trainer import prepare_initial_policy
 
     (tmp_path / "own_tools.py").write_text(OWN_PYTHON_TOOL)

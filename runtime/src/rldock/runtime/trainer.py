@@ -122,6 +122,8 @@ def prepare_initial_policy(
                 seed=cfg.seed,
                 conversation=conversation,
                 max_response_length=cfg.algorithm.max_response_length,
+                micro_batch_size=cfg.training.micro_batch_size,
+                micro_batch_tokens=cfg.training.micro_batch_tokens,
             ),
         )
     return warm

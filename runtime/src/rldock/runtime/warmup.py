@@ -35,7 +35,7 @@ import torch
 from rldock.config.job import WarmupSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, PromptSampler
-from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.engines.policy import micro_batch_rows, response_logprobs
 from rldock.runtime.models import TokenBatch, load_causal_lm, load_tokenizer, max_token_length, pad_prompts
 
 logger = logging.getLogger(__name__)
@@ -95,6 +95,36 @@ def answer_loss(model, prompts: TokenBatch, targets: TokenBatch, loss_mask: torc
     return -logprobs.sum() / mask.sum().clamp(min=1)
 
 
+def accumulate_answer_loss(
+    model,
+    prompts: TokenBatch,
+    targets: TokenBatch,
+    loss_mask: torch.Tensor | None = None,
+    *,
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+) -> float:
+    """Backward `answer_loss` of the whole batch in passes of at most `micro_batch_size` rows (within
+    `max_tokens`, `micro_batch_rows`): each pass adds its tokens' share of the batch's mean, so the
+    gradients are the whole batch's while a pass holds only its own activations. Returns the loss."""
+    mask = targets.mask if loss_mask is None else loss_mask  # (B, T)
+    total = mask.sum().clamp(min=1)
+    loss = 0.0
+    for rows in micro_batch_rows(
+        prompts.mask, targets.mask, micro_batch_size=micro_batch_size, trim=True, max_tokens=max_tokens
+    ):
+        rows = rows.to(mask.device)
+        part = answer_loss(
+            model,
+            TokenBatch(prompts.ids[rows], prompts.mask[rows]),
+            TokenBatch(targets.ids[rows], targets.mask[rows]),
+            mask[rows],
+        ) * (mask[rows].sum().clamp(min=1) / total)
+        part.backward()
+        loss += part.item()
+    return loss
+
+
 class _Demonstrations:
     """The prompt set's demonstrations as warm-up targets, each laid out once (by position) and checked to
     fit in a rollout's response."""
@@ -143,11 +173,15 @@ def run_warmup(
     device: str | torch.device = "cpu",
     conversation: ChatRenderer | None = None,
     max_response_length: int | None = None,
+    micro_batch_size: int | None = None,
+    micro_batch_tokens: int | None = None,
 ) -> dict:
     """Train the model at `model_dir_in` for `spec.steps` AdamW steps on the prompt set's prompts
     and ground truths, or their demonstrations where the rows carry them (`dataset` was tokenized
     with this model's tokenizer; `conversation`, the agent job's renderer, lays the demonstrations
     out, and each must fit in `max_response_length` tokens); save model and tokenizer to `model_dir_out`.
+    Each step accumulates passes of at most `micro_batch_size` rows and `micro_batch_tokens` tokens
+    (the job's training.micro_batch_size and micro_batch_tokens; None: the whole batch in one pass).
 
     Trains in float32 whatever the job's model.dtype, since the phase is short and its output is
     also the reference policy. With `spec.steps == 0` the model is copied unchanged. Deterministic
@@ -185,16 +219,18 @@ def run_warmup(
                 targets, loss_mask = demonstrations.targets(positions)
             else:
                 targets, loss_mask = _answer_batch(dataset, positions, tokenizer, opening)
-            loss = answer_loss(
-                model,
-                TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
-                TokenBatch(targets.ids.to(device), targets.mask.to(device)),
-                None if loss_mask is None else loss_mask.to(device),
-            )
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            losses.append(
+                accumulate_answer_loss(
+                    model,
+                    TokenBatch(prompts.ids.to(device), prompts.mask.to(device)),
+                    TokenBatch(targets.ids.to(device), targets.mask.to(device)),
+                    None if loss_mask is None else loss_mask.to(device),
+                    micro_batch_size=micro_batch_size or len(positions),
+                    max_tokens=micro_batch_tokens,
+                )
+            )
             optimizer.step()
-            losses.append(loss.item())
             if step % 50 == 0 or step == spec.steps - 1:
                 logger.info("warmup step %d/%d loss %.4f", step + 1, spec.steps, losses[-1])
     model.eval()
