@@ -2,7 +2,7 @@
 `rldock.config`) imports nothing of ours above it, the runtime and the operator sit side by side
 and never import each other, the operator never imports the ML stack, no product module imports
 the benchmarks or the e2e harness, and inside the runtime the dock, the algorithms, the worker-state
-specs and the schedules keep to their rooms.
+specs and the schedules keep to their rooms and no two of its folders import each other.
 
 Read from the source with `ast` (every import statement, also those inside functions), so a lazy
 import cannot hide a dependency the picture forbids.
@@ -137,3 +137,26 @@ RUNTIME_ROOMS = {
 def test_runtime_rooms_keep_to_themselves(room):
     forbidden = RUNTIME_ROOMS[room]
     assert _offenders(room, lambda i: not any(_within(i, f) for f in forbidden)) == []
+
+
+def _runtime_folder(name: str) -> str | None:
+    """The runtime folder (a package right under rldock.runtime) a module or import belongs to."""
+    parts = name.split(".")
+    folder = ".".join(parts[:3])
+    is_package = folder in MODULES and MODULES[folder].name == "__init__.py"
+    return folder if parts[:2] == ["rldock", "runtime"] and len(parts) >= 3 and is_package else None
+
+
+def test_no_two_runtime_folders_import_each_other():
+    # A folder is a room with one job; two that import each other are one room in two places, and a
+    # change to either can break the other. Each pair's imports, both ways, are listed on failure.
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module in MODULES:
+        for imported in _imports(module):
+            source, target = _runtime_folder(module), _runtime_folder(imported)
+            if source and target and source != target:
+                edges.setdefault((source, target), []).append(f"{module} -> {imported}")
+    cycles = {
+        f"{a} <-> {b}": sorted(edges[a, b] + edges[b, a]) for (a, b) in sorted(edges) if a < b and (b, a) in edges
+    }
+    assert cycles == {}

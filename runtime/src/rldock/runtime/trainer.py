@@ -41,7 +41,7 @@ from rldock.contract.progress import evaluation_headline, format_progress
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime import cluster
 from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.agent.sampler import job_conversation
+from rldock.runtime.agent.loading import job_conversation
 from rldock.runtime.agent.service.local import JobEnvironmentServers
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.bookkeeping import Bookkeeper

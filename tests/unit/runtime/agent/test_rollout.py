@@ -29,7 +29,7 @@ from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.metrics import agent_metrics, episode_sums
 from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.agent.rollout import AgentLoop
-from rldock.runtime.agent.sampler import episode_columns, final_turn
+from rldock.runtime.agent_sampler import episode_columns, final_turn
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 

@@ -1,4 +1,5 @@
-"""The job's tools, environment and tool-call parser, built from its `agent` section.
+"""The job's tools, environment and tool-call parser, built from its `agent` section, and the
+renderer of its prompts and turns.
 
 A built-in name is looked up in its registry (agent/base.py); anything else is the user's own class,
 loaded as `path/to/file.py:Class` or `package.module:Class` (rldock.runtime.user_code) and checked to
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import TypeVar, cast
 
+from rldock.config import JobConfig
 from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, AgentSpec
 from rldock.runtime.agent import environments, parsers, tools  # noqa: F401  (register the built-ins)
 from rldock.runtime.agent.base import (
@@ -23,6 +25,7 @@ from rldock.runtime.agent.base import (
     Tool,
     ToolCallParser,
 )
+from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.service.client import OpenEnvEnvironment
 from rldock.runtime.agent.tools import PythonTool
 from rldock.runtime.registry import Registry
@@ -86,6 +89,22 @@ def build_environment(agent: AgentSpec, *, replica_urls: Sequence[str] = ()) -> 
 def build_parser(agent: AgentSpec) -> ToolCallParser:
     """The parser of `agent.tool_call_format`."""
     return TOOL_CALL_PARSERS.get(agent.tool_call_format)()
+
+
+def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
+    """The renderer of an agent job's prompts and turns (its tools described), None without an agent."""
+    if cfg.agent is None:
+        return None
+    built = build_tools(cfg.agent)
+    try:
+        return ChatRenderer(
+            tokenizer,
+            tools=[tool.schema() for tool in built.values()],
+            opens_with_environment=cfg.agent.environment is not None,
+        )
+    finally:
+        for tool in built.values():
+            tool.close()
 
 
 def _class(name: str, *, builtins: tuple[str, ...], registry: Registry[ClassT], interface: type, field: str) -> ClassT:

@@ -31,7 +31,7 @@ from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.metrics import Sums, merged_sums
-from rldock.runtime.agent.sampler import AgentSampler
+from rldock.runtime.agent_sampler import AgentSampler
 from rldock.runtime.algorithms import kl_penalty, masked_mean
 from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs

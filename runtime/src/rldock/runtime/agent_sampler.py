@@ -6,6 +6,10 @@ right-padded), `response_mask` (1 on the tokens the model sampled: what the old-
 and update passes score and train on), `response_attention_mask` (1 on every token of the trajectory:
 what those passes attend to), the trajectory's counts and the environment's per-step rewards for the
 reward (rldock.runtime.dataflow).
+
+Here, beside the folders it joins, because it needs both the agent (environments, tools, the loop:
+rldock.runtime.agent) and the job's data (the train rows an environment checks answers against:
+rldock.runtime.data), and the data's generators and prompt rendering import the agent's formats.
 """
 
 from __future__ import annotations
@@ -24,22 +28,6 @@ from rldock.runtime.agent.rollout import AgentLoop, Episode
 from rldock.runtime.agent.trajectory import final_turn_span
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-
-
-def job_conversation(cfg: JobConfig, tokenizer) -> ChatRenderer | None:
-    """The renderer of an agent job's prompts and turns (its tools described), None without an agent."""
-    if cfg.agent is None:
-        return None
-    tools = build_tools(cfg.agent)
-    try:
-        return ChatRenderer(
-            tokenizer,
-            tools=[tool.schema() for tool in tools.values()],
-            opens_with_environment=cfg.agent.environment is not None,
-        )
-    finally:
-        for tool in tools.values():
-            tool.close()
 
 
 class AgentSampler:
