@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rldock.runtime.engines.head_logprobs import head_logprobs
 from rldock.runtime.engines.policy import (
     build_policy_inputs,
     response_logprobs,
     response_logprobs_and_entropy,
-    token_entropy,
 )
 
 PAD = 0
@@ -123,17 +123,22 @@ def test_micro_batch_size_must_be_positive(model):
         response_logprobs(model, *_batch(), micro_batch_size=0)
 
 
-def test_token_entropy_of_known_distributions():
-    V = 7
-    uniform = torch.zeros(2, 3, V)  # (B, SL, V): equal logits
-    torch.testing.assert_close(token_entropy(uniform), torch.full((2, 3), float(torch.log(torch.tensor(7.0)))))
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The head's entropy of logits (n, V): an identity head (V = H) over them as hidden states."""
+    targets = torch.zeros(logits.shape[0], dtype=torch.int64)
+    return head_logprobs(logits, torch.eye(logits.shape[1]), None, targets, with_entropy=True, chunk=2)[1]
+
+
+def test_entropy_of_known_distributions():
+    uniform = torch.zeros(6, 7)  # (n, V): equal logits
+    torch.testing.assert_close(_entropy(uniform), torch.full((6,), float(torch.log(torch.tensor(7.0)))))
     peaked = torch.tensor([[100.0, 0.0, 0.0, 0.0]])  # (1, V=4): all mass on one token
-    assert float(token_entropy(peaked)) < 1e-30 + 1e-6
+    assert float(_entropy(peaked)) < 1e-30 + 1e-6
     two = torch.log(torch.tensor([[0.25, 0.75]]))  # H = -(.25 ln .25 + .75 ln .75)
-    torch.testing.assert_close(token_entropy(two), torch.tensor([0.5623351446]))
-    logits = torch.randn(4, 5, 11, generator=torch.Generator().manual_seed(0))
-    expected = torch.distributions.Categorical(logits=logits).entropy()  # (4, 5)
-    torch.testing.assert_close(token_entropy(logits), expected)
+    torch.testing.assert_close(_entropy(two), torch.tensor([0.5623351446]))
+    logits = torch.randn(20, 11, generator=torch.Generator().manual_seed(0))
+    expected = torch.distributions.Categorical(logits=logits).entropy()  # (20,)
+    torch.testing.assert_close(_entropy(logits), expected)
 
 
 def test_entropy_is_a_metric_only_and_matches_the_logits(model):
@@ -145,7 +150,8 @@ def test_entropy_is_a_metric_only_and_matches_the_logits(model):
         logits = model(
             input_ids=inputs.input_ids, attention_mask=inputs.attention_mask, position_ids=inputs.position_ids
         ).logits[:, 3:6]  # (3, SL, V)
-    torch.testing.assert_close(scores.entropy, token_entropy(logits) * batch[3], atol=1e-5, rtol=0)
+    expected = torch.distributions.Categorical(logits=logits).entropy()  # (3, SL)
+    torch.testing.assert_close(scores.entropy, expected * batch[3], atol=1e-5, rtol=0)
 
 
 def _trajectory_batch():

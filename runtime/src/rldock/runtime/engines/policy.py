@@ -318,12 +318,3 @@ def response_logprobs_and_entropy(
     )
     assert entropy is not None
     return ResponseScores(logprobs=logprobs, entropy=entropy)
-
-
-def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy H = -sum_v p_v log p_v of the softmax over the last dim: logits (..., V) -> (...).
-
-    A uniform distribution over V tokens gives log V; a (near) one-hot one gives 0.
-    """
-    log_p = logits.float().log_softmax(dim=-1)  # (..., V)
-    return -(log_p.exp() * log_p).sum(dim=-1)  # (...)
