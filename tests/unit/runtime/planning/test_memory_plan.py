@@ -16,8 +16,8 @@ from rldock.runtime.planning.memory import (
     LOGIT_CHUNK_BYTES,
     PhaseBytes,
     activation_bytes,
-    head_chunk_bytes,
     critic_params,
+    head_chunk_bytes,
     plan_critic,
     training_state_bytes,
 )

@@ -34,7 +34,7 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperatu
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):
         num_tokens, dtype = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
         logprobs = hidden.new_empty(num_tokens, dtype=dtype)  # (n,)
         logsumexp = hidden.new_empty(num_tokens, dtype=dtype)  # (n,)
@@ -54,7 +54,7 @@ class _HeadLogprobs(torch.autograd.Function):
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
+    def backward(ctx, grad_logprobs, _grad_entropy):
         hidden, weight, bias, targets, logsumexp = ctx.saved_tensors
         wants_hidden, wants_weight, wants_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if wants_hidden else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -173,7 +174,7 @@ def micro_batch_inputs(
 def output_head(model: nn.Module) -> nn.Linear:
     """The LM head (V, H) of a causal LM, through the DDP wrapper the update trains with (FSDP and
     TP leave the head a plain linear on every rank; a LoRA policy keeps the base model's head)."""
-    module = model.module if isinstance(model, DistributedDataParallel) else model
+    module: Any = model.module if isinstance(model, DistributedDataParallel) else model  # a Hugging Face model
     head = module.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise TypeError(f"{type(module).__name__}: the output embeddings are {type(head).__name__}, not a linear head")
