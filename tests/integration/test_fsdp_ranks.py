@@ -6,7 +6,9 @@ DDP's, and both strategies give the same losses (rldock_benchmarks.fsdp_vs_ddp).
 from __future__ import annotations
 
 import json
+import math
 import socket
+import string
 from pathlib import Path
 
 import pytest
@@ -213,3 +215,169 @@ def test_planner_matches_100m_fsdp_ranks_and_fsdp_halves_ddp():
     """The issue's check: ~110M parameters on 2 FSDP ranks. About 5-10 minutes here (opt-in:
     `make test-slow`)."""
     _planner_check(["--steps", "2", "--threads", "1"])
+
+
+# --- the PPO critic on FSDP ranks -------------------------------------------------------------
+
+CRITIC_SAMPLES, CRITIC_STATES = 8, ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "values", "returns")
+
+
+class RankShareDock:
+    """Test double of the transfer dock for one critic rank: hands `critic_update` this rank's rows
+    once (the real dock's token-balanced share), as DockBanks would for any iteration."""
+
+    def __init__(self, batch, rank: int):
+        share = CRITIC_SAMPLES // WORLD
+        self.rows = torch.arange(rank * share, (rank + 1) * share)
+        self.batch, self.given, self.waited_s, self.drained = batch, False, 0.0, False
+        self.states = {"critic_update": CRITIC_STATES}
+
+    def bank(self, iteration):
+        return self
+
+    def get(self, state, columns, **kwargs):
+        if self.given:
+            return None
+        self.given = True
+        return self.rows, self.batch[self.rows].select(*columns)
+
+    def put(self, indices, out, *, policy_version=None):
+        raise AssertionError("critic_update writes nothing")
+
+
+def _critic_cfg(policy_dir: str, data_parallel_size: int):
+    from rldock.config.job import JobConfig
+
+    return JobConfig(
+        iterations=1,
+        model={"path": policy_dir},
+        resources={"device": "cpu", "devices_per_node": WORLD},
+        # two micro-batches per rank: FSDP accumulates them before its one reduce-scatter
+        training={
+            "strategy": "fsdp",
+            "data_parallel_size": data_parallel_size,
+            "micro_batch_size": 2,
+            "num_threads": 0,
+        },
+        algorithm={
+            "name": "ppo",
+            "num_prompts_per_iteration": 2,
+            "num_responses_per_prompt": CRITIC_SAMPLES // 2,
+            "max_prompt_length": 3,
+            "max_response_length": 3,
+            "learning_rate": 1e-3,
+            "ppo": {"critic_learning_rate": 1e-2},
+        },
+    )
+
+
+def _critic_batch(seed: int):
+    """Value targets for 8 responses: old values 0.5 off on every other token (past the clip)."""
+    from tensordict import TensorDict
+
+    generator = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(2, 32, (CRITIC_SAMPLES, 3), generator=generator)  # (B, PL)
+    response_ids = torch.randint(2, 32, (CRITIC_SAMPLES, 3), generator=generator)  # (B, SL)
+    response_mask = torch.ones_like(response_ids)
+    response_mask[::3, 2] = 0  # responses of different lengths
+    targets = torch.randn((CRITIC_SAMPLES, 3), generator=generator)  # (B, SL)
+    return TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": torch.ones_like(prompt_ids),
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "values": (targets + 0.5 * (torch.arange(targets.numel()).reshape(targets.shape) % 2)) * response_mask,
+            "returns": targets * response_mask,
+        },
+        batch_size=[CRITIC_SAMPLES],
+    )
+
+
+def _critic(policy_dir: str, *, rank: int, world_size: int, banks):
+    from rldock.runtime.workers.critic import CriticWorker
+
+    critic = CriticWorker(
+        _critic_cfg(policy_dir, world_size), policy_dir=policy_dir, banks=banks, rank=rank, world_size=world_size
+    )
+    # `_adamw`'s well-conditioned first step, for the comparison with one process; join_group builds
+    # it on the layout's parameters, a lone rank keeps the one built here.
+    critic._make_optimizer = _adamw
+    critic.backend.optimizer = _adamw(critic.model.parameters())
+    with torch.no_grad():  # a head that predicts something (the new one predicts 0), alike on every rank
+        critic.model.head.weight.copy_(
+            torch.linspace(-1, 1, critic.model.head.weight.numel()).view_as(critic.model.head.weight)
+        )
+    return critic
+
+
+def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: str) -> None:
+    """Two updates on FSDP critic ranks, a checkpoint between them; then a fresh group of fresh
+    critics loads the checkpoint and runs the second update again."""
+    from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group
+
+    torch.set_num_threads(1)
+    first, second = _critic_batch(1), _critic_batch(2)
+    critic = _critic(policy_dir, rank=rank, world_size=WORLD, banks=RankShareDock(first, rank))
+    critic.join_group(Rendezvous("127.0.0.1", ports[0]))
+    stats = critic.update(iteration=1)
+    stepped = critic.backend.full_weights()
+    critic.save(out_dir)
+    critic.banks = RankShareDock(second, rank)
+    kept = critic.update(iteration=2)
+    kept_weights = critic.backend.full_weights()
+    dist.barrier()  # every rank's last collective has arrived before the group goes (see _fsdp_rank)
+    destroy_process_group()
+
+    resumed = _critic(policy_dir, rank=rank, world_size=WORLD, banks=RankShareDock(second, rank))
+    resumed.join_group(Rendezvous("127.0.0.1", ports[1]))
+    resumed.load(out_dir)
+    loaded = resumed.backend.full_weights()
+    again = resumed.update(iteration=2)
+    torch.save(
+        {
+            "stats": stats,
+            "stepped": stepped,
+            "kept": kept,
+            "kept_weights": kept_weights,
+            "loaded": loaded,
+            "again": again,
+            "again_weights": resumed.backend.full_weights(),
+        },
+        Path(out_dir) / f"critic-rank{rank}.pt",
+    )
+    dist.barrier()
+    destroy_process_group()
+
+
+def test_fsdp_critic_ranks_step_like_one_process_and_resume_from_their_checkpoint(tmp_path):
+    from rldock.runtime.models import build_tiny_model
+    from rldock.runtime.training.fsdp import FsdpBackend
+
+    # 40 tokens (36 characters and 4 special ones): the batches' ids stay below 32
+    texts = [string.ascii_lowercase + string.digits]
+    policy_dir = build_tiny_model(tmp_path / "policy", texts=texts, seed=0, hidden_size=64, num_heads=2, num_kv_heads=1)
+    mp.spawn(_critic_rank, args=((_free_port(), _free_port()), str(policy_dir), str(tmp_path)), nprocs=WORLD)
+    ranks = [torch.load(tmp_path / f"critic-rank{r}.pt") for r in range(WORLD)]
+    # One process over the whole batch (the lone rank's step, which equals the hand-computed one:
+    # tests/unit/runtime/workers/test_critic_update.py).
+    whole = _critic(str(policy_dir), rank=0, world_size=1, banks=RankShareDock(_critic_batch(1), 0))
+    whole.banks.rows = torch.arange(CRITIC_SAMPLES)
+    assert type(whole.backend) is not FsdpBackend
+    expected = whole.update(iteration=1)
+    for got in ranks:
+        for name, tensor in whole.model.state_dict().items():
+            torch.testing.assert_close(got["stepped"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+        assert got["stats"]["value_grad_norm"] == pytest.approx(expected["value_grad_norm"], rel=1e-4)
+        assert got["stats"]["num_samples"] == CRITIC_SAMPLES // WORLD
+        # The whole model's sum, added up from the shards, the same on every rank.
+        whole_sum = math.fsum(float(t.double().sum()) for t in got["stepped"].values())
+        assert got["stats"]["weights_sum"] == pytest.approx(whole_sum, rel=1e-12)
+        assert got["stats"]["weights_sum"] == ranks[0]["stats"]["weights_sum"]
+        # The checkpoint gave the fresh ranks the weights and AdamW state: the second update is the same.
+        for name, tensor in got["stepped"].items():
+            assert torch.equal(got["loaded"][name], tensor), name
+        for name, tensor in got["kept_weights"].items():
+            assert torch.equal(got["again_weights"][name], tensor), name
+        assert got["again"]["value_loss"] == got["kept"]["value_loss"]
+        assert got["again"]["weights_sum"] == got["kept"]["weights_sum"]

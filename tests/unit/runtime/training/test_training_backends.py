@@ -3,16 +3,20 @@ table, and each backend built on a one-rank gloo group with the model it trains.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from rldock.config.job import JobConfig
 from rldock.runtime.device import detect_device
+from rldock.runtime.training.checksum import weights_sum
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.training.fsdp import FsdpBackend
-from rldock.runtime.training.strategies import BACKENDS, build_backend, strategy_of
+from rldock.runtime.training.strategies import BACKENDS, build_backend, data_parallel_strategy_of, strategy_of
 from rldock.runtime.training.tensor_parallel import TensorParallelBackend
 
 
@@ -45,6 +49,20 @@ def _cfg(**training) -> JobConfig:
 )
 def test_strategy_of_the_training_config(training, strategy):
     assert strategy_of(_cfg(**training)) == strategy
+
+
+@pytest.mark.parametrize(
+    ("training", "strategy"),
+    [
+        ({}, "ddp"),
+        ({"strategy": "fsdp"}, "fsdp"),
+        ({"resharding": "allgather_swap"}, "ddp"),  # no engine to reshard into
+        ({"tensor_parallel_size": 2}, "ddp"),  # the policy's TP: a value model is not split
+        ({"strategy": "fsdp", "resharding": "allgather_swap"}, "fsdp"),
+    ],
+)
+def test_data_parallel_strategy_of_the_training_config(training, strategy):
+    assert data_parallel_strategy_of(_cfg(**training)) == strategy
 
 
 def _tiny_model():
@@ -96,5 +114,36 @@ def test_each_strategy_builds_its_backend_around_the_same_model(tmp_path):
                 assert isinstance(module, DistributedDataParallel) and module.module is model
             else:
                 assert module is model, name
+    finally:
+        dist.destroy_process_group()
+
+
+def test_weights_sum_is_the_whole_models_sum_whatever_the_layout(tmp_path):
+    """A bare model sums its own tensors; FSDP's shards (DTensors, on a one-rank gloo group) sum to
+    the same whole-model figure, and a critic-like `data_parallel_only` build of a TP config is DDP."""
+    expected = math.fsum(float(p.detach().double().sum()) for p in _tiny_model().parameters())
+    assert weights_sum(_tiny_model()) == expected
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        sharded = build_backend(
+            _cfg(strategy="fsdp"),
+            model=_tiny_model(),
+            make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+            device=detect_device("cpu"),
+            rank=0,
+            world_size=1,
+        )
+        assert all(isinstance(p, DTensor) for p in sharded.model.parameters())
+        assert weights_sum(sharded.model) == pytest.approx(expected, rel=1e-12)
+        replicas = build_backend(
+            _cfg(tensor_parallel_size=2),
+            model=_tiny_model(),
+            make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+            device=detect_device("cpu"),
+            rank=0,
+            world_size=1,
+            data_parallel_only=True,
+        )
+        assert type(replicas) is DdpBackend
     finally:
         dist.destroy_process_group()

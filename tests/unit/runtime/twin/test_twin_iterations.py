@@ -111,7 +111,7 @@ def test_ppo_iteration_on_the_twin(npu_twin, twin_model_dir):
     _place(reference, 1)
     critic = CriticWorker(cfg, policy_dir=str(twin_model_dir), banks=dock)
     _place(critic, 2)
-    critic.optimizer = torch.optim.AdamW(critic.model.parameters(), lr=1e-3)
+    critic.backend.optimizer = critic._make_optimizer(critic.model.parameters())
     actor_before = {name: p.detach().cpu().clone() for name, p in actor.model.named_parameters()}
     critic_before = {name: p.detach().cpu().clone() for name, p in critic.model.named_parameters()}
 

@@ -1,14 +1,21 @@
-"""The micro-batch accumulation loop: one optimizer step over a mini-batch split in micro-batches,
-the same for every loss (the policy update, DPO's preference step) and every training backend."""
+"""The update's loops, the same for every loss (the policy update, DPO's preference step, the
+critic's value regression) and every training backend: one optimizer step over a mini-batch split
+in micro-batches (`accumulate`), and an update stage's pass over this rank's share in mini-batches
+(`train_share`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import TensorDict
 
+from rldock.runtime.dock.stage_loop import StageTiming
 from rldock.runtime.training.backend import TrainingBackend
+
+if TYPE_CHECKING:
+    from rldock.runtime.dock import TransferDock
 
 # micro-batch -> (its loss already scaled by its share of the mini-batch, its metrics already
 # weighted by the same or by the rank's own share: the step reports their sums)
@@ -31,3 +38,29 @@ def accumulate(
             stats[key] = stats.get(key, 0.0) + value
     stats["grad_norm"] = backend.step(max_grad_norm)
     return stats
+
+
+def train_share(
+    backend: TrainingBackend,
+    dock: TransferDock,
+    state: str,
+    columns: tuple[str, ...],
+    step: Callable[[TensorDict], dict[str, float]],
+    *,
+    num_mini_batches: int,
+    after_inference: bool,
+) -> tuple[StageTiming, dict[str, float]]:
+    """Read exactly this rank's share of `state` (`backend.update_share`, token-balanced across the
+    DP ranks) and run `step` (mini-batch -> metrics, one optimizer step) on each of its
+    `num_mini_batches` mini-batches; returns the stage's timing and the metrics averaged over the
+    steps. `after_inference`: an inference stage of this iteration ran on the same model first."""
+    steps: list[dict[str, float]] = []
+
+    def train(indices: torch.Tensor, batch: TensorDict) -> None:
+        for mini_batch in batch.split(len(batch) // num_mini_batches):
+            steps.append(step(mini_batch))
+
+    backend.before_update(after_inference=after_inference)  # the training state back on the device
+    timing = backend.run_update_stage(dock, state, columns, train)
+    assert timing.num_samples == backend.update_share, f"{state} got a partial share"
+    return timing, {key: sum(metrics[key] for metrics in steps) / len(steps) for key in steps[0]}

@@ -1,27 +1,30 @@
-"""The training backend protocol: how the actor's plain model trains across its ranks.
+"""The training backend protocol: how a trained model (the actor's policy, PPO's value model)
+trains across its ranks.
 
 One implementation per layout, chosen once from the config (`strategies.py`): DDP replicas
 (`ddp.py`), FSDP2 shards (`fsdp.py`), a TP x DP mesh with resharding to generation
-(`tensor_parallel.py`). A backend is applied from outside to the model the actor loaded (LoRA and
-activation checkpointing already in place), after the default process group exists and before the
-vLLM engine adopts it; the model object stays the actor's, sharded or wrapped in place.
+(`tensor_parallel.py`). A backend is applied from outside to the model its worker loaded (LoRA and
+activation checkpointing already in place), after the default process group exists and, for the
+actor, before the vLLM engine adopts it; the model object stays the worker's, sharded or wrapped in
+place. A model with no engine (the critic's) never attaches one or exports its weights.
 
-The actor's stages are then written once, whatever the layout: the backend says how the ranks
+The workers' stages are then written once, whatever the layout: the backend says how the ranks
 share a stage's samples, brings its training state back before a pass that needs it, defers or
 applies gradient synchronisation, steps the optimizer, exports the weights to the engine after an
-update and gathers what a checkpoint writes. Every method is called on all actor ranks in the same
-order (FSDP and TP's are collectives).
+update and gathers what a checkpoint writes. Every method is called on all of the worker's ranks in
+the same order (FSDP and TP's are collectives).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
 
@@ -36,8 +39,9 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 class TrainingBackend(Protocol):
-    """One actor rank's share of the training layout."""
+    """One rank's share of the training layout."""
 
+    model: nn.Module  # the worker's model object, sharded or split in place (DDP: the bare model)
     optimizer: torch.optim.Optimizer  # over the parameters as the layout holds them
 
     @property
@@ -100,6 +104,15 @@ class TrainingBackend(Protocol):
     def load_optimizer(self, path: Path, *, map_location: str) -> None:
         """Inverse of `save_optimizer`, each rank keeping its own part."""
         ...
+
+
+def load_full_weights(backend: TrainingBackend, weights: Mapping[str, torch.Tensor]) -> None:
+    """Inverse of `full_weights`: the whole model's tensors by state-dict name (every rank reads them
+    whole) into the layout `backend` applied, each rank keeping its own part (torch's full state
+    dict: whole tensors copied, DTensor shards cut from them; collective where sharded). The
+    training state is brought onto the device first, as for a checkpoint's save."""
+    with backend.resident():
+        set_model_state_dict(backend.model, dict(weights), options=StateDictOptions(full_state_dict=True))
 
 
 def reload_after_sleep(engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:

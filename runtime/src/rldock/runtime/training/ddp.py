@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 class DdpBackend:
     """One DDP rank. `ddp_model` None: a world of one that runs the bare model (an actor that has
-    not joined a group, as the single-process tests build it)."""
+    not joined a group, as the single-process tests build it; a lone critic rank, which never does)."""
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class DdpBackend:
         device: DeviceInfo,
         rank: int,
         world_size: int,
+        defer_gradient_sync: bool = False,  # DDP always defers it to the last micro-batch (`accumulating`)
     ) -> DdpBackend:
         return cls(
             cfg,

@@ -1,9 +1,14 @@
 """The FSDP2 backend (`training.strategy: fsdp`): sharding, the weight push into the engine, the
 swap of the shards around generation, the ledger and checkpoints of sharded state.
 
-Every method here is collective over the actor ranks (FSDP all-gathers and reduce-scatters), so
-the actor calls them on all ranks in the same order, as it does its update. So is the forward:
+Every method here is collective over the worker's ranks (FSDP all-gathers and reduce-scatters), so
+the worker calls them on all ranks in the same order, as it does its update. So is the forward:
 an inference stage hands every rank its equal share in one pass, as the update does.
+
+Gradients are reduce-scattered after every micro-batch's backward, so a rank holds only gradient
+shards; with `defer_gradient_sync` the micro-batches accumulate whole gradients unsynchronised and
+the last backward reduce-scatters them once per optimizer step (fewer collectives, each parameter's
+whole gradient on the device in between: the PPO critic's choice, which its memory plan counts).
 
 With `training.resharding: allgather_swap` the flow after an update is allgather-swap from the
 FSDP layout: the shards are all-gathered one tensor at a time into the engine's layout (whole
@@ -19,12 +24,13 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.fsdp import FSDPModule
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
@@ -44,11 +50,18 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class FsdpBackend:
-    """One actor rank's FSDP2-sharded model and optimizer. Create after the default group exists
-    and before the engine adopts it; the optimizer is built here, on the sharded parameters."""
+    """One rank's FSDP2-sharded model and optimizer. Create after the default group exists and
+    before an engine adopts it; the optimizer is built here, on the sharded parameters."""
 
     def __init__(
-        self, cfg: JobConfig, *, model: nn.Module, make_optimizer: OptimizerFactory, device: DeviceInfo, rank: int
+        self,
+        cfg: JobConfig,
+        *,
+        model: nn.Module,
+        make_optimizer: OptimizerFactory,
+        device: DeviceInfo,
+        rank: int,
+        defer_gradient_sync: bool = False,
     ):
         training = cfg.training
         self.model = apply_fsdp(
@@ -62,6 +75,7 @@ class FsdpBackend:
         self._device = torch.device(device.torch_device)
         self._swapper = TensorSwapper(pin_memory=device.is_accelerator)
         self._ledger: list[dict] = []
+        self.defer_gradient_sync = defer_gradient_sync
 
     @classmethod
     def build(
@@ -73,8 +87,16 @@ class FsdpBackend:
         device: DeviceInfo,
         rank: int,
         world_size: int,
+        defer_gradient_sync: bool = False,
     ) -> FsdpBackend:
-        return cls(cfg, model=model, make_optimizer=make_optimizer, device=device, rank=rank)
+        return cls(
+            cfg,
+            model=model,
+            make_optimizer=make_optimizer,
+            device=device,
+            rank=rank,
+            defer_gradient_sync=defer_gradient_sync,
+        )
 
     # --- the training backend -------------------------------------------------------------------
 
@@ -86,7 +108,9 @@ class FsdpBackend:
         return self.model
 
     def accumulating(self, *, last: bool) -> AbstractContextManager:
-        return nullcontext()  # every backward reduce-scatters
+        if self.defer_gradient_sync:  # only the last backward reduce-scatters (module docstring)
+            cast(FSDPModule, self.model).set_requires_gradient_sync(last)  # apply_fsdp made it one in place
+        return nullcontext()
 
     def step(self, max_grad_norm: float) -> float:
         grad_norm = self.clip_gradients(max_grad_norm)

@@ -1,5 +1,7 @@
 """Which training backend a job runs, chosen once from `training`: the strategy's name and the
-backend applied to the actor's plain model (the only place the layout is chosen)."""
+backend applied to a worker's plain model (the only place the layout is chosen). The actor's policy
+takes the job's strategy (`strategy_of`); a model trained by data parallelism alone, PPO's value
+model, takes its data-parallel part (`data_parallel_strategy_of`)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ def strategy_of(cfg: JobConfig) -> str:
     return "ddp"
 
 
+def data_parallel_strategy_of(cfg: JobConfig) -> str:
+    """The layout of a model that trains over `training.data_parallel_size` ranks by data
+    parallelism alone, with no engine to reshard into (PPO's value model: TP plans split a causal
+    LM's decoder, not a value head): `fsdp` for `training.strategy: fsdp`, else `ddp`, whatever
+    training.tensor_parallel_size and training.resharding say of the policy."""
+    return "fsdp" if cfg.training.strategy == "fsdp" else "ddp"
+
+
 def build_backend(
     cfg: JobConfig,
     *,
@@ -38,9 +48,21 @@ def build_backend(
     device: DeviceInfo,
     rank: int,
     world_size: int,
+    data_parallel_only: bool = False,
+    defer_gradient_sync: bool = False,
 ) -> TrainingBackend:
     """Apply the job's strategy to `model` on this rank (collective: the default group must exist,
-    and every rank calls this before the engine adopts the group)."""
-    return BACKENDS[strategy_of(cfg)].build(
-        cfg, model=model, make_optimizer=make_optimizer, device=device, rank=rank, world_size=world_size
+    and every rank calls this before an engine adopts the group). `data_parallel_only`: its
+    data-parallel part (`data_parallel_strategy_of`), for a model that is not the policy.
+    `defer_gradient_sync`: synchronise the micro-batches' gradients once per optimizer step where
+    the layout would do it after each (FSDP; DDP and TP always defer it)."""
+    strategy = data_parallel_strategy_of(cfg) if data_parallel_only else strategy_of(cfg)
+    return BACKENDS[strategy].build(
+        cfg,
+        model=model,
+        make_optimizer=make_optimizer,
+        device=device,
+        rank=rank,
+        world_size=world_size,
+        defer_gradient_sync=defer_gradient_sync,
     )

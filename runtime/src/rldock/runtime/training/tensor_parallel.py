@@ -101,6 +101,7 @@ class TensorParallelBackend:
         device: DeviceInfo,
         rank: int,
         world_size: int,
+        defer_gradient_sync: bool = False,  # always deferred: `step` averages over DP once
     ) -> TensorParallelBackend:
         return cls(
             cfg,

@@ -6,52 +6,46 @@ advantage stage wrote, with PPO's value clipping. Ray runs an actor's calls in s
 an iteration's inference is complete before its update starts.
 
 Data parallelism mirrors the actor's (`training.data_parallel_size` critic ranks, one
-torch.distributed group of their own). Under `training.strategy: ddp` each rank is a DDP replica:
-inference ranks take micro-batches as they come, the update takes exactly this rank's
-token-balanced share and DDP averages the gradients, so every rank holds the same weights; rank 0
-writes the checkpoint, every rank loads it. Under `fsdp` the value model is sharded as the actor is
-(engines/fsdp.py, with training.fsdp_cpu_offload and training.mixed_precision): forwards are
-collective, so inference too takes exactly this rank's share in as many passes as every other rank;
-micro-batch gradients accumulate unsynchronised and are reduce-scattered once per optimizer step;
-the checkpoint is the same file, gathered whole (collective) and written by rank 0.
-training.gradient_checkpointing applies under either strategy, as for the actor.
+torch.distributed group of their own), and the critic trains through the same training backends
+as the actor (rldock.runtime.training), applied to the value model in `join_group`: the
+data-parallel part of the job's layout (training/strategies.py's `data_parallel_strategy_of`: DDP
+replicas, or FSDP2 shards with training.fsdp_cpu_offload and training.mixed_precision; the value
+model is never TP-split, whatever training.tensor_parallel_size says of the policy). The backend deals each stage's
+samples (inference as the layout's forward needs them, the update exactly this rank's token-balanced
+share), accumulates the micro-batches (`accumulate`; under FSDP their gradients are reduce-scattered
+once per step, `defer_gradient_sync`), steps, and gathers and reshards the checkpoint: the same
+`critic.pt` (the whole value model) and `critic_optimizer.pt` whichever layout wrote them, read
+whole by every rank on resume. A lone rank (data_parallel_size 1) joins no group and trains the bare
+model. training.gradient_checkpointing applies under every layout, as for the actor.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import cast
 
 import torch
 from tensordict import TensorDict
 from torch.distributed import TCPStore
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import run_stage
-from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous, wrap_ddp
-from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
+from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.engines.values import response_values
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model
 from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.training.accumulation import accumulate, train_share
+from rldock.runtime.training.backend import TrainingBackend, load_full_weights
+from rldock.runtime.training.checksum import weights_sum
+from rldock.runtime.training.ddp import DdpBackend
+from rldock.runtime.training.strategies import build_backend
 from rldock.runtime.turns import TakesTurns, in_turn
 
-CRITIC_FILE = "critic.pt"
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+CRITIC_FILE = "critic.pt"  # the whole value model's state dict
+CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"  # as the backend writes it (FSDP: keyed by parameter names)
 
 
 class CriticWorker(TakesTurns):
@@ -64,13 +58,18 @@ class CriticWorker(TakesTurns):
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
             enable_activation_checkpointing(self.model)
-        self.ddp_model: DistributedDataParallel | None = None  # set by join_group
-        self.sharded = False  # strategy fsdp with more than one rank, set by join_group
-        self.optimizer = self._make_optimizer()
+        # A world of one running the bare model; join_group applies the layout to a larger one.
+        self.backend: TrainingBackend = DdpBackend(
+            cfg,
+            model=self.model,
+            optimizer=self._make_optimizer(self.model.parameters()),
+            rank=rank,
+            world_size=world_size,
+        )
 
-    def _make_optimizer(self) -> torch.optim.Optimizer:
+    def _make_optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.AdamW(
-            self.model.parameters(),
+            params,
             lr=self.cfg.algorithm.ppo.critic_learning_rate,
             weight_decay=self.cfg.algorithm.weight_decay,
         )
@@ -83,30 +82,32 @@ class CriticWorker(TakesTurns):
         return rendezvous
 
     def join_group(self, rendezvous: Rendezvous) -> None:
-        """Form the critic ranks' process group and wrap the model in DDP or shard it with FSDP2
-        (called on all ranks at once). A lone rank (data_parallel_size 1) needs no group and trains
-        the bare model, as a lone FSDP actor rank holds everything anyway."""
+        """Form the critic ranks' process group and apply the training layout to the value model
+        (called on all ranks at once; the optimizer is built on the parameters as the layout holds
+        them). A lone rank (data_parallel_size 1) needs no group and trains the bare model, as a
+        lone FSDP actor rank holds everything anyway."""
         if self.world_size == 1:
             return
         init_process_group(
             self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous, store=self._group_store
         )
-        training = self.cfg.training
-        if training.strategy == "fsdp":
-            apply_fsdp(
-                self.model, self.device, cpu_offload=training.fsdp_cpu_offload, mixed_precision=training.mixed_precision
-            )
-            self.optimizer = self._make_optimizer()  # on the sharded parameters: 1/world of AdamW's state
-            self.sharded = True
-        else:
-            self.ddp_model = wrap_ddp(self.model, self.device)
+        self.backend = build_backend(
+            self.cfg,
+            model=self.model,
+            make_optimizer=self._make_optimizer,
+            device=self.device,
+            rank=self.rank,
+            world_size=self.world_size,
+            data_parallel_only=True,  # the value model is never TP-split
+            # One gradient synchronisation per step (the memory planner counts the whole gradients
+            # this keeps under FSDP: planning/memory.py).
+            defer_gradient_sync=True,
+        )
 
     # --- stages -------------------------------------------------------------------------------
 
     @in_turn("critic_inference")
     def compute_values(self, iteration: int) -> dict:
-        micro_batch_size = self.cfg.training.micro_batch_size
-
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)
             with torch.no_grad():
@@ -116,152 +117,88 @@ class CriticWorker(TakesTurns):
                     batch["prompt_mask"],
                     batch["response_ids"],
                     batch["response_mask"],
-                    micro_batch_size=micro_batch_size,
+                    micro_batch_size=self.cfg.training.micro_batch_size,
                     trim=self.cfg.training.trim_padding,
                 )  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
-        if self.sharded:  # a collective forward: every rank runs its equal share in as many passes
-            timing = run_stage(
-                self.banks.bank(iteration),
-                "critic_inference",
-                self.banks.states["critic_inference"],
-                infer,
-                rank=self.rank,
-                batch_size=self.cfg.num_samples_per_iteration // self.world_size,
-                balance_ranks=self.world_size,
-                max_batches=1,
-            )
-        else:
-            timing = run_stage(
-                self.banks.bank(iteration),
-                "critic_inference",
-                self.banks.states["critic_inference"],
-                infer,
-                rank=self.rank,
-                batch_size=micro_batch_size,
-            )
+        timing = self.backend.run_inference_stage(
+            self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"], infer
+        )
         return {**timing.as_dict(), "rank": self.rank}
 
     @in_turn("critic_update")
     def update(self, iteration: int) -> dict:
         """This rank's share of the iteration's samples (token-balanced across the critic ranks), in
         `num_updates_per_iteration` optimizer steps."""
-        algo = self.cfg.algorithm
-        steps: list[dict] = []
-        share = self.cfg.num_samples_per_iteration // self.world_size
-
-        def train(indices: torch.Tensor, batch: TensorDict) -> None:
-            for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
-                steps.append(self._optimizer_step(mini_batch.to(self.device.torch_device)))
-
-        timing = run_stage(
+        timing, summary = train_share(
+            self.backend,
             self.banks.bank(iteration),
             "critic_update",
             self.banks.states["critic_update"],
-            train,
-            rank=self.rank,
-            batch_size=share,
-            balance_ranks=self.world_size,
-            max_batches=1,
+            self._optimizer_step,
+            num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
+            after_inference=True,  # critic_inference ran first (Ray keeps the calls' order)
         )
-        assert timing.num_samples == share, "critic_update got a partial share"
-        summary = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
-        return {**timing.as_dict(), **summary, "rank": self.rank, "weights_sum": self.weights_sum()}
+        return {**timing.as_dict(), **summary, "rank": self.rank, "weights_sum": weights_sum(self.model)}
 
-    def _optimizer_step(self, mini_batch: TensorDict) -> dict:
+    def _optimizer_step(self, mini_batch: TensorDict) -> dict[str, float]:
         """One step on a mini-batch, micro-batches weighted by their tokens: a token mean over the
-        mini-batch of every rank. DDP and FSDP average gradients over ranks, so each rank scales by
+        mini-batch of every rank. The layouts average gradients over ranks, so each rank scales by
         world_size / global tokens; the step is then the same however the dock split the samples."""
         algo = self.cfg.algorithm
+        mini_batch = mini_batch.to(self.device.torch_device)
         local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
         global_tokens = local_tokens.clone()
         if self.world_size > 1:
             torch.distributed.all_reduce(global_tokens)
         tokens_per_rank = global_tokens / self.world_size
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = {"value_loss": 0.0, "value_clip_fraction": 0.0, "value_mean": 0.0}
         if self.cfg.training.trim_padding:  # similar lengths per micro-batch, so trimming cuts more
             mini_batch = mini_batch[sort_by_tokens(mini_batch)]
-        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
-        model = self.model if self.ddp_model is None else self.ddp_model
-        for i, micro in enumerate(micro_batches):
-            mask = micro["response_mask"].float()  # (b, SL)
-            last = i == len(micro_batches) - 1  # DDP/FSDP reduce the gradients on the last backward only
-            if self.sharded:  # unsynchronised micro-batches keep whole gradients until the last one
-                cast(FSDPModule, self.model).set_requires_gradient_sync(last)  # apply_fsdp made it one in place
-            context = torch.enable_grad() if last or self.ddp_model is None else self.ddp_model.no_sync()
-            with context:
-                values = response_values(
-                    model,
-                    micro["prompt_ids"],
-                    micro["prompt_mask"],
-                    micro["response_ids"],
-                    micro["response_mask"],
-                    micro_batch_size=len(micro),
-                    trim=self.cfg.training.trim_padding,
-                )  # (b, SL)
-                loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
-                (loss.loss * (mask.sum() / tokens_per_rank)).backward()
-            w = float(mask.sum() / local_tokens)  # this rank's metrics: its own token mean
-            stats["value_loss"] += loss.loss.item() * w
-            stats["value_clip_fraction"] += loss.clip_fraction.item() * w
-            stats["value_mean"] += float((values.detach() * mask).sum() / mask.sum().clamp(min=1)) * w
-        if self.sharded:  # the norm over every rank's shards
-            stats["value_grad_norm"] = clip_grad_norm(self.model, algo.max_grad_norm)
-        else:
-            stats["value_grad_norm"] = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.max_grad_norm)
-            )
-        self.optimizer.step()
-        return stats
 
-    def weights_sum(self) -> float:
-        """The sum of every parameter (in float64). DDP: each rank sums its replica, equal on every
-        rank while DDP keeps them in step, so a rank that drifted shows in the metrics. FSDP: the
-        shards' sums added over the ranks (collective), the whole model's sum, which a rank whose
-        shards were lost or loaded wrong changes for every rank alike (one read per update)."""
-        with torch.no_grad():
-            if not self.sharded:
-                return math.fsum(float(p.double().sum()) for p in self.model.parameters())
-            total = torch.tensor(
-                [math.fsum(float(_local(p).double().sum()) for p in self.model.parameters())],
-                dtype=torch.float64,
-                device=self.device.torch_device,
-            )
-            torch.distributed.all_reduce(total)
-            return float(total)
+        def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = micro["response_mask"].float()  # (b, SL)
+            values = response_values(
+                self.backend.training_module(),
+                micro["prompt_ids"],
+                micro["prompt_mask"],
+                micro["response_ids"],
+                micro["response_mask"],
+                micro_batch_size=len(micro),
+                trim=self.cfg.training.trim_padding,
+            )  # (b, SL)
+            loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
+            w = float(mask.sum() / local_tokens)  # this rank's metrics: its own token mean
+            return loss.loss * (mask.sum() / tokens_per_rank), {
+                "value_loss": loss.loss.item() * w,
+                "value_clip_fraction": loss.clip_fraction.item() * w,
+                "value_mean": float((values.detach() * mask).sum() / mask.sum().clamp(min=1)) * w,
+            }
+
+        stats = accumulate(
+            self.backend,
+            mini_batch.split(self.cfg.training.micro_batch_size),
+            micro_loss,
+            max_grad_norm=algo.max_grad_norm,
+        )
+        stats["value_grad_norm"] = stats.pop("grad_norm")
+        return stats
 
     # --- checkpoint ---------------------------------------------------------------------------
 
     def save(self, staging_dir: str) -> None:
-        """Rank 0 writes the value model and its optimizer (DDP: the ranks hold the same). FSDP:
-        collective, the whole weights and optimizer state are gathered first (as the actor's
-        checkpoint), so the file is the same whichever strategy wrote it; the optimizer state is
-        keyed by parameter names then, where DDP's is keyed by index."""
-        if self.sharded:
-            state = {
-                "model": dict(full_state_dict(self.model)),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL),
-            }
-        elif self.rank == 0:
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """Rank 0 writes the whole value model and the backend its optimizer state (DDP: rank 0's,
+        every rank's being the same; FSDP: gathered whole first, collective, so the model file is
+        the same whichever layout wrote it)."""
+        staging = Path(staging_dir)
+        with self.backend.resident():
+            weights = self.backend.full_weights()  # None: this rank holds the whole model already
+            self.backend.save_optimizer(staging / CRITIC_OPTIMIZER_FILE)
         if self.rank == 0:
-            torch.save(state, Path(staging_dir) / CRITIC_FILE)
+            torch.save(self.model.state_dict() if weights is None else weights, staging / CRITIC_FILE)
 
     def load(self, checkpoint_dir: str) -> None:
-        """Every rank reads the whole file; FSDP ranks keep their own shards of it (collective)."""
-        if not self.sharded:
-            state = torch.load(Path(checkpoint_dir) / CRITIC_FILE, map_location=self.device.torch_device)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            return
-        state = torch.load(Path(checkpoint_dir) / CRITIC_FILE, map_location="cpu")
-        whole = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=whole)
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"], options=whole)
-
-
-def _local(param: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP parameter (a DTensor), the tensor itself otherwise."""
-    return param.to_local() if isinstance(param, DTensor) else param
+        """Every rank reads the whole files and keeps its own part of them (collective where sharded)."""
+        checkpoint = Path(checkpoint_dir)
+        load_full_weights(self.backend, torch.load(checkpoint / CRITIC_FILE, map_location="cpu"))
+        self.backend.load_optimizer(checkpoint / CRITIC_OPTIMIZER_FILE, map_location=self.device.torch_device)
