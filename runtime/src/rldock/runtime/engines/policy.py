@@ -12,7 +12,7 @@ tokens it sampled, the only ones scored. Without that column the two are the sam
 
 The LM head runs only where a token is scored: the model returns its last hidden states with no
 logits, and `head_logprobs` applies the head to the scored positions a chunk at a time, so no pass
-holds float32 logits of the whole (b, L, V), prompt included (docs/scaling.md, "The update's memory").
+holds float32 logits of the whole (b, L, V), prompt included (docs/scaling.md, "Activations").
 """
 
 from __future__ import annotations
