@@ -22,7 +22,8 @@ The steps, each including the ones before it:
                 reported apart and counted in `seconds_with_compile`
 
 Each (shape, step) runs in its own process: the peak resident memory (VmHWM, reset with
-/proc/self/clear_refs after a warm-up update that allocates AdamW's state) is the update's alone;
+/proc/self/clear_refs once AdamW's state exists: a zero-gradient step, or for `compiled` a whole
+update that also compiles) is the update's alone;
 `update_peak_mib` is that peak above the resident set before the update (weights, gradients,
 optimizer state; measured after returning freed memory to the system with malloc_trim). Seconds
 are medians over `--updates` updates after the warm-up, wall and the process's CPU time (one torch
@@ -277,7 +278,12 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
         optimizer.step()
 
     start = time.perf_counter()
-    update()  # AdamW's state, and the compile where there is one
+    if forward_model is model:  # AdamW's state without an update: zero gradients, one step
+        for p in trainable(model.parameters()):
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    else:
+        update()  # the compile, and AdamW's state
     first_s = time.perf_counter() - start
     rss_before = _resident_kib()
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on
@@ -338,6 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--updates", type=int, default=3, help="timed updates per (shape, step), after a warm-up one")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU seconds free of spin-waits)")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True, help="the warm-up at batch 16")
+    parser.add_argument("--runs", nargs="+", metavar="SHAPE:STEP", help="these runs in this order (warmup:STEP too)")
     parser.add_argument("--one", nargs=2, metavar=("SHAPE", "STEP"), help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args(argv)
     if args.one:
@@ -350,16 +357,20 @@ def main(argv: list[str] | None = None) -> None:
     runs = [(shape, step) for shape in args.shapes for step in args.steps]
     if args.warmup:
         runs += [("warmup", step) for step in WARMUP_STEPS]
+    if args.runs:  # an explicit order, e.g. to run the costly ones last
+        runs = [tuple(run.split(":")) for run in args.runs]
     results = []
     for shape, step in runs:
         child = subprocess.run(
             [sys.executable, "-m", "rldock_benchmarks.update_cost", "--one", shape, step]
             + ["--updates", str(args.updates), "--threads", str(args.threads)],
-            check=True,
             capture_output=True,
             text=True,
         )
-        results.append(json.loads(child.stdout.splitlines()[-1]))
+        if child.returncode == 0:
+            results.append(json.loads(child.stdout.splitlines()[-1]))
+        else:  # reported, not hidden: e.g. a compile that fails on this machine
+            results.append({"shape": shape, "step": step, "error": child.stderr.strip().splitlines()[-3:]})
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     report = {
         "benchmark": "update_cost",
