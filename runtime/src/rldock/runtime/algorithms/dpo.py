@@ -7,10 +7,14 @@ keeps whole groups.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from rldock.runtime.algorithms.core import masked_mean
+from rldock.runtime.algorithms.kl import kl_penalty
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,41 @@ def dpo_loss(
         margin = logits.mean()
         policy_accuracy = (policy_chosen > policy_rejected).float().mean()
     return DPOLoss(losses.mean(), accuracy, margin, policy_accuracy)
+
+
+@dataclass(frozen=True)
+class PreferenceObjective:
+    """DPO's objective of one micro-batch of whole pairs (rows 2i chosen, 2i+1 rejected): the pair
+    mean of `dpo_loss` scaled by the micro-batch's share of the mini-batch's pairs, with the KL to
+    the reference logged (not trained on) and the policy's entropy."""
+
+    beta: float
+    label_smoothing: float
+    kl_estimator: str
+    kl_clamp: float | None
+
+    def __call__(
+        self, logprobs: torch.Tensor, entropy: torch.Tensor, micro: Mapping[str, torch.Tensor], *, share: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """logprobs (b, SL) with gradients, entropy (b, SL); `micro` has response_mask and
+        ref_logprobs; `share`: len(micro) / len(mini-batch)."""
+        mask = micro["response_mask"].float()  # (b, SL)
+        out = dpo_loss(
+            sequence_logprobs(logprobs, mask),
+            sequence_logprobs(micro["ref_logprobs"], mask),
+            beta=self.beta,
+            label_smoothing=self.label_smoothing,
+        )
+        with torch.no_grad():  # logged only: how far the policy drifted from the reference
+            kl_tokens = kl_penalty(
+                logprobs.detach(), micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=self.kl_clamp
+            )
+            kl = masked_mean(kl_tokens, mask)
+        metrics = {
+            "loss": out.loss.item(),
+            "policy_loss": out.loss.item(),
+            "kl": kl.item(),
+            "entropy": masked_mean(entropy, mask).item(),
+            **out.metrics,
+        }
+        return out.loss * share, {key: value * share for key, value in metrics.items()}

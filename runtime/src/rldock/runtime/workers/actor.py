@@ -32,9 +32,8 @@ from rldock.config.job import generation_dtype
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.metrics import Sums, merged_sums
 from rldock.runtime.agent_sampler import AgentSampler
-from rldock.runtime.algorithms import kl_penalty, masked_mean
 from rldock.runtime.algorithms.aggregation import additive_units
-from rldock.runtime.algorithms.dpo import dpo_loss, sequence_logprobs
+from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
@@ -647,46 +646,24 @@ class ActorWorker(TakesTurns):
         )
 
     def _preference_step(self, mini_batch: TensorDict) -> dict:
-        """One optimizer step on the DPO loss over a mini-batch of whole pairs (rows 2i chosen,
-        2i+1 rejected), accumulating micro-batches of whole pairs. The loss is a mean over pairs;
-        every rank holds as many pairs, so DDP's mean over ranks is the global pair mean."""
+        """One optimizer step on the DPO loss over a mini-batch of whole pairs, accumulating
+        micro-batches of whole pairs (an even micro_batch_size, problems.py). The loss is a mean
+        over pairs; every rank holds as many pairs, so DDP's mean over ranks is the global pair mean."""
         algo = self.cfg.algorithm
+        objective = PreferenceObjective(
+            beta=algo.dpo.beta,
+            label_smoothing=algo.dpo.label_smoothing,
+            kl_estimator=algo.kl_estimator,
+            kl_clamp=algo.kl_clamp,
+        )
         mini_batch = mini_batch.to(self.device.torch_device)
 
         def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = micro["response_mask"].float()  # (b, SL)
-            weight = len(micro) / len(mini_batch)  # this micro-batch's share of the pairs
             scores = self._scores(micro)
-            logprobs = scores.logprobs  # (b, SL)
-            out = dpo_loss(
-                sequence_logprobs(logprobs, mask),
-                sequence_logprobs(micro["ref_logprobs"], mask),
-                beta=algo.dpo.beta,
-                label_smoothing=algo.dpo.label_smoothing,
-            )
-            with torch.no_grad():  # logged only: how far the policy drifted from the reference
-                kl = masked_mean(
-                    kl_penalty(
-                        logprobs.detach(), micro["ref_logprobs"], estimator=algo.kl_estimator, max_kl=algo.kl_clamp
-                    ),
-                    mask,
-                )
-            metrics = {
-                "loss": out.loss.item(),
-                "policy_loss": out.loss.item(),
-                "kl": kl.item(),
-                "entropy": masked_mean(scores.entropy, mask).item(),
-                **out.metrics,
-            }
-            return out.loss * weight, {key: value * weight for key, value in metrics.items()}
+            return objective(scores.logprobs, scores.entropy, micro, share=len(micro) / len(mini_batch))
 
-        # micro-batches of whole pairs: an even size (problems.py)
-        return accumulate(
-            self.backend,
-            mini_batch.split(self.cfg.training.micro_batch_size),
-            micro_loss,
-            max_grad_norm=algo.max_grad_norm,
-        )
+        micro_batches = mini_batch.split(self.cfg.training.micro_batch_size)
+        return accumulate(self.backend, micro_batches, micro_loss, max_grad_norm=algo.max_grad_norm)
 
 
 def _staleness_metrics(staleness: list[torch.Tensor]) -> dict:
