@@ -517,7 +517,8 @@ def test_killed_worker_process_resumes_from_the_in_flight_dock_with_max_restarts
         timeout=START_TIMEOUT,
     )
     (pids,) = scenario.agent.pids(scenario.namespace, labels={"ray.io/node-type": "worker"}).values()
-    actor = next(pid for pid in pids if _cmdline(pid).startswith("ray::ActorWorker"))
+    # the actor rank's process: a device worker's seat under colocated placement, its own under separate
+    actor = next(pid for pid in pids if _cmdline(pid).startswith(("ray::DeviceWorker", "ray::ActorWorker")))
     os.kill(actor, signal.SIGKILL)
     assert len(scenario.metrics(name)) == 2
     hold.release()

@@ -189,12 +189,13 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
         assert job.poll() is None, f"job exited early:\n{job.stdout.read()}"
         assert time.monotonic() < deadline, "job made no progress in 10 minutes"
         time.sleep(0.2)
-    # Ray names actor processes "ray::ActorWorker[.method]"; only this job's own descendants are
-    # candidates (other Ray jobs may be running on the machine).
+    # Ray names actor processes "ray::<class>[.method]": the actor rank is a seat of the device
+    # worker under colocated placement (the default), "ray::ActorWorker" of its own under separate.
+    # Only this job's own descendants are candidates (other Ray jobs may be running on the machine).
     pids = [
         p.pid
         for p in psutil.Process(job.pid).children(recursive=True)
-        if " ".join(p.cmdline()).startswith("ray::ActorWorker")
+        if " ".join(p.cmdline()).startswith(("ray::DeviceWorker", "ray::ActorWorker"))
     ]
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)

@@ -110,19 +110,33 @@ class Shape:
     model: str  # "demo" (the demo's warmed-up model) or "heavy" / "heavy_no_eos" (built here)
 
 
+def algo(g: int, n: int, pl: int, sl: int) -> dict:
+    """The overrides of a shape's batch: G prompts x N responses, PL and SL tokens at most."""
+    return {
+        "algorithm": {
+            "num_prompts_per_iteration": g,
+            "num_responses_per_prompt": n,
+            "max_prompt_length": pl,
+            "max_response_length": sl,
+        }
+    }
+
+
+def shape_facts(cfg: JobConfig) -> dict[str, Any]:
+    """What a report says of a job's shape: G, N, PL, SL, its data-parallel ranks and KL coefficient."""
+    algorithm = cfg.algorithm
+    return {
+        "G": algorithm.num_prompts_per_iteration,
+        "N": algorithm.num_responses_per_prompt,
+        "PL": algorithm.max_prompt_length,
+        "SL": algorithm.max_response_length,
+        "data_parallel_size": cfg.training.data_parallel_size,
+        "kl_coef": algorithm.kl_coef,
+    }
+
+
 def shapes(quick: bool) -> list[Shape]:
     """The shapes measured; `quick` scales each down to a smoke run."""
-
-    def algo(g: int, n: int, pl: int, sl: int) -> dict:
-        return {
-            "algorithm": {
-                "num_prompts_per_iteration": g,
-                "num_responses_per_prompt": n,
-                "max_prompt_length": pl,
-                "max_response_length": sl,
-            }
-        }
-
     heavy_sl = 16 if quick else 128
     heavy_g = 4 if quick else 32
     demo_warmup = {"warmup": {"steps": 2}} if quick else {}
@@ -257,19 +271,7 @@ def run_shape(shape: Shape, *, args, models: dict[str, Path], warm_starts: dict[
         base = results[BASELINE]["iteration_s"]
         for result in results.values():
             result["iteration_time_vs_all_off"] = result["iteration_s"] / base
-    algo = cfg.algorithm
-    return {
-        "shape": {
-            "G": algo.num_prompts_per_iteration,
-            "N": algo.num_responses_per_prompt,
-            "PL": algo.max_prompt_length,
-            "SL": algo.max_response_length,
-            "model": shape.model,
-            "data_parallel_size": cfg.training.data_parallel_size,
-            "kl_coef": algo.kl_coef,
-        },
-        "variants": results,
-    }
+    return {"shape": {**shape_facts(cfg), "model": shape.model}, "variants": results}
 
 
 def run_shape_benchmark(

@@ -14,8 +14,7 @@ buffers, none of the actor's parameters, gradients or optimizer state.
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict
-from twin_doubles import ColumnDock, WeightSinkEngine
+from twin_doubles import ColumnDock, WeightSinkEngine, rollout_batch
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
@@ -49,28 +48,13 @@ def _cfg(model_dir) -> JobConfig:
     )
 
 
-def _rollout_batch() -> TensorDict:
-    prompt_ids = torch.tensor([[0, 5, 6, 7], [0, 5, 6, 7], [8, 9, 4, 5], [8, 9, 4, 5]])  # (B, PL) left-padded
-    response_ids = torch.tensor([[10, 11, 0], [12, 0, 0], [13, 14, 15], [9, 8, 0]])  # (B, SL)
-    return TensorDict(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": (prompt_ids != 0).long(),
-            "response_ids": response_ids,
-            "response_mask": (response_ids != 0).long(),
-            "policy_version": torch.zeros(G * N, dtype=torch.int64),
-        },
-        batch_size=[G * N],
-    )
-
-
 def test_actor_and_reference_share_one_process_and_generation_holds_no_training_state(npu_twin, twin_model_dir):
     cfg = _cfg(twin_model_dir)
     plan = placement_plan(cfg, job_recipe(cfg).specs)
     [process] = seat_processes(plan, collective={"actor"})
     assert process.names == ("actor 0", "reference 0")  # one process for the device
 
-    dock = ColumnDock(_rollout_batch(), states={})
+    dock = ColumnDock(rollout_batch(), states={})
     worker = DeviceWorker(
         [
             Role.of(

@@ -35,10 +35,11 @@ in which case the second takes a process of its own (PPO with training TP > 1 pu
 beside an actor rank).
 
 What the seats do not share: their constructor arguments, pickled per seat (`Role`), so each has
-its own dock client, as in a process of its own. What they share besides the device: torch's global RNG (the actor seeds it
-with seed + rank and the critic with the seed in their constructors, which run in seat order, so
-each model starts as in a process of its own; later draws come from one stream), and the torch
-thread pool (`training.num_threads` budgets threads per seat, rldock.runtime.threads).
+its own dock client, as in a process of its own. What they share besides the device: torch's
+global RNG (the actor seeds it with seed + rank and the critic with the seed in their
+constructors, which run in seat order, so each model starts as in a process of its own; later
+draws come from one stream), and the torch thread pool (`training.num_threads` budgets threads
+per seat, rldock.runtime.threads; each call sets the count in its own pool thread).
 """
 
 from __future__ import annotations
