@@ -18,9 +18,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
+
+from rldock.config.job import generation_dtype
+
+if TYPE_CHECKING:
+    from rldock.config import JobConfig
+    from rldock.runtime.device import DeviceInfo
 
 logger = logging.getLogger(__name__)
 
@@ -130,3 +137,47 @@ class SleepCycle:
         self.log.append(f"{method}({', '.join(f'{k}={v}' for k, v in kwargs.items())})")
         if self.enabled:
             getattr(self.engine, method)(**kwargs)
+
+
+def engine_kv_cache_bytes(
+    cfg: JobConfig, model: nn.Module, *, device: DeviceInfo, generation_tp: int, max_model_len: int
+) -> int | None:
+    """An actor rank's engine KV cache on an accelerator: its share of the device less its weights
+    and the training state left there while generating (none when allgather_swap swaps it out).
+    None for a CPU engine (the npu twin's too), where rollout.cpu_kv_cache_gib sizes it."""
+    if device.engine_kind == "cpu":
+        return None
+    params = list(model.parameters())
+    weight_bytes = tensor_bytes(params)
+    # The engine holds the weights (and its KV cache) in its own dtype, rollout.dtype when set.
+    engine_element_size = getattr(
+        torch, generation_dtype(model_dtype=cfg.model.dtype, rollout_dtype=cfg.rollout.dtype, on_cpu=False)
+    ).itemsize
+    # per device: vLLM splits them over the replica's generation TP
+    engine_weight_bytes = weight_bytes // params[0].element_size() * engine_element_size // generation_tp
+    trainable_bytes = tensor_bytes(p for p in params if p.requires_grad)
+    # grads plus AdamW's two moments, one of each per trainable parameter
+    resident = 0 if cfg.training.resharding == "allgather_swap" else weight_bytes + 3 * trainable_bytes
+    config: Any = model.config  # the architecture's Hugging Face config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    device_type = torch.device(device.torch_device).type
+    budget = kv_cache_budget(
+        device_bytes=torch.get_device_module(device_type).mem_get_info()[1],
+        utilization=cfg.rollout.gpu_memory_utilization,
+        engine_weight_bytes=engine_weight_bytes,
+        resident_training_bytes=resident,
+        min_tokens=max_model_len,
+        bytes_per_token=kv_bytes_per_token(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads // generation_tp,
+            head_dim=head_dim,
+            dtype_bytes=engine_element_size,
+        ),
+    )
+    logger.info(
+        "KV cache %.2f GiB (engine weights %.2f GiB, training state resident while generating %.2f GiB)",
+        budget / 2**30,
+        engine_weight_bytes / 2**30,
+        resident / 2**30,
+    )
+    return budget

@@ -28,7 +28,6 @@ from torch.distributed import TCPStore
 from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
-from rldock.config.job import generation_dtype
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.metrics import Sums, merged_sums
 from rldock.runtime.agent_sampler import AgentSampler
@@ -40,7 +39,7 @@ from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageTiming, run_stage
 from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
-from rldock.runtime.engines.generation_memory import kv_bytes_per_token, kv_cache_budget, tensor_bytes
+from rldock.runtime.engines.generation_memory import engine_kv_cache_bytes
 from rldock.runtime.engines.policy import (
     ResponseScores,
     micro_batch_rows,
@@ -189,7 +188,13 @@ class ActorWorker(TakesTurns):
                 seed=self.cfg.seed,
                 max_model_len=max_model_len,
                 device=self.device,
-                kv_cache_bytes=self._kv_cache_bytes(max_model_len),
+                kv_cache_bytes=engine_kv_cache_bytes(
+                    self.cfg,
+                    self.model,
+                    device=self.device,
+                    generation_tp=self.generation.tp_size,
+                    max_model_len=max_model_len,
+                ),
             )
         finally:
             for name, value in saved.items():
@@ -520,51 +525,6 @@ class ActorWorker(TakesTurns):
             self.tokenizer.save_pretrained(staging / "policy")
 
     # --- helpers ------------------------------------------------------------------------------
-
-    def _kv_cache_bytes(self, max_model_len: int) -> int | None:
-        """The engine's KV cache on an accelerator: its share of the device less its weights and the
-        training state left there while generating (none when allgather_swap swaps it out). None for
-        a CPU engine (the npu twin's too), where rollout.cpu_kv_cache_gib sizes it."""
-        if self.device.engine_kind == "cpu":
-            return None
-        params = list(self.model.parameters())
-        weight_bytes = tensor_bytes(params)
-        # The engine holds the weights (and its KV cache) in its own dtype, rollout.dtype when set.
-        engine_element_size = getattr(
-            torch,
-            generation_dtype(model_dtype=self.cfg.model.dtype, rollout_dtype=self.cfg.rollout.dtype, on_cpu=False),
-        ).itemsize
-        engine_weight_bytes = (
-            weight_bytes // params[0].element_size() * engine_element_size // self.generation.tp_size
-        )  # per device: vLLM splits them
-        trainable_bytes = tensor_bytes(p for p in params if p.requires_grad)
-        # grads plus AdamW's two moments, one of each per trainable parameter
-        resident = 0 if self.cfg.training.resharding == "allgather_swap" else weight_bytes + 3 * trainable_bytes
-        config = self.model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        device_type = torch.device(self.device.torch_device).type
-        budget = kv_cache_budget(
-            device_bytes=torch.get_device_module(device_type).mem_get_info()[1],
-            utilization=self.cfg.rollout.gpu_memory_utilization,
-            engine_weight_bytes=engine_weight_bytes,
-            resident_training_bytes=resident,
-            min_tokens=max_model_len,
-            bytes_per_token=kv_bytes_per_token(
-                num_layers=config.num_hidden_layers,
-                num_kv_heads=config.num_key_value_heads // self.generation.tp_size,
-                head_dim=head_dim,
-                dtype_bytes=engine_element_size,
-            ),
-        )
-        logger.info(
-            "actor rank %d: KV cache %.2f GiB (engine weights %.2f GiB, training state resident while "
-            "generating %.2f GiB)",
-            self.rank,
-            budget / 2**30,
-            engine_weight_bytes / 2**30,
-            resident / 2**30,
-        )
-        return budget
 
     def _push_weights(self, named_tensors) -> None:
         """The new weights into this rank's engine; a rank without one (a generation TP peer) has
