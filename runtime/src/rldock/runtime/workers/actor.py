@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from peft import PeftModel
@@ -55,7 +55,7 @@ from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
 from rldock.runtime.threads import apply_thread_budget
-from rldock.runtime.training.accumulation import accumulate
+from rldock.runtime.training.accumulation import accumulate, train_share
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.training.strategies import build_backend
@@ -473,34 +473,21 @@ class ActorWorker(TakesTurns):
         return {**timing.as_dict(), **summary}
 
     def _train_share(
-        self,
-        iteration: int,
-        state: str,
-        columns: tuple[str, ...],
-        step: Callable[[TensorDict], dict],
-        *,
-        whole_groups: bool = False,
-        track: Callable[[TensorDict], None] | None = None,
-    ) -> tuple[StageTiming, dict]:
-        """Read exactly this rank's share of `state` and run `step` (mini-batch -> metrics) on each
-        of its algorithm.num_updates_per_iteration mini-batches; the metrics averaged over them.
-        `track` sees the whole share first."""
-        algo = self.cfg.algorithm
-        steps: list[dict] = []
-
-        def train(indices: torch.Tensor, batch: TensorDict) -> None:
-            if track is not None:
-                track(batch)
-            for mini_batch in batch.split(len(batch) // algo.num_updates_per_iteration):
-                steps.append(step(mini_batch))
-
-        # the training state back first (TP: parameters too, when no old-logprob pass brought them)
-        self.backend.before_update(after_inference="actor_inference" in self.recipe.consumes)
-        timing = self.backend.run_update_stage(
-            self.banks.bank(iteration), state, columns, train, whole_groups=whole_groups
+        self, iteration: int, state: str, columns: tuple[str, ...], step: Callable[[TensorDict], dict], **share: Any
+    ) -> tuple[StageTiming, dict[str, float]]:
+        """This rank's share of `state`, `step` on each of its algorithm.num_updates_per_iteration
+        mini-batches (training/accumulation.py's train_share); the training state comes back first
+        (TP: parameters too, when no old-logprob pass brought them)."""
+        return train_share(
+            self.backend,
+            self.banks.bank(iteration),
+            state,
+            columns,
+            step,
+            num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
+            after_inference="actor_inference" in self.recipe.consumes,
+            **share,
         )
-        assert timing.num_samples == self.backend.update_share, f"{state} got a partial share"
-        return timing, {key: sum(metrics[key] for metrics in steps) / len(steps) for key in steps[0]}
 
     # --- checkpoint ---------------------------------------------------------------------------
 
