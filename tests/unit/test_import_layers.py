@@ -130,6 +130,13 @@ RUNTIME_ROOMS = {
     "rldock.runtime.schedule": ("rldock.runtime.trainer",),
     # The training backends serve the actor; they do not drive iterations.
     "rldock.runtime.training": ("rldock.runtime.trainer", "rldock.runtime.schedule"),
+    # The rollout modes serve the actor's engine: no iteration order, no update, no actor.
+    "rldock.runtime.rollout": (
+        "rldock.runtime.trainer",
+        "rldock.runtime.schedule",
+        "rldock.runtime.training",
+        "rldock.runtime.workers.actor",
+    ),
 }
 
 

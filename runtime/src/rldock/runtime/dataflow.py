@@ -17,7 +17,7 @@ RESPONSE = ("response_ids", "response_mask")
 # (B,) int64: the policy version (weight updates behind the engine's weights) that generated each
 # response, written by the rollout; the update measures each sample's staleness from it.
 POLICY_VERSION = ("policy_version",)
-# Partial rollout only (rollout.partial_rollout, workers/partial_rollout.py): `sampled_logprobs`
+# Partial rollout only (rollout.partial_rollout, rollout/partial.py): `sampled_logprobs`
 # (B, SL) float32, each response token's logprob under the weights that sampled it, and
 # `prefix_length` (B,) int64, how many leading response tokens `policy_version` sampled (the rest the
 # next version, after a weight update cut the generation); the old-logprob pass reads both.

@@ -13,7 +13,7 @@ from typing import Any
 from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
 from rldock.runtime.agent.metrics import agent_metrics
 from rldock.runtime.rewards import merge_reward_metrics
-from rldock.runtime.workers.partial_rollout import RESUME_STATE, partial_metrics
+from rldock.runtime.rollout.partial import RESUME_STATE, partial_metrics
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"

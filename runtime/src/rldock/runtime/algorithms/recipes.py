@@ -242,7 +242,7 @@ def with_reference_on_actor(recipe: Recipe) -> Recipe:
 
 def with_partial_rollout(recipe: Recipe) -> Recipe:
     """`recipe` whose rollout also writes each token's sampling logprob and how many leading tokens
-    the older policy version sampled, which the old-logprob pass reads (workers/partial_rollout.py)."""
+    the older policy version sampled, which the old-logprob pass reads (rollout/partial.py)."""
 
     def change(spec: WorkerState) -> WorkerState:
         if spec.name == ACTOR_INFERENCE.name:

@@ -1,12 +1,12 @@
 """Partial rollout in the run-ahead schedule: the states held back until the cut generation's second
-round, and that round launched with them after the update that cut it (workers/partial_rollout.py)."""
+round, and that round launched with them after the update that cut it (rollout/partial.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from rldock.runtime.rollout.partial import RESUME_STATE
 from rldock.runtime.schedule.driver import Driver
-from rldock.runtime.workers.partial_rollout import RESUME_STATE
 
 
 def held_states(states: Sequence[str], actor_rank_states: Collection[str]) -> tuple[str, ...]:

@@ -4,6 +4,10 @@ replica's rollout engine on the same devices (generation, old-logprob inference 
 With generation TP 1 every rank holds its own engine; with TP g one engine of vLLM TP g serves g
 ranks, generating the whole replica's share of the prompts, and the other ranks hold none.
 
+How the engine samples is the job's rollout mode (rldock.runtime.rollout: plain, streamed, agent
+episodes or partial rollout), built once in the constructor; the rollout, partial rollout's second
+round, the old-logprob pass (tokens an older version sampled) and the held-out evaluation ask it.
+
 How the ranks train together is the job's training backend (rldock.runtime.training), applied
 to the loaded model once, in `join_group`: DDP replicas that each push their own weights into their
 engine in memory (`training/ddp.py`), FSDP2 shards that push the gathered weights
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -29,8 +32,6 @@ from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.base import EpisodeContext
-from rldock.runtime.agent.metrics import Sums, merged_sums
-from rldock.runtime.agent_sampler import AgentSampler
 from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.algorithms.policy_objective import job_objective
@@ -54,13 +55,14 @@ from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
+from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
+from rldock.runtime.rollout.modes import build_rollout
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.training.accumulation import accumulate, train_share
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.training.strategies import build_backend
 from rldock.runtime.turns import TakesTurns, in_turn
-from rldock.runtime.workers.partial_rollout import PartialRollout, behaviour_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +101,6 @@ class ActorWorker(TakesTurns):
             self.model = add_lora(self.model, cfg.training.lora, adapter_dir=adapter_dir)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
             enable_activation_checkpointing(self.model)
-        algo = cfg.algorithm
         # A world of one running the bare model until join_group applies the job's strategy.
         self.backend: TrainingBackend = DdpBackend(
             cfg,
@@ -117,25 +118,18 @@ class ActorWorker(TakesTurns):
             world_size, tp_size=cfg.rollout.tensor_parallel_size, field="rollout.tensor_parallel_size"
         )
         self.holds_engine = self.generation.tp_rank(rank) == 0
-        # agent: multi-turn episodes with tools (on the engine's rank; train_files for an environment, and
-        # the URLs of the environment servers the trainer started)
-        self.agent = None
-        if cfg.agent is not None:
-            self.agent = AgentSampler(
-                cfg, tokenizer=self.tokenizer, train_files=train_files, environment_urls=environment_urls or {}
-            )
-        # rollout.partial_rollout: generations run ahead of an update are cut, completed after it
-        self.partial = (
-            None
-            if cfg.rollout.partial_rollout == "off"
-            else PartialRollout(
-                mode=cfg.rollout.partial_rollout,
-                num_responses=algo.num_responses_per_prompt,
-                max_response_length=algo.max_response_length,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                num_prompts_per_iteration=algo.num_prompts_per_iteration,
-            )
+        # How the engine's responses are sampled (plain, streamed, agent episodes, partial rollout),
+        # chosen once; the engine rank generates its replica's share, its TP peers hold none. An agent
+        # reads train_files for an environment and the URLs of the servers the trainer started. DPO
+        # generates nothing, so its mode is never asked.
+        self.rollout: RolloutMode = build_rollout(
+            cfg,
+            tokenizer=self.tokenizer,
+            rank=rank,
+            batch_size=cfg.num_samples_per_iteration // world_size * self.generation.tp_size,
+            columns=self.recipe.consumes.get("rollout", ()),
+            train_files=train_files,
+            environment_urls=environment_urls,
         )
 
     # --- set-up -------------------------------------------------------------------------------
@@ -223,128 +217,33 @@ class ActorWorker(TakesTurns):
 
     @in_turn("rollout")
     def generate(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
-        """Rollout: whole prompt groups in, N responses per prompt out. `sampling_round` counts
-        the rounds of dynamic sampling (DAPO) within the iteration: each round's groups get
-        their own sampling seeds. `round_tokens` (partial rollout, a weight update follows): cut
-        responses there and complete them in `finish_rollout`."""
+        """Rollout: whole prompt groups in, N responses per prompt out, sampled as the job's rollout
+        mode does (rldock.runtime.rollout). `sampling_round` counts the rounds of dynamic sampling
+        (DAPO) within the iteration: each round's groups get their own sampling seeds. `round_tokens`
+        (partial rollout, a weight update follows): cut responses there and complete them in
+        `finish_rollout`."""
         engine = self._held_engine()
-        if self.partial is not None:
-            first = self.partial.first_round(
-                engine,
-                self.banks.bank(iteration),
-                iteration=iteration,
-                sampling_round=sampling_round,
-                columns=self.recipe.consumes["rollout"],
-                rank=self.rank,
-                batch_size=self._samples_per_rank(),
-                policy_version=self.policy_version,
-                round_tokens=round_tokens,
-            )
-            engine.sleep()
-            return first
-        algo = self.cfg.algorithm
-        group = algo.num_responses_per_prompt
-        eos = self.tokenizer.eos_token_id
-        response_lengths: list[int] = []
-
-        dock = self.banks.bank(iteration)
-        stream_groups = self.cfg.rollout.stream_groups
-        streamed_s = 0.0  # seconds spent writing finished groups from inside the rollout
-
-        def responses_of(per_prompt: list[list[list[int]]]) -> TensorDict:
-            """(responses, mask, policy version) columns of whole groups, N rows per prompt."""
-            responses = torch.full(
-                (len(per_prompt) * group, algo.max_response_length), self.tokenizer.pad_token_id, dtype=torch.int64
-            )  # (B, SL)
-            mask = torch.zeros_like(responses)
-            versions = torch.full((len(responses),), self.policy_version, dtype=torch.int64)  # (B,)
-            for i, tokens in enumerate(r for group_responses in per_prompt for r in group_responses):
-                responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
-                mask[i, : len(tokens)] = 1
-                response_lengths.append(len(tokens))
-            return TensorDict(
-                {"response_ids": responses, "response_mask": mask, "policy_version": versions},
-                batch_size=[len(responses)],
-            )
-
-        agent_sums: list[Sums] = []
-
-        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
-            nonlocal streamed_s
-            if self.agent is not None:  # multi-turn episodes, one per sample
-                prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch["prompt_ids"], batch["prompt_mask"])]
-                columns, sums, lengths = self.agent.rollout(
-                    engine,
-                    prompts,
-                    keys=(indices + sampling_round * self.cfg.num_samples_per_iteration).tolist(),
-                    prompt_indices=batch["prompt_index"].tolist(),
-                    seed=iteration,
-                    policy_version=self.policy_version,
-                )
-                agent_sums.append(sums)
-                response_lengths.extend(lengths)
-                return columns
-            # The dock holds the prompt once per sample; one engine request per group.
-            prompt_ids, prompt_mask = batch["prompt_ids"][::group], batch["prompt_mask"][::group]
-            prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-            # Seeded by (job seed, iteration, round, group index): a resumed run, or the same group
-            # landing on another rank, samples the same responses.
-            keys = indices[::group] // group + sampling_round * algo.num_prompts_per_iteration
-            request = dict(
-                n=group,
-                max_tokens=algo.max_response_length,
-                eos_token_id=eos,
-                seed=iteration,
-                prompt_keys=keys.tolist(),
-            )
-            if stream_groups == 0:
-                return responses_of(engine.generate(prompts, **request))
-            # Finer streaming: groups go to the dock as they finish, stream_groups at a time.
-            finished: list[tuple[int, list[list[int]]]] = []
-            written = 0  # groups of this batch already in the dock
-            for position, group_responses in engine.stream(prompts, **request):
-                finished.append((position, group_responses))
-                if len(finished) == stream_groups or written + len(finished) == len(prompts):
-                    written += len(finished)
-                    rows = torch.cat([indices[p * group : (p + 1) * group] for p, _ in finished])  # (k*N,)
-                    out = responses_of([r for _, r in finished])
-                    started = time.perf_counter()
-                    dock.put(rows, out, policy_version=self.policy_version)
-                    streamed_s += time.perf_counter() - started
-                    finished = []
-            return None  # every group was written above
-
         # The engine holds the weights of `policy_version` updates: the responses' policy version
         # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
-        # The replica's share: this rank's and its generation TP peers' (they hold no engine).
-        timing = run_stage(
-            dock,
-            "rollout",
-            self.recipe.consumes["rollout"],
-            rollout,
-            rank=self.rank,
-            batch_size=self._samples_per_rank() * self.generation.tp_size,
-            whole_groups=True,
+        request = RolloutRequest(
+            iteration=iteration,
             policy_version=self.policy_version,
+            sampling_round=sampling_round,
+            round_tokens=round_tokens,
         )
-        timing.compute_s -= streamed_s  # the streamed writes are data movement, not generation
-        timing.dispatch_s += streamed_s
+        metrics = self.rollout.generate(engine, self.banks.bank(iteration), request)
         engine.sleep()  # the device is the trainer's until the next generation
-        timing.extra["response_lengths"] = response_lengths
-        if agent_sums:
-            timing.extra["agent"] = merged_sums(agent_sums)
-        return timing.as_dict()
+        return metrics
 
     def finish_rollout(self, iteration: int) -> dict:
-        """Partial rollout's second round, after the weight update that cut `iteration`'s generation."""
-        # The trainer calls this only with rollout.partial_rollout on, so `partial` is set.
-        assert self.partial is not None, "finish_rollout without rollout.partial_rollout"
+        """Partial rollout's second round, after the weight update that cut `iteration`'s generation
+        (the trainer calls this only with rollout.partial_rollout on; other modes refuse it)."""
         engine = self._held_engine()
-        timing = self.partial.finish(
+        metrics = self.rollout.finish(
             engine, self.banks.bank(iteration), iteration=iteration, policy_version=self.policy_version
         )
         engine.sleep()
-        return timing
+        return metrics
 
     def evaluate(
         self,
@@ -358,39 +257,24 @@ class ActorWorker(TakesTurns):
         contexts: list[EpisodeContext | None] | None = None,
     ) -> dict:
         """Held-out responses from this rank's engine (the current policy): `responses`, per prompt
-        `num_samples` token id lists, EOS included when generated (a multi-turn episode's final turn,
-        with `agent` its metric sums and `environment_rewards` each episode's per step; `contexts` are
-        the prompts' rows an environment checks against).
+        `num_samples` token id lists, EOS included when generated (an agent's: each episode's final
+        turn, with `agent` its metric sums and `environment_rewards` each episode's per step; `contexts`
+        are the prompts' rows an environment checks against).
         Not a dock stage: evaluation samples never enter the dock (rldock.runtime.evaluation). Only
         ranks holding an engine."""
         engine = self._held_engine()
-        if self.agent is not None:
-            repeated = [prompt for prompt in prompts for _ in range(num_samples)]
-            finals, sums, rewards = self.agent.evaluate(
-                engine,
-                repeated,
-                keys=[key * num_samples + j for key in prompt_keys for j in range(num_samples)],
-                contexts=[c for c in (contexts or [None] * len(prompts)) for _ in range(num_samples)],
-                seed=seed,
-                greedy=greedy,
-            )
-            engine.sleep()
-            return {
-                "responses": [finals[i : i + num_samples] for i in range(0, len(finals), num_samples)],
-                "environment_rewards": [rewards[i : i + num_samples] for i in range(0, len(rewards), num_samples)],
-                "agent": sums,
-            }
-        completions = engine.sample(
-            prompts,
-            n=num_samples,
-            max_tokens=max_tokens,
-            eos_token_id=self.tokenizer.eos_token_id,
-            seed=seed,
+        request = HeldOutRequest(
+            prompts=prompts,
+            num_samples=num_samples,
             greedy=greedy,
+            max_tokens=max_tokens,
+            seed=seed,
             prompt_keys=prompt_keys,
+            contexts=contexts,
         )
+        out = self.rollout.evaluate(engine, request)
         engine.sleep()
-        return {"responses": [[c.token_ids for c in group] for group in completions]}
+        return out
 
     def _held_engine(self) -> VllmRolloutEngine:
         """This rank's engine; only the first rank of a generation replica holds one."""
@@ -428,14 +312,8 @@ class ActorWorker(TakesTurns):
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
             with torch.no_grad():
                 logprobs = self._logprobs(batch)
-            if self.partial is not None:  # tokens an older version sampled keep that version's logprob
-                logprobs = behaviour_logprobs(
-                    logprobs,
-                    batch["sampled_logprobs"],
-                    batch["policy_version"],
-                    batch["prefix_length"],
-                    current_version=self.policy_version,
-                )
+            # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
+            logprobs = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         return self.backend.run_inference_stage(
@@ -529,9 +407,6 @@ class ActorWorker(TakesTurns):
         if isinstance(self.model, PeftModel):  # training.lora
             return merged_weights(self.model)
         return self.model.state_dict().items()
-
-    def _samples_per_rank(self) -> int:
-        return self.cfg.num_samples_per_iteration // self.world_size
 
     def _logprobs(self, batch: TensorDict) -> torch.Tensor:
         """Logprobs for inference (old logprobs): the bare model, no DDP hooks."""

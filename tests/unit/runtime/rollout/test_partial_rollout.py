@@ -1,4 +1,4 @@
-"""Partial rollout's prefix bookkeeping (workers/partial_rollout.py): which responses a round budget
+"""Partial rollout's prefix bookkeeping (rollout/partial.py): which responses a round budget
 cuts, what the second round feeds the engine, how prefix and continuation join, which logprobs the
 old-logprob pass keeps, and the two rounds end to end over a test double of the engine."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dock_doubles import OneBatchDock
-from tensordict import TensorDict
+from rollout_doubles import EOS, PAD, EngineDouble, RecordingDock, completion, prompts_of
 
 from rldock.runtime.engines.vllm_rollout import Completion
-from rldock.runtime.workers.partial_rollout import (
+from rldock.runtime.rollout.base import RolloutRequest, RolloutSetup
+from rldock.runtime.rollout.partial import (
     PartialRollout,
     behaviour_logprobs,
     complete,
@@ -20,12 +20,6 @@ from rldock.runtime.workers.partial_rollout import (
     partial_metrics,
     response_columns,
 )
-
-EOS, PAD = 2, 0
-
-
-def completion(tokens: list[int], logprob: float) -> Completion:
-    return Completion(tokens, [logprob] * len(tokens), finished_with_eos=bool(tokens) and tokens[-1] == EOS)
 
 
 def test_a_response_is_cut_when_the_budget_stopped_it_before_eos():
@@ -94,60 +88,20 @@ def test_metrics_sum_over_rounds_and_ranks():
     }
 
 
-class EngineDouble:
-    """Test double of VllmRolloutEngine (no vLLM in a unit test): response j of a prompt is j+1
-    tokens of 7 then EOS, truncated at max_tokens; every logprob is -(version + 1), so a token's
-    logprob says which weights sampled it."""
-
-    def __init__(self):
-        self.version, self.calls = 0, []
-
-    def sample(self, prompts, *, n, max_tokens, eos_token_id, seed, logprobs, prompt_keys):
-        self.calls.append((prompts, n, max_tokens))
-        return [
-            [completion(([7] * (j + 1) + [eos_token_id])[:max_tokens], -(self.version + 1.0)) for j in range(n)]
-            for _ in prompts
-        ]
-
-
-class RecordingDock(OneBatchDock):
-    """The worker tests' one-batch dock, keeping every put with its policy version."""
-
-    def __init__(self, batch: TensorDict):
-        super().__init__(batch)
-        self.puts: list[tuple[list[int], TensorDict, int | None]] = []
-
-    def put(self, indices, out, *, policy_version=None):
-        super().put(indices, out, policy_version=policy_version)
-        self.puts.append((indices.tolist(), out, policy_version))
-
-
-def two_prompts(group: int) -> TensorDict:
-    prompt_ids = torch.tensor([[9, 9]] * group + [[8, 8]] * group)
-    return TensorDict({"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids)}, batch_size=[2 * group])
-
-
 def run_rounds(mode: str, round_tokens: int | None):
-    engine, dock = EngineDouble(), RecordingDock(two_prompts(3))
-    partial = PartialRollout(
-        mode=mode,
+    engine, dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=3))
+    setup = RolloutSetup(
+        rank=0,
+        batch_size=6,
+        columns=("prompt_ids", "prompt_mask"),
         num_responses=3,
         max_response_length=6,
         eos_token_id=EOS,
         pad_token_id=PAD,
         num_prompts_per_iteration=2,
     )
-    first = partial.first_round(
-        engine,
-        dock,
-        iteration=1,
-        sampling_round=0,
-        columns=("prompt_ids", "prompt_mask"),
-        rank=0,
-        batch_size=6,
-        policy_version=0,
-        round_tokens=round_tokens,
-    )
+    partial = PartialRollout(setup, mode=mode)
+    first = partial.generate(engine, dock, RolloutRequest(iteration=1, policy_version=0, round_tokens=round_tokens))
     first["puts"] = len(dock.puts)  # what the first round wrote
     engine.version = 1  # the weight update between the rounds
     second = partial.finish(engine, dock, iteration=1, policy_version=1)
@@ -183,8 +137,8 @@ def test_resume_completes_cut_responses_from_their_prefix_under_the_new_weights(
     engine, dock, first, second = run_rounds("resume", 2)
     # responses 1 and 2 of both prompts ran past 2 tokens: the groups wait for the second round
     assert first["partial_cut"] == 4 and first["response_lengths"] == [] and first["puts"] == 0
-    prompts, n, max_tokens = engine.calls[1]
-    assert prompts == [[9, 9, 7, 7]] * 2 + [[8, 8, 7, 7]] * 2 and n == 1 and max_tokens == 4
+    call = engine.calls[1]
+    assert call.prompts == [[9, 9, 7, 7]] * 2 + [[8, 8, 7, 7]] * 2 and call.n == 1 and call.max_tokens == 4
     assert second["partial_resumed"] == 4 and second["partial_carried_tokens"] == 8
     assert second["partial_dropped"] == 0 and second["num_samples"] == 6
     rows = rows_written(dock)
@@ -196,8 +150,8 @@ def test_resume_completes_cut_responses_from_their_prefix_under_the_new_weights(
 
 def test_drop_samples_cut_responses_again_from_the_prompt_under_the_new_weights():
     engine, dock, _, second = run_rounds("drop", 2)
-    prompts, _, max_tokens = engine.calls[1]
-    assert prompts == [[9, 9]] * 2 + [[8, 8]] * 2 and max_tokens == 6
+    call = engine.calls[1]
+    assert call.prompts == [[9, 9]] * 2 + [[8, 8]] * 2 and call.max_tokens == 6
     assert second["partial_dropped"] == 4 and second["partial_dropped_tokens"] == 8
     assert second["partial_resumed"] == 0 and second["partial_carried_tokens"] == 0
     rows = rows_written(dock)

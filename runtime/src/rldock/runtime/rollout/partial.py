@@ -26,8 +26,16 @@ from tensordict import TensorDict
 
 from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
+from rldock.runtime.rollout.base import (
+    RolloutMode,
+    RolloutRequest,
+    RolloutSetup,
+    TimedWrites,
+    group_prompts,
+    group_request,
+    run_rollout_stage,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,61 +158,35 @@ def partial_metrics(results: list[dict]) -> dict[str, int]:
     return {f"rollout/{key}": sum(int(r.get(key, 0)) for r in results) for key in METRIC_KEYS}
 
 
-class PartialRollout:
-    """One actor rank's rollout with partial rollout on: the first round (cut at the budget when a
-    weight update follows) and the second (the cut groups' responses completed after it)."""
+class PartialRollout(RolloutMode):
+    """One actor rank's rollout with partial rollout on (`mode` resume or drop): the first round (cut
+    at the budget when a weight update follows) and the second (the cut groups' responses completed
+    after it)."""
 
-    def __init__(
-        self,
-        *,
-        mode: str,
-        num_responses: int,
-        max_response_length: int,
-        eos_token_id: int,
-        pad_token_id: int,
-        num_prompts_per_iteration: int,
-    ):
-        self.mode = mode
-        self.group = num_responses
-        self.max_response_length = max_response_length
-        self.eos, self.pad = eos_token_id, pad_token_id
-        self.num_prompts = num_prompts_per_iteration
+    def __init__(self, setup: RolloutSetup, *, mode: str):
+        if mode not in ("resume", "drop"):
+            raise ValueError(f"rollout.partial_rollout {mode!r} is no partial rollout; use resume or drop")
+        self.setup, self.mode = setup, mode
+        self.group = setup.num_responses
+        self.max_response_length = setup.max_response_length
         self._cut: dict[int, list[CutGroup]] = {}  # iteration -> its groups waiting for the second round
 
-    def first_round(
-        self,
-        engine: VllmRolloutEngine,
-        dock: TransferDock,
-        *,
-        iteration: int,
-        sampling_round: int,
-        columns: tuple[str, ...],
-        rank: int,
-        batch_size: int,
-        policy_version: int,
-        round_tokens: int | None,
-    ) -> dict:
-        """Generate this rank's whole prompt groups with at most `round_tokens` tokens per response
-        (None: to completion, nothing is cut); write the groups with no cut response and keep the
-        others for `finish`."""
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+        """The first round: generate this rank's whole prompt groups with at most `round_tokens`
+        tokens per response (None: to completion, nothing is cut); write the groups with no cut
+        response and keep the others for `finish`."""
+        round_tokens, policy_version = request.round_tokens, request.policy_version
         cut_groups: list[CutGroup] = []
         lengths: list[int] = []
-        put_s = 0.0  # writes from inside the stage function: data movement, not generation
+        writes = TimedWrites(dock)
         max_tokens = round_tokens or self.max_response_length
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> None:
-            nonlocal put_s
-            prompt_ids, prompt_mask = batch["prompt_ids"][:: self.group], batch["prompt_mask"][:: self.group]
-            prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask)]
-            keys = indices[:: self.group] // self.group + sampling_round * self.num_prompts  # as ActorWorker.generate
+            prompts = group_prompts(batch, self.group)
             completions = engine.sample(
                 prompts,
-                n=self.group,
-                max_tokens=max_tokens,
-                eos_token_id=self.eos,
-                seed=iteration,
+                **group_request(self.setup, indices, request, max_tokens=max_tokens),
                 logprobs=True,
-                prompt_keys=keys.tolist(),
             )
             finished_rows, finished = [], []
             for position, responses in enumerate(completions):
@@ -216,26 +198,15 @@ class PartialRollout:
                 finished += [complete(c, max_tokens=self.max_response_length) for c in responses]
             if finished:
                 lengths.extend(len(s.token_ids) for s in finished)
-                started = time.perf_counter()
-                dock.put(
-                    torch.tensor(finished_rows), self._columns(finished, policy_version), policy_version=policy_version
+                writes.put(
+                    torch.tensor(finished_rows),
+                    self._columns(finished, policy_version),
+                    policy_version=policy_version,
                 )
-                put_s += time.perf_counter() - started
 
-        timing = run_stage(
-            dock,
-            "rollout",
-            columns,
-            rollout,
-            rank=rank,
-            batch_size=batch_size,
-            whole_groups=True,
-            policy_version=policy_version,
-        )
-        timing.compute_s -= put_s
-        timing.dispatch_s += put_s
+        timing = run_rollout_stage(dock, self.setup, rollout, policy_version=policy_version, writes=writes)
         if cut_groups:
-            self._cut[iteration] = cut_groups
+            self._cut[request.iteration] = cut_groups
         num_cut = sum(len(g.cut_positions()) for g in cut_groups)
         timing.extra.update(response_lengths=lengths, partial_cut=num_cut)
         return timing.as_dict()
@@ -254,7 +225,7 @@ class PartialRollout:
                 prompts,
                 n=1,
                 max_tokens=remaining,
-                eos_token_id=self.eos,
+                eos_token_id=self.setup.eos_token_id,
                 seed=iteration + _RESUME_SEED_OFFSET,
                 logprobs=True,
                 prompt_keys=[groups[g].rows[j] for g, j in cut],
@@ -302,7 +273,20 @@ class PartialRollout:
             "partial_dropped_tokens": carried if self.mode == "drop" else 0,
         }
 
+    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
+        """Tokens an older version sampled (a resumed response's prefix) keep that version's logprob."""
+        return behaviour_logprobs(
+            computed,
+            batch[SAMPLED_LOGPROBS],
+            batch["policy_version"],
+            batch[PREFIX_LENGTH],
+            current_version=policy_version,
+        )
+
     def _columns(self, samples: list[Sampled], policy_version: int) -> TensorDict:
         return response_columns(
-            samples, policy_version=policy_version, max_response_length=self.max_response_length, pad_token_id=self.pad
+            samples,
+            policy_version=policy_version,
+            max_response_length=self.max_response_length,
+            pad_token_id=self.setup.pad_token_id,
         )

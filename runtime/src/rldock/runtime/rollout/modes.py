@@ -1,0 +1,69 @@
+"""Which rollout mode a job runs, chosen once from the config (the only place it is chosen), and the
+mode built for one actor rank: `agent` for a job with an `agent` section, `partial` for
+rollout.partial_rollout resume or drop, `streamed` for rollout.stream_groups > 0, else `plain`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from rldock.config import JobConfig
+from rldock.runtime.agent_sampler import AgentSampler
+from rldock.runtime.rollout.agent import AgentRollout
+from rldock.runtime.rollout.base import RolloutMode, rollout_setup
+from rldock.runtime.rollout.partial import PartialRollout
+from rldock.runtime.rollout.plain import PlainRollout
+from rldock.runtime.rollout.streamed import StreamedRollout
+
+MODES = ("plain", "streamed", "agent", "partial")
+
+
+def mode_of(cfg: JobConfig) -> str:
+    """The job's rollout mode. An agent's episodes are neither cut at a weight update nor streamed:
+    that combination is refused here as config/problems.py refuses it (a JobConfig built directly
+    skips those checks). Partial rollout writes its uncut groups when the rank's batch has ended,
+    so with it rollout.stream_groups is not read."""
+    rollout = cfg.rollout
+    if cfg.agent is not None:
+        if rollout.partial_rollout != "off":
+            raise ValueError(
+                f"rollout.partial_rollout `{rollout.partial_rollout}` with agent: an episode's turns are not "
+                "cut and resumed at a weight update; use `off`"
+            )
+        if rollout.stream_groups > 0:
+            raise ValueError(
+                f"rollout.stream_groups {rollout.stream_groups} with agent: episodes are written to the dock "
+                "when the rank's whole batch has ended; set 0"
+            )
+        return "agent"
+    if rollout.partial_rollout != "off":
+        return "partial"
+    if rollout.stream_groups > 0:
+        return "streamed"
+    return "plain"
+
+
+def build_rollout(
+    cfg: JobConfig,
+    *,
+    tokenizer,
+    rank: int,
+    batch_size: int,
+    columns: tuple[str, ...],
+    train_files: Sequence[str] = (),
+    environment_urls: Mapping[str, Sequence[str]] | None = None,
+) -> RolloutMode:
+    """The job's rollout mode for actor `rank`, reading `columns` of the rollout state `batch_size`
+    samples at a time. An agent's episodes check answers against the rows of `train_files` and run
+    on the environment servers the trainer started (`environment_urls`)."""
+    setup = rollout_setup(cfg, tokenizer=tokenizer, rank=rank, batch_size=batch_size, columns=columns)
+    mode = mode_of(cfg)
+    if mode == "agent":
+        sampler = AgentSampler(
+            cfg, tokenizer=tokenizer, train_files=train_files, environment_urls=environment_urls or {}
+        )
+        return AgentRollout(setup, sampler)
+    if mode == "partial":
+        return PartialRollout(setup, mode=cfg.rollout.partial_rollout)
+    if mode == "streamed":
+        return StreamedRollout(setup, stream_groups=cfg.rollout.stream_groups)
+    return PlainRollout(setup)

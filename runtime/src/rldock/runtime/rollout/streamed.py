@@ -1,0 +1,55 @@
+"""The streamed rollout (rollout.stream_groups > 0): each batch of whole prompt groups in one engine
+batch, as the plain rollout, but groups are written to the dock as they finish, `stream_groups` at
+a time, so the stages after the rollout start on them while the rest still generate. The engine's
+`stream` gives the same responses as its `generate` (same seeds), so only the timing differs."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.rollout.base import (
+    RolloutMode,
+    RolloutRequest,
+    RolloutSetup,
+    TimedWrites,
+    group_columns,
+    group_prompts,
+    group_request,
+    run_rollout_stage,
+)
+
+
+class StreamedRollout(RolloutMode):
+    def __init__(self, setup: RolloutSetup, *, stream_groups: int):
+        if stream_groups < 1:
+            raise ValueError(f"rollout.stream_groups {stream_groups}: a streamed rollout writes at least 1 group")
+        self.setup, self.stream_groups = setup, stream_groups
+
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+        group = self.setup.num_responses
+        lengths: list[int] = []
+        writes = TimedWrites(dock)
+
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> None:
+            prompts = group_prompts(batch, group)
+            engine_args = group_request(self.setup, indices, request, max_tokens=self.setup.max_response_length)
+            finished: list[tuple[int, list[list[int]]]] = []  # (prompt position, its N responses)
+            written = 0  # groups of this batch already in the dock
+            for position, responses in engine.stream(prompts, **engine_args):
+                finished.append((position, responses))
+                if len(finished) == self.stream_groups or written + len(finished) == len(prompts):
+                    written += len(finished)
+                    rows = torch.cat([indices[p * group : (p + 1) * group] for p, _ in finished])  # (k*N,)
+                    per_prompt = [r for _, r in finished]
+                    lengths.extend(len(tokens) for responses in per_prompt for tokens in responses)
+                    out = group_columns(per_prompt, self.setup, policy_version=request.policy_version)
+                    writes.put(rows, out, policy_version=request.policy_version)
+                    finished = []
+            return None  # every group was written above
+
+        timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version, writes=writes)
+        timing.extra["response_lengths"] = lengths
+        return timing.as_dict()

@@ -1,0 +1,122 @@
+"""Test doubles for the rollout mode tests (imported by basename): an engine that answers with fixed
+responses and records what it was asked, and a one-batch dock that records what is written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from rldock.runtime.engines.vllm_rollout import Completion
+
+EOS, PAD = 2, 0
+
+
+def completion(tokens: list[int], logprob: float) -> Completion:
+    return Completion(tokens, [logprob] * len(tokens), finished_with_eos=bool(tokens) and tokens[-1] == EOS)
+
+
+@dataclass(frozen=True)
+class Call:
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    seed: int | None
+    prompt_keys: list[int] | None
+    greedy: bool = False
+
+
+class EngineDouble:
+    """Test double of VllmRolloutEngine (no vLLM in a unit test): response j of a prompt is j+1
+    tokens of 7 then EOS, truncated at max_tokens; every logprob is -(version + 1), so a token's
+    logprob says which weights sampled it. `stream` yields the prompts last first, as an engine
+    that finished the later ones first would."""
+
+    def __init__(self):
+        self.version, self.calls = 0, []
+
+    def sample(self, prompts, *, n, max_tokens, eos_token_id, seed, greedy=False, logprobs=False, prompt_keys=None):
+        self.calls.append(Call(prompts, n, max_tokens, seed, prompt_keys, greedy))
+        return [
+            [completion(([7] * (j + 1) + [eos_token_id])[:max_tokens], -(self.version + 1.0)) for j in range(n)]
+            for _ in prompts
+        ]
+
+    def generate(self, prompts, *, n, max_tokens, eos_token_id, seed, prompt_keys=None):
+        completions = self.sample(
+            prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
+        )
+        return [[c.token_ids for c in group] for group in completions]
+
+    def stream(self, prompts, *, n, max_tokens, eos_token_id, seed, prompt_keys=None):
+        per_prompt = self.generate(
+            prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
+        )
+        yield from reversed(list(enumerate(per_prompt)))
+
+
+class RecordingDock:
+    """Test double of TransferDock for one rank: hands out the whole batch once (indices from
+    `first_index`), keeps every put with its policy version."""
+
+    def __init__(self, batch: TensorDict, first_index: int = 0):
+        self.batch, self.first_index, self.given = batch, first_index, False
+        self.waited_s, self.drained = 0.0, False
+        self.gets: list[tuple[str, list[str], int]] = []  # (state, columns, batch_size)
+        self.puts: list[tuple[list[int], TensorDict, int | None]] = []
+
+    def get(self, state, columns, *, batch_size, **kwargs):
+        self.gets.append((state, list(columns), batch_size))
+        if self.given:
+            return None
+        self.given = True
+        return torch.arange(len(self.batch)) + self.first_index, self.batch.select(*columns)
+
+    def put(self, indices, out, *, policy_version=None):
+        self.puts.append((indices.tolist(), out, policy_version))
+
+    def written(self) -> TensorDict:
+        """Every row put, in index order."""
+        rows = [i for indices, _, _ in self.puts for i in indices]
+        out = torch.cat([out for _, out, _ in self.puts])
+        return out[torch.tensor(rows).argsort()]
+
+
+def prompts_of(*prompts: list[int], group: int) -> TensorDict:
+    """The dock's prompt columns of whole groups: each prompt once per response, left-padded to 3."""
+    rows = [[PAD] * (3 - len(p)) + p for p in prompts for _ in range(group)]
+    prompt_ids = torch.tensor(rows)  # (B, PL)
+    return TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": (prompt_ids != PAD).long(),
+            "prompt_index": torch.arange(len(rows)) // group,
+        },
+        batch_size=[len(rows)],
+    )
+
+
+class AnsweringEngine:
+    """Test double of VllmRolloutEngine's multi-turn side (submit / step): every request is answered
+    at once with `answer` then EOS, a final answer that ends the episode; records each request's
+    (seed, key)."""
+
+    seed = 0  # the engine's own seed (the job's)
+
+    def __init__(self, answer: list[int]):
+        self.answer, self.queue, self.requests = answer, [], []
+
+    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False):
+        ids = [str(len(self.requests) + i) for i in range(len(prompts))]
+        self.requests += [(seed, tuple(key)) for key in request_keys]
+        self.queue += ids
+        return ids
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def step(self, eos_token_id):
+        finished, self.queue = self.queue, []
+        tokens = [*self.answer, eos_token_id]
+        return [(request_id, Completion(tokens, None, True)) for request_id in finished]

@@ -1,0 +1,218 @@
+"""The rollout modes (rldock.runtime.rollout): which config selects which mode, what the factory
+refuses as the config check does, and what each one-round mode writes to the dock and asks the
+engine over test doubles: the plain and streamed modes write the same columns with the same seeds,
+the agent's episodes are keyed per sample and round, partial rollout keeps older tokens' logprobs."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+from rollout_doubles import EOS, PAD, AnsweringEngine, EngineDouble, RecordingDock, prompts_of
+from tensordict import TensorDict
+
+from rldock.config import find_problems
+from rldock.config.job import JobConfig
+from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock.runtime.rollout.agent import AgentRollout
+from rldock.runtime.rollout.base import HeldOutRequest, RolloutRequest, RolloutSetup
+from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
+from rldock.runtime.rollout.partial import PartialRollout
+from rldock.runtime.rollout.plain import PlainRollout
+from rldock.runtime.rollout.streamed import StreamedRollout
+
+G, N, SL = 2, 3, 6
+COLUMNS = ("prompt_ids", "prompt_mask")
+AGENT = {"tools": [{"name": "calculator"}]}
+PARTIAL = {"partial_rollout": "resume", "max_tokens_per_round": 2}
+
+
+def job(**sections) -> JobConfig:
+    """A job config built directly, as the actor gets it: the config check (find_problems) not run."""
+    algorithm = {
+        "name": "grpo",
+        "num_prompts_per_iteration": G,
+        "num_responses_per_prompt": N,
+        "max_prompt_length": 4,
+        "max_response_length": SL,
+        "learning_rate": 1e-3,
+    }
+    return JobConfig(iterations=1, model={"path": "unused"}, algorithm=algorithm, **sections)
+
+
+class TokenIds:
+    """Test double of a tokenizer: only the special ids a one-turn mode reads."""
+
+    eos_token_id, pad_token_id = EOS, PAD
+
+
+def chat_tokenizer():
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def setup(batch_size: int = G * N, columns: tuple[str, ...] = COLUMNS) -> RolloutSetup:
+    return RolloutSetup(
+        rank=0,
+        batch_size=batch_size,
+        columns=columns,
+        num_responses=N,
+        max_response_length=SL,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        num_prompts_per_iteration=G,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sections", "mode", "built"),
+    [
+        ({}, "plain", PlainRollout),
+        ({"rollout": {"stream_groups": 2}}, "streamed", StreamedRollout),
+        ({"rollout": PARTIAL}, "partial", PartialRollout),
+        # partial rollout writes its uncut groups when the batch ends: stream_groups is not read
+        ({"rollout": {**PARTIAL, "stream_groups": 2}}, "partial", PartialRollout),
+        ({"agent": AGENT}, "agent", AgentRollout),
+    ],
+)
+def test_each_config_selects_its_mode(sections, mode, built):
+    cfg = job(**sections)
+    assert mode_of(cfg) == mode and mode in MODES
+    tokenizer = chat_tokenizer() if mode == "agent" else TokenIds()
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=1, batch_size=12, columns=COLUMNS)
+    assert type(rollout) is built
+    assert (rollout.setup.rank, rollout.setup.batch_size, rollout.setup.columns) == (1, 12, COLUMNS)
+    assert (rollout.setup.num_responses, rollout.setup.num_samples_per_iteration) == (N, G * N)
+
+
+@pytest.mark.parametrize(
+    ("rollout", "field"),
+    [({"partial_rollout": "drop"}, "rollout.partial_rollout"), ({"stream_groups": 2}, "rollout.stream_groups")],
+)
+def test_an_agent_with_partial_rollout_or_streaming_is_refused_as_the_config_check_refuses_it(rollout, field):
+    cfg = job(agent=AGENT, rollout=rollout)
+    with pytest.raises(ValueError, match=f"{field} .* with agent"):
+        mode_of(cfg)
+    assert [p for p in find_problems(cfg) if p.path == field and "with agent" in p.message]
+
+
+def test_the_plain_mode_writes_whole_groups_seeded_per_group_and_round():
+    engine, dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    metrics = PlainRollout(setup()).generate(
+        engine, dock, RolloutRequest(iteration=5, policy_version=2, sampling_round=1)
+    )
+    (call,) = engine.calls
+    assert call.prompts == [[9, 9], [8, 8]] and (call.n, call.max_tokens, call.seed) == (N, SL, 5)
+    assert call.prompt_keys == [0 + G, 1 + G]  # group index, offset by the round
+    assert dock.gets[0] == ("rollout", list(COLUMNS), G * N)
+    ((indices, out, version),) = dock.puts
+    assert indices == list(range(G * N)) and version == 2
+    assert out["response_ids"][:N].tolist() == [
+        [7, EOS, PAD, PAD, PAD, PAD],
+        [7, 7, EOS, PAD, PAD, PAD],
+        [7, 7, 7, EOS, PAD, PAD],
+    ]
+    assert out["response_mask"].sum(-1).tolist() == [2, 3, 4] * G
+    assert out["policy_version"].tolist() == [2] * (G * N)
+    assert metrics["response_lengths"] == [2, 3, 4] * G and metrics["num_samples"] == G * N
+    assert set(metrics) == {"wait_s", "dispatch_s", "compute_s", "num_samples", "response_lengths"}
+
+
+@pytest.mark.parametrize("stream_groups", [1, 2, 5])
+def test_the_streamed_mode_writes_what_the_plain_one_does_a_few_groups_at_a_time(stream_groups):
+    plain_engine, plain_dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    PlainRollout(setup()).generate(
+        plain_engine, plain_dock, RolloutRequest(iteration=5, policy_version=2, sampling_round=1)
+    )
+    engine, dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    metrics = StreamedRollout(setup(), stream_groups=stream_groups).generate(
+        engine, dock, RolloutRequest(iteration=5, policy_version=2, sampling_round=1)
+    )
+    assert engine.calls == plain_engine.calls  # the same requests, hence the same seeds
+    # the double finishes the second group first: its rows are written first
+    assert [indices for indices, _, _ in dock.puts] == (
+        [[3, 4, 5], [0, 1, 2]] if stream_groups == 1 else [[3, 4, 5, 0, 1, 2]]
+    )
+    assert all(version == 2 for _, _, version in dock.puts)
+    assert (dock.written() == plain_dock.written()).all()
+    assert sorted(metrics["response_lengths"]) == sorted([2, 3, 4] * G) and metrics["num_samples"] == G * N
+
+
+def test_modes_refuse_settings_that_are_not_theirs():
+    with pytest.raises(ValueError, match="at least 1 group"):
+        StreamedRollout(setup(), stream_groups=0)
+    with pytest.raises(ValueError, match="use resume or drop"):
+        PartialRollout(setup(), mode="off")
+
+
+def test_one_round_modes_have_no_second_round_and_keep_the_passes_logprobs():
+    computed = torch.randn(2, SL)  # (B, SL)
+    batch = TensorDict({}, batch_size=[2])
+    for rollout in (PlainRollout(setup()), StreamedRollout(setup(), stream_groups=1)):
+        with pytest.raises(RuntimeError, match="no second round"):
+            rollout.finish(EngineDouble(), RecordingDock(batch), iteration=1, policy_version=1)
+        assert rollout.sampling_logprobs(computed, batch, policy_version=1) is computed
+
+
+def test_partial_rollout_keeps_the_older_versions_logprobs_for_the_prefix():
+    computed = torch.full((2, 4), -5.0)  # (B, SL) by the weights of version 2
+    batch = TensorDict(
+        {
+            "sampled_logprobs": torch.full((2, 4), -1.0),
+            "policy_version": torch.tensor([1, 2]),
+            "prefix_length": torch.tensor([2, 4]),
+        },
+        batch_size=[2],
+    )
+    old = PartialRollout(setup(), mode="resume").sampling_logprobs(computed, batch, policy_version=2)
+    assert old.tolist() == [[-1.0, -1.0, -5.0, -5.0], [-5.0] * 4]
+
+
+def test_the_plain_evaluation_asks_the_engine_once_per_prompt():
+    engine = EngineDouble()
+    request = HeldOutRequest(prompts=[[9, 9]], num_samples=2, greedy=True, max_tokens=3, seed=7, prompt_keys=[4])
+    out = PlainRollout(setup()).evaluate(engine, request)
+    assert out == {"responses": [[[7, EOS], [7, 7, EOS]]]}
+    assert engine.calls[0].greedy and engine.calls[0].prompt_keys == [4] and engine.calls[0].max_tokens == 3
+
+
+def agent_rollout(tokenizer) -> AgentRollout:
+    cfg = job(agent=AGENT, data={"chat_template": "model"})
+    columns = (*COLUMNS, "prompt_index")
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, columns=columns)
+    assert isinstance(rollout, AgentRollout)
+    return rollout
+
+
+def test_the_agent_runs_one_episode_per_sample_keyed_by_sample_and_round():
+    tokenizer = chat_tokenizer()
+    rollout = agent_rollout(tokenizer)
+    answer = tokenizer("4", add_special_tokens=False)["input_ids"]
+    engine = AnsweringEngine(answer)
+    prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
+    dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
+    metrics = rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4, sampling_round=1))
+    # one request per sample (its first turn), seeded by the iteration, keyed past round 0's samples
+    assert engine.requests == [(3, (i + G * N, 0)) for i in range(G * N)]
+    ((indices, out, version),) = dock.puts
+    assert indices == list(range(G * N)) and version == 4
+    assert out["num_turns"].tolist() == [1] * (G * N)
+    assert out["response_ids"][0, : len(answer) + 1].tolist() == [*answer, tokenizer.eos_token_id]
+    assert metrics["response_lengths"] == [len(answer) + 1] * (G * N) and "agent" in metrics
+
+
+def test_the_agents_evaluation_answers_with_each_episodes_final_turn():
+    tokenizer = chat_tokenizer()
+    answer = tokenizer("4", add_special_tokens=False)["input_ids"]
+    engine = AnsweringEngine(answer)
+    prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"]
+    request = HeldOutRequest(
+        prompts=[prompt, prompt], num_samples=2, greedy=True, max_tokens=1, seed=7, prompt_keys=[4, 5]
+    )
+    out = agent_rollout(tokenizer).evaluate(engine, request)
+    # sample j of prompt key k is episode k * num_samples + j
+    assert engine.requests == [(7, (key, 0)) for key in (8, 9, 10, 11)]
+    assert out["responses"] == [[[*answer, tokenizer.eos_token_id]] * 2] * 2
+    assert out["environment_rewards"] == [[[], []], [[], []]] and "agent" in out
