@@ -1,9 +1,11 @@
 """Per-worker CPU thread budget: each compute worker process gets its share of the node's cores.
 
 On a CPU node every actor, reference and critic rank runs torch (and the actor's in-process vLLM
-engine, which uses the same OpenMP pool) in its own process. Left alone, each takes Ray's
-OMP_NUM_THREADS (its num_cpus, 1) or, outside Ray, one thread per core, so ranks either leave
-cores idle or oversubscribe them. The budget is `training.num_threads`, by default the node's cores
+engine, which uses the same OpenMP pool), in a process of its own or, under colocated placement,
+beside the other ranks of its device in one device worker (workers/device_worker.py), where the
+ranks' stages may still run at once, so each rank still counts. Left alone, each takes Ray's
+OMP_NUM_THREADS (its num_cpus) or, outside Ray, one thread per core, so ranks either leave cores
+idle or oversubscribe them. The budget is `training.num_threads`, by default the node's cores
 divided by the compute workers placed on it: the device workers of the job's layout (actor,
 reference, critic and reward-model ranks). The reward and advantage workers do no tensor work
 worth threads and are not counted.

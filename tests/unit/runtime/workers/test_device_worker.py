@@ -136,6 +136,36 @@ def test_each_seat_gets_its_own_copy_of_its_arguments():
     assert b.dock == {"drained": False}
 
 
+class ThreadRecorder:
+    """A seat recording the thread each of its calls runs in (and the one that built it)."""
+
+    def __init__(self) -> None:
+        self.threads, self.values = [threading.get_ident()], []
+
+    def record(self, value: int) -> int:
+        self.threads.append(threading.get_ident())
+        self.values.append(value)
+        return value
+
+
+def test_a_seats_calls_run_in_the_one_thread_that_built_it_in_their_numbers():
+    """Whatever thread of the Ray actor's pool a call arrives in (torch's current device and
+    stream, OpenMP's thread count and the allocator's arena are per thread)."""
+    worker = DeviceWorker([Role.of("a 0", ThreadRecorder, {}), Role.of("b 0", ThreadRecorder, {})])
+    results: dict[int, int] = {}
+    callers = [
+        threading.Thread(target=lambda n=n: results.update({n: worker.call("a 0", n, "record", n)}))
+        for n in (2, 0, 3, 1)
+    ]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(timeout=10)
+    a, b = worker.roles["a 0"], worker.roles["b 0"]
+    assert results == {0: 0, 1: 1, 2: 2, 3: 3} and a.values == [0, 1, 2, 3]
+    assert len(set(a.threads)) == 1 and a.threads[0] != b.threads[0] != threading.get_ident()
+
+
 def test_a_role_handle_stays_in_the_driver():
     with pytest.raises(TypeError, match="actor 0"):
         pickle.dumps(RoleHandle(object(), "actor 0"))

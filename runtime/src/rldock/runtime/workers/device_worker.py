@@ -21,10 +21,10 @@ order submitted across seats, and a call waiting for something only a later call
 produces would never return. That happens: the run-ahead schedule with partial rollout queues the
 next iteration's reference pass before this iteration's update, and the reference waits for
 responses that only the generation's second round (queued after that update, on the actor seat of
-the same device) writes. So the device worker is a threaded Ray actor, and each seat keeps its own
-order: a `CallOrder` per seat runs that seat's calls one at a time in the order the trainer
-submitted them (the handle numbers them), as its own Ray actor did. Seats wait and compute in
-their own threads; what may run at once on the device is what ran at once in two processes: the
+the same device) writes. So the device worker is a threaded Ray actor, and each seat has a thread
+of its own (`SeatThread`) that runs the seat's calls one at a time in the order the trainer
+submitted them (the handle numbers them, `CallOrder` admits them in that order), as its own Ray
+actor did. Seats wait and compute in their own threads; what may run at once on the device is what ran at once in two processes: the
 serial schedule's turns (on accelerators, by default) give the device to one phase at a time, the
 engine's sleep and wake and the training state's swap to host happening inside the actor's phases;
 on CPU (`overlap`) the dock alone orders the stages.
@@ -48,6 +48,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -110,8 +111,8 @@ def seat_processes(plan: PlacementPlan, *, collective: Collection[str]) -> list[
 
 
 class CallOrder:
-    """One seat's calls, one at a time, in the order they were submitted (numbered 0, 1, ...):
-    what Ray guarantees a one-thread actor, kept per seat inside a threaded one."""
+    """One seat's calls, admitted one at a time in the order they were submitted (numbered 0, 1,
+    ...): what Ray guarantees a one-thread actor, kept per seat inside a threaded one."""
 
     def __init__(self) -> None:
         self._next = 0  # the number of the call whose turn it is
@@ -151,28 +152,51 @@ class Role:
         """The constructor arguments, a copy of their own at each call."""
         return ray.cloudpickle.loads(self.pickled_arguments)
 
+    def build(self) -> Any:
+        return self.cls(**self.arguments())
+
+
+class SeatThread:
+    """One seat's worker object and the one thread that builds it and runs its calls, one at a
+    time in the order they were submitted, as a one-thread Ray actor of its own did.
+
+    One thread per seat, not whichever of the Ray actor's pool threads a call lands on: torch keeps
+    the current device and stream per thread, OpenMP its thread count, and the C allocator an arena
+    per thread (calls spread over the pool's threads grew a SmolLM2 device worker's memory with
+    every iteration)."""
+
+    def __init__(self, role: Role):
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=role.name)
+        self._order = CallOrder()
+        self.worker = self._thread.submit(role.build).result()
+
+    def call(self, number: int, method: str, args: tuple, kwargs: dict):
+        """`method(*args, **kwargs)` on the seat's worker, after its calls numbered before `number`."""
+        with self._order.turn(number):  # enters the thread's queue in submission order
+            done = self._thread.submit(self._run, method, args, kwargs)
+        return done.result()
+
+    def _run(self, method: str, args: tuple, kwargs: dict):
+        # OpenMP keeps its thread count per thread, and a thread starts from OMP_NUM_THREADS (the Ray
+        # actor's CPUs), not from the count a seat set (threads.py) in its own thread; vLLM's CPU
+        # attention reads the count when it plans a batch and again in its kernel, and refuses two
+        # different counts. Every call runs with the process's torch count.
+        torch.set_num_threads(torch.get_num_threads())
+        return getattr(self.worker, method)(*args, **kwargs)
+
 
 class DeviceWorker:
-    """Ray actor (threaded, `MAX_PENDING_CALLS`): the seats of one device as plain objects, built
-    in seat order; `call` runs a method of one of them in that seat's order."""
+    """Ray actor (threaded, `MAX_PENDING_CALLS`): the seats of one device, each a plain object in a
+    thread of its own (`SeatThread`), built in seat order; `call` runs a method of one of them."""
 
     def __init__(self, roles: Sequence[Role]):
-        self.roles: dict[str, Any] = {}
-        self._orders: dict[str, CallOrder] = {}
-        for role in roles:
-            self.roles[role.name] = role.cls(**role.arguments())
-            self._orders[role.name] = CallOrder()
+        self._seats = {role.name: SeatThread(role) for role in roles}
+        self.roles: dict[str, Any] = {name: seat.worker for name, seat in self._seats.items()}
         logger.info("device worker holding %s", ", ".join(self.roles))
 
     def call(self, role: str, number: int, method: str, *args, **kwargs):
         """`role`'s `method(*args, **kwargs)`, once its calls numbered before `number` finished."""
-        with self._orders[role].turn(number):
-            # OpenMP keeps its thread count per thread, and a pool thread starts from the Ray actor's
-            # OMP_NUM_THREADS, not from the count the seats set (threads.py) until torch first runs
-            # parallel work in it. vLLM's CPU attention reads the count when it plans a batch and
-            # again in its kernel, and refuses two different counts: set it before anything runs.
-            torch.set_num_threads(torch.get_num_threads())
-            return getattr(self.roles[role], method)(*args, **kwargs)
+        return self._seats[role].call(number, method, args, kwargs)
 
 
 class RoleHandle:
