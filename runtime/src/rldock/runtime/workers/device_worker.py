@@ -24,10 +24,10 @@ responses that only the generation's second round (queued after that update, on 
 the same device) writes. So the device worker is a threaded Ray actor, and each seat has a thread
 of its own (`SeatThread`) that runs the seat's calls one at a time in the order the trainer
 submitted them (the handle numbers them, `CallOrder` admits them in that order), as its own Ray
-actor did. Seats wait and compute in their own threads; what may run at once on the device is what ran at once in two processes: the
-serial schedule's turns (on accelerators, by default) give the device to one phase at a time, the
-engine's sleep and wake and the training state's swap to host happening inside the actor's phases;
-on CPU (`overlap`) the dock alone orders the stages.
+actor did. Seats wait and compute in their own threads; what may run at once on the device is
+what ran at once in two processes: the serial schedule's turns (on accelerators, by default) give
+the device to one phase at a time, the engine's sleep and wake and the training state's swap to
+host happening inside the actor's phases; on CPU (`overlap`) the dock alone orders the stages.
 
 One process holds one default torch.distributed group: a device's seats share a process unless
 two of them belong to collective groups (the actor ranks' DDP/FSDP/TP group, the critic ranks'),
