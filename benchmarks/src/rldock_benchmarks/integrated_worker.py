@@ -221,8 +221,9 @@ def summarise(records: list[dict], measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare(runs: Mapping[str, list[dict[str, Any]]], *, target: float | None) -> dict[str, Any]:
-    """Each placement's median run (by iteration time), colocated over separate, and whether the
-    rewards matched iteration by iteration in every run."""
+    """Each placement's median run by iteration time (of an even number, the slower of the middle
+    two), colocated over separate, and whether the rewards matched iteration by iteration in every
+    run."""
     chosen = {placement: sorted(rs, key=lambda r: r["iteration_s"])[len(rs) // 2] for placement, rs in runs.items()}
     ratio = chosen["colocated"]["iteration_s"] / chosen["separate"]["iteration_s"]
     rewards = [run["rewards"] for rs in runs.values() for run in rs]

@@ -106,7 +106,7 @@ def seat_processes(plan: PlacementPlan, *, collective: Collection[str]) -> list[
                     on_device.append([(group, rank)])
                 else:
                     home.append((group, rank))
-        processes += [SeatProcess(bundle, tuple(seats)) for seats in on_device]
+        processes += [SeatProcess(bundle, tuple(held)) for held in on_device]
     return processes
 
 
