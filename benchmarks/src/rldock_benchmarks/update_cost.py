@@ -4,11 +4,12 @@ before and after each change of the update path, in one run. Prints one JSON doc
     .venv/bin/python -m rldock_benchmarks.update_cost                      # both shapes, every step
     .venv/bin/python -m rldock_benchmarks.update_cost --shapes tool --steps before chunked_head
 
-One update is what `ActorWorker._optimizer_step` runs for `num_updates_per_iteration: 1`: AdamW
+One update is what the actor's policy step runs for `num_updates_per_iteration: 1`: AdamW
 over the trainable parameters (embeddings frozen, as in the examples), the mini-batch split in
 micro-batches, each one's policy logprobs and entropy with gradients, the clipped GRPO loss on
 random advantages, backward, then one step. The batches are random token ids with lengths drawn
-like the examples' (fixed seed), so every step sees the same rows.
+like the examples' (fixed seed), a GRPO group's rows sharing their prompt, so every step sees the
+same rows.
 
 The steps, each including the ones before it:
   before        every position's float32 logits (b, L, V), then the response slice (the previous
@@ -18,6 +19,8 @@ The steps, each including the ones before it:
                 scored tokens (engines/head_logprobs.py)
   token_budget  micro-batches under a token budget (`training.micro_batch_tokens`) instead of a
                 row count
+  packed        the product's passes: a pass is one packed sequence, each prompt once and no
+                padding (engines/packing.py); the steps before it run the row layout (padded rows)
   compiled      the model's forward compiled with torch.compile (inductor); its compile time is
                 reported apart and counted in `seconds_with_compile`
 
@@ -46,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SMOLLM2 = Path.home() / ".cache" / "rldock" / "models"
-STEPS = ("before", "scored_logits", "chunked_head", "token_budget", "compiled")
+STEPS = ("before", "scored_logits", "chunked_head", "token_budget", "packed", "compiled")
 
 
 @dataclass(frozen=True)
@@ -60,22 +63,33 @@ class Shape:
     max_response_length: int
     micro_batch_size: int
     micro_batch_tokens: int  # the token_budget step's budget
+    group_size: int  # GRPO's G: consecutive rows answer the same prompt
     tool_tokens: tuple[int, int] = (0, 0)  # tokens of a tool's reply inside the response, not scored
 
 
 SHAPES = {
     # examples/grpo-smollm2-math.yaml: G8 x N4, the chat prompt about 50 tokens, answers up to 64
-    "smollm2": Shape(32, (40, 60), 96, (12, 64), 64, micro_batch_size=8, micro_batch_tokens=512),
+    "smollm2": Shape(32, (40, 60), 96, (12, 64), 64, micro_batch_size=8, micro_batch_tokens=512, group_size=8),
     # examples/agent-smollm2-python.yaml: G4 x N4, the prompt with the tool described about 275
     # tokens, a call, the reply and the answer about 85
     "tool": Shape(
-        16, (265, 285), 288, (60, 110), 128, micro_batch_size=8, micro_batch_tokens=1024, tool_tokens=(8, 16)
+        16,
+        (265, 285),
+        288,
+        (60, 110),
+        128,
+        micro_batch_size=8,
+        micro_batch_tokens=1024,
+        group_size=4,
+        tool_tokens=(8, 16),
     ),
 }
 # The warm-up of examples/agent-smollm2-python.yaml at batch_size 16 (its demonstrations laid out
-# as the tool shape's responses): every parameter trains, float32, the supervised answer loss.
+# as the tool shape's responses, a prompt each): every parameter trains, float32, the supervised
+# answer loss.
 WARMUP_SHAPE, WARMUP_BATCH = "tool", 16
-WARMUP_STEPS = ("chunked_head", "token_budget")  # one pass of 16 rows, or passes within the budget
+# one pass of 16 rows, passes within the budget, packed passes within the budget
+WARMUP_STEPS = ("chunked_head", "token_budget", "packed")
 
 
 def model_dir() -> Path:
@@ -89,9 +103,10 @@ def model_dir() -> Path:
     return found[-1].parent
 
 
-def make_batch(shape: Shape, *, vocab_size: int, seed: int = 0):
-    """Left-padded prompts and right-padded responses with the shape's lengths; a tool reply in the
-    middle of each response is attended to but not scored (response_mask 0 there)."""
+def make_batch(shape: Shape, *, vocab_size: int, seed: int = 0, group_size: int | None = None):
+    """Left-padded prompts and right-padded responses with the shape's lengths, each run of
+    `group_size` rows (default the shape's G) answering one prompt; a tool reply in the middle of
+    each response is attended to but not scored (response_mask 0 there)."""
     import torch
     from tensordict import TensorDict
 
@@ -104,9 +119,14 @@ def make_batch(shape: Shape, *, vocab_size: int, seed: int = 0):
     prompt_mask = torch.zeros_like(prompt_ids)
     response_ids = torch.zeros(shape.rows, shape.max_response_length, dtype=torch.int64)
     attention = torch.zeros_like(response_ids)
+    group_size = group_size or shape.group_size
     for row, (prompt, response) in enumerate(zip(lengths(shape.prompt_lengths), lengths(shape.response_lengths))):
-        prompt_ids[row, -prompt:] = torch.randint(1, vocab_size, (prompt,), generator=generator)
-        prompt_mask[row, -prompt:] = 1
+        first = row - row % group_size  # the group's first row draws the prompt, the others copy it
+        if row == first:
+            prompt_ids[row, -prompt:] = torch.randint(1, vocab_size, (prompt,), generator=generator)
+            prompt_mask[row, -prompt:] = 1
+        else:
+            prompt_ids[row], prompt_mask[row] = prompt_ids[first], prompt_mask[first]
         response_ids[row, :response] = torch.randint(1, vocab_size, (response,), generator=generator)
         attention[row, :response] = 1
     response_mask = attention.clone()
@@ -175,11 +195,12 @@ def run_warmup_step(step: str, *, threads: int) -> dict:
     from rldock.runtime.warmup import accumulate_answer_loss
 
     torch.set_num_threads(threads)
+    row_layout(step)
     shape = SHAPES[WARMUP_SHAPE]
     model = load_causal_lm(str(model_dir()), dtype="float32", device="cpu")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    rows = make_batch(shape, vocab_size=model.config.vocab_size)
+    rows = make_batch(shape, vocab_size=model.config.vocab_size, group_size=1)
     batch = rows[:WARMUP_BATCH]  # the tool shape holds 16 rows
     passes = (
         {"micro_batch_size": WARMUP_BATCH}
@@ -215,12 +236,13 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
     import torch
 
     from rldock.runtime.algorithms import get_policy_loss
-    from rldock.runtime.engines.policy import micro_batch_rows, response_logprobs_and_entropy
+    from rldock.runtime.engines.policy import micro_batch_rows, packing_prompts, response_logprobs_and_entropy
     from rldock.runtime.models.freezing import freeze_embeddings, trainable
     from rldock.runtime.models.loading import load_causal_lm
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    row_layout(step)
     shape = SHAPES[shape_name]
     model = load_causal_lm(str(model_dir()), dtype="float32", device="cpu")
     freeze_embeddings(model)
@@ -249,12 +271,12 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
         )
 
     budget = shape.micro_batch_tokens if at >= STEPS.index("token_budget") else None
+    passes = {"micro_batch_size": shape.rows if budget else shape.micro_batch_size, "max_tokens": budget}
+    packing = packing_prompts(
+        model, batch["prompt_ids"], batch["prompt_mask"], batch["response_attention_mask"], trim=True, **passes
+    )
     groups = micro_batch_rows(
-        batch["prompt_mask"],
-        batch["response_attention_mask"],
-        micro_batch_size=shape.rows if budget else shape.micro_batch_size,
-        trim=True,
-        max_tokens=budget,
+        batch["prompt_mask"], batch["response_attention_mask"], trim=True, prompt_ids=packing, **passes
     )
     total_tokens = int(batch["response_mask"].sum())
 
@@ -298,11 +320,7 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
     if step == "compiled":
         compile_s = max(first_s - median, 0.0)
     real_tokens = int(batch["prompt_mask"].sum() + batch["response_attention_mask"].sum())
-    computed = sum(
-        len(rows)
-        * (int(batch["prompt_mask"][rows].sum(1).max()) + int(batch["response_attention_mask"][rows].sum(1).max()))
-        for rows in groups
-    )
+    computed = sum(computed_tokens(batch, rows, packed=packing is not None) for rows in groups)
     return {
         "shape": shape_name,
         "step": step,
@@ -320,6 +338,30 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
         "peak_rss_mib": round(peak / 1024),
         "update_peak_mib": round((peak - rss_before) / 1024),
     }
+
+
+def row_layout(step: str) -> None:
+    """Before the `packed` step, passes of padded rows as the product ran them before packing: this
+    process's policy passes are told the model takes no packed mask."""
+    if step in STEPS and STEPS.index(step) >= STEPS.index("packed"):
+        return
+    from rldock.runtime.engines import policy
+
+    policy.packs_sequences = lambda model: False  # type: ignore[assignment]
+
+
+def computed_tokens(batch, rows, *, packed: bool) -> int:
+    """Tokens a pass over `rows` computes: rows x (longest prompt + longest response) padded, each
+    distinct prompt once plus every response's tokens packed."""
+    prompts = batch["prompt_mask"][rows].sum(1)  # (b,)
+    responses = batch["response_attention_mask"][rows].sum(1)  # (b,)
+    if not packed:
+        return len(rows) * int(prompts.max() + responses.max())
+    from rldock.runtime.engines.packing import prompt_groups
+
+    groups = prompt_groups(batch["prompt_ids"][rows], batch["prompt_mask"][rows]).tolist()
+    first_rows = {group: row for row, group in reversed(list(enumerate(groups)))}
+    return sum(int(prompts[row]) for row in first_rows.values()) + int(responses.sum())
 
 
 def _resident_kib() -> int:

@@ -936,10 +936,13 @@ class TrainingSpec(Spec):
     )
     trim_padding: bool = Field(
         default=True,
-        description="Run each micro-batch of the old-logprob, reference, critic and update passes on its "
-        "longest sequence only (prompt columns that are padding in every row and response columns past "
-        "the longest response are cut; results are the same) and sort samples by length so micro-batches "
-        "hold similar lengths. `false` computes on the dock's full PL + SL columns (for comparison).",
+        description="Compute no padding in the old-logprob, reference, critic and update passes. Where the "
+        "model's attention takes a 4D mask (sdpa, eager; no sliding window) and it costs fewer FLOPs, a "
+        "micro-batch is packed: its samples laid end to end in one sequence, each prompt once for the "
+        "responses that share it (a GRPO group), none padded. Otherwise each micro-batch runs on its longest "
+        "sequence only (prompt columns that are padding in every row and response columns past the longest "
+        "response are cut) with samples sorted by length. Results are the same up to float rounding. "
+        "`false` computes on the dock's full PL + SL columns (for comparison).",
     )
     num_threads: int | None = Field(
         default=None,

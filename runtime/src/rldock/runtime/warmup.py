@@ -35,7 +35,7 @@ import torch
 from rldock.config.job import WarmupSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, PromptSampler
-from rldock.runtime.engines.policy import micro_batch_rows, response_logprobs
+from rldock.runtime.engines.policy import micro_batch_rows, packing_prompts, response_logprobs
 from rldock.runtime.models import TokenBatch, load_causal_lm, load_tokenizer, max_token_length, pad_prompts
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,20 @@ def accumulate_answer_loss(
     total = mask.sum().clamp(min=1)
     loss = 0.0
     for rows in micro_batch_rows(
-        prompts.mask, targets.mask, micro_batch_size=micro_batch_size, trim=True, max_tokens=max_tokens
+        prompts.mask,
+        targets.mask,
+        micro_batch_size=micro_batch_size,
+        trim=True,
+        max_tokens=max_tokens,
+        prompt_ids=packing_prompts(
+            model,
+            prompts.ids,
+            prompts.mask,
+            targets.mask,
+            trim=True,
+            micro_batch_size=micro_batch_size,
+            max_tokens=max_tokens,
+        ),
     ):
         rows = rows.to(mask.device)
         part = answer_loss(

@@ -13,6 +13,10 @@ tokens it sampled, the only ones scored. Without that column the two are the sam
 The LM head runs only where a token is scored: the model returns its last hidden states with no
 logits, and `head_logprobs` applies the head to the scored positions a chunk at a time, so no pass
 holds float32 logits of the whole (b, L, V), prompt included (docs/scaling.md, "Activations").
+
+With `trim` and a model whose attention takes a 4D mask (`packing.packs_sequences`), a pass is one
+packed sequence instead of padded rows: each prompt once, its responses after it, no padding
+(engines/packing.py); the numbers are the row layout's up to float reassociation.
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rldock.runtime.engines.head_logprobs import head_logprobs
+from rldock.runtime.engines.packing import (
+    attended_response_lengths,
+    contiguous_responses,
+    mask_kind,
+    pack_pass,
+    packed_runs,
+    packing_pays,
+    packs_sequences,
+)
 
 
 @dataclass(frozen=True)
@@ -75,10 +88,12 @@ def plan_micro_batches(
     micro_batch_size: int,
     trim: bool,
     max_tokens: int | None = None,
+    prompt_ids: Tensor | None = None,
 ) -> list[MicroBatch]:
     """Split a batch of left-padded prompts (B, PL) and right-padded responses (B, SL) into forward
     passes of at most `micro_batch_size` rows and, with `max_tokens`, of at most that many
-    computed tokens (`micro_batch_rows`).
+    computed tokens (`micro_batch_rows`). With `prompt_ids` (packed passes) a pass keeps the
+    columns up to its longest response and no prompt column range (a packed pass has no padding).
 
     With `trim`, rows are sorted by their token count (so a pass holds sequences of similar
     length) and each pass keeps only its own longest prompt and response: leading prompt columns
@@ -89,8 +104,16 @@ def plan_micro_batches(
     prompt_len = prompt_mask.shape[1]
     plans = []
     for rows in micro_batch_rows(
-        prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim, max_tokens=max_tokens
+        prompt_mask,
+        response_mask,
+        micro_batch_size=micro_batch_size,
+        trim=trim,
+        max_tokens=max_tokens,
+        prompt_ids=prompt_ids,
     ):
+        if prompt_ids is not None:
+            plans.append(MicroBatch(rows, 0, max(max(attended_response_lengths(response_mask[rows])), 1)))
+            continue
         if not trim:
             plans.append(MicroBatch(rows, 0, response_mask.shape[1]))
             continue
@@ -104,7 +127,13 @@ def plan_micro_batches(
 
 
 def micro_batch_rows(
-    prompt_mask: Tensor, response_mask: Tensor, *, micro_batch_size: int, trim: bool, max_tokens: int | None = None
+    prompt_mask: Tensor,
+    response_mask: Tensor,
+    *,
+    micro_batch_size: int,
+    trim: bool,
+    max_tokens: int | None = None,
+    prompt_ids: Tensor | None = None,
 ) -> list[Tensor]:
     """The rows (b,) of each pass over a batch of left-padded prompts (B, PL) and right-padded
     responses (B, SL): consecutive runs of `micro_batch_size` rows, or with `trim` the rows sorted
@@ -114,11 +143,18 @@ def micro_batch_rows(
     prompt + its longest response), would pass `max_tokens`; a row longer than that runs alone.
     Short rows then share a pass by the dozen and long ones go few at a time, so a batch of mixed
     lengths costs about its real token count instead of `micro_batch_size` x its longest row.
+
+    `prompt_ids` (B, PL), for packed passes (`packing_prompts`): rows that share a prompt run
+    together and a run's tokens count each prompt once and no padding (`packing.packed_runs`).
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if prompt_ids is not None:
+        return packed_runs(
+            prompt_ids, prompt_mask, response_mask, micro_batch_size=micro_batch_size, max_tokens=max_tokens
+        )
     num_rows = prompt_mask.shape[0]
     if not trim:
         return [
@@ -142,6 +178,29 @@ def micro_batch_rows(
             runs.append([row])
             longest_prompt, longest_response = prompt_lengths[row], response_lengths[row]
     return [torch.tensor(run, dtype=torch.int64) for run in runs]
+
+
+def packing_prompts(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    attention: Tensor,
+    *,
+    trim: bool,
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+) -> Tensor | None:
+    """The prompts (B, PL) to pack a batch's passes by, or None for passes of padded rows: packing
+    needs `trim` (no padding computed), a model whose attention takes a 4D mask
+    (`packing.packs_sequences`), every row's attended response tokens (B, SL) a run from column 0,
+    and passes of `micro_batch_size` rows (within `max_tokens`) that cost fewer FLOPs packed
+    (`packing.packing_pays`)."""
+    if not (trim and packs_sequences(model) and contiguous_responses(attention)):
+        return None
+    pays = packing_pays(
+        model, prompt_ids, prompt_mask, attention, micro_batch_size=micro_batch_size, max_tokens=max_tokens
+    )
+    return prompt_ids if pays else None
 
 
 def sort_by_tokens(batch) -> Tensor:
@@ -188,13 +247,38 @@ def _scored_hidden(
     response_ids: Tensor,
     attention: Tensor,
     plans: list[MicroBatch],
+    *,
+    packed: bool,
 ) -> Iterator[tuple[Tensor, MicroBatch]]:
-    """Yield the last hidden states (b, response_end, H) that score each kept response token, per pass.
+    """Yield the last hidden states (b, response_end, H) that score each kept response token, per pass:
+    `packed`, from one packed sequence per pass (engines/packing.py), else from its padded rows.
 
     The model runs through its own forward (the training wrapper's hooks included) with no logits
     at all (`logits_to_keep` an empty index); `head_logprobs` applies the head where a token is scored.
     """
+    no_logits = torch.empty(0, dtype=torch.int64, device=prompt_ids.device)
     for plan in plans:
+        if packed:
+            rows = plan.rows
+            pass_ = pack_pass(
+                prompt_ids[rows],
+                prompt_mask[rows],
+                response_ids[rows],
+                attention[rows],
+                response_end=plan.response_end,
+                mask_kind=mask_kind(model),
+                dtype=output_head(model).weight.dtype,
+            )
+            outputs = model(
+                input_ids=pass_.input_ids,
+                attention_mask=pass_.attention_mask,
+                position_ids=pass_.position_ids,
+                use_cache=False,
+                output_hidden_states=True,
+                logits_to_keep=no_logits,
+            )
+            yield outputs.hidden_states[-1][0][pass_.predictors], plan  # (b, response_end, H)
+            continue
         inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
         outputs = model(
             input_ids=inputs.input_ids,
@@ -202,7 +286,7 @@ def _scored_hidden(
             position_ids=inputs.position_ids,
             use_cache=False,
             output_hidden_states=True,
-            logits_to_keep=torch.empty(0, dtype=torch.int64, device=inputs.input_ids.device),
+            logits_to_keep=no_logits,
         )
         yield outputs.hidden_states[-1][:, scored], plan  # the final norm's output (b, response_end, H)
 
@@ -224,12 +308,28 @@ def _score_passes(
     """Logprobs (B, SL) and, `with_entropy`, entropy (B, SL) of the response tokens where
     `response_mask` is 1 (0 elsewhere): the head runs on those positions only."""
     attention = response_mask if attention_mask is None else attention_mask
+    packing = packing_prompts(
+        model,
+        prompt_ids,
+        prompt_mask,
+        attention,
+        trim=trim,
+        micro_batch_size=micro_batch_size,
+        max_tokens=max_tokens,
+    )
     plans = plan_micro_batches(
-        prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim, max_tokens=max_tokens
+        prompt_mask,
+        attention,
+        micro_batch_size=micro_batch_size,
+        trim=trim,
+        max_tokens=max_tokens,
+        prompt_ids=packing,
     )
     head = output_head(model)
     logprob_chunks, entropy_chunks = [], []
-    for hidden, plan in _scored_hidden(model, prompt_ids, prompt_mask, response_ids, attention, plans):
+    for hidden, plan in _scored_hidden(
+        model, prompt_ids, prompt_mask, response_ids, attention, plans, packed=packing is not None
+    ):
         end = plan.response_end
         scored = response_mask[plan.rows, :end].bool()  # (b, end)
         logprobs, entropy = head_logprobs(

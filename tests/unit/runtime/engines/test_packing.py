@@ -1,0 +1,188 @@
+"""Packed passes (engines/packing.py): prompt groups, runs under a budget, the packed sequence laid out
+by hand, and the policy's numbers and gradients equal to passes of padded rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rldock.runtime.engines.packing import (
+    contiguous_responses,
+    pack_pass,
+    packed_runs,
+    packing_pays,
+    packs_sequences,
+    prompt_groups,
+)
+from rldock.runtime.engines.policy import micro_batch_rows, packing_prompts, response_logprobs_and_entropy
+
+
+def _left_padded(prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def _right_padded(responses: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in responses])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])
+    return ids, mask
+
+
+def test_rows_with_the_same_prompt_share_a_group_in_order_of_first_appearance():
+    ids, mask = _left_padded([[5, 6], [7], [5, 6], [7], [6]], 3)
+    ids[1, 0] = 9  # a pad's id does not make another prompt
+    assert prompt_groups(ids, mask).tolist() == [0, 1, 0, 1, 2]
+
+
+def test_runs_keep_groups_together_and_count_each_prompt_once():
+    # two groups of three rows: prompts of 4 and 2 tokens, responses of 1-3 tokens
+    prompt_ids, prompt_mask = _left_padded([[1, 2, 3, 4], [8, 9], [1, 2, 3, 4], [8, 9], [1, 2, 3, 4], [8, 9]], 4)
+    _, attention = _right_padded([[1], [1, 1], [1, 1, 1], [1], [1, 1], [1, 1, 1]], 3)
+    unbounded = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=None)
+    assert [r.tolist() for r in unbounded] == [[0, 2, 4, 1, 3, 5]]
+    by_rows = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=3, max_tokens=None)
+    assert [r.tolist() for r in by_rows] == [[0, 2, 4], [1, 3, 5]]
+    # group 0 packs 4 + 1 + 3 + 2 = 10 tokens; row 1 would add its prompt and response, 2 + 2
+    budget = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=12)
+    assert [r.tolist() for r in budget] == [[0, 2, 4], [1, 3, 5]]
+    alone = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=3)
+    assert sorted(int(r) for run in alone for r in run) == list(range(6)) and all(len(run) == 1 for run in alone)
+
+
+def test_a_pass_lays_each_prompt_once_then_its_responses():
+    prompt_ids, prompt_mask = _left_padded([[1, 2], [7], [1, 2]], 2)
+    response_ids, attention = _right_padded([[3, 4], [8, 9, 10], [5]], 3)
+    packed = pack_pass(
+        prompt_ids, prompt_mask, response_ids, attention, response_end=3, mask_kind="boolean", dtype=torch.float32
+    )
+    # group 0: prompt [1, 2], row 0 [3, 4], row 2 [5]; group 1: prompt [7], row 1 [8, 9, 10]
+    assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 7, 8, 9, 10]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2, 3]]
+    # response token 0 is scored by its prompt's last token, token t by its own token t - 1
+    assert packed.predictors.tolist() == [[1, 2, 0], [5, 6, 7], [1, 0, 0]]
+    attends = packed.attention_mask[0, 0].int().tolist()
+    assert attends == [
+        [1, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 0, 0],  # row 2's token sees its prompt, not row 0's response
+        [0, 0, 0, 0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1, 1, 1],
+    ]
+    additive = pack_pass(
+        prompt_ids, prompt_mask, response_ids, attention, response_end=3, mask_kind="additive", dtype=torch.float16
+    ).attention_mask[0, 0]
+    assert additive.dtype == torch.float16
+    assert ((additive == 0) == packed.attention_mask[0, 0]).all()
+    assert (additive[~packed.attention_mask[0, 0]] == torch.finfo(torch.float16).min).all()
+
+
+def _model(attn_implementation: str = "sdpa", **config) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=40,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            attn_implementation=attn_implementation,
+            **config,
+        )
+    )
+
+
+def test_only_attention_that_takes_a_4d_mask_without_a_window_packs():
+    assert packs_sequences(_model("sdpa")) and packs_sequences(_model("eager"))
+    model = _model("sdpa")
+    model.config._attn_implementation = "flash_attention_2"  # not installable here; the check reads the name
+    assert not packs_sequences(model)
+    assert not packs_sequences(_model("sdpa", use_sliding_window=True, sliding_window=4, max_window_layers=0))
+
+
+def test_a_response_with_an_unattended_hole_keeps_the_row_layout():
+    _, attention = _right_padded([[1, 1], [1]], 3)
+    assert contiguous_responses(attention)
+    attention[0, 1], attention[0, 2] = 0, 1
+    assert not contiguous_responses(attention)
+    prompt_ids, prompt_mask = _left_padded([[1, 2, 3]] * 2, 3)
+    passes = {"micro_batch_size": 2, "max_tokens": None}
+    assert packing_prompts(_model(), prompt_ids, prompt_mask, attention, trim=True, **passes) is None
+    assert packing_prompts(_model(), prompt_ids, prompt_mask, attention[[1, 1]], trim=True, **passes) is not None
+    assert packing_prompts(_model(), prompt_ids, prompt_mask, attention[[1, 1]], trim=False, **passes) is None
+
+
+def test_packing_only_where_it_costs_fewer_flops():
+    model = _model()  # hidden 32, 4 heads of 8, MLP 64: 18,432 FLOPs a token and 128 a pair per layer
+    # a long prompt and short answers: shared prompt tokens save more than the longer attention adds
+    prompt_ids, prompt_mask = _left_padded([list(range(1, 21))] * 4, 20)
+    _, short = _right_padded([[1] * 4] * 4, 40)
+    assert packing_pays(model, prompt_ids, prompt_mask, short, micro_batch_size=4, max_tokens=None)
+    # a short prompt and long answers: one sequence of 4 + 4 x 40 tokens attends 26,896 pairs against
+    # 4 x 44^2 = 7,744 in rows, more than its 12 saved tokens pay for
+    prompt_ids, prompt_mask = _left_padded([[1, 2, 3, 4]] * 4, 4)
+    _, long = _right_padded([[1] * 40] * 4, 40)
+    assert not packing_pays(model, prompt_ids, prompt_mask, long, micro_batch_size=4, max_tokens=None)
+    assert packing_pays(model, prompt_ids, prompt_mask, long, micro_batch_size=1, max_tokens=None) is False  # a tie
+
+
+def _group_batch(num_groups: int = 3, group_size: int = 4, seed: int = 1):
+    """Interleaved GRPO groups: row r answers prompt r % num_groups; a tool reply (columns 2-3) is
+    attended to and not scored."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 40, (int(n),), generator=generator).tolist() for n in (3, 7, 5)[:num_groups]]
+    rows = num_groups * group_size
+    prompt_ids, prompt_mask = _left_padded([prompts[r % num_groups] for r in range(rows)], 8)
+    lengths = torch.randint(1, 7, (rows,), generator=generator).tolist()
+    response_ids, attention = _right_padded(
+        [torch.randint(1, 40, (n,), generator=generator).tolist() for n in lengths], 6
+    )
+    response_mask = attention.clone()
+    response_mask[:, 2:4] = 0
+    return prompt_ids, prompt_mask, response_ids, response_mask, attention
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("max_tokens", [None, 24])
+def test_packed_scores_and_gradients_equal_padded_rows(attn_implementation, max_tokens):
+    model = _model(attn_implementation)
+    prompt_ids, prompt_mask, response_ids, response_mask, attention = _group_batch()
+
+    def scores(trim: bool):
+        model.zero_grad()
+        result = response_logprobs_and_entropy(
+            model,
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            response_mask,
+            micro_batch_size=5,
+            max_tokens=max_tokens if trim else None,
+            trim=trim,
+            attention_mask=attention,
+        )
+        (result.logprobs * torch.linspace(0.5, 1.5, result.logprobs.numel()).view_as(result.logprobs)).sum().backward()
+        return result, [p.grad.clone() for p in model.parameters()]
+
+    passes = {"micro_batch_size": 5, "max_tokens": max_tokens}
+    assert packing_prompts(model, prompt_ids, prompt_mask, attention, trim=True, **passes) is not None
+    rows, row_grads = scores(trim=False)  # every pass padded rows over all PL + SL columns
+    packed, packed_grads = scores(trim=True)
+    assert (packed.logprobs[response_mask == 0] == 0).all()
+    torch.testing.assert_close(packed.logprobs, rows.logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed.entropy, rows.entropy, rtol=1e-5, atol=1e-5)
+    for packed_grad, row_grad in zip(packed_grads, row_grads):
+        torch.testing.assert_close(packed_grad, row_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_update_micro_batches_hold_whole_groups():
+    prompt_ids, prompt_mask, _, _, attention = _group_batch()
+    runs = micro_batch_rows(prompt_mask, attention, micro_batch_size=4, trim=True, prompt_ids=prompt_ids)
+    assert [sorted(r % 3 for r in run.tolist()) for run in runs] == [[0] * 4, [1] * 4, [2] * 4]
