@@ -63,13 +63,15 @@ class Shape:
     max_response_length: int
     micro_batch_size: int
     micro_batch_tokens: int  # the token_budget step's budget
-    group_size: int  # GRPO's G: consecutive rows answer the same prompt
+    responses_per_prompt: int  # GRPO's N: a group of consecutive rows answers the same prompt
     tool_tokens: tuple[int, int] = (0, 0)  # tokens of a tool's reply inside the response, not scored
 
 
 SHAPES = {
     # examples/grpo-smollm2-math.yaml: G8 x N4, the chat prompt about 50 tokens, answers up to 64
-    "smollm2": Shape(32, (40, 60), 96, (12, 64), 64, micro_batch_size=8, micro_batch_tokens=512, group_size=8),
+    "smollm2": Shape(
+        32, (40, 60), 96, (12, 64), 64, micro_batch_size=8, micro_batch_tokens=512, responses_per_prompt=4
+    ),
     # examples/agent-smollm2-python.yaml: G4 x N4, the prompt with the tool described about 275
     # tokens, a call, the reply and the answer about 85
     "tool": Shape(
@@ -80,7 +82,7 @@ SHAPES = {
         128,
         micro_batch_size=8,
         micro_batch_tokens=1024,
-        group_size=4,
+        responses_per_prompt=4,
         tool_tokens=(8, 16),
     ),
 }
@@ -105,8 +107,8 @@ def model_dir() -> Path:
 
 def make_batch(shape: Shape, *, vocab_size: int, seed: int = 0, group_size: int | None = None):
     """Left-padded prompts and right-padded responses with the shape's lengths, each run of
-    `group_size` rows (default the shape's G) answering one prompt; a tool reply in the middle of
-    each response is attended to but not scored (response_mask 0 there)."""
+    `group_size` rows (default the shape's N responses per prompt) answering one prompt; a tool
+    reply in the middle of each response is attended to but not scored (response_mask 0 there)."""
     import torch
     from tensordict import TensorDict
 
@@ -119,7 +121,7 @@ def make_batch(shape: Shape, *, vocab_size: int, seed: int = 0, group_size: int 
     prompt_mask = torch.zeros_like(prompt_ids)
     response_ids = torch.zeros(shape.rows, shape.max_response_length, dtype=torch.int64)
     attention = torch.zeros_like(response_ids)
-    group_size = group_size or shape.group_size
+    group_size = group_size or shape.responses_per_prompt
     for row, (prompt, response) in enumerate(zip(lengths(shape.prompt_lengths), lengths(shape.response_lengths))):
         first = row - row % group_size  # the group's first row draws the prompt, the others copy it
         if row == first:

@@ -42,3 +42,14 @@ def test_ratios_are_against_the_same_shapes_before_step():
     assert ratios["smollm2/token_budget"] == {"seconds": 0.5, "cpu_seconds": 0.75, "update_peak": 0.5}
     assert ratios["tool/before"]["seconds"] == 1.0 and "tool_warmup/token_budget" not in ratios
     assert STEPS[0] == "before"
+
+
+def test_a_groups_rows_share_their_prompt_and_the_warmups_do_not():
+    from rldock.runtime.engines.packing import prompt_groups
+
+    for name, shape in SHAPES.items():
+        batch = make_batch(shape, vocab_size=100)
+        groups = prompt_groups(batch["prompt_ids"], batch["prompt_mask"]).tolist()
+        assert groups == [row // shape.responses_per_prompt for row in range(shape.rows)], name
+        single = make_batch(shape, vocab_size=100, group_size=1)
+        assert prompt_groups(single["prompt_ids"], single["prompt_mask"]).tolist() == list(range(shape.rows)), name

@@ -47,6 +47,14 @@ def test_runs_keep_groups_together_and_count_each_prompt_once():
     # group 0 packs 4 + 1 + 3 + 2 = 10 tokens; row 1 would add its prompt and response, 2 + 2
     budget = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=12)
     assert [r.tolist() for r in budget] == [[0, 2, 4], [1, 3, 5]]
+    # whole groups first: row 1 (2 + 2 tokens) would fit beside group 0 within 15, its group does not
+    whole = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=15)
+    assert [r.tolist() for r in whole] == [[0, 2, 4], [1, 3, 5]]
+    both = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=18)
+    assert [r.tolist() for r in both] == [[0, 2, 4, 1, 3, 5]]
+    # a group over the row limit is cut, each part computing its prompt; the next group starts anew
+    cut = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=2, max_tokens=100)
+    assert [r.tolist() for r in cut] == [[0, 2], [4], [1, 3], [5]]
     alone = packed_runs(prompt_ids, prompt_mask, attention, micro_batch_size=8, max_tokens=3)
     assert sorted(int(r) for run in alone for r in run) == list(range(6)) and all(len(run) == 1 for run in alone)
 

@@ -140,28 +140,48 @@ def packed_runs(
     micro_batch_size: int,
     max_tokens: int | None,
 ) -> list[Tensor]:
-    """Rows (b,) of each packed pass over a batch: rows that share a prompt kept together, groups in
-    order of first appearance, a run cut at `micro_batch_size` rows or before its packed tokens
-    (each distinct prompt once + every response's attended tokens) would pass `max_tokens`; a row
-    over the budget runs alone."""
+    """Rows (b,) of each packed pass over a batch, rows that share a prompt next to each other and
+    groups in order of first appearance.
+
+    Without `max_tokens`: runs of `micro_batch_size` rows in that order, as many as padded rows
+    would make (FSDP's ranks must run as many passes as each other). With `max_tokens`: whole groups
+    fill a run while its rows stay within `micro_batch_size` and its packed tokens (each prompt once
+    + every response's attended tokens) within `max_tokens`, so a group's prompt is computed once; a
+    group too big for a run of its own is cut into runs of its rows (each run computing the prompt),
+    a row over the budget alone.
+    """
     groups = prompt_groups(prompt_ids, prompt_mask).tolist()
+    order = sorted(range(len(groups)), key=lambda row: (groups[row], row))
+    if max_tokens is None:
+        return [
+            torch.tensor(order[i : i + micro_batch_size], dtype=torch.int64)
+            for i in range(0, len(order), micro_batch_size)
+        ]
     prompt_lengths = prompt_mask.sum(dim=1).tolist()
     response_lengths = attended_response_lengths(attention)
-    order = sorted(range(len(groups)), key=lambda row: (groups[row], row))
-    runs: list[list[int]] = []
-    run_groups: set[int] = set()
-    run_tokens = 0
+    members: dict[int, list[int]] = {}
     for row in order:
-        added = response_lengths[row] + (0 if groups[row] in run_groups else prompt_lengths[row])
-        fits = max_tokens is None or run_tokens + added <= max_tokens
-        if runs and len(runs[-1]) < micro_batch_size and fits:
+        members.setdefault(groups[row], []).append(row)
+    runs: list[list[int]] = []
+    run_tokens = 0
+    for rows in members.values():
+        tokens = prompt_lengths[rows[0]] + sum(response_lengths[row] for row in rows)
+        if runs and len(runs[-1]) + len(rows) <= micro_batch_size and run_tokens + tokens <= max_tokens:
+            runs[-1] += rows
+            run_tokens += tokens
+            continue
+        if len(rows) <= micro_batch_size and tokens <= max_tokens:
+            runs.append(list(rows))
+            run_tokens = tokens
+            continue
+        runs.append([])  # the group alone is over a run's limits: its rows in runs of their own
+        run_tokens = prompt_lengths[rows[0]]
+        for row in rows:
+            if runs[-1] and (len(runs[-1]) == micro_batch_size or run_tokens + response_lengths[row] > max_tokens):
+                runs.append([])
+                run_tokens = prompt_lengths[row]
             runs[-1].append(row)
-            run_tokens += added
-        else:
-            runs.append([row])
-            run_groups = set()
-            run_tokens = prompt_lengths[row] + response_lengths[row]
-        run_groups.add(groups[row])
+            run_tokens += response_lengths[row]
     return [torch.tensor(run, dtype=torch.int64) for run in runs]
 
 
