@@ -27,6 +27,7 @@ from rldock.contract.checkpoints import CHECKPOINT_DIR, checkpoint_name, iterati
 
 STATE_FILE = "state.json"
 POLICY_DIR = "policy"
+ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), beside `policy`
 OPTIMIZER_FILE = "optimizer.pt"
 INFLIGHT_FILE = "inflight-dock.pkl"
 
@@ -39,6 +40,10 @@ class Checkpoint:
     @property
     def policy_dir(self) -> Path:
         return self.path / POLICY_DIR
+
+    @property
+    def adapter_dir(self) -> Path:
+        return self.path / ADAPTER_DIR
 
     @property
     def optimizer_file(self) -> Path:

@@ -30,6 +30,7 @@ import ray
 from rldock.config.job import EvaluationSpec
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.metrics import agent_metrics
+from rldock.runtime.rollout.base import HeldOutRequest
 
 logger = logging.getLogger(__name__)
 
@@ -147,13 +148,15 @@ class Evaluator:
         chunks = split_evenly(len(self.prompts), len(actors))
         futures = [
             actor.evaluate.remote(
-                [self.prompts[i] for i in chunk],
-                num_samples=spec.num_samples,
-                greedy=spec.greedy,
-                max_tokens=self.max_response_length,
-                seed=iteration,
-                prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk],
-                contexts=[self._context(i) for i in chunk],
+                HeldOutRequest(
+                    prompts=[self.prompts[i] for i in chunk],
+                    num_samples=spec.num_samples,
+                    greedy=spec.greedy,
+                    max_tokens=self.max_response_length,
+                    seed=iteration,
+                    prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk],
+                    contexts=[self._context(i) for i in chunk],
+                )
             )
             for actor, chunk in zip(actors, chunks)
             if len(chunk)

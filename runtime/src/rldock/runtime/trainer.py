@@ -72,7 +72,6 @@ from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, Worke
 from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
 from rldock.runtime.warmup import run_warmup
-from rldock.runtime.workers.actor import ADAPTER_DIR
 from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 
 logger = logging.getLogger(__name__)
@@ -334,7 +333,7 @@ class Trainer:
         adapter_dir = None
         if cfg.training.lora is not None and self.resume_from is not None:
             # LoRA: the actors load the base model and the trained adapters on top of it.
-            policy_dir, adapter_dir = self.reference_dir, str(self.resume_from.path / ADAPTER_DIR)
+            policy_dir, adapter_dir = self.reference_dir, str(self.resume_from.adapter_dir)
         self.workers = self._create_workers(
             str(policy_dir), adapter_dir=adapter_dir, policy_version=start_iteration - 1
         )

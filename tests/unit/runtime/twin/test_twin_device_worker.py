@@ -77,8 +77,8 @@ def test_actor_and_reference_share_one_process_and_generation_holds_no_training_
         actor.backend = build_backend(
             cfg, model=actor.model, make_optimizer=actor._make_optimizer, device=actor.device, rank=0, world_size=1
         )
-        actor.engine = WeightSinkEngine()
-        actor.backend.attach_engine(actor.engine, actor._generation_weights)
+        actor.generation.engine = WeightSinkEngine()
+        actor.backend.attach_engine(actor.generation.engine, actor.generation.weights)
 
         worker.call("actor 0", 0, "compute_old_logprobs", 1)
         worker.call("reference 0", 0, "compute_ref_logprobs", 1)
@@ -88,7 +88,7 @@ def test_actor_and_reference_share_one_process_and_generation_holds_no_training_
         destroy_process_group()
 
     ledger = stats["ledger"]
-    assert actor.engine.devices == {torch.device("npu:0")}  # the engine got the device's weights
+    assert actor.generation.engine.devices == {torch.device("npu:0")}  # the engine got the device's weights
     assert sum(ledger[f"memory/rank0/update_end/{category}"] for category in TRAIN_STATE) > 0
     assert sum(ledger[f"memory/rank0/generation/{category}"] for category in TRAIN_STATE) == 0
     assert ledger["memory/rank0/generation/host_swap"] == sum(

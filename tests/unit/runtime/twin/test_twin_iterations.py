@@ -54,7 +54,7 @@ def _actor(cfg, model_dir, dock) -> ActorWorker:
     actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=dock)
     _place(actor, 0)
     actor.backend.optimizer = actor._make_optimizer(actor.model.parameters())
-    actor.engine = WeightSinkEngine()
+    actor.generation.engine = WeightSinkEngine()
     return actor
 
 
@@ -79,7 +79,7 @@ def test_grpo_iteration_on_the_twin(npu_twin, twin_model_dir):
     assert dock.batch["old_logprobs"].device == dock.batch["ref_logprobs"].device == torch.device("cpu")
     assert torch.isfinite(torch.tensor([stats["loss"], stats["kl"], stats["grad_norm"]])).all()
     _assert_stepped_on(actor.model, "npu:0", before)
-    assert actor.engine.devices == {torch.device("npu:0")}  # the engine got the device's weights
+    assert actor.generation.engine.devices == {torch.device("npu:0")}  # the engine got the device's weights
     assert npu_twin.memory_allocated("npu:0") > 0 and npu_twin.memory_allocated("npu:1") > 0
 
 

@@ -17,8 +17,8 @@ sum(w_b m_bt l_bt) / sum(w_b m_bt), the sequence means sum(w_b s_b) / sum(w_b) o
 
 A batch split into micro-batches and data-parallel ranks has the aggregate of the whole batch when
 each micro-batch's `aggregate(...)` is scaled by its `units` over the mean units per rank (see
-`ActorWorker._optimizer_step`): every mode is a sum of per-micro-batch numerators over a
-denominator that is either additive (tokens, rows) or constant (the length).
+`policy_step` in training/policy_steps.py): every mode is a sum of per-micro-batch numerators over
+a denominator that is either additive (tokens, rows) or constant (the length).
 """
 
 from __future__ import annotations

@@ -25,13 +25,12 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
-from torch.distributed import TCPStore
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
+from rldock.runtime.engines.distributed import Rendezvous
 from rldock.runtime.engines.policy import sort_by_tokens
 from rldock.runtime.engines.values import response_values
 from rldock.runtime.models.layers import enable_activation_checkpointing
@@ -40,8 +39,7 @@ from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.training.accumulation import accumulate, train_share
 from rldock.runtime.training.backend import TrainingBackend, load_full_weights
 from rldock.runtime.training.checksum import weights_sum
-from rldock.runtime.training.ddp import DdpBackend
-from rldock.runtime.training.strategies import build_backend
+from rldock.runtime.training.group import TrainingGroup
 from rldock.runtime.turns import TakesTurns, in_turn
 
 CRITIC_FILE = "critic.pt"  # the whole value model's state dict
@@ -51,21 +49,15 @@ CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"  # as the backend writes it (FSDP:
 class CriticWorker(TakesTurns):
     def __init__(self, cfg: JobConfig, *, policy_dir: str, banks: DockBanks, rank: int = 0, world_size: int = 1):
         self.cfg, self.banks, self.rank, self.world_size = cfg, banks, rank, world_size
-        self._group_store: TCPStore | None = None  # rank 0's listening store, from pick_rendezvous
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
         torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
             enable_activation_checkpointing(self.model)
+        self.group = TrainingGroup(cfg, device=self.device, rank=rank, world_size=world_size)
         # A world of one running the bare model; join_group applies the layout to a larger one.
-        self.backend: TrainingBackend = DdpBackend(
-            cfg,
-            model=self.model,
-            optimizer=self._make_optimizer(self.model.parameters()),
-            rank=rank,
-            world_size=world_size,
-        )
+        self.backend: TrainingBackend = self.group.alone(self.model, self._make_optimizer)
 
     def _make_optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.AdamW(
@@ -78,8 +70,7 @@ class CriticWorker(TakesTurns):
 
     def pick_rendezvous(self) -> Rendezvous:
         """On rank 0: open the group's store here; every rank's `join_group` gets its address."""
-        rendezvous, self._group_store = open_rendezvous(self.world_size)
-        return rendezvous
+        return self.group.pick_rendezvous()
 
     def join_group(self, rendezvous: Rendezvous) -> None:
         """Form the critic ranks' process group and apply the training layout to the value model
@@ -88,16 +79,10 @@ class CriticWorker(TakesTurns):
         lone FSDP actor rank holds everything anyway."""
         if self.world_size == 1:
             return
-        init_process_group(
-            self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous, store=self._group_store
-        )
-        self.backend = build_backend(
-            self.cfg,
-            model=self.model,
-            make_optimizer=self._make_optimizer,
-            device=self.device,
-            rank=self.rank,
-            world_size=self.world_size,
+        self.backend = self.group.join(
+            rendezvous,
+            self.model,
+            self._make_optimizer,
             data_parallel_only=True,  # the value model is never TP-split
             # One gradient synchronisation per step (the memory planner counts the whole gradients
             # this keeps under FSDP: planning/memory.py).

@@ -10,7 +10,7 @@ from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import run_stage
-from rldock.runtime.engines.policy import response_attention, response_logprobs
+from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
@@ -30,19 +30,8 @@ class ReferenceWorker(TakesTurns):
         micro_batch_size = self.cfg.training.micro_batch_size
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            batch = batch.to(self.device.torch_device)
             with torch.no_grad():
-                logprobs = response_logprobs(
-                    self.model,
-                    batch["prompt_ids"],
-                    batch["prompt_mask"],
-                    batch["response_ids"],
-                    batch["response_mask"],
-                    micro_batch_size=micro_batch_size,
-                    max_tokens=self.cfg.training.micro_batch_tokens,
-                    trim=self.cfg.training.trim_padding,
-                    attention_mask=response_attention(batch),
-                )  # (B, SL)
+                logprobs = batch_logprobs(self.model, batch.to(self.device.torch_device), self.cfg.training)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         return run_stage(

@@ -1,0 +1,54 @@
+"""The policy's passes over dock batches, with the job's micro-batching: the logprobs an inference
+stage writes (the actor's old logprobs, the reference's) and the scores an update's micro-batch
+trains on (rldock.runtime.engines.policy does the model's work).
+
+A batch holds `prompt_ids` / `prompt_mask` (B, PL), left-padded, `response_ids` / `response_mask`
+(B, SL), right-padded, and for multi-turn episodes `response_attention_mask` (B, SL).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rldock.config.job import TrainingSpec
+from rldock.runtime.engines.policy import (
+    ResponseScores,
+    response_attention,
+    response_logprobs,
+    response_logprobs_and_entropy,
+)
+
+
+def batch_logprobs(model: nn.Module, batch: TensorDict, training: TrainingSpec) -> torch.Tensor:
+    """Each response token's logprob (B, SL) under `model` (the bare model, no DDP hooks), in passes of
+    training.micro_batch_size rows within training.micro_batch_tokens, trimmed by training.trim_padding.
+    The caller decides on gradients (inference stages run it under torch.no_grad)."""
+    return response_logprobs(
+        model,
+        batch["prompt_ids"],
+        batch["prompt_mask"],
+        batch["response_ids"],
+        batch["response_mask"],
+        micro_batch_size=training.micro_batch_size,
+        max_tokens=training.micro_batch_tokens,
+        trim=training.trim_padding,
+        attention_mask=response_attention(batch),
+    )  # (B, SL)
+
+
+def micro_batch_scores(module: nn.Module, micro: TensorDict, training: TrainingSpec) -> ResponseScores:
+    """Logprobs (with gradients) and the policy's entropy of a micro-batch's response tokens, (b, SL)
+    each, in one forward pass of `module` (what the training backend trains: a DDP wrapper, or the
+    model sharded in place)."""
+    return response_logprobs_and_entropy(
+        module,
+        micro["prompt_ids"],
+        micro["prompt_mask"],
+        micro["response_ids"],
+        micro["response_mask"],
+        micro_batch_size=len(micro),
+        trim=training.trim_padding,
+        attention_mask=response_attention(micro),
+    )

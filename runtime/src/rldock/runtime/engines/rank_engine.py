@@ -1,0 +1,137 @@
+"""One actor rank's generation engine: its start-up and the policy's weights handed to it.
+
+A generation replica is `rollout.tensor_parallel_size` consecutive actor ranks; its first rank
+holds the replica's one vLLM engine (of that TP, over the replica's devices) and generates the
+replica's share of the prompts, its other ranks hold none and lend their devices to it. The actor
+worker owns one `RankEngine` and hands it the model it trains: the engine starts from the policy's
+files and, after each update, loads the weights the training backend exports (`push`); a rank
+without an engine still draws them (under FSDP each tensor is gathered from every rank as drawn).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from peft import PeftModel
+from torch import nn
+
+from rldock.config import JobConfig
+from rldock.runtime.device import DeviceInfo
+from rldock.runtime.engines.generation_memory import engine_kv_cache_bytes
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.models.lora import merged_weights
+from rldock.runtime.resharding.parallel_layout import ParallelLayout
+
+# (HF name, tensor) pairs as the engine loads them
+Weights = Iterable[tuple[str, torch.Tensor]]
+# The training backend's hook (TrainingBackend.attach_engine): where exported weights go, and what
+# the engine reloads after a level-2 sleep.
+Attach = Callable[[VllmRolloutEngine, Callable[[], Weights]], None]
+
+
+class RankEngine:
+    """The engine of one actor rank, or None on a replica's other ranks and under DPO (`needed`
+    False: it trains on given responses)."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        *,
+        model: nn.Module,
+        policy_dir: str,
+        device: DeviceInfo,
+        rank: int,
+        world_size: int,
+        needed: bool,
+    ):
+        self.cfg, self.model, self.policy_dir, self.device, self.rank = cfg, model, policy_dir, device, rank
+        self.layout = ParallelLayout.over(
+            world_size, tp_size=cfg.rollout.tensor_parallel_size, field="rollout.tensor_parallel_size"
+        )
+        self.holds_engine = needed and self.layout.tp_rank(rank) == 0
+        self.engine: VllmRolloutEngine | None = None  # started by `start` on a replica's first rank
+        # The samples one replica generates per iteration: the share of its ranks.
+        self.replica_samples = cfg.num_samples_per_iteration // world_size * self.layout.tp_size
+
+    def start(self, engine_env: Mapping[str, str] | None, *, attach: Attach) -> None:
+        """Start the engine on a replica's first rank, after the trainers' process group exists (an
+        in-process vLLM engine adopts the default group if there is one, and otherwise creates a world
+        of one that no later group could replace). `engine_env`: at generation TP > 1 on an
+        accelerator, the replica's visible devices (rldock.runtime.engines.replica_devices), set while
+        the engine spawns its TP workers."""
+        if not self.holds_engine:
+            return
+        algo = self.cfg.algorithm
+        max_model_len = algo.max_prompt_length + algo.max_response_length
+        with _environment(engine_env or {}):
+            self.engine = VllmRolloutEngine(
+                self.policy_dir,
+                rollout=self.cfg.rollout,
+                dtype=self.cfg.model.dtype,
+                seed=self.cfg.seed,
+                max_model_len=max_model_len,
+                device=self.device,
+                kv_cache_bytes=engine_kv_cache_bytes(
+                    self.cfg,
+                    self.model,
+                    device=self.device,
+                    generation_tp=self.layout.tp_size,
+                    max_model_len=max_model_len,
+                ),
+            )
+        attach(self.engine, self.weights)
+        if isinstance(self.model, PeftModel):  # the engine started from the base; the policy has adapters
+            self.engine.update_weights(self.weights())
+
+    def held(self) -> VllmRolloutEngine:
+        """This rank's engine; only the first rank of a generation replica holds one."""
+        if self.engine is None:
+            raise RuntimeError(
+                f"actor rank {self.rank} holds no engine (rollout.tensor_parallel_size "
+                f"{self.layout.tp_size}): generate and evaluate on ranks {self.layout.leaders()}"
+            )
+        return self.engine
+
+    @contextmanager
+    def lent(self) -> Iterator[VllmRolloutEngine]:
+        """This rank's engine, awake, for one call; asleep after it (the device is the trainer's
+        until the next generation)."""
+        engine = self.held()
+        yield engine
+        engine.sleep()
+
+    def weights(self) -> Weights:
+        """(HF name, tensor) pairs of the policy as the engine loads them: the adapters merged in on
+        the fly under LoRA (the trained adapters stay as they are)."""
+        if isinstance(self.model, PeftModel):  # training.lora
+            return merged_weights(self.model)
+        return self.model.state_dict().items()
+
+    def push(self, named_tensors: Weights) -> None:
+        """The new weights into this rank's engine; a rank without one (a generation TP peer) has
+        nothing to load, its replica's first rank pushes the same full weights. It still runs the
+        iterator to the end: under FSDP each tensor is gathered from every rank as it is drawn."""
+        if self.engine is not None:
+            self.engine.update_weights(named_tensors)
+            return
+        for _ in named_tensors:
+            pass
+
+
+@contextmanager
+def _environment(overrides: Mapping[str, str]) -> Iterator[None]:
+    """`overrides` in os.environ (the engine's TP workers inherit them when spawned), put back after
+    so that nothing this process starts later sees the replica's other devices."""
+    saved = {name: os.environ.get(name) for name in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

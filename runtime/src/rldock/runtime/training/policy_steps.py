@@ -1,0 +1,75 @@
+"""The policy's optimizer steps on one mini-batch, written once for every training backend: the
+policy-gradient step (the job's objective, algorithms/policy_objective.py) and DPO's preference step
+(algorithms/dpo.py), each accumulating micro-batches of the policy's scores
+(engines/policy_passes.py) through `accumulate`. The update stage's pass over a rank's share is
+`train_share` (accumulation.py); the steps here are what it runs on each mini-batch."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from rldock.config import JobConfig
+from rldock.runtime.algorithms.aggregation import additive_units
+from rldock.runtime.algorithms.dpo import PreferenceObjective
+from rldock.runtime.algorithms.policy_objective import PolicyObjective
+from rldock.runtime.engines.policy import micro_batch_rows, response_attention
+from rldock.runtime.engines.policy_passes import micro_batch_scores
+from rldock.runtime.training.accumulation import accumulate
+from rldock.runtime.training.backend import TrainingBackend
+
+
+def policy_step(
+    backend: TrainingBackend, mini_batch: TensorDict, objective: PolicyObjective, *, cfg: JobConfig, world_size: int
+) -> dict[str, float]:
+    """One optimizer step over a mini-batch (on the model's device), accumulating micro-batches
+    (training.micro_batch_size rows, within training.micro_batch_tokens when set); the loss aggregated
+    over the whole mini-batch of every rank by algorithm.loss_aggregation (the token mean by default)."""
+    training = cfg.training
+    rank_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
+    global_units = objective.units(mini_batch)
+    if world_size > 1 and additive_units(objective.aggregation):
+        torch.distributed.all_reduce(global_units)
+    units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / world_size
+
+    def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
+        scores = micro_batch_scores(backend.training_module(), micro, training)
+        return objective(scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens)
+
+    rows = micro_batch_rows(
+        mini_batch["prompt_mask"],
+        response_attention(mini_batch),
+        micro_batch_size=training.micro_batch_size,
+        trim=training.trim_padding,  # sorted by length: trimming cuts more
+        max_tokens=training.micro_batch_tokens,
+    )
+    micro_batches = [mini_batch[r] for r in rows]
+    return accumulate(backend, micro_batches, micro_loss, max_grad_norm=cfg.algorithm.max_grad_norm)
+
+
+def preference_step(backend: TrainingBackend, mini_batch: TensorDict, *, cfg: JobConfig) -> dict[str, float]:
+    """One optimizer step on the DPO loss over a mini-batch of whole pairs (on the model's device),
+    accumulating micro-batches of whole pairs (an even micro_batch_size, problems.py). The loss is a
+    mean over pairs; every rank holds as many pairs, so DDP's mean over ranks is the global pair mean."""
+    algo = cfg.algorithm
+    objective = PreferenceObjective(
+        beta=algo.dpo.beta,
+        label_smoothing=algo.dpo.label_smoothing,
+        kl_estimator=algo.kl_estimator,
+        kl_clamp=algo.kl_clamp,
+    )
+
+    def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
+        scores = micro_batch_scores(backend.training_module(), micro, cfg.training)
+        return objective(scores.logprobs, scores.entropy, micro, share=len(micro) / len(mini_batch))
+
+    micro_batches = mini_batch.split(cfg.training.micro_batch_size)
+    return accumulate(backend, micro_batches, micro_loss, max_grad_norm=algo.max_grad_norm)
+
+
+def staleness_metrics(staleness: list[torch.Tensor]) -> dict[str, float]:
+    """`staleness_mean` / `staleness_max` of an update from its samples' staleness (B,) each: policy
+    versions between the samples and the policy the update started from (0 on-policy, 1 for the
+    async pipeline's samples)."""
+    values = torch.cat(staleness).float()  # (B,)
+    return {"staleness_mean": float(values.mean()), "staleness_max": float(values.max())}
