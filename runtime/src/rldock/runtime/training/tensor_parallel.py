@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from rldock.config import JobConfig
+from rldock.config.layout import job_layout
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
@@ -64,10 +65,11 @@ class TensorParallelBackend:
         self.rank = rank
         self._micro_batch_size = training.micro_batch_size
         self._num_samples = cfg.num_samples_per_iteration
-        self.train = ParallelLayout(tp_size=training.tensor_parallel_size, dp_size=training.data_parallel_size)
+        layout = job_layout(cfg)  # the job's shape, computed once (rldock.contract.layout)
+        self.train = ParallelLayout(tp_size=layout.tp, dp_size=layout.dp)
         # What each rank hands its engine: the full weights (TP 1 slices), whatever the generation TP,
         # since vLLM's loaders split them over the engine's own TP workers.
-        plan = ReshardPlan(train=self.train, generate=ParallelLayout(tp_size=1, dp_size=self.train.world_size))
+        plan = ReshardPlan(train=self.train, generate=ParallelLayout(tp_size=1, dp_size=layout.num_actor_ranks))
         self.mesh = build_mesh(self.train, device_type)
         self.model = parallelize_decoder(model, self.mesh)
         # Built after parallelizing: the plan replaces the split layers' Parameters by DTensor ones.
