@@ -84,7 +84,7 @@ def recording_driver(tmp_path, log: list) -> Driver:
         sampler_state=lambda: {"drawn": len(log)},
         finish_rollout=finish_rollout,
         skip_turns=lambda iteration, states: None,
-        before_put=lambda: log.append(("counters",)),
+        before_put=lambda: None,
         later=later,
     )
 
@@ -93,16 +93,15 @@ def banks_of(log: list, count: int) -> DockBanks:
     return DockBanks([BankDouble(f"bank{i}", log) for i in range(count)])
 
 
-def test_sync_launches_before_the_put_and_bounds_staleness_in_the_bookkeeping_order(tmp_path):
+def test_sync_runs_each_iteration_whole_and_bounds_staleness_in_the_bookkeeping_order(tmp_path):
     log: list = []
     schedule = SyncSchedule(recording_driver(tmp_path, log), banks_of(log, 1), algo=ALGO)
     stages = schedule.run(1)
     assert log == [
         ("draw", 0),
         ("reset", "bank0"),
-        ("counters",),
-        ("launch", 1, BEFORE, None),
         ("put", "bank0", 2),
+        ("launch", 1, BEFORE, None),
         ("launch", 1, UPDATES, None),
         ("later", "advance_policy"),
         ("policy", "bank0", 1),
@@ -119,20 +118,18 @@ def test_run_ahead_queues_the_next_iteration_before_the_update(tmp_path):
     assert log == [
         ("draw", 0),
         ("reset", "bank1"),
-        ("counters",),
-        ("launch", 1, BEFORE, None),
         ("put", "bank1", 2),
+        ("launch", 1, BEFORE, None),
         ("draw", 1),
         ("reset", "bank0"),
-        ("counters",),
-        ("launch", 2, BEFORE, ROUND_TOKENS),
         ("put", "bank0", 2),
+        ("launch", 2, BEFORE, ROUND_TOKENS),
         ("launch", 1, UPDATES, None),
         ("policy", "bank0", 1),
         ("policy", "bank1", 1),
     ]
     # a checkpoint after iteration 1 keeps the sampler from before iteration 2's draw
-    assert schedule.checkpoint_sampler_state() == {"drawn": 5}
+    assert schedule.checkpoint_sampler_state() == {"drawn": 4}
     del log[:]
     schedule.run(2)  # already put and launched: only the next run-ahead and the update
     assert [entry[:3] for entry in log if entry[0] == "launch"] == [("launch", 3, BEFORE), ("launch", 2, UPDATES)]

@@ -43,33 +43,16 @@ class Driver:
     before_put: Callable[[], None]  # waits for the last iteration's dock counters (they must not count a put)
     later: Callable[..., object]  # later(fn, *args): runs fn in the bookkeeping's order (bookkeeping.py)
 
-    def fill(
-        self, fed: DriverBatch, bank: TransferDock, launch: Callable[[], dict[str, list]]
-    ) -> tuple[float, dict[str, list]]:
-        """Empty `bank`, `launch` the stages that read it, then put the whole batch into it; returns
-        the seconds spent emptying and putting, and what `launch` returned (the stages' futures).
-
-        The stages start before the batch is in: their calls reach the workers, and each stage's
-        first dock request its controller, while the driver writes, so the rollout's request is
-        already waiting when the put marks its samples ready, and is granted by that write instead
-        of a launch and a request after it (two process hops each way, on the fixed cost's critical
-        path). The last iteration's dock counters are read before the launch: a request counts in
-        the iteration that made it."""
+    def put(self, fed: DriverBatch, bank: TransferDock) -> float:
+        """Empty `bank` and put the whole batch into it; returns the seconds it took."""
         started = time.perf_counter()
         bank.reset()
-        self.before_put()
-        seconds = time.perf_counter() - started
-        futures = launch()
-        started = time.perf_counter()
-        self._write_groups(torch.arange(len(fed.batch) // self.group_size), fed, bank)
-        return seconds + time.perf_counter() - started, futures
+        self.put_groups(torch.arange(len(fed.batch) // self.group_size), fed, bank)
+        return time.perf_counter() - started
 
     def put_groups(self, groups: torch.Tensor, fed: DriverBatch, bank: TransferDock) -> None:
         """The driver's rows of group slots `groups` into `bank`: what every sample of a group shares
         (the prompt) crosses the network once per group, not once per sample (dock/grouping.py)."""
-        self.before_put()
-        self._write_groups(groups, fed, bank)
-
-    def _write_groups(self, groups: torch.Tensor, fed: DriverBatch, bank: TransferDock) -> None:
         shared, per_sample = split_group_columns(fed.batch, self.group_size)
+        self.before_put()
         bank.put_groups(groups, shared, samples=per_sample)

@@ -93,13 +93,10 @@ class RunAheadSchedule:
         driver = self.driver
         sampler_state = driver.sampler_state()  # the checkpoint before this iteration keeps it
         fed = driver.draw()
+        put_seconds = driver.put(fed, self.banks.bank(iteration))
         held = None if self.actor_rank_states is None else held_states(driver.before_update, self.actor_rank_states)
-        put_seconds, futures = driver.fill(
-            fed,
-            self.banks.bank(iteration),
-            lambda: driver.launch(
-                iteration, [s for s in driver.before_update if s not in (held or ())], round_tokens=self.round_tokens
-            ),
+        futures = driver.launch(
+            iteration, [s for s in driver.before_update if s not in (held or ())], round_tokens=self.round_tokens
         )
         return Ahead(iteration, fed, put_seconds, futures, sampler_state, held)
 

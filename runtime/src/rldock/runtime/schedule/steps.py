@@ -17,31 +17,31 @@ from rldock.runtime.schedule.rounds import fill_by_rounds
 from rldock.runtime.schedule.stages import Stages, gather_failing_fast
 
 
-def start_in_bank(
+def fill_bank(
     driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
-) -> tuple[DriverBatch, float, SampledRounds, dict[str, list]]:
-    """Put the iteration's batch into `bank` and launch its states before the update: G fresh
-    prompts (launched before they are put, Driver.fill), the dock a failed attempt of this iteration
-    left (same prompts), or with sampling rounds (DAPO) the groups those rounds kept. Returns the
-    batch, the seconds spent putting, the results already in (rounds', resumed) and the launched
-    futures."""
-
-    def launch() -> dict[str, list]:
-        if inflight.skip:  # their turns (serial phase schedule) are not taken again
-            driver.skip_turns(iteration, sorted(inflight.skip))
-        return launch_unfinished(driver, iteration, driver.before_update, inflight)
-
+) -> tuple[DriverBatch, float, SampledRounds]:
+    """Put the iteration's batch into `bank`: G fresh prompts, the dock a failed attempt of this
+    iteration left (same prompts), or with sampling rounds (DAPO) the groups those rounds kept.
+    Returns the batch, the seconds spent putting and the results already in (rounds', resumed)."""
     rounds = driver.recipe.sampling_rounds
     if rounds is not None:
-        fed, put_seconds, sampled = fill_by_rounds(driver, bank, iteration, rounds=rounds, algo=algo)
-        return fed, put_seconds, sampled, launch()
+        return fill_by_rounds(driver, bank, iteration, rounds=rounds, algo=algo)
     fed = driver.draw()
     snapshot = ckpt.load_inflight(driver.output_dir, iteration)
     if snapshot is not None and bank.can_load(snapshot["dock"]):
-        put_seconds, sampled = resume_inflight(bank, fed, snapshot, inflight, recipe=driver.recipe)
-        return fed, put_seconds, sampled, launch()
-    put_seconds, futures = driver.fill(fed, bank, launch)
-    return fed, put_seconds, SampledRounds(fed, {}, {}), futures
+        return fed, *resume_inflight(bank, fed, snapshot, inflight, recipe=driver.recipe)
+    return fed, driver.put(fed, bank), SampledRounds(fed, {}, {})
+
+
+def start_in_bank(
+    driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
+) -> tuple[DriverBatch, float, SampledRounds, dict[str, list]]:
+    """Fill `bank` with the iteration's batch and launch its states before the update; returns
+    what `fill_bank` does and the launched futures."""
+    fed, put_seconds, sampled = fill_bank(driver, bank, iteration, inflight, algo=algo)
+    if inflight.skip:  # their turns (serial phase schedule) are not taken again
+        driver.skip_turns(iteration, sorted(inflight.skip))
+    return fed, put_seconds, sampled, launch_unfinished(driver, iteration, driver.before_update, inflight)
 
 
 def launch_unfinished(driver: Driver, iteration: int, states: Sequence[str], inflight: Inflight) -> dict[str, list]:
