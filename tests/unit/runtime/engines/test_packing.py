@@ -194,3 +194,30 @@ def test_update_micro_batches_hold_whole_groups():
     prompt_ids, prompt_mask, _, _, attention = _group_batch()
     runs = micro_batch_rows(prompt_mask, attention, micro_batch_size=4, trim=True, prompt_ids=prompt_ids)
     assert [sorted(r % 3 for r in run.tolist()) for run in runs] == [[0] * 4, [1] * 4, [2] * 4]
+
+
+def test_an_updates_micro_batches_hold_a_groups_rows_when_passes_pack():
+    from tensordict import TensorDict
+
+    from rldock.config.job import TrainingSpec
+    from rldock.runtime.engines.policy_passes import update_micro_batches
+
+    prompt_ids, prompt_mask, response_ids, response_mask, attention = _group_batch()
+    mini_batch = TensorDict(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "response_attention_mask": attention,
+        },
+        batch_size=[len(prompt_ids)],
+    )
+    training = TrainingSpec(micro_batch_size=4)
+    runs = update_micro_batches(_model(), mini_batch, training)
+    assert [sorted(r % 3 for r in run.tolist()) for run in runs] == [[0] * 4, [1] * 4, [2] * 4]
+    windowed = _model("sdpa", use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    by_length = update_micro_batches(windowed, mini_batch, training)  # the row layout: sorted by tokens
+    tokens = (prompt_mask.sum(1) + attention.sum(1)).tolist()
+    order = [tokens[r] for run in by_length for r in run.tolist()]
+    assert order == sorted(order)

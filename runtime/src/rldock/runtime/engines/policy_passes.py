@@ -15,6 +15,8 @@ from torch import nn
 from rldock.config.job import TrainingSpec
 from rldock.runtime.engines.policy import (
     ResponseScores,
+    micro_batch_rows,
+    packing_prompts,
     response_attention,
     response_logprobs,
     response_logprobs_and_entropy,
@@ -51,4 +53,19 @@ def micro_batch_scores(module: nn.Module, micro: TensorDict, training: TrainingS
         micro_batch_size=len(micro),
         trim=training.trim_padding,
         attention_mask=response_attention(micro),
+    )
+
+
+def update_micro_batches(module: nn.Module, mini_batch: TensorDict, training: TrainingSpec) -> list[torch.Tensor]:
+    """The rows (b,) of each micro-batch an update accumulates over a mini-batch: training.micro_batch_size
+    rows within training.micro_batch_tokens; with training.trim_padding a GRPO group's rows together when
+    `module`'s passes pack (each prompt computed once, engines/packing.py), else sorted by length (each
+    pass trimmed to its longest row)."""
+    attention = response_attention(mini_batch)
+    passes = {"micro_batch_size": training.micro_batch_size, "max_tokens": training.micro_batch_tokens}
+    packing = packing_prompts(
+        module, mini_batch["prompt_ids"], mini_batch["prompt_mask"], attention, trim=training.trim_padding, **passes
+    )
+    return micro_batch_rows(
+        mini_batch["prompt_mask"], attention, trim=training.trim_padding, prompt_ids=packing, **passes
     )

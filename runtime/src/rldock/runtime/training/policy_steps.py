@@ -13,8 +13,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.algorithms.policy_objective import PolicyObjective
-from rldock.runtime.engines.policy import micro_batch_rows, response_attention
-from rldock.runtime.engines.policy_passes import micro_batch_scores
+from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
 
@@ -36,13 +35,7 @@ def policy_step(
         scores = micro_batch_scores(backend.training_module(), micro, training)
         return objective(scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens)
 
-    rows = micro_batch_rows(
-        mini_batch["prompt_mask"],
-        response_attention(mini_batch),
-        micro_batch_size=training.micro_batch_size,
-        trim=training.trim_padding,  # sorted by length: trimming cuts more
-        max_tokens=training.micro_batch_tokens,
-    )
+    rows = update_micro_batches(backend.training_module(), mini_batch, training)
     micro_batches = [mini_batch[r] for r in rows]
     return accumulate(backend, micro_batches, micro_loss, max_grad_norm=cfg.algorithm.max_grad_norm)
 
