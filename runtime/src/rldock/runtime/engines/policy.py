@@ -43,9 +43,9 @@ from rldock.runtime.engines.packing import (
 
 @dataclass(frozen=True)
 class PolicyInputs:
-    input_ids: Tensor  # (B, PL+SL) int64
-    attention_mask: Tensor  # (B, PL+SL) int64
-    position_ids: Tensor  # (B, PL+SL) int64
+    input_ids: Tensor  # (B, PL+SL) int64; a packed pass (1, N)
+    attention_mask: Tensor  # (B, PL+SL) int64; a packed pass's (1, 1, N, N) mask (engines/packing.py)
+    position_ids: Tensor  # (B, PL+SL) int64; a packed pass (1, N)
 
 
 @dataclass(frozen=True)
@@ -258,6 +258,7 @@ def _scored_hidden(
     """
     no_logits = torch.empty(0, dtype=torch.int64, device=prompt_ids.device)
     for plan in plans:
+        pick: tuple[Any, Tensor]  # indexes (b, response_end) hidden states out of the model's (rows, N, H)
         if packed:
             rows = plan.rows
             pass_ = pack_pass(
@@ -269,17 +270,11 @@ def _scored_hidden(
                 mask_kind=mask_kind(model),
                 dtype=output_head(model).weight.dtype,
             )
-            outputs = model(
-                input_ids=pass_.input_ids,
-                attention_mask=pass_.attention_mask,
-                position_ids=pass_.position_ids,
-                use_cache=False,
-                output_hidden_states=True,
-                logits_to_keep=no_logits,
-            )
-            yield outputs.hidden_states[-1][0][pass_.predictors], plan  # (b, response_end, H)
-            continue
-        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
+            inputs = PolicyInputs(pass_.input_ids, pass_.attention_mask, pass_.position_ids)
+            pick = (0, pass_.predictors)  # the one packed row, the position before each response token
+        else:
+            inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
+            pick = (slice(None), torch.arange(scored.start, scored.stop, device=prompt_ids.device))
         outputs = model(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,
@@ -288,7 +283,7 @@ def _scored_hidden(
             output_hidden_states=True,
             logits_to_keep=no_logits,
         )
-        yield outputs.hidden_states[-1][:, scored], plan  # the final norm's output (b, response_end, H)
+        yield outputs.hidden_states[-1][pick], plan  # the final norm's output (b, response_end, H)
 
 
 def _score_passes(

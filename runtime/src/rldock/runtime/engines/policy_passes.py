@@ -62,10 +62,16 @@ def update_micro_batches(module: nn.Module, mini_batch: TensorDict, training: Tr
     `module`'s passes pack (each prompt computed once, engines/packing.py), else sorted by length (each
     pass trimmed to its longest row)."""
     attention = response_attention(mini_batch)
-    passes = {"micro_batch_size": training.micro_batch_size, "max_tokens": training.micro_batch_tokens}
+    size, budget, trim = training.micro_batch_size, training.micro_batch_tokens, training.trim_padding
     packing = packing_prompts(
-        module, mini_batch["prompt_ids"], mini_batch["prompt_mask"], attention, trim=training.trim_padding, **passes
+        module,
+        mini_batch["prompt_ids"],
+        mini_batch["prompt_mask"],
+        attention,
+        trim=trim,
+        micro_batch_size=size,
+        max_tokens=budget,
     )
     return micro_batch_rows(
-        mini_batch["prompt_mask"], attention, trim=training.trim_padding, prompt_ids=packing, **passes
+        mini_batch["prompt_mask"], attention, micro_batch_size=size, trim=trim, max_tokens=budget, prompt_ids=packing
     )
