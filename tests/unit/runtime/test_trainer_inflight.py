@@ -178,3 +178,25 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     finally:
         for dock in docks:
             dock.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class _Rank:
+    def work(self, value: int) -> dict:
+        return {"value": value}
+
+
+def test_a_death_keeps_what_the_other_ranks_had_returned(kill_actor) -> None:
+    """gather_failing_fast, reading a dead rank's future first, still records the result another rank
+    had returned: the in-flight retry reuses it (that rank's samples are done and would give none)."""
+    from rldock.runtime.schedule.stages import gather_failing_fast
+
+    alive, doomed = _Rank.remote(), _Rank.remote()
+    kill_actor(doomed)
+    returned = alive.work.remote(1)
+    dead = doomed.work.remote(2)
+    ray.wait([returned, dead], num_returns=2)  # both done (one returned, one failed) before gather reads
+    finished: dict[str, list[dict]] = {}
+    with pytest.raises(ray.exceptions.RayActorError):
+        gather_failing_fast({"reference": [dead], "rollout": [returned]}, finished)  # the dead one read first
+    assert finished == {"rollout": [{"value": 1}]}

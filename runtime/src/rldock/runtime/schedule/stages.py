@@ -40,7 +40,11 @@ def gather_failing_fast(
         done, pending = ray.wait(pending, num_returns=1)
         try:
             result = ray.get(done[0])  # raises the worker's exception, naming the actor and stage
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+            _keep_returned(pending, stage_of, finished)
+            raise
         except ray.exceptions.RayTaskError as error:
+            _keep_returned(pending, stage_of, finished)
             # A rank whose collective peer was killed fails at once (connection reset) while Ray
             # still reports the death: the death is the cause, and only it is retried (run()).
             died = _dead_worker_error(pending)
@@ -50,6 +54,21 @@ def gather_failing_fast(
         if finished is not None:
             finished.setdefault(stage_of[done[0]], []).append(result)
     return {stage: ray.get(refs) for stage, refs in futures.items()}
+
+
+def _keep_returned(pending: list, stage_of: dict, finished: dict[str, list[dict]] | None) -> None:
+    """On a failure, add to `finished` the results other ranks had already returned: an in-flight
+    retry reuses them, and a rank that returned after its last put cannot run its work again (its
+    samples are done) to give them back."""
+    if finished is None or not pending:
+        return
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+    for ref in ready:
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError:
+            continue  # failed too: nothing to keep
+        finished.setdefault(stage_of[ref], []).append(result)
 
 
 def _dead_worker_error(pending: list) -> Exception | None:
