@@ -359,11 +359,9 @@ def computed_tokens(batch, rows, *, packed: bool) -> int:
     responses = batch["response_attention_mask"][rows].sum(1)  # (b,)
     if not packed:
         return len(rows) * int(prompts.max() + responses.max())
-    from rldock.runtime.engines.packing import prompt_groups
+    from rldock.runtime.engines.packing import packed_length
 
-    groups = prompt_groups(batch["prompt_ids"][rows], batch["prompt_mask"][rows]).tolist()
-    first_rows = {group: row for row, group in reversed(list(enumerate(groups)))}
-    return sum(int(prompts[row]) for row in first_rows.values()) + int(responses.sum())
+    return packed_length(batch["prompt_ids"][rows], batch["prompt_mask"][rows], batch["response_attention_mask"][rows])
 
 
 def _resident_kib() -> int:

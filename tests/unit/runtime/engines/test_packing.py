@@ -10,6 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rldock.runtime.engines.packing import (
     contiguous_responses,
     pack_pass,
+    packed_length,
     packed_runs,
     packing_pays,
     packs_sequences,
@@ -67,6 +68,7 @@ def test_a_pass_lays_each_prompt_once_then_its_responses():
     )
     # group 0: prompt [1, 2], row 0 [3, 4], row 2 [5]; group 1: prompt [7], row 1 [8, 9, 10]
     assert packed.input_ids.tolist() == [[1, 2, 3, 4, 5, 7, 8, 9, 10]]
+    assert packed_length(prompt_ids, prompt_mask, attention) == 9
     assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2, 3]]
     # response token 0 is scored by its prompt's last token, token t by its own token t - 1
     assert packed.predictors.tolist() == [[1, 2, 0], [5, 6, 7], [1, 0, 0]]

@@ -94,16 +94,21 @@ def packing_pays(
     lengths = (prompt_mask.sum(dim=1) + attention.sum(dim=1)).tolist()  # (B,) real tokens per row
     rows = sum(per_token * n + per_pair * n * n for n in lengths)
     packed = 0.0
-    prompt_lengths = prompt_mask.sum(dim=1)
-    response_lengths = attention.sum(dim=1)
     for run in packed_runs(
         prompt_ids, prompt_mask, attention, micro_batch_size=micro_batch_size, max_tokens=max_tokens
     ):
-        groups = prompt_groups(prompt_ids[run], prompt_mask[run]).tolist()
-        first_rows = {group: row for row, group in reversed(list(enumerate(groups)))}
-        n = sum(int(prompt_lengths[run[row]]) for row in first_rows.values()) + int(response_lengths[run].sum())
+        n = packed_length(prompt_ids[run], prompt_mask[run], attention[run])
         packed += per_token * n + per_pair * n * n
     return packed < rows
+
+
+def packed_length(prompt_ids: Tensor, prompt_mask: Tensor, attention: Tensor) -> int:
+    """Tokens of one packed pass over these rows (B, PL) / (B, SL): each distinct prompt once plus
+    every response's attended tokens."""
+    groups = prompt_groups(prompt_ids, prompt_mask).tolist()
+    first_rows = {group: row for row, group in reversed(list(enumerate(groups)))}
+    prompt_lengths = prompt_mask.sum(dim=1)
+    return sum(int(prompt_lengths[row]) for row in first_rows.values()) + int(attention.sum())
 
 
 def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
