@@ -11,6 +11,9 @@
 set -uo pipefail
 
 echo "ci-reap: $(uptime)"
+# Free disk too: a submission's CI once failed in setup with "No space left on device", the
+# session's own scratch runs having filled the machine's disk.
+echo "ci-reap: free disk: $(df -h --output=avail "$PWD" | tail -n 1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -n 1 | tr -d ' ') in ${TMPDIR:-/tmp}"
 echo "ci-reap: busiest processes before the tests:"
 ps -eo pid,pcpu,etime,args --sort=-pcpu | head -n 8 | cut -c1-160 | sed 's/^/  /'
 

@@ -200,3 +200,35 @@ def test_a_death_keeps_what_the_other_ranks_had_returned(kill_actor) -> None:
     with pytest.raises(ray.exceptions.RayActorError):
         gather_failing_fast({"reference": [dead], "rollout": [returned]}, finished)  # the dead one read first
     assert finished == {"rollout": [{"value": 1}]}
+
+
+def test_a_resumed_iteration_reads_its_response_lengths_from_the_dock(tmp_path) -> None:
+    """Both rollout ranks wrote their responses and died before returning: the retry's ranks find
+    every sample done and return no lengths, so the iteration's record reads them from the dock."""
+    from rldock.runtime.sampling import DriverBatch
+    from rldock.runtime.schedule.steps import gather_stages
+
+    schedule, dock = schedule_double(tmp_path)
+    dock.put(torch.arange(NUM_SAMPLES), columns(RECIPE.produces["driver"], list(range(NUM_SAMPLES))))
+    lengths = {}
+    for rank in (0, 1):
+        indices, _ = dock.get("rollout", ["prompt_ids"], rank=rank, batch_size=4, whole_groups=True)
+        written = columns(RECIPE.produces["rollout"], indices.tolist())
+        written["response_mask"] = (torch.arange(5)[None, :] < indices[:, None] % 5 + 1).long()  # 1..5 tokens
+        lengths.update({int(i): int(i) % 5 + 1 for i in indices})
+        dock.put(indices, written)
+    schedule.inflight = Inflight(4, launched={"rollout": 2})  # no rank returned
+    schedule.keep_inflight(stop_workers=lambda: None)
+    dock.shutdown()
+
+    _, again_dock = schedule_double(tmp_path)
+    inflight = Inflight(4)
+    fed = DriverBatch(TensorDict({}, batch_size=[NUM_SAMPLES]), prompt_lengths=[3] * (NUM_SAMPLES // GROUP_SIZE))
+    _, sampled = resume_inflight(again_dock, fed, ckpt.load_inflight(tmp_path, 4), inflight, recipe=RECIPE)
+    assert inflight.resumed and "rollout" not in inflight.skip  # run again: no rank had returned
+    rerun = [_Rank.remote().work.remote(0) for _ in range(2)]  # results without any response length
+    stages = gather_stages(
+        {"rollout": rerun}, inflight, fed=fed, put_seconds=0.0, sampled=sampled, bank=again_dock, started=0.0
+    )
+    assert stages.fed.response_lengths == [lengths[i] for i in range(NUM_SAMPLES)]
+    again_dock.shutdown()

@@ -58,13 +58,15 @@ def iteration_record(
     """An iteration's metrics record from what its stages returned (`results`: state -> one result
     per rank call) and a few driver figures; the trainer adds the dock traffic and phase timeline.
 
-    `driver_response_lengths` stand in when no rollout ran (DPO: the driver supplies responses);
+    `driver_response_lengths`, where the driver has them, are the iteration's response lengths: it
+    supplied the responses (DPO) or read them back from a resumed iteration's dock (whose dead
+    ranks' results are lost); otherwise the rollout ranks' results give them;
     `put_seconds` is the driver's time putting samples, `seconds` the iteration's and `cycle` the
     time since the previous iteration ended (None for the loop's first).
     """
     rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
     rollouts = results.get("rollout", []) + results.get(RESUME_STATE, [])  # partial rollout's two rounds
-    response_lengths = [x for r in rollouts for x in r["response_lengths"]] or list(driver_response_lengths)
+    response_lengths = list(driver_response_lengths) or [x for r in rollouts for x in r["response_lengths"]]
     updates = results[update_state]
     prompt_length = statistics.fmean(prompt_lengths)
     response_length = statistics.fmean(response_lengths)

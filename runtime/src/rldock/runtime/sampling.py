@@ -27,6 +27,7 @@ class DriverBatch:
     batch: TensorDict  # (B,) rows, groups consecutive
     prompt_lengths: list[int]  # tokens of each distinct prompt (one per group)
     response_lengths: list[int] = field(default_factory=list)  # set when the driver supplies responses
+    # (DPO) or reads them back from the dock of a resumed iteration (schedule/inflight.py)
 
 
 BatchBuilder = Callable[..., DriverBatch]

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock import DockActorDiedError, TransferDock
@@ -24,6 +26,7 @@ class Inflight:
     finished: dict[str, list[dict]] = field(default_factory=dict)
     launched: dict[str, int] = field(default_factory=dict)
     skip: set[str] = field(default_factory=set)  # stages a resumed iteration does not run again
+    resumed: bool = False  # loaded the dock of a failed attempt (resume_inflight)
 
 
 def keep_inflight(output_dir: Path, inflight: Inflight, bank: TransferDock) -> None:
@@ -65,6 +68,7 @@ def resume_inflight(
     # work done, so the results that came back then are joined with the new ones (in the
     # metrics; a second failure keeps only the stages finished whole).
     inflight.skip = skip
+    inflight.resumed = True
     inflight.finished.update({state: list(kept[state]) for state in skip})
     inflight.launched.update({state: launched[state] for state in skip})
     logger.info(
@@ -73,3 +77,18 @@ def resume_inflight(
         sorted(inflight.skip),
     )
     return time.perf_counter() - started, SampledRounds(fed, kept, {})
+
+
+def response_lengths_in(bank: TransferDock) -> list[int]:
+    """Tokens of every response `bank` holds (its response_mask rows, in sample order).
+
+    A resumed iteration reads its response lengths here rather than from the rollout ranks'
+    results: a rank that died after its last write took the lengths of the responses it had
+    written with it, and the retry's ranks find those samples done and return none for them.
+    """
+    rows: dict[int, int] = {}
+    for part in bank.state_dict()["warehouses"]:
+        if "response_mask" in part["columns"]:
+            indices, column = part["columns"]["response_mask"]
+            rows.update(zip(indices.tolist(), np.count_nonzero(column.array, axis=1).tolist(), strict=True))
+    return [rows[index] for index in sorted(rows)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
@@ -12,7 +13,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.sampling import DriverBatch, SampledRounds
 from rldock.runtime.schedule.driver import Driver
-from rldock.runtime.schedule.inflight import Inflight, resume_inflight
+from rldock.runtime.schedule.inflight import Inflight, response_lengths_in, resume_inflight
 from rldock.runtime.schedule.rounds import fill_by_rounds
 from rldock.runtime.schedule.stages import Stages, gather_failing_fast
 
@@ -60,10 +61,13 @@ def gather_stages(
     started: float,
 ) -> Stages:
     """Wait for every launched stage (recording each rank's result in `inflight` as it returns) and
-    join the results that came in before (sampling rounds, a resumed attempt)."""
+    join the results that came in before (sampling rounds, a resumed attempt). A resumed iteration's
+    response lengths are read from its bank (response_lengths_in says why)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})
     gathered = gather_failing_fast(futures, finished=inflight.finished)
     results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
+    if inflight.resumed and not fed.response_lengths:
+        fed = replace(fed, response_lengths=response_lengths_in(bank))
     return Stages(fed, put_seconds, results, bank, started, time.perf_counter(), sampled.metrics)
 
 
