@@ -202,9 +202,11 @@ def test_a_death_keeps_what_the_other_ranks_had_returned(kill_actor) -> None:
     assert finished == {"rollout": [{"value": 1}]}
 
 
-def test_a_resumed_iteration_reads_its_response_lengths_from_the_dock(tmp_path) -> None:
+@pytest.mark.parametrize("tool_tokens", [0, 2], ids=["single-turn", "multi-turn"])
+def test_a_resumed_iteration_reads_its_response_lengths_from_the_dock(tmp_path, tool_tokens) -> None:
     """Both rollout ranks wrote their responses and died before returning: the retry's ranks find
-    every sample done and return no lengths, so the iteration's record reads them from the dock."""
+    every sample done and return no lengths, so the iteration's record reads them from the dock
+    (a multi-turn rollout's every token after the prompt, the tools' included, as its ranks count)."""
     from rldock.runtime.sampling import DriverBatch
     from rldock.runtime.schedule.steps import gather_stages
 
@@ -214,8 +216,12 @@ def test_a_resumed_iteration_reads_its_response_lengths_from_the_dock(tmp_path) 
     for rank in (0, 1):
         indices, _ = dock.get("rollout", ["prompt_ids"], rank=rank, batch_size=4, whole_groups=True)
         written = columns(RECIPE.produces["rollout"], indices.tolist())
-        written["response_mask"] = (torch.arange(5)[None, :] < indices[:, None] % 5 + 1).long()  # 1..5 tokens
-        lengths.update({int(i): int(i) % 5 + 1 for i in indices})
+        model_tokens = indices % 5 + 1  # 1..5
+        written["response_mask"] = (torch.arange(7)[None, :] < model_tokens[:, None]).long()
+        if tool_tokens:
+            attended = model_tokens + tool_tokens
+            written["response_attention_mask"] = (torch.arange(7)[None, :] < attended[:, None]).long()
+        lengths.update({int(i): int(n) + tool_tokens for i, n in zip(indices, model_tokens)})
         dock.put(indices, written)
     schedule.inflight = Inflight(4, launched={"rollout": 2})  # no rank returned
     schedule.keep_inflight(stop_workers=lambda: None)
