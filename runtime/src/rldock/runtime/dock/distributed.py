@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -379,13 +380,20 @@ class DistributedRoute:
 
 
 # This process's attachments to warehouses' shared memory, by directory (unique per warehouse
-# process); None where this process may not open it.
+# process); None where this process may not open it. Guarded by a lock: the device worker's seats
+# read the dock from threads of one process (a seat's list of them raced another's insertion).
 _ATTACHED: dict[str, Warehouse | None] = {}
+_ATTACHING = threading.Lock()
 
 
 def _attach(directory: str, **where: int) -> Warehouse | None:
     """The attachment to the warehouse at `directory`, made once per process (mapping files costs
     system calls; a route is unpickled anew for every task that receives it)."""
+    with _ATTACHING:
+        return _attach_locked(directory, **where)
+
+
+def _attach_locked(directory: str, **where: int) -> Warehouse | None:
     if directory not in _ATTACHED:
         for gone in [d for d in _ATTACHED if not os.path.isdir(d)]:  # docks shut down since
             del _ATTACHED[gone]
