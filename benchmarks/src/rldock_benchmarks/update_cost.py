@@ -286,19 +286,8 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
         for rows in groups:
             micro = batch[rows]
-            mask = micro["response_mask"].float()
             logprobs = scores(micro).logprobs
-            loss = policy_loss(
-                logprobs,
-                logprobs.detach(),
-                micro["advantage"],
-                mask,
-                aggregation="token_mean",
-                row_weights=None,
-                norm_length=shape.max_response_length,
-                clip_ratio=0.2,
-            ).loss
-            (loss * mask.sum() / total_tokens).backward()
+            micro_loss(policy_loss, logprobs, logprobs.detach(), micro, shape, total_tokens).backward()
         optimizer.step()
 
     start = time.perf_counter()
@@ -340,6 +329,23 @@ def run_one(shape_name: str, step: str, *, updates: int, threads: int) -> dict:
         "peak_rss_mib": round(peak / 1024),
         "update_peak_mib": round((peak - rss_before) / 1024),
     }
+
+
+def micro_loss(policy_loss, logprobs, old_logprobs, micro, shape: Shape, total_tokens: int):
+    """A micro-batch's share of the update's clipped GRPO loss (token mean over the batch's
+    `total_tokens` scored tokens), to call backward on."""
+    mask = micro["response_mask"].float()
+    loss = policy_loss(
+        logprobs,
+        old_logprobs,
+        micro["advantage"],
+        mask,
+        aggregation="token_mean",
+        row_weights=None,
+        norm_length=shape.max_response_length,
+        clip_ratio=0.2,
+    ).loss
+    return loss * mask.sum() / total_tokens
 
 
 def row_layout(step: str) -> None:

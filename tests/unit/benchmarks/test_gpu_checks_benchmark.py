@@ -1,0 +1,51 @@
+"""The GPU checks' code, run on the CPU with a one-layer model (the checks themselves ran on an H100:
+docs/accelerators.md), so what a GPU machine runs keeps working between the sessions that have one."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rldock_benchmarks import gpu_checks, gpu_processes
+
+ARGS = argparse.Namespace(device="cpu", layers=1, repeats=1, rounds=1)
+
+
+def test_seam_steps_the_plain_ddp_and_fsdp_models_to_the_same_weights():
+    result = gpu_checks.check_seam(ARGS)
+    assert result["backend"] == "gloo" and result["device"] == "cpu"
+    assert len(set(result["losses"].values())) == 1
+    assert all(diff <= gpu_checks.WEIGHT_ATOL for diff in result["max_weight_difference_after_one_step"].values())
+    assert result["ok"]
+
+
+def test_packed_and_row_passes_agree_and_the_planner_is_read_for_the_example():
+    result = gpu_checks.check_passes(ARGS)
+    assert result["max_logprob_difference_packed_vs_rows"] <= gpu_checks.LOGPROB_ATOL
+    assert result["micro_batch_size"] == 8  # examples/grpo-smollm2-math.yaml
+    planner = result["planner"]
+    assert planner["update_bytes"] == planner["training_state_bytes"] + planner["activation_bytes"] > 0
+    assert planner["measured_peak_rows_over_planned"] is None  # no allocator to measure on the CPU
+    assert result["ok"]
+
+
+def test_swap_restores_the_same_tensors_and_values():
+    result = gpu_checks.check_swap(ARGS)
+    assert result["training_state_bytes"] > 0 and result["restored_same_tensors_and_values"]
+    assert result["ok"]
+
+
+def test_processes_runs_both_layouts_and_reports_each():
+    result = gpu_processes.compare(ARGS)
+    assert set(result["layouts"]) == {"one_process", "two_processes"}
+    assert len(result["layouts"]["two_processes"]["allocator_reserved_mib"]) == 2
+    assert result["exit_codes"] == [0, 0, 0] and result["ok"]
+
+
+def test_the_gpu_run_refuses_a_machine_without_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        gpu_checks.main(["--checks", "seam"])
