@@ -39,6 +39,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -264,11 +266,19 @@ class PolicyUpdate:
         self.optimizer.step()
 
 
-def row_passes(enabled: bool) -> None:
-    """Passes of padded rows (`enabled`) or the product's choice (packed where it pays)."""
-    from rldock.runtime.engines import packing, policy
+@contextmanager
+def row_passes(enabled: bool) -> Iterator[None]:
+    """Within: passes of padded rows where `enabled`, else the product's choice (packed where it
+    pays); the product's choice again after."""
+    from rldock.runtime.engines import policy
 
-    policy.packs_sequences = (lambda model: False) if enabled else packing.packs_sequences
+    product = policy.packs_sequences
+    if enabled:
+        policy.packs_sequences = lambda model: False
+    try:
+        yield
+    finally:
+        policy.packs_sequences = product
 
 
 def check_passes(args) -> dict:
@@ -281,16 +291,16 @@ def check_passes(args) -> dict:
     mask = update.batch["response_mask"].bool()
     logprobs = {}
     for rows in (False, True):
-        row_passes(rows)
-        logprobs[rows] = update.logprobs(update.model)
+        with row_passes(rows):
+            logprobs[rows] = update.logprobs(update.model)
     difference = float((logprobs[True] - logprobs[False])[mask].abs().max())
     layouts: dict[str, dict[str, Any]] = {}
     for name, rows in (("packed", False), ("rows", True)):
-        row_passes(rows)
-        update.step()  # warm-up: kernels chosen, the allocator's pool grown
-        state_bytes = memory_allocated(device)
-        reset_peak(device)
-        seconds = [timed(update.step, wait) for _ in range(args.repeats)]
+        with row_passes(rows):
+            update.step()  # warm-up: kernels chosen, the allocator's pool grown
+            state_bytes = memory_allocated(device)
+            reset_peak(device)
+            seconds = [timed(update.step, wait) for _ in range(args.repeats)]
         median = statistics.median(seconds)
         layouts[name] = {
             "seconds_per_update": round(median, 4),
@@ -299,7 +309,6 @@ def check_passes(args) -> dict:
             "training_state_bytes": state_bytes,
             "update_peak_bytes": max_allocated(device),
         }
-    row_passes(False)
     beyond_tensors = workspace_bytes(device)
     plan = plan_memory(cfg, shape_from_hf_config(hf_config(args.layers), name="smollm2-shaped"))
     planned = plan.update.training_state + plan.update.activations

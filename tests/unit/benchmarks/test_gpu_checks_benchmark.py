@@ -28,6 +28,9 @@ def test_packed_and_row_passes_agree_and_the_planner_is_read_for_the_example():
     assert planner["update_bytes"] == planner["training_state_bytes"] + planner["activation_bytes"] > 0
     assert planner["measured_peak_rows_over_planned"] is None  # no allocator to measure on the CPU
     assert result["ok"]
+    from rldock.runtime.engines import packing, policy
+
+    assert policy.packs_sequences is packing.packs_sequences  # the product's choice back for later tests
 
 
 def test_swap_restores_the_same_tensors_and_values():
