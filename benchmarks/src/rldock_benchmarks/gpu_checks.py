@@ -19,6 +19,10 @@ device context, allocator peak and collective group are its own:
              the trainable parameters, embeddings frozen, the clipped GRPO loss) timed in each
              layout, and its allocator peak against the memory planner's update phase for the
              example's config (`examples/grpo-smollm2-math.yaml` with `resources.device: cuda`).
+  compiled   the same update eager and with the model's forward compiled (`torch.compile`,
+             inductor, dynamic shapes, as update_cost's `compiled` step): seconds per update, the
+             compile (the first update's extra) and the updates it takes to earn it back, and the
+             compiled passes' logprobs against the model's. On the CPU the compile takes minutes.
   swap       allgather-swap's swap on the device: the training state (params, grads, AdamW
              moments) swapped to pinned host memory, the allocator's bytes before and during, and
              the side-stream swap-in (`SwapIn`) restoring the same tensors and values; D2H and H2D
@@ -44,7 +48,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-CHECKS = ("seam", "passes", "swap", "processes")
+CHECKS = ("seam", "passes", "compiled", "swap", "processes")
 VOCAB = 49152
 # SmolLM2-135M-Instruct's config.json (the shapes; weights are random).
 SMOLLM2 = dict(
@@ -219,6 +223,7 @@ class PolicyUpdate:
         self.shape = SHAPES["smollm2"]
         self.micro_batch_size = micro_batch_size
         self.model = build_model(device, layers)
+        self.forward = self.model  # what the update's passes call: the model, or it compiled
         freeze_embeddings(self.model)
         self.batch = smollm2_batch(device)
         self.optimizer = torch.optim.AdamW(trainable(self.model.parameters()), lr=1e-6)
@@ -260,7 +265,7 @@ class PolicyUpdate:
             prompt_ids=packing,
         )
         for rows in groups:
-            logprobs = self.logprobs(self.model, rows, grad=True)
+            logprobs = self.logprobs(self.forward, rows, grad=True)
             old = logprobs.detach() if old_logprobs is None else old_logprobs[rows]
             micro_loss(self.policy_loss, logprobs, old, batch[rows], self.shape, total_tokens).backward()
         self.optimizer.step()
@@ -335,6 +340,48 @@ def check_passes(args) -> dict:
             "cublas_workspace_bytes": beyond_tensors,
         },
         # the planner's figures are measured against, not asserted: the check is the passes' agreement
+        "ok": difference <= LOGPROB_ATOL,
+    }
+
+
+def check_compiled(args) -> dict:
+    """The update eager and with the model's forward compiled (inductor, dynamic shapes, as
+    update_cost's `compiled` step), on the same batch: seconds per update after the first, and
+    the first update's extra (the compile) counted against the iterations it takes to pay back."""
+    import torch
+
+    device, wait = args.device, synchronized(args.device)
+    micro_batch_size = passes_config(args).training.micro_batch_size
+    found: dict[str, dict[str, Any]] = {}
+    difference = 0.0
+    for name in ("eager", "compiled"):
+        torch.compiler.reset()
+        update = PolicyUpdate(device, args.layers, micro_batch_size)
+        if name == "compiled":
+            update.forward = torch.compile(update.model, dynamic=True)
+        first = timed(update.step, wait)
+        if name == "compiled":  # the compiled passes score as the model does
+            mask = update.batch["response_mask"].bool()
+            gap = update.logprobs(update.forward) - update.logprobs(update.model)
+            difference = float(gap[mask].abs().max())
+        seconds = [timed(update.step, wait) for _ in range(args.repeats)]
+        median = statistics.median(seconds)
+        found[name] = {
+            "first_update_s": round(first, 3),
+            "seconds_per_update": round(median, 4),
+            "seconds": [round(s, 4) for s in seconds],
+        }
+        del update
+    eager, compiled = found["eager"], found["compiled"]
+    compile_s = compiled["first_update_s"] - eager["first_update_s"]
+    saved = eager["seconds_per_update"] - compiled["seconds_per_update"]
+    return found | {
+        "compile_s": round(compile_s, 1),
+        "compiled_over_eager_seconds": round(compiled["seconds_per_update"] / eager["seconds_per_update"], 3),
+        # updates after which the compile has paid for itself (None: it never does)
+        "updates_to_pay_back": round(compile_s / saved, 1) if saved > 0 else None,
+        "max_logprob_difference_compiled_vs_eager": difference,
+        # whether it pays is the finding, not a check; the check is that it computes the same
         "ok": difference <= LOGPROB_ATOL,
     }
 
@@ -451,7 +498,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.one:
         from rldock_benchmarks import gpu_processes
 
-        run = {"seam": check_seam, "passes": check_passes, "swap": check_swap, "processes": gpu_processes.compare}
+        run = {
+            "seam": check_seam,
+            "passes": check_passes,
+            "compiled": check_compiled,
+            "swap": check_swap,
+            "processes": gpu_processes.compare,
+        }
         print(json.dumps(run[args.one](args)))
         return
     if args.device == "cuda":

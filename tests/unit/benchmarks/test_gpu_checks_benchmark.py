@@ -4,6 +4,9 @@ docs/accelerators.md), so what a GPU machine runs keeps working between the sess
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -31,6 +34,22 @@ def test_packed_and_row_passes_agree_and_the_planner_is_read_for_the_example():
     from rldock.runtime.engines import packing, policy
 
     assert policy.packs_sequences is packing.packs_sequences  # the product's choice back for later tests
+
+
+def test_compiled_passes_score_as_the_model_does():
+    # through the command, so the compile stays in a process of its own (about a minute on the CPU)
+    run = subprocess.run(
+        [sys.executable, "-m", "rldock_benchmarks.gpu_checks", "--device", "cpu", "--layers", "1"]
+        + ["--repeats", "1", "--checks", "compiled"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)["results"]["compiled"]
+    assert result["max_logprob_difference_compiled_vs_eager"] <= gpu_checks.LOGPROB_ATOL
+    assert result["compiled"]["first_update_s"] > result["compiled"]["seconds_per_update"]  # the compile
+    assert set(result) >= {"compile_s", "compiled_over_eager_seconds", "updates_to_pay_back"}
 
 
 def test_swap_restores_the_same_tensors_and_values():
