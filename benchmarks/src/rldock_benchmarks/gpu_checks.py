@@ -80,10 +80,12 @@ def build_model(device: str, layers: int, *, seed: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     config = LlamaConfig(**{k: v for k, v in hf_config(layers).items() if k != "model_type"})
     config._attn_implementation = "sdpa"  # as from_pretrained picks where torch has it
-    return LlamaForCausalLM(config).to(device)  # type: ignore[arg-type]  # transformers' `to` wrapper
+    with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's generator left as it was
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(device)  # type: ignore[arg-type]  # transformers' `to` wrapper
 
 
 def synchronized(device: str):
@@ -130,24 +132,26 @@ def check_seam(args) -> dict:
     # open_rendezvous asks Ray for the node's address; one rank on this machine listens on loopback.
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False)
     init_process_group(info, rank=0, world_size=1, rendezvous=Rendezvous("127.0.0.1", store.port), store=store)
-    tokens = lm_batch(info.torch_device)
-    after, losses = {}, {}
-    for wrapper in ("plain", "ddp", "fsdp"):
-        model = build_model(info.torch_device, args.layers)
-        trained: torch.nn.Module
-        if wrapper == "ddp":
-            trained = wrap_ddp(model, info)
-        elif wrapper == "fsdp":
-            trained = apply_fsdp(model, info)
-        else:
-            trained = model
-        optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-4)
-        losses[wrapper] = lm_step(trained, optimizer, tokens)
-        weights = full_state_dict(model) if wrapper == "fsdp" else model.state_dict().items()
-        after[wrapper] = {name: value.detach().clone() for name, value in weights}
-        del trained, model, optimizer
-    backend = dist.get_backend()
-    destroy_process_group()
+    try:  # the group goes whatever happens: the CPU test runs this in the suite's process
+        tokens = lm_batch(info.torch_device)
+        after, losses = {}, {}
+        for wrapper in ("plain", "ddp", "fsdp"):
+            model = build_model(info.torch_device, args.layers)
+            trained: torch.nn.Module
+            if wrapper == "ddp":
+                trained = wrap_ddp(model, info)
+            elif wrapper == "fsdp":
+                trained = apply_fsdp(model, info)
+            else:
+                trained = model
+            optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-4)
+            losses[wrapper] = lm_step(trained, optimizer, tokens)
+            weights = full_state_dict(model) if wrapper == "fsdp" else model.state_dict().items()
+            after[wrapper] = {name: value.detach().clone() for name, value in weights}
+            del trained, model, optimizer
+        backend = dist.get_backend()
+    finally:
+        destroy_process_group()
     plain = after["plain"]
     differences = {
         wrapper: max(float((after[wrapper][name] - value).abs().max()) for name, value in plain.items())
@@ -435,7 +439,16 @@ def check_swap(args) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     lm_step(model, optimizer, lm_batch(device))  # AdamW's moments exist, the gradients are held
     make_storages_resizable(model)
-    values = [p.detach().cpu() for p in model.parameters()]  # on the host: not counted on the device
+
+    def state_objects() -> list:
+        """The training state's own tensor objects: parameters, their gradients, AdamW's moments."""
+        params = list(model.parameters())
+        moments = [value for per_param in optimizer.state.values() for value in per_param.values()]
+        return params + [p.grad for p in params] + [m for m in moments if m.device == params[0].device]
+
+    objects = state_objects()
+    # copies on the host (not counted on the device; on the CPU a copy, not a view the swap empties)
+    values = [tensor.detach().to("cpu", copy=True) for tensor in objects]
     resident = memory_allocated(device)
     swapper = TensorSwapper(pin_memory=on_device)
     d2h, h2d, during, moved, restored = [], [], [], 0, True
@@ -447,13 +460,13 @@ def check_swap(args) -> dict:
         wait()
         d2h.append(time.perf_counter() - start)
         during.append(ledger_entry("generate", {}, device=torch.device(device), host_swap_bytes=moved)["allocator"])
-        tensors = [id(p) for p in model.parameters()]
         start = time.perf_counter()
         SwapIn(swapper, TRAIN_STATE_CATEGORIES, device=torch.device(device)).wait()
         wait()
         h2d.append(time.perf_counter() - start)
-        restored = restored and tensors == [id(p) for p in model.parameters()]
-        restored = restored and all(torch.equal(p.detach().cpu(), v) for p, v in zip(model.parameters(), values))
+        # params, grads and AdamW's moments: the same tensor objects with the same values
+        restored = restored and all(now is then for now, then in zip(state_objects(), objects, strict=True))
+        restored = restored and all(torch.equal(t.detach().cpu(), v) for t, v in zip(objects, values))
     del values
     workspace = workspace_bytes(device)
     device_side = torch.ones(moved, dtype=torch.uint8, device=device)
@@ -493,6 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement, after a warm-up")
     parser.add_argument("--rounds", type=int, default=3, help="processes: runs of each layout, alternating")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a check may take; then it fails")
     parser.add_argument("--one", choices=CHECKS, help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args(argv)
     if args.one:
@@ -514,17 +528,22 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("no CUDA device: run with --device cpu for the same code on the CPU")
     results = {}
     for check in args.checks:
-        child = subprocess.run(
-            [sys.executable, "-m", "rldock_benchmarks.gpu_checks", "--one", check]
-            + ["--device", args.device, "--layers", str(args.layers), "--repeats", str(args.repeats)]
-            + ["--rounds", str(args.rounds)],
-            capture_output=True,
-            text=True,
-        )
-        if child.returncode == 0:
-            results[check] = json.loads(child.stdout.splitlines()[-1])
-        else:  # reported, not hidden
-            results[check] = {"ok": False, "error": child.stderr.strip().splitlines()[-12:]}
+        try:
+            child = subprocess.run(
+                [sys.executable, "-m", "rldock_benchmarks.gpu_checks", "--one", check]
+                + ["--device", args.device, "--layers", str(args.layers), "--repeats", str(args.repeats)]
+                + ["--rounds", str(args.rounds)],
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,  # the child is killed then
+            )
+        except subprocess.TimeoutExpired:
+            results[check] = {"ok": False, "error": [f"did not finish in --timeout {args.timeout:g} s"]}
+        else:
+            if child.returncode == 0:
+                results[check] = json.loads(child.stdout.splitlines()[-1])
+            else:  # reported, not hidden
+                results[check] = {"ok": False, "error": child.stderr.strip().splitlines()[-12:]}
         print(json.dumps({check: results[check]}), file=sys.stderr, flush=True)
     print(
         json.dumps(
@@ -537,11 +556,16 @@ def main(argv: list[str] | None = None) -> None:
 
 def machine(device: str) -> dict:
     import torch
+    import transformers
 
-    found = {"cpus": os.cpu_count(), "torch": torch.__version__, "device": device}
+    found = {"cpus": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__}
+    found["device"] = device
     if device == "cuda":
+        from rldock_benchmarks.gpu_processes import nvidia_smi
+
         found |= {
             "gpu": torch.cuda.get_device_name(),
+            "driver": nvidia_smi("driver_version"),
             "cuda": torch.version.cuda,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())),
         }

@@ -15,19 +15,28 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+import time
+
+# a layout's processes start, warm up and run their iterations well inside this (about 20 s on an
+# H100, a minute on the CPU with one layer); past it they are stopped and the check fails
+LAYOUT_DEADLINE_S = 900
 
 
 def device_memory_used_mib(device: str) -> int | None:
     """The driver's count for the whole device (every process's context and pool), or None on CPU."""
-    if device == "cpu":
-        return None
+    return None if device == "cpu" else int(nvidia_smi("memory.used"))
+
+
+def nvidia_smi(field: str) -> str:
+    """One field of nvidia-smi's query for GPU 0 (`memory.used` in MiB, `driver_version`)."""
     out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "--id=0"],
+        ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "--id=0"],
         capture_output=True,
         text=True,
         check=True,
+        timeout=60,
     )
-    return int(out.stdout.strip().splitlines()[0])
+    return out.stdout.strip().splitlines()[0]
 
 
 def reserved_mib(device: str) -> float:
@@ -102,16 +111,47 @@ def _actor_process(args, micro_batch_size: int, host_logprobs, reference, result
     from rldock_benchmarks.gpu_checks import PolicyUpdate
 
     update = PolicyUpdate(args.device, args.layers, micro_batch_size)
-    assert reference.recv() == "ready"
+    _expect(reference, "ready")
 
     def score_reference() -> None:
         reference.send("score")
-        assert reference.recv() == "scored"
+        _expect(reference, "scored")
 
     timing = _actor_loop(args, update, score_reference, host_logprobs)
     used = device_memory_used_mib(args.device)  # the reference process is alive, waiting
     reference.send("stop")
     results.put(timing | {"device_memory_used_mib": used, "actor_reserved_mib": reserved_mib(args.device)})
+
+
+def _expect(connection, message: str) -> None:
+    """The next message on `connection`, which must be `message` (EOFError if the other side died)."""
+    received = connection.recv()
+    if received != message:
+        raise RuntimeError(f"expected {message!r} from the reference process, got {received!r}")
+
+
+def _results(results, processes: list, count: int) -> list[dict]:
+    """`count` results from `processes`, or a RuntimeError naming the one that exited without its
+    result or the deadline passed (the processes are stopped then), never a wait without end."""
+    from queue import Empty
+
+    found: list[dict] = []
+    deadline = time.monotonic() + LAYOUT_DEADLINE_S
+    while len(found) < count:
+        try:
+            found.append(results.get(timeout=1))
+            continue
+        except Empty:
+            pass
+        failed = [process for process in processes if process.exitcode not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            for process in processes:
+                process.terminate()
+            said = ", ".join(f"{p.name} exited with {p.exitcode}" for p in failed) or "deadline passed"
+            raise RuntimeError(f"a layout's processes gave {len(found)} of {count} results: {said}")
+    for process in processes:
+        process.join()
+    return found
 
 
 def compare(args) -> dict:
@@ -131,21 +171,27 @@ def compare(args) -> dict:
     exit_codes = []
     for _ in range(args.rounds):  # alternating, so a drift of the machine reaches both layouts
         results = context.Queue()
-        one = context.Process(target=_one_process, args=(args, micro_batch_size, host_logprobs, results))
+        one = context.Process(
+            target=_one_process, args=(args, micro_batch_size, host_logprobs, results), name="one_process"
+        )
         one.start()
-        runs["one_process"].append(results.get())
-        one.join()
+        runs["one_process"] += _results(results, [one], 1)
 
         actor_end, reference_end = context.Pipe()
         reference = context.Process(
-            target=_reference_process, args=(args, micro_batch_size, host_logprobs, reference_end, results)
+            target=_reference_process,
+            args=(args, micro_batch_size, host_logprobs, reference_end, results),
+            name="reference",
         )
-        actor = context.Process(target=_actor_process, args=(args, micro_batch_size, host_logprobs, actor_end, results))
+        actor = context.Process(
+            target=_actor_process, args=(args, micro_batch_size, host_logprobs, actor_end, results), name="actor"
+        )
         reference.start()
         actor.start()
-        two = results.get() | results.get()
-        actor.join()
-        reference.join()
+        actor_end.close()  # the children hold the ends now: one's death is the other's EOFError
+        reference_end.close()
+        first, second = _results(results, [reference, actor], 2)
+        two = first | second
         two["allocator_reserved_mib"] = [two.pop("actor_reserved_mib"), two.pop("reference_reserved_mib")]
         runs["two_processes"].append(two)
         exit_codes += [one.exitcode, reference.exitcode, actor.exitcode]

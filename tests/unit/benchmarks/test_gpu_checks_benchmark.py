@@ -58,6 +58,42 @@ def test_swap_restores_the_same_tensors_and_values():
     assert result["ok"]
 
 
+def test_swap_check_fails_a_swap_in_that_restores_other_bytes(monkeypatch):
+    from rldock.runtime.resharding.swap import TensorSwapper
+
+    swap_in = TensorSwapper.swap_in
+
+    def changing(self, categories=None):
+        self.host[0] += 1  # the first swapped tensor's first byte comes back changed
+        return swap_in(self, categories)
+
+    monkeypatch.setattr(TensorSwapper, "swap_in", changing)
+    result = gpu_checks.check_swap(ARGS)
+    assert not result["restored_same_tensors_and_values"] and not result["ok"]
+
+
+def test_row_passes_turn_packing_off_and_back_on():
+    from rldock.runtime.engines import policy
+
+    update = gpu_checks.PolicyUpdate("cpu", 1, micro_batch_size=8)
+    batch = update.batch
+
+    def packing():
+        return policy.packing_prompts(
+            update.model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["response_attention_mask"],
+            trim=True,
+            micro_batch_size=8,
+        )
+
+    assert packing() is not None  # the product packs this batch
+    with gpu_checks.row_passes(True):
+        assert packing() is None
+    assert packing() is not None
+
+
 def test_processes_runs_both_layouts_and_reports_each():
     result = gpu_processes.compare(ARGS)
     assert set(result["layouts"]) == {"one_process", "two_processes"}
@@ -71,3 +107,10 @@ def test_the_gpu_run_refuses_a_machine_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device"):
         gpu_checks.main(["--checks", "seam"])
+
+
+def test_processes_fails_rather_than_waits_when_a_layouts_process_dies():
+    # no timed iteration: the child's median raises after its warm-up, and it exits with 1
+    broken = argparse.Namespace(device="cpu", layers=1, repeats=0, rounds=1)
+    with pytest.raises(RuntimeError, match="one_process exited with 1"):
+        gpu_processes.compare(broken)
