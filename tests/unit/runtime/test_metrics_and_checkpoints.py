@@ -189,6 +189,28 @@ def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, monkey
     assert len(saved[1].axes) == 3
 
 
+def test_progress_plot_draws_each_stage_utilisation(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    records = [
+        {"iteration": 1, **base},  # a record from before the metrics were logged: left out of the panel
+        {"iteration": 2, **base, "mfu/update": 0.4, "mfu/rollout": 0.05, "mbu/rollout": 0.2},
+        {"iteration": 3, **base, "mfu/update": 0.5, "mfu/rollout": 0.06, "mbu/rollout": 0.3},
+    ]
+    plot_progress(records, tmp_path / "progress.png")
+    panel = next(ax for ax in saved[0].axes if ax.get_ylabel() == "fraction of peak")
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in panel.lines}
+    assert lines == {
+        "mbu/rollout": ([2, 3], [0.2, 0.3]),
+        "mfu/rollout": ([2, 3], [0.05, 0.06]),
+        "mfu/update": ([2, 3], [0.4, 0.5]),
+    }
+
+
 @pytest.mark.parametrize("num_iterations", [2, 3, 7, 40])
 def test_progress_plot_ticks_whole_iterations_only(num_iterations):
     import matplotlib.pyplot as plt
