@@ -17,6 +17,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rldock_benchmarks.flop_count import compare
 from rldock_benchmarks.smollm2_learning import EXAMPLE, job_overrides, prepare_data, prepare_model
 
 pytestmark = pytest.mark.integration
@@ -71,5 +72,19 @@ def test_tensorboard_events_beside_the_metrics(smoke_run):
     events = EventAccumulator(str(smoke_run))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert {"reward_mean", "val/accuracy"} <= scalars
+    assert {"reward_mean", "val/accuracy", "mfu/update", "mfu/rollout", "mbu/rollout"} <= scalars
     assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2]
+
+
+def test_flops_agree_with_a_hand_count(smoke_run):
+    """The update's and the rollout's recorded FLOPs within 10% of rldock_benchmarks.flop_count's hand
+    count from the model's safetensors and metrics.jsonl's mean lengths (one DP rank: one layout)."""
+    rows = compare(smoke_run)
+    assert sorted((row["iteration"], row["stage"]) for row in rows) == [
+        (1, "rollout"),
+        (1, "update"),
+        (2, "rollout"),
+        (2, "update"),
+    ]
+    for row in rows:
+        assert abs(row["ratio"] - 1) < 0.1 and row["mfu"] > 0, row

@@ -7,9 +7,10 @@ layers, the embedding's V x H for the head), the tokens from metrics.jsonl's mea
 layout from what the runtime does for a GRPO job with packed passes: the rollout prefills each of
 the G prompts once and decodes R - 1 tokens per response; the update and the reference pass each
 prompt once and every response token, 3x the forward for the update (+ the LM head's recomputed
-logits), 1x for the reference. With DP ranks the update's count is also given with each prompt
-computed once per rank (`hand_split`): the dock deals the update's samples to the ranks by tokens,
-so a group's responses can sit on several ranks, and each rank's packed pass computes the prompt.
+logits), 1x for the reference. With several ranks the update's and the reference's counts are also given with
+each prompt computed once per rank (`hand_split`): the dock deals their samples to the ranks by
+tokens or in batches, not by group, so a group's responses can sit on several ranks, and each
+rank's packed pass computes the prompt.
 
     python -m rldock_benchmarks.flop_count --output /tmp/mfu-demo
 
@@ -47,8 +48,8 @@ def hand_count(
     weights: dict[str, int], record: dict, *, num_prompts: int, num_responses: int, prompt_copies: int = 1
 ) -> dict[str, float]:
     """FLOPs per stage of one iteration (module docstring) from its record's mean lengths; the
-    update computing each prompt `prompt_copies` times (a group's responses dealt to that many DP
-    ranks, each rank's packed pass computing the prompt)."""
+    update and the reference computing each prompt `prompt_copies` times (a group's responses dealt
+    to that many ranks, each rank's packed pass computing the prompt)."""
     prompt, response = record["prompt_length_mean"], record["response_length_mean"]
     g, n = num_prompts, num_responses
     per_token = 2 * weights["layers"]  # a multiply and an add per weight
@@ -73,7 +74,11 @@ def hand_count(
         return forward(tokens, pairs, 0)
 
     head = forward(0, 0, g * n * response)  # the scored tokens
-    return {"rollout": rollout, "update": 3 * packed(prompt_copies) + 4 * head, "reference": packed(1) + head}
+    return {
+        "rollout": rollout,
+        "update": 3 * packed(prompt_copies) + 4 * head,
+        "reference": packed(prompt_copies) + head,
+    }
 
 
 def compare(run: Path, model_dir: Path | None = None) -> list[dict]:
@@ -92,7 +97,7 @@ def compare(run: Path, model_dir: Path | None = None) -> list[dict]:
             "num_responses": algorithm["num_responses_per_prompt"],
         }
         hand = hand_count(weights, record, **shape)
-        # The dock deals the update's samples to the DP ranks by tokens, not by group: a group split
+        # The dock deals the samples to the ranks by tokens or batches, not by group: a group split
         # over D ranks has its prompt computed by each. The upper end: every group on every rank.
         ranks = min(config["training"]["data_parallel_size"], shape["num_responses"])
         split = hand_count(weights, record, **shape, prompt_copies=ranks)

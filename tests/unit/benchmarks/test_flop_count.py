@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from rldock.runtime.engines.packing import pass_work
-from rldock.runtime.utilisation import ModelShape, forward_flops, rollout_flops, rollout_work, update_flops
+from rldock.runtime.planning.shapes import shape_from_hf_config
+from rldock.runtime.utilisation import forward_flops, rollout_flops, rollout_work, update_flops
 from rldock_benchmarks.flop_count import compare, hand_count, weight_counts
 
 CONFIG = {
@@ -65,7 +66,7 @@ def test_the_weights_come_from_the_safetensors(model_dir):
 
 
 def test_the_hand_count_equals_the_products_count_at_equal_lengths(model_dir):
-    shape = ModelShape.from_config(CONFIG, bytes_per_param=4)
+    shape = shape_from_hf_config(CONFIG, name="toy")
     hand = hand_count(
         weight_counts(model_dir),
         {"prompt_length_mean": P, "response_length_mean": R},

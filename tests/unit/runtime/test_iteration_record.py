@@ -123,18 +123,19 @@ def test_a_critic_brings_its_metrics():
 
 
 def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
-    from rldock.runtime.utilisation import DeviceRates, ModelShape, UtilisationInputs, forward_flops, update_flops
+    from rldock.runtime.planning.shapes import ModelShape
+    from rldock.runtime.utilisation import DeviceRates, UtilisationInputs, forward_flops, update_flops
 
     shape = ModelShape(
+        "toy",
+        vocab_size=32,
+        hidden_size=8,
         num_layers=2,
-        hidden=8,
         num_heads=2,
         num_kv_heads=1,
         head_dim=4,
-        intermediate=16,
-        vocab=32,
-        tied_embeddings=True,
-        bytes_per_param=4,
+        intermediate_size=16,
+        tie_word_embeddings=True,
     )
     computed = {"tokens": 20, "pairs": 110, "head_positions": 8}
     results = {
@@ -144,6 +145,7 @@ def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
     }
     inputs = UtilisationInputs(
         shape=shape,
+        bytes_per_param=4,
         rates=DeviceRates(peak_flops=1e6, bandwidth=1e6, shared=False),
         group_size=2,
         recompute=False,

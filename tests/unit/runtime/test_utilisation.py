@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from rldock.runtime.planning.shapes import ModelShape, shape_from_hf_config
 from rldock.runtime.utilisation import (
-    ModelShape,
     decode_bytes,
     forward_flops,
     job_rates,
+    kv_bytes_per_key,
     rollout_flops,
     rollout_work,
     update_flops,
@@ -28,22 +29,19 @@ SMOLLM2 = {
 
 
 def smollm2() -> ModelShape:
-    return ModelShape.from_config(SMOLLM2, bytes_per_param=4)
+    return shape_from_hf_config(SMOLLM2, name="SmolLM2-135M-Instruct")
 
 
-def test_the_shape_counts_smollm2s_published_parameters():
+def test_smollm2s_shape_and_kv_bytes():
     shape = smollm2()
-    assert shape.head_dim == 64
-    # q, o: 576 x 576; k, v: 576 x 192; gate, up, down: 576 x 1536
-    assert shape.layer_weights == 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 == 3_538_944
-    # 134,515,008 with its 61 norms' 576 weights each, which the count leaves out
-    assert shape.num_params == 134_515_008 - 61 * 576
-    assert shape.kv_bytes_per_key == 2 * 30 * 3 * 64 * 4
+    assert shape.head_dim == 64 and shape.num_params == 134_515_008  # the published count, norms included
+    assert kv_bytes_per_key(shape, bytes_per_param=4) == 2 * 30 * 3 * 64 * 4
 
 
 def test_forward_flops_by_hand():
     shape = smollm2()
-    per_token = 2 * 30 * 3_538_944  # 2 x the layers' weights
+    # q, o: 576 x 576; k, v: 576 x 192; gate, up, down: 576 x 1536
+    per_token = 2 * 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)  # 2 x the layers' matmul weights
     per_pair = 30 * 4 * 9 * 64  # q.k and the weighted sum of v, 9 heads of 64, per layer
     head = 2 * 576 * 49152
     assert forward_flops(shape, tokens=1, pairs=0, head_positions=0) == per_token == 212_336_640
@@ -73,7 +71,9 @@ def test_the_rollout_prefills_each_group_once_and_decodes_all_but_the_last_token
     shape = smollm2()
     assert rollout_flops(shape, work) == forward_flops(shape, tokens=13, pairs=31 + 19, head_positions=7)
     # two engine steps reading every weight, and 19 keys' K and V
-    assert decode_bytes(shape, work, decode_steps=2) == 2 * shape.num_params * 4 + 19 * shape.kv_bytes_per_key
+    assert (
+        decode_bytes(shape, work, decode_steps=2, bytes_per_param=4) == 2 * 134_515_008 * 4 + 19 * 2 * 30 * 3 * 64 * 4
+    )
 
 
 def test_the_issue_figure_smollm2s_update_is_about_a_teraflop():

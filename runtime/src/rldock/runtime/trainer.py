@@ -66,13 +66,14 @@ from rldock.runtime.iteration_hold import IterationHold
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
+from rldock.runtime.planning.shapes import shape_from_hf_config
 from rldock.runtime.rewards import RewardScorer, column_lists
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
 from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
 from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, states_layout, worker_groups
 from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
-from rldock.runtime.utilisation import DTYPE_BYTES, ModelShape, UtilisationInputs, job_rates
+from rldock.runtime.utilisation import DTYPE_BYTES, UtilisationInputs, job_rates
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 
@@ -359,7 +360,8 @@ class Trainer:
         measured = ray.get(self._started().actors[0].device_rates.remote(measure))
         config = json.loads((self.reference_dir / "config.json").read_text())
         return UtilisationInputs(
-            shape=ModelShape.from_config(config, bytes_per_param=DTYPE_BYTES[cfg.model.dtype]),
+            shape=shape_from_hf_config(config, name=cfg.model.path),
+            bytes_per_param=DTYPE_BYTES[cfg.model.dtype],
             rates=job_rates(
                 peak_tflops=resources.peak_tflops, bandwidth_gbps=resources.memory_bandwidth_gbps, measured=measured
             ),

@@ -33,60 +33,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rldock.runtime.planning.shapes import ModelShape
+
 UPDATE_STATES = ("update", "preference_update")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 INFERENCE_STATES = ("actor_inference", "reference")
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a Llama/Qwen-style decoder that its FLOPs and bytes follow from."""
-
-    num_layers: int
-    hidden: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool
-    bytes_per_param: int
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], *, bytes_per_param: int) -> ModelShape:
-        """From a Hugging Face config.json's fields (`hidden_size`, `num_attention_heads`, ...)."""
-        heads = config["num_attention_heads"]
-        return cls(
-            num_layers=config["num_hidden_layers"],
-            hidden=config["hidden_size"],
-            num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            intermediate=config["intermediate_size"],
-            vocab=config["vocab_size"],
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            bytes_per_param=bytes_per_param,
-        )
-
-    @property
-    def layer_weights(self) -> int:
-        """Weights of one decoder layer's matmuls: q, o (heads) and k, v (KV heads), a gated MLP."""
-        return (
-            self.hidden * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-            + 3 * self.hidden * self.intermediate
-        )
-
-    @property
-    def num_params(self) -> int:
-        """Weights the decode reads each step: the layers' matmuls and the embedding (and an untied
-        head); norms left out."""
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.num_layers * self.layer_weights + embeddings
-
-    @property
-    def kv_bytes_per_key(self) -> int:
-        """Bytes of KV cache one attended key position holds over all layers (k and v)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+def kv_bytes_per_key(shape: ModelShape, *, bytes_per_param: int) -> int:
+    """Bytes of KV cache one attended key position holds over all layers (k and v)."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * bytes_per_param
 
 
 def layer_flops(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> tuple[float, float]:
@@ -104,17 +60,16 @@ def forward_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positi
     2 x layer weights per token and 4 x heads x head_dim per pair, per layer, plus 2 x hidden x vocab
     per head position.
 
-    >>> shape = ModelShape(num_layers=2, hidden=4, num_heads=2, num_kv_heads=1, head_dim=2,
-    ...                    intermediate=8, vocab=10, tied_embeddings=True, bytes_per_param=4)
+    >>> shape = ModelShape("toy", vocab_size=10, hidden_size=4, num_layers=2, num_heads=2, num_kv_heads=1,
+    ...                    head_dim=2, intermediate_size=8, tie_word_embeddings=True)
     >>> forward_flops(shape, tokens=3, pairs=6, head_positions=1)  # 2*(2*(48+96)*3 + 16*6) + 80
     2000.0
     """
     per_token, per_pair = layer_flops(
-        shape.hidden, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate
+        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
     )
-    return (
-        shape.num_layers * (per_token * tokens + per_pair * pairs) + 2.0 * shape.hidden * shape.vocab * head_positions
-    )
+    head = 2.0 * shape.hidden_size * shape.vocab_size
+    return shape.num_layers * (per_token * tokens + per_pair * pairs) + head * head_positions
 
 
 @dataclass(frozen=True)
@@ -153,11 +108,12 @@ def rollout_flops(shape: ModelShape, work: RolloutWork) -> float:
     )
 
 
-def decode_bytes(shape: ModelShape, work: RolloutWork, *, decode_steps: int) -> float:
+def decode_bytes(shape: ModelShape, work: RolloutWork, *, decode_steps: int, bytes_per_param: int) -> float:
     """Bytes the decode reads: every weight once per engine step (`decode_steps`, the batch's
     longest response - 1 when an engine decodes its responses together) and each attended key's K
     and V once per decode token."""
-    return decode_steps * shape.num_params * shape.bytes_per_param + work.decode_pairs * shape.kv_bytes_per_key
+    weights = decode_steps * shape.num_params * bytes_per_param
+    return weights + work.decode_pairs * kv_bytes_per_key(shape, bytes_per_param=bytes_per_param)
 
 
 def update_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float, recompute: bool) -> float:
@@ -193,6 +149,7 @@ class UtilisationInputs:
     """What the driver knows for a run's `mfu/<stage>` besides the iteration's results."""
 
     shape: ModelShape
+    bytes_per_param: int  # of the weights and the KV cache the decode reads
     rates: DeviceRates
     group_size: int
     recompute: bool  # training.gradient_checkpointing
@@ -222,7 +179,11 @@ def stage_utilisation(
         seconds = max(r["compute_s"] for r in rollouts)
         used = 1 if rates.shared else devices["rollout"]
         if seconds > 0:
-            metrics["mbu/rollout"] = decode_bytes(shape, work, decode_steps=steps) / seconds / (rates.bandwidth * used)
+            metrics["mbu/rollout"] = (
+                decode_bytes(shape, work, decode_steps=steps, bytes_per_param=inputs.bytes_per_param)
+                / seconds
+                / (rates.bandwidth * used)
+            )
     for state, ranks in results.items():
         counted = [r["computed"] for r in ranks if "computed" in r]
         if not counted:
