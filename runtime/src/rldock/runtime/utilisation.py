@@ -17,7 +17,9 @@ The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or soft
   (its chunked backward recomputes the logits, engines/head_logprobs.py) and the decoder layers 4x
   under training.gradient_checkpointing (the backward recomputes their forward). Frozen weights
   (freeze_embeddings, LoRA) are counted as trained, as MFU conventionally does;
-- an inference stage (old logprobs, the reference): 1x the forward.
+- an inference stage (old logprobs, the reference, the critic's values): 1x the forward;
+- the critic's passes run the decoder layers and a value head of one output per position, which
+  the count leaves out (no LM head), its update 3x the forward.
 The update's and the inference stages' token counts are what their passes computed, packed
 (each prompt once per pass) or in rows (each row's prompt), padding left out: the workers count
 them (engines/policy.PassTally).
@@ -35,9 +37,8 @@ from typing import Any
 
 from rldock.runtime.planning.shapes import ModelShape
 
-UPDATE_STATES = ("update", "preference_update")
+UPDATE_STATES = ("update", "preference_update", "critic_update")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-INFERENCE_STATES = ("actor_inference", "reference")
 
 
 def kv_bytes_per_key(shape: ModelShape, *, bytes_per_param: int) -> int:
