@@ -12,7 +12,9 @@ The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or soft
   x vocab per position the LM head runs on (the policy's passes run it on scored tokens only);
 - the rollout: vLLM's prefill computes each prompt group's prompt once (its prefix cache shares it
   among the group's N responses) and the LM head once per response; each decode step feeds one
-  sampled token (R - 1 steps for an R-token response) and runs the head on it;
+  sampled token (R - 1 steps for an R-token response) and runs the head on it. A multi-turn
+  rollout's later prefills (each turn's tool output) and partial rollout's second round are
+  counted as decode steps, a lower bound;
 - an update: 3x the forward (forward, then gradients of inputs and of weights), the LM head 4x
   (its chunked backward recomputes the logits, engines/head_logprobs.py) and the decoder layers 4x
   under training.gradient_checkpointing (the backward recomputes their forward). Frozen weights
