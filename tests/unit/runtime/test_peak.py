@@ -46,3 +46,15 @@ def test_bench_peak_prints_the_cached_figures(tmp_path, monkeypatch, capsys):
     assert cli.main(["bench", "peak", "--device", "cpu"]) == 0
     first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert (first["cached"], second["cached"], second["peak_flops"]) == (False, True, 3.0)
+
+
+def test_an_unwritable_cache_still_gives_the_measurement(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # the cache directory would have to be under a file
+    rates = peak.device_rates(
+        detect_device("cpu"),
+        dtype="float32",
+        cache_dir=blocked / "peak",
+        measure=lambda device, dtype: {"peak_flops": 1.0, "bandwidth": 2.0},
+    )
+    assert (rates["peak_flops"], rates["cached"]) == (1.0, False)

@@ -146,8 +146,11 @@ def device_rates(
     logger.info("measuring the peak matmul FLOP/s and memory bandwidth of %s (%s)", key["device"], dtype)
     rates = (measure or measure_rates)(device, dtype)
     record = {**key, **rates, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as error:  # a read-only home (a pod's): the job goes on with this measurement
+        logger.warning("could not cache the measurement in %s (%s); the next job measures again", path, error)
     return {**record, "cached": False}
