@@ -124,6 +124,24 @@ def parse_job_config(data: Any, *, source: str = "<config>") -> JobConfig:
     return cfg
 
 
+def resolve_job_config(
+    data: Any,
+    *,
+    source: str = "<config>",
+    require_variables: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> JobConfig:
+    """parse_job_config, then the path fields expanded for this machine (`~`, `$VARS`;
+    config/paths.py) with `environ` (default: this process's): a config that runs here, read from a
+    file (load_job_config) or built in code (the benchmarks). `require_variables`: a `$VAR` that
+    `environ` lacks is a problem; False leaves it as written, for a config checked here that runs
+    elsewhere (`rldock validate --no-path-checks`, `rldock plan`)."""
+    cfg, unset = expand_paths(parse_job_config(data, source=source), environ=os.environ if environ is None else environ)
+    if unset and require_variables:
+        raise ConfigError(source, unset)
+    return cfg
+
+
 def load_job_config(
     path: str | Path,
     *,
@@ -133,11 +151,8 @@ def load_job_config(
     environ: Mapping[str, str] | None = None,
 ) -> JobConfig:
     """Load YAML, apply dotted overrides ({"algorithm.learning_rate": 0}), validate, and expand the
-    path fields (`~`, `$VARS`; config/paths.py) with `environ` (default: this process's).
-
-    `require_variables`: a `$VAR` in a path field that `environ` lacks is a problem; False leaves it
-    as written, for a config checked here that runs elsewhere (`rldock validate --no-path-checks`).
-    `check_local`: also run find_local_problems (the model folder's shape) here."""
+    path fields as resolve_job_config says. `check_local`: also run find_local_problems (the model
+    folder's shape) here."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -168,10 +183,7 @@ def load_job_config(
         )
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
-    cfg = parse_job_config(data, source=str(path))
-    cfg, unset = expand_paths(cfg, environ=os.environ if environ is None else environ)
-    if unset and require_variables:
-        raise ConfigError(str(path), unset)
+    cfg = resolve_job_config(data, source=str(path), require_variables=require_variables, environ=environ)
     if check_local:
         problems = find_local_problems(cfg)
         if problems:
