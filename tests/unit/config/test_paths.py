@@ -4,6 +4,7 @@ marks, found by walking the model, with `~`, `$HOME` and `${VAR}` forms (config/
 from __future__ import annotations
 
 import json
+import os
 import re
 import typing
 from pathlib import Path
@@ -193,6 +194,13 @@ def test_the_process_environment_is_the_default(tmp_path, monkeypatch):
 )
 def test_expand_text(text, variables, expanded, unset):
     assert expand_text(text, variables=variables, environ=ENVIRON) == (expanded, unset)
+
+
+def test_without_home_the_user_database_says_it():
+    import pwd
+
+    home = pwd.getpwuid(os.getuid()).pw_dir.rstrip("/")
+    assert expand_text("~/x", variables=True, environ={}) == (f"{home}/x", [])
 
 
 def test_a_home_of_slash_gives_no_double_slash():

@@ -21,6 +21,7 @@ shell (a `sh -c` script reads its variables from the environment it inherits).
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import types
 import typing
@@ -62,9 +63,12 @@ def _expand_tilde(text: str, environ: Mapping[str, str]) -> str:
     if not text.startswith("~"):
         return text
     user, _, _ = text[1:].partition("/")
-    home = (environ.get("HOME") or os.path.expanduser("~")) if not user else os.path.expanduser(f"~{user}")
-    if home.startswith("~"):
-        return text
+    if user:
+        home = os.path.expanduser(f"~{user}")
+        if home.startswith("~"):
+            return text
+    else:
+        home = environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
     return (home.rstrip("/") + text[1 + len(user) :]) or "/"
 
 
