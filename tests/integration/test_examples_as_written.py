@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rldock_benchmarks.flop_count import compare
 from rldock_e2e.example_headers import header_commands
 from rldock_e2e.repo import REPO_ROOT
 
@@ -145,5 +146,16 @@ def _check_the_smollm2_run(output: Path, records: list[dict]) -> None:
         assert record["response_length_mean"] <= 64 and record["tokens_per_s_per_device"] > 0
     events = EventAccumulator(str(output))
     events.Reload()
-    assert {"reward_mean", "val/accuracy"} <= set(events.Tags()["scalars"])
+    assert {"reward_mean", "val/accuracy", "mfu/update", "mfu/rollout", "mbu/rollout"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2]
+    # The update's and the rollout's recorded FLOPs within 10% of rldock_benchmarks.flop_count's hand
+    # count from the model's safetensors and metrics.jsonl's mean lengths (one DP rank: one layout).
+    rows = compare(output)
+    assert sorted((row["iteration"], row["stage"]) for row in rows) == [
+        (1, "rollout"),
+        (1, "update"),
+        (2, "rollout"),
+        (2, "update"),
+    ]
+    for row in rows:
+        assert abs(row["ratio"] - 1) < 0.1 and row["mfu"] > 0, row

@@ -136,6 +136,21 @@ def test_metrics_have_the_documented_fields(interrupted_then_resumed):
         assert "actor_inference" not in record["timing"] and record["clip_fraction"] == 0.0
 
 
+def test_flops_agree_with_a_hand_count(interrupted_then_resumed):
+    """Each stage's recorded FLOPs against rldock_benchmarks.flop_count's hand count (the model's
+    safetensors, metrics.jsonl's mean lengths): within 10%, between each prompt computed once and
+    once per rank where a group's responses may sit on both ranks."""
+    from rldock_benchmarks.flop_count import compare
+
+    output, _, _ = interrupted_then_resumed
+    rows = compare(output)
+    assert {row["stage"] for row in rows} == {"rollout", "reference", "update"}
+    assert len(rows) == 3 * ITERATIONS
+    for row in rows:
+        assert 0.9 * row["hand"] <= row["reported"] <= 1.1 * row.get("hand_split", row["hand"]), row
+        assert row["mfu"] > 0, row
+
+
 def test_every_sample_went_through_the_dock(interrupted_then_resumed):
     output, _, _ = interrupted_then_resumed
     dock = read_metrics(output)[-1]["dock"]

@@ -120,3 +120,57 @@ def test_a_critic_brings_its_metrics():
     record = record_of(results)
     assert record["value_loss"] == 0.2
     assert record["critic_ranks"] == {"rank0": {"inference_samples": 4, "update_samples": 4}}
+
+
+def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
+    from rldock.runtime.planning.shapes import ModelShape
+    from rldock.runtime.utilisation import DeviceRates, UtilisationInputs, forward_flops, update_flops
+
+    shape = ModelShape(
+        "toy",
+        vocab_size=32,
+        hidden_size=8,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        intermediate_size=16,
+        tie_word_embeddings=True,
+    )
+    computed = {"tokens": 20, "pairs": 110, "head_positions": 8}
+    results = {
+        **GRPO_RESULTS,
+        "update": [{**rank, "computed": computed} for rank in GRPO_RESULTS["update"]],
+        "reference": [timed(0.0, 0.5, computed=computed), timed(0.0, 0.25, computed=computed)],
+    }
+    inputs = UtilisationInputs(
+        shape=shape,
+        bytes_per_param=4,
+        rates=DeviceRates(peak_flops=1e6, bandwidth=1e6, shared=False),
+        group_size=2,
+        recompute=False,
+        generation_tp=1,
+    )
+    record = record_of(results, utilisation=inputs)
+    assert "computed" not in record  # summed into the FLOPs, not averaged as a training metric
+    keys = [key for key in record if key.startswith(("flops/", "mfu/", "mbu/"))]
+    assert keys == [
+        "flops/reference",
+        "flops/rollout",
+        "flops/update",
+        "mbu/rollout",
+        "mfu/reference",
+        "mfu/rollout",
+        "mfu/update",
+    ]
+    both = {key: 2 * value for key, value in computed.items()}  # the two ranks' passes
+    assert record["flops/update"] == update_flops(shape, **both, recompute=False)
+    assert record["flops/reference"] == forward_flops(shape, **both)
+    # the slowest rank's compute seconds, the stage's two devices at 1e6 FLOP/s each
+    assert record["mfu/update"] == pytest.approx(record["flops/update"] / 3.5 / 2e6)
+    assert record["mfu/reference"] == pytest.approx(record["flops/reference"] / 0.5 / 2e6)
+    assert record["mfu/rollout"] == pytest.approx(record["flops/rollout"] / 2.0 / 2e6)
+    assert record["mbu/rollout"] > 0
+    shared = record_of(results, utilisation=UtilisationInputs(**{**vars(inputs), "rates": DeviceRates(1e6, 1e6, True)}))
+    assert shared["mfu/update"] == pytest.approx(2 * record["mfu/update"])  # one CPU: the stage's devices are 1
+    assert not any(key.startswith("mfu/") for key in record_of(results))  # no inputs, no utilisation

@@ -129,12 +129,7 @@ def test_dataflow_is_closed():
     assert set(recipe.consumes) <= set(recipe.produces)
 
 
-def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
-
-    saved = []
-    real_savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, saved):
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
     records = [
         {"iteration": 1, **base},
@@ -148,12 +143,18 @@ def test_progress_plot_shows_entropy_and_tolerates_records_without_it(tmp_path, 
     assert list(entropy.get_xdata()) == [2, 3] and list(entropy.get_ydata()) == [1.5, 1.25]
 
 
-def test_progress_plot_draws_the_held_out_curve_from_iteration_0(tmp_path, monkeypatch):
+@pytest.fixture
+def saved(monkeypatch) -> list:
+    """The figures plot_progress saves, in order (each still written to its file)."""
     from matplotlib.figure import Figure
 
-    saved = []
+    figures: list = []
     real_savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (figures.append(fig), real_savefig(fig, *a, **k))[1])
+    return figures
+
+
+def test_progress_plot_draws_the_held_out_curve_from_iteration_0(tmp_path, saved):
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
     records = [
         {"iteration": 0, "val/reward": 0.1, "val/accuracy": 0.0},  # the initial policy: val/ only
@@ -169,12 +170,7 @@ def test_progress_plot_draws_the_held_out_curve_from_iteration_0(tmp_path, monke
     assert list(lines["held-out accuracy"].get_ydata()) == [0.0, 0.25]
 
 
-def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
-
-    saved = []
-    real_savefig = Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), real_savefig(fig, *a, **k))[1])
+def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, saved):
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
     agent = {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_errors_mean": 0.25}
     records = [
@@ -187,6 +183,23 @@ def test_progress_plot_has_a_tool_use_panel_for_multi_turn_jobs(tmp_path, monkey
     assert lines == {"turns": [2.0, 3.0], "tool calls": [1.0, 1.0], "tool errors": [0.25, 0.25]}
     plot_progress([{"iteration": 1, **base}], tmp_path / "single.png")  # single-turn jobs: three panels
     assert len(saved[1].axes) == 3
+
+
+def test_progress_plot_draws_each_stage_utilisation(tmp_path, saved):
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    records = [
+        {"iteration": 1, **base},  # a record from before the metrics were logged: left out of the panel
+        {"iteration": 2, **base, "mfu/update": 0.4, "mfu/rollout": 0.05, "mbu/rollout": 0.2},
+        {"iteration": 3, **base, "mfu/update": 0.5, "mfu/rollout": 0.06, "mbu/rollout": 0.3},
+    ]
+    plot_progress(records, tmp_path / "progress.png")
+    panel = next(ax for ax in saved[0].axes if ax.get_ylabel() == "fraction of peak")
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in panel.lines}
+    assert lines == {
+        "mbu/rollout": ([2, 3], [0.2, 0.3]),
+        "mfu/rollout": ([2, 3], [0.05, 0.06]),
+        "mfu/update": ([2, 3], [0.4, 0.5]),
+    }
 
 
 @pytest.mark.parametrize("num_iterations", [2, 3, 7, 40])

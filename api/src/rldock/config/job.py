@@ -1060,6 +1060,21 @@ class ResourcesSpec(Spec):
         description="Memory of one device, GiB (64 on an Ascend 910B, 80 on an H100): what `rldock plan` checks "
         "the job against when no --device-memory is given. Unset: the plan prints the bytes without a verdict.",
     )
+    peak_tflops: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Peak dense matmul throughput of one device in the model's dtype, TFLOP/s (the whole CPU on a "
+        "CPU job): the denominator of the `mfu/<stage>` metrics (docs/evaluation.md). Unset: what `rldock bench "
+        "peak` measured on the job's device, read from its cache or measured once (a few seconds) when the job starts.",
+    )
+    memory_bandwidth_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Memory bandwidth of one device, GB/s: the denominator of `mbu/rollout`, the decode's bytes of "
+        "weights and KV cache read per second. Unset: measured by `rldock bench peak` as `peak_tflops` is.",
+    )
 
 
 class CheckpointSpec(Spec):

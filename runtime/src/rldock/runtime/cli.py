@@ -1,6 +1,6 @@
 """The `rldock` command line: validate a job config, plan its memory per device (`rldock plan`), train
-it on a local or existing Ray, prepare a model (`rldock models import-gguf`), or serve an environment
-class over OpenEnv's protocol (`rldock env serve`)."""
+it on a local or existing Ray, prepare a model (`rldock models import-gguf`), serve an environment
+class over OpenEnv's protocol (`rldock env serve`), or measure a device's peak (`rldock bench peak`)."""
 
 from __future__ import annotations
 
@@ -204,6 +204,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     gguf.add_argument("--force", action="store_true", help="re-import even if --output already holds a model")
 
+    bench = sub.add_parser("bench", help="measure this machine (docs/evaluation.md#utilisation)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    peak = bench_sub.add_parser(
+        "peak",
+        help="a device's peak matmul FLOP/s and memory bandwidth, the mfu/ and mbu/ metrics' denominators: "
+        "measured once and cached in ~/.cache/rldock/peak (a job reads the cache), printed as JSON",
+    )
+    peak.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"], help="default auto")
+    peak.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="default float32")
+    peak.add_argument("--remeasure", action="store_true", help="measure again and replace the cached figures")
+
     env = sub.add_parser("env", help="environments as services (docs/agentic.md#environments-as-services)")
     env_sub = env.add_subparsers(dest="env_command", required=True)
     serve = env_sub.add_parser(
@@ -395,6 +406,18 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_peak(args: argparse.Namespace) -> int:
+    """`rldock bench peak`: the device's cached rates (runtime/peak.py), measured first if none."""
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.peak import cache_file, cache_key, device_rates
+
+    device = detect_device(args.device)
+    if args.remeasure:
+        cache_file(cache_key(device, args.dtype)).unlink(missing_ok=True)
+    print(json.dumps(device_rates(device, dtype=args.dtype)))
+    return 0
+
+
 def _env_serve(args: argparse.Namespace) -> int:
     """`rldock env serve`: exit 2 for a class or option that cannot be served, else serve until stopped."""
     from rldock.runtime.agent.loading import AgentConfigError
@@ -430,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         return _models(args)
     if args.command == "env":
         return _env_serve(args)
+    if args.command == "bench":
+        return _bench_peak(args)
     if args.command == "plan":
         return _plan(args)
     # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the

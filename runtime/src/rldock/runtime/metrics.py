@@ -14,6 +14,7 @@ from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: c
 from rldock.runtime.agent.metrics import agent_metrics
 from rldock.runtime.rewards import merge_reward_metrics
 from rldock.runtime.rollout.partial import RESUME_STATE, partial_metrics
+from rldock.runtime.utilisation import UtilisationInputs, stage_utilisation
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"
@@ -54,6 +55,7 @@ def iteration_record(
     partial_rollout: bool,
     round_metrics: dict,
     data_metrics: dict,
+    utilisation: UtilisationInputs | None = None,
 ) -> dict[str, Any]:
     """An iteration's metrics record from what its stages returned (`results`: state -> one result
     per rank call) and a few driver figures; the trainer adds the dock traffic and phase timeline.
@@ -62,7 +64,8 @@ def iteration_record(
     supplied the responses (DPO) or read them back from a resumed iteration's dock (whose dead
     ranks' results are lost); otherwise the rollout ranks' results give them;
     `put_seconds` is the driver's time putting samples, `seconds` the iteration's and `cycle` the
-    time since the previous iteration ended (None for the loop's first).
+    time since the previous iteration ended (None for the loop's first). With `utilisation`, each
+    stage's `flops/`, `mfu/` and the rollout's `mbu/` (utilisation.stage_utilisation).
     """
     rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
     rollouts = results.get("rollout", []) + results.get(RESUME_STATE, [])  # partial rollout's two rounds
@@ -96,6 +99,11 @@ def iteration_record(
         **(partial_metrics(rollouts) if partial_rollout else {}),
         **agent_metrics([r["agent"] for r in rollouts if "agent" in r]),
         **data_metrics,
+        **(
+            stage_utilisation(results, utilisation, prompt_lengths=prompt_lengths, response_lengths=response_lengths)
+            if utilisation is not None
+            else {}
+        ),
         "timing": stage_timing(results, put_seconds=put_seconds, seconds=seconds, cycle=cycle),
     }
 
@@ -125,11 +133,13 @@ def stage_timing(
 # Update results whose values are dicts named per rank (the resharding memory ledger and times):
 # merged over ranks, not averaged.
 PER_RANK_KEYS = ("ledger", "resharding")
+# What a stage's passes computed (engines/policy.PassTally): summed into `flops/<stage>`, not averaged.
+COMPUTED_KEY = "computed"
 
 
 def update_metrics(updates: list[dict]) -> dict:
     """Mean over ranks of every training metric the update stage returned (not its timing)."""
-    skip = {"wait_s", "dispatch_s", "compute_s", "num_samples", *PER_RANK_KEYS}
+    skip = {"wait_s", "dispatch_s", "compute_s", "num_samples", COMPUTED_KEY, *PER_RANK_KEYS}
     return {key: statistics.fmean(u[key] for u in updates) for key in updates[0] if key not in skip}
 
 
@@ -202,8 +212,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
 
 def progress_figure(records: list[dict[str, Any]]):
     """Reward (DPO: preference accuracy) with the held-out evaluation's reward and accuracy, the
-    policy's entropy and throughput per iteration, and a multi-turn job's turns, tool calls and tool
-    errors per episode; the shared iteration axis has whole-number ticks only."""
+    policy's entropy and throughput per iteration, each stage's `mfu/` and the rollout's `mbu/` where
+    the records have them, and a multi-turn job's turns, tool calls and tool errors per episode; the
+    shared iteration axis has whole-number ticks only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,7 +226,9 @@ def progress_figure(records: list[dict[str, Any]]):
     evaluated = [r for r in records if "val/reward" in r]
     iterations = [r["iteration"] for r in trained]
     agentic = [r for r in trained if "agent" in r]  # multi-turn jobs: a panel of their tool use
-    fig, axes = plt.subplots(3 + bool(agentic), 1, figsize=(7, 8 + 2.5 * bool(agentic)), sharex=True)
+    utilisation = sorted({key for r in trained for key in r if key.startswith(("mfu/", "mbu/"))})
+    num_panels = 3 + bool(utilisation) + bool(agentic)
+    fig, axes = plt.subplots(num_panels, 1, figsize=(7, 2.5 * num_panels + 0.5), sharex=True)
     ax_reward, ax_entropy, ax_tps = axes[:3]
     key = headline_key(trained[0]) if trained else "reward_mean"
     ax_reward.plot(iterations, [r[key] for r in trained], marker=".", label="training (sampled)")
@@ -245,8 +258,16 @@ def progress_figure(records: list[dict[str, Any]]):
     ax_tps.plot(iterations, [r["tokens_per_s_per_device"] for r in trained], marker=".", color="tab:orange")
     ax_tps.set_ylabel("tokens/s per device")
     ax_tps.grid(alpha=0.3)
+    if utilisation:  # each stage's share of the device's peak (utilisation.py)
+        ax_utilisation = axes[3]
+        for key in utilisation:
+            with_key = [r for r in trained if key in r]
+            ax_utilisation.plot([r["iteration"] for r in with_key], [r[key] for r in with_key], marker=".", label=key)
+        ax_utilisation.set_ylabel("fraction of peak")
+        ax_utilisation.legend(loc="best", fontsize="small")
+        ax_utilisation.grid(alpha=0.3)
     if agentic:
-        ax_agent = axes[3]
+        ax_agent = axes[-1]
         steps = [r["iteration"] for r in agentic]
         for key, label in (
             ("turns_mean", "turns"),

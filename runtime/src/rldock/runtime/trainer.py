@@ -21,6 +21,7 @@ checkpoints, evaluation, metrics records (metrics.iteration_record) and progress
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -65,12 +66,14 @@ from rldock.runtime.iteration_hold import IterationHold
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
+from rldock.runtime.planning.shapes import shape_from_hf_config
 from rldock.runtime.rewards import RewardScorer, column_lists
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
 from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule, num_banks
 from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, states_layout, worker_groups
 from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
+from rldock.runtime.utilisation import DTYPE_BYTES, UtilisationInputs, job_rates
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 
@@ -244,6 +247,7 @@ class Trainer:
         self._counters: Future | None = None  # the Future of the last counters read, awaited before the next put
         self._last_iteration_end: float | None = None  # perf_counter when the last iteration's stages ended
         self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
+        self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -343,7 +347,28 @@ class Trainer:
             ray.get([a.set_rng_state.remote(rng["actors"][i]) for i, a in enumerate(self.workers.actors)])
             ray.get([c.load.remote(str(self.resume_from.path)) for c in self.workers.critics])
         self.schedule = choose_schedule(cfg, self._driver(), self.banks, actor_rank_states=self._actor_rank_states())
+        if self._utilisation is None:
+            self._utilisation = self._utilisation_inputs()
         return start_iteration
+
+    def _utilisation_inputs(self) -> UtilisationInputs:
+        """The model's shape and the device's rates for the `mfu/` metrics (runtime/utilisation.py):
+        the rates the config sets, else those actor rank 0 measures on its device (`rldock bench peak`'s
+        cache, or a measurement of a few seconds now)."""
+        cfg, resources = self.cfg, self.cfg.resources
+        measure = resources.peak_tflops is None or resources.memory_bandwidth_gbps is None
+        measured = ray.get(self._started().actors[0].device_rates.remote(measure))
+        config = json.loads((self.reference_dir / "config.json").read_text())
+        return UtilisationInputs(
+            shape=shape_from_hf_config(config, name=cfg.model.path),
+            bytes_per_param=DTYPE_BYTES[cfg.model.dtype],
+            rates=job_rates(
+                peak_tflops=resources.peak_tflops, bandwidth_gbps=resources.memory_bandwidth_gbps, measured=measured
+            ),
+            group_size=cfg.algorithm.num_responses_per_prompt,
+            recompute=cfg.training.gradient_checkpointing,
+            generation_tp=cfg.rollout.tensor_parallel_size,
+        )
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None, policy_version: int) -> WorkerGroups:
         """The workers of every worker group the recipe's states run on (their specs,
@@ -536,6 +561,7 @@ class Trainer:
             partial_rollout=cfg.rollout.partial_rollout != "off",
             round_metrics=stages.round_metrics,
             data_metrics=self._data_metrics(iteration),
+            utilisation=self._utilisation,
         )
         # a Future until _write_record: read while the driver starts the next iteration
         record["dock"] = self._read_counters(stages.bank)

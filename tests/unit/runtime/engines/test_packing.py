@@ -223,3 +223,31 @@ def test_an_updates_micro_batches_hold_a_groups_rows_when_passes_pack():
     tokens = (prompt_mask.sum(1) + attention.sum(1)).tolist()
     order = [tokens[r] for run in by_length for r in run.tolist()]
     assert order == sorted(order)
+
+
+def test_the_tally_counts_each_prompt_once_per_packed_pass_and_once_per_row_otherwise():
+    from rldock.runtime.engines.policy import PassTally
+
+    model = _model()
+    prompt_ids, prompt_mask, response_ids, response_mask, attention = _group_batch()
+    prompts, responses = prompt_mask.sum(1), attention.sum(1)  # (B,) real tokens
+    tallies = {}
+    for trim in (True, False):  # packed passes of whole groups (micro-batch 4), or padded rows
+        tallies[trim] = PassTally()
+        with torch.no_grad():
+            response_logprobs_and_entropy(
+                model,
+                prompt_ids,
+                prompt_mask,
+                response_ids,
+                response_mask,
+                micro_batch_size=4,
+                trim=trim,
+                attention_mask=attention,
+                tally=tallies[trim],
+            )
+    distinct_prompts = sum(int(prompts[g]) for g in range(3))  # rows 0, 1, 2 hold the three prompts
+    assert tallies[True].tokens == distinct_prompts + int(responses.sum())
+    assert tallies[False].tokens == int((prompts + responses).sum())  # padding left out
+    assert tallies[True].head_positions == tallies[False].head_positions == int(response_mask.sum())
+    assert tallies[True].pairs < tallies[False].pairs

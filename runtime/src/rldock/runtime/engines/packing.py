@@ -35,6 +35,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from rldock.runtime.utilisation import layer_flops
+
 # Attention implementations that take a ready 4D mask as is (transformers' masking_utils returns a
 # 4D mask untouched), and the mask each one reads.
 _MASK_KINDS = {"sdpa": "boolean", "eager": "additive"}
@@ -70,10 +72,7 @@ def _layer_flops(config: Any) -> tuple[float, float] | None:
         return None
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
-    per_token = 2.0 * (projections + 3 * hidden * mlp)  # a gated MLP: gate, up, down
-    per_pair = 4.0 * heads * head_dim  # q.k and the weighted sum of v
-    return per_token, per_pair
+    return layer_flops(hidden, heads, kv_heads, head_dim, mlp)
 
 
 def packing_pays(
@@ -109,6 +108,23 @@ def packed_length(prompt_ids: Tensor, prompt_mask: Tensor, attention: Tensor) ->
     first_rows = {group: row for row, group in reversed(list(enumerate(groups)))}
     prompt_lengths = prompt_mask.sum(dim=1)
     return sum(int(prompt_lengths[row]) for row in first_rows.values()) + int(attention.sum())
+
+
+def pass_work(prompt_ids: Tensor, prompt_mask: Tensor, attention: Tensor, *, packed: bool) -> tuple[int, int]:
+    """Tokens one pass over these rows (B, PL) / (B, SL) computes and the (query, key) pairs they
+    attend, padding left out (utilisation.py counts FLOPs from them): packed, each distinct prompt
+    once (P (P + 1) / 2 pairs) and each response of r tokens after it (r P + r (r + 1) / 2); in rows,
+    each row's n = P + r tokens (n (n + 1) / 2 pairs)."""
+    prompt_lengths = prompt_mask.sum(dim=1).tolist()
+    response_lengths = attention.sum(dim=1).tolist()
+    if not packed:
+        rows = [p + r for p, r in zip(prompt_lengths, response_lengths)]
+        return sum(rows), sum(n * (n + 1) // 2 for n in rows)
+    groups = prompt_groups(prompt_ids, prompt_mask).tolist()
+    prompts = {group: prompt_lengths[row] for row, group in enumerate(groups)}
+    pairs = sum(p * (p + 1) // 2 for p in prompts.values())
+    pairs += sum(r * p + r * (r + 1) // 2 for p, r in zip(prompt_lengths, response_lengths))
+    return packed_length(prompt_ids, prompt_mask, attention), pairs
 
 
 def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:

@@ -38,7 +38,22 @@ from rldock.runtime.engines.packing import (
     packed_runs,
     packing_pays,
     packs_sequences,
+    pass_work,
 )
+
+
+@dataclass
+class PassTally:
+    """What a stage's policy passes computed, summed over its passes (`packing.pass_work`): tokens
+    through the decoder layers, attended (query, key) pairs per layer, positions the LM head ran on.
+    A worker returns `as_dict()` with its stage's result as `computed` (utilisation.py reads it)."""
+
+    tokens: int = 0
+    pairs: int = 0
+    head_positions: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"tokens": self.tokens, "pairs": self.pairs, "head_positions": self.head_positions}
 
 
 @dataclass(frozen=True)
@@ -299,9 +314,11 @@ def _score_passes(
     temperature: float,
     trim: bool,
     with_entropy: bool,
+    tally: PassTally | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprobs (B, SL) and, `with_entropy`, entropy (B, SL) of the response tokens where
-    `response_mask` is 1 (0 elsewhere): the head runs on those positions only."""
+    `response_mask` is 1 (0 elsewhere): the head runs on those positions only. `tally` adds up
+    what the passes computed."""
     attention = response_mask if attention_mask is None else attention_mask
     packing = packing_prompts(
         model,
@@ -327,6 +344,11 @@ def _score_passes(
     ):
         end = plan.response_end
         scored = response_mask[plan.rows, :end].bool()  # (b, end)
+        if tally is not None:
+            rows = plan.rows
+            tokens, pairs = pass_work(prompt_ids[rows], prompt_mask[rows], attention[rows], packed=packing is not None)
+            tally.tokens, tally.pairs = tally.tokens + tokens, tally.pairs + pairs
+            tally.head_positions += int(scored.sum())
         logprobs, entropy = head_logprobs(
             hidden[scored],  # (n, H)
             head.weight,
@@ -358,6 +380,7 @@ def response_logprobs(
     temperature: float = 1.0,
     trim: bool = False,
     attention_mask: Tensor | None = None,
+    tally: PassTally | None = None,
 ) -> Tensor:
     """Log-probability (B, SL) of each response token under `model`; 0 where the mask is 0.
     `attention_mask` (B, SL): the response tokens attended to, when more than the scored ones
@@ -379,6 +402,7 @@ def response_logprobs(
         temperature=temperature,
         trim=trim,
         with_entropy=False,
+        tally=tally,
     )
     return logprobs
 
@@ -395,6 +419,7 @@ def response_logprobs_and_entropy(
     temperature: float = 1.0,
     trim: bool = False,
     attention_mask: Tensor | None = None,
+    tally: PassTally | None = None,
 ) -> ResponseScores:
     """`response_logprobs` plus the policy's entropy (B, SL) at each scored response position, from
     the same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
@@ -411,6 +436,7 @@ def response_logprobs_and_entropy(
         temperature=temperature,
         trim=trim,
         with_entropy=True,
+        tally=tally,
     )
     assert entropy is not None
     return ResponseScores(logprobs=logprobs, entropy=entropy)

@@ -14,6 +14,7 @@ from torch import nn
 
 from rldock.config.job import TrainingSpec
 from rldock.runtime.engines.policy import (
+    PassTally,
     ResponseScores,
     micro_batch_rows,
     packing_prompts,
@@ -23,10 +24,13 @@ from rldock.runtime.engines.policy import (
 )
 
 
-def batch_logprobs(model: nn.Module, batch: TensorDict, training: TrainingSpec) -> torch.Tensor:
+def batch_logprobs(
+    model: nn.Module, batch: TensorDict, training: TrainingSpec, *, tally: PassTally | None = None
+) -> torch.Tensor:
     """Each response token's logprob (B, SL) under `model` (the bare model, no DDP hooks), in passes of
     training.micro_batch_size rows within training.micro_batch_tokens, trimmed by training.trim_padding.
-    The caller decides on gradients (inference stages run it under torch.no_grad)."""
+    The caller decides on gradients (inference stages run it under torch.no_grad); `tally` adds up
+    what the passes computed."""
     return response_logprobs(
         model,
         batch["prompt_ids"],
@@ -37,13 +41,16 @@ def batch_logprobs(model: nn.Module, batch: TensorDict, training: TrainingSpec) 
         max_tokens=training.micro_batch_tokens,
         trim=training.trim_padding,
         attention_mask=response_attention(batch),
+        tally=tally,
     )  # (B, SL)
 
 
-def micro_batch_scores(module: nn.Module, micro: TensorDict, training: TrainingSpec) -> ResponseScores:
+def micro_batch_scores(
+    module: nn.Module, micro: TensorDict, training: TrainingSpec, *, tally: PassTally | None = None
+) -> ResponseScores:
     """Logprobs (with gradients) and the policy's entropy of a micro-batch's response tokens, (b, SL)
     each, in one forward pass of `module` (what the training backend trains: a DDP wrapper, or the
-    model sharded in place)."""
+    model sharded in place); `tally` adds up what the pass computed."""
     return response_logprobs_and_entropy(
         module,
         micro["prompt_ids"],
@@ -53,6 +60,7 @@ def micro_batch_scores(module: nn.Module, micro: TensorDict, training: TrainingS
         micro_batch_size=len(micro),
         trim=training.trim_padding,
         attention_mask=response_attention(micro),
+        tally=tally,
     )
 
 

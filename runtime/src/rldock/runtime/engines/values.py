@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from rldock.runtime.engines.policy import micro_batch_inputs, plan_micro_batches, scatter_rows
+from rldock.runtime.engines.packing import pass_work
+from rldock.runtime.engines.policy import PassTally, micro_batch_inputs, plan_micro_batches, scatter_rows
 
 
 def response_values(
@@ -18,18 +19,24 @@ def response_values(
     *,
     micro_batch_size: int,
     trim: bool = False,
+    tally: PassTally | None = None,
 ) -> Tensor:
     """V(state before response token t) for every t: (B, SL) float32, 0 where the mask is 0.
 
     The state before token t ends at input position PL + t - 1, the same position whose logits
     score token t in `response_logprobs`, so values and logprobs line up token for token. With
-    `trim` each pass runs on its own longest sequence (engines.policy.plan_micro_batches).
+    `trim` each pass runs on its own longest sequence (engines.policy.plan_micro_batches). `tally`
+    adds up what the passes computed (the value head's one output per position left out).
     """
     plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
     chunks = []
     for plan in plans:
         inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
         values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
+        if tally is not None:
+            rows = plan.rows
+            tokens, pairs = pass_work(prompt_ids[rows], prompt_mask[rows], response_mask[rows], packed=False)
+            tally.tokens, tally.pairs = tally.tokens + tokens, tally.pairs + pairs
         values = values[:, scored]  # (b, response_end)
         chunks.append(values * response_mask[plan.rows, : plan.response_end].to(values.dtype))
     return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)

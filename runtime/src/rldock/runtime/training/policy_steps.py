@@ -13,17 +13,25 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.algorithms.policy_objective import PolicyObjective
+from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
 
 
 def policy_step(
-    backend: TrainingBackend, mini_batch: TensorDict, objective: PolicyObjective, *, cfg: JobConfig, world_size: int
+    backend: TrainingBackend,
+    mini_batch: TensorDict,
+    objective: PolicyObjective,
+    *,
+    cfg: JobConfig,
+    world_size: int,
+    tally: PassTally | None = None,
 ) -> dict[str, float]:
     """One optimizer step over a mini-batch (on the model's device), accumulating micro-batches
     (training.micro_batch_size rows, within training.micro_batch_tokens when set); the loss aggregated
-    over the whole mini-batch of every rank by algorithm.loss_aggregation (the token mean by default)."""
+    over the whole mini-batch of every rank by algorithm.loss_aggregation (the token mean by default).
+    `tally` adds up what the forward passes computed."""
     training = cfg.training
     rank_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
     global_units = objective.units(mini_batch)
@@ -32,7 +40,7 @@ def policy_step(
     units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / world_size
 
     def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-        scores = micro_batch_scores(backend.training_module(), micro, training)
+        scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally)
         return objective(scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens)
 
     rows = update_micro_batches(backend.training_module(), mini_batch, training)
@@ -40,10 +48,13 @@ def policy_step(
     return accumulate(backend, micro_batches, micro_loss, max_grad_norm=cfg.algorithm.max_grad_norm)
 
 
-def preference_step(backend: TrainingBackend, mini_batch: TensorDict, *, cfg: JobConfig) -> dict[str, float]:
+def preference_step(
+    backend: TrainingBackend, mini_batch: TensorDict, *, cfg: JobConfig, tally: PassTally | None = None
+) -> dict[str, float]:
     """One optimizer step on the DPO loss over a mini-batch of whole pairs (on the model's device),
     accumulating micro-batches of whole pairs (an even micro_batch_size, problems.py). The loss is a
-    mean over pairs; every rank holds as many pairs, so DDP's mean over ranks is the global pair mean."""
+    mean over pairs; every rank holds as many pairs, so DDP's mean over ranks is the global pair mean.
+    `tally` adds up what the forward passes computed."""
     algo = cfg.algorithm
     objective = PreferenceObjective(
         beta=algo.dpo.beta,
@@ -53,7 +64,7 @@ def preference_step(backend: TrainingBackend, mini_batch: TensorDict, *, cfg: Jo
     )
 
     def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-        scores = micro_batch_scores(backend.training_module(), micro, cfg.training)
+        scores = micro_batch_scores(backend.training_module(), micro, cfg.training, tally=tally)
         return objective(scores.logprobs, scores.entropy, micro, share=len(micro) / len(mini_batch))
 
     micro_batches = mini_batch.split(cfg.training.micro_batch_size)

@@ -33,6 +33,7 @@ from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageTiming, run_stage
 from rldock.runtime.engines.distributed import Rendezvous
+from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.engines.rank_engine import RankEngine
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
@@ -40,6 +41,7 @@ from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import adapters_off, add_lora
+from rldock.runtime.peak import device_rates
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
 from rldock.runtime.rollout.modes import build_rollout
 from rldock.runtime.threads import apply_thread_budget
@@ -133,6 +135,14 @@ class ActorWorker(TakesTurns):
     def load_optimizer(self, path: str) -> None:
         self.backend.load_optimizer(Path(path), map_location=self.device.torch_device)
 
+    def device_rates(self, measure: bool = True) -> dict:
+        """This rank's `device_kind` and, with `measure`, its device's peak FLOP/s and memory bandwidth
+        in the model's dtype as `rldock bench peak` measures them (runtime/peak.py: its cache, else
+        measured now): the `mfu/` metrics' denominators."""
+        if not measure:
+            return {"device_kind": self.device.kind}
+        return device_rates(self.device, dtype=self.cfg.model.dtype)
+
     def get_rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
 
@@ -180,34 +190,39 @@ class ActorWorker(TakesTurns):
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
         model = self.model
         assert isinstance(model, PeftModel), "the actors run the reference state only under training.lora"
+        tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             with torch.no_grad(), adapters_off(model):
-                logprobs = batch_logprobs(model, batch.to(self.device.torch_device), self.cfg.training)
+                logprobs = batch_logprobs(model, batch.to(self.device.torch_device), self.cfg.training, tally=tally)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(
+        timing = run_stage(
             self.banks.bank(iteration),
             "reference",
             self.recipe.consumes["reference"],
             infer,
             rank=self.rank,
             batch_size=self.cfg.training.micro_batch_size,
-        ).as_dict()
+        )
+        return {**timing.as_dict(), "computed": tally.as_dict()}
 
     @in_turn("actor_inference")
     def compute_old_logprobs(self, iteration: int) -> dict:
+        tally = PassTally()
+
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
-            with torch.no_grad():
-                logprobs = batch_logprobs(self.model, batch, self.cfg.training)  # the bare model, no DDP hooks
+            with torch.no_grad():  # the bare model, no DDP hooks
+                logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally)
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
             logprobs = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return self.backend.run_inference_stage(
+        timing = self.backend.run_inference_stage(
             self.banks.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer
-        ).as_dict()
+        )
+        return {**timing.as_dict(), "computed": tally.as_dict()}
 
     @in_turn("update")
     def update(self, iteration: int) -> dict:
@@ -215,29 +230,41 @@ class ActorWorker(TakesTurns):
         the optimizer, export the weights to the engine. The backend's metrics (ledger and
         resharding rows) go with the losses."""
         staleness: list[torch.Tensor] = []
+        tally = PassTally()
 
         def track(batch: TensorDict) -> None:
             # How many updates behind the policy now training each sample's generating policy is.
             staleness.append(self.policy_version - batch["policy_version"])  # (B,)
 
         timing, summary = self._train_share(
-            iteration, "update", self.recipe.consumes["update"], self._optimizer_step, track=track
+            iteration,
+            "update",
+            self.recipe.consumes["update"],
+            lambda mini_batch: self._optimizer_step(mini_batch, tally),
+            track=track,
         )
         self.policy_version += 1
         exported = self.backend.export_weights(self.generation.push, self.generation.weights)
-        return {**timing.as_dict(), **summary, **exported, **staleness_metrics(staleness)}
+        return {
+            **timing.as_dict(),
+            **summary,
+            **exported,
+            **staleness_metrics(staleness),
+            "computed": tally.as_dict(),
+        }
 
     @in_turn("preference_update")
     def preference_update(self, iteration: int) -> dict:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
+        tally = PassTally()
         timing, summary = self._train_share(
             iteration,
             "preference_update",
             self.banks.states["preference_update"],
-            self._preference_step,
+            lambda mini_batch: self._preference_step(mini_batch, tally),
             whole_groups=True,
         )
-        return {**timing.as_dict(), **summary}
+        return {**timing.as_dict(), **summary, "computed": tally.as_dict()}
 
     def _train_share(
         self, iteration: int, state: str, columns: tuple[str, ...], step: Callable[[TensorDict], dict], **share: Any
@@ -256,15 +283,15 @@ class ActorWorker(TakesTurns):
             **share,
         )
 
-    def _optimizer_step(self, mini_batch: TensorDict) -> dict[str, float]:
+    def _optimizer_step(self, mini_batch: TensorDict, tally: PassTally | None = None) -> dict[str, float]:
         """One policy-gradient step on a mini-batch (training/policy_steps.py)."""
         assert self.objective is not None, f"recipe {self.recipe.name!r} has no policy loss"
         batch = mini_batch.to(self.device.torch_device)
-        return policy_step(self.backend, batch, self.objective, cfg=self.cfg, world_size=self.world_size)
+        return policy_step(self.backend, batch, self.objective, cfg=self.cfg, world_size=self.world_size, tally=tally)
 
-    def _preference_step(self, mini_batch: TensorDict) -> dict[str, float]:
+    def _preference_step(self, mini_batch: TensorDict, tally: PassTally | None = None) -> dict[str, float]:
         """One DPO step on a mini-batch of whole pairs (training/policy_steps.py)."""
-        return preference_step(self.backend, mini_batch.to(self.device.torch_device), cfg=self.cfg)
+        return preference_step(self.backend, mini_batch.to(self.device.torch_device), cfg=self.cfg, tally=tally)
 
     # --- checkpoint ---------------------------------------------------------------------------
 

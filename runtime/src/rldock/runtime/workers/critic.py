@@ -31,7 +31,7 @@ from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.distributed import Rendezvous
-from rldock.runtime.engines.policy import sort_by_tokens
+from rldock.runtime.engines.policy import PassTally, sort_by_tokens
 from rldock.runtime.engines.values import response_values
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model
@@ -93,6 +93,8 @@ class CriticWorker(TakesTurns):
 
     @in_turn("critic_inference")
     def compute_values(self, iteration: int) -> dict:
+        tally = PassTally()
+
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)
             with torch.no_grad():
@@ -104,33 +106,42 @@ class CriticWorker(TakesTurns):
                     batch["response_mask"],
                     micro_batch_size=self.cfg.training.micro_batch_size,
                     trim=self.cfg.training.trim_padding,
+                    tally=tally,
                 )  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
         timing = self.backend.run_inference_stage(
             self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"], infer
         )
-        return {**timing.as_dict(), "rank": self.rank}
+        return {**timing.as_dict(), "rank": self.rank, "computed": tally.as_dict()}
 
     @in_turn("critic_update")
     def update(self, iteration: int) -> dict:
         """This rank's share of the iteration's samples (token-balanced across the critic ranks), in
         `num_updates_per_iteration` optimizer steps."""
+        tally = PassTally()
         timing, summary = train_share(
             self.backend,
             self.banks.bank(iteration),
             "critic_update",
             self.banks.states["critic_update"],
-            self._optimizer_step,
+            lambda mini_batch: self._optimizer_step(mini_batch, tally),
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
             after_inference=True,  # critic_inference ran first (Ray keeps the calls' order)
         )
-        return {**timing.as_dict(), **summary, "rank": self.rank, "weights_sum": weights_sum(self.model)}
+        return {
+            **timing.as_dict(),
+            **summary,
+            "rank": self.rank,
+            "weights_sum": weights_sum(self.model),
+            "computed": tally.as_dict(),
+        }
 
-    def _optimizer_step(self, mini_batch: TensorDict) -> dict[str, float]:
+    def _optimizer_step(self, mini_batch: TensorDict, tally: PassTally | None = None) -> dict[str, float]:
         """One step on a mini-batch, micro-batches weighted by their tokens: a token mean over the
         mini-batch of every rank. The layouts average gradients over ranks, so each rank scales by
-        world_size / global tokens; the step is then the same however the dock split the samples."""
+        world_size / global tokens; the step is then the same however the dock split the samples.
+        `tally` adds up what the forward passes computed."""
         algo = self.cfg.algorithm
         mini_batch = mini_batch.to(self.device.torch_device)
         local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
@@ -151,6 +162,7 @@ class CriticWorker(TakesTurns):
                 micro["response_mask"],
                 micro_batch_size=len(micro),
                 trim=self.cfg.training.trim_padding,
+                tally=tally,
             )  # (b, SL)
             loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
             w = float(mask.sum() / local_tokens)  # this rank's metrics: its own token mean

@@ -10,6 +10,7 @@ from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.threads import apply_thread_budget
@@ -28,12 +29,15 @@ class ReferenceWorker(TakesTurns):
     @in_turn("reference")
     def compute_ref_logprobs(self, iteration: int) -> dict:
         micro_batch_size = self.cfg.training.micro_batch_size
+        tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             with torch.no_grad():
-                logprobs = batch_logprobs(self.model, batch.to(self.device.torch_device), self.cfg.training)
+                batch = batch.to(self.device.torch_device)
+                logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        return run_stage(
+        timing = run_stage(
             self.banks.bank(iteration), "reference", self.consumes, infer, rank=self.rank, batch_size=micro_batch_size
-        ).as_dict()
+        )
+        return {**timing.as_dict(), "computed": tally.as_dict()}

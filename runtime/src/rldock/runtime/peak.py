@@ -1,0 +1,156 @@
+"""A device's peak matmul FLOP/s and memory bandwidth, measured once per machine and cached: the
+denominators of the `mfu/<stage>` and `mbu/rollout` metrics (utilisation.py) when the config sets
+none (resources.peak_tflops, resources.memory_bandwidth_gbps), and what `rldock bench peak` prints.
+
+The peak is the best of timed square matmuls in the dtype (what a dense model's FLOPs run as), the
+bandwidth the best of timed copies of a 256 MiB tensor (a read and a write per byte). On a CPU both
+use every core, whatever thread budget the calling process runs under, since the `mfu/` metrics of
+a CPU job compare each stage with the whole CPU. The cache, one JSON file per (machine, device,
+dtype, torch version, CPU threads) under ~/.cache/rldock/peak, keeps a job from measuring again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from rldock.runtime.device import DeviceInfo
+from rldock.runtime.models.loading import DTYPES
+
+logger = logging.getLogger(__name__)
+
+CACHE_DIR = Path("~/.cache/rldock/peak")
+MATMUL_SIZE = 2048  # 17 GFLOP a matmul: long enough to time on a CPU, short on an accelerator
+COPY_BYTES = 256 << 20
+MEASURE_SECONDS = 1.0  # per rate, after one warm-up
+
+
+def _processor() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _device_name(device: DeviceInfo) -> str:
+    if device.kind == "cpu":
+        return _processor()
+    module = getattr(torch, device.kind)
+    return str(module.get_device_name(torch.device(device.torch_device)))
+
+
+def cache_key(device: DeviceInfo, dtype: str) -> dict[str, str | int]:
+    """What a measurement holds for: the machine, the device's name, the dtype, torch's version and
+    (CPU) the cores it used."""
+    return {
+        "machine": platform.node(),
+        "device": _device_name(device),
+        "device_kind": device.kind,
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "threads": (os.cpu_count() or 1) if device.kind == "cpu" else 0,
+    }
+
+
+def cache_file(key: dict[str, str | int], cache_dir: Path | None = None) -> Path:
+    """The cache's file for `key` under `cache_dir` (default CACHE_DIR)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return (cache_dir or CACHE_DIR).expanduser() / f"{key['device_kind']}-{key['dtype']}-{digest}.json"
+
+
+@contextlib.contextmanager
+def _all_cores(device: DeviceInfo) -> Iterator[None]:
+    """Every core for the measurement on a CPU, the process's own thread count restored after."""
+    threads = torch.get_num_threads()
+    if device.kind == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _best_seconds(run: Callable[[], object], sync: Callable[[], None], budget_s: float) -> float:
+    """The shortest time of `run` over repeats within `budget_s` (at least 3), after a warm-up."""
+    run()
+    sync()
+    best, spent, repeats = float("inf"), 0.0, 0
+    while repeats < 3 or spent < budget_s:
+        start = time.perf_counter()
+        run()
+        sync()
+        took = time.perf_counter() - start
+        best, spent, repeats = min(best, took), spent + took, repeats + 1
+    return best
+
+
+def _matmul_seconds(
+    on: torch.device, dtype: torch.dtype, size: int, sync: Callable[[], None], budget_s: float
+) -> float:
+    a = torch.randn(size, size, device=on).to(dtype)  # (size, size)
+    b = torch.randn(size, size, device=on).to(dtype)
+    out = torch.empty_like(a)
+    return _best_seconds(lambda: torch.mm(a, b, out=out), sync, budget_s)
+
+
+def _copy_seconds(on: torch.device, num_bytes: int, sync: Callable[[], None], budget_s: float) -> float:
+    source = torch.empty(num_bytes, dtype=torch.uint8, device=on).fill_(1)
+    target = torch.empty_like(source)
+    return _best_seconds(lambda: target.copy_(source), sync, budget_s)
+
+
+def measure_rates(
+    device: DeviceInfo,
+    dtype: str,
+    *,
+    seconds: float = MEASURE_SECONDS,
+    size: int = MATMUL_SIZE,
+    copy_bytes: int = COPY_BYTES,
+) -> dict[str, float]:
+    """`peak_flops` (FLOP/s of a `size` square matmul in `dtype`) and `bandwidth` (bytes/s of
+    copying `copy_bytes`) on `device`, each the best over about `seconds`."""
+    on = torch.device(device.torch_device)
+    sync = (lambda: None) if device.kind == "cpu" else torch.accelerator.synchronize
+    with _all_cores(device), torch.no_grad():
+        matmul_s = _matmul_seconds(on, DTYPES[dtype], size, sync, seconds)
+        copy_s = _copy_seconds(on, copy_bytes, sync, seconds)
+    return {"peak_flops": 2.0 * size**3 / matmul_s, "bandwidth": 2.0 * copy_bytes / copy_s}
+
+
+def device_rates(
+    device: DeviceInfo,
+    *,
+    dtype: str,
+    cache_dir: Path | None = None,
+    measure: Callable[[DeviceInfo, str], dict[str, float]] | None = None,
+) -> dict:
+    """The cached measurement of `device` in `dtype` (its `cache_key` fields, `peak_flops`,
+    `bandwidth`, `measured_at`, `cached`), measured (default `measure_rates`) and written to the
+    cache (default CACHE_DIR) when there is none."""
+    key = cache_key(device, dtype)
+    path = cache_file(key, cache_dir)
+    if path.is_file():
+        return {**json.loads(path.read_text()), "cached": True}
+    logger.info("measuring the peak matmul FLOP/s and memory bandwidth of %s (%s)", key["device"], dtype)
+    rates = (measure or measure_rates)(device, dtype)
+    record = {**key, **rates, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as error:  # a read-only home (a pod's): the job goes on with this measurement
+        logger.warning("could not cache the measurement in %s (%s); the next job measures again", path, error)
+    return {**record, "cached": False}

@@ -1,0 +1,208 @@
+"""How close each stage of an iteration runs to the hardware: model FLOPs per stage from the model's
+shape and the tokens the stage computed, over its compute seconds, against a device's peak
+(`mfu/<stage>`), and the rollout's decode bytes against the memory bandwidth (`mbu/rollout`).
+
+Pure functions of numbers: the driver records them per iteration (metrics.iteration_record), from
+the stages' results and the device's rates (`rldock bench peak`, runtime/peak.py, or the config's
+resources.peak_tflops / memory_bandwidth_gbps).
+
+The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or softmax terms):
+- a forward pass costs 2 FLOPs per weight of the decoder layers per token computed, 4 x heads x
+  head_dim per layer per attended (query, key) pair (q.k and the weighted sum of v), and 2 x hidden
+  x vocab per position the LM head runs on (the policy's passes run it on scored tokens only);
+- the rollout: vLLM's prefill computes each prompt group's prompt once (its prefix cache shares it
+  among the group's N responses) and the LM head once per response; each decode step feeds one
+  sampled token (R - 1 steps for an R-token response) and runs the head on it. A multi-turn
+  rollout's later prefills (each turn's tool output) and partial rollout's second round are
+  counted as decode steps, a lower bound;
+- an update: 3x the forward (forward, then gradients of inputs and of weights), the LM head 4x
+  (its chunked backward recomputes the logits, engines/head_logprobs.py) and the decoder layers 4x
+  under training.gradient_checkpointing (the backward recomputes their forward). Frozen weights
+  (freeze_embeddings, LoRA) are counted as trained, as MFU conventionally does;
+- an inference stage (old logprobs, the reference, the critic's values): 1x the forward;
+- the critic's passes run the decoder layers and a value head of one output per position, which
+  the count leaves out (no LM head), its update 3x the forward.
+The update's and the inference stages' token counts are what their passes computed, packed
+(each prompt once per pass) or in rows (each row's prompt), padding left out: the workers count
+them (engines/policy.PassTally).
+
+The denominator is the stage's compute seconds (`timing/compute/<stage>`, the slowest rank's time
+in the model, without the dock's) times the devices it ran on times one device's peak. On a CPU
+every rank shares the one CPU, so a stage's devices are 1 and the peak is the whole CPU's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rldock.runtime.planning.shapes import ModelShape
+
+UPDATE_STATES = ("update", "preference_update", "critic_update")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_bytes_per_key(shape: ModelShape, *, bytes_per_param: int) -> int:
+    """Bytes of KV cache one attended key position holds over all layers (k and v)."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * bytes_per_param
+
+
+def layer_flops(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> tuple[float, float]:
+    """One decoder layer's forward FLOPs per token (its linear layers) and per attended (query, key)
+    pair (scores and the weighted sum of values)."""
+    projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
+    per_token = 2.0 * (projections + 3 * hidden * intermediate)  # a gated MLP: gate, up, down
+    per_pair = 4.0 * heads * head_dim  # q.k and the weighted sum of v
+    return per_token, per_pair
+
+
+def forward_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float) -> float:
+    """FLOPs of forward passes that computed `tokens` tokens through the decoder layers, attended
+    `pairs` (query, key) pairs in each layer and ran the LM head on `head_positions` positions:
+    2 x layer weights per token and 4 x heads x head_dim per pair, per layer, plus 2 x hidden x vocab
+    per head position.
+
+    >>> shape = ModelShape("toy", vocab_size=10, hidden_size=4, num_layers=2, num_heads=2, num_kv_heads=1,
+    ...                    head_dim=2, intermediate_size=8, tie_word_embeddings=True)
+    >>> forward_flops(shape, tokens=3, pairs=6, head_positions=1)  # 2*(2*(48+96)*3 + 16*6) + 80
+    2000.0
+    """
+    per_token, per_pair = layer_flops(
+        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
+    )
+    head = 2.0 * shape.hidden_size * shape.vocab_size
+    return shape.num_layers * (per_token * tokens + per_pair * pairs) + head * head_positions
+
+
+@dataclass(frozen=True)
+class RolloutWork:
+    """What a rollout computed: prefill and decode token counts and attended pairs, head positions."""
+
+    prefill_tokens: float
+    prefill_pairs: float
+    decode_tokens: float
+    decode_pairs: float
+    head_positions: float
+
+
+def rollout_work(prompt_lengths: Sequence[int], response_lengths: Sequence[int], *, group_size: int) -> RolloutWork:
+    """The rollout's counts (module docstring) from each group's prompt length and every response's
+    length; a response's prompt is taken at the mean prompt length (the results do not pair them)."""
+    prompt = sum(prompt_lengths) / len(prompt_lengths)
+    steps = [max(r - 1, 0) for r in response_lengths]  # the last sampled token is never fed back
+    return RolloutWork(
+        prefill_tokens=float(sum(prompt_lengths)),
+        prefill_pairs=sum(p * (p + 1) / 2 for p in prompt_lengths),
+        decode_tokens=float(sum(steps)),
+        # step j (0-based) feeds response token j at position P + j: it attends P + j + 1 keys
+        decode_pairs=sum(s * prompt + s * (s + 1) / 2 for s in steps),
+        head_positions=float(len(prompt_lengths) * group_size + sum(steps)),
+    )
+
+
+def rollout_flops(shape: ModelShape, work: RolloutWork) -> float:
+    """Prefill plus decode: 2 x params x tokens plus the attention term (`forward_flops`)."""
+    return forward_flops(
+        shape,
+        tokens=work.prefill_tokens + work.decode_tokens,
+        pairs=work.prefill_pairs + work.decode_pairs,
+        head_positions=work.head_positions,
+    )
+
+
+def decode_bytes(shape: ModelShape, work: RolloutWork, *, decode_steps: int, bytes_per_param: int) -> float:
+    """Bytes the decode reads: every weight once per engine step (`decode_steps`, the batch's
+    longest response - 1 when an engine decodes its responses together) and each attended key's K
+    and V once per decode token."""
+    weights = decode_steps * shape.num_params * bytes_per_param
+    return weights + work.decode_pairs * kv_bytes_per_key(shape, bytes_per_param=bytes_per_param)
+
+
+def update_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float, recompute: bool) -> float:
+    """An update's FLOPs (module docstring): 3x the forward, the LM head once more (its backward
+    recomputes the logits) and, with `recompute` (gradient checkpointing), the layers' forward again."""
+    layers = forward_flops(shape, tokens=tokens, pairs=pairs, head_positions=0)
+    head = forward_flops(shape, tokens=0, pairs=0, head_positions=head_positions)
+    return (3 + recompute) * layers + 4 * head
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """One device's peak FLOP/s in the model's dtype and its memory bandwidth (bytes/s); `shared`:
+    every rank runs on the same device (a CPU), so a stage's devices are 1."""
+
+    peak_flops: float
+    bandwidth: float
+    shared: bool
+
+
+def job_rates(*, peak_tflops: float | None, bandwidth_gbps: float | None, measured: Mapping[str, Any]) -> DeviceRates:
+    """The job's device rates: resources.peak_tflops and memory_bandwidth_gbps where set, else the
+    `measured` ones (runtime/peak.py's record; its `device_kind` says whether the device is a CPU)."""
+    return DeviceRates(
+        peak_flops=peak_tflops * 1e12 if peak_tflops is not None else measured["peak_flops"],
+        bandwidth=bandwidth_gbps * 1e9 if bandwidth_gbps is not None else measured["bandwidth"],
+        shared=measured["device_kind"] == "cpu",
+    )
+
+
+@dataclass(frozen=True)
+class UtilisationInputs:
+    """What the driver knows for a run's `mfu/<stage>` besides the iteration's results."""
+
+    shape: ModelShape
+    bytes_per_param: int  # of the weights and the KV cache the decode reads
+    rates: DeviceRates
+    group_size: int
+    recompute: bool  # training.gradient_checkpointing
+    generation_tp: int  # devices per rollout engine
+
+
+def stage_utilisation(
+    results: Mapping[str, Sequence[Mapping[str, Any]]],
+    inputs: UtilisationInputs,
+    *,
+    prompt_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+) -> dict[str, float]:
+    """`flops/<stage>` (the stage's model FLOPs over all its ranks), `mfu/<stage>` and the rollout's
+    `mbu/rollout` of one iteration, from each state's rank results (their `compute_s`, the passes'
+    `computed` counts and the rollout's `response_lengths`)."""
+    shape, rates = inputs.shape, inputs.rates
+    flops: dict[str, float] = {}
+    devices: dict[str, int] = {}
+    metrics: dict[str, float] = {}
+    rollouts = results.get("rollout", [])
+    if rollouts and response_lengths:
+        work = rollout_work(prompt_lengths, response_lengths, group_size=inputs.group_size)
+        flops["rollout"] = rollout_flops(shape, work)
+        devices["rollout"] = len(rollouts) * inputs.generation_tp
+        steps = sum(max(max(r["response_lengths"], default=0) - 1, 0) for r in rollouts)
+        seconds = max(r["compute_s"] for r in rollouts)
+        used = 1 if rates.shared else devices["rollout"]
+        if seconds > 0:
+            metrics["mbu/rollout"] = (
+                decode_bytes(shape, work, decode_steps=steps, bytes_per_param=inputs.bytes_per_param)
+                / seconds
+                / (rates.bandwidth * used)
+            )
+    for state, ranks in results.items():
+        counted = [r["computed"] for r in ranks if "computed" in r]
+        if not counted:
+            continue
+        tokens, pairs, heads = (sum(c[key] for c in counted) for key in ("tokens", "pairs", "head_positions"))
+        if state in UPDATE_STATES:
+            flops[state] = update_flops(
+                shape, tokens=tokens, pairs=pairs, head_positions=heads, recompute=inputs.recompute
+            )
+        else:
+            flops[state] = forward_flops(shape, tokens=tokens, pairs=pairs, head_positions=heads)
+        devices[state] = len(ranks)
+    for state, total in flops.items():
+        seconds = max(r["compute_s"] for r in results[state])
+        metrics[f"flops/{state}"] = total
+        if seconds > 0:
+            used = 1 if rates.shared else devices[state]
+            metrics[f"mfu/{state}"] = total / seconds / (rates.peak_flops * used)
+    return dict(sorted(metrics.items()))

@@ -1,0 +1,94 @@
+"""The FLOP and byte count of utilisation.py, by hand on SmolLM2-135M's shape and on small cases, and
+the `mfu/` inputs a job's config and measurement give."""
+
+from __future__ import annotations
+
+import pytest
+
+from rldock.runtime.planning.shapes import ModelShape, shape_from_hf_config
+from rldock.runtime.utilisation import (
+    decode_bytes,
+    forward_flops,
+    job_rates,
+    kv_bytes_per_key,
+    rollout_flops,
+    rollout_work,
+    update_flops,
+)
+
+# SmolLM2-135M-Instruct's config.json (the fields the count reads)
+SMOLLM2 = {
+    "num_hidden_layers": 30,
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+
+
+def smollm2() -> ModelShape:
+    return shape_from_hf_config(SMOLLM2, name="SmolLM2-135M-Instruct")
+
+
+def test_smollm2s_shape_and_kv_bytes():
+    shape = smollm2()
+    assert shape.head_dim == 64 and shape.num_params == 134_515_008  # the published count, norms included
+    assert kv_bytes_per_key(shape, bytes_per_param=4) == 2 * 30 * 3 * 64 * 4
+
+
+def test_forward_flops_by_hand():
+    shape = smollm2()
+    # q, o: 576 x 576; k, v: 576 x 192; gate, up, down: 576 x 1536
+    per_token = 2 * 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)  # 2 x the layers' matmul weights
+    per_pair = 30 * 4 * 9 * 64  # q.k and the weighted sum of v, 9 heads of 64, per layer
+    head = 2 * 576 * 49152
+    assert forward_flops(shape, tokens=1, pairs=0, head_positions=0) == per_token == 212_336_640
+    assert forward_flops(shape, tokens=0, pairs=1, head_positions=0) == per_pair
+    assert forward_flops(shape, tokens=0, pairs=0, head_positions=1) == head
+    assert (
+        forward_flops(shape, tokens=50, pairs=1275, head_positions=10) == 50 * per_token + 1275 * per_pair + 10 * head
+    )
+
+
+def test_an_update_is_three_forwards_and_the_head_recomputed():
+    shape = smollm2()
+    layers = forward_flops(shape, tokens=100, pairs=5000, head_positions=0)
+    head = forward_flops(shape, tokens=0, pairs=0, head_positions=40)
+    assert update_flops(shape, tokens=100, pairs=5000, head_positions=40, recompute=False) == 3 * layers + 4 * head
+    assert update_flops(shape, tokens=100, pairs=5000, head_positions=40, recompute=True) == 4 * layers + 4 * head
+
+
+def test_the_rollout_prefills_each_group_once_and_decodes_all_but_the_last_token():
+    # two groups of 2: prompts 4 and 6 tokens, responses of 3, 1, 2 and 0 tokens
+    work = rollout_work([4, 6], [3, 1, 2, 0], group_size=2)
+    assert (work.prefill_tokens, work.prefill_pairs) == (10, 10 + 21)  # P (P + 1) / 2 each
+    assert work.decode_tokens == 2 + 0 + 1 + 0
+    # at the mean prompt of 5: steps of 2 attend 6 + 7 keys, the step of 1 attends 6
+    assert work.decode_pairs == (6 + 7) + 6
+    assert work.head_positions == 4 + 3  # one per response after the prefill, one per decode step
+    shape = smollm2()
+    assert rollout_flops(shape, work) == forward_flops(shape, tokens=13, pairs=31 + 19, head_positions=7)
+    # two engine steps reading every weight, and 19 keys' K and V
+    assert (
+        decode_bytes(shape, work, decode_steps=2, bytes_per_param=4) == 2 * 134_515_008 * 4 + 19 * 2 * 30 * 3 * 64 * 4
+    )
+
+
+def test_the_issue_figure_smollm2s_update_is_about_a_teraflop():
+    """The issue's estimate for the example's shape (G8 x N4, prompts ~50, answers <= 64): about
+    1.4 TFLOP of update for ~3,300 tokens of rows; packed, each prompt once per pass, less."""
+    shape = smollm2()
+    rows = 32 * (50 + 40)
+    flops = update_flops(shape, tokens=rows, pairs=32 * 90 * 91 / 2, head_positions=32 * 40, recompute=False)
+    assert 1.5e12 < flops < 2.2e12
+
+
+def test_job_rates_take_the_config_before_the_measurement():
+    measured = {"peak_flops": 1.4e11, "bandwidth": 2e10, "device_kind": "cpu"}
+    rates = job_rates(peak_tflops=None, bandwidth_gbps=None, measured=measured)
+    assert (rates.peak_flops, rates.bandwidth, rates.shared) == (1.4e11, 2e10, True)
+    rates = job_rates(peak_tflops=989.0, bandwidth_gbps=3350.0, measured={"device_kind": "cuda"})
+    assert rates.peak_flops == pytest.approx(9.89e14) and rates.bandwidth == pytest.approx(3.35e12)
+    assert not rates.shared
