@@ -22,8 +22,8 @@ test: setup
 	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)
 
 # The opt-in slow tests (README.md, the "slow" paragraph): each example's learning against its
-# learning-rate-0 control, the planner check at ~110M parameters, and job variants whose path
-# `make test` already runs. About 60 minutes here.
+# learning-rate-0 control, the examples run as their headers say that `make test` leaves out, the
+# planner check at ~110M parameters, and job variants whose path `make test` already runs. About 60 minutes here.
 test-slow: setup
 	.venv/bin/python -m pytest -m slow $(PYTEST_ARGS)
 

@@ -1,6 +1,13 @@
 """`rollout.dtype: bfloat16` over a float32 master on vLLM's CPU engine: the engine holds bfloat16
-weights, a float32 push lands in them, and its sampled logprobs then follow the pushed weights (up
-to bfloat16 rounding)."""
+weights, a float32 push lands in them as their bfloat16 rounding, and its sampled logprobs then
+follow the pushed weights.
+
+How close the logprobs follow is not a fixed tolerance per token: the push is large (so the two
+policies are far apart), which makes the logits large and bfloat16's relative error on them large
+too. Measured over 12 pushes (seeds 0-11) on one CPU, the engine's largest per-token error against
+the float32 policy ranged 0.1-2.8 nats (torch's own bfloat16 forward differs from float32 as much),
+while its mean error was at most 2.3% of the distance between the policies before the push. So the
+test checks the weights exactly and the logprobs as a share of that distance."""
 
 from __future__ import annotations
 
@@ -21,11 +28,30 @@ def _param_dtype(worker) -> str:
     return str(next(worker.model_runner.get_model().parameters()).dtype)
 
 
+# The engine's parameters that hold a checkpoint tensor as it is (vLLM's CPU layers repack the
+# projection weights into a layout of their own, so those are left to the logprob check).
+_AS_LOADED = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "layernorm.weight")
+
+
+def _engine_params_as_loaded(worker) -> dict[str, torch.Tensor]:
+    model = worker.model_runner.get_model()
+    return {name: p.detach().clone() for name, p in model.named_parameters() if name.endswith(_AS_LOADED)}
+
+
 def _hf_scores(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long)
     out = torch.tensor([response]), torch.ones(1, len(response), dtype=torch.long)
     with torch.no_grad():
         return response_logprobs(model, *ids, *out, micro_batch_size=1)[0]  # (len(response),)
+
+
+def _errors_against(master, samples) -> torch.Tensor:
+    """|engine logprob - master's logprob| of every sampled token of every prompt, flat."""
+    errors = [
+        (torch.tensor(sample.logprobs) - _hf_scores(master, prompt, sample.token_ids)).abs()
+        for prompt, (sample,) in zip(PROMPTS, samples)
+    ]
+    return torch.cat(errors)
 
 
 def test_a_bfloat16_engine_takes_a_float32_push(tiny_model_dir):
@@ -50,17 +76,20 @@ def test_a_bfloat16_engine_takes_a_float32_push(tiny_model_dir):
             for param in master.parameters():
                 param.add_(torch.randn(param.shape, generator=generator) * 0.5)
         greedy = dict(n=1, max_tokens=8, eos_token_id=EOS, seed=None, greedy=True, logprobs=True)
-        (before,) = engine.sample(PROMPTS[:1], **greedy)[0]
-        # The check below can fail: the engine's first policy scores its own response far from the
-        # pushed policy.
-        assert torch.tensor(before.logprobs) != pytest.approx(
-            _hf_scores(master, PROMPTS[0], before.token_ids), abs=0.15
-        )
+        before = _errors_against(master, engine.sample(PROMPTS, **greedy))
         engine.update_weights(master.state_dict().items())
         assert engine._llm.collective_rpc(_param_dtype) == ["torch.bfloat16"]
-        for prompt, (sample,) in zip(PROMPTS, engine.sample(PROMPTS, **greedy)):
-            expected = _hf_scores(master, prompt, sample.token_ids)
-            # bfloat16 keeps 8 bits of mantissa: logprobs agree to a few hundredths, not to float32's 1e-6.
-            assert torch.tensor(sample.logprobs) == pytest.approx(expected, abs=0.15)
+        (held,) = engine._llm.collective_rpc(_engine_params_as_loaded)
+        pushed = master.state_dict()
+        assert len(held) == 7  # embeddings, head, final norm, two norms in each of the 2 layers
+        for name, value in held.items():
+            expected = pushed[name].to(torch.bfloat16)
+            # vLLM pads the vocabulary's rows (43 here) up to a multiple of 64.
+            assert torch.equal(value[: len(expected)], expected), name
+        after = _errors_against(master, engine.sample(PROMPTS, **greedy))
+        # Before the push the engine's policy is far from the pushed one (a mean of 6-23 nats per
+        # token measured); after it, within bfloat16's error of it (at most 2.3% of that distance).
+        assert before.mean() > 1.0
+        assert after.mean() < 0.1 * before.mean()
     finally:
         engine.shutdown()

@@ -45,7 +45,7 @@ import psutil
 import yaml
 
 from rldock.config import JobConfig
-from rldock.config.loading import parse_job_config
+from rldock.config.loading import resolve_job_config
 from rldock_benchmarks.throughput import DEMO_CONFIG, algo, merge, shape_facts
 
 SMOLLM2_CONFIG = DEMO_CONFIG.with_name("grpo-smollm2-math.yaml")
@@ -96,7 +96,7 @@ def job_config(
         data["model"]["path"] = str(smollm2_paths["model"])
         data["data"]["train_files"] = list(smollm2_paths["train"])
         data["data"].pop("val_files", None)  # no evaluation: the iteration alone is measured
-    return parse_job_config(data, source=f"integrated_worker shape {shape.name} ({placement})")
+    return resolve_job_config(data, source=f"integrated_worker shape {shape.name} ({placement})")
 
 
 class ProcessMeter:

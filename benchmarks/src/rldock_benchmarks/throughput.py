@@ -59,7 +59,7 @@ from typing import Any
 import yaml
 
 from rldock.config import JobConfig
-from rldock.config.loading import parse_job_config
+from rldock.config.loading import resolve_job_config
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO_CONFIG = REPO / "examples" / "grpo-tiny.yaml"
@@ -194,7 +194,7 @@ def shape_config(shape: Shape, variant: dict, *, iterations: int, models: dict[s
     data["checkpoint"] = {"interval": iterations, "keep_last": 1}
     if shape.model != "demo":
         data["model"] = {"path": str(models[shape.model]), "dtype": "float32"}
-    return parse_job_config(data, source=f"throughput shape {shape.name}").with_ablations(**ablations)
+    return resolve_job_config(data, source=f"throughput shape {shape.name}").with_ablations(**ablations)
 
 
 def run_variant(cfg: JobConfig, output: Path, warm_start: Path | None) -> list[dict]:

@@ -33,6 +33,7 @@ def test_every_shape_runs_under_both_placements_with_a_seat_beside_each_actor_ra
             job_config(shape, placement, iterations=3, smollm2_paths=SMOLLM2) for placement in PLACEMENTS
         )
         assert colocated.resources.placement == "colocated" and separate.resources.placement == "separate"
+        assert not colocated.model.path.startswith("~")  # expanded, as the trainer reads it
         assert colocated.model_dump(exclude={"resources"}) == separate.model_dump(exclude={"resources"})
         recipe = job_recipe(colocated)
         assert "reference" in recipe.states  # a seat to share the actor's device with

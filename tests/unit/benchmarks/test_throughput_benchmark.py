@@ -42,6 +42,7 @@ def test_every_shape_and_variant_is_a_valid_job_with_its_switches(quick):
     assert full["generation_heavy"].model.path == "/m/heavy-no-eos" and full["early_stop"].model.path == "/m/heavy"
     demo = full["demo"].algorithm
     assert (demo.num_prompts_per_iteration, demo.num_responses_per_prompt) == (16, 8)
+    assert full["demo"].model.path == str(Path.home() / ".cache/rldock/models/tiny-qwen2-addition-v1")  # `~` expanded
 
 
 def test_summary_is_the_median_after_warm_up():

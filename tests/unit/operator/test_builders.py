@@ -33,7 +33,7 @@ from rldock.operator.constants import (
     LABEL_ROLE,
     LABEL_VOLCANO_QUEUE,
 )
-from rldock.runtime.cli import _build_parser
+from rldock.runtime.cli import _build_parser, main
 
 JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 
@@ -236,6 +236,26 @@ def test_config_map_holds_the_job_config_the_runtime_accepts():
     text = config_map["data"]["job.yaml"]
     assert parse_job_config(yaml.safe_load(text)) == spec.job
     assert "clip_ratio: 0.2" in text, "defaults are written out, so the runtime runs what was validated"
+
+
+def test_the_pod_expands_the_paths_the_operator_passed_on_as_written(tmp_path, monkeypatch, capsys):
+    """The operator's HOME and environment are not the pods': the ConfigMap holds `~` and `$VARS` as
+    the RLJob wrote them, and the runtime in the pod expands them with its own, through the same
+    loader as `rldock train` anywhere (RLDOCK_JOB_CONFIG names the mounted file)."""
+    job = spec_dict()["job"]
+    job["model"]["path"] = "$MODELS/tiny"
+    job["data"] = {"train_files": ["~/data/train.jsonl"], "chat_template": "none"}
+    spec = _spec(job=job)
+    text = build_config_map(job=JOB, spec=spec)["data"]["job.yaml"]
+    assert "path: $MODELS/tiny" in text and "- ~/data/train.jsonl" in text
+    (tmp_path / "job.yaml").write_text(text)
+    monkeypatch.setenv(ENV_JOB_CONFIG, str(tmp_path / "job.yaml"))
+    monkeypatch.setenv("HOME", "/home/ray")
+    monkeypatch.setenv("MODELS", "/mnt/models")
+    assert main(["validate", "--no-path-checks", "--print"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out.rsplit("ok: ", 1)[0])
+    assert printed["model"]["path"] == "/mnt/models/tiny"
+    assert printed["data"]["train_files"] == ["/home/ray/data/train.jsonl"]
 
 
 def test_entrypoint_is_a_valid_rldock_command():

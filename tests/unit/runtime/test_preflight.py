@@ -12,6 +12,7 @@ import yaml
 from rldock.config import parse_job_config
 from rldock.config.job import AgentSpec
 from rldock.contract.failure import FailureReason
+from rldock.runtime.models.tiny import train_char_tokenizer
 from rldock.runtime.preflight import (
     CHECKS,
     MOUNT_HINT,
@@ -36,10 +37,13 @@ def _config(model_path: Path | str, *, builder: bool = False, **training):
 
 
 def _model_dir(root: Path, **config) -> Path:
+    """A folder the model checks accept: a config.json with the shape the TP checks read, a weights
+    file (never loaded here) and a real tokenizer."""
     root.mkdir(parents=True)
-    (root / "config.json").write_text(
-        json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, **config})
-    )
+    shape = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512}
+    (root / "config.json").write_text(json.dumps({**shape, **config}))
+    (root / "model.safetensors").write_bytes(b"")
+    train_char_tokenizer(["0123456789+="]).save_pretrained(root)
     return root
 
 

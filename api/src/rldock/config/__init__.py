@@ -15,7 +15,7 @@ from rldock.config.job import (
     TrainingSpec,
     WarmupSpec,
 )
-from rldock.config.loading import ConfigError, load_job_config, parse_job_config
+from rldock.config.loading import ConfigError, load_job_config, parse_job_config, resolve_job_config
 from rldock.config.problems import Problem, find_local_problems, find_problems, find_warnings
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "find_warnings",
     "load_job_config",
     "parse_job_config",
+    "resolve_job_config",
 ]

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from rldock.config.job import JobConfig
+from rldock.config.job import Expanded, JobConfig
 
 _CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length", "max_length": "max length"}
 
@@ -49,9 +49,12 @@ def _list_item_model(annotation) -> type[BaseModel] | None:
 
 
 def constraints_text(info: FieldInfo) -> str:
-    """A field's numeric and length bounds as `>= 1, < 0.5` (also used by the RLJob reference)."""
+    """A field's numeric and length bounds as `>= 1, < 0.5`, and which expansions a path field takes
+    (also used by the RLJob reference)."""
     parts = []
     for meta in info.metadata:
+        if isinstance(meta, Expanded):
+            parts.append("expands `~` and `$VAR`" if meta.variables else "expands `~`")
         for attr, symbol in _CONSTRAINTS.items():
             value = getattr(meta, attr, None)
             if value is not None:
@@ -127,6 +130,14 @@ def render() -> str:
         "Generated from `api/src/rldock/config/job.py` by `python -m rldock.config.config_reference`; do not edit.",
         "Unknown fields are errors. Rules across fields (G*N divisible by the DP size, DP not above the "
         "devices, ...) are listed in `api/src/rldock/config/problems.py`.",
+        "",
+        "Path fields say `expands` under constraints: `rldock validate`, `train` and `plan` expand a leading "
+        "`~` (`~user`) in them, and in those that say `$VAR` also `$NAME` and `${NAME}` anywhere (`$$` for a "
+        "literal `$`; a variable that is not set is an error naming the field, left as written by "
+        "`validate --no-path-checks` and `plan`), once, as they load the config "
+        "(`api/src/rldock/config/paths.py`); a command's arguments keep their `$` for the program. In an "
+        "RLJob the pod's runtime expands them with the pod's HOME and environment (`spec.env`); the operator "
+        "passes them on as written. `config.json` in the output holds the expanded paths.",
         "",
     ]
     _section(JobConfig, "", out)

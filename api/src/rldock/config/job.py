@@ -9,6 +9,7 @@ operator can report them as conditions on an object the API server already accep
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, field_validator, model_validator
@@ -23,6 +24,22 @@ MAX_NAME_LENGTH = 253  # a DNS subdomain, the longest Kubernetes name
 DataFile = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH)]
 
 
+@dataclass(frozen=True)
+class Expanded:
+    """Marks a field that names files on the machine the job runs on (in an annotation's metadata):
+    `~` at its start is expanded, and with `variables` also `$NAME` and `${NAME}` anywhere in it, once,
+    where the config is loaded to run (config/paths.py). Never in the operator, whose home and
+    environment are not the pods'. A list field's marker applies to each item."""
+
+    variables: bool
+
+
+# A path or a `file.py:name` reference: `~` and `$VARS`. A command's arguments: `~` only, as a shell
+# would expand a word's start; `$` stays for the program (a `sh -c` script reads its own variables).
+PATH = Expanded(variables=True)
+COMMAND = Expanded(variables=False)
+
+
 class Spec(BaseModel):
     """Base of every config section: unknown fields are errors, never silently ignored."""
 
@@ -32,7 +49,7 @@ class Spec(BaseModel):
 class ModelSpec(Spec):
     """The policy model to start from (also the reference policy when no warm-up runs)."""
 
-    path: str = Field(
+    path: Annotated[str, PATH] = Field(
         max_length=MAX_PATH_LENGTH,
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions.",
@@ -111,14 +128,14 @@ class DataSpec(Spec):
     20000 prompts) with `chat_template: none`; only a model that `model.builder` builds may leave it
     out (a model of your own is refused without it)."""
 
-    train_files: list[DataFile] = Field(
+    train_files: Annotated[list[DataFile], PATH] = Field(
         default=[],
         max_length=1000,
         description="Train files (`.jsonl`, `.json`, `.parquet`) on a local path or mounted volume, read "
         "with Hugging Face `datasets` (never from the Hub) and concatenated in order. Exactly one of "
         "`train_files` and `generator` is set.",
     )
-    val_files: list[DataFile] = Field(
+    val_files: Annotated[list[DataFile], PATH] = Field(
         default=[],
         max_length=1000,
         description="Held-out files in the same format, for evaluation.",
@@ -236,7 +253,7 @@ class RewardTermSpec(Spec):
         description="`format` only: a Python regex the whole response (surrounding whitespace "
         'removed) must match (`re.fullmatch`, `.` also matches newlines); write `.*x.*` for "contains x".',
     )
-    function: str | None = Field(
+    function: Annotated[str | None, PATH] = Field(
         default=None,
         min_length=3,
         max_length=MAX_PATH_LENGTH,
@@ -287,7 +304,7 @@ class RewardTermSpec(Spec):
         description="`remote` only: samples per request; unset: all samples the reward worker "
         "scores at once (training.micro_batch_size).",
     )
-    path: str | None = Field(
+    path: Annotated[str | None, PATH] = Field(
         default=None,
         min_length=1,
         max_length=MAX_PATH_LENGTH,
@@ -637,7 +654,7 @@ class EnvironmentServersSpec(Spec):
         description="Servers running elsewhere: `http://host:port` (or https, ws, wss). A host name that resolves "
         "to several addresses (a headless Service) is one replica per address, looked up again when one fails.",
     )
-    command: list[Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)]] | None = Field(
+    command: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)]] | None, COMMAND] = Field(
         default=None,
         min_length=1,
         max_length=256,
@@ -725,7 +742,7 @@ class SandboxSpec(Spec):
 class ToolSpec(Spec):
     """One tool the policy may call."""
 
-    name: str = Field(
+    name: Annotated[str, PATH] = Field(
         min_length=1,
         max_length=MAX_PATH_LENGTH,
         description="`python` (runs the model's code in the sandbox, see `agent.sandbox`), `calculator` (evaluates "
@@ -749,7 +766,7 @@ class EnvironmentSpec(Spec):
     """What answers the model when a turn ends without a tool call: each episode opens a session of it,
     reset at the start and stepped with every such turn."""
 
-    name: str = Field(
+    name: Annotated[str, PATH] = Field(
         min_length=1,
         max_length=MAX_PATH_LENGTH,
         description="`feedback` (says whether the final answer equals the ground truth and, if not, lets the "

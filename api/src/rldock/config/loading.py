@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -10,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rldock.config.job import JobConfig
+from rldock.config.paths import expand_paths
 from rldock.config.problems import Problem, field_path, find_local_problems, find_problems
 
 
@@ -121,10 +124,35 @@ def parse_job_config(data: Any, *, source: str = "<config>") -> JobConfig:
     return cfg
 
 
-def load_job_config(
-    path: str | Path, *, overrides: dict[str, Any] | None = None, check_local: bool = True
+def resolve_job_config(
+    data: Any,
+    *,
+    source: str = "<config>",
+    require_variables: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> JobConfig:
-    """Load YAML, apply dotted overrides ({"algorithm.learning_rate": 0}), validate."""
+    """parse_job_config, then the path fields expanded for this machine (`~`, `$VARS`;
+    config/paths.py) with `environ` (default: this process's): a config that runs here, read from a
+    file (load_job_config) or built in code (the benchmarks). `require_variables`: a `$VAR` that
+    `environ` lacks is a problem; False leaves it as written, for a config checked here that runs
+    elsewhere (`rldock validate --no-path-checks`, `rldock plan`)."""
+    cfg, unset = expand_paths(parse_job_config(data, source=source), environ=os.environ if environ is None else environ)
+    if unset and require_variables:
+        raise ConfigError(source, unset)
+    return cfg
+
+
+def load_job_config(
+    path: str | Path,
+    *,
+    overrides: dict[str, Any] | None = None,
+    check_local: bool = True,
+    require_variables: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> JobConfig:
+    """Load YAML, apply dotted overrides ({"algorithm.learning_rate": 0}), validate, and expand the
+    path fields as resolve_job_config says. `check_local`: also run find_local_problems (the model
+    folder's shape) here."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -132,7 +160,14 @@ def load_job_config(
         raise ConfigError(str(path), [Problem("<file>", "config file not found")]) from None
     except yaml.YAMLError as error:
         raise ConfigError(str(path), [Problem("<file>", f"not valid YAML: {error}")]) from None
-    if isinstance(data, dict) and data.get("kind") == "RLJob":
+    except UnicodeDecodeError as error:
+        message = f"not UTF-8 text ({error.reason} at byte {error.start})"
+        raise ConfigError(str(path), [Problem("<file>", message)]) from None
+    except OSError as error:  # a directory, no permission, an I/O error
+        raise ConfigError(str(path), [Problem("<file>", f"cannot be read: {error.strerror}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), [Problem("<root>", "expected a mapping of config sections")])
+    if data.get("kind") == "RLJob":
         # A manifest, not a job config: without this it fails as "spec: unknown field", which reads
         # as a typo in the job.
         raise ConfigError(
@@ -148,7 +183,7 @@ def load_job_config(
         )
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
-    cfg = parse_job_config(data, source=str(path))
+    cfg = resolve_job_config(data, source=str(path), require_variables=require_variables, environ=environ)
     if check_local:
         problems = find_local_problems(cfg)
         if problems:

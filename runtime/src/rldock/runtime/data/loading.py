@@ -79,7 +79,7 @@ def load_rows(files: Sequence[str | Path], columns: Columns, *, field: str = "da
         raise ValueError(f"{field} is empty: list at least one .jsonl, .json or .parquet file")
     rows: list[Row] = []
     for name in files:
-        rows.extend(_file_rows(Path(name).expanduser(), columns, field=field))
+        rows.extend(_file_rows(Path(name), columns, field=field))
     return rows
 
 

@@ -111,7 +111,7 @@ def data_file_problems(spec: DataSpec) -> list[Problem]:
     ):
         wanted = [(getattr(columns, name), field) for name, field in KEY_FIELDS if getattr(columns, name) is not None]
         for index, name in enumerate(files):
-            problems.extend(_file_problems(Path(name).expanduser(), f"{list_field}[{index}]", wanted, spec))
+            problems.extend(_file_problems(Path(name), f"{list_field}[{index}]", wanted, spec))
     return problems
 
 

@@ -167,13 +167,13 @@ def _folder_bytes(path: Path) -> int:
 
 def import_gguf(source: Path, output: Path, *, dtype: str = "float32", force: bool = False) -> ImportResult:
     """Convert the GGUF file `source` into a Hugging Face folder at `output` (see module docstring)."""
-    output = Path(output).expanduser()
+    output = Path(output)
     if _holds_model(output) and not force:
         logger.info("%s already holds a model (config.json); skipping the import (use --force to redo it)", output)
         return ImportResult(output=output, skipped=True)
     if dtype not in DTYPES:
         raise GgufImportError(f"--dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    source = Path(source).expanduser()
+    source = Path(source)
     architecture = gguf_architecture(source)
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise GgufImportError(

@@ -27,19 +27,40 @@ class TokenBatch(NamedTuple):
     mask: torch.Tensor  # (B, L) int64, 1 on real tokens
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer saved at `path`.
+class TokenizerError(ValueError):
+    """A model folder whose tokenizer cannot be loaded; the message starts with the config field."""
+
+
+def read_tokenizer(path: str | Path, *, field: str) -> PreTrainedTokenizerFast:
+    """The fast tokenizer saved at `path` as it is (load_tokenizer adds the policy's rules); raises
+    TokenizerError, naming `field`, for a folder it cannot load."""
+    wanted = "the fast tokenizer's files (tokenizer.json, tokenizer_config.json) as save_pretrained writes them"
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise TokenizerError(f"{field}: {path} has no tokenizer.json; the folder needs {wanted}")
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    except Exception as error:  # broad on purpose: tokenizers raises a bare Exception for a tokenizer.json
+        # it cannot parse, transformers KeyError, TypeError, ValueError or OSError for other broken files;
+        # each is the folder's fault, to be named as such instead of shown as a traceback
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        raise TokenizerError(
+            f"{field}: the tokenizer in {path} cannot be loaded ({reason}); the folder needs {wanted}"
+        ) from error
+
+
+def load_tokenizer(path: str | Path, *, field: str = "model.path") -> PreTrainedTokenizerFast:
+    """The tokenizer saved at `path` (the config field `field`).
 
     Loaded as PreTrainedTokenizerFast explicitly: in transformers 5.x AutoTokenizer on a folder
     whose config says Qwen2 may build Qwen's own tokenizer class instead of the one saved there.
     An eos token is required (generation stops on it). A missing pad token falls back to eos, as
     many checkpoints ship without one: pads only fill masked positions, so which id they carry
-    does not change any logprob or loss.
+    does not change any logprob or loss. Raises TokenizerError for a folder it cannot load.
     """
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    tokenizer = read_tokenizer(path, field=field)
     if tokenizer.eos_token_id is None:
-        raise ValueError(
-            f"tokenizer at model.path {path} defines no eos token; set eos_token in its "
+        raise TokenizerError(
+            f"{field}: the tokenizer in {path} defines no eos token; set eos_token in its "
             "tokenizer_config.json (generation stops on it)"
         )
     if tokenizer.pad_token_id is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerFast
 
-from rldock.runtime.models.loading import DTYPES
+from rldock.runtime.models.loading import DTYPES, read_tokenizer
 
 
 @dataclass
@@ -46,7 +46,7 @@ def load_reward_model(path: str | Path, *, dtype: str, device: torch.device | st
             f"{field}: {path} has no tokenizer.json; save the reward model's (fast) tokenizer "
             "beside it with tokenizer.save_pretrained"
         )
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    tokenizer = read_tokenizer(path, field=field)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(

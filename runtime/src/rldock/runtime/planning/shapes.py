@@ -102,7 +102,7 @@ def load_shape(*, preset: str | None, model_path: str) -> ModelShape:
         if preset not in PRESETS:
             raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
         return PRESETS[preset]
-    path = Path(model_path).expanduser() / "config.json"  # the trainer expands `~` too
+    path = Path(model_path) / "config.json"  # `~` and `$VARS` expanded by the loader (config/paths.py)
     if not path.is_file():
         raise ValueError(
             f"model.path: {path} not found; point model.path at a Hugging Face model folder or "

@@ -1,0 +1,161 @@
+"""Each example in examples/ runs as its header says: the header's commands (rldock_e2e.example_headers)
+through a shell, in order, from the repository root, with a fresh HOME and XDG cache (so every
+`~/.cache/rldock/...` starts empty: the model imported, the data generated, a tiny model built as a
+new user's machine would), so an example that no longer starts fails here.
+
+Only two things differ from the header: `rldock train` gets `--output` in the test's folder and the
+cut-short settings `CUT_SHORT` (2 iterations, at most 4 held-out prompts per evaluation, the machine
+progress lines). Lines that start nothing of their own are not commands (a `--set` variant to add,
+`tensorboard` to look at a run); `python -m rldock_benchmarks...`, each example's "does it learn?"
+experiment, is the slow learning tier's (tests/integration/test_learning.py, the benchmarks).
+
+Tiers, by what a run costs (`TIERS`): the demo and the SmolLM2 example (its 542 MB import and 2
+iterations at the example's shape) and the paper examples' `rldock plan` run in `make test`; the
+other tiny algorithms and the agent examples are `slow` (`make test-slow`). The RLJob examples say
+`kubectl apply`, which needs a cluster: they are skipped here, and checked by
+tests/unit/operator/test_rljob_examples.py (the CRD schema and the operator's validation) and the
+e2e suite (rljob-tiny.yaml's happy path in `make test`, rljob-cpu.yaml's in `make test-slow`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rldock_benchmarks.flop_count import compare
+from rldock_e2e.example_headers import header_commands
+from rldock_e2e.repo import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+CUT_SHORT = ["--set", "iterations=2", "--set", "evaluation.max_prompts=4", "--no-progress"]
+ITERATIONS = 2
+KUBECTL = (
+    "its header says kubectl apply, which needs a cluster: tests/unit/operator/test_rljob_examples.py checks it "
+    "against the CRD and the operator's validation, the e2e suite runs rljob-tiny.yaml (make test) and "
+    "rljob-cpu.yaml (make test-slow)"
+)
+# example -> "ci" (make test), "slow" (make test-slow) or why it is skipped
+TIERS = {
+    "grpo-tiny.yaml": "ci",  # `make demo`
+    "grpo-smollm2-math.yaml": "ci",  # the README's real model
+    "grpo-qwen2.5-7b-paper.yaml": "ci",  # `rldock plan` only
+    "grpo-qwen2.5-32b-paper.yaml": "ci",
+    "dapo-tiny.yaml": "slow",  # the demo's job with another algorithm: about 2 minutes each here
+    "dpo-tiny.yaml": "slow",
+    "gspo-tiny.yaml": "slow",
+    "pf-ppo-tiny.yaml": "slow",
+    "ppo-tiny.yaml": "slow",
+    "reinforce-plus-plus-baseline-tiny.yaml": "slow",
+    "reinforce-plus-plus-tiny.yaml": "slow",
+    "rloo-tiny.yaml": "slow",
+    "agent-smollm2-cabinet.yaml": "slow",  # the import, a warm-up and episodes of up to 192 tokens
+    "agent-smollm2-python.yaml": "slow",
+    "rljob-cpu.yaml": KUBECTL,
+    "rljob-tiny.yaml": KUBECTL,
+    "rljob-volumes.yaml": KUBECTL,
+}
+TIMEOUT_S = 1200  # one command; the SmolLM2 train takes about 3 minutes at a load of 10
+
+
+def _param(path: Path):
+    tier = TIERS.get(path.name, "unclassified")
+    marks = {"ci": [], "slow": [pytest.mark.slow]}.get(tier, [pytest.mark.skip(reason=f"{path.name}: {tier}")])
+    return pytest.param(path, marks=marks, id=path.name)
+
+
+def test_every_example_has_a_tier_and_commands_to_run():
+    assert set(TIERS) == {path.name for path in EXAMPLES}, "add the new example to TIERS"
+    for path in EXAMPLES:
+        programs = {command.split(" ", 1)[0] for command in header_commands(path)}
+        assert ("kubectl" in programs) == (TIERS[path.name] == KUBECTL), path.name
+        assert TIERS[path.name] == KUBECTL or "rldock" in programs, f"{path.name}'s header gives no command"
+
+
+def _as_run_here(command: str, output: Path) -> str:
+    """The header's command with only `--output` and `CUT_SHORT` changed, for `rldock train`."""
+    words = shlex.split(command)
+    if words[:2] != ["rldock", "train"]:
+        return command
+    at = words.index("--output")
+    words[at + 1] = str(output)
+    # the config path stays as the header wrote it; `~` in it is the shell's, as for a user
+    return " ".join([*(shlex.quote(word) for word in words), *CUT_SHORT])
+
+
+def _environment(home: Path) -> dict[str, str]:
+    environ = {key: value for key, value in os.environ.items() if not key.startswith(("RLDOCK_", "XDG_"))}
+    venv_bin = str(Path(sys.executable).parent)  # `rldock` as the header spells it: this venv's
+    environ.pop("RAY_ADDRESS", None)  # a local Ray of its own, as on a user's machine
+    return {
+        **environ,
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "PATH": f"{venv_bin}:{environ.get('PATH', '/usr/bin:/bin')}",
+    }
+
+
+@pytest.mark.parametrize("example", [_param(path) for path in EXAMPLES])
+def test_the_example_runs_as_its_header_says(example, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    output = tmp_path / "run"
+    commands = [command for command in header_commands(example) if command.startswith("rldock ")]
+    summary = None
+    for command in commands:
+        run_here = _as_run_here(command, output)
+        job = subprocess.run(
+            ["bash", "-c", run_here],
+            cwd=REPO_ROOT,
+            env=_environment(home),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        assert job.returncode == 0, f"{run_here}\n{(job.stdout + job.stderr)[-5000:]}"
+        assert "Traceback" not in job.stderr, f"{run_here}\n{job.stderr[-5000:]}"
+        if command.startswith("rldock train "):
+            summary = json.loads(job.stdout.strip().splitlines()[-1])
+    if summary is None:
+        return  # a planning example: its `rldock plan` passed
+    assert summary["iterations"] == ITERATIONS and summary["output"] == str(output)
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["iteration"] for r in records if r["iteration"] > 0] == [1, 2]
+    if example.name == "grpo-smollm2-math.yaml":
+        _check_the_smollm2_run(output, records)
+
+
+def _check_the_smollm2_run(output: Path, records: list[dict]) -> None:
+    """The README's real-model example: evaluated at the start and after the last iteration, its
+    math_verify reward and TensorBoard events beside metrics.jsonl."""
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    for record in (records[0], records[2]):
+        assert record["val/num_prompts"] == 4 and 0 <= record["val/word_problems/accuracy"] <= 1
+        assert 1 <= record["val/response_length"] <= 64
+    for record in records[1:]:
+        assert 0 <= record["reward_mean"] <= 1 and record["reward/math_verify"] == record["reward_mean"]
+        assert record["response_length_mean"] <= 64 and record["tokens_per_s_per_device"] > 0
+    events = EventAccumulator(str(output))
+    events.Reload()
+    assert {"reward_mean", "val/accuracy", "mfu/update", "mfu/rollout", "mbu/rollout"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2]
+    # The update's and the rollout's recorded FLOPs within 10% of rldock_benchmarks.flop_count's hand
+    # count from the model's safetensors and metrics.jsonl's mean lengths (one DP rank: one layout).
+    rows = compare(output)
+    assert sorted((row["iteration"], row["stage"]) for row in rows) == [
+        (1, "rollout"),
+        (1, "update"),
+        (2, "rollout"),
+        (2, "update"),
+    ]
+    for row in rows:
+        assert abs(row["ratio"] - 1) < 0.1 and row["mfu"] > 0, row
