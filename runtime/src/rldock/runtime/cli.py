@@ -217,6 +217,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="sessions (episodes) open at once; one more is refused with CAPACITY_REACHED (default 8)",
     )
     serve.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="a file holding the job's token, which every route but /health then asks for (a mounted Secret's "
+        "key); default: the RLDOCK_ENV_TOKEN variable, if set, else no token",
+    )
+    serve.add_argument(
         "--option",
         dest="options",
         action="append",
@@ -387,6 +393,7 @@ def _models(args: argparse.Namespace) -> int:
 def _env_serve(args: argparse.Namespace) -> int:
     """`rldock env serve`: exit 2 for a class or option that cannot be served, else serve until stopped."""
     from rldock.runtime.agent.loading import AgentConfigError
+    from rldock.runtime.agent.service.auth import TokenError, server_token
     from rldock.runtime.agent.service.server import listen, load_environment, serve
 
     options: dict[str, str] = {}
@@ -395,6 +402,11 @@ def _env_serve(args: argparse.Namespace) -> int:
             print(f"error: --option: {key} is given twice; give each option once", file=sys.stderr)
             return 2
         options[key] = value
+    try:
+        token = server_token(args.token_file)
+    except TokenError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         environment = load_environment(args.environment, options)
     except AgentConfigError as error:
@@ -406,7 +418,7 @@ def _env_serve(args: argparse.Namespace) -> int:
         environment.close()
         print(f"error: --host/--port: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 2
-    serve(environment, sock=sock, max_sessions=args.sessions)
+    serve(environment, sock=sock, max_sessions=args.sessions, token=token)
     return 0
 
 

@@ -4,11 +4,12 @@ tests/unit/runtime/agent/env_doubles.py:CountingEnvironment`, in a process of th
 CountingEnvironment keeps each episode's state (its seed, id and row, and the steps so far), so sessions
 that share it prove they are kept apart; it raises when asked to (a reset with ground truth "raise", a
 step "raise"), and appends each closed session's episode id to the file `closed_log` (an option), which
-proves that sessions are closed on every path.
+proves that sessions are closed on every path. A step "hang" never answers (until it is cancelled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
@@ -41,6 +42,8 @@ class CountingSession(EnvironmentSession):
     async def step(self, text: str) -> Observation:
         if text == "raise":
             raise RuntimeError("asked to raise at a step")
+        if text == "hang":
+            await asyncio.Event().wait()
         self.steps += 1
         return Observation(
             message=f"step {self.steps} of seed {self.seed}: {text}",

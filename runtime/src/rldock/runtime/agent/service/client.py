@@ -45,6 +45,7 @@ from rldock.runtime.agent.base import (
     SessionFailed,
 )
 from rldock.runtime.agent.service import wire
+from rldock.runtime.agent.service.auth import client_headers
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +302,10 @@ class OpenEnvSession(EnvironmentSession):
                 replica.open_sessions += 1
                 try:
                     self.connection = await connect(
-                        ws_url(replica.base), open_timeout=CONNECT_TIMEOUT_S, max_size=wire.MAX_MESSAGE_BYTES
+                        ws_url(replica.base),
+                        open_timeout=CONNECT_TIMEOUT_S,
+                        max_size=wire.MAX_MESSAGE_BYTES,
+                        additional_headers=client_headers(),
                     )
                 except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as error:
                     replica.open_sessions -= 1
