@@ -5,12 +5,16 @@ CountingEnvironment keeps each episode's state (its seed, id and row, and the st
 that share it prove they are kept apart; it raises when asked to (a reset with ground truth "raise", a
 step "raise"), and appends each closed session's episode id to the file `closed_log` (an option), which
 proves that sessions are closed on every path. A step "hang" never answers (until it is cancelled).
+
+VariablesEnvironment answers a reset with the names of the server process's environment variables, and
+whether RLDOCK_ENV_TOKEN is among them, which shows what a server rldock starts is given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
 
@@ -56,3 +60,18 @@ class CountingSession(EnvironmentSession):
         if self.closed_log:
             with open(self.closed_log, "a") as log:
                 log.write(f"{self.episode_id}\n")
+
+
+class VariablesEnvironment(Environment):
+    """Says which environment variables its server process has (their names, never their values)."""
+
+    def session(self) -> EnvironmentSession:
+        return VariablesSession()
+
+
+class VariablesSession(EnvironmentSession):
+    async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
+        return Observation(message=json.dumps(sorted(os.environ)))
+
+    async def step(self, text: str) -> Observation:
+        return Observation(message=os.environ.get(text, ""), done=True)

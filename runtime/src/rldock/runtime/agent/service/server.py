@@ -517,6 +517,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def inherited(fd: int) -> socket.socket:
+    """The listening TCP socket this process was given as descriptor `fd`; OSError if it is not one."""
+    sock = socket.socket(fileno=fd)
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise OSError(f"descriptor {fd} is not a listening TCP socket")
+    return sock
+
+
 def serve(environment: Environment, *, sock: socket.socket, max_sessions: int, token: str | None = None) -> None:
     """Serve `environment` on the listening `sock` until SIGTERM or SIGINT, which close every session;
     every route but /health asks for `token` where one is given."""
