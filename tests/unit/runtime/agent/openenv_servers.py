@@ -238,7 +238,8 @@ async def _hostile_session(connection, modes) -> None:
 
 
 def serve_hostile(modes: list[str], port: int) -> None:
-    """Serve the hostile server on 127.0.0.1:`port` until SIGTERM (module docstring)."""
+    """Serve the hostile server on 127.0.0.1:`port` until SIGTERM (module docstring); without compression, so
+    that the 64 MiB answer costs a copy, not seconds of deflate that would hold up the other sessions."""
     from websockets.asyncio.server import serve
     from websockets.datastructures import Headers
     from websockets.http11 import Response
@@ -263,7 +264,9 @@ def serve_hostile(modes: list[str], port: int) -> None:
         sock.bind(("127.0.0.1", port))
         stop = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set_result, None)
-        async with serve(lambda c: _hostile_session(c, turns), sock=sock, process_request=http, max_size=None):
+        async with serve(
+            lambda c: _hostile_session(c, turns), sock=sock, process_request=http, max_size=None, compression=None
+        ):
             logging.getLogger("openenv_servers").info(
                 "hostile server (%s) at http://127.0.0.1:%d", ",".join(modes), sock.getsockname()[1]
             )

@@ -23,7 +23,7 @@ from rldock.runtime.agent.service.client import OpenEnvEnvironment
 from rldock.runtime.agent_sampler import episode_columns
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 
-TIMEOUT_S = 3.0  # agent.tool_timeout_s: the never-answering server's episode ends at it
+TIMEOUT_S = 10.0  # agent.tool_timeout_s: the never-answering server's episode ends at it (the others answer at once)
 # What each wrong answer ends its episode with; "good" answers right and the episode goes on to max_turns.
 EXPECTED = {mode: "environment_protocol_error" for mode in HOSTILE_ANSWERS} | {
     "good": "max_turns",
