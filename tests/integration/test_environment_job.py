@@ -128,6 +128,7 @@ def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishe
         run = _train(tmp_path, config)  # exits 0: the job went on
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     agent = record["agent"]
+    print("hostile job:", {key: value for key, value in agent.items() if "ended/" in key or "environment/" in key})
     steps, wrong = agent["environment/steps"], agent.get("ended/environment_protocol_error", 0)
     assert steps >= 1 and wrong >= 1, agent  # some turns reached the server, and its wrong answers were counted
     assert agent["environment/errors"] == wrong and agent["environment/sessions_open"] == 0
