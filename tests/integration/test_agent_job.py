@@ -178,9 +178,14 @@ def test_trajectories_are_the_rendered_conversation_and_tool_tokens_are_never_sc
 
 
 def _cut(tokenizer, text: str, agent) -> str:
-    """A tool message as docs/agentic.md says it is kept: at most agent.max_tool_response_tokens."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) <= agent.max_tool_response_tokens:
-        return text
-    cut = ids[: agent.max_tool_response_tokens]
-    return tokenizer.decode(cut) + f"\n[{len(ids) - len(cut)} more tokens cut]"
+    """A tool message as docs/agentic.md says it is kept: at most agent.max_tool_response_tokens, the text
+    cut to 32 characters a token before it is tokenized (special tokens' text as plain text)."""
+    limit = agent.max_tool_response_tokens
+    head = text[: limit * 32]
+    ids = tokenizer(head, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if len(ids) <= limit:
+        return text if head == text else head + f"\n[{len(text) - len(head)} more characters cut]"
+    kept = tokenizer.decode(ids[:limit])
+    if head == text:
+        return kept + f"\n[{len(ids) - limit} more tokens cut]"
+    return kept + f"\n[{len(text) - len(kept)} more characters cut]"

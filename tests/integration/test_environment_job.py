@@ -1,12 +1,15 @@
 """rldock trains against an environment written with openenv-core's own server classes: the tiny model's
 episodes are sessions of openenv-core's guess-the-number game (tests/unit/runtime/agent/openenv_servers.py),
 each reset with its own seed, stepped with every turn, rewarded per step by the game, closed at the end,
-through `rldock train` and the dock, with an `environment` reward term."""
+through `rldock train` and the dock, with an `environment` reward term. Then one short job against a
+hostile server (openenv_servers.hostile_server) whose sessions answer their steps wrongly in turn: the
+job finishes, the wrong answers are counted as their episodes' ends, and every reward it wrote is finite."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +33,7 @@ def _agent_test_helpers():
 
 
 openenv_guess_server = _agent_test_helpers().openenv_guess_server
+hostile_server = _agent_test_helpers().hostile_server
 
 ITERATIONS = 2
 MAX_TURNS = 3
@@ -64,28 +68,25 @@ def _config(root: Path, url: str) -> dict:
     }
 
 
+def _train(root: Path, config: dict) -> Path:
+    """`rldock train` of `config` in `root`; its output folder."""
+    (root / "job.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(root / "job.yaml"), "--output", str(root / "run")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root / "run"
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("environment")
     with openenv_guess_server(sessions=4, highest=10) as url:
-        (root / "job.yaml").write_text(yaml.safe_dump(_config(root, url)))
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rldock.runtime.cli",
-                "train",
-                str(root / "job.yaml"),
-                "--output",
-                str(root / "run"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=1200,
-            check=False,
-        )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return root / "run"
+        return _train(root, _config(root, url))
 
 
 def test_every_episode_is_a_session_of_the_openenv_core_environment(run):
@@ -104,3 +105,32 @@ def test_every_episode_is_a_session_of_the_openenv_core_environment(run):
         assert 0 <= environment["reward/turn_1"] <= 1
         assert 0 <= record["reward/environment"] <= 1
         assert record["reward_mean"] == pytest.approx(record["reward/environment"])  # the only term, weight 1
+
+
+# The hostile server's sessions take these in turn (each a step's answer; "good" is a right one).
+HOSTILE = [
+    "good",
+    "nan_reward",
+    "reward_1e39",
+    "error_data_not_object",
+    "deep_json",
+    "not_utf8_text",
+    "huge_observation",
+]
+
+
+def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishes(tmp_path):
+    config = _config(tmp_path, "")
+    config["iterations"] = 1
+    config["checkpoint"] = {"interval": 1}
+    with hostile_server(*HOSTILE) as url:
+        config["agent"]["environment"]["servers"] = {"url": url, "sessions_per_replica": 4}
+        run = _train(tmp_path, config)  # exits 0: the job went on
+    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    agent = record["agent"]
+    print("hostile job:", {key: value for key, value in agent.items() if "ended/" in key or "environment/" in key})
+    steps, wrong = agent["environment/steps"], agent.get("ended/environment_protocol_error", 0)
+    assert steps >= 1 and wrong >= 1, agent  # some turns reached the server, and its wrong answers were counted
+    assert agent["environment/errors"] == wrong and agent["environment/sessions_open"] == 0
+    numbers = [record["reward_mean"], record["reward_std"], record["reward/environment"], record["loss"]]
+    assert all(math.isfinite(value) for value in numbers), record

@@ -659,8 +659,17 @@ class EnvironmentServersSpec(Spec):
         min_length=1,
         max_length=256,
         description="`rldock train` only: the server's command, which rldock starts `replicas` times on this "
-        "machine, waits for at `/health`, restarts when one dies and stops with the job; `{port}` in an argument "
-        "is replaced by each process's port, e.g. `[rldock, env, serve, my_env.py:MyEnv, --port, '{port}']`.",
+        "machine, waits for at `/health`, restarts when one dies and stops with the job. `{listen_fd}` in an "
+        "argument is replaced by the descriptor of a socket rldock has bound to a free port and passes to the "
+        "process (`[rldock, env, serve, my_env.py:MyEnv, --listen-fd, '{listen_fd}']`: no other process can "
+        "take the port in between); `{port}` by a free port, for a server that can only bind one itself. The "
+        "process gets a clean environment: PATH, HOME, LANG, TMPDIR, the job's token (RLDOCK_ENV_TOKEN) and `env`.",
+    )
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], str] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="`command` only: environment variables of the server processes, which get nothing else of "
+        "the trainer's environment (its credentials stay with it).",
     )
     service: str | None = Field(
         default=None,

@@ -505,14 +505,18 @@ def _servers_problems(servers: EnvironmentServersSpec, at: str) -> list[Problem]
                 "addresses its name resolves to); remove it",
             )
         )
-    if servers.command is not None and not any("{port}" in argument for argument in servers.command):
+    if servers.command is not None and not any(
+        "{port}" in argument or "{listen_fd}" in argument for argument in servers.command
+    ):
         problems.append(
             Problem(
                 f"{at}.command",
-                "no argument holds `{port}`, so every replica would listen on the same port; pass it, e.g. "
-                "[rldock, env, serve, my_env.py:MyEnv, --port, '{port}']",
+                "no argument holds `{listen_fd}` or `{port}`, so every replica would listen on the same port; pass "
+                "one, e.g. [rldock, env, serve, my_env.py:MyEnv, --listen-fd, '{listen_fd}']",
             )
         )
+    if servers.env and servers.command is None:
+        problems.append(Problem(f"{at}.env", "only servers started from a `command` take env; remove it"))
     return problems
 
 

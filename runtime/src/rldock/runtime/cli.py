@@ -238,6 +238,19 @@ def _build_parser() -> argparse.ArgumentParser:
         help="sessions (episodes) open at once; one more is refused with CAPACITY_REACHED (default 8)",
     )
     serve.add_argument(
+        "--listen-fd",
+        type=int,
+        metavar="FD",
+        help="serve on this inherited listening socket instead of --host/--port (rldock train passes one it "
+        "bound, `{listen_fd}` in servers.command)",
+    )
+    serve.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="a file holding the job's token, which every route but /health then asks for (a mounted Secret's "
+        "key); default: the RLDOCK_ENV_TOKEN variable, if set, else no token",
+    )
+    serve.add_argument(
         "--option",
         dest="options",
         action="append",
@@ -421,7 +434,8 @@ def _bench_peak(args: argparse.Namespace) -> int:
 def _env_serve(args: argparse.Namespace) -> int:
     """`rldock env serve`: exit 2 for a class or option that cannot be served, else serve until stopped."""
     from rldock.runtime.agent.loading import AgentConfigError
-    from rldock.runtime.agent.service.server import listen, load_environment, serve
+    from rldock.runtime.agent.service.auth import TokenError, server_token
+    from rldock.runtime.agent.service.server import inherited, listen, load_environment, serve
 
     options: dict[str, str] = {}
     for key, value in args.options:
@@ -430,17 +444,27 @@ def _env_serve(args: argparse.Namespace) -> int:
             return 2
         options[key] = value
     try:
+        token = server_token(args.token_file)
+    except TokenError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
         environment = load_environment(args.environment, options)
     except AgentConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        sock = listen(args.host, args.port)
+        sock = listen(args.host, args.port) if args.listen_fd is None else inherited(args.listen_fd)
     except OSError as error:
         environment.close()
-        print(f"error: --host/--port: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        where = (
+            f"--listen-fd: cannot listen on descriptor {args.listen_fd}"
+            if args.listen_fd is not None
+            else f"--host/--port: cannot listen on {args.host}:{args.port}"
+        )
+        print(f"error: {where}: {error}", file=sys.stderr)
         return 2
-    serve(environment, sock=sock, max_sessions=args.sessions)
+    serve(environment, sock=sock, max_sessions=args.sessions, token=token)
     return 0
 
 

@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rldock.config import JobConfig
 from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
+from rldock.runtime.agent.service.local import token_variables
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.ray_devices import device_request, local_device_problems
 from rldock.runtime.states import placement_plan
@@ -42,6 +43,8 @@ def connect(cfg: JobConfig) -> None:
         # (no tokenizer is loaded: prompts are token ids); a user's own setting wins.
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
+        # The environment servers' token, which the rollout's clients send (agent/service/auth.py).
+        **token_variables(cfg),
     }
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})

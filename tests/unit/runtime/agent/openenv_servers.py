@@ -3,7 +3,11 @@
 - `rldock_env_server(CLASS, --option...)` runs `rldock env serve` of an rldock environment class;
 - `openenv_guess_server()` runs an environment written with openenv-core's own server classes:
   GuessNumberEnvironment (an `openenv.core.env_server.Environment` with its own Action and Observation
-  models) under openenv's `create_app` and uvicorn, the way an OpenEnv environment's image runs it.
+  models) under openenv's `create_app` and uvicorn, the way an OpenEnv environment's image runs it;
+- `hostile_server(MODE, ...)` runs a server that answers `/health` and `/schema` as an OpenEnv server
+  does and a reset as one does, then answers each session's step in one of HOSTILE_ANSWERS' wrong ways:
+  the session's reset `ground_truth` names the way where it is one of them, else the sessions take the
+  MODEs in turn ("good" answers right).
 
 Both are context managers that yield the server's base URL (`http://127.0.0.1:PORT`) once it answers
 `/health`, and stop it with SIGTERM on exit; `running_server` is the one under both, for a test that
@@ -21,7 +25,8 @@ answered "Higher." or "Lower." with reward 0.0, and the right one "Right! ..." w
 openenv-core's client is `openenv_servers.GenericEnvClient` (imported here, after the stand-in below).
 
 Run as a script, this file serves that game: `python openenv_servers.py [--port 0] [--sessions 8]
-[--highest 10]` logs `... at http://127.0.0.1:PORT` once it listens.
+[--highest 10]` logs `... at http://127.0.0.1:PORT` once it listens; `--hostile MODE,...` serves the
+hostile server instead.
 
 openenv-core 0.3.0 is installed without its dependencies (requirements/cpu.lock): its HTTP server module
 imports fastmcp's `Client` at import time, for MCP environments only, and every `openenv.core` import
@@ -32,7 +37,10 @@ goes through it. fastmcp 3 needs mcp<2 where the lock pins mcp 2.3 (vLLM's), so 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import itertools
+import json
 import logging
 import os
 import random
@@ -164,6 +172,109 @@ def openenv_guess_server(*, sessions: int = 8, highest: int = 10) -> Iterator[st
         yield server.url
 
 
+@contextlib.contextmanager
+def hostile_server(*modes: str) -> Iterator[str]:
+    """The hostile server (the module docstring), its sessions taking `modes` in turn; yields its base URL."""
+    unknown = set(modes) - set(HOSTILE_ANSWERS)
+    assert not unknown, f"no hostile answer {unknown}; the answers: {sorted(HOSTILE_ANSWERS)}"
+    argv = [sys.executable, str(Path(__file__)), "--port", "0", "--hostile", ",".join(modes)]
+    with running_server(argv) as server:
+        yield server.url
+
+
+def _observation(reward: str = "0.5", done: str = "false", message: str = '"fine"') -> str:
+    """An observation message's JSON written by hand, so that a value json.dumps would refuse goes out."""
+    data = f'{{"observation": {{"message": {message}}}, "reward": {reward}, "done": {done}}}'
+    return f'{{"type": "observation", "data": {data}}}'
+
+
+HUGE_OBSERVATION_BYTES = 64 * 1024 * 1024
+DEEP = 100_000  # arrays in arrays
+
+# mode -> the step's answer: (text or bytes, whether bytes go out as a text frame); None never answers.
+HOSTILE_ANSWERS: dict[str, tuple[str | bytes, bool] | None] = {
+    "good": (_observation(), True),
+    "error_data_not_object": ('{"type": "error", "data": ["not", "an", "object"]}', True),
+    "error_data_string": ('{"type": "error", "data": "boom"}', True),
+    "deep_json": ('{"type": "observation", "data": ' + "[" * DEEP + "]" * DEEP + "}", True),
+    "huge_integer": (_observation(reward="9" * 5000), True),
+    "not_utf8_text": (b'{"type": "observation", "data": "\xff\xfe"}', True),
+    "not_utf8_binary": (b"\xff\xfe\xfd", False),
+    "nan_reward": (_observation(reward="NaN"), True),
+    "infinite_reward": (_observation(reward="1e400"), True),
+    "reward_1e39": (_observation(reward="1e39"), True),
+    "done_not_bool": (_observation(done='"yes"'), True),
+    "not_openenv": ('{"type": "hello"}', True),
+    "not_json": ("<html>", True),
+    "huge_observation": (None, True),  # made when asked: HUGE_OBSERVATION_BYTES of message
+    "never_answers": None,
+}
+
+
+async def _hostile_session(connection, modes) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    mode = next(modes)
+    try:
+        async for raw in connection:
+            message = json.loads(raw)
+            if message.get("type") == "close":
+                return
+            if message.get("type") == "reset":
+                asked = message.get("data", {}).get("ground_truth", "")
+                mode = asked if asked in HOSTILE_ANSWERS else mode
+                await connection.send(_observation(reward="null", message='"hostile: ' + mode + '"'))
+                continue
+            answer = HOSTILE_ANSWERS[mode]
+            if answer is None:
+                await connection.wait_closed()  # never answers; the client's time limit ends the episode
+                return
+            text, as_text = answer
+            if mode == "huge_observation":
+                text = _observation(message='"' + "x" * HUGE_OBSERVATION_BYTES + '"')
+            await connection.send(text, text=as_text)
+    except ConnectionClosed:
+        return
+
+
+def serve_hostile(modes: list[str], port: int) -> None:
+    """Serve the hostile server on 127.0.0.1:`port` until SIGTERM (module docstring); without compression, so
+    that the 64 MiB answer costs a copy, not seconds of deflate that would hold up the other sessions."""
+    from websockets.asyncio.server import serve
+    from websockets.datastructures import Headers
+    from websockets.http11 import Response
+
+    schema = {
+        "action": {"type": "object", "properties": {"message": {"type": "string"}}},
+        "observation": {"type": "object"},
+        "state": {"type": "object"},
+    }
+    answers = {"/health": {"status": "healthy"}, "/schema": schema}
+    turns = itertools.cycle(modes)
+
+    def http(connection, request):
+        body = answers.get(request.path)
+        if body is None:
+            return None  # /ws: the WebSocket handshake goes on
+        headers = Headers([("Content-Type", "application/json")])
+        return Response(200, "OK", headers, json.dumps(body).encode())
+
+    async def main() -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", port))
+        stop = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set_result, None)
+        async with serve(
+            lambda c: _hostile_session(c, turns), sock=sock, process_request=http, max_size=None, compression=None
+        ):
+            logging.getLogger("openenv_servers").info(
+                "hostile server (%s) at http://127.0.0.1:%d", ",".join(modes), sock.getsockname()[1]
+            )
+            await stop
+
+    asyncio.run(main())
+
+
 def secret_number(seed: int, highest: int) -> int:
     """The number an episode reset with `seed` asks for."""
     return random.Random(seed).randint(1, highest)
@@ -217,8 +328,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--highest", type=int, default=10)
+    parser.add_argument("--hostile", help="serve the hostile server, its sessions taking these modes in turn")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.hostile:
+        serve_hostile(args.hostile.split(","), args.port)
+        return
     os.environ.pop("ENABLE_WEB_INTERFACE", None)  # the plain API, not openenv's Gradio interface
     app = create_app(
         functools.partial(GuessNumberEnvironment, highest=args.highest),

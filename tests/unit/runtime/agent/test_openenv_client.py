@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -18,6 +20,7 @@ from openenv_servers import openenv_guess_server, secret_number
 
 from rldock.config.job import AgentSpec, EnvironmentServersSpec, JobConfig, SandboxSpec
 from rldock.runtime.agent.base import EnvironmentUnavailable, EpisodeContext, Observation, SessionFailed
+from rldock.runtime.agent.service.auth import TOKEN_ENV
 from rldock.runtime.agent.service.client import OpenEnvEnvironment, Replicas, resolve_replicas
 from rldock.runtime.agent.service.local import EnvironmentStartError, JobEnvironmentServers, LocalServers
 from rldock.runtime.agent.service.probe import environment_server_problems, replica_problems
@@ -51,7 +54,18 @@ def guess_url():
 
 
 def serve_command(environment: str, *options: str) -> list[str]:
-    return [*RLDOCK, "env", "serve", environment, "--port", "{port}", *options]
+    return [*RLDOCK, "env", "serve", environment, "--listen-fd", "{listen_fd}", *options]
+
+
+@pytest.fixture(autouse=True)
+def _job_token_kept_to_the_test():
+    """LocalServers makes the job's token in this process's environment, as in a trainer; it goes with the test."""
+    before = os.environ.get(TOKEN_ENV)
+    yield
+    if before is None:
+        os.environ.pop(TOKEN_ENV, None)
+    else:
+        os.environ[TOKEN_ENV] = before
 
 
 async def play(environment: OpenEnvEnvironment, seed: int, guesses: list[str]) -> list[Observation]:
@@ -161,6 +175,9 @@ def test_local_replicas_share_the_sessions_and_a_dead_one_is_replaced(tmp_path):
             victim = local.processes[urls.index(on[0])]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait()
+            # Its port stays rldock's (the socket it passed), so nothing else on the machine can take it.
+            with pytest.raises(OSError), socket.socket() as squatter:
+                squatter.bind(("127.0.0.1", local.ports[urls.index(on[0])]))
             with pytest.raises(SessionFailed, match="was closed"):
                 await sessions[0].step("again")
             other = next(i for i, base in enumerate(on) if base != on[0])
@@ -331,3 +348,29 @@ def test_the_python_tool_runs_its_code_in_the_sandbox_environment(tmp_path):
     # The server is gone: the call is the model's error message, not a crash.
     gone = asyncio.run(tool.call({"code": "print(1)"}))
     assert gone.error and "the python sandbox service failed" in gone.text
+
+
+def test_local_servers_get_a_clean_environment_and_want_the_jobs_token(tmp_path, monkeypatch):
+    import requests
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the trainer's own")
+    monkeypatch.setenv("HF_TOKEN", "the trainer's own")
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    servers = EnvironmentServersSpec(
+        command=serve_command(f"{HERE / 'env_doubles.py'}:VariablesEnvironment"), env={"JUDGE_MODEL": "small"}
+    )
+    local = LocalServers(servers, field="agent.environment", log_dir=tmp_path)
+    try:
+        (url,) = local.start()
+        environment = OpenEnvEnvironment(name="variables", servers=servers, urls=[url])
+        reset, step = asyncio.run(play(environment, 0, ["JUDGE_MODEL"]))
+        names = set(json.loads(reset.message))
+        assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "JUDGE_MODEL", TOKEN_ENV, "LC_CTYPE"}, names
+        assert {"PATH", "JUDGE_MODEL", TOKEN_ENV} <= names and step.message == "small"
+        # The job's token, made for it and asked of every client: none, or another, is refused.
+        assert len(os.environ[TOKEN_ENV]) >= 32
+        for headers in ({}, {"Authorization": "Bearer another-token-0123456789"}):
+            assert requests.get(f"{url}/schema", headers=headers, timeout=30).status_code == 401
+        assert requests.get(f"{url}/health", timeout=30).status_code == 200
+    finally:
+        local.stop()

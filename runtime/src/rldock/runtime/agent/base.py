@@ -115,6 +115,17 @@ class SessionFailed(RuntimeError):
     protocol): that episode ends (`agent/ended/environment_error`), the others go on."""
 
 
+class EnvironmentProtocolError(SessionFailed):
+    """A server's answer broke the protocol or its limits (not JSON, too large or too deep, a reward that
+    is not a finite number within REWARD_LIMIT, an error whose data is not an object): that episode ends
+    (`agent/ended/environment_protocol_error`), the others go on."""
+
+
+# The largest reward magnitude an environment step may give: the dock keeps rewards as float32 and a
+# group's advantages add them, so a reward near float32's range (3.4e38) would overflow to inf there.
+REWARD_LIMIT = 1e6
+
+
 class EnvironmentUnavailable(RuntimeError):
     """No replica of a service environment answered. Until `servers.unavailable_timeout_s` has passed
     without any answer the episode ends (`agent/ended/environment_unavailable`); after it (`fatal`) the

@@ -19,6 +19,13 @@ how to write a call.
 With an environment (`opens_with_environment`) the prompt ends before the generation prompt: the
 response opens with the environment's reset message, if any, as a `user` message, then the generation
 prompt (`opening`), found by difference after a fixed user message as the messages between turns are.
+
+A tool's or an environment's text is data, never markup: the messages between turns are rendered with a
+placeholder for each message's text, the template's own text tokenized as usual (its special tokens are
+control tokens) and each message's text tokenized with special tokens as plain text (`plain_ids`), so an
+observation that writes `<|im_end|>` or `<eos>` cannot end a turn or forge one in the token ids. The text
+goes in verbatim where the placeholder was: a template that changes a message's text (a `trim`) is not
+applied to it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 _PROBE_SYSTEM, _PROBE_USER, _PROBE_ANSWER = "S", "U", "A"
+# Stands for the i-th message's text while the template renders: characters no template writes itself.
+_SLOT = "\ue000rldock-message-{}\ue001"
+
+
+def plain_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` with any special token's text in it tokenized as ordinary characters (a Hugging
+    Face tokenizer's `split_special_tokens`): text that came from outside the model."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def tools_system_text(tools: Sequence[dict]) -> str:
@@ -96,13 +111,14 @@ class ChatRenderer:
         prompt's last message, through the generation prompt: how a response opens with an environment."""
         base = [{"role": "system", "content": _PROBE_SYSTEM}, {"role": "user", "content": _PROBE_USER}]
         before = self._render(base, generation=False)
-        after = self._render([*base, *messages])
+        slotted = _slotted(messages)
+        after = self._render([*base, *slotted])
         if not after.startswith(before):
             raise ValueError(
                 "agent: the chat template renders earlier messages differently once more follow; an environment's "
                 "rollout needs a template that writes each message on its own (ChatML and its relatives)"
             )
-        return self.tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
+        return self._fill(after[len(before) :], messages)
 
     def between_turns(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of `messages` (tool results, an environment's reply) as they follow an assistant
@@ -113,7 +129,7 @@ class ChatRenderer:
             {"role": "assistant", "content": _PROBE_ANSWER},
         ]
         before = self._render(base, generation=False)
-        after = self._render([*base, *messages])
+        after = self._render([*base, *_slotted(messages)])
         end_of_answer = before.find(_PROBE_ANSWER + self.eos_text)
         if end_of_answer < 0 or not after.startswith(before[: end_of_answer + len(_PROBE_ANSWER + self.eos_text)]):
             raise ValueError(
@@ -122,7 +138,23 @@ class ChatRenderer:
                 "need a template that writes each message on its own (ChatML and its relatives)"
             )
         delta = after[end_of_answer + len(_PROBE_ANSWER + self.eos_text) :]
-        return self.tokenizer(delta, add_special_tokens=False)["input_ids"]
+        return self._fill(delta, messages)
+
+    def _fill(self, rendered: str, messages: Sequence[dict]) -> list[int]:
+        """Token ids of `rendered` (with _SLOT for each message's text): the template's text as markup, each
+        message's text as plain text in its slot."""
+        ids: list[int] = []
+        rest = rendered
+        for index, message in enumerate(messages):
+            markup, found, rest = rest.partition(_SLOT.format(index))
+            if not found:
+                raise ValueError(
+                    f"agent: the chat template does not write a {message['role']} message's text where the "
+                    "message is rendered; multi-turn rollouts need a template that writes each message's content"
+                )
+            ids += self.tokenizer(markup, add_special_tokens=False)["input_ids"] if markup else []
+            ids += plain_ids(self.tokenizer, str(message.get("content") or ""))
+        return ids + (self.tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else [])
 
     def model_turn(self, content: str) -> list[int]:
         """A turn's tokens as the model would sample them: the content, then EOS (demonstrations)."""
@@ -150,3 +182,8 @@ class ChatRenderer:
                 "a demonstration ends with the assistant's turn, not a " + pending[-1]["role"] + " message"
             )
         return spans
+
+
+def _slotted(messages: Sequence[dict]) -> list[dict]:
+    """`messages` with each one's text replaced by its _SLOT."""
+    return [{**message, "content": _SLOT.format(index)} for index, message in enumerate(messages)]

@@ -127,11 +127,11 @@ def _class(name: str, *, builtins: tuple[str, ...], registry: Registry[ClassT], 
 
 
 def _instance(cls: type[MadeT], interface: type, agent: AgentSpec, options: Mapping[str, str], at: str) -> MadeT:
-    """`cls.from_config(agent, options)`; a TypeError there (an option the class does not take, or one it
-    needs left out) names the options field."""
+    """`cls.from_config(agent, options)`; a TypeError or ValueError there (an option the class does not take,
+    one it needs left out, or a value it refuses) names the options field."""
     try:
         made = cls.from_config(agent, options)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise AgentConfigError(
             f"{at}.options: {cls.__name__} cannot be made with options {dict(options)}: {error}; give the "
             "keyword arguments its __init__ takes"

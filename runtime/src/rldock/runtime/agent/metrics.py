@@ -9,8 +9,8 @@ at the length budget), and the tools' own counters (ToolResult.counts: the pytho
 `sandbox/without_<layer>`, calls run without a kernel layer). Calls that named no tool count under
 `malformed` and `unknown`. `engine_while_waiting_s` and `engine_blocked_s`: seconds the engines generated
 while tool calls or environment steps were out, and sat with nothing to generate until one answered.
-With an environment, under `agent/environment/`: `resets`, `steps`, `errors`
-(sessions that failed, timed out or found no replica), `step_p50_s` and `step_p95_s` (seconds a reset
+With an environment, under `agent/environment/`: `resets`, `steps`, `errors` (sessions that failed,
+broke the protocol, timed out or found no replica), `step_p50_s` and `step_p95_s` (seconds a reset
 or a step waited), `sessions_open` (left open after the rollout: 0 unless a close failed) and
 `sessions_open_max` (the most at once), and `reward/turn_<k>` (the mean reward of the k-th step, over the
 episodes that took it).
@@ -26,7 +26,12 @@ import numpy as np
 from rldock.runtime.agent.rollout import MALFORMED, UNKNOWN, AgentLoop, Episode
 
 # Per-episode ends of an environment's session that are its failures (not the model's).
-SESSION_FAILURES = ("environment_error", "environment_timeout", "environment_unavailable")
+SESSION_FAILURES = (
+    "environment_error",
+    "environment_protocol_error",
+    "environment_timeout",
+    "environment_unavailable",
+)
 Sums = dict[str, float | list[float]]  # additive figures; a list (wait times) adds by concatenation
 
 

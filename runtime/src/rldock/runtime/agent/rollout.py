@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -42,7 +43,9 @@ from dataclasses import dataclass, field
 
 from rldock.config.job import AgentSpec
 from rldock.runtime.agent.base import (
+    REWARD_LIMIT,
     Environment,
+    EnvironmentProtocolError,
     EnvironmentSession,
     EnvironmentUnavailable,
     EpisodeContext,
@@ -53,7 +56,7 @@ from rldock.runtime.agent.base import (
     ToolCallParser,
     ToolResult,
 )
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.conversation import ChatRenderer, plain_ids
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine, mixed_seed
 
 logger = logging.getLogger(__name__)
@@ -74,7 +77,8 @@ class Episode:
     tool_errors: Counter[str] = field(default_factory=Counter)  # per tool name ("malformed", "unknown")
     tool_seconds: dict[str, float] = field(default_factory=dict)  # per tool name
     tool_counts: Counter[str] = field(default_factory=Counter)  # the tools' own counts (ToolResult.counts)
-    ended: str = ""  # answer | max_turns | length | environment_<timeout|error|unavailable> | observation_too_long
+    ended: str = ""  # answer | max_turns | length | environment_<timeout|error|protocol_error|unavailable> |
+    # observation_too_long
     session: EnvironmentSession | None = None  # open while the episode runs with an environment
     rewards: list[float] = field(default_factory=list)  # the environment's per step (0.0 where it gave none)
     step_seconds: list[float] = field(default_factory=list)  # each reset and step's wait
@@ -374,6 +378,9 @@ class AgentLoop:
             if error.fatal:  # no replica answered for servers.unavailable_timeout_s: the job cannot go on
                 raise
             return Answers([], ended="environment_unavailable", kind=kind, seconds=time.perf_counter() - start)
+        except EnvironmentProtocolError as error:  # before SessionFailed, its base
+            logger.warning("agent.environment %s: an episode's server broke the protocol: %s", name, error)
+            return Answers([], ended="environment_protocol_error", kind=kind, seconds=time.perf_counter() - start)
         except SessionFailed as error:
             logger.warning("agent.environment %s: an episode's session failed: %s", name, error)
             return Answers([], ended="environment_error", kind=kind, seconds=time.perf_counter() - start)
@@ -383,14 +390,37 @@ class AgentLoop:
         seconds = time.perf_counter() - start
         if not isinstance(observation, Observation):
             raise TypeError(f"agent.environment {name} returned {observation!r}, not an Observation")
+        if observation.reward is not None and not (
+            math.isfinite(observation.reward) and abs(observation.reward) <= REWARD_LIMIT
+        ):  # the dock keeps float32 rewards, which a NaN or an overflow would poison for the whole group
+            logger.warning(
+                "agent.environment %s: a reward that is not finite within %g: %r",
+                name,
+                REWARD_LIMIT,
+                observation.reward,
+            )
+            return Answers([], ended="environment_protocol_error", kind=kind, seconds=seconds)
         messages = [{"role": "user", "content": self._cut(observation.message)}] if observation.message else []
         ended = "answer" if observation.done else ""
         return Answers(messages, ended=ended, kind=kind, reward=observation.reward, seconds=seconds)
 
     def _cut(self, text: str) -> str:
-        """`text` within agent.max_tool_response_tokens, saying how much was cut."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """`text` within agent.max_tool_response_tokens, saying how much was cut. The text is first cut to
+        CHARS_PER_TOKEN characters a token, so an observation of megabytes is never tokenized whole; the
+        special tokens' text in it stays plain text (conversation.plain_ids)."""
         limit = self.spec.max_tool_response_tokens
-        if len(ids) <= limit:
+        head = text[: limit * CHARS_PER_TOKEN]
+        ids = plain_ids(self.tokenizer, head)
+        if len(ids) <= limit and len(head) == len(text):
             return text
-        return self.tokenizer.decode(ids[:limit]) + f"\n[{len(ids) - limit} more tokens cut]"
+        if len(ids) <= limit:
+            return head + f"\n[{len(text) - len(head)} more characters cut]"
+        kept = self.tokenizer.decode(ids[:limit])
+        if len(head) == len(text):
+            return kept + f"\n[{len(ids) - limit} more tokens cut]"
+        return kept + f"\n[{len(text) - len(kept)} more characters cut]"
+
+
+# Characters kept per token of agent.max_tool_response_tokens before a tool's or an environment's text is
+# tokenized: above what tokenizers put in one token of ordinary text, far below a hostile megabyte.
+CHARS_PER_TOKEN = 32

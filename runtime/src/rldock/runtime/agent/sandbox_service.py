@@ -10,6 +10,11 @@ fields, `error` (the call failed: the program raised, exited nonzero or hit a li
 tool's counters, {"sandbox/without_<layer>": 1} for each kernel layer the program ran without), with
 done true. The sandbox inside is the in-process one (agent/sandbox/): its kernel layers hold in this
 server's process as they do in an actor.
+
+The server's own options are the most a call may ask for (`rldock env serve ...:PythonSandbox --option
+memory_mib=256 --option wall_seconds=10`; a limit not given: SandboxSpec's default): a reset asking for
+more of any limit is refused (EXECUTION_ERROR naming the limit), and a limit the reset leaves out is the
+server's. A client therefore cannot buy itself a terabyte of memory or an hour of wall time.
 """
 
 from __future__ import annotations
@@ -41,11 +46,30 @@ def sandbox_limits(extra_info: Mapping[str, Any]) -> SandboxSpec:
     return SandboxSpec.model_validate(dict(given))  # pydantic's ValidationError is a ValueError
 
 
+def within(asked: SandboxSpec, ceiling: SandboxSpec, given: Mapping[str, Any]) -> SandboxSpec:
+    """The limits a call runs with: each limit it gave (`given`) if at most the server's `ceiling`, the
+    ceiling's for the others; ValueError naming every limit asked above the ceiling."""
+    over = [
+        f"{name} {getattr(asked, name)} (at most {getattr(ceiling, name)})"
+        for name in LIMIT_FIELDS
+        if name in given and getattr(asked, name) > getattr(ceiling, name)
+    ]
+    if over:
+        raise ValueError(f'extra_info["sandbox"] asks for more than this server allows: {", ".join(over)}')
+    return SandboxSpec.model_validate(
+        {name: getattr(asked if name in given else ceiling, name) for name in LIMIT_FIELDS}
+    )
+
+
 class PythonSandbox(Environment):
-    """Runs each session's program in the python tool's sandbox and answers what the tool would."""
+    """Runs each session's program in the python tool's sandbox and answers what the tool would; its
+    options (LIMIT_FIELDS) are the most a call may ask for."""
+
+    def __init__(self, **limits: str):
+        self.ceiling = sandbox_limits({"sandbox": limits})  # ValueError names an option that is not a limit
 
     def session(self) -> EnvironmentSession:
-        return PythonSandboxSession()
+        return PythonSandboxSession(self.ceiling)
 
 
 class PythonSandboxSession(EnvironmentSession):
@@ -53,8 +77,13 @@ class PythonSandboxSession(EnvironmentSession):
 
     tool: PythonTool
 
+    def __init__(self, ceiling: SandboxSpec):
+        self.ceiling = ceiling
+
     async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
-        self.tool = PythonTool(sandbox_limits(context.extra_info))
+        asked = sandbox_limits(context.extra_info)
+        given = context.extra_info.get("sandbox", {})
+        self.tool = PythonTool(within(asked, self.ceiling, given))
         return Observation()
 
     async def step(self, text: str) -> Observation:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -34,13 +35,17 @@ from websockets.asyncio.client import ClientConnection, connect
 from rldock.config.job import AgentSpec, EnvironmentServersSpec
 from rldock.runtime.agent.base import (
     ENVIRONMENTS,
+    REWARD_LIMIT,
     Environment,
+    EnvironmentProtocolError,
     EnvironmentSession,
     EnvironmentUnavailable,
     EpisodeContext,
     Observation,
     SessionFailed,
 )
+from rldock.runtime.agent.service import wire
+from rldock.runtime.agent.service.auth import client_headers
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +56,10 @@ CONNECT_TIMEOUT_S = 10.0
 # Every replica refused a session as full (a server counts a closed session until its close has run, a
 # moment after the client's): wait this long before asking again, within the reset's time limit.
 CAPACITY_RETRY_S = 0.1
+# Close codes with which this client's websockets library ends a connection whose server broke the
+# protocol: 1002 a bad frame, 1007 a text frame that is not UTF-8, 1009 a message over wire.MAX_MESSAGE_BYTES
+# (decompressed). The server answered, wrongly: its episode ends as a protocol error, the replica stays.
+PROTOCOL_CLOSE_CODES = frozenset({1002, 1007, 1009})
 
 
 class CapacityReached(SessionFailed):
@@ -186,9 +195,10 @@ class OpenEnvEnvironment(Environment):
         return OpenEnvSession(self)
 
     def observation(self, data: Any) -> Observation:
-        """An observation message's `data` as the model reads it."""
+        """An observation message's `data` as the model reads it; EnvironmentProtocolError where it is not
+        OpenEnv's {observation, reward, done} or its reward is not a finite number within REWARD_LIMIT."""
         if not isinstance(data, dict) or not isinstance(data.get("observation", {}), dict):
-            raise SessionFailed(
+            raise EnvironmentProtocolError(
                 f"{self.name}: an observation that is not OpenEnv's {{observation, reward, done}}: {data!r:.200}"
             )
         fields = data.get("observation") or {}
@@ -200,11 +210,23 @@ class OpenEnvEnvironment(Environment):
         else:
             message = json.dumps(fields, ensure_ascii=False, sort_keys=True)
         reward = data.get("reward")
-        if reward is not None and not isinstance(reward, (int, float)):
-            raise SessionFailed(f"{self.name}: a reward that is not a number: {reward!r:.100}")
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, (int, float)) or not finite_reward(float(reward))
+        ):
+            raise EnvironmentProtocolError(
+                f"{self.name}: a reward that is not a finite number within {REWARD_LIMIT:g}: {reward!r:.100}"
+            )
+        done = data.get("done")
+        if done is not None and not isinstance(done, bool):
+            raise EnvironmentProtocolError(f"{self.name}: a `done` that is not true or false: {done!r:.100}")
         reward = None if reward is None else float(reward)
         others = {key: value for key, value in fields.items() if key != self.observation_field}
-        return Observation(message=message, reward=reward, done=bool(data.get("done")), fields=others)
+        return Observation(message=message, reward=reward, done=bool(done), fields=others)
+
+
+def finite_reward(reward: float) -> bool:
+    """Whether a step's reward is one the dock can keep: finite and within REWARD_LIMIT."""
+    return math.isfinite(reward) and abs(reward) <= REWARD_LIMIT
 
 
 def describe(servers: EnvironmentServersSpec) -> str:
@@ -279,7 +301,12 @@ class OpenEnvSession(EnvironmentSession):
                 # then spread over the replicas instead of all choosing the one that had the fewest.
                 replica.open_sessions += 1
                 try:
-                    self.connection = await connect(ws_url(replica.base), open_timeout=CONNECT_TIMEOUT_S, max_size=None)
+                    self.connection = await connect(
+                        ws_url(replica.base),
+                        open_timeout=CONNECT_TIMEOUT_S,
+                        max_size=wire.MAX_MESSAGE_BYTES,
+                        additional_headers=client_headers(),
+                    )
                 except (OSError, TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as error:
                     replica.open_sessions -= 1
                     replicas.failed(replica)
@@ -293,27 +320,36 @@ class OpenEnvSession(EnvironmentSession):
         raise replicas.unavailable(tried, errors)
 
     async def _exchange(self, message: dict) -> Observation:
+        """Send `message` and read its answer. What the server answers wrongly (wire.loads' limits, a frame
+        the library refuses, a shape that is not OpenEnv's) raises EnvironmentProtocolError; the replica
+        still counts as answering, so a broken server ends episodes, never the job."""
         connection, replica = self.connection, self.replica
         assert connection is not None and replica is not None, "reset opens the session first"
         environment = self.environment
+        where = f"{environment.name}: {replica.base}"
         try:
             await connection.send(json.dumps(message))
-            answer = json.loads(await connection.recv())
+            raw = await connection.recv()
         except websockets.ConnectionClosed as error:
+            if error.sent is not None and error.sent.code in PROTOCOL_CLOSE_CODES:
+                environment.replicas.answered(replica)
+                raise EnvironmentProtocolError(f"{where} sent a message this client refused: {error}") from error
             environment.replicas.failed(replica)
-            raise SessionFailed(f"{environment.name}: the session on {replica.base} was closed: {error}") from error
-        except json.JSONDecodeError as error:
-            raise SessionFailed(f"{environment.name}: {replica.base} answered something that is not JSON") from error
+            raise SessionFailed(f"{where}: the session was closed: {error}") from error
         environment.replicas.answered(replica)
+        try:
+            answer = wire.loads(raw)
+        except wire.WireError as error:
+            raise EnvironmentProtocolError(
+                f"{where} answered something that is not JSON within limits: {error}"
+            ) from error
         if not isinstance(answer, dict) or answer.get("type") not in ("observation", "error"):
-            raise SessionFailed(
-                f"{environment.name}: {replica.base} answered {answer!r:.200}, not an OpenEnv observation"
-            )
+            raise EnvironmentProtocolError(f"{where} answered {answer!r:.200}, not an OpenEnv observation")
         if answer["type"] == "error":
-            data = answer.get("data") or {}
-            failure = CapacityReached if data.get("code") == "CAPACITY_REACHED" else SessionFailed
-            raise failure(
-                f"{environment.name}: {replica.base} answered {message['type']} with error {data.get('code')}: "
-                f"{data.get('message')}"
-            )
+            data = answer.get("data")
+            if not isinstance(data, dict):
+                raise EnvironmentProtocolError(f"{where} answered an error whose data is not an object: {data!r:.200}")
+            code, text = data.get("code"), data.get("message")
+            failure = CapacityReached if code == "CAPACITY_REACHED" else SessionFailed
+            raise failure(f"{where} answered {message['type']} with error {code!r:.60}: {text!s:.500}")
         return environment.observation(answer.get("data"))

@@ -2,10 +2,19 @@
 command on free ports of this machine, each waited for at `/health`, replaced when it dies, stopped
 with the job.
 
-Each process gets its own process group and the parent-death signal, so none outlives the trainer
-even when it is SIGKILLed; its output goes to `<output>/environments/<name>-<i>.log`. A replacement
-listens on the dead one's port, so the URLs the rollout engines hold stay right; the episodes whose
-sessions were on it end as `agent/ended/environment_error` and the others go on.
+Ports: with `{listen_fd}` in the command, rldock binds a socket to port 0 of 127.0.0.1, reads the port
+back and passes the socket itself to the process (`rldock env serve --listen-fd`), keeping it for the
+job, so no other process on the machine can take the port before the server listens, nor while a
+replica is replaced. `{port}` gets a port found free a moment before (a server that can only bind one
+itself; another process could take it in between).
+
+Each process gets a clean environment (`clean_environment`: PATH, HOME, LANG, TMPDIR, the job's token
+and `servers.env`; never the trainer's other variables, its credentials among them), its own process
+group and the parent-death signal, so none outlives the trainer even when it is SIGKILLed; its output
+goes to `<output>/environments/<name>-<i>.log`. A replacement listens on the dead one's port, so the
+URLs the rollout engines hold stay right; the episodes whose sessions were on it end as
+`agent/ended/environment_error` and the others go on. The job's token (auth.job_token) is made before
+the servers start and asked of every client.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import time
 from pathlib import Path
 
 from rldock.config.job import EnvironmentServersSpec, JobConfig
+from rldock.runtime.agent.service.auth import TOKEN_ENV, job_token
 from rldock.runtime.agent.service.probe import health, replica_problems
 
 logger = logging.getLogger(__name__)
@@ -30,6 +40,9 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.2  # how often the watcher looks at the processes, and startup polls /health
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 _PR_SET_PDEATHSIG = 1
+# The trainer's variables a server process gets besides PATH: where its home and temporary files are and
+# its locale, none of them a credential.
+PASSED_VARIABLES = ("HOME", "LANG", "LC_ALL", "TMPDIR")
 
 
 class EnvironmentStartError(RuntimeError):
@@ -37,9 +50,22 @@ class EnvironmentStartError(RuntimeError):
 
 
 def free_port() -> int:
+    """A port free now (for a `{port}` command; another process may take it before the server binds it)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def bound_socket() -> socket.socket:
+    """A listening socket on a free port of 127.0.0.1 (port 0, read back with getsockname)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -47,11 +73,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def server_environment() -> dict[str, str]:
-    """The servers' environment: the trainer's, with its Python's scripts first on PATH, so `rldock` in a
-    command is the trainer's own also where the venv is not activated (`.venv/bin/rldock train ...`)."""
+def clean_environment(servers: EnvironmentServersSpec, token: str) -> dict[str, str]:
+    """A server process's whole environment: PATH with the trainer's Python's scripts first (so `rldock` in a
+    command is the trainer's own also where the venv is not activated: `.venv/bin/rldock train ...`),
+    PASSED_VARIABLES where set, the job's token and `servers.env`, nothing else of the trainer's."""
     scripts = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": os.pathsep.join([scripts, os.environ.get("PATH", "")])}
+    passed = {name: os.environ[name] for name in PASSED_VARIABLES if name in os.environ}
+    path = os.pathsep.join([scripts, os.environ.get("PATH", os.defpath)])
+    return {**passed, "PATH": path, **servers.env, TOKEN_ENV: token}
 
 
 class LocalServers:
@@ -60,7 +89,15 @@ class LocalServers:
     def __init__(self, servers: EnvironmentServersSpec, *, field: str, log_dir: Path):
         assert servers.command is not None, "LocalServers runs a servers.command"
         self.servers, self.field, self.log_dir = servers, field, log_dir
-        self.ports = [free_port() for _ in range(servers.replicas)]
+        self.token = job_token()
+        passes_socket = any("{listen_fd}" in argument for argument in servers.command)
+        # Held until stop: a replacement replica gets the same socket, so its port never comes free.
+        self.sockets = [bound_socket() for _ in range(servers.replicas)] if passes_socket else []
+        self.ports = (
+            [sock.getsockname()[1] for sock in self.sockets]
+            if passes_socket
+            else [free_port() for _ in range(servers.replicas)]
+        )
         self.processes: list[subprocess.Popen | None] = [None] * len(self.ports)
         self.restarts = 0
         self._stopping = threading.Event()
@@ -91,7 +128,12 @@ class LocalServers:
 
     def _spawn(self, index: int) -> None:
         port = str(self.ports[index])
-        command = [argument.replace("{port}", port) for argument in self.servers.command or ()]
+        passed = (self.sockets[index].fileno(),) if self.sockets else ()
+        listen_fd = str(passed[0]) if passed else ""
+        command = [
+            argument.replace("{port}", port).replace("{listen_fd}", listen_fd)
+            for argument in self.servers.command or ()
+        ]
         with open(self._log(index), "ab") as log:
             try:
                 self.processes[index] = subprocess.Popen(
@@ -100,7 +142,8 @@ class LocalServers:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,
-                    env=server_environment(),
+                    env=clean_environment(self.servers, self.token),
+                    pass_fds=passed,
                 )
             except OSError as error:
                 message = f"{self.field}.servers.command: cannot start {command!r}: {error}"
@@ -176,6 +219,8 @@ class LocalServers:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        for sock in self.sockets:
+            sock.close()
 
 
 class JobEnvironmentServers:
@@ -183,17 +228,11 @@ class JobEnvironmentServers:
     tool), started together and asked the preflight's questions (probe.py); `urls` by config field."""
 
     def __init__(self, cfg: JobConfig, *, log_dir: Path):
-        self.groups: dict[str, tuple[LocalServers, str]] = {}  # field -> servers, the action field they take
-        agent = cfg.agent
-        if agent is None:
-            return
-        environment = agent.environment
-        if environment is not None and environment.servers is not None and environment.servers.command is not None:
-            servers = LocalServers(environment.servers, field="agent.environment", log_dir=log_dir)
-            self.groups["agent.environment"] = (servers, environment.action_field)
-        sandbox = agent.sandbox.servers
-        if sandbox is not None and sandbox.command is not None and any(tool.name == "python" for tool in agent.tools):
-            self.groups["agent.sandbox"] = (LocalServers(sandbox, field="agent.sandbox", log_dir=log_dir), "message")
+        # field -> servers, the action field they take
+        self.groups: dict[str, tuple[LocalServers, str]] = {
+            field: (LocalServers(servers, field=field, log_dir=log_dir), action_field)
+            for field, (servers, action_field) in command_servers(cfg).items()
+        }
 
     def start(self) -> dict[str, list[str]]:
         """Start every group, wait for /health, check /schema; the base URLs by field. Stops what it
@@ -215,3 +254,26 @@ class JobEnvironmentServers:
     def stop(self) -> None:
         for group, _ in self.groups.values():
             group.stop()
+
+
+def command_servers(cfg: JobConfig) -> dict[str, tuple[EnvironmentServersSpec, str]]:
+    """The job's `servers.command` sections by config field, with the action field their servers take."""
+    agent = cfg.agent
+    found: dict[str, tuple[EnvironmentServersSpec, str]] = {}
+    if agent is None:
+        return found
+    environment = agent.environment
+    if environment is not None and environment.servers is not None and environment.servers.command is not None:
+        found["agent.environment"] = (environment.servers, environment.action_field)
+    sandbox = agent.sandbox.servers
+    if sandbox is not None and sandbox.command is not None and any(tool.name == "python" for tool in agent.tools):
+        found["agent.sandbox"] = (sandbox, "message")
+    return found
+
+
+def token_variables(cfg: JobConfig) -> dict[str, str]:
+    """RLDOCK_ENV_TOKEN for the job's Ray workers, whose clients send it: the job's token where it starts
+    servers itself (made now, before Ray starts its workers), else the one this process was given, if any."""
+    if command_servers(cfg):
+        return {TOKEN_ENV: job_token()}
+    return {TOKEN_ENV: os.environ[TOKEN_ENV]} if TOKEN_ENV in os.environ else {}

@@ -12,6 +12,7 @@ import requests
 
 from rldock.config.job import EnvironmentServersSpec, JobConfig
 from rldock.config.problems import Problem
+from rldock.runtime.agent.service.auth import TOKEN_ENV, client_headers
 from rldock.runtime.agent.service.client import http_url, resolve_replicas
 
 TIMEOUT_S = 5.0
@@ -39,12 +40,18 @@ def schema_problem(base: str, *, action_field: str | None, timeout: float = TIME
     which field is wrong ("health": the server, "action_field": the action field) and what was found."""
     url = http_url(base, "/schema")
     try:
-        answer = requests.get(url, timeout=timeout)
+        answer = requests.get(url, timeout=timeout, headers=client_headers())
         schema = answer.json()
     except (requests.RequestException, ValueError) as error:
         return (
             "health",
             f"{url} did not answer with JSON ({type(error).__name__}: {error}); an OpenEnv server serves /schema",
+        )
+    if answer.status_code == 401:
+        return (
+            "health",
+            f"{url} answered 401: the server wants the job's token; set {TOKEN_ENV} to the one its --token-file "
+            f"or {TOKEN_ENV} holds",
         )
     if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict) or "observation" not in schema:
         return (

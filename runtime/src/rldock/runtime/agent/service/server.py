@@ -21,7 +21,17 @@ rldock's speak:
   first message, which is how OpenEnv's client gets to read the refusal).
 - `POST /reset`, `POST /step`: stateless, as OpenEnv's: a fresh session per request, closed after it.
   `/step` takes OpenEnv's {"action": {...}} and resets the session from the request's own reset fields
-  first (an rldock session is only stepped after a reset). `GET /state` is a fresh session's state.
+  first (an rldock session is only stepped after a reset). `GET /state` is a fresh session's state. Each
+  request holds one of the `max_sessions` places while it runs (503 with CAPACITY_REACHED past them);
+  a body that is not JSON within wire.loads' limits is answered 400 INVALID_JSON, a wrong one 422
+  VALIDATION_ERROR.
+
+Limits (docs/security.md): with a token (`rldock env serve --token-file`, or RLDOCK_ENV_TOKEN) every route
+but `/health` wants it (guard.py: 401, or a refused WebSocket handshake); bodies and WebSocket messages
+are read up to wire.MAX_MESSAGE_BYTES (HTTP 413; a message past it, decompressed, closes its socket with
+1009) and parsed within wire.loads' depth and integer limits (INVALID_JSON, the socket stays open); a
+client that disconnects mid-step has its step cancelled and its session closed at once (a sandbox
+program killed), which frees its place; no /docs, /redoc or /openapi.json.
 
 The environment's coroutines run on the server's one event loop, as they do in an actor: a session that
 waits (a subprocess, a request) lets the others go on. What the environment raises is answered
@@ -41,15 +51,17 @@ import secrets
 import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import Body, FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rldock.config.job import AgentSpec, EnvironmentSpec
 from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.loading import AgentConfigError, build_environment
+from rldock.runtime.agent.service import wire
+from rldock.runtime.agent.service.guard import Guard
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +70,8 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 20
 # Seconds a refused socket (CAPACITY_REACHED) waits for the client's first message before it is closed.
 REFUSAL_LINGER_S = 10.0
+# Messages a socket's reader holds ahead of the one being answered (a client that sends before reading).
+READ_AHEAD = 2
 # OpenEnv's wire names of an observation's own fields; Observation.fields may not reuse them.
 _OWN_FIELDS = frozenset({"message", "reward", "done"})
 
@@ -240,11 +254,11 @@ def _validation_error(error: ValidationError) -> ProtocolError:
     return ProtocolError(ErrorCode.VALIDATION_ERROR, f"invalid message: {error}", errors=errors)
 
 
-async def answer(episode: Episode, raw: str) -> dict[str, Any] | None:
+async def answer(episode: Episode, raw: str | bytes) -> dict[str, Any] | None:
     """The answer to one WebSocket message (None: the client closed the session)."""
     try:
-        message = json.loads(raw)
-    except json.JSONDecodeError as error:
+        message = wire.loads(raw)
+    except wire.WireError as error:
         return {"type": "error", "data": ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON: {error}").data()}
     kind = message.get("type") if isinstance(message, dict) else None
     try:
@@ -279,9 +293,18 @@ class Sessions:
         self.open.add(episode)
         return True
 
+    def refusal(self) -> ProtocolError:
+        return ProtocolError(
+            ErrorCode.CAPACITY_REACHED,
+            f"this server holds {self.limit} sessions at most, all open",
+            active_sessions=len(self.open),
+            max_sessions=self.limit,
+        )
 
-def build_app(environment: Environment, *, max_sessions: int, url: str = "") -> FastAPI:
-    """The ASGI app that serves `environment`; `url` is only logged at start."""
+
+def build_app(environment: Environment, *, max_sessions: int, token: str | None = None, url: str = "") -> Guard:
+    """The ASGI app that serves `environment`, asking for `token` where one is given (guard.py); `url` is
+    only logged at start."""
     cls = type(environment)
     summary = (inspect.getdoc(cls) or "").split("\n\n")[0]  # the docstring's first paragraph, on one line
     metadata = {
@@ -299,6 +322,10 @@ def build_app(environment: Environment, *, max_sessions: int, url: str = "") -> 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         logger.info("serving %s at %s (OpenEnv protocol, %d sessions at most)", cls.__name__, url, max_sessions)
+        if token is None:
+            logger.warning(
+                "no token (--token-file or RLDOCK_ENV_TOKEN): anyone who reaches %s can open sessions", url or "it"
+            )
         try:
             yield
         finally:
@@ -309,7 +336,10 @@ def build_app(environment: Environment, *, max_sessions: int, url: str = "") -> 
             environment.close()
             logger.info("stopped serving %s (%d sessions closed at shutdown)", cls.__name__, len(left))
 
-    app = FastAPI(title=f"rldock environment {cls.__name__}", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: the protocol is OpenEnv's, and a server need not describe itself.
+    app = FastAPI(
+        title=f"rldock environment {cls.__name__}", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -328,69 +358,125 @@ def build_app(environment: Environment, *, max_sessions: int, url: str = "") -> 
         return SessionState().model_dump()
 
     @app.post("/reset")
-    async def http_reset(request: Annotated[ResetData, Body(default_factory=ResetData)]) -> Any:
-        return await _one_request(environment, request, None)
+    async def http_reset(request: Request) -> Any:
+        return await _one_request(environment, sessions, await request.body(), step=False)
 
     @app.post("/step")
-    async def http_step(request: StepRequest) -> Any:
-        return await _one_request(environment, request, request.action)
+    async def http_step(request: Request) -> Any:
+        return await _one_request(environment, sessions, await request.body(), step=True)
 
     @app.websocket("/ws")
     async def websocket_session(websocket: WebSocket) -> None:
         await websocket.accept()
         episode = Episode(environment)
         if not sessions.admit(episode):
-            refusal = ProtocolError(
-                ErrorCode.CAPACITY_REACHED,
-                f"this server holds {sessions.limit} sessions at most, all open",
-                active_sessions=len(sessions.open),
-                max_sessions=sessions.limit,
-            )
             with contextlib.suppress(WebSocketDisconnect, asyncio.TimeoutError):
-                await websocket.send_text(json.dumps({"type": "error", "data": refusal.data()}))
+                await websocket.send_text(json.dumps({"type": "error", "data": sessions.refusal().data()}))
                 # Closed after the client's first message: OpenEnv's client sends before it reads, and a
                 # socket closed before that send would show it a closed connection, not the refusal.
                 await asyncio.wait_for(websocket.receive(), REFUSAL_LINGER_S)
-            with contextlib.suppress(RuntimeError):  # the client closed it first
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # the client closed it first
                 await websocket.close()
             return
+        try:
+            await _converse(websocket, episode)
+        finally:
+            sessions.open.discard(episode)
+            await episode.end()
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # closed already: by the client, or shutdown
+                await websocket.close()
+
+    return Guard(app, token=token, max_body_bytes=wire.MAX_MESSAGE_BYTES)
+
+
+async def _converse(websocket: WebSocket, episode: Episode) -> None:
+    """Answer a socket's messages in order until it closes. A reader task takes the client's messages
+    while an answer runs, so a disconnect mid-step is seen at once: the step is cancelled (a sandbox
+    program killed) and the caller closes the session, which frees its place."""
+    inbox: asyncio.Queue[Mapping[str, Any]] = asyncio.Queue(maxsize=READ_AHEAD)
+    gone = asyncio.Event()
+
+    async def read() -> None:
         try:
             while True:
                 received = await websocket.receive()
                 if received["type"] == "websocket.disconnect":
-                    break
-                raw = received.get("text")
-                if raw is None:
-                    raw = (received.get("bytes") or b"").decode(errors="replace")
-                reply = await answer(episode, raw)
-                if reply is None:
-                    break
-                await websocket.send_text(json.dumps(reply))
-        except WebSocketDisconnect:
-            pass  # the client went away (or shutdown closed the socket) while an answer was on its way
+                    return
+                await inbox.put(received)
+        except (WebSocketDisconnect, RuntimeError):  # RuntimeError: the socket was closed under the read
+            return
         finally:
-            sessions.open.discard(episode)
-            await episode.end()
-            with contextlib.suppress(RuntimeError):  # already closed by the client or by shutdown
-                await websocket.close()
+            gone.set()
 
-    return app
+    reader = asyncio.create_task(read())
+    disconnected = asyncio.create_task(gone.wait())
+    try:
+        while True:
+            next_message = asyncio.create_task(inbox.get())
+            await asyncio.wait({next_message, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_message.done():
+                next_message.cancel()
+                if inbox.empty():
+                    return  # the client went away
+                received = inbox.get_nowait()
+            else:
+                received = next_message.result()
+            raw = received.get("text")
+            answering = asyncio.create_task(answer(episode, raw if raw is not None else received.get("bytes") or b""))
+            await asyncio.wait({answering, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if not answering.done():  # disconnected mid-answer: stop the work now, not when it ends
+                answering.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await answering
+                return
+            reply = answering.result()
+            if reply is None:
+                return
+            await websocket.send_text(json.dumps(reply))
+    except WebSocketDisconnect:
+        return  # the client went away (or shutdown closed the socket) while an answer was on its way
+    finally:
+        for task in (reader, disconnected):
+            task.cancel()
+        await asyncio.gather(reader, disconnected, return_exceptions=True)
 
 
-async def _one_request(environment: Environment, request: ResetData, action: MessageAction | None) -> Any:
-    """HTTP `/reset` and `/step`: a fresh session for the one request."""
+async def _one_request(environment: Environment, sessions: Sessions, body: bytes, *, step: bool) -> Any:
+    """HTTP `/reset` and `/step`: a fresh session for the one request, holding one of the server's places."""
+    try:
+        fields = {} if not body.strip() else wire.loads(body)
+    except wire.WireError as error:
+        return _http_error(ProtocolError(ErrorCode.INVALID_JSON, f"invalid JSON: {error}"))
+    try:
+        request = (StepRequest if step else ResetData).model_validate(fields)
+    except ValidationError as error:
+        return _http_error(_validation_error(error))
     episode = Episode(environment)
+    if not sessions.admit(episode):
+        return _http_error(sessions.refusal())
     reset = ResetData.model_validate(request.model_dump(include=set(ResetData.model_fields)))
     try:
         reply = await episode.reset(reset)
-        if action is not None:
-            reply = await episode.step(action)
+        if isinstance(request, StepRequest):
+            reply = await episode.step(request.action)
         return reply
     except ProtocolError as error:
-        status = 422 if error.code is ErrorCode.VALIDATION_ERROR else 500
-        return JSONResponse(status_code=status, content={"detail": error.data()})
+        return _http_error(error)
     finally:
+        sessions.open.discard(episode)
         await episode.end()
+
+
+# HTTP status of each error code an HTTP route answers (else 500: the environment's own failure).
+_HTTP_STATUS = {
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.VALIDATION_ERROR: 422,
+    ErrorCode.CAPACITY_REACHED: 503,
+}
+
+
+def _http_error(error: ProtocolError) -> JSONResponse:
+    return JSONResponse(status_code=_HTTP_STATUS.get(error.code, 500), content={"detail": error.data()})
 
 
 def load_environment(reference: str, options: Mapping[str, str]) -> Environment:
@@ -431,14 +517,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(environment: Environment, *, sock: socket.socket, max_sessions: int) -> None:
-    """Serve `environment` on the listening `sock` until SIGTERM or SIGINT, which close every session."""
+def inherited(fd: int) -> socket.socket:
+    """The listening TCP socket this process was given as descriptor `fd`; OSError if it is not one."""
+    sock = socket.socket(fileno=fd)
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise OSError(f"descriptor {fd} is not a listening TCP socket")
+    return sock
+
+
+def serve(environment: Environment, *, sock: socket.socket, max_sessions: int, token: str | None = None) -> None:
+    """Serve `environment` on the listening `sock` until SIGTERM or SIGINT, which close every session;
+    every route but /health asks for `token` where one is given."""
     import uvicorn
 
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     config = uvicorn.Config(
-        build_app(environment, max_sessions=max_sessions, url=url),
+        build_app(environment, max_sessions=max_sessions, token=token, url=url),
         # The plain asyncio loop: the python sandbox's subprocess handling is tested on it (not uvloop).
         loop="asyncio",
         lifespan="on",
@@ -446,5 +542,10 @@ def serve(environment: Environment, *, sock: socket.socket, max_sessions: int) -
         log_level="warning",  # uvicorn's start and stop chatter and a line per request are left out
         access_log=False,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        # websockets' sans-I/O protocol bounds a message after decompression and across its fragments.
+        ws="websockets-sansio",
+        ws_max_size=wire.MAX_MESSAGE_BYTES,
+        # Connections at once, idle ones included (503 past it): the sessions and their refusals' lingering.
+        limit_concurrency=4 * max_sessions + 64,
     )
     uvicorn.Server(config).run(sockets=[sock])
