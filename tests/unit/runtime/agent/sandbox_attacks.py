@@ -38,6 +38,20 @@ except PermissionError as error:
         frame.f_globals.update(REFUSED_EVENTS=(), REFUSED_IMPORTS=frozenset(), _under=lambda *args: True)
 """
 
+# Takes every byte of the address space in blocks of every size, then gives back a few small ones: enough
+# for the program's next lines, not for a check that makes strings. Everything the program needs after
+# it must exist before.
+USE_UP_THE_MEMORY = """
+hoard = []
+for size in (2**20, 2**16, 2**12, 2**8, 64, 16, 1):
+    while True:
+        try:
+            hoard.append(bytes(size))
+        except MemoryError:
+            break
+hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop()
+"""
+
 ATTACKS: dict[str, str] = {
     # --- the hook itself --------------------------------------------------------------------------
     "disarm the hook, then run a fresh interpreter": _DISARM_THE_HOOK
@@ -206,6 +220,32 @@ for index in range(64):
 """,
     "a file past the file limit": "open('big', 'wb').write(b'x' * 17 * 2**20)",
     "more files than allowed": "for index in range(5000):\n    open(f'f{index}', 'w').close()",
+    # Issue 52: threads until the memory runs out, then the rest of it, then reads whose check needs more
+    # than is left (a bytes path reaches the hook as it is; the hook makes a str of it, then one per part).
+    # A hook that raised MemoryError let the program catch it and go on.
+    "use up the memory with threads, then read while the hook cannot allocate": """
+import _thread, os, time
+_thread.stack_size(65536)
+threads = []
+try:
+    while len(threads) < 2000:  # _thread: threading's start would wait forever for a thread that failed to run
+        threads.append(_thread.start_new_thread(time.sleep, (3600,)))
+except RuntimeError:
+    pass
+path = os.fsencode(SECRET) + b"/.." * 500
+attempts, failures, read = [None] * 1000, [0], []
+"""
+    + USE_UP_THE_MEMORY
+    + """for attempt in attempts:
+    try:
+        read.append(open(path).read())
+    except MemoryError:
+        failures[0] += 1
+    except OSError:
+        pass
+del hoard
+print(len(threads), "threads;", failures[0], "checks failed and the program went on;", read)
+""",
     "hide what it writes in a directory it locks": """
 import os
 os.mkdir("hidden", 0o300)  # writable, not listable: the watchdog must still count what is inside

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_attacks import USE_UP_THE_MEMORY
 
 from rldock.config.job import SandboxSpec
 from rldock.runtime.agent.sandbox import Outcome, SandboxResult, _run, _run_program, boot, kernel, run_python
@@ -531,13 +532,14 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
         refused_native=frozenset(),
         refused_error=PermissionError,
         refused_import=ImportError,
+        unjudged_exit_code=boot.EXIT_UNJUDGED,
     )
     for function in [*helpers, installed]:
         for code in _code_objects(function.__code__):
             operations = {instruction.opname for instruction in dis.get_instructions(code)}
             assert not operations & {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "STORE_NAME"}, code.co_name
     assert all(helper.__closure__ is None for helper in helpers)
-    immutable = (str, int, bool, frozenset, type, types.BuiltinFunctionType)
+    immutable = (str, bytes, int, bool, frozenset, type, types.BuiltinFunctionType)
 
     def safe(value) -> bool:
         if isinstance(value, tuple):
@@ -546,6 +548,53 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
 
     for cell in installed.__closure__:
         assert safe(cell.cell_contents), cell.cell_contents
+
+
+# Memory used up, then a read whose check needs more than is left: a bytes path passes the open call as it
+# is, and the hook makes a str of it, then one per part. The same as an attack: sandbox_attacks.py.
+_HOOK_OUT_OF_MEMORY = (
+    """
+import os
+path = b"/etc/passwd" + b"/.." * 500
+attempts, failures = [None] * 100, [0]
+"""
+    + USE_UP_THE_MEMORY
+    + """for attempt in attempts:
+    try:
+        open(path)
+    except MemoryError:
+        failures[0] += 1
+    except OSError:
+        pass
+del hoard
+print("went on after", failures[0], "failed checks")
+"""
+)
+# A path object that raises when the hook asks it (shutil's event carries the object as given).
+_HOOK_RAISES = """
+import shutil
+class Broken:
+    def __fspath__(self):
+        raise ValueError("no path")
+try:
+    shutil.rmtree(Broken())
+except ValueError:
+    print("went on after a failed check")
+"""
+
+
+@pytest.mark.parametrize("code", [_HOOK_OUT_OF_MEMORY, _HOOK_RAISES], ids=["out of memory", "an error in it"])
+def test_an_event_the_hook_cannot_judge_ends_the_program(code):
+    # Raising is how the hook refuses, and a program can catch that: an exception of the hook's own
+    # (out of memory, an error) instead ends the program, so an unjudged event never passes.
+    result = run(code, SandboxSpec(cpu_seconds=5, wall_seconds=20, memory_mib=256))
+    assert (result.outcome, result.exit_code) == (Outcome.HOOK_FAILED, boot.EXIT_UNJUDGED), result.text
+    assert "went on" not in result.stdout
+    assert "the audit hook could not check an operation" in result.stderr
+    assert result.text.endswith(
+        "[stopped: the sandbox could not check an operation (out of memory or an error in the check) and ended the "
+        "program]"
+    )
 
 
 _REPORT_AT_64 = """

@@ -144,6 +144,8 @@ def test_the_corpus_has_every_attack_of_the_issue():
         "a path that answers the check and the call differently",
         "1,100 nested directories",
         "fill the disk with 64 files of 16 MiB",
+        # Issue 52
+        "use up the memory with threads, then read while the hook cannot allocate",
     }
     assert named <= set(ATTACKS)
     assert len(ATTACKS) >= 68

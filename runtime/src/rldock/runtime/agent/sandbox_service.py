@@ -7,7 +7,8 @@ One call is one session: the reset brings the call's limits (the job's agent.san
 `extra_info["sandbox"]`, the one step is the program, and the observation is what the in-process tool
 answers, made by the same code (tools.PythonTool): `message` the text the model reads, and two more
 fields, `error` (the call failed: the program raised, exited nonzero or hit a limit) and `counts` (the
-tool's counters, {"sandbox/without_<layer>": 1} for each kernel layer the program ran without), with
+tool's counters: {"sandbox/without_<layer>": 1} for each kernel layer the program ran without, and
+{"sandbox/<outcome>": 1} when the sandbox stopped it), with
 done true. The sandbox inside is the in-process one (agent/sandbox/): its kernel layers hold in this
 server's process as they do in an actor.
 """

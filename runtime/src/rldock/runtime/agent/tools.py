@@ -70,6 +70,8 @@ class PythonTool(Tool):
         result = await run_python(code, self.limits)
         text = result.text or "(the program printed nothing)"
         counts = {f"sandbox/without_{layer}": 1 for layer in result.layers.missing}
+        if result.outcome not in (Outcome.OK, Outcome.ERROR):  # what the sandbox stopped the program for
+            counts[f"sandbox/{result.outcome.value}"] = 1
         return ToolResult(text, error=result.outcome is not Outcome.OK, counts=counts)
 
     async def _call_service(self, code: str) -> ToolResult:

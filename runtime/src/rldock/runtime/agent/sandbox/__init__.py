@@ -21,7 +21,9 @@ process and counted by the python tool (agent/sandbox/without_<layer>). docs/age
 says which layer holds where, measured.
 
 Outcomes (`Outcome`): ok, error (nonzero exit or an exception), cpu_limit, memory_limit, wall_limit,
-disk_limit, refused (the audit hook refused something and the program did not catch it).
+disk_limit, refused (the audit hook refused something and the program did not catch it), hook_failed (the
+audit hook could not judge an operation, out of memory or from an error in it, and ended the program
+rather than let it through).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Outcome(str, enum.Enum):
     WALL_LIMIT = "wall_limit"
     DISK_LIMIT = "disk_limit"
     REFUSED = "refused"
+    HOOK_FAILED = "hook_failed"
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ def _reason(outcome: Outcome, limits: SandboxSpec) -> str:
             f"[stopped: the program wrote more than {limits.disk_mib} MiB or {limits.max_files} files, its disk limit]"
         ),
         Outcome.REFUSED: "[stopped: the sandbox refused an operation (network, processes, files or ctypes)]",
+        Outcome.HOOK_FAILED: "[stopped: the sandbox could not check an operation (out of memory or an error in the "
+        "check) and ended the program]",
     }.get(outcome, "")
 
 
@@ -395,6 +400,8 @@ def _outcome(returncode: int, *, timed_out: bool, elapsed: float, limits: Sandbo
         return Outcome.MEMORY_LIMIT
     if returncode == boot.EXIT_REFUSED:
         return Outcome.REFUSED
+    if returncode == boot.EXIT_UNJUDGED:
+        return Outcome.HOOK_FAILED
     if returncode == -signal.SIGXCPU:
         return Outcome.CPU_LIMIT
     if returncode == -signal.SIGKILL and elapsed >= limits.cpu_seconds:

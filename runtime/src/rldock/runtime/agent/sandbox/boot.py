@@ -27,6 +27,7 @@ import sys
 EXIT_MEMORY = 90  # the program ran out of its address space (RLIMIT_AS turns that into MemoryError)
 EXIT_REFUSED = 91  # the audit hook refused something the program asked for and the program did not catch it
 EXIT_BOOT_FAILED = 92  # this script could not set the sandbox up (a bug, a broken installation): the parent logs it
+EXIT_UNJUDGED = 93  # the audit hook could not judge an event (out of memory, an error in it) and ended the program
 
 BOOT_FAILED_MESSAGE = "sandbox: could not start: "  # how stderr starts with EXIT_BOOT_FAILED
 PROGRAM = "program.py"  # in the scratch directory; the name the program's tracebacks show
@@ -174,6 +175,7 @@ def _run(config: dict) -> int:
                 refused_native=frozenset(config["refused_native"]),
                 refused_error=SandboxRefused,
                 refused_import=SandboxRefusedImport,
+                unjudged_exit_code=EXIT_UNJUDGED,
             )
         )
     try:
