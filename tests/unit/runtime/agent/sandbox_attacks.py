@@ -52,6 +52,9 @@ for size in (2**20, 2**16, 2**12, 2**8, 64, 16, 1):
 hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop()
 """
 
+# The name the attacks give what they try to leave in /dev/shm.
+SHARED_NAME = "rldock-sandbox-left"
+
 ATTACKS: dict[str, str] = {
     # --- the hook itself --------------------------------------------------------------------------
     "disarm the hook, then run a fresh interpreter": _DISARM_THE_HOOK
@@ -172,6 +175,30 @@ fcntl.fcntl(read, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)
 os.write(write, b"x")
 """,
     "ptrace the caller's memory": "import os\nopen(f'/proc/{os.getppid()}/mem', 'r+b')",
+    # Issue 50: what crosses processes without a signal.
+    "renice the caller": "import os\nos.setpriority(os.PRIO_PROCESS, os.getppid(), 19)",
+    "renice every process of the user": "import os\nos.setpriority(os.PRIO_USER, 0, 19)",
+    "pin the caller to one CPU": "import os\nos.sched_setaffinity(os.getppid(), {0})",
+    "SCHED_IDLE for the caller": "import os\nos.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))",
+    "lower the caller's open-files limit": "import os, resource\n"
+    "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (3, 3))",
+    "POSIX shared memory left in /dev/shm": "from multiprocessing import shared_memory\n"
+    "segment = shared_memory.SharedMemory(name='rldock-sandbox-left', create=True, size=2**20)\n"
+    "segment.buf[:4] = b'left'\nsegment.close()",
+    "_posixshmem directly": "import _posixshmem, os\n"
+    "os.write(_posixshmem.shm_open('/rldock-sandbox-left', os.O_CREAT | os.O_RDWR, 0o600), b'x')",
+    "a POSIX semaphore left in /dev/shm": "import _multiprocessing\n"
+    "_multiprocessing.SemLock(1, 1, 1, '/rldock-sandbox-left', False)",
+    "a thread storm": """
+import threading, time
+threading.stack_size(65536)
+threads = []
+while len(threads) < 4000:
+    thread = threading.Thread(target=time.sleep, args=(3600,), daemon=True)
+    thread.start()
+    threads.append(thread)
+print(len(threads), "threads")
+""",
     # --- files outside the scratch directory ------------------------------------------------------
     "read /etc/passwd": "print(open('/etc/passwd').read())",
     "read /etc/hostname": "print(open('/etc/hostname').read())",

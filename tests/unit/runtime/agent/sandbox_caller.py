@@ -3,8 +3,8 @@ own, so that an attack that kills its caller fails its test instead of killing p
 
 Reads one JSON request a line on stdin ({"code", "tempdir", "limits"}), runs the program through the
 sandbox, and writes one JSON line: outcome, exit_code, text, layers, `left` (processes of the program's
-session still there after the call) and `scratch_left` (what remains in tempdir, where the scratch
-directory was made).
+session still there after the call), `programs` (the pids it started) and `scratch_left` (what remains in
+tempdir, where the scratch directory was made).
 
 Usage: python sandbox_caller.py namespaces|restricted hook|kernel-only
   namespaces   as this machine runs the sandbox (root: unshare allowed).
@@ -125,6 +125,7 @@ def main() -> None:
                 "seccomp": result.layers.seccomp,
             },
             "left": [member for pid in started for member in _session_members(pid)],
+            "programs": list(started),
             "scratch_left": sorted(os.listdir(request["tempdir"])),
         }
         print(json.dumps(answer), flush=True)

@@ -455,7 +455,8 @@ def test_the_kernel_layers_hold_without_the_audit_hook():
 @pytest.mark.parametrize("machine", sorted(kernel.SYSCALLS))
 def test_the_syscall_filter_is_a_valid_program(machine):
     _, numbers = kernel.SYSCALLS[machine]
-    needed = {*kernel.DENIED, *kernel._SIGNAL_OWN_PROCESS, "clone", "clone3", "kill", "execveat", "fcntl", "ioctl"}
+    needed = {*kernel.DENIED, *kernel._OWN_PROCESS, "clone", "clone3", "kill", "execveat", "fcntl", "ioctl"}
+    needed |= {name for name, _ in kernel._OWN_PRIORITY}
     # The generic table has none of these: the *at forms (in the table) cover them.
     assert needed - set(numbers) <= {
         "fork",
@@ -468,14 +469,83 @@ def test_the_syscall_filter_is_a_valid_program(machine):
         "utimes",
         "futimesat",
     }
-    program = kernel.syscall_filter(machine, 4242, 64)
+    program = kernel.syscall_filter(machine, 4242, 64, 0x7F12_3456_7000)
     assert program is not None and len(program) < 256
     for at, (code, true, false, _) in enumerate(program):
         if code & 0x07 == 0x05:  # a jump: forward (classic BPF cannot jump back), inside the program, in a byte
             assert min(true, false) >= 0 and at + 1 + max(true, false) < len(program)
             assert max(true, false) <= 255
     assert program[-1][0] == 0x06  # it ends with a return
-    assert kernel.syscall_filter("sparc64", 4242, 64) is None
+    assert kernel.syscall_filter("sparc64", 4242, 64, 0x7F12_3456_7000) is None
+
+
+# Installs the filter in a process of its own (it stays for the process's life) and makes the calls with
+# ctypes, as native code in a program could; each line: the call, then its errno name or "allowed".
+_CROSSING_PROCESSES = """
+import ctypes, errno, os, sys
+from rldock.runtime.agent.sandbox import kernel
+
+libc = ctypes.CDLL(None, use_errno=True)
+_, numbers = kernel.SYSCALLS[os.uname().machine]
+parent = os.getppid()
+held = kernel.hold_interpreter(sys.executable)
+page = kernel.exec_path_page()
+assert kernel.no_new_privileges() and kernel.restrict_syscalls(held, page)
+argv = (ctypes.c_char_p * 2)(b"echo", None)
+
+def call(name, *args):
+    result = libc.syscall(ctypes.c_long(numbers[name]), *args)
+    print(name, "allowed" if result >= 0 else errno.errorcode[ctypes.get_errno()])
+
+long = ctypes.c_long
+call("setpriority", long(0), long(parent), long(19))
+call("setpriority", long(2), long(0), long(19))  # PRIO_USER: every process of the user
+call("setpriority", long(0), long(0), long(1))
+call("sched_setaffinity", long(parent), long(8), ctypes.byref(ctypes.c_ulong(1)))
+call("sched_setaffinity", long(0), long(8), ctypes.byref(ctypes.c_ulong(1)))
+call("sched_setscheduler", long(parent), long(5), ctypes.byref(ctypes.c_int(0)))  # SCHED_IDLE
+call("sched_setparam", long(parent), ctypes.byref(ctypes.c_int(0)))
+call("sched_setattr", long(parent), ctypes.byref((ctypes.c_uint32 * 14)(56)), long(0))
+call("ioprio_set", long(1), long(parent), long(7 << 13))
+call("prlimit64", long(parent), long(7), None, ctypes.byref((ctypes.c_uint64 * 2)()))
+call("prlimit64", long(0), long(7), None, ctypes.byref((ctypes.c_uint64 * 2)()))
+call("shmget", long(0), long(2**20), long(0o1600))  # IPC_PRIVATE, IPC_CREAT
+call("semget", long(0), long(1), long(0o1600))
+call("msgget", long(0), long(0o1600))
+call("mq_open", b"rldock-test", long(0o100 | 0o2), long(0o600), None)
+echo = os.open("/bin/echo", os.O_RDONLY)
+call("execveat", long(held), b"/bin/echo", argv, argv, long(0))
+call("execveat", long(held), b"/bin/echo", argv, argv, long(0x1000))
+call("execveat", long(echo), b"", argv, argv, long(0x1000))
+call("execveat", long(held), b"", argv, argv, long(0x1000))  # the right descriptor, another path address
+"""
+
+
+def test_the_filter_refuses_what_crosses_processes():
+    # Issue 50: the caller reniced, pinned and made SCHED_IDLE, a SysV segment outliving the program, and
+    # execveat of an absolute path through the held descriptor. The program's own process stays its own.
+    output = subprocess.run([sys.executable, "-c", _CROSSING_PROCESSES], capture_output=True, text=True)
+    assert output.stdout.splitlines() == [
+        "setpriority EPERM",
+        "setpriority EPERM",
+        "setpriority allowed",
+        "sched_setaffinity EPERM",
+        "sched_setaffinity allowed",
+        "sched_setscheduler EPERM",
+        "sched_setparam EPERM",
+        "sched_setattr EPERM",
+        "ioprio_set EPERM",
+        "prlimit64 EPERM",
+        "prlimit64 allowed",
+        "shmget EPERM",
+        "semget EPERM",
+        "msgget EPERM",
+        "mq_open EPERM",
+        "execveat EPERM",
+        "execveat EPERM",
+        "execveat EPERM",
+        "execveat EPERM",
+    ], output.stderr
 
 
 def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, caplog):

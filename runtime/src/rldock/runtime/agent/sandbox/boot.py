@@ -5,7 +5,8 @@ and cannot import rldock; it loads kernel.py and hook.py beside this file by the
 Two stages in one process:
   `start`  applies the kernel layers (kernel.py) to itself, writes which of them held to the report
            descriptor, then re-executes a fresh interpreter as `run` through the descriptor that
-           kernel.hold_interpreter opened, the only exec the seccomp filter lets through. The re-exec
+           kernel.hold_interpreter opened, with the path at the address kernel.exec_path_page chose:
+           the only exec the seccomp filter lets through (kernel.exec_held). The re-exec
            keeps the pid, the process group, the limits, the namespaces, Landlock and the filter, and
            drops ctypes (which `start` needs for the syscalls): a program that found a loaded ctypes
            could write memory with no audit event.
@@ -91,6 +92,7 @@ def _start(config: dict) -> None:
     with open(os.path.join(scratch, PROGRAM), "rb") as file:
         program = file.read()
     exec_fd = kernel.hold_interpreter(sys.executable)
+    exec_path = kernel.exec_path_page()
     namespaces = kernel.isolate(
         scratch=scratch, program=program, disk_bytes=config["disk_bytes"], max_files=config["max_files"]
     )
@@ -99,6 +101,7 @@ def _start(config: dict) -> None:
         memory_mib=config["memory_mib"],
         file_bytes=min(kernel.MAX_FILE_BYTES, config["disk_bytes"]),
         open_files=exec_fd,
+        processes=kernel.MAX_THREADS if "user" in namespaces else None,
     )
     kernel.die_with_parent(config["parent"])
     installation, files = _readable(config)
@@ -114,7 +117,7 @@ def _start(config: dict) -> None:
             rules.extend(kernel.grants(root, kernel.READ, excluded))
         rules.extend((path, kernel.READ) for path in files)
         landlock = kernel.restrict_files(rules)
-        seccomp = kernel.restrict_syscalls(exec_fd)
+        seccomp = kernel.restrict_syscalls(exec_fd, exec_path)
     layers = {"namespaces": list(namespaces), "landlock": landlock, "seccomp": seccomp}
     os.write(report, json.dumps(layers).encode())
     os.close(report)
@@ -124,7 +127,8 @@ def _start(config: dict) -> None:
         "installation": installation,
         "refused_native": sorted(kernel.REFUSED_NATIVE),
     }
-    os.execve(exec_fd, [sys.executable, *INTERPRETER_FLAGS, __file__, "run", json.dumps(run)], dict(os.environ))
+    argv = [sys.executable, *INTERPRETER_FLAGS, __file__, "run", json.dumps(run)]
+    kernel.exec_held(exec_fd, exec_path, argv, dict(os.environ))
 
 
 class SandboxRefused(PermissionError):
