@@ -210,6 +210,47 @@ print(len(threads), "threads")
     "read the secret through /proc/self/root": "print(open('/proc/self/root' + SECRET).read())",
     "read the secret through a directory descriptor": "import os\nfd = os.open(OUTSIDE, os.O_RDONLY)\n"
     "print(os.read(os.open('secret.txt', os.O_RDONLY, dir_fd=fd), 100))",
+    # Issue 50, where the kernel has no Landlock: the hook resolves a relative path from the working
+    # directory, the kernel from a directory descriptor the open event does not show.
+    "read the secret through .. from a directory descriptor": """
+import os
+scratch = os.getcwd()
+fd = os.open(".", os.O_RDONLY)  # the scratch directory: allowed
+os.makedirs("a/b")
+os.chdir("a/b")  # the hook resolves from here: ../../x is the scratch directory's x
+x = os.path.relpath(SECRET, os.path.dirname(os.path.dirname(scratch)))
+print(os.read(os.open("../../" + x, os.O_RDONLY, dir_fd=fd), 100))
+""",
+    "write outside through .. from a directory descriptor": """
+import os
+scratch = os.getcwd()
+fd = os.open(".", os.O_RDONLY)
+os.makedirs("a/b")
+os.chdir("a/b")
+x = os.path.relpath(OUTSIDE + "/written", os.path.dirname(os.path.dirname(scratch)))
+os.write(os.open("../../" + x, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), b"x")
+""",
+    "chdir out, then read relative paths": "import os\nos.chdir(OUTSIDE)\nprint(open('secret.txt').read())",
+    "chdir to /, then read the caller's environment": "import os\nos.chdir('/')\n"
+    "print(open(f'proc/{os.getppid()}/environ').read())",
+    "the caller's memory from a directory descriptor": """
+import os
+depth = os.getcwd().count("/")
+fd = os.open(".", os.O_RDONLY)
+os.makedirs("/".join(["d"] * depth))
+os.chdir("/".join(["d"] * depth))  # as deep below the scratch directory as it is below /
+memory = os.open("../" * depth + f"proc/{os.getppid()}/mem", os.O_RDONLY, dir_fd=fd)
+print("opened the caller's memory", memory)
+""",
+    "the caller's environment from a directory descriptor": """
+import os
+depth = os.getcwd().count("/")
+fd = os.open(".", os.O_RDONLY)
+os.makedirs("/".join(["d"] * depth))
+os.chdir("/".join(["d"] * depth))
+print(os.read(os.open("../" * depth + f"proc/{os.getppid()}/environ", os.O_RDONLY, dir_fd=fd), 4096))
+""",
+    "leave a file in /dev/shm": "open('/dev/shm/rldock-sandbox-left', 'w').write('left')",
     "write outside": "open(OUTSIDE + '/written', 'w').write('x')",
     "write outside through ..": "import os\nopen(os.path.relpath(OUTSIDE) + '/written', 'w').write('x')",
     "truncate the secret": "import os\nos.truncate(SECRET, 0)",

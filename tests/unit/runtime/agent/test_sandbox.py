@@ -19,7 +19,16 @@ import pytest
 from sandbox_attacks import USE_UP_THE_MEMORY
 
 from rldock.config.job import SandboxSpec
-from rldock.runtime.agent.sandbox import Outcome, SandboxResult, _run, _run_program, boot, kernel, run_python
+from rldock.runtime.agent.sandbox import (
+    Outcome,
+    SandboxResult,
+    _required,
+    _run,
+    _run_program,
+    boot,
+    kernel,
+    run_python,
+)
 
 LIMITS = SandboxSpec(cpu_seconds=1, wall_seconds=3, memory_mib=256, max_output_chars=2000)
 
@@ -435,7 +444,7 @@ thread.join()
 
 def test_the_kernel_layers_hold_without_the_audit_hook():
     # What a program that got past the audit hook meets.
-    result = asyncio.run(_run_program(_KERNEL_ONLY, LIMITS, audit_hook=False))
+    result = asyncio.run(_run_program(_KERNEL_ONLY, LIMITS, audit_hook=False, required=()))
     assert result.stdout.splitlines() == [
         "fork EPERM",
         "posix_spawn EPERM",
@@ -548,6 +557,52 @@ def test_the_filter_refuses_what_crosses_processes():
     ], output.stderr
 
 
+def test_a_program_never_runs_without_a_layer_the_config_requires():
+    # Issue 50: where the kernel has no Landlock (simulated: the boot does not apply it), the boot stops
+    # before the program's first line unless agent.sandbox.allow_missing_layers names the layer.
+    code = "print('ran')"
+    allowed = LIMITS.model_copy(update={"allow_missing_layers": ["landlock"]})
+    for missing, limits, runs in [
+        (("landlock",), LIMITS, False),
+        (("landlock",), allowed, True),
+        (("seccomp",), allowed, False),  # no config allows it
+        (("landlock", "seccomp"), allowed, False),
+    ]:
+        result = asyncio.run(_run_program(code, limits, audit_hook=True, required=_required(limits), skip=missing))
+        assert result.layers.missing == missing
+        if runs:
+            assert (result.outcome, result.stdout) == (Outcome.OK, "ran\n")
+            continue
+        assert (result.outcome, result.exit_code, result.stdout) == (Outcome.ERROR, boot.EXIT_BOOT_FAILED, "")
+        refused = [layer for layer in missing if layer in _required(limits)]
+        assert f"{boot.LAYERS_MISSING_MESSAGE}{', '.join(refused)}" in result.stderr
+
+
+def test_the_tool_start_and_validate_say_what_a_machine_lacks(monkeypatch, caplog):
+    from rldock.runtime.agent import sandbox
+
+    no_landlock = sandbox.Layers(namespaces=(), landlock=0, seccomp=True, reported=True)
+    monkeypatch.setattr(sandbox, "machine_layers", lambda limits: no_landlock)
+    problem = sandbox.missing_layers_problem(no_landlock, SandboxSpec())
+    assert problem is not None and problem.startswith("agent.sandbox.allow_missing_layers: this machine lacks Landlock")
+    with pytest.raises(sandbox.SandboxLayersMissing, match=r"allow_missing_layers"):
+        sandbox.require_layers(SandboxSpec())
+    assert sandbox.require_layers(SandboxSpec(allow_missing_layers=["landlock"])) == no_landlock
+    assert sandbox.describe_layers(no_landlock) == "no Landlock; seccomp filter; no namespaces"
+    # On this machine every layer holds.
+    monkeypatch.undo()
+    assert sandbox.describe_layers(sandbox.machine_layers(SandboxSpec())) == (
+        f"Landlock ABI {kernel.landlock_abi()}; seccomp filter; namespaces: user, mount, network, scratch_filesystem"
+    )
+
+
+def test_a_client_cannot_lower_the_served_sandbox():
+    from rldock.runtime.agent.sandbox_service import sandbox_limits
+
+    with pytest.raises(ValueError, match="allow_missing_layers not a sandbox limit"):
+        sandbox_limits({"sandbox": {"allow_missing_layers": ["landlock"]}})
+
+
 def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, caplog):
     # It reports nothing; only its error is logged (the program never ran, under no layer at all).
     failing = tmp_path / "failing_boot.py"
@@ -561,7 +616,7 @@ def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, ca
 def test_a_missing_layer_is_logged_once_per_process(monkeypatch, caplog):
     from rldock.runtime.agent import sandbox
 
-    async def on_an_old_kernel(code, limits, *, audit_hook):
+    async def on_an_old_kernel(code, limits, *, audit_hook, required):
         assert audit_hook
         return SandboxResult(
             "", "", 0, Outcome.OK, "", sandbox.Layers(namespaces=("network",), seccomp=True, reported=True)
@@ -603,6 +658,7 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
         refused_error=PermissionError,
         refused_import=ImportError,
         unjudged_exit_code=boot.EXIT_UNJUDGED,
+        strict_paths=True,
     )
     for function in [*helpers, installed]:
         for code in _code_objects(function.__code__):

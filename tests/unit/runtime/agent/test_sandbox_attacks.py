@@ -31,8 +31,18 @@ from pathlib import Path
 import pytest
 from sandbox_attacks import ATTACK_LIMITS, ATTACKS, SHARED_NAME
 
+from rldock.runtime.agent.sandbox.boot import BOOT_FAILED_MESSAGE, LAYERS_MISSING_MESSAGE
+
 CALLER = Path(__file__).with_name("sandbox_caller.py")
-MODES = [("namespaces", "hook"), ("restricted", "hook"), ("restricted", "kernel-only")]
+# (how the caller runs, the hook or not, the kernel layers missing as on a machine without them)
+MODES = [
+    ("namespaces", "hook", ""),
+    ("restricted", "hook", ""),
+    ("restricted", "kernel-only", ""),
+    ("restricted", "hook", "landlock"),
+    ("restricted", "hook", "landlock,seccomp"),
+]
+MODE_IDS = ["namespaces", "restricted", "restricted-kernel-only", "restricted-no-landlock", "restricted-hook-only"]
 LIMITS = {"cpu_seconds": 2, "wall_seconds": 4, "memory_mib": 512, "max_output_chars": 2000}
 ANSWER_TIMEOUT_S = 120.0
 # Our own kills: the wall clock and the disk watchdog (SIGKILL), RLIMIT_CPU (SIGXCPU, then SIGKILL).
@@ -42,8 +52,8 @@ SANDBOX_SIGNALS = (-9, -24)
 class Caller:
     """One sandbox_caller.py process; restarted if an attack killed it (that attack's test fails)."""
 
-    def __init__(self, mode: str, hook: str):
-        self.argv = [sys.executable, str(CALLER), mode, hook]
+    def __init__(self, mode: str, hook: str, missing: str):
+        self.argv = [sys.executable, str(CALLER), mode, hook, missing]
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -80,8 +90,8 @@ class Caller:
             self.process.wait()
 
 
-@pytest.fixture(scope="module", params=MODES, ids=["namespaces", "restricted", "restricted-kernel-only"])
-def caller(request) -> Iterator[tuple[Caller, str, str]]:
+@pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)
+def caller(request) -> Iterator[tuple[Caller, str, str, str]]:
     instance = Caller(*request.param)
     yield instance, *request.param
     instance.close()
@@ -120,7 +130,7 @@ def shared_objects_of(programs: list[int]) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
-    client, mode, hook = caller
+    client, mode, hook, missing = caller
     outside = tmp_path / "outside"
     outside.mkdir()
     secret = outside / "secret.txt"
@@ -164,9 +174,11 @@ def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
     assert answer["layers"] == {
         "namespaces": expected_namespaces,
         "landlock": answer["layers"]["landlock"],
-        "seccomp": True,
+        "seccomp": "seccomp" not in missing,
     }, answer
-    assert answer["layers"]["landlock"] >= 1
+    assert (answer["layers"]["landlock"] >= 1) is ("landlock" not in missing)
+    if "seccomp" in missing:  # the hook alone: the program never ran
+        assert answer["text"].startswith(BOOT_FAILED_MESSAGE) and LAYERS_MISSING_MESSAGE in answer["text"], answer
 
 
 def test_the_corpus_has_every_attack_of_the_issue():

@@ -22,9 +22,10 @@ from rldock.config.job import SandboxSpec
 from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.tools import PythonTool
 
-# The SandboxSpec fields a call's limits may set: all but `servers`, which says where the tool runs. Left
-# unset here, so the tool this server runs is the in-process one (never a client of another server).
-LIMIT_FIELDS = tuple(name for name in SandboxSpec.model_fields if name != "servers")
+# The SandboxSpec fields a call's limits may set: all but `servers`, which says where the tool runs (left
+# unset here, so the tool this server runs is the in-process one, never a client of another server), and
+# `allow_missing_layers`: a client never lowers the server's sandbox, which requires every layer.
+LIMIT_FIELDS = tuple(name for name in SandboxSpec.model_fields if name not in ("servers", "allow_missing_layers"))
 
 
 def sandbox_limits(extra_info: Mapping[str, Any]) -> SandboxSpec:

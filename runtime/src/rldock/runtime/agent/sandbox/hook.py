@@ -184,12 +184,21 @@ def _check_write(value, event, writable, tools):
         refuse("writing outside the working directory", event, tools)
 
 
-def _check_read(value, event, readable, scratch, tools):
+def _check_read(value, event, readable, scratch, strict, refused_native, tools):
     refuse, plain, resolve, under = tools[15], tools[16], tools[17], tools[18]
     stat_, is_dir, os_error = tools[1], tools[6], tools[12]
-    resolved = resolve(plain(value, tools), event, tools)
+    path = plain(value, tools)
+    if strict and ".." in path.split("/"):
+        # Without Landlock: from a directory descriptor (dir_fd=, which the open event does not show)
+        # `..` climbs from where the kernel starts, not from the working directory the hook resolves by.
+        refuse("'..' in a path (this machine has no Landlock)", event, tools)
+    resolved = resolve(path, event, tools)
     if resolved.startswith("/proc/") and resolved.endswith("/mem"):
         refuse("reading process memory", event, tools)
+    if resolved.endswith(".so") and resolved.split("/")[-1].split(".")[0] in refused_native:
+        # Its bytes, copied and loaded from elsewhere, are refused as native code from outside the
+        # installation; reading them is refused here as Landlock refuses it.
+        refuse(f"reading {resolved}, a refused native module", event, tools)
     if not under(resolved, readable):
         refuse(f"reading {resolved}: only the working directory and Python's installation are readable", event, tools)
     if not under(resolved, (scratch,)) and event == "open":
@@ -261,11 +270,15 @@ def audit_hook(
     refused_error: type[Exception],
     refused_import: type[Exception],
     unjudged_exit_code: int,
+    strict_paths: bool,
 ):
     """The hook. `readable`: roots the program may read (the scratch directory, Python's installation,
     system libraries and files); `installation`: where native modules may load from. Paths are resolved
-    and absolute. An event it cannot judge (any exception of its own but a refusal, MemoryError included)
-    ends the process with `unjudged_exit_code`: fail closed."""
+    and absolute. `strict_paths` (where the kernel has no Landlock and the hook guards files alone): `..`
+    is refused in any path, and the working directory may not leave the scratch directory, so that a path
+    resolves within the scratch directory from wherever the kernel starts it. An event it cannot judge
+    (any exception of its own but a refusal, MemoryError included) ends the process with
+    `unjudged_exit_code`: fail closed."""
     pid = os.getpid()
     # /dev/null, and the program's own pipes (/dev/stdout is /proc/self/fd/1, a link to `pipe:[...]`,
     # which resolves to no file): a descriptor that is a file resolves to the file.
@@ -304,6 +317,7 @@ def audit_hook(
         os.read,  # 26
     )
     refuse, plain, check_read, check_write, check_import = _refuse, _plain, _check_read, _check_write, _check_import
+    resolve, under = _resolve, _under
     check_unmarshal = _check_unmarshal
     str_type, int_type, exact_type = str, int, type
     # What failing closed needs, made now: it runs when nothing can be allocated (even `except (A, B)`
@@ -324,7 +338,7 @@ def audit_hook(
                 if writes:
                     check_write(path, event, writable, tools)
                 else:
-                    check_read(path, event, readable, scratch, tools)
+                    check_read(path, event, readable, scratch, strict_paths, refused_native, tools)
             elif event == "import":
                 check_import(args, installation, refused_native, tools)
             elif event == "marshal.loads":
@@ -354,7 +368,15 @@ def audit_hook(
             elif event in reads_path:
                 target = args[0]
                 if target is not None and exact_type(target) is not int_type:
-                    check_read(plain(target, tools), event, readable, scratch, tools)
+                    check_read(plain(target, tools), event, readable, scratch, strict_paths, refused_native, tools)
+            elif event == "os.chdir":
+                target = args[0]
+                if (
+                    strict_paths
+                    and exact_type(target) is not int_type  # a descriptor: a directory opened inside
+                    and not under(resolve(plain(target, tools), event, tools), (scratch,))
+                ):
+                    refuse("leaving the working directory (this machine has no Landlock)", event, tools)
         except refusals:
             raise
         except base_exception:  # an event it could not judge: refused by ending the program
