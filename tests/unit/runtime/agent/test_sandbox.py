@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -601,6 +602,37 @@ def test_a_client_cannot_lower_the_served_sandbox():
 
     with pytest.raises(ValueError, match="allow_missing_layers not a sandbox limit"):
         sandbox_limits({"sandbox": {"allow_missing_layers": ["landlock"]}})
+
+
+def test_the_watchdog_walks_off_the_event_loop(tmp_path, monkeypatch):
+    # Issue 50: a walk of max_files entries took 93 ms on the loop every 20 ms poll, stalling every other
+    # call of the rollout. Where no tmpfs caps the scratch directory (a restricted pod), each walk runs in
+    # a worker thread, and a directory over the limit still stops the program.
+    from rldock.runtime.agent import sandbox
+
+    walked_on: list[threading.Thread] = []
+    real_within = sandbox._within
+
+    def recording_within(*args, **kwargs):
+        walked_on.append(threading.current_thread())
+        return real_within(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "_within", recording_within)
+    program = (
+        "import os, time\n"
+        f"for index in range(50):\n    open(os.path.join({str(tmp_path)!r}, str(index)), 'w').close()\n"
+        "time.sleep(60)"
+    )
+    limits = SandboxSpec(wall_seconds=30, max_files=10)
+
+    async def run_and_find_the_loop_thread():
+        argv = [sys.executable, "-c", program]
+        result = await _run(argv, cwd=str(tmp_path), env={}, limits=limits, watch=str(tmp_path))
+        return result, threading.current_thread()
+
+    result, loop_thread = asyncio.run(run_and_find_the_loop_thread())
+    assert result.outcome is Outcome.DISK_LIMIT
+    assert walked_on and loop_thread not in walked_on
 
 
 def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, caplog):

@@ -416,7 +416,12 @@ _DISK_POLL_SECONDS = 0.02
 class _DiskWatchdog:
     """Kills the program's group when its scratch directory holds more than disk_mib of blocks or more
     than max_files entries. Where the boot mounted a capped tmpfs there, this directory only holds the
-    program's source and the watchdog never fires: the kernel refuses the writes first."""
+    program's source and the watchdog never fires: the kernel refuses the writes first.
+
+    Each walk runs in a worker thread (the loop's default executor), not on the event loop, which runs
+    every other call of the rollout: a walk of max_files entries takes tens of milliseconds. A walk still
+    running when the program ends is harmless: it only reads, and makes unreadable directories readable
+    as remove_tree does."""
 
     def __init__(self, directory: str, limits: SandboxSpec):
         self.directory = directory
@@ -426,7 +431,10 @@ class _DiskWatchdog:
 
     async def run(self, process: asyncio.subprocess.Process) -> None:
         while process.returncode is None:
-            if not _within(self.directory, max_bytes=self.max_bytes, max_files=self.max_files):
+            within = await asyncio.to_thread(
+                _within, self.directory, max_bytes=self.max_bytes, max_files=self.max_files
+            )
+            if not within:
                 self.exceeded = True
                 _kill_group(process)
                 return
