@@ -19,6 +19,17 @@ def test_validate_prints_one_verdict_line(capsys):
     assert captured.err == ""
 
 
+def test_validate_says_which_sandbox_layers_the_machine_has(capsys):
+    # A job whose python tool runs its programs here (no agent.sandbox.servers).
+    agent_example = EXAMPLE.with_name("agent-smollm2-python.yaml")
+    assert main(["validate", str(agent_example), "--no-path-checks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ok: ")
+    assert lines[1].startswith("the python tool's sandbox on this machine: Landlock ABI ")
+    assert main(["validate", str(EXAMPLE)]) == 0
+    assert "the python tool's sandbox" not in capsys.readouterr().out  # no python tool
+
+
 def test_validate_prints_the_resolved_config_when_asked(capsys):
     assert main(["validate", str(EXAMPLE), "--print"]) == 0
     out = capsys.readouterr().out

@@ -740,6 +740,16 @@ class SandboxSpec(Spec):
         description="Characters of the program's stdout and stderr returned to the model; the rest is cut and "
         "the cut is said.",
     )
+    allow_missing_layers: list[Literal["landlock"]] = Field(
+        default_factory=list,
+        max_length=1,
+        description="Kernel layers the sandbox may run without on this machine. By default the python tool refuses to "
+        "start where the kernel (or the pod's seccomp profile) lacks Landlock, since then the audit hook alone guards "
+        "files, which memory-unsafe code gets past; `[landlock]` runs without it anyway, the hook then refusing `..` "
+        "in paths and leaving the scratch directory (docs/agentic.md#the-sandbox says what still holds). The seccomp "
+        "filter cannot be done without (the hook alone does not stop processes and signals), and namespaces are "
+        "never required (a restricted pod has none). `rldock validate` says which layers the machine has.",
+    )
     servers: EnvironmentServersSpec | None = Field(
         default=None,
         description="Unset: each program runs in a sandbox process beside the actor (the local default). Set: in "

@@ -19,6 +19,7 @@ from rldock.config import ConfigError, JobConfig, find_warnings, load_job_config
 from rldock.contract import runtime_cli as cli
 from rldock.contract.failure import FailureReason, JobFailure, format_failure
 from rldock.contract.progress import headline_key
+from rldock.runtime.agent.sandbox import describe_layers, machine_layers, uses_local_sandbox
 from rldock.runtime.preflight import failure_of, preflight
 
 logger = logging.getLogger("rldock")
@@ -501,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False), end="")
         print(_verdict(cfg, str(args.config), paths_checked=not args.no_path_checks))
+        if uses_local_sandbox(cfg):
+            assert cfg.agent is not None
+            print(f"the python tool's sandbox on this machine: {describe_layers(machine_layers(cfg.agent.sandbox))}")
         return 0
 
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this

@@ -23,6 +23,7 @@ from pathlib import Path
 from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
+from rldock.runtime.agent.sandbox import sandbox_layer_problems
 from rldock.runtime.agent.service.probe import environment_server_problems
 from rldock.runtime.data.probe import data_file_problems
 from rldock.runtime.data.prompt_lengths import prompt_set_problems
@@ -298,7 +299,8 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
     render; reward_function_problems and agent_class_problems: each user file
     defines what it is named for; wandb_credentials_problems: W&B has an API key;
     local_device_problems: the GPUs a local Ray is asked for are here; environment_server_problems: the
-    environment servers at a `url` answer OpenEnv's /health and /schema); only when those pass, the
+    environment servers at a `url` answer OpenEnv's /health and /schema; sandbox_layer_problems: the
+    python tool's sandbox has the kernel layers the config requires); only when those pass, the
     prompt sets are built as the trainer builds them (prompt_set_problems: a prompt within
     algorithm.max_prompt_length, every row readable)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
@@ -313,6 +315,7 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         + wandb_credentials_problems(cfg)
         + local_device_problems(cfg)
         + environment_server_problems(cfg, starting=output is not None)
+        + sandbox_layer_problems(cfg)
     )
     if not local:
         local = prompt_set_problems(cfg)

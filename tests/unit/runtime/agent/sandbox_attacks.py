@@ -38,6 +38,23 @@ except PermissionError as error:
         frame.f_globals.update(REFUSED_EVENTS=(), REFUSED_IMPORTS=frozenset(), _under=lambda *args: True)
 """
 
+# Takes every byte of the address space in blocks of every size, then gives back a few small ones: enough
+# for the program's next lines, not for a check that makes strings. Everything the program needs after
+# it must exist before.
+USE_UP_THE_MEMORY = """
+hoard = []
+for size in (2**20, 2**16, 2**12, 2**8, 64, 16, 1):
+    while True:
+        try:
+            hoard.append(bytes(size))
+        except MemoryError:
+            break
+hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop(); hoard.pop()
+"""
+
+# The name the attacks give what they try to leave in /dev/shm.
+SHARED_NAME = "rldock-sandbox-left"
+
 ATTACKS: dict[str, str] = {
     # --- the hook itself --------------------------------------------------------------------------
     "disarm the hook, then run a fresh interpreter": _DISARM_THE_HOOK
@@ -158,6 +175,30 @@ fcntl.fcntl(read, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)
 os.write(write, b"x")
 """,
     "ptrace the caller's memory": "import os\nopen(f'/proc/{os.getppid()}/mem', 'r+b')",
+    # Issue 50: what crosses processes without a signal.
+    "renice the caller": "import os\nos.setpriority(os.PRIO_PROCESS, os.getppid(), 19)",
+    "renice every process of the user": "import os\nos.setpriority(os.PRIO_USER, 0, 19)",
+    "pin the caller to one CPU": "import os\nos.sched_setaffinity(os.getppid(), {0})",
+    "SCHED_IDLE for the caller": "import os\nos.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))",
+    "lower the caller's open-files limit": "import os, resource\n"
+    "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (3, 3))",
+    "POSIX shared memory left in /dev/shm": "from multiprocessing import shared_memory\n"
+    "segment = shared_memory.SharedMemory(name='rldock-sandbox-left', create=True, size=2**20)\n"
+    "segment.buf[:4] = b'left'\nsegment.close()",
+    "_posixshmem directly": "import _posixshmem, os\n"
+    "os.write(_posixshmem.shm_open('/rldock-sandbox-left', os.O_CREAT | os.O_RDWR, 0o600), b'x')",
+    "a POSIX semaphore left in /dev/shm": "import _multiprocessing\n"
+    "_multiprocessing.SemLock(1, 1, 1, '/rldock-sandbox-left', False)",
+    "a thread storm": """
+import threading, time
+threading.stack_size(65536)
+threads = []
+while len(threads) < 4000:
+    thread = threading.Thread(target=time.sleep, args=(3600,), daemon=True)
+    thread.start()
+    threads.append(thread)
+print(len(threads), "threads")
+""",
     # --- files outside the scratch directory ------------------------------------------------------
     "read /etc/passwd": "print(open('/etc/passwd').read())",
     "read /etc/hostname": "print(open('/etc/hostname').read())",
@@ -169,6 +210,47 @@ os.write(write, b"x")
     "read the secret through /proc/self/root": "print(open('/proc/self/root' + SECRET).read())",
     "read the secret through a directory descriptor": "import os\nfd = os.open(OUTSIDE, os.O_RDONLY)\n"
     "print(os.read(os.open('secret.txt', os.O_RDONLY, dir_fd=fd), 100))",
+    # Issue 50, where the kernel has no Landlock: the hook resolves a relative path from the working
+    # directory, the kernel from a directory descriptor the open event does not show.
+    "read the secret through .. from a directory descriptor": """
+import os
+scratch = os.getcwd()
+fd = os.open(".", os.O_RDONLY)  # the scratch directory: allowed
+os.makedirs("a/b")
+os.chdir("a/b")  # the hook resolves from here: ../../x is the scratch directory's x
+x = os.path.relpath(SECRET, os.path.dirname(os.path.dirname(scratch)))
+print(os.read(os.open("../../" + x, os.O_RDONLY, dir_fd=fd), 100))
+""",
+    "write outside through .. from a directory descriptor": """
+import os
+scratch = os.getcwd()
+fd = os.open(".", os.O_RDONLY)
+os.makedirs("a/b")
+os.chdir("a/b")
+x = os.path.relpath(OUTSIDE + "/written", os.path.dirname(os.path.dirname(scratch)))
+os.write(os.open("../../" + x, os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), b"x")
+""",
+    "chdir out, then read relative paths": "import os\nos.chdir(OUTSIDE)\nprint(open('secret.txt').read())",
+    "chdir to /, then read the caller's environment": "import os\nos.chdir('/')\n"
+    "print(open(f'proc/{os.getppid()}/environ').read())",
+    "the caller's memory from a directory descriptor": """
+import os
+depth = os.getcwd().count("/")
+fd = os.open(".", os.O_RDONLY)
+os.makedirs("/".join(["d"] * depth))
+os.chdir("/".join(["d"] * depth))  # as deep below the scratch directory as it is below /
+memory = os.open("../" * depth + f"proc/{os.getppid()}/mem", os.O_RDONLY, dir_fd=fd)
+print("opened the caller's memory", memory)
+""",
+    "the caller's environment from a directory descriptor": """
+import os
+depth = os.getcwd().count("/")
+fd = os.open(".", os.O_RDONLY)
+os.makedirs("/".join(["d"] * depth))
+os.chdir("/".join(["d"] * depth))
+print(os.read(os.open("../" * depth + f"proc/{os.getppid()}/environ", os.O_RDONLY, dir_fd=fd), 4096))
+""",
+    "leave a file in /dev/shm": "open('/dev/shm/rldock-sandbox-left', 'w').write('left')",
     "write outside": "open(OUTSIDE + '/written', 'w').write('x')",
     "write outside through ..": "import os\nopen(os.path.relpath(OUTSIDE) + '/written', 'w').write('x')",
     "truncate the secret": "import os\nos.truncate(SECRET, 0)",
@@ -206,6 +288,32 @@ for index in range(64):
 """,
     "a file past the file limit": "open('big', 'wb').write(b'x' * 17 * 2**20)",
     "more files than allowed": "for index in range(5000):\n    open(f'f{index}', 'w').close()",
+    # Issue 52: threads until the memory runs out, then the rest of it, then reads whose check needs more
+    # than is left (a bytes path reaches the hook as it is; the hook makes a str of it, then one per part).
+    # A hook that raised MemoryError let the program catch it and go on.
+    "use up the memory with threads, then read while the hook cannot allocate": """
+import _thread, os, time
+_thread.stack_size(65536)
+threads = []
+try:
+    while len(threads) < 2000:  # _thread: threading's start would wait forever for a thread that failed to run
+        threads.append(_thread.start_new_thread(time.sleep, (3600,)))
+except RuntimeError:
+    pass
+path = os.fsencode(SECRET) + b"/.." * 500
+attempts, failures, read = [None] * 1000, [0], []
+"""
+    + USE_UP_THE_MEMORY
+    + """for attempt in attempts:
+    try:
+        read.append(open(path).read())
+    except MemoryError:
+        failures[0] += 1
+    except OSError:
+        pass
+del hoard
+print(len(threads), "threads;", failures[0], "checks failed and the program went on;", read)
+""",
     "hide what it writes in a directory it locks": """
 import os
 os.mkdir("hidden", 0o300)  # writable, not listable: the watchdog must still count what is inside

@@ -3,16 +3,19 @@ own, so that an attack that kills its caller fails its test instead of killing p
 
 Reads one JSON request a line on stdin ({"code", "tempdir", "limits"}), runs the program through the
 sandbox, and writes one JSON line: outcome, exit_code, text, layers, `left` (processes of the program's
-session still there after the call) and `scratch_left` (what remains in tempdir, where the scratch
-directory was made).
+session still there after the call), `programs` (the pids it started) and `scratch_left` (what remains in
+tempdir, where the scratch directory was made).
 
-Usage: python sandbox_caller.py namespaces|restricted hook|kernel-only
+Usage: python sandbox_caller.py namespaces|restricted hook|kernel-only [LAYER,...]
   namespaces   as this machine runs the sandbox (root: unshare allowed).
   restricted   as a pod under the `restricted` Pod Security Standard: no_new_privs, every capability
                dropped (bounding, effective, permitted, inheritable and ambient sets), and a seccomp
                filter that refuses unshare, setns, mounts and clone with namespace flags with EPERM, as
                the RuntimeDefault profile does for a process without CAP_SYS_ADMIN.
   kernel-only  the program runs without the audit hook: what a program that got past it meets.
+  LAYER,...    kernel layers not applied (landlock, seccomp), as on a machine without them; the limits
+               allow Landlock missing (agent.sandbox.allow_missing_layers), as a config must; none can
+               allow seccomp missing.
 """
 
 from __future__ import annotations
@@ -94,10 +97,11 @@ def _session_members(session: int) -> list[str]:
 
 def main() -> None:
     mode, hook = sys.argv[1], sys.argv[2]
+    skip = tuple(layer for layer in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if layer)
     if mode == "restricted":
         _as_a_restricted_pod()
     from rldock.config.job import SandboxSpec
-    from rldock.runtime.agent.sandbox import _run_program
+    from rldock.runtime.agent.sandbox import _required, _run_program
 
     started: list[int] = []
     real_exec = asyncio.create_subprocess_exec
@@ -113,8 +117,10 @@ def main() -> None:
         request = json.loads(line)
         tempfile.tempdir = request["tempdir"]
         started.clear()
-        limits = SandboxSpec(**request["limits"])
-        result = asyncio.run(_run_program(request["code"], limits, audit_hook=hook == "hook"))
+        # Without seccomp the boot refuses whatever the config says: no config can allow it.
+        limits = SandboxSpec(**request["limits"], allow_missing_layers=[layer for layer in skip if layer != "seccomp"])
+        run = _run_program(request["code"], limits, audit_hook=hook == "hook", required=_required(limits), skip=skip)
+        result = asyncio.run(run)
         answer = {
             "outcome": result.outcome.value,
             "exit_code": result.exit_code,
@@ -125,6 +131,7 @@ def main() -> None:
                 "seccomp": result.layers.seccomp,
             },
             "left": [member for pid in started for member in _session_members(pid)],
+            "programs": list(started),
             "scratch_left": sorted(os.listdir(request["tempdir"])),
         }
         print(json.dumps(answer), flush=True)

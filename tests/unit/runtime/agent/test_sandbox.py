@@ -12,13 +12,24 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from sandbox_attacks import USE_UP_THE_MEMORY
 
 from rldock.config.job import SandboxSpec
-from rldock.runtime.agent.sandbox import Outcome, SandboxResult, _run, _run_program, boot, kernel, run_python
+from rldock.runtime.agent.sandbox import (
+    Outcome,
+    SandboxResult,
+    _required,
+    _run,
+    _run_program,
+    boot,
+    kernel,
+    run_python,
+)
 
 LIMITS = SandboxSpec(cpu_seconds=1, wall_seconds=3, memory_mib=256, max_output_chars=2000)
 
@@ -434,7 +445,7 @@ thread.join()
 
 def test_the_kernel_layers_hold_without_the_audit_hook():
     # What a program that got past the audit hook meets.
-    result = asyncio.run(_run_program(_KERNEL_ONLY, LIMITS, audit_hook=False))
+    result = asyncio.run(_run_program(_KERNEL_ONLY, LIMITS, audit_hook=False, required=()))
     assert result.stdout.splitlines() == [
         "fork EPERM",
         "posix_spawn EPERM",
@@ -454,7 +465,8 @@ def test_the_kernel_layers_hold_without_the_audit_hook():
 @pytest.mark.parametrize("machine", sorted(kernel.SYSCALLS))
 def test_the_syscall_filter_is_a_valid_program(machine):
     _, numbers = kernel.SYSCALLS[machine]
-    needed = {*kernel.DENIED, *kernel._SIGNAL_OWN_PROCESS, "clone", "clone3", "kill", "execveat", "fcntl", "ioctl"}
+    needed = {*kernel.DENIED, *kernel._OWN_PROCESS, "clone", "clone3", "kill", "execveat", "fcntl", "ioctl"}
+    needed |= {name for name, _ in kernel._OWN_PRIORITY}
     # The generic table has none of these: the *at forms (in the table) cover them.
     assert needed - set(numbers) <= {
         "fork",
@@ -467,14 +479,160 @@ def test_the_syscall_filter_is_a_valid_program(machine):
         "utimes",
         "futimesat",
     }
-    program = kernel.syscall_filter(machine, 4242, 64)
+    program = kernel.syscall_filter(machine, 4242, 64, 0x7F12_3456_7000)
     assert program is not None and len(program) < 256
     for at, (code, true, false, _) in enumerate(program):
         if code & 0x07 == 0x05:  # a jump: forward (classic BPF cannot jump back), inside the program, in a byte
             assert min(true, false) >= 0 and at + 1 + max(true, false) < len(program)
             assert max(true, false) <= 255
     assert program[-1][0] == 0x06  # it ends with a return
-    assert kernel.syscall_filter("sparc64", 4242, 64) is None
+    assert kernel.syscall_filter("sparc64", 4242, 64, 0x7F12_3456_7000) is None
+
+
+# Installs the filter in a process of its own (it stays for the process's life) and makes the calls with
+# ctypes, as native code in a program could; each line: the call, then its errno name or "allowed".
+_CROSSING_PROCESSES = """
+import ctypes, errno, os, sys
+from rldock.runtime.agent.sandbox import kernel
+
+libc = ctypes.CDLL(None, use_errno=True)
+_, numbers = kernel.SYSCALLS[os.uname().machine]
+parent = os.getppid()
+held = kernel.hold_interpreter(sys.executable)
+page = kernel.exec_path_page()
+assert kernel.no_new_privileges() and kernel.restrict_syscalls(held, page)
+argv = (ctypes.c_char_p * 2)(b"echo", None)
+
+def call(name, *args):
+    result = libc.syscall(ctypes.c_long(numbers[name]), *args)
+    print(name, "allowed" if result >= 0 else errno.errorcode[ctypes.get_errno()])
+
+long = ctypes.c_long
+call("setpriority", long(0), long(parent), long(19))
+call("setpriority", long(2), long(0), long(19))  # PRIO_USER: every process of the user
+call("setpriority", long(0), long(0), long(1))
+call("sched_setaffinity", long(parent), long(8), ctypes.byref(ctypes.c_ulong(1)))
+call("sched_setaffinity", long(0), long(8), ctypes.byref(ctypes.c_ulong(1)))
+call("sched_setscheduler", long(parent), long(5), ctypes.byref(ctypes.c_int(0)))  # SCHED_IDLE
+call("sched_setparam", long(parent), ctypes.byref(ctypes.c_int(0)))
+call("sched_setattr", long(parent), ctypes.byref((ctypes.c_uint32 * 14)(56)), long(0))
+call("ioprio_set", long(1), long(parent), long(7 << 13))
+call("prlimit64", long(parent), long(7), None, ctypes.byref((ctypes.c_uint64 * 2)()))
+call("prlimit64", long(0), long(7), None, ctypes.byref((ctypes.c_uint64 * 2)()))
+call("shmget", long(0), long(2**20), long(0o1600))  # IPC_PRIVATE, IPC_CREAT
+call("semget", long(0), long(1), long(0o1600))
+call("msgget", long(0), long(0o1600))
+call("mq_open", b"rldock-test", long(0o100 | 0o2), long(0o600), None)
+echo = os.open("/bin/echo", os.O_RDONLY)
+call("execveat", long(held), b"/bin/echo", argv, argv, long(0))
+call("execveat", long(held), b"/bin/echo", argv, argv, long(0x1000))
+call("execveat", long(echo), b"", argv, argv, long(0x1000))
+call("execveat", long(held), b"", argv, argv, long(0x1000))  # the right descriptor, another path address
+"""
+
+
+def test_the_filter_refuses_what_crosses_processes():
+    # Issue 50: the caller reniced, pinned and made SCHED_IDLE, a SysV segment outliving the program, and
+    # execveat of an absolute path through the held descriptor. The program's own process stays its own.
+    output = subprocess.run([sys.executable, "-c", _CROSSING_PROCESSES], capture_output=True, text=True)
+    assert output.stdout.splitlines() == [
+        "setpriority EPERM",
+        "setpriority EPERM",
+        "setpriority allowed",
+        "sched_setaffinity EPERM",
+        "sched_setaffinity allowed",
+        "sched_setscheduler EPERM",
+        "sched_setparam EPERM",
+        "sched_setattr EPERM",
+        "ioprio_set EPERM",
+        "prlimit64 EPERM",
+        "prlimit64 allowed",
+        "shmget EPERM",
+        "semget EPERM",
+        "msgget EPERM",
+        "mq_open EPERM",
+        "execveat EPERM",
+        "execveat EPERM",
+        "execveat EPERM",
+        "execveat EPERM",
+    ], output.stderr
+
+
+def test_a_program_never_runs_without_a_layer_the_config_requires():
+    # Issue 50: where the kernel has no Landlock (simulated: the boot does not apply it), the boot stops
+    # before the program's first line unless agent.sandbox.allow_missing_layers names the layer.
+    code = "print('ran')"
+    allowed = LIMITS.model_copy(update={"allow_missing_layers": ["landlock"]})
+    for missing, limits, runs in [
+        (("landlock",), LIMITS, False),
+        (("landlock",), allowed, True),
+        (("seccomp",), allowed, False),  # no config allows it
+        (("landlock", "seccomp"), allowed, False),
+    ]:
+        result = asyncio.run(_run_program(code, limits, audit_hook=True, required=_required(limits), skip=missing))
+        assert result.layers.missing == missing
+        if runs:
+            assert (result.outcome, result.stdout) == (Outcome.OK, "ran\n")
+            continue
+        assert (result.outcome, result.exit_code, result.stdout) == (Outcome.ERROR, boot.EXIT_BOOT_FAILED, "")
+        refused = [layer for layer in missing if layer in _required(limits)]
+        assert f"{boot.LAYERS_MISSING_MESSAGE}{', '.join(refused)}" in result.stderr
+
+
+def test_the_tool_start_and_validate_say_what_a_machine_lacks(monkeypatch, caplog):
+    from rldock.runtime.agent import sandbox
+
+    no_landlock = sandbox.Layers(namespaces=(), landlock=0, seccomp=True, reported=True)
+    monkeypatch.setattr(sandbox, "machine_layers", lambda limits: no_landlock)
+    problem = sandbox.missing_layers_problem(no_landlock, SandboxSpec())
+    assert problem is not None and problem.startswith("agent.sandbox.allow_missing_layers: this machine lacks Landlock")
+    with pytest.raises(sandbox.SandboxLayersMissing, match=r"allow_missing_layers"):
+        sandbox.require_layers(SandboxSpec())
+    assert sandbox.require_layers(SandboxSpec(allow_missing_layers=["landlock"])) == no_landlock
+    assert sandbox.describe_layers(no_landlock) == "no Landlock; seccomp filter; no namespaces"
+    # On this machine every layer holds.
+    monkeypatch.undo()
+    assert sandbox.describe_layers(sandbox.machine_layers(SandboxSpec())) == (
+        f"Landlock ABI {kernel.landlock_abi()}; seccomp filter; namespaces: user, mount, network, scratch_filesystem"
+    )
+
+
+def test_a_client_cannot_lower_the_served_sandbox():
+    from rldock.runtime.agent.sandbox_service import sandbox_limits
+
+    with pytest.raises(ValueError, match="allow_missing_layers not a sandbox limit"):
+        sandbox_limits({"sandbox": {"allow_missing_layers": ["landlock"]}})
+
+
+def test_the_watchdog_walks_off_the_event_loop(tmp_path, monkeypatch):
+    # Issue 50: a walk of max_files entries took 93 ms on the loop every 20 ms poll, stalling every other
+    # call of the rollout. Where no tmpfs caps the scratch directory (a restricted pod), each walk runs in
+    # a worker thread, and a directory over the limit still stops the program.
+    from rldock.runtime.agent import sandbox
+
+    walked_on: list[threading.Thread] = []
+    real_within = sandbox._within
+
+    def recording_within(*args, **kwargs):
+        walked_on.append(threading.current_thread())
+        return real_within(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "_within", recording_within)
+    program = (
+        "import os, time\n"
+        f"for index in range(50):\n    open(os.path.join({str(tmp_path)!r}, str(index)), 'w').close()\n"
+        "time.sleep(60)"
+    )
+    limits = SandboxSpec(wall_seconds=30, max_files=10)
+
+    async def run_and_find_the_loop_thread():
+        argv = [sys.executable, "-c", program]
+        result = await _run(argv, cwd=str(tmp_path), env={}, limits=limits, watch=str(tmp_path))
+        return result, threading.current_thread()
+
+    result, loop_thread = asyncio.run(run_and_find_the_loop_thread())
+    assert result.outcome is Outcome.DISK_LIMIT
+    assert walked_on and loop_thread not in walked_on
 
 
 def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, caplog):
@@ -490,7 +648,7 @@ def test_a_boot_that_failed_counts_no_layer_as_missing(tmp_path, monkeypatch, ca
 def test_a_missing_layer_is_logged_once_per_process(monkeypatch, caplog):
     from rldock.runtime.agent import sandbox
 
-    async def on_an_old_kernel(code, limits, *, audit_hook):
+    async def on_an_old_kernel(code, limits, *, audit_hook, required):
         assert audit_hook
         return SandboxResult(
             "", "", 0, Outcome.OK, "", sandbox.Layers(namespaces=("network",), seccomp=True, reported=True)
@@ -531,13 +689,15 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
         refused_native=frozenset(),
         refused_error=PermissionError,
         refused_import=ImportError,
+        unjudged_exit_code=boot.EXIT_UNJUDGED,
+        strict_paths=True,
     )
     for function in [*helpers, installed]:
         for code in _code_objects(function.__code__):
             operations = {instruction.opname for instruction in dis.get_instructions(code)}
             assert not operations & {"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "STORE_NAME"}, code.co_name
     assert all(helper.__closure__ is None for helper in helpers)
-    immutable = (str, int, bool, frozenset, type, types.BuiltinFunctionType)
+    immutable = (str, bytes, int, bool, frozenset, type, types.BuiltinFunctionType)
 
     def safe(value) -> bool:
         if isinstance(value, tuple):
@@ -546,6 +706,53 @@ def test_nothing_the_hook_relies_on_is_reachable_and_mutable():
 
     for cell in installed.__closure__:
         assert safe(cell.cell_contents), cell.cell_contents
+
+
+# Memory used up, then a read whose check needs more than is left: a bytes path passes the open call as it
+# is, and the hook makes a str of it, then one per part. The same as an attack: sandbox_attacks.py.
+_HOOK_OUT_OF_MEMORY = (
+    """
+import os
+path = b"/etc/passwd" + b"/.." * 500
+attempts, failures = [None] * 100, [0]
+"""
+    + USE_UP_THE_MEMORY
+    + """for attempt in attempts:
+    try:
+        open(path)
+    except MemoryError:
+        failures[0] += 1
+    except OSError:
+        pass
+del hoard
+print("went on after", failures[0], "failed checks")
+"""
+)
+# A path object that raises when the hook asks it (shutil's event carries the object as given).
+_HOOK_RAISES = """
+import shutil
+class Broken:
+    def __fspath__(self):
+        raise ValueError("no path")
+try:
+    shutil.rmtree(Broken())
+except ValueError:
+    print("went on after a failed check")
+"""
+
+
+@pytest.mark.parametrize("code", [_HOOK_OUT_OF_MEMORY, _HOOK_RAISES], ids=["out of memory", "an error in it"])
+def test_an_event_the_hook_cannot_judge_ends_the_program(code):
+    # Raising is how the hook refuses, and a program can catch that: an exception of the hook's own
+    # (out of memory, an error) instead ends the program, so an unjudged event never passes.
+    result = run(code, SandboxSpec(cpu_seconds=5, wall_seconds=20, memory_mib=256))
+    assert (result.outcome, result.exit_code) == (Outcome.HOOK_FAILED, boot.EXIT_UNJUDGED), result.text
+    assert "went on" not in result.stdout
+    assert "the audit hook could not check an operation" in result.stderr
+    assert result.text.endswith(
+        "[stopped: the sandbox could not check an operation (out of memory or an error in the check) and ended the "
+        "program]"
+    )
 
 
 _REPORT_AT_64 = """

@@ -6,6 +6,8 @@ each one:
 
 - nothing outside the scratch directory was read (the secret is not in what the model reads) or written
   (the directory beside it is as it was: names, contents, modes, times), nothing connected to loopback;
+- the caller's priority, CPUs, scheduling policy and limits are as they were, and nothing the program
+  made is left in /dev/shm or SysV IPC;
 - the caller is alive (it answered), no process of the program's session is left, and the scratch
   directory is gone;
 - with the audit hook, the program did not end `ok`, the model reads why it stopped, and its interpreter
@@ -15,6 +17,8 @@ each one:
 from __future__ import annotations
 
 import json
+import os
+import resource
 import select
 import socket
 import subprocess
@@ -25,10 +29,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_attacks import ATTACK_LIMITS, ATTACKS
+from sandbox_attacks import ATTACK_LIMITS, ATTACKS, SHARED_NAME
+
+from rldock.runtime.agent.sandbox.boot import BOOT_FAILED_MESSAGE, LAYERS_MISSING_MESSAGE
 
 CALLER = Path(__file__).with_name("sandbox_caller.py")
-MODES = [("namespaces", "hook"), ("restricted", "hook"), ("restricted", "kernel-only")]
+# (how the caller runs, the hook or not, the kernel layers missing as on a machine without them)
+MODES = [
+    ("namespaces", "hook", ""),
+    ("restricted", "hook", ""),
+    ("restricted", "kernel-only", ""),
+    ("restricted", "hook", "landlock"),
+    ("restricted", "hook", "landlock,seccomp"),
+]
+MODE_IDS = ["namespaces", "restricted", "restricted-kernel-only", "restricted-no-landlock", "restricted-hook-only"]
 LIMITS = {"cpu_seconds": 2, "wall_seconds": 4, "memory_mib": 512, "max_output_chars": 2000}
 ANSWER_TIMEOUT_S = 120.0
 # Our own kills: the wall clock and the disk watchdog (SIGKILL), RLIMIT_CPU (SIGXCPU, then SIGKILL).
@@ -38,17 +52,26 @@ SANDBOX_SIGNALS = (-9, -24)
 class Caller:
     """One sandbox_caller.py process; restarted if an attack killed it (that attack's test fails)."""
 
-    def __init__(self, mode: str, hook: str):
-        self.argv = [sys.executable, str(CALLER), mode, hook]
+    def __init__(self, mode: str, hook: str, missing: str):
+        self.argv = [sys.executable, str(CALLER), mode, hook, missing]
         self.process: subprocess.Popen | None = None
 
-    def ask(self, request: dict) -> dict:
+    def start(self) -> None:
+        """Starts the caller process if it is not running (a first attack, or one that killed it)."""
         if self.process is None or self.process.poll() is not None:
             self.process = subprocess.Popen(
                 self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=CALLER.parent
             )
             assert json.loads(self._line()) == {"ready": True}
-        assert self.process.stdin is not None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def ask(self, request: dict) -> dict:
+        self.start()
+        assert self.process is not None and self.process.stdin is not None
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self._line()
@@ -67,8 +90,8 @@ class Caller:
             self.process.wait()
 
 
-@pytest.fixture(scope="module", params=MODES, ids=["namespaces", "restricted", "restricted-kernel-only"])
-def caller(request) -> Iterator[tuple[Caller, str, str]]:
+@pytest.fixture(scope="module", params=MODES, ids=MODE_IDS)
+def caller(request) -> Iterator[tuple[Caller, str, str, str]]:
     instance = Caller(*request.param)
     yield instance, *request.param
     instance.close()
@@ -80,9 +103,34 @@ def snapshot(directory: Path) -> dict[str, tuple]:
     }
 
 
+def process_state(pid: int) -> dict[str, object]:
+    """What a program could change of another process without signalling it: its priority, CPUs, scheduling
+    policy and resource limits."""
+    return {
+        "nice": os.getpriority(os.PRIO_PROCESS, pid),
+        "cpus": os.sched_getaffinity(pid),
+        "policy": os.sched_getscheduler(pid),
+        "limits": [resource.prlimit(pid, limit) for limit in (resource.RLIMIT_NOFILE, resource.RLIMIT_AS)],
+    }
+
+
+def shared_objects_of(programs: list[int]) -> list[str]:
+    """What the programs left that outlives them outside their scratch directory: POSIX shared memory,
+    semaphores and queues the attacks name (/dev/shm is the machine's: other tests use it too), and SysV
+    segments, semaphores and queues they created (by creator pid, where the kernel lists it)."""
+    left = [name for name in os.listdir("/dev/shm") if SHARED_NAME in name]
+    for kind in ("shm", "sem", "msg"):
+        lines = Path("/proc/sysvipc", kind).read_text().splitlines()
+        header = lines[0].split()
+        if "cpid" in header:  # shm: the creator's pid; sem and msg list none, and the filter refuses all three
+            column = header.index("cpid")
+            left += [line for line in lines[1:] if int(line.split()[column]) in programs]
+    return left
+
+
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
-    client, mode, hook = caller
+    client, mode, hook, missing = caller
     outside = tmp_path / "outside"
     outside.mkdir()
     secret = outside / "secret.txt"
@@ -91,6 +139,8 @@ def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
     outside.chmod(0o755)
     secret.chmod(0o644)  # readable to the sandbox's user as far as file modes go: only the sandbox stops it
     before = snapshot(outside)
+    client.start()
+    caller_before = process_state(client.pid)
     scratch_parent = tmp_path / "scratch"
     scratch_parent.mkdir()
     listener = socket.socket()
@@ -113,6 +163,8 @@ def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
         listener.close()
     assert canary not in answer["text"], answer["text"]
     assert snapshot(outside) == before
+    assert process_state(client.pid) == caller_before
+    assert shared_objects_of(answer["programs"]) == []
     assert answer["left"] == [] and answer["scratch_left"] == [], answer
     if hook == "hook":
         assert answer["outcome"] != "ok", answer["text"]
@@ -122,9 +174,11 @@ def test_an_attack_gets_nothing_and_harms_no_one(caller, name, tmp_path):
     assert answer["layers"] == {
         "namespaces": expected_namespaces,
         "landlock": answer["layers"]["landlock"],
-        "seccomp": True,
-    }
-    assert answer["layers"]["landlock"] >= 1
+        "seccomp": "seccomp" not in missing,
+    }, answer
+    assert (answer["layers"]["landlock"] >= 1) is ("landlock" not in missing)
+    if "seccomp" in missing:  # the hook alone: the program never ran
+        assert answer["text"].startswith(BOOT_FAILED_MESSAGE) and LAYERS_MISSING_MESSAGE in answer["text"], answer
 
 
 def test_the_corpus_has_every_attack_of_the_issue():
@@ -144,6 +198,14 @@ def test_the_corpus_has_every_attack_of_the_issue():
         "a path that answers the check and the call differently",
         "1,100 nested directories",
         "fill the disk with 64 files of 16 MiB",
+        # Issue 52
+        "use up the memory with threads, then read while the hook cannot allocate",
+        # Issue 50
+        "renice the caller",
+        "pin the caller to one CPU",
+        "SCHED_IDLE for the caller",
+        "POSIX shared memory left in /dev/shm",
+        "a thread storm",
     }
     assert named <= set(ATTACKS)
     assert len(ATTACKS) >= 68

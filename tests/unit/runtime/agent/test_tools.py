@@ -76,9 +76,13 @@ def test_python_failures_are_errors_with_the_reason():
     raised = call(tool, {"code": "raise ValueError('bad')"})
     assert raised.error and raised.text.endswith("ValueError: bad\n")
     slept = call(tool, {"code": "import time\ntime.sleep(60)"})
-    assert slept == ToolResult("[stopped: the program ran for 1 s, its time limit]", error=True)
+    assert slept == ToolResult(
+        "[stopped: the program ran for 1 s, its time limit]", error=True, counts={"sandbox/wall_limit": 1}
+    )
     refused = call(tool, {"code": "import socket\nsocket.socket()"})
     assert refused.error and "the sandbox refused network access (socket.__new__)" in refused.text
+    assert refused.counts == {"sandbox/refused": 1}
+    assert raised.counts == {}  # the program's own error: nothing the sandbox stopped
 
 
 @pytest.mark.parametrize("arguments", [{}, {"code": 42}, {"code": None}, {"program": "print(1)"}])

@@ -6,7 +6,8 @@ In metrics.jsonl and TensorBoard under `agent/`: `turns_mean` (model turns per e
 `latency_s/<tool>` (mean seconds per call), `model_token_share` (of the response tokens, the share the
 model sampled: what trains), and `ended/<reason>` (episodes that ended at an answer, at max_turns or
 at the length budget), and the tools' own counters (ToolResult.counts: the python tool's
-`sandbox/without_<layer>`, calls run without a kernel layer). Calls that named no tool count under
+`sandbox/without_<layer>`, calls run without a kernel layer, and `sandbox/<outcome>`, calls the sandbox
+stopped: cpu_limit, memory_limit, wall_limit, disk_limit, refused, hook_failed). Calls that named no tool count under
 `malformed` and `unknown`. `engine_while_waiting_s` and `engine_blocked_s`: seconds the engines generated
 while tool calls or environment steps were out, and sat with nothing to generate until one answered.
 With an environment, under `agent/environment/`: `resets`, `steps`, `errors` (sessions that failed,

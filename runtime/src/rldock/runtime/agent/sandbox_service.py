@@ -7,7 +7,8 @@ One call is one session: the reset brings the call's limits (the job's agent.san
 `extra_info["sandbox"]`, the one step is the program, and the observation is what the in-process tool
 answers, made by the same code (tools.PythonTool): `message` the text the model reads, and two more
 fields, `error` (the call failed: the program raised, exited nonzero or hit a limit) and `counts` (the
-tool's counters, {"sandbox/without_<layer>": 1} for each kernel layer the program ran without), with
+tool's counters: {"sandbox/without_<layer>": 1} for each kernel layer the program ran without, and
+{"sandbox/<outcome>": 1} when the sandbox stopped it), with
 done true. The sandbox inside is the in-process one (agent/sandbox/): its kernel layers hold in this
 server's process as they do in an actor.
 
@@ -26,9 +27,10 @@ from rldock.config.job import SandboxSpec
 from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.tools import PythonTool
 
-# The SandboxSpec fields a call's limits may set: all but `servers`, which says where the tool runs. Left
-# unset here, so the tool this server runs is the in-process one (never a client of another server).
-LIMIT_FIELDS = tuple(name for name in SandboxSpec.model_fields if name != "servers")
+# The SandboxSpec fields a call's limits may set: all but `servers`, which says where the tool runs (left
+# unset here, so the tool this server runs is the in-process one, never a client of another server), and
+# `allow_missing_layers`: a client never lowers the server's sandbox, which requires every layer.
+LIMIT_FIELDS = tuple(name for name in SandboxSpec.model_fields if name not in ("servers", "allow_missing_layers"))
 
 
 def sandbox_limits(extra_info: Mapping[str, Any]) -> SandboxSpec:

@@ -12,7 +12,7 @@ from typing import Any
 
 from rldock.config.job import AgentSpec, SandboxSpec
 from rldock.runtime.agent.base import TOOLS, EnvironmentUnavailable, EpisodeContext, SessionFailed, Tool, ToolResult
-from rldock.runtime.agent.sandbox import Outcome, run_python
+from rldock.runtime.agent.sandbox import Outcome, require_layers, run_python
 from rldock.runtime.agent.service.client import OpenEnvEnvironment, describe
 
 
@@ -59,6 +59,8 @@ class PythonTool(Tool):
         cls, agent: AgentSpec, options: Mapping[str, str], *, sandbox_urls: Sequence[str] = ()
     ) -> PythonTool:
         _no_options(cls.name, options)
+        if agent.sandbox.servers is None:  # programs run here: not on a machine that lacks a required layer
+            require_layers(agent.sandbox)
         return cls(agent.sandbox, sandbox_urls=sandbox_urls)
 
     async def call(self, arguments: Mapping[str, Any]) -> ToolResult:
@@ -70,6 +72,8 @@ class PythonTool(Tool):
         result = await run_python(code, self.limits)
         text = result.text or "(the program printed nothing)"
         counts = {f"sandbox/without_{layer}": 1 for layer in result.layers.missing}
+        if result.outcome not in (Outcome.OK, Outcome.ERROR):  # what the sandbox stopped the program for
+            counts[f"sandbox/{result.outcome.value}"] = 1
         return ToolResult(text, error=result.outcome is not Outcome.OK, counts=counts)
 
     async def _call_service(self, code: str) -> ToolResult:
@@ -81,7 +85,7 @@ class PythonTool(Tool):
             self._service = OpenEnvEnvironment(
                 name=f"agent.sandbox.servers ({describe(servers)})", servers=servers, urls=self.sandbox_urls
             )
-        limits = self.limits.model_dump(exclude={"servers"})
+        limits = self.limits.model_dump(exclude={"servers", "allow_missing_layers"})  # the server's to say
         session = self._service.session()
         try:
             await session.reset(seed=0, episode_id="python", context=EpisodeContext("", "", {"sandbox": limits}))

@@ -17,11 +17,16 @@ program made it. What confines it, in the order it is applied:
   limits.
 
 Which kernel layers held is in each result (`SandboxResult.layers`); a missing one is logged once per
-process and counted by the python tool (agent/sandbox/without_<layer>). docs/agentic.md#the-sandbox
-says which layer holds where, measured.
+process and counted by the python tool (agent/sandbox/without_<layer>). It fails closed: without
+Landlock or the seccomp filter (REQUIRED_LAYERS) the boot refuses to run the program, unless the
+config's agent.sandbox.allow_missing_layers names the layer; `machine_layers` says which layers this
+machine gives, for the tool's start and `rldock validate`. docs/agentic.md#the-sandbox says which layer
+holds where, measured.
 
 Outcomes (`Outcome`): ok, error (nonzero exit or an exception), cpu_limit, memory_limit, wall_limit,
-disk_limit, refused (the audit hook refused something and the program did not catch it).
+disk_limit, refused (the audit hook refused something and the program did not catch it), hook_failed (the
+audit hook could not judge an operation, out of memory or from an error in it, and ended the program
+rather than let it through).
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ import site
 import stat
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rldock.config import JobConfig, Problem
 from rldock.config.job import SandboxSpec
 from rldock.runtime.agent.sandbox import boot
 
@@ -72,6 +79,7 @@ class Outcome(str, enum.Enum):
     WALL_LIMIT = "wall_limit"
     DISK_LIMIT = "disk_limit"
     REFUSED = "refused"
+    HOOK_FAILED = "hook_failed"
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,80 @@ class Layers:
             return ()
         held = {"landlock": self.landlock > 0, "seccomp": self.seccomp, "namespaces": "network" in self.namespaces}
         return tuple(name for name, present in held.items() if not present)
+
+
+class SandboxLayersMissing(ValueError):
+    """The machine lacks a kernel layer the config requires (not in agent.sandbox.allow_missing_layers)."""
+
+
+# Layers without which no program runs: without Landlock the audit hook alone guards files (unless the
+# config's allow_missing_layers names it), without the filter it alone would guard processes, signals and
+# the caller's scheduling, which it cannot (no audit event for mkfifo, setpriority or pidfd_open).
+REQUIRED_LAYERS = ("landlock", "seccomp")
+
+
+def missing_layers_problem(layers: Layers, limits: SandboxSpec) -> str | None:
+    """Why the python tool must not start on a machine with these layers under these limits, naming the
+    field and the fix; None when it may."""
+    refused = [layer for layer in layers.missing if layer in _required(limits)]
+    if not refused:
+        return None
+    lacks = ", ".join(_LAYER_NAMES[layer] for layer in refused)
+    return (
+        f"agent.sandbox.allow_missing_layers: this machine lacks {lacks}, "
+        f"and the python tool does not run the model's code without it; run where it is (Linux 5.13+ for Landlock, "
+        f"x86_64 or aarch64 and a seccomp profile that allows the landlock_* calls and seccomp filters) or use "
+        f"agent.sandbox.servers; without Landlock alone, allow_missing_layers: [landlock] runs with what remains "
+        f"(docs/agentic.md#the-sandbox)"
+    )
+
+
+def describe_layers(layers: Layers) -> str:
+    """One line saying which kernel layers a program gets here, e.g. for `rldock validate`."""
+    if not layers.reported:
+        return "the sandbox could not start on this machine"
+    held = [f"Landlock ABI {layers.landlock}" if layers.landlock else "no Landlock"]
+    held.append("seccomp filter" if layers.seccomp else "no seccomp filter")
+    held.append(f"namespaces: {', '.join(layers.namespaces)}" if layers.namespaces else "no namespaces")
+    return "; ".join(held)
+
+
+def uses_local_sandbox(cfg: JobConfig) -> bool:
+    """Whether the job runs the python tool's programs on the actors' machines (not agent.sandbox.servers)."""
+    agent = cfg.agent
+    return agent is not None and agent.sandbox.servers is None and any(tool.name == "python" for tool in agent.tools)
+
+
+def sandbox_layer_problems(cfg: JobConfig) -> list[Problem]:
+    """For `rldock validate` and `train`: the python tool would refuse to start on this machine."""
+    if not uses_local_sandbox(cfg):
+        return []
+    assert cfg.agent is not None
+    problem = missing_layers_problem(machine_layers(cfg.agent.sandbox), cfg.agent.sandbox)
+    return [] if problem is None else [Problem("agent.sandbox.allow_missing_layers", problem)]
+
+
+def require_layers(limits: SandboxSpec) -> Layers:
+    """The python tool's start: the machine's layers, logged; raises SandboxLayersMissing where a layer
+    the limits require is missing."""
+    layers = machine_layers(limits)
+    problem = missing_layers_problem(layers, limits)
+    if problem is not None:
+        raise SandboxLayersMissing(problem)
+    logger.info("the python tool's sandbox on this machine: %s", describe_layers(layers))
+    return layers
+
+
+def machine_layers(limits: SandboxSpec) -> Layers:
+    """The kernel layers a program gets on this machine, measured by starting one (an empty program, no
+    layer required) in a thread of its own: callable with or without a running event loop."""
+    box: list[SandboxResult] = []
+    thread = threading.Thread(
+        target=lambda: box.append(asyncio.run(_run_program("", limits, audit_hook=True, required=())))
+    )
+    thread.start()
+    thread.join()
+    return box[0].layers
 
 
 @dataclass(frozen=True)
@@ -119,6 +201,8 @@ def _reason(outcome: Outcome, limits: SandboxSpec) -> str:
             f"[stopped: the program wrote more than {limits.disk_mib} MiB or {limits.max_files} files, its disk limit]"
         ),
         Outcome.REFUSED: "[stopped: the sandbox refused an operation (network, processes, files or ctypes)]",
+        Outcome.HOOK_FAILED: "[stopped: the sandbox could not check an operation (out of memory or an error in the "
+        "check) and ended the program]",
     }.get(outcome, "")
 
 
@@ -173,7 +257,7 @@ def _model_text(stdout: _Capture, stderr: _Capture, outcome: Outcome, limits: Sa
 async def run_python(code: str, limits: SandboxSpec) -> SandboxResult:
     """Runs `code` as a program in a fresh sandboxed interpreter (the module docstring says how);
     returns its output and outcome. Raises for nothing the program does."""
-    result = await _run_program(code, limits, audit_hook=True)
+    result = await _run_program(code, limits, audit_hook=True, required=_required(limits))
     for layer in result.layers.missing:
         if layer not in _missing_logged:
             _missing_logged.add(layer)
@@ -194,8 +278,16 @@ _LAYER_NAMES = {
 _missing_logged: set[str] = set()
 
 
-async def _run_program(code: str, limits: SandboxSpec, *, audit_hook: bool) -> SandboxResult:
-    """`run_python`, and with audit_hook=False the kernel layers alone (for their tests)."""
+def _required(limits: SandboxSpec) -> tuple[str, ...]:
+    return tuple(layer for layer in REQUIRED_LAYERS if layer not in limits.allow_missing_layers)
+
+
+async def _run_program(
+    code: str, limits: SandboxSpec, *, audit_hook: bool, required: tuple[str, ...], skip: tuple[str, ...] = ()
+) -> SandboxResult:
+    """`run_python`, and for tests: with audit_hook=False the kernel layers alone; with `skip` as on a
+    machine without those layers (landlock, seccomp). The boot refuses to run the program without a
+    `required` layer."""
     scratch = tempfile.mkdtemp(prefix="rldock-sandbox-")
     report_read, report_write = os.pipe()
     try:
@@ -211,6 +303,8 @@ async def _run_program(code: str, limits: SandboxSpec, *, audit_hook: bool) -> S
             "report_fd": report_write,
             "site": _site_packages(),
             "audit_hook": audit_hook,
+            "required": list(required),
+            "skip": list(skip),
         }
         argv = [sys.executable, *boot.INTERPRETER_FLAGS, boot.__file__, "start", json.dumps(configuration)]
         environment = {**_ENVIRONMENT, "HOME": scratch, "TMPDIR": scratch}
@@ -322,7 +416,12 @@ _DISK_POLL_SECONDS = 0.02
 class _DiskWatchdog:
     """Kills the program's group when its scratch directory holds more than disk_mib of blocks or more
     than max_files entries. Where the boot mounted a capped tmpfs there, this directory only holds the
-    program's source and the watchdog never fires: the kernel refuses the writes first."""
+    program's source and the watchdog never fires: the kernel refuses the writes first.
+
+    Each walk runs in a worker thread (the loop's default executor), not on the event loop, which runs
+    every other call of the rollout: a walk of max_files entries takes tens of milliseconds. A walk still
+    running when the program ends is harmless: it only reads, and makes unreadable directories readable
+    as remove_tree does."""
 
     def __init__(self, directory: str, limits: SandboxSpec):
         self.directory = directory
@@ -332,7 +431,10 @@ class _DiskWatchdog:
 
     async def run(self, process: asyncio.subprocess.Process) -> None:
         while process.returncode is None:
-            if not _within(self.directory, max_bytes=self.max_bytes, max_files=self.max_files):
+            within = await asyncio.to_thread(
+                _within, self.directory, max_bytes=self.max_bytes, max_files=self.max_files
+            )
+            if not within:
                 self.exceeded = True
                 _kill_group(process)
                 return
@@ -395,6 +497,8 @@ def _outcome(returncode: int, *, timed_out: bool, elapsed: float, limits: Sandbo
         return Outcome.MEMORY_LIMIT
     if returncode == boot.EXIT_REFUSED:
         return Outcome.REFUSED
+    if returncode == boot.EXIT_UNJUDGED:
+        return Outcome.HOOK_FAILED
     if returncode == -signal.SIGXCPU:
         return Outcome.CPU_LIMIT
     if returncode == -signal.SIGKILL and elapsed >= limits.cpu_seconds:

@@ -5,7 +5,8 @@ and cannot import rldock; it loads kernel.py and hook.py beside this file by the
 Two stages in one process:
   `start`  applies the kernel layers (kernel.py) to itself, writes which of them held to the report
            descriptor, then re-executes a fresh interpreter as `run` through the descriptor that
-           kernel.hold_interpreter opened, the only exec the seccomp filter lets through. The re-exec
+           kernel.hold_interpreter opened, with the path at the address kernel.exec_path_page chose:
+           the only exec the seccomp filter lets through (kernel.exec_held). The re-exec
            keeps the pid, the process group, the limits, the namespaces, Landlock and the filter, and
            drops ctypes (which `start` needs for the syscalls): a program that found a loaded ctypes
            could write memory with no audit event.
@@ -13,8 +14,10 @@ Two stages in one process:
            `__main__`.
 
 Usage: boot.py start|run <configuration as JSON>. `start` reads scratch, cpu_seconds, memory_mib,
-disk_bytes, max_files, parent (the caller's pid), report_fd, site (site-packages directories) and
-audit_hook (false only in tests of the kernel layers alone); it adds what `run` needs.
+disk_bytes, max_files, parent (the caller's pid), report_fd, site (site-packages directories), required
+(the layers without which the program must not run: `start` fails instead), audit_hook (false only in
+tests of the kernel layers alone) and skip (layers not applied, as on a machine without them: tests
+only); it adds what `run` needs.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import sys
 EXIT_MEMORY = 90  # the program ran out of its address space (RLIMIT_AS turns that into MemoryError)
 EXIT_REFUSED = 91  # the audit hook refused something the program asked for and the program did not catch it
 EXIT_BOOT_FAILED = 92  # this script could not set the sandbox up (a bug, a broken installation): the parent logs it
+EXIT_UNJUDGED = 93  # the audit hook could not judge an event (out of memory, an error in it) and ended the program
 
 BOOT_FAILED_MESSAGE = "sandbox: could not start: "  # how stderr starts with EXIT_BOOT_FAILED
+# After BOOT_FAILED_MESSAGE when a required layer did not hold: the layers, comma-separated, follow.
+LAYERS_MISSING_MESSAGE = "this machine lacks layers the sandbox requires (agent.sandbox.allow_missing_layers): "
 PROGRAM = "program.py"  # in the scratch directory; the name the program's tracebacks show
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -90,6 +96,7 @@ def _start(config: dict) -> None:
     with open(os.path.join(scratch, PROGRAM), "rb") as file:
         program = file.read()
     exec_fd = kernel.hold_interpreter(sys.executable)
+    exec_path = kernel.exec_path_page()
     namespaces = kernel.isolate(
         scratch=scratch, program=program, disk_bytes=config["disk_bytes"], max_files=config["max_files"]
     )
@@ -98,10 +105,12 @@ def _start(config: dict) -> None:
         memory_mib=config["memory_mib"],
         file_bytes=min(kernel.MAX_FILE_BYTES, config["disk_bytes"]),
         open_files=exec_fd,
+        processes=kernel.MAX_THREADS if "user" in namespaces else None,
     )
     kernel.die_with_parent(config["parent"])
     installation, files = _readable(config)
     landlock, seccomp = 0, False
+    skip = config.get("skip", ())
     if kernel.no_new_privileges():
         native_directories = [path for path in sys.path if path.endswith("lib-dynload")] + config["site"]
         excluded = kernel.native_files(native_directories)
@@ -112,18 +121,27 @@ def _start(config: dict) -> None:
         for root in installation:
             rules.extend(kernel.grants(root, kernel.READ, excluded))
         rules.extend((path, kernel.READ) for path in files)
-        landlock = kernel.restrict_files(rules)
-        seccomp = kernel.restrict_syscalls(exec_fd)
+        landlock = 0 if "landlock" in skip else kernel.restrict_files(rules)
+        seccomp = False if "seccomp" in skip else kernel.restrict_syscalls(exec_fd, exec_path)
     layers = {"namespaces": list(namespaces), "landlock": landlock, "seccomp": seccomp}
     os.write(report, json.dumps(layers).encode())
     os.close(report)
+    held = {"landlock": landlock > 0, "seccomp": seccomp}
+    missing = [layer for layer in config["required"] if not held[layer]]
+    if missing:
+        raise OSError(f"{LAYERS_MISSING_MESSAGE}{', '.join(missing)}")
     run = {
         **config,
         "readable": [scratch, *installation, *files, _DEV_NULL],
         "installation": installation,
         "refused_native": sorted(kernel.REFUSED_NATIVE),
+        # Without Landlock the hook guards files alone: it then refuses what it cannot resolve as the
+        # kernel will (`..`, which a directory descriptor would resolve elsewhere; leaving the scratch
+        # directory as the working directory).
+        "strict_paths": landlock == 0,
     }
-    os.execve(exec_fd, [sys.executable, *INTERPRETER_FLAGS, __file__, "run", json.dumps(run)], dict(os.environ))
+    argv = [sys.executable, *INTERPRETER_FLAGS, __file__, "run", json.dumps(run)]
+    kernel.exec_held(exec_fd, exec_path, argv, dict(os.environ))
 
 
 class SandboxRefused(PermissionError):
@@ -174,6 +192,8 @@ def _run(config: dict) -> int:
                 refused_native=frozenset(config["refused_native"]),
                 refused_error=SandboxRefused,
                 refused_import=SandboxRefusedImport,
+                unjudged_exit_code=EXIT_UNJUDGED,
+                strict_paths=config["strict_paths"],
             )
         )
     try:

@@ -16,8 +16,18 @@ f_locals and f_globals a program can reach and mutate, so:
 - the hook closes over immutable values only (str, int, tuples, frozensets, builtins), and its own
   function object, whose cells are writable, is referenced by the interpreter alone;
 - its helpers are module functions with no closure and no global or builtin lookup (everything they
-  call arrives as an argument; tests/unit/runtime/agent/test_sandbox_hook.py checks their bytecode),
-  and replacing a function's __code__ is refused.
+  call arrives as an argument; test_sandbox.py::test_nothing_the_hook_relies_on_is_reachable_and_mutable
+  checks their bytecode), and replacing a function's __code__ is refused.
+
+It fails closed. Raising is how an audit hook refuses, and CPython then refuses the event, except for a
+few events whose failure it only reports (`Exception ignored in audit hook`) and goes on; and a hook
+that raised for want of memory has judged nothing. So any exception of the hook's own but its refusals
+(MemoryError when the program used up its address space, RecursionError, an error a path object's
+`__fspath__` raised) ends the program at once with boot.EXIT_UNJUDGED, reported as the outcome
+`hook_failed`: with nothing allocated on that path, and from any thread. A failure before the hook's
+first line (CPython could not allocate the event's arguments or the hook's frame, as in a thread that has
+just started) is CPython's to handle: it refuses the event (the call raises MemoryError, or that thread
+ends) and nothing is let through.
 """
 
 from __future__ import annotations
@@ -82,6 +92,8 @@ _CHANGES_SECOND = frozenset({"shutil.copyfile", "shutil.copytree"})
 # Events whose first argument is a path the call reads (lists).
 _READS_PATH = frozenset({"os.listdir", "os.scandir", "os.listxattr", "os.getxattr"})
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Written to stderr when the hook could not judge an event and ended the program.
+_UNJUDGED_MESSAGE = b"\nsandbox: the audit hook could not check an operation (out of memory, or an error in it)\n"
 
 
 # The helpers below take everything they call as the `tools` tuple (built in `audit_hook`): no global
@@ -172,12 +184,21 @@ def _check_write(value, event, writable, tools):
         refuse("writing outside the working directory", event, tools)
 
 
-def _check_read(value, event, readable, scratch, tools):
+def _check_read(value, event, readable, scratch, strict, refused_native, tools):
     refuse, plain, resolve, under = tools[15], tools[16], tools[17], tools[18]
     stat_, is_dir, os_error = tools[1], tools[6], tools[12]
-    resolved = resolve(plain(value, tools), event, tools)
+    path = plain(value, tools)
+    if strict and ".." in path.split("/"):
+        # Without Landlock: from a directory descriptor (dir_fd=, which the open event does not show)
+        # `..` climbs from where the kernel starts, not from the working directory the hook resolves by.
+        refuse("'..' in a path (this machine has no Landlock)", event, tools)
+    resolved = resolve(path, event, tools)
     if resolved.startswith("/proc/") and resolved.endswith("/mem"):
         refuse("reading process memory", event, tools)
+    if resolved.endswith(".so") and resolved.split("/")[-1].split(".")[0] in refused_native:
+        # Its bytes, copied and loaded from elsewhere, are refused as native code from outside the
+        # installation; reading them is refused here as Landlock refuses it.
+        refuse(f"reading {resolved}, a refused native module", event, tools)
     if not under(resolved, readable):
         refuse(f"reading {resolved}: only the working directory and Python's installation are readable", event, tools)
     if not under(resolved, (scratch,)) and event == "open":
@@ -246,12 +267,18 @@ def audit_hook(
     readable: tuple[str, ...],
     installation: tuple[str, ...],
     refused_native: frozenset[str],
-    refused_error: type,
-    refused_import: type,
+    refused_error: type[Exception],
+    refused_import: type[Exception],
+    unjudged_exit_code: int,
+    strict_paths: bool,
 ):
     """The hook. `readable`: roots the program may read (the scratch directory, Python's installation,
     system libraries and files); `installation`: where native modules may load from. Paths are resolved
-    and absolute."""
+    and absolute. `strict_paths` (where the kernel has no Landlock and the hook guards files alone): `..`
+    is refused in any path, and the working directory may not leave the scratch directory, so that a path
+    resolves within the scratch directory from wherever the kernel starts it. An event it cannot judge
+    (any exception of its own but a refusal, MemoryError included) ends the process with
+    `unjudged_exit_code`: fail closed."""
     pid = os.getpid()
     # /dev/null, and the program's own pipes (/dev/stdout is /proc/self/fd/1, a link to `pipe:[...]`,
     # which resolves to no file): a descriptor that is a file resolves to the file.
@@ -290,50 +317,72 @@ def audit_hook(
         os.read,  # 26
     )
     refuse, plain, check_read, check_write, check_import = _refuse, _plain, _check_read, _check_write, _check_import
+    resolve, under = _resolve, _under
     check_unmarshal = _check_unmarshal
     str_type, int_type, exact_type = str, int, type
+    # What failing closed needs, made now: it runs when nothing can be allocated (even `except (A, B)`
+    # builds a tuple), so the message is encoded, the classes matched by identity and the exit needs no
+    # object. os._exit ends every thread of the process at once, without unwinding into the program.
+    refusals, base_exception = (refused_error, refused_import), BaseException
+    write, exit_process, unjudged_message = os.write, os._exit, _UNJUDGED_MESSAGE
 
     def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            if path is None or exact_type(path) is int_type:
-                return  # a descriptor the program holds (checked when it was opened)
-            writes = (exact_type(mode) is str_type and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
-                exact_type(flags) is int_type and flags & write_flags
-            )
-            if writes:
-                check_write(path, event, writable, tools)
-            else:
-                check_read(path, event, readable, scratch, tools)
-        elif event == "import":
-            check_import(args, installation, refused_native, tools)
-        elif event == "marshal.loads":
-            check_unmarshal(args[0], installation, tools)
-        elif event.startswith("socket."):
-            refuse("network access", event, tools)
-        elif event.startswith("ctypes."):
-            refuse("ctypes", event, tools)
-        elif event in refused_event_names:
-            for name, what in refused_events:
-                if name == event:
-                    refuse(what, event, tools)
-        elif event == "object.__setattr__":
-            if exact_type(args[1]) is str_type and args[1] in function_internals:
-                refuse("replacing a function's code", event, tools)
-        elif event == "os.kill" or event == "os.killpg":
-            # The worker that started this program runs as the same user: one signal would end it.
-            if args[0] != 0 and args[0] != pid and args[0] != -pid:
-                refuse("signalling another process", event, tools)
-        elif event in changes_path:
-            check_write(args[0], event, writable, tools)
-        elif event in changes_both:
-            check_write(args[0], event, writable, tools)
-            check_write(args[1], event, writable, tools)
-        elif event in changes_second:
-            check_write(args[1], event, writable, tools)
-        elif event in reads_path:
-            target = args[0]
-            if target is not None and exact_type(target) is not int_type:
-                check_read(plain(target, tools), event, readable, scratch, tools)
+        try:
+            if event == "open":
+                path, mode, flags = args
+                if path is None or exact_type(path) is int_type:
+                    return  # a descriptor the program holds (checked when it was opened)
+                writes = (
+                    exact_type(mode) is str_type and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)
+                ) or (exact_type(flags) is int_type and flags & write_flags)
+                if writes:
+                    check_write(path, event, writable, tools)
+                else:
+                    check_read(path, event, readable, scratch, strict_paths, refused_native, tools)
+            elif event == "import":
+                check_import(args, installation, refused_native, tools)
+            elif event == "marshal.loads":
+                check_unmarshal(args[0], installation, tools)
+            elif event.startswith("socket."):
+                refuse("network access", event, tools)
+            elif event.startswith("ctypes."):
+                refuse("ctypes", event, tools)
+            elif event in refused_event_names:
+                for name, what in refused_events:
+                    if name == event:
+                        refuse(what, event, tools)
+            elif event == "object.__setattr__":
+                if exact_type(args[1]) is str_type and args[1] in function_internals:
+                    refuse("replacing a function's code", event, tools)
+            elif event == "os.kill" or event == "os.killpg":
+                # The worker that started this program runs as the same user: one signal would end it.
+                if args[0] != 0 and args[0] != pid and args[0] != -pid:
+                    refuse("signalling another process", event, tools)
+            elif event in changes_path:
+                check_write(args[0], event, writable, tools)
+            elif event in changes_both:
+                check_write(args[0], event, writable, tools)
+                check_write(args[1], event, writable, tools)
+            elif event in changes_second:
+                check_write(args[1], event, writable, tools)
+            elif event in reads_path:
+                target = args[0]
+                if target is not None and exact_type(target) is not int_type:
+                    check_read(plain(target, tools), event, readable, scratch, strict_paths, refused_native, tools)
+            elif event == "os.chdir":
+                target = args[0]
+                if (
+                    strict_paths
+                    and exact_type(target) is not int_type  # a descriptor: a directory opened inside
+                    and not under(resolve(plain(target, tools), event, tools), (scratch,))
+                ):
+                    refuse("leaving the working directory (this machine has no Landlock)", event, tools)
+        except refusals:
+            raise
+        except base_exception:  # an event it could not judge: refused by ending the program
+            try:
+                write(2, unjudged_message)
+            finally:
+                exit_process(unjudged_exit_code)
 
     return hook

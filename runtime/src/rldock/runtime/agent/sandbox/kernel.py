@@ -10,7 +10,8 @@ program's interpreter; all survive that exec and bind everything the program doe
    files) and mounted noexec, which the kernel tears down with the namespace. Where unshare(2) is
    refused (the RuntimeDefault seccomp profile of a pod under the `restricted` Pod Security Standard),
    none of this: the caller's disk watchdog caps the scratch directory instead (sandbox/__init__.py).
-3. `set_limits`: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_CORE.
+3. `set_limits`: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE and, in a user
+   namespace of its own, RLIMIT_NPROC (MAX_THREADS).
 4. `die_with_parent`: PR_SET_PDEATHSIG, so the program dies with its caller (whose process-group kill
    enforces the wall clock) even when the caller is killed.
 5. `restrict_files`: Landlock (Linux 5.13+, no privilege needed once no_new_privs is set, so it holds in a
@@ -19,8 +20,10 @@ program's interpreter; all survive that exec and bind everything the program doe
    read and write only the scratch directory; no TCP (ABI 4+); no signals or abstract unix sockets out
    of the sandbox (ABI 6+).
 6. `restrict_syscalls`: a seccomp filter (`syscall_filter`) refusing what the program never needs and
-   what would get it out: a second program (execve), processes, sockets, signals and file-owner signals
-   to others, raising limits, namespaces and mounts, kernel keyrings, BPF, and the rest of `DENIED`.
+   what would get it out: a second program (execve, and execveat but the boot's own: `exec_held`),
+   processes, sockets, signals, file-owner signals, scheduling, priorities and limits of others, raising
+   limits, SysV IPC and POSIX message queues, namespaces and mounts, kernel keyrings, BPF, and the rest of
+   `DENIED`.
 
 Each returns what it managed, so the caller can log and count a layer a kernel lacks. Standard library
 only: the program's interpreter must never hold ctypes, which this module needs, so boot.py uses it in
@@ -38,9 +41,16 @@ from collections.abc import Iterable, Iterator
 # filter refuses raising the limit. It is close-on-exec: the program's interpreter does not have it.
 MAX_OPEN_FILES = 64
 MAX_FILE_BYTES = 16 * 2**20  # RLIMIT_FSIZE: one file (or the disk limit, if lower)
+# Threads (and processes, which the filter refuses) one program may run: RLIMIT_NPROC where it runs in a
+# user namespace of its own, whose count is then the program's alone. The kernel exempts a process whose
+# real uid is root on the host (the namespace maps the program to it when the worker is root), and Python
+# 3.11 raises no audit event for a new thread: there, and in a restricted pod, RLIMIT_AS is the bound
+# (about 700 threads of 64 KiB stacks at 512 MiB).
+MAX_THREADS = 64
 
-# Native modules that read and write raw memory with no audit event: their files are left out of what
-# Landlock lets the program read, so no name or path loads them; the audit hook refuses the names too.
+# Native modules that read and write raw memory, or make objects outside the sandbox, with no audit event:
+# their files are left out of what Landlock lets the program read, so no name or path loads them; the
+# audit hook refuses the names too.
 REFUSED_NATIVE = frozenset(
     {
         "_ctypes",
@@ -56,6 +66,10 @@ REFUSED_NATIVE = frozenset(
         "_xxsubinterpreters",
         "_xxinterpchannels",
         "_xxtestfuzz",
+        # POSIX shared memory and semaphores: files in /dev/shm that outlive the program (Landlock keeps
+        # /dev/shm out of reach too; without it, these are how Python makes them).
+        "_posixshmem",
+        "_multiprocessing",
     }
 )
 
@@ -146,7 +160,10 @@ def isolate(*, scratch: str, program: bytes, disk_bytes: int, max_files: int) ->
 # --- resource limits and the caller's death ------------------------------------------------------------
 
 
-def set_limits(*, cpu_seconds: float, memory_mib: int, file_bytes: int, open_files: int) -> None:
+def set_limits(*, cpu_seconds: float, memory_mib: int, file_bytes: int, open_files: int, processes: int | None) -> None:
+    """The program's resource limits; `processes` (RLIMIT_NPROC) only where it runs in a user namespace
+    of its own: outside one the count is the user's across the whole machine (its other pods and the
+    worker's threads included)."""
     import math
     import resource
 
@@ -166,6 +183,8 @@ def set_limits(*, cpu_seconds: float, memory_mib: int, file_bytes: int, open_fil
     lower(resource.RLIMIT_FSIZE, file_bytes, file_bytes)
     lower(resource.RLIMIT_NOFILE, open_files, open_files)
     lower(resource.RLIMIT_CORE, 0, 0)
+    if processes is not None:
+        lower(resource.RLIMIT_NPROC, processes, processes)
 
 
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 1, 38, 22, 2
@@ -346,12 +365,23 @@ SYSCALLS = {
         0xC000003E,
         {
             "ioctl": 16,
+            "shmget": 29,
+            "shmat": 30,
+            "shmctl": 31,
             "socket": 41,
             "clone": 56,
             "fork": 57,
             "vfork": 58,
             "execve": 59,
             "kill": 62,
+            "semget": 64,
+            "semop": 65,
+            "semctl": 66,
+            "shmdt": 67,
+            "msgget": 68,
+            "msgsnd": 69,
+            "msgrcv": 70,
+            "msgctl": 71,
             "fcntl": 72,
             "chmod": 90,
             "chown": 92,
@@ -360,6 +390,9 @@ SYSCALLS = {
             "ptrace": 101,
             "rt_sigqueueinfo": 129,
             "mknod": 133,
+            "setpriority": 141,
+            "sched_setparam": 142,
+            "sched_setscheduler": 144,
             "pivot_root": 155,
             "setrlimit": 160,
             "chroot": 161,
@@ -385,18 +418,29 @@ SYSCALLS = {
             "lremovexattr": 198,
             "fremovexattr": 199,
             "tkill": 200,
+            "sched_setaffinity": 203,
+            "semtimedop": 220,
             "tgkill": 234,
             "utimes": 235,
+            "mq_open": 240,
+            "mq_unlink": 241,
+            "mq_timedsend": 242,
+            "mq_timedreceive": 243,
+            "mq_notify": 244,
+            "mq_getsetattr": 245,
             "kexec_load": 246,
             "add_key": 248,
             "request_key": 249,
             "keyctl": 250,
+            "ioprio_set": 251,
+            "migrate_pages": 256,
             "mknodat": 259,
             "fchownat": 260,
             "futimesat": 261,
             "fchmodat": 268,
             "unshare": 272,
             "rt_tgsigqueueinfo": 297,
+            "move_pages": 279,
             "utimensat": 280,
             "perf_event_open": 298,
             "fanotify_init": 300,
@@ -408,6 +452,7 @@ SYSCALLS = {
             "process_vm_writev": 311,
             "kcmp": 312,
             "finit_module": 313,
+            "sched_setattr": 314,
             "memfd_create": 319,
             "kexec_file_load": 320,
             "bpf": 321,
@@ -434,6 +479,7 @@ SYSCALLS = {
             "fremovexattr": 16,
             "fcntl": 25,
             "ioctl": 29,
+            "ioprio_set": 30,
             "mknodat": 33,
             "umount2": 39,
             "mount": 40,
@@ -449,12 +495,34 @@ SYSCALLS = {
             "init_module": 105,
             "delete_module": 106,
             "ptrace": 117,
+            "sched_setparam": 118,
+            "sched_setscheduler": 119,
+            "sched_setaffinity": 122,
             "kill": 129,
             "tkill": 130,
             "tgkill": 131,
             "rt_sigqueueinfo": 138,
             "reboot": 142,
+            "setpriority": 140,
             "setrlimit": 164,
+            "mq_open": 180,
+            "mq_unlink": 181,
+            "mq_timedsend": 182,
+            "mq_timedreceive": 183,
+            "mq_notify": 184,
+            "mq_getsetattr": 185,
+            "msgget": 186,
+            "msgctl": 187,
+            "msgrcv": 188,
+            "msgsnd": 189,
+            "semget": 190,
+            "semctl": 191,
+            "semtimedop": 192,
+            "semop": 193,
+            "shmget": 194,
+            "shmctl": 195,
+            "shmat": 196,
+            "shmdt": 197,
             "socket": 198,
             "add_key": 217,
             "request_key": 218,
@@ -463,6 +531,8 @@ SYSCALLS = {
             "execve": 221,
             "swapon": 224,
             "swapoff": 225,
+            "migrate_pages": 238,
+            "move_pages": 239,
             "rt_tgsigqueueinfo": 240,
             "perf_event_open": 241,
             "prlimit64": 261,
@@ -478,6 +548,7 @@ SYSCALLS = {
             "bpf": 280,
             "execveat": 281,
             "userfaultfd": 282,
+            "sched_setattr": 274,
             "kexec_file_load": 294,
             **_UNIFIED_SYSCALLS,
         },
@@ -504,8 +575,30 @@ DENIED = (
     "pidfd_getfd",
     "pidfd_send_signal",
     "io_uring_setup",
-    # Raising a limit (prlimit64 is allowed to read them only, below).
+    # Raising a limit (prlimit64 is allowed to read its own only, below).
     "setrlimit",
+    # SysV IPC and POSIX message queues: objects that outlive the program, outside its memory limit, and
+    # a channel between calls (or to the worker).
+    "shmget",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "semget",
+    "semop",
+    "semctl",
+    "semtimedop",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+    # Another process's memory placement.
+    "migrate_pages",
     # Device nodes and fifos, anywhere.
     "mknod",
     "mknodat",
@@ -578,21 +671,43 @@ DENIED = (
     "acct",
     "quotactl",
 )
-# Signals whose first argument is the target's process (thread group) id: allowed to this process only.
-_SIGNAL_OWN_PROCESS = ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+# Calls whose first argument is the process they act on (signals: its thread group id; scheduling: a
+# thread id, 0 the caller): allowed on this process only, by 0 or its pid. A thread's own id is refused
+# too, as the filter cannot tell the program's threads from another process.
+_OWN_PROCESS = (
+    "tgkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "sched_setparam",
+    "sched_setscheduler",
+    "sched_setaffinity",
+    "sched_setattr",
+    "move_pages",
+)
+# Calls of (which, who, ...): allowed for `which` one process, `who` this one (0 or its pid).
+# setpriority's PRIO_PROCESS and ioprio_set's IOPRIO_WHO_PROCESS; a group or a user is refused.
+_OWN_PRIORITY = (("setpriority", 0), ("ioprio_set", 1))
+_AT_EMPTY_PATH = 0x1000
 # fcntl and ioctl commands that make the kernel signal a process the program names (F_SETOWN and its
 # ioctl twins, with O_ASYNC: SIGIO, or any signal F_SETSIG picks, on the next write), or type into a tty.
 _F_SETOWN, _F_SETSIG, _F_SETOWN_EX = 8, 10, 15
 _FIOSETOWN, _SIOCSPGRP, _TIOCSTI = 0x8901, 0x8902, 0x5412
 
 
-def syscall_filter(machine: str, pid: int, exec_fd: int) -> list[tuple[int, int, int, int]] | None:
+def syscall_filter(machine: str, pid: int, exec_fd: int, exec_path: int) -> list[tuple[int, int, int, int]] | None:
     """A seccomp BPF program (code, jump if true, jump if false, k): `DENIED` fail with EPERM; so do
-    clone without CLONE_THREAD (a process; threads stay allowed), signals to any process but this one,
-    execveat of any descriptor but `exec_fd`, the owner-signal commands of fcntl and ioctl, and prlimit64
-    with a new limit. clone3 fails with ENOSYS, which makes the C library fall back on clone, whose flags
-    the filter can read. Syscalls of another ABI (i386, x32 on x86_64) fail with ENOSYS. None for a
-    machine not listed in SYSCALLS."""
+    clone without CLONE_THREAD (a process; threads stay allowed), signals, scheduling and priorities of
+    any process but this one (`_OWN_PROCESS`, `_OWN_PRIORITY`), execveat but the boot's own (below), the
+    owner-signal commands of fcntl and ioctl, and prlimit64 on another process or with a new limit.
+    clone3 fails with ENOSYS, which makes the C library fall back on clone, whose flags the filter can
+    read. Syscalls of another ABI (i386, x32 on x86_64) fail with ENOSYS. None for a machine not listed
+    in SYSCALLS.
+
+    The one execveat allowed is `exec_held`'s: descriptor `exec_fd`, AT_EMPTY_PATH, and as its path the
+    address `exec_path` (a page `exec_path_page` mapped at random). A filter cannot read the string a
+    path points to, and with an absolute path the kernel ignores the descriptor: so the path's address
+    is what it checks, one the program's own image never has (it was the boot's, before the exec) and
+    can only guess among 2**35 pages, one refused execveat per guess."""
     if machine not in SYSCALLS:
         return None
     arch, numbers = SYSCALLS[machine]
@@ -612,7 +727,8 @@ def syscall_filter(machine: str, pid: int, exec_fd: int) -> list[tuple[int, int,
         (jump_equal, "nosys", 0, numbers["clone3"]),
         (jump_equal, "clone", 0, numbers["clone"]),
         (jump_equal, "kill", 0, numbers["kill"]),
-        *((jump_equal, "own", 0, numbers[name]) for name in _SIGNAL_OWN_PROCESS),
+        *((jump_equal, "own", 0, numbers[name]) for name in _OWN_PROCESS),
+        *((jump_equal, f"priority_{name}", 0, numbers[name]) for name, _ in _OWN_PRIORITY),
         (jump_equal, "execveat", 0, numbers["execveat"]),
         (jump_equal, "fcntl", 0, numbers["fcntl"]),
         (jump_equal, "ioctl", 0, numbers["ioctl"]),
@@ -629,9 +745,27 @@ def syscall_filter(machine: str, pid: int, exec_fd: int) -> list[tuple[int, int,
         (jump_equal, "allow", "deny", -pid & 0xFFFFFFFF),
     ]
     labels["own"] = len(program)
-    program += [(load, 0, 0, argument(0)), (jump_equal, "allow", "deny", pid)]
+    program += [(load, 0, 0, argument(0)), (jump_equal, "allow", 0, pid), (jump_equal, "allow", "deny", 0)]
+    for name, which in _OWN_PRIORITY:
+        labels[f"priority_{name}"] = len(program)
+        program += [
+            (load, 0, 0, argument(0)),
+            (jump_equal, 0, "deny", which),
+            (load, 0, 0, argument(1)),
+            (jump_equal, "allow", 0, pid),
+            (jump_equal, "allow", "deny", 0),
+        ]
     labels["execveat"] = len(program)
-    program += [(load, 0, 0, argument(0)), (jump_equal, "allow", "deny", exec_fd)]
+    program += [
+        (load, 0, 0, argument(0)),
+        (jump_equal, 0, "deny", exec_fd),
+        (load, 0, 0, argument(1)),
+        (jump_equal, 0, "deny", exec_path & 0xFFFFFFFF),
+        (load, 0, 0, argument(1, high=True)),
+        (jump_equal, 0, "deny", exec_path >> 32),
+        (load, 0, 0, argument(4)),
+        (jump_equal, "allow", "deny", _AT_EMPTY_PATH),
+    ]
     labels["fcntl"] = len(program)
     program += [
         (load, 0, 0, argument(1)),
@@ -648,6 +782,9 @@ def syscall_filter(machine: str, pid: int, exec_fd: int) -> list[tuple[int, int,
     ]
     labels["prlimit"] = len(program)
     program += [
+        (load, 0, 0, argument(0)),  # this process: 0 or its pid
+        (jump_equal, 2, 0, 0),
+        (jump_equal, 0, "deny", pid),
         (load, 0, 0, argument(2)),  # the new limit's address: NULL only reads
         (jump_equal, 0, "deny", 0),
         (load, 0, 0, argument(2, high=True)),
@@ -662,11 +799,11 @@ def syscall_filter(machine: str, pid: int, exec_fd: int) -> list[tuple[int, int,
     return [(code, offset(true, at), offset(false, at), k) for at, (code, true, false, k) in enumerate(program)]
 
 
-def restrict_syscalls(exec_fd: int) -> bool:
+def restrict_syscalls(exec_fd: int, exec_path: int) -> bool:
     """Installs `syscall_filter` (needs no_new_privs, set before). It holds for this process and what it
     executes, whatever the program does. Returns whether it was installed: not on a machine the filter
     does not know, nor where prctl is refused."""
-    program = syscall_filter(os.uname().machine, os.getpid(), exec_fd)
+    program = syscall_filter(os.uname().machine, os.getpid(), exec_fd, exec_path)
     if program is None:
         return False
     import ctypes
@@ -680,3 +817,57 @@ def restrict_syscalls(exec_fd: int) -> bool:
     instructions = (SockFilter * len(program))(*(SockFilter(*instruction) for instruction in program))
     fprog = SockFprog(len(program), instructions)
     return _libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
+
+
+# --- the boot's exec ----------------------------------------------------------------------------------
+
+_PROT_READ, _MAP_PRIVATE, _MAP_ANONYMOUS, _MAP_FIXED_NOREPLACE = 0x1, 0x02, 0x20, 0x100000
+_PAGE = 4096
+_PAGE_TRIES = 64
+
+
+def exec_path_page() -> int:
+    """Maps a zeroed, read-only page at a random address (below 2**47, the smallest user address space of
+    x86_64 and aarch64) and returns it: its first byte is the empty path of `exec_held`, and its address
+    is what the seccomp filter lets execveat name. Never unmapped: the exec drops it."""
+    import ctypes
+    import secrets
+
+    libc = _libc()
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_FIXED_NOREPLACE
+    for _ in range(_PAGE_TRIES):  # a taken address fails (EEXIST) or, before Linux 4.17, maps elsewhere
+        wanted = secrets.randbelow(2**47 // _PAGE - 2**20) * _PAGE + 2**32
+        got = libc.mmap(wanted, _PAGE, _PROT_READ, flags, -1, 0)
+        if got == wanted:
+            return wanted
+        if got not in (None, 2**64 - 1):  # mapped, but elsewhere
+            libc.munmap(ctypes.c_void_p(got), ctypes.c_size_t(_PAGE))
+    raise OSError(f"could not map the exec path's page at a random address in {_PAGE_TRIES} tries")
+
+
+def exec_held(exec_fd: int, exec_path: int, argv: list[str], environment: dict[str, str]) -> None:
+    """execveat(exec_fd, exec_path, argv, environment, AT_EMPTY_PATH): runs the interpreter held open by
+    `hold_interpreter`, the one exec the seccomp filter allows. Returns only by raising."""
+    import ctypes
+
+    def strings(values: list[str]):
+        array = (ctypes.c_char_p * (len(values) + 1))()
+        array[:-1] = [os.fsencode(value) for value in values]
+        return array
+
+    machine = os.uname().machine
+    if machine not in SYSCALLS:  # no filter on this machine: the C library's fexecve
+        os.execve(exec_fd, argv, environment)
+    number = SYSCALLS[machine][1]["execveat"]
+    environ = strings([f"{key}={value}" for key, value in environment.items()])
+    _libc().syscall(
+        ctypes.c_long(number),
+        ctypes.c_long(exec_fd),
+        ctypes.c_void_p(exec_path),
+        strings(argv),
+        environ,
+        ctypes.c_long(_AT_EMPTY_PATH),
+    )
+    _raise_errno("executing the held interpreter")
