@@ -71,6 +71,8 @@ NOT_PATHS = {
     "agent.environment.observation_field",
     "agent.sandbox.servers.url",
     "agent.sandbox.servers.service",
+    "agent.environment.servers.env",  # variables handed to a local server process, as written
+    "agent.sandbox.servers.env",
     "training.lora.target_modules",  # module names
     "resources.accelerator_resource",  # a Ray resource
     "wandb.project",
