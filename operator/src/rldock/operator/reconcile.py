@@ -18,7 +18,9 @@ and NetworkPolicy.
 
 Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
 a restarted operator carries on where the last one stopped: children are found by name and owner,
-the Ray job by its deterministic submission id. A lookup that fails ends the round without a
+the Ray job by its deterministic submission id. Only the spec's consequences (its parse, the
+policy's verdict, the children built from it) are kept between rounds, per spec generation
+(desired.py). A lookup that fails ends the round without a
 decision (SkipRound); the next round, one poll interval later, tries again.
 """
 
