@@ -8,8 +8,8 @@ test's namespace only (the configuration is cluster-scoped and other tests share
 stored; a valid one is admitted, and the operator's own writes to it (its finalizer, on creation
 and on deletion) pass; spec.managedBy cannot change. An RLJob is never a way around RBAC: a second
 non-admin user (the tenant, with a Role in the namespace) cannot name a Secret it may not `get`,
-and can name one it may; the image-prefix, NFS-export and control-plane rules refuse with the
-field named. And the chart's certificate through `helm install` and `helm upgrade` on this API
+and can name one it may; the image-prefix, NFS-export, control-plane and node-lifecycle taint rules
+refuse with the field named. And the chart's certificate through `helm install` and `helm upgrade` on this API
 server: reused, so it and the caBundle stay in step.
 """
 
@@ -384,6 +384,33 @@ def test_a_user_with_get_can_mount_the_secret_and_not_add_another(admission: Adm
             "spec.cluster.tolerations[0]",
             "policy.tolerations",
         ),
+        # The node lifecycle's taints (policy.protectedTaints): a cordoned node an admin drains, a
+        # failing one; the second toleration of two is the one named.
+        (
+            small_cluster(tolerations=[{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]),
+            "spec.cluster.tolerations[0]",
+            "policy.protectedTaints",
+        ),
+        (
+            small_cluster(
+                tolerations=[
+                    {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"},
+                    {
+                        "key": "node.kubernetes.io/not-ready",
+                        "operator": "Exists",
+                        "effect": "NoExecute",
+                        "tolerationSeconds": 600,
+                    },
+                ]
+            ),
+            "spec.cluster.tolerations[1]",
+            "policy.protectedTaints",
+        ),
+        (
+            small_cluster(tolerations=[{"operator": "Exists", "effect": "NoSchedule"}]),  # every NoSchedule taint
+            "spec.cluster.tolerations[0]",
+            "policy.tolerations",
+        ),
         (
             small_cluster(nodeSelector={"node-role.kubernetes.io/master": "true"}),
             "spec.cluster.nodeSelector[node-role.kubernetes.io/master]",
@@ -407,6 +434,7 @@ def test_the_policy_refuses_naming_the_field_and_the_setting(admission: Admissio
     [
         {"image": f"{IMAGE_PREFIX}/rt:1"},
         nfs_volume("/exports/team-a/models/"),
+        small_cluster(tolerations=[{"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"}]),
     ],
 )
 def test_what_the_policy_lists_is_admitted(admission: Admission, spec):

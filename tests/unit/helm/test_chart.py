@@ -505,6 +505,7 @@ def test_crd_can_be_left_out_or_not_kept():
         ({"policy": {"nfsExports": [{"server": "nfs.example.com"}]}}, "/policy/nfsExports/0"),
         ({"policy": {"nfsExports": [{"server": "*", "path": "/"}]}}, "/policy/nfsExports/0/server"),
         ({"policy": {"nfsExports": [{"server": "nfs", "path": "exports"}]}}, "/policy/nfsExports/0/path"),
+        ({"policy": {"protectedTaints": [""]}}, "/policy/protectedTaints/0"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(values, field):
@@ -632,6 +633,7 @@ def test_policy_and_network_policy_reach_the_operator():
             "schedulerNames": ["default-scheduler", "volcano"],
             "queues": ["research"],
             "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
+            "protectedTaints": ["node.kubernetes.io/unschedulable"],
             "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"},
         },
         "networkPolicy": {"enabled": False},
@@ -643,6 +645,7 @@ def test_policy_and_network_policy_reach_the_operator():
         "research"
     ]
     assert settings.policy.tolerations[0].key == "huawei.com/Ascend910"
+    assert settings.policy.protected_taints == ["node.kubernetes.io/unschedulable"]
     assert settings.pod_defaults.image_pull_secrets == ("regcred",)
     assert settings.pod_defaults.priority_class_name == "research" and not settings.network_policy
     defaults = load_settings([], _env(_container(render())))

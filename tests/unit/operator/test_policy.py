@@ -12,7 +12,14 @@ from rljob_testing import KUBERNETES_VERSION, spec_dict
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import RLJobRef, build_network_policy
-from rldock.operator.policy import AdminPolicy, image_allowed, parse_policy, policy_problems
+from rldock.operator.policy import (
+    CONTROL_PLANE_KEYS,
+    PROTECTED_TAINTS,
+    AdminPolicy,
+    image_allowed,
+    parse_policy,
+    policy_problems,
+)
 from rldock.operator.tokens import job_token
 
 DEFAULT_IMAGE = "ghcr.io/rldock/rldock-runtime:0.1.0"
@@ -221,6 +228,103 @@ def test_control_plane_nodes_are_refused_unless_listed(sections, policy, refused
         assert rule in problem.message and "cluster admin" in problem.message, problem.message
 
 
+LIFECYCLE_TAINTS = [
+    "node.kubernetes.io/unschedulable",
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/network-unavailable",
+    "node.kubernetes.io/out-of-service",
+]
+NOT_READY_FOR_10_MIN = {
+    "key": "node.kubernetes.io/not-ready",
+    "operator": "Exists",
+    "effect": "NoExecute",
+    "tolerationSeconds": 600,
+}
+TOLERATION_0 = ["spec.cluster.tolerations[0]"]
+PROTECTED_TAINT_CASES = [
+    # (spec sections, policy, the fields refused, the chart values the message names)
+    *[
+        (tolerate(key=key, operator="Exists"), {}, TOLERATION_0, ["policy.protectedTaints", key])
+        for key in LIFECYCLE_TAINTS
+    ],
+    (tolerate(key="node.kubernetes.io/unschedulable", value=""), {}, TOLERATION_0, ["policy.protectedTaints"]),
+    ({"cluster": {"tolerations": [NOT_READY_FOR_10_MIN]}}, {}, TOLERATION_0, ["policy.protectedTaints"]),
+    # Each toleration on its own: the second one (index 1) is named.
+    (
+        {"cluster": {"tolerations": [ONE_TAINT["cluster"]["tolerations"][0], NOT_READY_FOR_10_MIN]}},
+        {},
+        ["spec.cluster.tolerations[1]"],
+        ["policy.protectedTaints", "node.kubernetes.io/not-ready"],
+    ),
+    # Every taint, the lifecycle's among them: refused whatever protectedTaints says.
+    (tolerate(operator="Exists"), {"protectedTaints": []}, TOLERATION_0, ["policy.tolerations"]),
+    # The admin takes a key out of protectedTaints: that key is allowed, the others still are not.
+    ({"cluster": {"tolerations": [NOT_READY_FOR_10_MIN]}}, {"protectedTaints": []}, [], []),
+    (
+        tolerate(key="node.kubernetes.io/unreachable", operator="Exists"),
+        {"protectedTaints": ["node.kubernetes.io/unreachable"]},
+        TOLERATION_0,
+        ["policy.protectedTaints"],
+    ),
+    (
+        tolerate(key="node.kubernetes.io/not-ready", operator="Exists"),
+        {"protectedTaints": ["node.kubernetes.io/unreachable"]},
+        [],
+        [],
+    ),
+    # An admin's own protected key, named in the message.
+    (
+        tolerate(key="example.com/reserved", operator="Exists"),
+        {"protectedTaints": ["example.com/reserved"]},
+        TOLERATION_0,
+        ["nodes tainted example.com/reserved"],
+    ),
+    # ... or the admin lists the toleration itself (tolerations as a list: only what is listed).
+    (
+        {"cluster": {"tolerations": [NOT_READY_FOR_10_MIN]}},
+        {"tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}]},
+        [],
+        [],
+    ),
+    (
+        tolerate(key="node.kubernetes.io/unschedulable", operator="Exists"),
+        {"tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}]},
+        TOLERATION_0,
+        ["policy.tolerations"],
+    ),
+]
+
+
+@pytest.mark.parametrize("sections, policy, refused, named", PROTECTED_TAINT_CASES)
+def test_node_lifecycle_taints_are_refused_unless_allowed(sections, policy, refused, named):
+    problems = problems_of(sections, policy)
+    assert [p.path for p in problems] == refused
+    for problem in problems:
+        assert "cluster admin" in problem.message, problem.message
+        for words in named:
+            assert words in problem.message, problem.message
+
+
+def test_a_protected_taint_s_refusal_says_which_nodes_and_both_ways_to_allow_it():
+    (problem,) = problems_of(tolerate(key="node.kubernetes.io/unschedulable", operator="Exists"), {})
+    assert str(problem) == (
+        'spec.cluster.tolerations[0]: toleration {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"} '
+        "lets the pods onto cordoned nodes (an admin is draining them), which the cluster's policy does not allow "
+        "(policy.protectedTaints lists node.kubernetes.io/unschedulable); remove it, or ask the cluster admin to "
+        "take node.kubernetes.io/unschedulable out of policy.protectedTaints or to list this toleration in "
+        "policy.tolerations"
+    )
+
+
+def test_the_default_protected_taints_are_the_control_plane_s_and_the_node_lifecycle_s():
+    assert AdminPolicy().protected_taints == list(PROTECTED_TAINTS)
+    assert set(PROTECTED_TAINTS) == {*CONTROL_PLANE_KEYS, *LIFECYCLE_TAINTS}
+
+
 SCHEDULING_CASES = [
     # (spec.scheduling, policy, the fields refused)
     ({}, {}, []),  # the cluster's default scheduler
@@ -274,6 +378,7 @@ def test_the_message_names_the_value_and_the_policy():
         ('{"imagePrefixes": ["*"]}', "policy.imagePrefixes[0]: '*' is not the start of an image reference"),
         ('{"imagePrefixes": ["/ml"]}', "policy.imagePrefixes[0]: '/ml' is not the start of an image reference"),
         ('{"imagePrefixes": ["r.io//ml"]}', "policy.imagePrefixes[0]: 'r.io//ml' is not the start"),
+        ('{"protectedTaints": [""]}', "policy.protectedTaints[0]: '' is not a taint key"),
         ('{"nfsExports": [{"server": "nfs.example.com"}]}', "policy.nfsExports.0.path"),
         ('{"nfsExports": [{"server": "*", "path": "/"}]}', "policy.nfsExports[0].server: '*' is not a host name"),
         (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import logging
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from rljob_testing import spec_dict
 
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
-from rldock.operator import naming
+from rldock.operator import handlers, naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import RLJobRef, build_environment
 from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
@@ -24,6 +25,7 @@ from rldock.operator.policy import AdminPolicy, NFSExport
 from rldock.operator.rayjobs import RayJobsError, TokenRefused
 from rldock.operator.reconcile import Reconciler
 from rldock.operator.settings import DashboardAddress, OperatorSettings
+from rldock.operator.status import status_changed
 from rldock.operator.tokens import job_token
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -43,18 +45,20 @@ def _merge(target: dict, patch: Mapping) -> dict:
 
 
 class FakeKube:
-    """The Kube adapter's interface over a dict; records every write."""
+    """The Kube adapter's interface over a dict; records every write and every read."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
         self.writes: list[tuple[str, str, str]] = []
+        self.reads: list[tuple[str, str]] = []  # (verb, kind)
         self.refuse: dict[str, CreateRefused] = {}  # kind -> what the API server answers a create with
         self.status_limit: int | None = None  # a status whose JSON is longer is refused (422)
         self.statuses: list[dict[str, Any]] = []  # status patches, in order
         self._uids = 0
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads.append(("get", kind))
         obj = self.objects.get((kind, name))
         return copy.deepcopy(obj) if obj is not None else None
 
@@ -82,9 +86,11 @@ class FakeKube:
         return self.objects.pop((kind, name), None) is not None or kind == "RLJob"
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.reads.append(("list", "Pod"))
         return [p for p in self.pods if labels.items() <= p["metadata"]["labels"].items()]
 
     def list_deployments(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.reads.append(("list", "Deployment"))
         return [
             copy.deepcopy(obj)
             for (kind, _), obj in self.objects.items()
@@ -131,12 +137,22 @@ class FakeJobs:
         return True
 
 
+_GENERATIONS: dict[str, int] = {}  # each distinct spec's generation, as the API server counts them
+
+
+def generation_of(spec: Mapping[str, Any]) -> int:
+    """A generation per distinct spec: the same spec has the same one, another spec another (the
+    reconciler works a generation's spec out once, desired.py)."""
+    return _GENERATIONS.setdefault(json.dumps(spec, sort_keys=True), len(_GENERATIONS) + 1)
+
+
 def body(*, status: dict | None = None, **sections: Any) -> dict[str, Any]:
+    spec = spec_dict(**sections)
     return {
         "apiVersion": "rldock.io/v1alpha1",
         "kind": "RLJob",
-        "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1},
-        "spec": spec_dict(**sections),
+        "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": generation_of(spec)},
+        "spec": spec,
         "status": status or {},
     }
 
@@ -496,6 +512,95 @@ def _running(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str
     running = reconciler.reconcile(body(status=submitted.status))
     assert running.status["phase"] == "Running"
     return running.status
+
+
+def _settled(reconciler: Reconciler, kube: FakeKube, raw: dict[str, Any]) -> dict[str, Any]:
+    """Rounds of `raw`, each status written as the handlers write it, until a round changes nothing
+    in the status; the body the next round would get."""
+    for _ in range(5):
+        status = reconciler.reconcile(raw).status
+        if status is None or not status_changed(raw["status"], status):
+            return raw
+        reconciler.write_status(raw, status)
+        raw = {**raw, "status": status}
+    raise AssertionError(f"the status never settled: {raw['status']}")
+
+
+def _provisioning(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:
+    return _settled(reconciler, kube, body())
+
+
+def _running_body(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:
+    status = _running(reconciler, kube, jobs)
+    return _settled(reconciler, kube, body(status=status))
+
+
+def _suspended(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:
+    raw = _settled(reconciler, kube, body())
+    return _settled(reconciler, kube, body(status=raw["status"], suspend=True))
+
+
+def _invalid(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:
+    return _settled(reconciler, kube, body(job=spec_dict()["job"] | {"training": {"data_parallel_size": 3}}))
+
+
+def _with_environments(reconciler: Reconciler, kube: FakeKube, jobs: FakeJobs) -> dict[str, Any]:
+    sections = {"job": _agent_job(), "environments": [CABINET, SANDBOX]}
+    raw = _settled(reconciler, kube, body(**sections))
+    _ready(kube, "cabinet", 2)
+    return _settled(reconciler, kube, body(status=raw["status"], **sections))
+
+
+IDLE_READS = [("get", "ConfigMap"), ("get", "NetworkPolicy"), ("get", "RayCluster"), ("list", "Pod")]
+
+
+@pytest.mark.parametrize(
+    "reach, reads",
+    [
+        (_provisioning, IDLE_READS),  # waiting for its cluster, as the 100 jobs of operator_idle
+        (_running_body, IDLE_READS),  # and the Jobs API, which FakeJobs answers
+        (_suspended, IDLE_READS),
+        (_invalid, [("get", "RayCluster")]),
+        (
+            _with_environments,
+            [
+                ("get", "ConfigMap"),
+                ("get", "NetworkPolicy"),
+                *[("get", "NetworkPolicy"), ("get", "Service"), ("get", "Deployment")] * 2,
+                ("list", "Deployment"),
+                ("get", "RayCluster"),
+                ("list", "Pod"),
+            ],
+        ),
+    ],
+)
+def test_a_round_of_an_unchanged_rljob_writes_nothing_and_works_nothing_out_again(reach, reads):
+    """Issue 52: a round of an RLJob whose observed state did not change makes no API write (no
+    create, patch or delete of a child, no status patch: the round goes through the handlers'
+    `reconcile`, which patches the status only when it changed), does not parse its spec or build
+    its children again, and reads only what it must look at for a change."""
+    reconciler, kube, jobs = make_world(policy=ENV_POLICY)
+    raw = reach(reconciler, kube, jobs)
+    writes, statuses, worked_out = len(kube.writes), len(kube.statuses), reconciler.desired.worked_out
+    kube.reads.clear()
+    for _ in range(3):
+        status = handlers.reconcile(copy.deepcopy(raw), reconciler, logging.getLogger("test"))
+        assert status is not None and not status_changed(raw["status"], status)
+    assert kube.writes[writes:] == [] and len(kube.statuses) == statuses
+    assert reconciler.desired.worked_out == worked_out
+    assert kube.reads == reads * 3
+
+
+def test_a_spec_is_worked_out_once_per_generation_and_forgotten_with_the_rljob(world):
+    reconciler, kube, jobs = world
+    raw = _settled(reconciler, kube, body())
+    assert reconciler.desired.worked_out == 1 and len(reconciler.desired) == 1
+    changed = body(status=raw["status"], job=spec_dict()["job"] | {"iterations": 80})  # a new generation
+    reconciler.reconcile(changed)
+    reconciler.reconcile(changed)
+    assert reconciler.desired.worked_out == 2 and len(reconciler.desired) == 1
+    reconciler.stop_for_deletion(changed)
+    assert len(reconciler.desired) == 0
 
 
 def _suspend_from_outside(kube: FakeKube, jobs: FakeJobs, suspend: bool) -> None:

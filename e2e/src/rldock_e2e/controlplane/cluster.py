@@ -92,6 +92,10 @@ class ControlPlane:
             address of the machine (one node containers reach), advertises it to pods, reaches
             kubelets by their InternalIP (`kubectl logs/exec`), and the node-lifecycle
             controller runs (it lifts a Ready node's not-ready taint and marks silent nodes).
+        audit_users: users whose requests the API server writes to its audit log
+            (`<workdir>/logs/audit.log`, one JSON event a line at level Metadata: verb, resource,
+            namespace, name, user; read back with `audit_events`), so a test counts a client's
+            calls where they arrive, whatever library made them. Empty (the default): no audit log.
     """
 
     def __init__(
@@ -101,8 +105,10 @@ class ControlPlane:
         build: bool = True,
         start_timeout: float = 180.0,
         node_address: str | None = None,
+        audit_users: Iterable[str] = (),
     ) -> None:
         self._given_workdir = Path(workdir) if workdir is not None else None
+        self.audit_users = tuple(audit_users)
         self._build = build
         self._start_timeout = start_timeout
         self.node_address = node_address
@@ -224,6 +230,7 @@ class ControlPlane:
                 f"--service-cluster-ip-range={self.service_cidr}",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_flags(),
             ],
         )
         self._wait_http("kube-apiserver", f"{self.server}/readyz")
@@ -262,6 +269,35 @@ class ControlPlane:
         # The controller manager's service-account and token controllers must have run before
         # any pod can be admitted in a namespace.
         self._wait_service_account("default")
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.log"
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit_users:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    # One event per request once it is answered (a watch: once it ends).
+                    "omitStages": ["RequestReceived", "ResponseStarted"],
+                    "rules": [{"level": "Metadata", "users": list(self.audit_users)}, {"level": "None"}],
+                }
+            )
+        )
+        # Blocking mode: an event is in the file before the API server answers the request.
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking"]
+
+    def audit_events(self) -> list[dict]:
+        """The audit log's events so far (needs audit_users), oldest first."""
+        assert self.audit_users, "ControlPlane(audit_users=...) was not given"
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
 
     def _apiserver_address_flags(self) -> list[str]:
         if self.node_address is None:

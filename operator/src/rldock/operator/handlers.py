@@ -73,7 +73,7 @@ HANDLER_ID = "reconcile"
 # A round of an RLJob nothing happened to, so that a change whose watch event was lost (a dropped
 # stream is re-listed, but an event between two lists can be missed) or a change no watch sees (a
 # Jobs API that came back, a quota raised) is still acted on. Five minutes: 100 idle RLJobs then
-# cost one round every 3 s in all, about 0.5% of a core (docs/operator.md), and nothing an idle
+# cost one round every 3 s in all, about 0.3% of a core (docs/operator.md), and nothing an idle
 # RLJob waits for (nodes, Kueue's admission, a person's fix) is usually quicker than that.
 RESYNC_INTERVAL = 300.0
 # A blocked RLJob (a child's name taken, a create refused by a quota or an admission webhook)

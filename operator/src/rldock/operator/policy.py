@@ -13,8 +13,10 @@ values (passed to the operator as JSON in RLDOCK_POLICY, settings.py):
   prefix, matched at a boundary (`image_allowed`, the one image matcher);
 - scheduling: scheduler names (default: only the cluster's default scheduler), queues (default:
   none), tolerations and node selectors, each either unrestricted (null) or a list of what is
-  allowed; by default a toleration of every taint and tolerations or node selectors that target
-  control-plane nodes are refused unless listed;
+  allowed; by default a toleration of every taint, a toleration of a protected taint (control-plane
+  nodes and the node lifecycle's: cordoned, not ready, unreachable, under pressure; the table
+  PROTECTED_TAINTS, the chart's `policy.protectedTaints`) and a node selector of control-plane nodes
+  are refused unless listed;
 - pod defaults the admin adds to every Ray pod: labels, annotations, a priority class and
   imagePullSecrets.
 
@@ -51,6 +53,23 @@ DEFAULT_SCHEDULER = "default-scheduler"
 # The label and taint keys kubeadm (and most installers) put on control-plane nodes; `master` is
 # the name before Kubernetes 1.20 and still found on older clusters.
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+# The taints a toleration may not reach while `policy.tolerations` is null, unless the admin takes
+# the key out of `policy.protectedTaints` (whose default is this table's keys): the nodes each
+# marks. The node lifecycle's taints are the ones the node controller, kubelet and `kubectl cordon`
+# set (Kubernetes' well-known taints): a pod that tolerates them lands on nodes an admin is
+# draining or that are failing, and stays there.
+PROTECTED_TAINTS: dict[str, str] = {
+    CONTROL_PLANE_KEYS[0]: "control-plane nodes",
+    CONTROL_PLANE_KEYS[1]: "control-plane nodes",
+    "node.kubernetes.io/unschedulable": "cordoned nodes (an admin is draining them)",
+    "node.kubernetes.io/not-ready": "nodes that are not ready",
+    "node.kubernetes.io/unreachable": "nodes the node controller cannot reach",
+    "node.kubernetes.io/memory-pressure": "nodes short of memory",
+    "node.kubernetes.io/disk-pressure": "nodes short of disk",
+    "node.kubernetes.io/pid-pressure": "nodes short of process ids",
+    "node.kubernetes.io/network-unavailable": "nodes whose network is not set up",
+    "node.kubernetes.io/out-of-service": "nodes an admin marked out of service",
+}
 # Where an image reference's repository part ends: a path separator, the tag, the digest.
 IMAGE_BOUNDARIES = ("/", ":", "@")
 _IMAGE = re.compile(IMAGE_PATTERN)
@@ -99,7 +118,7 @@ class AdminPodDefaults(_Model):
 
 class AdminPolicy(_Model):
     """The chart's `policy` values. Defaults are the secure ones: no hostPath, no NFS, only the
-    default runtime image, no toleration of every taint."""
+    default runtime image, no toleration of every taint or of a protected taint."""
 
     host_path_prefixes: list[str] = Field(
         default_factory=list, description="Absolute path prefixes hostPath volumes may mount; `/` allows any path."
@@ -127,7 +146,14 @@ class AdminPolicy(_Model):
     )
     tolerations: list[AllowedToleration] | None = Field(
         default=None,
-        description="Allowed tolerations; null: any but a toleration of every taint or of a control-plane taint.",
+        description="Allowed tolerations; null: any but a toleration of every taint or of a protected taint "
+        "(protectedTaints).",
+    )
+    protected_taints: list[str] = Field(
+        default_factory=lambda: list(PROTECTED_TAINTS),
+        description="Taint keys an RLJob may not tolerate while tolerations is null: control-plane nodes and the "
+        "node lifecycle's taints (cordoned, not ready, unreachable, memory/disk/pid pressure, network unavailable, "
+        "out of service); remove a key to allow tolerating it.",
     )
     node_selectors: dict[str, list[str]] | None = Field(
         default=None,
@@ -162,6 +188,9 @@ class AdminPolicy(_Model):
                 f"which names each export's path: list [{listed}] there (path `/` for the whole server) "
                 f"and set {CHART_PREFIX}.nfsServers to []"
             )
+        for index, key in enumerate(self.protected_taints):
+            if not key or any(c.isspace() for c in key):
+                raise ValueError(f"{CHART_PREFIX}.protectedTaints[{index}]: {key!r} is not a taint key")
         for value in self.pod_defaults.labels.values():
             if len(value) > MAX_LABEL_VALUE_LENGTH:
                 raise ValueError(f"{CHART_PREFIX}.podDefaults.labels: value {value!r} is longer than 63 characters")
@@ -352,18 +381,21 @@ def _toleration_problem(path: str, toleration: Toleration, policy: AdminPolicy) 
             return [
                 Problem(
                     path,
-                    "a toleration of every taint (empty key, operator Exists), control-plane taints included, is "
-                    f"not allowed by the cluster's policy ({CHART_PREFIX}.tolerations: null); name the taint's key, "
-                    f"or ask the cluster admin to list this toleration in {CHART_PREFIX}.tolerations",
+                    "a toleration of every taint (empty key, operator Exists), control-plane and node-lifecycle "
+                    f"taints included, is not allowed by the cluster's policy ({CHART_PREFIX}.tolerations: null); "
+                    "name the taint's key, or ask the cluster admin to list this toleration in "
+                    f"{CHART_PREFIX}.tolerations",
                 )
             ]
-        if asked.key in CONTROL_PLANE_KEYS:
+        if asked.key in policy.protected_taints:
+            nodes = PROTECTED_TAINTS.get(asked.key, f"nodes tainted {asked.key}")
             return [
                 Problem(
                     path,
-                    f"toleration {described} lets the pods onto control-plane nodes, which the cluster's policy "
-                    f"does not allow ({CHART_PREFIX}.tolerations: null); remove it, or ask the cluster admin to "
-                    f"list it in {CHART_PREFIX}.tolerations",
+                    f"toleration {described} lets the pods onto {nodes}, which the cluster's policy does not allow "
+                    f"({CHART_PREFIX}.protectedTaints lists {asked.key}); remove it, or ask the cluster admin to "
+                    f"take {asked.key} out of {CHART_PREFIX}.protectedTaints or to list this toleration in "
+                    f"{CHART_PREFIX}.tolerations",
                 )
             ]
         return []

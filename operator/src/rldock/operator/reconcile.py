@@ -18,7 +18,9 @@ and NetworkPolicy.
 
 Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
 a restarted operator carries on where the last one stopped: children are found by name and owner,
-the Ray job by its deterministic submission id. A lookup that fails ends the round without a
+the Ray job by its deterministic submission id. Only the spec's consequences (its parse, the
+policy's verdict, the children built from it) are kept between rounds, per spec generation
+(desired.py). A lookup that fails ends the round without a
 decision (SkipRound); the next round, one poll interval later, tries again.
 """
 
@@ -47,11 +49,8 @@ from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.builders import (
     RLJobRef,
     build_auth_secret,
-    build_config_map,
-    build_environment,
     build_job_submission,
     build_network_policy,
-    build_ray_cluster,
     device_resource,
     output_dir,
     owner_reference,
@@ -70,6 +69,7 @@ from rldock.operator.constants import (
     RayJobStatus,
     Reason,
 )
+from rldock.operator.desired import Desired, DesiredCache
 from rldock.operator.kube import CreateRefused, Kube, StatusRejected
 from rldock.operator.metrics import Metrics
 from rldock.operator.observe import (
@@ -91,7 +91,6 @@ from rldock.operator.observe import (
     summarize_pods,
     suspension,
 )
-from rldock.operator.policy import policy_problems
 from rldock.operator.progress_cursor import ProgressCursor
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError, TokenRefused
 from rldock.operator.rules import Rule, first_rule
@@ -111,7 +110,6 @@ from rldock.operator.status import (
     status_patch,
 )
 from rldock.operator.tokens import job_token
-from rldock.operator.validation import parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +142,24 @@ class Outcome:
 @dataclass(frozen=True)
 class Round:
     ref: RLJobRef
-    spec: RLJobSpec | None
-    problems: list[Problem]
-    denied: list[Problem]  # what the admin's policy refuses of a valid spec
+    desired: Desired  # the spec's generation worked out (desired.py): parsed, checked, its children
     raw_status: dict[str, Any]
     previous: RLJobStatus
     generation: int | None
     now: datetime
+
+    @property
+    def spec(self) -> RLJobSpec | None:
+        return self.desired.spec
+
+    @property
+    def problems(self) -> list[Problem]:
+        return self.desired.problems
+
+    @property
+    def denied(self) -> list[Problem]:
+        """What the admin's policy refuses of a valid spec."""
+        return self.desired.denied
 
     @property
     def cluster_name(self) -> str:
@@ -172,19 +181,11 @@ class Seen:
     jobs: RayJobsClient | None = None  # set when the head is up
 
 
-def begin_round(body: Mapping[str, Any], now: datetime, settings: OperatorSettings) -> Round:
-    spec, problems = parse_spec(body.get("spec") or {})
-    denied = (
-        []
-        if spec is None or problems
-        else policy_problems(spec, settings.policy, default_image=settings.pod_defaults.image)
-    )
+def begin_round(body: Mapping[str, Any], now: datetime, desired: Desired) -> Round:
     raw_status = dict(body.get("status") or {})
     return Round(
-        ref=RLJobRef.from_body(body),
-        spec=spec,
-        problems=problems,
-        denied=denied,
+        ref=desired.ref,
+        desired=desired,
         raw_status=raw_status,
         previous=parse_status(raw_status),
         generation=body["metadata"].get("generation"),
@@ -218,6 +219,7 @@ class Reconciler:
         self._clock = clock
         self._logs = ProgressCursor()  # how far each running job's driver log was parsed
         self._secrets_made: set[str] = set()  # uids of RLJobs whose auth Secret this process made or found
+        self.desired = DesiredCache(settings)  # each RLJob's spec generation worked out once
 
     # --- the round ---------------------------------------------------------------------------
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
@@ -226,7 +228,7 @@ class Reconciler:
 
         def this_round() -> Round:
             if not rounds:
-                rounds.append(begin_round(body, self._clock(), self.settings))
+                rounds.append(begin_round(body, self._clock(), self.desired.of(body)))
             return rounds[0]
 
         rule = first_rule(
@@ -298,12 +300,12 @@ class Reconciler:
         spec = rnd.spec
         assert spec is not None, "a spec without problems parsed"
         token = self._ensure_secret(rnd, out)
-        self._ensure_config_map(rnd, spec, out)
+        self._ensure_config_map(rnd, out)
         if self.settings.network_policy:
             # Before the cluster: its pods never run unprotected.
             self._ensure_network_policy(rnd, out)
         environments = self._ensure_environments(rnd, spec, out)
-        desired = build_ray_cluster(job=rnd.ref, spec=spec, defaults=self.settings.pod_defaults)
+        desired = rnd.desired.ray_cluster()
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
         status = self._status(
@@ -426,9 +428,7 @@ class Reconciler:
             return None
         seen = []
         for environment in spec.environments:
-            children = build_environment(
-                job=rnd.ref, spec=spec, environment=environment, defaults=self.settings.pod_defaults
-            )
+            children = rnd.desired.environment(environment)
             if self.settings.network_policy:  # before the pods, as for the Ray pods
                 self._ensure_child(rnd, children.network_policy, network_policy_patch)
             self._ensure_child(rnd, children.service, service_patch)
@@ -517,8 +517,8 @@ class Reconciler:
                 "in spec.environments",
             )
 
-    def _ensure_config_map(self, rnd: Round, spec: RLJobSpec, out: Outcome) -> None:
-        desired = build_config_map(job=rnd.ref, spec=spec)
+    def _ensure_config_map(self, rnd: Round, out: Outcome) -> None:
+        desired = rnd.desired.config_map()
         name = desired["metadata"]["name"]
         existing = self._read_owned(rnd, "ConfigMap", name)
         if existing is None:
@@ -722,8 +722,9 @@ class Reconciler:
     def stop_for_deletion(self, body: Mapping[str, Any]) -> str | None:
         """Stop the current attempt's driver before the RLJob (and, by owner references, its
         cluster) goes. Best effort: a cluster that cannot be reached is deleted with its job anyway."""
-        rnd = begin_round(body, self._clock(), self.settings)
+        rnd = begin_round(body, self._clock(), self.desired.of(body))
         self._forget(rnd.ref)
+        self.desired.forget(rnd.ref.uid)
         if managed_elsewhere(body):
             return None
         cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
