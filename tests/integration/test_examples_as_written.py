@@ -1,7 +1,8 @@
 """Each example in examples/ runs as its header says: the header's commands (rldock_e2e.example_headers)
 through a shell, in order, from the repository root, with a fresh HOME and XDG cache (so every
 `~/.cache/rldock/...` starts empty: the model imported, the data generated, a tiny model built as a
-new user's machine would), so an example that no longer starts fails here.
+new user's machine would; only vLLM's own cache stays this machine's), so an example that no longer
+starts fails here.
 
 Only two things differ from the header: `rldock train` gets `--output` in the test's folder and the
 cut-short settings `CUT_SHORT` (2 iterations, at most 4 held-out prompts per evaluation, the machine
@@ -85,20 +86,26 @@ def _as_run_here(command: str, output: Path) -> str:
     words = shlex.split(command)
     if words[:2] != ["rldock", "train"]:
         return command
-    at = words.index("--output")
-    words[at + 1] = str(output)
-    # the config path stays as the header wrote it; `~` in it is the shell's, as for a user
-    return " ".join([*(shlex.quote(word) for word in words), *CUT_SHORT])
+    written = f"--output {words[words.index('--output') + 1]}"
+    # The rest of the line as the header wrote it: its quoting and `~` stay the shell's, as for a user.
+    assert written in command, f"{command}: --output's value is quoted; write it plain in the header"
+    return " ".join([command.replace(written, f"--output {shlex.quote(str(output))}", 1), *CUT_SHORT])
 
 
 def _environment(home: Path) -> dict[str, str]:
     environ = {key: value for key, value in os.environ.items() if not key.startswith(("RLDOCK_", "XDG_"))}
     venv_bin = str(Path(sys.executable).parent)  # `rldock` as the header spells it: this venv's
     environ.pop("RAY_ADDRESS", None)  # a local Ray of its own, as on a user's machine
+    # vLLM's own cache (what it learnt of a model architecture, minutes to redo on two shared cores) is
+    # not rldock's: it stays where this machine keeps it, while rldock's models and data start empty.
+    vllm_cache = os.environ.get("VLLM_CACHE_ROOT") or str(
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm"
+    )
     return {
         **environ,
         "HOME": str(home),
         "XDG_CACHE_HOME": str(home / ".cache"),
+        "VLLM_CACHE_ROOT": vllm_cache,
         "PATH": f"{venv_bin}:{environ.get('PATH', '/usr/bin:/bin')}",
     }
 
@@ -125,6 +132,9 @@ def test_the_example_runs_as_its_header_says(example, tmp_path):
         assert "Traceback" not in job.stderr, f"{run_here}\n{job.stderr[-5000:]}"
         if command.startswith("rldock train "):
             summary = json.loads(job.stdout.strip().splitlines()[-1])
+    assert any(command.startswith(("rldock train ", "rldock plan ")) for command in commands), (
+        f"{example.name}: its header starts neither `rldock train` nor `rldock plan`"
+    )
     if summary is None:
         return  # a planning example: its `rldock plan` passed
     assert summary["iterations"] == ITERATIONS and summary["output"] == str(output)

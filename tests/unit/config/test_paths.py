@@ -15,6 +15,7 @@ import yaml
 
 from rldock.config import ConfigError, load_job_config
 from rldock.config.job import COMMAND, PATH, JobConfig
+from rldock.config.loading import PathExpansion
 from rldock.config.paths import _marker, _sections, expand_paths, expand_text, path_fields
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -118,14 +119,12 @@ def _values_at(dump: Any, field: str) -> list[str]:
     return [text for value in values for text in (value if isinstance(value, list) else [value])]
 
 
-def _load(tmp_path: Path, field: str, text: str, *, require_variables: bool = True) -> JobConfig:
+def _load(tmp_path: Path, field: str, text: str, *, paths: PathExpansion = "here") -> JobConfig:
     name, overrides = SETTINGS[field]
     placed = json.loads(json.dumps(overrides).replace(json.dumps(HERE)[1:-1], text))
     config = tmp_path / name
     config.write_text((EXAMPLES / name).read_text())
-    return load_job_config(
-        config, overrides=placed, check_local=False, environ=ENVIRON, require_variables=require_variables
-    )
+    return load_job_config(config, overrides=placed, check_local=False, environ=ENVIRON, paths=paths)
 
 
 # (text written, expanded in a path or a reference, expanded in a command's argument)
@@ -156,8 +155,14 @@ def test_an_unset_variable_names_the_field_unless_the_config_runs_elsewhere(tmp_
     (problem,) = caught.value.problems
     assert re.sub(r"\[\d+\]", "[]", problem.path).removesuffix("[]") == field  # the item, named
     assert "$NOT_SET_HERE is not set" in problem.message
-    cfg = _load(tmp_path, field, "$NOT_SET_HERE/own.py:Thing", require_variables=False)
+    cfg = _load(tmp_path, field, "$NOT_SET_HERE/own.py:Thing", paths="if_set")
     assert "$NOT_SET_HERE/own.py:Thing" in _values_at(cfg.model_dump(), field)
+
+
+def test_a_config_that_runs_elsewhere_keeps_its_paths_as_written(tmp_path):
+    """`validate --no-path-checks` (--print shows what the other machine will read): nothing expanded."""
+    cfg = _load(tmp_path, "data.train_files", "~/data/$RLDOCK_TEST_MODELS/train.jsonl", paths="as_written")
+    assert cfg.data.train_files[0] == "~/data/$RLDOCK_TEST_MODELS/train.jsonl"
 
 
 def test_the_resolved_config_loads_again_unchanged(tmp_path):

@@ -133,9 +133,9 @@ def render() -> str:
         "",
         "Path fields say `expands` under constraints: `rldock validate`, `train` and `plan` expand a leading "
         "`~` (`~user`) in them, and in those that say `$VAR` also `$NAME` and `${NAME}` anywhere (`$$` for a "
-        "literal `$`; a variable that is not set is an error naming the field, left as written by "
-        "`validate --no-path-checks` and `plan`), once, as they load the config "
-        "(`api/src/rldock/config/paths.py`); a command's arguments keep their `$` for the program. In an "
+        "literal `$`; a variable that is not set is an error naming the field, left as written by `plan`), "
+        "once, as they load the config (`api/src/rldock/config/paths.py`); `validate --no-path-checks`, for a "
+        "config that runs elsewhere, expands nothing (its `--print` shows what the other machine reads); a command's arguments keep their `$` for the program. In an "
         "RLJob the pod's runtime expands them with the pod's HOME and environment (`spec.env`); the operator "
         "passes them on as written. `config.json` in the output holds the expanded paths.",
         "",

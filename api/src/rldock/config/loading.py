@@ -15,6 +15,9 @@ from rldock.config.job import JobConfig
 from rldock.config.paths import expand_paths
 from rldock.config.problems import Problem, field_path, find_local_problems, find_problems
 
+# How a loader treats the path fields (resolve_job_config says each).
+PathExpansion = Literal["here", "if_set", "as_written"]
+
 
 class ConfigError(ValueError):
     """A job config that must not start; `problems` lists each field to fix."""
@@ -128,16 +131,22 @@ def resolve_job_config(
     data: Any,
     *,
     source: str = "<config>",
-    require_variables: bool = True,
+    paths: PathExpansion = "here",
     environ: Mapping[str, str] | None = None,
 ) -> JobConfig:
-    """parse_job_config, then the path fields expanded for this machine (`~`, `$VARS`;
-    config/paths.py) with `environ` (default: this process's): a config that runs here, read from a
-    file (load_job_config) or built in code (the benchmarks). `require_variables`: a `$VAR` that
-    `environ` lacks is a problem; False leaves it as written, for a config checked here that runs
-    elsewhere (`rldock validate --no-path-checks`, `rldock plan`)."""
-    cfg, unset = expand_paths(parse_job_config(data, source=source), environ=os.environ if environ is None else environ)
-    if unset and require_variables:
+    """parse_job_config, then the path fields expanded (`~`, `$VARS`; config/paths.py) with `environ`
+    (default: this process's), as `paths` says:
+    - "here": a config that runs here, read from a file (load_job_config) or built in code (the
+      benchmarks); a `$VAR` that `environ` lacks is a problem;
+    - "if_set": what this machine can expand, the rest as written (`rldock plan`, which reads the
+      model's config.json here but starts nothing);
+    - "as_written": nothing expanded, for a config checked here that runs elsewhere (`rldock validate
+      --no-path-checks`: its `--print` shows the config as the other machine will read it)."""
+    cfg = parse_job_config(data, source=source)
+    if paths == "as_written":
+        return cfg
+    cfg, unset = expand_paths(cfg, environ=os.environ if environ is None else environ)
+    if unset and paths == "here":
         raise ConfigError(source, unset)
     return cfg
 
@@ -147,7 +156,7 @@ def load_job_config(
     *,
     overrides: dict[str, Any] | None = None,
     check_local: bool = True,
-    require_variables: bool = True,
+    paths: PathExpansion = "here",
     environ: Mapping[str, str] | None = None,
 ) -> JobConfig:
     """Load YAML, apply dotted overrides ({"algorithm.learning_rate": 0}), validate, and expand the
@@ -183,7 +192,7 @@ def load_job_config(
         )
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
-    cfg = resolve_job_config(data, source=str(path), require_variables=require_variables, environ=environ)
+    cfg = resolve_job_config(data, source=str(path), paths=paths, environ=environ)
     if check_local:
         problems = find_local_problems(cfg)
         if problems:

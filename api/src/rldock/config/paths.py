@@ -12,7 +12,8 @@ tree (`path_fields`), so a new path field is expanded as soon as it is marked. W
 - `~` and `~user` at the start of a path, a `file.py:name` reference or a command's argument;
 - in paths and references (`Expanded.variables`), also `$NAME` and `${NAME}` anywhere, `$$` for a
   literal `$`. A variable that is not set is a problem naming the field; `expand_paths` leaves it
-  as written, for a config checked here that runs elsewhere (`validate --no-path-checks`, `plan`).
+  as written, for `plan`, which reads the model here but starts nothing (`validate --no-path-checks`,
+  for a config that runs elsewhere, expands nothing: loading.resolve_job_config).
 
 A command's arguments keep their `$`: the program sees them as written, as it would run without a
 shell (a `sh -c` script reads its variables from the environment it inherits).

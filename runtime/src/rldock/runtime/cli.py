@@ -289,7 +289,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     try:
         # planned here, run elsewhere: a variable set only where it runs stays as written
-        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False, require_variables=False)
+        cfg = load_job_config(args.config, overrides=dict(args.overrides), check_local=False, paths="if_set")
     except ConfigError as error:
         return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), False)
     try:
@@ -488,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     check_paths = args.command == cli.TRAIN or not args.no_path_checks
     try:
         cfg = load_job_config(
-            args.config, overrides=dict(args.overrides), check_local=False, require_variables=check_paths
+            args.config,
+            overrides=dict(args.overrides),
+            check_local=False,
+            paths="here" if check_paths else "as_written",
         )
     except ConfigError as error:
         return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), machine)
