@@ -135,7 +135,8 @@ def render() -> str:
         "`~` (`~user`) in them, and in those that say `$VAR` also `$NAME` and `${NAME}` anywhere (`$$` for a "
         "literal `$`; a variable that is not set is an error naming the field, left as written by `plan`), "
         "once, as they load the config (`api/src/rldock/config/paths.py`); `validate --no-path-checks`, for a "
-        "config that runs elsewhere, expands nothing (its `--print` shows what the other machine reads); a command's arguments keep their `$` for the program. In an "
+        "config that runs elsewhere, expands nothing (its `--print` shows what the other machine reads); "
+        "a command's arguments keep their `$` for the program. In an "
         "RLJob the pod's runtime expands them with the pod's HOME and environment (`spec.env`); the operator "
         "passes them on as written. `config.json` in the output holds the expanded paths.",
         "",
