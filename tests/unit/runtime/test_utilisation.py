@@ -7,12 +7,15 @@ import pytest
 
 from rldock.runtime.planning.shapes import ModelShape, shape_from_hf_config
 from rldock.runtime.utilisation import (
+    DeviceRates,
+    UtilisationInputs,
     decode_bytes,
     forward_flops,
     job_rates,
     kv_bytes_per_key,
     rollout_flops,
     rollout_work,
+    stage_utilisation,
     update_flops,
 )
 
@@ -92,3 +95,22 @@ def test_job_rates_take_the_config_before_the_measurement():
     rates = job_rates(peak_tflops=989.0, bandwidth_gbps=3350.0, measured={"device_kind": "cuda"})
     assert rates.peak_flops == pytest.approx(9.89e14) and rates.bandwidth == pytest.approx(3.35e12)
     assert not rates.shared
+
+
+def test_a_tensor_parallel_stage_counts_each_pass_once_over_all_its_devices():
+    """TP 2 x DP 1: the leader reports the passes, its peer a zero tally (training backends'
+    counts_passes); the stage's FLOPs are the TP 1 stage's and its MFU is over both devices."""
+    shape = smollm2()
+    passes = {"tokens": 360, "pairs": 16380, "head_positions": 160}
+    nothing = {"tokens": 0, "pairs": 0, "head_positions": 0}
+    rates = DeviceRates(peak_flops=1e14, bandwidth=1e12, shared=False)
+    inputs = UtilisationInputs(
+        shape=shape, bytes_per_param=2, rates=rates, group_size=4, recompute=False, generation_tp=1
+    )
+    tp1 = {"update": [{"compute_s": 2.0, "computed": passes}]}
+    tp2 = {"update": [{"compute_s": 2.0, "computed": passes}, {"compute_s": 1.5, "computed": nothing}]}
+    one = stage_utilisation(tp1, inputs, prompt_lengths=[], response_lengths=[])
+    two = stage_utilisation(tp2, inputs, prompt_lengths=[], response_lengths=[])
+    expected = update_flops(shape, tokens=360, pairs=16380, head_positions=160, recompute=False)
+    assert one["flops/update"] == two["flops/update"] == expected
+    assert two["mfu/update"] == pytest.approx(expected / 2.0 / (2 * 1e14))

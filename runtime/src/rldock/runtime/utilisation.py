@@ -24,7 +24,7 @@ The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or soft
   the count leaves out (no LM head), its update 3x the forward.
 The update's and the inference stages' token counts are what their passes computed, packed
 (each prompt once per pass) or in rows (each row's prompt), padding left out: the workers count
-them (engines/policy.PassTally).
+them (engines/policy.PassTally); a TP peer, which runs its leader's batches, reports none.
 
 The denominator is the stage's compute seconds (`timing/compute/<stage>`, the slowest rank's time
 in the model, without the dock's) times the devices it ran on times one device's peak. On a CPU

@@ -222,7 +222,7 @@ class ActorWorker(TakesTurns):
         timing = self.backend.run_inference_stage(
             self.banks.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer
         )
-        return {**timing.as_dict(), "computed": tally.as_dict()}
+        return {**timing.as_dict(), "computed": self._computed(tally)}
 
     @in_turn("update")
     def update(self, iteration: int) -> dict:
@@ -250,7 +250,7 @@ class ActorWorker(TakesTurns):
             **summary,
             **exported,
             **staleness_metrics(staleness),
-            "computed": tally.as_dict(),
+            "computed": self._computed(tally),
         }
 
     @in_turn("preference_update")
@@ -264,7 +264,12 @@ class ActorWorker(TakesTurns):
             lambda mini_batch: self._preference_step(mini_batch, tally),
             whole_groups=True,
         )
-        return {**timing.as_dict(), **summary, "computed": tally.as_dict()}
+        return {**timing.as_dict(), **summary, "computed": self._computed(tally)}
+
+    def _computed(self, tally: PassTally) -> dict[str, int]:
+        """What a stage the backend ran computed on this rank: `tally`, or nothing on a TP peer (its
+        passes repeat its leader's batches), so the stage's FLOPs count each pass once."""
+        return tally.as_dict() if self.backend.counts_passes else PassTally().as_dict()
 
     def _train_share(
         self, iteration: int, state: str, columns: tuple[str, ...], step: Callable[[TensorDict], dict], **share: Any
