@@ -135,13 +135,12 @@ class ActorWorker(TakesTurns):
     def load_optimizer(self, path: str) -> None:
         self.backend.load_optimizer(Path(path), map_location=self.device.torch_device)
 
-    def device_rates(self, measure: bool = True) -> dict:
-        """This rank's `device_kind` and, with `measure`, its device's peak FLOP/s and memory bandwidth
-        in the model's dtype as `rldock bench peak` measures them (runtime/peak.py: its cache, else
-        measured now): the `mfu/` metrics' denominators."""
-        if not measure:
-            return {"device_kind": self.device.kind}
-        return device_rates(self.device, dtype=self.cfg.model.dtype)
+    def device_rates(self, dtypes: Sequence[str]) -> dict:
+        """This rank's `device_kind` and its device's peak FLOP/s and memory bandwidth in each of
+        `dtypes` as `rldock bench peak` measures them (runtime/peak.py: its cache, else measured now),
+        by dtype under `measured`: the `mfu/` metrics' denominators."""
+        measured = {dtype: device_rates(self.device, dtype=dtype) for dtype in dtypes}
+        return {"device_kind": self.device.kind, "measured": measured}
 
     def get_rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
