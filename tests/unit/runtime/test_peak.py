@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import platform
+from pathlib import Path
 
 import torch
 
@@ -40,7 +44,7 @@ def test_measure_rates_times_a_matmul_and_a_copy_and_keeps_the_thread_count():
 def test_bench_peak_prints_the_cached_figures(tmp_path, monkeypatch, capsys):
     from rldock.runtime import cli
 
-    monkeypatch.setattr(peak, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("RLDOCK_PEAK_CACHE", str(tmp_path))
     monkeypatch.setattr(peak, "measure_rates", lambda device, dtype: {"peak_flops": 3.0, "bandwidth": 4.0})
     assert cli.main(["bench", "peak", "--device", "cpu"]) == 0
     assert cli.main(["bench", "peak", "--device", "cpu"]) == 0
@@ -58,3 +62,49 @@ def test_an_unwritable_cache_still_gives_the_measurement(tmp_path):
         measure=lambda device, dtype: {"peak_flops": 1.0, "bandwidth": 2.0},
     )
     assert (rates["peak_flops"], rates["cached"]) == (1.0, False)
+
+
+def test_the_key_holds_for_any_host_of_the_same_device(tmp_path, monkeypatch):
+    """No host name in the key (a pod's is its own): another pod on the same CPU model reads the
+    first one's measurement; the CPU's cores are those this process may run on."""
+    calls = []
+
+    def measure(device, dtype):
+        calls.append(dtype)
+        return {"peak_flops": 1.0e11, "bandwidth": 2.0e10}
+
+    cpu = detect_device("cpu")
+    monkeypatch.setattr(platform, "node", lambda: "trainer-pod-a")
+    peak.device_rates(cpu, dtype="float32", cache_dir=tmp_path, measure=measure)
+    monkeypatch.setattr(platform, "node", lambda: "trainer-pod-b")
+    assert peak.device_rates(cpu, dtype="float32", cache_dir=tmp_path, measure=measure)["cached"]
+    assert calls == ["float32"]
+    key = peak.cache_key(cpu, "float32")
+    assert set(key) == {"device", "device_kind", "dtype", "torch", "threads"}
+    assert key["threads"] == len(os.sched_getaffinity(0))
+
+
+def test_a_measurement_records_its_load_and_warns_on_a_busy_machine(tmp_path, monkeypatch, caplog):
+    cpu = detect_device("cpu")
+    cores = len(os.sched_getaffinity(0))
+    measure = lambda device, dtype: {"peak_flops": 1.0, "bandwidth": 2.0}  # noqa: E731
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5 * cores, 0.25, 0.125))
+    with caplog.at_level(logging.WARNING, logger=peak.__name__):
+        quiet = peak.device_rates(cpu, dtype="float32", cache_dir=tmp_path / "quiet", measure=measure)
+    assert quiet["loadavg"] == [0.5 * cores, 0.25, 0.125] and not caplog.records
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 1.0, 1.0, 1.0))
+    with caplog.at_level(logging.WARNING, logger=peak.__name__):
+        busy = peak.device_rates(cpu, dtype="float32", cache_dir=tmp_path / "busy", measure=measure)
+    assert busy["loadavg"][0] == cores + 1.0
+    assert len(caplog.records) == 1 and "busy" in caplog.records[0].getMessage()
+
+
+def test_the_cache_folder_follows_rldock_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("RLDOCK_PEAK_CACHE", raising=False)
+    monkeypatch.setenv("RLDOCK_CACHE", str(tmp_path / "cache"))
+    assert peak.default_cache_dir() == tmp_path / "cache" / "peak"
+    monkeypatch.setenv("RLDOCK_PEAK_CACHE", str(tmp_path / "peak"))
+    assert peak.default_cache_dir() == tmp_path / "peak"
+    monkeypatch.delenv("RLDOCK_PEAK_CACHE")
+    monkeypatch.delenv("RLDOCK_CACHE")
+    assert peak.default_cache_dir() == Path.home() / ".cache" / "rldock" / "peak"

@@ -210,7 +210,7 @@ def _build_parser() -> argparse.ArgumentParser:
     peak = bench_sub.add_parser(
         "peak",
         help="a device's peak matmul FLOP/s and memory bandwidth, the mfu/ and mbu/ metrics' denominators: "
-        "measured once and cached in ~/.cache/rldock/peak (a job reads the cache), printed as JSON",
+        "measured once and cached in ${RLDOCK_CACHE:-~/.cache/rldock}/peak (a job reads the cache), printed as JSON",
     )
     peak.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"], help="default auto")
     peak.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="default float32")
