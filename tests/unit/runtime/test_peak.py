@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -108,3 +110,23 @@ def test_the_cache_folder_follows_rldock_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("RLDOCK_PEAK_CACHE")
     monkeypatch.delenv("RLDOCK_CACHE")
     assert peak.default_cache_dir() == Path.home() / ".cache" / "rldock" / "peak"
+
+
+def test_test_jobs_read_the_seeded_rates_and_never_measure(seeded_peak_cache):
+    """tests/conftest.py's session cache: the CPU's fixed rates in every dtype, in os.environ so a
+    subprocess (`rldock train`, the Ray workers it starts) finds them too."""
+
+    def measure(device, dtype):
+        raise AssertionError("a test job measured the machine")
+
+    assert peak.default_cache_dir() == seeded_peak_cache != Path.home() / ".cache" / "rldock" / "peak"
+    for dtype in ("float32", "bfloat16", "float16"):
+        rates = peak.device_rates(detect_device("cpu"), dtype=dtype, measure=measure)
+        assert rates["cached"] and rates["peak_flops"] > 0, dtype
+    child = subprocess.run(
+        [sys.executable, "-c", "from rldock.runtime.peak import default_cache_dir; print(default_cache_dir())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == str(seeded_peak_cache)
