@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from rldock.runtime import peak
@@ -130,3 +131,22 @@ def test_test_jobs_read_the_seeded_rates_and_never_measure(seeded_peak_cache):
         check=True,
     )
     assert child.stdout.strip() == str(seeded_peak_cache)
+
+
+def test_a_device_without_a_name_is_unavailable_and_the_actor_says_why(tmp_path, monkeypatch):
+    """A backend module without get_device_name (the NPU twin's) cannot key the cache: PeakUnavailable,
+    which actor rank 0 hands back as `unavailable` (the trainer then leaves the mfu/ metrics off)."""
+    import types
+
+    from rldock.runtime.device import DeviceInfo
+    from rldock.runtime.workers.actor import ActorWorker
+
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(), raising=False)  # no get_device_name
+    npu = DeviceInfo(kind="npu", torch_device="npu:0", backend="hccl")
+    with pytest.raises(peak.PeakUnavailable, match="get_device_name"):
+        peak.device_rates(npu, dtype="float32", cache_dir=tmp_path)
+    actor = ActorWorker.__new__(ActorWorker)
+    actor.device = npu
+    found = actor.device_rates(["float32"])
+    assert found["device_kind"] == "npu" and "get_device_name" in found["unavailable"]
+    assert "measured" not in found

@@ -46,11 +46,17 @@ def _processor() -> str:
     return platform.processor() or platform.machine()
 
 
+class PeakUnavailable(Exception):
+    """The device cannot be measured here (no name to key the cache by)."""
+
+
 def _device_name(device: DeviceInfo) -> str:
     if device.kind == "cpu":
         return _processor()
-    module = getattr(torch, device.kind)
-    return str(module.get_device_name(torch.device(device.torch_device)))
+    get_name = getattr(getattr(torch, device.kind, None), "get_device_name", None)
+    if get_name is None:  # a backend without one (the NPU twin's torch.npu)
+        raise PeakUnavailable(f"torch.{device.kind} has no get_device_name to key the peak cache by")
+    return str(get_name(torch.device(device.torch_device)))
 
 
 def default_cache_dir() -> Path:

@@ -352,11 +352,23 @@ class Trainer:
             self._utilisation = self._utilisation_inputs()
         return start_iteration
 
-    def _utilisation_inputs(self) -> UtilisationInputs:
+    def _utilisation_inputs(self) -> UtilisationInputs | None:
         """The model's shape and the device's rates for the `mfu/` metrics (runtime/utilisation.py):
         the rates the config sets, else those actor rank 0 measures on its device in each dtype the
-        stages compute in (`rldock bench peak`'s cache, or a measurement of a few seconds now)."""
+        stages compute in (`rldock bench peak`'s cache, or a measurement of a few seconds now).
+        None, with a warning, where the count cannot be made (a config.json without the fields it
+        reads, a device whose peak cannot be measured): a metric never stops the job."""
         cfg, resources = self.cfg, self.cfg.resources
+        config_file = self.reference_dir / "config.json"
+        try:
+            shape = shape_from_hf_config(json.loads(config_file.read_text()), name=cfg.model.path)
+        except KeyError as missing:
+            logger.warning(
+                "no mfu/ metrics: %s has no %s, which the FLOP count reads (Llama/Qwen-style field names)",
+                config_file,
+                missing,
+            )
+            return None
         rollout, training, reference = compute_dtypes(cfg)
         dtypes = sorted({rollout, training, reference})
         if resources.peak_tflops is None:
@@ -364,9 +376,15 @@ class Trainer:
         else:  # the bandwidth only: one measurement
             measuring = [rollout] if resources.memory_bandwidth_gbps is None else []
         found = ray.get(self._started().actors[0].device_rates.remote(measuring))
-        config = json.loads((self.reference_dir / "config.json").read_text())
+        if "unavailable" in found:
+            logger.warning(
+                "no mfu/ metrics: the device's peak could not be measured (%s); set resources.peak_tflops "
+                "and resources.memory_bandwidth_gbps to have them",
+                found["unavailable"],
+            )
+            return None
         return UtilisationInputs(
-            shape=shape_from_hf_config(config, name=cfg.model.path),
+            shape=shape,
             rates=job_rates(
                 peak_tflops=resources.peak_tflops,
                 bandwidth_gbps=resources.memory_bandwidth_gbps,

@@ -41,7 +41,7 @@ from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import adapters_off, add_lora
-from rldock.runtime.peak import device_rates
+from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
 from rldock.runtime.rollout.modes import build_rollout
 from rldock.runtime.threads import apply_thread_budget
@@ -138,8 +138,13 @@ class ActorWorker(TakesTurns):
     def device_rates(self, dtypes: Sequence[str]) -> dict:
         """This rank's `device_kind` and its device's peak FLOP/s and memory bandwidth in each of
         `dtypes` as `rldock bench peak` measures them (runtime/peak.py: its cache, else measured now),
-        by dtype under `measured`: the `mfu/` metrics' denominators."""
-        measured = {dtype: device_rates(self.device, dtype=dtype) for dtype in dtypes}
+        by dtype under `measured`; why not under `unavailable` where the device cannot be measured
+        (no name to key the cache by, out of memory, a dtype its matmul lacks): the `mfu/` metrics'
+        denominators, which a job goes on without."""
+        try:
+            measured = {dtype: device_rates(self.device, dtype=dtype) for dtype in dtypes}
+        except (PeakUnavailable, RuntimeError) as error:  # torch's device errors (OOM among them)
+            return {"device_kind": self.device.kind, "unavailable": f"{type(error).__name__}: {error}"}
         return {"device_kind": self.device.kind, "measured": measured}
 
     def get_rng_state(self) -> torch.Tensor:
