@@ -150,3 +150,15 @@ def test_a_device_without_a_name_is_unavailable_and_the_actor_says_why(tmp_path,
     found = actor.device_rates(["float32"])
     assert found["device_kind"] == "npu" and "get_device_name" in found["unavailable"]
     assert "measured" not in found
+
+
+def test_bench_peak_on_a_missing_device_names_the_flag(monkeypatch, capsys):
+    """One line naming --device and exit 2, no traceback, when the machine lacks the device."""
+    from rldock.runtime import cli, device
+
+    monkeypatch.setitem(device._PROBES, "cuda", lambda: False)
+    assert cli.main(["bench", "peak", "--device", "cuda"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("error: --device cuda: not available here") and "Traceback" not in captured.err
