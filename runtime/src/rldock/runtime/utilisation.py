@@ -10,11 +10,14 @@ The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or soft
 - a forward pass costs 2 FLOPs per weight of the decoder layers per token computed, 4 x heads x
   head_dim per layer per attended (query, key) pair (q.k and the weighted sum of v), and 2 x hidden
   x vocab per position the LM head runs on (the policy's passes run it on scored tokens only);
-- the rollout: vLLM's prefill computes each prompt group's prompt once (its prefix cache shares it
-  among the group's N responses) and the LM head once per response; each decode step feeds one
-  sampled token (R - 1 steps for an R-token response) and runs the head on it. A multi-turn
-  rollout's later prefills (each turn's tool output) and partial rollout's second round are
-  counted as decode steps, a lower bound;
+- the rollout: each prompt group's prompt is counted prefilled once and the LM head once per
+  response, the model-FLOPs convention (the work the model needs, not what an engine spends: vLLM's
+  prefix cache reuses only full computed blocks, so a group's N requests may each recompute part
+  of the prompt); each decode step feeds one sampled token (R - 1 steps for an R-token response)
+  and runs the head on it. A multi-turn rollout's later prefills (each turn's tool output) and
+  partial rollout's second round are counted as decode steps, and DAPO's dynamic sampling counts
+  the prompts of the groups it kept, not of those it drew again (its responses and compute seconds
+  span every round): lower bounds;
 - an update: 3x the forward (forward, then gradients of inputs and of weights), the LM head 4x
   (its chunked backward recomputes the logits, engines/head_logprobs.py) and the decoder layers 4x
   under training.gradient_checkpointing (the backward recomputes their forward). Frozen weights
@@ -42,18 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rldock.runtime.planning.memory import DTYPE_BYTES
-from rldock.runtime.planning.shapes import ModelShape
+from rldock.runtime.planning.shapes import ModelShape, layer_flops
 
 UPDATE_STATES = ("update", "preference_update", "critic_update")
-
-
-def layer_flops(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> tuple[float, float]:
-    """One decoder layer's forward FLOPs per token (its linear layers) and per attended (query, key)
-    pair (scores and the weighted sum of values)."""
-    projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
-    per_token = 2.0 * (projections + 3 * hidden * intermediate)  # a gated MLP: gate, up, down
-    per_pair = 4.0 * heads * head_dim  # q.k and the weighted sum of v
-    return per_token, per_pair
 
 
 def forward_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float) -> float:
