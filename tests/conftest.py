@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,39 @@ from rldock_e2e.controlplane.crds import KUBERAY_CRD_DIR
 from rldock_e2e.repo import REPO_ROOT, require_kuberay_crds
 
 RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
+
+
+# What every test job reads as the CPU's peak in each dtype (runtime/peak.py's cache, seeded below):
+# fixed figures, so no job measures the machine the suite is loading, and the user's own cache
+# (~/.cache/rldock/peak) is never written. The peak tests measure in tmp folders of their own.
+TEST_PEAK_FLOPS = 1.0e11
+TEST_BANDWIDTH = 1.0e10
+
+
+@pytest.fixture(scope="session", autouse=True)
+def seeded_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """RLDOCK_PEAK_CACHE at a session folder holding the CPU's fixed rates; set in os.environ, so
+    the `rldock train` subprocesses and the local Ray workers they start inherit it. Only the peak
+    cache moves: RLDOCK_CACHE, the root of the shared build caches, stays as it is."""
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.peak import device_rates
+
+    folder = tmp_path_factory.mktemp("peak-cache")
+    cpu = detect_device("cpu")
+    for dtype in ("float32", "bfloat16", "float16"):
+        device_rates(
+            cpu,
+            dtype=dtype,
+            cache_dir=folder,
+            measure=lambda device, dtype: {"peak_flops": TEST_PEAK_FLOPS, "bandwidth": TEST_BANDWIDTH},
+        )
+    before = os.environ.get("RLDOCK_PEAK_CACHE")
+    os.environ["RLDOCK_PEAK_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("RLDOCK_PEAK_CACHE", None)
+    else:
+        os.environ["RLDOCK_PEAK_CACHE"] = before
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -96,3 +96,8 @@ def test_one_engine_per_generation_replica(root, name):
             assert math.isfinite(record[key]), (key, record[key])
         assert record["grad_norm"] > 0  # the update stepped on real gradients
     assert records[-1]["kl"] != 0.0 or records[-1]["loss"] != records[0]["loss"]  # the policy moved
+    # A TP peer runs its leader's batches: each pass counts once (the hand count shares no code).
+    from rldock_benchmarks.flop_count import compare
+
+    for row in compare(root / name):
+        assert 0.9 * row["hand"] <= row["reported"] <= 1.1 * row.get("hand_split", row["hand"]), row

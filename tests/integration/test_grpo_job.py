@@ -136,6 +136,18 @@ def test_metrics_have_the_documented_fields(interrupted_then_resumed):
         assert "actor_inference" not in record["timing"] and record["clip_fraction"] == 0.0
 
 
+def test_the_job_reads_the_seeded_peak_and_measures_nothing(interrupted_then_resumed, seeded_peak_cache):
+    """The `rldock train` subprocess and its Ray workers inherit the test session's peak cache
+    (tests/conftest.py): each stage's MFU is over the seeded figure, and no measurement was added."""
+    output, _, _ = interrupted_then_resumed
+    (seeded,) = (json.loads(path.read_text()) for path in seeded_peak_cache.glob("cpu-float32-*.json"))
+    assert len(list(seeded_peak_cache.glob("*.json"))) == 3  # the seeded dtypes only
+    for record in read_metrics(output):
+        for stage in ("rollout", "reference", "update"):
+            expected = record[f"flops/{stage}"] / record["timing"][f"compute/{stage}"] / seeded["peak_flops"]
+            assert record[f"mfu/{stage}"] == pytest.approx(expected), stage
+
+
 def test_flops_agree_with_a_hand_count(interrupted_then_resumed):
     """Each stage's recorded FLOPs against rldock_benchmarks.flop_count's hand count (the model's
     safetensors, metrics.jsonl's mean lengths): within 10%, between each prompt computed once and

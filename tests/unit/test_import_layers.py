@@ -130,6 +130,14 @@ RUNTIME_ROOMS = {
     "rldock.runtime.schedule": ("rldock.runtime.trainer",),
     # The training backends serve the actor; they do not drive iterations.
     "rldock.runtime.training": ("rldock.runtime.trainer", "rldock.runtime.schedule"),
+    # The engines run in the workers: none imports the driver's metrics (utilisation.py's count
+    # reads the shapes they share from planning/shapes.py).
+    "rldock.runtime.engines": (
+        "rldock.runtime.trainer",
+        "rldock.runtime.schedule",
+        "rldock.runtime.utilisation",
+        "rldock.runtime.metrics",
+    ),
     # The rollout modes serve the actor's engine: no iteration order, no update, no actor.
     "rldock.runtime.rollout": (
         "rldock.runtime.trainer",

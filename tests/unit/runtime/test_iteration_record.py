@@ -145,11 +145,13 @@ def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
     }
     inputs = UtilisationInputs(
         shape=shape,
-        bytes_per_param=4,
-        rates=DeviceRates(peak_flops=1e6, bandwidth=1e6, shared=False),
+        rates=DeviceRates(peak_flops={"float32": 1e6}, bandwidth=1e6, shared=False),
         group_size=2,
         recompute=False,
         generation_tp=1,
+        rollout_dtype="float32",
+        training_dtype="float32",
+        reference_dtype="float32",
     )
     record = record_of(results, utilisation=inputs)
     assert "computed" not in record  # summed into the FLOPs, not averaged as a training metric
@@ -171,6 +173,8 @@ def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
     assert record["mfu/reference"] == pytest.approx(record["flops/reference"] / 0.5 / 2e6)
     assert record["mfu/rollout"] == pytest.approx(record["flops/rollout"] / 2.0 / 2e6)
     assert record["mbu/rollout"] > 0
-    shared = record_of(results, utilisation=UtilisationInputs(**{**vars(inputs), "rates": DeviceRates(1e6, 1e6, True)}))
+    shared = record_of(
+        results, utilisation=UtilisationInputs(**{**vars(inputs), "rates": DeviceRates({"float32": 1e6}, 1e6, True)})
+    )
     assert shared["mfu/update"] == pytest.approx(2 * record["mfu/update"])  # one CPU: the stage's devices are 1
     assert not any(key.startswith("mfu/") for key in record_of(results))  # no inputs, no utilisation

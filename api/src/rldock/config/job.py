@@ -1083,9 +1083,10 @@ class ResourcesSpec(Spec):
         default=None,
         gt=0,
         le=1_000_000,
-        description="Peak dense matmul throughput of one device in the model's dtype, TFLOP/s (the whole CPU on a "
-        "CPU job): the denominator of the `mfu/<stage>` metrics (docs/evaluation.md). Unset: what `rldock bench "
-        "peak` measured on the job's device, read from its cache or measured once (a few seconds) when the job starts.",
+        description="Peak dense matmul throughput of one device, TFLOP/s (the whole CPU on a CPU job), for every "
+        "stage: the denominator of the `mfu/<stage>` metrics (docs/evaluation.md). Unset: what `rldock bench peak` "
+        "measured on the job's device in the dtype each stage computes in, read from its cache or measured once "
+        "(a few seconds) when the job starts.",
     )
     memory_bandwidth_gbps: float | None = Field(
         default=None,

@@ -210,7 +210,7 @@ def _build_parser() -> argparse.ArgumentParser:
     peak = bench_sub.add_parser(
         "peak",
         help="a device's peak matmul FLOP/s and memory bandwidth, the mfu/ and mbu/ metrics' denominators: "
-        "measured once and cached in ~/.cache/rldock/peak (a job reads the cache), printed as JSON",
+        "measured once and cached in ${RLDOCK_CACHE:-~/.cache/rldock}/peak (a job reads the cache), printed as JSON",
     )
     peak.add_argument("--device", default="auto", choices=["auto", "npu", "cuda", "cpu"], help="default auto")
     peak.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="default float32")
@@ -422,13 +422,23 @@ def _models(args: argparse.Namespace) -> int:
 
 def _bench_peak(args: argparse.Namespace) -> int:
     """`rldock bench peak`: the device's cached rates (runtime/peak.py), measured first if none."""
-    from rldock.runtime.device import detect_device
-    from rldock.runtime.peak import cache_file, cache_key, device_rates
+    from rldock.runtime.device import DeviceUnavailable, detect_device
+    from rldock.runtime.peak import PeakUnavailable, cache_file, cache_key, device_rates
 
-    device = detect_device(args.device)
-    if args.remeasure:
-        cache_file(cache_key(device, args.dtype)).unlink(missing_ok=True)
-    print(json.dumps(device_rates(device, dtype=args.dtype)))
+    try:
+        device = detect_device(args.device)
+        if args.remeasure:
+            cache_file(cache_key(device, args.dtype)).unlink(missing_ok=True)
+        rates = device_rates(device, dtype=args.dtype)
+    except DeviceUnavailable as error:
+        print(
+            f"error: --device {error.kind}: not available here: {error.why}; use --device auto or cpu", file=sys.stderr
+        )
+        return 2
+    except PeakUnavailable as error:
+        print(f"error: --device {args.device}: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(rates))
     return 0
 
 

@@ -102,11 +102,23 @@ def _info(kind: DeviceKind, index: int) -> DeviceInfo:
     return DeviceInfo(kind=kind, torch_device=torch_device, backend=BACKENDS[kind])
 
 
+class DeviceUnavailable(RuntimeError):
+    """A requested device kind this machine cannot provide; `kind` and `why` let a caller that
+    takes the kind from elsewhere than resources.device (a CLI flag) name its own field."""
+
+    def __init__(self, kind: str, why: str):
+        super().__init__(
+            f"resources.device={kind!r} was requested but is not available here: {why}. "
+            "Set resources.device to 'auto' or 'cpu' to run without it."
+        )
+        self.kind, self.why = kind, why
+
+
 def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
     """Resolve `resources.device` to a `DeviceInfo`.
 
     `auto` picks npu, then cuda, then cpu. An explicitly requested kind that this machine cannot
-    provide raises `RuntimeError` naming the field, instead of quietly training on the CPU.
+    provide raises `DeviceUnavailable` (a `RuntimeError`) naming the field, instead of quietly training on the CPU.
     `index` is the local device index (0 for an actor that was given one device).
     The npu twin answers only an explicit `npu`: `auto` on a machine without hardware stays CPU
     even in a process where a test installed the twin.
@@ -127,8 +139,5 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
             "npu": "torch_npu is not installed or sees no NPU (is CANN set up and the NPU visible?)",
             "cuda": "torch.cuda.is_available() is False (CPU-only torch build or no visible GPU)",
         }[requested]
-        raise RuntimeError(
-            f"resources.device={requested!r} was requested but is not available here: {hint}. "
-            "Set resources.device to 'auto' or 'cpu' to run without it."
-        )
+        raise DeviceUnavailable(requested, hint)
     return _info(requested, index)  # type: ignore[arg-type]

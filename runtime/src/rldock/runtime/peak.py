@@ -4,9 +4,12 @@ none (resources.peak_tflops, resources.memory_bandwidth_gbps), and what `rldock 
 
 The peak is the best of timed square matmuls in the dtype (what a dense model's FLOPs run as), the
 bandwidth the best of timed copies of a 256 MiB tensor (a read and a write per byte). On a CPU both
-use every core, whatever thread budget the calling process runs under, since the `mfu/` metrics of
-a CPU job compare each stage with the whole CPU. The cache, one JSON file per (machine, device,
-dtype, torch version, CPU threads) under ~/.cache/rldock/peak, keeps a job from measuring again.
+use every core this process may run on, whatever thread budget it runs under, since the `mfu/`
+metrics of a CPU job compare each stage with the whole CPU. The cache, one JSON file per (device
+name and kind, dtype, torch version, CPU cores) under `default_cache_dir()`, keeps a job from measuring
+again: no host name in the key, so every pod of a node pool shares a measurement baked into an image
+or a volume. A measurement records the load average it ran under and warns when the machine was
+busy (above one runnable process per core), since a busy machine's figures are cached as they are.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from rldock.runtime.models.loading import DTYPES
 
 logger = logging.getLogger(__name__)
 
-CACHE_DIR = Path("~/.cache/rldock/peak")
 MATMUL_SIZE = 2048  # 17 GFLOP a matmul: long enough to time on a CPU, short on an accelerator
 COPY_BYTES = 256 << 20
 MEASURE_SECONDS = 1.0  # per rate, after one warm-up
@@ -44,30 +46,50 @@ def _processor() -> str:
     return platform.processor() or platform.machine()
 
 
+class PeakUnavailable(Exception):
+    """The device cannot be measured here (no name to key the cache by)."""
+
+
 def _device_name(device: DeviceInfo) -> str:
     if device.kind == "cpu":
         return _processor()
-    module = getattr(torch, device.kind)
-    return str(module.get_device_name(torch.device(device.torch_device)))
+    get_name = getattr(getattr(torch, device.kind, None), "get_device_name", None)
+    if get_name is None:  # a backend without one (the NPU twin's torch.npu)
+        raise PeakUnavailable(f"torch.{device.kind} has no get_device_name to key the peak cache by")
+    return str(get_name(torch.device(device.torch_device)))
+
+
+def default_cache_dir() -> Path:
+    """$RLDOCK_PEAK_CACHE, else ${RLDOCK_CACHE:-~/.cache/rldock}/peak (the repo's other caches' root;
+    the tests point RLDOCK_PEAK_CACHE alone elsewhere, which leaves the shared build caches be)."""
+    if os.environ.get("RLDOCK_PEAK_CACHE"):
+        return Path(os.environ["RLDOCK_PEAK_CACHE"])
+    return Path(os.environ.get("RLDOCK_CACHE", Path.home() / ".cache" / "rldock")) / "peak"
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's cpuset), not the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def cache_key(device: DeviceInfo, dtype: str) -> dict[str, str | int]:
-    """What a measurement holds for: the machine, the device's name, the dtype, torch's version and
-    (CPU) the cores it used."""
+    """What a measurement holds for: the device's name and kind, the dtype, torch's version and (CPU)
+    the cores it used."""
     return {
-        "machine": platform.node(),
         "device": _device_name(device),
         "device_kind": device.kind,
         "dtype": dtype,
         "torch": torch.__version__,
-        "threads": (os.cpu_count() or 1) if device.kind == "cpu" else 0,
+        "threads": _cores() if device.kind == "cpu" else 0,
     }
 
 
 def cache_file(key: dict[str, str | int], cache_dir: Path | None = None) -> Path:
-    """The cache's file for `key` under `cache_dir` (default CACHE_DIR)."""
+    """The cache's file for `key` under `cache_dir` (default `default_cache_dir()`)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return (cache_dir or CACHE_DIR).expanduser() / f"{key['device_kind']}-{key['dtype']}-{digest}.json"
+    return (cache_dir or default_cache_dir()).expanduser() / f"{key['device_kind']}-{key['dtype']}-{digest}.json"
 
 
 @contextlib.contextmanager
@@ -75,7 +97,7 @@ def _all_cores(device: DeviceInfo) -> Iterator[None]:
     """Every core for the measurement on a CPU, the process's own thread count restored after."""
     threads = torch.get_num_threads()
     if device.kind == "cpu":
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(_cores())
     try:
         yield
     finally:
@@ -138,14 +160,29 @@ def device_rates(
 ) -> dict:
     """The cached measurement of `device` in `dtype` (its `cache_key` fields, `peak_flops`,
     `bandwidth`, `measured_at`, `cached`), measured (default `measure_rates`) and written to the
-    cache (default CACHE_DIR) when there is none."""
+    cache (default `default_cache_dir()`) when there is none, with the load average it ran under
+    (`loadavg`: 1, 5 and 15 minutes)."""
     key = cache_key(device, dtype)
     path = cache_file(key, cache_dir)
     if path.is_file():
         return {**json.loads(path.read_text()), "cached": True}
     logger.info("measuring the peak matmul FLOP/s and memory bandwidth of %s (%s)", key["device"], dtype)
+    load = os.getloadavg()  # before: the measurement's own load is not the machine's
     rates = (measure or measure_rates)(device, dtype)
-    record = {**key, **rates, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if load[0] > _cores():
+        logger.warning(
+            "the machine was busy while measuring its peak (load average %.1f over %d cores): the cached "
+            "figures in %s are low; rerun `rldock bench peak --remeasure` on an idle machine",
+            load[0],
+            _cores(),
+            path,
+        )
+    record = {
+        **key,
+        **rates,
+        "loadavg": list(load),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")

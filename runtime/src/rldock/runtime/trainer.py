@@ -66,6 +66,7 @@ from rldock.runtime.iteration_hold import IterationHold
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
+from rldock.runtime.planning.memory import compute_dtypes
 from rldock.runtime.planning.shapes import shape_from_hf_config
 from rldock.runtime.rewards import RewardScorer, column_lists
 from rldock.runtime.sampling import BATCH_BUILDERS, DriverBatch
@@ -73,7 +74,7 @@ from rldock.runtime.schedule import WORKER_DEATHS, Driver, Schedule, choose_sche
 from rldock.runtime.states import ACTOR, CRITIC, REFERENCE, WorkerContext, WorkerState, states_layout, worker_groups
 from rldock.runtime.tracking import Tracking, open_tracking
 from rldock.runtime.turns import hand_out_turns
-from rldock.runtime.utilisation import DTYPE_BYTES, UtilisationInputs, job_rates
+from rldock.runtime.utilisation import UtilisationInputs, job_rates
 from rldock.runtime.warmup import run_warmup
 from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 
@@ -351,23 +352,52 @@ class Trainer:
             self._utilisation = self._utilisation_inputs()
         return start_iteration
 
-    def _utilisation_inputs(self) -> UtilisationInputs:
+    def _utilisation_inputs(self) -> UtilisationInputs | None:
         """The model's shape and the device's rates for the `mfu/` metrics (runtime/utilisation.py):
-        the rates the config sets, else those actor rank 0 measures on its device (`rldock bench peak`'s
-        cache, or a measurement of a few seconds now)."""
+        the rates the config sets, else those actor rank 0 measures on its device in each dtype the
+        stages compute in (`rldock bench peak`'s cache, or a measurement of a few seconds now).
+        None, with a warning, where the count cannot be made (a config.json without the fields it
+        reads, a device whose peak cannot be measured): a metric never stops the job."""
         cfg, resources = self.cfg, self.cfg.resources
-        measure = resources.peak_tflops is None or resources.memory_bandwidth_gbps is None
-        measured = ray.get(self._started().actors[0].device_rates.remote(measure))
-        config = json.loads((self.reference_dir / "config.json").read_text())
+        config_file = self.reference_dir / "config.json"
+        try:
+            shape = shape_from_hf_config(json.loads(config_file.read_text()), name=cfg.model.path)
+        except KeyError as missing:
+            logger.warning(
+                "no mfu/ metrics: %s has no %s, which the FLOP count reads (Llama/Qwen-style field names)",
+                config_file,
+                missing,
+            )
+            return None
+        rollout, training, reference = compute_dtypes(cfg)
+        dtypes = sorted({rollout, training, reference})
+        if resources.peak_tflops is None:
+            measuring = dtypes
+        else:  # the bandwidth only: one measurement
+            measuring = [rollout] if resources.memory_bandwidth_gbps is None else []
+        found = ray.get(self._started().actors[0].device_rates.remote(measuring))
+        if "unavailable" in found:
+            logger.warning(
+                "no mfu/ metrics: the device's peak could not be measured (%s); set resources.peak_tflops "
+                "and resources.memory_bandwidth_gbps to have them",
+                found["unavailable"],
+            )
+            return None
         return UtilisationInputs(
-            shape=shape_from_hf_config(config, name=cfg.model.path),
-            bytes_per_param=DTYPE_BYTES[cfg.model.dtype],
+            shape=shape,
             rates=job_rates(
-                peak_tflops=resources.peak_tflops, bandwidth_gbps=resources.memory_bandwidth_gbps, measured=measured
+                peak_tflops=resources.peak_tflops,
+                bandwidth_gbps=resources.memory_bandwidth_gbps,
+                dtypes=dtypes,
+                measured=found["measured"],
+                device_kind=found["device_kind"],
             ),
             group_size=cfg.algorithm.num_responses_per_prompt,
             recompute=cfg.training.gradient_checkpointing,
             generation_tp=cfg.rollout.tensor_parallel_size,
+            rollout_dtype=rollout,
+            training_dtype=training,
+            reference_dtype=reference,
         )
 
     def _create_workers(self, policy_dir: str, *, adapter_dir: str | None = None, policy_version: int) -> WorkerGroups:

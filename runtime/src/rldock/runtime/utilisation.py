@@ -10,11 +10,14 @@ The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or soft
 - a forward pass costs 2 FLOPs per weight of the decoder layers per token computed, 4 x heads x
   head_dim per layer per attended (query, key) pair (q.k and the weighted sum of v), and 2 x hidden
   x vocab per position the LM head runs on (the policy's passes run it on scored tokens only);
-- the rollout: vLLM's prefill computes each prompt group's prompt once (its prefix cache shares it
-  among the group's N responses) and the LM head once per response; each decode step feeds one
-  sampled token (R - 1 steps for an R-token response) and runs the head on it. A multi-turn
-  rollout's later prefills (each turn's tool output) and partial rollout's second round are
-  counted as decode steps, a lower bound;
+- the rollout: each prompt group's prompt is counted prefilled once and the LM head once per
+  response, the model-FLOPs convention (the work the model needs, not what an engine spends: vLLM's
+  prefix cache reuses only full computed blocks, so a group's N requests may each recompute part
+  of the prompt); each decode step feeds one sampled token (R - 1 steps for an R-token response)
+  and runs the head on it. A multi-turn rollout's later prefills (each turn's tool output) and
+  partial rollout's second round are counted as decode steps, and DAPO's dynamic sampling counts
+  the prompts of the groups it kept, not of those it drew again (its responses and compute seconds
+  span every round): lower bounds;
 - an update: 3x the forward (forward, then gradients of inputs and of weights), the LM head 4x
   (its chunked backward recomputes the logits, engines/head_logprobs.py) and the decoder layers 4x
   under training.gradient_checkpointing (the backward recomputes their forward). Frozen weights
@@ -24,7 +27,11 @@ The count is the usual one for a Llama/Qwen-style decoder (no bias, norm or soft
   the count leaves out (no LM head), its update 3x the forward.
 The update's and the inference stages' token counts are what their passes computed, packed
 (each prompt once per pass) or in rows (each row's prompt), padding left out: the workers count
-them (engines/policy.PassTally).
+them (engines/policy.PassTally); a TP peer, which runs its leader's batches, reports none.
+
+Each stage is held to the peak of the dtype it computes in (UtilisationInputs.stage_dtype): the
+rollout the engine's, the training backends' passes training.mixed_precision's else model.dtype, the
+reference model.dtype.
 
 The denominator is the stage's compute seconds (`timing/compute/<stage>`, the slowest rank's time
 in the model, without the dock's) times the devices it ran on times one device's peak. On a CPU
@@ -37,24 +44,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rldock.runtime.planning.shapes import ModelShape
+from rldock.runtime.planning.memory import DTYPE_BYTES
+from rldock.runtime.planning.shapes import ModelShape, layer_flops
 
 UPDATE_STATES = ("update", "preference_update", "critic_update")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def kv_bytes_per_key(shape: ModelShape, *, bytes_per_param: int) -> int:
-    """Bytes of KV cache one attended key position holds over all layers (k and v)."""
-    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * bytes_per_param
-
-
-def layer_flops(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> tuple[float, float]:
-    """One decoder layer's forward FLOPs per token (its linear layers) and per attended (query, key)
-    pair (scores and the weighted sum of values)."""
-    projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
-    per_token = 2.0 * (projections + 3 * hidden * intermediate)  # a gated MLP: gate, up, down
-    per_pair = 4.0 * heads * head_dim  # q.k and the weighted sum of v
-    return per_token, per_pair
 
 
 def forward_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float) -> float:
@@ -116,7 +109,7 @@ def decode_bytes(shape: ModelShape, work: RolloutWork, *, decode_steps: int, byt
     longest response - 1 when an engine decodes its responses together) and each attended key's K
     and V once per decode token."""
     weights = decode_steps * shape.num_params * bytes_per_param
-    return weights + work.decode_pairs * kv_bytes_per_key(shape, bytes_per_param=bytes_per_param)
+    return weights + work.decode_pairs * shape.kv_bytes_per_token(bytes_per_param)
 
 
 def update_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float, recompute: bool) -> float:
@@ -129,21 +122,32 @@ def update_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positio
 
 @dataclass(frozen=True)
 class DeviceRates:
-    """One device's peak FLOP/s in the model's dtype and its memory bandwidth (bytes/s); `shared`:
-    every rank runs on the same device (a CPU), so a stage's devices are 1."""
+    """One device's peak FLOP/s in each dtype the job's stages compute in and its memory bandwidth
+    (bytes/s); `shared`: every rank runs on the same device (a CPU), so a stage's devices are 1."""
 
-    peak_flops: float
+    peak_flops: Mapping[str, float]  # by dtype name (model.dtype's names)
     bandwidth: float
     shared: bool
 
 
-def job_rates(*, peak_tflops: float | None, bandwidth_gbps: float | None, measured: Mapping[str, Any]) -> DeviceRates:
-    """The job's device rates: resources.peak_tflops and memory_bandwidth_gbps where set, else the
-    `measured` ones (runtime/peak.py's record; its `device_kind` says whether the device is a CPU)."""
+def job_rates(
+    *,
+    peak_tflops: float | None,
+    bandwidth_gbps: float | None,
+    dtypes: Sequence[str],
+    measured: Mapping[str, Mapping[str, Any]],
+    device_kind: str,
+) -> DeviceRates:
+    """The job's device rates in `dtypes`: resources.peak_tflops (for every dtype) and
+    memory_bandwidth_gbps where set, else the `measured` ones (runtime/peak.py's records by dtype;
+    the bandwidth from any of them, a copy's rate being the same in every dtype)."""
+    peaks = {
+        dtype: peak_tflops * 1e12 if peak_tflops is not None else measured[dtype]["peak_flops"] for dtype in dtypes
+    }
     return DeviceRates(
-        peak_flops=peak_tflops * 1e12 if peak_tflops is not None else measured["peak_flops"],
-        bandwidth=bandwidth_gbps * 1e9 if bandwidth_gbps is not None else measured["bandwidth"],
-        shared=measured["device_kind"] == "cpu",
+        peak_flops=peaks,
+        bandwidth=bandwidth_gbps * 1e9 if bandwidth_gbps is not None else next(iter(measured.values()))["bandwidth"],
+        shared=device_kind == "cpu",
     )
 
 
@@ -152,11 +156,19 @@ class UtilisationInputs:
     """What the driver knows for a run's `mfu/<stage>` besides the iteration's results."""
 
     shape: ModelShape
-    bytes_per_param: int  # of the weights and the KV cache the decode reads
     rates: DeviceRates
     group_size: int
     recompute: bool  # training.gradient_checkpointing
     generation_tp: int  # devices per rollout engine
+    rollout_dtype: str  # the engine's (planning.memory.engine_dtype): its peak, its weights' and KV cache's bytes
+    training_dtype: str  # what the training backends' passes compute in (planning.memory.training_dtype)
+    reference_dtype: str  # model.dtype
+
+    def stage_dtype(self, state: str) -> str:
+        """The dtype `state`'s passes compute in, whose peak is its `mfu/` denominator."""
+        if state == "rollout":
+            return self.rollout_dtype
+        return self.reference_dtype if state == "reference" else self.training_dtype
 
 
 def stage_utilisation(
@@ -183,7 +195,7 @@ def stage_utilisation(
         used = 1 if rates.shared else devices["rollout"]
         if seconds > 0:
             metrics["mbu/rollout"] = (
-                decode_bytes(shape, work, decode_steps=steps, bytes_per_param=inputs.bytes_per_param)
+                decode_bytes(shape, work, decode_steps=steps, bytes_per_param=DTYPE_BYTES[inputs.rollout_dtype])
                 / seconds
                 / (rates.bandwidth * used)
             )
@@ -204,5 +216,5 @@ def stage_utilisation(
         metrics[f"flops/{state}"] = total
         if seconds > 0:
             used = 1 if rates.shared else devices[state]
-            metrics[f"mfu/{state}"] = total / seconds / (rates.peak_flops * used)
+            metrics[f"mfu/{state}"] = total / seconds / (rates.peak_flops[inputs.stage_dtype(state)] * used)
     return dict(sorted(metrics.items()))

@@ -17,6 +17,7 @@ from rldock.runtime.planning.memory import (
     LOGIT_CHUNK_BYTES,
     PhaseBytes,
     activation_bytes,
+    compute_dtypes,
     critic_params,
     head_chunk_bytes,
     plan_critic,
@@ -99,6 +100,21 @@ def test_bf16_compute_halves_activation_elements():
     bf16 = activation_bytes(job(strategy="fsdp", mixed_precision="bf16"), SMALL)
     logits = head_chunk_bytes(job(), SMALL)  # float32 whatever the compute dtype
     assert bf16 - logits == (fp32 - logits) // 2
+
+
+def test_each_stage_computes_in_its_own_dtype():
+    """(rollout, training, reference): the engine's dtype, FSDP mixed precision's compute dtype, the
+    reference's model.dtype; vLLM on CPU in float32."""
+    assert compute_dtypes(job()) == ("float32", "float32", "float32")
+    assert compute_dtypes(job(strategy="fsdp", mixed_precision="bf16")) == ("float32", "bfloat16", "float32")
+    data = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+    data["model"]["dtype"] = "bfloat16"
+    data["rollout"] = {**data.get("rollout", {}), "dtype": "float16"}
+    assert compute_dtypes(parse_job_config(data)) == ("float16", "bfloat16", "bfloat16")
+    assert compute_dtypes(job(lora={"rank": 4})) == ("float32", "float32", "float32")
+    cpu = parse_job_config({**data, "resources": {**data["resources"], "device": "cpu"}, "rollout": {}})
+    assert compute_dtypes(cpu)[0] == "float32"  # vLLM's CPU engine, whatever model.dtype says
+    assert compute_dtypes(job(strategy="fsdp", mixed_precision="fp16"))[1] == "float16"
 
 
 def test_a_token_budget_bounds_a_pass_but_never_below_one_sequence():

@@ -109,6 +109,7 @@ def test_each_strategy_builds_its_backend_around_the_same_model(tmp_path):
             held = [p for group in backend.optimizer.param_groups for p in group["params"]]
             assert [id(p) for p in held] == [id(p) for p in model.parameters()], name
             assert backend.update_share == cfg.num_samples_per_iteration, name
+            assert backend.counts_passes, name  # a one-rank group: its passes are its own
             module = backend.training_module()
             if name == "ddp":
                 assert isinstance(module, DistributedDataParallel) and module.module is model
@@ -147,3 +148,20 @@ def test_weights_sum_is_the_whole_models_sum_whatever_the_layout(tmp_path):
         assert type(replicas) is DdpBackend
     finally:
         dist.destroy_process_group()
+
+
+def test_a_tensor_parallel_peer_reports_no_passes_of_its_own():
+    """TP peers run their leader's batches through their slice of the model (run_training_stage):
+    only the leaders' passes count toward a stage's FLOPs, so each pass counts once (the strategy
+    test above checks that a one-rank backend of each kind counts its own)."""
+    from rldock.runtime.resharding.parallel_layout import ParallelLayout
+
+    layout = ParallelLayout(tp_size=2, dp_size=2)
+    counting = []
+    for rank in range(layout.world_size):
+        backend = TensorParallelBackend.__new__(TensorParallelBackend)  # the layout only, no process group
+        backend.rank, backend.train, backend._leader = rank, layout, layout.tp_group_ranks(rank)[0]
+        if backend.counts_passes:
+            counting.append(rank)
+    assert counting == sorted({layout.tp_group_ranks(rank)[0] for rank in range(layout.world_size)})
+    assert len(counting) == layout.dp_size

@@ -266,3 +266,16 @@ def test_preference_step_over_micro_batches_of_pairs_equals_the_whole_mini_batch
         assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
     for got, want in zip(split_grads, whole_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_rank_whose_passes_repeat_its_leaders_reports_none():
+    """The stages the backend runs report what this rank computed, except on a TP peer (the
+    backend's counts_passes is False), whose passes the leader already counts."""
+    from rldock.runtime.engines.policy import PassTally
+
+    tally = PassTally(tokens=90, pairs=4095, head_positions=40)
+    actor = ActorWorker.__new__(ActorWorker)
+    actor.backend = types.SimpleNamespace(counts_passes=True)
+    assert actor._computed(tally) == {"tokens": 90, "pairs": 4095, "head_positions": 40}
+    actor.backend = types.SimpleNamespace(counts_passes=False)
+    assert actor._computed(tally) == {"tokens": 0, "pairs": 0, "head_positions": 0}

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from rldock.runtime.utilisation import layer_flops
+from rldock.runtime.planning.shapes import layer_flops
 
 # Attention implementations that take a ready 4D mask as is (transformers' masking_utils returns a
 # 4D mask untouched), and the mask each one reads.

@@ -48,6 +48,16 @@ class ModelShape:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
+def layer_flops(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> tuple[float, float]:
+    """One Llama/Qwen-style decoder layer's forward FLOPs per token (its linear layers) and per
+    attended (query, key) pair (scores and the weighted sum of values): the runtime's count
+    (utilisation.py) and the workers' packing decision (engines/packing.py) share it."""
+    projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
+    per_token = 2.0 * (projections + 3 * hidden * intermediate)  # a gated MLP: gate, up, down
+    per_pair = 4.0 * heads * head_dim  # q.k and the weighted sum of v
+    return per_token, per_pair
+
+
 # The paper's models (MindSpeed RL trains Qwen2.5-7B and -32B), from their published config.json files.
 PRESETS: dict[str, ModelShape] = {
     "qwen2.5-7b": ModelShape(

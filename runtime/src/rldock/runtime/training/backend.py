@@ -49,6 +49,12 @@ class TrainingBackend(Protocol):
         """Samples this rank's update consumes per iteration (its DP group's share)."""
         ...
 
+    @property
+    def counts_passes(self) -> bool:
+        """Whether this rank's passes are its own work: False on a TP peer, which runs its leader's
+        batches through its slice of the model, so the stage's FLOPs count the leader's passes only."""
+        ...
+
     def training_module(self) -> nn.Module:
         """What the update's forward runs: the DDP wrapper, or the model sharded in place."""
         ...

@@ -69,6 +69,10 @@ class DdpBackend:
     def update_share(self) -> int:
         return self._share
 
+    @property
+    def counts_passes(self) -> bool:
+        return True  # every rank computes its own share
+
     def training_module(self) -> nn.Module:
         return self.ddp_model if self.ddp_model is not None else self.model
 

@@ -104,6 +104,10 @@ class FsdpBackend:
     def update_share(self) -> int:
         return self._share
 
+    @property
+    def counts_passes(self) -> bool:
+        return True  # every rank computes its own share
+
     def training_module(self) -> nn.Module:
         return self.model
 

@@ -119,6 +119,10 @@ class TensorParallelBackend:
     def update_share(self) -> int:
         return self._num_samples // self.dp_size
 
+    @property
+    def counts_passes(self) -> bool:
+        return self.is_tp_leader  # the peers run the leader's batches (run_training_stage)
+
     def training_module(self) -> nn.Module:
         return self.model
 

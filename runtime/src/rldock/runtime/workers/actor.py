@@ -41,7 +41,7 @@ from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import adapters_off, add_lora
-from rldock.runtime.peak import device_rates
+from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
 from rldock.runtime.rollout.modes import build_rollout
 from rldock.runtime.threads import apply_thread_budget
@@ -135,13 +135,17 @@ class ActorWorker(TakesTurns):
     def load_optimizer(self, path: str) -> None:
         self.backend.load_optimizer(Path(path), map_location=self.device.torch_device)
 
-    def device_rates(self, measure: bool = True) -> dict:
-        """This rank's `device_kind` and, with `measure`, its device's peak FLOP/s and memory bandwidth
-        in the model's dtype as `rldock bench peak` measures them (runtime/peak.py: its cache, else
-        measured now): the `mfu/` metrics' denominators."""
-        if not measure:
-            return {"device_kind": self.device.kind}
-        return device_rates(self.device, dtype=self.cfg.model.dtype)
+    def device_rates(self, dtypes: Sequence[str]) -> dict:
+        """This rank's `device_kind` and its device's peak FLOP/s and memory bandwidth in each of
+        `dtypes` as `rldock bench peak` measures them (runtime/peak.py: its cache, else measured now),
+        by dtype under `measured`; why not under `unavailable` where the device cannot be measured
+        (no name to key the cache by, out of memory, a dtype its matmul lacks): the `mfu/` metrics'
+        denominators, which a job goes on without."""
+        try:
+            measured = {dtype: device_rates(self.device, dtype=dtype) for dtype in dtypes}
+        except (PeakUnavailable, RuntimeError) as error:  # torch's device errors (OOM among them)
+            return {"device_kind": self.device.kind, "unavailable": f"{type(error).__name__}: {error}"}
+        return {"device_kind": self.device.kind, "measured": measured}
 
     def get_rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
@@ -222,7 +226,7 @@ class ActorWorker(TakesTurns):
         timing = self.backend.run_inference_stage(
             self.banks.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer
         )
-        return {**timing.as_dict(), "computed": tally.as_dict()}
+        return {**timing.as_dict(), "computed": self._computed(tally)}
 
     @in_turn("update")
     def update(self, iteration: int) -> dict:
@@ -250,7 +254,7 @@ class ActorWorker(TakesTurns):
             **summary,
             **exported,
             **staleness_metrics(staleness),
-            "computed": tally.as_dict(),
+            "computed": self._computed(tally),
         }
 
     @in_turn("preference_update")
@@ -264,7 +268,12 @@ class ActorWorker(TakesTurns):
             lambda mini_batch: self._preference_step(mini_batch, tally),
             whole_groups=True,
         )
-        return {**timing.as_dict(), **summary, "computed": tally.as_dict()}
+        return {**timing.as_dict(), **summary, "computed": self._computed(tally)}
+
+    def _computed(self, tally: PassTally) -> dict[str, int]:
+        """What a stage the backend ran computed on this rank: `tally`, or nothing on a TP peer (its
+        passes repeat its leader's batches), so the stage's FLOPs count each pass once."""
+        return tally.as_dict() if self.backend.counts_passes else PassTally().as_dict()
 
     def _train_share(
         self, iteration: int, state: str, columns: tuple[str, ...], step: Callable[[TensorDict], dict], **share: Any
