@@ -11,7 +11,7 @@ import pytest
 import yaml
 from rljob_testing import KUBERNETES_VERSION, error_paths, kuberay_raycluster_validator, spec_dict
 
-from rldock.config import parse_job_config
+from rldock.config import load_job_config, parse_job_config
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import (
@@ -33,7 +33,7 @@ from rldock.operator.constants import (
     LABEL_ROLE,
     LABEL_VOLCANO_QUEUE,
 )
-from rldock.runtime.cli import _build_parser, main
+from rldock.runtime.cli import _build_parser
 
 JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 
@@ -238,10 +238,10 @@ def test_config_map_holds_the_job_config_the_runtime_accepts():
     assert "clip_ratio: 0.2" in text, "defaults are written out, so the runtime runs what was validated"
 
 
-def test_the_pod_expands_the_paths_the_operator_passed_on_as_written(tmp_path, monkeypatch, capsys):
+def test_the_pod_expands_the_paths_the_operator_passed_on_as_written(tmp_path, monkeypatch):
     """The operator's HOME and environment are not the pods': the ConfigMap holds `~` and `$VARS` as
-    the RLJob wrote them, and the runtime in the pod expands them with its own, through the same
-    loader as `rldock train` anywhere (RLDOCK_JOB_CONFIG names the mounted file)."""
+    the RLJob wrote them, and the runtime in the pod expands them with its own, through the loader
+    `rldock train` calls anywhere (RLDOCK_JOB_CONFIG names the mounted file: the parser's default)."""
     job = spec_dict()["job"]
     job["model"]["path"] = "$MODELS/tiny"
     job["data"] = {"train_files": ["~/data/train.jsonl"], "chat_template": "none"}
@@ -252,10 +252,11 @@ def test_the_pod_expands_the_paths_the_operator_passed_on_as_written(tmp_path, m
     monkeypatch.setenv(ENV_JOB_CONFIG, str(tmp_path / "job.yaml"))
     monkeypatch.setenv("HOME", "/home/ray")
     monkeypatch.setenv("MODELS", "/mnt/models")
-    assert main(["validate", "--no-path-checks", "--print"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out.rsplit("ok: ", 1)[0])
-    assert printed["model"]["path"] == "/mnt/models/tiny"
-    assert printed["data"]["train_files"] == ["/home/ray/data/train.jsonl"]
+    args = _build_parser().parse_args(["train", "--output", str(tmp_path / "run")])
+    assert args.config == str(tmp_path / "job.yaml")
+    loaded = load_job_config(args.config, check_local=False)
+    assert loaded.model.path == "/mnt/models/tiny"
+    assert loaded.data.train_files == ["/home/ray/data/train.jsonl"]
 
 
 def test_entrypoint_is_a_valid_rldock_command():
