@@ -28,6 +28,10 @@ def test_the_walk_finds_the_examples_and_their_plan_commands():
     assert plans >= {"grpo-qwen2.5-7b-paper.yaml", "grpo-qwen2.5-32b-paper.yaml"}
 
 
+def _tools(config: dict) -> list[dict]:
+    return (config.get("agent") or {}).get("tools") or []
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
 def test_every_example_validates(path, tmp_path, capsys):
     """Examples whose model the runtime builds validate with the path checks too; the others name
@@ -41,4 +45,8 @@ def test_every_example_validates(path, tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.err == ""  # no warning either: an example shows settings to copy
-    assert captured.out.startswith("ok: ") and len(captured.out.splitlines()) == 1
+    verdict, *rest = captured.out.splitlines()
+    assert verdict.startswith("ok: ")
+    # and, for an example with the python tool, the sandbox layers this machine has (one line)
+    sandbox = [line for line in rest if line.startswith("the python tool's sandbox on this machine: ")]
+    assert rest == sandbox and len(sandbox) == ("python" in {tool["name"] for tool in _tools(config)})
