@@ -25,7 +25,7 @@ from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.loading import build_environment, build_parser, build_tools
 from rldock.runtime.agent.metrics import Sums, episode_sums
 from rldock.runtime.agent.rollout import AgentLoop, Episode
-from rldock.runtime.agent.trajectory import final_turn_span
+from rldock.runtime.agent.trajectory import final_turn_span, turn_columns
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 
@@ -153,6 +153,12 @@ def episode_columns(
             "num_tool_errors": torch.tensor([e.num_tool_errors for e in episodes], dtype=torch.int64),
             "environment_rewards": rewards,
             "num_environment_steps": torch.tensor([len(e.rewards) for e in episodes], dtype=torch.int64),
+            **turn_columns(
+                [e.turn_index for e in episodes],
+                [e.turn_rewards for e in episodes],
+                max_response_length=max_response_length,
+                max_turns=max_turns,
+            ),
         },
         batch_size=[rows],
     )

@@ -37,6 +37,11 @@ RM_SCORE = ("rm_score",)
 # term aggregates.
 RESPONSE_ATTENTION = ("response_attention_mask",)
 TRAJECTORY_COUNTS = ("num_turns", "num_tool_calls", "num_tool_errors", "environment_rewards", "num_environment_steps")
+# Multi-turn rollouts only, what an advantage estimator reads of the turns (agent/trajectory.py: turn_columns):
+# `turn_index` (B, SL) int64, per response token the model turn it was sampled in (0, 1, ...), -1 on tool,
+# environment and padding tokens; `turn_rewards` (B, agent.max_turns) float32, the environment's reward for
+# the step each turn took (0 for a turn that called tools, and past the episode's turns).
+TURNS = ("turn_index", "turn_rewards")
 
 # 0/1 mask columns whose per-sample sums are a sample's tokens: the dock uses them to deal the
 # update's samples over DP ranks with about equal token counts.

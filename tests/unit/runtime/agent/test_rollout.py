@@ -30,6 +30,7 @@ from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.metrics import agent_metrics, episode_sums
 from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.agent.rollout import CHARS_PER_TOKEN, AgentLoop
+from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.agent_sampler import episode_columns, final_turn
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
@@ -162,6 +163,16 @@ def test_dock_columns_carry_both_masks(tokenizer):
         assert columns["response_mask"][row, length:].sum() == 0
     assert columns["num_tool_calls"].tolist() == [1, 0] and columns["num_turns"].tolist() == [2, 1]
     assert columns["policy_version"].tolist() == [7, 7]
+    # Each model token is of its turn, every other token -1; the same as counting the mask's runs here.
+    mask = episodes[0].model_mask
+    first = mask.index(0)  # the tool call's turn opens the response
+    second = len(mask) - 1 - mask[::-1].index(0)  # the last token not the model's
+    tool, second = second + 1 - first, len(mask) - second - 1
+    assert columns["turn_index"][0, : len(episodes[0].response)].tolist() == [0] * first + [-1] * tool + [1] * second
+    assert columns["turn_index"][0, len(episodes[0].response) :].eq(-1).all()
+    for episode in episodes:
+        assert episode.turn_index == turn_index_from_mask(episode.model_mask)
+    assert columns["turn_rewards"].tolist() == [[0.0] * 4] * 2  # no environment: no step rewards
 
 
 def test_the_engine_generates_for_others_while_a_tool_is_out(tokenizer):
@@ -287,6 +298,34 @@ def test_an_environment_answers_between_turns(tokenizer):
     columns = episode_columns(episodes, max_response_length=200, max_turns=3, pad_token_id=0, policy_version=0)
     assert columns["environment_rewards"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
     assert columns["num_environment_steps"].tolist() == [2, 2]
+    # Per turn: the second turn's step paid 1; the third turn of sample 1 took no step.
+    assert columns["turn_rewards"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    index = columns["turn_index"][0, : len(episodes[0].response)].tolist()
+    opening = len(renderer.opening([]))
+    assert index == [-1] * opening + [0, 0] + [-1] * len(between) + [1, 1]
+    assert columns["turn_index"][1].max() == 2
+
+
+def test_a_step_reward_lands_on_the_turn_it_answered_not_the_step_count(tokenizer):
+    # Turn 0 calls a tool (no step), turn 1 answers wrong (step 0), turn 2 answers right (step 1).
+    engine = ScriptedEngine(tokenizer, {0: [call("add", a=1, b=2), "4", "3"]})
+    (episode,) = run(
+        make_loop(tokenizer, engine, [Adder()], environment=Checker(), max_turns=4),
+        tokenizer,
+        1,
+        contexts=[EpisodeContext("3", "test")],
+    )
+    assert episode.rewards == [0.0, 1.0] and episode.turn_rewards == [0.0, 0.0, 1.0]
+    columns = episode_columns([episode], max_response_length=200, max_turns=4, pad_token_id=0, policy_version=0)
+    assert columns["turn_rewards"].tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    assert columns["environment_rewards"].tolist() == [[0.0, 1.0, 0.0, 0.0]]  # per step, as before
+    assert sorted(set(columns["turn_index"][0].tolist())) == [-1, 0, 1, 2]
+
+
+def test_turn_columns_refuse_what_does_not_fit():
+    with pytest.raises(ValueError, match="max_turns 1"):
+        turn_columns([[0, 0, -1, 1]], [[0.0, 1.0]], max_response_length=8, max_turns=1)
+    assert turn_index_from_mask([0, 1, 1, 0, 0, 1, 0]) == [-1, 0, 0, -1, -1, 1, -1]
 
 
 def test_a_reset_message_opens_the_response_and_the_seeds_replay(tokenizer):

@@ -71,6 +71,7 @@ class Episode:
     context: EpisodeContext | None  # what the environment checks the answer against
     response: list[int] = field(default_factory=list)
     model_mask: list[int] = field(default_factory=list)  # 1: sampled by the model (trained on)
+    turn_index: list[int] = field(default_factory=list)  # per token: the model turn it is of, -1 if not the model's
     turns: int = 0
     final_text: str = ""  # the model's last turn, decoded
     tool_calls: Counter[str] = field(default_factory=Counter)  # per tool name
@@ -81,11 +82,16 @@ class Episode:
     # observation_too_long
     session: EnvironmentSession | None = None  # open while the episode runs with an environment
     rewards: list[float] = field(default_factory=list)  # the environment's per step (0.0 where it gave none)
+    turn_rewards: list[float] = field(default_factory=list)  # per model turn: its step's reward (0.0 without one)
     step_seconds: list[float] = field(default_factory=list)  # each reset and step's wait
 
     def add(self, ids: Sequence[int], *, model: bool) -> None:
+        """Append tokens after the prompt; the model's are a new turn (one call per turn)."""
         self.response.extend(ids)
         self.model_mask.extend([int(model)] * len(ids))
+        if model:
+            self.turn_rewards.append(0.0)
+        self.turn_index.extend([len(self.turn_rewards) - 1 if model else -1] * len(ids))
 
     @property
     def num_tool_calls(self) -> int:
@@ -286,8 +292,9 @@ class AgentLoop:
             episode.tool_counts.update(counts)
         if answers.kind != "tools":
             episode.step_seconds.append(answers.seconds)
-        if answers.kind == "step":
+        if answers.kind == "step":  # it answered the episode's latest turn
             episode.rewards.append(answers.reward or 0.0)
+            episode.turn_rewards[-1] = answers.reward or 0.0
         if answers.kind == "reset":
             # The first turn always runs, a failed reset's too: a sample has at least one model turn to
             # train on (its reward says it found no environment).

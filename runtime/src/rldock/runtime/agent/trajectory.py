@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 
 def final_turn_span(model_mask: Sequence[int]) -> slice:
     """The positions of the last run of model tokens (the final turn) in a trajectory's mask."""
@@ -17,6 +19,52 @@ def final_turn_span(model_mask: Sequence[int]) -> slice:
     while start and model_mask[start - 1]:
         start -= 1
     return slice(start, end)
+
+
+def turn_index_from_mask(model_mask: Sequence[int]) -> list[int]:
+    """Per token, the model turn it is of (0, 1, ...; -1 where the model did not sample it), for a trajectory
+    known only by its mask: each run of model tokens is one turn. (The native loop counts its turns as it
+    samples them, `Episode.turn_index`, so that a turn is one even where no token separates it from the next.)"""
+    turn, index, previous = -1, [], 0
+    for sampled in model_mask:
+        if sampled and not previous:
+            turn += 1
+        index.append(turn if sampled else -1)
+        previous = sampled
+    return index
+
+
+def turn_columns(
+    turn_indices: Sequence[Sequence[int]],
+    turn_rewards: Sequence[Sequence[float]],
+    *,
+    max_response_length: int,
+    max_turns: int,
+) -> dict[str, torch.Tensor]:
+    """The dock's turn columns of B trajectories (rldock.runtime.dataflow.TURNS), for any producer of them
+    (the native agent loop, a gateway of the user's own agent):
+
+    - `turn_index` (B, SL) int64: per response token, the model turn k (from 0) it was sampled in; -1 on
+      tool, environment and padding tokens. `turn_indices[b]` covers the trajectory's tokens after the
+      prompt, the model's turns numbered in order from 0 (`turn_index_from_mask` where only a mask is known).
+    - `turn_rewards` (B, max_turns) float32: the environment's reward for the step each model turn took (0
+      for a turn that called tools or got no step, and past the trajectory's turns). `turn_rewards[b]` has
+      at most one entry per turn.
+    """
+    rows = len(turn_indices)
+    if len(turn_rewards) != rows:
+        raise ValueError(f"{rows} trajectories' turn indices but {len(turn_rewards)} trajectories' turn rewards")
+    index = torch.full((rows, max_response_length), -1, dtype=torch.int64)  # (B, SL)
+    rewards = torch.zeros((rows, max_turns), dtype=torch.float32)  # (B, max_turns)
+    for row, (turns, per_turn) in enumerate(zip(turn_indices, turn_rewards)):
+        if len(turns) > max_response_length or len(per_turn) > max_turns:
+            raise ValueError(
+                f"trajectory {row}: {len(turns)} tokens and {len(per_turn)} turns do not fit "
+                f"max_response_length {max_response_length} and max_turns {max_turns}"
+            )
+        index[row, : len(turns)] = torch.tensor(turns, dtype=torch.int64)
+        rewards[row, : len(per_turn)] = torch.tensor(per_turn, dtype=torch.float32)
+    return {"turn_index": index, "turn_rewards": rewards}
 
 
 def final_texts(tokenizer, batch) -> list[str]:
