@@ -29,7 +29,6 @@ def test_an_environment_alone_or_tools_alone_are_valid(agent_data):
     "change, path, words",
     [
         ({"algorithm": {"name": "dpo"}}, "agent", "samples no responses"),
-        ({"algorithm": {"name": "ppo"}}, "algorithm.name", "GAE runs over contiguous"),
         ({"rollout": {"partial_rollout": "drop"}}, "rollout.partial_rollout", "with agent"),
         ({"rollout": {"stream_groups": 2}}, "rollout.stream_groups", "set 0"),
         ({"data": {"chat_template": "none"}}, "data.chat_template", "renders the tools"),
@@ -58,3 +57,67 @@ def test_without_agent_none_of_it_applies(agent_data):
     agent_data["rollout"] = {"stream_groups": 2}
     agent_data["data"]["chat_template"] = "none"
     assert parse_job_config(agent_data).agent is None
+
+
+@pytest.mark.parametrize("name", ["ppo", "pf_ppo"])
+@pytest.mark.parametrize("gae_unit", ["token", "turn"])
+def test_a_critic_runs_with_an_agent_by_token_or_by_turn(agent_data, name, gae_unit):
+    agent_data["algorithm"].update(name=name, gae_unit=gae_unit)
+    cfg = parse_job_config(agent_data)
+    assert cfg.algorithm.gae_unit == gae_unit
+
+
+def _turn_credit(agent_data: dict, name: str = "grpo") -> dict:
+    agent_data["algorithm"].update(name=name, credit="turn", turn_discount=0.9)
+    agent_data["reward"] = {"terms": [{"name": "environment"}, {"name": "format", "pattern": "x", "weight": 0.1}]}
+    return agent_data
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_turn_credit_with_an_environment_whose_steps_make_the_reward_is_valid(agent_data, name):
+    cfg = parse_job_config(_turn_credit(agent_data, name))
+    assert (cfg.algorithm.credit, cfg.algorithm.turn_discount) == ("turn", 0.9)
+
+
+def test_turn_credit_for_a_critic_takes_no_turn_discount(agent_data):
+    data = _turn_credit(agent_data, "ppo")
+    assert any("algorithm.ppo.gamma" in m for m in problem_messages(data, "algorithm.turn_discount"))
+    data["algorithm"]["turn_discount"] = 1.0
+    assert parse_job_config(data).algorithm.credit == "turn"
+
+
+@pytest.mark.parametrize(
+    "change, path, words",
+    [
+        ({"algorithm": {"name": "dapo"}}, "algorithm.credit", "dapo has no turn-level estimator"),
+        ({"agent": {"environment": None}}, "algorithm.credit", "no agent.environment"),
+        ({"reward": {"terms": [{"name": "format", "pattern": "x"}]}}, "reward.terms", "not 0 environment term(s)"),
+        ({"reward": {"terms": [{"name": "environment", "aggregate": "last"}]}}, "reward.terms", "aggregate last"),
+        ({"reward": {"terms": [{"name": "environment", "weight": 2}]}}, "reward.terms", "weight 2"),
+        (
+            {"reward": {"terms": [{"name": "environment"}, {"name": "environment"}]}},
+            "reward.terms",
+            "not 2 environment term(s)",
+        ),
+    ],
+)
+def test_what_turn_credit_cannot_run_with_is_named_with_the_fix(agent_data, change, path, words):
+    data = _turn_credit(agent_data)
+    for section, values in change.items():
+        data[section].update(values)
+    assert len([message for message in problem_messages(data, path) if words in message]) == 1
+
+
+def test_turn_credit_and_turn_gae_need_turns(agent_data):
+    del agent_data["agent"]
+    agent_data["algorithm"].update(credit="turn")
+    assert any("no agent" in m for m in problem_messages(agent_data, "algorithm.credit"))
+    agent_data["algorithm"].update(name="ppo", credit="trajectory", gae_unit="turn")
+    assert any("one turn per response" in m for m in problem_messages(agent_data, "algorithm.gae_unit"))
+
+
+def test_turn_gae_needs_a_critic_and_a_turn_discount_needs_turn_credit(agent_data):
+    agent_data["algorithm"].update(gae_unit="turn")
+    assert any("grpo has no critic" in m for m in problem_messages(agent_data, "algorithm.gae_unit"))
+    agent_data["algorithm"].update(gae_unit="token", turn_discount=0.5)
+    assert any("remove it" in m for m in problem_messages(agent_data, "algorithm.turn_discount"))

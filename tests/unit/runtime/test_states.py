@@ -49,11 +49,11 @@ PPO_CONSUMES = {
     **GRPO_CONSUMES,
     "advantage": ("reward", "values", "response_mask"),
     "critic_inference": P + R,
-    "critic_update": P + R + ("values", "returns"),
+    "critic_update": P + R + ("values", "returns", "value_mask"),
 }
 PPO_PRODUCES = {
     **GRPO_PRODUCES,
-    "advantage": ("advantage", "returns"),
+    "advantage": ("advantage", "returns", "value_mask"),
     "critic_inference": ("values",),
     "critic_update": (),
 }
@@ -68,7 +68,7 @@ FLOWS = {
     "ppo": (PPO_CONSUMES, PPO_PRODUCES),
     "pf_ppo": (
         {**PPO_CONSUMES, "update": PPO_CONSUMES["update"] + ("loss_weight",)},
-        {**PPO_PRODUCES, "advantage": ("advantage", "returns", "loss_weight")},
+        {**PPO_PRODUCES, "advantage": ("advantage", "returns", "value_mask", "loss_weight")},
     ),
     "dapo": (
         {**GRPO_CONSUMES, "advantage": ("reward", "score"), "sample_filter": ("score",)},

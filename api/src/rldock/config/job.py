@@ -527,6 +527,32 @@ class AlgorithmSpec(Spec):
     )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    credit: Literal["trajectory", "turn"] = Field(
+        default="trajectory",
+        description="Where a multi-turn episode's rewards sit (docs/algorithms/turn-credit.md). `trajectory`: the "
+        "whole reward on the episode's last turn, one advantage for all of it (the critic-free algorithms) or "
+        "the reward on its last model token (PPO's GAE). `turn`: each turn keeps the environment's reward for "
+        "its step and the rest of the reward goes on the last turn; `grpo`, `gspo`, `rloo`, `reinforce_plus_plus` "
+        "and `reinforce_plus_plus_baseline` then give each turn the return from it onwards (discounted by "
+        "`turn_discount`) against a baseline of the group's whole-episode returns, and `ppo` and `pf_ppo` put "
+        "each turn's reward on its last model token. `turn` needs agent.environment and an `environment` "
+        "reward term of weight 1 that sums the steps.",
+    )
+    turn_discount: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="With `credit: turn` under a critic-free algorithm: the discount per turn of the return "
+        "from a turn onwards, G_k = sum_j>=k turn_discount^(j-k) r_j.",
+    )
+    gae_unit: Literal["token", "turn"] = Field(
+        default="token",
+        description="The step of `ppo`'s and `pf_ppo`'s GAE (docs/algorithms/ppo.md#multi-turn-episodes). "
+        "`token`: each model token, the tools' and the environment's tokens skipped (no value trained or "
+        "bootstrapped through them). `turn`: each model turn, its value the critic's at its first token, its "
+        "reward the sum of its rewards, gamma and lambda per turn, its advantage on every token of the turn "
+        "(needs agent).",
+    )
     ppo: PPOSpec = Field(default_factory=PPOSpec, description="Critic and GAE settings of `ppo` and `pf_ppo`.")
     pf_ppo: PFPPOSpec = Field(default_factory=PFPPOSpec, description="Policy filtration settings of `pf_ppo`.")
     dapo: DAPOSpec = Field(

@@ -25,7 +25,7 @@ from rldock.config.job import (
     RewardTermSpec,
 )
 from rldock.config.layout import job_layout
-from rldock.contract.algorithms import needs_critic, needs_rollout
+from rldock.contract.algorithms import credits_turns, needs_critic, needs_rollout
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
 
@@ -97,6 +97,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
     problems.extend(_agent_problems(cfg))
+    problems.extend(_turn_problems(cfg))
     problems.extend(_demonstration_problems(cfg))
     return problems
 
@@ -373,15 +374,6 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "agent", f"algorithm.name {algo.name} samples no responses, so no tool is ever called; remove agent"
             )
         )
-    if needs_critic(algo.name):
-        problems.append(
-            Problem(
-                "algorithm.name",
-                f"{algo.name} with agent: its critic's GAE runs over contiguous response tokens, and a trajectory "
-                "has tool tokens between the model's; use an outcome-advantage algorithm (grpo, dapo, gspo, rloo, "
-                "reinforce_plus_plus)",
-            )
-        )
     if rollout.partial_rollout != "off":
         problems.append(
             Problem(
@@ -438,6 +430,72 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
     if agent.environment is not None and agent.environment.name in BUILTIN_ENVIRONMENTS and agent.environment.options:
         problems.append(_builtin_options_problem("agent.environment", agent.environment.name))
     problems.extend(_environment_problems(cfg))
+    return problems
+
+
+def _turn_problems(cfg: JobConfig) -> list[Problem]:
+    """What crediting an episode's turns apart (algorithm.credit, turn_discount, gae_unit) needs: turns (an
+    agent), rewards per turn (an environment whose step rewards make the reward, summed, weight 1), and an
+    algorithm that reads them."""
+    algo, agent = cfg.algorithm, cfg.agent
+    problems: list[Problem] = []
+    if algo.gae_unit == "turn":
+        if not needs_critic(algo.name):
+            problems.append(
+                Problem(
+                    "algorithm.gae_unit",
+                    f"`turn` is the unit of a critic's GAE, and {algo.name} has no critic; use ppo or pf_ppo, or "
+                    "algorithm.credit: turn for turn-level credit without a critic",
+                )
+            )
+        elif agent is None:
+            problems.append(
+                Problem(
+                    "algorithm.gae_unit",
+                    "`turn` steps GAE by the model's turns, and a job without agent has one turn per response; "
+                    "use `token` or add agent",
+                )
+            )
+    if algo.turn_discount != 1 and (algo.credit != "turn" or needs_critic(algo.name)):
+        problems.append(
+            Problem(
+                "algorithm.turn_discount",
+                f"{algo.turn_discount:g} discounts the turn-level returns of a critic-free algorithm under "
+                "algorithm.credit: turn, which this job does not use (a critic discounts by algorithm.ppo.gamma); "
+                "remove it",
+            )
+        )
+    if algo.credit != "turn":
+        return problems
+    if not credits_turns(algo.name):
+        problems.append(
+            Problem(
+                "algorithm.credit",
+                f"`turn`: {algo.name} has no turn-level estimator; use grpo, gspo, rloo, reinforce_plus_plus, "
+                "reinforce_plus_plus_baseline, ppo or pf_ppo, or credit: trajectory",
+            )
+        )
+    if agent is None or agent.environment is None:
+        problems.append(
+            Problem(
+                "algorithm.credit",
+                "`turn` credits each turn with the reward the environment gave its step, and the job has "
+                + ("no agent" if agent is None else "no agent.environment")
+                + ": every reward would sit on the last turn; set agent.environment or use credit: trajectory",
+            )
+        )
+        return problems
+    terms = [term for term in cfg.reward.terms if term.name == "environment"]
+    if len(terms) != 1 or (terms[0].aggregate or "sum") != "sum" or terms[0].weight != 1:
+        problems.append(
+            Problem(
+                "reward.terms",
+                "algorithm.credit `turn` splits the reward over the turns by the environment's step rewards, so "
+                "the reward must count each of them once: one term {name: environment} (aggregate sum, weight 1), "
+                f"not {len(terms)} environment term(s)"
+                + (f" with aggregate {terms[0].aggregate or 'sum'} and weight {terms[0].weight:g}" if terms else ""),
+            )
+        )
     return problems
 
 

@@ -20,18 +20,20 @@ AlgorithmName = Literal[
 class AlgorithmTraits:
     needs_critic: bool  # runs a critic worker (one more device)
     needs_rollout: bool  # generates responses with an engine (DPO trains on given pairs)
+    # credits a multi-turn episode's turns apart (algorithm.credit: turn): a turn-level estimator, or a critic
+    credits_turns: bool = False
 
 
 CATALOGUE: dict[str, AlgorithmTraits] = {
-    "grpo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
-    "ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True),
-    "pf_ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True),
+    "grpo": AlgorithmTraits(needs_critic=False, needs_rollout=True, credits_turns=True),
+    "ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True, credits_turns=True),
+    "pf_ppo": AlgorithmTraits(needs_critic=True, needs_rollout=True, credits_turns=True),
     "dapo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
     "dpo": AlgorithmTraits(needs_critic=False, needs_rollout=False),
-    "rloo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
-    "reinforce_plus_plus": AlgorithmTraits(needs_critic=False, needs_rollout=True),
-    "reinforce_plus_plus_baseline": AlgorithmTraits(needs_critic=False, needs_rollout=True),
-    "gspo": AlgorithmTraits(needs_critic=False, needs_rollout=True),
+    "rloo": AlgorithmTraits(needs_critic=False, needs_rollout=True, credits_turns=True),
+    "reinforce_plus_plus": AlgorithmTraits(needs_critic=False, needs_rollout=True, credits_turns=True),
+    "reinforce_plus_plus_baseline": AlgorithmTraits(needs_critic=False, needs_rollout=True, credits_turns=True),
+    "gspo": AlgorithmTraits(needs_critic=False, needs_rollout=True, credits_turns=True),
 }
 
 assert set(CATALOGUE) == set(get_args(AlgorithmName)), "the catalogue and AlgorithmName disagree"
@@ -43,3 +45,7 @@ def needs_critic(name: str) -> bool:
 
 def needs_rollout(name: str) -> bool:
     return CATALOGUE[name].needs_rollout
+
+
+def credits_turns(name: str) -> bool:
+    return CATALOGUE[name].credits_turns

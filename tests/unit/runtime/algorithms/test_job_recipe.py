@@ -149,3 +149,33 @@ def test_fusing_is_ignored_where_the_advantage_needs_more_than_the_reward(name):
         job_recipe(_cfg(name)).consumes == job_recipe(_cfg(name).with_ablations(fuse_reward_advantage=False)).consumes
     )
     assert find_problems(_cfg(name)) == []
+
+
+def _agent_cfg(name: str, **algorithm) -> JobConfig:
+    data = _cfg(name, **algorithm).model_dump(exclude_unset=True)
+    data.update(
+        agent={"environment": {"name": "feedback"}, "max_turns": 3}, reward={"terms": [{"name": "environment"}]}
+    )
+    return JobConfig.model_validate(data)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_turn_credit_reads_the_rollouts_turns_in_an_advantage_state_of_its_own(name):
+    trajectory, turn = job_recipe(_agent_cfg(name)), job_recipe(_agent_cfg(name, credit="turn"))
+    assert turn.advantage_stage is get_recipe(name).turn_credit_stage
+    assert {"turn_index", "turn_rewards"} <= set(turn.consumes["advantage"]) and _closed(turn)
+    assert not turn.advantage_in_reward  # the reward state cannot run it: the turns come from the rollout
+    assert trajectory.advantage_stage is get_recipe(name).advantage_stage
+    assert "turn_index" not in trajectory.consumes.get("advantage", ())
+
+
+@pytest.mark.parametrize("name", ["ppo", "pf_ppo"])
+@pytest.mark.parametrize(
+    ("algorithm", "reads_turns"), [({}, False), ({"gae_unit": "turn"}, True), ({"credit": "turn"}, True)]
+)
+def test_a_critics_gae_reads_the_turns_where_its_unit_or_credit_is_the_turn(name, algorithm, reads_turns):
+    recipe = job_recipe(_agent_cfg(name, **algorithm))
+    assert recipe.advantage_stage is get_recipe(name).advantage_stage and _closed(recipe)
+    assert ("turn_index" in recipe.consumes["advantage"]) == reads_turns
+    assert "value_mask" in recipe.consumes["critic_update"]
+    assert "response_attention_mask" in recipe.consumes["critic_inference"]

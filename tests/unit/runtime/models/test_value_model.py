@@ -81,3 +81,37 @@ def test_gradient_checkpointing_leaves_the_critics_gradients_unchanged(value_mod
     assert plain.keys() == checkpointed.keys()
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, msg=name)
+
+
+def test_a_trajectorys_values_attend_to_its_tool_tokens_and_are_zero_on_them(value_model):
+    """A multi-turn trajectory: the model's tokens are valued (response_mask), every token is attended
+    (attention_mask), so a model token after a tool's tokens is valued with them in view, as an unpadded
+    forward pass of the whole sequence values it; trimmed and untrimmed passes agree."""
+    value_model = copy.deepcopy(value_model)
+    torch.nn.init.normal_(value_model.head.weight)
+    prompt_ids, prompt_mask, response_ids, _ = _batch()
+    attention = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])  # (B, SL)
+    model_tokens = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 1], [1, 0, 1, 0, 0]])  # tools between
+    with torch.no_grad():
+        values = {
+            trim: response_values(
+                value_model,
+                prompt_ids,
+                prompt_mask,
+                response_ids,
+                model_tokens,
+                micro_batch_size=2,
+                trim=trim,
+                attention_mask=attention,
+            )
+            for trim in (False, True)
+        }
+        for b in range(3):
+            ids = torch.cat([prompt_ids[b][prompt_mask[b].bool()], response_ids[b][attention[b].bool()]])[None]
+            whole = value_model(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])[0]  # (L,)
+            prompt_length = int(prompt_mask[b].sum())
+            for t in model_tokens[b].nonzero().squeeze(1).tolist():
+                for trim in (False, True):
+                    assert values[trim][b, t].item() == pytest.approx(whole[prompt_length + t - 1].item(), abs=1e-5)
+    for trim in (False, True):
+        assert torch.all(values[trim][model_tokens == 0] == 0)

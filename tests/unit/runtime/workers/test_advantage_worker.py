@@ -37,7 +37,9 @@ class ScriptedDock:
 
     def put(self, indices, out, *, policy_version=None):
         for name, value in out.items():
-            self.written.setdefault(name, torch.zeros(len(self.batch), *value.shape[1:]))[indices] = value
+            self.written.setdefault(name, torch.zeros(len(self.batch), *value.shape[1:], dtype=value.dtype))[
+                indices
+            ] = value
 
 
 def _cfg(name: str, micro_batch_size: int) -> JobConfig:

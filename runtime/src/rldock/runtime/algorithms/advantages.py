@@ -19,7 +19,7 @@ register_advantage = ADVANTAGE_ESTIMATORS.register
 get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
 
 
-def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def reward_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
     if group_size < 2 or rewards.numel() % group_size:
@@ -39,7 +39,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -
     The standard deviation is the unbiased one (Bessel's correction), as in TRL and verl; `eps`
     keeps a group whose rewards are all equal at advantage 0 instead of NaN.
     """
-    groups = _groups(rewards, group_size)  # (B/N, N)
+    groups = reward_groups(rewards, group_size)  # (B/N, N)
     mean = groups.mean(dim=1, keepdim=True)  # (B/N, 1)
     std = groups.std(dim=1, keepdim=True)  # (B/N, 1)
     return ((groups - mean) / (std + eps)).view(-1)  # (B,)
@@ -49,7 +49,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -
 def grpo_mean_only_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Group-mean-centred rewards without the std division (Dr. GRPO, arXiv 2503.20783, sec. 3.1),
     which avoids up-weighting groups whose rewards barely differ. rewards (B,) -> (B,)."""
-    groups = _groups(rewards, group_size)  # (B/N, N)
+    groups = reward_groups(rewards, group_size)  # (B/N, N)
     return (groups - groups.mean(dim=1, keepdim=True)).view(-1)  # (B,)
 
 
@@ -63,12 +63,12 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
     rewards: (B,) in consecutive groups of `group_size` >= 2. Returns (B,) float32; no std division.
     """
-    groups = _groups(rewards, group_size)  # (B/N, N)
+    groups = reward_groups(rewards, group_size)  # (B/N, N)
     others_mean = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)  # (B/N, N)
     return (groups - others_mean).view(-1)  # (B,)
 
 
-def _batch_whiten(values: torch.Tensor, token_counts: torch.Tensor | None, eps: float = 1e-8) -> torch.Tensor:
+def batch_whiten(values: torch.Tensor, token_counts: torch.Tensor | None, eps: float = 1e-8) -> torch.Tensor:
     """(values - mean) / std over the batch, each response weighted by its tokens when
     `token_counts` (B,) is given (a response's advantage is the same on each of its tokens, so this
     is the whitening over every valid token of the batch, as verl's `masked_whiten`), with the
@@ -96,7 +96,7 @@ def reinforce_plus_plus_advantages(
     batch statistics are over every valid token: `token_counts` (B,) weights each response by its
     tokens (None: by response). rewards: (B,); `group_size` only checks the layout. Returns (B,).
     """
-    return _batch_whiten(_groups(rewards, group_size).view(-1), token_counts)
+    return batch_whiten(reward_groups(rewards, group_size).view(-1), token_counts)
 
 
 @register_advantage("reinforce_plus_plus_baseline")
@@ -110,5 +110,5 @@ def reinforce_plus_plus_baseline_advantages(
         A'_i = r_i - mean_group r,   A_i = (A'_i - mean_batch A') / std_batch A'
 
     Shapes and `token_counts` as in `reinforce_plus_plus_advantages`. Returns (B,)."""
-    groups = _groups(rewards, group_size)  # (B/N, N)
-    return _batch_whiten((groups - groups.mean(dim=1, keepdim=True)).view(-1), token_counts)
+    groups = reward_groups(rewards, group_size)  # (B/N, N)
+    return batch_whiten((groups - groups.mean(dim=1, keepdim=True)).view(-1), token_counts)

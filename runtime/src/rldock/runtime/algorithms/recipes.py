@@ -20,8 +20,10 @@ from rldock.contract.algorithms import CATALOGUE
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
-from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
+from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, GaeResult, masked_whiten
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
+from rldock.runtime.algorithms.turn_credit import turn_credit_stage
+from rldock.runtime.algorithms.turns import rewards_per_turn
 from rldock.runtime.dataflow import (
     PARTIAL_ROLLOUT,
     POLICY_VERSION,
@@ -31,6 +33,7 @@ from rldock.runtime.dataflow import (
     RESPONSE_ATTENTION,
     RM_SCORE,
     TRAJECTORY_COUNTS,
+    TURNS,
 )
 from rldock.runtime.registry import Registry
 from rldock.runtime.states import (
@@ -109,6 +112,10 @@ class Recipe:
     # The reward state also runs the advantage stage on each group it scores and writes both in one
     # dock write; there is no advantage state (`with_advantage_in_reward`; JobConfig.ablations turns it off).
     advantage_in_reward: bool = False
+    # The advantage stage of `algorithm.credit: turn` (algorithms/turn_credit.py), which `with_turns` puts
+    # in place of `advantage_stage`; None where the recipe has none (a critic's GAE reads algorithm.credit
+    # itself; DAPO, DPO).
+    turn_credit_stage: AdvantageStage | None = None
 
     @property
     def consumes(self) -> dict[str, tuple[str, ...]]:
@@ -149,6 +156,11 @@ class Recipe:
     @property
     def needs_critic(self) -> bool:
         return CRITIC.name in worker_groups(self.specs)
+
+    @property
+    def credits_turns(self) -> bool:
+        """Whether the recipe can credit a multi-turn episode's turns apart (algorithm.credit: turn)."""
+        return self.turn_credit_stage is not None or self.needs_critic
 
     @property
     def can_fuse_reward_advantage(self) -> bool:
@@ -196,6 +208,9 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     if REFERENCE_INFERENCE.name in recipe.consumes and recipe.reference_for_kl_only and cfg.algorithm.kl_coef == 0:
         dropped.add(REFERENCE_INFERENCE.name)
     recipe = without_states(recipe, dropped)
+    algo = cfg.algorithm
+    if cfg.agent is not None and (algo.credit == "turn" or (recipe.needs_critic and algo.gae_unit == "turn")):
+        recipe = with_turns(recipe)  # before fusing: the advantage then reads the rollout's columns too
     if cfg.ablations.fuse_reward_advantage and recipe.can_fuse_reward_advantage:
         recipe = with_advantage_in_reward(recipe)
     if cfg.reward.model_term_index is not None:
@@ -217,7 +232,7 @@ def with_agent(recipe: Recipe) -> Recipe:
     def change(spec: WorkerState) -> WorkerState:
         produces, consumes = spec.produces, spec.consumes
         if spec.name == ROLLOUT.name:  # an environment looks each sample's row up by its prompt_index
-            produces += RESPONSE_ATTENTION + TRAJECTORY_COUNTS
+            produces += RESPONSE_ATTENTION + TRAJECTORY_COUNTS + TURNS
             consumes += PROMPT_INDEX
         if "response_mask" in spec.consumes:
             consumes += RESPONSE_ATTENTION
@@ -226,6 +241,19 @@ def with_agent(recipe: Recipe) -> Recipe:
         return replace(spec, consumes=consumes, produces=produces)
 
     return _with_specs(recipe, change)
+
+
+def with_turns(recipe: Recipe) -> Recipe:
+    """`recipe` whose advantage stage reads the episodes' turns (`turn_index`, `turn_rewards`): for
+    `algorithm.credit: turn` its turn-level stage in place of the trajectory-level one, and for a critic's
+    GAE by turn or with rewards per turn the same stage, which reads algorithm.credit and gae_unit."""
+    assert recipe.credits_turns, f"recipe {recipe.name!r} has no turn-level advantage"
+    stage = recipe.turn_credit_stage or recipe.advantage_stage
+    recipe = _with_specs(
+        recipe,
+        lambda spec: replace(spec, consumes=spec.consumes + TURNS) if spec.name == ADVANTAGE_STATE.name else spec,
+    )
+    return replace(recipe, advantage_stage=stage)
 
 
 def _with_specs(recipe: Recipe, change: Callable[[WorkerState], WorkerState]) -> Recipe:
@@ -311,7 +339,11 @@ def register_recipe(recipe: Recipe) -> Recipe:
     traits = CATALOGUE.get(recipe.name)
     if traits is None:
         raise ValueError(f"recipe {recipe.name!r} is not in rldock.contract.algorithms.CATALOGUE")
-    if (traits.needs_critic, traits.needs_rollout) != (recipe.needs_critic, recipe.needs_rollout_engine):
+    if (traits.needs_critic, traits.needs_rollout, traits.credits_turns) != (
+        recipe.needs_critic,
+        recipe.needs_rollout_engine,
+        recipe.credits_turns,
+    ):
         raise ValueError(f"recipe {recipe.name!r} disagrees with the algorithm catalogue: {traits}")
     return RECIPES.register(recipe.name)(recipe)
 
@@ -341,21 +373,21 @@ def batch_advantage_stage(estimator: str) -> AdvantageStage:
     return stage
 
 
-def _gae(batch, algo: AlgorithmSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    mask = batch["response_mask"]  # (B, SL)
-    token_rewards = outcome_token_rewards(batch["reward"], mask)  # (B, SL)
-    advantages, returns = gae_advantages(
-        token_rewards, batch["values"], mask, gamma=algo.ppo.gamma, lam=algo.ppo.lam
-    )  # (B, SL) each
-    return advantages, returns, mask
+def _gae(batch, algo: AlgorithmSpec) -> GaeResult:
+    """GAE by algorithm.gae_unit over the rewards per turn algorithm.credit places (a single-turn
+    response: one turn, its reward on its last token)."""
+    per_turn, turn_index = rewards_per_turn(batch, algo.credit)  # (B, K), (B, SL)
+    inputs = GaeInputs(per_turn, batch["values"], batch["response_mask"], turn_index)
+    return GAE_UNITS.get(algo.gae_unit)(inputs, gamma=algo.ppo.gamma, lam=algo.ppo.lam)
 
 
 def gae_stage(batch, algo, generator):
-    """PPO: per-token GAE advantages (B, SL) and the critic's returns (B, SL)."""
-    advantages, returns, mask = _gae(batch, algo)
+    """PPO: GAE advantages (B, SL), the critic's returns (B, SL) and where it trains on them (B, SL)."""
+    gae = _gae(batch, algo)
+    advantages = gae.advantages
     if algo.ppo.whiten_advantages:
-        advantages = masked_whiten(advantages, mask)
-    return {"advantage": advantages, "returns": returns}
+        advantages = masked_whiten(advantages, batch["response_mask"])
+    return {"advantage": advantages, "returns": gae.returns, "value_mask": gae.value_mask}
 
 
 def filtered_gae_stage(batch, algo, generator):
@@ -364,14 +396,20 @@ def filtered_gae_stage(batch, algo, generator):
     0 adds nothing, as if it were never sampled. Whitening uses only the responses that are kept,
     so the kept ones are centred among themselves. The critic still trains on every response's
     returns: its values must track the sampling policy."""
-    advantages, returns, mask = _gae(batch, algo)
+    gae = _gae(batch, algo)
+    advantages, mask = gae.advantages, batch["response_mask"]
     weights = filtration_weights(
         batch["reward"], algo.num_responses_per_prompt, algo.pf_ppo.mode, power=algo.pf_ppo.power, generator=generator
     )  # (B,)
     kept = (weights > 0).unsqueeze(1)  # (B, 1)
     if algo.ppo.whiten_advantages:
         advantages = masked_whiten(advantages, mask * kept)
-    return {"advantage": advantages * kept, "returns": returns, "loss_weight": weights}
+    return {
+        "advantage": advantages * kept,
+        "returns": gae.returns,
+        "value_mask": gae.value_mask,
+        "loss_weight": weights,
+    }
 
 
 # --- recipes -------------------------------------------------------------------------------------
@@ -388,12 +426,17 @@ def _changed(states: tuple[WorkerState, ...], *changes: WorkerState) -> tuple[Wo
 
 
 # PPO (and PF-PPO): GRPO's states plus a critic's; the advantage (GAE) reads the critic's values
-# and writes the returns the critic trains on.
+# and writes the returns the critic trains on and where it trains (`value_mask` (B, SL) int64: the model's
+# tokens, or under gae_unit turn each turn's first token).
 PPO_STATES = _changed(
     GRPO_STATES,
-    replace(ADVANTAGE_STATE, consumes=("reward", "values", "response_mask"), produces=("advantage", "returns")),
+    replace(
+        ADVANTAGE_STATE,
+        consumes=("reward", "values", "response_mask"),
+        produces=("advantage", "returns", "value_mask"),
+    ),
     CRITIC_INFERENCE,
-    CRITIC_UPDATE,
+    replace(CRITIC_UPDATE, consumes=CRITIC_UPDATE.consumes + ("value_mask",)),
 )
 # PF-PPO: each response's filtration weight (B,) float32 >= 0, which the update's loss aggregation
 # applies to its tokens (0: the response adds nothing to the loss or its count).
@@ -403,14 +446,26 @@ PF_PPO_STATES = _changed(
     replace(
         ADVANTAGE_STATE,
         consumes=("reward", "values", "response_mask"),
-        produces=("advantage", "returns", "loss_weight"),
+        produces=("advantage", "returns", "value_mask", "loss_weight"),
     ),
 )
 # REINFORCE++ (and its baseline variant): the advantage state normalises over the iteration's whole
 # batch, each response weighted by its tokens, so it reads the response mask.
 BATCH_NORMALISED_STATES = _changed(GRPO_STATES, replace(ADVANTAGE_STATE, consumes=("reward", "response_mask")))
 
-register_recipe(Recipe("grpo", GRPO_STATES, advantage_stage=group_advantage_stage("grpo"), policy_loss="clipped"))
+
+def _group_recipe(name: str) -> Recipe:
+    """GRPO's flow with the group baseline of the estimator `name`, by trajectory or by turn."""
+    return Recipe(
+        name,
+        GRPO_STATES,
+        advantage_stage=group_advantage_stage(name),
+        policy_loss="clipped",
+        turn_credit_stage=turn_credit_stage(name),
+    )
+
+
+register_recipe(_group_recipe("grpo"))
 # PPO and PF-PPO whiten over the iteration's batch (as verl does), so their stage sees all of it.
 register_recipe(
     Recipe("ppo", PPO_STATES, advantage_stage=gae_stage, policy_loss="clipped", advantage_scope="iteration")
@@ -421,7 +476,7 @@ register_recipe(
     )
 )
 # RLOO: GRPO's flow with the leave-one-out baseline (whole groups, so the reward state can run it).
-register_recipe(Recipe("rloo", GRPO_STATES, advantage_stage=group_advantage_stage("rloo"), policy_loss="clipped"))
+register_recipe(_group_recipe("rloo"))
 # REINFORCE++ normalises over the iteration's batch (as PPO whitens), so its stage sees all of it.
 register_recipe(
     Recipe(
@@ -430,6 +485,7 @@ register_recipe(
         advantage_stage=batch_advantage_stage("reinforce_plus_plus"),
         policy_loss="clipped",
         advantage_scope="iteration",
+        turn_credit_stage=turn_credit_stage("reinforce_plus_plus"),
     )
 )
 register_recipe(
@@ -439,6 +495,7 @@ register_recipe(
         advantage_stage=batch_advantage_stage("reinforce_plus_plus_baseline"),
         policy_loss="clipped",
         advantage_scope="iteration",
+        turn_credit_stage=turn_credit_stage("reinforce_plus_plus_baseline"),
     )
 )
 
@@ -455,6 +512,7 @@ register_recipe(
         advantage_stage=group_advantage_stage("grpo"),
         policy_loss="gspo",
         policy_loss_kwargs=_gspo_kwargs,
+        turn_credit_stage=turn_credit_stage("grpo"),
     )
 )
 

@@ -10,6 +10,12 @@ from rldock.runtime.engines.packing import pass_work
 from rldock.runtime.engines.policy import PassTally, micro_batch_inputs, plan_micro_batches, scatter_rows
 
 
+def valued_tokens(batch) -> Tensor:
+    """The response tokens whose values the critic trains (B, SL): `value_mask` where GAE wrote one (its
+    steps: the model's tokens, or each turn's first under algorithm.gae_unit turn), else `response_mask`."""
+    return batch["value_mask"] if "value_mask" in batch.keys() else batch["response_mask"]
+
+
 def response_values(
     model: nn.Module,  # a ValueModel, or the DDP wrapper around one
     prompt_ids: Tensor,
@@ -19,23 +25,27 @@ def response_values(
     *,
     micro_batch_size: int,
     trim: bool = False,
+    attention_mask: Tensor | None = None,
     tally: PassTally | None = None,
 ) -> Tensor:
     """V(state before response token t) for every t: (B, SL) float32, 0 where the mask is 0.
 
     The state before token t ends at input position PL + t - 1, the same position whose logits
     score token t in `response_logprobs`, so values and logprobs line up token for token. With
-    `trim` each pass runs on its own longest sequence (engines.policy.plan_micro_batches). `tally`
+    `trim` each pass runs on its own longest sequence (engines.policy.plan_micro_batches).
+    `attention_mask` (B, SL): the response tokens attended to, when more than the valued ones (a
+    multi-turn trajectory's tool tokens, `response_attention`); None: `response_mask`. `tally`
     adds up what the passes computed (the value head's one output per position left out).
     """
-    plans = plan_micro_batches(prompt_mask, response_mask, micro_batch_size=micro_batch_size, trim=trim)
+    attention = response_mask if attention_mask is None else attention_mask
+    plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
     chunks = []
     for plan in plans:
-        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, response_mask)
+        inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
         values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
         if tally is not None:
             rows = plan.rows
-            tokens, pairs = pass_work(prompt_ids[rows], prompt_mask[rows], response_mask[rows], packed=False)
+            tokens, pairs = pass_work(prompt_ids[rows], prompt_mask[rows], attention[rows], packed=False)
             tally.tokens, tally.pairs = tally.tokens + tokens, tally.pairs + pairs
         values = values[:, scored]  # (b, response_end)
         chunks.append(values * response_mask[plan.rows, : plan.response_end].to(values.dtype))

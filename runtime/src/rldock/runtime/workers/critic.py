@@ -31,8 +31,8 @@ from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.engines.distributed import Rendezvous
-from rldock.runtime.engines.policy import PassTally, sort_by_tokens
-from rldock.runtime.engines.values import response_values
+from rldock.runtime.engines.policy import PassTally, response_attention, sort_by_tokens
+from rldock.runtime.engines.values import response_values, valued_tokens
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model
 from rldock.runtime.threads import apply_thread_budget
@@ -106,6 +106,7 @@ class CriticWorker(TakesTurns):
                     batch["response_mask"],
                     micro_batch_size=self.cfg.training.micro_batch_size,
                     trim=self.cfg.training.trim_padding,
+                    attention_mask=response_attention(batch),
                     tally=tally,
                 )  # (B, SL)
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
@@ -144,7 +145,7 @@ class CriticWorker(TakesTurns):
         `tally` adds up what the forward passes computed."""
         algo = self.cfg.algorithm
         mini_batch = mini_batch.to(self.device.torch_device)
-        local_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)
+        local_tokens = valued_tokens(mini_batch).sum().float().clamp(min=1)
         global_tokens = local_tokens.clone()
         if self.world_size > 1:
             torch.distributed.all_reduce(global_tokens)
@@ -153,7 +154,7 @@ class CriticWorker(TakesTurns):
             mini_batch = mini_batch[sort_by_tokens(mini_batch)]
 
         def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-            mask = micro["response_mask"].float()  # (b, SL)
+            mask = valued_tokens(micro).float()  # (b, SL): the steps' values (GAE's unit)
             values = response_values(
                 self.backend.training_module(),
                 micro["prompt_ids"],
@@ -162,6 +163,7 @@ class CriticWorker(TakesTurns):
                 micro["response_mask"],
                 micro_batch_size=len(micro),
                 trim=self.cfg.training.trim_padding,
+                attention_mask=response_attention(micro),
                 tally=tally,
             )  # (b, SL)
             loss = clipped_value_loss(values, micro["values"], micro["returns"], mask, algo.ppo.value_clip)
