@@ -86,6 +86,14 @@ def test_a_later_turn_is_credited_with_what_followed_it_only():
     torch.testing.assert_close(out["advantage"], torch.tensor([[2.0, 0.0, 1.0], [-2.0, -2.0, 0.0]]))
 
 
+def test_a_group_of_equal_episode_returns_earned_at_different_turns_gets_bounded_advantages():
+    # Both episodes returned 1, one on its first turn, one on its second: G = [[1, 0], [1, 1]].
+    returns = discounted_turn_returns(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.ones(2, 2, dtype=torch.bool), 1.0)
+    advantages = TURN_ESTIMATORS.get("grpo")(returns, torch.ones(2, 2, dtype=torch.bool), 2, token_counts=None)
+    # mean G_0 = 1, std G_0 = 0: the std of the four turn returns [1, 0, 1, 1] (0.5) stands in
+    torch.testing.assert_close(advantages, torch.tensor([[0.0, -2.0], [0.0, 0.0]]), rtol=0, atol=1e-4)
+
+
 # --- the bandit ----------------------------------------------------------------------------------
 #
 # An agent whose one decision is after its first turn: go on (probability p = sigmoid(theta)) or stop.

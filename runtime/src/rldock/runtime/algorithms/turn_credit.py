@@ -61,11 +61,26 @@ def grpo_turn_advantages(
     returns: torch.Tensor, turns: torch.Tensor, group_size: int, *, token_counts: torch.Tensor, eps: float = 1e-6
 ) -> torch.Tensor:
     """A_k = (G_k - mean_group G_0) / (std_group G_0 + eps): GRPO's statistics, of the group's episode
-    returns, for every turn. returns, turns: (B, K). Returns (B, K), 0 on turns the episode lacks."""
+    returns, for every turn. returns, turns: (B, K). Returns (B, K), 0 on turns the episode lacks.
+
+    A group whose episodes all returned the same G_0 may still differ turn by turn (one earned its reward
+    a turn earlier): there the std of all the group's turn returns stands in for the zero one (Bessel's,
+    each turn of each episode once), which is 0 only where every G_k equals the mean, so no advantage is
+    ever divided by eps alone."""
     episodes = _episode_returns(returns, group_size)  # (B/N, N)
+    std = episodes.std(dim=1)  # (B/N,)
+    std = torch.where(std > 0, std, _pooled_std(returns, turns, group_size))
     mean = episodes.mean(dim=1).repeat_interleave(group_size).unsqueeze(1)  # (B, 1)
-    std = episodes.std(dim=1).repeat_interleave(group_size).unsqueeze(1)  # (B, 1)
-    return (returns - mean) / (std + eps) * turns
+    return (returns - mean) / (std.repeat_interleave(group_size).unsqueeze(1) + eps) * turns
+
+
+def _pooled_std(returns: torch.Tensor, turns: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each group's std (Bessel's) of all its episodes' turn returns, each turn once: (B/N,)."""
+    values = returns.reshape(-1, group_size * returns.shape[1])  # (B/N, N*K)
+    present = turns.reshape(-1, group_size * turns.shape[1]).float()  # (B/N, N*K)
+    count = present.sum(dim=1).clamp(min=2)  # (B/N,)
+    mean = (values * present).sum(dim=1, keepdim=True) / count.unsqueeze(1)  # (B/N, 1)
+    return (((values - mean) ** 2 * present).sum(dim=1) / (count - 1)).sqrt()
 
 
 @TURN_ESTIMATORS.register("rloo")
