@@ -136,20 +136,14 @@ def turn_gae(inputs: GaeInputs, *, gamma: float, lam: float) -> GaeResult:
 
     A_k goes on every model token of turn k; the critic trains only at the first token of each turn,
     towards R_k (value_mask). Returns a GaeResult (B, SL)."""
-    turn_rewards, values, response_mask, turn_index = (
-        inputs.turn_rewards,
-        inputs.values,
-        inputs.response_mask,
-        inputs.turn_index,
-    )
-    num_turns = turn_rewards.shape[1]
-    first = first_turn_tokens(turn_index, num_turns)  # (B, K) position of each turn's first token, -1: none
-    exists = turn_mask(turn_index, num_turns)  # (B, K)
-    turn_values = torch.gather(values.float(), 1, first.clamp(min=0)) * exists  # (B, K)
-    turn_advantages, turn_returns = gae_advantages(turn_rewards, turn_values, exists, gamma=gamma, lam=lam)
-    value_mask = torch.zeros_like(response_mask, dtype=torch.int64)  # (B, SL)
-    returns = torch.zeros_like(values, dtype=torch.float32)  # (B, SL)
+    num_turns = inputs.turn_rewards.shape[1]
+    first = first_turn_tokens(inputs.turn_index, num_turns)  # (B, K) each turn's first token, -1: none
+    exists = turn_mask(inputs.turn_index, num_turns)  # (B, K)
+    turn_values = torch.gather(inputs.values.float(), 1, first.clamp(min=0)) * exists  # (B, K)
+    turn_advantages, turn_returns = gae_advantages(inputs.turn_rewards, turn_values, exists, gamma=gamma, lam=lam)
+    value_mask = torch.zeros(inputs.values.shape, dtype=torch.int64, device=inputs.values.device)  # (B, SL)
+    returns = torch.zeros(inputs.values.shape, dtype=torch.float32, device=inputs.values.device)  # (B, SL)
     rows, turns = torch.nonzero(exists, as_tuple=True)
     value_mask[rows, first[rows, turns]] = 1
     returns[rows, first[rows, turns]] = turn_returns[rows, turns]
-    return GaeResult(on_turn_tokens(turn_advantages, turn_index), returns, value_mask)
+    return GaeResult(on_turn_tokens(turn_advantages, inputs.turn_index), returns, value_mask)
