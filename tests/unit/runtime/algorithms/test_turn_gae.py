@@ -174,3 +174,22 @@ def test_the_ppo_stage_without_turn_columns_is_single_turn_gae():
     # delta = [0, 0, 1], A_t = 0.5 * A_{t+1} + delta_t
     torch.testing.assert_close(out["advantage"], torch.tensor([[0.25, 0.5, 1.0]]))
     assert out["value_mask"].tolist() == [[1, 1, 1]]
+
+
+def test_the_pf_ppo_stage_trains_the_critic_on_the_turns_of_every_response():
+    algo = _ppo(gae_unit="turn", ppo={"gamma": 0.9, "lam": 0.8, "whiten_advantages": False})
+    algo = algo.model_copy(update={"name": "pf_ppo"})
+    batch = {
+        "reward": torch.tensor([1.2, 0.5]),
+        "response_mask": MASK,
+        "values": VALUES,
+        "turn_index": TURN_INDEX,
+        "turn_rewards": torch.zeros(2, 2),
+    }
+    out = get_recipe("pf_ppo").advantage_stage(batch, algo, torch.Generator().manual_seed(0))
+    per_turn = torch.tensor([[0.0, 1.2], [0.5, 0.0]])  # credit trajectory: each reward on its last turn
+    gae = GAE_UNITS.get("turn")(GaeInputs(per_turn, VALUES, MASK, TURN_INDEX), gamma=0.9, lam=0.8)
+    torch.testing.assert_close(out["returns"], gae.returns)  # the filtered response's too
+    assert torch.equal(out["value_mask"], gae.value_mask)
+    kept = (out["loss_weight"] > 0).unsqueeze(1)  # best_worst of a group of 2 keeps both
+    torch.testing.assert_close(out["advantage"], gae.advantages * kept)
