@@ -27,8 +27,8 @@ def context(task_seed: int, *, ground_truth: str | None = None, **shape) -> Epis
     return EpisodeContext(ground_truth=answer, data_source="cabinet", extra_info={"task_seed": task_seed, **shape})
 
 
-def opened(task_seed: int, *, seed: int = 0, **shape) -> CabinetSession:
-    session = Cabinet().session()
+def opened(task_seed: int, *, seed: int = 0, environment: Cabinet | None = None, **shape) -> CabinetSession:
+    session = (environment or Cabinet()).session()
     assert isinstance(session, CabinetSession)
     observation = asyncio.run(session.reset(seed=seed, episode_id=f"e{seed}", context=context(task_seed, **shape)))
     assert observation == Observation()  # the question is in the prompt: nothing to say at the start
@@ -172,3 +172,23 @@ def test_a_shape_the_word_lists_cannot_fill_is_refused():
 def test_a_step_before_the_reset_is_a_bug():
     with pytest.raises(RuntimeError, match="step before reset"):
         step(CabinetSession(), "ls")
+
+
+def test_with_read_reward_the_first_cat_of_the_right_file_is_rewarded_once():
+    task = build_cabinet(7)
+    other = next(name for name in task.files if name != task.file)
+    environment = build_environment(AgentSpec(environment={"name": REFERENCE, "options": {"read_reward": "0.25"}}))
+    assert isinstance(environment, Cabinet)
+    session = opened(7, environment=environment)
+    assert step(session, "ls").reward is None
+    assert step(session, f"cat {other}").reward is None  # the wrong file earns nothing
+    read = step(session, f"cat {task.file}")
+    assert read.reward == 0.25 and read.message == task.files[task.file] and not read.done
+    assert step(session, f"cat {task.file}").reward is None  # once per episode
+    assert step(session, f"#### {task.answer}") == Observation(reward=1.0, done=True)
+
+
+@pytest.mark.parametrize("value", ["x", "2", "-0.5"])
+def test_a_read_reward_that_is_no_reward_in_0_1_is_refused(value):
+    with pytest.raises(ValueError, match="read_reward"):
+        Cabinet(read_reward=value)

@@ -13,6 +13,10 @@ A session builds its task at the reset from the row's `extra_info` (`task_seed`,
 the task's answer (a row whose ground truth disagrees is a data error). Every turn without `####`
 is a command; one with `####` is the answer and ends the episode with reward 1.0 when right, 0.0
 when not. A command it does not know gets a message saying what it can run, never an error.
+
+With the option `read_reward` (`--option read_reward=0.2` to `rldock env serve`, or
+`agent.environment.options`), the first `cat` of the file that answers the question is rewarded too, a
+reward per step for turn-level credit (docs/algorithms/turn-credit.md); by default only the answer is.
 """
 
 from __future__ import annotations
@@ -152,10 +156,12 @@ def usage(opening: str) -> str:
 
 
 class CabinetSession(EnvironmentSession):
-    """One episode: the task rebuilt from its row at the reset, then each turn run against its files."""
+    """One episode: the task rebuilt from its row at the reset, then each turn run against its files;
+    `read_reward` for the first turn that prints the file holding the answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_reward: float = 0.0) -> None:
         self.task: Task | None = None
+        self.read_reward, self.read = read_reward, False
 
     async def reset(self, *, seed: int, episode_id: str, context: EpisodeContext) -> Observation:
         # The task comes from the row, not from `seed`: `seed` differs between the responses of a group,
@@ -173,12 +179,26 @@ class CabinetSession(EnvironmentSession):
     async def step(self, text: str) -> Observation:
         if self.task is None:
             raise RuntimeError("cabinet: step before reset")
-        return run(self.task, text)
+        observation = run(self.task, text)
+        words = command_words(text)
+        if self.read_reward and not self.read and words[:1] == ["cat"] and self.task.file in words[1:]:
+            self.read = True
+            return Observation(message=observation.message, reward=self.read_reward)
+        return observation
 
 
 class Cabinet(Environment):
-    """The cabinet environment: one session per episode, each with its own task's files. It takes no
-    options; the task's shape is in each row."""
+    """The cabinet environment: one session per episode, each with its own task's files; the task's shape
+    is in each row. `read_reward` (a number, 0 by default): the reward of the first `cat` of the file that
+    answers the question."""
+
+    def __init__(self, read_reward: str | float = 0.0) -> None:
+        try:
+            self.read_reward = float(read_reward)
+        except ValueError:
+            raise ValueError(f"read_reward must be a number, got {read_reward!r}") from None
+        if not 0 <= self.read_reward <= 1:
+            raise ValueError(f"read_reward must be within [0, 1], got {self.read_reward:g}")
 
     def session(self) -> EnvironmentSession:
-        return CabinetSession()
+        return CabinetSession(self.read_reward)
