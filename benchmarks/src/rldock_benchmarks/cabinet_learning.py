@@ -11,13 +11,24 @@ the same seed, through `rldock train`, each starting the environment's server pr
 - `learning_rate_0`: the same with `algorithm.learning_rate=0`, from the `trained` arm's warmed-up model
   with `warmup.steps=0` where that arm ran first (as agent_learning's control).
 
+Credit per turn (docs/algorithms/turn-credit.md) has arms of its own, with `--read-reward R`: the
+environment then also rewards the first `cat` of the right file with R (the cabinet's `read_reward`), a
+reward per step, and every arm runs against it:
+
+- `trained` (GRPO, trajectory-level), `grpo_turn` (GRPO crediting turns, `algorithm.credit: turn`),
+  `ppo_turn_gae` (PPO with its GAE by turn and rewards per turn; the critic on a second CPU device),
+  each against the one `learning_rate_0` control (at learning rate 0 the policy is the same whatever the
+  algorithm, so one control serves all three).
+
 Prints one JSON document to stdout: each arm's held-out greedy accuracy at the start (iteration 0, after
 the warm-up) and after the last iteration, the model turns per held-out and per sampled episode, how the
 held-out episodes ended, the warm-up's and the whole run's seconds, and the margin (trained gain -
-control gain); progress goes to stderr.
+control gain; with the turn arms, each arm's); progress goes to stderr.
 
     .venv/bin/python -m rldock_benchmarks.cabinet_learning --output runs/cabinet-learning
     .venv/bin/python -m rldock_benchmarks.cabinet_learning --iterations 1 --set evaluation.max_prompts=8
+    .venv/bin/python -m rldock_benchmarks.cabinet_learning --read-reward 0.2 \
+        --arms trained,grpo_turn,ppo_turn_gae,learning_rate_0 --output runs/cabinet-turns
 """
 
 from __future__ import annotations
@@ -45,7 +56,29 @@ from rldock_benchmarks.smollm2_learning import (
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agent-smollm2-cabinet.yaml"
 # The data the example's header prepares: 4 files of 3 codes per task.
 DATA_ARGS = ("cabinet", "--num-train", "2000", "--num-val", "100", "--seed", "0")
-ARMS = {"trained": [], "learning_rate_0": ["algorithm.learning_rate=0"]}
+ARMS = {
+    "trained": [],
+    "learning_rate_0": ["algorithm.learning_rate=0"],
+    "grpo_turn": ["algorithm.credit=turn"],
+    "ppo_turn_gae": [
+        "algorithm.name=ppo",
+        "algorithm.gae_unit=turn",
+        "algorithm.credit=turn",
+        "resources.devices_per_node=2",  # the critic's rank takes a device of its own
+    ],
+}
+DEFAULT_ARMS = ("trained", "learning_rate_0")
+TURN_ARMS = ("trained", "grpo_turn", "ppo_turn_gae")  # each against learning_rate_0
+SERVE = ["rldock", "env", "serve", "rldock.runtime.agent.examples.cabinet:Cabinet", "--listen-fd", "{listen_fd}"]
+
+
+def read_reward_overrides(read_reward: float | None) -> list[str]:
+    """The environment's servers started with the cabinet's `read_reward` (none: the example's own)."""
+    if read_reward is None:
+        return []
+    return [f"agent.environment.servers.command={json.dumps([*SERVE, '--option', f'read_reward={read_reward:g}'])}"]
+
+
 ENDS = ("answer", "max_turns", "length")  # how an episode can end without its session failing
 
 
@@ -69,7 +102,10 @@ def episodes(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = arguments(__doc__.splitlines()[0], config=EXAMPLE, output=Path("runs/cabinet-learning"))
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument(
+        "--read-reward", type=float, default=None, help="the cabinet's reward for reading the right file"
+    )
     args = parser.parse_args(argv)
     labels = args.arms.split(",")
     unknown = sorted(set(labels) - set(ARMS))
@@ -80,7 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     model = prepare_model()
     data = prepare_data(args.output / "data", DATA_ARGS)
-    overrides = [*job_overrides(model, data, iterations=args.iterations), *args.overrides]
+    overrides = [
+        *job_overrides(model, data, iterations=args.iterations),
+        *read_reward_overrides(args.read_reward),
+        *args.overrides,
+    ]
     arms: dict[str, dict[str, Any]] = {}
     for label in labels:
         log(f"{label}: starting")
@@ -94,10 +134,13 @@ def main(argv: list[str] | None = None) -> None:
             f"turns {arms[label]['val_turns_start']} -> {arms[label]['val_turns_end']} in {seconds:.0f} s"
         )
     results: dict[str, Any] = dict(arms)
-    if set(ARMS) <= set(arms):
-        results["gain_margin_vs_learning_rate_0"] = (
-            arms["trained"]["val_accuracy_gain"] - arms["learning_rate_0"]["val_accuracy_gain"]
-        )
+    if "learning_rate_0" in arms:
+        control = arms["learning_rate_0"]["val_accuracy_gain"]
+        if "trained" in arms:
+            results["gain_margin_vs_learning_rate_0"] = arms["trained"]["val_accuracy_gain"] - control
+        results["gain_margins_vs_learning_rate_0"] = {
+            label: arms[label]["val_accuracy_gain"] - control for label in TURN_ARMS if label in arms
+        }
     print(json.dumps(report(args.config, model, data, overrides, started, results), indent=2))
 
 

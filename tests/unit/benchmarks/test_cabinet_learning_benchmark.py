@@ -4,22 +4,28 @@ example header's, and the summary reads turns, ends and the sampled reward."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from rldock.config.loading import load_job_config
 from rldock_benchmarks.agent_learning import arm_overrides
-from rldock_benchmarks.cabinet_learning import ARMS, DATA_ARGS, EXAMPLE, episodes
+from rldock_benchmarks.cabinet_learning import ARMS, DATA_ARGS, EXAMPLE, episodes, read_reward_overrides
 from rldock_benchmarks.smollm2_learning import job_overrides
 
 DATA = {"train": ["/d/train.jsonl"], "val": ["/d/val.jsonl"]}
 
 
-def _config(arm: str):
-    overrides = dict(o.split("=", 1) for o in [*job_overrides(Path("/m/smol"), DATA, iterations=3), *ARMS[arm]])
+def _config(arm: str, read_reward: float | None = None):
+    overrides = dict(
+        o.split("=", 1)
+        for o in [*job_overrides(Path("/m/smol"), DATA, iterations=3), *read_reward_overrides(read_reward), *ARMS[arm]]
+    )
     # --set reads each value as YAML; these are the only non-strings the arms set.
-    parsed = {key: {"0": 0, "3": 3}.get(value, value) for key, value in overrides.items()}
+    parsed = {key: {"0": 0, "3": 3, "2": 2}.get(value, value) for key, value in overrides.items()}
+    if "agent.environment.servers.command" in parsed:
+        parsed["agent.environment.servers.command"] = json.loads(parsed["agent.environment.servers.command"])
     parsed["data.train_files"], parsed["data.val_files"] = DATA["train"], DATA["val"]
     return load_job_config(EXAMPLE, overrides=parsed, check_local=False)
 
@@ -72,3 +78,13 @@ def test_episodes_reads_turns_ends_and_the_sampled_reward():
     assert (summary["val_turns_start"], summary["val_turns_end"]) == (2.5, 3.0)
     assert (summary["train_turns_first"], summary["train_turns_last"]) == (2.8, 3.0)
     assert summary["train_reward_by_iteration"] == [0.25, 0.5]
+
+
+@pytest.mark.parametrize("arm", ["trained", "grpo_turn", "ppo_turn_gae", "learning_rate_0"])
+def test_the_turn_arms_are_valid_jobs_against_a_cabinet_that_rewards_reading(arm):
+    cfg = _config(arm, read_reward=0.2)
+    assert cfg.agent.environment.servers.command[-2:] == ["--option", "read_reward=0.2"]
+    expected = {"trained": ("grpo", "trajectory"), "grpo_turn": ("grpo", "turn"), "ppo_turn_gae": ("ppo", "turn")}
+    if arm in expected:
+        assert (cfg.algorithm.name, cfg.algorithm.credit) == expected[arm]
+    assert cfg.algorithm.gae_unit == ("turn" if arm == "ppo_turn_gae" else "token")
