@@ -39,7 +39,8 @@ from rldock.runtime.planning.shapes import layer_flops
 
 # Attention implementations that take a ready 4D mask as is (transformers' masking_utils returns a
 # 4D mask untouched), and the mask each one reads.
-_MASK_KINDS = {"sdpa": "boolean", "eager": "additive"}
+# The Ulysses ones (engines/ulysses.py, context parallelism) take the mask of the one they wrap.
+_MASK_KINDS = {"sdpa": "boolean", "eager": "additive", "ulysses_sdpa": "boolean", "ulysses_eager": "additive"}
 
 
 def hf_config(model: nn.Module) -> Any:

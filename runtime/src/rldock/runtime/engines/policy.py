@@ -40,6 +40,7 @@ from rldock.runtime.engines.packing import (
     packs_sequences,
     pass_work,
 )
+from rldock.runtime.engines.ulysses import context_group, four_d_mask, shard_forward, sum_over_group
 
 
 @dataclass
@@ -264,16 +265,34 @@ def _scored_hidden(
     plans: list[MicroBatch],
     *,
     packed: bool,
-) -> Iterator[tuple[Tensor, MicroBatch]]:
+) -> Iterator[tuple[Tensor, MicroBatch, Tensor | None]]:
     """Yield the last hidden states (b, response_end, H) that score each kept response token, per pass:
     `packed`, from one packed sequence per pass (engines/packing.py), else from its padded rows.
 
     The model runs through its own forward (the training wrapper's hooks included) with no logits
     at all (`logits_to_keep` an empty index); `head_logprobs` applies the head where a token is scored.
+
+    Under context parallelism (engines/ulysses.py) the model computes this rank's slice of the
+    sequence only: the third item (b, response_end) marks the states this rank holds (the others are
+    another rank's and read as a placeholder); None without CP.
     """
     no_logits = torch.empty(0, dtype=torch.int64, device=prompt_ids.device)
+    group = context_group(model)
+    dtype = output_head(model).weight.dtype
+
+    def last_hidden(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        outputs = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=no_logits,
+        )
+        return outputs.hidden_states[-1]  # the final norm's output (rows, N, H)
+
     for plan in plans:
-        pick: tuple[Any, Tensor]  # indexes (b, response_end) hidden states out of the model's (rows, N, H)
+        # (rows, positions), broadcast to (b, response_end): where each scored state sits in the model's (rows, N, H)
         if packed:
             rows = plan.rows
             pass_ = pack_pass(
@@ -283,22 +302,31 @@ def _scored_hidden(
                 attention[rows],
                 response_end=plan.response_end,
                 mask_kind=mask_kind(model),
-                dtype=output_head(model).weight.dtype,
+                dtype=dtype,
             )
             inputs = PolicyInputs(pass_.input_ids, pass_.attention_mask, pass_.position_ids)
-            pick = (0, pass_.predictors)  # the one packed row, the position before each response token
+            pick_rows, positions = (
+                torch.zeros((), dtype=torch.int64, device=prompt_ids.device),
+                pass_.predictors,
+            )  # the one packed row
         else:
             inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
-            pick = (slice(None), torch.arange(scored.start, scored.stop, device=prompt_ids.device))
-        outputs = model(
-            input_ids=inputs.input_ids,
-            attention_mask=inputs.attention_mask,
-            position_ids=inputs.position_ids,
-            use_cache=False,
-            output_hidden_states=True,
-            logits_to_keep=no_logits,
-        )
-        yield outputs.hidden_states[-1][pick], plan  # the final norm's output (b, response_end, H)
+            pick_rows = torch.arange(len(plan.rows), device=prompt_ids.device)[:, None]  # (b, 1)
+            positions = torch.arange(scored.start, scored.stop, device=prompt_ids.device)[None]  # (1, end)
+        if group is None:
+            hidden = last_hidden(inputs.input_ids, inputs.attention_mask, inputs.position_ids)
+            yield hidden[pick_rows, positions], plan, None
+            continue
+        mask = inputs.attention_mask
+        if mask.dim() == 2:
+            mask = four_d_mask(mask, kind=mask_kind(model), dtype=dtype)
+        hidden, local = shard_forward(
+            last_hidden, inputs.input_ids, mask, inputs.position_ids, group=group, kind=mask_kind(model)
+        )  # (rows, n, H) of this rank's positions
+        owned = (positions >= local.start) & (positions < local.stop)  # broadcast below
+        local_positions = (positions - local.start).clamp(0, hidden.shape[1] - 1)
+        picked = hidden[pick_rows, local_positions]  # (b, end, H)
+        yield picked, plan, owned.expand(picked.shape[:2])
 
 
 def _score_passes(
@@ -338,29 +366,39 @@ def _score_passes(
         prompt_ids=packing,
     )
     head = output_head(model)
+    group = context_group(model)
+    cp = 1 if group is None else torch.distributed.get_world_size(group)
     logprob_chunks, entropy_chunks = [], []
-    for hidden, plan in _scored_hidden(
+    for hidden, plan, owned in _scored_hidden(
         model, prompt_ids, prompt_mask, response_ids, attention, plans, packed=packing is not None
     ):
         end = plan.response_end
         scored = response_mask[plan.rows, :end].bool()  # (b, end)
+        here = scored if owned is None else scored & owned  # the scored states this rank computed
         if tally is not None:
             rows = plan.rows
             tokens, pairs = pass_work(prompt_ids[rows], prompt_mask[rows], attention[rows], packed=packing is not None)
-            tally.tokens, tally.pairs = tally.tokens + tokens, tally.pairs + pairs
-            tally.head_positions += int(scored.sum())
+            # A CP rank computes 1/cp of the tokens and, for its heads, 1/cp of the attention.
+            tally.tokens, tally.pairs = tally.tokens + -(-tokens // cp), tally.pairs + -(-pairs // cp)
+            tally.head_positions += int(here.sum())
         logprobs, entropy = head_logprobs(
-            hidden[scored],  # (n, H)
+            hidden[here],  # (n, H)
             head.weight,
             head.bias,
-            response_ids[plan.rows, :end][scored],
+            response_ids[plan.rows, :end][here],
             temperature=temperature,
             with_entropy=with_entropy,
         )
-        # Back to (b, end), 0 where nothing is scored; index_put keeps the logprobs' gradient.
-        logprob_chunks.append(logprobs.new_zeros(scored.shape).index_put((scored,), logprobs))
+        # Back to (b, end), 0 where nothing is scored; index_put keeps the logprobs' gradient. Under
+        # CP each rank scored the states it holds, and the sum gives every rank all of them.
+        chunks = [logprobs.new_zeros(here.shape).index_put((here,), logprobs)]
         if entropy is not None:
-            entropy_chunks.append(entropy.new_zeros(scored.shape).index_put((scored,), entropy))
+            chunks.append(entropy.new_zeros(here.shape).index_put((here,), entropy))
+        if group is not None:
+            chunks = [sum_over_group(chunk, group) for chunk in chunks]
+        logprob_chunks.append(chunks[0])
+        if entropy is not None:
+            entropy_chunks.append(chunks[1])
     response_len = response_ids.shape[1]
     return (
         scatter_rows(logprob_chunks, plans, response_len),

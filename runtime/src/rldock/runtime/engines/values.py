@@ -4,10 +4,12 @@ token. The model itself (rldock.runtime.models.value) is architecture only."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from rldock.runtime.engines.packing import pass_work
 from rldock.runtime.engines.policy import PassTally, micro_batch_inputs, plan_micro_batches, scatter_rows
+from rldock.runtime.engines.ulysses import context_group, context_mask, four_d_mask, shard_forward, sum_over_group
 
 
 def valued_tokens(batch) -> Tensor:
@@ -36,17 +38,31 @@ def response_values(
     `attention_mask` (B, SL): the response tokens attended to, when more than the valued ones (a
     multi-turn trajectory's tool tokens, `response_attention`); None: `response_mask`. `tally`
     adds up what the passes computed (the value head's one output per position left out).
+
+    Under context parallelism (engines/ulysses.py) each rank computes its slice of the positions and
+    the values are summed over the CP group (each rank's zero where another computed).
     """
     attention = response_mask if attention_mask is None else attention_mask
     plans = plan_micro_batches(prompt_mask, attention, micro_batch_size=micro_batch_size, trim=trim)
+    group = context_group(model)
+    cp = 1 if group is None else torch.distributed.get_world_size(group)
     chunks = []
     for plan in plans:
         inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
-        values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
+        if group is None:
+            values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
+        else:
+            kind, dtype = context_mask(model)
+            mask = four_d_mask(inputs.attention_mask, kind=kind, dtype=dtype)
+            local_values, local = shard_forward(
+                model, inputs.input_ids, mask, inputs.position_ids, group=group, kind=kind
+            )  # (b, n)
+            length = (local.stop - local.start) * cp  # the padded sequence N
+            values = sum_over_group(nn.functional.pad(local_values, (local.start, length - local.stop)), group)
         if tally is not None:
             rows = plan.rows
             tokens, pairs = pass_work(prompt_ids[rows], prompt_mask[rows], attention[rows], packed=False)
-            tally.tokens, tally.pairs = tally.tokens + tokens, tally.pairs + pairs
+            tally.tokens, tally.pairs = tally.tokens + -(-tokens // cp), tally.pairs + -(-pairs // cp)
         values = values[:, scored]  # (b, response_end)
         chunks.append(values * response_mask[plan.rows, : plan.response_end].to(values.dtype))
     return scatter_rows(chunks, plans, response_ids.shape[1])  # (B, SL)
