@@ -36,6 +36,18 @@ def test_ranks_and_generation_replicas(dp, tp, generation_tp, actor_ranks, repli
     )
 
 
+@pytest.mark.parametrize(
+    ("dp", "cp", "tp", "actor_ranks", "dp_ranks"), [(2, 2, 1, 4, 4), (1, 4, 1, 4, 4), (2, 2, 2, 8, 4)]
+)
+def test_context_parallel_ranks_multiply_the_actor_and_the_reference_ranks(dp, cp, tp, actor_ranks, dp_ranks):
+    layout = JobLayout(dp=dp, cp=cp, tp=tp)
+    assert (layout.num_actor_ranks, layout.num_ranks("dp_ranks"), layout.num_sequence_ranks) == (
+        actor_ranks,
+        dp_ranks,
+        dp_ranks,
+    )
+
+
 def test_a_generation_tp_that_does_not_divide_the_actor_ranks_is_named():
     layout = JobLayout(dp=2, tp=2, generation_tp=3)
     assert not layout.generation_divides
@@ -93,7 +105,7 @@ def test_a_data_parallel_override_keeps_everything_else(dp, needed):
     assert layout.num_actor_ranks == 16  # the original is unchanged
 
 
-@pytest.mark.parametrize("field", ["dp", "tp", "generation_tp", "num_nodes", "devices_per_node"])
+@pytest.mark.parametrize("field", ["dp", "tp", "cp", "generation_tp", "num_nodes", "devices_per_node"])
 def test_a_size_below_one_is_refused_naming_it(field):
     with pytest.raises(ValueError, match=rf"{field}=0"):
         JobLayout(**{"dp": 1, field: 0})

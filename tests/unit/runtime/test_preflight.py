@@ -221,3 +221,14 @@ def test_an_agent_file_without_its_class_names_the_field_and_lists_its_classes(t
     (problem,) = failure.problems
     assert problem.field == "agent.tools[1].name"
     assert "defines no 'Ecko' at its top level (its classes: ['Echo'])" in problem.message
+
+
+def test_a_job_with_context_parallelism_is_refused_before_ray_starts(tmp_path):
+    """CP runs in the passes and the planner, not yet as a job: `rldock train` must not start one that
+    would train its CP ranks as data-parallel ranks."""
+    model = _model_dir(tmp_path / "m")
+    assert preflight(_config(model, strategy="fsdp", context_parallel_size=1)) is None
+    failure = preflight(_config(model, strategy="fsdp", context_parallel_size=2))
+    assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
+    assert [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
+    assert "rldock train does not yet seat a job's CP ranks" in failure.problems[0].message

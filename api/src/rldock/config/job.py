@@ -996,6 +996,18 @@ class TrainingSpec(Spec):
         "data_parallel_size x tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank).",
     )
+    context_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="CP: Ulysses context parallelism for long sequences. Each data-parallel rank's samples are "
+        "computed by this many ranks, each holding 1/context_parallel_size of every sequence's positions; "
+        "attention gathers the whole sequence by an all-to-all over heads, so it must divide the model's "
+        "attention heads and KV heads, and the passes' attention must take a 4D mask (sdpa or eager, no "
+        "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
+        "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. "
+        "The engines' passes and the planner run it; see docs/scaling.md for what a job runs.",
+    )
     trim_padding: bool = Field(
         default=True,
         description="Compute no padding in the old-logprob, reference, critic and update passes. Where the "

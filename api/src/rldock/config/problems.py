@@ -26,6 +26,8 @@ from rldock.config.job import (
 )
 from rldock.config.layout import job_layout
 from rldock.contract.algorithms import credits_turns, needs_critic, needs_rollout
+from rldock.contract.context_parallel import FIELD as CP_FIELD
+from rldock.contract.context_parallel import check_heads_divide
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
 
@@ -73,12 +75,19 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     layout = job_layout(cfg)
     ranks = layout.num_actor_ranks  # one device each
     if ranks > layout.num_devices:
-        what = f"{dp} ranks" if ranks == dp else f"data_parallel_size x tensor_parallel_size = {ranks} actor ranks"
+        what = (
+            f"{dp} ranks"
+            if ranks == dp
+            else f"data_parallel_size x context_parallel_size x tensor_parallel_size = {ranks} actor ranks"
+        )
+        field = "training.data_parallel_size"
+        if ranks != dp:
+            field = "training.tensor_parallel_size" if layout.tp > 1 else "training.context_parallel_size"
         problems.append(
             Problem(
-                "training.data_parallel_size" if ranks == dp else "training.tensor_parallel_size",
+                field,
                 f"{what} need {ranks} devices but resources give {layout.num_nodes} node(s) x "
-                f"{layout.devices_per_node} = {layout.num_devices}; lower the DP or TP size or add devices",
+                f"{layout.devices_per_node} = {layout.num_devices}; lower the DP, CP or TP size or add devices",
             )
         )
     problems.extend(_extra_worker_problems(cfg))
@@ -90,6 +99,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_resharding_problems(cfg))
     problems.extend(_generation_tp_problems(cfg))
     problems.extend(_strategy_problems(cfg))
+    problems.extend(_context_parallel_problems(cfg))
     problems.extend(_micro_batch_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
@@ -828,6 +838,44 @@ def _micro_batch_problems(cfg: JobConfig) -> list[Problem]:
     return []
 
 
+def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
+    """Ulysses CP (training.context_parallel_size): each CP rank computes a slice of every sequence's
+    positions, inside FSDP's data-parallel dimension (its gradient sum over CP is FSDP's reduction),
+    beside no TP; the heads' divisibility needs the model (`_model_problems`)."""
+    training, algo = cfg.training, cfg.algorithm
+    cp, field = training.context_parallel_size, "training.context_parallel_size"
+    if cp == 1:
+        return []
+    problems: list[Problem] = []
+    if training.tensor_parallel_size > 1:
+        problems.append(
+            Problem(
+                field,
+                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: Ulysses splits the heads the TP "
+                "ranks already split, a layout not built; use one of the two",
+            )
+        )
+    if training.strategy != "fsdp":
+        problems.append(
+            Problem(
+                field,
+                f"{cp} runs under strategy fsdp, which shards over data_parallel_size x context_parallel_size ranks "
+                "and sums each CP group's gradient shares; set training.strategy: fsdp",
+            )
+        )
+    sequence = algo.max_prompt_length + algo.max_response_length
+    if sequence < cp:
+        problems.append(
+            Problem(
+                field,
+                f"{cp} CP ranks each compute a slice of a sequence, but sequences hold at most "
+                f"max_prompt_length + max_response_length = {sequence} tokens; use a context_parallel_size "
+                f"of at most {sequence}",
+            )
+        )
+    return problems
+
+
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     """FSDP and its options: FSDP shards the whole model over the DP ranks (no TP layout beside it);
     offload and mixed precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
@@ -980,16 +1028,24 @@ def _is_http_url(url: str) -> bool:
 
 def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     """Training tensor parallelism needs a plan for the architecture and splits heads, KV heads and
-    the MLP evenly (as the actor checks at start); generation TP needs the even split."""
+    the MLP evenly (as the actor checks at start); generation TP needs the even split; context
+    parallelism splits the heads and KV heads evenly."""
     tp, gen_tp = cfg.training.tensor_parallel_size, cfg.rollout.tensor_parallel_size
+    cp = cfg.training.context_parallel_size
     config_file = model_dir / "config.json"
-    if tp == 1 and gen_tp == 1:
+    if tp == 1 and gen_tp == 1 and cp == 1:
         return []
     # a tiny model still to be built has the tiny builders' shapes
     config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else dict(TINY_MODEL_SHAPES)
     if not config_file.is_file() and cfg.model.builder is None:
         return []  # reported as a missing model
     problems = []
+    try:
+        check_heads_divide(cp=cp, num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"])
+    except ValueError as error:
+        problems.append(Problem(CP_FIELD, str(error)))
+    if tp == 1 and gen_tp == 1:
+        return problems
     try:
         check_architecture(tp_size=tp, model_type=config.get("model_type"), field="training.tensor_parallel_size")
         check_divisible(

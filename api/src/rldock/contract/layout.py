@@ -4,7 +4,8 @@ Everything that asks "how many" of a job reads one `JobLayout`: the config check
 (rldock.config.problems), the worker-state specs and the trainer (rldock.runtime.states, trainer),
 the thread budget and the memory planner. Nobody multiplies the parallel sizes again.
 
-- actor ranks: data_parallel_size x tensor_parallel_size, one device each;
+- actor ranks: data_parallel_size x context_parallel_size x tensor_parallel_size, one device each
+  (a data-parallel rank's CP ranks share its samples, each computing a slice of every sequence);
 - generation replicas: `generation_tp` consecutive actor ranks each, one vLLM engine on the
   replica's first rank (its engine rank) whose TP workers span the replica's devices;
 - the other device worker groups (reference, critic, reward model, or a group a new worker state
@@ -25,7 +26,8 @@ from typing import Literal
 
 from rldock.contract.placement import PlacementMode, PlacementPlan, SeatRequest, plan_placement
 
-# How many ranks a worker group runs: one per actor rank (TP x DP), one per data-parallel rank, or one.
+# How many ranks a worker group runs: one per actor rank (DP x CP x TP), one per data-parallel rank's CP
+# rank (DP x CP: the reference and the critic run their passes with the actor's CP), or one.
 RankCount = Literal["actor_ranks", "dp_ranks", "one"]
 
 
@@ -45,6 +47,7 @@ class JobLayout:
 
     dp: int  # training.data_parallel_size
     tp: int = 1  # training.tensor_parallel_size
+    cp: int = 1  # training.context_parallel_size
     generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
     num_nodes: int = 1
     devices_per_node: int = 1
@@ -53,7 +56,7 @@ class JobLayout:
     groups: tuple[DeviceGroup, ...] = ()  # the device worker groups besides the actor's
 
     def __post_init__(self) -> None:
-        sizes = {"dp": self.dp, "tp": self.tp, "generation_tp": self.generation_tp}
+        sizes = {"dp": self.dp, "tp": self.tp, "cp": self.cp, "generation_tp": self.generation_tp}
         sizes |= {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node}
         small = [f"{name}={value}" for name, value in sizes.items() if value < 1]
         if small:
@@ -61,11 +64,17 @@ class JobLayout:
 
     @property
     def num_actor_ranks(self) -> int:
-        """Actor ranks: every data-parallel rank's tensor-parallel peers, one device each."""
-        return self.dp * self.tp
+        """Actor ranks: every data-parallel rank's context- and tensor-parallel peers, one device each."""
+        return self.dp * self.cp * self.tp
+
+    @property
+    def num_sequence_ranks(self) -> int:
+        """Ranks that hold a whole model replica's passes over distinct positions: DP x CP (what FSDP
+        shards over, and how many reference and critic ranks run)."""
+        return self.dp * self.cp
 
     def num_ranks(self, count: RankCount) -> int:
-        return {"actor_ranks": self.num_actor_ranks, "dp_ranks": self.dp, "one": 1}[count]
+        return {"actor_ranks": self.num_actor_ranks, "dp_ranks": self.num_sequence_ranks, "one": 1}[count]
 
     def group_ranks(self, name: str) -> int:
         """The ranks of device group `name`; 0 for a group the job does not run."""
