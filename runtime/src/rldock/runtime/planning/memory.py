@@ -20,6 +20,10 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   many tokens (b*s when smaller; one whole sequence s when larger). The LM head adds about three
   float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
   (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
+- context parallelism (training.context_parallel_size, Ulysses): a rank computes 1/cp of a pass's
+  tokens, keeps the all-to-all's head-sharded q, k, v and attention output besides, and holds the
+  pass's whole 4D mask; FSDP shards the training state over DP x CP ranks; `all_to_all_bytes` is
+  what a rank sends its CP group in one update step (planning/context_parallel.py).
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -59,6 +63,12 @@ from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
 from rldock.config.layout import job_layout
 from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.planning.context_parallel import (
+    all_to_all_bytes_per_pass,
+    exchanged_activation_elements,
+    mask_bytes,
+    tokens_per_rank,
+)
 from rldock.runtime.planning.shapes import ModelShape
 from rldock.runtime.states import memory_models, placement_plan
 
@@ -118,6 +128,8 @@ class MemoryPlan:
     weight_push: int  # device bytes while the update's end pushes weights into the woken engine
     engine_sleeps: bool  # the engine sleeps through the update (an accelerator)
     critic: CriticBytes | None = None
+    context_parallel_size: int = 1
+    all_to_all_bytes: int = 0  # what a CP rank sends its group in one update step (update_all_to_all_bytes)
 
     @property
     def actor_peak(self) -> int:
@@ -143,7 +155,8 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
     training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     tp = training.tensor_parallel_size
-    shard = training.data_parallel_size if training.strategy == "fsdp" else 1
+    # FSDP shards over DP x CP ranks (training/context_parallel.py)
+    shard = job_layout(cfg).num_sequence_ranks if training.strategy == "fsdp" else 1
     vocab = shape.embedding_params
     layers = shape.num_layers * shape.layer_params
     params = vocab + layers // tp + shape.hidden_size  # TP splits the decoder layers' weights only
@@ -155,17 +168,16 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
     )
 
 
-def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int) -> int:
-    """What autograd keeps of one decoder layer for `tokens` tokens (module docstring)."""
+def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1) -> int:
+    """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (module
+    docstring); a CP rank computes 1/cp of the tokens and keeps the all-to-all's tensors besides."""
     h, d = shape.hidden_size, shape.head_dim
-    return (
-        tokens
-        * (
-            4 * h
-            + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.intermediate_size) // tp
-        )
-        * element
+    local = tokens_per_rank(tokens, cp)
+    per_token = (
+        4 * h
+        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.intermediate_size) // tp
     )
+    return (local * per_token + exchanged_activation_elements(shape, tokens=tokens, cp=cp)) * element
 
 
 # engines/head_logprobs.py's CHUNK_BYTES (a test keeps them equal; the planner imports no torch)
@@ -181,12 +193,15 @@ def _micro_batch_tokens(cfg: JobConfig) -> int:
 
 
 def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
-    """What the decoder layers keep for one micro-batch, with or without gradient checkpointing."""
-    tokens = _micro_batch_tokens(cfg)
-    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp)
+    """What the decoder layers keep for one micro-batch, with or without gradient checkpointing, on
+    one rank (a CP rank: its 1/cp of the positions, the all-to-all's tensors and the whole 4D mask,
+    planning/context_parallel.py)."""
+    tokens, cp = _micro_batch_tokens(cfg), cfg.training.context_parallel_size
+    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp)
+    mask = mask_bytes(rows=1, sequence=tokens, cp=cp)  # a packed pass: one row of the pass's tokens
     if cfg.training.gradient_checkpointing:
-        return shape.num_layers * tokens * shape.hidden_size * element + per_layer
-    return shape.num_layers * per_layer
+        return shape.num_layers * tokens_per_rank(tokens, cp) * shape.hidden_size * element + per_layer + mask
+    return shape.num_layers * per_layer + mask
 
 
 def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
@@ -200,8 +215,28 @@ def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
 def head_chunk_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     """The LM head's working set: about three float32 (chunk, V) tensors, a chunk being the positions
     whose logits fit in LOGIT_CHUNK_BYTES, or the pass's tokens when fewer."""
-    chunk = min(_micro_batch_tokens(cfg), max(1, LOGIT_CHUNK_BYTES // (4 * shape.vocab_size)))
+    tokens = tokens_per_rank(_micro_batch_tokens(cfg), cfg.training.context_parallel_size)  # a CP rank's positions
+    chunk = min(tokens, max(1, LOGIT_CHUNK_BYTES // (4 * shape.vocab_size)))
     return 3 * chunk * shape.vocab_size * 4
+
+
+def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """Bytes a CP rank sends the other ranks of its group in one update step: every micro-batch of
+    its mini-batch a forward and a backward (and a recomputed forward with gradient checkpointing)
+    of the longest sequences (planning/context_parallel.py). 0 without CP."""
+    training = cfg.training
+    element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
+    mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
+    rows_per_pass = _micro_batch_tokens(cfg) // (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
+    passes = -(-mini_batch // max(1, min(rows_per_pass, training.micro_batch_size)))
+    per_pass = all_to_all_bytes_per_pass(
+        shape,
+        tokens=_micro_batch_tokens(cfg),
+        cp=training.context_parallel_size,
+        element=element,
+        recompute=training.gradient_checkpointing,
+    )
+    return passes * per_pass
 
 
 def critic_params(shape: ModelShape) -> int:
@@ -212,8 +247,8 @@ def critic_params(shape: ModelShape) -> int:
 
 
 def critic_is_sharded(cfg: JobConfig) -> bool:
-    """Whether the critic ranks shard the value model (FSDP over more than one rank)."""
-    return cfg.training.strategy == "fsdp" and cfg.training.data_parallel_size > 1
+    """Whether the critic ranks shard the value model (FSDP over more than one rank: DP x CP)."""
+    return cfg.training.strategy == "fsdp" and job_layout(cfg).num_sequence_ranks > 1
 
 
 def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
@@ -223,7 +258,7 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
     training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     params = critic_params(shape) * param_bytes
-    values = _micro_batch_tokens(cfg) * 4  # float32 values
+    values = _micro_batch_tokens(cfg) * 4  # float32 values (a CP rank holds all of them, summed over its group)
     beside = _critic_beside_actor(cfg)
     if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
         activations = _decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
@@ -231,11 +266,11 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
         return CriticBytes(
             update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
         )
-    dp = training.data_parallel_size
+    dp = job_layout(cfg).num_sequence_ranks  # FSDP over DP x CP ranks
     element = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
     activations = _decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
     gathered = (2 * shape.layer_params + shape.vocab_size * shape.hidden_size) * element
-    mini_batch = cfg.num_samples_per_iteration // dp // cfg.algorithm.num_updates_per_iteration
+    mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
     accumulates = mini_batch > training.micro_batch_size  # whole gradients kept between micro-batches
     sharded = (-(-params // dp), -(-params // dp), -(-2 * params // dp))
     # After the step's reduce-scatter only the gradient shards stay (to the next step's zero_grad).
@@ -336,6 +371,8 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
         weight_push=weight_push,
         engine_sleeps=sleeps,
         critic=plan_critic(cfg, shape),
+        context_parallel_size=training.context_parallel_size,
+        all_to_all_bytes=update_all_to_all_bytes(cfg, shape),
         # a device holds 1/TP of the KV heads
         kv_cache_tokens=kv_cache
         * job_layout(cfg).generation_tp

@@ -11,9 +11,10 @@ ROWS = [f.name for f in fields(PhaseBytes)]
 
 
 def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
+    cp = f"CP {plan.context_parallel_size} x " if plan.context_parallel_size > 1 else ""
     title = (
         f"{plan.model}: {plan.num_params / 1e9:.2f}B parameters, {plan.strategy}, "
-        f"DP {plan.data_parallel_size} x TP {plan.tensor_parallel_size}, per device (GiB)"
+        f"DP {plan.data_parallel_size} x {cp}TP {plan.tensor_parallel_size}, per device (GiB)"
     )
     lines = [title, f"{'':<20}{'update':>10}{'generation':>12}"]
     for row in ROWS:
@@ -30,6 +31,8 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
     else:
         lines.append("engine awake through the update (vLLM has no sleep mode on CPU)")
     lines.append(f"KV cache holds {plan.kv_cache_tokens} tokens")
+    if plan.context_parallel_size > 1:
+        lines.append(f"all-to-all per update step and CP rank {plan.all_to_all_bytes / GIB:.2f} GiB sent")
     if plan.critic is not None:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
         layout = "FSDP shards" if plan.strategy == "fsdp" and plan.data_parallel_size > 1 else "DDP replica"
@@ -64,6 +67,8 @@ def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
         "strategy": plan.strategy,
         "data_parallel_size": plan.data_parallel_size,
         "tensor_parallel_size": plan.tensor_parallel_size,
+        "context_parallel_size": plan.context_parallel_size,
+        "all_to_all_bytes": plan.all_to_all_bytes,
         "device_memory": plan.device_memory,
         "kv_cache_tokens": plan.kv_cache_tokens,
         "update": {**asdict(plan.update), "device_total": plan.update.device_total},

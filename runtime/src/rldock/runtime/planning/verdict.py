@@ -2,7 +2,9 @@
 
 The candidates are single-field changes, cheapest in compute first; each is re-planned, and the
 first that fits is named in the refusal. When none does alone, the refusal names the data-parallel
-size FSDP (with the other savings) would need.
+size FSDP (with the other savings) would need, or, when even checkpointed a pass's activations fill
+half the device (a long sequence), first the context-parallel size that splits each sequence enough
+(`training.context_parallel_size`, one that divides the heads and KV heads).
 """
 
 from __future__ import annotations
@@ -136,6 +138,26 @@ def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory:
     )
 
 
+def _context_parallel_verdict(lean: JobConfig, shape: ModelShape, *, need: str, device_memory: int) -> Verdict | None:
+    """The smallest context_parallel_size (one that divides the heads and KV heads) at which `lean`
+    (FSDP, checkpointing, allgather-swap) fits, named as the field to change; None if none does."""
+    sequence = lean.algorithm.max_prompt_length + lean.algorithm.max_response_length
+    for cp in range(lean.training.context_parallel_size + 1, shape.num_kv_heads + 1):
+        if shape.num_heads % cp or shape.num_kv_heads % cp:
+            continue
+        after = plan_memory(_with_training(lean, context_parallel_size=cp), shape, device_memory=device_memory)
+        if _fits(after):
+            return Verdict(
+                False,
+                "training.context_parallel_size",
+                f"{need}; a pass's activations ({sequence}-token sequences) fill the device: with strategy fsdp, "
+                f"gradient_checkpointing and allgather_swap it needs training.context_parallel_size >= {cp} "
+                f"(Ulysses: each rank computes 1/{cp} of every sequence; activations then "
+                f"{after.update.activations / GIB:.1f} GiB, peak {after.peak / GIB:.1f} GiB per device)",
+            )
+    return None
+
+
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:
     """Whether the job fits `device_memory` bytes per device; a refusal names one field to change."""
     plan = plan_memory(cfg, shape, device_memory=device_memory)
@@ -155,6 +177,11 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
     lean = _with_training(
         cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap", tensor_parallel_size=1
     )
+    # Even checkpointed, a pass's activations fill half the device: the sequence, not the model, is the problem.
+    if plan_memory(lean, shape, device_memory=device_memory).update.activations > device_memory // 2:
+        verdict = _context_parallel_verdict(lean, shape, need=need, device_memory=device_memory)
+        if verdict is not None:
+            return verdict
     dp = cfg.training.data_parallel_size
     while dp <= MAX_SEARCHED_DP:
         dp *= 2

@@ -1,0 +1,55 @@
+"""What Ulysses context parallelism (training.context_parallel_size, engines/ulysses.py) changes in
+a rank's bytes, as arithmetic on the model shape:
+
+- tokens: a CP rank computes ceil(N / cp) positions of a pass of N tokens (N padded to a multiple
+  of cp), so every per-token activation falls by cp;
+- the all-to-all's tensors: per layer autograd also keeps the head-sharded queries, keys and values
+  over the whole sequence (SDPA's saved inputs, N (n_q + 2 n_kv) d / cp elements) and the attention
+  output before its exchange back (N n_q d / cp): two terms a one-rank layer does not have;
+- the 4D mask: every rank holds the pass's whole (b, 1, N, N) mask (one byte per pair for sdpa's
+  boolean mask, the compute dtype's for eager's additive one), which CP does not divide;
+- traffic: per layer and pass, the forward sends q, k, v and the output, n (2 n_q + 2 n_kv) d
+  elements of a rank, (cp - 1)/cp of them to other ranks; the backward sends their gradients back
+  (as much again); gradient checkpointing recomputes the forward (a third time).
+"""
+
+from __future__ import annotations
+
+from rldock.runtime.planning.shapes import ModelShape
+
+
+def tokens_per_rank(tokens: int, cp: int) -> int:
+    """Positions a CP rank computes of a pass's `tokens` (padded to a multiple of cp)."""
+    return -(-tokens // cp)
+
+
+def exchanged_activation_elements(shape: ModelShape, *, tokens: int, cp: int) -> int:
+    """Elements per layer autograd keeps for the all-to-all's head-sharded tensors on one CP rank
+    (0 at cp 1): the gathered q, k, v and the attention output before it goes back."""
+    if cp == 1:
+        return 0
+    heads = (shape.num_heads + 2 * shape.num_kv_heads) + shape.num_heads
+    return tokens_per_rank(tokens, cp) * heads * shape.head_dim
+
+
+def mask_bytes(*, rows: int, sequence: int, cp: int, element: int = 1) -> int:
+    """The whole 4D mask a CP pass gives each rank: rows x N'^2 pairs (N' the sequence padded to a
+    multiple of cp) of `element` bytes (0 at cp 1, where the model builds its own)."""
+    if cp == 1:
+        return 0
+    padded = tokens_per_rank(sequence, cp) * cp
+    return rows * padded * padded * element
+
+
+def all_to_all_bytes_per_pass(
+    shape: ModelShape, *, tokens: int, cp: int, element: int, backward: bool = True, recompute: bool = False
+) -> int:
+    """Bytes one CP rank sends to the other ranks of its group in one pass of `tokens` tokens: per
+    layer, q, k, v in and the output back ((cp - 1)/cp of its n (2 n_q + 2 n_kv) d elements),
+    doubled by the backward and once more by a recomputed forward."""
+    if cp == 1:
+        return 0
+    n = tokens_per_rank(tokens, cp)
+    per_layer = n * (2 * shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim * element * (cp - 1) // cp
+    passes = 1 + (1 if backward else 0) + (1 if backward and recompute else 0)
+    return shape.num_layers * per_layer * passes

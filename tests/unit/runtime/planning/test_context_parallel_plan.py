@@ -1,0 +1,95 @@
+"""The memory planner under Ulysses context parallelism (planning/context_parallel.py): a CP rank's
+activations by hand, the training state sharded over DP x CP, the all-to-all bytes of an update
+step, and the verdict naming training.context_parallel_size when a sequence's activations, not the
+model, fill the device."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from rldock.config import parse_job_config
+from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
+from rldock.runtime.planning.memory import GIB, activation_bytes, training_state_bytes, update_all_to_all_bytes
+from rldock.runtime.planning.report import plan_json, plan_table
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
+# 2 layers, hidden 8, 4 heads of 2, 2 KV heads (CP 2 splits both), MLP 16, vocab 10.
+SMALL = ModelShape(
+    "small",
+    vocab_size=10,
+    hidden_size=8,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=2,
+    intermediate_size=16,
+    tie_word_embeddings=True,
+)
+
+
+def job(**training):
+    data = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())  # G 16 x N 8, DP 2, PL 8 + SL 6
+    data["training"].update(strategy="fsdp", **training)
+    data["resources"].update(device="npu", devices_per_node=8)
+    return parse_job_config(data)
+
+
+def test_a_cp_rank_keeps_its_share_of_the_tokens_the_exchanged_heads_and_the_whole_mask():
+    tokens, rank_tokens = 2 * (8 + 6), 14  # a pass of 2 sequences; CP 2 computes 14 positions a rank
+    per_token = 4 * 8 + (4 + 2 * 2) * 2 + 4 * 2 + 4 * 16  # norms, q/k/v, attention output, MLP
+    exchanged = rank_tokens * ((4 + 2 * 2) + 4) * 2  # the gathered q/k/v and the output before it goes back
+    mask = tokens * tokens  # one boolean byte per pair of the packed pass
+    head = 3 * rank_tokens * 10 * 4
+    cp2 = activation_bytes(job(micro_batch_size=2, context_parallel_size=2), SMALL)
+    assert cp2 == 2 * (rank_tokens * per_token + exchanged) * 4 + mask + head
+    cp1 = activation_bytes(job(micro_batch_size=2), SMALL)
+    assert cp1 == 2 * tokens * per_token * 4 + 3 * tokens * 10 * 4
+
+
+def test_fsdp_shards_the_training_state_over_dp_x_cp_ranks():
+    params = SMALL.num_params * 4
+    assert training_state_bytes(job(context_parallel_size=2), SMALL) == (params // 4, params // 4, params // 2)
+
+
+def test_all_to_all_bytes_of_an_update_step_by_hand():
+    # A rank's mini-batch: 16 x 8 / DP 2 = 64 rows in passes of 2: 32 passes. Per pass and layer a rank
+    # sends half of its 14 positions' q (4 heads), k, v (2 each) and output (4): 14 x 12 x 2 x 4 / 2 bytes,
+    # forward and backward, and once more with the forward recomputed under gradient checkpointing.
+    per_layer = 14 * 12 * 2 * 4 // 2
+    cfg = job(micro_batch_size=2, context_parallel_size=2)
+    assert update_all_to_all_bytes(cfg, SMALL) == 32 * 2 * per_layer * 2
+    checkpointed = job(micro_batch_size=2, context_parallel_size=2, gradient_checkpointing=True)
+    assert update_all_to_all_bytes(checkpointed, SMALL) == 32 * 2 * per_layer * 3
+    assert update_all_to_all_bytes(job(micro_batch_size=2), SMALL) == 0
+    plan = plan_memory(cfg, SMALL)
+    assert plan_json(plan, None)["all_to_all_bytes"] == plan.all_to_all_bytes
+    assert "DP 2 x CP 2 x TP 1" in plan_table(plan, None)
+
+
+def _long_7b(context_parallel_size: int):
+    data = yaml.safe_load((EXAMPLES / "grpo-qwen2.5-7b-paper.yaml").read_text())
+    data["algorithm"]["max_response_length"] = 131072  # a 133K-token trajectory
+    data["rollout"].update(dtype="bfloat16", gpu_memory_utilization=0.3)
+    data["training"]["context_parallel_size"] = context_parallel_size
+    data["resources"]["num_nodes"] = 8
+    return parse_job_config(data)
+
+
+def test_a_sequence_too_long_for_a_device_needs_cp_and_the_verdict_names_it():
+    shape = PRESETS["qwen2.5-7b"]  # 28 heads, 4 KV heads: CP 2 or 4
+    verdict = check_fit(_long_7b(1), shape, device_memory=48 * GIB)
+    assert not verdict.fits and verdict.field == "training.context_parallel_size"
+    assert "training.context_parallel_size >= 4" in verdict.message
+    assert check_fit(_long_7b(4), shape, device_memory=48 * GIB).fits
+    # Activations per rank fall with CP, less than 1/cp: the whole mask and the exchanged heads stay.
+    acts = [plan_memory(_long_7b(cp), shape).update.activations for cp in (1, 2, 4)]
+    assert acts[0] > acts[1] > acts[2] > acts[0] / 4
+
+
+def test_a_shape_whose_kv_heads_do_not_divide_gets_no_cp_verdict():
+    shape = dataclasses.replace(PRESETS["qwen2.5-7b"], num_kv_heads=1)  # no CP size splits one KV head
+    verdict = check_fit(_long_7b(1), shape, device_memory=48 * GIB)
+    assert verdict.field != "training.context_parallel_size"
