@@ -1,5 +1,6 @@
 """Ulysses context parallelism on real gloo ranks (torch.multiprocessing, CPU): CP 2 and CP 4 give one
-process's logprobs, entropy, loss and gradients on a packed batch and on padded rows (and the critic's
+process's logprobs, entropy, loss and gradients on a packed batch, on padded rows and on rows trimmed
+of their padding (and the critic's
 values and gradients on padded rows, the only layout its pass runs), and CP 2 inside
 FSDP over 4 ranks (2 data-parallel ranks of 2 CP ranks) gives one process's mean gradient over the two
 data-parallel batches.
@@ -35,9 +36,14 @@ TINY = dict(
     attn_implementation="sdpa",
 )
 TOLERANCE = dict(rtol=1e-9, atol=1e-11)
-# The two layouts a pass runs in: packed (each prompt once, 4D mask; `trim` and the packing cost rule
-# pick it for this batch) and padded rows (no trim, two passes of 2 rows).
-LAYOUTS = {"packed": dict(trim=True, micro_batch_size=4), "padded": dict(trim=False, micro_batch_size=2)}
+# The layouts a pass runs in: packed (each prompt once, 4D mask; `trim` and the packing cost rule
+# pick it for this batch), padded rows (no trim, two passes of 2 rows, a 4D mask of their pads) and
+# trimmed single rows (no pad left: no mask, causal over the whole sequence).
+LAYOUTS = {
+    "packed": dict(trim=True, micro_batch_size=4),
+    "padded": dict(trim=False, micro_batch_size=2),
+    "trimmed": dict(trim=True, micro_batch_size=1),
+}
 
 
 def _model():

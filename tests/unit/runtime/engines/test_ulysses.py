@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldock.runtime.engines.ulysses import four_d_mask, pad_mask, padded_length
+from rldock.runtime.engines.ulysses import four_d_mask, pad_mask, pass_mask, padded_length
 
 
 def _model(implementation: str):
@@ -51,3 +51,14 @@ def test_padded_positions_attend_themselves_and_nothing_attends_them(kind):
     assert not allowed[..., :5, 5:].any()  # no real token sees an added position
     assert torch.equal(allowed[0, 0, 5:, 5:], torch.eye(3, dtype=torch.bool))
     assert not allowed[0, 0, 5:, :5].any()
+
+
+def test_a_pass_without_padding_gets_no_mask_and_a_padded_or_packed_one_keeps_its_own():
+    """No mask: the model's Ulysses attention is causal over the whole sequence (no (N, N) mask held)."""
+    assert pass_mask(torch.ones(2, 6, dtype=torch.int64), kind="boolean", dtype=torch.float32) is None
+    padded = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert torch.equal(
+        pass_mask(padded, kind="boolean", dtype=torch.float32), four_d_mask(padded, kind="boolean", dtype=torch.float32)
+    )
+    packed = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
+    assert pass_mask(packed, kind="boolean", dtype=torch.float32) is packed

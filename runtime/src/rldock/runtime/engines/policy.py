@@ -40,7 +40,7 @@ from rldock.runtime.engines.packing import (
     packs_sequences,
     pass_work,
 )
-from rldock.runtime.engines.ulysses import context_group, four_d_mask, shard_forward, sum_over_group
+from rldock.runtime.engines.ulysses import context_group, pass_mask, shard_forward, sum_over_group
 
 
 @dataclass
@@ -280,7 +280,7 @@ def _scored_hidden(
     group = context_group(model)
     dtype = output_head(model).weight.dtype
 
-    def last_hidden(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def last_hidden(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor) -> Tensor:
         outputs = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -317,9 +317,7 @@ def _scored_hidden(
             hidden = last_hidden(inputs.input_ids, inputs.attention_mask, inputs.position_ids)
             yield hidden[pick_rows, positions], plan, None
             continue
-        mask = inputs.attention_mask
-        if mask.dim() == 2:
-            mask = four_d_mask(mask, kind=mask_kind(model), dtype=dtype)
+        mask = pass_mask(inputs.attention_mask, kind=mask_kind(model), dtype=dtype)
         hidden, local = shard_forward(
             last_hidden, inputs.input_ids, mask, inputs.position_ids, group=group, kind=mask_kind(model)
         )  # (rows, n, H) of this rank's positions

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
 
 from rldock.contract.context_parallel import check_heads_divide
 
@@ -104,8 +105,16 @@ def ulysses_attention(
     return all_to_all(output, scatter_dim=1, gather_dim=2, group=group), None
 
 
+def whole_sequence_causal(*args: Any, **kwargs: Any) -> None:
+    """Hugging Face's mask-function signature, for a Ulysses pass given no mask: None, so the
+    attention is causal over the whole gathered sequence (a 4D mask skips this; a 2D one never comes,
+    the passes turn it into a 4D mask or none, `pass_mask`)."""
+    return None
+
+
 for _implementation in ULYSSES_IMPLEMENTATIONS.values():
     AttentionInterface.register(_implementation, ulysses_attention)
+    AttentionMaskInterface.register(_implementation, whole_sequence_causal)
 
 
 def apply_ulysses(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
@@ -153,6 +162,17 @@ def context_mask(model: nn.Module) -> tuple[str, torch.dtype]:
     return kind, next(module.parameters()).dtype
 
 
+def pass_mask(attention_mask: Tensor, *, kind: str, dtype: torch.dtype) -> Tensor | None:
+    """The mask a CP pass gives the model for its rows' (B, L) 2D mask: none where no row has a pad
+    (attention is then causal over the whole sequence, and the positions `shard_forward` appends come
+    after every real token, so none sees them), else `four_d_mask`. A 4D mask (a packed pass) as is."""
+    if attention_mask.dim() == 4:
+        return attention_mask
+    if bool(attention_mask.all()):
+        return None
+    return four_d_mask(attention_mask, kind=kind, dtype=dtype)
+
+
 def four_d_mask(attention_mask: Tensor, *, kind: str, dtype: torch.dtype) -> Tensor:
     """The (B, 1, L, L) mask of padded rows' (B, L) 2D mask: token i attends j <= i where j is real,
     as Hugging Face builds it; a pad attends itself only (its output is never read, and a row with
@@ -193,18 +213,18 @@ def pad_mask(mask: Tensor, length: int, *, kind: str) -> Tensor:
 
 
 def shard_forward(
-    forward: Callable[[Tensor, Tensor, Tensor], Tensor],
+    forward: Callable[[Tensor, Tensor | None, Tensor], Tensor],
     input_ids: Tensor,
-    attention_mask: Tensor,
+    attention_mask: Tensor | None,
     position_ids: Tensor,
     *,
     group: dist.ProcessGroup,
     kind: str,
 ) -> tuple[Tensor, slice]:
     """Run `forward(input_ids, mask, position_ids)` on this CP rank's slice of a pass: token ids and
-    positions (B, N), the 4D mask (B, 1, N, N). The sequence is padded to a multiple of cp (pad id 0,
-    position 0, masked as `pad_mask` says). Returns the output for this rank's positions
-    (B, n, ...) and their slice of the padded sequence."""
+    positions (B, N), the 4D mask (B, 1, N, N) or None (causal, `pass_mask`). The sequence is padded
+    to a multiple of cp (pad id 0, position 0, masked as `pad_mask` says). Returns the output for
+    this rank's positions (B, n, ...) and their slice of the padded sequence."""
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     length = padded_length(input_ids.shape[1], cp)
     extra = length - input_ids.shape[1]
@@ -212,7 +232,8 @@ def shard_forward(
     local = slice(rank * n, (rank + 1) * n)
     input_ids = nn.functional.pad(input_ids, (0, extra))[:, local]  # (B, n)
     position_ids = nn.functional.pad(position_ids, (0, extra))[:, local]  # (B, n)
-    return forward(input_ids, pad_mask(attention_mask, length, kind=kind), position_ids), local
+    mask = None if attention_mask is None else pad_mask(attention_mask, length, kind=kind)
+    return forward(input_ids, mask, position_ids), local
 
 
 def _hf_config(model: nn.Module) -> Any:

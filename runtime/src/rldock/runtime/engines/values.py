@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from rldock.runtime.engines.packing import pass_work
 from rldock.runtime.engines.policy import PassTally, micro_batch_inputs, plan_micro_batches, scatter_rows
-from rldock.runtime.engines.ulysses import context_group, context_mask, four_d_mask, shard_forward, sum_over_group
+from rldock.runtime.engines.ulysses import context_group, context_mask, pass_mask, shard_forward, sum_over_group
 
 
 def valued_tokens(batch) -> Tensor:
@@ -53,7 +53,7 @@ def response_values(
             values = model(inputs.input_ids, inputs.attention_mask, inputs.position_ids)  # (b, L)
         else:
             kind, dtype = context_mask(model)
-            mask = four_d_mask(inputs.attention_mask, kind=kind, dtype=dtype)
+            mask = pass_mask(inputs.attention_mask, kind=kind, dtype=dtype)
             local_values, local = shard_forward(
                 model, inputs.input_ids, mask, inputs.position_ids, group=group, kind=kind
             )  # (b, n)

@@ -6,8 +6,9 @@ a rank's bytes, as arithmetic on the model shape:
 - the all-to-all's tensors: per layer autograd also keeps the head-sharded queries, keys and values
   over the whole sequence (SDPA's saved inputs, N (n_q + 2 n_kv) d / cp elements) and the attention
   output before its exchange back (N n_q d / cp): two terms a one-rank layer does not have;
-- the 4D mask: every rank holds the pass's whole (b, 1, N, N) mask (one byte per pair for sdpa's
-  boolean mask, the compute dtype's for eager's additive one), which CP does not divide;
+- the 4D mask: a pass with padding or several sequences gives every rank its whole (b, 1, N, N) mask
+  (one byte per pair for sdpa's boolean mask), which CP does not divide; a trimmed single row (the
+  long-sequence case, micro_batch_size 1) has none, its attention causal over the whole sequence;
 - traffic: per layer and pass, the forward sends q, k, v and the output, n (2 n_q + 2 n_kv) d
   elements of a rank, (cp - 1)/cp of them to other ranks; the backward sends their gradients back
   (as much again); gradient checkpointing recomputes the forward (a third time).

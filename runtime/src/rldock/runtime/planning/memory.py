@@ -22,7 +22,7 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
 - context parallelism (training.context_parallel_size, Ulysses): a rank computes 1/cp of a pass's
   tokens, keeps the all-to-all's head-sharded q, k, v and attention output besides, and holds the
-  pass's whole 4D mask; FSDP shards the training state over DP x CP ranks; `all_to_all_bytes` is
+  pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards the training state over DP x CP ranks; `all_to_all_bytes` is
   what a rank sends its CP group in one update step (planning/context_parallel.py).
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
@@ -198,7 +198,9 @@ def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int
     planning/context_parallel.py)."""
     tokens, cp = _micro_batch_tokens(cfg), cfg.training.context_parallel_size
     per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp)
-    mask = mask_bytes(rows=1, sequence=tokens, cp=cp)  # a packed pass: one row of the pass's tokens
+    # A pass of one trimmed row has no padding and no mask (causal); otherwise at most a packed row's.
+    masked = cfg.training.micro_batch_size > 1 or not cfg.training.trim_padding
+    mask = mask_bytes(rows=1, sequence=tokens, cp=cp) if masked else 0
     if cfg.training.gradient_checkpointing:
         return shape.num_layers * tokens_per_rank(tokens, cp) * shape.hidden_size * element + per_layer + mask
     return shape.num_layers * per_layer + mask
