@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldock.runtime.engines.ulysses import four_d_mask, pad_mask, pass_mask, padded_length
+from rldock.runtime.engines.ulysses import four_d_mask, pad_mask, padded_length, pass_mask
 
 
 def _model(implementation: str):

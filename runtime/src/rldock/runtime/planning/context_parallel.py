@@ -3,9 +3,11 @@ a rank's bytes, as arithmetic on the model shape:
 
 - tokens: a CP rank computes ceil(N / cp) positions of a pass of N tokens (N padded to a multiple
   of cp), so every per-token activation falls by cp;
-- the all-to-all's tensors: per layer autograd also keeps the head-sharded queries, keys and values
-  over the whole sequence (SDPA's saved inputs, N (n_q + 2 n_kv) d / cp elements) and the attention
-  output before its exchange back (N n_q d / cp): two terms a one-rank layer does not have;
+- the all-to-all's tensors add nothing autograd keeps: the exchange saves nothing itself, and the
+  attention kernel keeps the head-sharded q, k, v and output (N (n_q + 2 n_kv) d / cp and N n_q d / cp
+  elements, as many as the rank's own n positions with all heads) where one rank keeps its own; the
+  rotary embedding keeps its inputs either way (counted with saved-tensor hooks in
+  rldock_benchmarks.context_parallel: 1/cp of one rank's bytes, +5%);
 - the 4D mask: a pass with padding or several sequences gives every rank its whole (b, 1, N, N) mask
   (one byte per pair for sdpa's boolean mask), which CP does not divide; a trimmed single row (the
   long-sequence case, micro_batch_size 1) has none, its attention causal over the whole sequence;
@@ -22,15 +24,6 @@ from rldock.runtime.planning.shapes import ModelShape
 def tokens_per_rank(tokens: int, cp: int) -> int:
     """Positions a CP rank computes of a pass's `tokens` (padded to a multiple of cp)."""
     return -(-tokens // cp)
-
-
-def exchanged_activation_elements(shape: ModelShape, *, tokens: int, cp: int) -> int:
-    """Elements per layer autograd keeps for the all-to-all's head-sharded tensors on one CP rank
-    (0 at cp 1): the gathered q, k, v and the attention output before it goes back."""
-    if cp == 1:
-        return 0
-    heads = (shape.num_heads + 2 * shape.num_kv_heads) + shape.num_heads
-    return tokens_per_rank(tokens, cp) * heads * shape.head_dim
 
 
 def mask_bytes(*, rows: int, sequence: int, cp: int, element: int = 1) -> int:

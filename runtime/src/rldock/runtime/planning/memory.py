@@ -20,10 +20,11 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   many tokens (b*s when smaller; one whole sequence s when larger). The LM head adds about three
   float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
   (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
-- context parallelism (training.context_parallel_size, Ulysses): a rank computes 1/cp of a pass's
-  tokens, keeps the all-to-all's head-sharded q, k, v and attention output besides, and holds the
-  pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards the training state over DP x CP ranks; `all_to_all_bytes` is
-  what a rank sends its CP group in one update step (planning/context_parallel.py).
+- context parallelism (training.context_parallel_size, Ulysses): a rank computes and keeps 1/cp of a
+  pass's tokens (its attention's tensors head-sharded over the whole sequence, as many elements), and
+  holds the pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards
+  the training state over DP x CP ranks; `all_to_all_bytes` is what a rank sends its CP group in one
+  update step (planning/context_parallel.py).
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -65,7 +66,6 @@ from rldock.config.layout import job_layout
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.planning.context_parallel import (
     all_to_all_bytes_per_pass,
-    exchanged_activation_elements,
     mask_bytes,
     tokens_per_rank,
 )
@@ -170,14 +170,13 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
 
 def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1) -> int:
     """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (module
-    docstring); a CP rank computes 1/cp of the tokens and keeps the all-to-all's tensors besides."""
+    docstring); a CP rank keeps as much per position for 1/cp of them (planning/context_parallel.py)."""
     h, d = shape.hidden_size, shape.head_dim
-    local = tokens_per_rank(tokens, cp)
     per_token = (
         4 * h
         + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.intermediate_size) // tp
     )
-    return (local * per_token + exchanged_activation_elements(shape, tokens=tokens, cp=cp)) * element
+    return tokens_per_rank(tokens, cp) * per_token * element
 
 
 # engines/head_logprobs.py's CHUNK_BYTES (a test keeps them equal; the planner imports no torch)
@@ -194,7 +193,7 @@ def _micro_batch_tokens(cfg: JobConfig) -> int:
 
 def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
     """What the decoder layers keep for one micro-batch, with or without gradient checkpointing, on
-    one rank (a CP rank: its 1/cp of the positions, the all-to-all's tensors and the whole 4D mask,
+    one rank (a CP rank: its 1/cp of the positions and a pass's whole 4D mask,
     planning/context_parallel.py)."""
     tokens, cp = _micro_batch_tokens(cfg), cfg.training.context_parallel_size
     per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp)
