@@ -14,13 +14,14 @@ thread count, while a wrong shard, mask or position gives differences of order 1
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from rldock.runtime.agent.service.local import free_port  # the runtime's own free-port probe
 
 pytestmark = pytest.mark.integration
 
@@ -174,12 +175,6 @@ def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _one_process(batch_seed: int, layout: str) -> dict:
     model = _model()
     logprobs, entropy, loss = _scores_and_loss(model, _batch(batch_seed), layout)
@@ -189,7 +184,7 @@ def _one_process(batch_seed: int, layout: str) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4], ids=["cp2", "cp4+cp2xfsdp"])
 def test_ulysses_ranks_equal_one_process(tmp_path, world):
-    mp.spawn(_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_rank, args=(world, free_port(), str(tmp_path)), nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for layout in LAYOUTS:
         expected = _one_process(1, layout)

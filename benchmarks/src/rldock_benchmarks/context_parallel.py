@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import tempfile
 import time
@@ -49,6 +48,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from rldock.runtime.agent.service.local import free_port  # the runtime's own free-port probe
 
 SHAPE = dict(
     vocab_size=2048,
@@ -152,12 +153,6 @@ def _rank(rank: int, cp: int, length: int, steps: int, port: int, out_dir: str) 
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def planned(length: int, cp: int) -> dict[str, int]:
     """The planner's activations and all-to-all bytes for one rank of this pass."""
     from rldock.config import parse_job_config
@@ -193,7 +188,7 @@ def planned(length: int, cp: int) -> dict[str, int]:
 
 def run(cp: int, length: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(cp, length, steps, _free_port(), out), nprocs=cp)
+        mp.spawn(_rank, args=(cp, length, steps, free_port(), out), nprocs=cp)
         ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(cp)]
     plan = planned(length, cp)
     keys = ("saved_bytes", "rss_held_bytes", "peak_rss_bytes", "all_to_all_bytes")
