@@ -1005,8 +1005,10 @@ class TrainingSpec(Spec):
         "attention gathers the whole sequence by an all-to-all over heads, so it must divide the model's "
         "attention heads and KV heads, and the passes' attention must take a 4D mask (sdpa or eager, no "
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
-        "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. "
-        "The engines' passes and the planner run it; see docs/scaling.md for what a job runs.",
+        "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
+        "strategy fsdp and tensor_parallel_size 1. The policy, reference and critic passes and `rldock plan` "
+        "run it; `rldock train` does not yet seat CP ranks and refuses a job with more than 1 before it starts "
+        "(docs/scaling.md, section 9).",
     )
     trim_padding: bool = Field(
         default=True,
