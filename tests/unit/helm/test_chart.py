@@ -506,6 +506,10 @@ def test_crd_can_be_left_out_or_not_kept():
         ({"policy": {"nfsExports": [{"server": "*", "path": "/"}]}}, "/policy/nfsExports/0/server"),
         ({"policy": {"nfsExports": [{"server": "nfs", "path": "exports"}]}}, "/policy/nfsExports/0/path"),
         ({"policy": {"protectedTaints": [""]}}, "/policy/protectedTaints/0"),
+        ({"policy": {"environments": {"maxReplicas": 0}}}, "/policy/environments/maxReplicas"),
+        ({"policy": {"environments": {"maxMemory": "16 GB"}}}, "/policy/environments/maxMemory"),
+        ({"policy": {"environments": {"egress": [{"to": [{}]}]}}}, "/policy/environments/egress/0/to/0"),
+        ({"policy": {"environments": {"maxPods": 3}}}, "/policy/environments"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(values, field):
@@ -635,10 +639,23 @@ def test_policy_and_network_policy_reach_the_operator():
             "tolerations": [{"key": "huawei.com/Ascend910", "operator": "Exists"}],
             "protectedTaints": ["node.kubernetes.io/unschedulable"],
             "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"},
+            "environments": {
+                "maxReplicas": 4,
+                "maxCpu": "500m",
+                "maxMemory": "64Gi",
+                "maxEphemeralStorage": "2Gi",
+                "egress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443}]}],
+            },
         },
         "networkPolicy": {"enabled": False},
     }
     settings = load_settings([], _env(_container(render(values))))
+    environments = settings.policy.environments
+    assert (environments.max_replicas, environments.max_cpu, environments.max_memory) == (4, "500m", "64Gi")
+    assert environments.max_ephemeral_storage == "2Gi"
+    assert [rule.manifest() for rule in environments.egress] == [
+        {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}
+    ]
     assert settings.policy.host_path_prefixes == ["/mnt/shared"]
     assert [(e.server, e.path) for e in settings.policy.nfs_exports] == [("nfs.example.com", "/exports/team-a")]
     assert settings.policy.scheduler_names == ["default-scheduler", "volcano"] and settings.policy.queues == [

@@ -1,7 +1,7 @@
-"""Builders of spec.environments (builders/environments.py): each entry's Deployment, headless Service
-and NetworkPolicy, table-driven over spec variants, checked with kubernetes-validate and the
-`restricted` checker; the patches the reconciler sends; and the job config the runtime reads, with
-every `servers.service` replaced by its Service's URL."""
+"""Builders of spec.environments (builders/environments.py): each entry's Deployment, headless Service,
+NetworkPolicy and ServiceAccount, table-driven over spec variants, checked with kubernetes-validate and
+the `restricted` checker; the patches the reconciler sends; names no other job's child can take; and
+the job config the runtime reads, with every `servers.service` replaced by its Service's URL."""
 
 from __future__ import annotations
 
@@ -22,12 +22,20 @@ from rldock.operator.builders import (
     RLJobRef,
     build_config_map,
     build_environment,
+    build_environment_service_account,
     build_network_policy,
     build_ray_cluster,
     runtime_job_config,
     service_url,
 )
-from rldock.operator.builders.environments import deployment_patch, network_policy_patch, service_patch
+from rldock.operator.builders.environments import (
+    deployment_patch,
+    network_policy_patch,
+    service_patch,
+    with_replicas,
+)
+from rldock.operator.builders.ray_cluster import environment_token_env
+from rldock.operator.builders.secret import build_environment_token_secret
 from rldock.operator.constants import ANNOTATION_SPEC_HASH, JOB_CONFIG_FILE
 from rldock.operator.policy import AdminPolicy, policy_problems
 from rldock.operator.validation import parse_spec
@@ -119,13 +127,29 @@ def test_every_environment_pod_template_is_restricted_without_a_token(variant):
         assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []
         assert template["spec"]["automountServiceAccountToken"] is False
         assert template["spec"]["enableServiceLinks"] is False
-        # Only /tmp is writable, and nothing of the Ray pods is mounted (job config, checkpoints, token).
-        assert template["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+        # Its own ServiceAccount, never the namespace's `default`, and that one mounts no token either.
+        account = build_environment_service_account(job=JOB)
+        kubernetes_validate.validate(account, KUBERNETES_VERSION, strict=True)
+        assert template["spec"]["serviceAccountName"] == account["metadata"]["name"]
+        assert account["automountServiceAccountToken"] is False and set(account) == {
+            "apiVersion",
+            "kind",
+            "metadata",
+            "automountServiceAccountToken",
+        }
+        # Only /tmp is writable, sized, and nothing of the Ray pods is mounted (job config, checkpoints, token).
         (container,) = template["spec"]["containers"]
-        assert all(
-            not (var.get("valueFrom") or {}).get("secretKeyRef", {}).get("name", "").endswith("-ray-auth")
-            for var in container["env"]
-        )
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        size = container["resources"]["limits"]["ephemeral-storage"]
+        assert template["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": size}}]
+        assert container["resources"]["requests"]["ephemeral-storage"] == size
+        secrets = [(var.get("valueFrom") or {}).get("secretKeyRef", {}).get("name", "") for var in container["env"]]
+        assert not any(name.endswith("-ray-auth") for name in secrets)
+        # ... but the job's environment token, last, so no entry's env can replace it.
+        assert container["env"][-1] == {
+            "name": "RLDOCK_ENV_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": naming.environment_token_secret_name(JOB.name), "key": "token"}},
+        }
 
 
 @pytest.mark.parametrize(
@@ -142,7 +166,8 @@ def test_the_deployment_runs_the_entry(variant, name, image, replicas, port, com
         (s, c) for s, c in _children(variant) if c.deployment["metadata"]["labels"]["rldock.io/environment"] == name
     )
     deployment = children.deployment
-    assert deployment["metadata"]["name"] == naming.environment_name(JOB.name, name) == f"{JOB.name}-env-{name}"
+    assert deployment["metadata"]["name"] == naming.environment_name(JOB.name, name)
+    assert re.fullmatch(f"{JOB.name}-env-{name}-[0-9a-f]{{16}}", deployment["metadata"]["name"])
     assert deployment["spec"]["replicas"] == replicas  # 0 while the RLJob is suspended
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"].startswith(image)
@@ -157,8 +182,8 @@ def test_the_entry_s_env_resources_and_the_admin_s_defaults_reach_its_pods():
     ((_, children),) = _children("admin-defaults")
     template = children.deployment["spec"]["template"]
     (container,) = template["spec"]["containers"]
-    assert container["env"] == CABINET["env"]
-    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "512Mi"}
+    assert container["env"][:-1] == CABINET["env"]
+    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "1Gi"}
     assert template["metadata"]["labels"]["team"] == "ml"
     assert template["metadata"]["labels"]["rldock.io/environment"] == "cabinet"  # the operator's label wins
     assert template["metadata"]["annotations"] == {"cost-center": "42"}
@@ -194,7 +219,7 @@ def test_only_the_job_s_ray_pods_reach_an_environment_and_environments_reach_no_
         policy = children.network_policy["spec"]
         env_labels = children.deployment["spec"]["template"]["metadata"]["labels"]
         port = children.deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
-        assert policy["policyTypes"] == ["Ingress"] and _selects(policy["podSelector"], env_labels)
+        assert policy["policyTypes"] == ["Ingress", "Egress"] and _selects(policy["podSelector"], env_labels)
         (rule,) = policy["ingress"]
         assert rule["ports"] == [{"protocol": "TCP", "port": port}]
         (peer,) = rule["from"]
@@ -205,6 +230,114 @@ def test_only_the_job_s_ray_pods_reach_an_environment_and_environments_reach_no_
         # The Ray pods' own policy neither covers the environment's pods nor admits them.
         assert not _selects(ray_policy["podSelector"], env_labels)
         assert not any(_selects(p["podSelector"], env_labels) for r in ray_policy["ingress"] for p in r["from"])
+
+
+def test_the_environment_pods_reach_only_the_cluster_dns_and_what_the_admin_lists():
+    spec = _spec(environments=[CABINET])
+    dns_only = build_environment(job=JOB, spec=spec, environment=spec.environments[0]).network_policy["spec"]
+    (dns,) = dns_only["egress"]
+    assert dns == {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    }
+    policy = AdminPolicy.model_validate(
+        {"environments": {"egress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443}]}]}}
+    )
+    rules = [rule.manifest() for rule in policy.environments.egress]
+    assert rules == [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}]
+    listed = build_environment(job=JOB, spec=spec, environment=spec.environments[0], egress=rules).network_policy
+    kubernetes_validate.validate(listed, KUBERNETES_VERSION, strict=True)
+    assert listed["spec"]["egress"] == [dns, *rules]
+
+
+@pytest.mark.parametrize(
+    "scheduling, labels, annotations, scheduler",
+    [
+        ({}, {}, {}, None),
+        ({"schedulerName": "my-scheduler"}, {}, {}, "my-scheduler"),
+        ({"gang": "kueue", "queue": "team-a"}, {"kueue.x-k8s.io/queue-name": "team-a"}, {}, None),
+        ({"gang": "volcano", "queue": "q1"}, {}, {"scheduling.volcano.sh/queue-name": "q1"}, "volcano"),
+        ({"gang": "volcano"}, {}, {}, "volcano"),
+    ],
+    ids=["default", "own-scheduler", "kueue", "volcano-queue", "volcano"],
+)
+def test_the_environment_pods_carry_the_job_s_queue_and_scheduler(scheduling, labels, annotations, scheduler):
+    spec = _spec(environments=[CABINET], scheduling=scheduling)
+    deployment = build_environment(job=JOB, spec=spec, environment=spec.environments[0]).deployment
+    kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+    template = deployment["spec"]["template"]
+    assert labels.items() <= template["metadata"]["labels"].items()
+    assert labels.items() <= deployment["metadata"]["labels"].items()  # Kueue's Deployment integration reads these
+    assert "kueue.x-k8s.io/queue-name" not in template["metadata"]["labels"] or labels
+    assert (template["metadata"].get("annotations") or {}) == annotations
+    assert template["spec"].get("schedulerName") == scheduler
+
+
+def test_before_admission_the_deployment_asks_for_no_pod_and_keeps_its_hash():
+    spec = _spec(environments=[CABINET])
+    deployment = build_environment(job=JOB, spec=spec, environment=spec.environments[0]).deployment
+    queued = with_replicas(deployment, 0)
+    assert (queued["spec"]["replicas"], deployment["spec"]["replicas"]) == (0, 3)  # the built one is left as it was
+    assert queued["metadata"] == deployment["metadata"]
+    assert deployment_patch(deployment, queued) == {"spec": {"replicas": 0}}
+
+
+def test_a_stray_pod_with_the_readable_labels_joins_no_service():
+    spec = _spec(environments=[CABINET])
+    children = build_environment(job=JOB, spec=spec, environment=spec.environments[0])
+    own = children.deployment["spec"]["template"]["metadata"]["labels"]
+    stray = {key: value for key, value in own.items() if key != "rldock.io/environment-of-uid"}
+    recreated = {**own, "rldock.io/environment-of-uid": "another-uid"}  # an RLJob of the same name, made again
+    selector = children.service["spec"]["selector"]
+    assert selector.items() <= own.items()
+    assert not selector.items() <= stray.items() and not selector.items() <= recreated.items()
+    assert selector == children.deployment["spec"]["selector"]["matchLabels"]
+    assert children.network_policy["spec"]["podSelector"]["matchLabels"] == selector
+
+
+# Pairs of RLJobs whose names an attacker picks so that one's child would take the other's name:
+# (RLJob, environment entry) against a name the other job's children (rldock's or KubeRay's) have.
+COLLISIONS = [
+    (("math", "v2-head-svc"), naming.head_service_name("math-env-v2")),  # the victim's KubeRay head Service
+    (("math", "v2-serve-svc"), f"{naming.ray_cluster_name('math-env-v2')}-serve-svc"),
+    (("a", "b-ray"), naming.network_policy_name("a-env-b")),  # the other job's Ray NetworkPolicy
+    (("a", "b-env-c"), naming.environment_name("a-env-b", "c")),  # another job's environment
+    (("a", "x"), naming.environment_name("b", "x")),
+    (("a" * 60, "x"), naming.network_policy_name("a" * 60 + "-env-x")),  # both shortened
+    (("a", "x"), naming.environment_service_account_name("a-env-x")),
+]
+
+
+@pytest.mark.parametrize("attacker, victim_name", COLLISIONS)
+def test_no_environment_child_can_take_another_job_s_name(attacker, victim_name):
+    name = naming.environment_name(*attacker)
+    # Not only unequal: the last parts differ, 16 hex digits of the attacker's own (RLJob, entry)
+    # against a fixed ending (`svc`, `ray`), a shortened name's 8 hex digits or another pair's hash.
+    assert re.fullmatch(r".*-[0-9a-f]{16}", name)
+    assert name.rsplit("-", 1)[1] != victim_name.rsplit("-", 1)[1]
+
+
+def test_the_token_secret_and_service_account_are_the_job_s():
+    secret = build_environment_token_secret(job=JOB, token="t" * 43)
+    kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
+    assert secret["metadata"]["name"] == naming.environment_token_secret_name(JOB.name)
+    assert secret["stringData"] == {"token": "t" * 43}
+    with pytest.raises(ValueError, match="must not be empty"):
+        build_environment_token_secret(job=JOB, token="")
+    # The Ray pods' clients read the same Secret, and only a job with environments has one.
+    for sections, expected in (({"environments": [CABINET]}, True), ({}, False)):
+        cluster = build_ray_cluster(job=JOB, spec=_spec(**sections))
+        for template in [cluster["spec"]["headGroupSpec"]["template"]] + [
+            group["template"] for group in cluster["spec"]["workerGroupSpecs"]
+        ]:
+            (container,) = template["spec"]["containers"]
+            tokens = [var for var in container["env"] if var["name"] == "RLDOCK_ENV_TOKEN"]
+            assert tokens == ([environment_token_env(JOB)] if expected else [])
 
 
 def test_children_are_deterministic_and_the_hash_ignores_the_replica_count():
@@ -292,14 +425,14 @@ SERVICE_CASES = [
     (
         {"service": "cabinet"},
         None,
-        ("http://agent-demo-env-cabinet.team-a.svc.cluster.local:9000", 16),
+        (f"http://{naming.environment_name('agent-demo', 'cabinet')}.team-a.svc.cluster.local:9000", 16),
         None,
     ),
     (
         {"service": "cabinet", "startup_timeout_s": 600},
         {"service": "sandbox"},
-        ("http://agent-demo-env-cabinet.team-a.svc.cluster.local:9000", 16),
-        ("http://agent-demo-env-sandbox.team-a.svc.cluster.local:8000", 8),
+        (f"http://{naming.environment_name('agent-demo', 'cabinet')}.team-a.svc.cluster.local:9000", 16),
+        (f"http://{naming.environment_name('agent-demo', 'sandbox')}.team-a.svc.cluster.local:8000", 8),
     ),
     (
         {"url": "http://envs.example.com:8000", "sessions_per_replica": 4},
@@ -386,4 +519,5 @@ def test_the_example_in_agentic_md_is_valid_and_allowed_with_its_prefix():
     assert policy_problems(parsed, policy, default_image=PodDefaults().image) == []
     ref = RLJobRef(name=example["metadata"]["name"], namespace=example["metadata"]["namespace"], uid="u")
     resolved = runtime_job_config(job=ref, spec=parsed)
-    assert resolved.agent.environment.servers.url == "http://agent-demo-env-cabinet.team-a.svc.cluster.local:9000"
+    cabinet = naming.environment_name("agent-demo", "cabinet")
+    assert resolved.agent.environment.servers.url == f"http://{cabinet}.team-a.svc.cluster.local:9000"

@@ -5,12 +5,14 @@ gets."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import kubernetes_validate
 import pytest
 from rljob_testing import KUBERNETES_VERSION, spec_dict
 
 from rldock.operator import naming
-from rldock.operator.api import RLJobSpec
+from rldock.operator.api import RLJobSpec, quantity_amount
 from rldock.operator.builders import RLJobRef, build_network_policy
 from rldock.operator.policy import (
     CONTROL_PLANE_KEYS,
@@ -391,6 +393,13 @@ def test_the_message_names_the_value_and_the_policy():
         ),
         # The old list of bare servers is refused with its migration, not read as "any path".
         ('{"nfsServers": ["nfs.example.com"]}', "[{server: nfs.example.com, path: /<export>}]"),
+        ('{"environments": {"egress": [{"to": [{}]}]}}', "policy.environments.egress[0].to[0]: names no ipBlock"),
+        (
+            '{"environments": {"egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}}',
+            "policy.environments.egress[0].to[0].ipBlock: '10.0.0.0/33' is not a CIDR",
+        ),
+        ('{"environments": {"maxReplicas": 0}}', "policy.environments.maxReplicas"),
+        ('{"environments": {"maxCpu": "lots"}}', "policy.environments.maxCpu"),
     ],
 )
 def test_a_bad_policy_names_the_chart_value(text, error):
@@ -447,3 +456,72 @@ def test_tokens_are_derived_per_rljob_object():
     assert token != job_token(b"x" * 32, JOB)
     with pytest.raises(ValueError):
         job_token(b"", JOB)
+
+
+# --- spec.environments: each entry's pods within the admin's bounds ------------------------------
+
+BOUNDS = AdminPolicy.model_validate(
+    {"environments": {"maxReplicas": 4, "maxCpu": "2", "maxMemory": "4Gi", "maxEphemeralStorage": "2Gi"}}
+)
+
+
+@pytest.mark.parametrize(
+    "entry, refused",
+    [
+        ({}, []),  # the defaults: 1 replica, cpu 1, memory 1Gi, 1Gi of disk
+        ({"replicas": 4, "resources": {"cpu": "2000m", "memory": "4096Mi"}, "ephemeralStorage": "2Gi"}, []),
+        ({"replicas": 5}, ["spec.environments[0].replicas"]),
+        ({"resources": {"cpu": "2001m", "memory": "1Gi"}}, ["spec.environments[0].resources.cpu"]),
+        ({"resources": {"cpu": 3, "memory": "1Gi"}}, ["spec.environments[0].resources.cpu"]),
+        ({"resources": {"cpu": 1, "memory": "5G"}}, ["spec.environments[0].resources.memory"]),
+        ({"ephemeralStorage": "3e9"}, ["spec.environments[0].ephemeralStorage"]),
+        (
+            {"replicas": 256, "resources": {"cpu": 64, "memory": "1Ti"}, "ephemeralStorage": "1Ti"},
+            [
+                "spec.environments[0].replicas",
+                "spec.environments[0].resources.cpu",
+                "spec.environments[0].resources.memory",
+                "spec.environments[0].ephemeralStorage",
+            ],
+        ),
+    ],
+    ids=["defaults", "at-the-bounds", "replicas", "cpu-milli", "cpu", "memory-decimal", "disk-exponent", "all"],
+)
+def test_environment_pods_stay_within_the_admin_s_bounds(entry, refused):
+    spec = RLJobSpec.model_validate(spec_dict(environments=[{"name": "env", **entry}]))
+    problems = policy_problems(spec, BOUNDS, default_image=DEFAULT_IMAGE)
+    assert [problem.path for problem in problems] == refused
+    for problem in problems:
+        assert "policy.environments.max" in problem.message and "ask for at most" in problem.message
+
+
+def test_the_default_bounds_refuse_the_issue_s_256_replicas():
+    spec = RLJobSpec.model_validate(spec_dict(environments=[{"name": "env", "replicas": 256}]))
+    (problem,) = policy_problems(spec, AdminPolicy(), default_image=DEFAULT_IMAGE)
+    assert problem.path == "spec.environments[0].replicas"
+    assert problem.message == (
+        "replicas 256 is more than the cluster's policy allows (policy.environments.maxReplicas: 16); "
+        "ask for at most 16 or ask the cluster admin to raise it"
+    )
+
+
+@pytest.mark.parametrize(
+    "quantity, amount",
+    [
+        (4, "4"),
+        ("500m", "0.5"),
+        ("0.5", "0.5"),
+        ("1Gi", str(1024**3)),
+        ("1G", str(10**9)),
+        ("1e3", "1000"),
+        ("1.5Ki", "1536"),
+        ("100u", "0.0001"),
+    ],
+)
+def test_quantities_compare_by_the_amount_they_stand_for(quantity, amount):
+    assert quantity_amount(quantity) == Decimal(amount)
+
+
+def test_a_quantity_that_is_none_is_refused():
+    with pytest.raises(ValueError, match="is not a quantity"):
+        quantity_amount("lots")

@@ -53,8 +53,12 @@ def test_least_privilege():
     assert verbs[("rldock.io", "rljobs/finalizers")] == {"update"}
     # Children are watched so that their changes run the RLJob's round (handlers.py).
     assert verbs[("ray.io", "rayclusters")] == {"get", "list", "watch", "create", "patch", "delete"}
-    # Secrets are only created: the tokens are derived (tokens.py), so none is ever read back.
+    # Secrets are only created: the Ray token is derived (tokens.py), the environment token drawn at
+    # random when its Secret is made, so none is ever read back.
     assert verbs[("", "secrets")] == {"create"}
+    # The environments' ServiceAccount: read to see whose it is, made, never patched, bound or deleted.
+    assert verbs[("", "serviceaccounts")] == {"get", "create"}
+    assert not {resource for _, resource in verbs} & {"rolebindings", "roles", "serviceaccounts/token"}
     assert verbs[("", "configmaps")] == {"get", "create", "patch"}
     # The environments' children (builders/environments.py); an entry that leaves the spec is deleted.
     assert (
@@ -68,7 +72,8 @@ def test_least_privilege():
         }
     )
     assert verbs[("apps", "deployments")] == {"get", "list", "watch", "create", "patch", "delete"}
-    assert verbs[("", "pods")] == {"get", "list", "watch"} and verbs[("", "events")] == {"create"}
+    # Pods are listed by label and watched, never read one by one.
+    assert verbs[("", "pods")] == {"list", "watch"} and verbs[("", "events")] == {"create"}
     # The webhook asks whether an RLJob's author may read what it names (access_review.py): the
     # namespaced review only, so a per-namespace Role can grant it; never the cluster-wide one.
     assert verbs[("authorization.k8s.io", "localsubjectaccessreviews")] == {"create"}

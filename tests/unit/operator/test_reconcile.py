@@ -279,18 +279,23 @@ def test_a_job_that_refused_its_inputs_fails_at_once(world):
     assert ("delete", "RayCluster", NAME) in kube.writes
 
 
-def test_an_orphan_child_is_adopted(world):
+def test_an_unowned_child_is_reported_never_adopted(world):
+    """A ConfigMap of the job config's name, labelled as this RLJob's but made by someone else: taking
+    it over would let whoever made it choose what the job reads. The round reports it instead."""
     reconciler, kube, _ = world
     name = naming.config_map_name(NAME)
-    kube.objects[("ConfigMap", name)] = {
+    planted = {
         "kind": "ConfigMap",
         "metadata": {"name": name, "uid": "cm", "labels": {"rldock.io/rljob": NAME}},
-        "data": {},
+        "data": {"job.yaml": "planted"},
     }
-    reconciler.reconcile(body())
-    (owner,) = kube.objects[("ConfigMap", name)]["metadata"]["ownerReferences"]
-    assert owner["uid"] == UID and owner["controller"]
-    assert kube.objects[("ConfigMap", name)]["data"]  # and brought up to date
+    kube.objects[("ConfigMap", name)] = copy.deepcopy(planted)
+    outcome = reconciler.reconcile(body())
+    assert kube.objects[("ConfigMap", name)] == planted  # neither adopted nor brought up to date
+    ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
+    assert ready["reason"] == "NameConflict" and f"ConfigMap {name}" in ready["message"]
+    assert "not adopted" in ready["message"] and "no controller" in ready["message"]
+    assert ("RayCluster", NAME) not in kube.objects
 
 
 FOREIGN_OWNER = [{"kind": "RLJob", "name": NAME, "uid": "older-rljob", "controller": True}]
@@ -566,10 +571,10 @@ IDLE_READS = [("get", "ConfigMap"), ("get", "NetworkPolicy"), ("get", "RayCluste
             [
                 ("get", "ConfigMap"),
                 ("get", "NetworkPolicy"),
-                *[("get", "NetworkPolicy"), ("get", "Service"), ("get", "Deployment")] * 2,
-                ("list", "Deployment"),
                 ("get", "RayCluster"),
                 ("list", "Pod"),
+                *[("get", "NetworkPolicy"), ("get", "Service"), ("get", "Deployment")] * 2,
+                ("list", "Deployment"),
             ],
         ),
     ],
@@ -736,11 +741,16 @@ def _ready(kube: FakeKube, name: str, ready: int) -> None:
     kube.objects[("Deployment", _env(name))]["status"] = {"readyReplicas": ready}
 
 
-def test_each_environment_gets_its_policy_service_and_deployment_before_the_cluster():
+def test_each_environment_gets_its_policy_service_and_deployment_and_pods_once_admitted():
     reconciler, kube, _ = make_world(policy=ENV_POLICY)
     outcome = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX]))
     created = [w[1:] for w in kube.writes if w[0] == "create"]
-    assert created[3:] == [
+    assert created == [
+        ("Secret", naming.auth_secret_name(NAME)),
+        ("Secret", naming.environment_token_secret_name(NAME)),  # before any pod that reads it
+        ("ConfigMap", naming.config_map_name(NAME)),
+        ("NetworkPolicy", naming.network_policy_name(NAME)),
+        ("ServiceAccount", naming.environment_service_account_name(NAME)),
         ("NetworkPolicy", _env("cabinet")),
         ("Service", _env("cabinet")),
         ("Deployment", _env("cabinet")),
@@ -749,17 +759,31 @@ def test_each_environment_gets_its_policy_service_and_deployment_before_the_clus
         ("Deployment", _env("sandbox")),
         ("RayCluster", NAME),
     ]
+    # No pod before the job is admitted: here its RayCluster did not exist yet.
+    assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [0, 0]
+    assert outcome.status["environmentsReady"] == "0/0"
     events = [e for e in outcome.events if e.reason.value == "CreatedEnvironment"]
-    assert len(events) == 2 and "2 pod(s) of registry.example.com/envs/cabinet:1 on port 9000" in events[0].message
-    assert outcome.status["environmentsReady"] == "0/3"
+    assert len(
+        events
+    ) == 2 and "2 pod(s) of registry.example.com/envs/cabinet:1 on port 9000, started once the job is admitted" in (
+        events[0].message
+    )
+    assert "CreatedEnvironmentToken" in [e.reason.value for e in outcome.events]
     job_yaml = kube.objects[("ConfigMap", naming.config_map_name(NAME))]["data"]["job.yaml"]
     assert f"url: http://{_env('cabinet')}.{NS}.svc.cluster.local:9000" in job_yaml
     assert f"url: http://{_env('sandbox')}.{NS}.svc.cluster.local:8000" in job_yaml
 
+    # The cluster is there and not suspended: admitted; the pods are asked for, nothing else is written.
+    writes = len(kube.writes)
+    admitted = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX], status=outcome.status))
+    assert [w for w in kube.writes[writes:] if w[0] != "patch" or w[1] != "Deployment"] == []
+    assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [2, 1]
+    assert admitted.status["environmentsReady"] == "0/3"
+
     _ready(kube, "cabinet", 2)
     _ready(kube, "sandbox", 1)
     writes = len(kube.writes)
-    again = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX], status=outcome.status))
+    again = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX], status=admitted.status))
     assert again.status["environmentsReady"] == "3/3"
     assert again.status["environments"] == [
         {"name": "cabinet", "replicas": 2, "readyReplicas": 2},
@@ -768,12 +792,40 @@ def test_each_environment_gets_its_policy_service_and_deployment_before_the_clus
     assert kube.writes[writes:] == []  # nothing differs: nothing patched
 
 
+@pytest.mark.parametrize(
+    "scheduling, cluster_suspended, head_node, pods",
+    [
+        ({}, False, None, 2),
+        ({"gang": "kueue", "queue": "team-a"}, True, None, 0),  # waiting in Kueue's queue
+        ({"gang": "kueue", "queue": "team-a"}, False, None, 2),  # Kueue admitted (unsuspended) it
+        ({"gang": "volcano", "queue": "q1"}, False, None, 0),  # the gang's pods wait for Volcano
+        ({"gang": "volcano", "queue": "q1"}, False, "node-1", 2),  # Volcano bound them
+    ],
+    ids=["default", "kueue-queued", "kueue-admitted", "volcano-queued", "volcano-admitted"],
+)
+def test_the_environments_hold_no_pod_while_the_job_is_queued(scheduling, cluster_suspended, head_node, pods):
+    policy = AdminPolicy(image_prefixes=["registry.example.com/envs/"], queues=None, scheduler_names=None)
+    reconciler, kube, _ = make_world(policy=policy)
+    sections = {"environments": [CABINET], "scheduling": scheduling}
+    first = reconciler.reconcile(body(**sections))
+    cluster = kube.objects[("RayCluster", NAME)]
+    cluster["spec"]["suspend"] = cluster_suspended  # as Kueue keeps it until it admits it
+    head = {"name": f"{NAME}-head-0", "labels": {"ray.io/cluster": NAME, "ray.io/node-type": "head"}}
+    head["ownerReferences"] = [{"uid": cluster["metadata"]["uid"], "controller": True}]
+    kube.pods = [{"metadata": head, "spec": {"nodeName": head_node} if head_node else {}, "status": {}}]
+    outcome = reconciler.reconcile(body(status=first.status, **sections))
+    assert kube.objects[("Deployment", _env("cabinet"))]["spec"]["replicas"] == pods
+    assert outcome.status["environments"] == [{"name": "cabinet", "replicas": pods, "readyReplicas": 0}]
+
+
 def test_without_network_policies_the_environments_get_none():
     reconciler, kube, _ = make_world(policy=ENV_POLICY, network_policy=False)
     reconciler.reconcile(body(environments=[CABINET]))
     assert [w[1] for w in kube.writes if w[0] == "create"] == [
         "Secret",
+        "Secret",
         "ConfigMap",
+        "ServiceAccount",
         "Service",
         "Deployment",
         "RayCluster",
@@ -783,12 +835,16 @@ def test_without_network_policies_the_environments_get_none():
 def test_suspend_scales_the_environments_to_zero_and_resume_restores_them():
     reconciler, kube, _ = make_world(policy=ENV_POLICY)
     first = reconciler.reconcile(body(environments=[CABINET, SANDBOX]))
-    suspended = reconciler.reconcile(body(environments=[CABINET, SANDBOX], suspend=True, status=first.status))
+    running = reconciler.reconcile(body(environments=[CABINET, SANDBOX], status=first.status))
+    assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [2, 1]
+    suspended = reconciler.reconcile(body(environments=[CABINET, SANDBOX], suspend=True, status=running.status))
     assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [0, 0]
     assert suspended.status["phase"] == "Suspended" and suspended.status["environmentsReady"] == "0/0"
     # Only the count changed: the pods' template (and so its pods' identity) is left as it was.
     assert kube.objects[("Deployment", _env("cabinet"))]["metadata"]["annotations"] == first_annotations(kube)
+    # Resumed: the cluster is unsuspended first, then (the next round) the environments follow.
     resumed = reconciler.reconcile(body(environments=[CABINET, SANDBOX], status=suspended.status))
+    resumed = reconciler.reconcile(body(environments=[CABINET, SANDBOX], status=resumed.status))
     assert [kube.objects[("Deployment", _env(n))]["spec"]["replicas"] for n in ("cabinet", "sandbox")] == [2, 1]
     assert resumed.status["environmentsReady"] == "0/3"
 

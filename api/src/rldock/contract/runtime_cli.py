@@ -7,6 +7,10 @@ operator's command with the runtime's parser.
 `JOB_CONFIG_ENV` is set in every pod of an RLJob to the mounted job config: `rldock validate` and
 `rldock train` read it when no config path is given, so `kubectl exec <head> -- rldock validate`
 checks the config the job runs.
+
+`ENVIRONMENT_TOKEN_ENV` holds the job's environment token on both sides: `rldock env serve` asks
+every client for it, rldock's client sends it (rldock.runtime.agent.service.auth); in an RLJob the
+operator sets it in the Ray pods and the environments' pods from one Secret.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ RESUME = "--resume"
 NO_PROGRESS = "--no-progress"
 MAX_RESTARTS = "--max-restarts"
 JOB_CONFIG_ENV = "RLDOCK_JOB_CONFIG"
+ENVIRONMENT_TOKEN_ENV = "RLDOCK_ENV_TOKEN"
 
 
 def train_argv(*, config: str, output: str, resume: bool, progress_lines: bool, max_restarts: int) -> list[str]:

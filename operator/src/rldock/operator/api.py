@@ -12,8 +12,10 @@ fields, exactly as `rldock train` reads them. Cross-field rules live in validati
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -35,6 +37,7 @@ from rldock.operator.constants import (
     DEFAULT_BACKOFF_LIMIT,
     DEFAULT_CHECKPOINT_MOUNT_PATH,
     DEFAULT_DEVICE_RESOURCE,
+    DEFAULT_ENVIRONMENT_EPHEMERAL_STORAGE,
     DEFAULT_ENVIRONMENT_PORT,
     DEFAULT_IMAGE,
     DEFAULT_IMAGE_PULL_POLICY,
@@ -96,6 +99,27 @@ def cpu_cores(quantity: Quantity) -> float:
         return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
     except ValueError:
         raise ValueError(f'{quantity!r} is not a CPU amount such as 4, "0.5" or "500m"') from None
+
+
+_QUANTITY_SUFFIXES = {
+    **{suffix: Decimal(1024) ** power for power, suffix in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{suffix: Decimal(10) ** power for suffix, power in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6))},
+    **{suffix: Decimal(10) ** power for suffix, power in (("G", 9), ("T", 12), ("P", 15), ("E", 18))},
+}
+
+
+def quantity_amount(quantity: Quantity) -> Decimal:
+    """The amount a quantity stands for, exactly ("500m" is 0.5, "1Gi" 1073741824, "1e3" 1000), as
+    the API server reads it; ValueError for text that is no quantity."""
+    text = str(quantity)
+    if not re.match(QUANTITY_PATTERN, text):
+        raise ValueError(f"{quantity!r} is not a quantity: use {QUANTITY_HINT}")
+    number = re.match(r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))", text)
+    assert number is not None  # the pattern above starts so
+    digits, suffix = number.group(0), text[number.end() :]
+    if suffix[:1] in ("e", "E"):
+        return Decimal(digits) * Decimal(10) ** Decimal(suffix[1:])
+    return Decimal(digits) * _QUANTITY_SUFFIXES[suffix]
 
 
 class _Model(BaseModel):
@@ -379,9 +403,10 @@ DEFAULT_SESSIONS_PER_REPLICA: int = EnvironmentServersSpec.model_fields["session
 
 class Environment(_Model):
     """The server pods of one environment (an OpenEnv server image): a Deployment of `replicas` pods
-    and a headless Service, named `<rljob>-env-<name>`, reachable only from the job's Ray pods. The
-    job config names it with `servers.service: <name>` (`job.agent.environment.servers` or
-    `job.agent.sandbox.servers`)."""
+    and a headless Service, named `<rljob>-env-<name>-<16 hex>`, reachable only from the job's Ray pods
+    and reaching only the cluster's DNS (and what the cluster's policy lists), started once the job is
+    admitted. The job config names it with `servers.service: <name>` (`job.agent.environment.servers`
+    or `job.agent.sandbox.servers`)."""
 
     name: str = Field(
         min_length=1,
@@ -428,11 +453,18 @@ class Environment(_Model):
         default_factory=lambda: PodResources(cpu=1, memory="1Gi"),
         description="CPU and memory of each pod (request = limit). Default: cpu 1, memory 1Gi.",
     )
+    ephemeral_storage: Quantity = Field(
+        default=DEFAULT_ENVIRONMENT_EPHEMERAL_STORAGE,
+        description="Local disk of each pod (request = limit of `ephemeral-storage`), and the size of its `/tmp`, "
+        "the only path it may write (the root filesystem is read-only). The kubelet evicts a pod that writes more. "
+        f"Default: {DEFAULT_ENVIRONMENT_EPHEMERAL_STORAGE}.",
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=MAX_POD_INPUTS,
-        description="Environment variables of the server container (only these: the pods get nothing of the "
-        "Ray pods' `env`, volumes or token).",
+        description="Environment variables of the server container (only these and the job's environment token, "
+        "`RLDOCK_ENV_TOKEN`, which the server asks every client for: the pods get nothing of the Ray pods' `env`, "
+        "volumes or Ray token).",
     )
 
 

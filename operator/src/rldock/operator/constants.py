@@ -12,7 +12,7 @@ from enum import Enum
 from rldock.config.job import MAX_NAME_LENGTH as JOB_MAX_NAME_LENGTH
 from rldock.config.job import MAX_PATH_LENGTH as JOB_MAX_PATH_LENGTH
 from rldock.contract.failure import FailureReason
-from rldock.contract.runtime_cli import JOB_CONFIG_ENV
+from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV, JOB_CONFIG_ENV
 from rldock.contract.version import __version__
 
 # --- The RLJob API --------------------------------------------------------------------------
@@ -128,6 +128,11 @@ ENV_RAY_AUTH_MODE = "RAY_AUTH_MODE"
 ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
 RAY_AUTH_MODE_TOKEN = "token"
 AUTH_SECRET_KEY = "auth_token"  # key of the token in the per-RLJob Secret
+# The job's environment token (docs/security.md): the operator makes one random token per RLJob with
+# environments, in a Secret (builders/secret.py) that both sides read as RLDOCK_ENV_TOKEN
+# (rldock.contract.runtime_cli): the servers ask every client for it, the Ray pods' clients send it.
+ENV_ENVIRONMENT_TOKEN = ENVIRONMENT_TOKEN_ENV
+ENVIRONMENT_TOKEN_KEY = "token"  # key of the token in that Secret
 CONFIG_MOUNT_PATH = "/etc/rldock"
 JOB_CONFIG_FILE = "job.yaml"
 JOB_CONFIG_PATH = f"{CONFIG_MOUNT_PATH}/{JOB_CONFIG_FILE}"
@@ -142,7 +147,7 @@ VOLUME_TMP = "tmp"
 # What the operator itself puts into every Ray pod; an RLJob's own spec.volumes / spec.env must not
 # reuse these names (validation.py), or the pod would have two volumes or two values of one name.
 OPERATOR_VOLUMES = (VOLUME_JOB_CONFIG, VOLUME_CHECKPOINTS, VOLUME_SHM, VOLUME_TMP)
-OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)
+OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN, ENV_ENVIRONMENT_TOKEN)
 
 # --- The pod security profile of every Ray pod ---------------------------------------------------
 # The `restricted` Pod Security Standard (docs/security.md): non-root, no privilege escalation, no
@@ -157,6 +162,18 @@ ENVIRONMENT_PORT_NAME = "http"
 # OpenEnv's servers answer GET /health with {"status": "healthy"}: the readiness probe.
 ENVIRONMENT_HEALTH_PATH = "/health"
 DEFAULT_ENVIRONMENT_PORT = 8000  # OpenEnv's (and uvicorn's) default port
+DEFAULT_ENVIRONMENT_EPHEMERAL_STORAGE = "1Gi"  # each pod's local disk and its /tmp
+# On an environment's pods and in its Service's and Deployment's selectors: the RLJob's uid, which a
+# stray pod copying the readable labels (`environment-of`, `environment`) does not carry by accident,
+# and which no other RLJob (nor a re-created one of the same name) has.
+LABEL_ENVIRONMENT_UID = f"{GROUP}/environment-of-uid"
+# Volcano reads a pod's queue from this annotation when the pod is in no PodGroup of its own.
+ANNOTATION_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
+# Where the environments' pods may send DNS queries (their only egress unless the admin's policy
+# lists more): the cluster DNS's pods, as kubeadm, kops and most installers label CoreDNS.
+DNS_NAMESPACE = "kube-system"
+DNS_POD_LABELS = {"k8s-app": "kube-dns"}
+DNS_PORT = 53
 # What every Kubernetes Service name resolves under in the cluster's DNS.
 CLUSTER_DOMAIN = "cluster.local"
 
@@ -279,6 +296,7 @@ class EventReason(str, Enum):
     SUSPENDED_EXTERNALLY = "SuspendedExternally"
     CREATED_CONFIG_MAP = "CreatedConfigMap"
     CREATED_AUTH_SECRET = "CreatedAuthSecret"
+    CREATED_ENVIRONMENT_TOKEN = "CreatedEnvironmentToken"  # the Secret of the environments' token
     CREATED_RAY_CLUSTER = "CreatedRayCluster"
     REPLACED_RAY_CLUSTER = "ReplacedRayCluster"
     RELEASED_RAY_CLUSTER = "ReleasedRayCluster"  # deleted when the job finished, failed or was suspended

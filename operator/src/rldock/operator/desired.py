@@ -26,6 +26,7 @@ from rldock.operator.builders import (
     RLJobRef,
     build_config_map,
     build_environment,
+    build_environment_service_account,
     build_ray_cluster,
 )
 from rldock.operator.builders.environments import EnvironmentChildren
@@ -61,11 +62,20 @@ class Desired:
             )
         return self._built["ray_cluster"]
 
+    def environment_service_account(self) -> dict[str, Any]:
+        if "service_account" not in self._built:
+            self._built["service_account"] = build_environment_service_account(job=self.ref)
+        return self._built["service_account"]
+
     def environment(self, environment: Environment) -> EnvironmentChildren:
         key = f"environment/{environment.name}"
         if key not in self._built:
             self._built[key] = build_environment(
-                job=self.ref, spec=self._valid_spec(), environment=environment, defaults=self.settings.pod_defaults
+                job=self.ref,
+                spec=self._valid_spec(),
+                environment=environment,
+                defaults=self.settings.pod_defaults,
+                egress=[rule.manifest() for rule in self.settings.policy.environments.egress],
             )
         return self._built[key]
 

@@ -65,7 +65,7 @@ class Kube:
         self.networking = client.NetworkingV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
 
-    # --- the children (ConfigMap, Secret, NetworkPolicy, Service, Deployment, RayCluster) ---------
+    # --- the children (ConfigMap, Secret, NetworkPolicy, Service, ServiceAccount, Deployment, RayCluster) ---
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             if kind == "RayCluster":
@@ -81,6 +81,7 @@ class Kube:
                 "NetworkPolicy": self.networking.read_namespaced_network_policy,
                 "Service": self.core.read_namespaced_service,
                 "Deployment": self.apps.read_namespaced_deployment,
+                "ServiceAccount": self.core.read_namespaced_service_account,
             }[kind]
             return _load(read(name, namespace, _preload_content=False))
         except ApiException as error:
@@ -106,6 +107,7 @@ class Kube:
                 "NetworkPolicy": self.networking.create_namespaced_network_policy,
                 "Service": self.core.create_namespaced_service,
                 "Deployment": self.apps.create_namespaced_deployment,
+                "ServiceAccount": self.core.create_namespaced_service_account,
             }[kind]
             return _load(create(namespace, dict(manifest), _preload_content=False))
         except ApiException as error:

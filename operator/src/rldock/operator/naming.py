@@ -4,6 +4,26 @@ All "find my children" naming lives here so that a restarted operator computes t
 finds the objects it created before (no duplicates), and so that every name is valid where it is
 used: a name that is too long or has the wrong characters is shortened deterministically and made
 unique with a hash of the original.
+
+Names of different RLJobs in one namespace must never meet, or one job's child would stand where
+another's is expected (KubeRay takes an existing head Service of its name as its own). Every name
+of one kind, per RLJob `J` (its RayCluster `C`, normally `J` itself):
+
+    kind            rldock                                  KubeRay
+    ConfigMap       J-config
+    Secret          J-ray-auth, J-env-token-<16 hex>
+    NetworkPolicy   J-ray, J-env-<entry>-<16 hex>
+    Service         J-env-<entry>-<16 hex>                  C-head-svc (and C-serve-svc, C-headless-worker-svc)
+    Deployment      J-env-<entry>-<16 hex>
+    ServiceAccount  J-env-<16 hex>
+
+Names with a fixed ending cannot equal one another across jobs unless their endings do. A name
+whose first part is free (`<rljob>-env-<entry>`: job `math` with entry `v2-head-svc` against job
+`math-env-v2`'s `math-env-v2-head-svc`) is therefore closed by 16 hex digits of a hash of the RLJob
+and entry names (`unforgeable`): no fixed ending above ends in 16 hex digits, and a shortened name
+(`<prefix>-<8 hex>`) has a `-` where this has a digit. Two such names meet only on a 64-bit hash
+collision. And whatever the names, the reconciler never takes over an object some other RLJob (or
+nobody) controls: it reports it (reconcile.py, `_read_owned`).
 """
 
 from __future__ import annotations
@@ -19,6 +39,7 @@ LABEL_VALUE_MAX = 63
 # `<cluster>-workers-worker-abcde`, which must stay DNS labels (<= 63): keep 22 characters spare.
 RAY_CLUSTER_NAME_MAX = DNS_LABEL_MAX - len(f"-{WORKER_GROUP}-worker-abcde") - 1
 _HASH_LEN = 8
+UNFORGEABLE_HASH_LEN = 16
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -97,13 +118,28 @@ def network_policy_name(rljob_name: str) -> str:
     return dns_label(f"{rljob_name}-ray")
 
 
+def unforgeable(stem: str, *parts: str) -> str:
+    """`<stem>-<16 hex>`, a DNS-1035 label: the stem shortened to fit, then 64 bits of a hash of
+    `parts` (joined by `/`, which no name holds). No other child's name ends so (module docstring)."""
+    suffix = hashlib.sha256("/".join(parts).encode()).hexdigest()[:UNFORGEABLE_HASH_LEN]
+    prefix = _shorten(
+        stem, max_len=DNS_LABEL_MAX - UNFORGEABLE_HASH_LEN - 1, valid=_DNS_1035_LABEL, must_start_with_letter=True
+    )
+    return f"{prefix}-{suffix}"
+
+
 def environment_name(rljob_name: str, environment: str) -> str:
     """The Deployment, the Service and the NetworkPolicy of one `spec.environments` entry, all three
-    `<rljob>-env-<environment>`: a DNS-1035 label, as a Service name must be (it starts with a
-    letter), and the host name the runtime's client resolves (builders/environments.py)."""
-    return _shorten(
-        f"{rljob_name}-env-{environment}",
-        max_len=DNS_LABEL_MAX,
-        valid=_DNS_1035_LABEL,
-        must_start_with_letter=True,
-    )
+    `<rljob>-env-<environment>-<16 hex>`: a DNS-1035 label, as a Service name must be, and the host
+    name the runtime's client resolves (builders/environments.py)."""
+    return unforgeable(f"{rljob_name}-env-{environment}", rljob_name, "env", environment)
+
+
+def environment_service_account_name(rljob_name: str) -> str:
+    """The ServiceAccount the environments' pods run as: their own, without token or bindings."""
+    return unforgeable(f"{rljob_name}-env", rljob_name, "env-service-account")
+
+
+def environment_token_secret_name(rljob_name: str) -> str:
+    """The Secret holding the job's environment token (builders/secret.py)."""
+    return unforgeable(f"{rljob_name}-env-token", rljob_name, "env-token")

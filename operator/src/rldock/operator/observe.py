@@ -20,7 +20,7 @@ from rldock.contract.checkpoints import checkpoint_path
 from rldock.contract.failure import last_failure
 from rldock.contract.progress import headline_key, last_progress
 from rldock.operator import naming
-from rldock.operator.api import RLJobStatus
+from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     ANNOTATION_SUSPENDED_BY,
     DASHBOARD_ENDPOINT,
@@ -33,6 +33,7 @@ from rldock.operator.constants import (
     RAY_NODE_TYPE_HEAD,
     RAY_NODE_TYPE_WORKER,
     RAY_STATE_READY,
+    GangScheduler,
     Phase,
     RayJobStatus,
 )
@@ -54,6 +55,7 @@ class WorkerPod:
 
 @dataclass(frozen=True)
 class PodSummary:
+    head_scheduled: bool = False  # the head pod is bound to a node (a gang scheduler admitted the cluster)
     head_running: bool = False  # the head pod runs (its dashboard may answer)
     head_ready: bool = False  # ... and passes its readiness probe
     ready_workers: int = 0
@@ -81,7 +83,7 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 
 def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
     """Pods of one RayCluster (already filtered to those it owns)."""
-    head_running, head_ready, workers, unschedulable = False, False, [], []
+    head_scheduled, head_running, head_ready, workers, unschedulable = False, False, False, [], []
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta, status = pod["metadata"], pod.get("status", {})
         scheduled = _condition(pod, "PodScheduled")
@@ -94,6 +96,9 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
             unschedulable.append(scheduled.get("message") or f"pod {meta['name']} cannot be scheduled")
         node_type = (meta.get("labels") or {}).get(LABEL_RAY_NODE_TYPE)
         if node_type == RAY_NODE_TYPE_HEAD:
+            head_scheduled = head_scheduled or (
+                bool((pod.get("spec") or {}).get("nodeName")) and not meta.get("deletionTimestamp")
+            )
             head_running = head_running or (status.get("phase") == "Running" and not meta.get("deletionTimestamp"))
             head_ready = head_ready or _ready(pod)
         elif node_type == RAY_NODE_TYPE_WORKER:
@@ -107,6 +112,7 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
                 )
             )
     return PodSummary(
+        head_scheduled=head_scheduled,
         head_running=head_running,
         head_ready=head_ready,
         ready_workers=sum(w.ready for w in workers),
@@ -169,6 +175,16 @@ def suspension(cluster: Mapping[str, Any] | None) -> Suspension:
         return Suspension.NONE
     annotations = (cluster.get("metadata") or {}).get("annotations") or {}
     return Suspension.OURS if annotations.get(ANNOTATION_SUSPENDED_BY) == MANAGED_BY_RLDOCK else Suspension.OTHER
+
+
+def admitted(spec: RLJobSpec, cluster: Mapping[str, Any] | None, summary: PodSummary) -> bool:
+    """Whether the job may run now, so that its environments' pods may: its RayCluster exists and is
+    not suspended (by its spec.suspend, or by Kueue until it admits the cluster), and under a Volcano
+    gang (whose pods exist, pending, until Volcano admits the PodGroup) its head pod is bound to a
+    node. Before that the environments hold no pods (reconcile.py)."""
+    if cluster is None or suspension(cluster) is not Suspension.NONE:
+        return False
+    return summary.head_scheduled if spec.scheduling.gang is GangScheduler.VOLCANO else True
 
 
 def ready_to_submit(cluster: Mapping[str, Any], summary: PodSummary, *, num_workers: int) -> bool:
@@ -251,7 +267,7 @@ def progress_of(record: Mapping[str, Any] | None, *, output_dir: str) -> Progres
 # --- Children ----------------------------------------------------------------------------------
 class Ownership(str, Enum):
     OURS = "ours"  # controlled by this RLJob
-    ORPHAN = "orphan"  # labelled as this RLJob's but controlled by nobody: adopt it
+    ORPHAN = "orphan"  # labelled as this RLJob's but controlled by nobody: reported, never adopted
     FOREIGN = "foreign"  # someone else's (or an older RLJob's of the same name still going away)
 
 

@@ -18,7 +18,9 @@ values (passed to the operator as JSON in RLDOCK_POLICY, settings.py):
   PROTECTED_TAINTS, the chart's `policy.protectedTaints`) and a node selector of control-plane nodes
   are refused unless listed;
 - pod defaults the admin adds to every Ray pod: labels, annotations, a priority class and
-  imagePullSecrets.
+  imagePullSecrets;
+- environments (spec.environments): bounds on each entry's replicas, cpu, memory and ephemeral
+  storage, and the egress its pods get besides DNS (none by default; builders/environments.py).
 
 `policy_problems` is pure: spec and policy in, problems (each naming the field and the policy
 value) out. The operator refuses a spec with problems at admission (admission.py) and, for specs
@@ -28,16 +30,17 @@ PolicyDenied and creates nothing for it (reconcile.py).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from rldock.config import Problem
-from rldock.operator.api import NFSSource, RLJobSpec, Toleration
+from rldock.operator.api import Environment, NFSSource, Quantity, RLJobSpec, Toleration, quantity_amount
 from rldock.operator.constants import (
     IMAGE_PATTERN,
     MAX_LABEL_VALUE_LENGTH,
@@ -116,6 +119,69 @@ class AdminPodDefaults(_Model):
     )
 
 
+class LabelSelector(_Model):
+    """A NetworkPolicy peer's selector: pods or namespaces with all these labels."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+
+
+class IPBlock(_Model):
+    """A NetworkPolicy peer's address range, e.g. {cidr: 10.20.0.0/16}."""
+
+    cidr: str = Field(min_length=1)
+    except_: list[str] = Field(default_factory=list, alias="except")
+
+
+class EgressPeer(_Model):
+    """Where environment pods may connect: an address range, or pods (in namespaces) by label, as in a
+    NetworkPolicy's `egress[].to[]`."""
+
+    ip_block: IPBlock | None = None
+    namespace_selector: LabelSelector | None = None
+    pod_selector: LabelSelector | None = None
+
+
+class EgressPort(_Model):
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    port: int | str | None = None
+
+
+class EgressRule(_Model):
+    """One NetworkPolicy egress rule, written as in Kubernetes: `{to: [...], ports: [...]}`."""
+
+    to: list[EgressPeer] = Field(default_factory=list)
+    ports: list[EgressPort] = Field(default_factory=list)
+
+    def manifest(self) -> dict[str, Any]:
+        """The rule as the API server stores it (no empty lists or maps: it leaves them out), so that a
+        stored policy compares equal to a built one."""
+        return _without_empty(self.model_dump(by_alias=True, exclude_none=True))
+
+
+def _without_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_empty(item) for key, item in value.items() if item not in ([], {})}
+    if isinstance(value, list):
+        return [_without_empty(item) for item in value]
+    return value
+
+
+class EnvironmentPolicy(_Model):
+    """What the pods of an RLJob's spec.environments may have (each entry's pods), and where they may
+    connect beyond the cluster's DNS. No bound can be lifted with null: Helm drops a null value and the
+    default would come back; an admin raises it instead."""
+
+    max_replicas: int = Field(default=16, ge=1, description="Largest spec.environments[].replicas.")
+    max_cpu: Quantity = Field(default="4", description="Largest spec.environments[].resources.cpu.")
+    max_memory: Quantity = Field(default="16Gi", description="Largest spec.environments[].resources.memory.")
+    max_ephemeral_storage: Quantity = Field(default="10Gi", description="Largest spec.environments[].ephemeralStorage.")
+    egress: list[EgressRule] = Field(
+        default_factory=list,
+        description="Egress rules (NetworkPolicy `egress` items) of every environment pod, besides DNS; empty: "
+        "nothing but DNS.",
+    )
+
+
 class AdminPolicy(_Model):
     """The chart's `policy` values. Defaults are the secure ones: no hostPath, no NFS, only the
     default runtime image, no toleration of every taint or of a protected taint."""
@@ -160,6 +226,7 @@ class AdminPolicy(_Model):
         description="Allowed nodeSelector keys, each with its allowed values; null: any but a control-plane label.",
     )
     pod_defaults: AdminPodDefaults = Field(default_factory=AdminPodDefaults)
+    environments: EnvironmentPolicy = Field(default_factory=EnvironmentPolicy)
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
@@ -191,6 +258,17 @@ class AdminPolicy(_Model):
         for index, key in enumerate(self.protected_taints):
             if not key or any(c.isspace() for c in key):
                 raise ValueError(f"{CHART_PREFIX}.protectedTaints[{index}]: {key!r} is not a taint key")
+        for index, rule in enumerate(self.environments.egress):
+            for peer_index, peer in enumerate(rule.to):
+                where = f"{CHART_PREFIX}.environments.egress[{index}].to[{peer_index}]"
+                if peer.ip_block is None and peer.namespace_selector is None and peer.pod_selector is None:
+                    raise ValueError(f"{where}: names no ipBlock, namespaceSelector or podSelector")
+                cidrs = [peer.ip_block.cidr, *peer.ip_block.except_] if peer.ip_block else []
+                for cidr in cidrs:
+                    try:
+                        ipaddress.ip_network(cidr, strict=False)
+                    except ValueError:
+                        raise ValueError(f"{where}.ipBlock: {cidr!r} is not a CIDR such as 10.0.0.0/8") from None
         for value in self.pod_defaults.labels.values():
             if len(value) > MAX_LABEL_VALUE_LENGTH:
                 raise ValueError(f"{CHART_PREFIX}.podDefaults.labels: value {value!r} is longer than 63 characters")
@@ -329,12 +407,33 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
         if image is not None and image != default_image and not image_allowed(image, policy.image_prefixes):
             path = f"spec.environments[{index}].image"
             problems.append(_denied(path, "image", image, "imagePrefixes", policy.image_prefixes))
+    for index, environment in enumerate(spec.environments):
+        problems += _environment_bounds(f"spec.environments[{index}]", environment, policy.environments)
     problems += _scheduling_problems(spec, policy)
     for index, toleration in enumerate(spec.cluster.tolerations):
         problems += _toleration_problem(f"spec.cluster.tolerations[{index}]", toleration, policy)
     for key, value in spec.cluster.node_selector.items():
         problems += _node_selector_problem(f"spec.cluster.nodeSelector[{key}]", key, value, policy)
     return problems
+
+
+def _environment_bounds(path: str, environment: Environment, policy: EnvironmentPolicy) -> list[Problem]:
+    """An entry's pods beyond the admin's bounds (`policy.environments.max*`), one problem per field."""
+    asked: list[tuple[str, str, int | str, int | str]] = [
+        ("replicas", "maxReplicas", environment.replicas, policy.max_replicas),
+        ("resources.cpu", "maxCpu", environment.resources.cpu, policy.max_cpu),
+        ("resources.memory", "maxMemory", environment.resources.memory, policy.max_memory),
+        ("ephemeralStorage", "maxEphemeralStorage", environment.ephemeral_storage, policy.max_ephemeral_storage),
+    ]
+    return [
+        Problem(
+            f"{path}.{field}",
+            f"{field} {value!r} is more than the cluster's policy allows ({CHART_PREFIX}.environments.{rule}: "
+            f"{json.dumps(bound)}); ask for at most {bound!s} or ask the cluster admin to raise it",
+        )
+        for field, rule, value, bound in asked
+        if quantity_amount(value) > quantity_amount(bound)
+    ]
 
 
 def _scheduling_problems(spec: RLJobSpec, policy: AdminPolicy) -> list[Problem]:

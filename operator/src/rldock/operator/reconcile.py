@@ -7,14 +7,15 @@ The first rules of the operator's table (rules.py) decide what the round does:
     FINISHED (Succeeded/Failed)         release the RayCluster; delete the RLJob after its TTL
     REFUSED (invalid spec, or outside   release the RayCluster; status Failed naming the fields
     the admin's policy)                 (reason InvalidSpec or PolicyDenied)
-    any other                           ensure Secret, ConfigMap, NetworkPolicy and the environments
-                                        (spec.environments) -> read the RayCluster -> observe pods and
-                                        the Ray job -> compute the status (status.py) -> its actions
-                                        (actions.py) -> act
+    any other                           ensure the Secrets, ConfigMap, NetworkPolicy -> read the
+                                        RayCluster -> observe pods and the Ray job -> ensure the
+                                        environments (spec.environments) -> compute the status
+                                        (status.py) -> its actions (actions.py) -> act
 
-The environments' Deployments run while the job may run: scaled to 0 while it is suspended, once
-it finished and while its spec is refused; an entry that left the spec is deleted with its Service
-and NetworkPolicy.
+The environments' Deployments run while the job is admitted (observe.admitted): 0 pods until its
+RayCluster exists unsuspended (Kueue admitted it) and, under a Volcano gang, its head is bound to a
+node; scaled to 0 while it is suspended, once it finished and while its spec is refused; an entry
+that left the spec is deleted with its Service and NetworkPolicy.
 
 Every round starts from what the cluster says (status, children, Jobs API), never from memory, so
 a restarted operator carries on where the last one stopped: children are found by name and owner,
@@ -27,6 +28,7 @@ decision (SkipRound); the next round, one poll interval later, tries again.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -53,9 +55,14 @@ from rldock.operator.builders import (
     build_network_policy,
     device_resource,
     output_dir,
-    owner_reference,
 )
-from rldock.operator.builders.environments import deployment_patch, network_policy_patch, service_patch
+from rldock.operator.builders.environments import (
+    deployment_patch,
+    network_policy_patch,
+    service_patch,
+    with_replicas,
+)
+from rldock.operator.builders.secret import build_environment_token_secret
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ANNOTATION_SUSPENDED_BY,
@@ -78,6 +85,7 @@ from rldock.operator.observe import (
     PodSummary,
     Progress,
     Suspension,
+    admitted,
     attempt_workers,
     dashboard_url,
     environment_observation,
@@ -208,6 +216,7 @@ class Reconciler:
         jobs_client: JobsClientFactory | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         metrics: Metrics | None = None,
+        draw_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -219,6 +228,9 @@ class Reconciler:
         self._clock = clock
         self._logs = ProgressCursor()  # how far each running job's driver log was parsed
         self._secrets_made: set[str] = set()  # uids of RLJobs whose auth Secret this process made or found
+        self._environment_tokens_made: set[str] = set()  # ... and whose environment token Secret
+        self._service_accounts_made: set[str] = set()  # ... and whose environments' ServiceAccount
+        self._draw_token = draw_token
         self.desired = DesiredCache(settings)  # each RLJob's spec generation worked out once
 
     # --- the round ---------------------------------------------------------------------------
@@ -288,6 +300,8 @@ class Reconciler:
         """Drop what this process remembers of an RLJob that stopped running."""
         self._logs.forget(ref)
         self._secrets_made.discard(ref.uid)
+        self._environment_tokens_made.discard(ref.uid)
+        self._service_accounts_made.discard(ref.uid)
 
     def _run(self, rnd: Round, out: Outcome) -> None:
         try:
@@ -300,14 +314,18 @@ class Reconciler:
         spec = rnd.spec
         assert spec is not None, "a spec without problems parsed"
         token = self._ensure_secret(rnd, out)
+        if spec.environments:
+            # Before the cluster and the environments: both sides' pods read it.
+            self._ensure_environment_token(rnd, out)
         self._ensure_config_map(rnd, out)
         if self.settings.network_policy:
             # Before the cluster: its pods never run unprotected.
             self._ensure_network_policy(rnd, out)
-        environments = self._ensure_environments(rnd, spec, out)
         desired = rnd.desired.ray_cluster()
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
+        # The environments' pods only while the job is admitted: none while it waits in a queue.
+        environments = self._ensure_environments(rnd, spec, out, admitted=admitted(spec, cluster, seen.summary))
         status = self._status(
             rnd,
             Observations(
@@ -355,29 +373,26 @@ class Reconciler:
 
     # --- children ----------------------------------------------------------------------------
     def _read_owned(self, rnd: Round, kind: str, name: str) -> dict[str, Any] | None:
-        """The child `name`, adopted when it is labelled ours but has no controller; SkipRound when
-        it belongs to someone else (e.g. an RLJob of the same name that is still going away)."""
+        """The child `name` when this RLJob controls it; BlockedRound when anyone else or nobody
+        does (an object of that name made by hand, by another RLJob, or by one of the same name still
+        going away): it is reported, never adopted, since taking it over would hand this job's
+        traffic, pods or token to whoever made it (naming.py); SkipRound while it is being deleted."""
         obj = self.kube.get(kind, rnd.ref.namespace, name)
         if obj is None:
             return None
         if obj["metadata"].get("deletionTimestamp"):
             raise SkipRound(f"{kind} {name} is being deleted; waiting for it to go")
-        whose = ownership(obj, uid=rnd.ref.uid, rljob_name=rnd.ref.name)
-        if whose is Ownership.FOREIGN:
+        if ownership(obj, uid=rnd.ref.uid, rljob_name=rnd.ref.name) is not Ownership.OURS:
             raise BlockedRound(
                 Blocked(
                     Reason.NAME_CONFLICT,
                     (
                         f"{kind} {name} already exists and belongs to {_controller(obj)}, not to this RLJob; "
-                        "it is left alone. If it belonged to a deleted RLJob of the same name it goes away "
-                        f"with it; otherwise delete or rename that {kind}, or give this RLJob another name"
+                        "it is left alone and not adopted. If it belonged to a deleted RLJob of the same name it "
+                        f"goes away with it; otherwise delete or rename that {kind}, or give this RLJob another name"
                     ),
                 )
             )
-        if whose is Ownership.ORPHAN:
-            refs = [*(obj["metadata"].get("ownerReferences") or ()), owner_reference(rnd.ref)]
-            log.info("%s/%s: adopting %s %s", rnd.ref.namespace, rnd.ref.name, kind, name)
-            obj = self.kube.patch(kind, rnd.ref.namespace, name, {"metadata": {"ownerReferences": refs}})
         return obj
 
     def _ensure_secret(self, rnd: Round, out: Outcome) -> str:
@@ -394,6 +409,20 @@ class Reconciler:
                 )
             self._secrets_made.add(rnd.ref.uid)
         return token
+
+    def _ensure_environment_token(self, rnd: Round, out: Outcome) -> None:
+        """The Secret with the job's environment token, a random one drawn when the Secret is made:
+        the operator never reads it back (its role may only create Secrets), nor needs it."""
+        if rnd.ref.uid in self._environment_tokens_made:
+            return
+        secret = build_environment_token_secret(job=rnd.ref, token=self._draw_token())
+        if _create(self.kube, secret) is not None:
+            out.event(
+                "Normal",
+                EventReason.CREATED_ENVIRONMENT_TOKEN,
+                f"created Secret {secret['metadata']['name']} with the token the environments' servers ask for",
+            )
+        self._environment_tokens_made.add(rnd.ref.uid)
 
     def _token(self, ref: RLJobRef) -> str:
         if self.settings.token_key is None:
@@ -420,19 +449,27 @@ class Reconciler:
         elif existing.get("spec") != desired["spec"]:  # edited by hand, or the operator moved
             self.kube.patch("NetworkPolicy", rnd.ref.namespace, name, {"spec": desired["spec"]})
 
-    def _ensure_environments(self, rnd: Round, spec: RLJobSpec, out: Outcome) -> list[EnvironmentObservation] | None:
-        """Each spec.environments entry's NetworkPolicy, Service and Deployment (builders/environments.py),
-        created, or patched where they differ from the spec; entries that left the spec deleted. What
+    def _ensure_environments(
+        self, rnd: Round, spec: RLJobSpec, out: Outcome, *, admitted: bool
+    ) -> list[EnvironmentObservation] | None:
+        """Each spec.environments entry's NetworkPolicy, ServiceAccount, Service and Deployment
+        (builders/environments.py), created, or patched where they differ from the spec; the
+        Deployments at 0 pods until the job is `admitted`; entries that left the spec deleted. What
         their Deployments report, in spec order; None for a job that has and had no environments."""
         if not spec.environments and not rnd.previous.environments:
             return None
+        if spec.environments and rnd.ref.uid not in self._service_accounts_made:
+            # Made and found once per process, as the Secrets: never patched, so never read again.
+            self._ensure_child(rnd, rnd.desired.environment_service_account(), _never_patched)
+            self._service_accounts_made.add(rnd.ref.uid)
         seen = []
         for environment in spec.environments:
             children = rnd.desired.environment(environment)
             if self.settings.network_policy:  # before the pods, as for the Ray pods
                 self._ensure_child(rnd, children.network_policy, network_policy_patch)
             self._ensure_child(rnd, children.service, service_patch)
-            deployment, created = self._ensure_child(rnd, children.deployment, deployment_patch)
+            scaled = children.deployment if admitted else with_replicas(children.deployment, 0)
+            deployment, created = self._ensure_child(rnd, scaled, deployment_patch)
             if created:
                 name = deployment["metadata"]["name"]
                 out.event(
@@ -440,8 +477,9 @@ class Reconciler:
                     EventReason.CREATED_ENVIRONMENT,
                     f"created Deployment and Service {name}"
                     + (" and its NetworkPolicy" if self.settings.network_policy else "")
-                    + f" for environment {environment.name!r}: {deployment['spec']['replicas']} pod(s) of "
-                    f"{deployment['spec']['template']['spec']['containers'][0]['image']} on port {environment.port}",
+                    + f" for environment {environment.name!r}: {children.deployment['spec']['replicas']} pod(s) of "
+                    f"{deployment['spec']['template']['spec']['containers'][0]['image']} on port {environment.port}"
+                    + ("" if admitted else ", started once the job is admitted"),
                 )
             seen.append(environment_observation(environment.name, deployment))
         wanted = {environment.name for environment in spec.environments}
@@ -772,12 +810,18 @@ def _create(kube: Kube, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         ) from None
 
 
+def _never_patched(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
+    """A child made once and left as made (the environments' ServiceAccount): the operator holds no
+    `patch` on it."""
+    return None
+
+
 def _controller(obj: Mapping[str, Any]) -> str:
     """Who controls `obj`, in words, for a message."""
     refs = obj.get("metadata", {}).get("ownerReferences") or ()
     controller = next((ref for ref in refs if ref.get("controller")), None)
     if controller is None:
-        return "no RLJob (it has no controller and is not labelled as this RLJob's)"
+        return "no controller (made by hand or orphaned; the operator adopts nothing it did not make)"
     return f"{controller.get('kind', 'an object')} {controller.get('name', '?')} (uid {controller.get('uid', '?')})"
 
 

@@ -23,6 +23,7 @@ from rldock.operator.builders.ray_cluster import is_ascend_resource
 from rldock.operator.constants import (
     CONFIG_MAP_MAX_BYTES,
     CONFIG_MOUNT_PATH,
+    ENV_ENVIRONMENT_TOKEN,
     IMAGE_PATTERN,
     OPERATOR_ENV,
     OPERATOR_VOLUMES,
@@ -475,6 +476,14 @@ def environment_problems(spec: RLJobSpec) -> list[Problem]:
             at = f"{path}.env[{number}]"
             if not _ENV_NAME.match(var.name):
                 problems.append(Problem(f"{at}.name", f"{var.name!r} is not a valid variable name"))
+            elif var.name == ENV_ENVIRONMENT_TOKEN:
+                problems.append(
+                    Problem(
+                        f"{at}.name",
+                        f"{var.name} is the job's environment token, which the operator sets from a Secret of its "
+                        "own; remove it (the server reads it as given)",
+                    )
+                )
             elif var.name in seen:
                 problems.append(Problem(f"{at}.name", f"{var.name!r} is also set by {path}.env[{seen[var.name]}]"))
             seen.setdefault(var.name, number)

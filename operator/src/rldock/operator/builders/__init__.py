@@ -9,6 +9,7 @@ from rldock.operator.builders.config_map import build_config_map, render_job_con
 from rldock.operator.builders.environments import (
     EnvironmentChildren,
     build_environment,
+    build_environment_service_account,
     runtime_job_config,
     service_url,
 )
@@ -16,7 +17,7 @@ from rldock.operator.builders.network_policy import build_network_policy
 from rldock.operator.builders.ray_cluster import build_ray_cluster, device_resource
 from rldock.operator.builders.ray_job import build_entrypoint, build_job_submission, output_dir
 from rldock.operator.builders.rbac import build_rbac
-from rldock.operator.builders.secret import build_auth_secret
+from rldock.operator.builders.secret import build_auth_secret, build_environment_token_secret
 
 __all__ = [
     "EnvironmentChildren",
@@ -25,6 +26,8 @@ __all__ = [
     "build_config_map",
     "build_entrypoint",
     "build_environment",
+    "build_environment_service_account",
+    "build_environment_token_secret",
     "build_job_submission",
     "build_network_policy",
     "build_ray_cluster",

@@ -1,24 +1,34 @@
 """The children of one `spec.environments` entry, and the job config that points the runtime at them.
 
-An environment (an OpenEnv server: `/health`, `/reset`, `/step`, `/ws`) runs as:
+An environment (an OpenEnv server: `/health`, `/reset`, `/step`, `/ws`) runs code the job's author
+may not have written, and, for the python sandbox, code the model wrote. So its pods get as little
+as a pod can have, and what they get is bounded by the admin's policy (policy.py, `environments`):
 
-- a **Deployment** of `replicas` pods (0 while the RLJob is suspended), each one container of the
-  entry's image serving on `port`, ready when `GET /health` answers there. The pods meet the
-  `restricted` Pod Security Standard exactly as the Ray pods do (the same security contexts,
-  builders/ray_cluster.py), get no service-account token and no Service links, and have only
-  `/tmp` writable (an emptyDir): an environment runs code the job's author may not have written,
-  and, for the python sandbox, code the model wrote, so it gets nothing of the Ray pods' volumes,
-  env or token;
+- a **Deployment** of `replicas` pods, each one container of the entry's image serving on `port`,
+  ready when `GET /health` answers there. The pods meet the `restricted` Pod Security Standard as the
+  Ray pods do (the same security contexts, builders/ray_cluster.py), with a read-only root
+  filesystem: `/tmp` is their only writable path, an emptyDir of `ephemeralStorage`, which is also the
+  pod's ephemeral-storage request and limit. They run as the job's own **ServiceAccount** for
+  environments (no token mounted, no RoleBinding names it), get no Service links, nothing of the Ray
+  pods' volumes or env, and only the job's environment token (RLDOCK_ENV_TOKEN, builders/secret.py)
+  that their server asks every client for. They carry the job's scheduler and queue (the Kueue
+  queue label, Volcano's scheduler and queue annotation), so a queue counts them, and the reconciler
+  scales them up only once the job is admitted (`replicas` here; reconcile.py sets 0 before);
 - a **headless Service** (`clusterIP: None`), so the cluster's DNS answers the name with one
   address per ready pod and the runtime's client spreads its sessions over the replicas itself
-  (a ClusterIP would pin each WebSocket session to whichever pod kube-proxy picked, unseen);
-- a **NetworkPolicy** admitting connections to the pods on `port` from the job's Ray pods only.
+  (a ClusterIP would pin each WebSocket session to whichever pod kube-proxy picked, unseen). It
+  and the Deployment select the pods by the RLJob's uid too, which a stray pod copying the readable
+  labels does not carry;
+- a **NetworkPolicy** admitting connections to the pods on `port` from the job's Ray pods only, and
+  letting the pods connect nowhere but the cluster's DNS and what the admin's policy lists
+  (`policy.environments.egress`): not the cloud's metadata address, the API server or the internet.
 
-All three are named `<rljob>-env-<name>` (naming.environment_name) and owned by the RLJob, so they
-go with it. The pods carry `rldock.io/environment-of` instead of `rldock.io/rljob`, so the Ray
-pods' own NetworkPolicy (builders/network_policy.py), which admits every pod labelled
-`rldock.io/rljob`, does not let an environment reach the Ray cluster's ports; the Ray pods' egress
-is open, so they reach the environments.
+The Deployment, Service and NetworkPolicy are named `<rljob>-env-<name>-<16 hex>`
+(naming.environment_name), the ServiceAccount one per RLJob; all are owned by the RLJob, so they go
+with it. The pods carry `rldock.io/environment-of` instead of `rldock.io/rljob`, so the Ray pods'
+own NetworkPolicy (builders/network_policy.py), which admits every pod labelled `rldock.io/rljob`,
+does not let an environment reach the Ray cluster's ports; the Ray pods' egress is open, so they
+reach the environments.
 
 In the job config, `servers.service: <name>` names an entry; `runtime_job_config` replaces it by
 the Service's URL and the entry's sessions per replica, so the runtime never sees `service`.
@@ -29,7 +39,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
@@ -39,18 +49,29 @@ from rldock.config.job import EnvironmentServersSpec
 from rldock.operator import naming
 from rldock.operator.api import Environment, PodDefaults, RLJobSpec
 from rldock.operator.builders.common import RLJobRef, child_metadata
-from rldock.operator.builders.ray_cluster import CONTAINER_SECURITY_CONTEXT, POD_SECURITY_CONTEXT
+from rldock.operator.builders.ray_cluster import (
+    CONTAINER_SECURITY_CONTEXT,
+    POD_SECURITY_CONTEXT,
+    environment_token_env,
+)
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
+    ANNOTATION_VOLCANO_QUEUE,
     APP_NAME,
     CLUSTER_DOMAIN,
+    DNS_NAMESPACE,
+    DNS_POD_LABELS,
+    DNS_PORT,
     ENVIRONMENT_CONTAINER,
     ENVIRONMENT_HEALTH_PATH,
     ENVIRONMENT_PORT_NAME,
     LABEL_APP_NAME,
     LABEL_ENVIRONMENT,
     LABEL_ENVIRONMENT_OF,
+    LABEL_ENVIRONMENT_UID,
+    LABEL_KUEUE_QUEUE,
     LABEL_MANAGED_BY,
+    LABEL_NAMESPACE_NAME,
     LABEL_RLJOB,
     LABEL_ROLE,
     MANAGED_BY,
@@ -58,17 +79,20 @@ from rldock.operator.constants import (
     ROLE_HEAD,
     ROLE_WORKER,
     TMP_MOUNT_PATH,
+    VOLCANO_SCHEDULER,
     VOLUME_TMP,
+    GangScheduler,
 )
 
 # Keys of the Deployment's pod template that a builder may leave out: a merge patch must remove
 # them explicitly (null), or a value the desired object no longer has would stay (deployment_patch).
-_OPTIONAL_POD_FIELDS = ("imagePullSecrets", "priorityClassName")
+_OPTIONAL_POD_FIELDS = ("imagePullSecrets", "priorityClassName", "schedulerName")
 
 
 class EnvironmentChildren(NamedTuple):
     """What one spec.environments entry becomes, in the order they are created: the pods are never
-    up before the policy that guards them, nor unnamed."""
+    up before the policy that guards them, nor unnamed. (The ServiceAccount they run as is the RLJob's,
+    one for all entries, made before any: build_environment_service_account.)"""
 
     network_policy: dict[str, Any]
     service: dict[str, Any]
@@ -112,8 +136,13 @@ def runtime_job_config(*, job: RLJobRef, spec: RLJobSpec) -> JobConfig:
 
 
 def pod_selector(job: RLJobRef, environment: Environment) -> dict[str, str]:
-    """The labels that pick one entry's pods (the Deployment's immutable selector)."""
-    return {LABEL_ENVIRONMENT_OF: naming.label_value(job.name), LABEL_ENVIRONMENT: environment.name}
+    """The labels that pick one entry's pods (the Deployment's immutable selector, the Service's): the
+    RLJob's uid among them, so that only this RLJob's pods match."""
+    return {
+        LABEL_ENVIRONMENT_OF: naming.label_value(job.name),
+        LABEL_ENVIRONMENT: environment.name,
+        LABEL_ENVIRONMENT_UID: job.uid,
+    }
 
 
 def environment_image(spec: RLJobSpec, environment: Environment, defaults: PodDefaults) -> str:
@@ -121,61 +150,117 @@ def environment_image(spec: RLJobSpec, environment: Environment, defaults: PodDe
 
 
 def build_environment(
-    *, job: RLJobRef, spec: RLJobSpec, environment: Environment, defaults: PodDefaults = PodDefaults()
+    *,
+    job: RLJobRef,
+    spec: RLJobSpec,
+    environment: Environment,
+    defaults: PodDefaults = PodDefaults(),
+    egress: Sequence[Mapping[str, Any]] = (),
 ) -> EnvironmentChildren:
-    """The NetworkPolicy, Service and Deployment of `environment`, an entry of `spec.environments`."""
+    """The NetworkPolicy, Service and Deployment of `environment`, an entry of `spec.environments`;
+    `egress`: the admin's egress rules besides DNS (policy.environments.egress)."""
     return EnvironmentChildren(
-        network_policy=build_environment_network_policy(job=job, environment=environment),
+        network_policy=build_environment_network_policy(job=job, environment=environment, egress=egress),
         service=build_environment_service(job=job, environment=environment),
         deployment=build_environment_deployment(job=job, spec=spec, environment=environment, defaults=defaults),
     )
 
 
+def build_environment_service_account(*, job: RLJobRef) -> dict[str, Any]:
+    """The identity the environments' pods run as instead of the namespace's `default` (and whatever
+    RoleBindings name it): one per RLJob, bound to nothing, its token never mounted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": child_metadata(job, naming.environment_service_account_name(job.name)),
+        "automountServiceAccountToken": False,
+    }
+
+
 def build_environment_deployment(
     *, job: RLJobRef, spec: RLJobSpec, environment: Environment, defaults: PodDefaults = PodDefaults()
 ) -> dict[str, Any]:
-    """`replicas` pods, none while the RLJob is suspended; annotated with the hash of everything but
-    the replica count, which the reconciler compares to decide on a patch."""
+    """`replicas` pods, none while the RLJob is suspended (and none before it is admitted: the
+    reconciler's `with_replicas`); annotated with the hash of everything but the replica count, which
+    the reconciler compares to decide on a patch."""
     selector = pod_selector(job, environment)
+    queue_labels, queue_annotations = _queue(spec)
     template_labels = {
         **defaults.labels,  # the admin's, under the operator's own
         LABEL_APP_NAME: APP_NAME,
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_ROLE: ROLE_ENVIRONMENT,
+        **queue_labels,
         **selector,
     }
     pod_spec: dict[str, Any] = {
+        "serviceAccountName": naming.environment_service_account_name(job.name),
         "automountServiceAccountToken": False,
         # No `<SERVICE>_HOST`/`_PORT` variables of every Service in the namespace: the pods learn
         # nothing of their neighbours they were not given.
         "enableServiceLinks": False,
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
-        "containers": [_container(spec, environment, defaults)],
-        "volumes": [{"name": VOLUME_TMP, "emptyDir": {}}],
+        "containers": [_container(job, spec, environment, defaults)],
+        # The only writable path, sized: a full /tmp is ENOSPC to the server, not the node's disk.
+        "volumes": [{"name": VOLUME_TMP, "emptyDir": {"sizeLimit": str(environment.ephemeral_storage)}}],
     }
+    scheduler = _scheduler(spec)
+    if scheduler is not None:
+        pod_spec["schedulerName"] = scheduler
     pull_secrets = defaults.image_pull_secrets_of(spec)
     if pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in pull_secrets]
     if defaults.priority_class_name:
         pod_spec["priorityClassName"] = defaults.priority_class_name
     template_metadata: dict[str, Any] = {"labels": template_labels}
-    if defaults.annotations:
-        template_metadata["annotations"] = dict(defaults.annotations)
+    annotations = {**defaults.annotations, **queue_annotations}
+    if annotations:
+        template_metadata["annotations"] = annotations
     deployment_spec: dict[str, Any] = {
         "replicas": 0 if spec.suspend else environment.replicas,
         "selector": {"matchLabels": selector},
         "template": {"metadata": template_metadata, "spec": pod_spec},
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _metadata(job, environment, hashed={k: v for k, v in deployment_spec.items() if k != "replicas"}),
-        "spec": deployment_spec,
+    metadata = _metadata(job, environment, hashed={k: v for k, v in deployment_spec.items() if k != "replicas"})
+    metadata["labels"].update(queue_labels)  # Kueue reads a Deployment's queue from its own labels
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata, "spec": deployment_spec}
+
+
+def with_replicas(deployment: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    """`deployment` asking for `replicas` pods (the hash leaves the count out, so it stays valid)."""
+    scaled = copy.deepcopy(dict(deployment))
+    scaled["spec"]["replicas"] = replicas
+    return scaled
+
+
+def _scheduler(spec: RLJobSpec) -> str | None:
+    """The scheduler of the job's pods: its own, else Volcano's for a Volcano gang (KubeRay sets that
+    on the Ray pods), else the cluster's default."""
+    if spec.scheduling.scheduler_name:
+        return spec.scheduling.scheduler_name
+    return VOLCANO_SCHEDULER if spec.scheduling.gang is GangScheduler.VOLCANO else None
+
+
+def _queue(spec: RLJobSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and pod annotations that put the environments' pods in the job's queue: Kueue's
+    queue label (its pod and Deployment integrations admit them against the same quota), Volcano's
+    queue annotation (the PodGroup Volcano makes for a lone pod takes the queue from it)."""
+    queue = spec.scheduling.queue
+    if not queue:
+        return {}, {}
+    if spec.scheduling.gang is GangScheduler.KUEUE:
+        return {LABEL_KUEUE_QUEUE: queue}, {}
+    if _scheduler(spec) == VOLCANO_SCHEDULER:
+        return {}, {ANNOTATION_VOLCANO_QUEUE: queue}
+    return {}, {}
+
+
+def _container(job: RLJobRef, spec: RLJobSpec, environment: Environment, defaults: PodDefaults) -> dict[str, Any]:
+    amounts = {
+        "cpu": str(environment.resources.cpu),
+        "memory": str(environment.resources.memory),
+        "ephemeral-storage": str(environment.ephemeral_storage),
     }
-
-
-def _container(spec: RLJobSpec, environment: Environment, defaults: PodDefaults) -> dict[str, Any]:
-    amounts = {"cpu": str(environment.resources.cpu), "memory": str(environment.resources.memory)}
     container: dict[str, Any] = {
         "name": ENVIRONMENT_CONTAINER,
         "image": environment_image(spec, environment, defaults),
@@ -188,9 +273,10 @@ def _container(spec: RLJobSpec, environment: Environment, defaults: PodDefaults)
     container.update(
         {
             "ports": [{"name": ENVIRONMENT_PORT_NAME, "containerPort": environment.port, "protocol": "TCP"}],
-            "env": [_dump(var) for var in environment.env],
+            # The operator's token last: it wins over a variable of the same name (validation refuses one).
+            "env": [*(_dump(var) for var in environment.env), environment_token_env(job)],
             "resources": {"requests": dict(amounts), "limits": dict(amounts)},
-            "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+            "securityContext": {**copy.deepcopy(CONTAINER_SECURITY_CONTEXT), "readOnlyRootFilesystem": True},
             # Ready (and so in the Service's DNS answer) once the server answers its health check;
             # no liveness probe: a server busy with long steps must not be restarted mid-episode,
             # and one that exits is restarted by the kubelet anyway.
@@ -229,11 +315,24 @@ def build_environment_service(*, job: RLJobRef, environment: Environment) -> dic
     }
 
 
-def build_environment_network_policy(*, job: RLJobRef, environment: Environment) -> dict[str, Any]:
-    """Ingress to the entry's pods on its port from the job's Ray pods (head and workers) only."""
+def build_environment_network_policy(
+    *, job: RLJobRef, environment: Environment, egress: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Ingress to the entry's pods on its port from the job's Ray pods (head and workers) only; egress
+    from them to the cluster's DNS and to `egress` (the admin's rules) only. Enforced where the
+    cluster's network plugin enforces NetworkPolicies (docs/security.md)."""
     ray_pods = {
         "matchLabels": {LABEL_RLJOB: naming.label_value(job.name)},
         "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [ROLE_HEAD, ROLE_WORKER]}],
+    }
+    dns = {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {LABEL_NAMESPACE_NAME: DNS_NAMESPACE}},
+                "podSelector": {"matchLabels": dict(DNS_POD_LABELS)},
+            }
+        ],
+        "ports": [{"protocol": protocol, "port": DNS_PORT} for protocol in ("UDP", "TCP")],
     }
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -241,10 +340,11 @@ def build_environment_network_policy(*, job: RLJobRef, environment: Environment)
         "metadata": _metadata(job, environment),
         "spec": {
             "podSelector": {"matchLabels": pod_selector(job, environment)},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {"from": [{"podSelector": ray_pods}], "ports": [{"protocol": "TCP", "port": environment.port}]}
             ],
+            "egress": [dns, *(copy.deepcopy(dict(rule)) for rule in egress)],
         },
     }
 

@@ -47,9 +47,11 @@ from rldock.operator.constants import (
     ASCEND_RESOURCE_DOMAIN,
     AUTH_SECRET_KEY,
     CONFIG_MOUNT_PATH,
+    ENV_ENVIRONMENT_TOKEN,
     ENV_JOB_CONFIG,
     ENV_RAY_AUTH_MODE,
     ENV_RAY_AUTH_TOKEN,
+    ENVIRONMENT_TOKEN_KEY,
     GPU_DEVICE_RESOURCE,
     HEAD_CONTAINER,
     JOB_CONFIG_PATH,
@@ -272,6 +274,9 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
                 "valueFrom": {"secretKeyRef": {"name": naming.auth_secret_name(job.name), "key": AUTH_SECRET_KEY}},
             },
             *(_dump(var) for var in spec.env),
+            # The job's environment token, which its clients send the environments' servers; only a
+            # job with spec.environments has one (builders/secret.py).
+            *([environment_token_env(job)] if spec.environments else []),
         ],
         "volumeMounts": [
             {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
@@ -286,6 +291,15 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
         # over a Secret's key of the same name.
         container["envFrom"] = [_dump(source) for source in spec.env_from]
     return container
+
+
+def environment_token_env(job: RLJobRef) -> dict[str, Any]:
+    """RLDOCK_ENV_TOKEN from the job's environment token Secret, in the Ray pods and the environments'."""
+    secret = naming.environment_token_secret_name(job.name)
+    return {
+        "name": ENV_ENVIRONMENT_TOKEN,
+        "valueFrom": {"secretKeyRef": {"name": secret, "key": ENVIRONMENT_TOKEN_KEY}},
+    }
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:

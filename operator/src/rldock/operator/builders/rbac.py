@@ -9,13 +9,16 @@ operator/src/rldock/operator/handlers.py):
   `rljobs/finalizers: update`: children carry `blockOwnerDeletion`, which clusters with the
   OwnerReferencesPermissionEnforcement admission plugin only allow to who may update the owner's
   finalizers.
-- rayclusters: read by name, created, patched (suspend, adoption) and deleted (replacement,
+- rayclusters: read by name, created, patched (suspend) and deleted (replacement,
   release after the job ends); listed and watched so that a change of an RLJob's cluster (KubeRay's
   status, a deletion, Kueue's admission) runs its round at once (handlers.py), instead of every
   RLJob polling its cluster.
 - configmaps: the job config, read by name, created, patched.
-- secrets: `create` only, for each RLJob's Ray auth token. The operator derives the token from its
-  own key (tokens.py) and never reads a Secret back, so its role cannot read the cluster's Secrets.
+- secrets: `create` only, for each RLJob's Ray auth token and, with spec.environments, its
+  environment token. The operator derives the first from its own key (tokens.py), draws the second
+  at random, and never reads a Secret back, so its role cannot read the cluster's Secrets.
+- serviceaccounts: the environments' own ServiceAccount of each RLJob (builders/environments.py),
+  read by name (whose it is) and created; never patched, bound or given a token.
 - networkpolicies: each RLJob's NetworkPolicy (builders/network_policy.py) and one per environment
   (builders/environments.py), read by name, created, patched back when edited; an environment's is
   deleted when its entry leaves spec.environments.
@@ -25,7 +28,8 @@ operator/src/rldock/operator/handlers.py):
   listed by label (the RLJob's environments, to find entries that left it) and watched, so that
   their ready replicas reach the RLJob's status at once; kopf filters the label
   `rldock.io/environment` itself, as for pods.
-- pods: listed by label (KubeRay's `ray.io/cluster`) for scheduling messages and lost workers,
+- pods: listed by label (KubeRay's `ray.io/cluster`) for scheduling messages, lost workers and
+  whether a gang's head is bound (an admitted job's environments start then), never read by name,
   and watched for the same reason as rayclusters (a head that came up, a pod the scheduler cannot
   place, a lost worker). Kopf (1.45) watches a resource whole and filters labels itself, so it
   lists and watches every pod of the watched namespaces and keeps those labelled `ray.io/cluster`.
@@ -60,6 +64,7 @@ RULES: tuple[dict[str, Any], ...] = (
     },
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
     {
         "apiGroups": ["networking.k8s.io"],
         "resources": ["networkpolicies"],
@@ -71,7 +76,7 @@ RULES: tuple[dict[str, Any], ...] = (
         "resources": ["deployments"],
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
 )

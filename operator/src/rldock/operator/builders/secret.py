@@ -1,9 +1,15 @@
-"""The Secret with the Ray cluster's auth token (Ray >= 2.52 token authentication).
+"""The Secrets of an RLJob's tokens: the Ray cluster's auth token (Ray >= 2.52 token authentication)
+and, for a job with spec.environments, the environment token.
 
 Ray 2.60 turns token authentication on by default. The operator therefore gives every RLJob its
 own random token: this Secret (owned by the RLJob, so it goes with it) is read by every Ray pod
 through `RAY_AUTH_TOKEN` (ray_cluster.py) and by the operator, which sends it to the Jobs API as
-`Authorization: Bearer <token>`. The token is passed in: builders draw no randomness.
+`Authorization: Bearer <token>`.
+
+The environment token is what the environments' servers ask every client for (`rldock env serve`,
+RLDOCK_ENV_TOKEN): the Ray pods' clients and the environments' pods read it from this Secret as
+RLDOCK_ENV_TOKEN; the operator draws it at random when it makes the Secret and never reads it back
+(it talks to no environment). The tokens are passed in: builders draw no randomness.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any
 
 from rldock.operator import naming
 from rldock.operator.builders.common import RLJobRef, child_metadata
-from rldock.operator.constants import AUTH_SECRET_KEY
+from rldock.operator.constants import AUTH_SECRET_KEY, ENVIRONMENT_TOKEN_KEY
 
 
 def build_auth_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
@@ -24,4 +30,16 @@ def build_auth_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
         "type": "Opaque",
         "metadata": child_metadata(job, naming.auth_secret_name(job.name)),
         "stringData": {AUTH_SECRET_KEY: token},
+    }
+
+
+def build_environment_token_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
+    if not token:
+        raise ValueError("the environment token must not be empty")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": child_metadata(job, naming.environment_token_secret_name(job.name)),
+        "stringData": {ENVIRONMENT_TOKEN_KEY: token},
     }

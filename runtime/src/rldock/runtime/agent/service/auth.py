@@ -13,7 +13,9 @@ import os
 import secrets
 from pathlib import Path
 
-TOKEN_ENV = "RLDOCK_ENV_TOKEN"
+from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV
+
+TOKEN_ENV = ENVIRONMENT_TOKEN_ENV
 # Below this a token is refused as too easy to guess (a generated one is 43 characters).
 MIN_TOKEN_CHARS = 16
 
