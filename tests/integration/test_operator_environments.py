@@ -1,14 +1,17 @@
 """spec.environments against a real kube-apiserver and controller-manager (e2e/controlplane): the
 operator as its own process with exactly the RBAC builders/rbac.py generates, the real Deployment,
-ReplicaSet and endpoints controllers and garbage collector, and the kubelet double
-(e2e/src/rldock_e2e/doubles/kubelet.py) making the bound pods Running and Ready.
+ReplicaSet and endpoints controllers, ServiceAccount admission and garbage collector, and the kubelet
+double (e2e/src/rldock_e2e/doubles/kubelet.py) making the bound pods Running and Ready.
 
 No KubeRay double here: the RayCluster is created and left alone (no Ray pods), which is all the
-environments need; the Ray side is test_operator.py's.
+environments need; the Ray side is test_operator.py's. No Kueue either: a test admits a queued
+RayCluster as Kueue does, by unsuspending it. No network plugin enforces the NetworkPolicies here:
+they are checked as the API server stores them (docs/security.md says so).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,8 +38,10 @@ pytestmark = [
 POLL = 1.0
 TIMEOUT = 60.0
 ENV_PREFIX = "registry.example.com/envs/"
-# The admin allows environment images under one prefix (and, as always, the runtime image).
-POLICY = {"imagePrefixes": [ENV_PREFIX]}
+# The admin allows environment images under one prefix (and, as always, the runtime image), and
+# one Kueue queue.
+QUEUE = "team-a"
+POLICY = {"imagePrefixes": [ENV_PREFIX], "queues": [QUEUE]}
 CABINET = {
     "name": "cabinet",
     "image": f"{ENV_PREFIX}cabinet:1",
@@ -62,8 +67,10 @@ SANDBOX = {
 CHILDREN = ("Deployment", "Service", "NetworkPolicy")
 
 
-def rljob(name: str, environments: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    """An agent job whose environment and sandbox servers are the RLJob's environments."""
+def rljob(
+    name: str, environments: list[dict[str, Any]], *, services: tuple[str, str] = ("cabinet", "sandbox"), **spec: Any
+) -> dict[str, Any]:
+    """An agent job whose environment and sandbox servers are the RLJob's environments `services`."""
     job = {
         "name": name,
         "iterations": 4,
@@ -80,8 +87,8 @@ def rljob(name: str, environments: list[dict[str, Any]], **spec: Any) -> dict[st
         "resources": {"num_nodes": 1, "devices_per_node": 2},
         "agent": {
             "tools": [{"name": "python"}],
-            "environment": {"name": "openenv", "servers": {"service": "cabinet"}},
-            "sandbox": {"servers": {"service": "sandbox"}},
+            "environment": {"name": "openenv", "servers": {"service": services[0]}},
+            "sandbox": {"servers": {"service": services[1]}},
         },
     }
     body = {
@@ -127,6 +134,11 @@ class Envs:
             "Service": self.core.read_namespaced_service,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
             "ConfigMap": self.core.read_namespaced_config_map,
+            "ServiceAccount": self.core.read_namespaced_service_account,
+            "Secret": self.core.read_namespaced_secret,  # as the admin: the operator cannot
+            "RayCluster": lambda name, namespace, **kw: self.custom.get_namespaced_custom_object(
+                "ray.io", "v1", namespace, "rayclusters", name, **kw
+            ),
         }[kind]
         try:
             return json.loads(read(name, self.namespace, _preload_content=False).data)
@@ -206,6 +218,34 @@ def test_environments_run_as_restricted_pods_behind_headless_services_and_go_wit
     envs.apply(rljob(name, [CABINET, SANDBOX]))
     uid = envs.wait("the RLJob", lambda: envs.rljob(name))["metadata"]["uid"]
     ray_policy = envs.wait("the Ray pods' NetworkPolicy", lambda: envs.child("NetworkPolicy", f"{name}-ray"))
+    # The environments' own ServiceAccount: no token mounted, and no RoleBinding names it.
+    account = envs.wait(
+        "the environments' ServiceAccount",
+        lambda: envs.child("ServiceAccount", naming.environment_service_account_name(name)),
+    )
+    assert account["automountServiceAccountToken"] is False
+    assert account["metadata"]["ownerReferences"][0]["uid"] == uid
+    bindings = client.RbacAuthorizationV1Api(envs.api).list_namespaced_role_binding(envs.namespace).items
+    assert not [
+        b
+        for b in bindings
+        for s in b.subjects or ()
+        if s.kind == "ServiceAccount" and s.name == account["metadata"]["name"]
+    ]
+    # The job's environment token: a random one, in a Secret the RLJob owns; the Ray pods read it too.
+    token_secret = naming.environment_token_secret_name(name)
+    secret = envs.wait("the environment token's Secret", lambda: envs.child("Secret", token_secret))
+    assert len(base64.b64decode(secret["data"]["token"])) >= 32
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
+    cluster = envs.wait("the RayCluster", lambda: envs.child("RayCluster", name))
+    for template in [cluster["spec"]["headGroupSpec"]["template"]] + [
+        group["template"] for group in cluster["spec"]["workerGroupSpecs"]
+    ]:
+        env = template["spec"]["containers"][0]["env"]
+        assert {
+            "name": "RLDOCK_ENV_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": token_secret, "key": "token"}},
+        } in env
 
     for entry in (CABINET, SANDBOX):
         child = naming.environment_name(name, entry["name"])
@@ -235,6 +275,26 @@ def test_environments_run_as_restricted_pods_behind_headless_services_and_go_wit
         labels = template["metadata"]["labels"]
         assert "rldock.io/rljob" not in labels
         assert not ray_policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        # Out, only the cluster's DNS (the admin listed nothing more).
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        (dns,) = policy["spec"]["egress"]
+        assert {(p["protocol"], p["port"]) for p in dns["ports"]} == {("UDP", 53), ("TCP", 53)}
+        assert dns["to"] == [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ]
+        # Read-only root, a sized /tmp as the only writable path, an ephemeral-storage limit.
+        (container,) = template["spec"]["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert template["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+        assert container["resources"]["limits"]["ephemeral-storage"] == "1Gi"
+        # The Service picks the pods by the RLJob's uid as well.
+        assert service["spec"]["selector"]["rldock.io/environment-of-uid"] == uid
+        # The job's environment token, from the Secret the operator made.
+        assert container["env"][-1]["valueFrom"]["secretKeyRef"] == {"name": token_secret, "key": "token"}
+        assert template["spec"]["serviceAccountName"] == account["metadata"]["name"]
 
     # The runtime's job config names the Services, never `service:`.
     job_yaml = envs.child("ConfigMap", naming.config_map_name(name))["data"]["job.yaml"]
@@ -264,6 +324,11 @@ def test_environments_run_as_restricted_pods_behind_headless_services_and_go_wit
     cabinet_ips = sorted(
         p["status"]["podIP"] for p in pods if p["metadata"]["labels"]["rldock.io/environment"] == "cabinet"
     )
+    # The pods as the ReplicaSet controller made them and ServiceAccount admission passed them: the
+    # environments' account, and no token volume.
+    for pod in pods:
+        assert pod["spec"]["serviceAccountName"] == account["metadata"]["name"]
+        assert [volume["name"] for volume in pod["spec"]["volumes"]] == ["tmp"]
     assert len(cabinet_ips) == 2
     assert sorted(dns.resolve(f"{cabinet}.{envs.namespace}.svc.cluster.local")) == cabinet_ips
 
@@ -299,3 +364,125 @@ def test_an_environment_image_outside_the_policy_is_denied_and_nothing_is_create
         for kind in CHILDREN:
             assert envs.child(kind, naming.environment_name(name, entry["name"])) is None
     assert envs.environment_pods(name) == []
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or ()}
+
+
+def test_environment_pods_are_absent_while_the_job_is_queued_and_created_once_admitted(envs: Envs):
+    """Kueue's convention: the RayCluster is created suspended and Kueue admits it by unsuspending it
+    (done here by hand: no Kueue runs). Until then the environments hold no pod; they carry the queue."""
+    name = "queued"
+    envs.apply(rljob(name, [CABINET, SANDBOX], scheduling={"gang": "kueue", "queue": QUEUE}))
+    child = naming.environment_name(name, "cabinet")
+    cluster = envs.wait("the suspended RayCluster", lambda: envs.child("RayCluster", name))
+    assert cluster["spec"]["suspend"] is True
+    deployment = envs.wait("the Deployment", lambda: envs.child("Deployment", child))
+    assert deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
+    assert deployment["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
+    # Settled while queued: the operator reported the environments at 0 pods (the round after the
+    # cluster's creation, woken by it, saw it suspended), and the Deployment controller made no pod.
+    envs.wait_status(
+        name,
+        "environments at 0 while queued",
+        lambda s: (
+            s.get("environments")
+            == [
+                {"name": "cabinet", "replicas": 0, "readyReplicas": 0},
+                {"name": "sandbox", "replicas": 0, "readyReplicas": 0},
+            ]
+        ),
+    )
+    envs.wait(
+        "the ReplicaSet settled at 0",
+        lambda: (
+            (envs.child("Deployment", child).get("status") or {}).get("observedGeneration")
+            == envs.child("Deployment", child)["metadata"]["generation"]
+        ),
+    )
+    assert envs.child("Deployment", child)["spec"]["replicas"] == 0
+    assert envs.environment_pods(name) == []
+
+    # Kueue admits the cluster: the environments' pods come.
+    envs.plane.kubectl(
+        "patch",
+        "raycluster",
+        name,
+        "-n",
+        envs.namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"suspend": False}}),
+    )
+    envs.wait_status(name, "the environments' pods ready once admitted", lambda s: s.get("environmentsReady") == "3/3")
+    assert len(envs.environment_pods(name)) == 3
+
+
+def test_an_object_of_a_child_s_name_that_this_rljob_does_not_own_is_reported_never_adopted(envs: Envs):
+    """A Service where the RLJob's environment Service goes, owned by another RLJob (or by nobody but
+    labelled as this RLJob's): left exactly as it is, the RLJob says NameConflict, no pod is made."""
+    owner = "owner"
+    envs.apply(rljob(owner, [CABINET, SANDBOX]))
+    owner_uid = envs.wait("the owner RLJob", lambda: envs.rljob(owner))["metadata"]["uid"]
+    for taker, owner_references in (
+        (
+            "taker",
+            [
+                {
+                    "apiVersion": "rldock.io/v1alpha1",
+                    "kind": "RLJob",
+                    "name": owner,
+                    "uid": owner_uid,
+                    "controller": True,
+                }
+            ],
+        ),
+        ("taker-unowned", []),
+    ):
+        child = naming.environment_name(taker, "cabinet")
+        planted = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": child,
+                "labels": {"rldock.io/rljob": taker, "rldock.io/environment": "cabinet"},
+                "ownerReferences": owner_references,
+            },
+            "spec": {"clusterIP": "None", "selector": {"app": "attacker"}, "ports": [{"port": 9000}]},
+        }
+        envs.apply(planted)
+        before = envs.child("Service", child)
+        envs.apply(rljob(taker, [CABINET, SANDBOX]))
+        status = envs.wait_status(
+            taker,
+            "NameConflict",
+            lambda s: _conditions(s).get("ClusterReady", {}).get("reason") == "NameConflict",
+        )["status"]
+        message = _conditions(status)["ClusterReady"]["message"]
+        assert f"Service {child} already exists" in message and "not adopted" in message
+        after = envs.child("Service", child)
+        assert after["metadata"].get("ownerReferences") == before["metadata"].get("ownerReferences")
+        assert after["spec"]["selector"] == {"app": "attacker"}
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # never written
+        assert envs.child("Deployment", child) is None and envs.environment_pods(taker) == []
+        assert any(e["reason"] == "NameConflict" for e in envs.events(taker))
+
+
+def test_the_issue_s_name_collision_pair_cannot_meet(envs: Envs):
+    """Job `math` with an environment `v2-head-svc` against job `math-env-v2`: the environment's
+    Service was `math-env-v2-head-svc`, the name KubeRay gives `math-env-v2`'s head Service (and takes
+    as its own when it exists). Now its name ends in a hash; both jobs run, neither is in conflict."""
+    attacker, victim = "math", "math-env-v2"
+    envs.apply(rljob(attacker, [{**CABINET, "name": "v2-head-svc"}, SANDBOX], services=("v2-head-svc", "sandbox")))
+    envs.apply(rljob(victim, [CABINET, SANDBOX]))
+    head_service = naming.head_service_name(victim)
+    assert head_service == "math-env-v2-head-svc"
+    taken = naming.environment_name(attacker, "v2-head-svc")
+    assert taken != head_service
+    envs.wait_status(attacker, "its environments ready", lambda s: s.get("environmentsReady") == "3/3")
+    envs.wait_status(victim, "its environments ready", lambda s: s.get("environmentsReady") == "3/3")
+    assert envs.child("Service", taken)["metadata"]["ownerReferences"][0]["name"] == attacker
+    assert envs.child("Service", head_service) is None  # left to KubeRay (none runs here)
+    for name in (attacker, victim):
+        assert _conditions(envs.rljob(name)["status"]).get("ClusterReady", {}).get("reason") != "NameConflict"
