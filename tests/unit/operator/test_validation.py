@@ -224,6 +224,14 @@ ENVIRONMENTS = [{"name": "cabinet", "image": "registry.example.com/envs/cabinet:
         ),
         (
             spec_dict()["job"],
+            [{"name": "a", "env": [{"name": "RLDOCK_ENV_TOKEN", "value": "a-token-the-author-knows"}]}],
+            [
+                "spec.environments[0].env[0].name: RLDOCK_ENV_TOKEN is the job's environment token, which the "
+                "operator sets from a Secret of its own; remove it (the server reads it as given)"
+            ],
+        ),
+        (
+            spec_dict()["job"],
             [
                 {
                     "name": "a",
@@ -246,6 +254,7 @@ ENVIRONMENTS = [{"name": "cabinet", "image": "registry.example.com/envs/cabinet:
         "sessions-twice",
         "duplicate",
         "env-names",
+        "token",
         "cpu-and-env-value",
     ],
 )
