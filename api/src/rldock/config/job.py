@@ -688,7 +688,9 @@ class EnvironmentServersSpec(Spec):
         "machine, waits for at `/health`, restarts when one dies and stops with the job. `{listen_fd}` in an "
         "argument is replaced by the descriptor of a socket rldock has bound to a free port and passes to the "
         "process (`[rldock, env, serve, my_env.py:MyEnv, --listen-fd, '{listen_fd}']`: no other process can "
-        "take the port in between); `{port}` by a free port, for a server that can only bind one itself. The "
+        "take the port in between); `{port}` by a free port, for a server that can only bind one itself (rldock "
+        "sends it nothing until the port's listening socket is the server's own, and fails the start if another "
+        "process took it). The "
         "process gets a clean environment: PATH, HOME, LANG, TMPDIR, the job's token (RLDOCK_ENV_TOKEN) and `env`.",
     )
     env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], str] = Field(

@@ -22,6 +22,7 @@ from rldock.config.job import AgentSpec, EnvironmentServersSpec, JobConfig, Sand
 from rldock.runtime.agent.base import EnvironmentUnavailable, EpisodeContext, Observation, SessionFailed
 from rldock.runtime.agent.service.auth import TOKEN_ENV
 from rldock.runtime.agent.service.client import OpenEnvEnvironment, Replicas, resolve_replicas
+from rldock.runtime.agent.service.listeners import held_by_session
 from rldock.runtime.agent.service.local import EnvironmentStartError, JobEnvironmentServers, LocalServers
 from rldock.runtime.agent.service.probe import environment_server_problems, replica_problems
 from rldock.runtime.agent.tools import PythonTool
@@ -374,3 +375,56 @@ def test_local_servers_get_a_clean_environment_and_want_the_jobs_token(tmp_path,
         assert requests.get(f"{url}/health", timeout=30).status_code == 200
     finally:
         local.stop()
+
+
+class _Impostor(http.server.BaseHTTPRequestHandler):
+    """Another process's server on the port rldock found free: it answers /health as a server would and
+    records every request (a token among them)."""
+
+    seen: list[tuple[str, str | None]] = []
+
+    def do_GET(self):
+        type(self).seen.append((self.path, self.headers.get("Authorization")))
+        body = json.dumps({"status": "healthy"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_port_another_process_took_is_sent_nothing_and_fails_the_start(tmp_path):
+    """Issue 50: a `{port}` server's port can be taken between rldock's look and the server's bind. The
+    taker answers /health, but rldock asks the port's owner first, sends it nothing, and names the fix."""
+    # A server that never binds its port, so the taker keeps it (as one that lost the race).
+    servers = EnvironmentServersSpec(command=[sys.executable, "-c", "import time; time.sleep(60)", "{port}"])
+    local = LocalServers(servers, field="agent.environment", log_dir=tmp_path)
+    _Impostor.seen = []
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", local.ports[0]), _Impostor)
+    thread = threading.Thread(target=impostor.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(EnvironmentStartError) as refused:
+            local.start()
+        message = str(refused.value)
+        assert message.startswith(f"agent.environment.servers.command: port {local.ports[0]} of replica 0")
+        assert "{listen_fd}" in message
+        assert _Impostor.seen == []  # not even /health
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
+        local.stop()
+
+
+def test_who_listens_on_a_port_is_read_from_proc():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        assert held_by_session(port, os.getsid(0)) is None  # bound, not listening
+        listener.listen()
+        assert held_by_session(port, os.getsid(0)) is True
+        assert held_by_session(port, os.getsid(0) + 1_000_000) is False  # a session that holds nothing
+    assert held_by_session(port, os.getsid(0)) is None

@@ -22,24 +22,22 @@ from rldock.operator.constants import AUTH_SECRET_KEY, ENVIRONMENT_TOKEN_KEY
 
 
 def build_auth_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
-    if not token:
-        raise ValueError("the Ray auth token must not be empty")
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": child_metadata(job, naming.auth_secret_name(job.name)),
-        "stringData": {AUTH_SECRET_KEY: token},
-    }
+    return _token_secret(job, naming.auth_secret_name(job.name), AUTH_SECRET_KEY, token, "the Ray auth token")
 
 
 def build_environment_token_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
+    return _token_secret(
+        job, naming.environment_token_secret_name(job.name), ENVIRONMENT_TOKEN_KEY, token, "the environment token"
+    )
+
+
+def _token_secret(job: RLJobRef, name: str, key: str, token: str, what: str) -> dict[str, Any]:
     if not token:
-        raise ValueError("the environment token must not be empty")
+        raise ValueError(f"{what} must not be empty")
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": child_metadata(job, naming.environment_token_secret_name(job.name)),
-        "stringData": {ENVIRONMENT_TOKEN_KEY: token},
+        "metadata": child_metadata(job, name),
+        "stringData": {key: token},
     }

@@ -6,7 +6,11 @@ Ports: with `{listen_fd}` in the command, rldock binds a socket to port 0 of 127
 back and passes the socket itself to the process (`rldock env serve --listen-fd`), keeping it for the
 job, so no other process on the machine can take the port before the server listens, nor while a
 replica is replaced. `{port}` gets a port found free a moment before (a server that can only bind one
-itself; another process could take it in between).
+itself); another process could take it in between, so rldock sends such a server nothing, not even
+`/health`, until every socket listening on the port is held by the server's own session
+(listeners.py): a port taken by another process fails the start naming `{listen_fd}`, and a replica
+whose port was taken while it was down is not started again (the clients' episodes there end with a
+counted reason, but the other process is then reached with the job's token: use `{listen_fd}`).
 
 Each process gets a clean environment (`clean_environment`: PATH, HOME, LANG, TMPDIR, the job's token
 and `servers.env`; never the trainer's other variables, its credentials among them), its own process
@@ -33,6 +37,7 @@ from pathlib import Path
 
 from rldock.config.job import EnvironmentServersSpec, JobConfig
 from rldock.runtime.agent.service.auth import TOKEN_ENV, job_token
+from rldock.runtime.agent.service.listeners import held_by_session
 from rldock.runtime.agent.service.probe import health, replica_problems
 
 logger = logging.getLogger(__name__)
@@ -162,6 +167,13 @@ class LocalServers:
                         f"{self.field}.servers.command: replica {index} exited with status {process.returncode} before "
                         f"answering {base}/health; its output ({self._log(index)}) ends:\n{self.tail(index)}"
                     )
+                if not self.sockets:  # `{port}`: nothing is sent before the port is known to be the server's
+                    held = held_by_session(self.ports[index], process.pid)
+                    if held is None:
+                        answers[index] = f"nothing listens on port {self.ports[index]} yet"
+                        continue
+                    if not held:
+                        raise EnvironmentStartError(self._port_taken(index))
                 problem = health(base)
                 if problem is None:
                     del waiting[index]
@@ -178,6 +190,14 @@ class LocalServers:
                 )
             time.sleep(POLL_S)
 
+    def _port_taken(self, index: int) -> str:
+        return (
+            f"{self.field}.servers.command: port {self.ports[index]} of replica {index} is listened on by a process "
+            "that is not the server's (another process took it after rldock found it free); nothing was sent to it. "
+            "Pass the port as {listen_fd} instead of {port} (`rldock env serve --listen-fd {listen_fd}`): rldock then "
+            "holds the bound socket for the job"
+        )
+
     def tail(self, index: int, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self._log(index).read_text(errors="replace").splitlines()[-lines:])
@@ -188,6 +208,12 @@ class LocalServers:
         while not self._stopping.wait(POLL_S):
             for index, process in enumerate(self.processes):
                 if process is None or process.poll() is None or self._stopping.is_set():
+                    continue
+                if not self.sockets and held_by_session(self.ports[index], process.pid) is False:
+                    # Taken while the replica was down: starting it again would fail to bind, and the
+                    # rollouts' clients already reach the other process (logged, as they cannot be stopped).
+                    logger.error("%s; replica %d is not started again", self._port_taken(index), index)
+                    self.processes[index] = None
                     continue
                 logger.warning(
                     "%s: replica %d (%s) exited with status %s; starting it again",
