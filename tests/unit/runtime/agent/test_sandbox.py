@@ -604,6 +604,44 @@ def test_a_client_cannot_lower_the_served_sandbox():
         sandbox_limits({"sandbox": {"allow_missing_layers": ["landlock"]}})
 
 
+@pytest.mark.parametrize(
+    "options, allowed",
+    [
+        ({}, []),
+        ({"allow_missing_layers": "landlock"}, ["landlock"]),
+        ({"allow_missing_layers": "landlock", "memory_mib": "256"}, ["landlock"]),
+    ],
+)
+def test_only_the_served_sandbox_s_admin_opts_into_a_missing_landlock(options, allowed, monkeypatch):
+    """Issue 50: a served sandbox on a machine without Landlock refused every program, with no way to run
+    with what remains. Its own option opts in, by name, as agent.sandbox.allow_missing_layers does; every
+    call then runs with it (a client's limits cannot drop it), and without it every call is refused."""
+    from rldock.runtime.agent import sandbox
+    from rldock.runtime.agent.base import EpisodeContext
+    from rldock.runtime.agent.sandbox_service import PythonSandbox
+
+    no_landlock = sandbox.Layers(landlock=0, seccomp=True, namespaces=(), reported=True)
+    monkeypatch.setattr(sandbox, "machine_layers", lambda limits: no_landlock)
+    server = PythonSandbox(**options)
+    assert server.ceiling.allow_missing_layers == allowed
+    session = server.session()
+    context = EpisodeContext(ground_truth="", data_source="", extra_info={"sandbox": {"cpu_seconds": 2}})
+    asyncio.run(session.reset(seed=0, episode_id="e", context=context))
+    assert session.tool.limits.allow_missing_layers == allowed  # the server's, through the client's limits
+    if allowed:
+        assert sandbox.require_layers(session.tool.limits) == no_landlock
+    else:
+        with pytest.raises(sandbox.SandboxLayersMissing, match="allow_missing_layers"):
+            sandbox.require_layers(session.tool.limits)
+
+
+def test_a_served_sandbox_may_not_do_without_its_filter():
+    from rldock.runtime.agent.sandbox_service import PythonSandbox
+
+    with pytest.raises(ValueError, match="--option allow_missing_layers=seccomp: only 'landlock' may be missing"):
+        PythonSandbox(allow_missing_layers="seccomp")
+
+
 def test_the_watchdog_walks_off_the_event_loop(tmp_path, monkeypatch):
     # Issue 50: a walk of max_files entries took 93 ms on the loop every 20 ms poll, stalling every other
     # call of the rollout. Where no tmpfs caps the scratch directory (a restricted pod), each walk runs in

@@ -16,12 +16,18 @@ The server's own options are the most a call may ask for (`rldock env serve ...:
 memory_mib=256 --option wall_seconds=10`; a limit not given: SandboxSpec's default): a reset asking for
 more of any limit is refused (EXECUTION_ERROR naming the limit), and a limit the reset leaves out is the
 server's. A client therefore cannot buy itself a terabyte of memory or an hour of wall time.
+
+Where the machine lacks Landlock the server refuses every program, as the in-process tool refuses to
+start, unless its admin opts in by name: `--option allow_missing_layers=landlock` (the only layer that
+may be missing, as agent.sandbox.allow_missing_layers); a client can never ask for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from pydantic import ValidationError
 
 from rldock.config.job import SandboxSpec
 from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
@@ -60,15 +66,31 @@ def within(asked: SandboxSpec, ceiling: SandboxSpec, given: Mapping[str, Any]) -
         raise ValueError(f'extra_info["sandbox"] asks for more than this server allows: {", ".join(over)}')
     return SandboxSpec.model_validate(
         {name: getattr(asked if name in given else ceiling, name) for name in LIMIT_FIELDS}
+        | {"allow_missing_layers": ceiling.allow_missing_layers}  # the server's own, never the client's
     )
+
+
+def server_sandbox(options: Mapping[str, str]) -> SandboxSpec:
+    """The server's ceiling from its `--option`s: the limits (LIMIT_FIELDS) and `allow_missing_layers`, a
+    comma-separated list of layers (`landlock`); ValueError naming the option."""
+    options = dict(options)
+    layers = [layer.strip() for layer in options.pop("allow_missing_layers", "").split(",") if layer.strip()]
+    ceiling = sandbox_limits({"sandbox": options})
+    try:
+        return SandboxSpec.model_validate(ceiling.model_dump() | {"allow_missing_layers": layers})
+    except ValidationError:
+        raise ValueError(
+            f"--option allow_missing_layers={','.join(layers)}: only 'landlock' may be missing (the seccomp filter "
+            "cannot be done without)"
+        ) from None
 
 
 class PythonSandbox(Environment):
     """Runs each session's program in the python tool's sandbox and answers what the tool would; its
-    options (LIMIT_FIELDS) are the most a call may ask for."""
+    options (LIMIT_FIELDS) are the most a call may ask for, and `allow_missing_layers` its own opt-in."""
 
-    def __init__(self, **limits: str):
-        self.ceiling = sandbox_limits({"sandbox": limits})  # ValueError names an option that is not a limit
+    def __init__(self, **options: str):
+        self.ceiling = server_sandbox(options)  # ValueError names an option that is not a limit
 
     def session(self) -> EnvironmentSession:
         return PythonSandboxSession(self.ceiling)
