@@ -417,6 +417,13 @@ def test_a_user_with_get_can_mount_the_secret_and_not_add_another(admission: Adm
             "policy.nodeSelectors",
         ),
         ({"scheduling": {"gang": "kueue", "queue": "team-a"}}, "spec.scheduling.queue", "policy.queues"),
+        # The environments' pods within policy.environments (issue 50: 16 entries x 256 replicas of any size).
+        ({"environments": [{"name": "env", "replicas": 17}]}, "spec.environments[0].replicas", "maxReplicas: 16"),
+        (
+            {"environments": [{"name": "env", "resources": {"cpu": 1, "memory": "17Gi"}}]},
+            "spec.environments[0].resources.memory",
+            "policy.environments.maxMemory",
+        ),
     ],
 )
 def test_the_policy_refuses_naming_the_field_and_the_setting(admission: Admission, spec, field, setting):

@@ -875,6 +875,26 @@ def test_a_changed_entry_rolls_its_pods_and_a_removed_one_is_deleted():
     assert not [key for key in kube.objects if key[0] in ("Deployment", "Service")]
 
 
+def test_an_older_operator_s_environment_children_are_replaced_by_the_hashed_ones():
+    """Before names ended in a hash, an entry's children were `<rljob>-env-<entry>`; left alone, their pods
+    would run on beside the new ones with open egress."""
+    reconciler, kube, _ = make_world(policy=ENV_POLICY)
+    spec = RLJobSpec.model_validate(spec_dict(environments=[CABINET]))
+    old = build_environment(job=RLJobRef(NAME, NS, UID), spec=spec, environment=spec.environments[0])
+    old_name = f"{NAME}-env-cabinet"
+    for child in old:
+        child["metadata"]["name"] = old_name
+        kube.objects[(child["kind"], old_name)] = dict(
+            child, metadata={**child["metadata"], "uid": f"old-{child['kind']}"}
+        )
+    outcome = reconciler.reconcile(body(environments=[CABINET]))
+    for kind in ("NetworkPolicy", "Service", "Deployment"):
+        assert (kind, old_name) not in kube.objects and (kind, _env("cabinet")) in kube.objects
+    (deleted,) = [e for e in outcome.events if e.reason.value == "DeletedEnvironment"]
+    assert f"{old_name}: environment 'cabinet' has children of another name now" in deleted.message
+    assert [e["name"] for e in outcome.status["environments"]] == ["cabinet"]
+
+
 def test_a_finished_job_scales_its_environments_to_zero():
     reconciler, kube, jobs = make_world(policy=ENV_POLICY)
     first = reconciler.reconcile(body(environments=[CABINET]))

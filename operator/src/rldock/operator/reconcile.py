@@ -486,7 +486,11 @@ class Reconciler:
         for deployment in self._environment_deployments(rnd):
             environment = deployment["metadata"]["labels"][LABEL_ENVIRONMENT]
             if environment not in wanted:
-                self._delete_environment(rnd, deployment, out)
+                self._delete_environment(rnd, deployment, out, why="is no longer in spec.environments")
+            elif deployment["metadata"]["name"] != naming.environment_name(rnd.ref.name, environment):
+                # An older operator's children (`<rljob>-env-<entry>`, before names ended in a hash): their
+                # pods would run on beside the new ones, with the old (open) egress.
+                self._delete_environment(rnd, deployment, out, why="has children of another name now")
         return seen
 
     def _ensure_child(
@@ -539,9 +543,9 @@ class Reconciler:
             seen.sort(key=lambda observed: order.get(observed.name, len(order)))
         return seen
 
-    def _delete_environment(self, rnd: Round, deployment: Mapping[str, Any], out: Outcome) -> None:
-        """The children of an entry that left spec.environments: its Deployment last, since that is
-        what the next round finds them by."""
+    def _delete_environment(self, rnd: Round, deployment: Mapping[str, Any], out: Outcome, *, why: str) -> None:
+        """The children of an entry that left spec.environments (or of an older name): its Deployment
+        last, since that is what the next round finds them by."""
         name, environment = deployment["metadata"]["name"], deployment["metadata"]["labels"][LABEL_ENVIRONMENT]
         for kind in ("NetworkPolicy", "Service"):
             child = self.kube.get(kind, rnd.ref.namespace, name)
@@ -551,8 +555,7 @@ class Reconciler:
             out.event(
                 "Normal",
                 EventReason.DELETED_ENVIRONMENT,
-                f"deleted Deployment, Service and NetworkPolicy {name}: environment {environment!r} is no longer "
-                "in spec.environments",
+                f"deleted Deployment, Service and NetworkPolicy {name}: environment {environment!r} {why}",
             )
 
     def _ensure_config_map(self, rnd: Round, out: Outcome) -> None:
