@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rldock.operator import naming
 from rldock_e2e.pod_security import restricted_violations
 from rldock_e2e.scenario import Scenario
 
@@ -128,7 +129,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 @pytest.mark.slow
 def test_environment_pods_serve_the_job_survive_a_lost_replica_and_go_with_the_rljob(scenario: Scenario) -> None:
     name = "env-job"
-    child = f"{name}-env-{ENVIRONMENT}"
+    child = naming.environment_name(name, ENVIRONMENT)
     manifest = _manifest(name)
     hold = scenario.hold(name, claim=CHECKPOINT_CLAIM).before(2)  # iteration 1 runs, then it waits
     manifest["spec"]["env"] = [*manifest["spec"]["env"], *hold.env]

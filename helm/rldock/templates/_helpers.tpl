@@ -69,10 +69,10 @@ one is there; tests/unit/helm/test_chart.py compares the rendered rules with it.
 {{- define "rldock.rbacRules" -}}
 - apiGroups: [rldock.io]
   resources: [rljobs]
-  verbs: [get, list, watch, patch, delete]
+  verbs: [list, watch, patch, delete]
 - apiGroups: [rldock.io]
   resources: [rljobs/status]
-  verbs: [get, patch]
+  verbs: [patch]
 - apiGroups: [rldock.io]
   resources: [rljobs/finalizers]
   verbs: [update]

@@ -6,14 +6,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_testing import spec_dict
 
 from rldock.contract.progress import format_progress
-from rldock.operator.api import RLJobStatus
+from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import JOB_METADATA_WORKER_PODS, Phase, RayJobStatus
 from rldock.operator.observe import (
     Ownership,
     PodSummary,
     WorkerPod,
+    admitted,
     attempt_workers,
     dashboard_url,
     job_observation,
@@ -229,3 +231,34 @@ def test_read_progress_accepts_a_dpo_record():
 def test_read_progress_keeps_the_last_evaluation_of_the_line():
     record = {**_record(6, 4), "val_iteration": 5, "val_reward": 0.4, "val_accuracy": 0.25}
     assert read_progress(format_progress(record), output_dir="/o").metrics == record
+
+
+# --- Admission: when the environments' pods may run ------------------------------------------------
+
+_SUSPENDED_BY_US = {"annotations": {"rldock.io/suspended-by": "rldock.io/rljob-operator"}}
+
+
+def _head(node: str | None, *, deleting: bool = False) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "h", "labels": {"ray.io/node-type": "head"}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": metadata, "spec": {"nodeName": node} if node else {}, "status": {"phase": "Pending"}}
+
+
+@pytest.mark.parametrize(
+    "gang, cluster, pods, expected",
+    [
+        ("none", None, [], False),  # no cluster yet
+        ("none", {"spec": {}}, [], True),
+        ("none", {"spec": {"suspend": True}, "metadata": _SUSPENDED_BY_US}, [], False),  # spec.suspend
+        ("kueue", {"spec": {"suspend": True}, "metadata": {}}, [], False),  # waiting in Kueue's queue
+        ("kueue", {"spec": {"suspend": False}, "metadata": {}}, [], True),  # Kueue admitted it
+        ("volcano", {"spec": {}}, [_head(None)], False),  # the gang waits for Volcano
+        ("volcano", {"spec": {}}, [_head("node-1")], True),  # Volcano bound it
+        ("volcano", {"spec": {}}, [_head("node-1", deleting=True)], False),
+    ],
+)
+def test_admitted_is_an_unsuspended_cluster_and_for_volcano_a_bound_head(gang, cluster, pods, expected):
+    sections = {} if gang == "none" else {"scheduling": {"gang": gang, "queue": "q"}}
+    spec = RLJobSpec.model_validate(spec_dict(**sections))
+    assert admitted(spec, cluster, summarize_pods(pods)) is expected

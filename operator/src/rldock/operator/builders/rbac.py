@@ -5,7 +5,8 @@ Each rule is there for one thing the operator does (operator/src/rldock/operator
 operator/src/rldock/operator/handlers.py):
 
 - rljobs: kopf lists and watches them, patches its finalizer and annotation-based progress onto
-  them; `delete` is for ttlSecondsAfterFinished. `rljobs/status`: the status subresource.
+  them; `delete` is for ttlSecondsAfterFinished. `rljobs/status`: the status subresource, patched.
+  Nothing reads one RLJob by name (kopf's watch brings every change), so there is no `get`.
   `rljobs/finalizers: update`: children carry `blockOwnerDeletion`, which clusters with the
   OwnerReferencesPermissionEnforcement admission plugin only allow to who may update the owner's
   finalizers.
@@ -54,8 +55,8 @@ from rldock.operator.constants import GROUP, PLURAL
 RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
 
 RULES: tuple[dict[str, Any], ...] = (
-    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "delete"]},
-    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["list", "watch", "patch", "delete"]},
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
     {
         "apiGroups": ["ray.io"],
