@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 
 from rldock.operator import naming
@@ -163,6 +164,11 @@ def test_environment_pods_serve_the_job_survive_a_lost_replica_and_go_with_the_r
     agent = first["agent"]
     assert agent["environment/resets"] > 0 and agent["environment/steps"] >= agent["environment/resets"], agent
     assert agent["environment/errors"] == 0 and agent["environment/sessions_open"] == 0, agent
+    # The pods' server asks for the job's token (the operator's Secret, RLDOCK_ENV_TOKEN on both sides):
+    # the Ray pods' clients sent it for those sessions; a request without it is refused (issue 50).
+    base = f"http://{pods[0]['status']['podIP']}:{PORT}"
+    assert requests.get(f"{base}/health", timeout=10).status_code == 200
+    assert requests.get(f"{base}/schema", timeout=10).status_code == 401
 
     # Iteration 2 runs (held before 3): once sessions are open on one replica, its pod is deleted
     # (what an eviction or a node drain does). Each session lasts MAX_TURNS steps of STEP_SECONDS,
