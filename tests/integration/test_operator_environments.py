@@ -466,7 +466,10 @@ def test_an_object_of_a_child_s_name_that_this_rljob_does_not_own_is_reported_ne
         assert after["spec"]["selector"] == {"app": "attacker"}
         assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # never written
         assert envs.child("Deployment", child) is None and envs.environment_pods(taker) == []
-        assert any(e["reason"] == "NameConflict" for e in envs.events(taker))
+        # The Event is posted after the status is written: waited for, not assumed.
+        envs.wait(
+            f"{taker}'s NameConflict event", lambda t=taker: any(e["reason"] == "NameConflict" for e in envs.events(t))
+        )
 
 
 def test_the_issue_s_name_collision_pair_cannot_meet(envs: Envs):
