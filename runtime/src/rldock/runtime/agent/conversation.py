@@ -106,6 +106,13 @@ class ChatRenderer:
             self.with_tools(messages), tools=self._template_tools, generation=not self.opens_with_environment
         )
 
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of `prompt_text(messages)` with each message's text as plain text (`_fill`): a prompt
+        whose messages came from outside (a harness's, with tool results in it)."""
+        generation = not self.opens_with_environment
+        rendered = self._render(self.with_tools(_slotted(messages)), tools=self._template_tools, generation=generation)
+        return self._fill(rendered, messages)
+
     def opening(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of `messages` (an environment's reset message; none is fine) as they follow the
         prompt's last message, through the generation prompt: how a response opens with an environment."""
