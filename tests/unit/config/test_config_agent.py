@@ -121,3 +121,29 @@ def test_turn_gae_needs_a_critic_and_a_turn_discount_needs_turn_credit(agent_dat
     assert any("grpo has no critic" in m for m in problem_messages(agent_data, "algorithm.gae_unit"))
     agent_data["algorithm"].update(gae_unit="token", turn_discount=0.5)
     assert any("remove it" in m for m in problem_messages(agent_data, "algorithm.turn_discount"))
+
+
+def test_a_harness_alone_is_valid_and_its_rewards_may_be_an_environment_term(agent_data):
+    agent_data["agent"] = {"harness": "my_agent:run", "reasoning_format": "think", "tool_call_format": "qwen3_coder"}
+    agent_data["reward"] = {"terms": [{"name": "environment"}]}
+    cfg = parse_job_config(agent_data)
+    assert cfg.agent is not None and cfg.agent.harness == "my_agent:run"
+    parse_job_config({**agent_data, "agent": {"harness_command": ["python", "agent.py"]}})
+
+
+@pytest.mark.parametrize(
+    "agent, path, words",
+    [
+        ({"harness": "my_agent:run", "tools": [{"name": "python"}]}, "agent.tools", "your harness runs the episode"),
+        ({"harness": "a:run", "environment": {"name": "feedback"}}, "agent.environment", "remove agent.environment"),
+        ({"harness": "a:run", "harness_command": ["python", "a.py"]}, "agent.harness_command", "keep one"),
+    ],
+)
+def test_a_harness_with_rldocks_own_loop_is_refused(agent_data, agent, path, words):
+    agent_data["agent"] = agent
+    assert len([message for message in problem_messages(agent_data, path) if words in message]) == 1
+
+
+def test_a_harness_reference_that_is_not_module_colon_function_is_refused(agent_data):
+    agent_data["agent"] = {"harness": "my_agent.run"}
+    assert problem_messages(agent_data, "agent.harness")

@@ -870,10 +870,42 @@ class AgentSpec(Spec):
         "environment accepts (or any final answer without one) and when algorithm.max_response_length, which "
         "counts the model's and the tools' tokens, is used up.",
     )
-    tool_call_format: Literal["hermes"] = Field(
+    tool_call_format: Literal["hermes", "llama3_json", "qwen3_coder"] = Field(
         default="hermes",
         description='How tool calls are written in a generation: `hermes`, `<tool_call>{"name": ..., '
-        '"arguments": {...}}</tool_call>` (Hermes, Qwen2.5, Qwen3).',
+        '"arguments": {...}}</tool_call>` (Hermes, Qwen2.5, Qwen3); `llama3_json`, the turn is `{"name": ..., '
+        '"parameters": {...}}` (Llama 3.1-3.3); `qwen3_coder`, `<tool_call><function=NAME><parameter=ARG>value'
+        "</parameter></function></tool_call>` (Qwen3-Coder).",
+    )
+    reasoning_format: Literal["none", "think"] = Field(
+        default="none",
+        description="How a generation's reasoning is told from its answer in the gateway's answers "
+        "(`reasoning_content`): `think`, a `<think>...</think>` block first (Qwen3, DeepSeek-R1); `none`, "
+        "no reasoning. The trained ids are the sampled ones either way.",
+    )
+    harness: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$|^/\S+\.py:[A-Za-z_]\w*$",
+        description="Your own agent as `module:function` (or `/path/file.py:function`), `async def run(task, "
+        "client) -> reward | dict`, given each episode's data row and an `openai.AsyncOpenAI` at the episode's "
+        "own endpoint of the rollout engine (docs/agentic.md#bring-your-own-agent); rldock then runs no episode "
+        "loop of its own (no agent.tools, no agent.environment).",
+    )
+    harness_command: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Your own agent as a command run once per episode, with OPENAI_BASE_URL, OPENAI_API_KEY and "
+        "RLDOCK_TASK (the data row as JSON) in its environment; the reward is the last line it prints (a number "
+        "or a JSON object with `reward`), or what it posted to the session.",
+    )
+    episode_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a harness's episode may take (agent.harness or agent.harness_command); a longer one "
+        "is cancelled and ends `agent/ended/harness_timeout`.",
     )
     max_tool_response_tokens: int = Field(
         default=256,

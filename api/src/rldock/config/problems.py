@@ -408,12 +408,26 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "environment's messages); use `model` with a model whose tokenizer has a chat template",
             )
         )
-    if not agent.tools and agent.environment is None:
+    harnessed = agent.harness is not None or agent.harness_command is not None
+    if agent.harness is not None and agent.harness_command is not None:
+        problems.append(
+            Problem("agent.harness_command", "set with agent.harness: an episode runs one harness; keep one of them")
+        )
+    if harnessed and (agent.tools or agent.environment is not None):
+        field = "agent.tools" if agent.tools else "agent.environment"
+        problems.append(
+            Problem(
+                field,
+                f"set with a harness: your harness runs the episode (its own tools, its own environment) through "
+                f"the gateway; remove {field}, or remove the harness to use rldock's episode loop",
+            )
+        )
+    if not harnessed and not agent.tools and agent.environment is None:
         problems.append(
             Problem(
                 "agent",
                 "neither tools nor an environment: every episode would be one generation, as without agent; set "
-                "agent.tools, agent.environment, or remove agent",
+                "agent.tools, agent.environment, agent.harness, or remove agent",
             )
         )
     if agent.max_tool_response_tokens >= algo.max_response_length:
@@ -516,12 +530,13 @@ def _environment_problems(cfg: JobConfig) -> list[Problem]:
     environment = agent.environment if agent is not None else None
     problems: list[Problem] = []
     for index, term in enumerate(cfg.reward.terms):
-        if term.name == "environment" and environment is None:
+        harnessed = agent is not None and (agent.harness is not None or agent.harness_command is not None)
+        if term.name == "environment" and environment is None and not harnessed:
             problems.append(
                 Problem(
                     f"reward.terms[{index}].name",
-                    "an `environment` term scores the rewards of the episode's environment, and the job has no "
-                    "agent.environment; set one or remove the term",
+                    "an `environment` term scores the rewards of the episode's environment (or harness), and the job "
+                    "has no agent.environment or agent.harness; set one or remove the term",
                 )
             )
     if agent is None:

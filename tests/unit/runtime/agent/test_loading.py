@@ -10,7 +10,7 @@ from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, AgentSpec
 from rldock.runtime.agent.base import ENVIRONMENTS, TOOL_CALL_PARSERS, TOOLS
 from rldock.runtime.agent.environments import FeedbackEnvironment
 from rldock.runtime.agent.loading import AgentConfigError, build_environment, build_parser, build_tools
-from rldock.runtime.agent.parsers import HermesParser
+from rldock.runtime.agent.parsers import REASONING_PARSERS, HermesParser
 from rldock.runtime.user_code import load_file
 
 USER_FILE = textwrap.dedent("""
@@ -75,6 +75,7 @@ def test_the_registries_hold_what_the_config_accepts():
     assert list(TOOLS) == sorted(BUILTIN_TOOLS)
     assert list(ENVIRONMENTS) == sorted(BUILTIN_ENVIRONMENTS)
     assert list(TOOL_CALL_PARSERS) == list(AgentSpec.model_fields["tool_call_format"].annotation.__args__)
+    assert list(REASONING_PARSERS) == sorted(AgentSpec.model_fields["reasoning_format"].annotation.__args__)
 
 
 def test_the_built_in_tools_by_name_beside_ones_own(user_file):

@@ -188,6 +188,10 @@ class ToolCallParser(ABC):
     def parse(self, text: str) -> ParsedTurn:
         """The tool calls in one decoded generation (special tokens kept)."""
 
+    def content(self, text: str) -> str:
+        """The generation's text without its calls: what an OpenAI-shaped answer's `content` says."""
+        return text
+
 
 # name -> the built-in class (a user's class is loaded from its reference instead, agent/loading.py);
 # instances are made with `from_config`.
