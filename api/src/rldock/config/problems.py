@@ -422,6 +422,14 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 f"the gateway; remove {field}, or remove the harness to use rldock's episode loop",
             )
         )
+    if harnessed and cfg.evaluation.interval > 0:
+        problems.append(
+            Problem(
+                "evaluation.interval",
+                "held-out evaluation does not run a harness's episodes yet (it would score single turns without "
+                "your agent); set evaluation.interval to 0 and measure held-out accuracy with your harness",
+            )
+        )
     if not harnessed and not agent.tools and agent.environment is None:
         problems.append(
             Problem(
@@ -430,7 +438,7 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "agent.tools, agent.environment, agent.harness, or remove agent",
             )
         )
-    if agent.max_tool_response_tokens >= algo.max_response_length:
+    if not harnessed and agent.max_tool_response_tokens >= algo.max_response_length:
         problems.append(
             Problem(
                 "agent.max_tool_response_tokens",

@@ -245,3 +245,15 @@ def test_content_parts_are_joined_and_other_parts_refused():
     assert content_text(None) == ""
     with pytest.raises(ValueError, match="image_url"):
         content_text([{"type": "image_url", "image_url": {"url": "x"}}])
+
+
+def test_a_token_prompt_extends_when_the_held_ids_are_its_prefix(session, tokenizer):
+    first = session.plan_ids([5, 6, 7])
+    assert first.reason == START
+    session.commit(first, [8, tokenizer.eos_token_id], ended_turn=True, answer={"role": "assistant", "content": "x"})
+    longer = session.plan_ids([5, 6, 7, 8, tokenizer.eos_token_id, 9, 10])
+    assert longer.reason is None and longer.added == [9, 10]
+    session.commit(longer, [11], ended_turn=False, answer={"role": "assistant", "content": "y"})
+    (segment,) = session.segments
+    assert segment.model_ids() == [8, tokenizer.eos_token_id, 11]
+    assert session.plan_ids([5, 6, 9]).reason == "prompt_ids_differ"

@@ -17,6 +17,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutRequest, RolloutSetup
+from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
@@ -216,3 +217,14 @@ def test_the_agents_evaluation_answers_with_each_episodes_final_turn():
     assert engine.requests == [(7, (key, 0)) for key in (8, 9, 10, 11)]
     assert out["responses"] == [[[*answer, tokenizer.eos_token_id]] * 2] * 2
     assert out["environment_rewards"] == [[[], []], [[], []]] and "agent" in out
+
+
+def test_an_agent_with_a_harness_selects_the_harness_mode(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "2+3=", "answer": "5"}\n')
+    cfg = job(agent={"harness": "my_agent:run"}, data={"train_files": [str(train)], "answer_key": "answer"})
+    assert mode_of(cfg) == "harness" and "harness" in MODES
+    rollout = build_rollout(
+        cfg, tokenizer=chat_tokenizer(), rank=0, batch_size=6, columns=COLUMNS, train_files=[str(train)]
+    )
+    assert type(rollout) is HarnessRollout and rollout.rows[0].ground_truth == "5"

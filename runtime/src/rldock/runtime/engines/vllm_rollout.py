@@ -372,6 +372,7 @@ class VllmRolloutEngine:
         seed: int,
         request_keys: Sequence[Sequence[int]],
         greedy: bool = False,
+        logprobs: bool = False,
     ) -> list[str]:
         """Queue one response per prompt without running the engine (a multi-turn rollout adds turns
         while others generate); returns the ids `step` reports them under. Each request's seed is mixed
@@ -385,9 +386,15 @@ class VllmRolloutEngine:
             eos_token_id=eos_token_id,
             seed=seed,
             greedy=greedy,
+            logprobs=logprobs,
             prompt_keys=request_keys,
         )
         return self._enqueue(requests, params)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop queued requests (by the ids `submit` returned) that nobody will wait for."""
+        if request_ids:
+            self._llm.llm_engine.abort_request(list(request_ids))
 
     def step(self, eos_token_id: int) -> list[tuple[str, Completion]]:
         """One engine step over every queued request; the (id, response) of those it finished."""

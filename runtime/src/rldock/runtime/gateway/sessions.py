@@ -47,6 +47,7 @@ REASONS = (
     "assistant_added",  # an assistant message the session did not sample follows the history
     "compacted",  # fewer messages than the history: a summarised or truncated context
     "length_cut",  # the last turn ended at the length limit, without the end-of-turn token
+    "prompt_ids_differ",  # a token-id prompt (/v1/completions) that does not continue the held ids
 )
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
@@ -224,6 +225,19 @@ class Session:
             added = renderer.between_turns(kept[len(segment.history) :])
             return Plan(None, [*segment.prompt_ids, *segment.response_ids, *added], added, kept, canonical)
         return Plan(reason, renderer.prompt_ids(kept), [], kept, canonical)
+
+    def plan_ids(self, prompt_ids: Sequence[int]) -> Plan:
+        """A token-id prompt's plan: it extends the current segment when the held ids are a proper prefix
+        of it (the rest is context), else it opens a segment as it is."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if not self.segments:
+            return Plan(START, list(prompt_ids), [], [], ())
+        segment = self.segments[-1]
+        held = [*segment.prompt_ids, *segment.response_ids]
+        if len(prompt_ids) > len(held) and list(prompt_ids[: len(held)]) == held:
+            return Plan(None, list(prompt_ids), list(prompt_ids[len(held) :]), [], segment.tools)
+        return Plan("prompt_ids_differ", list(prompt_ids), [], [], ())
 
     def commit(self, plan: Plan, token_ids: Sequence[int], *, ended_turn: bool, answer: Mapping) -> Segment:
         """Record the turn the engine sampled for `plan` (`token_ids`, the end-of-turn token included when

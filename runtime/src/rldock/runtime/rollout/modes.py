@@ -1,5 +1,6 @@
 """Which rollout mode a job runs, chosen once from the config (the only place it is chosen), and the
-mode built for one actor rank: `agent` for a job with an `agent` section, `partial` for
+mode built for one actor rank: `harness` for a job whose `agent` runs the user's harness
+(agent.harness or agent.harness_command), `agent` for any other job with an `agent` section, `partial` for
 rollout.partial_rollout resume or drop, `streamed` for rollout.stream_groups > 0, else `plain`."""
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from rldock.config import JobConfig
 from rldock.runtime.agent_sampler import AgentSampler
 from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.base import RolloutMode, rollout_setup
+from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.streamed import StreamedRollout
 
-MODES = ("plain", "streamed", "agent", "partial")
+MODES = ("plain", "streamed", "agent", "harness", "partial")
 
 
 def mode_of(cfg: JobConfig) -> str:
@@ -34,7 +36,8 @@ def mode_of(cfg: JobConfig) -> str:
                 f"rollout.stream_groups {rollout.stream_groups} with agent: episodes are written to the dock "
                 "when the rank's whole batch has ended; set 0"
             )
-        return "agent"
+        harnessed = cfg.agent.harness is not None or cfg.agent.harness_command is not None
+        return "harness" if harnessed else "agent"
     if rollout.partial_rollout != "off":
         return "partial"
     if rollout.stream_groups > 0:
@@ -62,6 +65,8 @@ def build_rollout(
             cfg, tokenizer=tokenizer, train_files=train_files, environment_urls=environment_urls or {}
         )
         return AgentRollout(setup, sampler)
+    if mode == "harness":
+        return HarnessRollout(setup, cfg, tokenizer=tokenizer, train_files=train_files)
     if mode == "partial":
         return PartialRollout(setup, mode=cfg.rollout.partial_rollout)
     if mode == "streamed":

@@ -1,0 +1,164 @@
+"""A rank's harness episodes on its engine: the gateway served for them, the harness run once per episode,
+the engine pumped in the caller's thread until every episode has ended, and each episode's sample for the
+dock with the measures of its exactness.
+
+Built once per actor rank (rollout/harness.py); `run` is called per batch of the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rldock.config import JobConfig
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.loading import build_parser
+from rldock.runtime.agent.parsers import REASONING_PARSERS
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.gateway.answers import Shaper
+from rldock.runtime.gateway.harness import HarnessOutcome, HarnessRunner
+from rldock.runtime.gateway.server import EngineTurns, Gateway, GatewayLoop
+from rldock.runtime.gateway.sessions import SegmentRow, Session, rerendered_drift
+
+MODEL_NAME = "policy"  # the `model` a harness names (or leaves out)
+
+
+@dataclass
+class EpisodeResult:
+    """One episode: the sample it becomes, how it ended, its rewards and measures."""
+
+    row: SegmentRow
+    ended: str
+    rewards: list[float]  # posted to `.../reward`, then returned
+    turns: int  # model turns over all segments
+    tool_calls: int
+    segments: list[str] = field(default_factory=list)  # each segment's reason
+    exact: bool = True  # the row's model tokens are the engine's sampled ones for its turns
+    drift_tokens: int | None = None  # re-rendering the final messages: held ids off (None: not measured)
+    resends: int = 0
+
+
+class RendererCache:
+    """The chat template's renderer for each distinct `tools` list a request sends."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._renderers: dict[str, ChatRenderer] = {}
+
+    def __call__(self, tools: Sequence[dict]) -> ChatRenderer:
+        key = json.dumps(list(tools), sort_keys=True)
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools=list(tools))
+        return self._renderers[key]
+
+
+class GatewayEpisodes:
+    def __init__(self, cfg: JobConfig, *, tokenizer, prompt_capacity: int, max_waiting: int = 1024):
+        assert cfg.agent is not None, "harness episodes are for jobs with an agent section"
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.runner = HarnessRunner(cfg.agent)
+        self.renderers = RendererCache(tokenizer)
+        shaper = Shaper(
+            tokenizer,
+            model=MODEL_NAME,
+            tool_parser=build_parser(cfg.agent),
+            reasoning_parser=REASONING_PARSERS.get(cfg.agent.reasoning_format)(),
+        )
+        self.turns = EngineTurns()
+        self.prompt_capacity = prompt_capacity
+        self.gateway = Gateway(
+            shaper=shaper,
+            renderer=self.renderers,
+            turns=self.turns,
+            prompt_capacity=prompt_capacity,
+            response_capacity=cfg.algorithm.max_response_length,
+            max_waiting=max_waiting,
+        )
+        self.server = GatewayLoop(self.gateway)
+        self.engine_s = 0.0  # the last run's seconds in engine steps
+        self.wall_s = 0.0
+
+    def run(
+        self,
+        engine: VllmRolloutEngine,
+        *,
+        tasks: Sequence[dict],
+        prompts: Sequence[list[int]],
+        keys: Sequence[int],
+        seed: int,
+        greedy: bool = False,
+    ) -> list[EpisodeResult]:
+        """One harness episode per task (its dock prompt `prompts[i]` and sample key `keys[i]`)."""
+        started = time.perf_counter()
+        names = [f"{seed}-{key}" for key in keys]
+        self.turns.sampled.clear()
+
+        async def one(name: str, key: int, task: dict) -> HarnessOutcome:
+            episode = self.gateway.open(name, key=key)
+            return await self.runner(task, base_url=self.server.base_url(name), api_key=episode.token)
+
+        async def every() -> list[HarnessOutcome]:
+            try:
+                return list(await asyncio.gather(*(one(n, k, t) for n, k, t in zip(names, keys, tasks))))
+            finally:
+                self.turns.stop()
+
+        async def settled() -> None:  # turns answered after their harness ended are committed first
+            for name in names:
+                async with self.gateway.episodes[name].lock:
+                    pass
+
+        pending = self.server.run(every())
+        self.engine_s = self.turns.pump(engine, eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy)
+        outcomes = pending.result()
+        self.server.run(settled()).result()
+        episodes = [self.gateway.close(name) for name in names]
+        silent = [i for i, episode in enumerate(episodes) if not episode.session.segments]
+        # An episode whose harness never reached the model still gets one turn on its prompt: every sample
+        # has tokens of the model's (its reward says it failed).
+        fallback = engine.sample(
+            [prompts[i] for i in silent],
+            n=1,
+            max_tokens=self.cfg.algorithm.max_response_length,
+            eos_token_id=self.tokenizer.eos_token_id,
+            seed=seed,
+            greedy=greedy,
+            prompt_keys=[keys[i] for i in silent],
+        )
+        fallback_turns = {i: group[0].token_ids for i, group in zip(silent, fallback)}
+        results = []
+        for index, (episode, outcome) in enumerate(zip(episodes, outcomes)):
+            if index in fallback_turns:
+                turn = fallback_turns[index]
+                ended = outcome.ended if outcome.ended != "harness_done" else "harness_no_turn"
+                row = SegmentRow([*prompts[index], *turn], len(prompts[index]), [1] * len(turn), ended)
+                results.append(EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended]))
+                continue
+            results.append(self._result(episode.session, episode, outcome))
+        self.wall_s = time.perf_counter() - started
+        return results
+
+    def _result(self, session: Session, episode, outcome: HarnessOutcome) -> EpisodeResult:
+        row = session.rows(prompt_capacity=self.prompt_capacity)[-1]
+        last = session.segments[-1]
+        engine_turns = self.turns.sampled.get(episode.key, [])[-last.turns :]
+        model_ids = [token for token, model in zip(row.ids[row.prompt_length :], row.model_mask) if model]
+        exact = model_ids == [token for turn in engine_turns for token in turn]
+        tools = [json.loads(tool) for tool in last.tools]
+        return EpisodeResult(
+            row=row,
+            ended=outcome.ended,
+            rewards=[*episode.rewards, *outcome.rewards],
+            turns=sum(segment.turns for segment in session.segments),
+            tool_calls=episode.tool_calls,
+            segments=[segment.reason for segment in session.segments],
+            exact=exact,
+            drift_tokens=rerendered_drift(last, self.renderers(tools)).tokens if last.history else None,
+            resends=episode.resends,
+        )
+
+    def close(self) -> None:
+        self.server.close()

@@ -1,0 +1,156 @@
+"""Runs the user's harness once per episode against the gateway (docs/agentic.md#bring-your-own-agent).
+
+Two forms: `agent.harness: module:function`, `async def run(task, client) -> reward | dict` awaited on the
+gateway's loop with a stock `openai.AsyncOpenAI` at the episode's URL and key; and `agent.harness_command`,
+a process per episode with `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `RLDOCK_TASK` (the data row as JSON) in a
+clean environment, whose last printed line is its reward (a number, or a JSON object with `reward`).
+
+The rewards of an episode are the steps of an `environment` reward term: what the harness posted to
+`.../reward`, then what it returned (none where it returned None). An episode ends `harness_done`, or with a
+counted reason: `harness_error` (it raised), `harness_timeout` (past agent.episode_timeout_s: cancelled, a
+command killed), `harness_exit` (a command that exited non-zero), `harness_bad_reward` (a return value that is
+no reward), `harness_no_turn` (it never called the model). The iteration goes on either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import math
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rldock.config.job import AgentSpec
+from rldock.runtime.agent.base import REWARD_LIMIT
+from rldock.runtime.user_code import load_object
+
+logger = logging.getLogger(__name__)
+
+# What a command's environment keeps of the actor's: what finds its interpreter and packages, nothing else
+# (no Ray session, no tokens).
+KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
+OUTPUT_TAIL_CHARS = 2000
+
+
+class HarnessError(ValueError):
+    """A harness reference that cannot run; the message names the field."""
+
+
+def load_harness(reference: str):
+    """The function `agent.harness` names, checked: a coroutine function of (task, client)."""
+    function = load_object(reference, field="agent.harness", kind="function", error=HarnessError)
+    if not inspect.iscoroutinefunction(function):
+        raise HarnessError(f"agent.harness: {reference} is not `async def`; write `async def run(task, client)`")
+    try:
+        inspect.signature(function).bind("task", "client")
+    except TypeError as error:
+        raise HarnessError(
+            f"agent.harness: {reference} cannot be called as run(task, client): {error}; write "
+            "`async def run(task, client) -> reward | dict`"
+        ) from error
+    return function
+
+
+@dataclass
+class HarnessOutcome:
+    ended: str = "harness_done"
+    rewards: list[float] = field(default_factory=list)  # the returned reward (after the posted ones)
+    info: dict = field(default_factory=dict)  # what a dict return held besides `reward`
+
+
+def reward_of(value: Any) -> tuple[float | None, dict] | str:
+    """(the reward, the rest) of what a harness returned; or what is wrong with it."""
+    rest: dict = {}
+    if isinstance(value, Mapping):
+        rest = {key: item for key, item in value.items() if key != "reward"}
+        value = value.get("reward")
+    if value is None:
+        return None, rest
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"the reward {value!r} is not a finite number"
+    if abs(value) > REWARD_LIMIT:
+        return f"the reward {value} is past ±{REWARD_LIMIT:g}"
+    return float(value), rest
+
+
+class HarnessRunner:
+    """One episode of the configured harness: `await runner(task, base_url=..., api_key=...)`."""
+
+    def __init__(self, spec: AgentSpec):
+        self.spec = spec
+        self.function = load_harness(spec.harness) if spec.harness is not None else None
+        self.command = list(spec.harness_command or [])
+        if self.function is None and not self.command:
+            raise HarnessError("agent.harness or agent.harness_command: set one to run your own agent")
+
+    async def __call__(self, task: dict, *, base_url: str, api_key: str) -> HarnessOutcome:
+        try:
+            if self.function is not None:
+                value = await asyncio.wait_for(self._call(task, base_url, api_key), self.spec.episode_timeout_s)
+            else:
+                value = await self._run_command(task, base_url, api_key)
+        except TimeoutError:
+            return HarnessOutcome("harness_timeout")
+        except _CommandFailed as failure:
+            logger.warning("agent.harness_command exited %s: %s", failure.code, failure.tail)
+            return HarnessOutcome("harness_exit")
+        except Exception as error:  # broad on purpose: the user's agent failing ends its episode, never the job
+            logger.warning("agent.harness raised %s: %s", type(error).__name__, error)
+            return HarnessOutcome("harness_error")
+        reward = reward_of(value)
+        if isinstance(reward, str):
+            logger.warning("agent.harness: %s", reward)
+            return HarnessOutcome("harness_bad_reward")
+        value, info = reward
+        return HarnessOutcome(rewards=[] if value is None else [value], info=info)
+
+    async def _call(self, task: dict, base_url: str, api_key: str) -> Any:
+        import openai
+
+        assert self.function is not None
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key)
+        try:
+            return await self.function(task, client)
+        finally:
+            await client.close()
+
+    async def _run_command(self, task: dict, base_url: str, api_key: str) -> Any:
+        env = {name: os.environ[name] for name in KEPT_ENV if name in os.environ}
+        env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, RLDOCK_TASK=json.dumps(task, ensure_ascii=False))
+        process = await asyncio.create_subprocess_exec(
+            *self.command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a timeout kills what it started too
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), self.spec.episode_timeout_s)
+        except BaseException:  # a timeout or a cancellation: nothing of the episode is left running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+            raise
+        text = output.decode(errors="replace")
+        if process.returncode != 0:
+            raise _CommandFailed(process.returncode, text[-OUTPUT_TAIL_CHARS:])
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            return None
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            return lines[-1]  # reward_of names it
+
+
+class _CommandFailed(Exception):
+    def __init__(self, code: int | None, tail: str):
+        super().__init__(code)
+        self.code, self.tail = code, tail

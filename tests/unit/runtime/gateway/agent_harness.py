@@ -1,0 +1,68 @@
+"""A user's harness for the gateway's tests: a plain loop over `openai.AsyncOpenAI`, its behaviour chosen
+by the task's `mode`; what it saw is written to the task's `out` file for the test to read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Adds two numbers.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        },
+    }
+]
+
+
+async def run(task, client):
+    mode = task["mode"]
+    seen: list = []
+    messages = [{"role": "user", "content": task["prompt"]}]
+    try:
+        if mode == "raise":
+            raise RuntimeError("the harness broke")
+        if mode == "hang":
+            await asyncio.Event().wait()
+        if mode == "silent":
+            return 0.5
+        if mode == "bad_reward":
+            await client.chat.completions.create(model="policy", messages=messages)
+            return "great"
+        if mode == "stream":
+            stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)
+            text = ""
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+            seen.append(text)
+            return {"reward": 1.0, "text": text}
+        # "tools": call the model, run the tool it asked for, post a step reward, answer
+        for _ in range(4):
+            response = await client.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS, logprobs=True
+            )
+            seen.append(response.model_dump())
+            message = response.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                arguments = json.loads(call.function.arguments)
+                result = str(arguments["a"] + arguments["b"])
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            async with httpx.AsyncClient() as http:
+                await http.post(
+                    str(client.base_url).removesuffix("/").removesuffix("/v1") + "/reward",
+                    json={"reward": 0.25},
+                    headers={"Authorization": f"Bearer {client.api_key}"},
+                )
+        return 1.0 if messages[-1].get("content", "").strip() == task["ground_truth"] else 0.0
+    finally:
+        with open(task["out"], "a") as out:
+            out.write(json.dumps({"mode": mode, "seen": seen}) + "\n")

@@ -1,0 +1,285 @@
+"""The gateway end to end on a scripted engine: a stock `openai.AsyncOpenAI` harness over real HTTP, the
+dock rows exactly the ids the engine sampled, the failures of a harness counted per episode, and each bad
+request answered with OpenAI's error naming the field.
+
+The engine is a test double (gateway_doubles.py); the HTTP server, the client, the sessions, the parsers and
+the chat template are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import string
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from gateway_doubles import ScriptedEngine
+
+from rldock.config import parse_job_config
+from rldock.runtime.gateway.episodes import GatewayEpisodes
+from rldock.runtime.gateway.harness import HarnessError, load_harness
+from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock.runtime.rollout.harness import harness_columns, result_sums
+
+REPO = Path(__file__).resolve().parents[4]
+HARNESS = Path(__file__).with_name("agent_harness.py")
+PROMPT_CAPACITY = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def job(**agent) -> object:
+    data = yaml.safe_load((REPO / "examples" / "grpo-tiny.yaml").read_text())
+    data["data"]["chat_template"] = "model"
+    data["algorithm"]["max_response_length"] = 256
+    data["agent"] = {"harness": f"{HARNESS}:run", **agent}
+    data["reward"] = {"terms": [{"name": "environment"}]}
+    return parse_job_config(data)
+
+
+@pytest.fixture
+def episodes(tokenizer):
+    made = []
+
+    def make(**agent):
+        made.append(GatewayEpisodes(job(**agent), tokenizer=tokenizer, prompt_capacity=PROMPT_CAPACITY))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.close()
+
+
+def tasks_of(tmp_path, *modes, ground_truth="5"):
+    out = tmp_path / "seen.jsonl"
+    return [{"mode": m, "prompt": "2+3?", "ground_truth": ground_truth, "out": str(out)} for m in modes], out
+
+
+def seen(out: Path) -> dict[str, list]:
+    return {line["mode"]: line["seen"] for line in map(json.loads, out.read_text().splitlines())}
+
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def test_a_harness_of_tool_calls_trains_on_exactly_the_sampled_ids(episodes, tokenizer, tmp_path):
+    runner = episodes()
+    engine = ScriptedEngine(tokenizer, {7: [CALL, "5"]})
+    tasks, out = tasks_of(tmp_path, "tools")
+    (result,) = runner.run(engine, tasks=tasks, prompts=[[1, 2]], keys=[7], seed=3)
+    assert result.ended == "harness_done" and result.turns == 2 and result.tool_calls == 1
+    assert result.rewards == [0.25, 1.0]  # the step posted, then the return value
+    assert result.segments == ["start"] and result.exact
+    first, second = seen(out)["tools"]
+    # the answer carries the ids and logprobs, and the call parsed into OpenAI's shape
+    assert first["choices"][0]["message"]["tool_calls"][0]["function"] == {
+        "name": "add",
+        "arguments": '{"a": 2, "b": 3}',
+    }
+    assert first["choices"][0]["finish_reason"] == "tool_calls"
+    assert first["choices"][0]["token_ids"] == tokenizer(CALL, add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id
+    ]
+    assert len(first["choices"][0]["logprobs"]["content"]) == len(first["choices"][0]["token_ids"])
+    # the second turn continued the first exactly: its prompt is the first's, its sampled ids, then the tool's
+    assert second["prompt_token_ids"][: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
+    after = second["prompt_token_ids"][len(first["prompt_token_ids"]) :]
+    assert after[: len(first["choices"][0]["token_ids"])] == first["choices"][0]["token_ids"]
+    assert tokenizer.decode(after[len(first["choices"][0]["token_ids"]) :]) == "<tool>5<eos><assistant>"
+    # the row: the prompt, then model tokens trained and the tool's masked
+    row = result.row
+    assert row.ids == [*second["prompt_token_ids"], *second["choices"][0]["token_ids"]]
+    trained = [t for t, m in zip(row.ids[row.prompt_length :], row.model_mask) if m]
+    assert trained == first["choices"][0]["token_ids"] + second["choices"][0]["token_ids"]
+    columns = harness_columns(
+        [result], prompt_capacity=PROMPT_CAPACITY, response_capacity=256, max_steps=4, pad_token_id=0, policy_version=0
+    )
+    assert columns["environment_rewards"][0, :2].tolist() == [0.25, 1.0] and columns["num_environment_steps"][0] == 2
+    assert columns["response_mask"].sum() == len(trained)
+    # Rebuilt from the messages, the first turn would lose its call: this template writes an assistant message's
+    # content only, and an answer of calls has none. Every held id from that turn on drifts.
+    assert result.drift_tokens == len(row.ids) - len(first["prompt_token_ids"])
+
+
+def test_a_stream_carries_the_same_answer(episodes, tokenizer, tmp_path):
+    runner = episodes()
+    tasks, out = tasks_of(tmp_path, "stream")
+    (result,) = runner.run(
+        ScriptedEngine(tokenizer, {1: ["the sum is 5"]}), tasks=tasks, prompts=[[1]], keys=[1], seed=0
+    )
+    assert seen(out)["stream"] == ["the sum is 5"] and result.rewards == [1.0]
+
+
+def test_failing_harnesses_end_their_episodes_counted_and_the_others_go_on(episodes, tokenizer, tmp_path):
+    runner = episodes(episode_timeout_s=0.5)
+    modes = ("raise", "hang", "silent", "bad_reward", "stream")
+    tasks, _ = tasks_of(tmp_path, *modes)
+    engine = ScriptedEngine(tokenizer, {k: ["ok"] for k in range(len(modes))})
+    results = runner.run(engine, tasks=tasks, prompts=[[1, 2]] * len(modes), keys=list(range(len(modes))), seed=0)
+    assert [r.ended for r in results] == [
+        "harness_error",
+        "harness_timeout",
+        "harness_no_turn",
+        "harness_bad_reward",
+        "harness_done",
+    ]
+    # every episode has a turn of the model's to train on: those that never reached it got one on their prompt
+    assert all(sum(r.row.model_mask) > 0 for r in results)
+    sums = result_sums(results, engine_s=0.0, wall_s=0.0)
+    assert sums["ended/harness_timeout"] == 1 and sums["counts/gateway/exact_episodes"] == 5
+
+
+def test_a_command_harness_gets_the_endpoint_in_its_environment(episodes, tokenizer, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(
+        "import json, os, openai\n"
+        "task = json.loads(os.environ['RLDOCK_TASK'])\n"
+        "client = openai.OpenAI()\n"
+        "messages = [{'role': 'user', 'content': task['prompt']}]\n"
+        "answer = client.chat.completions.create(model='policy', messages=messages)\n"
+        "print('noise')\n"
+        "print(json.dumps({'reward': float(answer.choices[0].message.content == task['ground_truth'])}))\n"
+    )
+    failing = tmp_path / "fail.py"
+    failing.write_text("import sys\nprint('it went wrong')\nsys.exit(3)\n")
+    tasks, _ = tasks_of(tmp_path, "command")
+    good = episodes(harness=None, harness_command=[sys.executable, str(script)])
+    (result,) = good.run(ScriptedEngine(tokenizer, {4: ["5"]}), tasks=tasks, prompts=[[1]], keys=[4], seed=0)
+    assert result.ended == "harness_done" and result.rewards == [1.0] and result.turns == 1
+    bad = episodes(harness=None, harness_command=[sys.executable, str(failing)])
+    (result,) = bad.run(ScriptedEngine(tokenizer, {4: ["5"]}), tasks=tasks, prompts=[[1]], keys=[4], seed=0)
+    assert result.ended == "harness_exit"
+
+
+# --- bad input: OpenAI's 400s, 401, 429 ------------------------------------------------------------
+
+
+@pytest.fixture
+def served(episodes, tokenizer):
+    """A gateway with one open episode and the engine pumping in a thread: (base url, key, engine, runner)."""
+    runner = episodes()
+    hold = threading.Event()
+    hold.set()
+    engine = ScriptedEngine(tokenizer, {9: ["5"] * 8}, hold=hold)
+    episode = runner.server.run(_open(runner, "e9", 9)).result()
+    pump = threading.Thread(
+        target=runner.turns.pump, args=(engine,), kwargs={"eos_token_id": tokenizer.eos_token_id, "seed": 0}
+    )
+    pump.start()
+    yield runner.server.base_url("e9"), episode.token, engine, runner, hold
+    hold.set()
+    runner.turns.stop()
+    pump.join()
+
+
+async def _open(runner, name, key):
+    return runner.gateway.open(name, key=key)
+
+
+def post(url, key, body, *, raw=None):
+    return httpx.post(
+        url, content=raw, json=None if raw is not None else body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+
+
+USER = [{"role": "user", "content": "2+3?"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"model": "policy", "messages": USER, "n": 2}, "n", "one choice per request"),
+        ({"model": "gpt-4o", "messages": USER}, "model", "'gpt-4o' is not served here"),
+        ({"model": "policy", "messages": []}, "messages", "non-empty"),
+        ({"model": "policy", "messages": USER, "max_tokens": 0}, "max_tokens", "positive integer"),
+        ({"model": "policy", "messages": [{"role": "user", "content": "x" * 400}]}, "messages", "leaves no token"),
+        (
+            {"model": "policy", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages",
+            "image_url",
+        ),
+    ],
+)
+def test_a_request_the_engine_cannot_serve_is_a_400_naming_the_field(served, body, param, words):
+    url, key, engine, _, _ = served
+    answer = post(f"{url}/chat/completions", key, body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error"
+    assert engine.submitted == 0
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(served):
+    url, key, engine, runner, _ = served
+    runner.gateway.max_body_bytes = 1000
+    answer = post(f"{url}/chat/completions", key, None, raw=b"{" + b" " * 5000 + b"}")
+    assert answer.status_code == 400 and "past the limit of 1000" in answer.json()["error"]["message"]
+
+
+def test_a_key_opens_only_its_own_session(served):
+    url, key, _, runner, _ = served
+    other = runner.server.run(_open(runner, "e10", 10)).result()
+    assert post(f"{url}/chat/completions", other.token, {"messages": USER}).status_code == 401
+    assert httpx.post(f"{url}/chat/completions", json={"messages": USER}).status_code == 401  # no key
+    assert post(runner.server.base_url("nope") + "/chat/completions", key, {"messages": USER}).status_code == 401
+
+
+def test_a_resend_is_answered_from_the_record_not_sampled_twice(served):
+    url, key, engine, _, _ = served
+    body = {"model": "policy", "messages": USER, "temperature": 0.7}
+    first = post(f"{url}/chat/completions", key, body).json()
+    again = post(f"{url}/chat/completions", key, body).json()
+    assert first == again and engine.submitted == 1
+
+
+def test_turns_beyond_the_engines_limit_get_a_429_with_retry_after(served):
+    url, key, engine, runner, hold = served
+    runner.gateway.max_waiting = 1
+    hold.clear()  # the engine holds the first turn
+    waiting = threading.Thread(target=post, args=(f"{url}/chat/completions", key, {"messages": USER}))
+    waiting.start()
+    other = runner.server.run(_open(runner, "e11", 11)).result()
+    try:
+        while runner.turns.waiting < 1:  # the state the refusal needs: a turn waiting for the engine
+            threading.Event().wait(0.005)
+        answer = post(f"{url.replace('e9', 'e11')}/chat/completions", other.token, {"messages": USER})
+        assert answer.status_code == 429 and answer.headers["retry-after"] == "1"
+    finally:
+        hold.set()
+        waiting.join()
+
+
+def test_completions_take_token_ids_and_continue_them(served, tokenizer):
+    url, key, engine, runner, _ = served
+    answer = post(f"{url}/completions", key, {"model": "policy", "prompt": [1, 5, 6], "logprobs": 0})
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    assert answer.json()["prompt_token_ids"] == [1, 5, 6] and choice["token_ids"] == [
+        *tokenizer("5", add_special_tokens=False)["input_ids"],
+        tokenizer.eos_token_id,
+    ]
+    assert post(f"{url}/completions", key, {"prompt": "text"}).json()["error"]["param"] == "prompt"
+
+
+def test_the_harness_is_checked_when_loaded(tmp_path):
+    sync = tmp_path / "sync.py"
+    sync.write_text("def run(task, client):\n    return 1\n")
+    one = tmp_path / "one.py"
+    one.write_text("async def run(task):\n    return 1\n")
+    with pytest.raises(HarnessError, match="agent.harness: .* is not `async def`"):
+        load_harness(f"{sync}:run")
+    with pytest.raises(HarnessError, match=r"cannot be called as run\(task, client\)"):
+        load_harness(f"{one}:run")
+    with pytest.raises(ValueError, match="agent.harness"):
+        load_harness(f"{tmp_path / 'missing.py'}:run")
+    assert asyncio.iscoroutinefunction(load_harness(f"{HARNESS}:run"))
