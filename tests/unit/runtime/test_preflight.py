@@ -232,3 +232,33 @@ def test_a_job_with_context_parallelism_is_refused_before_ray_starts(tmp_path):
     assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
     assert [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
     assert "rldock train does not yet seat a job's CP ranks" in failure.problems[0].message
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("def run(task, client):\n    return 1\n", "is not `async def`"),
+        ("async def run(task):\n    return 1\n", "cannot be called as run(task, client)"),
+        ("import no_such_package_here\nasync def run(task, client):\n    return 1\n", "no_such_package_here"),
+    ],
+)
+def test_validate_imports_the_harness_and_checks_its_signature(tmp_path, source, says):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    (tmp_path / "agent.py").write_text(source)
+    cfg.agent = AgentSpec(harness=f"{tmp_path}/agent.py:run")
+    failure = preflight(cfg)
+    assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
+    (problem,) = failure.problems
+    assert problem.field == "agent.harness" and says in problem.message
+
+
+def test_a_missing_harness_file_or_program_names_its_field(tmp_path):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    cfg.agent = AgentSpec(harness=f"{tmp_path}/gone.py:run")
+    assert [p.path for p in find_path_problems(cfg)] == ["agent.harness"]
+    cfg.agent = AgentSpec(harness_command=["no-such-program-rldock", "--go"])
+    failure = preflight(cfg)
+    assert failure is not None and [p.field for p in failure.problems] == ["agent.harness_command"]
+    (tmp_path / "ok.py").write_text("async def run(task, client):\n    return 1.0\n")
+    cfg.agent = AgentSpec(harness=f"{tmp_path}/ok.py:run")
+    assert preflight(cfg) is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -27,6 +28,7 @@ from rldock.runtime.agent.sandbox import sandbox_layer_problems
 from rldock.runtime.agent.service.probe import environment_server_problems
 from rldock.runtime.data.probe import data_file_problems
 from rldock.runtime.data.prompt_lengths import prompt_set_problems
+from rldock.runtime.gateway.harness import load_harness
 from rldock.runtime.ray_devices import local_device_problems
 from rldock.runtime.tracking import wandb_credentials_problems
 from rldock.runtime.user_code import wrong_kind
@@ -78,6 +80,12 @@ CHECKS: tuple[PathCheck, ...] = (
             if cfg.agent is not None and cfg.agent.environment is not None
             else None
         ),
+        PathKind.FILE,
+    ),
+    # The user's harness given as a file (`agents/mine.py:run`).
+    PathCheck(
+        "agent.harness",
+        lambda cfg: function_file(cfg.agent.harness) if cfg.agent is not None else None,
         PathKind.FILE,
     ),
     # A `model` term's reward model folder (config.json, tokenizer, weights).
@@ -205,6 +213,22 @@ def agent_class_problems(cfg: JobConfig) -> list[Problem]:
     return _definition_problems(named, kind="class")
 
 
+def harness_problems(cfg: JobConfig) -> list[Problem]:
+    """The harness imports (running its module's top level, as the actor will) and is an `async def` of
+    (task, client); a command's program is found on the PATH."""
+    if cfg.agent is None:
+        return []
+    if cfg.agent.harness is not None:
+        try:
+            load_harness(cfg.agent.harness)
+        except ValueError as error:
+            return [Problem("agent.harness", str(error).removeprefix("agent.harness: "))]
+    command = cfg.agent.harness_command
+    if command and shutil.which(command[0]) is None:
+        return [Problem("agent.harness_command", f"{command[0]!r} is not an executable on the PATH; name the program")]
+    return []
+
+
 def _definition_problems(named: Sequence[tuple[str, str | None]], *, kind: str) -> list[Problem]:
     """For each (field, reference) whose reference is `file.py:name`: the file defines `name`."""
     problems = []
@@ -330,6 +354,7 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         + data_file_problems(cfg.data)
         + reward_function_problems(cfg)
         + agent_class_problems(cfg)
+        + harness_problems(cfg)
         + wandb_credentials_problems(cfg)
         + local_device_problems(cfg)
         + environment_server_problems(cfg, starting=output is not None)
