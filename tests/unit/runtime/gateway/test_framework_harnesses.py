@@ -1,0 +1,40 @@
+"""A LangGraph agent, written as for any OpenAI endpoint, runs an episode through the gateway: its tool call
+answered in OpenAI's shape, its echoed history recognised (one segment, not re-rendered), the row exactly the
+sampled ids. The engine is the scripted test double (gateway_doubles.py); LangGraph, langchain-openai, the
+HTTP server and the chat template are real."""
+
+from __future__ import annotations
+
+import string
+
+from gateway_doubles import ScriptedEngine
+from test_gateway import job
+
+from rldock.runtime.gateway.episodes import GatewayEpisodes
+from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def test_a_langgraph_react_agent_trains_one_exact_segment(tmp_path):
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    cfg = job(harness="rldock.runtime.gateway.examples.langgraph_agent:run")
+    episodes = GatewayEpisodes(cfg, tokenizer=tokenizer, prompt_capacity=64)
+    try:
+        engine = ScriptedEngine(tokenizer, {0: [CALL, "The sum is 5"]})
+        task = {"prompt": "What is 2 + 3?", "ground_truth": "5"}
+        (result,) = episodes.run(engine, tasks=[task], prompts=[[1]], keys=[0], seed=0)
+    finally:
+        episodes.close()
+    assert result.ended == "harness_done" and result.rewards == [1.0]
+    assert result.turns == 2 and result.tool_calls == 1
+    assert result.segments == ["start"] and result.exact
+    # the second turn's prompt held the first turn as sampled, then LangGraph's tool result (add's 5.0)
+    second_prompt = engine.prompts[(0, 2)]
+    first_turn = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert second_prompt[: len(engine.prompts[(0, 1)])] == engine.prompts[(0, 1)]
+    assert second_prompt[len(engine.prompts[(0, 1)]) :][: len(first_turn)] == first_turn
+    assert (
+        tokenizer.decode(second_prompt[len(engine.prompts[(0, 1)]) + len(first_turn) :]) == "<tool>5.0<eos><assistant>"
+    )
