@@ -158,52 +158,33 @@ class Shaper:
             ]
         }
 
-    @staticmethod
-    def _usage(turn: Turn) -> dict:
+    def _answer(self, turn: Turn, *, kind: str, answer_id: str, choice: dict) -> dict:
         prompt, completion = len(turn.prompt_ids), len(turn.token_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {
+            "id": answer_id,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model,
+            "prompt_token_ids": turn.prompt_ids,
+            "choices": [{"index": 0, **choice, "token_ids": turn.token_ids}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
 
     def chat_completion(self, turn: Turn, message: dict, *, answer_id: str) -> dict:
         finish = "length" if not turn.ended else "tool_calls" if message.get("tool_calls") else "stop"
-        return {
-            "id": answer_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "prompt_token_ids": turn.prompt_ids,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": finish,
-                    "logprobs": self._logprobs(turn),
-                    "token_ids": turn.token_ids,
-                }
-            ],
-            "usage": self._usage(turn),
-        }
+        choice = {"message": message, "finish_reason": finish, "logprobs": self._logprobs(turn)}
+        return self._answer(turn, kind="chat.completion", answer_id=answer_id, choice=choice)
 
     def completion(self, turn: Turn, *, answer_id: str) -> dict:
-        lp = turn.logprobs
-        return {
-            "id": answer_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "prompt_token_ids": turn.prompt_ids,
-            "choices": [
-                {
-                    "index": 0,
-                    "text": self.tokenizer.decode(turn.token_ids, skip_special_tokens=False),
-                    "token_ids": turn.token_ids,
-                    "finish_reason": "stop" if turn.ended else "length",
-                    "logprobs": None
-                    if lp is None
-                    else {"token_logprobs": lp, "tokens": self.tokenizer.convert_ids_to_tokens(turn.token_ids)},
-                }
-            ],
-            "usage": self._usage(turn),
+        logprobs = None
+        if turn.logprobs is not None:
+            logprobs = {"token_logprobs": turn.logprobs, "tokens": self.tokenizer.convert_ids_to_tokens(turn.token_ids)}
+        choice = {
+            "text": self.tokenizer.decode(turn.token_ids, skip_special_tokens=False),
+            "finish_reason": "stop" if turn.ended else "length",
+            "logprobs": logprobs,
         }
+        return self._answer(turn, kind="text_completion", answer_id=answer_id, choice=choice)
 
 
 def stream_chunks(answer: Mapping) -> Iterator[str]:

@@ -235,45 +235,47 @@ class Gateway:
         )
         return Turn(plan.prompt_ids, list(completion.token_ids), completion.logprobs, completion.finished_with_eos)
 
-    async def chat(self, episode: Episode, body: Any) -> dict:
-        request = chat_request(body, model=self.shaper.model)
+    async def _once(self, episode: Episode, body: Any, turn: Callable[[], Coroutine[Any, Any, dict]]) -> dict:
+        """`turn()`'s answer under the episode's lock; a resend of an answered body gets the recorded answer."""
         digest = request_digest(body)
         async with episode.lock:
             recorded = episode.session.recorded(digest)
             if recorded is not None:
                 episode.resends += 1
                 return recorded
+            answer = await turn()
+            episode.session.record(digest, answer)
+            return answer
+
+    async def chat(self, episode: Episode, body: Any) -> dict:
+        request = chat_request(body, model=self.shaper.model)
+
+        async def turn() -> dict:
             try:
                 plan = episode.session.plan(request.messages, request.tools)
             except ValueError as error:
                 raise RequestError(f"messages: {error}", param="messages") from error
-            turn = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
+            sampled = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
             number = sum(s.turns for s in episode.session.segments) + 1
-            message = self.shaper.message(turn, call_prefix=f"call-{episode.key}-{number}")
-            episode.session.commit(plan, turn.token_ids, ended_turn=turn.ended, answer=message)
+            message = self.shaper.message(sampled, call_prefix=f"call-{episode.key}-{number}")
+            episode.session.commit(plan, sampled.token_ids, ended_turn=sampled.ended, answer=message)
             episode.tool_calls += len(message.get("tool_calls") or [])
-            answer = self.shaper.chat_completion(turn, message, answer_id=f"chatcmpl-{episode.key}-{number}")
-            episode.session.record(digest, answer)
-            return answer
+            return self.shaper.chat_completion(sampled, message, answer_id=f"chatcmpl-{episode.key}-{number}")
+
+        return await self._once(episode, body, turn)
 
     async def complete(self, episode: Episode, body: Any) -> dict:
         prompt, asked = completion_prompt(body, model=self.shaper.model)
-        digest = request_digest(body)
-        async with episode.lock:
-            recorded = episode.session.recorded(digest)
-            if recorded is not None:
-                episode.resends += 1
-                return recorded
+
+        async def turn() -> dict:
             plan = episode.session.plan_ids(prompt)
-            turn = await self._sample(episode, plan, asked=asked, logprobs=body.get("logprobs") is not None)
+            sampled = await self._sample(episode, plan, asked=asked, logprobs=body.get("logprobs") is not None)
             number = sum(s.turns for s in episode.session.segments) + 1
-            text = self.shaper.text(turn.token_ids)
-            episode.session.commit(
-                plan, turn.token_ids, ended_turn=turn.ended, answer={"role": "assistant", "content": text}
-            )
-            answer = self.shaper.completion(turn, answer_id=f"cmpl-{episode.key}-{number}")
-            episode.session.record(digest, answer)
-            return answer
+            answer = {"role": "assistant", "content": self.shaper.text(sampled.token_ids)}
+            episode.session.commit(plan, sampled.token_ids, ended_turn=sampled.ended, answer=answer)
+            return self.shaper.completion(sampled, answer_id=f"cmpl-{episode.key}-{number}")
+
+        return await self._once(episode, body, turn)
 
     # --- HTTP ---
 
