@@ -112,7 +112,11 @@ class GatewayEpisodes:
                     pass
 
         pending = self.server.run(every())
-        self.engine_s = self.turns.pump(engine, eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy)
+        try:
+            self.engine_s = self.turns.pump(engine, eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy)
+        except BaseException:  # the engine failed: no harness is left waiting on it
+            pending.cancel()
+            raise
         outcomes = pending.result()
         self.server.run(settled()).result()
         episodes = [self.gateway.close(name) for name in names]
