@@ -43,6 +43,14 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
         "agent-smollm2-cabinet.yaml",
         {"agent.environment.servers.command": ["rldock", "env", "serve", HERE, "--port", "{port}"]},
     ),
+    "agent.harness": (
+        "grpo-smollm2-math.yaml",
+        {"agent": {"harness": HERE}, "evaluation.interval": 0, "data.val_files": []},
+    ),
+    "agent.harness_command": (
+        "grpo-smollm2-math.yaml",
+        {"agent": {"harness_command": ["python", HERE]}, "evaluation.interval": 0, "data.val_files": []},
+    ),
     "agent.sandbox.servers.command": (
         "agent-smollm2-python.yaml",
         {"agent.sandbox.servers": {"command": ["rldock", "env", "serve", HERE, "--port", "{port}"]}},

@@ -883,16 +883,18 @@ class AgentSpec(Spec):
         "(`reasoning_content`): `think`, a `<think>...</think>` block first (Qwen3, DeepSeek-R1); `none`, "
         "no reasoning. The trained ids are the sampled ones either way.",
     )
-    harness: str | None = Field(
+    harness: Annotated[str | None, PATH] = Field(
         default=None,
-        max_length=MAX_NAME_LENGTH,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$|^/\S+\.py:[A-Za-z_]\w*$",
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^\S+:[A-Za-z_]\w*$",
         description="Your own agent as `module:function` (or `/path/file.py:function`), `async def run(task, "
         "client) -> reward | dict`, given each episode's data row and an `openai.AsyncOpenAI` at the episode's "
         "own endpoint of the rollout engine (docs/agentic.md#bring-your-own-agent); rldock then runs no episode "
         "loop of its own (no agent.tools, no agent.environment).",
     )
-    harness_command: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] | None = Field(
+    harness_command: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH)]] | None, COMMAND
+    ] = Field(
         default=None,
         min_length=1,
         max_length=256,
