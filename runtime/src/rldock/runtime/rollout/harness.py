@@ -19,6 +19,7 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.metrics import Sums, merged_sums
+from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
@@ -170,6 +171,13 @@ def harness_columns(
             "num_tool_errors": torch.zeros((rows,), dtype=torch.int64),
             "environment_rewards": rewards,
             "num_environment_steps": steps,
+            # a harness's rewards are the episode's, not a turn's: turn-level credit needs agent.environment
+            **turn_columns(
+                [turn_index_from_mask(r.row.model_mask) for r in results],
+                [[] for _ in results],
+                max_response_length=response_capacity,
+                max_turns=max_steps,
+            ),
         },
         batch_size=[rows],
     )
