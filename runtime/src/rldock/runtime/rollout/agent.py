@@ -11,6 +11,7 @@ from tensordict import TensorDict
 from rldock.runtime.agent.metrics import Sums, merged_sums
 from rldock.runtime.agent_sampler import AgentSampler
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import StageFn
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.rollout.base import (
     HeldOutRequest,
@@ -34,8 +35,7 @@ class AgentRollout(RolloutMode):
             columns, batch_sums, batch_lengths = self.sampler.rollout(
                 engine,
                 unpadded(batch["prompt_ids"], batch["prompt_mask"]),
-                # one episode per sample: seeded by its index, offset per DAPO round
-                keys=(indices + request.sampling_round * self.setup.num_samples_per_iteration).tolist(),
+                keys=episode_keys(self.setup, indices, request),
                 prompt_indices=batch["prompt_index"].tolist(),
                 seed=request.iteration,
                 policy_version=request.policy_version,
@@ -44,11 +44,7 @@ class AgentRollout(RolloutMode):
             lengths.extend(batch_lengths)
             return columns
 
-        timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version)
-        timing.extra["response_lengths"] = lengths
-        if sums:
-            timing.extra["agent"] = merged_sums(sums)
-        return timing.as_dict()
+        return episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """Also each episode's `environment_rewards` per step and the episodes' metric sums (`agent`).
@@ -69,3 +65,26 @@ class AgentRollout(RolloutMode):
             "environment_rewards": [rewards[i : i + k] for i in range(0, len(rewards), k)],
             "agent": sums,
         }
+
+
+def episode_keys(setup: RolloutSetup, indices: torch.Tensor, request: RolloutRequest) -> list[int]:
+    """One episode per sample at dock `indices` (B,): seeded by its index, offset per DAPO round."""
+    return (indices + request.sampling_round * setup.num_samples_per_iteration).tolist()
+
+
+def episode_stage(
+    dock: TransferDock,
+    setup: RolloutSetup,
+    rollout: StageFn,
+    *,
+    request: RolloutRequest,
+    lengths: list[int],
+    sums: list[Sums],
+) -> dict:
+    """Run `rollout` (which fills `lengths` and `sums` as it goes) as the rollout stage: its timing with the
+    episodes' response lengths and metric sums (`agent`)."""
+    timing = run_rollout_stage(dock, setup, rollout, policy_version=request.policy_version)
+    timing.extra["response_lengths"] = lengths
+    if sums:
+        timing.extra["agent"] = merged_sums(sums)
+    return timing.as_dict()

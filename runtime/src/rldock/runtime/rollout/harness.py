@@ -18,18 +18,18 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.agent.metrics import Sums, merged_sums
+from rldock.runtime.agent.metrics import Sums
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
+from rldock.runtime.rollout.agent import episode_keys, episode_stage
 from rldock.runtime.rollout.base import (
     HeldOutRequest,
     RolloutMode,
     RolloutRequest,
     RolloutSetup,
-    run_rollout_stage,
     unpadded,
 )
 
@@ -69,7 +69,7 @@ class HarnessRollout(RolloutMode):
                 engine,
                 tasks=[task_of(self.rows[i], i) for i in indices_list],
                 prompts=unpadded(batch["prompt_ids"], batch["prompt_mask"]),
-                keys=(indices + request.sampling_round * self.setup.num_samples_per_iteration).tolist(),
+                keys=episode_keys(self.setup, indices, request),
                 seed=request.iteration,
             )
             sums.append(result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s))
@@ -83,11 +83,7 @@ class HarnessRollout(RolloutMode):
                 policy_version=request.policy_version,
             )
 
-        timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version)
-        timing.extra["response_lengths"] = lengths
-        if sums:
-            timing.extra["agent"] = merged_sums(sums)
-        return timing.as_dict()
+        return episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         raise RuntimeError(
