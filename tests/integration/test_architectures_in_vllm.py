@@ -1,4 +1,4 @@
-"""Each architecture users bring (Llama, Qwen2, Qwen3), built small with random weights and loaded
+"""Each architecture users bring (Llama, Qwen2, Qwen3, Qwen3-MoE), built small with random weights and loaded
 through the real loading code: the actor loads it, vLLM generates from it, and after a training
 step the weights pushed into vLLM score tokens exactly as the trained HF model does (TP 1). At
 TP 2 the decoder plan splits each architecture and trains it exactly like one unsplit process."""
@@ -21,7 +21,7 @@ from rldock.runtime.engines.policy import response_logprobs
 
 pytestmark = pytest.mark.integration
 
-ARCHITECTURES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
+ARCHITECTURES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe"]
 TEXTS = ["Sam has 3 apples and buys 5 more. #### 8", "12+7=19 and 40-2=38"]
 PROMPT_TEXTS = ["Sam has 3", "12+7=", "40-2"]
 MAX_MODEL_LEN = 64

@@ -109,3 +109,16 @@ def test_a_data_parallel_override_keeps_everything_else(dp, needed):
 def test_a_size_below_one_is_refused_naming_it(field):
     with pytest.raises(ValueError, match=rf"{field}=0"):
         JobLayout(**{"dp": 1, field: 0})
+
+
+@pytest.mark.parametrize(
+    ("dp", "ep", "divides", "expert_dp"), [(4, 1, True, 4), (4, 2, True, 2), (4, 4, True, 1), (4, 3, False, None)]
+)
+def test_expert_parallel_groups_are_carved_out_of_the_dp_ranks(dp, ep, divides, expert_dp):
+    layout = JobLayout(dp=dp, ep=ep)
+    assert layout.experts_divide is divides and layout.num_actor_ranks == dp  # EP adds no ranks
+    if divides:
+        assert layout.expert_data_parallel == expert_dp
+    else:
+        with pytest.raises(ValueError, match="expert_parallel_size=3 must divide"):
+            _ = layout.expert_data_parallel

@@ -54,11 +54,12 @@ class ModelSpec(Spec):
         description="Directory of a Hugging Face format causal LM (config.json, tokenizer files, "
         "weights) loaded with save_pretrained/from_pretrained conventions.",
     )
-    builder: Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3"] | None = Field(
+    builder: Literal["tiny-qwen2", "tiny-llama", "tiny-qwen3", "tiny-qwen3-moe"] | None = Field(
         default=None,
         description="If set and `path` holds no model yet, build this tiny model (with a tokenizer "
         "trained on the train prompts and answers) and save it at `path`: `tiny-qwen2` (the demo's), or the same "
-        "shapes as `tiny-llama` or `tiny-qwen3`. For demos and tests; leave unset for real checkpoints "
+        "shapes as `tiny-llama` or `tiny-qwen3`, or `tiny-qwen3-moe` (4 experts, 2 per token, an MLP of the same "
+        "active width). For demos and tests; leave unset for real checkpoints "
         "(see docs/bring-your-own.md).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -1011,6 +1012,24 @@ class TrainingSpec(Spec):
         ge=1,
         description="DP: actor ranks, each on one device (times tensor_parallel_size); PPO's critic runs as many "
         "DDP ranks.",
+    )
+    expert_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="EP: the data-parallel ranks that split an MoE model's experts (Qwen3-MoE, Mixtral): each holds "
+        "num_experts / expert_parallel_size of every MoE layer's experts and its tokens reach the others' by "
+        "all-to-all; the rest of the model is sharded over all data-parallel ranks. It carves groups out of "
+        "data_parallel_size (which it must divide), adds no ranks, and must divide the model's experts. Needs "
+        "strategy fsdp (docs/scaling.md, expert parallelism). Checkpoints and the engine's weights stay in the "
+        "Hugging Face layout whatever the size.",
+    )
+    router_aux_loss_coef: float | None = Field(
+        default=None,
+        ge=0,
+        description="MoE models: the weight of the router's load-balancing loss (Switch Transformer's, as Hugging "
+        "Face computes it) added to the update's loss, over the micro-batch's real tokens. Unset: the model "
+        "config's router_aux_loss_coef (Qwen3-MoE's 0.001); 0: none. Ignored for a dense model.",
     )
     micro_batch_size: int = Field(default=32, ge=1, description="Samples per forward/backward pass (at most).")
     micro_batch_tokens: int | None = Field(

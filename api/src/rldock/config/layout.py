@@ -37,6 +37,7 @@ def job_layout(cfg: JobConfig, *, groups: Sequence[DeviceGroup] | None = None) -
         dp=training.data_parallel_size,
         tp=training.tensor_parallel_size,
         cp=training.context_parallel_size,
+        ep=training.expert_parallel_size,
         generation_tp=cfg.rollout.tensor_parallel_size,
         num_nodes=resources.num_nodes,
         devices_per_node=resources.devices_per_node,

@@ -899,6 +899,37 @@ def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
+    """EP splits the experts over groups of data-parallel ranks whose other weights FSDP shards
+    (runtime engines/expert_parallel.py): the groups must tile the DP ranks, and only the FSDP layout
+    composes with them so far."""
+    layout, field = job_layout(cfg), "training.expert_parallel_size"
+    if layout.ep == 1:
+        return []
+    problems = []
+    if not layout.experts_divide:
+        problems.append(
+            Problem(
+                field,
+                f"{layout.ep} must divide training.data_parallel_size {layout.dp} (EP groups are carved out of "
+                f"the data-parallel ranks); use a divisor of {layout.dp}",
+            )
+        )
+    if layout.cp > 1:
+        problems.append(
+            Problem(
+                field,
+                f"{layout.ep} with context_parallel_size {layout.cp}: experts split over ranks that also split "
+                "sequences is a layout not built yet; use one of the two",
+            )
+        )
+    if cfg.training.strategy != "fsdp":
+        problems.append(
+            Problem(field, f"{layout.ep} needs training.strategy fsdp (experts sharded beside FSDP's shards); set it")
+        )
+    return problems
+
+
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     """FSDP and its options: FSDP shards the whole model over the DP ranks (no TP layout beside it);
     offload and mixed precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
@@ -912,6 +943,7 @@ def _strategy_problems(cfg: JobConfig) -> list[Problem]:
                 f"tensor_parallel_size {training.tensor_parallel_size}; use tensor_parallel_size 1 or strategy ddp",
             )
         )
+    problems += _expert_parallel_problems(cfg)
     if training.strategy == "fsdp":
         # Combinations that have not been built or run with sharded parameters yet.
         for field, value, why in (
@@ -1049,6 +1081,23 @@ def _is_http_url(url: str) -> bool:
     return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
+def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
+    """EP needs an MoE model whose experts it divides (read from config.json; a model still to be built
+    by model.builder is checked when the actor builds it)."""
+    ep, field = cfg.training.expert_parallel_size, "training.expert_parallel_size"
+    if ep == 1 or not config_file.is_file():
+        return []
+    config = json.loads(config_file.read_text())
+    num_experts = config.get("num_experts", config.get("num_local_experts"))
+    if not num_experts:
+        return [
+            Problem(field, f"{ep} needs an MoE model; {config_file} has no num_experts: use expert_parallel_size 1")
+        ]
+    if num_experts % ep:
+        return [Problem(field, f"{ep} must divide the model's {num_experts} experts; use a divisor of {num_experts}")]
+    return []
+
+
 def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     """Training tensor parallelism needs a plan for the architecture and splits heads, KV heads and
     the MLP evenly (as the actor checks at start); generation TP needs the even split; context
@@ -1056,13 +1105,13 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     tp, gen_tp = cfg.training.tensor_parallel_size, cfg.rollout.tensor_parallel_size
     cp = cfg.training.context_parallel_size
     config_file = model_dir / "config.json"
+    problems = _expert_problems(cfg, config_file)
     if tp == 1 and gen_tp == 1 and cp == 1:
-        return []
+        return problems
     # a tiny model still to be built has the tiny builders' shapes
     config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else dict(TINY_MODEL_SHAPES)
     if not config_file.is_file() and cfg.model.builder is None:
-        return []  # reported as a missing model
-    problems = []
+        return problems  # reported as a missing model
     try:
         check_heads_divide(cp=cp, num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"])
     except ValueError as error:

@@ -6,6 +6,9 @@ the thread budget and the memory planner. Nobody multiplies the parallel sizes a
 
 - actor ranks: data_parallel_size x context_parallel_size x tensor_parallel_size, one device each
   (a data-parallel rank's CP ranks share its samples, each computing a slice of every sequence);
+- expert parallelism: `ep` of the data-parallel ranks split an MoE model's experts (EP groups of
+  consecutive DP ranks), dp / ep ranks hold the same experts (the expert-data-parallel size); EP adds
+  no ranks, it must divide dp (and runs at context_parallel_size 1 so far);
 - generation replicas: `generation_tp` consecutive actor ranks each, one vLLM engine on the
   replica's first rank (its engine rank) whose TP workers span the replica's devices;
 - the other device worker groups (reference, critic, reward model, or a group a new worker state
@@ -48,6 +51,7 @@ class JobLayout:
     dp: int  # training.data_parallel_size
     tp: int = 1  # training.tensor_parallel_size
     cp: int = 1  # training.context_parallel_size
+    ep: int = 1  # training.expert_parallel_size: DP ranks that split the experts
     generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
     num_nodes: int = 1
     devices_per_node: int = 1
@@ -56,7 +60,7 @@ class JobLayout:
     groups: tuple[DeviceGroup, ...] = ()  # the device worker groups besides the actor's
 
     def __post_init__(self) -> None:
-        sizes = {"dp": self.dp, "tp": self.tp, "cp": self.cp, "generation_tp": self.generation_tp}
+        sizes = {"dp": self.dp, "tp": self.tp, "cp": self.cp, "ep": self.ep, "generation_tp": self.generation_tp}
         sizes |= {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node}
         small = [f"{name}={value}" for name, value in sizes.items() if value < 1]
         if small:
@@ -72,6 +76,20 @@ class JobLayout:
         """Ranks that hold a whole model replica's passes over distinct positions: DP x CP (what FSDP
         shards over, and how many reference and critic ranks run)."""
         return self.dp * self.cp
+
+    @property
+    def experts_divide(self) -> bool:
+        """Whether the EP groups tile the data-parallel ranks (the config checks refuse a job where not)."""
+        return self.dp % self.ep == 0
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Ranks that hold the same experts: dp / ep. Raises ValueError unless `ep` divides dp."""
+        if not self.experts_divide:
+            raise ValueError(
+                f"training.expert_parallel_size={self.ep} must divide training.data_parallel_size={self.dp}"
+            )
+        return self.dp // self.ep
 
     def num_ranks(self, count: RankCount) -> int:
         return {"actor_ranks": self.num_actor_ranks, "dp_ranks": self.num_sequence_ranks, "one": 1}[count]

@@ -16,7 +16,8 @@ TEXTS = ["Sam has 3 apples and buys 5 more. #### 8", "12+7=19"]
 
 
 @pytest.mark.parametrize(
-    "builder, model_type", [("tiny-qwen2", "qwen2"), ("tiny-llama", "llama"), ("tiny-qwen3", "qwen3")]
+    "builder, model_type",
+    [("tiny-qwen2", "qwen2"), ("tiny-llama", "llama"), ("tiny-qwen3", "qwen3"), ("tiny-qwen3-moe", "qwen3_moe")],
 )
 def test_each_builder_saves_a_model_the_loader_reads(tmp_path, builder, model_type):
     assert ensure_model(ModelSpec(path=str(tmp_path), builder=builder), texts=TEXTS, seed=0)

@@ -12,6 +12,13 @@ The rollout engine needs whole tensors under the HF names: `full_state_dict` all
 at a time (collective: every rank iterates it), so the extra memory is one full tensor, not a
 second model. `swap_out_shards`/`swap_in_shards` move this rank's shards, gradients and optimizer
 state to the host during generation (allgather-swap from the FSDP layout, resharding/swap.py).
+
+With expert parallelism (`expert_parallel_size` > 1, engines/expert_parallel.py) each MoE layer's
+experts are first cut to this rank's EP shard, then `fully_shard`ed over their expert-data-parallel
+group (the ranks holding the same shard) while the rest of the layer is sharded over all ranks. An
+expert's gradient arrives summed over the EP group's tokens (the all-to-all's backward); scaled by
+1 / world and summed over the expert-data-parallel group it is the mean over all ranks, as every
+other parameter's (averaged by FSDP over all ranks) is.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor
 
 from rldock.runtime.device import DeviceInfo
+from rldock.runtime.engines.expert_parallel import ExpertMesh, apply_expert_parallel, expert_parameters
 from rldock.runtime.models.layers import decoder_layers
 
 COMPUTE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,18 +58,35 @@ def mixed_precision_policy(mode: str) -> MixedPrecisionPolicy:
 
 
 def apply_fsdp(
-    model: nn.Module, device: DeviceInfo, *, cpu_offload: bool = False, mixed_precision: str = "none"
+    model: nn.Module,
+    device: DeviceInfo,
+    *,
+    cpu_offload: bool = False,
+    mixed_precision: str = "none",
+    experts: ExpertMesh | None = None,
 ) -> nn.Module:
     """Shard `model` (on `device.torch_device`, default group initialised) in place; returns it.
+    With `experts` (expert_mesh), its MoE layers' experts are cut to this rank's EP shard first.
 
-    Layers first, root last: the root then holds only what no layer owns (embeddings, final norm,
-    LM head, a value head), and each layer's all-gather can be prefetched while the previous computes.
+    Experts first (module docstring), then layers, root last: the root then holds only what no layer
+    owns (embeddings, final norm, LM head, a value head), and each layer's all-gather can be
+    prefetched while the previous computes.
     """
     check_mixed_precision(mixed_precision, device)
     device_type = torch.device(device.torch_device).type
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
     offload = CPUOffloadPolicy(pin_memory=device.is_accelerator) if cpu_offload else OffloadPolicy()
     policy = mixed_precision_policy(mixed_precision)
+    if experts is not None and experts.sharding.size > 1:
+        for module in apply_expert_parallel(model, experts.sharding):
+            module.grad_scale = 1.0 / world
+            sharded = fully_shard(module, mesh=experts.data_parallel, mp_policy=policy, offload_policy=offload)
+            # The module scales its gradients by 1 / world itself (module docstring), so FSDP sums them:
+            # a divide factor of 1, reduced as a plain sum (gloo has no pre-multiplied sum). FSDP's own
+            # factor is not used because on a group of one (dp = ep) torch 2.13 applies it twice.
+            sharded.set_gradient_divide_factor(1.0)
+            sharded.set_force_sum_reduction_for_comms(True)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
     # The model's own output (logits, values) comes back in float32, so logprobs are not rounded to bf16.
@@ -82,7 +107,25 @@ def full_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clip the sharded gradients by the global norm (over all ranks' shards); returns the norm."""
-    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_norm)
-    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+def clip_grad_norm(model: nn.Module, max_norm: float, *, experts: ExpertMesh | None = None) -> float:
+    """Clip the sharded gradients by the global norm (over all ranks' shards); returns the norm.
+
+    With expert parallelism the experts' gradients are sharded over another mesh (their
+    expert-data-parallel group) and differ across the EP group: each part's squared norm is taken on
+    its own mesh, the experts' summed over the EP group, and both parts scaled by the one total."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if experts is None or experts.sharding.size == 1:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    expert_ids = {id(p) for p in expert_parameters(model)}
+    parts = ([p for p in params if id(p) not in expert_ids], [p for p in params if id(p) in expert_ids])
+    squares = []
+    for part in parts:
+        grads = [p.grad for p in part if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).double() ** 2)
+    dist.all_reduce(squares[1], group=experts.sharding.group)
+    total = (squares[0] + squares[1]).sqrt()
+    for part in parts:
+        torch.nn.utils.clip_grads_with_norm_(part, max_norm, total.float())
+    return float(total)

@@ -47,6 +47,7 @@ import torch
 from rldock.config.job import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
 from rldock.runtime.engines.generation_memory import SleepCycle
+from rldock.runtime.models.moe import unfuse_experts
 
 logger = logging.getLogger(__name__)
 
@@ -146,11 +147,35 @@ def _completions(out, eos_token_id: int) -> list[Completion]:
     ]
 
 
+def _repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Prepack an MoE model's reloaded expert weights for vLLM's CPU kernel; returns the layers done.
+
+    vLLM 0.32's CPU MoE experts (`CPUUnquantizedExperts`) prepack w13/w2 into their grouped-GEMM
+    layout once, at the first load. An in-place reload copies the new weights into those parameters
+    in the checkpoint's plain layout and skips the prepack (`UnquantizedFusedMoEMethod._setup_kernel`
+    runs the experts' `process_weights_after_loading` only when no kernel exists yet), so the kernel
+    would read plain rows as packed ones: generation after a weight update scores nothing like the
+    pushed model (tests/integration/test_architectures_in_vllm.py, tiny-qwen3-moe). Running the
+    experts' prepack again on the plain rows gives the first load's layout. No-op for dense models
+    and other devices' kernels."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    done = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+            done += 1
+    return done
+
+
 def _reload_on_worker(worker, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Runs inside the vLLM worker: reload weights in place from `weights`."""
     if hasattr(worker, "reload_weights"):
         # vLLM's GPU and CPU workers: the reload plus resetting caches derived from weights.
         worker.reload_weights(weights_iterator=weights)
+        _repack_cpu_experts(worker.model_runner.get_model())
         return
     # Platform workers that lack the method (vllm-ascend's NPUWorker derives from WorkerBase):
     # the same core reload, on the runner's model.
@@ -439,6 +464,7 @@ class VllmRolloutEngine:
         the old weights, so the prefix cache is dropped.
         """
         start = time.perf_counter()
+        named_tensors = unfuse_experts(named_tensors)  # MoE: the Hub's per-expert tensors, as vLLM loads them
         self.memory.before_weight_update()  # weights back in place (the KV cache stays freed)
         with torch.no_grad():  # trainer tensors may require grad; the copies must not record it
             dtype = getattr(torch, self.dtype)

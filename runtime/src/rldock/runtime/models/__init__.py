@@ -33,6 +33,7 @@ MODEL_BUILDERS: Registry[ModelBuilder] = Registry("model builder", field="model.
 MODEL_BUILDERS.register("tiny-qwen2")(build_tiny_model)
 MODEL_BUILDERS.register("tiny-llama")(functools.partial(build_tiny_model, architecture="llama"))
 MODEL_BUILDERS.register("tiny-qwen3")(functools.partial(build_tiny_model, architecture="qwen3"))
+MODEL_BUILDERS.register("tiny-qwen3-moe")(functools.partial(build_tiny_model, architecture="qwen3_moe"))
 
 
 def ensure_model(spec: ModelSpec, *, texts: Iterable[str], seed: int) -> bool:

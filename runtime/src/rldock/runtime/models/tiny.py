@@ -1,4 +1,4 @@
-"""Builds the tiny demo model: a small Qwen2 (or Llama, Qwen3) causal LM with a character-level
+"""Builds the tiny demo model: a small Qwen2 (or Llama, Qwen3, Qwen3-MoE) causal LM with a character-level
 tokenizer trained on the task's text, saved in Hugging Face format so every later stage loads it
 like a real model. The other architectures exist so the runtime's paths (load, vLLM generate,
 weight sync, tensor parallelism) are tested on each family users bring, at a size that runs in
@@ -7,6 +7,12 @@ seconds.
 Shapes are chosen for the engines, not only for size: vLLM's CPU attention accepts head sizes
 32, 64, 80, ... (16 is refused), so the default is hidden 128 over 4 heads (head_dim 32) with 2
 KV heads (grouped-query attention, as in real Qwen2 checkpoints).
+
+The MoE architecture (`qwen3_moe`, Hugging Face's `Qwen3MoeForCausalLM`) has a sparse MLP in every
+layer: `num_experts` experts of `intermediate_size // num_experts_per_tok` each, `num_experts_per_tok`
+of them per token, so a token's active MLP is about the dense model's. Its folder is written the
+way Hub checkpoints are (one tensor per expert, `mlp.experts.{e}.gate_proj.weight`), which
+transformers fuses on load and vLLM reads directly.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,7 +54,9 @@ TINY_ARCHITECTURES: dict[str, Callable[..., PretrainedConfig]] = {
     "qwen2": Qwen2Config,
     "llama": LlamaConfig,
     "qwen3": Qwen3Config,
+    "qwen3_moe": Qwen3MoeConfig,
 }
+MOE_ARCHITECTURES = frozenset({"qwen3_moe"})
 
 
 def train_char_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
@@ -84,9 +93,12 @@ def build_tiny_model(
     intermediate_size: int = 512,
     max_position_embeddings: int = 64,
     architecture: str = "qwen2",
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
 ) -> Path:
     """Train a tokenizer on `texts`, initialise an `architecture` model (a key of
-    TINY_ARCHITECTURES) from `seed` and save both at `path`.
+    TINY_ARCHITECTURES) from `seed` and save both at `path`. `num_experts` and
+    `num_experts_per_tok` apply to the MoE architectures only (module docstring).
 
     Returns `path`. The weights are written as safetensors with `save_pretrained`, so
     `load_causal_lm` and vLLM read them the same way as a downloaded checkpoint.
@@ -101,6 +113,18 @@ def build_tiny_model(
         raise ValueError(f"architecture {architecture!r} is not one of {sorted(TINY_ARCHITECTURES)}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    moe: dict[str, object] = {}
+    if architecture in MOE_ARCHITECTURES:
+        if not 1 <= num_experts_per_tok <= num_experts:
+            raise ValueError(f"num_experts_per_tok {num_experts_per_tok} must be in [1, num_experts {num_experts}]")
+        moe = {
+            "num_experts": num_experts,
+            "num_experts_per_tok": num_experts_per_tok,
+            "moe_intermediate_size": intermediate_size // num_experts_per_tok,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+        }
     path = Path(path)
     tokenizer = train_char_tokenizer(texts)
     tokenizer.model_max_length = max_position_embeddings
@@ -117,6 +141,7 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **moe,
     )
     # A private RNG stream: building a model must not move the caller's global torch seed.
     with torch.random.fork_rng(devices=[]):

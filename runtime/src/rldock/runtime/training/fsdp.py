@@ -21,7 +21,7 @@ holds at each step, as the TP x DP path's do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -35,6 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock.stage_loop import StageFn, StageTiming
+from rldock.runtime.engines.expert_parallel import expert_mesh, gather_experts
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
@@ -64,8 +65,17 @@ class FsdpBackend:
         defer_gradient_sync: bool = False,
     ):
         training = cfg.training
+        self.experts = (
+            expert_mesh(torch.device(device.torch_device).type, training.expert_parallel_size)
+            if training.expert_parallel_size > 1
+            else None
+        )
         self.model = apply_fsdp(
-            model, device, cpu_offload=training.fsdp_cpu_offload, mixed_precision=training.mixed_precision
+            model,
+            device,
+            cpu_offload=training.fsdp_cpu_offload,
+            mixed_precision=training.mixed_precision,
+            experts=self.experts,
         )
         self.optimizer = make_optimizer(self.model.parameters())
         self.rank = rank
@@ -154,7 +164,7 @@ class FsdpBackend:
 
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on the host (collective), for save_pretrained on rank 0."""
-        return {name: tensor.cpu() for name, tensor in full_state_dict(self.model)}
+        return {name: tensor.cpu() for name, tensor in self.full_state()}
 
     def save_optimizer(self, path: Path) -> None:
         """Gathered whole (collective), so the checkpoint has the same file as a DDP run's. Call
@@ -169,16 +179,22 @@ class FsdpBackend:
     # --- the layout's steps ---------------------------------------------------------------------
 
     def clip_gradients(self, max_norm: float) -> float:
-        return clip_grad_norm(self.model, max_norm)
+        return clip_grad_norm(self.model, max_norm, experts=self.experts)
 
     def to_generation(self, update_weights: WeightPush) -> None:
         """After an update: gather the full weights into the engine, then (allgather_swap) move the
         training state to the host."""
         self._record("after_update")
-        update_weights(full_state_dict(self.model))
+        update_weights(self.full_state())
         if self.swaps:
             self._swapper.swap_out(training_state(self.model, self.optimizer))
         self._record("generation")
+
+    def full_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole model's (name, tensor) in the Hugging Face layout, one at a time (collective):
+        FSDP's shards all-gathered, then expert shards gathered over the EP group."""
+        weights = full_state_dict(self.model)
+        return gather_experts(weights, self.experts.sharding) if self.experts is not None else weights
 
     def to_training(self) -> None:
         """Before a pass that runs the model: bring swapped-out training state back."""

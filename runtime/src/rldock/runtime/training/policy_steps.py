@@ -15,6 +15,7 @@ from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.algorithms.policy_objective import PolicyObjective
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
+from rldock.runtime.models.moe import RouterLoss
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
 
@@ -39,9 +40,15 @@ def policy_step(
         torch.distributed.all_reduce(global_units)
     units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / world_size
 
+    router = RouterLoss(backend.model, coef=training.router_aux_loss_coef)  # MoE: the router's terms
+
     def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-        scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally)
-        return objective(scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens)
+        with router.recording(backend.training_module()) as routing:
+            scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally)
+        loss, metrics = objective(
+            scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens
+        )
+        return router.add(loss, metrics, routing, share=len(micro) / len(mini_batch))
 
     rows = update_micro_batches(backend.training_module(), mini_batch, training)
     micro_batches = [mini_batch[r] for r in rows]

@@ -1,0 +1,233 @@
+"""Mixture-of-experts models: finding their routers, recording what the routers chose during a
+forward pass, the router's auxiliary load-balancing loss and the expert-load metrics.
+
+A Hugging Face MoE decoder layer (Qwen3-MoE, Mixtral in transformers 5) holds a sparse block whose
+`gate` is a top-k router returning `(router_logits (T, E), top_k_weights (T, k), top_k_index (T, k))`
+over the T tokens of the pass, and whose `experts` apply the chosen experts. Nothing here changes
+the forward: `RouterRecord` reads the routers' outputs through forward hooks (with their autograd
+graph, so the auxiliary loss trains the routers) and the top-level model's attention mask through a
+pre-hook, so padding is counted out of the loss and the metrics.
+
+The dispatch is dropless (every token reaches its k experts; Hugging Face's and vLLM's MoE have no
+expert capacity), so there is no dropped-token share to report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+# The Hugging Face config fields of an MoE model, by model type: experts, experts per token.
+MOE_CONFIG_FIELDS = {
+    "qwen3_moe": ("num_experts", "num_experts_per_tok"),
+    "qwen2_moe": ("num_experts", "num_experts_per_tok"),
+    "mixtral": ("num_local_experts", "num_experts_per_tok"),
+}
+
+
+# transformers 5 fuses each layer's experts into (E, 2I, H) `gate_up_proj` and (E, H, I) `down_proj`;
+# Hub checkpoints (and vLLM's loaders) keep one tensor per expert: fused name -> per-expert names and
+# each expert's slice cut into equal row blocks in this order (gate first, as the fused forward chunks it).
+EXPERT_UNFUSING = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+def unfuse_experts(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) pairs with every fused expert tensor split into the Hub checkpoint's per-expert
+    `...experts.{e}.{gate,up,down}_proj.weight` (views, no copy); other pairs as they are."""
+    for name, tensor in weights:
+        prefix, _, leaf = name.rpartition(".")
+        if leaf not in EXPERT_UNFUSING or not prefix.endswith(".experts") or tensor.dim() != 3:
+            yield name, tensor
+            continue
+        parts = EXPERT_UNFUSING[leaf]
+        for expert in range(tensor.shape[0]):
+            chunks = tensor[expert].chunk(len(parts), dim=0)
+            for target, chunk in zip(parts, chunks, strict=True):
+                yield f"{prefix}.{expert}.{target}.weight", chunk
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """An MoE model's routing shape, from its Hugging Face config."""
+
+    num_experts: int
+    top_k: int
+    num_layers: int  # MoE layers (every decoder layer in the models supported here)
+    router_aux_loss_coef: float  # the config's coefficient (0 where it has none)
+
+
+def moe_shape(config) -> MoeShape | None:
+    """The routing shape of a Hugging Face config, None for a dense model."""
+    fields = MOE_CONFIG_FIELDS.get(getattr(config, "model_type", ""))
+    if fields is None:
+        return None
+    experts, top_k = fields
+    return MoeShape(
+        num_experts=int(getattr(config, experts)),
+        top_k=int(getattr(config, top_k)),
+        num_layers=int(config.num_hidden_layers),
+        router_aux_loss_coef=float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0),
+    )
+
+
+def routers(model: nn.Module) -> list[nn.Module]:
+    """The model's top-k routers in layer order: each sparse block's `gate` (a module with
+    `top_k` and `num_experts`). Empty for a dense model."""
+    return [
+        cast(nn.Module, module.gate)
+        for module in model.modules()
+        if hasattr(module, "gate") and hasattr(module, "experts") and hasattr(module.gate, "top_k")
+    ]
+
+
+def is_moe(model: nn.Module) -> bool:
+    return bool(routers(model))
+
+
+@dataclass
+class RouterRecord:
+    """What the routers of one or more forward passes chose: per pass, per MoE layer, the router
+    logits (T, E) (with their graph) and the chosen experts (T, k); and the pass's token mask (T,)
+    (1 on real tokens; all ones for a packed pass, which has no padding)."""
+
+    logits: list[list[Tensor]] = field(default_factory=list)  # [pass][layer] (T, E)
+    indices: list[list[Tensor]] = field(default_factory=list)  # [pass][layer] (T, k) int64
+    masks: list[Tensor] = field(default_factory=list)  # [pass] (T,) float32
+
+    def layer_logits(self, layer: int) -> Tensor:
+        return torch.cat([one[layer] for one in self.logits])  # (T_all, E)
+
+    def layer_indices(self, layer: int) -> Tensor:
+        return torch.cat([one[layer] for one in self.indices])  # (T_all, k)
+
+    @property
+    def mask(self) -> Tensor:
+        return torch.cat(self.masks)  # (T_all,)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.logits[0]) if self.logits else 0
+
+
+def _pass_mask(kwargs: dict) -> Tensor | None:
+    """The (T,) real-token mask of a pass from the model's keyword arguments: a 2D attention mask
+    flattened; None for a 4D (packed) mask or none at all (every token real)."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.dim() == 2:
+        return mask.reshape(-1).float()
+    return None
+
+
+@contextmanager
+def record_routing(model: nn.Module) -> Iterator[RouterRecord]:
+    """Record every router's output while the block runs (module docstring). `model` is the Hugging
+    Face model (or any module holding it); a wrapper's forward (DDP, FSDP) reaches its hooks."""
+    record = RouterRecord()
+    gates = routers(model)
+    handles = []
+
+    def before_pass(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        tokens = ids.numel() if ids is not None else 0
+        mask = _pass_mask(kwargs)
+        record.masks.append(mask if mask is not None else torch.ones(tokens))
+        record.logits.append([])
+        record.indices.append([])
+
+    def after_router(_module, _args, output):
+        logits, _weights, indices = output
+        record.logits[-1].append(logits)
+        record.indices[-1].append(indices)
+
+    top = next(m for m in model.modules() if hasattr(m, "config") and hasattr(m, "get_decoder"))
+    handles.append(top.register_forward_pre_hook(before_pass, with_kwargs=True))
+    handles += [gate.register_forward_hook(after_router) for gate in gates]
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def load_balancing_loss(record: RouterRecord, *, num_experts: int, top_k: int) -> Tensor:
+    """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) as Hugging Face computes it
+    for Qwen3-MoE and Mixtral (`load_balancing_loss_func`), over the recorded real tokens of every
+    layer: E * sum_e f_e * P_e, with f_e the share of top-k assignments to expert e and P_e its mean
+    router probability; 1 when routing is uniform. Differentiable through the router logits."""
+    mask = record.mask.to(record.logits[0][0].device)  # (T,)
+    tokens_per_expert = torch.zeros(num_experts, device=mask.device)
+    prob_per_expert = torch.zeros(num_experts, device=mask.device)
+    for layer in range(record.num_layers):
+        probs = torch.softmax(record.layer_logits(layer).float(), dim=-1)  # (T, E)
+        chosen = record.layer_indices(layer)  # (T, k)
+        tokens_per_expert = tokens_per_expert.scatter_add(0, chosen.reshape(-1), mask.repeat_interleave(top_k))
+        prob_per_expert = prob_per_expert + (probs * mask[:, None]).sum(dim=0)
+    rows = mask.sum().clamp(min=1) * record.num_layers
+    return num_experts * torch.sum((tokens_per_expert / rows) * (prob_per_expert / rows))
+
+
+def expert_load(record: RouterRecord, *, num_experts: int) -> Tensor:
+    """Each layer's share of the real tokens' top-k assignments per expert, (layers, E), rows summing to 1."""
+    mask = record.mask
+    loads = []
+    for layer in range(record.num_layers):
+        chosen = record.layer_indices(layer).detach().cpu()  # (T, k)
+        weights = mask[:, None].expand_as(chosen).reshape(-1)
+        counts = torch.zeros(num_experts).scatter_add(0, chosen.reshape(-1), weights)
+        loads.append(counts / counts.sum().clamp(min=1))
+    return torch.stack(loads)  # (layers, E)
+
+
+def expert_load_metrics(load: Tensor) -> dict[str, float]:
+    """`moe/expert_load_max`: the busiest expert's share over the balanced share (1 = balanced, E = every
+    token to one expert), the worst layer's; `moe/expert_load_min` likewise for the idlest (0 = an
+    expert no token reached); per layer `moe/layer{i}/expert_load_max`. `load` is (layers, E)."""
+    num_experts = load.shape[1]
+    relative = load * num_experts  # (layers, E), 1 where balanced
+    metrics = {
+        "moe/expert_load_max": float(relative.max()),
+        "moe/expert_load_min": float(relative.min()),
+    }
+    for layer, row in enumerate(relative):
+        metrics[f"moe/layer{layer}/expert_load_max"] = float(row.max())
+    return metrics
+
+
+class RouterLoss:
+    """The update's router terms for one model: record a micro-batch's routing, add the weighted
+    auxiliary loss to its loss and report the load. `coef` None takes the model config's
+    router_aux_loss_coef. For a dense model every method leaves things as they are."""
+
+    def __init__(self, model: nn.Module, *, coef: float | None):
+        shape = moe_shape(getattr(model, "config", None))
+        self.shape = shape if shape is not None and is_moe(model) else None
+        self.coef = (coef if coef is not None else shape.router_aux_loss_coef) if shape is not None else 0.0
+
+    @contextmanager
+    def recording(self, module: nn.Module) -> Iterator[RouterRecord | None]:
+        if self.shape is None:
+            yield None
+            return
+        with record_routing(module) as record:
+            yield record
+
+    def add(
+        self, loss: Tensor, metrics: dict[str, float], record: RouterRecord | None, *, share: float
+    ) -> tuple[Tensor, dict[str, float]]:
+        """`loss` plus coef x the auxiliary loss x `share` (the micro-batch's part of the step, so the
+        step's sum is the mini-batch's mean); the metrics likewise weighted, as accumulate sums them."""
+        if self.shape is None or record is None or not record.logits:
+            return loss, metrics
+        aux = load_balancing_loss(record, num_experts=self.shape.num_experts, top_k=self.shape.top_k)
+        load = expert_load_metrics(expert_load(record, num_experts=self.shape.num_experts))
+        metrics = dict(metrics)
+        metrics["moe/aux_loss"] = float(aux.detach()) * share
+        metrics |= {key: value * share for key, value in load.items()}
+        if self.coef:
+            loss = loss + self.coef * share * aux.to(loss.dtype)
+        return loss, metrics

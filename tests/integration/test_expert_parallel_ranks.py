@@ -1,0 +1,192 @@
+"""Expert parallelism on real gloo ranks (torch.multiprocessing, CPU): a Qwen3-MoE model's experts
+split over EP 2 and EP 4 (and EP 2 inside FSDP over 4 ranks, two ranks per expert shard) give the
+single-process model's logprobs, loss, gradients and gradient norm, and the weights gathered at EP 4
+(what a checkpoint writes) load at EP 1 into the same logprobs.
+
+Tolerance: the model runs in float64 (unit roundoff 1.1e-16). The EP ranks compute each token with the
+same operations as one process, only grouped differently (a rank's batch, tokens sorted by expert,
+gradient sums split across ranks), so the results differ by reassociation alone: relative errors of a
+few hundred roundoffs through two layers, far below rtol 1e-9. A routing flip would need two router
+probabilities within ~1e-15 of each other; the test also asserts every token's experts are the same."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.integration
+
+NUM_EXPERTS = 8
+ROWS_PER_RANK = 2
+SEQ = 12
+TOL = dict(rtol=1e-9, atol=1e-12)
+
+
+def _model():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=64,
+        head_dim=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=NUM_EXPERTS,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        experts_implementation="eager",  # the default grouped_mm kernel refuses float64
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config).to(torch.float64)
+    with torch.no_grad():  # HF initialises the router at zero (every tie); a random router routes for real
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0, 0.5)
+    return model
+
+
+def _batch(world: int) -> torch.Tensor:
+    return torch.randint(0, 64, (ROWS_PER_RANK * world, SEQ), generator=torch.Generator().manual_seed(1))  # (B, L)
+
+
+def _logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=tokens).logits[:, :-1]  # (B, L-1, V)
+    return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, L-1)
+
+
+def _cfg(world: int, ep: int):
+    from rldock.config import parse_job_config
+
+    return parse_job_config(
+        {
+            "iterations": 1,
+            "model": {"path": "unused"},
+            "data": {"generator": {"name": "addition"}},
+            "reward": {"terms": [{"name": "digit_match"}]},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": world,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 8,
+                "max_response_length": 8,
+                "learning_rate": 0.1,
+            },
+            "training": {"strategy": "fsdp", "data_parallel_size": world, "expert_parallel_size": ep},
+            "resources": {"device": "cpu", "devices_per_node": world},
+        }
+    )
+
+
+def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.engines.expert_parallel import gather_experts
+    from rldock.runtime.models.moe import record_routing
+    from rldock.runtime.training.fsdp import FsdpBackend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    backend = FsdpBackend(
+        _cfg(world, ep),
+        model=_model(),
+        make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        device=detect_device("cpu"),
+        rank=rank,
+    )
+    mine = _batch(world)[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK]
+    with record_routing(backend.model) as routing:
+        logprobs = _logprobs(backend.model, mine)
+    loss = -logprobs.mean()
+    loss.backward()
+    grads = (
+        (name, p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+        for name, p in backend.model.named_parameters()
+    )
+    grads = dict(gather_experts(grads, backend.experts.sharding))
+    grad_norm = backend.clip_gradients(1e9)
+    backend.optimizer.step()
+    with torch.no_grad():
+        stepped = _logprobs(backend.model, mine)  # after the step: what the checkpoint must reproduce
+    weights = {name: tensor.clone() for name, tensor in backend.full_state()}
+    torch.save(
+        {
+            "logprobs": logprobs.detach(),
+            "loss": float(loss.detach()),
+            "grads": grads,
+            "grad_norm": grad_norm,
+            "weights": weights,
+            "stepped": stepped,
+            "experts": [indices for indices in routing.indices[0]],
+        },
+        Path(out_dir) / f"rank{rank}.pt",
+    )
+    dist.barrier()  # every rank's last collective has arrived before any tears the group down
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(("world", "ep"), [(2, 2), (4, 4), (4, 2)], ids=["ep2", "ep4", "ep2xfsdp2"])
+def test_expert_parallel_equals_one_process(tmp_path, world, ep):
+    from rldock.runtime.models.moe import record_routing
+
+    mp.spawn(_rank, args=(world, ep, _free_port(), str(tmp_path)), nprocs=world)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+
+    model = _model()
+    batch = _batch(world)
+    with record_routing(model) as routing:
+        logprobs = _logprobs(model, batch)  # (B, L-1)
+    loss = -logprobs.mean()
+    loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    norm = float(torch.nn.utils.get_total_norm(list(grads.values())))
+
+    for rank, got in enumerate(ranks):
+        rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
+        tokens = slice(rank * ROWS_PER_RANK * SEQ, (rank + 1) * ROWS_PER_RANK * SEQ)
+        for layer, chosen in enumerate(got["experts"]):  # the same experts for every token
+            assert torch.equal(chosen.sort(-1).values, routing.indices[0][layer][tokens].sort(-1).values)
+        torch.testing.assert_close(got["logprobs"], logprobs[rows].detach(), **TOL)
+        assert got["grads"].keys() == grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(got["grads"][name], grad, **TOL, msg=name)
+        assert got["grad_norm"] == pytest.approx(norm, rel=1e-9)
+        # The gathered weights are the whole model in its own names and shapes (the HF layout).
+        assert {n: t.shape for n, t in got["weights"].items()} == {n: t.shape for n, t in model.state_dict().items()}
+    # The mean of the ranks' losses is the whole batch's (equal token counts per rank).
+    assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(loss), rel=1e-12)
+
+
+def test_weights_gathered_at_ep4_load_at_ep1(tmp_path):
+    """A checkpoint written at EP 4 after a step (its weights gathered whole) saved in the Hugging Face
+    layout and loaded by the ordinary loader at EP 1 scores tokens as the EP 4 ranks did."""
+    from rldock.runtime.models import load_causal_lm
+
+    world = 4
+    mp.spawn(_rank, args=(world, world, _free_port(), str(tmp_path)), nprocs=world)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    model = _model()
+    model.load_state_dict(ranks[0]["weights"])
+    model.save_pretrained(tmp_path / "checkpoint")
+    loaded = load_causal_lm(tmp_path / "checkpoint", dtype=torch.float64)
+    loaded.config._experts_implementation = "eager"  # the default grouped_mm kernel refuses float64
+    with torch.no_grad():
+        logprobs = _logprobs(loaded, _batch(world))
+    for rank, got in enumerate(ranks):
+        torch.testing.assert_close(got["stepped"], logprobs[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK], **TOL)
