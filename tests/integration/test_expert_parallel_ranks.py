@@ -100,7 +100,7 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
     backend = FsdpBackend(
         _cfg(world, ep),
         model=_model(),
-        make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),  # momentum: a state to save
         device=detect_device("cpu"),
         rank=rank,
     )
@@ -119,6 +119,16 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
     with torch.no_grad():
         stepped = _logprobs(backend.model, mine)  # after the step: what the checkpoint must reproduce
     weights = {name: tensor.clone() for name, tensor in backend.full_state()}
+    # The optimizer state round-trips through one file: gathered whole (experts from every EP rank),
+    # then every rank keeps its own shard and experts again.
+    before = {name: state["momentum_buffer"].clone() for name, state in backend.optimizer.state_dict()["state"].items()}
+    optimizer_state = backend.full_optimizer_state()
+    if rank == 0:
+        torch.save(optimizer_state, Path(out_dir) / "optimizer.pt")
+    dist.barrier()
+    backend.load_optimizer_state(Path(out_dir) / "optimizer.pt")
+    after = backend.optimizer.state_dict()["state"]
+    reloaded = all(_local(after[name]["momentum_buffer"]).equal(_local(value)) for name, value in before.items())
     torch.save(
         {
             "logprobs": logprobs.detach(),
@@ -127,12 +137,19 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
             "grad_norm": grad_norm,
             "weights": weights,
             "stepped": stepped,
+            "optimizer_reloaded": reloaded,
             "experts": [indices for indices in routing.indices[0]],
         },
         Path(out_dir) / f"rank{rank}.pt",
     )
     dist.barrier()  # every rank's last collective has arrived before any tears the group down
     dist.destroy_process_group()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _free_port() -> int:
@@ -167,8 +184,13 @@ def test_expert_parallel_equals_one_process(tmp_path, world, ep):
         for name, grad in grads.items():
             torch.testing.assert_close(got["grads"][name], grad, **TOL, msg=name)
         assert got["grad_norm"] == pytest.approx(norm, rel=1e-9)
+        # Momentum SGD's first buffer is the gradient: the gathered file holds one process's.
+        assert got["optimizer_reloaded"]
         # The gathered weights are the whole model in its own names and shapes (the HF layout).
         assert {n: t.shape for n, t in got["weights"].items()} == {n: t.shape for n, t in model.state_dict().items()}
+    saved = torch.load(tmp_path / "optimizer.pt")["state"]
+    for name, grad in grads.items():
+        torch.testing.assert_close(saved[name]["momentum_buffer"], grad, **TOL, msg=name)
     # The mean of the ranks' losses is the whole batch's (equal token counts per rank).
     assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(loss), rel=1e-12)
 

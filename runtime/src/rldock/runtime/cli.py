@@ -134,7 +134,7 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--model-preset",
         default=None,
-        help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b",
+        help="a built-in model shape instead of model.path's config.json: qwen2.5-7b, qwen2.5-32b, qwen3-30b-a3b",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
     data = sub.add_parser("data", help="work with data files")

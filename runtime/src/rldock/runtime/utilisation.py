@@ -62,7 +62,7 @@ def forward_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positi
     2000.0
     """
     per_token, per_pair = layer_flops(
-        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
+        shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.active_intermediate
     )
     head = 2.0 * shape.hidden_size * shape.vocab_size
     return shape.num_layers * (per_token * tokens + per_pair * pairs) + head * head_positions

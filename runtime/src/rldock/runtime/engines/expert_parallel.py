@@ -202,23 +202,54 @@ def is_expert_tensor(name: str) -> bool:
 
 
 @torch.no_grad()
+def all_gather_experts(tensor: Tensor, sharding: ExpertSharding) -> Tensor:
+    """The whole (E, ...) tensor from every EP rank's (E/ep, ...) shard. Collective over the EP group."""
+    parts = [torch.empty_like(tensor) for _ in range(sharding.size)]
+    dist.all_gather(parts, tensor.contiguous(), group=sharding.group)
+    return torch.cat(parts)
+
+
+def local_experts_of(tensor: Tensor, sharding: ExpertSharding) -> Tensor:
+    """This rank's (E/ep, ...) rows of a whole (E, ...) expert tensor."""
+    local = sharding.local_experts(tensor.shape[0])
+    return tensor[local.start : local.stop]
+
+
 def gather_experts(weights: Iterable[tuple[str, Tensor]], sharding: ExpertSharding) -> Iterator[tuple[str, Tensor]]:
     """The whole model's (name, tensor) from this rank's: each expert tensor all-gathered over the EP
     group along the expert dim, in order. Collective: every EP rank consumes it to the end."""
     for name, tensor in weights:
-        if sharding.size > 1 and is_expert_tensor(name):
-            parts = [torch.empty_like(tensor) for _ in range(sharding.size)]
-            dist.all_gather(parts, tensor.contiguous(), group=sharding.group)
-            tensor = torch.cat(parts)
-        yield name, tensor
+        yield name, all_gather_experts(tensor, sharding) if sharding.size > 1 and is_expert_tensor(name) else tensor
 
 
 def shard_experts(weights: dict[str, Tensor], sharding: ExpertSharding) -> dict[str, Tensor]:
     """Whole tensors by state-dict name -> this rank's: expert tensors cut to its experts."""
-    out = {}
-    for name, tensor in weights.items():
-        if sharding.size > 1 and is_expert_tensor(name):
-            local = sharding.local_experts(tensor.shape[0])
-            tensor = tensor[local.start : local.stop]
-        out[name] = tensor
-    return out
+    return {
+        name: local_experts_of(tensor, sharding) if sharding.size > 1 and is_expert_tensor(name) else tensor
+        for name, tensor in weights.items()
+    }
+
+
+def gather_expert_state(state: dict, sharding: ExpertSharding) -> dict:
+    """An optimizer's full state dict (torch.distributed.checkpoint's, keyed by parameter name) with
+    each expert parameter's tensors (AdamW's moments, not its 0-dim step) all-gathered over the EP
+    group, so it reads as one process's. Collective over the EP group."""
+    return _map_expert_state(state, sharding, all_gather_experts)
+
+
+def shard_expert_state(state: dict, sharding: ExpertSharding) -> dict:
+    """Inverse of `gather_expert_state`: each expert parameter's tensors cut to this rank's experts."""
+    return _map_expert_state(state, sharding, local_experts_of)
+
+
+def _map_expert_state(state: dict, sharding: ExpertSharding, fn: Callable[[Tensor, ExpertSharding], Tensor]) -> dict:
+    if sharding.size == 1:
+        return state
+    per_param = dict(state["state"])
+    for name in sorted(per_param):  # the same order on every rank (gathers are collective)
+        if is_expert_tensor(name):
+            per_param[name] = {
+                key: fn(value, sharding) if isinstance(value, Tensor) and value.dim() > 0 else value
+                for key, value in sorted(per_param[name].items())
+            }
+    return {**state, "state": per_param}

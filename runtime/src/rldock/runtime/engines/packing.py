@@ -69,6 +69,8 @@ def _layer_flops(config: Any) -> tuple[float, float] | None:
     hidden = getattr(config, "hidden_size", None)
     heads = getattr(config, "num_attention_heads", None)
     mlp = getattr(config, "intermediate_size", None)
+    if getattr(config, "num_experts_per_tok", None) and getattr(config, "moe_intermediate_size", None):
+        mlp = config.num_experts_per_tok * config.moe_intermediate_size  # MoE: the k experts a token runs
     if not (hidden and heads and mlp):
         return None
     head_dim = getattr(config, "head_dim", None) or hidden // heads

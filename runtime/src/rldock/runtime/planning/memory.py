@@ -9,14 +9,18 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
 - optimizer state: AdamW's two moments, 2 x trainable x param bytes, sharded the same way.
 - FSDP gathered weights: while a layer computes, FSDP holds its full weights in the compute dtype,
   and the next layer's are prefetched: 2 x layer params, plus the root's (embeddings, LM head),
-  which stay gathered through the forward/backward.
+  which stay gathered through the forward/backward. Under expert parallelism a layer gathers only
+  its EP rank's experts (1/expert_parallel_size of them); params, gradients and optimizer state
+  per rank are the same 1/dp either way (experts over ep x dp/ep ranks, the rest over dp).
 - activations (an estimate) for one micro-batch of b = training.micro_batch_size sequences of
   s = max_prompt_length + max_response_length tokens, e bytes per compute element: per layer the
   tensors autograd keeps, b*s*(4h + (n_q + 2 n_kv) d + n_q d + 4 I) x e (two norm inputs and
   outputs, q/k/v, the attention output, the MLP's gate, up, activation and product; attention
   scores not kept, as with fused/flash attention), times L layers; with
   training.gradient_checkpointing only each layer's input b*s*h x e is kept, plus one layer's
-  full set while it is recomputed. With training.micro_batch_tokens a pass computes at most that
+  full set while it is recomputed. An MoE layer's MLP terms count the k experts a token runs
+  (4 k I_moe) and its dispatch 2 k h (the token's k copies and the k outputs). With
+  training.micro_batch_tokens a pass computes at most that
   many tokens (b*s when smaller; one whole sequence s when larger). The LM head adds about three
   float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
   (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
@@ -115,6 +119,40 @@ class CriticBytes:
 
 
 @dataclass(frozen=True)
+class MoePlan:
+    """An MoE model's figures beside the bytes: parameters, this rank's expert shard, the all-to-all."""
+
+    num_experts: int
+    top_k: int
+    active_params: int
+    expert_parallel_size: int
+    experts_per_rank: int  # each MoE layer's experts one EP rank holds
+    expert_bytes_per_rank: int  # their parameter bytes over all layers, before FSDP's 1/(dp/ep)
+    all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
+
+
+def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
+    """The MoE figures of `cfg` with `shape`; None for a dense model. The all-to-all moves each of a
+    micro-batch's tokens' k copies to their experts and the outputs back (2 x tokens x k x h
+    elements per layer), of which the share (ep - 1) / ep leaves the rank when experts are spread
+    evenly; the backward moves as much again."""
+    if not shape.is_moe:
+        return None
+    ep = cfg.training.expert_parallel_size
+    element = COMPUTE_BYTES.get(cfg.training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
+    sent = 2 * _micro_batch_tokens(cfg) * shape.num_experts_per_tok * shape.hidden_size * element
+    return MoePlan(
+        num_experts=shape.num_experts,
+        top_k=shape.num_experts_per_tok,
+        active_params=shape.active_params,
+        expert_parallel_size=ep,
+        experts_per_rank=shape.num_experts // ep,
+        expert_bytes_per_rank=shape.num_layers * shape.expert_params // ep * DTYPE_BYTES[cfg.model.dtype],
+        all_to_all_bytes=shape.num_layers * sent * (ep - 1) // ep,
+    )
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     model: str
     num_params: int
@@ -130,6 +168,7 @@ class MemoryPlan:
     critic: CriticBytes | None = None
     context_parallel_size: int = 1
     all_to_all_bytes: int = 0  # what a CP rank sends its group in one update step (update_all_to_all_bytes)
+    moe: MoePlan | None = None
 
     @property
     def actor_peak(self) -> int:
@@ -168,13 +207,20 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
     )
 
 
+def _dispatch_width(shape: ModelShape) -> int:
+    """An MoE layer's dispatch keeps, per token, its k copies sent to the experts and the k outputs
+    combined back (engines/expert_parallel.py: what the all-to-alls move); 0 for a dense layer."""
+    return 2 * shape.num_experts_per_tok * shape.hidden_size if shape.is_moe else 0
+
+
 def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1) -> int:
     """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (module
     docstring); a CP rank keeps as much per position for 1/cp of them (planning/context_parallel.py)."""
     h, d = shape.hidden_size, shape.head_dim
     per_token = (
         4 * h
-        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.intermediate_size) // tp
+        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.active_intermediate) // tp
+        + _dispatch_width(shape)
     )
     return tokens_per_rank(tokens, cp) * per_token * element
 
@@ -336,7 +382,9 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
     gathered = 0
     if training.strategy == "fsdp":
         element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-        gathered = (2 * shape.layer_params + shape.embedding_params) * element
+        # a layer gathers its experts over the expert-data-parallel group only: this rank's E/ep of them
+        layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
+        gathered = (2 * layer + shape.embedding_params) * element
     offloaded = training.strategy == "fsdp" and training.fsdp_cpu_offload
     state = (0, 0, 0) if offloaded else (params, grads, optimizer)
     host = params + grads + optimizer if offloaded else 0
@@ -374,6 +422,7 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
         critic=plan_critic(cfg, shape),
         context_parallel_size=training.context_parallel_size,
         all_to_all_bytes=update_all_to_all_bytes(cfg, shape),
+        moe=plan_moe(cfg, shape),
         # a device holds 1/TP of the KV heads
         kv_cache_tokens=kv_cache
         * job_layout(cfg).generation_tp

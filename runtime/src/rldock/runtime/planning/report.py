@@ -53,6 +53,14 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
             f"{'device total':<20}{plan.critic.update.device_total / GIB:>10.2f}"
             f"{plan.critic.generation.device_total / GIB:>12.2f}"
         )
+    if plan.moe is not None:
+        moe = plan.moe
+        lines.append(
+            f"MoE: {moe.num_experts} experts, top-{moe.top_k}, {moe.active_params / 1e9:.2f}B active parameters; "
+            f"EP {moe.expert_parallel_size}: {moe.experts_per_rank} experts per layer per rank "
+            f"({moe.expert_bytes_per_rank / GIB:.2f} GiB before FSDP), all-to-all "
+            f"{moe.all_to_all_bytes / GIB:.3f} GiB sent per micro-batch forward"
+        )
     if plan.device_memory is not None:
         lines.append(f"device memory {plan.device_memory / GIB:.2f} GiB")
     if verdict is not None:
@@ -71,6 +79,7 @@ def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
         "all_to_all_bytes": plan.all_to_all_bytes,
         "device_memory": plan.device_memory,
         "kv_cache_tokens": plan.kv_cache_tokens,
+        "moe": None if plan.moe is None else asdict(plan.moe),
         "update": {**asdict(plan.update), "device_total": plan.update.device_total},
         "generation": {**asdict(plan.generation), "device_total": plan.generation.device_total},
         "weight_push": plan.weight_push,

@@ -35,7 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock.stage_loop import StageFn, StageTiming
-from rldock.runtime.engines.expert_parallel import expert_mesh, gather_experts
+from rldock.runtime.engines.expert_parallel import expert_mesh, gather_expert_state, gather_experts, shard_expert_state
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
@@ -226,12 +226,23 @@ class FsdpBackend:
     # --- checkpoints ----------------------------------------------------------------------------
 
     def full_optimizer_state(self) -> dict:
-        """The optimizer state keyed by parameter names, gathered whole on the host (collective)."""
-        return get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
+        """The optimizer state keyed by parameter names, gathered whole on the host (collective).
+        With expert parallelism every rank gathers its experts' state (not rank 0 alone) and the EP
+        group gathers the experts, so the file is one process's whatever the EP size."""
+        if self.experts is None:
+            return get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
+        state = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        gathered = gather_expert_state(state, self.experts.sharding)
+        return {
+            **gathered,
+            "state": {name: {k: _on_host(v) for k, v in values.items()} for name, values in gathered["state"].items()},
+        }
 
     def load_optimizer_state(self, path: Path) -> None:
-        """Every rank reads the whole file and keeps its own shards."""
+        """Every rank reads the whole file and keeps its own shards (and, under EP, its experts)."""
         state = torch.load(path, map_location="cpu")
+        if self.experts is not None:
+            state = shard_expert_state(state, self.experts.sharding)
         with self.resident():
             set_optimizer_state_dict(
                 self.model, self.optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
@@ -241,3 +252,7 @@ class FsdpBackend:
             for key, value in per_param.items():
                 if type(value) is torch.Tensor and not value.untyped_storage().resizable():
                     per_param[key] = value.clone()
+
+
+def _on_host(value):
+    return value.cpu() if isinstance(value, torch.Tensor) else value

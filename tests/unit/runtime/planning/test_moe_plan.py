@@ -1,0 +1,80 @@
+"""The planner's MoE shapes and figures: total and active parameters against a real Qwen3-MoE model,
+the expert shard per EP rank, and the all-to-all volume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rldock.config import parse_job_config
+from rldock.runtime.models import MODEL_BUILDERS, load_causal_lm
+from rldock.runtime.planning.memory import plan_memory
+from rldock.runtime.planning.shapes import PRESETS, shape_from_hf_config
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe") / "tiny-qwen3-moe"
+    MODEL_BUILDERS.get("tiny-qwen3-moe")(path, texts=["12+7=19", "40-2=38"], seed=0)
+    return path
+
+
+def test_total_and_active_parameters_are_the_models(tiny_moe):
+    shape = shape_from_hf_config(json.loads((tiny_moe / "config.json").read_text()), name="tiny")
+    model = load_causal_lm(tiny_moe)
+    assert shape.num_params == sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    # a token runs 2 of the 4 experts: half the experts' parameters are inactive
+    assert shape.active_params == shape.num_params - experts // 2
+
+
+def test_qwen3_30b_a3b_is_30b_total_3b_active():
+    shape = PRESETS["qwen3-30b-a3b"]
+    assert shape.num_params / 1e9 == pytest.approx(30.5, abs=0.1)  # the model card's 30.5B and 3.3B
+    assert shape.active_params / 1e9 == pytest.approx(3.3, abs=0.1)
+
+
+def _cfg(ep: int, dp: int = 8) -> object:
+    return parse_job_config(
+        {
+            "iterations": 1,
+            "model": {"path": "unused", "dtype": "bfloat16"},
+            "data": {"generator": {"name": "addition"}},
+            "reward": {"terms": [{"name": "digit_match"}]},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": dp,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 64,
+                "max_response_length": 64,
+                "learning_rate": 1e-6,
+            },
+            "training": {
+                "strategy": "fsdp",
+                "data_parallel_size": dp,
+                "expert_parallel_size": ep,
+                "micro_batch_size": 1,
+            },
+            "resources": {"device": "npu", "devices_per_node": dp, "device_memory_gib": 64},
+        }
+    )
+
+
+@pytest.mark.parametrize("ep", [1, 2, 8])
+def test_expert_shards_and_all_to_all(ep):
+    shape = PRESETS["qwen3-30b-a3b"]
+    plan = plan_memory(_cfg(ep), shape)
+    moe = plan.moe
+    assert moe is not None and moe.experts_per_rank == 128 // ep
+    assert moe.expert_bytes_per_rank == 48 * 128 * 3 * 2048 * 768 * 2 // ep
+    # each of 128 tokens sends 8 copies of 2048 bf16 values and gets 8 back, per layer; (ep-1)/ep leave the rank
+    assert moe.all_to_all_bytes == 48 * 2 * 128 * 8 * 2048 * 2 * (ep - 1) // ep
+    # FSDP shards the state over the 8 ranks whatever EP is; a layer's gathered experts shrink with EP
+    assert plan.update.params == plan_memory(_cfg(1), shape).update.params
+    if ep > 1:
+        assert plan.update.fsdp_gathered < plan_memory(_cfg(1), shape).update.fsdp_gathered
+
+
+def test_a_dense_model_has_no_moe_figures():
+    assert plan_memory(_cfg(1), PRESETS["qwen2.5-7b"]).moe is None
