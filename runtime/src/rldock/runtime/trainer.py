@@ -64,8 +64,8 @@ from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.evaluation import EvalExample, Evaluator, val_metrics
 from rldock.runtime.iteration_hold import IterationHold
 from rldock.runtime.metrics import PLOT_FILE, MetricsLog, dock_traffic, headline_key, iteration_record, plot_progress
+from rldock.runtime.models import MODEL_BUILDERS
 from rldock.runtime.models.loading import load_tokenizer
-from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.planning.memory import compute_dtypes
 from rldock.runtime.planning.shapes import shape_from_hf_config
 from rldock.runtime.rewards import RewardScorer, column_lists
@@ -91,15 +91,17 @@ def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
     """The base model's directory, after building the tiny model there (with a tokenizer trained on
     the train rows) when `model.builder` asks for it and none exists yet."""
     base = Path(cfg.model.path)
-    if cfg.model.builder and not (base / "config.json").is_file():
-        logger.info("building tiny model %s at %s", cfg.model.builder, base)
+    builder = cfg.model.builder
+    if builder and not (base / "config.json").is_file():
+        logger.info("building tiny model %s at %s", builder, base)
         texts = tokenizer_corpus(rows, cfg.data.system_prompt)
         if cfg.data.chat_template == "model":  # the template's, the tools' and their calls' characters
             texts.append(string.printable)
         # Room for a job's whole sequence (multi-turn trajectories are long); 64 for the demo's.
         positions = max(64, 1 << (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length - 1).bit_length())
         _write_atomically(
-            base, lambda tmp: build_tiny_model(tmp, texts=texts, seed=cfg.seed, max_position_embeddings=positions)
+            base,
+            lambda tmp: MODEL_BUILDERS.get(builder)(tmp, texts=texts, seed=cfg.seed, max_position_embeddings=positions),
         )
     return base
 

@@ -2,6 +2,7 @@
 fallback, and the tensor-parallel plan's architecture check."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +71,21 @@ def test_tp_plan_covers_llama_qwen2_qwen3_only():
     check_architecture(tp_size=1, model_type="gpt2", field="training.tensor_parallel_size")  # TP 1: no plan needed
     with pytest.raises(ValueError, match=r"training.tensor_parallel_size=2 .*model_type 'gpt2'"):
         check_architecture(tp_size=2, model_type="gpt2", field="training.tensor_parallel_size")
+
+
+@pytest.mark.parametrize(("builder", "model_type"), [("tiny-llama", "llama"), ("tiny-qwen3-moe", "qwen3_moe")])
+def test_a_job_builds_the_model_its_builder_names(tmp_path, builder, model_type):
+    """`rldock train` builds model.builder's architecture (it built tiny-qwen2 whatever the builder said)."""
+    import json
+
+    import yaml
+
+    from rldock.config import parse_job_config
+    from rldock.runtime.data.rows import Row
+    from rldock.runtime.trainer import prepare_base_model
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml").read_text())
+    data["model"] = {"path": str(tmp_path / "model"), "builder": builder}
+    rows = [Row(prompt="12+7=", ground_truth="19", data_source="addition")]
+    base = prepare_base_model(parse_job_config(data), rows)
+    assert json.loads((base / "config.json").read_text())["model_type"] == model_type
