@@ -119,6 +119,18 @@ class HostStagedBackend : public c10d::Backend {
     return done(outputs);
   }
 
+  // Expert parallelism's dispatch and combine (uneven splits).
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override {
+    auto host_output = to_host(output);
+    auto host_input = to_host(input);
+    gloo_->alltoall_base(host_output, host_input, outputSplitSizes, inputSplitSizes, opts)->wait();
+    output.copy_(host_output);
+    return done({output});
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     return gloo_->barrier(opts);
   }

@@ -1,0 +1,54 @@
+"""Expert parallelism on the npu twin: two processes on npu:0 / npu:1 dispatch tokens to each other's
+experts through the twin's host-staged all-to-all, and their float64 logprobs and gradients equal one
+process's on the host over the whole batch (the tolerance as in
+tests/integration/test_expert_parallel_ranks.py: reassociation only)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from twin_ep_rank import ROWS_PER_RANK, logprobs, moe_model, whole_batch
+
+RANK_SCRIPT = Path(__file__).with_name("twin_ep_rank.py")
+WORLD = 2
+TOL = dict(rtol=1e-9, atol=1e-12)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ep2_on_two_twin_devices_equals_one_process(npu_twin, tmp_path):
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the ranks import what this process does
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(RANK_SCRIPT), str(rank), str(WORLD), str(port), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    for rank in ranks:
+        output, _ = rank.communicate(timeout=300)
+        assert rank.returncode == 0, output[-4000:]
+
+    model = moe_model()
+    expected = logprobs(model, whole_batch(WORLD))
+    (-expected.mean()).backward()
+    for rank in range(WORLD):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["device"] == f"npu:{rank}"
+        rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
+        torch.testing.assert_close(got["logprobs"], expected[rows].detach(), **TOL)
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(got["grads"][name], param.grad, **TOL, msg=name)
