@@ -19,49 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, token_logprobs, whole_batch
+from rldock_e2e.moe_fixture import moe_model as _model
+
 pytestmark = pytest.mark.integration
 
-NUM_EXPERTS = 8
-ROWS_PER_RANK = 2
-SEQ = 12
 TOL = dict(rtol=1e-9, atol=1e-12)
-
-
-def _model():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    config = Qwen3MoeConfig(
-        vocab_size=64,
-        hidden_size=64,
-        head_dim=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_experts=NUM_EXPERTS,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        num_hidden_layers=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        experts_implementation="eager",  # the default grouped_mm kernel refuses float64
-    )
-    torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(config).to(torch.float64)
-    with torch.no_grad():  # HF initialises the router at zero (every tie); a random router routes for real
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.normal_(0, 0.5)
-    return model
-
-
-def _batch(world: int) -> torch.Tensor:
-    return torch.randint(0, 64, (ROWS_PER_RANK * world, SEQ), generator=torch.Generator().manual_seed(1))  # (B, L)
-
-
-def _logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=tokens).logits[:, :-1]  # (B, L-1, V)
-    return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, L-1)
 
 
 def _cfg(world: int, ep: int):
@@ -104,9 +67,9 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
         device=detect_device("cpu"),
         rank=rank,
     )
-    mine = _batch(world)[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK]
+    mine = whole_batch(world)[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK]
     with record_routing(backend.model) as routing:
-        logprobs = _logprobs(backend.model, mine)
+        logprobs = token_logprobs(backend.model, mine)
     loss = -logprobs.mean()
     loss.backward()
     grads = (
@@ -117,7 +80,7 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
     grad_norm = backend.clip_gradients(1e9)
     backend.optimizer.step()
     with torch.no_grad():
-        stepped = _logprobs(backend.model, mine)  # after the step: what the checkpoint must reproduce
+        stepped = token_logprobs(backend.model, mine)  # after the step: what the checkpoint must reproduce
     weights = {name: tensor.clone() for name, tensor in backend.full_state()}
     # The optimizer state round-trips through one file: gathered whole (experts from every EP rank),
     # then every rank keeps its own shard and experts again.
@@ -166,9 +129,9 @@ def test_expert_parallel_equals_one_process(tmp_path, world, ep):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
     model = _model()
-    batch = _batch(world)
+    batch = whole_batch(world)
     with record_routing(model) as routing:
-        logprobs = _logprobs(model, batch)  # (B, L-1)
+        logprobs = token_logprobs(model, batch)  # (B, L-1)
     loss = -logprobs.mean()
     loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
@@ -209,6 +172,6 @@ def test_weights_gathered_at_ep4_load_at_ep1(tmp_path):
     loaded = load_causal_lm(tmp_path / "checkpoint", dtype=torch.float64)
     loaded.config._experts_implementation = "eager"  # the default grouped_mm kernel refuses float64
     with torch.no_grad():
-        logprobs = _logprobs(loaded, _batch(world))
+        logprobs = token_logprobs(loaded, whole_batch(world))
     for rank, got in enumerate(ranks):
         torch.testing.assert_close(got["stepped"], logprobs[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK], **TOL)

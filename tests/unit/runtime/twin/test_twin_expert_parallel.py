@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import torch
-from twin_ep_rank import ROWS_PER_RANK, logprobs, moe_model, whole_batch
+
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, moe_model, token_logprobs, whole_batch
 
 RANK_SCRIPT = Path(__file__).with_name("twin_ep_rank.py")
 WORLD = 2
@@ -43,7 +44,7 @@ def test_ep2_on_two_twin_devices_equals_one_process(npu_twin, tmp_path):
         assert rank.returncode == 0, output[-4000:]
 
     model = moe_model()
-    expected = logprobs(model, whole_batch(WORLD))
+    expected = token_logprobs(model, whole_batch(WORLD))
     (-expected.mean()).backward()
     for rank in range(WORLD):
         got = torch.load(tmp_path / f"rank{rank}.pt")

@@ -17,43 +17,7 @@ from rldock.runtime.device import detect_device
 from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
 from rldock.runtime.training.fsdp import FsdpBackend
 from rldock_e2e.doubles.npu_twin import activate
-
-ROWS_PER_RANK = 2
-
-
-def moe_model():
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    config = Qwen3MoeConfig(
-        vocab_size=64,
-        hidden_size=64,
-        head_dim=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        moe_intermediate_size=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        num_hidden_layers=2,
-        tie_word_embeddings=True,
-        experts_implementation="eager",  # the grouped_mm kernel refuses float64
-    )
-    torch.manual_seed(0)  # the same initial weights on every rank and in the test's single process
-    model = Qwen3MoeForCausalLM(config).to(torch.float64)
-    with torch.no_grad():  # HF initialises the router at zero (every tie); a random router routes for real
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                param.normal_(0, 0.5)
-    return model
-
-
-def whole_batch(world_size: int) -> torch.Tensor:
-    return torch.randint(0, 64, (ROWS_PER_RANK * world_size, 12), generator=torch.Generator().manual_seed(1))  # (B, L)
-
-
-def logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=tokens).logits[:, :-1]  # (B, L-1, V)
-    return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, L-1)
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, moe_model, token_logprobs, whole_batch
 
 
 def main(rank: int, world_size: int, port: int, out: Path) -> None:
@@ -93,7 +57,7 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
         make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
     )
     mine = whole_batch(world_size)[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK].to(device.torch_device)
-    scores = logprobs(backend.model, mine)
+    scores = token_logprobs(backend.model, mine)
     (-scores.mean()).backward()
     local = (
         (n, p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)

@@ -1,0 +1,50 @@
+"""A tiny float64 Qwen3-MoE, its batch and its token logprobs: what the expert-parallel tests compare
+across ranks and one process (tests/integration/test_expert_parallel_ranks.py on gloo ranks,
+tests/unit/runtime/twin/test_twin_expert_parallel.py on the npu twin). Never shipped."""
+
+from __future__ import annotations
+
+import torch
+
+NUM_EXPERTS = 8
+ROWS_PER_RANK = 2
+SEQ = 12
+
+
+def moe_model():
+    """8 experts, top-2, 2 layers, float64, the same weights on every call (seed 0)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=64,
+        head_dim=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        moe_intermediate_size=32,
+        num_experts=NUM_EXPERTS,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        experts_implementation="eager",  # the default grouped_mm kernel refuses float64
+    )
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config).to(torch.float64)
+    with torch.no_grad():  # a router of std 0.5 chooses decisively (no near-ties between experts)
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0, 0.5)
+    return model
+
+
+def whole_batch(world_size: int) -> torch.Tensor:
+    """ROWS_PER_RANK rows per rank of SEQ random tokens, (B, L)."""
+    return torch.randint(0, 64, (ROWS_PER_RANK * world_size, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Each next token's logprob under `model`, (B, L-1)."""
+    logits = model(input_ids=tokens).logits[:, :-1]  # (B, L-1, V)
+    return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
