@@ -50,9 +50,11 @@ TIERS = {
     "grpo-smollm2-math.yaml": "ci",  # the README's real model
     "grpo-qwen2.5-7b-paper.yaml": "ci",  # `rldock plan` only
     "grpo-qwen2.5-32b-paper.yaml": "ci",
+    "grpo-qwen3-30b-a3b-paper.yaml": "ci",
     "dapo-tiny.yaml": "slow",  # the demo's job with another algorithm: about 2 minutes each here
     "dpo-tiny.yaml": "slow",
     "gspo-tiny.yaml": "slow",
+    "grpo-tiny-moe.yaml": "slow",  # EP 2 on 2 FSDP ranks
     "pf-ppo-tiny.yaml": "slow",
     "ppo-tiny.yaml": "slow",
     "reinforce-plus-plus-baseline-tiny.yaml": "slow",

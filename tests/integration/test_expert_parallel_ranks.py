@@ -19,35 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, token_logprobs, whole_batch
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, ep_job_config, token_logprobs, whole_batch
 from rldock_e2e.moe_fixture import moe_model as _model
 
 pytestmark = pytest.mark.integration
 
 TOL = dict(rtol=1e-9, atol=1e-12)
-
-
-def _cfg(world: int, ep: int):
-    from rldock.config import parse_job_config
-
-    return parse_job_config(
-        {
-            "iterations": 1,
-            "model": {"path": "unused"},
-            "data": {"generator": {"name": "addition"}},
-            "reward": {"terms": [{"name": "digit_match"}]},
-            "algorithm": {
-                "name": "grpo",
-                "num_prompts_per_iteration": world,
-                "num_responses_per_prompt": 2,
-                "max_prompt_length": 8,
-                "max_response_length": 8,
-                "learning_rate": 0.1,
-            },
-            "training": {"strategy": "fsdp", "data_parallel_size": world, "expert_parallel_size": ep},
-            "resources": {"device": "cpu", "devices_per_node": world},
-        }
-    )
 
 
 def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
@@ -61,7 +38,7 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     backend = FsdpBackend(
-        _cfg(world, ep),
+        ep_job_config(world, ep),
         model=_model(),
         make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),  # momentum: a state to save
         device=detect_device("cpu"),

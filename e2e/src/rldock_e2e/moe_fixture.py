@@ -48,3 +48,32 @@ def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
     """Each next token's logprob under `model`, (B, L-1)."""
     logits = model(input_ids=tokens).logits[:, :-1]  # (B, L-1, V)
     return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "cpu"):
+    """A GRPO job config of `world_size` FSDP ranks at `expert_parallel_size` (never trained as a job:
+    the ranks build the actor's backend from it; no prompts or rewards are read)."""
+    from rldock.config import parse_job_config
+
+    return parse_job_config(
+        {
+            "iterations": 1,
+            "model": {"path": "unused"},
+            "data": {"generator": {"name": "addition"}},
+            "reward": {"terms": [{"name": "digit_match"}]},
+            "algorithm": {
+                "name": "grpo",
+                "num_prompts_per_iteration": world_size,
+                "num_responses_per_prompt": 2,
+                "max_prompt_length": 8,
+                "max_response_length": 8,
+                "learning_rate": 0.1,
+            },
+            "training": {
+                "strategy": "fsdp",
+                "data_parallel_size": world_size,
+                "expert_parallel_size": expert_parallel_size,
+            },
+            "resources": {"device": device, "devices_per_node": world_size},
+        }
+    )

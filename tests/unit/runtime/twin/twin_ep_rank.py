@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-from rldock.config import parse_job_config
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
 from rldock.runtime.training.fsdp import FsdpBackend
 from rldock_e2e.doubles.npu_twin import activate
-from rldock_e2e.moe_fixture import ROWS_PER_RANK, moe_model, token_logprobs, whole_batch
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, moe_model, token_logprobs, whole_batch
 
 
 def main(rank: int, world_size: int, port: int, out: Path) -> None:
@@ -31,24 +30,7 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
     init_process_group(
         device, rank=rank, world_size=world_size, rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120
     )
-    cfg = parse_job_config(
-        {
-            "iterations": 1,
-            "model": {"path": "unused"},
-            "data": {"generator": {"name": "addition"}},
-            "reward": {"terms": [{"name": "digit_match"}]},
-            "algorithm": {
-                "name": "grpo",
-                "num_prompts_per_iteration": world_size,
-                "num_responses_per_prompt": 2,
-                "max_prompt_length": 8,
-                "max_response_length": 8,
-                "learning_rate": 0.1,
-            },
-            "training": {"strategy": "fsdp", "data_parallel_size": world_size, "expert_parallel_size": world_size},
-            "resources": {"device": "npu", "devices_per_node": world_size},
-        }
-    )
+    cfg = ep_job_config(world_size, world_size, device="npu")
     backend = FsdpBackend(
         cfg,
         model=moe_model().to(device.torch_device),

@@ -157,8 +157,10 @@ def record_routing(model: nn.Module) -> Iterator[RouterRecord]:
 def load_balancing_loss(record: RouterRecord, *, num_experts: int, top_k: int) -> Tensor:
     """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) as Hugging Face computes it
     for Qwen3-MoE and Mixtral (`load_balancing_loss_func`), over the recorded real tokens of every
-    layer: E * sum_e f_e * P_e, with f_e the share of top-k assignments to expert e and P_e its mean
-    router probability; 1 when routing is uniform. Differentiable through the router logits."""
+    layer: E * sum_e f_e * P_e, with f_e expert e's assignments per token and P_e its mean
+    router probability. f sums to k over the experts (each token counts k assignments), so the loss is k
+    when routing is uniform and E when every token goes to the same k experts with certainty.
+    Differentiable through the router logits."""
     mask = record.mask.to(record.logits[0][0].device)  # (T,)
     tokens_per_expert = torch.zeros(num_experts, device=mask.device)
     prob_per_expert = torch.zeros(num_experts, device=mask.device)
