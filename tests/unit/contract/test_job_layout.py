@@ -105,7 +105,7 @@ def test_a_data_parallel_override_keeps_everything_else(dp, needed):
     assert layout.num_actor_ranks == 16  # the original is unchanged
 
 
-@pytest.mark.parametrize("field", ["dp", "tp", "cp", "generation_tp", "num_nodes", "devices_per_node"])
+@pytest.mark.parametrize("field", ["dp", "tp", "cp", "ep", "generation_tp", "num_nodes", "devices_per_node"])
 def test_a_size_below_one_is_refused_naming_it(field):
     with pytest.raises(ValueError, match=rf"{field}=0"):
         JobLayout(**{"dp": 1, field: 0})

@@ -108,8 +108,43 @@ def test_unfused_experts_are_the_hub_checkpoints_tensors(tiny_moe):
     from rldock.runtime.models.moe import unfuse_experts
 
     model = load_causal_lm(tiny_moe)
-    pushed = dict(unfuse_experts(model.state_dict().items()))
+    pushed = dict(unfuse_experts(model.state_dict().items(), model_type="qwen3_moe"))
     on_disk = load_file(str(tiny_moe / "model.safetensors"))
     assert pushed.keys() - {"lm_head.weight"} == on_disk.keys() - {"lm_head.weight"}
     for name, tensor in on_disk.items():
         assert torch.equal(pushed[name], tensor), name
+
+
+def test_unfused_mixtral_experts_are_its_checkpoints_tensors(tmp_path):
+    """Mixtral's checkpoint names its sparse block `block_sparse_moe` and its experts w1, w3 (gate, up), w2."""
+    from safetensors.torch import load_file
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from rldock.runtime.models.moe import unfuse_experts
+
+    config = MixtralConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    model = MixtralForCausalLM(config)
+    assert len(routers(model)) == 2 and moe_shape(model.config).num_experts == 4
+    model.save_pretrained(tmp_path)
+    on_disk = load_file(str(tmp_path / "model.safetensors"))
+    pushed = dict(unfuse_experts(model.state_dict().items(), model_type="mixtral"))
+    assert pushed.keys() == on_disk.keys()
+    for name, tensor in on_disk.items():
+        assert torch.equal(pushed[name], tensor), name
+
+
+def test_a_dense_models_weights_pass_through():
+    from rldock.runtime.models.moe import unfuse_experts
+
+    weights = [("model.layers.0.mlp.gate_proj.weight", torch.zeros(2, 2))]
+    assert list(unfuse_experts(weights, model_type="qwen2")) == weights

@@ -34,6 +34,7 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -223,6 +224,7 @@ class VllmRolloutEngine:
         )
         if self.dtype != dtype:
             logger.info("vLLM generates in %s (model.dtype %s is the trainer's)", self.dtype, dtype)
+        self.model_type = json.loads((Path(model_dir) / "config.json").read_text()).get("model_type", "")
         engine_args: dict = dict(
             model=str(model_dir),
             dtype=self.dtype,
@@ -464,7 +466,8 @@ class VllmRolloutEngine:
         the old weights, so the prefix cache is dropped.
         """
         start = time.perf_counter()
-        named_tensors = unfuse_experts(named_tensors)  # MoE: the Hub's per-expert tensors, as vLLM loads them
+        # MoE: the Hub's per-expert tensors, as vLLM loads them
+        named_tensors = unfuse_experts(named_tensors, model_type=self.model_type)
         self.memory.before_weight_update()  # weights back in place (the KV cache stays freed)
         with torch.no_grad():  # trainer tensors may require grad; the copies must not record it
             dtype = getattr(torch, self.dtype)

@@ -31,20 +31,31 @@ MOE_CONFIG_FIELDS = {
 
 
 # transformers 5 fuses each layer's experts into (E, 2I, H) `gate_up_proj` and (E, H, I) `down_proj`;
-# Hub checkpoints (and vLLM's loaders) keep one tensor per expert: fused name -> per-expert names and
-# each expert's slice cut into equal row blocks in this order (gate first, as the fused forward chunks it).
-EXPERT_UNFUSING = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+# Hub checkpoints (and vLLM's loaders) keep one tensor per expert. Per model type, as data: the sparse
+# block's name in the checkpoint, and each fused tensor's per-expert names, its slice cut into equal
+# row blocks in this order (gate first, as the fused forward chunks it).
+CHECKPOINT_EXPERTS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
+    "qwen3_moe": ("mlp", {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}),
+    "qwen2_moe": ("mlp", {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}),
+    "mixtral": ("block_sparse_moe", {"gate_up_proj": ("w1", "w3"), "down_proj": ("w2",)}),
+}
 
 
-def unfuse_experts(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
-    """(name, tensor) pairs with every fused expert tensor split into the Hub checkpoint's per-expert
-    `...experts.{e}.{gate,up,down}_proj.weight` (views, no copy); other pairs as they are."""
+def unfuse_experts(weights: Iterable[tuple[str, Tensor]], *, model_type: str) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) pairs in the Hub checkpoint's names for `model_type`: every fused expert tensor
+    split per expert (views, no copy), the sparse block renamed where the checkpoint names it
+    otherwise (Mixtral's `block_sparse_moe`); other pairs, and every pair of a dense model, as they are."""
+    if model_type not in CHECKPOINT_EXPERTS:
+        yield from weights
+        return
+    block, fused = CHECKPOINT_EXPERTS[model_type]
     for name, tensor in weights:
+        name = name.replace(".mlp.", f".{block}.", 1) if ".mlp.experts." in name or ".mlp.gate." in name else name
         prefix, _, leaf = name.rpartition(".")
-        if leaf not in EXPERT_UNFUSING or not prefix.endswith(".experts") or tensor.dim() != 3:
+        if leaf not in fused or not prefix.endswith(".experts") or tensor.dim() != 3:
             yield name, tensor
             continue
-        parts = EXPERT_UNFUSING[leaf]
+        parts = fused[leaf]
         for expert in range(tensor.shape[0]):
             chunks = tensor[expert].chunk(len(parts), dim=0)
             for target, chunk in zip(parts, chunks, strict=True):
