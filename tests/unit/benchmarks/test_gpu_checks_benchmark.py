@@ -114,3 +114,8 @@ def test_processes_fails_rather_than_waits_when_a_layouts_process_dies():
     broken = argparse.Namespace(device="cpu", layers=1, repeats=0, rounds=1)
     with pytest.raises(RuntimeError, match="one_process exited with 1"):
         gpu_processes.compare(broken)
+
+
+def test_moe_kernels_and_the_expert_parallel_dispatch_score_alike():
+    result = gpu_checks.check_moe(ARGS)
+    assert result["backend"] == "gloo" and result["ok"], result
