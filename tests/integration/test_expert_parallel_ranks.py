@@ -152,3 +152,49 @@ def test_weights_gathered_at_ep4_load_at_ep1(tmp_path):
         logprobs = token_logprobs(loaded, whole_batch(world))
     for rank, got in enumerate(ranks):
         torch.testing.assert_close(got["stepped"], logprobs[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK], **TOL)
+
+
+def _swap_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.training.fsdp import FsdpBackend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cfg = ep_job_config(world, 2)
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"resharding": "allgather_swap"})})
+    backend = FsdpBackend(
+        cfg,
+        model=_model(),
+        make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        device=detect_device("cpu"),
+        rank=rank,
+    )
+    mine = whole_batch(world)[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK]
+    (-token_logprobs(backend.model, mine).mean()).backward()
+    backend.step(1e9)
+    with torch.no_grad():
+        before = token_logprobs(backend.model, mine)
+    pushed: dict[str, torch.Tensor] = {}
+    backend.to_generation(lambda weights: pushed.update({name: tensor.clone() for name, tensor in weights}))
+    ledger = backend.drain_metrics()["ledger"]
+    backend.to_training()
+    with torch.no_grad():
+        after = token_logprobs(backend.model, mine)
+    torch.save({"before": before, "after": after, "pushed": pushed, "ledger": ledger}, Path(out_dir) / f"swap{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_allgather_swap_moves_expert_shards_off_and_back(tmp_path):
+    """Under resharding: allgather_swap at EP 2 x FSDP 2 the engine gets every expert whole, no training
+    state stays on the device during generation, and the swapped-in model scores as before."""
+    world = 4
+    mp.spawn(_swap_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world)
+    shapes = {name: tensor.shape for name, tensor in _model().state_dict().items()}
+    for rank in range(world):
+        got = torch.load(tmp_path / f"swap{rank}.pt")
+        assert {name: tensor.shape for name, tensor in got["pushed"].items()} == shapes
+        prefix = f"memory/rank{rank}/generation"
+        state = sum(got["ledger"][f"{prefix}/{c}"] for c in ("train_params", "grads", "optimizer_state"))
+        assert state == 0 and got["ledger"][f"{prefix}/host_swap"] > 0
+        assert torch.equal(got["before"], got["after"])
