@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from rljob_testing import rljob_object
+from rljob_testing import job_dict, rljob_object
 
 from rldock.operator.admission import (
     MAX_REVIEW_BYTES,
@@ -83,6 +83,10 @@ def admission_review(req: dict[str, Any]) -> dict[str, Any]:
 VALID = rljob_object()
 INVALID = rljob_object(job={"name": "grpo-test"})  # the job config's required sections are missing
 OUTSIDE_POLICY = rljob_object(**HOST_ROOT)
+CONTEXT_PARALLEL_JOB = {
+    **job_dict(),
+    "training": {"data_parallel_size": 2, "context_parallel_size": 2, "strategy": "fsdp"},
+}
 ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
 
 
@@ -96,6 +100,12 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
         (request("CREATE", VALID), None, ()),
         (request("CREATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK)), None, ()),
         (request("CREATE", INVALID), "InvalidSpec", ("spec.job",)),
+        # a layout `rldock plan` plans but rldock train cannot seat yet: no RayCluster sized for it
+        (
+            request("CREATE", rljob_object(job=CONTEXT_PARALLEL_JOB)),
+            "InvalidSpec",
+            ("spec.job.training.context_parallel_size: 2", "rldock train does not yet seat a job's CP ranks"),
+        ),
         (
             request("CREATE", OUTSIDE_POLICY),
             "PolicyDenied",

@@ -93,6 +93,21 @@ def test_validate_checks_paths_unless_told_not_to(tmp_path, capsys):
     assert main(["validate", config, "--no-path-checks"]) == 0
 
 
+CONTEXT_PARALLEL = ["--set", "training.strategy=fsdp", "--set", "training.context_parallel_size=2"]
+
+
+@pytest.mark.parametrize("path_checks", [[], ["--no-path-checks"]])
+def test_validate_refuses_a_context_parallel_job_that_plan_still_plans(path_checks, capsys):
+    """CP runs in the passes and the planner, not yet in `rldock train`: validate refuses a CP job
+    whether or not it checks the paths (a config checked here for an RLJob skips them)."""
+    assert main(["plan", str(EXAMPLE), "--json", *CONTEXT_PARALLEL]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL]) == 2
+    err = capsys.readouterr().err
+    assert "training.context_parallel_size: 2: context parallelism runs in the policy" in err
+    assert "rldock train does not yet seat a job's CP ranks" in err
+
+
 def test_version_prints_the_installed_version(capsys):
     import importlib.metadata
 

@@ -1062,8 +1062,8 @@ class TrainingSpec(Spec):
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
         "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
         "strategy fsdp and tensor_parallel_size 1. The policy, reference and critic passes and `rldock plan` "
-        "run it; `rldock train` does not yet seat CP ranks and refuses a job with more than 1 before it starts "
-        "(docs/scaling.md, section 9).",
+        "run it; `rldock train` does not yet seat CP ranks, so `rldock validate`, `rldock train` and the "
+        "operator's admission refuse a job with more than 1 (docs/scaling.md, section 9).",
     )
     trim_padding: bool = Field(
         default=True,

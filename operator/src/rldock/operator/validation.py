@@ -1,9 +1,10 @@
 """Problems of an RLJob spec that the CRD schema cannot catch, each naming the field to change.
 
-The job's own cross-field rules come from the runtime (`rldock.config.find_problems`, so `rldock
-train` and the operator refuse the same configs), re-rooted under `spec.job.`; the rest are about
-the cluster: storage, device resource name, tolerations, node selector and scheduling. The
-handlers turn a non-empty list into phase Failed, a condition and an Event, and create nothing.
+The job's own cross-field rules come from the runtime (`rldock.config.find_problems` and
+`find_run_problems`, so `rldock train` and the operator refuse the same configs), re-rooted under
+`spec.job.`; the rest are about the cluster: storage, device resource name, tolerations, node
+selector and scheduling. The handlers turn a non-empty list into phase Failed, a condition and an
+Event, and create nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rldock.config import Problem, find_problems
+from rldock.config import Problem, find_problems, find_run_problems
 from rldock.config.problems import field_path
 from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.config_map import render_job_config
@@ -89,7 +90,8 @@ def _problem_from_error(item: Mapping[str, Any]) -> Problem:
 
 def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     """Every problem of a parsed spec (the runtime's job rules first), in field order."""
-    problems = [Problem(f"spec.job.{p.path}", p.message) for p in find_problems(spec.job)]
+    job_problems = find_problems(spec.job) + find_run_problems(spec.job)
+    problems = [Problem(f"spec.job.{p.path}", p.message) for p in job_problems]
     problems += _device_problems(spec)
     for role in ("head", "worker"):
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from rldock.config import JobConfig, Problem, find_local_problems
+from rldock.config import JobConfig, Problem, find_local_problems, find_run_problems
 from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.agent.sandbox import sandbox_layer_problems
@@ -315,23 +315,6 @@ def output_problems(output: str | Path) -> list[Problem]:
     return []
 
 
-def context_parallel_job_problems(cfg: JobConfig) -> list[Problem]:
-    """training.context_parallel_size > 1 runs in the engines' passes (engines/ulysses.py, with FSDP:
-    training/context_parallel.py) and in `rldock plan`, but the trainer does not yet give a
-    data-parallel rank's CP ranks the same samples or build their groups: such a job would train its
-    CP ranks as data-parallel ones, so it must not start."""
-    cp = cfg.training.context_parallel_size
-    if cp == 1:
-        return []
-    return [
-        Problem(
-            "training.context_parallel_size",
-            f"{cp}: context parallelism runs in the policy, reference and critic passes and in `rldock plan` "
-            "(docs/scaling.md), but rldock train does not yet seat a job's CP ranks; use 1 for a job",
-        )
-    ]
-
-
 def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure | None:
     """Why the job must not start here, or None. Missing or unreadable paths come first; only when
     all are there are the checks that read them run (find_local_problems: the model's shape;
@@ -341,8 +324,8 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
     defines what it is named for; wandb_credentials_problems: W&B has an API key;
     local_device_problems: the GPUs a local Ray is asked for are here; environment_server_problems: the
     environment servers at a `url` answer OpenEnv's /health and /schema; sandbox_layer_problems: the
-    python tool's sandbox has the kernel layers the config requires; context_parallel_job_problems: no
-    CP in a job yet); only when those pass, the
+    python tool's sandbox has the kernel layers the config requires; find_run_problems: what
+    `rldock plan` plans but a job cannot run yet, CP); only when those pass, the
     prompt sets are built as the trainer builds them (prompt_set_problems: a prompt within
     algorithm.max_prompt_length, every row readable)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
@@ -359,7 +342,7 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         + local_device_problems(cfg)
         + environment_server_problems(cfg, starting=output is not None)
         + sandbox_layer_problems(cfg)
-        + context_parallel_job_problems(cfg)
+        + find_run_problems(cfg)
     )
     if not local:
         local = prompt_set_problems(cfg)
