@@ -62,3 +62,59 @@ def test_a_pass_without_padding_gets_no_mask_and_a_padded_or_packed_one_keeps_it
     )
     packed = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
     assert pass_mask(packed, kind="boolean", dtype=torch.float32) is packed
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A one-rank gloo group (a file rendezvous in a fresh directory): Ulysses' all-to-alls over it
+    are the identity, so a single process runs the Ulysses attention itself."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_additive_mask_in_float32_reaches_a_bfloat16_sdpa_in_bfloat16(one_rank_group, monkeypatch):
+    """Under FSDP mixed precision the stored parameters are float32 (the dtype `context_mask` builds an
+    additive mask in) while the attention computes in bfloat16. SDPA's CUDA kernels refuse an additive
+    mask whose dtype is not the queries' (the CPU's promote it, so this records the mask SDPA gets, and
+    passes it on), so Ulysses gives SDPA the mask in the queries' dtype."""
+    from rldock.runtime.engines import ulysses
+
+    masks: list[tuple[torch.dtype, torch.dtype]] = []  # (query, mask) per attention call
+    real_sdpa = ulysses.sdpa_attention_forward
+
+    def recording_sdpa(module, query, key, value, attention_mask, **kwargs):  # a spy around the real one
+        masks.append((query.dtype, attention_mask.dtype))
+        return real_sdpa(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(ulysses, "sdpa_attention_forward", recording_sdpa)
+    model = ulysses.apply_ulysses(_model("eager").to(torch.bfloat16), one_rank_group)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
+    ids = torch.randint(4, 32, mask.shape, generator=torch.Generator().manual_seed(1))
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    additive = four_d_mask(mask, kind="additive", dtype=torch.float32)
+    got = model(input_ids=ids, attention_mask=additive, position_ids=positions).logits
+    # the same mask built in bfloat16 in the first place: the conversion keeps which positions attend
+    expected = model(
+        input_ids=ids, attention_mask=four_d_mask(mask, kind="additive", dtype=torch.bfloat16), position_ids=positions
+    ).logits
+    assert got.dtype == torch.bfloat16
+    assert masks == [(torch.bfloat16, torch.bfloat16)] * 2  # one layer, two passes
+    assert torch.equal(got, expected)
+
+
+def test_an_additive_mask_keeps_what_attends_in_the_compute_dtype():
+    from rldock.runtime.engines.ulysses import in_compute_dtype
+
+    additive = four_d_mask(torch.tensor([[0, 1, 1, 1]]), kind="additive", dtype=torch.float32)
+    converted = in_compute_dtype(additive, torch.bfloat16)
+    assert converted is not None and converted.dtype == torch.bfloat16
+    assert torch.equal(converted == 0, additive == 0)
+    assert bool((converted[additive < 0] == torch.finfo(torch.bfloat16).min).all())  # finite: no -inf row
+    boolean = four_d_mask(torch.tensor([[0, 1, 1, 1]]), kind="boolean", dtype=torch.float32)
+    assert in_compute_dtype(boolean, torch.bfloat16) is boolean and in_compute_dtype(None, torch.bfloat16) is None

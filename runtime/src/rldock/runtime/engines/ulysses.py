@@ -101,8 +101,19 @@ def ulysses_attention(
     of this rank's n positions; `attention_mask` (B, 1, N, N) over all N. Returns (B, n, H, D)."""
     group = getattr(module, _GROUP_ATTRIBUTE)
     query, key, value = (all_to_all(t, scatter_dim=1, gather_dim=2, group=group) for t in (query, key, value))
-    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # (B, N, H/cp, D)
+    mask = in_compute_dtype(attention_mask, query.dtype)
+    output, _ = sdpa_attention_forward(module, query, key, value, mask, **kwargs)  # (B, N, H/cp, D)
     return all_to_all(output, scatter_dim=1, gather_dim=2, group=group), None
+
+
+def in_compute_dtype(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """An additive mask (0 attends, below 0 does not) in the queries' dtype `dtype`, which SDPA needs:
+    the passes build it before the forward, in the stored parameters' dtype, and under FSDP mixed
+    precision those are float32 while the attention computes in bfloat16. A boolean mask, a mask
+    already in `dtype`, or none, as is."""
+    if mask is None or mask.dtype in (torch.bool, dtype):
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask < 0, torch.finfo(dtype).min)
 
 
 def whole_sequence_causal(*args: Any, **kwargs: Any) -> None:
@@ -155,7 +166,8 @@ def context_group(model: nn.Module) -> dist.ProcessGroup | None:
 
 def context_mask(model: nn.Module) -> tuple[str, torch.dtype]:
     """The 4D mask a Ulysses model's passes give it: boolean for `ulysses_sdpa`, additive for
-    `ulysses_eager`, and the dtype of an additive one (the model's)."""
+    `ulysses_eager`, and the dtype an additive one is built in (the stored parameters'; the attention
+    takes it to the queries' dtype, `in_compute_dtype`)."""
     module = next(m for m in model.modules() if hasattr(m, _GROUP_ATTRIBUTE))
     implementation = getattr(module, "config")._attn_implementation  # noqa: B009 (an nn.Module attribute to mypy)
     kind = "boolean" if implementation == "ulysses_sdpa" else "additive"
