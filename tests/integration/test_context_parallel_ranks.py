@@ -21,8 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock.runtime.agent.service.local import free_port  # the runtime's own free-port probe
-
 pytestmark = pytest.mark.integration
 
 TINY = dict(
@@ -129,14 +127,14 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.fsdp import apply_fsdp
     from rldock.runtime.engines.policy import packing_prompts
     from rldock.runtime.training.context_parallel import apply_context_parallel, sum_over_context
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     results: dict = {}
     # CP over every rank: each holds the whole batch and computes 1/world of each sequence.
     model = _model()
@@ -184,7 +182,8 @@ def _one_process(batch_seed: int, layout: str) -> dict:
 
 @pytest.mark.parametrize("world", [2, 4], ids=["cp2", "cp4+cp2xfsdp"])
 def test_ulysses_ranks_equal_one_process(tmp_path, world):
-    mp.spawn(_rank, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    # a file rendezvous in the test's own directory: a probed free port could be taken before rank 0 binds it
+    mp.spawn(_rank, args=(world, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for layout in LAYOUTS:
         expected = _one_process(1, layout)

@@ -49,8 +49,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock.runtime.agent.service.local import free_port  # the runtime's own free-port probe
-
 SHAPE = dict(
     vocab_size=2048,
     hidden_size=256,
@@ -64,11 +62,11 @@ SHAPE = dict(
 )
 
 
-def _model():
+def _model(dtype: str = "float32"):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**SHAPE, attn_implementation="sdpa")).train()
+    return Qwen2ForCausalLM(Qwen2Config(**SHAPE, attn_implementation="sdpa")).to(getattr(torch, dtype)).train()
 
 
 def _batch(length: int) -> dict[str, torch.Tensor]:
@@ -108,12 +106,12 @@ class _SavedBytes:
         return tensor
 
 
-def _rank(rank: int, cp: int, length: int, steps: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.engines.policy import response_logprobs_and_entropy
     from rldock.runtime.training.context_parallel import apply_context_parallel
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cp)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=cp)
     sent = [0]
     exchange = dist.all_to_all_single
 
@@ -122,7 +120,7 @@ def _rank(rank: int, cp: int, length: int, steps: int, port: int, out_dir: str) 
         return exchange(output, input, *args, **kwargs)
 
     dist.all_to_all_single = counting_all_to_all  # type: ignore[assignment]  # the measuring wrapper
-    model = _model()
+    model = _model(dtype)
     group = apply_context_parallel(model, cp)
     baseline = _rss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -186,9 +184,12 @@ def planned(length: int, cp: int) -> dict[str, int]:
     }
 
 
-def run(cp: int, length: int, steps: int) -> dict:
+def run(cp: int, length: int, steps: int, *, dtype: str = "float32") -> dict:
+    """One (CP size, length) in fresh ranks. `dtype` other than float32 (the planner's figures' dtype)
+    is for comparing the CP sizes' losses: float64 sums in any order agree to ~1e-12."""
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(cp, length, steps, free_port(), out), nprocs=cp)
+        # a file rendezvous in this run's fresh directory: a probed free port could be taken before rank 0 binds it
+        mp.spawn(_rank, args=(cp, length, steps, dtype, str(Path(out) / "rendezvous"), out), nprocs=cp)
         ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(cp)]
     plan = planned(length, cp)
     keys = ("saved_bytes", "rss_held_bytes", "peak_rss_bytes", "all_to_all_bytes")
