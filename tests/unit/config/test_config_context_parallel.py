@@ -20,7 +20,7 @@ def demo_data() -> dict:
 def test_cp_inside_fsdp_is_valid_and_multiplies_the_ranks_once(demo_data):
     demo_data["training"]["context_parallel_size"] = 2
     layout = job_layout(parse_job_config(demo_data))
-    assert (layout.dp, layout.cp, layout.num_actor_ranks, layout.num_ranks("dp_ranks")) == (2, 2, 4, 4)
+    assert (layout.dp, layout.cp, layout.num_actor_ranks, layout.num_ranks("sequence_ranks")) == (2, 2, 4, 4)
 
 
 @pytest.mark.parametrize(

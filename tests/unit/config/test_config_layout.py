@@ -11,8 +11,8 @@ from rldock.config import parse_job_config
 from rldock.config.layout import job_layout
 from rldock.contract.layout import DeviceGroup
 
-REFERENCE = DeviceGroup("reference", "dp_ranks")
-CRITIC = DeviceGroup("critic", "dp_ranks", distinct=True)
+REFERENCE = DeviceGroup("reference", "sequence_ranks")
+CRITIC = DeviceGroup("critic", "sequence_ranks", distinct=True)
 REWARD_MODEL = DeviceGroup("reward_model")
 MODEL_TERMS = {"terms": [{"name": "model", "path": "/rm"}, {"name": "digit_match"}]}
 

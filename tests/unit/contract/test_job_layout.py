@@ -8,8 +8,8 @@ import pytest
 from rldock.contract.layout import DeviceGroup, JobLayout
 from rldock.contract.placement import SEAT_ORDER
 
-REFERENCE = DeviceGroup("reference", "dp_ranks")
-CRITIC = DeviceGroup("critic", "dp_ranks", distinct=True)
+REFERENCE = DeviceGroup("reference", "sequence_ranks")
+CRITIC = DeviceGroup("critic", "sequence_ranks", distinct=True)
 REWARD_MODEL = DeviceGroup("reward_model")
 
 
@@ -29,7 +29,7 @@ def test_ranks_and_generation_replicas(dp, tp, generation_tp, actor_ranks, repli
     assert layout.num_actor_ranks == actor_ranks
     assert layout.num_generation_replicas == replicas
     assert layout.engine_ranks == engine_ranks
-    assert (layout.num_ranks("actor_ranks"), layout.num_ranks("dp_ranks"), layout.num_ranks("one")) == (
+    assert (layout.num_ranks("actor_ranks"), layout.num_ranks("sequence_ranks"), layout.num_ranks("one")) == (
         actor_ranks,
         dp,
         1,
@@ -37,14 +37,14 @@ def test_ranks_and_generation_replicas(dp, tp, generation_tp, actor_ranks, repli
 
 
 @pytest.mark.parametrize(
-    ("dp", "cp", "tp", "actor_ranks", "dp_ranks"), [(2, 2, 1, 4, 4), (1, 4, 1, 4, 4), (2, 2, 2, 8, 4)]
+    ("dp", "cp", "tp", "actor_ranks", "sequence_ranks"), [(2, 2, 1, 4, 4), (1, 4, 1, 4, 4), (2, 2, 2, 8, 4)]
 )
-def test_context_parallel_ranks_multiply_the_actor_and_the_reference_ranks(dp, cp, tp, actor_ranks, dp_ranks):
+def test_context_parallel_ranks_multiply_the_actor_and_the_reference_ranks(dp, cp, tp, actor_ranks, sequence_ranks):
     layout = JobLayout(dp=dp, cp=cp, tp=tp)
-    assert (layout.num_actor_ranks, layout.num_ranks("dp_ranks"), layout.num_sequence_ranks) == (
+    assert (layout.num_actor_ranks, layout.num_ranks("sequence_ranks"), layout.num_sequence_ranks) == (
         actor_ranks,
-        dp_ranks,
-        dp_ranks,
+        sequence_ranks,
+        sequence_ranks,
     )
 
 

@@ -22,9 +22,9 @@ def config_groups(cfg: JobConfig) -> tuple[DeviceGroup, ...]:
     """The device groups besides the actor ranks that the config counts (module docstring)."""
     groups = []
     if cfg.training.lora is None:
-        groups.append(DeviceGroup("reference", "dp_ranks"))
+        groups.append(DeviceGroup("reference", "sequence_ranks"))
     if needs_critic(cfg.algorithm.name):
-        groups.append(DeviceGroup("critic", "dp_ranks", distinct=True))  # a DDP group
+        groups.append(DeviceGroup("critic", "sequence_ranks", distinct=True))  # a DDP group
     if cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name):
         groups.append(DeviceGroup("reward_model"))
     return tuple(groups)

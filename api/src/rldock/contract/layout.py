@@ -29,9 +29,9 @@ from typing import Literal
 
 from rldock.contract.placement import PlacementMode, PlacementPlan, SeatRequest, plan_placement
 
-# How many ranks a worker group runs: one per actor rank (DP x CP x TP), one per data-parallel rank's CP
-# rank (DP x CP: the reference and the critic run their passes with the actor's CP), or one.
-RankCount = Literal["actor_ranks", "dp_ranks", "one"]
+# How many ranks a worker group runs: one per actor rank (DP x CP x TP), one per sequence rank (DP x CP,
+# `num_sequence_ranks`: the reference and the critic run their passes with the actor's CP), or one.
+RankCount = Literal["actor_ranks", "sequence_ranks", "one"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class JobLayout:
         return self.dp // self.ep
 
     def num_ranks(self, count: RankCount) -> int:
-        return {"actor_ranks": self.num_actor_ranks, "dp_ranks": self.num_sequence_ranks, "one": 1}[count]
+        return {"actor_ranks": self.num_actor_ranks, "sequence_ranks": self.num_sequence_ranks, "one": 1}[count]
 
     def group_ranks(self, name: str) -> int:
         """The ranks of device group `name`; 0 for a group the job does not run."""

@@ -137,13 +137,13 @@ ACTOR = WorkerGroup(
     memory="actor",
 )
 REFERENCE = WorkerGroup(
-    "reference", "rldock.runtime.workers.reference:ReferenceWorker", _reference_arguments, ranks="dp_ranks"
+    "reference", "rldock.runtime.workers.reference:ReferenceWorker", _reference_arguments, ranks="sequence_ranks"
 )
 CRITIC = WorkerGroup(
     "critic",
     "rldock.runtime.workers.critic:CriticWorker",
     _critic_arguments,
-    ranks="dp_ranks",
+    ranks="sequence_ranks",
     collective=True,
     memory="critic",
 )
