@@ -11,7 +11,7 @@ probabilities within ~1e-15 of each other; the test also asserts every token's e
 
 from __future__ import annotations
 
-import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 TOL = dict(rtol=1e-9, atol=1e-12)
 
 
-def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, world: int, ep: int, rendezvous: str, out_dir: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from rldock.runtime.device import detect_device
@@ -36,7 +36,7 @@ def _rank(rank: int, world: int, ep: int, port: int, out_dir: str) -> None:
     from rldock.runtime.training.fsdp import FsdpBackend
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     backend = FsdpBackend(
         ep_job_config(world, ep),
         model=_model(),
@@ -92,17 +92,17 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _rendezvous(tmp_path: Path) -> str:
+    # A file no earlier group used: a port probed free and bound later by rank 0 could be taken
+    # by another process in between.
+    return f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
 
 
 @pytest.mark.parametrize(("world", "ep"), [(2, 2), (4, 4), (4, 2)], ids=["ep2", "ep4", "ep2xfsdp2"])
 def test_expert_parallel_equals_one_process(tmp_path, world, ep):
     from rldock.runtime.models.moe import record_routing
 
-    mp.spawn(_rank, args=(world, ep, _free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_rank, args=(world, ep, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
     model = _model()
@@ -141,7 +141,7 @@ def test_weights_gathered_at_ep4_load_at_ep1(tmp_path):
     from rldock.runtime.models import load_causal_lm
 
     world = 4
-    mp.spawn(_rank, args=(world, world, _free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_rank, args=(world, world, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     model = _model()
     model.load_state_dict(ranks[0]["weights"])
@@ -154,12 +154,12 @@ def test_weights_gathered_at_ep4_load_at_ep1(tmp_path):
         torch.testing.assert_close(got["stepped"], logprobs[rank * ROWS_PER_RANK : (rank + 1) * ROWS_PER_RANK], **TOL)
 
 
-def _swap_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+def _swap_rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
     from rldock.runtime.training.fsdp import FsdpBackend
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     cfg = ep_job_config(world, 2)
     cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"resharding": "allgather_swap"})})
     backend = FsdpBackend(
@@ -189,7 +189,7 @@ def test_allgather_swap_moves_expert_shards_off_and_back(tmp_path):
     """Under resharding: allgather_swap at EP 2 x FSDP 2 the engine gets every expert whole, no training
     state stays on the device during generation, and the swapped-in model scores as before."""
     world = 4
-    mp.spawn(_swap_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_swap_rank, args=(world, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     shapes = {name: tensor.shape for name, tensor in _model().state_dict().items()}
     for rank in range(world):
         got = torch.load(tmp_path / f"swap{rank}.pt")
