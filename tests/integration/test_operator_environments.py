@@ -233,7 +233,7 @@ def test_environments_run_as_restricted_pods_behind_headless_services_and_go_wit
         if s.kind == "ServiceAccount" and s.name == account["metadata"]["name"]
     ]
     # The job's environment token: a random one, in a Secret the RLJob owns; the Ray pods read it too.
-    token_secret = naming.environment_token_secret_name(name)
+    token_secret = naming.environment_token_secret_name(name, uid)
     secret = envs.wait("the environment token's Secret", lambda: envs.child("Secret", token_secret))
     assert len(base64.b64decode(secret["data"]["token"])) >= 32
     assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
@@ -381,13 +381,15 @@ def test_environment_pods_are_absent_while_the_job_is_queued_and_created_once_ad
     deployment = envs.wait("the Deployment", lambda: envs.child("Deployment", child))
     assert deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
     assert deployment["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
-    # Settled while queued: the operator reported the environments at 0 pods (the round after the
-    # cluster's creation, woken by it, saw it suspended), and the Deployment controller made no pod.
+    # Settled while queued: a round that read the suspended cluster (the only kind that says
+    # WaitingForAdmission: the first round, before the cluster exists, says RayClusterCreating) reported
+    # the environments at 0 pods, and the Deployment controller made no pod.
     envs.wait_status(
         name,
-        "environments at 0 while queued",
+        "environments at 0 while queued, from a round that read the suspended cluster",
         lambda s: (
-            s.get("environments")
+            _conditions(s).get("ClusterReady", {}).get("reason") == "WaitingForAdmission"
+            and s.get("environments")
             == [
                 {"name": "cabinet", "replicas": 0, "readyReplicas": 0},
                 {"name": "sandbox", "replicas": 0, "readyReplicas": 0},
