@@ -263,7 +263,7 @@ def test_rljob_runs_to_success_with_live_status(world: World):
     ]:
         assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []
     config_map = world.wait("the ConfigMap", lambda: world.core_object("ConfigMap", naming.config_map_name(name)))
-    secret = world.core_object("Secret", naming.auth_secret_name(name))
+    secret = world.core_object("Secret", naming.auth_secret_name(name, uid))
     for child in (cluster, config_map, secret):
         (owner,) = child["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["uid"], owner["controller"]) == ("RLJob", uid, True)
@@ -422,7 +422,7 @@ def test_deletion_stops_the_job_and_the_children_are_collected(world: World):
             world.get("rayclusters", name) is None
             and not world.pods(name)
             and world.core_object("ConfigMap", naming.config_map_name(name)) is None
-            and world.core_object("Secret", naming.auth_secret_name(name)) is None
+            and world.core_object("Secret", naming.auth_secret_name(name, rljob_obj["metadata"]["uid"])) is None
         ),
     )
 

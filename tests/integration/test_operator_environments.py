@@ -233,7 +233,7 @@ def test_environments_run_as_restricted_pods_behind_headless_services_and_go_wit
         if s.kind == "ServiceAccount" and s.name == account["metadata"]["name"]
     ]
     # The job's environment token: a random one, in a Secret the RLJob owns; the Ray pods read it too.
-    token_secret = naming.environment_token_secret_name(name)
+    token_secret = naming.environment_token_secret_name(name, uid)
     secret = envs.wait("the environment token's Secret", lambda: envs.child("Secret", token_secret))
     assert len(base64.b64decode(secret["data"]["token"])) >= 32
     assert secret["metadata"]["ownerReferences"][0]["uid"] == uid
@@ -381,13 +381,15 @@ def test_environment_pods_are_absent_while_the_job_is_queued_and_created_once_ad
     deployment = envs.wait("the Deployment", lambda: envs.child("Deployment", child))
     assert deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
     assert deployment["spec"]["template"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
-    # Settled while queued: the operator reported the environments at 0 pods (the round after the
-    # cluster's creation, woken by it, saw it suspended), and the Deployment controller made no pod.
+    # Settled while queued: a round that read the suspended cluster (the only kind that says
+    # WaitingForAdmission: the first round, before the cluster exists, says RayClusterCreating) reported
+    # the environments at 0 pods, and the Deployment controller made no pod.
     envs.wait_status(
         name,
-        "environments at 0 while queued",
+        "environments at 0 while queued, from a round that read the suspended cluster",
         lambda s: (
-            s.get("environments")
+            _conditions(s).get("ClusterReady", {}).get("reason") == "WaitingForAdmission"
+            and s.get("environments")
             == [
                 {"name": "cabinet", "replicas": 0, "readyReplicas": 0},
                 {"name": "sandbox", "replicas": 0, "readyReplicas": 0},
@@ -489,3 +491,50 @@ def test_the_issue_s_name_collision_pair_cannot_meet(envs: Envs):
     assert envs.child("Service", head_service) is None  # left to KubeRay (none runs here)
     for name in (attacker, victim):
         assert _conditions(envs.rljob(name)["status"]).get("ClusterReady", {}).get("reason") != "NameConflict"
+
+
+def test_a_re_created_rljob_makes_its_own_token_secrets(envs: Envs):
+    """An RLJob deleted and created again under its name while the old one's Secrets still exist (here
+    kept for good by an orphaning delete; after an ordinary delete, until the garbage collector comes).
+    The operator may only create Secrets and takes one that exists as made, so the new RLJob's Secrets
+    must have other names: else its pods would read the old token, then a Secret collected under them."""
+    name = "again"
+    envs.apply(rljob(name, [CABINET, SANDBOX]))
+    old_uid = envs.wait("the first RLJob", lambda: envs.rljob(name))["metadata"]["uid"]
+    old = [naming.environment_token_secret_name(name, old_uid), naming.auth_secret_name(name, old_uid)]
+    for secret in old:
+        envs.wait(f"Secret {secret}", lambda s=secret: envs.child("Secret", s))
+    envs.wait_status(name, "its environments ready", lambda s: s.get("environmentsReady") == "3/3")
+    envs.plane.kubectl("delete", "rljob", name, "-n", envs.namespace, "--cascade=orphan", "--wait=false")
+    envs.wait("the first RLJob gone", lambda: envs.rljob(name) is None)
+    # Every other child goes (their names do not depend on the uid); the Secrets stay.
+    envs.plane.kubectl(
+        "delete",
+        "deployments,services,networkpolicies,serviceaccounts,configmaps,rayclusters",
+        "-n",
+        envs.namespace,
+        "-l",
+        f"rldock.io/rljob={naming.label_value(name)}",
+    )
+
+    envs.apply(rljob(name, [CABINET, SANDBOX]))
+    new_uid = envs.wait("the second RLJob", lambda: envs.rljob(name))["metadata"]["uid"]
+    assert new_uid != old_uid
+    token, auth = naming.environment_token_secret_name(name, new_uid), naming.auth_secret_name(name, new_uid)
+    for secret, before in zip((token, auth), old, strict=True):
+        assert secret != before
+        made = envs.wait(f"Secret {secret}", lambda s=secret: envs.child("Secret", s))
+        assert [owner["uid"] for owner in made["metadata"]["ownerReferences"]] == [new_uid]
+        assert envs.child("Secret", before) is not None  # the old one is still there, and not taken
+    envs.wait_status(name, "its environments ready again", lambda s: s.get("environmentsReady") == "3/3")
+    deployment = envs.child("Deployment", naming.environment_name(name, "cabinet"))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["env"][-1]["valueFrom"]["secretKeyRef"]["name"] == token
+    cluster = envs.child("RayCluster", name)
+    head_env = {
+        var["name"]: var for var in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert head_env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == auth
+    assert head_env["RLDOCK_ENV_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == token
+    envs.plane.kubectl("delete", "rljob", name, "-n", envs.namespace, "--wait=false")
+    envs.plane.kubectl("delete", "secrets", *old, "-n", envs.namespace)

@@ -282,6 +282,17 @@ def test_an_invalid_rljob_is_refused_with_every_problem(admission: Admission):
     assert admission.rljob(name) is None
 
 
+def test_a_quantity_the_schema_accepts_but_no_amount_fits_is_refused_naming_the_field(admission: Admission):
+    """`1e99999999999` matches the CRD's quantity pattern; the webhook answers with the field instead
+    of dropping the connection (which the API server would report as a failed call, not the field)."""
+    name = unique("huge")
+    refused = admission.apply(rljob(name, environments=[{"name": "env", "ephemeralStorage": "1e99999999999"}]))
+    assert refused.returncode != 0 and "InvalidSpec" in refused.stderr, refused.stderr
+    assert "spec.environments[0].ephemeralStorage: " in refused.stderr, refused.stderr
+    assert "too large an amount" in refused.stderr, refused.stderr
+    assert admission.rljob(name) is None
+
+
 def test_a_valid_rljob_is_admitted_and_the_operator_s_own_writes_pass(admission: Admission):
     name = unique("valid")
     admitted = admission.apply(rljob(name))
@@ -419,6 +430,11 @@ def test_a_user_with_get_can_mount_the_secret_and_not_add_another(admission: Adm
         ({"scheduling": {"gang": "kueue", "queue": "team-a"}}, "spec.scheduling.queue", "policy.queues"),
         # The environments' pods within policy.environments (issue 50: 16 entries x 256 replicas of any size).
         ({"environments": [{"name": "env", "replicas": 17}]}, "spec.environments[0].replicas", "maxReplicas: 16"),
+        (
+            {"environments": [{"name": f"env{index}", "replicas": 16} for index in range(3)]},
+            "spec.environments",
+            "policy.environments.maxPods: 32",
+        ),
         (
             {"environments": [{"name": "env", "resources": {"cpu": 1, "memory": "17Gi"}}]},
             "spec.environments[0].resources.memory",

@@ -509,7 +509,8 @@ def test_crd_can_be_left_out_or_not_kept():
         ({"policy": {"environments": {"maxReplicas": 0}}}, "/policy/environments/maxReplicas"),
         ({"policy": {"environments": {"maxMemory": "16 GB"}}}, "/policy/environments/maxMemory"),
         ({"policy": {"environments": {"egress": [{"to": [{}]}]}}}, "/policy/environments/egress/0/to/0"),
-        ({"policy": {"environments": {"maxPods": 3}}}, "/policy/environments"),
+        ({"policy": {"environments": {"maxPods": 0}}}, "/policy/environments/maxPods"),
+        ({"policy": {"environments": {"maxGpus": 3}}}, "/policy/environments"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(values, field):
@@ -641,6 +642,7 @@ def test_policy_and_network_policy_reach_the_operator():
             "podDefaults": {"imagePullSecrets": ["regcred"], "priorityClassName": "research"},
             "environments": {
                 "maxReplicas": 4,
+                "maxPods": 6,
                 "maxCpu": "500m",
                 "maxMemory": "64Gi",
                 "maxEphemeralStorage": "2Gi",
@@ -652,7 +654,7 @@ def test_policy_and_network_policy_reach_the_operator():
     settings = load_settings([], _env(_container(render(values))))
     environments = settings.policy.environments
     assert (environments.max_replicas, environments.max_cpu, environments.max_memory) == (4, "500m", "64Gi")
-    assert environments.max_ephemeral_storage == "2Gi"
+    assert environments.max_ephemeral_storage == "2Gi" and environments.max_pods == 6
     assert [rule.manifest() for rule in environments.egress] == [
         {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}
     ]

@@ -116,6 +116,18 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
             "PolicyDenied",
             ("spec.checkpoint.hostPath", "spec.volumes[0].hostPath.path", "spec.image", "policy.imagePrefixes"),
         ),
+        # quantities the schema's pattern accepts: "1Ei" is an amount (over the bound), an exponent
+        # past what the operator can read is refused naming its field
+        (
+            request("CREATE", rljob_object(environments=[{"name": "e", "resources": {"cpu": 1, "memory": "1Ei"}}])),
+            "PolicyDenied",
+            ("spec.environments[0].resources.memory", "policy.environments.maxMemory"),
+        ),
+        (
+            request("CREATE", rljob_object(environments=[{"name": "e", "ephemeralStorage": "1e99999999999"}])),
+            "InvalidSpec",
+            ("spec.environments[0].ephemeralStorage", "too large an amount"),
+        ),
         # managed by another controller: its own rules hold, this cluster's policy is not for it
         (request("CREATE", ELSEWHERE), None, ()),
         (request("CREATE", with_spec(INVALID, managedBy=MULTIKUEUE)), "InvalidSpec", ("spec.job",)),

@@ -4,6 +4,7 @@ checked with kubernetes-validate, the RayCluster with KubeRay's own CRD schema."
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import kubernetes_validate
@@ -323,7 +324,7 @@ def test_every_ray_pod_authenticates_with_the_rljobs_token():
         env = {var["name"]: var for var in group["template"]["spec"]["containers"][0]["env"]}
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-            "name": naming.auth_secret_name(JOB.name),
+            "name": naming.auth_secret_name(JOB.name, JOB.uid),
             "key": "auth_token",
         }
 
@@ -331,7 +332,8 @@ def test_every_ray_pod_authenticates_with_the_rljobs_token():
 def test_auth_secret_is_owned_and_valid():
     secret = build_auth_secret(job=JOB, token="f" * 64)
     kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
-    assert secret["metadata"]["name"] == naming.auth_secret_name(JOB.name) == "grpo-demo-ray-auth"
+    assert secret["metadata"]["name"] == naming.auth_secret_name(JOB.name, JOB.uid)
+    assert re.fullmatch(r"grpo-demo-ray-auth-[0-9a-f]{16}", secret["metadata"]["name"])
     assert secret["stringData"] == {"auth_token": "f" * 64}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
     with pytest.raises(ValueError):

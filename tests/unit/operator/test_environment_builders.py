@@ -144,11 +144,13 @@ def test_every_environment_pod_template_is_restricted_without_a_token(variant):
         assert template["spec"]["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": size}}]
         assert container["resources"]["requests"]["ephemeral-storage"] == size
         secrets = [(var.get("valueFrom") or {}).get("secretKeyRef", {}).get("name", "") for var in container["env"]]
-        assert not any(name.endswith("-ray-auth") for name in secrets)
+        assert naming.auth_secret_name(JOB.name, JOB.uid) not in secrets
         # ... but the job's environment token, last, so no entry's env can replace it.
         assert container["env"][-1] == {
             "name": "RLDOCK_ENV_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": naming.environment_token_secret_name(JOB.name), "key": "token"}},
+            "valueFrom": {
+                "secretKeyRef": {"name": naming.environment_token_secret_name(JOB.name, JOB.uid), "key": "token"}
+            },
         }
 
 
@@ -325,7 +327,7 @@ def test_no_environment_child_can_take_another_job_s_name(attacker, victim_name)
 def test_the_token_secret_and_service_account_are_the_job_s():
     secret = build_environment_token_secret(job=JOB, token="t" * 43)
     kubernetes_validate.validate(secret, KUBERNETES_VERSION, strict=True)
-    assert secret["metadata"]["name"] == naming.environment_token_secret_name(JOB.name)
+    assert secret["metadata"]["name"] == naming.environment_token_secret_name(JOB.name, JOB.uid)
     assert secret["stringData"] == {"token": "t" * 43}
     with pytest.raises(ValueError, match="must not be empty"):
         build_environment_token_secret(job=JOB, token="")

@@ -57,3 +57,15 @@ def test_ray_job_ids_and_dashboard():
     with pytest.raises(ValueError):
         naming.ray_job_submission_id("grpo", "u", attempt=-1)
     assert naming.dashboard_url("grpo", "team-a") == "http://grpo-head-svc.team-a.svc:8265"
+
+
+@pytest.mark.parametrize("secret_name", [naming.auth_secret_name, naming.environment_token_secret_name])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_re_created_rljob_s_secrets_are_not_the_old_one_s(secret_name, name):
+    """The operator only creates Secrets and takes one that exists as made: an RLJob deleted and
+    created again under its name must not meet the old one's Secret before it is collected."""
+    old, new = secret_name(name, "0f5c2a6e-1111"), secret_name(name, "9e8d7c6b-2222")
+    assert old != new
+    for secret in (old, new):
+        assert DNS_1123.match(secret) and len(secret) <= 63, secret
+    assert secret_name(name, "0f5c2a6e-1111") == old, "deterministic: a restarted operator finds it again"

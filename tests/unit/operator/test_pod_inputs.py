@@ -12,7 +12,7 @@ from rljob_testing import KUBERNETES_VERSION, error_paths, kuberay_raycluster_va
 
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import RLJobRef, build_ray_cluster
-from rldock.operator.constants import ENV_JOB_CONFIG, ENV_RAY_AUTH_TOKEN, VOLUME_CHECKPOINTS
+from rldock.operator.constants import ENV_ENVIRONMENT_TOKEN, ENV_JOB_CONFIG, ENV_RAY_AUTH_TOKEN, VOLUME_CHECKPOINTS
 from rldock.operator.validation import parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,6 +78,12 @@ def _with(section: str, index: int, entry: dict) -> dict:
         ),
         ({"env": [{"name": ENV_JOB_CONFIG, "value": "/tmp/other.yaml"}]}, "spec.env[0].name", "set by the operator"),
         ({"env": [{"name": ENV_RAY_AUTH_TOKEN, "value": "guess"}]}, "spec.env[0].name", "set by the operator"),
+        # ... and the environment token, which it sets only in a job with environments.
+        (
+            {"env": [{"name": ENV_ENVIRONMENT_TOKEN, "value": "guess"}], "environments": [{"name": "e"}]},
+            "spec.env[0].name",
+            "of a job with spec.environments",
+        ),
         # Mount paths the operator uses itself, the checkpoint's included (default /checkpoints).
         (
             _with("volumeMounts", 0, {"name": "models", "mountPath": "/etc/rldock"}),
@@ -226,3 +232,13 @@ def test_the_example_is_valid_and_mounts_its_inputs():
             "name": "REWARD_API_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": "reward-api", "key": "token"}},
         } in container["env"]
+
+
+def test_a_job_without_environments_may_set_the_environment_token_itself():
+    """The operator sets RLDOCK_ENV_TOKEN only in a job with spec.environments; any other job may pass
+    the token of a server it reaches elsewhere, and it reaches every Ray pod once."""
+    env = [{"name": ENV_ENVIRONMENT_TOKEN, "valueFrom": {"secretKeyRef": {"name": "env-server", "key": "token"}}}]
+    assert _problems(env=env) == []
+    for template in _groups(RLJobSpec.model_validate(spec_dict(env=env))):
+        (container,) = template["spec"]["containers"]
+        assert [var for var in container["env"] if var["name"] == ENV_ENVIRONMENT_TOKEN] == env

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import kubernetes_validate
 import pytest
+from pydantic import ValidationError
 from rljob_testing import KUBERNETES_VERSION, spec_dict
 
 from rldock.operator import naming
@@ -461,7 +462,15 @@ def test_tokens_are_derived_per_rljob_object():
 # --- spec.environments: each entry's pods within the admin's bounds ------------------------------
 
 BOUNDS = AdminPolicy.model_validate(
-    {"environments": {"maxReplicas": 4, "maxCpu": "2", "maxMemory": "4Gi", "maxEphemeralStorage": "2Gi"}}
+    {
+        "environments": {
+            "maxReplicas": 4,
+            "maxCpu": "2",
+            "maxMemory": "4Gi",
+            "maxEphemeralStorage": "2Gi",
+            "maxPods": 1024,  # the total has its own test
+        }
+    }
 )
 
 
@@ -497,12 +506,39 @@ def test_environment_pods_stay_within_the_admin_s_bounds(entry, refused):
 
 def test_the_default_bounds_refuse_the_issue_s_256_replicas():
     spec = RLJobSpec.model_validate(spec_dict(environments=[{"name": "env", "replicas": 256}]))
-    (problem,) = policy_problems(spec, AdminPolicy(), default_image=DEFAULT_IMAGE)
+    problem, total = policy_problems(spec, AdminPolicy(), default_image=DEFAULT_IMAGE)
     assert problem.path == "spec.environments[0].replicas"
     assert problem.message == (
         "replicas 256 is more than the cluster's policy allows (policy.environments.maxReplicas: 16); "
         "ask for at most 16 or ask the cluster admin to raise it"
     )
+    assert total.path == "spec.environments" and "policy.environments.maxPods: 32" in total.message
+
+
+@pytest.mark.parametrize(
+    "replicas, refused",
+    [
+        ([16, 16], False),  # at the default bound (32)
+        ([16, 16, 1], True),
+        ([16] * 16, True),  # the reviewer's 256 pods, each entry within maxReplicas
+        ([1] * 16, False),
+    ],
+)
+def test_the_environments_pods_in_all_stay_within_the_admin_s_bound(replicas, refused):
+    entries = [{"name": f"env{index}", "replicas": count} for index, count in enumerate(replicas)]
+    spec = RLJobSpec.model_validate(spec_dict(environments=entries))
+    problems = policy_problems(spec, AdminPolicy(), default_image=DEFAULT_IMAGE)
+    assert [problem.path for problem in problems] == (["spec.environments"] if refused else [])
+    for problem in problems:
+        assert f"add up to {sum(replicas)} pods" in problem.message
+        assert "policy.environments.maxPods: 32" in problem.message and "ask for at most 32" in problem.message
+
+
+def test_the_admin_sets_the_environments_total():
+    spec = RLJobSpec.model_validate(spec_dict(environments=[{"name": "a", "replicas": 2}, {"name": "b"}]))
+    policy = AdminPolicy.model_validate({"environments": {"maxPods": 2}})
+    (problem,) = policy_problems(spec, policy, default_image=DEFAULT_IMAGE)
+    assert problem.path == "spec.environments" and "maxPods: 2" in problem.message
 
 
 @pytest.mark.parametrize(
@@ -516,12 +552,28 @@ def test_the_default_bounds_refuse_the_issue_s_256_replicas():
         ("1e3", "1000"),
         ("1.5Ki", "1536"),
         ("100u", "0.0001"),
+        ("1Ei", str(1024**6)),  # the suffixes that start like an exponent
+        ("1E", str(10**18)),
+        ("2e+2", "200"),
     ],
 )
 def test_quantities_compare_by_the_amount_they_stand_for(quantity, amount):
     assert quantity_amount(quantity) == Decimal(amount)
 
 
-def test_a_quantity_that_is_none_is_refused():
-    with pytest.raises(ValueError, match="is not a quantity"):
-        quantity_amount("lots")
+@pytest.mark.parametrize(
+    "quantity, message",
+    [("lots", "is not a quantity"), ("1e99999999999", "too large an amount"), ("1e", "is not a quantity")],
+)
+def test_a_quantity_that_is_none_is_refused(quantity, message):
+    with pytest.raises(ValueError, match=message):
+        quantity_amount(quantity)
+
+
+def test_an_out_of_range_quantity_is_refused_naming_its_field():
+    spec = spec_dict(environments=[{"name": "env", "resources": {"cpu": 1, "memory": "1e99999999999"}}])
+    with pytest.raises(ValidationError) as caught:
+        RLJobSpec.model_validate(spec)
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("environments", 0, "resources", "memory")
+    assert "too large an amount" in error["msg"]

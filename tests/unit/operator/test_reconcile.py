@@ -192,7 +192,7 @@ def test_first_round_creates_the_children_and_says_pending(world):
     reconciler, kube, _ = world
     outcome = reconciler.reconcile(body())
     assert [w for w in kube.writes if w[0] == "create"] == [
-        ("create", "Secret", naming.auth_secret_name(NAME)),
+        ("create", "Secret", naming.auth_secret_name(NAME, UID)),
         ("create", "ConfigMap", naming.config_map_name(NAME)),
         ("create", "NetworkPolicy", naming.network_policy_name(NAME)),
         ("create", "RayCluster", NAME),
@@ -204,11 +204,11 @@ def test_first_round_creates_the_children_and_says_pending(world):
         "CreatedNetworkPolicy",
         "CreatedRayCluster",
     ]
-    token = base64.b64decode(kube.objects[("Secret", naming.auth_secret_name(NAME))]["data"][AUTH_SECRET_KEY])
+    token = base64.b64decode(kube.objects[("Secret", naming.auth_secret_name(NAME, UID))]["data"][AUTH_SECRET_KEY])
     assert token.decode() == job_token(KEY, RLJobRef(NAME, NS, UID)) and len(token) == 64
     # Later rounds create the Secret no more and never read it.
     reconciler.reconcile(body(status=outcome.status))
-    assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME))) == 1
+    assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME, UID))) == 1
 
 
 def test_a_ready_cluster_gets_the_job_with_the_rljobs_token(world):
@@ -218,7 +218,7 @@ def test_a_ready_cluster_gets_the_job_with_the_rljobs_token(world):
     outcome = reconciler.reconcile(body())
     submission_id = naming.ray_job_submission_id(NAME, UID, attempt=0)
     assert jobs.jobs[submission_id]["metadata"][JOB_METADATA_WORKER_PODS] == f"{NAME}-worker-0,{NAME}-worker-1"
-    secret = kube.objects[("Secret", naming.auth_secret_name(NAME))]
+    secret = kube.objects[("Secret", naming.auth_secret_name(NAME, UID))]
     assert jobs.tokens[-1] == base64.b64decode(secret["data"][AUTH_SECRET_KEY]).decode()
     # Any replica or restart of the operator derives the same token from its key.
     assert jobs.tokens[-1] == make_world()[0]._token(RLJobRef(NAME, NS, UID))
@@ -706,11 +706,13 @@ def test_a_head_that_refuses_the_derived_token_is_a_condition_and_the_secret_is_
     jobs.get_job = refuse
     outcome = reconciler.reconcile(body(status=first.status))
     ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
-    assert ready["reason"] == "TokenRefused" and f"Delete Secret {naming.auth_secret_name(NAME)}" in ready["message"]
+    assert (
+        ready["reason"] == "TokenRefused" and f"Delete Secret {naming.auth_secret_name(NAME, UID)}" in ready["message"]
+    )
     assert ("Warning", "TokenRefused") in [(e.type, e.reason.value) for e in outcome.events]
-    del kube.objects[("Secret", naming.auth_secret_name(NAME))]  # what the message says to do
+    del kube.objects[("Secret", naming.auth_secret_name(NAME, UID))]  # what the message says to do
     reconciler.reconcile(body(status=outcome.status))
-    assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME))) == 2
+    assert kube.writes.count(("create", "Secret", naming.auth_secret_name(NAME, UID))) == 2
 
 
 # --- spec.environments ---------------------------------------------------------------------------------
@@ -746,8 +748,8 @@ def test_each_environment_gets_its_policy_service_and_deployment_and_pods_once_a
     outcome = reconciler.reconcile(body(job=_agent_job(), environments=[CABINET, SANDBOX]))
     created = [w[1:] for w in kube.writes if w[0] == "create"]
     assert created == [
-        ("Secret", naming.auth_secret_name(NAME)),
-        ("Secret", naming.environment_token_secret_name(NAME)),  # before any pod that reads it
+        ("Secret", naming.auth_secret_name(NAME, UID)),
+        ("Secret", naming.environment_token_secret_name(NAME, UID)),  # before any pod that reads it
         ("ConfigMap", naming.config_map_name(NAME)),
         ("NetworkPolicy", naming.network_policy_name(NAME)),
         ("ServiceAccount", naming.environment_service_account_name(NAME)),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, DecimalException
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -86,21 +86,6 @@ def _one_quantity_error(value: object, handler: ValidatorFunctionWrapHandler) ->
         ) from None
 
 
-Quantity = Annotated[
-    Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)],
-    WrapValidator(_one_quantity_error),
-]
-
-
-def cpu_cores(quantity: Quantity) -> float:
-    """CPU cores of a quantity ("4", 4, "0.5", "500m"); ValueError for other suffixes."""
-    text = str(quantity)
-    try:
-        return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
-    except ValueError:
-        raise ValueError(f'{quantity!r} is not a CPU amount such as 4, "0.5" or "500m"') from None
-
-
 _QUANTITY_SUFFIXES = {
     **{suffix: Decimal(1024) ** power for power, suffix in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
     **{suffix: Decimal(10) ** power for suffix, power in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6))},
@@ -117,9 +102,36 @@ def quantity_amount(quantity: Quantity) -> Decimal:
     number = re.match(r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))", text)
     assert number is not None  # the pattern above starts so
     digits, suffix = number.group(0), text[number.end() :]
-    if suffix[:1] in ("e", "E"):
+    # The known suffixes first: "E" and "Ei" are exa and exbi, not an exponent with no digits.
+    if suffix in _QUANTITY_SUFFIXES:
+        return Decimal(digits) * _QUANTITY_SUFFIXES[suffix]
+    try:  # "1e3"; an exponent past what Decimal holds ("1e99999999999") overflows
         return Decimal(digits) * Decimal(10) ** Decimal(suffix[1:])
-    return Decimal(digits) * _QUANTITY_SUFFIXES[suffix]
+    except DecimalException:
+        raise ValueError(f"{quantity!r} is too large an amount: use {QUANTITY_HINT}") from None
+
+
+def _an_amount(quantity: int | str) -> int | str:
+    """A quantity the pattern accepts but whose amount is out of range is refused where it is
+    read, so the error names its field (the webhook and the reconcile report parse problems)."""
+    quantity_amount(quantity)
+    return quantity
+
+
+Quantity = Annotated[
+    Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)],
+    WrapValidator(_one_quantity_error),
+    AfterValidator(_an_amount),
+]
+
+
+def cpu_cores(quantity: Quantity) -> float:
+    """CPU cores of a quantity ("4", 4, "0.5", "500m"); ValueError for other suffixes."""
+    text = str(quantity)
+    try:
+        return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        raise ValueError(f'{quantity!r} is not a CPU amount such as 4, "0.5" or "500m"') from None
 
 
 class _Model(BaseModel):

@@ -146,8 +146,11 @@ TMP_MOUNT_PATH = "/tmp"
 VOLUME_TMP = "tmp"
 # What the operator itself puts into every Ray pod; an RLJob's own spec.volumes / spec.env must not
 # reuse these names (validation.py), or the pod would have two volumes or two values of one name.
+# The environment token only goes in when the job has spec.environments: without them, a job may set
+# RLDOCK_ENV_TOKEN itself (the token of an environment server it reaches elsewhere).
 OPERATOR_VOLUMES = (VOLUME_JOB_CONFIG, VOLUME_CHECKPOINTS, VOLUME_SHM, VOLUME_TMP)
-OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN, ENV_ENVIRONMENT_TOKEN)
+OPERATOR_ENV = (ENV_JOB_CONFIG, ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)
+OPERATOR_ENVIRONMENTS_ENV = (ENV_ENVIRONMENT_TOKEN,)
 
 # --- The pod security profile of every Ray pod ---------------------------------------------------
 # The `restricted` Pod Security Standard (docs/security.md): non-root, no privilege escalation, no

@@ -11,7 +11,7 @@ of one kind, per RLJob `J` (its RayCluster `C`, normally `J` itself):
 
     kind            rldock                                  KubeRay
     ConfigMap       J-config
-    Secret          J-ray-auth, J-env-token-<16 hex>
+    Secret          J-ray-auth-<16 hex>, J-env-token-<16 hex>
     NetworkPolicy   J-ray, J-env-<entry>-<16 hex>
     Service         J-env-<entry>-<16 hex>                  C-head-svc (and C-serve-svc, C-headless-worker-svc)
     Deployment      J-env-<entry>-<16 hex>
@@ -22,8 +22,11 @@ whose first part is free (`<rljob>-env-<entry>`: job `math` with entry `v2-head-
 `math-env-v2`'s `math-env-v2-head-svc`) is therefore closed by 16 hex digits of a hash of the RLJob
 and entry names (`unforgeable`): no fixed ending above ends in 16 hex digits, and a shortened name
 (`<prefix>-<8 hex>`) has a `-` where this has a digit. Two such names meet only on a 64-bit hash
-collision. And whatever the names, the reconciler never takes over an object some other RLJob (or
-nobody) controls: it reports it (reconcile.py, `_read_owned`).
+collision. The Secrets' hash also covers the RLJob's uid: the operator may only create Secrets and
+takes one that exists as its own, so a re-created RLJob of the same name must not meet the old
+one's Secrets while the garbage collector has yet to delete them. And whatever the names, the
+reconciler never takes over an object some other RLJob (or nobody) controls: it reports it
+(reconcile.py, `_read_owned`).
 """
 
 from __future__ import annotations
@@ -86,9 +89,12 @@ def config_map_name(rljob_name: str) -> str:
     return dns_label(f"{rljob_name}-config")
 
 
-def auth_secret_name(rljob_name: str) -> str:
-    """The Secret holding the Ray cluster's auth token (Ray token authentication)."""
-    return dns_label(f"{rljob_name}-ray-auth")
+def auth_secret_name(rljob_name: str, uid: str) -> str:
+    """The Secret holding the Ray cluster's auth token (Ray token authentication),
+    `<rljob>-ray-auth-<16 hex>`. The uid is in the hash because the operator only creates Secrets
+    and takes one that exists as made: an RLJob deleted and re-created under its name would
+    otherwise take the old one's Secret, with the old token, until the collector deletes it."""
+    return unforgeable(f"{rljob_name}-ray-auth", rljob_name, uid, "ray-auth")
 
 
 def head_service_name(rljob_name: str) -> str:
@@ -140,6 +146,7 @@ def environment_service_account_name(rljob_name: str) -> str:
     return unforgeable(f"{rljob_name}-env", rljob_name, "env-service-account")
 
 
-def environment_token_secret_name(rljob_name: str) -> str:
-    """The Secret holding the job's environment token (builders/secret.py)."""
-    return unforgeable(f"{rljob_name}-env-token", rljob_name, "env-token")
+def environment_token_secret_name(rljob_name: str, uid: str) -> str:
+    """The Secret holding the job's environment token (builders/secret.py), one per RLJob object
+    (the uid: see auth_secret_name)."""
+    return unforgeable(f"{rljob_name}-env-token", rljob_name, uid, "env-token")

@@ -175,6 +175,12 @@ class EnvironmentPolicy(_Model):
     max_cpu: Quantity = Field(default="4", description="Largest spec.environments[].resources.cpu.")
     max_memory: Quantity = Field(default="16Gi", description="Largest spec.environments[].resources.memory.")
     max_ephemeral_storage: Quantity = Field(default="10Gi", description="Largest spec.environments[].ephemeralStorage.")
+    max_pods: int = Field(
+        default=32,
+        ge=1,
+        description="Most pods of one RLJob's environments in all (spec.environments[].replicas summed): the "
+        "per-entry bounds alone would allow 16 entries x maxReplicas.",
+    )
     egress: list[EgressRule] = Field(
         default_factory=list,
         description="Egress rules (NetworkPolicy `egress` items) of every environment pod, besides DNS; empty: "
@@ -409,6 +415,7 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
             problems.append(_denied(path, "image", image, "imagePrefixes", policy.image_prefixes))
     for index, environment in enumerate(spec.environments):
         problems += _environment_bounds(f"spec.environments[{index}]", environment, policy.environments)
+    problems += _environment_total(spec.environments, policy.environments)
     problems += _scheduling_problems(spec, policy)
     for index, toleration in enumerate(spec.cluster.tolerations):
         problems += _toleration_problem(f"spec.cluster.tolerations[{index}]", toleration, policy)
@@ -433,6 +440,21 @@ def _environment_bounds(path: str, environment: Environment, policy: Environment
         )
         for field, rule, value, bound in asked
         if quantity_amount(value) > quantity_amount(bound)
+    ]
+
+
+def _environment_total(environments: list[Environment], policy: EnvironmentPolicy) -> list[Problem]:
+    """All entries' pods together beyond `policy.environments.maxPods`."""
+    total = sum(environment.replicas for environment in environments)
+    if total <= policy.max_pods:
+        return []
+    return [
+        Problem(
+            "spec.environments",
+            f"the entries' replicas add up to {total} pods, more than the cluster's policy allows "
+            f"({CHART_PREFIX}.environments.maxPods: {policy.max_pods}); ask for at most {policy.max_pods} in all "
+            "(fewer replicas or entries) or ask the cluster admin to raise it",
+        )
     ]
 
 

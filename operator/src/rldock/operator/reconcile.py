@@ -398,21 +398,23 @@ class Reconciler:
     def _ensure_secret(self, rnd: Round, out: Outcome) -> str:
         """The Ray auth token of this RLJob, derived from the operator's key (tokens.py), and the
         Secret the Ray pods read it from, created once and never read back: the operator's role
-        holds only `create` on Secrets. An existing Secret of that name is taken as made."""
+        holds only `create` on Secrets. An existing Secret of that name is taken as made: its name
+        hashes the RLJob's uid (naming.py), so no earlier RLJob of the same name left it."""
         token = self._token(rnd.ref)
         if rnd.ref.uid not in self._secrets_made:
             if _create(self.kube, build_auth_secret(job=rnd.ref, token=token)) is not None:
                 out.event(
                     "Normal",
                     EventReason.CREATED_AUTH_SECRET,
-                    f"created Secret {naming.auth_secret_name(rnd.ref.name)} with the Ray auth token",
+                    f"created Secret {naming.auth_secret_name(rnd.ref.name, rnd.ref.uid)} with the Ray auth token",
                 )
             self._secrets_made.add(rnd.ref.uid)
         return token
 
     def _ensure_environment_token(self, rnd: Round, out: Outcome) -> None:
         """The Secret with the job's environment token, a random one drawn when the Secret is made:
-        the operator never reads it back (its role may only create Secrets), nor needs it."""
+        the operator never reads it back (its role may only create Secrets), nor needs it. One that
+        exists is taken as made; its name hashes the RLJob's uid, as the Ray auth Secret's does."""
         if rnd.ref.uid in self._environment_tokens_made:
             return
         secret = build_environment_token_secret(job=rnd.ref, token=self._draw_token())
@@ -617,7 +619,7 @@ class Reconciler:
                     previous_id = rnd.submission_id(attempt - 1)
                     previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
             except TokenRefused as error:
-                secret = naming.auth_secret_name(rnd.ref.name)
+                secret = naming.auth_secret_name(rnd.ref.name, rnd.ref.uid)
                 self._secrets_made.discard(rnd.ref.uid)  # made again once someone deletes it
                 raise BlockedRound(
                     Blocked(

@@ -27,6 +27,7 @@ from rldock.operator.constants import (
     ENV_ENVIRONMENT_TOKEN,
     IMAGE_PATTERN,
     OPERATOR_ENV,
+    OPERATOR_ENVIRONMENTS_ENV,
     OPERATOR_VOLUMES,
     RAY_GPU,
     RAY_RESERVED_RESOURCES,
@@ -412,6 +413,14 @@ def _env_problems(spec: RLJobSpec) -> list[Problem]:
                     f"{path}.name",
                     f"{var.name!r} is set by the operator in every Ray pod "
                     f"({', '.join(OPERATOR_ENV)}); choose another name",
+                )
+            )
+        elif var.name in OPERATOR_ENVIRONMENTS_ENV and spec.environments:
+            problems.append(
+                Problem(
+                    f"{path}.name",
+                    f"{var.name!r} is set by the operator in every Ray pod of a job with spec.environments (the "
+                    "token of the job's own environment servers); remove it, or choose another name",
                 )
             )
         elif not _ENV_NAME.match(var.name):

@@ -271,7 +271,9 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
             {"name": ENV_RAY_AUTH_MODE, "value": RAY_AUTH_MODE_TOKEN},
             {
                 "name": ENV_RAY_AUTH_TOKEN,
-                "valueFrom": {"secretKeyRef": {"name": naming.auth_secret_name(job.name), "key": AUTH_SECRET_KEY}},
+                "valueFrom": {
+                    "secretKeyRef": {"name": naming.auth_secret_name(job.name, job.uid), "key": AUTH_SECRET_KEY}
+                },
             },
             *(_dump(var) for var in spec.env),
             # The job's environment token, which its clients send the environments' servers; only a
@@ -295,7 +297,7 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
 
 def environment_token_env(job: RLJobRef) -> dict[str, Any]:
     """RLDOCK_ENV_TOKEN from the job's environment token Secret, in the Ray pods and the environments'."""
-    secret = naming.environment_token_secret_name(job.name)
+    secret = naming.environment_token_secret_name(job.name, job.uid)
     return {
         "name": ENV_ENVIRONMENT_TOKEN,
         "valueFrom": {"secretKeyRef": {"name": secret, "key": ENVIRONMENT_TOKEN_KEY}},

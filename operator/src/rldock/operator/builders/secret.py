@@ -22,12 +22,16 @@ from rldock.operator.constants import AUTH_SECRET_KEY, ENVIRONMENT_TOKEN_KEY
 
 
 def build_auth_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
-    return _token_secret(job, naming.auth_secret_name(job.name), AUTH_SECRET_KEY, token, "the Ray auth token")
+    return _token_secret(job, naming.auth_secret_name(job.name, job.uid), AUTH_SECRET_KEY, token, "the Ray auth token")
 
 
 def build_environment_token_secret(*, job: RLJobRef, token: str) -> dict[str, Any]:
     return _token_secret(
-        job, naming.environment_token_secret_name(job.name), ENVIRONMENT_TOKEN_KEY, token, "the environment token"
+        job,
+        naming.environment_token_secret_name(job.name, job.uid),
+        ENVIRONMENT_TOKEN_KEY,
+        token,
+        "the environment token",
     )
 
 
