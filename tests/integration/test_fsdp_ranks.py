@@ -295,10 +295,12 @@ def _critic_batch(seed: int):
 
 
 def _critic(policy_dir: str, *, rank: int, world_size: int, banks):
+    from rldock.runtime.algorithms.recipes import job_recipe
     from rldock.runtime.workers.critic import CriticWorker
 
+    cfg = _critic_cfg(policy_dir, world_size)
     critic = CriticWorker(
-        _critic_cfg(policy_dir, world_size), policy_dir=policy_dir, banks=banks, rank=rank, world_size=world_size
+        cfg, recipe=job_recipe(cfg), policy_dir=policy_dir, banks=banks, rank=rank, world_size=world_size
     )
     # `_adamw`'s well-conditioned first step, for the comparison with one process; join_group builds
     # it on the layout's parameters, a lone rank keeps the one built here.
@@ -315,16 +317,17 @@ def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: st
     """Two updates on FSDP critic ranks, a checkpoint between them; then a fresh group of fresh
     critics loads the checkpoint and runs the second update again."""
     from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group
+    from rldock.runtime.states import StageCall
 
     torch.set_num_threads(1)
     first, second = _critic_batch(1), _critic_batch(2)
     critic = _critic(policy_dir, rank=rank, world_size=WORLD, banks=RankShareDock(first, rank))
     critic.join_group(Rendezvous("127.0.0.1", ports[0]))
-    stats = critic.update(iteration=1)
+    stats = critic.update(StageCall(1))
     stepped = critic.backend.full_weights()
     critic.save(out_dir)
     critic.banks = RankShareDock(second, rank)
-    kept = critic.update(iteration=2)
+    kept = critic.update(StageCall(2))
     kept_weights = critic.backend.full_weights()
     dist.barrier()  # every rank's last collective has arrived before the group goes (see _fsdp_rank)
     destroy_process_group()
@@ -333,7 +336,7 @@ def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: st
     resumed.join_group(Rendezvous("127.0.0.1", ports[1]))
     resumed.load(out_dir)
     loaded = resumed.backend.full_weights()
-    again = resumed.update(iteration=2)
+    again = resumed.update(StageCall(2))
     torch.save(
         {
             "stats": stats,
@@ -352,6 +355,7 @@ def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: st
 
 def test_fsdp_critic_ranks_step_like_one_process_and_resume_from_their_checkpoint(tmp_path):
     from rldock.runtime.models import build_tiny_model
+    from rldock.runtime.states import StageCall
     from rldock.runtime.training.fsdp import FsdpBackend
 
     # 40 tokens (36 characters and 4 special ones): the batches' ids stay below 32
@@ -364,7 +368,7 @@ def test_fsdp_critic_ranks_step_like_one_process_and_resume_from_their_checkpoin
     whole = _critic(str(policy_dir), rank=0, world_size=1, banks=RankShareDock(_critic_batch(1), 0))
     whole.banks.rows = torch.arange(CRITIC_SAMPLES)
     assert type(whole.backend) is not FsdpBackend
-    expected = whole.update(iteration=1)
+    expected = whole.update(StageCall(1))
     for got in ranks:
         for name, tensor in whole.model.state_dict().items():
             torch.testing.assert_close(got["stepped"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)

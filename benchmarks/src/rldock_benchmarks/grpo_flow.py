@@ -29,6 +29,7 @@ from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.states import WorkerState
 
 # Per-sample bytes of each dock column for prompt length PL and response length SL (the schema
 # of docs/architecture.md: int64 token ids and masks, float32 logprobs and scalars; each sample's
@@ -245,8 +246,7 @@ class NodeAgent:
 
             timing = run_stage(
                 dock,
-                state,
-                columns,
+                WorkerState(state, None, "", consumes=columns),
                 compute,
                 rank=rank,
                 batch_size=batch,
@@ -262,8 +262,7 @@ class NodeAgent:
 
             timing = run_stage(
                 dock,
-                state,
-                columns,
+                WorkerState(state, None, "", consumes=columns),
                 update,
                 rank=rank,
                 batch_size=d.num_samples // num_ranks,

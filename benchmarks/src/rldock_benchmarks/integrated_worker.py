@@ -178,19 +178,20 @@ def device_pids(plan, ranks: Mapping[str, list]) -> dict[int, list[int]]:
 def run_job(cfg: JobConfig, output: Path, warm_start: Path | None) -> tuple[list[dict], dict[str, Any]]:
     """One job in fresh workers (the demo's warm-up copied in rather than redone); its records and
     what the meter saw while its iterations ran."""
-    from rldock.runtime.trainer import WARMUP_DIR, Trainer
+    from rldock.runtime.attempt import Attempt
+    from rldock.runtime.inputs import WARMUP_DIR
+    from rldock.runtime.trainer import Trainer
 
     class MeasuredTrainer(Trainer):
         """The trainer, with the meter started on the workers of each attempt it starts."""
 
         meter: ProcessMeter | None = None
 
-        def _start(self) -> int:
-            start_iteration = super()._start()
-            assert self._plan is not None and self.workers is not None  # both made by _start
-            self.meter = ProcessMeter(device_pids(self._plan, self.workers.ranks))
+        def _loop(self, attempt: Attempt, start_iteration: int, *, keep_inflight: bool) -> None:
+            assert attempt.plan is not None  # reserved on entering the attempt
+            self.meter = ProcessMeter(device_pids(attempt.plan, attempt.started().ranks))
             self.meter.start()
-            return start_iteration
+            super()._loop(attempt, start_iteration, keep_inflight=keep_inflight)
 
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)

@@ -138,7 +138,7 @@ def test_the_trainers_held_out_set_is_the_val_files_scored_by_the_jobs_reward(to
     import json
 
     from rldock.config import parse_job_config
-    from rldock.runtime.trainer import heldout_evaluation
+    from rldock.runtime.inputs import heldout_evaluation
 
     val = tmp_path / "val.jsonl"
     rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)] + [
@@ -177,7 +177,7 @@ def test_held_out_responses_are_scored_without_the_reward_model_term(tokenizer, 
     import json
 
     from rldock.config import parse_job_config
-    from rldock.runtime.trainer import heldout_evaluation
+    from rldock.runtime.inputs import heldout_evaluation
 
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(3)))

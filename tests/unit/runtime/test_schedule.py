@@ -1,4 +1,5 @@
-"""The order of an iteration's calls in each schedule, with a driver and banks that record them:
+"""The order of an iteration's calls in each schedule, with workers, a feed, bookkeeping and banks
+that record them:
 the run-ahead queues the next iteration before this one's update (Ray runs one actor's calls in
 submission order), and partial rollout launches the held states after that update."""
 
@@ -15,9 +16,10 @@ from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.sampling import DriverBatch
 from rldock.runtime.schedule import Driver, RunAheadSchedule, SyncSchedule
+from rldock.runtime.states import StageCall
 
 RECIPE = get_recipe("grpo")
-BEFORE, UPDATES = ("rollout", "actor_inference", "reference", "reward"), ("update",)
+BEFORE, UPDATES = ("rollout", "actor_inference", "reference", "reward", "advantage"), ("update",)
 GROUP_SIZE, ROUND_TOKENS = 2, 16
 ALGO = None  # read by sampling rounds only, which GRPO has not
 
@@ -51,42 +53,68 @@ def stage_result() -> dict:
     return {"dispatch_s": 0.0, "compute_s": 0.0}
 
 
-def recording_driver(tmp_path, log: list) -> Driver:
-    draws = iter(range(100))
+class WorkersDouble:
+    """The attempt's workers (attempt.WorkerGroups): logs each launch, every rank returns at once."""
 
-    def launch(iteration, states, *, sampling_round=0, round_tokens=None):
-        log.append(("launch", iteration, tuple(states), round_tokens))
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def launch(self, call: StageCall, specs) -> dict[str, list]:
+        states = tuple(spec.name for spec in specs)
+        if states == ("rollout_resume",):  # partial rollout's second round, on the engines
+            self.log.append(("finish_rollout", call.iteration))
+        else:
+            self.log.append(("launch", call.iteration, states, call.round_tokens))
         return {state: [ray.put(stage_result())] for state in states}
 
-    def draw(num_prompts=None) -> DriverBatch:
-        log.append(("draw", next(draws)))
+    def skip_turns(self, iteration: int, states: list[str]) -> None:
+        pass
+
+
+class FeedDouble:
+    """The job's feed (sampling.Feed): logs each draw; its position is the log's length."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.draws = log, iter(range(100))
+
+    def draw(self, num_prompts=None) -> DriverBatch:
+        self.log.append(("draw", next(self.draws)))
         return DriverBatch(
             TensorDict({"prompt_ids": torch.zeros(2 * GROUP_SIZE, 3)}, batch_size=[2 * GROUP_SIZE]),
             prompt_lengths=[3, 3],
         )
 
-    def finish_rollout(iteration):
-        log.append(("finish_rollout", iteration))
-        return [ray.put(stage_result())]
+    def state_dict(self) -> dict:
+        return {"drawn": len(self.log)}
 
-    def later(fn, *args):
-        log.append(("later", fn.__name__))
+
+class BooksDouble:
+    """The bookkeeping (bookkeeping.Bookkeeper) run inline, logging each call; counters always in."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def later(self, fn, *args):
+        self.log.append(("later", fn.__name__))
         return fn(*args)
 
-    return Driver(
+    def wait(self) -> None:
+        pass
+
+
+def recording_driver(tmp_path, log: list) -> Driver:
+    books = BooksDouble(log)
+    driver = Driver(
         recipe=RECIPE,
         output_dir=tmp_path,
         group_size=GROUP_SIZE,
-        before_update=BEFORE,
-        updates=UPDATES,
-        launch=launch,
-        draw=draw,
-        sampler_state=lambda: {"drawn": len(log)},
-        finish_rollout=finish_rollout,
-        skip_turns=lambda iteration, states: None,
-        before_put=lambda: None,
-        later=later,
+        workers=WorkersDouble(log),
+        feed=FeedDouble(log),
+        books=books,
+        counters=books,
     )
+    assert (driver.before_update, driver.updates) == (BEFORE, UPDATES)
+    return driver
 
 
 def banks_of(log: list, count: int) -> DockBanks:
@@ -152,7 +180,7 @@ def test_partial_rollout_launches_the_held_states_after_the_update_that_cut_the_
     launches = [entry for entry in log if entry[0] in ("launch", "finish_rollout")]
     assert launches == [
         ("launch", 1, BEFORE, None),
-        ("launch", 2, ("rollout", "reference", "reward"), ROUND_TOKENS),
+        ("launch", 2, ("rollout", "reference", "reward", "advantage"), ROUND_TOKENS),
         ("launch", 1, UPDATES, None),
         ("finish_rollout", 2),
         ("launch", 2, ("actor_inference",), None),

@@ -10,14 +10,16 @@ import pytest
 from rldock.config.job import JobConfig
 from rldock.config.problems import find_problems
 from rldock.contract.placement import SeatRequest, plan_placement
-from rldock.runtime import trainer as trainer_module
+from rldock.runtime import attempt as attempt_module
 from rldock.runtime.algorithms.recipes import RECIPES, get_recipe, job_recipe
+from rldock.runtime.attempt import Attempt, WorkerGroups
 from rldock.runtime.dataflow import PROMPT, RESPONSE
 from rldock.runtime.phase_schedule import job_schedules, phase_order
 from rldock.runtime.states import (
     ACTOR,
     REWARD_MODEL,
     UPDATE,
+    StageCall,
     WorkerContext,
     WorkerGroup,
     WorkerState,
@@ -25,7 +27,6 @@ from rldock.runtime.states import (
     placement_plan,
     worker_groups,
 )
-from rldock.runtime.trainer import Trainer, WorkerGroups
 
 P, R = PROMPT, RESPONSE
 GRPO_CONSUMES = {
@@ -280,13 +281,22 @@ class _Handle:
         return _Call(self._log, self._name, method)
 
 
-def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch):
+def test_an_attempt_creates_and_launches_a_state_added_by_one_spec(monkeypatch):
     cfg = _cfg(kl_coef=0.0)
-    trainer = Trainer.__new__(Trainer)  # its workers only: no data, model or Ray
-    trainer.cfg, trainer.recipe, trainer.banks = cfg, _with_toy(job_recipe(cfg)), "banks"
-    trainer.reference_dir, trainer.data_files = "/ref", type("Files", (), {"train": ["train.jsonl"]})()
-    trainer._environment_urls = {}  # no agent.environment servers
-    trainer._plan, trainer._placement = placement_plan(cfg, trainer.recipe.specs), "group"
+    recipe = _with_toy(job_recipe(cfg))
+    inputs = type("Inputs", (), {"recipe": recipe})()  # the job inputs an attempt's workers read
+    attempt = Attempt(cfg, inputs, output_dir="/out", resume_from=None)  # its workers only: no data, model or Ray
+    attempt.plan, attempt.placement = placement_plan(cfg, recipe.specs), "group"
+    context = WorkerContext(
+        cfg=cfg,
+        recipe=recipe,
+        banks="banks",
+        policy_dir="/policy",
+        reference_dir="/ref",
+        adapter_dir=None,
+        policy_version=0,
+        train_files=["train.jsonl"],
+    )
     created, calls = [], []
 
     def start(cls, *, seat=None):
@@ -297,22 +307,22 @@ def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch)
 
         return Starter()
 
-    monkeypatch.setattr(trainer_module.cluster, "seated", lambda cls, *, group, plan, seat: start(cls, seat=seat))
+    monkeypatch.setattr(attempt_module.cluster, "seated", lambda cls, *, group, plan, seat: start(cls, seat=seat))
     monkeypatch.setattr(
-        trainer_module.cluster,
+        attempt_module.cluster,
         "seated_together",
         lambda cls, *, group, plan, seats, max_concurrency: start(cls, seat=tuple(seats)),
     )
-    monkeypatch.setattr(trainer_module.cluster, "remote", lambda cls, *, num_cpus: start(cls))
-    monkeypatch.setattr(trainer_module.ray, "get", lambda refs: refs)
-    monkeypatch.setattr(trainer_module, "engine_environments", lambda seats, generation_tp: {})
-    monkeypatch.setattr(trainer_module, "hand_out_turns", lambda *args: None)
+    monkeypatch.setattr(attempt_module.cluster, "remote", lambda cls, *, num_cpus: start(cls))
+    monkeypatch.setattr(attempt_module.ray, "get", lambda refs: refs)
+    monkeypatch.setattr(attempt_module, "engine_environments", lambda seats, generation_tp: {})
+    monkeypatch.setattr(attempt_module, "hand_out_turns", lambda *args: None)
 
-    workers = trainer._create_workers("/policy", policy_version=0)
+    workers = attempt.create_workers(context)
     # The toy seat shares device 0 with actor rank 0: one device worker holds both (device_worker.py).
     [device] = [entry for entry in created if entry[0] == "DeviceWorker"]
     _, seats, (roles,) = device
-    assert seats == (trainer._plan.group("actor")[0], trainer._plan.group("toy")[0])
+    assert seats == (attempt.plan.group("actor")[0], attempt.plan.group("toy")[0])
     toy = roles[1]
     assert (toy.name, toy.cls, toy.arguments()) == (
         "toy 0",
@@ -320,18 +330,18 @@ def test_the_trainer_creates_and_launches_a_state_added_by_one_spec(monkeypatch)
         {"cfg": cfg, "banks": "banks", "tag": "toy 0/1"},
     )
     assert set(workers.ranks) == {"actor", "toy", "reward"}  # the reward computes the advantage (fused)
-    trainer.workers = workers
     calls.clear()
-    futures = trainer._launchers(7, 2, 16)["toy_score"]()
+    call = StageCall(7, sampling_round=2, round_tokens=16)
+    futures = workers.launch(call, [recipe.spec("toy_score")])["toy_score"]
     assert len(futures) == 1 and calls == [
-        (f"DeviceWorker#{created.index(device)}", "call", ("toy 0", 0, "score", 7), {})
+        (f"DeviceWorker#{created.index(device)}", "call", ("toy 0", 0, "score", call), {})
     ]
     calls.clear()
-    trainer._launchers(7, 2, 16)["rollout"]()  # the rollout's spec takes the round too
+    workers.launch(call, [recipe.spec("rollout")])  # every state gets the same one call
     [(_, _, (role, _, method, *arguments), _)] = calls
-    assert (role, method, tuple(arguments)) == ("actor 0", "generate", (7, 2, 16))
-    assert trainer._update_states() == ("update",)
-    assert "toy_score" in trainer._before_update_states()
+    assert (role, method, tuple(arguments)) == ("actor 0", "generate", (call,))
+    assert recipe.training_states == ("update",)
+    assert "toy_score" in recipe.launched_states
 
 
 def test_worker_groups_run_a_state_on_its_ranks_or_its_engines():

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rldock.config.job import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.threads import apply_thread_budget, compute_workers_per_node, thread_share
 
 
@@ -58,17 +59,21 @@ def _cfg(name="grpo", *, kl_coef=0.04, dp=1, tp=1, nodes=1, num_threads=None, re
     ],
 )
 def test_compute_workers_per_node_counts_the_ranks_the_flow_starts(cfg, workers):
-    assert compute_workers_per_node(cfg) == workers
+    assert compute_workers_per_node(cfg, job_recipe(cfg)) == workers
+
+
+def _budget(cfg: JobConfig, device_kind: str) -> int | None:
+    return apply_thread_budget(cfg, job_recipe(cfg), device_kind=device_kind, role="test")
 
 
 def test_budget_sets_torch_threads_on_cpu_only_and_not_when_switched_off():
     before = torch.get_num_threads()
     try:
-        assert apply_thread_budget(_cfg(num_threads=0), device_kind="cpu", role="test") is None
+        assert _budget(_cfg(num_threads=0), "cpu") is None
         assert torch.get_num_threads() == before
-        assert apply_thread_budget(_cfg(num_threads=3), device_kind="npu", role="test") is None
-        assert apply_thread_budget(_cfg(num_threads=3), device_kind="cpu", role="test") == 3
+        assert _budget(_cfg(num_threads=3), "npu") is None
+        assert _budget(_cfg(num_threads=3), "cpu") == 3
         assert torch.get_num_threads() == 3
-        assert apply_thread_budget(_cfg(), device_kind="cpu", role="test") >= 1
+        assert (_budget(_cfg(), "cpu") or 0) >= 1
     finally:
         torch.set_num_threads(before)

@@ -7,6 +7,7 @@ without models or workers (only what these steps use), so this runs in seconds.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -147,34 +148,34 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = SimpleNamespace(iterations=2)
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
-    trainer.recipe, trainer.max_restarts = RECIPE, max_restarts
-    trainer.resume_from = trainer.workers = trainer.banks = trainer._placement = trainer.schedule = None
-    trainer._turns = None  # no serial phase schedule
-    trainer._environment_servers, trainer._environment_urls = None, {}  # no agent environment servers
+    trainer.max_restarts, trainer.resume_from = max_restarts, None
     docks: list[TransferDock] = []
+    kept: list[bool] = []
 
-    def start() -> int:  # the workers' start, less the workers
+    @contextlib.contextmanager
+    def attempt():  # an attempt's dock, less its workers
         docks.append(
             TransferDock.create(
                 DockSpec(timeout_s=0.5), states=dict(RECIPE.consumes), num_samples=NUM_SAMPLES, group_size=GROUP_SIZE
             )
         )
-        return 1
+        yield docks[-1]
 
-    def loop(start_iteration: int) -> None:
+    def loop(dock: TransferDock, start_iteration: int, *, keep_inflight: bool) -> None:
+        kept.append(keep_inflight)
         if len(docks) == 1:  # the first attempt's node is lost before its next iteration
             kill_actor(docks[0]._route.peers()[0].handle)
             docks[0].reset()
 
-    trainer._start, trainer._loop = start, loop
+    trainer._attempt, trainer._loop = attempt, loop
     try:
         if max_restarts == 0:
             with pytest.raises(DockActorDiedError):
                 trainer.run()
-            assert len(docks) == 1
+            assert len(docks) == 1 and kept == [False]  # the last attempt keeps nothing for a retry
         else:
             assert trainer.run() == []
-            assert len(docks) == 2
+            assert len(docks) == 2 and kept == [True, False]
     finally:
         for dock in docks:
             dock.shutdown()

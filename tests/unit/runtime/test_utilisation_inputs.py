@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
-from rldock.runtime import trainer as trainer_module
-from rldock.runtime.trainer import Trainer
+from rldock.runtime import utilisation as utilisation_module
+from rldock.runtime.utilisation import UtilisationInputs, measure_utilisation_inputs
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 LLAMA_CONFIG = {
@@ -28,21 +28,18 @@ GPT2_CONFIG = {"n_layer": 2, "n_embd": 8, "n_head": 2, "vocab_size": 10}  # what
 MEASURED = {"device_kind": "cpu", "measured": {"float32": {"peak_flops": 1e11, "bandwidth": 1e10}}}
 
 
-def _trainer(tmp_path, monkeypatch, config: dict, found: dict) -> Trainer:
-    """A Trainer with only what `_utilisation_inputs` reads: the config, the reference's config.json
-    and actor rank 0, whose `device_rates` answers `found` (no Ray: ray.get hands it through)."""
+def _measure(tmp_path, monkeypatch, config: dict, found: dict) -> UtilisationInputs | None:
+    """The inputs from the demo's config, the reference's config.json `config` and actor rank 0,
+    whose `device_rates` answers `found` (no Ray: ray.get hands it through)."""
     (tmp_path / "config.json").write_text(json.dumps(config))
     actor = types.SimpleNamespace(device_rates=types.SimpleNamespace(remote=lambda dtypes: found))
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text()))
-    trainer.reference_dir = tmp_path
-    trainer._started = lambda: types.SimpleNamespace(actors=[actor])  # type: ignore[method-assign]
-    monkeypatch.setattr(trainer_module.ray, "get", lambda value: value)
-    return trainer
+    cfg = parse_job_config(yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text()))
+    monkeypatch.setattr(utilisation_module.ray, "get", lambda value: value)
+    return measure_utilisation_inputs(cfg, tmp_path, actor)
 
 
 def test_a_llama_style_config_and_a_measurement_give_the_inputs(tmp_path, monkeypatch):
-    inputs = _trainer(tmp_path, monkeypatch, LLAMA_CONFIG, MEASURED)._utilisation_inputs()
+    inputs = _measure(tmp_path, monkeypatch, LLAMA_CONFIG, MEASURED)
     assert inputs is not None and inputs.shape.num_layers == 2
     assert inputs.rates.peak_flops == {"float32": 1e11} and inputs.rates.shared
 
@@ -58,8 +55,7 @@ def test_a_llama_style_config_and_a_measurement_give_the_inputs(tmp_path, monkey
 def test_a_count_that_cannot_be_made_leaves_the_metrics_off_with_a_warning(
     tmp_path, monkeypatch, caplog, config, found, why
 ):
-    trainer = _trainer(tmp_path, monkeypatch, config, found)
-    with caplog.at_level(logging.WARNING, logger=trainer_module.__name__):
-        assert trainer._utilisation_inputs() is None
+    with caplog.at_level(logging.WARNING, logger=utilisation_module.__name__):
+        assert _measure(tmp_path, monkeypatch, config, found) is None
     (warning,) = caplog.records
     assert warning.getMessage().startswith("no mfu/ metrics") and why in warning.getMessage()

@@ -261,7 +261,7 @@ def test_the_trainer_warms_an_agent_job_up_on_its_demonstrations(chat_dir, tmp_p
     """prepare_initial_policy hands the job's renderer to the warm-up (without it demonstrations are refused)."""
     from rldock.config import parse_job_config
     from rldock.runtime.agent.loading import job_conversation
-    from rldock.runtime.trainer import prepare_initial_policy
+    from rldock.runtime.inputs import prepare_initial_policy
 
     (tmp_path / "own_tools.py").write_text(OWN_PYTHON_TOOL)
     train = tmp_path / "train.jsonl"

@@ -14,9 +14,11 @@ at once, on the caller's thread (the ablation's baseline).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from rldock.runtime.metrics import dock_traffic
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -64,3 +66,30 @@ class Bookkeeper:
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+
+
+class DockCounters:
+    """Each iteration's dock traffic (metrics.dock_traffic), read in the bookkeeping's order: `read`
+    returns the Future of a bank's traffic since its own last read, and `wait` (before the driver's
+    next put into the dock) blocks until the last read is in, so the counters hold exactly that
+    iteration's traffic. One per attempt: a new attempt's banks count from zero."""
+
+    def __init__(self, bookkeeper: Bookkeeper, docks: Sequence[Any]):
+        self.bookkeeper, self.docks = bookkeeper, list(docks)
+        self._last_stats: dict[int, dict] = {}  # per bank: its cumulative stats when last read
+        self._last_read: Future | None = None
+
+    def read(self, dock: Any) -> Future:
+        self._last_read = self.bookkeeper.later(self._traffic, dock)
+        return self._last_read
+
+    def wait(self) -> None:
+        if self._last_read is not None:  # the last iteration's counters, read before this write counts
+            self._last_read.result()
+
+    def _traffic(self, dock: Any) -> dict:
+        bank = self.docks.index(dock)  # each bank's counters advance only with its iterations
+        stats = dock.stats()
+        traffic = dock_traffic(self._last_stats.get(bank), stats)
+        self._last_stats[bank] = stats
+        return traffic

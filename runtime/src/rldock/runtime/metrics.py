@@ -13,7 +13,8 @@ from typing import Any
 from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
 from rldock.runtime.agent.metrics import agent_metrics
 from rldock.runtime.rewards import merge_reward_metrics
-from rldock.runtime.rollout.partial import RESUME_STATE, partial_metrics
+from rldock.runtime.rollout.partial import partial_metrics
+from rldock.runtime.states import CRITIC_INFERENCE, CRITIC_UPDATE, REWARD_STATE, ROLLOUT, ROLLOUT_RESUME
 from rldock.runtime.utilisation import UtilisationInputs, stage_utilisation
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,8 +68,8 @@ def iteration_record(
     time since the previous iteration ended (None for the loop's first). With `utilisation`, each
     stage's `flops/`, `mfu/` and the rollout's `mbu/` (utilisation.stage_utilisation).
     """
-    rewards = [x for r in results.get("reward", []) for x in r["rewards"]]
-    rollouts = results.get("rollout", []) + results.get(RESUME_STATE, [])  # partial rollout's two rounds
+    rewards = [x for r in results.get(REWARD_STATE.name, []) for x in r["rewards"]]
+    rollouts = results.get(ROLLOUT.name, []) + results.get(ROLLOUT_RESUME.name, [])  # partial rollout's two rounds
     response_lengths = list(driver_response_lengths) or [x for r in rollouts for x in r["response_lengths"]]
     updates = results[update_state]
     prompt_length = statistics.fmean(prompt_lengths)
@@ -79,7 +80,7 @@ def iteration_record(
     return {
         "iteration": iteration,
         **reward_stats,
-        **merge_reward_metrics([r["reward_metrics"] for r in results.get("reward", [])]),
+        **merge_reward_metrics([r["reward_metrics"] for r in results.get(REWARD_STATE.name, [])]),
         "response_length_mean": response_length,
         "prompt_length_mean": prompt_length,
         **update_metrics(updates),
@@ -91,9 +92,9 @@ def iteration_record(
             num_devices=num_devices,
             seconds=seconds,
         ),
-        **critic_metrics(results.get("critic_inference", []), results.get("critic_update", [])),
+        **critic_metrics(results.get(CRITIC_INFERENCE.name, []), results.get(CRITIC_UPDATE.name, [])),
         # one rollout result per engine (DAPO's rounds are merged per worker)
-        **({"rollout/num_engines": len(results["rollout"])} if results.get("rollout") else {}),
+        **({"rollout/num_engines": len(results[ROLLOUT.name])} if results.get(ROLLOUT.name) else {}),
         **per_rank_metrics(updates),
         **round_metrics,
         **(partial_metrics(rollouts) if partial_rollout else {}),

@@ -77,6 +77,27 @@ def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer
     return DriverBatch(batch, prompt_mask.sum(dim=1).tolist(), (lengths + 1).tolist())
 
 
+class Feed:
+    """What the driver draws each iteration: the recipe's batch (`algorithm` + `driver_batch`, a
+    name in BATCH_BUILDERS) of the next prompts in the seeded sampler's order. Lives as long as the
+    job; a checkpoint keeps its position (`state_dict`) and a resumed attempt loads it."""
+
+    def __init__(self, dataset: PromptDataset, sampler, tokenizer, algo: AlgorithmSpec, driver_batch: str):
+        self.dataset, self.sampler, self.tokenizer, self.algo = dataset, sampler, tokenizer, algo
+        self.build = BATCH_BUILDERS.get(driver_batch)
+
+    def draw(self, num_prompts: int | None = None) -> DriverBatch:
+        """The batch of the next `num_prompts` prompts (default G)."""
+        count = self.algo.num_prompts_per_iteration if num_prompts is None else num_prompts
+        return self.build(self.dataset, self.sampler.next_batch(count), self.tokenizer, self.algo)
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
 def merge_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
     """One stage's per-worker result dicts of several rounds -> one dict per worker: numbers summed,
     lists concatenated, dicts merged the same way key by key (the reward worker's metric sums and

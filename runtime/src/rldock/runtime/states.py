@@ -32,6 +32,7 @@ class WorkerContext:
     """What the trainer hands every worker group's constructor arguments (`WorkerGroup.arguments`)."""
 
     cfg: JobConfig
+    recipe: object  # the job's Recipe (algorithms/recipes.py: job_recipe), built once by the driver
     banks: object  # the DockBanks every stage reads and writes through
     policy_dir: str  # the policy the actor ranks start from (a checkpoint's when resuming)
     reference_dir: str  # the initial policy: the reference, the critic's body, the tokenizer
@@ -84,8 +85,18 @@ class WorkerState:
     trains: bool = False  # an update: launched after the other states, and last in the phase order
     # "ranks": every rank of the group; "engines": each generation replica's first actor rank
     runs_on: Literal["ranks", "engines"] = "ranks"
-    # The method also takes (sampling_round, round_tokens): DAPO's rounds and partial rollout's cut.
-    takes_round: bool = False
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """The one argument of every stage method: which iteration, and for the rollout DAPO's sampling
+    round (each round's groups get their own sampling seeds) and partial rollout's token budget
+    when a weight update follows (None: generate whole responses). The driver launches every state
+    of a round with the same call; a stage reads what it needs of it."""
+
+    iteration: int
+    sampling_round: int = 0
+    round_tokens: int | None = None
 
 
 # --- worker groups -------------------------------------------------------------------------------
@@ -94,6 +105,7 @@ class WorkerState:
 def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
     return {
         "cfg": ctx.cfg,
+        "recipe": ctx.recipe,
         "rank": rank,
         "world_size": world_size,
         "policy_dir": ctx.policy_dir,
@@ -106,24 +118,31 @@ def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
 
 
 def _reference_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {"cfg": ctx.cfg, "rank": rank, "reference_dir": ctx.reference_dir, "banks": ctx.banks}
+    return {"cfg": ctx.cfg, "recipe": ctx.recipe, "rank": rank, "reference_dir": ctx.reference_dir, "banks": ctx.banks}
 
 
 def _critic_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
     # The critic starts from the initial policy's body, whatever policy the actors resume from.
-    return {"cfg": ctx.cfg, "policy_dir": ctx.reference_dir, "banks": ctx.banks, "rank": rank, "world_size": world_size}
+    return {
+        "cfg": ctx.cfg,
+        "recipe": ctx.recipe,
+        "policy_dir": ctx.reference_dir,
+        "banks": ctx.banks,
+        "rank": rank,
+        "world_size": world_size,
+    }
 
 
 def _reward_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {"cfg": ctx.cfg, "tokenizer_dir": ctx.reference_dir, "banks": ctx.banks, "train_files": ctx.train_files}
+    return {**_tokenizer_arguments(ctx, rank, world_size), "train_files": ctx.train_files}
 
 
 def _advantage_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {"cfg": ctx.cfg, "banks": ctx.banks}
+    return {"cfg": ctx.cfg, "recipe": ctx.recipe, "banks": ctx.banks}
 
 
 def _tokenizer_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {"cfg": ctx.cfg, "tokenizer_dir": ctx.reference_dir, "banks": ctx.banks}
+    return {"cfg": ctx.cfg, "recipe": ctx.recipe, "tokenizer_dir": ctx.reference_dir, "banks": ctx.banks}
 
 
 # Each actor rank opens a device of its own (rldock.contract.placement) and holds the policy, its
@@ -162,8 +181,11 @@ ROLLOUT = WorkerState(
     consumes=PROMPT,
     produces=RESPONSE + POLICY_VERSION,
     runs_on="engines",
-    takes_round=True,
 )
+# Partial rollout's second round of a cut generation, launched by the run-ahead schedule after the
+# update that cut it (rollout/partial.py); it writes into the rollout's columns, so the dock has no
+# state of its own for it and no recipe lists it.
+ROLLOUT_RESUME = WorkerState("rollout_resume", ACTOR, "finish_rollout", consumes=(), runs_on="engines")
 ACTOR_INFERENCE = WorkerState(
     "actor_inference", ACTOR, "compute_old_logprobs", consumes=PROMPT + RESPONSE, produces=("old_logprobs",)
 )

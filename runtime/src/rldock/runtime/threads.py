@@ -20,7 +20,7 @@ import os
 import torch
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.states import states_layout
 
 logger = logging.getLogger(__name__)
@@ -31,11 +31,12 @@ def thread_share(num_cores: int, num_processes: int) -> int:
     return max(1, num_cores // max(1, num_processes))
 
 
-def compute_workers_per_node(cfg: JobConfig) -> int:
-    """Compute worker processes on the busiest node: the device workers the job's flow starts (its
+def compute_workers_per_node(cfg: JobConfig, recipe: Recipe) -> int:
+    """Compute worker processes on the busiest node: the device workers the job's flow (`recipe`,
+    the job's: job_recipe) starts (its
     actor ranks, reference ranks unless the flow skips the reference or LoRA moves it onto the
     actor ranks, critic ranks, reward model), spread evenly over the nodes."""
-    layout = states_layout(cfg, job_recipe(cfg).specs)
+    layout = states_layout(cfg, recipe.specs)
     return math.ceil(layout.num_device_workers / layout.num_nodes)
 
 
@@ -44,14 +45,14 @@ def node_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def apply_thread_budget(cfg: JobConfig, *, device_kind: str, role: str) -> int | None:
+def apply_thread_budget(cfg: JobConfig, recipe: Recipe, *, device_kind: str, role: str) -> int | None:
     """Set this process's torch threads to its budget on CPU devices; returns the threads set, or
     None where nothing was set (an accelerator device, or `training.num_threads: 0`)."""
     setting = cfg.training.num_threads
     if device_kind != "cpu" or setting == 0:
         logger.info("%s: torch threads left at %d", role, torch.get_num_threads())
         return None
-    cores, workers = node_cores(), compute_workers_per_node(cfg)
+    cores, workers = node_cores(), compute_workers_per_node(cfg, recipe)
     threads = setting if setting is not None else thread_share(cores, workers)
     torch.set_num_threads(threads)
     logger.info(

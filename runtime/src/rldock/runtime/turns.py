@@ -26,6 +26,7 @@ import ray
 from ray.actor import ActorHandle
 
 from rldock.runtime.phase_schedule import Turn, job_schedules, resolve_phase_schedule, worker_devices
+from rldock.runtime.states import StageCall, WorkerState
 
 if TYPE_CHECKING:
     from rldock.config import JobConfig
@@ -131,7 +132,7 @@ class DeviceTurns:
 
 class TakesTurns:
     """Mixin for device workers: `take_turns` hands them their DeviceTurns; stage methods decorated
-    with `in_turn(phase)` then run in their turn. Needs `self.cfg` and `self.device` (DeviceInfo)."""
+    with `in_turn(spec)` then run in their turn. Needs `self.cfg` and `self.device` (DeviceInfo)."""
 
     cfg: JobConfig  # set by the worker's __init__
     device: DeviceInfo  # set by the worker's __init__
@@ -155,16 +156,18 @@ class TakesTurns:
         self._turns = turns
 
 
-def in_turn(phase: str):
-    """Decorate a stage method `(self, iteration, ...)` of a TakesTurns worker to run in its turn."""
+def in_turn(spec: WorkerState):
+    """Decorate a stage method `(self, call: StageCall)` of a TakesTurns worker to run in the turn
+    of `spec`'s phase (its state's name) in the call's iteration."""
+    phase = spec.name
 
     def decorate(method):
         @functools.wraps(method)
-        def wrapper(self, iteration: int, *args, **kwargs):
+        def wrapper(self, call: StageCall):
             if self._turns is None:
-                return method(self, iteration, *args, **kwargs)
-            with self._turns.turn(iteration, phase) as waited:
-                result = method(self, iteration, *args, **kwargs)
+                return method(self, call)
+            with self._turns.turn(call.iteration, phase) as waited:
+                result = method(self, call)
             if isinstance(result, dict) and "wait_s" in result:  # a stage's idle time includes its turn's wait
                 result["wait_s"] += waited
             return result

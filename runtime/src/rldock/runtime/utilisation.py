@@ -40,14 +40,23 @@ every rank shares the one CPU, so a stage's devices are 1 and the peak is the wh
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rldock.runtime.planning.memory import DTYPE_BYTES
-from rldock.runtime.planning.shapes import ModelShape, layer_flops
+import ray
 
-UPDATE_STATES = ("update", "preference_update", "critic_update")
+from rldock.config import JobConfig
+from rldock.runtime.planning.memory import DTYPE_BYTES, compute_dtypes
+from rldock.runtime.planning.shapes import ModelShape, layer_flops, shape_from_hf_config
+from rldock.runtime.states import CRITIC_UPDATE, PREFERENCE_UPDATE, REFERENCE_INFERENCE, ROLLOUT, UPDATE
+
+logger = logging.getLogger(__name__)
+
+UPDATE_STATES = (UPDATE.name, PREFERENCE_UPDATE.name, CRITIC_UPDATE.name)
 
 
 def forward_flops(shape: ModelShape, *, tokens: float, pairs: float, head_positions: float) -> float:
@@ -166,9 +175,9 @@ class UtilisationInputs:
 
     def stage_dtype(self, state: str) -> str:
         """The dtype `state`'s passes compute in, whose peak is its `mfu/` denominator."""
-        if state == "rollout":
+        if state == ROLLOUT.name:
             return self.rollout_dtype
-        return self.reference_dtype if state == "reference" else self.training_dtype
+        return self.reference_dtype if state == REFERENCE_INFERENCE.name else self.training_dtype
 
 
 def stage_utilisation(
@@ -185,14 +194,14 @@ def stage_utilisation(
     flops: dict[str, float] = {}
     devices: dict[str, int] = {}
     metrics: dict[str, float] = {}
-    rollouts = results.get("rollout", [])
+    rollouts = results.get(ROLLOUT.name, [])
     if rollouts and response_lengths:
         work = rollout_work(prompt_lengths, response_lengths, group_size=inputs.group_size)
-        flops["rollout"] = rollout_flops(shape, work)
-        devices["rollout"] = len(rollouts) * inputs.generation_tp
+        flops[ROLLOUT.name] = rollout_flops(shape, work)
+        devices[ROLLOUT.name] = len(rollouts) * inputs.generation_tp
         steps = sum(max(max(r["response_lengths"], default=0) - 1, 0) for r in rollouts)
         seconds = max(r["compute_s"] for r in rollouts)
-        used = 1 if rates.shared else devices["rollout"]
+        used = 1 if rates.shared else devices[ROLLOUT.name]
         if seconds > 0:
             metrics["mbu/rollout"] = (
                 decode_bytes(shape, work, decode_steps=steps, bytes_per_param=DTYPE_BYTES[inputs.rollout_dtype])
@@ -218,3 +227,52 @@ def stage_utilisation(
             used = 1 if rates.shared else devices[state]
             metrics[f"mfu/{state}"] = total / seconds / (rates.peak_flops[inputs.stage_dtype(state)] * used)
     return dict(sorted(metrics.items()))
+
+
+def measure_utilisation_inputs(cfg: JobConfig, reference_dir: Path, actor) -> UtilisationInputs | None:
+    """The model's shape and the device's rates for the `mfu/` metrics (runtime/utilisation.py):
+    the rates the config sets, else those `actor` (actor rank 0's Ray actor) measures on its device in each dtype the
+    stages compute in (`rldock bench peak`'s cache, or a measurement of a few seconds now).
+    None, with a warning, where the count cannot be made (a config.json without the fields it
+    reads, a device whose peak cannot be measured): a metric never stops the job."""
+    resources = cfg.resources
+    config_file = reference_dir / "config.json"
+    try:
+        shape = shape_from_hf_config(json.loads(config_file.read_text()), name=cfg.model.path)
+    except KeyError as missing:
+        logger.warning(
+            "no mfu/ metrics: %s has no %s, which the FLOP count reads (Llama/Qwen-style field names)",
+            config_file,
+            missing,
+        )
+        return None
+    rollout, training, reference = compute_dtypes(cfg)
+    dtypes = sorted({rollout, training, reference})
+    if resources.peak_tflops is None:
+        measuring = dtypes
+    else:  # the bandwidth only: one measurement
+        measuring = [rollout] if resources.memory_bandwidth_gbps is None else []
+    found = ray.get(actor.device_rates.remote(measuring))
+    if "unavailable" in found:
+        logger.warning(
+            "no mfu/ metrics: the device's peak could not be measured (%s); set resources.peak_tflops "
+            "and resources.memory_bandwidth_gbps to have them",
+            found["unavailable"],
+        )
+        return None
+    return UtilisationInputs(
+        shape=shape,
+        rates=job_rates(
+            peak_tflops=resources.peak_tflops,
+            bandwidth_gbps=resources.memory_bandwidth_gbps,
+            dtypes=dtypes,
+            measured=found["measured"],
+            device_kind=found["device_kind"],
+        ),
+        group_size=cfg.algorithm.num_responses_per_prompt,
+        recompute=cfg.training.gradient_checkpointing,
+        generation_tp=cfg.rollout.tensor_parallel_size,
+        rollout_dtype=rollout,
+        training_dtype=training,
+        reference_dtype=reference,
+    )

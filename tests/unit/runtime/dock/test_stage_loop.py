@@ -6,6 +6,9 @@ import torch
 from tensordict import TensorDict
 
 from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.states import WorkerState
+
+STAGE = WorkerState("s", None, "", consumes=("x",))  # a state reading column x
 
 
 class CountingDock:
@@ -30,13 +33,11 @@ class CountingDock:
 
 def test_a_drained_grant_ends_the_loop_without_another_request():
     dock = CountingDock(says_drained=True)
-    timing = run_stage(
-        dock, "s", ("x",), lambda i, b: TensorDict({"y": b["x"]}, batch_size=[len(i)]), rank=0, batch_size=2
-    )
+    timing = run_stage(dock, STAGE, lambda i, b: TensorDict({"y": b["x"]}, batch_size=[len(i)]), rank=0, batch_size=2)
     assert (timing.num_samples, dock.requests, dock.puts) == (4, 2, 2)
 
 
 def test_without_the_flag_the_loop_asks_until_exhausted():
     dock = CountingDock(says_drained=False)
-    timing = run_stage(dock, "s", ("x",), lambda i, b: None, rank=0, batch_size=2)
+    timing = run_stage(dock, STAGE, lambda i, b: None, rank=0, batch_size=2)
     assert (timing.num_samples, dock.requests, dock.puts) == (4, 3, 0)

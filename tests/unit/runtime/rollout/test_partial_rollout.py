@@ -4,6 +4,8 @@ old-logprob pass keeps, and the two rounds end to end over a test double of the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from rollout_doubles import EOS, PAD, EngineDouble, RecordingDock, completion, prompts_of
@@ -20,6 +22,7 @@ from rldock.runtime.rollout.partial import (
     partial_metrics,
     response_columns,
 )
+from rldock.runtime.states import ROLLOUT
 
 
 def test_a_response_is_cut_when_the_budget_stopped_it_before_eos():
@@ -93,7 +96,7 @@ def run_rounds(mode: str, round_tokens: int | None):
     setup = RolloutSetup(
         rank=0,
         batch_size=6,
-        columns=("prompt_ids", "prompt_mask"),
+        spec=replace(ROLLOUT, consumes=("prompt_ids", "prompt_mask")),
         num_responses=3,
         max_response_length=6,
         eos_token_id=EOS,

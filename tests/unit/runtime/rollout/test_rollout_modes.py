@@ -6,6 +6,7 @@ the agent's episodes are keyed per sample and round, partial rollout keeps older
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.streamed import StreamedRollout
+from rldock.runtime.states import ROLLOUT
 
 G, N, SL = 2, 3, 6
 COLUMNS = ("prompt_ids", "prompt_mask")
@@ -58,7 +60,7 @@ def setup(batch_size: int = G * N, columns: tuple[str, ...] = COLUMNS) -> Rollou
     return RolloutSetup(
         rank=0,
         batch_size=batch_size,
-        columns=columns,
+        spec=replace(ROLLOUT, consumes=columns),
         num_responses=N,
         max_response_length=SL,
         eos_token_id=EOS,
@@ -82,9 +84,9 @@ def test_each_config_selects_its_mode(sections, mode, built):
     cfg = job(**sections)
     assert mode_of(cfg) == mode and mode in MODES
     tokenizer = chat_tokenizer() if mode == "agent" else TokenIds()
-    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=1, batch_size=12, columns=COLUMNS)
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=1, batch_size=12, spec=replace(ROLLOUT, consumes=COLUMNS))
     assert type(rollout) is built
-    assert (rollout.setup.rank, rollout.setup.batch_size, rollout.setup.columns) == (1, 12, COLUMNS)
+    assert (rollout.setup.rank, rollout.setup.batch_size, rollout.setup.spec.consumes) == (1, 12, COLUMNS)
     assert (rollout.setup.num_responses, rollout.setup.num_samples_per_iteration) == (N, G * N)
 
 
@@ -182,7 +184,7 @@ def test_the_plain_evaluation_asks_the_engine_once_per_prompt():
 def agent_rollout(tokenizer) -> AgentRollout:
     cfg = job(agent=AGENT, data={"chat_template": "model"})
     columns = (*COLUMNS, "prompt_index")
-    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, columns=columns)
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=replace(ROLLOUT, consumes=columns))
     assert isinstance(rollout, AgentRollout)
     return rollout
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from rldock.config.job import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.workers.actor import ActorWorker
@@ -26,7 +27,7 @@ def _actor(model_dir, index: int) -> ActorWorker:
             "learning_rate": 1e-3,
         },
     )
-    actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=None)
+    actor = ActorWorker(cfg, recipe=job_recipe(cfg), rank=0, world_size=1, policy_dir=str(model_dir), banks=None)
     actor.device = detect_device("npu", index=index)
     actor.model.to(actor.device.torch_device)
     actor.backend.optimizer = actor._make_optimizer(actor.model.parameters())

@@ -20,7 +20,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
 from rldock.runtime.resharding.ledger import TRAIN_STATE, resident_bytes
-from rldock.runtime.states import placement_plan
+from rldock.runtime.states import StageCall, placement_plan
 from rldock.runtime.training.strategies import build_backend
 from rldock.runtime.workers.actor import ActorWorker
 from rldock.runtime.workers.device_worker import DeviceWorker, Role, seat_processes
@@ -50,7 +50,8 @@ def _cfg(model_dir) -> JobConfig:
 
 def test_actor_and_reference_share_one_process_and_generation_holds_no_training_state(npu_twin, twin_model_dir):
     cfg = _cfg(twin_model_dir)
-    plan = placement_plan(cfg, job_recipe(cfg).specs)
+    recipe = job_recipe(cfg)
+    plan = placement_plan(cfg, recipe.specs)
     [process] = seat_processes(plan, collective={"actor"})
     assert process.names == ("actor 0", "reference 0")  # one process for the device
 
@@ -60,12 +61,19 @@ def test_actor_and_reference_share_one_process_and_generation_holds_no_training_
             Role.of(
                 "actor 0",
                 ActorWorker,
-                {"cfg": cfg, "rank": 0, "world_size": 1, "policy_dir": str(twin_model_dir), "banks": dock},
+                {
+                    "cfg": cfg,
+                    "recipe": recipe,
+                    "rank": 0,
+                    "world_size": 1,
+                    "policy_dir": str(twin_model_dir),
+                    "banks": dock,
+                },
             ),
             Role.of(
                 "reference 0",
                 ReferenceWorker,
-                {"cfg": cfg, "rank": 0, "reference_dir": str(twin_model_dir), "banks": dock},
+                {"cfg": cfg, "recipe": recipe, "rank": 0, "reference_dir": str(twin_model_dir), "banks": dock},
             ),
         ]
     )
@@ -80,10 +88,10 @@ def test_actor_and_reference_share_one_process_and_generation_holds_no_training_
         actor.generation.engine = WeightSinkEngine()
         actor.backend.attach_engine(actor.generation.engine, actor.generation.weights)
 
-        worker.call("actor 0", 0, "compute_old_logprobs", 1)
-        worker.call("reference 0", 0, "compute_ref_logprobs", 1)
+        worker.call("actor 0", 0, "compute_old_logprobs", StageCall(1))
+        worker.call("reference 0", 0, "compute_ref_logprobs", StageCall(1))
         dock.batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
-        stats = worker.call("actor 0", 1, "update", 1)
+        stats = worker.call("actor 0", 1, "update", StageCall(1))
     finally:
         destroy_process_group()
 

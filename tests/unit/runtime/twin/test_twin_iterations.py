@@ -15,7 +15,9 @@ import torch
 from twin_doubles import ColumnDock, WeightSinkEngine, rollout_batch
 
 from rldock.config.job import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
+from rldock.runtime.states import StageCall
 from rldock.runtime.workers.actor import ActorWorker
 from rldock.runtime.workers.critic import CriticWorker
 from rldock.runtime.workers.reference import ReferenceWorker
@@ -51,7 +53,7 @@ def _place(worker, index: int) -> None:
 
 
 def _actor(cfg, model_dir, dock) -> ActorWorker:
-    actor = ActorWorker(cfg, rank=0, world_size=1, policy_dir=str(model_dir), banks=dock)
+    actor = ActorWorker(cfg, recipe=job_recipe(cfg), rank=0, world_size=1, policy_dir=str(model_dir), banks=dock)
     _place(actor, 0)
     actor.backend.optimizer = actor._make_optimizer(actor.model.parameters())
     actor.generation.engine = WeightSinkEngine()
@@ -67,14 +69,14 @@ def test_grpo_iteration_on_the_twin(npu_twin, twin_model_dir):
     cfg = _cfg(twin_model_dir, "grpo")
     dock = ColumnDock(rollout_batch(), states={})
     actor = _actor(cfg, twin_model_dir, dock)
-    reference = ReferenceWorker(cfg, rank=0, reference_dir=str(twin_model_dir), banks=dock)
+    reference = ReferenceWorker(cfg, recipe=job_recipe(cfg), rank=0, reference_dir=str(twin_model_dir), banks=dock)
     _place(reference, 1)
     before = {name: p.detach().cpu().clone() for name, p in actor.model.named_parameters()}
 
-    actor.compute_old_logprobs(iteration=1)
-    reference.compute_ref_logprobs(iteration=1)
+    actor.compute_old_logprobs(StageCall(1))
+    reference.compute_ref_logprobs(StageCall(1))
     dock.batch["advantage"] = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    stats = actor.update(iteration=1)
+    stats = actor.update(StageCall(1))
 
     assert dock.batch["old_logprobs"].device == dock.batch["ref_logprobs"].device == torch.device("cpu")
     assert torch.isfinite(torch.tensor([stats["loss"], stats["kl"], stats["grad_norm"]])).all()
@@ -91,22 +93,22 @@ def test_ppo_iteration_on_the_twin(npu_twin, twin_model_dir):
     }
     dock = ColumnDock(rollout_batch(), states=states)
     actor = _actor(cfg, twin_model_dir, dock)
-    reference = ReferenceWorker(cfg, rank=0, reference_dir=str(twin_model_dir), banks=dock)
+    reference = ReferenceWorker(cfg, recipe=job_recipe(cfg), rank=0, reference_dir=str(twin_model_dir), banks=dock)
     _place(reference, 1)
-    critic = CriticWorker(cfg, policy_dir=str(twin_model_dir), banks=dock)
+    critic = CriticWorker(cfg, recipe=job_recipe(cfg), policy_dir=str(twin_model_dir), banks=dock)
     _place(critic, 2)
     critic.backend.optimizer = critic._make_optimizer(critic.model.parameters())
     actor_before = {name: p.detach().cpu().clone() for name, p in actor.model.named_parameters()}
     critic_before = {name: p.detach().cpu().clone() for name, p in critic.model.named_parameters()}
 
-    actor.compute_old_logprobs(iteration=1)
-    reference.compute_ref_logprobs(iteration=1)
-    critic.compute_values(iteration=1)
+    actor.compute_old_logprobs(StageCall(1))
+    reference.compute_ref_logprobs(StageCall(1))
+    critic.compute_values(StageCall(1))
     mask = dock.batch["response_mask"].float()
     dock.batch["advantage"] = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]) * mask  # (B, SL) per token
     dock.batch["returns"] = dock.batch["values"] + dock.batch["advantage"]
-    actor_stats = actor.update(iteration=1)
-    critic_stats = critic.update(iteration=1)
+    actor_stats = actor.update(StageCall(1))
+    critic_stats = critic.update(StageCall(1))
 
     assert torch.isfinite(torch.tensor([actor_stats["loss"], critic_stats["value_loss"]])).all()
     _assert_stepped_on(actor.model, "npu:0", actor_before)

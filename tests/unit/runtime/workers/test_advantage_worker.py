@@ -8,7 +8,8 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe
+from rldock.runtime.algorithms.recipes import get_recipe, job_recipe
+from rldock.runtime.states import StageCall
 from rldock.runtime.workers.advantage import AdvantageWorker, advantage_batch_size
 
 G, N, SL = 4, 2, 5
@@ -74,8 +75,8 @@ def _batch() -> TensorDict:
 
 def _advantages(name: str, *, micro_batch_size: int, max_hand_out: int) -> dict[str, torch.Tensor]:
     dock = ScriptedDock(_batch(), max_hand_out=max_hand_out)
-    worker = AdvantageWorker(_cfg(name, micro_batch_size), banks=dock)
-    worker.compute_advantages(iteration=1)
+    worker = AdvantageWorker(_cfg(name, micro_batch_size), recipe=job_recipe(_cfg(name, micro_batch_size)), banks=dock)
+    worker.compute_advantages(StageCall(1))
     assert dock.next == G * N
     return dock.written
 

@@ -13,9 +13,11 @@ from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.values import response_values
 from rldock.runtime.models import build_tiny_model
 from rldock.runtime.models.value import load_value_model
+from rldock.runtime.states import StageCall
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.workers.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, CriticWorker
 
@@ -96,7 +98,10 @@ def _dock(batch: TensorDict) -> OneBatchDock:
 
 def _critic(policy_dir, batch: TensorDict | None = None) -> CriticWorker:
     critic = CriticWorker(
-        _cfg(policy_dir), policy_dir=str(policy_dir), banks=_dock(batch) if batch is not None else None
+        _cfg(policy_dir),
+        recipe=job_recipe(_cfg(policy_dir)),
+        policy_dir=str(policy_dir),
+        banks=_dock(batch) if batch is not None else None,
     )
     _random_head(critic.model)
     return critic
@@ -118,7 +123,7 @@ def test_the_critic_step_equals_the_hand_computed_one(policy_dir):
     assert type(critic.backend) is DdpBackend and critic.backend.ddp_model is None  # a lone rank: bare model
     critic.backend.optimizer = _adamw(critic.model.parameters())
 
-    stats = critic.update(iteration=1)
+    stats = critic.update(StageCall(1))
 
     # By hand, over the whole mini-batch at once: 0.5 * max((V - R)^2, (V_clip - R)^2), token mean.
     mask = batch["response_mask"].float()  # (B, SL)
@@ -159,11 +164,13 @@ def test_the_critic_step_equals_the_hand_computed_one(policy_dir):
 def test_a_checkpoint_round_trip_keeps_the_next_update(policy_dir, tmp_path):
     first = _batch(load_value_model(policy_dir, dtype="float32", device="cpu"), seed=1)
     critic = _critic(policy_dir, first)
-    critic.update(iteration=1)
+    critic.update(StageCall(1))
     critic.save(str(tmp_path))
     assert (tmp_path / CRITIC_FILE).is_file() and (tmp_path / CRITIC_OPTIMIZER_FILE).is_file()
 
-    resumed = CriticWorker(_cfg(policy_dir), policy_dir=str(policy_dir), banks=None)  # a zero head, fresh AdamW
+    resumed = CriticWorker(
+        _cfg(policy_dir), recipe=job_recipe(_cfg(policy_dir)), policy_dir=str(policy_dir), banks=None
+    )  # a zero head, fresh AdamW
     resumed.load(str(tmp_path))
     for name, tensor in critic.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], tensor), name
@@ -176,7 +183,7 @@ def test_a_checkpoint_round_trip_keeps_the_next_update(policy_dir, tmp_path):
     # AdamW's moments decide the next step: equal weights after it only if they came back too.
     second = _batch(critic.model, seed=2)
     critic.banks, resumed.banks = _dock(second), _dock(second.clone())
-    kept, restored = critic.update(iteration=2), resumed.update(iteration=2)
+    kept, restored = critic.update(StageCall(2)), resumed.update(StageCall(2))
     for name, tensor in critic.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], tensor), name
     assert restored["value_loss"] == kept["value_loss"] and restored["weights_sum"] == kept["weights_sum"]

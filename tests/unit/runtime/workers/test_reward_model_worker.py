@@ -8,9 +8,11 @@ from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.models.loading import encode_prompts
 from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.models.tiny import train_char_tokenizer
+from rldock.runtime.states import StageCall
 from rldock.runtime.workers.reward_model import RewardModelWorker, sample_texts
 
 TEXTS = ["3+4=", "12+30=", "7", "42", "abc"]
@@ -58,8 +60,8 @@ def test_the_worker_writes_the_reward_models_score_of_each_sample(tmp_path, tiny
         },
     )
     dock = OneBatchDock(_batch(policy_tokenizer))
-    worker = RewardModelWorker(cfg, tokenizer_dir=str(policy_dir), banks=dock)
-    result = worker.compute_scores(iteration=1)
+    worker = RewardModelWorker(cfg, recipe=job_recipe(cfg), tokenizer_dir=str(policy_dir), banks=dock)
+    result = worker.compute_scores(StageCall(1))
     assert result["num_samples"] == 2 and set(dock.written.keys()) == {"rm_score"}
     expected = load_reward_model(rm_dir, dtype="float32", device="cpu", field="f").score(["3+4=7", "12+30=42"])
     assert dock.written["rm_score"].dtype == torch.float32

@@ -13,6 +13,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import Columns, Row, load_rows
 from rldock.runtime.rewards import merge_reward_metrics
+from rldock.runtime.states import StageCall
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.reward import RewardWorker
 
@@ -47,7 +48,7 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
         batch_size=[2],
     )
     dock = OneBatchDock(batch)
-    result = _worker(name, dock).compute_rewards(iteration=1)
+    result = _worker(name, dock).compute_rewards(StageCall(1))
     assert set(dock.written.keys()) == columns
     # The unshaped combined reward (the learning curve) and the per-term metrics go to the trainer.
     assert result["rewards"] == [1.0, 1.0]
@@ -72,7 +73,7 @@ def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
         batch_size=[3],
     )
     dock = OneBatchDock(batch)
-    result = _worker("grpo", dock, rows).compute_rewards(iteration=1)
+    result = _worker("grpo", dock, rows).compute_rewards(StageCall(1))
     assert result["rewards"] == [1.0, 0.0, 0.0]
     assert dock.written["reward"].tolist() == [1.0, 0.0, 0.0]
 
@@ -92,7 +93,7 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
         },
     ).with_ablations(fuse_reward_advantage=False)
     worker = reward_worker_without_files(cfg, [Row("3+4=", "77", "addition")])
-    assert "rm_score" in worker.consumes and worker.model_term == 1
+    assert "rm_score" in worker.spec.consumes and worker.model_term == 1
     response_ids = torch.tensor([[10, 10, EOS], [9, 10, EOS]])  # "77" (right), "67" (wrong)
     batch = TensorDict(
         {
@@ -104,7 +105,7 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
         batch_size=[2],
     )
     worker.banks = dock = OneBatchDock(batch)
-    result = worker.compute_rewards(iteration=1)
+    result = worker.compute_rewards(StageCall(1))
     assert result["rewards"] == [0.5, 1.5]  # exact_match + 0.5 * rm_score
     assert dock.written["reward"].tolist() == [0.5, 1.5]
     assert merge_reward_metrics([result["reward_metrics"]])["reward/model"] == 1.0
@@ -126,16 +127,16 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     )
     unfused_dock = OneBatchDock(batch)
     unfused = _worker(name, unfused_dock, num_prompts=2)
-    unfused.compute_rewards(iteration=3)
+    unfused.compute_rewards(StageCall(3))
     # the advantage state reads what the reward state wrote (DAPO's unshaped score too)
     columns = job_recipe(unfused.cfg.with_ablations(fuse_reward_advantage=False)).consumes["advantage"]
     advantage_dock = OneBatchDock(TensorDict({c: unfused_dock.written[c] for c in columns}, batch_size=[4]))
     advantage_dock.states = {"advantage": columns}
-    AdvantageWorker(unfused.cfg, banks=advantage_dock).compute_advantages(iteration=3)
+    AdvantageWorker(unfused.cfg, recipe=job_recipe(unfused.cfg), banks=advantage_dock).compute_advantages(StageCall(3))
 
     fused_dock = OneBatchDock(batch)
     fused = _worker(name, fused_dock, num_prompts=2, fuse=True)
-    result = fused.compute_rewards(iteration=3)
+    result = fused.compute_rewards(StageCall(3))
     assert fused.whole_groups and fused.batch_size % 2 == 0
     # One write: the advantages, plus DAPO's score for its filter; no state reads GRPO's reward any more.
     assert set(fused_dock.written.keys()) == ({"advantage", "score"} if name == "dapo" else {"advantage"})

@@ -16,6 +16,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.data import Columns, load_rows
 from rldock.runtime.rewards import RewardError
 from rldock.runtime.rewards.function import load_function
+from rldock.runtime.states import StageCall
 from rldock.runtime.workers.reward import RewardWorker
 
 USER_FILE = textwrap.dedent("""
@@ -83,7 +84,7 @@ def _rewards(worker: RewardWorker) -> tuple[list[float], dict]:
         batch_size=[4],
     )
     worker.banks = OneBatchDock(batch)
-    result = worker.compute_rewards(iteration=1)
+    result = worker.compute_rewards(StageCall(1))
     return result["rewards"], worker.banks.written
 
 

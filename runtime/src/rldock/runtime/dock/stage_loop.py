@@ -9,11 +9,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict
 
 from rldock.runtime.dock import TransferDock
+
+
+class StageSpec(Protocol):
+    """What the loop reads of a worker state's spec (rldock.runtime.states.WorkerState): the dock
+    state it asks for and the columns it reads."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def consumes(self) -> tuple[str, ...]: ...
+
 
 # (indices (B,), batch) -> output columns for those indices, or None when the stage writes nothing
 StageFn = Callable[[torch.Tensor, TensorDict], TensorDict | None]
@@ -42,8 +55,7 @@ class StageTiming:
 
 def run_stage(
     dock: TransferDock,
-    state: str,
-    columns: tuple[str, ...],
+    spec: StageSpec,
     fn: StageFn,
     *,
     rank: int,
@@ -54,7 +66,8 @@ def run_stage(
     timeout_s: float | None = None,
     policy_version: int | None = None,
 ) -> StageTiming:
-    """Consume batches of `state` until the dock says the iteration's samples are exhausted.
+    """Consume batches of `spec`'s state (its `consumes` columns) until the dock says the
+    iteration's samples are exhausted.
 
     `max_batches` lets a consumer that must get exactly its share (the DP ranks of the update)
     stop without draining samples meant for its peers; `balance_ranks` asks the dock to deal the
@@ -66,8 +79,8 @@ def run_stage(
     while max_batches is None or num_batches < max_batches:
         start, waited_before = time.perf_counter(), dock.waited_s
         got = dock.get(
-            state,
-            list(columns),
+            spec.name,
+            list(spec.consumes),
             rank=rank,
             batch_size=batch_size,
             whole_groups=whole_groups,

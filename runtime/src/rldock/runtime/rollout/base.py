@@ -27,10 +27,8 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-
-ROLLOUT_STATE = "rollout"  # the dock state every mode consumes
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class RolloutSetup:
 
     rank: int  # the actor rank asking the dock
     batch_size: int  # samples per dock request: the rank's generation replica's share
-    columns: tuple[str, ...]  # the dock columns the rollout reads (the job recipe's)
+    spec: StageSpec  # the job recipe's rollout state: the dock state every mode asks, the columns it reads
     num_responses: int  # N: the responses of a prompt, consecutive rows of one group
     max_response_length: int  # SL
     eos_token_id: int
@@ -51,12 +49,12 @@ class RolloutSetup:
         return self.num_prompts_per_iteration * self.num_responses
 
 
-def rollout_setup(cfg: JobConfig, *, tokenizer, rank: int, batch_size: int, columns: tuple[str, ...]) -> RolloutSetup:
+def rollout_setup(cfg: JobConfig, *, tokenizer, rank: int, batch_size: int, spec: StageSpec) -> RolloutSetup:
     algo = cfg.algorithm
     return RolloutSetup(
         rank=rank,
         batch_size=batch_size,
-        columns=columns,
+        spec=spec,
         num_responses=algo.num_responses_per_prompt,
         max_response_length=algo.max_response_length,
         eos_token_id=tokenizer.eos_token_id,
@@ -196,8 +194,7 @@ def run_rollout_stage(
     with `policy_version`, what it wrote itself through `writes` is moved from compute to dispatch."""
     timing = run_stage(
         dock,
-        ROLLOUT_STATE,
-        setup.columns,
+        setup.spec,
         fn,
         rank=setup.rank,
         batch_size=setup.batch_size,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from rldock.config import JobConfig
 from rldock.runtime.agent_sampler import AgentSampler
+from rldock.runtime.dock.stage_loop import StageSpec
 from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.base import RolloutMode, rollout_setup
 from rldock.runtime.rollout.harness import HarnessRollout
@@ -51,14 +52,15 @@ def build_rollout(
     tokenizer,
     rank: int,
     batch_size: int,
-    columns: tuple[str, ...],
+    spec: StageSpec,
     train_files: Sequence[str] = (),
     environment_urls: Mapping[str, Sequence[str]] | None = None,
 ) -> RolloutMode:
-    """The job's rollout mode for actor `rank`, reading `columns` of the rollout state `batch_size`
-    samples at a time. An agent's episodes check answers against the rows of `train_files` and run
-    on the environment servers the trainer started (`environment_urls`)."""
-    setup = rollout_setup(cfg, tokenizer=tokenizer, rank=rank, batch_size=batch_size, columns=columns)
+    """The job's rollout mode for actor `rank`, reading the rollout state's columns (`spec`: the job
+    recipe's rollout state) `batch_size` samples at a time. An agent's episodes check answers
+    against the rows of `train_files` and run on the environment servers the trainer started
+    (`environment_urls`)."""
+    setup = rollout_setup(cfg, tokenizer=tokenizer, rank=rank, batch_size=batch_size, spec=spec)
     mode = mode_of(cfg)
     if mode == "agent":
         sampler = AgentSampler(

@@ -42,8 +42,6 @@ logger = logging.getLogger(__name__)
 SAMPLED_LOGPROBS, PREFIX_LENGTH = PARTIAL_ROLLOUT
 # the second round's call seed is offset from the first's so that its requests draw other streams
 _RESUME_SEED_OFFSET = 1 << 20
-# the trainer's name for the second round's results (not a dock state: it takes no samples from the dock)
-RESUME_STATE = "rollout_resume"
 METRIC_KEYS = ("partial_cut", "partial_resumed", "partial_dropped", "partial_carried_tokens", "partial_dropped_tokens")
 
 

@@ -1,8 +1,9 @@
 """Iteration schedules: the order of one iteration's calls in each training mode, and its dock banks.
 
 A schedule is chosen once per attempt (`choose_schedule`) and runs every iteration the trainer asks
-for: it asks the banks for the iteration's bank, puts the driver's batch, launches the recipe's
-states on their workers through the trainer's `Driver`, gathers their results (`Stages`) and
+for: it asks the banks for the iteration's bank, puts the feed's batch, launches the recipe's
+states on the attempt's workers (`Driver`: the recipe, the workers, the feed and the bookkeeping's
+order, objects the trainer hands it once per attempt), gathers their results (`Stages`) and
 advances the banks' policy version. The trainer builds the metrics record from those results
 (metrics.iteration_record) and keeps the lifecycle: workers, checkpoints, evaluation, progress.
 
@@ -22,7 +23,7 @@ from typing import Protocol
 
 from rldock.config import JobConfig
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.schedule.driver import Driver, Launch
+from rldock.runtime.schedule.driver import Driver, StageWorkers
 from rldock.runtime.schedule.inflight import Inflight
 from rldock.runtime.schedule.run_ahead import RunAheadSchedule
 from rldock.runtime.schedule.stages import WORKER_DEATHS, Stages, gather_failing_fast
@@ -32,9 +33,9 @@ __all__ = [
     "WORKER_DEATHS",
     "Driver",
     "Inflight",
-    "Launch",
     "RunAheadSchedule",
     "Schedule",
+    "StageWorkers",
     "Stages",
     "SyncSchedule",
     "choose_schedule",

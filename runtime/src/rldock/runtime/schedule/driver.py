@@ -1,10 +1,13 @@
-"""What a schedule calls outside itself (starting states on their workers, drawing prompts, the
-bookkeeping's order), the recipe's facts it orders by, and the driver's puts into a dock bank."""
+"""What a schedule runs an iteration with, fixed for one attempt: the recipe's facts it orders by,
+the attempt's workers it launches stages on, the job's feed it draws prompts from and the
+bookkeeping whose order it keeps; and the driver's puts into a dock bank. Objects, not callbacks
+into the trainer: a schedule is tested with doubles of each (tests/unit/runtime/test_schedule.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -15,33 +18,66 @@ from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.grouping import split_group_columns
 from rldock.runtime.sampling import DriverBatch
+from rldock.runtime.states import StageCall, WorkerState
 
 
-class Launch(Protocol):
-    """`launch(iteration, states, *, sampling_round=0, round_tokens=None)`: starts each of `states`
-    (in that order) on its workers and returns state -> the futures of its rank calls."""
+class StageWorkers(Protocol):
+    """The attempt's workers as a schedule uses them (attempt.WorkerGroups)."""
 
-    def __call__(
-        self, iteration: int, states: Sequence[str], *, sampling_round: int = 0, round_tokens: int | None = None
-    ) -> dict[str, list]: ...
+    def launch(self, call: StageCall, specs: Sequence[WorkerState]) -> dict[str, list]:
+        """Start each state of `specs` (in that order) on its runners; state -> their futures."""
+        ...
+
+    def skip_turns(self, iteration: int, states: list[str]) -> None:
+        """A resumed iteration's finished stages give up their turns (serial phase schedule)."""
+        ...
+
+
+class Prompts(Protocol):
+    """The job's feed (sampling.Feed): the next prompts' batch and the sampler's position."""
+
+    def draw(self, num_prompts: int | None = None) -> DriverBatch: ...
+
+    def state_dict(self) -> dict: ...
+
+
+class Books(Protocol):
+    """The bookkeeping's order (bookkeeping.Bookkeeper)."""
+
+    def later(self, fn: Callable, *args) -> Future: ...
+
+
+class Counters(Protocol):
+    """The dock counters' last read (bookkeeping.DockCounters), which a put must not count."""
+
+    def wait(self) -> None: ...
 
 
 @dataclass(frozen=True)
 class Driver:
-    """The trainer's side of a schedule: fixed for one attempt (one set of workers)."""
+    """The driver's side of a schedule for one attempt."""
 
     recipe: Recipe
     output_dir: Path  # where an in-flight iteration's dock is kept for its retry (checkpoint.py)
     group_size: int  # algorithm.num_responses_per_prompt: rows per prompt group
-    before_update: tuple[str, ...]  # launched states that may run before the previous iteration's update
-    updates: tuple[str, ...]  # launched states that train
-    launch: Launch
-    draw: Callable[..., DriverBatch]  # draw(num_prompts=G): the recipe's batch for the next prompts
-    sampler_state: Callable[[], dict]  # the sampler's position now (for a checkpoint)
-    finish_rollout: Callable[[int], list]  # partial rollout: each engine's second round of `iteration`
-    skip_turns: Callable[[int, list[str]], None]  # a resumed iteration's finished stages give up their turns
-    before_put: Callable[[], None]  # waits for the last iteration's dock counters (they must not count a put)
-    later: Callable[..., object]  # later(fn, *args): runs fn in the bookkeeping's order (bookkeeping.py)
+    workers: StageWorkers
+    feed: Prompts
+    books: Books
+    counters: Counters
+
+    @property
+    def updates(self) -> tuple[str, ...]:
+        """The launched states that train (their spec's `trains`): launched last."""
+        return self.recipe.training_states
+
+    @property
+    def before_update(self) -> tuple[str, ...]:
+        """The launched states that may run before the previous iteration's update (recipe order)."""
+        return tuple(s for s in self.recipe.launched_states if s not in self.updates)
+
+    def launch(self, call: StageCall, states: Sequence[str]) -> dict[str, list]:
+        """Start each of the recipe's `states` (in that order) with `call`; state -> its futures."""
+        return self.workers.launch(call, [self.recipe.spec(state) for state in states])
 
     def put(self, fed: DriverBatch, bank: TransferDock) -> float:
         """Empty `bank` and put the whole batch into it; returns the seconds it took."""
@@ -54,5 +90,5 @@ class Driver:
         """The driver's rows of group slots `groups` into `bank`: what every sample of a group shares
         (the prompt) crosses the network once per group, not once per sample (dock/grouping.py)."""
         shared, per_sample = split_group_columns(fed.batch, self.group_size)
-        self.before_put()
+        self.counters.wait()
         bank.put_groups(groups, shared, samples=per_sample)

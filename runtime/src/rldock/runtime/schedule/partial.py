@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from rldock.runtime.rollout.partial import RESUME_STATE
 from rldock.runtime.schedule.driver import Driver
+from rldock.runtime.states import ROLLOUT_RESUME, StageCall
 
 
 def held_states(states: Sequence[str], actor_rank_states: Collection[str]) -> tuple[str, ...]:
@@ -18,5 +18,5 @@ def held_states(states: Sequence[str], actor_rank_states: Collection[str]) -> tu
 
 def launch_after_cut(driver: Driver, iteration: int, held: Sequence[str]) -> dict[str, list]:
     """The second round of `iteration`'s generation on every engine, then the held-back states."""
-    futures = {RESUME_STATE: driver.finish_rollout(iteration)}
-    return {**futures, **driver.launch(iteration, held)}
+    call = StageCall(iteration)
+    return {**driver.workers.launch(call, [ROLLOUT_RESUME]), **driver.launch(call, held)}

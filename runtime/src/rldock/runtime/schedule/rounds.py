@@ -13,6 +13,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.sampling import DriverBatch, DynamicSampling, SampledRounds, group_rows
 from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.stages import gather_failing_fast
+from rldock.runtime.states import StageCall
 
 
 def fill_by_rounds(
@@ -36,7 +37,7 @@ def fill_by_rounds(
             bank.recycle(rows)
         driver.put_groups(groups, fresh, bank)
         put_seconds += time.perf_counter() - started
-        results = gather_failing_fast(driver.launch(iteration, rounds.states, sampling_round=sampling_round))
+        results = gather_failing_fast(driver.launch(StageCall(iteration, sampling_round=sampling_round), rounds.states))
         got = bank.get(rounds.read_state, [rounds.score_column], batch_size=len(rows), whole_groups=True)
         assert got is not None and torch.equal(got[0], rows), "the filter state must get exactly this round's rows"
         scored = got[1]
@@ -47,5 +48,5 @@ def fill_by_rounds(
         group_size=algo.num_responses_per_prompt,
         max_rounds=algo.dapo.max_sampling_rounds,
         group_filter=rounds.group_filter(algo),
-    ).run(driver.draw, run_round)
+    ).run(driver.feed.draw, run_round)
     return sampled.batch, put_seconds, sampled

@@ -17,6 +17,7 @@ from rldock.runtime.schedule.inflight import Inflight
 from rldock.runtime.schedule.partial import held_states, launch_after_cut
 from rldock.runtime.schedule.stages import Stages
 from rldock.runtime.schedule.steps import advance_policy, gather_stages, launch_unfinished, start_in_bank
+from rldock.runtime.states import StageCall
 
 
 @dataclass
@@ -54,6 +55,7 @@ class RunAheadSchedule:
         self.round_tokens, self.actor_rank_states = round_tokens, actor_rank_states
         self.ahead: Ahead | None = None
         self.inflight: Inflight | None = None
+        self.last_ended: float | None = None  # when the last iteration's stages ended (perf_counter)
 
     def run(self, iteration: int) -> Stages:
         driver = self.driver
@@ -73,8 +75,16 @@ class RunAheadSchedule:
         if self.ahead is not None and self.ahead.held is not None:  # after the update that cut it
             self.ahead.futures.update(launch_after_cut(driver, self.ahead.iteration, self.ahead.held))
         stages = gather_stages(
-            futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
+            futures,
+            inflight,
+            fed=fed,
+            put_seconds=put_seconds,
+            sampled=sampled,
+            bank=bank,
+            started=started,
+            previous_end=self.last_ended,
         )
+        self.last_ended = stages.ended
         # The update made policy version `iteration`: the bound applies at once to what is left, in
         # the next iteration's bank too, which is filling: its update must see the new version.
         advance_policy(self.banks, iteration)
@@ -91,19 +101,20 @@ class RunAheadSchedule:
         ranks run over its responses are held back (`held`) until after the update
         (partial.launch_after_cut)."""
         driver = self.driver
-        sampler_state = driver.sampler_state()  # the checkpoint before this iteration keeps it
-        fed = driver.draw()
+        sampler_state = driver.feed.state_dict()  # the checkpoint before this iteration keeps it
+        fed = driver.feed.draw()
         put_seconds = driver.put(fed, self.banks.bank(iteration))
         held = None if self.actor_rank_states is None else held_states(driver.before_update, self.actor_rank_states)
         futures = driver.launch(
-            iteration, [s for s in driver.before_update if s not in (held or ())], round_tokens=self.round_tokens
+            StageCall(iteration, round_tokens=self.round_tokens),
+            [s for s in driver.before_update if s not in (held or ())],
         )
         return Ahead(iteration, fed, put_seconds, futures, sampler_state, held)
 
     def checkpoint_sampler_state(self) -> dict:
         """The sampler's position for a checkpoint taken now: before the run-ahead's draw, since a
         resume redoes that iteration."""
-        return self.ahead.sampler_state if self.ahead is not None else self.driver.sampler_state()
+        return self.ahead.sampler_state if self.ahead is not None else self.driver.feed.state_dict()
 
     def keep_inflight(self, stop_workers: Callable[[], None]) -> None:
         """Two iterations are in flight: a worker's death redoes both from the checkpoint."""

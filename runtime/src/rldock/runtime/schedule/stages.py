@@ -26,6 +26,9 @@ class Stages:
     started: float  # perf_counter when the iteration began
     ended: float  # perf_counter when its last stage returned
     round_metrics: dict = field(default_factory=dict)  # DAPO's sampling rounds (sampling.py)
+    # End to end: since the previous iteration's stages ended (the driver's work between the two
+    # included: bookkeeping run inline or waited for, the next draw and reset); None for the first.
+    cycle: float | None = None
 
 
 def gather_failing_fast(

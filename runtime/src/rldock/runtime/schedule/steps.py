@@ -16,6 +16,7 @@ from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.inflight import Inflight, response_lengths_in, resume_inflight
 from rldock.runtime.schedule.rounds import fill_by_rounds
 from rldock.runtime.schedule.stages import Stages, gather_failing_fast
+from rldock.runtime.states import StageCall
 
 
 def fill_bank(
@@ -27,7 +28,7 @@ def fill_bank(
     rounds = driver.recipe.sampling_rounds
     if rounds is not None:
         return fill_by_rounds(driver, bank, iteration, rounds=rounds, algo=algo)
-    fed = driver.draw()
+    fed = driver.feed.draw()
     snapshot = ckpt.load_inflight(driver.output_dir, iteration)
     if snapshot is not None and bank.can_load(snapshot["dock"]):
         return fed, *resume_inflight(bank, fed, snapshot, inflight, recipe=driver.recipe)
@@ -41,13 +42,13 @@ def start_in_bank(
     what `fill_bank` does and the launched futures."""
     fed, put_seconds, sampled = fill_bank(driver, bank, iteration, inflight, algo=algo)
     if inflight.skip:  # their turns (serial phase schedule) are not taken again
-        driver.skip_turns(iteration, sorted(inflight.skip))
+        driver.workers.skip_turns(iteration, sorted(inflight.skip))
     return fed, put_seconds, sampled, launch_unfinished(driver, iteration, driver.before_update, inflight)
 
 
 def launch_unfinished(driver: Driver, iteration: int, states: Sequence[str], inflight: Inflight) -> dict[str, list]:
     """Launch `states` but those a failed attempt of the iteration finished on every rank."""
-    return driver.launch(iteration, [state for state in states if state not in inflight.skip])
+    return driver.launch(StageCall(iteration), [state for state in states if state not in inflight.skip])
 
 
 def gather_stages(
@@ -59,16 +60,20 @@ def gather_stages(
     sampled: SampledRounds,
     bank: TransferDock,
     started: float,
+    previous_end: float | None = None,
 ) -> Stages:
     """Wait for every launched stage (recording each rank's result in `inflight` as it returns) and
     join the results that came in before (sampling rounds, a resumed attempt). A resumed iteration's
-    response lengths are read from its bank (response_lengths_in says why)."""
+    response lengths are read from its bank (response_lengths_in says why). `previous_end`: when the
+    previous iteration's stages ended (the cycle's start)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})
     gathered = gather_failing_fast(futures, finished=inflight.finished)
     results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
     if inflight.resumed and not fed.response_lengths:
         fed = replace(fed, response_lengths=response_lengths_in(bank))
-    return Stages(fed, put_seconds, results, bank, started, time.perf_counter(), sampled.metrics)
+    ended = time.perf_counter()
+    cycle = None if previous_end is None else ended - previous_end
+    return Stages(fed, put_seconds, results, bank, started, ended, sampled.metrics, cycle)
 
 
 def advance_policy(banks: DockBanks, version: int) -> None:

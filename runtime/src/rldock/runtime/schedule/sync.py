@@ -22,6 +22,7 @@ class SyncSchedule:
     def __init__(self, driver: Driver, banks: DockBanks, *, algo: AlgorithmSpec):
         self.driver, self.banks, self.algo = driver, banks, algo
         self.inflight: Inflight | None = None  # the iteration running now, kept if a worker dies
+        self.last_ended: float | None = None  # when the last iteration's stages ended (perf_counter)
 
     def run(self, iteration: int) -> Stages:
         driver = self.driver
@@ -31,17 +32,25 @@ class SyncSchedule:
         fed, put_seconds, sampled, futures = start_in_bank(driver, bank, iteration, inflight, algo=self.algo)
         futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
         stages = gather_stages(
-            futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
+            futures,
+            inflight,
+            fed=fed,
+            put_seconds=put_seconds,
+            sampled=sampled,
+            bank=bank,
+            started=started,
+            previous_end=self.last_ended,
         )
+        self.last_ended = stages.ended
         # The update made policy version `iteration`. No stage runs now and nothing is left to
         # bound, so it goes in the bookkeeping's order, before the counters read the next put waits for.
-        driver.later(advance_policy, self.banks, iteration)
+        driver.books.later(advance_policy, self.banks, iteration)
         ckpt.clear_inflight(driver.output_dir)  # this iteration's work is done: nothing to resume
         return stages
 
     def checkpoint_sampler_state(self) -> dict:
         """The sampler's position for a checkpoint taken now."""
-        return self.driver.sampler_state()
+        return self.driver.feed.state_dict()
 
     def keep_inflight(self, stop_workers: Callable[[], None]) -> None:
         """After a worker died: stop the workers, then keep the bank of the iteration in flight for

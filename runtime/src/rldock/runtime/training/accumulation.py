@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.dock.stage_loop import StageTiming
+from rldock.runtime.dock.stage_loop import StageSpec, StageTiming
 from rldock.runtime.training.backend import TrainingBackend
 
 if TYPE_CHECKING:
@@ -43,8 +43,7 @@ def accumulate(
 def train_share(
     backend: TrainingBackend,
     dock: TransferDock,
-    state: str,
-    columns: tuple[str, ...],
+    spec: StageSpec,
     step: Callable[[TensorDict], dict[str, float]],
     *,
     num_mini_batches: int,
@@ -52,7 +51,7 @@ def train_share(
     whole_groups: bool = False,
     track: Callable[[TensorDict], None] | None = None,
 ) -> tuple[StageTiming, dict[str, float]]:
-    """Read exactly this rank's share of `state` (`backend.update_share`, token-balanced across the
+    """Read exactly this rank's share of `spec`'s state (`backend.update_share`, token-balanced across the
     DP ranks; in whole groups with `whole_groups`) and run `step` (mini-batch -> metrics, one
     optimizer step) on each of its `num_mini_batches` mini-batches; returns the stage's timing and
     the metrics averaged over the steps. `after_inference`: an inference stage of this iteration ran
@@ -66,6 +65,6 @@ def train_share(
             steps.append(step(mini_batch))
 
     backend.before_update(after_inference=after_inference)  # the training state back on the device
-    timing = backend.run_update_stage(dock, state, columns, train, whole_groups=whole_groups)
-    assert timing.num_samples == backend.update_share, f"{state} got a partial share"
+    timing = backend.run_update_stage(dock, spec, train, whole_groups=whole_groups)
+    assert timing.num_samples == backend.update_share, f"{spec.name} got a partial share"
     return timing, {key: sum(metrics[key] for metrics in steps) / len(steps) for key in steps[0]}

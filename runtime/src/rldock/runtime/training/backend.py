@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
@@ -68,7 +68,7 @@ class TrainingBackend(Protocol):
         """Average where the layout has not yet, clip by the global norm, step; returns the norm."""
         ...
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
         """A no-grad pass over the model (old logprobs): the training state back first, the
         samples dealt as the layout's forward needs them."""
         ...
@@ -79,7 +79,7 @@ class TrainingBackend(Protocol):
         ...
 
     def run_update_stage(
-        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+        self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
     ) -> StageTiming:
         """Hand `fn` exactly this rank's share (`update_share`), token-balanced across DP ranks."""
         ...
@@ -132,8 +132,7 @@ def reload_after_sleep(engine: VllmRolloutEngine, local_weights: Callable[[], We
 
 def run_rank_share(
     dock: TransferDock,
-    state: str,
-    columns: tuple[str, ...],
+    spec: StageSpec,
     fn: StageFn,
     *,
     rank: int,
@@ -145,8 +144,7 @@ def run_rank_share(
     token-balanced: the share of an update (DDP, FSDP) or of FSDP's collective forward."""
     return run_stage(
         dock,
-        state,
-        columns,
+        spec,
         fn,
         rank=rank,
         batch_size=batch_size,

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
-from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
 from rldock.runtime.engines.distributed import wrap_ddp
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
 
@@ -85,20 +85,19 @@ class DdpBackend:
         self.optimizer.step()
         return grad_norm
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
         # Each rank's forward is its own: micro-batches as they come, no share to balance.
-        return run_stage(dock, state, columns, fn, rank=self.rank, batch_size=self._micro_batch_size)
+        return run_stage(dock, spec, fn, rank=self.rank, batch_size=self._micro_batch_size)
 
     def before_update(self, *, after_inference: bool) -> None:
         pass  # nothing leaves the device
 
     def run_update_stage(
-        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+        self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
     ) -> StageTiming:
         return run_rank_share(
             dock,
-            state,
-            columns,
+            spec,
             fn,
             rank=self.rank,
             world_size=self.world_size,

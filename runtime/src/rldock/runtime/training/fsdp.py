@@ -34,7 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
-from rldock.runtime.dock.stage_loop import StageFn, StageTiming
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming
 from rldock.runtime.engines.expert_parallel import expert_mesh, gather_expert_state, gather_experts, shard_expert_state
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
@@ -131,22 +131,19 @@ class FsdpBackend:
         self.optimizer.step()
         return grad_norm
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
         self.to_training()
-        return run_rank_share(
-            dock, state, columns, fn, rank=self.rank, world_size=self.world_size, batch_size=self._share
-        )
+        return run_rank_share(dock, spec, fn, rank=self.rank, world_size=self.world_size, batch_size=self._share)
 
     def before_update(self, *, after_inference: bool) -> None:
         self.to_training()
 
     def run_update_stage(
-        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+        self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
     ) -> StageTiming:
         return run_rank_share(
             dock,
-            state,
-            columns,
+            spec,
             fn,
             rank=self.rank,
             world_size=self.world_size,

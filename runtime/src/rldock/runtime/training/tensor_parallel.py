@@ -34,7 +34,7 @@ from rldock.config import JobConfig
 from rldock.config.layout import job_layout
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
 from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
@@ -133,9 +133,9 @@ class TensorParallelBackend:
         """Average over DP, clip over the TP-split model, step."""
         return apply_gradients(self.model, self.optimizer, self.mesh, max_grad_norm=max_grad_norm)
 
-    def run_inference_stage(self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
         self.begin_inference()  # the TP group computes together; its params come back first
-        return self.run_training_stage(dock, state, columns, fn, batch_size=self._micro_batch_size)
+        return self.run_training_stage(dock, spec, fn, batch_size=self._micro_batch_size)
 
     def before_update(self, *, after_inference: bool) -> None:
         if not after_inference:  # no old-logprob pass brought the params back
@@ -143,12 +143,11 @@ class TensorParallelBackend:
         self._times.update(self.resharder.finish_update_swap())  # before any gradient is touched
 
     def run_update_stage(
-        self, dock: TransferDock, state: str, columns: tuple[str, ...], fn: StageFn, *, whole_groups: bool = False
+        self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
     ) -> StageTiming:
         return self.run_training_stage(
             dock,
-            state,
-            columns,
+            spec,
             fn,
             batch_size=self.update_share,
             balance=True,
@@ -203,8 +202,7 @@ class TensorParallelBackend:
     def run_training_stage(
         self,
         dock: TransferDock,
-        state: str,
-        columns: tuple[str, ...],
+        spec: StageSpec,
         fn: StageFn,
         *,
         batch_size: int,
@@ -217,8 +215,7 @@ class TensorParallelBackend:
         if self._tp_group is None:
             return run_stage(
                 dock,
-                state,
-                columns,
+                spec,
                 fn,
                 rank=self.dp_rank,
                 batch_size=batch_size,
@@ -234,8 +231,7 @@ class TensorParallelBackend:
 
             timing = run_stage(
                 dock,
-                state,
-                columns,
+                spec,
                 shared,
                 rank=self.dp_rank,
                 batch_size=batch_size,

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.policy_objective import job_objective
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageTiming, run_stage
@@ -44,6 +44,15 @@ from rldock.runtime.models.lora import adapters_off, add_lora
 from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
 from rldock.runtime.rollout.modes import build_rollout
+from rldock.runtime.states import (
+    ACTOR_INFERENCE,
+    PREFERENCE_UPDATE,
+    REFERENCE_INFERENCE,
+    ROLLOUT,
+    UPDATE,
+    StageCall,
+    WorkerState,
+)
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend
@@ -58,6 +67,7 @@ class ActorWorker(TakesTurns):
         self,
         cfg: JobConfig,
         *,
+        recipe: Recipe,
         rank: int,
         world_size: int,
         policy_dir: str,
@@ -72,7 +82,7 @@ class ActorWorker(TakesTurns):
         # the version the rollout tags its samples with and the update measures staleness against.
         self.policy_version = policy_version
         self.device = detect_device(cfg.resources.device)
-        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"actor rank {rank}")
+        apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"actor rank {rank}")
         torch.manual_seed(cfg.seed + rank)
         self.tokenizer = load_tokenizer(policy_dir)
         self.model: PreTrainedModel | PeftModel = load_causal_lm(
@@ -86,7 +96,7 @@ class ActorWorker(TakesTurns):
             enable_activation_checkpointing(self.model)
         self.group = TrainingGroup(cfg, device=self.device, rank=rank, world_size=world_size)
         self.backend: TrainingBackend = self.group.alone(self.model, self._make_optimizer)  # until join_group
-        self.recipe = job_recipe(cfg)
+        self.recipe = recipe  # the job's (job_recipe), built once by the driver
         self.objective = job_objective(cfg, self.recipe)  # the update's loss; None under DPO
         # DPO trains on given responses: no engine, and its rollout mode is never asked.
         self.generation = RankEngine(
@@ -104,7 +114,7 @@ class ActorWorker(TakesTurns):
             tokenizer=self.tokenizer,
             rank=rank,
             batch_size=self.generation.replica_samples,
-            columns=self.recipe.consumes.get("rollout", ()),
+            spec=recipe.spec(ROLLOUT.name) if recipe.needs_rollout_engine else ROLLOUT,
             train_files=train_files,
             environment_urls=environment_urls,
         )
@@ -155,30 +165,30 @@ class ActorWorker(TakesTurns):
 
     # --- stages -------------------------------------------------------------------------------
 
-    @in_turn("rollout")
-    def generate(self, iteration: int, sampling_round: int = 0, round_tokens: int | None = None) -> dict:
+    @in_turn(ROLLOUT)
+    def generate(self, call: StageCall) -> dict:
         """Rollout: whole prompt groups in, N responses per prompt out, sampled as the job's rollout
-        mode does (rldock.runtime.rollout). `sampling_round` counts the rounds of dynamic sampling
-        (DAPO) within the iteration: each round's groups get their own sampling seeds. `round_tokens`
-        (partial rollout, a weight update follows): cut responses there and complete them in
-        `finish_rollout`."""
+        mode does (rldock.runtime.rollout). The call's `sampling_round` counts the rounds of dynamic
+        sampling (DAPO) within the iteration: each round's groups get their own sampling seeds. Its
+        `round_tokens` (partial rollout, a weight update follows): cut responses there and complete
+        them in `finish_rollout`."""
         # The engine holds the weights of `policy_version` updates: the responses' policy version
         # (iteration - 1 in sync mode, iteration - 2 when the async pipeline runs ahead).
         request = RolloutRequest(
-            iteration=iteration,
+            iteration=call.iteration,
             policy_version=self.policy_version,
-            sampling_round=sampling_round,
-            round_tokens=round_tokens,
+            sampling_round=call.sampling_round,
+            round_tokens=call.round_tokens,
         )
         with self.generation.lent() as engine:
-            return self.rollout.generate(engine, self.banks.bank(iteration), request)
+            return self.rollout.generate(engine, self.banks.bank(call.iteration), request)
 
-    def finish_rollout(self, iteration: int) -> dict:
+    def finish_rollout(self, call: StageCall) -> dict:
         """Partial rollout's second round, after the weight update that cut `iteration`'s generation
         (the trainer calls this only with rollout.partial_rollout on; other modes refuse it)."""
         with self.generation.lent() as engine:
             return self.rollout.finish(
-                engine, self.banks.bank(iteration), iteration=iteration, policy_version=self.policy_version
+                engine, self.banks.bank(call.iteration), iteration=call.iteration, policy_version=self.policy_version
             )
 
     def evaluate(self, request: HeldOutRequest) -> dict:
@@ -188,8 +198,8 @@ class ActorWorker(TakesTurns):
         with self.generation.lent() as engine:
             return self.rollout.evaluate(engine, request)
 
-    @in_turn("reference")
-    def compute_ref_logprobs(self, iteration: int) -> dict:
+    @in_turn(REFERENCE_INFERENCE)
+    def compute_ref_logprobs(self, call: StageCall) -> dict:
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
         model = self.model
@@ -202,17 +212,16 @@ class ActorWorker(TakesTurns):
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         timing = run_stage(
-            self.banks.bank(iteration),
-            "reference",
-            self.recipe.consumes["reference"],
+            self.banks.bank(call.iteration),
+            self.recipe.spec(REFERENCE_INFERENCE.name),
             infer,
             rank=self.rank,
             batch_size=self.cfg.training.micro_batch_size,
         )
         return {**timing.as_dict(), "computed": tally.as_dict()}
 
-    @in_turn("actor_inference")
-    def compute_old_logprobs(self, iteration: int) -> dict:
+    @in_turn(ACTOR_INFERENCE)
+    def compute_old_logprobs(self, call: StageCall) -> dict:
         tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -224,12 +233,12 @@ class ActorWorker(TakesTurns):
             return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         timing = self.backend.run_inference_stage(
-            self.banks.bank(iteration), "actor_inference", self.recipe.consumes["actor_inference"], infer
+            self.banks.bank(call.iteration), self.recipe.spec(ACTOR_INFERENCE.name), infer
         )
         return {**timing.as_dict(), "computed": self._computed(tally)}
 
-    @in_turn("update")
-    def update(self, iteration: int) -> dict:
+    @in_turn(UPDATE)
+    def update(self, call: StageCall) -> dict:
         """Take exactly this rank's share of the batch (token-balanced across its DP peers), step
         the optimizer, export the weights to the engine. The backend's metrics (ledger and
         resharding rows) go with the losses."""
@@ -241,9 +250,8 @@ class ActorWorker(TakesTurns):
             staleness.append(self.policy_version - batch["policy_version"])  # (B,)
 
         timing, summary = self._train_share(
-            iteration,
-            "update",
-            self.recipe.consumes["update"],
+            call,
+            UPDATE,
             lambda mini_batch: self._optimizer_step(mini_batch, tally),
             track=track,
         )
@@ -257,14 +265,13 @@ class ActorWorker(TakesTurns):
             "computed": self._computed(tally),
         }
 
-    @in_turn("preference_update")
-    def preference_update(self, iteration: int) -> dict:
+    @in_turn(PREFERENCE_UPDATE)
+    def preference_update(self, call: StageCall) -> dict:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
         tally = PassTally()
         timing, summary = self._train_share(
-            iteration,
-            "preference_update",
-            self.banks.states["preference_update"],
+            call,
+            PREFERENCE_UPDATE,
             lambda mini_batch: self._preference_step(mini_batch, tally),
             whole_groups=True,
         )
@@ -276,19 +283,19 @@ class ActorWorker(TakesTurns):
         return tally.as_dict() if self.backend.counts_passes else PassTally().as_dict()
 
     def _train_share(
-        self, iteration: int, state: str, columns: tuple[str, ...], step: Callable[[TensorDict], dict], **share: Any
+        self, call: StageCall, state: WorkerState, step: Callable[[TensorDict], dict], **share: Any
     ) -> tuple[StageTiming, dict[str, float]]:
-        """This rank's share of `state`, `step` on each of its algorithm.num_updates_per_iteration
-        mini-batches (training/accumulation.py's train_share); the training state comes back first
-        (TP: parameters too, when no old-logprob pass brought them)."""
+        """This rank's share of `state` (as the job's recipe runs it), `step` on each of its
+        algorithm.num_updates_per_iteration mini-batches (training/accumulation.py's train_share);
+        the training state comes back first (TP: parameters too, when no old-logprob pass brought
+        them)."""
         return train_share(
             self.backend,
-            self.banks.bank(iteration),
-            state,
-            columns,
+            self.banks.bank(call.iteration),
+            self.recipe.spec(state.name),
             step,
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
-            after_inference="actor_inference" in self.recipe.consumes,
+            after_inference=ACTOR_INFERENCE.name in self.recipe.consumes,
             **share,
         )
 

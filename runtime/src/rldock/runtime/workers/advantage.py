@@ -10,9 +10,10 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import Recipe, job_recipe
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.states import ADVANTAGE_STATE, StageCall
 
 
 def advantage_batch_size(recipe: Recipe, cfg: JobConfig) -> int:
@@ -31,26 +32,25 @@ def advantage_generator(seed: int, iteration: int, indices: torch.Tensor) -> tor
 
 
 class AdvantageWorker:
-    def __init__(self, cfg: JobConfig, *, banks: DockBanks):
+    def __init__(self, cfg: JobConfig, *, recipe: Recipe, banks: DockBanks):
         self.cfg, self.banks = cfg, banks
-        recipe = job_recipe(cfg)
+        self.spec = recipe.spec(ADVANTAGE_STATE.name)  # the dock columns it reads, as the job runs it
         # Only a recipe with an advantage stage has the advantage state this worker serves.
         assert recipe.advantage_stage is not None, f"recipe {recipe.name!r} has no advantage stage"
         self.stage = recipe.advantage_stage
         self.batch_size = advantage_batch_size(recipe, cfg)
 
-    def compute_advantages(self, iteration: int) -> dict:
+    def compute_advantages(self, call: StageCall) -> dict:
         algo = self.cfg.algorithm
 
         def estimate(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            columns = self.stage(batch, algo, advantage_generator(self.cfg.seed, iteration, indices))
+            columns = self.stage(batch, algo, advantage_generator(self.cfg.seed, call.iteration, indices))
             return TensorDict(columns, batch_size=[len(indices)])
 
         # Whole groups only: a group's baseline needs all N of its rewards.
         return run_stage(
-            self.banks.bank(iteration),
-            "advantage",
-            self.banks.states["advantage"],
+            self.banks.bank(call.iteration),
+            self.spec,
             estimate,
             rank=0,
             batch_size=self.batch_size,

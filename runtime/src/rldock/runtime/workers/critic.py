@@ -27,6 +27,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
@@ -35,6 +36,7 @@ from rldock.runtime.engines.policy import PassTally, response_attention, sort_by
 from rldock.runtime.engines.values import response_values, valued_tokens
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model
+from rldock.runtime.states import CRITIC_INFERENCE, CRITIC_UPDATE, StageCall
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.training.accumulation import accumulate, train_share
 from rldock.runtime.training.backend import TrainingBackend, load_full_weights
@@ -47,10 +49,13 @@ CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"  # as the backend writes it (FSDP:
 
 
 class CriticWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, policy_dir: str, banks: DockBanks, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self, cfg: JobConfig, *, recipe: Recipe, policy_dir: str, banks: DockBanks, rank: int = 0, world_size: int = 1
+    ):
         self.cfg, self.banks, self.rank, self.world_size = cfg, banks, rank, world_size
+        self.recipe = recipe  # the job's (job_recipe): the columns its two states read
         self.device = detect_device(cfg.resources.device)
-        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"critic rank {rank}")
+        apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"critic rank {rank}")
         torch.manual_seed(cfg.seed)  # the same on every rank: the value head starts identical
         self.model = load_value_model(policy_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         if cfg.training.gradient_checkpointing:  # before any wrapper (FSDP's hooks sit outside)
@@ -91,8 +96,8 @@ class CriticWorker(TakesTurns):
 
     # --- stages -------------------------------------------------------------------------------
 
-    @in_turn("critic_inference")
-    def compute_values(self, iteration: int) -> dict:
+    @in_turn(CRITIC_INFERENCE)
+    def compute_values(self, call: StageCall) -> dict:
         tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -112,20 +117,19 @@ class CriticWorker(TakesTurns):
             return TensorDict({"values": values.cpu()}, batch_size=[len(indices)])
 
         timing = self.backend.run_inference_stage(
-            self.banks.bank(iteration), "critic_inference", self.banks.states["critic_inference"], infer
+            self.banks.bank(call.iteration), self.recipe.spec(CRITIC_INFERENCE.name), infer
         )
         return {**timing.as_dict(), "rank": self.rank, "computed": tally.as_dict()}
 
-    @in_turn("critic_update")
-    def update(self, iteration: int) -> dict:
+    @in_turn(CRITIC_UPDATE)
+    def update(self, call: StageCall) -> dict:
         """This rank's share of the iteration's samples (token-balanced across the critic ranks), in
         `num_updates_per_iteration` optimizer steps."""
         tally = PassTally()
         timing, summary = train_share(
             self.backend,
-            self.banks.bank(iteration),
-            "critic_update",
-            self.banks.states["critic_update"],
+            self.banks.bank(call.iteration),
+            self.recipe.spec(CRITIC_UPDATE.name),
             lambda mini_batch: self._optimizer_step(mini_batch, tally),
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
             after_inference=True,  # critic_inference ran first (Ray keeps the calls' order)

@@ -6,28 +6,29 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.models.loading import load_causal_lm
+from rldock.runtime.states import REFERENCE_INFERENCE, StageCall
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
 
 
 class ReferenceWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, rank: int, reference_dir: str, banks: DockBanks):
+    def __init__(self, cfg: JobConfig, *, recipe: Recipe, rank: int, reference_dir: str, banks: DockBanks):
         self.cfg, self.rank, self.banks = cfg, rank, banks
-        self.consumes = job_recipe(cfg).consumes["reference"]  # dock columns it reads
+        self.spec = recipe.spec(REFERENCE_INFERENCE.name)  # the dock columns it reads, as the job runs it
         self.device = detect_device(cfg.resources.device)
-        apply_thread_budget(cfg, device_kind=self.device.kind, role=f"reference rank {rank}")
+        apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"reference rank {rank}")
         self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         self.model.eval().requires_grad_(False)
 
-    @in_turn("reference")
-    def compute_ref_logprobs(self, iteration: int) -> dict:
+    @in_turn(REFERENCE_INFERENCE)
+    def compute_ref_logprobs(self, call: StageCall) -> dict:
         micro_batch_size = self.cfg.training.micro_batch_size
         tally = PassTally()
 
@@ -38,6 +39,6 @@ class ReferenceWorker(TakesTurns):
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
         timing = run_stage(
-            self.banks.bank(iteration), "reference", self.consumes, infer, rank=self.rank, batch_size=micro_batch_size
+            self.banks.bank(call.iteration), self.spec, infer, rank=self.rank, batch_size=micro_batch_size
         )
         return {**timing.as_dict(), "computed": tally.as_dict()}

@@ -20,33 +20,36 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import is_trajectory, reward_views
-from rldock.runtime.algorithms.recipes import Recipe, job_recipe
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer, column_lists
+from rldock.runtime.states import REWARD_STATE, StageCall
 from rldock.runtime.workers.advantage import advantage_batch_size, advantage_generator
 
 
 class RewardWorker:
-    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, banks: DockBanks, train_files: Sequence[str]):
+    def __init__(
+        self, cfg: JobConfig, *, recipe: Recipe, tokenizer_dir: str, banks: DockBanks, train_files: Sequence[str]
+    ):
         self.cfg, self.banks = cfg, banks
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.scorer = RewardScorer(cfg.reward)
         # The trainer passes the files it read (a generator's are under the job's output), so
         # prompt_index means the same row here as in the driver.
         self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data))
-        self.follow(job_recipe(cfg))
+        self.follow(recipe)
 
     def follow(self, recipe: Recipe) -> None:
         """Take what this state reads, computes and writes from `recipe` (the job's, `job_recipe`)."""
         cfg = self.cfg
         self.model_term = cfg.reward.model_term_index  # its scores: the dock's rm_score column
         self.shaping = recipe.reward_shaping
-        self.consumes = recipe.consumes["reward"]  # dock columns it reads
+        self.spec = recipe.spec(REWARD_STATE.name)  # the dock columns it reads, as the job runs it
         # "reward" (shaped) where a state reads it, "score" where a filter needs it, "advantage" when fused
-        self.produces = recipe.produces["reward"]
+        self.produces = self.spec.produces
         # With the advantage fused in: the stage, and requests of whole groups (a baseline needs all N).
         self.advantage_stage = recipe.advantage_stage if recipe.advantage_in_reward else None
         self.whole_groups = self.advantage_stage is not None
@@ -57,7 +60,7 @@ class RewardWorker:
         extra infos, prompts and columns."""
         return [self.rows[i] for i in batch["prompt_index"].tolist()]
 
-    def compute_rewards(self, iteration: int) -> dict:
+    def compute_rewards(self, call: StageCall) -> dict:
         rewards: list[float] = []
         metrics = RewardMetrics()
 
@@ -87,15 +90,14 @@ class RewardWorker:
             if self.advantage_stage is not None:
                 columns.update(
                     self.advantage_stage(
-                        columns, self.cfg.algorithm, advantage_generator(self.cfg.seed, iteration, indices)
+                        columns, self.cfg.algorithm, advantage_generator(self.cfg.seed, call.iteration, indices)
                     )
                 )
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
 
         timing = run_stage(
-            self.banks.bank(iteration),
-            "reward",
-            self.consumes,
+            self.banks.bank(call.iteration),
+            self.spec,
             score,
             rank=0,
             batch_size=self.batch_size,

@@ -17,13 +17,13 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import final_texts, is_trajectory
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import run_stage
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.models.reward_model import load_reward_model
-from rldock.runtime.states import REWARD_MODEL
+from rldock.runtime.states import REWARD_MODEL, StageCall
 from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.turns import TakesTurns, in_turn
 
@@ -41,11 +41,11 @@ def sample_texts(tokenizer, batch: TensorDict) -> list[str]:
 
 
 class RewardModelWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, tokenizer_dir: str, banks: DockBanks):
+    def __init__(self, cfg: JobConfig, *, recipe: Recipe, tokenizer_dir: str, banks: DockBanks):
         self.cfg, self.banks = cfg, banks
-        self.consumes = job_recipe(cfg).consumes[REWARD_MODEL.name]  # dock columns it reads
+        self.spec = recipe.spec(REWARD_MODEL.name)  # the dock columns it reads, as the job runs it
         self.device = detect_device(cfg.resources.device)
-        apply_thread_budget(cfg, device_kind=self.device.kind, role="reward model")
+        apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role="reward model")
         self.tokenizer = load_tokenizer(tokenizer_dir)  # the policy's, to decode the dock's ids
         index = cfg.reward.model_term_index
         # job_recipe seats this worker only for a `model` term, whose `path` config/problems.py requires.
@@ -59,16 +59,15 @@ class RewardModelWorker(TakesTurns):
             field=f"reward.terms[{index}].path",
         )
 
-    @in_turn(REWARD_MODEL.name)
-    def compute_scores(self, iteration: int) -> dict:
+    @in_turn(REWARD_MODEL)
+    def compute_scores(self, call: StageCall) -> dict:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
             return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
 
         return run_stage(
-            self.banks.bank(iteration),
-            REWARD_MODEL.name,
-            self.consumes,
+            self.banks.bank(call.iteration),
+            self.spec,
             infer,
             rank=0,
             batch_size=self.cfg.training.micro_batch_size,
