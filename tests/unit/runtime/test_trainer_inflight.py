@@ -149,6 +149,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     trainer.cfg = SimpleNamespace(iterations=2)
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
     trainer.max_restarts, trainer.resume_from = max_restarts, None
+    trainer._utilisation = object()  # the mfu/ inputs, as if measured on an earlier attempt: no actor here
     docks: list[TransferDock] = []
     kept: list[bool] = []
 

@@ -69,13 +69,7 @@ def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
     base = prepare_base_model(cfg, rows)
     tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again
     conversation = job_conversation(cfg, tokenizer)  # an agent job's prompts describe its tools
-    dataset = PromptDataset(
-        rows,
-        tokenizer=tokenizer,
-        spec=cfg.data,
-        max_prompt_length=cfg.algorithm.max_prompt_length,
-        conversation=conversation,
-    )
+    dataset = prompt_dataset(cfg, rows, tokenizer, conversation=conversation)
     logger.info(
         "prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
         len(dataset),
@@ -143,6 +137,18 @@ def prepare_initial_policy(
     return warm
 
 
+def prompt_dataset(cfg: JobConfig, rows: list[Row], tokenizer, *, conversation: ChatRenderer | None) -> PromptDataset:
+    """`rows` rendered (data.chat_template, an agent job's `conversation`), tokenized and
+    length-checked against algorithm.max_prompt_length: the train and the held-out prompts alike."""
+    return PromptDataset(
+        rows,
+        tokenizer=tokenizer,
+        spec=cfg.data,
+        max_prompt_length=cfg.algorithm.max_prompt_length,
+        conversation=conversation,
+    )
+
+
 def load_prompt_set(cfg: JobConfig, output_dir: Path) -> tuple[DataFiles, list[Row]]:
     """The job's data files (generated first if configured) and their train rows."""
     files = prepare_data_files(cfg.data, output_dir, seed=cfg.seed)
@@ -170,13 +176,7 @@ def heldout_evaluation(
     if cfg.evaluation.interval == 0:
         return None
     rows = load_rows(val_files, val_columns(cfg.data), field="data.val_files")
-    dataset = PromptDataset(
-        rows,
-        tokenizer=tokenizer,
-        spec=cfg.data,
-        max_prompt_length=cfg.algorithm.max_prompt_length,
-        conversation=conversation,
-    )
+    dataset = prompt_dataset(cfg, rows, tokenizer, conversation=conversation)
     positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
     examples = [
         EvalExample(

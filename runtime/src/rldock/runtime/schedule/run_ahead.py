@@ -16,7 +16,7 @@ from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.inflight import Inflight
 from rldock.runtime.schedule.partial import held_states, launch_after_cut
 from rldock.runtime.schedule.stages import Stages
-from rldock.runtime.schedule.steps import advance_policy, gather_stages, launch_unfinished, start_in_bank
+from rldock.runtime.schedule.steps import advance_policy, cycle_since, gather_stages, launch_unfinished, start_in_bank
 from rldock.runtime.states import StageCall
 
 
@@ -75,16 +75,9 @@ class RunAheadSchedule:
         if self.ahead is not None and self.ahead.held is not None:  # after the update that cut it
             self.ahead.futures.update(launch_after_cut(driver, self.ahead.iteration, self.ahead.held))
         stages = gather_stages(
-            futures,
-            inflight,
-            fed=fed,
-            put_seconds=put_seconds,
-            sampled=sampled,
-            bank=bank,
-            started=started,
-            previous_end=self.last_ended,
+            futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
         )
-        self.last_ended = stages.ended
+        stages.cycle, self.last_ended = cycle_since(self.last_ended, stages.ended), stages.ended
         # The update made policy version `iteration`: the bound applies at once to what is left, in
         # the next iteration's bank too, which is filling: its update must see the new version.
         advance_policy(self.banks, iteration)

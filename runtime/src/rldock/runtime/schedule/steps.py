@@ -60,20 +60,22 @@ def gather_stages(
     sampled: SampledRounds,
     bank: TransferDock,
     started: float,
-    previous_end: float | None = None,
 ) -> Stages:
     """Wait for every launched stage (recording each rank's result in `inflight` as it returns) and
     join the results that came in before (sampling rounds, a resumed attempt). A resumed iteration's
-    response lengths are read from its bank (response_lengths_in says why). `previous_end`: when the
-    previous iteration's stages ended (the cycle's start)."""
+    response lengths are read from its bank (response_lengths_in says why)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})
     gathered = gather_failing_fast(futures, finished=inflight.finished)
     results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
     if inflight.resumed and not fed.response_lengths:
         fed = replace(fed, response_lengths=response_lengths_in(bank))
-    ended = time.perf_counter()
-    cycle = None if previous_end is None else ended - previous_end
-    return Stages(fed, put_seconds, results, bank, started, ended, sampled.metrics, cycle)
+    return Stages(fed, put_seconds, results, bank, started, time.perf_counter(), sampled.metrics)
+
+
+def cycle_since(previous_end: float | None, ended: float) -> float | None:
+    """An iteration's cycle (Stages.cycle): the seconds since the previous iteration's stages ended,
+    or None for the first iteration a schedule runs."""
+    return None if previous_end is None else ended - previous_end
 
 
 def advance_policy(banks: DockBanks, version: int) -> None:

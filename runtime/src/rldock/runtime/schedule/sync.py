@@ -12,7 +12,7 @@ from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.inflight import Inflight, keep_inflight
 from rldock.runtime.schedule.stages import Stages
-from rldock.runtime.schedule.steps import advance_policy, gather_stages, launch_unfinished, start_in_bank
+from rldock.runtime.schedule.steps import advance_policy, cycle_since, gather_stages, launch_unfinished, start_in_bank
 
 
 class SyncSchedule:
@@ -32,16 +32,9 @@ class SyncSchedule:
         fed, put_seconds, sampled, futures = start_in_bank(driver, bank, iteration, inflight, algo=self.algo)
         futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
         stages = gather_stages(
-            futures,
-            inflight,
-            fed=fed,
-            put_seconds=put_seconds,
-            sampled=sampled,
-            bank=bank,
-            started=started,
-            previous_end=self.last_ended,
+            futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
         )
-        self.last_ended = stages.ended
+        stages.cycle, self.last_ended = cycle_since(self.last_ended, stages.ended), stages.ended
         # The update made policy version `iteration`. No stage runs now and nothing is left to
         # bound, so it goes in the bookkeeping's order, before the counters read the next put waits for.
         driver.books.later(advance_policy, self.banks, iteration)
