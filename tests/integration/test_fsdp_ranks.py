@@ -219,7 +219,7 @@ def test_planner_matches_100m_fsdp_ranks_and_fsdp_halves_ddp():
 
 # --- the PPO critic on FSDP ranks -------------------------------------------------------------
 
-CRITIC_SAMPLES, CRITIC_STATES = 8, ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "values", "returns")
+CRITIC_SAMPLES = 8
 
 
 class RankShareDock:
@@ -230,7 +230,6 @@ class RankShareDock:
         share = CRITIC_SAMPLES // WORLD
         self.rows = torch.arange(rank * share, (rank + 1) * share)
         self.batch, self.given, self.waited_s, self.drained = batch, False, 0.0, False
-        self.states = {"critic_update": CRITIC_STATES}
 
     def bank(self, iteration):
         return self
@@ -289,6 +288,7 @@ def _critic_batch(seed: int):
             "response_mask": response_mask,
             "values": (targets + 0.5 * (torch.arange(targets.numel()).reshape(targets.shape) % 2)) * response_mask,
             "returns": targets * response_mask,
+            "value_mask": response_mask.clone(),  # GAE by token: every model token's value trains
         },
         batch_size=[CRITIC_SAMPLES],
     )

@@ -87,11 +87,7 @@ def test_grpo_iteration_on_the_twin(npu_twin, twin_model_dir):
 
 def test_ppo_iteration_on_the_twin(npu_twin, twin_model_dir):
     cfg = _cfg(twin_model_dir, "ppo")
-    states = {
-        "critic_inference": ("prompt_ids", "prompt_mask", "response_ids", "response_mask"),
-        "critic_update": ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "values", "returns"),
-    }
-    dock = ColumnDock(rollout_batch(), states=states)
+    dock = ColumnDock(rollout_batch(), states={})  # the workers ask for their recipe's columns
     actor = _actor(cfg, twin_model_dir, dock)
     reference = ReferenceWorker(cfg, recipe=job_recipe(cfg), rank=0, reference_dir=str(twin_model_dir), banks=dock)
     _place(reference, 1)
@@ -107,6 +103,7 @@ def test_ppo_iteration_on_the_twin(npu_twin, twin_model_dir):
     mask = dock.batch["response_mask"].float()
     dock.batch["advantage"] = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]) * mask  # (B, SL) per token
     dock.batch["returns"] = dock.batch["values"] + dock.batch["advantage"]
+    dock.batch["value_mask"] = dock.batch["response_mask"].clone()  # GAE by token: every model token trains
     actor_stats = actor.update(StageCall(1))
     critic_stats = critic.update(StageCall(1))
 

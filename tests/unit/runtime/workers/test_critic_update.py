@@ -22,10 +22,6 @@ from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.workers.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, CriticWorker
 
 VALUE_CLIP, MAX_GRAD_NORM, LEARNING_RATE, WEIGHT_DECAY = 0.2, 0.05, 1e-2, 0.1
-STATES = {
-    "critic_inference": ("prompt_ids", "prompt_mask", "response_ids", "response_mask"),
-    "critic_update": ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "values", "returns"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +81,14 @@ def _batch(model, seed: int) -> TensorDict:
             "response_mask": response_mask,
             "values": (values + offsets) * response_mask,
             "returns": returns * response_mask,
+            "value_mask": response_mask.clone(),  # GAE by token: every model token's value trains
         },
         batch_size=[4],
     )
 
 
 def _dock(batch: TensorDict) -> OneBatchDock:
-    dock = OneBatchDock(batch)
-    dock.states = STATES  # the column lists DockBanks would hold
-    return dock
+    return OneBatchDock(batch)  # the critic asks it for its recipe's columns
 
 
 def _critic(policy_dir, batch: TensorDict | None = None) -> CriticWorker:
