@@ -227,6 +227,11 @@ def test_an_agent_with_a_harness_selects_the_harness_mode(tmp_path):
     cfg = job(agent={"harness": "my_agent:run"}, data={"train_files": [str(train)], "answer_key": "answer"})
     assert mode_of(cfg) == "harness" and "harness" in MODES
     rollout = build_rollout(
-        cfg, tokenizer=chat_tokenizer(), rank=0, batch_size=6, columns=COLUMNS, train_files=[str(train)]
+        cfg,
+        tokenizer=chat_tokenizer(),
+        rank=0,
+        batch_size=6,
+        spec=replace(ROLLOUT, consumes=COLUMNS),
+        train_files=[str(train)],
     )
     assert type(rollout) is HarnessRollout and rollout.rows[0].ground_truth == "5"
