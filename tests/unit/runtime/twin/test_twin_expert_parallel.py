@@ -6,12 +6,13 @@ tests/integration/test_expert_parallel_ranks.py: reassociation only)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, moe_model, token_logprobs, whole_batch
 
@@ -20,14 +21,11 @@ WORLD = 2
 TOL = dict(rtol=1e-9, atol=1e-12)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_ep2_on_two_twin_devices_equals_one_process(npu_twin, tmp_path):
-    port = _free_port()
+    # This process holds the group's store on a port the OS picked and keeps it bound while the
+    # ranks connect (a port probed free and bound later by a rank could be taken in between).
+    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, timeout=timedelta(seconds=300), wait_for_workers=False)
+    port = store.port
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the ranks import what this process does
     ranks = [
         subprocess.Popen(

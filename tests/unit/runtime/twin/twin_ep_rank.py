@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
@@ -27,8 +29,15 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
     activate()
     torch.set_num_threads(1)
     device = detect_device("npu", index=rank)
+    # The test process holds the store; every rank (rank 0 too) connects to it as a client.
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=120))
     init_process_group(
-        device, rank=rank, world_size=world_size, rendezvous=Rendezvous(address="127.0.0.1", port=port), timeout_s=120
+        device,
+        rank=rank,
+        world_size=world_size,
+        rendezvous=Rendezvous(address="127.0.0.1", port=port),
+        store=store,
+        timeout_s=120,
     )
     cfg = ep_job_config(world_size, world_size, device="npu")
     backend = FsdpBackend(
