@@ -34,6 +34,10 @@ async def run(task, client):
         if mode == "bad_reward":
             await client.chat.completions.create(model="policy", messages=messages)
             return "great"
+        if mode == "completions":  # token ids in, token ids out
+            answer = await client.completions.create(model="policy", prompt=[1, 5, 6])
+            seen.append(answer.choices[0].text)
+            return 1.0
         if mode == "stream":
             stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)
             text = ""

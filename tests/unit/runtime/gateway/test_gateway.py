@@ -9,6 +9,7 @@ the chat template are the real ones.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import string
 import sys
@@ -121,23 +122,43 @@ def test_a_stream_carries_the_same_answer(episodes, tokenizer, tmp_path):
     assert seen(out)["stream"] == ["the sum is 5"] and result.rewards == [1.0]
 
 
+def test_a_token_id_episode_is_not_rerendered_under_a_template_that_wants_a_user_turn_first(tokenizer, tmp_path):
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = (
+        "{% if messages[0].role != 'user' %}{{ raise_exception('a user turn comes first') }}{% endif %}" + CHAT_TEMPLATE
+    )
+    runner = GatewayEpisodes(job(), tokenizer=strict, prompt_capacity=PROMPT_CAPACITY)
+    try:
+        tasks, out = tasks_of(tmp_path, "completions")
+        (result,) = runner.run(ScriptedEngine(strict, {2: ["5"]}), tasks=tasks, prompts=[[1]], keys=[2], seed=0)
+    finally:
+        runner.close()
+    assert result.ended == "harness_done" and result.turns == 1 and result.exact
+    assert result.row.ids[: result.row.prompt_length] == [1, 5, 6]
+    assert result.drift_tokens is None  # its history is the answer alone: not a conversation to render again
+    assert result_sums([result], engine_s=0.0, wall_s=0.0)["counts/gateway/rerender_drifted"] == 0
+
+
 def test_failing_harnesses_end_their_episodes_counted_and_the_others_go_on(episodes, tokenizer, tmp_path):
-    runner = episodes(episode_timeout_s=5)  # the hanging one waits it out; the others finish well within it
-    modes = ("raise", "hang", "silent", "bad_reward", "stream")
+    # A timeout far past any machine's time for these episodes: how fast the machine is never decides an outcome.
+    runner = episodes(episode_timeout_s=120)
+    modes = ("raise", "silent", "bad_reward", "stream")
     tasks, _ = tasks_of(tmp_path, *modes)
     engine = ScriptedEngine(tokenizer, {k: ["ok"] for k in range(len(modes))})
     results = runner.run(engine, tasks=tasks, prompts=[[1, 2]] * len(modes), keys=list(range(len(modes))), seed=0)
-    assert [r.ended for r in results] == [
-        "harness_error",
-        "harness_timeout",
-        "harness_no_turn",
-        "harness_bad_reward",
-        "harness_done",
-    ]
+    assert [r.ended for r in results] == ["harness_error", "harness_no_turn", "harness_bad_reward", "harness_done"]
     # every episode has a turn of the model's to train on: those that never reached it got one on their prompt
     assert all(sum(r.row.model_mask) > 0 for r in results)
     sums = result_sums(results, engine_s=0.0, wall_s=0.0)
-    assert sums["ended/harness_timeout"] == 1 and sums["counts/gateway/exact_episodes"] == 5
+    assert sums["ended/harness_error"] == 1 and sums["counts/gateway/exact_episodes"] == 4
+
+
+def test_a_hanging_harness_is_cancelled_at_the_episode_timeout(episodes, tokenizer, tmp_path):
+    runner = episodes(episode_timeout_s=0.2)  # it never returns: any timeout ends it
+    tasks, _ = tasks_of(tmp_path, "hang")
+    (result,) = runner.run(ScriptedEngine(tokenizer, {0: ["ok"]}), tasks=tasks, prompts=[[1, 2]], keys=[0], seed=0)
+    assert result.ended == "harness_timeout" and sum(result.row.model_mask) > 0
+    assert result_sums([result], engine_s=0.0, wall_s=0.0)["ended/harness_timeout"] == 1
 
 
 def test_a_command_harness_gets_the_endpoint_in_its_environment(episodes, tokenizer, tmp_path):
@@ -158,8 +179,18 @@ def test_a_command_harness_gets_the_endpoint_in_its_environment(episodes, tokeni
     (result,) = good.run(ScriptedEngine(tokenizer, {4: ["5"]}), tasks=tasks, prompts=[[1]], keys=[4], seed=0)
     assert result.ended == "harness_done" and result.rewards == [1.0] and result.turns == 1
     bad = episodes(harness=None, harness_command=[sys.executable, str(failing)])
-    (result,) = bad.run(ScriptedEngine(tokenizer, {4: ["5"]}), tasks=tasks, prompts=[[1]], keys=[4], seed=0)
-    assert result.ended == "harness_exit"
+    tasks, _ = tasks_of(tmp_path, "command", "command")
+    # one harness that exits non-zero among others ends its episode (counted); every one of a batch stops the job
+    with pytest.raises(HarnessError, match="every episode of the batch .2. failed.*agent.harness_command exited 3"):
+        bad.run(ScriptedEngine(tokenizer, {4: ["5"], 5: ["5"]}), tasks=tasks, prompts=[[1]] * 2, keys=[4, 5], seed=0)
+
+
+def test_a_harness_that_raises_on_every_episode_stops_the_rollout_naming_it(episodes, tokenizer, tmp_path):
+    runner = episodes()
+    tasks, _ = tasks_of(tmp_path, "raise", "raise")
+    with pytest.raises(HarnessError, match="agent.harness raised RuntimeError: the harness broke"):
+        runner.run(ScriptedEngine(tokenizer, {0: ["5"], 1: ["5"]}), tasks=tasks, prompts=[[1]] * 2, keys=[0, 1], seed=0)
+    assert runner.gateway.episodes == {}  # closed before the refusal
 
 
 # --- bad input: OpenAI's 400s, 401, 429 ------------------------------------------------------------
@@ -270,6 +301,17 @@ def test_completions_take_token_ids_and_continue_them(served, tokenizer):
         tokenizer.eos_token_id,
     ]
     assert post(f"{url}/completions", key, {"prompt": "text"}).json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab"])
+def test_a_token_id_outside_the_vocabulary_is_a_400_naming_the_prompt(served, tokenizer, bad):
+    url, key, engine, _, _ = served
+    token = len(tokenizer) if bad == "vocab" else bad
+    answer = post(f"{url}/completions", key, {"model": "policy", "prompt": [1, token, 6]})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "prompt" and f"token id {token}" in error["message"]
+    assert engine.submitted == 0  # refused before the engine
 
 
 def test_the_harness_is_checked_when_loaded(tmp_path):

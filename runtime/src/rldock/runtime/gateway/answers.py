@@ -82,8 +82,8 @@ def chat_request(body: Any, *, model: str) -> ChatRequest:
     )
 
 
-def completion_prompt(body: Any, *, model: str) -> tuple[list[int], int | None]:
-    """A completion request's prompt, token ids (one list), and its max tokens."""
+def completion_prompt(body: Any, *, model: str, vocab_size: int) -> tuple[list[int], int | None]:
+    """A completion request's prompt, token ids (one list, each in `[0, vocab_size)`), and its max tokens."""
     _check_common(body, model=model)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
@@ -95,6 +95,12 @@ def completion_prompt(body: Any, *, model: str) -> tuple[list[int], int | None]:
     ):
         raise RequestError(
             "prompt is not one non-empty list of token ids (text prompts go to chat/completions)", param="prompt"
+        )
+    outside = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if outside is not None:
+        raise RequestError(
+            f"prompt holds the token id {outside}, outside the model's vocabulary (0 to {vocab_size - 1})",
+            param="prompt",
         )
     if body.get("stream"):
         raise RequestError("stream is not served on completions; use chat/completions", param="stream")
@@ -119,6 +125,7 @@ class Shaper:
         self.tokenizer, self.model = tokenizer, model
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.eos_text: str = tokenizer.eos_token
+        self.vocab_size = len(tokenizer)  # the ids a prompt may hold, added tokens included
 
     def text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False).removesuffix(self.eos_text)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from jinja2 import TemplateError
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.conversation import ChatRenderer
@@ -19,9 +22,11 @@ from rldock.runtime.agent.loading import build_parser
 from rldock.runtime.agent.parsers import REASONING_PARSERS
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import Shaper
-from rldock.runtime.gateway.harness import HarnessOutcome, HarnessRunner
+from rldock.runtime.gateway.harness import HarnessOutcome, HarnessRunner, check_not_all_broken
 from rldock.runtime.gateway.server import EngineTurns, Gateway, GatewayLoop
-from rldock.runtime.gateway.sessions import SegmentRow, Session, rerendered_drift
+from rldock.runtime.gateway.sessions import Segment, SegmentRow, Session, rerendered_drift
+
+log = logging.getLogger(__name__)
 
 MODEL_NAME = "policy"  # the `model` a harness names (or leaves out)
 
@@ -120,6 +125,7 @@ class GatewayEpisodes:
         outcomes = pending.result()
         self.server.run(settled()).result()
         episodes = [self.gateway.close(name) for name in names]
+        check_not_all_broken(outcomes)
         silent = [i for i, episode in enumerate(episodes) if not episode.session.segments]
         # An episode whose harness never reached the model still gets one turn on its prompt: every sample
         # has tokens of the model's (its reward says it failed).
@@ -160,9 +166,21 @@ class GatewayEpisodes:
             tool_calls=episode.tool_calls,
             segments=[segment.reason for segment in session.segments],
             exact=exact,
-            drift_tokens=rerendered_drift(last, self.renderers(tools)).tokens if last.history else None,
+            drift_tokens=self._drift(last, tools),
             resends=episode.resends,
         )
+
+    def _drift(self, segment: Segment, tools: list[dict]) -> int | None:
+        """The debug report's drift of re-rendering `segment`'s messages; None where it is not measured: a
+        segment from token ids (its history is the last answer only, not a conversation) or one the chat
+        template refuses to render (a report, never a reason to fail the rollout)."""
+        if not segment.history or segment.from_ids:
+            return None
+        try:
+            return rerendered_drift(segment, self.renderers(tools)).tokens
+        except (TemplateError, ValueError) as error:
+            log.warning("the re-rendering drift is not measured: the chat template refused the messages: %s", error)
+            return None
 
     def close(self) -> None:
         self.server.close()

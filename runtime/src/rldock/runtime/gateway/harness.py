@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,20 @@ class HarnessOutcome:
     ended: str = "harness_done"
     rewards: list[float] = field(default_factory=list)  # the returned reward (after the posted ones)
     info: dict = field(default_factory=dict)  # what a dict return held besides `reward`
+    error: str | None = None  # harness_error / harness_exit: what went wrong, naming the field
+
+
+BROKEN = ("harness_error", "harness_exit")  # the harness itself failed (not the model, not the clock)
+
+
+def check_not_all_broken(outcomes: Sequence[HarnessOutcome]) -> None:
+    """Refuse a batch whose every episode's harness raised or exited non-zero: its samples would be fallback
+    turns only, training on nothing the harness did; such a harness is broken, not unlucky."""
+    if outcomes and all(outcome.ended in BROKEN for outcome in outcomes):
+        raise HarnessError(
+            f"every episode of the batch ({len(outcomes)}) failed in the harness; the first: {outcomes[0].error} "
+            "(fix the harness: one that fails on every task trains on nothing of its own)"
+        )
 
 
 def reward_of(value: Any) -> tuple[float | None, dict] | str:
@@ -99,10 +113,10 @@ class HarnessRunner:
             return HarnessOutcome("harness_timeout")
         except _CommandFailed as failure:
             logger.warning("agent.harness_command exited %s: %s", failure.code, failure.tail)
-            return HarnessOutcome("harness_exit")
+            return HarnessOutcome("harness_exit", error=f"agent.harness_command exited {failure.code}: {failure.tail}")
         except Exception as error:  # broad on purpose: the user's agent failing ends its episode, never the job
             logger.warning("agent.harness raised %s: %s", type(error).__name__, error)
-            return HarnessOutcome("harness_error")
+            return HarnessOutcome("harness_error", error=f"agent.harness raised {type(error).__name__}: {error}")
         reward = reward_of(value)
         if isinstance(reward, str):
             logger.warning("agent.harness: %s", reward)

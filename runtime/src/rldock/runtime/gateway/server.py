@@ -265,7 +265,7 @@ class Gateway:
         return await self._once(episode, body, turn)
 
     async def complete(self, episode: Episode, body: Any) -> dict:
-        prompt, asked = completion_prompt(body, model=self.shaper.model)
+        prompt, asked = completion_prompt(body, model=self.shaper.model, vocab_size=self.shaper.vocab_size)
 
         async def turn() -> dict:
             plan = episode.session.plan_ids(prompt)

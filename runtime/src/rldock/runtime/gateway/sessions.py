@@ -65,6 +65,7 @@ class Segment:
     history: list[dict] = field(default_factory=list)  # the last request's messages, then the answer
     sampled: list[list[int]] = field(default_factory=list)  # each turn's ids as the engine returned them
     extendable: bool = True  # the last turn ended with the end-of-turn token
+    from_ids: bool = False  # a turn came from token ids (/v1/completions): `history` is not its messages
 
     @property
     def turns(self) -> int:
@@ -88,6 +89,7 @@ class Plan:
     added: list[int]  # context tokens appended to the segment before the turn (the new messages)
     messages: list[dict]  # the request's messages, normalised
     tools: tuple[str, ...]
+    from_ids: bool = False  # a token-id prompt (/v1/completions): no messages to keep
 
 
 @dataclass(frozen=True)
@@ -232,12 +234,12 @@ class Session:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if not self.segments:
-            return Plan(START, list(prompt_ids), [], [], ())
+            return Plan(START, list(prompt_ids), [], [], (), from_ids=True)
         segment = self.segments[-1]
         held = [*segment.prompt_ids, *segment.response_ids]
         if len(prompt_ids) > len(held) and list(prompt_ids[: len(held)]) == held:
-            return Plan(None, list(prompt_ids), list(prompt_ids[len(held) :]), [], segment.tools)
-        return Plan("prompt_ids_differ", list(prompt_ids), [], [], ())
+            return Plan(None, list(prompt_ids), list(prompt_ids[len(held) :]), [], segment.tools, from_ids=True)
+        return Plan("prompt_ids_differ", list(prompt_ids), [], [], (), from_ids=True)
 
     def commit(self, plan: Plan, token_ids: Sequence[int], *, ended_turn: bool, answer: Mapping) -> Segment:
         """Record the turn the engine sampled for `plan` (`token_ids`, the end-of-turn token included when
@@ -250,6 +252,7 @@ class Session:
         segment.sampled.append(list(token_ids))
         segment.history = [*plan.messages, normalised(answer)]
         segment.extendable = ended_turn
+        segment.from_ids = segment.from_ids or plan.from_ids
         return segment
 
     def rows(self, *, prompt_capacity: int) -> list[SegmentRow]:
