@@ -100,7 +100,11 @@ class ExpertParallelExperts(nn.Module):
     def __init__(self, experts: nn.Module, sharding: ExpertSharding):
         super().__init__()
         if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False):
-            raise ValueError(f"expert parallelism takes untransposed, bias-free fused experts, not {type(experts)}")
+            raise ValueError(
+                f"training.expert_parallel_size: expert parallelism takes Hugging Face's fused, untransposed, "
+                f"bias-free experts (Qwen3-MoE, Qwen2-MoE, Mixtral), not {type(experts).__name__}; set "
+                "training.expert_parallel_size: 1 for this model"
+            )
         gate_up_proj, down_proj = experts.get_parameter("gate_up_proj"), experts.get_parameter("down_proj")
         num_experts = int(gate_up_proj.shape[0])
         check_experts_divide(num_experts, sharding.size)
