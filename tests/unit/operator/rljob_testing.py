@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
 import yaml
 
+from rldock.operator.facts import RoundFacts
+from rldock.operator.rules import classify
+from rldock.operator.status import compute_status, parse_status
 from rldock_e2e.repo import kuberay_crd_dir, require_kuberay_crds
 
 KUBERAY_RAYCLUSTER_CRD = kuberay_crd_dir() / "ray.io_rayclusters.yaml"
@@ -127,3 +131,35 @@ def kuberay_raycluster_validator() -> jsonschema.Draft202012Validator:
 
 def error_paths(validator: jsonschema.Draft202012Validator, instance: Any) -> list[str]:
     return [".".join(str(p) for p in error.absolute_path) for error in validator.iter_errors(instance)]
+
+
+def round_facts(
+    *,
+    name: str = "grpo",
+    now: Any,
+    spec: Any = None,
+    previous: Mapping[str, Any] | None = None,
+    restart_count: int = 0,
+    generation: int | None = 1,
+    ray_cluster: Mapping[str, Any] | None = None,
+    **facts: Any,
+) -> RoundFacts:
+    """A round's facts after looking at the cluster, as a test states them: `ray_cluster` is the
+    RayCluster's KubeRay status (None: no cluster) and `restart_count` the stored status's."""
+    return RoundFacts(
+        name=name,
+        now=now,
+        spec=spec,
+        previous=parse_status(previous).model_copy(update={"restart_count": restart_count}),
+        generation=generation,
+        looked=True,
+        cluster=None if ray_cluster is None else {"metadata": {}, "spec": {}, "status": ray_cluster},
+        **facts,
+    )
+
+
+def status_of(facts: RoundFacts) -> dict[str, Any]:
+    """The status a round writes for `facts`, under the rule they classify as."""
+    rule = classify(facts)
+    assert rule is not None
+    return compute_status(facts, rule)

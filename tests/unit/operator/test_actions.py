@@ -1,7 +1,8 @@
-"""next_actions(): what a round does in each situation, table-driven."""
+"""next_actions(): what a round does for its facts under the rule they classify as, table-driven."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -11,21 +12,21 @@ from rldock.operator.actions import (
     CountRestart,
     CreateCluster,
     DeleteCluster,
-    Situation,
     StopJob,
     SubmitJob,
     SuspendCluster,
     next_actions,
 )
-from rldock.operator.api import RLJobSpec
+from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ANNOTATION_SUSPENDED_BY,
+    DEFAULT_BACKOFF_LIMIT,
     MANAGED_BY_RLDOCK,
-    Phase,
     RayJobStatus,
 )
-from rldock.operator.status import RayJobObservation
+from rldock.operator.facts import RayJobObservation, RoundFacts
+from rldock.operator.rules import Rule, classify
 
 HASH = "h1"
 
@@ -45,109 +46,138 @@ def _job(status: RayJobStatus, attempt: int = 0) -> RayJobObservation:
     return RayJobObservation(submission_id=f"rldock-j-0000-{attempt}", status=status)
 
 
-def _situation(
+def _facts(
     *,
-    phase: Phase = Phase.RUNNING,
     restart_count: int = 0,
     cluster: dict | None = "default",
     job: RayJobObservation | None = None,
     spec: dict | None = None,
+    lost_pods: tuple[str, ...] = (),
     **kwargs: Any,
-) -> Situation:
-    return Situation(
+) -> RoundFacts:
+    return RoundFacts(
+        name="j",
+        now=datetime(2026, 3, 1, tzinfo=timezone.utc),
         spec=RLJobSpec.model_validate(spec or spec_dict()),
-        phase=phase,
-        restart_count=restart_count,
+        previous=RLJobStatus(restart_count=restart_count),
+        looked=True,
         cluster=_cluster() if cluster == "default" else cluster,
         desired_spec_hash=HASH,
-        job=job,
+        ray_job=job,
+        lost_pods=lost_pods,
         **kwargs,
     )
+
+
+def _actions(facts: RoundFacts) -> list:
+    rule = classify(facts)
+    assert rule is not None
+    return next_actions(facts, rule)
 
 
 RUNNING, PENDING = _job(RayJobStatus.RUNNING), _job(RayJobStatus.PENDING)
 SUSPEND = spec_dict(suspend=True)
 KUEUE_SUSPEND = spec_dict(suspend=True, scheduling={"gang": "kueue", "queue": "q"})
+KUEUE = spec_dict(scheduling={"gang": "kueue", "queue": "q"})
+LOST = ("pod j-worker-0 was deleted",)
 
 CASES = {
     "suspend: stop the job, then suspend the cluster": (
-        _situation(phase=Phase.SUSPENDED, spec=SUSPEND, job=RUNNING),
+        _facts(spec=SUSPEND, job=RUNNING),
         [StopJob(RUNNING.submission_id, "the RLJob is suspended"), SuspendCluster(True)],
     ),
     "suspend with kueue: Kueue owns spec.suspend, so delete": (
-        _situation(phase=Phase.SUSPENDED, spec=KUEUE_SUSPEND, job=PENDING),
+        _facts(spec=KUEUE_SUSPEND, job=PENDING),
         [
             StopJob(PENDING.submission_id, "the RLJob is suspended"),
             DeleteCluster(replace=False, why="the RLJob is suspended"),
         ],
     ),
-    "suspended already: nothing": (_situation(phase=Phase.SUSPENDED, spec=SUSPEND, cluster=_cluster(suspend=True)), []),
+    "suspended already: nothing": (_facts(spec=SUSPEND, cluster=_cluster(suspend=True)), []),
     "suspended with kueue, cluster gone: nothing": (
-        _situation(phase=Phase.SUSPENDED, spec=KUEUE_SUSPEND, cluster=None),
+        _facts(spec=KUEUE_SUSPEND, cluster=None),
         [],
     ),
     "unsuspend: the operator's own suspend": (
-        _situation(phase=Phase.PROVISIONING, cluster=_cluster(suspend=True, suspended_by=MANAGED_BY_RLDOCK)),
+        _facts(cluster=_cluster(suspend=True, suspended_by=MANAGED_BY_RLDOCK)),
         [SuspendCluster(False)],
     ),
-    "suspended by someone else (an admin, Kueue): theirs to undo, nothing else either": (
-        _situation(phase=Phase.SUSPENDED, cluster=_cluster(suspend=True), job=None),
+    "suspended by someone else (an admin): theirs to undo, nothing else either": (
+        _facts(cluster=_cluster(suspend=True), job=None),
         [],
     ),
     "kueue has not admitted: leave spec.suspend to Kueue": (
-        _situation(
-            phase=Phase.PENDING,
-            cluster=_cluster(suspend=True),
-            spec=spec_dict(scheduling={"gang": "kueue", "queue": "q"}),
-        ),
+        _facts(cluster=_cluster(suspend=True), spec=KUEUE),
         [],
     ),
     "succeeded: release the cluster": (
-        _situation(phase=Phase.SUCCEEDED, job=_job(RayJobStatus.SUCCEEDED)),
+        _facts(job=_job(RayJobStatus.SUCCEEDED)),
         [DeleteCluster(replace=False, why="the RLJob succeeded")],
     ),
     "failed for good while a driver still runs: stop it, release": (
-        _situation(phase=Phase.FAILED, job=RUNNING, lost_workers=True),
+        _facts(restart_count=DEFAULT_BACKOFF_LIMIT, job=RUNNING, lost_pods=LOST),
         [StopJob(RUNNING.submission_id, "the RLJob failed"), DeleteCluster(replace=False, why="the RLJob failed")],
     ),
-    "no cluster: create it": (_situation(phase=Phase.PENDING, cluster=None), [CreateCluster()]),
+    "no cluster: create it": (_facts(cluster=None), [CreateCluster()]),
     "cluster deleted mid-run: create it and count the restart": (
-        _situation(phase=Phase.RETRYING, cluster=None, job=_job(RayJobStatus.FAILED)),
+        _facts(cluster=None, job=_job(RayJobStatus.FAILED)),
         [CreateCluster(), CountRestart()],
     ),
-    "failed job: count a restart": (_situation(phase=Phase.RETRYING, job=_job(RayJobStatus.FAILED)), [CountRestart()]),
+    "failed job: count a restart": (_facts(job=_job(RayJobStatus.FAILED)), [CountRestart()]),
     "stopped job: count a restart": (
-        _situation(phase=Phase.RETRYING, job=_job(RayJobStatus.STOPPED)),
+        _facts(job=_job(RayJobStatus.STOPPED)),
         [CountRestart()],
     ),
     "lost worker: stop the driver, count a restart": (
-        _situation(phase=Phase.RETRYING, job=RUNNING, lost_workers=True),
+        _facts(job=RUNNING, lost_pods=LOST),
         [StopJob(RUNNING.submission_id, "a worker pod was lost; restarting"), CountRestart()],
     ),
     "restart counted, cluster ready: submit the next attempt": (
-        _situation(
-            phase=Phase.RETRYING, restart_count=1, ready_to_submit=True, previous_attempt=_job(RayJobStatus.STOPPED)
-        ),
+        _facts(restart_count=1, ready_to_submit=True, previous_attempt=_job(RayJobStatus.STOPPED)),
         [SubmitJob(1)],
     ),
     "next attempt, but the last driver still runs: stop it first": (
-        _situation(phase=Phase.RETRYING, restart_count=1, ready_to_submit=True, previous_attempt=RUNNING),
+        _facts(restart_count=1, ready_to_submit=True, previous_attempt=RUNNING),
         [StopJob(RUNNING.submission_id, "superseded by the next attempt")],
     ),
-    "ready, nothing submitted: submit": (_situation(phase=Phase.PROVISIONING, ready_to_submit=True), [SubmitJob(0)]),
-    "not ready: wait": (_situation(phase=Phase.PROVISIONING), []),
-    "running: nothing to do": (_situation(job=RUNNING, ready_to_submit=True), []),
+    "ready, nothing submitted: submit": (_facts(ready_to_submit=True), [SubmitJob(0)]),
+    "not ready: wait": (_facts(), []),
+    "running: nothing to do": (_facts(job=RUNNING, ready_to_submit=True), []),
     "spec changed while running: keep the cluster until the next attempt": (
-        _situation(job=RUNNING, cluster=_cluster(spec_hash="old")),
+        _facts(job=RUNNING, cluster=_cluster(spec_hash="old")),
         [],
     ),
     "spec changed between attempts: replace the cluster": (
-        _situation(phase=Phase.PROVISIONING, cluster=_cluster(spec_hash="old"), ready_to_submit=True),
+        _facts(cluster=_cluster(spec_hash="old"), ready_to_submit=True),
         [DeleteCluster(replace=True, why="the RayCluster no longer matches the RLJob's spec")],
+    ),
+    # The status read a cluster Kueue holds suspended as waiting for admission (a start), the actions
+    # as someone else's suspend (nothing to do): the spec moved meanwhile, and the old cluster would
+    # be admitted, only to be replaced then. Waiting for admission is a start: replace it in the queue.
+    "spec changed while kueue holds the cluster: replace it before it is admitted": (
+        _facts(cluster=_cluster(suspend=True, spec_hash="old"), spec=KUEUE),
+        [DeleteCluster(replace=True, why="the RayCluster no longer matches the RLJob's spec")],
+    ),
+    # Under spec.maxRestarts a lost worker is the runtime's to recover: no failed attempt, neither for
+    # the status (Running) nor for the actions (the driver is left be, no restart counted).
+    "lost worker under maxRestarts: the runtime recovers it, the driver is left be": (
+        _facts(job=RUNNING, lost_pods=LOST, spec=spec_dict(maxRestarts=2)),
+        [],
     ),
 }
 
 
-@pytest.mark.parametrize("situation, expected", CASES.values(), ids=CASES.keys())
-def test_next_actions(situation: Situation, expected: list):
-    assert next_actions(situation) == expected
+@pytest.mark.parametrize("facts, expected", CASES.values(), ids=CASES.keys())
+def test_next_actions(facts: RoundFacts, expected: list):
+    assert _actions(facts) == expected
+
+
+def test_a_kueue_cluster_waiting_for_admission_is_a_start_for_status_and_actions_alike():
+    facts = _facts(cluster=_cluster(suspend=True), spec=KUEUE)
+    assert classify(facts) is Rule.STARTING
+    assert classify(_facts(cluster=_cluster(suspend=True))) is Rule.SUSPENDED_BY_OTHER  # an admin's suspend
+
+
+def test_a_lost_worker_fails_the_attempt_only_without_an_in_job_restart_budget():
+    assert classify(_facts(job=RUNNING, lost_pods=LOST)) is Rule.ATTEMPT_FAILED
+    assert classify(_facts(job=RUNNING, lost_pods=LOST, spec=spec_dict(maxRestarts=2))) is Rule.ATTEMPT_RUNNING

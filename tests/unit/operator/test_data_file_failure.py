@@ -8,11 +8,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from rljob_testing import spec_dict
+from rljob_testing import round_facts, spec_dict, status_of
 
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.observe import job_observation
-from rldock.operator.status import Observations, compute_status
 from rldock.runtime.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
@@ -30,14 +29,15 @@ def test_a_missing_train_file_fails_the_rljob_at_once_naming_spec_job_data_train
     log = capsys.readouterr().out
 
     observed = job_observation(JOB_ID, {"status": "FAILED", "message": ""}, previous=RLJobStatus(), log_text=log)
-    status = compute_status(
-        name="grpo",
-        spec=RLJobSpec.model_validate(spec_dict()),
-        generation=1,
-        observed=Observations(ray_cluster={"state": "ready"}, ray_job=observed),
-        restart_count=0,
-        previous={"phase": "Running", "rayJobId": JOB_ID},
-        now=datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc),
+    status = status_of(
+        round_facts(
+            name="grpo",
+            spec=RLJobSpec.model_validate(spec_dict()),
+            ray_cluster={"state": "ready"},
+            ray_job=observed,
+            previous={"phase": "Running", "rayJobId": JOB_ID},
+            now=datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc),
+        )
     )
     failed = {c["type"]: c for c in status["conditions"]}["Failed"]
     assert status["phase"] == "Failed" and status["restartCount"] == 0

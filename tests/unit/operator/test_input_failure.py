@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from rljob_testing import spec_dict
+from rljob_testing import round_facts, spec_dict, status_of
 
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
-from rldock.operator.actions import CountRestart, DeleteCluster, Situation, next_actions
+from rldock.operator.actions import CountRestart, DeleteCluster, next_actions
 from rldock.operator.api import RLJobSpec, RLJobStatus
-from rldock.operator.constants import Phase
+from rldock.operator.facts import RoundFacts
 from rldock.operator.observe import job_observation
-from rldock.operator.status import Observations, compute_status, status_events
+from rldock.operator.rules import classify
+from rldock.operator.status import status_events
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 NAME = "grpo"
@@ -47,16 +48,20 @@ def test_the_failure_line_is_read_from_a_failed_jobs_log_or_rays_message():
     assert _observe("RUNNING", log=LOG).failure is None  # only a failed job has failed for a reason
 
 
-def _status(job, *, restart_count: int = 0) -> dict:
-    return compute_status(
+def _facts(job, *, restart_count: int = 0) -> RoundFacts:
+    return round_facts(
         name=NAME,
         spec=RLJobSpec.model_validate(spec_dict()),
-        generation=1,
-        observed=Observations(ray_cluster={"state": "ready"}, ray_job=job),
+        ray_cluster={"state": "ready"},
+        ray_job=job,
         restart_count=restart_count,
         previous={"phase": "Running", "rayJobId": JOB_ID},
         now=NOW,
     )
+
+
+def _status(job, *, restart_count: int = 0) -> dict:
+    return status_of(_facts(job, restart_count=restart_count))
 
 
 def test_a_refused_input_fails_at_once_naming_the_field_under_spec_job():
@@ -85,15 +90,7 @@ def test_a_failure_without_the_line_still_retries():
 
 def test_the_failed_phase_releases_the_cluster_without_counting_a_restart():
     job = _observe("FAILED", log=LOG)
-    actions = next_actions(
-        Situation(
-            spec=RLJobSpec.model_validate(spec_dict()),
-            phase=Phase(_status(job)["phase"]),
-            restart_count=0,
-            cluster={"metadata": {"annotations": {}}},
-            desired_spec_hash="h",
-            job=job,
-        )
-    )
+    facts = _facts(job)
+    actions = next_actions(facts, classify(facts))
     assert [type(a) for a in actions] == [DeleteCluster]
     assert not any(isinstance(a, CountRestart) for a in actions)

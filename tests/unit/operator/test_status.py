@@ -5,17 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from rljob_testing import error_paths, spec_dict, validator_for
+from rljob_testing import error_paths, round_facts, spec_dict, status_of, validator_for
 
 from rldock.config import Problem
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import CONDITION_MESSAGE_MAX, EventReason, RayJobStatus
 from rldock.operator.crd import rljob_schema
+from rldock.operator.facts import EnvironmentObservation, RayJobObservation
 from rldock.operator.status import (
-    EnvironmentObservation,
-    Observations,
-    RayJobObservation,
-    compute_status,
     seconds_until_expiry,
     status_changed,
     status_events,
@@ -40,8 +37,13 @@ def _spec(**sections) -> RLJobSpec:
     return RLJobSpec.model_validate(spec_dict(**sections))
 
 
+def _seen(**observed) -> dict:
+    """What a round read of the cluster, as keyword arguments of rljob_testing.round_facts."""
+    return observed
+
+
 def _compute(
-    observed: Observations = Observations(),
+    observed: dict | None = None,
     *,
     spec: RLJobSpec | None = None,
     restart_count: int = 0,
@@ -49,14 +51,16 @@ def _compute(
     now: datetime = NOW,
     generation: int = 1,
 ) -> dict:
-    return compute_status(
-        name=NAME,
-        spec=spec if spec is not None else _spec(),
-        generation=generation,
-        observed=observed,
-        restart_count=restart_count,
-        previous=previous,
-        now=now,
+    return status_of(
+        round_facts(
+            name=NAME,
+            spec=spec if spec is not None else _spec(),
+            generation=generation,
+            restart_count=restart_count,
+            previous=previous,
+            now=now,
+            **(observed or {}),
+        )
     )
 
 
@@ -65,14 +69,14 @@ def _conditions(status: dict) -> dict[str, tuple[str, str]]:
 
 
 KUEUE = {"scheduling": {"gang": "kueue", "queue": "team-a"}}
-RUNNING = Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING))
+RUNNING = _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING))
 
 CASES = [
     # id, spec sections, observations, restart count, phase, conditions expected among the status's
     (
         "nothing-created",
         {},
-        Observations(),
+        _seen(),
         0,
         "Pending",
         {
@@ -84,7 +88,7 @@ CASES = [
     (
         "cluster-starting",
         {},
-        Observations(ray_cluster=STARTING),
+        _seen(ray_cluster=STARTING),
         0,
         "Provisioning",
         {"ClusterReady": ("False", "RayClusterProvisioning"), "PodsScheduled": ("True", "Scheduled")},
@@ -92,7 +96,7 @@ CASES = [
     (
         "new-cluster-no-status",
         {},
-        Observations(ray_cluster={}),
+        _seen(ray_cluster={}),
         0,
         "Provisioning",
         {"ClusterReady": ("False", "RayClusterProvisioning")},
@@ -100,9 +104,7 @@ CASES = [
     (
         "unschedulable",
         {},
-        Observations(
-            ray_cluster=STARTING, unschedulable=("0/3 nodes are available: 3 Insufficient huawei.com/Ascend910.",)
-        ),
+        _seen(ray_cluster=STARTING, unschedulable=("0/3 nodes are available: 3 Insufficient huawei.com/Ascend910.",)),
         0,
         "Provisioning",
         {"PodsScheduled": ("False", "Unschedulable")},
@@ -110,7 +112,7 @@ CASES = [
     (
         "kueue-holds-cluster",
         KUEUE,
-        Observations(ray_cluster=HELD),
+        _seen(ray_cluster=HELD),
         0,
         "Pending",
         {"ClusterReady": ("False", "WaitingForAdmission")},
@@ -118,7 +120,7 @@ CASES = [
     (
         "suspended-by-someone",
         {},
-        Observations(ray_cluster=HELD),
+        _seen(ray_cluster=HELD),
         0,
         "Provisioning",
         {"ClusterReady": ("False", "RayClusterSuspended")},
@@ -126,7 +128,7 @@ CASES = [
     (
         "ready-not-submitted",
         {},
-        Observations(ray_cluster=READY),
+        _seen(ray_cluster=READY),
         0,
         "Provisioning",
         {"ClusterReady": ("True", "RayClusterReady"), "Running": ("False", "RayJobNotSubmitted")},
@@ -134,7 +136,7 @@ CASES = [
     (
         "ready-by-condition",
         {},
-        Observations(ray_cluster={"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]}),
+        _seen(ray_cluster={"conditions": [{"type": "RayClusterProvisioned", "status": "True"}]}),
         0,
         "Provisioning",
         {"ClusterReady": ("True", "RayClusterReady")},
@@ -142,7 +144,7 @@ CASES = [
     (
         "job-pending",
         {},
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.PENDING)),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.PENDING)),
         0,
         "Provisioning",
         {"Running": ("False", "RayJobPending")},
@@ -151,7 +153,7 @@ CASES = [
     (
         "job-succeeded",
         {},
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)),
         0,
         "Succeeded",
         {"Complete": ("True", "RayJobSucceeded"), "Running": ("False", "RayJobSucceeded")},
@@ -159,7 +161,7 @@ CASES = [
     (
         "succeeded-then-pod-gone",
         {},
-        Observations(
+        _seen(
             ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED), lost_pods=("pod grpo-workers-worker-x deleted",)
         ),
         0,
@@ -169,7 +171,7 @@ CASES = [
     (
         "job-failed",
         {},
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")),
         0,
         "Retrying",
         {"Retrying": ("True", "RayJobFailed"), "Running": ("False", "RayJobFailed")},
@@ -177,7 +179,7 @@ CASES = [
     (
         "job-stopped",
         {},
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.STOPPED)),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.STOPPED)),
         1,
         "Retrying",
         {"Retrying": ("True", "RayJobStopped")},
@@ -185,7 +187,7 @@ CASES = [
     (
         "worker-lost",
         {},
-        Observations(
+        _seen(
             ray_cluster=STARTING,
             ray_job=_job(RayJobStatus.RUNNING),
             lost_pods=("pod grpo-workers-worker-x: OOMKilled",),
@@ -198,7 +200,7 @@ CASES = [
     (
         "worker-lost-in-job-budget",
         {"maxRestarts": 2},
-        Observations(
+        _seen(
             ray_cluster=STARTING, ray_job=_job(RayJobStatus.RUNNING), lost_pods=("pod grpo-workers-worker-x deleted",)
         ),
         0,
@@ -208,7 +210,7 @@ CASES = [
     (
         "pod-lost-before-job",
         {},
-        Observations(ray_cluster=STARTING, lost_pods=("pod x deleted",)),
+        _seen(ray_cluster=STARTING, lost_pods=("pod x deleted",)),
         0,
         "Provisioning",
         {"ClusterReady": ("False", "RayClusterProvisioning")},
@@ -216,7 +218,7 @@ CASES = [
     (
         "backoff-exhausted",
         {},
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
         3,
         "Failed",
         {"Failed": ("True", "BackoffLimitExceeded")},
@@ -224,7 +226,7 @@ CASES = [
     (
         "no-retries-allowed",
         {"backoffLimit": 0},
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)),
         0,
         "Failed",
         {"Failed": ("True", "BackoffLimitExceeded")},
@@ -232,7 +234,7 @@ CASES = [
     (
         "restart-in-progress",
         {},
-        Observations(ray_cluster=STARTING),
+        _seen(ray_cluster=STARTING),
         1,
         "Retrying",
         {"Running": ("False", "RayJobNotSubmitted")},
@@ -248,7 +250,7 @@ CASES = [
     (
         "suspended",
         {"suspend": True},
-        Observations(ray_cluster=HELD),
+        _seen(ray_cluster=HELD),
         0,
         "Suspended",
         {
@@ -260,7 +262,7 @@ CASES = [
     (
         "suspended-and-freed",
         {"suspend": True},
-        Observations(),
+        _seen(),
         0,
         "Suspended",
         {"Suspended": ("True", "SuspendedByUser")},
@@ -268,7 +270,7 @@ CASES = [
     (
         "invalid-spec",
         {},
-        Observations(problems=(Problem("spec.checkpoint", "set exactly one"),)),
+        _seen(problems=(Problem("spec.checkpoint", "set exactly one"),)),
         0,
         "Failed",
         {"SpecValid": ("False", "InvalidSpec"), "Failed": ("True", "InvalidSpec")},
@@ -294,15 +296,13 @@ def test_phase_and_conditions(sections, observed, restarts, phase, conditions):
 
 def test_messages_carry_what_was_observed():
     message = "0/3 nodes are available: 3 Insufficient huawei.com/Ascend910."
-    status = _compute(Observations(ray_cluster=STARTING, unschedulable=(message, message)))
+    status = _compute(_seen(ray_cluster=STARTING, unschedulable=(message, message)))
     (scheduled,) = [c for c in status["conditions"] if c["type"] == "PodsScheduled"]
     assert scheduled["message"] == message, "the scheduler's message, once"
-    failed = _compute(
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")), restart_count=1
-    )
+    failed = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "HCCL timeout")), restart_count=1)
     (retrying,) = [c for c in failed["conditions"] if c["type"] == "Retrying"]
     assert "HCCL timeout" in retrying["message"] and "restart 2 of 3" in retrying["message"]
-    invalid = _compute(Observations(problems=(Problem("spec.job.training.data_parallel_size", "G*N ..."),)))
+    invalid = _compute(_seen(problems=(Problem("spec.job.training.data_parallel_size", "G*N ..."),)))
     assert all(
         "spec.job.training.data_parallel_size" in c["message"]
         for c in invalid["conditions"]
@@ -312,7 +312,7 @@ def test_messages_carry_what_was_observed():
 
 def test_progress_from_metrics_survives_rounds_without_them():
     status = _compute(
-        Observations(
+        _seen(
             ray_cluster=READY,
             ray_job=_job(RayJobStatus.RUNNING),
             metrics=METRICS,
@@ -322,7 +322,7 @@ def test_progress_from_metrics_survives_rounds_without_them():
     assert (status["iteration"], status["iterations"], status["progress"]) == (12, 40, "12/40")
     assert (status["reward"], status["tokensPerSecondPerDevice"]) == (0.6123, 1534.3)
     assert status["rayJobId"] == JOB_ID
-    later = _compute(Observations(ray_cluster=STARTING), restart_count=1, previous=status, now=LATER)
+    later = _compute(_seen(ray_cluster=STARTING), restart_count=1, previous=status, now=LATER)
     assert (later["progress"], later["reward"], later["lastCheckpoint"]) == (
         "12/40",
         0.6123,
@@ -333,22 +333,22 @@ def test_progress_from_metrics_survives_rounds_without_them():
 
 
 def test_transition_times_move_only_when_a_condition_flips():
-    first = _compute(Observations(ray_cluster=STARTING))
-    same = _compute(Observations(ray_cluster=STARTING), previous=first, now=LATER)
+    first = _compute(_seen(ray_cluster=STARTING))
+    same = _compute(_seen(ray_cluster=STARTING), previous=first, now=LATER)
     assert same == first
-    ready = _compute(Observations(ray_cluster=READY), previous=first, now=LATER)
+    ready = _compute(_seen(ray_cluster=READY), previous=first, now=LATER)
     times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
     assert times["ClusterReady"] == "2026-03-01T12:00:10Z"  # False -> True
     assert times["SpecValid"] == "2026-03-01T12:00:00Z"  # unchanged
 
 
 def test_start_and_completion_times():
-    provisioning = _compute(Observations(ray_cluster=READY))
+    provisioning = _compute(_seen(ray_cluster=READY))
     assert "startTime" not in provisioning
     running = _compute(RUNNING, previous=provisioning, now=LATER)
     assert running["startTime"] == "2026-03-01T12:00:10Z"
     done = _compute(
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)),
         previous=running,
         now=LATER + timedelta(hours=1),
     )
@@ -356,18 +356,18 @@ def test_start_and_completion_times():
 
 
 def test_terminal_phases_stick():
-    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)))
+    done = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)))
     # The cluster is gone and nothing is observed any more: still Succeeded, only the generation moves.
-    after = _compute(Observations(), previous=done, now=LATER, generation=2)
+    after = _compute(_seen(), previous=done, now=LATER, generation=2)
     assert after == {**done, "observedGeneration": 2}
-    failed = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3)
+    failed = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3)
     assert _compute(RUNNING, previous=failed, restart_count=3, now=LATER)["phase"] == "Failed"
 
 
 def test_fixing_an_invalid_spec_starts_the_job():
-    invalid = _compute(Observations(problems=(Problem("spec.checkpoint", "set exactly one"),)))
+    invalid = _compute(_seen(problems=(Problem("spec.checkpoint", "set exactly one"),)))
     assert "completionTime" in invalid
-    fixed = _compute(Observations(), previous=invalid, now=LATER, generation=2)
+    fixed = _compute(_seen(), previous=invalid, now=LATER, generation=2)
     assert fixed["phase"] == "Pending" and "completionTime" not in fixed
     assert _conditions(fixed)["SpecValid"] == ("True", "Valid")
     assert "Failed" not in _conditions(fixed)
@@ -375,12 +375,12 @@ def test_fixing_an_invalid_spec_starts_the_job():
 
 def test_a_retry_from_failure_to_recovery():
     running = _compute(RUNNING)
-    failed_obs = Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "worker died"))
+    failed_obs = _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED, "worker died"))
     retrying = _compute(failed_obs, previous=running, now=LATER)
     assert retrying["phase"] == "Retrying"
     assert [e.reason for e in status_events(running, retrying)] == [EventReason.RETRYING]
     # The handler stopped the job and bumped the restart count; attempt 1 is not submitted yet.
-    waiting = _compute(Observations(ray_cluster=STARTING), restart_count=1, previous=retrying, now=LATER)
+    waiting = _compute(_seen(ray_cluster=STARTING), restart_count=1, previous=retrying, now=LATER)
     assert waiting["phase"] == "Retrying" and _conditions(waiting)["Retrying"] == ("True", "RayJobFailed")
     assert status_events(retrying, waiting) == []
     back = _compute(RUNNING, restart_count=1, previous=waiting, now=LATER)
@@ -389,8 +389,8 @@ def test_a_retry_from_failure_to_recovery():
 
 
 def test_resume_after_suspend():
-    suspended = _compute(Observations(), spec=_spec(suspend=True))
-    resumed = _compute(Observations(), previous=suspended, now=LATER)
+    suspended = _compute(_seen(), spec=_spec(suspend=True))
+    resumed = _compute(_seen(), previous=suspended, now=LATER)
     assert resumed["phase"] == "Pending"
     assert _conditions(resumed)["Suspended"] == ("False", "Resumed")
     assert [e.reason for e in status_events(suspended, resumed)] == [EventReason.RESUMED]
@@ -413,14 +413,14 @@ def test_status_changed(old, new, changed):
 @pytest.mark.parametrize(
     "old_observed, new_observed, sections, reasons",
     [
-        (Observations(), Observations(problems=(Problem("spec.x", "bad"),)), {}, [EventReason.INVALID_SPEC]),
+        (_seen(), _seen(problems=(Problem("spec.x", "bad"),)), {}, [EventReason.INVALID_SPEC]),
         (
-            Observations(ray_cluster=STARTING),
-            Observations(ray_cluster=STARTING, unschedulable=("no nodes",)),
+            _seen(ray_cluster=STARTING),
+            _seen(ray_cluster=STARTING, unschedulable=("no nodes",)),
             {},
             [EventReason.UNSCHEDULABLE],
         ),
-        (RUNNING, Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), {}, [EventReason.SUCCEEDED]),
+        (RUNNING, _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), {}, [EventReason.SUCCEEDED]),
         (RUNNING, RUNNING, {}, []),
     ],
 )
@@ -433,11 +433,11 @@ def test_status_events(old_observed, new_observed, sections, reasons):
 def test_backoff_exhaustion_and_suspension_events():
     running = _compute(RUNNING, restart_count=3)
     failed = _compute(
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3, previous=running, now=LATER
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.FAILED)), restart_count=3, previous=running, now=LATER
     )
     (event,) = status_events(running, failed)
     assert (event.type, event.reason) == ("Warning", EventReason.BACKOFF_LIMIT_EXCEEDED)
-    suspended = _compute(Observations(ray_cluster=READY), spec=_spec(suspend=True), previous=running, now=LATER)
+    suspended = _compute(_seen(ray_cluster=READY), spec=_spec(suspend=True), previous=running, now=LATER)
     assert [e.reason for e in status_events(running, suspended)] == [EventReason.SUSPENDED]
 
 
@@ -451,7 +451,7 @@ def test_backoff_exhaustion_and_suspension_events():
 )
 def test_seconds_until_expiry(ttl, finished_ago, expected):
     spec = _spec(ttlSecondsAfterFinished=ttl)
-    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=spec)
+    done = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=spec)
     now = NOW + timedelta(seconds=finished_ago)
     assert seconds_until_expiry(spec=spec, status=done, now=now) == expected
     assert seconds_until_expiry(spec=spec, status=_compute(RUNNING, spec=spec), now=now) is None
@@ -467,7 +467,7 @@ def test_unreadable_previous_status_and_naive_clock():
 def test_a_submission_is_announced_once_even_when_its_request_timed_out():
     # The submit request timed out but Ray took the job: the round after sees it, and the Event
     # comes from that change of rayJobId, once.
-    waiting = _compute(Observations(ray_cluster=READY))
+    waiting = _compute(_seen(ray_cluster=READY))
     seen = _compute(RUNNING, previous=waiting, now=LATER)
     (event,) = status_events(waiting, seen)
     assert (event.reason, event.type) == (EventReason.SUBMITTED_RAY_JOB, "Normal") and JOB_ID in event.message
@@ -476,7 +476,7 @@ def test_a_submission_is_announced_once_even_when_its_request_timed_out():
 
 def test_dpo_progress_reports_the_preference_accuracy_as_its_reward():
     dpo_metrics = {k: v for k, v in METRICS.items() if k != "reward_mean"} | {"policy_preference_accuracy": 0.875}
-    status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=dpo_metrics))
+    status = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=dpo_metrics))
     assert (status["iteration"], status["reward"]) == (12, 0.875)
 
 
@@ -484,7 +484,7 @@ def test_dpo_progress_reports_the_preference_accuracy_as_its_reward():
 def test_condition_messages_are_bounded(length):
     """A message quoting a huge spec value must not make every status patch too large."""
     problem = Problem("spec.cluster.nodeSelector[zone]", "x" * length)
-    status = _compute(Observations(problems=[problem]), spec=None)
+    status = _compute(_seen(problems=[problem]), spec=None)
     for cond in status["conditions"]:
         assert len(cond["message"]) <= CONDITION_MESSAGE_MAX
         assert cond["message"].startswith("spec.cluster.nodeSelector[zone]")
@@ -498,17 +498,17 @@ def test_last_evaluation_comes_from_the_progress_record_and_outlives_records_wit
     # as the trainer prints it: iteration 6 carries the evaluation of iteration 5
     line = format_progress({**METRICS, "iteration": 6, "val_iteration": 5, "val_reward": 0.41234, "val_accuracy": 0.25})
     metrics = read_progress(line, output_dir="/o").metrics
-    status = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=metrics))
+    status = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=metrics))
     assert status["lastEvaluation"] == {"iteration": 5, "reward": 0.4123, "accuracy": 0.25}
     assert validator_for(rljob_schema()["properties"]["status"]).is_valid(status)
     # a later line of a job that never evaluated again (or an older trainer) keeps it
     later = _compute(
-        Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics={**METRICS, "iteration": 7}),
+        _seen(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics={**METRICS, "iteration": 7}),
         previous=status,
         now=LATER,
     )
     assert later["lastEvaluation"] == status["lastEvaluation"] and later["iteration"] == 7
-    assert "lastEvaluation" not in _compute(Observations(ray_cluster=READY, metrics=METRICS))
+    assert "lastEvaluation" not in _compute(_seen(ray_cluster=READY, metrics=METRICS))
 
 
 # --- spec.environments ---------------------------------------------------------------------------------
@@ -549,9 +549,7 @@ ENVIRONMENTS = {"environments": [{"name": "cabinet", "replicas": 3}, {"name": "s
     ids=["running", "suspended", "not-looked-at", "none-left"],
 )
 def test_the_environments_ready_pods_are_in_the_status(observed, previous, environments, ready):
-    status = _compute(
-        Observations(ray_cluster=READY, environments=observed), spec=_spec(**ENVIRONMENTS), previous=previous
-    )
+    status = _compute(_seen(ray_cluster=READY, environments=observed), spec=_spec(**ENVIRONMENTS), previous=previous)
     if environments is not None:
         assert status["environments"] == environments
     elif observed:
@@ -563,10 +561,10 @@ def test_the_environments_ready_pods_are_in_the_status(observed, previous, envir
 
 
 def test_a_finished_rljob_keeps_its_status_and_reports_its_environments_scaled_down():
-    done = _compute(Observations(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=_spec(**ENVIRONMENTS))
+    done = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=_spec(**ENVIRONMENTS))
     assert done["phase"] == "Succeeded"
     later = _compute(
-        Observations(environments=(EnvironmentObservation("cabinet", 0), EnvironmentObservation("sandbox", 0))),
+        _seen(environments=(EnvironmentObservation("cabinet", 0), EnvironmentObservation("sandbox", 0))),
         spec=_spec(**ENVIRONMENTS),
         previous=done,
         now=LATER,

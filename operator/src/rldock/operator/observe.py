@@ -22,13 +22,11 @@ from rldock.contract.progress import headline_key, last_progress
 from rldock.operator import naming
 from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
-    ANNOTATION_SUSPENDED_BY,
     DASHBOARD_ENDPOINT,
     DASHBOARD_PORT,
     JOB_METADATA_WORKER_PODS,
     LABEL_RAY_NODE_TYPE,
     LABEL_RLJOB,
-    MANAGED_BY_RLDOCK,
     RAY_CONDITION_PROVISIONED,
     RAY_NODE_TYPE_HEAD,
     RAY_NODE_TYPE_WORKER,
@@ -37,10 +35,13 @@ from rldock.operator.constants import (
     Phase,
     RayJobStatus,
 )
+from rldock.operator.facts import (
+    EnvironmentObservation,
+    RayJobObservation,
+    Suspension,
+    suspension,
+)
 from rldock.operator.settings import DashboardAddress
-from rldock.operator.status import EnvironmentObservation, RayJobObservation
-
-ACTIVE_JOB_STATES = frozenset({RayJobStatus.PENDING, RayJobStatus.RUNNING})
 
 
 # --- Pods ------------------------------------------------------------------------------------
@@ -160,21 +161,6 @@ def cluster_is_ready(cluster_status: Mapping[str, Any] | None) -> bool:
         return False
     conditions = {c.get("type"): c.get("status") for c in cluster_status.get("conditions") or ()}
     return cluster_status.get("state") == RAY_STATE_READY or conditions.get(RAY_CONDITION_PROVISIONED) == "True"
-
-
-class Suspension(str, Enum):
-    """Who holds a RayCluster's spec.suspend."""
-
-    NONE = "none"  # not suspended
-    OURS = "ours"  # this operator, for the RLJob's spec.suspend (the annotation says so)
-    OTHER = "other"  # Kueue (waiting for admission, preempted) or an admin
-
-
-def suspension(cluster: Mapping[str, Any] | None) -> Suspension:
-    if cluster is None or not (cluster.get("spec") or {}).get("suspend"):
-        return Suspension.NONE
-    annotations = (cluster.get("metadata") or {}).get("annotations") or {}
-    return Suspension.OURS if annotations.get(ANNOTATION_SUSPENDED_BY) == MANAGED_BY_RLDOCK else Suspension.OTHER
 
 
 def admitted(spec: RLJobSpec, cluster: Mapping[str, Any] | None, summary: PodSummary) -> bool:

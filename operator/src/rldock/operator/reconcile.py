@@ -1,7 +1,9 @@
 """One reconcile round of one RLJob: ordered small steps, run by the RLJob's daemon (handlers.py)
 whenever it or one of its children changes, and at the poll interval while its Ray job runs.
 
-The first rules of the operator's table (rules.py) decide what the round does:
+A round gathers one record of its facts (facts.py), classifies it once (rules.classify) and derives
+its status (status.py) and actions (actions.py) from the rule that decided. The rules of the spec
+are decided before the round touches the cluster:
 
     MANAGED_ELSEWHERE (spec.managedBy)  leave it alone: no status, no children
     FINISHED (Succeeded/Failed)         release the RayCluster; delete the RLJob after its TTL
@@ -9,8 +11,8 @@ The first rules of the operator's table (rules.py) decide what the round does:
     the admin's policy)                 (reason InvalidSpec or PolicyDenied)
     any other                           ensure the Secrets, ConfigMap, NetworkPolicy -> read the
                                         RayCluster -> observe pods and the Ray job -> ensure the
-                                        environments (spec.environments) -> compute the status
-                                        (status.py) -> its actions (actions.py) -> act
+                                        environments (spec.environments) -> classify the facts ->
+                                        the status (status.py) and actions (actions.py) -> act
 
 The environments' Deployments run while the job is admitted (observe.admitted): 0 pods until its
 RayCluster exists unsuspended (Kueue admitted it) and, under a Volcano gang, its head is bound to a
@@ -30,7 +32,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -41,7 +43,6 @@ from rldock.operator.actions import (
     CountRestart,
     CreateCluster,
     DeleteCluster,
-    Situation,
     StopJob,
     SubmitJob,
     SuspendCluster,
@@ -77,14 +78,21 @@ from rldock.operator.constants import (
     Reason,
 )
 from rldock.operator.desired import Desired, DesiredCache
+from rldock.operator.facts import (
+    ACTIVE_JOB_STATES,
+    Blocked,
+    EnvironmentObservation,
+    RayJobObservation,
+    RoundFacts,
+    Suspension,
+    suspension,
+)
 from rldock.operator.kube import CreateRefused, Kube, StatusRejected
 from rldock.operator.metrics import Metrics
 from rldock.operator.observe import (
-    ACTIVE_JOB_STATES,
     Ownership,
     PodSummary,
     Progress,
-    Suspension,
     admitted,
     attempt_workers,
     dashboard_url,
@@ -97,20 +105,14 @@ from rldock.operator.observe import (
     ready_to_submit,
     ready_worker_names,
     summarize_pods,
-    suspension,
 )
 from rldock.operator.progress_cursor import ProgressCursor
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError, TokenRefused
-from rldock.operator.rules import Rule, first_rule
+from rldock.operator.rules import Rule, classify
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.status import (
-    Blocked,
-    EnvironmentObservation,
     Event,
-    Observations,
-    RayJobObservation,
     compute_status,
-    finished,
     parse_status,
     rejected_status,
     seconds_until_expiry,
@@ -152,22 +154,23 @@ class Round:
     ref: RLJobRef
     desired: Desired  # the spec's generation worked out (desired.py): parsed, checked, its children
     raw_status: dict[str, Any]
-    previous: RLJobStatus
-    generation: int | None
-    now: datetime
+    facts: RoundFacts  # what the RLJob says; the round adds what it reads of the cluster
 
     @property
     def spec(self) -> RLJobSpec | None:
-        return self.desired.spec
+        return self.facts.spec
 
     @property
     def problems(self) -> list[Problem]:
         return self.desired.problems
 
     @property
-    def denied(self) -> list[Problem]:
-        """What the admin's policy refuses of a valid spec."""
-        return self.desired.denied
+    def previous(self) -> RLJobStatus:
+        return self.facts.previous
+
+    @property
+    def now(self) -> datetime:
+        return self.facts.now
 
     @property
     def cluster_name(self) -> str:
@@ -191,14 +194,16 @@ class Seen:
 
 def begin_round(body: Mapping[str, Any], now: datetime, desired: Desired) -> Round:
     raw_status = dict(body.get("status") or {})
-    return Round(
-        ref=desired.ref,
-        desired=desired,
-        raw_status=raw_status,
+    facts = RoundFacts(
+        name=desired.ref.name,
+        now=now,
+        spec=desired.spec,
+        problems=desired.problems,
+        denied=desired.denied,
         previous=parse_status(raw_status),
         generation=body["metadata"].get("generation"),
-        now=now,
     )
+    return Round(ref=desired.ref, desired=desired, raw_status=raw_status, facts=facts)
 
 
 def managed_elsewhere(body: Mapping[str, Any]) -> bool:
@@ -236,30 +241,19 @@ class Reconciler:
     # --- the round ---------------------------------------------------------------------------
     def reconcile(self, body: Mapping[str, Any]) -> Outcome:
         out = Outcome()
-        rounds: list[Round] = []  # begun only when a rule needs it: not for an RLJob managed elsewhere
-
-        def this_round() -> Round:
-            if not rounds:
-                rounds.append(begin_round(body, self._clock(), self.desired.of(body)))
-            return rounds[0]
-
-        rule = first_rule(
-            {
-                Rule.MANAGED_ELSEWHERE: lambda: managed_elsewhere(body),
-                Rule.FINISHED: lambda: finished(this_round().previous),
-                Rule.REFUSED: lambda: bool(this_round().problems or this_round().denied),
-            }
-        )
-        if rule is Rule.MANAGED_ELSEWHERE:
+        if managed_elsewhere(body):
+            # Its spec is not even parsed (it may be another release's): the facts say only that.
+            ref = RLJobRef.from_body(body)
+            rule = classify(RoundFacts(name=ref.name, now=self._clock(), managed_elsewhere=True))
+            assert rule is Rule.MANAGED_ELSEWHERE
             return out
-        rnd = this_round()
+        rnd = begin_round(body, self._clock(), self.desired.of(body))
+        rule = classify(rnd.facts)
         try:
-            if rule is Rule.FINISHED:
-                self._finish(rnd, out)
-            elif rule is Rule.REFUSED:
-                self._refuse(rnd, out)
-            else:
+            if rule is None:  # no rule of the spec holds: look at the cluster
                 self._run(rnd, out)
+            else:
+                self._settle(rnd, out, rule)
         except SkipRound as why:
             log.info("%s/%s: nothing decided this round: %s", rnd.ref.namespace, rnd.ref.name, why)
             out.status = None
@@ -267,15 +261,20 @@ class Reconciler:
             out.events += status_events(rnd.raw_status, out.status)
         return out
 
-    def _finish(self, rnd: Round, out: Outcome) -> None:
+    def _settle(self, rnd: Round, out: Outcome, rule: Rule) -> None:
+        """FINISHED, or REFUSED (an invalid spec, or one the admin's policy refuses): nothing of it
+        may run; the checkpoint stays (for when a refused spec is fixed). A finished RLJob goes after
+        its TTL."""
         self._forget(rnd.ref)
-        assert rnd.previous.phase is not None  # FINISHED holds only for a terminal phase (status.finished)
-        self._release(rnd, out, why=f"the RLJob {rnd.previous.phase.value.lower()}")
+        if rule is Rule.FINISHED:
+            assert rnd.previous.phase is not None  # FINISHED holds only for a terminal phase (facts.finished)
+            why = f"the RLJob {rnd.previous.phase.value.lower()}"
+        else:
+            why = "the spec is invalid" if rnd.problems else "the cluster's policy refuses the spec"
+        self._release(rnd, out, why=why)
         environments = self._release_environments(rnd)
-        out.status = self._status(
-            rnd, Observations(problems=rnd.problems, denied=rnd.denied, environments=environments)
-        )
-        if rnd.spec is None:
+        out.status = compute_status(replace(rnd.facts, environments=environments), rule)
+        if rule is not Rule.FINISHED or rnd.spec is None:
             return
         remaining = seconds_until_expiry(spec=rnd.spec, status=rnd.raw_status, now=rnd.now)
         if remaining is not None and remaining <= 0:
@@ -285,16 +284,6 @@ class Reconciler:
                 f"ttlSecondsAfterFinished ({rnd.spec.ttl_seconds_after_finished} s) passed; deleting the RLJob",
             )
             self.kube.delete("RLJob", rnd.ref.namespace, rnd.ref.name, uid=rnd.ref.uid)
-
-    def _refuse(self, rnd: Round, out: Outcome) -> None:
-        """An invalid spec, or one the admin's policy refuses: nothing of it may run; the
-        checkpoint stays for when it is fixed."""
-        self._forget(rnd.ref)
-        self._release(rnd, out, why="the spec is invalid" if rnd.problems else "the cluster's policy refuses the spec")
-        environments = self._release_environments(rnd)
-        out.status = self._status(
-            rnd, Observations(problems=rnd.problems, denied=rnd.denied, environments=environments)
-        )
 
     def _forget(self, ref: RLJobRef) -> None:
         """Drop what this process remembers of an RLJob that stopped running."""
@@ -308,7 +297,8 @@ class Reconciler:
             self._advance(rnd, out)
         except BlockedRound as why:
             log.warning("%s/%s: %s", rnd.ref.namespace, rnd.ref.name, why)
-            out.status = self._status(rnd, Observations(blocked=why.blocked))
+            facts = replace(rnd.facts, looked=True, blocked=why.blocked)
+            out.status = compute_status(facts, _looked_rule(facts))
 
     def _advance(self, rnd: Round, out: Outcome) -> None:
         spec = rnd.spec
@@ -326,50 +316,29 @@ class Reconciler:
         seen = self._observe(rnd, spec, cluster, token)
         # The environments' pods only while the job is admitted: none while it waits in a queue.
         environments = self._ensure_environments(rnd, spec, out, admitted=admitted(spec, cluster, seen.summary))
-        status = self._status(
-            rnd,
-            Observations(
-                ray_cluster=(cluster.get("status") or {}) if cluster is not None else None,
-                ray_job=seen.job,
-                metrics=seen.progress.metrics,
-                last_checkpoint=seen.progress.last_checkpoint,
-                unschedulable=seen.summary.unschedulable,
-                lost_pods=seen.lost,
-                suspended_by_other=suspension(cluster) is Suspension.OTHER,
-                environments=environments,
-            ),
+        facts = replace(
+            rnd.facts,
+            looked=True,
+            cluster=cluster,
+            desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
+            ray_job=seen.job,
+            previous_attempt=seen.previous_attempt,
+            ready_to_submit=cluster is not None
+            and ready_to_submit(cluster, seen.summary, num_workers=spec.job.resources.num_nodes),
+            metrics=seen.progress.metrics,
+            last_checkpoint=seen.progress.last_checkpoint,
+            unschedulable=seen.summary.unschedulable,
+            lost_pods=seen.lost,
+            environments=environments,
         )
-        actions = next_actions(
-            Situation(
-                spec=spec,
-                phase=Phase(status["phase"]),
-                restart_count=rnd.previous.restart_count,
-                cluster=cluster,
-                desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
-                job=seen.job,
-                lost_workers=bool(seen.lost),
-                ready_to_submit=cluster is not None
-                and ready_to_submit(cluster, seen.summary, num_workers=spec.job.resources.num_nodes),
-                previous_attempt=seen.previous_attempt,
-            )
-        )
-        for action in actions:
+        rule = _looked_rule(facts)
+        status = compute_status(facts, rule)
+        for action in next_actions(facts, rule):
             self._apply(action, rnd, spec, desired=desired, cluster=cluster, seen=seen, status=status, out=out)
         if Phase(status["phase"]).is_terminal:
             # As the cluster is released; the next round (woken by the Deployments' change) reports it.
             self._release_environments(rnd)
         out.status = status
-
-    def _status(self, rnd: Round, observed: Observations) -> dict[str, Any]:
-        return compute_status(
-            name=rnd.ref.name,
-            spec=rnd.spec,
-            generation=rnd.generation,
-            observed=observed,
-            restart_count=rnd.previous.restart_count,
-            previous=rnd.raw_status,
-            now=rnd.now,
-        )
 
     # --- children ----------------------------------------------------------------------------
     def _read_owned(self, rnd: Round, kind: str, name: str) -> dict[str, Any] | None:
@@ -797,6 +766,13 @@ class Reconciler:
                 error,
             )
         return None
+
+
+def _looked_rule(facts: RoundFacts) -> Rule:
+    """The rule of facts that include the cluster's (classify decides on them)."""
+    rule = classify(facts)
+    assert rule is not None, "facts that were looked at decide"
+    return rule
 
 
 def _create(kube: Kube, manifest: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -1,44 +1,52 @@
-"""The operator's rules in the order they apply: one table that the round (reconcile.py), the
-status (status.py) and the actions (actions.py) read, so their precedence is written once.
+"""The operator's rules in the order they apply, and `classify`, the one place each rule's test is
+written: a round gathers its facts (facts.RoundFacts), classifies them once, and derives its status
+(status.py) and its actions (actions.py) from the rule that decided.
 
-A module tests the rules it has something to do for, from the top, against the facts it has; the
-first that holds decides (`first_rule`). A module that does not test a rule skips it: the round
-tests only the first three, then hands over to the status and the actions. The last rule,
-STARTING, holds whenever no rule above it does.
+The rules are tested from the top; the first that holds decides (`first_rule`). The first three
+read only what the RLJob says (its spec, its stored status), so a round decides them before it
+touches the cluster; the others read what the round saw of the cluster. STARTING holds whenever
+no rule above it does.
 
     rule                when                                  status                       actions
     MANAGED_ELSEWHERE   spec.managedBy names another          none written                 none
                         controller
-    FINISHED            the phase is terminal: Succeeded, or  kept as it was               stop a driver still
-                        Failed for good (not a Failed only                                 running, delete the
-                        the spec caused, which fixing it                                   RayCluster
+    FINISHED            the phase is terminal: Succeeded, or  kept as it was               delete the RayCluster
+                        Failed for good (not a Failed only                                 (the round's release)
+                        the spec caused, which fixing it
                         undoes)
     REFUSED             the spec is invalid, or outside the   Failed (InvalidSpec,         delete the RayCluster
                         admin's policy                        PolicyDenied)                (the round's release)
     SUSPENDED           spec.suspend                          Suspended                    stop the driver, free the
                                                                                            cluster (suspend it;
                                                                                            delete it under Kueue)
-    SUSPENDED_BY_OTHER  someone else (Kueue, an admin)        Suspended; under Kueue:      none: theirs to undo, no
-                        suspended the RayCluster              waiting for admission        restart counted
-                                                              (STARTING)
+    SUSPENDED_BY_OTHER  an admin (or another controller)      Suspended                    none: theirs to undo, no
+                        suspended the RayCluster of a job                                  restart counted
+                        Kueue does not schedule
     BLOCKED             a child cannot be had (a name         Pending or Retrying,         none (not reached)
                         conflict, a refused create, a         ClusterReady=False naming
                         refused token)                        the fix
-    ATTEMPT_REFUSED     the runtime refused its inputs        Failed, not retried          (FINISHED)
-    ATTEMPT_SUCCEEDED   the Ray job succeeded                 Succeeded                    (FINISHED)
-    ATTEMPT_FAILED      the Ray job failed or was stopped,    Retrying, or Failed at       stop the driver, count a
-                        or a worker was lost while it ran     backoffLimit                 restart
+    ATTEMPT_REFUSED     the runtime refused its inputs        Failed, not retried          stop a driver still
+                                                                                           running, delete the
+                                                                                           RayCluster
+    ATTEMPT_SUCCEEDED   the Ray job succeeded                 Succeeded                    (as ATTEMPT_REFUSED)
+    ATTEMPT_FAILED      the attempt failed                    Retrying, or Failed at       stop the driver, count a
+                        (RoundFacts.attempt_failure)          backoffLimit                 restart; at backoffLimit
+                                                                                           as ATTEMPT_REFUSED
     ATTEMPT_RUNNING     the Ray job is pending or running     Running (pending: as         bring the cluster back,
                                                               STARTING)                    leave the driver be
     STARTING            none of the above: the cluster        Pending, Provisioning, or    create the cluster, replace
-                        decides                               Retrying after a restart     it when the spec moved, then
-                                                                                           submit the attempt
+                        decides (a Kueue job's cluster that   Retrying after a restart     it when the spec moved, then
+                        Kueue holds suspended waits for                                    submit the attempt
+                        admission here)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from enum import Enum
+
+from rldock.operator.constants import RayJobStatus
+from rldock.operator.facts import RoundFacts, Suspension, finished
 
 
 class Rule(str, Enum):
@@ -71,3 +79,33 @@ def first_rule(tests: Mapping[Rule, Callable[[], bool]]) -> Rule:
         if test is not None and test():
             return rule
     return Rule.STARTING
+
+
+def classify(f: RoundFacts) -> Rule | None:
+    """The rule that decides this round; None when no rule of the spec holds and the round has not
+    looked at the cluster yet (`f.looked`): look, then classify the fuller facts."""
+    job = f.ray_job
+    spec_rules: dict[Rule, Callable[[], bool]] = {
+        Rule.MANAGED_ELSEWHERE: lambda: f.managed_elsewhere,
+        Rule.FINISHED: lambda: finished(f.previous),
+        Rule.REFUSED: lambda: bool(f.problems or f.denied),  # a spec that did not parse comes with problems
+    }
+    if not f.looked:
+        rule = first_rule(spec_rules)
+        return None if rule is Rule.STARTING else rule
+    return first_rule(
+        {
+            **spec_rules,
+            Rule.SUSPENDED: lambda: f.valid_spec.suspend,  # REFUSED held for a spec that did not parse
+            # Kueue suspends the clusters it schedules until it admits them (and again to preempt them):
+            # such a job waits for admission (STARTING), and a spec change replaces its cluster meanwhile.
+            Rule.SUSPENDED_BY_OTHER: lambda: f.suspension is Suspension.OTHER and not f.kueue,
+            Rule.BLOCKED: lambda: f.blocked is not None,
+            Rule.ATTEMPT_REFUSED: lambda: (
+                job is not None and job.status is RayJobStatus.FAILED and job.failure is not None
+            ),
+            Rule.ATTEMPT_SUCCEEDED: lambda: job is not None and job.status is RayJobStatus.SUCCEEDED,
+            Rule.ATTEMPT_FAILED: lambda: f.attempt_failure is not None,
+            Rule.ATTEMPT_RUNNING: lambda: job is not None and job.active,
+        }
+    )

@@ -1,32 +1,28 @@
-"""The RLJob status as a pure function of what the handlers observed.
+"""The RLJob status as a pure function of one round's facts and the rule that decided.
 
-`compute_status` decides phase, conditions and progress from one round of observations (the
-RayCluster's status, the current attempt's Ray job, the runtime's last metrics record, pods the
-scheduler cannot place, pods lost mid-run, spec problems), the restart count and the previous
-status. It reads no clock (`now` is passed) and writes nothing, so the handlers stay thin: observe,
-compute, patch only when `status_changed`, and act on the phase (a Retrying phase with a failed
-Ray job means: stop it, bump the restart count, resubmit). `status_events` names the transitions
-worth an Event.
+`compute_status(facts, rule)` decides phase, conditions and progress from what the round knows
+(facts.RoundFacts: the RayCluster, the current attempt's Ray job, the runtime's last metrics record,
+pods the scheduler cannot place, pods lost mid-run, spec problems, the previous status) under the
+rule `rules.classify` chose from the same facts. It reads no clock and writes nothing, so the round
+stays thin: gather the facts, classify, compute, patch only when `status_changed`. `status_events`
+names the transitions worth an Event.
 
-Which rule decides comes from the operator's one table of rules (rules.py): a terminal phase sticks
-(except a Failed that only the spec caused, once the spec is fixed); spec problems fail the job;
-`suspend` wins over everything below; then the Ray job decides (a job whose runtime refused its
-inputs fails at once; succeeded; failed or lost a worker -> retry or give up at backoffLimit;
-running); before the job runs, the cluster decides (Pending, Provisioning, or Retrying when this is
-a restart).
+What each rule writes is one function of `_PHASES` (the table is in rules.py): a terminal phase
+sticks; spec problems fail the job; `suspend` wins over everything below; then the Ray job decides
+(a job whose runtime refused its inputs fails at once; succeeded; failed or lost a worker -> retry
+or give up at backoffLimit; running); before the job runs, the cluster decides (Pending,
+Provisioning, or Retrying when this is a restart).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 from pydantic import ValidationError
 
 from rldock.config import Problem
-from rldock.contract.failure import JobFailure
 from rldock.contract.progress import VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
 from rldock.operator import naming
 from rldock.operator.api import Condition, EnvironmentStatus, LastEvaluation, RLJobSpec, RLJobStatus
@@ -38,58 +34,12 @@ from rldock.operator.constants import (
     RAY_STATE_SUSPENDED,
     ConditionType,
     EventReason,
-    GangScheduler,
     Phase,
     RayJobStatus,
     Reason,
 )
-from rldock.operator.rules import Rule, first_rule
-
-
-@dataclass(frozen=True)
-class RayJobObservation:
-    """The Ray job of the current attempt, as the Jobs API reports it."""
-
-    submission_id: str
-    status: RayJobStatus
-    message: str = ""
-    failure: JobFailure | None = None  # the runtime's failure line, when it refused its inputs
-
-
-@dataclass(frozen=True)
-class EnvironmentObservation:
-    """The Deployment of one spec.environments entry: the pods it asks for and those ready."""
-
-    name: str
-    replicas: int
-    ready_replicas: int = 0
-
-
-@dataclass(frozen=True)
-class Blocked:
-    """The round cannot get a child it needs: NameConflict or CreateRefused, and the message."""
-
-    reason: Reason
-    message: str
-
-
-@dataclass(frozen=True)
-class Observations:
-    """One round of observations. Pass only complete ones: a failed lookup is not an absence."""
-
-    problems: Sequence[Problem] = ()  # validation.parse_spec
-    denied: Sequence[Problem] = ()  # policy.policy_problems: a valid spec the admin's policy refuses
-    ray_cluster: Mapping[str, Any] | None = None  # RayCluster .status ({} when new); None: no cluster
-    ray_job: RayJobObservation | None = None  # None: this attempt is not submitted yet
-    metrics: Mapping[str, Any] | None = None  # the runtime's last metrics record
-    last_checkpoint: str | None = None
-    unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
-    lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
-    blocked: Blocked | None = None  # a child that cannot be had (reconcile.py), with why
-    # The RayCluster's spec.suspend is set, and not by this operator (Kueue preempting it, an admin).
-    suspended_by_other: bool = False
-    # The environments' Deployments (spec.environments order); None: not looked at this round.
-    environments: Sequence[EnvironmentObservation] | None = None
+from rldock.operator.facts import EnvironmentObservation, RoundFacts, Suspension, failed_on_spec
+from rldock.operator.rules import Rule
 
 
 class _Cond(NamedTuple):
@@ -117,83 +67,43 @@ class _Updates(dict[ConditionType, _Cond | None]):
 _ORDER = list(ConditionType)
 
 
-def compute_status(
-    *,
-    name: str,
-    spec: RLJobSpec | None,
-    generation: int | None,
-    observed: Observations,
-    restart_count: int,
-    previous: Mapping[str, Any] | None,
-    now: datetime,
-) -> dict[str, Any]:
-    """The status the RLJob should have now, as the camelCase dict to write.
-
-    `now` must be timezone-aware (UTC); `restart_count` is the number of restarts the handlers
-    have made, and `observed.ray_job` is the Ray job of attempt `restart_count`.
-    """
-    if now.tzinfo is None:
-        raise ValueError("now must be timezone-aware, e.g. datetime.now(timezone.utc)")
-    prev = parse_status(previous)
-    if spec is None and not observed.problems:
-        raise ValueError("a spec that did not parse must come with its problems (validation.parse_spec)")
-    job, kueue = observed.ray_job, spec is not None and spec.scheduling.gang is GangScheduler.KUEUE
-    # With an in-job restart budget (spec.maxRestarts) a lost worker pod is the runtime's to recover:
-    # only the Ray job's own failure ends the attempt.
-    failure = _failure(job, observed.lost_pods if spec is not None and spec.max_restarts == 0 else ())
-    rule = first_rule(
-        {
-            Rule.FINISHED: lambda: finished(prev),
-            Rule.REFUSED: lambda: bool(observed.problems or observed.denied),  # spec None comes with problems
-            # spec is None only with problems, which REFUSED above has decided on already
-            Rule.SUSPENDED: lambda: spec is not None and spec.suspend,
-            # Kueue's own suspends read as waiting for admission (_cluster_conditions).
-            Rule.SUSPENDED_BY_OTHER: lambda: observed.suspended_by_other and not kueue,
-            Rule.BLOCKED: lambda: observed.blocked is not None,
-            Rule.ATTEMPT_REFUSED: lambda: (
-                job is not None and job.status is RayJobStatus.FAILED and job.failure is not None
-            ),
-            Rule.ATTEMPT_SUCCEEDED: lambda: job is not None and job.status is RayJobStatus.SUCCEEDED,
-            Rule.ATTEMPT_FAILED: lambda: failure is not None,
-            Rule.ATTEMPT_RUNNING: lambda: (
-                job is not None and job.status in (RayJobStatus.PENDING, RayJobStatus.RUNNING)
-            ),
-        }
-    )
+def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
+    """The status the RLJob should have now, as the camelCase dict to write, under `rule`
+    (rules.classify of the same facts)."""
+    assert rule is not Rule.MANAGED_ELSEWHERE, "a job managed elsewhere gets no status from this operator"
+    prev = f.previous
     if rule is Rule.FINISHED:
-        finished_status = prev.model_copy(update={"observed_generation": generation})
-        _set_environments(finished_status, observed.environments, prev)
+        finished_status = prev.model_copy(update={"observed_generation": f.generation})
+        _set_environments(finished_status, f.environments, prev)
         return _dump(finished_status)
     if rule is Rule.REFUSED:
         phase, ray_job_id = Phase.FAILED, None
         conditions = (
-            _refused(Reason.INVALID_SPEC, observed.problems)
-            if observed.problems
-            else _refused(Reason.POLICY_DENIED, observed.denied)
+            _refused(Reason.INVALID_SPEC, f.problems) if f.problems else _refused(Reason.POLICY_DENIED, f.denied)
         )
     else:
-        assert spec is not None, "a spec without problems parsed"
-        phase, conditions = _decide(rule, name, spec, observed, restart_count, prev, failure)
+        conditions = _Updates()
+        phase = _decide(f, rule, conditions)
         # Every condition carries a message: an empty string reads as null on some API servers
         # (seen on the 1.20 test control plane), which the schema refuses.
         conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
         if failed_on_spec(prev) and ConditionType.FAILED not in conditions:
             conditions.drop(ConditionType.FAILED)  # the spec was fixed: its failure no longer holds
-        ray_job_id = observed.ray_job.submission_id if observed.ray_job else None
+        ray_job_id = f.ray_job.submission_id if f.ray_job else None
 
     status = RLJobStatus(
         phase=phase,
-        conditions=_merge_conditions(prev, conditions, generation, now),
-        restart_count=restart_count,
-        ray_cluster_name=naming.ray_cluster_name(name),
+        conditions=_merge_conditions(prev, conditions, f.generation, f.now),
+        restart_count=f.restart_count,
+        ray_cluster_name=naming.ray_cluster_name(f.name),
         ray_job_id=ray_job_id,
-        last_checkpoint=observed.last_checkpoint or prev.last_checkpoint,
-        start_time=prev.start_time or (now if phase is Phase.RUNNING else None),
-        completion_time=(prev.completion_time or now) if phase.is_terminal else None,
-        observed_generation=generation,
+        last_checkpoint=f.last_checkpoint or prev.last_checkpoint,
+        start_time=prev.start_time or (f.now if phase is Phase.RUNNING else None),
+        completion_time=(prev.completion_time or f.now) if phase.is_terminal else None,
+        observed_generation=f.generation,
     )
-    _set_progress(status, spec, observed.metrics, prev)
-    _set_environments(status, observed.environments, prev)
+    _set_progress(status, f.spec, f.metrics, prev)
+    _set_environments(status, f.environments, prev)
     return _dump(status)
 
 
@@ -206,190 +116,216 @@ def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
     return conditions
 
 
-def _decide(
-    rule: Rule,
-    name: str,
-    spec: RLJobSpec,
-    observed: Observations,
-    restart_count: int,
-    prev: RLJobStatus,
-    failure: tuple[Reason, str] | None,
-) -> tuple[Phase, _Updates]:
-    """Phase and conditions for a valid spec, under the rule that decided (rules.py)."""
-    out = _Updates()
-    cluster_name = naming.ray_cluster_name(name)
-    if rule is Rule.SUSPENDED:
-        out.set(
-            ConditionType.SUSPENDED,
-            True,
-            Reason.SUSPENDED_BY_USER,
-            "the cluster is freed and the checkpoint kept; unset spec.suspend to resume",
-        )
-        out.set(
-            ConditionType.CLUSTER_READY,
-            False,
-            Reason.RAY_CLUSTER_SUSPENDED,
-            f"RayCluster {cluster_name} is " + ("suspended" if observed.ray_cluster is not None else "deleted"),
-        )
-        out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_BY_USER, "the Ray job is stopped")
-        out.drop(ConditionType.PODS_SCHEDULED)  # no pods to schedule
-        return Phase.SUSPENDED, out
+class _Cluster(NamedTuple):
+    """What the RayCluster's state means for the phase before the job runs."""
 
-    if rule is Rule.SUSPENDED_BY_OTHER:
-        out.set(
-            ConditionType.SUSPENDED,
-            True,
-            Reason.SUSPENDED_EXTERNALLY,
-            f"RayCluster {cluster_name} was suspended by another controller or an admin, not by this RLJob's "
-            "spec.suspend; the operator leaves it suspended, counts no restart, and resumes from the last "
-            "checkpoint once they unsuspend it",
-        )
-        out.set(
-            ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended"
-        )
-        out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_EXTERNALLY, "the Ray job stopped with its cluster")
-        out.drop(ConditionType.PODS_SCHEDULED)
-        return Phase.SUSPENDED, out
+    ready: bool
+    waiting_for_admission: bool  # Kueue holds it suspended
 
-    was_suspended = prev.condition(ConditionType.SUSPENDED)
+
+def _decide(f: RoundFacts, rule: Rule, out: _Updates) -> Phase:
+    """Phase and conditions for a valid spec under `rule`: the suspends say all themselves; below them
+    a resumed job says so, and the cluster's conditions are set before the attempt's rule decides."""
+    if rule in _SUSPENDED:
+        return _SUSPENDED[rule](f, out)
+    was_suspended = f.previous.condition(ConditionType.SUSPENDED)
     if was_suspended is not None and was_suspended.status == "True":
         out.set(ConditionType.SUSPENDED, False, Reason.RESUMED, "resuming from the last checkpoint")
-
     if rule is Rule.BLOCKED:
-        assert observed.blocked is not None
-        out.set(ConditionType.CLUSTER_READY, False, observed.blocked.reason, observed.blocked.message)
-        out.set(
-            ConditionType.RUNNING,
-            False,
-            Reason.RAY_JOB_NOT_SUBMITTED,
-            "the Ray job is submitted once the cluster is ready",
-        )
-        return (Phase.RETRYING if restart_count > 0 else Phase.PENDING), out
+        return _blocked(f, out)
+    return _ATTEMPT[rule](f, out, _cluster_conditions(f, out))
 
-    cluster_ready, waiting_for_admission = _cluster_conditions(
-        out, spec, observed.ray_cluster, cluster_name, suspended=observed.suspended_by_other
+
+def _suspended(f: RoundFacts, out: _Updates) -> Phase:
+    cluster_name = naming.ray_cluster_name(f.name)
+    out.set(
+        ConditionType.SUSPENDED,
+        True,
+        Reason.SUSPENDED_BY_USER,
+        "the cluster is freed and the checkpoint kept; unset spec.suspend to resume",
     )
-    if observed.unschedulable:
-        messages = dict.fromkeys(observed.unschedulable)  # unique, in order
+    out.set(
+        ConditionType.CLUSTER_READY,
+        False,
+        Reason.RAY_CLUSTER_SUSPENDED,
+        f"RayCluster {cluster_name} is " + ("suspended" if f.cluster is not None else "deleted"),
+    )
+    out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_BY_USER, "the Ray job is stopped")
+    out.drop(ConditionType.PODS_SCHEDULED)  # no pods to schedule
+    return Phase.SUSPENDED
+
+
+def _suspended_by_other(f: RoundFacts, out: _Updates) -> Phase:
+    cluster_name = naming.ray_cluster_name(f.name)
+    out.set(
+        ConditionType.SUSPENDED,
+        True,
+        Reason.SUSPENDED_EXTERNALLY,
+        f"RayCluster {cluster_name} was suspended by another controller or an admin, not by this RLJob's "
+        "spec.suspend; the operator leaves it suspended, counts no restart, and resumes from the last "
+        "checkpoint once they unsuspend it",
+    )
+    out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended")
+    out.set(ConditionType.RUNNING, False, Reason.SUSPENDED_EXTERNALLY, "the Ray job stopped with its cluster")
+    out.drop(ConditionType.PODS_SCHEDULED)
+    return Phase.SUSPENDED
+
+
+_SUSPENDED: dict[Rule, Callable[[RoundFacts, _Updates], Phase]] = {
+    Rule.SUSPENDED: _suspended,
+    Rule.SUSPENDED_BY_OTHER: _suspended_by_other,
+}
+
+
+def _blocked(f: RoundFacts, out: _Updates) -> Phase:
+    assert f.blocked is not None
+    out.set(ConditionType.CLUSTER_READY, False, f.blocked.reason, f.blocked.message)
+    out.set(
+        ConditionType.RUNNING, False, Reason.RAY_JOB_NOT_SUBMITTED, "the Ray job is submitted once the cluster is ready"
+    )
+    return Phase.RETRYING if f.restart_count > 0 else Phase.PENDING
+
+
+def _attempt_refused(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    job = f.ray_job
+    assert job is not None and job.failure is not None
+    # The runtime refused its inputs (a path missing in the pods): every retry would fail the
+    # same way, so the RLJob fails now with the runtime's reason and the fields to fix.
+    reason = Reason(job.failure.reason.value)
+    message = f"Ray job {job.submission_id}: the runtime refused to start (not retried): " + job.failure.message(
+        field_prefix="spec.job."
+    )
+    out.set(ConditionType.RUNNING, False, reason, message)
+    out.set(ConditionType.FAILED, True, reason, message)
+    return Phase.FAILED
+
+
+def _attempt_succeeded(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    assert f.ray_job is not None
+    out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED, f"Ray job {f.ray_job.submission_id} succeeded")
+    out.set(
+        ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED, f"all {f.valid_spec.job.iterations} iterations done"
+    )
+    return Phase.SUCCEEDED
+
+
+def _attempt_failed(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    failure, restarts, limit = f.attempt_failure, f.restart_count, f.valid_spec.backoff_limit
+    assert failure is not None
+    reason, message = failure
+    out.set(ConditionType.RUNNING, False, reason, message)
+    if f.retries_left:
+        out.set(
+            ConditionType.RETRYING,
+            True,
+            reason,
+            f"restart {restarts + 1} of {limit}, resuming from the last checkpoint: {message}",
+        )
+        return Phase.RETRYING
+    out.set(
+        ConditionType.FAILED,
+        True,
+        Reason.BACKOFF_LIMIT_EXCEEDED,
+        f"failed after {restarts} restart(s) (backoffLimit {limit}): {message}",
+    )
+    return Phase.FAILED
+
+
+def _attempt_running(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    job = f.ray_job
+    assert job is not None
+    if job.status is RayJobStatus.RUNNING:
+        out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
+        if f.restart_count > 0:
+            out.set(ConditionType.RETRYING, False, Reason.RECOVERED, f"running again after restart {f.restart_count}")
+        return Phase.RUNNING
+    # PENDING: submitted, the driver has not started; the cluster decides the phase, as before a job.
+    out.set(
+        ConditionType.RUNNING,
+        False,
+        Reason.RAY_JOB_PENDING,
+        f"Ray job {job.submission_id} is waiting for its driver to start",
+    )
+    return _before_the_job(f, cluster)
+
+
+def _starting(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    out.set(
+        ConditionType.RUNNING,
+        False,
+        Reason.RAY_JOB_NOT_SUBMITTED,
+        "submitting the Ray job" if cluster.ready else "the Ray job is submitted once the cluster is ready",
+    )
+    return _before_the_job(f, cluster)
+
+
+def _before_the_job(f: RoundFacts, cluster: _Cluster) -> Phase:
+    if f.restart_count > 0:
+        return Phase.RETRYING  # the Retrying condition of the failure stays as it was
+    if f.cluster is None or cluster.waiting_for_admission:
+        return Phase.PENDING
+    return Phase.PROVISIONING
+
+
+_ATTEMPT: dict[Rule, Callable[[RoundFacts, _Updates, _Cluster], Phase]] = {
+    Rule.ATTEMPT_REFUSED: _attempt_refused,
+    Rule.ATTEMPT_SUCCEEDED: _attempt_succeeded,
+    Rule.ATTEMPT_FAILED: _attempt_failed,
+    Rule.ATTEMPT_RUNNING: _attempt_running,
+    Rule.STARTING: _starting,
+}
+
+
+def _cluster_conditions(f: RoundFacts, out: _Updates) -> _Cluster:
+    """Sets ClusterReady from KubeRay's RayCluster status (and its spec.suspend, which KubeRay's
+    status follows a moment later), and PodsScheduled from the pods the scheduler cannot place."""
+    cluster = _cluster_ready(f, out)
+    if f.unschedulable:
+        messages = dict.fromkeys(f.unschedulable)  # unique, in order
         out.set(ConditionType.PODS_SCHEDULED, False, Reason.UNSCHEDULABLE, "; ".join(messages))
-    elif observed.ray_cluster is not None:
+    elif f.cluster is not None:
         out.set(ConditionType.PODS_SCHEDULED, True, Reason.SCHEDULED, "no pod is waiting for a node")
     else:
         out.drop(ConditionType.PODS_SCHEDULED)
-
-    job, limit = observed.ray_job, spec.backoff_limit
-    if rule is Rule.ATTEMPT_REFUSED:
-        assert job is not None and job.failure is not None
-        # The runtime refused its inputs (a path missing in the pods): every retry would fail the
-        # same way, so the RLJob fails now with the runtime's reason and the fields to fix.
-        reason = Reason(job.failure.reason.value)
-        message = f"Ray job {job.submission_id}: the runtime refused to start (not retried): " + job.failure.message(
-            field_prefix="spec.job."
-        )
-        out.set(ConditionType.RUNNING, False, reason, message)
-        out.set(ConditionType.FAILED, True, reason, message)
-        return Phase.FAILED, out
-    if rule is Rule.ATTEMPT_SUCCEEDED:
-        assert job is not None
-        out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED, f"Ray job {job.submission_id} succeeded")
-        out.set(ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED, f"all {spec.job.iterations} iterations done")
-        return Phase.SUCCEEDED, out
-    if rule is Rule.ATTEMPT_FAILED:
-        assert failure is not None
-        reason, message = failure
-        out.set(ConditionType.RUNNING, False, reason, message)
-        if restart_count < limit:
-            out.set(
-                ConditionType.RETRYING,
-                True,
-                reason,
-                f"restart {restart_count + 1} of {limit}, resuming from the last checkpoint: {message}",
-            )
-            return Phase.RETRYING, out
-        out.set(
-            ConditionType.FAILED,
-            True,
-            Reason.BACKOFF_LIMIT_EXCEEDED,
-            f"failed after {restart_count} restart(s) (backoffLimit {limit}): {message}",
-        )
-        return Phase.FAILED, out
-    if rule is Rule.ATTEMPT_RUNNING and job is not None and job.status is RayJobStatus.RUNNING:
-        out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
-        if restart_count > 0:
-            out.set(ConditionType.RETRYING, False, Reason.RECOVERED, f"running again after restart {restart_count}")
-        return Phase.RUNNING, out
-
-    if rule is Rule.ATTEMPT_RUNNING:  # PENDING: submitted, the driver has not started
-        assert job is not None
-        out.set(
-            ConditionType.RUNNING,
-            False,
-            Reason.RAY_JOB_PENDING,
-            f"Ray job {job.submission_id} is waiting for its driver to start",
-        )
-    else:
-        out.set(
-            ConditionType.RUNNING,
-            False,
-            Reason.RAY_JOB_NOT_SUBMITTED,
-            "submitting the Ray job" if cluster_ready else "the Ray job is submitted once the cluster is ready",
-        )
-    if restart_count > 0:
-        return Phase.RETRYING, out  # the Retrying condition of the failure stays as it was
-    if observed.ray_cluster is None or waiting_for_admission:
-        return Phase.PENDING, out
-    return Phase.PROVISIONING, out
+    return cluster
 
 
-def _cluster_conditions(
-    out: _Updates, spec: RLJobSpec, cluster: Mapping[str, Any] | None, cluster_name: str, *, suspended: bool
-) -> tuple[bool, bool]:
-    """Sets ClusterReady from KubeRay's RayCluster status (and its spec.suspend, `suspended`,
-    which KubeRay's status follows a moment later); returns (ready, waiting for Kueue)."""
-    if cluster is None:
+def _cluster_ready(f: RoundFacts, out: _Updates) -> _Cluster:
+    cluster_name, status = naming.ray_cluster_name(f.name), f.cluster_status
+    if status is None:
         out.set(ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_CREATING, f"creating RayCluster {cluster_name}")
-        return False, False
-    kuberay_conditions = {c.get("type"): c.get("status") for c in cluster.get("conditions") or ()}
+        return _Cluster(ready=False, waiting_for_admission=False)
+    kuberay_conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or ()}
     if (
-        suspended
-        or cluster.get("state") == RAY_STATE_SUSPENDED
+        f.suspension is Suspension.OTHER
+        or status.get("state") == RAY_STATE_SUSPENDED
         or kuberay_conditions.get(RAY_CONDITION_SUSPENDED) == "True"
     ):
         # spec.suspend is false here, so someone else holds the cluster: Kueue until it admits it.
-        if spec.scheduling.gang is GangScheduler.KUEUE:
+        if f.kueue:
+            spec = f.valid_spec
             out.set(
                 ConditionType.CLUSTER_READY,
                 False,
                 Reason.WAITING_FOR_ADMISSION,
                 f"Kueue has not admitted RayCluster {cluster_name} from queue {spec.scheduling.queue} yet",
             )
-            return False, True
+            return _Cluster(ready=False, waiting_for_admission=True)
         out.set(
             ConditionType.CLUSTER_READY, False, Reason.RAY_CLUSTER_SUSPENDED, f"RayCluster {cluster_name} is suspended"
         )
-        return False, False
-    num_workers = spec.job.resources.num_nodes
-    if cluster.get("state") == RAY_STATE_READY or kuberay_conditions.get(RAY_CONDITION_PROVISIONED) == "True":
+        return _Cluster(ready=False, waiting_for_admission=False)
+    num_workers = f.valid_spec.job.resources.num_nodes
+    if status.get("state") == RAY_STATE_READY or kuberay_conditions.get(RAY_CONDITION_PROVISIONED) == "True":
         out.set(ConditionType.CLUSTER_READY, True, Reason.RAY_CLUSTER_READY, f"head and {num_workers} worker(s) ready")
-        return True, False
+        return _Cluster(ready=True, waiting_for_admission=False)
     out.set(
         ConditionType.CLUSTER_READY,
         False,
         Reason.RAY_CLUSTER_PROVISIONING,
-        f"{cluster.get('readyWorkerReplicas') or 0}/{num_workers} workers ready",
+        f"{status.get('readyWorkerReplicas') or 0}/{num_workers} workers ready",
     )
-    return False, False
-
-
-def _failure(job: RayJobObservation | None, lost_pods: Sequence[str]) -> tuple[Reason, str] | None:
-    """Why the current attempt failed, or None; a finished (succeeded) job has nothing left to lose."""
-    if job is not None and job.status is RayJobStatus.FAILED:
-        return Reason.RAY_JOB_FAILED, f"Ray job {job.submission_id} failed: {job.message or 'no message'}"
-    if job is not None and job.status is RayJobStatus.STOPPED:
-        return Reason.RAY_JOB_STOPPED, f"Ray job {job.submission_id} was stopped outside the operator"
-    if job is not None and lost_pods:
-        return Reason.WORKER_POD_LOST, "; ".join(dict.fromkeys(lost_pods))
-    return None
+    return _Cluster(ready=False, waiting_for_admission=False)
 
 
 def _merge_conditions(prev: RLJobStatus, new: _Updates, generation: int | None, now: datetime) -> list[Condition]:
@@ -471,21 +407,6 @@ def last_evaluation(metrics: Mapping[str, Any]) -> LastEvaluation | None:
         reward=round(float(metrics[VAL_REWARD]), 4),
         accuracy=round(float(metrics[VAL_ACCURACY]), 4),
     )
-
-
-_SPEC_FAILURES = (Reason.INVALID_SPEC, Reason.POLICY_DENIED)
-
-
-def finished(status: RLJobStatus) -> bool:
-    """Succeeded, or Failed for good (a Failed caused by the spec alone is undone by fixing it)."""
-    return status.phase is not None and status.phase.is_terminal and not failed_on_spec(status)
-
-
-def failed_on_spec(status: RLJobStatus) -> bool:
-    """A Failed phase that only the spec caused (invalid, or outside the admin's policy), which
-    fixing the spec (or the policy) undoes."""
-    failed = status.condition(ConditionType.FAILED)
-    return status.phase is Phase.FAILED and failed is not None and failed.reason in _SPEC_FAILURES
 
 
 def parse_status(raw: Mapping[str, Any] | None) -> RLJobStatus:
