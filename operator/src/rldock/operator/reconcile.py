@@ -57,6 +57,7 @@ from rldock.operator.builders import (
     device_resource,
     output_dir,
 )
+from rldock.operator.builders.common import put_back
 from rldock.operator.builders.environments import (
     deployment_patch,
     network_policy_patch,
@@ -136,6 +137,28 @@ class BlockedRound(Exception):
     def __init__(self, blocked: Blocked) -> None:
         super().__init__(blocked.message)
         self.blocked = blocked
+
+
+PatchOf = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Child:
+    """One child of the round's ordered list (Reconciler._children), ensured by `_ensure`."""
+
+    manifest: dict[str, Any]
+    # The patch that puts a stored one back (None while it matches); CREATE_ONLY: created once per
+    # process and never read back, since the operator's role may only create it (the Secrets).
+    patch_of: PatchOf
+    created: EventReason  # the Event of its creation, saying `created <kind> <name>` + `message`
+    message: str
+
+
+def _create_only(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+    raise AssertionError("a create-only child is never read back")
+
+
+CREATE_ONLY: PatchOf = _create_only
 
 
 @dataclass
@@ -232,9 +255,8 @@ class Reconciler:
         )
         self._clock = clock
         self._logs = ProgressCursor()  # how far each running job's driver log was parsed
-        self._secrets_made: set[str] = set()  # uids of RLJobs whose auth Secret this process made or found
-        self._environment_tokens_made: set[str] = set()  # ... and whose environment token Secret
-        self._service_accounts_made: set[str] = set()  # ... and whose environments' ServiceAccount
+        self._made: set[tuple[str, str]] = set()  # (RLJob uid, name) of create-only children made or found
+        self._service_accounts_made: set[str] = set()  # uids of RLJobs whose environments' ServiceAccount ...
         self._draw_token = draw_token
         self.desired = DesiredCache(settings)  # each RLJob's spec generation worked out once
 
@@ -288,8 +310,7 @@ class Reconciler:
     def _forget(self, ref: RLJobRef) -> None:
         """Drop what this process remembers of an RLJob that stopped running."""
         self._logs.forget(ref)
-        self._secrets_made.discard(ref.uid)
-        self._environment_tokens_made.discard(ref.uid)
+        self._made = {made for made in self._made if made[0] != ref.uid}
         self._service_accounts_made.discard(ref.uid)
 
     def _run(self, rnd: Round, out: Outcome) -> None:
@@ -303,14 +324,9 @@ class Reconciler:
     def _advance(self, rnd: Round, out: Outcome) -> None:
         spec = rnd.spec
         assert spec is not None, "a spec without problems parsed"
-        token = self._ensure_secret(rnd, out)
-        if spec.environments:
-            # Before the cluster and the environments: both sides' pods read it.
-            self._ensure_environment_token(rnd, out)
-        self._ensure_config_map(rnd, out)
-        if self.settings.network_policy:
-            # Before the cluster: its pods never run unprotected.
-            self._ensure_network_policy(rnd, out)
+        token = self._token(rnd.ref)
+        for child in self._children(rnd, spec, token):
+            self._ensure(rnd, child, out)
         desired = rnd.desired.ray_cluster()
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
@@ -364,61 +380,68 @@ class Reconciler:
             )
         return obj
 
-    def _ensure_secret(self, rnd: Round, out: Outcome) -> str:
-        """The Ray auth token of this RLJob, derived from the operator's key (tokens.py), and the
-        Secret the Ray pods read it from, created once and never read back: the operator's role
-        holds only `create` on Secrets. An existing Secret of that name is taken as made: its name
-        hashes the RLJob's uid (naming.py), so no earlier RLJob of the same name left it."""
-        token = self._token(rnd.ref)
-        if rnd.ref.uid not in self._secrets_made:
-            if _create(self.kube, build_auth_secret(job=rnd.ref, token=token)) is not None:
-                out.event(
-                    "Normal",
+    def _children(self, rnd: Round, spec: RLJobSpec, token: str) -> list[Child]:
+        """The children made before the RayCluster, in the order they are made: what the Ray pods (and
+        the environments' pods) read or are guarded by exists before any of them runs. The Secrets
+        are created once and never read back (the operator's role holds only `create` on Secrets): an
+        existing one is taken as made, its name hashing the RLJob's uid (naming.py), so no earlier
+        RLJob of the same name left it."""
+        ref, children = rnd.ref, []
+        if (ref.uid, naming.auth_secret_name(ref.name, ref.uid)) not in self._made:
+            children.append(
+                Child(
+                    build_auth_secret(job=ref, token=token),
+                    CREATE_ONLY,
                     EventReason.CREATED_AUTH_SECRET,
-                    f"created Secret {naming.auth_secret_name(rnd.ref.name, rnd.ref.uid)} with the Ray auth token",
+                    " with the Ray auth token",
                 )
-            self._secrets_made.add(rnd.ref.uid)
-        return token
-
-    def _ensure_environment_token(self, rnd: Round, out: Outcome) -> None:
-        """The Secret with the job's environment token, a random one drawn when the Secret is made:
-        the operator never reads it back (its role may only create Secrets), nor needs it. One that
-        exists is taken as made; its name hashes the RLJob's uid, as the Ray auth Secret's does."""
-        if rnd.ref.uid in self._environment_tokens_made:
-            return
-        secret = build_environment_token_secret(job=rnd.ref, token=self._draw_token())
-        if _create(self.kube, secret) is not None:
-            out.event(
-                "Normal",
-                EventReason.CREATED_ENVIRONMENT_TOKEN,
-                f"created Secret {secret['metadata']['name']} with the token the environments' servers ask for",
             )
-        self._environment_tokens_made.add(rnd.ref.uid)
+        if spec.environments and (ref.uid, naming.environment_token_secret_name(ref.name, ref.uid)) not in self._made:
+            # The token both sides' pods read: a random one, drawn when the Secret is made.
+            children.append(
+                Child(
+                    build_environment_token_secret(job=rnd.ref, token=self._draw_token()),
+                    CREATE_ONLY,
+                    EventReason.CREATED_ENVIRONMENT_TOKEN,
+                    " with the token the environments' servers ask for",
+                )
+            )
+        # spec.job changed: the running attempt keeps the config it started with; the next attempt
+        # (retry, unsuspend) reads the patched one.
+        children.append(
+            Child(rnd.desired.config_map(), put_back("data"), EventReason.CREATED_CONFIG_MAP, " with the job config")
+        )
+        if self.settings.network_policy:
+            children.append(
+                Child(
+                    build_network_policy(
+                        job=rnd.ref,
+                        operator_namespace=self.settings.operator_namespace,
+                        operator_pod_labels=dict(self.settings.operator_pod_labels),
+                    ),
+                    put_back("spec"),
+                    EventReason.CREATED_NETWORK_POLICY,
+                    ": the Ray pods accept connections only from the job's own pods and, on the Jobs API port, "
+                    "from the operator",
+                )
+            )
+        return children
+
+    def _ensure(self, rnd: Round, child: Child, out: Outcome) -> None:
+        """Create `child`, with its Event, or put a stored one back where it differs."""
+        kind, name = child.manifest["kind"], child.manifest["metadata"]["name"]
+        if child.patch_of is CREATE_ONLY:
+            created = _create(self.kube, child.manifest) is not None
+            self._made.add((rnd.ref.uid, name))
+        else:
+            _, created = self._ensure_child(rnd, child.manifest, child.patch_of)
+        if created:
+            out.event("Normal", child.created, f"created {kind} {name}{child.message}")
 
     def _token(self, ref: RLJobRef) -> str:
         if self.settings.token_key is None:
             raise ValueError("the operator has no token key (RLDOCK_TOKEN_KEY, settings.token_key)")
         return job_token(self.settings.token_key, ref)
-
-    def _ensure_network_policy(self, rnd: Round, out: Outcome) -> None:
-        desired = build_network_policy(
-            job=rnd.ref,
-            operator_namespace=self.settings.operator_namespace,
-            operator_pod_labels=dict(self.settings.operator_pod_labels),
-        )
-        name = desired["metadata"]["name"]
-        existing = self._read_owned(rnd, "NetworkPolicy", name)
-        if existing is None:
-            if _create(self.kube, desired) is None:
-                raise SkipRound(f"NetworkPolicy {name} appeared meanwhile")
-            out.event(
-                "Normal",
-                EventReason.CREATED_NETWORK_POLICY,
-                f"created NetworkPolicy {name}: the Ray pods accept connections only from the job's own pods "
-                "and, on the Jobs API port, from the operator",
-            )
-        elif existing.get("spec") != desired["spec"]:  # edited by hand, or the operator moved
-            self.kube.patch("NetworkPolicy", rnd.ref.namespace, name, {"spec": desired["spec"]})
 
     def _ensure_environments(
         self, rnd: Round, spec: RLJobSpec, out: Outcome, *, admitted: bool
@@ -481,6 +504,7 @@ class Reconciler:
             return created, True
         patch = patch_of(existing, desired)
         if patch:
+            log.info("%s/%s: %s %s differs from the spec; put back", rnd.ref.namespace, rnd.ref.name, kind, name)
             existing = self.kube.patch(kind, rnd.ref.namespace, name, patch)
         return existing, False
 
@@ -529,20 +553,6 @@ class Reconciler:
                 f"deleted Deployment, Service and NetworkPolicy {name}: environment {environment!r} {why}",
             )
 
-    def _ensure_config_map(self, rnd: Round, out: Outcome) -> None:
-        desired = rnd.desired.config_map()
-        name = desired["metadata"]["name"]
-        existing = self._read_owned(rnd, "ConfigMap", name)
-        if existing is None:
-            if _create(self.kube, desired) is None:
-                raise SkipRound(f"ConfigMap {name} appeared meanwhile")
-            out.event("Normal", EventReason.CREATED_CONFIG_MAP, f"created ConfigMap {name} with the job config")
-        elif existing.get("data") != desired["data"]:
-            # spec.job changed: the running attempt keeps the config it started with; the next
-            # attempt (retry, unsuspend) reads this one.
-            log.info("%s/%s: job config changed; the next attempt uses it", rnd.ref.namespace, rnd.ref.name)
-            self.kube.patch("ConfigMap", rnd.ref.namespace, name, {"data": desired["data"]})
-
     def _release(self, rnd: Round, out: Outcome, *, why: str) -> None:
         """Delete the RayCluster (the job on its head goes with it); idempotent."""
         cluster = self.kube.get("RayCluster", rnd.ref.namespace, rnd.cluster_name)
@@ -589,7 +599,7 @@ class Reconciler:
                     previous_attempt = _observation(previous_id, jobs.get_job(previous_id))
             except TokenRefused as error:
                 secret = naming.auth_secret_name(rnd.ref.name, rnd.ref.uid)
-                self._secrets_made.discard(rnd.ref.uid)  # made again once someone deletes it
+                self._made.discard((rnd.ref.uid, secret))  # made again once someone deletes it
                 raise BlockedRound(
                     Blocked(
                         Reason.TOKEN_REFUSED,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,3 +61,13 @@ def child_metadata(
     if annotations:
         meta["annotations"] = dict(annotations)
     return meta
+
+
+def put_back(field: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any] | None]:
+    """The patch of a stored child whose top-level `field` differs from the built one (edited by hand,
+    made by an older operator, or the spec moved): that field as built; None while it matches."""
+
+    def patch(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:
+        return {field: desired[field]} if existing.get(field) != desired[field] else None
+
+    return patch
