@@ -351,7 +351,7 @@ def test_connections_over_the_cap_are_closed_at_once(certificate):
         holder = socket.create_connection(("127.0.0.1", server.port), timeout=5)  # takes the one slot
         # Wait until the server has accepted it (its one slot taken), however slow the machine.
         deadline = time.monotonic() + 10
-        while server._server._slots._value != 0:  # noqa: SLF001 (the server's connection slots)
+        while server._server.in_flight() != 1:  # noqa: SLF001 (the server's connection slots)
             assert time.monotonic() < deadline, "the server never accepted the first connection"
             time.sleep(0.01)
         with pytest.raises((ConnectionError, ssl.SSLError, OSError)):

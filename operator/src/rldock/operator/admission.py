@@ -14,10 +14,10 @@ on UPDATE those the old object did not name), asking the API server through the 
 else is allowed.
 
 `WebhookServer` serves `review` at POST /validate-rljob in a daemon thread of every replica (the
-webhook's Service routes to any ready one, leader or standby). What it reads comes from whoever can
-reach the port (the API server, but also any pod, and the review holds a tenant's object), so each
-connection is bounded: the body's size, the number of connections served at once, and one total
-deadline for the TLS handshake, the headers and the body.
+webhook's Service routes to any ready one, leader or standby), through serving.py. What it reads
+comes from whoever can reach the port (the API server, but also any pod, and the review holds a
+tenant's object), so each connection is bounded: the body's size, the number of connections served
+at once, and one total deadline for the TLS handshake, the headers and the body.
 
 The reconcile checks stay (reconcile.py): where no webhook is installed, where the API server let a
 request through without it (failurePolicy Ignore), or where the admin tightened the policy after an
@@ -28,16 +28,11 @@ user check has no such second line: only an admission request says who asked (do
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
-import os
-import socket
-import ssl
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from rldock.operator.constants import GROUP, PLURAL, Reason
@@ -52,6 +47,7 @@ from rldock.operator.references import (
     new_references,
     user_of,
 )
+from rldock.operator.serving import Bounds, Certificate, Reply, Request, Server
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.validation import parse_spec
 
@@ -220,12 +216,12 @@ Review = Callable[[Any], dict[str, Any]]
 
 
 class WebhookServer:
-    """POST /validate-rljob over HTTPS on `port` (0: any free port, see `.port`), in a thread.
+    """POST /validate-rljob over HTTPS on `port` (0: any free port, see `.port`), in a thread
+    (serving.py, which also bounds each connection).
 
     `handle` answers a decoded AdmissionReview (e.g. `functools.partial(review, settings=...)`); a
     ReviewError is answered with 400. The certificate and key are read at start (bad files fail
-    it) and again whenever either file changes, so a rotated certificate (the kubelet updates a
-    mounted Secret in place) is served without a restart.
+    it) and again whenever either file changes, so a rotated certificate is served without a restart.
     """
 
     def __init__(
@@ -240,175 +236,33 @@ class WebhookServer:
         deadline_s: float = REQUEST_DEADLINE_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self._server = _TLSServer(
-            (host, port),
-            _handler(handle, max_review_bytes),
-            certificate=_Certificate(cert_file, key_file),
-            deadline_s=deadline_s,
-            max_connections=max_connections,
+        self._server = Server(
+            {("POST", WEBHOOK_PATH): functools.partial(_answer, handle)},
+            name="rldock-webhook",
+            what="admission webhook",
+            port=port,
+            host=host,
+            max_body_bytes=max_review_bytes,
+            certificate=Certificate(cert_file, key_file, what="admission webhook"),
+            bounds=Bounds(deadline_s=deadline_s, max_connections=max_connections),
+            log_requests=True,
         )
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-webhook", daemon=True)
+        self.port = self._server.port
 
     def start(self) -> WebhookServer:
-        self._thread.start()
+        self._server.start()
         log.info("serving the RLJob admission webhook at https://0.0.0.0:%d%s", self.port, WEBHOOK_PATH)
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
 
-class _Certificate:
-    """The TLS context of a certificate and key file pair, loaded again when either file changes."""
-
-    def __init__(self, cert_file: str, key_file: str) -> None:
-        self._files = (cert_file, key_file)
-        self._lock = threading.Lock()
-        self._stamp: tuple[tuple[int, int, int], ...] | None = self._read_stamp()
-        self._context = self._load()
-
-    def _read_stamp(self) -> tuple[tuple[int, int, int], ...]:
-        # A mounted Secret's files are links into a folder the kubelet swaps: stat follows them.
-        return tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, self._files))
-
-    def _load(self) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(*self._files)
-        return context
-
-    def context(self) -> ssl.SSLContext:
-        with self._lock:
-            try:
-                stamp = self._read_stamp()
-                if stamp != self._stamp:
-                    self._context, self._stamp = self._load(), stamp
-                    log.info("admission webhook: serving the certificate %s as changed", self._files[0])
-            except (OSError, ssl.SSLError) as error:  # e.g. a key that does not match yet
-                log.warning(
-                    "admission webhook: cannot load %s and %s (%s); serving the previous certificate",
-                    *self._files,
-                    error,
-                )
-            return self._context
-
-
-class _TLSServer(ThreadingHTTPServer):
-    """Each accepted connection's TLS handshake runs in its own thread (in `accept` it would stall
-    every other client), under a deadline that closes the connection wherever it stands."""
-
-    daemon_threads = True
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler: type[BaseHTTPRequestHandler],
-        *,
-        certificate: _Certificate,
-        deadline_s: float,
-        max_connections: int,
-    ) -> None:
-        super().__init__(address, handler)
-        self.certificate, self.deadline_s = certificate, deadline_s
-        self.max_connections = max_connections
-        self._slots = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.warning(
-                "admission webhook: %d connections in flight; closing one from %s",
-                self.max_connections,
-                client_address[0],
-            )
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def finish_request(self, request: Any, client_address: Any) -> None:  # a TCP server's request is its socket
-        request.settimeout(self.deadline_s)
-        connection = [request]  # what the deadline shuts down: the raw socket, then its TLS wrapper
-        # socket.socket.shutdown, not SSLSocket.shutdown: the handler's thread may be reading, and
-        # only the descriptor is shut (its read returns at once), the TLS state left to that thread.
-        timer = threading.Timer(self.deadline_s, _shut, args=(connection,))
-        timer.daemon = True
-        timer.start()
-        try:
-            try:
-                tls = self.certificate.context().wrap_socket(request, server_side=True)
-            except (OSError, ValueError) as error:  # a failed handshake closes the socket
-                log.debug("admission webhook: TLS handshake with %s failed: %s", client_address[0], error)
-                return
-            connection[0] = tls
-            try:
-                self.RequestHandlerClass(tls, client_address, self)  # type: ignore[arg-type]  # typeshed's Self
-            finally:
-                tls.close()
-        finally:
-            timer.cancel()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that went away or ran past the deadline: not the operator's error.
-        log.debug("admission webhook: connection from %s ended badly", client_address[0], exc_info=True)
-
-
-def _shut(connection: list[socket.socket]) -> None:
-    with contextlib.suppress(OSError):  # already closed
-        socket.socket.shutdown(connection[0], socket.SHUT_RDWR)
-
-
-def _handler(handle: Review, max_review_bytes: int) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        # HTTP/1.0: one request per connection, so the connection's deadline bounds the request.
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("admission webhook: %s " + format, self.address_string(), *args)
-
-        def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            self._reply(405 if self.path.split("?", 1)[0] == WEBHOOK_PATH else 404, b"POST an AdmissionReview\n")
-
-        def do_POST(self) -> None:
-            # The body is read before any answer but 411 and 413: a socket closed with unread data
-            # is reset, and the reset can overtake the answer.
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                self._reply(411, b"Content-Length required\n")
-                return
-            if not 0 <= length <= max_review_bytes:
-                self._reply(413, f"at most {max_review_bytes} bytes\n".encode())
-                return
-            body = self.rfile.read(length)
-            if len(body) < length:  # the client closed, or the deadline shut the connection
-                return
-            if self.path.split("?", 1)[0] != WEBHOOK_PATH:
-                self._reply(404, b"not found\n")
-                return
-            try:
-                answer = handle(json.loads(body))
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                self._reply(400, f"not JSON: {error}\n".encode())
-                return
-            except ReviewError as error:
-                self._reply(400, f"{error}\n".encode())
-                return
-            self._reply(200, json.dumps(answer).encode(), "application/json")
-
-    return Handler
+def _answer(handle: Review, request: Request) -> Reply:
+    try:
+        answer = handle(json.loads(request.body))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return Reply(400, f"not JSON: {error}\n".encode())
+    except ReviewError as error:
+        return Reply(400, f"{error}\n".encode())
+    return Reply(200, json.dumps(answer).encode(), "application/json")

@@ -35,8 +35,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -51,6 +49,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rldock.operator.constants import Phase
+from rldock.operator.serving import Reply, Request, Server
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +183,8 @@ class _RLJobCollector(Collector):
 
 
 class HealthServer:
-    """GET /metrics, /healthz and /readyz on `port` (0: any free port, see `.port`), in a thread.
+    """GET /metrics, /healthz and /readyz on `port` (0: any free port, see `.port`), in a thread
+    (serving.py).
 
     `healthy()` answers /healthz (False: 503, so the kubelet restarts the container); /readyz is
     200 whenever the process serves: a standby is ready, since it can take over at any moment.
@@ -193,43 +193,23 @@ class HealthServer:
     def __init__(
         self, metrics: Metrics, *, port: int, host: str = "0.0.0.0", healthy: Callable[[], bool] = lambda: True
     ) -> None:
-        self._server = ThreadingHTTPServer((host, port), _handler(metrics, healthy))
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rldock-health", daemon=True)
+        def health(request: Request) -> Reply:
+            ok = healthy()
+            return Reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+
+        routes = {
+            ("GET", "/metrics"): lambda request: Reply(200, metrics.exposition(), CONTENT_TYPE_LATEST),
+            ("GET", "/healthz"): health,
+            ("GET", "/readyz"): lambda request: Reply(200, b"ok\n"),
+        }
+        # Probes every few seconds: requests are not logged.
+        self._server = Server(routes, name="rldock-health", what="health server", port=port, host=host)
+        self.port = self._server.port
 
     def start(self) -> HealthServer:
-        self._thread.start()
+        self._server.start()
         log.info("serving /metrics, /healthz and /readyz on port %d", self.port)
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def _handler(metrics: Metrics, healthy: Callable[[], bool]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: not logged
-            pass
-
-        def _reply(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                ok = healthy()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
-            elif path == "/readyz":
-                self._reply(200, b"ok\n")
-            else:
-                self._reply(404, b"not found\n")
-
-    return Handler
+        self._server.stop()
