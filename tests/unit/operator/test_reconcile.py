@@ -670,6 +670,25 @@ def test_kueue_preemption_while_running_counts_no_restart():
     assert again.status["restartCount"] == 0 and again.status["rayJobId"].endswith("-0")
 
 
+def test_a_spec_change_while_kueue_holds_the_cluster_replaces_it_before_admission():
+    """A cluster Kueue holds suspended is a job waiting for admission, for the status and the actions
+    alike: a spec edited meanwhile replaces the queued cluster (the actions once read it as someone
+    else's suspend and did nothing, so Kueue admitted the old cluster, which was replaced only then)."""
+    reconciler, kube, jobs = make_world(policy=AdminPolicy(queues=["team-a"], image_prefixes=["registry.example/"]))
+    kueue = {"scheduling": {"gang": "kueue", "queue": "team-a"}}
+    first = reconciler.reconcile(body(**kueue))
+    queued = kube.objects[("RayCluster", NAME)]
+    assert queued["spec"]["suspend"] is True  # created for Kueue to admit
+    edited = reconciler.reconcile(body(status=first.status, image="registry.example/rldock:edited", **kueue))
+    ready = {c["type"]: c for c in edited.status["conditions"]}["ClusterReady"]
+    assert (edited.status["phase"], ready["reason"]) == ("Pending", "WaitingForAdmission")
+    assert ("delete", "RayCluster", NAME) in kube.writes
+    assert "ReplacedRayCluster" in [e.reason.value for e in edited.events]
+    again = reconciler.reconcile(body(status=edited.status, image="registry.example/rldock:edited", **kueue))
+    assert kube.objects[("RayCluster", NAME)]["spec"]["suspend"] is True  # queued again, with the new spec
+    assert "CreatedRayCluster" in [e.reason.value for e in again.events]
+
+
 def test_an_rljob_managed_by_another_controller_is_left_alone(world):
     reconciler, kube, _ = world
     outcome = reconciler.reconcile(body(managedBy="kueue.x-k8s.io/multikueue"))

@@ -1,14 +1,22 @@
-"""The operator's rules table (rules.py): its order, and how a module picks the rule that decides."""
+"""The operator's rules table (rules.py): its order, how the first rule that holds decides, and
+classify, which tests each rule on a round's facts."""
 
 from __future__ import annotations
 
-import pytest
+from datetime import datetime, timezone
 
-from rldock.operator.rules import RULES, Rule, first_rule
+import pytest
+from rljob_testing import spec_dict
+
+from rldock.config import Problem
+from rldock.operator.api import RLJobSpec, RLJobStatus
+from rldock.operator.constants import Phase
+from rldock.operator.facts import RoundFacts
+from rldock.operator.rules import RULES, Rule, classify, first_rule
 
 
 def test_the_rules_apply_in_this_order():
-    """The one place the precedence is pinned: the round, the status and the actions all read it."""
+    """The one place the precedence is pinned: classify tests the rules in this order."""
     assert RULES == (
         Rule.MANAGED_ELSEWHERE,
         Rule.FINISHED,
@@ -43,3 +51,16 @@ def test_starting_holds_when_no_tested_rule_does():
     assert first_rule({Rule.BLOCKED: lambda: False}) is Rule.STARTING
     with pytest.raises(ValueError, match="STARTING holds when no other rule does"):
         first_rule({Rule.STARTING: lambda: True})
+
+
+def _facts(**facts) -> RoundFacts:
+    return RoundFacts(name="grpo", now=datetime(2026, 3, 1, tzinfo=timezone.utc), **facts)
+
+
+def test_classify_decides_the_rules_of_the_spec_before_the_round_looks_at_the_cluster():
+    spec = RLJobSpec.model_validate(spec_dict())
+    assert classify(_facts(managed_elsewhere=True)) is Rule.MANAGED_ELSEWHERE
+    assert classify(_facts(spec=spec, previous=RLJobStatus(phase=Phase.SUCCEEDED))) is Rule.FINISHED
+    assert classify(_facts(problems=(Problem("spec.checkpoint", "set exactly one"),))) is Rule.REFUSED
+    assert classify(_facts(spec=spec)) is None  # none holds: look at the cluster first
+    assert classify(_facts(spec=spec, looked=True)) is Rule.STARTING
