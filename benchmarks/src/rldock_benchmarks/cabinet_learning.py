@@ -83,14 +83,17 @@ ENDS = ("answer", "max_turns", "length")  # how an episode can end without its s
 
 
 def episodes(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Model turns per episode, held-out (greedy, first and last evaluation) and sampled (first and last
-    iteration), and the shares of the last evaluation's episodes by how they ended."""
+    """Held-out accuracy and reward at each evaluation, model turns per episode, held-out (greedy, first and
+    last evaluation) and sampled (first and last iteration), and the shares of the last evaluation's
+    episodes by how they ended."""
     evaluations = [r for r in records if "val/accuracy" in r]
     trained = [r for r in records if "timing" in r]
     last = evaluations[-1]
     ended = {end: last.get(f"val/agent/ended/{end}", 0.0) for end in ENDS}
     total = sum(ended.values()) or 1.0
     return {
+        "val_accuracy_by_iteration": {r["iteration"]: r["val/accuracy"] for r in evaluations},
+        "val_reward_by_iteration": {r["iteration"]: r["val/reward"] for r in evaluations},
         "val_turns_start": evaluations[0].get("val/agent/turns_mean"),
         "val_turns_end": last.get("val/agent/turns_mean"),
         "val_ended_end": {end: count / total for end, count in ended.items()},

@@ -151,3 +151,13 @@ def test_a_harness_with_rldocks_own_loop_is_refused(agent_data, agent, path, wor
 def test_a_harness_reference_that_is_not_module_colon_function_is_refused(agent_data):
     agent_data["agent"] = {"harness": "my_agent.run"}
     assert problem_messages(agent_data, "agent.harness")
+
+
+def test_an_agents_episodes_may_be_cut_and_resumed_at_a_weight_update(agent_data):
+    agent_data["training"] = {**agent_data.get("training", {}), "mode": "async"}
+    agent_data["dock"] = {**agent_data.get("dock", {}), "max_staleness": 1}
+    agent_data["rollout"] = {"partial_rollout": "resume", "max_tokens_per_round": 64}
+    assert parse_job_config(agent_data).rollout.partial_rollout == "resume"
+    agent_data["agent"] = {"harness": "my_agent:run"}
+    (message,) = problem_messages(agent_data, "rollout.partial_rollout")
+    assert "agent.harness" in message and "use `off`" in message

@@ -371,6 +371,26 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+def agent_partial_rollout_problem(cfg: JobConfig) -> str | None:
+    """Why an agent job's rollout.partial_rollout cannot run, or None. The native loop's episodes are cut
+    at a weight update and resumed (`resume`); `drop` would discard the episode's turns so far, and a
+    harness's episodes run in the user's process, which keeps no round."""
+    agent, mode = cfg.agent, cfg.rollout.partial_rollout
+    if agent is None or mode == "off":
+        return None
+    if agent.harness is not None or agent.harness_command is not None:
+        return (
+            f"`{mode}` with agent.harness or agent.harness_command: the harness's episodes are not cut and "
+            "resumed at a weight update (only the native agent loop's are); use `off`"
+        )
+    if mode == "drop":
+        return (
+            "`drop` with agent: an episode cut at a weight update keeps its session and its turns so far, and "
+            "is resumed on the new weights, never sampled again; use `resume`"
+        )
+    return None
+
+
 def _agent_problems(cfg: JobConfig) -> list[Problem]:
     """Multi-turn rollouts sample the whole episode with the engine, one request per turn, and render
     the tools and the turns with the model's chat template."""
@@ -384,14 +404,9 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "agent", f"algorithm.name {algo.name} samples no responses, so no tool is ever called; remove agent"
             )
         )
-    if rollout.partial_rollout != "off":
-        problems.append(
-            Problem(
-                "rollout.partial_rollout",
-                f"`{rollout.partial_rollout}` with agent: an episode's turns are not cut and resumed at a weight "
-                "update; use `off`",
-            )
-        )
+    problem = agent_partial_rollout_problem(cfg)
+    if problem is not None:
+        problems.append(Problem("rollout.partial_rollout", problem))
     if rollout.stream_groups > 0:
         problems.append(
             Problem(

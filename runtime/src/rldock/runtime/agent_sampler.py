@@ -24,10 +24,13 @@ from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.loading import build_environment, build_parser, build_tools
 from rldock.runtime.agent.metrics import Sums, episode_sums
-from rldock.runtime.agent.rollout import AgentLoop, Episode
+from rldock.runtime.agent.rollout import AgentLoop, Episode, Rollout
 from rldock.runtime.agent.trajectory import final_turn_span, turn_columns
 from rldock.runtime.data import Row, columns_of, load_rows
+from rldock.runtime.dataflow import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+
+SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION = AGENT_PARTIAL_ROLLOUT
 
 
 class AgentSampler:
@@ -54,6 +57,8 @@ class AgentSampler:
         # reward worker looks it up).
         self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data)) if self.environment is not None else []
         self._loop: AgentLoop | None = None
+        # partial rollout: episodes run in rounds with weight updates between them (AgentLoop.advance)
+        self.partial = cfg.rollout.partial_rollout != "off"
 
     def _loop_on(self, engine: VllmRolloutEngine) -> AgentLoop:
         if self._loop is None or self._loop.engine is not engine:
@@ -87,7 +92,39 @@ class AgentSampler:
     ) -> tuple[TensorDict, Sums, list[int]]:
         """One episode per prompt row: the dock's columns (B rows), the episodes' metric sums and
         their response lengths (every token after the prompt)."""
-        episodes = self._loop_on(engine).run(prompts, keys, [self.context(i) for i in prompt_indices], seed=seed)
+        rollout = self.start(engine, prompts, prompt_indices=prompt_indices, keys=keys, seed=seed)
+        self.advance(engine, rollout, policy_version=policy_version)
+        return self.columns(engine, rollout, policy_version=policy_version)
+
+    def start(
+        self,
+        engine: VllmRolloutEngine,
+        prompts: Sequence[list[int]],
+        *,
+        keys: Sequence[int],
+        prompt_indices: Sequence[int],
+        seed: int,
+    ) -> Rollout:
+        """One episode per prompt row, their sessions opening; `advance` runs them."""
+        contexts = [self.context(i) for i in prompt_indices]
+        return self._loop_on(engine).start(prompts, keys, contexts, seed=seed)
+
+    def advance(
+        self, engine: VllmRolloutEngine, rollout: Rollout, *, policy_version: int, round_tokens: int | None = None
+    ) -> None:
+        """One round of `rollout` on the weights of `policy_version` (AgentLoop.advance); with partial rollout
+        each sampled token's logprob is kept."""
+        self._loop_on(engine).advance(
+            rollout, round_tokens=round_tokens, policy_version=policy_version, logprobs=self.partial
+        )
+
+    def columns(
+        self, engine: VllmRolloutEngine, rollout: Rollout, *, policy_version: int
+    ) -> tuple[TensorDict, Sums, list[int]]:
+        """A finished rollout's dock columns (each row's `policy_version` the oldest that sampled it),
+        metric sums and response lengths."""
+        assert rollout.done, "a rollout's columns are written once every episode has ended"
+        episodes = rollout.episodes
         return (
             episode_columns(
                 episodes,
@@ -95,6 +132,7 @@ class AgentSampler:
                 max_turns=self.spec.max_turns,
                 pad_token_id=self.tokenizer.pad_token_id,
                 policy_version=policy_version,
+                partial=self.partial,
             ),
             episode_sums(episodes, self._loop_on(engine)),
             [len(e.response) for e in episodes],
@@ -127,9 +165,16 @@ def final_turn(episode: Episode) -> list[int]:
 
 
 def episode_columns(
-    episodes: Sequence[Episode], *, max_response_length: int, max_turns: int, pad_token_id: int, policy_version: int
+    episodes: Sequence[Episode],
+    *,
+    max_response_length: int,
+    max_turns: int,
+    pad_token_id: int,
+    policy_version: int,
+    partial: bool = False,
 ) -> TensorDict:
-    """The dock's response columns of `episodes`, one row each."""
+    """The dock's response columns of `episodes`, one row each; with `partial` also each token's version
+    and sampling logprob (rldock.runtime.dataflow.AGENT_PARTIAL_ROLLOUT)."""
     rows = len(episodes)
     rewards = torch.zeros((rows, max_turns), dtype=torch.float32)  # (B, max_turns): the environment's per step
     for row, episode in enumerate(episodes):
@@ -142,7 +187,7 @@ def episode_columns(
         response_ids[row, :length] = torch.tensor(episode.response, dtype=torch.int64)
         model_mask[row, :length] = torch.tensor(episode.model_mask, dtype=torch.int64)
         attention[row, :length] = 1
-    return TensorDict(
+    columns = TensorDict(
         {
             "response_ids": response_ids,
             "response_mask": model_mask,
@@ -162,3 +207,20 @@ def episode_columns(
         },
         batch_size=[rows],
     )
+    if partial:
+        columns.update(version_columns(episodes, max_response_length=max_response_length))
+    return columns
+
+
+def version_columns(episodes: Sequence[Episode], *, max_response_length: int) -> dict[str, torch.Tensor]:
+    """`token_policy_version` (B, SL) int64: the policy version that sampled each response token, -1 on the
+    tools', the environment's and padding tokens; `sampled_logprobs` (B, SL) float32: each model token's
+    logprob under the weights that sampled it, 0 elsewhere."""
+    rows = len(episodes)
+    versions = torch.full((rows, max_response_length), -1, dtype=torch.int64)  # (B, SL)
+    logprobs = torch.zeros((rows, max_response_length), dtype=torch.float32)  # (B, SL)
+    for row, episode in enumerate(episodes):
+        length = len(episode.response)
+        versions[row, :length] = torch.tensor(episode.token_version, dtype=torch.int64)
+        logprobs[row, :length] = torch.tensor(episode.logprobs, dtype=torch.float32)
+    return {TOKEN_POLICY_VERSION: versions, SAMPLED_LOGPROBS: logprobs}

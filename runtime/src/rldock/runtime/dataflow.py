@@ -22,6 +22,10 @@ POLICY_VERSION = ("policy_version",)
 # `prefix_length` (B,) int64, how many leading response tokens `policy_version` sampled (the rest the
 # next version, after a weight update cut the generation); the old-logprob pass reads both.
 PARTIAL_ROLLOUT = ("sampled_logprobs", "prefix_length")
+# Partial rollout of agent episodes (rldock.runtime.agent_sampler): `sampled_logprobs` as above and
+# `token_policy_version` (B, SL) int64, the policy version that sampled each response token (-1 on tool,
+# environment and padding tokens): an episode's turns, and one turn cut at a weight update, span versions.
+AGENT_PARTIAL_ROLLOUT = ("sampled_logprobs", "token_policy_version")
 # (B,) float32: a learned reward model's scalar for each prompt + response, written by the
 # `reward_model` state (only in a job with a `model` reward term: job_recipe adds it) and read by
 # the reward state as that term's scores.

@@ -45,38 +45,42 @@ def tokenizer():
 
 class ScriptedEngine:
     """Answers turn t of sample k with `script[k][t]` (text; EOS appended unless it ends in '…'),
-    one request per step, oldest first, so every step is visible in `log`."""
+    one request per step, oldest first, so every step is visible in `log`. A resumed turn's request
+    (key (k, t, c): c of its tokens already sampled) gets the script's rest from token c. With logprobs
+    each token's is `-(weights + 1) / 100`: the version of the weights it holds (`weights`) is visible."""
 
     seed = 0  # the engine's own seed (the job's)
+    weights = 0
 
     def __init__(self, tokenizer, script: Mapping[int, list[str]]):
         self.tokenizer, self.script = tokenizer, script
-        self.queue: list[tuple[str, list[int], int, tuple[int, int]]] = []
+        self.queue: list[tuple[str, list[int], int, tuple[int, ...], bool]] = []
         self.log: list[tuple[int, int]] = []  # (sample, turn) of each step
         self.prompts: dict[tuple[int, int], list[int]] = {}
         self._ids = 0
 
-    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False):
+    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False, logprobs=False):
         ids = []
         for prompt, limit, key in zip(prompts, max_tokens, request_keys):
             self._ids += 1
             ids.append(str(self._ids))
-            self.queue.append((str(self._ids), list(prompt), limit, tuple(key)))
+            self.queue.append((str(self._ids), list(prompt), limit, tuple(key), logprobs))
         return ids
 
     def has_unfinished(self) -> bool:
         return bool(self.queue)
 
     def step(self, eos_token_id):
-        request_id, prompt, limit, (sample, turn) = self.queue.pop(0)
+        request_id, prompt, limit, (sample, turn, *sampled), logprobs = self.queue.pop(0)
         self.log.append((sample, turn))
         self.prompts[(sample, turn)] = prompt
         text = self.script[sample][turn]
         tokens = self.tokenizer(text.removesuffix("…"), add_special_tokens=False)["input_ids"]
         if not text.endswith("…"):
             tokens.append(eos_token_id)
-        tokens = tokens[:limit]
-        return [(request_id, Completion(tokens, None, bool(tokens) and tokens[-1] == eos_token_id))]
+        tokens = tokens[sum(sampled) :][:limit]
+        scores = [-(self.weights + 1) / 100] * len(tokens) if logprobs else None
+        return [(request_id, Completion(tokens, scores, bool(tokens) and tokens[-1] == eos_token_id))]
 
 
 class Adder(Tool):
@@ -560,3 +564,85 @@ def test_a_reward_that_is_not_finite_within_the_limit_ends_the_episode_not_the_j
     episodes = run(loop, tokenizer, 2, contexts=[EpisodeContext("3", "test")] * 2)
     assert [e.ended for e in episodes] == ["environment_protocol_error"] * 2
     assert all(math.isfinite(r) for e in episodes for r in e.rewards)
+
+
+def test_a_round_budget_cuts_the_turn_and_the_next_round_samples_its_rest_on_the_new_weights(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: ["abcdefgh"]})  # one turn of 9 tokens, EOS included
+    loop = make_loop(tokenizer, engine, [])
+    prompt = tokenizer("<user>1+2<eos><assistant>", add_special_tokens=False)["input_ids"]
+    try:
+        uncut = loop.run([prompt], [0], [None], seed=0)[0]
+        rollout = loop.start([prompt], [0], [None], seed=0)
+        loop.advance(rollout, round_tokens=3, policy_version=0, logprobs=True)
+        (episode,) = rollout.episodes
+        assert not rollout.done and rollout.waiting == [0] and episode.turns == 0 and len(episode.cut.token_ids) == 3
+        engine.weights = 1
+        loop.advance(rollout, policy_version=1, logprobs=True)
+    finally:
+        loop.close()
+    assert rollout.done and (episode.turns, episode.ended) == (1, "answer")
+    assert episode.response == uncut.response and episode.turn_index == [0] * 9
+    assert episode.token_version == [0] * 3 + [1] * 6
+    assert episode.logprobs == pytest.approx([-0.01] * 3 + [-0.02] * 6)
+    assert uncut.token_version == [0] * 9 and uncut.logprobs == [0.0] * 9  # one round, no logprobs asked for
+
+
+def test_sessions_stay_open_and_steps_go_on_between_rounds(tokenizer):
+    """A round whose budget an episode spent on a whole turn leaves its environment step out: the step runs
+    on, the session stays open across the weight update, and the next round goes on from its answer."""
+    gate = asyncio.Event()
+
+    class Slow(Checker):
+        def session(self):
+            class SlowSession(CheckerSession):
+                async def step(self, text):
+                    await gate.wait()
+                    return await super().step(text)
+
+            return SlowSession(self)
+
+    engine = ScriptedEngine(tokenizer, {0: ["4", "3"]})  # wrong, then right
+    checker = Slow()
+    loop = make_loop(tokenizer, engine, [], environment=checker, max_turns=3)
+    prompt = tokenizer("<user>1+2<eos>", add_special_tokens=False)["input_ids"]
+    try:
+        rollout = loop.start([prompt], [0], [EpisodeContext("3", "test")], seed=0)
+        loop.advance(rollout, round_tokens=2, policy_version=0, logprobs=True)  # "4" and EOS: the budget
+        (episode,) = rollout.episodes
+        assert not rollout.done and len(rollout.out) == 1 and episode.turns == 1
+        assert checker.closed == [] and loop.sessions_open == 1  # held across the update
+        loop._loop.call_soon_threadsafe(gate.set)
+        loop.advance(rollout, policy_version=1, logprobs=True)  # after the update: to the end
+    finally:
+        loop.close()
+    assert rollout.done and (episode.turns, episode.ended, episode.rewards) == (2, "answer", [0.0, 1.0])
+    assert len(checker.closed) == 1 and len(checker.resets) == 1
+    model = [v for v, m in zip(episode.token_version, episode.model_mask) if m]
+    assert model == [0, 0, 1, 1] and set(v for v, m in zip(episode.token_version, episode.model_mask) if not m) == {-1}
+
+
+def test_the_dock_gets_each_tokens_version_with_partial_rollout(tokenizer):
+    engine = ScriptedEngine(tokenizer, {0: [call("add", a=1, b=2), "3"]})
+    loop = make_loop(tokenizer, engine, [Adder()])
+    prompt = tokenizer("<user>1+2<eos><assistant>", add_special_tokens=False)["input_ids"]
+    try:
+        rollout = loop.start([prompt], [0], [None], seed=0)
+        loop.advance(rollout, round_tokens=4, policy_version=7, logprobs=True)
+        loop.advance(rollout, policy_version=8, logprobs=True)
+    finally:
+        loop.close()
+    (episode,) = rollout.episodes
+    columns = episode_columns(
+        [episode], max_response_length=200, max_turns=3, pad_token_id=0, policy_version=7, partial=True
+    )
+    versions = columns["token_policy_version"][0]
+    mask = columns["response_mask"][0].bool()
+    length = len(episode.response)
+    assert versions[:4].tolist() == [7] * 4 and set(versions[4:length][mask[4:length]].tolist()) == {8}
+    assert set(versions[~mask].tolist()) == {-1}  # the tool's tokens and the padding
+    assert columns["sampled_logprobs"][0][~mask].abs().sum() == 0
+    assert columns["policy_version"].tolist() == [7]
+    assert (
+        "token_policy_version"
+        not in episode_columns([episode], max_response_length=200, max_turns=3, pad_token_id=0, policy_version=7).keys()
+    )

@@ -121,6 +121,22 @@ def test_partial_rollout_has_the_rollout_write_what_the_old_logprob_pass_reads(n
     assert "sampled_logprobs" not in off.consumes["actor_inference"] + off.produces["rollout"]
 
 
+def test_an_agents_partial_rollout_writes_each_tokens_version_for_the_old_logprob_pass():
+    cfg = JobConfig(
+        **{
+            **_cfg("grpo", dock={"max_staleness": 1}).model_dump(),
+            "training": {"mode": "async"},
+            "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2},
+            "agent": {"tools": [{"name": "calculator"}]},
+        }
+    )
+    recipe = job_recipe(cfg)
+    assert {"sampled_logprobs", "token_policy_version", "policy_version"} <= set(recipe.consumes["actor_inference"])
+    assert {"sampled_logprobs", "token_policy_version"} <= set(recipe.produces["rollout"])
+    assert "prefix_length" not in recipe.produces["rollout"]
+    assert _closed(recipe)
+
+
 @pytest.mark.parametrize(
     "name, reward_writes, advantage_reads",
     [

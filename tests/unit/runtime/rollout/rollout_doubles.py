@@ -99,24 +99,31 @@ def prompts_of(*prompts: list[int], group: int) -> TensorDict:
 
 class AnsweringEngine:
     """Test double of VllmRolloutEngine's multi-turn side (submit / step): every request is answered
-    at once with `answer` then EOS, a final answer that ends the episode; records each request's
-    (seed, key)."""
+    at once with `answer` then EOS, a final answer that ends the episode, within the request's
+    max_tokens (a resumed turn, key (sample, turn, c), gets the rest from token c); records each
+    request's (seed, key). With logprobs each token's is `-(weights + 1) / 100`, the version of the
+    weights it holds (`weights`) visible."""
 
     seed = 0  # the engine's own seed (the job's)
+    weights = 0
 
     def __init__(self, answer: list[int]):
         self.answer, self.queue, self.requests = answer, [], []
 
-    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False):
+    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False, logprobs=False):
         ids = [str(len(self.requests) + i) for i in range(len(prompts))]
         self.requests += [(seed, tuple(key)) for key in request_keys]
-        self.queue += ids
-        return ids
+        self.queue += [(i, limit, tuple(key), logprobs) for i, limit, key in zip(ids, max_tokens, request_keys)]
+        return [*ids]
 
     def has_unfinished(self) -> bool:
         return bool(self.queue)
 
     def step(self, eos_token_id):
         finished, self.queue = self.queue, []
-        tokens = [*self.answer, eos_token_id]
-        return [(request_id, Completion(tokens, None, True)) for request_id in finished]
+        out = []
+        for request_id, limit, (_, _, *sampled), logprobs in finished:
+            tokens = [*self.answer, eos_token_id][sum(sampled) :][:limit]
+            scores = [-(self.weights + 1) / 100] * len(tokens) if logprobs else None
+            out.append((request_id, Completion(tokens, scores, tokens[-1:] == [eos_token_id])))
+        return out

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from rldock.config import find_problems
 from rldock.config.job import JobConfig
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.agent import AgentRollout
+from rldock.runtime.rollout.agent import AgentRollout, token_behaviour_logprobs
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutRequest, RolloutSetup
 from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
@@ -235,3 +235,67 @@ def test_an_agent_with_a_harness_selects_the_harness_mode(tmp_path):
         train_files=[str(train)],
     )
     assert type(rollout) is HarnessRollout and rollout.rows[0].ground_truth == "5"
+
+
+def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dropped():
+    """Partial rollout of agent episodes: the first round (before a weight update) stops every episode
+    after rollout.max_tokens_per_round tokens, in the middle of its turn; `finish`, after the update, samples
+    the rest of each turn on the new weights. Every episode is written, each row tagged with the first
+    round's version and each token with its own; the old-logprob pass keeps the engine's logprob for the
+    tokens the older version sampled."""
+    tokenizer = chat_tokenizer()
+    cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout=PARTIAL)  # 2 tokens a round
+    assert mode_of(cfg) == "agent"
+    columns = (*COLUMNS, "prompt_index")
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=replace(ROLLOUT, consumes=columns))
+    answer = tokenizer("42", add_special_tokens=False)["input_ids"]
+    turn = [*answer, tokenizer.eos_token_id]  # 3 tokens: cut after 2
+    engine = AnsweringEngine(answer)
+    engine.weights = 4
+    prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
+    dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
+    first = rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4, round_tokens=2))
+    assert dock.puts == [] and first["partial_cut"] == G * N
+    engine.weights = 5  # the weight update
+    second = rollout.finish(engine, dock, iteration=3, policy_version=5)
+    # each cut turn is resumed from its 2 sampled tokens, keyed (sample, turn, tokens sampled)
+    assert engine.requests[G * N :] == [(3, (i, 0, 2)) for i in range(G * N)]
+    ((indices, out, version),) = dock.puts
+    assert indices == list(range(G * N)) and version == 4
+    counts = (second["num_samples"], second["partial_resumed"], second["partial_carried_tokens"])
+    assert counts == (G * N, G * N, 2 * G * N)
+    assert out["response_ids"][:, :3].tolist() == [turn] * (G * N) and out["num_turns"].tolist() == [1] * (G * N)
+    assert out["response_mask"].sum(-1).tolist() == [3] * (G * N)
+    assert out["token_policy_version"].tolist() == [[4, 4, 5] + [-1] * (SL - 3)] * (G * N)
+    assert out["sampled_logprobs"][0, :3].tolist() == pytest.approx([-0.05, -0.05, -0.06])
+    computed = torch.full((G * N, SL), -9.0)  # (B, SL): the pass under version 5
+    old = rollout.sampling_logprobs(computed, out, policy_version=5)
+    assert old[0, :3].tolist() == pytest.approx([-0.05, -0.05, -9.0])
+    assert rollout.finish(engine, dock, iteration=3, policy_version=5)["num_samples"] == 0  # nothing left
+
+
+def test_an_agents_episodes_within_the_round_budget_are_written_at_once():
+    tokenizer = chat_tokenizer()
+    rollout = build_rollout(
+        job(agent=AGENT, data={"chat_template": "model"}, rollout={**PARTIAL, "max_tokens_per_round": 5}),
+        tokenizer=tokenizer,
+        rank=0,
+        batch_size=G * N,
+        spec=replace(ROLLOUT, consumes=(*COLUMNS, "prompt_index")),
+    )
+    engine = AnsweringEngine(tokenizer("42", add_special_tokens=False)["input_ids"])
+    prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
+    dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
+    first = rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4, round_tokens=5))
+    ((_, out, version),) = dock.puts
+    assert first["partial_cut"] == 0 and version == 4
+    assert out["token_policy_version"][:, :3].tolist() == [[4, 4, 4]] * (G * N)
+    assert rollout.finish(engine, dock, iteration=3, policy_version=5)["num_samples"] == 0
+
+
+def test_the_token_versions_choose_which_logprob_the_update_compares_against():
+    computed = torch.full((2, 5), -5.0)  # (B, SL) by the weights of version 2
+    sampled = torch.tensor([[-1.0, -1.5, -2.0, -2.5, -3.0], [-1.0] * 5])  # (B, SL)
+    versions = torch.tensor([[1, 1, -1, 2, -1], [0, 2, 1, -1, -1]])  # (B, SL): -1 where the model sampled nothing
+    old = token_behaviour_logprobs(computed, sampled, versions, current_version=2)
+    assert old.tolist() == [[-1.0, -1.5, -5.0, -5.0, -5.0], [-1.0, -5.0, -1.0, -5.0, -5.0]]

@@ -27,6 +27,14 @@ left to generate.
 Each episode's seed is mixed from (engine seed, iteration, sample key, turn), its environment's reset
 seed from (engine seed, iteration, sample key): a resumed iteration, or the same sample on another
 rank, samples the same turns given the same tool results and observations.
+
+Rounds (partial rollout, rollout.partial_rollout resume): a rollout can run in rounds with a weight
+update between them (`start`, then `advance` once per round). In a round with a token budget an episode
+stops once it has sampled that many tokens: the turn being sampled is cut there and its rest is sampled
+in the next round on the new weights, from the cut tokens; tool calls and environment steps that are out
+go on running between rounds, and every session stays open until its episode ends. No episode is cut
+short or dropped: each one's tokens keep the policy version that sampled them and their logprob then
+(`Episode.token_version`, `Episode.logprobs`), which the update's importance ratio reads.
 """
 
 from __future__ import annotations
@@ -84,14 +92,34 @@ class Episode:
     rewards: list[float] = field(default_factory=list)  # the environment's per step (0.0 where it gave none)
     turn_rewards: list[float] = field(default_factory=list)  # per model turn: its step's reward (0.0 without one)
     step_seconds: list[float] = field(default_factory=list)  # each reset and step's wait
+    # per token: the policy version that sampled it (-1 where the model did not) and its logprob then (0.0
+    # where the model did not, or logprobs were not asked for)
+    token_version: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cut: CutTurn | None = None  # the turn a round's budget stopped, resumed in the next round
 
-    def add(self, ids: Sequence[int], *, model: bool) -> None:
-        """Append tokens after the prompt; the model's are a new turn (one call per turn)."""
+    def add(
+        self,
+        ids: Sequence[int],
+        *,
+        model: bool,
+        versions: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None = None,
+    ) -> None:
+        """Append tokens after the prompt; the model's are a new turn (one call per turn), each token
+        with the version that sampled it (`versions`, default -1) and its logprob then (default 0.0)."""
         self.response.extend(ids)
         self.model_mask.extend([int(model)] * len(ids))
         if model:
             self.turn_rewards.append(0.0)
         self.turn_index.extend([len(self.turn_rewards) - 1 if model else -1] * len(ids))
+        self.token_version.extend(versions if versions is not None else [-1] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        """Tokens the model sampled so far, a cut turn's included."""
+        return sum(self.model_mask) + (len(self.cut.token_ids) if self.cut is not None else 0)
 
     @property
     def num_tool_calls(self) -> int:
@@ -100,6 +128,49 @@ class Episode:
     @property
     def num_tool_errors(self) -> int:
         return sum(self.tool_errors.values())
+
+
+@dataclass(frozen=True)
+class CutTurn:
+    """The tokens of a turn that a round's budget stopped before its end, each with the version that
+    sampled it and its logprob then: the next round samples the rest of the turn from them."""
+
+    token_ids: list[int]
+    versions: list[int]
+    logprobs: list[float]
+
+    def joined(self, completion: Completion, *, version: int) -> CutTurn:
+        """This cut turn followed by `completion`, sampled by `version`."""
+        return CutTurn(
+            self.token_ids + list(completion.token_ids),
+            self.versions + [version] * len(completion.token_ids),
+            self.logprobs + _logprobs_of(completion),
+        )
+
+
+def _logprobs_of(completion: Completion) -> list[float]:
+    return list(completion.logprobs) if completion.logprobs is not None else [0.0] * len(completion.token_ids)
+
+
+EMPTY_TURN = CutTurn([], [], [])
+
+
+@dataclass
+class Rollout:
+    """The episodes of one `AgentLoop` rollout between rounds (agent/rollout.py's module docstring,
+    "Rounds"): what is still out for them (tool calls and environment steps, which go on running between
+    rounds) and which have a turn to sample in the next round. Their sessions stay open until each ends."""
+
+    episodes: list[Episode]
+    seed: int
+    greedy: bool
+    out: dict[concurrent.futures.Future, int] = field(default_factory=dict)  # answers still out -> episode
+    waiting: list[int] = field(default_factory=list)  # episodes with a turn to sample
+    rounds: int = 0  # rounds run
+
+    @property
+    def done(self) -> bool:
+        return not self.out and not self.waiting
 
 
 # What a turn's tools or the environment answered: the messages, and each call's (tool, error, seconds,
@@ -188,49 +259,110 @@ class AgentLoop:
         seed: int,
         greedy: bool = False,
     ) -> list[Episode]:
+        """Episodes run to their ends in one round."""
+        rollout = self.start(prompts, keys, contexts, seed=seed, greedy=greedy)
+        self.advance(rollout)
+        return rollout.episodes
+
+    def start(
+        self,
+        prompts: Sequence[list[int]],
+        keys: Sequence[int],
+        contexts: Sequence[EpisodeContext | None],
+        *,
+        seed: int,
+        greedy: bool = False,
+    ) -> Rollout:
+        """One episode per prompt: each one's session opening (its reset out) or, without an environment,
+        its first turn waiting for `advance`."""
         episodes = [Episode(list(p), key, context) for p, key, context in zip(prompts, keys, contexts)]
+        rollout = Rollout(episodes, seed, greedy)
+        if self.environment is None:
+            rollout.waiting = list(range(len(episodes)))
+        else:  # each episode's first turn waits for its session's reset, not for the others'
+            for index, episode in enumerate(episodes):
+                reset = self._open(self.environment, episode, mixed_seed(self.engine.seed, seed, (episode.key,)))
+                rollout.out[asyncio.run_coroutine_threadsafe(reset, self._loop)] = index
+        return rollout
+
+    def advance(
+        self, rollout: Rollout, *, round_tokens: int | None = None, policy_version: int = 0, logprobs: bool = False
+    ) -> None:
+        """One round of `rollout` on the engine's weights (`policy_version`): every episode runs until it
+        ends or, with `round_tokens`, until it has sampled that many tokens in this round. A turn that
+        reaches the budget is cut there (`Episode.cut`) and waits for the next round, which samples its
+        rest; an episode whose budget is spent when its tools or its step answer waits too, and what is
+        still out for it goes on running between rounds. Ended episodes' sessions are closed; the others'
+        stay open. `logprobs`: keep each sampled token's logprob (Episode.logprobs)."""
+        episodes = rollout.episodes
         requests: dict[str, int] = {}  # engine request id -> episode
+        sampled = [0] * len(episodes)  # model tokens each episode sampled in this round
+        rollout.rounds += 1
+
+        def has_budget(index: int) -> bool:
+            return round_tokens is None or sampled[index] < round_tokens
 
         def submit(indices: list[int]) -> None:
+            rollout.waiting.extend(i for i in indices if not has_budget(i))
+            go = [i for i in indices if has_budget(i)]
+            cuts = [episodes[i].cut or EMPTY_TURN for i in go]
+            limits = [self.max_response_length - len(episodes[i].response) - len(c.token_ids) for i, c in zip(go, cuts)]
+            if round_tokens is not None:
+                limits = [min(limit, round_tokens - sampled[i]) for i, limit in zip(go, limits)]
             ids = self.engine.submit(
-                [episodes[i].prompt + episodes[i].response for i in indices],
-                max_tokens=[self.max_response_length - len(episodes[i].response) for i in indices],
+                [episodes[i].prompt + episodes[i].response + c.token_ids for i, c in zip(go, cuts)],
+                max_tokens=limits,
                 eos_token_id=self.eos,
-                seed=seed,
-                request_keys=[(episodes[i].key, episodes[i].turns) for i in indices],
-                greedy=greedy,
+                seed=rollout.seed,
+                # a resumed turn draws its own stream: (sample, turn, tokens of it already sampled)
+                request_keys=[
+                    (episodes[i].key, episodes[i].turns, *([len(c.token_ids)] if c.token_ids else []))
+                    for i, c in zip(go, cuts)
+                ],
+                greedy=rollout.greedy,
+                logprobs=logprobs,
             )
-            requests.update(zip(ids, indices))
+            requests.update(zip(ids, go))
 
-        out: dict[concurrent.futures.Future, int] = {}  # tool or environment answers -> episode
+        out = rollout.out
         timing = self.timing = LoopTiming()
         started = time.perf_counter()
-        self.sessions_open_max = 0
+        self.sessions_open_max = self.sessions_open
         try:
-            if self.environment is None:
-                submit(list(range(len(episodes))))
-            else:  # each episode's first turn waits for its session's reset, not for the others'
-                for index, episode in enumerate(episodes):
-                    reset = self._open(self.environment, episode, mixed_seed(self.engine.seed, seed, (episode.key,)))
-                    out[asyncio.run_coroutine_threadsafe(reset, self._loop)] = index
-            while requests or out:
+            waiting, rollout.waiting = rollout.waiting, []
+            submit(waiting)
+            while requests or any(has_budget(index) for index in out.values()):
                 if self.engine.has_unfinished():
-                    waiting, step_started = bool(out), time.perf_counter()
+                    answering, step_started = bool(out), time.perf_counter()
                     finished = self.engine.step(self.eos)
                     seconds = time.perf_counter() - step_started
                     timing.engine_s += seconds
-                    timing.engine_while_waiting_s += seconds if waiting else 0.0
+                    timing.engine_while_waiting_s += seconds if answering else 0.0
                     for request_id, completion in finished:
                         index = requests.pop(request_id)
-                        pending = self._after_turn(episodes[index], completion)
+                        episode = episodes[index]
+                        turn = (episode.cut or EMPTY_TURN).joined(completion, version=policy_version)
+                        sampled[index] += len(completion.token_ids)
+                        if (
+                            not has_budget(index)
+                            and not completion.finished_with_eos
+                            and len(episode.response) + len(turn.token_ids) < self.max_response_length
+                        ):  # the round's budget stopped the turn, not its end or the episode's length
+                            episode.cut = turn
+                            rollout.waiting.append(index)
+                            continue
+                        episode.cut = None
+                        pending = self._after_turn(episode, turn, finished_with_eos=completion.finished_with_eos)
                         if pending is not None:
                             out[asyncio.run_coroutine_threadsafe(pending, self._loop)] = index
                         else:
-                            self._end(episodes[index])
+                            self._end(episode)
                     ready = [future for future in out if future.done()]
-                elif out:  # nothing to generate until a tool or an environment answers
+                elif not requests:  # nothing to generate until a tool or an environment answers
                     blocked_started = time.perf_counter()
-                    ready = list(concurrent.futures.wait(out, return_when=concurrent.futures.FIRST_COMPLETED).done)
+                    awaited = [future for future, index in out.items() if has_budget(index)]
+                    concurrent.futures.wait(awaited, return_when=concurrent.futures.FIRST_COMPLETED)
+                    ready = [future for future in out if future.done()]
                     timing.blocked_s += time.perf_counter() - blocked_started
                 else:  # the engine dropped a request without finishing it: fail, rather than wait forever
                     raise RuntimeError(f"the rollout engine finished without answering {len(requests)} turn request(s)")
@@ -242,16 +374,29 @@ class AgentLoop:
                     else:
                         self._end(episodes[index])
                 submit(again)
-        finally:  # every path, an error included: no answer is left running, no session left open
-            for future in out:
-                future.cancel()
-            concurrent.futures.wait(out)
-            for episode in episodes:
-                self._end(episode)
+        except BaseException:  # an error included: no answer is left running, no session left open
+            self.abandon(rollout)
+            raise
+        finally:
+            if rollout.done:
+                for episode in episodes:
+                    self._end(episode)
             closing, self._closing = self._closing, []
             concurrent.futures.wait(closing)
             timing.wall_s = time.perf_counter() - started
-        return episodes
+
+    def abandon(self, rollout: Rollout) -> None:
+        """Stop what is out for `rollout`'s episodes and close their sessions (an error, or a rollout that
+        will not be resumed)."""
+        for future in rollout.out:
+            future.cancel()
+        concurrent.futures.wait(rollout.out)
+        rollout.out.clear()
+        rollout.waiting.clear()
+        for episode in rollout.episodes:
+            self._end(episode)
+        closing, self._closing = self._closing, []
+        concurrent.futures.wait(closing)
 
     def _end(self, episode: Episode) -> None:
         """The episode has ended: close its session now, so that its place goes to a waiting episode."""
@@ -259,15 +404,15 @@ class AgentLoop:
             session, episode.session = episode.session, None
             self._closing.append(asyncio.run_coroutine_threadsafe(self._close(session), self._loop))
 
-    def _after_turn(self, episode: Episode, completion: Completion):
+    def _after_turn(self, episode: Episode, turn: CutTurn, *, finished_with_eos: bool):
         """Record a finished turn; the coroutine answering it, or None when the episode ends."""
-        episode.add(completion.token_ids, model=True)
+        episode.add(turn.token_ids, model=True, versions=turn.versions, logprobs=turn.logprobs)
         episode.turns += 1
-        text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
+        text = self.tokenizer.decode(turn.token_ids, skip_special_tokens=False)
         episode.final_text = text.removesuffix(self.renderer.eos_text)
         if episode.ended:  # its session ended at the reset (failed, or done): this turn was its whole episode
             return None
-        if not completion.finished_with_eos or len(episode.response) >= self.max_response_length:
+        if not finished_with_eos or len(episode.response) >= self.max_response_length:
             episode.ended = "length"
             return None
         parsed = self.parser.parse(episode.final_text)
@@ -280,7 +425,7 @@ class AgentLoop:
         if parsed.wants_tools:
             return self._call_tools(parsed)
         assert episode.session is not None
-        answer = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        answer = self.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
         return self._step(episode.session, answer)
 
     def _after_answers(self, episode: Episode, answers: Answers) -> bool:

@@ -25,6 +25,7 @@ from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  regis
 from rldock.runtime.algorithms.turn_credit import turn_credit_stage
 from rldock.runtime.algorithms.turns import rewards_per_turn
 from rldock.runtime.dataflow import (
+    AGENT_PARTIAL_ROLLOUT,
     PARTIAL_ROLLOUT,
     POLICY_VERSION,
     PROMPT,
@@ -216,7 +217,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     if cfg.reward.model_term_index is not None:
         recipe = with_reward_model(recipe)
     if cfg.rollout.partial_rollout != "off" and ACTOR_INFERENCE.name in recipe.consumes:
-        recipe = with_partial_rollout(recipe)
+        columns = AGENT_PARTIAL_ROLLOUT if cfg.agent is not None else PARTIAL_ROLLOUT
+        recipe = with_partial_rollout(recipe, columns=columns)
     if cfg.training.lora is not None:
         recipe = with_reference_on_actor(recipe)
     if cfg.agent is not None:
@@ -268,15 +270,16 @@ def with_reference_on_actor(recipe: Recipe) -> Recipe:
     )
 
 
-def with_partial_rollout(recipe: Recipe) -> Recipe:
-    """`recipe` whose rollout also writes each token's sampling logprob and how many leading tokens
-    the older policy version sampled, which the old-logprob pass reads (rollout/partial.py)."""
+def with_partial_rollout(recipe: Recipe, *, columns: tuple[str, ...] = PARTIAL_ROLLOUT) -> Recipe:
+    """`recipe` whose rollout also writes each token's sampling logprob and which policy version sampled
+    which tokens (`columns`: how many leading tokens the older version sampled, rollout/partial.py, or
+    an agent's per-token version, rollout/agent.py), which the old-logprob pass reads."""
 
     def change(spec: WorkerState) -> WorkerState:
         if spec.name == ACTOR_INFERENCE.name:
-            return replace(spec, consumes=spec.consumes + POLICY_VERSION + PARTIAL_ROLLOUT)
+            return replace(spec, consumes=spec.consumes + POLICY_VERSION + columns)
         if spec.name == ROLLOUT.name:
-            return replace(spec, produces=spec.produces + PARTIAL_ROLLOUT)
+            return replace(spec, produces=spec.produces + columns)
         return spec
 
     return _with_specs(recipe, change)

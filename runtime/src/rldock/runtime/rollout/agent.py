@@ -1,15 +1,31 @@
 """The agent rollout (a job with an `agent` section): one multi-turn episode per sample, with tools
 and an environment, run by the rank's AgentSampler (rldock.runtime.agent_sampler); the episodes'
 trajectories and counts become the dock's columns, written when the rank's batch has ended. Held-out
-evaluation runs episodes too, and answers with each one's final turn."""
+evaluation runs episodes too, and answers with each one's final turn.
+
+With partial rollout (rollout.partial_rollout resume) the generation that runs ahead of a weight update
+is the episodes' first round: each episode stops after rollout.max_tokens_per_round sampled tokens (the
+turn being sampled cut there, its tools and environment step still running, its session open), and
+`finish`, after the update, runs them to their ends on the new weights (agent/rollout.py, "Rounds").
+A batch with an episode left over is written once all have ended, each row tagged with the version of
+its first round (the oldest, which the dock's staleness bound sees) and each token with its own
+(`token_policy_version`); the old-logprob pass keeps the engine's logprob for the tokens an older
+version sampled, so the update's ratio is against the policy that sampled each token. No episode is
+dropped: every episode started in the first round is finished in the second, so none is older than
+one version when it trains, and the second round starts none.
+"""
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
 from rldock.runtime.agent.metrics import Sums, merged_sums
-from rldock.runtime.agent_sampler import AgentSampler
+from rldock.runtime.agent.rollout import Rollout
+from rldock.runtime.agent_sampler import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, AgentSampler
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
@@ -23,28 +39,89 @@ from rldock.runtime.rollout.base import (
 )
 
 
+@dataclass
+class HeldBatch:
+    """A batch of episodes the first round left unfinished: its dock rows and the version of that round."""
+
+    rows: torch.Tensor  # (B,)
+    rollout: Rollout
+    policy_version: int
+
+
 class AgentRollout(RolloutMode):
     def __init__(self, setup: RolloutSetup, sampler: AgentSampler):
         self.setup, self.sampler = setup, sampler
+        self._held: dict[int, list[HeldBatch]] = {}  # iteration -> its batches waiting for the second round
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+        """The episodes of this rank's batches; with `round_tokens` (partial rollout, a weight update
+        follows) a batch whose episodes did not all end within the budget is kept for `finish`."""
         lengths: list[int] = []
         sums: list[Sums] = []
+        held: list[HeldBatch] = []
 
-        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            columns, batch_sums, batch_lengths = self.sampler.rollout(
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
+            episodes = self.sampler.start(
                 engine,
                 unpadded(batch["prompt_ids"], batch["prompt_mask"]),
                 keys=episode_keys(self.setup, indices, request),
                 prompt_indices=batch["prompt_index"].tolist(),
                 seed=request.iteration,
-                policy_version=request.policy_version,
+            )
+            self.sampler.advance(
+                engine, episodes, policy_version=request.policy_version, round_tokens=request.round_tokens
+            )
+            if not episodes.done:
+                held.append(HeldBatch(indices, episodes, request.policy_version))
+                return None
+            columns, batch_sums, batch_lengths = self.sampler.columns(
+                engine, episodes, policy_version=request.policy_version
             )
             sums.append(batch_sums)
             lengths.extend(batch_lengths)
             return columns
 
-        return episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
+        result = episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
+        if held:
+            self._held[request.iteration] = held
+        result["partial_cut"] = sum(len(batch.rollout.waiting) + len(batch.rollout.out) for batch in held)
+        return result
+
+    def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
+        """The second round of `iteration`, after the weight update: the held batches' episodes run to
+        their ends on the weights of `policy_version`, then each batch is written."""
+        held = self._held.pop(iteration, [])
+        started = time.perf_counter()
+        resumed = carried = 0
+        outputs = []
+        for batch in held:
+            unfinished = {*batch.rollout.waiting, *batch.rollout.out.values()}
+            resumed += len(unfinished)
+            carried += sum(batch.rollout.episodes[i].num_sampled_tokens for i in unfinished)
+            self.sampler.advance(engine, batch.rollout, policy_version=policy_version)
+            outputs.append(self.sampler.columns(engine, batch.rollout, policy_version=batch.policy_version))
+        compute_s = time.perf_counter() - started
+        written = time.perf_counter()
+        for batch, (columns, _, _) in zip(held, outputs):
+            dock.put(batch.rows, columns, policy_version=batch.policy_version)
+        return {
+            "wait_s": 0.0,
+            "dispatch_s": time.perf_counter() - written,
+            "compute_s": compute_s,
+            "num_samples": sum(len(batch.rows) for batch in held),
+            "response_lengths": [length for _, _, lengths in outputs for length in lengths],
+            "partial_resumed": resumed,
+            "partial_carried_tokens": carried,
+            **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
+        }
+
+    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
+        """With partial rollout, tokens an older version sampled keep that version's logprob."""
+        if TOKEN_POLICY_VERSION not in batch.keys():
+            return computed
+        return token_behaviour_logprobs(
+            computed, batch[SAMPLED_LOGPROBS], batch[TOKEN_POLICY_VERSION], current_version=policy_version
+        )
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """Also each episode's `environment_rewards` per step and the episodes' metric sums (`agent`).
@@ -65,6 +142,16 @@ class AgentRollout(RolloutMode):
             "environment_rewards": [rewards[i : i + k] for i in range(0, len(rewards), k)],
             "agent": sums,
         }
+
+
+def token_behaviour_logprobs(
+    computed: torch.Tensor, sampled: torch.Tensor, token_version: torch.Tensor, *, current_version: int
+) -> torch.Tensor:
+    """Old logprobs (B, SL) against the policy that sampled each token: `computed` (B, SL) by the weights
+    of `current_version` where those sampled the token (and on tokens no version sampled, -1 in
+    `token_version` (B, SL), which no loss reads), the engine's `sampled` (B, SL) where another did."""
+    older = (token_version >= 0) & (token_version != current_version)
+    return torch.where(older, sampled.to(computed.dtype), computed)
 
 
 def episode_keys(setup: RolloutSetup, indices: torch.Tensor, request: RolloutRequest) -> list[int]:

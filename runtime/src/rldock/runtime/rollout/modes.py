@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rldock.config import JobConfig
+from rldock.config.problems import agent_partial_rollout_problem
 from rldock.runtime.agent_sampler import AgentSampler
 from rldock.runtime.dock.stage_loop import StageSpec
 from rldock.runtime.rollout.agent import AgentRollout
@@ -21,17 +22,15 @@ MODES = ("plain", "streamed", "agent", "harness", "partial")
 
 
 def mode_of(cfg: JobConfig) -> str:
-    """The job's rollout mode. An agent's episodes are neither cut at a weight update nor streamed:
-    that combination is refused here as config/problems.py refuses it (a JobConfig built directly
-    skips those checks). Partial rollout writes its uncut groups when the rank's batch has ended,
-    so with it rollout.stream_groups is not read."""
+    """The job's rollout mode. An agent's episodes are not streamed, and only the native loop's are cut
+    at a weight update and resumed (rollout/agent.py): the other combinations are refused here as
+    config/problems.py refuses them (a JobConfig built directly skips those checks). Partial rollout
+    writes its uncut groups when the rank's batch has ended, so with it rollout.stream_groups is not read."""
     rollout = cfg.rollout
     if cfg.agent is not None:
-        if rollout.partial_rollout != "off":
-            raise ValueError(
-                f"rollout.partial_rollout `{rollout.partial_rollout}` with agent: an episode's turns are not "
-                "cut and resumed at a weight update; use `off`"
-            )
+        problem = agent_partial_rollout_problem(cfg)
+        if problem is not None:
+            raise ValueError(f"rollout.partial_rollout {problem}")
         if rollout.stream_groups > 0:
             raise ValueError(
                 f"rollout.stream_groups {rollout.stream_groups} with agent: episodes are written to the dock "
