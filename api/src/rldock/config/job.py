@@ -909,8 +909,10 @@ class AgentSpec(Spec):
         default=600.0,
         gt=0,
         le=86_400,
-        description="Seconds a harness's episode may take (agent.harness or agent.harness_command); a longer one "
-        "is cancelled and ends `agent/ended/harness_timeout`.",
+        description="Seconds an episode may take. A harness's (agent.harness or agent.harness_command) is "
+        "cancelled then and ends `agent/ended/harness_timeout`. The native loop's takes no further turn: it ends "
+        "`agent/ended/episode_timeout` at the end of the turn or answer under way, and is trained on as it "
+        "stands; its environment session stays open until then (sessions have no lifetime of their own).",
     )
     max_tool_response_tokens: int = Field(
         default=256,

@@ -646,3 +646,24 @@ def test_the_dock_gets_each_tokens_version_with_partial_rollout(tokenizer):
         "token_policy_version"
         not in episode_columns([episode], max_response_length=200, max_turns=3, pad_token_id=0, policy_version=7).keys()
     )
+
+
+def test_an_episode_past_its_deadline_keeps_its_last_step_and_takes_no_further_turn(tokenizer):
+    class Slow(Checker):
+        def session(self):
+            class SlowSession(CheckerSession):
+                async def step(self, text):
+                    await asyncio.sleep(0.3)
+                    return await super().step(text)
+
+            return SlowSession(self)
+
+    engine = ScriptedEngine(tokenizer, {0: ["4", "5", "3"], 1: ["3"]})  # sample 0 would answer right at its third
+    checker = Slow()
+    loop = make_loop(tokenizer, engine, [], environment=checker, max_turns=3, episode_timeout_s=0.2)
+    contexts = [EpisodeContext("3", "test")] * 2
+    episodes = run(loop, tokenizer, 2, contexts=contexts)
+    assert [(e.turns, e.ended) for e in episodes] == [(1, "episode_timeout"), (1, "answer")]
+    assert [e.rewards for e in episodes] == [[0.0], [1.0]]  # the step its turn took is kept
+    assert len(checker.closed) == 2
+    assert agent_metrics([episode_sums(episodes)])["agent"]["ended/episode_timeout"] == 1

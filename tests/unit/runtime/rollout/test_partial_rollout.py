@@ -88,6 +88,7 @@ def test_metrics_sum_over_rounds_and_ranks():
         "rollout/partial_dropped": 0,
         "rollout/partial_carried_tokens": 8,
         "rollout/partial_dropped_tokens": 0,
+        "rollout/partial_newer_tokens": 0,
     }
 
 

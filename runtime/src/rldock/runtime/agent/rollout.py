@@ -17,7 +17,10 @@ reward is kept per turn (`Episode.rewards`); its message is the next `user` mess
 episode. A session that fails, times out or finds no replica ends its episode with a counted reason
 (`ended`) and the others go on; an environment of the actor's own process that raises stops the job
 (a bug in its code, named), as does a service none of whose replicas answered for
-`servers.unavailable_timeout_s` (EnvironmentUnavailable).
+`servers.unavailable_timeout_s` (EnvironmentUnavailable). An episode that has run
+agent.episode_timeout_s takes no further turn: when the answer to its turn arrives (the step that turn
+took is kept, with its reward) it ends `episode_timeout`, so it lasts at most that plus one turn and one
+answer (agent.tool_timeout_s); it is trained on as it stands, its session closed then and never before.
 
 The engine is never idle on a tool or an environment: turns of all episodes share one engine, the
 tools and sessions run as coroutines on an event loop in a thread of their own, and the loop steps
@@ -87,7 +90,7 @@ class Episode:
     tool_seconds: dict[str, float] = field(default_factory=dict)  # per tool name
     tool_counts: Counter[str] = field(default_factory=Counter)  # the tools' own counts (ToolResult.counts)
     ended: str = ""  # answer | max_turns | length | environment_<timeout|error|protocol_error|unavailable> |
-    # observation_too_long
+    # observation_too_long | episode_timeout
     session: EnvironmentSession | None = None  # open while the episode runs with an environment
     rewards: list[float] = field(default_factory=list)  # the environment's per step (0.0 where it gave none)
     turn_rewards: list[float] = field(default_factory=list)  # per model turn: its step's reward (0.0 without one)
@@ -97,6 +100,7 @@ class Episode:
     token_version: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     cut: CutTurn | None = None  # the turn a round's budget stopped, resumed in the next round
+    started: float = field(default_factory=time.perf_counter)  # for agent.episode_timeout_s
 
     def add(
         self,
@@ -186,6 +190,7 @@ class Answers:
 
 
 MALFORMED, UNKNOWN = "malformed", "unknown"  # tool-error keys of calls that named no tool
+EPISODE_TIMEOUT = "episode_timeout"  # why an episode past agent.episode_timeout_s ended
 
 
 @dataclass
@@ -449,12 +454,20 @@ class AgentLoop:
         if answers.ended:
             episode.ended = answers.ended
             return False
+        if self._past_deadline(episode):
+            episode.ended = EPISODE_TIMEOUT
+            return False
         ids = self.renderer.between_turns(answers.messages)
         if len(episode.response) + len(ids) >= self.max_response_length:  # no token left to answer
             episode.ended = "observation_too_long" if answers.kind == "step" else "length"
             return False
         episode.add(ids, model=False)
         return True
+
+    def _past_deadline(self, episode: Episode) -> bool:
+        """Whether the episode has run agent.episode_timeout_s since it started (a weight update between
+        rounds included): it then takes no further turn."""
+        return time.perf_counter() - episode.started >= self.spec.episode_timeout_s
 
     # --- tools and environment (on the tools' event loop) --------------------------------------
 

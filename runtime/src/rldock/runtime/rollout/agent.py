@@ -92,13 +92,15 @@ class AgentRollout(RolloutMode):
         their ends on the weights of `policy_version`, then each batch is written."""
         held = self._held.pop(iteration, [])
         started = time.perf_counter()
-        resumed = carried = 0
+        resumed = carried = newer = 0
         outputs = []
         for batch in held:
             unfinished = {*batch.rollout.waiting, *batch.rollout.out.values()}
             resumed += len(unfinished)
-            carried += sum(batch.rollout.episodes[i].num_sampled_tokens for i in unfinished)
+            before = sum(batch.rollout.episodes[i].num_sampled_tokens for i in unfinished)
             self.sampler.advance(engine, batch.rollout, policy_version=policy_version)
+            carried += before
+            newer += sum(batch.rollout.episodes[i].num_sampled_tokens for i in unfinished) - before
             outputs.append(self.sampler.columns(engine, batch.rollout, policy_version=batch.policy_version))
         compute_s = time.perf_counter() - started
         written = time.perf_counter()
@@ -112,6 +114,7 @@ class AgentRollout(RolloutMode):
             "response_lengths": [length for _, _, lengths in outputs for length in lengths],
             "partial_resumed": resumed,
             "partial_carried_tokens": carried,
+            "partial_newer_tokens": newer,
             **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
         }
 

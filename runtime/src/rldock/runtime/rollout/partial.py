@@ -42,7 +42,15 @@ logger = logging.getLogger(__name__)
 SAMPLED_LOGPROBS, PREFIX_LENGTH = PARTIAL_ROLLOUT
 # the second round's call seed is offset from the first's so that its requests draw other streams
 _RESUME_SEED_OFFSET = 1 << 20
-METRIC_KEYS = ("partial_cut", "partial_resumed", "partial_dropped", "partial_carried_tokens", "partial_dropped_tokens")
+# partial_newer_tokens: tokens the newer version sampled in resumed responses (after the cut's older ones)
+METRIC_KEYS = (
+    "partial_cut",
+    "partial_resumed",
+    "partial_dropped",
+    "partial_carried_tokens",
+    "partial_dropped_tokens",
+    "partial_newer_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -268,6 +276,9 @@ class PartialRollout(RolloutMode):
             "partial_resumed": len(cut) if self.mode == "resume" else 0,
             "partial_dropped": len(cut) if self.mode == "drop" else 0,
             "partial_carried_tokens": carried if self.mode == "resume" else 0,
+            "partial_newer_tokens": (
+                sum(len(s.token_ids) - s.prefix_length for s in replaced.values()) if self.mode == "resume" else 0
+            ),
             "partial_dropped_tokens": carried if self.mode == "drop" else 0,
         }
 
