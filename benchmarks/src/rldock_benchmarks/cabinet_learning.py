@@ -93,7 +93,7 @@ def episodes(records: list[dict[str, Any]]) -> dict[str, Any]:
     total = sum(ended.values()) or 1.0
     return {
         "val_accuracy_by_iteration": {r["iteration"]: r["val/accuracy"] for r in evaluations},
-        "val_reward_by_iteration": {r["iteration"]: r["val/reward"] for r in evaluations},
+        "val_reward_by_iteration": {r["iteration"]: r.get("val/reward") for r in evaluations},
         "val_turns_start": evaluations[0].get("val/agent/turns_mean"),
         "val_turns_end": last.get("val/agent/turns_mean"),
         "val_ended_end": {end: count / total for end, count in ended.items()},

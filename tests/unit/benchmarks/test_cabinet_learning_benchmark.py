@@ -62,7 +62,7 @@ def test_the_benchmark_prepares_the_data_the_example_header_documents():
 
 def test_episodes_reads_turns_ends_and_the_sampled_reward():
     records = [
-        {"iteration": 0, "val/accuracy": 0.4, "val/agent/turns_mean": 2.5},
+        {"iteration": 0, "val/accuracy": 0.4, "val/reward": 0.5, "val/agent/turns_mean": 2.5},
         {"iteration": 1, "timing": {}, "reward_mean": 0.25, "agent": {"turns_mean": 2.8}},
         {"iteration": 2, "timing": {}, "reward_mean": 0.5, "agent": {"turns_mean": 3.0}},
         {
@@ -78,6 +78,8 @@ def test_episodes_reads_turns_ends_and_the_sampled_reward():
     assert (summary["val_turns_start"], summary["val_turns_end"]) == (2.5, 3.0)
     assert (summary["train_turns_first"], summary["train_turns_last"]) == (2.8, 3.0)
     assert summary["train_reward_by_iteration"] == [0.25, 0.5]
+    assert summary["val_accuracy_by_iteration"] == {0: 0.4, 2: 0.6}  # the held-out curve
+    assert summary["val_reward_by_iteration"] == {0: 0.5, 2: None}
 
 
 @pytest.mark.parametrize("arm", ["trained", "grpo_turn", "ppo_turn_gae", "learning_rate_0"])
