@@ -157,7 +157,26 @@ def test_an_agents_episodes_may_be_cut_and_resumed_at_a_weight_update(agent_data
     agent_data["training"] = {**agent_data.get("training", {}), "mode": "async"}
     agent_data["dock"] = {**agent_data.get("dock", {}), "max_staleness": 1}
     agent_data["rollout"] = {"partial_rollout": "resume", "max_tokens_per_round": 64}
+    (message,) = problem_messages(agent_data, "rollout.importance_correction")
+    assert "required" in message and "`decoupled`" in message  # the correction must be named
+    agent_data["rollout"]["importance_correction"] = "decoupled"
     assert parse_job_config(agent_data).rollout.partial_rollout == "resume"
     agent_data["agent"] = {"harness": "my_agent:run"}
     (message,) = problem_messages(agent_data, "rollout.partial_rollout")
     assert "agent.harness" in message and "use `off`" in message
+
+
+def test_an_importance_correction_is_read_only_with_partial_rollout_and_not_by_gspo(agent_data):
+    agent_data["rollout"] = {"importance_correction": "behaviour"}
+    (message,) = problem_messages(agent_data, "rollout.importance_correction")
+    assert "only with rollout.partial_rollout" in message
+    agent_data["training"] = {**agent_data.get("training", {}), "mode": "async"}
+    agent_data["dock"] = {**agent_data.get("dock", {}), "max_staleness": 1}
+    agent_data["rollout"] = {
+        "partial_rollout": "resume",
+        "max_tokens_per_round": 64,
+        "importance_correction": "decoupled",
+    }
+    agent_data["algorithm"]["name"] = "gspo"
+    (message,) = problem_messages(agent_data, "rollout.importance_correction")
+    assert "per sequence" in message

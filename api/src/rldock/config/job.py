@@ -648,6 +648,22 @@ class RolloutSpec(Spec):
         "before the update cuts it; below algorithm.max_response_length. Required with rollout.partial_rollout "
         "resume or drop, unused with off.",
     )
+    importance_correction: Literal["behaviour", "decoupled"] | None = Field(
+        default=None,
+        description="Partial rollout: how the update corrects for tokens an older policy version sampled (required "
+        "with `agent`). `behaviour`: the ratio is against the logprob each token was sampled with (the engine's), "
+        "so PPO's clip bounds the whole step from the sampling policy. `decoupled` (decoupled PPO, arXiv "
+        "2110.00641; AReaL): the ratio is against the policy that starts the update (the trainer's own logprobs) "
+        "and each token's advantage is weighted by min(pi_start / pi_sampled, rollout.importance_cap), a "
+        "truncated importance weight (1 on the tokens the current version sampled).",
+    )
+    importance_cap: float = Field(
+        default=2.0,
+        gt=1,
+        le=100,
+        description="`decoupled` importance correction: the largest importance weight pi_start / pi_sampled of a "
+        "token (truncated importance sampling).",
+    )
 
 
 # The built-in tools and environments (runtime/src/rldock/runtime/agent/); anything else is a user's own

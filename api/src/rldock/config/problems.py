@@ -333,6 +333,14 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
     pipeline running ahead (and so a rollout), and a round budget that can cut a response."""
     rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
     if rollout.partial_rollout == "off":
+        if rollout.importance_correction is not None:
+            return [
+                Problem(
+                    "rollout.importance_correction",
+                    f"`{rollout.importance_correction}` is read only with rollout.partial_rollout resume or drop "
+                    "(here off); remove it",
+                )
+            ]
         return []
     problems: list[Problem] = []
     if training.mode != "async" or cfg.dock.max_staleness < 1:
@@ -366,6 +374,33 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
                 f"{rollout.max_tokens_per_round} is not below algorithm.max_response_length "
                 f"({algo.max_response_length}), so no response would ever be cut; lower it or use "
                 "rollout.partial_rollout off",
+            )
+        )
+    problems.extend(_importance_problems(cfg))
+    return problems
+
+
+def _importance_problems(cfg: JobConfig) -> list[Problem]:
+    """An agent's episodes span policy versions by design: the update must name how it corrects for the
+    older versions' tokens. `decoupled` weights each token's advantage, which a sequence-level ratio
+    (GSPO) does not take."""
+    rollout, problems = cfg.rollout, []
+    if cfg.agent is not None and rollout.importance_correction is None:
+        problems.append(
+            Problem(
+                "rollout.importance_correction",
+                f"required with rollout.partial_rollout {rollout.partial_rollout} and agent (an episode's tokens "
+                "come from two policy versions): `behaviour` (the ratio against each token's sampling logprob) or "
+                "`decoupled` (the ratio against the update's starting policy, a truncated importance weight per "
+                "token); docs/agentic.md#episodes-across-a-weight-update",
+            )
+        )
+    if rollout.importance_correction == "decoupled" and cfg.algorithm.name == "gspo":
+        problems.append(
+            Problem(
+                "rollout.importance_correction",
+                "`decoupled` with algorithm.name gspo: its ratio and clip are per sequence, the importance weight "
+                "per token; use `behaviour`",
             )
         )
     return problems

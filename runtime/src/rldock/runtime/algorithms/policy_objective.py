@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rldock.runtime.algorithms.aggregation import aggregate, aggregation_units
 from rldock.runtime.algorithms.core import masked_mean
+from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, weighted_advantage
 from rldock.runtime.algorithms.kl import kl_clamp_fraction, kl_penalty
 from rldock.runtime.algorithms.losses import PolicyLoss, get_policy_loss
 
@@ -76,7 +77,10 @@ class PolicyObjective:
         # The sampling policy's logprobs: the flow's when it computes them, else this pass's own,
         # detached (job_recipe drops that pass only when the sampling policy is the one training).
         old_logprobs = micro["old_logprobs"] if "old_logprobs" in self.columns else logprobs.detach()
-        policy = self.policy_loss(logprobs, old_logprobs, micro["advantage"], mask, **shape, **self.loss_kwargs)
+        advantage = micro["advantage"]
+        if IMPORTANCE_WEIGHT in self.columns:  # rollout.importance_correction decoupled
+            advantage = weighted_advantage(advantage, micro[IMPORTANCE_WEIGHT])
+        policy = self.policy_loss(logprobs, old_logprobs, advantage, mask, **shape, **self.loss_kwargs)
         kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
         if "ref_logprobs" in self.columns:
             kl_tokens = kl_penalty(

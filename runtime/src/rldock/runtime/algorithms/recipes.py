@@ -22,6 +22,7 @@ from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, GaeResult, masked_whiten
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
+from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT
 from rldock.runtime.algorithms.turn_credit import turn_credit_stage
 from rldock.runtime.algorithms.turns import rewards_per_turn
 from rldock.runtime.dataflow import (
@@ -219,6 +220,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     if cfg.rollout.partial_rollout != "off" and ACTOR_INFERENCE.name in recipe.consumes:
         columns = AGENT_PARTIAL_ROLLOUT if cfg.agent is not None else PARTIAL_ROLLOUT
         recipe = with_partial_rollout(recipe, columns=columns)
+        if cfg.rollout.importance_correction == "decoupled":
+            recipe = with_importance_weight(recipe)
     if cfg.training.lora is not None:
         recipe = with_reference_on_actor(recipe)
     if cfg.agent is not None:
@@ -280,6 +283,20 @@ def with_partial_rollout(recipe: Recipe, *, columns: tuple[str, ...] = PARTIAL_R
             return replace(spec, consumes=spec.consumes + POLICY_VERSION + columns)
         if spec.name == ROLLOUT.name:
             return replace(spec, produces=spec.produces + columns)
+        return spec
+
+    return _with_specs(recipe, change)
+
+
+def with_importance_weight(recipe: Recipe) -> Recipe:
+    """`recipe` whose old-logprob pass also writes each token's truncated importance weight, which the
+    update weights the advantages with (rollout.importance_correction decoupled, algorithms/importance.py)."""
+
+    def change(spec: WorkerState) -> WorkerState:
+        if spec.name == ACTOR_INFERENCE.name:
+            return replace(spec, produces=spec.produces + (IMPORTANCE_WEIGHT,))
+        if spec.name == recipe.update_state:
+            return replace(spec, consumes=spec.consumes + (IMPORTANCE_WEIGHT,))
         return spec
 
     return _with_specs(recipe, change)

@@ -27,6 +27,7 @@ from tensordict import TensorDict
 from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
+from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, truncated_importance_weight
 from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
@@ -229,8 +230,15 @@ class ActorWorker(TakesTurns):
             with torch.no_grad():  # the bare model, no DDP hooks
                 logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally)
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
-            logprobs = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
-            return TensorDict({"old_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
+            sampled = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
+            rollout = self.cfg.rollout
+            if rollout.importance_correction != "decoupled":
+                return TensorDict({"old_logprobs": sampled.cpu()}, batch_size=[len(indices)])
+            # decoupled: the ratio against these weights, the sampling policy in the importance weight
+            weight = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
+            return TensorDict(
+                {"old_logprobs": logprobs.cpu(), IMPORTANCE_WEIGHT: weight.cpu()}, batch_size=[len(indices)]
+            )
 
         timing = self.backend.run_inference_stage(
             self.banks.bank(call.iteration), self.recipe.spec(ACTOR_INFERENCE.name), infer
