@@ -126,11 +126,12 @@ def test_an_agents_partial_rollout_writes_each_tokens_version_for_the_old_logpro
         **{
             **_cfg("grpo", dock={"max_staleness": 1}).model_dump(),
             "training": {"mode": "async"},
-            "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2},
+            "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2, "importance_correction": "decoupled"},
             "agent": {"tools": [{"name": "calculator"}]},
         }
     )
     recipe = job_recipe(cfg)
+    assert "importance_weight" in recipe.consumes["update"]  # the decoupled correction, written by the pass
     assert {"sampled_logprobs", "token_policy_version", "policy_version"} <= set(recipe.consumes["actor_inference"])
     assert {"sampled_logprobs", "token_policy_version"} <= set(recipe.produces["rollout"])
     assert "prefix_length" not in recipe.produces["rollout"]
