@@ -3,8 +3,8 @@ short: 3 iterations of the untrained tiny model in async mode with dock.max_stal
 `feedback` environment (one session each, in the actor's process) of at most 24 tokens, and a round budget
 of 6 tokens. Iteration 1 is not run ahead (nothing cut); iterations 2 and 3 are: every episode that has not
 ended after 6 tokens is stopped at the update, its turn cut, and finished on the new weights, so its tokens
-come from two policy versions. None is dropped: the update trains on all G x N episodes, none stale, with
-the decoupled importance correction (each token's advantage weighted against the version that sampled it)."""
+come from two policy versions. None is dropped: the update trains on all G x N episodes, none stale, each
+token's ratio against the logprob it was sampled with (importance_correction behaviour)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_episodes_cut_at_a_weight_update_end_on_the_new_weights_and_all_train(tm
                 "rollout": {
                     "partial_rollout": "resume",
                     "max_tokens_per_round": ROUND_TOKENS,
-                    "importance_correction": "decoupled",
+                    "importance_correction": "behaviour",
                 },
                 "dock": {"timeout_s": 120, "max_staleness": 1},
                 "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
