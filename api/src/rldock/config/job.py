@@ -526,6 +526,17 @@ class AlgorithmSpec(Spec):
         "every update, whatever training.resharding; the actor runs its model without dropout), "
         "otherwise `always`. `never` with more than one update or a staleness bound is an error.",
     )
+    routing_replay: Literal["off", "rollout", "reference"] = Field(
+        default="off",
+        description="MoE models: which routing the update's forward uses (routing replay, R3: arXiv "
+        "2510.11370). `off`: the routers choose anew. `reference`: the old-logprob pass (`actor_inference`, run "
+        "whenever this is set) records each token's experts per layer, stored in the dock as `routed_experts` "
+        "(B, prompt + response length, layers, top_k), and every forward of the update routes by them, the "
+        "router's probabilities of the recorded experts still weighting their outputs (so the router trains); "
+        "the update's routing then stays the one its old logprobs were computed with while its steps move the "
+        "weights. `rollout`: the inference engine's routing; vLLM returns it only under its Model Runner V2 "
+        "(Triton, GPU) and rldock's rollout does not collect it yet, so it is refused: use `reference`.",
+    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     credit: Literal["trajectory", "turn"] = Field(

@@ -104,6 +104,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(reward_problems(cfg.reward))
     problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
+    problems.extend(_routing_replay_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
     problems.extend(_agent_problems(cfg))
@@ -283,6 +284,43 @@ def _old_logprob_problems(cfg: JobConfig) -> list[Problem]:
                 f"`never` with dock.max_staleness {cfg.dock.max_staleness}: samples from older policies would "
                 "train with a ratio of 1; use `auto` (or `always`), or set dock.max_staleness to 0",
             )
+        )
+    return problems
+
+
+def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
+    """Routing replay (runtime models/routing_replay.py): `reference` records the routing in the
+    actor's old-logprob pass, so it needs that pass and a recipe with one (not DPO's); its token grid
+    is the padded batch's, which context parallelism's sequence shards do not keep yet. `rollout` needs
+    the engine's routed experts, which the rollout does not collect."""
+    algo, field = cfg.algorithm, "algorithm.routing_replay"
+    if algo.routing_replay == "off":
+        return []
+    if algo.routing_replay == "rollout":
+        return [
+            Problem(
+                field,
+                "`rollout` needs the inference engine's routed experts per token: vLLM 0.32 returns them only under "
+                "its Model Runner V2 (Triton, a GPU; enable_return_routed_experts) and rldock's rollout does not "
+                "collect them yet; use `reference` (the old-logprob pass's routing)",
+            )
+        ]
+    problems = []
+    if algo.name == "dpo":
+        problems.append(
+            Problem(field, "`reference` replays the old-logprob pass's routing, which DPO has none of; use off")
+        )
+    if algo.recompute_old_logprobs == "never":
+        problems.append(
+            Problem(
+                field,
+                "`reference` records the routing in the old-logprob pass, which recompute_old_logprobs `never` "
+                "leaves out; set algorithm.recompute_old_logprobs to auto (the pass then runs) or routing_replay off",
+            )
+        )
+    if cfg.training.context_parallel_size > 1:
+        problems.append(
+            Problem(field, "`reference` with training.context_parallel_size > 1 is not built yet; use one of the two")
         )
     return problems
 
@@ -1132,13 +1170,18 @@ def _is_http_url(url: str) -> bool:
 
 
 def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
-    """EP needs an MoE model whose experts it divides (read from config.json; a model still to be built
-    by model.builder is checked when the actor builds it)."""
+    """EP and routing replay need an MoE model, whose experts EP divides (read from config.json; a model
+    still to be built by model.builder is checked when the actor builds it)."""
     ep, field = cfg.training.expert_parallel_size, "training.expert_parallel_size"
-    if ep == 1 or not config_file.is_file():
+    if not config_file.is_file():
         return []
     config = json.loads(config_file.read_text())
     num_experts = config.get("num_experts", config.get("num_local_experts"))
+    replay = cfg.algorithm.routing_replay
+    if replay != "off" and not num_experts:
+        return [Problem("algorithm.routing_replay", f"{replay} needs an MoE model; {config_file} has none: set it off")]
+    if ep == 1:
+        return []
     if not num_experts:
         return [
             Problem(field, f"{ep} needs an MoE model; {config_file} has no num_experts: use expert_parallel_size 1")

@@ -31,6 +31,12 @@ AGENT_PARTIAL_ROLLOUT = ("sampled_logprobs", "token_policy_version")
 # the reward state as that term's scores.
 RM_SCORE = ("rm_score",)
 
+# Routing replay only (algorithm.routing_replay `reference`, models/routing_replay.py): `routed_experts`
+# (B, PL + SL, MoE layers, top_k) int16, the experts the old-logprob pass's routers chose for each prompt
+# and response token, -1 where it computed no token (padding); written by `actor_inference`, read by
+# the update, whose forward routes by it.
+ROUTED_EXPERTS = ("routed_experts",)
+
 # Multi-turn rollouts only (JobConfig.agent, docs/agentic.md): `response_attention_mask` (B, SL), 1 on
 # every response token the policy attends to, the tools' and the environment's included, where
 # `response_mask` marks only the model's own (trained and scored); every state that reads the response

@@ -34,6 +34,7 @@ from rldock.runtime.dataflow import (
     RESPONSE,
     RESPONSE_ATTENTION,
     RM_SCORE,
+    ROUTED_EXPERTS,
     TRAJECTORY_COUNTS,
     TURNS,
 )
@@ -193,16 +194,18 @@ def recomputes_old_logprobs(cfg: JobConfig) -> bool:
     algo = cfg.algorithm
     if algo.recompute_old_logprobs != "auto":
         return algo.recompute_old_logprobs == "always"
-    return algo.num_updates_per_iteration > 1 or cfg.dock.max_staleness > 0
+    # routing replay records the routing in this pass (its `never` is refused at validate)
+    return algo.num_updates_per_iteration > 1 or cfg.dock.max_staleness > 0 or algo.routing_replay == "reference"
 
 
 def job_recipe(cfg: JobConfig) -> Recipe:
     """The algorithm's recipe as this job runs it, less the passes its config makes redundant: the
     old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, with the
     advantage stage run by the reward state where it can be (unless JobConfig.ablations says not to), plus
-    the reward model's state when a reward term is `model`, and the reference pass on the actor
-    ranks under LoRA. The one place the flow is derived: the dock's states, the trainer's workers
-    and launches, the placement and the workers' inputs all come from it, so they agree."""
+    the reward model's state when a reward term is `model`, the reference pass on the actor
+    ranks under LoRA, and the routing column under algorithm.routing_replay `reference`. The one
+    place the flow is derived: the dock's states, the trainer's workers and launches, the placement
+    and the workers' inputs all come from it, so they agree."""
     recipe = get_recipe(cfg.algorithm.name)
     dropped = set()
     if ACTOR_INFERENCE.name in recipe.consumes and not recomputes_old_logprobs(cfg):
@@ -226,7 +229,23 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_reference_on_actor(recipe)
     if cfg.agent is not None:
         recipe = with_agent(recipe)
+    if cfg.algorithm.routing_replay == "reference" and ACTOR_INFERENCE.name in recipe.consumes:
+        recipe = with_routing_replay(recipe)
     return recipe
+
+
+def with_routing_replay(recipe: Recipe) -> Recipe:
+    """`recipe` whose old-logprob pass also writes the routing it took (`routed_experts`), which the
+    update reads and routes by (algorithm.routing_replay `reference`)."""
+
+    def change(spec: WorkerState) -> WorkerState:
+        if spec.name == ACTOR_INFERENCE.name:
+            return replace(spec, produces=spec.produces + ROUTED_EXPERTS)
+        if spec.name == UPDATE.name:
+            return replace(spec, consumes=spec.consumes + ROUTED_EXPERTS)
+        return spec
+
+    return _with_specs(recipe, change)
 
 
 def with_agent(recipe: Recipe) -> Recipe:

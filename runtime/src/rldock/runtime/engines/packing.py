@@ -217,6 +217,10 @@ class PackedPass:
     position_ids: Tensor  # (1, N) int64
     attention_mask: Tensor  # (1, 1, N, N): boolean (True attends) or additive (0 / dtype min)
     predictors: Tensor  # (b, response_end) int64: the position whose hidden state scores each response token
+    # (C,) each: a cell of the pass's rows' (b, PL + SL) token grid, flat, and the packed token that computed
+    # it; a shared prompt's tokens once per row holding it (models/routing_replay.py reads them)
+    cells: Tensor
+    cell_tokens: Tensor
 
 
 def pack_pass(
@@ -241,17 +245,25 @@ def pack_pass(
     predictors = torch.zeros(len(groups), response_end, dtype=torch.int64, device=device)  # (b, response_end)
     length = 0
     last_prompt_token: dict[int, int] = {}
+    width = prompt_ids.shape[1] + response_ids.shape[1]  # a row of the token grid: PL + SL
+    cells: list[Tensor] = []
+    cell_tokens: list[Tensor] = []
     for row in sorted(range(len(groups)), key=lambda r: (groups[r], r)):
         group = groups[row]
+        prompt_columns = prompt_mask[row].bool().nonzero().squeeze(1)  # (P,)
         if group not in last_prompt_token:
-            prompt = prompt_ids[row][prompt_mask[row].bool()]  # (P,)
+            prompt = prompt_ids[row][prompt_columns]  # (P,)
             pieces.append(prompt)
             positions.append(torch.arange(len(prompt), device=device))
             owners.append(torch.full((len(prompt),), -1 - group, device=device))
             length += len(prompt)
             last_prompt_token[group] = length - 1
         prompt_length = int(prompt_mask[row].sum())
+        cells.append(row * width + prompt_columns)
+        cell_tokens.append(last_prompt_token[group] - prompt_length + 1 + torch.arange(prompt_length, device=device))
         n = response_lengths[row]
+        cells.append(row * width + prompt_ids.shape[1] + torch.arange(n, device=device))
+        cell_tokens.append(length + torch.arange(n, device=device))
         pieces.append(response_ids[row, :n])
         positions.append(prompt_length + torch.arange(n, device=device))
         owners.append(torch.full((n,), row, device=device))
@@ -277,6 +289,8 @@ def pack_pass(
         position_ids=torch.cat(positions)[None],
         attention_mask=mask[None, None],
         predictors=predictors,
+        cells=torch.cat(cells),
+        cell_tokens=torch.cat(cell_tokens),
     )
 
 

@@ -41,6 +41,7 @@ from rldock.runtime.engines.packing import (
     pass_work,
 )
 from rldock.runtime.engines.ulysses import context_group, pass_mask, shard_forward, sum_over_group
+from rldock.runtime.models.routing_replay import PassCells, RouterHooks, packed_pass_cells, padded_pass_cells
 
 
 @dataclass
@@ -265,6 +266,7 @@ def _scored_hidden(
     plans: list[MicroBatch],
     *,
     packed: bool,
+    routes: RouterHooks | None = None,
 ) -> Iterator[tuple[Tensor, MicroBatch, Tensor | None]]:
     """Yield the last hidden states (b, response_end, H) that score each kept response token, per pass:
     `packed`, from one packed sequence per pass (engines/packing.py), else from its padded rows.
@@ -275,9 +277,13 @@ def _scored_hidden(
     Under context parallelism (engines/ulysses.py) the model computes this rank's slice of the
     sequence only: the third item (b, response_end) marks the states this rank holds (the others are
     another rank's and read as a placeholder); None without CP.
+
+    `routes` (MoE routing replay, models/routing_replay.py) learns before each pass where its tokens
+    sit in the batch's (B, PL + SL) token grid.
     """
     no_logits = torch.empty(0, dtype=torch.int64, device=prompt_ids.device)
     group = context_group(model)
+    row_width = prompt_ids.shape[1] + response_ids.shape[1]  # the token grid's PL + SL
     dtype = output_head(model).weight.dtype
 
     def last_hidden(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor) -> Tensor:
@@ -309,10 +315,17 @@ def _scored_hidden(
                 torch.zeros((), dtype=torch.int64, device=prompt_ids.device),
                 pass_.predictors,
             )  # the one packed row
+            cells = packed_pass_cells(plan.rows, PassCells(pass_.cells, pass_.cell_tokens), row_width=row_width)
         else:
             inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
             pick_rows = torch.arange(len(plan.rows), device=prompt_ids.device)[:, None]  # (b, 1)
             positions = torch.arange(scored.start, scored.stop, device=prompt_ids.device)[None]  # (1, end)
+            cells = padded_pass_cells(
+                plan.rows, prompt_start=plan.prompt_start, attention_mask=inputs.attention_mask, row_width=row_width
+            )
+        if routes is not None:
+            assert group is None, "routing replay under context parallelism is refused at validate"
+            routes.begin_pass(cells)
         if group is None:
             hidden = last_hidden(inputs.input_ids, inputs.attention_mask, inputs.position_ids)
             yield hidden[pick_rows, positions], plan, None
@@ -341,6 +354,7 @@ def _score_passes(
     trim: bool,
     with_entropy: bool,
     tally: PassTally | None = None,
+    routes: RouterHooks | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprobs (B, SL) and, `with_entropy`, entropy (B, SL) of the response tokens where
     `response_mask` is 1 (0 elsewhere): the head runs on those positions only. `tally` adds up
@@ -368,7 +382,7 @@ def _score_passes(
     cp = 1 if group is None else torch.distributed.get_world_size(group)
     logprob_chunks, entropy_chunks = [], []
     for hidden, plan, owned in _scored_hidden(
-        model, prompt_ids, prompt_mask, response_ids, attention, plans, packed=packing is not None
+        model, prompt_ids, prompt_mask, response_ids, attention, plans, packed=packing is not None, routes=routes
     ):
         end = plan.response_end
         scored = response_mask[plan.rows, :end].bool()  # (b, end)
@@ -417,6 +431,7 @@ def response_logprobs(
     trim: bool = False,
     attention_mask: Tensor | None = None,
     tally: PassTally | None = None,
+    routes: RouterHooks | None = None,
 ) -> Tensor:
     """Log-probability (B, SL) of each response token under `model`; 0 where the mask is 0.
     `attention_mask` (B, SL): the response tokens attended to, when more than the scored ones
@@ -425,6 +440,7 @@ def response_logprobs(
     Runs `micro_batch_size` rows per forward pass, at most `max_tokens` tokens with `trim` (each
     pass on its own longest sequence, see `plan_micro_batches`). Gradients flow when called outside
     `torch.no_grad()`, so the same function serves old logprobs, reference logprobs and the loss.
+    `routes`: MoE routing to record or replay (models/routing_replay.py).
     """
     logprobs, _ = _score_passes(
         model,
@@ -439,6 +455,7 @@ def response_logprobs(
         trim=trim,
         with_entropy=False,
         tally=tally,
+        routes=routes,
     )
     return logprobs
 
@@ -456,6 +473,7 @@ def response_logprobs_and_entropy(
     trim: bool = False,
     attention_mask: Tensor | None = None,
     tally: PassTally | None = None,
+    routes: RouterHooks | None = None,
 ) -> ResponseScores:
     """`response_logprobs` plus the policy's entropy (B, SL) at each scored response position, from
     the same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no
@@ -473,6 +491,7 @@ def response_logprobs_and_entropy(
         trim=trim,
         with_entropy=True,
         tally=tally,
+        routes=routes,
     )
     assert entropy is not None
     return ResponseScores(logprobs=logprobs, entropy=entropy)

@@ -22,15 +22,21 @@ from rldock.runtime.engines.policy import (
     response_logprobs,
     response_logprobs_and_entropy,
 )
+from rldock.runtime.models.routing_replay import RouterHooks
 
 
 def batch_logprobs(
-    model: nn.Module, batch: TensorDict, training: TrainingSpec, *, tally: PassTally | None = None
+    model: nn.Module,
+    batch: TensorDict,
+    training: TrainingSpec,
+    *,
+    tally: PassTally | None = None,
+    routes: RouterHooks | None = None,
 ) -> torch.Tensor:
     """Each response token's logprob (B, SL) under `model` (the bare model, no DDP hooks), in passes of
     training.micro_batch_size rows within training.micro_batch_tokens, trimmed by training.trim_padding.
     The caller decides on gradients (inference stages run it under torch.no_grad); `tally` adds up
-    what the passes computed."""
+    what the passes computed; `routes` records or replays an MoE's routing (models/routing_replay.py)."""
     return response_logprobs(
         model,
         batch["prompt_ids"],
@@ -42,15 +48,21 @@ def batch_logprobs(
         trim=training.trim_padding,
         attention_mask=response_attention(batch),
         tally=tally,
+        routes=routes,
     )  # (B, SL)
 
 
 def micro_batch_scores(
-    module: nn.Module, micro: TensorDict, training: TrainingSpec, *, tally: PassTally | None = None
+    module: nn.Module,
+    micro: TensorDict,
+    training: TrainingSpec,
+    *,
+    tally: PassTally | None = None,
+    routes: RouterHooks | None = None,
 ) -> ResponseScores:
     """Logprobs (with gradients) and the policy's entropy of a micro-batch's response tokens, (b, SL)
     each, in one forward pass of `module` (what the training backend trains: a DDP wrapper, or the
-    model sharded in place); `tally` adds up what the pass computed."""
+    model sharded in place); `tally` adds up what the pass computed; `routes` replays an MoE's routing."""
     return response_logprobs_and_entropy(
         module,
         micro["prompt_ids"],
@@ -61,6 +73,7 @@ def micro_batch_scores(
         trim=training.trim_padding,
         attention_mask=response_attention(micro),
         tally=tally,
+        routes=routes,
     )
 
 

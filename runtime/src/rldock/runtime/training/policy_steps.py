@@ -16,6 +16,7 @@ from rldock.runtime.algorithms.policy_objective import PolicyObjective
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
 from rldock.runtime.models.moe import RouterLoss
+from rldock.runtime.models.routing_replay import replaying_batch
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
 
@@ -41,18 +42,46 @@ def policy_step(
     units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / world_size
 
     router = RouterLoss(backend.model, coef=training.router_aux_loss_coef)  # MoE: the router's terms
+    largest_deviation: list[float] = []  # per micro-batch, max |ratio - 1| over its sampled tokens
 
     def micro_loss(micro: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
-        with router.recording(backend.training_module()) as routing:
-            scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally)
+        share = len(micro) / len(mini_batch)
+        # replay's hooks first, so the router terms count the experts the pass used
+        with replaying_batch(backend.model, micro) as replay, router.recording(backend.training_module()) as routing:
+            scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally, routes=replay)
         loss, metrics = objective(
             scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens
         )
-        return router.add(loss, metrics, routing, share=len(micro) / len(mini_batch))
+        if "old_logprobs" in micro.keys():
+            spread = ratio_spread(scores.logprobs.detach(), micro["old_logprobs"], micro["response_mask"])
+            largest_deviation.append(spread.pop("ratio_abs_dev_max"))
+            metrics |= {key: value / float(rank_tokens) for key, value in spread.items()}
+        if replay is not None:
+            metrics |= {key: value * share for key, value in replay.metrics().items()}
+        return router.add(loss, metrics, routing, share=share)
 
     rows = update_micro_batches(backend.training_module(), mini_batch, training)
     micro_batches = [mini_batch[r] for r in rows]
-    return accumulate(backend, micro_batches, micro_loss, max_grad_norm=cfg.algorithm.max_grad_norm)
+    stats = accumulate(backend, micro_batches, micro_loss, max_grad_norm=cfg.algorithm.max_grad_norm)
+    if largest_deviation:
+        stats["ratio_abs_dev_max"] = max(largest_deviation)
+    return stats
+
+
+def ratio_spread(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the update's logprobs (B, SL) of the sampled tokens are from their old logprobs (B, SL)
+    where `mask` (B, SL) is 1: sums over those tokens of (ratio - 1)^2 (`ratio_sq_dev_mean` once divided
+    by the tokens; its root is the importance ratio's spread about 1) and of |logprob - old logprob|
+    (`logprob_abs_diff_mean`), and `ratio_abs_dev_max`, the largest |ratio - 1|. With routing replay on
+    and off, these say what replay changes in an MoE's ratio."""
+    valid = mask.bool()
+    diff = (logprobs - old_logprobs)[valid].double()  # (n,)
+    deviation = torch.expm1(diff)  # ratio - 1
+    return {
+        "ratio_sq_dev_mean": float((deviation**2).sum()),
+        "logprob_abs_diff_mean": float(diff.abs().sum()),
+        "ratio_abs_dev_max": float(deviation.abs().max()) if diff.numel() else 0.0,
+    }
 
 
 def preference_step(

@@ -18,6 +18,7 @@ and to the trainer's set-up and checkpoint calls. Each role is an object of its 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, truncated_importance_weight
 from rldock.runtime.algorithms.policy_objective import job_objective
 from rldock.runtime.algorithms.recipes import Recipe
+from rldock.runtime.dataflow import ROUTED_EXPERTS
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageTiming, run_stage
@@ -42,6 +44,7 @@ from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
 from rldock.runtime.models.lora import adapters_off, add_lora
+from rldock.runtime.models.routing_replay import recording_routes
 from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
 from rldock.runtime.rollout.modes import build_rollout
@@ -223,22 +226,30 @@ class ActorWorker(TakesTurns):
 
     @in_turn(ACTOR_INFERENCE)
     def compute_old_logprobs(self, call: StageCall) -> dict:
+        """The old logprobs and, under algorithm.routing_replay `reference`, the routing they were
+        computed with (`routed_experts`, which the update replays)."""
         tally = PassTally()
+        records_routing = ROUTED_EXPERTS[0] in self.recipe.spec(ACTOR_INFERENCE.name).produces
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
-            with torch.no_grad():  # the bare model, no DDP hooks
-                logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally)
+            width = batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1]  # the token grid's PL + SL
+            recording = (
+                recording_routes(self.model, num_rows=len(batch), row_width=width) if records_routing else nullcontext()
+            )
+            with torch.no_grad(), recording as routes:  # the bare model, no DDP hooks
+                logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally, routes=routes)
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
             sampled = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
             rollout = self.cfg.rollout
             if rollout.importance_correction != "decoupled":
-                return TensorDict({"old_logprobs": sampled.cpu()}, batch_size=[len(indices)])
-            # decoupled: the ratio against these weights, the sampling policy in the importance weight
-            weight = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
-            return TensorDict(
-                {"old_logprobs": logprobs.cpu(), IMPORTANCE_WEIGHT: weight.cpu()}, batch_size=[len(indices)]
-            )
+                columns = {"old_logprobs": sampled.cpu()}
+            else:  # decoupled: the ratio against these weights, the sampling policy in the importance weight
+                weight = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
+                columns = {"old_logprobs": logprobs.cpu(), IMPORTANCE_WEIGHT: weight.cpu()}
+            if routes is not None:
+                columns[ROUTED_EXPERTS[0]] = routes.routed_experts()
+            return TensorDict(columns, batch_size=[len(indices)])
 
         timing = self.backend.run_inference_stage(
             self.banks.bank(call.iteration), self.recipe.spec(ACTOR_INFERENCE.name), infer

@@ -1,0 +1,192 @@
+"""Routing replay (R3, "rollout routing replay", arXiv 2510.11370): one forward pass records the experts
+each MoE router chose for every token, a later pass over the same samples routes by them.
+
+The record is a grid over the batch's tokens: `routed_experts` (B, PL + SL, layers, top_k) int16, the
+prompt columns then the response columns as the dock holds them (dataflow.ROUTED_EXPERTS), -1 where
+no pass computed a token (padding). A pass does not see that grid's layout: it is trimmed to its own
+columns, or packed (each shared prompt once, engines/packing.py), so the caller says before each
+forward where its tokens sit in the grid (`PassCells`, from engines/policy.py's pass plans).
+
+Hooks on each router (models/moe.py's `routers`, in layer order):
+- `RoutingRecord` copies the router's chosen experts of the pass's real tokens into the grid.
+- `RoutingReplay` replaces them by the grid's, and the router's weights by its softmax probabilities
+  of the replayed experts (renormalised over them where the router normalises its top-k: Qwen3-MoE's
+  norm_topk_prob, Mixtral always), as R3 does: the experts are fixed, the gate still weights them,
+  so the router's gradient flows through those probabilities. Under expert parallelism the dispatch
+  (engines/expert_parallel.py) reads the replayed experts, so tokens go where the record says.
+  Tokens the grid has no record of (-1) keep the router's own choice.
+
+The replaying hooks run before models/moe.py's `record_routing` hooks when installed first, so the
+auxiliary loss and the expert-load metrics count the experts the pass actually used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rldock.runtime import dataflow
+from rldock.runtime.models.moe import moe_shape, routers
+
+NO_EXPERT = -1  # a grid cell no pass computed
+(ROUTED_EXPERTS,) = dataflow.ROUTED_EXPERTS  # the dock's column
+
+
+@dataclass(frozen=True)
+class PassCells:
+    """Where one forward pass's tokens sit in the grid: pairs (cell, token) of a flat grid cell
+    (row * (PL + SL) + column) and the index of the pass's token (of its flattened (rows, N) inputs)
+    that computed it. Every real token appears at least once; a packed pass's shared prompt token
+    once per row holding that prompt."""
+
+    cells: Tensor  # (C,) int64
+    tokens: Tensor  # (C,) int64
+
+
+def padded_pass_cells(rows: Tensor, *, prompt_start: int, attention_mask: Tensor, row_width: int) -> PassCells:
+    """The cells of a pass over padded rows (engines/policy.py's `micro_batch_inputs`): batch rows
+    `rows` (b,), grid columns [prompt_start, prompt_start + n) for the pass's n columns (the kept
+    prompt columns, then the response's), `attention_mask` (b, n) 1 on its real tokens, grid rows
+    `row_width` = PL + SL wide."""
+    b, n = attention_mask.shape
+    device = attention_mask.device
+    cells = rows.to(device)[:, None] * row_width + prompt_start + torch.arange(n, device=device)[None]  # (b, n)
+    real = attention_mask.bool().reshape(-1)
+    return PassCells(cells=cells.reshape(-1)[real], tokens=torch.arange(b * n, device=device)[real])
+
+
+def packed_pass_cells(rows: Tensor, local_cells: PassCells, *, row_width: int) -> PassCells:
+    """A packed pass's cells (engines/packing.py's `PackedPass.cells`, whose cells count the pass's
+    own rows 0..b-1) in the batch's grid: pass row i is batch row rows[i]."""
+    local_row, column = local_cells.cells // row_width, local_cells.cells % row_width
+    return PassCells(cells=rows.to(local_row.device)[local_row] * row_width + column, tokens=local_cells.tokens)
+
+
+class RouterHooks:
+    """The per-pass state both hooks share: the current pass's cells and the grid (rows * (PL+SL), layers, k)."""
+
+    def __init__(self, grid: Tensor):
+        self.grid = grid
+        self.cells: PassCells | None = None
+
+    def begin_pass(self, cells: PassCells) -> None:
+        """Say where the next forward pass's tokens sit in the grid (before calling the model)."""
+        self.cells = cells
+
+    def _pass_cells(self, num_tokens: int) -> PassCells:
+        if self.cells is None:
+            raise RuntimeError("routing replay: a forward pass ran without begin_pass (the pass's token cells)")
+        assert self.cells.tokens.numel() == 0 or int(self.cells.tokens.max()) < num_tokens, "another pass's cells"
+        return self.cells
+
+
+class RoutingRecord(RouterHooks):
+    """Records the experts chosen in passes over a batch of `num_rows` rows, `row_width` = PL + SL
+    columns wide; `routed_experts()` is the dock's column."""
+
+    def __init__(self, *, num_rows: int, row_width: int, num_layers: int, top_k: int):
+        super().__init__(torch.full((num_rows * row_width, num_layers, top_k), NO_EXPERT, dtype=torch.int16))
+        self.shape = (num_rows, row_width, num_layers, top_k)
+
+    def hook(self, layer: int):
+        def after_router(_gate, _args, output):
+            _logits, _weights, indices = output  # indices (T, k)
+            cells = self._pass_cells(indices.shape[0])
+            self.grid[cells.cells.cpu(), layer] = indices[cells.tokens].to("cpu", torch.int16)
+
+        return after_router
+
+    def routed_experts(self) -> Tensor:
+        return self.grid.reshape(self.shape)  # (B, PL+SL, layers, k) int16
+
+
+class RoutingReplay(RouterHooks):
+    """Routes passes over a batch by its recorded `routed_experts` (B, PL + SL, layers, k). Counts, over
+    the real tokens it replays, how many (token, layer) routings differ from the router's own top-k
+    (`drift`): what replay changes in these passes."""
+
+    def __init__(self, routed_experts: Tensor):
+        rows, width, layers, top_k = routed_experts.shape
+        super().__init__(routed_experts.reshape(rows * width, layers, top_k))
+        self.replayed = 0  # (token, layer) routings taken from the record
+        self.changed = 0  # of those, the ones whose expert set differs from the router's own top-k
+
+    def hook(self, layer: int, *, normalise: bool):
+        def after_router(_gate, _args, output):
+            logits, weights, indices = output  # (T, E), (T, k), (T, k)
+            cells = self._pass_cells(indices.shape[0])
+            recorded = self.grid[cells.cells.cpu(), layer].to(indices.device, torch.int64)  # (C, k)
+            known = (recorded != NO_EXPERT).all(dim=-1)  # (C,)
+            tokens, recorded = cells.tokens[known], recorded[known]
+            chosen = indices.clone()
+            chosen[tokens] = recorded
+            own, replay = indices[tokens].sort(dim=-1).values, recorded.sort(dim=-1).values
+            self.replayed += int(tokens.numel())
+            self.changed += int((own != replay).any(dim=-1).sum())
+            probs = torch.softmax(logits.float(), dim=-1)  # (T, E)
+            chosen_probs = probs.gather(-1, chosen)  # (T, k), differentiable in the router's logits
+            if normalise:
+                chosen_probs = chosen_probs / chosen_probs.sum(dim=-1, keepdim=True)
+            return logits, chosen_probs.to(weights.dtype), chosen
+
+        return after_router
+
+    def metrics(self) -> dict[str, float]:
+        """`moe/routing_replay_changed`: the share of the replayed (token, layer) routings whose experts
+        differ from those the router would choose now."""
+        return {"moe/routing_replay_changed": self.changed / max(self.replayed, 1)}
+
+
+@contextmanager
+def _hooked(model: nn.Module, hooks: RouterHooks, install) -> Iterator[RouterHooks]:
+    gates = routers(model)
+    if not gates:
+        raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); the model has no routers")
+    handles = [install(layer, gate) for layer, gate in enumerate(gates)]
+    try:
+        yield hooks
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def recording_routes(model: nn.Module, *, num_rows: int, row_width: int) -> Iterator[RoutingRecord]:
+    """Record the routing of `model`'s passes over a batch of `num_rows` rows of PL + SL = `row_width`
+    tokens (module docstring)."""
+    shape = moe_shape(getattr(model, "config", None))
+    if shape is None:
+        raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); set it off")
+    # a layer count from the routers themselves: a model may keep dense MLPs in some layers
+    record = RoutingRecord(num_rows=num_rows, row_width=row_width, num_layers=len(routers(model)), top_k=shape.top_k)
+    with _hooked(model, record, lambda layer, gate: gate.register_forward_hook(record.hook(layer))):
+        yield record
+
+
+@contextmanager
+def replaying_routes(model: nn.Module, routed_experts: Tensor) -> Iterator[RoutingReplay]:
+    """Route `model`'s passes over a batch by its `routed_experts` (B, PL + SL, layers, k) (module docstring)."""
+    replay = RoutingReplay(routed_experts)
+
+    def install(layer: int, gate: nn.Module):
+        # Mixtral's router always renormalises its top-k; Qwen's where norm_topk_prob says so
+        normalise = bool(getattr(gate, "norm_topk_prob", True))
+        return gate.register_forward_hook(replay.hook(layer, normalise=normalise))
+
+    with _hooked(model, replay, install):
+        yield replay
+
+
+@contextmanager
+def replaying_batch(model: nn.Module, batch) -> Iterator[RoutingReplay | None]:
+    """`replaying_routes` by the batch's `routed_experts` column (a TensorDict's), or nothing (None)
+    where the batch has none (algorithm.routing_replay off)."""
+    if ROUTED_EXPERTS not in batch.keys():
+        yield None
+        return
+    with replaying_routes(model, batch[ROUTED_EXPERTS]) as replay:
+        yield replay
