@@ -1,0 +1,65 @@
+"""Config rules for routing replay (algorithm.routing_replay) and the flow it adds to the job's recipe."""
+
+import json
+
+import pytest
+from job_examples import example, problem_messages, problem_paths
+
+from rldock.config import find_local_problems, parse_job_config
+from rldock.runtime.algorithms.recipes import job_recipe, recomputes_old_logprobs
+
+FIELD = "algorithm.routing_replay"
+
+
+def _replaying(mode: str = "reference", **algorithm) -> dict:
+    data = example()
+    data["algorithm"].update(routing_replay=mode, **algorithm)
+    return data
+
+
+def test_off_by_default_and_no_routing_column():
+    cfg = parse_job_config(example())
+    recipe = job_recipe(cfg)
+    assert cfg.algorithm.routing_replay == "off"
+    assert all("routed_experts" not in columns for columns in recipe.produces.values())
+
+
+def test_reference_runs_the_old_logprob_pass_which_writes_the_routing_the_update_reads():
+    cfg = parse_job_config(_replaying())
+    assert cfg.algorithm.num_updates_per_iteration == 1 and recomputes_old_logprobs(cfg)  # `auto` would skip it
+    recipe = job_recipe(cfg)
+    assert "routed_experts" in recipe.produces["actor_inference"] and "routed_experts" in recipe.consumes["update"]
+
+
+def test_rollout_is_refused_naming_the_fix():
+    (message,) = problem_messages(_replaying("rollout"), FIELD)
+    assert "Model Runner V2" in message and "use `reference`" in message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"recompute_old_logprobs": "never"}, "recompute_old_logprobs"),
+        ({"name": "dpo", "num_responses_per_prompt": 2}, "DPO"),
+    ],
+)
+def test_reference_needs_an_old_logprob_pass(change, expected):
+    data = _replaying()
+    data["algorithm"].update(change)
+    assert any(expected in message for message in problem_messages(data, FIELD))
+
+
+def test_reference_with_context_parallelism_is_named():
+    data = _replaying()
+    data["training"]["context_parallel_size"] = 2
+    assert FIELD in problem_paths(data)
+
+
+def test_a_dense_model_is_named(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
+    data = _replaying()
+    data["model"] = {"path": str(model_dir)}
+    problems = find_local_problems(parse_job_config(data))
+    assert [p.path for p in problems] == [FIELD] and "needs an MoE model" in problems[0].message
