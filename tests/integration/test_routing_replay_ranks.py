@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, ep_job_config, token_logprobs, whole_batch
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch
 from rldock_e2e.moe_fixture import moe_model as _model
 
 pytestmark = pytest.mark.integration
