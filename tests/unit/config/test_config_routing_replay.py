@@ -63,3 +63,11 @@ def test_a_dense_model_is_named(tmp_path):
     data["model"] = {"path": str(model_dir)}
     problems = find_local_problems(parse_job_config(data))
     assert [p.path for p in problems] == [FIELD] and "needs an MoE model" in problems[0].message
+
+
+def test_a_yaml_bare_off_is_the_off_mode():
+    import yaml
+
+    data = example()
+    data["algorithm"].update(yaml.safe_load("routing_replay: off"))  # YAML 1.1: false
+    assert parse_job_config(data).algorithm.routing_replay == "off"

@@ -537,6 +537,13 @@ class AlgorithmSpec(Spec):
         "weights. `rollout`: the inference engine's routing; vLLM returns it only under its Model Runner V2 "
         "(Triton, GPU) and rldock's rollout does not collect it yet, so it is refused: use `reference`.",
     )
+
+    @field_validator("routing_replay", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: `routing_replay: off` means the mode
+        return "off" if value is False else value
+
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     credit: Literal["trajectory", "turn"] = Field(

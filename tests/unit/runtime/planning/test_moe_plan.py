@@ -78,3 +78,20 @@ def test_expert_shards_and_all_to_all(ep):
 
 def test_a_dense_model_has_no_moe_figures():
     assert plan_memory(_cfg(1), PRESETS["qwen2.5-7b"]).moe is None
+
+
+@pytest.mark.parametrize(("dp", "gen_tp"), [(8, 1), (8, 4), (4, 2)])
+def test_eq3_with_gep(dp, gen_tp):
+    """The paper's R = GDP x (TW/UTP + EW/GEP) with GEP the engines' expert split (their TP), and what
+    naive resharding under FSDP leaves: every rank 1/dp of both, over the GDP engines' first ranks."""
+    shape = PRESETS["qwen3-30b-a3b"]
+    cfg = _cfg(2, dp)
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"tensor_parallel_size": gen_tp})})
+    redundant = plan_memory(cfg, shape).moe.redundant
+    experts = 48 * 128 * 3 * 2048 * 768 * 2  # bf16 bytes of every layer's experts
+    dense = shape.num_params * 2 - experts
+    gdp = dp // gen_tp
+    assert (redundant.expert_weight_bytes, redundant.dense_weight_bytes) == (experts, dense)
+    assert (redundant.generation_replicas, redundant.generation_expert_split) == (gdp, gen_tp)
+    assert redundant.paper_bytes == gdp * (dense + experts // gen_tp)
+    assert redundant.naive_bytes == gdp * (dense // dp + experts // dp)

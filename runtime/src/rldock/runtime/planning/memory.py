@@ -129,6 +129,55 @@ class MoePlan:
     experts_per_rank: int  # each MoE layer's experts one EP rank holds
     expert_bytes_per_rank: int  # their parameter bytes over all layers, before FSDP's 1/(dp/ep)
     all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
+    redundant: RedundantWeights
+
+
+@dataclass(frozen=True)
+class RedundantWeights:
+    """The paper's eq. 3 with experts: the training weights naive resharding leaves on the devices
+    during generation, beside the engine's, counted over the generation replicas (one device each:
+    an engine's first rank, `JobLayout.engine_ranks`).
+
+    MindSpeed RL writes R = GDP * (TW/UTP + EW/GEP): GDP generation replicas, TW the weights split
+    by tensor parallelism (everything but the experts: attention, embeddings, norms, routers), EW the
+    expert weights, UTP the update's TP and GEP the expert split (its update and generation EP are
+    one size). `paper_bytes` is that figure with rldock's sizes: UTP training.tensor_parallel_size,
+    GEP the generation's expert split, rollout.tensor_parallel_size (vLLM splits experts by its TP;
+    rldock runs no engine EP). rldock's training layout splits further, so what its naive resharding
+    leaves (`naive_bytes`) is R with the update's own splits: TW over UTP x the FSDP shards, EW over
+    training.expert_parallel_size x the expert-data-parallel FSDP shards (every rank holds 1/dp of
+    either under FSDP). allgather_swap leaves none: the training state goes to the host."""
+
+    generation_replicas: int  # GDP
+    generation_expert_split: int  # GEP
+    dense_weight_bytes: int  # TW
+    expert_weight_bytes: int  # EW
+    dense_split: int  # the update's split of TW on a device: UTP (x FSDP's shards)
+    expert_split: int  # the update's split of EW on a device: EP (x FSDP's expert-data-parallel shards)
+    paper_bytes: int  # GDP * (TW/UTP + EW/GEP)
+    naive_bytes: int  # GDP * (TW/dense_split + EW/expert_split): training.resharding naive
+
+
+def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeights:
+    """Eq. 3 with experts for `cfg` and `shape` (RedundantWeights)."""
+    training, layout = cfg.training, job_layout(cfg)
+    element = DTYPE_BYTES[cfg.model.dtype]
+    experts = shape.num_layers * shape.expert_params * element
+    dense = shape.num_params * element - experts
+    fsdp = training.strategy == "fsdp"
+    dense_split = training.tensor_parallel_size * (layout.num_sequence_ranks if fsdp else 1)
+    expert_split = layout.ep * (layout.expert_data_parallel if fsdp else 1)
+    gdp, gep = layout.num_generation_replicas, layout.generation_tp
+    return RedundantWeights(
+        generation_replicas=gdp,
+        generation_expert_split=gep,
+        dense_weight_bytes=dense,
+        expert_weight_bytes=experts,
+        dense_split=dense_split,
+        expert_split=expert_split,
+        paper_bytes=gdp * (dense // training.tensor_parallel_size + experts // gep),
+        naive_bytes=gdp * (dense // dense_split + experts // expert_split),
+    )
 
 
 def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
@@ -149,6 +198,7 @@ def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
         experts_per_rank=shape.num_experts // ep,
         expert_bytes_per_rank=shape.num_layers * shape.expert_params // ep * DTYPE_BYTES[cfg.model.dtype],
         all_to_all_bytes=shape.num_layers * sent * (ep - 1) // ep,
+        redundant=plan_redundant_weights(cfg, shape),
     )
 
 

@@ -61,6 +61,13 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
             f"({moe.expert_bytes_per_rank / GIB:.2f} GiB before FSDP), all-to-all "
             f"{moe.all_to_all_bytes / GIB:.3f} GiB sent per micro-batch forward"
         )
+        r = moe.redundant
+        lines.append(
+            f"eq. 3 with GEP: R = GDP {r.generation_replicas} x (TW {r.dense_weight_bytes / GIB:.2f} GiB / UTP + "
+            f"EW {r.expert_weight_bytes / GIB:.2f} GiB / GEP {r.generation_expert_split}) = "
+            f"{r.paper_bytes / GIB:.2f} GiB; naive resharding here leaves {r.naive_bytes / GIB:.2f} GiB "
+            f"(TW / {r.dense_split} + EW / {r.expert_split} per replica), allgather_swap 0"
+        )
     if plan.device_memory is not None:
         lines.append(f"device memory {plan.device_memory / GIB:.2f} GiB")
     if verdict is not None:
