@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, ep_job_config, token_logprobs, whole_batch
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, SEQ, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
 
 pytestmark = pytest.mark.integration
@@ -28,10 +28,7 @@ TOL = dict(rtol=1e-9, atol=1e-12)
 
 
 def _rank(rank: int, world: int, ep: int, rendezvous: str, out_dir: str) -> None:
-    from torch.distributed.tensor import DTensor
-
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.expert_parallel import gather_experts
     from rldock.runtime.models.moe import record_routing
     from rldock.runtime.training.fsdp import FsdpBackend
 
@@ -49,11 +46,7 @@ def _rank(rank: int, world: int, ep: int, rendezvous: str, out_dir: str) -> None
         logprobs = token_logprobs(backend.model, mine)
     loss = -logprobs.mean()
     loss.backward()
-    grads = (
-        (name, p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
-        for name, p in backend.model.named_parameters()
-    )
-    grads = dict(gather_experts(grads, backend.experts.sharding))
+    grads = whole_gradients(backend)
     grad_norm = backend.clip_gradients(1e9)
     backend.optimizer.step()
     with torch.no_grad():

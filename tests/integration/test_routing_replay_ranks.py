@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch
+from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, token_logprobs, whole_batch, whole_gradients
 from rldock_e2e.moe_fixture import moe_model as _model
 
 pytestmark = pytest.mark.integration
@@ -52,10 +52,7 @@ def _replayed(model, tokens: torch.Tensor, recorded: torch.Tensor):
 
 
 def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
-    from torch.distributed.tensor import DTensor
-
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.expert_parallel import gather_experts
     from rldock.runtime.training.fsdp import FsdpBackend
 
     torch.set_num_threads(1)
@@ -72,11 +69,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
     logprobs, replay = _replayed(backend.model, whole_batch(WORLD)[rows], recorded)
     loss = -logprobs.mean()
     loss.backward()
-    grads = (
-        (name, p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
-        for name, p in backend.model.named_parameters()
-    )
-    grads = dict(gather_experts(grads, backend.experts.sharding))
+    grads = whole_gradients(backend)
     torch.save(
         {"logprobs": logprobs.detach(), "loss": float(loss.detach()), "grads": grads, "changed": replay.changed},
         Path(out_dir) / f"rank{rank}.pt",

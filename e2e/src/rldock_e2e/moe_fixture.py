@@ -77,3 +77,17 @@ def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "
             "resources": {"device": device, "devices_per_node": world_size},
         }
     )
+
+
+def whole_gradients(backend) -> dict:
+    """Every parameter's gradient of an FSDP backend's model whole, by name: FSDP's shards gathered,
+    then the expert shards over the EP group (collective: every rank calls it)."""
+    from torch.distributed.tensor import DTensor
+
+    from rldock.runtime.engines.expert_parallel import gather_experts
+
+    grads = (
+        (name, p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+        for name, p in backend.model.named_parameters()
+    )
+    return dict(gather_experts(grads, backend.experts.sharding))
