@@ -12,11 +12,15 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rldock.config.job import TrainingSpec
+from rldock.config.job import JobConfig, TrainingSpec
+from rldock.runtime.algorithms.policy_objective import job_objective
+from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import packing_prompts
 from rldock.runtime.engines.policy_passes import batch_logprobs, micro_batch_scores
 from rldock.runtime.models.moe import record_routing, routers
 from rldock.runtime.models.routing_replay import NO_EXPERT, recording_routes, replaying_batch, replaying_routes
+from rldock.runtime.training.ddp import DdpBackend
+from rldock.runtime.training.policy_steps import policy_step
 from rldock_e2e.moe_fixture import moe_model
 
 PL, SL = 5, 6
@@ -155,3 +159,53 @@ def test_replay_with_unmoved_weights_changes_nothing_and_trains_the_router():
 def test_a_batch_without_the_column_is_not_replayed():
     with replaying_batch(moe_model(), _batch()) as replay:
         assert replay is None
+
+
+def _step_config(replay: str) -> JobConfig:
+    return JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": PL,
+            "max_response_length": SL,
+            "learning_rate": 1e-3,
+            "kl_coef": 0.0,
+            "routing_replay": replay,
+        },
+        training={"micro_batch_size": 4},
+    )
+
+
+@pytest.mark.parametrize("replay", ["off", "reference"])
+def test_the_update_step_replays_the_column_and_reports_the_ratio_spread(replay):
+    """policy_step on a mini-batch whose old logprobs and routing the unmoved model computed, after the
+    routers moved: with the column it routes by it (most routes pinned), and the ratio's spread over the
+    sampled tokens is smaller than without (the moved routers' own choices change the logprobs more)."""
+    cfg = _step_config(replay)
+    model = moe_model()
+    batch = _batch()
+    recorded = _record(model, batch, LAYOUTS["packed"])
+    with torch.no_grad():
+        batch["old_logprobs"] = batch_logprobs(model, batch, LAYOUTS["packed"]).float()
+    batch["advantage"] = torch.linspace(-1, 1, len(batch), dtype=torch.float64)
+    if replay == "reference":
+        batch["routed_experts"] = recorded
+    _move_routers(model)
+    backend = DdpBackend(cfg, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), rank=0, world_size=1)
+    stats = policy_step(backend, batch, job_objective(cfg, job_recipe(cfg)), cfg=cfg, world_size=1)
+    assert stats["ratio_sq_dev_mean"] > 0 and stats["ratio_abs_dev_max"] > 0 and stats["logprob_abs_diff_mean"] > 0
+    if replay == "off":
+        assert "moe/routing_replay_changed" not in stats
+        return
+    assert stats["moe/routing_replay_changed"] > 0.3
+    off = _step_config("off")
+    plain = moe_model()
+    _move_routers(plain)
+    del batch["routed_experts"]
+    backend = DdpBackend(off, model=plain, optimizer=torch.optim.SGD(plain.parameters(), lr=0.0), rank=0, world_size=1)
+    unreplayed = policy_step(backend, batch, job_objective(off, job_recipe(off)), cfg=off, world_size=1)
+    assert stats["ratio_sq_dev_mean"] < unreplayed["ratio_sq_dev_mean"]
+    assert stats["logprob_abs_diff_mean"] < unreplayed["logprob_abs_diff_mean"]

@@ -150,3 +150,19 @@ def test_the_loop_steps_once_after_every_micro_batch():
     stats = accumulate(backend, _batch().split(4), _micro_loss(model), max_grad_norm=2.0)
     assert backend.calls == ["micro(last=False)", "micro(last=True)", "step(2.0)"]
     assert stats["grad_norm"] == 0.5
+
+
+def test_ratio_spread_of_the_sampled_tokens():
+    import math
+
+    from rldock.runtime.training.policy_steps import ratio_spread
+
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]])
+    old = torch.tensor([[-1.0, -2.5, -9.0], [-1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # (-3 vs -9) is padding: left out
+    # this micro-batch's 3 tokens of a mini-batch of 6: its part of the mean
+    spread = ratio_spread(logprobs, old, mask, rank_tokens=6.0)
+    deviations = [0.0, math.expm1(0.5), math.expm1(0.5)]
+    assert spread["ratio_sq_dev_mean"] == pytest.approx(sum(d * d for d in deviations) / 6)
+    assert spread["logprob_abs_diff_mean"] == pytest.approx(1.0 / 6)
+    assert spread["ratio_abs_dev_max"] == pytest.approx(math.expm1(0.5))

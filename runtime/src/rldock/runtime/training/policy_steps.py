@@ -53,9 +53,11 @@ def policy_step(
             scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens
         )
         if "old_logprobs" in micro.keys():
-            spread = ratio_spread(scores.logprobs.detach(), micro["old_logprobs"], micro["response_mask"])
+            spread = ratio_spread(
+                scores.logprobs.detach(), micro["old_logprobs"], micro["response_mask"], rank_tokens=float(rank_tokens)
+            )
             largest_deviation.append(spread.pop("ratio_abs_dev_max"))
-            metrics |= {key: value / float(rank_tokens) for key, value in spread.items()}
+            metrics |= spread
         if replay is not None:
             metrics |= {key: value * share for key, value in replay.metrics().items()}
         return router.add(loss, metrics, routing, share=share)
@@ -68,18 +70,21 @@ def policy_step(
     return stats
 
 
-def ratio_spread(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """How far the update's logprobs (B, SL) of the sampled tokens are from their old logprobs (B, SL)
-    where `mask` (B, SL) is 1: sums over those tokens of (ratio - 1)^2 (`ratio_sq_dev_mean` once divided
-    by the tokens; its root is the importance ratio's spread about 1) and of |logprob - old logprob|
-    (`logprob_abs_diff_mean`), and `ratio_abs_dev_max`, the largest |ratio - 1|. With routing replay on
-    and off, these say what replay changes in an MoE's ratio."""
+def ratio_spread(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, *, rank_tokens: float
+) -> dict[str, float]:
+    """How far a micro-batch's update logprobs (b, SL) of the sampled tokens are from their old logprobs
+    (b, SL) where `mask` (b, SL) is 1: its part of the mini-batch's token means (its tokens' sums over
+    the mini-batch's `rank_tokens`, so accumulate's sum over micro-batches is the mean) of (ratio - 1)^2
+    (`ratio_sq_dev_mean`; its root is the importance ratio's spread about 1) and of |logprob - old
+    logprob| (`logprob_abs_diff_mean`), and its largest |ratio - 1| (`ratio_abs_dev_max`). With routing
+    replay on and off, these say what replay changes in an MoE's ratio."""
     valid = mask.bool()
     diff = (logprobs - old_logprobs)[valid].double()  # (n,)
     deviation = torch.expm1(diff)  # ratio - 1
     return {
-        "ratio_sq_dev_mean": float((deviation**2).sum()),
-        "logprob_abs_diff_mean": float(diff.abs().sum()),
+        "ratio_sq_dev_mean": float((deviation**2).sum()) / rank_tokens,
+        "logprob_abs_diff_mean": float(diff.abs().sum()) / rank_tokens,
         "ratio_abs_dev_max": float(deviation.abs().max()) if diff.numel() else 0.0,
     }
 
