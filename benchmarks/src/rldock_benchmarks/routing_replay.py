@@ -3,19 +3,22 @@ are from their old logprobs, with `algorithm.routing_replay: reference` and `off
 
 The same job (examples/grpo-tiny-moe.yaml: EP 2 x FSDP 2, vLLM on CPU) runs twice on local Ray, with
 several optimizer steps per iteration and the old-logprob pass in both (`recompute_old_logprobs:
-always`, which `reference` implies), and prints one JSON document: per run the update metrics averaged
-over its iterations and steps (`ratio_sq_dev_mean`, the token mean of (ratio - 1)^2; `ratio_abs_dev_max`,
-the largest |ratio - 1| of a step; `logprob_abs_diff_mean`, the token mean of |logprob - old logprob|;
-and under replay `moe/routing_replay_changed`, the share of replayed (token, layer) routings the routers
-would have chosen otherwise), the reward and the wall time, and the off/reference ratios.
+always`, which `reference` implies) and the engine's logprobs kept (`rollout.return_logprobs`), and prints
+one JSON document: per run the update metrics averaged over its iterations and steps
+(`ratio_sq_dev_mean`, the token mean of (ratio - 1)^2; `ratio_abs_dev_max`, the largest |ratio - 1| of a
+step; `logprob_abs_diff_mean`, the token mean of |logprob - old logprob|; `rollout_logprob_abs_diff_mean`,
+the token mean of |logprob - the vLLM engine's logprob|, the training-inference mismatch; and under
+replay `moe/routing_replay_changed`, the share of replayed (token, layer) routings the routers would
+have chosen otherwise), the reward and the wall time, and the off/reference ratios.
 
     flock /work/notes/heavy.lock nice -n 10 .venv/bin/python -m rldock_benchmarks.routing_replay \\
         --output runs/routing-replay > routing-replay.json
 
 What it measures: `reference` pins the update's routing to the old-logprob pass's, so the mismatch it
 narrows is the drift of routing between that pass and the update's forwards (other micro-batch layouts,
-then weights moved by the earlier steps). It does not touch the rollout engine's routing (vLLM's CPU
-build returns none), so the engine-versus-trainer mismatch R3 targets is not in these figures.
+then weights moved by the earlier steps). It does not use the rollout engine's routing (vLLM's CPU build
+returns none), which is what R3 replays; `rollout_logprob_abs_diff_mean` shows what it does to the
+engine-versus-trainer gap all the same.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from rldock_benchmarks.learning import run
 
 CONFIG = "examples/grpo-tiny-moe.yaml"
 MODES = ("off", "reference")
-SPREAD_KEYS = ("ratio_sq_dev_mean", "ratio_abs_dev_max", "logprob_abs_diff_mean")
+SPREAD_KEYS = ("ratio_sq_dev_mean", "ratio_abs_dev_max", "logprob_abs_diff_mean", "rollout_logprob_abs_diff_mean")
 
 
 def run_mode(mode: str, *, output: Path, iterations: int, updates: int, overrides: list[str]) -> dict:
@@ -38,6 +41,7 @@ def run_mode(mode: str, *, output: Path, iterations: int, updates: int, override
         f"iterations={iterations}",
         f"algorithm.num_updates_per_iteration={updates}",
         "algorithm.recompute_old_logprobs=always",
+        "rollout.return_logprobs=true",
         f"algorithm.routing_replay={mode}",
         f"checkpoint.interval={iterations}",
         *overrides,

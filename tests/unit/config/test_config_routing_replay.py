@@ -71,3 +71,21 @@ def test_a_yaml_bare_off_is_the_off_mode():
     data = example()
     data["algorithm"].update(yaml.safe_load("routing_replay: off"))  # YAML 1.1: false
     assert parse_job_config(data).algorithm.routing_replay == "off"
+
+
+@pytest.mark.parametrize(
+    ("section", "change", "named"),
+    [
+        ("rollout", {"stream_groups": 2}, "rollout.stream_groups"),
+        ("training", {"mode": "async"}, None),  # async alone is fine with the plain rollout
+    ],
+)
+def test_return_logprobs_is_the_plain_rollouts(section, change, named):
+    data = example()
+    data.setdefault("rollout", {})["return_logprobs"] = True
+    data.setdefault(section, {}).update(change)
+    if named is None:
+        assert parse_job_config(data).rollout.return_logprobs
+        return
+    (message,) = problem_messages(data, "rollout.return_logprobs")
+    assert named in message

@@ -647,6 +647,13 @@ class RolloutSpec(Spec):
         "takes the full (gathered) weights after each update and vLLM splits them over its TP workers. Must "
         "divide the model's attention heads, KV heads and MLP width (docs/scaling.md#6-generation-tensor-parallelism).",
     )
+    return_logprobs: bool = Field(
+        default=False,
+        description="The plain rollout (no agent, streaming or partial rollout) also writes the engine's logprob of "
+        "each sampled token (`sampled_logprobs`, B x max_response_length) and the update reports "
+        "`rollout_logprob_abs_diff_mean`, the token mean of |update logprob - engine logprob| over the sampled "
+        "tokens: the training-inference mismatch (an MoE's routing replay is measured by it, docs/results.md).",
+    )
     partial_rollout: Literal["off", "resume", "drop"] = Field(
         default="off",
         description="Partial rollout (training.mode async with dock.max_staleness >= 1): a generation that runs "

@@ -105,6 +105,7 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_routing_replay_problems(cfg))
+    problems.extend(_return_logprobs_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
     problems.extend(_agent_problems(cfg))
@@ -307,9 +308,7 @@ def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
         ]
     problems = []
     if algo.name == "dpo":
-        problems.append(
-            Problem(field, "`reference` replays the old-logprob pass's routing, which DPO has none of; use off")
-        )
+        problems.append(Problem(field, "`reference` replays the old-logprob pass's routing; DPO has none: use off"))
     if algo.recompute_old_logprobs == "never":
         problems.append(
             Problem(
@@ -323,6 +322,24 @@ def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
             Problem(field, "`reference` with training.context_parallel_size > 1 is not built yet; use one of the two")
         )
     return problems
+
+
+def _return_logprobs_problems(cfg: JobConfig) -> list[Problem]:
+    """rollout.return_logprobs is the plain rollout's: the other modes write columns of their own."""
+    rollout = cfg.rollout
+    if not rollout.return_logprobs:
+        return []
+    others = {
+        "agent": cfg.agent is not None,
+        "rollout.partial_rollout": rollout.partial_rollout != "off",
+        "rollout.stream_groups": rollout.stream_groups > 0,
+        "DPO": cfg.algorithm.name == "dpo",
+    }
+    return [
+        Problem("rollout.return_logprobs", f"is the plain rollout's, not with {other}: set it false")
+        for other, present in others.items()
+        if present
+    ]
 
 
 def _async_problems(cfg: JobConfig) -> list[Problem]:

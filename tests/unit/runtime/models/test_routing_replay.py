@@ -193,10 +193,12 @@ def test_the_update_step_replays_the_column_and_reports_the_ratio_spread(replay)
     batch["advantage"] = torch.linspace(-1, 1, len(batch), dtype=torch.float64)
     if replay == "reference":
         batch["routed_experts"] = recorded
+    batch["sampled_logprobs"] = batch["old_logprobs"]  # as an engine that scored exactly as the old-logprob pass
     _move_routers(model)
     backend = DdpBackend(cfg, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), rank=0, world_size=1)
     stats = policy_step(backend, batch, job_objective(cfg, job_recipe(cfg)), cfg=cfg, world_size=1)
     assert stats["ratio_sq_dev_mean"] > 0 and stats["ratio_abs_dev_max"] > 0 and stats["logprob_abs_diff_mean"] > 0
+    assert stats["rollout_logprob_abs_diff_mean"] == pytest.approx(stats["logprob_abs_diff_mean"], rel=1e-6)
     if replay == "off":
         assert "moe/routing_replay_changed" not in stats
         return

@@ -123,6 +123,25 @@ def test_the_plain_mode_writes_whole_groups_seeded_per_group_and_round():
     assert set(metrics) == {"wait_s", "dispatch_s", "compute_s", "num_samples", "response_lengths"}
 
 
+def test_the_plain_mode_writes_the_engines_logprobs_where_its_state_does():
+    """rollout.return_logprobs: the job recipe's rollout state writes `sampled_logprobs`, and the plain mode
+    samples with logprobs and writes them (the double's are -(version + 1) on every sampled token)."""
+    from rldock.runtime.algorithms.recipes import job_recipe
+
+    cfg = job(rollout={"return_logprobs": True})
+    spec = job_recipe(cfg).spec(ROLLOUT.name)
+    assert "sampled_logprobs" in spec.produces and "sampled_logprobs" in job_recipe(cfg).consumes["update"]
+    engine, dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    engine.version = 1
+    rollout = build_rollout(cfg, tokenizer=TokenIds(), rank=0, batch_size=G * N, spec=replace(spec, consumes=COLUMNS))
+    rollout.generate(engine, dock, RolloutRequest(iteration=5, policy_version=2))
+    ((_, out, _),) = dock.puts
+    assert torch.equal(out["sampled_logprobs"], -2.0 * out["response_mask"].float())
+    plain_dock = RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    PlainRollout(setup()).generate(EngineDouble(), plain_dock, RolloutRequest(iteration=5, policy_version=2))
+    assert "sampled_logprobs" not in plain_dock.puts[0][1].keys()  # off by default
+
+
 @pytest.mark.parametrize("stream_groups", [1, 2, 5])
 def test_the_streamed_mode_writes_what_the_plain_one_does_a_few_groups_at_a_time(stream_groups):
     plain_engine, plain_dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=N))

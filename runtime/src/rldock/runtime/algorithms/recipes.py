@@ -203,7 +203,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, with the
     advantage stage run by the reward state where it can be (unless JobConfig.ablations says not to), plus
     the reward model's state when a reward term is `model`, the reference pass on the actor
-    ranks under LoRA, and the routing column under algorithm.routing_replay `reference`. The one
+    ranks under LoRA, the routing column under algorithm.routing_replay `reference` and the engine's
+    logprobs under rollout.return_logprobs. The one
     place the flow is derived: the dock's states, the trainer's workers and launches, the placement
     and the workers' inputs all come from it, so they agree."""
     recipe = get_recipe(cfg.algorithm.name)
@@ -231,7 +232,24 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_agent(recipe)
     if cfg.algorithm.routing_replay == "reference" and ACTOR_INFERENCE.name in recipe.consumes:
         recipe = with_routing_replay(recipe)
+    if cfg.rollout.return_logprobs:
+        recipe = with_sampled_logprobs(recipe)
     return recipe
+
+
+def with_sampled_logprobs(recipe: Recipe) -> Recipe:
+    """`recipe` whose rollout also writes the engine's logprob of each sampled token, which the update
+    reads to report the training-inference mismatch (rollout.return_logprobs)."""
+    (sampled, _) = PARTIAL_ROLLOUT
+
+    def change(spec: WorkerState) -> WorkerState:
+        if spec.name == ROLLOUT.name:
+            return replace(spec, produces=spec.produces + (sampled,))
+        if spec.name == UPDATE.name:
+            return replace(spec, consumes=spec.consumes + (sampled,))
+        return spec
+
+    return _with_specs(recipe, change)
 
 
 def with_routing_replay(recipe: Recipe) -> Recipe:

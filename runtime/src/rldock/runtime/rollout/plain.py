@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.rollout.base import (
@@ -18,21 +19,40 @@ from rldock.runtime.rollout.base import (
     run_rollout_stage,
 )
 
+SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT
+
+
+def sampled_logprobs(completions, max_response_length: int) -> torch.Tensor:
+    """The engine's logprob of each sampled token, (B, SL) float32, 0 past a response; rows in the
+    order group_columns writes them (each prompt's N completions in turn)."""
+    rows = [c.logprobs or [] for group in completions for c in group]
+    logprobs = torch.zeros(len(rows), max_response_length, dtype=torch.float32)  # (B, SL)
+    for i, row in enumerate(rows):
+        logprobs[i, : len(row)] = torch.tensor(row[:max_response_length], dtype=torch.float32)
+    return logprobs
+
 
 class PlainRollout(RolloutMode):
     def __init__(self, setup: RolloutSetup):
         self.setup = setup
+        # rollout.return_logprobs: the recipe's rollout state writes the engine's logprobs too
+        self.keeps_logprobs = SAMPLED_LOGPROBS in getattr(setup.spec, "produces", ())
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
         lengths: list[int] = []
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
-            per_prompt = engine.generate(
+            completions = engine.sample(
                 group_prompts(batch, self.setup.num_responses),
                 **group_request(self.setup, indices, request, max_tokens=self.setup.max_response_length),
+                logprobs=self.keeps_logprobs,
             )
+            per_prompt = [[c.token_ids for c in group] for group in completions]
             lengths.extend(len(tokens) for responses in per_prompt for tokens in responses)
-            return group_columns(per_prompt, self.setup, policy_version=request.policy_version)
+            columns = group_columns(per_prompt, self.setup, policy_version=request.policy_version)
+            if self.keeps_logprobs:
+                columns[SAMPLED_LOGPROBS] = sampled_logprobs(completions, self.setup.max_response_length)
+            return columns
 
         timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version)
         timing.extra["response_lengths"] = lengths

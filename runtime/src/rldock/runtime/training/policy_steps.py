@@ -13,12 +13,15 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import PreferenceObjective
 from rldock.runtime.algorithms.policy_objective import PolicyObjective
+from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
 from rldock.runtime.models.moe import RouterLoss
 from rldock.runtime.models.routing_replay import replaying_batch
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
+
+SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT  # the engine's logprob of each sampled token
 
 
 def policy_step(
@@ -58,6 +61,9 @@ def policy_step(
             )
             largest_deviation.append(spread.pop("ratio_abs_dev_max"))
             metrics |= spread
+        if SAMPLED_LOGPROBS in micro.keys():  # rollout.return_logprobs: the training-inference mismatch
+            gap = (scores.logprobs.detach() - micro[SAMPLED_LOGPROBS]).abs() * micro["response_mask"]
+            metrics["rollout_logprob_abs_diff_mean"] = float(gap.sum()) / float(rank_tokens)
         if replay is not None:
             metrics |= {key: value * share for key, value in replay.metrics().items()}
         return router.add(loss, metrics, routing, share=share)
