@@ -315,15 +315,20 @@ def _scored_hidden(
                 torch.zeros((), dtype=torch.int64, device=prompt_ids.device),
                 pass_.predictors,
             )  # the one packed row
-            cells = packed_pass_cells(plan.rows, PassCells(pass_.cells, pass_.cell_tokens), row_width=row_width)
+            local_cells = PassCells(pass_.cells, pass_.cell_tokens)
+            cells = None if routes is None else packed_pass_cells(plan.rows, local_cells, row_width=row_width)
         else:
             inputs, scored = micro_batch_inputs(plan, prompt_ids, prompt_mask, response_ids, attention)
             pick_rows = torch.arange(len(plan.rows), device=prompt_ids.device)[:, None]  # (b, 1)
             positions = torch.arange(scored.start, scored.stop, device=prompt_ids.device)[None]  # (1, end)
-            cells = padded_pass_cells(
-                plan.rows, prompt_start=plan.prompt_start, attention_mask=inputs.attention_mask, row_width=row_width
+            cells = (
+                None
+                if routes is None
+                else padded_pass_cells(
+                    plan.rows, prompt_start=plan.prompt_start, attention_mask=inputs.attention_mask, row_width=row_width
+                )
             )
-        if routes is not None:
+        if routes is not None and cells is not None:
             assert group is None, "routing replay under context parallelism is refused at validate"
             routes.begin_pass(cells)
         if group is None:
