@@ -241,29 +241,13 @@ def with_sampled_logprobs(recipe: Recipe) -> Recipe:
     """`recipe` whose rollout also writes the engine's logprob of each sampled token, which the update
     reads to report the training-inference mismatch (rollout.return_logprobs)."""
     (sampled, _) = PARTIAL_ROLLOUT
-
-    def change(spec: WorkerState) -> WorkerState:
-        if spec.name == ROLLOUT.name:
-            return replace(spec, produces=spec.produces + (sampled,))
-        if spec.name == UPDATE.name:
-            return replace(spec, consumes=spec.consumes + (sampled,))
-        return spec
-
-    return _with_specs(recipe, change)
+    return with_update_column(recipe, writer=ROLLOUT.name, columns=(sampled,))
 
 
 def with_routing_replay(recipe: Recipe) -> Recipe:
     """`recipe` whose old-logprob pass also writes the routing it took (`routed_experts`), which the
     update reads and routes by (algorithm.routing_replay `reference`)."""
-
-    def change(spec: WorkerState) -> WorkerState:
-        if spec.name == ACTOR_INFERENCE.name:
-            return replace(spec, produces=spec.produces + ROUTED_EXPERTS)
-        if spec.name == UPDATE.name:
-            return replace(spec, consumes=spec.consumes + ROUTED_EXPERTS)
-        return spec
-
-    return _with_specs(recipe, change)
+    return with_update_column(recipe, writer=ACTOR_INFERENCE.name, columns=ROUTED_EXPERTS)
 
 
 def with_agent(recipe: Recipe) -> Recipe:
@@ -328,12 +312,17 @@ def with_partial_rollout(recipe: Recipe, *, columns: tuple[str, ...] = PARTIAL_R
 def with_importance_weight(recipe: Recipe) -> Recipe:
     """`recipe` whose old-logprob pass also writes each token's truncated importance weight, which the
     update weights the advantages with (rollout.importance_correction decoupled, algorithms/importance.py)."""
+    return with_update_column(recipe, writer=ACTOR_INFERENCE.name, columns=(IMPORTANCE_WEIGHT,))
+
+
+def with_update_column(recipe: Recipe, *, writer: str, columns: tuple[str, ...]) -> Recipe:
+    """`recipe` whose `writer` state also writes `columns`, which its update state reads."""
 
     def change(spec: WorkerState) -> WorkerState:
-        if spec.name == ACTOR_INFERENCE.name:
-            return replace(spec, produces=spec.produces + (IMPORTANCE_WEIGHT,))
+        if spec.name == writer:
+            return replace(spec, produces=spec.produces + columns)
         if spec.name == recipe.update_state:
-            return replace(spec, consumes=spec.consumes + (IMPORTANCE_WEIGHT,))
+            return replace(spec, consumes=spec.consumes + columns)
         return spec
 
     return _with_specs(recipe, change)
