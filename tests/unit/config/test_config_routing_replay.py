@@ -65,12 +65,13 @@ def test_a_dense_model_is_named(tmp_path):
     assert [p.path for p in problems] == [FIELD] and "needs an MoE model" in problems[0].message
 
 
-def test_a_yaml_bare_off_is_the_off_mode():
+@pytest.mark.parametrize(("section", "field"), [("algorithm", "routing_replay"), ("rollout", "partial_rollout")])
+def test_a_yaml_bare_off_is_the_off_mode(section, field):
     import yaml
 
     data = example()
-    data["algorithm"].update(yaml.safe_load("routing_replay: off"))  # YAML 1.1: false
-    assert parse_job_config(data).algorithm.routing_replay == "off"
+    data.setdefault(section, {}).update(yaml.safe_load(f"{field}: off"))  # YAML 1.1: false
+    assert getattr(getattr(parse_job_config(data), section), field) == "off"
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,25 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from rldock.contract.algorithms import AlgorithmName
 from rldock.contract.placement import PlacementMode
+
+
+def _bare_off(value: object) -> object:
+    # YAML 1.1 (PyYAML, kubectl) reads a bare `off` as false: in a mode field that lists `off`, it means the mode.
+    return "off" if value is False else value
+
 
 # Bounds of the free strings (also in the RLJob's CRD schema, which embeds this model): long enough
 # for any real value, short enough that a job config always fits a ConfigMap (1 MiB).
@@ -526,7 +541,7 @@ class AlgorithmSpec(Spec):
         "every update, whatever training.resharding; the actor runs its model without dropout), "
         "otherwise `always`. `never` with more than one update or a staleness bound is an error.",
     )
-    routing_replay: Literal["off", "rollout", "reference"] = Field(
+    routing_replay: Annotated[Literal["off", "rollout", "reference"], BeforeValidator(_bare_off)] = Field(
         default="off",
         description="MoE models: which routing the update's forward uses (routing replay, R3: arXiv "
         "2510.11370). `off`: the routers choose anew. `reference`: the old-logprob pass (`actor_inference`, run "
@@ -537,12 +552,6 @@ class AlgorithmSpec(Spec):
         "weights. `rollout`: the inference engine's routing; vLLM returns it only under its Model Runner V2 "
         "(Triton, GPU) and rldock's rollout does not collect it yet, so it is refused: use `reference`.",
     )
-
-    @field_validator("routing_replay", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: object) -> object:
-        # YAML 1.1 reads a bare `off` as false: `routing_replay: off` means the mode
-        return "off" if value is False else value
 
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
@@ -654,7 +663,7 @@ class RolloutSpec(Spec):
         "`rollout_logprob_abs_diff_mean`, the token mean of |update logprob - engine logprob| over the sampled "
         "tokens: the training-inference mismatch (an MoE's routing replay is measured by it, docs/results.md).",
     )
-    partial_rollout: Literal["off", "resume", "drop"] = Field(
+    partial_rollout: Annotated[Literal["off", "resume", "drop"], BeforeValidator(_bare_off)] = Field(
         default="off",
         description="Partial rollout (training.mode async with dock.max_staleness >= 1): a generation that runs "
         "ahead of a weight update stops after rollout.max_tokens_per_round tokens, and each response still "
