@@ -12,9 +12,11 @@ they are checked as the API server stores them (docs/security.md says so).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ from rldock.operator import naming
 from rldock.operator.builders.rbac import build_rbac
 from rldock_e2e.controlplane import DEVELOPER_USER, ControlPlane, wait_for
 from rldock_e2e.doubles.cluster_dns import ClusterDNS
-from rldock_e2e.doubles.kubelet import KubeletDouble
+from rldock_e2e.doubles.kubelet import KubeletDouble, StartHook, StopHook
 from rldock_e2e.doubles.node_agent import service_addresses
 from rldock_e2e.operator_process import OperatorProcess
 from rldock_e2e.pod_security import restricted_violations
@@ -175,13 +177,17 @@ class Envs:
             ) from None
 
 
-@pytest.fixture(scope="module")
-def envs(
+@contextlib.contextmanager
+def operator_namespace(
     control_plane: ControlPlane,
-    kuberay_crds: list[str],
-    rljob_crd: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Envs]:
+    work: Path,
+    *,
+    policy: dict[str, Any],
+    on_start: StartHook | None = None,
+    on_stop: StopHook | None = None,
+) -> Iterator[tuple[Envs, KubeletDouble]]:
+    """A namespace and a node of its own, the operator (its generated RBAC, the admin's `policy`) watching
+    it, and the kubelet double with the hooks given; all gone on exit."""
     namespace, node = f"envs-{uuid.uuid4().hex[:6]}", f"envs-{uuid.uuid4().hex[:6]}"
     control_plane.create_namespace(namespace)
     control_plane.create_node(node, devices=4)
@@ -191,7 +197,6 @@ def envs(
         subject={"kind": "User", "name": DEVELOPER_USER, "apiGroup": "rbac.authorization.k8s.io"},
     ):
         control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
-    work = tmp_path_factory.mktemp("operator")
     kubeconfig = yaml.safe_load(control_plane.kubeconfig.read_text())
     kubeconfig["current-context"] = DEVELOPER_USER
     (work / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
@@ -201,16 +206,27 @@ def envs(
         log_dir=work,
         poll_interval=POLL,
         ray_timeout=2.0,
-        env={**control_plane.env, "RLDOCK_POLICY": json.dumps(POLICY)},
+        env={**control_plane.env, "RLDOCK_POLICY": json.dumps(policy)},
     )
-    with KubeletDouble(control_plane.api_client(), namespace=namespace):
+    with KubeletDouble(control_plane.api_client(), namespace=namespace, on_start=on_start, on_stop=on_stop) as kubelet:
         operator.start()
         try:
-            yield Envs(control_plane, namespace, operator)
+            yield Envs(control_plane, namespace, operator), kubelet
         finally:
             operator.stop()
             control_plane.kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false", check=False)
             control_plane.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def envs(
+    control_plane: ControlPlane,
+    kuberay_crds: list[str],
+    rljob_crd: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Envs]:
+    with operator_namespace(control_plane, tmp_path_factory.mktemp("operator"), policy=POLICY) as (envs, _):
+        yield envs
 
 
 def test_environments_run_as_restricted_pods_behind_headless_services_and_go_with_the_rljob(envs: Envs):

@@ -22,13 +22,13 @@ from rldock.operator.builders import (
     RLJobRef,
     build_config_map,
     build_environment,
-    build_environment_service_account,
     build_network_policy,
+    build_pod_service_account,
     build_ray_cluster,
     runtime_job_config,
     service_url,
 )
-from rldock.operator.builders.environments import (
+from rldock.operator.builders.pod_sets import (
     deployment_patch,
     network_policy_patch,
     service_patch,
@@ -128,7 +128,7 @@ def test_every_environment_pod_template_is_restricted_without_a_token(variant):
         assert template["spec"]["automountServiceAccountToken"] is False
         assert template["spec"]["enableServiceLinks"] is False
         # Its own ServiceAccount, never the namespace's `default`, and that one mounts no token either.
-        account = build_environment_service_account(job=JOB)
+        account = build_pod_service_account(job=JOB)
         kubernetes_validate.validate(account, KUBERNETES_VERSION, strict=True)
         assert template["spec"]["serviceAccountName"] == account["metadata"]["name"]
         assert account["automountServiceAccountToken"] is False and set(account) == {

@@ -52,11 +52,14 @@ def test_a_daemon_per_rljob_watches_of_the_rljob_and_its_children_and_a_deletion
     (daemon,) = registry._spawning.get_all_handlers()
     assert daemon.id == "reconcile" and daemon.backoff == 3 and daemon.requires_finalizer
     assert type(daemon).__name__ == "DaemonHandler"  # not a timer: it waits for events between rounds
-    watched = {(h.selector.group, h.selector.plural): h for h in registry._watching.get_all_handlers()}
+    handlers = registry._watching.get_all_handlers()
+    watched = {(h.selector.group, h.selector.plural): h for h in handlers}
     assert set(watched) == {("rldock.io", "rljobs"), ("ray.io", "rayclusters"), ("", "pods"), ("apps", "deployments")}
     assert watched[("", "pods")].labels == {"ray.io/cluster": kopf.PRESENT}  # KubeRay's pods only
-    # The environments' Deployments only (spec.environments), so their ready pods reach the status.
-    assert watched[("apps", "deployments")].labels == {"rldock.io/environment": kopf.PRESENT}
+    # The environments' and agents' Deployments only (spec.environments, spec.agents), so their ready pods
+    # reach the status.
+    deployments = [h.labels for h in handlers if (h.selector.group, h.selector.plural) == ("apps", "deployments")]
+    assert deployments == [{"rldock.io/environment": kopf.PRESENT}, {"rldock.io/agent": kopf.PRESENT}]
     (deletion,) = registry._changing.get_all_handlers()
     assert deletion.id == "cleanup" and deletion.reason == kopf.Reason.DELETE
 

@@ -961,3 +961,73 @@ def test_an_environment_name_taken_by_another_object_blocks_the_round():
     ready = {c["type"]: c for c in outcome.status["conditions"]}["ClusterReady"]
     assert ready["reason"] == "NameConflict" and f"Service {_env('cabinet')}" in ready["message"]
     assert ("Deployment", _env("cabinet")) not in kube.objects
+
+
+# --- spec.agents: the same child reconciler ----------------------------------------------------------
+
+SOLVER = {
+    "name": "solver",
+    "image": "registry.example.com/envs/solver:1",
+    "command": ["python3", "a.py"],
+    "replicas": 2,
+}
+CHECKER = {"name": "checker", "command": ["python3", "b.py"]}
+
+
+def _agent(name: str) -> str:
+    return naming.agent_name(NAME, name)
+
+
+def _pods_job() -> dict[str, Any]:
+    """A job whose episodes the agent pods run: the operator sets agent.harness_pods."""
+    job = spec_dict()["job"]
+    job["data"] = {"generator": {"name": "addition"}, "chat_template": "model"}
+    job["reward"] = {"terms": [{"name": "environment"}]}
+    return job
+
+
+def test_agents_get_their_runner_gateway_policy_and_deployment_and_go_when_they_leave_the_spec():
+    reconciler, kube, jobs = make_world(policy=ENV_POLICY)
+    outcome = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER, CHECKER]))
+    created = [w[1:] for w in kube.writes if w[0] == "create"]
+    assert created == [
+        ("Secret", naming.auth_secret_name(NAME, UID)),
+        ("Secret", naming.environment_token_secret_name(NAME, UID)),  # the pods' token, before any pod
+        ("ConfigMap", naming.config_map_name(NAME)),
+        ("NetworkPolicy", naming.network_policy_name(NAME)),
+        ("ServiceAccount", naming.environment_service_account_name(NAME)),
+        ("ConfigMap", naming.agent_runner_config_map_name(NAME)),
+        ("Service", naming.gateway_service_name(NAME)),
+        ("NetworkPolicy", _agent("solver")),
+        ("Deployment", _agent("solver")),
+        ("NetworkPolicy", _agent("checker")),
+        ("Deployment", _agent("checker")),
+        ("RayCluster", NAME),
+    ]
+    assert outcome.status["agentsReady"] == "0/0" and "environmentsReady" not in outcome.status
+    (event, _) = [e for e in outcome.events if e.reason.value == "CreatedAgent"]
+    assert "2 pod(s) of registry.example.com/envs/solver:1, started once the job is admitted" in event.message
+    assert "harness_pods: true" in kube.objects[("ConfigMap", naming.config_map_name(NAME))]["data"]["job.yaml"]
+    # Admitted: the pods are asked for; then nothing differs, nothing is written (no policy patched back).
+    admitted = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER, CHECKER], status=outcome.status))
+    assert admitted.status["agentsReady"] == "0/3"
+    kube.objects[("Deployment", _agent("solver"))]["status"] = {"readyReplicas": 2}
+    writes = len(kube.writes)
+    again = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER, CHECKER], status=admitted.status))
+    assert again.status["agents"] == [
+        {"name": "solver", "replicas": 2, "readyReplicas": 2},
+        {"name": "checker", "replicas": 1, "readyReplicas": 0},
+    ]
+    assert [w for w in kube.writes[writes:] if w[1] != "RayCluster"] == []
+    # An entry that left the spec goes with its policy; the job's finish scales the rest to 0.
+    fewer = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER], status=again.status))
+    for kind in ("NetworkPolicy", "Deployment"):
+        assert (kind, _agent("checker")) not in kube.objects and (kind, _agent("solver")) in kube.objects
+    (deleted,) = [e for e in fewer.events if e.reason.value == "DeletedAgent"]
+    assert "agent 'checker' is no longer in spec.agents" in deleted.message
+    make_ready(kube)
+    submitted = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER], status=fewer.status))
+    jobs.jobs[submitted.status["rayJobId"]]["status"] = "SUCCEEDED"
+    done = reconciler.reconcile(body(job=_pods_job(), agents=[SOLVER], status=submitted.status))
+    assert done.status["phase"] == "Succeeded"
+    assert kube.objects[("Deployment", _agent("solver"))]["spec"]["replicas"] == 0

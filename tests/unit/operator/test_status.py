@@ -11,7 +11,7 @@ from rldock.config import Problem
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import CONDITION_MESSAGE_MAX, EventReason, RayJobStatus
 from rldock.operator.crd import rljob_schema
-from rldock.operator.facts import EnvironmentObservation, RayJobObservation
+from rldock.operator.facts import PodSetObservation, RayJobObservation
 from rldock.operator.status import (
     seconds_until_expiry,
     status_changed,
@@ -521,7 +521,7 @@ ENVIRONMENTS = {"environments": [{"name": "cabinet", "replicas": 3}, {"name": "s
     [
         # This round's Deployments, in spec order, summed for kubectl.
         (
-            (EnvironmentObservation("cabinet", 3, 2), EnvironmentObservation("sandbox", 1, 1)),
+            (PodSetObservation("cabinet", 3, 2), PodSetObservation("sandbox", 1, 1)),
             None,
             [
                 {"name": "cabinet", "replicas": 3, "readyReplicas": 2},
@@ -530,7 +530,7 @@ ENVIRONMENTS = {"environments": [{"name": "cabinet", "replicas": 3}, {"name": "s
             "3/4",
         ),
         # Suspended: 0 asked for, the pods still going.
-        ((EnvironmentObservation("cabinet", 0, 1), EnvironmentObservation("sandbox", 0)), None, None, "1/0"),
+        ((PodSetObservation("cabinet", 0, 1), PodSetObservation("sandbox", 0)), None, None, "1/0"),
         # Not looked at this round (a blocked round): as before.
         (
             None,
@@ -564,7 +564,7 @@ def test_a_finished_rljob_keeps_its_status_and_reports_its_environments_scaled_d
     done = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.SUCCEEDED)), spec=_spec(**ENVIRONMENTS))
     assert done["phase"] == "Succeeded"
     later = _compute(
-        _seen(environments=(EnvironmentObservation("cabinet", 0), EnvironmentObservation("sandbox", 0))),
+        _seen(environments=(PodSetObservation("cabinet", 0), PodSetObservation("sandbox", 0))),
         spec=_spec(**ENVIRONMENTS),
         previous=done,
         now=LATER,

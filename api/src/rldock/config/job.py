@@ -955,14 +955,20 @@ class AgentSpec(Spec):
         "RLDOCK_TASK (the data row as JSON) in its environment; the reward is the last line it prints (a number "
         "or a JSON object with `reward`), or what it posted to the session.",
     )
+    harness_pods: bool = Field(
+        default=False,
+        description="Your own agent runs in pods that lease each episode from the rollout's gateway (an RLJob's "
+        "`spec.agents`; the operator sets this, docs/agentic.md#agents-as-pods): each generating actor rank serves "
+        "its episodes on port 8300 of its node and waits for a pod to run them.",
+    )
     episode_timeout_s: float = Field(
         default=600.0,
         gt=0,
         le=86_400,
-        description="Seconds an episode may take. A harness's (agent.harness or agent.harness_command) is "
-        "cancelled then and ends `agent/ended/harness_timeout`. The native loop's takes no further turn: it ends "
-        "`agent/ended/episode_timeout` at the end of the turn or answer under way, and is trained on as it "
-        "stands; its environment session stays open until then (sessions have no lifetime of their own).",
+        description="Seconds an episode may take. A harness's (agent.harness, agent.harness_command or a pod's "
+        "lease) is cancelled then and ends `agent/ended/harness_timeout`. The native loop's takes no further "
+        "turn: it ends `agent/ended/episode_timeout` at the end of the turn or answer under way, and is trained "
+        "on as it stands; its environment session stays open until then (sessions have no lifetime of their own).",
     )
     max_tool_response_tokens: int = Field(
         default=256,
@@ -987,6 +993,12 @@ class AgentSpec(Spec):
         "other samples meanwhile).",
     )
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec, description="The `python` tool's limits.")
+
+    @property
+    def harnessed(self) -> bool:
+        """The user's agent runs the episodes (agent.harness, agent.harness_command or agent.harness_pods),
+        through the gateway, not rldock's episode loop."""
+        return self.harness is not None or self.harness_command is not None or self.harness_pods
 
 
 def generation_dtype(*, model_dtype: str, rollout_dtype: str | None, on_cpu: bool) -> str:

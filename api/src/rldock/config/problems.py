@@ -513,10 +513,19 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "environment's messages); use `model` with a model whose tokenizer has a chat template",
             )
         )
-    harnessed = agent.harness is not None or agent.harness_command is not None
+    harnessed = agent.harnessed
     if agent.harness is not None and agent.harness_command is not None:
         problems.append(
             Problem("agent.harness_command", "set with agent.harness: an episode runs one harness; keep one of them")
+        )
+    if agent.harness_pods and (agent.harness is not None or agent.harness_command is not None):
+        field = "agent.harness" if agent.harness is not None else "agent.harness_command"
+        problems.append(
+            Problem(
+                field,
+                "set with agent.harness_pods: the pods run each episode's harness; remove it (in an RLJob, give "
+                "the command to a spec.agents entry)",
+            )
         )
     if harnessed and (agent.tools or agent.environment is not None):
         field = "agent.tools" if agent.tools else "agent.environment"
@@ -643,7 +652,7 @@ def _environment_problems(cfg: JobConfig) -> list[Problem]:
     environment = agent.environment if agent is not None else None
     problems: list[Problem] = []
     for index, term in enumerate(cfg.reward.terms):
-        harnessed = agent is not None and (agent.harness is not None or agent.harness_command is not None)
+        harnessed = agent is not None and agent.harnessed
         if term.name == "environment" and environment is None and not harnessed:
             problems.append(
                 Problem(

@@ -34,6 +34,7 @@ from pydantic_core import PydanticCustomError
 from rldock.config import JobConfig
 from rldock.config.job import EnvironmentServersSpec
 from rldock.operator.constants import (
+    DEFAULT_AGENT_EPHEMERAL_STORAGE,
     DEFAULT_BACKOFF_LIMIT,
     DEFAULT_CHECKPOINT_MOUNT_PATH,
     DEFAULT_DEVICE_RESOURCE,
@@ -46,6 +47,7 @@ from rldock.operator.constants import (
     ENVIRONMENT_HEALTH_PATH,
     IMAGE_PATTERN,
     MANAGED_BY_RLDOCK,
+    MAX_AGENTS,
     MAX_ARGUMENTS,
     MAX_DNS_LABEL_LENGTH,
     MAX_ENV_NAME_LENGTH,
@@ -480,6 +482,55 @@ class Environment(_Model):
     )
 
 
+class Agent(_Model):
+    """The harness pods of one agent (docs/agentic.md, Agents as pods): a Deployment of `replicas` pods,
+    named `<rljob>-agent-<name>-<16 hex>`, each running the operator's episode runner, which leases the
+    job's episodes from its Ray pods' gateway and runs `command` once per episode with the episode's
+    `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `RLDOCK_TASK` in its environment (as `agent.harness_command`
+    does on the Ray pods). The pods reach only their job's gateway, its environments' pods and the
+    cluster's DNS (and what the cluster's policy lists), and start once the job is admitted."""
+
+    name: str = Field(
+        min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN, description="The agent's name (a DNS label)."
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_IMAGE_LENGTH,
+        pattern=IMAGE_PATTERN,
+        description="The harness's image, under the cluster's allowed image prefixes (chart value "
+        "`policy.imagePrefixes`); it must have `python3` (the runner is mounted from a ConfigMap and uses only "
+        "the standard library). Unset: the RLJob's runtime image (`spec.image`, else the operator's default).",
+    )
+    command: list[Argument] = Field(
+        min_length=1,
+        max_length=MAX_ARGUMENTS,
+        description="The command run once per episode (not the container's entrypoint), e.g. `[python, "
+        "/app/agent.py]`; its last printed line is the episode's reward (a number, or a JSON object with "
+        "`reward`), unless it posts rewards to the session; exit status non-zero ends the episode "
+        "`harness_exit`.",
+    )
+    replicas: int = Field(default=1, ge=1, le=256, description="Harness pods; each leases episodes on its own.")
+    episodes_per_replica: int = Field(
+        default=1, ge=1, le=256, description="Episodes one pod runs at once (processes of `command`)."
+    )
+    resources: PodResources = Field(
+        default_factory=lambda: PodResources(cpu=1, memory="1Gi"),
+        description="CPU and memory of each pod (request = limit). Default: cpu 1, memory 1Gi.",
+    )
+    ephemeral_storage: Quantity = Field(
+        default=DEFAULT_AGENT_EPHEMERAL_STORAGE,
+        description="Local disk of each pod (request = limit of `ephemeral-storage`), and the size of its `/tmp`, "
+        f"the only path it may write (the root filesystem is read-only). Default: {DEFAULT_AGENT_EPHEMERAL_STORAGE}.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_POD_INPUTS,
+        description="Environment variables of the harness container, passed on to `command` besides the "
+        "episode's (the pods get nothing of the Ray pods' `env`, volumes or Ray token).",
+    )
+
+
 class LocalObjectReference(_Model):
     name: str = Field(
         min_length=1, max_length=MAX_NAME_LENGTH, description="Name of an object in the RLJob's namespace."
@@ -536,9 +587,17 @@ class RLJobSpec(_Model):
         description="Environment servers the operator runs as pods for this job (docs/agentic.md, Environments "
         "in an RLJob); `servers.service: <name>` in the job config points the runtime at one.",
     )
+    agents: list[Agent] = Field(
+        default_factory=list,
+        max_length=MAX_AGENTS,
+        description="Harness pods the operator runs for this job (docs/agentic.md, Agents as pods): they lease "
+        "the job's episodes and run the user's agent against the gateway; the operator sets the job config's "
+        "`agent.harness_pods`.",
+    )
     suspend: bool = Field(
         default=False,
-        description="Free the cluster and keep the checkpoint (the environments' pods are scaled to 0); unset to "
+        description="Free the cluster and keep the checkpoint (the environments' and agents' pods are scaled to 0); "
+        "unset to "
         "resume from it.",
     )
     backoff_limit: int = Field(
@@ -569,6 +628,12 @@ class RLJobSpec(_Model):
         f"MultiKueue's `kueue.x-k8s.io/multikueue`). Unset or `{MANAGED_BY_RLDOCK}`: this operator; any other "
         "value: the operator leaves the RLJob, its status and its children alone. Set it at creation only.",
     )
+
+    @property
+    def has_pod_sets(self) -> bool:
+        """Whether the job runs pods of its own beside the Ray cluster (spec.environments or spec.agents),
+        which share the job's pod token (RLDOCK_ENV_TOKEN) with its Ray pods."""
+        return bool(self.environments or self.agents)
 
 
 @dataclass(frozen=True)
@@ -642,11 +707,11 @@ class LastEvaluation(_Model):
     )
 
 
-class EnvironmentStatus(_Model):
-    """The pods of one spec.environments entry, as its Deployment reports them."""
+class PodSetStatus(_Model):
+    """The pods of one spec.environments or spec.agents entry, as its Deployment reports them."""
 
     model_config = ConfigDict(extra="ignore")
-    name: str = Field(description="The spec.environments entry.")
+    name: str = Field(description="The spec.environments or spec.agents entry.")
     replicas: int = Field(
         ge=0, description="Pods its Deployment asks for now (0 while the RLJob is suspended or finished)."
     )
@@ -676,12 +741,18 @@ class RLJobStatus(_Model):
     last_evaluation: LastEvaluation | None = Field(
         default=None, description="The newest held-out evaluation; unset until the job evaluates."
     )
-    environments: list[EnvironmentStatus] | None = Field(
+    environments: list[PodSetStatus] | None = Field(
         default=None, description="The pods of each spec.environments entry; unset without environments."
     )
     environments_ready: str | None = Field(
         default=None,
         description="`ready/replicas` summed over spec.environments, for kubectl; unset without environments.",
+    )
+    agents: list[PodSetStatus] | None = Field(
+        default=None, description="The pods of each spec.agents entry; unset without agents."
+    )
+    agents_ready: str | None = Field(
+        default=None, description="`ready/replicas` summed over spec.agents, for kubectl; unset without agents."
     )
     last_checkpoint: str | None = Field(default=None, description="Path of the newest complete checkpoint.")
     restart_count: int = Field(default=0, ge=0, description="Restarts so far (at most spec.backoffLimit).")

@@ -104,6 +104,13 @@ LABEL_ENVIRONMENT = f"{GROUP}/environment"
 # RLJob's name). They must not carry `rldock.io/rljob`: the Ray pods' NetworkPolicy admits every pod
 # with it on every port, and an environment runs code the job's author did not write.
 LABEL_ENVIRONMENT_OF = f"{GROUP}/environment-of"
+ROLE_AGENT = "agent"  # the pods of spec.agents
+# The same three labels for an agent's pods (spec.agents) and children: the entry's name, the RLJob's
+# (instead of `rldock.io/rljob`, as for environments: an agent pod runs the user's harness, hostile to
+# the Ray pods) and its uid.
+LABEL_AGENT = f"{GROUP}/agent"
+LABEL_AGENT_OF = f"{GROUP}/agent-of"
+LABEL_AGENT_UID = f"{GROUP}/agent-of-uid"
 # Hash of the desired RayCluster spec: the handler replaces a cluster whose hash differs instead of
 # diffing KubeRay's defaulted spec field by field.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
@@ -170,6 +177,16 @@ DEFAULT_ENVIRONMENT_EPHEMERAL_STORAGE = "1Gi"  # each pod's local disk and its /
 # stray pod copying the readable labels (`environment-of`, `environment`) does not carry by accident,
 # and which no other RLJob (nor a re-created one of the same name) has.
 LABEL_ENVIRONMENT_UID = f"{GROUP}/environment-of-uid"
+# --- The pods of spec.agents (builders/agents.py) --------------------------------------------------
+AGENT_CONTAINER = "agent"
+DEFAULT_AGENT_EPHEMERAL_STORAGE = "1Gi"  # each pod's local disk and its /tmp
+MAX_AGENTS = 16  # entries of spec.agents
+# The runner every agent pod runs (rldock.contract.agent_runner, stdlib Python only): mounted from a
+# ConfigMap, so an image needs `python3` and nothing of rldock's.
+AGENT_RUNNER_FILE = "agent_runner.py"
+AGENT_RUNNER_MOUNT_PATH = "/etc/rldock-agent"
+VOLUME_AGENT_RUNNER = "agent-runner"
+GATEWAY_PORT_NAME = "gateway"
 # Volcano reads a pod's queue from this annotation when the pod is in no PodGroup of its own.
 ANNOTATION_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
 # Where the environments' pods may send DNS queries (their only egress unless the admin's policy
@@ -296,6 +313,8 @@ class EventReason(str, Enum):
     CREATED_NETWORK_POLICY = "CreatedNetworkPolicy"
     CREATED_ENVIRONMENT = "CreatedEnvironment"  # the Deployment, Service and NetworkPolicy of one entry
     DELETED_ENVIRONMENT = "DeletedEnvironment"  # an entry left spec.environments
+    CREATED_AGENT = "CreatedAgent"  # the Deployment and NetworkPolicy of one spec.agents entry
+    DELETED_AGENT = "DeletedAgent"  # an entry left spec.agents
     SUSPENDED_EXTERNALLY = "SuspendedExternally"
     CREATED_CONFIG_MAP = "CreatedConfigMap"
     CREATED_AUTH_SECRET = "CreatedAuthSecret"

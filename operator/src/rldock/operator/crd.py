@@ -87,6 +87,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Ready / wanted pods of the job's environments (spec.environments), summed",
     },
     {
+        "name": "Agents",
+        "type": "string",
+        "jsonPath": ".status.agentsReady",
+        "description": "Ready / wanted pods of the job's agents (spec.agents), summed",
+    },
+    {
         "name": "Val-Reward",
         "type": "number",
         "jsonPath": ".status.lastEvaluation.reward",

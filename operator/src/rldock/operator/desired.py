@@ -21,15 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rldock.config import Problem
-from rldock.operator.api import Environment, RLJobSpec
+from rldock.operator.api import Agent, Environment, RLJobSpec
 from rldock.operator.builders import (
     RLJobRef,
+    build_agent,
+    build_agent_runner_config_map,
     build_config_map,
     build_environment,
-    build_environment_service_account,
+    build_gateway_service,
+    build_pod_service_account,
     build_ray_cluster,
 )
-from rldock.operator.builders.environments import EnvironmentChildren
+from rldock.operator.builders.pod_sets import AGENTS, ENVIRONMENTS, PodSetEntry, PodSetKind
 from rldock.operator.policy import policy_problems
 from rldock.operator.settings import OperatorSettings
 from rldock.operator.validation import parse_spec
@@ -62,21 +65,40 @@ class Desired:
             )
         return self._built["ray_cluster"]
 
-    def environment_service_account(self) -> dict[str, Any]:
+    def pod_service_account(self) -> dict[str, Any]:
+        """The ServiceAccount of the environments' and agents' pods."""
         if "service_account" not in self._built:
-            self._built["service_account"] = build_environment_service_account(job=self.ref)
+            self._built["service_account"] = build_pod_service_account(job=self.ref)
         return self._built["service_account"]
 
-    def environment(self, environment: Environment) -> EnvironmentChildren:
-        key = f"environment/{environment.name}"
+    def pod_set_shared(self, kind: PodSetKind) -> tuple[dict[str, Any], ...]:
+        """The children all entries of `kind` share (beside the ServiceAccount), in creation order: the
+        agents' runner ConfigMap and gateway Service; none for environments."""
+        if kind is not AGENTS:
+            return ()
+        key = "agents/shared"
         if key not in self._built:
-            self._built[key] = build_environment(
-                job=self.ref,
-                spec=self._valid_spec(),
-                environment=environment,
-                defaults=self.settings.pod_defaults,
-                egress=[rule.manifest() for rule in self.settings.policy.environments.egress],
-            )
+            self._built[key] = (build_agent_runner_config_map(job=self.ref), build_gateway_service(job=self.ref))
+        return self._built[key]
+
+    def pod_set(self, kind: PodSetKind, entry: PodSetEntry) -> tuple[dict[str, Any], ...]:
+        """The children of one entry of `kind`, in creation order (the NetworkPolicy first, the Deployment
+        last: the pods are never up before the policy that guards them)."""
+        key = f"{kind.section}/{entry.name}"
+        if key not in self._built:
+            spec, defaults = self._valid_spec(), self.settings.pod_defaults
+            policy = self.settings.policy
+            if kind is ENVIRONMENTS:
+                assert isinstance(entry, Environment)
+                egress = [rule.manifest() for rule in policy.environments.egress]
+                built: tuple[dict[str, Any], ...] = tuple(
+                    build_environment(job=self.ref, spec=spec, environment=entry, defaults=defaults, egress=egress)
+                )
+            else:
+                assert isinstance(entry, Agent)
+                egress = [rule.manifest() for rule in policy.agents.egress]
+                built = tuple(build_agent(job=self.ref, spec=spec, agent=entry, defaults=defaults, egress=egress))
+            self._built[key] = built
         return self._built[key]
 
 

@@ -81,8 +81,8 @@ class RayJobObservation:
 
 
 @dataclass(frozen=True)
-class EnvironmentObservation:
-    """The Deployment of one spec.environments entry: the pods it asks for and those ready."""
+class PodSetObservation:
+    """The Deployment of one spec.environments or spec.agents entry: the pods it asks for and those ready."""
 
     name: str
     replicas: int
@@ -124,7 +124,8 @@ class RoundFacts:
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
     blocked: Blocked | None = None  # a child that cannot be had (reconcile.py), with why
     # The environments' Deployments (spec.environments order); None: not looked at this round.
-    environments: Sequence[EnvironmentObservation] | None = None
+    environments: Sequence[PodSetObservation] | None = None
+    agents: Sequence[PodSetObservation] | None = None  # the agents' Deployments, alike
 
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:

@@ -49,6 +49,7 @@ from rldock.operator import naming
 from rldock.operator.constants import (
     FINALIZER,
     GROUP,
+    LABEL_AGENT,
     LABEL_ENVIRONMENT,
     LABEL_RAY_CLUSTER,
     LABEL_RLJOB,
@@ -371,15 +372,11 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kop
         registry=registry,
         labels={LABEL_RAY_CLUSTER: kopf.PRESENT},
     )(handlers.pod_event)
-    # The environments' Deployments (builders/environments.py): their ready replicas are the status's.
-    kopf.on.event(
-        group="apps",
-        version="v1",
-        plural="deployments",
-        id="environment-changed",
-        registry=registry,
-        labels={LABEL_ENVIRONMENT: kopf.PRESENT},
-    )(handlers.environment_event)
+    # The environments' and agents' Deployments (builders/pod_sets.py): their ready replicas are the status's.
+    for label, id_ in ((LABEL_ENVIRONMENT, "environment-changed"), (LABEL_AGENT, "agent-changed")):
+        kopf.on.event(
+            group="apps", version="v1", plural="deployments", id=id_, registry=registry, labels={label: kopf.PRESENT}
+        )(handlers.environment_event)
     kopf.on.delete(
         group=GROUP,
         version=VERSION,

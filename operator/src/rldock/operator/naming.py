@@ -10,11 +10,11 @@ another's is expected (KubeRay takes an existing head Service of its name as its
 of one kind, per RLJob `J` (its RayCluster `C`, normally `J` itself):
 
     kind            rldock                                  KubeRay
-    ConfigMap       J-config
+    ConfigMap       J-config, J-agent-runner-<16 hex>
     Secret          J-ray-auth-<16 hex>, J-env-token-<16 hex>
-    NetworkPolicy   J-ray, J-env-<entry>-<16 hex>
-    Service         J-env-<entry>-<16 hex>                  C-head-svc (and C-serve-svc, C-headless-worker-svc)
-    Deployment      J-env-<entry>-<16 hex>
+    NetworkPolicy   J-ray, J-env-<entry>-<16 hex>, J-agent-<entry>-<16 hex>
+    Service         J-env-<entry>-<16 hex>, J-gateway-<16 hex>  C-head-svc (and C-serve-svc, C-headless-worker-svc)
+    Deployment      J-env-<entry>-<16 hex>, J-agent-<entry>-<16 hex>
     ServiceAccount  J-env-<16 hex>
 
 Names with a fixed ending cannot equal one another across jobs unless their endings do. A name
@@ -150,3 +150,19 @@ def environment_token_secret_name(rljob_name: str, uid: str) -> str:
     """The Secret holding the job's environment token (builders/secret.py), one per RLJob object
     (the uid: see auth_secret_name)."""
     return unforgeable(f"{rljob_name}-env-token", rljob_name, uid, "env-token")
+
+
+def agent_name(rljob_name: str, agent: str) -> str:
+    """The Deployment and the NetworkPolicy of one `spec.agents` entry, `<rljob>-agent-<agent>-<16 hex>`
+    (builders/agents.py)."""
+    return unforgeable(f"{rljob_name}-agent-{agent}", rljob_name, "agent", agent)
+
+
+def gateway_service_name(rljob_name: str) -> str:
+    """The headless Service through which the agent pods find the job's Ray pods' gateway port."""
+    return unforgeable(f"{rljob_name}-gateway", rljob_name, "gateway")
+
+
+def agent_runner_config_map_name(rljob_name: str) -> str:
+    """The ConfigMap holding the runner every agent pod runs (rldock.contract.agent_runner)."""
+    return unforgeable(f"{rljob_name}-agent-runner", rljob_name, "agent-runner")

@@ -36,7 +36,7 @@ from rldock.operator.constants import (
     RayJobStatus,
 )
 from rldock.operator.facts import (
-    EnvironmentObservation,
+    PodSetObservation,
     RayJobObservation,
     Suspension,
     suspension,
@@ -267,9 +267,9 @@ def ownership(obj: Mapping[str, Any], *, uid: str, rljob_name: str) -> Ownership
 
 
 # --- Environments ------------------------------------------------------------------------------
-def environment_observation(name: str, deployment: Mapping[str, Any]) -> EnvironmentObservation:
-    """The pods a spec.environments entry's Deployment asks for, and those ready."""
-    return EnvironmentObservation(
+def pod_set_observation(name: str, deployment: Mapping[str, Any]) -> PodSetObservation:
+    """The pods a spec.environments or spec.agents entry's Deployment asks for, and those ready."""
+    return PodSetObservation(
         name=name,
         replicas=int(deployment["spec"].get("replicas") or 0),
         ready_replicas=int((deployment.get("status") or {}).get("readyReplicas") or 0),

@@ -19,8 +19,9 @@ values (passed to the operator as JSON in RLDOCK_POLICY, settings.py):
   are refused unless listed;
 - pod defaults the admin adds to every Ray pod: labels, annotations, a priority class and
   imagePullSecrets;
-- environments (spec.environments): bounds on each entry's replicas, cpu, memory and ephemeral
-  storage, and the egress its pods get besides DNS (none by default; builders/environments.py).
+- environments (spec.environments) and agents (spec.agents), one mechanism for both (PodSetPolicy):
+  bounds on each entry's replicas, cpu, memory and ephemeral storage and on their pods in all, and the
+  egress the pods get besides what the operator allows them (none by default; builders/pod_sets.py).
 
 `policy_problems` is pure: spec and policy in, problems (each naming the field and the policy
 value) out. The operator refuses a spec with problems at admission (admission.py) and, for specs
@@ -34,13 +35,14 @@ import ipaddress
 import json
 import posixpath
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from rldock.config import Problem
-from rldock.operator.api import Environment, NFSSource, Quantity, RLJobSpec, Toleration, quantity_amount
+from rldock.operator.api import Agent, Environment, NFSSource, Quantity, RLJobSpec, Toleration, quantity_amount
 from rldock.operator.constants import (
     IMAGE_PATTERN,
     MAX_LABEL_VALUE_LENGTH,
@@ -166,25 +168,26 @@ def _without_empty(value: Any) -> Any:
     return value
 
 
-class EnvironmentPolicy(_Model):
-    """What the pods of an RLJob's spec.environments may have (each entry's pods), and where they may
-    connect beyond the cluster's DNS. No bound can be lifted with null: Helm drops a null value and the
-    default would come back; an admin raises it instead."""
+class PodSetPolicy(_Model):
+    """What the pods of an RLJob's spec.environments (or spec.agents) may have, each entry's pods and all
+    of them together, and where they may connect beyond what the operator lets them (the cluster's DNS;
+    an agent also its job's gateway and environments). No bound can be lifted with null: Helm drops a null
+    value and the default would come back; an admin raises it instead."""
 
-    max_replicas: int = Field(default=16, ge=1, description="Largest spec.environments[].replicas.")
-    max_cpu: Quantity = Field(default="4", description="Largest spec.environments[].resources.cpu.")
-    max_memory: Quantity = Field(default="16Gi", description="Largest spec.environments[].resources.memory.")
-    max_ephemeral_storage: Quantity = Field(default="10Gi", description="Largest spec.environments[].ephemeralStorage.")
+    max_replicas: int = Field(default=16, ge=1, description="Largest replicas of an entry.")
+    max_cpu: Quantity = Field(default="4", description="Largest resources.cpu of an entry.")
+    max_memory: Quantity = Field(default="16Gi", description="Largest resources.memory of an entry.")
+    max_ephemeral_storage: Quantity = Field(default="10Gi", description="Largest ephemeralStorage of an entry.")
     max_pods: int = Field(
         default=32,
         ge=1,
-        description="Most pods of one RLJob's environments in all (spec.environments[].replicas summed): the "
-        "per-entry bounds alone would allow 16 entries x maxReplicas.",
+        description="Most pods of one RLJob's entries in all (their replicas summed): the per-entry bounds "
+        "alone would allow 16 entries x maxReplicas.",
     )
     egress: list[EgressRule] = Field(
         default_factory=list,
-        description="Egress rules (NetworkPolicy `egress` items) of every environment pod, besides DNS; empty: "
-        "nothing but DNS.",
+        description="Egress rules (NetworkPolicy `egress` items) of every pod of the section, besides what the "
+        "operator allows; empty: nothing more.",
     )
 
 
@@ -232,7 +235,8 @@ class AdminPolicy(_Model):
         description="Allowed nodeSelector keys, each with its allowed values; null: any but a control-plane label.",
     )
     pod_defaults: AdminPodDefaults = Field(default_factory=AdminPodDefaults)
-    environments: EnvironmentPolicy = Field(default_factory=EnvironmentPolicy)
+    environments: PodSetPolicy = Field(default_factory=PodSetPolicy)
+    agents: PodSetPolicy = Field(default_factory=PodSetPolicy)
 
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
@@ -264,20 +268,26 @@ class AdminPolicy(_Model):
         for index, key in enumerate(self.protected_taints):
             if not key or any(c.isspace() for c in key):
                 raise ValueError(f"{CHART_PREFIX}.protectedTaints[{index}]: {key!r} is not a taint key")
-        for index, rule in enumerate(self.environments.egress):
-            for peer_index, peer in enumerate(rule.to):
-                where = f"{CHART_PREFIX}.environments.egress[{index}].to[{peer_index}]"
-                if peer.ip_block is None and peer.namespace_selector is None and peer.pod_selector is None:
-                    raise ValueError(f"{where}: names no ipBlock, namespaceSelector or podSelector")
-                cidrs = [peer.ip_block.cidr, *peer.ip_block.except_] if peer.ip_block else []
-                for cidr in cidrs:
-                    try:
-                        ipaddress.ip_network(cidr, strict=False)
-                    except ValueError:
-                        raise ValueError(f"{where}.ipBlock: {cidr!r} is not a CIDR such as 10.0.0.0/8") from None
+        for section, pod_set in (("environments", self.environments), ("agents", self.agents)):
+            _check_egress(f"{CHART_PREFIX}.{section}", pod_set.egress)
         for value in self.pod_defaults.labels.values():
             if len(value) > MAX_LABEL_VALUE_LENGTH:
                 raise ValueError(f"{CHART_PREFIX}.podDefaults.labels: value {value!r} is longer than 63 characters")
+
+
+def _check_egress(where_policy: str, egress: list[EgressRule]) -> None:
+    """ValueError naming the chart value of a peer that names nothing or a bad CIDR."""
+    for index, rule in enumerate(egress):
+        for peer_index, peer in enumerate(rule.to):
+            where = f"{where_policy}.egress[{index}].to[{peer_index}]"
+            if peer.ip_block is None and peer.namespace_selector is None and peer.pod_selector is None:
+                raise ValueError(f"{where}: names no ipBlock, namespaceSelector or podSelector")
+            cidrs = [peer.ip_block.cidr, *peer.ip_block.except_] if peer.ip_block else []
+            for cidr in cidrs:
+                try:
+                    ipaddress.ip_network(cidr, strict=False)
+                except ValueError:
+                    raise ValueError(f"{where}.ipBlock: {cidr!r} is not a CIDR such as 10.0.0.0/8") from None
 
 
 def parse_policy(text: str) -> AdminPolicy:
@@ -408,14 +418,11 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
             problems += _nfs_problem(f"{path}.nfs", volume.nfs, policy)
     if spec.image is not None and spec.image != default_image and not image_allowed(spec.image, policy.image_prefixes):
         problems.append(_denied("spec.image", "image", spec.image, "imagePrefixes", policy.image_prefixes))
-    for index, environment in enumerate(spec.environments):  # unset: the runtime image, checked above
-        image = environment.image
-        if image is not None and image != default_image and not image_allowed(image, policy.image_prefixes):
-            path = f"spec.environments[{index}].image"
-            problems.append(_denied(path, "image", image, "imagePrefixes", policy.image_prefixes))
-    for index, environment in enumerate(spec.environments):
-        problems += _environment_bounds(f"spec.environments[{index}]", environment, policy.environments)
-    problems += _environment_total(spec.environments, policy.environments)
+    for section, entries, pod_set in (
+        ("environments", spec.environments, policy.environments),
+        ("agents", spec.agents, policy.agents),
+    ):
+        problems += _pod_set_problems(section, entries, pod_set, policy, default_image=default_image)
     problems += _scheduling_problems(spec, policy)
     for index, toleration in enumerate(spec.cluster.tolerations):
         problems += _toleration_problem(f"spec.cluster.tolerations[{index}]", toleration, policy)
@@ -424,38 +431,49 @@ def policy_problems(spec: RLJobSpec, policy: AdminPolicy, *, default_image: str)
     return problems
 
 
-def _environment_bounds(path: str, environment: Environment, policy: EnvironmentPolicy) -> list[Problem]:
-    """An entry's pods beyond the admin's bounds (`policy.environments.max*`), one problem per field."""
-    asked: list[tuple[str, str, int | str, int | str]] = [
-        ("replicas", "maxReplicas", environment.replicas, policy.max_replicas),
-        ("resources.cpu", "maxCpu", environment.resources.cpu, policy.max_cpu),
-        ("resources.memory", "maxMemory", environment.resources.memory, policy.max_memory),
-        ("ephemeralStorage", "maxEphemeralStorage", environment.ephemeral_storage, policy.max_ephemeral_storage),
-    ]
-    return [
-        Problem(
-            f"{path}.{field}",
-            f"{field} {value!r} is more than the cluster's policy allows ({CHART_PREFIX}.environments.{rule}: "
-            f"{json.dumps(bound)}); ask for at most {bound!s} or ask the cluster admin to raise it",
+def _pod_set_problems(
+    section: str,
+    entries: Sequence[Environment | Agent],
+    pod_set: PodSetPolicy,
+    policy: AdminPolicy,
+    *,
+    default_image: str,
+) -> list[Problem]:
+    """What `spec.<section>` (environments or agents) asks beyond the policy: an image outside the prefixes
+    (unset: the runtime image, checked with spec.image), an entry's pods beyond `policy.<section>.max*`,
+    their pods in all beyond `maxPods`; each naming the field and the chart value."""
+    problems: list[Problem] = []
+    for index, entry in enumerate(entries):
+        path = f"spec.{section}[{index}]"
+        image = entry.image
+        if image is not None and image != default_image and not image_allowed(image, policy.image_prefixes):
+            problems.append(_denied(f"{path}.image", "image", image, "imagePrefixes", policy.image_prefixes))
+        asked: list[tuple[str, str, int | str, int | str]] = [
+            ("replicas", "maxReplicas", entry.replicas, pod_set.max_replicas),
+            ("resources.cpu", "maxCpu", entry.resources.cpu, pod_set.max_cpu),
+            ("resources.memory", "maxMemory", entry.resources.memory, pod_set.max_memory),
+            ("ephemeralStorage", "maxEphemeralStorage", entry.ephemeral_storage, pod_set.max_ephemeral_storage),
+        ]
+        problems += [
+            Problem(
+                f"{path}.{field}",
+                f"{field} {value!r} is more than the cluster's policy allows ({CHART_PREFIX}.{section}.{rule}: "
+                f"{json.dumps(bound)}); ask for at most {bound!s} or ask the cluster admin to raise it",
+            )
+            for field, rule, value, bound in asked
+            if quantity_amount(value) > quantity_amount(bound)
+        ]
+    total = sum(entry.replicas for entry in entries)
+    if total > pod_set.max_pods:
+        problems.append(
+            Problem(
+                f"spec.{section}",
+                f"the entries' replicas add up to {total} pods, more than the cluster's policy allows "
+                f"({CHART_PREFIX}.{section}.maxPods: {pod_set.max_pods}); ask for at most {pod_set.max_pods} in all "
+                "(fewer replicas or entries) or ask the cluster admin to raise it",
+            )
         )
-        for field, rule, value, bound in asked
-        if quantity_amount(value) > quantity_amount(bound)
-    ]
-
-
-def _environment_total(environments: list[Environment], policy: EnvironmentPolicy) -> list[Problem]:
-    """All entries' pods together beyond `policy.environments.maxPods`."""
-    total = sum(environment.replicas for environment in environments)
-    if total <= policy.max_pods:
-        return []
-    return [
-        Problem(
-            "spec.environments",
-            f"the entries' replicas add up to {total} pods, more than the cluster's policy allows "
-            f"({CHART_PREFIX}.environments.maxPods: {policy.max_pods}); ask for at most {policy.max_pods} in all "
-            "(fewer replicas or entries) or ask the cluster admin to raise it",
-        )
-    ]
+    return problems
 
 
 def _scheduling_problems(spec: RLJobSpec, policy: AdminPolicy) -> list[Problem]:

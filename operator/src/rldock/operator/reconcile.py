@@ -34,7 +34,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from rldock.config import Problem
 from rldock.operator import naming
@@ -57,8 +57,13 @@ from rldock.operator.builders import (
     device_resource,
     output_dir,
 )
+from rldock.operator.builders.agents import config_map_patch
 from rldock.operator.builders.common import put_back
-from rldock.operator.builders.environments import (
+from rldock.operator.builders.pod_sets import (
+    ENVIRONMENTS,
+    POD_SET_KINDS,
+    PodSetEntry,
+    PodSetKind,
     deployment_patch,
     network_policy_patch,
     service_patch,
@@ -69,7 +74,6 @@ from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ANNOTATION_SUSPENDED_BY,
     JOB_METADATA_WORKER_PODS,
-    LABEL_ENVIRONMENT,
     LABEL_RAY_CLUSTER,
     LABEL_RLJOB,
     MANAGED_BY_RLDOCK,
@@ -82,7 +86,7 @@ from rldock.operator.desired import Desired, DesiredCache
 from rldock.operator.facts import (
     ACTIVE_JOB_STATES,
     Blocked,
-    EnvironmentObservation,
+    PodSetObservation,
     RayJobObservation,
     RoundFacts,
     Suspension,
@@ -97,11 +101,11 @@ from rldock.operator.observe import (
     admitted,
     attempt_workers,
     dashboard_url,
-    environment_observation,
     job_observation,
     lost_workers,
     owned_by,
     ownership,
+    pod_set_observation,
     progress_of,
     ready_to_submit,
     ready_worker_names,
@@ -125,6 +129,14 @@ from rldock.operator.tokens import job_token
 log = logging.getLogger(__name__)
 
 JobsClientFactory = Callable[[str, str | None], RayJobsClient]
+
+
+class PodSetsSeen(NamedTuple):
+    """What the environments' and the agents' Deployments report, each in spec order; None for a section
+    the job has and had no entries of."""
+
+    environments: list[PodSetObservation] | None
+    agents: list[PodSetObservation] | None
 
 
 class SkipRound(Exception):
@@ -294,8 +306,10 @@ class Reconciler:
         else:
             why = "the spec is invalid" if rnd.problems else "the cluster's policy refuses the spec"
         self._release(rnd, out, why=why)
-        environments = self._release_environments(rnd)
-        out.status = compute_status(replace(rnd.facts, environments=environments), rule)
+        pod_sets = self._release_pod_sets(rnd)
+        out.status = compute_status(
+            replace(rnd.facts, environments=pod_sets.environments, agents=pod_sets.agents), rule
+        )
         if rule is not Rule.FINISHED or rnd.spec is None:
             return
         remaining = seconds_until_expiry(spec=rnd.spec, status=rnd.raw_status, now=rnd.now)
@@ -330,8 +344,8 @@ class Reconciler:
         desired = rnd.desired.ray_cluster()
         cluster = self._read_owned(rnd, "RayCluster", rnd.cluster_name)
         seen = self._observe(rnd, spec, cluster, token)
-        # The environments' pods only while the job is admitted: none while it waits in a queue.
-        environments = self._ensure_environments(rnd, spec, out, admitted=admitted(spec, cluster, seen.summary))
+        # The environments' and agents' pods only while the job is admitted: none while it waits in a queue.
+        pod_sets = self._ensure_pod_sets(rnd, spec, out, admitted=admitted(spec, cluster, seen.summary))
         facts = replace(
             rnd.facts,
             looked=True,
@@ -345,7 +359,8 @@ class Reconciler:
             last_checkpoint=seen.progress.last_checkpoint,
             unschedulable=seen.summary.unschedulable,
             lost_pods=seen.lost,
-            environments=environments,
+            environments=pod_sets.environments,
+            agents=pod_sets.agents,
         )
         rule = _looked_rule(facts)
         status = compute_status(facts, rule)
@@ -353,7 +368,7 @@ class Reconciler:
             self._apply(action, rnd, spec, desired=desired, cluster=cluster, seen=seen, status=status, out=out)
         if Phase(status["phase"]).is_terminal:
             # As the cluster is released; the next round (woken by the Deployments' change) reports it.
-            self._release_environments(rnd)
+            self._release_pod_sets(rnd)
         out.status = status
 
     # --- children ----------------------------------------------------------------------------
@@ -396,7 +411,7 @@ class Reconciler:
                     " with the Ray auth token",
                 )
             )
-        if spec.environments and (ref.uid, naming.environment_token_secret_name(ref.name, ref.uid)) not in self._made:
+        if spec.has_pod_sets and (ref.uid, naming.environment_token_secret_name(ref.name, ref.uid)) not in self._made:
             # The token both sides' pods read: a random one, drawn when the Secret is made.
             children.append(
                 Child(
@@ -418,6 +433,7 @@ class Reconciler:
                         job=rnd.ref,
                         operator_namespace=self.settings.operator_namespace,
                         operator_pod_labels=dict(self.settings.operator_pod_labels),
+                        agents=bool(spec.agents),
                     ),
                     put_back("spec"),
                     EventReason.CREATED_NETWORK_POLICY,
@@ -443,48 +459,57 @@ class Reconciler:
             raise ValueError("the operator has no token key (RLDOCK_TOKEN_KEY, settings.token_key)")
         return job_token(self.settings.token_key, ref)
 
-    def _ensure_environments(
-        self, rnd: Round, spec: RLJobSpec, out: Outcome, *, admitted: bool
-    ) -> list[EnvironmentObservation] | None:
-        """Each spec.environments entry's NetworkPolicy, ServiceAccount, Service and Deployment
-        (builders/environments.py), created, or patched where they differ from the spec; the
-        Deployments at 0 pods until the job is `admitted`; entries that left the spec deleted. What
-        their Deployments report, in spec order; None for a job that has and had no environments."""
-        if not spec.environments and not rnd.previous.environments:
+    def _ensure_pod_sets(self, rnd: Round, spec: RLJobSpec, out: Outcome, *, admitted: bool) -> PodSetsSeen:
+        """The environments' and the agents' children (the one child reconciler of both pod sets): what
+        each section's Deployments report."""
+        return PodSetsSeen(
+            **{kind.section: self._ensure_pod_set(rnd, spec, kind, out, admitted=admitted) for kind in POD_SET_KINDS}
+        )
+
+    def _ensure_pod_set(
+        self, rnd: Round, spec: RLJobSpec, kind: PodSetKind, out: Outcome, *, admitted: bool
+    ) -> list[PodSetObservation] | None:
+        """Each entry of spec.<kind.section>'s children (builders/environments.py, builders/agents.py):
+        the ServiceAccount and the kind's shared children first, then per entry its NetworkPolicy, any
+        Service and its Deployment, created, or patched where they differ from the spec; the Deployments
+        at 0 pods until the job is `admitted`; entries that left the spec deleted. What their Deployments
+        report, in spec order; None for a job that has and had no entries of the kind."""
+        entries = kind.entries(spec)
+        if not entries and not getattr(rnd.previous, kind.section):
             return None
-        if spec.environments and rnd.ref.uid not in self._service_accounts_made:
-            # Made and found once per process, as the Secrets: never patched, so never read again.
-            self._ensure_child(rnd, rnd.desired.environment_service_account(), _never_patched)
-            self._service_accounts_made.add(rnd.ref.uid)
+        if entries:
+            if rnd.ref.uid not in self._service_accounts_made:
+                # Made and found once per process, as the Secrets: never patched, so never read again.
+                self._ensure_child(rnd, rnd.desired.pod_service_account(), _never_patched)
+                self._service_accounts_made.add(rnd.ref.uid)
+            for shared in rnd.desired.pod_set_shared(kind):
+                self._ensure_child(rnd, shared, _PATCHES[shared["kind"]])
         seen = []
-        for environment in spec.environments:
-            children = rnd.desired.environment(environment)
-            if self.settings.network_policy:  # before the pods, as for the Ray pods
-                self._ensure_child(rnd, children.network_policy, network_policy_patch)
-            self._ensure_child(rnd, children.service, service_patch)
-            scaled = children.deployment if admitted else with_replicas(children.deployment, 0)
-            deployment, created = self._ensure_child(rnd, scaled, deployment_patch)
+        for entry in entries:
+            deployment: dict[str, Any] = {}
+            created, asked = False, 0
+            for child in rnd.desired.pod_set(kind, entry):
+                if child["kind"] == "NetworkPolicy" and not self.settings.network_policy:
+                    continue
+                if child["kind"] == "Deployment":
+                    asked = child["spec"]["replicas"]
+                    scaled = child if admitted else with_replicas(child, 0)
+                    deployment, created = self._ensure_child(rnd, scaled, deployment_patch)
+                else:
+                    self._ensure_child(rnd, child, _PATCHES[child["kind"]])
             if created:
-                name = deployment["metadata"]["name"]
-                out.event(
-                    "Normal",
-                    EventReason.CREATED_ENVIRONMENT,
-                    f"created Deployment and Service {name}"
-                    + (" and its NetworkPolicy" if self.settings.network_policy else "")
-                    + f" for environment {environment.name!r}: {children.deployment['spec']['replicas']} pod(s) of "
-                    f"{deployment['spec']['template']['spec']['containers'][0]['image']} on port {environment.port}"
-                    + ("" if admitted else ", started once the job is admitted"),
-                )
-            seen.append(environment_observation(environment.name, deployment))
-        wanted = {environment.name for environment in spec.environments}
-        for deployment in self._environment_deployments(rnd):
-            environment = deployment["metadata"]["labels"][LABEL_ENVIRONMENT]
-            if environment not in wanted:
-                self._delete_environment(rnd, deployment, out, why="is no longer in spec.environments")
-            elif deployment["metadata"]["name"] != naming.environment_name(rnd.ref.name, environment):
+                message = _created_message(kind, entry, deployment, wanted=asked, settings=self.settings)
+                out.event("Normal", kind.created, message + ("" if admitted else ", started once the job is admitted"))
+            seen.append(pod_set_observation(entry.name, deployment))
+        wanted = {entry.name for entry in entries}
+        for deployment in self._pod_set_deployments(rnd, kind):
+            name = deployment["metadata"]["labels"][kind.entry_label]
+            if name not in wanted:
+                self._delete_pod_set_entry(rnd, kind, deployment, out, why=f"is no longer in spec.{kind.section}")
+            elif deployment["metadata"]["name"] != kind.child_name(rnd.ref.name, name):
                 # An older operator's children (`<rljob>-env-<entry>`, before names ended in a hash): their
                 # pods would run on beside the new ones, with the old (open) egress.
-                self._delete_environment(rnd, deployment, out, why="has children of another name now")
+                self._delete_pod_set_entry(rnd, kind, deployment, out, why="has children of another name now")
         return seen
 
     def _ensure_child(
@@ -508,50 +533,53 @@ class Reconciler:
             existing = self.kube.patch(kind, rnd.ref.namespace, name, patch)
         return existing, False
 
-    def _environment_deployments(self, rnd: Round) -> list[dict[str, Any]]:
-        """The environments' Deployments this RLJob controls, not being deleted, by name."""
+    def _pod_set_deployments(self, rnd: Round, kind: PodSetKind) -> list[dict[str, Any]]:
+        """The Deployments of `kind` this RLJob controls, not being deleted, by name."""
         listed = self.kube.list_deployments(rnd.ref.namespace, {LABEL_RLJOB: naming.label_value(rnd.ref.name)})
         return sorted(
             (
                 deployment
                 for deployment in listed
-                if LABEL_ENVIRONMENT in (deployment["metadata"].get("labels") or {})
+                if kind.entry_label in (deployment["metadata"].get("labels") or {})
                 and ownership(deployment, uid=rnd.ref.uid, rljob_name=rnd.ref.name) is Ownership.OURS
                 and not deployment["metadata"].get("deletionTimestamp")
             ),
             key=lambda deployment: deployment["metadata"]["name"],
         )
 
-    def _release_environments(self, rnd: Round) -> list[EnvironmentObservation] | None:
-        """Scale every environment of the RLJob to 0 (finished, or its spec refused); what their
-        Deployments report; None for a job that has and had no environments."""
-        if not (rnd.spec is not None and rnd.spec.environments) and not rnd.previous.environments:
-            return None
-        seen = []
-        for deployment in self._environment_deployments(rnd):
-            if deployment["spec"].get("replicas"):
-                name = deployment["metadata"]["name"]
-                deployment = self.kube.patch("Deployment", rnd.ref.namespace, name, {"spec": {"replicas": 0}})
-            seen.append(environment_observation(deployment["metadata"]["labels"][LABEL_ENVIRONMENT], deployment))
-        if rnd.spec is not None:  # in spec order, as the running job reports them
-            order = {environment.name: index for index, environment in enumerate(rnd.spec.environments)}
-            seen.sort(key=lambda observed: order.get(observed.name, len(order)))
-        return seen
+    def _release_pod_sets(self, rnd: Round) -> PodSetsSeen:
+        """Scale every environment and agent of the RLJob to 0 (finished, or its spec refused); what their
+        Deployments report, by section; None for a section the job has and had no entries of."""
+        released: dict[str, list[PodSetObservation] | None] = {}
+        for kind in POD_SET_KINDS:
+            if not (rnd.spec is not None and kind.entries(rnd.spec)) and not getattr(rnd.previous, kind.section):
+                released[kind.section] = None
+                continue
+            seen = []
+            for deployment in self._pod_set_deployments(rnd, kind):
+                if deployment["spec"].get("replicas"):
+                    name = deployment["metadata"]["name"]
+                    deployment = self.kube.patch("Deployment", rnd.ref.namespace, name, {"spec": {"replicas": 0}})
+                seen.append(pod_set_observation(deployment["metadata"]["labels"][kind.entry_label], deployment))
+            if rnd.spec is not None:  # in spec order, as the running job reports them
+                order = {entry.name: index for index, entry in enumerate(kind.entries(rnd.spec))}
+                seen.sort(key=lambda observed: order.get(observed.name, len(order)))
+            released[kind.section] = seen
+        return PodSetsSeen(**released)
 
-    def _delete_environment(self, rnd: Round, deployment: Mapping[str, Any], out: Outcome, *, why: str) -> None:
-        """The children of an entry that left spec.environments (or of an older name): its Deployment
-        last, since that is what the next round finds them by."""
-        name, environment = deployment["metadata"]["name"], deployment["metadata"]["labels"][LABEL_ENVIRONMENT]
-        for kind in ("NetworkPolicy", "Service"):
-            child = self.kube.get(kind, rnd.ref.namespace, name)
+    def _delete_pod_set_entry(
+        self, rnd: Round, kind: PodSetKind, deployment: Mapping[str, Any], out: Outcome, *, why: str
+    ) -> None:
+        """The children of an entry that left the spec (or of an older name): its Deployment last, since
+        that is what the next round finds them by."""
+        name, entry = deployment["metadata"]["name"], deployment["metadata"]["labels"][kind.entry_label]
+        for child_kind in ("NetworkPolicy", "Service"):
+            child = self.kube.get(child_kind, rnd.ref.namespace, name)
             if child is not None and ownership(child, uid=rnd.ref.uid, rljob_name=rnd.ref.name) is Ownership.OURS:
-                self.kube.delete(kind, rnd.ref.namespace, name, uid=child["metadata"]["uid"])
+                self.kube.delete(child_kind, rnd.ref.namespace, name, uid=child["metadata"]["uid"])
         if self.kube.delete("Deployment", rnd.ref.namespace, name, uid=deployment["metadata"]["uid"]):
-            out.event(
-                "Normal",
-                EventReason.DELETED_ENVIRONMENT,
-                f"deleted Deployment, Service and NetworkPolicy {name}: environment {environment!r} {why}",
-            )
+            children = "Deployment, Service and NetworkPolicy" if kind is ENVIRONMENTS else "Deployment, NetworkPolicy"
+            out.event("Normal", kind.deleted, f"deleted {children} {name}: {kind.role} {entry!r} {why}")
 
     def _release(self, rnd: Round, out: Outcome, *, why: str) -> None:
         """Delete the RayCluster (the job on its head goes with it); idempotent."""
@@ -805,6 +833,29 @@ def _never_patched(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> N
     """A child made once and left as made (the environments' ServiceAccount): the operator holds no
     `patch` on it."""
     return None
+
+
+# How each kind of pod set child is put back when it differs from what was built.
+_PATCHES: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any] | None]] = {
+    "NetworkPolicy": network_policy_patch,
+    "Service": service_patch,
+    "ConfigMap": config_map_patch,
+}
+
+
+def _created_message(
+    kind: PodSetKind, entry: PodSetEntry, deployment: Mapping[str, Any], *, wanted: int, settings: OperatorSettings
+) -> str:
+    """The Event of an entry whose Deployment was just created (`wanted` pods once the job is admitted)."""
+    made = "Deployment and Service" if kind is ENVIRONMENTS else "Deployment"
+    port = getattr(entry, "port", None)
+    return (
+        f"created {made} {deployment['metadata']['name']}"
+        + (" and its NetworkPolicy" if settings.network_policy else "")
+        + f" for {kind.role} {entry.name!r}: {wanted} pod(s) of "
+        + deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        + (f" on port {port}" if port is not None else "")
+    )
 
 
 def _controller(obj: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from rldock.config import Problem
 from rldock.contract.progress import VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
 from rldock.operator import naming
-from rldock.operator.api import Condition, EnvironmentStatus, LastEvaluation, RLJobSpec, RLJobStatus
+from rldock.operator.api import Condition, LastEvaluation, PodSetStatus, RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     CONDITION_MESSAGE_MAX,
     RAY_CONDITION_PROVISIONED,
@@ -38,7 +38,7 @@ from rldock.operator.constants import (
     RayJobStatus,
     Reason,
 )
-from rldock.operator.facts import EnvironmentObservation, RoundFacts, Suspension, failed_on_spec
+from rldock.operator.facts import PodSetObservation, RoundFacts, Suspension, failed_on_spec
 from rldock.operator.rules import Rule
 
 
@@ -74,7 +74,7 @@ def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
     prev = f.previous
     if rule is Rule.FINISHED:
         finished_status = prev.model_copy(update={"observed_generation": f.generation})
-        _set_environments(finished_status, f.environments, prev)
+        _set_pod_sets(finished_status, f, prev)
         return _dump(finished_status)
     if rule is Rule.REFUSED:
         phase, ray_job_id = Phase.FAILED, None
@@ -103,7 +103,7 @@ def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
         observed_generation=f.generation,
     )
     _set_progress(status, f.spec, f.metrics, prev)
-    _set_environments(status, f.environments, prev)
+    _set_pod_sets(status, f, prev)
     return _dump(status)
 
 
@@ -378,23 +378,24 @@ def _set_progress(
         status.progress = f"{status.iteration or 0}/{status.iterations}"
 
 
-def _set_environments(
-    status: RLJobStatus, observed: Sequence[EnvironmentObservation] | None, prev: RLJobStatus
-) -> None:
+def _set_pod_sets(status: RLJobStatus, f: RoundFacts, prev: RLJobStatus) -> None:
     """`environments` and `environmentsReady` ("ready/replicas" summed) from this round's Deployments,
-    or as they were when the round did not look; neither without environments."""
-    if observed is None:
-        status.environments, status.environments_ready = prev.environments, prev.environments_ready
-        return
-    status.environments = [
-        EnvironmentStatus(name=seen.name, replicas=seen.replicas, ready_replicas=seen.ready_replicas)
-        for seen in observed
-    ] or None
-    status.environments_ready = (
-        f"{sum(seen.ready_replicas for seen in observed)}/{sum(seen.replicas for seen in observed)}"
-        if observed
-        else None
-    )
+    or as they were when the round did not look; neither without environments; `agents` and
+    `agentsReady` alike."""
+    for section in ("environments", "agents"):
+        observed: Sequence[PodSetObservation] | None = getattr(f, section)
+        ready = f"{section}_ready"
+        if observed is None:
+            setattr(status, section, getattr(prev, section))
+            setattr(status, ready, getattr(prev, ready))
+            continue
+        listed = [
+            PodSetStatus(name=seen.name, replicas=seen.replicas, ready_replicas=seen.ready_replicas)
+            for seen in observed
+        ]
+        setattr(status, section, listed or None)
+        summed = f"{sum(seen.ready_replicas for seen in observed)}/{sum(seen.replicas for seen in observed)}"
+        setattr(status, ready, summed if observed else None)
 
 
 def last_evaluation(metrics: Mapping[str, Any]) -> LastEvaluation | None:

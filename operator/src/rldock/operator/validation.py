@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from rldock.config import Problem, find_problems, find_run_problems
 from rldock.config.problems import field_path
-from rldock.operator.api import EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
+from rldock.contract.agent_pods import GATEWAY_ENV
+from rldock.operator.api import Agent, Environment, EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
+from rldock.operator.builders.agents import with_agent_pods
 from rldock.operator.builders.config_map import render_job_config
 from rldock.operator.builders.ray_cluster import is_ascend_resource
 from rldock.operator.constants import (
@@ -90,8 +92,10 @@ def _problem_from_error(item: Mapping[str, Any]) -> Problem:
 
 
 def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
-    """Every problem of a parsed spec (the runtime's job rules first), in field order."""
-    job_problems = find_problems(spec.job) + find_run_problems(spec.job)
+    """Every problem of a parsed spec (the runtime's job rules first, over the job as the runtime reads it
+    where the agent pods run its episodes), in field order."""
+    job = with_agent_pods(spec.job) if spec.agents else spec.job
+    job_problems = find_problems(job) + find_run_problems(job)
     problems = [Problem(f"spec.job.{p.path}", p.message) for p in job_problems]
     problems += _device_problems(spec)
     for role in ("head", "worker"):
@@ -415,12 +419,12 @@ def _env_problems(spec: RLJobSpec) -> list[Problem]:
                     f"({', '.join(OPERATOR_ENV)}); choose another name",
                 )
             )
-        elif var.name in OPERATOR_ENVIRONMENTS_ENV and spec.environments:
+        elif var.name in OPERATOR_ENVIRONMENTS_ENV and spec.has_pod_sets:
             problems.append(
                 Problem(
                     f"{path}.name",
-                    f"{var.name!r} is set by the operator in every Ray pod of a job with spec.environments (the "
-                    "token of the job's own environment servers); remove it, or choose another name",
+                    f"{var.name!r} is set by the operator in every Ray pod of a job with spec.environments or "
+                    "spec.agents (the token of the job's own pods); remove it, or choose another name",
                 )
             )
         elif not _ENV_NAME.match(var.name):
@@ -464,41 +468,14 @@ _SERVERS = ("environment", "sandbox")  # job.agent.<section>.servers
 
 
 def environment_problems(spec: RLJobSpec) -> list[Problem]:
-    """spec.environments (names once each, valid env, a CPU amount) and every `servers` of the job
-    config: `service` names an entry, and no `command`, which in an RLJob would start the servers in
-    the Ray head pod, beside the job's credentials and Ray session."""
+    """spec.environments and spec.agents (names once each, valid env, a CPU amount), every `servers` of the
+    job config: `service` names an entry, and no `command`, which in an RLJob would start the servers in
+    the Ray head pod, beside the job's credentials and Ray session; and spec.agents' job config (no
+    harness of the Ray pods' besides them)."""
     problems: list[Problem] = []
-    entries: dict[str, int] = {}
-    for index, environment in enumerate(spec.environments):
-        path = f"spec.environments[{index}]"
-        if environment.name in entries:
-            problems.append(
-                Problem(
-                    f"{path}.name", f"{environment.name!r} also names spec.environments[{entries[environment.name]}]"
-                )
-            )
-        entries.setdefault(environment.name, index)
-        try:
-            cpu_cores(environment.resources.cpu)
-        except ValueError as error:
-            problems.append(Problem(f"{path}.resources.cpu", str(error)))
-        seen: dict[str, int] = {}
-        for number, var in enumerate(environment.env):
-            at = f"{path}.env[{number}]"
-            if not _ENV_NAME.match(var.name):
-                problems.append(Problem(f"{at}.name", f"{var.name!r} is not a valid variable name"))
-            elif var.name == ENV_ENVIRONMENT_TOKEN:
-                problems.append(
-                    Problem(
-                        f"{at}.name",
-                        f"{var.name} is the job's environment token, which the operator sets from a Secret of its "
-                        "own; remove it (the server reads it as given)",
-                    )
-                )
-            elif var.name in seen:
-                problems.append(Problem(f"{at}.name", f"{var.name!r} is also set by {path}.env[{seen[var.name]}]"))
-            seen.setdefault(var.name, number)
-            problems += _env_value_problems(var, at)
+    for section in ("environments", "agents"):
+        problems += _pod_set_entry_problems(section, getattr(spec, section))
+    entries = {environment.name: index for index, environment in enumerate(spec.environments)}
     agent = spec.job.agent
     for section in _SERVERS if agent is not None else ():
         owner = getattr(agent, section)
@@ -530,4 +507,55 @@ def environment_problems(spec: RLJobSpec) -> list[Problem]:
                     "them there",
                 )
             )
+    return problems + _agents_job_problems(spec)
+
+
+# Set by the operator in the environments' and agents' pods; an entry's env must not reuse them.
+_OPERATOR_POD_ENV = {
+    ENV_ENVIRONMENT_TOKEN: "the job's environment token, which the operator sets from a Secret of its own; remove "
+    "it (the server reads it as given)",
+    GATEWAY_ENV: "the job's gateway address, which the operator sets in the agents' pods; remove it",
+}
+
+
+def _pod_set_entry_problems(section: str, entries: Sequence[Environment | Agent]) -> list[Problem]:
+    """The entries of spec.<section>: names once each, a CPU amount, valid env that leaves the operator's
+    variables alone."""
+    problems: list[Problem] = []
+    names: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        path = f"spec.{section}[{index}]"
+        if entry.name in names:
+            problems.append(Problem(f"{path}.name", f"{entry.name!r} also names spec.{section}[{names[entry.name]}]"))
+        names.setdefault(entry.name, index)
+        try:
+            cpu_cores(entry.resources.cpu)
+        except ValueError as error:
+            problems.append(Problem(f"{path}.resources.cpu", str(error)))
+        seen: dict[str, int] = {}
+        for number, var in enumerate(entry.env):
+            at = f"{path}.env[{number}]"
+            if not _ENV_NAME.match(var.name):
+                problems.append(Problem(f"{at}.name", f"{var.name!r} is not a valid variable name"))
+            elif var.name in _OPERATOR_POD_ENV:
+                problems.append(Problem(f"{at}.name", f"{var.name} is {_OPERATOR_POD_ENV[var.name]}"))
+            elif var.name in seen:
+                problems.append(Problem(f"{at}.name", f"{var.name!r} is also set by {path}.env[{seen[var.name]}]"))
+            seen.setdefault(var.name, number)
+            problems += _env_value_problems(var, at)
     return problems
+
+
+def _agents_job_problems(spec: RLJobSpec) -> list[Problem]:
+    """agent.harness_pods without spec.agents: nothing would lease the episodes it waits for. (With them, the
+    job config is checked as the runtime reads it, harness_pods set: find_spec_problems.)"""
+    agent = spec.job.agent
+    if spec.agents or agent is None or not agent.harness_pods:
+        return []
+    return [
+        Problem(
+            "spec.job.agent.harness_pods",
+            "no pod would run the episodes: the operator sets it for spec.agents; add a spec.agents entry, "
+            "or remove it",
+        )
+    ]

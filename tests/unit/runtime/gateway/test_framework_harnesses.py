@@ -1,17 +1,17 @@
 """A LangGraph agent, written as for any OpenAI endpoint, runs an episode through the gateway: its tool call
 answered in OpenAI's shape, its echoed history recognised (one segment, not re-rendered), the row exactly the
-sampled ids. The engine is the scripted test double (gateway_doubles.py); LangGraph, langchain-openai, the
-HTTP server and the chat template are real."""
+sampled ids. The engine is the scripted test double (rldock_e2e.doubles.scripted_engine); LangGraph,
+langchain-openai, the HTTP server and the chat template are real."""
 
 from __future__ import annotations
 
 import string
 
-from gateway_doubles import ScriptedEngine
 from test_gateway import job
 
 from rldock.runtime.gateway.episodes import GatewayEpisodes
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 

@@ -2,8 +2,8 @@
 dock rows exactly the ids the engine sampled, the failures of a harness counted per episode, and each bad
 request answered with OpenAI's error naming the field.
 
-The engine is a test double (gateway_doubles.py); the HTTP server, the client, the sessions, the parsers and
-the chat template are the real ones.
+The engine is a test double (rldock_e2e.doubles.scripted_engine); the HTTP server, the client, the sessions,
+the parsers and the chat template are the real ones.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from gateway_doubles import ScriptedEngine
 
 from rldock.config import parse_job_config
 from rldock.runtime.gateway.episodes import GatewayEpisodes
 from rldock.runtime.gateway.harness import HarnessError, load_harness
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.harness import harness_columns, result_sums
+from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[4]
 HARNESS = Path(__file__).with_name("agent_harness.py")

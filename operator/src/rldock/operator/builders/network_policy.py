@@ -9,7 +9,9 @@ templates' `rldock.io/rljob` label onto them) and admits:
 
 - any port from a pod of the same RLJob (Ray's own traffic, whatever ports it picks);
 - the dashboard port from the operator's pods, when the operator knows where they are (its
-  namespace and pod labels, which the chart passes); an operator outside the cluster gets no rule.
+  namespace and pod labels, which the chart passes); an operator outside the cluster gets no rule;
+- with spec.agents, the gateway port (`rldock.contract.agent_pods.GATEWAY_PORT`) from the job's agent
+  pods, and no other port (builders/agents.py).
 
 Egress stays open: jobs reach model stores, reward services and each other's Ray ports through
 the rules above. The namespace is matched by `kubernetes.io/metadata.name`, a label the API
@@ -22,16 +24,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rldock.contract.agent_pods import GATEWAY_PORT
 from rldock.operator import naming
 from rldock.operator.builders.common import RLJobRef, child_metadata
+from rldock.operator.builders.pod_sets import AGENTS
 from rldock.operator.constants import DASHBOARD_PORT, LABEL_NAMESPACE_NAME, LABEL_RLJOB
 
 
 def build_network_policy(
-    *, job: RLJobRef, operator_namespace: str | None, operator_pod_labels: Mapping[str, str]
+    *,
+    job: RLJobRef,
+    operator_namespace: str | None,
+    operator_pod_labels: Mapping[str, str],
+    agents: bool = False,
 ) -> dict[str, Any]:
+    """`agents`: the job has spec.agents, whose pods reach the gateway port."""
     job_pods = {"matchLabels": {LABEL_RLJOB: naming.label_value(job.name)}}
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": job_pods}]}]
+    if agents:
+        ingress.append(
+            {"from": [{"podSelector": AGENTS.job_pods(job)}], "ports": [{"protocol": "TCP", "port": GATEWAY_PORT}]}
+        )
     if operator_namespace and operator_pod_labels:
         ingress.append(
             {

@@ -277,8 +277,8 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
             },
             *(_dump(var) for var in spec.env),
             # The job's environment token, which its clients send the environments' servers; only a
-            # job with spec.environments has one (builders/secret.py).
-            *([environment_token_env(job)] if spec.environments else []),
+            # job with spec.environments or spec.agents has one (builders/secret.py).
+            *([environment_token_env(job)] if spec.has_pod_sets else []),
         ],
         "volumeMounts": [
             {"name": VOLUME_JOB_CONFIG, "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},

@@ -10,25 +10,47 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from jinja2 import TemplateError
 
 from rldock.config import JobConfig
+from rldock.contract.agent_pods import GATEWAY_PORT
+from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.loading import build_parser
 from rldock.runtime.agent.parsers import REASONING_PARSERS
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import Shaper
-from rldock.runtime.gateway.harness import HarnessOutcome, HarnessRunner, check_not_all_broken
+from rldock.runtime.gateway.dispatch import EpisodeDispatcher
+from rldock.runtime.gateway.harness import HarnessError, HarnessOutcome, HarnessRunner, check_not_all_broken
 from rldock.runtime.gateway.server import EngineTurns, Gateway, GatewayLoop
 from rldock.runtime.gateway.sessions import Segment, SegmentRow, Session, rerendered_drift
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "policy"  # the `model` a harness names (or leaves out)
+
+
+class EpisodeSource(Protocol):
+    """Who runs an episode's harness to its outcome: HarnessRunner (in the actor) or EpisodeDispatcher (pods)."""
+
+    async def __call__(self, task: dict, *, name: str, base_url: str, api_key: str) -> HarnessOutcome: ...
+
+
+def pod_token() -> str:
+    """The job's pod token the agent pods lease with (the operator sets it in the Ray pods)."""
+    token = os.environ.get(ENVIRONMENT_TOKEN_ENV, "")
+    if not token:
+        raise HarnessError(
+            f"agent.harness_pods: {ENVIRONMENT_TOKEN_ENV} is not set, so no pod could lease an episode; in an RLJob "
+            "the operator sets it with spec.agents (outside one, set it to the token your runners send)"
+        )
+    return token
 
 
 @dataclass
@@ -61,10 +83,24 @@ class RendererCache:
 
 
 class GatewayEpisodes:
-    def __init__(self, cfg: JobConfig, *, tokenizer, prompt_capacity: int, max_waiting: int = 1024):
+    def __init__(
+        self,
+        cfg: JobConfig,
+        *,
+        tokenizer,
+        prompt_capacity: int,
+        max_waiting: int = 1024,
+        pod_port: int = GATEWAY_PORT,
+    ):
+        """`pod_port`: where agent pods reach the gateway (agent.harness_pods; a test's 0 lets the kernel pick)."""
         assert cfg.agent is not None, "harness episodes are for jobs with an agent section"
         self.cfg, self.tokenizer = cfg, tokenizer
-        self.runner = HarnessRunner(cfg.agent)
+        # Who runs each episode's harness: the actor itself, or the agent pods through the dispatcher.
+        self.runner: EpisodeSource = (
+            EpisodeDispatcher(token=pod_token(), timeout_s=cfg.agent.episode_timeout_s)
+            if cfg.agent.harness_pods
+            else HarnessRunner(cfg.agent)
+        )
         self.renderers = RendererCache(tokenizer)
         shaper = Shaper(
             tokenizer,
@@ -82,7 +118,17 @@ class GatewayEpisodes:
             response_capacity=cfg.algorithm.max_response_length,
             max_waiting=max_waiting,
         )
-        self.server = GatewayLoop(self.gateway)
+        if isinstance(self.runner, EpisodeDispatcher):
+            self.gateway.mounts.append(self.runner.mount)
+            try:
+                self.server = GatewayLoop(self.gateway, host="0.0.0.0", port=pod_port)  # noqa: S104 - pods reach it
+            except OSError as error:
+                raise HarnessError(
+                    f"agent.harness_pods: the gateway cannot serve the agent pods on port {pod_port} ({error}); one "
+                    "generating actor rank per Ray pod serves them (fewer ranks per node, or more nodes)"
+                ) from error
+        else:
+            self.server = GatewayLoop(self.gateway)
         self.engine_s = 0.0  # the last run's seconds in engine steps
         self.wall_s = 0.0
 
@@ -103,7 +149,7 @@ class GatewayEpisodes:
 
         async def one(name: str, key: int, task: dict) -> HarnessOutcome:
             episode = self.gateway.open(name, key=key)
-            return await self.runner(task, base_url=self.server.base_url(name), api_key=episode.token)
+            return await self.runner(task, name=name, base_url=self.server.base_url(name), api_key=episode.token)
 
         async def every() -> list[HarnessOutcome]:
             try:

@@ -65,7 +65,8 @@ class HarnessOutcome:
     error: str | None = None  # harness_error / harness_exit: what went wrong, naming the field
 
 
-BROKEN = ("harness_error", "harness_exit")  # the harness itself failed (not the model, not the clock)
+# The harness itself failed (not the model, not the clock), or no agent pod ran it (dispatch.py).
+BROKEN = ("harness_error", "harness_exit", "harness_unserved")
 
 
 def check_not_all_broken(outcomes: Sequence[HarnessOutcome]) -> None:
@@ -103,26 +104,20 @@ class HarnessRunner:
         if self.function is None and not self.command:
             raise HarnessError("agent.harness or agent.harness_command: set one to run your own agent")
 
-    async def __call__(self, task: dict, *, base_url: str, api_key: str) -> HarnessOutcome:
+    async def __call__(self, task: dict, *, name: str, base_url: str, api_key: str) -> HarnessOutcome:
+        """Episode `name`'s harness run to its outcome (`name` is the dispatcher's; a local run needs only
+        the episode's URL and key)."""
         try:
             if self.function is not None:
                 value = await asyncio.wait_for(self._call(task, base_url, api_key), self.spec.episode_timeout_s)
             else:
-                value = await self._run_command(task, base_url, api_key)
+                return await self._run_command(task, base_url, api_key)
         except TimeoutError:
             return HarnessOutcome("harness_timeout")
-        except _CommandFailed as failure:
-            logger.warning("agent.harness_command exited %s: %s", failure.code, failure.tail)
-            return HarnessOutcome("harness_exit", error=f"agent.harness_command exited {failure.code}: {failure.tail}")
         except Exception as error:  # broad on purpose: the user's agent failing ends its episode, never the job
             logger.warning("agent.harness raised %s: %s", type(error).__name__, error)
             return HarnessOutcome("harness_error", error=f"agent.harness raised {type(error).__name__}: {error}")
-        reward = reward_of(value)
-        if isinstance(reward, str):
-            logger.warning("agent.harness: %s", reward)
-            return HarnessOutcome("harness_bad_reward")
-        value, info = reward
-        return HarnessOutcome(rewards=[] if value is None else [value], info=info)
+        return value_outcome(value)
 
     async def _call(self, task: dict, base_url: str, api_key: str) -> Any:
         import openai
@@ -134,7 +129,7 @@ class HarnessRunner:
         finally:
             await client.close()
 
-    async def _run_command(self, task: dict, base_url: str, api_key: str) -> Any:
+    async def _run_command(self, task: dict, base_url: str, api_key: str) -> HarnessOutcome:
         env = {name: os.environ[name] for name in KEPT_ENV if name in os.environ}
         env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, RLDOCK_TASK=json.dumps(task, ensure_ascii=False))
         process = await asyncio.create_subprocess_exec(
@@ -152,19 +147,30 @@ class HarnessRunner:
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
             raise
-        text = output.decode(errors="replace")
-        if process.returncode != 0:
-            raise _CommandFailed(process.returncode, text[-OUTPUT_TAIL_CHARS:])
-        lines = [line for line in text.splitlines() if line.strip()]
-        if not lines:
-            return None
-        try:
-            return json.loads(lines[-1])
-        except ValueError:
-            return lines[-1]  # reward_of names it
+        return command_outcome(process.returncode, output.decode(errors="replace"))
 
 
-class _CommandFailed(Exception):
-    def __init__(self, code: int | None, tail: str):
-        super().__init__(code)
-        self.code, self.tail = code, tail
+def command_outcome(code: int | None, text: str, *, field: str = "agent.harness_command") -> HarnessOutcome:
+    """The outcome of a command harness that exited `code` having printed `text` (its last line the reward);
+    `field`: what ran it, for the message (a pod's command: spec.agents)."""
+    if code != 0:
+        tail = text[-OUTPUT_TAIL_CHARS:]
+        logger.warning("%s exited %s: %s", field, code, tail)
+        return HarnessOutcome("harness_exit", error=f"{field} exited {code}: {tail}")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return value_outcome(None)
+    try:
+        return value_outcome(json.loads(lines[-1]))
+    except ValueError:
+        return value_outcome(lines[-1])  # reward_of names it
+
+
+def value_outcome(value: Any) -> HarnessOutcome:
+    """The outcome of a harness that returned (or printed) `value`."""
+    reward = reward_of(value)
+    if isinstance(reward, str):
+        logger.warning("agent.harness: %s", reward)
+        return HarnessOutcome("harness_bad_reward")
+    number, info = reward
+    return HarnessOutcome(rewards=[] if number is None else [number], info=info)

@@ -190,6 +190,7 @@ class Gateway:
         self.prompt_capacity, self.response_capacity = prompt_capacity, response_capacity
         self.max_waiting, self.max_body_bytes = max_waiting, max_body_bytes
         self.episodes: dict[str, Episode] = {}
+        self.mounts: list[Callable[[FastAPI], None]] = []  # routes served beside the sessions' (dispatch.py)
 
     def open(self, name: str, *, key: int) -> Episode:
         episode = Episode(key=key, token=secrets.token_urlsafe(24), session=Session(self.renderer))
@@ -359,20 +360,23 @@ class Gateway:
         async def health():
             return {"status": "healthy"}
 
+        for mount in self.mounts:
+            mount(app)
         return app
 
 
 class GatewayLoop:
-    """An event loop in a thread of its own serving `gateway` on 127.0.0.1 (a port the kernel picks);
+    """An event loop in a thread of its own serving `gateway` on `host`:`port` (127.0.0.1 and a port the
+    kernel picks for a harness of the actor's own; every address and the contract's port for agent pods);
     `run(coro)` runs a coroutine there (the harnesses). Closed with `close`."""
 
-    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1"):
+    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0):
         import uvicorn
 
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
         self._thread.start()
-        self._socket = socket.create_server((host, 0))
+        self._socket = socket.create_server((host, port))
         self.url = f"http://{host}:{self._socket.getsockname()[1]}"
         config = uvicorn.Config(
             gateway.app(), loop="asyncio", lifespan="off", log_config=None, log_level="warning", access_log=False

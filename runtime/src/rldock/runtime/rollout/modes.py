@@ -36,7 +36,7 @@ def mode_of(cfg: JobConfig) -> str:
                 f"rollout.stream_groups {rollout.stream_groups} with agent: episodes are written to the dock "
                 "when the rank's whole batch has ended; set 0"
             )
-        harnessed = cfg.agent.harness is not None or cfg.agent.harness_command is not None
+        harnessed = cfg.agent.harnessed
         return "harness" if harnessed else "agent"
     if rollout.partial_rollout != "off":
         return "partial"
