@@ -22,6 +22,7 @@ from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ANNOTATION_SUSPENDED_BY,
     DEFAULT_BACKOFF_LIMIT,
+    LABEL_KUEUE_QUEUE,
     MANAGED_BY_RLDOCK,
     RayJobStatus,
 )
@@ -31,12 +32,14 @@ from rldock.operator.rules import Rule, classify
 HASH = "h1"
 
 
-def _cluster(*, suspend: bool = False, spec_hash: str = HASH, suspended_by: str | None = None) -> dict[str, Any]:
+def _cluster(
+    *, suspend: bool = False, spec_hash: str = HASH, suspended_by: str | None = None, labels: dict | None = None
+) -> dict[str, Any]:
     annotations = {ANNOTATION_SPEC_HASH: spec_hash}
     if suspended_by:
         annotations[ANNOTATION_SUSPENDED_BY] = suspended_by
     return {
-        "metadata": {"name": "j", "uid": "c1", "annotations": annotations},
+        "metadata": {"name": "j", "uid": "c1", "annotations": annotations, "labels": labels or {}},
         "spec": {"suspend": suspend},
         "status": {"state": "ready"},
     }
@@ -73,6 +76,15 @@ def _actions(facts: RoundFacts) -> list:
     rule = classify(facts)
     assert rule is not None
     return next_actions(facts, rule)
+
+
+def _queued_in(queue: str) -> RoundFacts:
+    """A Kueue job of queue "q" whose cluster Kueue holds, labelled for `queue`."""
+    return _facts(
+        cluster=_cluster(suspend=True, labels={LABEL_KUEUE_QUEUE: queue}),
+        spec=spec_dict(scheduling={"gang": "kueue", "queue": "q"}),
+        desired_scheduling_labels={LABEL_KUEUE_QUEUE: "q"},
+    )
 
 
 RUNNING, PENDING = _job(RayJobStatus.RUNNING), _job(RayJobStatus.PENDING)
@@ -157,6 +169,19 @@ CASES = {
     "spec changed while kueue holds the cluster: replace it before it is admitted": (
         _facts(cluster=_cluster(suspend=True, spec_hash="old"), spec=KUEUE),
         [DeleteCluster(replace=True, why="the RayCluster no longer matches the RLJob's spec")],
+    ),
+    # The queue is a label of the RayCluster, outside the spec-hash: a queued job moved to another
+    # queue is replaced too, or Kueue admits it from the old queue.
+    "queue moved while kueue holds the cluster: replace it": (
+        _queued_in("old"),
+        [DeleteCluster(replace=True, why="the RayCluster no longer matches the RLJob's spec")],
+    ),
+    "queue as the spec says: leave it to Kueue": (_queued_in("q"), []),
+    # A label the spec does not set is someone else's (Kueue's default queue): replacing the cluster
+    # for it would repeat after every creation.
+    "a queue label the spec does not set: left alone": (
+        _facts(cluster=_cluster(labels={LABEL_KUEUE_QUEUE: "default"}), ready_to_submit=True),
+        [SubmitJob(0)],
     ),
     # Under spec.maxRestarts a lost worker is the runtime's to recover: no failed attempt, neither for
     # the status (Running) nor for the actions (the driver is left be, no restart counted).

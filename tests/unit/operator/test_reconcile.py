@@ -19,7 +19,7 @@ from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, for
 from rldock.operator import handlers, naming
 from rldock.operator.api import RLJobSpec
 from rldock.operator.builders import RLJobRef, build_environment
-from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS
+from rldock.operator.constants import AUTH_SECRET_KEY, JOB_METADATA_WORKER_PODS, LABEL_KUEUE_QUEUE
 from rldock.operator.kube import CreateRefused, StatusRejected
 from rldock.operator.policy import AdminPolicy, NFSExport
 from rldock.operator.rayjobs import RayJobsError, TokenRefused
@@ -687,6 +687,22 @@ def test_a_spec_change_while_kueue_holds_the_cluster_replaces_it_before_admissio
     again = reconciler.reconcile(body(status=edited.status, image="registry.example/rldock:edited", **kueue))
     assert kube.objects[("RayCluster", NAME)]["spec"]["suspend"] is True  # queued again, with the new spec
     assert "CreatedRayCluster" in [e.reason.value for e in again.events]
+
+
+def test_a_queue_change_while_kueue_holds_the_cluster_moves_it_to_the_new_queue():
+    """The queue is a label of the RayCluster, outside the spec-hash: moving a queued job to another
+    queue replaces its cluster too, or Kueue admits it from the old queue, under the old quota."""
+    reconciler, kube, _ = make_world(
+        policy=AdminPolicy(queues=["team-a", "team-b"], image_prefixes=["registry.example/"])
+    )
+    first = reconciler.reconcile(body(scheduling={"gang": "kueue", "queue": "team-a"}))
+    assert kube.objects[("RayCluster", NAME)]["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "team-a"
+    moved = reconciler.reconcile(body(status=first.status, scheduling={"gang": "kueue", "queue": "team-b"}))
+    assert ("delete", "RayCluster", NAME) in kube.writes
+    assert "ReplacedRayCluster" in [e.reason.value for e in moved.events]
+    reconciler.reconcile(body(status=moved.status, scheduling={"gang": "kueue", "queue": "team-b"}))
+    queued = kube.objects[("RayCluster", NAME)]
+    assert (queued["metadata"]["labels"][LABEL_KUEUE_QUEUE], queued["spec"]["suspend"]) == ("team-b", True)
 
 
 def test_an_rljob_managed_by_another_controller_is_left_alone(world):

@@ -16,9 +16,10 @@ here (the table is in rules.py):
   round submits attempt `restartCount`, which resumes from the last checkpoint.
 - ATTEMPT_RUNNING: leave the driver be.
 - STARTING: create the RayCluster when there is none (also after someone deleted it mid-run);
-  replace it when it no longer matches the spec (spec-hash annotation), which only happens between
-  attempts (also while Kueue holds it waiting for admission): a spec change never kills a running
-  job by itself, it applies to the next attempt (a retry, or suspend + unsuspend to apply it now);
+  replace it when it no longer matches the spec (spec-hash annotation, and the gang scheduler's
+  labels, e.g. the queue), which only happens between attempts (also while Kueue holds it waiting
+  for admission): a spec change never kills a running job by itself, it applies to the next
+  attempt (a retry, or suspend + unsuspend to apply it now);
   then submit the attempt once the cluster is ready and the previous attempt's driver is gone
   (never two drivers on one checkpoint directory).
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from rldock.operator.constants import ANNOTATION_SPEC_HASH
-from rldock.operator.facts import RayJobObservation, RoundFacts, Suspension
+from rldock.operator.facts import RayJobObservation, RoundFacts, Suspension, scheduling_labels
 from rldock.operator.rules import Rule
 
 
@@ -124,7 +125,7 @@ def _start(f: RoundFacts) -> list[Action]:
     if f.cluster is None:
         return [CreateCluster()]
     current_hash = (f.cluster.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
-    if current_hash != f.desired_spec_hash:
+    if current_hash != f.desired_spec_hash or _scheduling_moved(f):
         return [DeleteCluster(replace=True, why="the RayCluster no longer matches the RLJob's spec")]
     actions = _bring_up(f)
     if f.ray_job is None and f.ready_to_submit:
@@ -133,6 +134,15 @@ def _start(f: RoundFacts) -> list[Action]:
         else:
             actions.append(SubmitJob(f.restart_count))
     return actions
+
+
+def _scheduling_moved(f: RoundFacts) -> bool:
+    """The spec's gang scheduler labels (the queue) differ from the cluster's: they are outside the
+    hash, and a job moved to another queue must be queued there. Only the labels the spec sets are
+    compared: one it does not set may be another controller's (Kueue labels a job without a queue
+    with its namespace's default queue), and replacing the cluster for it would only repeat."""
+    stored = scheduling_labels(f.cluster)
+    return any(stored.get(key) != value for key, value in f.desired_scheduling_labels.items())
 
 
 def _failed(f: RoundFacts) -> list[Action]:

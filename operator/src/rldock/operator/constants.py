@@ -227,6 +227,10 @@ LABEL_RAY_SCHEDULER_NAME = "ray.io/scheduler-name"  # KubeRay's batch-scheduler 
 VOLCANO_SCHEDULER = "volcano"
 LABEL_VOLCANO_QUEUE = "volcano.sh/queue-name"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# The RayCluster's labels that hand it to a gang scheduler (builders/ray_cluster.py): outside its
+# spec, so outside the spec-hash; a cluster without the ones the spec sets is replaced as one whose
+# hash differs (actions.py), or a moved queue would never reach it.
+SCHEDULING_LABELS = (LABEL_RAY_SCHEDULER_NAME, LABEL_VOLCANO_QUEUE, LABEL_KUEUE_QUEUE)
 
 
 class GangScheduler(str, Enum):

@@ -25,6 +25,7 @@ from rldock.operator.api import RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     ANNOTATION_SUSPENDED_BY,
     MANAGED_BY_RLDOCK,
+    SCHEDULING_LABELS,
     ConditionType,
     GangScheduler,
     Phase,
@@ -48,6 +49,12 @@ def suspension(cluster: Mapping[str, Any] | None) -> Suspension:
         return Suspension.NONE
     annotations = (cluster.get("metadata") or {}).get("annotations") or {}
     return Suspension.OURS if annotations.get(ANNOTATION_SUSPENDED_BY) == MANAGED_BY_RLDOCK else Suspension.OTHER
+
+
+def scheduling_labels(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    """The gang scheduler's labels a RayCluster (stored or built) carries (constants.SCHEDULING_LABELS)."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return {key: labels[key] for key in SCHEDULING_LABELS if key in labels}
 
 
 _SPEC_FAILURES = (Reason.INVALID_SPEC, Reason.POLICY_DENIED)
@@ -115,6 +122,8 @@ class RoundFacts:
     looked: bool = False
     cluster: Mapping[str, Any] | None = None  # the RayCluster as stored; None: there is none
     desired_spec_hash: str | None = None  # the spec-hash annotation the RayCluster built now carries
+    # ... and its gang scheduler's labels (the queue), which the hash leaves out (scheduling_labels)
+    desired_scheduling_labels: Mapping[str, str] = field(default_factory=dict)
     ray_job: RayJobObservation | None = None  # attempt `restart_count`; None: not submitted yet
     previous_attempt: RayJobObservation | None = None  # attempt restart_count - 1, when looked up
     ready_to_submit: bool = False  # observe.ready_to_submit

@@ -90,6 +90,7 @@ from rldock.operator.facts import (
     RayJobObservation,
     RoundFacts,
     Suspension,
+    scheduling_labels,
     suspension,
 )
 from rldock.operator.kube import CreateRefused, Kube, StatusRejected
@@ -351,6 +352,7 @@ class Reconciler:
             looked=True,
             cluster=cluster,
             desired_spec_hash=desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH],
+            desired_scheduling_labels=scheduling_labels(desired),
             ray_job=seen.job,
             previous_attempt=seen.previous_attempt,
             ready_to_submit=cluster is not None
