@@ -115,8 +115,8 @@ LABEL_AGENT_UID = f"{GROUP}/agent-of-uid"
 # diffing KubeRay's defaulted spec field by field.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
 # On a RayCluster the operator suspended itself (spec.suspend of the RLJob): only such a cluster is
-# unsuspended by the operator. A cluster suspended by anyone else (Kueue preempting it, an admin)
-# is left suspended until they resume it.
+# unsuspended by the operator. A cluster suspended by anyone else (an admin; Kueue, whose suspend of a
+# `gang: kueue` job reads as waiting for admission) is left suspended until they resume it.
 ANNOTATION_SUSPENDED_BY = f"{GROUP}/suspended-by"
 # The value of spec.managedBy (Kueue's convention for job CRDs) that this operator reconciles;
 # an RLJob naming another manager (e.g. MultiKueue's) is left to it.
@@ -289,9 +289,9 @@ class Reason(str, Enum):
     RECOVERED = "Recovered"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     SUSPENDED_BY_USER = "SuspendedByUser"
-    # The RayCluster was suspended by someone other than this RLJob's spec.suspend: Kueue
-    # preempting it, or an admin. Not a failure: no restart is counted, and the operator does not
-    # undo it.
+    # The RayCluster was suspended by someone other than this RLJob's spec.suspend or, under
+    # `gang: kueue`, Kueue (that reads as WaitingForAdmission): an admin, say. Not a failure: no restart
+    # is counted, and the operator does not undo it.
     SUSPENDED_EXTERNALLY = "SuspendedExternally"
     RESUMED = "Resumed"
     # A child the round needs cannot be had: its name is taken by an object this RLJob does not
