@@ -78,6 +78,9 @@ def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(_config(tmp_path)))
     metrics = tmp_path / "run" / "metrics.jsonl"
     runners = [_runner(tmp_path / "agent.py"), _runner(tmp_path / "agent.py")]
+    # The job's log goes to a file: a pipe nobody reads while the test polls would fill and stall it.
+    log = tmp_path / "train.log"
+    log_file = log.open("w")
     job = subprocess.Popen(
         [
             sys.executable,
@@ -90,8 +93,7 @@ def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
         ],
         env={**os.environ, ENVIRONMENT_TOKEN_ENV: TOKEN},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=log_file,
     )
     try:
         deadline = time.monotonic() + 1200
@@ -99,7 +101,7 @@ def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
             assert time.monotonic() < deadline, "no first iteration in 20 minutes"
             time.sleep(1)
         os.killpg(runners[0].pid, signal.SIGKILL)  # a pod lost: its runner and what it runs
-        _, stderr = job.communicate(timeout=max(1, deadline - time.monotonic()))
+        job.wait(timeout=max(1, deadline - time.monotonic()))
     finally:
         for runner in runners:
             if runner.poll() is None:
@@ -107,7 +109,8 @@ def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
             runner.wait()
         if job.poll() is None:
             job.kill()
-    assert job.returncode == 0, stderr[-4000:]
+        log_file.close()
+    assert job.returncode == 0, log.read_text()[-4000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:
