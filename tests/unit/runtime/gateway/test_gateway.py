@@ -326,3 +326,46 @@ def test_the_harness_is_checked_when_loaded(tmp_path):
     with pytest.raises(ValueError, match="agent.harness"):
         load_harness(f"{tmp_path / 'missing.py'}:run")
     assert asyncio.iscoroutinefunction(load_harness(f"{HARNESS}:run"))
+
+
+# --- the engine's side: a refused turn, a turn after the rollout stopped ------------------------------------
+
+
+class RefusingEngine(ScriptedEngine):
+    """The scripted engine, refusing every turn of the sample keys in `refuse` as vLLM refuses a request it
+    cannot take (a ValueError from its checks)."""
+
+    def __init__(self, tokenizer, script, *, refuse):
+        super().__init__(tokenizer, script)
+        self.refuse = refuse
+
+    def submit(self, prompts, *, request_keys, **kwargs):
+        if any(key[0] in self.refuse for key in request_keys):
+            raise ValueError("the prompt is longer than the model's context")
+        return super().submit(prompts, request_keys=request_keys, **kwargs)
+
+
+def test_a_turn_the_engine_refuses_ends_its_episode_counted_and_the_others_go_on(episodes, tokenizer, tmp_path):
+    runner = episodes(episode_timeout_s=120)
+    tasks, _ = tasks_of(tmp_path, "stream", "stream")
+    engine = RefusingEngine(tokenizer, {0: ["5"], 1: ["the sum is 5"]}, refuse={0})
+    refused, served = runner.run(engine, tasks=tasks, prompts=[[1, 2]] * 2, keys=[0, 1], seed=0)
+    assert refused.ended == "engine_refused" and sum(refused.row.model_mask) > 0  # a fallback turn to train
+    assert served.ended == "harness_done" and served.rewards == [1.0]
+    assert result_sums([refused, served], engine_s=0.0, wall_s=0.0)["ended/engine_refused"] == 1
+
+
+def test_a_turn_asked_after_the_rollout_stopped_is_a_503_not_a_wait(episodes, tokenizer):
+    runner = episodes()
+    episode = runner.server.run(_open(runner, "e12", 12)).result()
+    pump = threading.Thread(
+        target=runner.turns.pump,
+        args=(ScriptedEngine(tokenizer, {12: ["5"]}),),
+        kwargs={"eos_token_id": tokenizer.eos_token_id, "seed": 0},
+    )
+    pump.start()
+    runner.turns.stop()
+    pump.join()
+    answer = post(runner.server.base_url("e12") + "/chat/completions", episode.token, {"messages": USER})
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "episode_over"
+    assert runner.turns.waiting == 0

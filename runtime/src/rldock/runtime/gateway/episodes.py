@@ -34,6 +34,7 @@ from rldock.runtime.gateway.sessions import Segment, SegmentRow, Session, rerend
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "policy"  # the `model` a harness names (or leaves out)
+ENGINE_REFUSED = "engine_refused"  # how an episode ends when the engine refused one of its turns
 
 
 class EpisodeSource(Protocol):
@@ -146,6 +147,7 @@ class GatewayEpisodes:
         started = time.perf_counter()
         names = [f"{seed}-{key}" for key in keys]
         self.turns.sampled.clear()
+        self.turns.open()
 
         async def one(name: str, key: int, task: dict) -> HarnessOutcome:
             episode = self.gateway.open(name, key=key)
@@ -171,7 +173,8 @@ class GatewayEpisodes:
         outcomes = pending.result()
         self.server.run(settled()).result()
         episodes = [self.gateway.close(name) for name in names]
-        check_not_all_broken(outcomes)
+        # an episode whose turn the engine refused is not the harness's failure
+        check_not_all_broken([o for o, e in zip(outcomes, episodes) if not e.refused])
         silent = [i for i, episode in enumerate(episodes) if not episode.session.segments]
         # An episode whose harness never reached the model still gets one turn on its prompt: every sample
         # has tokens of the model's (its reward says it failed).
@@ -194,6 +197,9 @@ class GatewayEpisodes:
                 results.append(EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended]))
                 continue
             results.append(self._result(episode.session, episode, outcome))
+        for episode, result in zip(episodes, results):
+            if episode.refused:  # whatever its harness made of the refusal, the engine ended the episode
+                result.ended = ENGINE_REFUSED
         self.wall_s = time.perf_counter() - started
         return results
 

@@ -2,8 +2,11 @@
 
 Two forms: `agent.harness: module:function`, `async def run(task, client) -> reward | dict` awaited on the
 gateway's loop with a stock `openai.AsyncOpenAI` at the episode's URL and key; and `agent.harness_command`,
-a process per episode with `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `RLDOCK_TASK` (the data row as JSON) in a
-clean environment, whose last printed line is its reward (a number, or a JSON object with `reward`).
+a process per episode with `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `RLDOCK_TASK_FILE` (a file holding the data row
+as JSON) and `RLDOCK_TASK` (the same JSON, where it fits an environment variable) in an environment of only
+these and what finds its interpreter, whose last printed line is its reward (a number, or a JSON object with
+`reward`). Of its output only the tail is kept (`OUTPUT_KEPT_BYTES`), and its process group is killed when it
+exits, so nothing it started in the background outlives its episode.
 
 The rewards of an episode are the steps of an `environment` reward term: what the harness posted to
 `.../reward`, then what it returned (none where it returned None). An episode ends `harness_done`, or with a
@@ -22,8 +25,10 @@ import logging
 import math
 import os
 import signal
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rldock.config.job import AgentSpec
@@ -36,6 +41,15 @@ logger = logging.getLogger(__name__)
 # (no Ray session, no tokens).
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
 OUTPUT_TAIL_CHARS = 2000
+# What is kept of a command's output (stdout and stderr): its tail, whose last line is the reward. A command
+# that prints without end costs this much memory, not all it printed.
+OUTPUT_KEPT_BYTES = 64 << 10
+# The longest task passed in `RLDOCK_TASK` too: Linux refuses an environment string past 128 KiB
+# (MAX_ARG_STRLEN) at exec; a longer task is in `RLDOCK_TASK_FILE` only.
+TASK_ENV_BYTES = 64 << 10
+# After a command exited and its group was killed, how long its output pipe may stay open: only a process
+# that left the group (setsid) still holds it, and its output is not waited for.
+PIPE_DRAIN_S = 5.0
 
 
 class HarnessError(ValueError):
@@ -131,23 +145,62 @@ class HarnessRunner:
 
     async def _run_command(self, task: dict, base_url: str, api_key: str) -> HarnessOutcome:
         env = {name: os.environ[name] for name in KEPT_ENV if name in os.environ}
-        env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, RLDOCK_TASK=json.dumps(task, ensure_ascii=False))
-        process = await asyncio.create_subprocess_exec(
+        text = json.dumps(task, ensure_ascii=False)
+        with tempfile.TemporaryDirectory(prefix="rldock-task-") as scratch:
+            task_file = Path(scratch) / "task.json"
+            task_file.write_text(text, encoding="utf-8")
+            env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, RLDOCK_TASK_FILE=str(task_file))
+            if len(text.encode()) <= TASK_ENV_BYTES:
+                env["RLDOCK_TASK"] = text
+            code, output = await self._command_output(env)
+        return command_outcome(code, output)
+
+    async def _command_output(self, env: dict[str, str]) -> tuple[int | None, str]:
+        """Run the command to its exit (or its timeout, raised): its exit code and the tail of its output."""
+        loop = asyncio.get_running_loop()
+        transport, tail = await loop.subprocess_exec(
+            lambda: OutputTail(loop, OUTPUT_KEPT_BYTES),
             *self.command,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a timeout kills what it started too
+            start_new_session=True,  # its own process group, killed with it
         )
         try:
-            output, _ = await asyncio.wait_for(process.communicate(), self.spec.episode_timeout_s)
-        except BaseException:  # a timeout or a cancellation: nothing of the episode is left running
+            # its exit, not its pipe's end: a child left in the background keeps the pipe open
+            await asyncio.wait_for(asyncio.shield(tail.exited), self.spec.episode_timeout_s)
+        finally:  # exited, timed out or cancelled: nothing the command started outlives its episode
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            raise
-        return command_outcome(process.returncode, output.decode(errors="replace"))
+                os.killpg(transport.get_pid(), signal.SIGKILL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(tail.closed), PIPE_DRAIN_S)
+            transport.close()
+        return transport.get_returncode(), bytes(tail.kept).decode(errors="replace")
+
+
+class OutputTail(asyncio.SubprocessProtocol):
+    """A command's output as it arrives, of which the last `limit` bytes are kept; `exited` is done when the
+    process exits, `closed` when its output pipe has closed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int):
+        self.limit = limit
+        self.kept = bytearray()
+        self.exited: asyncio.Future = loop.create_future()
+        self.closed: asyncio.Future = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.kept += data
+        if len(self.kept) > self.limit:
+            del self.kept[: len(self.kept) - self.limit]
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
 def command_outcome(code: int | None, text: str, *, field: str = "agent.harness_command") -> HarnessOutcome:

@@ -15,7 +15,9 @@ that opens that session only):
 Limits, each refusal OpenAI's error body naming the field: a body past `max_body_bytes`, `n` other than 1,
 another model's name, a prompt the episode's context cannot continue (400); more turns waiting for the
 engine than `max_waiting` (429 with Retry-After); a wrong key or an episode not open here (401, the same
-answer for both). A request's sampling settings are the job's (rollout.temperature, top_p): a turn is
+answer for both); a turn asked after the rollout stopped serving its episodes (503: the episode is over);
+a turn the engine refuses (400 with the engine's reason; its episode ends `engine_refused`). A request's
+sampling settings are the job's (rollout.temperature, top_p): a turn is
 sampled exactly as rldock's own loop samples one.
 
 Concurrency: the routes run on the gateway's event loop (a thread of its own, `GatewayLoop`), the engine in
@@ -78,23 +80,40 @@ class _Ask:
 _STOP = object()
 
 
+class EngineRefused(RequestError):
+    """A turn the engine would not take (its submit raised): answered 400, and its episode ends counted."""
+
+
 class EngineTurns:
     """The queue between the routes and the engine: `ask` (on the loop) queues a turn, `pump` (in the
-    engine's thread) submits what is queued, steps the engine and answers each finished turn."""
+    engine's thread) submits what is queued, steps the engine and answers each finished turn.
+
+    Served until `pump` ends (after `stop`), and again from `open`: a turn asked outside that is answered 503 at
+    once, never left in a queue nobody pumps (a harness's leftover task calling after its episode ended)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._serving = True
+        self._lock = threading.Lock()  # `ask`'s check and put against the pump's closing drain
         self.waiting = 0  # turns asked and not answered
         # The engine's own record: each sample key's turns as `step` returned them, in order, read to
         # check that the dock holds exactly these (the exactness measure).
         self.sampled: dict[int, list[list[int]]] = {}
 
+    def open(self) -> None:
+        """Serve turns again (a rollout's episodes are about to run; `pump` follows)."""
+        with self._lock:
+            self._serving = True
+
     def ask(self, prompt_ids: list[int], *, max_tokens: int, key: tuple[int, int], logprobs: bool) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
-        self.waiting += 1
-        answer.add_done_callback(self._answered)
-        self._queue.put(_Ask(prompt_ids, max_tokens, key, logprobs, answer, loop))
+        with self._lock:
+            if not self._serving:
+                raise _over()
+            self.waiting += 1
+            answer.add_done_callback(self._answered)
+            self._queue.put(_Ask(prompt_ids, max_tokens, key, logprobs, answer, loop))
         return answer
 
     def _answered(self, _future: asyncio.Future) -> None:
@@ -121,18 +140,22 @@ class EngineTurns:
                     stopping = True
                 else:
                     asks.append(item)
-            for logprobs in (False, True):
-                batch = [ask for ask in asks if ask.logprobs is logprobs]
-                ids = engine.submit(
-                    [ask.prompt_ids for ask in batch],
-                    max_tokens=[ask.max_tokens for ask in batch],
-                    eos_token_id=eos_token_id,
-                    seed=seed,
-                    request_keys=[ask.key for ask in batch],
-                    greedy=greedy,
-                    logprobs=logprobs,
-                )
-                running.update(zip(ids, batch))
+            for ask in asks:  # one by one: a turn the engine refuses fails its own request only
+                try:
+                    (request_id,) = engine.submit(
+                        [ask.prompt_ids],
+                        max_tokens=[ask.max_tokens],
+                        eos_token_id=eos_token_id,
+                        seed=seed,
+                        request_keys=[ask.key],
+                        greedy=greedy,
+                        logprobs=ask.logprobs,
+                    )
+                except ValueError as error:  # vLLM's check of a request (its length, its ids) before it queues it
+                    refused = EngineRefused(f"the engine refused the turn: {error}", param="messages")
+                    ask.loop.call_soon_threadsafe(_fail, ask.answer, refused)
+                    continue
+                running[request_id] = ask
             dropped = [request_id for request_id, ask in running.items() if ask.answer.done()]
             if dropped:
                 engine.abort(dropped)
@@ -147,7 +170,35 @@ class EngineTurns:
                     self.sampled.setdefault(ask.key[0], []).append(list(completion.token_ids))
                     ask.loop.call_soon_threadsafe(_answer, ask.answer, completion)
             elif stopping:
+                self._close()
                 return engine_s
+
+    def _close(self) -> None:
+        """Stop serving: a turn still queued (asked after the last drain) is answered 503."""
+        with self._lock:
+            self._serving = False
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if item is not _STOP:
+                    item.loop.call_soon_threadsafe(_fail, item.answer, _over())
+
+
+def _over() -> RequestError:
+    return RequestError(
+        "this episode's turns are over: the rollout has stopped serving its episodes (a harness called the "
+        "model after its episode ended)",
+        param=None,
+        status=503,
+        code="episode_over",
+    )
+
+
+def _fail(future: asyncio.Future, error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 def _answer(future: asyncio.Future, completion: Completion) -> None:
@@ -170,6 +221,7 @@ class Episode:
     rewards: list[float] = field(default_factory=list)  # POST .../reward, in order
     resends: int = 0  # requests answered from the record
     tool_calls: int = 0  # calls in the answers given
+    refused: int = 0  # turns the engine refused (EngineRefused)
 
 
 class Gateway:
@@ -231,9 +283,13 @@ class Gateway:
                 code="rate_limit_exceeded",
             )
         episode.requests += 1
-        completion = await self.turns.ask(
-            plan.prompt_ids, max_tokens=limit, key=(episode.key, episode.requests), logprobs=logprobs
-        )
+        try:
+            completion = await self.turns.ask(
+                plan.prompt_ids, max_tokens=limit, key=(episode.key, episode.requests), logprobs=logprobs
+            )
+        except EngineRefused:
+            episode.refused += 1
+            raise
         return Turn(plan.prompt_ids, list(completion.token_ids), completion.logprobs, completion.finished_with_eos)
 
     async def _once(self, episode: Episode, body: Any, turn: Callable[[], Coroutine[Any, Any, dict]]) -> dict:
