@@ -5,21 +5,23 @@ langchain-openai, the HTTP server and the chat template are real."""
 
 from __future__ import annotations
 
+import importlib.util
 import string
 
-from test_gateway import job
+from test_gateway import REPO, job
 
 from rldock.runtime.gateway.episodes import GatewayEpisodes
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
+EXAMPLE = REPO / "examples" / "harnesses" / "langgraph_agent.py"  # the user's program, outside the product
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 
 
 def test_a_langgraph_react_agent_trains_one_exact_segment(tmp_path):
     tokenizer = train_char_tokenizer([string.printable])
     tokenizer.chat_template = CHAT_TEMPLATE
-    cfg = job(harness="rldock.runtime.gateway.examples.langgraph_agent:run")
+    cfg = job(harness=f"{EXAMPLE}:run")
     episodes = GatewayEpisodes(cfg, tokenizer=tokenizer, prompt_capacity=64)
     try:
         engine = ScriptedEngine(tokenizer, {0: [CALL, "The sum is 5"]})
@@ -38,3 +40,8 @@ def test_a_langgraph_react_agent_trains_one_exact_segment(tmp_path):
     assert (
         tokenizer.decode(second_prompt[len(engine.prompts[(0, 1)]) + len(first_turn) :]) == "<tool>5.0<eos><assistant>"
     )
+
+
+def test_the_example_harness_is_the_users_program_not_a_module_of_the_product():
+    assert importlib.util.find_spec("rldock.runtime.gateway.examples") is None
+    assert EXAMPLE.is_file()

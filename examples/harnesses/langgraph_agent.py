@@ -1,8 +1,9 @@
 """A LangGraph ReAct agent with one tool (`add`), as its authors would write it for any OpenAI endpoint: the
 only change for rldock is the model's `base_url` and `api_key`, read from the client the gateway hands over.
+It is the user's program, not rldock's: a job names it by its path (relative to where `rldock train` runs).
 
     agent:
-      harness: rldock.runtime.gateway.examples.langgraph_agent:run
+      harness: examples/harnesses/langgraph_agent.py:run
     reward:
       terms: [{name: environment}]
 
