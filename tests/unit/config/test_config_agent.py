@@ -129,6 +129,9 @@ def test_a_harness_alone_is_valid_and_its_rewards_may_be_an_environment_term(age
     cfg = parse_job_config(agent_data)
     assert cfg.agent is not None and cfg.agent.harness == "my_agent:run"
     parse_job_config({**agent_data, "agent": {"harness_command": ["python", "agent.py"]}})
+    # held-out episodes run the harness too
+    agent_data["data"]["generator"]["num_val_prompts"] = 8
+    assert parse_job_config({**agent_data, "evaluation": {"interval": 5}}).evaluation.interval == 5
 
 
 @pytest.mark.parametrize(
@@ -137,13 +140,9 @@ def test_a_harness_alone_is_valid_and_its_rewards_may_be_an_environment_term(age
         ({"harness": "my_agent:run", "tools": [{"name": "python"}]}, "agent.tools", "your harness runs the episode"),
         ({"harness": "a:run", "environment": {"name": "feedback"}}, "agent.environment", "remove agent.environment"),
         ({"harness": "a:run", "harness_command": ["python", "a.py"]}, "agent.harness_command", "keep one"),
-        ({"harness": "a:run", "evaluation": 5}, "evaluation.interval", "does not run a harness's episodes"),
     ],
 )
 def test_a_harness_with_rldocks_own_loop_is_refused(agent_data, agent, path, words):
-    interval = agent.pop("evaluation", None)
-    if interval is not None:
-        agent_data["evaluation"] = {"interval": interval}
     agent_data["agent"] = agent
     assert len([message for message in problem_messages(agent_data, path) if words in message]) == 1
 

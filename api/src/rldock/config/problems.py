@@ -536,12 +536,12 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 f"the gateway; remove {field}, or remove the harness to use rldock's episode loop",
             )
         )
-    if harnessed and cfg.evaluation.interval > 0:
+    if agent.harness_pods and cfg.evaluation.interval > 0:
         problems.append(
             Problem(
                 "evaluation.interval",
-                "held-out evaluation does not run a harness's episodes yet (it would score single turns without "
-                "your agent); set evaluation.interval to 0 and measure held-out accuracy with your harness",
+                "held-out evaluation does not run agent pods' episodes yet (a harness of the actor's own, "
+                "agent.harness or agent.harness_command, it does); set evaluation.interval to 0",
             )
         )
     if not harnessed and not agent.tools and agent.environment is None:

@@ -156,6 +156,7 @@ class Evaluator:
                     seed=iteration,
                     prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk],
                     contexts=[self._context(i) for i in chunk],
+                    tasks=[self._task(i) for i in chunk],
                 )
             )
             for actor, chunk in zip(actors, chunks)
@@ -178,6 +179,18 @@ class Evaluator:
             len(self.examples),
         )
         return metrics
+
+    def _task(self, index: int) -> dict:
+        """What a harness gets of held-out prompt `index` (rollout/harness.py's `task_of`; `prompt_index` is
+        the prompt's place in the held-out set)."""
+        example = self.examples[index]
+        return {
+            "prompt": example.prompt if example.row_prompt is None else example.row_prompt,
+            "ground_truth": example.ground_truth,
+            "data_source": example.data_source,
+            "extra_info": example.extra_info,
+            "prompt_index": index,
+        }
 
     def _context(self, index: int) -> EpisodeContext:
         example = self.examples[index]

@@ -24,7 +24,9 @@ from rldock.config import parse_job_config
 from rldock.runtime.gateway.episodes import GatewayEpisodes
 from rldock.runtime.gateway.harness import HarnessError, load_harness
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.harness import harness_columns, result_sums
+from rldock.runtime.rollout.base import HeldOutRequest, RolloutSetup
+from rldock.runtime.rollout.harness import HarnessRollout, harness_columns, result_sums
+from rldock.runtime.states import ROLLOUT
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[4]
@@ -369,3 +371,56 @@ def test_a_turn_asked_after_the_rollout_stopped_is_a_503_not_a_wait(episodes, to
     answer = post(runner.server.base_url("e12") + "/chat/completions", episode.token, {"messages": USER})
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "episode_over"
     assert runner.turns.waiting == 0
+
+
+# --- held-out evaluation runs the harness ---------------------------------------------------------------------
+
+
+class GreedyRecordingEngine(ScriptedEngine):
+    """The scripted engine, recording whether each turn was asked greedy."""
+
+    def __init__(self, tokenizer, script):
+        super().__init__(tokenizer, script)
+        self.greedy: list[bool] = []
+
+    def submit(self, prompts, *, greedy=False, **kwargs):
+        self.greedy.extend([greedy] * len(prompts))
+        return super().submit(prompts, greedy=greedy, **kwargs)
+
+
+def test_held_out_evaluation_runs_the_harness_greedily_and_answers_its_final_turns(tokenizer, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "1+1=", "answer": "2", "data_source": "add"}\n')
+    rollout = HarnessRollout(
+        RolloutSetup(
+            rank=0,
+            batch_size=2,
+            spec=ROLLOUT,
+            num_responses=2,
+            max_response_length=256,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            num_prompts_per_iteration=1,
+        ),
+        job(),
+        tokenizer=tokenizer,
+        train_files=[str(train)],
+    )
+    tasks, out = tasks_of(tmp_path, "tools", "tools", ground_truth="5")
+    # two held-out prompts, two samples each: episode key = prompt key * 2 + sample
+    engine = GreedyRecordingEngine(tokenizer, {20: [CALL, "5"], 21: [CALL, "5"], 22: ["7"], 23: [CALL, "5"]})
+    request = HeldOutRequest(
+        prompts=[[1], [1, 2]], num_samples=2, greedy=True, max_tokens=256, seed=1, prompt_keys=[10, 11], tasks=tasks
+    )
+    try:
+        answer = rollout.evaluate(engine, request)
+    finally:
+        rollout.close()
+    assert engine.greedy and all(engine.greedy)
+    five = [*tokenizer("5", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    seven = [*tokenizer("7", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    assert answer["responses"] == [[five, five], [seven, five]]  # each episode's final turn
+    # the harness's rewards: a posted step per tool call, then its return value (1 when it answered 5)
+    assert answer["environment_rewards"] == [[[0.25, 1.0], [0.25, 1.0]], [[0.0], [0.25, 1.0]]]
+    assert answer["agent"]["episodes"] == 4 and answer["agent"]["turns"] == 7
+    assert len(seen(out)["tools"]) == 2  # the file keeps the last episode's record per mode

@@ -67,6 +67,7 @@ class EpisodeResult:
     exact: bool = True  # the row's model tokens are the engine's sampled ones for its turns
     drift_tokens: int | None = None  # re-rendering the final messages: held ids off (None: not measured)
     resends: int = 0
+    final_turn: list[int] = field(default_factory=list)  # the ids of the episode's last model turn
 
 
 class RendererCache:
@@ -194,7 +195,7 @@ class GatewayEpisodes:
                 turn = fallback_turns[index]
                 ended = outcome.ended if outcome.ended != "harness_done" else "harness_no_turn"
                 row = SegmentRow([*prompts[index], *turn], len(prompts[index]), [1] * len(turn), ended)
-                results.append(EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended]))
+                results.append(EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended], final_turn=list(turn)))
                 continue
             results.append(self._result(episode.session, episode, outcome))
         for episode, result in zip(episodes, results):
@@ -220,6 +221,7 @@ class GatewayEpisodes:
             exact=exact,
             drift_tokens=self._drift(last, tools),
             resends=episode.resends,
+            final_turn=list(last.sampled[-1]),
         )
 
     def _drift(self, segment: Segment, tools: list[dict]) -> int | None:

@@ -80,7 +80,8 @@ class RolloutRequest:
 class HeldOutRequest:
     """Held-out responses (ActorWorker.evaluate): `num_samples` per prompt of at most `max_tokens`
     (greedy or sampled), seeded by (`seed`, the prompt's key); `contexts` are the prompts' rows an
-    agent's environment checks against."""
+    agent's environment checks against; `tasks` are what a harness gets of each prompt's row (rollout/harness.py's
+    `task_of`: the prompt as stored, ground truth, data source, extra info)."""
 
     prompts: list[list[int]]
     num_samples: int
@@ -89,6 +90,7 @@ class HeldOutRequest:
     seed: int
     prompt_keys: list[int]
     contexts: list[EpisodeContext | None] | None = None
+    tasks: list[dict] | None = None
 
 
 class RolloutMode(Protocol):

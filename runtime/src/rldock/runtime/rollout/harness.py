@@ -1,6 +1,8 @@
 """The harness rollout (a job with `agent.harness` or `agent.harness_command`): the user's agent runs each
 episode against the rank's gateway (rldock.runtime.gateway), and each episode's last segment becomes its
-sample, written when the rank's batch has ended.
+sample, written when the rank's batch has ended. Held-out evaluation runs the same harness on the held-out
+prompts, sampled as the evaluation asks (greedy by default), and answers with each episode's final turn and
+its rewards, as the agent rollout's evaluation does.
 
 A sample's row is exactly the ids the engine continued: the segment's prompt in the prompt columns (a
 prompt longer than the dock's prompt width continues in the response as context), the sampled turns
@@ -86,10 +88,26 @@ class HarnessRollout(RolloutMode):
         return episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
-        raise RuntimeError(
-            "held-out evaluation does not run harness episodes yet (config/problems.py refuses "
-            "evaluation.interval > 0 with agent.harness)"
+        """`num_samples` harness episodes per held-out prompt: `responses` their final turns, `environment_rewards`
+        their rewards (what an `environment` term scores), `agent` their metric sums."""
+        assert request.tasks is not None, "the evaluator sends each held-out prompt's task"
+        k = request.num_samples
+        episodes = self.episodes(self.cfg.algorithm.max_prompt_length)
+        results = episodes.run(
+            engine,
+            tasks=[task for task in request.tasks for _ in range(k)],
+            prompts=[prompt for prompt in request.prompts for _ in range(k)],
+            keys=[key * k + j for key in request.prompt_keys for j in range(k)],
+            seed=request.seed,
+            greedy=request.greedy,
         )
+        finals = [r.final_turn for r in results]
+        rewards = [r.rewards for r in results]
+        return {
+            "responses": [finals[i : i + k] for i in range(0, len(finals), k)],
+            "environment_rewards": [rewards[i : i + k] for i in range(0, len(rewards), k)],
+            "agent": result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s),
+        }
 
     def close(self) -> None:
         if self._episodes is not None:
