@@ -201,3 +201,32 @@ def test_held_out_responses_are_scored_without_the_reward_model_term(tokenizer, 
     eos = tokenizer.eos_token_id
     answers = [tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [eos] for e in evaluator.examples]
     assert evaluator.score([[a] for a in answers])["val/reward"] == 2.0  # exact_match only, weighted
+
+
+def test_a_held_out_request_carries_each_prompts_task_for_a_harness(tokenizer):
+    messages = [{"role": "user", "content": "1+2="}]
+    examples = [
+        EvalExample("<rendered>", "3", "addition", {"id": 7}, row_prompt=messages),
+        EvalExample("4+4=", "8", "carry"),
+    ]
+    evaluator = Evaluator(
+        examples,
+        lambda r, e: [0.0] * len(r),
+        prompt_ids=[[1, 2], [3, 4]],
+        tokenizer=tokenizer,
+        spec=EvaluationSpec(interval=1),
+        max_response_length=4,
+    )
+    request = evaluator.request([1, 0], iteration=3)
+    assert request.prompts == [[3, 4], [1, 2]] and request.greedy and request.seed == 3
+    # the prompt as the row stored it (a harness gets messages, not the rendered text), and its place in the set
+    assert request.tasks == [
+        {"prompt": "4+4=", "ground_truth": "8", "data_source": "carry", "extra_info": {}, "prompt_index": 1},
+        {
+            "prompt": messages,
+            "ground_truth": "3",
+            "data_source": "addition",
+            "extra_info": {"id": 7},
+            "prompt_index": 0,
+        },
+    ]

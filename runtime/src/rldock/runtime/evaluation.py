@@ -144,21 +144,9 @@ class Evaluator:
         with the evaluation's wall time as `val/seconds`. `actors` are ActorWorker handles, each
         with a rollout engine; `iteration` seeds sampled (non-greedy) evaluation."""
         started = time.perf_counter()
-        spec = self.spec
         chunks = split_evenly(len(self.prompts), len(actors))
         futures = [
-            actor.evaluate.remote(
-                HeldOutRequest(
-                    prompts=[self.prompts[i] for i in chunk],
-                    num_samples=spec.num_samples,
-                    greedy=spec.greedy,
-                    max_tokens=self.max_response_length,
-                    seed=iteration,
-                    prompt_keys=[EVAL_KEY_OFFSET + i for i in chunk],
-                    contexts=[self._context(i) for i in chunk],
-                    tasks=[self._task(i) for i in chunk],
-                )
-            )
+            actor.evaluate.remote(self.request(chunk, iteration=iteration))
             for actor, chunk in zip(actors, chunks)
             if len(chunk)
         ]
@@ -179,6 +167,19 @@ class Evaluator:
             len(self.examples),
         )
         return metrics
+
+    def request(self, indices: Sequence[int], *, iteration: int) -> HeldOutRequest:
+        """What one actor rank is asked for the held-out prompts at `indices`."""
+        return HeldOutRequest(
+            prompts=[self.prompts[i] for i in indices],
+            num_samples=self.spec.num_samples,
+            greedy=self.spec.greedy,
+            max_tokens=self.max_response_length,
+            seed=iteration,
+            prompt_keys=[EVAL_KEY_OFFSET + i for i in indices],
+            contexts=[self._context(i) for i in indices],
+            tasks=[self._task(i) for i in indices],
+        )
 
     def _task(self, index: int) -> dict:
         """What a harness gets of held-out prompt `index` (rollout/harness.py's `task_of`; `prompt_index` is
