@@ -9,9 +9,14 @@ two-turn episodes twice, greedy, so both runs sample the same tokens:
 - **gateway**: the same episodes as a harness of the user's (a plain loop over `openai.AsyncOpenAI`) that sends
   the same user message after the first answer, served by GatewayEpisodes over HTTP on localhost.
 
-Prints one JSON document: each run's wall seconds, model turns, sampled tokens and seconds per model turn, and
-`gateway_vs_native` (the ratio of seconds per turn; the target is at most 1.25), with `same_tokens` saying
-whether both sampled the same ids (the comparison is of equal work only then).
+Both are warmed up once, then run `--repeats` times interleaved, the order alternating each repeat (native
+first, then gateway first), so a load that drifts over the run weighs on both alike.
+
+Prints one JSON document: each run's wall seconds, model turns, sampled tokens and seconds per model turn,
+`gateway_vs_native` (the ratio of the median seconds per turn; the target is at most 1.25),
+`gateway_vs_native_paired` (the median of each repeat's own ratio: the two runs of a repeat are back to back,
+under the same load), with `same_tokens` saying whether both sampled the same ids (the comparison is of equal
+work only then).
 
     .venv/bin/python -m rldock_benchmarks.gateway_cost --episodes 32
 """
@@ -164,10 +169,12 @@ def main(argv: list[str] | None = None) -> None:
         return result
 
     logged("warm-up (native)", native)  # the first steps build kernels
+    logged("warm-up (gateway)", through_gateway)  # the first connections, the templates' renderers
     runs: dict[str, list] = {"native": [], "gateway": []}
-    for _ in range(args.repeats):
-        runs["native"].append(logged("native", native))
-        runs["gateway"].append(logged("gateway", through_gateway))
+    arms = {"native": native, "gateway": through_gateway}
+    for repeat in range(args.repeats):
+        for name in ("native", "gateway") if repeat % 2 == 0 else ("gateway", "native"):
+            runs[name].append(logged(name, arms[name]))
     loop.close()
     gateway.close()
 
@@ -193,6 +200,11 @@ def main(argv: list[str] | None = None) -> None:
         "same_tokens": runs["native"][0][2] == runs["gateway"][0][2],
     }
     report["gateway_vs_native"] = report["gateway"]["s_per_model_turn"] / report["native"]["s_per_model_turn"]
+    paired = sorted(
+        (g[0] / max(g[1], 1)) / (n[0] / max(n[1], 1)) for n, g in zip(runs["native"], runs["gateway"], strict=True)
+    )
+    report["gateway_vs_native_paired"] = paired[len(paired) // 2]
+    report["gateway_vs_native_paired_all"] = paired
     json.dump(report, sys.stdout, indent=2)
     print()
 
