@@ -179,3 +179,10 @@ def test_an_importance_correction_is_read_only_with_partial_rollout_and_not_by_g
     agent_data["algorithm"]["name"] = "gspo"
     (message,) = problem_messages(agent_data, "rollout.importance_correction")
     assert "per sequence" in message
+
+
+def test_held_out_evaluation_with_agent_pods_is_refused(agent_data):
+    agent_data["agent"] = {"harness_pods": True}
+    agent_data["reward"] = {"terms": [{"name": "environment"}]}
+    agent_data["evaluation"] = {"interval": 5}
+    assert any("agent pods' episodes" in m for m in problem_messages(agent_data, "evaluation.interval"))
