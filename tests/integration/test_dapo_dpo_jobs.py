@@ -81,12 +81,12 @@ def test_dapo_samples_in_rounds_and_resumes(tmp_path):
         assert record["dynamic_sampling/padded_groups"] == max(0, G - record["dynamic_sampling/kept_groups"])
         assert record["dynamic_sampling/kept_groups"] <= G
         # Round 0 samples G groups, later rounds only the slots of dropped groups; the driver reads
-        # the score of every sampled response (and nothing else) through sample_filter, and the
-        # update trains on the G groups left in the dock.
+        # the score and length of every sampled response (and nothing else) through sample_facts,
+        # once (the filter's read is the record's), and the update trains on the G groups left in the dock.
         controllers = record["dock"]["controllers"]
         sampled = controllers["rollout"]["samples_handed_out"]
         assert controllers["reward"]["samples_handed_out"] == sampled
-        assert controllers["sample_filter"]["samples_handed_out"] == sampled
+        assert controllers["sample_facts"]["samples_handed_out"] == sampled
         assert G * n <= sampled <= rounds * G * n and (rounds > 1) == (sampled > G * n)
         assert controllers["update"]["samples_handed_out"] == G * n
         assert 0.0 <= record["reward_mean"] <= 1.0
@@ -98,8 +98,9 @@ def test_dpo_trains_on_pairs_without_rollout(tmp_path):
     records = train(config, tmp_path)
     assert [r["iteration"] for r in records] == [1, 2]
     first = records[0]
-    assert set(first["dock"]["controllers"]) == {"reference", "preference_update"}
-    assert "reward_mean" not in first
+    assert set(first["dock"]["controllers"]) == {"reference", "preference_update", "sample_facts"}
+    assert first["dock"]["controllers"]["sample_facts"]["samples_handed_out"] == 2 * G  # the driver's pairs
+    assert "reward_mean" not in first and first["response_length_mean"] > 1  # an answer and its EOS
     # Before the first step the policy is the reference: every implicit reward is 0 up to float
     # rounding (the reference and the update run their passes on differently shaped micro-batches,
     # so the two logprobs of a sample may differ in the last bits; a cold run here gave a margin of

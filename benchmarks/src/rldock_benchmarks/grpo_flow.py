@@ -46,10 +46,12 @@ def column_bytes(pl: int, sl: int) -> dict[str, int]:
         "prompt_index": _INT64,
         "response_ids": sl * _INT64,
         "response_mask": sl * _INT64,
+        "response_length": _INT64,  # the rollout writes each response's length (one int64), the driver reads it
         "policy_version": _INT64,  # the rollout tags each sample with the weights' version (one int64)
         "old_logprobs": sl * _FLOAT32,
         "ref_logprobs": sl * _FLOAT32,
         "reward": _FLOAT32,
+        "score": _FLOAT32,  # the reward before shaping, which the driver reads (sample_facts)
         "advantage": _FLOAT32,
     }
 
@@ -236,6 +238,7 @@ class NodeAgent:
             "reference": lambda i, b: _logprobs(b, "ref_logprobs"),
             "reward": lambda i, b: _rewards(b),
             "advantage": lambda i, b: _advantages(b, d.N),
+            "sample_facts": lambda i, b: None,  # the driver's read: it writes nothing back
         }
         if state in fns:
             fn = fns[state]
@@ -305,7 +308,13 @@ def _responses(indices: torch.Tensor, sl: int) -> TensorDict:
     mask = (torch.arange(sl) < response_lengths(indices, sl)[:, None]).long()  # (B, SL)
     versions = torch.zeros(len(indices), dtype=torch.int64)  # (B,) the rollout's policy_version column
     return TensorDict(
-        {"response_ids": mask * 7, "response_mask": mask, "policy_version": versions}, batch_size=[len(indices)]
+        {
+            "response_ids": mask * 7,
+            "response_mask": mask,
+            "response_length": mask.sum(dim=1),
+            "policy_version": versions,
+        },
+        batch_size=[len(indices)],
     )
 
 
@@ -314,7 +323,8 @@ def _logprobs(batch: TensorDict, name: str) -> TensorDict:
 
 
 def _rewards(batch: TensorDict) -> TensorDict:
-    return TensorDict({"reward": (batch["response_mask"].sum(dim=1) % 3).float() / 2}, batch_size=batch.batch_size)
+    reward = (batch["response_mask"].sum(dim=1) % 3).float() / 2  # (B,)
+    return TensorDict({"reward": reward, "score": reward}, batch_size=batch.batch_size)
 
 
 def _advantages(batch: TensorDict, group: int) -> TensorDict:

@@ -17,8 +17,8 @@ def reward_state(total: float, count: int) -> dict:
 
 
 GRPO_RESULTS = {
-    "rollout": [timed(0.1, 2.0, response_lengths=[2, 4]), timed(0.3, 1.0, response_lengths=[6, 8])],
-    "reward": [timed(0.05, 0.2, rewards=[1.0, 0.0, 1.0, 0.0], reward_metrics=reward_state(2.0, 4))],
+    "rollout": [timed(0.1, 2.0, decode_steps=3), timed(0.3, 1.0, decode_steps=7)],
+    "reward": [timed(0.05, 0.2, reward_metrics=reward_state(2.0, 4))],
     "update": [
         timed(0.2, 3.0, wait_s=1.0, num_samples=2, loss=0.5, kl=0.1, ledger={"memory/rank0/peak": 7}),
         timed(0.2, 3.5, wait_s=3.0, num_samples=2, loss=0.25, kl=0.3, ledger={"memory/rank1/peak": 8}),
@@ -31,7 +31,8 @@ def record_of(results: dict, **overrides) -> dict:
         iteration=2,
         update_state="update",
         prompt_lengths=[4, 6],
-        driver_response_lengths=[],
+        rewards=[1.0, 0.0, 1.0, 0.0],  # the samples' facts, as the driver read them from the dock
+        response_lengths=[2, 4, 6, 8],
         put_seconds=0.5,
         seconds=10.0,
         cycle=12.0,
@@ -87,11 +88,12 @@ def test_the_first_iteration_of_a_loop_has_no_cycle_and_carries_the_data_metrics
 def test_partial_rollout_counts_both_rounds():
     results = {
         **GRPO_RESULTS,
-        "rollout": [timed(0.1, 1.0, response_lengths=[2, 2], partial_cut=2, partial_carried_tokens=4)],
-        "rollout_resume": [timed(0.1, 1.0, response_lengths=[6, 6], partial_resumed=2)],
+        "rollout": [timed(0.1, 1.0, decode_steps=1, partial_cut=2, partial_carried_tokens=4)],
+        "rollout_resume": [timed(0.1, 1.0, decode_steps=5, partial_resumed=2)],
     }
-    record = record_of(results, partial_rollout=True)
-    assert record["response_length_mean"] == 4.0  # the responses of both rounds
+    # the dock's response lengths, the first round's two finished and the second's two completed
+    record = record_of(results, partial_rollout=True, response_lengths=[2, 2, 6, 6])
+    assert record["response_length_mean"] == 4.0
     assert (record["rollout/partial_cut"], record["rollout/partial_resumed"]) == (2, 2)
     assert record["rollout/partial_carried_tokens"] == 4 and record["rollout/partial_dropped"] == 0
     assert "rollout/partial_cut" not in record_of(results)  # only with partial rollout on
@@ -102,7 +104,7 @@ def test_a_preference_update_without_rollout_or_reward_reads_the_driver_response
         "reference": [timed(0.1, 0.4)],
         "preference_update": [timed(0.1, 1.0, num_samples=4, loss=0.6, preference_accuracy=0.75)],
     }
-    record = record_of(results, update_state="preference_update", driver_response_lengths=[3, 5])
+    record = record_of(results, update_state="preference_update", rewards=[], response_lengths=[3, 5])
     assert record["response_length_mean"] == 4.0
     assert "reward_mean" not in record and "rollout/num_engines" not in record
     assert record["preference_accuracy"] == 0.75 and "num_samples" not in record

@@ -64,7 +64,7 @@ def test_preference_pairs_are_chosen_then_rejected_with_eos():
     assert b["response_ids"].tolist() == [[4, 3, 1, 0], [4, 9, 1, 0], [6, 1, 0, 0], [7, 1, 0, 0]]
     assert b["response_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]]
     assert torch.equal(b["prompt_ids"][0], b["prompt_ids"][1]) and torch.equal(b["prompt_ids"][2], b["prompt_ids"][3])
-    assert fed.prompt_lengths == [5, 5] and fed.response_lengths == [3, 3, 2, 2]
+    assert fed.prompt_lengths == [5, 5] and b["response_length"].tolist() == [3, 3, 2, 2]  # the answer and EOS
 
 
 def test_prompt_groups_carry_each_prompts_train_row_instead_of_its_answer():
@@ -182,12 +182,14 @@ def test_dapo_filters_groups_on_the_unshaped_score():
     shaped = recipe.reward_shaping(score, torch.tensor([3, 6, 3, 3]), algo)
     assert shaped.tolist() == [1.0, 0.0, 0.0, 1.0]
     rounds = recipe.sampling_rounds
-    assert rounds.score_column == "score" and recipe.consumes[rounds.read_state] == ("score",)
+    assert rounds.score_column == "score" and recipe.consumes[rounds.read_state] == ("score", "response_length")
     assert "score" in recipe.produces["reward"]
     assert rounds.group_filter(algo)(score, 2).tolist() == [False, True]
 
 
-@pytest.mark.parametrize("name, expected", [("grpo", ()), ("dapo", ("rollout", "reward", "sample_filter"))])
+@pytest.mark.parametrize(
+    "name, expected", [("grpo", ("sample_facts",)), ("dapo", ("rollout", "reward", "sample_facts"))]
+)
 def test_recipes_split_sampling_states_from_the_rest(name, expected):
     from rldock.runtime.algorithms.recipes import get_recipe
 

@@ -48,6 +48,10 @@ class BankDouble:
     def set_policy_version(self, version: int) -> None:
         self.log.append(("policy", self.name, version))
 
+    def get(self, state: str, columns, *, batch_size: int):
+        """The driver's read of the samples' facts: logged, and the double holds none (None: exhausted)."""
+        self.log.append(("read", self.name, state))
+
 
 def stage_result() -> dict:
     return {"dispatch_s": 0.0, "compute_s": 0.0}
@@ -131,6 +135,7 @@ def test_sync_runs_each_iteration_whole_and_bounds_staleness_in_the_bookkeeping_
         ("put", "bank0", 2),
         ("launch", 1, BEFORE, None),
         ("launch", 1, UPDATES, None),
+        ("read", "bank0", "sample_facts"),  # once the stages are done, before the bank moves on
         ("later", "advance_policy"),
         ("policy", "bank0", 1),
     ]
@@ -153,6 +158,7 @@ def test_run_ahead_queues_the_next_iteration_before_the_update(tmp_path):
         ("put", "bank0", 2),
         ("launch", 2, BEFORE, ROUND_TOKENS),
         ("launch", 1, UPDATES, None),
+        ("read", "bank1", "sample_facts"),
         ("policy", "bank0", 1),
         ("policy", "bank1", 1),
     ]
@@ -163,7 +169,12 @@ def test_run_ahead_queues_the_next_iteration_before_the_update(tmp_path):
     assert [entry[:3] for entry in log if entry[0] == "launch"] == [("launch", 3, BEFORE), ("launch", 2, UPDATES)]
     del log[:]
     schedule.run(3)  # the last iteration runs nothing ahead
-    assert log == [("launch", 3, UPDATES, None), ("policy", "bank0", 3), ("policy", "bank1", 3)]
+    assert log == [
+        ("launch", 3, UPDATES, None),
+        ("read", "bank1", "sample_facts"),
+        ("policy", "bank0", 3),
+        ("policy", "bank1", 3),
+    ]
 
 
 def test_partial_rollout_launches_the_held_states_after_the_update_that_cut_the_generation(tmp_path):

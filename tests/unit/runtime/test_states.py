@@ -36,15 +36,17 @@ GRPO_CONSUMES = {
     "reward": R + ("prompt_index",),
     "advantage": ("reward",),
     "update": P + R + ("old_logprobs", "ref_logprobs", "advantage", "policy_version"),
+    "sample_facts": ("score", "response_length"),  # the driver's read of each sample's facts
 }
 GRPO_PRODUCES = {
     "driver": P + ("prompt_index",),
-    "rollout": R + ("policy_version",),
+    "rollout": R + ("response_length", "policy_version"),
     "actor_inference": ("old_logprobs",),
     "reference": ("ref_logprobs",),
-    "reward": ("reward",),
+    "reward": ("reward", "score"),
     "advantage": ("advantage",),
     "update": (),
+    "sample_facts": (),
 }
 PPO_CONSUMES = {
     **GRPO_CONSUMES,
@@ -72,12 +74,17 @@ FLOWS = {
         {**PPO_PRODUCES, "advantage": ("advantage", "returns", "value_mask", "loss_weight")},
     ),
     "dapo": (
-        {**GRPO_CONSUMES, "advantage": ("reward", "score"), "sample_filter": ("score",)},
-        {**GRPO_PRODUCES, "reward": ("reward", "score"), "sample_filter": ()},
+        {**GRPO_CONSUMES, "advantage": ("reward", "score")},
+        GRPO_PRODUCES,
     ),
     "dpo": (
-        {"reference": P + R, "preference_update": P + R + ("ref_logprobs",)},
-        {"driver": P + R, "reference": ("ref_logprobs",), "preference_update": ()},
+        {"reference": P + R, "preference_update": P + R + ("ref_logprobs",), "sample_facts": ("response_length",)},
+        {
+            "driver": P + R + ("response_length",),
+            "reference": ("ref_logprobs",),
+            "preference_update": (),
+            "sample_facts": (),
+        },
     ),
 }
 

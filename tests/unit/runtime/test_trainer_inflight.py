@@ -67,7 +67,7 @@ def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> N
     done, _ = dock.get("reference", ["prompt_ids"], batch_size=4)
     dock.put(done, columns(("ref_logprobs",), done.tolist()))
     lost, _ = dock.get("reference", ["prompt_ids"], rank=1, batch_size=4)
-    rollout_results = [{"response_lengths": [3, 3, 3, 3]}, {"response_lengths": [2, 2, 2, 2]}]
+    rollout_results = [{"decode_steps": 2}, {"decode_steps": 1}]
     schedule.inflight = Inflight(
         3,
         finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
@@ -204,28 +204,29 @@ def test_a_death_keeps_what_the_other_ranks_had_returned(kill_actor) -> None:
     assert finished == {"rollout": [{"value": 1}]}
 
 
-@pytest.mark.parametrize("tool_tokens", [0, 2], ids=["single-turn", "multi-turn"])
-def test_a_resumed_iteration_reads_its_response_lengths_from_the_dock(tmp_path, tool_tokens) -> None:
-    """Both rollout ranks wrote their responses and died before returning: the retry's ranks find
-    every sample done and return no lengths, so the iteration's record reads them from the dock
-    (a multi-turn rollout's every token after the prompt, the tools' included, as its ranks count)."""
+def test_a_resumed_iteration_reads_its_facts_from_the_dock(tmp_path) -> None:
+    """The rollout and reward ranks wrote every sample's response length and score and died before
+    returning: the retry's ranks find every sample done and return nothing of them, and the
+    iteration's record still has every sample's facts, read from the dock (sample_facts) as a fresh
+    iteration's are: no list is rebuilt from the ranks' results."""
     from rldock.runtime.sampling import DriverBatch
     from rldock.runtime.schedule.steps import gather_stages
 
     schedule, dock = schedule_double(tmp_path)
     dock.put(torch.arange(NUM_SAMPLES), columns(RECIPE.produces["driver"], list(range(NUM_SAMPLES))))
-    lengths = {}
+    lengths, scores = {}, {}
     for rank in (0, 1):
         indices, _ = dock.get("rollout", ["prompt_ids"], rank=rank, batch_size=4, whole_groups=True)
         written = columns(RECIPE.produces["rollout"], indices.tolist())
-        model_tokens = indices % 5 + 1  # 1..5
-        written["response_mask"] = (torch.arange(7)[None, :] < model_tokens[:, None]).long()
-        if tool_tokens:
-            attended = model_tokens + tool_tokens
-            written["response_attention_mask"] = (torch.arange(7)[None, :] < attended[:, None]).long()
-        lengths.update({int(i): int(n) + tool_tokens for i, n in zip(indices, model_tokens)})
+        written["response_length"] = indices % 5 + 1  # (4,) 1..5
+        lengths.update({int(i): int(n) for i, n in zip(indices, written["response_length"])})
         dock.put(indices, written)
-    schedule.inflight = Inflight(4, launched={"rollout": 2})  # no rank returned
+    scored, _ = dock.get("reward", ["response_ids"], batch_size=NUM_SAMPLES)
+    reward = columns(RECIPE.produces["reward"], scored.tolist())
+    reward["score"] = scored.float() / 4  # (B,)
+    scores.update({int(i): float(s) for i, s in zip(scored, reward["score"])})
+    dock.put(scored, reward)
+    schedule.inflight = Inflight(4, launched={"rollout": 2, "reward": 1})  # no rank returned
     schedule.keep_inflight(stop_workers=lambda: None)
     dock.shutdown()
 
@@ -234,9 +235,17 @@ def test_a_resumed_iteration_reads_its_response_lengths_from_the_dock(tmp_path, 
     fed = DriverBatch(TensorDict({}, batch_size=[NUM_SAMPLES]), prompt_lengths=[3] * (NUM_SAMPLES // GROUP_SIZE))
     _, sampled = resume_inflight(again_dock, fed, ckpt.load_inflight(tmp_path, 4), inflight, recipe=RECIPE)
     assert inflight.resumed and "rollout" not in inflight.skip  # run again: no rank had returned
-    rerun = [_Rank.remote().work.remote(0) for _ in range(2)]  # results without any response length
+    rerun = [_Rank.remote().work.remote(0) for _ in range(2)]  # results without any per-sample fact
     stages = gather_stages(
-        {"rollout": rerun}, inflight, fed=fed, put_seconds=0.0, sampled=sampled, bank=again_dock, started=0.0
+        {"rollout": rerun},
+        inflight,
+        fed=fed,
+        put_seconds=0.0,
+        sampled=sampled,
+        bank=again_dock,
+        facts=RECIPE.facts,
+        started=0.0,
     )
-    assert stages.fed.response_lengths == [lengths[i] for i in range(NUM_SAMPLES)]
+    assert stages.facts.response_lengths == [lengths[i] for i in range(NUM_SAMPLES)]
+    assert stages.facts.scores == [scores[i] for i in range(NUM_SAMPLES)]
     again_dock.shutdown()

@@ -112,7 +112,7 @@ def test_each_stage_is_held_to_the_peak_and_bytes_of_the_dtype_it_computes_in():
     over the float32 peak and its decode reads float32 weights, the update's over the bf16 peak."""
     computed = {"tokens": 360, "pairs": 16380, "head_positions": 160}
     results = {
-        "rollout": [{"compute_s": 1.0, "response_lengths": [3, 2, 4, 1]}],
+        "rollout": [{"compute_s": 1.0, "decode_steps": 3}],
         "update": [{"compute_s": 1.0, "computed": computed}],
         "reference": [{"compute_s": 1.0, "computed": computed}],
     }

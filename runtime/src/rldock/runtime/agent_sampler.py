@@ -192,6 +192,7 @@ def episode_columns(
             "response_ids": response_ids,
             "response_mask": model_mask,
             "response_attention_mask": attention,
+            "response_length": torch.tensor([len(e.response) for e in episodes], dtype=torch.int64),  # (B,)
             "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),
             "num_turns": torch.tensor([e.turns for e in episodes], dtype=torch.int64),
             "num_tool_calls": torch.tensor([e.num_tool_calls for e in episodes], dtype=torch.int64),

@@ -17,6 +17,10 @@ RESPONSE = ("response_ids", "response_mask")
 # (B,) int64: the policy version (weight updates behind the engine's weights) that generated each
 # response, written by the rollout; the update measures each sample's staleness from it.
 POLICY_VERSION = ("policy_version",)
+# (B,) int64: each response's tokens, every token after the prompt (a multi-turn trajectory's tool and
+# environment tokens included): written with the response by the rollout (the driver for DPO's pairs)
+# and read by the driver through the sample_facts state (response_length_mean, throughput, utilisation).
+RESPONSE_LENGTH = ("response_length",)
 # Partial rollout only (rollout.partial_rollout, rollout/partial.py): `sampled_logprobs`
 # (B, SL) float32, each response token's logprob under the weights that sampled it, and
 # `prefix_length` (B,) int64, how many leading response tokens `policy_version` sampled (the rest the

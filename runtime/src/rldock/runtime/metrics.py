@@ -46,7 +46,8 @@ def iteration_record(
     iteration: int,
     update_state: str,
     prompt_lengths: Sequence[int],
-    driver_response_lengths: Sequence[int],
+    rewards: Sequence[float],
+    response_lengths: Sequence[int],
     put_seconds: float,
     seconds: float,
     cycle: float | None,
@@ -61,16 +62,15 @@ def iteration_record(
     """An iteration's metrics record from what its stages returned (`results`: state -> one result
     per rank call) and a few driver figures; the trainer adds the dock traffic and phase timeline.
 
-    `driver_response_lengths`, where the driver has them, are the iteration's response lengths: it
-    supplied the responses (DPO) or read them back from a resumed iteration's dock (whose dead
-    ranks' results are lost); otherwise the rollout ranks' results give them;
+    `rewards` (each sample's reward before shaping; none without a reward state) and
+    `response_lengths` are the samples' facts the driver read from the dock (schedule.Stages.facts:
+    with DAPO's sampling rounds every round's samples, the dropped groups' too, as
+    reward_mean/reward_std and response_length_mean have always averaged them);
     `put_seconds` is the driver's time putting samples, `seconds` the iteration's and `cycle` the
     time since the previous iteration ended (None for the loop's first). With `utilisation`, each
     stage's `flops/`, `mfu/` and the rollout's `mbu/` (utilisation.stage_utilisation).
     """
-    rewards = [x for r in results.get(REWARD_STATE.name, []) for x in r["rewards"]]
     rollouts = results.get(ROLLOUT.name, []) + results.get(ROLLOUT_RESUME.name, [])  # partial rollout's two rounds
-    response_lengths = list(driver_response_lengths) or [x for r in rollouts for x in r["response_lengths"]]
     updates = results[update_state]
     prompt_length = statistics.fmean(prompt_lengths)
     response_length = statistics.fmean(response_lengths)

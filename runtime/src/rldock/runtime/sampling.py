@@ -26,8 +26,6 @@ from rldock.runtime.registry import Registry
 class DriverBatch:
     batch: TensorDict  # (B,) rows, groups consecutive
     prompt_lengths: list[int]  # tokens of each distinct prompt (one per group)
-    response_lengths: list[int] = field(default_factory=list)  # set when the driver supplies responses
-    # (DPO) or reads them back from the dock of a resumed iteration (schedule/inflight.py)
 
 
 BatchBuilder = Callable[..., DriverBatch]
@@ -71,10 +69,11 @@ def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer
             "prompt_mask": prompt_mask.repeat_interleave(2, dim=0),
             "response_ids": response_ids,  # (2G, SL)
             "response_mask": response_mask,
+            "response_length": lengths + 1,  # (2G,) the answer and its EOS
         },
         batch_size=[len(texts)],
     )
-    return DriverBatch(batch, prompt_mask.sum(dim=1).tolist(), (lengths + 1).tolist())
+    return DriverBatch(batch, prompt_mask.sum(dim=1).tolist())
 
 
 class Feed:
@@ -127,10 +126,28 @@ def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 @dataclass
+class SampleFacts:
+    """What the driver reads of each sample through the recipe's sample_facts state (states.py): the
+    reward before shaping (`score`; none in a recipe without a reward state) and the response's
+    tokens. The iteration's record takes reward_mean/std and response_length_mean from them; with
+    DAPO's sampling rounds they hold every round's samples, the dropped groups' too."""
+
+    scores: list[float] = field(default_factory=list)
+    response_lengths: list[int] = field(default_factory=list)
+
+    def add(self, read: TensorDict) -> None:
+        """Add the facts of a read of the sample_facts state (its (B,) columns)."""
+        if "score" in read.keys():
+            self.scores.extend(read["score"].tolist())
+        self.response_lengths.extend(read["response_length"].tolist())
+
+
+@dataclass
 class SampledRounds:
     batch: DriverBatch  # what the driver put in each of the G group slots, as it stands in the dock
     results: dict[str, list[dict]]  # per sampling state: its workers' results summed over rounds
     metrics: dict[str, float]
+    facts: SampleFacts | None = None  # every round's, as the filter read them (None: not read yet)
 
 
 # (group slots (k,) ascending, fresh prompt groups for them (k*N rows), round index) -> (results of

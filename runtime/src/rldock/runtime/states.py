@@ -24,7 +24,7 @@ from rldock.config import JobConfig
 from rldock.config.layout import job_layout
 from rldock.contract.layout import DeviceGroup, JobLayout, RankCount
 from rldock.contract.placement import ACTOR_GROUP, PlacementPlan
-from rldock.runtime.dataflow import POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RM_SCORE
+from rldock.runtime.dataflow import POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RESPONSE_LENGTH, RM_SCORE
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class WorkerState:
     and writes."""
 
     name: str
-    group: WorkerGroup | None  # None: no worker runs it, the driver reads it (DAPO's sample_filter)
+    group: WorkerGroup | None  # None: no worker runs it, the driver reads it (sample_facts)
     method: str
     consumes: tuple[str, ...]
     produces: tuple[str, ...] = ()
@@ -179,7 +179,7 @@ ROLLOUT = WorkerState(
     ACTOR,
     "generate",
     consumes=PROMPT,
-    produces=RESPONSE + POLICY_VERSION,
+    produces=RESPONSE + RESPONSE_LENGTH + POLICY_VERSION,
     runs_on="engines",
 )
 # Partial rollout's second round of a cut generation, launched by the run-ahead schedule after the
@@ -192,7 +192,11 @@ ACTOR_INFERENCE = WorkerState(
 REFERENCE_INFERENCE = WorkerState(
     "reference", REFERENCE, "compute_ref_logprobs", consumes=PROMPT + RESPONSE, produces=("ref_logprobs",)
 )
-REWARD_STATE = WorkerState("reward", REWARD, "compute_rewards", consumes=RESPONSE + PROMPT_INDEX, produces=("reward",))
+# `reward`: what the advantage reads (DAPO: shaped); `score`: the combined reward before shaping, what the
+# driver reads (sample_facts: reward_mean) and DAPO's filter keeps groups by.
+REWARD_STATE = WorkerState(
+    "reward", REWARD, "compute_rewards", consumes=RESPONSE + PROMPT_INDEX, produces=("reward", "score")
+)
 ADVANTAGE_STATE = WorkerState(
     "advantage", ADVANTAGE, "compute_advantages", consumes=("reward",), produces=("advantage",)
 )
@@ -215,9 +219,11 @@ CRITIC_INFERENCE = WorkerState(
 CRITIC_UPDATE = WorkerState(
     "critic_update", CRITIC, "update", consumes=PROMPT + RESPONSE + ("values", "returns"), trains=True
 )
-# DAPO's dynamic sampling: the driver reads each round's per-sample `score` through this state
-# itself (no worker runs it; recipes.SamplingRounds.read_state).
-SAMPLE_FILTER = WorkerState("sample_filter", None, "", consumes=("score",))
+# The driver's read of each sample's facts (no worker runs it): the reward before shaping and the
+# response's length, read once the iteration's stages are done (schedule/steps.py: read_facts), or
+# each sampling round's by DAPO's filter (recipes.SamplingRounds.read_state). They stay in the dock
+# and are read back from it, also by a resumed iteration; no stage returns them.
+SAMPLE_FACTS = WorkerState("sample_facts", None, "", consumes=("score",) + RESPONSE_LENGTH)
 
 # The reward model (a `model` reward term; job_recipe adds it before the reward state, which reads
 # its `rm_score` as that term's scores): one rank on a device share, like a reference rank.

@@ -189,7 +189,8 @@ def stage_utilisation(
 ) -> dict[str, float]:
     """`flops/<stage>` (the stage's model FLOPs over all its ranks), `mfu/<stage>` and the rollout's
     `mbu/rollout` of one iteration, from each state's rank results (their `compute_s`, the passes'
-    `computed` counts and the rollout's `response_lengths`)."""
+    `computed` counts and the rollout's `decode_steps`) and the samples' facts the driver read
+    (`prompt_lengths` per group, `response_lengths` per sample)."""
     shape, rates = inputs.shape, inputs.rates
     flops: dict[str, float] = {}
     devices: dict[str, int] = {}
@@ -199,7 +200,7 @@ def stage_utilisation(
         work = rollout_work(prompt_lengths, response_lengths, group_size=inputs.group_size)
         flops[ROLLOUT.name] = rollout_flops(shape, work)
         devices[ROLLOUT.name] = len(rollouts) * inputs.generation_tp
-        steps = sum(max(max(r["response_lengths"], default=0) - 1, 0) for r in rollouts)
+        steps = sum(r["decode_steps"] for r in rollouts)
         seconds = max(r["compute_s"] for r in rollouts)
         used = 1 if rates.shared else devices[ROLLOUT.name]
         if seconds > 0:

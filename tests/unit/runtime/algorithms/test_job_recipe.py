@@ -141,7 +141,7 @@ def test_an_agents_partial_rollout_writes_each_tokens_version_for_the_old_logpro
 @pytest.mark.parametrize(
     "name, reward_writes, advantage_reads",
     [
-        ("grpo", ("advantage",), ("reward",)),
+        ("grpo", ("score", "advantage"), ("reward",)),  # the score: what the driver reads (sample_facts)
         ("dapo", ("score", "advantage"), ("reward", "score")),  # DAPO zeroes groups of equal scores
     ],
 )

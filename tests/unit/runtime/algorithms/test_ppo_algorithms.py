@@ -165,7 +165,15 @@ def _algo(name: str, **overrides):
 
 def test_grpo_recipe_is_todays_flow():
     recipe = get_recipe("grpo")
-    assert recipe.states == ("rollout", "actor_inference", "reference", "reward", "advantage", "update")
+    assert recipe.states == (
+        "rollout",
+        "actor_inference",
+        "reference",
+        "reward",
+        "advantage",
+        "update",
+        "sample_facts",
+    )
     assert not recipe.needs_critic and recipe.policy_loss == "clipped"
     rewards = torch.tensor([1.0, 0.0])
     out = recipe.advantage_stage({"reward": rewards}, _algo("grpo"), torch.Generator())

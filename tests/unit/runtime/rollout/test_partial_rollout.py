@@ -140,7 +140,7 @@ def test_without_a_budget_nothing_is_cut_and_the_second_round_has_nothing_to_do(
 def test_resume_completes_cut_responses_from_their_prefix_under_the_new_weights():
     engine, dock, first, second = run_rounds("resume", 2)
     # responses 1 and 2 of both prompts ran past 2 tokens: the groups wait for the second round
-    assert first["partial_cut"] == 4 and first["response_lengths"] == [] and first["puts"] == 0
+    assert first["partial_cut"] == 4 and first["decode_steps"] == 0 and first["puts"] == 0
     call = engine.calls[1]
     assert call.prompts == [[9, 9, 7, 7]] * 2 + [[8, 8, 7, 7]] * 2 and call.n == 1 and call.max_tokens == 4
     assert second["partial_resumed"] == 4 and second["partial_carried_tokens"] == 8

@@ -38,8 +38,8 @@ def _worker(
     return reward_worker_without_files(cfg, rows, dock)
 
 
-@pytest.mark.parametrize("name, columns", [("dapo", {"reward", "score"}), ("grpo", {"reward"})])
-def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name, columns):
+@pytest.mark.parametrize("name", ["dapo", "grpo"])
+def test_reward_worker_writes_the_shaped_reward_and_the_score(name):
     # Two correct answers "77": one of 2 tokens, one of 3 (with EOS), 1 token into the overlong buffer.
     response_ids = torch.tensor([[10, 10, PAD, PAD], [10, 10, EOS, PAD]])  # (B, SL)
     response_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
@@ -49,9 +49,11 @@ def test_reward_worker_writes_the_shaped_reward_and_where_needed_the_score(name,
     )
     dock = OneBatchDock(batch)
     result = _worker(name, dock).compute_rewards(StageCall(1))
-    assert set(dock.written.keys()) == columns
-    # The unshaped combined reward (the learning curve) and the per-term metrics go to the trainer.
-    assert result["rewards"] == [1.0, 1.0]
+    assert set(dock.written.keys()) == {"reward", "score"}
+    # The unshaped combined reward (the learning curve) stays in the dock, where the driver reads it
+    # (sample_facts); only the per-term metrics go back in the stage's result.
+    assert dock.written["score"].tolist() == [1.0, 1.0] and set(result) >= {"reward_metrics", "compute_s"}
+    assert "rewards" not in result
     assert merge_reward_metrics([result["reward_metrics"]]) == {"reward/exact_match": 1.0, "reward/errors": 0}
     if name == "dapo":
         assert dock.written["score"].tolist() == [1.0, 1.0]  # equally correct: not informative
@@ -73,8 +75,8 @@ def test_ground_truth_comes_from_the_row_the_prompt_index_names(tmp_path):
         batch_size=[3],
     )
     dock = OneBatchDock(batch)
-    result = _worker("grpo", dock, rows).compute_rewards(StageCall(1))
-    assert result["rewards"] == [1.0, 0.0, 0.0]
+    _worker("grpo", dock, rows).compute_rewards(StageCall(1))
+    assert dock.written["score"].tolist() == [1.0, 0.0, 0.0]
     assert dock.written["reward"].tolist() == [1.0, 0.0, 0.0]
 
 
@@ -106,7 +108,7 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
     )
     worker.banks = dock = OneBatchDock(batch)
     result = worker.compute_rewards(StageCall(1))
-    assert result["rewards"] == [0.5, 1.5]  # exact_match + 0.5 * rm_score
+    assert dock.written["score"].tolist() == [0.5, 1.5]  # exact_match + 0.5 * rm_score
     assert dock.written["reward"].tolist() == [0.5, 1.5]
     assert merge_reward_metrics([result["reward_metrics"]])["reward/model"] == 1.0
 
@@ -138,8 +140,9 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     fused = _worker(name, fused_dock, num_prompts=2, fuse=True)
     result = fused.compute_rewards(StageCall(3))
     assert fused.whole_groups and fused.batch_size % 2 == 0
-    # One write: the advantages, plus DAPO's score for its filter; no state reads GRPO's reward any more.
-    assert set(fused_dock.written.keys()) == ({"advantage", "score"} if name == "dapo" else {"advantage"})
+    # One write: the advantages and the score (the driver's sample_facts, DAPO's filter); no state
+    # reads the reward any more.
+    assert set(fused_dock.written.keys()) == {"advantage", "score"}
     assert torch.equal(fused_dock.written["advantage"], advantage_dock.written["advantage"])
     assert fused_dock.written["advantage"].abs().sum() > 0  # a group with different rewards: not all zero
-    assert result["rewards"] == [1.0, 0.0, 1.0, 1.0]
+    assert fused_dock.written["score"].tolist() == [1.0, 0.0, 1.0, 1.0] and "rewards" not in result

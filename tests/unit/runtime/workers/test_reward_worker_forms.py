@@ -84,8 +84,8 @@ def _rewards(worker: RewardWorker) -> tuple[list[float], dict]:
         batch_size=[4],
     )
     worker.banks = OneBatchDock(batch)
-    result = worker.compute_rewards(StageCall(1))
-    return result["rewards"], worker.banks.written
+    worker.compute_rewards(StageCall(1))
+    return worker.banks.written["score"].tolist(), worker.banks.written
 
 
 @pytest.mark.parametrize("chat", [False, True])

@@ -33,6 +33,7 @@ from rldock.runtime.dataflow import (
     PROMPT_INDEX,
     RESPONSE,
     RESPONSE_ATTENTION,
+    RESPONSE_LENGTH,
     RM_SCORE,
     ROUTED_EXPERTS,
     TRAJECTORY_COUNTS,
@@ -51,7 +52,7 @@ from rldock.runtime.states import (
     REWARD_MODEL,
     REWARD_STATE,
     ROLLOUT,
-    SAMPLE_FILTER,
+    SAMPLE_FACTS,
     UPDATE,
     WorkerState,
     worker_groups,
@@ -138,10 +139,17 @@ class Recipe:
 
     @property
     def launched_states(self) -> tuple[str, ...]:
-        """States started together once the dock holds the iteration's batch."""
+        """States started together once the dock holds the iteration's batch (the driver's reads
+        and the sampling rounds' states are not)."""
         rounds = self.sampling_rounds
         skip = (*rounds.states, rounds.read_state) if rounds else ()
-        return tuple(state for state in self.consumes if state not in skip)
+        return tuple(spec.name for spec in self.specs if spec.group is not None and spec.name not in skip)
+
+    @property
+    def facts(self) -> WorkerState:
+        """The driver's read of the samples' facts (states.SAMPLE_FACTS, its columns as this recipe
+        writes them): what the iteration's record takes its rewards and response lengths from."""
+        return self.spec(SAMPLE_FACTS.name)
 
     @property
     def training_states(self) -> tuple[str, ...]:
@@ -385,6 +393,8 @@ def register_recipe(recipe: Recipe) -> Recipe:
     traits = CATALOGUE.get(recipe.name)
     if traits is None:
         raise ValueError(f"recipe {recipe.name!r} is not in rldock.contract.algorithms.CATALOGUE")
+    if SAMPLE_FACTS.name not in recipe.consumes:
+        raise ValueError(f"recipe {recipe.name!r} has no {SAMPLE_FACTS.name} state: the driver reads its facts there")
     if (traits.needs_critic, traits.needs_rollout, traits.credits_turns) != (
         recipe.needs_critic,
         recipe.needs_rollout_engine,
@@ -461,7 +471,8 @@ def filtered_gae_stage(batch, algo, generator):
 # --- recipes -------------------------------------------------------------------------------------
 
 # GRPO's flow: the states every other recipe starts from.
-GRPO_STATES = (ROLLOUT, ACTOR_INFERENCE, REFERENCE_INFERENCE, REWARD_STATE, ADVANTAGE_STATE, UPDATE)
+# Every recipe ends with the driver's read of the samples' facts (states.SAMPLE_FACTS).
+GRPO_STATES = (ROLLOUT, ACTOR_INFERENCE, REFERENCE_INFERENCE, REWARD_STATE, ADVANTAGE_STATE, UPDATE, SAMPLE_FACTS)
 
 
 def _changed(states: tuple[WorkerState, ...], *changes: WorkerState) -> tuple[WorkerState, ...]:
@@ -610,17 +621,12 @@ def dapo_advantage_stage(batch, algo, generator):
 
 
 # DAPO: GRPO's states; with dynamic sampling the driver reads each round's per-sample `score` (the
-# rule reward before overlong shaping, (B,) floats: the only column that reaches the driver)
-# through `sample_filter`, and the dock empties and refills the groups it drops; the samples of the
-# kept groups stay in the warehouses for the remaining states. The reward writes the shaped reward
-# (what the advantages use) and the unshaped score (what the filter uses); the advantage reads the
-# score too: a group whose scores are all equal gets advantage exactly 0.
-DAPO_STATES = _changed(
-    GRPO_STATES,
-    replace(REWARD_STATE, produces=("reward", "score")),
-    replace(ADVANTAGE_STATE, consumes=("reward", "score")),
-    SAMPLE_FILTER,
-)
+# rule reward before overlong shaping, (B,) floats) and response lengths through `sample_facts` (the
+# only columns that reach the driver), and the dock empties and refills the groups it drops; the
+# samples of the kept groups stay in the warehouses for the remaining states. The reward writes the
+# shaped reward (what the advantages use) and the unshaped score (what the filter uses); the
+# advantage reads the score too: a group whose scores are all equal gets advantage exactly 0.
+DAPO_STATES = _changed(GRPO_STATES, replace(ADVANTAGE_STATE, consumes=("reward", "score")))
 register_recipe(
     Recipe(
         "dapo",
@@ -630,7 +636,7 @@ register_recipe(
         policy_loss_kwargs=_decoupled_clip_kwargs,
         reward_shaping=_overlong_shaping,
         sampling_rounds=SamplingRounds(
-            states=(ROLLOUT.name, REWARD_STATE.name), read_state=SAMPLE_FILTER.name, group_filter=_dapo_group_filter
+            states=(ROLLOUT.name, REWARD_STATE.name), read_state=SAMPLE_FACTS.name, group_filter=_dapo_group_filter
         ),
     )
 )
@@ -639,11 +645,11 @@ register_recipe(
 register_recipe(
     Recipe(
         "dpo",
-        (REFERENCE_INFERENCE, PREFERENCE_UPDATE),
+        (REFERENCE_INFERENCE, PREFERENCE_UPDATE, replace(SAMPLE_FACTS, consumes=RESPONSE_LENGTH)),
         advantage_stage=None,
         policy_loss=None,
         driver_batch="preference_pairs",
-        driver_produces=PROMPT + RESPONSE,
+        driver_produces=PROMPT + RESPONSE + RESPONSE_LENGTH,
         update_state=PREFERENCE_UPDATE.name,
         reference_for_kl_only=False,
     )

@@ -34,6 +34,7 @@ from rldock.runtime.rollout.base import (
     RolloutMode,
     RolloutRequest,
     RolloutSetup,
+    decode_steps,
     run_rollout_stage,
     unpadded,
 )
@@ -172,9 +173,9 @@ def episode_stage(
     sums: list[Sums],
 ) -> dict:
     """Run `rollout` (which fills `lengths` and `sums` as it goes) as the rollout stage: its timing with the
-    episodes' response lengths and metric sums (`agent`)."""
+    episodes' decode steps and metric sums (`agent`)."""
     timing = run_rollout_stage(dock, setup, rollout, policy_version=request.policy_version)
-    timing.extra["response_lengths"] = lengths
+    timing.extra["decode_steps"] = decode_steps(lengths)
     if sums:
         timing.extra["agent"] = merged_sums(sums)
     return timing.as_dict()

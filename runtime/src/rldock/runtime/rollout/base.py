@@ -3,7 +3,8 @@
 A mode is how one actor rank's engine generates an iteration's responses into the dock: it reads
 whole prompt groups of the `rollout` state (the rank's generation replica's share), writes the
 response columns (rldock.runtime.dataflow) tagged with the policy version of the weights in the
-engine, and returns the stage's timing with `response_lengths` and its own counts. The same object
+engine (each response's length among them: the driver reads it from the dock), and returns the
+stage's timing with its `decode_steps` and its own counts. The same object
 answers the two other questions whose answer depends on how the responses were sampled: the
 old-logprob pass's logprobs (`sampling_logprobs`) and the held-out evaluation's responses.
 
@@ -101,7 +102,7 @@ class RolloutMode(Protocol):
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
         """Generate this rank's share of the request's prompt groups into `dock`; the stage's timing
-        (StageTiming.as_dict) with `response_lengths`."""
+        (StageTiming.as_dict) with `decode_steps`."""
         ...
 
     def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
@@ -130,6 +131,12 @@ class RolloutMode(Protocol):
             prompt_keys=request.prompt_keys,
         )
         return {"responses": [[c.token_ids for c in group] for group in completions]}
+
+
+def decode_steps(lengths: Sequence[int]) -> int:
+    """The engine's decode steps of a call that sampled responses of `lengths` tokens together: its
+    longest response's, less the last token, never fed back (utilisation.py: mbu/rollout)."""
+    return max(max(lengths, default=0) - 1, 0)
 
 
 def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
@@ -163,7 +170,7 @@ def group_request(
 def group_columns(
     per_prompt: Sequence[Sequence[Sequence[int]]], setup: RolloutSetup, *, policy_version: int
 ) -> TensorDict:
-    """The (responses, mask, policy version) columns of whole groups, N rows per prompt in order."""
+    """The (responses, mask, length, policy version) columns of whole groups, N rows per prompt in order."""
     rows = [tokens for group_responses in per_prompt for tokens in group_responses]
     responses = torch.full((len(rows), setup.max_response_length), setup.pad_token_id, dtype=torch.int64)  # (B, SL)
     mask = torch.zeros_like(responses)
@@ -172,7 +179,13 @@ def group_columns(
         mask[i, : len(tokens)] = 1
     versions = torch.full((len(rows),), policy_version, dtype=torch.int64)  # (B,)
     return TensorDict(
-        {"response_ids": responses, "response_mask": mask, "policy_version": versions}, batch_size=[len(rows)]
+        {
+            "response_ids": responses,
+            "response_mask": mask,
+            "response_length": torch.tensor([len(tokens) for tokens in rows], dtype=torch.int64),  # (B,)
+            "policy_version": versions,
+        },
+        batch_size=[len(rows)],
     )
 
 

@@ -179,6 +179,7 @@ def harness_columns(
             "response_ids": response_ids,
             "response_mask": model_mask,
             "response_attention_mask": attention,
+            "response_length": attention.sum(dim=1),  # (B,) every token after the prompt
             "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),
             "num_turns": torch.tensor([r.turns for r in results], dtype=torch.int64),
             "num_tool_calls": torch.tensor([r.tool_calls for r in results], dtype=torch.int64),

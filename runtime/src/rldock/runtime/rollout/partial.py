@@ -32,6 +32,7 @@ from rldock.runtime.rollout.base import (
     RolloutRequest,
     RolloutSetup,
     TimedWrites,
+    decode_steps,
     group_prompts,
     group_request,
     run_rollout_stage,
@@ -134,6 +135,7 @@ def response_columns(
         {
             "response_ids": responses,
             "response_mask": mask,
+            "response_length": torch.tensor([len(s.token_ids) for s in samples], dtype=torch.int64),  # (B,)
             "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),  # (B,)
             SAMPLED_LOGPROBS: logprobs,
             PREFIX_LENGTH: torch.tensor([s.prefix_length for s in samples], dtype=torch.int64),  # (B,)
@@ -214,7 +216,7 @@ class PartialRollout(RolloutMode):
         if cut_groups:
             self._cut[request.iteration] = cut_groups
         num_cut = sum(len(g.cut_positions()) for g in cut_groups)
-        timing.extra.update(response_lengths=lengths, partial_cut=num_cut)
+        timing.extra.update(decode_steps=decode_steps(lengths), partial_cut=num_cut)
         return timing.as_dict()
 
     def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
@@ -272,7 +274,7 @@ class PartialRollout(RolloutMode):
             "dispatch_s": time.perf_counter() - written,
             "compute_s": compute_s,
             "num_samples": len(groups) * self.group,
-            "response_lengths": lengths,
+            "decode_steps": decode_steps(lengths),
             "partial_resumed": len(cut) if self.mode == "resume" else 0,
             "partial_dropped": len(cut) if self.mode == "drop" else 0,
             "partial_carried_tokens": carried if self.mode == "resume" else 0,

@@ -13,6 +13,7 @@ from rldock.runtime.rollout.base import (
     RolloutMode,
     RolloutRequest,
     RolloutSetup,
+    decode_steps,
     group_columns,
     group_prompts,
     group_request,
@@ -55,5 +56,5 @@ class PlainRollout(RolloutMode):
             return columns
 
         timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version)
-        timing.extra["response_lengths"] = lengths
+        timing.extra["decode_steps"] = decode_steps(lengths)
         return timing.as_dict()

@@ -15,6 +15,7 @@ from rldock.runtime.rollout.base import (
     RolloutRequest,
     RolloutSetup,
     TimedWrites,
+    decode_steps,
     group_columns,
     group_prompts,
     group_request,
@@ -51,5 +52,5 @@ class StreamedRollout(RolloutMode):
             return None  # every group was written above
 
         timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version, writes=writes)
-        timing.extra["response_lengths"] = lengths
+        timing.extra["decode_steps"] = decode_steps(lengths)
         return timing.as_dict()

@@ -8,11 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.algorithms.recipes import Recipe
-from rldock.runtime.dataflow import RESPONSE_ATTENTION
 from rldock.runtime.dock import DockActorDiedError, TransferDock
 from rldock.runtime.sampling import DriverBatch, SampledRounds
 
@@ -78,21 +75,3 @@ def resume_inflight(
         sorted(inflight.skip),
     )
     return time.perf_counter() - started, SampledRounds(fed, kept, {})
-
-
-def response_lengths_in(bank: TransferDock) -> list[int]:
-    """Tokens of every response `bank` holds, in sample order, as the rollout counts them: every
-    token after the prompt (a multi-turn rollout's `response_attention_mask`, the tools' tokens
-    included; else `response_mask`).
-
-    A resumed iteration reads its response lengths here rather than from the rollout ranks'
-    results: a rank that died after its last write took the lengths of the responses it had
-    written with it, and the retry's ranks find those samples done and return none for them.
-    """
-    rows: dict[int, int] = {}
-    for part in bank.state_dict()["warehouses"]:
-        name = next((n for n in (*RESPONSE_ATTENTION, "response_mask") if n in part["columns"]), None)
-        if name is not None:
-            indices, column = part["columns"][name]
-            rows.update(zip(indices.tolist(), np.count_nonzero(column.array, axis=1).tolist(), strict=True))
-    return [rows[index] for index in sorted(rows)]

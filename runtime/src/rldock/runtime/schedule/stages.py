@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import ray
 
 from rldock.runtime.dock import DockActorDiedError, TransferDock
-from rldock.runtime.sampling import DriverBatch
+from rldock.runtime.sampling import DriverBatch, SampleFacts
 
 # What Trainer.run() restarts from (--max-restarts): a worker's process or a dock actor died (a lost
 # node takes both, and whichever the driver calls first reports it).
@@ -22,6 +22,7 @@ class Stages:
     fed: DriverBatch
     put_seconds: float  # the driver's time putting samples into the bank
     results: dict[str, list[dict]]  # state -> one result per rank call (DAPO: of every round)
+    facts: SampleFacts  # each sample's reward and response length, read from the dock (DAPO: every round's)
     bank: TransferDock  # the dock bank that carried the iteration's samples
     started: float  # perf_counter when the iteration began
     ended: float  # perf_counter when its last stage returned

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.sampling import DriverBatch, SampledRounds
+from rldock.runtime.sampling import DriverBatch, SampledRounds, SampleFacts
 from rldock.runtime.schedule.driver import Driver
-from rldock.runtime.schedule.inflight import Inflight, response_lengths_in, resume_inflight
+from rldock.runtime.schedule.inflight import Inflight, resume_inflight
 from rldock.runtime.schedule.rounds import fill_by_rounds
 from rldock.runtime.schedule.stages import Stages, gather_failing_fast
-from rldock.runtime.states import StageCall
+from rldock.runtime.states import StageCall, WorkerState
 
 
 def fill_bank(
@@ -59,17 +58,27 @@ def gather_stages(
     put_seconds: float,
     sampled: SampledRounds,
     bank: TransferDock,
+    facts: WorkerState,
     started: float,
 ) -> Stages:
-    """Wait for every launched stage (recording each rank's result in `inflight` as it returns) and
-    join the results that came in before (sampling rounds, a resumed attempt). A resumed iteration's
-    response lengths are read from its bank (response_lengths_in says why)."""
+    """Wait for every launched stage (recording each rank's result in `inflight` as it returns), join
+    the results that came in before (sampling rounds, a resumed attempt) and read the samples' facts
+    from `bank` through the recipe's `facts` state (unless the sampling rounds read them already)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})
     gathered = gather_failing_fast(futures, finished=inflight.finished)
     results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
-    if inflight.resumed and not fed.response_lengths:
-        fed = replace(fed, response_lengths=response_lengths_in(bank))
-    return Stages(fed, put_seconds, results, bank, started, time.perf_counter(), sampled.metrics)
+    read = sampled.facts if sampled.facts is not None else read_facts(bank, facts, num_samples=len(fed.batch))
+    return Stages(fed, put_seconds, results, read, bank, started, time.perf_counter(), sampled.metrics)
+
+
+def read_facts(bank: TransferDock, facts: WorkerState, *, num_samples: int) -> SampleFacts:
+    """Every sample's facts in `bank`, read through the `facts` state once its stages are done (the
+    columns stay in the dock: a resumed iteration reads what its failed attempt's ranks wrote, as a
+    fresh one does). Samples the staleness bound dropped have none."""
+    read = SampleFacts()
+    while (got := bank.get(facts.name, list(facts.consumes), batch_size=num_samples)) is not None:
+        read.add(got[1])
+    return read
 
 
 def cycle_since(previous_end: float | None, ended: float) -> float | None:

@@ -61,7 +61,6 @@ class RewardWorker:
         return [self.rows[i] for i in batch["prompt_index"].tolist()]
 
     def compute_rewards(self, call: StageCall) -> dict:
-        rewards: list[float] = []
         metrics = RewardMetrics()
 
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -84,9 +83,9 @@ class RewardWorker:
                 precomputed=precomputed,
             )
             metrics.add(scored)
-            rewards.extend(scored.scores.tolist())  # the combined reward, unshaped: what the learning curve shows
             shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
-            columns = {"reward": shaped, "score": scored.scores}  # score: unshaped, what DAPO filters on
+            # score: unshaped, what the driver reads (sample_facts: reward_mean) and DAPO filters on
+            columns = {"reward": shaped, "score": scored.scores}
             if self.advantage_stage is not None:
                 columns.update(
                     self.advantage_stage(
@@ -103,7 +102,6 @@ class RewardWorker:
             batch_size=self.batch_size,
             whole_groups=self.whole_groups,
         )
-        timing.extra["rewards"] = rewards
         timing.extra["reward_metrics"] = metrics.state()
         return timing.as_dict()
 
