@@ -272,10 +272,10 @@ class NodeAgent:
                 balance_ranks=num_ranks,
                 max_batches=1,
             )
-            timing.extra["tokens"] = sum(tokens)
+            timing.metrics["tokens"] = sum(tokens)
         else:
             raise ValueError(f"unknown state {state!r}")
-        return {"state": state, "rank": rank, **timing.as_dict()}
+        return {"state": state, "rank": rank, **asdict(timing), **timing.metrics}
 
 
 def _proc_stat(pid: int) -> tuple[str, int, float] | None:

@@ -3,27 +3,20 @@ each rank's samples per stage and its weights' sum kept apart."""
 
 from __future__ import annotations
 
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.metrics import critic_metrics
 
 
-def _update(rank: int, value_loss: float, weights_sum: float) -> dict:
-    return {
-        "rank": rank,
-        "num_samples": 8,
-        "wait_s": 0.0,
-        "dispatch_s": 0.1,
-        "compute_s": 1.0,
-        "value_loss": value_loss,
-        "value_clip_fraction": 0.0,
-        "value_mean": 0.5,
-        "value_grad_norm": 1.0,
-        "weights_sum": weights_sum,
-    }
+def _update(rank: int, value_loss: float, weights_sum: float) -> StageResult:
+    metrics = {"value_loss": value_loss, "value_clip_fraction": 0.0, "value_mean": 0.5, "value_grad_norm": 1.0}
+    return StageResult(dispatch_s=0.1, compute_s=1.0, num_samples=8).with_metrics(
+        rank=rank, weights_sum=weights_sum, **metrics
+    )
 
 
 def test_training_metrics_are_averaged_and_samples_kept_per_rank():
     # Rank 1 returned first: results come back in completion order, ranks are named by the worker.
-    inferences = [{"rank": 1, "num_samples": 12}, {"rank": 0, "num_samples": 4}]
+    inferences = [StageResult(num_samples=12, metrics={"rank": 1}), StageResult(num_samples=4, metrics={"rank": 0})]
     metrics = critic_metrics(inferences, [_update(1, 0.3, 2.5), _update(0, 0.1, 2.5)])
     assert abs(metrics["value_loss"] - 0.2) < 1e-12 and metrics["value_mean"] == 0.5
     assert metrics["critic_ranks"] == {

@@ -3,13 +3,16 @@ which keys a job's stages bring (rewards, a critic, partial rollout, a preferenc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.metrics import iteration_record
 
 
-def timed(dispatch_s: float, compute_s: float, wait_s: float = 0.0, **result) -> dict:
-    return {"dispatch_s": dispatch_s, "compute_s": compute_s, "wait_s": wait_s, **result}
+def timed(dispatch_s: float, compute_s: float, wait_s: float = 0.0, num_samples: int = 0, **metrics) -> StageResult:
+    return StageResult(wait_s, dispatch_s, compute_s, num_samples, metrics)
 
 
 def reward_state(total: float, count: int) -> dict:
@@ -142,7 +145,7 @@ def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
     computed = {"tokens": 20, "pairs": 110, "head_positions": 8}
     results = {
         **GRPO_RESULTS,
-        "update": [{**rank, "computed": computed} for rank in GRPO_RESULTS["update"]],
+        "update": [replace(rank, metrics={**rank.metrics, "computed": computed}) for rank in GRPO_RESULTS["update"]],
         "reference": [timed(0.0, 0.5, computed=computed), timed(0.0, 0.25, computed=computed)],
     }
     inputs = UtilisationInputs(

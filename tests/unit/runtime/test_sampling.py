@@ -7,6 +7,7 @@ from tensordict import TensorDict
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
 from rldock.runtime.data import PreferencePair
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.sampling import (
     DriverBatch,
     DynamicSampling,
@@ -81,32 +82,43 @@ def test_prompt_groups_carry_each_prompts_train_row_instead_of_its_answer():
 
 def test_merge_rounds_sums_numbers_and_joins_lists_per_worker():
     rounds = [
-        [{"compute_s": 1.0, "rewards": [1]}, {"compute_s": 2.0, "rewards": [2]}],
-        [{"compute_s": 0.5, "rewards": [3]}, {"compute_s": 0.25, "rewards": []}],
+        [
+            StageResult(compute_s=1.0, num_samples=2, metrics={"ids": [1]}),
+            StageResult(compute_s=2.0, metrics={"ids": [2]}),
+        ],
+        [
+            StageResult(compute_s=0.5, num_samples=2, metrics={"ids": [3]}),
+            StageResult(compute_s=0.25, metrics={"ids": []}),
+        ],
     ]
-    assert merge_rounds(rounds) == [{"compute_s": 1.5, "rewards": [1, 3]}, {"compute_s": 2.25, "rewards": [2]}]
+    assert merge_rounds(rounds) == [
+        StageResult(compute_s=1.5, num_samples=4, metrics={"ids": [1, 3]}),
+        StageResult(compute_s=2.25, metrics={"ids": [2]}),
+    ]
 
 
 def test_merge_rounds_merges_the_reward_workers_metric_states_key_by_key():
     """DAPO's reward worker returns its metric sums and counts each round; the rounds' are summed."""
-    first = {"reward_metrics": {"sums": {"reward/model": 1.5}, "counts": {"reward/model": 2}, "errors": 0}}
-    second = {
-        "reward_metrics": {
+    first = StageResult().with_metrics(
+        reward_metrics={"sums": {"reward/model": 1.5}, "counts": {"reward/model": 2}, "errors": 0}
+    )
+    second = StageResult().with_metrics(
+        reward_metrics={
             "sums": {"reward/model": 0.5, "reward/x/y": 1.0},
             "counts": {"reward/model": 2, "reward/x/y": 1},
             "errors": 1,
         }
-    }
+    )
     assert merge_rounds([[first], [second]]) == [
-        {
-            "reward_metrics": {
+        StageResult().with_metrics(
+            reward_metrics={
                 "sums": {"reward/model": 2.0, "reward/x/y": 1.0},
                 "counts": {"reward/model": 4, "reward/x/y": 1},
                 "errors": 1,
             }
-        }
+        )
     ]
-    assert first["reward_metrics"]["sums"] == {"reward/model": 1.5}  # the inputs are left as they were
+    assert first.metrics["reward_metrics"]["sums"] == {"reward/model": 1.5}  # the inputs are left as they were
 
 
 def test_group_rows_are_the_samples_of_each_group_slot():
@@ -136,7 +148,7 @@ class SlotDock:
         self.rows.update(zip(rows.tolist(), fresh.batch["id"].tolist()))
         scores = self.scores_by_round[sampling_round]  # per group this round, expanded to its rows
         rewards = [x for score in scores for x in score]
-        return {"reward": [{"compute_s": 1.0, "rewards": rewards}]}, torch.tensor(rewards)
+        return {"reward": [StageResult(compute_s=1.0, num_samples=len(rewards))]}, torch.tensor(rewards)
 
     def run(self, *, num_groups=2, max_rounds=3):
         sampler = DynamicSampling(
@@ -159,7 +171,7 @@ def test_dynamic_sampling_refills_only_the_slots_of_dropped_groups():
         "dynamic_sampling/kept_groups": 2,
         "dynamic_sampling/padded_groups": 0,
     }
-    assert out.results["reward"] == [{"compute_s": 2.0, "rewards": [1.0, 1.0, 0.0, 1.0, 0.0, 0.5]}]
+    assert out.results["reward"] == [StageResult(compute_s=2.0, num_samples=6)]  # both rounds' samples
 
 
 def test_dynamic_sampling_pads_with_the_last_rounds_dropped_groups():

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.sampling import DriverBatch
 from rldock.runtime.schedule import Driver, RunAheadSchedule, SyncSchedule
 from rldock.runtime.states import StageCall
@@ -53,8 +54,8 @@ class BankDouble:
         self.log.append(("read", self.name, state))
 
 
-def stage_result() -> dict:
-    return {"dispatch_s": 0.0, "compute_s": 0.0}
+def stage_result() -> StageResult:
+    return StageResult()
 
 
 class WorkersDouble:

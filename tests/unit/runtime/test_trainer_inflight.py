@@ -20,6 +20,7 @@ from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.schedule import Inflight, SyncSchedule
 from rldock.runtime.schedule.inflight import resume_inflight
 from rldock.runtime.trainer import Trainer
@@ -67,10 +68,10 @@ def test_the_retry_keeps_finished_work_and_runs_only_what_is_left(tmp_path) -> N
     done, _ = dock.get("reference", ["prompt_ids"], batch_size=4)
     dock.put(done, columns(("ref_logprobs",), done.tolist()))
     lost, _ = dock.get("reference", ["prompt_ids"], rank=1, batch_size=4)
-    rollout_results = [{"decode_steps": 2}, {"decode_steps": 1}]
+    rollout_results = [StageResult(metrics={"decode_steps": 2}), StageResult(metrics={"decode_steps": 1})]
     schedule.inflight = Inflight(
         3,
-        finished={"rollout": rollout_results, "reference": [{"dispatch_s": 0.1}]},
+        finished={"rollout": rollout_results, "reference": [StageResult(dispatch_s=0.1)]},
         launched={state: 2 for state in ("rollout", "reference", "actor_inference")},
     )
     stopped = []

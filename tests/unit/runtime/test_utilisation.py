@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.planning.shapes import ModelShape, shape_from_hf_config
 from rldock.runtime.utilisation import (
     DeviceRates,
@@ -112,9 +113,9 @@ def test_each_stage_is_held_to_the_peak_and_bytes_of_the_dtype_it_computes_in():
     over the float32 peak and its decode reads float32 weights, the update's over the bf16 peak."""
     computed = {"tokens": 360, "pairs": 16380, "head_positions": 160}
     results = {
-        "rollout": [{"compute_s": 1.0, "decode_steps": 3}],
-        "update": [{"compute_s": 1.0, "computed": computed}],
-        "reference": [{"compute_s": 1.0, "computed": computed}],
+        "rollout": [StageResult(compute_s=1.0, metrics={"decode_steps": 3})],
+        "update": [StageResult(compute_s=1.0, metrics={"computed": computed})],
+        "reference": [StageResult(compute_s=1.0, metrics={"computed": computed})],
     }
     rates = DeviceRates(peak_flops={"float32": 1e12, "bfloat16": 4e12}, bandwidth=1e12, shared=False)
     mixed = stage_utilisation(
@@ -138,8 +139,13 @@ def test_a_tensor_parallel_stage_counts_each_pass_once_over_all_its_devices():
     passes = {"tokens": 360, "pairs": 16380, "head_positions": 160}
     nothing = {"tokens": 0, "pairs": 0, "head_positions": 0}
     inputs = _inputs(DeviceRates(peak_flops={"float32": 1e14}, bandwidth=1e12, shared=False))
-    tp1 = {"update": [{"compute_s": 2.0, "computed": passes}]}
-    tp2 = {"update": [{"compute_s": 2.0, "computed": passes}, {"compute_s": 1.5, "computed": nothing}]}
+    tp1 = {"update": [StageResult(compute_s=2.0, metrics={"computed": passes})]}
+    tp2 = {
+        "update": [
+            StageResult(compute_s=2.0, metrics={"computed": passes}),
+            StageResult(compute_s=1.5, metrics={"computed": nothing}),
+        ]
+    }
     one = stage_utilisation(tp1, inputs, prompt_lengths=[], response_lengths=[])
     two = stage_utilisation(tp2, inputs, prompt_lengths=[], response_lengths=[])
     expected = update_flops(shape, tokens=360, pairs=16380, head_positions=160, recompute=False)

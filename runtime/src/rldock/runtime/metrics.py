@@ -12,6 +12,7 @@ from typing import Any
 
 from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
 from rldock.runtime.agent.metrics import agent_metrics
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.rewards import merge_reward_metrics
 from rldock.runtime.rollout.partial import partial_metrics
 from rldock.runtime.states import CRITIC_INFERENCE, CRITIC_UPDATE, REWARD_STATE, ROLLOUT, ROLLOUT_RESUME
@@ -41,7 +42,7 @@ def tokens_per_s_per_device(
 
 
 def iteration_record(
-    results: dict[str, list[dict]],
+    results: dict[str, list[StageResult]],
     *,
     iteration: int,
     update_state: str,
@@ -80,7 +81,7 @@ def iteration_record(
     return {
         "iteration": iteration,
         **reward_stats,
-        **merge_reward_metrics([r["reward_metrics"] for r in results.get(REWARD_STATE.name, [])]),
+        **merge_reward_metrics([r.metrics["reward_metrics"] for r in results.get(REWARD_STATE.name, [])]),
         "response_length_mean": response_length,
         "prompt_length_mean": prompt_length,
         **update_metrics(updates),
@@ -98,7 +99,7 @@ def iteration_record(
         **per_rank_metrics(updates),
         **round_metrics,
         **(partial_metrics(rollouts) if partial_rollout else {}),
-        **agent_metrics([r["agent"] for r in rollouts if "agent" in r]),
+        **agent_metrics([r.metrics["agent"] for r in rollouts if "agent" in r.metrics]),
         **data_metrics,
         **(
             stage_utilisation(results, utilisation, prompt_lengths=prompt_lengths, response_lengths=response_lengths)
@@ -110,24 +111,22 @@ def iteration_record(
 
 
 def stage_timing(
-    results: dict[str, list[dict]], *, put_seconds: float, seconds: float, cycle: float | None
+    results: dict[str, list[StageResult]], *, put_seconds: float, seconds: float, cycle: float | None
 ) -> dict[str, float]:
     """Seconds per stage (`timing/<state>`), per stage's own work (`compute/`), its wait for upstream
     samples (`idle/`), the dock traffic's (`dispatch`), the iteration's and the cycle's."""
     # A stage's time is its slowest rank's busy time (moving data + computing); waiting for
     # upstream stages is excluded, since all stages run at once and overlap.
-    timing = {stage: max(r["dispatch_s"] + r["compute_s"] for r in rs) for stage, rs in results.items()}
+    timing = {stage: max(r.dispatch_s + r.compute_s for r in rs) for stage, rs in results.items()}
     # compute: of that, the slowest rank's own work (model passes, scoring), without the dock.
-    timing.update({f"compute/{stage}": max(r["compute_s"] for r in rs) for stage, rs in results.items() if rs})
+    timing.update({f"compute/{stage}": max(r.compute_s for r in rs) for stage, rs in results.items() if rs})
     # dispatch: all time spent moving samples through the dock, summed over every worker.
-    timing["dispatch"] = put_seconds + sum(r["dispatch_s"] for rs in results.values() for r in rs)
+    timing["dispatch"] = put_seconds + sum(r.dispatch_s for rs in results.values() for r in rs)
     timing["iteration"] = seconds
     if cycle is not None:  # the loop's first iteration has no previous end
         timing["cycle"] = cycle
     # idle: how long each state's ranks (mean over them) waited on the dock for upstream samples.
-    timing.update(
-        {f"idle/{stage}": statistics.fmean(r.get("wait_s", 0.0) for r in rs) for stage, rs in results.items() if rs}
-    )
+    timing.update({f"idle/{stage}": statistics.fmean(r.wait_s for r in rs) for stage, rs in results.items() if rs})
     return timing
 
 
@@ -138,19 +137,21 @@ PER_RANK_KEYS = ("ledger", "resharding")
 COMPUTED_KEY = "computed"
 
 
-def update_metrics(updates: list[dict]) -> dict:
-    """Mean over ranks of every training metric the update stage returned (not its timing)."""
-    skip = {"wait_s", "dispatch_s", "compute_s", "num_samples", COMPUTED_KEY, *PER_RANK_KEYS}
-    return {key: statistics.fmean(u[key] for u in updates) for key in updates[0] if key not in skip}
+def update_metrics(updates: Sequence[StageResult]) -> dict:
+    """Mean over ranks of every training metric the update stage returned (its metrics, not its timing)."""
+    skip = {COMPUTED_KEY, *PER_RANK_KEYS}
+    return {key: statistics.fmean(u.metrics[key] for u in updates) for key in updates[0].metrics if key not in skip}
 
 
-def per_rank_metrics(updates: list[dict]) -> dict:
+def per_rank_metrics(updates: Sequence[StageResult]) -> dict:
     """{"ledger": {"memory/rank{r}/...": ...}, ...} merged over the ranks that returned them."""
-    merged = {key: {name: value for u in updates for name, value in u.get(key, {}).items()} for key in PER_RANK_KEYS}
+    merged = {
+        key: {name: value for u in updates for name, value in u.metrics.get(key, {}).items()} for key in PER_RANK_KEYS
+    }
     return {key: values for key, values in merged.items() if values}
 
 
-def critic_metrics(inferences: list[dict], updates: list[dict]) -> dict:
+def critic_metrics(inferences: Sequence[StageResult], updates: Sequence[StageResult]) -> dict:
     """The critic's training metrics, mean over its ranks (as the actor's), and per rank
     (`critic_ranks/rank{r}/...`) the samples it took in each stage and its weights' sum after the
     update (equal on every rank while DDP keeps them in step)."""
@@ -160,11 +161,11 @@ def critic_metrics(inferences: list[dict], updates: list[dict]) -> dict:
     ranks: dict[str, dict[str, float]] = {}
     for stage, results in (("inference_samples", inferences), ("update_samples", updates)):
         for result in results:
-            rank = ranks.setdefault(f"rank{result['rank']}", {"inference_samples": 0, "update_samples": 0})
-            rank[stage] += result["num_samples"]
-            if "weights_sum" in result:
-                rank["weights_sum"] = result["weights_sum"]
-    return {**{key: statistics.fmean(u[key] for u in updates) for key in keys}, "critic_ranks": ranks}
+            rank = ranks.setdefault(f"rank{result.metrics['rank']}", {"inference_samples": 0, "update_samples": 0})
+            rank[stage] += result.num_samples
+            if "weights_sum" in result.metrics:
+                rank["weights_sum"] = result.metrics["weights_sum"]
+    return {**{key: statistics.fmean(u.metrics[key] for u in updates) for key in keys}, "critic_ranks": ranks}
 
 
 class MetricsLog:

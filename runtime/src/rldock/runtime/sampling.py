@@ -18,6 +18,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.data import PromptDataset
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.models.loading import encode_answers, pad_prompts
 from rldock.runtime.registry import Registry
 
@@ -97,15 +98,19 @@ class Feed:
         self.sampler.load_state_dict(state)
 
 
-def merge_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
-    """One stage's per-worker result dicts of several rounds -> one dict per worker: numbers summed,
-    lists concatenated, dicts merged the same way key by key (the reward worker's metric sums and
-    counts) (workers in the same order every round)."""
+def merge_rounds(rounds: Sequence[Sequence[StageResult]]) -> list[StageResult]:
+    """One stage's per-worker results of several rounds -> one per worker: seconds and samples
+    summed, and metrics too (numbers summed, lists concatenated, dicts merged the same way key by
+    key: the reward worker's metric sums and counts) (workers in the same order every round)."""
     merged = []
     for per_worker in zip(*rounds):
-        out: dict = {}
+        out = StageResult()
         for result in per_worker:
-            _merge_into(out, result)
+            out.wait_s += result.wait_s
+            out.dispatch_s += result.dispatch_s
+            out.compute_s += result.compute_s
+            out.num_samples += result.num_samples
+            _merge_into(out.metrics, result.metrics)
         merged.append(out)
     return merged
 
@@ -145,14 +150,14 @@ class SampleFacts:
 @dataclass
 class SampledRounds:
     batch: DriverBatch  # what the driver put in each of the G group slots, as it stands in the dock
-    results: dict[str, list[dict]]  # per sampling state: its workers' results summed over rounds
+    results: dict[str, list[StageResult]]  # per sampling state: its workers' results summed over rounds
     metrics: dict[str, float]
     facts: SampleFacts | None = None  # every round's, as the filter read them (None: not read yet)
 
 
 # (group slots (k,) ascending, fresh prompt groups for them (k*N rows), round index) -> (results of
 # the sampling states per state, the filter's score of those rows (k*N,) in slot order)
-RunRound = Callable[[torch.Tensor, DriverBatch, int], tuple[dict[str, list[dict]], torch.Tensor]]
+RunRound = Callable[[torch.Tensor, DriverBatch, int], tuple[dict[str, list[StageResult]], torch.Tensor]]
 
 
 class DynamicSampling:
@@ -184,7 +189,7 @@ class DynamicSampling:
         kept = torch.zeros(self.num_groups, dtype=torch.bool)  # (G,)
         prompt_lengths = [0] * self.num_groups
         slots_batch: TensorDict | None = None  # (G*N,) what the driver put, slot by slot
-        results: list[dict[str, list[dict]]] = []
+        results: list[dict[str, list[StageResult]]] = []
         rounds = 0
         while rounds < self.max_rounds and not kept.all():
             empty = torch.nonzero(~kept).flatten()  # (k,) ascending

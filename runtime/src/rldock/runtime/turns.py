@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import ray
 from ray.actor import ActorHandle
 
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.phase_schedule import Turn, job_schedules, resolve_phase_schedule, worker_devices
 from rldock.runtime.states import StageCall, WorkerState
 
@@ -168,8 +169,8 @@ def in_turn(spec: WorkerState):
                 return method(self, call)
             with self._turns.turn(call.iteration, phase) as waited:
                 result = method(self, call)
-            if isinstance(result, dict) and "wait_s" in result:  # a stage's idle time includes its turn's wait
-                result["wait_s"] += waited
+            if isinstance(result, StageResult):  # a stage's idle time includes its turn's wait
+                result.wait_s += waited
             return result
 
         return wrapper

@@ -50,6 +50,7 @@ from typing import Any
 import ray
 
 from rldock.config import JobConfig
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.planning.memory import DTYPE_BYTES, compute_dtypes
 from rldock.runtime.planning.shapes import ModelShape, layer_flops, shape_from_hf_config
 from rldock.runtime.states import CRITIC_UPDATE, PREFERENCE_UPDATE, REFERENCE_INFERENCE, ROLLOUT, UPDATE
@@ -181,7 +182,7 @@ class UtilisationInputs:
 
 
 def stage_utilisation(
-    results: Mapping[str, Sequence[Mapping[str, Any]]],
+    results: Mapping[str, Sequence[StageResult]],
     inputs: UtilisationInputs,
     *,
     prompt_lengths: Sequence[int],
@@ -200,8 +201,8 @@ def stage_utilisation(
         work = rollout_work(prompt_lengths, response_lengths, group_size=inputs.group_size)
         flops[ROLLOUT.name] = rollout_flops(shape, work)
         devices[ROLLOUT.name] = len(rollouts) * inputs.generation_tp
-        steps = sum(r["decode_steps"] for r in rollouts)
-        seconds = max(r["compute_s"] for r in rollouts)
+        steps = sum(r.metrics["decode_steps"] for r in rollouts)
+        seconds = max(r.compute_s for r in rollouts)
         used = 1 if rates.shared else devices[ROLLOUT.name]
         if seconds > 0:
             metrics["mbu/rollout"] = (
@@ -210,7 +211,7 @@ def stage_utilisation(
                 / (rates.bandwidth * used)
             )
     for state, ranks in results.items():
-        counted = [r["computed"] for r in ranks if "computed" in r]
+        counted = [r.metrics["computed"] for r in ranks if "computed" in r.metrics]
         if not counted:
             continue
         tokens, pairs, heads = (sum(c[key] for c in counted) for key in ("tokens", "pairs", "head_positions"))
@@ -222,7 +223,7 @@ def stage_utilisation(
             flops[state] = forward_flops(shape, tokens=tokens, pairs=pairs, head_positions=heads)
         devices[state] = len(ranks)
     for state, total in flops.items():
-        seconds = max(r["compute_s"] for r in results[state])
+        seconds = max(r.compute_s for r in results[state])
         metrics[f"flops/{state}"] = total
         if seconds > 0:
             used = 1 if rates.shared else devices[state]

@@ -10,6 +10,7 @@ import pytest
 import torch
 from rollout_doubles import EOS, PAD, EngineDouble, RecordingDock, completion, prompts_of
 
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.rollout.base import RolloutRequest, RolloutSetup
 from rldock.runtime.rollout.partial import (
@@ -81,7 +82,8 @@ def test_old_logprobs_keep_the_sampling_versions_for_older_tokens():
 
 
 def test_metrics_sum_over_rounds_and_ranks():
-    results = [{"partial_cut": 3}, {"partial_resumed": 2, "partial_carried_tokens": 8}, {"partial_resumed": 1}]
+    counts = [{"partial_cut": 3}, {"partial_resumed": 2, "partial_carried_tokens": 8}, {"partial_resumed": 1}]
+    results = [StageResult(metrics=metrics) for metrics in counts]
     assert partial_metrics(results) == {
         "rollout/partial_cut": 3,
         "rollout/partial_resumed": 3,
@@ -106,7 +108,7 @@ def run_rounds(mode: str, round_tokens: int | None):
     )
     partial = PartialRollout(setup, mode=mode)
     first = partial.generate(engine, dock, RolloutRequest(iteration=1, policy_version=0, round_tokens=round_tokens))
-    first["puts"] = len(dock.puts)  # what the first round wrote
+    first.metrics["puts"] = len(dock.puts)  # what the first round wrote
     engine.version = 1  # the weight update between the rounds
     second = partial.finish(engine, dock, iteration=1, policy_version=1)
     return engine, dock, first, second
@@ -130,8 +132,8 @@ def rows_written(dock: RecordingDock) -> dict[int, tuple[list[int], list[float],
 
 def test_without_a_budget_nothing_is_cut_and_the_second_round_has_nothing_to_do():
     engine, dock, first, second = run_rounds("resume", None)
-    assert len(engine.calls) == 1 and first["partial_cut"] == 0 and second["partial_resumed"] == 0
-    assert first["puts"] == 1 and second["num_samples"] == 0
+    assert len(engine.calls) == 1 and first.metrics["partial_cut"] == 0 and second.metrics["partial_resumed"] == 0
+    assert first.metrics["puts"] == 1 and second.num_samples == 0
     rows = rows_written(dock)
     assert sorted(rows) == list(range(6))
     assert rows[2] == ([7, 7, 7, EOS], [-1.0] * 4, 0, 4)
@@ -140,11 +142,11 @@ def test_without_a_budget_nothing_is_cut_and_the_second_round_has_nothing_to_do(
 def test_resume_completes_cut_responses_from_their_prefix_under_the_new_weights():
     engine, dock, first, second = run_rounds("resume", 2)
     # responses 1 and 2 of both prompts ran past 2 tokens: the groups wait for the second round
-    assert first["partial_cut"] == 4 and first["decode_steps"] == 0 and first["puts"] == 0
+    assert first.metrics["partial_cut"] == 4 and first.metrics["decode_steps"] == 0 and first.metrics["puts"] == 0
     call = engine.calls[1]
     assert call.prompts == [[9, 9, 7, 7]] * 2 + [[8, 8, 7, 7]] * 2 and call.n == 1 and call.max_tokens == 4
-    assert second["partial_resumed"] == 4 and second["partial_carried_tokens"] == 8
-    assert second["partial_dropped"] == 0 and second["num_samples"] == 6
+    assert second.metrics["partial_resumed"] == 4 and second.metrics["partial_carried_tokens"] == 8
+    assert second.metrics["partial_dropped"] == 0 and second.num_samples == 6
     rows = rows_written(dock)
     assert sorted(rows) == list(range(6))
     assert rows[0] == ([7, EOS], [-1.0, -1.0], 0, 2)  # finished in the first round
@@ -156,8 +158,8 @@ def test_drop_samples_cut_responses_again_from_the_prompt_under_the_new_weights(
     engine, dock, _, second = run_rounds("drop", 2)
     call = engine.calls[1]
     assert call.prompts == [[9, 9]] * 2 + [[8, 8]] * 2 and call.max_tokens == 6
-    assert second["partial_dropped"] == 4 and second["partial_dropped_tokens"] == 8
-    assert second["partial_resumed"] == 0 and second["partial_carried_tokens"] == 0
+    assert second.metrics["partial_dropped"] == 4 and second.metrics["partial_dropped_tokens"] == 8
+    assert second.metrics["partial_resumed"] == 0 and second.metrics["partial_carried_tokens"] == 0
     rows = rows_written(dock)
     assert rows[0] == ([7, EOS], [-1.0, -1.0], 0, 2)  # kept, with its own version
     assert rows[1] == ([7, EOS], [-2.0, -2.0], 1, 2)  # sampled again, all by version 1

@@ -79,7 +79,7 @@ def test_grpo_iteration_on_the_twin(npu_twin, twin_model_dir):
     stats = actor.update(StageCall(1))
 
     assert dock.batch["old_logprobs"].device == dock.batch["ref_logprobs"].device == torch.device("cpu")
-    assert torch.isfinite(torch.tensor([stats["loss"], stats["kl"], stats["grad_norm"]])).all()
+    assert torch.isfinite(torch.tensor([stats.metrics["loss"], stats.metrics["kl"], stats.metrics["grad_norm"]])).all()
     _assert_stepped_on(actor.model, "npu:0", before)
     assert actor.generation.engine.devices == {torch.device("npu:0")}  # the engine got the device's weights
     assert npu_twin.memory_allocated("npu:0") > 0 and npu_twin.memory_allocated("npu:1") > 0
@@ -107,7 +107,7 @@ def test_ppo_iteration_on_the_twin(npu_twin, twin_model_dir):
     actor_stats = actor.update(StageCall(1))
     critic_stats = critic.update(StageCall(1))
 
-    assert torch.isfinite(torch.tensor([actor_stats["loss"], critic_stats["value_loss"]])).all()
+    assert torch.isfinite(torch.tensor([actor_stats.metrics["loss"], critic_stats.metrics["value_loss"]])).all()
     _assert_stepped_on(actor.model, "npu:0", actor_before)
     _assert_stepped_on(critic.model, "npu:2", critic_before)
     assert npu_twin.memory_allocated("npu:2") > 0

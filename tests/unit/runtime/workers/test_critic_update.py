@@ -142,16 +142,16 @@ def test_the_critic_step_equals_the_hand_computed_one(policy_dir):
     torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_GRAD_NORM)
     _adamw(reference.parameters()).step()
 
-    assert stats["value_loss"] == pytest.approx(loss.item(), rel=1e-5)
-    assert stats["value_clip_fraction"] == pytest.approx(float(clip_fraction), rel=1e-6)
-    assert stats["value_mean"] == pytest.approx(float((values.detach() * mask).sum() / mask.sum()), rel=1e-5)
-    assert stats["value_grad_norm"] == pytest.approx(float(grad_norm), rel=1e-5)
-    assert stats["num_samples"] == 4  # the whole iteration: one rank's share
+    assert stats.metrics["value_loss"] == pytest.approx(loss.item(), rel=1e-5)
+    assert stats.metrics["value_clip_fraction"] == pytest.approx(float(clip_fraction), rel=1e-6)
+    assert stats.metrics["value_mean"] == pytest.approx(float((values.detach() * mask).sum() / mask.sum()), rel=1e-5)
+    assert stats.metrics["value_grad_norm"] == pytest.approx(float(grad_norm), rel=1e-5)
+    assert stats.num_samples == 4  # the whole iteration: one rank's share
     stepped = dict(critic.model.named_parameters())
     for name, param in reference.named_parameters():  # the clipped gradients the step took, and the step
         torch.testing.assert_close(stepped[name].grad, param.grad, rtol=1e-5, atol=1e-8, msg=name)
         torch.testing.assert_close(stepped[name], param, rtol=1e-5, atol=1e-6, msg=name)
-    assert stats["weights_sum"] == pytest.approx(
+    assert stats.metrics["weights_sum"] == pytest.approx(
         math.fsum(float(p.detach().double().sum()) for p in reference.parameters())
     )
 
@@ -181,4 +181,5 @@ def test_a_checkpoint_round_trip_keeps_the_next_update(policy_dir, tmp_path):
     kept, restored = critic.update(StageCall(2)), resumed.update(StageCall(2))
     for name, tensor in critic.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], tensor), name
-    assert restored["value_loss"] == kept["value_loss"] and restored["weights_sum"] == kept["weights_sum"]
+    assert restored.metrics["value_loss"] == kept.metrics["value_loss"]
+    assert restored.metrics["weights_sum"] == kept.metrics["weights_sum"]

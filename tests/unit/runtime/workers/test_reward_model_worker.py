@@ -62,7 +62,7 @@ def test_the_worker_writes_the_reward_models_score_of_each_sample(tmp_path, tiny
     dock = OneBatchDock(_batch(policy_tokenizer))
     worker = RewardModelWorker(cfg, recipe=job_recipe(cfg), tokenizer_dir=str(policy_dir), banks=dock)
     result = worker.compute_scores(StageCall(1))
-    assert result["num_samples"] == 2 and set(dock.written.keys()) == {"rm_score"}
+    assert result.num_samples == 2 and set(dock.written.keys()) == {"rm_score"}
     expected = load_reward_model(rm_dir, dtype="float32", device="cpu", field="f").score(["3+4=7", "12+30=42"])
     assert dock.written["rm_score"].dtype == torch.float32
     torch.testing.assert_close(dock.written["rm_score"], expected)

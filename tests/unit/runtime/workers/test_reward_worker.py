@@ -52,9 +52,8 @@ def test_reward_worker_writes_the_shaped_reward_and_the_score(name):
     assert set(dock.written.keys()) == {"reward", "score"}
     # The unshaped combined reward (the learning curve) stays in the dock, where the driver reads it
     # (sample_facts); only the per-term metrics go back in the stage's result.
-    assert dock.written["score"].tolist() == [1.0, 1.0] and set(result) >= {"reward_metrics", "compute_s"}
-    assert "rewards" not in result
-    assert merge_reward_metrics([result["reward_metrics"]]) == {"reward/exact_match": 1.0, "reward/errors": 0}
+    assert dock.written["score"].tolist() == [1.0, 1.0] and set(result.metrics) == {"reward_metrics"}
+    assert merge_reward_metrics([result.metrics["reward_metrics"]]) == {"reward/exact_match": 1.0, "reward/errors": 0}
     if name == "dapo":
         assert dock.written["score"].tolist() == [1.0, 1.0]  # equally correct: not informative
         assert dock.written["reward"].tolist() == [1.0, 0.5]  # shaped: they differ
@@ -110,7 +109,7 @@ def test_a_model_term_scores_the_rm_score_column_the_reward_model_wrote():
     result = worker.compute_rewards(StageCall(1))
     assert dock.written["score"].tolist() == [0.5, 1.5]  # exact_match + 0.5 * rm_score
     assert dock.written["reward"].tolist() == [0.5, 1.5]
-    assert merge_reward_metrics([result["reward_metrics"]])["reward/model"] == 1.0
+    assert merge_reward_metrics([result.metrics["reward_metrics"]])["reward/model"] == 1.0
 
 
 @pytest.mark.parametrize("name", ["grpo", "dapo"])
@@ -145,4 +144,4 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     assert set(fused_dock.written.keys()) == {"advantage", "score"}
     assert torch.equal(fused_dock.written["advantage"], advantage_dock.written["advantage"])
     assert fused_dock.written["advantage"].abs().sum() > 0  # a group with different rewards: not all zero
-    assert fused_dock.written["score"].tolist() == [1.0, 0.0, 1.0, 1.0] and "rewards" not in result
+    assert fused_dock.written["score"].tolist() == [1.0, 0.0, 1.0, 1.0] and "rewards" not in result.metrics

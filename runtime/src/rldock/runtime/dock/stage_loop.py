@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -33,24 +33,24 @@ StageFn = Callable[[torch.Tensor, TensorDict], TensorDict | None]
 
 
 @dataclass
-class StageTiming:
-    """Seconds a worker spent in one stage: waiting for its inputs to become ready, moving data
-    through the dock (requests, reads, writes), and computing."""
+class StageResult:
+    """What one rank's call of a stage returns to the driver: the seconds it spent waiting for its
+    inputs to become ready (and for its device turn), moving data through the dock (requests,
+    reads, writes) and computing, the samples it took, and its own metrics by name (training
+    metrics, the reward terms' sums, the passes' `computed` tally, the rollout's decode steps and
+    counts). Per-sample facts never travel here: they are dock columns the driver reads
+    (states.SAMPLE_FACTS). metrics.iteration_record builds the iteration's record from these."""
 
     wait_s: float = 0.0
     dispatch_s: float = 0.0
     compute_s: float = 0.0
     num_samples: int = 0
-    extra: dict = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
-        return {
-            "wait_s": self.wait_s,
-            "dispatch_s": self.dispatch_s,
-            "compute_s": self.compute_s,
-            "num_samples": self.num_samples,
-            **self.extra,
-        }
+    def with_metrics(self, **metrics: Any) -> StageResult:
+        """This result with `metrics` added (a stage's return statement)."""
+        self.metrics.update(metrics)
+        return self
 
 
 def run_stage(
@@ -65,7 +65,7 @@ def run_stage(
     max_batches: int | None = None,
     timeout_s: float | None = None,
     policy_version: int | None = None,
-) -> StageTiming:
+) -> StageResult:
     """Consume batches of `spec`'s state (its `consumes` columns) until the dock says the
     iteration's samples are exhausted.
 
@@ -74,7 +74,7 @@ def run_stage(
     samples over that many ranks with about equal token counts (see TransferDock.get);
     `policy_version` tags what this stage writes with the weights' version (the rollout's).
     """
-    timing = StageTiming()
+    timing = StageResult()
     num_batches = 0
     while max_batches is None or num_batches < max_batches:
         start, waited_before = time.perf_counter(), dock.waited_s

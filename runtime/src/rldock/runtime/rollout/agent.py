@@ -27,7 +27,7 @@ from rldock.runtime.agent.metrics import Sums, merged_sums
 from rldock.runtime.agent.rollout import Rollout
 from rldock.runtime.agent_sampler import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, AgentSampler
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn
+from rldock.runtime.dock.stage_loop import StageFn, StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.rollout.base import (
     HeldOutRequest,
@@ -54,7 +54,7 @@ class AgentRollout(RolloutMode):
         self.setup, self.sampler = setup, sampler
         self._held: dict[int, list[HeldBatch]] = {}  # iteration -> its batches waiting for the second round
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         """The episodes of this rank's batches; with `round_tokens` (partial rollout, a weight update
         follows) a batch whose episodes did not all end within the budget is kept for `finish`."""
         lengths: list[int] = []
@@ -85,10 +85,13 @@ class AgentRollout(RolloutMode):
         result = episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
         if held:
             self._held[request.iteration] = held
-        result["partial_cut"] = sum(len(batch.rollout.waiting) + len(batch.rollout.out) for batch in held)
-        return result
+        return result.with_metrics(
+            partial_cut=sum(len(batch.rollout.waiting) + len(batch.rollout.out) for batch in held)
+        )
 
-    def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
+    def finish(
+        self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int
+    ) -> StageResult:
         """The second round of `iteration`, after the weight update: the held batches' episodes run to
         their ends on the weights of `policy_version`, then each batch is written."""
         held = self._held.pop(iteration, [])
@@ -107,17 +110,18 @@ class AgentRollout(RolloutMode):
         written = time.perf_counter()
         for batch, (columns, _, _) in zip(held, outputs):
             dock.put(batch.rows, columns, policy_version=batch.policy_version)
-        return {
-            "wait_s": 0.0,
-            "dispatch_s": time.perf_counter() - written,
-            "compute_s": compute_s,
-            "num_samples": sum(len(batch.rows) for batch in held),
-            "response_lengths": [length for _, _, lengths in outputs for length in lengths],
-            "partial_resumed": resumed,
-            "partial_carried_tokens": carried,
-            "partial_newer_tokens": newer,
-            **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
-        }
+        return StageResult(
+            dispatch_s=time.perf_counter() - written,
+            compute_s=compute_s,
+            num_samples=sum(len(batch.rows) for batch in held),
+            metrics={
+                "decode_steps": decode_steps([length for _, _, lengths in outputs for length in lengths]),
+                "partial_resumed": resumed,
+                "partial_carried_tokens": carried,
+                "partial_newer_tokens": newer,
+                **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
+            },
+        )
 
     def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
         """With partial rollout, tokens an older version sampled keep that version's logprob."""
@@ -171,11 +175,11 @@ def episode_stage(
     request: RolloutRequest,
     lengths: list[int],
     sums: list[Sums],
-) -> dict:
+) -> StageResult:
     """Run `rollout` (which fills `lengths` and `sums` as it goes) as the rollout stage: its timing with the
     episodes' decode steps and metric sums (`agent`)."""
     timing = run_rollout_stage(dock, setup, rollout, policy_version=request.policy_version)
-    timing.extra["decode_steps"] = decode_steps(lengths)
+    timing.metrics["decode_steps"] = decode_steps(lengths)
     if sums:
-        timing.extra["agent"] = merged_sums(sums)
-    return timing.as_dict()
+        timing.metrics["agent"] = merged_sums(sums)
+    return timing

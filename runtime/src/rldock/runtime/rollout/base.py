@@ -28,7 +28,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.agent.base import EpisodeContext
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 
 
@@ -100,12 +100,14 @@ class RolloutMode(Protocol):
 
     setup: RolloutSetup
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         """Generate this rank's share of the request's prompt groups into `dock`; the stage's timing
-        (StageTiming.as_dict) with `decode_steps`."""
+        (StageResult.as_dict) with `decode_steps`."""
         ...
 
-    def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
+    def finish(
+        self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int
+    ) -> StageResult:
         """The second round, after the weight update that cut `iteration`'s generation. Only partial
         rollout has one, and the trainer calls it only with rollout.partial_rollout on."""
         raise RuntimeError(
@@ -204,7 +206,7 @@ class TimedWrites:
 
 def run_rollout_stage(
     dock: TransferDock, setup: RolloutSetup, fn: StageFn, *, policy_version: int, writes: TimedWrites | None = None
-) -> StageTiming:
+) -> StageResult:
     """Run `fn` over this rank's whole groups of the rollout state; what it returns is written tagged
     with `policy_version`, what it wrote itself through `writes` is moved from compute to dispatch."""
     timing = run_stage(

@@ -24,6 +24,7 @@ from rldock.runtime.agent.metrics import Sums
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
 from rldock.runtime.rollout.agent import episode_keys, episode_stage
@@ -59,7 +60,7 @@ class HarnessRollout(RolloutMode):
             self._episodes = GatewayEpisodes(self.cfg, tokenizer=self.tokenizer, prompt_capacity=prompt_capacity)
         return self._episodes
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         lengths: list[int] = []
         sums: list[Sums] = []
 

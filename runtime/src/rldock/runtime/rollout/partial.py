@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from tensordict import TensorDict
 
 from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
 from rldock.runtime.rollout.base import (
     RolloutMode,
@@ -161,9 +163,9 @@ def behaviour_logprobs(
     return torch.where(token_version == current_version, computed, sampled.to(computed.dtype))
 
 
-def partial_metrics(results: list[dict]) -> dict[str, int]:
+def partial_metrics(results: Sequence[StageResult]) -> dict[str, int]:
     """`rollout/<key>` summed over the rollout calls' results (both rounds, every rank)."""
-    return {f"rollout/{key}": sum(int(r.get(key, 0)) for r in results) for key in METRIC_KEYS}
+    return {f"rollout/{key}": sum(int(r.metrics.get(key, 0)) for r in results) for key in METRIC_KEYS}
 
 
 class PartialRollout(RolloutMode):
@@ -179,7 +181,7 @@ class PartialRollout(RolloutMode):
         self.max_response_length = setup.max_response_length
         self._cut: dict[int, list[CutGroup]] = {}  # iteration -> its groups waiting for the second round
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         """The first round: generate this rank's whole prompt groups with at most `round_tokens`
         tokens per response (None: to completion, nothing is cut); write the groups with no cut
         response and keep the others for `finish`."""
@@ -216,10 +218,11 @@ class PartialRollout(RolloutMode):
         if cut_groups:
             self._cut[request.iteration] = cut_groups
         num_cut = sum(len(g.cut_positions()) for g in cut_groups)
-        timing.extra.update(decode_steps=decode_steps(lengths), partial_cut=num_cut)
-        return timing.as_dict()
+        return timing.with_metrics(decode_steps=decode_steps(lengths), partial_cut=num_cut)
 
-    def finish(self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int) -> dict:
+    def finish(
+        self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int
+    ) -> StageResult:
         """The second round of `iteration`, after the weight update: complete every cut response
         under the weights of `policy_version` and write the held groups."""
         groups = self._cut.pop(iteration, [])
@@ -269,20 +272,21 @@ class PartialRollout(RolloutMode):
             "resumed" if self.mode == "resume" else "sampled again",
             carried,
         )
-        return {
-            "wait_s": 0.0,
-            "dispatch_s": time.perf_counter() - written,
-            "compute_s": compute_s,
-            "num_samples": len(groups) * self.group,
-            "decode_steps": decode_steps(lengths),
-            "partial_resumed": len(cut) if self.mode == "resume" else 0,
-            "partial_dropped": len(cut) if self.mode == "drop" else 0,
-            "partial_carried_tokens": carried if self.mode == "resume" else 0,
-            "partial_newer_tokens": (
-                sum(len(s.token_ids) - s.prefix_length for s in replaced.values()) if self.mode == "resume" else 0
-            ),
-            "partial_dropped_tokens": carried if self.mode == "drop" else 0,
-        }
+        return StageResult(
+            dispatch_s=time.perf_counter() - written,
+            compute_s=compute_s,
+            num_samples=len(groups) * self.group,
+            metrics={
+                "decode_steps": decode_steps(lengths),
+                "partial_resumed": len(cut) if self.mode == "resume" else 0,
+                "partial_dropped": len(cut) if self.mode == "drop" else 0,
+                "partial_carried_tokens": carried if self.mode == "resume" else 0,
+                "partial_newer_tokens": (
+                    sum(len(s.token_ids) - s.prefix_length for s in replaced.values()) if self.mode == "resume" else 0
+                ),
+                "partial_dropped_tokens": carried if self.mode == "drop" else 0,
+            },
+        )
 
     def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
         """Tokens an older version sampled (a resumed response's prefix) keep that version's logprob."""

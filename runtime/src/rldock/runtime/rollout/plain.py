@@ -8,6 +8,7 @@ from tensordict import TensorDict
 
 from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.rollout.base import (
     RolloutMode,
@@ -39,7 +40,7 @@ class PlainRollout(RolloutMode):
         # rollout.return_logprobs: the recipe's rollout state writes the engine's logprobs too
         self.keeps_logprobs = SAMPLED_LOGPROBS in getattr(setup.spec, "produces", ())
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         lengths: list[int] = []
 
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -56,5 +57,4 @@ class PlainRollout(RolloutMode):
             return columns
 
         timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version)
-        timing.extra["decode_steps"] = decode_steps(lengths)
-        return timing.as_dict()
+        return timing.with_metrics(decode_steps=decode_steps(lengths))

@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.rollout.base import (
     RolloutMode,
@@ -29,7 +30,7 @@ class StreamedRollout(RolloutMode):
             raise ValueError(f"rollout.stream_groups {stream_groups}: a streamed rollout writes at least 1 group")
         self.setup, self.stream_groups = setup, stream_groups
 
-    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> dict:
+    def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         group = self.setup.num_responses
         lengths: list[int] = []
         writes = TimedWrites(dock)
@@ -52,5 +53,4 @@ class StreamedRollout(RolloutMode):
             return None  # every group was written above
 
         timing = run_rollout_stage(dock, self.setup, rollout, policy_version=request.policy_version, writes=writes)
-        timing.extra["decode_steps"] = decode_steps(lengths)
-        return timing.as_dict()
+        return timing.with_metrics(decode_steps=decode_steps(lengths))

@@ -11,6 +11,7 @@ from pathlib import Path
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock import DockActorDiedError, TransferDock
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.sampling import DriverBatch, SampledRounds
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,7 @@ class Inflight:
     """What an iteration has done so far: results of stage ranks that returned, ranks per stage."""
 
     iteration: int
-    finished: dict[str, list[dict]] = field(default_factory=dict)
+    finished: dict[str, list[StageResult]] = field(default_factory=dict)
     launched: dict[str, int] = field(default_factory=dict)
     skip: set[str] = field(default_factory=set)  # stages a resumed iteration does not run again
     resumed: bool = False  # loaded the dock of a failed attempt (resume_inflight)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import ray
 
 from rldock.runtime.dock import DockActorDiedError, TransferDock
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.sampling import DriverBatch, SampleFacts
 
 # What Trainer.run() restarts from (--max-restarts): a worker's process or a dock actor died (a lost
@@ -21,7 +22,7 @@ class Stages:
 
     fed: DriverBatch
     put_seconds: float  # the driver's time putting samples into the bank
-    results: dict[str, list[dict]]  # state -> one result per rank call (DAPO: of every round)
+    results: dict[str, list[StageResult]]  # state -> one result per rank call (DAPO: of every round)
     facts: SampleFacts  # each sample's reward and response length, read from the dock (DAPO: every round's)
     bank: TransferDock  # the dock bank that carried the iteration's samples
     started: float  # perf_counter when the iteration began
@@ -33,8 +34,8 @@ class Stages:
 
 
 def gather_failing_fast(
-    futures: dict[str, list], finished: dict[str, list[dict]] | None = None
-) -> dict[str, list[dict]]:
+    futures: dict[str, list], finished: dict[str, list[StageResult]] | None = None
+) -> dict[str, list[StageResult]]:
     """ray.get of every stage, raising the first worker error at once instead of waiting for the
     other stages to time out on data that will never come. Each rank's result is added to
     `finished[stage]` as it returns (what an in-flight resume reuses)."""
@@ -60,7 +61,7 @@ def gather_failing_fast(
     return {stage: ray.get(refs) for stage, refs in futures.items()}
 
 
-def _keep_returned(pending: list, stage_of: dict, finished: dict[str, list[dict]] | None) -> None:
+def _keep_returned(pending: list, stage_of: dict, finished: dict[str, list[StageResult]] | None) -> None:
     """On a failure, add to `finished` the results other ranks had already returned: an in-flight
     retry reuses them, and a rank that returned after its last put cannot run its work again (its
     samples are done) to give them back."""

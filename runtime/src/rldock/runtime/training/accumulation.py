@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.dock.stage_loop import StageSpec, StageTiming
+from rldock.runtime.dock.stage_loop import StageResult, StageSpec
 from rldock.runtime.training.backend import TrainingBackend
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def train_share(
     after_inference: bool,
     whole_groups: bool = False,
     track: Callable[[TensorDict], None] | None = None,
-) -> tuple[StageTiming, dict[str, float]]:
+) -> tuple[StageResult, dict[str, float]]:
     """Read exactly this rank's share of `spec`'s state (`backend.update_share`, token-balanced across the
     DP ranks; in whole groups with `whole_groups`) and run `step` (mini-batch -> metrics, one
     optimizer step) on each of its `num_mini_batches` mini-batches; returns the stage's timing and

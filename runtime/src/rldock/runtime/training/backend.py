@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
@@ -68,7 +68,7 @@ class TrainingBackend(Protocol):
         """Average where the layout has not yet, clip by the global norm, step; returns the norm."""
         ...
 
-    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageResult:
         """A no-grad pass over the model (old logprobs): the training state back first, the
         samples dealt as the layout's forward needs them."""
         ...
@@ -80,7 +80,7 @@ class TrainingBackend(Protocol):
 
     def run_update_stage(
         self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
-    ) -> StageTiming:
+    ) -> StageResult:
         """Hand `fn` exactly this rank's share (`update_share`), token-balanced across DP ranks."""
         ...
 
@@ -139,7 +139,7 @@ def run_rank_share(
     world_size: int,
     batch_size: int,
     whole_groups: bool = False,
-) -> StageTiming:
+) -> StageResult:
     """`run_stage` taking exactly one batch of `batch_size` as DP rank `rank` of `world_size`,
     token-balanced: the share of an update (DDP, FSDP) or of FSDP's collective forward."""
     return run_stage(

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
 from rldock.runtime.engines.distributed import wrap_ddp
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
 
@@ -85,7 +85,7 @@ class DdpBackend:
         self.optimizer.step()
         return grad_norm
 
-    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageResult:
         # Each rank's forward is its own: micro-batches as they come, no share to balance.
         return run_stage(dock, spec, fn, rank=self.rank, batch_size=self._micro_batch_size)
 
@@ -94,7 +94,7 @@ class DdpBackend:
 
     def run_update_stage(
         self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
-    ) -> StageTiming:
+    ) -> StageResult:
         return run_rank_share(
             dock,
             spec,

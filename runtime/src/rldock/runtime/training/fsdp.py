@@ -34,7 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.engines.expert_parallel import expert_mesh, gather_expert_state, gather_experts, shard_expert_state
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
@@ -131,7 +131,7 @@ class FsdpBackend:
         self.optimizer.step()
         return grad_norm
 
-    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageResult:
         self.to_training()
         return run_rank_share(dock, spec, fn, rank=self.rank, world_size=self.world_size, batch_size=self._share)
 
@@ -140,7 +140,7 @@ class FsdpBackend:
 
     def run_update_stage(
         self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
-    ) -> StageTiming:
+    ) -> StageResult:
         return run_rank_share(
             dock,
             spec,

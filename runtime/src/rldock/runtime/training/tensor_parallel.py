@@ -34,7 +34,7 @@ from rldock.config import JobConfig
 from rldock.config.layout import job_layout
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
 from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
@@ -133,7 +133,7 @@ class TensorParallelBackend:
         """Average over DP, clip over the TP-split model, step."""
         return apply_gradients(self.model, self.optimizer, self.mesh, max_grad_norm=max_grad_norm)
 
-    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageTiming:
+    def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageResult:
         self.begin_inference()  # the TP group computes together; its params come back first
         return self.run_training_stage(dock, spec, fn, batch_size=self._micro_batch_size)
 
@@ -144,7 +144,7 @@ class TensorParallelBackend:
 
     def run_update_stage(
         self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
-    ) -> StageTiming:
+    ) -> StageResult:
         return self.run_training_stage(
             dock,
             spec,
@@ -209,7 +209,7 @@ class TensorParallelBackend:
         balance: bool = False,
         max_batches: int | None = None,
         whole_groups: bool = False,
-    ) -> StageTiming:
+    ) -> StageResult:
         """`run_stage` for a stage that runs the TP-split model: the TP leader reads (as DP rank
         `dp_rank`) and writes; every TP rank runs `fn` on the same batches, in the same order."""
         if self._tp_group is None:
@@ -241,7 +241,7 @@ class TensorParallelBackend:
             )
             self._broadcast(_END)
             return timing
-        timing = StageTiming()
+        timing = StageResult()
         while (got := self._broadcast(None)) is not _END:
             indices, batch = got
             fn(indices, batch)  # the leader writes the (identical) outputs

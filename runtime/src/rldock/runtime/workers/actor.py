@@ -34,7 +34,7 @@ from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dataflow import ROUTED_EXPERTS
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import StageTiming, run_stage
+from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.engines.distributed import Rendezvous
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
@@ -170,7 +170,7 @@ class ActorWorker(TakesTurns):
     # --- stages -------------------------------------------------------------------------------
 
     @in_turn(ROLLOUT)
-    def generate(self, call: StageCall) -> dict:
+    def generate(self, call: StageCall) -> StageResult:
         """Rollout: whole prompt groups in, N responses per prompt out, sampled as the job's rollout
         mode does (rldock.runtime.rollout). The call's `sampling_round` counts the rounds of dynamic
         sampling (DAPO) within the iteration: each round's groups get their own sampling seeds. Its
@@ -187,7 +187,7 @@ class ActorWorker(TakesTurns):
         with self.generation.lent() as engine:
             return self.rollout.generate(engine, self.banks.bank(call.iteration), request)
 
-    def finish_rollout(self, call: StageCall) -> dict:
+    def finish_rollout(self, call: StageCall) -> StageResult:
         """Partial rollout's second round, after the weight update that cut `iteration`'s generation
         (the trainer calls this only with rollout.partial_rollout on; other modes refuse it)."""
         with self.generation.lent() as engine:
@@ -203,7 +203,7 @@ class ActorWorker(TakesTurns):
             return self.rollout.evaluate(engine, request)
 
     @in_turn(REFERENCE_INFERENCE)
-    def compute_ref_logprobs(self, call: StageCall) -> dict:
+    def compute_ref_logprobs(self, call: StageCall) -> StageResult:
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
         model = self.model
@@ -222,10 +222,10 @@ class ActorWorker(TakesTurns):
             rank=self.rank,
             batch_size=self.cfg.training.micro_batch_size,
         )
-        return {**timing.as_dict(), "computed": tally.as_dict()}
+        return timing.with_metrics(computed=tally.as_dict())
 
     @in_turn(ACTOR_INFERENCE)
-    def compute_old_logprobs(self, call: StageCall) -> dict:
+    def compute_old_logprobs(self, call: StageCall) -> StageResult:
         """The old logprobs and, under algorithm.routing_replay `reference`, the routing they were
         computed with (`routed_experts`, which the update replays)."""
         tally = PassTally()
@@ -254,10 +254,10 @@ class ActorWorker(TakesTurns):
         timing = self.backend.run_inference_stage(
             self.banks.bank(call.iteration), self.recipe.spec(ACTOR_INFERENCE.name), infer
         )
-        return {**timing.as_dict(), "computed": self._computed(tally)}
+        return timing.with_metrics(computed=self._computed(tally))
 
     @in_turn(UPDATE)
-    def update(self, call: StageCall) -> dict:
+    def update(self, call: StageCall) -> StageResult:
         """Take exactly this rank's share of the batch (token-balanced across its DP peers), step
         the optimizer, export the weights to the engine. The backend's metrics (ledger and
         resharding rows) go with the losses."""
@@ -276,16 +276,12 @@ class ActorWorker(TakesTurns):
         )
         self.policy_version += 1
         exported = self.backend.export_weights(self.generation.push, self.generation.weights)
-        return {
-            **timing.as_dict(),
-            **summary,
-            **exported,
-            **staleness_metrics(staleness),
-            "computed": self._computed(tally),
-        }
+        return timing.with_metrics(
+            **summary, **exported, **staleness_metrics(staleness), computed=self._computed(tally)
+        )
 
     @in_turn(PREFERENCE_UPDATE)
-    def preference_update(self, call: StageCall) -> dict:
+    def preference_update(self, call: StageCall) -> StageResult:
         """DPO: take this rank's share of whole chosen/rejected pairs and step on the DPO loss."""
         tally = PassTally()
         timing, summary = self._train_share(
@@ -294,7 +290,7 @@ class ActorWorker(TakesTurns):
             lambda mini_batch: self._preference_step(mini_batch, tally),
             whole_groups=True,
         )
-        return {**timing.as_dict(), **summary, "computed": self._computed(tally)}
+        return timing.with_metrics(**summary, computed=self._computed(tally))
 
     def _computed(self, tally: PassTally) -> dict[str, int]:
         """What a stage the backend ran computed on this rank: `tally`, or nothing on a TP peer (its
@@ -303,7 +299,7 @@ class ActorWorker(TakesTurns):
 
     def _train_share(
         self, call: StageCall, state: WorkerState, step: Callable[[TensorDict], dict], **share: Any
-    ) -> tuple[StageTiming, dict[str, float]]:
+    ) -> tuple[StageResult, dict[str, float]]:
         """This rank's share of `state` (as the job's recipe runs it), `step` on each of its
         algorithm.num_updates_per_iteration mini-batches (training/accumulation.py's train_share);
         the training state comes back first (TP: parameters too, when no old-logprob pass brought

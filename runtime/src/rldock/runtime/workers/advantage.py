@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.states import ADVANTAGE_STATE, StageCall
 
 
@@ -40,7 +40,7 @@ class AdvantageWorker:
         self.stage = recipe.advantage_stage
         self.batch_size = advantage_batch_size(recipe, cfg)
 
-    def compute_advantages(self, call: StageCall) -> dict:
+    def compute_advantages(self, call: StageCall) -> StageResult:
         algo = self.cfg.algorithm
 
         def estimate(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -55,4 +55,4 @@ class AdvantageWorker:
             rank=0,
             batch_size=self.batch_size,
             whole_groups=True,
-        ).as_dict()
+        )

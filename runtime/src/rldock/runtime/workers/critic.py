@@ -31,6 +31,7 @@ from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.distributed import Rendezvous
 from rldock.runtime.engines.policy import PassTally, response_attention, sort_by_tokens
 from rldock.runtime.engines.values import response_values, valued_tokens
@@ -97,7 +98,7 @@ class CriticWorker(TakesTurns):
     # --- stages -------------------------------------------------------------------------------
 
     @in_turn(CRITIC_INFERENCE)
-    def compute_values(self, call: StageCall) -> dict:
+    def compute_values(self, call: StageCall) -> StageResult:
         tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -119,10 +120,10 @@ class CriticWorker(TakesTurns):
         timing = self.backend.run_inference_stage(
             self.banks.bank(call.iteration), self.recipe.spec(CRITIC_INFERENCE.name), infer
         )
-        return {**timing.as_dict(), "rank": self.rank, "computed": tally.as_dict()}
+        return timing.with_metrics(rank=self.rank, computed=tally.as_dict())
 
     @in_turn(CRITIC_UPDATE)
-    def update(self, call: StageCall) -> dict:
+    def update(self, call: StageCall) -> StageResult:
         """This rank's share of the iteration's samples (token-balanced across the critic ranks), in
         `num_updates_per_iteration` optimizer steps."""
         tally = PassTally()
@@ -134,13 +135,9 @@ class CriticWorker(TakesTurns):
             num_mini_batches=self.cfg.algorithm.num_updates_per_iteration,
             after_inference=True,  # critic_inference ran first (Ray keeps the calls' order)
         )
-        return {
-            **timing.as_dict(),
-            **summary,
-            "rank": self.rank,
-            "weights_sum": weights_sum(self.model),
-            "computed": tally.as_dict(),
-        }
+        return timing.with_metrics(
+            **summary, rank=self.rank, weights_sum=weights_sum(self.model), computed=tally.as_dict()
+        )
 
     def _optimizer_step(self, mini_batch: TensorDict, tally: PassTally | None = None) -> dict[str, float]:
         """One step on a mini-batch, micro-batches weighted by their tokens: a token mean over the

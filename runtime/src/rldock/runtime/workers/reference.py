@@ -9,7 +9,7 @@ from rldock.config import JobConfig
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.models.loading import load_causal_lm
@@ -28,7 +28,7 @@ class ReferenceWorker(TakesTurns):
         self.model.eval().requires_grad_(False)
 
     @in_turn(REFERENCE_INFERENCE)
-    def compute_ref_logprobs(self, call: StageCall) -> dict:
+    def compute_ref_logprobs(self, call: StageCall) -> StageResult:
         micro_batch_size = self.cfg.training.micro_batch_size
         tally = PassTally()
 
@@ -41,4 +41,4 @@ class ReferenceWorker(TakesTurns):
         timing = run_stage(
             self.banks.bank(call.iteration), self.spec, infer, rank=self.rank, batch_size=micro_batch_size
         )
-        return {**timing.as_dict(), "computed": tally.as_dict()}
+        return timing.with_metrics(computed=tally.as_dict())

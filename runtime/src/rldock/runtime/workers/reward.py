@@ -23,7 +23,7 @@ from rldock.runtime.agent.trajectory import is_trajectory, reward_views
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer, column_lists
 from rldock.runtime.states import REWARD_STATE, StageCall
@@ -60,7 +60,7 @@ class RewardWorker:
         extra infos, prompts and columns."""
         return [self.rows[i] for i in batch["prompt_index"].tolist()]
 
-    def compute_rewards(self, call: StageCall) -> dict:
+    def compute_rewards(self, call: StageCall) -> StageResult:
         metrics = RewardMetrics()
 
         def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -102,8 +102,7 @@ class RewardWorker:
             batch_size=self.batch_size,
             whole_groups=self.whole_groups,
         )
-        timing.extra["reward_metrics"] = metrics.state()
-        return timing.as_dict()
+        return timing.with_metrics(reward_metrics=metrics.state())
 
 
 def response_id_lists(batch: TensorDict) -> list[list[int]]:

@@ -20,7 +20,7 @@ from rldock.runtime.agent.trajectory import final_texts, is_trajectory
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import run_stage
+from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.models.reward_model import load_reward_model
 from rldock.runtime.states import REWARD_MODEL, StageCall
@@ -60,7 +60,7 @@ class RewardModelWorker(TakesTurns):
         )
 
     @in_turn(REWARD_MODEL)
-    def compute_scores(self, call: StageCall) -> dict:
+    def compute_scores(self, call: StageCall) -> StageResult:
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             scores = self.reward_model.score(sample_texts(self.tokenizer, batch))  # (B,)
             return TensorDict({"rm_score": scores}, batch_size=[len(indices)])
@@ -71,4 +71,4 @@ class RewardModelWorker(TakesTurns):
             infer,
             rank=0,
             batch_size=self.cfg.training.micro_batch_size,
-        ).as_dict()
+        )
