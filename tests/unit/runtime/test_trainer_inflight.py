@@ -21,7 +21,7 @@ from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.schedule import Inflight, SyncSchedule
+from rldock.runtime.schedule import Driver, Inflight, SyncSchedule
 from rldock.runtime.schedule.inflight import resume_inflight
 from rldock.runtime.trainer import Trainer
 
@@ -42,10 +42,13 @@ def columns(names: tuple[str, ...], indices: list[int]) -> TensorDict:
 
 
 class DriverDouble:
-    """The driver fields keep_inflight reads; a schedule that launched anything would fail on it."""
+    """The driver fields keep_inflight reads and its read of the samples' facts (the real one's); a
+    schedule that launched anything would fail on it."""
 
     def __init__(self, output_dir) -> None:
         self.recipe, self.output_dir = RECIPE, output_dir
+
+    read_facts = Driver.read_facts
 
 
 def schedule_double(tmp_path) -> tuple[SyncSchedule, TransferDock]:
@@ -238,13 +241,13 @@ def test_a_resumed_iteration_reads_its_facts_from_the_dock(tmp_path) -> None:
     assert inflight.resumed and "rollout" not in inflight.skip  # run again: no rank had returned
     rerun = [_Rank.remote().work.remote(0) for _ in range(2)]  # results without any per-sample fact
     stages = gather_stages(
+        DriverDouble(tmp_path),
         {"rollout": rerun},
         inflight,
         fed=fed,
         put_seconds=0.0,
         sampled=sampled,
         bank=again_dock,
-        facts=RECIPE.facts,
         started=0.0,
     )
     assert stages.facts.response_lengths == [lengths[i] for i in range(NUM_SAMPLES)]

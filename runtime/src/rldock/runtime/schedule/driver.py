@@ -1,6 +1,7 @@
 """What a schedule runs an iteration with, fixed for one attempt: the recipe's facts it orders by,
 the attempt's workers it launches stages on, the job's feed it draws prompts from and the
-bookkeeping whose order it keeps; and the driver's puts into a dock bank. Objects, not callbacks
+bookkeeping whose order it keeps; and the driver's puts into a dock bank and its read of the
+samples' facts from it. Objects, not callbacks
 into the trainer: a schedule is tested with doubles of each (tests/unit/runtime/test_schedule.py)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.grouping import split_group_columns
-from rldock.runtime.sampling import DriverBatch
+from rldock.runtime.sampling import DriverBatch, SampleFacts
 from rldock.runtime.states import StageCall, WorkerState
 
 
@@ -92,3 +93,13 @@ class Driver:
         shared, per_sample = split_group_columns(fed.batch, self.group_size)
         self.counters.wait()
         bank.put_groups(groups, shared, samples=per_sample)
+
+    def read_facts(self, bank: TransferDock, *, num_samples: int) -> SampleFacts:
+        """Every sample's facts in `bank` (its response length, its reward before shaping), read
+        through the recipe's sample_facts state once the iteration's stages are done. The columns
+        stay in the dock, so a resumed iteration reads what its failed attempt's ranks wrote, as a
+        fresh one does; samples the staleness bound dropped have none."""
+        facts, read = self.recipe.facts, SampleFacts()
+        while (got := bank.get(facts.name, list(facts.consumes), batch_size=num_samples)) is not None:
+            read.add(got[1])
+        return read

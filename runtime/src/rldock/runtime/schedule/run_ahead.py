@@ -75,14 +75,7 @@ class RunAheadSchedule:
         if self.ahead is not None and self.ahead.held is not None:  # after the update that cut it
             self.ahead.futures.update(launch_after_cut(driver, self.ahead.iteration, self.ahead.held))
         stages = gather_stages(
-            futures,
-            inflight,
-            fed=fed,
-            put_seconds=put_seconds,
-            sampled=sampled,
-            bank=bank,
-            facts=driver.recipe.facts,
-            started=started,
+            driver, futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
         )
         stages.cycle, self.last_ended = cycle_since(self.last_ended, stages.ended), stages.ended
         # The update made policy version `iteration`: the bound applies at once to what is left, in

@@ -10,12 +10,12 @@ from rldock.config.job import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.sampling import DriverBatch, SampledRounds, SampleFacts
+from rldock.runtime.sampling import DriverBatch, SampledRounds
 from rldock.runtime.schedule.driver import Driver
 from rldock.runtime.schedule.inflight import Inflight, resume_inflight
 from rldock.runtime.schedule.rounds import fill_by_rounds
 from rldock.runtime.schedule.stages import Stages, gather_failing_fast
-from rldock.runtime.states import StageCall, WorkerState
+from rldock.runtime.states import StageCall
 
 
 def fill_bank(
@@ -51,6 +51,7 @@ def launch_unfinished(driver: Driver, iteration: int, states: Sequence[str], inf
 
 
 def gather_stages(
+    driver: Driver,
     futures: dict[str, list],
     inflight: Inflight,
     *,
@@ -58,27 +59,16 @@ def gather_stages(
     put_seconds: float,
     sampled: SampledRounds,
     bank: TransferDock,
-    facts: WorkerState,
     started: float,
 ) -> Stages:
     """Wait for every launched stage (recording each rank's result in `inflight` as it returns), join
     the results that came in before (sampling rounds, a resumed attempt) and read the samples' facts
-    from `bank` through the recipe's `facts` state (unless the sampling rounds read them already)."""
+    from `bank` (Driver.read_facts; the sampling rounds read them already)."""
     inflight.launched.update({state: len(refs) for state, refs in futures.items()})
     gathered = gather_failing_fast(futures, finished=inflight.finished)
     results = {**sampled.results, **{s: sampled.results.get(s, []) + r for s, r in gathered.items()}}
-    read = sampled.facts if sampled.facts is not None else read_facts(bank, facts, num_samples=len(fed.batch))
-    return Stages(fed, put_seconds, results, read, bank, started, time.perf_counter(), sampled.metrics)
-
-
-def read_facts(bank: TransferDock, facts: WorkerState, *, num_samples: int) -> SampleFacts:
-    """Every sample's facts in `bank`, read through the `facts` state once its stages are done (the
-    columns stay in the dock: a resumed iteration reads what its failed attempt's ranks wrote, as a
-    fresh one does). Samples the staleness bound dropped have none."""
-    read = SampleFacts()
-    while (got := bank.get(facts.name, list(facts.consumes), batch_size=num_samples)) is not None:
-        read.add(got[1])
-    return read
+    facts = sampled.facts if sampled.facts is not None else driver.read_facts(bank, num_samples=len(fed.batch))
+    return Stages(fed, put_seconds, results, facts, bank, started, time.perf_counter(), sampled.metrics)
 
 
 def cycle_since(previous_end: float | None, ended: float) -> float | None:

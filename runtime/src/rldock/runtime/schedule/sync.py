@@ -32,14 +32,7 @@ class SyncSchedule:
         fed, put_seconds, sampled, futures = start_in_bank(driver, bank, iteration, inflight, algo=self.algo)
         futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
         stages = gather_stages(
-            futures,
-            inflight,
-            fed=fed,
-            put_seconds=put_seconds,
-            sampled=sampled,
-            bank=bank,
-            facts=driver.recipe.facts,
-            started=started,
+            driver, futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
         )
         stages.cycle, self.last_ended = cycle_since(self.last_ended, stages.ended), stages.ended
         # The update made policy version `iteration`. No stage runs now and nothing is left to
