@@ -199,3 +199,73 @@ def test_partial_rollout_launches_the_held_states_after_the_update_that_cut_the_
     ]
     stages = schedule.run(2)
     assert "rollout_resume" in stages.results and "actor_inference" in stages.results
+
+
+class RoundWorkersDouble:
+    """DAPO's sampling states on a real dock bank: each round's rollout writes its rows' responses
+    (row r: r % 3 + 1 tokens) and the reward their scores, group by group from `scores`."""
+
+    def __init__(self, bank, scores: list[list[float]]) -> None:
+        self.bank, self.scores = bank, iter(scores)
+
+    def launch(self, call: StageCall, specs) -> dict[str, list]:
+        states = tuple(spec.name for spec in specs)
+        assert states == ("rollout", "reward"), states
+        rows, _ = self.bank.get("rollout", ["prompt_ids"], batch_size=2 * GROUP_SIZE, whole_groups=True)
+        lengths = rows % 3 + 1  # (k*N,)
+        mask = (torch.arange(4)[None, :] < lengths[:, None]).long()  # (k*N, SL)
+        responses = {"response_ids": mask * 7, "response_mask": mask, "response_length": lengths}
+        versions = {"policy_version": torch.zeros(len(rows), dtype=torch.int64)}
+        self.bank.put(rows, TensorDict({**responses, **versions}, batch_size=[len(rows)]))
+        scored, _ = self.bank.get("reward", ["response_ids"], batch_size=2 * GROUP_SIZE)
+        score = torch.tensor([s for group in next(self.scores) for s in group])  # (k*N,)
+        self.bank.put(scored, TensorDict({"reward": score, "score": score}, batch_size=[len(scored)]))
+        return {state: [ray.put(stage_result())] for state in states}
+
+
+class PromptFeedDouble(FeedDouble):
+    """The feed with every column the driver puts (prompt, mask, train row)."""
+
+    def draw(self, num_prompts=None) -> DriverBatch:
+        rows = 2 * GROUP_SIZE if num_prompts is None else num_prompts * GROUP_SIZE
+        self.log.append(("draw", next(self.draws)))
+        columns = {"prompt_ids": torch.ones(rows, 3, dtype=torch.int64), "prompt_mask": torch.ones(rows, 3)}
+        return DriverBatch(
+            TensorDict({**columns, "prompt_index": torch.zeros(rows, dtype=torch.int64)}, batch_size=[rows]),
+            prompt_lengths=[3] * (rows // GROUP_SIZE),
+        )
+
+
+def test_dapo_rounds_read_every_rounds_facts_dropped_groups_included(tmp_path):
+    """DAPO's reward_mean and response_length_mean keep their meaning: the driver reads the score and
+    length of every round's samples through sample_facts (the filter's own read), the group the
+    filter dropped included, and reads nothing again after the rounds."""
+    from rldock.config.job import AlgorithmSpec, DockSpec
+    from rldock.runtime.dock import TransferDock
+    from rldock.runtime.schedule.rounds import fill_by_rounds
+
+    recipe = get_recipe("dapo")
+    bank = TransferDock.create(
+        DockSpec(timeout_s=5.0), states=dict(recipe.consumes), num_samples=2 * GROUP_SIZE, group_size=GROUP_SIZE
+    )
+    # round 0: group 0 scores alike (dropped), group 1 differs (kept); round 1 refills group 0, which differs
+    workers = RoundWorkersDouble(bank, [[[1.0, 1.0], [0.0, 1.0]], [[0.5, 0.0]]])
+    log: list = []
+    books = BooksDouble(log)
+    driver = Driver(recipe, tmp_path, GROUP_SIZE, workers, PromptFeedDouble(log), books, books)
+    algo = AlgorithmSpec(
+        name="dapo",
+        num_prompts_per_iteration=2,
+        num_responses_per_prompt=GROUP_SIZE,
+        max_prompt_length=3,
+        max_response_length=4,
+        learning_rate=0.0,
+    )
+    try:
+        _, _, sampled = fill_by_rounds(driver, bank, 1, rounds=recipe.sampling_rounds, algo=algo)
+        assert sampled.metrics["dynamic_sampling/rounds"] == 2
+        assert sampled.facts.scores == [1.0, 1.0, 0.0, 1.0, 0.5, 0.0]  # both rounds' samples, in read order
+        assert sampled.facts.response_lengths == [1, 2, 3, 1, 1, 2]  # rows 0-3, then row 0-1 again
+        assert bank.get("sample_facts", ["score"], batch_size=2 * GROUP_SIZE, whole_groups=True) is None  # all read
+    finally:
+        bank.shutdown()
