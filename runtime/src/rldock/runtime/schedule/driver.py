@@ -1,8 +1,8 @@
 """What a schedule runs an iteration with, fixed for one attempt: the recipe's facts it orders by,
 the attempt's workers it launches stages on, the job's feed it draws prompts from and the
 bookkeeping whose order it keeps; and the driver's puts into a dock bank and its read of the
-samples' facts from it. Objects, not callbacks
-into the trainer: a schedule is tested with doubles of each (tests/unit/runtime/test_schedule.py)."""
+samples' facts from it. Objects, not callbacks into the trainer: a schedule is tested with doubles
+of each (tests/unit/runtime/test_schedule.py)."""
 
 from __future__ import annotations
 
