@@ -163,6 +163,7 @@ def test_dock_columns_carry_both_masks(tokenizer):
     for row, episode in enumerate(episodes):
         length = len(episode.response)
         assert columns["response_attention_mask"][row].sum() == length
+        assert columns["response_length"][row] == length  # what the driver reads: the tools' tokens too
         assert columns["response_mask"][row, :length].tolist() == episode.model_mask
         assert columns["response_mask"][row, length:].sum() == 0
     assert columns["num_tool_calls"].tolist() == [1, 0] and columns["num_turns"].tolist() == [2, 1]

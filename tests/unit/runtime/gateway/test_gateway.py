@@ -109,6 +109,8 @@ def test_a_harness_of_tool_calls_trains_on_exactly_the_sampled_ids(episodes, tok
     )
     assert columns["environment_rewards"][0, :2].tolist() == [0.25, 1.0] and columns["num_environment_steps"][0] == 2
     assert columns["response_mask"].sum() == len(trained)
+    # the driver's response length: every token after the prompt, the tool's included
+    assert columns["response_length"].tolist() == [len(row.ids) - row.prompt_length]
     assert sorted(set(columns["turn_index"][0].tolist())) == [-1, 0, 1]  # two turns, the tool's tokens none
     # Rebuilt from the messages, the first turn would lose its call: this template writes an assistant message's
     # content only, and an answer of calls has none. Every held id from that turn on drifts.
