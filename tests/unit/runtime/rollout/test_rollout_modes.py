@@ -276,23 +276,24 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
     prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
     dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
     first = rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4, round_tokens=2))
-    assert dock.puts == [] and first["partial_cut"] == G * N
+    assert dock.puts == [] and first.metrics["partial_cut"] == G * N
     engine.weights = 5  # the weight update
     second = rollout.finish(engine, dock, iteration=3, policy_version=5)
     # each cut turn is resumed from its 2 sampled tokens, keyed (sample, turn, tokens sampled)
     assert engine.requests[G * N :] == [(3, (i, 0, 2)) for i in range(G * N)]
     ((indices, out, version),) = dock.puts
     assert indices == list(range(G * N)) and version == 4
-    counts = (second["num_samples"], second["partial_resumed"], second["partial_carried_tokens"])
+    counts = (second.num_samples, second.metrics["partial_resumed"], second.metrics["partial_carried_tokens"])
     assert counts == (G * N, G * N, 2 * G * N)
     assert out["response_ids"][:, :3].tolist() == [turn] * (G * N) and out["num_turns"].tolist() == [1] * (G * N)
     assert out["response_mask"].sum(-1).tolist() == [3] * (G * N)
+    assert out["response_length"].tolist() == [3] * (G * N) and second.metrics["decode_steps"] == 2
     assert out["token_policy_version"].tolist() == [[4, 4, 5] + [-1] * (SL - 3)] * (G * N)
     assert out["sampled_logprobs"][0, :3].tolist() == pytest.approx([-0.05, -0.05, -0.06])
     computed = torch.full((G * N, SL), -9.0)  # (B, SL): the pass under version 5
     old = rollout.sampling_logprobs(computed, out, policy_version=5)
     assert old[0, :3].tolist() == pytest.approx([-0.05, -0.05, -9.0])
-    assert rollout.finish(engine, dock, iteration=3, policy_version=5)["num_samples"] == 0  # nothing left
+    assert rollout.finish(engine, dock, iteration=3, policy_version=5).num_samples == 0  # nothing left
 
 
 def test_an_agents_episodes_within_the_round_budget_are_written_at_once():
@@ -309,9 +310,9 @@ def test_an_agents_episodes_within_the_round_budget_are_written_at_once():
     dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
     first = rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4, round_tokens=5))
     ((_, out, version),) = dock.puts
-    assert first["partial_cut"] == 0 and version == 4
+    assert first.metrics["partial_cut"] == 0 and version == 4
     assert out["token_policy_version"][:, :3].tolist() == [[4, 4, 4]] * (G * N)
-    assert rollout.finish(engine, dock, iteration=3, policy_version=5)["num_samples"] == 0
+    assert rollout.finish(engine, dock, iteration=3, policy_version=5).num_samples == 0
 
 
 def test_the_token_versions_choose_which_logprob_the_update_compares_against():
