@@ -87,6 +87,10 @@ CONTEXT_PARALLEL_JOB = {
     **job_dict(),
     "training": {"data_parallel_size": 2, "context_parallel_size": 2, "strategy": "fsdp"},
 }
+CONTEXT_PARALLEL_WITH_EXPERTS = {
+    **CONTEXT_PARALLEL_JOB,
+    "training": {**CONTEXT_PARALLEL_JOB["training"], "expert_parallel_size": 2},
+}
 ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
 
 
@@ -100,11 +104,12 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
         (request("CREATE", VALID), None, ()),
         (request("CREATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK)), None, ()),
         (request("CREATE", INVALID), "InvalidSpec", ("spec.job",)),
-        # a layout `rldock plan` plans but rldock train cannot seat yet: no RayCluster sized for it
+        # rldock train seats DP x CP ranks; CP beside EP is a layout not built: no RayCluster sized for it
+        (request("CREATE", rljob_object(job=CONTEXT_PARALLEL_JOB)), None, ()),
         (
-            request("CREATE", rljob_object(job=CONTEXT_PARALLEL_JOB)),
+            request("CREATE", rljob_object(job=CONTEXT_PARALLEL_WITH_EXPERTS)),
             "InvalidSpec",
-            ("spec.job.training.context_parallel_size: 2", "rldock train does not yet seat a job's CP ranks"),
+            ("spec.job.training.expert_parallel_size: 2 with context_parallel_size 2",),
         ),
         (
             request("CREATE", OUTSIDE_POLICY),

@@ -97,15 +97,16 @@ CONTEXT_PARALLEL = ["--set", "training.strategy=fsdp", "--set", "training.contex
 
 
 @pytest.mark.parametrize("path_checks", [[], ["--no-path-checks"]])
-def test_validate_refuses_a_context_parallel_job_that_plan_still_plans(path_checks, capsys):
-    """CP runs in the passes and the planner, not yet in `rldock train`: validate refuses a CP job
-    whether or not it checks the paths (a config checked here for an RLJob skips them)."""
-    assert main(["plan", str(EXAMPLE), "--json", *CONTEXT_PARALLEL]) == 0
+def test_validate_accepts_a_context_parallel_job_and_names_what_cannot_combine(path_checks, capsys):
+    """rldock train seats CP ranks (tests/integration/test_context_parallel_job.py): validate accepts
+    a CP job whether or not it checks the paths (a config checked here for an RLJob skips them), and
+    still refuses the layouts CP does not compose with, naming the field."""
+    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL]) == 0
     capsys.readouterr()
-    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL]) == 2
+    with_experts = ["--set", "training.expert_parallel_size=2"]
+    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL, *with_experts]) == 2
     err = capsys.readouterr().err
-    assert "training.context_parallel_size: 2: context parallelism runs in the policy" in err
-    assert "rldock train does not yet seat a job's CP ranks" in err
+    assert "training.expert_parallel_size: 2 with context_parallel_size 2" in err
 
 
 def test_version_prints_the_installed_version(capsys):

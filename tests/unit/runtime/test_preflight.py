@@ -223,15 +223,16 @@ def test_an_agent_file_without_its_class_names_the_field_and_lists_its_classes(t
     assert "defines no 'Ecko' at its top level (its classes: ['Echo'])" in problem.message
 
 
-def test_a_job_with_context_parallelism_is_refused_before_ray_starts(tmp_path):
-    """CP runs in the passes and the planner, not yet as a job: `rldock train` must not start one that
-    would train its CP ranks as data-parallel ranks."""
+def test_a_job_with_context_parallelism_starts_unless_the_heads_do_not_divide(tmp_path):
+    """rldock train seats CP ranks: preflight lets a CP job start, and refuses one whose model's KV
+    heads CP cannot split (Ulysses gives each CP rank 1/cp of them), naming the field and the sizes
+    that would."""
     model = _model_dir(tmp_path / "m")
-    assert preflight(_config(model, strategy="fsdp", context_parallel_size=1)) is None
-    failure = preflight(_config(model, strategy="fsdp", context_parallel_size=2))
+    assert preflight(_config(model, strategy="fsdp", context_parallel_size=2)) is None
+    failure = preflight(_config(model, strategy="fsdp", context_parallel_size=4))
     assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
     assert [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
-    assert "rldock train does not yet seat a job's CP ranks" in failure.problems[0].message
+    assert "num_key_value_heads=2 does not; choose one of [1, 2]" in failure.problems[0].message
 
 
 @pytest.mark.parametrize(

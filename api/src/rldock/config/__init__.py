@@ -16,7 +16,7 @@ from rldock.config.job import (
     WarmupSpec,
 )
 from rldock.config.loading import ConfigError, load_job_config, parse_job_config, resolve_job_config
-from rldock.config.problems import Problem, find_local_problems, find_problems, find_run_problems, find_warnings
+from rldock.config.problems import Problem, find_local_problems, find_problems, find_warnings
 
 __all__ = [
     "AlgorithmSpec",
@@ -36,7 +36,6 @@ __all__ = [
     "WarmupSpec",
     "find_local_problems",
     "find_problems",
-    "find_run_problems",
     "find_warnings",
     "load_job_config",
     "parse_job_config",

@@ -1261,27 +1261,6 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     return problems
 
 
-def find_run_problems(cfg: JobConfig) -> list[Problem]:
-    """What a job that runs (`rldock validate`, `rldock train`, an RLJob's admission) must not have,
-    though `rldock plan` plans it: find_problems keeps accepting these so the planner can lay them out.
-
-    training.context_parallel_size > 1 runs in the engines' passes (engines/ulysses.py, with FSDP:
-    training/context_parallel.py) and in `rldock plan`, but the trainer does not yet give a
-    data-parallel rank's CP ranks the same samples or build their groups: such a job would train its
-    CP ranks as data-parallel ones (and the operator would size its RayCluster for ranks it cannot
-    use), so it must not start."""
-    cp = cfg.training.context_parallel_size
-    if cp == 1:
-        return []
-    return [
-        Problem(
-            CP_FIELD,
-            f"{cp}: context parallelism runs in the policy, reference and critic passes and in `rldock plan` "
-            "(docs/scaling.md), but rldock train does not yet seat a job's CP ranks; use 1 for a job",
-        )
-    ]
-
-
 def find_local_problems(cfg: JobConfig) -> list[Problem]:
     """Problems that need the local filesystem: run where the job will run (`rldock validate`,
     `rldock train`), not in the operator or the planner."""

@@ -1,7 +1,7 @@
 """Problems of an RLJob spec that the CRD schema cannot catch, each naming the field to change.
 
-The job's own cross-field rules come from the runtime (`rldock.config.find_problems` and
-`find_run_problems`, so `rldock train` and the operator refuse the same configs), re-rooted under
+The job's own cross-field rules come from the runtime (`rldock.config.find_problems`, so
+`rldock train` and the operator refuse the same configs), re-rooted under
 `spec.job.`; the rest are about the cluster: storage, device resource name, tolerations, node
 selector and scheduling. The handlers turn a non-empty list into phase Failed, a condition and an
 Event, and create nothing.
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rldock.config import Problem, find_problems, find_run_problems
+from rldock.config import Problem, find_problems
 from rldock.config.problems import field_path
 from rldock.contract.agent_pods import GATEWAY_ENV
 from rldock.operator.api import Agent, Environment, EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
@@ -95,7 +95,7 @@ def find_spec_problems(spec: RLJobSpec) -> list[Problem]:
     """Every problem of a parsed spec (the runtime's job rules first, over the job as the runtime reads it
     where the agent pods run its episodes), in field order."""
     job = with_agent_pods(spec.job) if spec.agents else spec.job
-    job_problems = find_problems(job) + find_run_problems(job)
+    job_problems = find_problems(job)
     problems = [Problem(f"spec.job.{p.path}", p.message) for p in job_problems]
     problems += _device_problems(spec)
     for role in ("head", "worker"):

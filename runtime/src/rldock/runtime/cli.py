@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from rldock.config import ConfigError, JobConfig, find_run_problems, find_warnings, load_job_config
+from rldock.config import ConfigError, JobConfig, find_warnings, load_job_config
 from rldock.contract import runtime_cli as cli
 from rldock.contract.failure import FailureReason, JobFailure, format_failure
 from rldock.contract.progress import headline_key
@@ -505,11 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ConfigError as error:
         return _refuse(failure_of(FailureReason.INVALID_JOB_INPUT, error.problems), str(args.config), machine)
-    if check_paths:
-        failure = preflight(cfg, output=args.output if args.command == cli.TRAIN else None)
-    else:  # of preflight's checks, those that read no path: what a job cannot run yet
-        run_problems = find_run_problems(cfg)
-        failure = failure_of(FailureReason.INVALID_JOB_INPUT, run_problems) if run_problems else None
+    failure = preflight(cfg, output=args.output if args.command == cli.TRAIN else None) if check_paths else None
     if failure is not None:
         return _refuse(failure, str(args.config), machine)
     for warning in find_warnings(cfg):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from rldock.config import JobConfig, Problem, find_local_problems, find_run_problems
+from rldock.config import JobConfig, Problem, find_local_problems
 from rldock.config.problems import model_config_problem
 from rldock.contract.failure import FailureReason, FieldProblem, JobFailure
 from rldock.runtime.agent.sandbox import sandbox_layer_problems
@@ -324,8 +324,7 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
     defines what it is named for; wandb_credentials_problems: W&B has an API key;
     local_device_problems: the GPUs a local Ray is asked for are here; environment_server_problems: the
     environment servers at a `url` answer OpenEnv's /health and /schema; sandbox_layer_problems: the
-    python tool's sandbox has the kernel layers the config requires; find_run_problems: what
-    `rldock plan` plans but a job cannot run yet, CP); only when those pass, the
+    python tool's sandbox has the kernel layers the config requires); only when those pass, the
     prompt sets are built as the trainer builds them (prompt_set_problems: a prompt within
     algorithm.max_prompt_length, every row readable)."""
     path_problems = find_path_problems(cfg) + (output_problems(output) if output is not None else [])
@@ -342,7 +341,6 @@ def preflight(cfg: JobConfig, *, output: str | Path | None = None) -> JobFailure
         + local_device_problems(cfg)
         + environment_server_problems(cfg, starting=output is not None)
         + sandbox_layer_problems(cfg)
-        + find_run_problems(cfg)
     )
     if not local:
         local = prompt_set_problems(cfg)

@@ -249,5 +249,9 @@ def shard_forward(
 
 
 def _hf_config(model: nn.Module) -> Any:
-    module = getattr(model, "module", model)  # through DDP
-    return module.config
+    """The Hugging Face config of `model`: its own, or its first submodule's that has one (through
+    DDP's `module`, the critic's value model's `body`)."""
+    config = next((m.config for m in model.modules() if hasattr(m, "config")), None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__}: no Hugging Face config on it or any submodule")
+    return config

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -152,3 +153,67 @@ def run_rank_share(
         balance_ranks=world_size,
         max_batches=1,
     )
+
+
+_END = None  # broadcast by a group's reader when its stage has no more batches
+
+
+def run_shared_stage(
+    dock: TransferDock,
+    spec: StageSpec,
+    fn: StageFn,
+    *,
+    group: dist.ProcessGroup | None,
+    reader: int,
+    dp_rank: int,
+    batch_size: int,
+    balance_ranks: int = 0,
+    max_batches: int | None = None,
+    whole_groups: bool = False,
+) -> StageResult:
+    """`run_stage` for ranks that compute one forward together and so must see the same samples (a
+    TP group, a CP group): the group's `reader` (a global rank) reads from the dock as data-parallel
+    rank `dp_rank` (token-balanced over `balance_ranks` ranks where > 0), broadcasts each batch to
+    the group and alone writes the results back; every rank runs `fn` on the same batches in the
+    same order. `group` None: this rank reads alone.
+
+    Why one reader: the dock hands every sample to exactly one consumer, so every rank reading would
+    hand different samples to the ranks of one forward, or (with a fan-out state in the dock) break
+    the dock's exactly-once accounting that resume relies on. A batch is token ids and masks, small
+    next to the forward they feed, so pickling it is fine."""
+
+    def read(fn: StageFn) -> StageResult:
+        return run_stage(
+            dock,
+            spec,
+            fn,
+            rank=dp_rank,
+            batch_size=batch_size,
+            whole_groups=whole_groups,
+            balance_ranks=balance_ranks,
+            max_batches=max_batches,
+        )
+
+    if group is None:
+        return read(fn)
+
+    def share(obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=reader, group=group)
+        return box[0]
+
+    if dist.get_rank() == reader:
+
+        def shared(indices: torch.Tensor, batch):
+            share((indices, batch))
+            return fn(indices, batch)
+
+        timing = read(shared)
+        share(_END)
+        return timing
+    timing = StageResult()
+    while (got := share(None)) is not _END:
+        indices, batch = got
+        fn(indices, batch)  # the reader writes the (identical) outputs
+        timing.num_samples += len(indices)
+    return timing

@@ -10,15 +10,36 @@ Gradients: a CP rank's gradient is its positions' share of its data-parallel ran
 rank of the group computes the same loss), so the step's gradient is the sum over each CP group
 averaged over the dp groups: a reduction over all ranks divided by dp, not by dp x cp
 (`sum_over_context`).
+
+Samples: a data-parallel rank's rows are read once, by its CP group's first rank, as DP rank d of dp
+(token-balanced over the dp groups), and broadcast to the group (backend.py's `run_shared_stage`);
+each CP rank then cuts its slice of every sequence inside the pass (engines/ulysses.py's
+`shard_forward`). Why whole rows and not the dock's rows pre-split along the sequence: a pass's
+sequence is only known inside the pass (packing lays several rows' tokens into one sequence with its
+own 4D mask, trimming cuts the padding), the loss needs every position's logprob on every rank of the
+group anyway (`sum_over_group`), and the rows are token ids, small next to the activations CP divides.
+
+Losses and metrics: every rank of a CP group computes the same loss from the same summed logprobs,
+so the group reports one loss (cp equal copies: a mean over ranks is the mean over the dp groups).
+A loss normalised by a sum over all ranks divided by the world (the token mean's units) counts each
+group's rows cp times over dp x cp ranks, i.e. the mean over the dp groups, as without CP.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageResult
 from rldock.runtime.engines.ulysses import apply_ulysses
+from rldock.runtime.training.backend import run_shared_stage
+
+if TYPE_CHECKING:
+    from rldock.runtime.dock import TransferDock
 
 
 def context_group(cp: int) -> dist.ProcessGroup:
@@ -48,7 +69,55 @@ def apply_context_parallel(model: nn.Module, cp: int) -> dist.ProcessGroup | Non
 
 def sum_over_context(model: nn.Module, *, dp: int) -> None:
     """Make FSDP's gradient reduction over the dp x cp ranks divide by dp: a sum over each CP group,
-    a mean over the data-parallel ranks (module docstring). Call after `fully_shard`."""
+    a mean over the data-parallel ranks (module docstring). Call after `fully_shard`.
+
+    The reduction is a plain sum then a division: FSDP would otherwise reduce in float32 and bfloat16
+    with a pre-multiplied sum (its factor is not the world), which gloo refuses (and HCCL has not),
+    while a float64 model took the sum path anyway (why the float64 ranks test did not see it)."""
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(float(dp))
+            module.set_force_sum_reduction_for_comms(True)
+
+
+@dataclass(frozen=True)
+class ContextLayout:
+    """One rank's place in the dp x cp ranks (CP innermost, module docstring): its CP group (None at
+    cp 1), the data-parallel size and rank, and the group's reader (its first rank, global)."""
+
+    cp: int
+    dp: int
+    dp_rank: int
+    reader: int
+    group: dist.ProcessGroup | None
+
+    @classmethod
+    def of(cls, model: nn.Module, *, cp: int) -> ContextLayout:
+        """Give `model` Ulysses attention over this rank's CP group (`apply_context_parallel`) and
+        say where the rank sits. Collective over the default group; before FSDP wraps the model."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        group = apply_context_parallel(model, cp)
+        return cls(cp=cp, dp=world // cp, dp_rank=rank // cp, reader=rank - rank % cp, group=group)
+
+    def sum_gradients(self, model: nn.Module) -> None:
+        """FSDP's reduction a sum over CP, a mean over DP (`sum_over_context`); nothing at cp 1."""
+        if self.cp > 1:
+            sum_over_context(model, dp=self.dp)
+
+    def run_share(
+        self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, batch_size: int, whole_groups: bool = False
+    ) -> StageResult:
+        """Exactly one batch of `batch_size`, this data-parallel rank's token-balanced share, read by
+        the group's reader and run by every rank of the group (module docstring)."""
+        return run_shared_stage(
+            dock,
+            spec,
+            fn,
+            group=self.group,
+            reader=self.reader,
+            dp_rank=self.dp_rank,
+            batch_size=batch_size,
+            balance_ranks=self.dp,
+            max_batches=1,
+            whole_groups=whole_groups,
+        )

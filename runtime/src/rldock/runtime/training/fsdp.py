@@ -3,7 +3,10 @@ swap of the shards around generation, the ledger and checkpoints of sharded stat
 
 Every method here is collective over the worker's ranks (FSDP all-gathers and reduce-scatters), so
 the worker calls them on all ranks in the same order, as it does its update. So is the forward:
-an inference stage hands every rank its equal share in one pass, as the update does.
+an inference stage hands every rank its equal share in one pass, as the update does. With
+`training.context_parallel_size` > 1 the ranks are dp x cp and a share is a data-parallel rank's:
+its CP group's first rank reads it and every rank of the group computes a slice of each sequence
+(training/context_parallel.py).
 
 Gradients are reduce-scattered after every micro-batch's backward, so a rank holds only gradient
 shards; with `defer_gradient_sync` the micro-batches accumulate whole gradients unsynchronised and
@@ -39,7 +42,8 @@ from rldock.runtime.engines.expert_parallel import expert_mesh, gather_expert_st
 from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
-from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
+from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep
+from rldock.runtime.training.context_parallel import ContextLayout
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
@@ -70,6 +74,8 @@ class FsdpBackend:
             if training.expert_parallel_size > 1
             else None
         )
+        # CP groups inside the data-parallel dimension, before FSDP wraps the model (context_parallel.py)
+        self.context = ContextLayout.of(model, cp=training.context_parallel_size)
         self.model = apply_fsdp(
             model,
             device,
@@ -77,10 +83,11 @@ class FsdpBackend:
             mixed_precision=training.mixed_precision,
             experts=self.experts,
         )
+        self.context.sum_gradients(self.model)
         self.optimizer = make_optimizer(self.model.parameters())
         self.rank = rank
         self.world_size = dist.get_world_size()
-        self._share = cfg.num_samples_per_iteration // self.world_size
+        self._share = cfg.num_samples_per_iteration // self.context.dp  # a CP group's ranks share their rows
         self.swaps = training.resharding == "allgather_swap"
         self._device = torch.device(device.torch_device)
         self._swapper = TensorSwapper(pin_memory=device.is_accelerator)
@@ -116,7 +123,7 @@ class FsdpBackend:
 
     @property
     def counts_passes(self) -> bool:
-        return True  # every rank computes its own share
+        return True  # every rank computes its own share (a CP rank's tally counts its slice of each pass)
 
     def training_module(self) -> nn.Module:
         return self.model
@@ -133,7 +140,7 @@ class FsdpBackend:
 
     def run_inference_stage(self, dock: TransferDock, spec: StageSpec, fn: StageFn) -> StageResult:
         self.to_training()
-        return run_rank_share(dock, spec, fn, rank=self.rank, world_size=self.world_size, batch_size=self._share)
+        return self.context.run_share(dock, spec, fn, batch_size=self._share)
 
     def before_update(self, *, after_inference: bool) -> None:
         self.to_training()
@@ -141,15 +148,7 @@ class FsdpBackend:
     def run_update_stage(
         self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, whole_groups: bool = False
     ) -> StageResult:
-        return run_rank_share(
-            dock,
-            spec,
-            fn,
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self._share,
-            whole_groups=whole_groups,
-        )
+        return self.context.run_share(dock, spec, fn, batch_size=self._share, whole_groups=whole_groups)
 
     def attach_engine(self, engine: VllmRolloutEngine, local_weights: Callable[[], WeightIter]) -> None:
         # This rank's local state dict, not the gathered one: the reload runs on the engine rank alone.

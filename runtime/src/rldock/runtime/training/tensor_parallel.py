@@ -11,11 +11,9 @@ each with one vLLM engine on its first rank, which takes the full gathered weigh
 itself) and generates the replica's share of the prompts; at g = 1 every rank holds an engine.
 Every rank still gathers and swaps: the allgather is collective over the training TP group, and the
 swap frees each rank's own device. Training stages are different: the ranks of a
-TP group compute one forward together and must see the same samples. The dock hands every sample
-to exactly one consumer, so only the group's TP rank 0 (its "leader") reads from the dock, as DP
-rank `dp_rank` of `dp_size`, and broadcasts each batch to its TP peers; it alone writes results
-back. Letting every TP rank read would hand different samples to the ranks of one forward, or
-(with a fan-out state in the dock) break the dock's exactly-once accounting that resume relies on.
+TP group compute one forward together and must see the same samples, so only the group's TP rank 0
+(its "leader") reads from the dock, as DP rank `dp_rank` of `dp_size`, and broadcasts each batch to
+its TP peers; it alone writes results back (backend.py's `run_shared_stage`, which says why).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -34,12 +31,12 @@ from rldock.config import JobConfig
 from rldock.config.layout import job_layout
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
+from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageResult
 from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
 from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_decoder
-from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush
+from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, run_shared_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
@@ -47,8 +44,6 @@ if TYPE_CHECKING:
 # Gather bucket per dtype: large enough that a tiny model needs a handful of collectives, small
 # enough that one bucket of a 100M model is not a second copy of a layer group.
 BUCKET_BYTES = 32 << 20
-
-_END = None  # broadcast by a TP leader when its stage has no more batches
 
 
 class TensorParallelBackend:
@@ -212,47 +207,18 @@ class TensorParallelBackend:
     ) -> StageResult:
         """`run_stage` for a stage that runs the TP-split model: the TP leader reads (as DP rank
         `dp_rank`) and writes; every TP rank runs `fn` on the same batches, in the same order."""
-        if self._tp_group is None:
-            return run_stage(
-                dock,
-                spec,
-                fn,
-                rank=self.dp_rank,
-                batch_size=batch_size,
-                whole_groups=whole_groups,
-                balance_ranks=self.dp_size if balance else 0,
-                max_batches=max_batches,
-            )
-        if self.is_tp_leader:
-
-            def shared(indices: torch.Tensor, batch):
-                self._broadcast((indices, batch))
-                return fn(indices, batch)
-
-            timing = run_stage(
-                dock,
-                spec,
-                shared,
-                rank=self.dp_rank,
-                batch_size=batch_size,
-                whole_groups=whole_groups,
-                balance_ranks=self.dp_size if balance else 0,
-                max_batches=max_batches,
-            )
-            self._broadcast(_END)
-            return timing
-        timing = StageResult()
-        while (got := self._broadcast(None)) is not _END:
-            indices, batch = got
-            fn(indices, batch)  # the leader writes the (identical) outputs
-            timing.num_samples += len(indices)
-        return timing
-
-    def _broadcast(self, obj):
-        # Token ids and masks of one batch: small next to the forward they feed, so pickling is fine.
-        box = [obj]
-        dist.broadcast_object_list(box, src=self._leader, group=self._tp_group)
-        return box[0]
+        return run_shared_stage(
+            dock,
+            spec,
+            fn,
+            group=self._tp_group,
+            reader=self._leader,
+            dp_rank=self.dp_rank,
+            batch_size=batch_size,
+            balance_ranks=self.dp_size if balance else 0,
+            max_batches=max_batches,
+            whole_groups=whole_groups,
+        )
 
     # --- the update cycle -----------------------------------------------------------------------
 
