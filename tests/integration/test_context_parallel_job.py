@@ -30,7 +30,9 @@ SAME_ROLLOUT = ("reward_mean", "reward_std", "response_length_mean", "prompt_len
 TRAINING = ("loss", "policy_loss", "kl", "entropy", "grad_norm", "clip_fraction")
 
 
-def run_job(root: Path, cp: int, *, iterations: int, resume: bool = False) -> list[dict]:
+def run_job(
+    root: Path, cp: int, *, iterations: int, resume: bool = False, example: str = "grpo-tiny.yaml"
+) -> list[dict]:
     overrides = {
         "iterations": iterations,
         "model.path": str(root / "model"),
@@ -46,7 +48,7 @@ def run_job(root: Path, cp: int, *, iterations: int, resume: bool = False) -> li
         "checkpoint.interval": CHECKPOINT_AT,
         "evaluation.interval": 0,
     }
-    return train_example("grpo-tiny.yaml", root / f"cp{cp}", overrides, resume=resume)
+    return train_example(example, root / f"{Path(example).stem}-cp{cp}", overrides, resume=resume)
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +76,21 @@ def test_a_cp2_job_trains_as_the_cp1_job_and_resumes(runs):
         # Each CP rank counts its slice of every pass: together the CP 1 rank's work, plus the
         # padding of each pass's sequence to a multiple of cp.
         assert b["flops/update"] == pytest.approx(a["flops/update"], rel=0.05)
+
+
+def test_a_cp2_ppo_job_trains_policy_and_critic_as_the_cp1_job(tmp_path):
+    """PPO's critic ranks are DP x CP too: the value model's passes run Ulysses over the critic's CP
+    group, which reads each share once (both CP ranks take the whole iteration, as one data-parallel
+    rank), so its values, value loss and gradient norm equal the CP 1 job's, iteration 2 after the
+    critic's first update included."""
+    one, two = (run_job(tmp_path, cp, iterations=2, example="ppo-tiny.yaml") for cp in (1, 2))
+    for a, b in zip(one, two, strict=True):
+        assert {key: b[key] for key in SAME_ROLLOUT} == {key: a[key] for key in SAME_ROLLOUT}, a["iteration"]
+        for key in (*TRAINING, "value_loss", "value_mean", "value_grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["iteration"], key)
+        samples = a["critic_ranks"]["rank0"]["update_samples"]
+        assert {rank: b["critic_ranks"][rank]["update_samples"] for rank in ("rank0", "rank1")} == {
+            "rank0": samples,
+            "rank1": samples,
+        }
+    assert one[1]["value_mean"] != 0.0  # the critic trained in iteration 1
