@@ -1,37 +1,38 @@
-"""Ulysses context parallelism on the CPU: update time, memory per rank and all-to-all bytes against
-sequence length at CP 1, 2 and 4, beside the memory planner's figures for the same pass. Prints one
-JSON document.
+"""Ulysses context parallelism on the CPU: update time, peak memory per rank and all-to-all bytes
+against sequence length at CP 1, 2 and 4, beside the memory planner's figures for the same update.
+Prints one JSON document.
 
     .venv/bin/python -m rldock_benchmarks.context_parallel                       # 512..2048 tokens
     .venv/bin/python -m rldock_benchmarks.context_parallel --lengths 1024 4096 --cp 1 2
 
-Each (CP size, length) runs in fresh gloo ranks (torch.multiprocessing, one torch thread each): a
-Qwen2-style model (float32, sdpa) with the runtime's Ulysses attention (`apply_context_parallel`)
-scores one sequence of that many tokens (a prompt of a quarter of them and a response) through the
-policy's own pass (`response_logprobs_and_entropy`), backpropagates a loss on the logprobs, sums the
-gradients over the CP group (what FSDP's reduction does in a job) and steps AdamW: the update step.
-CP 1 is the same pass without CP, the baseline, in the same run.
+Each (CP size, length) runs in fresh gloo ranks (torch.multiprocessing, one torch thread each) laid out
+as a job's DP 1 x CP cp update: a Qwen2-style model (float32, sdpa) given Ulysses attention over the
+CP group and FSDP2 over the CP ranks with the gradients summed over CP, exactly as `rldock train`'s
+FSDP backend does (`ContextLayout`, `apply_fsdp`), scores one sequence of that many tokens (a prompt
+of a quarter of them and a response) through the policy's own pass (`response_logprobs_and_entropy`),
+backpropagates a loss on the logprobs and steps AdamW: the update step. CP 1 is the same step on one
+rank, the baseline, in the same run.
 
-Measured per rank, on the last of `--steps` steps:
+Measured per rank:
+- `peak_bytes`: the most tensor memory the rank holds during one update step (a step after the first,
+  so AdamW's state exists): the training state it starts with (its parameter shards and their AdamW
+  state, summed from the tensors) plus the highest running sum of the step's tensor allocations and
+  frees as torch's profiler records them (`profile_memory`): what a device allocator's peak reports
+  (torch.cuda.max_memory_allocated), free of the process's RSS and allocator slack. The planner's
+  figure for it is the update phase's params + grads + optimizer state + FSDP's gathered layers +
+  activations (`planned_peak_bytes`; the engine's share is not in this benchmark);
 - `saved_bytes`: the distinct storages autograd saves for the backward during the pass (weights
-  left out), counted with saved-tensor hooks: what the planner's activation formula estimates;
-- `rss_held_bytes`: resident memory after the forward minus before it (/proc/self/statm): what the
-  process holds for the backward as the OS sees it; after the first step the allocator reuses freed
-  memory without the OS seeing it, so this undercounts, by an amount that varies with the length;
-- `peak_rss_bytes`: the process's peak resident memory (getrusage) less its resident memory once the
-  model is built: activations, the transient attention and LM-head buffers, gradients and AdamW state
-  (this benchmark shards no weights, so those do not fall with CP);
+  left out), counted with saved-tensor hooks: what the planner's activation formula estimates, less
+  the LM head's transient chunk (`planned_saved_bytes`);
 - `all_to_all_bytes`: what the rank sent other ranks through the all-to-alls of one step, counted by
   wrapping torch.distributed.all_to_all_single in the rank (a measuring wrapper, benchmark only);
-- `seconds`: the median step after the first. The CP ranks share this machine's cores with each
-  other and with whatever else runs, so CP does not make a step faster here: the figure shows what
-  the exchange costs, not the speed-up of ranks on devices of their own.
+- `seconds`: the median of `--steps` unprofiled steps after the first. The CP ranks share this
+  machine's cores with each other and with whatever else runs, so CP does not make a step faster
+  here: the figure shows what the exchange costs, not the speed-up of ranks on devices of their own.
 
-The planner's figures for the same pass are printed beside, with the measured/planned ratios:
-`planned_saved_bytes` (planning/memory.py `activation_bytes` for a job of micro-batch 1 and this
-length, less the LM head's transient chunk `head_chunk_bytes`: what autograd keeps),
-`planned_activation_bytes` (with it) and `planned_all_to_all_bytes` (planning/context_parallel.py).
-`saved_vs_cp1` against `planned_vs_cp1` is how memory per rank falls with CP, measured and planned.
+`peak_vs_cp1` against `planned_peak_vs_cp1` (and `saved_vs_cp1` against `planned_saved_vs_cp1`) is
+how memory per rank falls with CP, measured and planned; `max_peak_fall_vs_planned_error` the worst
+disagreement.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import tempfile
 import time
@@ -80,23 +80,54 @@ def _batch(length: int) -> dict[str, torch.Tensor]:
     )
 
 
-def _rss() -> int:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE")
+def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The training state's tensor bytes on this rank: its parameter shards, their gradients where
+    they exist, and AdamW's state."""
+    tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None)]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(_local(t).untyped_storage().nbytes() for t in tensors)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # an FSDP shard (DTensor)
+
+
+def _peak_allocated(profiler) -> int:
+    """The highest running sum of the tensor allocations (and frees, negative) a profiled window made,
+    in time order: the peak above what was live when it began."""
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int]] = []
+    stack = list(profiler.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation:
+            events.append((event.start_time_ns, event.extra_fields.alloc_size))
+        stack.extend(event.children)
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak
 
 
 class _SavedBytes:
-    """Saved-tensor hooks counting the distinct storages autograd keeps, the model's weights left out."""
+    """Saved-tensor hooks counting the distinct storages autograd keeps, the model's weights left out:
+    under FSDP those are the layer's gathered weights, registered on the model while it computes, so
+    they are looked up when a tensor is saved (a sharded parameter, a DTensor, is not one of them)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.model = model
         self.seen: set[int] = set()
         self.bytes = 0
+
+    def weights(self) -> set[int]:
+        return {p.untyped_storage().data_ptr() for p in self.model.parameters() if not hasattr(p, "to_local")}
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
-        if pointer not in self.weights and pointer not in self.seen and storage.nbytes():
+        if pointer not in self.seen and storage.nbytes() and pointer not in self.weights():
             self.seen.add(pointer)
             self.bytes += storage.nbytes()
         return tensor
@@ -107,8 +138,12 @@ class _SavedBytes:
 
 
 def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: str, out_dir: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.engines.fsdp import apply_fsdp
     from rldock.runtime.engines.policy import response_logprobs_and_entropy
-    from rldock.runtime.training.context_parallel import apply_context_parallel
+    from rldock.runtime.training.context_parallel import ContextLayout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=cp)
@@ -121,41 +156,52 @@ def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: s
 
     dist.all_to_all_single = counting_all_to_all  # type: ignore[assignment]  # the measuring wrapper
     model = _model(dtype)
-    group = apply_context_parallel(model, cp)
-    baseline = _rss()
+    # DP 1 x CP cp as rldock train's FSDP backend lays it out: Ulysses, FSDP over the ranks, the sum over CP
+    layout = ContextLayout.of(model, cp=cp)
+    model = apply_fsdp(model, detect_device("cpu"))
+    layout.sum_gradients(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = _batch(length)
-    times, record = [], {}
-    for _ in range(steps):
-        sent[0] = 0
-        saved = _SavedBytes(model)
-        dist.barrier()
-        start = time.perf_counter()
-        before = _rss()
+
+    def step(saved: _SavedBytes) -> float:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             scores = response_logprobs_and_entropy(model, **batch, micro_batch_size=1, trim=True)
-        held = _rss() - before
         loss = -scores.logprobs.sum() / batch["response_mask"].sum()
         loss.backward()
-        if group is not None:  # the CP group's gradient shares summed, as FSDP's reduction does in a job
-            for param in model.parameters():
-                dist.all_reduce(param.grad, group=group)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    times = []
+    for _ in range(1 + steps):  # the first allocates AdamW's state; the others are timed
+        dist.barrier()
+        start = time.perf_counter()
+        step(_SavedBytes(model))
         times.append(time.perf_counter() - start)
-        record = dict(saved_bytes=saved.bytes, rss_held_bytes=held, all_to_all_bytes=sent[0], loss=float(loss.detach()))
-    record["seconds"] = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    record["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline
+    sent[0] = 0
+    saved = _SavedBytes(model)
+    state = _state_bytes(model, optimizer)
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        loss = step(saved)
+    record = dict(
+        saved_bytes=saved.bytes,
+        state_bytes=state,
+        peak_bytes=state + _peak_allocated(profiler),
+        all_to_all_bytes=sent[0],
+        loss=loss,
+        seconds=statistics.median(times[1:]) if len(times) > 1 else times[0],
+    )
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def planned(length: int, cp: int) -> dict[str, int]:
-    """The planner's activations and all-to-all bytes for one rank of this pass."""
+    """The planner's update peak, activations and all-to-all bytes for one rank of this step."""
     from rldock.config import parse_job_config
     from rldock.runtime.planning.context_parallel import all_to_all_bytes_per_pass
-    from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes
+    from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes, plan_memory
     from rldock.runtime.planning.shapes import shape_from_hf_config
 
     cfg = parse_job_config(
@@ -177,7 +223,9 @@ def planned(length: int, cp: int) -> dict[str, int]:
         }
     )
     shape = shape_from_hf_config({**SHAPE, "model_type": "qwen2"}, name="bench")
+    update = plan_memory(cfg, shape).update
     return {
+        "planned_peak_bytes": update.training_state + update.fsdp_gathered + update.activations,
         "planned_saved_bytes": activation_bytes(cfg, shape) - head_chunk_bytes(cfg, shape),
         "planned_activation_bytes": activation_bytes(cfg, shape),
         "planned_all_to_all_bytes": all_to_all_bytes_per_pass(shape, tokens=length, cp=cp, element=4),
@@ -192,7 +240,7 @@ def run(cp: int, length: int, steps: int, *, dtype: str = "float32") -> dict:
         mp.spawn(_rank, args=(cp, length, steps, dtype, str(Path(out) / "rendezvous"), out), nprocs=cp)
         ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(cp)]
     plan = planned(length, cp)
-    keys = ("saved_bytes", "rss_held_bytes", "peak_rss_bytes", "all_to_all_bytes")
+    keys = ("peak_bytes", "state_bytes", "saved_bytes", "all_to_all_bytes")
     worst = {key: max(r[key] for r in ranks) for key in keys}
     return {
         "cp": cp,
@@ -201,8 +249,8 @@ def run(cp: int, length: int, steps: int, *, dtype: str = "float32") -> dict:
         "loss": ranks[0]["loss"],
         **{f"max_rank_{key}": value for key, value in worst.items()},
         **plan,
+        "peak_over_planned": worst["peak_bytes"] / plan["planned_peak_bytes"],
         "saved_over_planned": worst["saved_bytes"] / plan["planned_saved_bytes"],
-        "rss_held_over_planned": worst["rss_held_bytes"] / plan["planned_saved_bytes"],
         "all_to_all_over_planned": (
             worst["all_to_all_bytes"] / plan["planned_all_to_all_bytes"] if plan["planned_all_to_all_bytes"] else None
         ),
@@ -215,10 +263,10 @@ def summarize(rows: list[dict]) -> dict:
     for row in rows:
         base = by.get((1, row["tokens"]))
         if base is not None:
-            row["saved_vs_cp1"] = row["max_rank_saved_bytes"] / base["max_rank_saved_bytes"]
-            row["planned_vs_cp1"] = row["planned_saved_bytes"] / base["planned_saved_bytes"]
-            row["fall_vs_planned_error"] = row["saved_vs_cp1"] / row["planned_vs_cp1"] - 1
-            row["peak_rss_vs_cp1"] = row["max_rank_peak_rss_bytes"] / base["max_rank_peak_rss_bytes"]
+            for kind in ("peak", "saved"):
+                row[f"{kind}_vs_cp1"] = row[f"max_rank_{kind}_bytes"] / base[f"max_rank_{kind}_bytes"]
+                row[f"planned_{kind}_vs_cp1"] = row[f"planned_{kind}_bytes"] / base[f"planned_{kind}_bytes"]
+                row[f"{kind}_fall_vs_planned_error"] = row[f"{kind}_vs_cp1"] / row[f"planned_{kind}_vs_cp1"] - 1
             row["seconds_vs_cp1"] = row["seconds"] / base["seconds"]
     return {
         "benchmark": "context_parallel",
@@ -227,8 +275,10 @@ def summarize(rows: list[dict]) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg(),
         "rows": rows,
+        "max_peak_vs_planned_error": max(abs(row["peak_over_planned"] - 1) for row in rows),
+        "max_peak_fall_vs_planned_error": max(abs(row.get("peak_fall_vs_planned_error", 0.0)) for row in rows),
         "max_saved_vs_planned_error": max(abs(row["saved_over_planned"] - 1) for row in rows),
-        "max_fall_vs_planned_error": max(abs(row.get("fall_vs_planned_error", 0.0)) for row in rows),
+        "max_saved_fall_vs_planned_error": max(abs(row.get("saved_fall_vs_planned_error", 0.0)) for row in rows),
         "max_all_to_all_vs_planned_error": max(
             (abs(row["all_to_all_over_planned"] - 1) for row in rows if row["all_to_all_over_planned"] is not None),
             default=0.0,
