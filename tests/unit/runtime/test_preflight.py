@@ -233,6 +233,10 @@ def test_a_job_with_context_parallelism_starts_unless_the_heads_do_not_divide(tm
     assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
     assert [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
     assert "num_key_value_heads=2 does not; choose one of [1, 2]" in failure.problems[0].message
+    experts = _model_dir(tmp_path / "moe", num_experts=4)  # MoE under CP is not built
+    failure = preflight(_config(experts, strategy="fsdp", context_parallel_size=2))
+    assert failure is not None and [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
+    assert "MoE layers under context parallelism are a layout not built" in failure.problems[0].message
 
 
 @pytest.mark.parametrize(

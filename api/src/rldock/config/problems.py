@@ -1195,14 +1195,27 @@ def _is_http_url(url: str) -> bool:
     return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
+# Not built: each CP rank routes its slice of the positions, so its router's load-balancing loss is
+# its own (the CP group's ranks then sum cp different terms) and a replayed routing would be the whole row's.
+_MOE_UNDER_CP = (
+    "{cp} with an MoE model ({model}): MoE layers under context parallelism are a layout not built (each CP "
+    "rank would route and balance only its slice of the positions); use context_parallel_size 1"
+)
+
+
 def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
     """EP and routing replay need an MoE model, whose experts EP divides (read from config.json; a model
     still to be built by model.builder is checked when the actor builds it)."""
     ep, field = cfg.training.expert_parallel_size, "training.expert_parallel_size"
+    cp = cfg.training.context_parallel_size
     if not config_file.is_file():
+        if cp > 1 and cfg.model.builder == "tiny-qwen3-moe":
+            return [Problem(CP_FIELD, _MOE_UNDER_CP.format(cp=cp, model=cfg.model.builder))]
         return []
     config = json.loads(config_file.read_text())
     num_experts = config.get("num_experts", config.get("num_local_experts"))
+    if cp > 1 and num_experts:
+        return [Problem(CP_FIELD, _MOE_UNDER_CP.format(cp=cp, model=config_file))]
     replay = cfg.algorithm.routing_replay
     if replay != "off" and not num_experts:
         return [Problem("algorithm.routing_replay", f"{replay} needs an MoE model; {config_file} has none: set it off")]
