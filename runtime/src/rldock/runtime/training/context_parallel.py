@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageResult
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.engines.ulysses import apply_ulysses
 from rldock.runtime.training.backend import run_shared_stage
 

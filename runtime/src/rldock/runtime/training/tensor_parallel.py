@@ -31,7 +31,7 @@ from rldock.config import JobConfig
 from rldock.config.layout import job_layout
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
-from rldock.runtime.dock.stage_loop import StageFn, StageSpec, StageResult
+from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
