@@ -9,8 +9,10 @@ the order of its steps, which is what the loop's scheduling is judged by.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import string
+import threading
 from collections.abc import Mapping
 
 import pytest
@@ -622,6 +624,44 @@ def test_sessions_stay_open_and_steps_go_on_between_rounds(tokenizer):
     assert model == [0, 0, 1, 1] and set(v for v, m in zip(episode.token_version, episode.model_mask) if not m) == {-1}
 
 
+def test_a_round_ends_when_its_cut_episodes_hold_every_place_the_others_wait_for(tokenizer):
+    """One session place, two episodes, a round budget of one token: the first episode's turn is cut
+    holding the place, the second waits for it. The round ends there (the second starts after the update,
+    once the first has ended) rather than waiting for a place no episode of this round gives back."""
+
+    class Single(Checker):
+        max_sessions = 1
+
+    engine = ScriptedEngine(tokenizer, {0: ["3"], 1: ["3"]})  # "3" and EOS: cut after "3"
+    single = Single()
+    loop = make_loop(tokenizer, engine, [], environment=single)
+    prompt = tokenizer("<user>1+2<eos>", add_special_tokens=False)["input_ids"]
+    context = EpisodeContext("3", "test")
+    first_round = concurrent.futures.Future()
+    try:
+        rollout = loop.start([prompt] * 2, [0, 1], [context] * 2, seed=0)
+
+        def advance():
+            try:
+                loop.advance(rollout, round_tokens=1, policy_version=0, logprobs=True)
+                first_round.set_result(None)
+            except BaseException as error:
+                first_round.set_exception(error)
+
+        threading.Thread(target=advance, daemon=True).start()
+        first_round.result(timeout=60)  # bounds the hang the round had: it never ended
+        first, second = rollout.episodes
+        assert not rollout.done and first.cut is not None and second.session is None and loop.sessions_open == 1
+        engine.weights = 1
+        loop.advance(rollout, policy_version=1, logprobs=True)
+    finally:
+        loop.close()
+    assert rollout.done and [e.ended for e in rollout.episodes] == ["answer"] * 2
+    assert loop.sessions_open_max == 1 and len(single.closed) == 2
+    model = [[v for v, m in zip(e.token_version, e.model_mask) if m] for e in rollout.episodes]
+    assert model == [[0, 1], [1, 1]]
+
+
 def test_the_dock_gets_each_tokens_version_with_partial_rollout(tokenizer):
     engine = ScriptedEngine(tokenizer, {0: [call("add", a=1, b=2), "3"]})
     loop = make_loop(tokenizer, engine, [Adder()])
@@ -668,3 +708,29 @@ def test_an_episode_past_its_deadline_keeps_its_last_step_and_takes_no_further_t
     assert [e.rewards for e in episodes] == [[0.0], [1.0]]  # the step its turn took is kept
     assert len(checker.closed) == 2
     assert agent_metrics([episode_sums(episodes)])["agent"]["ended/episode_timeout"] == 1
+
+
+def test_an_episodes_deadline_runs_from_its_reset_not_from_its_wait_for_a_session_place(tokenizer):
+    """One session place: sample 1 waits while sample 0's slow step holds it, longer than the deadline.
+    Its own episode (two quick turns) is well within it: it answers, not `episode_timeout`."""
+
+    class Single(Checker):
+        max_sessions = 1
+
+        def session(self):
+            class SlowFirst(CheckerSession):
+                async def reset(self, *, seed, episode_id, context):
+                    self.slow = episode_id.endswith("-0")
+                    return await super().reset(seed=seed, episode_id=episode_id, context=context)
+
+                async def step(self, text):
+                    if self.slow:
+                        await asyncio.sleep(2.0)
+                    return await super().step(text)
+
+            return SlowFirst(self)
+
+    engine = ScriptedEngine(tokenizer, {0: ["3"], 1: ["4", "3"]})
+    loop = make_loop(tokenizer, engine, [], environment=Single(), max_turns=3, episode_timeout_s=1.5)
+    episodes = run(loop, tokenizer, 2, contexts=[EpisodeContext("3", "test")] * 2)
+    assert [(e.turns, e.ended) for e in episodes] == [(1, "answer"), (2, "answer")]

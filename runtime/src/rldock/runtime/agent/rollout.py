@@ -35,7 +35,9 @@ Rounds (partial rollout, rollout.partial_rollout resume): a rollout can run in r
 update between them (`start`, then `advance` once per round). In a round with a token budget an episode
 stops once it has sampled that many tokens: the turn being sampled is cut there and its rest is sampled
 in the next round on the new weights, from the cut tokens; tool calls and environment steps that are out
-go on running between rounds, and every session stays open until its episode ends. No episode is cut
+go on running between rounds, and every session stays open until its episode ends. A cut episode keeps
+its session place (Environment.max_sessions) across the update, so a round ends once the episodes still
+waiting for a place are all that is left: they start in the next round, when places come free. No episode is cut
 short or dropped: each one's tokens keep the policy version that sampled them and their logprob then
 (`Episode.token_version`, `Episode.logprobs`), which the update's importance ratio reads.
 """
@@ -100,7 +102,8 @@ class Episode:
     token_version: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     cut: CutTurn | None = None  # the turn a round's budget stopped, resumed in the next round
-    started: float = field(default_factory=time.perf_counter)  # for agent.episode_timeout_s
+    # for agent.episode_timeout_s: when its session opened (past the wait for a place), else when created
+    started: float = field(default_factory=time.perf_counter)
 
     def add(
         self,
@@ -231,6 +234,7 @@ class AgentLoop:
         # Sessions the environment holds at once (Environment.max_sessions); an episode past them waits
         # for another's to close before its reset, outside the reset's time limit.
         self._admitted = asyncio.run_coroutine_threadsafe(self._make_admission(environment), self._loop).result()
+        self._session_limit = None if environment is None else environment.max_sessions
         self._closing: list[concurrent.futures.Future] = []
         self.sessions_open = 0  # sessions opened and not yet closed (0 between rollouts)
         self.sessions_open_max = 0  # the most open at once in the last run
@@ -329,6 +333,26 @@ class AgentLoop:
             )
             requests.update(zip(ids, go))
 
+        def can_go(future: concurrent.futures.Future, index: int) -> bool:
+            """Whether what is out for episode `index` can still move this round: it has budget left and,
+            in a round with a budget, is not a reset waiting for a session place that no episode of the
+            round gives back (every place held: a cut episode keeps its place until the next round)."""
+            if not has_budget(index):
+                return False
+            if round_tokens is None or self._session_limit is None or future.done():
+                return True
+            return episodes[index].session is not None or self.sessions_open < self._session_limit
+
+        def runnable() -> bool:
+            """A turn out, or an answer out that can move; a session still closing may free a place."""
+            if requests or any(can_go(future, index) for future, index in out.items()):
+                return True
+            closing = [future for future in self._closing if not future.done()]
+            if not closing or not any(has_budget(index) for index in out.values()):
+                return False
+            concurrent.futures.wait(closing)  # its place goes to a waiting episode
+            return any(can_go(future, index) for future, index in out.items())
+
         out = rollout.out
         timing = self.timing = LoopTiming()
         started = time.perf_counter()
@@ -336,7 +360,7 @@ class AgentLoop:
         try:
             waiting, rollout.waiting = rollout.waiting, []
             submit(waiting)
-            while requests or any(has_budget(index) for index in out.values()):
+            while runnable():
                 if self.engine.has_unfinished():
                     answering, step_started = bool(out), time.perf_counter()
                     finished = self.engine.step(self.eos)
@@ -365,7 +389,7 @@ class AgentLoop:
                     ready = [future for future in out if future.done()]
                 elif not requests:  # nothing to generate until a tool or an environment answers
                     blocked_started = time.perf_counter()
-                    awaited = [future for future, index in out.items() if has_budget(index)]
+                    awaited = [future for future, index in out.items() if can_go(future, index)]
                     concurrent.futures.wait(awaited, return_when=concurrent.futures.FIRST_COMPLETED)
                     ready = [future for future in out if future.done()]
                     timing.blocked_s += time.perf_counter() - blocked_started
@@ -508,6 +532,7 @@ class AgentLoop:
         assert episode.context is not None, "an environment's rollout passes each sample's row"
         if self._admitted is not None:
             await self._admitted.acquire()  # released when the session closes
+        episode.started = time.perf_counter()  # agent.episode_timeout_s runs from the reset, not the wait
         session = environment.session()
         episode.session = session
         self.sessions_open += 1
