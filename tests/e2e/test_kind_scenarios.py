@@ -239,7 +239,7 @@ def test_happy_path_in_real_containers(
 def _apply(
     scenario: Scenario, nodes: KindNodes, name: str, *, iterations: int, checkpoint_interval: int, hold_before: int
 ) -> JobHold:
-    """Apply the fitted example, held before iteration `hold_before` (runtime/iteration_hold.py: the
+    """Apply the fitted example, held before iteration `hold_before` (runtime/driver/iteration_hold.py: the
     driver waits there until the test moves the hold or releases it), so an interruption lands at an
     iteration the test chose, however fast the job runs; the hold file is on the checkpoint volume."""
     manifest = _fitted_example(
@@ -268,7 +268,7 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     resumes from the last checkpoint."""
     _, nodes, _ = kind_cluster
     scenario = kind_scenario
-    # Held where each step needs the job (runtime/iteration_hold.py), not left to its speed: before
+    # Held where each step needs the job (runtime/driver/iteration_hold.py), not left to its speed: before
     # iteration 3 while the operator is killed and restarted, then before 9 (past the checkpoint of
     # 8) until the suspend; unheld, 60 iterations finished before the suspend landed on a quiet
     # machine (`assert 60 < 60`).

@@ -59,7 +59,7 @@ def _code_under_test() -> list[dict[str, str]]:
 
 
 def _held(scenario: Scenario, manifest: dict[str, Any], *, before: int) -> JobHold:
-    """Hold the job of `manifest` before iteration `before` (runtime/iteration_hold.py): its
+    """Hold the job of `manifest` before iteration `before` (runtime/driver/iteration_hold.py): its
     driver waits there until the test moves the hold or releases it, so an interruption lands at
     an iteration the test chose, however fast the job runs. The pods run the code under test."""
     name = manifest["metadata"]["name"]
@@ -343,7 +343,7 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     """Two scenarios on one job (one job start): the operator killed mid-run comes back to the same
     cluster and submission; then a suspend releases the cluster and an unsuspend resumes from the
     last checkpoint."""
-    # The job is held where each step needs it (runtime/iteration_hold.py), not left to its speed:
+    # The job is held where each step needs it (runtime/driver/iteration_hold.py), not left to its speed:
     # before iteration 3 while the operator is killed and restarted, then before 9 (past the
     # checkpoint of 8) until it is suspended; with 300 iterations and no hold a job at ~0.2 s per
     # iteration could finish first (`assert 60 < 60` on the real nodes).

@@ -88,12 +88,12 @@ def test_the_job_trains_on_episodes_that_call_the_tool(job):
 def test_trajectories_are_the_rendered_conversation_and_tool_tokens_are_never_scored(job):
     from rldock.config import JobConfig
     from rldock.runtime.agent.parsers import HermesParser
-    from rldock.runtime.agent_sampler import AgentSampler
     from rldock.runtime.data import columns_of, load_rows
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.policy import response_attention, response_logprobs_and_entropy
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+    from rldock.runtime.rollout.agent_episodes import AgentSampler
 
     config, output = job
     cfg = JobConfig(**config)

@@ -129,7 +129,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 def _rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.fsdp import apply_fsdp
+    from rldock.runtime.engines.fsdp_sharding import apply_fsdp
     from rldock.runtime.engines.policy import packing_prompts
     from rldock.runtime.training.context_parallel import apply_context_parallel, sum_over_context
 

@@ -295,7 +295,7 @@ def _critic_batch(seed: int):
 
 
 def _critic(policy_dir: str, *, rank: int, world_size: int, banks):
-    from rldock.runtime.algorithms.recipes import job_recipe
+    from rldock.runtime.flow.job_recipe import job_recipe
     from rldock.runtime.workers.critic import CriticWorker
 
     cfg = _critic_cfg(policy_dir, world_size)
@@ -316,8 +316,8 @@ def _critic(policy_dir: str, *, rank: int, world_size: int, banks):
 def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: str) -> None:
     """Two updates on FSDP critic ranks, a checkpoint between them; then a fresh group of fresh
     critics loads the checkpoint and runs the second update again."""
-    from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group
-    from rldock.runtime.states import StageCall
+    from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group
+    from rldock.runtime.flow.states import StageCall
 
     torch.set_num_threads(1)
     first, second = _critic_batch(1), _critic_batch(2)
@@ -354,8 +354,8 @@ def _critic_rank(rank: int, ports: tuple[int, int], policy_dir: str, out_dir: st
 
 
 def test_fsdp_critic_ranks_step_like_one_process_and_resume_from_their_checkpoint(tmp_path):
+    from rldock.runtime.flow.states import StageCall
     from rldock.runtime.models import build_tiny_model
-    from rldock.runtime.states import StageCall
     from rldock.runtime.training.fsdp import FsdpBackend
 
     # 40 tokens (36 characters and 4 special ones): the batches' ids stay below 32

@@ -190,7 +190,7 @@ def test_engine_leaves_torch_thread_control_to_the_process(engine):
 
 def test_joining_a_group_after_the_engine_started_is_refused(engine):
     # The engine took the default group (a world of one); a trainer group can no longer be formed.
-    from rldock.runtime.engines.distributed import Rendezvous, init_process_group
+    from rldock.runtime.engines.process_group import Rendezvous, init_process_group
 
     with pytest.raises(RuntimeError, match="join the group first"):
         init_process_group(detect_device("cpu"), rank=0, world_size=1, rendezvous=Rendezvous("127.0.0.1", 1))
@@ -223,13 +223,13 @@ def dp_ranks(tiny_model_dir):
             self.device = detect_device("cpu")
 
         def rendezvous(self):
-            from rldock.runtime.engines.distributed import open_rendezvous
+            from rldock.runtime.engines.process_group import open_rendezvous
 
             rendezvous, self.store = open_rendezvous(WORLD_SIZE)
             return rendezvous
 
         def join(self, rendezvous) -> None:
-            from rldock.runtime.engines.distributed import init_process_group
+            from rldock.runtime.engines.process_group import init_process_group
 
             init_process_group(
                 self.device,
@@ -247,7 +247,7 @@ def dp_ranks(tiny_model_dir):
             return tensor.div_(dist.get_world_size()).tolist()
 
         def ddp_gradients(self) -> list[torch.Tensor]:
-            from rldock.runtime.engines.distributed import wrap_ddp
+            from rldock.runtime.engines.process_group import wrap_ddp
 
             model = wrap_ddp(_ddp_reference_model(), self.device)
             x, y = _ddp_batch()

@@ -2,7 +2,8 @@
 `rldock.config`) imports nothing of ours above it, the runtime and the operator sit side by side
 and never import each other, the operator never imports the ML stack, no product module imports
 the benchmarks or the e2e harness, and inside the runtime the dock, the algorithms, the worker-state
-specs and the schedules keep to their rooms and no two of its folders import each other.
+specs and the schedules keep to their rooms, the worker side never imports the driver, and no two
+of its folders import each other.
 
 Read from the source with `ast` (every import statement, also those inside functions), so a lazy
 import cannot hide a dependency the picture forbids.
@@ -70,7 +71,7 @@ def _offenders(package: str, allowed) -> list[str]:
 
 def test_the_scan_sees_the_trees():
     assert {"rldock.config.job", "rldock.contract.progress", "rldock.operator.handlers"} <= set(MODULES)
-    assert "rldock.runtime.states" in _imports("rldock.runtime.algorithms.recipes")
+    assert "rldock.runtime.flow.states" in _imports("rldock.runtime.flow.catalogue")
 
 
 def test_contract_imports_only_the_standard_library():
@@ -109,42 +110,61 @@ RUNTIME_ROOMS = {
     # The dock moves samples: it knows no worker, schedule, engine or the driver.
     "rldock.runtime.dock": (
         "rldock.runtime.workers",
-        "rldock.runtime.schedule",
-        "rldock.runtime.trainer",
+        "rldock.runtime.driver.schedule",
+        "rldock.runtime.driver.trainer",
         "rldock.runtime.engines",
         "rldock.runtime.training",
     ),
-    # Algorithms are tensor functions and recipes: no Ray, no engines, no workers.
+    # Algorithms are pure tensor functions (the recipes are the flow spec's): no Ray, no engines, no
+    # workers, no flow spec.
     "rldock.runtime.algorithms": (
+        "rldock.runtime.flow",
         "ray",
         "vllm",
         "rldock.runtime.workers",
         "rldock.runtime.engines",
-        "rldock.runtime.trainer",
-        "rldock.runtime.schedule",
+        "rldock.runtime.driver.trainer",
+        "rldock.runtime.driver.schedule",
     ),
     # The specs and the column groups are data the dock, trainer, placement and planner read.
-    "rldock.runtime.states": ("ray", "torch", "rldock.runtime.workers", "rldock.runtime.trainer"),
-    "rldock.runtime.dataflow": ("ray", "torch"),
+    "rldock.runtime.flow.states": ("ray", "torch", "rldock.runtime.workers", "rldock.runtime.driver.trainer"),
+    "rldock.runtime.flow.columns": ("ray", "torch"),
     # The schedules are driven by the trainer, never the other way round.
-    "rldock.runtime.schedule": ("rldock.runtime.trainer",),
+    "rldock.runtime.driver.schedule": ("rldock.runtime.driver.trainer",),
     # The training backends serve the actor; they do not drive iterations.
-    "rldock.runtime.training": ("rldock.runtime.trainer", "rldock.runtime.schedule"),
-    # The engines run in the workers: none imports the driver's metrics (utilisation.py's count
+    "rldock.runtime.training": ("rldock.runtime.driver.trainer", "rldock.runtime.driver.schedule"),
+    # The engines run in the workers: none imports the driver's metrics (driver/utilisation.py's count
     # reads the shapes they share from planning/shapes.py).
     "rldock.runtime.engines": (
-        "rldock.runtime.trainer",
-        "rldock.runtime.schedule",
-        "rldock.runtime.utilisation",
-        "rldock.runtime.metrics",
+        "rldock.runtime.driver.trainer",
+        "rldock.runtime.driver.schedule",
+        "rldock.runtime.driver.utilisation",
+        "rldock.runtime.driver.records",
     ),
     # The rollout modes serve the actor's engine: no iteration order, no update, no actor.
     "rldock.runtime.rollout": (
-        "rldock.runtime.trainer",
-        "rldock.runtime.schedule",
+        "rldock.runtime.driver.trainer",
+        "rldock.runtime.driver.schedule",
         "rldock.runtime.training",
         "rldock.runtime.workers.actor",
     ),
+    # The flow spec (states, columns, recipes) is data both halves read: no Ray, no workers, no engines,
+    # no training backend, no driver.
+    "rldock.runtime.flow": (
+        "ray",
+        "vllm",
+        "rldock.runtime.workers",
+        "rldock.runtime.engines",
+        "rldock.runtime.training",
+        "rldock.runtime.rollout",
+        "rldock.runtime.driver",
+    ),
+    # The worker side never reaches into the driver process: the driver starts workers and reads
+    # their results, never the other way round.
+    **{
+        f"rldock.runtime.{side}": ("rldock.runtime.driver",)
+        for side in ("workers", "engines", "training", "rollout", "dock", "agent", "gateway", "models", "resharding")
+    },
 }
 
 
@@ -175,3 +195,19 @@ def test_no_two_runtime_folders_import_each_other():
         f"{a} <-> {b}": sorted(edges[a, b] + edges[b, a]) for (a, b) in sorted(edges) if a < b and (b, a) in edges
     }
     assert cycles == {}
+
+
+def test_the_algorithms_are_pure_tensor_functions():
+    """algorithms/ imports only the standard library, torch and the registry: the recipes that
+    compose its functions into flows are the flow spec's (flow/catalogue.py)."""
+
+    def allowed(i: str) -> bool:
+        return (
+            _top(i) in STDLIB | {"torch"}
+            or _within(i, "rldock.runtime.algorithms")
+            or i == "rldock.runtime.registry"
+            or _within(i, "rldock.config")
+            or _within(i, "rldock.contract")
+        )
+
+    assert _offenders("rldock.runtime.algorithms", allowed) == []

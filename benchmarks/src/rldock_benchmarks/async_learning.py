@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from rldock.runtime.metrics import headline_key
+from rldock.runtime.driver.records import headline_key
 from rldock_benchmarks.learning import plot_curves, read_records, run
 
 REPO = Path(__file__).resolve().parents[3]

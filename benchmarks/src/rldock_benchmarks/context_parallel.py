@@ -141,7 +141,7 @@ def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: s
     from torch.profiler import ProfilerActivity, profile
 
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.fsdp import apply_fsdp
+    from rldock.runtime.engines.fsdp_sharding import apply_fsdp
     from rldock.runtime.engines.policy import response_logprobs_and_entropy
     from rldock.runtime.training.context_parallel import ContextLayout
 
@@ -200,7 +200,7 @@ def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: s
 def planned(length: int, cp: int) -> dict[str, int]:
     """The planner's update peak, activations and all-to-all bytes for one rank of this step."""
     from rldock.config import parse_job_config
-    from rldock.runtime.planning.context_parallel import all_to_all_bytes_per_pass
+    from rldock.runtime.planning.context_parallel_bytes import all_to_all_bytes_per_pass
     from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes, plan_memory
     from rldock.runtime.planning.shapes import shape_from_hf_config
 

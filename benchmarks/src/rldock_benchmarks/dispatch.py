@@ -77,8 +77,8 @@ def scaled_dims(args: argparse.Namespace) -> Dims:
 def drive(args: argparse.Namespace) -> dict:
     """Driver role, inside node 0's namespace: every (S, mode) on this cap."""
     from rldock.config.job import DockSpec
-    from rldock.runtime.algorithms.recipes import get_recipe
-    from rldock.runtime.dataflow import TOKEN_COLUMNS
+    from rldock.runtime.flow.catalogue import get_recipe
+    from rldock.runtime.flow.columns import TOKEN_COLUMNS
 
     CONSUMES = get_recipe("grpo").consumes
     from rldock.runtime.dock import TransferDock

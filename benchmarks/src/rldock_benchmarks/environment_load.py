@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock_benchmarks.smollm2_learning import log, read_records, train
 
 

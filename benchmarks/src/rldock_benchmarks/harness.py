@@ -221,7 +221,7 @@ def run_flow(
     import ray
     import torch
 
-    from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock.runtime.flow.catalogue import get_recipe
     from rldock_benchmarks.grpo_flow import dims_dict, make_prompts
 
     CONSUMES = get_recipe("grpo").consumes

@@ -178,9 +178,9 @@ def device_pids(plan, ranks: Mapping[str, list]) -> dict[int, list[int]]:
 def run_job(cfg: JobConfig, output: Path, warm_start: Path | None) -> tuple[list[dict], dict[str, Any]]:
     """One job in fresh workers (the demo's warm-up copied in rather than redone); its records and
     what the meter saw while its iterations ran."""
-    from rldock.runtime.attempt import Attempt
-    from rldock.runtime.inputs import WARMUP_DIR
-    from rldock.runtime.trainer import Trainer
+    from rldock.runtime.driver.attempt import Attempt
+    from rldock.runtime.driver.inputs import WARMUP_DIR
+    from rldock.runtime.driver.trainer import Trainer
 
     class MeasuredTrainer(Trainer):
         """The trainer, with the meter started on the workers of each attempt it starts."""

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from rldock.runtime.metrics import headline_key
+from rldock.runtime.driver.records import headline_key
 
 
 def reward_rise(records: list[dict], window: int = 5) -> dict:

@@ -50,8 +50,8 @@ def dims_for(args: argparse.Namespace, num_nodes: int) -> Dims:
 
 def drive(args: argparse.Namespace) -> dict:
     from rldock.config.job import DockSpec
-    from rldock.runtime.algorithms.recipes import get_recipe
-    from rldock.runtime.dataflow import TOKEN_COLUMNS
+    from rldock.runtime.flow.catalogue import get_recipe
+    from rldock.runtime.flow.columns import TOKEN_COLUMNS
 
     CONSUMES = get_recipe("grpo").consumes
     from rldock.runtime.dock import TransferDock

@@ -199,8 +199,8 @@ def shape_config(shape: Shape, variant: dict, *, iterations: int, models: dict[s
 
 def run_variant(cfg: JobConfig, output: Path, warm_start: Path | None) -> list[dict]:
     """One job in fresh workers; the demo's warm-up is copied in rather than redone."""
-    from rldock.runtime.inputs import WARMUP_DIR
-    from rldock.runtime.trainer import Trainer
+    from rldock.runtime.driver.inputs import WARMUP_DIR
+    from rldock.runtime.driver.trainer import Trainer
 
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)

@@ -192,9 +192,9 @@ def run_warmup_step(step: str, *, threads: int) -> dict:
     seconds and the process's peak resident memory, model and AdamW state included."""
     import torch
 
+    from rldock.runtime.driver.warmup import accumulate_answer_loss
     from rldock.runtime.models import TokenBatch
     from rldock.runtime.models.loading import load_causal_lm
-    from rldock.runtime.warmup import accumulate_answer_loss
 
     torch.set_num_threads(threads)
     row_layout(step)

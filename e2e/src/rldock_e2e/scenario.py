@@ -23,7 +23,7 @@ from kubernetes import client
 
 from rldock.operator.constants import AUTH_SECRET_KEY, DASHBOARD_PORT, LABEL_RAY_CLUSTER, LABEL_RLJOB
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
-from rldock.runtime.iteration_hold import HOLD_FILE_ENV
+from rldock.runtime.driver.iteration_hold import HOLD_FILE_ENV
 from rldock_e2e.controlplane import ControlPlane, wait_for
 from rldock_e2e.doubles.kuberay import KubeRayDouble
 from rldock_e2e.doubles.node_agent import NodeAgentDouble
@@ -184,7 +184,7 @@ class Scenario:
 
     def hold(self, name: str, *, claim: str, mount_path: str = "/checkpoints") -> JobHold:
         """A hold for RLJob `name` (not yet applied) on the checkpoint volume `claim`, which its pods
-        mount at `mount_path`: put `hold.env` in its spec.env (runtime/iteration_hold.py)."""
+        mount at `mount_path`: put `hold.env` in its spec.env (runtime/driver/iteration_hold.py)."""
         return JobHold(self.claim_dir(claim), mount_path, name=f"{self.namespace}-{name}")
 
     def metrics(self, name: str) -> list[dict[str, Any]]:
@@ -206,7 +206,7 @@ class Scenario:
 
 
 class JobHold:
-    """The test's end of the runtime's hold (runtime/iteration_hold.py): a file at the root of the
+    """The test's end of the runtime's hold (runtime/driver/iteration_hold.py): a file at the root of the
     job's checkpoint volume, which the driver reads before each iteration while RLDOCK_TEST_HOLD_FILE
     names it. `before(n)`: iterations n and later wait; `release()`: the job runs on. So a scenario
     interrupts a job at an iteration it chose, not at one the job's speed left it."""

@@ -64,7 +64,7 @@ def test_margins_and_the_warmup_seconds(tmp_path):
     }
     assert margins(arms) == pytest.approx({"gain_margin_vs_learning_rate_0": 0.3, "final_margin_vs_no_tools": 0.65})
     (tmp_path / "train.log").write_text(
-        "x INFO rldock.runtime.warmup: warmup finished: 20 steps in 81.5 s, final loss 0.1\n"
+        "x INFO rldock.runtime.driver.warmup: warmup finished: 20 steps in 81.5 s, final loss 0.1\n"
     )
     assert warmup_seconds(tmp_path) == 81.5
     (tmp_path / "train.log").write_text("no warm-up\n")

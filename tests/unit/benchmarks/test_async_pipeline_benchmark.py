@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.flow.job_recipe import job_recipe
 from rldock_benchmarks.async_pipeline import SHAPES, VARIANTS
 from rldock_benchmarks.throughput import shape_config, shapes
 

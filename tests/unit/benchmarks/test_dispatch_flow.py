@@ -8,9 +8,9 @@ import pytest
 import ray
 
 from rldock.config.job import DockSpec
-from rldock.runtime.algorithms.recipes import get_recipe
-from rldock.runtime.dataflow import TOKEN_COLUMNS
 from rldock.runtime.dock import TransferDock
+from rldock.runtime.flow.catalogue import get_recipe
+from rldock.runtime.flow.columns import TOKEN_COLUMNS
 from rldock_benchmarks import harness
 from rldock_benchmarks.grpo_flow import Dims, predicted_bytes
 

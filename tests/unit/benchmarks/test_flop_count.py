@@ -1,4 +1,4 @@
-"""The hand count (rldock_benchmarks.flop_count) against the product's count (runtime/utilisation.py
+"""The hand count (rldock_benchmarks.flop_count) against the product's count (runtime/driver/utilisation.py
 with the passes' tallies) on a made-up model folder and equal lengths, where the means are exact."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from rldock.runtime.driver.utilisation import forward_flops, rollout_flops, rollout_work, update_flops
 from rldock.runtime.engines.packing import pass_work
 from rldock.runtime.planning.shapes import shape_from_hf_config
-from rldock.runtime.utilisation import forward_flops, rollout_flops, rollout_work, update_flops
 from rldock_benchmarks.flop_count import compare, hand_count, weight_counts
 
 CONFIG = {

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from rldock.runtime.algorithms.recipes import job_recipe
-from rldock.runtime.states import placement_plan
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import placement_plan
 from rldock_benchmarks.integrated_worker import (
     PLACEMENTS,
     TARGETS,

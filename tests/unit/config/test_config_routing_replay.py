@@ -6,7 +6,7 @@ import pytest
 from job_examples import example, problem_messages, problem_paths
 
 from rldock.config import find_local_problems, parse_job_config
-from rldock.runtime.algorithms.recipes import job_recipe, recomputes_old_logprobs
+from rldock.runtime.flow.job_recipe import job_recipe, recomputes_old_logprobs
 
 FIELD = "algorithm.routing_replay"
 

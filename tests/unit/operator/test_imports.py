@@ -78,7 +78,7 @@ def test_operator_imports_without_the_runtime_stack():
 
 def test_heavy_packages_are_really_blocked():
     with pytest.raises(subprocess.CalledProcessError, match="returned non-zero"):
-        _imported_after(["rldock.runtime.trainer"])
+        _imported_after(["rldock.runtime.driver.trainer"])
 
 
 def test_pure_layers_need_no_kubernetes_client():

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from rldock.runtime.bookkeeping import Bookkeeper
+from rldock.runtime.driver.bookkeeping import Bookkeeper
 
 
 def test_background_calls_run_in_order_off_the_callers_thread():

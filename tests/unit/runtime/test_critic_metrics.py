@@ -4,7 +4,7 @@ each rank's samples per stage and its weights' sum kept apart."""
 from __future__ import annotations
 
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.metrics import critic_metrics
+from rldock.runtime.driver.records import critic_metrics
 
 
 def _update(rank: int, value_loss: float, weights_sum: float) -> StageResult:

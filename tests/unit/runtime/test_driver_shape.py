@@ -2,12 +2,12 @@
 "The driver" and "A stage is a spec plus one call"):
 
 - the trainer keeps restarts, the loop, records and checkpoints only: at most 350 lines and 12
-  attributes (the job's inputs are inputs.py's, an attempt's workers attempt.py's);
-- the job's recipe is built once by the driver (inputs.py) and handed to the workers: no
+  attributes (the job's inputs are driver/inputs.py's, an attempt's workers driver/attempt.py's);
+- the job's recipe is built once by the driver (driver/inputs.py) and handed to the workers: no
   `job_recipe(` call in the worker side of the runtime, only in the driver's inputs and the
   memory planner (which runs without a job);
-- a worker state's name is written once, in its spec (states.py) and the recipe catalogue
-  (algorithms/recipes.py): everything else names a state through its spec (`ROLLOUT.name`,
+- a worker state's name is written once, in its spec (flow/states.py) and the recipe catalogue
+  (flow/catalogue.py): everything else names a state through its spec (`ROLLOUT.name`,
   `@in_turn(ROLLOUT)`, `run_stage(bank, spec, ...)`).
 """
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from rldock.runtime import states
+from rldock.runtime.flow import states
 
-RUNTIME = Path(states.__file__).parent
+RUNTIME = Path(states.__file__).parents[1]
 MAX_TRAINER_LINES, MAX_TRAINER_ATTRIBUTES = 350, 12
 # Where the job's recipe may be built: the driver's inputs, the recipes' own module, the planner.
-RECIPE_BUILDERS = {"inputs.py", "algorithms/recipes.py", "planning/memory.py"}
-CATALOGUE = {"states.py", "algorithms/recipes.py"}
+RECIPE_BUILDERS = {"driver/inputs.py", "flow/job_recipe.py", "planning/memory.py"}
+CATALOGUE = {"flow/states.py", "flow/recipe.py", "flow/catalogue.py"}
 STATE_NAMES = {value.name for value in vars(states).values() if isinstance(value, states.WorkerState)}
 # State names that are also a dock column's or a worker group's: a literal of one of these is a
 # state only where a state is expected (STATE_POSITIONS); elsewhere it is the column or group.
@@ -90,7 +90,7 @@ def state_name_literals(modules: list[tuple[str, ast.Module]]) -> list[str]:
 
 
 def test_the_trainer_keeps_only_restarts_the_loop_records_and_checkpoints():
-    source = (RUNTIME / "trainer.py").read_text()
+    source = (RUNTIME / "driver/trainer.py").read_text()
     attributes = _trainer_attributes(ast.parse(source))
     assert len(source.splitlines()) <= MAX_TRAINER_LINES
     assert len(attributes) <= MAX_TRAINER_ATTRIBUTES, sorted(attributes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rldock.config.job import EvaluationSpec
-from rldock.runtime.evaluation import EvalExample, Evaluator, aggregate, split_evenly, val_metrics
+from rldock.runtime.driver.evaluation import EvalExample, Evaluator, aggregate, split_evenly, val_metrics
 from rldock.runtime.models.tiny import train_char_tokenizer
 
 
@@ -138,7 +138,7 @@ def test_the_trainers_held_out_set_is_the_val_files_scored_by_the_jobs_reward(to
     import json
 
     from rldock.config import parse_job_config
-    from rldock.runtime.inputs import heldout_evaluation
+    from rldock.runtime.driver.inputs import heldout_evaluation
 
     val = tmp_path / "val.jsonl"
     rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(6)] + [
@@ -177,7 +177,7 @@ def test_held_out_responses_are_scored_without_the_reward_model_term(tokenizer, 
     import json
 
     from rldock.config import parse_job_config
-    from rldock.runtime.inputs import heldout_evaluation
+    from rldock.runtime.driver.inputs import heldout_evaluation
 
     val = tmp_path / "val.jsonl"
     val.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(3)))

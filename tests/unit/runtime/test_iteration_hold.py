@@ -1,4 +1,4 @@
-"""The e2e scenarios' hold (runtime/iteration_hold.py): a file that holds the driver before an
+"""The e2e scenarios' hold (runtime/driver/iteration_hold.py): a file that holds the driver before an
 iteration until the test moves or deletes it; nothing at all without RLDOCK_TEST_HOLD_FILE."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rldock.runtime.iteration_hold import HOLD_FILE_ENV, IterationHold
+from rldock.runtime.driver.iteration_hold import HOLD_FILE_ENV, IterationHold
 
 
 def test_without_the_variable_nothing_is_held_or_read():

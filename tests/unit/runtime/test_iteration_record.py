@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.metrics import iteration_record
+from rldock.runtime.driver.records import iteration_record
 
 
 def timed(dispatch_s: float, compute_s: float, wait_s: float = 0.0, num_samples: int = 0, **metrics) -> StageResult:
@@ -128,8 +128,8 @@ def test_a_critic_brings_its_metrics():
 
 
 def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
+    from rldock.runtime.driver.utilisation import DeviceRates, UtilisationInputs, forward_flops, update_flops
     from rldock.runtime.planning.shapes import ModelShape
-    from rldock.runtime.utilisation import DeviceRates, UtilisationInputs, forward_flops, update_flops
 
     shape = ModelShape(
         "toy",

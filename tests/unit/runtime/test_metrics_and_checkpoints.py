@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rldock.runtime import checkpoint as ckpt
-from rldock.runtime.algorithms.recipes import get_recipe
-from rldock.runtime.metrics import MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
+from rldock.runtime.driver.records import MetricsLog, dock_traffic, plot_progress, tokens_per_s_per_device
+from rldock.runtime.flow.catalogue import get_recipe
 
 
 def test_throughput_is_the_papers_formula():
@@ -206,7 +206,7 @@ def test_progress_plot_draws_each_stage_utilisation(tmp_path, saved):
 def test_progress_plot_ticks_whole_iterations_only(num_iterations):
     import matplotlib.pyplot as plt
 
-    from rldock.runtime.metrics import progress_figure
+    from rldock.runtime.driver.records import progress_figure
 
     base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0, "entropy": 1.0}
     fig = progress_figure([{"iteration": i, **base} for i in range(1, num_iterations + 1)])

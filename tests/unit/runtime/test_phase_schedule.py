@@ -8,14 +8,10 @@ import asyncio
 import pytest
 
 from rldock.contract.placement import SeatRequest, plan_placement
-from rldock.runtime.algorithms.recipes import (
-    RECIPES,
-    get_recipe,
-    with_reference_on_actor,
-    with_reward_model,
-    without_states,
-)
-from rldock.runtime.phase_schedule import (
+from rldock.runtime.flow.catalogue import RECIPES, get_recipe
+from rldock.runtime.flow.job_recipe import with_reference_on_actor, with_reward_model, without_states
+from rldock.runtime.workers.phase_keeper import TurnKeeper
+from rldock.runtime.workers.phase_schedule import (
     Turn,
     device_schedules,
     job_schedules,
@@ -23,7 +19,6 @@ from rldock.runtime.phase_schedule import (
     resolve_phase_schedule,
     state_runners,
 )
-from rldock.runtime.turns import TurnKeeper
 
 
 def plan(*, actors: int, references: int, critics: int = 0, reward_model: bool = False, mode: str = "colocated"):

@@ -17,8 +17,8 @@ import yaml
 from ray import cloudpickle
 
 from rldock.config import parse_job_config
-from rldock.runtime import cluster
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.workers import cluster
 
 EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
 

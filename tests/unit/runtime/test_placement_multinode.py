@@ -3,7 +3,7 @@ node with two emulated NPUs: which worker lands on which node, bundle and device
 
 The workers here are `PlacementProbe`s (a test double: the real ActorWorker loads a model and a
 vLLM engine, which would take minutes on this machine), scheduled exactly as the trainer schedules
-its workers, through rldock.runtime.cluster."""
+its workers, through rldock.runtime.workers.cluster."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from ray.cluster_utils import Cluster
 
 from rldock.config import parse_job_config
 from rldock.contract.placement import plan_placement
-from rldock.runtime import cluster as placement
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.replica_devices import RankDevice, engine_environments, seat_of_this_actor
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.workers import cluster as placement
 
 EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
 NPUS_PER_NODE = 2

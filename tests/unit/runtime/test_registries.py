@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.filtration import FILTRATION_MODES
 from rldock.runtime.algorithms.kl import KL_ESTIMATORS
-from rldock.runtime.algorithms.recipes import RECIPES
 from rldock.runtime.data import GENERATORS
+from rldock.runtime.flow.catalogue import RECIPES
 from rldock.runtime.models import MODEL_BUILDERS
 from rldock.runtime.registry import Registry
 from rldock.runtime.rewards import REWARDS

@@ -8,7 +8,7 @@ from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
 from rldock.runtime.data import PreferencePair
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.sampling import (
+from rldock.runtime.driver.feed import (
     DriverBatch,
     DynamicSampling,
     group_rows,
@@ -186,7 +186,7 @@ def test_dynamic_sampling_pads_with_the_last_rounds_dropped_groups():
 def test_dapo_filters_groups_on_the_unshaped_score():
     """A group of equally correct answers, one of them overlong: its shaped rewards differ, its
     scores do not, so the paper's filter (on accuracy) drops it."""
-    from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock.runtime.flow.catalogue import get_recipe
 
     recipe = get_recipe("dapo")
     algo = _algo(name="dapo", max_response_length=6, dapo={"overlong_buffer_length": 2})
@@ -203,7 +203,7 @@ def test_dapo_filters_groups_on_the_unshaped_score():
     "name, expected", [("grpo", ("sample_facts",)), ("dapo", ("rollout", "reward", "sample_facts"))]
 )
 def test_recipes_split_sampling_states_from_the_rest(name, expected):
-    from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock.runtime.flow.catalogue import get_recipe
 
     recipe = get_recipe(name)
     skipped = tuple(s for s in recipe.consumes if s not in recipe.launched_states)
@@ -211,7 +211,7 @@ def test_recipes_split_sampling_states_from_the_rest(name, expected):
 
 
 def test_dpo_recipe_runs_no_rollout():
-    from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock.runtime.flow.catalogue import get_recipe
 
     recipe = get_recipe("dpo")
     assert recipe.launched_states == ("reference", "preference_update")
@@ -219,7 +219,7 @@ def test_dpo_recipe_runs_no_rollout():
 
 
 def test_dapo_reward_shaping_and_loss_kwargs_follow_the_spec():
-    from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock.runtime.flow.catalogue import get_recipe
 
     recipe = get_recipe("dapo")
     algo = _algo(name="dapo", max_response_length=6, dapo={"overlong_buffer_length": 2, "overlong_penalty_factor": 0.5})

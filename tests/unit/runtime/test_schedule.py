@@ -12,12 +12,12 @@ import ray
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.sampling import DriverBatch
-from rldock.runtime.schedule import Driver, RunAheadSchedule, SyncSchedule
-from rldock.runtime.states import StageCall
+from rldock.runtime.driver.feed import DriverBatch
+from rldock.runtime.driver.schedule import Driver, RunAheadSchedule, SyncSchedule
+from rldock.runtime.flow.catalogue import get_recipe
+from rldock.runtime.flow.states import StageCall
 
 RECIPE = get_recipe("grpo")
 BEFORE, UPDATES = ("rollout", "actor_inference", "reference", "reward", "advantage"), ("update",)
@@ -77,7 +77,7 @@ class WorkersDouble:
 
 
 class FeedDouble:
-    """The job's feed (sampling.Feed): logs each draw; its position is the log's length."""
+    """The job's feed (feed.Feed): logs each draw; its position is the log's length."""
 
     def __init__(self, log: list) -> None:
         self.log, self.draws = log, iter(range(100))
@@ -242,7 +242,7 @@ def test_dapo_rounds_read_every_rounds_facts_dropped_groups_included(tmp_path):
     filter dropped included, and reads nothing again after the rounds."""
     from rldock.config.job import AlgorithmSpec, DockSpec
     from rldock.runtime.dock import TransferDock
-    from rldock.runtime.schedule.rounds import fill_by_rounds
+    from rldock.runtime.driver.schedule.rounds import fill_by_rounds
 
     recipe = get_recipe("dapo")
     bank = TransferDock.create(

@@ -11,15 +11,15 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
-from rldock.runtime import cluster
 from rldock.runtime.cli import main
 from rldock.runtime.data import Columns, PromptDataset, load_rows
 from rldock.runtime.data.dataset import PromptsTooLong
 from rldock.runtime.data.rendering import chat_template_problem
+from rldock.runtime.driver.tracking import WandbLog
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.models.tiny import build_tiny_model
-from rldock.runtime.ray_devices import device_request, local_device_problems
-from rldock.runtime.tracking import WandbLog
+from rldock.runtime.workers import cluster
+from rldock.runtime.workers.ray_devices import device_request, local_device_problems
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
 

@@ -1,4 +1,4 @@
-"""The worker-state specs (rldock.runtime.states): each recipe's flow as its specs give it, and a
+"""The worker-state specs (rldock.runtime.flow.states): each recipe's flow as its specs give it, and a
 state added by one spec alone being placed, scheduled, created and launched."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 from rldock.config.job import JobConfig
 from rldock.config.problems import find_problems
 from rldock.contract.placement import SeatRequest, plan_placement
-from rldock.runtime import attempt as attempt_module
-from rldock.runtime.algorithms.recipes import RECIPES, get_recipe, job_recipe
-from rldock.runtime.attempt import Attempt, WorkerGroups
-from rldock.runtime.dataflow import PROMPT, RESPONSE
-from rldock.runtime.phase_schedule import job_schedules, phase_order
-from rldock.runtime.states import (
+from rldock.runtime.driver import attempt as attempt_module
+from rldock.runtime.driver.attempt import Attempt, WorkerGroups
+from rldock.runtime.flow.catalogue import RECIPES, get_recipe
+from rldock.runtime.flow.columns import PROMPT, RESPONSE
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import (
     ACTOR,
     REWARD_MODEL,
     UPDATE,
@@ -27,6 +27,7 @@ from rldock.runtime.states import (
     placement_plan,
     worker_groups,
 )
+from rldock.runtime.workers.phase_schedule import job_schedules, phase_order
 
 P, R = PROMPT, RESPONSE
 GRPO_CONSUMES = {

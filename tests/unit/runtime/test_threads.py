@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
-from rldock.runtime.threads import apply_thread_budget, compute_workers_per_node, thread_share
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.workers.threads import apply_thread_budget, compute_workers_per_node, thread_share
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rldock.runtime.tracking import TensorBoardLog, scalars
+from rldock.runtime.driver.tracking import TensorBoardLog, scalars
 
 
 def _read(logdir) -> EventAccumulator:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
-from rldock.runtime.tracking import WANDB_RUN_ID_FILE, open_tracking
+from rldock.runtime.driver.tracking import WANDB_RUN_ID_FILE, open_tracking
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 BLOCK = 32768  # the W&B transaction log's block size (LevelDB's log format)

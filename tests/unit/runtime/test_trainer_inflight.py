@@ -17,13 +17,13 @@ from tensordict import TensorDict
 
 from rldock.config.job import DockSpec
 from rldock.runtime import checkpoint as ckpt
-from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.schedule import Driver, Inflight, SyncSchedule
-from rldock.runtime.schedule.inflight import resume_inflight
-from rldock.runtime.trainer import Trainer
+from rldock.runtime.driver.schedule import Driver, Inflight, SyncSchedule
+from rldock.runtime.driver.schedule.inflight import resume_inflight
+from rldock.runtime.driver.trainer import Trainer
+from rldock.runtime.flow.catalogue import get_recipe
 
 NUM_SAMPLES, GROUP_SIZE = 8, 2
 RECIPE = get_recipe("grpo")
@@ -114,7 +114,7 @@ def test_a_retry_of_a_finished_run_reports_its_last_iteration(tmp_path, capsys) 
     from types import SimpleNamespace
 
     from rldock.contract.progress import last_progress
-    from rldock.runtime.metrics import MetricsLog
+    from rldock.runtime.driver.records import MetricsLog
 
     staging = ckpt.staging_dir(tmp_path, 2)
     ckpt.commit(tmp_path, staging, 2, {}, keep_last=1)
@@ -147,7 +147,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     from types import SimpleNamespace
 
     from rldock.runtime.dock import DockActorDiedError
-    from rldock.runtime.metrics import MetricsLog
+    from rldock.runtime.driver.records import MetricsLog
 
     trainer = Trainer.__new__(Trainer)
     trainer.cfg = SimpleNamespace(iterations=2)
@@ -195,7 +195,7 @@ class _Rank:
 def test_a_death_keeps_what_the_other_ranks_had_returned(kill_actor) -> None:
     """gather_failing_fast, reading a dead rank's future first, still records the result another rank
     had returned: the in-flight retry reuses it (that rank's samples are done and would give none)."""
-    from rldock.runtime.schedule.stages import gather_failing_fast
+    from rldock.runtime.driver.schedule.stages import gather_failing_fast
 
     alive, doomed = _Rank.remote(), _Rank.remote()
     kill_actor(doomed)
@@ -213,8 +213,8 @@ def test_a_resumed_iteration_reads_its_facts_from_the_dock(tmp_path) -> None:
     returning: the retry's ranks find every sample done and return nothing of them, and the
     iteration's record still has every sample's facts, read from the dock (sample_facts) as a fresh
     iteration's are: no list is rebuilt from the ranks' results."""
-    from rldock.runtime.sampling import DriverBatch
-    from rldock.runtime.schedule.steps import gather_stages
+    from rldock.runtime.driver.feed import DriverBatch
+    from rldock.runtime.driver.schedule.steps import gather_stages
 
     schedule, dock = schedule_double(tmp_path)
     dock.put(torch.arange(NUM_SAMPLES), columns(RECIPE.produces["driver"], list(range(NUM_SAMPLES))))

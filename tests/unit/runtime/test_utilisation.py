@@ -1,4 +1,4 @@
-"""The FLOP and byte count of utilisation.py, by hand on SmolLM2-135M's shape and on small cases, and
+"""The FLOP and byte count of driver/utilisation.py, by hand on SmolLM2-135M's shape and on small cases, and
 the `mfu/` inputs a job's config and measurement give."""
 
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.planning.shapes import ModelShape, shape_from_hf_config
-from rldock.runtime.utilisation import (
+from rldock.runtime.driver.utilisation import (
     DeviceRates,
     UtilisationInputs,
     decode_bytes,
@@ -18,6 +17,7 @@ from rldock.runtime.utilisation import (
     stage_utilisation,
     update_flops,
 )
+from rldock.runtime.planning.shapes import ModelShape, shape_from_hf_config
 
 # SmolLM2-135M-Instruct's config.json (the fields the count reads)
 SMOLLM2 = {

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
-from rldock.runtime import utilisation as utilisation_module
-from rldock.runtime.utilisation import UtilisationInputs, measure_utilisation_inputs
+from rldock.runtime.driver import utilisation as utilisation_module
+from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 LLAMA_CONFIG = {

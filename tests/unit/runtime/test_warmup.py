@@ -12,15 +12,15 @@ from rldock.config.job import DataSpec, GeneratorSpec, WarmupSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data import PromptDataset, Row, columns_of, load_rows, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
-from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, pad_prompts
-from rldock.runtime.models.loading import TokenBatch
-from rldock.runtime.warmup import (
+from rldock.runtime.driver.warmup import (
     accumulate_answer_loss,
     answer_loss,
     demonstration_targets,
     demonstration_tokens,
     run_warmup,
 )
+from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, pad_prompts
+from rldock.runtime.models.loading import TokenBatch
 
 ROWS = [
     Row(r["prompt"], r["answer"], r["data_source"])
@@ -245,7 +245,7 @@ def test_demonstrations_without_the_agents_renderer_are_refused(chat_dir, demo_d
 
 
 OWN_PYTHON_TOOL = """
-from rldock.runtime.agent.base import Tool, ToolResult
+from rldock.runtime.agent.interfaces import Tool, ToolResult
 
 
 class Python(Tool):
@@ -260,8 +260,8 @@ class Python(Tool):
 def test_the_trainer_warms_an_agent_job_up_on_its_demonstrations(chat_dir, tmp_path):
     """prepare_initial_policy hands the job's renderer to the warm-up (without it demonstrations are refused)."""
     from rldock.config import parse_job_config
-    from rldock.runtime.agent.loading import job_conversation
-    from rldock.runtime.inputs import prepare_initial_policy
+    from rldock.runtime.agent.builders import job_conversation
+    from rldock.runtime.driver.inputs import prepare_initial_policy
 
     (tmp_path / "own_tools.py").write_text(OWN_PYTHON_TOOL)
     train = tmp_path / "train.jsonl"

@@ -1316,7 +1316,7 @@ class Ablations(BaseModel):
     # trips and a wake-up fewer per iteration. Off: the separate advantage worker.
     fuse_reward_advantage: bool = True
     # The driver's counters, records and (sync) staleness bound run in a background thread while the
-    # next iteration starts (runtime/bookkeeping.py). Off: inline, between iterations.
+    # next iteration starts (runtime/driver/bookkeeping.py). Off: inline, between iterations.
     background_bookkeeping: bool = True
     # Distributed dock: the controllers hold the first warehouse node's warehouses in their process,
     # a put or get there one Ray call instead of two. Off: every warehouse an actor of its own.

@@ -2,7 +2,7 @@
 
 The config's `algorithm.name` accepts exactly these names, the config checks read
 `needs_critic` to count devices (a critic takes one), and the runtime's recipes
-(rldock.runtime.algorithms.recipes) must agree: a recipe registered for a name not in the
+(rldock.runtime.flow.catalogue) must agree: a recipe registered for a name not in the
 catalogue, or whose critic states disagree with `needs_critic`, fails at import.
 """
 

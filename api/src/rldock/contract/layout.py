@@ -1,7 +1,7 @@
 """The job's shape, computed once: torchtitan's `ParallelDims` for rldock.
 
 Everything that asks "how many" of a job reads one `JobLayout`: the config checks
-(rldock.config.problems), the worker-state specs and the trainer (rldock.runtime.states, trainer),
+(rldock.config.problems), the worker-state specs and the trainer (rldock.runtime.flow.states, trainer),
 the thread budget and the memory planner. Nobody multiplies the parallel sizes again.
 
 - actor ranks: data_parallel_size x context_parallel_size x tensor_parallel_size, one device each

@@ -14,8 +14,8 @@ the halves left over (a TP job's actor devices have them) before a new device is
 
 Pure and config-free: which groups a job seats, how many ranks each and whether two of a group
 may share a device are the callers' (the runtime reads them from its worker-state specs,
-rldock.runtime.states; the config checks count the same groups). The runtime builds the placement
-group from the plan (rldock.runtime.cluster).
+rldock.runtime.flow.states; the config checks count the same groups). The runtime builds the placement
+group from the plan (rldock.runtime.workers.cluster).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PlacementMode = Literal["colocated", "separate"]
 # The share of a device each worker takes in each mode (the actor's too: in colocated mode the
 # other half of every actor device is left for a reference rank, a critic or a reward model).
 SHARE: dict[str, float] = {"colocated": 0.5, "separate": 1.0}
-# Logical CPUs each device worker asks Ray for (Ray then caps its thread pools; see cluster.py).
+# Logical CPUs each device worker asks Ray for (Ray then caps its thread pools; see runtime/workers/cluster.py).
 CPUS_PER_WORKER = 1
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 
 
 class SlowAddition(Environment):

@@ -368,7 +368,7 @@ def _set_progress(
     status.iteration, status.reward = prev.iteration, prev.reward
     status.tokens_per_second_per_device = prev.tokens_per_second_per_device
     status.last_evaluation = prev.last_evaluation
-    if metrics is not None:  # keys as rldock.runtime.trainer writes each iteration's record
+    if metrics is not None:  # keys as rldock.runtime.driver.trainer writes each iteration's record
         status.iteration = int(metrics["iteration"])
         status.reward = round(float(metrics[headline_key(metrics)]), 4)  # DPO: preference accuracy
         status.tokens_per_second_per_device = round(float(metrics["tokens_per_s_per_device"]), 1)

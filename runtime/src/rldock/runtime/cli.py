@@ -377,9 +377,9 @@ def _generate_data(args: argparse.Namespace) -> int:
 
 def _generate_cabinet(args: argparse.Namespace, given: dict, prompt_key: str) -> int:
     """`rldock data generate cabinet`: the cabinet environment's tasks, with their demonstrations and the
-    extra_info the environment rebuilds each task from (rldock.runtime.data.cabinet)."""
+    extra_info the environment rebuilds each task from (rldock.runtime.data.cabinet_tasks)."""
     from rldock.config.job import DataSpec
-    from rldock.runtime.data.cabinet import generate_cabinet
+    from rldock.runtime.data.cabinet_tasks import generate_cabinet
     from rldock.runtime.data.generators import column_names, write_rows
 
     if args.tool_demonstrations is not None:
@@ -444,9 +444,9 @@ def _bench_peak(args: argparse.Namespace) -> int:
 
 def _env_serve(args: argparse.Namespace) -> int:
     """`rldock env serve`: exit 2 for a class or option that cannot be served, else serve until stopped."""
-    from rldock.runtime.agent.loading import AgentConfigError
+    from rldock.runtime.agent.builders import AgentConfigError
     from rldock.runtime.agent.service.auth import TokenError, server_token
-    from rldock.runtime.agent.service.server import inherited, listen, load_environment, serve
+    from rldock.runtime.agent.service.env_server import inherited, listen, load_environment, serve
 
     options: dict[str, str] = {}
     for key, value in args.options:
@@ -522,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from rldock.runtime.driver.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
     from rldock.runtime.rewards import RewardError
-    from rldock.runtime.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
 
     try:
         trainer = Trainer(

@@ -1,5 +1,5 @@
 """A device's peak matmul FLOP/s and memory bandwidth, measured once per machine and cached: the
-denominators of the `mfu/<stage>` and `mbu/rollout` metrics (utilisation.py) when the config sets
+denominators of the `mfu/<stage>` and `mbu/rollout` metrics (driver/utilisation.py) when the config sets
 none (resources.peak_tflops, resources.memory_bandwidth_gbps), and what `rldock bench peak` prints.
 
 The peak is the best of timed square matmuls in the dtype (what a dense model's FLOPs run as), the

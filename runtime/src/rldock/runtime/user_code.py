@@ -1,5 +1,5 @@
 """The user's own Python objects that a job config names: reward functions (rewards/function.py), tools
-and environments (agent/loading.py), one loader for all.
+and environments (agent/builders.py), one loader for all.
 
 A reference is `path/to/file.py:name` or `package.module:name`. A file is imported under a module name
 of its own, made from its resolved path, so two files called `reward.py` do not collide and the same

@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 
-from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 
 
 class CountingEnvironment(Environment):

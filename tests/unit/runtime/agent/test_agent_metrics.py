@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from rldock.runtime.agent.metrics import agent_metrics, episode_sums, merged_sums
-from rldock.runtime.agent.rollout import Episode
+from rldock.runtime.agent.episode_loop import Episode
+from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums, merged_sums
 
 
 def _episode(turns: int, model: int, tool: int, calls: dict, errors: dict, seconds: dict, ended: str) -> Episode:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rldock.config.job import AgentSpec
-from rldock.runtime.agent.base import EpisodeContext, Observation
+from rldock.runtime.agent.builders import build_environment
 from rldock.runtime.agent.examples.cabinet import (
     COLOURS,
     THINGS,
@@ -17,7 +17,7 @@ from rldock.runtime.agent.examples.cabinet import (
     command_words,
     given_answer,
 )
-from rldock.runtime.agent.loading import build_environment
+from rldock.runtime.agent.interfaces import EpisodeContext, Observation
 
 REFERENCE = "rldock.runtime.agent.examples.cabinet:Cabinet"
 

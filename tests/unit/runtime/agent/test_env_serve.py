@@ -30,10 +30,10 @@ from openenv_servers import (
 
 from rldock.config.job import SandboxSpec
 from rldock.runtime import cli
-from rldock.runtime.agent.base import Observation
 from rldock.runtime.agent.environments import WRONG
+from rldock.runtime.agent.interfaces import Observation
 from rldock.runtime.agent.sandbox_service import LIMIT_FIELDS, sandbox_limits
-from rldock.runtime.agent.service.server import wire_observation
+from rldock.runtime.agent.service.env_server import wire_observation
 from rldock.runtime.agent.tools import PythonTool
 
 COUNTING = f"{Path(__file__).with_name('env_doubles.py')}:CountingEnvironment"

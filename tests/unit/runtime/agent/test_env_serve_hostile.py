@@ -23,7 +23,7 @@ from openenv_servers import RLDOCK, running_server
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rldock.runtime.agent.service import wire
+from rldock.runtime.agent.service import json_wire
 
 COUNTING = f"{Path(__file__).with_name('env_doubles.py')}:CountingEnvironment"
 SANDBOX = "rldock.runtime.agent.sandbox_service:PythonSandbox"
@@ -168,7 +168,7 @@ def test_http_reset_and_step_count_against_the_session_cap(server: Server):
 
 
 def test_a_body_past_the_limit_is_refused_declared_or_chunked(server: Server):
-    big = b'{"ground_truth": "' + b"x" * wire.MAX_MESSAGE_BYTES + b'"}'
+    big = b'{"ground_truth": "' + b"x" * json_wire.MAX_MESSAGE_BYTES + b'"}'
     status, answer = request(server.url, "POST", "/reset", big, AUTH)
     assert (status, answer["detail"]["code"]) == (413, "BODY_TOO_LARGE")
     parts = urlsplit(server.url)

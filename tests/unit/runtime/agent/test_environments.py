@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from rldock.runtime.agent.base import ENVIRONMENTS, EpisodeContext, Observation
 from rldock.runtime.agent.environments import NO_ANSWER, WRONG, FeedbackEnvironment
+from rldock.runtime.agent.interfaces import ENVIRONMENTS, EpisodeContext, Observation
 from rldock.runtime.rewards.math_answer import math_verify_reward
 
 

@@ -17,11 +17,11 @@ from openenv_servers import HOSTILE_ANSWERS, hostile_server
 from test_rollout import ScriptedEngine, make_loop, run
 
 from rldock.config.job import EnvironmentServersSpec
-from rldock.runtime.agent.base import EpisodeContext
-from rldock.runtime.agent.metrics import agent_metrics, episode_sums
-from rldock.runtime.agent.service.client import OpenEnvEnvironment
-from rldock.runtime.agent_sampler import episode_columns
+from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums
+from rldock.runtime.agent.interfaces import EpisodeContext
+from rldock.runtime.agent.service.env_client import OpenEnvEnvironment
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock.runtime.rollout.agent_episodes import episode_columns
 
 TIMEOUT_S = 10.0  # agent.tool_timeout_s: the never-answering server's episode ends at it (the others answer at once)
 # What each wrong answer ends its episode with; "good" answers right and the episode goes on to max_turns.

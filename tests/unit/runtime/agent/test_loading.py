@@ -7,14 +7,14 @@ import textwrap
 import pytest
 
 from rldock.config.job import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS, AgentSpec
-from rldock.runtime.agent.base import ENVIRONMENTS, TOOL_CALL_PARSERS, TOOLS
+from rldock.runtime.agent.builders import AgentConfigError, build_environment, build_parser, build_tools
 from rldock.runtime.agent.environments import FeedbackEnvironment
-from rldock.runtime.agent.loading import AgentConfigError, build_environment, build_parser, build_tools
+from rldock.runtime.agent.interfaces import ENVIRONMENTS, TOOL_CALL_PARSERS, TOOLS
 from rldock.runtime.agent.parsers import REASONING_PARSERS, HermesParser
 from rldock.runtime.user_code import load_file
 
 USER_FILE = textwrap.dedent("""
-    from rldock.runtime.agent.base import Environment, EnvironmentSession, Observation, Tool, ToolResult
+    from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, Observation, Tool, ToolResult
 
     CLOSED = []
 

@@ -1,6 +1,6 @@
-"""rldock's OpenEnv client (agent/service/client.py) against real servers: an environment written with
+"""rldock's OpenEnv client (agent/service/env_client.py) against real servers: an environment written with
 openenv-core's own server classes, and `rldock env serve` replicas that rldock starts, loses and
-replaces itself (agent/service/local.py); the preflight's questions (agent/service/probe.py); the
+replaces itself (agent/service/local.py); the preflight's questions (agent/service/env_probe.py); the
 python tool sending its calls to the python sandbox environment."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 from openenv_servers import openenv_guess_server, secret_number
 
 from rldock.config.job import AgentSpec, EnvironmentServersSpec, JobConfig, SandboxSpec
-from rldock.runtime.agent.base import EnvironmentUnavailable, EpisodeContext, Observation, SessionFailed
+from rldock.runtime.agent.interfaces import EnvironmentUnavailable, EpisodeContext, Observation, SessionFailed
 from rldock.runtime.agent.service.auth import TOKEN_ENV
-from rldock.runtime.agent.service.client import OpenEnvEnvironment, Replicas, resolve_replicas
+from rldock.runtime.agent.service.env_client import OpenEnvEnvironment, Replicas, resolve_replicas
+from rldock.runtime.agent.service.env_probe import environment_server_problems, replica_problems
 from rldock.runtime.agent.service.listeners import held_by_session
 from rldock.runtime.agent.service.local import EnvironmentStartError, JobEnvironmentServers, LocalServers
-from rldock.runtime.agent.service.probe import environment_server_problems, replica_problems
 from rldock.runtime.agent.tools import PythonTool
 
 HERE = Path(__file__).resolve().parent

@@ -3,7 +3,7 @@ order, each wrong call a message for the model, the text without its calls as th
 
 import pytest
 
-from rldock.runtime.agent.base import TOOL_CALL_PARSERS, ParsedTurn, ToolCall
+from rldock.runtime.agent.interfaces import TOOL_CALL_PARSERS, ParsedTurn, ToolCall
 from rldock.runtime.agent.parsers import (
     REASONING_PARSERS,
     HermesParser,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rldock.runtime.agent.base import TOOL_CALL_PARSERS, ParsedTurn, ToolCall
+from rldock.runtime.agent.interfaces import TOOL_CALL_PARSERS, ParsedTurn, ToolCall
 from rldock.runtime.agent.parsers import HermesParser
 
 

@@ -18,7 +18,10 @@ from collections.abc import Mapping
 import pytest
 
 from rldock.config.job import AgentSpec
-from rldock.runtime.agent.base import (
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.episode_loop import CHARS_PER_TOKEN, AgentLoop
+from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums
+from rldock.runtime.agent.interfaces import (
     Environment,
     EnvironmentSession,
     EnvironmentUnavailable,
@@ -28,14 +31,11 @@ from rldock.runtime.agent.base import (
     Tool,
     ToolResult,
 )
-from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.agent.metrics import agent_metrics, episode_sums
 from rldock.runtime.agent.parsers import HermesParser
-from rldock.runtime.agent.rollout import CHARS_PER_TOKEN, AgentLoop
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
-from rldock.runtime.agent_sampler import episode_columns, final_turn
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock.runtime.rollout.agent_episodes import episode_columns, final_turn
 
 
 @pytest.fixture(scope="module")

@@ -617,7 +617,7 @@ def test_only_the_served_sandbox_s_admin_opts_into_a_missing_landlock(options, a
     with what remains. Its own option opts in, by name, as agent.sandbox.allow_missing_layers does; every
     call then runs with it (a client's limits cannot drop it), and without it every call is refused."""
     from rldock.runtime.agent import sandbox
-    from rldock.runtime.agent.base import EpisodeContext
+    from rldock.runtime.agent.interfaces import EpisodeContext
     from rldock.runtime.agent.sandbox_service import PythonSandbox
 
     no_landlock = sandbox.Layers(landlock=0, seccomp=True, namespaces=(), reported=True)

@@ -147,7 +147,7 @@ def test_dapo_groups_of_equal_scores_get_advantage_exactly_zero(dynamic_sampling
     0, not GRPO's std-amplified length signal (+0.35 x3, -1.5 here); so does every equal-score group
     with dynamic sampling off. The informative group keeps GRPO's advantages on the shaped reward."""
     from rldock.runtime.algorithms.advantages import grpo_advantages
-    from rldock.runtime.algorithms.recipes import get_recipe
+    from rldock.runtime.flow.catalogue import get_recipe
 
     score = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0])  # (B,) unshaped
     reward = score - torch.tensor([0.0, 0.0, 0.0, 0.01, 0.0, 0.01, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])  # shaped
@@ -162,7 +162,7 @@ def test_dapo_groups_of_equal_scores_get_advantage_exactly_zero(dynamic_sampling
 
 def test_dapo_advantage_reads_the_unshaped_score_fused_or_not():
     from rldock.config import JobConfig
-    from rldock.runtime.algorithms.recipes import job_recipe
+    from rldock.runtime.flow.job_recipe import job_recipe
 
     for fuse in (True, False):
         cfg = JobConfig(

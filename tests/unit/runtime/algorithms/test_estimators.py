@@ -14,7 +14,8 @@ from rldock.runtime.algorithms import (
     reinforce_plus_plus_baseline_advantages,
     rloo_advantages,
 )
-from rldock.runtime.algorithms.recipes import get_recipe, job_recipe
+from rldock.runtime.flow.catalogue import get_recipe
+from rldock.runtime.flow.job_recipe import job_recipe
 
 
 def test_rloo_subtracts_the_mean_of_the_other_responses():

@@ -10,8 +10,8 @@ import torch
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, truncated_importance_weight, weighted_advantage
-from rldock.runtime.algorithms.policy_objective import job_objective
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.training.policy_objective import job_objective
 
 
 def test_the_weight_is_the_truncated_ratio_and_one_where_the_same_policy_sampled():

@@ -7,7 +7,8 @@ import pytest
 
 from rldock.config.job import JobConfig, RewardSpec
 from rldock.config.problems import find_problems
-from rldock.runtime.algorithms.recipes import get_recipe, job_recipe, recomputes_old_logprobs
+from rldock.runtime.flow.catalogue import get_recipe
+from rldock.runtime.flow.job_recipe import job_recipe, recomputes_old_logprobs
 
 
 def _cfg(name="grpo", *, dock=None, **algorithm) -> JobConfig:

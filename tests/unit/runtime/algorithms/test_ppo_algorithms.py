@@ -13,8 +13,8 @@ from rldock.contract.algorithms import CATALOGUE
 from rldock.runtime.algorithms import clipped_policy_loss, grpo_advantages
 from rldock.runtime.algorithms.filtration import FILTRATION_MODES, filtration_weights
 from rldock.runtime.algorithms.gae import gae_advantages, masked_whiten, outcome_token_rewards
-from rldock.runtime.algorithms.recipes import RECIPES, get_recipe
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
+from rldock.runtime.flow.catalogue import RECIPES, get_recipe
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 

@@ -11,9 +11,9 @@ import yaml
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
-from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.algorithms.turn_credit import TURN_ESTIMATORS, discounted_turn_returns, rloo_turn_advantages
 from rldock.runtime.algorithms.turns import reward_split_over_turns
+from rldock.runtime.flow.catalogue import get_recipe
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 ATOL = 1e-5  # float32 sums of a few terms of magnitude <= 4 against exact values; no threaded reductions

@@ -10,8 +10,8 @@ import yaml
 
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, gae_advantages, outcome_token_rewards
-from rldock.runtime.algorithms.recipes import get_recipe
 from rldock.runtime.algorithms.turns import reward_split_over_turns, turn_token_rewards
+from rldock.runtime.flow.catalogue import get_recipe
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from rldock.config.job import DataSpec
-from rldock.runtime.agent.base import EpisodeContext, Observation
 from rldock.runtime.agent.examples.cabinet import Cabinet, build_cabinet
+from rldock.runtime.agent.interfaces import EpisodeContext, Observation
 from rldock.runtime.cli import main
 from rldock.runtime.data import columns_of, load_rows
-from rldock.runtime.data.cabinet import generate_cabinet
+from rldock.runtime.data.cabinet_tasks import generate_cabinet
 
 
 def test_rows_are_a_pure_function_of_the_seed():

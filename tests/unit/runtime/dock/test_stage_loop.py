@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.runtime.dock.stage_loop import run_stage
-from rldock.runtime.states import WorkerState
+from rldock.runtime.flow.states import WorkerState
 
 STAGE = WorkerState("s", None, "", consumes=("x",))  # a state reading column x
 

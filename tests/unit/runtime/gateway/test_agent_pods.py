@@ -26,7 +26,7 @@ from rldock.contract.agent_pods import GATEWAY_ENV
 from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV
 from rldock.runtime.gateway.dispatch import LEASE_S, EpisodeDispatcher
 from rldock.runtime.gateway.episodes import GatewayEpisodes
-from rldock.runtime.gateway.harness import HarnessError
+from rldock.runtime.gateway.harness_runner import HarnessError
 from rldock.runtime.rollout.harness import result_sums
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 

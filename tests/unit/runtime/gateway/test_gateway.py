@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
+from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.gateway.episodes import GatewayEpisodes
-from rldock.runtime.gateway.harness import HarnessError, load_harness
+from rldock.runtime.gateway.harness_runner import HarnessError, load_harness
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.base import HeldOutRequest, RolloutSetup
 from rldock.runtime.rollout.harness import HarnessRollout, harness_columns, result_sums
-from rldock.runtime.states import ROLLOUT
+from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutSetup
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[4]
@@ -319,7 +319,7 @@ def test_a_token_id_outside_the_vocabulary_is_a_400_naming_the_prompt(served, to
 
 
 def test_the_harness_is_checked_when_loaded(tmp_path):
-    sync = tmp_path / "sync.py"
+    sync = tmp_path / "driver/schedule/sync.py"
     sync.write_text("def run(task, client):\n    return 1\n")
     one = tmp_path / "one.py"
     one.write_text("async def run(task):\n    return 1\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from test_gateway import job
 
-from rldock.runtime.gateway.harness import OUTPUT_KEPT_BYTES, TASK_ENV_BYTES, HarnessRunner
+from rldock.runtime.gateway.harness_runner import OUTPUT_KEPT_BYTES, TASK_ENV_BYTES, HarnessRunner
 
 URL, KEY = "http://127.0.0.1:9/sessions/e/v1", "key"
 

@@ -82,7 +82,7 @@ def test_a_job_builds_the_model_its_builder_names(tmp_path, builder, model_type)
 
     from rldock.config import parse_job_config
     from rldock.runtime.data.rows import Row
-    from rldock.runtime.inputs import prepare_base_model
+    from rldock.runtime.driver.inputs import prepare_base_model
 
     data = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml").read_text())
     data["model"] = {"path": str(tmp_path / "model"), "builder": builder}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldock.runtime.models.reward_model import load_reward_model
+from rldock.runtime.models.reward_classifier import load_reward_model
 
 TEXTS = ["3+4=7", "12+30=42", "9+9=18 and more words"]
 

@@ -13,13 +13,13 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig, TrainingSpec
-from rldock.runtime.algorithms.policy_objective import job_objective
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import packing_prompts
 from rldock.runtime.engines.policy_passes import batch_logprobs, micro_batch_scores
+from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.models.moe import record_routing, routers
 from rldock.runtime.models.routing_replay import NO_EXPERT, recording_routes, replaying_batch, replaying_routes
 from rldock.runtime.training.ddp import DdpBackend
+from rldock.runtime.training.policy_objective import job_objective
 from rldock.runtime.training.policy_steps import policy_step
 from rldock_e2e.moe_fixture import moe_model
 

@@ -1,4 +1,4 @@
-"""The memory planner under Ulysses context parallelism (planning/context_parallel.py): a CP rank's
+"""The memory planner under Ulysses context parallelism (planning/context_parallel_bytes.py): a CP rank's
 activations by hand, the training state sharded over DP x CP, the all-to-all bytes of an update
 step, and the verdict naming training.context_parallel_size when a sequence's activations, not the
 model, fill the device."""

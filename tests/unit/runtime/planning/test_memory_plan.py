@@ -305,8 +305,8 @@ def test_a_critic_rank_holds_a_full_replica_and_its_activations():
     ],
 )
 def test_where_the_critic_sits_matches_the_jobs_placement(cfg, beside):
-    from rldock.runtime.algorithms.recipes import job_recipe
-    from rldock.runtime.cluster import job_placement
+    from rldock.runtime.flow.job_recipe import job_recipe
+    from rldock.runtime.workers.cluster import job_placement
 
     plan = job_placement(cfg, job_recipe(cfg))  # what the trainer reserves
     assert any(seat.bundle < len(plan.actors) for seat in plan.group("critic")) is beside

@@ -12,7 +12,7 @@ from rollout_doubles import EOS, PAD, EngineDouble, RecordingDock, completion, p
 
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import Completion
-from rldock.runtime.rollout.base import RolloutRequest, RolloutSetup
+from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.rollout.partial import (
     PartialRollout,
     behaviour_logprobs,
@@ -23,7 +23,7 @@ from rldock.runtime.rollout.partial import (
     partial_metrics,
     response_columns,
 )
-from rldock.runtime.states import ROLLOUT
+from rldock.runtime.rollout.protocol import RolloutRequest, RolloutSetup
 
 
 def test_a_response_is_cut_when_the_budget_stopped_it_before_eos():

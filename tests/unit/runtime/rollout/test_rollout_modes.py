@@ -15,15 +15,15 @@ from tensordict import TensorDict
 
 from rldock.config import find_problems
 from rldock.config.job import JobConfig
+from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.agent import AgentRollout, token_behaviour_logprobs
-from rldock.runtime.rollout.base import HeldOutRequest, RolloutRequest, RolloutSetup
 from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
+from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup
 from rldock.runtime.rollout.streamed import StreamedRollout
-from rldock.runtime.states import ROLLOUT
 
 G, N, SL = 2, 3, 6
 COLUMNS = ("prompt_ids", "prompt_mask")
@@ -127,7 +127,7 @@ def test_the_plain_mode_writes_whole_groups_seeded_per_group_and_round():
 def test_the_plain_mode_writes_the_engines_logprobs_where_its_state_does():
     """rollout.return_logprobs: the job recipe's rollout state writes `sampled_logprobs`, and the plain mode
     samples with logprobs and writes them (the double's are -(version + 1) on every sampled token)."""
-    from rldock.runtime.algorithms.recipes import job_recipe
+    from rldock.runtime.flow.job_recipe import job_recipe
 
     cfg = job(rollout={"return_logprobs": True})
     spec = job_recipe(cfg).spec(ROLLOUT.name)

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.device import detect_device
-from rldock.runtime.engines.distributed import wrap_ddp
+from rldock.runtime.engines.process_group import wrap_ddp
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.ddp import DdpBackend
 

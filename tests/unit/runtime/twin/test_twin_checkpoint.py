@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
+from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.workers.actor import ActorWorker
 

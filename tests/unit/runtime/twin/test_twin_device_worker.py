@@ -17,10 +17,10 @@ import torch
 from twin_doubles import ColumnDock, WeightSinkEngine, rollout_batch
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
-from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
+from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import StageCall, placement_plan
 from rldock.runtime.resharding.ledger import TRAIN_STATE, resident_bytes
-from rldock.runtime.states import StageCall, placement_plan
 from rldock.runtime.training.strategies import build_backend
 from rldock.runtime.workers.actor import ActorWorker
 from rldock.runtime.workers.device_worker import DeviceWorker, Role, seat_processes

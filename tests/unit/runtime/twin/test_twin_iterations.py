@@ -15,9 +15,9 @@ import torch
 from twin_doubles import ColumnDock, WeightSinkEngine, rollout_batch
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.device import detect_device
-from rldock.runtime.states import StageCall
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import StageCall
 from rldock.runtime.workers.actor import ActorWorker
 from rldock.runtime.workers.critic import CriticWorker
 from rldock.runtime.workers.reference import ReferenceWorker

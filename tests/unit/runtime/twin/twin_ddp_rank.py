@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rldock.runtime.device import detect_device
-from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group, wrap_ddp
+from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group, wrap_ddp
 from rldock_e2e.doubles.npu_twin import activate
 
 

@@ -15,7 +15,7 @@ import torch
 
 from rldock.config import parse_job_config
 from rldock.runtime.device import detect_device
-from rldock.runtime.engines.distributed import Rendezvous, destroy_process_group, init_process_group
+from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group
 from rldock.runtime.training.fsdp import FsdpBackend
 from rldock_e2e.doubles.npu_twin import activate
 

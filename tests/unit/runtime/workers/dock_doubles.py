@@ -20,7 +20,7 @@ class DigitTokenizer:
 
 def reward_worker_without_files(cfg, rows, dock=None):
     """A RewardWorker over `rows` with DigitTokenizer standing in for the tokenizer files it would load."""
-    from rldock.runtime.algorithms.recipes import job_recipe
+    from rldock.runtime.flow.job_recipe import job_recipe
     from rldock.runtime.rewards import RewardScorer
     from rldock.runtime.workers.reward import RewardWorker
 

@@ -12,10 +12,10 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss
-from rldock.runtime.algorithms.policy_objective import job_objective
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs
+from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.training.ddp import DdpBackend
+from rldock.runtime.training.policy_objective import job_objective
 from rldock.runtime.workers.actor import ActorWorker
 
 

@@ -10,10 +10,10 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, masked_mean
-from rldock.runtime.algorithms.policy_objective import job_objective
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.policy import response_logprobs_and_entropy
+from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.training.ddp import DdpBackend
+from rldock.runtime.training.policy_objective import job_objective
 from rldock.runtime.workers.actor import ActorWorker
 
 
@@ -121,7 +121,7 @@ def test_fsdp_update_step_equals_the_plain_step(tmp_path):
     import torch.distributed as dist
 
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.fsdp import full_state_dict
+    from rldock.runtime.engines.fsdp_sharding import full_state_dict
     from rldock.runtime.training.fsdp import FsdpBackend
 
     prompt_ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 0, 4], [3, 2, 1]])  # (B, PL)

@@ -8,8 +8,9 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import get_recipe, job_recipe
-from rldock.runtime.states import StageCall
+from rldock.runtime.flow.catalogue import get_recipe
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import StageCall
 from rldock.runtime.workers.advantage import AdvantageWorker, advantage_batch_size
 
 G, N, SL = 4, 2, 5

@@ -13,11 +13,11 @@ from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.engines.values import response_values
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import StageCall
 from rldock.runtime.models import build_tiny_model
 from rldock.runtime.models.value import load_value_model
-from rldock.runtime.states import StageCall
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.workers.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, CriticWorker
 

@@ -8,11 +8,11 @@ from dock_doubles import OneBatchDock
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import StageCall
 from rldock.runtime.models.loading import encode_prompts
-from rldock.runtime.models.reward_model import load_reward_model
+from rldock.runtime.models.reward_classifier import load_reward_model
 from rldock.runtime.models.tiny import train_char_tokenizer
-from rldock.runtime.states import StageCall
 from rldock.runtime.workers.reward_model import RewardModelWorker, sample_texts
 
 TEXTS = ["3+4=", "12+30=", "7", "42", "abc"]

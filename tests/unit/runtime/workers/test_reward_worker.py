@@ -10,10 +10,10 @@ from dock_doubles import EOS, PAD, OneBatchDock, reward_worker_without_files
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
-from rldock.runtime.algorithms.recipes import job_recipe
 from rldock.runtime.data import Columns, Row, load_rows
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import StageCall
 from rldock.runtime.rewards import merge_reward_metrics
-from rldock.runtime.states import StageCall
 from rldock.runtime.workers.advantage import AdvantageWorker
 from rldock.runtime.workers.reward import RewardWorker
 

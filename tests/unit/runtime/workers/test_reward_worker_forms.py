@@ -14,9 +14,9 @@ from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
 from rldock.runtime.data import Columns, load_rows
+from rldock.runtime.flow.states import StageCall
 from rldock.runtime.rewards import RewardError
 from rldock.runtime.rewards.function import load_function
-from rldock.runtime.states import StageCall
 from rldock.runtime.workers.reward import RewardWorker
 
 USER_FILE = textwrap.dedent("""

@@ -161,7 +161,7 @@ def _worker_start_params(spec: RLJobSpec) -> dict[str, str]:
     resources = spec.job.resources
     if resources.accelerator_resource == RAY_GPU:
         # Ray's built-in GPU count: `--resources='{"GPU": n}'` Ray refuses ("GPU cannot be a
-        # custom resource"), and the workers ask for GPUs as `num_gpus` (runtime ray_devices.py).
+        # custom resource"), and the workers ask for GPUs as `num_gpus` (runtime workers/ray_devices.py).
         return {"num-gpus": str(resources.devices_per_node)}
     # KubeRay pastes every value into the container's `bash -lc` line as `--key=value` without
     # quoting (common/pod.go convertParamMap), so the JSON carries its own shell quotes, as KubeRay

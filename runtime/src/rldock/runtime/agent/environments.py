@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rldock.runtime.agent.base import (
+from rldock.runtime.agent.interfaces import (
     ENVIRONMENTS,
     Environment,
     EnvironmentSession,

@@ -13,7 +13,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import Any
 
-from rldock.runtime.agent.base import TOOL_CALL_PARSERS, ParsedTurn, ToolCall, ToolCallParser
+from rldock.runtime.agent.interfaces import TOOL_CALL_PARSERS, ParsedTurn, ToolCall, ToolCallParser
 from rldock.runtime.registry import Registry
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rldock.config.job import SandboxSpec
-from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.tools import PythonTool
 
 # The SandboxSpec fields a call's limits may set: all but `servers`, which says where the tool runs (left

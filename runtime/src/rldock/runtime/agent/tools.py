@@ -11,9 +11,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rldock.config.job import AgentSpec, SandboxSpec
-from rldock.runtime.agent.base import TOOLS, EnvironmentUnavailable, EpisodeContext, SessionFailed, Tool, ToolResult
+from rldock.runtime.agent.interfaces import (
+    TOOLS,
+    EnvironmentUnavailable,
+    EpisodeContext,
+    SessionFailed,
+    Tool,
+    ToolResult,
+)
 from rldock.runtime.agent.sandbox import Outcome, require_layers, run_python
-from rldock.runtime.agent.service.client import OpenEnvEnvironment, describe
+from rldock.runtime.agent.service.env_client import OpenEnvEnvironment, describe
 
 
 def _string_parameter(name: str, description: str) -> dict[str, Any]:

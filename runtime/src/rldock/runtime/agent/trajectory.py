@@ -41,7 +41,7 @@ def turn_columns(
     max_response_length: int,
     max_turns: int,
 ) -> dict[str, torch.Tensor]:
-    """The dock's turn columns of B trajectories (rldock.runtime.dataflow.TURNS), for any producer of them
+    """The dock's turn columns of B trajectories (rldock.runtime.flow.columns.TURNS), for any producer of them
     (the native agent loop, a gateway of the user's own agent):
 
     - `turn_index` (B, SL) int64: per response token, the model turn k (from 0) it was sampled in; -1 on

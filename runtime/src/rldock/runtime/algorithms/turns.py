@@ -1,7 +1,7 @@
 """A trajectory's turns as tensors: where each model turn's tokens are, and the rewards per turn that the
 turn-level estimators (GAE by turn, turn credit) read.
 
-The dock holds a multi-turn sample's turns in two columns (rldock.runtime.dataflow.TURNS): `turn_index`
+The dock holds a multi-turn sample's turns in two columns (rldock.runtime.flow.columns.TURNS): `turn_index`
 (B, SL), per response token the model turn k it was sampled in and -1 on tool, environment and padding
 tokens, and `turn_rewards` (B, K), the environment's reward for each turn's step (K = agent.max_turns). A
 single-turn batch has neither; `batch_turns` reads it as one turn of the model's tokens.

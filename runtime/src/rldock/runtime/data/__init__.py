@@ -7,8 +7,8 @@ to look up each sample's ground truth by its `prompt_index`.
 """
 
 from rldock.runtime.data.dataset import ALPHABET, PromptDataset, tokenizer_corpus
+from rldock.runtime.data.files import Columns, columns_of, load_rows, val_columns
 from rldock.runtime.data.generators import GENERATORS, DataFiles, generate_files, prepare_data_files
-from rldock.runtime.data.loading import Columns, columns_of, load_rows, val_columns
 from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
 from rldock.runtime.data.rows import Example, GeneratedRows, PreferencePair, Row
 from rldock.runtime.data.sampler import PromptSampler

@@ -3,7 +3,7 @@
 A generator with `tool_demonstrations` set writes one per row (column `data.demonstration_key`): the
 model's turn calling the tool in the Hermes format the `hermes` parser reads, the tool's reply, and the
 final answer in the task's own format. A small instruct model that never calls a tool on its own gives
-RL nothing to reinforce; a short warm-up on these (rldock.runtime.warmup) shows it the call, after
+RL nothing to reinforce; a short warm-up on these (rldock.runtime.driver.warmup) shows it the call, after
 which RL decides when a call pays.
 
 The reply is what the built-in tool returns for the call (rldock.runtime.agent.tools): the `python`

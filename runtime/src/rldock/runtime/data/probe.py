@@ -4,7 +4,7 @@ its prompt can be rendered with data.chat_template (the loader's own check).
 
 Only the first row is read (parquet: one row group's first batch; jsonl: the first line), so a
 check of a large file costs milliseconds; a later row that lacks a key is still an error of the
-full load (data/loading.py), naming its row.
+full load (data/files.py), naming its row.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rldock.config import DataSpec, Problem
+from rldock.runtime.data.files import BUILDERS, columns_of, val_columns
 from rldock.runtime.data.keys import MissingKey, read_key
-from rldock.runtime.data.loading import BUILDERS, columns_of, val_columns
 from rldock.runtime.data.rendering import chat_template_problem
 
 # Each key the loader reads, as (the Columns attribute, the data section's field naming it).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from rldock.config import JobConfig, Problem
 from rldock.runtime.data.dataset import PromptDataset, PromptsTooLong
-from rldock.runtime.data.loading import columns_of, load_rows, val_columns
+from rldock.runtime.data.files import columns_of, load_rows, val_columns
 
 
 def prompt_set_problems(cfg: JobConfig) -> list[Problem]:

@@ -18,7 +18,7 @@ from rldock.runtime.dock import TransferDock
 
 
 class StageSpec(Protocol):
-    """What the loop reads of a worker state's spec (rldock.runtime.states.WorkerState): the dock
+    """What the loop reads of a worker state's spec (rldock.runtime.flow.states.WorkerState): the dock
     state it asks for and the columns it reads."""
 
     @property

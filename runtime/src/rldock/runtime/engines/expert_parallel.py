@@ -115,7 +115,7 @@ class ExpertParallelExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(gate_up_proj.detach()[local.start : local.stop].clone())  # (E/ep, 2I, H)
         self.down_proj = nn.Parameter(down_proj.detach()[local.start : local.stop].clone())  # (E/ep, H, I)
         self.act_fn = cast(Callable[[Tensor], Tensor], experts.act_fn)
-        self.grad_scale = 1.0  # set by the layout that reduces the experts' gradients (engines/fsdp.py)
+        self.grad_scale = 1.0  # set by the layout that reduces the experts' gradients (engines/fsdp_sharding.py)
 
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         group, size = self.sharding.group, self.sharding.size

@@ -115,7 +115,7 @@ def packed_length(prompt_ids: Tensor, prompt_mask: Tensor, attention: Tensor) ->
 
 def pass_work(prompt_ids: Tensor, prompt_mask: Tensor, attention: Tensor, *, packed: bool) -> tuple[int, int]:
     """Tokens one pass over these rows (B, PL) / (B, SL) computes and the (query, key) pairs they
-    attend, padding left out (utilisation.py counts FLOPs from them): packed, each distinct prompt
+    attend, padding left out (driver/utilisation.py counts FLOPs from them): packed, each distinct prompt
     once (P (P + 1) / 2 pairs) and each response of r tokens after it (r P + r (r + 1) / 2); in rows,
     each row's n = P + r tokens (n (n + 1) / 2 pairs)."""
     prompt_lengths = prompt_mask.sum(dim=1).tolist()

@@ -48,7 +48,7 @@ from rldock.runtime.models.routing_replay import PassCells, RouterHooks, packed_
 class PassTally:
     """What a stage's policy passes computed, summed over its passes (`packing.pass_work`): tokens
     through the decoder layers, attended (query, key) pairs per layer, positions the LM head ran on.
-    A worker returns `as_dict()` in its StageResult's metrics as `computed` (utilisation.py reads it)."""
+    A worker returns `as_dict()` in its StageResult's metrics as `computed` (driver/utilisation.py reads it)."""
 
     tokens: int = 0
     pairs: int = 0

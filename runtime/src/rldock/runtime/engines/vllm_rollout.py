@@ -29,7 +29,7 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see
-  `rldock.runtime.engines.distributed` for the ordering this imposes on data-parallel actors.
+  `rldock.runtime.engines.process_group` for the ordering this imposes on data-parallel actors.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _restore_env(key: str, value: str | None) -> None:
 
 def mixed_seed(engine_seed: int, call_seed: int, key: int | Sequence[int]) -> int:
     """A 31-bit seed mixed from (engine seed, a call's seed, a key): a request's, or an environment
-    reset's (agent/rollout.py)."""
+    reset's (agent/episode_loop.py)."""
     # SeedSequence mixes the numbers so nearby keys land far apart; 31 bits leave room for
     # vLLM's seed + j per response. A key of several numbers: (sample, turn) in a multi-turn rollout.
     entropy = [engine_seed, call_seed, *([key] if isinstance(key, int) else key)]

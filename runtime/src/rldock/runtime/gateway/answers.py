@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rldock.runtime.agent.base import ToolCallParser
+from rldock.runtime.agent.interfaces import ToolCallParser
 from rldock.runtime.agent.parsers import ReasoningParser
 
 

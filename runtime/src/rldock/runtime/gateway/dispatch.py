@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from rldock.runtime.gateway.harness import HarnessOutcome, command_outcome
+from rldock.runtime.gateway.harness_runner import HarnessOutcome, command_outcome
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ from jinja2 import TemplateError
 from rldock.config import JobConfig
 from rldock.contract.agent_pods import GATEWAY_PORT
 from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV
+from rldock.runtime.agent.builders import build_parser
 from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.agent.loading import build_parser
 from rldock.runtime.agent.parsers import REASONING_PARSERS
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import Shaper
 from rldock.runtime.gateway.dispatch import EpisodeDispatcher
-from rldock.runtime.gateway.harness import HarnessError, HarnessOutcome, HarnessRunner, check_not_all_broken
+from rldock.runtime.gateway.harness_runner import HarnessError, HarnessOutcome, HarnessRunner, check_not_all_broken
 from rldock.runtime.gateway.server import EngineTurns, Gateway, GatewayLoop
 from rldock.runtime.gateway.sessions import Segment, SegmentRow, Session, rerendered_drift
 

@@ -45,8 +45,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from rldock.runtime.agent.base import REWARD_LIMIT
 from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.interfaces import REWARD_LIMIT
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
 from rldock.runtime.gateway.answers import (
     RequestError,

@@ -2,7 +2,7 @@
 each MoE router chose for every token, a later pass over the same samples routes by them.
 
 The record is a grid over the batch's tokens: `routed_experts` (B, PL + SL, layers, top_k) int16, the
-prompt columns then the response columns as the dock holds them (dataflow.ROUTED_EXPERTS), -1 where
+prompt columns then the response columns as the dock holds them (columns.ROUTED_EXPERTS), -1 where
 no pass computed a token (padding). A pass does not see that grid's layout: it is trimmed to its own
 columns, or packed (each shared prompt once, engines/packing.py), so the caller says before each
 forward where its tokens sit in the grid (`PassCells`, from engines/policy.py's pass plans).
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rldock.runtime import dataflow
+from rldock.runtime.flow import columns
 from rldock.runtime.models.moe import moe_shape, routers
 
 NO_EXPERT = -1  # a grid cell no pass computed
-(ROUTED_EXPERTS,) = dataflow.ROUTED_EXPERTS  # the dock's column
+(ROUTED_EXPERTS,) = columns.ROUTED_EXPERTS  # the dock's column
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The memory planner behind `rldock plan`: per-device bytes of a job's training and generation
-phases from its config, its worker states (rldock.runtime.states) and the model's shape:
+phases from its config, its worker states (rldock.runtime.flow.states) and the model's shape:
 arithmetic, no model loaded (docs/scaling.md)."""
 
 from rldock.runtime.planning.memory import MemoryPlan, PhaseBytes, plan_memory

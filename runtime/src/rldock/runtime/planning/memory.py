@@ -28,7 +28,7 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   pass's tokens (its attention's tensors head-sharded over the whole sequence, as many elements), and
   holds the pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards
   the training state over DP x CP ranks; `all_to_all_bytes` is what a rank sends its CP group in one
-  update step (planning/context_parallel.py).
+  update step (planning/context_parallel_bytes.py).
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -67,14 +67,14 @@ from dataclasses import asdict, dataclass
 from rldock.config import JobConfig
 from rldock.config.job import generation_dtype
 from rldock.config.layout import job_layout
-from rldock.runtime.algorithms.recipes import job_recipe
-from rldock.runtime.planning.context_parallel import (
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.states import memory_models, placement_plan
+from rldock.runtime.planning.context_parallel_bytes import (
     all_to_all_bytes_per_pass,
     mask_bytes,
     tokens_per_rank,
 )
 from rldock.runtime.planning.shapes import ModelShape
-from rldock.runtime.states import memory_models, placement_plan
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -265,7 +265,7 @@ def _dispatch_width(shape: ModelShape) -> int:
 
 def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1) -> int:
     """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (module
-    docstring); a CP rank keeps as much per position for 1/cp of them (planning/context_parallel.py)."""
+    docstring); a CP rank keeps as much per position for 1/cp of them (planning/context_parallel_bytes.py)."""
     h, d = shape.hidden_size, shape.head_dim
     per_token = (
         4 * h
@@ -290,7 +290,7 @@ def _micro_batch_tokens(cfg: JobConfig) -> int:
 def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
     """What the decoder layers keep for one micro-batch, with or without gradient checkpointing, on
     one rank (a CP rank: its 1/cp of the positions and a pass's whole 4D mask,
-    planning/context_parallel.py)."""
+    planning/context_parallel_bytes.py)."""
     tokens, cp = _micro_batch_tokens(cfg), cfg.training.context_parallel_size
     per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp)
     # A pass of one trimmed row has no padding and no mask (causal); otherwise at most a packed row's.
@@ -320,7 +320,7 @@ def head_chunk_bytes(cfg: JobConfig, shape: ModelShape) -> int:
 def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     """Bytes a CP rank sends the other ranks of its group in one update step: every micro-batch of
     its mini-batch a forward and a backward (and a recomputed forward with gradient checkpointing)
-    of the longest sequences (planning/context_parallel.py). 0 without CP."""
+    of the longest sequences (planning/context_parallel_bytes.py). 0 without CP."""
     training = cfg.training
     element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
     mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
@@ -385,7 +385,7 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
 
 
 def _critic_beside_actor(cfg: JobConfig) -> bool:
-    """Whether the job's placement (its recipe's worker states, rldock.runtime.states) seats a
+    """Whether the job's placement (its recipe's worker states, rldock.runtime.flow.states) seats a
     critic rank on an actor rank's device."""
     # Planned for one DP rank: the answer does not depend on the DP size (each DP rank brings its
     # tp actor devices, its reference and its critic alike), and the verdict's search re-plans at

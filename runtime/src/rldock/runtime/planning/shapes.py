@@ -84,7 +84,7 @@ class ModelShape:
 def layer_flops(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> tuple[float, float]:
     """One Llama/Qwen-style decoder layer's forward FLOPs per token (its linear layers) and per
     attended (query, key) pair (scores and the weighted sum of values): the runtime's count
-    (utilisation.py) and the workers' packing decision (engines/packing.py) share it."""
+    (driver/utilisation.py) and the workers' packing decision (engines/packing.py) share it."""
     projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o; k, v
     per_token = 2.0 * (projections + 3 * hidden * intermediate)  # a gated MLP: gate, up, down (MoE: k experts' width)
     per_pair = 4.0 * heads * head_dim  # q.k and the weighted sum of v

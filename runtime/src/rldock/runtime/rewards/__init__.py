@@ -5,7 +5,9 @@ weight * score over them (docs/rewards.md). Importing this package registers eve
 """
 
 from rldock.runtime.rewards import environment, function, math_answer, model, remote, rules  # noqa: F401  (register)
-from rldock.runtime.rewards.base import (
+from rldock.runtime.rewards.reward_metrics import RewardMetrics, merge_reward_metrics
+from rldock.runtime.rewards.scorer import ERRORS_METRIC, RewardScorer, ScoredBatch
+from rldock.runtime.rewards.terms import (
     REWARDS,
     BatchRewardFn,
     RewardBatch,
@@ -15,8 +17,6 @@ from rldock.runtime.rewards.base import (
     per_sample,
     register_reward,
 )
-from rldock.runtime.rewards.metrics import RewardMetrics, merge_reward_metrics
-from rldock.runtime.rewards.scorer import ERRORS_METRIC, RewardScorer, ScoredBatch
 
 __all__ = [
     "ERRORS_METRIC",

@@ -1,5 +1,5 @@
 """The `environment` reward term: the rewards an episode's environment answered its steps with
-(agent/rollout.py keeps one per step), aggregated into the episode's score as `aggregate` says.
+(agent/episode_loop.py keeps one per step), aggregated into the episode's score as `aggregate` says.
 
 The rewards reach the term in `extra_info["trajectory"]["environment_rewards"]`, where the reward worker
 (agent/trajectory.py) and the held-out evaluation put each episode's.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardBatch, RewardError, RewardValue, register_reward
+from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, RewardValue, register_reward
 
 
 def aggregate_rewards(rewards: Sequence[float], how: str) -> float:

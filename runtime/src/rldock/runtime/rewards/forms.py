@@ -1,7 +1,7 @@
 """The two forms a user's reward function may have, told apart by its signature: verl's and TRL's.
 
 - verl's `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`, called
-  once per sample (rewards/base.py's `per_sample`);
+  once per sample (rewards/terms.py's `per_sample`);
 - TRL's batch form `f(prompts, completions, **kwargs) -> list[float | None]`, called once per batch
   with keyword lists, as TRL's GRPOTrainer calls its `reward_funcs`: `prompts` (each row's prompt as
   stored: text, or chat messages), `completions` (the decoded responses; for chat-message prompts
@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from rldock.runtime.rewards.base import BatchRewardFn, RewardBatch, RewardError, RewardValue, per_sample
+from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, RewardValue, per_sample
 
 Parameter = inspect.Parameter
 NAMED = (Parameter.POSITIONAL_OR_KEYWORD, Parameter.KEYWORD_ONLY)

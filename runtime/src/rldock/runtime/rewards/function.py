@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import cast
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardError, register_reward
 from rldock.runtime.rewards.forms import batch_function
+from rldock.runtime.rewards.terms import BatchRewardFn, RewardError, register_reward
 from rldock.runtime.user_code import load_object
 
 

@@ -22,7 +22,7 @@ import threading
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, per_sample, register_reward
+from rldock.runtime.rewards.terms import BatchRewardFn, per_sample, register_reward
 
 # \boxed{} first, then LaTeX and plain numbers/expressions.
 _ANSWER = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())

@@ -10,7 +10,7 @@ scores were not passed, a wiring bug, and it says so.
 from __future__ import annotations
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardBatch, RewardError, register_reward
+from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, register_reward
 
 
 @register_reward("model")

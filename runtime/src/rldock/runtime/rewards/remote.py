@@ -26,7 +26,7 @@ from typing import Any
 import requests
 
 from rldock.config.job import REMOTE_MAX_RETRIES, REMOTE_TIMEOUT_S, RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, RewardBatch, RewardError, register_reward
+from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, register_reward
 
 logger = logging.getLogger(__name__)
 

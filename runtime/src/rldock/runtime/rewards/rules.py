@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from rldock.config.job import RewardTermSpec
-from rldock.runtime.rewards.base import BatchRewardFn, per_sample, register_reward
+from rldock.runtime.rewards.terms import BatchRewardFn, per_sample, register_reward
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: str, extra_info: dict) -> float:

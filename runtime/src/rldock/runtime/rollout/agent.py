@@ -1,12 +1,12 @@
 """The agent rollout (a job with an `agent` section): one multi-turn episode per sample, with tools
-and an environment, run by the rank's AgentSampler (rldock.runtime.agent_sampler); the episodes'
+and an environment, run by the rank's AgentSampler (rldock.runtime.rollout.agent_episodes); the episodes'
 trajectories and counts become the dock's columns, written when the rank's batch has ended. Held-out
 evaluation runs episodes too, and answers with each one's final turn.
 
 With partial rollout (rollout.partial_rollout resume) the generation that runs ahead of a weight update
 is the episodes' first round: each episode stops after rollout.max_tokens_per_round sampled tokens (the
 turn being sampled cut there, its tools and environment step still running, its session open), and
-`finish`, after the update, runs them to their ends on the new weights (agent/rollout.py, "Rounds").
+`finish`, after the update, runs them to their ends on the new weights (agent/episode_loop.py, "Rounds").
 A batch with an episode left over is written once all have ended, each row tagged with the version of
 its first round (the oldest, which the dock's staleness bound sees) and each token with its own
 (`token_policy_version`); the old-logprob pass keeps the engine's logprob for the tokens an older
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.agent.metrics import Sums, merged_sums
-from rldock.runtime.agent.rollout import Rollout
-from rldock.runtime.agent_sampler import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, AgentSampler
+from rldock.runtime.agent.episode_loop import Rollout
+from rldock.runtime.agent.episode_metrics import Sums, merged_sums
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.rollout.base import (
+from rldock.runtime.rollout.agent_episodes import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, AgentSampler
+from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
     RolloutMode,
     RolloutRequest,

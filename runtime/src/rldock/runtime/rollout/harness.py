@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.agent.metrics import Sums
+from rldock.runtime.agent.episode_metrics import Sums
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
@@ -28,7 +28,7 @@ from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
 from rldock.runtime.rollout.agent import episode_keys, episode_stage
-from rldock.runtime.rollout.base import (
+from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
     RolloutMode,
     RolloutRequest,
@@ -116,7 +116,7 @@ class HarnessRollout(RolloutMode):
 
 
 def result_sums(results: Sequence[EpisodeResult], *, engine_s: float, wall_s: float) -> Sums:
-    """The episodes' additive figures (agent/metrics.py's keys; the gateway's own under `counts/gateway/`,
+    """The episodes' additive figures (agent/episode_metrics.py's keys; the gateway's own under `counts/gateway/`,
     which the metrics show as `agent/gateway/...`)."""
     sums: dict[str, float | list[float]] = {
         "episodes": float(len(results)),

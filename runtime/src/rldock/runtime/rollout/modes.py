@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 
 from rldock.config import JobConfig
 from rldock.config.problems import agent_partial_rollout_problem
-from rldock.runtime.agent_sampler import AgentSampler
 from rldock.runtime.dock.stage_loop import StageSpec
 from rldock.runtime.rollout.agent import AgentRollout
-from rldock.runtime.rollout.base import RolloutMode, rollout_setup
+from rldock.runtime.rollout.agent_episodes import AgentSampler
 from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
+from rldock.runtime.rollout.protocol import RolloutMode, rollout_setup
 from rldock.runtime.rollout.streamed import StreamedRollout
 
 MODES = ("plain", "streamed", "agent", "harness", "partial")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.rollout.base import (
+from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
+from rldock.runtime.rollout.protocol import (
     RolloutMode,
     RolloutRequest,
     RolloutSetup,

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.rollout.base import (
+from rldock.runtime.rollout.protocol import (
     RolloutMode,
     RolloutRequest,
     RolloutSetup,

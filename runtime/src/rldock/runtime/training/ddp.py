@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
-from rldock.runtime.engines.distributed import wrap_ddp
+from rldock.runtime.engines.process_group import wrap_ddp
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep, run_rank_share
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.engines.expert_parallel import expert_mesh, gather_expert_state, gather_experts, shard_expert_state
-from rldock.runtime.engines.fsdp import apply_fsdp, clip_grad_norm, full_state_dict
+from rldock.runtime.engines.fsdp_sharding import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep

@@ -12,7 +12,7 @@ from torch.distributed import TCPStore
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
-from rldock.runtime.engines.distributed import Rendezvous, init_process_group, open_rendezvous
+from rldock.runtime.engines.process_group import Rendezvous, init_process_group, open_rendezvous
 from rldock.runtime.training.backend import OptimizerFactory, TrainingBackend
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.training.strategies import build_backend

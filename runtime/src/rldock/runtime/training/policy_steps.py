@@ -1,5 +1,5 @@
 """The policy's optimizer steps on one mini-batch, written once for every training backend: the
-policy-gradient step (the job's objective, algorithms/policy_objective.py) and DPO's preference step
+policy-gradient step (the job's objective, training/policy_objective.py) and DPO's preference step
 (algorithms/dpo.py), each accumulating micro-batches of the policy's scores
 (engines/policy_passes.py) through `accumulate`. The update stage's pass over a rank's share is
 `train_share` (accumulation.py); the steps here are what it runs on each mini-batch."""
@@ -12,14 +12,14 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.aggregation import additive_units
 from rldock.runtime.algorithms.dpo import PreferenceObjective
-from rldock.runtime.algorithms.policy_objective import PolicyObjective
-from rldock.runtime.dataflow import PARTIAL_ROLLOUT
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
+from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
 from rldock.runtime.models.moe import RouterLoss
 from rldock.runtime.models.routing_replay import replaying_batch
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
+from rldock.runtime.training.policy_objective import PolicyObjective
 
 SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT  # the engine's logprob of each sampled token
 

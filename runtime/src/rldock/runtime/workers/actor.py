@@ -29,26 +29,17 @@ from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, truncated_importance_weight
-from rldock.runtime.algorithms.policy_objective import job_objective
-from rldock.runtime.algorithms.recipes import Recipe
-from rldock.runtime.dataflow import ROUTED_EXPERTS
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
-from rldock.runtime.engines.distributed import Rendezvous
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
+from rldock.runtime.engines.process_group import Rendezvous
 from rldock.runtime.engines.rank_engine import RankEngine
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
-from rldock.runtime.models.freezing import freeze_embeddings, trainable
-from rldock.runtime.models.layers import enable_activation_checkpointing
-from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
-from rldock.runtime.models.lora import adapters_off, add_lora
-from rldock.runtime.models.routing_replay import recording_routes
-from rldock.runtime.peak import PeakUnavailable, device_rates
-from rldock.runtime.rollout.base import HeldOutRequest, RolloutMode, RolloutRequest
-from rldock.runtime.rollout.modes import build_rollout
-from rldock.runtime.states import (
+from rldock.runtime.flow.columns import ROUTED_EXPERTS
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import (
     ACTOR_INFERENCE,
     PREFERENCE_UPDATE,
     REFERENCE_INFERENCE,
@@ -57,13 +48,22 @@ from rldock.runtime.states import (
     StageCall,
     WorkerState,
 )
-from rldock.runtime.threads import apply_thread_budget
+from rldock.runtime.models.freezing import freeze_embeddings, trainable
+from rldock.runtime.models.layers import enable_activation_checkpointing
+from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
+from rldock.runtime.models.lora import adapters_off, add_lora
+from rldock.runtime.models.routing_replay import recording_routes
+from rldock.runtime.peak import PeakUnavailable, device_rates
+from rldock.runtime.rollout.modes import build_rollout
+from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutMode, RolloutRequest
 from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.group import TrainingGroup
 from rldock.runtime.training.policy_checkpoint import save_policy
+from rldock.runtime.training.policy_objective import job_objective
 from rldock.runtime.training.policy_steps import policy_step, preference_step, staleness_metrics
-from rldock.runtime.turns import TakesTurns, in_turn
+from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
+from rldock.runtime.workers.threads import apply_thread_budget
 
 
 class ActorWorker(TakesTurns):
@@ -198,7 +198,7 @@ class ActorWorker(TakesTurns):
     def evaluate(self, request: HeldOutRequest) -> dict:
         """Held-out responses from this rank's engine (the current policy), as the rollout mode's
         `evaluate` returns them. Not a dock stage: evaluation samples never enter the dock
-        (rldock.runtime.evaluation). Only ranks holding an engine."""
+        (rldock.runtime.driver.evaluation). Only ranks holding an engine."""
         with self.generation.lent() as engine:
             return self.rollout.evaluate(engine, request)
 

@@ -10,10 +10,10 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
-from rldock.runtime.states import ADVANTAGE_STATE, StageCall
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import ADVANTAGE_STATE, StageCall
 
 
 def advantage_batch_size(recipe: Recipe, cfg: JobConfig) -> int:

@@ -27,23 +27,23 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.algorithms.value_loss import clipped_value_loss
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.engines.distributed import Rendezvous
 from rldock.runtime.engines.policy import PassTally, response_attention, sort_by_tokens
+from rldock.runtime.engines.process_group import Rendezvous
 from rldock.runtime.engines.values import response_values, valued_tokens
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import CRITIC_INFERENCE, CRITIC_UPDATE, StageCall
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.value import load_value_model
-from rldock.runtime.states import CRITIC_INFERENCE, CRITIC_UPDATE, StageCall
-from rldock.runtime.threads import apply_thread_budget
 from rldock.runtime.training.accumulation import accumulate, train_share
 from rldock.runtime.training.backend import TrainingBackend, load_full_weights
 from rldock.runtime.training.checksum import weights_sum
 from rldock.runtime.training.group import TrainingGroup
-from rldock.runtime.turns import TakesTurns, in_turn
+from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
+from rldock.runtime.workers.threads import apply_thread_budget
 
 CRITIC_FILE = "critic.pt"  # the whole value model's state dict
 CRITIC_OPTIMIZER_FILE = "critic_optimizer.pt"  # as the backend writes it (FSDP: keyed by parameter names)

@@ -16,7 +16,7 @@ which layout runs.
 
 Concurrency. The trainer launches an iteration's stages at once and each waits inside its call:
 for its inputs in the dock, and on a serial phase schedule for its turn on the device
-(rldock.runtime.turns). A one-thread actor would run the hosted seats' calls in one queue, in the
+(rldock.runtime.workers.phase_keeper). A one-thread actor would run the hosted seats' calls in one queue, in the
 order submitted across seats, and a call waiting for something only a later call of another seat
 produces would never return. That happens: the run-ahead schedule with partial rollout queues the
 next iteration's reference pass before this iteration's update, and the reference waits for
@@ -39,7 +39,7 @@ its own dock client, as in a process of its own. What they share besides the dev
 global RNG (the actor seeds it with seed + rank and the critic with the seed in their
 constructors, which run in seat order, so each model starts as in a process of its own; later
 draws come from one stream), and the torch thread pool (`training.num_threads` budgets threads
-per seat, rldock.runtime.threads; each call sets the count in its own pool thread).
+per seat, rldock.runtime.workers.threads; each call sets the count in its own pool thread).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ import torch
 from ray.util.placement_group import PlacementGroup
 
 from rldock.contract.placement import PlacementPlan
-from rldock.runtime import cluster
-from rldock.runtime.states import WorkerContext, WorkerGroup
+from rldock.runtime.flow.states import WorkerContext, WorkerGroup
+from rldock.runtime.workers import cluster
 
 logger = logging.getLogger(__name__)
 

@@ -6,16 +6,16 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import REFERENCE_INFERENCE, StageCall
 from rldock.runtime.models.loading import load_causal_lm
-from rldock.runtime.states import REFERENCE_INFERENCE, StageCall
-from rldock.runtime.threads import apply_thread_budget
-from rldock.runtime.turns import TakesTurns, in_turn
+from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
+from rldock.runtime.workers.threads import apply_thread_budget
 
 
 class ReferenceWorker(TakesTurns):

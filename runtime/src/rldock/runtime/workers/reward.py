@@ -20,13 +20,13 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import is_trajectory, reward_views
-from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import REWARD_STATE, StageCall
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
 from rldock.runtime.rewards import RewardMetrics, RewardScorer, column_lists
-from rldock.runtime.states import REWARD_STATE, StageCall
 from rldock.runtime.workers.advantage import advantage_batch_size, advantage_generator
 
 

@@ -17,15 +17,15 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import final_texts, is_trajectory
-from rldock.runtime.algorithms.recipes import Recipe
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import REWARD_MODEL, StageCall
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
-from rldock.runtime.models.reward_model import load_reward_model
-from rldock.runtime.states import REWARD_MODEL, StageCall
-from rldock.runtime.threads import apply_thread_budget
-from rldock.runtime.turns import TakesTurns, in_turn
+from rldock.runtime.models.reward_classifier import load_reward_model
+from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
+from rldock.runtime.workers.threads import apply_thread_budget
 
 
 def sample_texts(tokenizer, batch: TensorDict) -> list[str]:

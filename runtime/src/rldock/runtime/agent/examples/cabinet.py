@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rldock.runtime.agent.base import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 
 # (singular, plural): the question names one thing, its file the plural.
 THINGS = (

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from rldock.config.job import EnvironmentServersSpec, JobConfig
 from rldock.runtime.agent.service.auth import TOKEN_ENV, job_token
+from rldock.runtime.agent.service.env_probe import health, replica_problems
 from rldock.runtime.agent.service.listeners import held_by_session
-from rldock.runtime.agent.service.probe import health, replica_problems
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ class LocalServers:
 
 class JobEnvironmentServers:
     """Every `servers.command` of a job's agent section (agent.environment, agent.sandbox with the python
-    tool), started together and asked the preflight's questions (probe.py); `urls` by config field."""
+    tool), started together and asked the preflight's questions (env_probe.py); `urls` by config field."""
 
     def __init__(self, cfg: JobConfig, *, log_dir: Path):
         # field -> servers, the action field they take

@@ -1,0 +1,253 @@
+"""One attempt of a job: what lives as long as one set of workers, as a context manager.
+
+Entering reserves the devices (the placement plan's Ray placement group), creates the dock banks,
+starts the environment servers the job runs itself and the worker groups the recipe's states run
+on, seats the turn keeper of a serial phase schedule and, when resuming, loads the checkpoint's
+optimizer, RNG and critic state into the workers. Exiting stops all of it, in the order that frees
+the devices first. A worker's death ends the attempt; the trainer (trainer.py) starts the next one
+from the last checkpoint, with the same job inputs (inputs.py).
+
+The attempt's workers (`WorkerGroups`) are what a schedule launches stages on: a state's spec
+names its group and method, and every rank gets the same `StageCall`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import torch
+from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup
+
+from rldock.config import JobConfig
+from rldock.contract.placement import PlacementPlan
+from rldock.runtime.agent.service.local import JobEnvironmentServers
+from rldock.runtime.checkpoint import Checkpoint
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.dock.banks import DockBanks
+from rldock.runtime.driver.inputs import JobInputs
+from rldock.runtime.driver.schedule import num_banks
+from rldock.runtime.engines.replica_devices import engine_environments
+from rldock.runtime.flow.columns import TOKEN_COLUMNS
+from rldock.runtime.flow.states import ACTOR, CRITIC, REFERENCE, StageCall, WorkerContext, WorkerState, worker_groups
+from rldock.runtime.workers import cluster
+from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
+from rldock.runtime.workers.phase_keeper import hand_out_turns
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerGroups:
+    """The Ray actors of a job by worker group (rldock.runtime.flow.states): only the groups the
+    recipe's states run on exist (DPO has no reward or advantage worker, GRPO and DAPO no advantage
+    worker where the reward computes it, only PPO and PF-PPO have critic ranks, only a job with a
+    `model` reward term a reward model)."""
+
+    ranks: dict[str, list]  # group name -> its Ray actors by rank
+    generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
+    turns: ActorHandle | None = None  # the TurnKeeper of a serial phase schedule (runtime/workers/phase_keeper.py)
+
+    @property
+    def actors(self) -> list:
+        return self.ranks.get(ACTOR.name, [])
+
+    @property
+    def references(self) -> list:
+        return self.ranks.get(REFERENCE.name, [])
+
+    @property
+    def critics(self) -> list:
+        return self.ranks.get(CRITIC.name, [])
+
+    @property
+    def engine_actors(self) -> list:
+        """The actors holding a rollout engine: each generation replica's first rank."""
+        return self.actors[:: self.generation_tp]
+
+    def runners(self, spec: WorkerState) -> list:
+        """The Ray actors that run `spec`'s state: every rank of its group, or the engine ranks."""
+        assert spec.group is not None  # a state without a group runs on the driver, not on runners
+        handles = self.ranks[spec.group.name]
+        return handles[:: self.generation_tp] if spec.runs_on == "engines" else handles
+
+    def launch(self, call: StageCall, specs: Sequence[WorkerState]) -> dict[str, list]:
+        """Start each state of `specs` (in that order): its spec's method with `call` on every
+        runner; state -> the futures of its ranks."""
+        return {spec.name: [getattr(h, spec.method).remote(call) for h in self.runners(spec)] for spec in specs}
+
+    def skip_turns(self, iteration: int, states: list[str]) -> None:
+        """A resumed iteration's finished stages give up their turns (serial phase schedule)."""
+        if self.turns is not None:
+            ray.get(self.turns.skip.remote(iteration, states))
+
+    def timeline(self, iteration: int) -> list[dict] | None:
+        """Each shared device's phases of `iteration`, start and end (s); None without turns."""
+        return None if self.turns is None else ray.get(self.turns.timeline.remote(iteration))
+
+    def all(self) -> list:
+        """The job's worker processes (Ray actors), each once: a device worker holds several ranks."""
+        return distinct_processes([handle for handles in self.ranks.values() for handle in handles])
+
+    def kill(self) -> None:
+        for handle in self.all():
+            ray.kill(handle)
+        self.ranks = {}
+
+
+class Attempt:
+    """The devices, dock banks, environment servers and workers of one attempt (see the module)."""
+
+    def __init__(self, cfg: JobConfig, inputs: JobInputs, *, output_dir: Path, resume_from: Checkpoint | None):
+        self.cfg, self.inputs, self.output_dir, self.resume_from = cfg, inputs, output_dir, resume_from
+        self.plan: PlacementPlan | None = None  # the placement plan (cluster.job_placement) of the devices
+        self.placement: PlacementGroup | None = None  # the Ray placement group reserved for it
+        self.banks: DockBanks | None = None
+        self.environment_servers: JobEnvironmentServers | None = None
+        self.workers: WorkerGroups | None = None
+
+    def __enter__(self) -> Attempt:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def policy_version(self) -> int:
+        """Weight updates behind the policy the workers start from (the checkpoint's iteration)."""
+        return 0 if self.resume_from is None else self.resume_from.iteration
+
+    def _start(self) -> None:
+        cfg, recipe = self.cfg, self.inputs.recipe
+        # The devices before the dock: after a lost worker pod, Ray has the replacement node only
+        # once this reservation is ready, and the dock's warehouses go on the worker nodes alive
+        # when it starts (the head alone would get them).
+        self.plan = plan = cluster.job_placement(cfg, recipe)
+        self.placement = cluster.reserve(plan)
+        # Two banks when the next iteration's samples are put while this one's still train.
+        self.banks = DockBanks(
+            [
+                TransferDock.create(
+                    cfg.dock,
+                    states={s: list(c) for s, c in recipe.consumes.items()},
+                    num_samples=cfg.num_samples_per_iteration,
+                    group_size=cfg.algorithm.num_responses_per_prompt,
+                    token_columns=TOKEN_COLUMNS,
+                    colocate_controllers=cfg.ablations.colocate_controllers,
+                    shared_memory=cfg.ablations.shared_memory,
+                    # the staleness bound (dock.max_staleness) guards what trains
+                    bounded_states=[recipe.update_state],
+                )
+                for _ in range(num_banks(cfg))
+            ]
+        )
+        # Before the workers, whose rollout engines open sessions on them.
+        self.environment_servers = JobEnvironmentServers(cfg, log_dir=self.output_dir / "environments")
+        environment_urls = self.environment_servers.start()
+        policy_dir, adapter_dir = self.inputs.reference_dir, None
+        if self.resume_from is not None:
+            policy_dir = self.resume_from.policy_dir
+            if cfg.training.lora is not None:  # the actors load the base model and the trained adapters on top
+                policy_dir, adapter_dir = self.inputs.reference_dir, str(self.resume_from.adapter_dir)
+        context = WorkerContext(
+            cfg=cfg,
+            recipe=recipe,
+            banks=self.banks,
+            policy_dir=str(policy_dir),
+            reference_dir=str(self.inputs.reference_dir),
+            adapter_dir=adapter_dir,
+            policy_version=self.policy_version,
+            train_files=self.inputs.data_files.train,
+            environment_urls=environment_urls,
+        )
+        self.workers = self.create_workers(context)
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+
+    def create_workers(self, context: WorkerContext) -> WorkerGroups:
+        """The workers of every worker group the recipe's states run on (their specs,
+        rldock.runtime.flow.states): the device groups' ranks on their seats of the placement plan, the
+        seats of one device in one process (workers/device_worker.py), the others one Ray actor per
+        rank outside it; then each collective group joins its own process group."""
+        cfg, plan, placement = self.cfg, self.plan, self.placement
+        assert plan is not None and placement is not None  # reserved by _start
+        specs = worker_groups(self.inputs.recipe.specs)
+        seated = start_device_seats(
+            {name: spec for name, spec in specs.items() if spec.device}, context, plan=plan, placement=placement
+        )
+        ranks = {}
+        for name, spec in specs.items():
+            if spec.device:
+                ranks[name] = seated[name]
+                continue
+            num_ranks = spec.num_ranks(cfg)
+            ranks[name] = [
+                cluster.remote(spec.worker_class(), num_cpus=0).remote(**spec.arguments(context, rank, num_ranks))
+                for rank in range(num_ranks)
+            ]
+        groups = WorkerGroups(ranks, generation_tp=cfg.rollout.tensor_parallel_size)
+        actors = groups.actors
+        logger.info(
+            "rollout engines on actor ranks %s, their TP workers on devices (bundles) %s "
+            "(rollout.tensor_parallel_size %d)",
+            list(range(0, len(actors), groups.generation_tp)),
+            plan.engine_devices(groups.generation_tp),
+            groups.generation_tp,
+        )
+        # Each engine rank sees its replica's devices before its engine starts (replica_devices).
+        engine_envs = engine_environments(
+            ray.get([a.device_seat.remote() for a in actors]), generation_tp=groups.generation_tp
+        )
+        for name, spec in specs.items():
+            handles = ranks[name]
+            if spec.collective and handles:  # the group's own DDP group (the actor's also sets up engines)
+                rendezvous = ray.get(handles[0].pick_rendezvous.remote())
+                ray.get(
+                    [
+                        h.join_group.remote(rendezvous, *((engine_envs.get(r),) if name == ACTOR.name else ()))
+                        for r, h in enumerate(handles)
+                    ]
+                )
+        groups.turns = hand_out_turns(cfg, plan, self.inputs.recipe, groups)  # fresh with every new set of workers
+        return groups
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """The checkpoint's optimizer, RNG and critic state into the workers just created."""
+        workers = self.started()
+        rng = torch.load(checkpoint.path / "rng.pt")
+        ray.get([a.load_optimizer.remote(str(checkpoint.optimizer_file)) for a in workers.actors])
+        ray.get([a.set_rng_state.remote(rng["actors"][i]) for i, a in enumerate(workers.actors)])
+        ray.get([c.load.remote(str(checkpoint.path)) for c in workers.critics])
+
+    def started(self) -> WorkerGroups:
+        """The attempt's workers (created on entry, dropped on exit)."""
+        assert self.workers is not None, "the attempt's workers are not running"
+        return self.workers
+
+    def kill_workers(self) -> None:
+        """Stop the workers now (before the dock of a failed iteration is read for its retry)."""
+        if self.workers is not None:
+            self.workers.kill()
+
+    def stop(self) -> None:
+        """Stop everything the attempt started; safe to call on a partly started attempt."""
+        self.kill_workers()
+        if self.workers is not None and self.workers.turns is not None:
+            ray.kill(self.workers.turns)
+        if self.placement is not None:  # after the workers: their devices go back to the cluster
+            cluster.release(self.placement)
+        if self.banks is not None:
+            self.banks.shutdown()
+        if self.environment_servers is not None:  # after the workers: no session is left to end
+            self.environment_servers.stop()
+        self.workers, self.banks, self.environment_servers = None, None, None
+        self.placement = self.plan = None

@@ -1,0 +1,214 @@
+"""What a job prepares once, before any attempt starts workers: its data files and prompt set, the
+tokenizer, the base model (built when `model.builder` asks) and the initial policy (after the
+supervised warm-up when one is configured: the reference and where RL starts), the feed the driver
+draws each iteration's prompts from, and the held-out evaluator. An attempt (attempt.py) and the
+trainer's loop read them; nothing here holds a Ray actor, so a restarted attempt finds them as they
+were (the feed's position aside, which the checkpoint restores).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rldock.config import JobConfig
+from rldock.contract.layout import JobLayout
+from rldock.runtime.agent.builders import job_conversation
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.data import (
+    DataFiles,
+    PromptDataset,
+    PromptSampler,
+    Row,
+    columns_of,
+    load_rows,
+    prepare_data_files,
+    tokenizer_corpus,
+    val_columns,
+)
+from rldock.runtime.driver.evaluation import EvalExample, Evaluator
+from rldock.runtime.driver.feed import Feed
+from rldock.runtime.driver.warmup import run_warmup
+from rldock.runtime.flow.job_recipe import job_recipe
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import REWARD_STATE, states_layout
+from rldock.runtime.models import MODEL_BUILDERS
+from rldock.runtime.models.loading import load_tokenizer
+from rldock.runtime.rewards import RewardScorer, column_lists
+
+logger = logging.getLogger(__name__)
+
+WARMUP_DIR = "warmup"
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """A job's inputs, prepared once (`prepare_inputs`) and read by every attempt."""
+
+    recipe: Recipe  # the flow the config runs (job_recipe), handed to every worker
+    layout: JobLayout  # ranks, replicas and devices of the recipe's worker groups
+    data_files: DataFiles  # the train (and val) files the prompts come from
+    tokenizer: object  # the policy's
+    dataset: PromptDataset  # the train prompts, rendered and tokenized
+    feed: Feed  # what the driver puts each iteration, and the sampler's position
+    reference_dir: Path  # the initial policy: the reference, where RL starts, the critic's body
+    evaluator: Evaluator | None  # held-out evaluation; None when evaluation.interval is 0
+
+
+def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
+    """The job's inputs: checks the reward terms first (before any model work), then the data, the
+    base model, the tokenizer, the prompt set, the warm-up and the evaluator, in that order."""
+    recipe = job_recipe(cfg)  # less the passes this config makes redundant
+    if REWARD_STATE.name in recipe.states:
+        RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
+    data_files, rows = load_prompt_set(cfg, output_dir)
+    base = prepare_base_model(cfg, rows)
+    tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again
+    conversation = job_conversation(cfg, tokenizer)  # an agent job's prompts describe its tools
+    dataset = prompt_dataset(cfg, rows, tokenizer, conversation=conversation)
+    logger.info(
+        "prompt set: %d prompts from %s (%d dropped as longer than algorithm.max_prompt_length)",
+        len(dataset),
+        data_files.train,
+        dataset.num_dropped,
+    )
+    shuffle_seed = cfg.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
+    feed = Feed(dataset, PromptSampler(len(dataset), seed=shuffle_seed), tokenizer, cfg.algorithm, recipe.driver_batch)
+    return JobInputs(
+        recipe=recipe,
+        layout=states_layout(cfg, recipe.specs),
+        data_files=data_files,
+        tokenizer=tokenizer,
+        dataset=dataset,
+        feed=feed,
+        reference_dir=prepare_initial_policy(cfg, output_dir, base, dataset, conversation=conversation),
+        evaluator=heldout_evaluation(cfg, tokenizer, data_files.val, conversation=conversation),
+    )
+
+
+def prepare_base_model(cfg: JobConfig, rows: list[Row]) -> Path:
+    """The base model's directory, after building the tiny model there (with a tokenizer trained on
+    the train rows) when `model.builder` asks for it and none exists yet."""
+    base = Path(cfg.model.path)
+    builder = cfg.model.builder
+    if builder and not (base / "config.json").is_file():
+        logger.info("building tiny model %s at %s", builder, base)
+        texts = tokenizer_corpus(rows, cfg.data.system_prompt)
+        if cfg.data.chat_template == "model":  # the template's, the tools' and their calls' characters
+            texts.append(string.printable)
+        # Room for a job's whole sequence (multi-turn trajectories are long); 64 for the demo's.
+        positions = max(64, 1 << (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length - 1).bit_length())
+        _write_atomically(
+            base,
+            lambda tmp: MODEL_BUILDERS.get(builder)(tmp, texts=texts, seed=cfg.seed, max_position_embeddings=positions),
+        )
+    return base
+
+
+def prepare_initial_policy(
+    cfg: JobConfig, output_dir: Path, base: Path, dataset: PromptDataset, *, conversation: ChatRenderer | None = None
+) -> Path:
+    """Model dir the RL phase starts from (and the reference policy): the base model, after the
+    supervised warm-up when one is configured (skipped when its output exists). `conversation`: an
+    agent job's renderer, which lays its demonstrations out."""
+    if cfg.warmup.steps == 0:
+        return base
+    warm = output_dir / WARMUP_DIR
+    if not (warm / "config.json").is_file():
+        logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
+        _write_atomically(
+            warm,
+            lambda tmp: run_warmup(
+                base,
+                tmp,
+                dataset=dataset,
+                spec=cfg.warmup,
+                seed=cfg.seed,
+                conversation=conversation,
+                max_response_length=cfg.algorithm.max_response_length,
+                micro_batch_size=cfg.training.micro_batch_size,
+                micro_batch_tokens=cfg.training.micro_batch_tokens,
+            ),
+        )
+    return warm
+
+
+def prompt_dataset(cfg: JobConfig, rows: list[Row], tokenizer, *, conversation: ChatRenderer | None) -> PromptDataset:
+    """`rows` rendered (data.chat_template, an agent job's `conversation`), tokenized and
+    length-checked against algorithm.max_prompt_length: the train and the held-out prompts alike."""
+    return PromptDataset(
+        rows,
+        tokenizer=tokenizer,
+        spec=cfg.data,
+        max_prompt_length=cfg.algorithm.max_prompt_length,
+        conversation=conversation,
+    )
+
+
+def load_prompt_set(cfg: JobConfig, output_dir: Path) -> tuple[DataFiles, list[Row]]:
+    """The job's data files (generated first if configured) and their train rows."""
+    files = prepare_data_files(cfg.data, output_dir, seed=cfg.seed)
+    return files, load_rows(files.train, columns_of(cfg.data))
+
+
+def _write_atomically(final: Path, write) -> None:
+    tmp = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    write(tmp)
+    if final.exists():  # another process finished the same build first
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, final)
+
+
+def heldout_evaluation(
+    cfg: JobConfig, tokenizer, val_files: Sequence[str], *, conversation: ChatRenderer | None = None
+) -> Evaluator | None:
+    """The evaluator of a job: its held-out prompts (`val_files`: data.val_files, or the generator's
+    val split), rendered, tokenized and length-checked exactly like the train prompts, and the job's
+    reward terms to score them; None when evaluation is off. `conversation`: an agent job's renderer
+    (the held-out prompts describe the tools, as the train prompts do)."""
+    if cfg.evaluation.interval == 0:
+        return None
+    rows = load_rows(val_files, val_columns(cfg.data), field="data.val_files")
+    dataset = prompt_dataset(cfg, rows, tokenizer, conversation=conversation)
+    positions = range(min(len(dataset), cfg.evaluation.max_prompts or len(dataset)))
+    examples = [
+        EvalExample(
+            prompt=e.prompt,
+            ground_truth=e.ground_truth,
+            data_source=e.data_source,
+            extra_info=e.extra_info,
+            row_prompt=row.prompt,
+            columns=row.columns,
+        )
+        for e, row in zip(dataset.examples(positions), dataset.rows(positions))
+    ]
+    # The driver holds no reward model: held-out responses are scored by the other terms only
+    # (config/problems.py refuses evaluation in a job whose only term is `model`).
+    scorer = RewardScorer(cfg.reward.model_copy(update={"terms": [t for t in cfg.reward.terms if t.name != "model"]}))
+
+    def score(responses: list[str], scored: list[EvalExample]) -> list[float]:
+        return scorer.score(
+            responses,
+            [e.ground_truth for e in scored],
+            [e.data_source for e in scored],
+            [e.extra_info for e in scored],
+            prompts=[e.prompt if e.row_prompt is None else e.row_prompt for e in scored],
+            columns=column_lists([e.columns for e in scored]),
+        ).scores.tolist()
+
+    return Evaluator(
+        examples,
+        score,
+        prompt_ids=dataset.prompt_ids(positions),
+        tokenizer=tokenizer,
+        spec=cfg.evaluation,
+        max_response_length=cfg.algorithm.max_response_length,
+    )

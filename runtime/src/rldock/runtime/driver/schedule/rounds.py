@@ -1,0 +1,56 @@
+"""DAPO's sampling rounds: an iteration's bank filled by rounds of prompt groups, each round's
+dropped groups refilled, until G groups pass the recipe's filter (driver/feed.py DynamicSampling)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rldock.config.job import AlgorithmSpec
+from rldock.runtime.dock import TransferDock
+from rldock.runtime.driver.feed import DriverBatch, DynamicSampling, SampledRounds, SampleFacts, group_rows
+from rldock.runtime.driver.schedule.driver import Driver
+from rldock.runtime.driver.schedule.stages import gather_failing_fast
+from rldock.runtime.flow.recipe import SamplingRounds
+from rldock.runtime.flow.states import StageCall
+
+
+def fill_by_rounds(
+    driver: Driver, bank: TransferDock, iteration: int, *, rounds: SamplingRounds, algo: AlgorithmSpec
+) -> tuple[DriverBatch, float, SampledRounds]:
+    """Run the recipe's sampling `rounds` round by round in `bank`; returns the kept batch, the
+    seconds spent putting and the rounds' results, metrics and facts (every round's samples, read
+    through the recipe's sample_facts state, which the filter reads too). The kept groups (and any
+    padding) are in the bank when it returns: nothing more to put."""
+    put_seconds = 0.0
+    facts = SampleFacts()
+    read = driver.recipe.spec(rounds.read_state)
+
+    def run_round(groups: torch.Tensor, fresh: DriverBatch, sampling_round: int):
+        """Fresh prompt groups into the bank's group slots `groups`, emptied first (the groups
+        the filter dropped; the first round starts the iteration), then the sampling states;
+        only the read state's (B,) columns come back to the driver: the filter's score, the length."""
+        nonlocal put_seconds
+        rows = group_rows(groups, algo.num_responses_per_prompt)  # (k*N,)
+        started = time.perf_counter()
+        if sampling_round == 0:
+            bank.reset()
+        else:
+            bank.recycle(rows)
+        driver.put_groups(groups, fresh, bank)
+        put_seconds += time.perf_counter() - started
+        results = gather_failing_fast(driver.launch(StageCall(iteration, sampling_round=sampling_round), rounds.states))
+        got = bank.get(read.name, list(read.consumes), batch_size=len(rows), whole_groups=True)
+        assert got is not None and torch.equal(got[0], rows), "the filter state must get exactly this round's rows"
+        facts.add(got[1])
+        return results, got[1][rounds.score_column]
+
+    sampled = DynamicSampling(
+        num_groups=algo.num_prompts_per_iteration,
+        group_size=algo.num_responses_per_prompt,
+        max_rounds=algo.dapo.max_sampling_rounds,
+        group_filter=rounds.group_filter(algo),
+    ).run(driver.feed.draw, run_round)
+    sampled.facts = facts
+    return sampled.batch, put_seconds, sampled

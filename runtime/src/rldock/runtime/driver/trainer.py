@@ -1,0 +1,343 @@
+"""The RL driver's loop: restarts, iterations, records and checkpoints.
+
+The driver has three lifetimes (docs/architecture.md, "The driver"):
+- the job's inputs (inputs.py), prepared once: the recipe, the data and its feed, the tokenizer,
+  the initial policy (after the warm-up) and the evaluator;
+- an attempt (attempt.py), a context manager owning the devices, the dock banks, the environment
+  servers and the workers; a worker's death ends it, and its exit stops all of it;
+- the trainer here, which starts attempts (a new one from the last checkpoint after a worker died,
+  `max_restarts` times), runs the iterations of each through the schedule chosen for it
+  (runtime/driver/schedule/: the order of an iteration's calls; the schedule gets the attempt's workers,
+  the feed and the bookkeeping as objects), and keeps the records (metrics.iteration_record,
+  metrics.jsonl, tracking), evaluation, progress lines and checkpoints.
+
+One iteration, as data moves: driver puts G prompts (each repeated N times) -> rollout (actor
+ranks, vLLM) -> old logprobs (actor ranks) | reference logprobs | rule reward -> advantages ->
+update (actor ranks, DDP) -> new weights pushed into each rank's engine in memory. That is GRPO's
+recipe; the algorithm's recipe (flow/catalogue.py) says which states run. All stages are
+launched at once; the dock's controllers hand a sample to a stage only when its input columns are
+ready, which is what orders them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import torch
+
+from rldock.config import JobConfig
+from rldock.contract.progress import evaluation_headline, format_progress
+from rldock.runtime import checkpoint as ckpt
+from rldock.runtime.dock import DockActorDiedError, DockTimeoutError
+from rldock.runtime.driver.attempt import Attempt
+from rldock.runtime.driver.bookkeeping import Bookkeeper, DockCounters
+from rldock.runtime.driver.evaluation import val_metrics
+from rldock.runtime.driver.inputs import prepare_inputs
+from rldock.runtime.driver.iteration_hold import IterationHold
+from rldock.runtime.driver.records import PLOT_FILE, MetricsLog, headline_key, iteration_record, plot_progress
+from rldock.runtime.driver.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule
+from rldock.runtime.driver.tracking import Tracking, open_tracking
+from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
+from rldock.runtime.flow.states import ACTOR
+from rldock.runtime.workers import cluster
+
+logger = logging.getLogger(__name__)
+
+
+class OutputDirInUse(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class AttemptLoop:
+    """What the iterations of one attempt run with: its workers, the schedule chosen for them, the
+    bookkeeping's order (JobConfig.ablations.background_bookkeeping; bookkeeping.py), the dock
+    counters and the tracking logs."""
+
+    attempt: Attempt
+    schedule: Schedule
+    books: Bookkeeper
+    counters: DockCounters
+    tracking: Tracking
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: JobConfig,
+        output_dir: str | Path,
+        *,
+        resume: bool = False,
+        show_progress: bool = True,
+        max_restarts: int = 0,
+    ):
+        self.cfg = cfg
+        self.output_dir = Path(output_dir)
+        self.show_progress = show_progress
+        self.max_restarts = max_restarts
+        self.metrics = MetricsLog(self.output_dir)
+        self._check_output_dir(resume)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        self.inputs = prepare_inputs(cfg, self.output_dir)
+        self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
+        self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
+        self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
+        self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
+
+    def _check_output_dir(self, resume: bool) -> None:
+        if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
+            raise OutputDirInUse(
+                f"{self.output_dir} already holds a run; pass --resume to continue it or choose another --output"
+            )
+
+    # --- attempts -----------------------------------------------------------------------------
+
+    def run(self) -> list[dict]:
+        """Run the job; returns the metrics records of its iterations (metrics.jsonl also holds
+        iteration 0, the initial policy's evaluation, when evaluation.at_start is on)."""
+        if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
+            logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
+            records = self.metrics.read()
+            self._last_evaluation = _last_evaluation(records)
+            if records and not self.show_progress:
+                # A retry can start after the previous attempt finished (the worker was lost as
+                # the last iteration ended): say where the run is, or the operator would keep the
+                # previous attempt's last line, an iteration short.
+                self._report_progress(records[-1])
+            return _iteration_records(records)
+        cluster.connect(self.cfg)
+        for number in range(self.max_restarts + 1):
+            last = number == self.max_restarts
+            try:
+                start_iteration = self._resume_position()
+                with self._attempt() as attempt:
+                    if self._utilisation is None:
+                        actor = attempt.started().actors[0]
+                        self._utilisation = measure_utilisation_inputs(self.cfg, self.inputs.reference_dir, actor)
+                    self._loop(attempt, start_iteration, keep_inflight=not last)
+                break
+            except WORKER_DEATHS as error:
+                # A worker process or dock actor died (killed, out of memory, node lost): restart
+                # every worker and the dock from the last checkpoint. Errors raised by our own code
+                # are not retried: they would fail the same way again.
+                if last:
+                    raise
+                logger.warning(
+                    "a worker died (%s); restart %d of %d from the last checkpoint",
+                    error,
+                    number + 1,
+                    self.max_restarts,
+                )
+                self.resume_from = ckpt.latest_checkpoint(self.output_dir)
+        records = self.metrics.read()
+        plot_progress(records, self.output_dir / PLOT_FILE)
+        return _iteration_records(records)
+
+    def _attempt(self) -> Attempt:
+        return Attempt(self.cfg, self.inputs, output_dir=self.output_dir, resume_from=self.resume_from)
+
+    def _resume_position(self) -> int:
+        """The first iteration to run: after the checkpoint resumed from (whose sampler position the
+        feed takes), else 1. Records after that checkpoint belong to iterations that will be redone."""
+        start_iteration = 1
+        if self.resume_from is not None:
+            start_iteration = self.resume_from.iteration + 1
+            self.inputs.feed.load_state_dict(self.resume_from.state()["sampler"])
+            logger.info("resuming after iteration %d from %s", self.resume_from.iteration, self.resume_from.path)
+        self._last_evaluation = _last_evaluation(self.metrics.truncate_after(start_iteration - 1))
+        return start_iteration
+
+    # --- iterations ---------------------------------------------------------------------------
+
+    def _loop(self, attempt: Attempt, start_iteration: int, *, keep_inflight: bool) -> None:
+        """Run the iterations from `start_iteration` on `attempt`'s workers. After a worker died,
+        with `keep_inflight`, the schedule keeps what the retry can resume from."""
+        cfg, recipe = self.cfg, self.inputs.recipe
+        workers, banks = attempt.started(), attempt.banks
+        assert banks is not None  # created with the workers
+        books = Bookkeeper(background=cfg.ablations.background_bookkeeping)
+        counters = DockCounters(books, banks.docks)
+        driver = Driver(
+            recipe=recipe,
+            output_dir=self.output_dir,
+            group_size=cfg.algorithm.num_responses_per_prompt,
+            workers=workers,
+            feed=self.inputs.feed,
+            books=books,
+            counters=counters,
+        )
+        # The states the actor ranks run over the responses, all but the rollout and the updates
+        # (under LoRA the reference pass too: its spec's group is the actor's, job_recipe).
+        actor_rank_states = {s.name for s in recipe.specs if s.group == ACTOR and s.runs_on == "ranks" and not s.trains}
+        schedule = choose_schedule(cfg, driver, banks, actor_rank_states=actor_rank_states)
+        try:
+            self._iterate(attempt, schedule, books, counters, start_iteration)
+        except WORKER_DEATHS:
+            if keep_inflight:  # what the retry can resume from, as the schedule keeps it
+                schedule.keep_inflight(stop_workers=attempt.kill_workers)
+            raise
+
+    def _iterate(
+        self, attempt: Attempt, schedule: Schedule, books: Bookkeeper, counters: DockCounters, start_iteration: int
+    ) -> None:
+        total, evaluator = self.cfg.iterations, self.inputs.evaluator
+        # The initial policy's evaluation is logged as iteration 0, once per run.
+        evaluate_at_start = (
+            evaluator is not None
+            and self.cfg.evaluation.at_start
+            and start_iteration == 1
+            and not any(r["iteration"] == 0 for r in self.metrics.read())
+        )
+        tracking = open_tracking(self.cfg, self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
+        loop = AttemptLoop(attempt, schedule, books, counters, tracking)
+        progress = _progress_bar(
+            total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
+        )
+        failed = True
+        try:
+            if evaluate_at_start:
+                self._log(loop, {"iteration": 0, **self._evaluate(loop, 0)})
+            for iteration in range(start_iteration, total + 1):
+                self._hold.wait_before(iteration)
+                record = self._run_iteration(loop, iteration)
+                if self._evaluation_due(iteration):  # after the update: the engines hold its weights
+                    record.update(self._evaluate(loop, iteration))
+                self._log(loop, record)
+                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
+                    self._save_checkpoint(loop, iteration)
+                key = headline_key(record)
+                val = {"val": f"{self._last_evaluation['val/reward']:.3f}"} if self._last_evaluation else {}
+                progress.set_postfix(
+                    **{key: f"{record[key]:.3f}"},
+                    kl=f"{record['kl']:.4f}",
+                    tps=f"{record['tokens_per_s_per_device']:.0f}",
+                    **val,
+                    refresh=False,
+                )
+                progress.update(1)
+                if not self.show_progress:  # the bar is for people, the lines for the operator
+                    self._report_progress(record)
+            failed = False
+        finally:
+            progress.close()
+            try:
+                # Every finished iteration's record reaches the files, also on failure; then the
+                # loop's own error is the one raised (a bookkeeping error is only logged).
+                books.close(raise_errors=not failed)
+            finally:
+                tracking.close()
+
+    def _run_iteration(self, loop: AttemptLoop, iteration: int) -> dict:
+        cfg, algo, dataset = self.cfg, self.cfg.algorithm, self.inputs.dataset
+        stages = loop.schedule.run(iteration)
+        record = iteration_record(
+            stages.results,
+            iteration=iteration,
+            update_state=self.inputs.recipe.update_state,
+            prompt_lengths=stages.fed.prompt_lengths,
+            rewards=stages.facts.scores,
+            response_lengths=stages.facts.response_lengths,
+            put_seconds=stages.put_seconds,
+            seconds=stages.ended - stages.started,
+            cycle=stages.cycle,
+            num_prompts=algo.num_prompts_per_iteration,
+            num_responses=algo.num_responses_per_prompt,
+            num_devices=self.inputs.layout.num_actor_ranks,
+            partial_rollout=cfg.rollout.partial_rollout != "off",
+            round_metrics=stages.round_metrics,
+            # the prompt set's size and the over-long prompts it dropped, in the first record only
+            data_metrics={"data/num_prompts": len(dataset), "data/dropped_prompts": dataset.num_dropped}
+            if iteration == 1
+            else {},
+            utilisation=self._utilisation,
+        )
+        # a Future until _write_record: read while the driver starts the next iteration (the
+        # driver's next put waits for it, so the counters hold exactly this iteration's traffic)
+        record["dock"] = loop.counters.read(stages.bank)
+        phases = loop.attempt.started().timeline(iteration)
+        if phases is not None:  # serial phase schedule: each shared device's phases, start and end (s)
+            record["phases"] = phases
+        return record
+
+    def _log(self, loop: AttemptLoop, record: dict) -> None:
+        loop.books.later(self._write_record, loop.tracking, record)
+        if val_metrics(record):
+            self._last_evaluation = record
+
+    def _write_record(self, tracking: Tracking, record: dict) -> None:
+        """Append `record` to metrics.jsonl and the `tracking` logs, its dock traffic read by then (its
+        "dock" is the Future of the counters' read until here)."""
+        if "dock" in record:  # iteration 0 (the initial policy's evaluation) moved no sample
+            try:
+                record["dock"] = record["dock"].result()
+            except (DockActorDiedError, DockTimeoutError, ray.exceptions.RayError) as error:
+                # The record is written without its traffic; the error itself is raised where the
+                # driver waits for the counters (its next put), which fails the attempt.
+                logger.warning("iteration %d's dock counters could not be read (%s)", record["iteration"], error)
+                del record["dock"]
+        self.metrics.append(record)
+        tracking.append(record)
+
+    def _evaluation_due(self, iteration: int) -> bool:
+        interval = self.cfg.evaluation.interval
+        return interval > 0 and (iteration % interval == 0 or iteration == self.cfg.iterations)
+
+    def _evaluate(self, loop: AttemptLoop, iteration: int) -> dict[str, float]:
+        evaluator = self.inputs.evaluator
+        assert evaluator is not None  # called only with evaluation.interval > 0, which makes one
+        return evaluator.run(loop.attempt.started().engine_actors, iteration=iteration)
+
+    def _report_progress(self, record: dict) -> None:
+        """One machine-readable line per iteration on stdout; the operator reads it from the Ray
+        job log (it runs jobs with --no-progress)."""
+        latest = ckpt.latest_checkpoint(self.output_dir)
+        headline = {
+            **_headline(record),
+            "iteration": record["iteration"],
+            "iterations": self.cfg.iterations,
+            "checkpoint": latest.iteration if latest else None,
+            **evaluation_headline(self._last_evaluation),
+        }
+        print(format_progress(headline), flush=True)
+
+    def _save_checkpoint(self, loop: AttemptLoop, iteration: int) -> None:
+        # The records up to this iteration are in metrics.jsonl before the checkpoint commits: a
+        # resume keeps only the records up to its checkpoint, and redoes none of these.
+        loop.books.wait()
+        staging = ckpt.staging_dir(self.output_dir, iteration)
+        workers = loop.attempt.started()
+        ray.get([a.save.remote(str(staging)) for a in workers.actors])
+        actor_rng = ray.get([a.get_rng_state.remote() for a in workers.actors])
+        torch.save({"actors": actor_rng}, staging / "rng.pt")
+        ray.get([c.save.remote(str(staging)) for c in workers.critics])  # rank 0 writes
+        # The driver draws no random numbers itself: the sampler's state is the data position, the
+        # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
+        # A run-ahead schedule drew the next iteration's prompts already: it keeps the position before that draw.
+        state = {"sampler": loop.schedule.checkpoint_sampler_state()}
+        ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
+        plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
+
+
+def _headline(record: dict) -> dict:
+    # DPO records have no sampled reward; its preference accuracy stands in (metrics.headline_key).
+    keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
+    return {k: round(record[k], 4) for k in keys}
+
+
+def _progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="it", disable=not enabled, dynamic_ncols=True)
+
+
+def _iteration_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["iteration"] > 0]
+
+
+def _last_evaluation(records: list[dict]) -> dict | None:
+    """The newest record that holds an evaluation's val/ metrics, or None."""
+    return next((r for r in reversed(records) if val_metrics(r)), None)

@@ -1,0 +1,139 @@
+"""Connecting to Ray and placing the worker groups on it: one placement group per job, built from
+the placement plan (rldock.contract.placement; one bundle per device), every device worker
+scheduled into its bundle.
+
+Inside a RayCluster (the operator sets RAY_ADDRESS) the job joins the existing cluster. Locally it
+starts a one-node Ray whose accelerators are a logical resource (`NPU` by default), so the same
+placement code runs on a laptop and on Ascend nodes; `GPU` is Ray's built-in resource instead
+(num_gpus, rldock.runtime.workers.ray_devices), declared only where torch sees that many GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rldock.config import JobConfig
+from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
+from rldock.runtime.agent.service.local import token_variables
+from rldock.runtime.flow.recipe import Recipe
+from rldock.runtime.flow.states import placement_plan
+from rldock.runtime.workers.ray_devices import device_request, local_device_problems
+
+logger = logging.getLogger(__name__)
+
+# Logical CPUs for a local Ray. Dock actors take none; compute workers take one each so Ray caps
+# their thread pools (OMP_NUM_THREADS) instead of letting every process spawn one thread per core.
+_LOCAL_LOGICAL_CPUS = 16
+# How long to wait for Ray to reserve the job's devices (a RayCluster may still be adding nodes).
+PLACEMENT_TIMEOUT_S = 600.0
+
+
+def connect(cfg: JobConfig) -> None:
+    if ray.is_initialized():
+        return
+    env_vars = {
+        "TOKENIZERS_PARALLELISM": "false",
+        # vLLM logs every engine start at INFO and a harmless chat-template traceback at WARNING
+        # (no tokenizer is loaded: prompts are token ids); a user's own setting wins.
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
+        # The environment servers' token, which the rollout's clients send (agent/service/auth.py).
+        **token_variables(cfg),
+    }
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
+        return
+    resources = cfg.resources
+    # Ray probes for real Ascend devices when a resource is called NPU and logs a traceback when
+    # the probe's library (acl, from CANN) is absent, which it always is with emulated NPUs.
+    logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
+    problems = local_device_problems(cfg)
+    if problems:
+        raise ValueError("; ".join(map(str, problems)))
+    # address="local": always a fresh cluster, never a stray one found on this machine.
+    ray.init(
+        address="local",
+        num_cpus=_LOCAL_LOGICAL_CPUS,
+        **device_request(resources.accelerator_resource, resources.num_nodes * resources.devices_per_node),
+        include_dashboard=False,
+        runtime_env={"env_vars": env_vars},
+        logging_level=logging.WARNING,
+    )
+    logger.info("started a local Ray with %d %s devices", cfg.num_devices, resources.accelerator_resource)
+
+
+def job_placement(cfg: JobConfig, recipe: Recipe) -> PlacementPlan:
+    """The job's placement plan (rldock.contract.placement) for the device workers of its recipe's
+    states (their specs' worker groups, rldock.runtime.flow.states)."""
+    return placement_plan(cfg, recipe.specs)
+
+
+class PlacementTimeout(RuntimeError):
+    """The cluster never had the devices the placement plan reserves."""
+
+
+def reserve(plan: PlacementPlan, *, timeout_s: float = PLACEMENT_TIMEOUT_S) -> PlacementGroup:
+    """Create the plan's placement group (one bundle per device, packed onto as few nodes as fit,
+    so tensor-parallel peers share a node where they can) and wait until Ray has reserved it."""
+    group = placement_group(list(plan.bundles), strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise PlacementTimeout(
+            f"Ray could not reserve {plan.num_devices} devices ({plan.accelerator}: 1 and CPU per bundle: "
+            f"{[b['CPU'] for b in plan.bundles]}) within {timeout_s:.0f} s; the cluster has "
+            f"{ray.cluster_resources().get(plan.accelerator, 0):g} {plan.accelerator}. Add devices "
+            "(resources.num_nodes, resources.devices_per_node) or need fewer (training.data_parallel_size, "
+            "resources.placement colocated)"
+        ) from None
+    logger.info(
+        "reserved %d devices: %s",
+        plan.num_devices,
+        "; ".join(f"{i}: {', '.join(plan.workers_on(i))}" for i in range(plan.num_devices)),
+    )
+    return group
+
+
+def release(group: PlacementGroup) -> None:
+    remove_placement_group(group)
+
+
+def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
+    """`cls` as a Ray actor on its seat: its share of the device and its logical CPU, taken from its
+    bundle of the placement group."""
+    return ray.remote(cls).options(
+        num_cpus=CPUS_PER_WORKER,
+        **device_request(plan.accelerator, seat.share),
+        max_restarts=0,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=seat.bundle
+        ),
+    )
+
+
+def seated_together(cls, *, group: PlacementGroup, plan: PlacementPlan, seats: Sequence[Seat], max_concurrency: int):
+    """`cls` as one Ray actor holding several seats of one bundle (the integrated device worker,
+    rldock.runtime.workers.device_worker): their shares of the device and their logical CPUs
+    together; threaded, with `max_concurrency` calls at once."""
+    [bundle] = {seat.bundle for seat in seats}
+    return ray.remote(cls).options(
+        num_cpus=CPUS_PER_WORKER * len(seats),
+        **device_request(plan.accelerator, sum(seat.share for seat in seats)),
+        max_restarts=0,
+        max_concurrency=max_concurrency,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=bundle
+        ),
+    )
+
+
+def remote(cls, *, num_cpus: float, resources: dict[str, float] | None = None):
+    """`cls` as a Ray actor outside the placement group (the workers that hold no device)."""
+    return ray.remote(cls).options(num_cpus=num_cpus, resources=resources or {}, max_restarts=0)
