@@ -181,6 +181,19 @@ def test_an_importance_correction_is_read_only_with_partial_rollout_and_not_by_g
     assert "per sequence" in message
 
 
+@pytest.mark.parametrize("correction", [None, "behaviour"])
+def test_an_importance_cap_nothing_reads_is_refused(agent_data, correction):
+    agent_data["training"] = {**agent_data.get("training", {}), "mode": "async"}
+    agent_data["dock"] = {**agent_data.get("dock", {}), "max_staleness": 1}
+    agent_data["rollout"] = {"partial_rollout": "resume", "max_tokens_per_round": 64, "importance_cap": 3.0}
+    if correction:
+        agent_data["rollout"]["importance_correction"] = correction
+    (message,) = problem_messages(agent_data, "rollout.importance_cap")
+    assert "decoupled" in message
+    agent_data["rollout"]["importance_correction"] = "decoupled"
+    assert parse_job_config(agent_data).rollout.importance_cap == 3.0
+
+
 def test_held_out_evaluation_with_agent_pods_is_refused(agent_data):
     agent_data["agent"] = {"harness_pods": True}
     agent_data["reward"] = {"terms": [{"name": "environment"}]}

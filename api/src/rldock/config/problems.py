@@ -387,17 +387,26 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
     """Partial rollout cuts the generation that runs ahead of a weight update: it needs the async
     pipeline running ahead (and so a rollout), and a round budget that can cut a response."""
     rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
+    problems: list[Problem] = []
+    if "importance_cap" in rollout.model_fields_set and rollout.importance_correction != "decoupled":
+        # A cap nothing reads would look like a bound that holds.
+        problems.append(
+            Problem(
+                "rollout.importance_cap",
+                "read only with rollout.importance_correction decoupled (the truncated importance weight); "
+                f"here {rollout.importance_correction or 'unset'}: remove it or set decoupled",
+            )
+        )
     if rollout.partial_rollout == "off":
         if rollout.importance_correction is not None:
-            return [
+            problems.append(
                 Problem(
                     "rollout.importance_correction",
                     f"`{rollout.importance_correction}` is read only with rollout.partial_rollout resume or drop "
                     "(here off); remove it",
                 )
-            ]
-        return []
-    problems: list[Problem] = []
+            )
+        return problems
     if training.mode != "async" or cfg.dock.max_staleness < 1:
         problems.append(
             Problem(
