@@ -131,8 +131,8 @@ def test_the_parser_of_the_configured_format():
         ({"name": "{dir}/missing.py:Echo"}, r"^agent.tools\[0\].name: no file .*missing.py"),
         ({"name": "{dir}/my_tools.py:Nope"}, r"^agent.tools\[0\].name: .* has no attribute 'Nope'; its classes: \["),
         ({"name": "{dir}/my_tools.py:helper"}, r"^agent.tools\[0\].name: .*:helper is a function, not a class"),
-        ({"name": "{dir}/my_tools.py:NotATool"}, r"^agent.tools\[0\].name: .* is not a subclass of .*base.Tool"),
-        ({"name": "{dir}/my_tools.py:Judge"}, r"^agent.tools\[0\].name: .* is not a subclass of .*base.Tool"),
+        ({"name": "{dir}/my_tools.py:NotATool"}, r"^agent.tools\[0\].name: .* is not a subclass of .*interfaces.Tool"),
+        ({"name": "{dir}/my_tools.py:Judge"}, r"^agent.tools\[0\].name: .* is not a subclass of .*interfaces.Tool"),
         ({"name": "{dir}/my_tools.py:Unfinished"}, r"^agent.tools\[0\].name: .* does not define call"),
         ({"name": "{dir}/my_tools.py:Nameless"}, r"^agent.tools\[0\].name: .* has no `name`"),
         ({"name": "rldock_no_such_module:Echo"}, r"^agent.tools\[0\].name: cannot import module"),
@@ -149,7 +149,7 @@ def test_a_tool_that_cannot_be_built_names_the_field(user_file, tool, words):
 
 
 def test_an_environment_that_is_a_tool_names_the_environment_field(user_file):
-    with pytest.raises(AgentConfigError, match=r"^agent.environment.name: .* not a subclass of .*base.Environment"):
+    with pytest.raises(AgentConfigError, match=r"^agent.environment.name: .* not a subclass of .*interfaces.Environment"):
         build_environment(agent(environment={"name": f"{user_file}:Echo"}))
 
 
