@@ -166,3 +166,31 @@ def test_ratio_spread_of_the_sampled_tokens():
     assert spread["ratio_sq_dev_mean"] == pytest.approx(sum(d * d for d in deviations) / 6)
     assert spread["logprob_abs_diff_mean"] == pytest.approx(1.0 / 6)
     assert spread["ratio_abs_dev_max"] == pytest.approx(math.expm1(0.5))
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize(("dp", "cp"), [(1, 1), (2, 1), (1, 2), (2, 2), (3, 4)])
+def test_rank_units_give_the_whole_batch_aggregate_under_context_parallelism(mode, dp, cp):
+    """Every rank of a CP group holds its data-parallel group's rows and scales them by
+    rank_units; the gradient reduction sums over each CP group (the group's shares of one
+    numerator) and divides by dp (training/context_parallel.py). That must give the whole
+    batch's aggregate for every loss_aggregation: a non-additive mode's constant divided by
+    the world instead of dp would scale the step cp times (Dr. GRPO's seq_mean_token_sum_norm)."""
+    from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
+    from rldock.runtime.training.policy_steps import rank_units
+
+    generator = torch.Generator().manual_seed(7)
+    values = torch.rand(4 * dp, 5, generator=generator, dtype=torch.float64)  # (rows, T)
+    mask = (torch.rand(4 * dp, 5, generator=generator) > 0.3).to(torch.float64)
+    mask[:, 0] = 1.0  # no empty row
+    shape = {"norm_length": 5}
+    groups = list(zip(values.chunk(dp), mask.chunk(dp), strict=True))  # each DP group's rows
+    additive = additive_units(mode)
+    # every rank's units, all-reduced over the dp x cp ranks where additive (policy_step)
+    group_units = [aggregation_units(m, mode, **shape) for _, m in groups]
+    summed = sum(u for u in group_units for _ in range(cp)) if additive else group_units[0]
+    units = rank_units(summed, additive=additive, world_size=dp * cp, context_parallel_size=cp)
+    # a group's cp ranks' shares of its numerator sum to the group's numerator; then / dp
+    reduced = sum(aggregate(v, m, mode, **shape) * aggregation_units(m, mode, **shape) / units for v, m in groups) / dp
+    whole = float(aggregate(values, mask, mode, **shape))
+    assert float(reduced) == pytest.approx(whole, rel=1e-5)  # aggregation_units counts in float32

@@ -40,9 +40,15 @@ def policy_step(
     training = cfg.training
     rank_tokens = mini_batch["response_mask"].sum().float().clamp(min=1)  # this rank's metrics' weights
     global_units = objective.units(mini_batch)
-    if world_size > 1 and additive_units(objective.aggregation):
+    additive = additive_units(objective.aggregation)
+    if world_size > 1 and additive:
         torch.distributed.all_reduce(global_units)
-    units_per_rank = global_units.clamp(min=torch.finfo(global_units.dtype).tiny) / world_size
+    units_per_rank = rank_units(
+        global_units,
+        additive=additive,
+        world_size=world_size,
+        context_parallel_size=training.context_parallel_size,
+    )
 
     router = RouterLoss(backend.model, coef=training.router_aux_loss_coef)  # MoE: the router's terms
     largest_deviation: list[float] = []  # per micro-batch, max |ratio - 1| over its sampled tokens
@@ -74,6 +80,18 @@ def policy_step(
     if largest_deviation:
         stats["ratio_abs_dev_max"] = max(largest_deviation)
     return stats
+
+
+def rank_units(units: torch.Tensor, *, additive: bool, world_size: int, context_parallel_size: int) -> torch.Tensor:
+    """What each rank divides its micro-batches' numerators by, so the gradient reduction over the
+    ranks (a sum over each CP group, a mean over the data-parallel groups: training/context_parallel.py)
+    gives the whole mini-batch's aggregate. `units`: additive units already summed over the
+    `world_size` ranks (a CP group's ranks hold the same rows, so that sum counts each row cp times
+    and dividing by the world leaves the total over the dp groups), or the constant of a
+    non-additive mode (the normalising length), which is shared by the dp = world / cp groups only:
+    dividing it by the world would scale every rank's loss, and the step's gradient, cp times."""
+    ranks = world_size if additive else max(world_size // context_parallel_size, 1)
+    return units.clamp(min=torch.finfo(units.dtype).tiny) / ranks
 
 
 def ratio_spread(
