@@ -22,7 +22,9 @@ group anyway (`sum_over_group`), and the rows are token ids, small next to the a
 Losses and metrics: every rank of a CP group computes the same loss from the same summed logprobs,
 so the group reports one loss (cp equal copies: a mean over ranks is the mean over the dp groups).
 A loss normalised by a sum over all ranks divided by the world (the token mean's units) counts each
-group's rows cp times over dp x cp ranks, i.e. the mean over the dp groups, as without CP.
+group's rows cp times over dp x cp ranks, i.e. the mean over the dp groups, as without CP. A
+constant normaliser (seq_mean_token_sum_norm's length) is divided by dp, not the world
+(policy_steps.rank_units): by the world it would scale the step cp times.
 """
 
 from __future__ import annotations
