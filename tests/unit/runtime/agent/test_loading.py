@@ -149,7 +149,8 @@ def test_a_tool_that_cannot_be_built_names_the_field(user_file, tool, words):
 
 
 def test_an_environment_that_is_a_tool_names_the_environment_field(user_file):
-    with pytest.raises(AgentConfigError, match=r"^agent.environment.name: .* not a subclass of .*interfaces.Environment"):
+    not_an_environment = r"^agent.environment.name: .* not a subclass of .*interfaces.Environment"
+    with pytest.raises(AgentConfigError, match=not_an_environment):
         build_environment(agent(environment={"name": f"{user_file}:Echo"}))
 
 
