@@ -10,15 +10,18 @@ with `RLDOCK_GATEWAY` (`host:port`; the host may resolve to several addresses, o
 `RLDOCK_ENV_TOKEN` (the job's pod token) in its environment. The protocol, over HTTP/1.1 with
 `Authorization: Bearer <token>` and JSON bodies:
 
-    POST /episodes/lease               -> 200 {"episode", "path", "api_key", "task", "timeout_s"}
+    POST /episodes/lease               -> 200 {"episode", "lease", "path", "api_key", "task", "timeout_s"}
                                           204: none now (Retry-After: seconds)
     POST /episodes/<id>/heartbeat      -> 200 while the lease holds; 410: the episode ended (stop it)
     POST /episodes/<id>/result         {"exit_code", "output"} -> 200
 
+the last two with the lease's secret in `X-Rldock-Lease` (another pod's runner cannot post for it).
+
 Each episode's command gets the runner's environment plus `OPENAI_BASE_URL` (`http://<the address it
 leased from><path>`), `OPENAI_API_KEY` and `RLDOCK_TASK` (the data row as JSON); its stdout and stderr
-end in `output` (the last 2,000 characters), whose last line is its reward as for `harness_command`.
-A command that runs past `timeout_s` is killed with its process group; a lease whose heartbeats stop
+end in `output` (the last 2,000 characters; only the tail is kept while it runs), whose last line is its
+reward as for `harness_command`. Its process group is killed when it exits or runs past `timeout_s`, so
+nothing it left in the background outlives its episode or holds the runner; a lease whose heartbeats stop
 (the pod died) is ended by the gateway.
 """
 
@@ -41,6 +44,9 @@ GATEWAY_ENV = "RLDOCK_GATEWAY"
 TOKEN_ENV = "RLDOCK_ENV_TOKEN"
 HEARTBEAT_S = 2.0  # the gateway ends a lease after several missed heartbeats
 OUTPUT_TAIL_CHARS = 2000
+OUTPUT_KEPT_BYTES = 64 << 10  # what is kept of a command's output while it runs: its tail
+PIPE_DRAIN_S = 5.0  # after the command's group was killed, how long its output pipe may stay open
+LEASE_HEADER = "X-Rldock-Lease"
 REQUEST_TIMEOUT_S = 10.0
 MAX_IDLE_S = 5.0  # the longest wait between lease attempts
 
@@ -72,12 +78,12 @@ class Gateway:
             self._turn += 1
             return addresses[self._turn % len(addresses)]
 
-    def post(self, address: str, path: str, body: dict) -> tuple[int, dict, dict]:
+    def post(self, address: str, path: str, body: dict, lease: str = "") -> tuple[int, dict, dict]:
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        if lease:
+            headers[LEASE_HEADER] = lease
         request = urllib.request.Request(
-            f"http://{address}{path}",
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+            f"http://{address}{path}", data=json.dumps(body).encode(), method="POST", headers=headers
         )
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
@@ -88,7 +94,7 @@ class Gateway:
 
 
 def run_episode(gateway: Gateway, address: str, lease: dict, command: list[str], stopping: threading.Event) -> None:
-    episode = lease["episode"]
+    episode, secret = lease["episode"], str(lease.get("lease", ""))
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)  # the pod token leases episodes; a harness has the episode's key
     env.update(
@@ -96,18 +102,29 @@ def run_episode(gateway: Gateway, address: str, lease: dict, command: list[str],
         OPENAI_API_KEY=lease["api_key"],
         RLDOCK_TASK=json.dumps(lease["task"], ensure_ascii=False),
     )
-    process = subprocess.Popen(
-        command,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    chunks: list[bytes] = []
+    try:
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as error:  # not found, not executable, a task too long for the environment: its result
+        with contextlib.suppress(OSError):
+            gateway.post(address, f"/episodes/{episode}/result", {"exit_code": 127, "output": str(error)}, secret)
+        return
+    kept = bytearray()
     stdout = process.stdout
     assert stdout is not None
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: stdout.read(4096), b"")))
+
+    def read() -> None:
+        for chunk in iter(lambda: stdout.read(4096), b""):
+            kept.extend(chunk)
+            del kept[: max(0, len(kept) - OUTPUT_KEPT_BYTES)]
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     deadline = time.monotonic() + float(lease["timeout_s"])
     ended = False
@@ -118,20 +135,22 @@ def run_episode(gateway: Gateway, address: str, lease: dict, command: list[str],
         except subprocess.TimeoutExpired:
             pass
         try:
-            status, _, _ = gateway.post(address, f"/episodes/{episode}/heartbeat", {})
+            status, _, _ = gateway.post(address, f"/episodes/{episode}/heartbeat", {}, secret)
         except OSError:  # the Ray pod is unreachable for now: the deadline still holds
             status = 0
         if status == 410 or time.monotonic() > deadline or stopping.is_set():
             ended = status == 410
             _kill(process)
             break
+    _kill(process)  # exited: what it left running in its group goes with it (and lets go of the pipe)
     process.wait()
-    reader.join()
+    reader.join(PIPE_DRAIN_S)  # only a process that left the group (setsid) still holds the pipe: not waited for
     if ended:
         return  # the gateway already counted it
-    output = b"".join(chunks).decode(errors="replace")[-OUTPUT_TAIL_CHARS:]
+    output = bytes(kept).decode(errors="replace")[-OUTPUT_TAIL_CHARS:]
+    result = {"exit_code": process.returncode, "output": output}
     with contextlib.suppress(OSError):  # the gateway went: its lease ends there without this result
-        gateway.post(address, f"/episodes/{episode}/result", {"exit_code": process.returncode, "output": output})
+        gateway.post(address, f"/episodes/{episode}/result", result, secret)
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -38,6 +38,9 @@ assert "RLDOCK_ENV_TOKEN" not in os.environ  # the pod token leases; a harness h
 if task["mode"] == "hang":
     open(task["pid_file"], "w").write(str(os.getpid()))
     time.sleep(600)
+if task["mode"] == "background":  # a child left running, holding the output pipe
+    import subprocess
+    open(task["pid_file"], "w").write(str(subprocess.Popen(["sleep", "600"]).pid))
 client = openai.OpenAI()
 answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}])
 print("noise")
@@ -147,6 +150,69 @@ def test_the_dispatcher_asks_for_the_pod_token_and_a_well_formed_result(pods, tm
     refused = runner(gateway, token="wrong")
     assert refused.wait(timeout=60) == 1
     assert "refused the token in RLDOCK_ENV_TOKEN" in refused.stderr.read().decode()
+
+
+def test_only_the_lease_holder_beats_and_posts_for_its_episode(pods, tokenizer, tmp_path):  # noqa: F811
+    """Every agent pod has the pod token and episode names are no secret: a second pod posting a result (or
+    beating) for an episode another holds is refused, and the holder's result is the one that counts."""
+    episodes, _ = pods
+    gateway = episodes(episode_timeout_s=120)
+    url = gateway.server.url.replace("0.0.0.0", "127.0.0.1")
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    engine = ScriptedEngine(tokenizer, {0: ["5"]})
+    results: list = []
+    run = threading.Thread(
+        target=lambda: results.extend(gateway.run(engine, tasks=tasks(tmp_path, "ok"), prompts=[[1]], keys=[0], seed=0))
+    )
+    run.start()
+    deadline = time.monotonic() + 60
+    leased = httpx.post(f"{url}/episodes/lease", json={"runner": "holder"}, headers=good)
+    while leased.status_code == 204 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the run has not offered its episode yet
+        leased = httpx.post(f"{url}/episodes/lease", json={"runner": "holder"}, headers=good)
+    lease = leased.json()
+    episode = f"{url}/episodes/{lease['episode']}"
+    hostile = {"exit_code": 7, "output": "forged"}
+    for sent in ({}, {"X-Rldock-Lease": "guessed"}):
+        assert httpx.post(f"{episode}/heartbeat", json={}, headers={**good, **sent}).status_code == 403
+        assert httpx.post(f"{episode}/result", json=hostile, headers={**good, **sent}).status_code == 403
+    mine = {**good, "X-Rldock-Lease": lease["lease"]}
+    assert httpx.post(f"{episode}/heartbeat", json={}, headers=mine).status_code == 200
+    assert httpx.post(f"{episode}/result", json={"exit_code": 0, "output": "1"}, headers=mine).status_code == 200
+    run.join(timeout=60)
+    # the holder's result (exit 0, no model turn) ended it, not the forged exit 7
+    assert [r.ended for r in results] == ["harness_no_turn"]
+
+
+def test_what_a_command_leaves_running_is_killed_and_its_runner_goes_on(pods, tokenizer, tmp_path):  # noqa: F811
+    """A command that exits leaving a child that holds its output pipe: the child is killed with the
+    command's process group and the runner (one episode at a time) posts the result and leases the next."""
+    episodes, runner = pods
+    gateway = episodes(episode_timeout_s=30)
+    runner(gateway)
+    work = tasks(tmp_path, "background", "ok")
+    engine = ScriptedEngine(tokenizer, {0: ["5"], 1: ["5"]})
+    pid_file = Path(work[0]["pid_file"])
+    try:
+        results = gateway.run(engine, tasks=work, prompts=[[1]] * 2, keys=[0, 1], seed=0)
+        assert [r.ended for r in results] == ["harness_done"] * 2
+        assert [r.rewards for r in results] == [[1.0]] * 2
+        pid = int(pid_file.read_text())
+        deadline = time.monotonic() + 30
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # killed; its reaping by whoever adopted it may lag
+        assert not _running(pid)
+    finally:
+        if pid_file.exists() and _running(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
 
 
 def test_a_second_gateway_on_the_pods_port_is_refused_naming_the_field(pods):

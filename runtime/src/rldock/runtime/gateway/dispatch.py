@@ -6,13 +6,17 @@ and rows; only who runs the user's command differs.
 Routes, beside the sessions' on the same gateway (the protocol the runner speaks,
 rldock.contract.agent_runner), each asking for the job's pod token as a bearer token (401 otherwise):
 
-- `POST /episodes/lease`: the oldest waiting episode, `{"episode", "path", "api_key", "task", "timeout_s"}`
-  (`path`: the session's base path; the runner puts the address it leased from before it), or 204 with
-  Retry-After when none waits;
+- `POST /episodes/lease`: the oldest waiting episode, `{"episode", "lease", "path", "api_key", "task",
+  "timeout_s"}` (`path`: the session's base path; the runner puts the address it leased from before it;
+  `lease`: a secret of this lease alone), or 204 with Retry-After when none waits;
 - `POST /episodes/<id>/heartbeat`: 200 while the lease holds, 410 once the episode ended (the runner then
   kills its command);
 - `POST /episodes/<id>/result`: `{"exit_code", "output"}`, read as `agent.harness_command`'s exit status and
   output (its last line the reward).
+
+Heartbeats and results also ask for the lease's secret (`X-Rldock-Lease`; 403 otherwise): the pod token is
+every agent pod's (and readable by the commands they run), and episode names are no secret, so without it one
+pod could post the reward of, or keep alive, an episode another pod holds.
 
 How an episode ends besides its result, each counted under `agent/ended/<reason>`: `harness_lost`, its
 lease's heartbeats stopped for `LEASE_S` (the pod died or lost the network); `harness_timeout`, leased past
@@ -46,6 +50,7 @@ CHECK_S = 0.25  # how often a waiting episode looks at its lease
 RETRY_AFTER_S = 1
 MAX_RESULT_BYTES = 64 << 10  # a result's body: the output's tail and the exit status
 FIELD = "spec.agents[].command"  # what ran a pod's episode, for messages
+LEASE_HEADER = "X-Rldock-Lease"  # the lease's secret, on its heartbeats and result
 
 
 @dataclass
@@ -59,6 +64,7 @@ class _Episode:
     leased: float | None = None  # when a runner leased it
     beat: float = 0.0  # the lease's last heartbeat
     runner: str = ""
+    secret: str = ""  # the lease's: what its heartbeats and result send in LEASE_HEADER
 
 
 @dataclass
@@ -120,6 +126,19 @@ class EpisodeDispatcher:
         def refused() -> JSONResponse:
             return JSONResponse({"error": "the job's pod token (RLDOCK_ENV_TOKEN) is required"}, status_code=401)
 
+        def held(name: str, request: Request) -> _Episode | Response:
+            """Episode `name` if it is leased and open and the request sends its lease's secret."""
+            episode = self._open.get(name)
+            if episode is None or episode.leased is None or episode.outcome.done():
+                return Response(status_code=410)
+            sent = request.headers.get(LEASE_HEADER, "")
+            if not secrets.compare_digest(sent.encode(), episode.secret.encode()):
+                return JSONResponse(
+                    {"error": f"episode {name} is leased to another runner ({LEASE_HEADER} is not its lease's)"},
+                    status_code=403,
+                )
+            return episode
+
         @app.post("/episodes/lease")
         async def lease(request: Request):
             if not authorized(request):
@@ -129,11 +148,13 @@ class EpisodeDispatcher:
                 return Response(status_code=204, headers={"Retry-After": str(RETRY_AFTER_S)})
             episode = self._waiting.popleft()
             episode.leased = episode.beat = time.monotonic()
+            episode.secret = secrets.token_urlsafe(24)
             episode.runner = str(body.get("runner", ""))[:253] if isinstance(body, dict) else ""
             self.leases += 1
             return JSONResponse(
                 {
                     "episode": episode.name,
+                    "lease": episode.secret,
                     "path": episode.path,
                     "api_key": episode.api_key,
                     "task": episode.task,
@@ -145,24 +166,27 @@ class EpisodeDispatcher:
         async def heartbeat(name: str, request: Request):
             if not authorized(request):
                 return refused()
-            episode = self._open.get(name)
-            if episode is None or episode.leased is None or episode.outcome.done():
-                return Response(status_code=410)
+            episode = held(name, request)
+            if isinstance(episode, Response):
+                return episode
             episode.beat = time.monotonic()
-            return JSONResponse({"timeout_s": max(0.0, self.timeout_s - (episode.beat - episode.leased))})
+            leased = episode.leased or episode.beat  # held() answered only a leased one
+            return JSONResponse({"timeout_s": max(0.0, self.timeout_s - (episode.beat - leased))})
 
         @app.post("/episodes/{name}/result")
         async def result(name: str, request: Request):
             if not authorized(request):
                 return refused()
-            episode = self._open.get(name)
-            if episode is None or episode.leased is None or episode.outcome.done():
-                return Response(status_code=410)
+            episode = held(name, request)
+            if isinstance(episode, Response):
+                return episode
             body = await _small_json(request)
             code = body.get("exit_code") if isinstance(body, dict) else None
             output = body.get("output") if isinstance(body, dict) else None
             if not isinstance(code, int) or isinstance(code, bool) or not isinstance(output, str):
                 return JSONResponse({"error": "the body must be {exit_code: int, output: str}"}, status_code=400)
+            if episode.outcome.done():  # ended while its body was read
+                return Response(status_code=410)
             episode.outcome.set_result(command_outcome(code, output, field=FIELD))
             return JSONResponse({"ended": name})
 
