@@ -319,7 +319,7 @@ def test_a_token_id_outside_the_vocabulary_is_a_400_naming_the_prompt(served, to
 
 
 def test_the_harness_is_checked_when_loaded(tmp_path):
-    sync = tmp_path / "driver/schedule/sync.py"
+    sync = tmp_path / "sync.py"
     sync.write_text("def run(task, client):\n    return 1\n")
     one = tmp_path / "one.py"
     one.write_text("async def run(task):\n    return 1\n")
