@@ -388,8 +388,10 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
     pipeline running ahead (and so a rollout), and a round budget that can cut a response."""
     rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
     problems: list[Problem] = []
-    if "importance_cap" in rollout.model_fields_set and rollout.importance_correction != "decoupled":
-        # A cap nothing reads would look like a bound that holds.
+    default_cap = type(rollout).model_fields["importance_cap"].default
+    if rollout.importance_cap != default_cap and rollout.importance_correction != "decoupled":
+        # A cap nothing reads would look like a bound that holds. (Compared with the default, not by
+        # whether it was set: the operator's resolved config writes every field.)
         problems.append(
             Problem(
                 "rollout.importance_cap",
