@@ -95,7 +95,7 @@ def test_actor_and_reference_share_one_process_and_generation_holds_no_training_
     finally:
         destroy_process_group()
 
-    ledger = stats["ledger"]
+    ledger = stats.metrics["ledger"]
     assert actor.generation.engine.devices == {torch.device("npu:0")}  # the engine got the device's weights
     assert sum(ledger[f"memory/rank0/update_end/{category}"] for category in TRAIN_STATE) > 0
     assert sum(ledger[f"memory/rank0/generation/{category}"] for category in TRAIN_STATE) == 0
