@@ -11,7 +11,7 @@ the token mean of |logprob - the vLLM engine's logprob|, the training-inference 
 replay `moe/routing_replay_changed`, the share of replayed (token, layer) routings the routers would
 have chosen otherwise), the reward and the wall time, and the off/reference ratios.
 
-    flock /work/notes/heavy.lock nice -n 10 .venv/bin/python -m rldock_benchmarks.routing_replay \\
+    .venv/bin/python -m rldock_benchmarks.routing_replay \\
         --output runs/routing-replay > routing-replay.json
 
 What it measures: `reference` pins the update's routing to the old-logprob pass's, so the mismatch it
