@@ -734,3 +734,36 @@ def test_an_episodes_deadline_runs_from_its_reset_not_from_its_wait_for_a_sessio
     loop = make_loop(tokenizer, engine, [], environment=Single(), max_turns=3, episode_timeout_s=1.5)
     episodes = run(loop, tokenizer, 2, contexts=[EpisodeContext("3", "test")] * 2)
     assert [(e.turns, e.ended) for e in episodes] == [(1, "answer"), (2, "answer")]
+
+
+def test_a_round_until_a_condition_submits_no_further_turn_and_admitted_episodes_join_the_next(tokenizer):
+    """`until` ends the round once episode 1 has ended: episode 0's tool answer comes back to no new turn
+    (it waits for the next round), and an episode admitted between the rounds runs in the next one
+    beside it; the ended episode leaves the rollout and the others keep their places."""
+    held = {}
+
+    class AfterSecond(Tool):
+        name, description, parameters = "wait", "answers once episode 1 has ended", {"type": "object"}
+
+        async def call(self, arguments):
+            while not held["second"].finished:
+                await asyncio.sleep(0.001)  # polls the state it waits for, never a guessed delay
+            return ToolResult("done")
+
+    engine = ScriptedEngine(tokenizer, {0: [call("wait"), "3"], 1: ["4"], 2: ["5"]})
+    loop = make_loop(tokenizer, engine, [AfterSecond()])
+    prompt = tokenizer("<user>1+2<eos><assistant>", add_special_tokens=False)["input_ids"]
+    try:
+        rollout = loop.start([prompt] * 2, [0, 1], [None] * 2, seed=0)
+        first, second = held["first"], held["second"] = rollout.episodes
+        loop.advance(rollout, until=lambda: second.finished)
+        assert second.finished and not first.finished and first.turns == 1 and not rollout.done
+        assert engine.log == [(0, 0), (1, 0)]  # no turn after the condition held
+        rollout.remove([second])
+        (third,) = loop.admit(rollout, [prompt], [2], [None])
+        assert rollout.episodes == [first, third]
+        loop.advance(rollout)
+    finally:
+        loop.close()
+    assert rollout.done and (first.turns, first.ended, third.ended) == (2, "answer", "answer")
+    assert sorted(engine.log[2:]) == [(0, 1), (2, 0)]

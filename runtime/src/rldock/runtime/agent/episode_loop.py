@@ -40,6 +40,11 @@ its session place (Environment.max_sessions) across the update, so a round ends 
 waiting for a place are all that is left: they start in the next round, when places come free. No episode is cut
 short or dropped: each one's tokens keep the policy version that sampled them and their logprob then
 (`Episode.token_version`, `Episode.logprobs`), which the update's importance ratio reads.
+
+Carried rollouts (rollout/carry.py): a round may also end on a condition of the caller's (`advance`'s
+`until`, checked as episodes end): from then no further turn is submitted, the turns being sampled run to
+their ends, and episodes with a turn to sample wait for the next round. Such a rollout lives across
+iterations: `admit` adds episodes to it between rounds and `remove` takes the ended ones out.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rldock.config.job import AgentSpec
@@ -102,6 +107,7 @@ class Episode:
     token_version: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     cut: CutTurn | None = None  # the turn a round's budget stopped, resumed in the next round
+    finished: bool = False  # it has ended and takes no further turn (its session closing or closed)
     # for agent.episode_timeout_s: when its session opened (past the wait for a place), else when created
     started: float = field(default_factory=time.perf_counter)
 
@@ -178,6 +184,17 @@ class Rollout:
     @property
     def done(self) -> bool:
         return not self.out and not self.waiting
+
+    def remove(self, ended: Sequence[Episode]) -> None:
+        """Take the `ended` episodes out (a carried rollout's, once written); the others keep their places
+        in `out` and `waiting`."""
+        gone = {id(episode) for episode in ended}
+        assert all(episode.finished for episode in ended), "only ended episodes leave a rollout"
+        kept = [i for i, episode in enumerate(self.episodes) if id(episode) not in gone]
+        position = {old: new for new, old in enumerate(kept)}
+        self.episodes = [self.episodes[i] for i in kept]
+        self.out = {future: position[index] for future, index in self.out.items()}
+        self.waiting = [position[index] for index in self.waiting]
 
 
 # What a turn's tools or the environment answered: the messages, and each call's (tool, error, seconds,
@@ -284,34 +301,67 @@ class AgentLoop:
     ) -> Rollout:
         """One episode per prompt: each one's session opening (its reset out) or, without an environment,
         its first turn waiting for `advance`."""
-        episodes = [Episode(list(p), key, context) for p, key, context in zip(prompts, keys, contexts)]
-        rollout = Rollout(episodes, seed, greedy)
-        if self.environment is None:
-            rollout.waiting = list(range(len(episodes)))
-        else:  # each episode's first turn waits for its session's reset, not for the others'
-            for index, episode in enumerate(episodes):
-                reset = self._open(self.environment, episode, mixed_seed(self.engine.seed, seed, (episode.key,)))
-                rollout.out[asyncio.run_coroutine_threadsafe(reset, self._loop)] = index
+        rollout = Rollout([], seed, greedy)
+        self.admit(rollout, prompts, keys, contexts)
         return rollout
 
+    def admit(
+        self,
+        rollout: Rollout,
+        prompts: Sequence[list[int]],
+        keys: Sequence[int],
+        contexts: Sequence[EpisodeContext | None],
+    ) -> list[Episode]:
+        """Add one episode per prompt to `rollout` (between its rounds), as `start` does; the new episodes.
+        `keys` must be new to the rollout: they seed the episodes' turns and resets."""
+        episodes = [Episode(list(p), key, context) for p, key, context in zip(prompts, keys, contexts)]
+        first = len(rollout.episodes)
+        rollout.episodes.extend(episodes)
+        if self.environment is None:
+            rollout.waiting.extend(range(first, first + len(episodes)))
+        else:  # each episode's first turn waits for its session's reset, not for the others'
+            for index, episode in enumerate(episodes, start=first):
+                reset = self._open(
+                    self.environment, episode, mixed_seed(self.engine.seed, rollout.seed, (episode.key,))
+                )
+                rollout.out[asyncio.run_coroutine_threadsafe(reset, self._loop)] = index
+        return episodes
+
     def advance(
-        self, rollout: Rollout, *, round_tokens: int | None = None, policy_version: int = 0, logprobs: bool = False
+        self,
+        rollout: Rollout,
+        *,
+        round_tokens: int | None = None,
+        policy_version: int = 0,
+        logprobs: bool = False,
+        until: Callable[[], bool] | None = None,
     ) -> None:
         """One round of `rollout` on the engine's weights (`policy_version`): every episode runs until it
         ends or, with `round_tokens`, until it has sampled that many tokens in this round. A turn that
         reaches the budget is cut there (`Episode.cut`) and waits for the next round, which samples its
         rest; an episode whose budget is spent when its tools or its step answer waits too, and what is
         still out for it goes on running between rounds. Ended episodes' sessions are closed; the others'
-        stay open. `logprobs`: keep each sampled token's logprob (Episode.logprobs)."""
+        stay open. `logprobs`: keep each sampled token's logprob (Episode.logprobs). `until`: the round
+        also ends once it holds (asked as episodes end): no further turn is submitted, the turns out run to
+        their ends, and the episodes with a turn to sample wait for the next round."""
         episodes = rollout.episodes
         requests: dict[str, int] = {}  # engine request id -> episode
         sampled = [0] * len(episodes)  # model tokens each episode sampled in this round
         rollout.rounds += 1
+        cut = False  # `until` held: the round submits no further turn
 
         def has_budget(index: int) -> bool:
             return round_tokens is None or sampled[index] < round_tokens
 
+        def check_until() -> bool:
+            nonlocal cut
+            cut = cut or (until is not None and until())
+            return cut
+
         def submit(indices: list[int]) -> None:
+            if check_until():
+                rollout.waiting.extend(indices)
+                return
             rollout.waiting.extend(i for i in indices if not has_budget(i))
             go = [i for i in indices if has_budget(i)]
             cuts = [episodes[i].cut or EMPTY_TURN for i in go]
@@ -345,6 +395,8 @@ class AgentLoop:
 
         def runnable() -> bool:
             """A turn out, or an answer out that can move; a session still closing may free a place."""
+            if check_until():
+                return bool(requests)  # the turns out finish; nothing else moves this round
             if requests or any(can_go(future, index) for future, index in out.items()):
                 return True
             closing = [future for future in self._closing if not future.done()]
@@ -429,6 +481,7 @@ class AgentLoop:
 
     def _end(self, episode: Episode) -> None:
         """The episode has ended: close its session now, so that its place goes to a waiting episode."""
+        episode.finished = True
         if episode.session is not None:
             session, episode.session = episode.session, None
             self._closing.append(asyncio.run_coroutine_threadsafe(self._close(session), self._loop))

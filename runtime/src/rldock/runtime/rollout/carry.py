@@ -1,0 +1,151 @@
+"""Carried episodes: an iteration's batch is filled with the episode groups that have finished, and the
+unfinished ones are carried, sessions open, into the next iterations, where they finish on newer weights.
+
+Why: when episode lengths have a heavy tail (an environment whose steps take 1-10x each other), an
+iteration that waits for all its episodes waits for its slowest one, and the engine and the trainer idle
+meanwhile. Here the rank keeps more groups open than one batch and writes the first to finish.
+
+The bound. A group admitted while the policy is at version u must train at version u + max_staleness at
+the latest: that is its deadline. With B the groups of a batch:
+- admission: at most (max_staleness + 1) * B groups are open at once (as AReaL bounds its rollouts, arXiv
+  2505.24298: never more started than the next max_staleness + 1 batches take), so every group admitted can meet its
+  deadline;
+- the cut (`batch_of`): the batch at version v is B finished groups, earliest deadline first, and only
+  such a set that every later batch can still take the groups due by then: for every deadline d >= v,
+  the groups due by d that stay open are at most (d - v) * B. The groups due at v itself are therefore
+  always in it: the batch waits for them.
+So no group is dropped for staleness and none trains older than max_staleness versions (staleness: the
+version that trains it less the version that admitted it). With max_staleness 0 a batch is exactly the
+groups admitted for it, run to their ends: the synchronous iteration.
+
+A group is N episodes of one prompt (algorithm.num_responses_per_prompt): the advantage normalises over
+the group, so it is written whole, once all N have ended.
+
+Not yet a job setting: the trainer's dock takes each iteration's prompts in one bank of fixed size, so a
+rank never holds more than one batch of prompts to admit, and the open groups cannot grow past one batch
+(docs/agentic.md, "Long episodes"). `python -m rldock_benchmarks.heavy_tail` runs it on an engine with its
+own prompts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rldock.runtime.agent.episode_loop import AgentLoop, Episode, Rollout
+from rldock.runtime.agent.interfaces import EpisodeContext
+
+
+@dataclass(frozen=True)
+class CarriedGroup:
+    """The episodes of one prompt, admitted at `version`, due at `deadline`; `order`: its admission's."""
+
+    episodes: tuple[Episode, ...]
+    version: int
+    deadline: int
+    order: int
+
+    @property
+    def finished(self) -> bool:
+        return all(episode.finished for episode in self.episodes)
+
+
+def admission_room(num_open: int, *, num_groups: int, max_staleness: int) -> int:
+    """Groups that may be admitted with `num_open` open: up to (max_staleness + 1) * `num_groups`."""
+    return max((max_staleness + 1) * num_groups - num_open, 0)
+
+
+def batch_of(groups: Sequence[CarriedGroup], *, version: int, num_groups: int) -> list[CarriedGroup] | None:
+    """The `num_groups` groups the batch at `version` is written with, or None while none can be yet:
+    the finished ones with the earliest deadlines (then the earliest admitted), provided every later
+    batch can still take the groups due by then (the module docstring's cut)."""
+    finished = sorted((g for g in groups if g.finished), key=lambda g: (g.deadline, g.order))[:num_groups]
+    if len(finished) < num_groups:
+        return None
+    due, taken = Counter(g.deadline for g in groups), Counter(g.deadline for g in finished)
+    left = 0  # groups due by `deadline` that the batch leaves open
+    for deadline in sorted(due):
+        left += due[deadline] - taken[deadline]
+        if left > max(deadline - version, 0) * num_groups:
+            return None
+    return finished
+
+
+@dataclass
+class CarryCounts:
+    """What a rank's carried groups did so far, in episodes, and each written group's staleness."""
+
+    started: int = 0
+    written: int = 0
+    staleness: Counter[int] = field(default_factory=Counter)  # versions behind -> groups written that many behind
+
+
+class CarriedEpisodes:
+    """One actor rank's open episode groups on one `AgentLoop`, carried across weight updates: `admit`
+    adds groups (within `admission_room`), `next_batch` runs the episodes until a batch can be written
+    (`batch_of`) and takes it out. One rollout holds every open episode, so one engine steps all of them
+    and their sessions and environment steps go on between batches (agent/episode_loop.py, "Rounds")."""
+
+    def __init__(self, loop: AgentLoop, *, num_groups: int, max_staleness: int, seed: int):
+        if max_staleness < 0:
+            raise ValueError(f"dock.max_staleness must be >= 0, got {max_staleness}")
+        self.loop, self.num_groups, self.max_staleness = loop, num_groups, max_staleness
+        self.rollout = Rollout([], seed, greedy=False)
+        self.groups: list[CarriedGroup] = []
+        self.counts = CarryCounts()
+        self._admitted = 0
+
+    @property
+    def room(self) -> int:
+        """Groups `admit` may add now."""
+        return admission_room(len(self.groups), num_groups=self.num_groups, max_staleness=self.max_staleness)
+
+    def admit(
+        self,
+        prompts: Sequence[list[int]],
+        *,
+        keys: Sequence[Sequence[int]],
+        contexts: Sequence[EpisodeContext | None],
+        version: int,
+    ) -> None:
+        """One group per prompt, its episodes keyed by `keys` (one key per episode, new to this rank),
+        admitted while the policy is at `version`."""
+        if len(prompts) > self.room:
+            raise ValueError(
+                f"{len(prompts)} groups admitted with room for {self.room}: at most (dock.max_staleness + 1) "
+                f"x {self.num_groups} groups are open at once"
+            )
+        for prompt, group_keys, context in zip(prompts, keys, contexts):
+            episodes = self.loop.admit(
+                self.rollout, [prompt] * len(group_keys), group_keys, [context] * len(group_keys)
+            )
+            self.groups.append(CarriedGroup(tuple(episodes), version, version + self.max_staleness, self._admitted))
+            self._admitted += 1
+            self.counts.started += len(episodes)
+
+    def next_batch(self, *, version: int) -> list[CarriedGroup]:
+        """Run the open episodes on the weights of `version` until the batch at `version` can be written;
+        that batch, taken out. The others stay open (their turns to sample wait for the next call)."""
+
+        def batch() -> list[CarriedGroup] | None:
+            return batch_of(self.groups, version=version, num_groups=self.num_groups)
+
+        self.loop.advance(self.rollout, policy_version=version, logprobs=True, until=lambda: batch() is not None)
+        written = batch()
+        if written is None:
+            raise RuntimeError(
+                f"{len(self.groups)} groups open cannot fill a batch of {self.num_groups}: admit more before it"
+            )
+        taken = {id(group) for group in written}
+        self.groups = [group for group in self.groups if id(group) not in taken]
+        self.rollout.remove([episode for group in written for episode in group.episodes])
+        for group in written:
+            self.counts.written += len(group.episodes)
+            self.counts.staleness[version - group.version] += 1
+        return written
+
+    def abandon(self) -> None:
+        """Stop every open episode and close its session (the job ends or fails)."""
+        self.loop.abandon(self.rollout)
+        self.groups = []

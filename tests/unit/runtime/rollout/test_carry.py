@@ -1,0 +1,232 @@
+"""Carried episodes (rollout/carry.py): the cut that fills a batch with finished groups within the
+staleness bound, checked as a table and over random heavy-tailed finishing orders, and the groups run on
+the episode loop with a scripted engine: a carried group's session stays open across the update, its
+next turn is sampled on the new weights, and every group admitted is written once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+
+import pytest
+
+from rldock.config.job import AgentSpec
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.episode_loop import AgentLoop, Episode
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.parsers import HermesParser
+from rldock.runtime.engines.vllm_rollout import Completion
+from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock.runtime.rollout.carry import CarriedEpisodes, CarriedGroup, admission_room, batch_of
+
+
+def group(deadline: int, *, finished: bool, order: int = 0, size: int = 2) -> CarriedGroup:
+    episodes = tuple(Episode([1], key, None, finished=finished) for key in range(size))
+    return CarriedGroup(episodes, version=deadline - 1, deadline=deadline, order=order)
+
+
+@pytest.mark.parametrize(
+    ("groups", "version", "num_groups", "expected"),
+    [
+        # too few finished to fill the batch
+        ([(1, True), (1, False)], 0, 2, None),
+        # the earliest deadlines first, then the earliest admitted
+        ([(2, True), (1, True), (1, True)], 0, 2, [1, 2]),
+        # a group due now is waited for, however many others finished
+        ([(0, False), (1, True), (1, True)], 0, 2, None),
+        ([(0, True), (1, True), (1, True)], 0, 2, [0, 1]),
+        # B = 1 at version 1: two groups due by 2 and one later one finished. Taking it would leave two
+        # groups due at 2 for the one batch left by then: the batch waits for an earlier one.
+        ([(2, False), (2, False), (3, True)], 1, 1, None),
+        ([(2, True), (2, False), (3, True)], 1, 1, [0]),
+        # groups due later leave room: a finished later group fills the batch
+        ([(3, False), (3, False), (2, True)], 1, 1, [2]),
+    ],
+)
+def test_the_batch_is_the_earliest_due_finished_groups_that_leave_every_later_batch_feasible(
+    groups, version, num_groups, expected
+):
+    made = [group(deadline, finished=finished, order=i) for i, (deadline, finished) in enumerate(groups)]
+    chosen = batch_of(made, version=version, num_groups=num_groups)
+    assert (None if chosen is None else [made.index(g) for g in chosen]) == expected
+
+
+def test_admission_keeps_at_most_the_next_bound_plus_one_batches_open():
+    assert admission_room(0, num_groups=4, max_staleness=0) == 4
+    assert admission_room(5, num_groups=4, max_staleness=1) == 3
+    assert admission_room(9, num_groups=4, max_staleness=1) == 0
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 3])
+@pytest.mark.parametrize("num_groups", [1, 3])
+def test_random_heavy_tailed_finishes_never_exceed_the_bound_nor_drop_a_group(max_staleness, num_groups):
+    """Groups take 1-10x each other to finish; each batch lets them finish in time order until the cut
+    holds. Every group admitted is written once, within the bound, and the cut is always reached."""
+    rng = random.Random(max_staleness * 10 + num_groups)
+    open_groups: list[CarriedGroup] = []
+    finish_at: dict[int, float] = {}
+    clock, admitted, written = 0.0, 0, []
+    for version in range(60):
+        for _ in range(admission_room(len(open_groups), num_groups=num_groups, max_staleness=max_staleness)):
+            made = group(version + max_staleness, finished=False, order=admitted)
+            made = CarriedGroup(made.episodes, version, version + max_staleness, admitted)
+            finish_at[admitted] = clock + rng.uniform(1.0, 10.0)
+            open_groups.append(made)
+            admitted += 1
+        while (batch := batch_of(open_groups, version=version, num_groups=num_groups)) is None:
+            pending = [g for g in open_groups if not g.finished]
+            assert pending, "every open group finished and still no batch"
+            first = min(pending, key=lambda g: finish_at[g.order])
+            clock = max(clock, finish_at[first.order])
+            for episode in first.episodes:
+                episode.finished = True
+        assert len(batch) == num_groups
+        assert all(0 <= version - g.version <= max_staleness for g in batch)
+        written += [g.order for g in batch]
+        open_groups = [g for g in open_groups if g not in batch]
+    assert sorted(written + [g.order for g in open_groups]) == list(range(admitted))
+
+
+# --- on the episode loop ------------------------------------------------------------------------
+
+
+class OneTokenEngine:
+    """Test double of VllmRolloutEngine: every turn is one token then EOS, each token's logprob
+    -(weights + 1) so the weights that sampled it show."""
+
+    seed = 0
+    weights = 0
+
+    def __init__(self):
+        self.queue: list[tuple[str, bool]] = []
+        self._ids = 0
+
+    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False, logprobs=False):
+        ids = []
+        for _ in prompts:
+            self._ids += 1
+            ids.append(str(self._ids))
+            self.queue.append((str(self._ids), logprobs))
+        return ids
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def step(self, eos_token_id):
+        request_id, logprobs = self.queue.pop(0)
+        tokens = [5, eos_token_id]
+        return [(request_id, Completion(tokens, [-(self.weights + 1.0)] * 2 if logprobs else None, True))]
+
+
+class Gated(Environment):
+    """Two steps per episode: the first waits for its group's gate (the context's ground truth names the
+    group) and asks again, the second ends the episode. Records how many sessions closed."""
+
+    def __init__(self):
+        self.gates: dict[str, asyncio.Event] = {}
+        self.closed = 0
+
+    def gate(self, name: str) -> asyncio.Event:
+        return self.gates.setdefault(name, asyncio.Event())
+
+    def session(self) -> EnvironmentSession:
+        return GatedSession(self)
+
+
+class GatedSession(EnvironmentSession):
+    def __init__(self, environment: Gated):
+        self.environment, self.steps = environment, 0
+
+    async def reset(self, *, seed, episode_id, context):
+        self.name = context.ground_truth
+        return Observation()
+
+    async def step(self, text):
+        self.steps += 1
+        if self.steps == 1:
+            await self.environment.gate(self.name).wait()
+            return Observation(message="again", reward=0.0)
+        return Observation(done=True, reward=1.0)
+
+    async def close(self):
+        self.environment.closed += 1
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def test_a_carried_group_stays_open_across_the_update_and_finishes_on_the_new_weights(tokenizer):
+    engine, environment = OneTokenEngine(), Gated()
+    loop = AgentLoop(
+        engine=engine,
+        tokenizer=tokenizer,
+        renderer=ChatRenderer(tokenizer, tools=[], opens_with_environment=True),
+        tools={},
+        environment=environment,
+        parser=HermesParser(),
+        spec=AgentSpec(max_turns=3),
+        max_response_length=64,
+    )
+    prompt = tokenizer("<user>hi<eos>", add_special_tokens=False)["input_ids"]
+    carried = CarriedEpisodes(loop, num_groups=1, max_staleness=1, seed=0)
+
+    def admit(names: list[str], version: int) -> None:
+        carried.admit(
+            [prompt] * len(names),
+            keys=[[int(name) * 2, int(name) * 2 + 1] for name in names],
+            contexts=[EpisodeContext(name, "test") for name in names],
+            version=version,
+        )
+
+    def opened(name: str) -> None:
+        loop._loop.call_soon_threadsafe(environment.gate(name).set)
+
+    try:
+        assert carried.room == 2
+        admit(["0", "1"], version=0)
+        opened("1")
+        (first,) = carried.next_batch(version=0)  # group 1 finished; group 0's first steps still out
+        assert first.episodes[0].context.ground_truth == "1"
+        assert loop.sessions_open == 2 and environment.closed == 2  # group 0's sessions held across
+        engine.weights = 1
+        admit(["2"], version=1)
+        opened("0")
+        opened("2")
+        (second,) = carried.next_batch(version=1)  # group 0 is due at 1: written before group 2
+        assert second.episodes[0].context.ground_truth == "0"
+        # its first turn sampled by version 0 before the update, its second by version 1 after it
+        model_versions = [v for v, m in zip(second.episodes[0].token_version, second.episodes[0].model_mask) if m]
+        assert model_versions == [0, 0, 1, 1]
+        assert second.episodes[0].logprobs[-1] == -2.0
+        (third,) = carried.next_batch(version=2)
+        assert third.episodes[0].context.ground_truth == "2"
+    finally:
+        carried.abandon()
+        loop.close()
+    assert carried.counts.started == carried.counts.written == 6 and carried.groups == []
+    assert dict(carried.counts.staleness) == {0: 1, 1: 2}
+    assert environment.closed == 6 and loop.sessions_open == 0
+
+
+def test_admitting_past_the_room_is_refused(tokenizer):
+    loop = AgentLoop(
+        engine=OneTokenEngine(),
+        tokenizer=tokenizer,
+        renderer=ChatRenderer(tokenizer, tools=[]),
+        tools={},
+        environment=None,
+        parser=HermesParser(),
+        spec=AgentSpec(),
+        max_response_length=16,
+    )
+    carried = CarriedEpisodes(loop, num_groups=1, max_staleness=0, seed=0)
+    try:
+        with pytest.raises(ValueError, match="max_staleness"):
+            carried.admit([[1], [1]], keys=[[0], [1]], contexts=[None, None], version=0)
+    finally:
+        loop.close()
