@@ -21,8 +21,8 @@ an update mid-episode (an episode's turns sampled by two versions) and each iter
 
 The untrained tiny model never ends a turn with EOS, so its output layer is set to end about every other
 token with one (`eos_heavy_model`): each turn is a few tokens and goes to the environment. What is
-measured is the schedule, not learning: the update is a sleep and the weights do not change, so no
-tokens differ between the runs' versions.
+measured is the schedule, not learning: the update is a sleep and the weights stay the same from one
+version to the next (each token still records the version it was sampled at).
 """
 
 from __future__ import annotations
