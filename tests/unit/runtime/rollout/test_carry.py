@@ -31,22 +31,20 @@ def group(deadline: int, *, finished: bool, order: int = 0, size: int = 2) -> Ca
     [
         # too few finished to fill the batch
         ([(1, True), (1, False)], 0, 2, None),
-        # the earliest deadlines first, then the earliest admitted
-        ([(2, True), (1, True), (1, True)], 0, 2, [1, 2]),
+        # nothing due yet: the last admitted finished groups go first
+        ([(1, True), (1, True), (2, True)], 0, 2, [2, 1]),
         # a group due now is waited for, however many others finished
         ([(0, False), (1, True), (1, True)], 0, 2, None),
-        ([(0, True), (1, True), (1, True)], 0, 2, [0, 1]),
-        # B = 1 at version 1: two groups due by 2 and one later one finished. Taking it would leave two
+        ([(0, True), (1, True), (1, True)], 0, 2, [0, 2]),
+        # B = 1 at version 1: two groups due by 2 and a later one finished. Taking it would leave two
         # groups due at 2 for the one batch left by then: the batch waits for an earlier one.
         ([(2, False), (2, False), (3, True)], 1, 1, None),
         ([(2, True), (2, False), (3, True)], 1, 1, [0]),
-        # groups due later leave room: a finished later group fills the batch
-        ([(3, False), (3, False), (2, True)], 1, 1, [2]),
+        # one group due by 2 and one batch left by then: the later group may go now
+        ([(2, True), (3, True)], 1, 1, [1]),
     ],
 )
-def test_the_batch_is_the_earliest_due_finished_groups_that_leave_every_later_batch_feasible(
-    groups, version, num_groups, expected
-):
+def test_the_batch_takes_what_the_bound_needs_then_the_freshest_finished_groups(groups, version, num_groups, expected):
     made = [group(deadline, finished=finished, order=i) for i, (deadline, finished) in enumerate(groups)]
     chosen = batch_of(made, version=version, num_groups=num_groups)
     assert (None if chosen is None else [made.index(g) for g in chosen]) == expected

@@ -10,10 +10,11 @@ the latest: that is its deadline. With B the groups of a batch:
 - admission: at most (max_staleness + 1) * B groups are open at once (as AReaL bounds its rollouts, arXiv
   2505.24298: never more started than the next max_staleness + 1 batches take), so every group admitted can meet its
   deadline;
-- the cut (`batch_of`): the batch at version v is B finished groups, earliest deadline first, and only
-  such a set that every later batch can still take the groups due by then: for every deadline d >= v,
-  the groups due by d that stay open are at most (d - v) * B. The groups due at v itself are therefore
-  always in it: the batch waits for them.
+- the cut (`batch_of`): the batch at version v is B finished groups such that every later batch can
+  still take the groups due by then: for every deadline d >= v, the groups due by d that stay open are
+  at most (d - v) * B. The groups due at v itself are therefore always in it (the batch waits for them);
+  past what the bound needs, the last admitted finished groups go first, so a group that finished fast
+  trains fresh and the slow ones use the bound.
 So no group is dropped for staleness and none trains older than max_staleness versions (staleness: the
 version that trains it less the version that admitted it). With max_staleness 0 a batch is exactly the
 groups admitted for it, run to their ends: the synchronous iteration.
@@ -57,19 +58,31 @@ def admission_room(num_open: int, *, num_groups: int, max_staleness: int) -> int
 
 
 def batch_of(groups: Sequence[CarriedGroup], *, version: int, num_groups: int) -> list[CarriedGroup] | None:
-    """The `num_groups` groups the batch at `version` is written with, or None while none can be yet:
-    the finished ones with the earliest deadlines (then the earliest admitted), provided every later
-    batch can still take the groups due by then (the module docstring's cut)."""
-    finished = sorted((g for g in groups if g.finished), key=lambda g: (g.deadline, g.order))[:num_groups]
+    """The `num_groups` finished groups the batch at `version` is written with, or None while none can be
+    yet. First the groups the bound needs now (the module docstring's cut: for each deadline d, those due by
+    d that the batches after this one cannot take, the earliest deadlines first), then the other finished
+    groups, the last admitted first: each goes as fresh as it finished."""
+    finished = [g for g in groups if g.finished]
     if len(finished) < num_groups:
         return None
-    due, taken = Counter(g.deadline for g in groups), Counter(g.deadline for g in finished)
-    left = 0  # groups due by `deadline` that the batch leaves open
+    earliest = sorted(finished, key=lambda g: (g.deadline, g.order))
+    due = Counter(g.deadline for g in groups)
+    chosen: list[CarriedGroup] = []
+    due_by = 0  # groups due by `deadline`
     for deadline in sorted(due):
-        left += due[deadline] - taken[deadline]
-        if left > max(deadline - version, 0) * num_groups:
-            return None
-    return finished
+        due_by += due[deadline]
+        while (
+            earliest
+            and earliest[0].deadline <= deadline
+            and (due_by - len(chosen) > max(deadline - version, 0) * num_groups)
+        ):
+            chosen.append(earliest.pop(0))
+        if due_by - len(chosen) > max(deadline - version, 0) * num_groups:
+            return None  # one due by then has not finished
+    if len(chosen) > num_groups:
+        return None  # more due than a batch: admission keeps this from happening
+    freshest = sorted(earliest, key=lambda g: g.order, reverse=True)
+    return chosen + freshest[: num_groups - len(chosen)]
 
 
 @dataclass
