@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import string
@@ -209,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--update-seconds", type=float, default=0.2)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON report
 
     loop, prompts = heavy_tail_loop(args.model, step_seconds=args.step_seconds, steps=args.steps, device=args.device)
     shape = {
