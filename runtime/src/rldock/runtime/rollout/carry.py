@@ -7,9 +7,9 @@ meanwhile. Here the rank keeps more groups open than one batch and writes the fi
 
 The bound. A group admitted while the policy is at version u must train at version u + max_staleness at
 the latest: that is its deadline. With B the groups of a batch:
-- admission: at most (max_staleness + 1) * B groups are open at once (as AReaL bounds its rollouts, arXiv
-  2505.24298: never more started than the next max_staleness + 1 batches take), so every group admitted can meet its
-  deadline;
+- admission: at most (max_staleness + 1) * B groups are open at once (as AReaL bounds its rollouts,
+  arXiv 2505.24298: never more started than the next max_staleness + 1 batches take), so every group
+  admitted can meet its deadline;
 - the cut (`batch_of`): the batch at version v is B finished groups such that every later batch can
   still take the groups due by then: for every deadline d >= v, the groups due by d that stay open are
   at most (d - v) * B. The groups due at v itself are therefore always in it (the batch waits for them);
@@ -18,6 +18,8 @@ the latest: that is its deadline. With B the groups of a batch:
 So no group is dropped for staleness and none trains older than max_staleness versions (staleness: the
 version that trains it less the version that admitted it). With max_staleness 0 a batch is exactly the
 groups admitted for it, run to their ends: the synchronous iteration.
+With admission full, as many groups fall due at each version as a batch holds, so after the first
+max_staleness batches each batch is exactly the groups admitted max_staleness versions before it.
 
 A group is N episodes of one prompt (algorithm.num_responses_per_prompt): the advantage normalises over
 the group, so it is written whole, once all N have ended.
