@@ -95,6 +95,19 @@ def test_stream_yields_every_prompt_once_with_the_responses_generate_gives(engin
     )
 
 
+def test_generating_leaves_the_callers_torch_rng_as_it_was(engine):
+    # vLLM's CPU sampler draws from torch's CPU generator at every step, one number per running
+    # request: the caller's stream (an actor rank's, which its checkpoint saves as rng.pt) must not
+    # depend on how many tokens the engine sampled.
+    torch.manual_seed(123)
+    caller = torch.get_rng_state()
+    unseeded = engine.generate(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=None)
+    dict(engine.stream(PROMPTS, n=2, max_tokens=8, eos_token_id=EOS, seed=7))
+    assert torch.equal(torch.get_rng_state(), caller)
+    # The engine's own stream goes on from call to call: unseeded requests do not repeat themselves.
+    assert engine.generate(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=None) != unseeded
+
+
 def test_eos_stops_the_response_and_is_kept(engine):
     (free,) = engine.sample([PROMPTS[0]], n=1, max_tokens=12, eos_token_id=EOS, seed=None, greedy=True)
     tokens = free[0].token_ids

@@ -36,10 +36,12 @@ def test_a_second_call_reads_the_cache(tmp_path):
     assert json.loads(cached.read_text())["dtype"] == "float32"
 
 
-def test_measure_rates_times_a_matmul_and_a_copy_and_keeps_the_thread_count():
-    threads = torch.get_num_threads()
+def test_measure_rates_times_a_matmul_and_a_copy_and_keeps_the_thread_count_and_the_rng():
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
     rates = peak.measure_rates(detect_device("cpu"), "float32", seconds=0.01, size=64, copy_bytes=1 << 20)
     assert torch.get_num_threads() == threads
+    # A cold cache measures in the actor rank: the stream its checkpoint saves (rng.pt) stays as it was.
+    assert torch.equal(torch.get_rng_state(), rng)
     # any CPU: more than a megaflop and a megabyte a second, less than a petaflop and a petabyte
     assert 1e6 < rates["peak_flops"] < 1e15 and 1e6 < rates["bandwidth"] < 1e15
 

@@ -121,8 +121,11 @@ def _best_seconds(run: Callable[[], object], sync: Callable[[], None], budget_s:
 def _matmul_seconds(
     on: torch.device, dtype: torch.dtype, size: int, sync: Callable[[], None], budget_s: float
 ) -> float:
-    a = torch.randn(size, size, device=on).to(dtype)  # (size, size)
-    b = torch.randn(size, size, device=on).to(dtype)
+    # A private generator: measuring (only when the cache has no figures) must not move the caller's
+    # stream, the actor rank's that its checkpoint saves (rng.pt), or a cold cache changes a job's draws.
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(on, dtype)  # (size, size)
+    b = torch.randn(size, size, generator=generator).to(on, dtype)
     out = torch.empty_like(a)
     return _best_seconds(lambda: torch.mm(a, b, out=out), sync, budget_s)
 

@@ -26,6 +26,15 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
   use that executor; its automatic binding wants one NUMA node per TP worker and refuses otherwise
   ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), and it would pin onto
   cores Ray gave other actors, so it runs unbound ("nobind") unless the variable is set.
+- vLLM seeds torch's CPU generator at start (its `set_random_seed`) and its CPU sampler draws from
+  it at every step, one number per running request, seeded or not (`forward_cpu`'s per-row seeds).
+  That generator is the trainer's stream too (the actor seeds it with seed + rank, the checkpoint's
+  rng.pt saves it), and the number of tokens a rank samples depends on which prompt groups the dock
+  dealt it, first come first served. So the engine keeps a stream of its own: every call that runs
+  vLLM swaps it in and puts the caller's back (`_own_rng`), and the caller's stream advances only
+  with the caller's own draws. The swap assumes no other thread draws from that generator during an
+  engine call: a seat's calls run one at a time on its own thread (workers/device_worker.py), and
+  the seats that may share an actor's process (reference, critic) draw only in their constructors.
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see
@@ -39,6 +48,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -263,8 +273,10 @@ class VllmRolloutEngine:
         if tp > 1 and device.engine_kind == "cpu" and cpu_bind is None:
             os.environ[_CPU_BIND] = "nobind"  # read by the TP workers at start (module docstring)
         start = time.perf_counter()
+        self._rng_state: torch.Tensor | None = None  # the engine's CPU stream: vLLM seeds it at start
         try:
-            self._llm = LLM(**engine_args)
+            with self._own_rng():
+                self._llm = LLM(**engine_args)
         finally:
             _restore_env(_CPU_BIND, cpu_bind)
         # The engine shares this process with the trainer, which keeps its thread count (see the
@@ -317,7 +329,8 @@ class VllmRolloutEngine:
             prompt_keys=prompt_keys,
         )
         self.memory.before_generation()
-        outputs = self._llm.generate(requests, params, use_tqdm=False)
+        with self._own_rng():
+            outputs = self._llm.generate(requests, params, use_tqdm=False)
         return [_completions(out, eos_token_id) for out in outputs]
 
     def _requests(
@@ -379,7 +392,9 @@ class VllmRolloutEngine:
         position = {request_id: i for i, request_id in enumerate(self._enqueue(requests, params))}
         engine = self._llm.llm_engine
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            with self._own_rng():  # per step: the caller runs between the yields on its own stream
+                outputs = engine.step()
+            for out in outputs:
                 if out.finished:
                     yield position[out.request_id], [c.token_ids for c in _completions(out, eos_token_id)]
 
@@ -425,8 +440,23 @@ class VllmRolloutEngine:
 
     def step(self, eos_token_id: int) -> list[tuple[str, Completion]]:
         """One engine step over every queued request; the (id, response) of those it finished."""
-        outputs = self._llm.llm_engine.step()
+        with self._own_rng():
+            outputs = self._llm.llm_engine.step()
         return [(out.request_id, _completions(out, eos_token_id)[0]) for out in outputs if out.finished]
+
+    @contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run vLLM on the engine's own torch CPU stream and give the caller's back after (module
+        docstring): what the engine draws never moves the trainer's stream, which then depends on the
+        trainer's draws alone (rng.pt byte-identical run to run, and a resume continuing it)."""
+        caller = torch.get_rng_state()
+        if self._rng_state is not None:
+            torch.set_rng_state(self._rng_state)
+        try:
+            yield
+        finally:
+            self._rng_state = torch.get_rng_state()
+            torch.set_rng_state(caller)
 
     @property
     def seed(self) -> int:
