@@ -5,16 +5,13 @@ checkpoint (gathered weights and optimizer state, written by rank 0) must resume
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from demo_job import train_demo  # tests/demo_job.py
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 
 
@@ -34,24 +31,7 @@ def run_job(output: Path, model: Path, *, iterations: int, resume: bool = False)
         "checkpoint.interval": 1,
         "evaluation.interval": 0,
     }
-    command = [
-        sys.executable,
-        "-m",
-        "rldock.runtime.cli",
-        "train",
-        str(ROOT / "examples" / "grpo-tiny.yaml"),
-        "--output",
-        str(output),
-        "--no-progress",
-        "--max-restarts",
-        "0",
-        *(["--resume"] if resume else []),
-    ]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
-    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return train_demo(output, overrides, resume=resume)
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"

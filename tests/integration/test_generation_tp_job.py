@@ -8,17 +8,14 @@ TP 2 ran by hand: one engine, finite metrics; it shares the engine code with the
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from demo_job import train_demo  # tests/demo_job.py
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 2
 
 # (training TP, DP, generation TP, training strategy) -> the actor ranks expected to hold an engine
@@ -49,23 +46,7 @@ def run_job(root: Path, name: str) -> list[dict]:
         "rollout.cpu_kv_cache_gib": 0.25,
         "dock.timeout_s": 300,
     }
-    command = [
-        sys.executable,
-        "-m",
-        "rldock.runtime.cli",
-        "train",
-        str(ROOT / "examples" / "grpo-tiny.yaml"),
-        "--output",
-        str(output),
-        "--no-progress",
-        "--max-restarts",
-        "0",
-    ]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
-    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return train_demo(output, overrides)
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,12 @@ training stream and rng.pt differed between two runs while the weights were equa
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from demo_job import train_demo  # tests/demo_job.py
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_demo(root: Path, name: str) -> dict[str, str]:
@@ -35,22 +32,7 @@ def run_demo(root: Path, name: str) -> dict[str, str]:
         "checkpoint.interval": 1,
         "checkpoint.keep_last": 2,
     }
-    command = [
-        sys.executable,
-        "-m",
-        "rldock.runtime.cli",
-        "train",
-        str(ROOT / "examples" / "grpo-tiny.yaml"),
-        "--output",
-        str(output),
-        "--no-progress",
-        "--max-restarts",
-        "0",
-    ]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    train_demo(output, overrides)
     checkpoints = output / "checkpoints"
     return {
         str(path.relative_to(checkpoints)): hashlib.sha256(path.read_bytes()).hexdigest()

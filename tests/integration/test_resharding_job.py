@@ -13,16 +13,14 @@ test_ppo_job.py).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from demo_job import train_demo  # tests/demo_job.py
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 4  # 3, then resumed for the 4th
 CHECKPOINT_AT = 3
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
@@ -46,24 +44,7 @@ def run_job(root: Path, mode: str, *, iterations: int, resume: bool = False) -> 
         "dock.timeout_s": 120,
         "checkpoint.interval": CHECKPOINT_AT,
     }
-    command = [
-        sys.executable,
-        "-m",
-        "rldock.runtime.cli",
-        "train",
-        str(ROOT / "examples" / "grpo-tiny.yaml"),
-        "--output",
-        str(output),
-        "--no-progress",
-        "--max-restarts",
-        "0",
-        *(["--resume"] if resume else []),
-    ]
-    for key, value in overrides.items():
-        command += ["--set", f"{key}={value}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = train_demo(output, overrides, resume=resume)
     return output, records
 
 

@@ -5,8 +5,9 @@ not change what the job computes is checked by running the demo before and after
     python -m rldock_benchmarks.same_numbers BEFORE_OUTPUT AFTER_OUTPUT [--control CONTROL_OUTPUT]
 
 `--control`: a second run before the change. A file that differs between the two runs before it
-is not reproducible to begin with (the demo's rng.pt: the actor ranks' torch CPU RNG state) and is
-listed apart (`not_reproducible_before`) instead of counting against the change.
+is not reproducible to begin with and is listed apart (`not_reproducible_before`) instead of counting
+against the change. Two runs of the demo from one commit write byte-identical checkpoint files, rng.pt
+included (tests/integration/test_reproducible_checkpoints.py), so there the list stays empty.
 
 Prints one JSON object (`same`: both hold; the iterations compared, the metrics that differ with
 their first differing iteration, the checkpoint files compared and those that differ or exist in
