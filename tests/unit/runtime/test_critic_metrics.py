@@ -1,10 +1,10 @@
 """The critic's metrics over its data-parallel ranks: training metrics averaged (as the actor's),
-each rank's samples per stage and its weights' sum kept apart."""
+each rank's samples per stage and its weights' sum kept apart; the reference ranks' samples per rank."""
 
 from __future__ import annotations
 
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.driver.records import critic_metrics
+from rldock.runtime.driver.records import critic_metrics, reference_metrics
 
 
 def _update(rank: int, value_loss: float, weights_sum: float) -> StageResult:
@@ -28,3 +28,10 @@ def test_training_metrics_are_averaged_and_samples_kept_per_rank():
 
 def test_a_job_without_a_critic_has_nocritic_metrics():
     assert critic_metrics([], []) == {}
+
+
+def test_the_reference_ranks_samples_are_kept_per_rank():
+    # Under CP 2 both ranks of the CP group pass the group's 16 samples; a second call adds up.
+    results = [StageResult(num_samples=n, metrics={"rank": r}) for r, n in ((1, 16), (0, 16), (0, 4))]
+    assert reference_metrics(results) == {"reference_ranks": {"rank0": {"samples": 20}, "rank1": {"samples": 16}}}
+    assert reference_metrics([]) == {}

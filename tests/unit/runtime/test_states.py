@@ -27,6 +27,7 @@ from rldock.runtime.flow.states import (
     placement_plan,
     worker_groups,
 )
+from rldock.runtime.workers.device_worker import seat_processes
 from rldock.runtime.workers.phase_schedule import job_schedules, phase_order
 
 P, R = PROMPT, RESPONSE
@@ -154,14 +155,37 @@ def test_lora_moves_the_reference_pass_onto_the_actor_ranks():
     assert placement_plan(cfg, recipe.specs).num_devices == 1
 
 
+@pytest.mark.parametrize("cp", [1, 2])
+def test_the_reference_ranks_form_a_group_of_their_own_under_context_parallelism(cp):
+    # Under CP each reference CP group runs Ulysses, so its ranks join a process group: a process of
+    # their own beside each actor rank's (a process holds one default group); at CP 1 they share it.
+    cfg = _cfg(
+        training={"strategy": "fsdp", "context_parallel_size": cp},
+        kl_coef=0.01,
+        resources={"num_nodes": 1, "devices_per_node": 8},
+    )
+    groups = worker_groups(job_recipe(cfg).specs)
+    assert groups["reference"].joins_group(cfg) is (cp > 1)
+    plan = placement_plan(cfg, job_recipe(cfg).specs)
+    collective = {name for name, group in groups.items() if group.joins_group(cfg)}
+    held = [process.seats for process in seat_processes(plan, collective=collective)]
+    if cp == 1:
+        assert held == [(("actor", 0), ("reference", 0))]
+    else:
+        assert held == [(("actor", 0),), (("reference", 0),), (("actor", 1),), (("reference", 1),)]
+    assert plan.num_devices == cp  # reference rank r beside actor rank r
+
+
 @pytest.mark.parametrize("name", ["grpo", "ppo", "dapo", "dpo"])
 @pytest.mark.parametrize("reward", [None, MODEL_TERM])
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
-@pytest.mark.parametrize("tensor_parallel", [1, 2])
-def test_the_config_checks_count_the_devices_the_specs_seat(name, reward, placement, tensor_parallel):
+@pytest.mark.parametrize(("tensor_parallel", "context_parallel"), [(1, 1), (2, 1), (1, 2)])
+def test_the_config_checks_count_the_devices_the_specs_seat(name, reward, placement, tensor_parallel, context_parallel):
     # The config checks (rldock.config.problems) cannot import the runtime: they count the same groups
     # (with a reference rank per DP rank even where kl_coef 0 drops it, so kl_coef is set here).
     training = {"data_parallel_size": 2, "tensor_parallel_size": tensor_parallel}
+    if context_parallel > 1:  # under CP the reference ranks form a group (distinct devices)
+        training |= {"strategy": "fsdp", "context_parallel_size": context_parallel}
     cfg = _cfg(
         name,
         reward=reward,

@@ -1127,10 +1127,10 @@ class TrainingSpec(Spec):
         "attention heads and KV heads, and the passes' attention must take a 4D mask (sdpa or eager, no "
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
         "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
-        "strategy fsdp and tensor_parallel_size 1, and no expert_parallel_size. `rldock train` runs the actor's "
-        "and the critic's ranks as data_parallel_size groups of this many (each group's first rank reads the "
-        "group's samples from the dock and shares them), the policy's and the critic's passes under Ulysses; "
-        "the reference ranks, as many, score whole sequences of their own samples (docs/scaling.md, section 9).",
+        "strategy fsdp and tensor_parallel_size 1, and no expert_parallel_size. `rldock train` runs the actor's, "
+        "the reference's and the critic's ranks as data_parallel_size groups of this many (each group's first "
+        "rank reads the group's samples from the dock and shares them), the policy's, the reference's and the "
+        "critic's passes under Ulysses (docs/scaling.md, section 9).",
     )
     trim_padding: bool = Field(
         default=True,

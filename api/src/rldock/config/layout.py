@@ -22,7 +22,8 @@ def config_groups(cfg: JobConfig) -> tuple[DeviceGroup, ...]:
     """The device groups besides the actor ranks that the config counts (module docstring)."""
     groups = []
     if cfg.training.lora is None:
-        groups.append(DeviceGroup("reference", "sequence_ranks"))
+        # a group of its own under CP (each CP group's Ulysses passes)
+        groups.append(DeviceGroup("reference", "sequence_ranks", distinct=cfg.training.context_parallel_size > 1))
     if needs_critic(cfg.algorithm.name):
         groups.append(DeviceGroup("critic", "sequence_ranks", distinct=True))  # a DDP group
     if cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name):

@@ -209,7 +209,7 @@ class Attempt:
         )
         for name, spec in specs.items():
             handles = ranks[name]
-            if spec.collective and handles:  # the group's own DDP group (the actor's also sets up engines)
+            if spec.joins_group(cfg) and handles:  # the group's own DDP group (the actor's also sets up engines)
                 rendezvous = ray.get(handles[0].pick_rendezvous.remote())
                 ray.get(
                     [

@@ -14,7 +14,14 @@ from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: c
 from rldock.runtime.agent.episode_metrics import agent_metrics
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.utilisation import UtilisationInputs, stage_utilisation
-from rldock.runtime.flow.states import CRITIC_INFERENCE, CRITIC_UPDATE, REWARD_STATE, ROLLOUT, ROLLOUT_RESUME
+from rldock.runtime.flow.states import (
+    CRITIC_INFERENCE,
+    CRITIC_UPDATE,
+    REFERENCE_INFERENCE,
+    REWARD_STATE,
+    ROLLOUT,
+    ROLLOUT_RESUME,
+)
 from rldock.runtime.rewards import merge_reward_metrics
 from rldock.runtime.rollout.partial import partial_metrics
 
@@ -94,6 +101,7 @@ def iteration_record(
             seconds=seconds,
         ),
         **critic_metrics(results.get(CRITIC_INFERENCE.name, []), results.get(CRITIC_UPDATE.name, [])),
+        **reference_metrics(results.get(REFERENCE_INFERENCE.name, [])),
         # one rollout result per engine (DAPO's rounds are merged per worker)
         **({"rollout/num_engines": len(results[ROLLOUT.name])} if results.get(ROLLOUT.name) else {}),
         **per_rank_metrics(updates),
@@ -166,6 +174,16 @@ def critic_metrics(inferences: Sequence[StageResult], updates: Sequence[StageRes
             if "weights_sum" in result.metrics:
                 rank["weights_sum"] = result.metrics["weights_sum"]
     return {**{key: statistics.fmean(u.metrics[key] for u in updates) for key in keys}, "critic_ranks": ranks}
+
+
+def reference_metrics(inferences: Sequence[StageResult]) -> dict:
+    """Per reference rank (`reference_ranks/rank{r}/samples`) the samples its passes took: under CP
+    every rank of a CP group passes the group's samples, each computing 1/cp of every sequence."""
+    ranks: dict[str, dict[str, int]] = {}
+    for result in inferences:
+        rank = ranks.setdefault(f"rank{result.metrics['rank']}", {"samples": 0})
+        rank["samples"] += result.num_samples
+    return {"reference_ranks": ranks} if ranks else {}
 
 
 class MetricsLog:

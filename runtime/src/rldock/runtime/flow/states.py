@@ -60,6 +60,8 @@ class WorkerGroup:
     ranks: RankCount = "one"
     device: bool = True  # a seat on a device share in the placement group; False: a CPU actor beside it
     collective: bool = False  # its ranks form a DDP group: joined at start, never two on one device
+    # Its ranks form a group only under context parallelism (the reference's Ulysses passes).
+    collective_under_cp: bool = False
     # Which of planning/memory.py's models sizes its devices: "actor", "critic"; None: not planned.
     memory: Literal["actor", "critic"] | None = None
 
@@ -69,6 +71,10 @@ class WorkerGroup:
 
     def num_ranks(self, cfg: JobConfig) -> int:
         return job_layout(cfg).num_ranks(self.ranks)
+
+    def joins_group(self, cfg: JobConfig) -> bool:
+        """Whether its ranks form a torch.distributed group of their own in `cfg`'s job (`collective`)."""
+        return self.collective or (self.collective_under_cp and cfg.training.context_parallel_size > 1)
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,14 @@ def _actor_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
 
 
 def _reference_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
-    return {"cfg": ctx.cfg, "recipe": ctx.recipe, "rank": rank, "reference_dir": ctx.reference_dir, "banks": ctx.banks}
+    return {
+        "cfg": ctx.cfg,
+        "recipe": ctx.recipe,
+        "rank": rank,
+        "world_size": world_size,
+        "reference_dir": ctx.reference_dir,
+        "banks": ctx.banks,
+    }
 
 
 def _critic_arguments(ctx: WorkerContext, rank: int, world_size: int) -> dict:
@@ -155,8 +168,13 @@ ACTOR = WorkerGroup(
     collective=True,
     memory="actor",
 )
+# Under CP its DP x CP ranks form a group, each CP group running Ulysses as the actor's does.
 REFERENCE = WorkerGroup(
-    "reference", "rldock.runtime.workers.reference:ReferenceWorker", _reference_arguments, ranks="sequence_ranks"
+    "reference",
+    "rldock.runtime.workers.reference:ReferenceWorker",
+    _reference_arguments,
+    ranks="sequence_ranks",
+    collective_under_cp=True,
 )
 CRITIC = WorkerGroup(
     "critic",
@@ -259,7 +277,7 @@ def states_layout(cfg: JobConfig, states: Sequence[WorkerState]) -> JobLayout:
     """The job's layout (rldock.contract.layout) seating the device workers of `states`: the actor
     ranks (DPO too trains on actor ranks) and every other device group their specs name."""
     others = (group for group in worker_groups(states).values() if group.device and group.name != ACTOR_GROUP)
-    return job_layout(cfg, groups=[DeviceGroup(g.name, g.ranks, distinct=g.collective) for g in others])
+    return job_layout(cfg, groups=[DeviceGroup(g.name, g.ranks, distinct=g.joins_group(cfg)) for g in others])
 
 
 def placement_plan(

@@ -101,6 +101,11 @@ class ContextLayout:
         group = apply_context_parallel(model, cp)
         return cls(cp=cp, dp=world // cp, dp_rank=rank // cp, reader=rank - rank % cp, group=group)
 
+    @classmethod
+    def alone(cls, *, rank: int, world_size: int) -> ContextLayout:
+        """Rank `rank` of `world_size` at cp 1, with or without a default group: it reads for itself."""
+        return cls(cp=1, dp=world_size, dp_rank=rank, reader=rank, group=None)
+
     def sum_gradients(self, model: nn.Module) -> None:
         """FSDP's reduction a sum over CP, a mean over DP (`sum_over_context`); nothing at cp 1."""
         if self.cp > 1:
@@ -122,4 +127,12 @@ class ContextLayout:
             balance_ranks=self.dp,
             max_batches=1,
             whole_groups=whole_groups,
+        )
+
+    def run_all(self, dock: TransferDock, spec: StageSpec, fn: StageFn, *, batch_size: int) -> StageResult:
+        """Batches of `batch_size` until the iteration's samples are exhausted, read as this
+        data-parallel rank by the group's reader and run by every rank of the group: a pass that
+        needs no equal shares (the reference's, workers/reference.py)."""
+        return run_shared_stage(
+            dock, spec, fn, group=self.group, reader=self.reader, dp_rank=self.dp_rank, batch_size=batch_size
         )

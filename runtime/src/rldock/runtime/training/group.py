@@ -35,14 +35,21 @@ class TrainingGroup:
         rendezvous, self._store = open_rendezvous(self.world_size)
         return rendezvous
 
+    def form(self, rendezvous: Rendezvous) -> None:
+        """Join the default process group (all ranks at once), no backend applied: what a group that
+        trains nothing needs (the reference's CP groups, workers/reference.py)."""
+        init_process_group(
+            self.device, rank=self.rank, world_size=self.world_size, rendezvous=rendezvous, store=self._store
+        )
+
     def join(
         self, rendezvous: Rendezvous, model: nn.Module, make_optimizer: OptimizerFactory, **options: Any
     ) -> TrainingBackend:
         """Form the group (all ranks at once) and apply the job's backend to `model`, the optimizer
         built on the parameters as the layout holds them; `options` go to `build_backend`. Collective
         (a TP mesh's sub-groups, FSDP's mesh), so before a vLLM engine adopts the group."""
+        self.form(rendezvous)
         rank, world_size, device = self.rank, self.world_size, self.device
-        init_process_group(device, rank=rank, world_size=world_size, rendezvous=rendezvous, store=self._store)
         return build_backend(
             self.cfg,
             model=model,

@@ -222,7 +222,7 @@ class ActorWorker(TakesTurns):
             rank=self.rank,
             batch_size=self.cfg.training.micro_batch_size,
         )
-        return timing.with_metrics(computed=tally.as_dict())
+        return timing.with_metrics(rank=self.rank, computed=tally.as_dict())
 
     @in_turn(ACTOR_INFERENCE)
     def compute_old_logprobs(self, call: StageCall) -> StageResult:

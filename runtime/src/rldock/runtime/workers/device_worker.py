@@ -243,7 +243,7 @@ def start_device_seats(
     `seat_processes` entry, a seat's own worker class where it holds one seat, else a DeviceWorker
     holding them. Returns group name -> its workers' handles by rank (Ray actor handles or
     RoleHandles)."""
-    collective = {name for name, group in groups.items() if group.collective}
+    collective = {name for name, group in groups.items() if group.joins_group(context.cfg)}
     handles: dict[str, dict[int, Any]] = {name: {} for name in groups}
     for process in seat_processes(plan, collective=collective):
         seats = [plan.group(group)[rank] for group, rank in process.seats]

@@ -1,4 +1,14 @@
-"""The reference worker state: frozen initial policy, writes the logprobs the KL term compares to."""
+"""The reference worker state: frozen initial policy, writes the logprobs the KL term compares to.
+
+Its DP x CP ranks (the job layout's sequence ranks) each hold the whole frozen model. At CP 1 each
+reads its own batches. Under context parallelism (`training.context_parallel_size` > 1) the ranks
+form a process group of their own (`join_group`, a process beside each actor rank's, since a process
+holds one default group) and the model gets Ulysses attention over each CP group, as the actor's
+does (training/context_parallel.py's `ContextLayout`): the group's first rank reads each batch and
+broadcasts it, every rank computes 1/cp of each sequence, and the reader writes the logprobs back.
+What CP divides here: a no-grad pass keeps no activations between layers, but a layer's working
+set and the LM head's logits (positions x vocabulary) scale with the positions a rank computes.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +18,49 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
-from rldock.runtime.dock.stage_loop import StageResult, run_stage
+from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import batch_logprobs
+from rldock.runtime.engines.process_group import Rendezvous
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import REFERENCE_INFERENCE, StageCall
 from rldock.runtime.models.loading import load_causal_lm
+from rldock.runtime.training.context_parallel import ContextLayout
+from rldock.runtime.training.group import TrainingGroup
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
 
 
 class ReferenceWorker(TakesTurns):
-    def __init__(self, cfg: JobConfig, *, recipe: Recipe, rank: int, reference_dir: str, banks: DockBanks):
-        self.cfg, self.rank, self.banks = cfg, rank, banks
+    def __init__(
+        self, cfg: JobConfig, *, recipe: Recipe, rank: int, reference_dir: str, banks: DockBanks, world_size: int = 1
+    ):
+        self.cfg, self.rank, self.world_size, self.banks = cfg, rank, world_size, banks
         self.spec = recipe.spec(REFERENCE_INFERENCE.name)  # the dock columns it reads, as the job runs it
         self.device = detect_device(cfg.resources.device)
         apply_thread_budget(cfg, recipe, device_kind=self.device.kind, role=f"reference rank {rank}")
         self.model = load_causal_lm(reference_dir, dtype=cfg.model.dtype, device=self.device.torch_device)
         self.model.eval().requires_grad_(False)
+        # Each rank reads for itself until `join_group` (CP > 1) gives it a CP group.
+        self.context = ContextLayout.alone(rank=rank, world_size=world_size)
+        self.group = TrainingGroup(cfg, device=self.device, rank=rank, world_size=world_size)
+
+    # --- set-up (CP > 1 only: flow/states.py's REFERENCE joins a group under CP) ---------------
+
+    def pick_rendezvous(self) -> Rendezvous:
+        """On rank 0: open the group's store here; every rank's `join_group` gets its address."""
+        return self.group.pick_rendezvous()
+
+    def join_group(self, rendezvous: Rendezvous) -> None:
+        """Form the reference ranks' process group and give the model Ulysses attention over this
+        rank's CP group (called on all ranks at once)."""
+        self.group.form(rendezvous)
+        self.context = ContextLayout.of(self.model, cp=self.cfg.training.context_parallel_size)
+
+    # --- the stage ----------------------------------------------------------------------------
 
     @in_turn(REFERENCE_INFERENCE)
     def compute_ref_logprobs(self, call: StageCall) -> StageResult:
-        micro_batch_size = self.cfg.training.micro_batch_size
         tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
@@ -38,7 +69,7 @@ class ReferenceWorker(TakesTurns):
                 logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally)
             return TensorDict({"ref_logprobs": logprobs.cpu()}, batch_size=[len(indices)])
 
-        timing = run_stage(
-            self.banks.bank(call.iteration), self.spec, infer, rank=self.rank, batch_size=micro_batch_size
+        timing = self.context.run_all(
+            self.banks.bank(call.iteration), self.spec, infer, batch_size=self.cfg.training.micro_batch_size
         )
-        return timing.with_metrics(computed=tally.as_dict())
+        return timing.with_metrics(rank=self.rank, computed=tally.as_dict())
