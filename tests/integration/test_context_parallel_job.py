@@ -1,18 +1,23 @@
-"""`training.context_parallel_size: 2` in a real `rldock train` job: the demo config (GRPO, the tiny
-Qwen2 of 4 heads and 2 KV heads, a reference for the KL term) at DP 1 x CP 2 under FSDP, against the
-same job at CP 1, on local Ray.
+"""`training.context_parallel_size` 2 and 4 in real `rldock train` jobs: the demo config (GRPO, a
+reference for the KL term) on a tiny Qwen2 of 4 heads and 4 KV heads (so CP 4 splits them; the demo
+model's 2 KV heads allow CP 2 only), at DP 1 x CP 2 and DP 1 x CP 4 under FSDP, against the same job
+at CP 1, on local Ray.
 
-The two CP ranks each hold a vLLM engine (2 generation replicas against 1), but the rollout samples
-each prompt group with its own seed (its key, not the rank), so both jobs train on the same
+The CP ranks each hold a vLLM engine (2 or 4 generation replicas against 1), but the rollout samples
+each prompt group with its own seed (its key, not the rank), so the jobs train on the same
 responses; the CP group reads each share once and computes one loss over it, its gradient the sum
-of the two ranks' shares. So every iteration's rollout must be the same (rewards and lengths
+of the ranks' shares. The reference ranks (DP x CP of them) run their pass under Ulysses too: each
+CP group's first rank reads the samples and every rank of the group passes all of them, a slice of
+each sequence apiece, so the KL term compares against the same reference logprobs at any CP. So
+every iteration's rollout must be the same (rewards and lengths
 exactly) and its loss, KL, entropy and gradient norm equal to the CP 1 job's up to float32
 reassociation (the ranks' gradient shares summed, FSDP's reduce-scatter): measured 3e-7 relative
 on this machine; the tolerance, 1e-4 relative and 1e-6 absolute (the policy loss is ~1e-9 at
 ratio 1), holds on any CPU and thread count, while a CP group that trained its ranks as two
 data-parallel ranks, reduced by the wrong factor or sharded a sequence wrong is off by 1e-2 and up.
 The CP 2 job stops after iteration 2 and resumes from its checkpoint (the gathered weights and
-optimizer state, the same files at any CP size) for the 3rd, which must match the CP 1 job's 3rd.
+optimizer state, the same files at any CP size) for the 3rd, which must match the CP 1 job's 3rd;
+the CP 4 job runs the same 3 iterations (the 3rd's KL the first against a policy that moved).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from pathlib import Path
 
 import pytest
 
+from rldock.runtime.models.tiny import build_tiny_model
 from rldock_e2e.local_job import train_example
 
 pytestmark = pytest.mark.integration
 
 ITERATIONS, CHECKPOINT_AT = 3, 2
+SAMPLES = 16  # algorithm.num_prompts_per_iteration x num_responses_per_prompt below
 SAME_ROLLOUT = ("reward_mean", "reward_std", "response_length_mean", "prompt_length_mean")
 TRAINING = ("loss", "policy_loss", "kl", "entropy", "grad_norm", "clip_fraction")
 
@@ -54,28 +61,50 @@ def run_job(
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("context-parallel-job")
-    # Sequential: the first builds the shared tiny model.
+    # 4 KV heads (head size 32, as vLLM's CPU attention needs): CP 4 divides them.
+    build_tiny_model(root / "model", texts=["0123456789+="], seed=0, num_heads=4, num_kv_heads=4)
     one = run_job(root, 1, iterations=ITERATIONS)
     stopped = run_job(root, 2, iterations=CHECKPOINT_AT)
-    return {"cp1": one, "cp2_stopped": stopped, "cp2": run_job(root, 2, iterations=ITERATIONS, resume=True)}
+    return {
+        "cp1": one,
+        "cp2_stopped": stopped,
+        "cp2": run_job(root, 2, iterations=ITERATIONS, resume=True),
+        "cp4": run_job(root, 4, iterations=ITERATIONS),
+    }
+
+
+def check_as_cp1(one: list[dict], other: list[dict], *, cp: int) -> None:
+    """`other`, a DP 1 x CP `cp` job's records, against the CP 1 job's `one` (module docstring)."""
+    for a, b in zip(one, other, strict=True):
+        assert (a["rollout/num_engines"], b["rollout/num_engines"]) == (1, cp)  # cp ranks ran
+        assert {key: b[key] for key in SAME_ROLLOUT} == {key: a[key] for key in SAME_ROLLOUT}, a["iteration"]
+        for key in TRAINING:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["iteration"], key)
+        # Every reference rank of the CP group passed all the group's samples (a slice of each).
+        assert a["reference_ranks"] == {"rank0": {"samples": SAMPLES}}
+        assert b["reference_ranks"] == {f"rank{r}": {"samples": SAMPLES} for r in range(cp)}
+        # FSDP shards over the DP x CP ranks: each CP rank holds 1/cp of what the lone CP 1 rank holds.
+        whole = a["ledger"]["memory/rank0/after_update/train_params"]
+        shards = [b["ledger"][f"memory/rank{r}/after_update/train_params"] for r in range(cp)]
+        assert sum(shards) == pytest.approx(whole, rel=0.01)
+        assert max(shards) == pytest.approx(min(shards), rel=0.05 * cp / 2)
+        # Each CP rank counts its slice of every pass: together the CP 1 rank's work, plus the
+        # padding of each pass's sequence to a multiple of cp.
+        for stage in ("update", "reference"):
+            assert b[f"flops/{stage}"] == pytest.approx(a[f"flops/{stage}"], rel=0.05 * cp / 2), stage
 
 
 def test_a_cp2_job_trains_as_the_cp1_job_and_resumes(runs):
     one, two = runs["cp1"], runs["cp2"]
     assert [r["iteration"] for r in one] == [r["iteration"] for r in two] == [1, 2, 3]
     assert two[:CHECKPOINT_AT] == runs["cp2_stopped"]  # the resumed job kept the records it had
-    for a, b in zip(one, two, strict=True):
-        assert (a["rollout/num_engines"], b["rollout/num_engines"]) == (1, 2)  # two ranks ran at CP 2
-        assert {key: b[key] for key in SAME_ROLLOUT} == {key: a[key] for key in SAME_ROLLOUT}, a["iteration"]
-        for key in TRAINING:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["iteration"], key)
-        # FSDP shards over the DP x CP ranks: each CP rank holds half of what the lone CP 1 rank holds.
-        whole = a["ledger"]["memory/rank0/after_update/train_params"]
-        shards = [b["ledger"][f"memory/rank{r}/after_update/train_params"] for r in (0, 1)]
-        assert sum(shards) == pytest.approx(whole, rel=0.01) and shards[0] == pytest.approx(shards[1], rel=0.05)
-        # Each CP rank counts its slice of every pass: together the CP 1 rank's work, plus the
-        # padding of each pass's sequence to a multiple of cp.
-        assert b["flops/update"] == pytest.approx(a["flops/update"], rel=0.05)
+    check_as_cp1(one, two, cp=2)
+    assert one[2]["kl"] > 0  # the policy moved in iteration 2 (in iteration 1 no group had a spread)
+
+
+def test_a_cp4_job_trains_as_the_cp1_job(runs):
+    assert [r["iteration"] for r in runs["cp4"]] == [1, 2, 3]
+    check_as_cp1(runs["cp1"], runs["cp4"], cp=4)
 
 
 def test_a_cp2_ppo_job_trains_policy_and_critic_as_the_cp1_job(tmp_path):
