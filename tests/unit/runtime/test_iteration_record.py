@@ -104,7 +104,7 @@ def test_partial_rollout_counts_both_rounds():
 
 def test_a_preference_update_without_rollout_or_reward_reads_the_driver_responses():
     results = {
-        "reference": [timed(0.1, 0.4)],
+        "reference": [timed(0.1, 0.4, rank=0)],
         "preference_update": [timed(0.1, 1.0, num_samples=4, loss=0.6, preference_accuracy=0.75)],
     }
     record = record_of(results, update_state="preference_update", rewards=[], response_lengths=[3, 5])
@@ -146,7 +146,7 @@ def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
     results = {
         **GRPO_RESULTS,
         "update": [replace(rank, metrics={**rank.metrics, "computed": computed}) for rank in GRPO_RESULTS["update"]],
-        "reference": [timed(0.0, 0.5, computed=computed), timed(0.0, 0.25, computed=computed)],
+        "reference": [timed(0.0, 0.5, rank=0, computed=computed), timed(0.0, 0.25, rank=1, computed=computed)],
     }
     inputs = UtilisationInputs(
         shape=shape,
