@@ -1,8 +1,9 @@
 """The context-parallel benchmark on real gloo ranks at a small length, laid out as rldock train's
 DP 1 x CP cp update (FSDP over the CP ranks): the all-to-all bytes each rank sends equal the planner's
 to the byte, the training state each rank holds is 1/cp of CP 1's, the bytes autograd saves per rank
-fall with CP as the planner says within 10%, the peak falls with CP, and every CP size computes the
-same loss, compared in float64 (rldock_benchmarks.context_parallel). At 256 tokens the peak is mostly
+fall with CP as the planner says within 3% (with the kernel's output a CP rank keeps apart from the
+exchanged one counted; without it the planner's fall is 5% off), the peak falls with CP, and every
+CP size computes the same loss, compared in float64 (rldock_benchmarks.context_parallel). At 256 tokens the peak is mostly
 the state and FSDP's gathered layers, which the planner sums as their maxima; the peak's fall against
 the planner's is measured at the lengths CP is for (docs/scaling.md, section 9)."""
 
@@ -21,7 +22,7 @@ def test_cp_ranks_exchange_the_planned_bytes_and_hold_the_planned_share():
         assert rows[cp]["max_rank_all_to_all_bytes"] == rows[cp]["planned_all_to_all_bytes"] > 0
         # FSDP over the CP ranks: parameter shards and AdamW state (even shards of a padded flat size)
         assert rows[cp]["max_rank_state_bytes"] == pytest.approx(rows[1]["max_rank_state_bytes"] / cp, rel=0.01)
-        assert abs(rows[cp]["saved_fall_vs_planned_error"]) <= 0.10, rows[cp]
+        assert abs(rows[cp]["saved_fall_vs_planned_error"]) <= 0.03, rows[cp]
         assert rows[cp]["saved_vs_cp1"] < 1.2 / cp
     assert rows[4]["peak_vs_cp1"] < rows[2]["peak_vs_cp1"] < 1
     for row in rows.values():  # the measured peak and the planner's agree in size

@@ -3,11 +3,14 @@ a rank's bytes, as arithmetic on the model shape:
 
 - tokens: a CP rank computes ceil(N / cp) positions of a pass of N tokens (N padded to a multiple
   of cp), so every per-token activation falls by cp;
-- the all-to-all's tensors add nothing autograd keeps: the exchange saves nothing itself, and the
-  attention kernel keeps the head-sharded q, k, v and output (N (n_q + 2 n_kv) d / cp and N n_q d / cp
-  elements, as many as the rank's own n positions with all heads) where one rank keeps its own; the
-  rotary embedding keeps its inputs either way (counted with saved-tensor hooks in
-  rldock_benchmarks.context_parallel: 1/cp of one rank's bytes, +5%);
+- the exchange saves nothing itself, and the attention kernel keeps the head-sharded q, k, v and
+  output (N (n_q + 2 n_kv) d / cp and N n_q d / cp elements, as many as the rank's own n positions
+  with all heads) where one rank keeps its own; but one tensor more per position and layer: without
+  CP the kernel's output and the output projection's input are one storage (a view), under CP the
+  projection's input is the all-to-all's result, a new tensor, so the rank keeps both, n n_q d
+  elements more (`ulysses_output_width`; autograd's saved tensors listed by node, CP 1 against CP 2:
+  only SDPA's `output` differs, the rest is 1/cp of one rank's, which is what the saved bytes' 0.526
+  of CP 1 at CP 2 in rldock_benchmarks.context_parallel were);
 - the 4D mask: a pass with padding or several sequences gives every rank its whole (b, 1, N, N) mask
   (one byte per pair for sdpa's boolean mask), which CP does not divide; a trimmed single row (the
   long-sequence case, micro_batch_size 1) has none, its attention causal over the whole sequence;
@@ -24,6 +27,12 @@ from rldock.runtime.planning.shapes import ModelShape
 def tokens_per_rank(tokens: int, cp: int) -> int:
     """Positions a CP rank computes of a pass's `tokens` (padded to a multiple of cp)."""
     return -(-tokens // cp)
+
+
+def ulysses_output_width(shape: ModelShape, *, cp: int) -> int:
+    """Elements per position and layer a CP rank keeps beyond one rank's (module docstring): the
+    attention kernel's output, n_q d, apart from the exchanged output the projection keeps; 0 at cp 1."""
+    return shape.num_heads * shape.head_dim if cp > 1 else 0
 
 
 def mask_bytes(*, rows: int, sequence: int, cp: int, element: int = 1) -> int:

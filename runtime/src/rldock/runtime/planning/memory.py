@@ -25,7 +25,8 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
   (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
 - context parallelism (training.context_parallel_size, Ulysses): a rank computes and keeps 1/cp of a
-  pass's tokens (its attention's tensors head-sharded over the whole sequence, as many elements), and
+  pass's tokens (its attention's tensors head-sharded over the whole sequence, as many elements, plus
+  the kernel's output apart from the exchanged one the projection keeps: n_q d per token), and
   holds the pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards
   the training state over DP x CP ranks; `all_to_all_bytes` is what a rank sends its CP group in one
   update step (planning/context_parallel_bytes.py).
@@ -73,6 +74,7 @@ from rldock.runtime.planning.context_parallel_bytes import (
     all_to_all_bytes_per_pass,
     mask_bytes,
     tokens_per_rank,
+    ulysses_output_width,
 )
 from rldock.runtime.planning.shapes import ModelShape
 
@@ -271,6 +273,7 @@ def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp:
         4 * h
         + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.active_intermediate) // tp
         + _dispatch_width(shape)
+        + ulysses_output_width(shape, cp=cp)
     )
     return tokens_per_rank(tokens, cp) * per_token * element
 
