@@ -11,8 +11,8 @@ CP group's first rank reads the samples and every rank of the group passes all o
 each sequence apiece, so the KL term compares against the same reference logprobs at any CP. So
 every iteration's rollout must be the same (rewards and lengths
 exactly) and its loss, KL, entropy and gradient norm equal to the CP 1 job's up to float32
-reassociation (the ranks' gradient shares summed, FSDP's reduce-scatter): measured 3e-7 relative
-on this machine; the tolerance, 1e-4 relative and 1e-6 absolute (the policy loss is ~1e-9 at
+reassociation (the ranks' gradient shares summed, FSDP's reduce-scatter): measured at most 4e-7
+relative on this machine (the KL at CP 4); the tolerance, 1e-4 relative and 1e-6 absolute (the policy loss is ~1e-9 at
 ratio 1), holds on any CPU and thread count, while a CP group that trained its ranks as two
 data-parallel ranks, reduced by the wrong factor or sharded a sequence wrong is off by 1e-2 and up.
 The CP 2 job stops after iteration 2 and resumes from its checkpoint (the gathered weights and
