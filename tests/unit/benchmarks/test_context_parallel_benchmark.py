@@ -3,9 +3,10 @@ DP 1 x CP cp update (FSDP over the CP ranks): the all-to-all bytes each rank sen
 to the byte, the training state each rank holds is 1/cp of CP 1's, the bytes autograd saves per rank
 fall with CP as the planner says within 3% (with the kernel's output a CP rank keeps apart from the
 exchanged one counted; without it the planner's fall is 5% off), the peak falls with CP, and every
-CP size computes the same loss, compared in float64 (rldock_benchmarks.context_parallel). At 256 tokens the peak is mostly
-the state and FSDP's gathered layers, which the planner sums as their maxima; the peak's fall against
-the planner's is measured at the lengths CP is for (docs/scaling.md, section 9)."""
+CP size computes the same loss, compared in float64 (rldock_benchmarks.context_parallel). At 256
+tokens the peak is mostly the state and FSDP's gathered layers, which the planner sums as their
+maxima; the peak's fall against the planner's is measured at the lengths CP is for (docs/scaling.md,
+section 9)."""
 
 import pytest
 
