@@ -1,12 +1,15 @@
-"""A harness of the user's (a plain loop over `openai.AsyncOpenAI`, two turns per episode) trains the tiny
-model through `rldock train` on CPU, served by the real vLLM engine behind the gateway; every episode's
-dock row is exactly the ids the engine sampled (the engine's own record, `agent/gateway/exact_episodes`);
-held-out evaluation runs the same harness, greedily, on the held-out prompts.
+"""A harness of the user's (a plain loop over `openai.AsyncOpenAI`: a draft turn, its context compacted to
+the task and a summary of the draft, two more turns) trains the tiny model through `rldock train` on CPU,
+served by the real vLLM engine behind the gateway; every segment of every episode is a dock row, and the
+rows' trained ids are exactly the ids the engine sampled (the engine's own record,
+`agent/gateway/exact_episodes`, and the dock's columns checked against it on the job's model); held-out
+evaluation runs the same harness, greedily, on the held-out prompts.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +24,13 @@ HELD_OUT = 8
 HARNESS = """
 async def run(task, client):
     prompt = task["prompt"]
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    draft = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": text}], max_tokens=24
+    )
+    # the context compacted: the task and a summary of the draft in one message, a new segment
+    summary = (draft.choices[0].message.content or "")[:6]
+    messages = [{"role": "user", "content": text + " Draft: " + summary}]
     first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
     messages = [*messages, first.choices[0].message.model_dump(exclude_none=True)]
     messages.append({"role": "user", "content": "Check it and give the number only."})
@@ -79,15 +88,83 @@ def records_of(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_plain_openai_harness_trains_token_exact(run):
+def test_a_plain_openai_harness_trains_every_segment_token_exact(run):
     records = [r for r in records_of(run) if r["iteration"] > 0]  # iteration 0: the initial policy's evaluation
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:
         agent = record["agent"]
         assert agent["ended/harness_done"] == 16, agent
+        # every segment's model tokens, in order, are the engine's ids of the episode's turns
         assert agent["gateway/exact_episodes"] == 16 and agent.get("gateway/inexact_episodes", 0) == 0, agent
-        assert agent["turns_mean"] == 2.0, agent
+        assert agent["turns_mean"] == 3.0, agent
+        assert agent["gateway/segment/message_edited"] == 16, agent  # the summary edits the first message
+        # at most one more segment (a first turn cut at the harness's max_tokens): all within agent.max_segments
+        assert 32 <= agent["gateway/segments"] <= 48 and agent["gateway/segments_dropped"] == 0, agent
+        assert not any("untrained" in key for key in agent), agent
         assert 0.0 < agent["model_token_share"] < 1.0  # the second user turn is context, not trained
+        # one reward per episode: the reward state scored 16 episodes, not their 64 rows
+        assert 0.0 <= record["reward_mean"] <= 1.0
+        assert all(math.isfinite(record[key]) for key in ("loss", "kl", "entropy")), record
+
+
+def test_every_segment_is_a_trained_dock_row_of_the_engines_ids(run):
+    """The job's model's episodes through the gateway and the harness rollout's columns, on the real engine:
+    each episode's rows hold every one of its segments, their trained ids the engine's own record of the
+    episode's turns, each segment's row with tokens to train."""
+    from rldock.config import JobConfig
+    from rldock.runtime.data import columns_of, load_rows
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+    from rldock.runtime.gateway.episodes import GatewayEpisodes
+    from rldock.runtime.models.loading import load_tokenizer
+    from rldock.runtime.rollout.harness import harness_columns, task_of
+
+    root = run.parent
+    cfg = JobConfig(**yaml.safe_load((root / "job.yaml").read_text()))
+    tokenizer = load_tokenizer(root / "model")
+    rows = load_rows([str(run / "data" / "train.jsonl")], columns_of(cfg.data))[:4]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": row.prompt}], add_generation_prompt=True)
+        for row in rows
+    ]
+    engine = VllmRolloutEngine(
+        root / "model",
+        rollout=cfg.rollout,
+        dtype="float32",
+        seed=cfg.seed,
+        max_model_len=cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length,
+        device=detect_device("cpu"),
+    )
+    episodes = GatewayEpisodes(cfg, tokenizer=tokenizer, prompt_capacity=cfg.algorithm.max_prompt_length)
+    try:
+        results = episodes.run(
+            engine, tasks=[task_of(row, i) for i, row in enumerate(rows)], prompts=prompts, keys=[0, 1, 2, 3], seed=5
+        )
+        sampled = {key: list(turns) for key, turns in episodes.turns.sampled.items()}
+    finally:
+        episodes.close()
+        engine.shutdown()
+    per_episode = cfg.rows_per_episode
+    columns = harness_columns(
+        results,
+        rows_per_episode=per_episode,
+        prompt_capacity=cfg.algorithm.max_prompt_length,
+        response_capacity=cfg.algorithm.max_response_length,
+        max_steps=cfg.agent.max_turns,
+        pad_token_id=tokenizer.pad_token_id,
+        policy_version=0,
+    )
+    assert columns.batch_size == (4 * per_episode,)
+    trained = [ids[mask.bool()].tolist() for ids, mask in zip(columns["response_ids"], columns["response_mask"])]
+    for e, result in enumerate(results):
+        segments = len(result.segments)
+        assert 2 <= segments <= per_episode and result.segments[1] == "message_edited", result.segments
+        episode = trained[e * per_episode : (e + 1) * per_episode]
+        # rows: the last segment, the earlier ones in order, then empty rows
+        assert all(episode[:segments]) and not any(episode[segments:]), episode
+        in_order = [token for row in [*episode[1:segments], episode[0]] for token in row]
+        assert in_order == [token for turn in sampled[e] for token in turn]
+        assert len(sampled[e]) == 3
 
 
 def test_held_out_evaluation_runs_the_harness(run):

@@ -199,3 +199,24 @@ def test_held_out_evaluation_with_agent_pods_is_refused(agent_data):
     agent_data["reward"] = {"terms": [{"name": "environment"}]}
     agent_data["evaluation"] = {"interval": 5}
     assert any("agent pods' episodes" in m for m in problem_messages(agent_data, "evaluation.interval"))
+
+
+def test_a_harnesss_episodes_take_max_segments_rows_each_in_the_dock(agent_data):
+    agent_data["agent"] = {"harness": "my_agent:run", "max_segments": 3}
+    agent_data["reward"] = {"terms": [{"name": "environment"}]}
+    cfg = parse_job_config(agent_data)
+    algo = cfg.algorithm
+    assert cfg.rows_per_episode == 3 and cfg.rows_per_group == 3 * algo.num_responses_per_prompt
+    assert cfg.num_samples_per_iteration == algo.num_prompts_per_iteration * algo.num_responses_per_prompt * 3
+    # rldock's own loop keeps one row per episode, whatever the field says
+    agent_data["agent"] = {"tools": [{"name": "calculator"}], "environment": {"name": "feedback"}, "max_segments": 3}
+    assert parse_job_config(agent_data).rows_per_episode == 1
+
+
+def test_segments_are_refused_with_a_critic_naming_the_field(agent_data):
+    agent_data["agent"] = {"harness": "my_agent:run", "max_segments": 2}
+    agent_data["reward"] = {"terms": [{"name": "environment"}]}
+    agent_data["algorithm"] = {**agent_data["algorithm"], "name": "ppo"}
+    assert any("critic" in m and "max_segments: 1" in m for m in problem_messages(agent_data, "agent.max_segments"))
+    agent_data["agent"]["max_segments"] = 1
+    assert parse_job_config(agent_data).rows_per_episode == 1

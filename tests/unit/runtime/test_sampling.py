@@ -11,6 +11,7 @@ from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.feed import (
     DriverBatch,
     DynamicSampling,
+    SampleFacts,
     group_rows,
     merge_rounds,
     preference_pairs,
@@ -228,3 +229,32 @@ def test_dapo_reward_shaping_and_loss_kwargs_follow_the_spec():
     assert recipe.policy_loss_kwargs(algo) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
     off = _algo(name="dapo", dapo={"dynamic_sampling": False})
     assert recipe.sampling_rounds.group_filter(off)(torch.ones(4), 2).tolist() == [True, True]
+
+
+def test_the_facts_count_an_episode_of_several_rows_once():
+    """A harness's episode of three rows (two segments, one empty row) is one reward in reward_mean; its
+    segments' lengths count, its empty row's does not."""
+    facts = SampleFacts()
+    facts.add(
+        TensorDict(
+            {
+                "score": torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]),
+                "response_length": torch.tensor([5, 7, 0, 4, 0, 0]),
+                "episode": torch.tensor([0, 0, 0, 1, 1, 1]),
+            },
+            batch_size=[6],
+        )
+    )
+    assert facts.scores == [1.0, 0.0] and facts.response_lengths == [5, 7, 4]
+
+
+def test_dynamic_sampling_filters_episodes_of_a_group_of_segment_rows():
+    """Groups of 2 episodes x 2 rows: the filter sees each episode's score once (run_round's), the slots
+    their 4 rows."""
+    dock = SlotDock([[(1.0, 1.0), (0.0, 1.0)], [(0.0, 1.0)]], group_size=4)  # scores per episode, 4 rows a slot
+    sampler = DynamicSampling(
+        num_groups=2, group_size=4, episodes_per_group=2, max_rounds=3, group_filter=informative_groups
+    )
+    out = sampler.run(dock.draw, dock.run_round)
+    assert dock.log == [("empty+put", 0, [0, 1]), ("empty+put", 1, [0])]
+    assert out.metrics["dynamic_sampling/kept_groups"] == 2

@@ -992,6 +992,18 @@ class AgentSpec(Spec):
         description="Tool calls one rollout engine runs at the same time (the engine keeps generating for the "
         "other samples meanwhile).",
     )
+    max_segments: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Dock rows per episode of a harness (agent.harness, agent.harness_command, agent.harness_pods): "
+        "each segment of an episode (a request that does not extend its history: a compacted context, stripped "
+        "reasoning, a sub-agent's prompt) is one row, every segment sharing the episode's reward and group, its "
+        "model tokens trained (docs/agentic.md#segments). An episode with fewer segments leaves rows empty (no "
+        "token trains or counts); one with more keeps its last segment and its first `max_segments - 1` "
+        "(`agent/gateway/segments_dropped`). The dock holds G x N x max_segments rows; 1 trains the last segment "
+        "only.",
+    )
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec, description="The `python` tool's limits.")
 
     @property
@@ -1392,9 +1404,21 @@ class JobConfig(Spec):
         return copy
 
     @property
+    def rows_per_episode(self) -> int:
+        """S: the dock rows of one episode (a sample): agent.max_segments for a harness's episodes, whose
+        segments each train; 1 otherwise."""
+        return self.agent.max_segments if self.agent is not None and self.agent.harnessed else 1
+
+    @property
+    def rows_per_group(self) -> int:
+        """N*S: the dock rows of one prompt group, consecutive."""
+        return self.algorithm.num_responses_per_prompt * self.rows_per_episode
+
+    @property
     def num_samples_per_iteration(self) -> int:
-        """G*N: samples (prompt-response pairs) that flow through the dock per iteration."""
-        return self.algorithm.num_prompts_per_iteration * self.algorithm.num_responses_per_prompt
+        """G*N*S: the dock rows that flow through the dock per iteration (S = rows_per_episode, 1 but for a
+        harness's segments)."""
+        return self.algorithm.num_prompts_per_iteration * self.rows_per_group
 
     @property
     def num_devices(self) -> int:

@@ -563,6 +563,15 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "agent.tools, agent.environment, agent.harness, or remove agent",
             )
         )
+    if harnessed and cfg.rows_per_episode > 1 and needs_critic(algo.name):
+        problems.append(
+            Problem(
+                "agent.max_segments",
+                f"{agent.max_segments} trains each segment of a harness's episode as its own row, and {algo.name}'s "
+                "critic would bootstrap every segment apart; set agent.max_segments: 1 (the last segment trains) or "
+                "use a critic-free algorithm (grpo, rloo, dapo, gspo, reinforce_plus_plus)",
+            )
+        )
     if not harnessed and agent.max_tool_response_tokens >= algo.max_response_length:
         problems.append(
             Problem(

@@ -197,3 +197,25 @@ def test_a_critics_gae_reads_the_turns_where_its_unit_or_credit_is_the_turn(name
     assert ("turn_index" in recipe.consumes["advantage"]) == reads_turns
     assert "value_mask" in recipe.consumes["critic_update"]
     assert "response_attention_mask" in recipe.consumes["critic_inference"]
+
+
+def _harness_cfg(max_segments: int, name: str = "grpo") -> JobConfig:
+    data = _cfg(name).model_dump(exclude_unset=True)
+    return JobConfig(**data, agent={"harness": "h.py:run", "max_segments": max_segments})
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "rloo", "reinforce_plus_plus", "gspo"])
+def test_a_harness_with_segments_counts_episodes_by_the_drivers_episode_column(name):
+    recipe = job_recipe(_harness_cfg(4, name))
+    assert "episode" in recipe.driver_produces and _closed(recipe)
+    consumes = recipe.consumes
+    assert "episode" in consumes["reward"] and "episode" in consumes["sample_facts"]
+    assert "episode_share" in consumes[recipe.update_state]
+    # written by the advantage stage, wherever it runs (fused into the reward state or its own)
+    assert any("episode_share" in columns for columns in recipe.produces.values())
+
+
+def test_one_row_per_episode_adds_no_column():
+    recipe = job_recipe(_harness_cfg(1))
+    assert "episode" not in recipe.driver_produces
+    assert not any("episode" in c for columns in recipe.consumes.values() for c in columns)

@@ -38,6 +38,19 @@ async def run(task, client):
             answer = await client.completions.create(model="policy", prompt=[1, 5, 6])
             seen.append(answer.choices[0].text)
             return 1.0
+        if mode == "compact":  # a turn; the context compacted to a summary, two turns; compacted again, a turn
+            answer = None
+            for turns in (1, 2, 1):
+                summary = "" if answer is None else f" Earlier: {answer}"
+                messages = [{"role": "user", "content": task["prompt"] + summary}]
+                for turn in range(turns):
+                    if turn:
+                        messages.append({"role": "user", "content": "Sure?"})
+                    response = await client.chat.completions.create(model="policy", messages=messages)
+                    answer = response.choices[0].message.content
+                    seen.append(answer)
+                    messages.append(response.choices[0].message.model_dump(exclude_none=True))
+            return 1.0
         if mode == "stream":
             stream = await client.chat.completions.create(model="policy", messages=messages, stream=True)
             text = ""

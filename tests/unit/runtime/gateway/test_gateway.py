@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
 
 from rldock.config import parse_job_config
@@ -426,3 +427,54 @@ def test_held_out_evaluation_runs_the_harness_greedily_and_answers_its_final_tur
     assert answer["environment_rewards"] == [[[0.25, 1.0], [0.25, 1.0]], [[0.0], [0.25, 1.0]]]
     assert answer["agent"]["episodes"] == 4 and answer["agent"]["turns"] == 7
     assert len(seen(out)["tools"]) == 2  # the file keeps the last episode's record per mode
+
+
+def test_every_segment_of_a_compacting_harness_is_a_row_of_its_episode(episodes, tokenizer, tmp_path):
+    runner = episodes()
+    tasks, out = tasks_of(tmp_path, "compact")
+    (result,) = runner.run(
+        ScriptedEngine(tokenizer, {9: ["7", "6", "5", "4"]}), tasks=tasks, prompts=[[1, 2]], keys=[9], seed=0
+    )
+    assert seen(out)["compact"] == ["7", "6", "5", "4"]
+    # a summary in place of the conversation edits its first message: the gateway names it so
+    assert result.segments == ["start", "message_edited", "message_edited"] and result.turns == 4 and result.exact
+    turns = runner.turns.sampled[9]  # the engine's ids of each turn, in order
+    by_segment = [turns[0], turns[1] + turns[2], turns[3]]
+    columns = harness_columns(
+        [result],
+        rows_per_episode=4,
+        prompt_capacity=PROMPT_CAPACITY,
+        response_capacity=256,
+        max_steps=4,
+        pad_token_id=0,
+        policy_version=0,
+    )
+    assert columns.batch_size == (4,)
+
+    def trained(row: int) -> list[int]:
+        return columns["response_ids"][row][columns["response_mask"][row].bool()].tolist()
+
+    # the last segment first (the reward judges its final turn), then the earlier ones in order, then an empty row
+    assert [trained(row) for row in range(3)] == [by_segment[2], by_segment[0], by_segment[1]]
+    assert columns["response_mask"][3].sum() == 0 and columns["response_length"][3] == 0
+    assert torch.equal(columns["prompt_ids"][3], columns["prompt_ids"][0])
+    assert columns["environment_rewards"][:, 0].tolist() == [1.0] * 4  # every row carries the episode's reward
+    sums = result_sums([result], engine_s=0.0, wall_s=0.0, rows_per_episode=4)
+    assert sums["counts/gateway/segments"] == 3 and sums["counts/gateway/segments_dropped"] == 0
+    assert not any("untrained" in key for key in sums)
+    # a cap of 2 rows keeps the last segment and the first; the middle one is counted by its reason
+    capped = harness_columns(
+        [result],
+        rows_per_episode=2,
+        prompt_capacity=PROMPT_CAPACITY,
+        response_capacity=256,
+        max_steps=4,
+        pad_token_id=0,
+        policy_version=0,
+    )
+    assert [capped["response_ids"][r][capped["response_mask"][r].bool()].tolist() for r in range(2)] == [
+        by_segment[2],
+        by_segment[0],
+    ]
+    sums = result_sums([result], engine_s=0.0, wall_s=0.0, rows_per_episode=2)
+    assert sums["counts/gateway/segments_dropped"] == 1 and sums["counts/gateway/segment_dropped/message_edited"] == 1

@@ -29,6 +29,7 @@ def decoupled_clip_policy_loss(
     aggregation: str = "token_mean",
     row_weights: torch.Tensor | None = None,
     norm_length: int | None = None,
+    episode_share: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """Clip-higher surrogate: the ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]
     (DAPO eq. 10). A larger upper bound lets the probability of an unlikely token with positive
@@ -49,7 +50,10 @@ def decoupled_clip_policy_loss(
         clip_ratio_c=clip_ratio_c,
     )
     return PolicyLoss(
-        aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length), **stats
+        aggregate(
+            token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length, episode_share=episode_share
+        ),
+        **stats,
     )
 
 

@@ -34,6 +34,7 @@ def gspo_policy_loss(
     aggregation: str = "seq_mean_token_mean",
     row_weights: torch.Tensor | None = None,
     norm_length: int | None = None,
+    episode_share: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """GSPO(-token) surrogate to minimise.
 
@@ -64,5 +65,8 @@ def gspo_policy_loss(
             "log_ratio_clamp_fraction": masked_mean(clamped.unsqueeze(1).expand_as(mask).float(), mask),
         }
     return PolicyLoss(
-        aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length), **stats
+        aggregate(
+            token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length, episode_share=episode_share
+        ),
+        **stats,
     )

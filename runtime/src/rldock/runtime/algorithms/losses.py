@@ -130,6 +130,7 @@ def clipped_policy_loss(
     aggregation: str = "token_mean",
     row_weights: torch.Tensor | None = None,
     norm_length: int | None = None,
+    episode_share: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """PPO-clip surrogate of GRPO (DeepSeekMath, arXiv 2402.03300, eq. 3), by default averaged over
     all valid tokens of the batch (the token mean of DAPO, arXiv 2503.14476, sec. 3.3), so long
@@ -139,14 +140,17 @@ def clipped_policy_loss(
     the sampling policy; advantages: (B,) one per response, applied to all its tokens; mask:
     (B, T) 1 on response tokens; clip_ratio: epsilon; clip_ratio_c: dual-clip's bound (> 1) on the
     ratio of a token with negative advantage, None for none; aggregation, row_weights (B,),
-    norm_length: how the token losses become the scalar (aggregation.py). Returns a PolicyLoss.
+    norm_length, episode_share (B,): how the token losses become the scalar (aggregation.py). Returns a PolicyLoss.
     Advantages may also be (B, T), one per token (PPO's GAE).
     """
     token_loss, stats = clipped_token_losses(
         logprobs, old_logprobs, advantages, mask, clip_low=clip_ratio, clip_high=clip_ratio, clip_ratio_c=clip_ratio_c
     )
     return PolicyLoss(
-        aggregate(token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length), **stats
+        aggregate(
+            token_loss, mask, aggregation, row_weights=row_weights, norm_length=norm_length, episode_share=episode_share
+        ),
+        **stats,
     )
 
 
@@ -160,6 +164,7 @@ def clipped_sequence_mean_policy_loss(
     clip_ratio_c: float | None = None,
     *,
     row_weights: torch.Tensor | None = None,
+    episode_share: torch.Tensor | None = None,
     **_: object,
 ) -> PolicyLoss:
     """The same surrogate aggregated as written in DeepSeekMath eq. 3: the mean over each
@@ -174,4 +179,5 @@ def clipped_sequence_mean_policy_loss(
         clip_ratio_c,
         aggregation="seq_mean_token_mean",
         row_weights=row_weights,
+        episode_share=episode_share,
     )

@@ -140,7 +140,7 @@ class Attempt:
                     cfg.dock,
                     states={s: list(c) for s, c in recipe.consumes.items()},
                     num_samples=cfg.num_samples_per_iteration,
-                    group_size=cfg.algorithm.num_responses_per_prompt,
+                    group_size=cfg.rows_per_group,
                     token_columns=TOKEN_COLUMNS,
                     colocate_controllers=cfg.ablations.colocate_controllers,
                     shared_memory=cfg.ablations.shared_memory,

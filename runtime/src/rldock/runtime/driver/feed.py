@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import AlgorithmSpec
+from rldock.runtime.algorithms.episodes import episode_heads
 from rldock.runtime.data import PromptDataset
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.models.loading import encode_answers, pad_prompts
@@ -34,16 +35,19 @@ BATCH_BUILDERS: Registry[BatchBuilder] = Registry("driver batch", field="algorit
 
 
 @BATCH_BUILDERS.register("prompt_groups")
-def prompt_groups(dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
-    """Each prompt N times (one row per sample) with its train-file row: (G*N,) rows."""
+def prompt_groups(
+    dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec, *, rows_per_episode: int = 1
+) -> DriverBatch:
+    """Each prompt N*S times (S rows per sample: a harness's segments, else 1) with its train-file row:
+    (G*N*S,) rows."""
     prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length, tokenizer.pad_token_id)
     prompt_index = torch.tensor([dataset.prompt_index(p) for p in positions], dtype=torch.int64)  # (G,)
-    n = algo.num_responses_per_prompt
+    n = algo.num_responses_per_prompt * rows_per_episode
     batch = TensorDict(
         {
-            "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),  # (G*N, PL)
+            "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),  # (G*N*S, PL)
             "prompt_mask": prompt_mask.repeat_interleave(n, dim=0),
-            "prompt_index": prompt_index.repeat_interleave(n, dim=0),  # (G*N,)
+            "prompt_index": prompt_index.repeat_interleave(n, dim=0),  # (G*N*S,)
         },
         batch_size=[len(positions) * n],
     )
@@ -51,9 +55,13 @@ def prompt_groups(dataset: PromptDataset, positions: Sequence[int], tokenizer, a
 
 
 @BATCH_BUILDERS.register("preference_pairs")
-def preference_pairs(dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec) -> DriverBatch:
+def preference_pairs(
+    dataset: PromptDataset, positions: Sequence[int], tokenizer, algo: AlgorithmSpec, *, rows_per_episode: int = 1
+) -> DriverBatch:
     """DPO pairs as finished responses: rows 2i (chosen) and 2i+1 (rejected) share prompt i; each
-    response is its answer tokens then EOS, as the policy would have to write it: (2G,) rows."""
+    response is its answer tokens then EOS, as the policy would have to write it: (2G,) rows
+    (`rows_per_episode` is 1: no harness)."""
+    assert rows_per_episode == 1, "the config checks give DPO no harness"
     pairs = dataset.preference_pairs(positions)
     prompt_ids, prompt_mask = pad_prompts(dataset.prompt_ids(positions), algo.max_prompt_length, tokenizer.pad_token_id)
     texts = [text for p in pairs for text in (p.chosen, p.rejected)]
@@ -82,14 +90,31 @@ class Feed:
     name in BATCH_BUILDERS) of the next prompts in the seeded sampler's order. Lives as long as the
     job; a checkpoint keeps its position (`state_dict`) and a resumed attempt loads it."""
 
-    def __init__(self, dataset: PromptDataset, sampler, tokenizer, algo: AlgorithmSpec, driver_batch: str):
+    def __init__(
+        self,
+        dataset: PromptDataset,
+        sampler,
+        tokenizer,
+        algo: AlgorithmSpec,
+        driver_batch: str,
+        *,
+        rows_per_episode: int = 1,
+    ):
+        """`rows_per_episode`: JobConfig.rows_per_episode, each sample's dock rows."""
         self.dataset, self.sampler, self.tokenizer, self.algo = dataset, sampler, tokenizer, algo
         self.build = BATCH_BUILDERS.get(driver_batch)
+        self.rows_per_episode = rows_per_episode
 
     def draw(self, num_prompts: int | None = None) -> DriverBatch:
         """The batch of the next `num_prompts` prompts (default G)."""
         count = self.algo.num_prompts_per_iteration if num_prompts is None else num_prompts
-        return self.build(self.dataset, self.sampler.next_batch(count), self.tokenizer, self.algo)
+        return self.build(
+            self.dataset,
+            self.sampler.next_batch(count),
+            self.tokenizer,
+            self.algo,
+            rows_per_episode=self.rows_per_episode,
+        )
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()
@@ -141,10 +166,19 @@ class SampleFacts:
     response_lengths: list[int] = field(default_factory=list)
 
     def add(self, read: TensorDict) -> None:
-        """Add the facts of a read of the sample_facts state (its (B,) columns)."""
+        """Add the facts of a read of the sample_facts state (its (B,) columns): where an episode is several
+        rows (`episode`: a harness's segments) its reward once and the lengths of its segments, not of
+        its empty rows."""
+        lengths = read["response_length"]  # (B,)
+        if "episode" in read.keys():
+            heads = episode_heads(read["episode"])  # (B,)
+            if "score" in read.keys():
+                self.scores.extend(read["score"][heads].tolist())
+            self.response_lengths.extend(lengths[heads | (lengths > 0)].tolist())
+            return
         if "score" in read.keys():
             self.scores.extend(read["score"].tolist())
-        self.response_lengths.extend(read["response_length"].tolist())
+        self.response_lengths.extend(lengths.tolist())
 
 
 @dataclass
@@ -155,8 +189,8 @@ class SampledRounds:
     facts: SampleFacts | None = None  # every round's, as the filter read them (None: not read yet)
 
 
-# (group slots (k,) ascending, fresh prompt groups for them (k*N rows), round index) -> (results of
-# the sampling states per state, the filter's score of those rows (k*N,) in slot order)
+# (group slots (k,) ascending, fresh prompt groups for them (k*N*S rows), round index) -> (results of
+# the sampling states per state, the filter's score of their episodes (k*N,) in slot order)
 RunRound = Callable[[torch.Tensor, DriverBatch, int], tuple[dict[str, list[StageResult]], torch.Tensor]]
 
 
@@ -179,9 +213,13 @@ class DynamicSampling:
         group_size: int,
         max_rounds: int,
         group_filter: Callable[[torch.Tensor, int], torch.Tensor],
+        episodes_per_group: int | None = None,
     ):
+        """`group_size`: a group's dock rows (N*S); `episodes_per_group`: its episodes (N; default
+        `group_size`), what `run_round`'s scores and the filter count."""
         assert max_rounds >= 1, "the config bounds algorithm.dapo.max_sampling_rounds below by 1"
         self.num_groups, self.group_size, self.max_rounds = num_groups, group_size, max_rounds
+        self.episodes_per_group = group_size if episodes_per_group is None else episodes_per_group
         self.group_filter = group_filter
 
     def run(self, draw: Callable[[int], DriverBatch], run_round: RunRound) -> SampledRounds:
@@ -196,7 +234,7 @@ class DynamicSampling:
             fresh = draw(len(empty))
             stage_results, scores = run_round(empty, fresh, rounds)
             results.append(stage_results)
-            kept[empty[self.group_filter(scores, n)]] = True
+            kept[empty[self.group_filter(scores, self.episodes_per_group)]] = True
             if slots_batch is None:
                 slots_batch = fresh.batch.clone()
             else:

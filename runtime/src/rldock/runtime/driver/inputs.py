@@ -78,7 +78,14 @@ def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
         dataset.num_dropped,
     )
     shuffle_seed = cfg.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed
-    feed = Feed(dataset, PromptSampler(len(dataset), seed=shuffle_seed), tokenizer, cfg.algorithm, recipe.driver_batch)
+    feed = Feed(
+        dataset,
+        PromptSampler(len(dataset), seed=shuffle_seed),
+        tokenizer,
+        cfg.algorithm,
+        recipe.driver_batch,
+        rows_per_episode=cfg.rows_per_episode,
+    )
     return JobInputs(
         recipe=recipe,
         layout=states_layout(cfg, recipe.specs),

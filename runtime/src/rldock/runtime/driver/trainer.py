@@ -164,7 +164,8 @@ class Trainer:
         driver = Driver(
             recipe=recipe,
             output_dir=self.output_dir,
-            group_size=cfg.algorithm.num_responses_per_prompt,
+            group_size=cfg.rows_per_group,
+            rows_per_episode=cfg.rows_per_episode,
             workers=workers,
             feed=self.inputs.feed,
             books=books,

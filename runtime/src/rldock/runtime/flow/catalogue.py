@@ -13,6 +13,7 @@ import torch
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
+from rldock.runtime.algorithms.episodes import at_heads, episode_share, episode_sums, one_per_row, to_rows
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, GaeResult, masked_whiten
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
@@ -42,24 +43,43 @@ def get_recipe(name: str) -> Recipe:
 # --- advantage stages ----------------------------------------------------------------------------
 
 
+def episodes_of(batch) -> torch.Tensor:
+    """The batch's episode column (B,): the dock's where an episode is several rows (a harness's segments),
+    else one episode per row."""
+    return batch["episode"] if "episode" in batch.keys() else one_per_row(len(batch["reward"]))
+
+
+def episode_columns(batch, advantages: torch.Tensor, episode: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The advantage stage's columns: each episode's advantage (E,) on its every row, and where the flow has
+    segments each row's share of its episode's tokens (what the loss's sequence means count episodes by)."""
+    columns = {"advantage": to_rows(advantages, episode)}  # (B,)
+    if "episode" in batch.keys():
+        columns["episode_share"] = episode_share(batch["response_mask"], episode)  # (B,)
+    return columns
+
+
 def group_advantage_stage(estimator: str) -> AdvantageStage:
-    """Outcome advantages from whole groups of rewards by a registered estimator: (B,) per sample."""
+    """Outcome advantages from whole groups of episodes' rewards by a registered estimator: (B,) per row, an
+    episode's rows sharing its advantage (its N - 1 siblings its baseline, whatever its segments)."""
     fn = get_advantage_estimator(estimator)
 
     def stage(batch, algo, generator):
-        return {"advantage": fn(batch["reward"], algo.num_responses_per_prompt)}  # (B,)
+        episode = episodes_of(batch)
+        return episode_columns(batch, fn(at_heads(batch["reward"], episode), algo.num_responses_per_prompt), episode)
 
     return stage
 
 
 def batch_advantage_stage(estimator: str) -> AdvantageStage:
     """Outcome advantages normalised over the iteration's whole batch by a registered estimator
-    (REINFORCE++), each response weighted by its tokens: (B,) per sample."""
+    (REINFORCE++), each episode weighted by its tokens over all its rows: (B,) per row."""
     fn = get_advantage_estimator(estimator)
 
     def stage(batch, algo, generator):
-        token_counts = batch["response_mask"].sum(dim=1)  # (B,)
-        return {"advantage": fn(batch["reward"], algo.num_responses_per_prompt, token_counts=token_counts)}
+        episode = episodes_of(batch)
+        token_counts = episode_sums(batch["response_mask"].sum(dim=1), episode)  # (E,)
+        rewards = at_heads(batch["reward"], episode)  # (E,)
+        return episode_columns(batch, fn(rewards, algo.num_responses_per_prompt, token_counts=token_counts), episode)
 
     return stage
 
@@ -249,10 +269,10 @@ def dapo_advantage_stage(batch, algo, generator):
     full-size advantages (all correct, one response 0.01 shorter of the ramp: +0.35 x7 and -2.47).
     Zeroed, not dropped: their tokens stay in the token mean's count, as the samples stay in the
     batch. (B,) per sample."""
-    group_size = algo.num_responses_per_prompt
-    advantages = get_advantage_estimator("grpo")(batch["reward"], group_size)  # (B,)
-    keep = informative_groups(batch["score"], group_size).repeat_interleave(group_size)  # (B,)
-    return {"advantage": torch.where(keep, advantages, torch.zeros_like(advantages))}
+    group_size, episode = algo.num_responses_per_prompt, episodes_of(batch)
+    advantages = get_advantage_estimator("grpo")(at_heads(batch["reward"], episode), group_size)  # (E,)
+    keep = informative_groups(at_heads(batch["score"], episode), group_size).repeat_interleave(group_size)  # (E,)
+    return episode_columns(batch, torch.where(keep, advantages, torch.zeros_like(advantages)), episode)
 
 
 # DAPO: GRPO's states; with dynamic sampling the driver reads each round's per-sample `score` (the

@@ -57,6 +57,16 @@ TRAJECTORY_COUNTS = ("num_turns", "num_tool_calls", "num_tool_errors", "environm
 # the step each turn took (0 for a turn that called tools, and past the episode's turns).
 TURNS = ("turn_index", "turn_rewards")
 
+# A harness's episodes only (agent.max_segments > 1, docs/agentic.md#segments): an episode is S consecutive
+# rows, one per segment, its last segment (the one the reward judges) first, then its earlier ones, then
+# empty rows. `episode` (B,) int64, the iteration's number of each row's episode, written by the driver
+# with the prompts: the reward scores each episode's first row and writes its reward on every row, the
+# advantage's baselines, DAPO's filter and the driver's reward_mean count each episode once
+# (algorithms/episodes.py). `episode_share` (B,) float32, each row's share of its episode's model tokens,
+# written by the advantage stage (which sees whole episodes) and read by the update's loss aggregation.
+EPISODE = ("episode",)
+EPISODE_SHARE = ("episode_share",)
+
 # 0/1 mask columns whose per-sample sums are a sample's tokens: the dock uses them to deal the
 # update's samples over DP ranks with about equal token counts.
 TOKEN_COLUMNS: tuple[str, ...] = ("prompt_mask", "response_mask")

@@ -12,6 +12,8 @@ from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT
 from rldock.runtime.flow.catalogue import get_recipe
 from rldock.runtime.flow.columns import (
     AGENT_PARTIAL_ROLLOUT,
+    EPISODE,
+    EPISODE_SHARE,
     PARTIAL_ROLLOUT,
     POLICY_VERSION,
     PROMPT_INDEX,
@@ -30,6 +32,7 @@ from rldock.runtime.flow.states import (
     REWARD_MODEL,
     REWARD_STATE,
     ROLLOUT,
+    SAMPLE_FACTS,
     WorkerState,
 )
 
@@ -66,6 +69,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     algo = cfg.algorithm
     if cfg.agent is not None and (algo.credit == "turn" or (recipe.needs_critic and algo.gae_unit == "turn")):
         recipe = with_turns(recipe)  # before fusing: the advantage then reads the rollout's columns too
+    if cfg.rows_per_episode > 1:
+        recipe = with_segments(recipe)  # before fusing: the fused reward then writes the shares too
     if cfg.ablations.fuse_reward_advantage and recipe.can_fuse_reward_advantage:
         recipe = with_advantage_in_reward(recipe)
     if cfg.reward.model_term_index is not None:
@@ -116,6 +121,27 @@ def with_agent(recipe: Recipe) -> Recipe:
         return replace(spec, consumes=consumes, produces=produces)
 
     return _with_specs(recipe, change)
+
+
+def with_segments(recipe: Recipe) -> Recipe:
+    """`recipe` whose episodes are several rows each (a harness's segments, agent.max_segments): the driver
+    writes each row's `episode`, which the reward (it scores each episode once), the advantage and the
+    driver's read of the facts count episodes by; the advantage writes each row's `episode_share`, which the
+    update's loss aggregation counts episodes by."""
+    update = recipe.update_state
+
+    def change(spec: WorkerState) -> WorkerState:
+        produces, consumes = spec.produces, spec.consumes
+        if spec.name in (REWARD_STATE.name, ADVANTAGE_STATE.name, SAMPLE_FACTS.name):
+            consumes += EPISODE
+        if spec.name == ADVANTAGE_STATE.name:
+            consumes += tuple(c for c in ("response_mask",) if c not in consumes)
+            produces += EPISODE_SHARE
+        if spec.name == update:
+            consumes += EPISODE_SHARE
+        return replace(spec, consumes=consumes, produces=produces)
+
+    return replace(_with_specs(recipe, change), driver_produces=recipe.driver_produces + EPISODE)
 
 
 def with_turns(recipe: Recipe) -> Recipe:

@@ -1,6 +1,6 @@
 """A rank's harness episodes on its engine: the gateway served for them, the harness run once per episode,
-the engine pumped in the caller's thread until every episode has ended, and each episode's sample for the
-dock with the measures of its exactness.
+the engine pumped in the caller's thread until every episode has ended, and each episode's samples for the
+dock (a row per segment) with the measures of their exactness.
 
 Built once per actor rank (rollout/harness.py); `run` is called per batch of the rollout.
 """
@@ -56,9 +56,9 @@ def pod_token() -> str:
 
 @dataclass
 class EpisodeResult:
-    """One episode: the sample it becomes, how it ended, its rewards and measures."""
+    """One episode: the samples it becomes (a row per segment), how it ended, its rewards and measures."""
 
-    row: SegmentRow
+    row: SegmentRow  # its last segment's, whose final turn the reward judges
     ended: str
     rewards: list[float]  # posted to `.../reward`, then returned
     turns: int  # model turns over all segments
@@ -68,6 +68,7 @@ class EpisodeResult:
     drift_tokens: int | None = None  # re-rendering the final messages: held ids off (None: not measured)
     resends: int = 0
     final_turn: list[int] = field(default_factory=list)  # the ids of the episode's last model turn
+    rows: list[SegmentRow] = field(default_factory=list)  # every segment's, in order (`row` the last)
 
 
 class RendererCache:
@@ -195,7 +196,9 @@ class GatewayEpisodes:
                 turn = fallback_turns[index]
                 ended = outcome.ended if outcome.ended != "harness_done" else "harness_no_turn"
                 row = SegmentRow([*prompts[index], *turn], len(prompts[index]), [1] * len(turn), ended)
-                results.append(EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended], final_turn=list(turn)))
+                results.append(
+                    EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended], final_turn=list(turn), rows=[row])
+                )
                 continue
             results.append(self._result(episode.session, episode, outcome))
         for episode, result in zip(episodes, results):
@@ -205,23 +208,28 @@ class GatewayEpisodes:
         return results
 
     def _result(self, session: Session, episode, outcome: HarnessOutcome) -> EpisodeResult:
-        row = session.rows(prompt_capacity=self.prompt_capacity)[-1]
+        rows = session.rows(prompt_capacity=self.prompt_capacity)
         last = session.segments[-1]
-        engine_turns = self.turns.sampled.get(episode.key, [])[-last.turns :]
-        model_ids = [token for token, model in zip(row.ids[row.prompt_length :], row.model_mask) if model]
+        turns = sum(segment.turns for segment in session.segments)
+        engine_turns = self.turns.sampled.get(episode.key, [])[-turns:]
+        # every segment's model tokens, in order, are the engine's turns of the episode
+        model_ids = [
+            token for row in rows for token, model in zip(row.ids[row.prompt_length :], row.model_mask) if model
+        ]
         exact = model_ids == [token for turn in engine_turns for token in turn]
         tools = [json.loads(tool) for tool in last.tools]
         return EpisodeResult(
-            row=row,
+            row=rows[-1],
             ended=outcome.ended,
             rewards=[*episode.rewards, *outcome.rewards],
-            turns=sum(segment.turns for segment in session.segments),
+            turns=turns,
             tool_calls=episode.tool_calls,
             segments=[segment.reason for segment in session.segments],
             exact=exact,
             drift_tokens=self._drift(last, tools),
             resends=episode.resends,
             final_turn=list(last.sampled[-1]),
+            rows=rows,
         )
 
     def _drift(self, segment: Segment, tools: list[dict]) -> int | None:

@@ -4,12 +4,16 @@ sample, written when the rank's batch has ended. Held-out evaluation runs the sa
 prompts, sampled as the evaluation asks (greedy by default), and answers with each episode's final turn and
 its rewards, as the agent rollout's evaluation does.
 
-A sample's row is exactly the ids the engine continued: the segment's prompt in the prompt columns (a
-prompt longer than the dock's prompt width continues in the response as context), the sampled turns
-trained (`response_mask`), everything else attended only (`response_attention_mask`). Its rewards are
-the `environment_rewards` an `environment` reward term aggregates. An episode that opened several segments
-(a compacted context, a sub-agent) trains on its last one, whose final turn the reward judges; the others
-are counted (`agent/gateway/segments_untrained`), since the dock holds one row per episode.
+An episode is S = agent.max_segments consecutive dock rows (JobConfig.rows_per_episode), one per segment
+(a compacted context, a sub-agent's prompt, ...: gateway/sessions.py): its last segment first (the one whose
+final turn the reward judges; the reward scores that row and writes its reward on every row of the
+episode), then its earlier segments in order, then empty rows. A segment's row is exactly the ids the
+engine continued: its prompt in the prompt columns (a prompt longer than the dock's prompt width continues
+in the response as context), the sampled turns trained (`response_mask`), everything else attended only
+(`response_attention_mask`). Every row carries the episode's rewards, the `environment_rewards` an
+`environment` reward term aggregates. An episode with more than S segments keeps its last and its first
+S - 1 (`agent/gateway/segments_dropped`, by reason under `agent/gateway/segment_dropped/`). An empty row
+holds the last segment's prompt and no response: no token of it trains or counts (algorithms/episodes.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
+from rldock.runtime.gateway.sessions import SegmentRow
 from rldock.runtime.rollout.agent import episode_keys, episode_stage
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
@@ -67,18 +72,22 @@ class HarnessRollout(RolloutMode):
         def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             capacity = batch["prompt_ids"].shape[1]
             episodes = self.episodes(capacity)
-            indices_list = batch["prompt_index"].tolist()
+            per_episode = self.setup.rows_per_episode  # an episode's rows, consecutive: its first stands for it
+            firsts = batch[::per_episode]
             results = episodes.run(
                 engine,
-                tasks=[task_of(self.rows[i], i) for i in indices_list],
-                prompts=unpadded(batch["prompt_ids"], batch["prompt_mask"]),
-                keys=episode_keys(self.setup, indices, request),
+                tasks=[task_of(self.rows[i], i) for i in firsts["prompt_index"].tolist()],
+                prompts=unpadded(firsts["prompt_ids"], firsts["prompt_mask"]),
+                keys=episode_keys(self.setup, indices[::per_episode] // per_episode, request),
                 seed=request.iteration,
             )
-            sums.append(result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s))
+            sums.append(
+                result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s, rows_per_episode=per_episode)
+            )
             lengths.extend(len(r.row.ids) - r.row.prompt_length for r in results)
             return harness_columns(
                 results,
+                rows_per_episode=per_episode,
                 prompt_capacity=capacity,
                 response_capacity=self.setup.max_response_length,
                 max_steps=self.max_turns,
@@ -115,17 +124,26 @@ class HarnessRollout(RolloutMode):
             self._episodes.close()
 
 
-def result_sums(results: Sequence[EpisodeResult], *, engine_s: float, wall_s: float) -> Sums:
+def kept_rows(result: EpisodeResult, rows_per_episode: int) -> tuple[list[SegmentRow], list[SegmentRow]]:
+    """(the episode's rows for the dock, at most `rows_per_episode`: its last segment's, then its earliest
+    ones in order; the segments' rows past that bound)."""
+    earlier = result.rows[:-1]
+    return [result.row, *earlier[: rows_per_episode - 1]], earlier[rows_per_episode - 1 :]
+
+
+def result_sums(
+    results: Sequence[EpisodeResult], *, engine_s: float, wall_s: float, rows_per_episode: int | None = None
+) -> Sums:
     """The episodes' additive figures (agent/episode_metrics.py's keys; the gateway's own under `counts/gateway/`,
-    which the metrics show as `agent/gateway/...`)."""
+    which the metrics show as `agent/gateway/...`); with `rows_per_episode` (a rollout's, not an evaluation's)
+    the segments it leaves out of the dock, in all and by reason."""
     sums: dict[str, float | list[float]] = {
         "episodes": float(len(results)),
         "turns": float(sum(r.turns for r in results)),
-        "model_tokens": float(sum(sum(r.row.model_mask) for r in results)),
-        "response_tokens": float(sum(len(r.row.model_mask) for r in results)),
+        "model_tokens": float(sum(sum(row.model_mask) for r in results for row in r.rows)),
+        "response_tokens": float(sum(len(row.model_mask) for r in results for row in r.rows)),
         "counts/gateway/tool_calls": float(sum(r.tool_calls for r in results)),
         "counts/gateway/segments": float(sum(len(r.segments) for r in results)),
-        "counts/gateway/segments_untrained": float(sum(len(r.segments) - 1 for r in results)),
         "counts/gateway/exact_episodes": float(sum(r.exact for r in results)),
         "counts/gateway/inexact_episodes": float(sum(not r.exact for r in results)),
         "counts/gateway/resends": float(sum(r.resends for r in results)),
@@ -139,20 +157,28 @@ def result_sums(results: Sequence[EpisodeResult], *, engine_s: float, wall_s: fl
         for reason in result.segments[1:]:
             key = f"counts/gateway/segment/{reason}"
             sums[key] = float(sums.get(key, 0.0)) + 1  # type: ignore[arg-type]
+    if rows_per_episode is not None:
+        dropped = [row.reason for result in results for row in kept_rows(result, rows_per_episode)[1]]
+        sums["counts/gateway/segments_dropped"] = float(len(dropped))
+        for reason in dropped:
+            key = f"counts/gateway/segment_dropped/{reason}"
+            sums[key] = float(sums.get(key, 0.0)) + 1  # type: ignore[arg-type]
     return sums
 
 
 def harness_columns(
     results: Sequence[EpisodeResult],
     *,
+    rows_per_episode: int = 1,
     prompt_capacity: int,
     response_capacity: int,
     max_steps: int,
     pad_token_id: int,
     policy_version: int,
 ) -> TensorDict:
-    """The dock's columns of the episodes' rows: the prompt columns too (each row's own prompt, left-padded)."""
-    rows = len(results)
+    """The dock's columns of the episodes' rows, `rows_per_episode` per episode (module docstring): the prompt
+    columns too (each row's own prompt, left-padded); every row carries its episode's counts and rewards."""
+    rows = len(results) * rows_per_episode
     prompt_ids = torch.full((rows, prompt_capacity), pad_token_id, dtype=torch.int64)  # (B, PL)
     prompt_mask = torch.zeros_like(prompt_ids)
     response_ids = torch.full((rows, response_capacity), pad_token_id, dtype=torch.int64)  # (B, SL)
@@ -160,19 +186,28 @@ def harness_columns(
     attention = torch.zeros((rows, response_capacity), dtype=torch.int64)  # (B, SL)
     rewards = torch.zeros((rows, max_steps), dtype=torch.float32)  # (B, max_turns)
     steps = torch.zeros((rows,), dtype=torch.int64)
-    for i, result in enumerate(results):
-        row = result.row
-        prompt, response = row.ids[: row.prompt_length], row.ids[row.prompt_length :]
-        assert len(response) <= response_capacity, "the gateway bounds each turn by the row's response width"
-        if prompt:
-            prompt_ids[i, -len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
-            prompt_mask[i, -len(prompt) :] = 1
-        response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.int64)
-        model_mask[i, : len(response)] = torch.tensor(row.model_mask, dtype=torch.int64)
-        attention[i, : len(response)] = 1
-        kept = result.rewards[-max_steps:]  # the latest steps where a harness posted more than max_turns
-        rewards[i, : len(kept)] = torch.tensor(kept, dtype=torch.float32)
-        steps[i] = len(kept)
+    model_masks: list[list[int]] = []
+    for e, result in enumerate(results):
+        kept, _ = kept_rows(result, rows_per_episode)
+        kept_rewards = result.rewards[-max_steps:]  # the latest steps where a harness posted more than max_turns
+        empty = SegmentRow(result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty")
+        for j, row in enumerate([*kept, *[empty] * (rows_per_episode - len(kept))]):
+            i = e * rows_per_episode + j
+            prompt, response = row.ids[: row.prompt_length], row.ids[row.prompt_length :]
+            assert len(response) <= response_capacity, "the gateway bounds each turn by the row's response width"
+            if prompt:
+                prompt_ids[i, -len(prompt) :] = torch.tensor(prompt, dtype=torch.int64)
+                prompt_mask[i, -len(prompt) :] = 1
+            response_ids[i, : len(response)] = torch.tensor(response, dtype=torch.int64)
+            model_mask[i, : len(response)] = torch.tensor(row.model_mask, dtype=torch.int64)
+            attention[i, : len(response)] = 1
+            rewards[i, : len(kept_rewards)] = torch.tensor(kept_rewards, dtype=torch.float32)
+            steps[i] = len(kept_rewards)
+            model_masks.append(row.model_mask)
+
+    def per_row(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).repeat_interleave(rows_per_episode)  # (B,)
+
     return TensorDict(
         {
             "prompt_ids": prompt_ids,
@@ -182,15 +217,15 @@ def harness_columns(
             "response_attention_mask": attention,
             "response_length": attention.sum(dim=1),  # (B,) every token after the prompt
             "policy_version": torch.full((rows,), policy_version, dtype=torch.int64),
-            "num_turns": torch.tensor([r.turns for r in results], dtype=torch.int64),
-            "num_tool_calls": torch.tensor([r.tool_calls for r in results], dtype=torch.int64),
+            "num_turns": per_row([r.turns for r in results]),
+            "num_tool_calls": per_row([r.tool_calls for r in results]),
             "num_tool_errors": torch.zeros((rows,), dtype=torch.int64),
             "environment_rewards": rewards,
             "num_environment_steps": steps,
             # a harness's rewards are the episode's, not a turn's: turn-level credit needs agent.environment
             **turn_columns(
-                [turn_index_from_mask(r.row.model_mask) for r in results],
-                [[] for _ in results],
+                [turn_index_from_mask(mask) for mask in model_masks],
+                [[] for _ in model_masks],
                 max_response_length=response_capacity,
                 max_turns=max_steps,
             ),

@@ -44,9 +44,11 @@ class RolloutSetup:
     eos_token_id: int
     pad_token_id: int
     num_prompts_per_iteration: int  # G
+    rows_per_episode: int = 1  # S: a sample's dock rows (JobConfig.rows_per_episode: a harness's segments)
 
     @property
     def num_samples_per_iteration(self) -> int:
+        """G*N: the iteration's samples (episodes), whatever their rows."""
         return self.num_prompts_per_iteration * self.num_responses
 
 
@@ -61,6 +63,7 @@ def rollout_setup(cfg: JobConfig, *, tokenizer, rank: int, batch_size: int, spec
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         num_prompts_per_iteration=algo.num_prompts_per_iteration,
+        rows_per_episode=cfg.rows_per_episode,
     )
 
 

@@ -51,11 +51,22 @@ class PolicyObjective:
         response 1) where the flow carries none."""
         return batch["loss_weight"] if "loss_weight" in self.columns else None
 
+    def episode_share(self, batch: Mapping[str, Tensor]) -> Tensor | None:
+        """Each row's share of its episode's tokens (b,), which the advantage stage writes where an episode
+        is several rows (a harness's segments); None (one row per episode) where the flow carries none."""
+        return batch["episode_share"] if "episode_share" in self.columns else None
+
+    def shape(self, batch: Mapping[str, Tensor]) -> dict[str, Any]:
+        """How `batch`'s token losses aggregate besides the mode (aggregation.py's keyword arguments)."""
+        return {
+            "row_weights": self.row_weights(batch),
+            "norm_length": self.norm_length,
+            "episode_share": self.episode_share(batch),
+        }
+
     def units(self, batch: Mapping[str, Tensor]) -> Tensor:
         """The aggregation's units of `batch` (a scalar): what a mini-batch's units per rank add up."""
-        return aggregation_units(
-            batch["response_mask"], self.aggregation, row_weights=self.row_weights(batch), norm_length=self.norm_length
-        )
+        return aggregation_units(batch["response_mask"], self.aggregation, **self.shape(batch))
 
     def __call__(
         self,
@@ -72,27 +83,25 @@ class PolicyObjective:
         logprobs (b, SL) with gradients, entropy (b, SL), both 0 where `response_mask` is 0; `micro`
         the batch's columns: response_mask, advantage and those of `columns`."""
         mask = micro["response_mask"].float()  # (b, SL)
-        row_weights = self.row_weights(micro)  # (b,) or None
-        shape = {"aggregation": self.aggregation, "row_weights": row_weights, "norm_length": self.norm_length}
+        shape = self.shape(micro)
         # The sampling policy's logprobs: the flow's when it computes them, else this pass's own,
         # detached (job_recipe drops that pass only when the sampling policy is the one training).
         old_logprobs = micro["old_logprobs"] if "old_logprobs" in self.columns else logprobs.detach()
         advantage = micro["advantage"]
         if IMPORTANCE_WEIGHT in self.columns:  # rollout.importance_correction decoupled
             advantage = weighted_advantage(advantage, micro[IMPORTANCE_WEIGHT])
-        policy = self.policy_loss(logprobs, old_logprobs, advantage, mask, **shape, **self.loss_kwargs)
+        policy = self.policy_loss(
+            logprobs, old_logprobs, advantage, mask, aggregation=self.aggregation, **shape, **self.loss_kwargs
+        )
         kl, kl_clamped = torch.zeros(()), torch.zeros(())  # no reference with kl_coef 0
         if "ref_logprobs" in self.columns:
             kl_tokens = kl_penalty(
                 logprobs, micro["ref_logprobs"], estimator=self.kl_estimator, max_kl=self.kl_clamp
             )  # (b, SL)
-            kl = aggregate(kl_tokens, mask, self.aggregation, row_weights=row_weights, norm_length=self.norm_length)
+            kl = aggregate(kl_tokens, mask, self.aggregation, **shape)
             kl_clamped = kl_clamp_fraction(kl_tokens, mask, self.kl_clamp)
         loss = policy.loss + self.kl_coef * kl
-        scale = (
-            aggregation_units(mask, self.aggregation, row_weights=row_weights, norm_length=self.norm_length)
-            / units_per_rank
-        )
+        scale = self.units(micro) / units_per_rank
         share = (mask.sum() / rank_tokens).item()  # this rank's metrics: its own token mean
         return loss * scale, {
             "loss": loss.item() * share,

@@ -21,7 +21,7 @@ def advantage_batch_size(recipe: Recipe, cfg: JobConfig) -> int:
     or every sample of the iteration (`advantage_scope: iteration`)."""
     if recipe.advantage_scope == "iteration":
         return cfg.num_samples_per_iteration
-    group = cfg.algorithm.num_responses_per_prompt
+    group = cfg.rows_per_group
     return group * max(1, cfg.training.micro_batch_size // group)
 
 

@@ -20,9 +20,11 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import is_trajectory, reward_views
+from rldock.runtime.algorithms.episodes import episode_heads, to_rows
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
+from rldock.runtime.flow.columns import EPISODE
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import REWARD_STATE, StageCall
 from rldock.runtime.models.loading import decode_responses, load_tokenizer
@@ -52,7 +54,9 @@ class RewardWorker:
         self.produces = self.spec.produces
         # With the advantage fused in: the stage, and requests of whole groups (a baseline needs all N).
         self.advantage_stage = recipe.advantage_stage if recipe.advantage_in_reward else None
-        self.whole_groups = self.advantage_stage is not None
+        # Where an episode is several rows (`episode`: a harness's segments) it is scored once, so a
+        # request holds whole episodes too.
+        self.whole_groups = self.advantage_stage is not None or EPISODE[0] in self.spec.consumes
         self.batch_size = advantage_batch_size(recipe, cfg) if self.whole_groups else cfg.training.micro_batch_size
 
     def rows_of(self, batch: TensorDict) -> list[Row]:
@@ -63,7 +67,11 @@ class RewardWorker:
     def compute_rewards(self, call: StageCall) -> StageResult:
         metrics = RewardMetrics()
 
-        def score(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+        def score(indices: torch.Tensor, rows_batch: TensorDict) -> TensorDict:
+            # an episode of several rows is scored on its first (the segment whose final turn the reward
+            # judges), and its reward written on each of its rows
+            episode = rows_batch[EPISODE[0]] if EPISODE[0] in rows_batch.keys() else None
+            batch = rows_batch if episode is None else rows_batch[episode_heads(episode)]
             rows = self.rows_of(batch)
             extra_infos = [row.extra_info for row in rows]
             if is_trajectory(batch):  # multi-turn: the final turn is the answer; the rest in extra_info
@@ -86,6 +94,9 @@ class RewardWorker:
             shaped = self.shaping(scored.scores, batch["response_mask"].sum(dim=1), self.cfg.algorithm)  # (B,)
             # score: unshaped, what the driver reads (sample_facts: reward_mean) and DAPO filters on
             columns = {"reward": shaped, "score": scored.scores}
+            if episode is not None:
+                columns = {name: to_rows(values, episode) for name, values in columns.items()}
+                columns |= {EPISODE[0]: episode, "response_mask": rows_batch["response_mask"]}
             if self.advantage_stage is not None:
                 columns.update(
                     self.advantage_stage(

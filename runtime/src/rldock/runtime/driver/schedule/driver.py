@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from tensordict import TensorDict
 
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.grouping import split_group_columns
-from rldock.runtime.driver.feed import DriverBatch, SampleFacts
+from rldock.runtime.driver.feed import DriverBatch, SampleFacts, group_rows
+from rldock.runtime.flow.columns import EPISODE
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import StageCall, WorkerState
 
@@ -60,11 +62,12 @@ class Driver:
 
     recipe: Recipe
     output_dir: Path  # where an in-flight iteration's dock is kept for its retry (checkpoint.py)
-    group_size: int  # algorithm.num_responses_per_prompt: rows per prompt group
+    group_size: int  # JobConfig.rows_per_group: rows per prompt group (N, times S where episodes have segments)
     workers: StageWorkers
     feed: Prompts
     books: Books
     counters: Counters
+    rows_per_episode: int = 1  # JobConfig.rows_per_episode: S
 
     @property
     def updates(self) -> tuple[str, ...]:
@@ -91,6 +94,11 @@ class Driver:
         """The driver's rows of group slots `groups` into `bank`: what every sample of a group shares
         (the prompt) crosses the network once per group, not once per sample (dock/grouping.py)."""
         shared, per_sample = split_group_columns(fed.batch, self.group_size)
+        if EPISODE[0] in self.recipe.driver_produces:  # each row's episode, numbered by its dock row
+            episodes = group_rows(groups, self.group_size) // self.rows_per_episode  # (k*N*S,)
+            if per_sample is None:
+                per_sample = TensorDict({}, batch_size=[len(episodes)])
+            per_sample[EPISODE[0]] = episodes
         self.counters.wait()
         bank.put_groups(groups, shared, samples=per_sample)
 

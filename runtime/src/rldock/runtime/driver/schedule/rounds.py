@@ -8,6 +8,7 @@ import time
 import torch
 
 from rldock.config.job import AlgorithmSpec
+from rldock.runtime.algorithms.episodes import at_heads
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.driver.feed import DriverBatch, DynamicSampling, SampledRounds, SampleFacts, group_rows
 from rldock.runtime.driver.schedule.driver import Driver
@@ -32,7 +33,7 @@ def fill_by_rounds(
         the filter dropped; the first round starts the iteration), then the sampling states;
         only the read state's (B,) columns come back to the driver: the filter's score, the length."""
         nonlocal put_seconds
-        rows = group_rows(groups, algo.num_responses_per_prompt)  # (k*N,)
+        rows = group_rows(groups, driver.group_size)  # (k*N*S,)
         started = time.perf_counter()
         if sampling_round == 0:
             bank.reset()
@@ -44,11 +45,14 @@ def fill_by_rounds(
         got = bank.get(read.name, list(read.consumes), batch_size=len(rows), whole_groups=True)
         assert got is not None and torch.equal(got[0], rows), "the filter state must get exactly this round's rows"
         facts.add(got[1])
-        return results, got[1][rounds.score_column]
+        scores = got[1][rounds.score_column]  # (k*N*S,)
+        # the filter counts episodes: each one's score once (its first row's), where it has several rows
+        return results, at_heads(scores, got[1]["episode"]) if "episode" in got[1].keys() else scores
 
     sampled = DynamicSampling(
         num_groups=algo.num_prompts_per_iteration,
-        group_size=algo.num_responses_per_prompt,
+        group_size=driver.group_size,
+        episodes_per_group=algo.num_responses_per_prompt,
         max_rounds=algo.dapo.max_sampling_rounds,
         group_filter=rounds.group_filter(algo),
     ).run(driver.feed.draw, run_round)
