@@ -269,3 +269,31 @@ def test_dapo_rounds_read_every_rounds_facts_dropped_groups_included(tmp_path):
         assert bank.get("sample_facts", ["score"], batch_size=2 * GROUP_SIZE, whole_groups=True) is None  # all read
     finally:
         bank.shutdown()
+
+
+def test_the_driver_numbers_each_rows_episode_where_an_episode_is_several_rows(tmp_path):
+    """Groups of 2 episodes x 3 rows (a harness's segments): the put of group slots 1 and 3 writes each row's
+    episode by its dock row, the same numbers whichever round puts the group."""
+    from dataclasses import replace
+
+    log: list = []
+    books = BooksDouble(log)
+    put: dict = {}
+
+    class EpisodeBank(BankDouble):
+        def put_groups(self, groups, shared, samples=None) -> None:
+            put["episode"] = samples["episode"].tolist()
+
+    driver = Driver(
+        recipe=replace(RECIPE, driver_produces=(*RECIPE.driver_produces, "episode")),
+        output_dir=tmp_path,
+        group_size=6,
+        workers=WorkersDouble(log),
+        feed=FeedDouble(log),
+        books=books,
+        counters=books,
+        rows_per_episode=3,
+    )
+    fed = DriverBatch(TensorDict({"prompt_ids": torch.zeros(12, 3)}, batch_size=[12]), prompt_lengths=[3, 3])
+    driver.put_groups(torch.tensor([1, 3]), fed, EpisodeBank("bank", log))
+    assert put["episode"] == [2, 2, 2, 3, 3, 3, 6, 6, 6, 7, 7, 7]

@@ -999,7 +999,7 @@ class AgentSpec(Spec):
         description="Dock rows per episode of a harness (agent.harness, agent.harness_command, agent.harness_pods): "
         "each segment of an episode (a request that does not extend its history: a compacted context, stripped "
         "reasoning, a sub-agent's prompt) is one row, every segment sharing the episode's reward and group, its "
-        "model tokens trained (docs/agentic.md#segments). An episode with fewer segments leaves rows empty (no "
+        "model tokens trained (docs/agentic.md#segments-train). An episode with fewer segments leaves rows empty (no "
         "token trains or counts); one with more keeps its last segment and its first `max_segments - 1` "
         "(`agent/gateway/segments_dropped`). The dock holds G x N x max_segments rows; 1 trains the last segment "
         "only.",

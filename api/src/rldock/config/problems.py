@@ -55,13 +55,15 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     num_samples = cfg.num_samples_per_iteration
     dp = training.data_parallel_size
 
+    # a harness's episodes are agent.max_segments rows each (JobConfig.rows_per_episode)
+    rows, rows_value = ("*agent.max_segments", f"*{cfg.rows_per_episode}") if cfg.rows_per_episode > 1 else ("", "")
     if num_samples % dp:
         problems.append(
             Problem(
                 "training.data_parallel_size",
-                f"G*N = {algo.num_prompts_per_iteration}*{algo.num_responses_per_prompt} = {num_samples} "
-                f"samples per iteration cannot be split evenly over {dp} data-parallel ranks; choose a DP "
-                f"size that divides {num_samples} or change algorithm.num_prompts_per_iteration",
+                f"G*N{rows} = {algo.num_prompts_per_iteration}*{algo.num_responses_per_prompt}{rows_value} = "
+                f"{num_samples} samples per iteration cannot be split evenly over {dp} data-parallel ranks; choose a "
+                f"DP size that divides {num_samples} or change algorithm.num_prompts_per_iteration",
             )
         )
     elif (num_samples // dp) % algo.num_updates_per_iteration:

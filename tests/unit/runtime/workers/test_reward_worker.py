@@ -145,3 +145,49 @@ def test_fused_advantages_are_the_advantage_workers_bit_for_bit(name):
     assert torch.equal(fused_dock.written["advantage"], advantage_dock.written["advantage"])
     assert fused_dock.written["advantage"].abs().sum() > 0  # a group with different rewards: not all zero
     assert fused_dock.written["score"].tolist() == [1.0, 0.0, 1.0, 1.0] and "rewards" not in result.metrics
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_an_episode_of_several_rows_is_scored_once_and_its_reward_written_on_each_row(fuse):
+    """A harness's episodes of 2 rows (agent.max_segments): episode 0 is its right final segment "77" and an
+    earlier segment "7" (which exact_match would score 0), episode 1 a wrong answer and an empty row. Each
+    episode's first row is scored, its reward written on both rows; the metrics count 2 episodes."""
+    cfg = JobConfig(
+        iterations=1,
+        model={"path": "/nonexistent"},
+        reward={"terms": [{"name": "exact_match"}]},
+        agent={"harness": "my_agent:run", "max_segments": 2},
+        algorithm={
+            "name": "grpo",
+            "num_prompts_per_iteration": 1,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 2,
+            "max_response_length": 4,
+            "learning_rate": 0.0,
+        },
+    ).with_ablations(fuse_reward_advantage=fuse)
+    response_ids = torch.tensor([[10, 10, EOS, PAD], [10, EOS, PAD, PAD], [10, EOS, PAD, PAD], [PAD] * 4])
+    batch = TensorDict(
+        {
+            "response_ids": response_ids,
+            "response_mask": (response_ids != PAD).to(torch.int64),
+            "prompt_index": torch.zeros(4, dtype=torch.int64),
+            "episode": torch.tensor([0, 0, 1, 1]),
+            # a harness's trajectory columns (what the reward sees besides the text)
+            "response_attention_mask": (response_ids != PAD).to(torch.int64),
+            "num_turns": torch.ones(4, dtype=torch.int64),
+            "num_tool_calls": torch.zeros(4, dtype=torch.int64),
+            "num_tool_errors": torch.zeros(4, dtype=torch.int64),
+            "environment_rewards": torch.zeros(4, 4),
+            "num_environment_steps": torch.zeros(4, dtype=torch.int64),
+        },
+        batch_size=[4],
+    )
+    dock = OneBatchDock(batch)
+    result = reward_worker_without_files(cfg, (Row("3+4=", "77", "addition"),), dock).compute_rewards(StageCall(1))
+    assert dock.written["score"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert merge_reward_metrics([result.metrics["reward_metrics"]])["reward/exact_match"] == 0.5
+    if fuse:  # the group's baseline: two episodes, one right, one wrong, whatever their rows
+        advantage = dock.written["advantage"].tolist()
+        assert advantage[0] == advantage[1] > 0 > advantage[2] == advantage[3]
+        assert dock.written["episode_share"].tolist() == pytest.approx([3 / 5, 2 / 5, 1.0, 0.0])

@@ -139,11 +139,11 @@ class Recipe:
     @property
     def can_fuse_reward_advantage(self) -> bool:
         """Whether the reward state can run the advantage stage itself: the advantage reads only
-        columns the reward writes, over whole prompt groups (GRPO, DAPO; not PPO's GAE, which needs
-        the critic's values and whitens over the iteration)."""
+        columns the reward reads or writes, over whole prompt groups (GRPO, DAPO; not PPO's GAE, which
+        needs the critic's values and whitens over the iteration)."""
         if "advantage" not in self.consumes or "reward" not in self.consumes or self.advantage_scope != "groups":
             return False
-        return set(self.consumes["advantage"]) <= set(self.produces["reward"])
+        return set(self.consumes["advantage"]) <= {*self.produces["reward"], *self.consumes["reward"]}
 
 
 RECIPES: Registry[Recipe] = Registry("algorithm", field="algorithm.name")

@@ -96,11 +96,13 @@ class RewardWorker:
             columns = {"reward": shaped, "score": scored.scores}
             if episode is not None:
                 columns = {name: to_rows(values, episode) for name, values in columns.items()}
-                columns |= {EPISODE[0]: episode, "response_mask": rows_batch["response_mask"]}
-            if self.advantage_stage is not None:
+            if self.advantage_stage is not None:  # it reads what this state read and wrote
+                read = {name: rows_batch[name] for name in rows_batch.keys()}
                 columns.update(
                     self.advantage_stage(
-                        columns, self.cfg.algorithm, advantage_generator(self.cfg.seed, call.iteration, indices)
+                        {**read, **columns},
+                        self.cfg.algorithm,
+                        advantage_generator(self.cfg.seed, call.iteration, indices),
                     )
                 )
             return TensorDict({name: columns[name] for name in self.produces}, batch_size=[len(indices)])
