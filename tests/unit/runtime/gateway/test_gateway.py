@@ -440,22 +440,24 @@ def test_every_segment_of_a_compacting_harness_is_a_row_of_its_episode(episodes,
     assert result.segments == ["start", "message_edited", "message_edited"] and result.turns == 4 and result.exact
     turns = runner.turns.sampled[9]  # the engine's ids of each turn, in order
     by_segment = [turns[0], turns[1] + turns[2], turns[3]]
-    columns = harness_columns(
-        [result],
-        rows_per_episode=4,
-        prompt_capacity=PROMPT_CAPACITY,
-        response_capacity=256,
-        max_steps=4,
-        pad_token_id=0,
-        policy_version=0,
-    )
-    assert columns.batch_size == (4,)
 
-    def trained(row: int) -> list[int]:
-        return columns["response_ids"][row][columns["response_mask"][row].bool()].tolist()
+    def dock_rows(rows_per_episode: int):
+        return harness_columns(
+            [result],
+            rows_per_episode=rows_per_episode,
+            prompt_capacity=PROMPT_CAPACITY,
+            response_capacity=256,
+            max_steps=4,
+            pad_token_id=0,
+            policy_version=0,
+        )
 
+    def trained(columns) -> list[list[int]]:
+        return [ids[mask.bool()].tolist() for ids, mask in zip(columns["response_ids"], columns["response_mask"])]
+
+    columns = dock_rows(4)
     # the last segment first (the reward judges its final turn), then the earlier ones in order, then an empty row
-    assert [trained(row) for row in range(3)] == [by_segment[2], by_segment[0], by_segment[1]]
+    assert trained(columns) == [by_segment[2], by_segment[0], by_segment[1], []]
     assert columns["response_mask"][3].sum() == 0 and columns["response_length"][3] == 0
     assert torch.equal(columns["prompt_ids"][3], columns["prompt_ids"][0])
     assert columns["environment_rewards"][:, 0].tolist() == [1.0] * 4  # every row carries the episode's reward
@@ -463,18 +465,6 @@ def test_every_segment_of_a_compacting_harness_is_a_row_of_its_episode(episodes,
     assert sums["counts/gateway/segments"] == 3 and sums["counts/gateway/segments_dropped"] == 0
     assert not any("untrained" in key for key in sums)
     # a cap of 2 rows keeps the last segment and the first; the middle one is counted by its reason
-    capped = harness_columns(
-        [result],
-        rows_per_episode=2,
-        prompt_capacity=PROMPT_CAPACITY,
-        response_capacity=256,
-        max_steps=4,
-        pad_token_id=0,
-        policy_version=0,
-    )
-    assert [capped["response_ids"][r][capped["response_mask"][r].bool()].tolist() for r in range(2)] == [
-        by_segment[2],
-        by_segment[0],
-    ]
+    assert trained(dock_rows(2)) == [by_segment[2], by_segment[0]]
     sums = result_sums([result], engine_s=0.0, wall_s=0.0, rows_per_episode=2)
     assert sums["counts/gateway/segments_dropped"] == 1 and sums["counts/gateway/segment_dropped/message_edited"] == 1

@@ -19,11 +19,13 @@ from rldock.runtime.workers.reward import RewardWorker
 
 
 def _worker(
-    name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: bool = False, num_prompts: int = 1
+    name: str, dock, rows=(Row("3+4=", "77", "addition"),), *, fuse: bool = False, num_prompts: int = 1, **sections
 ) -> RewardWorker:
+    """`sections`: more of the job's config sections (agent)."""
     cfg = JobConfig(
         iterations=1,
         model={"path": "/nonexistent"},
+        **sections,
         reward={"terms": [{"name": "exact_match"}]},
         algorithm={
             "name": name,
@@ -152,20 +154,6 @@ def test_an_episode_of_several_rows_is_scored_once_and_its_reward_written_on_eac
     """A harness's episodes of 2 rows (agent.max_segments): episode 0 is its right final segment "77" and an
     earlier segment "7" (which exact_match would score 0), episode 1 a wrong answer and an empty row. Each
     episode's first row is scored, its reward written on both rows; the metrics count 2 episodes."""
-    cfg = JobConfig(
-        iterations=1,
-        model={"path": "/nonexistent"},
-        reward={"terms": [{"name": "exact_match"}]},
-        agent={"harness": "my_agent:run", "max_segments": 2},
-        algorithm={
-            "name": "grpo",
-            "num_prompts_per_iteration": 1,
-            "num_responses_per_prompt": 2,
-            "max_prompt_length": 2,
-            "max_response_length": 4,
-            "learning_rate": 0.0,
-        },
-    ).with_ablations(fuse_reward_advantage=fuse)
     response_ids = torch.tensor([[10, 10, EOS, PAD], [10, EOS, PAD, PAD], [10, EOS, PAD, PAD], [PAD] * 4])
     batch = TensorDict(
         {
@@ -184,7 +172,8 @@ def test_an_episode_of_several_rows_is_scored_once_and_its_reward_written_on_eac
         batch_size=[4],
     )
     dock = OneBatchDock(batch)
-    result = reward_worker_without_files(cfg, (Row("3+4=", "77", "addition"),), dock).compute_rewards(StageCall(1))
+    worker = _worker("grpo", dock, fuse=fuse, agent={"harness": "my_agent:run", "max_segments": 2})
+    result = worker.compute_rewards(StageCall(1))
     assert dock.written["score"].tolist() == [1.0, 1.0, 0.0, 0.0]
     assert merge_reward_metrics([result.metrics["reward_metrics"]])["reward/exact_match"] == 0.5
     if fuse:  # the group's baseline: two episodes, one right, one wrong, whatever their rows
