@@ -171,8 +171,8 @@ def test_held_out_evaluation_runs_the_harness(run):
     # before any rollout (iteration 0) and after the last update
     evaluated = [r for r in records_of(run) if "val/accuracy" in r]
     assert [r["iteration"] for r in evaluated] == [0, ITERATIONS]
-    for record in evaluated:  # every held-out episode was the harness's, two turns each, exact
+    for record in evaluated:  # every held-out episode was the harness's, three turns each, exact
         assert record["val/agent/ended/harness_done"] == HELD_OUT, record
-        assert record["val/agent/turns_mean"] == 2.0
+        assert record["val/agent/turns_mean"] == 3.0
         assert record["val/agent/gateway/exact_episodes"] == HELD_OUT
         assert 0.0 <= record["val/reward"] <= 1.0
