@@ -12,7 +12,7 @@ scalar to minimise, as verl's `agg_loss` modes.
 
 Rows with no valid token are left out of every mean over responses (they neither add 0 nor count).
 
-An episode of several rows (a harness's segments, algorithms/episodes.py) is one response to the means:
+An episode of several rows (a harness's segments, algorithms/episode_rows.py) is one response to the means:
 `episode_share` (B,), each row's share of its episode's valid tokens, makes `seq_mean_token_mean` the mean
 over episodes of each episode's token mean over all its segments, and `seq_mean_token_sum` the mean over
 episodes of each episode's token sum; `token_mean` (each token once) and `seq_mean_token_sum_norm` (every

@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import AlgorithmSpec
-from rldock.runtime.algorithms.episodes import episode_heads
+from rldock.runtime.algorithms.episode_rows import episode_heads
 from rldock.runtime.data import PromptDataset
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.models.loading import encode_answers, pad_prompts

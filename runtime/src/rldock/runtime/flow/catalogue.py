@@ -13,7 +13,7 @@ import torch
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
-from rldock.runtime.algorithms.episodes import at_heads, episode_share, episode_sums, one_per_row, to_rows
+from rldock.runtime.algorithms.episode_rows import at_heads, episode_share, episode_sums, one_per_row, to_rows
 from rldock.runtime.algorithms.filtration import filtration_weights
 from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, GaeResult, masked_whiten
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss

@@ -62,7 +62,7 @@ TURNS = ("turn_index", "turn_rewards")
 # empty rows. `episode` (B,) int64, the iteration's number of each row's episode, written by the driver
 # with the prompts: the reward scores each episode's first row and writes its reward on every row, the
 # advantage's baselines, DAPO's filter and the driver's reward_mean count each episode once
-# (algorithms/episodes.py). `episode_share` (B,) float32, each row's share of its episode's model tokens,
+# (algorithms/episode_rows.py). `episode_share` (B,) float32, each row's share of its episode's model tokens,
 # written by the advantage stage (which sees whole episodes) and read by the update's loss aggregation.
 EPISODE = ("episode",)
 EPISODE_SHARE = ("episode_share",)

@@ -13,7 +13,7 @@ in the response as context), the sampled turns trained (`response_mask`), everyt
 (`response_attention_mask`). Every row carries the episode's rewards, the `environment_rewards` an
 `environment` reward term aggregates. An episode with more than S segments keeps its last and its first
 S - 1 (`agent/gateway/segments_dropped`, by reason under `agent/gateway/segment_dropped/`). An empty row
-holds the last segment's prompt and no response: no token of it trains or counts (algorithms/episodes.py).
+holds the last segment's prompt and no response: no token of it trains or counts (algorithms/episode_rows.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from rldock.config import JobConfig
 from rldock.runtime.agent.trajectory import is_trajectory, reward_views
-from rldock.runtime.algorithms.episodes import episode_heads, to_rows
+from rldock.runtime.algorithms.episode_rows import episode_heads, to_rows
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 from rldock.config import JobConfig
 from rldock.runtime.algorithms import get_advantage_estimator
 from rldock.runtime.algorithms.aggregation import aggregate, aggregation_units
-from rldock.runtime.algorithms.episodes import (
+from rldock.runtime.algorithms.episode_rows import (
     at_heads,
     episode_heads,
     episode_share,
