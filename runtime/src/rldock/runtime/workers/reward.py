@@ -97,7 +97,7 @@ class RewardWorker:
             if episode is not None:
                 columns = {name: to_rows(values, episode) for name, values in columns.items()}
             if self.advantage_stage is not None:  # it reads what this state read and wrote
-                read = {name: rows_batch[name] for name in rows_batch.keys()}
+                read: dict[str, torch.Tensor] = {str(name): rows_batch[name] for name in rows_batch.keys()}
                 columns.update(
                     self.advantage_stage(
                         {**read, **columns},
