@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-# OpenMP threads that sleep while they wait instead of spinning, in this process and every process the
-# suite starts (`rldock train`, its Ray workers, the pods' processes inherit os.environ). Set here, before
+# OpenMP threads that sleep while they wait instead of spinning, in this process and the processes it
+# starts with os.environ (`rldock train`, its local Ray workers; not the e2e pods, which get their image's
+# environment as a container would). Set here, before
 # anything imports torch, because libgomp reads it once, when torch loads it. torch's two threads spin at
 # each parallel region's barrier; on two cores that another process keeps busy, each barrier then waits
 # for a thread the kernel has descheduled: 10 steps of test_environment_job.py's warm-up took 98 s with
