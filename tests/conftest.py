@@ -20,12 +20,10 @@ import pytest
 
 # OpenMP threads that sleep while they wait instead of spinning, in this process and the processes it
 # starts with os.environ (`rldock train`, its local Ray workers; not the e2e pods, which get their image's
-# environment as a container would). Set here, before
-# anything imports torch, because libgomp reads it once, when torch loads it. torch's two threads spin at
-# each parallel region's barrier; on two cores that another process keeps busy, each barrier then waits
-# for a thread the kernel has descheduled: 10 steps of test_environment_job.py's warm-up took 98 s with
-# the default and 5.3 s with PASSIVE (also 5.9 s with OMP_NUM_THREADS=1) at a load of about 20 here.
-# A value the caller set wins.
+# environment as a container would). Set here, before anything imports torch, because libgomp reads it
+# once, when torch loads it. torch's two threads spin at each parallel region's barrier; on two cores that
+# another process keeps busy, each barrier then waits for a thread the kernel has descheduled (e2e/README.md,
+# "Test tiers", gives what it cost). A value the caller set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from rldock_e2e.controlplane import (
