@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from rldock.contract.progress import last_progress
-from rldock.runtime.driver.iteration_hold import HOLD_FILE_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +45,7 @@ def job_config(model_dir: Path, iterations: int = ITERATIONS) -> dict:
     }
 
 
-def start_job(config: Path, output: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_job(config: Path, output: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
@@ -63,7 +62,6 @@ def start_job(config: Path, output: Path, *extra: str, env: dict[str, str] | Non
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env=env,
     )
 
 
@@ -206,16 +204,13 @@ def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
     """SIGKILL one actor rank's process mid-run: the job restarts its workers from the last
     checkpoint by itself and still ends with every iteration logged exactly once."""
-    # The driver waits before iteration 4 while the hold file says so (runtime/driver/iteration_hold.py),
-    # so the kill always lands while the actor is still needed, however fast the iterations run (a
-    # free-running job needed 20 iterations to be sure it had not finished between poll and kill).
-    iterations = 6
+    # Many iterations after the kill point, so the kill always lands while the actor is still
+    # needed: with 4 iterations the job could finish between the poll and the kill.
+    iterations = 20
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job_config(tmp_path / "model", iterations)))
     output = tmp_path / "run"
-    hold = tmp_path / "hold"
-    hold.write_text("4")
-    job = start_job(config, output, "--max-restarts", "1", env={**os.environ, HOLD_FILE_ENV: str(hold)})
+    job = start_job(config, output, "--max-restarts", "1")
     deadline = time.monotonic() + 600
     while len(read_metrics(output)) < 3:
         assert job.poll() is None, f"job exited early:\n{job.stdout.read()}"
@@ -232,9 +227,8 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)
     killed_at = len(read_metrics(output))
-    hold.unlink()
     log, _ = job.communicate(timeout=600)
     assert job.returncode == 0, log
-    assert killed_at == 3, "the hold did not keep the job before iteration 4; the test proved nothing"
+    assert killed_at < iterations, "the job finished before the kill; the test proved nothing"
     assert "a worker died" in log and "restart 1 of 1" in log
     assert [r["iteration"] for r in read_metrics(output)] == list(range(1, iterations + 1))
