@@ -1,26 +1,92 @@
 """rldock trains against an environment written with openenv-core's own server classes: the tiny model's
 episodes are sessions of openenv-core's guess-the-number game (tests/unit/runtime/agent/openenv_servers.py),
 each reset with its own seed, stepped with every turn, rewarded per step by the game, closed at the end,
-through `rldock train` and the dock, with an `environment` reward term. Then one short job, from the first
-job's warmed-up model, against a hostile server (openenv_servers.hostile_server) whose sessions answer their
-steps wrongly in turn: the job finishes, the wrong answers are counted as their episodes' ends, and every
-reward it wrote is finite."""
+through `rldock train` and the dock, with an `environment` reward term. Then one short job against a
+hostile server (openenv_servers.hostile_server) whose sessions answer their steps wrongly in turn: the
+job finishes, the wrong answers are counted as their episodes' ends, and every reward it wrote is finite."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from guess_game_job import ITERATIONS, MAX_TURNS, from_warmed_model, hostile_server, job_config, train
+import yaml
 
 pytestmark = pytest.mark.integration
 
 
+def _agent_test_helpers():
+    """tests/unit/runtime/agent/openenv_servers.py (the agent tests' servers), loaded by its path."""
+    name = "openenv_servers"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "unit" / "runtime" / "agent" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+openenv_guess_server = _agent_test_helpers().openenv_guess_server
+hostile_server = _agent_test_helpers().hostile_server
+
+ITERATIONS = 2
+MAX_TURNS = 3
+
+
+def _config(root: Path, url: str) -> dict:
+    return {
+        "name": "it-environment",
+        "seed": 3,
+        "iterations": ITERATIONS,
+        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+        "data": {"generator": {"name": "addition", "max_operand": 9, "num_prompts": 64}, "chat_template": "model"},
+        "reward": {"terms": [{"name": "environment", "aggregate": "sum"}]},
+        # The answers' format (digits, then EOS): every turn then ends and goes to the game as a step.
+        "warmup": {"steps": 150, "batch_size": 32, "learning_rate": 0.003},
+        "agent": {
+            "environment": {"name": "openenv", "servers": {"url": url, "sessions_per_replica": 4}},
+            "max_turns": MAX_TURNS,
+            "max_tool_response_tokens": 24,
+        },
+        "algorithm": {
+            "name": "grpo",
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 4,
+            "max_prompt_length": 48,
+            "max_response_length": 96,
+            "learning_rate": 1e-4,
+        },
+        "training": {"data_parallel_size": 1, "micro_batch_size": 16},
+        "dock": {"timeout_s": 300},
+        "checkpoint": {"interval": ITERATIONS},
+    }
+
+
+def _train(root: Path, config: dict) -> Path:
+    """`rldock train` of `config` in `root`; its output folder."""
+    (root / "job.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(root / "job.yaml"), "--output", str(root / "run")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root / "run"
+
+
 @pytest.fixture(scope="module")
-def run(guess_game_run) -> Path:
-    return guess_game_run
+def run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("environment")
+    with openenv_guess_server(sessions=4, highest=10) as url:
+        return _train(root, _config(root, url))
 
 
 def test_every_episode_is_a_session_of_the_openenv_core_environment(run):
@@ -53,13 +119,13 @@ HOSTILE = [
 ]
 
 
-def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishes(run, tmp_path):
-    config = from_warmed_model(job_config(tmp_path, ""), run)
+def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishes(tmp_path):
+    config = _config(tmp_path, "")
     config["iterations"] = 1
     config["checkpoint"] = {"interval": 1}
     with hostile_server(*HOSTILE) as url:
         config["agent"]["environment"]["servers"] = {"url": url, "sessions_per_replica": 4}
-        run = train(tmp_path, config)  # exits 0: the job went on
+        run = _train(tmp_path, config)  # exits 0: the job went on
     (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     agent = record["agent"]
     print("hostile job:", {key: value for key, value in agent.items() if "ended/" in key or "environment/" in key})

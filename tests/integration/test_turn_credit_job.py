@@ -1,8 +1,7 @@
 """Crediting turns end to end (docs/algorithms/turn-credit.md, ppo.md#multi-turn-episodes): the tiny
 model's episodes against openenv-core's guess-the-number game, which rewards each step, through
-`rldock train` and the dock, 2 iterations each from the environment job's warmed-up model (conftest.py's
-guess_game_run): PPO with its GAE by turn and rewards per turn, and GRPO crediting turns. Every state, the
-critic's included, takes every sample once; the losses stay finite."""
+`rldock train` and the dock, 2 iterations each: PPO with its GAE by turn and rewards per turn, and GRPO
+crediting turns. Every state, the critic's included, takes every sample once; the losses stay finite."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import json
 import math
 
 import pytest
-from guess_game_job import ITERATIONS, from_warmed_model, job_config, openenv_guess_server, train
+from test_environment_job import ITERATIONS, _config, _train, openenv_guess_server
 
 pytestmark = pytest.mark.integration
 
@@ -22,12 +21,12 @@ pytestmark = pytest.mark.integration
         ("grpo", {"credit": "turn", "turn_discount": 0.9}),
     ],
 )
-def test_a_job_credits_the_turns_of_episodes_rewarded_per_step(guess_game_run, tmp_path, name, algorithm):
+def test_a_job_credits_the_turns_of_episodes_rewarded_per_step(tmp_path, name, algorithm):
     with openenv_guess_server(sessions=4, highest=10) as url:
-        config = from_warmed_model(job_config(tmp_path, url), guess_game_run)
+        config = _config(tmp_path, url)
         config["algorithm"].update(name=name, **algorithm)
         config["resources"] = {"device": "cpu", "devices_per_node": 2}  # PPO's critic takes a device of its own
-        run = train(tmp_path, config)
+        run = _train(tmp_path, config)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:
