@@ -25,7 +25,7 @@ from rldock.config.job import (
     RewardTermSpec,
 )
 from rldock.config.layout import job_layout
-from rldock.contract.algorithms import credits_turns, needs_critic, needs_rollout
+from rldock.contract.algorithms import CATALOGUE, credits_turns, needs_critic, needs_rollout
 from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
@@ -46,6 +46,11 @@ def field_path(parts: Iterable[str | int]) -> str:
     for part in parts:
         path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
     return path
+
+
+def critic_free_rollout_algorithms() -> list[str]:
+    """The algorithms that sample a rollout and train without a critic (the catalogue's)."""
+    return [name for name, traits in CATALOGUE.items() if traits.needs_rollout and not traits.needs_critic]
 
 
 def find_problems(cfg: JobConfig) -> list[Problem]:
@@ -70,8 +75,8 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
         problems.append(
             Problem(
                 "algorithm.num_updates_per_iteration",
-                f"each of the {dp} ranks holds {num_samples // dp} samples, which cannot be split into "
-                f"{algo.num_updates_per_iteration} equal mini-batches",
+                f"each of the {dp} ranks holds {num_samples // dp} samples{rows and ' (dock rows)'}, which cannot be "
+                f"split into {algo.num_updates_per_iteration} equal mini-batches",
             )
         )
     layout = job_layout(cfg)
@@ -571,7 +576,7 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
                 "agent.max_segments",
                 f"{agent.max_segments} trains each segment of a harness's episode as its own row, and {algo.name}'s "
                 "critic would bootstrap every segment apart; set agent.max_segments: 1 (the last segment trains) or "
-                "use a critic-free algorithm (grpo, rloo, dapo, gspo, reinforce_plus_plus)",
+                f"use a critic-free algorithm ({', '.join(critic_free_rollout_algorithms())})",
             )
         )
     if not harnessed and agent.max_tool_response_tokens >= algo.max_response_length:

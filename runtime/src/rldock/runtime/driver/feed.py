@@ -20,6 +20,7 @@ from rldock.config.job import AlgorithmSpec
 from rldock.runtime.algorithms.episode_rows import episode_heads
 from rldock.runtime.data import PromptDataset
 from rldock.runtime.dock.stage_loop import StageResult
+from rldock.runtime.flow.columns import EPISODE
 from rldock.runtime.models.loading import encode_answers, pad_prompts
 from rldock.runtime.registry import Registry
 
@@ -170,8 +171,8 @@ class SampleFacts:
         rows (`episode`: a harness's segments) its reward once and the lengths of its segments, not of
         its empty rows."""
         lengths = read["response_length"]  # (B,)
-        if "episode" in read.keys():
-            heads = episode_heads(read["episode"])  # (B,)
+        if EPISODE[0] in read.keys():
+            heads = episode_heads(read[EPISODE[0]])  # (B,)
             if "score" in read.keys():
                 self.scores.extend(read["score"][heads].tolist())
             self.response_lengths.extend(lengths[heads | (lengths > 0)].tolist())

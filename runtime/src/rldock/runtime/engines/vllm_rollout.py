@@ -30,11 +30,14 @@ Process-wide side effects of creating an engine (why `_prepare_process` exists):
   it at every step, one number per running request, seeded or not (`forward_cpu`'s per-row seeds).
   That generator is the trainer's stream too (the actor seeds it with seed + rank, the checkpoint's
   rng.pt saves it), and the number of tokens a rank samples depends on which prompt groups the dock
-  dealt it, first come first served. So the engine keeps a stream of its own: every call that runs
-  vLLM swaps it in and puts the caller's back (`_own_rng`), and the caller's stream advances only
-  with the caller's own draws. The swap assumes no other thread draws from that generator during an
-  engine call: a seat's calls run one at a time on its own thread (workers/device_worker.py), and
-  the seats that may share an actor's process (reference, critic) draw only in their constructors.
+  dealt it, first come first served. So the engine keeps a stream of its own: every call that samples
+  (the engine's start, `sample`, each step of `stream`, `step`) swaps it in and puts the caller's
+  back (`_own_rng`), and the caller's stream advances only with the caller's own draws. The calls
+  left outside the swap (enqueueing a request, abort, the weight reload, sleep and wake) draw
+  nothing from it in vLLM 0.32 (read in its source); a vLLM upgrade should be checked for that.
+  The swap assumes no other thread draws from that generator during an engine call: a seat's
+  calls run one at a time on its own thread (workers/device_worker.py), and the seats that may
+  share an actor's process (reference, critic) draw only in their constructors.
 - vLLM initialises torch.distributed in this process (a world of one over a FileStore) when no
   default group exists yet, and adopts the default group when one does (then every rank of that
   group must create its engine at the same time, since vLLM forms sub-groups collectively); see

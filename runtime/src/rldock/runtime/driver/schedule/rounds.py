@@ -13,6 +13,7 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.driver.feed import DriverBatch, DynamicSampling, SampledRounds, SampleFacts, group_rows
 from rldock.runtime.driver.schedule.driver import Driver
 from rldock.runtime.driver.schedule.stages import gather_failing_fast
+from rldock.runtime.flow.columns import EPISODE
 from rldock.runtime.flow.recipe import SamplingRounds
 from rldock.runtime.flow.states import StageCall
 
@@ -47,7 +48,7 @@ def fill_by_rounds(
         facts.add(got[1])
         scores = got[1][rounds.score_column]  # (k*N*S,)
         # the filter counts episodes: each one's score once (its first row's), where it has several rows
-        return results, at_heads(scores, got[1]["episode"]) if "episode" in got[1].keys() else scores
+        return results, at_heads(scores, got[1][EPISODE[0]]) if EPISODE[0] in got[1].keys() else scores
 
     sampled = DynamicSampling(
         num_groups=algo.num_prompts_per_iteration,
