@@ -180,3 +180,19 @@ def test_an_episode_of_several_rows_is_scored_once_and_its_reward_written_on_eac
         advantage = dock.written["advantage"].tolist()
         assert advantage[0] == advantage[1] > 0 > advantage[2] == advantage[3]
         assert dock.written["episode_share"].tolist() == pytest.approx([3 / 5, 2 / 5, 1.0, 0.0])
+
+
+@pytest.mark.parametrize(("name", "fuse", "rows"), [("grpo", True, 4), ("reinforce_plus_plus", False, 4)])
+def test_a_request_of_episodes_is_whole_groups_not_the_whole_iteration(name, fuse, rows):
+    """With segments the reward state asks for whole episodes (whole groups); REINFORCE++, whose
+    advantage whitens over the iteration and never runs fused, must not wait for all 16 rows."""
+    worker = _worker(
+        name,
+        None,
+        fuse=fuse,
+        num_prompts=4,
+        agent={"harness": "my_agent:run", "max_segments": 2},
+        training={"micro_batch_size": 4},
+    )
+    assert worker.whole_groups and (worker.advantage_stage is not None) == fuse
+    assert worker.batch_size == rows  # a group: 2 episodes of 2 rows; the micro-batch holds one

@@ -57,7 +57,16 @@ class RewardWorker:
         # Where an episode is several rows (`episode`: a harness's segments) it is scored once, so a
         # request holds whole episodes too.
         self.whole_groups = self.advantage_stage is not None or EPISODE[0] in self.spec.consumes
-        self.batch_size = advantage_batch_size(recipe, cfg) if self.whole_groups else cfg.training.micro_batch_size
+        # whole groups as many as fit a micro-batch; the whole iteration only where a fused advantage
+        # needs it (scoring whole episodes does not: REINFORCE++ with segments keeps its pipelining)
+        group = cfg.rows_per_group
+        self.batch_size = (
+            advantage_batch_size(recipe, cfg)
+            if self.advantage_stage is not None
+            else group * max(1, cfg.training.micro_batch_size // group)
+            if self.whole_groups
+            else cfg.training.micro_batch_size
+        )
 
     def rows_of(self, batch: TensorDict) -> list[Row]:
         """The train-file rows the samples' `prompt_index` names: their ground truths, data sources,
