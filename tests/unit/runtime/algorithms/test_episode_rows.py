@@ -25,7 +25,7 @@ MODES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_to
 def _algo(n: int):
     return JobConfig(
         iterations=1,
-        model={"builder": "tiny-qwen2", "path": "/tmp/m"},
+        model={"builder": "tiny-qwen2", "path": "/nonexistent"},
         algorithm={
             "name": "grpo",
             "num_responses_per_prompt": n,
