@@ -3,6 +3,7 @@ device. Prints one JSON document; exits 1 when a check fails.
 
     python -m rldock_benchmarks.gpu_checks                  # on a machine with a CUDA device
     .venv/bin/python -m rldock_benchmarks.gpu_checks --device cpu --layers 2   # the same code, CPU
+    .venv/bin/python -m rldock_benchmarks.gpu_checks --device cpu --layers 1 --vocab 2048  # as the unit tests
 
 What needs no Ray and no vLLM runs here, through the product's own functions, on a model of
 SmolLM2-135M-Instruct's architecture with random weights (seed 0; the weights do not travel, the
@@ -78,15 +79,15 @@ WEIGHT_ATOL = 1e-5
 LOGPROB_ATOL = 1e-3  # packed vs padded passes: the attention kernels sum in different orders
 
 
-def hf_config(layers: int) -> dict:
-    return {**SMOLLM2, "num_hidden_layers": layers, "model_type": "llama"}
+def hf_config(layers: int, vocab: int = VOCAB) -> dict:
+    return {**SMOLLM2, "num_hidden_layers": layers, "vocab_size": vocab, "model_type": "llama"}
 
 
-def build_model(device: str, layers: int, *, seed: int = 0):
+def build_model(device: str, layers: int, *, vocab: int = VOCAB, seed: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**{k: v for k, v in hf_config(layers).items() if k != "model_type"})
+    config = LlamaConfig(**{k: v for k, v in hf_config(layers, vocab).items() if k != "model_type"})
     config._attn_implementation = "sdpa"  # as from_pretrained picks where torch has it
     with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's generator left as it was
         torch.manual_seed(seed)
@@ -139,10 +140,10 @@ def check_seam(args) -> dict:
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=60), wait_for_workers=False)
     init_process_group(info, rank=0, world_size=1, rendezvous=Rendezvous("127.0.0.1", store.port), store=store)
     try:  # the group goes whatever happens: the CPU test runs this in the suite's process
-        tokens = lm_batch(info.torch_device)
+        tokens = lm_batch(info.torch_device, vocab=args.vocab)
         after, losses = {}, {}
         for wrapper in ("plain", "ddp", "fsdp"):
-            model = build_model(info.torch_device, args.layers)
+            model = build_model(info.torch_device, args.layers, vocab=args.vocab)
             trained: torch.nn.Module
             if wrapper == "ddp":
                 trained = wrap_ddp(model, info)
@@ -243,11 +244,11 @@ def passes_config(args):
     return parse_job_config(example)
 
 
-def smollm2_batch(device: str):
+def smollm2_batch(device: str, vocab: int = VOCAB):
     """update_cost's `smollm2` batch (G8 x N4, prompts 40-60 and responses 12-64 tokens) on `device`."""
     from rldock_benchmarks.update_cost import SHAPES, make_batch
 
-    return make_batch(SHAPES["smollm2"], vocab_size=VOCAB).to(device)
+    return make_batch(SHAPES["smollm2"], vocab_size=vocab).to(device)
 
 
 def batch_logprobs(model, batch, *, micro_batch_size: int, grad: bool = False):
@@ -274,7 +275,7 @@ class PolicyUpdate:
     architecture with its embeddings frozen, AdamW's state already made (zero gradients, one
     step), `micro_batch_size` rows a pass, the clipped GRPO loss."""
 
-    def __init__(self, device: str, layers: int, micro_batch_size: int):
+    def __init__(self, device: str, layers: int, micro_batch_size: int, *, vocab: int = VOCAB):
         import torch
 
         from rldock.runtime.algorithms import get_policy_loss
@@ -283,10 +284,10 @@ class PolicyUpdate:
 
         self.shape = SHAPES["smollm2"]
         self.micro_batch_size = micro_batch_size
-        self.model = build_model(device, layers)
+        self.model = build_model(device, layers, vocab=vocab)
         self.forward = self.model  # what the update's passes call: the model, or it compiled
         freeze_embeddings(self.model)
-        self.batch = smollm2_batch(device)
+        self.batch = smollm2_batch(device, vocab)
         self.optimizer = torch.optim.AdamW(trainable(self.model.parameters()), lr=1e-6)
         for p in trainable(self.model.parameters()):
             p.grad = torch.zeros_like(p)
@@ -353,7 +354,7 @@ def check_passes(args) -> dict:
 
     device, wait = args.device, synchronized(args.device)
     cfg = passes_config(args)
-    update = PolicyUpdate(device, args.layers, cfg.training.micro_batch_size)
+    update = PolicyUpdate(device, args.layers, cfg.training.micro_batch_size, vocab=args.vocab)
     mask = update.batch["response_mask"].bool()
     logprobs = {}
     for rows in (False, True):
@@ -376,7 +377,7 @@ def check_passes(args) -> dict:
             "update_peak_bytes": max_allocated(device),
         }
     beyond_tensors = workspace_bytes(device)
-    plan = plan_memory(cfg, shape_from_hf_config(hf_config(args.layers), name="smollm2-shaped"))
+    plan = plan_memory(cfg, shape_from_hf_config(hf_config(args.layers, args.vocab), name="smollm2-shaped"))
     planned = plan.update.training_state + plan.update.activations
     measured = layouts["rows"]["update_peak_bytes"]
     on_device = device != "cpu"
@@ -417,7 +418,7 @@ def check_compiled(args) -> dict:
     difference = 0.0
     for name in ("eager", "compiled"):
         torch.compiler.reset()
-        update = PolicyUpdate(device, args.layers, micro_batch_size)
+        update = PolicyUpdate(device, args.layers, micro_batch_size, vocab=args.vocab)
         if name == "compiled":
             update.forward = torch.compile(update.model, dynamic=True)
         first = timed(update.step, wait)
@@ -492,9 +493,9 @@ def check_swap(args) -> dict:
 
     device, wait = args.device, synchronized(args.device)
     on_device = device != "cpu"
-    model = build_model(device, args.layers)
+    model = build_model(device, args.layers, vocab=args.vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    lm_step(model, optimizer, lm_batch(device))  # AdamW's moments exist, the gradients are held
+    lm_step(model, optimizer, lm_batch(device, vocab=args.vocab))  # AdamW's moments exist, the gradients are held
     make_storages_resizable(model)
 
     def state_objects() -> list:
@@ -560,6 +561,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--layers", type=int, default=SMOLLM2["num_hidden_layers"], help="decoder layers (30: SmolLM2's)"
     )
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=VOCAB,
+        help="vocabulary size (49152: SmolLM2's); the CPU tests take a small one, as the LM head is most of "
+        "a one-layer model's compute",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement, after a warm-up")
     parser.add_argument("--rounds", type=int, default=3, help="processes: runs of each layout, alternating")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))
@@ -589,8 +597,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             child = subprocess.run(
                 [sys.executable, "-m", "rldock_benchmarks.gpu_checks", "--one", check]
-                + ["--device", args.device, "--layers", str(args.layers), "--repeats", str(args.repeats)]
-                + ["--rounds", str(args.rounds)],
+                + ["--device", args.device, "--layers", str(args.layers), "--vocab", str(args.vocab)]
+                + ["--repeats", str(args.repeats), "--rounds", str(args.rounds)],
                 capture_output=True,
                 text=True,
                 timeout=args.timeout,  # the child is killed then
@@ -605,7 +613,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({check: results[check]}), file=sys.stderr, flush=True)
     print(
         json.dumps(
-            {"benchmark": "gpu_checks", "machine": machine(args.device), "layers": args.layers, "results": results},
+            {
+                "benchmark": "gpu_checks",
+                "machine": machine(args.device),
+                "layers": args.layers,
+                "vocab": args.vocab,
+                "results": results,
+            },
             indent=2,
         )
     )

@@ -45,10 +45,10 @@ def reserved_mib(device: str) -> float:
     return round(torch.cuda.memory_reserved() / 2**20, 1) if device != "cpu" else 0.0
 
 
-def _reference_model(device: str, layers: int):
+def _reference_model(args):
     from rldock_benchmarks.gpu_checks import build_model
 
-    return build_model(device, layers, seed=0).eval()
+    return build_model(args.device, args.layers, vocab=args.vocab, seed=0).eval()
 
 
 def _actor_loop(args, update, score_reference, host_logprobs) -> dict:
@@ -79,8 +79,8 @@ def _actor_loop(args, update, score_reference, host_logprobs) -> dict:
 def _one_process(args, micro_batch_size: int, host_logprobs, results) -> None:
     from rldock_benchmarks.gpu_checks import PolicyUpdate
 
-    update = PolicyUpdate(args.device, args.layers, micro_batch_size)
-    reference = _reference_model(args.device, args.layers)
+    update = PolicyUpdate(args.device, args.layers, micro_batch_size, vocab=args.vocab)
+    reference = _reference_model(args)
 
     def score_reference() -> None:
         host_logprobs.copy_(update.logprobs(reference))
@@ -98,8 +98,8 @@ def _one_process(args, micro_batch_size: int, host_logprobs, results) -> None:
 def _reference_process(args, micro_batch_size: int, host_logprobs, requests, results) -> None:
     from rldock_benchmarks.gpu_checks import batch_logprobs, smollm2_batch
 
-    batch = smollm2_batch(args.device)
-    reference = _reference_model(args.device, args.layers)
+    batch = smollm2_batch(args.device, args.vocab)
+    reference = _reference_model(args)
     requests.send("ready")
     while requests.recv() == "score":
         host_logprobs.copy_(batch_logprobs(reference, batch, micro_batch_size=micro_batch_size))
@@ -110,7 +110,7 @@ def _reference_process(args, micro_batch_size: int, host_logprobs, requests, res
 def _actor_process(args, micro_batch_size: int, host_logprobs, reference, results) -> None:
     from rldock_benchmarks.gpu_checks import PolicyUpdate
 
-    update = PolicyUpdate(args.device, args.layers, micro_batch_size)
+    update = PolicyUpdate(args.device, args.layers, micro_batch_size, vocab=args.vocab)
     _expect(reference, "ready")
 
     def score_reference() -> None:

@@ -12,7 +12,11 @@ import pytest
 
 from rldock_benchmarks import gpu_checks, gpu_processes
 
-ARGS = argparse.Namespace(device="cpu", layers=1, repeats=1, rounds=1)
+# SmolLM2's vocabulary (49152) makes the LM head about 7 of every 8 multiply-adds of a one-layer model; the
+# checks compare passes, wrappers and layouts, which a small head runs through the same code (the head's
+# chunking over positions is head_logprobs' own test: tests/unit/runtime/engines/test_head_logprobs.py).
+VOCAB = 2048
+ARGS = argparse.Namespace(device="cpu", layers=1, vocab=VOCAB, repeats=1, rounds=1)
 
 
 def test_seam_steps_the_plain_ddp_and_fsdp_models_to_the_same_weights():
@@ -40,7 +44,7 @@ def test_compiled_passes_score_as_the_model_does():
     # through the command, so the compile stays in a process of its own (about a minute on the CPU)
     run = subprocess.run(
         [sys.executable, "-m", "rldock_benchmarks.gpu_checks", "--device", "cpu", "--layers", "1"]
-        + ["--repeats", "1", "--checks", "compiled"],
+        + ["--vocab", str(VOCAB), "--repeats", "1", "--checks", "compiled"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -75,7 +79,7 @@ def test_swap_check_fails_a_swap_in_that_restores_other_bytes(monkeypatch):
 def test_row_passes_turn_packing_off_and_back_on():
     from rldock.runtime.engines import policy
 
-    update = gpu_checks.PolicyUpdate("cpu", 1, micro_batch_size=8)
+    update = gpu_checks.PolicyUpdate("cpu", 1, micro_batch_size=8, vocab=VOCAB)
     batch = update.batch
 
     def packing():
@@ -111,7 +115,7 @@ def test_the_gpu_run_refuses_a_machine_without_cuda(monkeypatch):
 
 def test_processes_fails_rather_than_waits_when_a_layouts_process_dies():
     # no timed iteration: the child's median raises after its warm-up, and it exits with 1
-    broken = argparse.Namespace(device="cpu", layers=1, repeats=0, rounds=1)
+    broken = argparse.Namespace(**{**vars(ARGS), "repeats": 0})
     with pytest.raises(RuntimeError, match="one_process exited with 1"):
         gpu_processes.compare(broken)
 
