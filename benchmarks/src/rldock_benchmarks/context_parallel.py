@@ -137,14 +137,8 @@ class _SavedBytes:
         return tensor
 
 
-def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: str, out_dir: str) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
-    from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.fsdp_sharding import apply_fsdp
-    from rldock.runtime.engines.policy import response_logprobs_and_entropy
-    from rldock.runtime.training.context_parallel import ContextLayout
-
+def _rank(rank: int, cp: int, jobs: list[tuple[int, int, str]], rendezvous: str, out_dir: str) -> None:
+    """`jobs` ((length, steps, dtype) each) one after the other in this rank's one process group."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=cp)
     sent = [0]
@@ -155,6 +149,23 @@ def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: s
         return exchange(output, input, *args, **kwargs)
 
     dist.all_to_all_single = counting_all_to_all  # type: ignore[assignment]  # the measuring wrapper
+    for index, (length, steps, dtype) in enumerate(jobs):
+        record = _job(cp, length, steps, dtype, sent)
+        (Path(out_dir) / f"rank{rank}-job{index}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _job(cp: int, length: int, steps: int, dtype: str, sent: list[int]) -> dict:
+    """One (length, dtype) update on a fresh model: `steps` timed steps after the first, then one
+    profiled; what it measured. `sent` counts the bytes the all-to-all wrapper sends."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.engines.fsdp_sharding import apply_fsdp
+    from rldock.runtime.engines.policy import response_logprobs_and_entropy
+    from rldock.runtime.training.context_parallel import ContextLayout
+
     model = _model(dtype)
     # DP 1 x CP cp as rldock train's FSDP backend lays it out: Ulysses, FSDP over the ranks, the sum over CP
     layout = ContextLayout.of(model, cp=cp)
@@ -184,7 +195,7 @@ def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: s
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         loss = step(saved)
-    record = dict(
+    return dict(
         saved_bytes=saved.bytes,
         state_bytes=state,
         peak_bytes=state + _peak_allocated(profiler),
@@ -192,9 +203,6 @@ def _rank(rank: int, cp: int, length: int, steps: int, dtype: str, rendezvous: s
         loss=loss,
         seconds=statistics.median(times[1:]) if len(times) > 1 else times[0],
     )
-    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(record))
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def planned(length: int, cp: int) -> dict[str, int]:
@@ -235,10 +243,25 @@ def planned(length: int, cp: int) -> dict[str, int]:
 def run(cp: int, length: int, steps: int, *, dtype: str = "float32") -> dict:
     """One (CP size, length) in fresh ranks. `dtype` other than float32 (the planner's figures' dtype)
     is for comparing the CP sizes' losses: float64 sums in any order agree to ~1e-12."""
+    return run_jobs(cp, [(length, steps, dtype)])[0]
+
+
+def run_jobs(cp: int, jobs: list[tuple[int, int, str]]) -> list[dict]:
+    """`jobs` ((length, steps, dtype) each) in turn in one set of fresh ranks, each on a model of its own:
+    the first measures as `run` does; the later ones share the ranks' processes (what the tests use to
+    start fewer of them)."""
     with tempfile.TemporaryDirectory() as out:
         # a file rendezvous in this run's fresh directory: a probed free port could be taken before rank 0 binds it
-        mp.spawn(_rank, args=(cp, length, steps, dtype, str(Path(out) / "rendezvous"), out), nprocs=cp)
-        ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(cp)]
+        mp.spawn(_rank, args=(cp, jobs, str(Path(out) / "rendezvous"), out), nprocs=cp)
+        found = [
+            [json.loads((Path(out) / f"rank{r}-job{index}.json").read_text()) for r in range(cp)]
+            for index in range(len(jobs))
+        ]
+    return [_row(cp, length, ranks) for (length, _, _), ranks in zip(jobs, found)]
+
+
+def _row(cp: int, length: int, ranks: list[dict]) -> dict:
+    """One job's ranks' records with the planner's figures beside them."""
     plan = planned(length, cp)
     keys = ("peak_bytes", "state_bytes", "saved_bytes", "all_to_all_bytes")
     worst = {key: max(r[key] for r in ranks) for key in keys}
