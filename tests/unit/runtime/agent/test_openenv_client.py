@@ -135,6 +135,7 @@ def test_a_server_that_does_not_speak_openenv_is_named_with_what_it_answered():
         assert kind == "health" and "not OpenEnv's" in problem and '{"ok": true}' in problem
     finally:
         server.shutdown()
+        server.server_close()  # the socket closed too: else the kernel still accepts and no one answers (a timeout)
     # Nothing listening: the URL and the connection error.
     kind, problem = replica_problems([base], action_field="message")
     assert kind == "health" and f"{base}/health did not answer" in problem
