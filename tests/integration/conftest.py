@@ -1,5 +1,6 @@
-"""Fixtures for integration tests: a tiny random Qwen2 model directory with its own tokenizer, and
-the shipped SmolLM2-135M-Instruct imported once for the session.
+"""Fixtures for integration tests: one Ray head that every job of the tier joins, a tiny random Qwen2
+model directory with its own tokenizer, and the shipped SmolLM2-135M-Instruct imported once for the
+session.
 
 The real tiny-model builder lives in rldock.runtime.models; the engine tests build their own so
 they only depend on transformers and the HF folder conventions vLLM reads.
@@ -7,9 +8,15 @@ they only depend on transformers and the HF folder conventions vLLM reads.
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ray_head.py, imported by basename
+from ray_head import RayHead, ray_head  # noqa: E402
 
 # Characters of the addition task plus a few letters, so the vocabulary is about 40 tokens.
 _CHARS = list("0123456789+=-*/ ()abcdefghijklmnopqrstu")
@@ -49,6 +56,33 @@ def build_tiny_qwen2(path: Path, *, seed: int = 0, tie_word_embeddings: bool = F
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# What the shared head declares: more than any job of the tier asks for (a local Ray declares the job's
+# own count; here the jobs run one after another, so one pool serves them all).
+SHARED_HEAD_CPUS = 16
+SHARED_HEAD_DEVICES = {"NPU": 64}
+
+
+@pytest.fixture(scope="package", autouse=True)
+def shared_ray_head() -> Iterator[RayHead]:
+    """One Ray head for the whole tier, joined by every `rldock train` the tests start (RAY_ADDRESS and
+    the head's token in this process's environment, which they inherit), as a job joins its RayCluster
+    in a pod. A local Ray of its own costs each job about 9 s to start and 5 s to stop on two cores;
+    the tier runs over 60 jobs. The local start stays tested: test_examples_as_written runs the README's
+    commands with a local Ray of their own, as on a user's machine. Package scope: the head is stopped
+    before the unit tier, whose tests start private clusters."""
+    with ray_head(num_cpus=SHARED_HEAD_CPUS, resources=SHARED_HEAD_DEVICES) as head:
+        saved = {key: os.environ.get(key) for key in head.client_environment}
+        os.environ.update(head.client_environment)
+        try:
+            yield head
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -201,7 +200,7 @@ def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
     assert "--resume" in log
 
 
-def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
+def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path, shared_ray_head):
     """SIGKILL one actor rank's process mid-run: the job restarts its workers from the last
     checkpoint by itself and still ends with every iteration logged exactly once."""
     # Many iterations after the kill point, so the kill always lands while the actor is still
@@ -218,12 +217,9 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path):
         time.sleep(0.2)
     # Ray names actor processes "ray::<class>[.method]": the actor rank is a seat of the device
     # worker under colocated placement (the default), "ray::ActorWorker" of its own under separate.
-    # Only this job's own descendants are candidates (other Ray jobs may be running on the machine).
-    pids = [
-        p.pid
-        for p in psutil.Process(job.pid).children(recursive=True)
-        if " ".join(p.cmdline()).startswith(("ray::DeviceWorker", "ray::ActorWorker"))
-    ]
+    # The job joined the tier's Ray head (conftest.py), whose raylet started them; it runs one job at
+    # a time, so they are this job's.
+    pids = [p.pid for p in shared_ray_head.worker_processes("ray::DeviceWorker", "ray::ActorWorker")]
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)
     killed_at = len(read_metrics(output))

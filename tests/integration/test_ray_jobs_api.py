@@ -3,30 +3,20 @@ endpoints, the `Authorization: Bearer` header and RAY_AUTH_MODE/RAY_AUTH_TOKEN (
 operator puts in every Ray pod) work as the operator assumes, and a progress line printed by the
 driver comes back through the log endpoint. (The operator tests use a test double of this API.)
 
-The head runs as `ray start --head --block` in its own process group on free loopback ports and a
-private temp dir, and is stopped by killing that group: never `ray stop`, which would end every
-Ray process on the machine.
+The head (tests/ray_head.py) is one of its own, with the dashboard that serves the Jobs API.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
-import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from ray_head import ray_head
 
 from rldock.contract.progress import format_progress
 from rldock.operator.observe import read_progress
 from rldock.operator.rayjobs import RayJobsClient, RayJobsError
-from rldock_e2e.controlplane import pid_alive, wait_for
-from rldock_e2e.controlplane.processes import ManagedProcess, free_ports
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from rldock_e2e.controlplane import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -34,60 +24,20 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 @pytest.fixture(scope="module")
-def ray_head() -> Iterator[tuple[str, str]]:
-    ray = Path(sys.executable).with_name("ray")
-    if not ray.exists():
-        pytest.skip("the ray CLI is not installed in this environment")
-    token = secrets.token_hex(32)
-    gcs, dashboard, manager, objects, client, agent_http, agent_grpc, runtime_env, metrics = free_ports(9)
-    temp = Path(tempfile.mkdtemp(prefix="rldock-ray-", dir="/tmp"))  # short: Ray's unix sockets live here
-    argv = [
-        str(ray),
-        "start",
-        "--head",
-        "--block",
-        "--node-ip-address=127.0.0.1",
-        f"--port={gcs}",
-        "--include-dashboard=true",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard}",
-        f"--node-manager-port={manager}",
-        f"--object-manager-port={objects}",
-        f"--ray-client-server-port={client}",
-        f"--dashboard-agent-listen-port={agent_http}",
-        f"--dashboard-agent-grpc-port={agent_grpc}",
-        f"--runtime-env-agent-port={runtime_env}",
-        f"--metrics-export-port={metrics}",
-        "--num-cpus=1",
-        f"--temp-dir={temp}",
-        "--disable-usage-stats",
-    ]
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": token,
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    head = ManagedProcess("ray-head", argv, log_path=temp / "head.log", env=env, cwd=temp)
-    url = f"http://127.0.0.1:{dashboard}"
-    client_ = RayJobsClient(url, token=token, timeout=5)
+def jobs_api() -> Iterator[tuple[str, str]]:
+    """A head of its own with the dashboard (the Jobs API), not the tier's shared one."""
+    with ray_head(num_cpus=1, dashboard=True) as head:
+        assert head.dashboard_url is not None
+        client_ = RayJobsClient(head.dashboard_url, token=head.token, timeout=5)
 
-    def up() -> bool:
-        if head.poll() is not None:
-            raise AssertionError(f"ray start exited:\n{head.log_tail()}")
-        try:
-            return client_.get_job("probe") is None
-        except RayJobsError:
-            return False
+        def up() -> bool:
+            try:
+                return client_.get_job("probe") is None
+            except RayJobsError:
+                return False
 
-    try:
         wait_for("the Ray dashboard", up, timeout=120, interval=1)
-        yield url, token
-    finally:
-        head.stop(timeout=3)  # `ray start --block` may sit on SIGTERM; then the group is killed
-        assert not pid_alive(head.pid)
-        shutil.rmtree(temp, ignore_errors=True)
+        yield head.dashboard_url, head.token
 
 
 # Submitting starts a job-supervisor actor before the POST returns: seconds on a loaded 2-core
@@ -104,8 +54,8 @@ def _wait_terminal(client: RayJobsClient, submission_id: str) -> dict:
     )
 
 
-def test_submit_follow_and_read_progress_with_token_auth(ray_head):
-    url, token = ray_head
+def test_submit_follow_and_read_progress_with_token_auth(jobs_api):
+    url, token = jobs_api
     client = RayJobsClient(url, token=token, timeout=HTTP_TIMEOUT_S)
     record = {"iteration": 3, "iterations": 4, "reward_mean": 0.25, "tokens_per_s_per_device": 1234.5, "checkpoint": 2}
     request = {
@@ -123,8 +73,8 @@ def test_submit_follow_and_read_progress_with_token_auth(ray_head):
     assert progress.last_checkpoint == "/checkpoints/ns/real/checkpoints/iter-000002"
 
 
-def test_the_driver_sees_the_clusters_auth_settings(ray_head):
-    url, token = ray_head
+def test_the_driver_sees_the_clusters_auth_settings(jobs_api):
+    url, token = jobs_api
     client = RayJobsClient(url, token=token, timeout=HTTP_TIMEOUT_S)
     request = {
         "entrypoint": 'test "$RAY_AUTH_MODE" = token && test -n "$RAY_AUTH_TOKEN"',
@@ -133,8 +83,8 @@ def test_the_driver_sees_the_clusters_auth_settings(ray_head):
     assert _wait_terminal(client, client.submit_job(request))["status"] == "SUCCEEDED"
 
 
-def test_stop_a_running_job(ray_head):
-    url, token = ray_head
+def test_stop_a_running_job(jobs_api):
+    url, token = jobs_api
     client = RayJobsClient(url, token=token, timeout=HTTP_TIMEOUT_S)
     submission_id = client.submit_job({"entrypoint": "sleep 120", "submission_id": "rldock-stop-0000-0"})
     wait_for("the driver to run", lambda: client.get_job(submission_id)["status"] == "RUNNING", timeout=60)
@@ -143,7 +93,7 @@ def test_stop_a_running_job(ray_head):
 
 
 @pytest.mark.parametrize("token, code", [(None, "401"), ("0" * 64, "403")])
-def test_requests_without_the_token_are_refused(ray_head, token, code):
-    url, _ = ray_head
+def test_requests_without_the_token_are_refused(jobs_api, token, code):
+    url, _ = jobs_api
     with pytest.raises(RayJobsError, match=code):
         RayJobsClient(url, token=token, timeout=HTTP_TIMEOUT_S).get_job("rldock-real-0000-0")
