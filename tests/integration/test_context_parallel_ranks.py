@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rldock_e2e.scored_batch import LAYOUTS, scored_batch
+
 pytestmark = pytest.mark.integration
 
 TINY = dict(
@@ -35,14 +37,6 @@ TINY = dict(
     attn_implementation="sdpa",
 )
 TOLERANCE = dict(rtol=1e-9, atol=1e-11)
-# The layouts a pass runs in: packed (each prompt once, 4D mask; `trim` and the packing cost rule
-# pick it for this batch), padded rows (no trim, two passes of 2 rows, a 4D mask of their pads) and
-# trimmed single rows (no pad left: no mask, causal over the whole sequence).
-LAYOUTS = {
-    "packed": dict(trim=True, micro_batch_size=4),
-    "padded": dict(trim=False, micro_batch_size=2),
-    "trimmed": dict(trim=True, micro_batch_size=1),
-}
 
 
 def _model():
@@ -53,28 +47,7 @@ def _model():
 
 
 def _batch(seed: int) -> dict[str, torch.Tensor]:
-    """Two prompts (4 and 6 tokens, left-padded to 6) with two responses each (right-padded to 7):
-    a packed pass of 27 tokens and padded rows of 13, neither a multiple of 2 or 4."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_lengths, response_lengths = [4, 4, 6, 6], [5, 3, 7, 2]
-    prompt_ids = torch.zeros(4, 6, dtype=torch.int64)
-    prompt_mask = torch.zeros(4, 6, dtype=torch.int64)
-    response_ids = torch.zeros(4, 7, dtype=torch.int64)
-    response_mask = torch.zeros(4, 7, dtype=torch.int64)
-    prompts = [torch.randint(4, TINY["vocab_size"], (n,), generator=g) for n in (4, 6)]
-    for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
-        prompt_ids[row, 6 - p :] = prompts[row // 2]
-        prompt_mask[row, 6 - p :] = 1
-        response_ids[row, :r] = torch.randint(4, TINY["vocab_size"], (r,), generator=g)
-        response_mask[row, :r] = 1
-    weights = torch.randn(4, 7, generator=g, dtype=torch.float64)  # the loss's per-token weights
-    return dict(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        weights=weights,
-    )
+    return scored_batch(seed, vocab_size=TINY["vocab_size"])
 
 
 def _scores_and_loss(model, batch, layout: str):

@@ -11,16 +11,17 @@ ROWS_PER_RANK = 2
 SEQ = 12
 
 
-def moe_model():
-    """8 experts, top-2, 2 layers, float64, the same weights on every call (seed 0)."""
+def moe_model(*, num_attention_heads: int = 2, num_key_value_heads: int = 1):
+    """8 experts, top-2, 2 layers, float64, the same weights on every call (seed 0). Context
+    parallelism needs heads and KV heads it divides (`cp_moe_model`)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
         vocab_size=64,
         hidden_size=64,
-        head_dim=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        head_dim=64 // num_attention_heads,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
         moe_intermediate_size=32,
         num_experts=NUM_EXPERTS,
         num_experts_per_tok=2,
@@ -39,6 +40,14 @@ def moe_model():
     return model
 
 
+def cp_moe_model():
+    """`moe_model` with 4 heads and 2 KV heads (CP 2 gives each rank 2 and 1), attending with sdpa
+    (Ulysses takes sdpa or eager)."""
+    model = moe_model(num_attention_heads=4, num_key_value_heads=2)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
 def whole_batch(world_size: int) -> torch.Tensor:
     """ROWS_PER_RANK rows per rank of SEQ random tokens, (B, L)."""
     return torch.randint(0, 64, (ROWS_PER_RANK * world_size, SEQ), generator=torch.Generator().manual_seed(1))
@@ -50,9 +59,10 @@ def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
-def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "cpu"):
-    """A GRPO job config of `world_size` FSDP ranks at `expert_parallel_size` (never trained as a job:
-    the ranks build the actor's backend from it; no prompts or rewards are read)."""
+def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "cpu", context_parallel_size: int = 1):
+    """A GRPO job config of `world_size` FSDP ranks (world / cp data-parallel ranks of
+    `context_parallel_size`) at `expert_parallel_size` (never trained as a job: the ranks build the
+    actor's backend from it; no prompts or rewards are read)."""
     from rldock.config import parse_job_config
 
     return parse_job_config(
@@ -71,7 +81,8 @@ def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "
             },
             "training": {
                 "strategy": "fsdp",
-                "data_parallel_size": world_size,
+                "data_parallel_size": world_size // context_parallel_size,
+                "context_parallel_size": context_parallel_size,
                 "expert_parallel_size": expert_parallel_size,
             },
             "resources": {"device": device, "devices_per_node": world_size},

@@ -67,6 +67,15 @@ def test_the_models_experts_must_split_over_ep(demo_data, tmp_path, config, expe
         )
 
 
-def test_ep_with_context_parallelism_is_named(demo_data):
-    demo_data["training"].update(expert_parallel_size=2, context_parallel_size=2)
-    assert "training.expert_parallel_size" in problem_paths(demo_data)
+@pytest.mark.parametrize(("ep", "expert_dp"), [(2, 2), (4, 1)])
+def test_ep_over_context_parallel_ranks_is_valid_and_in_the_layout(demo_data, ep, expert_dp):
+    """EP groups are carved out of the dp x cp sequence ranks (rldock.contract.layout): at EP 4 they
+    span both CP groups of 2 data-parallel ranks."""
+    demo_data["training"].update(data_parallel_size=2, context_parallel_size=2, expert_parallel_size=ep)
+    layout = job_layout(parse_job_config(demo_data))
+    assert (layout.expert_data_parallel, layout.num_actor_ranks) == (expert_dp, 4)
+
+
+def test_ep_not_dividing_the_sequence_ranks_is_named(demo_data):
+    demo_data["training"].update(data_parallel_size=2, context_parallel_size=2, expert_parallel_size=8)
+    assert problem_paths(demo_data) == ["training.expert_parallel_size"]

@@ -49,10 +49,11 @@ def test_reference_needs_an_old_logprob_pass(change, expected):
     assert any(expected in message for message in problem_messages(data, FIELD))
 
 
-def test_reference_with_context_parallelism_is_named():
+def test_reference_with_context_parallelism_is_valid():
+    """Each CP rank records and replays its own tokens (tests/integration/test_context_expert_parallel_ranks.py)."""
     data = _replaying()
-    data["training"]["context_parallel_size"] = 2
-    assert FIELD in problem_paths(data)
+    data["training"].update(strategy="fsdp", context_parallel_size=2)
+    assert FIELD not in problem_paths(data)
 
 
 def test_a_dense_model_is_named(tmp_path):

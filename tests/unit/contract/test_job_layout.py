@@ -112,11 +112,20 @@ def test_a_size_below_one_is_refused_naming_it(field):
 
 
 @pytest.mark.parametrize(
-    ("dp", "ep", "divides", "expert_dp"), [(4, 1, True, 4), (4, 2, True, 2), (4, 4, True, 1), (4, 3, False, None)]
+    ("dp", "cp", "ep", "divides", "expert_dp"),
+    [
+        (4, 1, 1, True, 4),
+        (4, 1, 2, True, 2),
+        (4, 1, 4, True, 1),
+        (4, 1, 3, False, None),
+        (2, 2, 4, True, 1),  # an EP group spans both CP groups
+        (1, 4, 2, True, 2),  # inside the one CP group
+        (2, 2, 3, False, None),
+    ],
 )
-def test_expert_parallel_groups_are_carved_out_of_the_dp_ranks(dp, ep, divides, expert_dp):
-    layout = JobLayout(dp=dp, ep=ep)
-    assert layout.experts_divide is divides and layout.num_actor_ranks == dp  # EP adds no ranks
+def test_expert_parallel_groups_are_carved_out_of_the_sequence_ranks(dp, cp, ep, divides, expert_dp):
+    layout = JobLayout(dp=dp, cp=cp, ep=ep)
+    assert layout.experts_divide is divides and layout.num_actor_ranks == dp * cp  # EP adds no ranks
     if divides:
         assert layout.expert_data_parallel == expert_dp
     else:

@@ -91,6 +91,10 @@ CONTEXT_PARALLEL_WITH_EXPERTS = {
     **CONTEXT_PARALLEL_JOB,
     "training": {**CONTEXT_PARALLEL_JOB["training"], "expert_parallel_size": 2},
 }
+CONTEXT_PARALLEL_WITH_UNEVEN_EXPERTS = {
+    **CONTEXT_PARALLEL_JOB,
+    "training": {**CONTEXT_PARALLEL_JOB["training"], "expert_parallel_size": 3},
+}
 ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
 
 
@@ -104,12 +108,14 @@ ELSEWHERE = with_spec(OUTSIDE_POLICY, managedBy=MULTIKUEUE)
         (request("CREATE", VALID), None, ()),
         (request("CREATE", with_spec(VALID, managedBy=MANAGED_BY_RLDOCK)), None, ()),
         (request("CREATE", INVALID), "InvalidSpec", ("spec.job",)),
-        # rldock train seats DP x CP ranks; CP beside EP is a layout not built: no RayCluster sized for it
+        # rldock train seats DP x CP ranks, EP groups carved out of them; an EP size that does not
+        # tile them is refused: no RayCluster sized for it
         (request("CREATE", rljob_object(job=CONTEXT_PARALLEL_JOB)), None, ()),
+        (request("CREATE", rljob_object(job=CONTEXT_PARALLEL_WITH_EXPERTS)), None, ()),
         (
-            request("CREATE", rljob_object(job=CONTEXT_PARALLEL_WITH_EXPERTS)),
+            request("CREATE", rljob_object(job=CONTEXT_PARALLEL_WITH_UNEVEN_EXPERTS)),
             "InvalidSpec",
-            ("spec.job.training.expert_parallel_size: 2 with context_parallel_size 2",),
+            ("spec.job.training.expert_parallel_size: 3 must divide the 4 sequence ranks",),
         ),
         (
             request("CREATE", OUTSIDE_POLICY),

@@ -99,14 +99,16 @@ CONTEXT_PARALLEL = ["--set", "training.strategy=fsdp", "--set", "training.contex
 @pytest.mark.parametrize("path_checks", [[], ["--no-path-checks"]])
 def test_validate_accepts_a_context_parallel_job_and_names_what_cannot_combine(path_checks, capsys):
     """rldock train seats CP ranks (tests/integration/test_context_parallel_job.py): validate accepts
-    a CP job whether or not it checks the paths (a config checked here for an RLJob skips them), and
-    still refuses the layouts CP does not compose with, naming the field."""
+    a CP job whether or not it checks the paths (a config checked here for an RLJob skips them), EP
+    over its dp x cp ranks too, and still refuses the layouts CP does not compose with, naming the field."""
     assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL]) == 0
+    with_experts = ["--set", "training.expert_parallel_size=4"]  # the 2 x 2 sequence ranks
+    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL, *with_experts]) == 0
     capsys.readouterr()
-    with_experts = ["--set", "training.expert_parallel_size=2"]
-    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL, *with_experts]) == 2
+    uneven = ["--set", "training.expert_parallel_size=3"]
+    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL, *uneven]) == 2
     err = capsys.readouterr().err
-    assert "training.expert_parallel_size: 2 with context_parallel_size 2" in err
+    assert "training.expert_parallel_size: 3 must divide the 4 sequence ranks" in err
 
 
 def test_version_prints_the_installed_version(capsys):

@@ -224,19 +224,22 @@ def test_an_agent_file_without_its_class_names_the_field_and_lists_its_classes(t
 
 
 def test_a_job_with_context_parallelism_starts_unless_the_heads_do_not_divide(tmp_path):
-    """rldock train seats CP ranks: preflight lets a CP job start, and refuses one whose model's KV
-    heads CP cannot split (Ulysses gives each CP rank 1/cp of them), naming the field and the sizes
-    that would."""
+    """rldock train seats CP ranks: preflight lets a CP job start (an MoE model's too, with EP over the
+    CP ranks), and refuses one whose model's KV heads CP cannot split (Ulysses gives each CP rank 1/cp
+    of them), or whose experts EP cannot, naming the field and the sizes that would."""
     model = _model_dir(tmp_path / "m")
     assert preflight(_config(model, strategy="fsdp", context_parallel_size=2)) is None
     failure = preflight(_config(model, strategy="fsdp", context_parallel_size=4))
     assert failure is not None and failure.reason is FailureReason.INVALID_JOB_INPUT
     assert [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
     assert "num_key_value_heads=2 does not; choose one of [1, 2]" in failure.problems[0].message
-    experts = _model_dir(tmp_path / "moe", num_experts=4)  # MoE under CP is not built
-    failure = preflight(_config(experts, strategy="fsdp", context_parallel_size=2))
-    assert failure is not None and [problem.field for problem in failure.problems] == ["training.context_parallel_size"]
-    assert "MoE layers under context parallelism are a layout not built" in failure.problems[0].message
+    # an MoE model under CP, its experts split over EP 4 of the 2 x 2 sequence ranks, starts
+    experts = _model_dir(tmp_path / "moe", num_experts=4)
+    assert preflight(_config(experts, strategy="fsdp", context_parallel_size=2, expert_parallel_size=4)) is None
+    uneven = _model_dir(tmp_path / "moe6", num_experts=6)  # 6 experts do not split over EP 4
+    failure = preflight(_config(uneven, strategy="fsdp", context_parallel_size=2, expert_parallel_size=4))
+    assert failure is not None and [problem.field for problem in failure.problems] == ["training.expert_parallel_size"]
+    assert "must divide the model's 6 experts" in failure.problems[0].message
 
 
 @pytest.mark.parametrize(

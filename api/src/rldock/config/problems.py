@@ -298,8 +298,8 @@ def _old_logprob_problems(cfg: JobConfig) -> list[Problem]:
 
 def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
     """Routing replay (runtime models/routing_replay.py): `reference` records the routing in the
-    actor's old-logprob pass, so it needs that pass and a recipe with one (not DPO's); its token grid
-    is the padded batch's, which context parallelism's sequence shards do not keep yet. `rollout` needs
+    actor's old-logprob pass, so it needs that pass and a recipe with one (not DPO's); under context
+    parallelism each CP rank records and replays its own tokens' cells of the grid. `rollout` needs
     the engine's routed experts, which the rollout does not collect."""
     algo, field = cfg.algorithm, "algorithm.routing_replay"
     if algo.routing_replay == "off":
@@ -323,10 +323,6 @@ def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
                 "`reference` records the routing in the old-logprob pass, which recompute_old_logprobs `never` "
                 "leaves out; set algorithm.recompute_old_logprobs to auto (the pass then runs) or routing_replay off",
             )
-        )
-    if cfg.training.context_parallel_size > 1:
-        problems.append(
-            Problem(field, "`reference` with training.context_parallel_size > 1 is not built yet; use one of the two")
         )
     return problems
 
@@ -1041,27 +1037,20 @@ def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
 
 
 def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
-    """EP splits the experts over groups of data-parallel ranks whose other weights FSDP shards
-    (runtime engines/expert_parallel.py): the groups must tile the DP ranks, and only the FSDP layout
-    composes with them so far."""
+    """EP splits the experts over groups of the dp x cp sequence ranks whose other weights FSDP shards
+    (runtime engines/expert_parallel.py, the layout in rldock.contract.layout): the groups must tile
+    those ranks, and only the FSDP layout composes with them so far."""
     layout, field = job_layout(cfg), "training.expert_parallel_size"
     if layout.ep == 1:
         return []
     problems = []
     if not layout.experts_divide:
+        ranks = layout.num_sequence_ranks
         problems.append(
             Problem(
                 field,
-                f"{layout.ep} must divide training.data_parallel_size {layout.dp} (EP groups are carved out of "
-                f"the data-parallel ranks); use a divisor of {layout.dp}",
-            )
-        )
-    if layout.cp > 1:
-        problems.append(
-            Problem(
-                field,
-                f"{layout.ep} with context_parallel_size {layout.cp}: experts split over ranks that also split "
-                "sequences is a layout not built yet; use one of the two",
+                f"{layout.ep} must divide the {ranks} sequence ranks, data_parallel_size {layout.dp} x "
+                f"context_parallel_size {layout.cp} (EP groups are carved out of them); use a divisor of {ranks}",
             )
         )
     if cfg.training.strategy != "fsdp":
@@ -1222,27 +1211,14 @@ def _is_http_url(url: str) -> bool:
     return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
-# Not built: each CP rank routes its slice of the positions, so its router's load-balancing loss is
-# its own (the CP group's ranks then sum cp different terms) and a replayed routing would be the whole row's.
-_MOE_UNDER_CP = (
-    "{cp} with an MoE model ({model}): MoE layers under context parallelism are a layout not built (each CP "
-    "rank would route and balance only its slice of the positions); use context_parallel_size 1"
-)
-
-
 def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
     """EP and routing replay need an MoE model, whose experts EP divides (read from config.json; a model
     still to be built by model.builder is checked when the actor builds it)."""
     ep, field = cfg.training.expert_parallel_size, "training.expert_parallel_size"
-    cp = cfg.training.context_parallel_size
     if not config_file.is_file():
-        if cp > 1 and cfg.model.builder == "tiny-qwen3-moe":
-            return [Problem(CP_FIELD, _MOE_UNDER_CP.format(cp=cp, model=cfg.model.builder))]
         return []
     config = json.loads(config_file.read_text())
     num_experts = config.get("num_experts", config.get("num_local_experts"))
-    if cp > 1 and num_experts:
-        return [Problem(CP_FIELD, _MOE_UNDER_CP.format(cp=cp, model=config_file))]
     replay = cfg.algorithm.routing_replay
     if replay != "off" and not num_experts:
         return [Problem("algorithm.routing_replay", f"{replay} needs an MoE model; {config_file} has none: set it off")]

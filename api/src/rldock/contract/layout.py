@@ -6,9 +6,14 @@ the thread budget and the memory planner. Nobody multiplies the parallel sizes a
 
 - actor ranks: data_parallel_size x context_parallel_size x tensor_parallel_size, one device each
   (a data-parallel rank's CP ranks share its samples, each computing a slice of every sequence);
-- expert parallelism: `ep` of the data-parallel ranks split an MoE model's experts (EP groups of
-  consecutive DP ranks), dp / ep ranks hold the same experts (the expert-data-parallel size); EP adds
-  no ranks, it must divide dp (and runs at context_parallel_size 1 so far);
+- expert parallelism: `ep` of the dp x cp sequence ranks split an MoE model's experts (EP groups of
+  consecutive sequence ranks, CP innermost: at ep = cp an EP group is a CP group, at ep = k cp it spans
+  k of them, at cp = k ep it lies inside one), dp x cp / ep ranks hold the same experts (the
+  expert-data-parallel size); EP adds no ranks, it must divide dp x cp. Why across CP: the experts
+  see tokens, not sequences, and every sequence rank holds distinct tokens (its data-parallel rank's
+  rows, its slice of their positions), so the all-to-all dispatch is the same over any ranks, and
+  carving EP from dp x cp (torchtitan's and Megatron's folding) lets a job with few DP ranks still
+  split its experts;
 - generation replicas: `generation_tp` consecutive actor ranks each, one vLLM engine on the
   replica's first rank (its engine rank) whose TP workers span the replica's devices;
 - the other device worker groups (reference, critic, reward model, or a group a new worker state
@@ -51,7 +56,7 @@ class JobLayout:
     dp: int  # training.data_parallel_size
     tp: int = 1  # training.tensor_parallel_size
     cp: int = 1  # training.context_parallel_size
-    ep: int = 1  # training.expert_parallel_size: DP ranks that split the experts
+    ep: int = 1  # training.expert_parallel_size: sequence ranks (dp x cp) that split the experts
     generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
     num_nodes: int = 1
     devices_per_node: int = 1
@@ -79,17 +84,18 @@ class JobLayout:
 
     @property
     def experts_divide(self) -> bool:
-        """Whether the EP groups tile the data-parallel ranks (the config checks refuse a job where not)."""
-        return self.dp % self.ep == 0
+        """Whether the EP groups tile the dp x cp sequence ranks (the config checks refuse a job where not)."""
+        return self.num_sequence_ranks % self.ep == 0
 
     @property
     def expert_data_parallel(self) -> int:
-        """Ranks that hold the same experts: dp / ep. Raises ValueError unless `ep` divides dp."""
+        """Ranks that hold the same experts: dp x cp / ep. Raises ValueError unless `ep` divides dp x cp."""
         if not self.experts_divide:
             raise ValueError(
-                f"training.expert_parallel_size={self.ep} must divide training.data_parallel_size={self.dp}"
+                f"training.expert_parallel_size={self.ep} must divide the {self.num_sequence_ranks} sequence ranks "
+                f"(data_parallel_size {self.dp} x context_parallel_size {self.cp})"
             )
-        return self.dp // self.ep
+        return self.num_sequence_ranks // self.ep
 
     def num_ranks(self, count: RankCount) -> int:
         return {"actor_ranks": self.num_actor_ranks, "sequence_ranks": self.num_sequence_ranks, "one": 1}[count]

@@ -76,6 +76,17 @@ def test_expert_shards_and_all_to_all(ep):
         assert plan.update.fsdp_gathered < plan_memory(_cfg(1), shape).update.fsdp_gathered
 
 
+@pytest.mark.parametrize("ep", [2, 8])
+def test_context_parallel_ranks_each_dispatch_their_slice(ep):
+    """Under CP 2 (EP over the 4 x 2 sequence ranks) a rank routes half of each micro-batch's 128
+    positions: its all-to-all halves, its expert shard is EP's."""
+    cfg = _cfg(ep, 4)
+    cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"context_parallel_size": 2})})
+    moe = plan_memory(cfg, PRESETS["qwen3-30b-a3b"]).moe
+    assert moe is not None and moe.experts_per_rank == 128 // ep
+    assert moe.all_to_all_bytes == 48 * 2 * 64 * 8 * 2048 * 2 * (ep - 1) // ep
+
+
 def test_a_dense_model_has_no_moe_figures():
     assert plan_memory(_cfg(1), PRESETS["qwen2.5-7b"]).moe is None
 

@@ -1,11 +1,13 @@
 """Expert parallelism (`training.expert_parallel_size`): each MoE layer's experts split over an EP
 group, tokens dispatched to their experts' rank and combined back with all-to-all.
 
-The EP group is carved out of the data-parallel ranks (torchtitan's and Megatron's choice): with DP
-ranks r = i * ep + j, the ranks {i * ep + j for j < ep} are one EP group and hold expert shard j
-(experts [j * E/ep, (j+1) * E/ep)), each its own tokens; the ranks that hold the same shard (a fixed
-j) are its expert-data-parallel group, of dp / ep ranks. The job layout (rldock.contract.layout) is
-where these sizes are said.
+The EP group is carved out of the default group's ranks, the dp x cp sequence ranks (torchtitan's
+and Megatron's choice): with ranks r = i * ep + j, the ranks {i * ep + j for j < ep} are one EP group
+and hold expert shard j (experts [j * E/ep, (j+1) * E/ep)), each its own tokens; the ranks that hold
+the same shard (a fixed j) are its expert-data-parallel group, of dp x cp / ep ranks. Under context
+parallelism (CP innermost, training/context_parallel.py) an EP group may so hold a CP group's ranks:
+their tokens are distinct positions of the same rows, and the dispatch neither knows nor minds. The
+job layout (rldock.contract.layout) is where these sizes are said.
 
 `ExpertParallelExperts` replaces a Hugging Face experts module (Qwen3-MoE's and Mixtral's in
 transformers 5: fused `gate_up_proj` (E, 2I, H) and `down_proj` (E, H, I) with `forward(hidden (T, H),
@@ -74,7 +76,8 @@ def expert_mesh(device_type: str, expert_parallel_size: int) -> ExpertMesh:
     world = dist.get_world_size()
     if world % expert_parallel_size:
         raise ValueError(
-            f"training.expert_parallel_size {expert_parallel_size} must divide the {world} data-parallel ranks"
+            f"training.expert_parallel_size {expert_parallel_size} must divide the {world} training ranks "
+            "(data_parallel_size x context_parallel_size)"
         )
     mesh = init_device_mesh(
         device_type, (world // expert_parallel_size, expert_parallel_size), mesh_dim_names=("edp", "ep")

@@ -18,7 +18,9 @@ experts are first cut to this rank's EP shard, then `fully_shard`ed over their e
 group (the ranks holding the same shard) while the rest of the layer is sharded over all ranks. An
 expert's gradient arrives summed over the EP group's tokens (the all-to-all's backward); scaled by
 1 / world and summed over the expert-data-parallel group it is the mean over all ranks, as every
-other parameter's (averaged by FSDP over all ranks) is.
+other parameter's (averaged by FSDP over all ranks) is. Under context parallelism the ranks are
+dp x cp and a step's gradient is the sum over each CP group, the mean over the dp groups: the
+experts scale by 1 / dp instead (the EP groups may span CP ranks: rldock.contract.layout).
 """
 
 from __future__ import annotations
@@ -64,9 +66,13 @@ def apply_fsdp(
     cpu_offload: bool = False,
     mixed_precision: str = "none",
     experts: ExpertMesh | None = None,
+    context_parallel_size: int = 1,
 ) -> nn.Module:
     """Shard `model` (on `device.torch_device`, default group initialised) in place; returns it.
     With `experts` (expert_mesh), its MoE layers' experts are cut to this rank's EP shard first.
+    `context_parallel_size`: the CP ranks among the world's, whose gradients of one data-parallel
+    rank's rows are summed, not averaged (training/context_parallel.py): the experts scale theirs by
+    1 / dp = cp / world.
 
     Experts first (module docstring), then layers, root last: the root then holds only what no layer
     owns (embeddings, final norm, LM head, a value head), and each layer's all-gather can be
@@ -80,7 +86,7 @@ def apply_fsdp(
     policy = mixed_precision_policy(mixed_precision)
     if experts is not None and experts.sharding.size > 1:
         for module in apply_expert_parallel(model, experts.sharding):
-            module.grad_scale = 1.0 / world
+            module.grad_scale = context_parallel_size / world
             sharded = fully_shard(module, mesh=experts.data_parallel, mp_policy=policy, offload_policy=offload)
             # The module scales its gradients by 1 / world itself (module docstring), so FSDP sums them:
             # a divide factor of 1, reduced as a plain sum (gloo has no pre-multiplied sum). FSDP's own

@@ -40,8 +40,8 @@ from rldock.runtime.engines.packing import (
     packs_sequences,
     pass_work,
 )
-from rldock.runtime.engines.ulysses import context_group, pass_mask, shard_forward, sum_over_group
-from rldock.runtime.models.routing_replay import PassCells, RouterHooks, packed_pass_cells, padded_pass_cells
+from rldock.runtime.engines.ulysses import context_group, local_positions, pass_mask, shard_forward, sum_over_group
+from rldock.runtime.models.routing_replay import PassCells, PassListener, packed_pass_cells, padded_pass_cells
 
 
 @dataclass
@@ -266,7 +266,7 @@ def _scored_hidden(
     plans: list[MicroBatch],
     *,
     packed: bool,
-    routes: RouterHooks | None = None,
+    routes: PassListener | None = None,
 ) -> Iterator[tuple[Tensor, MicroBatch, Tensor | None]]:
     """Yield the last hidden states (b, response_end, H) that score each kept response token, per pass:
     `packed`, from one packed sequence per pass (engines/packing.py), else from its padded rows.
@@ -278,8 +278,8 @@ def _scored_hidden(
     sequence only: the third item (b, response_end) marks the states this rank holds (the others are
     another rank's and read as a placeholder); None without CP.
 
-    `routes` (MoE routing replay, models/routing_replay.py) learns before each pass where its tokens
-    sit in the batch's (B, PL + SL) token grid.
+    `routes` (MoE routing replay and the router loss's record, models/routing_replay.py) learns before
+    each pass where its tokens sit in the batch's (B, PL + SL) token grid (under CP: this rank's tokens).
     """
     no_logits = torch.empty(0, dtype=torch.int64, device=prompt_ids.device)
     group = context_group(model)
@@ -329,7 +329,9 @@ def _scored_hidden(
                 )
             )
         if routes is not None and cells is not None:
-            assert group is None, "routing replay under context parallelism is refused at validate"
+            if group is not None:  # the router sees this rank's positions only (models/routing_replay.py)
+                _, local = local_positions(inputs.input_ids.shape[1], group)
+                cells = cells.on_positions(width=inputs.input_ids.shape[1], local=local)
             routes.begin_pass(cells)
         if group is None:
             hidden = last_hidden(inputs.input_ids, inputs.attention_mask, inputs.position_ids)
@@ -340,8 +342,8 @@ def _scored_hidden(
             last_hidden, inputs.input_ids, mask, inputs.position_ids, group=group, kind=mask_kind(model)
         )  # (rows, n, H) of this rank's positions
         owned = (positions >= local.start) & (positions < local.stop)  # broadcast below
-        local_positions = (positions - local.start).clamp(0, hidden.shape[1] - 1)
-        picked = hidden[pick_rows, local_positions]  # (b, end, H)
+        on_rank = (positions - local.start).clamp(0, hidden.shape[1] - 1)
+        picked = hidden[pick_rows, on_rank]  # (b, end, H)
         yield picked, plan, owned.expand(picked.shape[:2])
 
 
@@ -359,7 +361,7 @@ def _score_passes(
     trim: bool,
     with_entropy: bool,
     tally: PassTally | None = None,
-    routes: RouterHooks | None = None,
+    routes: PassListener | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprobs (B, SL) and, `with_entropy`, entropy (B, SL) of the response tokens where
     `response_mask` is 1 (0 elsewhere): the head runs on those positions only. `tally` adds up
@@ -436,7 +438,7 @@ def response_logprobs(
     trim: bool = False,
     attention_mask: Tensor | None = None,
     tally: PassTally | None = None,
-    routes: RouterHooks | None = None,
+    routes: PassListener | None = None,
 ) -> Tensor:
     """Log-probability (B, SL) of each response token under `model`; 0 where the mask is 0.
     `attention_mask` (B, SL): the response tokens attended to, when more than the scored ones
@@ -478,7 +480,7 @@ def response_logprobs_and_entropy(
     trim: bool = False,
     attention_mask: Tensor | None = None,
     tally: PassTally | None = None,
-    routes: RouterHooks | None = None,
+    routes: PassListener | None = None,
 ) -> ResponseScores:
     """`response_logprobs` plus the policy's entropy (B, SL) at each scored response position, from
     the same forward pass. Gradients flow into the logprobs only: the entropy is a metric here (no

@@ -22,7 +22,7 @@ from rldock.runtime.engines.policy import (
     response_logprobs,
     response_logprobs_and_entropy,
 )
-from rldock.runtime.models.routing_replay import RouterHooks
+from rldock.runtime.models.routing_replay import PassListener
 
 
 def batch_logprobs(
@@ -31,7 +31,7 @@ def batch_logprobs(
     training: TrainingSpec,
     *,
     tally: PassTally | None = None,
-    routes: RouterHooks | None = None,
+    routes: PassListener | None = None,
 ) -> torch.Tensor:
     """Each response token's logprob (B, SL) under `model` (the bare model, no DDP hooks), in passes of
     training.micro_batch_size rows within training.micro_batch_tokens, trimmed by training.trim_padding.
@@ -58,7 +58,7 @@ def micro_batch_scores(
     training: TrainingSpec,
     *,
     tally: PassTally | None = None,
-    routes: RouterHooks | None = None,
+    routes: PassListener | None = None,
 ) -> ResponseScores:
     """Logprobs (with gradients) and the policy's entropy of a micro-batch's response tokens, (b, SL)
     each, in one forward pass of `module` (what the training backend trains: a DDP wrapper, or the

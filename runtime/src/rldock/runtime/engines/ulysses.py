@@ -224,6 +224,15 @@ def pad_mask(mask: Tensor, length: int, *, kind: str) -> Tensor:
     return grown
 
 
+def local_positions(length: int, group: dist.ProcessGroup) -> tuple[int, slice]:
+    """A pass of `length` positions under CP over `group`: its length padded to a multiple of cp, and
+    this rank's slice of the padded positions (`shard_forward` computes those)."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    padded = padded_length(length, cp)
+    n = padded // cp
+    return padded, slice(rank * n, (rank + 1) * n)
+
+
 def shard_forward(
     forward: Callable[[Tensor, Tensor | None, Tensor], Tensor],
     input_ids: Tensor,
@@ -237,11 +246,8 @@ def shard_forward(
     positions (B, N), the 4D mask (B, 1, N, N) or None (causal, `pass_mask`). The sequence is padded
     to a multiple of cp (pad id 0, position 0, masked as `pad_mask` says). Returns the output for
     this rank's positions (B, n, ...) and their slice of the padded sequence."""
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    length = padded_length(input_ids.shape[1], cp)
+    length, local = local_positions(input_ids.shape[1], group)
     extra = length - input_ids.shape[1]
-    n = length // cp
-    local = slice(rank * n, (rank + 1) * n)
     input_ids = nn.functional.pad(input_ids, (0, extra))[:, local]  # (B, n)
     position_ids = nn.functional.pad(position_ids, (0, extra))[:, local]  # (B, n)
     mask = None if attention_mask is None else pad_mask(attention_mask, length, kind=kind)

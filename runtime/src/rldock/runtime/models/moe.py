@@ -8,6 +8,12 @@ the forward: `RouterRecord` reads the routers' outputs through forward hooks (wi
 graph, so the auxiliary loss trains the routers) and the top-level model's attention mask through a
 pre-hook, so padding is counted out of the loss and the metrics.
 
+Under context parallelism (engines/ulysses.py) a CP rank's routers see its slice of the positions:
+the pass tells the record which of its tokens are real (`RouterRecord.begin_pass`, the cells routing
+replay reads too), and the loss's per-expert token counts and probabilities, and the token count,
+are summed over the CP group, so every rank computes the whole sequence's loss (its gradient is then
+the rank's own tokens' share, summed over CP with the rest, training/context_parallel.py).
+
 The dispatch is dropless (every token reaches its k experts; Hugging Face's and vLLM's MoE have no
 expert capacity), so there is no dropped-token share to report.
 """
@@ -17,10 +23,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+
+from rldock.runtime.engines.ulysses import context_group, sum_over_group
+
+if TYPE_CHECKING:
+    from rldock.runtime.models.routing_replay import PassCells
 
 # The Hugging Face config fields of an MoE model, by model type: experts, experts per token.
 MOE_CONFIG_FIELDS = {
@@ -109,6 +121,12 @@ class RouterRecord:
     logits: list[list[Tensor]] = field(default_factory=list)  # [pass][layer] (T, E)
     indices: list[list[Tensor]] = field(default_factory=list)  # [pass][layer] (T, k) int64
     masks: list[Tensor] = field(default_factory=list)  # [pass] (T,) float32
+    announced: Tensor | None = None  # the next pass's real tokens (C,), where the pass said (`begin_pass`)
+
+    def begin_pass(self, cells: PassCells) -> None:
+        """The next pass's real tokens are `cells.tokens` (the routing-replay listener's protocol): what
+        a CP pass must say, its 4D mask or none telling padding from tokens on no rank."""
+        self.announced = cells.tokens
 
     def layer_logits(self, layer: int) -> Tensor:
         return torch.cat([one[layer] for one in self.logits])  # (T_all, E)
@@ -146,6 +164,9 @@ def record_routing(model: nn.Module) -> Iterator[RouterRecord]:
         ids = kwargs.get("input_ids", args[0] if args else None)
         tokens = ids.numel() if ids is not None else 0
         mask = _pass_mask(kwargs)
+        if record.announced is not None:
+            mask = torch.zeros(tokens, device=record.announced.device).index_fill(0, record.announced, 1.0)
+            record.announced = None
         record.masks.append(mask if mask is not None else torch.ones(tokens))
         record.logits.append([])
         record.indices.append([])
@@ -165,35 +186,52 @@ def record_routing(model: nn.Module) -> Iterator[RouterRecord]:
             handle.remove()
 
 
-def load_balancing_loss(record: RouterRecord, *, num_experts: int, top_k: int) -> Tensor:
+def load_balancing_loss(
+    record: RouterRecord, *, num_experts: int, top_k: int, group: dist.ProcessGroup | None = None
+) -> Tensor:
     """Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6) as Hugging Face computes it
     for Qwen3-MoE and Mixtral (`load_balancing_loss_func`), over the recorded real tokens of every
     layer: E * sum_e f_e * P_e, with f_e expert e's assignments per token and P_e its mean
     router probability. f sums to k over the experts (each token counts k assignments), so the loss is k
     when routing is uniform and E when every token goes to the same k experts with certainty.
-    Differentiable through the router logits."""
-    mask = record.mask.to(record.logits[0][0].device)  # (T,)
-    tokens_per_expert = torch.zeros(num_experts, device=mask.device)
-    prob_per_expert = torch.zeros(num_experts, device=mask.device)
+    Differentiable through the router logits. `group`: the CP group whose ranks recorded slices of
+    the same sequences (module docstring), None for whole sequences."""
+    # at least float32 (a bf16 router's logits upcast), a float64 model's in float64
+    dtype = torch.promote_types(record.logits[0][0].dtype, torch.float32)
+    mask = record.mask.to(record.logits[0][0].device, dtype)  # (T,)
+    tokens_per_expert = torch.zeros(num_experts, device=mask.device, dtype=dtype)
+    prob_per_expert = torch.zeros(num_experts, device=mask.device, dtype=dtype)
     for layer in range(record.num_layers):
-        probs = torch.softmax(record.layer_logits(layer).float(), dim=-1)  # (T, E)
+        probs = torch.softmax(record.layer_logits(layer).to(dtype), dim=-1)  # (T, E)
         chosen = record.layer_indices(layer)  # (T, k)
         tokens_per_expert = tokens_per_expert.scatter_add(0, chosen.reshape(-1), mask.repeat_interleave(top_k))
         prob_per_expert = prob_per_expert + (probs * mask[:, None]).sum(dim=0)
-    rows = mask.sum().clamp(min=1) * record.num_layers
+    real = mask.sum()
+    if group is not None:
+        # the counts carry no gradient; the probabilities' sum gives each rank its own tokens' gradient
+        counts = torch.cat([tokens_per_expert, real[None]])
+        dist.all_reduce(counts, group=group)
+        tokens_per_expert, real = counts[:-1], counts[-1]
+        prob_per_expert = sum_over_group(prob_per_expert, group)
+    rows = real.clamp(min=1) * record.num_layers
     return num_experts * torch.sum((tokens_per_expert / rows) * (prob_per_expert / rows))
 
 
-def expert_load(record: RouterRecord, *, num_experts: int) -> Tensor:
-    """Each layer's share of the real tokens' top-k assignments per expert, (layers, E), rows summing to 1."""
-    mask = record.mask
-    loads = []
+def expert_load(record: RouterRecord, *, num_experts: int, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Each layer's share of the real tokens' top-k assignments per expert, (layers, E), rows summing to 1;
+    with `group` (CP) over the whole sequences of the group's slices."""
+    mask = record.mask.cpu()
+    counts = []
     for layer in range(record.num_layers):
         chosen = record.layer_indices(layer).detach().cpu()  # (T, k)
         weights = mask[:, None].expand_as(chosen).reshape(-1)
-        counts = torch.zeros(num_experts).scatter_add(0, chosen.reshape(-1), weights)
-        loads.append(counts / counts.sum().clamp(min=1))
-    return torch.stack(loads)  # (layers, E)
+        counts.append(torch.zeros(num_experts).scatter_add(0, chosen.reshape(-1), weights))
+    load = torch.stack(counts)  # (layers, E)
+    if group is not None:
+        load = load.to(record.logits[0][0].device)
+        dist.all_reduce(load, group=group)
+        load = load.cpu()
+    return load / load.sum(dim=1, keepdim=True).clamp(min=1)
 
 
 def expert_load_metrics(load: Tensor) -> dict[str, float]:
@@ -220,6 +258,7 @@ class RouterLoss:
         shape = moe_shape(getattr(model, "config", None))
         self.shape = shape if shape is not None and is_moe(model) else None
         self.coef = (coef if coef is not None else shape.router_aux_loss_coef) if shape is not None else 0.0
+        self.group = context_group(model)  # CP: the loss's statistics summed over the group
 
     @contextmanager
     def recording(self, module: nn.Module) -> Iterator[RouterRecord | None]:
@@ -236,8 +275,9 @@ class RouterLoss:
         step's sum is the mini-batch's mean); the metrics likewise weighted, as accumulate sums them."""
         if self.shape is None or record is None or not record.logits:
             return loss, metrics
-        aux = load_balancing_loss(record, num_experts=self.shape.num_experts, top_k=self.shape.top_k)
-        load = expert_load_metrics(expert_load(record, num_experts=self.shape.num_experts))
+        experts = self.shape.num_experts
+        aux = load_balancing_loss(record, num_experts=experts, top_k=self.shape.top_k, group=self.group)
+        load = expert_load_metrics(expert_load(record, num_experts=experts, group=self.group))
         metrics = dict(metrics)
         metrics["moe/aux_loss"] = float(aux.detach()) * share
         metrics |= {key: value * share for key, value in load.items()}

@@ -18,6 +18,11 @@ Hooks on each router (models/moe.py's `routers`, in layer order):
 
 The replaying hooks run before models/moe.py's `record_routing` hooks when installed first, so the
 auxiliary loss and the expert-load metrics count the experts the pass actually used.
+
+Under context parallelism (engines/ulysses.py) a pass's router sees this CP rank's slice of the
+positions only, so the pass gives the hooks the cells of its own tokens (`PassCells.on_positions`):
+a rank replays its own tokens' routing, and records only them, the CP group's records then merged
+(`RoutingRecord.routed_experts`: every cell was computed by exactly one rank of the group).
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
+from rldock.runtime.engines.ulysses import context_group
 from rldock.runtime.flow import columns
 from rldock.runtime.models.moe import moe_shape, routers
 
@@ -45,6 +53,38 @@ class PassCells:
 
     cells: Tensor  # (C,) int64
     tokens: Tensor  # (C,) int64
+
+    def on_positions(self, *, width: int, local: slice) -> PassCells:
+        """The cells of the tokens at positions `local` of a pass `width` positions wide (a CP rank's
+        slice, engines/ulysses.py's `local_positions`), their tokens counted in the rank's own
+        flattened (rows, local positions) inputs."""
+        row, position = self.tokens // width, self.tokens % width
+        mine = (position >= local.start) & (position < local.stop)
+        local_width = local.stop - local.start
+        return PassCells(cells=self.cells[mine], tokens=row[mine] * local_width + position[mine] - local.start)
+
+
+class PassListener(Protocol):
+    """What a pass tells before each forward: where its tokens sit in the batch's grid."""
+
+    def begin_pass(self, cells: PassCells) -> None: ...
+
+
+@dataclass(frozen=True)
+class PassListeners:
+    """Several listeners told the same (routing replay's hooks and the router loss's record)."""
+
+    listeners: tuple[PassListener, ...]
+
+    def begin_pass(self, cells: PassCells) -> None:
+        for listener in self.listeners:
+            listener.begin_pass(cells)
+
+
+def pass_listeners(*listeners: PassListener | None) -> PassListener | None:
+    """The listeners given (None where none is)."""
+    present = tuple(listener for listener in listeners if listener is not None)
+    return PassListeners(present) if present else None
 
 
 def padded_pass_cells(rows: Tensor, *, prompt_start: int, attention_mask: Tensor, row_width: int) -> PassCells:
@@ -88,20 +128,37 @@ class RoutingRecord(RouterHooks):
     """Records the experts chosen in passes over a batch of `num_rows` rows, `row_width` = PL + SL
     columns wide; `routed_experts()` is the dock's column."""
 
-    def __init__(self, *, num_rows: int, row_width: int, num_layers: int, top_k: int):
+    def __init__(
+        self,
+        *,
+        num_rows: int,
+        row_width: int,
+        num_layers: int,
+        top_k: int,
+        group: dist.ProcessGroup | None = None,
+    ):
         super().__init__(torch.full((num_rows * row_width, num_layers, top_k), NO_EXPERT, dtype=torch.int16))
         self.shape = (num_rows, row_width, num_layers, top_k)
+        self.group = group  # the CP group whose ranks record the batch's slices (module docstring)
+        self.device = torch.device("cpu")  # the routers' (where the group's collectives run)
 
     def hook(self, layer: int):
         def after_router(_gate, _args, output):
             _logits, _weights, indices = output  # indices (T, k)
             cells = self._pass_cells(indices.shape[0])
+            self.device = indices.device
             self.grid[cells.cells.cpu(), layer] = indices[cells.tokens].to("cpu", torch.int16)
 
         return after_router
 
     def routed_experts(self) -> Tensor:
-        return self.grid.reshape(self.shape)  # (B, PL+SL, layers, k) int16
+        """The record (B, PL+SL, layers, k) int16; under CP merged over the group (collective: every
+        rank of it calls this): a cell one rank recorded is NO_EXPERT (-1) on the others, so the max."""
+        if self.group is None:
+            return self.grid.reshape(self.shape)
+        merged = self.grid.to(self.device, torch.int32)  # gloo reduces no int16
+        dist.all_reduce(merged, op=dist.ReduceOp.MAX, group=self.group)
+        return merged.to("cpu", torch.int16).reshape(self.shape)
 
 
 class RoutingReplay(RouterHooks):
@@ -162,7 +219,13 @@ def recording_routes(model: nn.Module, *, num_rows: int, row_width: int) -> Iter
     if shape is None:
         raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); set it off")
     # a layer count from the routers themselves: a model may keep dense MLPs in some layers
-    record = RoutingRecord(num_rows=num_rows, row_width=row_width, num_layers=len(routers(model)), top_k=shape.top_k)
+    record = RoutingRecord(
+        num_rows=num_rows,
+        row_width=row_width,
+        num_layers=len(routers(model)),
+        top_k=shape.top_k,
+        group=context_group(model),
+    )
     with _hooked(model, record, lambda layer, gate: gate.register_forward_hook(record.hook(layer))):
         yield record
 

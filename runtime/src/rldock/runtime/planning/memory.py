@@ -131,6 +131,7 @@ class MoePlan:
     experts_per_rank: int  # each MoE layer's experts one EP rank holds
     expert_bytes_per_rank: int  # their parameter bytes over all layers, before FSDP's 1/(dp/ep)
     all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
+    # (a CP rank: its 1/cp of the positions)
     redundant: RedundantWeights
 
 
@@ -186,12 +187,14 @@ def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
     """The MoE figures of `cfg` with `shape`; None for a dense model. The all-to-all moves each of a
     micro-batch's tokens' k copies to their experts and the outputs back (2 x tokens x k x h
     elements per layer), of which the share (ep - 1) / ep leaves the rank when experts are spread
-    evenly; the backward moves as much again."""
+    evenly; the backward moves as much again. Under CP a rank routes its ceil(tokens / cp) positions
+    only (EP groups are carved out of the dp x cp ranks, rldock.contract.layout)."""
     if not shape.is_moe:
         return None
-    ep = cfg.training.expert_parallel_size
+    ep, cp = cfg.training.expert_parallel_size, cfg.training.context_parallel_size
     element = COMPUTE_BYTES.get(cfg.training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-    sent = 2 * _micro_batch_tokens(cfg) * shape.num_experts_per_tok * shape.hidden_size * element
+    tokens = -(-_micro_batch_tokens(cfg) // cp)  # this rank's positions of the micro-batch
+    sent = 2 * tokens * shape.num_experts_per_tok * shape.hidden_size * element
     return MoePlan(
         num_experts=shape.num_experts,
         top_k=shape.num_experts_per_tok,

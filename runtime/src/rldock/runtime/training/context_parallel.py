@@ -37,6 +37,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
+from rldock.runtime.engines.expert_parallel import ExpertParallelExperts
 from rldock.runtime.engines.ulysses import apply_ulysses
 from rldock.runtime.training.backend import run_shared_stage
 
@@ -75,9 +76,11 @@ def sum_over_context(model: nn.Module, *, dp: int) -> None:
 
     The reduction is a plain sum then a division: FSDP would otherwise reduce in float32 and bfloat16
     with a pre-multiplied sum (its factor is not the world), which gloo refuses (and HCCL has not),
-    while a float64 model took the sum path anyway (why the float64 ranks test did not see it)."""
+    while a float64 model took the sum path anyway (why the float64 ranks test did not see it).
+    Expert-parallel experts are left alone: they scale their own gradients by 1 / dp and FSDP sums
+    them (engines/fsdp_sharding.py)."""
     for module in model.modules():
-        if isinstance(module, FSDPModule):
+        if isinstance(module, FSDPModule) and not isinstance(module, ExpertParallelExperts):
             module.set_gradient_divide_factor(float(dp))
             module.set_force_sum_reduction_for_comms(True)
 

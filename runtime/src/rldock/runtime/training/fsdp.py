@@ -74,7 +74,8 @@ class FsdpBackend:
             if training.expert_parallel_size > 1
             else None
         )
-        # CP groups inside the data-parallel dimension, before FSDP wraps the model (context_parallel.py)
+        # CP groups inside the data-parallel dimension, before FSDP wraps the model (context_parallel.py);
+        # the EP groups above are carved out of the same dp x cp ranks (rldock.contract.layout)
         self.context = ContextLayout.of(model, cp=training.context_parallel_size)
         self.model = apply_fsdp(
             model,
@@ -82,6 +83,7 @@ class FsdpBackend:
             cpu_offload=training.fsdp_cpu_offload,
             mixed_precision=training.mixed_precision,
             experts=self.experts,
+            context_parallel_size=training.context_parallel_size,
         )
         self.context.sum_gradients(self.model)
         self.optimizer = make_optimizer(self.model.parameters())

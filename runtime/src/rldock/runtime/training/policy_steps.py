@@ -16,7 +16,7 @@ from rldock.runtime.engines.policy import PassTally
 from rldock.runtime.engines.policy_passes import micro_batch_scores, update_micro_batches
 from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
 from rldock.runtime.models.moe import RouterLoss
-from rldock.runtime.models.routing_replay import replaying_batch
+from rldock.runtime.models.routing_replay import pass_listeners, replaying_batch
 from rldock.runtime.training.accumulation import accumulate
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.policy_objective import PolicyObjective
@@ -57,7 +57,8 @@ def policy_step(
         share = len(micro) / len(mini_batch)
         # replay's hooks first, so the router terms count the experts the pass used
         with replaying_batch(backend.model, micro) as replay, router.recording(backend.training_module()) as routing:
-            scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally, routes=replay)
+            listeners = pass_listeners(replay, routing)  # under CP both need each pass's own tokens
+            scores = micro_batch_scores(backend.training_module(), micro, training, tally=tally, routes=listeners)
         loss, metrics = objective(
             scores.logprobs, scores.entropy, micro, units_per_rank=units_per_rank, rank_tokens=rank_tokens
         )
