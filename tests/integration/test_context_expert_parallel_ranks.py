@@ -32,6 +32,7 @@ from rldock_e2e.scored_batch import LAYOUTS, PROMPT_LENGTH, RESPONSE_LENGTH, sco
 pytestmark = pytest.mark.integration
 
 WORLD, CP = 4, 2
+EXPERT_PARALLEL_SIZES = (2, 4)  # an EP group is a CP group; an EP group spans both CP groups
 COEF = 0.5  # the router's auxiliary-loss coefficient
 TOL = dict(rtol=1e-9, atol=1e-12)
 CASES = [(layout, replay) for layout in ("packed", "padded") for replay in (False, True)]
@@ -85,27 +86,31 @@ def _recorded(model, batch) -> torch.Tensor:
     return record.routed_experts()
 
 
-def _rank(rank: int, ep: int, rendezvous: str, out_dir: str) -> None:
+def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.policy import packing_prompts
     from rldock.runtime.training.fsdp import FsdpBackend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD)
-    backend = FsdpBackend(
-        ep_job_config(WORLD, ep, context_parallel_size=CP),
-        model=cp_moe_model(),
-        make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
-        device=detect_device("cpu"),
-        rank=rank,
-    )
-    model, batch = backend.model, _batch(10 + rank // CP)  # data-parallel rank rank // CP's rows
-    # the "packed" layout does pack this batch
-    assert packing_prompts(model, batch["prompt_ids"], batch["prompt_mask"], batch["response_mask"], trim=True, micro_batch_size=4) is not None
-    results: dict = {"recorded": _recorded(model, batch)}
-    for layout, replay in CASES:
-        model.zero_grad()
-        results[layout, replay] = _scored(model, batch, layout, replay=replay) | {"grads": whole_gradients(backend)}
+    batch = _batch(10 + rank // CP)  # data-parallel rank rank // CP's rows
+    results: dict = {}
+    for ep in EXPERT_PARALLEL_SIZES:
+        backend = FsdpBackend(
+            ep_job_config(WORLD, ep, context_parallel_size=CP),
+            model=cp_moe_model(),
+            make_optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+            device=detect_device("cpu"),
+            rank=rank,
+        )
+        model = backend.model
+        args = (batch["prompt_ids"], batch["prompt_mask"], batch["response_mask"])
+        assert packing_prompts(model, *args, trim=True, micro_batch_size=4) is not None  # "packed" packs
+        results[ep] = {"recorded": _recorded(model, batch)}
+        for layout, replay in CASES:
+            model.zero_grad()
+            scored = _scored(model, batch, layout, replay=replay)
+            results[ep][layout, replay] = scored | {"grads": whole_gradients(backend)}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()  # no rank tears the group down while a peer's gloo thread still talks to it
     dist.destroy_process_group()
@@ -117,21 +122,21 @@ def _one_process(batch_seed: int, layout: str, *, replay: bool) -> dict:
     return scored | {"grads": {name: p.grad for name, p in model.named_parameters()}}
 
 
-@pytest.mark.parametrize("ep", [2, 4], ids=["cp2xep2", "cp2xep4"])
-def test_context_and_expert_parallel_equal_one_process(tmp_path, ep):
+def test_context_and_expert_parallel_equal_one_process(tmp_path):
     # a file rendezvous no earlier group used: a probed free port could be taken before rank 0 binds it
     rendezvous = f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
-    mp.spawn(_rank, args=(ep, rendezvous, str(tmp_path)), nprocs=WORLD)
+    mp.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    for rank, got in enumerate(ranks):  # each CP group's merged record is the whole batch's routing
-        assert torch.equal(got["recorded"], _recorded(cp_moe_model(), _batch(10 + rank // CP)))
+    recorded = [_recorded(cp_moe_model(), _batch(10 + d)) for d in range(WORLD // CP)]
     for layout, replay in CASES:
         shards = [_one_process(10 + d, layout, replay=replay) for d in range(WORLD // CP)]
-        for rank, got in enumerate(ranks):  # every CP rank holds its data-parallel rank's scores and loss
-            want = shards[rank // CP]
-            torch.testing.assert_close(got[layout, replay]["logprobs"], want["logprobs"], **TOL)
-            assert got[layout, replay]["aux"] == pytest.approx(want["aux"], rel=1e-9)
-            assert got[layout, replay]["loss"] == pytest.approx(want["loss"], rel=1e-9)
-            for name, grad in shards[0]["grads"].items():  # the sum over CP, the mean over the dp ranks
-                mean = (grad + shards[1]["grads"][name]) / 2
-                torch.testing.assert_close(got[layout, replay]["grads"][name], mean, **TOL, msg=f"{layout} {name}")
+        for ep in EXPERT_PARALLEL_SIZES:
+            for rank, got in enumerate(r[ep] for r in ranks):  # a CP rank holds its dp rank's scores and loss
+                want, case = shards[rank // CP], f"ep{ep} {layout} replay {replay}"
+                assert torch.equal(got["recorded"], recorded[rank // CP])  # the CP group's merged record
+                torch.testing.assert_close(got[layout, replay]["logprobs"], want["logprobs"], **TOL, msg=case)
+                assert got[layout, replay]["aux"] == pytest.approx(want["aux"], rel=1e-9), case
+                assert got[layout, replay]["loss"] == pytest.approx(want["loss"], rel=1e-9), case
+                for name, grad in shards[0]["grads"].items():  # the sum over CP, the mean over the dp ranks
+                    mean = (grad + shards[1]["grads"][name]) / 2
+                    torch.testing.assert_close(got[layout, replay]["grads"][name], mean, **TOL, msg=f"{case} {name}")

@@ -8,6 +8,7 @@ from rldock.contract.failure import FailureReason, last_failure
 from rldock.runtime.cli import main, run_summary
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
+MOE_EXAMPLE = EXAMPLE.with_name("grpo-tiny-moe.yaml")
 
 
 def test_validate_prints_one_verdict_line(capsys):
@@ -102,11 +103,11 @@ def test_validate_accepts_a_context_parallel_job_and_names_what_cannot_combine(p
     a CP job whether or not it checks the paths (a config checked here for an RLJob skips them), EP
     over its dp x cp ranks too, and still refuses the layouts CP does not compose with, naming the field."""
     assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL]) == 0
-    with_experts = ["--set", "training.expert_parallel_size=4"]  # the 2 x 2 sequence ranks
-    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL, *with_experts]) == 0
+    # the tiny MoE demo (DP 2 x EP 2) under CP 2: EP over the 2 x 2 sequence ranks
+    moe = [str(MOE_EXAMPLE), *path_checks, *CONTEXT_PARALLEL, "--set", "resources.devices_per_node=4"]
+    assert main(["validate", *moe]) == 0
     capsys.readouterr()
-    uneven = ["--set", "training.expert_parallel_size=3"]
-    assert main(["validate", str(EXAMPLE), *path_checks, *CONTEXT_PARALLEL, *uneven]) == 2
+    assert main(["validate", *moe, "--set", "training.expert_parallel_size=3"]) == 2
     err = capsys.readouterr().err
     assert "training.expert_parallel_size: 3 must divide the 4 sequence ranks" in err
 
