@@ -18,7 +18,6 @@ balancing its slice alone, or replaying the wrong tokens' experts, moves results
 from __future__ import annotations
 
 import uuid
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -26,64 +25,21 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock_e2e.moe_fixture import NUM_EXPERTS, cp_moe_model, ep_job_config, whole_gradients
-from rldock_e2e.scored_batch import LAYOUTS, PROMPT_LENGTH, RESPONSE_LENGTH, scored_batch
+from rldock_e2e.moe_fixture import (
+    cp_batch,
+    cp_moe_model,
+    ep_job_config,
+    recorded_routing,
+    scored_with_router_loss,
+    whole_gradients,
+)
 
 pytestmark = pytest.mark.integration
 
 WORLD, CP = 4, 2
 EXPERT_PARALLEL_SIZES = (2, 4)  # an EP group is a CP group; an EP group spans both CP groups
-COEF = 0.5  # the router's auxiliary-loss coefficient
 TOL = dict(rtol=1e-9, atol=1e-12)
-CASES = [(layout, replay) for layout in ("packed", "padded") for replay in (False, True)]
-
-
-def _batch(seed: int) -> dict[str, torch.Tensor]:
-    return scored_batch(seed, vocab_size=64)
-
-
-def _random_routing() -> torch.Tensor:
-    """A record (B, PL + SL, layers, k) of two distinct experts per token, none the router's choice
-    by design: what replay makes every pass use."""
-    g = torch.Generator().manual_seed(7)
-    scores = torch.rand(4, PROMPT_LENGTH + RESPONSE_LENGTH, 2, NUM_EXPERTS, generator=g)
-    return scores.argsort(dim=-1)[..., :2].to(torch.int16)
-
-
-def _scored(model, batch, layout: str, *, replay: bool) -> dict:
-    """The logprobs (4, 7), the loss (linear in the logprobs, plus COEF x the load-balancing loss) and
-    its value, after the backward; as the update's policy step records, replays and adds the router term."""
-    from rldock.runtime.engines.policy import response_logprobs
-    from rldock.runtime.models.moe import RouterLoss
-    from rldock.runtime.models.routing_replay import pass_listeners, replaying_routes
-
-    router = RouterLoss(model, coef=COEF)
-    replaying = replaying_routes(model, _random_routing()) if replay else nullcontext()
-    with replaying as replayed, router.recording(model) as record:
-        logprobs = response_logprobs(
-            model,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            batch["response_ids"],
-            batch["response_mask"],
-            routes=pass_listeners(replayed, record),
-            **LAYOUTS[layout],
-        )
-    loss, metrics = router.add((logprobs * batch["weights"]).sum(), {}, record, share=1.0)
-    loss.backward()
-    return dict(logprobs=logprobs.detach(), loss=float(loss.detach()), aux=metrics["moe/aux_loss"])
-
-
-def _recorded(model, batch) -> torch.Tensor:
-    """The routing a packed pass over the batch records (B, PL + SL, layers, k): the old logprobs' pass
-    under algorithm.routing_replay reference."""
-    from rldock.runtime.engines.policy import response_logprobs
-    from rldock.runtime.models.routing_replay import recording_routes
-
-    with torch.no_grad(), recording_routes(model, num_rows=4, row_width=PROMPT_LENGTH + RESPONSE_LENGTH) as record:
-        args = (batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"], batch["response_mask"])
-        response_logprobs(model, *args, routes=record, **LAYOUTS["packed"])
-    return record.routed_experts()
+CASES = [(layout, replay) for layout in ("packed", "padded") for replay in (False, True)]  # replay: a random record
 
 
 def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
@@ -93,7 +49,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD)
-    batch = _batch(10 + rank // CP)  # data-parallel rank rank // CP's rows
+    batch = cp_batch(10 + rank // CP)  # data-parallel rank rank // CP's rows
     results: dict = {}
     for ep in EXPERT_PARALLEL_SIZES:
         backend = FsdpBackend(
@@ -106,10 +62,10 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         model = backend.model
         args = (batch["prompt_ids"], batch["prompt_mask"], batch["response_mask"])
         assert packing_prompts(model, *args, trim=True, micro_batch_size=4) is not None  # "packed" packs
-        results[ep] = {"recorded": _recorded(model, batch)}
+        results[ep] = {"recorded": recorded_routing(model, batch)}
         for layout, replay in CASES:
             model.zero_grad()
-            scored = _scored(model, batch, layout, replay=replay)
+            scored = scored_with_router_loss(model, batch, layout, replay=replay)
             results[ep][layout, replay] = scored | {"grads": whole_gradients(backend)}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()  # no rank tears the group down while a peer's gloo thread still talks to it
@@ -118,7 +74,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
 
 def _one_process(batch_seed: int, layout: str, *, replay: bool) -> dict:
     model = cp_moe_model()
-    scored = _scored(model, _batch(batch_seed), layout, replay=replay)
+    scored = scored_with_router_loss(model, cp_batch(batch_seed), layout, replay=replay)
     return scored | {"grads": {name: p.grad for name, p in model.named_parameters()}}
 
 
@@ -127,7 +83,7 @@ def test_context_and_expert_parallel_equal_one_process(tmp_path):
     rendezvous = f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
     mp.spawn(_rank, args=(rendezvous, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    recorded = [_recorded(cp_moe_model(), _batch(10 + d)) for d in range(WORLD // CP)]
+    recorded = [recorded_routing(cp_moe_model(), cp_batch(10 + d)) for d in range(WORLD // CP)]
     for layout, replay in CASES:
         shards = [_one_process(10 + d, layout, replay=replay) for d in range(WORLD // CP)]
         for ep in EXPERT_PARALLEL_SIZES:

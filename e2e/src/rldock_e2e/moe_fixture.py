@@ -1,12 +1,19 @@
 """A tiny float64 Qwen3-MoE, its batch and its token logprobs: what the expert-parallel tests compare
 across ranks and one process (tests/integration/test_expert_parallel_ranks.py on gloo ranks,
-tests/unit/runtime/twin/test_twin_expert_parallel.py on the npu twin). Never shipped."""
+tests/unit/runtime/twin/test_twin_expert_parallel.py on the npu twin); and its scored passes with the
+router's loss and routing replay, what the CP x EP tests compare
+(tests/integration/test_context_expert_parallel_ranks.py, test_twin_context_expert_parallel.py). Never shipped."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
+from rldock_e2e.scored_batch import LAYOUTS, PROMPT_LENGTH, RESPONSE_LENGTH, scored_batch
+
 NUM_EXPERTS = 8
+ROUTER_COEF = 0.5  # large, so the router's loss weighs in the loss and gradients as the logprobs do
 ROWS_PER_RANK = 2
 SEQ = 12
 
@@ -102,3 +109,53 @@ def whole_gradients(backend) -> dict:
         for name, p in backend.model.named_parameters()
     )
     return dict(gather_experts(grads, backend.experts.sharding))
+
+
+def cp_batch(seed: int) -> dict[str, torch.Tensor]:
+    """`scored_batch` in this model's vocabulary: 4 rows of 6 prompt and 7 response columns."""
+    return scored_batch(seed, vocab_size=64)
+
+
+def random_routing() -> torch.Tensor:
+    """A record (B, PL + SL, layers, k) of two distinct experts per token, none the router's choice
+    by design: what replay makes every pass use."""
+    g = torch.Generator().manual_seed(7)
+    scores = torch.rand(4, PROMPT_LENGTH + RESPONSE_LENGTH, 2, NUM_EXPERTS, generator=g)
+    return scores.argsort(dim=-1)[..., :2].to(torch.int16)
+
+
+def scored_with_router_loss(model, batch, layout: str, *, replay: bool) -> dict:
+    """On `cp_batch`'s `batch` in `layout` (scored_batch.LAYOUTS), replaying `random_routing` or not: the
+    logprobs (4, 7), the loss (linear in the logprobs, plus ROUTER_COEF x the load-balancing loss) and that
+    loss's value, after the backward; as the update's policy step records, replays and adds the router term."""
+    from rldock.runtime.engines.policy import response_logprobs
+    from rldock.runtime.models.moe import RouterLoss
+    from rldock.runtime.models.routing_replay import pass_listeners, replaying_routes
+
+    router = RouterLoss(model, coef=ROUTER_COEF)
+    replaying = replaying_routes(model, random_routing()) if replay else nullcontext()
+    with replaying as replayed, router.recording(model) as record:
+        logprobs = response_logprobs(
+            model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["response_ids"],
+            batch["response_mask"],
+            routes=pass_listeners(replayed, record),
+            **LAYOUTS[layout],
+        )
+    loss, metrics = router.add((logprobs * batch["weights"]).sum(), {}, record, share=1.0)
+    loss.backward()
+    return dict(logprobs=logprobs.detach(), loss=float(loss.detach()), aux=metrics["moe/aux_loss"])
+
+
+def recorded_routing(model, batch) -> torch.Tensor:
+    """The routing a packed pass over the batch records (B, PL + SL, layers, k): the old logprobs' pass
+    under algorithm.routing_replay reference."""
+    from rldock.runtime.engines.policy import response_logprobs
+    from rldock.runtime.models.routing_replay import recording_routes
+
+    with torch.no_grad(), recording_routes(model, num_rows=4, row_width=PROMPT_LENGTH + RESPONSE_LENGTH) as record:
+        args = (batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"], batch["response_mask"])
+        response_logprobs(model, *args, routes=record, **LAYOUTS["packed"])
+    return record.routed_experts()

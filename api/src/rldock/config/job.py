@@ -1095,10 +1095,11 @@ class TrainingSpec(Spec):
         default=1,
         ge=1,
         le=1024,
-        description="EP: the data-parallel ranks that split an MoE model's experts (Qwen3-MoE, Mixtral): each holds "
+        description="EP: the training ranks that split an MoE model's experts (Qwen3-MoE, Mixtral): each holds "
         "num_experts / expert_parallel_size of every MoE layer's experts and its tokens reach the others' by "
-        "all-to-all; the rest of the model is sharded over all data-parallel ranks. It carves groups out of "
-        "data_parallel_size (which it must divide), adds no ranks, and must divide the model's experts. Needs "
+        "all-to-all; the rest of the model is sharded over all ranks. It carves groups out of the "
+        "data_parallel_size x context_parallel_size ranks (which it must divide; under CP a group may hold or "
+        "span CP groups), adds no ranks, and must divide the model's experts. Needs "
         "strategy fsdp (docs/scaling.md, expert parallelism). Checkpoints and the engine's weights stay in the "
         "Hugging Face layout whatever the size.",
     )
@@ -1139,7 +1140,8 @@ class TrainingSpec(Spec):
         "attention heads and KV heads, and the passes' attention must take a 4D mask (sdpa or eager, no "
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
         "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
-        "strategy fsdp and tensor_parallel_size 1, and no expert_parallel_size. `rldock train` runs the actor's, "
+        "strategy fsdp and tensor_parallel_size 1; composes with expert_parallel_size and routing replay. "
+        "`rldock train` runs the actor's, "
         "the reference's and the critic's ranks as data_parallel_size groups of this many (each group's first "
         "rank reads the group's samples from the dock and shares them), the policy's, the reference's and the "
         "critic's passes under Ulysses (docs/scaling.md, section 9).",
