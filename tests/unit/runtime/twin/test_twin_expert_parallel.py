@@ -5,14 +5,10 @@ tests/integration/test_expert_parallel_ranks.py: reassociation only)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from twin_ranks import run_ranks
 
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, moe_model, token_logprobs, whole_batch
 
@@ -22,24 +18,7 @@ TOL = dict(rtol=1e-9, atol=1e-12)
 
 
 def test_ep2_on_two_twin_devices_equals_one_process(npu_twin, tmp_path):
-    # This process holds the group's store on a port the OS picked and keeps it bound while the
-    # ranks connect (a port probed free and bound later by a rank could be taken in between).
-    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, timeout=timedelta(seconds=300), wait_for_workers=False)
-    port = store.port
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # the ranks import what this process does
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), str(rank), str(WORLD), str(port), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    for rank in ranks:
-        output, _ = rank.communicate(timeout=300)
-        assert rank.returncode == 0, output[-4000:]
+    run_ranks(RANK_SCRIPT, WORLD, tmp_path)
 
     model = moe_model()
     expected = token_logprobs(model, whole_batch(WORLD))

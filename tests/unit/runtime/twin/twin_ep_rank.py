@@ -6,18 +6,13 @@ scores its rows and backpropagates, and saves its logprobs and the whole gradien
 
 from __future__ import annotations
 
-import os
-import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from twin_ranks import join_group, run_rank_script
 
-from rldock.runtime.device import detect_device
-from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group
+from rldock.runtime.engines.process_group import destroy_process_group
 from rldock.runtime.training.fsdp import FsdpBackend
-from rldock_e2e.doubles.npu_twin import activate
 from rldock_e2e.moe_fixture import ROWS_PER_RANK, ep_job_config, moe_model, token_logprobs, whole_batch
 
 
@@ -26,19 +21,7 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
 
     from rldock.runtime.engines.expert_parallel import gather_experts
 
-    activate()
-    torch.set_num_threads(1)
-    device = detect_device("npu", index=rank)
-    # The test process holds the store; every rank (rank 0 too) connects to it as a client.
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=120))
-    init_process_group(
-        device,
-        rank=rank,
-        world_size=world_size,
-        rendezvous=Rendezvous(address="127.0.0.1", port=port),
-        store=store,
-        timeout_s=120,
-    )
+    device = join_group(rank, world_size, port)
     cfg = ep_job_config(world_size, world_size, device="npu")
     backend = FsdpBackend(
         cfg,
@@ -62,8 +45,4 @@ def main(rank: int, world_size: int, port: int, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
-    # Leave without interpreter finalization, as twin_ddp_rank.py explains.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_rank_script(main)
