@@ -165,7 +165,7 @@ def record_routing(model: nn.Module) -> Iterator[RouterRecord]:
         tokens = ids.numel() if ids is not None else 0
         mask = _pass_mask(kwargs)
         if record.announced is not None:
-            mask = torch.zeros(tokens, device=record.announced.device).index_fill(0, record.announced, 1.0)
+            mask = torch.zeros(tokens).index_fill(0, record.announced.cpu(), 1.0)  # host, as a packed pass's
             record.announced = None
         record.masks.append(mask if mask is not None else torch.ones(tokens))
         record.logits.append([])
