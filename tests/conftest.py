@@ -25,6 +25,12 @@ import pytest
 # another process keeps busy, each barrier then waits for a thread the kernel has descheduled (e2e/README.md,
 # "Test tiers", gives what it cost). A value the caller set wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Ray's raylet starts every worker at niceness 15 (so that it and the GCS win the CPU over them): with any
+# other process busy on the machine, a job's workers then get about 1/28 of a core against each process at
+# niceness 0 (CFS weights 36 and 1024), and a test waits on them. The suite's Ray clusters (the integration
+# tier's shared head, the local ones of the unit tests and of `rldock train`) inherit this instead. A value
+# the caller set wins; e2e pods get their image's environment.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 from rldock_e2e.controlplane import (
     BinariesUnavailable,
