@@ -20,7 +20,7 @@ Measured per rank:
   frees as torch's profiler records them (`profile_memory`): what a device allocator's peak reports
   (torch.cuda.max_memory_allocated), free of the process's RSS and allocator slack. The planner's
   figure for it is the update phase's params + grads + optimizer state + FSDP's gathered layers +
-  activations (`planned_peak_bytes`; the engine's share is not in this benchmark);
+  the gradients FSDP holds whole + activations (`planned_peak_bytes`; the engine's share is not in this benchmark);
 - `saved_bytes`: the distinct storages autograd saves for the backward during the pass (weights
   left out), counted with saved-tensor hooks: what the planner's activation formula estimates, less
   the LM head's transient chunk (`planned_saved_bytes`);
@@ -233,7 +233,10 @@ def planned(length: int, cp: int) -> dict[str, int]:
     shape = shape_from_hf_config({**SHAPE, "model_type": "qwen2"}, name="bench")
     update = plan_memory(cfg, shape).update
     return {
-        "planned_peak_bytes": update.training_state + update.fsdp_gathered + update.activations,
+        "planned_peak_bytes": update.training_state
+        + update.fsdp_gathered
+        + update.fsdp_whole_grads
+        + update.activations,
         "planned_saved_bytes": activation_bytes(cfg, shape) - head_chunk_bytes(cfg, shape),
         "planned_activation_bytes": activation_bytes(cfg, shape),
         "planned_all_to_all_bytes": all_to_all_bytes_per_pass(shape, tokens=length, cp=cp, element=4),

@@ -19,6 +19,7 @@ from rldock.runtime.planning.memory import (
     activation_bytes,
     compute_dtypes,
     critic_params,
+    fsdp_whole_gradient_bytes,
     head_chunk_bytes,
     plan_critic,
     training_state_bytes,
@@ -83,6 +84,24 @@ def test_freeze_embeddings_drops_their_grads_and_optimizer_state():
     frozen = training_state_bytes(job(freeze_embeddings=True), SMALL)
     assert frozen[1] == (SMALL.num_params - SMALL.embedding_params) * 4
     assert frozen[2] == 2 * frozen[1]
+
+
+def test_fsdp_holds_the_lm_heads_and_one_layers_gradient_whole():
+    """FSDP2 keeps the root's LM-head gradient whole until the root's reduce-scatter at the end of the
+    backward, and copies each layer's whole gradient into a reduce-scatter input (measured at the
+    update's peak: docs/scaling.md, section 9). SMALL: V x h = 80 head weights (tied), 592 per layer."""
+    head, layer = 10 * 8, 592
+    # float32 at DP 2: the head whole in place of its counted half, plus one layer whole
+    assert fsdp_whole_gradient_bytes(job(strategy="fsdp"), SMALL) == head * 4 - head * 4 // 2 + layer * 4 == 2528
+    # bf16 compute: the head's gradient in bf16, the reduce-scatter input in float32
+    bf16 = job(strategy="fsdp", mixed_precision="bf16")
+    assert fsdp_whole_gradient_bytes(bf16, SMALL) == head * 2 - head * 4 // 2 + layer * 4
+    # a frozen head has no gradient; offloaded shards are on the host, so none of the head's is counted there
+    assert fsdp_whole_gradient_bytes(job(strategy="fsdp", freeze_embeddings=True), SMALL) == layer * 4
+    assert fsdp_whole_gradient_bytes(job(strategy="fsdp", fsdp_cpu_offload=True), SMALL) == head * 4 + layer * 4
+    assert fsdp_whole_gradient_bytes(job(strategy="ddp"), SMALL) == 0  # DDP's gradients are whole in `grads`
+    plan = plan_memory(job(strategy="fsdp"), SMALL, device_memory=64 * GIB)
+    assert plan.update.fsdp_whole_grads == 2528 and plan.generation.fsdp_whole_grads == 0  # the backward's only
 
 
 def test_activations_follow_the_stated_formula():

@@ -7,6 +7,14 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
 - gradients: trainable parameters (less the vocabulary matrices with training.freeze_embeddings)
   x param bytes, sharded the same way.
 - optimizer state: AdamW's two moments, 2 x trainable x param bytes, sharded the same way.
+- FSDP's whole gradients (`fsdp_whole_gradient_bytes`, the update's `fsdp_whole_grads`, beside the shards):
+  FSDP2 reduce-scatters a module's gradients only when the whole module's backward is done, so the
+  root's (LM head) gradient stays whole, in the compute dtype, from the first step of the backward
+  to its end, instead of its 1/N shard; and each layer's post-backward copies its whole gradient
+  into a reduce-scatter input (reduce dtype: param bytes), which lives until the next layer's
+  reduce-scatter. Measured at the update step's peak on gloo ranks at CP 2 and 4 (512 tokens,
+  rldock_benchmarks.context_parallel): the LM head's whole gradient and the last-reduced layer's
+  reduce-scatter input, beside the next layers' gathered weights (docs/scaling.md, section 9).
 - FSDP gathered weights: while a layer computes, FSDP holds its full weights in the compute dtype,
   and the next layer's are prefetched: 2 x layer params, plus the root's (embeddings, LM head),
   which stay gathered through the forward/backward. Under expert parallelism a layer gathers only
@@ -93,6 +101,7 @@ class PhaseBytes:
     grads: int = 0
     optimizer_state: int = 0
     fsdp_gathered: int = 0
+    fsdp_whole_grads: int = 0  # gradients FSDP holds whole beside the shards in `grads` (fsdp_whole_gradient_bytes)
     activations: int = 0
     generation_weights: int = 0
     kv_cache: int = 0
@@ -260,6 +269,25 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
         -(-trainable * param_bytes // shard),
         -(-2 * trainable * param_bytes // shard),
     )
+
+
+def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """The gradient bytes an FSDP rank holds whole during the backward, beyond the shards that
+    `training_state_bytes` counts (module docstring): the LM head's whole gradient in the compute
+    dtype in place of its shard (none with training.freeze_embeddings), plus one layer's
+    reduce-scatter input (its whole gradient in the reduce dtype; under EP the layer's own experts,
+    as `fsdp_gathered` counts them), on the device with training.fsdp_cpu_offload too. 0 without FSDP."""
+    training = cfg.training
+    if training.strategy != "fsdp":
+        return 0
+    param_bytes = DTYPE_BYTES[cfg.model.dtype]  # FSDP reduces in float32 under mixed precision: the shards' dtype
+    compute = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
+    shard = job_layout(cfg).num_sequence_ranks
+    head = 0 if training.freeze_embeddings else shape.vocab_size * shape.hidden_size
+    layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
+    # the head's shard, counted in the device's gradients unless they live on the host (fsdp_cpu_offload)
+    head_shard = 0 if training.fsdp_cpu_offload else -(-head * param_bytes // shard)
+    return head * compute - head_shard + layer * param_bytes
 
 
 def _dispatch_width(shape: ModelShape) -> int:
@@ -450,6 +478,7 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
     update = PhaseBytes(
         *state,
         fsdp_gathered=gathered,
+        fsdp_whole_grads=fsdp_whole_gradient_bytes(cfg, shape),
         activations=activation_bytes(cfg, shape),
         generation_weights=update_engine[0],
         kv_cache=update_engine[1],
