@@ -289,15 +289,21 @@ def dp_ranks(tiny_model_dir):
             out = self.engine.generate(PROMPTS * 4, n=4, max_tokens=16, eos_token_id=EOS, seed=11)
             return time.perf_counter() - start, out
 
-    ray.init(
-        # A private cluster: a bare ray.init() joins any `ray start` cluster on this machine.
-        address="local",
-        num_cpus=WORLD_SIZE,
-        include_dashboard=False,
-        log_to_driver=False,
-        # The actor class lives in this test module, which workers import by name.
-        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        # Not the tier's shared head (conftest.py): its address and token stay out of the GCS and raylet
+        # this starts, whose authentication mode then matches the one this process's Ray read when it
+        # was first imported, which may have been before conftest set RAY_AUTH_MODE.
+        for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+            patch.delenv(key, raising=False)
+        ray.init(
+            # A private cluster: a bare ray.init() joins any `ray start` cluster on this machine.
+            address="local",
+            num_cpus=WORLD_SIZE,
+            include_dashboard=False,
+            log_to_driver=False,
+            # The actor class lives in this test module, which workers import by name.
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+        )
     try:
         ranks = [Rank.remote(r) for r in range(WORLD_SIZE)]
         rendezvous = ray.get(ranks[0].rendezvous.remote())
