@@ -9,14 +9,11 @@ they only depend on transformers and the HF folder conventions vLLM reads.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ray_head.py, imported by basename
-from ray_head import RayHead, ray_head  # noqa: E402
+from ray_head import RayHead, ray_head  # tests/ray_head.py
 
 # Characters of the addition task plus a few letters, so the vocabulary is about 40 tokens.
 _CHARS = list("0123456789+=-*/ ()abcdefghijklmnopqrstu")

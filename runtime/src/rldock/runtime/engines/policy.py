@@ -40,7 +40,8 @@ from rldock.runtime.engines.packing import (
     packs_sequences,
     pass_work,
 )
-from rldock.runtime.engines.ulysses import context_group, local_positions, pass_mask, shard_forward, sum_over_group
+from rldock.runtime.engines.ulysses import local_positions, pass_mask, shard_forward
+from rldock.runtime.models.context_group import context_group, sum_over_group
 from rldock.runtime.models.routing_replay import PassCells, PassListener, packed_pass_cells, padded_pass_cells
 
 

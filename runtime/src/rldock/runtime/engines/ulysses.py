@@ -22,9 +22,9 @@ over the whole (padded) sequence and their rank's slice of token ids and positio
 the row's or the packed pass's, so packing composes unchanged.
 
 Gradients: every CP rank computes the same loss from the same summed outputs (`sum_over_group`,
-whose backward is the identity for that reason), and each rank's parameter gradients are those of
-its own positions, so the true gradient is their sum over the CP group: the training backend sums
-over CP and averages over DP (`training/context_parallel.py`).
+models/context_group.py, whose backward is the identity for that reason), and each rank's parameter
+gradients are those of its own positions, so the true gradient is their sum over the CP group: the
+training backend sums over CP and averages over DP (`training/context_parallel.py`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
 from rldock.contract.context_parallel import check_heads_divide
+from rldock.runtime.models.context_group import GROUP_ATTRIBUTE
 
 # The attention implementation a model ran without CP -> the one apply_ulysses gives it.
 ULYSSES_IMPLEMENTATIONS = {"sdpa": "ulysses_sdpa", "eager": "ulysses_eager"}
-_GROUP_ATTRIBUTE = "ulysses_group"  # set on each attention module: the CP group its all-to-alls run over
 
 
 class _AllToAll(torch.autograd.Function):
@@ -69,29 +69,8 @@ def _exchange(x: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessG
     return torch.cat(received.unbind(0), dim=gather_dim)
 
 
-class _SumOverGroup(torch.autograd.Function):
-    """All-reduce sum whose backward is the identity: every rank of the group computes the same loss
-    from the sum, so each rank's share of it gets the loss's gradient as is (torch's autograd
-    all-reduce would sum the cp identical gradients)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, group: dist.ProcessGroup) -> Tensor:
-        total = x.clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
 def all_to_all(x: Tensor, *, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
     return _AllToAll.apply(x, scatter_dim, gather_dim, group)
-
-
-def sum_over_group(x: Tensor, group: dist.ProcessGroup) -> Tensor:
-    """Each rank's part (zero where another rank computed) summed over the CP group, on every rank."""
-    return _SumOverGroup.apply(x, group)
 
 
 def ulysses_attention(
@@ -99,7 +78,7 @@ def ulysses_attention(
 ) -> tuple[Tensor, None]:
     """Hugging Face's attention-function signature: `query` (B, H, n, D), `key`/`value` (B, KV, n, D)
     of this rank's n positions; `attention_mask` (B, 1, N, N) over all N. Returns (B, n, H, D)."""
-    group = getattr(module, _GROUP_ATTRIBUTE)
+    group = getattr(module, GROUP_ATTRIBUTE)
     query, key, value = (all_to_all(t, scatter_dim=1, gather_dim=2, group=group) for t in (query, key, value))
     mask = in_compute_dtype(attention_mask, query.dtype)
     output, _ = sdpa_attention_forward(module, query, key, value, mask, **kwargs)  # (B, N, H/cp, D)
@@ -147,28 +126,16 @@ def apply_ulysses(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     if not attention_modules:
         raise TypeError(f"{type(model).__name__}: no attention module with num_key_value_groups")
     for module in attention_modules:
-        setattr(module, _GROUP_ATTRIBUTE, group)
+        setattr(module, GROUP_ATTRIBUTE, group)
     config._attn_implementation = ULYSSES_IMPLEMENTATIONS[implementation]
     return model
-
-
-def context_group(model: nn.Module) -> dist.ProcessGroup | None:
-    """The CP group `apply_ulysses` gave `model`, or None: the model runs whole sequences (so does a
-    plain function standing in for a model)."""
-    if not isinstance(model, nn.Module):
-        return None
-    for module in model.modules():
-        group = getattr(module, _GROUP_ATTRIBUTE, None)
-        if group is not None:
-            return group
-    return None
 
 
 def context_mask(model: nn.Module) -> tuple[str, torch.dtype]:
     """The 4D mask a Ulysses model's passes give it: boolean for `ulysses_sdpa`, additive for
     `ulysses_eager`, and the dtype an additive one is built in (the stored parameters'; the attention
     takes it to the queries' dtype, `in_compute_dtype`)."""
-    module = next(m for m in model.modules() if hasattr(m, _GROUP_ATTRIBUTE))
+    module = next(m for m in model.modules() if hasattr(m, GROUP_ATTRIBUTE))
     implementation = getattr(module, "config")._attn_implementation  # noqa: B009 (an nn.Module attribute to mypy)
     kind = "boolean" if implementation == "ulysses_sdpa" else "additive"
     return kind, next(module.parameters()).dtype

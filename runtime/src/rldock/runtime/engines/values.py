@@ -9,7 +9,8 @@ from torch import Tensor, nn
 
 from rldock.runtime.engines.packing import pass_work
 from rldock.runtime.engines.policy import PassTally, micro_batch_inputs, plan_micro_batches, scatter_rows
-from rldock.runtime.engines.ulysses import context_group, context_mask, pass_mask, shard_forward, sum_over_group
+from rldock.runtime.engines.ulysses import context_mask, pass_mask, shard_forward
+from rldock.runtime.models.context_group import context_group, sum_over_group
 
 
 def valued_tokens(batch) -> Tensor:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rldock.runtime.engines.ulysses import context_group, sum_over_group
+from rldock.runtime.models.context_group import context_group, sum_over_group
 
 if TYPE_CHECKING:
     from rldock.runtime.models.routing_replay import PassCells

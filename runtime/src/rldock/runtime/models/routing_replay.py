@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rldock.runtime.engines.ulysses import context_group
 from rldock.runtime.flow import columns
+from rldock.runtime.models.context_group import context_group
 from rldock.runtime.models.moe import moe_shape, routers
 
 NO_EXPERT = -1  # a grid cell no pass computed
