@@ -97,10 +97,10 @@ def _as_run_here(command: str, output: Path) -> str:
 
 
 def _environment(home: Path) -> dict[str, str]:
-    environ = {key: value for key, value in os.environ.items() if not key.startswith(("RLDOCK_", "XDG_"))}
+    # No RAY_* either, as on a user's machine: a local Ray of its own (not conftest's shared head) at Ray's
+    # own worker niceness (not the suite's RAY_worker_niceness, tests/conftest.py).
+    environ = {key: value for key, value in os.environ.items() if not key.startswith(("RLDOCK_", "XDG_", "RAY_"))}
     venv_bin = str(Path(sys.executable).parent)  # `rldock` as the header spells it: this venv's
-    for key in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):  # conftest's shared head: not a user's
-        environ.pop(key, None)  # a local Ray of its own, as on a user's machine
     # vLLM's own cache (what it learnt of a model architecture, minutes to redo on two shared cores) is
     # not rldock's: it stays where this machine keeps it, while rldock's models and data start empty.
     vllm_cache = os.environ.get("VLLM_CACHE_ROOT") or str(
