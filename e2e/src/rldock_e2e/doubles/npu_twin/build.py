@@ -3,16 +3,26 @@
 The key hashes the source and the torch version, so a new torch or an edited source builds afresh
 and an unchanged pair loads the cached library (ninja sees nothing to do). A cold build compiles
 two files against torch's headers: about 30 s of CPU time (1.5-2 min on the loaded 2-core machine).
+
+torch guards a build with a file that exists while a process builds (`<key>/lock`, its FileBaton)
+and waits, without limit, for that file to go. A process killed while it held it (a test run
+stopped at its timeout, a SIGKILLed test) leaves the file, and every later load waited forever: a
+CI run spent its last half hour so. Loads here first take an flock on `<key>.flock`, which the
+kernel releases when its holder dies; whoever holds it is the only loader on the machine, so a
+baton file it finds is stale and is removed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import sys
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -33,6 +43,21 @@ def cache_dir() -> Path:
     key = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:16]
     root = Path(os.environ.get("RLDOCK_CACHE", Path.home() / ".cache" / "rldock"))
     return root / "npu-twin" / key
+
+
+@contextmanager
+def sole_loader(build_dir: Path) -> Iterator[None]:
+    """Hold the machine-wide loader lock of `build_dir`, with torch's stale baton removed."""
+    with open(build_dir.with_name(build_dir.name + ".flock"), "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        baton = build_dir / "lock"  # torch.utils.cpp_extension's FileBaton
+        if baton.exists():
+            logger.warning("removing %s, left by a build that was killed", baton)
+            baton.unlink()
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def load_extension() -> ModuleType:
@@ -58,12 +83,13 @@ def load_extension() -> ModuleType:
     logger.info("loading the npu twin from %s (built there first if missing)", build_dir)
     os.environ["PATH"] = search
     try:
-        return load(
-            name=EXTENSION_NAME,
-            sources=[str(source) for source in SOURCES],
-            build_directory=str(build_dir),
-            extra_cflags=["-O1"],
-            verbose=False,
-        )
+        with sole_loader(build_dir):
+            return load(
+                name=EXTENSION_NAME,
+                sources=[str(source) for source in SOURCES],
+                build_directory=str(build_dir),
+                extra_cflags=["-O1"],
+                verbose=False,
+            )
     finally:
         os.environ["PATH"] = path
