@@ -20,6 +20,13 @@ reward per step, and every arm runs against it:
   each against the one `learning_rate_0` control (at learning rate 0 the policy is the same whatever the
   algorithm, so one control serves all three).
 
+Bring your own agent (docs/agentic.md#bring-your-own-agent) has arms of its own: `langgraph` runs the same
+task through examples/harnesses/langgraph_cabinet.py, a LangGraph graph over a stock OpenAI client at the
+episode's gateway URL (no environment servers: the graph is its own shell), and `langgraph_learning_rate_0`
+is its control (from the `langgraph` arm's warm-up). For these arms the JSON also sums the gateway's
+exactness over every episode of the run (`gateway`: episodes whose dock ids were the sampled ids, and how
+many would have drifted, by how many tokens, had the final messages been re-rendered).
+
 Prints one JSON document to stdout: each arm's held-out greedy accuracy at the start (iteration 0, after
 the warm-up) and after the last iteration, the model turns per held-out and per sampled episode, how the
 held-out episodes ended, the warm-up's and the whole run's seconds, and the margin (trained gain -
@@ -29,6 +36,8 @@ control gain; with the turn arms, each arm's); progress goes to stderr.
     .venv/bin/python -m rldock_benchmarks.cabinet_learning --iterations 1 --set evaluation.max_prompts=8
     .venv/bin/python -m rldock_benchmarks.cabinet_learning --read-reward 0.2 \
         --arms trained,grpo_turn,ppo_turn_gae,learning_rate_0 --output runs/cabinet-turns
+    .venv/bin/python -m rldock_benchmarks.cabinet_learning --arms langgraph,langgraph_learning_rate_0 \
+        --output runs/cabinet-langgraph
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rldock_benchmarks.agent_learning import arm_overrides, warmup_seconds
+from rldock_benchmarks.agent_learning import warmup_seconds
 from rldock_benchmarks.smollm2_learning import (
     arguments,
     job_overrides,
@@ -53,7 +62,15 @@ from rldock_benchmarks.smollm2_learning import (
     train,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agent-smollm2-cabinet.yaml"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLE = EXAMPLES / "agent-smollm2-cabinet.yaml"
+# The user's LangGraph program in place of rldock's loop and the environment's servers; one dock row per
+# episode (the graph keeps its history, so an episode is one segment).
+LANGGRAPH = [
+    "agent.environment=null",
+    f"agent.harness={EXAMPLES / 'harnesses' / 'langgraph_cabinet.py'}:run",
+    "agent.max_segments=1",
+]
 # The data the example's header prepares: 4 files of 3 codes per task.
 DATA_ARGS = ("cabinet", "--num-train", "2000", "--num-val", "100", "--seed", "0")
 ARMS = {
@@ -66,7 +83,10 @@ ARMS = {
         "algorithm.credit=turn",
         "resources.devices_per_node=2",  # the critic's rank takes a device of its own
     ],
+    "langgraph": LANGGRAPH,
+    "langgraph_learning_rate_0": [*LANGGRAPH, "algorithm.learning_rate=0"],
 }
+CONTROLS = {"learning_rate_0": "trained", "langgraph_learning_rate_0": "langgraph"}  # control: whose warm-up
 DEFAULT_ARMS = ("trained", "learning_rate_0")
 TURN_ARMS = ("trained", "grpo_turn", "ppo_turn_gae")  # each against learning_rate_0
 SERVE = ["rldock", "env", "serve", "rldock.runtime.agent.examples.cabinet:Cabinet", "--listen-fd", "{listen_fd}"]
@@ -77,6 +97,27 @@ def read_reward_overrides(read_reward: float | None) -> list[str]:
     if read_reward is None:
         return []
     return [f"agent.environment.servers.command={json.dumps([*SERVE, '--option', f'read_reward={read_reward:g}'])}"]
+
+
+def control_overrides(label: str, output: Path, done: dict[str, Any]) -> list[str]:
+    """The arm's overrides; a control starts from its trained arm's warm-up when that arm has run."""
+    warmed_up_by = CONTROLS.get(label)
+    if warmed_up_by in done:
+        return [*ARMS[label], f"model.path={output / str(warmed_up_by) / 'warmup'}", "warmup.steps=0"]
+    return ARMS[label]
+
+
+GATEWAY_COUNTS = ("exact_episodes", "inexact_episodes", "segments", "rerender_drifted", "rerender_drift_tokens")
+
+
+def gateway_exactness(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The gateway's counts summed over every sampled and held-out episode of a harness arm's run."""
+    totals = dict.fromkeys(GATEWAY_COUNTS, 0.0)
+    for record in records:
+        for name in GATEWAY_COUNTS:
+            totals[name] += record.get("agent", {}).get(f"gateway/{name}", 0.0)
+            totals[name] += record.get(f"val/agent/gateway/{name}", 0.0)
+    return totals
 
 
 ENDS = ("answer", "max_turns", "length")  # how an episode can end without its session failing
@@ -128,10 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     for label in labels:
         log(f"{label}: starting")
         output = args.output / label
-        extra = arm_overrides(label, args.output, arms, arms=ARMS, warmed_up_by="trained")
-        seconds = train(args.config, output, [*overrides, *extra], label=label)
+        seconds = train(args.config, output, [*overrides, *control_overrides(label, args.output, arms)], label=label)
         records = read_records(output)
         arms[label] = {**summarise(records, seconds), **episodes(records), "warmup_seconds": warmup_seconds(output)}
+        if label.startswith("langgraph"):
+            arms[label]["gateway"] = gateway_exactness(records)
         log(
             f"{label}: val accuracy {arms[label]['val_accuracy_start']:.3f} -> {arms[label]['val_accuracy_end']:.3f}, "
             f"turns {arms[label]['val_turns_start']} -> {arms[label]['val_turns_end']} in {seconds:.0f} s"
@@ -144,6 +186,10 @@ def main(argv: list[str] | None = None) -> None:
         results["gain_margins_vs_learning_rate_0"] = {
             label: arms[label]["val_accuracy_gain"] - control for label in TURN_ARMS if label in arms
         }
+    if "langgraph" in arms and "langgraph_learning_rate_0" in arms:
+        results["langgraph_gain_margin_vs_learning_rate_0"] = (
+            arms["langgraph"]["val_accuracy_gain"] - arms["langgraph_learning_rate_0"]["val_accuracy_gain"]
+        )
     print(json.dumps(report(args.config, model, data, overrides, started, results), indent=2))
 
 

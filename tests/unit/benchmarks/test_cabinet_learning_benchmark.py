@@ -4,14 +4,21 @@ example header's, and the summary reads turns, ends and the sampled reward."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rldock.config.loading import load_job_config
-from rldock_benchmarks.agent_learning import arm_overrides
-from rldock_benchmarks.cabinet_learning import ARMS, DATA_ARGS, EXAMPLE, episodes, read_reward_overrides
+from rldock_benchmarks.cabinet_learning import (
+    ARMS,
+    DATA_ARGS,
+    EXAMPLE,
+    control_overrides,
+    episodes,
+    gateway_exactness,
+    read_reward_overrides,
+)
 from rldock_benchmarks.smollm2_learning import job_overrides
 
 DATA = {"train": ["/d/train.jsonl"], "val": ["/d/val.jsonl"]}
@@ -22,10 +29,7 @@ def _config(arm: str, read_reward: float | None = None):
         o.split("=", 1)
         for o in [*job_overrides(Path("/m/smol"), DATA, iterations=3), *read_reward_overrides(read_reward), *ARMS[arm]]
     )
-    # --set reads each value as YAML; these are the only non-strings the arms set.
-    parsed = {key: {"0": 0, "3": 3, "2": 2}.get(value, value) for key, value in overrides.items()}
-    if "agent.environment.servers.command" in parsed:
-        parsed["agent.environment.servers.command"] = json.loads(parsed["agent.environment.servers.command"])
+    parsed = {key: yaml.safe_load(value) for key, value in overrides.items()}  # as `--set` reads them
     parsed["data.train_files"], parsed["data.val_files"] = DATA["train"], DATA["val"]
     return load_job_config(EXAMPLE, overrides=parsed, check_local=False)
 
@@ -47,12 +51,35 @@ def test_each_arm_is_the_example_with_one_change():
     assert trained.iterations == trained.evaluation.interval == 3
 
 
-def test_the_control_starts_from_the_trained_arms_warmup():
-    extra = arm_overrides("learning_rate_0", Path("/o"), {"trained": {}}, arms=ARMS, warmed_up_by="trained")
+def test_each_control_starts_from_its_trained_arms_warmup():
+    extra = control_overrides("learning_rate_0", Path("/o"), {"trained": {}})
     assert extra == [*ARMS["learning_rate_0"], "model.path=/o/trained/warmup", "warmup.steps=0"]
-    assert (
-        arm_overrides("learning_rate_0", Path("/o"), {}, arms=ARMS, warmed_up_by="trained") == ARMS["learning_rate_0"]
-    )
+    assert control_overrides("learning_rate_0", Path("/o"), {}) == ARMS["learning_rate_0"]
+    extra = control_overrides("langgraph_learning_rate_0", Path("/o"), {"trained": {}, "langgraph": {}})
+    assert extra == [*ARMS["langgraph_learning_rate_0"], "model.path=/o/langgraph/warmup", "warmup.steps=0"]
+    assert control_overrides("grpo_turn", Path("/o"), {"trained": {}}) == ARMS["grpo_turn"]
+
+
+def test_the_langgraph_arms_are_the_example_with_the_users_graph_in_place_of_the_environment():
+    from rldock.config.problems import find_problems
+
+    trained, example, control = _config("langgraph"), _config("trained"), _config("langgraph_learning_rate_0")
+    assert trained.agent.environment is None and trained.agent.harness.endswith("harnesses/langgraph_cabinet.py:run")
+    assert Path(trained.agent.harness.rsplit(":", 1)[0]).is_file()
+    assert trained.agent.max_segments == 1 and find_problems(trained) == []
+    assert trained.algorithm == example.algorithm and trained.warmup == example.warmup
+    assert control.algorithm.learning_rate == 0 and control.agent == trained.agent
+
+
+def test_gateway_exactness_sums_sampled_and_held_out_episodes():
+    records = [
+        {"iteration": 0, "val/accuracy": 0.1, "val/agent/gateway/exact_episodes": 8.0},
+        {"iteration": 1, "agent": {"gateway/exact_episodes": 32.0, "gateway/rerender_drifted": 2.0}},
+        {"iteration": 2, "agent": {"gateway/exact_episodes": 31.0, "gateway/inexact_episodes": 1.0}},
+    ]
+    totals = gateway_exactness(records)
+    assert totals["exact_episodes"] == 71.0 and totals["inexact_episodes"] == 1.0
+    assert totals["rerender_drifted"] == 2.0 and totals["rerender_drift_tokens"] == 0.0
 
 
 def test_the_benchmark_prepares_the_data_the_example_header_documents():

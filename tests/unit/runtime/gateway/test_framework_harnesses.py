@@ -45,3 +45,48 @@ def test_a_langgraph_react_agent_trains_one_exact_segment(tmp_path):
 def test_the_example_harness_is_the_users_program_not_a_module_of_the_product():
     assert importlib.util.find_spec("rldock.runtime.gateway.examples") is None
     assert EXAMPLE.is_file()
+
+
+CABINET = REPO / "examples" / "harnesses" / "langgraph_cabinet.py"
+
+
+def test_a_langgraph_graph_solves_a_cabinet_task_in_three_exact_turns():
+    from rldock.runtime.agent.examples.cabinet import build_cabinet
+    from rldock.runtime.data.cabinet_tasks import cabinet_row
+
+    row = cabinet_row(7, num_files=4, num_lines=3)
+    cabinet = build_cabinet(7, num_files=4, num_lines=3)
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    episodes = GatewayEpisodes(job(harness=f"{CABINET}:run"), tokenizer=tokenizer, prompt_capacity=256)
+    turns = ["ls", f"cat {cabinet.file}", f"#### {cabinet.answer}"]
+    try:
+        engine = ScriptedEngine(tokenizer, {0: turns})
+        task = {"prompt": row["prompt"], "ground_truth": row["answer"], "extra_info": row["extra_info"]}
+        (result,) = episodes.run(engine, tasks=[task], prompts=[[1]], keys=[0], seed=0)
+    finally:
+        episodes.close()
+    assert result.ended == "harness_done" and result.rewards == [1.0]
+    assert result.turns == 3 and result.segments == ["start"] and result.exact
+    # the shell's answers reached the model as user turns: the listing before `cat`, the file before the answer
+    assert cabinet.listing() in tokenizer.decode(engine.prompts[(0, 2)])
+    assert cabinet.files[cabinet.file] in tokenizer.decode(engine.prompts[(0, 3)])
+
+
+def test_a_wrong_code_scores_0_and_a_graph_that_never_answers_stops_at_four_turns():
+    from rldock.runtime.data.cabinet_tasks import cabinet_row
+
+    row = cabinet_row(7, num_files=4, num_lines=3)
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    episodes = GatewayEpisodes(job(harness=f"{CABINET}:run"), tokenizer=tokenizer, prompt_capacity=256)
+    task = {"prompt": row["prompt"], "ground_truth": row["answer"], "extra_info": row["extra_info"]}
+    try:
+        wrong = ScriptedEngine(tokenizer, {0: ["#### 0000"]})
+        (answered,) = episodes.run(wrong, tasks=[task], prompts=[[1]], keys=[0], seed=0)
+        looping = ScriptedEngine(tokenizer, {0: ["ls"] * 6})
+        (unanswered,) = episodes.run(looping, tasks=[task], prompts=[[1]], keys=[0], seed=0)
+    finally:
+        episodes.close()
+    assert answered.rewards == [0.0] and answered.turns == 1
+    assert unanswered.rewards == [0.0] and unanswered.turns == 4
