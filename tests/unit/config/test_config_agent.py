@@ -160,9 +160,22 @@ def test_an_agents_episodes_may_be_cut_and_resumed_at_a_weight_update(agent_data
     assert "required" in message and "`decoupled`" in message  # the correction must be named
     agent_data["rollout"]["importance_correction"] = "decoupled"
     assert parse_job_config(agent_data).rollout.partial_rollout == "resume"
-    agent_data["agent"] = {"harness": "my_agent:run"}
+
+
+@pytest.mark.parametrize("harness", [{"harness": "my_agent:run"}, {"harness_command": ["my-agent"]}])
+def test_a_harnesss_episodes_may_be_resumed_at_a_weight_update_never_dropped(agent_data, harness):
+    agent_data["training"] = {**agent_data.get("training", {}), "mode": "async"}
+    agent_data["dock"] = {**agent_data.get("dock", {}), "max_staleness": 1}
+    agent_data["reward"] = {"terms": [{"name": "environment"}]}
+    agent_data["agent"] = harness
+    agent_data["rollout"] = {"partial_rollout": "resume", "max_tokens_per_round": 64}
+    (message,) = problem_messages(agent_data, "rollout.importance_correction")
+    assert "required" in message  # its episodes span two versions as the native loop's do
+    agent_data["rollout"]["importance_correction"] = "behaviour"
+    assert parse_job_config(agent_data).rollout.partial_rollout == "resume"
+    agent_data["rollout"]["partial_rollout"] = "drop"
     (message,) = problem_messages(agent_data, "rollout.partial_rollout")
-    assert "agent.harness" in message and "use `off`" in message
+    assert "`drop` with agent: a harness's episode" in message and "use `resume`" in message
 
 
 def test_an_importance_correction_is_read_only_with_partial_rollout_and_not_by_gspo(agent_data):

@@ -670,9 +670,10 @@ class RolloutSpec(Spec):
         "unfinished then is completed after the update under the new weights. `resume`: from its prefix (prompt "
         "plus the tokens sampled so far fed back to the engine; the prefix keeps the logprobs and policy version it "
         "was sampled under). `drop`: the prefix is discarded and the response sampled again from its prompt. "
-        "`off`: generations are never cut (docs/transfer-dock.md#partial-rollout). With `agent` (the native loop, "
-        "`resume` only) each episode stops after that many tokens, the turn being sampled cut and resumed after "
-        "the update, its session kept open (docs/agentic.md#episodes-across-a-weight-update).",
+        "`off`: generations are never cut (docs/transfer-dock.md#partial-rollout). With `agent` (`resume` only) each "
+        "episode stops after that many tokens, the turn being sampled cut and resumed after the update, its "
+        "session kept open; a harness's request for that turn stays open and gets the whole turn "
+        "(docs/agentic.md#episodes-across-a-weight-update).",
     )
     max_tokens_per_round: int | None = Field(
         default=None,

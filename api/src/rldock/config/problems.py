@@ -476,23 +476,21 @@ def _importance_problems(cfg: JobConfig) -> list[Problem]:
 
 
 def agent_partial_rollout_problem(cfg: JobConfig) -> str | None:
-    """Why an agent job's rollout.partial_rollout cannot run, or None. The native loop's episodes are cut
-    at a weight update and resumed (`resume`); `drop` would discard the episode's turns so far, and a
-    harness's episodes run in the user's process, which keeps no round."""
+    """Why an agent job's rollout.partial_rollout cannot run, or None. An episode's turn being sampled at a
+    weight update is cut and resumed on the new weights (`resume`), the native loop's and a harness's (its
+    request to the gateway stays open); `drop` would discard the episode's turns so far."""
     agent, mode = cfg.agent, cfg.rollout.partial_rollout
-    if agent is None or mode == "off":
+    if agent is None or mode != "drop":
         return None
-    if agent.harness is not None or agent.harness_command is not None:
-        return (
-            f"`{mode}` with agent.harness or agent.harness_command: the harness's episodes are not cut and "
-            "resumed at a weight update (only the native agent loop's are); use `off`"
-        )
-    if mode == "drop":
-        return (
-            "`drop` with agent: an episode cut at a weight update keeps its session and its turns so far, and "
-            "is resumed on the new weights, never sampled again; use `resume`"
-        )
-    return None
+    who = (
+        "a harness's episode (agent.harness, agent.harness_command, agent.harness_pods)"
+        if agent.harnessed
+        else ("an episode")
+    )
+    return (
+        f"`drop` with agent: {who} cut at a weight update keeps its session and its turns so far, and is "
+        "resumed on the new weights, never sampled again; use `resume`"
+    )
 
 
 def _agent_problems(cfg: JobConfig) -> list[Problem]:

@@ -1,7 +1,9 @@
 """A test double of the rollout engine for the gateway's tests (tests/README: the real vLLM engine serves
 the gateway in tests/integration/test_harness_job.py): it answers request `r` of sample `k` with
 `script[k][r-1]` (text; EOS appended unless it ends in '…'), one request per step, and counts what it was
-asked."""
+asked. A resumed request (key `(k, r, done)`: a turn cut after `done` tokens, agent/rounds.py) gets that
+turn's tokens after the first `done`; every logprob is -(`version` + 1), so a logprob says which weights
+sampled its token."""
 
 from __future__ import annotations
 
@@ -16,20 +18,22 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer, script: Mapping[int, list[str]], *, hold: threading.Event | None = None):
         self.tokenizer, self.script = tokenizer, script
-        self.queue: list[tuple[str, list[int], int, tuple[int, int], bool]] = []
-        self.prompts: dict[tuple[int, int], list[int]] = {}
+        self.queue: list[tuple[str, list[int], int, tuple[int, ...], bool]] = []
+        self.prompts: dict[tuple[int, ...], list[int]] = {}
         self.submitted = 0
         self.aborted: list[str] = []
         self.hold = hold  # while set... cleared: steps wait until it is set (a turn held in the engine)
+        self.version = 0  # the weights' policy version
         self._ids = 0
 
-    def _turn(self, key: tuple[int, int], limit: int) -> Completion:
+    def _turn(self, key: tuple[int, ...], limit: int) -> Completion:
         text = self.script[key[0]][key[1] - 1]
         tokens = self.tokenizer(text.removesuffix("…"), add_special_tokens=False)["input_ids"]
         if not text.endswith("…"):
             tokens.append(self.tokenizer.eos_token_id)
-        tokens = tokens[:limit]
-        logprobs = [-0.5] * len(tokens)
+        done = key[2] if len(key) > 2 else 0
+        tokens = tokens[done : done + limit]
+        logprobs = [-(self.version + 1.0)] * len(tokens)
         return Completion(tokens, logprobs, bool(tokens) and tokens[-1] == self.tokenizer.eos_token_id)
 
     def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False, logprobs=False):

@@ -42,12 +42,23 @@ def tokenizer():
     return tokenizer
 
 
-def job(**agent) -> object:
+def job(*, partial: bool = False, **agent) -> object:
+    """The tiny example with `agent` running the test harness; with `partial`, its episodes are cut at a weight
+    update and resumed (rollout.partial_rollout resume, 4 tokens a round)."""
     data = yaml.safe_load((REPO / "examples" / "grpo-tiny.yaml").read_text())
     data["data"]["chat_template"] = "model"
     data["algorithm"]["max_response_length"] = 256
     data["agent"] = {"harness": f"{HARNESS}:run", **agent}
     data["reward"] = {"terms": [{"name": "environment"}]}
+    if partial:
+        data["training"] = {**data.get("training", {}), "mode": "async"}
+        data["dock"] = {**data.get("dock", {}), "max_staleness": 1}
+        data["rollout"] = {
+            **data.get("rollout", {}),
+            "partial_rollout": "resume",
+            "max_tokens_per_round": 4,
+            "importance_correction": "behaviour",
+        }
     return parse_job_config(data)
 
 
@@ -209,13 +220,18 @@ def served(episodes, tokenizer):
     hold.set()
     engine = ScriptedEngine(tokenizer, {9: ["5"] * 8}, hold=hold)
     episode = runner.server.run(_open(runner, "e9", 9)).result()
+    keys = [9, 10, 11]  # the episodes the tests open
+    runner.turns.open(keys)
     pump = threading.Thread(
-        target=runner.turns.pump, args=(engine,), kwargs={"eos_token_id": tokenizer.eos_token_id, "seed": 0}
+        target=runner.turns.pump,
+        args=(engine,),
+        kwargs={"keys": keys, "eos_token_id": tokenizer.eos_token_id, "seed": 0},
     )
     pump.start()
     yield runner.server.base_url("e9"), episode.token, engine, runner, hold
     hold.set()
-    runner.turns.stop()
+    for key in keys:
+        runner.turns.end(key)
     pump.join()
 
 
@@ -360,16 +376,17 @@ def test_a_turn_the_engine_refuses_ends_its_episode_counted_and_the_others_go_on
     assert result_sums([refused, served], engine_s=0.0, wall_s=0.0)["ended/engine_refused"] == 1
 
 
-def test_a_turn_asked_after_the_rollout_stopped_is_a_503_not_a_wait(episodes, tokenizer):
+def test_a_turn_asked_after_its_harness_ended_is_a_503_not_a_wait(episodes, tokenizer):
     runner = episodes()
     episode = runner.server.run(_open(runner, "e12", 12)).result()
+    runner.turns.open([12])
     pump = threading.Thread(
         target=runner.turns.pump,
         args=(ScriptedEngine(tokenizer, {12: ["5"]}),),
-        kwargs={"eos_token_id": tokenizer.eos_token_id, "seed": 0},
+        kwargs={"keys": [12], "eos_token_id": tokenizer.eos_token_id, "seed": 0},
     )
     pump.start()
-    runner.turns.stop()
+    runner.turns.end(12)
     pump.join()
     answer = post(runner.server.base_url("e12") + "/chat/completions", episode.token, {"messages": USER})
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "episode_over"
@@ -468,3 +485,43 @@ def test_every_segment_of_a_compacting_harness_is_a_row_of_its_episode(episodes,
     assert trained(dock_rows(2)) == [by_segment[2], by_segment[0]]
     sums = result_sums([result], engine_s=0.0, wall_s=0.0, rows_per_episode=2)
     assert sums["counts/gateway/segments_dropped"] == 1 and sums["counts/gateway/segment_dropped/message_edited"] == 1
+
+
+# --- a turn across a weight update (rollout.partial_rollout resume) ------------------------------------------
+
+
+def test_a_turn_cut_at_a_weight_update_is_resumed_and_answered_once_whole(tokenizer, tmp_path):
+    """The first round (4 tokens an episode) cuts episode 7's turn after 4 tokens and holds its request open;
+    episode 8's shorter turn ends within the round. After the update the rest of the turn is sampled on the new
+    weights from the 4 tokens, and the harness gets one answer: the whole turn, each token's logprob that of
+    the weights that sampled it; the session holds each token's version."""
+    runner = GatewayEpisodes(job(partial=True), tokenizer=tokenizer, prompt_capacity=PROMPT_CAPACITY)
+    engine = ScriptedEngine(tokenizer, {7: ["the sum is 5"], 8: ["5"]})
+    whole = [*tokenizer("the sum is 5", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    tasks, out = tasks_of(tmp_path, "tools", "stream")
+    try:
+        batch = runner.start(tasks=tasks, prompts=[[1, 2], [1, 2]], keys=[7, 8], seed=3)
+        assert not runner.advance(engine, batch, policy_version=0, round_tokens=4)
+        assert batch.unfinished == {7} and batch.rounds[0].sampled == {7: 4, 8: 2}
+        # the cut turn's request is still open, unanswered: its harness has not ended, the other's has
+        assert runner.turns.waiting == 1 and runner.turns.running() == {7} and list(seen(out)) == ["stream"]
+        engine.version = 1  # the weight update
+        assert runner.advance(engine, batch, policy_version=1)
+        result, short = runner.results(engine, batch)
+    finally:
+        runner.close()
+    # the rest was asked from the 4 tokens sampled, under a key of its own
+    assert engine.prompts[(7, 1, 4)] == [*engine.prompts[(7, 1)], *whole[:4]] and engine.submitted == 3
+    (answer,) = seen(out)["tools"]  # one answer: the whole turn, no cut and no duplicate
+    choice = answer["choices"][0]
+    assert choice["token_ids"] == whole and choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] == "the sum is 5"
+    assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == [-1.0] * 4 + [-2.0] * (len(whole) - 4)
+    assert runner.turns.sampled[7] == [whole] and result.exact and result.ended == "harness_done"
+    row = result.row
+    model = [i for i, m in enumerate(row.model_mask) if m]
+    assert [row.ids[row.prompt_length + i] for i in model] == whole
+    assert [row.versions[i] for i in model] == [0] * 4 + [1] * (len(whole) - 4)  # straddling the update
+    assert [row.logprobs[i] for i in model] == [-1.0] * 4 + [-2.0] * (len(whole) - 4)
+    assert all(row.versions[i] == -1 for i, m in enumerate(row.model_mask) if not m)
+    assert [short.row.versions[i] for i, m in enumerate(short.row.model_mask) if m] == [0, 0]

@@ -24,6 +24,7 @@ from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup
 from rldock.runtime.rollout.streamed import StreamedRollout
+from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
 G, N, SL = 2, 3, 6
 COLUMNS = ("prompt_ids", "prompt_mask")
@@ -321,3 +322,68 @@ def test_the_token_versions_choose_which_logprob_the_update_compares_against():
     versions = torch.tensor([[1, 1, -1, 2, -1], [0, 2, 1, -1, -1]])  # (B, SL): -1 where the model sampled nothing
     old = token_behaviour_logprobs(computed, sampled, versions, current_version=2)
     assert old.tolist() == [[-1.0, -1.5, -5.0, -5.0, -5.0], [-1.0, -5.0, -1.0, -5.0, -5.0]]
+
+
+ONE_TURN_HARNESS = """
+async def run(task, client):
+    messages = [{"role": "user", "content": task["prompt"]}]
+    answer = await client.chat.completions.create(model="policy", messages=messages)
+    return 1.0 if answer.choices[0].message.content == task["ground_truth"] else 0.0
+"""
+
+
+def test_a_harness_turn_cut_at_the_round_budget_ends_on_the_new_weights_none_dropped(tmp_path):
+    """Partial rollout of a harness's episodes: the first round stops every episode's turn after 2 tokens
+    (its request to the gateway left open); `finish`, after the update, samples each turn's rest on the new
+    weights. Every episode is written, its row tagged with the first round's version and each token with its
+    own, and the old-logprob pass keeps the engine's logprob for the tokens the older version sampled."""
+    tokenizer = chat_tokenizer()
+    (tmp_path / "harness.py").write_text(ONE_TURN_HARNESS)
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "2+2=", "answer": "42"}\n' * G)
+    cfg = job(
+        agent={"harness": f"{tmp_path / 'harness.py'}:run", "max_segments": 1},
+        data={"train_files": [str(train)], "answer_key": "answer", "chat_template": "model"},
+        rollout=PARTIAL,  # 2 tokens a round
+    )
+    cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"max_response_length": 64})})
+    assert mode_of(cfg) == "harness"
+    columns = (*COLUMNS, "prompt_index")
+    rollout = build_rollout(
+        cfg,
+        tokenizer=tokenizer,
+        rank=0,
+        batch_size=G * N,
+        spec=replace(ROLLOUT, consumes=columns),
+        train_files=[str(train)],
+    )
+    turn = [*tokenizer("42", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]  # 3 tokens: cut after 2
+    engine = ScriptedEngine(tokenizer, {key: ["42"] for key in range(G * N)})
+    engine.version = 4
+    dock = RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    try:
+        first = rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4, round_tokens=2))
+        assert dock.puts == [] and first.metrics["partial_cut"] == G * N
+        engine.version = 5  # the weight update
+        second = rollout.finish(engine, dock, iteration=3, policy_version=5)
+        assert rollout.finish(engine, dock, iteration=3, policy_version=5).num_samples == 0  # nothing left
+    finally:
+        rollout.close()
+    # each cut turn resumed from its 2 sampled tokens, keyed (sample, request, tokens sampled)
+    assert all(engine.prompts[(key, 1, 2)] == [*engine.prompts[(key, 1)], *turn[:2]] for key in range(G * N))
+    ((indices, out, version),) = dock.puts
+    assert indices == list(range(G * N)) and version == 4
+    counts = [
+        second.num_samples,
+        *(second.metrics[f"partial_{k}"] for k in ("resumed", "carried_tokens", "newer_tokens")),
+    ]
+    assert counts == [G * N, G * N, 2 * G * N, G * N]
+    trained = out["response_mask"].bool()  # (B, SL): the model's tokens, after the prompt's spill
+    assert out["response_ids"][trained].view(G * N, 3).tolist() == [turn] * (G * N)
+    assert out["environment_rewards"][:, 0].tolist() == [1.0] * (G * N)  # each harness got "42" whole
+    assert out["token_policy_version"][trained].view(G * N, 3).tolist() == [[4, 4, 5]] * (G * N)
+    assert (out["token_policy_version"][~trained] == -1).all()
+    assert out["sampled_logprobs"][trained].view(G * N, 3)[0].tolist() == [-5.0, -5.0, -6.0]
+    computed = torch.full(out["response_ids"].shape, -9.0)  # (B, SL): the pass under version 5
+    old = rollout.sampling_logprobs(computed, out, policy_version=5)
+    assert old[trained].view(G * N, 3)[0].tolist() == [-5.0, -5.0, -9.0]

@@ -39,7 +39,8 @@ go on running between rounds, and every session stays open until its episode end
 its session place (Environment.max_sessions) across the update, so a round ends once the episodes still
 waiting for a place are all that is left: they start in the next round, when places come free. No episode is cut
 short or dropped: each one's tokens keep the policy version that sampled them and their logprob then
-(`Episode.token_version`, `Episode.logprobs`), which the update's importance ratio reads.
+(`Episode.token_version`, `Episode.logprobs`), which the update's importance ratio reads. The cut and the
+resume are agent/rounds.py's, which a harness's turns through the gateway run too.
 
 Carried rollouts (rollout/carry.py): a round may also end on a condition of the caller's (`advance`'s
 `until`, checked as episodes end): from then no further turn is submitted, the turns being sampled run to
@@ -75,7 +76,8 @@ from rldock.runtime.agent.interfaces import (
     ToolCallParser,
     ToolResult,
 )
-from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine, mixed_seed
+from rldock.runtime.agent.rounds import EMPTY_TURN, CutTurn, RoundBudget
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine, mixed_seed
 
 logger = logging.getLogger(__name__)
 
@@ -141,31 +143,6 @@ class Episode:
     @property
     def num_tool_errors(self) -> int:
         return sum(self.tool_errors.values())
-
-
-@dataclass(frozen=True)
-class CutTurn:
-    """The tokens of a turn that a round's budget stopped before its end, each with the version that
-    sampled it and its logprob then: the next round samples the rest of the turn from them."""
-
-    token_ids: list[int]
-    versions: list[int]
-    logprobs: list[float]
-
-    def joined(self, completion: Completion, *, version: int) -> CutTurn:
-        """This cut turn followed by `completion`, sampled by `version`."""
-        return CutTurn(
-            self.token_ids + list(completion.token_ids),
-            self.versions + [version] * len(completion.token_ids),
-            self.logprobs + _logprobs_of(completion),
-        )
-
-
-def _logprobs_of(completion: Completion) -> list[float]:
-    return list(completion.logprobs) if completion.logprobs is not None else [0.0] * len(completion.token_ids)
-
-
-EMPTY_TURN = CutTurn([], [], [])
 
 
 @dataclass
@@ -346,12 +323,14 @@ class AgentLoop:
         their ends, and the episodes with a turn to sample wait for the next round."""
         episodes = rollout.episodes
         requests: dict[str, int] = {}  # engine request id -> episode
-        sampled = [0] * len(episodes)  # model tokens each episode sampled in this round
+        budget = RoundBudget(round_tokens, policy_version)  # per episode index
+        has_budget = budget.has_budget
         rollout.rounds += 1
         cut = False  # `until` held: the round submits no further turn
 
-        def has_budget(index: int) -> bool:
-            return round_tokens is None or sampled[index] < round_tokens
+        def turn_limit(index: int) -> int:
+            """A turn's tokens at most: what the episode's length leaves."""
+            return self.max_response_length - len(episodes[index].response)
 
         def check_until() -> bool:
             nonlocal cut
@@ -364,20 +343,22 @@ class AgentLoop:
                 return
             rollout.waiting.extend(i for i in indices if not has_budget(i))
             go = [i for i in indices if has_budget(i)]
-            cuts = [episodes[i].cut or EMPTY_TURN for i in go]
-            limits = [self.max_response_length - len(episodes[i].response) - len(c.token_ids) for i, c in zip(go, cuts)]
-            if round_tokens is not None:
-                limits = [min(limit, round_tokens - sampled[i]) for i, limit in zip(go, limits)]
+            asks = [
+                budget.request(
+                    i,
+                    prompt_ids=episodes[i].prompt + episodes[i].response,
+                    turn_limit=turn_limit(i),
+                    key=(episodes[i].key, episodes[i].turns),  # a turn's stream: (sample, turn)
+                    cut=episodes[i].cut or EMPTY_TURN,
+                )
+                for i in go
+            ]
             ids = self.engine.submit(
-                [episodes[i].prompt + episodes[i].response + c.token_ids for i, c in zip(go, cuts)],
-                max_tokens=limits,
+                [ask.prompt_ids for ask in asks],
+                max_tokens=[ask.max_tokens for ask in asks],
                 eos_token_id=self.eos,
                 seed=rollout.seed,
-                # a resumed turn draws its own stream: (sample, turn, tokens of it already sampled)
-                request_keys=[
-                    (episodes[i].key, episodes[i].turns, *([len(c.token_ids)] if c.token_ids else []))
-                    for i, c in zip(go, cuts)
-                ],
+                request_keys=[ask.key for ask in asks],
                 greedy=rollout.greedy,
                 logprobs=logprobs,
             )
@@ -422,13 +403,10 @@ class AgentLoop:
                     for request_id, completion in finished:
                         index = requests.pop(request_id)
                         episode = episodes[index]
-                        turn = (episode.cut or EMPTY_TURN).joined(completion, version=policy_version)
-                        sampled[index] += len(completion.token_ids)
-                        if (
-                            not has_budget(index)
-                            and not completion.finished_with_eos
-                            and len(episode.response) + len(turn.token_ids) < self.max_response_length
-                        ):  # the round's budget stopped the turn, not its end or the episode's length
+                        turn, stopped = budget.took(
+                            index, completion, cut=episode.cut or EMPTY_TURN, turn_limit=turn_limit(index)
+                        )
+                        if stopped:  # the round's budget stopped the turn, not its end or the episode's length
                             episode.cut = turn
                             rollout.waiting.append(index)
                             continue

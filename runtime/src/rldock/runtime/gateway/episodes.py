@@ -2,12 +2,16 @@
 the engine pumped in the caller's thread until every episode has ended, and each episode's samples for the
 dock (a row per segment) with the measures of their exactness.
 
-Built once per actor rank (rollout/harness.py); `run` is called per batch of the rollout.
+Built once per actor rank (rollout/harness.py); `run` is called per batch of the rollout. In rounds
+(rollout.partial_rollout resume): `start` the batch's harnesses, `advance` once per round on the weights
+of that round (gateway/server.py, "Rounds"), with a weight update between rounds, and `results` once
+every episode has ended. Between rounds the harnesses keep running and their sessions stay open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -24,6 +28,7 @@ from rldock.contract.runtime_cli import ENVIRONMENT_TOKEN_ENV
 from rldock.runtime.agent.builders import build_parser
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.parsers import REASONING_PARSERS
+from rldock.runtime.agent.rounds import RoundBudget, logprobs_of
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import Shaper
 from rldock.runtime.gateway.dispatch import EpisodeDispatcher
@@ -71,6 +76,23 @@ class EpisodeResult:
     rows: list[SegmentRow] = field(default_factory=list)  # every segment's, in order (`row` the last)
 
 
+@dataclass
+class HarnessBatch:
+    """A batch of episodes whose harnesses run on the gateway (`GatewayEpisodes.start`), across rounds."""
+
+    names: list[str]
+    keys: list[int]  # the sample keys: the episodes' turns' seeds
+    prompts: list[list[int]]
+    seed: int
+    greedy: bool
+    outcomes: concurrent.futures.Future  # the harnesses' outcomes, once every one has ended
+    rounds: list[RoundBudget] = field(default_factory=list)  # each round run, with its tokens per episode
+    unfinished: set[int] = field(default_factory=set)  # keys of the episodes the first round left running
+    done: bool = False
+    engine_s: float = 0.0  # seconds in engine steps, every round
+    wall_s: float = 0.0  # seconds in this object's calls, every round (not the weight update between)
+
+
 class RendererCache:
     """The chat template's renderer for each distinct `tools` list a request sends."""
 
@@ -112,6 +134,8 @@ class GatewayEpisodes:
             reasoning_parser=REASONING_PARSERS.get(cfg.agent.reasoning_format)(),
         )
         self.turns = EngineTurns()
+        # partial rollout: episodes run in rounds with weight updates between them, each token's logprob kept
+        self.partial = cfg.rollout.partial_rollout != "off"
         self.prompt_capacity = prompt_capacity
         self.gateway = Gateway(
             shaper=shaper,
@@ -120,6 +144,7 @@ class GatewayEpisodes:
             prompt_capacity=prompt_capacity,
             response_capacity=cfg.algorithm.max_response_length,
             max_waiting=max_waiting,
+            keep_logprobs=self.partial,
         )
         if isinstance(self.runner, EpisodeDispatcher):
             self.gateway.mounts.append(self.runner.mount)
@@ -145,34 +170,86 @@ class GatewayEpisodes:
         seed: int,
         greedy: bool = False,
     ) -> list[EpisodeResult]:
-        """One harness episode per task (its dock prompt `prompts[i]` and sample key `keys[i]`)."""
+        """One harness episode per task (its dock prompt `prompts[i]` and sample key `keys[i]`), in one round."""
+        batch = self.start(tasks=tasks, prompts=prompts, keys=keys, seed=seed, greedy=greedy)
+        self.advance(engine, batch)
+        return self.results(engine, batch)
+
+    def start(
+        self,
+        *,
+        tasks: Sequence[dict],
+        prompts: Sequence[list[int]],
+        keys: Sequence[int],
+        seed: int,
+        greedy: bool = False,
+    ) -> HarnessBatch:
+        """Start one harness per task; `advance` serves their turns."""
+        assert not set(keys) & self.turns.running(), "a batch's sample keys are not another open batch's"
         started = time.perf_counter()
         names = [f"{seed}-{key}" for key in keys]
-        self.turns.sampled.clear()
-        self.turns.open()
+        self.turns.open(keys)  # before any harness runs: a round waits for every one of them
 
         async def one(name: str, key: int, task: dict) -> HarnessOutcome:
-            episode = self.gateway.open(name, key=key)
-            return await self.runner(task, name=name, base_url=self.server.base_url(name), api_key=episode.token)
+            try:
+                episode = self.gateway.open(name, key=key)
+                return await self.runner(task, name=name, base_url=self.server.base_url(name), api_key=episode.token)
+            finally:
+                self.turns.end(key)
 
         async def every() -> list[HarnessOutcome]:
-            try:
-                return list(await asyncio.gather(*(one(n, k, t) for n, k, t in zip(names, keys, tasks))))
-            finally:
-                self.turns.stop()
+            return list(await asyncio.gather(*(one(n, k, t) for n, k, t in zip(names, keys, tasks))))
+
+        outcomes = self.server.run(every())
+        batch = HarnessBatch(names, list(keys), [list(p) for p in prompts], seed, greedy, outcomes)
+        batch.wall_s += time.perf_counter() - started
+        return batch
+
+    def advance(
+        self,
+        engine: VllmRolloutEngine,
+        batch: HarnessBatch,
+        *,
+        policy_version: int = 0,
+        round_tokens: int | None = None,
+    ) -> bool:
+        """Serve the batch's turns on the engine's weights (`policy_version`) until every episode has ended, or,
+        with `round_tokens`, until every one still running has sampled that many tokens in this round (its
+        turn then cut, resumed by the next call); whether every episode has ended."""
+        started = time.perf_counter()
+        budget = RoundBudget(round_tokens, policy_version)
+        try:
+            batch.done, engine_s = self.turns.pump(
+                engine,
+                keys=batch.keys,
+                eos_token_id=self.tokenizer.eos_token_id,
+                seed=batch.seed,
+                greedy=batch.greedy,
+                budget=budget,
+            )
+        except BaseException:  # the engine failed: no harness is left waiting on it
+            batch.outcomes.cancel()
+            raise
+        if not batch.rounds and not batch.done:
+            batch.unfinished = self.turns.running() & set(batch.keys)
+        batch.rounds.append(budget)
+        batch.engine_s += engine_s
+        batch.wall_s += time.perf_counter() - started
+        return batch.done
+
+    def results(self, engine: VllmRolloutEngine, batch: HarnessBatch) -> list[EpisodeResult]:
+        """The ended batch's episodes (`advance` returned True)."""
+        assert batch.done, "a batch's results are read once every episode has ended"
+        started = time.perf_counter()
+        names, prompts, keys, seed, greedy = batch.names, batch.prompts, batch.keys, batch.seed, batch.greedy
+        version = batch.rounds[-1].policy_version
 
         async def settled() -> None:  # turns answered after their harness ended are committed first
             for name in names:
                 async with self.gateway.episodes[name].lock:
                     pass
 
-        pending = self.server.run(every())
-        try:
-            self.engine_s = self.turns.pump(engine, eos_token_id=self.tokenizer.eos_token_id, seed=seed, greedy=greedy)
-        except BaseException:  # the engine failed: no harness is left waiting on it
-            pending.cancel()
-            raise
-        outcomes = pending.result()
+        outcomes = batch.outcomes.result()
         self.server.run(settled()).result()
         episodes = [self.gateway.close(name) for name in names]
         # an episode whose turn the engine refused is not the harness's failure
@@ -187,24 +264,34 @@ class GatewayEpisodes:
             eos_token_id=self.tokenizer.eos_token_id,
             seed=seed,
             greedy=greedy,
+            logprobs=self.partial,
             prompt_keys=[keys[i] for i in silent],
         )
-        fallback_turns = {i: group[0].token_ids for i, group in zip(silent, fallback)}
+        fallback_turns = {i: group[0] for i, group in zip(silent, fallback)}
         results = []
         for index, (episode, outcome) in enumerate(zip(episodes, outcomes)):
             if index in fallback_turns:
-                turn = fallback_turns[index]
+                completion = fallback_turns[index]
+                turn = list(completion.token_ids)
                 ended = outcome.ended if outcome.ended != "harness_done" else "harness_no_turn"
-                row = SegmentRow([*prompts[index], *turn], len(prompts[index]), [1] * len(turn), ended)
+                row = SegmentRow(
+                    [*prompts[index], *turn],
+                    len(prompts[index]),
+                    [1] * len(turn),
+                    ended,
+                    [version] * len(turn),
+                    logprobs_of(completion),
+                )
                 results.append(
-                    EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended], final_turn=list(turn), rows=[row])
+                    EpisodeResult(row, ended, list(episode.rewards), 1, 0, [ended], final_turn=turn, rows=[row])
                 )
                 continue
             results.append(self._result(episode.session, episode, outcome))
         for episode, result in zip(episodes, results):
             if episode.refused:  # whatever its harness made of the refusal, the engine ended the episode
                 result.ended = ENGINE_REFUSED
-        self.wall_s = time.perf_counter() - started
+        batch.wall_s += time.perf_counter() - started
+        self.engine_s, self.wall_s = batch.engine_s, batch.wall_s
         return results
 
     def _result(self, session: Session, episode, outcome: HarnessOutcome) -> EpisodeResult:

@@ -15,10 +15,18 @@ that opens that session only):
 Limits, each refusal OpenAI's error body naming the field: a body past `max_body_bytes`, `n` other than 1,
 another model's name, a prompt the episode's context cannot continue (400); more turns waiting for the
 engine than `max_waiting` (429 with Retry-After); a wrong key or an episode not open here (401, the same
-answer for both); a turn asked after the rollout stopped serving its episodes (503: the episode is over);
+answer for both); a turn asked after its episode's harness ended (503: the episode is over);
 a turn the engine refuses (400 with the engine's reason; its episode ends `engine_refused`). A request's
 sampling settings are the job's (rollout.temperature, top_p): a turn is
 sampled exactly as rldock's own loop samples one.
+
+Rounds (rollout.partial_rollout resume): the engine may be pumped in rounds with a weight update between
+them (`EngineTurns.pump` with a `RoundBudget`, agent/rounds.py). In a round with a token budget an episode
+samples at most that many tokens; the turn being sampled when it reaches them is cut there, kept with each
+token's version and logprob, and its rest is sampled from those tokens in the next round on the new
+weights. Its HTTP request stays open meanwhile and gets one answer, the whole turn: a harness never sees a
+cut. A round ends once every episode still running has spent its budget (a turn it asks then waits for the
+next round); the harnesses go on running between rounds, their sessions open.
 
 Concurrency: the routes run on the gateway's event loop (a thread of its own, `GatewayLoop`), the engine in
 the rollout's thread (`EngineTurns.pump`), which is the one thread that calls it; a turn crosses between
@@ -38,7 +46,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +55,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.interfaces import REWARD_LIMIT
-from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
+from rldock.runtime.agent.rounds import EMPTY_TURN, CutTurn, RoundBudget
+from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import (
     RequestError,
     Shaper,
@@ -70,14 +79,24 @@ RETRY_AFTER_S = 1
 @dataclass
 class _Ask:
     prompt_ids: list[int]
-    max_tokens: int
+    max_tokens: int  # the turn's limit, a cut turn's tokens included
     key: tuple[int, int]  # (the episode's sample key, its request number): the turn's seed
     logprobs: bool
     answer: asyncio.Future  # on the gateway's loop
     loop: asyncio.AbstractEventLoop
+    cut: CutTurn = EMPTY_TURN  # the turn's tokens earlier rounds sampled
 
 
-_STOP = object()
+@dataclass(frozen=True)
+class Answered:
+    """A turn the engine sampled whole: its tokens, each with its version and logprob (0.0 where the engine
+    was not asked for them), and whether it ended with the end-of-turn token."""
+
+    turn: CutTurn
+    ended: bool
+
+
+_WAKE = object()  # an episode ended: the round may be over
 
 
 class EngineRefused(RequestError):
@@ -88,28 +107,44 @@ class EngineTurns:
     """The queue between the routes and the engine: `ask` (on the loop) queues a turn, `pump` (in the
     engine's thread) submits what is queued, steps the engine and answers each finished turn.
 
-    Served until `pump` ends (after `stop`), and again from `open`: a turn asked outside that is answered 503 at
-    once, never left in a queue nobody pumps (a harness's leftover task calling after its episode ended)."""
+    A batch's episodes are served from `open` until each one's `end`: a turn asked outside that is answered
+    503 at once, never left in a queue nobody pumps (a harness's leftover task calling after its episode
+    ended). Several batches may be open at once, each between its rounds (partial rollout): a pump serves
+    its own batch's turns and keeps the others' for theirs."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._serving = True
-        self._lock = threading.Lock()  # `ask`'s check and put against the pump's closing drain
+        self._lock = threading.Lock()  # `ask`'s check and put against `end`
+        self._running: set[int] = set()  # sample keys of the episodes whose harness has not ended
+        self._held: list[_Ask] = []  # turns for a later pump: cut ones, asked with the budget spent, another batch's
         self.waiting = 0  # turns asked and not answered
-        # The engine's own record: each sample key's turns as `step` returned them, in order, read to
-        # check that the dock holds exactly these (the exactness measure).
+        # The engine's own record: each sample key's turns as the engine sampled them (a cut turn whole), in
+        # order, read to check that the dock holds exactly these (the exactness measure).
         self.sampled: dict[int, list[list[int]]] = {}
 
-    def open(self) -> None:
-        """Serve turns again (a rollout's episodes are about to run; `pump` follows)."""
+    def open(self, keys: Iterable[int]) -> None:
+        """Serve the turns of the episodes of sample `keys` (a batch about to run; `pump` follows)."""
         with self._lock:
-            self._serving = True
+            for key in keys:
+                self._running.add(key)
+                self.sampled.pop(key, None)
+
+    def end(self, key: int) -> None:
+        """Episode `key`'s harness has ended: a turn it asks from now is answered 503 (from any thread)."""
+        with self._lock:
+            self._running.discard(key)
+        self._queue.put(_WAKE)
+
+    def running(self) -> set[int]:
+        """The sample keys of the episodes whose harness has not ended."""
+        with self._lock:
+            return set(self._running)
 
     def ask(self, prompt_ids: list[int], *, max_tokens: int, key: tuple[int, int], logprobs: bool) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
         with self._lock:
-            if not self._serving:
+            if key[0] not in self._running:
                 raise _over()
             self.waiting += 1
             answer.add_done_callback(self._answered)
@@ -119,35 +154,61 @@ class EngineTurns:
     def _answered(self, _future: asyncio.Future) -> None:
         self.waiting -= 1
 
-    def stop(self) -> None:
-        """Make `pump` return once it has nothing left to step (from any thread)."""
-        self._queue.put(_STOP)
-
-    def pump(self, engine: VllmRolloutEngine, *, eos_token_id: int, seed: int, greedy: bool = False) -> float:
-        """Serve turns until `stop`; the seconds spent in engine steps. A turn whose asker went away (a
-        cancelled request) is aborted in the engine, never left to run into the next call."""
+    def pump(
+        self,
+        engine: VllmRolloutEngine,
+        *,
+        keys: Collection[int],
+        eos_token_id: int,
+        seed: int,
+        greedy: bool = False,
+        budget: RoundBudget | None = None,
+    ) -> tuple[bool, float]:
+        """Serve the turns of the episodes of sample `keys` until every one has ended, or, in a round with a
+        token budget (`budget`, agent/rounds.py), until every one still running has spent it: (whether every
+        one has ended, the seconds spent in engine steps). A turn the budget cut, and one asked with the
+        budget spent, wait for the next pump of `keys`, which resumes the cut turn from its tokens. A turn
+        whose asker went away (a cancelled request) is aborted in the engine, never left to run into the
+        next call."""
+        budget = budget if budget is not None else RoundBudget(None)
+        mine = set(keys)
         running: dict[str, _Ask] = {}
-        stopping = False
         engine_s = 0.0
+        asks, self._held = self._held, []  # the last round's first
         while True:
-            asks: list[_Ask] = []
+            # Taken before the queue is read: a turn asked before its episode's end is in the queue by then.
+            live = self.running() & mine
+            idle = not (running or asks) and bool(live) and not _round_over(budget, live)
+            items = [self._queue.get()] if idle else []  # nothing to do until a turn is asked or a harness ends
             while True:
                 try:
-                    item = self._queue.get_nowait() if (running or asks or stopping) else self._queue.get()
+                    items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if item is _STOP:
-                    stopping = True
-                else:
-                    asks.append(item)
+            asks += [item for item in items if item is not _WAKE]
             for ask in asks:  # one by one: a turn the engine refuses fails its own request only
+                sample = ask.key[0]
+                if ask.answer.done():  # its asker went away while it waited
+                    continue
+                if sample not in mine:  # another batch's, between its rounds; or a leftover of one that ended
+                    if sample in self.running():
+                        self._held.append(ask)
+                    else:
+                        ask.loop.call_soon_threadsafe(_fail, ask.answer, _over())
+                    continue
+                if not budget.has_budget(sample):
+                    self._held.append(ask)
+                    continue
+                request = budget.request(
+                    sample, prompt_ids=ask.prompt_ids, turn_limit=ask.max_tokens, key=ask.key, cut=ask.cut
+                )
                 try:
                     (request_id,) = engine.submit(
-                        [ask.prompt_ids],
-                        max_tokens=[ask.max_tokens],
+                        [request.prompt_ids],
+                        max_tokens=[request.max_tokens],
                         eos_token_id=eos_token_id,
                         seed=seed,
-                        request_keys=[ask.key],
+                        request_keys=[request.key],
                         greedy=greedy,
                         logprobs=ask.logprobs,
                     )
@@ -156,6 +217,7 @@ class EngineTurns:
                     ask.loop.call_soon_threadsafe(_fail, ask.answer, refused)
                     continue
                 running[request_id] = ask
+            asks = []
             dropped = [request_id for request_id, ask in running.items() if ask.answer.done()]
             if dropped:
                 engine.abort(dropped)
@@ -167,23 +229,27 @@ class EngineTurns:
                 engine_s += time.perf_counter() - started
                 for request_id, completion in finished:
                     ask = running.pop(request_id)
-                    self.sampled.setdefault(ask.key[0], []).append(list(completion.token_ids))
-                    ask.loop.call_soon_threadsafe(_answer, ask.answer, completion)
-            elif stopping:
-                self._close()
-                return engine_s
+                    turn, stopped = budget.took(ask.key[0], completion, cut=ask.cut, turn_limit=ask.max_tokens)
+                    if stopped:  # the round's budget cut it: its rest is the next round's
+                        ask.cut = turn
+                        self._held.append(ask)
+                        continue
+                    self.sampled.setdefault(ask.key[0], []).append(turn.token_ids)
+                    ask.loop.call_soon_threadsafe(_answer, ask.answer, Answered(turn, completion.finished_with_eos))
+            elif not live:
+                # every harness of `keys` has ended: a turn of theirs still held (a leftover task's) gets no round
+                left = [ask for ask in self._held if ask.key[0] in mine]
+                self._held = [ask for ask in self._held if ask.key[0] not in mine]
+                for ask in left:
+                    ask.loop.call_soon_threadsafe(_fail, ask.answer, _over())
+                return True, engine_s
+            elif _round_over(budget, live):
+                return False, engine_s
 
-    def _close(self) -> None:
-        """Stop serving: a turn still queued (asked after the last drain) is answered 503."""
-        with self._lock:
-            self._serving = False
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    return
-                if item is not _STOP:
-                    item.loop.call_soon_threadsafe(_fail, item.answer, _over())
+
+def _round_over(budget: RoundBudget, live: set[int]) -> bool:
+    """A round with a budget is over once every episode still running (`live`) has spent it."""
+    return budget.round_tokens is not None and not any(budget.has_budget(key) for key in live)
 
 
 def _over() -> RequestError:
@@ -201,9 +267,9 @@ def _fail(future: asyncio.Future, error: Exception) -> None:
         future.set_exception(error)
 
 
-def _answer(future: asyncio.Future, completion: Completion) -> None:
+def _answer(future: asyncio.Future, answered: Answered) -> None:
     if not future.done():
-        future.set_result(completion)
+        future.set_result(answered)
 
 
 # --- the sessions ---------------------------------------------------------------------------
@@ -237,8 +303,12 @@ class Gateway:
         response_capacity: int,
         max_waiting: int,
         max_body_bytes: int = MAX_BODY_BYTES,
+        keep_logprobs: bool = False,
     ):
+        """`keep_logprobs`: ask the engine for every sampled token's logprob whatever a request asks (partial
+        rollout: the old-logprob pass keeps those of the tokens an older version sampled)."""
         self.shaper, self.renderer, self.turns = shaper, renderer, turns
+        self.keep_logprobs = keep_logprobs
         self.prompt_capacity, self.response_capacity = prompt_capacity, response_capacity
         self.max_waiting, self.max_body_bytes = max_waiting, max_body_bytes
         self.episodes: dict[str, Episode] = {}
@@ -273,7 +343,9 @@ class Gateway:
             )
         return left if asked is None else min(left, asked)
 
-    async def _sample(self, episode: Episode, plan: Plan, *, asked: int | None, logprobs: bool) -> Turn:
+    async def _sample(self, episode: Episode, plan: Plan, *, asked: int | None, logprobs: bool) -> tuple[Turn, CutTurn]:
+        """The turn as answered (its logprobs where the request asked for them), and its tokens as sampled,
+        each with its version and logprob, for the session."""
         limit = self._max_tokens(episode.session, plan, asked)
         if self.turns.waiting >= self.max_waiting:
             raise RequestError(
@@ -284,13 +356,17 @@ class Gateway:
             )
         episode.requests += 1
         try:
-            completion = await self.turns.ask(
-                plan.prompt_ids, max_tokens=limit, key=(episode.key, episode.requests), logprobs=logprobs
+            answered = await self.turns.ask(
+                plan.prompt_ids,
+                max_tokens=limit,
+                key=(episode.key, episode.requests),
+                logprobs=logprobs or self.keep_logprobs,
             )
         except EngineRefused:
             episode.refused += 1
             raise
-        return Turn(plan.prompt_ids, list(completion.token_ids), completion.logprobs, completion.finished_with_eos)
+        tokens = answered.turn
+        return Turn(plan.prompt_ids, tokens.token_ids, tokens.logprobs if logprobs else None, answered.ended), tokens
 
     async def _once(self, episode: Episode, body: Any, turn: Callable[[], Coroutine[Any, Any, dict]]) -> dict:
         """`turn()`'s answer under the episode's lock; a resend of an answered body gets the recorded answer."""
@@ -312,10 +388,17 @@ class Gateway:
                 plan = episode.session.plan(request.messages, request.tools)
             except ValueError as error:
                 raise RequestError(f"messages: {error}", param="messages") from error
-            sampled = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
+            sampled, tokens = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
             number = sum(s.turns for s in episode.session.segments) + 1
             message = self.shaper.message(sampled, call_prefix=f"call-{episode.key}-{number}")
-            episode.session.commit(plan, sampled.token_ids, ended_turn=sampled.ended, answer=message)
+            episode.session.commit(
+                plan,
+                tokens.token_ids,
+                ended_turn=sampled.ended,
+                answer=message,
+                versions=tokens.versions,
+                logprobs=tokens.logprobs,
+            )
             episode.tool_calls += len(message.get("tool_calls") or [])
             return self.shaper.chat_completion(sampled, message, answer_id=f"chatcmpl-{episode.key}-{number}")
 
@@ -326,10 +409,17 @@ class Gateway:
 
         async def turn() -> dict:
             plan = episode.session.plan_ids(prompt)
-            sampled = await self._sample(episode, plan, asked=asked, logprobs=body.get("logprobs") is not None)
+            sampled, tokens = await self._sample(episode, plan, asked=asked, logprobs=body.get("logprobs") is not None)
             number = sum(s.turns for s in episode.session.segments) + 1
             answer = {"role": "assistant", "content": self.shaper.text(sampled.token_ids)}
-            episode.session.commit(plan, sampled.token_ids, ended_turn=sampled.ended, answer=answer)
+            episode.session.commit(
+                plan,
+                tokens.token_ids,
+                ended_turn=sampled.ended,
+                answer=answer,
+                versions=tokens.versions,
+                logprobs=tokens.logprobs,
+            )
             return self.shaper.completion(sampled, answer_id=f"cmpl-{episode.key}-{number}")
 
         return await self._once(episode, body, turn)

@@ -62,6 +62,10 @@ class Segment:
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     model_mask: list[int] = field(default_factory=list)
+    # per response token: the policy version that sampled it (-1 where the model did not) and its logprob then
+    # (0.0 where the model did not, or the engine was not asked for logprobs)
+    versions: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)  # the last request's messages, then the answer
     sampled: list[list[int]] = field(default_factory=list)  # each turn's ids as the engine returned them
     extendable: bool = True  # the last turn ended with the end-of-turn token
@@ -71,9 +75,18 @@ class Segment:
     def turns(self) -> int:
         return len(self.sampled)
 
-    def add(self, ids: Sequence[int], *, model: bool) -> None:
+    def add(
+        self,
+        ids: Sequence[int],
+        *,
+        model: bool,
+        versions: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None = None,
+    ) -> None:
         self.response_ids.extend(ids)
         self.model_mask.extend([int(model)] * len(ids))
+        self.versions.extend(versions if versions is not None else [-1] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
     def model_ids(self) -> list[int]:
         """The ids under the model mask, in order: equal to the sampled turns joined when exact."""
@@ -95,12 +108,15 @@ class Plan:
 @dataclass(frozen=True)
 class SegmentRow:
     """A segment as one dock sample: `ids` are the prompt then the response; `prompt_length` of them
-    are the prompt; `model_mask` (over the response) marks the sampled tokens."""
+    are the prompt; `model_mask` (over the response) marks the sampled tokens, `versions` and `logprobs`
+    (over the response) the version that sampled each (-1 elsewhere) and its logprob then (0.0 elsewhere)."""
 
     ids: list[int]
     prompt_length: int
     model_mask: list[int]
     reason: str
+    versions: list[int]
+    logprobs: list[float]
 
 
 def content_text(content: Any) -> str:
@@ -241,14 +257,24 @@ class Session:
             return Plan(None, list(prompt_ids), list(prompt_ids[len(held) :]), [], segment.tools, from_ids=True)
         return Plan("prompt_ids_differ", list(prompt_ids), [], [], (), from_ids=True)
 
-    def commit(self, plan: Plan, token_ids: Sequence[int], *, ended_turn: bool, answer: Mapping) -> Segment:
+    def commit(
+        self,
+        plan: Plan,
+        token_ids: Sequence[int],
+        *,
+        ended_turn: bool,
+        answer: Mapping,
+        versions: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None = None,
+    ) -> Segment:
         """Record the turn the engine sampled for `plan` (`token_ids`, the end-of-turn token included when
-        `ended_turn`) and the assistant message answered from it."""
+        `ended_turn`; each one's policy version and logprob when sampled, -1 and 0.0 when not given) and the
+        assistant message answered from it."""
         if plan.reason is not None:
             self.segments.append(Segment(plan.reason, plan.tools, list(plan.prompt_ids)))
         segment = self.segments[-1]
         segment.add(plan.added, model=False)
-        segment.add(token_ids, model=True)
+        segment.add(token_ids, model=True, versions=versions, logprobs=logprobs)
         segment.sampled.append(list(token_ids))
         segment.history = [*plan.messages, normalised(answer)]
         segment.extendable = ended_turn
@@ -263,7 +289,16 @@ class Session:
             ids = [*segment.prompt_ids, *segment.response_ids]
             prompt_length = min(len(segment.prompt_ids), prompt_capacity)
             spill = len(segment.prompt_ids) - prompt_length
-            rows.append(SegmentRow(ids, prompt_length, [0] * spill + segment.model_mask, segment.reason))
+            rows.append(
+                SegmentRow(
+                    ids,
+                    prompt_length,
+                    [0] * spill + segment.model_mask,
+                    segment.reason,
+                    [-1] * spill + segment.versions,
+                    [0.0] * spill + segment.logprobs,
+                )
+            )
         return rows
 
 

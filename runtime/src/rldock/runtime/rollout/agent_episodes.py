@@ -209,19 +209,27 @@ def episode_columns(
         batch_size=[rows],
     )
     if partial:
-        columns.update(version_columns(episodes, max_response_length=max_response_length))
+        columns.update(
+            version_columns(
+                [e.token_version for e in episodes],
+                [e.logprobs for e in episodes],
+                max_response_length=max_response_length,
+            )
+        )
     return columns
 
 
-def version_columns(episodes: Sequence[Episode], *, max_response_length: int) -> dict[str, torch.Tensor]:
-    """`token_policy_version` (B, SL) int64: the policy version that sampled each response token, -1 on the
-    tools', the environment's and padding tokens; `sampled_logprobs` (B, SL) float32: each model token's
-    logprob under the weights that sampled it, 0 elsewhere."""
-    rows = len(episodes)
-    versions = torch.full((rows, max_response_length), -1, dtype=torch.int64)  # (B, SL)
-    logprobs = torch.zeros((rows, max_response_length), dtype=torch.float32)  # (B, SL)
-    for row, episode in enumerate(episodes):
-        length = len(episode.response)
-        versions[row, :length] = torch.tensor(episode.token_version, dtype=torch.int64)
-        logprobs[row, :length] = torch.tensor(episode.logprobs, dtype=torch.float32)
-    return {TOKEN_POLICY_VERSION: versions, SAMPLED_LOGPROBS: logprobs}
+def version_columns(
+    versions: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *, max_response_length: int
+) -> dict[str, torch.Tensor]:
+    """Per row, from each response token's version (-1 where the model did not sample it) and logprob:
+    `token_policy_version` (B, SL) int64: the policy version that sampled each response token, -1 on the
+    tools', the environment's, the context's and padding tokens; `sampled_logprobs` (B, SL) float32: each
+    model token's logprob under the weights that sampled it, 0 elsewhere."""
+    rows = len(versions)
+    token_versions = torch.full((rows, max_response_length), -1, dtype=torch.int64)  # (B, SL)
+    sampled = torch.zeros((rows, max_response_length), dtype=torch.float32)  # (B, SL)
+    for row, (row_versions, row_logprobs) in enumerate(zip(versions, logprobs)):
+        token_versions[row, : len(row_versions)] = torch.tensor(row_versions, dtype=torch.int64)
+        sampled[row, : len(row_logprobs)] = torch.tensor(row_logprobs, dtype=torch.float32)
+    return {TOKEN_POLICY_VERSION: token_versions, SAMPLED_LOGPROBS: sampled}

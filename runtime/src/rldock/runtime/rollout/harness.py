@@ -14,30 +14,44 @@ in the response as context), the sampled turns trained (`response_mask`), everyt
 `environment` reward term aggregates. An episode with more than S segments keeps its last and its first
 S - 1 (`agent/gateway/segments_dropped`, by reason under `agent/gateway/segment_dropped/`). An empty row
 holds the last segment's prompt and no response: no token of it trains or counts (algorithms/episode_rows.py).
+
+With partial rollout (rollout.partial_rollout resume) the generation that runs ahead of a weight update is the
+episodes' first round: each episode samples at most rollout.max_tokens_per_round tokens in it, the turn being
+sampled then cut and kept while its harness's request stays open; `finish`, after the update, resumes the cut
+turns from their tokens on the new weights and serves every turn to the episodes' ends (gateway/server.py,
+"Rounds": the native loop's cut and resume, agent/rounds.py). A batch with an episode left running is written
+once all have ended, each row tagged with the version of the first round and each token with its own
+(`token_policy_version`), with its sampling logprob (`sampled_logprobs`), so the update's importance
+correction reads them as it reads the native loop's. Nothing is dropped and the second round starts no
+episode.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.agent.episode_metrics import Sums
+from rldock.runtime.agent.episode_metrics import Sums, merged_sums
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes
+from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
-from rldock.runtime.rollout.agent import episode_keys, episode_stage
+from rldock.runtime.rollout.agent import episode_keys, episode_stage, token_behaviour_logprobs
+from rldock.runtime.rollout.agent_episodes import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, version_columns
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
     RolloutMode,
     RolloutRequest,
     RolloutSetup,
+    decode_steps,
     unpadded,
 )
 
@@ -53,12 +67,25 @@ def task_of(row: Row, prompt_index: int) -> dict:
     }
 
 
+@dataclass
+class HeldHarnessBatch:
+    """A dock batch whose episodes the first round left running: its rows, the batch of harnesses, the
+    dock's prompt width and the version of that round."""
+
+    rows: torch.Tensor  # (B,)
+    batch: HarnessBatch
+    prompt_capacity: int
+    policy_version: int
+
+
 class HarnessRollout(RolloutMode):
     def __init__(self, setup: RolloutSetup, cfg: JobConfig, *, tokenizer, train_files: Sequence[str]):
         self.setup, self.cfg, self.tokenizer = setup, cfg, tokenizer
         self.rows = load_rows(train_files, columns_of(cfg.data))
         self.max_turns = cfg.agent.max_turns if cfg.agent is not None else 1
+        self.partial = cfg.rollout.partial_rollout != "off"
         self._episodes: GatewayEpisodes | None = None
+        self._held: dict[int, list[HeldHarnessBatch]] = {}  # iteration -> its batches waiting for the second round
 
     def episodes(self, prompt_capacity: int) -> GatewayEpisodes:
         if self._episodes is None:
@@ -66,36 +93,104 @@ class HarnessRollout(RolloutMode):
         return self._episodes
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
+        """The episodes of this rank's batches; with `round_tokens` (partial rollout, a weight update follows)
+        a batch whose episodes did not all end within the budget is kept for `finish`."""
         lengths: list[int] = []
         sums: list[Sums] = []
+        held: list[HeldHarnessBatch] = []
 
-        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
+        def rollout(indices: torch.Tensor, batch: TensorDict) -> TensorDict | None:
             capacity = batch["prompt_ids"].shape[1]
             episodes = self.episodes(capacity)
             per_episode = self.setup.rows_per_episode  # an episode's rows, consecutive: its first stands for it
             firsts = batch[::per_episode]
-            results = episodes.run(
-                engine,
+            running = episodes.start(
                 tasks=[task_of(self.rows[i], i) for i in firsts["prompt_index"].tolist()],
                 prompts=unpadded(firsts["prompt_ids"], firsts["prompt_mask"]),
                 keys=episode_keys(self.setup, indices[::per_episode] // per_episode, request),
                 seed=request.iteration,
             )
-            sums.append(
-                result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s, rows_per_episode=per_episode)
+            if not episodes.advance(
+                engine, running, policy_version=request.policy_version, round_tokens=request.round_tokens
+            ):
+                held.append(HeldHarnessBatch(indices, running, capacity, request.policy_version))
+                return None
+            columns, batch_sums, batch_lengths = self._columns(
+                engine, running, prompt_capacity=capacity, policy_version=request.policy_version
             )
-            lengths.extend(len(r.row.ids) - r.row.prompt_length for r in results)
-            return harness_columns(
-                results,
-                rows_per_episode=per_episode,
-                prompt_capacity=capacity,
-                response_capacity=self.setup.max_response_length,
-                max_steps=self.max_turns,
-                pad_token_id=self.setup.pad_token_id,
-                policy_version=request.policy_version,
-            )
+            sums.append(batch_sums)
+            lengths.extend(batch_lengths)
+            return columns
 
-        return episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
+        result = episode_stage(dock, self.setup, rollout, request=request, lengths=lengths, sums=sums)
+        if held:
+            self._held[request.iteration] = held
+        return result.with_metrics(partial_cut=sum(len(item.batch.unfinished) for item in held))
+
+    def finish(
+        self, engine: VllmRolloutEngine, dock: TransferDock, *, iteration: int, policy_version: int
+    ) -> StageResult:
+        """The second round of `iteration`, after the weight update: the held batches' turns resumed and served
+        on the weights of `policy_version` until their episodes have ended, then each batch is written."""
+        held = self._held.pop(iteration, [])
+        started = time.perf_counter()
+        outputs = []
+        for item in held:
+            episodes = self.episodes(item.prompt_capacity)
+            episodes.advance(engine, item.batch, policy_version=policy_version)
+            outputs.append(
+                self._columns(
+                    engine, item.batch, prompt_capacity=item.prompt_capacity, policy_version=item.policy_version
+                )
+            )
+        compute_s = time.perf_counter() - started
+        written = time.perf_counter()
+        for item, (columns, _, _) in zip(held, outputs):
+            dock.put(item.rows, columns, policy_version=item.policy_version)
+        first, second = [item.batch.rounds[0] for item in held], [item.batch.rounds[-1] for item in held]
+        unfinished = [item.batch.unfinished for item in held]
+        return StageResult(
+            dispatch_s=time.perf_counter() - written,
+            compute_s=compute_s,
+            num_samples=sum(len(item.rows) for item in held),
+            metrics={
+                "decode_steps": decode_steps([length for _, _, lengths in outputs for length in lengths]),
+                "partial_resumed": sum(len(keys) for keys in unfinished),
+                # the running episodes' tokens sampled before the update, and after it
+                "partial_carried_tokens": sum(r.sampled[k] for r, keys in zip(first, unfinished) for k in keys),
+                "partial_newer_tokens": sum(r.sampled[k] for r, keys in zip(second, unfinished) for k in keys),
+                **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
+            },
+        )
+
+    def _columns(
+        self, engine: VllmRolloutEngine, batch: HarnessBatch, *, prompt_capacity: int, policy_version: int
+    ) -> tuple[TensorDict, Sums, list[int]]:
+        """An ended batch's dock columns (each row's `policy_version` the oldest that sampled it), metric sums
+        and response lengths (every token after each episode's last segment's prompt)."""
+        episodes = self.episodes(prompt_capacity)
+        per_episode = self.setup.rows_per_episode
+        results = episodes.results(engine, batch)
+        sums = result_sums(results, engine_s=episodes.engine_s, wall_s=episodes.wall_s, rows_per_episode=per_episode)
+        columns = harness_columns(
+            results,
+            rows_per_episode=per_episode,
+            prompt_capacity=prompt_capacity,
+            response_capacity=self.setup.max_response_length,
+            max_steps=self.max_turns,
+            pad_token_id=self.setup.pad_token_id,
+            policy_version=policy_version,
+            partial=self.partial,
+        )
+        return columns, sums, [len(r.row.ids) - r.row.prompt_length for r in results]
+
+    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
+        """With partial rollout, tokens an older version sampled keep that version's logprob."""
+        if TOKEN_POLICY_VERSION not in batch.keys():
+            return computed
+        return token_behaviour_logprobs(
+            computed, batch[SAMPLED_LOGPROBS], batch[TOKEN_POLICY_VERSION], current_version=policy_version
+        )
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """`num_samples` harness episodes per held-out prompt: `responses` their final turns, `environment_rewards`
@@ -175,9 +270,11 @@ def harness_columns(
     max_steps: int,
     pad_token_id: int,
     policy_version: int,
+    partial: bool = False,
 ) -> TensorDict:
     """The dock's columns of the episodes' rows, `rows_per_episode` per episode (module docstring): the prompt
-    columns too (each row's own prompt, left-padded); every row carries its episode's counts and rewards."""
+    columns too (each row's own prompt, left-padded); every row carries its episode's counts and rewards. With
+    `partial` also each token's version and sampling logprob (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
     rows = len(results) * rows_per_episode
     prompt_ids = torch.full((rows, prompt_capacity), pad_token_id, dtype=torch.int64)  # (B, PL)
     prompt_mask = torch.zeros_like(prompt_ids)
@@ -187,10 +284,12 @@ def harness_columns(
     rewards = torch.zeros((rows, max_steps), dtype=torch.float32)  # (B, max_turns)
     steps = torch.zeros((rows,), dtype=torch.int64)
     model_masks: list[list[int]] = []
+    versions: list[list[int]] = []  # per row, over its response
+    logprobs: list[list[float]] = []
     for e, result in enumerate(results):
         kept, _ = kept_rows(result, rows_per_episode)
         kept_rewards = result.rewards[-max_steps:]  # the latest steps where a harness posted more than max_turns
-        empty = SegmentRow(result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty")
+        empty = SegmentRow(result.row.ids[: result.row.prompt_length], result.row.prompt_length, [], "empty", [], [])
         for j, row in enumerate([*kept, *[empty] * (rows_per_episode - len(kept))]):
             i = e * rows_per_episode + j
             prompt, response = row.ids[: row.prompt_length], row.ids[row.prompt_length :]
@@ -204,11 +303,13 @@ def harness_columns(
             rewards[i, : len(kept_rewards)] = torch.tensor(kept_rewards, dtype=torch.float32)
             steps[i] = len(kept_rewards)
             model_masks.append(row.model_mask)
+            versions.append(row.versions)
+            logprobs.append(row.logprobs)
 
     def per_row(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64).repeat_interleave(rows_per_episode)  # (B,)
 
-    return TensorDict(
+    columns = TensorDict(
         {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
@@ -232,3 +333,6 @@ def harness_columns(
         },
         batch_size=[rows],
     )
+    if partial:
+        columns.update(version_columns(versions, logprobs, max_response_length=response_capacity))
+    return columns

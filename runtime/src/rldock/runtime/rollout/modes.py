@@ -22,10 +22,11 @@ MODES = ("plain", "streamed", "agent", "harness", "partial")
 
 
 def mode_of(cfg: JobConfig) -> str:
-    """The job's rollout mode. An agent's episodes are not streamed, and only the native loop's are cut
-    at a weight update and resumed (rollout/agent.py): the other combinations are refused here as
-    config/problems.py refuses them (a JobConfig built directly skips those checks). Partial rollout
-    writes its uncut groups when the rank's batch has ended, so with it rollout.stream_groups is not read."""
+    """The job's rollout mode. An agent's episodes are not streamed, and with partial rollout they are cut at
+    a weight update and resumed, never dropped (rollout/agent.py, rollout/harness.py): the other combinations
+    are refused here as config/problems.py refuses them (a JobConfig built directly skips those checks).
+    Partial rollout writes its uncut groups when the rank's batch has ended, so with it rollout.stream_groups
+    is not read."""
     rollout = cfg.rollout
     if cfg.agent is not None:
         problem = agent_partial_rollout_problem(cfg)
