@@ -18,7 +18,9 @@ one version when it trains, and the second round starts none.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict
@@ -106,21 +108,14 @@ class AgentRollout(RolloutMode):
             carried += before
             newer += sum(batch.rollout.episodes[i].num_sampled_tokens for i in unfinished) - before
             outputs.append(self.sampler.columns(engine, batch.rollout, policy_version=batch.policy_version))
-        compute_s = time.perf_counter() - started
-        written = time.perf_counter()
-        for batch, (columns, _, _) in zip(held, outputs):
-            dock.put(batch.rows, columns, policy_version=batch.policy_version)
-        return StageResult(
-            dispatch_s=time.perf_counter() - written,
-            compute_s=compute_s,
-            num_samples=sum(len(batch.rows) for batch in held),
-            metrics={
-                "decode_steps": decode_steps([length for _, _, lengths in outputs for length in lengths]),
-                "partial_resumed": resumed,
-                "partial_carried_tokens": carried,
-                "partial_newer_tokens": newer,
-                **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
-            },
+        return write_held(
+            dock,
+            held,
+            outputs,
+            compute_s=time.perf_counter() - started,
+            resumed=resumed,
+            carried=carried,
+            newer=newer,
         )
 
     def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
@@ -150,6 +145,44 @@ class AgentRollout(RolloutMode):
             "environment_rewards": [rewards[i : i + k] for i in range(0, len(rewards), k)],
             "agent": sums,
         }
+
+
+class HeldRows(Protocol):
+    """A batch the first round left unfinished, as the second round writes it: its dock rows (B,) and the
+    version of the first round."""
+
+    rows: torch.Tensor
+    policy_version: int
+
+
+def write_held(
+    dock: TransferDock,
+    held: Sequence[HeldRows],
+    outputs: Sequence[tuple[TensorDict, Sums, list[int]]],
+    *,
+    compute_s: float,
+    resumed: int,
+    carried: int,
+    newer: int,
+) -> StageResult:
+    """The second round's end: each held batch's (columns, metric sums, response lengths) in `outputs` written
+    with the version of its first round; the stage's result with the counts of the episodes `resumed` and of
+    their tokens sampled before the update (`carried`) and after it (`newer`)."""
+    written = time.perf_counter()
+    for batch, (columns, _, _) in zip(held, outputs):
+        dock.put(batch.rows, columns, policy_version=batch.policy_version)
+    return StageResult(
+        dispatch_s=time.perf_counter() - written,
+        compute_s=compute_s,
+        num_samples=sum(len(batch.rows) for batch in held),
+        metrics={
+            "decode_steps": decode_steps([length for _, _, lengths in outputs for length in lengths]),
+            "partial_resumed": resumed,
+            "partial_carried_tokens": carried,
+            "partial_newer_tokens": newer,
+            **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
+        },
+    )
 
 
 def token_behaviour_logprobs(

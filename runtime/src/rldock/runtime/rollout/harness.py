@@ -36,7 +36,7 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config import JobConfig
-from rldock.runtime.agent.episode_metrics import Sums, merged_sums
+from rldock.runtime.agent.episode_metrics import Sums
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
@@ -44,14 +44,13 @@ from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
-from rldock.runtime.rollout.agent import episode_keys, episode_stage, token_behaviour_logprobs
+from rldock.runtime.rollout.agent import episode_keys, episode_stage, token_behaviour_logprobs, write_held
 from rldock.runtime.rollout.agent_episodes import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, version_columns
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
     RolloutMode,
     RolloutRequest,
     RolloutSetup,
-    decode_steps,
     unpadded,
 )
 
@@ -136,31 +135,22 @@ class HarnessRollout(RolloutMode):
         started = time.perf_counter()
         outputs = []
         for item in held:
-            episodes = self.episodes(item.prompt_capacity)
-            episodes.advance(engine, item.batch, policy_version=policy_version)
+            self.episodes(item.prompt_capacity).advance(engine, item.batch, policy_version=policy_version)
             outputs.append(
                 self._columns(
                     engine, item.batch, prompt_capacity=item.prompt_capacity, policy_version=item.policy_version
                 )
             )
-        compute_s = time.perf_counter() - started
-        written = time.perf_counter()
-        for item, (columns, _, _) in zip(held, outputs):
-            dock.put(item.rows, columns, policy_version=item.policy_version)
-        first, second = [item.batch.rounds[0] for item in held], [item.batch.rounds[-1] for item in held]
-        unfinished = [item.batch.unfinished for item in held]
-        return StageResult(
-            dispatch_s=time.perf_counter() - written,
-            compute_s=compute_s,
-            num_samples=sum(len(item.rows) for item in held),
-            metrics={
-                "decode_steps": decode_steps([length for _, _, lengths in outputs for length in lengths]),
-                "partial_resumed": sum(len(keys) for keys in unfinished),
-                # the running episodes' tokens sampled before the update, and after it
-                "partial_carried_tokens": sum(r.sampled[k] for r, keys in zip(first, unfinished) for k in keys),
-                "partial_newer_tokens": sum(r.sampled[k] for r, keys in zip(second, unfinished) for k in keys),
-                **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
-            },
+        # the episodes the first round left running: their tokens sampled before the update, and after it
+        rounds = [(item.batch.unfinished, item.batch.rounds[0], item.batch.rounds[-1]) for item in held]
+        return write_held(
+            dock,
+            held,
+            outputs,
+            compute_s=time.perf_counter() - started,
+            resumed=sum(len(keys) for keys, _, _ in rounds),
+            carried=sum(first.sampled[key] for keys, first, _ in rounds for key in keys),
+            newer=sum(second.sampled[key] for keys, _, second in rounds for key in keys),
         )
 
     def _columns(
