@@ -119,12 +119,7 @@ class AgentRollout(RolloutMode):
         )
 
     def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-        """With partial rollout, tokens an older version sampled keep that version's logprob."""
-        if TOKEN_POLICY_VERSION not in batch.keys():
-            return computed
-        return token_behaviour_logprobs(
-            computed, batch[SAMPLED_LOGPROBS], batch[TOKEN_POLICY_VERSION], current_version=policy_version
-        )
+        return episode_sampling_logprobs(computed, batch, policy_version=policy_version)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """Also each episode's `environment_rewards` per step and the episodes' metric sums (`agent`).
@@ -182,6 +177,16 @@ def write_held(
             "partial_newer_tokens": newer,
             **({"agent": merged_sums([sums for _, sums, _ in outputs])} if outputs else {}),
         },
+    )
+
+
+def episode_sampling_logprobs(computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
+    """An agent's old logprobs (RolloutMode.sampling_logprobs): with partial rollout, whose episodes' columns
+    hold each token's version, the tokens an older version sampled keep that version's logprob."""
+    if TOKEN_POLICY_VERSION not in batch.keys():
+        return computed
+    return token_behaviour_logprobs(
+        computed, batch[SAMPLED_LOGPROBS], batch[TOKEN_POLICY_VERSION], current_version=policy_version
     )
 
 

@@ -44,8 +44,8 @@ from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
-from rldock.runtime.rollout.agent import episode_keys, episode_stage, token_behaviour_logprobs, write_held
-from rldock.runtime.rollout.agent_episodes import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, version_columns
+from rldock.runtime.rollout.agent import episode_keys, episode_sampling_logprobs, episode_stage, write_held
+from rldock.runtime.rollout.agent_episodes import version_columns
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
     RolloutMode,
@@ -175,12 +175,7 @@ class HarnessRollout(RolloutMode):
         return columns, sums, [len(r.row.ids) - r.row.prompt_length for r in results]
 
     def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-        """With partial rollout, tokens an older version sampled keep that version's logprob."""
-        if TOKEN_POLICY_VERSION not in batch.keys():
-            return computed
-        return token_behaviour_logprobs(
-            computed, batch[SAMPLED_LOGPROBS], batch[TOKEN_POLICY_VERSION], current_version=policy_version
-        )
+        return episode_sampling_logprobs(computed, batch, policy_version=policy_version)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """`num_samples` harness episodes per held-out prompt: `responses` their final turns, `environment_rewards`
