@@ -21,7 +21,7 @@ sampling settings are the job's (rollout.temperature, top_p): a turn is
 sampled exactly as rldock's own loop samples one.
 
 Rounds (rollout.partial_rollout resume): the engine may be pumped in rounds with a weight update between
-them (`EngineTurns.pump` with a `RoundBudget`, agent/rounds.py). In a round with a token budget an episode
+them (`EngineTurns.pump` with a `RoundBudget`, agent/cut_turns.py). In a round with a token budget an episode
 samples at most that many tokens; the turn being sampled when it reaches them is cut there, kept with each
 token's version and logprob, and its rest is sampled from those tokens in the next round on the new
 weights. Its HTTP request stays open meanwhile and gets one answer, the whole turn: a harness never sees a
@@ -54,8 +54,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.agent.interfaces import REWARD_LIMIT
-from rldock.runtime.agent.rounds import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import (
     RequestError,
@@ -165,7 +165,7 @@ class EngineTurns:
         budget: RoundBudget | None = None,
     ) -> tuple[bool, float]:
         """Serve the turns of the episodes of sample `keys` until every one has ended, or, in a round with a
-        token budget (`budget`, agent/rounds.py), until every one still running has spent it: (whether every
+        token budget (`budget`, agent/cut_turns.py), until every one still running has spent it: (whether every
         one has ended, the seconds spent in engine steps). A turn the budget cut, and one asked with the
         budget spent, wait for the next pump of `keys`, which resumes the cut turn from its tokens. A turn
         whose asker went away (a cancelled request) is aborted in the engine, never left to run into the
