@@ -4,6 +4,11 @@ served by the real vLLM engine behind the gateway; every segment of every episod
 rows' trained ids are exactly the ids the engine sampled (the engine's own record,
 `agent/gateway/exact_episodes`, and the dock's columns checked against it on the job's model); held-out
 evaluation runs the same harness, greedily, on the held-out prompts.
+
+The job runs async with partial rollout (`resume`, ROUND_TOKENS a round): iteration 2's episodes are sampled
+ahead of iteration 1's update, and each one's turn under way when it has sampled ROUND_TOKENS tokens is cut
+there, its HTTP request left open, and finished on the new weights: those turns straddle the update, and
+still every segment is the engine's ids and no episode is dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 ITERATIONS = 2
 HELD_OUT = 8
+ROUND_TOKENS = 8  # the run-ahead round's budget an episode: its first turn (up to 24 tokens) is cut there
 HARNESS = """
 async def run(task, client):
     prompt = task["prompt"]
@@ -61,8 +67,13 @@ def _config(root: Path) -> dict:
             "max_response_length": 96,
             "learning_rate": 1e-4,
         },
-        "training": {"data_parallel_size": 1, "micro_batch_size": 16},
-        "dock": {"timeout_s": 300},
+        "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 16},
+        "rollout": {
+            "partial_rollout": "resume",
+            "max_tokens_per_round": ROUND_TOKENS,
+            "importance_correction": "behaviour",
+        },
+        "dock": {"timeout_s": 300, "max_staleness": 1},
         "checkpoint": {"interval": ITERATIONS},
         "evaluation": {"interval": ITERATIONS},
     }
@@ -105,6 +116,15 @@ def test_a_plain_openai_harness_trains_every_segment_token_exact(run):
         # one reward per episode: the reward state scored 16 episodes, not their 64 rows
         assert 0.0 <= record["reward_mean"] <= 1.0
         assert all(math.isfinite(record[key]) for key in ("loss", "kl", "entropy")), record
+        update = record["dock"]["controllers"]["update"]  # none dropped: every row of every episode trains
+        assert update["samples_handed_out"] == 16 * 4 and update["stale_dropped"] == 0, update
+        assert record["staleness_max"] <= 1
+    first, ahead = records
+    assert first["rollout/partial_cut"] == 0  # not run ahead of an update: never cut
+    cut = ahead["rollout/partial_cut"]
+    assert cut > 0 and ahead["rollout/partial_resumed"] == cut and ahead["rollout/partial_dropped"] == 0
+    assert ahead["rollout/partial_carried_tokens"] == cut * ROUND_TOKENS  # each stopped at its budget
+    assert ahead["rollout/partial_newer_tokens"] > 0  # the cut turns went on after the update
 
 
 def test_every_segment_is_a_trained_dock_row_of_the_engines_ids(run):
