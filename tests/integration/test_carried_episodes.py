@@ -1,11 +1,21 @@
 """Carried episodes on the real engine (rollout/carry.py, benchmarks' heavy_tail): the tiny model's episodes
 with an environment whose steps take 1-10x each other, 6 batches of 2 groups x 2 episodes at
 max_staleness 2. Groups left unfinished at a batch's cut are carried, sessions open, and finish in a later
-batch on newer weights; every episode started is written, none older than the bound."""
+batch on newer weights; every episode started is written, none older than the bound.
+
+Then the same through the trainer (rollout.partial_rollout carry, `rldock train`): a sync job of 4
+iterations whose rank keeps 2 batches open (max_staleness 1) and trains each iteration on the groups that
+finished, the others carried into the next iteration; every group admitted trains once, none stale past
+the bound and none dropped."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from rldock_benchmarks.heavy_tail import heavy_tail_loop, run
 
@@ -38,3 +48,55 @@ def test_carried_episodes_finish_in_a_later_batch_within_the_bound_and_none_is_d
     assert sum(v for k, v in staleness.items() if k >= 1) >= BOUND * GROUPS
     assert report["groups_spanning_versions"] >= 1
     assert loop.sessions_open == 0
+
+
+JOB_G, JOB_N, JOB_ITERATIONS = 2, 2, 4
+
+
+def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "it-carry",
+                "seed": 1,
+                "iterations": JOB_ITERATIONS,
+                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+                "data": {"generator": {"name": "addition", "num_prompts": 64}, "chat_template": "model"},
+                "agent": {"environment": {"name": "feedback"}, "max_turns": 3, "max_tool_response_tokens": 8},
+                "algorithm": {
+                    "num_prompts_per_iteration": JOB_G,
+                    "num_responses_per_prompt": JOB_N,
+                    "max_prompt_length": 48,
+                    "max_response_length": 24,
+                    "learning_rate": 1e-4,
+                },
+                "training": {"mode": "sync", "data_parallel_size": 1, "micro_batch_size": 4},
+                "rollout": {"partial_rollout": "carry", "importance_correction": "behaviour"},
+                "dock": {"timeout_s": 120, "max_staleness": 1},
+                "evaluation": {"interval": 0},
+                "checkpoint": {"interval": JOB_ITERATIONS, "keep_last": 1},
+            }
+        )
+    )
+    output = tmp_path / "run"
+    job = subprocess.run(
+        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    assert [r["iteration"] for r in records] == list(range(1, JOB_ITERATIONS + 1))
+    episodes = JOB_G * JOB_N
+    for record in records:  # each iteration trains one batch of every group it wrote, none dropped
+        update = record["dock"]["controllers"]["update"]
+        assert update["samples_handed_out"] == episodes and update["stale_dropped"] == 0, record["iteration"]
+        assert record["rollout/carry_written"] == episodes and record["staleness_max"] <= 1
+    # two batches admitted at the start, one with each of the next two iterations, none with the last
+    assert [r["rollout/carry_admitted"] for r in records] == [2 * episodes, episodes, episodes, 0]
+    assert [r["rollout/carry_open"] for r in records] == [episodes, episodes, episodes, 0]  # drained at the end
+    # the groups carried past the first cut trained a version after the one that started them
+    assert any(r["staleness_max"] == 1 for r in records)

@@ -233,3 +233,39 @@ def test_segments_are_refused_with_a_critic_naming_the_field(agent_data):
     assert any("critic" in m and "max_segments: 1" in m for m in problem_messages(agent_data, "agent.max_segments"))
     agent_data["agent"]["max_segments"] = 1
     assert parse_job_config(agent_data).rows_per_episode == 1
+
+
+CARRY = {"partial_rollout": "carry", "importance_correction": "behaviour"}
+
+
+def carry_job(agent_data: dict) -> dict:
+    return {**agent_data, "rollout": dict(CARRY), "dock": {**agent_data.get("dock", {}), "max_staleness": 1}}
+
+
+def test_carried_episodes_are_a_sync_agent_job_setting_bounded_by_max_staleness(agent_data):
+    cfg = parse_job_config(carry_job(agent_data))
+    assert (cfg.rollout.partial_rollout, cfg.training.mode, cfg.dock.max_staleness) == ("carry", "sync", 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "words"),
+    [
+        ({"training": {"mode": "async"}}, "training.mode", "use training.mode sync"),
+        ({"dock": {"max_staleness": 0}}, "dock.max_staleness", "at least 1"),
+        ({"rollout": {"max_tokens_per_round": 8}}, "rollout.max_tokens_per_round", "not by tokens"),
+        ({"rollout": {"importance_correction": None}}, "rollout.importance_correction", "required"),
+        ({"agent": {"harness": "my_agent:run"}}, "rollout.partial_rollout", "native agent loop"),
+        ({"algorithm": {"name": "dapo"}}, "rollout.partial_rollout", "sampling rounds"),
+    ],
+)
+def test_what_carried_episodes_cannot_combine_with_is_named(agent_data, change, path, words):
+    data = carry_job(agent_data)
+    for section, values in change.items():
+        data[section] = {**data.get(section, {}), **values}
+    assert len([message for message in problem_messages(data, path) if words in message]) == 1
+
+
+def test_carried_episodes_need_an_agent(agent_data):
+    data = carry_job(agent_data)
+    del data["agent"]
+    assert [m for m in problem_messages(data, "rollout.partial_rollout") if "needs an agent section" in m]

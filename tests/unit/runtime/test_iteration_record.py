@@ -9,6 +9,7 @@ import pytest
 
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.records import iteration_record
+from rldock.runtime.rollout.partial import METRIC_KEYS
 
 
 def timed(dispatch_s: float, compute_s: float, wait_s: float = 0.0, num_samples: int = 0, **metrics) -> StageResult:
@@ -42,7 +43,7 @@ def record_of(results: dict, **overrides) -> dict:
         num_prompts=2,
         num_responses=2,
         num_devices=2,
-        partial_rollout=False,
+        rollout_counters=(),
         round_metrics={},
         data_metrics={},
     )
@@ -95,7 +96,7 @@ def test_partial_rollout_counts_both_rounds():
         "rollout_resume": [timed(0.1, 1.0, decode_steps=5, partial_resumed=2)],
     }
     # the dock's response lengths, the first round's two finished and the second's two completed
-    record = record_of(results, partial_rollout=True, response_lengths=[2, 2, 6, 6])
+    record = record_of(results, rollout_counters=METRIC_KEYS, response_lengths=[2, 2, 6, 6])
     assert record["response_length_mean"] == 4.0
     assert (record["rollout/partial_cut"], record["rollout/partial_resumed"]) == (2, 2)
     assert record["rollout/partial_carried_tokens"] == 4 and record["rollout/partial_dropped"] == 0

@@ -1,7 +1,8 @@
 """The order of an iteration's calls in each schedule, with workers, a feed, bookkeeping and banks
 that record them:
 the run-ahead queues the next iteration before this one's update (Ray runs one actor's calls in
-submission order), and partial rollout launches the held states after that update."""
+submission order), partial rollout launches the held states after that update, and carried episodes'
+prompts are handed ahead with an attempt's first iteration only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.feed import DriverBatch
 from rldock.runtime.driver.schedule import Driver, RunAheadSchedule, SyncSchedule
+from rldock.runtime.driver.schedule.prompts_ahead import PromptsAhead
 from rldock.runtime.flow.catalogue import get_recipe
 from rldock.runtime.flow.states import StageCall
 
@@ -297,3 +299,32 @@ def test_the_driver_numbers_each_rows_episode_where_an_episode_is_several_rows(t
     fed = DriverBatch(TensorDict({"prompt_ids": torch.zeros(12, 3)}, batch_size=[12]), prompt_lengths=[3, 3])
     driver.put_groups(torch.tensor([1, 3]), fed, EpisodeBank("bank", log))
     assert put["episode"] == [2, 2, 2, 3, 3, 3, 6, 6, 6, 7, 7, 7]
+
+
+class CallsWorkersDouble(WorkersDouble):
+    """The workers, logging how many prompt groups each launch hands ahead (None: none)."""
+
+    def launch(self, call: StageCall, specs) -> dict[str, list]:
+        self.log.append(("ahead", call.iteration, None if call.ahead is None else len(call.ahead)))
+        return super().launch(call, specs)
+
+
+@pytest.mark.parametrize(("first", "handed"), [(1, 2 * 2), (2, 2), (3, None)])
+def test_carried_episodes_prompts_are_handed_ahead_with_the_attempts_first_iteration_only(tmp_path, first, handed):
+    """A run of 3 iterations at max_staleness 2 with G = 2 (a resumed attempt starting at `first`): the
+    first iteration hands the groups of the next batches the run reaches, one row per group, drawn besides
+    its own; the later ones hand none. A worker's death keeps no bank (the open episodes died with it)."""
+    log: list = []
+    driver = recording_driver(tmp_path, log)
+    driver = Driver(**{**driver.__dict__, "workers": CallsWorkersDouble(log), "feed": PromptFeedDouble(log)})
+    ahead = PromptsAhead(iterations=3, max_staleness=2, num_prompts=2, group_size=GROUP_SIZE)
+    schedule = SyncSchedule(driver, banks_of(log, 1), algo=ALGO, ahead=ahead)
+    for iteration in range(first, 4):
+        schedule.run(iteration)
+    launches = [entry for entry in log if entry[0] == "ahead"]
+    assert launches[0] == ("ahead", first, handed)  # the states before the update
+    assert all(entry[2] is None for entry in launches[1:])
+    assert sum(entry[0] == "draw" for entry in log) == (4 - first) + (handed is not None)
+    stopped: list = []
+    schedule.keep_inflight(lambda: stopped.append(True))
+    assert stopped == []

@@ -663,17 +663,24 @@ class RolloutSpec(Spec):
         "`rollout_logprob_abs_diff_mean`, the token mean of |update logprob - engine logprob| over the sampled "
         "tokens: the training-inference mismatch (an MoE's routing replay is measured by it, docs/results.md).",
     )
-    partial_rollout: Annotated[Literal["off", "resume", "drop"], BeforeValidator(_bare_off)] = Field(
+    partial_rollout: Annotated[Literal["off", "resume", "drop", "carry"], BeforeValidator(_bare_off)] = Field(
         default="off",
-        description="Partial rollout (training.mode async with dock.max_staleness >= 1): a generation that runs "
-        "ahead of a weight update stops after rollout.max_tokens_per_round tokens, and each response still "
-        "unfinished then is completed after the update under the new weights. `resume`: from its prefix (prompt "
-        "plus the tokens sampled so far fed back to the engine; the prefix keeps the logprobs and policy version it "
-        "was sampled under). `drop`: the prefix is discarded and the response sampled again from its prompt. "
-        "`off`: generations are never cut (docs/transfer-dock.md#partial-rollout). With `agent` (`resume` only) each "
-        "episode stops after that many tokens, the turn being sampled cut and resumed after the update, its "
-        "session kept open; a harness's request for that turn stays open and gets the whole turn "
-        "(docs/agentic.md#episodes-across-a-weight-update).",
+        description="Partial rollout (`resume`, `drop`: training.mode async with dock.max_staleness >= 1): "
+        "a generation that runs ahead of a weight update stops after rollout.max_tokens_per_round tokens, and "
+        "each response still unfinished then is completed after the update under the new weights. `resume`: "
+        "from its prefix (prompt plus the tokens sampled so far fed back to the engine; the prefix keeps the "
+        "logprobs and policy version it was sampled under). `drop`: the prefix is discarded and the response "
+        "sampled again from its prompt. `off`: generations are never cut "
+        "(docs/transfer-dock.md#partial-rollout). With `agent` (`resume` only) each episode "
+        "stops after that many tokens, the turn being sampled cut and resumed after the update, its session "
+        "kept open; a harness's request for that turn stays open and gets the whole turn "
+        "(docs/agentic.md#episodes-across-a-weight-update). `carry` (`agent`, the native loop, "
+        "training.mode sync, dock.max_staleness >= 1): carried episodes, for episodes whose lengths vary a "
+        "lot: each actor rank keeps up to dock.max_staleness + 1 batches of episode groups open, each "
+        "iteration trains the groups that finished first, and the others go on, sessions open, into the next "
+        "iterations on newer weights; a group trains at most dock.max_staleness versions after the iteration "
+        "that started it, and none is dropped "
+        "(docs/agentic.md#long-episodes-with-a-heavy-tail-carried-episodes).",
     )
     max_tokens_per_round: int | None = Field(
         default=None,
@@ -681,7 +688,7 @@ class RolloutSpec(Spec):
         le=1_048_576,
         description="Partial rollout: response tokens a generation that runs ahead of a weight update may sample "
         "before the update cuts it; below algorithm.max_response_length. Required with rollout.partial_rollout "
-        "resume or drop, unused with off.",
+        "resume or drop, unused with off, refused with carry (carried episodes are cut by count, not by tokens).",
     )
     importance_correction: Literal["behaviour", "decoupled"] | None = Field(
         default=None,

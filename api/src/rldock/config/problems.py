@@ -412,6 +412,8 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
                 )
             )
         return problems
+    if rollout.partial_rollout == "carry":
+        return problems + _carry_problems(cfg) + _importance_problems(cfg)
     if training.mode != "async" or cfg.dock.max_staleness < 1:
         problems.append(
             Problem(
@@ -449,6 +451,58 @@ def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+def _carry_problems(cfg: JobConfig) -> list[Problem]:
+    """Carried episodes (rollout/carry.py) keep an agent's episode groups open across iterations, within
+    dock.max_staleness versions of the iteration that started them: the native loop's episodes, one fixed
+    batch per iteration, and the bound counted from the synchronous iteration (with agent, its harness
+    and DPO refused by agent_partial_rollout_problem and _agent_problems)."""
+    rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
+    problems: list[Problem] = []
+    if cfg.agent is None:
+        problems.append(
+            Problem(
+                "rollout.partial_rollout",
+                "`carry` carries an agent's episodes across iterations and needs an agent section (the native "
+                "loop); single-turn responses are cut by tokens instead: use resume or drop with training.mode async",
+            )
+        )
+    if training.mode != "sync":
+        problems.append(
+            Problem(
+                "training.mode",
+                f"`{training.mode}` with rollout.partial_rollout carry: a carried group already trains up to "
+                "dock.max_staleness versions after the iteration that started it, and the pipeline running ahead "
+                "would add one to each; use training.mode sync",
+            )
+        )
+    if cfg.dock.max_staleness < 1:
+        problems.append(
+            Problem(
+                "dock.max_staleness",
+                f"{cfg.dock.max_staleness} with rollout.partial_rollout carry: it is the versions a carried group "
+                "may train after the iteration that started it, so at least 1 (0 is the synchronous iteration: "
+                "use rollout.partial_rollout off)",
+            )
+        )
+    if rollout.max_tokens_per_round is not None:
+        problems.append(
+            Problem(
+                "rollout.max_tokens_per_round",
+                f"{rollout.max_tokens_per_round} with rollout.partial_rollout carry, which cuts an iteration by the "
+                "groups that finished, not by tokens; remove it",
+            )
+        )
+    if algo.name == "dapo":
+        problems.append(
+            Problem(
+                "rollout.partial_rollout",
+                "`carry` with algorithm.name dapo: its sampling rounds refill the batch by the rewards of a round, "
+                "while a carried batch is the groups that finished; use rollout.partial_rollout off",
+            )
+        )
+    return problems
+
+
 def _importance_problems(cfg: JobConfig) -> list[Problem]:
     """An agent's episodes span policy versions by design: the update must name how it corrects for the
     older versions' tokens. `decoupled` weights each token's advantage, which a sequence-level ratio
@@ -478,9 +532,18 @@ def _importance_problems(cfg: JobConfig) -> list[Problem]:
 def agent_partial_rollout_problem(cfg: JobConfig) -> str | None:
     """Why an agent job's rollout.partial_rollout cannot run, or None. An episode's turn being sampled at a
     weight update is cut and resumed on the new weights (`resume`), the native loop's and a harness's (its
-    request to the gateway stays open); `drop` would discard the episode's turns so far."""
+    request to the gateway stays open); `drop` would discard the episode's turns so far; `carry` keeps the
+    native loop's episodes open across iterations."""
     agent, mode = cfg.agent, cfg.rollout.partial_rollout
-    if agent is None or mode != "drop":
+    if agent is None or mode in ("off", "resume"):
+        return None
+    if mode == "carry":
+        if agent.harnessed:
+            return (
+                "`carry` with agent.harness, agent.harness_command or agent.harness_pods: carried episodes are the "
+                "native agent loop's (a harness's episodes run in the user's process, which a batch cannot leave "
+                "open); use `resume` or `off`"
+            )
         return None
     who = (
         "a harness's episode (agent.harness, agent.harness_command, agent.harness_pods)"

@@ -1,13 +1,16 @@
 """Test doubles for the rollout mode tests (imported by basename): an engine that answers with fixed
-responses and records what it was asked, and a one-batch dock that records what is written."""
+responses and records what it was asked, a one-batch dock that records what is written, and for carried
+episodes a one-token engine and an environment whose episodes wait for their group's gate."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
+from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, Observation
 from rldock.runtime.engines.vllm_rollout import Completion
 
 EOS, PAD = 2, 0
@@ -127,3 +130,65 @@ class AnsweringEngine:
             scores = [-(self.weights + 1) / 100] * len(tokens) if logprobs else None
             out.append((request_id, Completion(tokens, scores, tokens[-1:] == [eos_token_id])))
         return out
+
+
+class OneTokenEngine:
+    """Test double of VllmRolloutEngine: every turn is one token then EOS, each token's logprob
+    -(weights + 1) so the weights that sampled it show."""
+
+    seed = 0
+    weights = 0
+
+    def __init__(self):
+        self.queue: list[tuple[str, bool]] = []
+        self._ids = 0
+
+    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False, logprobs=False):
+        ids = []
+        for _ in prompts:
+            self._ids += 1
+            ids.append(str(self._ids))
+            self.queue.append((str(self._ids), logprobs))
+        return ids
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def step(self, eos_token_id):
+        request_id, logprobs = self.queue.pop(0)
+        tokens = [5, eos_token_id]
+        return [(request_id, Completion(tokens, [-(self.weights + 1.0)] * 2 if logprobs else None, True))]
+
+
+class Gated(Environment):
+    """Two steps per episode: the first waits for its group's gate (the context's ground truth names the
+    group) and asks again, the second ends the episode. Records how many sessions closed."""
+
+    def __init__(self):
+        self.gates: dict[str, asyncio.Event] = {}
+        self.closed = 0
+
+    def gate(self, name: str) -> asyncio.Event:
+        return self.gates.setdefault(name, asyncio.Event())
+
+    def session(self) -> EnvironmentSession:
+        return GatedSession(self)
+
+
+class GatedSession(EnvironmentSession):
+    def __init__(self, environment: Gated):
+        self.environment, self.steps = environment, 0
+
+    async def reset(self, *, seed, episode_id, context):
+        self.name = context.ground_truth
+        return Observation()
+
+    async def step(self, text):
+        self.steps += 1
+        if self.steps == 1:
+            await self.environment.gate(self.name).wait()
+            return Observation(message="again", reward=0.0)
+        return Observation(done=True, reward=1.0)
+
+    async def close(self):
+        self.environment.closed += 1

@@ -5,20 +5,26 @@ next turn is sampled on the new weights, and every group admitted is written onc
 
 from __future__ import annotations
 
-import asyncio
 import random
 import string
 
 import pytest
+from rollout_doubles import Gated, OneTokenEngine
 
 from rldock.config.job import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode
-from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
+from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.agent.parsers import HermesParser
-from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
-from rldock.runtime.rollout.carry import CarriedEpisodes, CarriedGroup, admission_room, batch_of
+from rldock.runtime.rollout.carry import (
+    CarriedEpisodes,
+    CarriedGroup,
+    admission_room,
+    admits_fresh,
+    batch_of,
+    batches_ahead,
+)
 
 
 def group(deadline: int, *, finished: bool, order: int = 0, size: int = 2) -> CarriedGroup:
@@ -57,6 +63,23 @@ def test_admission_keeps_at_most_the_next_bound_plus_one_batches_open():
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1, 2, 3])
+@pytest.mark.parametrize("iterations", [1, 2, 5])
+def test_a_rank_admits_as_many_batches_as_it_writes_from_whichever_iteration_it_starts(max_staleness, iterations):
+    for start in range(1, iterations + 1):  # a run, or an attempt resumed at `start`
+        open_batches = admitted = 0
+        for iteration in range(start, iterations + 1):
+            first = iteration == start
+            new = int(admits_fresh(iteration, first=first, iterations=iterations, max_staleness=max_staleness))
+            if first:
+                new += batches_ahead(iteration, iterations=iterations, max_staleness=max_staleness)
+            open_batches += new
+            admitted += new
+            assert 1 <= open_batches <= max_staleness + 1, (start, iteration)  # a batch to write, within the room
+            open_batches -= 1  # the iteration writes one
+        assert admitted == iterations - start + 1 and open_batches == 0
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 3])
 @pytest.mark.parametrize("num_groups", [1, 3])
 def test_random_heavy_tailed_finishes_never_exceed_the_bound_nor_drop_a_group(max_staleness, num_groups):
     """Groups take 1-10x each other to finish; each batch lets them finish in time order until the cut
@@ -87,68 +110,6 @@ def test_random_heavy_tailed_finishes_never_exceed_the_bound_nor_drop_a_group(ma
 
 
 # --- on the episode loop ------------------------------------------------------------------------
-
-
-class OneTokenEngine:
-    """Test double of VllmRolloutEngine: every turn is one token then EOS, each token's logprob
-    -(weights + 1) so the weights that sampled it show."""
-
-    seed = 0
-    weights = 0
-
-    def __init__(self):
-        self.queue: list[tuple[str, bool]] = []
-        self._ids = 0
-
-    def submit(self, prompts, *, max_tokens, eos_token_id, seed, request_keys, greedy=False, logprobs=False):
-        ids = []
-        for _ in prompts:
-            self._ids += 1
-            ids.append(str(self._ids))
-            self.queue.append((str(self._ids), logprobs))
-        return ids
-
-    def has_unfinished(self) -> bool:
-        return bool(self.queue)
-
-    def step(self, eos_token_id):
-        request_id, logprobs = self.queue.pop(0)
-        tokens = [5, eos_token_id]
-        return [(request_id, Completion(tokens, [-(self.weights + 1.0)] * 2 if logprobs else None, True))]
-
-
-class Gated(Environment):
-    """Two steps per episode: the first waits for its group's gate (the context's ground truth names the
-    group) and asks again, the second ends the episode. Records how many sessions closed."""
-
-    def __init__(self):
-        self.gates: dict[str, asyncio.Event] = {}
-        self.closed = 0
-
-    def gate(self, name: str) -> asyncio.Event:
-        return self.gates.setdefault(name, asyncio.Event())
-
-    def session(self) -> EnvironmentSession:
-        return GatedSession(self)
-
-
-class GatedSession(EnvironmentSession):
-    def __init__(self, environment: Gated):
-        self.environment, self.steps = environment, 0
-
-    async def reset(self, *, seed, episode_id, context):
-        self.name = context.ground_truth
-        return Observation()
-
-    async def step(self, text):
-        self.steps += 1
-        if self.steps == 1:
-            await self.environment.gate(self.name).wait()
-            return Observation(message="again", reward=0.0)
-        return Observation(done=True, reward=1.0)
-
-    async def close(self):
-        self.environment.closed += 1
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 import torch
 from rollout_doubles import EOS, PAD, EngineDouble, RecordingDock, completion, prompts_of
 
-from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import Completion
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.rollout.partial import (
@@ -20,7 +19,6 @@ from rldock.runtime.rollout.partial import (
     continuation_prompt,
     is_cut,
     joined,
-    partial_metrics,
     response_columns,
 )
 from rldock.runtime.rollout.protocol import RolloutRequest, RolloutSetup
@@ -79,19 +77,6 @@ def test_old_logprobs_keep_the_sampling_versions_for_older_tokens():
         behaviour_logprobs(computed, sampled, version, prefix, current_version=1)[:2],
         torch.tensor([[-5.0] * 4, [-5.0, -5.0, -5.0, -5.0]]),
     )
-
-
-def test_metrics_sum_over_rounds_and_ranks():
-    counts = [{"partial_cut": 3}, {"partial_resumed": 2, "partial_carried_tokens": 8}, {"partial_resumed": 1}]
-    results = [StageResult(metrics=metrics) for metrics in counts]
-    assert partial_metrics(results) == {
-        "rollout/partial_cut": 3,
-        "rollout/partial_resumed": 3,
-        "rollout/partial_dropped": 0,
-        "rollout/partial_carried_tokens": 8,
-        "rollout/partial_dropped_tokens": 0,
-        "rollout/partial_newer_tokens": 0,
-    }
 
 
 def run_rounds(mode: str, round_tokens: int | None):

@@ -18,6 +18,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.flow.states import ROLLOUT
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.agent import AgentRollout, token_behaviour_logprobs
+from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
 from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
 from rldock.runtime.rollout.partial import PartialRollout
@@ -30,6 +31,7 @@ G, N, SL = 2, 3, 6
 COLUMNS = ("prompt_ids", "prompt_mask")
 AGENT = {"tools": [{"name": "calculator"}]}
 PARTIAL = {"partial_rollout": "resume", "max_tokens_per_round": 2}
+CARRY = {"partial_rollout": "carry", "importance_correction": "behaviour"}
 
 
 def job(**sections) -> JobConfig:
@@ -79,12 +81,13 @@ def setup(batch_size: int = G * N, columns: tuple[str, ...] = COLUMNS) -> Rollou
         # partial rollout writes its uncut groups when the batch ends: stream_groups is not read
         ({"rollout": {**PARTIAL, "stream_groups": 2}}, "partial", PartialRollout),
         ({"agent": AGENT}, "agent", AgentRollout),
+        ({"agent": AGENT, "rollout": CARRY, "dock": {"max_staleness": 1}}, "carry", CarriedAgentRollout),
     ],
 )
 def test_each_config_selects_its_mode(sections, mode, built):
     cfg = job(**sections)
     assert mode_of(cfg) == mode and mode in MODES
-    tokenizer = chat_tokenizer() if mode == "agent" else TokenIds()
+    tokenizer = chat_tokenizer() if mode in ("agent", "carry") else TokenIds()
     rollout = build_rollout(cfg, tokenizer=tokenizer, rank=1, batch_size=12, spec=replace(ROLLOUT, consumes=COLUMNS))
     assert type(rollout) is built
     assert (rollout.setup.rank, rollout.setup.batch_size, rollout.setup.spec.consumes) == (1, 12, COLUMNS)
@@ -100,6 +103,13 @@ def test_an_agent_with_partial_rollout_or_streaming_is_refused_as_the_config_che
     with pytest.raises(ValueError, match=f"{field} .* with agent"):
         mode_of(cfg)
     assert [p for p in find_problems(cfg) if p.path == field and "with agent" in p.message]
+
+
+def test_carry_without_an_agent_is_refused_as_the_config_check_refuses_it():
+    cfg = job(rollout=CARRY, dock={"max_staleness": 1})
+    with pytest.raises(ValueError, match="needs an agent section"):
+        mode_of(cfg)
+    assert [p for p in find_problems(cfg) if p.path == "rollout.partial_rollout" and "agent section" in p.message]
 
 
 def test_the_plain_mode_writes_whole_groups_seeded_per_group_and_round():

@@ -23,7 +23,6 @@ from rldock.runtime.flow.states import (
     ROLLOUT_RESUME,
 )
 from rldock.runtime.rewards import merge_reward_metrics
-from rldock.runtime.rollout.partial import partial_metrics
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "progress.png"
@@ -62,7 +61,7 @@ def iteration_record(
     num_prompts: int,
     num_responses: int,
     num_devices: int,
-    partial_rollout: bool,
+    rollout_counters: Sequence[str],
     round_metrics: dict,
     data_metrics: dict,
     utilisation: UtilisationInputs | None = None,
@@ -106,7 +105,7 @@ def iteration_record(
         **({"rollout/num_engines": len(results[ROLLOUT.name])} if results.get(ROLLOUT.name) else {}),
         **per_rank_metrics(updates),
         **round_metrics,
-        **(partial_metrics(rollouts) if partial_rollout else {}),
+        **{f"rollout/{key}": sum(int(r.metrics.get(key, 0)) for r in rollouts) for key in rollout_counters},
         **agent_metrics([r.metrics["agent"] for r in rollouts if "agent" in r.metrics]),
         **data_metrics,
         **(

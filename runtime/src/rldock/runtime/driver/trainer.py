@@ -42,6 +42,7 @@ from rldock.runtime.driver.schedule import WORKER_DEATHS, Driver, Schedule, choo
 from rldock.runtime.driver.tracking import Tracking, open_tracking
 from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
 from rldock.runtime.flow.states import ACTOR
+from rldock.runtime.rollout.modes import counters_of
 from rldock.runtime.workers import cluster
 
 logger = logging.getLogger(__name__)
@@ -248,7 +249,7 @@ class Trainer:
             num_prompts=algo.num_prompts_per_iteration,
             num_responses=algo.num_responses_per_prompt,
             num_devices=self.inputs.layout.num_actor_ranks,
-            partial_rollout=cfg.rollout.partial_rollout != "off",
+            rollout_counters=counters_of(cfg),
             round_metrics=stages.round_metrics,
             # the prompt set's size and the over-long prompts it dropped, in the first record only
             data_metrics={"data/num_prompts": len(dataset), "data/dropped_prompts": dataset.num_dropped}

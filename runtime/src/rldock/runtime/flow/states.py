@@ -18,13 +18,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rldock.config import JobConfig
 from rldock.config.layout import job_layout
 from rldock.contract.layout import DeviceGroup, JobLayout, RankCount
 from rldock.contract.placement import ACTOR_GROUP, PlacementPlan
 from rldock.runtime.flow.columns import POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RESPONSE_LENGTH, RM_SCORE
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 
 @dataclass(frozen=True)
@@ -97,12 +100,15 @@ class WorkerState:
 class StageCall:
     """The one argument of every stage method: which iteration, and for the rollout DAPO's sampling
     round (each round's groups get their own sampling seeds) and partial rollout's token budget
-    when a weight update follows (None: generate whole responses). The driver launches every state
-    of a round with the same call; a stage reads what it needs of it."""
+    when a weight update follows (None: generate whole responses), and carried episodes' prompts
+    handed ahead at an attempt's first iteration (`ahead`: one row per group, the driver's prompt
+    columns; driver/schedule/sync.py). The driver launches every state of a round with the same call;
+    a stage reads what it needs of it."""
 
     iteration: int
     sampling_round: int = 0
     round_tokens: int | None = None
+    ahead: TensorDict | None = None
 
 
 # --- worker groups -------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class AgentSampler:
         # partial rollout: episodes run in rounds with weight updates between them (AgentLoop.advance)
         self.partial = cfg.rollout.partial_rollout != "off"
 
-    def _loop_on(self, engine: VllmRolloutEngine) -> AgentLoop:
+    def loop_on(self, engine: VllmRolloutEngine) -> AgentLoop:
         if self._loop is None or self._loop.engine is not engine:
             self._loop = AgentLoop(
                 engine=engine,
@@ -107,14 +107,14 @@ class AgentSampler:
     ) -> Rollout:
         """One episode per prompt row, their sessions opening; `advance` runs them."""
         contexts = [self.context(i) for i in prompt_indices]
-        return self._loop_on(engine).start(prompts, keys, contexts, seed=seed)
+        return self.loop_on(engine).start(prompts, keys, contexts, seed=seed)
 
     def advance(
         self, engine: VllmRolloutEngine, rollout: Rollout, *, policy_version: int, round_tokens: int | None = None
     ) -> None:
         """One round of `rollout` on the weights of `policy_version` (AgentLoop.advance); with partial rollout
         each sampled token's logprob is kept."""
-        self._loop_on(engine).advance(
+        self.loop_on(engine).advance(
             rollout, round_tokens=round_tokens, policy_version=policy_version, logprobs=self.partial
         )
 
@@ -134,7 +134,7 @@ class AgentSampler:
                 policy_version=policy_version,
                 partial=self.partial,
             ),
-            episode_sums(episodes, self._loop_on(engine)),
+            episode_sums(episodes, self.loop_on(engine)),
             [len(e.response) for e in episodes],
         )
 
@@ -150,7 +150,7 @@ class AgentSampler:
     ) -> tuple[list[list[int]], Sums, list[list[float]]]:
         """Held-out episodes: each one's final turn (the answer the reward scores), the metric sums and
         each one's environment rewards per step (what an `environment` reward term scores)."""
-        loop = self._loop_on(engine)
+        loop = self.loop_on(engine)
         episodes = loop.run(prompts, keys, contexts, seed=seed, greedy=greedy)
         return [final_turn(e) for e in episodes], episode_sums(episodes, loop), [e.rewards for e in episodes]
 

@@ -24,10 +24,13 @@ max_staleness batches each batch is exactly the groups admitted max_staleness ve
 A group is N episodes of one prompt (algorithm.num_responses_per_prompt): the advantage normalises over
 the group, so it is written whole, once all N have ended.
 
-Not yet a job setting: the trainer's dock takes each iteration's prompts in one bank of fixed size, so a
-rank never holds more than one batch of prompts to admit, and the open groups cannot grow past one batch
-(docs/agentic.md, "Long episodes"). `python -m rldock_benchmarks.heavy_tail` runs it on an engine with its
-own prompts.
+Admission in a job (rollout.partial_rollout carry, rollout/agent_carry.py): the driver puts each iteration's
+prompt groups into its dock bank as always, and a rank admits the ones it takes; to fill its room at the
+first iteration of a run (or of a resumed attempt) the driver hands it the prompts of the next
+`batches_ahead` batches too. Later iterations admit their own groups only while the batch they fill (the
+room's newest, iteration + max_staleness) is one the run reaches (`admits_fresh`), so the last batches drain
+the open groups and every group admitted is written by the run's end. `python -m rldock_benchmarks.heavy_tail`
+runs the same class on an engine with its own prompts.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode, Rollout
 from rldock.runtime.agent.interfaces import EpisodeContext
@@ -42,12 +46,14 @@ from rldock.runtime.agent.interfaces import EpisodeContext
 
 @dataclass(frozen=True)
 class CarriedGroup:
-    """The episodes of one prompt, admitted at `version`, due at `deadline`; `order`: its admission's."""
+    """The episodes of one prompt, admitted at `version`, due at `deadline`; `order`: its admission's;
+    `prompt`: what the caller needs to write the group (a job's rollout: the group's prompt columns)."""
 
     episodes: tuple[Episode, ...]
     version: int
     deadline: int
     order: int
+    prompt: Any = None
 
     @property
     def finished(self) -> bool:
@@ -57,6 +63,20 @@ class CarriedGroup:
 def admission_room(num_open: int, *, num_groups: int, max_staleness: int) -> int:
     """Groups that may be admitted with `num_open` open: up to (max_staleness + 1) * `num_groups`."""
     return max((max_staleness + 1) * num_groups - num_open, 0)
+
+
+def batches_ahead(iteration: int, *, iterations: int, max_staleness: int) -> int:
+    """Batches of prompt groups beyond `iteration`'s own that a rank admits when a run of `iterations`
+    (or an attempt resumed there) starts at `iteration`: enough to fill its room, none past the last."""
+    return max(min(max_staleness, iterations - iteration), 0)
+
+
+def admits_fresh(iteration: int, *, first: bool, iterations: int, max_staleness: int) -> bool:
+    """Whether a rank admits `iteration`'s own prompt groups: at the first iteration it runs (with
+    `batches_ahead` more), and later while the batch they fill, iteration + max_staleness, is one the run of
+    `iterations` reaches. So a rank that starts at i0 admits (iterations - i0 + 1) batches in all: as many
+    as it writes."""
+    return first or iteration + max_staleness <= iterations
 
 
 def batch_of(groups: Sequence[CarriedGroup], *, version: int, num_groups: int) -> list[CarriedGroup] | None:
@@ -112,6 +132,11 @@ class CarriedEpisodes:
         self._admitted = 0
 
     @property
+    def open_episodes(self) -> int:
+        """Episodes admitted and not written yet."""
+        return sum(len(group.episodes) for group in self.groups)
+
+    @property
     def room(self) -> int:
         """Groups `admit` may add now."""
         return admission_room(len(self.groups), num_groups=self.num_groups, max_staleness=self.max_staleness)
@@ -123,19 +148,22 @@ class CarriedEpisodes:
         keys: Sequence[Sequence[int]],
         contexts: Sequence[EpisodeContext | None],
         version: int,
+        tags: Sequence[Any] | None = None,
     ) -> None:
         """One group per prompt, its episodes keyed by `keys` (one key per episode, new to this rank),
-        admitted while the policy is at `version`."""
+        admitted while the policy is at `version`; `tags`: each group's `CarriedGroup.prompt`."""
         if len(prompts) > self.room:
             raise ValueError(
                 f"{len(prompts)} groups admitted with room for {self.room}: at most (dock.max_staleness + 1) "
                 f"x {self.num_groups} groups are open at once"
             )
-        for prompt, group_keys, context in zip(prompts, keys, contexts):
+        for prompt, group_keys, context, tag in zip(prompts, keys, contexts, tags or [None] * len(prompts)):
             episodes = self.loop.admit(
                 self.rollout, [prompt] * len(group_keys), group_keys, [context] * len(group_keys)
             )
-            self.groups.append(CarriedGroup(tuple(episodes), version, version + self.max_staleness, self._admitted))
+            self.groups.append(
+                CarriedGroup(tuple(episodes), version, version + self.max_staleness, self._admitted, tag)
+            )
             self._admitted += 1
             self.counts.started += len(episodes)
 

@@ -1,7 +1,9 @@
 """Which rollout mode a job runs, chosen once from the config (the only place it is chosen), and the
 mode built for one actor rank: `harness` for a job whose `agent` runs the user's harness
-(agent.harness or agent.harness_command), `agent` for any other job with an `agent` section, `partial` for
-rollout.partial_rollout resume or drop, `streamed` for rollout.stream_groups > 0, else `plain`."""
+(agent.harness or agent.harness_command), `carry` for an `agent` job with rollout.partial_rollout carry,
+`agent` for any other job with an `agent` section, `partial` for rollout.partial_rollout resume or drop,
+`streamed` for rollout.stream_groups > 0, else `plain`. `counters_of` names the counters a mode reports
+(`rollout/<key>` in each iteration's record)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from rldock.config import JobConfig
 from rldock.config.problems import agent_partial_rollout_problem
 from rldock.runtime.dock.stage_loop import StageSpec
+from rldock.runtime.rollout import agent_carry, partial
 from rldock.runtime.rollout.agent import AgentRollout
+from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
 from rldock.runtime.rollout.agent_episodes import AgentSampler
 from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.partial import PartialRollout
@@ -18,7 +22,7 @@ from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import RolloutMode, rollout_setup
 from rldock.runtime.rollout.streamed import StreamedRollout
 
-MODES = ("plain", "streamed", "agent", "harness", "partial")
+MODES = ("plain", "streamed", "agent", "harness", "carry", "partial")
 
 
 def mode_of(cfg: JobConfig) -> str:
@@ -37,8 +41,11 @@ def mode_of(cfg: JobConfig) -> str:
                 f"rollout.stream_groups {rollout.stream_groups} with agent: episodes are written to the dock "
                 "when the rank's whole batch has ended; set 0"
             )
-        harnessed = cfg.agent.harnessed
-        return "harness" if harnessed else "agent"
+        if cfg.agent.harnessed:
+            return "harness"
+        return "carry" if rollout.partial_rollout == "carry" else "agent"
+    if rollout.partial_rollout == "carry":
+        raise ValueError("rollout.partial_rollout `carry` carries an agent's episodes: it needs an agent section")
     if rollout.partial_rollout != "off":
         return "partial"
     if rollout.stream_groups > 0:
@@ -62,11 +69,20 @@ def build_rollout(
     (`environment_urls`)."""
     setup = rollout_setup(cfg, tokenizer=tokenizer, rank=rank, batch_size=batch_size, spec=spec)
     mode = mode_of(cfg)
-    if mode == "agent":
+    if mode in ("agent", "carry"):
         sampler = AgentSampler(
             cfg, tokenizer=tokenizer, train_files=train_files, environment_urls=environment_urls or {}
         )
-        return AgentRollout(setup, sampler)
+        if mode == "agent":
+            return AgentRollout(setup, sampler)
+        return CarriedAgentRollout(
+            setup,
+            sampler,
+            max_staleness=cfg.dock.max_staleness,
+            iterations=cfg.iterations,
+            replica=rank // cfg.rollout.tensor_parallel_size,
+            seed=cfg.seed,
+        )
     if mode == "harness":
         return HarnessRollout(setup, cfg, tokenizer=tokenizer, train_files=train_files)
     if mode == "partial":
@@ -74,3 +90,12 @@ def build_rollout(
     if mode == "streamed":
         return StreamedRollout(setup, stream_groups=cfg.rollout.stream_groups)
     return PlainRollout(setup)
+
+
+def counters_of(cfg: JobConfig) -> tuple[str, ...]:
+    """The counters the job's rollout mode reports in its results' metrics, each summed over ranks into
+    `rollout/<key>` of the iteration's record (driver/records.py); none for the modes without."""
+    mode = cfg.rollout.partial_rollout
+    if mode == "carry":
+        return agent_carry.METRIC_KEYS
+    return partial.METRIC_KEYS if mode != "off" else ()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -161,11 +160,6 @@ def behaviour_logprobs(
     positions = torch.arange(computed.shape[1], device=computed.device)  # (SL,)
     token_version = policy_version[:, None] + (positions[None, :] >= prefix_length[:, None]).long()  # (B, SL)
     return torch.where(token_version == current_version, computed, sampled.to(computed.dtype))
-
-
-def partial_metrics(results: Sequence[StageResult]) -> dict[str, int]:
-    """`rollout/<key>` summed over the rollout calls' results (both rounds, every rank)."""
-    return {f"rollout/{key}": sum(int(r.metrics.get(key, 0)) for r in results) for key in METRIC_KEYS}
 
 
 class PartialRollout(RolloutMode):

@@ -72,12 +72,14 @@ class RolloutRequest:
     """One rollout call: `iteration`'s prompt groups, sampled by the weights of `policy_version`
     (updates behind them). `sampling_round` counts DAPO's rounds within the iteration (each round's
     groups get their own seeds); `round_tokens` is partial rollout's budget when a weight update
-    follows (None: generate to completion)."""
+    follows (None: generate to completion); `ahead` is carried episodes' prompt groups handed ahead
+    (StageCall.ahead)."""
 
     iteration: int
     policy_version: int
     sampling_round: int = 0
     round_tokens: int | None = None
+    ahead: TensorDict | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,8 @@ and to the trainer's set-up and checkpoint calls. Each role is an object of its 
 - the generation engine (`RankEngine`, engines/rank_engine.py): on the first rank of each
   generation replica (`rollout.tensor_parallel_size` consecutive ranks) one vLLM engine on the
   replica's devices, fed the policy's weights after each update; the replica's other ranks hold none;
-- the rollout mode (rldock.runtime.rollout: plain, streamed, agent episodes or partial rollout),
+- the rollout mode (rldock.runtime.rollout: plain, streamed, agent episodes, carried episodes or
+  partial rollout),
   built once: the rollout, partial rollout's second round, the old-logprob pass (tokens an older
   version sampled) and the held-out evaluation ask it;
 - the policy's scoring passes (engines/policy_passes.py) for the inference stages.
@@ -183,6 +184,7 @@ class ActorWorker(TakesTurns):
             policy_version=self.policy_version,
             sampling_round=call.sampling_round,
             round_tokens=call.round_tokens,
+            ahead=call.ahead,
         )
         with self.generation.lent() as engine:
             return self.rollout.generate(engine, self.banks.bank(call.iteration), request)

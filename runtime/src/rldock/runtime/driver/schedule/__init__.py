@@ -12,7 +12,8 @@ advances the banks' policy version. The trainer builds the metrics record from t
   (training.mode async with dock.max_staleness >= 1); it relies on Ray running one actor's calls in
   submission order (RunAheadSchedule.queue_ahead_of_update).
 - Parts they compose: rounds.py (DAPO's sampling rounds), partial_rollout.py (partial rollout's cut
-  generation finished after the update), inflight.py (an iteration's bank kept when a worker dies,
+  generation finished after the update), prompts_ahead.py (carried episodes' prompts handed ahead at an
+  attempt's first iteration), inflight.py (an iteration's bank kept when a worker dies,
   and its retry resumed from it).
 """
 
@@ -25,6 +26,7 @@ from rldock.config import JobConfig
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.driver.schedule.driver import Driver, StageWorkers
 from rldock.runtime.driver.schedule.inflight import Inflight
+from rldock.runtime.driver.schedule.prompts_ahead import PromptsAhead
 from rldock.runtime.driver.schedule.run_ahead import RunAheadSchedule
 from rldock.runtime.driver.schedule.stages import WORKER_DEATHS, Stages, gather_failing_fast
 from rldock.runtime.driver.schedule.sync import SyncSchedule
@@ -67,13 +69,25 @@ def num_banks(cfg: JobConfig) -> int:
     return 2 if runs_ahead(cfg) else 1
 
 
+def prompts_ahead(cfg: JobConfig, *, group_size: int) -> PromptsAhead | None:
+    """Carried episodes' hand-ahead (rollout.partial_rollout carry, a sync job), or None."""
+    if cfg.rollout.partial_rollout != "carry":
+        return None
+    return PromptsAhead(
+        iterations=cfg.iterations,
+        max_staleness=cfg.dock.max_staleness,
+        num_prompts=cfg.algorithm.num_prompts_per_iteration,
+        group_size=group_size,
+    )
+
+
 def choose_schedule(
     cfg: JobConfig, driver: Driver, banks: DockBanks, *, actor_rank_states: Collection[str]
 ) -> Schedule:
     """The job's schedule. `actor_rank_states`: the states the actor ranks run (partial rollout
     holds them back until the cut generation is finished)."""
     if not runs_ahead(cfg):
-        return SyncSchedule(driver, banks, algo=cfg.algorithm)
+        return SyncSchedule(driver, banks, algo=cfg.algorithm, ahead=prompts_ahead(cfg, group_size=driver.group_size))
     partial = cfg.rollout.partial_rollout != "off"
     return RunAheadSchedule(
         driver,

@@ -77,7 +77,7 @@ class RunAheadSchedule:
             fed, put_seconds, sampled, futures = start_in_bank(driver, bank, iteration, inflight, algo=self.algo)
         if iteration < self.iterations:
             self.ahead = self.queue_ahead_of_update(iteration + 1)
-        futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
+        futures.update(launch_unfinished(driver, StageCall(iteration), driver.updates, inflight))
         if self.ahead is not None and self.ahead.held is not None:  # after the update that cut it
             self.ahead.futures.update(launch_after_cut(driver, self.ahead.iteration, self.ahead.held))
         stages = gather_stages(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from tensordict import TensorDict
+
 from rldock.config.job import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import TransferDock
@@ -35,19 +37,27 @@ def fill_bank(
 
 
 def start_in_bank(
-    driver: Driver, bank: TransferDock, iteration: int, inflight: Inflight, *, algo: AlgorithmSpec
+    driver: Driver,
+    bank: TransferDock,
+    iteration: int,
+    inflight: Inflight,
+    *,
+    algo: AlgorithmSpec,
+    ahead: TensorDict | None = None,
 ) -> tuple[DriverBatch, float, SampledRounds, dict[str, list]]:
-    """Fill `bank` with the iteration's batch and launch its states before the update; returns
-    what `fill_bank` does and the launched futures."""
+    """Fill `bank` with the iteration's batch and launch its states before the update (with carried
+    episodes' prompts handed `ahead`, StageCall.ahead); returns what `fill_bank` does and the launched
+    futures."""
     fed, put_seconds, sampled = fill_bank(driver, bank, iteration, inflight, algo=algo)
     if inflight.skip:  # their turns (serial phase schedule) are not taken again
         driver.workers.skip_turns(iteration, sorted(inflight.skip))
-    return fed, put_seconds, sampled, launch_unfinished(driver, iteration, driver.before_update, inflight)
+    call = StageCall(iteration, ahead=ahead)
+    return fed, put_seconds, sampled, launch_unfinished(driver, call, driver.before_update, inflight)
 
 
-def launch_unfinished(driver: Driver, iteration: int, states: Sequence[str], inflight: Inflight) -> dict[str, list]:
-    """Launch `states` but those a failed attempt of the iteration finished on every rank."""
-    return driver.launch(StageCall(iteration), [state for state in states if state not in inflight.skip])
+def launch_unfinished(driver: Driver, call: StageCall, states: Sequence[str], inflight: Inflight) -> dict[str, list]:
+    """Launch `states` with `call` but those a failed attempt of the iteration finished on every rank."""
+    return driver.launch(call, [state for state in states if state not in inflight.skip])
 
 
 def gather_stages(

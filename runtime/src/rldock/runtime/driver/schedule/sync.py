@@ -11,6 +11,7 @@ from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.driver.schedule.driver import Driver
 from rldock.runtime.driver.schedule.inflight import Inflight, keep_inflight
+from rldock.runtime.driver.schedule.prompts_ahead import PromptsAhead
 from rldock.runtime.driver.schedule.stages import Stages
 from rldock.runtime.driver.schedule.steps import (
     advance_policy,
@@ -19,14 +20,17 @@ from rldock.runtime.driver.schedule.steps import (
     launch_unfinished,
     start_in_bank,
 )
+from rldock.runtime.flow.states import StageCall
 
 
 class SyncSchedule:
     """One iteration at a time in one bank: fill (fresh prompts, DAPO's rounds or the bank a failed
-    attempt kept), the states before the update, the update, then wait for all of them."""
+    attempt kept), the states before the update, the update, then wait for all of them. With carried
+    episodes, the prompts handed ahead go with the attempt's first iteration (prompts_ahead.py)."""
 
-    def __init__(self, driver: Driver, banks: DockBanks, *, algo: AlgorithmSpec):
-        self.driver, self.banks, self.algo = driver, banks, algo
+    def __init__(self, driver: Driver, banks: DockBanks, *, algo: AlgorithmSpec, ahead: PromptsAhead | None = None):
+        """`ahead`: carried episodes' prompts to hand the rollout at the attempt's first iteration."""
+        self.driver, self.banks, self.algo, self.ahead = driver, banks, algo, ahead
         self.inflight: Inflight | None = None  # the iteration running now, kept if a worker dies
         self.last_ended: float | None = None  # when the last iteration's stages ended (perf_counter)
 
@@ -35,8 +39,11 @@ class SyncSchedule:
         started = time.perf_counter()
         self.inflight = inflight = Inflight(iteration)
         bank = self.banks.bank(iteration)
-        fed, put_seconds, sampled, futures = start_in_bank(driver, bank, iteration, inflight, algo=self.algo)
-        futures.update(launch_unfinished(driver, iteration, driver.updates, inflight))
+        ahead = self.ahead.take(driver.feed, iteration) if self.ahead is not None else None
+        fed, put_seconds, sampled, futures = start_in_bank(
+            driver, bank, iteration, inflight, algo=self.algo, ahead=ahead
+        )
+        futures.update(launch_unfinished(driver, StageCall(iteration), driver.updates, inflight))
         stages = gather_stages(
             driver, futures, inflight, fed=fed, put_seconds=put_seconds, sampled=sampled, bank=bank, started=started
         )
@@ -53,9 +60,10 @@ class SyncSchedule:
 
     def keep_inflight(self, stop_workers: Callable[[], None]) -> None:
         """After a worker died: stop the workers, then keep the bank of the iteration in flight for
-        its retry. Sampling rounds (DAPO) refill the bank each round: such an iteration is redone
-        whole from the checkpoint."""
-        if self.inflight is None or self.driver.recipe.sampling_rounds is not None:
+        its retry. Sampling rounds (DAPO) refill the bank each round, and carried episodes die with their
+        ranks (the bank's rows are written with groups they held): such an iteration is redone whole
+        from the checkpoint."""
+        if self.inflight is None or self.driver.recipe.sampling_rounds is not None or self.ahead is not None:
             return
         stop_workers()
         keep_inflight(self.driver.output_dir, self.inflight, self.banks.bank(self.inflight.iteration))
