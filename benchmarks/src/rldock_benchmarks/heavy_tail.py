@@ -53,6 +53,12 @@ class HeavyTailEnvironment(Environment):
     def __init__(self, step_seconds: float, steps: int):
         self.step_seconds, self.steps = step_seconds, steps
 
+    @classmethod
+    def from_config(cls, agent, options) -> HeavyTailEnvironment:
+        """In a job (agent.environment name `rldock_benchmarks.heavy_tail:HeavyTailEnvironment`): its options
+        `step_seconds` and `steps`, given as strings."""
+        return cls(float(options["step_seconds"]), int(options["steps"]))
+
     def session(self) -> EnvironmentSession:
         return HeavyTailSession(self)
 
@@ -73,10 +79,10 @@ class HeavyTailSession(EnvironmentSession):
         return Observation(message=None if done else "go on", done=done, reward=1.0 if done else 0.0)
 
 
-def eos_heavy_model(path: Path) -> Path:
-    """The tiny model at `path` (built once) with an output layer of its own (untied from the embedding)
-    that reads one hidden dimension only: EOS's logit is that dimension x 4, every other token's 0, so
-    EOS comes about every other token."""
+def eos_heavy_model(path: Path, *, max_model_len: int = MAX_MODEL_LEN) -> Path:
+    """The tiny model at `path` (built once, `max_model_len` positions) with an output layer of its own
+    (untied from the embedding) that reads one hidden dimension only: EOS's logit is that dimension x 4,
+    every other token's 0, so EOS comes about every other token."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -84,7 +90,7 @@ def eos_heavy_model(path: Path) -> Path:
 
     if (path / "config.json").exists():
         return path
-    build_tiny_model(path, texts=[string.printable], seed=0, max_position_embeddings=MAX_MODEL_LEN)
+    build_tiny_model(path, texts=[string.printable], seed=0, max_position_embeddings=max_model_len)
     eos = json.loads((path / "tokenizer_config.json").read_text())["eos_token"]
     eos_id = json.loads((path / "tokenizer.json").read_text())["model"]["vocab"][eos]
     weights_file = path / "model.safetensors"
