@@ -1,5 +1,6 @@
-"""The embedded demo (examples/grpo-tiny.yaml) as the integration tests run it: `rldock train` in a
-subprocess with `--set` overrides, no restarts (imported by basename, like reward_model_builder)."""
+"""The embedded demo (examples/grpo-tiny.yaml), or a test's own job config, as the integration tests run
+it: `rldock train` in a subprocess with `--set` overrides, no restarts (imported by basename, like
+reward_model_builder)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,31 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
+
 DEMO = Path(__file__).resolve().parents[1] / "examples" / "grpo-tiny.yaml"
 
 
 def train_demo(output: Path, overrides: Mapping[str, object], *, resume: bool = False) -> list[dict]:
     """Run the demo into `output` with `overrides` (field -> value, as `--set` takes them); asserts
     it exits 0 and returns its metrics.jsonl records."""
+    return train(DEMO, output, overrides, resume=resume)
+
+
+def train_job(config: Mapping[str, object], output: Path) -> list[dict]:
+    """Run the job `config` (written beside `output` as job.yaml) into `output`, as `train_demo` runs the demo."""
+    path = output.parent / "job.yaml"
+    path.write_text(yaml.safe_dump(dict(config)))
+    return train(path, output, {})
+
+
+def train(config: Path, output: Path, overrides: Mapping[str, object], *, resume: bool = False) -> list[dict]:
     command = [
         sys.executable,
         "-m",
         "rldock.runtime.cli",
         "train",
-        str(DEMO),
+        str(config),
         "--output",
         str(output),
         "--no-progress",

@@ -10,12 +10,8 @@ the bound and none dropped."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-import yaml
+from demo_job import train_job  # tests/demo_job.py
 
 from rldock_benchmarks.heavy_tail import heavy_tail_loop, run
 
@@ -54,41 +50,27 @@ JOB_G, JOB_N, JOB_ITERATIONS = 2, 2, 3
 
 
 def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound(tmp_path):
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "it-carry",
-                "seed": 1,
-                "iterations": JOB_ITERATIONS,
-                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-                "data": {"generator": {"name": "addition", "num_prompts": 64}, "chat_template": "model"},
-                "agent": {"environment": {"name": "feedback"}, "max_turns": 3, "max_tool_response_tokens": 8},
-                "algorithm": {
-                    "num_prompts_per_iteration": JOB_G,
-                    "num_responses_per_prompt": JOB_N,
-                    "max_prompt_length": 48,
-                    "max_response_length": 24,
-                    "learning_rate": 1e-4,
-                },
-                "training": {"mode": "sync", "data_parallel_size": 1, "micro_batch_size": 4},
-                "rollout": {"partial_rollout": "carry", "importance_correction": "behaviour"},
-                "dock": {"timeout_s": 120, "max_staleness": 1},
-                "evaluation": {"interval": 0},
-                "checkpoint": {"interval": JOB_ITERATIONS, "keep_last": 1},
-            }
-        )
-    )
-    output = tmp_path / "run"
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    config = {
+        "name": "it-carry",
+        "seed": 1,
+        "iterations": JOB_ITERATIONS,
+        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+        "data": {"generator": {"name": "addition", "num_prompts": 64}, "chat_template": "model"},
+        "agent": {"environment": {"name": "feedback"}, "max_turns": 3, "max_tool_response_tokens": 8},
+        "algorithm": {
+            "num_prompts_per_iteration": JOB_G,
+            "num_responses_per_prompt": JOB_N,
+            "max_prompt_length": 48,
+            "max_response_length": 24,
+            "learning_rate": 1e-4,
+        },
+        "training": {"mode": "sync", "data_parallel_size": 1, "micro_batch_size": 4},
+        "rollout": {"partial_rollout": "carry", "importance_correction": "behaviour"},
+        "dock": {"timeout_s": 120, "max_staleness": 1},
+        "evaluation": {"interval": 0},
+        "checkpoint": {"interval": JOB_ITERATIONS, "keep_last": 1},
+    }
+    records = train_job(config, tmp_path / "run")
     assert [r["iteration"] for r in records] == list(range(1, JOB_ITERATIONS + 1))
     episodes = JOB_G * JOB_N
     for record in records:  # each iteration trains one batch of every group it wrote, none dropped
