@@ -5,13 +5,19 @@ episodes a one-token engine and an environment whose episodes wait for their gro
 from __future__ import annotations
 
 import asyncio
+import string
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
+from rldock.config.job import AgentSpec
+from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.episode_loop import AgentLoop
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, Observation
+from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.engines.vllm_rollout import Completion
+from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 
 EOS, PAD = 2, 0
 
@@ -192,3 +198,24 @@ class GatedSession(EnvironmentSession):
 
     async def close(self):
         self.environment.closed += 1
+
+
+def chat_char_tokenizer():
+    """A character tokenizer with the tiny models' chat template."""
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def gated_loop(tokenizer, engine: OneTokenEngine, environment: Gated) -> AgentLoop:
+    """The episode loop of the carried-episode tests: `engine`'s turns, `environment`'s steps, 3 turns at most."""
+    return AgentLoop(
+        engine=engine,
+        tokenizer=tokenizer,
+        renderer=ChatRenderer(tokenizer, tools=[], opens_with_environment=True),
+        tools={},
+        environment=environment,
+        parser=HermesParser(),
+        spec=AgentSpec(max_turns=3),
+        max_response_length=64,
+    )

@@ -6,22 +6,17 @@ prompt, and the last iteration admits nothing and drains."""
 
 from __future__ import annotations
 
-import string
 from dataclasses import replace
 
 import pytest
 import torch
-from rollout_doubles import EOS, PAD, Gated, OneTokenEngine, RecordingDock, prompts_of
+from rollout_doubles import EOS, PAD, Gated, OneTokenEngine, RecordingDock, chat_char_tokenizer, gated_loop, prompts_of
 from tensordict import TensorDict
 
-from rldock.config.job import AgentSpec
-from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode
 from rldock.runtime.agent.interfaces import EpisodeContext
-from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.flow.columns import PROMPT_INDEX
 from rldock.runtime.flow.states import ROLLOUT
-from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.agent_carry import CarriedAgentRollout, ahead_share, carried_rows
 from rldock.runtime.rollout.agent_episodes import episode_columns
 from rldock.runtime.rollout.carry import CarriedGroup
@@ -81,23 +76,12 @@ class SamplerDouble:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tokenizer = train_char_tokenizer([string.printable])
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return chat_char_tokenizer()
 
 
 def test_a_rank_fills_its_room_from_the_hand_ahead_and_writes_carried_groups_later_with_their_prompts(tokenizer):
     engine, environment = OneTokenEngine(), Gated()
-    loop = AgentLoop(
-        engine=engine,
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer, tools=[], opens_with_environment=True),
-        tools={},
-        environment=environment,
-        parser=HermesParser(),
-        spec=AgentSpec(max_turns=3),
-        max_response_length=64,
-    )
+    loop = gated_loop(tokenizer, engine, environment)
     setup = RolloutSetup(
         rank=0,
         batch_size=2,  # one group of N = 2 per batch

@@ -6,17 +6,15 @@ next turn is sampled on the new weights, and every group admitted is written onc
 from __future__ import annotations
 
 import random
-import string
 
 import pytest
-from rollout_doubles import Gated, OneTokenEngine
+from rollout_doubles import Gated, OneTokenEngine, chat_char_tokenizer, gated_loop
 
 from rldock.config.job import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode
 from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.agent.parsers import HermesParser
-from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.carry import (
     CarriedEpisodes,
     CarriedGroup,
@@ -114,23 +112,12 @@ def test_random_heavy_tailed_finishes_never_exceed_the_bound_nor_drop_a_group(ma
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tokenizer = train_char_tokenizer([string.printable])
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return chat_char_tokenizer()
 
 
 def test_a_carried_group_stays_open_across_the_update_and_finishes_on_the_new_weights(tokenizer):
     engine, environment = OneTokenEngine(), Gated()
-    loop = AgentLoop(
-        engine=engine,
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer, tools=[], opens_with_environment=True),
-        tools={},
-        environment=environment,
-        parser=HermesParser(),
-        spec=AgentSpec(max_turns=3),
-        max_response_length=64,
-    )
+    loop = gated_loop(tokenizer, engine, environment)
     prompt = tokenizer("<user>hi<eos>", add_special_tokens=False)["input_ids"]
     carried = CarriedEpisodes(loop, num_groups=1, max_staleness=1, seed=0)
 
