@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,25 +62,72 @@ SHARED_HEAD_CPUS = 16
 SHARED_HEAD_DEVICES = {"NPU": 64}
 
 
-@pytest.fixture(scope="package", autouse=True)
-def shared_ray_head() -> Iterator[RayHead]:
+class _SharedHead:
+    """The tier's one Ray head, started by the tier's first test and stopped after its last.
+
+    Not a package-scoped fixture: pytest scopes `package` to a directory with an `__init__.py`, which
+    this one lacks (its modules are imported by basename, and test_vllm_engine's Ray workers import
+    their module by name), and otherwise treats it as `session`. The head then outlived the tier, and
+    the unit tier ran with the head's RAY_ADDRESS and token in os.environ: `ray.init(num_cpus=...)`
+    refused to start, and the private clusters the unit tests start got a GCS wanting the head's token
+    from a client holding another (130 errors in a fresh-clone CI run). `pytest_runtest_teardown`
+    below stops it as soon as the next test is outside this directory."""
+
+    def __init__(self) -> None:
+        self._running: ExitStack | None = None
+        self.head: RayHead | None = None
+
+    def start(self) -> RayHead:
+        if self.head is None:
+            with ExitStack() as stack:
+                head = stack.enter_context(ray_head(num_cpus=SHARED_HEAD_CPUS, resources=SHARED_HEAD_DEVICES))
+                # Entered after the head, so closed first: the environment is restored before it stops.
+                stack.enter_context(_environment(head.client_environment))
+                self._running, self.head = stack.pop_all(), head
+        return self.head
+
+    def stop(self) -> None:
+        running, self._running, self.head = self._running, None, None
+        if running is not None:
+            running.close()
+
+
+@contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_SHARED_HEAD = _SharedHead()
+_TIER = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def shared_ray_head() -> RayHead:
     """One Ray head for the whole tier, joined by every `rldock train` the tests start (RAY_ADDRESS and
     the head's token in this process's environment, which they inherit), as a job joins its RayCluster
     in a pod. A local Ray of its own costs each job about 9 s to start and 5 s to stop on two cores;
     the tier runs over 60 jobs. The local start stays tested: test_examples_as_written runs the README's
-    commands with a local Ray of their own, as on a user's machine. Package scope: the head is stopped
-    before the unit tier, whose tests start private clusters."""
-    with ray_head(num_cpus=SHARED_HEAD_CPUS, resources=SHARED_HEAD_DEVICES) as head:
-        saved = {key: os.environ.get(key) for key in head.client_environment}
-        os.environ.update(head.client_environment)
-        try:
-            yield head
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    commands with a local Ray of their own, as on a user's machine."""
+    return _SHARED_HEAD.start()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the test's fixtures
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or _TIER not in nextitem.path.parents:
+        _SHARED_HEAD.stop()
+
+
+def pytest_sessionfinish() -> None:
+    _SHARED_HEAD.stop()  # a run stopped part-way (-x, Ctrl-C) never reaches the last teardown
 
 
 @pytest.fixture(scope="session")
