@@ -257,15 +257,21 @@ class KubeRayDouble:
             return
         status["lastUpdateTime"] = _now()
         removed = {k: None for k in previous if k not in status and k != "stateTransitionTimes"}
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            cluster["metadata"]["name"],
-            {"status": {**removed, **status}},
-            _content_type=MERGE_PATCH,
-        )
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                cluster["metadata"]["name"],
+                {"status": {**removed, **status}},
+                _content_type=MERGE_PATCH,
+            )
+        except ApiException as error:
+            # Deleted since this round listed it (its RLJob deleted: the garbage collector removes it
+            # within the round): there is nothing left to write to, as for KubeRay's controller.
+            if error.status != 404:
+                raise
 
     @staticmethod
     def _condition(previous: Mapping[str, Any], type_: str, value: bool, reason: str, message: str) -> dict[str, Any]:
