@@ -120,17 +120,20 @@ def gateway_exactness(records: list[dict[str, Any]]) -> dict[str, float]:
     return totals
 
 
-ENDS = ("answer", "max_turns", "length")  # how an episode can end without its session failing
+ENDS = ("answer", "max_turns", "length")  # how rldock's own loop ends an episode whose session did not fail
+ENDED = "val/agent/ended/"
 
 
 def episodes(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Held-out accuracy and reward at each evaluation, model turns per episode, held-out (greedy, first and
     last evaluation) and sampled (first and last iteration), and the shares of the last evaluation's
-    episodes by how they ended."""
+    episodes by how they ended: every end the run counted (a harness's `harness_done`, `harness_error`,
+    ... included), with the native loop's ends at 0 where none ended so."""
     evaluations = [r for r in records if "val/accuracy" in r]
     trained = [r for r in records if "timing" in r]
     last = evaluations[-1]
-    ended = {end: last.get(f"val/agent/ended/{end}", 0.0) for end in ENDS}
+    counted = {key.removeprefix(ENDED): value for key, value in last.items() if key.startswith(ENDED)}
+    ended = {**dict.fromkeys(ENDS, 0.0), **counted}
     total = sum(ended.values()) or 1.0
     return {
         "val_accuracy_by_iteration": {r["iteration"]: r["val/accuracy"] for r in evaluations},

@@ -109,6 +109,17 @@ def test_episodes_reads_turns_ends_and_the_sampled_reward():
     assert summary["val_reward_by_iteration"] == {0: 0.5, 2: None}
 
 
+def test_episodes_counts_a_harness_arms_ends():
+    records = [
+        {"iteration": 0, "val/accuracy": 0.25},
+        {"iteration": 1, "timing": {}, "reward_mean": 0.3},
+        {"iteration": 1, "val/accuracy": 0.4, "val/agent/ended/harness_done": 9.0, "val/agent/ended/harness_error": 1},
+    ]
+    assert episodes(records)["val_ended_end"] == pytest.approx(
+        {"answer": 0.0, "max_turns": 0.0, "length": 0.0, "harness_done": 0.9, "harness_error": 0.1}
+    )
+
+
 @pytest.mark.parametrize("arm", ["trained", "grpo_turn", "ppo_turn_gae", "learning_rate_0"])
 def test_the_turn_arms_are_valid_jobs_against_a_cabinet_that_rewards_reading(arm):
     cfg = _config(arm, read_reward=0.2)
