@@ -6,12 +6,16 @@ batch on newer weights; every episode started is written, none older than the bo
 Then the same through the trainer (rollout.partial_rollout carry, `rldock train`): a sync job of 3
 iterations whose rank keeps 2 batches open (max_staleness 1) and trains each iteration on the groups that
 finished, the others carried into the next iteration; every group admitted trains once, none stale past
-the bound and none dropped."""
+the bound and none dropped. Its run resumed from the checkpoint after iteration 2, as after a crash in
+iteration 3, keeps the records it had and redoes iteration 3 with none of the episodes open at the checkpoint: it
+admits only the batch it trains, on the checkpoint's weights."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
-from demo_job import train_job  # tests/demo_job.py
+from demo_job import train, train_job  # tests/demo_job.py
 
 from rldock_benchmarks.heavy_tail import heavy_tail_loop, run
 
@@ -68,7 +72,7 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
         "rollout": {"partial_rollout": "carry", "importance_correction": "behaviour"},
         "dock": {"timeout_s": 120, "max_staleness": 1},
         "evaluation": {"interval": 0},
-        "checkpoint": {"interval": JOB_ITERATIONS, "keep_last": 1},
+        "checkpoint": {"interval": 2, "keep_last": 2},
     }
     records = train_job(config, tmp_path / "run")
     assert [r["iteration"] for r in records] == list(range(1, JOB_ITERATIONS + 1))
@@ -82,3 +86,20 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
     assert [r["rollout/carry_open"] for r in records] == [episodes, episodes, 0]  # drained at the end
     # the groups carried past the first cut trained a version after the one that started them
     assert any(r["staleness_max"] == 1 for r in records)
+
+    # A crash in iteration 3: the run as it was before that iteration's checkpoint, resumed.
+    shutil.copytree(tmp_path / "run", tmp_path / "crashed")
+    shutil.rmtree(tmp_path / "crashed" / "checkpoints" / f"iter-{JOB_ITERATIONS:06d}")
+    resumed = train(tmp_path / "job.yaml", tmp_path / "crashed", {}, resume=True)
+    assert resumed[:2] == records[:2]  # kept, not redone
+    redone = resumed[2]
+    assert redone["iteration"] == JOB_ITERATIONS
+    assert redone["dock"]["controllers"]["update"]["samples_handed_out"] == episodes
+    # no episode left open at the checkpoint trains: the resumed attempt starts with none open and admits
+    # the one batch the run has left to write, on the checkpoint's weights
+    assert (redone["rollout/carry_admitted"], redone["rollout/carry_written"], redone["rollout/carry_open"]) == (
+        episodes,
+        episodes,
+        0,
+    )
+    assert redone["staleness_max"] == 0
