@@ -110,7 +110,7 @@ _SHARED_HEAD = _SharedHead()
 _TIER = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def shared_ray_head() -> RayHead:
     """One Ray head for the whole tier, joined by every `rldock train` the tests start (RAY_ADDRESS and
     the head's token in this process's environment, which they inherit), as a job joins its RayCluster
@@ -118,6 +118,11 @@ def shared_ray_head() -> RayHead:
     the tier runs over 60 jobs. The local start stays tested: test_examples_as_written runs the README's
     commands with a local Ray of their own, as on a user's machine."""
     return _SHARED_HEAD.start()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest sets up the test's fixtures: module-scoped ones run jobs too
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _SHARED_HEAD.start()
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of the test's fixtures
