@@ -8,9 +8,7 @@ they only depend on transformers and the HF folder conventions vLLM reads.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -81,8 +79,11 @@ class _SharedHead:
         if self.head is None:
             with ExitStack() as stack:
                 head = stack.enter_context(ray_head(num_cpus=SHARED_HEAD_CPUS, resources=SHARED_HEAD_DEVICES))
-                # Entered after the head, so closed first: the environment is restored before it stops.
-                stack.enter_context(_environment(head.client_environment))
+                environment = pytest.MonkeyPatch()
+                for key, value in head.client_environment.items():
+                    environment.setenv(key, value)
+                # Pushed after the head, so run first: the environment is restored before it stops.
+                stack.callback(environment.undo)
                 self._running, self.head = stack.pop_all(), head
         return self.head
 
@@ -90,20 +91,6 @@ class _SharedHead:
         running, self._running, self.head = self._running, None, None
         if running is not None:
             running.close()
-
-
-@contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 _SHARED_HEAD = _SharedHead()
