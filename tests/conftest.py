@@ -12,6 +12,8 @@ instead.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,17 +51,20 @@ RLJOB_CRD = REPO_ROOT / "crds" / "rljobs.rldock.io.yaml"
 # (~/.cache/rldock/peak) is never written. The peak tests measure in tmp folders of their own.
 TEST_PEAK_FLOPS = 1.0e11
 TEST_BANDWIDTH = 1.0e10
+_PEAK_CACHE = pytest.StashKey[tuple[Path, pytest.MonkeyPatch]]()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def seeded_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """RLDOCK_PEAK_CACHE at a session folder holding the CPU's fixed rates; set in os.environ, so
-    the `rldock train` subprocesses and the local Ray workers they start inherit it. Only the peak
-    cache moves: RLDOCK_CACHE, the root of the shared build caches, stays as it is."""
+def _seed_peak_cache(config: pytest.Config) -> None:
+    """RLDOCK_PEAK_CACHE at a folder of this run holding the CPU's fixed rates, set in os.environ so
+    the `rldock train` subprocesses and the Ray workers they start inherit it. Set at configure time,
+    not by a fixture: the integration tier's shared Ray head starts in a hook before any fixture of
+    its first test, and its workers keep the environment the head started with (a session fixture
+    came too late when that tier ran first, and its jobs measured the machine into ~/.cache). Only
+    the peak cache moves: RLDOCK_CACHE, the root of the shared build caches, stays as it is."""
     from rldock.runtime.device import detect_device
     from rldock.runtime.peak import device_rates
 
-    folder = tmp_path_factory.mktemp("peak-cache")
+    folder = Path(tempfile.mkdtemp(prefix="rldock-peak-cache-"))
     cpu = detect_device("cpu")
     for dtype in ("float32", "bfloat16", "float16"):
         device_rates(
@@ -68,19 +73,29 @@ def seeded_peak_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             cache_dir=folder,
             measure=lambda device, dtype: {"peak_flops": TEST_PEAK_FLOPS, "bandwidth": TEST_BANDWIDTH},
         )
-    before = os.environ.get("RLDOCK_PEAK_CACHE")
-    os.environ["RLDOCK_PEAK_CACHE"] = str(folder)
-    yield folder
-    if before is None:
-        os.environ.pop("RLDOCK_PEAK_CACHE", None)
-    else:
-        os.environ["RLDOCK_PEAK_CACHE"] = before
+    environment = pytest.MonkeyPatch()
+    environment.setenv("RLDOCK_PEAK_CACHE", str(folder))
+    config.stash[_PEAK_CACHE] = (folder, environment)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _PEAK_CACHE in config.stash:
+        folder, environment = config.stash[_PEAK_CACHE]
+        environment.undo()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def seeded_peak_cache(pytestconfig: pytest.Config) -> Path:
+    """The folder RLDOCK_PEAK_CACHE names for the whole run (`_seed_peak_cache`)."""
+    return pytestconfig.stash[_PEAK_CACHE][0]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: against a real local Kubernetes control plane (built once, ~12 min cold)")
     # The kubeconfig skips TLS verification of the throwaway self-signed serving certificate.
     config.addinivalue_line("filterwarnings", "ignore::urllib3.exceptions.InsecureRequestWarning")
+    _seed_peak_cache(config)
 
 
 @pytest.fixture(scope="session")
