@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
 from rldock.config import Problem
-from rldock.operator.api import EnvVar, RLJobSpec
+from rldock.operator.api import EnvFromSource, EnvVar, RLJobSpec, Volume
 
 # The resources as RBAC names them, so a refusal reads as `kubectl auth can-i get secrets` would.
 SECRETS: Final = "secrets"
@@ -84,33 +84,39 @@ def user_of(user_info: Any) -> User:
 
 
 def references(spec: RLJobSpec) -> list[Reference]:
-    """Every Secret, ConfigMap and PersistentVolumeClaim `spec` names, in field order. (The
-    admin's own pull secrets, policy.podDefaults, are the admin's and not listed.)"""
+    """Every Secret, ConfigMap and PersistentVolumeClaim `spec` names, in field order: what the Ray
+    pods get (pull secrets, the checkpoint claim, volumes, env, envFrom) and what each environment's
+    and agent's pods get (their env; the pull secrets are the same). The admin's own pull secrets,
+    policy.podDefaults, are the admin's and not listed. A new field that names such an object goes
+    here, through the helper of its type: tests/unit/operator/test_reference_coverage.py walks the
+    CRD schema and fails on one that is missing."""
     found = [
         Reference(SECRETS, ref.name, f"spec.imagePullSecrets[{index}].name")
         for index, ref in enumerate(spec.image_pull_secrets)
     ]
     if spec.checkpoint.claim_name is not None:
         found.append(Reference(CLAIMS, spec.checkpoint.claim_name, "spec.checkpoint.claimName"))
-    for index, volume in enumerate(spec.volumes):
-        path = f"spec.volumes[{index}]"
+    found += _volume_references(spec.volumes, "spec.volumes")
+    found += _env_references(spec.env, "spec.env")
+    found += _env_from_references(spec.env_from, "spec.envFrom")
+    for index, environment in enumerate(spec.environments):
+        found += _env_references(environment.env, f"spec.environments[{index}].env")
+    for index, agent in enumerate(spec.agents):
+        found += _env_references(agent.env, f"spec.agents[{index}].env")
+    return found
+
+
+def _volume_references(volumes: list[Volume], at: str) -> list[Reference]:
+    found = []
+    for index, volume in enumerate(volumes):
+        path = f"{at}[{index}]"
         if volume.persistent_volume_claim is not None:
-            found.append(
-                Reference(CLAIMS, volume.persistent_volume_claim.claim_name, f"{path}.persistentVolumeClaim.claimName")
-            )
+            claim = volume.persistent_volume_claim.claim_name
+            found.append(Reference(CLAIMS, claim, f"{path}.persistentVolumeClaim.claimName"))
         if volume.config_map is not None:
             found.append(Reference(CONFIG_MAPS, volume.config_map.name, f"{path}.configMap.name"))
         if volume.secret is not None:
             found.append(Reference(SECRETS, volume.secret.secret_name, f"{path}.secret.secretName"))
-    found += _env_references(spec.env, "spec.env")
-    for index, env_from in enumerate(spec.env_from):
-        path = f"spec.envFrom[{index}]"
-        if env_from.secret_ref is not None:
-            found.append(Reference(SECRETS, env_from.secret_ref.name, f"{path}.secretRef.name"))
-        if env_from.config_map_ref is not None:
-            found.append(Reference(CONFIG_MAPS, env_from.config_map_ref.name, f"{path}.configMapRef.name"))
-    for index, environment in enumerate(spec.environments):  # the environments' pods read them too
-        found += _env_references(environment.env, f"spec.environments[{index}].env")
     return found
 
 
@@ -118,11 +124,24 @@ def _env_references(env: list[EnvVar], at: str) -> list[Reference]:
     found = []
     for index, var in enumerate(env):
         source = var.value_from
+        if source is None:
+            continue
         path = f"{at}[{index}].valueFrom"
-        if source is not None and source.secret_key_ref is not None:
+        if source.secret_key_ref is not None:
             found.append(Reference(SECRETS, source.secret_key_ref.name, f"{path}.secretKeyRef.name"))
-        if source is not None and source.config_map_key_ref is not None:
+        if source.config_map_key_ref is not None:
             found.append(Reference(CONFIG_MAPS, source.config_map_key_ref.name, f"{path}.configMapKeyRef.name"))
+    return found
+
+
+def _env_from_references(env_from: list[EnvFromSource], at: str) -> list[Reference]:
+    found = []
+    for index, source in enumerate(env_from):
+        path = f"{at}[{index}]"
+        if source.secret_ref is not None:
+            found.append(Reference(SECRETS, source.secret_ref.name, f"{path}.secretRef.name"))
+        if source.config_map_ref is not None:
+            found.append(Reference(CONFIG_MAPS, source.config_map_ref.name, f"{path}.configMapRef.name"))
     return found
 
 
