@@ -6,7 +6,7 @@ Without `groups` the layout seats the device groups the config counts from the a
 actor ranks run the reference pass; counted even where kl_coef 0 drops them), a critic rank per
 data-parallel rank for the algorithms with a critic, and one reward model for a `model` reward term.
 The runtime passes the groups its worker-state specs run instead (rldock.runtime.flow.states), which
-this package cannot import; tests/unit/runtime/test_states.py holds the two device counts equal.
+this package cannot import; tests/unit/runtime/flow/test_states.py holds the two device counts equal.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ the thread budget and the memory planner. Nobody multiplies the parallel sizes a
 
 Pure and config-free, like the rest of the contract: rldock.config.layout builds one from a
 JobConfig, naming the device groups the config counts; the runtime names those its worker-state
-specs run (tests/unit/runtime/test_states.py holds the two plans equal).
+specs run (tests/unit/runtime/flow/test_states.py holds the two plans equal).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ an object, JSON nested 100,000 deep, a 5,000-digit integer, frames that are not 
 rewards, a 64 MiB observation, an answer that never comes), and each such episode ends with its counted
 reason while the rollout goes on; no reward that is not finite reaches the dock's columns.
 
-The engine is test_rollout's scripted one; the model's turns are fixed, the environment's answers are what
+The engine is test_episode_loop's scripted one; the model's turns are fixed, the environment's answers are what
 is tested."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import string
 
 import pytest
 from openenv_servers import HOSTILE_ANSWERS, hostile_server
-from test_rollout import ScriptedEngine, make_loop, run
+from test_episode_loop import ScriptedEngine, make_loop, run
 
 from rldock.config.job import EnvironmentServersSpec
 from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums

@@ -271,7 +271,7 @@ def test_the_trainer_warms_an_agent_job_up_on_its_demonstrations(chat_dir, tmp_p
             for r in DEMO_ROWS
         )
     )
-    data = yaml.safe_load((Path(__file__).parents[3] / "examples" / "grpo-tiny.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).parents[4] / "examples" / "grpo-tiny.yaml").read_text())
     data["data"] = {"train_files": [str(train)], "demonstration_key": "demo", "chat_template": "model"}
     data["algorithm"]["max_response_length"] = 512
     data["agent"] = {"tools": [{"name": f"{tmp_path / 'own_tools.py'}:Python"}]}

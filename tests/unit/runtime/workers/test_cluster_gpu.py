@@ -20,7 +20,7 @@ from rldock.config import parse_job_config
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.workers import cluster
 
-EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
+EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml").read_text())
 
 
 class GpuProbe:

@@ -12,7 +12,7 @@ import yaml
 from rldock.config import parse_job_config
 from rldock.runtime.driver.tracking import WANDB_RUN_ID_FILE, open_tracking
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 BLOCK = 32768  # the W&B transaction log's block size (LevelDB's log format)
 FULL, LAST = 1, 4  # record kinds that end a record
 

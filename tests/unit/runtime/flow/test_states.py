@@ -127,6 +127,16 @@ def test_each_recipes_specs_give_its_flow_in_launch_order(name):
     assert recipe.produces == produces
 
 
+def test_dataflow_is_closed():
+    """Every column a state consumes is produced by some earlier state (or the driver)."""
+    recipe = get_recipe("grpo")
+    produced = {column for columns in recipe.produces.values() for column in columns}
+    for state, columns in recipe.consumes.items():
+        missing = set(columns) - produced
+        assert not missing, f"{state} consumes {missing}, which nothing produces"
+    assert set(recipe.consumes) <= set(recipe.produces)
+
+
 @pytest.mark.parametrize("name", sorted(FLOWS))
 def test_the_states_that_train_come_from_the_specs(name):
     recipe = get_recipe(name)

@@ -24,7 +24,7 @@ from rldock.runtime.engines.replica_devices import RankDevice, engine_environmen
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.workers import cluster as placement
 
-EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
+EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml").read_text())
 NPUS_PER_NODE = 2
 
 

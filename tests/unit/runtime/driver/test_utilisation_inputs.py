@@ -15,7 +15,7 @@ from rldock.config import parse_job_config
 from rldock.runtime.driver import utilisation as utilisation_module
 from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 LLAMA_CONFIG = {
     "num_hidden_layers": 2,
     "hidden_size": 8,
