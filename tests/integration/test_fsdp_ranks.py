@@ -360,7 +360,7 @@ def _plain(result) -> dict:
 
 def test_fsdp_critic_ranks_step_like_one_process_and_resume_from_their_checkpoint(tmp_path):
     from rldock.runtime.flow.states import StageCall
-    from rldock.runtime.models import build_tiny_model
+    from rldock.runtime.models.tiny import build_tiny_model
     from rldock.runtime.training.fsdp import FsdpBackend
 
     # 40 tokens (36 characters and 4 special ones): the batches' ids stay below 32

@@ -19,8 +19,9 @@ from rldock.runtime.driver.warmup import (
     demonstration_tokens,
     run_warmup,
 )
-from rldock.runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, pad_prompts
+from rldock.runtime.models import load_causal_lm, load_tokenizer, pad_prompts
 from rldock.runtime.models.loading import TokenBatch
+from rldock.runtime.models.tiny import build_tiny_model
 
 ROWS = [
     Row(r["prompt"], r["answer"], r["data_source"])

@@ -8,7 +8,6 @@ from rldock.config.job import GeneratorSpec, ModelSpec
 from rldock.runtime.data import Row, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.models import (
-    build_tiny_model,
     decode_responses,
     encode_answers,
     encode_prompts,
@@ -17,6 +16,7 @@ from rldock.runtime.models import (
     load_tokenizer,
     max_token_length,
 )
+from rldock.runtime.models.tiny import build_tiny_model
 
 TEXTS = tokenizer_corpus(
     [

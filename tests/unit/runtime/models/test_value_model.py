@@ -11,7 +11,7 @@ from rldock.runtime.data import Row, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.engines.policy import build_policy_inputs
 from rldock.runtime.engines.values import response_values
-from rldock.runtime.models import build_tiny_model
+from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.models.value import load_value_model
 
 

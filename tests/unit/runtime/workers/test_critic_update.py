@@ -17,7 +17,7 @@ from rldock.config.job import JobConfig
 from rldock.runtime.engines.values import response_values
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.flow.states import StageCall
-from rldock.runtime.models import build_tiny_model
+from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.models.value import load_value_model
 from rldock.runtime.training.ddp import DdpBackend
 from rldock.runtime.workers.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, CriticWorker

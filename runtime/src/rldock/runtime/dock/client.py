@@ -365,6 +365,10 @@ class TransferDock:
         """The Ray node ID each warehouse (in central mode: the buffer) runs on, by warehouse."""
         return list(self._route.nodes)
 
+    def actors(self) -> list:
+        """The dock's Ray actors: the warehouses with actors of their own, then the controller host."""
+        return [peer.handle for peer in self._route.peers()]
+
     def shutdown(self) -> None:
         """Kill the dock's actors, after they released their shared memory; the data is gone."""
         self._route.close()

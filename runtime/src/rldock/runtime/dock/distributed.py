@@ -48,11 +48,12 @@ from rldock.runtime.dock.rpc import Peer
 from rldock.runtime.dock.staleness import StalenessBound
 from rldock.runtime.dock.warehouse import Warehouse
 from rldock.runtime.dock.wire import WireColumn
+from rldock.runtime.startup import timed
 
 logger = logging.getLogger(__name__)
 
 # Dock actors only hold memory and metadata: they must not take CPUs that workers ask for.
-_WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(Warehouse)
+_WarehouseActor = ray.remote(num_cpus=0, max_restarts=0)(timed(Warehouse))
 # Every consumer's waiting request holds one of the host's concurrent calls until a write serves
 # it, and writers' calls need free ones too: Ray's default cap (1000 for an async actor) would be
 # shared by all states' waiters, so it is set far above any job's ranks times states.
@@ -61,7 +62,7 @@ CONTROLLER_HOST_CONCURRENCY = 100_000
 _CLOSE_TIMEOUT_S = 10.0
 _ControllerHostActor = ray.remote(  # type: ignore[call-overload]  # Ray's overloads leave out actor options
     num_cpus=0, max_restarts=0, max_concurrency=CONTROLLER_HOST_CONCURRENCY
-)(ControllerHost)
+)(timed(ControllerHost))
 
 
 class DistributedRoute:

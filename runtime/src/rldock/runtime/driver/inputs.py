@@ -33,13 +33,13 @@ from rldock.runtime.data import (
 )
 from rldock.runtime.driver.evaluation import EvalExample, Evaluator
 from rldock.runtime.driver.feed import Feed
-from rldock.runtime.driver.warmup import run_warmup
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import REWARD_STATE, states_layout
 from rldock.runtime.models import MODEL_BUILDERS
 from rldock.runtime.models.loading import load_tokenizer
 from rldock.runtime.rewards import RewardScorer, column_lists
+from rldock.runtime.startup import DriverClock
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +58,13 @@ class JobInputs:
     feed: Feed  # what the driver puts each iteration, and the sampler's position
     reference_dir: Path  # the initial policy: the reference, where RL starts, the critic's body
     evaluator: Evaluator | None  # held-out evaluation; None when evaluation.interval is 0
+    startup_clock: DriverClock  # the driver's start-up until its inputs were ready (timing/startup)
 
 
 def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
     """The job's inputs: checks the reward terms first (before any model work), then the data, the
     base model, the tokenizer, the prompt set, the warm-up and the evaluator, in that order."""
+    startup_clock = DriverClock.start()  # the driver's imports are behind it, its inputs ahead
     recipe = job_recipe(cfg)  # less the passes this config makes redundant
     if REWARD_STATE.name in recipe.states:
         RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
@@ -86,6 +88,9 @@ def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
         recipe.driver_batch,
         rows_per_episode=cfg.rows_per_episode,
     )
+    reference_dir = prepare_initial_policy(cfg, output_dir, base, dataset, conversation=conversation)
+    evaluator = heldout_evaluation(cfg, tokenizer, data_files.val, conversation=conversation)
+    startup_clock.inputs_ready()
     return JobInputs(
         recipe=recipe,
         layout=states_layout(cfg, recipe.specs),
@@ -93,8 +98,9 @@ def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
         tokenizer=tokenizer,
         dataset=dataset,
         feed=feed,
-        reference_dir=prepare_initial_policy(cfg, output_dir, base, dataset, conversation=conversation),
-        evaluator=heldout_evaluation(cfg, tokenizer, data_files.val, conversation=conversation),
+        reference_dir=reference_dir,
+        evaluator=evaluator,
+        startup_clock=startup_clock,
     )
 
 
@@ -127,6 +133,10 @@ def prepare_initial_policy(
         return base
     warm = output_dir / WARMUP_DIR
     if not (warm / "config.json").is_file():
+        # Imported when a warm-up runs: it trains a model, and model code costs the driver ~3 s of CPU
+        # that a job without one (or resuming after it) does not spend.
+        from rldock.runtime.driver.warmup import run_warmup
+
         logger.info("supervised warm-up: %d steps", cfg.warmup.steps)
         _write_atomically(
             warm,

@@ -199,6 +199,7 @@ class Trainer:
         progress = _progress_bar(
             total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
         )
+        startup = loop.attempt.startup()  # timing/startup; None after the run's first attempt
         failed = True
         try:
             if evaluate_at_start:
@@ -206,6 +207,8 @@ class Trainer:
             for iteration in range(start_iteration, total + 1):
                 self._hold.wait_before(iteration)
                 record = self._run_iteration(loop, iteration)
+                if startup is not None:  # the first record this run writes
+                    record["timing"]["startup"], startup = startup, None
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(loop, iteration))
                 self._log(loop, record)

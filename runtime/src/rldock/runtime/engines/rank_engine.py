@@ -15,14 +15,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
-from peft import PeftModel
 from torch import nn
 
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.engines.generation_memory import engine_kv_cache_bytes
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.models.lora import merged_weights
+from rldock.runtime.models.lora import has_adapters, merged_weights
 from rldock.runtime.resharding.parallel_layout import ParallelLayout
 
 # (HF name, tensor) pairs as the engine loads them
@@ -83,7 +82,7 @@ class RankEngine:
                 ),
             )
         attach(self.engine, self.weights)
-        if isinstance(self.model, PeftModel):  # the engine started from the base; the policy has adapters
+        if has_adapters(self.model):  # the engine started from the base; the policy has adapters
             self.engine.update_weights(self.weights())
 
     def held(self) -> VllmRolloutEngine:
@@ -106,7 +105,7 @@ class RankEngine:
     def weights(self) -> Weights:
         """(HF name, tensor) pairs of the policy as the engine loads them: the adapters merged in on
         the fly under LoRA (the trained adapters stay as they are)."""
-        if isinstance(self.model, PeftModel):  # training.lora
+        if has_adapters(self.model):  # training.lora
             return merged_weights(self.model)
         return self.model.state_dict().items()
 

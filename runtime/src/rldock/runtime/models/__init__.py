@@ -22,7 +22,6 @@ from rldock.runtime.models.loading import (
     max_token_length,
     pad_prompts,
 )
-from rldock.runtime.models.tiny import build_tiny_model
 from rldock.runtime.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -30,10 +29,20 @@ logger = logging.getLogger(__name__)
 ModelBuilder = Callable[..., Path]  # (path, *, texts, seed) -> path
 
 MODEL_BUILDERS: Registry[ModelBuilder] = Registry("model builder", field="model.builder")
-MODEL_BUILDERS.register("tiny-qwen2")(build_tiny_model)
-MODEL_BUILDERS.register("tiny-llama")(functools.partial(build_tiny_model, architecture="llama"))
-MODEL_BUILDERS.register("tiny-qwen3")(functools.partial(build_tiny_model, architecture="qwen3"))
-MODEL_BUILDERS.register("tiny-qwen3-moe")(functools.partial(build_tiny_model, architecture="qwen3_moe"))
+
+
+def _tiny(path: str | Path, **kwargs) -> Path:
+    """models.tiny.build_tiny_model, imported when a model is built: transformers' config classes
+    cost ~2 s of CPU that a process which only tokenises (the reward worker) never needs."""
+    from rldock.runtime.models.tiny import build_tiny_model
+
+    return build_tiny_model(path, **kwargs)
+
+
+MODEL_BUILDERS.register("tiny-qwen2")(_tiny)
+MODEL_BUILDERS.register("tiny-llama")(functools.partial(_tiny, architecture="llama"))
+MODEL_BUILDERS.register("tiny-qwen3")(functools.partial(_tiny, architecture="qwen3"))
+MODEL_BUILDERS.register("tiny-qwen3-moe")(functools.partial(_tiny, architecture="qwen3_moe"))
 
 
 def ensure_model(spec: ModelSpec, *, texts: Iterable[str], seed: int) -> bool:
@@ -53,7 +62,6 @@ def ensure_model(spec: ModelSpec, *, texts: Iterable[str], seed: int) -> bool:
 __all__ = [
     "MODEL_BUILDERS",
     "TokenBatch",
-    "build_tiny_model",
     "decode_responses",
     "encode_answers",
     "encode_prompts",

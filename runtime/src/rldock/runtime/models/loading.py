@@ -12,10 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,10 @@ def load_causal_lm(
     path: str | Path, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
 ) -> PreTrainedModel:
     """The causal LM saved at `path` (model.path), in `dtype` (model.dtype), on `device`."""
+    # Imported here: transformers' model classes cost a process ~3 s of CPU, and the processes that
+    # only tokenise (the reward worker, the driver without a warm-up) never load a model.
+    from transformers import AutoModelForCausalLM
+
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")

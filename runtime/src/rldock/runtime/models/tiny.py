@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
-    AutoModelForCausalLM,
     GenerationConfig,
     LlamaConfig,
     PretrainedConfig,
@@ -144,6 +143,8 @@ def build_tiny_model(
         **moe,
     )
     # A private RNG stream: building a model must not move the caller's global torch seed.
+    from transformers import AutoModelForCausalLM  # model code only where a model is built (models/__init__.py)
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)

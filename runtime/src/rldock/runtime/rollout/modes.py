@@ -3,7 +3,10 @@ mode built for one actor rank: `harness` for a job whose `agent` runs the user's
 (agent.harness or agent.harness_command), `carry` for an `agent` job with rollout.partial_rollout carry,
 `agent` for any other job with an `agent` section, `partial` for rollout.partial_rollout resume or drop,
 `streamed` for rollout.stream_groups > 0, else `plain`. `counters_of` names the counters a mode reports
-(`rollout/<key>` in each iteration's record)."""
+(`rollout/<key>` in each iteration's record).
+
+The agent modes' modules are imported when a rank builds one: the harness mode's gateway brings FastAPI
+and the others their environment clients, which no other job's processes use."""
 
 from __future__ import annotations
 
@@ -13,10 +16,6 @@ from rldock.config import JobConfig
 from rldock.config.problems import agent_partial_rollout_problem
 from rldock.runtime.dock.stage_loop import StageSpec
 from rldock.runtime.rollout import agent_carry, partial
-from rldock.runtime.rollout.agent import AgentRollout
-from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
-from rldock.runtime.rollout.agent_episodes import AgentSampler
-from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import RolloutMode, rollout_setup
@@ -70,6 +69,10 @@ def build_rollout(
     setup = rollout_setup(cfg, tokenizer=tokenizer, rank=rank, batch_size=batch_size, spec=spec)
     mode = mode_of(cfg)
     if mode in ("agent", "carry"):
+        from rldock.runtime.rollout.agent import AgentRollout
+        from rldock.runtime.rollout.agent_carry import CarriedAgentRollout
+        from rldock.runtime.rollout.agent_episodes import AgentSampler
+
         sampler = AgentSampler(
             cfg, tokenizer=tokenizer, train_files=train_files, environment_urls=environment_urls or {}
         )
@@ -84,6 +87,8 @@ def build_rollout(
             seed=cfg.seed,
         )
     if mode == "harness":
+        from rldock.runtime.rollout.harness import HarnessRollout
+
         return HarnessRollout(setup, cfg, tokenizer=tokenizer, train_files=train_files)
     if mode == "partial":
         return PartialRollout(setup, mode=cfg.rollout.partial_rollout)

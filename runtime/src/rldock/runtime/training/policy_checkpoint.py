@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rldock.runtime.checkpoint import ADAPTER_DIR, OPTIMIZER_FILE, POLICY_DIR
+from rldock.runtime.models.lora import has_adapters
 from rldock.runtime.training.backend import TrainingBackend, WeightIter
 
 
@@ -36,7 +36,7 @@ def save_policy(
         backend.save_optimizer(staging / OPTIMIZER_FILE)
         if rank != 0:
             return
-        if isinstance(model, PeftModel):  # training.lora: the merged policy, the adapters to resume
+        if has_adapters(model):  # training.lora: the merged policy, the adapters to resume
             base = cast(PreTrainedModel, model.get_base_model())  # peft types it nn.Module
             base.save_pretrained(staging / POLICY_DIR, state_dict=dict(generation_weights()))
             model.save_pretrained(str(staging / ADAPTER_DIR))

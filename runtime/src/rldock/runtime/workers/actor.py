@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import PeftModel
 from tensordict import TensorDict
 from transformers import PreTrainedModel
 
@@ -52,7 +51,7 @@ from rldock.runtime.flow.states import (
 from rldock.runtime.models.freezing import freeze_embeddings, trainable
 from rldock.runtime.models.layers import enable_activation_checkpointing
 from rldock.runtime.models.loading import load_causal_lm, load_tokenizer
-from rldock.runtime.models.lora import adapters_off, add_lora
+from rldock.runtime.models.lora import adapters_off, add_lora, has_adapters
 from rldock.runtime.models.routing_replay import recording_routes
 from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.modes import build_rollout
@@ -65,6 +64,9 @@ from rldock.runtime.training.policy_objective import job_objective
 from rldock.runtime.training.policy_steps import policy_step, preference_step, staleness_metrics
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 class ActorWorker(TakesTurns):
@@ -209,7 +211,7 @@ class ActorWorker(TakesTurns):
         """The reference state, run by the actor ranks under LoRA: the reference policy is the base
         model, i.e. this rank's model with its adapters off (no reference ranks, no second copy)."""
         model = self.model
-        assert isinstance(model, PeftModel), "the actors run the reference state only under training.lora"
+        assert has_adapters(model), "the actors run the reference state only under training.lora"
         tally = PassTally()
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:

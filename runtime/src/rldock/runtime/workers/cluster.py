@@ -23,6 +23,7 @@ from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
 from rldock.runtime.agent.service.local import token_variables
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import placement_plan
+from rldock.runtime.startup import timed
 from rldock.runtime.workers.ray_devices import device_request, local_device_problems
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def release(group: PlacementGroup) -> None:
 def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
     """`cls` as a Ray actor on its seat: its share of the device and its logical CPU, taken from its
     bundle of the placement group."""
-    return ray.remote(cls).options(
+    return ray.remote(timed(cls)).options(
         num_cpus=CPUS_PER_WORKER,
         **device_request(plan.accelerator, seat.share),
         max_restarts=0,
@@ -123,7 +124,7 @@ def seated_together(cls, *, group: PlacementGroup, plan: PlacementPlan, seats: S
     rldock.runtime.workers.device_worker): their shares of the device and their logical CPUs
     together; threaded, with `max_concurrency` calls at once."""
     [bundle] = {seat.bundle for seat in seats}
-    return ray.remote(cls).options(
+    return ray.remote(timed(cls)).options(
         num_cpus=CPUS_PER_WORKER * len(seats),
         **device_request(plan.accelerator, sum(seat.share for seat in seats)),
         max_restarts=0,
@@ -136,4 +137,4 @@ def seated_together(cls, *, group: PlacementGroup, plan: PlacementPlan, seats: S
 
 def remote(cls, *, num_cpus: float, resources: dict[str, float] | None = None):
     """`cls` as a Ray actor outside the placement group (the workers that hold no device)."""
-    return ray.remote(cls).options(num_cpus=num_cpus, resources=resources or {}, max_restarts=0)
+    return ray.remote(timed(cls)).options(num_cpus=num_cpus, resources=resources or {}, max_restarts=0)

@@ -27,6 +27,7 @@ from ray.actor import ActorHandle
 
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.flow.states import StageCall, WorkerState
+from rldock.runtime.startup import timed
 from rldock.runtime.workers.phase_schedule import Turn, job_schedules, resolve_phase_schedule, worker_devices
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class TurnKeeper:
 def start_keeper(schedules: Mapping[int, tuple[Turn, ...]]):
     """A TurnKeeper for these schedules, as a Ray actor outside the placement group (no CPU: it
     only waits)."""
-    return ray.remote(TurnKeeper).options(num_cpus=0, max_restarts=0).remote(schedules)
+    return ray.remote(timed(TurnKeeper)).options(num_cpus=0, max_restarts=0).remote(schedules)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ their phase together, and a phase's inputs come from phases earlier in the order
 can always progress. Workers that share one phase on one device run it together.
 
 Pure: the trainer builds the schedule from the placement plan and the job's recipe
-(rldock.runtime.workers.phase_keeper enforces it); unit-tested in tests/unit/runtime/test_phase_schedule.py.
+(rldock.runtime.workers.phase_keeper enforces it); unit-tested in tests/unit/runtime/workers/test_phase_schedule.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the attempt's workers it launches stages on, the job's feed it draws prompts from and the
 bookkeeping whose order it keeps; and the driver's puts into a dock bank and its read of the
 samples' facts from it. Objects, not callbacks into the trainer: a schedule is tested with doubles
-of each (tests/unit/runtime/test_schedule.py)."""
+of each (tests/unit/runtime/driver/schedule/test_schedule.py)."""
 
 from __future__ import annotations
 

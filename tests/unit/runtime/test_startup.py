@@ -1,0 +1,82 @@
+"""rldock.runtime.startup: a timed actor class reports its process's CPU before, in and after its
+constructor; the first record's timing/startup sums the processes by kind."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rldock.runtime.startup import PHASES, DriverClock, ProcessStartup, startup_timing, timed
+
+
+def _spin(seconds: float) -> None:
+    """Spend `seconds` of this process's CPU time."""
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+        pass
+
+
+class Worker:
+    """A worker whose constructor and first call take CPU."""
+
+    def __init__(self, value: int, *, spin_s: float) -> None:
+        _spin(spin_s)
+        self.value = value
+
+    def work(self, spin_s: float) -> int:
+        _spin(spin_s)
+        return self.value
+
+
+def test_a_timed_class_is_the_class_with_its_start_up_measured():
+    Timed = timed(Worker)
+    assert Timed.__name__ == "Worker" and issubclass(Timed, Worker) and Timed.__doc__ == Worker.__doc__
+    before = time.process_time()
+    worker = Timed(7, spin_s=0.05)
+    assert worker.value == 7  # the constructor ran, with its arguments
+    worker.work(0.03)
+    report = worker.startup()
+    assert report.kind == "Worker"
+    # CPU before the constructor: everything this process did until then
+    assert before <= report.before_init_cpu <= before + 0.01
+    assert report.init_cpu >= 0.05 and report.setup_cpu >= 0.03
+    assert report.init_cpu < 0.05 + 0.05 and report.setup_cpu < 0.03 + 0.05  # what ran, not more
+
+
+def test_the_actor_s_signature_is_its_class_s():
+    """Ray checks a call's arguments against the constructor's signature before it starts a process."""
+    import inspect
+
+    assert inspect.signature(timed(Worker).__init__) == inspect.signature(Worker.__init__)
+
+
+def test_start_up_is_summed_by_kind():
+    processes = [
+        ProcessStartup("driver", before_init_cpu=5.0, init_cpu=3.0, setup_cpu=1.0),
+        ProcessStartup("DeviceWorker", before_init_cpu=7.0, init_cpu=0.25, setup_cpu=8.0),
+        ProcessStartup("DeviceWorker", before_init_cpu=6.0, init_cpu=0.25, setup_cpu=9.0),
+    ]
+    timing = startup_timing(processes, wall=30.0)
+    assert timing["wall"] == 30.0
+    assert timing["cpu"] == pytest.approx(39.5)
+    assert timing["DeviceWorker"] == {"processes": 2, "before_init_cpu": 13.0, "init_cpu": 0.5, "setup_cpu": 17.0}
+    assert timing["driver"] == {"processes": 1, "before_init_cpu": 5.0, "init_cpu": 3.0, "setup_cpu": 1.0}
+    assert set(timing["driver"]) == {"processes", *PHASES}
+
+
+def test_the_driver_s_clock_splits_imports_inputs_and_the_rest():
+    clock = DriverClock.start()
+    assert 0 <= clock.wall_since_start() < 3600  # since this process started
+    _spin(0.05)
+    clock.inputs_ready()
+    _spin(0.03)
+    driver = clock.driver_startup()
+    assert driver.kind == "driver" and driver.before_init_cpu == clock.imported_cpu
+    assert 0.05 <= driver.init_cpu < 0.1 and 0.03 <= driver.setup_cpu < 0.08
+
+
+def test_only_the_run_s_first_attempt_reads_the_start_up():
+    """A restart's processes are a retry's cost, not the job's start: the clock is read once."""
+    clock = DriverClock.start()
+    assert clock.read_once() and not clock.read_once() and not clock.read_once()
