@@ -4,7 +4,8 @@ Every process kind's modules are imported in a fresh interpreter, as Ray imports
 the actor's class (the driver: as `rldock train` does), and the heavy packages it must not have
 loaded are looked up in sys.modules. Measured in a fresh interpreter on the 2-core machine: vLLM
 ~11 s of CPU, transformers' model classes ~3 s, peft ~2 s beyond them, FastAPI ~0.5 s,
-torch's compiler stack ~1.5 s (rldock.runtime.startup's figures show what a job pays).
+torch's compiler stack ~1.5 s, math-verify with SymPy's LaTeX parser ~1 s (rldock.runtime.startup's
+figures show what a job pays).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ PEFT = "peft"
 MODEL_CODE = "transformers.modeling_utils"  # any model class (AutoModelForCausalLM, Qwen2ForCausalLM, ...)
 GATEWAY = "fastapi"  # the agent gateway's server: harness jobs only
 TENSORDICT = "tensordict"
-HEAVY = (VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT)
+MATH = "math_verify"  # with SymPy's LaTeX parser: the math_verify reward term only
+HEAVY = (VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH)
 
 # kind -> (modules Ray or `rldock train` imports for it, heavy modules it must not have loaded)
 PROCESS_KINDS = {
     # `rldock train`'s own process: the warm-up, where a job has one, imports model code when it runs.
-    "driver": (["rldock.runtime.cli", "rldock.runtime.driver.trainer"], {VLLM, PEFT, MODEL_CODE, GATEWAY}),
+    "driver": (["rldock.runtime.cli", "rldock.runtime.driver.trainer"], {VLLM, PEFT, MODEL_CODE, GATEWAY, MATH}),
     # actor and reference seats: vLLM is imported when an engine is built (engine ranks only), peft
     # under training.lora, FastAPI by the harness rollout.
     "device worker": (
@@ -36,14 +38,14 @@ PROCESS_KINDS = {
             "rldock.runtime.workers.actor",
             "rldock.runtime.workers.reference",
         ],
-        {VLLM, PEFT, GATEWAY},
+        {VLLM, PEFT, GATEWAY, MATH},
     ),
     # a rule reward decodes with the tokenizer and loads no model
-    "reward worker": (["rldock.runtime.workers.reward"], {VLLM, PEFT, MODEL_CODE, GATEWAY}),
+    "reward worker": (["rldock.runtime.workers.reward"], {VLLM, PEFT, MODEL_CODE, GATEWAY, MATH}),
     # the dock's actors hold columns and metadata
     "dock actors": (
         ["rldock.runtime.dock.host", "rldock.runtime.dock.warehouse"],
-        {VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT},
+        {VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH},
     ),
 }
 

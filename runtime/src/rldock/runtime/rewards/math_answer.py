@@ -11,6 +11,10 @@ Which part of a text is its final answer, for the ground truth and the response 
 
 A response without any answer scores 0. A ground truth without one is an error naming the
 sample's data source and the ground-truth text (a data problem that `reward.on_error` decides on).
+
+math-verify is imported on first use: with SymPy and its LaTeX parser it costs a process ~1.5 s of
+CPU, and every process that imports the reward registry (the reward worker, the agent rollouts)
+would pay it for jobs that never score with this term.
 """
 
 from __future__ import annotations
@@ -19,14 +23,12 @@ import functools
 import re
 import threading
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
 from rldock.config.job import RewardTermSpec
 from rldock.runtime.rewards.terms import BatchRewardFn, per_sample, register_reward
 
-# \boxed{} first, then LaTeX and plain numbers/expressions.
-_ANSWER = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
-_LATEX = (LatexExtractionConfig(boxed_match_priority=0),)
+# What a text's answer is read as: \boxed{} first, then LaTeX and plain numbers/expressions (_ANSWER),
+# or LaTeX alone (_LATEX); math-verify's configs for each from `_configs`.
+_ANSWER, _LATEX = "answer", "latex"
 # Seconds math-verify may spend on one parse or comparison (sympy can hang on adversarial text).
 TIMEOUT_S = 5
 
@@ -37,8 +39,18 @@ def _timeout() -> int | None:
     return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-def _parse(text: str, configs: tuple) -> list:
-    return parse(text, list(configs), fallback_mode="no_fallback", parsing_timeout=_timeout())
+@functools.cache
+def _configs(kind: str) -> tuple:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    latex = LatexExtractionConfig(boxed_match_priority=0)
+    return (latex, ExprExtractionConfig()) if kind == _ANSWER else (latex,)
+
+
+def _parse(text: str, kind: str) -> list:
+    from math_verify import parse
+
+    return parse(text, list(_configs(kind)), fallback_mode="no_fallback", parsing_timeout=_timeout())
 
 
 # A word of two or more letters outside a LaTeX command: prose, which as LaTeX would parse as a
@@ -84,6 +96,8 @@ def math_verify_reward(data_source: str, solution_str: str, ground_truth: str, e
     answer = extract_answer(solution_str)
     if not answer:
         return 0.0
+    from math_verify import verify
+
     return 1.0 if verify(list(gold), answer, timeout_seconds=_timeout()) else 0.0
 
 

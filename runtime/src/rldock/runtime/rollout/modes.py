@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from rldock.config import JobConfig
 from rldock.config.problems import agent_partial_rollout_problem
 from rldock.runtime.dock.stage_loop import StageSpec
-from rldock.runtime.rollout import agent_carry, partial
+from rldock.runtime.rollout import partial
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
 from rldock.runtime.rollout.protocol import RolloutMode, rollout_setup
@@ -102,5 +102,7 @@ def counters_of(cfg: JobConfig) -> tuple[str, ...]:
     `rollout/<key>` of the iteration's record (driver/records.py); none for the modes without."""
     mode = cfg.rollout.partial_rollout
     if mode == "carry":
-        return agent_carry.METRIC_KEYS
+        from rldock.runtime.rollout.agent_carry import METRIC_KEYS
+
+        return METRIC_KEYS
     return partial.METRIC_KEYS if mode != "off" else ()
