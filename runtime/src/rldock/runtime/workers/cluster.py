@@ -65,6 +65,9 @@ def connect(cfg: JobConfig) -> None:
         include_dashboard=False,
         runtime_env={"env_vars": env_vars},
         logging_level=logging.WARNING,
+        # Ray starts idle workers for a first driver ahead of its tasks; a job's actors start
+        # workers of their own, so these two only cost ~1 s of CPU each (rldock_benchmarks.startup).
+        _system_config={"prestart_worker_first_driver": False},
     )
     logger.info("started a local Ray with %d %s devices", cfg.num_devices, resources.accelerator_resource)
 
