@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rldock.runtime.startup import PHASES, DriverClock, ProcessStartup, startup_timing, timed
+from rldock.runtime.startup import PHASES, DriverClock, ProcessStartup, startup_line, startup_timing, timed
 
 
 def _spin(seconds: float) -> None:
@@ -80,3 +80,17 @@ def test_only_the_run_s_first_attempt_reads_the_start_up():
     """A restart's processes are a retry's cost, not the job's start: the clock is read once."""
     clock = DriverClock.start()
     assert clock.read_once() and not clock.read_once() and not clock.read_once()
+
+
+def test_the_log_line_gives_each_kind_s_cpu():
+    timing = startup_timing(
+        [
+            ProcessStartup("driver", before_init_cpu=5.0, init_cpu=3.0, setup_cpu=1.0),
+            ProcessStartup("DeviceWorker", before_init_cpu=7.0, init_cpu=0.5, setup_cpu=8.0),
+            ProcessStartup("DeviceWorker", before_init_cpu=6.0, init_cpu=0.5, setup_cpu=9.0),
+        ],
+        wall=30.0,
+    )
+    assert startup_line(timing) == (
+        "30.0 s to the first iteration, 40.0 CPU seconds: DeviceWorker 31.0 (2 processes), driver 9.0"
+    )

@@ -127,6 +127,17 @@ def startup_timing(processes: Iterable[ProcessStartup], *, wall: float) -> dict[
     return {"wall": round(wall, 3), "cpu": round(cpu, 3), **rounded}
 
 
+def startup_line(timing: dict[str, Any]) -> str:
+    """`timing` (startup_timing's) in one line: the wall time, the CPU, and each kind's CPU."""
+    kinds = {kind: figures for kind, figures in timing.items() if isinstance(figures, dict)}
+    per_kind = ", ".join(
+        f"{kind} {sum(figures[phase] for phase in PHASES):.1f}"
+        + (f" ({figures['processes']:.0f} processes)" if figures["processes"] > 1 else "")
+        for kind, figures in kinds.items()
+    )
+    return f"{timing['wall']:.1f} s to the first iteration, {timing['cpu']:.1f} CPU seconds: {per_kind}"
+
+
 def _process_start_time() -> float:
     """When this process started (seconds since the epoch), from the kernel's record of it."""
     import psutil  # type: ignore[import-untyped]  # Ray's dependency, without stubs; imported here to keep this module cheap

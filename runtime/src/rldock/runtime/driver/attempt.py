@@ -34,7 +34,7 @@ from rldock.runtime.driver.schedule import num_banks
 from rldock.runtime.engines.replica_devices import engine_environments
 from rldock.runtime.flow.columns import TOKEN_COLUMNS
 from rldock.runtime.flow.states import ACTOR, CRITIC, REFERENCE, StageCall, WorkerContext, WorkerState, worker_groups
-from rldock.runtime.startup import startup_timing
+from rldock.runtime.startup import startup_line, startup_timing
 from rldock.runtime.workers import cluster
 from rldock.runtime.workers.device_worker import distinct_processes, start_device_seats
 from rldock.runtime.workers.phase_keeper import hand_out_turns
@@ -239,14 +239,16 @@ class Attempt:
     def startup(self) -> dict | None:
         """timing/startup (rldock.runtime.startup), read now, before the first iteration: the driver's
         and every process's start-up CPU, and the wall time since the driver's process started;
-        logged per process at debug level. None on every attempt after the run's first."""
+        logged by kind, and per process at debug level. None on every attempt after the run's first."""
         clock = self.inputs.startup_clock
         if not clock.read_once():
             return None
         processes = [clock.driver_startup(), *ray.get([p.startup.remote() for p in self.processes()])]
         for process in processes:
             logger.debug("start-up of %s", process)
-        return startup_timing(processes, wall=clock.wall_since_start())
+        timing = startup_timing(processes, wall=clock.wall_since_start())
+        logger.info("start-up: %s", startup_line(timing))
+        return timing
 
     def started(self) -> WorkerGroups:
         """The attempt's workers (created on entry, dropped on exit)."""
