@@ -959,9 +959,15 @@ class AgentSpec(Spec):
         default=None,
         min_length=1,
         max_length=256,
-        description="Your own agent as a command run once per episode, with OPENAI_BASE_URL, OPENAI_API_KEY and "
-        "RLDOCK_TASK (the data row as JSON) in its environment; the reward is the last line it prints (a number "
-        "or a JSON object with `reward`), or what it posted to the session.",
+        description="Your own agent as a command run once per episode (docs/agentic.md#the-three-forms). Its "
+        "environment is PATH, HOME, LANG, LC_ALL, PYTHONPATH, VIRTUAL_ENV and TMPDIR of the actor's (where set) and: "
+        "OPENAI_BASE_URL and OPENAI_API_KEY, the episode's endpoint and key; RLDOCK_TASK_FILE, a file holding the "
+        "data row as JSON; RLDOCK_TASK, the same JSON (only when at most 64 KiB); RLDOCK_RESULT_FILE, the file it "
+        "writes its result to: a number, a JSON object with `reward` (its other keys kept), or `null` (no reward "
+        "but what it posted to the session). Its output is its log, never read for the reward. Exiting 0 without "
+        "writing the result file ends the episode `harness_no_result`; exiting non-zero, `harness_exit`. A "
+        "relative path is relative to the working directory of `rldock train`; `rldock validate` checks that the "
+        "program and, for python or a shell, its script exist.",
     )
     harness_pods: bool = Field(
         default=False,

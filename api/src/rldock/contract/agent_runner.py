@@ -20,7 +20,8 @@ the last two with the lease's secret in `X-Rldock-Lease` (another pod's runner c
 Each episode's command gets the runner's environment plus `OPENAI_BASE_URL` (`http://<the address it
 leased from><path>`), `OPENAI_API_KEY` and `RLDOCK_TASK` (the data row as JSON); its stdout and stderr
 end in `output` (the last 2,000 characters; only the tail is kept while it runs), whose last line is its
-reward as for `harness_command`. Its process group is killed when it exits or runs past `timeout_s`, so
+reward (a number, or a JSON object with `reward`): the pods' channel, where `agent.harness_command` on the
+Ray pods writes a result file instead. Its process group is killed when it exits or runs past `timeout_s`, so
 nothing it left in the background outlives its episode or holds the runner; a lease whose heartbeats stop
 (the pod died) is ended by the gateway.
 """

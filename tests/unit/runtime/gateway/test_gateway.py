@@ -185,8 +185,9 @@ def test_a_command_harness_gets_the_endpoint_in_its_environment(episodes, tokeni
         "client = openai.OpenAI()\n"
         "messages = [{'role': 'user', 'content': task['prompt']}]\n"
         "answer = client.chat.completions.create(model='policy', messages=messages)\n"
+        "reward = float(answer.choices[0].message.content == task['ground_truth'])\n"
+        "open(os.environ['RLDOCK_RESULT_FILE'], 'w').write(json.dumps({'reward': reward}))\n"
         "print('noise')\n"
-        "print(json.dumps({'reward': float(answer.choices[0].message.content == task['ground_truth'])}))\n"
     )
     failing = tmp_path / "fail.py"
     failing.write_text("import sys\nprint('it went wrong')\nsys.exit(3)\n")
@@ -199,6 +200,40 @@ def test_a_command_harness_gets_the_endpoint_in_its_environment(episodes, tokeni
     # one harness that exits non-zero among others ends its episode (counted); every one of a batch stops the job
     with pytest.raises(HarnessError, match="every episode of the batch .2. failed.*agent.harness_command exited 3"):
         bad.run(ScriptedEngine(tokenizer, {4: ["5"], 5: ["5"]}), tasks=tasks, prompts=[[1]] * 2, keys=[4, 5], seed=0)
+
+
+def test_the_documented_command_harness_trains_as_written(episodes, tokenizer, tmp_path):
+    text = (REPO / "docs" / "agentic.md").read_text()
+    start = text.index("# agent.py: its result goes to the file rldock names")
+    script = tmp_path / "agent.py"
+    script.write_text(text[start : text.index("```", start)])
+    runner = episodes(harness=None, harness_command=[sys.executable, str(script)])
+    tasks, _ = tasks_of(tmp_path, "command")
+    (result,) = runner.run(ScriptedEngine(tokenizer, {4: ["5"]}), tasks=tasks, prompts=[[1]], keys=[4], seed=0)
+    assert result.ended == "harness_done" and result.rewards == [1.0] and result.turns == 1 and result.exact
+
+
+@pytest.mark.parametrize(
+    ("mode", "ended", "says"),
+    [
+        # a reward printed as the command's last line, but no result file written
+        ("printed", "harness_no_result", "agent.harness_command exited 0 without writing its result"),
+        ("bad_reward", "harness_bad_reward", "agent.harness: the reward 'great' is not a finite number"),
+    ],
+)
+def test_a_batch_whose_every_episode_fails_the_same_way_stops_the_rollout_naming_the_reason(
+    episodes, tokenizer, tmp_path, mode, ended, says
+):
+    printed = tmp_path / "printed.py"
+    printed.write_text(
+        "import openai\n"
+        "openai.OpenAI().chat.completions.create(model='policy', messages=[{'role': 'user', 'content': '2+3?'}])\n"
+        "print(1.0)\n"
+    )
+    runner = episodes(harness=None, harness_command=[sys.executable, str(printed)]) if mode == "printed" else episodes()
+    tasks, _ = tasks_of(tmp_path, mode, mode)
+    with pytest.raises(HarnessError, match=rf"every episode of the batch \(2\) .* each ended {ended}; .*{says}"):
+        runner.run(ScriptedEngine(tokenizer, {0: ["5"], 1: ["5"]}), tasks=tasks, prompts=[[1]] * 2, keys=[0, 1], seed=0)
 
 
 def test_a_harness_that_raises_on_every_episode_stops_the_rollout_naming_it(episodes, tokenizer, tmp_path):

@@ -1,6 +1,8 @@
-"""A command harness (agent.harness_command) on its own: its output read with a bound, what it left running
-in the background killed when it exits, and a task too long for an environment variable passed as a file.
-No gateway is needed: a command that never calls the model is enough (the URL it gets is not served)."""
+"""A command harness (agent.harness_command) on its own: its result read from its result file only (its output
+is its log), its output read with a bound, what it left running in the background killed when it exits, a
+task too long for an environment variable passed as a file, and every variable it gets in the config
+reference. No gateway is needed: a command that never calls the model is enough (the URL it gets is not
+served)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,22 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from test_gateway import job
+import pytest
+from test_gateway import REPO, job
 
-from rldock.runtime.gateway.harness_runner import OUTPUT_KEPT_BYTES, TASK_ENV_BYTES, HarnessRunner
+from rldock.runtime.gateway.harness_runner import (
+    OUTPUT_KEPT_BYTES,
+    RESULT_MAX_BYTES,
+    TASK_ENV_BYTES,
+    HarnessRunner,
+)
 
 URL, KEY = "http://127.0.0.1:9/sessions/e/v1", "key"
+
+
+def write_result(expression: str) -> str:
+    """A line of a command's code that writes `str(expression)` to its result file."""
+    return f"open(__import__('os').environ['RLDOCK_RESULT_FILE'], 'w').write(str({expression}))\n"
 
 
 def run_command(code: str, task: dict | None = None, *, timeout_s: float = 120):
@@ -44,7 +57,7 @@ def test_a_command_that_prints_without_end_is_read_with_a_bound():
     printed = 64 << 20  # 1,000 times what is kept
     tracemalloc.start()
     try:
-        outcome = run_command(f"import sys\nsys.stdout.write('x' * {printed})\nprint()\nprint(0.5)\n")
+        outcome = run_command(f"import sys\nsys.stdout.write('x' * {printed})\nprint()\n" + write_result("0.5"))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -58,8 +71,7 @@ def test_what_a_command_left_in_the_background_is_killed_when_it_exits(tmp_path)
     code = (
         "import subprocess, sys\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-        "print(1)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n" + write_result(1)
     )
     started = time.monotonic()
     outcome = run_command(code, timeout_s=60)
@@ -70,10 +82,8 @@ def test_what_a_command_left_in_the_background_is_killed_when_it_exits(tmp_path)
 
 def test_a_task_too_long_for_the_environment_is_passed_as_a_file():
     prompt = "a" * (300 << 10)  # past Linux's 128 KiB for one environment string
-    code = (
-        "import json, os\n"
-        "task = json.load(open(os.environ['RLDOCK_TASK_FILE']))\n"
-        "print(float(len(task['prompt']) == 300 * 1024 and 'RLDOCK_TASK' not in os.environ))\n"
+    code = "import json, os\ntask = json.load(open(os.environ['RLDOCK_TASK_FILE']))\n" + write_result(
+        "float(len(task['prompt']) == 300 * 1024 and 'RLDOCK_TASK' not in os.environ)"
     )
     outcome = run_command(code, {"prompt": prompt})
     assert outcome.ended == "harness_done" and outcome.rewards == [1.0], outcome.error
@@ -85,7 +95,7 @@ def test_a_short_task_is_in_both_and_the_file_is_gone_after(tmp_path):
         "import json, os\n"
         f"open({str(seen)!r}, 'w').write(os.environ['RLDOCK_TASK_FILE'])\n"
         "same = json.load(open(os.environ['RLDOCK_TASK_FILE'])) == json.loads(os.environ['RLDOCK_TASK'])\n"
-        "print(float(same))\n"
+        + write_result("float(same)")
     )
     task = {"prompt": "p" * (TASK_ENV_BYTES // 2), "ground_truth": "5"}
     outcome = run_command(code, task)
@@ -111,3 +121,71 @@ def test_a_command_past_its_timeout_is_killed_with_its_group(tmp_path):
     outcome = run_command(code, timeout_s=10)  # it never exits: any timeout ends it
     assert outcome.ended == "harness_timeout"
     assert gone(int(pid_file.read_text())) and os.path.exists(pid_file)
+
+
+# --- the result file: the reward's only channel -----------------------------------------------------------
+
+
+def test_what_a_command_prints_after_writing_its_result_does_not_change_its_reward():
+    # as the OpenAI Agents SDK's tracing does at exit, on stderr, after the agent's last line
+    code = write_result(0.75) + (
+        "import sys\nprint(0.75, flush=True)\nprint('[non-fatal] Tracing: max retries reached', file=sys.stderr)\n"
+    )
+    outcome = run_command(code)
+    assert outcome.ended == "harness_done" and outcome.rewards == [0.75], outcome.error
+
+
+def test_a_reward_printed_but_not_written_is_no_reward():
+    outcome = run_command("print(1.0)\n")
+    assert outcome.ended == "harness_no_result" and outcome.rewards == []
+    assert outcome.error is not None and "without writing its result to $RLDOCK_RESULT_FILE" in outcome.error
+
+
+@pytest.mark.parametrize(
+    ("written", "ended", "rewards", "info"),
+    [
+        (repr('{"reward": 0.5, "turns": 3}'), "harness_done", [0.5], {"turns": 3}),
+        (repr("null"), "harness_done", [], {}),  # no reward of its own: what it posted, reward.terms
+        (repr("1e400"), "harness_bad_reward", [], {}),
+        (repr("great"), "harness_bad_reward", [], {}),
+        (repr(""), "harness_bad_reward", [], {}),
+        ("'[' * 60000", "harness_bad_reward", [], {}),  # nested past the JSON parser's depth
+    ],
+)
+def test_the_result_file_holds_what_a_harness_returns(written, ended, rewards, info):
+    outcome = run_command(write_result(written))
+    assert (outcome.ended, outcome.rewards, outcome.info) == (ended, rewards, info)
+    if ended == "harness_bad_reward":
+        assert outcome.error is not None and "agent.harness_command's result ($RLDOCK_RESULT_FILE)" in outcome.error
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        ("os.mkfifo(path)", "is not a regular file"),  # read without waiting for a writer
+        ("os.symlink(os.environ['RLDOCK_TASK_FILE'], path)", "cannot be read"),  # a link is not followed
+        (f"open(path, 'w').write('1' * {RESULT_MAX_BYTES + 1})", f"more than {RESULT_MAX_BYTES} bytes"),
+    ],
+)
+def test_a_result_file_is_read_as_a_small_regular_file_only(make, says):
+    started = time.monotonic()
+    outcome = run_command(f"import os\npath = os.environ['RLDOCK_RESULT_FILE']\n{make}\n", timeout_s=60)
+    assert outcome.ended == "harness_bad_reward" and outcome.error is not None and says in outcome.error
+    assert time.monotonic() - started < 30
+
+
+def test_every_variable_a_command_gets_is_in_the_config_reference():
+    # what the kernel passed at exec, before the interpreter adds any of its own (LC_CTYPE)
+    code = write_result(
+        "__import__('json').dumps({'reward': 1, 'names': sorted(entry.split(b'=', 1)[0].decode() for entry in "
+        "open('/proc/self/environ', 'rb').read().split(b'\\0') if entry)})"
+    )
+    outcome = run_command(code)
+    names = set(outcome.info["names"])
+    assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "RLDOCK_TASK", "RLDOCK_TASK_FILE", "RLDOCK_RESULT_FILE"} <= names
+    (row,) = [
+        line
+        for line in (REPO / "docs" / "config-reference.md").read_text().splitlines()
+        if line.startswith("| `harness_command` |")
+    ]
+    assert sorted(name for name in names if name not in row) == []

@@ -11,8 +11,9 @@ rldock.contract.agent_runner), each asking for the job's pod token as a bearer t
   `lease`: a secret of this lease alone), or 204 with Retry-After when none waits;
 - `POST /episodes/<id>/heartbeat`: 200 while the lease holds, 410 once the episode ended (the runner then
   kills its command);
-- `POST /episodes/<id>/result`: `{"exit_code", "output"}`, read as `agent.harness_command`'s exit status and
-  output (its last line the reward).
+- `POST /episodes/<id>/result`: `{"exit_code", "output"}`, the command's exit status and its output's tail,
+  whose last line is the reward (harness_runner.command_outcome; `agent.harness_command` in the actor writes
+  a result file instead).
 
 Heartbeats and results also ask for the lease's secret (`X-Rldock-Lease`; 403 otherwise): the pod token is
 every agent pod's (and readable by the commands they run), and episode names are no secret, so without it one

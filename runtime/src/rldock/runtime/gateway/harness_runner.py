@@ -1,23 +1,35 @@
 """Runs the user's harness once per episode against the gateway (docs/agentic.md#bring-your-own-agent).
 
-Two forms: `agent.harness: module:function`, `async def run(task, client) -> reward | dict` awaited on the
-gateway's loop with a stock `openai.AsyncOpenAI` at the episode's URL and key; and `agent.harness_command`,
-a process per episode with `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `RLDOCK_TASK_FILE` (a file holding the data row
-as JSON) and `RLDOCK_TASK` (the same JSON, where it fits an environment variable) in an environment of only
-these and what finds its interpreter, whose last printed line is its reward (a number, or a JSON object with
-`reward`). Of its output only the tail is kept (`OUTPUT_KEPT_BYTES`), and its process group is killed when it
-exits, so nothing it started in the background outlives its episode.
+Two forms, each with its own channel for the episode's result:
+
+- `agent.harness: module:function`, `async def run(task, client) -> reward | dict`, awaited on the gateway's
+  loop with a stock `openai.AsyncOpenAI` at the episode's URL and key: its result is what it returns.
+- `agent.harness_command`, a process per episode in an environment of only what finds its interpreter
+  (`KEPT_ENV`) and `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `RLDOCK_TASK_FILE` (a file holding the data row as
+  JSON), `RLDOCK_TASK` (the same JSON, where it fits an environment variable) and `RLDOCK_RESULT_FILE`: its
+  result is what it writes to that file (a number, a JSON object with `reward`, or `null`), in a private
+  folder of the episode's beside the task's. Its stdout and stderr are its log, never read for a reward (a
+  library that prints after the agent's last line cannot change the episode's reward); only their tail is
+  kept (`OUTPUT_KEPT_BYTES`), for the message of a command that failed. Its process group is killed when it
+  exits, so nothing it started in the background outlives its episode.
+
+Agent pods (`spec.agents`, dispatch.py) run the command through the episode runner
+(rldock.contract.agent_runner), whose channel is its result post: the exit status and the output's tail,
+whose last line is the reward (`command_outcome`).
 
 The rewards of an episode are the steps of an `environment` reward term: what the harness posted to
-`.../reward`, then what it returned (none where it returned None). An episode ends `harness_done`, or with a
-counted reason: `harness_error` (it raised), `harness_timeout` (past agent.episode_timeout_s: cancelled, a
-command killed), `harness_exit` (a command that exited non-zero), `harness_bad_reward` (a return value that is
-no reward), `harness_no_turn` (it never called the model). The iteration goes on either way.
+`.../reward`, then its result (none where it is None). An episode ends `harness_done`, or with a counted
+reason: `harness_error` (it raised), `harness_timeout` (past agent.episode_timeout_s: cancelled, a command
+killed), `harness_exit` (a command that exited non-zero), `harness_no_result` (a command that exited 0
+without writing its result file), `harness_bad_reward` (a result that is no reward), `harness_no_turn` (it
+never called the model). The iteration goes on either way, unless every episode of a batch failed in the
+harness (`check_not_all_broken`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import json
@@ -25,6 +37,7 @@ import logging
 import math
 import os
 import signal
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,10 +53,15 @@ logger = logging.getLogger(__name__)
 # What a command's environment keeps of the actor's: what finds its interpreter and packages, nothing else
 # (no Ray session, no tokens).
 KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
+# What rldock adds to a command's environment (docs/config-reference.md lists them with KEPT_ENV).
+BASE_URL_ENV, API_KEY_ENV = "OPENAI_BASE_URL", "OPENAI_API_KEY"
+TASK_ENV, TASK_FILE_ENV, RESULT_FILE_ENV = "RLDOCK_TASK", "RLDOCK_TASK_FILE", "RLDOCK_RESULT_FILE"
 OUTPUT_TAIL_CHARS = 2000
-# What is kept of a command's output (stdout and stderr): its tail, whose last line is the reward. A command
-# that prints without end costs this much memory, not all it printed.
+# What is kept of a command's output (stdout and stderr): its tail, quoted when it fails. A command that
+# prints without end costs this much memory, not all it printed.
 OUTPUT_KEPT_BYTES = 64 << 10
+# The most of a result file read: a reward and a few measures, never a log.
+RESULT_MAX_BYTES = 64 << 10
 # The longest task passed in `RLDOCK_TASK` too: Linux refuses an environment string past 128 KiB
 # (MAX_ARG_STRLEN) at exec; a longer task is in `RLDOCK_TASK_FILE` only.
 TASK_ENV_BYTES = 64 << 10
@@ -75,21 +93,29 @@ def load_harness(reference: str):
 class HarnessOutcome:
     ended: str = "harness_done"
     rewards: list[float] = field(default_factory=list)  # the returned reward (after the posted ones)
-    info: dict = field(default_factory=dict)  # what a dict return held besides `reward`
-    error: str | None = None  # harness_error / harness_exit: what went wrong, naming the field
+    info: dict = field(default_factory=dict)  # what a dict result held besides `reward`
+    error: str | None = None  # a BROKEN outcome's: what went wrong, naming the field
 
 
-# The harness itself failed (not the model, not the clock), or no agent pod ran it (dispatch.py).
-BROKEN = ("harness_error", "harness_exit", "harness_unserved")
+# The harness itself failed (not the model, not the clock), or no agent pod ran it (dispatch.py). Each such
+# outcome carries its `error`.
+BROKEN = ("harness_error", "harness_exit", "harness_no_result", "harness_bad_reward", "harness_unserved")
 
 
 def check_not_all_broken(outcomes: Sequence[HarnessOutcome]) -> None:
-    """Refuse a batch whose every episode's harness raised or exited non-zero: its samples would be fallback
-    turns only, training on nothing the harness did; such a harness is broken, not unlucky."""
+    """Refuse a batch whose every episode failed in the harness (raised, exited non-zero, wrote no result or no
+    reward, was never run): its samples would train on zeros and fallback turns, nothing the harness did; such
+    a harness is broken, not unlucky. The error names the reasons and the first episode's."""
     if outcomes and all(outcome.ended in BROKEN for outcome in outcomes):
+        counts = collections.Counter(outcome.ended for outcome in outcomes)
+        how = (
+            f"each ended {outcomes[0].ended}"
+            if len(counts) == 1
+            else "ended " + ", ".join(f"{reason} ({count})" for reason, count in counts.most_common())
+        )
         raise HarnessError(
-            f"every episode of the batch ({len(outcomes)}) failed in the harness; the first: {outcomes[0].error} "
-            "(fix the harness: one that fails on every task trains on nothing of its own)"
+            f"every episode of the batch ({len(outcomes)}) failed in the harness, {how}; the first: "
+            f"{outcomes[0].error} (fix the harness: one that fails on every task trains on nothing of its own)"
         )
 
 
@@ -146,14 +172,26 @@ class HarnessRunner:
     async def _run_command(self, task: dict, base_url: str, api_key: str) -> HarnessOutcome:
         env = {name: os.environ[name] for name in KEPT_ENV if name in os.environ}
         text = json.dumps(task, ensure_ascii=False)
-        with tempfile.TemporaryDirectory(prefix="rldock-task-") as scratch:
-            task_file = Path(scratch) / "task.json"
+        # The episode's own folder (mode 0700), removed with everything in it when the episode ends.
+        with tempfile.TemporaryDirectory(prefix="rldock-episode-") as scratch:
+            task_file, result_file = Path(scratch) / "task.json", Path(scratch) / "result.json"
             task_file.write_text(text, encoding="utf-8")
-            env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY=api_key, RLDOCK_TASK_FILE=str(task_file))
+            env.update(
+                {
+                    BASE_URL_ENV: base_url,
+                    API_KEY_ENV: api_key,
+                    TASK_FILE_ENV: str(task_file),
+                    RESULT_FILE_ENV: str(result_file),
+                }
+            )
             if len(text.encode()) <= TASK_ENV_BYTES:
-                env["RLDOCK_TASK"] = text
+                env[TASK_ENV] = text
             code, output = await self._command_output(env)
-        return command_outcome(code, output)
+            try:
+                result: str | ResultUnreadable | None = read_result(result_file)
+            except ResultUnreadable as error:
+                result = error
+            return result_outcome(code, output, result)
 
     async def _command_output(self, env: dict[str, str]) -> tuple[int | None, str]:
         """Run the command to its exit (or its timeout, raised): its exit code and the tail of its output."""
@@ -203,27 +241,85 @@ class OutputTail(asyncio.SubprocessProtocol):
             self.exited.set_result(None)
 
 
-def command_outcome(code: int | None, text: str, *, field: str = "agent.harness_command") -> HarnessOutcome:
-    """The outcome of a command harness that exited `code` having printed `text` (its last line the reward);
-    `field`: what ran it, for the message (a pod's command: spec.agents)."""
-    if code != 0:
-        tail = text[-OUTPUT_TAIL_CHARS:]
-        logger.warning("%s exited %s: %s", field, code, tail)
-        return HarnessOutcome("harness_exit", error=f"{field} exited {code}: {tail}")
+def exit_outcome(code: int | None, text: str, *, field: str) -> HarnessOutcome | None:
+    """`harness_exit` for a command that exited `code` other than 0 having printed `text` (its tail quoted);
+    None for one that exited 0."""
+    if code == 0:
+        return None
+    tail = text[-OUTPUT_TAIL_CHARS:]
+    logger.warning("%s exited %s: %s", field, code, tail)
+    return HarnessOutcome("harness_exit", error=f"{field} exited {code}: {tail}")
+
+
+class ResultUnreadable(ValueError):
+    """A result file that is not a regular file of at most RESULT_MAX_BYTES; the message says which."""
+
+
+def read_result(path: Path) -> str | None:
+    """What a command wrote to its result file, or None where it wrote none. Opened without following a link
+    or waiting on a FIFO, and read only as a regular file of at most RESULT_MAX_BYTES (ResultUnreadable
+    otherwise): the command is the user's, and the actor's event loop reads it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # a link (ELOOP) or no permission: written, but not as a result
+        raise ResultUnreadable(f"cannot be read: {error.strerror}") from error
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ResultUnreadable("is not a regular file")
+        data = file.read(RESULT_MAX_BYTES + 1)
+    if len(data) > RESULT_MAX_BYTES:
+        raise ResultUnreadable(f"holds more than {RESULT_MAX_BYTES} bytes; write the reward, not a log")
+    return data.decode(errors="replace")
+
+
+def result_outcome(
+    code: int | None, output: str, result: str | ResultUnreadable | None, *, field: str = "agent.harness_command"
+) -> HarnessOutcome:
+    """The outcome of a command that exited `code` having printed `output` (its log, never read for a reward)
+    and written `result` to its result file (what read_result returned or raised; None where it wrote none)."""
+    exited = exit_outcome(code, output, field=field)
+    if exited is not None:
+        return exited
+    if result is None:
+        error = (
+            f"{field} exited 0 without writing its result to ${RESULT_FILE_ENV} (a number, a JSON object with "
+            "`reward`, or null for none but what it posted); what it prints is its log, not its reward"
+        )
+        logger.warning("%s", error)
+        return HarnessOutcome("harness_no_result", error=error)
+    if isinstance(result, ResultUnreadable):
+        logger.warning("%s: its result file (%s) %s", field, RESULT_FILE_ENV, result)
+        return HarnessOutcome("harness_bad_reward", error=f"{field}: its result file (${RESULT_FILE_ENV}) {result}")
+    try:
+        value = json.loads(result)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+        value = result.strip()  # reward_of names it
+    return value_outcome(value, field=f"{field}'s result (${RESULT_FILE_ENV})")
+
+
+def command_outcome(code: int | None, text: str, *, field: str = "spec.agents[].command") -> HarnessOutcome:
+    """The outcome of an agent pod's command (dispatch.py), which the episode runner reports as its exit status
+    `code` and its output's tail `text`, whose last line is the reward (a number, or a JSON object with
+    `reward`); `field`: what ran it, for the message."""
+    exited = exit_outcome(code, text, field=field)
+    if exited is not None:
+        return exited
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
-        return value_outcome(None)
+        return value_outcome(None, field=field)
     try:
-        return value_outcome(json.loads(lines[-1]))
-    except ValueError:
-        return value_outcome(lines[-1])  # reward_of names it
+        return value_outcome(json.loads(lines[-1]), field=field)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+        return value_outcome(lines[-1], field=field)  # reward_of names it
 
 
-def value_outcome(value: Any) -> HarnessOutcome:
-    """The outcome of a harness that returned (or printed) `value`."""
+def value_outcome(value: Any, *, field: str = "agent.harness") -> HarnessOutcome:
+    """The outcome of a harness whose result is `value` (`field`: what gave it, for the message)."""
     reward = reward_of(value)
     if isinstance(reward, str):
-        logger.warning("agent.harness: %s", reward)
-        return HarnessOutcome("harness_bad_reward")
+        logger.warning("%s: %s", field, reward)
+        return HarnessOutcome("harness_bad_reward", error=f"{field}: {reward}")
     number, info = reward
     return HarnessOutcome(rewards=[] if number is None else [number], info=info)
