@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from rldock.runtime.preflight import (
     MOUNT_HINT,
     PathCheck,
     PathKind,
+    command_files,
     find_path_problems,
     function_file,
     output_problems,
@@ -270,3 +272,55 @@ def test_a_missing_harness_file_or_program_names_its_field(tmp_path):
     (tmp_path / "ok.py").write_text("async def run(task, client):\n    return 1.0\n")
     cfg.agent = AgentSpec(harness=f"{tmp_path}/ok.py:run")
     assert preflight(cfg) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "files"),
+    [
+        (["python", "agent.py"], [None, "agent.py"]),
+        (["python3.11", "-u", "-X", "dev", "-Wignore", "a.py", "--flag"], [None, None, None, None, None, "a.py", None]),
+        (["/venv/bin/python", "-m", "agent"], ["/venv/bin/python", None, None]),  # a module, not a file
+        (["python", "-uc", "print(1)"], [None, None, None]),
+        (["bash", "-euo", "pipefail", "run.sh", "x"], [None, None, None, "run.sh", None]),
+        (["sh", "-c", "./run.sh"], [None, None, None]),  # a script's text, not a file
+        (["./agent", "task.json"], ["./agent", None]),  # the program as a path; its arguments are its own
+        (["my-agent", "agent.py"], [None, None]),  # not an interpreter: its arguments are its own
+    ],
+)
+def test_the_files_a_harness_command_names_are_its_program_path_and_its_interpreters_script(command, files):
+    assert command_files(command) == files
+
+
+@pytest.mark.parametrize(
+    ("command", "field"),
+    [
+        ([sys.executable, "{tmp}/gone.py"], "agent.harness_command[1]"),
+        ([sys.executable, "-u", "-X", "dev", "gone.py"], "agent.harness_command[4]"),  # relative: to the cwd
+        (["bash", "-eo", "pipefail", "{tmp}/gone.sh"], "agent.harness_command[3]"),
+        (["{tmp}/gone.sh", "--go"], "agent.harness_command[0]"),
+    ],
+)
+def test_a_harness_command_whose_script_does_not_exist_names_it_and_the_fix(tmp_path, monkeypatch, command, field):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    monkeypatch.chdir(tmp_path)
+    cfg.agent = AgentSpec(harness_command=[word.format(tmp=tmp_path) for word in command])
+    failure = preflight(cfg)
+    assert failure is not None and failure.reason is FailureReason.PATH_NOT_FOUND
+    (problem,) = failure.problems
+    assert problem.field == field and "does not exist" in problem.message and MOUNT_HINT in problem.message
+    # there, it passes; a code string or a module is no file
+    (tmp_path / "gone.py").write_text("print(1)\n")
+    cfg.agent = AgentSpec(harness_command=[sys.executable, "gone.py"])
+    assert preflight(cfg) is None
+    cfg.agent = AgentSpec(harness_command=[sys.executable, "-c", "missing.py"])
+    assert preflight(cfg) is None
+
+
+def test_a_harness_program_that_is_not_executable_says_how_to_run_it(tmp_path):
+    cfg = _config(_model_dir(tmp_path / "m"))
+    script = tmp_path / "agent.sh"
+    script.write_text("echo 1\n")
+    cfg.agent = AgentSpec(harness_command=[str(script)])
+    failure = preflight(cfg)
+    assert failure is not None and [p.field for p in failure.problems] == ["agent.harness_command[0]"]
+    assert "is not executable; make it executable (chmod +x)" in failure.problems[0].message

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,10 +83,15 @@ CHECKS: tuple[PathCheck, ...] = (
         ),
         PathKind.FILE,
     ),
-    # The user's harness given as a file (`agents/mine.py:run`).
+    # The user's harness given as a file (`agents/mine.py:run`), or the files its command names.
     PathCheck(
         "agent.harness",
         lambda cfg: function_file(cfg.agent.harness) if cfg.agent is not None else None,
+        PathKind.FILE,
+    ),
+    PathCheck(
+        "agent.harness_command[{i}]",
+        lambda cfg: command_files(cfg.agent.harness_command) if cfg.agent is not None else [],
         PathKind.FILE,
     ),
     # A `model` term's reward model folder (config.json, tokenizer, weights).
@@ -104,6 +110,51 @@ def function_file(reference: str | None) -> str | None:
         return None
     target = reference.rpartition(":")[0] or reference
     return target if target.endswith(".py") or "/" in target else None
+
+
+# The interpreters whose first argument that is no option is the script they run: for each, the option
+# letters that take a value (attached, or the next argument) and those after which the program is no file
+# (`-c code`, `-m module`, `-s`: standard input), and the long options that take the next argument.
+_PYTHON = (frozenset("WX"), frozenset("cm"), frozenset({"--check-hash-based-pycs"}))
+_SHELL = (frozenset("oO"), frozenset("cs"), frozenset({"--rcfile", "--init-file"}))
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+
+
+def command_files(command: Sequence[str] | None) -> list[str | None]:
+    """The files a harness command names, at their places in it (None at the others): its program where it is
+    a path (`./agent.sh`, `/venv/bin/python`; a bare name is looked up on PATH, harness_problems), and the
+    script of python or a shell (`python -u agent.py`, `bash -e run.sh`; none for `python -m mod` or `sh -c
+    ...`). The runner gives the command no working directory of its own, so a relative path is relative to
+    the actor's, which is `rldock train`'s: here, this process's."""
+    if not command:
+        return []
+    files: list[str | None] = [command[0] if "/" in command[0] else None] + [None] * (len(command) - 1)
+    program = os.path.basename(command[0])
+    python = re.fullmatch(r"(python|pypy)\d*(\.\d+)?", program) is not None
+    if not python and program not in _SHELLS:
+        return files
+    takes_value, no_file, long_with_value = _PYTHON if python else _SHELL
+    index = 1
+    while index < len(command):
+        word = command[index]
+        if word == "--":
+            index += 1
+            break
+        if word == "-" or not word.startswith(("-", "+")) or (python and word.startswith("+")):
+            break
+        if word.startswith("--"):
+            index += 2 if word in long_with_value else 1
+            continue
+        for position, letter in enumerate(word[1:], start=1):
+            if letter in no_file:
+                return files
+            if letter in takes_value:
+                index += position == len(word) - 1  # its value is the next argument
+                break
+        index += 1
+    if index < len(command) and command[index] != "-":
+        files[index] = command[index]
+    return files
 
 
 def find_path_problems(cfg: JobConfig, *, checks: Sequence[PathCheck] = CHECKS) -> list[Problem]:
@@ -225,6 +276,9 @@ def harness_problems(cfg: JobConfig) -> list[Problem]:
             return [Problem("agent.harness", str(error).removeprefix("agent.harness: "))]
     command = cfg.agent.harness_command
     if command and shutil.which(command[0]) is None:
+        if "/" in command[0]:  # there (the path checks ran first), but not to be run
+            fix = f"make it executable (chmod +x) or run it with its interpreter ([python, {command[0]}])"
+            return [Problem("agent.harness_command[0]", f"{command[0]} is not executable; {fix}")]
         return [Problem("agent.harness_command", f"{command[0]!r} is not an executable on the PATH; name the program")]
     return []
 
