@@ -187,6 +187,7 @@ class Trainer:
         self, attempt: Attempt, schedule: Schedule, books: Bookkeeper, counters: DockCounters, start_iteration: int
     ) -> None:
         total, evaluator = self.cfg.iterations, self.inputs.evaluator
+        startup = attempt.startup()  # timing/startup, before anything here opens; None after the first attempt
         # The initial policy's evaluation is logged as iteration 0, once per run.
         evaluate_at_start = (
             evaluator is not None
@@ -199,7 +200,6 @@ class Trainer:
         progress = _progress_bar(
             total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
         )
-        startup = loop.attempt.startup()  # timing/startup; None after the run's first attempt
         failed = True
         try:
             if evaluate_at_start:
