@@ -26,11 +26,21 @@ control tokens) and each message's text tokenized with special tokens as plain t
 observation that writes `<|im_end|>` or `<eos>` cannot end a turn or forge one in the token ids. The text
 goes in verbatim where the placeholder was: a template that changes a message's text (a `trim`) is not
 applied to it.
+
+Cost: linear in the rendered text. The slots are found in one pass (`_fill`), and the pieces are tokenized in
+two calls of the tokenizer, the template's text and the messages' texts, not two per message.
+
+Threads: encoding takes the tokenizer's lock (`encode_lock`). A Hugging Face fast tokenizer sets a flag of
+its Rust tokenizer on each call (`split_special_tokens`), so two threads encoding at once, one a message's
+text as plain text and one the template's markup, could each encode under the other's setting: a message's
+`<|im_end|>` read as the control token. The gateway renders on a pool of threads (gateway/server.py).
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,10 +49,41 @@ _PROBE_SYSTEM, _PROBE_USER, _PROBE_ANSWER = "S", "U", "A"
 _SLOT = "\ue000rldock-message-{}\ue001"
 
 
+_ENCODE_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENCODE_LOCKS_LOCK = threading.Lock()
+
+
+def encode_lock(tokenizer) -> threading.Lock:
+    """The lock every encoding with `tokenizer` takes here (one per tokenizer object; see the module's
+    docstring, "Threads")."""
+    with _ENCODE_LOCKS_LOCK:
+        lock = _ENCODE_LOCKS.get(tokenizer)
+        if lock is None:
+            lock = _ENCODE_LOCKS[tokenizer] = threading.Lock()
+        return lock
+
+
+def encode(tokenizer, texts: Sequence[str], *, plain: bool) -> list[list[int]]:
+    """Token ids of each of `texts`, in one call of the tokenizer, no special tokens added: with `plain`,
+    any special token's text in them as ordinary characters (a Hugging Face tokenizer's
+    `split_special_tokens`: text that came from outside the model), else as the control tokens (the
+    template's markup)."""
+    if not texts:
+        return []
+    options = {"split_special_tokens": True} if plain else {}
+    with encode_lock(tokenizer):
+        return tokenizer(list(texts), add_special_tokens=False, **options)["input_ids"]
+
+
 def plain_ids(tokenizer, text: str) -> list[int]:
-    """Token ids of `text` with any special token's text in it tokenized as ordinary characters (a Hugging
-    Face tokenizer's `split_special_tokens`): text that came from outside the model."""
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    """Token ids of `text` with any special token's text in it tokenized as ordinary characters: text that
+    came from outside the model."""
+    return encode(tokenizer, [text], plain=True)[0]
+
+
+def markup_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of `text`, the template's own text, its special tokens' text the control tokens."""
+    return encode(tokenizer, [text], plain=False)[0]
 
 
 def tools_system_text(tools: Sequence[dict]) -> str:
@@ -149,23 +190,34 @@ class ChatRenderer:
 
     def _fill(self, rendered: str, messages: Sequence[dict]) -> list[int]:
         """Token ids of `rendered` (with _SLOT for each message's text): the template's text as markup, each
-        message's text as plain text in its slot."""
-        ids: list[int] = []
-        rest = rendered
+        message's text as plain text in its slot. One pass over `rendered` (each slot searched from the last
+        one's end), then one tokenizer call for the markup and one for the texts: linear in the text, where
+        cutting the rest of the text at each slot was quadratic in the messages."""
+        markups: list[str] = []  # the template's text before each slot, then after the last
+        start = 0
         for index, message in enumerate(messages):
-            markup, found, rest = rest.partition(_SLOT.format(index))
-            if not found:
+            slot = _SLOT.format(index)
+            found = rendered.find(slot, start)
+            if found < 0:
                 raise ValueError(
                     f"agent: the chat template does not write a {message['role']} message's text where the "
                     "message is rendered; multi-turn rollouts need a template that writes each message's content"
                 )
-            ids += self.tokenizer(markup, add_special_tokens=False)["input_ids"] if markup else []
-            ids += plain_ids(self.tokenizer, str(message.get("content") or ""))
-        return ids + (self.tokenizer(rest, add_special_tokens=False)["input_ids"] if rest else [])
+            markups.append(rendered[start:found])
+            start = found + len(slot)
+        markups.append(rendered[start:])
+        written = [index for index, markup in enumerate(markups) if markup]  # an empty piece is no tokens
+        markup_pieces = dict(zip(written, encode(self.tokenizer, [markups[i] for i in written], plain=False)))
+        texts = encode(self.tokenizer, [str(message.get("content") or "") for message in messages], plain=True)
+        ids: list[int] = []
+        for index, text in enumerate(texts):
+            ids += markup_pieces.get(index, [])
+            ids += text
+        return ids + markup_pieces.get(len(messages), [])
 
     def model_turn(self, content: str) -> list[int]:
         """A turn's tokens as the model would sample them: the content, then EOS (demonstrations)."""
-        return [*self.tokenizer(content, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
+        return [*markup_ids(self.tokenizer, content), self.tokenizer.eos_token_id]
 
     def demonstration(self, messages: Sequence[dict]) -> list[TokenSpan]:
         """The spans after the prompt of a conversation's later messages (assistant turns the model's,

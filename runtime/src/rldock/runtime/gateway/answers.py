@@ -126,6 +126,9 @@ class Shaper:
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.eos_text: str = tokenizer.eos_token
         self.vocab_size = len(tokenizer)  # the ids a prompt may hold, added tokens included
+        # the most characters one token stands for (its own text's length, added tokens included): a text of
+        # C characters is at least C / token_chars tokens (server.py's length check before rendering)
+        self.token_chars = max((len(token) for token in tokenizer.get_vocab()), default=1)
 
     def text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False).removesuffix(self.eos_text)

@@ -26,7 +26,10 @@ whose every episode went unserved stops the job: no pod runs, harness.BROKEN). N
 episode's timeout plus `LEASE_S`, so an iteration always ends.
 
 Concurrency: everything runs on the gateway's event loop (routes and the per-episode waits), so the
-waiting queue and the leases need no lock.
+waiting queue and the leases need no lock. The loop renders nothing (gateway/server.py renders on threads
+beside it), so a harness's long request never delays a heartbeat into `harness_lost`. A lease's or a result's
+body must arrive within `body_timeout_s` (408 otherwise, and nothing leased); the connections themselves are
+capped and timed as every gateway connection is (connections.py).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from rldock.runtime.gateway.connections import BODY_TIMEOUT_S, BodyTooLarge, BodyUnread, read_body
 from rldock.runtime.gateway.harness_runner import HarnessOutcome, command_outcome
 
 logger = logging.getLogger(__name__)
@@ -76,6 +80,7 @@ class EpisodeDispatcher:
     token: str  # the job's pod token
     timeout_s: float  # agent.episode_timeout_s
     lease_s: float = LEASE_S
+    body_timeout_s: float = BODY_TIMEOUT_S  # a lease's or a result's body, all of it (connections.py)
     _waiting: collections.deque[_Episode] = field(default_factory=collections.deque)
     _open: dict[str, _Episode] = field(default_factory=dict)
     leases: int = 0  # episodes leased so far (the tests read it)
@@ -144,7 +149,10 @@ class EpisodeDispatcher:
         async def lease(request: Request):
             if not authorized(request):
                 return refused()
-            body = await _small_json(request)
+            try:
+                body = await _small_json(request, timeout_s=self.body_timeout_s)
+            except BodyUnread as error:  # before an episode is leased to a runner that is not there
+                return _late(error)
             if not self._waiting:
                 return Response(status_code=204, headers={"Retry-After": str(RETRY_AFTER_S)})
             episode = self._waiting.popleft()
@@ -181,7 +189,10 @@ class EpisodeDispatcher:
             episode = held(name, request)
             if isinstance(episode, Response):
                 return episode
-            body = await _small_json(request)
+            try:
+                body = await _small_json(request, timeout_s=self.body_timeout_s)
+            except BodyUnread as error:
+                return _late(error)
             code = body.get("exit_code") if isinstance(body, dict) else None
             output = body.get("output") if isinstance(body, dict) else None
             if not isinstance(code, int) or isinstance(code, bool) or not isinstance(output, str):
@@ -192,14 +203,18 @@ class EpisodeDispatcher:
             return JSONResponse({"ended": name})
 
 
-async def _small_json(request: Request) -> object:
-    """The request's JSON body, at most MAX_RESULT_BYTES; {} for an empty, oversized or invalid one."""
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_RESULT_BYTES:
-            return {}
+async def _small_json(request: Request, *, timeout_s: float) -> object:
+    """The request's JSON body, at most MAX_RESULT_BYTES; {} for an empty, oversized or invalid one. A body not
+    in within `timeout_s` (or whose client went away) raises BodyUnread."""
+    try:
+        raw = await read_body(request, limit=MAX_RESULT_BYTES, timeout_s=timeout_s)
+    except BodyTooLarge:
+        return {}
     try:
         return json.loads(raw) if raw else {}
     except (ValueError, RecursionError):
         return {}
+
+
+def _late(error: BodyUnread) -> JSONResponse:
+    return JSONResponse({"error": str(error)}, status_code=error.status)

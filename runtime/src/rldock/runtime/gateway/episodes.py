@@ -11,10 +11,12 @@ every episode has ended. Between rounds the harnesses keep running and their ses
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,8 @@ from rldock.runtime.gateway.sessions import Segment, SegmentRow, Session, rerend
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "policy"  # the `model` a harness names (or leaves out)
+RENDERERS_KEPT = 8  # renderers cached, one per distinct `tools` list (a miss costs two renders of a probe)
+KEPT_TOOLS_CHARS = 256 << 10  # a longer `tools` list (its JSON) gets a renderer per request, never cached
 ENGINE_REFUSED = "engine_refused"  # how an episode ends when the engine refused one of its turns
 
 
@@ -94,17 +98,34 @@ class HarnessBatch:
 
 
 class RendererCache:
-    """The chat template's renderer for each distinct `tools` list a request sends."""
+    """The chat template's renderer for each distinct `tools` list a request sends: the `size` used last, each
+    of a list of at most KEPT_TOOLS_CHARS (a harness that sends a new list each request costs a renderer each,
+    not memory without end; a renderer holds its tools). Called from the gateway's render threads."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self._renderers: dict[str, ChatRenderer] = {}
+    def __init__(self, tokenizer, *, size: int = RENDERERS_KEPT):
+        self.tokenizer, self.size = tokenizer, size
+        self._renderers: collections.OrderedDict[str, ChatRenderer] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._renderers)
 
     def __call__(self, tools: Sequence[dict]) -> ChatRenderer:
         key = json.dumps(list(tools), sort_keys=True)
-        if key not in self._renderers:
-            self._renderers[key] = ChatRenderer(self.tokenizer, tools=list(tools))
-        return self._renderers[key]
+        with self._lock:
+            renderer = self._renderers.get(key)
+            if renderer is not None:
+                self._renderers.move_to_end(key)
+                return renderer
+        renderer = ChatRenderer(self.tokenizer, tools=list(tools))  # the template's probes, outside the lock
+        if len(key) > KEPT_TOOLS_CHARS:
+            return renderer
+        with self._lock:
+            self._renderers[key] = renderer
+            self._renderers.move_to_end(key)
+            while len(self._renderers) > self.size:
+                self._renderers.popitem(last=False)
+        return renderer
 
 
 class GatewayEpisodes:
@@ -333,3 +354,4 @@ class GatewayEpisodes:
 
     def close(self) -> None:
         self.server.close()
+        self.gateway.shutdown()

@@ -14,11 +14,25 @@ that opens that session only):
 
 Limits, each refusal OpenAI's error body naming the field: a body past `max_body_bytes`, `n` other than 1,
 another model's name, a prompt the episode's context cannot continue (400); more turns waiting for the
-engine than `max_waiting` (429 with Retry-After); a wrong key or an episode not open here (401, the same
-answer for both); a turn asked after its episode's harness ended (503: the episode is over);
+engine than `max_waiting`, or more requests of one episode in flight than `max_requests_per_episode` (429 with
+Retry-After); a body not in within `body_timeout_s` (408); a wrong key or an episode not open here (401, the
+same answer for both); a turn asked after its episode's harness ended (503: the episode is over);
 a turn the engine refuses (400 with the engine's reason; its episode ends `engine_refused`). A request's
 sampling settings are the job's (rollout.temperature, top_p): a turn is
 sampled exactly as rldock's own loop samples one.
+
+What one request may cost (a harness is not trusted to be kind; docs/agentic.md, "What the gateway holds"):
+- Its length is checked before anything is rendered (`_check_fits`): messages whose text could not fit the
+  episode's context even if every token were the vocabulary's longest (times `TEXT_SLACK`), or more messages
+  than the context has tokens (each is at least its role's markup), are refused 400 `context_length_exceeded`.
+- Rendering and tokenizing (`Session.plan`) run on the gateway's own `RENDER_THREADS` threads (not the loop's
+  default executor, which in-process harnesses' `asyncio.to_thread` uses), so a long request holds its own
+  episode only; the routes, other episodes' turns and the pods' heartbeats go on.
+- Its body is read and parsed under its episode's lock, after the turns before it: a harness's parallel calls
+  wait their turn with their bodies unread (held by the client, not here), at most `max_requests_per_episode`
+  of them; a reward's body is at most `MAX_REWARD_BODY_BYTES`.
+- Connections: at most `MAX_CONNECTIONS` open, a request's head within `HEADER_TIMEOUT_S`, its body within
+  `BODY_TIMEOUT_S` (connections.py).
 
 Rounds (rollout.partial_rollout resume): the engine may be pumped in rounds with a weight update between
 them (`EngineTurns.pump` with a `RoundBudget`, agent/cut_turns.py). In a round with a token budget an episode
@@ -30,14 +44,17 @@ next round); the harnesses go on running between rounds, their sessions open.
 
 Concurrency: the routes run on the gateway's event loop (a thread of its own, `GatewayLoop`), the engine in
 the rollout's thread (`EngineTurns.pump`), which is the one thread that calls it; a turn crosses between
-them through a queue one way and `call_soon_threadsafe` the other. One request of an episode is sampled at
-a time (its session's lock), so a session's bookkeeping never interleaves.
+them through a queue one way and `call_soon_threadsafe` the other. One request of an episode is served at
+a time (its session's lock, held from reading its body to recording its answer), so a session's bookkeeping
+never interleaves; its plan is made on a render thread while the loop waits for it, and committed on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -46,7 +63,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,11 +82,27 @@ from rldock.runtime.gateway.answers import (
     completion_prompt,
     stream_chunks,
 )
+from rldock.runtime.gateway.connections import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_S,
+    MAX_HEADER_BYTES,
+    BodyUnread,
+    connection_cap,
+    guarded_protocol,
+    read_body,
+)
 from rldock.runtime.gateway.sessions import Plan, Session, request_digest
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 << 20  # a request's body: a long conversation fits, a flood does not
+MAX_REWARD_BODY_BYTES = 64 << 10  # a reward's body: `{"reward": x}` and room to spare
+MAX_REQUESTS_PER_EPISODE = 16  # an episode's requests in flight: one served, the others waiting their turn
+# The messages' text may be this many times what the context holds at the vocabulary's longest token (a token
+# covers at most its own characters; the slack leaves room for a normalizer that folds characters).
+TEXT_SLACK = 2
+RENDER_THREADS = 4  # threads rendering and tokenizing requests, off the event loop
 RETRY_AFTER_S = 1
 
 
@@ -288,6 +321,7 @@ class Episode:
     resends: int = 0  # requests answered from the record
     tool_calls: int = 0  # calls in the answers given
     refused: int = 0  # turns the engine refused (EngineRefused)
+    in_flight: int = 0  # its requests being served or waiting for the lock
 
 
 class Gateway:
@@ -303,6 +337,8 @@ class Gateway:
         response_capacity: int,
         max_waiting: int,
         max_body_bytes: int = MAX_BODY_BYTES,
+        max_requests_per_episode: int = MAX_REQUESTS_PER_EPISODE,
+        body_timeout_s: float = BODY_TIMEOUT_S,
         keep_logprobs: bool = False,
     ):
         """`keep_logprobs`: ask the engine for every sampled token's logprob whatever a request asks (partial
@@ -311,6 +347,10 @@ class Gateway:
         self.keep_logprobs = keep_logprobs
         self.prompt_capacity, self.response_capacity = prompt_capacity, response_capacity
         self.max_waiting, self.max_body_bytes = max_waiting, max_body_bytes
+        self.max_requests_per_episode, self.body_timeout_s = max_requests_per_episode, body_timeout_s
+        self._render_threads = concurrent.futures.ThreadPoolExecutor(
+            RENDER_THREADS, thread_name_prefix="gateway-render"
+        )
         self.episodes: dict[str, Episode] = {}
         self.mounts: list[Callable[[FastAPI], None]] = []  # routes served beside the sessions' (dispatch.py)
 
@@ -322,7 +362,44 @@ class Gateway:
     def close(self, name: str) -> Episode:
         return self.episodes.pop(name)
 
+    def shutdown(self) -> None:
+        """Stop the render threads (after the gateway's loop has stopped serving)."""
+        self._render_threads.shutdown(wait=True, cancel_futures=True)
+
+    async def _off_loop(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(*args)` on a render thread, the loop free meanwhile."""
+        call = functools.partial(function, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._render_threads, call)
+
     # --- what a turn may sample ---
+
+    def _check_fits(self, messages: Sequence[dict]) -> None:
+        """Refuse, before anything is rendered, messages that cannot fit the episode's context whatever the
+        template makes of them: more text than `TEXT_SLACK` times the context at the vocabulary's longest
+        token, or more messages than the context has tokens. Every message is in the prompt, either held from
+        an earlier turn or rendered now, so a request past either bound is past the context."""
+        context = self.prompt_capacity + self.response_capacity
+        where = (
+            f"({self.prompt_capacity} prompt + {self.response_capacity} response tokens: data.max_prompt_length "
+            "and algorithm.max_response_length)"
+        )
+        if len(messages) > context:
+            raise RequestError(
+                f"messages holds {len(messages)} messages, more than the {context} tokens of the episode's context "
+                f"{where}, each message at least one; shorten it",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        chars = sum(_text_chars(message.get("content")) for message in messages)
+        limit = TEXT_SLACK * self.shaper.token_chars * context
+        if chars > limit:
+            raise RequestError(
+                f"the messages' text is {chars} characters, past the limit of {limit}: the episode's context {where} "
+                f"at {self.shaper.token_chars} characters a token (the vocabulary's longest), {TEXT_SLACK} times "
+                "over; shorten it",
+                param="messages",
+                code="context_length_exceeded",
+            )
 
     def _max_tokens(self, session: Session, plan: Plan, asked: int | None) -> int:
         """The turn's limit: what the segment's row leaves (the dock's response width, past a prompt
@@ -369,23 +446,26 @@ class Gateway:
         return Turn(plan.prompt_ids, tokens.token_ids, tokens.logprobs if logprobs else None, answered.ended), tokens
 
     async def _once(self, episode: Episode, body: Any, turn: Callable[[], Coroutine[Any, Any, dict]]) -> dict:
-        """`turn()`'s answer under the episode's lock; a resend of an answered body gets the recorded answer."""
+        """`turn()`'s answer; a resend of an answered body gets the recorded answer. Called under the episode's
+        lock (the route holds it from reading the body)."""
+        assert episode.lock.locked(), "a turn is served under its episode's lock"
         digest = request_digest(body)
-        async with episode.lock:
-            recorded = episode.session.recorded(digest)
-            if recorded is not None:
-                episode.resends += 1
-                return recorded
-            answer = await turn()
-            episode.session.record(digest, answer)
-            return answer
+        recorded = episode.session.recorded(digest)
+        if recorded is not None:
+            episode.resends += 1
+            return recorded
+        answer = await turn()
+        episode.session.record(digest, answer)
+        return answer
 
     async def chat(self, episode: Episode, body: Any) -> dict:
+        """A chat turn's answer (under the episode's lock, as `_once`)."""
         request = chat_request(body, model=self.shaper.model)
+        self._check_fits(request.messages)
 
         async def turn() -> dict:
-            try:
-                plan = episode.session.plan(request.messages, request.tools)
+            try:  # rendering and tokenizing, on a render thread
+                plan = await self._off_loop(episode.session.plan, request.messages, request.tools)
             except ValueError as error:
                 raise RequestError(f"messages: {error}", param="messages") from error
             sampled, tokens = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
@@ -405,10 +485,11 @@ class Gateway:
         return await self._once(episode, body, turn)
 
     async def complete(self, episode: Episode, body: Any) -> dict:
+        """A completion's answer (under the episode's lock, as `_once`)."""
         prompt, asked = completion_prompt(body, model=self.shaper.model, vocab_size=self.shaper.vocab_size)
 
         async def turn() -> dict:
-            plan = episode.session.plan_ids(prompt)
+            plan = await self._off_loop(episode.session.plan_ids, prompt)
             sampled, tokens = await self._sample(episode, plan, asked=asked, logprobs=body.get("logprobs") is not None)
             number = sum(s.turns for s in episode.session.segments) + 1
             answer = {"role": "assistant", "content": self.shaper.text(sampled.token_ids)}
@@ -431,6 +512,8 @@ class Gateway:
 
         def refused(error: RequestError) -> JSONResponse:
             headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 429 else None
+            if error.status == 408:  # the rest of its body is not worth waiting for
+                headers = {"Connection": "close"}
             return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
         def opened(name: str, request: Request) -> Episode:
@@ -446,26 +529,44 @@ class Gateway:
                 )
             return episode
 
-        async def body_of(request: Request) -> Any:
-            declared = request.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-                raise RequestError(f"the body is {declared} bytes, past the limit of {self.max_body_bytes}", param=None)
-            raw = bytearray()
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > self.max_body_bytes:
-                    raise RequestError(f"the body is past the limit of {self.max_body_bytes} bytes", param=None)
+        async def body_of(request: Request, *, limit: int) -> Any:
+            try:
+                raw = await read_body(request, limit=limit, timeout_s=self.body_timeout_s)
+            except BodyUnread as error:
+                raise RequestError(str(error), param=None, status=error.status) from error
             try:
                 return json.loads(raw)
             except (ValueError, RecursionError) as error:
                 raise RequestError(f"the body is not JSON: {error}", param=None) from error
 
+        @contextlib.asynccontextmanager
+        async def admitted(episode: Episode, request: Request, *, limit: int) -> AsyncIterator[None]:
+            """The request as one of the episode's in flight, at most `max_requests_per_episode` (429 past them);
+            a body declared past `limit` is refused first, before it waits for anything."""
+            declared = request.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise RequestError(f"the body is {declared} bytes, past the limit of {limit}", param=None)
+            if episode.in_flight >= self.max_requests_per_episode:
+                raise RequestError(
+                    f"{episode.in_flight} requests of this episode are in flight, its limit (one is served at a "
+                    "time, the others wait their turn); retry",
+                    param=None,
+                    status=429,
+                    code="rate_limit_exceeded",
+                )
+            episode.in_flight += 1
+            try:
+                yield
+            finally:
+                episode.in_flight -= 1
+
         def route(handler: Callable[[Episode, Any], Coroutine[Any, Any, dict]]):
             async def serve(name: str, request: Request):
                 try:
                     episode = opened(name, request)
-                    body = await body_of(request)
-                    answer = await handler(episode, body)
+                    async with admitted(episode, request, limit=self.max_body_bytes), episode.lock:  # read in its turn
+                        body = await body_of(request, limit=self.max_body_bytes)
+                        answer = await handler(episode, body)
                 except RequestError as error:
                     return refused(error)
                 if isinstance(body, dict) and body.get("stream"):
@@ -481,7 +582,8 @@ class Gateway:
         async def reward(name: str, request: Request):
             try:
                 episode = opened(name, request)
-                body = await body_of(request)
+                async with admitted(episode, request, limit=MAX_REWARD_BODY_BYTES):
+                    body = await body_of(request, limit=MAX_REWARD_BODY_BYTES)
                 value = body.get("reward") if isinstance(body, dict) else None
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise RequestError("reward is not a finite number", param="reward")
@@ -511,12 +613,35 @@ class Gateway:
         return app
 
 
+def _text_chars(content: Any) -> int:
+    """The characters of a message's text as the session will read it (content_text): a string's, or its text
+    parts'; 0 for anything else (refused later, when it is read)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return 0
+
+
 class GatewayLoop:
     """An event loop in a thread of its own serving `gateway` on `host`:`port` (127.0.0.1 and a port the
     kernel picks for a harness of the actor's own; every address and the contract's port for agent pods);
-    `run(coro)` runs a coroutine there (the harnesses). Closed with `close`."""
+    `run(coro)` runs a coroutine there (the harnesses). Its connections are capped and timed
+    (connections.py). Closed with `close`."""
 
-    def __init__(self, gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_connections: int | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+    ):
+        """`max_connections`: None is `connections.connection_cap()` (MAX_CONNECTIONS, at most half the
+        descriptors); a request's body deadline is the gateway's `body_timeout_s`."""
         import uvicorn
 
         self.loop = asyncio.new_event_loop()
@@ -524,8 +649,22 @@ class GatewayLoop:
         self._thread.start()
         self._socket = socket.create_server((host, port))
         self.url = f"http://{host}:{self._socket.getsockname()[1]}"
+        self.max_connections = connection_cap() if max_connections is None else max_connections
+        protocol = guarded_protocol(
+            max_connections=self.max_connections,
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=gateway.body_timeout_s,
+        )
         config = uvicorn.Config(
-            gateway.app(), loop="asyncio", lifespan="off", log_config=None, log_level="warning", access_log=False
+            gateway.app(),
+            loop="asyncio",
+            http=protocol,
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         )
         self._server = uvicorn.Server(config)
         self._serving = asyncio.run_coroutine_threadsafe(self._server.serve(sockets=[self._socket]), self.loop)

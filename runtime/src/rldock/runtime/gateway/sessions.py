@@ -22,7 +22,8 @@ Each segment becomes one sample of the dock (`SegmentRow`): the model's tokens t
 the prompt and everything between turns context only.
 
 Not thread-safe: the gateway holds a session's lock from `plan` to `commit`, so one request of an
-episode is sampled at a time (a harness's parallel calls wait their turn).
+episode is sampled at a time (a harness's parallel calls wait their turn). `plan` renders and tokenizes, so
+the gateway runs it on a thread of its pool, off its event loop; `renderer` is called from those threads.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldock.runtime.agent.conversation import ChatRenderer
+from rldock.runtime.agent.conversation import ChatRenderer, markup_ids
 
 # Why a segment began.
 START = "start"  # the episode's first request
@@ -316,7 +317,7 @@ def rerendered_drift(segment: Segment, renderer: ChatRenderer) -> Drift:
     held = [*segment.prompt_ids, *segment.response_ids]
     tools = [json.loads(tool) for tool in segment.tools] or None
     text = renderer.tokenizer.apply_chat_template(renderer.with_tools(segment.history), tools=tools, tokenize=False)
-    rendered = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    rendered = markup_ids(renderer.tokenizer, text)
     common = 0
     for a, b in zip(held, rendered):
         if a != b:
