@@ -13,16 +13,17 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-MODEL = Path("~/.cache/rldock/models/tiny-qwen2-addition-v1").expanduser()  # the examples' model
 G = 4
 
 
-def job_config(algorithm: dict, *, warmup_steps: int) -> dict:
+def job_config(algorithm: dict, *, warmup_steps: int, root: Path) -> dict:
+    """The job, its tiny model built under `root` (not the user's ~/.cache, where whichever job built it
+    first would decide the model)."""
     return {
         "name": f"it-{algorithm['name']}",
         "seed": 2,
         "iterations": 2,
-        "model": {"path": str(MODEL), "builder": "tiny-qwen2"},
+        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
         "data": {"generator": {"name": "addition", "max_operand": 5}, "chat_template": "none"},
         "warmup": {"steps": warmup_steps, "batch_size": 32},
         "algorithm": {
@@ -71,6 +72,7 @@ def test_dapo_samples_in_rounds_and_resumes(tmp_path):
             "dapo": {"max_sampling_rounds": 3, "overlong_buffer_length": 2},
         },
         warmup_steps=20,
+        root=tmp_path,
     )
     train(config, tmp_path)
     records = train(config, tmp_path, "--resume", "--set", "iterations=3")
@@ -94,7 +96,7 @@ def test_dapo_samples_in_rounds_and_resumes(tmp_path):
 
 
 def test_dpo_trains_on_pairs_without_rollout(tmp_path):
-    config = job_config({"name": "dpo", "num_responses_per_prompt": 2}, warmup_steps=0)
+    config = job_config({"name": "dpo", "num_responses_per_prompt": 2}, warmup_steps=0, root=tmp_path)
     records = train(config, tmp_path)
     assert [r["iteration"] for r in records] == [1, 2]
     first = records[0]
