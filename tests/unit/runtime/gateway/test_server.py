@@ -174,7 +174,7 @@ def test_requests_of_one_episode_past_its_cap_get_a_429_with_retry_after(gateway
         thread.start()
     try:
         _waiting(runner, lambda: runner.turns.waiting == 1)  # one held in the engine
-        time.sleep(0.5)  # the other waiting for its turn
+        _waiting(runner, lambda: opened["e1"].in_flight == 2)  # the other in flight, waiting for its turn
         answer = chat(runner, opened["e1"], "e1", {"messages": USER}, timeout=5)
         assert answer.status_code == 429 and answer.headers["retry-after"] == "1"
         assert "2 requests of this episode are in flight" in answer.json()["error"]["message"]
