@@ -12,14 +12,14 @@ setup:
 demo: setup
 	.venv/bin/rldock train examples/grpo-tiny.yaml --output $(OUTPUT) --resume
 
-# The linters first (pyproject.toml configures both), then the tests. The npu twin's unit
-# tests run in a second pytest process (tests/conftest.py says why).
+# The linters first (pyproject.toml configures both), then the tests: the job tiers and, beside
+# them, the unit tier, then the npu twin's unit tests in a pytest process of their own
+# (scripts/test-tiers.sh says why). PYTEST_ARGS: pytest options for every run, not paths.
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
-	.venv/bin/python -m pytest $(PYTEST_ARGS)
-	.venv/bin/python -m pytest tests/unit/runtime/twin $(PYTEST_ARGS)
+	scripts/test-tiers.sh $(PYTEST_ARGS)
 
 # The opt-in slow tests (README.md, the "slow" paragraph): each example's learning against its
 # learning-rate-0 control, the examples run as their headers say that `make test` leaves out, the

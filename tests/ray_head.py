@@ -2,7 +2,7 @@
 private temp dir, with token authentication as the operator configures every Ray pod (RAY_AUTH_MODE=token,
 RAY_AUTH_TOKEN): a driver joins with RAY_ADDRESS as 127.0.0.1:port, which Ray resolves to this
 machine's address, so the head listens on every interface, and the token is what keeps others out.
-Imported by basename, like demo_job.
+Imported by basename, like jobs.
 
 It is stopped by killing its group and then every process whose command line names its temp dir
 (Ray starts its raylet and workers in sessions of their own): never `ray stop`, which would end

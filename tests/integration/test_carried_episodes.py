@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import shutil
 
+import jobs  # tests/jobs.py
 import pytest
-from demo_job import train, train_job  # tests/demo_job.py
 
 from rldock_benchmarks.heavy_tail import heavy_tail_loop, run
 
@@ -74,7 +74,7 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
         "evaluation": {"interval": 0},
         "checkpoint": {"interval": 2, "keep_last": 2},
     }
-    records = train_job(config, tmp_path / "run")
+    records = jobs.run(config, tmp_path / "run").records
     assert [r["iteration"] for r in records] == list(range(1, JOB_ITERATIONS + 1))
     episodes = JOB_G * JOB_N
     for record in records:  # each iteration trains one batch of every group it wrote, none dropped
@@ -90,7 +90,7 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
     # A crash in iteration 3: the run as it was before that iteration's checkpoint, resumed.
     shutil.copytree(tmp_path / "run", tmp_path / "crashed")
     shutil.rmtree(tmp_path / "crashed" / "checkpoints" / f"iter-{JOB_ITERATIONS:06d}")
-    resumed = train(tmp_path / "job.yaml", tmp_path / "crashed", {}, resume=True)
+    resumed = jobs.run(tmp_path / "job.yaml", tmp_path / "crashed", resume=True).records
     assert resumed[:2] == records[:2]  # kept, not redone
     redone = resumed[2]
     assert redone["iteration"] == JOB_ITERATIONS

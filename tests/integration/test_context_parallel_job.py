@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 
 from rldock.runtime.models.tiny import build_tiny_model
-from rldock_e2e.local_job import train_example
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def run_job(
         "checkpoint.interval": CHECKPOINT_AT,
         "evaluation.interval": 0,
     }
-    return train_example(example, root / f"{Path(example).stem}-cp{cp}", overrides, resume=resume)
+    return jobs.run(example, root / f"{Path(example).stem}-cp{cp}", overrides, resume=resume).records
 
 
 @pytest.fixture(scope="module")

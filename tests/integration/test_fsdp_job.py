@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from demo_job import train_demo  # tests/demo_job.py
+from jobs import train_demo  # tests/jobs.py
 
 pytestmark = pytest.mark.integration
 

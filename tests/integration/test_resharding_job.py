@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from demo_job import train_demo  # tests/demo_job.py
+from jobs import train_demo  # tests/jobs.py
 
 pytestmark = pytest.mark.integration
 

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if __name__ != "__main__":  # Ray workers cannot import the benchmarks package (__main__ goes by value anyway)
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     states = {"consumer": [f"column_{j}" for j in range(args.columns)]}
     docks = {}
     try:

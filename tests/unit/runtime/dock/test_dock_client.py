@@ -40,7 +40,7 @@ ALL = list(range(NUM_SAMPLES))
 def ray_session() -> Iterator[None]:
     # Worker processes cannot import this test module: ship its functions by value instead.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=8, resources={"NPU": 8}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=8, resources={"NPU": 8}, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
