@@ -211,3 +211,63 @@ def test_the_algorithms_are_pure_tensor_functions():
         )
 
     assert _offenders("rldock.runtime.algorithms", allowed) == []
+
+
+def import_cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module of `graph` (module -> the modules
+    it imports): each is a set of modules that import one another, directly or round a loop
+    (Tarjan's algorithm, iterative so a deep chain of imports cannot exhaust the stack)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            child = next((e for e in edges if e not in index or e in on_stack), None)
+            if child is not None:
+                if child in index:
+                    low[node] = min(low[node], index[child])
+                else:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while not component or component[-1] != node:
+                    component.append(stack.pop())
+                    on_stack.discard(component[-1])
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+@pytest.mark.parametrize("product", ["rldock.runtime", "rldock.operator"])
+def test_no_module_imports_itself_round_a_loop(product):
+    # Also through imports only a type checker runs (TYPE_CHECKING) and lazy ones inside functions:
+    # two modules that need each other are one module in two files, and their order of import decides
+    # whether either loads. A type both need lives in a module of its own (models/pass_cells.py).
+    modules = [name for name in MODULES if _within(name, product)]
+    graph = {
+        name: sorted(i for i in _imports(name) if i in MODULES and i != name and _within(i, product))
+        for name in modules
+    }
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_sees_a_loop_and_not_a_chain():
+    graph = {"a": ["b"], "b": ["c"], "c": ["a", "d"], "d": [], "e": ["d"], "f": ["g"], "g": ["f"]}
+    assert sorted(import_cycles(graph)) == [["a", "b", "c"], ["f", "g"]]
+    assert import_cycles({"a": ["b"], "b": ["c"], "c": []}) == []

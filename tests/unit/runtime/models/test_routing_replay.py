@@ -216,7 +216,7 @@ def test_the_update_step_replays_the_column_and_reports_the_ratio_spread(replay)
 def test_a_context_parallel_rank_keeps_the_cells_of_its_own_positions():
     """A pass of 2 rows x 5 positions under CP 2 is padded to 6, rank 1 computing positions 3..5: it keeps
     the cells of positions 3 and 4 of each row, their tokens counted in its own (2, 3) inputs."""
-    from rldock.runtime.models.routing_replay import PassCells
+    from rldock.runtime.models.pass_cells import PassCells
 
     tokens = torch.tensor([0, 1, 3, 4, 5, 8, 9])  # flat (2, 5): row 0 positions 0, 1, 3, 4; row 1 positions 0, 3, 4
     cells = PassCells(cells=torch.arange(100, 107), tokens=tokens)

@@ -42,7 +42,8 @@ from rldock.runtime.engines.packing import (
 )
 from rldock.runtime.engines.ulysses import local_positions, pass_mask, shard_forward
 from rldock.runtime.models.context_group import context_group, sum_over_group
-from rldock.runtime.models.routing_replay import PassCells, PassListener, packed_pass_cells, padded_pass_cells
+from rldock.runtime.models.pass_cells import PassCells, PassListener
+from rldock.runtime.models.routing_replay import packed_pass_cells, padded_pass_cells
 
 
 @dataclass

@@ -22,7 +22,7 @@ from rldock.runtime.engines.policy import (
     response_logprobs,
     response_logprobs_and_entropy,
 )
-from rldock.runtime.models.routing_replay import PassListener
+from rldock.runtime.models.pass_cells import PassListener
 
 
 def batch_logprobs(

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from rldock.runtime.models.context_group import context_group, sum_over_group
 
 if TYPE_CHECKING:
-    from rldock.runtime.models.routing_replay import PassCells
+    from rldock.runtime.models.pass_cells import PassCells
 
 # The Hugging Face config fields of an MoE model, by model type: experts, experts per token.
 MOE_CONFIG_FIELDS = {
