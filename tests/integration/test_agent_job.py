@@ -10,14 +10,11 @@ engine and re-run every call's program in the sandbox to build the conversation 
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 import torch
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -62,21 +59,13 @@ def _config(root: Path) -> dict:
 def job(tmp_path_factory) -> tuple[dict, Path]:
     root = tmp_path_factory.mktemp("agent")
     config = _config(root)
-    (root / "job.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(root / "job.yaml"), "--output", str(root / "run")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    jobs.run(config, root / "run", max_restarts=None, progress=True, timeout_s=1200)
     return config, root / "run"
 
 
 def test_the_job_trains_on_episodes_that_call_the_tool(job):
     _, output = job
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    records = jobs.records(output)
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     calls = sum(r["agent"].get("calls/python", 0) for r in records)
     assert calls >= 1, [r["agent"] for r in records]

@@ -8,13 +8,10 @@ token's ratio against the logprob it was sampled with (importance_correction beh
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -22,44 +19,30 @@ G, N, ITERATIONS, MAX_RESPONSE, ROUND_TOKENS = 4, 4, 3, 24, 6
 
 
 def test_episodes_cut_at_a_weight_update_end_on_the_new_weights_and_all_train(tmp_path):
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "it-agent-partial",
-                "seed": 1,
-                "iterations": ITERATIONS,
-                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-                "data": {"generator": {"name": "addition", "num_prompts": 200}, "chat_template": "model"},
-                "agent": {"environment": {"name": "feedback"}, "max_turns": 3, "max_tool_response_tokens": 8},
-                "algorithm": {
-                    "num_prompts_per_iteration": G,
-                    "num_responses_per_prompt": N,
-                    "max_prompt_length": 48,
-                    "max_response_length": MAX_RESPONSE,
-                    "learning_rate": 1e-4,
-                },
-                "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 8},
-                "rollout": {
-                    "partial_rollout": "resume",
-                    "max_tokens_per_round": ROUND_TOKENS,
-                    "importance_correction": "behaviour",
-                },
-                "dock": {"timeout_s": 120, "max_staleness": 1},
-                "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
-            }
-        )
-    )
-    output = tmp_path / "run"
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    config = {
+        "name": "it-agent-partial",
+        "seed": 1,
+        "iterations": ITERATIONS,
+        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+        "data": {"generator": {"name": "addition", "num_prompts": 200}, "chat_template": "model"},
+        "agent": {"environment": {"name": "feedback"}, "max_turns": 3, "max_tool_response_tokens": 8},
+        "algorithm": {
+            "num_prompts_per_iteration": G,
+            "num_responses_per_prompt": N,
+            "max_prompt_length": 48,
+            "max_response_length": MAX_RESPONSE,
+            "learning_rate": 1e-4,
+        },
+        "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 8},
+        "rollout": {
+            "partial_rollout": "resume",
+            "max_tokens_per_round": ROUND_TOKENS,
+            "importance_correction": "behaviour",
+        },
+        "dock": {"timeout_s": 120, "max_staleness": 1},
+        "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
+    }
+    records = jobs.run(config, tmp_path / "run", max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
     for record in records:
         assert math.isfinite(record["reward_mean"])

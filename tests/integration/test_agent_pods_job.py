@@ -11,7 +11,6 @@ with the gateway over the engine double); the runners reach the actor at 127.0.0
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 import rldock.contract.agent_runner as agent_runner
 from rldock.contract.agent_pods import GATEWAY_ENV, GATEWAY_PORT
@@ -75,22 +74,16 @@ def _runner(script: Path) -> subprocess.Popen:
 
 def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_config(tmp_path)))
     metrics = tmp_path / "run" / "metrics.jsonl"
     runners = [_runner(tmp_path / "agent.py"), _runner(tmp_path / "agent.py")]
     # The job's log goes to a file: a pipe nobody reads while the test polls would fill and stall it.
     log = tmp_path / "train.log"
     log_file = log.open("w")
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(tmp_path / "job.yaml"),
-            "--output",
-            str(tmp_path / "run"),
-        ],
+    job = jobs.start(
+        _config(tmp_path),
+        tmp_path / "run",
+        max_restarts=None,
+        progress=True,
         env={**os.environ, ENVIRONMENT_TOKEN_ENV: TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=log_file,
@@ -111,7 +104,7 @@ def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
             job.kill()
         log_file.close()
     assert job.returncode == 0, log.read_text()[-4000:]
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = jobs.records(tmp_path / "run")
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:
         agent = record["agent"]

@@ -5,12 +5,8 @@ is on-policy. Either way nothing is dropped as stale and each iteration trains o
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -18,36 +14,23 @@ G, N, ITERATIONS = 4, 4, 3
 
 
 def run_async(tmp_path, max_staleness: int) -> list[dict]:
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "it-async",
-                "seed": 1,
-                "iterations": ITERATIONS,
-                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-                "algorithm": {
-                    "num_prompts_per_iteration": G,
-                    "num_responses_per_prompt": N,
-                    "max_prompt_length": 8,
-                    "max_response_length": 6,
-                    "learning_rate": 1e-4,
-                },
-                "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 8},
-                "dock": {"timeout_s": 120, "max_staleness": max_staleness},
-                "checkpoint": {"interval": 1, "keep_last": 1},
-            }
-        )
-    )
-    output = tmp_path / "run"
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    config = {
+        "name": "it-async",
+        "seed": 1,
+        "iterations": ITERATIONS,
+        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+        "algorithm": {
+            "num_prompts_per_iteration": G,
+            "num_responses_per_prompt": N,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 1e-4,
+        },
+        "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 8},
+        "dock": {"timeout_s": 120, "max_staleness": max_staleness},
+        "checkpoint": {"interval": 1, "keep_last": 1},
+    }
+    return jobs.run(config, tmp_path / "run", max_restarts=None).records
 
 
 @pytest.mark.parametrize(("max_staleness", "expected"), [(0, [0.0, 0.0, 0.0]), (1, [0.0, 1.0, 1.0])])

@@ -3,13 +3,10 @@ metrics, and resume. Learning itself is checked by test_learning.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -39,29 +36,6 @@ def job_config(algorithm: dict, *, warmup_steps: int, root: Path) -> dict:
     }
 
 
-def train(config: dict, root: Path, *extra: str) -> list[dict]:
-    path = root / "job.yaml"
-    path.write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(path),
-            "--output",
-            str(root / "run"),
-            "--no-progress",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines() if line]
-
-
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_dapo_samples_in_rounds_and_resumes(tmp_path):
     n = 4
@@ -74,8 +48,10 @@ def test_dapo_samples_in_rounds_and_resumes(tmp_path):
         warmup_steps=20,
         root=tmp_path,
     )
-    train(config, tmp_path)
-    records = train(config, tmp_path, "--resume", "--set", "iterations=3")
+    jobs.run(config, tmp_path / "run", max_restarts=None, timeout_s=1200)
+    records = jobs.run(
+        config, tmp_path / "run", {"iterations": 3}, resume=True, max_restarts=None, timeout_s=1200
+    ).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
     for record in records:
         rounds = record["dynamic_sampling/rounds"]
@@ -97,7 +73,7 @@ def test_dapo_samples_in_rounds_and_resumes(tmp_path):
 
 def test_dpo_trains_on_pairs_without_rollout(tmp_path):
     config = job_config({"name": "dpo", "num_responses_per_prompt": 2}, warmup_steps=0, root=tmp_path)
-    records = train(config, tmp_path)
+    records = jobs.run(config, tmp_path / "run", max_restarts=None, timeout_s=1200).records
     assert [r["iteration"] for r in records] == [1, 2]
     first = records[0]
     assert set(first["dock"]["controllers"]) == {"reference", "preference_update", "sample_facts"}

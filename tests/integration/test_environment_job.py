@@ -8,14 +8,12 @@ job finishes, the wrong answers are counted as their episodes' ends, and every r
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -69,17 +67,9 @@ def _config(root: Path, url: str) -> dict:
 
 
 def _train(root: Path, config: dict) -> Path:
-    """`rldock train` of `config` in `root`; its output folder."""
-    (root / "job.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(root / "job.yaml"), "--output", str(root / "run")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return root / "run"
+    """`rldock train` of `config` in `root` (its job.yaml); its output folder. test_turn_credit_job.py
+    imports it."""
+    return jobs.run(config, root / "run", max_restarts=None, progress=True, timeout_s=1200).output
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +80,7 @@ def run(tmp_path_factory) -> Path:
 
 
 def test_every_episode_is_a_session_of_the_openenv_core_environment(run):
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = jobs.records(run)
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:
         environment = {
@@ -126,7 +116,7 @@ def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishe
     with hostile_server(*HOSTILE) as url:
         config["agent"]["environment"]["servers"] = {"url": url, "sessions_per_replica": 4}
         run = _train(tmp_path, config)  # exits 0: the job went on
-    (record,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (record,) = jobs.records(run)
     agent = record["agent"]
     print("hostile job:", {key: value for key, value in agent.items() if "ended/" in key or "environment/" in key})
     steps, wrong = agent["environment/steps"], agent.get("ended/environment_protocol_error", 0)

@@ -8,12 +8,10 @@ interval and at the end.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rldock.contract.progress import PREFIX, last_progress
@@ -26,52 +24,35 @@ ITERATIONS, INTERVAL, PROMPTS = 3, 2, 12
 @pytest.fixture(scope="module")
 def evaluated_run(tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("evaluation")
-    config = root / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "it-evaluation",
-                "seed": 3,
-                "iterations": ITERATIONS,
-                "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
-                "data": {
-                    "generator": {"name": "addition", "max_operand": 5, "num_prompts": 200, "num_val_prompts": 64},
-                    "chat_template": "none",
-                },
-                "warmup": {"steps": 20, "batch_size": 32},
-                "algorithm": {
-                    "num_prompts_per_iteration": 4,
-                    "num_responses_per_prompt": 2,
-                    "max_prompt_length": 8,
-                    "max_response_length": 6,
-                    "learning_rate": 0.0,
-                },
-                "training": {"data_parallel_size": 2, "micro_batch_size": 8},
-                "dock": {"timeout_s": 120},
-                "checkpoint": {"interval": 2},
-                "evaluation": {"interval": INTERVAL, "max_prompts": PROMPTS},
-            }
-        )
-    )
+    config = {
+        "name": "it-evaluation",
+        "seed": 3,
+        "iterations": ITERATIONS,
+        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+        "data": {
+            "generator": {"name": "addition", "max_operand": 5, "num_prompts": 200, "num_val_prompts": 64},
+            "chat_template": "none",
+        },
+        "warmup": {"steps": 20, "batch_size": 32},
+        "algorithm": {
+            "num_prompts_per_iteration": 4,
+            "num_responses_per_prompt": 2,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 0.0,
+        },
+        "training": {"data_parallel_size": 2, "micro_batch_size": 8},
+        "dock": {"timeout_s": 120},
+        "checkpoint": {"interval": 2},
+        "evaluation": {"interval": INTERVAL, "max_prompts": PROMPTS},
+    }
     output = root / "run"
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert job.returncode == 0, job.stdout + job.stderr
-    return output, job.stdout
-
-
-def _records(output: Path) -> list[dict]:
-    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return output, jobs.run(config, output, max_restarts=None).stdout
 
 
 def test_val_metrics_at_start_interval_and_end(evaluated_run):
     output, _ = evaluated_run
-    records = _records(output)
+    records = jobs.records(output)
     assert [r["iteration"] for r in records] == [0, 1, 2, 3]
     evaluated = [r for r in records if "val/reward" in r]
     assert [r["iteration"] for r in evaluated] == [0, INTERVAL, ITERATIONS]
@@ -85,7 +66,7 @@ def test_val_metrics_at_start_interval_and_end(evaluated_run):
 
 def test_greedy_evaluation_of_the_same_weights_is_deterministic(evaluated_run):
     output, _ = evaluated_run
-    evaluated = [r for r in _records(output) if "val/reward" in r]
+    evaluated = [r for r in jobs.records(output) if "val/reward" in r]
     keys = [k for k in evaluated[0] if k.startswith("val/") and k != "val/seconds"]
     assert all({k: r[k] for k in keys} == {k: evaluated[0][k] for k in keys} for r in evaluated)
 
@@ -111,24 +92,7 @@ def test_tensorboard_events_beside_the_metrics(evaluated_run):
 def test_resuming_the_finished_run_reports_its_last_evaluation(evaluated_run):
     output, _ = evaluated_run
     before = (output / "metrics.jsonl").read_text()
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(output.parent / "job.yaml"),
-            "--output",
-            str(output),
-            "--no-progress",
-            "--resume",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert again.returncode == 0, again.stdout + again.stderr
+    again = jobs.run(output.parent / "job.yaml", output, resume=True, max_restarts=None, timeout_s=300)
     assert (output / "metrics.jsonl").read_text() == before
     progress = last_progress(again.stdout.splitlines())
     assert (progress["iteration"], progress["val_iteration"]) == (ITERATIONS, ITERATIONS)

@@ -10,10 +10,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 import yaml
 
@@ -44,26 +44,6 @@ def job_config(model_dir: Path, iterations: int = ITERATIONS) -> dict:
     }
 
 
-def start_job(config: Path, output: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(config),
-            "--output",
-            str(output),
-            "--no-progress",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def read_metrics(output: Path) -> list[dict]:
     path = output / "metrics.jsonl"
     if not path.exists():
@@ -78,7 +58,15 @@ def interrupted_then_resumed(tmp_path_factory):
     config.write_text(yaml.safe_dump(job_config(root / "model")))
     output = root / "run"
 
-    job = start_job(config, output)
+    job = jobs.start(
+        config,
+        output,
+        max_restarts=None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     # Kill after iteration 3 is logged: the last checkpoint is at 2, so 3 must be redone once.
     while len(read_metrics(output)) < 3:
@@ -91,7 +79,16 @@ def interrupted_then_resumed(tmp_path_factory):
     job.wait()
     killed_at = len(read_metrics(output))
 
-    resumed = start_job(config, output, "--resume")
+    resumed = jobs.start(
+        config,
+        output,
+        resume=True,
+        max_restarts=None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     log, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, log
     return output, killed_at, log
@@ -186,7 +183,16 @@ def test_outputs_checkpoints_and_plot(interrupted_then_resumed):
 def test_resuming_a_finished_run_adds_nothing(interrupted_then_resumed):
     output, _, _ = interrupted_then_resumed
     before = read_metrics(output)
-    again = start_job(output.parent / "job.yaml", output, "--resume")
+    again = jobs.start(
+        output.parent / "job.yaml",
+        output,
+        resume=True,
+        max_restarts=None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     log, _ = again.communicate(timeout=600)
     assert again.returncode == 0, log
     assert read_metrics(output) == before
@@ -194,7 +200,15 @@ def test_resuming_a_finished_run_adds_nothing(interrupted_then_resumed):
 
 def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
     output, _, _ = interrupted_then_resumed
-    refused = start_job(output.parent / "job.yaml", output)
+    refused = jobs.start(
+        output.parent / "job.yaml",
+        output,
+        max_restarts=None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     log, _ = refused.communicate(timeout=120)
     assert refused.returncode == 2
     assert "--resume" in log
@@ -209,7 +223,15 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path, shared_
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job_config(tmp_path / "model", iterations)))
     output = tmp_path / "run"
-    job = start_job(config, output, "--max-restarts", "1")
+    job = jobs.start(
+        config,
+        output,
+        max_restarts=1,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while len(read_metrics(output)) < 3:
         assert job.poll() is None, f"job exited early:\n{job.stdout.read()}"

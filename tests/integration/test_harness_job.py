@@ -13,12 +13,10 @@ still every segment is the engine's ids and no episode is dropped.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 import yaml
 
@@ -83,24 +81,11 @@ def _config(root: Path) -> dict:
 def run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("harness")
     (root / "harness.py").write_text(HARNESS)
-    (root / "job.yaml").write_text(yaml.safe_dump(_config(root)))
-    done = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(root / "job.yaml"), "--output", str(root / "run")],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return root / "run"
-
-
-def records_of(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return jobs.run(_config(root), root / "run", max_restarts=None, progress=True, timeout_s=1200).output
 
 
 def test_a_plain_openai_harness_trains_every_segment_token_exact(run):
-    records = [r for r in records_of(run) if r["iteration"] > 0]  # iteration 0: the initial policy's evaluation
+    records = [r for r in jobs.records(run) if r["iteration"] > 0]  # iteration 0: the initial policy's evaluation
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:
         agent = record["agent"]
@@ -189,7 +174,7 @@ def test_every_segment_is_a_trained_dock_row_of_the_engines_ids(run):
 
 def test_held_out_evaluation_runs_the_harness(run):
     # before any rollout (iteration 0) and after the last update
-    evaluated = [r for r in records_of(run) if "val/accuracy" in r]
+    evaluated = [r for r in jobs.records(run) if "val/accuracy" in r]
     assert [r["iteration"] for r in evaluated] == [0, ITERATIONS]
     for record in evaluated:  # every held-out episode was the harness's, three turns each, exact
         assert record["val/agent/ended/harness_done"] == HELD_OUT, record

@@ -4,11 +4,9 @@ from its adapters; and the merged weights a sync hands to vLLM give the trained 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 import torch
 import yaml
@@ -46,27 +44,6 @@ def _job(model_dir: Path, iterations: int) -> dict:
     }
 
 
-def _train(config: Path, output: Path, *extra: str) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(config),
-            "--output",
-            str(output),
-            "--no-progress",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return done.stdout
-
-
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
@@ -76,10 +53,9 @@ def test_a_lora_job_updates_only_adapted_weights_and_resumes_from_its_adapters(t
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(_job(tmp_path / "model", iterations=2)))
     output = tmp_path / "run"
-    _train(config, output)
-    _train(config, output, "--resume", "--set", "iterations=3")  # a fresh process loads the saved adapters
-
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    jobs.run(config, output, max_restarts=None)
+    # a fresh process loads the saved adapters
+    records = jobs.run(config, output, {"iterations": 3}, resume=True, max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
     assert all(r["kl"] >= 0 for r in records) and records[-1]["kl"] > 0  # the reference pass ran (adapters off)
     base = _weights(tmp_path / "model")

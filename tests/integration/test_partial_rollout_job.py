@@ -7,13 +7,10 @@ in metrics.jsonl say. `off` runs the async pipeline unchanged, with no partial-r
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -21,39 +18,25 @@ G, N, ITERATIONS, MAX_RESPONSE, ROUND_TOKENS = 4, 4, 3, 12, 3
 
 
 def run_job(tmp_path, mode: str) -> list[dict]:
-    config = tmp_path / "job.yaml"
     rollout = {"partial_rollout": mode, "max_tokens_per_round": ROUND_TOKENS} if mode != "off" else {}
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": "it-partial",
-                "seed": 1,
-                "iterations": ITERATIONS,
-                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-                "algorithm": {
-                    "num_prompts_per_iteration": G,
-                    "num_responses_per_prompt": N,
-                    "max_prompt_length": 8,
-                    "max_response_length": MAX_RESPONSE,
-                    "learning_rate": 1e-4,
-                },
-                "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 8},
-                "rollout": rollout,
-                "dock": {"timeout_s": 120, "max_staleness": 1},
-                "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
-            }
-        )
-    )
-    output = tmp_path / "run"
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    config = {
+        "name": "it-partial",
+        "seed": 1,
+        "iterations": ITERATIONS,
+        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+        "algorithm": {
+            "num_prompts_per_iteration": G,
+            "num_responses_per_prompt": N,
+            "max_prompt_length": 8,
+            "max_response_length": MAX_RESPONSE,
+            "learning_rate": 1e-4,
+        },
+        "training": {"mode": "async", "data_parallel_size": 1, "micro_batch_size": 8},
+        "rollout": rollout,
+        "dock": {"timeout_s": 120, "max_staleness": 1},
+        "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
+    }
+    records = jobs.run(config, tmp_path / "run", max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
     for record in records:
         assert math.isfinite(record["reward_mean"]) and 0 <= record["reward_mean"] <= 1

@@ -5,11 +5,9 @@ learns with the same metrics as with the schedule off (`overlap`, which logs no 
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
-import sys
 from collections import defaultdict
 
+import jobs  # tests/jobs.py
 import pytest
 import yaml
 
@@ -45,16 +43,7 @@ def run_job(
             }
         )
     )
-    output = tmp_path / name
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    return jobs.run(config, tmp_path / name, max_restarts=None).records
 
 
 def per_device(timeline: list[dict]) -> dict[int, list[dict]]:

@@ -6,12 +6,8 @@ resume too."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -29,51 +25,29 @@ def run_ppo(
     data_parallel_size: int = 1,
     strategy: str = "ddp",
 ) -> list[dict]:
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "name": f"it-{algorithm}",
-                "seed": 1,
-                "iterations": iterations,
-                "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-                "algorithm": {
-                    "name": algorithm,
-                    "num_prompts_per_iteration": G,
-                    "num_responses_per_prompt": N,
-                    "max_prompt_length": 8,
-                    "max_response_length": 6,
-                    "learning_rate": 1e-4,
-                    "pf_ppo": {"mode": "best_random"},
-                },
-                "training": {
-                    "data_parallel_size": data_parallel_size,
-                    "micro_batch_size": micro_batch_size,
-                    "strategy": strategy,
-                },
-                "dock": {"timeout_s": 120},
-                "checkpoint": {"interval": 1, "keep_last": 1},
-            }
-        )
-    )
-    job = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(config),
-            "--output",
-            str(tmp_path / output),
-            "--no-progress",
-            *(["--resume"] if resume else []),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    return [json.loads(line) for line in (tmp_path / output / "metrics.jsonl").read_text().splitlines() if line]
+    config = {
+        "name": f"it-{algorithm}",
+        "seed": 1,
+        "iterations": iterations,
+        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
+        "algorithm": {
+            "name": algorithm,
+            "num_prompts_per_iteration": G,
+            "num_responses_per_prompt": N,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 1e-4,
+            "pf_ppo": {"mode": "best_random"},
+        },
+        "training": {
+            "data_parallel_size": data_parallel_size,
+            "micro_batch_size": micro_batch_size,
+            "strategy": strategy,
+        },
+        "dock": {"timeout_s": 120},
+        "checkpoint": {"interval": 1, "keep_last": 1},
+    }
+    return jobs.run(config, tmp_path / output, resume=resume, max_restarts=None).records
 
 
 # pf_ppo and the ddp critic ranks are opt-in (`make test-slow`, .ci/run's budget; README, "slow"):

@@ -5,11 +5,9 @@ and the reward the weighted sum with the rule term."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 import yaml
 from reward_model_builder import build_tiny_reward_model  # tests/reward_model_builder.py
@@ -60,15 +58,7 @@ def test_the_reward_models_score_reaches_the_reward(root, algorithm):
             }
         )
     )
-    job = subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    records = jobs.run(config, output, max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         assert record["reward/model"] == pytest.approx(RM_SCORE, abs=1e-5)

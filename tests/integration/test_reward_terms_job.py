@@ -4,12 +4,10 @@ or with `on_error: zero`, scores 0 and is counted."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
 import yaml
 
@@ -48,16 +46,6 @@ def _config(root: Path, terms: list[dict], on_error: str = "fail") -> Path:
     return path
 
 
-def _train(config: Path, output: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output), "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("rewards")
@@ -71,9 +59,7 @@ def test_every_term_has_its_metric_and_the_reward_is_their_weighted_sum(root):
         {"name": "function", "function": f"{root}/user_reward.py:length_bonus", "weight": 0.5},
         {"name": "format", "pattern": r"\d+", "weight": 0.25},
     ]
-    done = _train(_config(root, terms), root / "run")
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = jobs.run(_config(root, terms), root / "run", max_restarts=None).records
     assert len(records) == 2
     for record in records:
         weighted = record["reward/digit_match"] + 0.5 * record["reward/function"] + 0.25 * record["reward/format"]
@@ -84,7 +70,7 @@ def test_every_term_has_its_metric_and_the_reward_is_their_weighted_sum(root):
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_a_raising_function_fails_the_job_with_one_line_naming_the_term(root):
     terms = [{"name": "digit_match"}, {"name": "function", "function": f"{root}/user_reward.py:broken"}]
-    done = _train(_config(root, terms), root / "failed")
+    done = jobs.run(_config(root, terms), root / "failed", max_restarts=None, check=False)
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: reward.terms[1] (function ") and "user_reward.py:broken) failed on a sample" in last
@@ -93,8 +79,6 @@ def test_a_raising_function_fails_the_job_with_one_line_naming_the_term(root):
 
 def test_on_error_zero_scores_zero_and_counts_the_errors(root):
     terms = [{"name": "digit_match"}, {"name": "function", "function": f"{root}/user_reward.py:broken"}]
-    done = _train(_config(root, terms, on_error="zero"), root / "zeroed")
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (root / "zeroed" / "metrics.jsonl").read_text().splitlines()]
+    records = jobs.run(_config(root, terms, on_error="zero"), root / "zeroed", max_restarts=None).records
     assert [r["reward/errors"] for r in records] == [8, 8]  # G*N samples, each once per iteration
     assert all(r["reward/function"] == 0.0 for r in records)

@@ -7,14 +7,11 @@ the reward worker as verl's own reward functions would see it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import jobs  # tests/jobs.py
 import pytest
-import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -88,24 +85,6 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2},
     }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rldock.runtime.cli",
-            "train",
-            str(tmp_path / "job.yaml"),
-            "--output",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = jobs.run(config, tmp_path / "run", max_restarts=None).records
     assert [record["iteration"] for record in records] == [1, 2]
     assert [record["reward/function"] for record in records] == [1.0, 1.0]
