@@ -129,3 +129,31 @@ def test_fresh_install_imports_every_module_from_its_own_path(fresh_install: Pat
     for name, file in paths.items():
         relative = Path(file).resolve().relative_to(fresh_install.resolve())
         assert _module_name(fresh_install / relative, fresh_install) == name
+
+
+# The module that runs the examples as their headers write them, through a shell: the header's
+# command text is what that test checks, so it may not be rebuilt by tests/jobs.py.
+HEADER_COMMANDS = "test_examples_as_written.py"
+
+
+def train_launchers(folder: Path) -> list[str]:
+    """The files under `folder` that start `rldock train` themselves: a Python `-m rldock.runtime.cli`
+    argv or a `train` entry point, anywhere but tests/jobs.py."""
+    launches = re.compile(r"""rldock\.runtime\.cli["'],\s*["']train["']|\bcli\.main\(\s*\[\s*["']train["']""")
+    return sorted(
+        path.name
+        for path in folder.rglob("*.py")
+        if path.name not in ("jobs.py", HEADER_COMMANDS) and launches.search(path.read_text())
+    )
+
+
+def test_integration_tests_run_jobs_only_through_the_suite_s_runner():
+    assert train_launchers(REPO / "tests" / "integration") == []
+
+
+def test_the_launcher_check_sees_a_job_started_by_hand(tmp_path):
+    (tmp_path / "test_by_hand.py").write_text(
+        'subprocess.run([sys.executable, "-m", "rldock.runtime.cli", "train", str(config)])\n'
+    )
+    (tmp_path / "test_runner.py").write_text("jobs.run(config, output)\n")
+    assert train_launchers(tmp_path) == ["test_by_hand.py"]
