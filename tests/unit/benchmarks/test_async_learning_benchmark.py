@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rldock.config.loading import load_job_config
-from rldock.runtime.cli import _parse_override
+from rldock.runtime.cli.arguments import parse_override
 from rldock_benchmarks.async_learning import ARMS, DEMO_CONFIG, compare, curve_summary
 
 
@@ -34,7 +34,7 @@ def test_margins_and_the_sync_spread():
 def test_arms_are_valid_jobs_of_the_mode_they_name():
     # the overrides as `rldock train --set` parses them
     cfgs = {
-        arm: load_job_config(DEMO_CONFIG, overrides=dict(map(_parse_override, overrides)), check_local=False)
+        arm: load_job_config(DEMO_CONFIG, overrides=dict(map(parse_override, overrides)), check_local=False)
         for arm, overrides in ARMS.items()
     }
     assert {arm: (cfg.training.mode, cfg.dock.max_staleness) for arm, cfg in cfgs.items()} == {

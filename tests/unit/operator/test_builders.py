@@ -34,7 +34,7 @@ from rldock.operator.constants import (
     LABEL_ROLE,
     LABEL_VOLCANO_QUEUE,
 )
-from rldock.runtime.cli import _build_parser
+from rldock.runtime.cli import build_parser
 
 JOB = RLJobRef(name="grpo-demo", namespace="team-a", uid="0f5c2a6e-1111-2222-3333-444455556666")
 
@@ -253,7 +253,7 @@ def test_the_pod_expands_the_paths_the_operator_passed_on_as_written(tmp_path, m
     monkeypatch.setenv(ENV_JOB_CONFIG, str(tmp_path / "job.yaml"))
     monkeypatch.setenv("HOME", "/home/ray")
     monkeypatch.setenv("MODELS", "/mnt/models")
-    args = _build_parser().parse_args(["train", "--output", str(tmp_path / "run")])
+    args = build_parser().parse_args(["train", "--output", str(tmp_path / "run")])
     assert args.config == str(tmp_path / "job.yaml")
     loaded = load_job_config(args.config, check_local=False)
     assert loaded.model.path == "/mnt/models/tiny"
@@ -274,7 +274,7 @@ def test_entrypoint_is_a_valid_rldock_command():
         "--max-restarts",
         "0",
     ]
-    args = _build_parser().parse_args(argv[1:])
+    args = build_parser().parse_args(argv[1:])
     assert (args.command, args.config, args.resume, args.no_progress) == ("train", JOB_CONFIG_PATH, True, True)
     assert args.max_restarts == 0  # the operator owns retries (restartCount, backoffLimit)
     assert args.output == output_dir(job=JOB, spec=spec)
@@ -285,7 +285,7 @@ def test_entrypoint_passes_the_in_job_restart_budget(max_restarts):
     spec = _spec(maxRestarts=max_restarts)
     argv = shlex.split(build_entrypoint(job=JOB, spec=spec))
     assert argv[-2:] == ["--max-restarts", str(max_restarts)]
-    assert _build_parser().parse_args(argv[1:]).max_restarts == max_restarts
+    assert build_parser().parse_args(argv[1:]).max_restarts == max_restarts
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import ray
 import torch
 
 from rldock.config import RewardSpec
-from rldock.runtime.cli import reward_failure
+from rldock.runtime.cli.job_commands import reward_failure
 from rldock.runtime.rewards import RewardError, RewardMetrics, RewardScorer, merge_reward_metrics
 
 GOLD = "#### 42"

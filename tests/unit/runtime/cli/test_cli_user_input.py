@@ -18,7 +18,7 @@ import pytest
 from rldock.runtime.cli import main
 from rldock.runtime.models.tiny import build_tiny_model
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-smollm2-math.yaml"
+EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "grpo-smollm2-math.yaml"
 MODEL = "~/.cache/rldock/models/SmolLM2-135M-Instruct"  # where the example's header imports it
 # The header's data command, smaller; the tiny model's character tokenizer makes the rendered prompts
 # about 170 tokens, more than the example's max_prompt_length is set for SmolLM2's tokenizer.

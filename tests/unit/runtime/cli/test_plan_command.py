@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from rldock.runtime.cli import _parse_memory, main
+from rldock.runtime.cli import main
+from rldock.runtime.cli.arguments import parse_memory
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 PAPER_7B = str(EXAMPLES / "grpo-qwen2.5-7b-paper.yaml")
 
 
@@ -86,7 +87,7 @@ def test_hf_config_json_gives_the_shape(tmp_path, capsys):
     ],
 )
 def test_memory_sizes(text, expected):
-    assert _parse_memory(text) == expected
+    assert parse_memory(text) == expected
 
 
 @pytest.mark.parametrize(

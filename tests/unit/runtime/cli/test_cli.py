@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from rldock.contract.failure import FailureReason, last_failure
-from rldock.runtime.cli import main, run_summary
+from rldock.runtime.cli import main
+from rldock.runtime.cli.job_commands import run_summary
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml"
+EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml"
 MOE_EXAMPLE = EXAMPLE.with_name("grpo-tiny-moe.yaml")
 
 
