@@ -18,8 +18,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, TypedDict
 
 import yaml
+from typing_extensions import Unpack
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEMO = EXAMPLES / "grpo-tiny.yaml"
@@ -39,24 +41,30 @@ def config_path(config: Config, folder: Path) -> Path:
     return path if path.is_absolute() or path.exists() else EXAMPLES / path
 
 
+class Options(TypedDict, total=False):
+    """How `rldock train` runs, beside its config and overrides: `resume` (--resume), `max_restarts`
+    (default 0; None leaves the CLI's default, restarts allowed), `progress` (default False:
+    --no-progress, one machine-readable line per iteration), `extra` (more arguments, as given)."""
+
+    resume: bool
+    max_restarts: int | None
+    progress: bool
+    extra: Sequence[str]
+
+
 def command(
-    config: Path,
-    output: Path,
-    overrides: Mapping[str, object] | None = None,
-    *,
-    resume: bool = False,
-    max_restarts: int | None = 0,
-    progress: bool = False,
-    extra: Sequence[str] = (),
+    config: Config, output: Path, overrides: Mapping[str, object] | None = None, **options: Unpack[Options]
 ) -> list[str]:
-    """The `rldock train` argv. `max_restarts=None` leaves the CLI's default (restarts allowed)."""
-    argv = [sys.executable, "-m", "rldock.runtime.cli", "train", str(config), "--output", str(output)]
-    argv += [] if progress else ["--no-progress"]
+    """The `rldock train` argv (a mapping `config` written to job.yaml beside `output`)."""
+    path = config_path(config, output.parent)
+    argv = [sys.executable, "-m", "rldock.runtime.cli", "train", str(path), "--output", str(output)]
+    argv += [] if options.get("progress", False) else ["--no-progress"]
+    max_restarts = options.get("max_restarts", 0)
     argv += [] if max_restarts is None else ["--max-restarts", str(max_restarts)]
-    argv += ["--resume"] if resume else []
+    argv += ["--resume"] if options.get("resume", False) else []
     for key, value in (overrides or {}).items():
         argv += ["--set", f"{key}={value}"]
-    return [*argv, *extra]
+    return [*argv, *options.get("extra", ())]
 
 
 def records(output: Path) -> list[dict]:
@@ -85,17 +93,13 @@ def run(
     output: Path,
     overrides: Mapping[str, object] | None = None,
     *,
-    resume: bool = False,
-    max_restarts: int | None = 0,
-    progress: bool = False,
-    extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     timeout_s: float = 900,
     check: bool = True,
+    **options: Unpack[Options],
 ) -> Run:
     """Run the job to its end; with `check`, assert it exited 0 (the message: its output's tail)."""
-    path = config_path(config, output.parent)
-    argv = command(path, output, overrides, resume=resume, max_restarts=max_restarts, progress=progress, extra=extra)
+    argv = command(config, output, overrides, **options)
     environment = None if env is None else dict(env)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=environment)
     result = Run(output, done.returncode, done.stdout, done.stderr)
@@ -109,16 +113,23 @@ def start(
     output: Path,
     overrides: Mapping[str, object] | None = None,
     *,
-    resume: bool = False,
-    max_restarts: int | None = 0,
-    progress: bool = False,
-    extra: Sequence[str] = (),
-    **popen: object,
-) -> subprocess.Popen:
-    """Start the job and return its process (Popen's keyword arguments as given: pipes, env, session)."""
-    path = config_path(config, output.parent)
-    argv = command(path, output, overrides, resume=resume, max_restarts=max_restarts, progress=progress, extra=extra)
-    return subprocess.Popen(argv, **popen)  # type: ignore[call-overload]
+    env: Mapping[str, str] | None = None,
+    log: IO[str] | None = None,
+    **options: Unpack[Options],
+) -> subprocess.Popen[str]:
+    """Start the job and return its process, in a session of its own (a kill of its process group
+    reaches every process it started). Its output, stdout and stderr together, goes to `log`, or to
+    the process's stdout pipe, which a test that polls the job must then read as it goes (a pipe
+    nobody reads fills and stalls the job)."""
+    argv = command(config, output, overrides, **options)
+    return subprocess.Popen(
+        argv,
+        stdout=log if log is not None else subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=None if env is None else dict(env),
+    )
 
 
 def train_demo(output: Path, overrides: Mapping[str, object], *, resume: bool = False) -> list[dict]:
@@ -134,13 +145,13 @@ class SharedRuns:
         self.root = root
         self._runs: dict[str, Run] = {}
 
-    def get(self, config: Config, overrides: Mapping[str, object] | None = None, **options: object) -> Run:
+    def get(self, config: Config, overrides: Mapping[str, object] | None = None, **options: Unpack[Options]) -> Run:
         source: Config = config if isinstance(config, Mapping) else config_path(config, self.root)
         text = yaml.safe_dump(dict(source)) if isinstance(source, Mapping) else Path(source).read_text()
         settings = sorted((key, str(value)) for key, value in (overrides or {}).items())
         key = hashlib.sha256(json.dumps([text, settings, sorted(options.items())]).encode()).hexdigest()[:16]
         if key not in self._runs:
-            self._runs[key] = run(source, self.root / key / "run", overrides, check=False, **options)  # type: ignore[arg-type]
+            self._runs[key] = run(source, self.root / key / "run", overrides, check=False, **options)
         shared = self._runs[key]
         assert shared.returncode == 0, shared.tail()  # a failed run fails every test that shares it, each saying why
         return shared

@@ -85,8 +85,7 @@ def test_agent_pods_serve_a_real_job_and_one_lost_leaves_it_running(tmp_path):
         max_restarts=None,
         progress=True,
         env={**os.environ, ENVIRONMENT_TOKEN_ENV: TOKEN},
-        stdout=subprocess.DEVNULL,
-        stderr=log_file,
+        log=log_file,
     )
     try:
         deadline = time.monotonic() + 1200

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -62,10 +61,6 @@ def interrupted_then_resumed(tmp_path_factory):
         config,
         output,
         max_restarts=None,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     deadline = time.monotonic() + 600
     # Kill after iteration 3 is logged: the last checkpoint is at 2, so 3 must be redone once.
@@ -84,10 +79,6 @@ def interrupted_then_resumed(tmp_path_factory):
         output,
         resume=True,
         max_restarts=None,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     log, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, log
@@ -188,10 +179,6 @@ def test_resuming_a_finished_run_adds_nothing(interrupted_then_resumed):
         output,
         resume=True,
         max_restarts=None,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     log, _ = again.communicate(timeout=600)
     assert again.returncode == 0, log
@@ -204,10 +191,6 @@ def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
         output.parent / "job.yaml",
         output,
         max_restarts=None,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     log, _ = refused.communicate(timeout=120)
     assert refused.returncode == 2
@@ -227,10 +210,6 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path, shared_
         config,
         output,
         max_restarts=1,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     deadline = time.monotonic() + 600
     while len(read_metrics(output)) < 3:
