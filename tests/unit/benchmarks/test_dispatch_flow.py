@@ -18,10 +18,9 @@ CONSUMES = get_recipe("grpo").consumes
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(start_local_ray):
+    with start_local_ray(num_cpus=2):
+        yield
 
 
 @pytest.mark.parametrize("colocate", [True, False])

@@ -37,12 +37,11 @@ ALL = list(range(NUM_SAMPLES))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_session() -> Iterator[None]:
+def ray_session(start_local_ray) -> Iterator[None]:
     # Worker processes cannot import this test module: ship its functions by value instead.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=8, resources={"NPU": 8}, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with start_local_ray(num_cpus=8, resources={"NPU": 8}):
+        yield
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 

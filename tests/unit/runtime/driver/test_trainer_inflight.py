@@ -30,10 +30,9 @@ RECIPE = get_recipe("grpo")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_session() -> Iterator[None]:
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def ray_session(start_local_ray) -> Iterator[None]:
+    with start_local_ray(num_cpus=2):
+        yield
 
 
 def columns(names: tuple[str, ...], indices: list[int]) -> TensorDict:

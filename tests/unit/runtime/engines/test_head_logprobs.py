@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.runtime.engines.head_logprobs import chunk_positions, head_logprobs
 from rldock.runtime.engines.policy import response_logprobs, response_logprobs_and_entropy
@@ -91,10 +91,8 @@ def test_chunk_positions_bound_the_chunk_bytes():
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    config = Qwen2Config(
+    return tiny_qwen2(
         vocab_size=48,
-        hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -102,7 +100,6 @@ def model():
         initializer_range=0.2,
         tie_word_embeddings=False,
     )
-    return Qwen2ForCausalLM(config)
 
 
 def _batch():

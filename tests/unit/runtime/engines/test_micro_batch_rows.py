@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.runtime.engines.policy import micro_batch_rows, response_logprobs
 
@@ -66,17 +66,7 @@ def test_a_bad_budget_names_itself():
 
 def test_budget_passes_give_the_same_logprobs():
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=40,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-        )
-    ).eval()
+    model = tiny_qwen2(vocab_size=40, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2).eval()
     prompt_mask, response_mask = _masks()
     generator = torch.Generator().manual_seed(1)
     prompt_ids = torch.randint(1, 40, prompt_mask.shape, generator=generator) * prompt_mask

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.runtime.engines.packing import (
     contiguous_responses,
@@ -92,20 +92,15 @@ def test_a_pass_lays_each_prompt_once_then_its_responses():
     assert (additive[~packed.attention_mask[0, 0]] == torch.finfo(torch.float16).min).all()
 
 
-def _model(attn_implementation: str = "sdpa", **config) -> Qwen2ForCausalLM:
+def _model(attn_implementation: str = "sdpa", **config):
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=40,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-            attn_implementation=attn_implementation,
-            **config,
-        )
+    return tiny_qwen2(
+        vocab_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation=attn_implementation,
+        **config,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.runtime.engines.head_logprobs import head_logprobs
 from rldock.runtime.engines.policy import (
@@ -45,11 +46,8 @@ def test_build_policy_inputs_on_a_hand_example():
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=32,
+    return tiny_qwen2(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -57,8 +55,7 @@ def model():
         num_key_value_heads=2,
         max_position_embeddings=64,
         initializer_range=0.2,  # peaked distributions, so a wrong position shows up clearly
-    )
-    return Qwen2ForCausalLM(config).eval()
+    ).eval()
 
 
 def _reference_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask):

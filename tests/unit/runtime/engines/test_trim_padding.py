@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.runtime.engines.policy import plan_micro_batches, response_logprobs, response_logprobs_and_entropy
 from rldock.runtime.engines.values import response_values
@@ -16,20 +17,8 @@ PL, SL = 6, 7
 
 
 def _tiny_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=40,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=64,
-        )
-    )
+    return tiny_qwen2(vocab_size=40, num_hidden_layers=2, max_position_embeddings=64)
 
 
 def _batch():

@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.runtime.engines.ulysses import four_d_mask, pad_mask, padded_length, pass_mask
 
 
 def _model(implementation: str):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
+    model = tiny_qwen2(
         num_attention_heads=4,
         num_key_value_heads=2,
+        max_position_embeddings=32768,  # Qwen2Config's default, which this model always had
         attn_implementation=implementation,
     )
-    return Qwen2ForCausalLM(config).double().eval()
+    return model.double().eval()
 
 
 @pytest.mark.parametrize(("implementation", "kind"), [("sdpa", "boolean"), ("eager", "additive")])

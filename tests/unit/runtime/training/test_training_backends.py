@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -66,20 +67,8 @@ def test_data_parallel_strategy_of_the_training_config(training, strategy):
 
 
 def _tiny_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=32,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-        )
-    )
+    return tiny_qwen2()
 
 
 def test_each_strategy_builds_its_backend_around_the_same_model(tmp_path):

@@ -7,6 +7,7 @@ import types
 import pytest
 import torch
 from tensordict import TensorDict
+from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
 from rldock.config.job import JobConfig
 from rldock.runtime.algorithms import get_policy_loss, masked_mean
@@ -18,20 +19,8 @@ from rldock.runtime.workers.actor import ActorWorker
 
 
 def _tiny_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=32,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-        )
-    )
+    return tiny_qwen2()
 
 
 def _actor_double(model) -> ActorWorker:

@@ -181,12 +181,11 @@ def test_distinct_processes_counts_a_device_worker_once():
 
 
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
+def ray_session(start_local_ray) -> Iterator[None]:
     # The roles below live in this test module, which Ray's workers cannot import: ship it by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with start_local_ray(num_cpus=2):
+        yield
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 

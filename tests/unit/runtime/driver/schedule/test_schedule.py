@@ -28,10 +28,9 @@ ALGO = None  # read by sampling rounds only, which GRPO has not
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_session() -> Iterator[None]:
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def ray_session(start_local_ray) -> Iterator[None]:
+    with start_local_ray(num_cpus=1):
+        yield
 
 
 class BankDouble:
