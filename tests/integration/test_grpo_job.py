@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import time
 from pathlib import Path
@@ -41,6 +42,21 @@ def job_config(model_dir: Path, iterations: int = ITERATIONS) -> dict:
         "dock": {"timeout_s": 120},
         "checkpoint": {"interval": 2, "keep_last": 2},
     }
+
+
+def wait_for_output(job, text: str, *, timeout_s: float) -> str:
+    """Read the job's output until it holds `text`; what was read (the job keeps running). From the
+    pipe's descriptor, not its buffered text reader, which could hold the line back while the job,
+    waiting, prints nothing more."""
+    read, deadline = b"", time.monotonic() + timeout_s
+    while text.encode() not in read:
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout_s} s:\n{read[-4000:].decode(errors='replace')}"
+        ready, _, _ = select.select([job.stdout], [], [], 1.0)
+        if ready:
+            chunk = os.read(job.stdout.fileno(), 65536)
+            assert chunk, f"the job ended before {text!r}:\n{read[-4000:].decode(errors='replace')}"
+            read += chunk
+    return read.decode(errors="replace")
 
 
 def read_metrics(output: Path) -> list[dict]:
@@ -229,3 +245,32 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path, shared_
     assert killed_at < iterations, "the job finished before the kill; the test proved nothing"
     assert "a worker died" in log and "restart 1 of 1" in log
     assert [r["iteration"] for r in read_metrics(output)] == list(range(1, iterations + 1))
+
+
+def test_sigterm_checkpoints_the_iteration_under_way_and_resume_continues_after_it(tmp_path):
+    """SIGTERM to the driver (a pod deleted, a node drained, Kueue's suspension, `kill`): the iteration
+    under way finishes and is checkpointed although no periodic checkpoint is due, the run exits 143,
+    and --resume redoes nothing: every iteration is logged once, the resumed attempt starting after
+    the stopped one's last. The test hold (driver/iteration_hold.py) keeps the job before iteration 3
+    until the signal has landed, so the stop always falls on an iteration no periodic checkpoint saves
+    (interval 2)."""
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job_config(tmp_path / "model")))
+    output, hold = tmp_path / "run", tmp_path / "hold"
+    hold.write_text("3")
+    environment = {**os.environ, "RLDOCK_TEST_HOLD_FILE": str(hold)}
+    job = jobs.start(config, output, env=environment)
+    # The signal must land while the job waits before iteration 3 (the hold logs it), not while it
+    # checkpoints iteration 2, after which a stop rightly ends the run at 2.
+    before = wait_for_output(job, "test hold: iteration 3 waits", timeout_s=600)
+    os.kill(job.pid, signal.SIGTERM)  # the driver alone, as a pod's main process gets it
+    hold.unlink()
+    log = before + job.communicate(timeout=600)[0]
+    assert job.returncode == 143, log
+    assert "stopped by SIGTERM after iteration 3" in log
+    assert [r["iteration"] for r in read_metrics(output)] == [1, 2, 3]
+    assert (output / "checkpoints" / "iter-000003").is_dir()
+
+    resumed = jobs.run(config, output, resume=True, max_restarts=None)
+    assert "resuming after iteration 3" in resumed.stdout + resumed.stderr
+    assert [r["iteration"] for r in resumed.records] == list(range(1, ITERATIONS + 1))

@@ -108,6 +108,7 @@ def run_train(args: argparse.Namespace) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from rldock.runtime.driver.preemption import EXIT_CODE, Preempted
     from rldock.runtime.driver.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
     from rldock.runtime.rewards import RewardError
 
@@ -123,6 +124,9 @@ def run_train(args: argparse.Namespace) -> int:
     except RewardError as error:
         print(f"error: {reward_failure(error)}", file=sys.stderr)
         return 1
+    except Preempted as stopped:  # SIGTERM: the iteration under way finished and was checkpointed
+        print(f"stopped: {stopped}", file=sys.stderr)
+        return EXIT_CODE
     print(json.dumps(run_summary(records, output=str(args.output))))
     return 0
 

@@ -220,6 +220,13 @@ class MetricsLog:
             os.fsync(f.fileno())
 
 
+def progress_figures(record: dict[str, Any]) -> dict[str, float]:
+    """A record's figures in its machine-readable progress line, rounded. DPO records have no sampled
+    reward; its preference accuracy stands in (headline_key)."""
+    keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
+    return {k: round(record[k], 4) for k in keys}
+
+
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
     """progress_figure(records) as a PNG at `path`."""
     import matplotlib.pyplot as plt

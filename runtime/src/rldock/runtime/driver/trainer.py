@@ -29,7 +29,7 @@ import ray
 import torch
 
 from rldock.config import JobConfig
-from rldock.contract.progress import evaluation_headline, format_progress
+from rldock.contract.progress import evaluation_headline, format_progress, headline_key
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError
 from rldock.runtime.driver.attempt import Attempt
@@ -37,7 +37,8 @@ from rldock.runtime.driver.bookkeeping import Bookkeeper, DockCounters
 from rldock.runtime.driver.evaluation import val_metrics
 from rldock.runtime.driver.inputs import prepare_inputs
 from rldock.runtime.driver.iteration_hold import IterationHold
-from rldock.runtime.driver.records import PLOT_FILE, MetricsLog, headline_key, iteration_record, plot_progress
+from rldock.runtime.driver.preemption import Preempted, StopRequest
+from rldock.runtime.driver.records import PLOT_FILE, MetricsLog, iteration_record, plot_progress, progress_figures
 from rldock.runtime.driver.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule
 from rldock.runtime.driver.tracking import Tracking, open_tracking
 from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
@@ -88,6 +89,7 @@ class Trainer:
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
+        self._stop = StopRequest()  # SIGTERM: the iteration under way, a checkpoint, then Preempted
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -111,6 +113,7 @@ class Trainer:
                 self._report_progress(records[-1])
             return _iteration_records(records)
         cluster.connect(self.cfg)
+        self._stop.install()  # after ray.init, which installs a SIGTERM handler of its own
         for number in range(self.max_restarts + 1):
             last = number == self.max_restarts
             try:
@@ -205,6 +208,8 @@ class Trainer:
             if evaluate_at_start:
                 self._log(loop, {"iteration": 0, **self._evaluate(loop, 0)})
             for iteration in range(start_iteration, total + 1):
+                if self._stop.requested:  # the previous iteration is checkpointed (below), or none ran
+                    raise Preempted(iteration - 1)
                 self._hold.wait_before(iteration)
                 record = self._run_iteration(loop, iteration)
                 if startup is not None:  # the first record this run writes
@@ -212,7 +217,7 @@ class Trainer:
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(loop, iteration))
                 self._log(loop, record)
-                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
+                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total or self._stop.requested:
                     self._save_checkpoint(loop, iteration)
                 key = headline_key(record)
                 val = {"val": f"{self._last_evaluation['val/reward']:.3f}"} if self._last_evaluation else {}
@@ -301,7 +306,7 @@ class Trainer:
         job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
         headline = {
-            **_headline(record),
+            **progress_figures(record),
             "iteration": record["iteration"],
             "iterations": self.cfg.iterations,
             "checkpoint": latest.iteration if latest else None,
@@ -325,12 +330,6 @@ class Trainer:
         state = {"sampler": loop.schedule.checkpoint_sampler_state()}
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
         plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
-
-
-def _headline(record: dict) -> dict:
-    # DPO records have no sampled reward; its preference accuracy stands in (metrics.headline_key).
-    keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
-    return {k: round(record[k], 4) for k in keys}
 
 
 def _progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
