@@ -1,4 +1,9 @@
-"""Fixtures shared by the unit tier."""
+"""Fixtures shared by the unit tier, and its `ray` mark: every test that starts a Ray cluster of its own
+is marked (those using `start_local_ray` here, the multi-node modules by their own `pytestmark`), so
+that `make test` runs them after the job tiers and not beside them (scripts/test-tiers.sh). A raylet
+that does not register with its GCS within Ray's fixed 30 s fails the cluster's start, which a
+machine loaded by the job tiers' processes beside it made happen. Run with `-m "not ray"`, a test
+that starts Ray in this process without the mark fails saying so."""
 
 from __future__ import annotations
 
@@ -7,6 +12,25 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "start_local_ray" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "not ray" in (config.getoption("markexpr") or ""):
+        import ray
+
+        def unmarked(*args: object, **kwargs: object) -> None:
+            raise RuntimeError(
+                "this test starts Ray but is not marked `ray`: use the start_local_ray fixture "
+                "(tests/unit/conftest.py) or add pytestmark = pytest.mark.ray to its module"
+            )
+
+        ray.init = unmarked  # this run's process only: the tests that ask for Ray run in another
 
 
 @contextlib.contextmanager

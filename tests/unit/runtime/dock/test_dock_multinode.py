@@ -21,6 +21,8 @@ from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.balance import LOCAL_TOLERANCE
 from rldock.runtime.dock.placement import HEAD_RESOURCE, pinned_to
 
+pytestmark = pytest.mark.ray  # starts a Ray cluster of its own (tests/unit/conftest.py)
+
 STATES = {"reference": ["prompt_ids"], "update": ["response_mask"]}
 
 

@@ -20,6 +20,8 @@ from rldock.config import parse_job_config
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.workers import cluster
 
+pytestmark = pytest.mark.ray  # starts a Ray cluster of its own (tests/unit/conftest.py)
+
 EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml").read_text())
 
 

@@ -24,6 +24,8 @@ from rldock.runtime.engines.replica_devices import RankDevice, engine_environmen
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.workers import cluster as placement
 
+pytestmark = pytest.mark.ray  # starts a Ray cluster of its own (tests/unit/conftest.py)
+
 EXAMPLE = yaml.safe_load((Path(__file__).resolve().parents[4] / "examples" / "grpo-tiny.yaml").read_text())
 NPUS_PER_NODE = 2
 
