@@ -49,6 +49,18 @@ def test_shortened_names_stay_distinct():
     assert naming.ray_cluster_name("7b") != naming.ray_cluster_name("r-7b")
 
 
+def test_a_shortened_label_value_carries_64_bits_of_the_name_s_hash():
+    """A selector matches by the label alone: two long names that share their first 46 characters
+    must differ in a hash no one can search a collision of (32 bits could be, offline)."""
+    import hashlib
+
+    name = "experiment-" + "a" * 100
+    label = naming.label_value(name)
+    prefix, _, digest = label.rpartition("-")
+    assert digest == hashlib.sha256(name.encode()).hexdigest()[:16] and len(label) <= 63
+    assert prefix == name[: 63 - 16 - 1]
+
+
 def test_ray_job_ids_and_dashboard():
     first = naming.ray_job_submission_id("grpo", "0f5c2a6e-1111", attempt=0)
     assert first == "rldock-grpo-0f5c2a6e-0"

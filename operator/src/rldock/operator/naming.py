@@ -27,6 +27,11 @@ takes one that exists as its own, so a re-created RLJob of the same name must no
 one's Secrets while the garbage collector has yet to delete them. And whatever the names, the
 reconciler never takes over an object some other RLJob (or nobody) controls: it reports it
 (reconcile.py, `_read_owned`).
+
+Label values have no such check behind them: a selector matches by the label alone. The RLJob's name
+is its `rldock.io/rljob` label where it fits (63 characters); a longer one is shortened to its prefix
+and 64 bits of its hash (`label_value`), not the 32 bits a name gets, so that no one can search
+offline for a name whose label selects another job's pods.
 """
 
 from __future__ import annotations
@@ -49,19 +54,22 @@ _DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LEN]
+def _digest(text: str, length: int = _HASH_LEN) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
-def _shorten(name: str, *, max_len: int, valid: re.Pattern[str], must_start_with_letter: bool) -> str:
-    """`name` itself when valid, else a sanitised prefix plus a hash of the original name."""
+def _shorten(
+    name: str, *, max_len: int, valid: re.Pattern[str], must_start_with_letter: bool, hash_len: int = _HASH_LEN
+) -> str:
+    """`name` itself when valid, else a sanitised prefix plus `hash_len` hex digits of a hash of the
+    original name."""
     if len(name) <= max_len and valid.match(name):
         return name
     base = re.sub(r"[^a-z0-9-]+", "-", name.lower())
     if must_start_with_letter and not base[:1].isalpha():
         base = "r-" + base
-    base = base[: max_len - _HASH_LEN - 1].strip("-")
-    return f"{base}-{_digest(name)}" if base else f"r{_digest(name)}"
+    base = base[: max_len - hash_len - 1].strip("-")
+    return f"{base}-{_digest(name, hash_len)}" if base else f"r{_digest(name, hash_len)}"
 
 
 def dns_label(name: str, *, max_len: int = DNS_LABEL_MAX) -> str:
@@ -70,10 +78,16 @@ def dns_label(name: str, *, max_len: int = DNS_LABEL_MAX) -> str:
 
 
 def label_value(name: str) -> str:
-    """A valid label value identifying `name` (RLJob names may be up to 253 characters)."""
+    """A valid label value identifying `name` (RLJob names may be up to 253 characters): the name, or
+    a longer one's prefix and 64 bits of its hash. Selectors match by it alone (the job's
+    NetworkPolicy admits the pods that carry it, a Service sends to them), and no ownership check
+    stands behind a selector as one does behind a child's name: two long names whose prefixes agree
+    must not meet, and 32 bits of hash were a collision anyone could search for offline."""
     if len(name) <= LABEL_VALUE_MAX and _LABEL_VALUE.match(name):
         return name
-    return _shorten(name, max_len=LABEL_VALUE_MAX, valid=_LABEL_VALUE, must_start_with_letter=False)
+    return _shorten(
+        name, max_len=LABEL_VALUE_MAX, valid=_LABEL_VALUE, must_start_with_letter=False, hash_len=UNFORGEABLE_HASH_LEN
+    )
 
 
 def ray_cluster_name(rljob_name: str) -> str:
