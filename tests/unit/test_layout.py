@@ -157,3 +157,14 @@ def test_the_launcher_check_sees_a_job_started_by_hand(tmp_path):
     )
     (tmp_path / "test_runner.py").write_text("jobs.run(config, output)\n")
     assert train_launchers(tmp_path) == ["test_by_hand.py"]
+
+
+@pytest.mark.parametrize("tree", ["api/src/rldock", "operator/src/rldock/operator", "runtime/src/rldock/runtime"])
+def test_no_two_modules_of_a_tree_share_a_file_name(tree):
+    """A file name says which module it is: two `layout.py` in one tree are two places a reader must
+    tell apart by folder (Python's own `__init__.py` and `__main__.py` aside)."""
+    homes: dict[str, list[str]] = {}
+    for path in sorted((REPO / tree).rglob("*.py")):
+        if path.name not in ("__init__.py", "__main__.py") and "__pycache__" not in path.parts:
+            homes.setdefault(path.name, []).append(str(path.relative_to(REPO / tree)))
+    assert {name: paths for name, paths in homes.items() if len(paths) > 1} == {}

@@ -73,7 +73,7 @@ def rank_main(rank: int, world: int, ep: int, mode: str, model_path: str, rendez
 
 
 def measure(world: int, ep: int, mode: str, model_path: str) -> dict:
-    from rldock.config.layout import job_layout
+    from rldock.config.job_layout import job_layout
 
     with tempfile.TemporaryDirectory() as out:
         rendezvous = f"file://{out}/rendezvous-{uuid.uuid4().hex}"

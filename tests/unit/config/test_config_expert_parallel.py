@@ -6,7 +6,7 @@ import pytest
 from job_examples import example, problem_paths
 
 from rldock.config import find_local_problems, parse_job_config
-from rldock.config.layout import job_layout
+from rldock.config.job_layout import job_layout
 
 
 @pytest.fixture

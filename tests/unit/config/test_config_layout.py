@@ -1,4 +1,4 @@
-"""A JobConfig's layout (rldock.config.layout): the sizes read from the config once, and the
+"""A JobConfig's layout (rldock.config.job_layout): the sizes read from the config once, and the
 device groups the config counts (a reference per DP rank unless LoRA, a critic per DP rank for the
 algorithms with one, a reward model for a `model` term)."""
 
@@ -8,7 +8,7 @@ import pytest
 from job_examples import example
 
 from rldock.config import parse_job_config
-from rldock.config.layout import job_layout
+from rldock.config.job_layout import job_layout
 from rldock.contract.layout import DeviceGroup
 
 REFERENCE = DeviceGroup("reference", "sequence_ranks")

@@ -24,7 +24,7 @@ from rldock.config.job import (
     RewardSpec,
     RewardTermSpec,
 )
-from rldock.config.layout import job_layout
+from rldock.config.job_layout import job_layout
 from rldock.contract.algorithms import CATALOGUE, credits_turns, needs_critic, needs_rollout
 from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
@@ -191,7 +191,7 @@ def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     actor rank a device of its own, reference ranks, the critic ranks (ppo, pf_ppo: one per DP rank)
     and the reward model (a `model` reward term) half a device each in colocated mode (filling the
     halves a TP job's actor devices have left before opening a device), a whole one in separate
-    mode. The groups are the config's count (rldock.config.layout)."""
+    mode. The groups are the config's count (rldock.config.job_layout)."""
     layout = job_layout(cfg)
     if layout.num_actor_ranks > layout.num_devices:  # reported by find_problems already
         return []

@@ -21,7 +21,7 @@ the thread budget and the memory planner. Nobody multiplies the parallel sizes a
 - devices: those the resources give (nodes x devices per node) and those the placement plan
   (rldock.contract.placement) needs to seat every worker, with each device's seats in SEAT_ORDER.
 
-Pure and config-free, like the rest of the contract: rldock.config.layout builds one from a
+Pure and config-free, like the rest of the contract: rldock.config.job_layout builds one from a
 JobConfig, naming the device groups the config counts; the runtime names those its worker-state
 specs run (tests/unit/runtime/flow/test_states.py holds the two plans equal).
 """

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from rldock.config import JobConfig
-from rldock.config.layout import job_layout
+from rldock.config.job_layout import job_layout
 from rldock.contract.layout import DeviceGroup, JobLayout, RankCount
 from rldock.contract.placement import ACTOR_GROUP, PlacementPlan
 from rldock.runtime.flow.columns import POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RESPONSE_LENGTH, RM_SCORE

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from rldock.config import JobConfig
-from rldock.config.layout import job_layout
+from rldock.config.job_layout import job_layout
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
