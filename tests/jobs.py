@@ -3,15 +3,14 @@ example, a config file or a test's own config (written beside the output as job.
 `--set` overrides; `run` waits for it and returns a `Run` (exit code, output, the output folder and
 its metrics records), `start` hands back the process for the tests that kill or watch it.
 
-`SharedRuns` (the integration tier's session fixture `shared_runs`) runs a job once per session
-for every test that asks for the same config, overrides and options: tests that assert on the same
-run share it; a test that needs a job of its own (a kill, a resume, a failure) calls `run`.
+Tests that assert on the same run share it through a module-scoped fixture that runs it once (the
+module's runs declared in one place); a test that needs a job of its own (a kill, a resume, a
+failure) runs it itself.
 Imported by basename (tests/ is on pytest's rootdir path), like ray_head.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -135,23 +134,3 @@ def start(
 def train_demo(output: Path, overrides: Mapping[str, object], *, resume: bool = False) -> list[dict]:
     """The demo (examples/grpo-tiny.yaml) with `overrides`, no restarts; its records."""
     return run(DEMO, output, overrides, resume=resume).records
-
-
-class SharedRuns:
-    """Each distinct job (its config's text, overrides and options) run once per session, under
-    `root`; `get` returns the finished `Run`, and fails for each test that asks while the run failed."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._runs: dict[str, Run] = {}
-
-    def get(self, config: Config, overrides: Mapping[str, object] | None = None, **options: Unpack[Options]) -> Run:
-        source: Config = config if isinstance(config, Mapping) else config_path(config, self.root)
-        text = yaml.safe_dump(dict(source)) if isinstance(source, Mapping) else Path(source).read_text()
-        settings = sorted((key, str(value)) for key, value in (overrides or {}).items())
-        key = hashlib.sha256(json.dumps([text, settings, sorted(options.items())]).encode()).hexdigest()[:16]
-        if key not in self._runs:
-            self._runs[key] = run(source, self.root / key / "run", overrides, check=False, **options)
-        shared = self._runs[key]
-        assert shared.returncode == 0, shared.tail()  # a failed run fails every test that shares it, each saying why
-        return shared

@@ -12,7 +12,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from jobs import SharedRuns  # tests/jobs.py
 from ray_head import RayHead, ray_head  # tests/ray_head.py
 
 # Characters of the addition task plus a few letters, so the vocabulary is about 40 tokens.
@@ -121,13 +120,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_sessionfinish() -> None:
     _SHARED_HEAD.stop()  # a run stopped part-way (-x, Ctrl-C) never reaches the last teardown
-
-
-@pytest.fixture(scope="session")
-def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
-    """Jobs run once per session for every test that asks for the same config and overrides
-    (tests/jobs.py); a test that needs a job of its own (a kill, a resume, a failure) runs it itself."""
-    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
 
 
 @pytest.fixture(scope="session")
