@@ -20,6 +20,7 @@ from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult
+from rldock.runtime.driver.preemption import StopRequest
 from rldock.runtime.driver.schedule import Driver, Inflight, SyncSchedule
 from rldock.runtime.driver.schedule.inflight import resume_inflight
 from rldock.runtime.driver.trainer import Trainer
@@ -139,7 +140,9 @@ def test_a_retry_of_a_finished_run_reports_its_last_iteration(tmp_path, capsys) 
 
 
 @pytest.mark.parametrize("max_restarts", [0, 1])
-def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path, kill_actor, max_restarts) -> None:
+def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(
+    tmp_path, kill_actor, max_restarts, monkeypatch
+) -> None:
     """A lost node takes its warehouse with its workers, and the driver's own dock call (the reset
     before an iteration's prompts) may be the first to see it: run() restarts the attempt as for a
     dead worker while --max-restarts lasts, and raises once it is spent."""
@@ -152,6 +155,8 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(tmp_path
     trainer.cfg = SimpleNamespace(iterations=2)
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
     trainer.max_restarts, trainer.resume_from = max_restarts, None
+    trainer._stop = StopRequest()  # not installed: this process keeps its own SIGTERM handling
+    monkeypatch.setattr(trainer._stop, "install", lambda: None)
     trainer._utilisation = object()  # the mfu/ inputs, as if measured on an earlier attempt: no actor here
     docks: list[TransferDock] = []
     kept: list[bool] = []
