@@ -208,7 +208,10 @@ class Trainer:
             if evaluate_at_start:
                 self._log(loop, {"iteration": 0, **self._evaluate(loop, 0)})
             for iteration in range(start_iteration, total + 1):
-                if self._stop.requested:  # the previous iteration is checkpointed (below), or none ran
+                if self._stop.requested:  # SIGTERM: the iteration just done checkpointed (unless one holds it)
+                    latest = ckpt.latest_checkpoint(self.output_dir)
+                    if iteration > start_iteration and (latest is None or latest.iteration < iteration - 1):
+                        self._save_checkpoint(loop, iteration - 1)
                     raise Preempted(iteration - 1)
                 self._hold.wait_before(iteration)
                 record = self._run_iteration(loop, iteration)
@@ -217,7 +220,7 @@ class Trainer:
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(loop, iteration))
                 self._log(loop, record)
-                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total or self._stop.requested:
+                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
                     self._save_checkpoint(loop, iteration)
                 key = headline_key(record)
                 val = {"val": f"{self._last_evaluation['val/reward']:.3f}"} if self._last_evaluation else {}
