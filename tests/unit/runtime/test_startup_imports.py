@@ -24,12 +24,18 @@ MODEL_CODE = "transformers.modeling_utils"  # any model class (AutoModelForCausa
 GATEWAY = "fastapi"  # the agent gateway's server: harness jobs only
 TENSORDICT = "tensordict"
 MATH = "math_verify"  # with SymPy's LaTeX parser: the math_verify reward term only
-HEAVY = (VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH)
+# torch's compiler stack: tensordict's import reached it (~1.5 s), rldock.runtime.tensordict_import
+# keeps it out; transformers' model code (its generation module) and vLLM load it where they are used
+COMPILER = "torch._dynamo"
+HEAVY = (VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH, COMPILER)
 
 # kind -> (modules Ray or `rldock train` imports for it, heavy modules it must not have loaded)
 PROCESS_KINDS = {
     # `rldock train`'s own process: the warm-up, where a job has one, imports model code when it runs.
-    "driver": (["rldock.runtime.cli", "rldock.runtime.driver.trainer"], {VLLM, PEFT, MODEL_CODE, GATEWAY, MATH}),
+    "driver": (
+        ["rldock.runtime.cli", "rldock.runtime.driver.trainer"],
+        {VLLM, PEFT, MODEL_CODE, GATEWAY, MATH, COMPILER},
+    ),
     # actor and reference seats: vLLM is imported when an engine is built (engine ranks only), peft
     # under training.lora, FastAPI by the harness rollout.
     "device worker": (
@@ -41,11 +47,11 @@ PROCESS_KINDS = {
         {VLLM, PEFT, GATEWAY, MATH},
     ),
     # a rule reward decodes with the tokenizer and loads no model
-    "reward worker": (["rldock.runtime.workers.reward"], {VLLM, PEFT, MODEL_CODE, GATEWAY, MATH}),
+    "reward worker": (["rldock.runtime.workers.reward"], {VLLM, PEFT, MODEL_CODE, GATEWAY, MATH, COMPILER}),
     # the dock's actors hold columns and metadata
     "dock actors": (
         ["rldock.runtime.dock.host", "rldock.runtime.dock.warehouse"],
-        {VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH},
+        {VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH, COMPILER},
     ),
 }
 
