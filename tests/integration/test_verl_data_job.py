@@ -3,7 +3,11 @@
 
 A user's reward function scores 1 only when it receives the nested ground truth, the row's data
 source and its extra info, so `reward/function` at 1.0 in every iteration shows each key reached
-the reward worker as verl's own reward functions would see it."""
+the reward worker as verl's own reward functions would see it.
+
+The same run corrects the train-inference mismatch with TRL's default (algorithm.rollout_correction
+preset `trl`, docs/algorithms/rollout-correction.md): its old-logprob pass meets the engine's logprobs
+and every record carries the `mismatch/` metrics."""
 
 from __future__ import annotations
 
@@ -80,6 +84,7 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
             "max_prompt_length": 8,
             "max_response_length": 4,
             "learning_rate": 1e-4,
+            "rollout_correction": {"preset": "trl"},
         },
         "training": {"data_parallel_size": 1, "micro_batch_size": 8},
         "dock": {"timeout_s": 120},
@@ -88,3 +93,15 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
     records = jobs.run(config, tmp_path / "run", max_restarts=None).records
     assert [record["iteration"] for record in records] == [1, 2]
     assert [record["reward/function"] for record in records] == [1.0, 1.0]
+    for record in records:
+        gap = {key: value for key, value in record.items() if key.startswith("mismatch/")}
+        assert set(gap) == {
+            f"mismatch/{key}"
+            for key in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
+            + ("tokens_weighed_down", "tokens_dropped", "sequences_dropped")
+        }, record
+        # a float32 engine and a float32 trainer on one CPU differ only by their kernels: bounds far above
+        # such a gap, far below a broken column's (another row's logprobs, or zeros)
+        assert 0 <= gap["mismatch/kl"] < 1e-2 and 0 <= gap["mismatch/abs_diff_max"] < 0.5
+        assert 0.5 < gap["mismatch/seq_ratio_p50"] < 2
+        assert 0 <= gap["mismatch/tokens_dropped"] <= 1 and 0 <= gap["mismatch/sequences_dropped"] <= 1

@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from rldock.config.rollout_correction import RolloutCorrectionSpec
+from rldock.config.section import Spec
 from rldock.contract.algorithms import AlgorithmName
 from rldock.contract.placement import PlacementMode
 
@@ -53,12 +55,6 @@ class Expanded:
 # would expand a word's start; `$` stays for the program (a `sh -c` script reads its own variables).
 PATH = Expanded(variables=True)
 COMMAND = Expanded(variables=False)
-
-
-class Spec(BaseModel):
-    """Base of every config section: unknown fields are errors, never silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelSpec(Spec):
@@ -580,6 +576,13 @@ class AlgorithmSpec(Spec):
         "bootstrapped through them). `turn`: each model turn, its value the critic's at its first token, its "
         "reward the sum of its rewards, gamma and lambda per turn, its advantage on every token of the turn "
         "(needs agent).",
+    )
+    rollout_correction: RolloutCorrectionSpec | None = Field(
+        default=None,
+        description="Correct the train-inference mismatch (docs/algorithms/rollout-correction.md): the rollout keeps "
+        "the engine's logprob of each sampled token, the old-logprob pass (run whenever this is set) recomputes "
+        "it, the update's ratio is against the trainer's and each token's advantage is weighted by the correction "
+        "of the two; the `mismatch/` metrics report the gap every iteration. Unset: no correction.",
     )
     ppo: PPOSpec = Field(default_factory=PPOSpec, description="Critic and GAE settings of `ppo` and `pf_ppo`.")
     pf_ppo: PFPPOSpec = Field(default_factory=PFPPOSpec, description="Policy filtration settings of `pf_ppo`.")

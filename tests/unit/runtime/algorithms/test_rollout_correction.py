@@ -21,16 +21,23 @@ from collections.abc import Iterable
 import pytest
 import torch
 
+from rldock.config.rollout_correction import PRESETS, RolloutCorrectionSpec
 from rldock.runtime.algorithms.rollout_correction import (
-    PRESETS,
     correction_weight,
+    merge_mismatch,
     mismatch_metrics,
+    mismatch_part,
     rejection_mask,
 )
 
 RTOL = 2.0**-22
 LENGTHS = [1, 5, 17, 40, 0, 33, 40, 26]  # valid tokens per response; the 0 is an all-padding row
 T = 40
+
+
+def _preset(name: str) -> dict:
+    """The preset's correction_weight arguments, as a job config with it set gives them."""
+    return RolloutCorrectionSpec(preset=name).arguments()
 
 
 def _batch(seed: int = 0, noise: float = 0.15, outliers: float = 2.0) -> tuple[torch.Tensor, ...]:
@@ -137,7 +144,7 @@ def test_the_trl_preset_is_trls_default_sequence_mask_and_drops_some_sequences()
     trainer, engine, mask = _batch()
     rows = _log_ratios(trainer, engine, mask)
     expected = _trl(rows, "sequence_mask", None, 3.0)  # GRPOConfig's defaults
-    _assert_weights(correction_weight(trainer, engine, mask, **PRESETS["trl"]), expected)
+    _assert_weights(correction_weight(trainer, engine, mask, **_preset("trl")), expected)
     dropped = [row for row in expected if row and all(w == 0 for w in row)]
     kept = [row for row in expected if row and all(w > 0 for w in row)]
     assert dropped and kept  # the data exercise both sides of the mask
@@ -209,12 +216,12 @@ def test_equals_verls_rejection_sampling(level, lower, upper):
 def test_the_verl_presets_are_seq_tis_seq_mis_and_geo_rs():
     trainer, engine, mask = _batch()
     rows = _log_ratios(trainer, engine, mask)
-    _assert_weights(correction_weight(trainer, engine, mask, **PRESETS["verl"]), _verl_is(rows, "sequence", 2.0))
+    _assert_weights(correction_weight(trainer, engine, mask, **_preset("verl")), _verl_is(rows, "sequence", 2.0))
     seq_mis = [
         [w * k for w, k in zip(wr, kr)]
         for wr, kr in zip(_verl_is(rows, "sequence", 2.0), _verl_rs(rows, "sequence", 0.5, 2.0))
     ]
-    _assert_weights(correction_weight(trainer, engine, mask, **PRESETS["verl_seq_mis"]), seq_mis)
+    _assert_weights(correction_weight(trainer, engine, mask, **_preset("verl_seq_mis")), seq_mis)
     # Geo-RS, verl >= 0.7: seq_mean_k1 keeps log(0.999) <= mean(-log rho_t) <= log(1.001); a tight band,
     # so a batch with a tight gap (and no outliers) has responses on both sides of it
     trainer, engine, mask = _batch(seed=1, noise=0.004, outliers=0.0)
@@ -225,7 +232,7 @@ def test_the_verl_presets_are_seq_tis_seq_mis_and_geo_rs():
         [1.0 if math.log(0.999) <= -sum(r) / len(r) <= math.log(1.001) else 0.0] * len(r) if r else [] for r in rows
     ]
     assert any(row and 0.0 not in row for row in expected) and any(0.0 in row for row in expected)
-    _assert_weights(correction_weight(trainer, engine, mask, **PRESETS["verl_geo_rs"]), expected)
+    _assert_weights(correction_weight(trainer, engine, mask, **_preset("verl_geo_rs")), expected)
 
 
 # --- IcePop: M(k) = k on [alpha, beta], 0 outside, per token ------------------------------------------
@@ -234,11 +241,11 @@ def test_the_verl_presets_are_seq_tis_seq_mis_and_geo_rs():
 def test_icepop_band():
     trainer, engine, mask = _batch()
     rows = _log_ratios(trainer, engine, mask)
-    alpha, beta = PRESETS["icepop"]["low"], PRESETS["icepop"]["high"]
+    alpha, beta = _preset("icepop")["low"], _preset("icepop")["high"]
     _assert_clear_of([math.exp(x) for row in rows for x in row], [alpha, beta])
     expected = [[math.exp(x) if alpha <= math.exp(x) <= beta else 0.0 for x in row] for row in rows]
     assert any(w == 0.0 for row in expected for w in row)  # the outliers leave the band
-    _assert_weights(correction_weight(trainer, engine, mask, **PRESETS["icepop"]), expected)
+    _assert_weights(correction_weight(trainer, engine, mask, **_preset("icepop")), expected)
     # and the same as TRL's token_mask with both bounds
     assert _trl(rows, "token_mask", alpha, beta) == expected
 
@@ -253,7 +260,7 @@ def test_a_product_past_float32_range_gives_the_cap_not_inf():
     mask[1, 100:] = 0
     truncated = correction_weight(trainer, engine, mask, weight="sequence", cap=2.0, reject="none", low=0, high=1)
     assert truncated[0].tolist() == [2.0] * 200 and truncated[1].tolist() == [2.0] * 100 + [0.0] * 100
-    rejected = correction_weight(trainer, engine, mask, **PRESETS["trl"])
+    rejected = correction_weight(trainer, engine, mask, **_preset("trl"))
     assert rejected.eq(0).all()
     uncapped = correction_weight(trainer, engine, mask, weight="sequence", cap=math.inf, reject="none", low=0, high=1)
     assert torch.isfinite(uncapped).all() and uncapped[0, 0] == torch.finfo(torch.float32).max
@@ -270,7 +277,7 @@ def test_padding_gives_zero_whatever_it_holds():
     dirty_t, dirty_e = trainer.clone(), engine.clone()
     dirty_t[mask == 0] = float("nan")
     dirty_e[mask == 0] = float("-inf")
-    for kwargs in PRESETS.values():
+    for kwargs in map(_preset, PRESETS):
         clean = correction_weight(trainer, engine, mask, **kwargs)
         dirty = correction_weight(dirty_t, dirty_e, mask, **kwargs)
         assert dirty.equal(clean) and dirty[mask == 0].eq(0).all()
@@ -279,7 +286,7 @@ def test_padding_gives_zero_whatever_it_holds():
 
 def test_identical_logprobs_have_no_mismatch():
     trainer, _, mask = _batch()
-    for kwargs in PRESETS.values():
+    for kwargs in map(_preset, PRESETS):
         weight = correction_weight(trainer, trainer, mask, **kwargs)
         assert weight.equal(mask)  # every ratio is 1: kept, and truncation never binds
     metrics = mismatch_metrics(trainer, trainer.clone(), mask, mask)
@@ -312,7 +319,7 @@ def test_an_empty_mask_gives_zeros():
     assert set(mismatch_metrics(trainer, engine, empty).values()) == {0.0}
     metrics = mismatch_metrics(trainer, engine, empty, torch.zeros_like(trainer))
     assert len(metrics) == 9 and set(metrics.values()) == {0.0}
-    for kwargs in PRESETS.values():
+    for kwargs in map(_preset, PRESETS):
         assert correction_weight(trainer, engine, empty, **kwargs).eq(0).all()
 
 
@@ -338,7 +345,7 @@ def _quantile(values: list[float], q: float) -> float:
 def test_metrics_equal_the_reference(preset):
     trainer, engine, mask = _batch()
     rows = _log_ratios(trainer, engine, mask)
-    weight = correction_weight(trainer, engine, mask, **PRESETS[preset])
+    weight = correction_weight(trainer, engine, mask, **_preset(preset))
     metrics = mismatch_metrics(trainer, engine, mask, weight)
     names = ["kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99"]
     names += ["tokens_weighed_down", "tokens_dropped", "sequences_dropped"]
@@ -374,11 +381,11 @@ def test_metrics_equal_the_reference(preset):
 
 def test_the_shares_count_what_the_presets_do():
     trainer, engine, mask = _batch()
-    truncated = mismatch_metrics(trainer, engine, mask, correction_weight(trainer, engine, mask, **PRESETS["verl"]))
+    truncated = mismatch_metrics(trainer, engine, mask, correction_weight(trainer, engine, mask, **_preset("verl")))
     assert truncated["mismatch/tokens_dropped"] == 0.0 and truncated["mismatch/tokens_weighed_down"] > 0.0
-    masked = mismatch_metrics(trainer, engine, mask, correction_weight(trainer, engine, mask, **PRESETS["trl"]))
+    masked = mismatch_metrics(trainer, engine, mask, correction_weight(trainer, engine, mask, **_preset("trl")))
     assert masked["mismatch/sequences_dropped"] > 0.0 and masked["mismatch/tokens_dropped"] > 0.0
-    icepop = mismatch_metrics(trainer, engine, mask, correction_weight(trainer, engine, mask, **PRESETS["icepop"]))
+    icepop = mismatch_metrics(trainer, engine, mask, correction_weight(trainer, engine, mask, **_preset("icepop")))
     assert 0.0 < icepop["mismatch/tokens_dropped"] < 0.2 and icepop["mismatch/sequences_dropped"] < 1.0
 
 
@@ -401,6 +408,23 @@ def test_invalid_arguments_are_refused(kwargs):
 def test_shapes_must_agree():
     trainer, engine, mask = _batch()
     with pytest.raises(ValueError):
-        correction_weight(trainer, engine[:, :-1], mask, **PRESETS["trl"])
+        correction_weight(trainer, engine[:, :-1], mask, **_preset("trl"))
     with pytest.raises(ValueError):
         mismatch_metrics(trainer, engine, mask, torch.ones(2, 2))
+
+
+def test_the_parts_of_a_split_batch_merge_to_the_whole_batch_s_metrics():
+    """Ranks and batches each send a part; merged, they give the metrics of the batch they split."""
+    trainer, engine, mask = _batch(seed=3)
+    weight = correction_weight(trainer, engine, mask, **_preset("trl"))
+    whole = mismatch_metrics(trainer, engine, mask, weight)
+    rows = (slice(0, 3), slice(3, 5), slice(5, None))
+    merged = merge_mismatch([mismatch_part(trainer[r], engine[r], mask[r], weight[r]) for r in rows])
+    assert merged.keys() == whole.keys()
+    # float64 sums of at most 320 terms regrouped: relative differences of a few 1e-16 per term
+    for key, value in whole.items():
+        assert merged[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+    assert merge_mismatch([]) == {
+        f"mismatch/{k}": 0.0
+        for k in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
+    }

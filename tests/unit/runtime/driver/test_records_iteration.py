@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
+from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, mismatch_metrics, mismatch_part
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.records import iteration_record
 from rldock.runtime.rollout.partial import METRIC_KEYS
@@ -184,3 +186,17 @@ def test_utilisation_brings_flops_mfu_and_mbu_per_stage():
     )
     assert shared["mfu/update"] == pytest.approx(2 * record["mfu/update"])  # one CPU: the stage's devices are 1
     assert not any(key.startswith("mfu/") for key in record_of(results))  # no inputs, no utilisation
+
+
+def test_the_old_logprob_pass_s_mismatch_parts_merge_over_its_ranks_and_batches():
+    """algorithm.rollout_correction: each rank sends each batch's sums; the record merges them as one batch."""
+    trainer = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -3.0], [-2.0, 0.0, 0.0], [-1.0, -1.5, -0.2]])
+    engine = trainer + torch.tensor([[0.1, -0.2, 0.0], [0.0, 0.3, -0.1], [0.05, 0.0, 0.0], [-0.4, 0.1, 0.2]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]])
+    rank0 = [mismatch_part(trainer[:1], engine[:1], mask[:1]), mismatch_part(trainer[1:2], engine[1:2], mask[1:2])]
+    rank1 = [mismatch_part(trainer[2:], engine[2:], mask[2:])]
+    results = {**GRPO_RESULTS, "actor_inference": [timed(0.1, 0.5, **{MISMATCH_KEY: p}) for p in (rank1, rank0)]}
+    record = record_of(results)
+    whole = mismatch_metrics(trainer, engine, mask)
+    assert {key: record[key] for key in whole} == pytest.approx(whole, rel=1e-12)
+    assert not any(key.startswith("mismatch/") for key in record_of(GRPO_RESULTS))  # only with a correction

@@ -65,31 +65,17 @@ weight="token", cap=beta, reject="token", low=alpha, high=beta.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 WEIGHTS = ("none", "token", "sequence")
+# The old-logprob pass's result carries its batches' `mismatch_part`s under this key (the record merges them).
+MISMATCH_KEY = "mismatch"
 REJECTIONS = ("none", "token", "sequence", "geometric")
 
-# Keyword arguments of `correction_weight` for each peer's setting; low/high are unused where reject="none".
-PRESETS: dict[str, dict] = {
-    # TRL GRPOConfig defaults: vllm_importance_sampling_mode="sequence_mask",
-    # vllm_importance_sampling_clip_max=3.0, vllm_importance_sampling_clip_min=None.
-    "trl": {"weight": "sequence", "cap": 3.0, "reject": "sequence", "low": 0.0, "high": 3.0},
-    # TRL v0.23-v0.25 (before the modes): token TIS with vllm_importance_sampling_cap=2.0.
-    "trl_token_truncate": {"weight": "token", "cap": 2.0, "reject": "none", "low": 0.0, "high": math.inf},
-    # verl RolloutCorrectionConfig() / RolloutCorrectionConfig.decoupled_seq_is(): rollout_is="sequence",
-    # rollout_is_threshold=2.0, rollout_rs=None (Seq-TIS, the docs' "recommended: unbiased").
-    "verl": {"weight": "sequence", "cap": 2.0, "reject": "none", "low": 0.0, "high": math.inf},
-    # verl RolloutCorrectionConfig.decoupled_seq_is_rs() (Seq-MIS): Seq-TIS 2.0 and rollout_rs="seq_sum_k1"
-    # with rollout_rs_threshold="0.5_2.0" (rollout_rs="sequence", threshold 2.0 in v0.6.1).
-    "verl_seq_mis": {"weight": "sequence", "cap": 2.0, "reject": "sequence", "low": 0.5, "high": 2.0},
-    # verl RolloutCorrectionConfig.decoupled_geo_rs() (Geo-RS): rollout_is=None, rollout_rs="seq_mean_k1" with
-    # "0.999_1.001" on -mean log rho, i.e. rho_geo in [1/1.001, 1/0.999].
-    "verl_geo_rs": {"weight": "none", "cap": math.inf, "reject": "geometric", "low": 1 / 1.001, "high": 1 / 0.999},
-    # IcePop: token mask outside [alpha, beta] = [0.5, 5.0], the band public IcePop configs use.
-    "icepop": {"weight": "token", "cap": 5.0, "reject": "token", "low": 0.5, "high": 5.0},
-}
+# Each peer's setting as a preset of these arguments: rldock.config.rollout_correction.PRESETS.
 
 # exp() of float64 overflows past ~709.78; ratios reported as metrics saturate at e^709 instead of inf.
 _MAX_LOG = 709.0
@@ -207,38 +193,68 @@ def mismatch_metrics(
     mismatch/tokens_dropped: share of valid tokens with w = 0.
     mismatch/sequences_dropped: share of the responses with a valid token whose valid tokens all have
         w = 0.
-    An empty mask gives zeros.
+    An empty mask gives zeros. The same as `merge_mismatch` of the batch's one `mismatch_part`.
     """
+    return merge_mismatch([mismatch_part(trainer, engine, mask, weight)])
+
+
+def mismatch_part(
+    trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor | None = None
+) -> dict[str, Any]:
+    """One batch's sums behind `mismatch_metrics` (plain numbers and a list, so a worker can send them):
+    the metrics of several batches, on several ranks, are `merge_mismatch` of their parts, exactly as
+    if they had been one batch."""
     log_rho, valid = _log_ratios(trainer, engine, mask)
     if weight is not None and weight.shape != log_rho.shape:
         raise ValueError(f"weight must be {tuple(log_rho.shape)}, got {tuple(weight.shape)}")
-    keys = ["kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99"]
-    if weight is not None:
-        keys += ["tokens_weighed_down", "tokens_dropped", "sequences_dropped"]
-    tokens = int(valid.sum())
-    if tokens == 0:
-        return {f"mismatch/{key}": 0.0 for key in keys}
     rows = valid.any(dim=1)  # (B,) responses with a valid token
     x = log_rho[valid]  # (N,) valid tokens' log ratios
     # k3 = expm1(x) - x: no cancellation of 1 + tiny - 1; >= 0 exactly, the clamp absorbs a last-ulp miss
     k3 = (torch.expm1(log_rho.clamp(max=_MAX_LOG)) - log_rho).clamp(min=0) * valid  # (B, T)
-    seq_log = log_rho.sum(dim=1)[rows]  # (S,) log rho_seq
-    q = torch.quantile(seq_log, torch.tensor([0.5, 0.99], dtype=torch.float64))
-    p50, p99 = torch.exp(q.clamp(-_MAX_LOG, _MAX_LOG)).tolist()
-    out = {
-        "kl": float(k3.sum()) / tokens,
-        "kl_seq": float(k3.sum(dim=1)[rows].mean()),
-        "abs_diff_mean": float(x.abs().sum()) / tokens,
-        "abs_diff_max": float(x.abs().max()),
-        "seq_ratio_p50": p50,
-        "seq_ratio_p99": p99,
+    part: dict[str, Any] = {
+        "tokens": int(valid.sum()),
+        "sequences": int(rows.sum()),
+        "k3": float(k3.sum()),
+        "k3_per_sequence": float(k3.sum(dim=1)[rows].sum()),
+        "abs_diff": float(x.abs().sum()),
+        "abs_diff_max": float(x.abs().max()) if x.numel() else 0.0,
+        "sequence_log_ratios": log_rho.sum(dim=1)[rows].tolist(),  # (S,) log rho_seq
     }
     if weight is not None:
         w = weight.detach().to(torch.float64)
         rho = torch.exp(log_rho)
         zero = (w == 0) & valid
         down = (w > 0) & (w < rho * (1 - _WEIGHED_DOWN_RTOL)) & valid
-        out["tokens_weighed_down"] = int(down.sum()) / tokens
-        out["tokens_dropped"] = int(zero.sum()) / tokens
-        out["sequences_dropped"] = int((zero.sum(dim=1) == valid.sum(dim=1))[rows].sum()) / int(rows.sum())
+        part["tokens_weighed_down"] = int(down.sum())
+        part["tokens_dropped"] = int(zero.sum())
+        part["sequences_dropped"] = int((zero.sum(dim=1) == valid.sum(dim=1))[rows].sum())
+    return part
+
+
+def merge_mismatch(parts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The `mismatch/` metrics (see `mismatch_metrics`) of the batches whose `mismatch_part`s these are;
+    the weight's shares only when every part has them. No part, or no valid token, gives zeros."""
+    keys = ["kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99"]
+    weighed = bool(parts) and all("tokens_dropped" in part for part in parts)
+    if weighed:
+        keys += ["tokens_weighed_down", "tokens_dropped", "sequences_dropped"]
+    tokens = sum(part["tokens"] for part in parts)
+    if tokens == 0:
+        return {f"mismatch/{key}": 0.0 for key in keys}
+    sequences = sum(part["sequences"] for part in parts)
+    seq_log = torch.tensor([r for part in parts for r in part["sequence_log_ratios"]], dtype=torch.float64)
+    q = torch.quantile(seq_log, torch.tensor([0.5, 0.99], dtype=torch.float64))
+    p50, p99 = torch.exp(q.clamp(-_MAX_LOG, _MAX_LOG)).tolist()
+    out = {
+        "kl": sum(part["k3"] for part in parts) / tokens,
+        "kl_seq": sum(part["k3_per_sequence"] for part in parts) / sequences,
+        "abs_diff_mean": sum(part["abs_diff"] for part in parts) / tokens,
+        "abs_diff_max": max(part["abs_diff_max"] for part in parts),
+        "seq_ratio_p50": p50,
+        "seq_ratio_p99": p99,
+    }
+    if weighed:
+        out["tokens_weighed_down"] = sum(part["tokens_weighed_down"] for part in parts) / tokens
+        out["tokens_dropped"] = sum(part["tokens_dropped"] for part in parts) / tokens
+        out["sequences_dropped"] = sum(part["sequences_dropped"] for part in parts) / sequences
     return {f"mismatch/{key}": value for key, value in out.items()}

@@ -12,9 +12,11 @@ from typing import Any
 
 from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
 from rldock.runtime.agent.episode_metrics import agent_metrics
+from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, merge_mismatch
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.utilisation import UtilisationInputs, stage_utilisation
 from rldock.runtime.flow.states import (
+    ACTOR_INFERENCE,
     CRITIC_INFERENCE,
     CRITIC_UPDATE,
     REFERENCE_INFERENCE,
@@ -100,6 +102,7 @@ def iteration_record(
             seconds=seconds,
         ),
         **critic_metrics(results.get(CRITIC_INFERENCE.name, []), results.get(CRITIC_UPDATE.name, [])),
+        **mismatch_metrics(results.get(ACTOR_INFERENCE.name, [])),
         **reference_metrics(results.get(REFERENCE_INFERENCE.name, [])),
         # one rollout result per engine (DAPO's rounds are merged per worker)
         **({"rollout/num_engines": len(results[ROLLOUT.name])} if results.get(ROLLOUT.name) else {}),
@@ -115,6 +118,13 @@ def iteration_record(
         ),
         "timing": stage_timing(results, put_seconds=put_seconds, seconds=seconds, cycle=cycle),
     }
+
+
+def mismatch_metrics(inference: Sequence[StageResult]) -> dict[str, float]:
+    """algorithm.rollout_correction's `mismatch/` metrics over every batch of every rank of the old-logprob
+    pass (each batch's part merged, as if one batch: algorithms/rollout_correction.py); none without it."""
+    parts = [part for result in inference for part in result.metrics.get(MISMATCH_KEY, [])]
+    return merge_mismatch(parts) if parts else {}
 
 
 def stage_timing(

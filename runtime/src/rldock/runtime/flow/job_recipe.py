@@ -46,8 +46,14 @@ def recomputes_old_logprobs(cfg: JobConfig) -> bool:
     algo = cfg.algorithm
     if algo.recompute_old_logprobs != "auto":
         return algo.recompute_old_logprobs == "always"
-    # routing replay records the routing in this pass (its `never` is refused at validate)
-    return algo.num_updates_per_iteration > 1 or cfg.dock.max_staleness > 0 or algo.routing_replay == "reference"
+    # routing replay records the routing in this pass, and the rollout correction compares the engine's
+    # logprobs with it (their `never` is refused at validate)
+    return (
+        algo.num_updates_per_iteration > 1
+        or cfg.dock.max_staleness > 0
+        or algo.routing_replay == "reference"
+        or algo.rollout_correction is not None
+    )
 
 
 def job_recipe(cfg: JobConfig) -> Recipe:
@@ -55,8 +61,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     old-logprob pass (see `recomputes_old_logprobs`) and the reference when kl_coef is 0, with the
     advantage stage run by the reward state where it can be (unless JobConfig.ablations says not to), plus
     the reward model's state when a reward term is `model`, the reference pass on the actor
-    ranks under LoRA, the routing column under algorithm.routing_replay `reference` and the engine's
-    logprobs under rollout.return_logprobs. The one
+    ranks under LoRA, the routing column under algorithm.routing_replay `reference`, the engine's
+    logprobs under rollout.return_logprobs and the correction's columns under algorithm.rollout_correction. The one
     place the flow is derived: the dock's states, the trainer's workers and launches, the placement
     and the workers' inputs all come from it, so they agree."""
     recipe = get_recipe(cfg.algorithm.name)
@@ -88,7 +94,25 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_routing_replay(recipe)
     if cfg.rollout.return_logprobs:
         recipe = with_sampled_logprobs(recipe)
+    if cfg.algorithm.rollout_correction is not None and ACTOR_INFERENCE.name in recipe.consumes:
+        recipe = with_rollout_correction(recipe)
     return recipe
+
+
+def with_rollout_correction(recipe: Recipe) -> Recipe:
+    """`recipe` whose rollout writes the engine's logprob of each sampled token, which the old-logprob pass
+    reads beside its own to write the correction's weight the update reads (algorithm.rollout_correction,
+    algorithms/rollout_correction.py)."""
+    (sampled, _) = PARTIAL_ROLLOUT
+
+    def change(spec: WorkerState) -> WorkerState:
+        if spec.name == ROLLOUT.name and sampled not in spec.produces:  # rollout.return_logprobs writes it too
+            return replace(spec, produces=spec.produces + (sampled,))
+        if spec.name == ACTOR_INFERENCE.name:
+            return replace(spec, consumes=spec.consumes + (sampled,))
+        return spec
+
+    return with_importance_weight(_with_specs(recipe, change))
 
 
 def with_sampled_logprobs(recipe: Recipe) -> Recipe:
@@ -186,7 +210,8 @@ def with_partial_rollout(recipe: Recipe, *, columns: tuple[str, ...] = PARTIAL_R
 
 def with_importance_weight(recipe: Recipe) -> Recipe:
     """`recipe` whose old-logprob pass also writes each token's truncated importance weight, which the
-    update weights the advantages with (rollout.importance_correction decoupled, algorithms/importance.py)."""
+    update weights the advantages with (rollout.importance_correction decoupled, algorithms/importance.py;
+    algorithm.rollout_correction, algorithms/rollout_correction.py)."""
     return with_update_column(recipe, writer=ACTOR_INFERENCE.name, columns=(IMPORTANCE_WEIGHT,))
 
 

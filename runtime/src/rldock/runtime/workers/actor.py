@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 
 from rldock.config import JobConfig
 from rldock.runtime.algorithms.importance import IMPORTANCE_WEIGHT, truncated_importance_weight
+from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, correction_weight, mismatch_part
 from rldock.runtime.device import detect_device
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
@@ -37,7 +38,7 @@ from rldock.runtime.engines.policy_passes import batch_logprobs
 from rldock.runtime.engines.process_group import Rendezvous
 from rldock.runtime.engines.rank_engine import RankEngine
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
-from rldock.runtime.flow.columns import ROUTED_EXPERTS
+from rldock.runtime.flow.columns import PARTIAL_ROLLOUT, ROUTED_EXPERTS
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import (
     ACTOR_INFERENCE,
@@ -67,6 +68,8 @@ from rldock.runtime.workers.threads import apply_thread_budget
 
 if TYPE_CHECKING:
     from peft import PeftModel
+
+SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT  # the engine's logprob of each sampled token
 
 
 class ActorWorker(TakesTurns):
@@ -234,6 +237,8 @@ class ActorWorker(TakesTurns):
         computed with (`routed_experts`, which the update replays)."""
         tally = PassTally()
         records_routing = ROUTED_EXPERTS[0] in self.recipe.spec(ACTOR_INFERENCE.name).produces
+        correction = self.cfg.algorithm.rollout_correction
+        gaps: list[dict] = []  # each batch's mismatch_part (algorithm.rollout_correction)
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
@@ -246,7 +251,13 @@ class ActorWorker(TakesTurns):
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
             sampled = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
             rollout = self.cfg.rollout
-            if rollout.importance_correction != "decoupled":
+            if correction is not None:  # the ratio against these weights, the engine's logprobs in the weight
+                # on the host: float64 there (the correction's sums), which not every accelerator has
+                trainer, engine, mask = logprobs.cpu(), batch[SAMPLED_LOGPROBS].cpu(), batch["response_mask"].cpu()
+                weight = correction_weight(trainer, engine, mask, **correction.arguments())
+                gaps.append(mismatch_part(trainer, engine, mask, weight))
+                columns = {"old_logprobs": trainer, IMPORTANCE_WEIGHT: weight}
+            elif rollout.importance_correction != "decoupled":
                 columns = {"old_logprobs": sampled.cpu()}
             else:  # decoupled: the ratio against these weights, the sampling policy in the importance weight
                 weight = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
@@ -258,7 +269,7 @@ class ActorWorker(TakesTurns):
         timing = self.backend.run_inference_stage(
             self.banks.bank(call.iteration), self.recipe.spec(ACTOR_INFERENCE.name), infer
         )
-        return timing.with_metrics(computed=self._computed(tally))
+        return timing.with_metrics(computed=self._computed(tally), **({MISMATCH_KEY: gaps} if gaps else {}))
 
     @in_turn(UPDATE)
     def update(self, call: StageCall) -> StageResult:
