@@ -98,3 +98,26 @@ def test_combinations_not_built_are_refused_naming_them(change, named):
         data.setdefault(section, {}).update(fields)
     messages = problem_messages(data, FIELD)
     assert any(named in message for message in messages), messages
+
+
+def _budgeted(**mismatch) -> dict:
+    data = example()
+    data["monitoring"] = {"mismatch": {"max_kl": 0.01, **mismatch}}
+    return data
+
+
+def test_a_budget_alone_measures_the_gap_without_weighting_the_update():
+    cfg = parse_job_config(_budgeted(action="stop"))
+    assert cfg.monitoring.mismatch is not None and recomputes_old_logprobs(cfg)
+    recipe = job_recipe(cfg)
+    assert "sampled_logprobs" in recipe.produces["rollout"] and "sampled_logprobs" in recipe.consumes["actor_inference"]
+    assert "importance_weight" not in recipe.consumes["update"]
+
+
+def test_a_budget_is_refused_where_the_gap_is_not_measured_naming_its_own_field():
+    data = _budgeted()
+    data["algorithm"]["name"] = "dpo"
+    assert any("dpo" in message for message in problem_messages(data, "monitoring.mismatch"))
+    data = _budgeted()
+    data["rollout"] = {**data.get("rollout", {}), "stream_groups": 2}
+    assert any("stream_groups" in message for message in problem_messages(data, "monitoring.mismatch"))

@@ -94,3 +94,19 @@ def test_the_failed_phase_releases_the_cluster_without_counting_a_restart():
     actions = next_actions(facts, classify(facts))
     assert [type(a) for a in actions] == [DeleteCluster]
     assert not any(isinstance(a, CountRestart) for a in actions)
+
+
+def test_a_job_stopped_on_its_mismatch_budget_fails_at_once_saying_it_was_stopped():
+    failure = JobFailure(
+        FailureReason.ROLLOUT_MISMATCH,
+        (FieldProblem("monitoring.mismatch.max_kl", "iteration 3: mismatch/kl 0.05 is over ..."),),
+    )
+    status = _status(_observe("FAILED", log=format_failure(failure)))
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert status["phase"] == "Failed" and (failed["reason"], failed["status"]) == ("RolloutMismatch", "True")
+    assert (
+        "the runtime stopped the job (not retried): spec.job.monitoring.mismatch.max_kl: iteration 3"
+        in failed["message"]
+    )
+    events = status_events({"phase": "Running", "rayJobId": JOB_ID}, status)
+    assert [(e.type, e.reason.value) for e in events] == [("Warning", "RolloutMismatch")]

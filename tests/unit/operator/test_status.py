@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from rljob_testing import error_paths, round_facts, spec_dict, status_of, validator_for
+from rljob_testing import error_paths, job_dict, round_facts, spec_dict, status_of, validator_for
 
 from rldock.config import Problem
+from rldock.contract.progress import MISMATCH_KL
 from rldock.operator.api import RLJobSpec
 from rldock.operator.constants import CONDITION_MESSAGE_MAX, EventReason, RayJobStatus
 from rldock.operator.crd import rljob_schema
@@ -573,3 +574,45 @@ def test_a_finished_rljob_keeps_its_status_and_reports_its_environments_scaled_d
     assert {k: v for k, v in later.items() if not k.startswith("environments")} == {
         k: v for k, v in done.items() if not k.startswith("environments")
     }
+
+
+# --- spec.job.monitoring.mismatch ---------------------------------------------------------------------------
+
+
+def _budgeted(max_kl: float = 0.01) -> RLJobSpec:
+    """spec.job with monitoring.mismatch (the job config keeps its own snake_case keys)."""
+    job = job_dict()
+    job["monitoring"] = {"mismatch": {"max_kl": max_kl}}
+    return _spec(job=job)
+
+
+def test_the_mismatch_is_held_to_its_budget_in_a_condition_with_one_event_per_passing():
+    running = _job(RayJobStatus.RUNNING)
+
+    def round_with(kl: float, iteration: int, previous: dict | None = None) -> dict:
+        metrics = {**METRICS, "iteration": iteration, MISMATCH_KL: kl}
+        return _compute(_seen(ray_cluster=READY, ray_job=running, metrics=metrics), spec=_budgeted(), previous=previous)
+
+    under = round_with(0.004, 3)
+    assert _conditions(under)["RolloutMismatch"] == ("False", "WithinBudget") and under["rolloutMismatchKl"] == 0.004
+    over = round_with(0.02, 4, previous=under)
+    assert _conditions(over)["RolloutMismatch"] == ("True", "OverBudget")
+    message = next(c["message"] for c in over["conditions"] if c["type"] == "RolloutMismatch")
+    assert "iteration 4: mismatch/kl 0.02 is over spec.job.monitoring.mismatch.max_kl 0.01" in message
+    assert "spec.job.algorithm.rollout_correction" in message
+    assert validator_for(rljob_schema()["properties"]["status"]).is_valid(over)
+    events = status_events(under, over)
+    assert [(e.type, e.reason, e.message) for e in events] == [("Warning", EventReason.ROLLOUT_MISMATCH, message)]
+    still = round_with(0.03, 5, previous=over)  # over again: the condition's message moves, no second Event
+    assert _conditions(still)["RolloutMismatch"][0] == "True" and status_events(over, still) == []
+    back = round_with(0.001, 6, previous=still)
+    assert _conditions(back)["RolloutMismatch"] == ("False", "WithinBudget") and status_events(still, back) == []
+    # a round that read no new progress line keeps the condition and the figure
+    quiet = _compute(_seen(ray_cluster=READY, ray_job=running), spec=_budgeted(), previous=back)
+    assert _conditions(quiet)["RolloutMismatch"] == ("False", "WithinBudget") and quiet["rolloutMismatchKl"] == 0.001
+
+
+def test_without_a_budget_the_figure_is_reported_and_no_condition_set():
+    metrics = {**METRICS, MISMATCH_KL: 0.5}
+    status = _compute(_seen(ray_cluster=READY, ray_job=_job(RayJobStatus.RUNNING), metrics=metrics))
+    assert "RolloutMismatch" not in _conditions(status) and status["rolloutMismatchKl"] == 0.5

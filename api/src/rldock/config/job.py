@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from rldock.config.monitoring import MonitoringSpec
 from rldock.config.rollout_correction import RolloutCorrectionSpec
 from rldock.config.section import Spec
 from rldock.contract.algorithms import AlgorithmName
@@ -1403,6 +1404,7 @@ class JobConfig(Spec):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     tracking: list[Literal["tensorboard", "wandb"]] = Field(
         default=["tensorboard"],
         max_length=2,

@@ -1,4 +1,5 @@
-"""The failure line: why the runtime refused a job before training, for the operator to show.
+"""The failure line: why the runtime refused a job before training (or stopped it on a budget), for the
+operator to show.
 
 When `rldock train` finds a problem with its inputs that no retry can fix (a configured path that
 does not exist in the pod, a model whose shape the config cannot split), it prints one such line
@@ -26,6 +27,8 @@ class FailureReason(str, Enum):
 
     PATH_NOT_FOUND = "PathNotFound"  # a configured path is missing, unreadable or of the wrong kind
     INVALID_JOB_INPUT = "InvalidJobInput"  # the config does not fit what the pod holds (e.g. the model)
+    # monitoring.mismatch with action stop: an iteration's train-inference mismatch passed its budget
+    ROLLOUT_MISMATCH = "RolloutMismatch"
 
 
 @dataclass(frozen=True)

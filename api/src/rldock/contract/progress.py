@@ -27,6 +27,10 @@ def headline_key(record: Mapping[str, Any]) -> str:
     return "reward_mean" if "reward_mean" in record else "policy_preference_accuracy"
 
 
+# The iteration's train-inference mismatch, `mismatch/kl` (a job that measures it: algorithm.rollout_correction
+# or monitoring.mismatch), which the operator holds to monitoring.mismatch.max_kl.
+MISMATCH_KL = "mismatch_kl"
+
 # The last evaluation, carried on every progress line after it (the operator keeps only the last
 # line, and most iterations do not evaluate): its iteration (0: the initial policy), mean reward
 # and accuracy on the held-out prompts.

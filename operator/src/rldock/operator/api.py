@@ -741,6 +741,11 @@ class RLJobStatus(_Model):
     last_evaluation: LastEvaluation | None = Field(
         default=None, description="The newest held-out evaluation; unset until the job evaluates."
     )
+    rollout_mismatch_kl: float | None = Field(
+        default=None,
+        description="The last iteration's train-inference mismatch (`mismatch/kl`), in a job that measures it "
+        "(job.algorithm.rollout_correction or job.monitoring.mismatch).",
+    )
     environments: list[PodSetStatus] | None = Field(
         default=None, description="The pods of each spec.environments entry; unset without environments."
     )

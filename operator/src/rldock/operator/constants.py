@@ -263,6 +263,8 @@ class ConditionType(str, Enum):
     SUSPENDED = "Suspended"
     COMPLETE = "Complete"
     FAILED = "Failed"
+    # spec.job.monitoring.mismatch: the last iteration's train-inference mismatch against its budget
+    ROLLOUT_MISMATCH = "RolloutMismatch"
 
 
 class Reason(str, Enum):
@@ -307,6 +309,11 @@ class Reason(str, Enum):
     # path is missing in the pods, or the config does not fit the model there. Not retried.
     PATH_NOT_FOUND = FailureReason.PATH_NOT_FOUND.value
     INVALID_JOB_INPUT = FailureReason.INVALID_JOB_INPUT.value
+    # The runtime stopped the job on its budget (monitoring.mismatch, action stop). Not retried.
+    ROLLOUT_MISMATCH = FailureReason.ROLLOUT_MISMATCH.value
+    # RolloutMismatch's: the last iteration's mismatch/kl over spec.job.monitoring.mismatch.max_kl, or not
+    OVER_BUDGET = "OverBudget"
+    WITHIN_BUDGET = "WithinBudget"
 
 
 class EventReason(str, Enum):
@@ -341,6 +348,7 @@ class EventReason(str, Enum):
     STATUS_REJECTED = "StatusRejected"
     PATH_NOT_FOUND = FailureReason.PATH_NOT_FOUND.value
     INVALID_JOB_INPUT = FailureReason.INVALID_JOB_INPUT.value
+    ROLLOUT_MISMATCH = FailureReason.ROLLOUT_MISMATCH.value  # over budget: warned, or the job stopped
 
 
 class RayJobStatus(str, Enum):

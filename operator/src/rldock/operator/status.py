@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import ValidationError
 
 from rldock.config import Problem
-from rldock.contract.progress import VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
+from rldock.contract.progress import MISMATCH_KL, VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
 from rldock.operator import naming
 from rldock.operator.api import Condition, LastEvaluation, PodSetStatus, RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
@@ -87,6 +87,7 @@ def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
         # Every condition carries a message: an empty string reads as null on some API servers
         # (seen on the 1.20 test control plane), which the schema refuses.
         conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
+        _mismatch_budget(f, conditions)
         if failed_on_spec(prev) and ConditionType.FAILED not in conditions:
             conditions.drop(ConditionType.FAILED)  # the spec was fixed: its failure no longer holds
         ray_job_id = f.ray_job.submission_id if f.ray_job else None
@@ -105,6 +106,26 @@ def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
     _set_progress(status, f.spec, f.metrics, prev)
     _set_pod_sets(status, f, prev)
     return _dump(status)
+
+
+def _mismatch_budget(f: RoundFacts, out: _Updates) -> None:
+    """RolloutMismatch (spec.job.monitoring.mismatch): the last progress line's mismatch against the budget;
+    left as it was in a round that read no new line."""
+    budget = f.spec.job.monitoring.mismatch if f.spec is not None else None
+    if budget is None or f.metrics is None or MISMATCH_KL not in f.metrics:
+        return
+    kl, iteration = float(f.metrics[MISMATCH_KL]), int(f.metrics["iteration"])
+    figure = f"iteration {iteration}: mismatch/kl {kl:.4g}"
+    if kl > budget.max_kl:
+        message = (
+            f"{figure} is over spec.job.monitoring.mismatch.max_kl {budget.max_kl:.4g}: correct for it with "
+            "spec.job.algorithm.rollout_correction, generate in the trainer's precision (spec.job.rollout.dtype) "
+            "or raise the budget (docs/algorithms/rollout-correction.md)"
+        )
+        out.set(ConditionType.ROLLOUT_MISMATCH, True, Reason.OVER_BUDGET, message)
+    else:
+        message = f"{figure} is within spec.job.monitoring.mismatch.max_kl {budget.max_kl:.4g}"
+        out.set(ConditionType.ROLLOUT_MISMATCH, False, Reason.WITHIN_BUDGET, message)
 
 
 def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
@@ -192,7 +213,9 @@ def _attempt_refused(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     # The runtime refused its inputs (a path missing in the pods): every retry would fail the
     # same way, so the RLJob fails now with the runtime's reason and the fields to fix.
     reason = Reason(job.failure.reason.value)
-    message = f"Ray job {job.submission_id}: the runtime refused to start (not retried): " + job.failure.message(
+    # a budget the run passed (monitoring.mismatch, action stop) stops it after a checkpoint
+    what = "stopped the job" if reason is Reason.ROLLOUT_MISMATCH else "refused to start"
+    message = f"Ray job {job.submission_id}: the runtime {what} (not retried): " + job.failure.message(
         field_prefix="spec.job."
     )
     out.set(ConditionType.RUNNING, False, reason, message)
@@ -368,11 +391,14 @@ def _set_progress(
     status.iteration, status.reward = prev.iteration, prev.reward
     status.tokens_per_second_per_device = prev.tokens_per_second_per_device
     status.last_evaluation = prev.last_evaluation
+    status.rollout_mismatch_kl = prev.rollout_mismatch_kl
     if metrics is not None:  # keys as rldock.runtime.driver.trainer writes each iteration's record
         status.iteration = int(metrics["iteration"])
         status.reward = round(float(metrics[headline_key(metrics)]), 4)  # DPO: preference accuracy
         status.tokens_per_second_per_device = round(float(metrics["tokens_per_s_per_device"]), 1)
         status.last_evaluation = last_evaluation(metrics) or status.last_evaluation
+        if MISMATCH_KL in metrics:
+            status.rollout_mismatch_kl = float(metrics[MISMATCH_KL])
     status.iterations = spec.job.iterations if spec is not None else prev.iterations
     if status.iterations is not None:
         status.progress = f"{status.iteration or 0}/{status.iterations}"
@@ -474,6 +500,7 @@ _BLOCKED_EVENTS: dict[str, EventReason] = {
 _INPUT_EVENTS: dict[str, EventReason] = {
     Reason.PATH_NOT_FOUND: EventReason.PATH_NOT_FOUND,
     Reason.INVALID_JOB_INPUT: EventReason.INVALID_JOB_INPUT,
+    Reason.ROLLOUT_MISMATCH: EventReason.ROLLOUT_MISMATCH,
 }
 
 
@@ -499,6 +526,11 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
         events.append(Event("Warning", _BLOCKED_EVENTS[cond.reason], cond.message))
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
         events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
+    over, was_over = after.condition(ConditionType.ROLLOUT_MISMATCH), before.condition(ConditionType.ROLLOUT_MISMATCH)
+    if over is not None and over.status == "True" and (was_over is None or was_over.status != "True"):
+        events.append(
+            Event("Warning", EventReason.ROLLOUT_MISMATCH, over.message)
+        )  # once per passing, not per iteration
     if after.ray_job_id is not None and after.ray_job_id != before.ray_job_id:
         events.append(
             Event(

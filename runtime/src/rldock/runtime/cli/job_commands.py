@@ -13,7 +13,7 @@ import yaml
 
 from rldock.config import ConfigError, JobConfig, find_warnings, load_job_config
 from rldock.contract import runtime_cli as cli
-from rldock.contract.failure import FailureReason
+from rldock.contract.failure import FailureReason, format_failure
 from rldock.contract.progress import headline_key
 from rldock.runtime.agent.sandbox import describe_layers, machine_layers, uses_local_sandbox
 from rldock.runtime.cli.arguments import config_argument, overrides_argument, refuse
@@ -108,6 +108,7 @@ def run_train(args: argparse.Namespace) -> int:
     # rldock draws one progress bar; per-load bars of transformers/huggingface_hub (in this
     # process and, through the inherited environment, in every Ray worker) would tear it.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from rldock.runtime.driver.mismatch_budget import MismatchOverBudget
     from rldock.runtime.driver.preemption import EXIT_CODE, Preempted
     from rldock.runtime.driver.trainer import OutputDirInUse, Trainer  # heavy: torch, Ray, vLLM
     from rldock.runtime.rewards import RewardError
@@ -127,6 +128,11 @@ def run_train(args: argparse.Namespace) -> int:
     except Preempted as stopped:  # SIGTERM: the iteration under way finished and was checkpointed
         print(f"stopped: {stopped}", file=sys.stderr)
         return EXIT_CODE
+    except MismatchOverBudget as over:  # monitoring.mismatch `stop`: that iteration was checkpointed
+        print(f"stopped: {over}", file=sys.stderr)
+        if args.no_progress:  # in an RLJob: the operator fails it with the reason, no retry
+            print(format_failure(over.failure()), flush=True)
+        return 1
     print(json.dumps(run_summary(records, output=str(args.output))))
     return 0
 

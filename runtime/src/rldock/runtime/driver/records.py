@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rldock.contract.progress import headline_key  # noqa: F401  (re-exported: callers read it with the metrics)
+from rldock.contract.progress import (
+    MISMATCH_KL,
+    evaluation_headline,
+    format_progress,
+    headline_key,  # noqa: F401  (re-exported: callers read it with the metrics)
+)
 from rldock.runtime.agent.episode_metrics import agent_metrics
 from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, merge_mismatch
 from rldock.runtime.dock.stage_loop import StageResult
@@ -230,11 +235,37 @@ class MetricsLog:
             os.fsync(f.fileno())
 
 
-def progress_figures(record: dict[str, Any]) -> dict[str, float]:
-    """A record's figures in its machine-readable progress line, rounded. DPO records have no sampled
-    reward; its preference accuracy stands in (headline_key)."""
+def progress_line(
+    record: dict[str, Any], iterations: int, checkpoint: int | None, last_evaluation: dict[str, Any] | None
+) -> str:
+    """The iteration's machine-readable progress line (rldock.contract.progress): its figures rounded
+    (DPO records have no sampled reward; its preference accuracy stands in: headline_key), the train-inference
+    mismatch where the job measures it, the newest checkpoint's iteration and the last evaluation."""
     keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
-    return {k: round(record[k], 4) for k in keys}
+    gap = {MISMATCH_KL: float(f"{record['mismatch/kl']:.4g}")} if "mismatch/kl" in record else {}  # 4 figures
+    return format_progress(
+        {
+            **{k: round(record[k], 4) for k in keys},
+            **gap,
+            "iteration": record["iteration"],
+            "iterations": iterations,
+            "checkpoint": checkpoint,
+            **evaluation_headline(last_evaluation),
+        }
+    )
+
+
+def bar_figures(record: dict[str, Any], last_evaluation: dict[str, Any] | None) -> dict[str, str]:
+    """A record's figures on the progress bar: the headline metric, KL, throughput and, once the job
+    evaluated, the last held-out reward."""
+    key = headline_key(record)
+    val = {"val": f"{last_evaluation['val/reward']:.3f}"} if last_evaluation else {}
+    return {
+        key: f"{record[key]:.3f}",
+        "kl": f"{record['kl']:.4f}",
+        "tps": f"{record['tokens_per_s_per_device']:.0f}",
+        **val,
+    }
 
 
 def plot_progress(records: list[dict[str, Any]], path: Path) -> None:

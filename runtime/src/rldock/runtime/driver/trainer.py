@@ -29,7 +29,6 @@ import ray
 import torch
 
 from rldock.config import JobConfig
-from rldock.contract.progress import evaluation_headline, format_progress, headline_key
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError
 from rldock.runtime.driver.attempt import Attempt
@@ -37,8 +36,16 @@ from rldock.runtime.driver.bookkeeping import Bookkeeper, DockCounters
 from rldock.runtime.driver.evaluation import val_metrics
 from rldock.runtime.driver.inputs import prepare_inputs
 from rldock.runtime.driver.iteration_hold import IterationHold
+from rldock.runtime.driver.mismatch_budget import over_budget
 from rldock.runtime.driver.preemption import Preempted, StopRequest
-from rldock.runtime.driver.records import PLOT_FILE, MetricsLog, iteration_record, plot_progress, progress_figures
+from rldock.runtime.driver.records import (
+    PLOT_FILE,
+    MetricsLog,
+    bar_figures,
+    iteration_record,
+    plot_progress,
+    progress_line,
+)
 from rldock.runtime.driver.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule
 from rldock.runtime.driver.tracking import Tracking, open_tracking
 from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
@@ -220,20 +227,15 @@ class Trainer:
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(loop, iteration))
                 self._log(loop, record)
-                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total:
+                over = over_budget(self.cfg.monitoring, record)  # monitoring.mismatch: `stop` checkpoints
+                if iteration % self.cfg.checkpoint.interval == 0 or iteration == total or (over and over.stops):
                     self._save_checkpoint(loop, iteration)
-                key = headline_key(record)
-                val = {"val": f"{self._last_evaluation['val/reward']:.3f}"} if self._last_evaluation else {}
-                progress.set_postfix(
-                    **{key: f"{record[key]:.3f}"},
-                    kl=f"{record['kl']:.4f}",
-                    tps=f"{record['tokens_per_s_per_device']:.0f}",
-                    **val,
-                    refresh=False,
-                )
+                progress.set_postfix(bar_figures(record, self._last_evaluation), refresh=False)
                 progress.update(1)
                 if not self.show_progress:  # the bar is for people, the lines for the operator
                     self._report_progress(record)
+                if over is not None:
+                    over.act()  # `warn` logs, `stop` raises
             failed = False
         finally:
             progress.close()
@@ -308,14 +310,8 @@ class Trainer:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
         job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
-        headline = {
-            **progress_figures(record),
-            "iteration": record["iteration"],
-            "iterations": self.cfg.iterations,
-            "checkpoint": latest.iteration if latest else None,
-            **evaluation_headline(self._last_evaluation),
-        }
-        print(format_progress(headline), flush=True)
+        checkpoint = latest.iteration if latest else None
+        print(progress_line(record, self.cfg.iterations, checkpoint, self._last_evaluation), flush=True)
 
     def _save_checkpoint(self, loop: AttemptLoop, iteration: int) -> None:
         # The records up to this iteration are in metrics.jsonl before the checkpoint commits: a

@@ -52,8 +52,14 @@ def recomputes_old_logprobs(cfg: JobConfig) -> bool:
         algo.num_updates_per_iteration > 1
         or cfg.dock.max_staleness > 0
         or algo.routing_replay == "reference"
-        or algo.rollout_correction is not None
+        or measures_mismatch(cfg)
     )
+
+
+def measures_mismatch(cfg: JobConfig) -> bool:
+    """Whether the old-logprob pass compares the engine's logprobs with its own (the `mismatch/` metrics):
+    to correct the update (algorithm.rollout_correction) or to hold the job to a budget (monitoring.mismatch)."""
+    return cfg.algorithm.rollout_correction is not None or cfg.monitoring.mismatch is not None
 
 
 def job_recipe(cfg: JobConfig) -> Recipe:
@@ -62,7 +68,7 @@ def job_recipe(cfg: JobConfig) -> Recipe:
     advantage stage run by the reward state where it can be (unless JobConfig.ablations says not to), plus
     the reward model's state when a reward term is `model`, the reference pass on the actor
     ranks under LoRA, the routing column under algorithm.routing_replay `reference`, the engine's
-    logprobs under rollout.return_logprobs and the correction's columns under algorithm.rollout_correction. The one
+    logprobs under rollout.return_logprobs and the mismatch's columns (`measures_mismatch`). The one
     place the flow is derived: the dock's states, the trainer's workers and launches, the placement
     and the workers' inputs all come from it, so they agree."""
     recipe = get_recipe(cfg.algorithm.name)
@@ -94,15 +100,16 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_routing_replay(recipe)
     if cfg.rollout.return_logprobs:
         recipe = with_sampled_logprobs(recipe)
-    if cfg.algorithm.rollout_correction is not None and ACTOR_INFERENCE.name in recipe.consumes:
-        recipe = with_rollout_correction(recipe)
+    if measures_mismatch(cfg) and ACTOR_INFERENCE.name in recipe.consumes:
+        recipe = with_engine_logprobs(recipe)
+        if cfg.algorithm.rollout_correction is not None:
+            recipe = with_importance_weight(recipe)
     return recipe
 
 
-def with_rollout_correction(recipe: Recipe) -> Recipe:
+def with_engine_logprobs(recipe: Recipe) -> Recipe:
     """`recipe` whose rollout writes the engine's logprob of each sampled token, which the old-logprob pass
-    reads beside its own to write the correction's weight the update reads (algorithm.rollout_correction,
-    algorithms/rollout_correction.py)."""
+    reads beside its own (`measures_mismatch`; the correction's weight, algorithms/rollout_correction.py)."""
     (sampled, _) = PARTIAL_ROLLOUT
 
     def change(spec: WorkerState) -> WorkerState:
@@ -112,7 +119,7 @@ def with_rollout_correction(recipe: Recipe) -> Recipe:
             return replace(spec, consumes=spec.consumes + (sampled,))
         return spec
 
-    return with_importance_weight(_with_specs(recipe, change))
+    return _with_specs(recipe, change)
 
 
 def with_sampled_logprobs(recipe: Recipe) -> Recipe:

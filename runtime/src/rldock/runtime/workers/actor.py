@@ -39,6 +39,7 @@ from rldock.runtime.engines.process_group import Rendezvous
 from rldock.runtime.engines.rank_engine import RankEngine
 from rldock.runtime.engines.replica_devices import RankDevice, seat_of_this_actor
 from rldock.runtime.flow.columns import PARTIAL_ROLLOUT, ROUTED_EXPERTS
+from rldock.runtime.flow.job_recipe import measures_mismatch
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import (
     ACTOR_INFERENCE,
@@ -237,8 +238,8 @@ class ActorWorker(TakesTurns):
         computed with (`routed_experts`, which the update replays)."""
         tally = PassTally()
         records_routing = ROUTED_EXPERTS[0] in self.recipe.spec(ACTOR_INFERENCE.name).produces
-        correction = self.cfg.algorithm.rollout_correction
-        gaps: list[dict] = []  # each batch's mismatch_part (algorithm.rollout_correction)
+        correction, measures = self.cfg.algorithm.rollout_correction, measures_mismatch(self.cfg)
+        gaps: list[dict] = []  # each batch's mismatch_part (algorithm.rollout_correction, monitoring.mismatch)
 
         def infer(indices: torch.Tensor, batch: TensorDict) -> TensorDict:
             batch = batch.to(self.device.torch_device)  # the dock hands out host tensors
@@ -251,12 +252,16 @@ class ActorWorker(TakesTurns):
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
             sampled = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
             rollout = self.cfg.rollout
-            if correction is not None:  # the ratio against these weights, the engine's logprobs in the weight
-                # on the host: float64 there (the correction's sums), which not every accelerator has
+            if measures:  # the ratio against these weights, the engine's logprobs in the correction's weight
+                # on the host: float64 there (the gap's sums), which not every accelerator has
                 trainer, engine, mask = logprobs.cpu(), batch[SAMPLED_LOGPROBS].cpu(), batch["response_mask"].cpu()
-                weight = correction_weight(trainer, engine, mask, **correction.arguments())
+                columns = {"old_logprobs": trainer}
+                weight = (
+                    None if correction is None else correction_weight(trainer, engine, mask, **correction.arguments())
+                )
+                if weight is not None:
+                    columns[IMPORTANCE_WEIGHT] = weight
                 gaps.append(mismatch_part(trainer, engine, mask, weight))
-                columns = {"old_logprobs": trainer, IMPORTANCE_WEIGHT: weight}
             elif rollout.importance_correction != "decoupled":
                 columns = {"old_logprobs": sampled.cpu()}
             else:  # decoupled: the ratio against these weights, the sampling policy in the importance weight
