@@ -82,6 +82,7 @@ NOT_PATHS = {
     "agent.sandbox.servers.service",
     "agent.environment.servers.env",  # variables handed to a local server process, as written
     "agent.sandbox.servers.env",
+    "agent.served_models",  # model names a harness may give
     "training.lora.target_modules",  # module names
     "resources.accelerator_resource",  # a Ray resource
     "wandb.project",

@@ -973,6 +973,13 @@ class AgentSpec(Spec):
         "relative path is relative to the working directory of `rldock train`; `rldock validate` checks that the "
         "program and, for python or a shell, its script exist.",
     )
+    served_models: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The `model` names the rollout's gateway answers a harness's requests for. Empty (the default): "
+        "any name is the policy, so an agent written for another provider's model (`gpt-4o-mini`) runs unchanged; "
+        "listed: a request naming another is refused with a 400 naming `model`.",
+    )
     harness_pods: bool = Field(
         default=False,
         description="Your own agent runs in pods that lease each episode from the rollout's gateway (an RLJob's "

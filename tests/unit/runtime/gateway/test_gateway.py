@@ -23,6 +23,7 @@ import yaml
 
 from rldock.config import parse_job_config
 from rldock.runtime.flow.states import ROLLOUT
+from rldock.runtime.gateway.answers import RequestError, Turn, chat_request
 from rldock.runtime.gateway.episodes import GatewayEpisodes
 from rldock.runtime.gateway.harness_runner import HarnessError, load_harness
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
@@ -287,7 +288,13 @@ USER = [{"role": "user", "content": "2+3?"}]
     ("body", "param", "words"),
     [
         ({"model": "policy", "messages": USER, "n": 2}, "n", "one choice per request"),
-        ({"model": "gpt-4o", "messages": USER}, "model", "'gpt-4o' is not served here"),
+        ({"model": "policy", "messages": USER, "tool_choice": "required"}, "tool_choice", "guided decoding"),
+        (
+            {"messages": USER, "tool_choice": {"type": "function", "function": {"name": "add"}}},
+            "tool_choice",
+            "use `auto` (the model chooses) or `none`",
+        ),
+        ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format", "'json_object'"),
         ({"model": "policy", "messages": []}, "messages", "non-empty"),
         ({"model": "policy", "messages": USER, "max_tokens": 0}, "max_tokens", "positive integer"),
         ({"model": "policy", "messages": [{"role": "user", "content": "x" * 400}]}, "messages", "leaves no token"),
@@ -305,6 +312,33 @@ def test_a_request_the_engine_cannot_serve_is_a_400_naming_the_field(served, bod
     error = answer.json()["error"]
     assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error"
     assert engine.submitted == 0
+
+
+def test_any_model_name_is_the_policy_unless_the_job_lists_the_served_names(served, episodes):
+    url, key, engine, _, _ = served
+    for name in ("gpt-4o-mini", "policy"):  # an agent written for another provider's model runs unchanged
+        answer = post(
+            f"{url}/chat/completions", key, {"model": name, "messages": USER + [{"role": "user", "content": name}]}
+        )
+        assert answer.status_code == 200, answer.text
+    listed = episodes(served_models=["policy", "qwen"]).gateway.shaper
+    assert listed.served == ("policy", "qwen")
+    with pytest.raises(RequestError) as refused:
+        chat_request({"model": "gpt-4o", "messages": USER}, served=listed.served)
+    assert refused.value.param == "model" and "'gpt-4o' is not served here" in str(refused.value)
+    assert "'policy', 'qwen' (agent.served_models)" in str(refused.value)
+    assert chat_request({"model": "qwen", "messages": USER}, served=listed.served).tool_calls
+
+
+def test_tool_choice_none_leaves_a_call_the_model_wrote_in_the_text(episodes, tokenizer):
+    shaper = episodes().gateway.shaper
+    ids = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    turn = Turn(prompt_ids=[1, 2], token_ids=ids, logprobs=None, ended=True)
+    assert shaper.message(turn, call_prefix="c")["tool_calls"][0]["function"]["name"] == "add"  # auto
+    plain = shaper.message(turn, call_prefix="c", tool_calls=False)
+    assert "tool_calls" not in plain and plain["content"] == CALL
+    assert not chat_request({"messages": USER, "tool_choice": "none"}, served=()).tool_calls
+    assert chat_request({"messages": USER, "tool_choice": "auto", "response_format": {"type": "text"}}, served=())
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(served):

@@ -39,14 +39,20 @@ class ChatRequest:
     max_tokens: int | None
     stream: bool
     logprobs: bool
+    tool_calls: bool  # tool_choice `auto` (or unset): the answer's tool calls parsed; `none`: left in its text
 
 
-def _check_common(body: Any, *, model: str) -> None:
+def _check_common(body: Any, *, served: Sequence[str]) -> None:
+    """`served`: the model names answered (agent.served_models); empty: any name is the policy, as an agent
+    written for another provider's model names it."""
     if not isinstance(body, Mapping):
         raise RequestError("the body is not a JSON object", param=None)
-    if body.get("model") is not None and body.get("model") != model:
+    named = body.get("model")
+    if named is not None and served and named not in served:
         raise RequestError(
-            f"the model {body.get('model')!r} is not served here; this endpoint serves {model!r}", param="model"
+            f"the model {named!r} is not served here; this endpoint serves {', '.join(map(repr, served))} "
+            "(agent.served_models)",
+            param="model",
         )
     n = body.get("n", 1)
     if n != 1:
@@ -62,8 +68,33 @@ def _max_tokens(body: Mapping) -> int | None:
     return min(limits) if limits else None
 
 
-def chat_request(body: Any, *, model: str) -> ChatRequest:
-    _check_common(body, model=model)
+def _tool_calls_allowed(choice: Any, tools: Sequence[Mapping]) -> bool:
+    """tool_choice honoured, or refused: `auto` (the default) and `none` are a parsing choice; forcing a call
+    (`required`, a named function) needs guided decoding, which the gateway does not run."""
+    if choice is None or choice == "auto":
+        return True
+    if choice == "none":
+        return False
+    raise RequestError(
+        f"tool_choice {choice!r} is not served: forcing a tool call needs guided decoding, which this endpoint "
+        "does not run; use `auto` (the model chooses) or `none`",
+        param="tool_choice",
+    )
+
+
+def _check_response_format(response_format: Any) -> None:
+    if response_format is None or (isinstance(response_format, Mapping) and response_format.get("type") == "text"):
+        return
+    kind = response_format.get("type") if isinstance(response_format, Mapping) else response_format
+    raise RequestError(
+        f"response_format {kind!r} is not served: a JSON object or schema needs guided decoding, which this "
+        "endpoint does not run; leave it unset (text) and parse the answer",
+        param="response_format",
+    )
+
+
+def chat_request(body: Any, *, served: Sequence[str]) -> ChatRequest:
+    _check_common(body, served=served)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages is not a non-empty list of messages", param="messages")
@@ -73,18 +104,20 @@ def chat_request(body: Any, *, model: str) -> ChatRequest:
     tools = body.get("tools") or []
     if not isinstance(tools, list) or not all(isinstance(tool, Mapping) for tool in tools):
         raise RequestError("tools is not a list of objects", param="tools")
+    _check_response_format(body.get("response_format"))
     return ChatRequest(
         messages=[dict(message) for message in messages],
         tools=[dict(tool) for tool in tools],
         max_tokens=_max_tokens(body),
         stream=bool(body.get("stream", False)),
         logprobs=bool(body.get("logprobs", False)),
+        tool_calls=_tool_calls_allowed(body.get("tool_choice"), tools),
     )
 
 
-def completion_prompt(body: Any, *, model: str, vocab_size: int) -> tuple[list[int], int | None]:
+def completion_prompt(body: Any, *, served: Sequence[str], vocab_size: int) -> tuple[list[int], int | None]:
     """A completion request's prompt, token ids (one list, each in `[0, vocab_size)`), and its max tokens."""
-    _check_common(body, model=model)
+    _check_common(body, served=served)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
@@ -121,8 +154,17 @@ class Shaper:
     """Makes OpenAI answers from sampled turns for one model: its tokenizer, tool-call and reasoning
     formats."""
 
-    def __init__(self, tokenizer, *, model: str, tool_parser: ToolCallParser, reasoning_parser: ReasoningParser):
-        self.tokenizer, self.model = tokenizer, model
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        model: str,
+        tool_parser: ToolCallParser,
+        reasoning_parser: ReasoningParser,
+        served: Sequence[str] = (),
+    ):
+        """`model`: the name answers carry; `served`: the names requests may give (empty: any)."""
+        self.tokenizer, self.model, self.served = tokenizer, model, tuple(served)
         self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.eos_text: str = tokenizer.eos_token
         self.vocab_size = len(tokenizer)  # the ids a prompt may hold, added tokens included
@@ -133,11 +175,12 @@ class Shaper:
     def text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False).removesuffix(self.eos_text)
 
-    def message(self, turn: Turn, *, call_prefix: str) -> dict:
+    def message(self, turn: Turn, *, call_prefix: str, tool_calls: bool = True) -> dict:
         """The assistant message of `turn`: `content`, `reasoning_content` and `tool_calls` parsed from its
-        text (a call the model wrote wrong stays in the text)."""
+        text (a call the model wrote wrong stays in the text; with `tool_calls` False, tool_choice `none`,
+        every call does)."""
         reasoning, rest = self.reasoning_parser.split(self.text(turn.token_ids))
-        calls = self.tool_parser.parse(rest).calls if turn.ended else ()
+        calls = self.tool_parser.parse(rest).calls if turn.ended and tool_calls else ()
         message: dict[str, Any] = {"role": "assistant", "content": self.tool_parser.content(rest) if calls else rest}
         if reasoning is not None:
             message["reasoning_content"] = reasoning

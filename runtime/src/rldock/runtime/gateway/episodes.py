@@ -40,7 +40,7 @@ from rldock.runtime.gateway.sessions import Segment, SegmentRow, Session, rerend
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "policy"  # the `model` a harness names (or leaves out)
+MODEL_NAME = "policy"  # the `model` the answers name (a harness names any, unless agent.served_models lists them)
 RENDERERS_KEPT = 8  # renderers cached, one per distinct `tools` list (a miss costs two renders of a probe)
 KEPT_TOOLS_CHARS = 256 << 10  # a longer `tools` list (its JSON) gets a renderer per request, never cached
 ENGINE_REFUSED = "engine_refused"  # how an episode ends when the engine refused one of its turns
@@ -151,6 +151,7 @@ class GatewayEpisodes:
         shaper = Shaper(
             tokenizer,
             model=MODEL_NAME,
+            served=cfg.agent.served_models,
             tool_parser=build_parser(cfg.agent),
             reasoning_parser=REASONING_PARSERS.get(cfg.agent.reasoning_format)(),
         )

@@ -460,7 +460,7 @@ class Gateway:
 
     async def chat(self, episode: Episode, body: Any) -> dict:
         """A chat turn's answer (under the episode's lock, as `_once`)."""
-        request = chat_request(body, model=self.shaper.model)
+        request = chat_request(body, served=self.shaper.served)
         self._check_fits(request.messages)
 
         async def turn() -> dict:
@@ -470,7 +470,9 @@ class Gateway:
                 raise RequestError(f"messages: {error}", param="messages") from error
             sampled, tokens = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
             number = sum(s.turns for s in episode.session.segments) + 1
-            message = self.shaper.message(sampled, call_prefix=f"call-{episode.key}-{number}")
+            message = self.shaper.message(
+                sampled, call_prefix=f"call-{episode.key}-{number}", tool_calls=request.tool_calls
+            )
             episode.session.commit(
                 plan,
                 tokens.token_ids,
@@ -486,7 +488,7 @@ class Gateway:
 
     async def complete(self, episode: Episode, body: Any) -> dict:
         """A completion's answer (under the episode's lock, as `_once`)."""
-        prompt, asked = completion_prompt(body, model=self.shaper.model, vocab_size=self.shaper.vocab_size)
+        prompt, asked = completion_prompt(body, served=self.shaper.served, vocab_size=self.shaper.vocab_size)
 
         async def turn() -> dict:
             plan = await self._off_loop(episode.session.plan_ids, prompt)
