@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
-# `make test`'s pytest runs. The job tiers (tests/integration, tests/e2e) in one pytest run of two
-# workers (pytest-xdist: each module whole on one worker, every control-plane test on one,
-# tests/conftest.py's `_job_tier_group`) and, beside it, the unit tier in another, but for its tests
-# that start a Ray cluster of their own (marked
+# `make test`'s pytest runs. The job tiers (tests/integration, tests/e2e) in one pytest process and,
+# beside it, the unit tier in another, but for its tests that start a Ray cluster of their own (marked
 # `ray`, tests/unit/conftest.py), which run after the job tiers; then the npu twin's unit tests in a
 # process of their own (tests/conftest.py says why). Why beside: a job tier's processes spend much
 # of their time waiting on one another (a Ray round trip, an engine's start, an apiserver's watch),
-# leaving part of the cores idle, which the unit tier fills, and a second job-tier worker after it
-# (e2e/README.md, "Test tiers", gives the figures). Why the `ray` tests after: a raylet that does not register with its GCS within Ray's
+# leaving part of the cores idle, which the unit tier fills (e2e/README.md, "Test tiers", gives the
+# figures). Why the `ray` tests after: a raylet that does not register with its GCS within Ray's
 # fixed 30 s fails its cluster's start, which a machine loaded by a job beside it made happen. The
 # two processes share nothing but the machine: the integration tier's Ray head lives in a temp dir of
 # its own, the e2e pods have their own /tmp, and every local Ray is a fresh one (address="local").
@@ -38,7 +36,7 @@ trap 'interrupted=1' INT
 unit_pid=$!
 echo "the unit tier runs beside the job tiers: tail -f $unit_log"
 
-"$python" -m pytest tests/integration tests/e2e -n 2 --dist loadgroup "$@"
+"$python" -m pytest tests/integration tests/e2e "$@"
 jobs=$?
 wait "$unit_pid"
 unit=$?

@@ -154,19 +154,11 @@ def emulated_nodes(control_plane: ControlPlane) -> Iterator[Callable[..., dict]]
 TWIN_TESTS = "tests/unit/runtime/twin/"
 
 
-JOB_TIERS = ("tests/integration/", "tests/e2e/")
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The job tiers' work groups (`_job_tier_group`), and the npu twin's unit tests in a pytest
-    process of their own (`make test` starts one): torch's autograd engine sizes its per-device
-    queues once per process, at the first backward, from the devices registered then, so after an
-    earlier test's CPU backward a backward on npu:N trips an internal assert; and the twin, once
-    installed, stays for the rest of the process."""
-    for item in items:
-        if item.nodeid.startswith(JOB_TIERS):
-            item.add_marker(pytest.mark.xdist_group(_job_tier_group(item)))
+    """The npu twin's unit tests run in a pytest process of their own (`make test` starts one): torch's
+    autograd engine sizes its per-device queues once per process, at the first backward, from the
+    devices registered then, so after an earlier test's CPU backward a backward on npu:N trips an
+    internal assert; and the twin, once installed, stays for the rest of the process."""
     twin = [item for item in items if item.nodeid.startswith(TWIN_TESTS)]
     if not twin or len(twin) == len(items):
         return
@@ -176,19 +168,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     )
     for item in twin:
         item.add_marker(skip)
-
-
-def _job_tier_group(item: pytest.Item) -> str:
-    """Which of the job tiers' tests run in one process when pytest-xdist spreads them over several
-    (`-n 2 --dist loadgroup`, scripts/test-tiers.sh): a module's tests together, so that its
-    module-scoped fixtures run their jobs once; every test of the control plane together, so that
-    one ControlPlane serves them all (module docstring); the tests that import SmolLM2 together,
-    so that its 542 MB import runs once."""
-    if "control_plane" in item.fixturenames:
-        return "control-plane"
-    if "smollm2_dir" in item.fixturenames:
-        return "smollm2"
-    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.fixture(scope="session")

