@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from rldock.contract.failure import FailureReason, FieldProblem, JobFailure, format_failure
 from rldock.contract.progress import format_progress
 from rldock.operator import naming
 from rldock.operator.builders.rbac import build_rbac
@@ -167,7 +168,8 @@ class World:
         )
         return obj, self.jobs.find(self.submission_id(name, attempt))
 
-    def progress(self, submission_id: str, iteration: int, *, checkpoint: int | None = None) -> None:
+    def progress(self, submission_id: str, iteration: int, *, checkpoint: int | None = None, **figures: Any) -> None:
+        """The runtime's progress line for `iteration`; `figures`: more keys on it (`mismatch_kl`)."""
         self.jobs.print_line(submission_id, f"(TrainerDriver) iteration {iteration} done")
         self.jobs.print_line(
             submission_id,
@@ -181,6 +183,7 @@ class World:
                     "response_length_mean": 5.0,
                     "tokens_per_s_per_device": 100.0 + iteration,
                     "checkpoint": checkpoint,
+                    **figures,
                 }
             ),
         )
@@ -362,6 +365,45 @@ def test_failed_ray_job_is_retried_from_the_checkpoint_then_fails_at_the_backoff
     status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded" and status["restartCount"] == 1
+    world.wait("the RayCluster released after failure", lambda: world.get("rayclusters", name) is None)
+
+
+def test_a_mismatch_budget_is_a_condition_with_an_event_and_its_stop_fails_the_job_unretried(world: World):
+    """spec.job.monitoring.mismatch (docs/algorithms/rollout-correction.md#a-budget-on-the-gap): the progress
+    line's mismatch_kl against max_kl, then the runtime's failure line when the budget's action stopped it."""
+    name = unique("mismatch")
+    manifest = rljob(name)
+    manifest["spec"]["job"]["monitoring"] = {"mismatch": {"max_kl": 0.01, "action": "stop"}}
+    world.apply(manifest)
+    _, job = world.running(name)
+
+    def mismatch(status: dict[str, Any]) -> dict[str, Any] | None:
+        return next((c for c in status.get("conditions", []) if c["type"] == "RolloutMismatch"), None)
+
+    world.progress(job.submission_id, 1, mismatch_kl=0.002)
+    status = world.wait_status(name, "the mismatch within budget", lambda s: s.get("rolloutMismatchKl") == 0.002)
+    assert (mismatch(status["status"]) or {}).get("reason") == "WithinBudget"
+    world.progress(job.submission_id, 2, checkpoint=2, mismatch_kl=0.05)
+    status = world.wait_status(name, "the mismatch over budget", lambda s: (mismatch(s) or {}).get("status") == "True")
+    condition = mismatch(status["status"])
+    assert condition is not None and condition["reason"] == "OverBudget"
+    assert "iteration 2: mismatch/kl 0.05 is over spec.job.monitoring.mismatch.max_kl 0.01" in condition["message"]
+    event = world.wait(
+        "the RolloutMismatch Event",
+        lambda: next((e for e in world.events(name) if e["reason"] == "RolloutMismatch"), None),
+    )
+    assert event["type"] == "Warning" and event["message"] == condition["message"]
+
+    # action stop: the runtime checkpointed iteration 2 and printed its failure line, then exited 1
+    failure = JobFailure(
+        FailureReason.ROLLOUT_MISMATCH, (FieldProblem("monitoring.mismatch.max_kl", "iteration 2: mismatch/kl 0.05"),)
+    )
+    world.jobs.print_line(job.submission_id, format_failure(failure))
+    world.jobs.finish(job.submission_id, "FAILED", "driver exited with 1")
+    status = world.wait_status(name, "phase Failed", lambda s: s.get("phase") == "Failed")["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "RolloutMismatch" and status["restartCount"] == 0  # not retried
+    assert "spec.job.monitoring.mismatch.max_kl: iteration 2" in failed["message"]
     world.wait("the RayCluster released after failure", lambda: world.get("rayclusters", name) is None)
 
 

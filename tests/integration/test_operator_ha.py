@@ -275,7 +275,13 @@ def _serves(replica: OperatorProcess) -> bool:
 def test_the_lease_is_all_leader_election_writes(ha):
     """Nothing of kopf's peering: the only coordination object is the one Lease."""
     world, group = ha
-    leases = json.loads(world.plane.kubectl("get", "leases", "-n", world.namespace, "-o", "json").stdout)["items"]
+
+    def held() -> list[dict] | None:
+        """The namespace's Leases once one is held (after a handover the standby takes it a moment later)."""
+        leases = json.loads(world.plane.kubectl("get", "leases", "-n", world.namespace, "-o", "json").stdout)["items"]
+        return leases if any((lease.get("spec") or {}).get("holderIdentity") for lease in leases) else None
+
+    leases = world.wait("a replica holding the Lease", held)
     assert [lease["metadata"]["name"] for lease in leases] == [LEASE]
     assert leases[0]["spec"]["holderIdentity"] in group.replicas
 
