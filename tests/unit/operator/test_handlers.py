@@ -318,6 +318,9 @@ class _RecordingMetrics:
     def progress_seen(self, namespace, name):
         self.calls.append(("progress_seen", namespace, name))
 
+    def mismatch_seen(self, namespace, name, kl):
+        self.calls.append(("mismatch_seen", namespace, name, kl))
+
     def forget(self, namespace, name):
         self.calls.append(("forget", namespace, name))
 
@@ -362,6 +365,12 @@ def test_a_round_reports_its_result_phase_and_new_progress_to_the_metrics():
     reconcile(_raw({"phase": "Running", "iteration": 3}), same, logging.getLogger("test"))
     assert same.metrics.calls == [("reconciled", None), ("set_phase", "ns", "grpo", "Running")]
     assert same.written == []  # unchanged: no patch
+
+
+def test_a_round_reports_the_rljob_s_mismatch_to_the_metrics_where_it_has_one():
+    reconciler = _AnsweringReconciler(status={"phase": "Running", "iteration": 3, "rolloutMismatchKl": 0.02})
+    reconcile(_raw({"phase": "Running", "iteration": 2}), reconciler, logging.getLogger("test"))
+    assert reconciler.metrics.calls[-1] == ("mismatch_seen", "ns", "grpo", 0.02)
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,19 @@ def test_progress_age_grows_between_scrapes_and_only_for_running_rljobs(metrics:
     assert scrape(metrics)["rldock_rljob_last_progress_age_seconds"][(("namespace", "ns"), ("rljob", "job"))] == 0.0
 
 
+def test_the_mismatch_is_exported_for_running_rljobs_that_measure_it(metrics: Metrics):
+    metrics.set_phase("ns", "job", "Running")
+    metrics.set_phase("ns", "other", "Running")
+    assert scrape(metrics).get("rldock_rljob_rollout_mismatch_kl", {}) == {}  # none measured yet
+    metrics.mismatch_seen("ns", "job", 0.0123)
+    assert scrape(metrics)["rldock_rljob_rollout_mismatch_kl"] == {(("namespace", "ns"), ("rljob", "job")): 0.0123}
+    metrics.set_phase("ns", "job", "Failed")
+    assert "rldock_rljob_rollout_mismatch_kl" not in scrape(metrics)
+    metrics.forget("ns", "job")
+    metrics.set_phase("ns", "job", "Running")  # a new RLJob of the same name has measured nothing yet
+    assert "rldock_rljob_rollout_mismatch_kl" not in scrape(metrics)
+
+
 def test_reconciles_errors_and_durations(metrics: Metrics):
     assert scrape(metrics)["rldock_reconciles_total"] == {(("result", "success"),): 0.0, (("result", "error"),): 0.0}
     metrics.reconciled(seconds=0.02, error=None)

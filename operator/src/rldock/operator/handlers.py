@@ -167,6 +167,8 @@ def _count(
         metrics.set_phase(namespace, name, after["phase"])
     if after.get("iteration") is not None and after.get("iteration") != before.get("iteration"):
         metrics.progress_seen(namespace, name)
+    if after.get("rolloutMismatchKl") is not None:
+        metrics.mismatch_seen(namespace, name, float(after["rolloutMismatchKl"]))
 
 
 def seconds_until_next_round(

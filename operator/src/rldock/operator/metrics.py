@@ -10,6 +10,9 @@ Metrics (one registry per Metrics object, so tests and two operators in one proc
     rldock_rljob_last_progress_age_seconds{namespace, rljob}   gauge: seconds since a Running RLJob's
                                                                last new progress line (before its first:
                                                                since it was first seen Running)
+    rldock_rljob_rollout_mismatch_kl{namespace, rljob}         gauge: a Running RLJob's last mismatch/kl
+                                                               (status.rolloutMismatchKl), in a job that
+                                                               measures it
     rldock_ray_jobs_api_request_duration_seconds{endpoint, outcome}
                                                                histogram: Ray Jobs API requests
                                                                (rayjobs.Endpoint, rayjobs.Outcome)
@@ -71,6 +74,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._phases: dict[Key, Phase] = {}
         self._progress: dict[Key, float] = {}  # clock() of the last new progress line, or of Running
+        self._mismatch: dict[Key, float] = {}  # the last mismatch/kl a progress line carried
         self._reconciles = Counter(
             "rldock_reconciles", "Reconcile rounds, by result.", ["result"], registry=self.registry
         )
@@ -130,11 +134,17 @@ class Metrics:
         with self._lock:
             self._progress[(namespace, name)] = self._clock()
 
+    def mismatch_seen(self, namespace: str, name: str, kl: float) -> None:
+        """The RLJob's last train-inference mismatch (status.rolloutMismatchKl)."""
+        with self._lock:
+            self._mismatch[(namespace, name)] = kl
+
     def forget(self, namespace: str, name: str) -> None:
         """The RLJob is gone (deleted): drop its series."""
         with self._lock:
             self._phases.pop((namespace, name), None)
             self._progress.pop((namespace, name), None)
+            self._mismatch.pop((namespace, name), None)
 
     # --- what the Jobs API client and the leader elector report ---------------------------------
     def jobs_api_request(self, *, endpoint: str, seconds: float, outcome: str) -> None:
@@ -152,6 +162,7 @@ class Metrics:
         with self._lock:
             phases = dict(self._phases)
             progress = dict(self._progress)
+            mismatch = dict(self._mismatch)
         now = self._clock()
         by_phase = GaugeMetricFamily("rldock_rljobs", "RLJobs known to this replica, by phase.", labels=["phase"])
         for phase in Phase:
@@ -167,6 +178,16 @@ class Metrics:
             if phases.get((namespace, name)) is Phase.RUNNING:
                 age.add_metric([namespace, name], max(0.0, now - seen))
         yield age
+        gap = GaugeMetricFamily(
+            "rldock_rljob_rollout_mismatch_kl",
+            "A Running RLJob's last train-inference mismatch, mismatch/kl (job.algorithm.rollout_correction or "
+            "job.monitoring.mismatch measures it).",
+            labels=["namespace", "rljob"],
+        )
+        for (namespace, name), kl in sorted(mismatch.items()):
+            if phases.get((namespace, name)) is Phase.RUNNING:
+                gap.add_metric([namespace, name], kl)
+        yield gap
 
 
 class _RLJobCollector(Collector):
