@@ -2,8 +2,10 @@
 
 The same models are read from YAML by `rldock train`, embedded as the RLJob spec by the operator
 and turned into the CRD schema and the reference docs, so every field carries a description and
-its bounds. Only single-field rules live here; rules across fields are in `problems.py` so the
-operator can report them as conditions on an object the API server already accepted.
+its bounds. Only single-field rules live in the models; rules across fields are checks that return
+`Problem`s, so the operator can report them as conditions on an object the API server already
+accepted. A section with a module of its own (dock.py, evaluation.py, rollout_correction.py,
+monitoring.py) keeps its checks beside its fields; the others' are in `problems.py`, which gathers all.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from rldock.config.dock import DockSpec
+from rldock.config.evaluation import EvaluationSpec
 from rldock.config.monitoring import MonitoringSpec
 from rldock.config.rollout_correction import RolloutCorrectionSpec
 from rldock.config.section import Spec
@@ -1211,36 +1215,6 @@ class TrainingSpec(Spec):
     )
 
 
-class DockSpec(Spec):
-    """The transfer dock that carries every sample between stages."""
-
-    mode: Literal["distributed", "central"] = Field(
-        default="distributed",
-        description="`distributed`: one warehouse per node plus a metadata controller per worker state, "
-        "tensors moving straight between workers and warehouses. `central`: one buffer actor holds "
-        "every column and serves every request (the replay-buffer baseline; for comparison).",
-    )
-    num_warehouses: int | None = Field(
-        default=None, ge=1, description="S: warehouses (distributed mode only); default one per Ray node."
-    )
-    timeout_s: float = Field(
-        default=300.0, gt=0, description="How long a consumer waits for ready samples before failing."
-    )
-    max_staleness: int = Field(
-        default=0,
-        ge=0,
-        description="How many policy versions (weight updates) a sample may lag behind the policy that trains "
-        "on it. 0: on-policy. With training.mode async, 1 or more lets generation run one iteration ahead "
-        "of the update (samples 1 version old); the dock applies the bound to the update's samples after "
-        "every update (`on_stale`).",
-    )
-    on_stale: Literal["drop", "wait"] = Field(
-        default="drop",
-        description="What happens to a sample the policy would leave more than max_staleness versions behind: "
-        "`drop` discards it (with its prompt group); `wait` holds the policy update until it is consumed.",
-    )
-
-
 class ResourcesSpec(Spec):
     """Devices the job runs on: device kind, nodes and accelerators per node."""
 
@@ -1303,41 +1277,6 @@ class CheckpointSpec(Spec):
 
     interval: int = Field(default=5, ge=1, description="Save every this many iterations (and at the end).")
     keep_last: int = Field(default=2, ge=1, description="Checkpoints kept; older ones are deleted.")
-
-
-class EvaluationSpec(Spec):
-    """Held-out evaluation of the current policy: greedy (or sampled) responses to validation
-    prompts, scored by the job's reward and logged as `val/...` metrics (docs/evaluation.md)."""
-
-    interval: int = Field(
-        default=0,
-        ge=0,
-        description="Evaluate every this many iterations (and always after the last one); 0 disables.",
-    )
-    at_start: bool = Field(
-        default=True,
-        description="Also evaluate the initial policy before iteration 1 (logged as iteration 0): the "
-        "baseline the later evaluations compare with. Ignored when `interval` is 0.",
-    )
-    max_prompts: int | None = Field(
-        default=None,
-        ge=1,
-        le=10**6,
-        description="Evaluate only the first this many held-out prompts; unset uses all of them.",
-    )
-    num_samples: int = Field(default=1, ge=1, le=1024, description="Responses generated per held-out prompt.")
-    greedy: bool = Field(
-        default=True,
-        description="Generate with temperature 0 (deterministic; needs `num_samples` 1); false samples with "
-        "`rollout.temperature` and `rollout.top_p`.",
-    )
-    correct_threshold: float = Field(
-        default=1.0,
-        ge=-1e6,
-        le=1e6,
-        description="A response counts as correct when its reward is at least this; `val/accuracy` is the "
-        "share of correct responses.",
-    )
 
 
 class Ablations(BaseModel):

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ValidationError
 
 from rldock.config.job import JobConfig
 from rldock.config.paths import expand_paths
-from rldock.config.problems import Problem, field_path, find_local_problems, find_problems
+from rldock.config.problem import Problem, field_path
+from rldock.config.problems import find_local_problems, find_problems
 
 # How a loader treats the path fields (resolve_job_config says each).
 PathExpansion = Literal["here", "if_set", "as_written"]

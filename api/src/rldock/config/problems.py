@@ -1,4 +1,5 @@
-"""Rules that span several fields of a JobConfig.
+"""Rules that span several fields of a JobConfig: the sections' own checks (SECTION_CHECKS, each beside its
+fields in the section's module) and, below, those of the sections still in job.py.
 
 They are kept out of the pydantic validators so that a caller gets every problem at once, each
 with the dotted path of the field to change: `rldock train` prints them, the operator turns them
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from rldock.config import dock, evaluation, rollout_correction
 from rldock.config.job import (
     BUILTIN_ENVIRONMENTS,
     BUILTIN_TOOLS,
@@ -25,27 +25,15 @@ from rldock.config.job import (
     RewardTermSpec,
 )
 from rldock.config.job_layout import job_layout
+from rldock.config.problem import Problem
 from rldock.contract.algorithms import CATALOGUE, credits_turns, needs_critic, needs_rollout
 from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
-
-@dataclass(frozen=True)
-class Problem:
-    path: str  # dotted field path, e.g. "training.data_parallel_size"
-    message: str  # what is wrong and how to fix it
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-def field_path(parts: Iterable[str | int]) -> str:
-    """A pydantic error location as a field path: ("reward", "terms", 1, "url") -> reward.terms[1].url."""
-    path = ""
-    for part in parts:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
-    return path
+# The checks of the sections that keep them beside their fields (one module per section, issue 65); the
+# others are below, until each moves to its section's module.
+SECTION_CHECKS = (dock.problems, evaluation.problems, rollout_correction.problems)
 
 
 def critic_free_rollout_algorithms() -> list[str]:
@@ -98,7 +86,6 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
             )
         )
     problems.extend(_extra_worker_problems(cfg))
-    problems.extend(_dock_problems(cfg))
     problems.extend(_demo_default_problems(cfg))
     problems.extend(_data_problems(cfg))
     problems.extend(_dapo_problems(cfg))
@@ -109,16 +96,16 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_context_parallel_problems(cfg))
     problems.extend(_micro_batch_problems(cfg))
     problems.extend(reward_problems(cfg.reward))
-    problems.extend(_evaluation_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_routing_replay_problems(cfg))
     problems.extend(_return_logprobs_problems(cfg))
-    problems.extend(_rollout_correction_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
     problems.extend(_agent_problems(cfg))
     problems.extend(_turn_problems(cfg))
     problems.extend(_demonstration_problems(cfg))
+    for section_problems in SECTION_CHECKS:
+        problems.extend(section_problems(cfg))
     return problems
 
 
@@ -164,29 +151,6 @@ def _demo_default_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
-def _dock_problems(cfg: JobConfig) -> list[Problem]:
-    """Warehouses must each own a prompt group; the central buffer is one warehouse beside its controllers."""
-    dock, groups = cfg.dock, cfg.algorithm.num_prompts_per_iteration
-    problems = []
-    if dock.mode == "central" and dock.num_warehouses not in (None, 1):
-        problems.append(
-            Problem(
-                "dock.num_warehouses",
-                f"{dock.num_warehouses} warehouses with dock.mode central, which keeps every column in one "
-                "buffer; unset it or use mode distributed",
-            )
-        )
-    elif dock.num_warehouses is not None and dock.num_warehouses > groups:
-        problems.append(
-            Problem(
-                "dock.num_warehouses",
-                f"{dock.num_warehouses} warehouses for {groups} prompt groups would leave "
-                "some warehouses empty; use at most one warehouse per prompt group",
-            )
-        )
-    return problems
-
-
 def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
     """Every device worker must have a seat in the placement plan (rldock.contract.placement): each
     actor rank a device of its own, reference ranks, the critic ranks (ppo, pf_ppo: one per DP rank)
@@ -214,60 +178,6 @@ def _extra_worker_problems(cfg: JobConfig) -> list[Problem]:
             "resources.placement colocated",
         )
     ]
-
-
-def _evaluation_problems(cfg: JobConfig) -> list[Problem]:
-    evaluation = cfg.evaluation
-    problems: list[Problem] = []
-    if evaluation.greedy and evaluation.num_samples > 1:
-        problems.append(
-            Problem(
-                "evaluation.num_samples",
-                f"greedy evaluation (evaluation.greedy true) gives every prompt the same response, so "
-                f"{evaluation.num_samples} samples would repeat it; set evaluation.num_samples to 1 or "
-                "evaluation.greedy to false",
-            )
-        )
-    generated_val = cfg.data.generator is not None and cfg.data.generator.num_val_prompts > 0
-    if evaluation.interval > 0 and not (cfg.data.val_files or generated_val):
-        problems.append(
-            Problem(
-                "evaluation.interval",
-                "evaluation needs held-out prompts: list them in data.val_files (or, with data.generator, set "
-                "data.generator.num_val_prompts), or set evaluation.interval to 0",
-            )
-        )
-    # The other way round: held-out files listed while evaluation is off would never be read, and no
-    # val/ metric would ever appear; refused rather than warned, since the default interval is 0 and
-    # listing the files is the user's statement that they want the evaluation.
-    if evaluation.interval == 0 and cfg.data.val_files and cfg.data.generator is None:
-        problems.append(
-            Problem(
-                "evaluation.interval",
-                f"data.val_files lists {len(cfg.data.val_files)} held-out file(s), but evaluation.interval is 0 "
-                "(the default), so they would never be read and no val/ metric would appear; set "
-                "evaluation.interval (e.g. 20: every 20 iterations and after the last) or remove data.val_files",
-            )
-        )
-    # Held-out responses are scored in the driver, which holds no reward model (docs/rewards.md).
-    if evaluation.interval > 0 and all(term.name == "model" for term in cfg.reward.terms):
-        problems.append(
-            Problem(
-                "evaluation.interval",
-                "held-out evaluation scores with the reward terms other than `model`, and this job has none; add "
-                "one (weight 0 counts it for evaluation only, e.g. {name: math_verify, weight: 0}) or set "
-                "evaluation.interval to 0",
-            )
-        )
-    if evaluation.interval > 0 and not needs_rollout(cfg.algorithm.name):
-        problems.append(
-            Problem(
-                "evaluation.interval",
-                f"algorithm.name {cfg.algorithm.name} runs no rollout engine to generate held-out responses "
-                "with; set evaluation.interval to 0",
-            )
-        )
-    return problems
 
 
 def _old_logprob_problems(cfg: JobConfig) -> list[Problem]:
@@ -325,70 +235,6 @@ def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
                 "leaves out; set algorithm.recompute_old_logprobs to auto (the pass then runs) or routing_replay off",
             )
         )
-    return problems
-
-
-def _rollout_correction_problems(cfg: JobConfig) -> list[Problem]:
-    """algorithm.rollout_correction: a correction that does something, bounds that are read; and, for it
-    and monitoring.mismatch alike, the rollouts and losses the measure is built for (the plain rollout's
-    engine logprobs, a per-token advantage)."""
-    correction = cfg.algorithm.rollout_correction
-    problems = []
-    if correction is not None:
-        field = "algorithm.rollout_correction"
-        defaults = type(correction).model_fields
-        if correction.weight == "none" and correction.reject == "none":
-            problems.append(Problem(field, "corrects nothing (weight and reject none): set a preset, weight or reject"))
-        if correction.weight == "none" and correction.weight_cap != defaults["weight_cap"].default:
-            problems.append(Problem(f"{field}.weight_cap", "read only with a weight (token or sequence): remove it"))
-        band = (correction.reject_low, correction.reject_high)
-        if correction.reject == "none" and band != (defaults["reject_low"].default, defaults["reject_high"].default):
-            problems.append(
-                Problem(
-                    f"{field}.reject", "none, but reject_low or reject_high is set: set a reject or remove the band"
-                )
-            )
-        if (
-            correction.reject != "none"
-            and correction.reject_high is not None
-            and correction.reject_low >= correction.reject_high
-        ):
-            problems.append(
-                Problem(
-                    f"{field}.reject_low",
-                    f"{correction.reject_low:g} is not below reject_high {correction.reject_high:g}"
-                    ": the band keeps nothing",
-                )
-            )
-    measured = [
-        name
-        for name, value in (
-            ("algorithm.rollout_correction", correction),
-            ("monitoring.mismatch", cfg.monitoring.mismatch),
-        )
-        if value is not None
-    ]
-    rollout = cfg.rollout
-    others = {
-        "algorithm.name gspo (its ratio and clip are per sequence; the weight multiplies a per-token advantage)": (
-            cfg.algorithm.name == "gspo" and correction is not None
-        ),
-        "algorithm.name dpo (it samples no tokens)": cfg.algorithm.name == "dpo",
-        "agent (not built yet: an episode's engine logprobs span policy versions; "
-        "rollout.importance_correction corrects those)": cfg.agent is not None,
-        "rollout.partial_rollout (not built yet: rollout.importance_correction corrects the older versions' "
-        "tokens)": rollout.partial_rollout != "off",
-        "rollout.stream_groups (not built yet: the streamed rollout keeps no engine logprobs)": rollout.stream_groups
-        > 0,
-        "rollout.importance_correction (one correction: decoupled is weight token against partial rollout's "
-        "sampling logprobs)": rollout.importance_correction is not None and correction is not None,
-        "algorithm.recompute_old_logprobs never (the gap is measured in the old-logprob pass)": (
-            cfg.algorithm.recompute_old_logprobs == "never"
-        ),
-    }
-    problems.extend(
-        Problem(field, f"not with {other}") for field in measured for other, present in others.items() if present
-    )
     return problems
 
 

@@ -10,11 +10,15 @@ beside it overrides that one field.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from rldock.config.problem import Problem
 from rldock.config.section import Spec
+
+if TYPE_CHECKING:  # the section's checks read the whole config, which composes this section
+    from rldock.config.job import JobConfig
 
 CorrectionPreset = Literal["trl", "trl_token_truncate", "verl", "verl_seq_mis", "verl_geo_rs", "icepop"]
 
@@ -88,3 +92,67 @@ class RolloutCorrectionSpec(Spec):
             "low": self.reject_low,
             "high": math.inf if self.reject_high is None else self.reject_high,
         }
+
+
+def problems(cfg: JobConfig) -> list[Problem]:
+    """algorithm.rollout_correction: a correction that does something, bounds that are read; and, for it
+    and monitoring.mismatch alike, the rollouts and losses the measure is built for (the plain rollout's
+    engine logprobs, a per-token advantage)."""
+    correction = cfg.algorithm.rollout_correction
+    found: list[Problem] = []
+    if correction is not None:
+        field = "algorithm.rollout_correction"
+        defaults = type(correction).model_fields
+        if correction.weight == "none" and correction.reject == "none":
+            found.append(Problem(field, "corrects nothing (weight and reject none): set a preset, weight or reject"))
+        if correction.weight == "none" and correction.weight_cap != defaults["weight_cap"].default:
+            found.append(Problem(f"{field}.weight_cap", "read only with a weight (token or sequence): remove it"))
+        band = (correction.reject_low, correction.reject_high)
+        if correction.reject == "none" and band != (defaults["reject_low"].default, defaults["reject_high"].default):
+            found.append(
+                Problem(
+                    f"{field}.reject", "none, but reject_low or reject_high is set: set a reject or remove the band"
+                )
+            )
+        if (
+            correction.reject != "none"
+            and correction.reject_high is not None
+            and correction.reject_low >= correction.reject_high
+        ):
+            found.append(
+                Problem(
+                    f"{field}.reject_low",
+                    f"{correction.reject_low:g} is not below reject_high {correction.reject_high:g}"
+                    ": the band keeps nothing",
+                )
+            )
+    measured = [
+        name
+        for name, value in (
+            ("algorithm.rollout_correction", correction),
+            ("monitoring.mismatch", cfg.monitoring.mismatch),
+        )
+        if value is not None
+    ]
+    rollout = cfg.rollout
+    others = {
+        "algorithm.name gspo (its ratio and clip are per sequence; the weight multiplies a per-token advantage)": (
+            cfg.algorithm.name == "gspo" and correction is not None
+        ),
+        "algorithm.name dpo (it samples no tokens)": cfg.algorithm.name == "dpo",
+        "agent (not built yet: an episode's engine logprobs span policy versions; "
+        "rollout.importance_correction corrects those)": cfg.agent is not None,
+        "rollout.partial_rollout (not built yet: rollout.importance_correction corrects the older versions' "
+        "tokens)": rollout.partial_rollout != "off",
+        "rollout.stream_groups (not built yet: the streamed rollout keeps no engine logprobs)": rollout.stream_groups
+        > 0,
+        "rollout.importance_correction (one correction: decoupled is weight token against partial rollout's "
+        "sampling logprobs)": rollout.importance_correction is not None and correction is not None,
+        "algorithm.recompute_old_logprobs never (the gap is measured in the old-logprob pass)": (
+            cfg.algorithm.recompute_old_logprobs == "never"
+        ),
+    }
+    found.extend(
+        Problem(field, f"not with {other}") for field in measured for other, present in others.items() if present
+    )
+    return found

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rldock.config import Problem, find_problems
-from rldock.config.problems import field_path
+from rldock.config.problem import field_path
 from rldock.contract.agent_pods import GATEWAY_ENV
 from rldock.operator.api import Agent, Environment, EnvVar, RLJobSpec, Toleration, Volume, cpu_cores
 from rldock.operator.builders.agents import with_agent_pods
