@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -184,6 +185,22 @@ def worker(gateway: Gateway, command: list[str], stopping: threading.Event, refu
         idle = min(idle * 2, MAX_IDLE_S)
 
 
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4  # prctl(2)
+
+
+def undumpable() -> bool:
+    """Make this process non-dumpable (prctl PR_SET_DUMPABLE 0): its /proc files (its environ, which holds
+    the pod token) and its memory become root's, so a command the runner starts under the same uid, or
+    another pod's runner, cannot read the token and lease this pod's episodes. Each command is dumpable
+    again once it execs (the kernel resets the flag), and is given no pod token (`run_episode`). Linux only:
+    elsewhere, or where prctl cannot be called, nothing changes. True when the process is non-dumpable."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0 and libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=1, help="episodes run at once")
@@ -196,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if not os.environ.get(name):
             parser.error(f"{name} is not set")
     gateway = Gateway(os.environ[GATEWAY_ENV], os.environ[TOKEN_ENV])
+    undumpable()  # before any command runs: none can read the token from this process
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     refusals: list[str] = []  # why a worker stopped the runner

@@ -228,3 +228,30 @@ def test_a_second_gateway_on_the_pods_port_is_refused_naming_the_field(pods):
             prompt_capacity=PROMPT_CAPACITY,
             pod_port=port,
         )
+
+
+_PEEK = """
+import ctypes, os, subprocess, sys
+from rldock.contract.agent_runner import PR_SET_DUMPABLE, undumpable
+if os.getuid() == 0:  # an ordinary uid (root reads every process's files), dumpable as when started under it
+    os.setgid(65534)
+    os.setuid(65534)
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+def peek():  # what a command of the same uid reads of the runner's environment
+    return subprocess.run(["cat", f"/proc/{os.getpid()}/environ"], capture_output=True).stdout
+print(int(b"pod-secret" in peek()), int(undumpable()), int(b"pod-secret" in peek()))
+"""
+
+
+def test_a_command_of_the_same_uid_cannot_read_the_pod_token_from_the_runner():
+    """The red team's finding: a command read another runner's environ and leased its episodes."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEEK],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, ENVIRONMENT_TOKEN_ENV: "pod-secret"},
+    )
+    assert done.returncode == 0, done.stderr
+    readable_before, made_undumpable, readable_after = map(int, done.stdout.split())
+    assert (readable_before, made_undumpable, readable_after) == (1, 1, 0)
