@@ -984,6 +984,13 @@ class AgentSpec(Spec):
         "any name is the policy, so an agent written for another provider's model (`gpt-4o-mini`) runs unchanged; "
         "listed: a request naming another is refused with a 400 naming `model`.",
     )
+    max_concurrent_harness_commands: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="agent.harness_command: commands one actor rank runs at once; an episode beyond them waits "
+        "for one to end before its command starts (its agent.episode_timeout_s counts from its start).",
+    )
     harness_pods: bool = Field(
         default=False,
         description="Your own agent runs in pods that lease each episode from the rollout's gateway (an RLJob's "

@@ -189,3 +189,38 @@ def test_every_variable_a_command_gets_is_in_the_config_reference():
         if line.startswith("| `harness_command` |")
     ]
     assert sorted(name for name in names if name not in row) == []
+
+
+def test_no_more_commands_run_at_once_than_the_cap_and_every_episode_runs(tmp_path):
+    """agent.max_concurrent_harness_commands: six episodes, two at a time."""
+    log = tmp_path / "spans"
+    code = (
+        "import os, time\n"
+        f"with open({str(log)!r}, 'a') as f: f.write(f'+ {{time.monotonic()}}\\n')\n"
+        "time.sleep(1.0)\n"
+        f"with open({str(log)!r}, 'a') as f: f.write(f'- {{time.monotonic()}}\\n')\n" + write_result("1")
+    )
+    cfg = job(
+        harness=None,
+        harness_command=[sys.executable, "-c", code],
+        episode_timeout_s=120,
+        max_concurrent_harness_commands=2,
+    )
+    runner = HarnessRunner(cfg.agent)
+
+    async def six():
+        return await asyncio.gather(
+            *(runner({"prompt": "p"}, name=f"e{i}", base_url=URL, api_key=KEY) for i in range(6))
+        )
+
+    outcomes = asyncio.run(six())
+    assert [(outcome.ended, outcome.rewards) for outcome in outcomes] == [("harness_done", [1.0])] * 6
+    events = sorted(
+        (float(at), +1 if sign == "+" else -1) for sign, at in (line.split() for line in log.read_text().splitlines())
+    )
+    running, most = 0, 0
+    for _, change in events:  # an end and a start at the same instant: the end first (sorted -1 before +1)
+        running += change
+        most = max(most, running)
+    # never more than the cap (without it all six overlap); how many did overlap depends on the machine's load
+    assert 1 <= most <= 2 and running == 0

@@ -143,6 +143,14 @@ class HarnessRunner:
         self.command = list(spec.harness_command or [])
         if self.function is None and not self.command:
             raise HarnessError("agent.harness or agent.harness_command: set one to run your own agent")
+        # agent.max_concurrent_harness_commands, made on the loop that runs the commands (the gateway's)
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def _command_slots(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.spec.max_concurrent_harness_commands))
+        return self._slots[1]
 
     async def __call__(self, task: dict, *, name: str, base_url: str, api_key: str) -> HarnessOutcome:
         """Episode `name`'s harness run to its outcome (`name` is the dispatcher's; a local run needs only
@@ -151,7 +159,8 @@ class HarnessRunner:
             if self.function is not None:
                 value = await asyncio.wait_for(self._call(task, base_url, api_key), self.spec.episode_timeout_s)
             else:
-                return await self._run_command(task, base_url, api_key)
+                async with self._command_slots():  # at most agent.max_concurrent_harness_commands at once
+                    return await self._run_command(task, base_url, api_key)
         except TimeoutError:
             return HarnessOutcome("harness_timeout")
         except Exception as error:  # broad on purpose: the user's agent failing ends its episode, never the job
