@@ -168,26 +168,27 @@ class Metrics:
         for phase in Phase:
             by_phase.add_metric([phase.value], sum(1 for p in phases.values() if p is phase))
         yield by_phase
-        age = GaugeMetricFamily(
+        running = {key for key, phase in phases.items() if phase is Phase.RUNNING}
+        yield _per_rljob(
             "rldock_rljob_last_progress_age_seconds",
             "Seconds since a Running RLJob's last new progress line (before its first: "
             "since it was first seen Running).",
-            labels=["namespace", "rljob"],
+            {key: max(0.0, now - seen) for key, seen in progress.items() if key in running},
         )
-        for (namespace, name), seen in sorted(progress.items()):
-            if phases.get((namespace, name)) is Phase.RUNNING:
-                age.add_metric([namespace, name], max(0.0, now - seen))
-        yield age
-        gap = GaugeMetricFamily(
+        yield _per_rljob(
             "rldock_rljob_rollout_mismatch_kl",
             "A Running RLJob's last train-inference mismatch, mismatch/kl (job.algorithm.rollout_correction or "
             "job.monitoring.mismatch measures it).",
-            labels=["namespace", "rljob"],
+            {key: kl for key, kl in mismatch.items() if key in running},
         )
-        for (namespace, name), kl in sorted(mismatch.items()):
-            if phases.get((namespace, name)) is Phase.RUNNING:
-                gap.add_metric([namespace, name], kl)
-        yield gap
+
+
+def _per_rljob(name: str, documentation: str, values: dict[Key, float]) -> GaugeMetricFamily:
+    """A gauge with one series per RLJob (`namespace`, `rljob` labels), in name order."""
+    family = GaugeMetricFamily(name, documentation, labels=["namespace", "rljob"])
+    for (namespace, rljob), value in sorted(values.items()):
+        family.add_metric([namespace, rljob], value)
+    return family
 
 
 class _RLJobCollector(Collector):
