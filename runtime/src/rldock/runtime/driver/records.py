@@ -126,8 +126,9 @@ def iteration_record(
 
 
 def mismatch_metrics(inference: Sequence[StageResult]) -> dict[str, float]:
-    """algorithm.rollout_correction's `mismatch/` metrics over every batch of every rank of the old-logprob
-    pass (each batch's part merged, as if one batch: algorithms/rollout_correction.py); none without it."""
+    """The `mismatch/` metrics (algorithm.rollout_correction, monitoring.mismatch) over every batch of every
+    rank of the old-logprob pass (each batch's part merged, as if one batch: algorithms/rollout_correction.py);
+    none in a job that does not measure the gap."""
     parts = [part for result in inference for part in result.metrics.get(MISMATCH_KEY, [])]
     return merge_mismatch(parts) if parts else {}
 
