@@ -280,6 +280,22 @@ def test_entrypoint_is_a_valid_rldock_command():
     assert args.output == output_dir(job=JOB, spec=spec)
 
 
+@pytest.mark.parametrize(
+    ("preemption", "grace", "timeout"), [({}, 300, "285"), ({"gracePeriodSeconds": 900}, 900, "885")]
+)
+def test_the_head_s_prestop_hook_stops_the_driver_within_the_pods_grace_period(preemption, grace, timeout):
+    """spec.preemption: the driver finishes its iteration and checkpoints it before Ray's processes stop."""
+    head, worker = _groups(build_ray_cluster(job=JOB, spec=_spec(preemption=preemption)))
+    assert head["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    assert worker["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    (container,) = head["template"]["spec"]["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["rldock", "preempt", "--timeout", timeout]
+    args = build_parser().parse_args(command[1:])  # a command the runtime's CLI takes
+    assert (args.command, args.timeout) == ("preempt", float(timeout))
+    assert "lifecycle" not in worker["template"]["spec"]["containers"][0]  # the driver runs on the head
+
+
 @pytest.mark.parametrize("max_restarts", [1, 3])
 def test_entrypoint_passes_the_in_job_restart_budget(max_restarts):
     spec = _spec(maxRestarts=max_restarts)

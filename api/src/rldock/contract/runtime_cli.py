@@ -17,6 +17,8 @@ from __future__ import annotations
 
 PROGRAM = "rldock"
 TRAIN = "train"
+PREEMPT = "preempt"  # the head pod's preStop hook: `rldock preempt --timeout S` (docs/operator.md)
+TIMEOUT = "--timeout"
 VALIDATE = "validate"
 OUTPUT = "--output"
 RESUME = "--resume"

@@ -537,6 +537,20 @@ class LocalObjectReference(_Model):
     )
 
 
+class PreemptionSpec(_Model):
+    """The head's preStop hook (`rldock preempt`) stops the driver as SIGTERM does: the iteration under way
+    finishes, is checkpointed, and the next attempt resumes right after it (docs/operator.md)."""
+
+    grace_period_seconds: int = Field(
+        default=300,
+        ge=30,
+        le=86_400,
+        description="The Ray pods' terminationGracePeriodSeconds: the time the driver has to finish its iteration "
+        "and save the checkpoint before the pod is killed. Longer than an iteration plus a checkpoint's save; "
+        "a driver still running 15 s before it ends is left to the kill, and the last checkpoint saved stands.",
+    )
+
+
 class RLJobSpec(_Model):
     job: JobConfig = Field(description="The runtime job config, exactly what `rldock train` reads.")
     image: str | None = Field(
@@ -619,6 +633,10 @@ class RLJobSpec(_Model):
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the RLJob this long after it succeeds or fails."
+    )
+    preemption: PreemptionSpec = Field(
+        default_factory=lambda: PreemptionSpec(),
+        description="How a job stops when its pods are taken (deleted, a node drained, Kueue's preemption).",
     )
     managed_by: str | None = Field(
         default=None,

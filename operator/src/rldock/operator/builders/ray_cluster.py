@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rldock.contract.runtime_cli import PREEMPT, PROGRAM, TIMEOUT
 from rldock.operator import naming
 from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
@@ -212,6 +213,8 @@ def _pod_template(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        # the driver's time to finish its iteration and checkpoint it (the head's preStop hook, _container)
+        "terminationGracePeriodSeconds": spec.preemption.grace_period_seconds,
         "containers": [_container(job, spec, defaults, role=role)],
         "volumes": _volumes(job, spec) + [_dump(volume) for volume in spec.volumes],
     }
@@ -292,7 +295,20 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
         # Kubernetes gives `env` precedence over `envFrom`, so the operator's variables above win
         # over a Secret's key of the same name.
         container["envFrom"] = [_dump(source) for source in spec.env_from]
+    if role != ROLE_WORKER:
+        container["lifecycle"] = {"preStop": {"exec": {"command": preempt_command(spec)}}}
     return container
+
+
+# What the head keeps of its grace period after the driver's stop, for Ray's own (`ray start` ends its
+# processes on the SIGTERM that follows the hook).
+PREEMPT_MARGIN_S = 15
+
+
+def preempt_command(spec: RLJobSpec) -> list[str]:
+    """The head's preStop hook: the pod's driver stops as on SIGTERM (its iteration finished and checkpointed,
+    rldock.runtime.driver.preemption), waited for within the grace period, before Ray's processes get theirs."""
+    return [PROGRAM, PREEMPT, TIMEOUT, str(spec.preemption.grace_period_seconds - PREEMPT_MARGIN_S)]
 
 
 def environment_token_env(job: RLJobRef) -> dict[str, Any]:

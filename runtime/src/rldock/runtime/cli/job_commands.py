@@ -42,6 +42,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     validate.set_defaults(run=run_validate)
 
+    preempt = commands.add_parser(
+        cli.PREEMPT,
+        help="stop this machine's `rldock train` drivers as a pod's deletion would: each finishes its "
+        "iteration, checkpoints it and exits; wait for them (an RLJob head pod's preStop hook)",
+    )
+    preempt.add_argument(
+        cli.TIMEOUT, type=float, default=60.0, help="seconds to wait for the drivers to exit (default 60)"
+    )
+    preempt.set_defaults(run=run_preempt)
+
     train = commands.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
     config_argument(train)
     train.add_argument(
@@ -134,6 +144,17 @@ def run_train(args: argparse.Namespace) -> int:
             print(format_failure(over.failure()), flush=True)
         return 1
     print(json.dumps(run_summary(records, output=str(args.output))))
+    return 0
+
+
+def run_preempt(args: argparse.Namespace) -> int:
+    from rldock.runtime.driver.preemption import stop_drivers
+
+    signalled, running = stop_drivers(args.timeout)
+    if running:
+        print(f"rldock preempt: {len(running)} driver(s) still running after {args.timeout:g} s: {running}")
+        return 1
+    print(f"rldock preempt: {len(signalled)} driver(s) checkpointed and exited")
     return 0
 
 
