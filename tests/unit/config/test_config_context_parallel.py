@@ -52,3 +52,13 @@ def test_the_models_kv_heads_must_divide_by_cp(demo_data, cp, refused):
     assert [p.path for p in problems] == ([FIELD] if refused else [])
     if refused:
         assert "num_key_value_heads=2" in problems[0].message
+
+
+def test_ring_attention_runs_a_cp_size_the_kv_heads_do_not_divide(demo_data):
+    demo_data["training"].update(context_parallel_size=4, data_parallel_size=1, context_parallel_mode="ring")
+    assert find_local_problems(parse_job_config(demo_data)) == []
+
+
+def test_an_unknown_cp_mode_names_the_field(demo_data):
+    demo_data["training"]["context_parallel_mode"] = "allgather"
+    assert "training.context_parallel_mode" in problem_paths(demo_data)

@@ -31,6 +31,7 @@ from rldock.config.monitoring import MonitoringSpec
 from rldock.config.rollout_correction import RolloutCorrectionSpec
 from rldock.config.section import Spec
 from rldock.contract.algorithms import AlgorithmName
+from rldock.contract.context_parallel import ContextParallelMode
 from rldock.contract.placement import PlacementMode
 
 
@@ -1170,17 +1171,26 @@ class TrainingSpec(Spec):
         default=1,
         ge=1,
         le=64,
-        description="CP: Ulysses context parallelism for long sequences. Each data-parallel rank's samples are "
+        description="CP: context parallelism for long sequences. Each data-parallel rank's samples are "
         "computed by this many ranks, each holding 1/context_parallel_size of every sequence's positions; "
-        "attention gathers the whole sequence by an all-to-all over heads, so it must divide the model's "
-        "attention heads and KV heads, and the passes' attention must take a 4D mask (sdpa or eager, no "
+        "attention sees the whole sequence by context_parallel_mode (Ulysses' all-to-all over heads, which this "
+        "must divide, or ring attention), and the passes' attention must take a 4D mask (sdpa or eager, no "
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
         "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
         "strategy fsdp and tensor_parallel_size 1; composes with expert_parallel_size and routing replay. "
         "`rldock train` runs the actor's, "
         "the reference's and the critic's ranks as data_parallel_size groups of this many (each group's first "
         "rank reads the group's samples from the dock and shares them), the policy's, the reference's and the "
-        "critic's passes under Ulysses (docs/scaling.md, section 9).",
+        "critic's passes under the context_parallel_mode (docs/scaling.md, section 9).",
+    )
+    context_parallel_mode: ContextParallelMode = Field(
+        default="ulysses",
+        description="How the CP ranks attend over the whole sequence. `ulysses`: an all-to-all gives each rank "
+        "1/context_parallel_size of the heads over every position, so the size must divide the attention heads and "
+        "KV heads. `ring`: each rank keeps every head of its own positions and the keys and values pass around "
+        "the CP group (context_parallel_size - 1 steps, their log-sum-exps merged), so any size fits the heads; "
+        "it moves only the keys and values, where Ulysses moves the queries and the output too "
+        "(docs/scaling.md, section 9).",
     )
     trim_padding: bool = Field(
         default=True,

@@ -971,9 +971,9 @@ def _micro_batch_problems(cfg: JobConfig) -> list[Problem]:
 
 
 def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
-    """Ulysses CP (training.context_parallel_size): each CP rank computes a slice of every sequence's
-    positions, inside FSDP's data-parallel dimension (its gradient sum over CP is FSDP's reduction),
-    beside no TP; the heads' divisibility needs the model (`_model_problems`)."""
+    """CP (training.context_parallel_size, Ulysses or ring): each CP rank computes a slice of every
+    sequence's positions, inside FSDP's data-parallel dimension (its gradient sum over CP is FSDP's
+    reduction), beside no TP; Ulysses' heads' divisibility needs the model (`_model_problems`)."""
     training, algo = cfg.training, cfg.algorithm
     cp, field = training.context_parallel_size, "training.context_parallel_size"
     if cp == 1:
@@ -983,8 +983,9 @@ def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
         problems.append(
             Problem(
                 field,
-                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: Ulysses splits the heads the TP "
-                "ranks already split, a layout not built; use one of the two",
+                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: CP inside TP's head shards is "
+                "a layout not built (the CP groups come from FSDP's data-parallel ranks, not a device mesh with "
+                "a TP dimension); use one of the two",
             )
         )
     if training.strategy != "fsdp":
@@ -1220,7 +1221,12 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     if not config_file.is_file() and cfg.model.builder is None:
         return problems  # reported as a missing model
     try:
-        check_heads_divide(cp=cp, num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"])
+        check_heads_divide(
+            cp=cp,
+            num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"],
+            mode=cfg.training.context_parallel_mode,
+        )
     except ValueError as error:
         problems.append(Problem(CP_FIELD, str(error)))
     if tp == 1 and gen_tp == 1:

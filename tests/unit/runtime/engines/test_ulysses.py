@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny_models import tiny_qwen2  # tests/tiny_models.py
 
+from rldock.runtime.engines.context_attention import apply_context_attention
 from rldock.runtime.engines.ulysses import four_d_mask, pad_mask, padded_length, pass_mask
 
 
@@ -89,7 +90,7 @@ def test_an_additive_mask_in_float32_reaches_a_bfloat16_sdpa_in_bfloat16(one_ran
         return real_sdpa(module, query, key, value, attention_mask, **kwargs)
 
     monkeypatch.setattr(ulysses, "sdpa_attention_forward", recording_sdpa)
-    model = ulysses.apply_ulysses(_model("eager").to(torch.bfloat16), one_rank_group)
+    model = apply_context_attention(_model("eager").to(torch.bfloat16), one_rank_group, "ulysses")
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]])
     ids = torch.randint(4, 32, mask.shape, generator=torch.Generator().manual_seed(1))
     positions = (mask.cumsum(1) - 1).clamp(min=0)
@@ -114,3 +115,24 @@ def test_an_additive_mask_keeps_what_attends_in_the_compute_dtype():
     assert bool((converted[additive < 0] == torch.finfo(torch.bfloat16).min).all())  # finite: no -inf row
     boolean = four_d_mask(torch.tensor([[0, 1, 1, 1]]), kind="boolean", dtype=torch.float32)
     assert in_compute_dtype(boolean, torch.bfloat16) is boolean and in_compute_dtype(None, torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("mode", ["ulysses", "ring"])
+def test_a_one_rank_cp_model_gives_the_models_logits_in_either_mode(one_rank_group, implementation, mode):
+    """Over one rank both modes' attention is the model's own (an all-to-all of one, a ring of one
+    block), on padded rows (the 4D mask of the implementation's kind) and on full rows (none: causal);
+    float64, so only summation order differs (1e-12)."""
+    from rldock.runtime.engines.ulysses import context_mask
+
+    plain, model = _model("sdpa"), apply_context_attention(_model(implementation), one_rank_group, mode)
+    kind, dtype = context_mask(model)
+    assert kind == {"sdpa": "boolean", "eager": "additive"}[implementation] and dtype == torch.float64
+    for mask in (torch.tensor([[0, 0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1]]), torch.ones(2, 7, dtype=torch.int64)):
+        ids = torch.randint(4, 32, mask.shape, generator=torch.Generator().manual_seed(1))
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        expected = plain(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        four_d = pass_mask(mask, kind=kind, dtype=dtype)
+        got = model(input_ids=ids, attention_mask=four_d, position_ids=positions).logits
+        real = mask.bool()
+        torch.testing.assert_close(got[real], expected[real], rtol=1e-12, atol=1e-12)

@@ -1,7 +1,7 @@
-"""The memory planner under Ulysses context parallelism (planning/context_parallel_bytes.py): a CP rank's
-activations by hand, the training state sharded over DP x CP, the all-to-all bytes of an update
-step, and the verdict naming training.context_parallel_size when a sequence's activations, not the
-model, fill the device."""
+"""The memory planner under context parallelism (planning/context_parallel_bytes.py), Ulysses and ring:
+a CP rank's activations by hand, the training state sharded over DP x CP, the bytes a rank sends in
+an update step, and the verdict naming training.context_parallel_size when a sequence's
+activations, not the model, fill the device (under ring, at a size no head count allows Ulysses)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,35 @@ def test_a_shape_whose_kv_heads_do_not_divide_gets_no_cp_verdict():
     shape = dataclasses.replace(PRESETS["qwen2.5-7b"], num_kv_heads=1)  # no CP size splits one KV head
     verdict = check_fit(_long_7b(1), shape, device_memory=48 * GIB)
     assert verdict.field != "training.context_parallel_size"
+
+
+def test_a_ring_rank_keeps_its_own_heads_and_the_float32_merge():
+    rank_tokens, mask, head = 14, 28 * 28, 3 * 14 * 10 * 4  # as in the Ulysses case above
+    per_token = 4 * 8 + (4 + 2 * 2) * 2 + 4 * 2 + 4 * 16
+    merged = (4 * 2 + 4) * 4 // 4  # float32 output and log-sum-exps, in 4-byte elements
+    ring = activation_bytes(job(micro_batch_size=2, context_parallel_size=2, context_parallel_mode="ring"), SMALL)
+    assert ring == 2 * rank_tokens * (per_token + merged) * 4 + mask + head
+
+
+def test_ring_bytes_of_an_update_step_by_hand():
+    # Per pass and layer a rank passes on 1 key-and-value block of its 14 positions (2 KV heads of 2:
+    # 14 x 2 x 2 x 2 elements of 4 bytes) forward; backward 1 block again and 2 blocks of gradients.
+    block = 14 * 2 * 2 * 2 * 4
+    cfg = job(micro_batch_size=2, context_parallel_size=2, context_parallel_mode="ring")
+    assert update_all_to_all_bytes(cfg, SMALL) == 32 * 2 * (block + block + 2 * block)
+    checkpointed = job(
+        micro_batch_size=2, context_parallel_size=2, context_parallel_mode="ring", gradient_checkpointing=True
+    )
+    assert update_all_to_all_bytes(checkpointed, SMALL) == 32 * 2 * (2 * block + block + 2 * block)
+
+
+def test_ring_gets_a_cp_verdict_where_no_size_divides_the_kv_heads():
+    shape = dataclasses.replace(PRESETS["qwen2.5-7b"], num_kv_heads=1)  # Ulysses cannot split one KV head
+    data = _long_7b(1).model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["training"]["context_parallel_mode"] = "ring"
+    verdict = check_fit(parse_job_config(data), shape, device_memory=48 * GIB)
+    assert not verdict.fits and verdict.field == "training.context_parallel_size"
+    assert "(ring attention: each rank computes 1/2 of every sequence" in verdict.message
 
 
 def test_a_trimmed_single_row_pass_holds_no_mask():

@@ -35,12 +35,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from rldock.runtime.engines.context_attention import MASK_KINDS as CONTEXT_MASK_KINDS
 from rldock.runtime.planning.shapes import layer_flops
 
 # Attention implementations that take a ready 4D mask as is (transformers' masking_utils returns a
 # 4D mask untouched), and the mask each one reads.
-# The Ulysses ones (engines/ulysses.py, context parallelism) take the mask of the one they wrap.
-_MASK_KINDS = {"sdpa": "boolean", "eager": "additive", "ulysses_sdpa": "boolean", "ulysses_eager": "additive"}
+# Context parallelism's (engines/context_attention.py, Ulysses and ring) take the mask of the one they wrap.
+_MASK_KINDS = {"sdpa": "boolean", "eager": "additive", **CONTEXT_MASK_KINDS}
 
 
 def hf_config(model: nn.Module) -> Any:

@@ -1,5 +1,6 @@
-"""Ulysses context parallelism (`training.context_parallel_size`): a pass's sequence split over a
-group of CP ranks, attention computed over the whole sequence by all-to-all over heads.
+"""Ulysses context parallelism (`training.context_parallel_size`, `context_parallel_mode: ulysses`): a
+pass's sequence split over a group of CP ranks, attention computed over the whole sequence by
+all-to-all over heads. The sequence's split (`shard_forward`) and the masks here serve both modes.
 
 Each CP rank of a group holds the same rows and computes 1/cp of their positions: the embeddings,
 the projections, the MLPs and the norms run on its slice of the sequence (positions [r n, (r + 1) n)
@@ -13,8 +14,9 @@ MindSpeed's `ulysses`). Activations per rank fall by cp, attention's scores by c
 layer moves 4 tensors of B N H D / cp elements per rank each way (queries, keys and values in, the
 output back; fewer with grouped-query KV: `planning/memory.py` counts them).
 
-The model is Hugging Face's: `apply_ulysses` registers the attention function and points the
-model's config at it (`ulysses_sdpa` for a model that ran `sdpa`, `ulysses_eager` for `eager`; the
+The model is Hugging Face's: `apply_context_attention` (engines/context_attention.py, which also
+gives the other CP mode, ring attention) points the model's config at the attention function
+registered here (`ulysses_sdpa` for a model that ran `sdpa`, `ulysses_eager` for `eager`; the
 kernel is SDPA for both, with the boolean or additive 4D mask of the original), so rotary
 embeddings, grouped-query attention and activation checkpointing's recomputation run as they do
 without CP. The passes (engines/policy.py, engines/values.py) then always give the model a 4D mask
@@ -39,7 +41,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
-from rldock.contract.context_parallel import check_heads_divide
 from rldock.runtime.models.context_group import GROUP_ATTRIBUTE
 
 # The attention implementation a model ran without CP -> the one apply_ulysses gives it.
@@ -107,37 +108,13 @@ for _implementation in ULYSSES_IMPLEMENTATIONS.values():
     AttentionMaskInterface.register(_implementation, whole_sequence_causal)
 
 
-def apply_ulysses(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
-    """Make `model` (a Hugging Face causal LM or its body, possibly wrapped by DDP/PEFT/FSDP) attend
-    with Ulysses over `group`; returns it. Its passes must then give it sequence shards
-    (`shard_forward`)."""
-    config = _hf_config(model)
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in ULYSSES_IMPLEMENTATIONS:
-        raise ValueError(
-            f"context parallelism runs the model's attention on a 4D mask (sdpa or eager), "
-            f"not {implementation!r}: load the model with attn_implementation sdpa"
-        )
-    if getattr(config, "layer_types", None) and any(kind != "full_attention" for kind in config.layer_types):
-        raise ValueError("context parallelism needs full attention in every layer (no sliding window)")
-    cp = dist.get_world_size(group)
-    check_heads_divide(cp=cp, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads)
-    attention_modules = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
-    if not attention_modules:
-        raise TypeError(f"{type(model).__name__}: no attention module with num_key_value_groups")
-    for module in attention_modules:
-        setattr(module, GROUP_ATTRIBUTE, group)
-    config._attn_implementation = ULYSSES_IMPLEMENTATIONS[implementation]
-    return model
-
-
 def context_mask(model: nn.Module) -> tuple[str, torch.dtype]:
-    """The 4D mask a Ulysses model's passes give it: boolean for `ulysses_sdpa`, additive for
-    `ulysses_eager`, and the dtype an additive one is built in (the stored parameters'; the attention
-    takes it to the queries' dtype, `in_compute_dtype`)."""
+    """The 4D mask a CP model's passes give it: boolean for the modes' `_sdpa` implementations,
+    additive for their `_eager` ones, and the dtype an additive one is built in (the stored
+    parameters'; the attention takes it to the queries' dtype, `in_compute_dtype`)."""
     module = next(m for m in model.modules() if hasattr(m, GROUP_ATTRIBUTE))
     implementation = getattr(module, "config")._attn_implementation  # noqa: B009 (an nn.Module attribute to mypy)
-    kind = "boolean" if implementation == "ulysses_sdpa" else "additive"
+    kind = "boolean" if implementation.endswith("_sdpa") else "additive"
     return kind, next(module.parameters()).dtype
 
 
@@ -219,12 +196,3 @@ def shard_forward(
     position_ids = nn.functional.pad(position_ids, (0, extra))[:, local]  # (B, n)
     mask = None if attention_mask is None else pad_mask(attention_mask, length, kind=kind)
     return forward(input_ids, mask, position_ids), local
-
-
-def _hf_config(model: nn.Module) -> Any:
-    """The Hugging Face config of `model`: its own, or its first submodule's that has one (through
-    DDP's `module`, the critic's value model's `body`)."""
-    config = next((m.config for m in model.modules() if hasattr(m, "config")), None)
-    if config is None:
-        raise TypeError(f"{type(model).__name__}: no Hugging Face config on it or any submodule")
-    return config

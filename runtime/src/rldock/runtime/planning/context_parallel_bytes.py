@@ -1,5 +1,6 @@
-"""What Ulysses context parallelism (training.context_parallel_size, engines/ulysses.py) changes in
-a rank's bytes, as arithmetic on the model shape:
+"""What context parallelism (training.context_parallel_size; Ulysses, engines/ulysses.py, or ring
+attention, engines/ring_attention.py, by training.context_parallel_mode) changes in a rank's bytes,
+as arithmetic on the model shape:
 
 - tokens: a CP rank computes ceil(N / cp) positions of a pass of N tokens (N padded to a multiple
   of cp), so every per-token activation falls by cp;
@@ -17,6 +18,12 @@ a rank's bytes, as arithmetic on the model shape:
 - traffic: per layer and pass, the forward sends q, k, v and the output, n (2 n_q + 2 n_kv) d
   elements of a rank, (cp - 1)/cp of them to other ranks; the backward sends their gradients back
   (as much again); gradient checkpointing recomputes the forward (a third time).
+
+Ring attention instead keeps every head of its n positions: its attention function saves the rank's
+q, k and v (as the kernel's are counted), and its merged output and log-sum-exps in float32
+(n (n_q d + n_q) four-byte elements, `ring_saved_width`); no head-sharded copies. Its traffic per
+layer and pass: the forward passes cp - 1 key-and-value blocks of n 2 n_kv d elements on; the
+backward passes them on again (cp - 1) and the blocks' float32 gradients cp times.
 """
 
 from __future__ import annotations
@@ -56,3 +63,39 @@ def all_to_all_bytes_per_pass(
     per_layer = n * (2 * shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim * element * (cp - 1) // cp
     passes = 1 + (1 if backward else 0) + (1 if backward and recompute else 0)
     return shape.num_layers * per_layer * passes
+
+
+def ring_saved_width(shape: ModelShape, *, cp: int, element: int) -> int:
+    """Elements (of `element` bytes) per position and layer a ring-attention rank keeps beyond one
+    rank's: the float32 merged output and log-sum-exps (module docstring); 0 at cp 1."""
+    if cp == 1:
+        return 0
+    return -(-(shape.num_heads * shape.head_dim + shape.num_heads) * 4 // element)
+
+
+def ring_bytes_per_pass(
+    shape: ModelShape, *, tokens: int, cp: int, element: int, backward: bool = True, recompute: bool = False
+) -> int:
+    """Bytes one ring-attention rank sends its neighbour in one pass of `tokens` tokens: per layer
+    cp - 1 key-and-value blocks forward; the backward's cp - 1 blocks again and cp blocks of their
+    float32 gradients; a recomputed forward's blocks once more."""
+    if cp == 1:
+        return 0
+    block = tokens_per_rank(tokens, cp) * 2 * shape.num_kv_heads * shape.head_dim
+    forward = (cp - 1) * block * element
+    back = (cp - 1) * block * element + cp * block * 4
+    passes = forward * (1 + (1 if backward and recompute else 0)) + (back if backward else 0)
+    return shape.num_layers * passes
+
+
+def context_bytes_per_pass(
+    shape: ModelShape, *, mode: str, tokens: int, cp: int, element: int, backward: bool = True, recompute: bool = False
+) -> int:
+    """What a CP rank sends in one pass, by `mode` (`ulysses` or `ring`)."""
+    count = ring_bytes_per_pass if mode == "ring" else all_to_all_bytes_per_pass
+    return count(shape, tokens=tokens, cp=cp, element=element, backward=backward, recompute=recompute)
+
+
+def saved_width(shape: ModelShape, *, mode: str, cp: int, element: int) -> int:
+    """Elements per position and layer a CP rank keeps beyond one rank's, by `mode`."""
+    return ring_saved_width(shape, cp=cp, element=element) if mode == "ring" else ulysses_output_width(shape, cp=cp)

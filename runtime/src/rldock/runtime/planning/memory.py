@@ -32,12 +32,13 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   many tokens (b*s when smaller; one whole sequence s when larger). The LM head adds about three
   float32 (chunk, V) tensors, whatever b*s*V is: it runs on a chunk of scored positions at a time
   (engines/head_logprobs.py), the positions whose logits fit in LOGIT_CHUNK_BYTES (32 MiB).
-- context parallelism (training.context_parallel_size, Ulysses): a rank computes and keeps 1/cp of a
-  pass's tokens (its attention's tensors head-sharded over the whole sequence, as many elements, plus
-  the kernel's output apart from the exchanged one the projection keeps: n_q d per token), and
+- context parallelism (training.context_parallel_size): a rank computes and keeps 1/cp of a
+  pass's tokens (Ulysses: its attention's tensors head-sharded over the whole sequence, as many
+  elements, plus the kernel's output apart from the exchanged one the projection keeps: n_q d per
+  token; ring: its own positions' q, k, v, plus the float32 merged output and log-sum-exps), and
   holds the pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards
   the training state over DP x CP ranks; `all_to_all_bytes` is what a rank sends its CP group in one
-  update step (planning/context_parallel_bytes.py).
+  update step, by the mode's traffic (planning/context_parallel_bytes.py).
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -79,10 +80,10 @@ from rldock.config.job_layout import job_layout
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.flow.states import memory_models, placement_plan
 from rldock.runtime.planning.context_parallel_bytes import (
-    all_to_all_bytes_per_pass,
+    context_bytes_per_pass,
     mask_bytes,
+    saved_width,
     tokens_per_rank,
-    ulysses_output_width,
 )
 from rldock.runtime.planning.shapes import ModelShape
 
@@ -296,15 +297,18 @@ def _dispatch_width(shape: ModelShape) -> int:
     return 2 * shape.num_experts_per_tok * shape.hidden_size if shape.is_moe else 0
 
 
-def _layer_activation_bytes(shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1) -> int:
+def _layer_activation_bytes(
+    shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1, mode: str = "ulysses"
+) -> int:
     """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (module
-    docstring); a CP rank keeps as much per position for 1/cp of them (planning/context_parallel_bytes.py)."""
+    docstring); a CP rank keeps about as much per position for 1/cp of them, plus what its mode's
+    attention keeps (planning/context_parallel_bytes.py)."""
     h, d = shape.hidden_size, shape.head_dim
     per_token = (
         4 * h
         + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.active_intermediate) // tp
         + _dispatch_width(shape)
-        + ulysses_output_width(shape, cp=cp)
+        + saved_width(shape, mode=mode, cp=cp, element=element)
     )
     return tokens_per_rank(tokens, cp) * per_token * element
 
@@ -326,7 +330,8 @@ def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int
     one rank (a CP rank: its 1/cp of the positions and a pass's whole 4D mask,
     planning/context_parallel_bytes.py)."""
     tokens, cp = _micro_batch_tokens(cfg), cfg.training.context_parallel_size
-    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp)
+    mode = cfg.training.context_parallel_mode
+    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp, mode=mode)
     # A pass of one trimmed row has no padding and no mask (causal); otherwise at most a packed row's.
     masked = cfg.training.micro_batch_size > 1 or not cfg.training.trim_padding
     mask = mask_bytes(rows=1, sequence=tokens, cp=cp) if masked else 0
@@ -360,8 +365,9 @@ def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
     rows_per_pass = _micro_batch_tokens(cfg) // (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
     passes = -(-mini_batch // max(1, min(rows_per_pass, training.micro_batch_size)))
-    per_pass = all_to_all_bytes_per_pass(
+    per_pass = context_bytes_per_pass(
         shape,
+        mode=training.context_parallel_mode,
         tokens=_micro_batch_tokens(cfg),
         cp=training.context_parallel_size,
         element=element,

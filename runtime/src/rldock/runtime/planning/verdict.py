@@ -139,11 +139,13 @@ def _critic_refusal(cfg: JobConfig, shape: ModelShape, peak: int, device_memory:
 
 
 def _context_parallel_verdict(lean: JobConfig, shape: ModelShape, *, need: str, device_memory: int) -> Verdict | None:
-    """The smallest context_parallel_size (one that divides the heads and KV heads) at which `lean`
+    """The smallest context_parallel_size (under Ulysses one that divides the heads and KV heads) at which `lean`
     (FSDP, checkpointing, allgather-swap) fits, named as the field to change; None if none does."""
     sequence = lean.algorithm.max_prompt_length + lean.algorithm.max_response_length
-    for cp in range(lean.training.context_parallel_size + 1, shape.num_kv_heads + 1):
-        if shape.num_heads % cp or shape.num_kv_heads % cp:
+    ring = lean.training.context_parallel_mode == "ring"
+    # Ulysses splits the heads, so its sizes divide them; ring keeps every head (any size, up to 64).
+    for cp in range(lean.training.context_parallel_size + 1, (64 if ring else shape.num_kv_heads) + 1):
+        if not ring and (shape.num_heads % cp or shape.num_kv_heads % cp):
             continue
         after = plan_memory(_with_training(lean, context_parallel_size=cp), shape, device_memory=device_memory)
         if _fits(after):
@@ -152,7 +154,8 @@ def _context_parallel_verdict(lean: JobConfig, shape: ModelShape, *, need: str, 
                 "training.context_parallel_size",
                 f"{need}; a pass's activations ({sequence}-token sequences) fill the device: with strategy fsdp, "
                 f"gradient_checkpointing and allgather_swap it needs training.context_parallel_size >= {cp} "
-                f"(Ulysses: each rank computes 1/{cp} of every sequence; activations then "
+                f"({'ring attention' if ring else 'Ulysses'}: each rank computes 1/{cp} of every sequence; "
+                "activations then "
                 f"{after.update.activations / GIB:.1f} GiB, peak {after.peak / GIB:.1f} GiB per device)",
             )
     return None

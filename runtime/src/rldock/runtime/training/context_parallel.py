@@ -1,5 +1,6 @@
 """Context parallelism for a trained model (`training.context_parallel_size`): the CP groups, the
-model's attention switched to Ulysses (engines/ulysses.py), and its gradients summed over CP.
+model's attention switched to the CP mode's (`training.context_parallel_mode`: Ulysses or ring,
+engines/context_attention.py), and its gradients summed over CP.
 
 Ranks: the default group's world is dp x cp ranks, CP innermost: rank `d cp + c` is CP rank c of
 data-parallel rank d, and the cp consecutive ranks of one data-parallel rank share their rows (each
@@ -30,6 +31,7 @@ constant normaliser (seq_mean_token_sum_norm's length) is divided by dp, not the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -37,8 +39,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
+from rldock.runtime.engines.context_attention import apply_context_attention
 from rldock.runtime.engines.expert_parallel import ExpertParallelExperts
-from rldock.runtime.engines.ulysses import apply_ulysses
+from rldock.runtime.engines.process_group import DEFAULT_GROUP_TIMEOUT_S
 from rldock.runtime.training.backend import run_shared_stage
 
 if TYPE_CHECKING:
@@ -47,26 +50,28 @@ if TYPE_CHECKING:
 
 def context_group(cp: int) -> dist.ProcessGroup:
     """This rank's CP group: the cp consecutive ranks of its data-parallel rank (module docstring).
-    Collective: every rank of the default group creates every CP group, in the same order."""
+    Collective: every rank of the default group creates every CP group, in the same order. Its
+    collectives time out as the default group's do (torch's own default for a new group is 30 minutes)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % cp:
         raise ValueError(f"training.context_parallel_size={cp} must divide the {world} training ranks")
     mine = None
     for start in range(0, world, cp):
-        group = dist.new_group(list(range(start, start + cp)))
+        group = dist.new_group(list(range(start, start + cp)), timeout=timedelta(seconds=DEFAULT_GROUP_TIMEOUT_S))
         if start <= rank < start + cp:
             mine = group
     assert mine is not None
     return mine
 
 
-def apply_context_parallel(model: nn.Module, cp: int) -> dist.ProcessGroup | None:
-    """Give `model` Ulysses attention over this rank's CP group (None and nothing done at cp 1).
-    Collective over the default group; call before the training backend wraps the model."""
+def apply_context_parallel(model: nn.Module, cp: int, mode: str = "ulysses") -> dist.ProcessGroup | None:
+    """Give `model` the attention of `mode` (`ulysses` or `ring`, engines/context_attention.py) over
+    this rank's CP group (None and nothing done at cp 1). Collective over the default group; call
+    before the training backend wraps the model."""
     if cp == 1:
         return None
     group = context_group(cp)
-    apply_ulysses(model, group)
+    apply_context_attention(model, group, mode)
     return group
 
 
@@ -97,11 +102,11 @@ class ContextLayout:
     group: dist.ProcessGroup | None
 
     @classmethod
-    def of(cls, model: nn.Module, *, cp: int) -> ContextLayout:
-        """Give `model` Ulysses attention over this rank's CP group (`apply_context_parallel`) and
-        say where the rank sits. Collective over the default group; before FSDP wraps the model."""
+    def of(cls, model: nn.Module, *, cp: int, mode: str = "ulysses") -> ContextLayout:
+        """Give `model` the CP attention of `mode` over this rank's CP group (`apply_context_parallel`)
+        and say where the rank sits. Collective over the default group; before FSDP wraps the model."""
         world, rank = dist.get_world_size(), dist.get_rank()
-        group = apply_context_parallel(model, cp)
+        group = apply_context_parallel(model, cp, mode)
         return cls(cp=cp, dp=world // cp, dp_rank=rank // cp, reader=rank - rank % cp, group=group)
 
     @classmethod

@@ -76,7 +76,7 @@ class FsdpBackend:
         )
         # CP groups inside the data-parallel dimension, before FSDP wraps the model (context_parallel.py);
         # the EP groups above are carved out of the same dp x cp ranks (rldock.contract.layout)
-        self.context = ContextLayout.of(model, cp=training.context_parallel_size)
+        self.context = ContextLayout.of(model, cp=training.context_parallel_size, mode=training.context_parallel_mode)
         self.model = apply_fsdp(
             model,
             device,

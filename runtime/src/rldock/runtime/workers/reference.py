@@ -52,10 +52,13 @@ class ReferenceWorker(TakesTurns):
         return self.group.pick_rendezvous()
 
     def join_group(self, rendezvous: Rendezvous) -> None:
-        """Form the reference ranks' process group and give the model Ulysses attention over this
+        """Form the reference ranks' process group and give the model the CP mode's attention over this
         rank's CP group (called on all ranks at once)."""
         self.group.form(rendezvous)
-        self.context = ContextLayout.of(self.model, cp=self.cfg.training.context_parallel_size)
+        training = self.cfg.training
+        self.context = ContextLayout.of(
+            self.model, cp=training.context_parallel_size, mode=training.context_parallel_mode
+        )
 
     # --- the stage ----------------------------------------------------------------------------
 
