@@ -1,9 +1,9 @@
-"""Ulysses context parallelism on the CPU: update time, peak memory per rank and all-to-all bytes
-against sequence length at CP 1, 2 and 4, beside the memory planner's figures for the same update.
-Prints one JSON document.
+"""Context parallelism on the CPU, Ulysses and ring attention: update time, peak memory per rank and
+bytes sent against sequence length at CP 1, 2 and 4, beside the memory planner's figures for the
+same update. Prints one JSON document.
 
     .venv/bin/python -m rldock_benchmarks.context_parallel                       # 512..2048 tokens
-    .venv/bin/python -m rldock_benchmarks.context_parallel --lengths 1024 4096 --cp 1 2
+    .venv/bin/python -m rldock_benchmarks.context_parallel --lengths 1024 4096 --cp 1 2 --modes ring
 
 Each (CP size, length) runs in fresh gloo ranks (torch.multiprocessing, one torch thread each) laid out
 as a job's DP 1 x CP cp update: a Qwen2-style model (float32, sdpa) given Ulysses attention over the
@@ -24,15 +24,18 @@ Measured per rank:
 - `saved_bytes`: the distinct storages autograd saves for the backward during the pass (weights
   left out), counted with saved-tensor hooks: what the planner's activation formula estimates, less
   the LM head's transient chunk (`planned_saved_bytes`);
-- `all_to_all_bytes`: what the rank sent other ranks through the all-to-alls of one step, counted by
-  wrapping torch.distributed.all_to_all_single in the rank (a measuring wrapper, benchmark only);
+- `all_to_all_bytes`: what the rank sent other ranks in one step: through the all-to-alls (Ulysses)
+  and the ring's sends (ring), counted by wrapping torch.distributed.all_to_all_single and
+  batch_isend_irecv in the rank (measuring wrappers, benchmark only);
 - `seconds`: the median of `--steps` unprofiled steps after the first. The CP ranks share this
   machine's cores with each other and with whatever else runs, so CP does not make a step faster
   here: the figure shows what the exchange costs, not the speed-up of ranks on devices of their own.
 
 `peak_vs_cp1` against `planned_peak_vs_cp1` (and `saved_vs_cp1` against `planned_saved_vs_cp1`) is
 how memory per rank falls with CP, measured and planned; `max_peak_fall_vs_planned_error` the worst
-disagreement.
+disagreement. A ring row's `seconds_vs_ulysses` and `peak_vs_ulysses` compare it with the Ulysses
+row of the same CP size and length, run in the same ranks (`--modes`, both by default; CP 1 runs
+once, as neither).
 """
 
 from __future__ import annotations
@@ -137,26 +140,35 @@ class _SavedBytes:
         return tensor
 
 
-def _rank(rank: int, cp: int, jobs: list[tuple[int, int, str]], rendezvous: str, out_dir: str) -> None:
-    """`jobs` ((length, steps, dtype) each) one after the other in this rank's one process group."""
+Job = tuple[int, int, str, str]  # (length, steps, dtype, mode)
+
+
+def _rank(rank: int, cp: int, jobs: list[Job], rendezvous: str, out_dir: str) -> None:
+    """`jobs` one after the other in this rank's one process group."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=cp)
     sent = [0]
-    exchange = dist.all_to_all_single
+    exchange, pairs = dist.all_to_all_single, dist.batch_isend_irecv
 
     def counting_all_to_all(output, input, *args, **kwargs):  # noqa: A002 (torch's parameter name)
         sent[0] += input.numel() * input.element_size() * (cp - 1) // cp  # the chunks for other ranks
         return exchange(output, input, *args, **kwargs)
 
-    dist.all_to_all_single = counting_all_to_all  # type: ignore[assignment]  # the measuring wrapper
-    for index, (length, steps, dtype) in enumerate(jobs):
-        record = _job(cp, length, steps, dtype, sent)
+    def counting_sends(operations):
+        sent[0] += sum(op.tensor.numel() * op.tensor.element_size() for op in operations if op.op is dist.isend)
+        return pairs(operations)
+
+    # the measuring wrappers; the ring attention module looks both up on `dist` at each call
+    dist.all_to_all_single = counting_all_to_all  # type: ignore[assignment]
+    dist.batch_isend_irecv = counting_sends  # type: ignore[assignment]
+    for index, (length, steps, dtype, mode) in enumerate(jobs):
+        record = _job(cp, length, steps, dtype, mode, sent)
         (Path(out_dir) / f"rank{rank}-job{index}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _job(cp: int, length: int, steps: int, dtype: str, sent: list[int]) -> dict:
+def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int]) -> dict:
     """One (length, dtype) update on a fresh model: `steps` timed steps after the first, then one
     profiled; what it measured. `sent` counts the bytes the all-to-all wrapper sends."""
     from torch.profiler import ProfilerActivity, profile
@@ -167,8 +179,9 @@ def _job(cp: int, length: int, steps: int, dtype: str, sent: list[int]) -> dict:
     from rldock.runtime.training.context_parallel import ContextLayout
 
     model = _model(dtype)
-    # DP 1 x CP cp as rldock train's FSDP backend lays it out: Ulysses, FSDP over the ranks, the sum over CP
-    layout = ContextLayout.of(model, cp=cp)
+    # DP 1 x CP cp as rldock train's FSDP backend lays it out: the mode's attention, FSDP over the ranks,
+    # the sum over CP
+    layout = ContextLayout.of(model, cp=cp, mode=mode)
     model = apply_fsdp(model, detect_device("cpu"))
     layout.sum_gradients(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -205,10 +218,10 @@ def _job(cp: int, length: int, steps: int, dtype: str, sent: list[int]) -> dict:
     )
 
 
-def planned(length: int, cp: int) -> dict[str, int]:
-    """The planner's update peak, activations and all-to-all bytes for one rank of this step."""
+def planned(length: int, cp: int, mode: str = "ulysses") -> dict[str, int]:
+    """The planner's update peak, activations and bytes sent for one rank of this step."""
     from rldock.config import parse_job_config
-    from rldock.runtime.planning.context_parallel_bytes import all_to_all_bytes_per_pass
+    from rldock.runtime.planning.context_parallel_bytes import context_bytes_per_pass
     from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes, plan_memory
     from rldock.runtime.planning.shapes import shape_from_hf_config
 
@@ -226,7 +239,12 @@ def planned(length: int, cp: int) -> dict[str, int]:
                 "max_response_length": length - length // 4,
                 "learning_rate": 1e-4,
             },
-            "training": {"strategy": "fsdp", "micro_batch_size": 1, "context_parallel_size": cp},
+            "training": {
+                "strategy": "fsdp",
+                "micro_batch_size": 1,
+                "context_parallel_size": cp,
+                "context_parallel_mode": mode,
+            },
             "resources": {"device": "cpu", "devices_per_node": cp},
         }
     )
@@ -239,20 +257,15 @@ def planned(length: int, cp: int) -> dict[str, int]:
         + update.activations,
         "planned_saved_bytes": activation_bytes(cfg, shape) - head_chunk_bytes(cfg, shape),
         "planned_activation_bytes": activation_bytes(cfg, shape),
-        "planned_all_to_all_bytes": all_to_all_bytes_per_pass(shape, tokens=length, cp=cp, element=4),
+        "planned_all_to_all_bytes": context_bytes_per_pass(shape, mode=mode, tokens=length, cp=cp, element=4),
     }
 
 
-def run(cp: int, length: int, steps: int, *, dtype: str = "float32") -> dict:
-    """One (CP size, length) in fresh ranks. `dtype` other than float32 (the planner's figures' dtype)
-    is for comparing the CP sizes' losses: float64 sums in any order agree to ~1e-12."""
-    return run_jobs(cp, [(length, steps, dtype)])[0]
-
-
-def run_jobs(cp: int, jobs: list[tuple[int, int, str]]) -> list[dict]:
-    """`jobs` ((length, steps, dtype) each) in turn in one set of fresh ranks, each on a model of its own:
-    the first measures as `run` does; the later ones share the ranks' processes (what the tests use to
-    start fewer of them)."""
+def run_jobs(cp: int, jobs: list[Job]) -> list[dict]:
+    """`jobs` ((length, steps, dtype, mode) each) in turn in one set of fresh ranks, each on a model of
+    its own, sharing the ranks' processes (starting them is most of a small job's cost). A dtype other
+    than float32 (the planner's figures' dtype) is for comparing the CP sizes' losses: float64 sums in
+    any order agree to ~1e-12."""
     with tempfile.TemporaryDirectory() as out:
         # a file rendezvous in this run's fresh directory: a probed free port could be taken before rank 0 binds it
         mp.spawn(_rank, args=(cp, jobs, str(Path(out) / "rendezvous"), out), nprocs=cp)
@@ -260,16 +273,17 @@ def run_jobs(cp: int, jobs: list[tuple[int, int, str]]) -> list[dict]:
             [json.loads((Path(out) / f"rank{r}-job{index}.json").read_text()) for r in range(cp)]
             for index in range(len(jobs))
         ]
-    return [_row(cp, length, ranks) for (length, _, _), ranks in zip(jobs, found)]
+    return [_row(cp, length, mode, ranks) for (length, _, _, mode), ranks in zip(jobs, found)]
 
 
-def _row(cp: int, length: int, ranks: list[dict]) -> dict:
+def _row(cp: int, length: int, mode: str, ranks: list[dict]) -> dict:
     """One job's ranks' records with the planner's figures beside them."""
-    plan = planned(length, cp)
+    plan = planned(length, cp, mode)
     keys = ("peak_bytes", "state_bytes", "saved_bytes", "all_to_all_bytes")
     worst = {key: max(r[key] for r in ranks) for key in keys}
     return {
         "cp": cp,
+        "mode": mode if cp > 1 else None,
         "tokens": length,
         "seconds": max(r["seconds"] for r in ranks),
         "loss": ranks[0]["loss"],
@@ -284,10 +298,16 @@ def _row(cp: int, length: int, ranks: list[dict]) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Per length, each CP size's memory and time relative to CP 1 of the same run."""
-    by = {(row["cp"], row["tokens"]): row for row in rows}
+    """Per length, each CP size's memory and time relative to CP 1 of the same run, and a ring row's
+    relative to Ulysses at the same CP size and length."""
+    by = {(row["cp"], row["tokens"], row["mode"]): row for row in rows}
     for row in rows:
-        base = by.get((1, row["tokens"]))
+        ulysses = by.get((row["cp"], row["tokens"], "ulysses"))
+        if row["mode"] == "ring" and ulysses is not None:
+            row["seconds_vs_ulysses"] = row["seconds"] / ulysses["seconds"]
+            row["peak_vs_ulysses"] = row["max_rank_peak_bytes"] / ulysses["max_rank_peak_bytes"]
+            row["bytes_sent_vs_ulysses"] = row["max_rank_all_to_all_bytes"] / ulysses["max_rank_all_to_all_bytes"]
+        base = by.get((1, row["tokens"], None))
         if base is not None:
             for kind in ("peak", "saved"):
                 row[f"{kind}_vs_cp1"] = row[f"max_rank_{kind}_bytes"] / base[f"max_rank_{kind}_bytes"]
@@ -317,12 +337,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--cp", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", choices=("ulysses", "ring"), default=["ulysses", "ring"])
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    rows = [run(cp, length, args.steps) for length in args.lengths for cp in args.cp]
+    rows = []
+    for cp in args.cp:  # one set of ranks per CP size; CP 1 runs once, as neither mode
+        modes = args.modes if cp > 1 else args.modes[:1]
+        rows += run_jobs(cp, [(length, args.steps, "float32", mode) for length in args.lengths for mode in modes])
     print(json.dumps(summarize(rows), indent=1))
 
 

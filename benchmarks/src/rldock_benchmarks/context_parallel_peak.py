@@ -98,7 +98,8 @@ def _rank(rank: int, cp: int, jobs: list, rendezvous: str, out_dir: str) -> None
 def run(cp: int, length: int) -> dict:
     """One (CP size, length) update in fresh ranks: the rank with the highest peak, its breakdown."""
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(cp, [(length, 1, "float32")], str(Path(out) / "rendezvous"), out), nprocs=cp)
+        jobs = [(length, 1, "float32", "ulysses")]
+        mp.spawn(_rank, args=(cp, jobs, str(Path(out) / "rendezvous"), out), nprocs=cp)
         ranks = [
             {
                 **json.loads((Path(out) / f"rank{r}-job0.json").read_text()),

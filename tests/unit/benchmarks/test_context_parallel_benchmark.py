@@ -1,12 +1,12 @@
-"""The context-parallel benchmark on real gloo ranks at a small length, laid out as rldock train's
-DP 1 x CP cp update (FSDP over the CP ranks): the all-to-all bytes each rank sends equal the planner's
-to the byte, the training state each rank holds is 1/cp of CP 1's, the bytes autograd saves per rank
-fall with CP as the planner says within 3% (with the kernel's output a CP rank keeps apart from the
-exchanged one counted; without it the planner's fall is 5% off), the peak falls with CP, and every
-CP size computes the same loss, compared in float64 (rldock_benchmarks.context_parallel). At 256
-tokens the peak is mostly the state and FSDP's gathered layers, which the planner sums as their
-maxima; the peak's fall against the planner's is measured at the lengths CP is for (docs/scaling.md,
-section 9)."""
+"""The context-parallel benchmark on real gloo ranks at a small length, Ulysses and ring attention,
+laid out as rldock train's DP 1 x CP cp update (FSDP over the CP ranks): the bytes each rank sends
+equal the planner's to the byte, the training state each rank holds is 1/cp of CP 1's, the bytes
+autograd saves per rank fall with CP as the planner says within 3% (with the kernel's output a CP
+rank keeps apart from the exchanged one counted; without it the planner's fall is 5% off), the peak
+falls with CP, and every CP size computes the same loss, compared in float64
+(rldock_benchmarks.context_parallel). At 256 tokens the peak is mostly the state and FSDP's
+gathered layers, which the planner sums as their maxima; the peak's fall against the planner's is
+measured at the lengths CP is for (docs/scaling.md, section 9)."""
 
 import pytest
 
@@ -18,8 +18,19 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def by_cp() -> dict[int, list[dict]]:
     """Per CP size, one set of ranks (starting them is most of the cost): the float32 update at 256
-    tokens that is measured, then the float64 one at 64 tokens whose loss is compared."""
-    return {cp: run_jobs(cp, [(256, 1, "float32"), (64, 1, "float64")]) for cp in (1, 2, 4)}
+    tokens that is measured, then the float64 one at 64 tokens whose loss is compared; at CP 2 and 4
+    the same two under ring attention."""
+    return {
+        cp: run_jobs(
+            cp,
+            [
+                (256, 1, "float32", "ulysses"),
+                (64, 1, "float64", "ulysses"),
+                *(((256, 1, "float32", "ring"), (64, 1, "float64", "ring")) if cp > 1 else ()),
+            ],
+        )
+        for cp in (1, 2, 4)
+    }
 
 
 def test_cp_ranks_exchange_the_planned_bytes_and_hold_the_planned_share(by_cp):
@@ -44,3 +55,19 @@ def test_every_cp_size_computes_the_same_loss(by_cp):
     losses = {cp: jobs[1]["loss"] for cp, jobs in by_cp.items()}
     for cp in (2, 4):
         assert losses[cp] == pytest.approx(losses[1], rel=1e-9), losses
+
+
+def test_ring_ranks_send_the_planned_bytes_keep_the_planned_share_and_compute_the_same_loss(by_cp):
+    """Ring attention in the same ranks: the bytes its sends carry equal the planner's ring traffic to
+    the byte (cp - 1 key-and-value blocks forward, as many again and cp float32 gradient blocks
+    backward, per layer), its saved bytes fall with CP as the planner says within 3%, and its float64
+    loss is CP 1's."""
+    report = summarize([by_cp[1][0], *(by_cp[cp][i] for cp in (2, 4) for i in (0, 2))])
+    rows = {(row["cp"], row["mode"]): row for row in report["rows"]}
+    for cp in (2, 4):
+        ring = rows[cp, "ring"]
+        assert ring["max_rank_all_to_all_bytes"] == ring["planned_all_to_all_bytes"] > 0
+        assert abs(ring["saved_fall_vs_planned_error"]) <= 0.03, ring
+        assert ring["max_rank_state_bytes"] == rows[cp, "ulysses"]["max_rank_state_bytes"]
+        assert ring["seconds_vs_ulysses"] > 0 and ring["bytes_sent_vs_ulysses"] > 0
+        assert by_cp[cp][3]["loss"] == pytest.approx(by_cp[1][1]["loss"], rel=1e-9)
