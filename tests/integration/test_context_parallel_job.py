@@ -1,19 +1,21 @@
-"""`training.context_parallel_size` 2 and 4 in real `rldock train` jobs: the demo config (GRPO, a
-reference for the KL term) on a tiny Qwen2 of 4 heads and 4 KV heads (so CP 4 splits them; the demo
-model's 2 KV heads allow CP 2 only), at DP 1 x CP 2 and DP 1 x CP 4 under FSDP, against the same job
-at CP 1, on local Ray.
+"""`training.context_parallel_size` 2 and 4 in real `rldock train` jobs: PPO (the policy, a reference
+for the KL term and the critic, each trained or passed under CP) on a tiny Qwen2 of 4 heads and 4
+KV heads (so CP 4 splits them; the demo model's 2 KV heads allow CP 2 only), at DP 1 x CP 2 and
+DP 1 x CP 4 under FSDP, against the same job at CP 1, on local Ray.
 
 The CP ranks each hold a vLLM engine (2 or 4 generation replicas against 1), but the rollout samples
 each prompt group with its own seed (its key, not the rank), so the jobs train on the same
 responses; the CP group reads each share once and computes one loss over it, its gradient the sum
-of the ranks' shares. The reference ranks (DP x CP of them) run their pass under Ulysses too: each
+of the ranks' shares. The reference ranks (DP x CP of them) run their pass under CP too: each
 CP group's first rank reads the samples and every rank of the group passes all of them, a slice of
-each sequence apiece, so the KL term compares against the same reference logprobs at any CP. So
-every iteration's rollout must be the same (rewards and lengths
-exactly) and its loss, KL, entropy and gradient norm equal to the CP 1 job's up to float32
-reassociation (the ranks' gradient shares summed, FSDP's reduce-scatter): measured at most 4e-7
-relative on this machine (the KL at CP 4); the tolerance, 1e-4 relative and 1e-6 absolute (the policy loss is ~1e-9 at
-ratio 1), holds on any CPU and thread count, while a CP group that trained its ranks as two
+each sequence apiece, so the KL term compares against the same reference logprobs at any CP. PPO's
+critic ranks are DP x CP as well: the value model's passes run over the critic's CP group, which
+reads each share once (every CP rank takes the whole iteration, as one data-parallel rank). So
+every iteration's rollout must be the same (rewards and lengths exactly) and its loss, KL, entropy,
+gradient norms, values and value loss equal to the CP 1 job's up to float32 reassociation (the
+ranks' gradient shares summed, FSDP's reduce-scatter): measured at most 4e-7 relative on this
+machine (the KL at CP 4); the tolerance, 1e-4 relative and 1e-6 absolute (the policy loss is tiny
+at ratio 1), holds on any CPU and thread count, while a CP group that trained its ranks as two
 data-parallel ranks, reduced by the wrong factor or sharded a sequence wrong is off by 1e-2 and up.
 The CP 2 job stops after iteration 2 and resumes from its checkpoint (the gathered weights and
 optimizer state, the same files at any CP size) for the 3rd, which must match the CP 1 job's 3rd;
@@ -21,6 +23,9 @@ the CP 4 job runs the same 3 iterations (the 3rd's KL the first against a policy
 ring attention (`training.context_parallel_mode: ring`), the other CP mode: the same sums cut into
 key blocks rather than heads, so the same tolerance holds. Ulysses at CP 4 runs as ranks
 (test_context_parallel_ranks.py), as does ring on a head count no CP size divides.
+
+Four jobs in all (one GRPO and one PPO job per CP size ran before; PPO's flow holds GRPO's passes
+and the critic's).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ ITERATIONS, CHECKPOINT_AT = 3, 2
 SAMPLES = 16  # algorithm.num_prompts_per_iteration x num_responses_per_prompt below
 SAME_ROLLOUT = ("reward_mean", "reward_std", "response_length_mean", "prompt_length_mean")
 TRAINING = ("loss", "policy_loss", "kl", "entropy", "grad_norm", "clip_fraction")
+CRITIC = ("value_loss", "value_mean", "value_grad_norm")
 
 
 def run_job(
@@ -46,7 +52,7 @@ def run_job(
     *,
     iterations: int,
     resume: bool = False,
-    example: str = "grpo-tiny.yaml",
+    example: str = "ppo-tiny.yaml",
     mode: str = "ulysses",
 ) -> list[dict]:
     overrides = {
@@ -88,8 +94,13 @@ def check_as_cp1(one: list[dict], other: list[dict], *, cp: int) -> None:
     for a, b in zip(one, other, strict=True):
         assert (a["rollout/num_engines"], b["rollout/num_engines"]) == (1, cp)  # cp ranks ran
         assert {key: b[key] for key in SAME_ROLLOUT} == {key: a[key] for key in SAME_ROLLOUT}, a["iteration"]
-        for key in TRAINING:
+        for key in (*TRAINING, *CRITIC):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["iteration"], key)
+        # Both CP ranks of the critic take the whole iteration, as its one data-parallel rank.
+        samples = a["critic_ranks"]["rank0"]["update_samples"]
+        assert {rank: b["critic_ranks"][f"rank{rank}"]["update_samples"] for rank in range(cp)} == dict.fromkeys(
+            range(cp), samples
+        )
         # Every reference rank of the CP group passed all the group's samples (a slice of each).
         assert a["reference_ranks"] == {"rank0": {"samples": SAMPLES}}
         assert b["reference_ranks"] == {f"rank{r}": {"samples": SAMPLES} for r in range(cp)}
@@ -109,27 +120,10 @@ def test_a_cp2_job_trains_as_the_cp1_job_and_resumes(runs):
     assert [r["iteration"] for r in one] == [r["iteration"] for r in two] == [1, 2, 3]
     assert two[:CHECKPOINT_AT] == runs["cp2_stopped"]  # the resumed job kept the records it had
     check_as_cp1(one, two, cp=2)
-    assert one[2]["kl"] > 0  # the policy moved in iteration 2 (in iteration 1 no group had a spread)
+    assert one[2]["kl"] > 0  # the policy moved in iteration 2
+    assert one[1]["value_mean"] != 0.0  # the critic trained in iteration 1
 
 
 def test_a_cp4_ring_attention_job_trains_as_the_cp1_job(runs):
     assert [r["iteration"] for r in runs["cp4_ring"]] == [1, 2, 3]
     check_as_cp1(runs["cp1"], runs["cp4_ring"], cp=4)
-
-
-def test_a_cp2_ppo_job_trains_policy_and_critic_as_the_cp1_job(tmp_path):
-    """PPO's critic ranks are DP x CP too: the value model's passes run Ulysses over the critic's CP
-    group, which reads each share once (both CP ranks take the whole iteration, as one data-parallel
-    rank), so its values, value loss and gradient norm equal the CP 1 job's, iteration 2 after the
-    critic's first update included."""
-    one, two = (run_job(tmp_path, cp, iterations=2, example="ppo-tiny.yaml") for cp in (1, 2))
-    for a, b in zip(one, two, strict=True):
-        assert {key: b[key] for key in SAME_ROLLOUT} == {key: a[key] for key in SAME_ROLLOUT}, a["iteration"]
-        for key in (*TRAINING, "value_loss", "value_mean", "value_grad_norm"):
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["iteration"], key)
-        samples = a["critic_ranks"]["rank0"]["update_samples"]
-        assert {rank: b["critic_ranks"][rank]["update_samples"] for rank in ("rank0", "rank1")} == {
-            "rank0": samples,
-            "rank1": samples,
-        }
-    assert one[1]["value_mean"] != 0.0  # the critic trained in iteration 1

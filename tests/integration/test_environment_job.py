@@ -3,7 +3,9 @@ episodes are sessions of openenv-core's guess-the-number game (tests/unit/runtim
 each reset with its own seed, stepped with every turn, rewarded per step by the game, closed at the end,
 through `rldock train` and the dock, with an `environment` reward term. Then one short job against a
 hostile server (openenv_servers.hostile_server) whose sessions answer their steps wrongly in turn: the
-job finishes, the wrong answers are counted as their episodes' ends, and every reward it wrote is finite."""
+job finishes, the wrong answers are counted as their episodes' ends, and every reward it wrote is
+finite; and the game's per-step rewards credited by turn, under PPO and GRPO. Those three jobs start
+from the first job's warmed model rather than warming up again (`_warmed`)."""
 
 from __future__ import annotations
 
@@ -67,8 +69,7 @@ def _config(root: Path, url: str) -> dict:
 
 
 def _train(root: Path, config: dict) -> Path:
-    """`rldock train` of `config` in `root` (its job.yaml); its output folder. test_turn_credit_job.py
-    imports it."""
+    """`rldock train` of `config` in `root` (its job.yaml); its output folder."""
     return jobs.run(config, root / "run", max_restarts=None, progress=True, timeout_s=1200).output
 
 
@@ -77,6 +78,15 @@ def run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("environment")
     with openenv_guess_server(sessions=4, highest=10) as url:
         return _train(root, _config(root, url))
+
+
+def _warmed(config: dict, run: Path) -> dict:
+    """`config` starting from the module run's warmed model (its <output>/warmup folder: the same seed,
+    data and warm-up give the same weights), its own warm-up skipped: the other jobs here need the
+    answers' format, not another 150 steps of learning it."""
+    config["model"] = {"path": str(run / "warmup")}
+    config["warmup"] = {"steps": 0}
+    return config
 
 
 def test_every_episode_is_a_session_of_the_openenv_core_environment(run):
@@ -109,8 +119,8 @@ HOSTILE = [
 ]
 
 
-def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishes(tmp_path):
-    config = _config(tmp_path, "")
+def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishes(tmp_path, run):
+    config = _warmed(_config(tmp_path, ""), run)
     config["iterations"] = 1
     config["checkpoint"] = {"interval": 1}
     with hostile_server(*HOSTILE) as url:
@@ -124,3 +134,32 @@ def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishe
     assert agent["environment/errors"] == wrong and agent["environment/sessions_open"] == 0
     numbers = [record["reward_mean"], record["reward_std"], record["reward/environment"], record["loss"]]
     assert all(math.isfinite(value) for value in numbers), record
+
+
+@pytest.mark.parametrize(
+    ("name", "algorithm"),
+    [
+        ("ppo", {"gae_unit": "turn", "credit": "turn", "ppo": {"gamma": 0.9}}),
+        ("grpo", {"credit": "turn", "turn_discount": 0.9}),
+    ],
+)
+def test_a_job_credits_the_turns_of_episodes_rewarded_per_step(tmp_path, run, name, algorithm):
+    """Crediting turns end to end (docs/algorithms/turn-credit.md, ppo.md#multi-turn-episodes): the
+    game rewards each step; PPO with its GAE by turn and rewards per turn, and GRPO crediting turns.
+    Every state, the critic's included, takes every sample once; the losses stay finite."""
+    with openenv_guess_server(sessions=4, highest=10) as url:
+        config = _warmed(_config(tmp_path, url), run)
+        config["algorithm"].update(name=name, **algorithm)
+        config["resources"] = {"device": "cpu", "devices_per_node": 2}  # PPO's critic takes a device of its own
+        output = _train(tmp_path, config)
+    records = jobs.records(output)
+    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    for record in records:
+        controllers = record["dock"]["controllers"]
+        assert "advantage" in controllers  # the turns come from the rollout: no advantage in the reward state
+        for state, counters in controllers.items():
+            assert counters["samples_handed_out"] == 16, state
+        assert record["agent"]["environment/steps"] >= 16
+        assert math.isfinite(record["loss"]) and math.isfinite(record["policy_loss"])
+        if name == "ppo":
+            assert math.isfinite(record["value_loss"]) and record["value_loss"] >= 0

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-from jobs import train_demo  # tests/jobs.py
+from jobs import TP2_ITERATIONS, train_demo  # tests/jobs.py
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +25,9 @@ LAYOUTS = {
     "train-fsdp-dp2-gen-tp2": ((1, 2, 2, "fsdp"), (0,)),
 }
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
+# Read from test_resharding_job's allgather_swap run (jobs.tp2_demo: the same layout, micro-batch 16
+# and a resume after iteration 3), which the session runs once for both modules.
+SHARED = "train-tp2-dp1-gen-tp1"
 
 
 def run_job(root: Path, name: str) -> list[dict]:
@@ -60,10 +63,14 @@ def root(tmp_path_factory):
     "name",
     [pytest.param(name, marks=pytest.mark.slow) if name == "train-tp1-dp2-gen-tp2" else name for name in LAYOUTS],
 )
-def test_one_engine_per_generation_replica(root, name):
-    records = run_job(root, name)
+def test_one_engine_per_generation_replica(root, name, request):
+    if name == SHARED:  # the session's TP 2 allgather_swap run (conftest.py), 4 iterations across a resume
+        output, records = request.getfixturevalue("tp2_resharding_runs")["allgather_swap"]
+        iterations = TP2_ITERATIONS
+    else:
+        output, records, iterations = root / name, run_job(root, name), ITERATIONS
     (_, _, _, strategy), engine_ranks = LAYOUTS[name]
-    assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
+    assert [r["iteration"] for r in records] == list(range(1, iterations + 1))
     assert all(r["rollout/num_engines"] == len(engine_ranks) for r in records)
     for record in records:
         for rank in (0, 1):
@@ -80,5 +87,5 @@ def test_one_engine_per_generation_replica(root, name):
     # A TP peer runs its leader's batches: each pass counts once (the hand count shares no code).
     from rldock_benchmarks.flop_count import compare
 
-    for row in compare(root / name):
+    for row in compare(output):
         assert 0.9 * row["hand"] <= row["reported"] <= 1.1 * row.get("hand_split", row["hand"]), row

@@ -215,23 +215,16 @@ def test_output_dir_of_another_run_is_refused(interrupted_then_resumed):
 
 def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path, shared_ray_head):
     """SIGKILL one actor rank's process mid-run: the job restarts its workers from the last
-    checkpoint by itself and still ends with every iteration logged exactly once."""
-    # Many iterations after the kill point, so the kill always lands while the actor is still
-    # needed: with 4 iterations the job could finish between the poll and the kill.
-    iterations = 20
+    checkpoint by itself and still ends with every iteration logged exactly once. The test hold
+    (driver/iteration_hold.py) keeps the job before iteration 4 until the kill has landed, so the kill
+    always falls while the actor is still needed, after the checkpoint of iteration 2 (interval 2)."""
+    iterations = 6
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job_config(tmp_path / "model", iterations)))
-    output = tmp_path / "run"
-    job = jobs.start(
-        config,
-        output,
-        max_restarts=1,
-    )
-    deadline = time.monotonic() + 600
-    while len(read_metrics(output)) < 3:
-        assert job.poll() is None, f"job exited early:\n{job.stdout.read()}"
-        assert time.monotonic() < deadline, "job made no progress in 10 minutes"
-        time.sleep(0.2)
+    output, hold = tmp_path / "run", tmp_path / "hold"
+    hold.write_text("4")
+    job = jobs.start(config, output, max_restarts=1, env={**os.environ, "RLDOCK_TEST_HOLD_FILE": str(hold)})
+    before = wait_for_output(job, "test hold: iteration 4 waits", timeout_s=600)
     # Ray names actor processes "ray::<class>[.method]": the actor rank is a seat of the device
     # worker under colocated placement (the default), "ray::ActorWorker" of its own under separate.
     # The job joined the tier's Ray head (conftest.py), whose raylet started them; it runs one job at
@@ -239,10 +232,9 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path, shared_
     pids = [p.pid for p in shared_ray_head.worker_processes("ray::DeviceWorker", "ray::ActorWorker")]
     assert pids, "no actor worker process found"
     os.kill(pids[0], signal.SIGKILL)
-    killed_at = len(read_metrics(output))
-    log, _ = job.communicate(timeout=600)
+    hold.unlink()
+    log = before + job.communicate(timeout=600)[0]
     assert job.returncode == 0, log
-    assert killed_at < iterations, "the job finished before the kill; the test proved nothing"
     assert "a worker died" in log and "restart 1 of 1" in log
     assert [r["iteration"] for r in read_metrics(output)] == list(range(1, iterations + 1))
 

@@ -1,10 +1,13 @@
 """A PPO job end to end, kept short (2 iterations): the critic worker's states run through the
-transfer dock like every other state, and its metrics and checkpoint come out; a PPO run resumed
+transfer dock like every other state, and its metrics and checkpoint come out (on the FSDP critic
+ranks' run, which the test of those ranks shares); a PPO run resumed
 after iteration 1 trains bit for bit like an uninterrupted one; and with data_parallel_size 2 both
 critic ranks share the samples and keep equal weights (DDP) or one sharded model (FSDP), across a
 resume too."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import jobs  # tests/jobs.py
 import pytest
@@ -50,12 +53,31 @@ def run_ppo(
     return jobs.run(config, tmp_path / output, resume=resume, max_restarts=None).records
 
 
+def _two_critic_ranks(root: Path, strategy: str) -> list[dict]:
+    """Iteration 1, a checkpoint, then iteration 2 resumed from it, at data_parallel_size 2 under
+    `strategy` with two micro-batches per rank; the records of both."""
+    run_ppo(root, "ppo", micro_batch_size=4, iterations=1, data_parallel_size=2, strategy=strategy)
+    return run_ppo(root, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2, strategy=strategy)
+
+
+@pytest.fixture(scope="module")
+def fsdp_critic_ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """The FSDP two-critic-rank run (its output folder and records), which the dataflow test shares."""
+    root = tmp_path_factory.mktemp("ppo-fsdp-critic-ranks")
+    return root / "run", _two_critic_ranks(root, "fsdp")
+
+
 # pf_ppo and the ddp critic ranks are opt-in (`make test-slow`, .ci/run's budget; README, "slow"):
-# ppo runs the same dataflow, and the fsdp critic ranks the same two-rank share and resume.
+# ppo runs the same dataflow, and the fsdp critic ranks the same two-rank share and resume. The ppo
+# case reads the fsdp critic ranks' run (DP 2, resumed after iteration 1): the dataflow asserted here is
+# the same at any layout, and PPO's critic at DP 1 under DDP runs in test_phase_schedule_job's and
+# test_environment_job's turn-credit jobs.
 @pytest.mark.parametrize("algorithm", ["ppo", pytest.param("pf_ppo", marks=pytest.mark.slow)])
-def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm):
-    output = tmp_path / "run"
-    records = run_ppo(tmp_path, algorithm)
+def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm, request):
+    if algorithm == "ppo":
+        output, records = request.getfixturevalue("fsdp_critic_ranks")
+    else:
+        output, records = tmp_path / "run", run_ppo(tmp_path, algorithm)
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         assert record["value_loss"] >= 0 and 0 <= record["value_clip_fraction"] <= 1
@@ -98,13 +120,15 @@ def test_a_resumed_ppo_run_trains_bit_for_bit_like_an_uninterrupted_one(tmp_path
 
 
 @pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp"])
-def test_two_critic_ranks_share_the_samples_and_stay_equal_across_a_resume(tmp_path, strategy):
+def test_two_critic_ranks_share_the_samples_and_stay_equal_across_a_resume(tmp_path, strategy, request):
     # Iteration 1, a checkpoint, then iteration 2 resumed from it: rank 1 must load the checkpoint
     # rank 0 wrote (or its weights and optimizer state would differ from rank 0's after the update);
     # under FSDP each rank keeps its shards of the whole file rank 0 gathered. Two micro-batches per
     # rank: the first backward's gradients accumulate unsynchronised.
-    run_ppo(tmp_path, "ppo", micro_batch_size=4, iterations=1, data_parallel_size=2, strategy=strategy)
-    records = run_ppo(tmp_path, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2, strategy=strategy)
+    if strategy == "fsdp":
+        _, records = request.getfixturevalue("fsdp_critic_ranks")
+    else:
+        records = _two_critic_ranks(tmp_path, strategy)
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         ranks = record["critic_ranks"]

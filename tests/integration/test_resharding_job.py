@@ -13,50 +13,20 @@ test_ppo_job.py).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from jobs import train_demo  # tests/jobs.py
+from jobs import TP2_ITERATIONS  # tests/jobs.py
 
 pytestmark = pytest.mark.integration
 
-ITERATIONS = 4  # 3, then resumed for the 4th
-CHECKPOINT_AT = 3
+ITERATIONS = TP2_ITERATIONS  # 3, then resumed for the 4th
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
 
 
-def run_job(root: Path, mode: str, *, iterations: int, resume: bool = False) -> tuple[Path, list[dict]]:
-    output = root / mode
-    overrides = {
-        "iterations": iterations,
-        "model.path": str(root / "model"),
-        "warmup.steps": 0,
-        "algorithm.num_prompts_per_iteration": 4,
-        "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": 1,
-        "training.tensor_parallel_size": 2,
-        "training.resharding": mode,
-        # One micro-batch holds the iteration's 16 samples: the old log-probs then come from the same
-        # batch shapes in both runs, whatever order the dock hands samples out in.
-        "training.micro_batch_size": 16,
-        "rollout.cpu_kv_cache_gib": 0.25,
-        "dock.timeout_s": 120,
-        "checkpoint.interval": CHECKPOINT_AT,
-    }
-    records = train_demo(output, overrides, resume=resume)
-    return output, records
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resharding-job")
-    # Sequential: the first builds the shared tiny model, and two jobs at once would only be slower.
-    runs = {}
-    for mode in ("naive", "allgather_swap"):
-        run_job(root, mode, iterations=CHECKPOINT_AT)
-        runs[mode] = run_job(root, mode, iterations=ITERATIONS, resume=True)
-    return runs
+def runs(tp2_resharding_runs):
+    return tp2_resharding_runs  # the session's runs (conftest.py), shared with test_generation_tp_job
 
 
 def test_swap_trains_exactly_like_naive_across_a_resume(runs):
