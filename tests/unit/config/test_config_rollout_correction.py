@@ -6,7 +6,7 @@ import math
 import pytest
 from job_examples import example, problem_messages
 
-from rldock.config import parse_job_config
+from rldock.config import find_local_problems, parse_job_config
 from rldock.config.rollout_correction import PRESETS
 from rldock.runtime.flow.job_recipe import job_recipe, recomputes_old_logprobs
 
@@ -121,3 +121,13 @@ def test_a_budget_is_refused_where_the_gap_is_not_measured_naming_its_own_field(
     data = _budgeted()
     data["rollout"] = {**data.get("rollout", {}), "stream_groups": 2}
     assert any("stream_groups" in message for message in problem_messages(data, "monitoring.mismatch"))
+
+
+def test_correct_needs_the_correction_it_switches_on():
+    messages = problem_messages(_budgeted(action="correct"), "monitoring.mismatch.action")
+    assert len(messages) == 1 and "set algorithm.rollout_correction" in messages[0], messages
+    data = _budgeted(action="correct")
+    data["algorithm"]["rollout_correction"] = {"preset": "trl"}
+    cfg = parse_job_config(data)
+    assert find_local_problems(cfg) == []
+    assert "importance_weight" in job_recipe(cfg).consumes["update"]  # written from the start, 1 until switched on

@@ -19,12 +19,15 @@ class MismatchBudgetSpec(Spec):
         description="The budget on `mismatch/kl`, the token mean of k3 = rho - 1 - log rho with rho = "
         "pi_train / pi_engine, the estimate of KL(engine, trainer) on the sampled tokens.",
     )
-    action: Literal["warn", "stop"] = Field(
+    action: Literal["warn", "correct", "stop"] = Field(
         default="warn",
         description="When an iteration's `mismatch/kl` passes max_kl: `warn` logs it, and in an RLJob the "
         "condition RolloutMismatch turns True with a Warning Event (False again when an iteration is back "
-        "under); `stop` also saves a checkpoint of that iteration and ends the job (exit 1; an RLJob Failed "
-        "with reason RolloutMismatch, not retried), naming the iteration, the figure and the fix.",
+        "under); `correct` also switches algorithm.rollout_correction (which it needs) on from the next "
+        "iteration to the end of the run, a resume included: until then the correction's weights are computed "
+        "for the mismatch/ metrics but weigh nothing (`mismatch/correcting` says which); `stop` also saves a "
+        "checkpoint of that iteration and ends the job (exit 1; an RLJob Failed with reason RolloutMismatch, not "
+        "retried), naming the iteration, the figure and the fix.",
     )
 
 

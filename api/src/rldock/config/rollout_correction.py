@@ -95,9 +95,10 @@ class RolloutCorrectionSpec(Spec):
 
 
 def problems(cfg: JobConfig) -> list[Problem]:
-    """algorithm.rollout_correction: a correction that does something, bounds that are read; and, for it
-    and monitoring.mismatch alike, the rollouts and losses the measure is built for (the plain rollout's
-    engine logprobs, a per-token advantage)."""
+    """algorithm.rollout_correction: a correction that does something, bounds that are read; the
+    correction monitoring.mismatch's `correct` switches on; and, for it and monitoring.mismatch alike,
+    the rollouts and losses the measure is built for (the plain rollout's engine logprobs, a per-token
+    advantage)."""
     correction = cfg.algorithm.rollout_correction
     found: list[Problem] = []
     if correction is not None:
@@ -126,6 +127,15 @@ def problems(cfg: JobConfig) -> list[Problem]:
                     ": the band keeps nothing",
                 )
             )
+    budget = cfg.monitoring.mismatch
+    if budget is not None and budget.action == "correct" and correction is None:
+        found.append(
+            Problem(
+                "monitoring.mismatch.action",
+                "correct switches algorithm.rollout_correction on once an iteration passes the budget, but none "
+                "is set: set algorithm.rollout_correction (e.g. preset: trl), or use action warn or stop",
+            )
+        )
     measured = [
         name
         for name, value in (

@@ -1,5 +1,5 @@
-"""monitoring.mismatch: which iteration passes the budget, what `warn` and `stop` do, and the progress
-line that carries the figure to the operator."""
+"""monitoring.mismatch: which iteration passes the budget, what `warn`, `correct` and `stop` do, and the
+progress line that carries the figure to the operator."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from rldock.config.monitoring import MonitoringSpec
 from rldock.contract.failure import FailureReason
 from rldock.contract.progress import MISMATCH_KL, PREFIX
-from rldock.runtime.driver.mismatch_budget import MismatchOverBudget, over_budget
+from rldock.runtime.driver import mismatch_budget
+from rldock.runtime.driver.mismatch_budget import MismatchBudget, MismatchOverBudget, over_budget
 from rldock.runtime.driver.records import progress_line
 
 RECORD = {"iteration": 7, "reward_mean": 0.5, "kl": 0.01, "loss": 0.2, "response_length_mean": 4.0}
@@ -58,3 +59,43 @@ def test_the_progress_line_carries_the_mismatch_to_four_figures_where_it_is_meas
     assert figures[MISMATCH_KL] == 0.02346 and (figures["iteration"], figures["checkpoint"]) == (7, 5)
     plain = {k: v for k, v in RECORD.items() if k != "mismatch/kl"}
     assert MISMATCH_KL not in json.loads(progress_line(plain, 40, None, None).removeprefix(PREFIX))
+
+
+class _Actor:
+    """An actor rank's handle as the budget calls it (`apply_rollout_correction.remote()`), counting the
+    calls; `ray.get` is given what the calls return (test_correct_... patches it)."""
+
+    def __init__(self) -> None:
+        self.switched = 0
+        self.apply_rollout_correction = self
+
+    def remote(self) -> None:
+        self.switched += 1
+
+
+def test_correct_switches_the_correction_on_after_the_first_passing_and_on_every_later_attempt(monkeypatch):
+    monkeypatch.setattr(mismatch_budget.ray, "get", lambda refs: refs)
+    spec, actors = _budget(0.01, "correct"), [_Actor(), _Actor()]
+    budget = MismatchBudget(spec, [], actors)
+    under = {**RECORD, "iteration": 1, "mismatch/kl": 0.005}
+    assert budget.judge(under) is None and under["mismatch/correcting"] == 0.0
+    over = budget.judge(dict(RECORD))
+    assert over is not None and not over.stops
+    budget.act(over)  # logs, returns, and switches every rank on once
+    assert [actor.switched for actor in actors] == [1, 1]
+    later = {**RECORD, "iteration": 8}
+    assert budget.judge(later) is not None and later["mismatch/correcting"] == 1.0
+    budget.act(budget.judge(later) or over)  # a later passing switches nothing again
+    assert [actor.switched for actor in actors] == [1, 1]
+    # A new attempt (a resume, a restart) switches its fresh ranks on from the records' passing...
+    fresh = [_Actor()]
+    MismatchBudget(spec, [under, RECORD], fresh)
+    assert fresh[0].switched == 1
+    # ...but not before one passed, nor under another action
+    untouched = [_Actor()]
+    MismatchBudget(spec, [{"iteration": 0}, under], untouched)
+    MismatchBudget(_budget(0.01, "warn"), [RECORD], untouched)
+    assert untouched[0].switched == 0
+    plain = dict(RECORD)
+    MismatchBudget(_budget(0.01, "warn"), [], []).judge(plain)
+    assert "mismatch/correcting" not in plain  # only `correct` says whether it corrected

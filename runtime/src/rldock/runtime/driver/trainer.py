@@ -36,7 +36,7 @@ from rldock.runtime.driver.bookkeeping import Bookkeeper, DockCounters
 from rldock.runtime.driver.evaluation import val_metrics
 from rldock.runtime.driver.inputs import prepare_inputs
 from rldock.runtime.driver.iteration_hold import IterationHold
-from rldock.runtime.driver.mismatch_budget import over_budget
+from rldock.runtime.driver.mismatch_budget import MismatchBudget
 from rldock.runtime.driver.preemption import Preempted, StopRequest
 from rldock.runtime.driver.records import (
     PLOT_FILE,
@@ -210,7 +210,7 @@ class Trainer:
         progress = _progress_bar(
             total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
         )
-        failed = True
+        failed, budget = True, MismatchBudget(self.cfg.monitoring, self.metrics.read(), loop.attempt.started().actors)
         try:
             if evaluate_at_start:
                 self._log(loop, {"iteration": 0, **self._evaluate(loop, 0)})
@@ -226,8 +226,8 @@ class Trainer:
                     record["timing"]["startup"], startup = startup, None
                 if self._evaluation_due(iteration):  # after the update: the engines hold its weights
                     record.update(self._evaluate(loop, iteration))
+                over = budget.judge(record)  # monitoring.mismatch: `stop` checkpoints
                 self._log(loop, record)
-                over = over_budget(self.cfg.monitoring, record)  # monitoring.mismatch: `stop` checkpoints
                 if iteration % self.cfg.checkpoint.interval == 0 or iteration == total or (over and over.stops):
                     self._save_checkpoint(loop, iteration)
                 progress.set_postfix(bar_figures(record, self._last_evaluation), refresh=False)
@@ -235,7 +235,7 @@ class Trainer:
                 if not self.show_progress:  # the bar is for people, the lines for the operator
                     self._report_progress(record)
                 if over is not None:
-                    over.act()  # `warn` logs, `stop` raises
+                    budget.act(over)  # `warn` logs, `correct` switches the correction on, `stop` raises
             failed = False
         finally:
             progress.close()

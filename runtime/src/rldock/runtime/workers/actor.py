@@ -119,6 +119,11 @@ class ActorWorker(TakesTurns):
             world_size=world_size,
             needed=self.recipe.needs_rollout_engine,
         )
+        # Whether algorithm.rollout_correction's weights weigh the update: from the start, except under
+        # monitoring.mismatch's action `correct`, which switches them on once a budget is passed
+        # (`apply_rollout_correction`); until then they are computed for the mismatch/ metrics only.
+        budget = cfg.monitoring.mismatch
+        self.applies_correction = budget is None or budget.action != "correct"
         # An agent reads train_files for an environment and the URLs of the servers the trainer started.
         self.rollout: RolloutMode = build_rollout(
             cfg,
@@ -170,6 +175,11 @@ class ActorWorker(TakesTurns):
 
     def get_rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
+
+    def apply_rollout_correction(self) -> None:
+        """monitoring.mismatch action `correct`: the next old-logprob pass on, the correction's weights
+        weigh the update (the driver calls this between iterations, after one passed the budget)."""
+        self.applies_correction = True
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
@@ -259,8 +269,8 @@ class ActorWorker(TakesTurns):
                 weight = (
                     None if correction is None else correction_weight(trainer, engine, mask, **correction.arguments())
                 )
-                if weight is not None:
-                    columns[IMPORTANCE_WEIGHT] = weight
+                if weight is not None:  # 1 on every response token while `correct` waits for the budget
+                    columns[IMPORTANCE_WEIGHT] = weight if self.applies_correction else mask.to(weight.dtype)
                 gaps.append(mismatch_part(trainer, engine, mask, weight))
             elif rollout.importance_correction != "decoupled":
                 columns = {"old_logprobs": sampled.cpu()}
