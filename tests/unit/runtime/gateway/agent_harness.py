@@ -59,6 +59,18 @@ async def run(task, client):
                     text += chunk.choices[0].delta.content
             seen.append(text)
             return {"reward": 1.0, "text": text}
+        if mode == "responses_stream":  # the Responses API's events: the text's deltas, then the whole response
+            stream = await client.responses.create(model="policy", input=task["prompt"], stream=True)
+            text, final = "", None
+            async for event in stream:
+                if event.type == "response.output_text.delta":
+                    text += event.delta
+                elif event.type == "response.completed":
+                    final = event.response.output_text
+            seen.append([text, final])
+            return 1.0
+        if mode.startswith("responses"):  # the Responses API, as the OpenAI Agents SDK's default model calls it
+            return await _responses(task, client, seen, chained=mode == "responses_chained")
         # "tools": call the model, run the tool it asked for, post a step reward, answer
         for _ in range(4):
             response = await client.chat.completions.create(
@@ -83,3 +95,40 @@ async def run(task, client):
     finally:
         with open(task["out"], "a") as out:
             out.write(json.dumps({"mode": mode, "seen": seen}) + "\n")
+
+
+# The same tool as a Responses API function tool (flat, no `function` object).
+RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+
+
+async def _responses(task, client, seen, *, chained: bool):
+    """The tools loop over the Responses API under a model name of its own: the whole input list each request
+    (the Agents SDK's default), or, `chained`, only the new items after previous_response_id."""
+    items: list = [{"role": "user", "content": task["prompt"]}]
+    previous, new = None, list(items)
+    for _ in range(4):
+        response = await client.responses.create(
+            model="gpt-4o-mini",
+            input=new if chained else items,
+            tools=RESPONSES_TOOLS,
+            instructions="Use the tool.",
+            previous_response_id=previous if chained else None,
+        )
+        seen.append(response.model_dump())
+        outputs = [item.model_dump(exclude_none=True) for item in response.output]
+        items += outputs
+        previous, new = response.id, []
+        calls = [item for item in outputs if item["type"] == "function_call"]
+        if not calls:
+            break
+        for call in calls:
+            arguments = json.loads(call["arguments"])
+            new.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": call["call_id"],
+                    "output": str(arguments["a"] + arguments["b"]),
+                }
+            )
+        items += new
+    return 1.0 if response.output_text.strip() == task["ground_truth"] else 0.0

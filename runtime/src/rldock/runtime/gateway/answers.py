@@ -42,11 +42,9 @@ class ChatRequest:
     tool_calls: bool  # tool_choice `auto` (or unset): the answer's tool calls parsed; `none`: left in its text
 
 
-def _check_common(body: Any, *, served: Sequence[str]) -> None:
+def check_model(body: Mapping, *, served: Sequence[str]) -> None:
     """`served`: the model names answered (agent.served_models); empty: any name is the policy, as an agent
     written for another provider's model names it."""
-    if not isinstance(body, Mapping):
-        raise RequestError("the body is not a JSON object", param=None)
     named = body.get("model")
     if named is not None and served and named not in served:
         raise RequestError(
@@ -54,13 +52,25 @@ def _check_common(body: Any, *, served: Sequence[str]) -> None:
             "(agent.served_models)",
             param="model",
         )
+
+
+def positive_int(body: Mapping, name: str) -> int | None:
+    """`body[name]`, a positive integer, or None where unset."""
+    value = body.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise RequestError(f"{name} is {value!r}, not a positive integer", param=name)
+    return value
+
+
+def _check_common(body: Any, *, served: Sequence[str]) -> None:
+    if not isinstance(body, Mapping):
+        raise RequestError("the body is not a JSON object", param=None)
+    check_model(body, served=served)
     n = body.get("n", 1)
     if n != 1:
         raise RequestError(f"n is {n!r}: one choice per request (each turn is one sample of the episode)", param="n")
     for name in ("max_tokens", "max_completion_tokens"):
-        value = body.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise RequestError(f"{name} is {value!r}, not a positive integer", param=name)
+        positive_int(body, name)
 
 
 def _max_tokens(body: Mapping) -> int | None:
@@ -68,7 +78,7 @@ def _max_tokens(body: Mapping) -> int | None:
     return min(limits) if limits else None
 
 
-def _tool_calls_allowed(choice: Any, tools: Sequence[Mapping]) -> bool:
+def tool_calls_allowed(choice: Any, tools: Sequence[Mapping]) -> bool:
     """tool_choice honoured, or refused: `auto` (the default) and `none` are a parsing choice; forcing a call
     (`required`, a named function) needs guided decoding, which the gateway does not run."""
     if choice is None or choice == "auto":
@@ -111,7 +121,7 @@ def chat_request(body: Any, *, served: Sequence[str]) -> ChatRequest:
         max_tokens=_max_tokens(body),
         stream=bool(body.get("stream", False)),
         logprobs=bool(body.get("logprobs", False)),
-        tool_calls=_tool_calls_allowed(body.get("tool_choice"), tools),
+        tool_calls=tool_calls_allowed(body.get("tool_choice"), tools),
     )
 
 

@@ -8,6 +8,9 @@ that opens that session only):
   events); the session (sessions.py) turns the messages into the exact ids the engine continues.
 - `POST /sessions/<episode>/v1/completions`: a prompt of token ids, continued as is (a harness that
   renders its own prompts); an extension of the held ids extends the segment, any other prompt opens one.
+- `POST /sessions/<episode>/v1/responses`: the Responses API (the OpenAI Agents SDK's default model), a
+  chat turn under another shape: its input items become chat messages, its answer output items
+  (responses.py says what each field becomes; `previous_response_id` continues this episode's response).
 - `GET /sessions/<episode>/v1/models`: the one model served.
 - `POST /sessions/<episode>/reward`: `{"reward": x}`, a reward for the episode's latest step.
 - `GET /health`.
@@ -75,6 +78,7 @@ from rldock.runtime.agent.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.agent.interfaces import REWARD_LIMIT
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.gateway.answers import (
+    ChatRequest,
     RequestError,
     Shaper,
     Turn,
@@ -92,6 +96,7 @@ from rldock.runtime.gateway.connections import (
     guarded_protocol,
     read_body,
 )
+from rldock.runtime.gateway.responses import response, responses_request, stream_events
 from rldock.runtime.gateway.sessions import Plan, Session, request_digest
 
 logger = logging.getLogger(__name__)
@@ -322,6 +327,8 @@ class Episode:
     tool_calls: int = 0  # calls in the answers given
     refused: int = 0  # turns the engine refused (EngineRefused)
     in_flight: int = 0  # its requests being served or waiting for the lock
+    # each Responses API answer's conversation (its input and output), for previous_response_id
+    responses: dict[str, list[dict]] = field(default_factory=dict)
 
 
 class Gateway:
@@ -458,31 +465,43 @@ class Gateway:
         episode.session.record(digest, answer)
         return answer
 
+    async def _chat_turn(self, episode: Episode, request: ChatRequest) -> tuple[Turn, dict, int]:
+        """A chat turn of `request`, sampled and committed to the episode's session: the turn, its assistant
+        message and its number in the episode (under the episode's lock)."""
+        try:  # rendering and tokenizing, on a render thread
+            plan = await self._off_loop(episode.session.plan, request.messages, request.tools)
+        except ValueError as error:
+            raise RequestError(f"messages: {error}", param="messages") from error
+        sampled, tokens = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
+        number = sum(s.turns for s in episode.session.segments) + 1
+        prefix = f"call-{episode.key}-{number}"
+        message = self.shaper.message(sampled, call_prefix=prefix, tool_calls=request.tool_calls)
+        _commit(episode, plan, sampled, tokens, message)
+        episode.tool_calls += len(message.get("tool_calls") or [])
+        return sampled, message, number
+
     async def chat(self, episode: Episode, body: Any) -> dict:
         """A chat turn's answer (under the episode's lock, as `_once`)."""
         request = chat_request(body, served=self.shaper.served)
         self._check_fits(request.messages)
 
         async def turn() -> dict:
-            try:  # rendering and tokenizing, on a render thread
-                plan = await self._off_loop(episode.session.plan, request.messages, request.tools)
-            except ValueError as error:
-                raise RequestError(f"messages: {error}", param="messages") from error
-            sampled, tokens = await self._sample(episode, plan, asked=request.max_tokens, logprobs=request.logprobs)
-            number = sum(s.turns for s in episode.session.segments) + 1
-            message = self.shaper.message(
-                sampled, call_prefix=f"call-{episode.key}-{number}", tool_calls=request.tool_calls
-            )
-            episode.session.commit(
-                plan,
-                tokens.token_ids,
-                ended_turn=sampled.ended,
-                answer=message,
-                versions=tokens.versions,
-                logprobs=tokens.logprobs,
-            )
-            episode.tool_calls += len(message.get("tool_calls") or [])
+            sampled, message, number = await self._chat_turn(episode, request)
             return self.shaper.chat_completion(sampled, message, answer_id=f"chatcmpl-{episode.key}-{number}")
+
+        return await self._once(episode, body, turn)
+
+    async def respond(self, episode: Episode, body: Any) -> dict:
+        """A Responses API turn's answer (gateway/responses.py; under the episode's lock, as `_once`). The
+        conversation it ends, its answer included, is kept for a later request's previous_response_id."""
+        request = responses_request(body, served=self.shaper.served, previous=episode.responses.get)
+        self._check_fits(request.chat.messages)
+
+        async def turn() -> dict:
+            sampled, message, number = await self._chat_turn(episode, request.chat)
+            answer_id = f"resp-{episode.key}-{number}"
+            episode.responses[answer_id] = [*request.conversation, message]
+            return response(sampled, message, answer_id=answer_id, model=self.shaper.model, request=request)
 
         return await self._once(episode, body, turn)
 
@@ -494,14 +513,8 @@ class Gateway:
             plan = await self._off_loop(episode.session.plan_ids, prompt)
             sampled, tokens = await self._sample(episode, plan, asked=asked, logprobs=body.get("logprobs") is not None)
             number = sum(s.turns for s in episode.session.segments) + 1
-            answer = {"role": "assistant", "content": self.shaper.text(sampled.token_ids)}
-            episode.session.commit(
-                plan,
-                tokens.token_ids,
-                ended_turn=sampled.ended,
-                answer=answer,
-                versions=tokens.versions,
-                logprobs=tokens.logprobs,
+            _commit(
+                episode, plan, sampled, tokens, {"role": "assistant", "content": self.shaper.text(sampled.token_ids)}
             )
             return self.shaper.completion(sampled, answer_id=f"cmpl-{episode.key}-{number}")
 
@@ -562,7 +575,7 @@ class Gateway:
             finally:
                 episode.in_flight -= 1
 
-        def route(handler: Callable[[Episode, Any], Coroutine[Any, Any, dict]]):
+        def route(handler: Callable[[Episode, Any], Coroutine[Any, Any, dict]], stream=stream_chunks):
             async def serve(name: str, request: Request):
                 try:
                     episode = opened(name, request)
@@ -572,13 +585,14 @@ class Gateway:
                 except RequestError as error:
                     return refused(error)
                 if isinstance(body, dict) and body.get("stream"):
-                    return StreamingResponse(stream_chunks(answer), media_type="text/event-stream")
+                    return StreamingResponse(stream(answer), media_type="text/event-stream")
                 return JSONResponse(answer)
 
             return serve
 
         app.post("/sessions/{name}/v1/chat/completions")(route(self.chat))
         app.post("/sessions/{name}/v1/completions")(route(self.complete))
+        app.post("/sessions/{name}/v1/responses")(route(self.respond, stream=stream_events))
 
         @app.post("/sessions/{name}/reward")
         async def reward(name: str, request: Request):
@@ -613,6 +627,18 @@ class Gateway:
         for mount in self.mounts:
             mount(app)
         return app
+
+
+def _commit(episode: Episode, plan: Plan, sampled: Turn, tokens: CutTurn, answer: dict) -> None:
+    """A sampled turn into the episode's session: its ids, each one's version and logprob, and the answer given."""
+    episode.session.commit(
+        plan,
+        tokens.token_ids,
+        ended_turn=sampled.ended,
+        answer=answer,
+        versions=tokens.versions,
+        logprobs=tokens.logprobs,
+    )
 
 
 def _text_chars(content: Any) -> int:
