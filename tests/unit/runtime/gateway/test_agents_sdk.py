@@ -1,0 +1,67 @@
+"""The OpenAI Agents SDK agent of examples/harnesses/openai_agents_sdk_agent.py, unchanged (the SDK's default
+Responses API model, tracing on, a model name of its own, exceptions uncaught), runs an episode as
+`agent.harness_command` through the gateway: its tool call parsed into a function_call item, the tool's
+output sent back as the SDK sends it, one segment, the row exactly the sampled ids, its reward from its
+result file while the SDK's tracing complains on stderr.
+
+The SDK runs in a virtualenv of its own, as the example's header says (its websockets pin keeps it out of
+rldock's lock): made once from examples/harnesses/openai-agents-requirements.txt in ~/.cache/rldock, keyed
+by that file's hash (pip from PyPI, about a minute the first time). The engine is the scripted test double
+(rldock_e2e.doubles.scripted_engine); the SDK, the HTTP server and the chat template are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_gateway import CALL, REPO, job
+
+from rldock.runtime.gateway.episodes import GatewayEpisodes
+from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
+from rldock_e2e.doubles.scripted_engine import ScriptedEngine
+
+EXAMPLE = REPO / "examples" / "harnesses" / "openai_agents_sdk_agent.py"
+REQUIREMENTS = EXAMPLE.with_name("openai-agents-requirements.txt")
+
+
+@pytest.fixture(scope="module")
+def sdk_python() -> Path:
+    """The SDK's virtualenv's interpreter, made (once per requirements file) as the example's header says."""
+    key = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
+    venv = Path.home() / ".cache" / "rldock" / f"openai-agents-{key}"
+    python = venv / "bin" / "python"
+    if not (venv / "ready").is_file():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True, timeout=900)
+        (venv / "ready").write_text(REQUIREMENTS.read_text())
+    return python
+
+
+def test_an_unchanged_agents_sdk_agent_trains_one_exact_segment(sdk_python, tmp_path):
+    tokenizer = train_char_tokenizer([string.printable])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    episodes = GatewayEpisodes(
+        job(harness=None, harness_command=[str(sdk_python), str(EXAMPLE)]), tokenizer=tokenizer, prompt_capacity=64
+    )
+    try:
+        engine = ScriptedEngine(tokenizer, {7: [CALL, "5"]})
+        task = {"prompt": "2+3?", "ground_truth": "5"}
+        (result,) = episodes.run(engine, tasks=[task], prompts=[[1, 2]], keys=[7], seed=3)
+    finally:
+        episodes.close()
+    assert result.ended == "harness_done" and result.rewards == [1.0]
+    assert result.turns == 2 and result.tool_calls == 1
+    assert result.segments == ["start"] and result.exact
+    # the second turn's prompt held the first turn as sampled, then the SDK's tool output (add's 5)
+    first_prompt, second_prompt = engine.prompts[(7, 1)], engine.prompts[(7, 2)]
+    first_turn = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert tokenizer.decode(first_prompt) == "<tools>add</tools><system>Use the tool.<eos><user>2+3?<eos><assistant>"
+    assert second_prompt[: len(first_prompt)] == first_prompt
+    assert second_prompt[len(first_prompt) :][: len(first_turn)] == first_turn
+    assert tokenizer.decode(second_prompt[len(first_prompt) + len(first_turn) :]) == "<tool>5<eos><assistant>"
