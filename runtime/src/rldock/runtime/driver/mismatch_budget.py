@@ -87,9 +87,7 @@ class MismatchBudget:
         `correct` switches the correction on for the iterations after this one."""
         over.act()
         if self.corrects and not self.correcting:
-            logger.warning(
-                "monitoring.mismatch: algorithm.rollout_correction is on from iteration %d", over.iteration + 1
-            )
+            logger.warning("monitoring.mismatch: algorithm.rollout_correction on from iteration %d", over.iteration + 1)
             self.correcting = True
             self._switch_on()
 

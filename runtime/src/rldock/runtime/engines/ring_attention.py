@@ -13,7 +13,8 @@ position, each rank having sent and received cp - 1 blocks of n positions' keys 
 Against Ulysses: no head count limit (Ulysses gives each rank H/cp heads, so cp must divide the heads
 and the KV heads; ring keeps every head), and the traffic per layer is the KV blocks only,
 2 (cp - 1) n n_kv d elements sent per rank, against Ulysses' (cp - 1)/cp of n (2 n_q + 2 n_kv) d;
-the rank's scores are (n, N) per head either way.
+a rank's scores exist one (n, n) block per head at a time, where Ulysses' kernel sees (N, N) per head
+of its H/cp.
 
 Gradients: the ring runs again backwards in the same direction (FlashAttention's backward, per
 block): each rank recomputes its queries' scores against every block from the saved log-sum-exps,

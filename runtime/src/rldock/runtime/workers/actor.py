@@ -176,13 +176,13 @@ class ActorWorker(TakesTurns):
     def get_rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
 
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
     def apply_rollout_correction(self) -> None:
         """monitoring.mismatch action `correct`: the next old-logprob pass on, the correction's weights
         weigh the update (the driver calls this between iterations, after one passed the budget)."""
         self.applies_correction = True
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        torch.set_rng_state(state)
 
     # --- stages -------------------------------------------------------------------------------
 
