@@ -148,3 +148,20 @@ def test_a_responses_answer_cut_by_its_limit_is_incomplete(served):  # noqa: F81
     body = answer.json()
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert len(body["token_ids"]) == 1 and body["object"] == "response"
+
+
+def test_an_episode_keeps_its_latest_responses_for_previous_response_id(served, monkeypatch):  # noqa: F811
+    from rldock.runtime.gateway import server
+
+    monkeypatch.setattr(server, "RESPONSES_KEPT", 2)
+    url, key, engine, _, _ = served
+    ids, previous = [], None
+    for _ in range(3):  # a chain of three turns, each continuing the one before
+        body = {"input": "Sure?", **({"previous_response_id": previous} if previous else {})}
+        answer = post(f"{url}/responses", key, body)
+        assert answer.status_code == 200, answer.text
+        previous = answer.json()["id"]
+        ids.append(previous)
+    refused = post(f"{url}/responses", key, {"input": "Again?", "previous_response_id": ids[0]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "previous_response_id"
+    assert post(f"{url}/responses", key, {"input": "Again?", "previous_response_id": ids[2]}).status_code == 200

@@ -109,6 +109,9 @@ MAX_REQUESTS_PER_EPISODE = 16  # an episode's requests in flight: one served, th
 TEXT_SLACK = 2
 RENDER_THREADS = 4  # threads rendering and tokenizing requests, off the event loop
 RETRY_AFTER_S = 1
+# Responses API answers an episode keeps for previous_response_id (each holds its whole conversation): an
+# agent continues its latest; a bound keeps a long episode's memory linear in its turns, not quadratic.
+RESPONSES_KEPT = 8
 
 
 # --- the engine's side ------------------------------------------------------------------------
@@ -501,6 +504,8 @@ class Gateway:
             sampled, message, number = await self._chat_turn(episode, request.chat)
             answer_id = f"resp-{episode.key}-{number}"
             episode.responses[answer_id] = [*request.conversation, message]
+            while len(episode.responses) > RESPONSES_KEPT:  # the oldest first: a harness continues its latest
+                del episode.responses[next(iter(episode.responses))]
             return response(sampled, message, answer_id=answer_id, model=self.shaper.model, request=request)
 
         return await self._once(episode, body, turn)
