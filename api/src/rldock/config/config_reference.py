@@ -17,7 +17,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from rldock.config.job import Expanded, JobConfig
+from rldock.config.job import JobConfig
+from rldock.config.section import Expanded
 
 _CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "min length", "max_length": "max length"}
 

@@ -4,14 +4,14 @@ The same models are read from YAML by `rldock train`, embedded as the RLJob spec
 and turned into the CRD schema and the reference docs, so every field carries a description and
 its bounds. Only single-field rules live in the models; rules across fields are checks that return
 `Problem`s, so the operator can report them as conditions on an object the API server already
-accepted. A section with a module of its own (dock.py, evaluation.py, rollout_correction.py,
-monitoring.py) keeps its checks beside its fields; the others' are in `problems.py`, which gathers all.
+accepted. A section with a module of its own (agent_environment.py, dock.py, evaluation.py,
+rollout_correction.py, monitoring.py) keeps its checks beside its fields; the others' are in
+`problems.py`, which gathers all. The fields' shared vocabulary (string bounds, `Expanded`, a user's
+class reference) is section.py's.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -25,11 +25,21 @@ from pydantic import (
     model_validator,
 )
 
+from rldock.config.agent_environment import EnvironmentServersSpec, EnvironmentSpec
 from rldock.config.dock import DockSpec
 from rldock.config.evaluation import EvaluationSpec
 from rldock.config.monitoring import MonitoringSpec
 from rldock.config.rollout_correction import RolloutCorrectionSpec
-from rldock.config.section import Spec
+from rldock.config.section import (
+    COMMAND,
+    MAX_NAME_LENGTH,
+    MAX_PATH_LENGTH,
+    PATH,
+    DataFile,
+    Spec,
+    UserOptions,
+    check_class_name,
+)
 from rldock.contract.algorithms import AlgorithmName
 from rldock.contract.context_parallel import ContextParallelMode
 from rldock.contract.placement import PlacementMode
@@ -38,29 +48,6 @@ from rldock.contract.placement import PlacementMode
 def _bare_off(value: object) -> object:
     # YAML 1.1 (PyYAML, kubectl) reads a bare `off` as false: in a mode field that lists `off`, it means the mode.
     return "off" if value is False else value
-
-
-# Bounds of the free strings (also in the RLJob's CRD schema, which embeds this model): long enough
-# for any real value, short enough that a job config always fits a ConfigMap (1 MiB).
-MAX_PATH_LENGTH = 4096  # PATH_MAX on Linux
-MAX_NAME_LENGTH = 253  # a DNS subdomain, the longest Kubernetes name
-DataFile = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH_LENGTH)]
-
-
-@dataclass(frozen=True)
-class Expanded:
-    """Marks a field that names files on the machine the job runs on (in an annotation's metadata):
-    `~` at its start is expanded, and with `variables` also `$NAME` and `${NAME}` anywhere in it, once,
-    where the config is loaded to run (config/paths.py). Never in the operator, whose home and
-    environment are not the pods'. A list field's marker applies to each item."""
-
-    variables: bool
-
-
-# A path or a `file.py:name` reference: `~` and `$VARS`. A command's arguments: `~` only, as a shell
-# would expand a word's start; `$` stays for the program (a `sh -c` script reads its own variables).
-PATH = Expanded(variables=True)
-COMMAND = Expanded(variables=False)
 
 
 class ModelSpec(Spec):
@@ -717,89 +704,9 @@ class RolloutSpec(Spec):
     )
 
 
-# The built-in tools and environments (runtime/src/rldock/runtime/agent/); anything else is a user's own
-# class, named `path/to/file.py:Class` or `package.module:Class` like a reward function.
+# The built-in tools (runtime/src/rldock/runtime/agent/); anything else is a user's own class, named
+# `path/to/file.py:Class` or `package.module:Class` like a reward function.
 BUILTIN_TOOLS = ("python", "calculator")
-BUILTIN_ENVIRONMENTS = ("feedback", "openenv")
-_CLASS_REFERENCE = re.compile(r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$")
-UserOptions = dict[
-    Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH)],
-    Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)],
-]
-
-
-def _check_class_name(name: str, builtins: tuple[str, ...], kind: str) -> str:
-    if name in builtins or _CLASS_REFERENCE.match(name):
-        return name
-    raise ValueError(
-        f"{name!r} is not a built-in {kind} ({', '.join(builtins)}) nor a class of your own "
-        f"written `path/to/file.py:Class` or `package.module:Class`"
-    )
-
-
-class EnvironmentServersSpec(Spec):
-    """Where the servers of an OpenEnv environment are (docs/agentic.md#environments-as-services): set exactly
-    one of `url`, `command` and `service`. Each episode opens its own session (a WebSocket at `/ws`) on one of
-    them, so an environment keeps each episode's state apart."""
-
-    url: str | None = Field(
-        default=None,
-        min_length=8,
-        max_length=MAX_PATH_LENGTH,
-        pattern=r"^(http|https|ws|wss)://[^\s]+$",
-        description="Servers running elsewhere: `http://host:port` (or https, ws, wss). A host name that resolves "
-        "to several addresses (a headless Service) is one replica per address, looked up again when one fails.",
-    )
-    command: Annotated[list[Annotated[str, StringConstraints(max_length=MAX_PATH_LENGTH)]] | None, COMMAND] = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="`rldock train` only: the server's command, which rldock starts `replicas` times on this "
-        "machine, waits for at `/health`, restarts when one dies and stops with the job. `{listen_fd}` in an "
-        "argument is replaced by the descriptor of a socket rldock has bound to a free port and passes to the "
-        "process (`[rldock, env, serve, my_env.py:MyEnv, --listen-fd, '{listen_fd}']`: no other process can "
-        "take the port in between); `{port}` by a free port, for a server that can only bind one itself (rldock "
-        "sends it nothing until the port's listening socket is the server's own, and fails the start if another "
-        "process took it). The "
-        "process gets a clean environment: PATH, HOME, LANG, TMPDIR, the job's token (RLDOCK_ENV_TOKEN) and `env`.",
-    )
-    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)], str] = Field(
-        default_factory=dict,
-        max_length=256,
-        description="`command` only: environment variables of the server processes, which get nothing else of "
-        "the trainer's environment (its credentials stay with it).",
-    )
-    service: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="RLJob only: the name of an entry of the RLJob's `spec.environments`, whose pods the operator "
-        "runs; it sets `url` (and `sessions_per_replica`) from it.",
-    )
-    replicas: int = Field(
-        default=1, ge=1, le=256, description="`command` only: server processes to start (one port each)."
-    )
-    sessions_per_replica: int = Field(
-        default=8,
-        ge=1,
-        le=4096,
-        description="Sessions (episodes) one server holds at once; episodes beyond all replicas' sessions wait for "
-        "one to close.",
-    )
-    startup_timeout_s: float = Field(
-        default=120.0,
-        gt=0,
-        le=3600,
-        description="Seconds the servers have to answer `/health` at start (`command`: after starting them).",
-    )
-    unavailable_timeout_s: float = Field(
-        default=300.0,
-        gt=0,
-        le=86_400,
-        description="Seconds in which no replica may answer before the job fails naming the environment; until "
-        "then an episode that finds none ends as `agent/ended/environment_unavailable` and the others go on.",
-    )
 
 
 class SandboxSpec(Spec):
@@ -876,47 +783,7 @@ class ToolSpec(Spec):
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        return _check_class_name(name, BUILTIN_TOOLS, "tool")
-
-
-class EnvironmentSpec(Spec):
-    """What answers the model when a turn ends without a tool call: each episode opens a session of it,
-    reset at the start and stepped with every such turn."""
-
-    name: Annotated[str, PATH] = Field(
-        min_length=1,
-        max_length=MAX_PATH_LENGTH,
-        description="`feedback` (says whether the final answer equals the ground truth and, if not, lets the "
-        "model try again until agent.max_turns), `openenv` (an OpenEnv environment server, see `servers`), or "
-        "your own environment class run in the actor's process, `path/to/file.py:Class` or "
-        "`package.module:Class` (docs/agentic.md#your-own-environment).",
-    )
-    options: UserOptions = Field(
-        default_factory=dict,
-        max_length=64,
-        description="Your own environment only: keyword arguments (strings) passed to its class.",
-    )
-    servers: EnvironmentServersSpec | None = Field(
-        default=None, description="`openenv` only (required there): where its servers are."
-    )
-    action_field: str = Field(
-        default="message",
-        min_length=1,
-        max_length=MAX_NAME_LENGTH,
-        description="`openenv` only: the field of the environment's action that carries the model's turn (its text).",
-    )
-    observation_field: str = Field(
-        default="message",
-        min_length=1,
-        max_length=MAX_NAME_LENGTH,
-        description="`openenv` only: the field of the environment's observation shown to the model as the next "
-        "user message; an observation without it is shown as JSON.",
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        return _check_class_name(name, BUILTIN_ENVIRONMENTS, "environment")
+        return check_class_name(name, BUILTIN_TOOLS, "tool")
 
 
 class AgentSpec(Spec):

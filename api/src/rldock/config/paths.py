@@ -31,8 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rldock.config.job import Expanded, JobConfig
+from rldock.config.job import JobConfig
 from rldock.config.problems import Problem
+from rldock.config.section import Expanded
 
 # `$$`, `${NAME}` or `$NAME`; any other `$` (`$5`, a trailing `$`) stays as written.
 _VARIABLE = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<name>[A-Za-z_][A-Za-z0-9_]*))")

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rldock.config import dock, evaluation, rollout_correction
+from rldock.config import agent_environment, dock, evaluation, rollout_correction
+from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
 from rldock.config.job import (
-    BUILTIN_ENVIRONMENTS,
     BUILTIN_TOOLS,
-    EnvironmentServersSpec,
-    EnvironmentSpec,
     JobConfig,
     RewardSpec,
     RewardTermSpec,
@@ -570,7 +568,7 @@ def _agent_problems(cfg: JobConfig) -> list[Problem]:
             problems.append(_builtin_options_problem(f"agent.tools[{index}]", tool.name))
     if agent.environment is not None and agent.environment.name in BUILTIN_ENVIRONMENTS and agent.environment.options:
         problems.append(_builtin_options_problem("agent.environment", agent.environment.name))
-    problems.extend(_environment_problems(cfg))
+    problems.extend(agent_environment.problems(cfg))
     return problems
 
 
@@ -637,86 +635,6 @@ def _turn_problems(cfg: JobConfig) -> list[Problem]:
                 + (f" with aggregate {terms[0].aggregate or 'sum'} and weight {terms[0].weight:g}" if terms else ""),
             )
         )
-    return problems
-
-
-def _environment_problems(cfg: JobConfig) -> list[Problem]:
-    """An OpenEnv environment names its servers one way; only it has servers and action/observation fields;
-    an `environment` reward term needs an environment that answers with rewards."""
-    agent = cfg.agent
-    environment = agent.environment if agent is not None else None
-    problems: list[Problem] = []
-    for index, term in enumerate(cfg.reward.terms):
-        harnessed = agent is not None and agent.harnessed
-        if term.name == "environment" and environment is None and not harnessed:
-            problems.append(
-                Problem(
-                    f"reward.terms[{index}].name",
-                    "an `environment` term scores the rewards of the episode's environment (or harness), and the job "
-                    "has no agent.environment or agent.harness; set one or remove the term",
-                )
-            )
-    if agent is None:
-        return problems
-    if environment is not None:
-        at = "agent.environment"
-        if environment.name == "openenv" and environment.servers is None:
-            problems.append(
-                Problem(
-                    f"{at}.servers",
-                    "an `openenv` environment needs its servers: servers.url (running elsewhere), servers.command "
-                    "(started by rldock train) or servers.service (an RLJob's spec.environments entry)",
-                )
-            )
-        if environment.name != "openenv":
-            # Compared with the defaults, not with what was set: the operator writes every default out.
-            defaults = EnvironmentSpec(name=environment.name)
-            for field in ("servers", "action_field", "observation_field"):
-                if getattr(environment, field) != getattr(defaults, field):
-                    problems.append(
-                        Problem(
-                            f"{at}.{field}",
-                            f"only an `openenv` environment takes {field}; remove it from `{environment.name}`",
-                        )
-                    )
-        if environment.servers is not None:
-            problems.extend(_servers_problems(environment.servers, f"{at}.servers"))
-    if agent.sandbox.servers is not None:
-        problems.extend(_servers_problems(agent.sandbox.servers, "agent.sandbox.servers"))
-    return problems
-
-
-def _servers_problems(servers: EnvironmentServersSpec, at: str) -> list[Problem]:
-    problems: list[Problem] = []
-    given = [name for name in ("url", "command", "service") if getattr(servers, name) is not None]
-    if len(given) != 1:
-        problems.append(
-            Problem(
-                at,
-                f"set exactly one of url, command and service ({', '.join(given) or 'none'} set): url for servers "
-                "running elsewhere, command for servers rldock train starts, service for an RLJob's environment pods",
-            )
-        )
-    if servers.command is None and servers.replicas != EnvironmentServersSpec.model_fields["replicas"].default:
-        problems.append(
-            Problem(
-                f"{at}.replicas",
-                "only servers started from a `command` take replicas (a url's or a service's replicas are the "
-                "addresses its name resolves to); remove it",
-            )
-        )
-    if servers.command is not None and not any(
-        "{port}" in argument or "{listen_fd}" in argument for argument in servers.command
-    ):
-        problems.append(
-            Problem(
-                f"{at}.command",
-                "no argument holds `{listen_fd}` or `{port}`, so every replica would listen on the same port; pass "
-                "one, e.g. [rldock, env, serve, my_env.py:MyEnv, --listen-fd, '{listen_fd}']",
-            )
-        )
-    if servers.env and servers.command is None:
-        problems.append(Problem(f"{at}.env", "only servers started from a `command` take env; remove it"))
     return problems
 
 

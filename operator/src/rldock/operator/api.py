@@ -32,7 +32,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from rldock.config import JobConfig
-from rldock.config.job import EnvironmentServersSpec
+from rldock.config.agent_environment import EnvironmentServersSpec
 from rldock.operator.constants import (
     DEFAULT_AGENT_EPHEMERAL_STORAGE,
     DEFAULT_BACKOFF_LIMIT,

@@ -16,7 +16,7 @@ import pytest
 from openenv_servers import HOSTILE_ANSWERS, hostile_server
 from test_episode_loop import ScriptedEngine, make_loop, run
 
-from rldock.config.job import EnvironmentServersSpec
+from rldock.config.agent_environment import EnvironmentServersSpec
 from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums
 from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.agent.service.env_client import OpenEnvEnvironment

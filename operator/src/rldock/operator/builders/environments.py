@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from rldock.config import JobConfig
-from rldock.config.job import EnvironmentServersSpec
+from rldock.config.agent_environment import EnvironmentServersSpec
 from rldock.operator import naming
 from rldock.operator.api import Environment, PodDefaults, RLJobSpec
 from rldock.operator.builders.agents import with_agent_pods

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import requests
 
-from rldock.config.job import EnvironmentServersSpec, JobConfig
+from rldock.config.agent_environment import EnvironmentServersSpec
+from rldock.config.job import JobConfig
 from rldock.config.problems import Problem
 from rldock.runtime.agent.service.auth import TOKEN_ENV, client_headers
 from rldock.runtime.agent.service.env_client import http_url, resolve_replicas

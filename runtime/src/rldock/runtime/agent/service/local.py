@@ -35,7 +35,8 @@ import threading
 import time
 from pathlib import Path
 
-from rldock.config.job import EnvironmentServersSpec, JobConfig
+from rldock.config.agent_environment import EnvironmentServersSpec
+from rldock.config.job import JobConfig
 from rldock.runtime.agent.service.auth import TOKEN_ENV, job_token
 from rldock.runtime.agent.service.env_probe import health, replica_problems
 from rldock.runtime.agent.service.listeners import held_by_session
