@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from dock_double_base import PutThenGet  # tests/dock_double_base.py
 
 pytestmark = pytest.mark.integration
 
@@ -222,7 +223,7 @@ def test_planner_matches_100m_fsdp_ranks_and_fsdp_halves_ddp():
 CRITIC_SAMPLES = 8
 
 
-class RankShareDock:
+class RankShareDock(PutThenGet):
     """Test double of the transfer dock for one critic rank: hands `critic_update` this rank's rows
     once (the real dock's token-balanced share), as DockBanks would for any iteration."""
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.integration
 BATCHES = [torch.arange(0, 4), torch.arange(4, 6), torch.arange(6, 9)]  # dock indices of three batches
 
 
-class _DockDouble:
+class _DockDouble(PutThenGet):
     """Hands out BATCHES in order to whoever asks, then None; records what was asked and written."""
 
     def __init__(self) -> None:

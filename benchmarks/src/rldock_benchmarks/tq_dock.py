@@ -230,6 +230,13 @@ class TQDock:
         self._pending[tuple(indices.tolist())] = meta
         return indices, TensorDict(dense, batch_size=[size])
 
+    def put_and_get(
+        self, indices: torch.Tensor, batch: TensorDict, state: str, columns: Sequence[str], **request: Any
+    ) -> tuple[torch.Tensor, TensorDict] | None:
+        """`put`, then `get` (TransferQueue has no call that does both)."""
+        self.put(indices, batch, policy_version=request.pop("policy_version", None))
+        return self.get(state, columns, **request)
+
     def reset(self) -> None:
         """Start a new iteration in a fresh partition; the previous one is cleared."""
         if self._iteration:

@@ -6,7 +6,9 @@ when a dock actor dies."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -155,6 +157,34 @@ def test_put_get_round_trip(dock1: TransferDock, dock: TransferDock, num_warehou
     assert batch.batch_size == torch.Size([16])
     assert_matches(indices, batch)
     assert counters(dock)["read_requests"] - before["read_requests"] == dock.layout.num_warehouses
+
+
+def test_put_and_get_writes_then_hands_out_as_put_then_get_would(dock: TransferDock) -> None:
+    """A stage's write and its next request in one call: the rows are ready for every state when it
+    answers, the grant is the one `get` would give, and the controllers heard one call for both."""
+    dock.put(torch.arange(8), samples(list(range(8)), ("prompt_ids", "response_ids")))
+    indices, batch = dock.get("reference", ["prompt_ids", "response_ids"], batch_size=4)
+    before = counters(dock)
+    reference_out = samples(indices.tolist(), ("old_logprobs", "reward"))
+    got = dock.put_and_get(indices, reference_out, "reference", ["prompt_ids", "response_ids"], batch_size=4)
+    assert got is not None
+    assert got[0].tolist() == [i for i in range(8) if i not in indices.tolist()][:4]
+    assert_matches(*got)
+    after = counters(dock)
+    assert after["reference_requests"] - before["reference_requests"] == 1
+    assert after["reference_mark_ready_calls"] - before["reference_mark_ready_calls"] == 0  # not its columns
+    # The update (which needs all four columns) sees the written rows: the write came first.
+    update = dock.get("update", list(COLUMNS), batch_size=4)
+    assert update is not None and update[0].tolist() == indices.tolist()
+    assert_matches(*update)
+    # Once every sample was handed out, the write still lands and the answer is "exhausted".
+    dock.put(torch.arange(8, 16), samples(list(range(8, 16)), ("prompt_ids", "response_ids")))
+    assert dock.get("reference", ["prompt_ids"], batch_size=8) is not None
+    last = dock.put_and_get(
+        got[0], samples(got[0].tolist(), ("old_logprobs", "reward")), "reference", ["prompt_ids"], batch_size=4
+    )
+    assert last is None and dock.drained
+    assert dock.get("update", list(COLUMNS), batch_size=4)[0].tolist() == got[0].tolist()
 
 
 def test_default_spec_is_one_warehouse_per_node(dock1: TransferDock, kind: str) -> None:
@@ -500,12 +530,15 @@ def test_a_consumer_waiting_for_samples_learns_that_a_warehouse_died(kind: str) 
         dock.shutdown()
 
 
-def test_a_dead_controller_host_fails_its_consumers_and_the_writers_that_tell_it(kill_actor) -> None:
-    dock = killable_dock("warehouse-actors", {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
+@pytest.mark.parametrize("layout", ["warehouse-actors", "distributed"])
+def test_a_dead_controller_host_fails_its_consumers_and_the_writers_that_tell_it(kill_actor, layout: str) -> None:
+    """Through Ray (warehouse actors) and over the host's local socket (distributed, on its node)."""
+    dock = killable_dock(layout, {"reference": ["prompt_ids"], "update": ["prompt_ids"]})
     host = dock._route.peers()[-1]  # the one actor holding every state's controller
-    name = "dock controller host (the controllers of states ['reference', 'update'])"
+    name = "dock controller host (the controllers of states ['reference', 'update']"
     try:
-        assert host.name == name
+        assert host.name.startswith(name)
+        assert (dock._route._local_host is not None) == (layout == "distributed")
         kill_actor(host.handle)
         with pytest.raises(DockActorDiedError, match=re.escape(name)):
             dock.get("update", ["prompt_ids"], batch_size=2)
@@ -559,6 +592,23 @@ def test_on_its_node_a_worker_moves_rows_through_shared_memory(dock: TransferDoc
     dock.reset()
     dock.put(torch.arange(NUM_SAMPLES), samples([i + 1 for i in ALL]))
     assert_matches(indices, batch)
+
+
+def test_on_its_node_a_worker_calls_the_controllers_over_the_host_s_local_socket(dock: TransferDock, kind: str) -> None:
+    """Only where the host's warehouses share memory (the default): a socket beside them that only
+    this user can open; the central buffer and the layouts without shared memory call through Ray."""
+    local = dock._route._local_host
+    if kind != "distributed":
+        assert local is None
+        return
+    assert local is not None and Path(local.path).parent == Path(dock._route._shared_directories[0])
+    assert stat.S_IMODE(os.stat(local.path).st_mode) == 0o600
+    # A call from another thread has a connection of its own; both see the same controllers.
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        other = pool.submit(dock.get, "update", list(COLUMNS), batch_size=8).result(timeout=30)
+    mine = dock.get("update", list(COLUMNS), batch_size=8)
+    assert sorted(other[0].tolist() + mine[0].tolist()) == ALL
 
 
 def test_warehouse_actors_share_their_rows_with_workers_on_their_node(ray_session: None) -> None:

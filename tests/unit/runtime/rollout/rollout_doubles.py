@@ -9,6 +9,7 @@ import string
 from dataclasses import dataclass
 
 import torch
+from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
 from rldock.config.job import AgentSpec
@@ -65,7 +66,7 @@ class EngineDouble:
         yield from reversed(list(enumerate(per_prompt)))
 
 
-class RecordingDock:
+class RecordingDock(PutThenGet):
     """Test double of TransferDock for one rank: hands out the whole batch once (indices from
     `first_index`), keeps every put with its policy version."""
 

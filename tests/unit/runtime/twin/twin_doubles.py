@@ -4,12 +4,13 @@ host memory as the real one does, a rollout taken as given, and an engine that o
 from __future__ import annotations
 
 import torch
+from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
 _DOCKS: dict[int, ColumnDock] = {}  # every ColumnDock of this process, by id
 
 
-class ColumnDock:
+class ColumnDock(PutThenGet):
     """Test double of TransferDock for one rank: each state gets the whole batch once per call of
     its stage; what a stage puts is copied to host, as the real dock's wire does. A pickled copy
     (a device worker's seat gets one) is this dock again, as a real client's copies reach the same

@@ -4,6 +4,7 @@ prepend import mode puts this folder on sys.path)."""
 from __future__ import annotations
 
 import torch
+from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
 EOS, PAD = 1, 0
@@ -31,7 +32,7 @@ def reward_worker_without_files(cfg, rows, dock=None):
     return worker
 
 
-class OneBatchDock:
+class OneBatchDock(PutThenGet):
     """Test double of TransferDock: hands the whole batch out once, records what is put."""
 
     def __init__(self, batch: TensorDict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
 from rldock.config.job import JobConfig
@@ -16,7 +17,7 @@ from rldock.runtime.workers.advantage import AdvantageWorker, advantage_batch_si
 G, N, SL = 4, 2, 5
 
 
-class ScriptedDock:
+class ScriptedDock(PutThenGet):
     """Test double of TransferDock for one consumer: hands out samples in index order, at most
     `max_hand_out` per request (a dock whose samples become ready a few at a time), and records puts."""
 

@@ -25,11 +25,12 @@ import torch
 from tensordict import TensorDict
 
 from rldock.config.job import DockSpec
-from rldock.runtime.dock.distributed import DistributedRoute
+from rldock.runtime.dock.controller import Grant
+from rldock.runtime.dock.distributed import DistributedRoute, Request
 from rldock.runtime.dock.ownership import DockLayout
 from rldock.runtime.dock.placement import worker_node_ids
 from rldock.runtime.dock.staleness import StalenessBound
-from rldock.runtime.dock.wire import from_wire, to_wire
+from rldock.runtime.dock.wire import WireColumn, from_wire, to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,32 @@ class TransferDock:
         (indices, columns) are now ready, so consumers can get these samples. `policy_version`
         tags the rows with the version of the weights that generated them (the rollout's writes).
         """
+        self._write(indices, batch, policy_version)
+
+    def put_and_get(
+        self,
+        indices: torch.Tensor,
+        batch: TensorDict,
+        state: str,
+        columns: Sequence[str],
+        *,
+        policy_version: int | None = None,
+        rank: int = 0,
+        batch_size: int,
+        whole_groups: bool = False,
+        balance_ranks: int = 0,
+        timeout_s: float | None = None,
+    ) -> tuple[torch.Tensor, TensorDict] | None:
+        """`put(indices, batch)`, then `get(state, columns, ...)`, with one call to the controllers
+        for both: what a stage does between two batches. Everything `put` and `get` promise holds."""
+        request = self._request(state, columns, rank, batch_size, whole_groups, balance_ranks, timeout_s)
+        answer = self._write(indices, batch, policy_version, then=request)
+        return self._handed_out(request, *(answer or self._route.read(request)))
+
+    def _write(
+        self, indices: torch.Tensor, batch: TensorDict, policy_version: int | None, then: Request | None = None
+    ) -> tuple[Grant, list[dict[str, WireColumn]]] | None:
+        """`put`; with `then`, the route's answer to that request too (None: nothing was written)."""
         if policy_version is not None and policy_version < 0:
             raise ValueError(f"policy_version must be >= 0, got {policy_version}")
         index_array = _index_array(indices)
@@ -180,12 +207,13 @@ class TransferDock:
         if np.unique(index_array).size != index_array.size:
             raise ValueError("indices of one put must be distinct")
         if index_array.size == 0:
-            return
+            return None
         tensors = _columns_of(batch)
         tokens = {
             name: _token_counts(tensors[name], index_array.size) for name in self._token_columns if name in tensors
         }
-        self._route.write(index_array, {name: to_wire(t) for name, t in tensors.items()}, tokens, policy_version)
+        wire = {name: to_wire(t) for name, t in tensors.items()}
+        return self._route.write(index_array, wire, tokens, policy_version, then=then)
 
     def put_groups(
         self,
@@ -262,6 +290,19 @@ class TransferDock:
         Blocks until enough samples are ready; raises DockTimeoutError after `timeout_s` (default
         dock.timeout_s) and DockActorDiedError at once if a dock actor is dead.
         """
+        request = self._request(state, columns, rank, batch_size, whole_groups, balance_ranks, timeout_s)
+        return self._handed_out(request, *self._route.read(request))
+
+    def _request(
+        self,
+        state: str,
+        columns: Sequence[str],
+        rank: int,
+        batch_size: int,
+        whole_groups: bool,
+        balance_ranks: int,
+        timeout_s: float | None,
+    ) -> Request:
         if state not in self._state_columns:
             raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
         unknown = [name for name in columns if name not in self._state_columns[state]]
@@ -271,20 +312,18 @@ class TransferDock:
                 f"state {state!r} requires columns {list(self._state_columns[state])}; it cannot read {unknown}"
             )
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        grant, parts = self._route.read(
-            state,
-            list(columns),
-            rank=rank,
-            batch_size=batch_size,
-            whole_groups=whole_groups,
-            timeout_s=timeout,
-            balance_ranks=balance_ranks,
-        )
+        return Request(state, list(columns), rank, batch_size, whole_groups, timeout, balance_ranks)
+
+    def _handed_out(
+        self, request: Request, grant: Grant, parts: list[dict[str, WireColumn]]
+    ) -> tuple[torch.Tensor, TensorDict] | None:
+        """`get`'s answer to `request` from the route's: the indices and the rows in index order, None
+        once exhausted."""
         self.waited_s += grant.waited_s
         self.drained = grant.exhausted or grant.drained
         if grant.exhausted:
             return None
-        data = {name: _concat([from_wire(part[name]) for part in parts]) for name in columns}
+        data = {name: _concat([from_wire(part[name]) for part in parts]) for name in request.columns}
         return torch.tensor(grant.indices, dtype=torch.int64), TensorDict(data, batch_size=[grant.indices.size])
 
     def reset(self) -> None:

@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import ray
@@ -42,6 +42,7 @@ from ray.actor import ActorHandle
 from rldock.runtime.dock import rpc, shared_columns
 from rldock.runtime.dock.controller import Grant
 from rldock.runtime.dock.host import ControllerHost, WritePart
+from rldock.runtime.dock.local_socket import LocalHost
 from rldock.runtime.dock.ownership import DockLayout, as_slice
 from rldock.runtime.dock.placement import assign_nodes, pinned_to
 from rldock.runtime.dock.rpc import Peer
@@ -65,6 +66,18 @@ _ControllerHostActor = ray.remote(  # type: ignore[call-overload]  # Ray's overl
 )(timed(ControllerHost))
 
 
+class Request(NamedTuple):
+    """A consumer's ask for samples of `state` (TransferDock.get's arguments, checked)."""
+
+    state: str
+    columns: list[str]
+    rank: int
+    batch_size: int
+    whole_groups: bool
+    timeout_s: float
+    balance_ranks: int
+
+
 class DistributedRoute:
     """Moves rows between a client and S warehouses; asks each state's controller what to hand out."""
 
@@ -79,10 +92,15 @@ class DistributedRoute:
         prefer_local: bool = True,
         mode: str = "distributed",
         shared_directories: Mapping[int, str | None] | None = None,
+        host_node: str | None = None,
+        host_socket: str | None = None,
     ) -> None:
         """`warehouses` are the warehouse actors by id; the ids missing from it are hosted by `host`.
-        `shared_directories` are where warehouses share their columns with workers on their node."""
+        `shared_directories` are where warehouses share their columns with workers on their node;
+        `host_socket` is where the host, on `host_node`, answers that node's processes (local_socket.py)."""
         self.mode = mode
+        self._host_node = host_node
+        self._local_host = LocalHost(host_socket, host) if host_socket else None
         self._shared_directories = dict(shared_directories or {})
         self.layout = layout
         self._prefer_local = prefer_local
@@ -148,7 +166,9 @@ class DistributedRoute:
                     ),
                 )
         # Waiting here surfaces actor start failures now rather than at the first put.
-        host_at, directories = ray.get([host.node_id.remote(), host.shared_directories.remote()])
+        host_at, directories, host_socket = ray.get(
+            [host.node_id.remote(), host.shared_directories.remote(), host.open_local_socket.remote()]
+        )
         remote_at: dict[int, str] = dict(zip(actors, ray.get([actor.node_id.remote() for actor in actors.values()])))
         directories.update(zip(actors, ray.get([actor.shared_directory.remote() for actor in actors.values()])))
         warehouse_nodes = [remote_at.get(w, host_at) for w in range(num_warehouses)]
@@ -161,6 +181,8 @@ class DistributedRoute:
         return cls(
             layout=layout,
             host=Peer(host_name, host),
+            host_node=host_at,
+            host_socket=host_socket,
             warehouses=warehouses,
             states=states,
             warehouse_nodes=warehouse_nodes,
@@ -206,14 +228,18 @@ class DistributedRoute:
         tokens: Mapping[str, np.ndarray],
         policy_version: int | None = None,
         group_columns: Mapping[str, WireColumn] | None = None,
-    ) -> None:
+        *,
+        then: Request | None = None,
+    ) -> tuple[Grant, list[dict[str, WireColumn]]] | None:
         """Rows to the warehouses on this node through shared memory, to the other warehouse actors in
         parallel, then the hosted rows and the readiness (metadata) to the host, in one call.
 
         When this returns, every state that needs a written column knows the rows are ready.
 
         `group_columns` hold one row per group of `indices` (whole groups, in order); each goes
-        once to the group's warehouse, which expands it to the group's samples.
+        once to the group's warehouse, which expands it to the group's samples. With `then`, the
+        call that tells the host asks it for the next samples too, and this returns `read`'s answer
+        to `then`: a stage's write and its next request are one call to the controllers.
         """
         group_columns = group_columns or {}
         n = self.layout.group_size
@@ -237,71 +263,71 @@ class DistributedRoute:
         written = [*columns, *group_columns]
         # Only states that need a written column learn of it: the others' readiness is unchanged.
         told = [state for state, needs in self._state_columns.items() if needs & set(written)]
+        readiness = (hosted_parts, indices, written, dict(tokens) or None, policy_version, told)
+        if then is not None:
+            return self._grant_and_rows(then, "write_and_request", readiness)
         if told or hosted_parts:
-            peer = self._host
-            rpc.get(
-                peer.name,
-                peer.handle.write.remote(hosted_parts, indices, written, dict(tokens) or None, policy_version, told),
-            )
+            self._on_host("write", *readiness)
+        return None
 
-    def read(
-        self,
-        state: str,
-        columns: Sequence[str],
-        *,
-        rank: int,
-        batch_size: int,
-        whole_groups: bool,
-        timeout_s: float,
-        balance_ranks: int,
+    def read(self, request: Request) -> tuple[Grant, list[dict[str, WireColumn]]]:
+        """Ask the request's state's controller for samples (the host answers with the rows it holds),
+        then read the rest: from shared memory where the warehouse is on this node, else from the
+        warehouse actors in parallel; the parts in index order."""
+        return self._grant_and_rows(request, "request_and_read", ())
+
+    def _grant_and_rows(
+        self, request: Request, call: str, before: tuple[Any, ...]
     ) -> tuple[Grant, list[dict[str, WireColumn]]]:
-        """Ask `state`'s controller for samples (the host answers with the rows it holds), then read the
-        rest: from shared memory where the warehouse is on this node, else from the warehouse actors
-        in parallel; the parts in index order."""
+        """`read`, with the host's `call` (request_and_read, or write_and_request after the write
+        arguments `before`)."""
+        if request.state not in self._state_columns:
+            raise ValueError(f"unknown dock state {request.state!r}; states: {sorted(self._state_columns)}")
         prefer: list[int] = []
         here = ray.get_runtime_context().get_node_id()
         if self._prefer_local:
             on_this_node = [w for w, node in enumerate(self.nodes) if node == here]
             prefer = on_this_node if len(on_this_node) < len(self.nodes) else []  # all local: plain ascending order
-        if state not in self._state_columns:
-            raise ValueError(f"unknown dock state {state!r}; states: {sorted(self._state_columns)}")
-        host = self._host
         # The warehouses on this node that share memory (their owners checked alive once per request);
         # the host sends none of its own warehouses' rows that are among them.
         attached = {w: local for w in range(self.layout.num_warehouses) if (local := self._attached(w, here))}
         read_here = [w for w in attached if w not in self._warehouses]
-        request: ray.ObjectRef = host.handle.request_and_read.remote(
-            state,
-            list(columns),
-            rank,
-            batch_size,
-            whole_groups,
-            timeout_s,
+        grant, parts = self._on_host(
+            call,
+            *before,
+            request.state,
+            request.columns,
+            request.rank,
+            request.batch_size,
+            request.whole_groups,
+            request.timeout_s,
             prefer=prefer,
-            balance_ranks=balance_ranks,
+            balance_ranks=request.balance_ranks,
             read_here=read_here,
-        )
-        grant, parts = rpc.wait_for_grant(
-            host.name, request, timeout=timeout_s + rpc.RPC_GRACE_S, watch=list(self._warehouses.values())
+            timeout=request.timeout_s + rpc.RPC_GRACE_S,
+            watch=list(self._warehouses.values()),
         )
         if grant.exhausted:
             return grant, []
-        calls = []
+        columns = request.columns
+        calls: list[tuple[int, str, ray.ObjectRef]] = []
         for w, rows in grant.by_warehouse.items():
             local = attached.get(w)
             if local is not None and local.has_columns(columns):  # granted: written, so allocated
-                parts[w] = local.read(rows, list(columns), copy=True)
+                parts[w] = local.read(rows, columns, copy=True)
             elif w in self._warehouses:
                 peer = self._warehouses[w]
-                calls.append((w, peer.name, peer.handle.read.remote(rows, list(columns))))
+                calls.append((w, peer.name, peer.handle.read.remote(rows, columns)))
             elif w not in parts:  # hosted, on this node, a column kept private (no room in /dev/shm)
-                calls.append((w, self._host.name, self._host.handle.warehouse.remote(w, "read", rows, list(columns))))
+                calls.append((w, self._host.name, self._host.handle.warehouse.remote(w, "read", rows, columns)))
         parts.update(zip([w for w, _, _ in calls], rpc.get_all([(name, ref) for _, name, ref in calls])))
         # Ownership is contiguous, so warehouse order then each warehouse's order is index order.
         return grant, [parts[w] for w in sorted(grant.by_warehouse)]
 
     def reset(self) -> None:
-        rpc.get_all([(peer.name, peer.handle.reset.remote()) for peer in self.peers()])
+        resets = [(peer.name, peer.handle.reset.remote()) for peer in self._warehouses.values()]
+        self._on_host("reset")
+        rpc.get_all(resets)
 
     def recycle(self, indices: np.ndarray) -> None:
         """The owning warehouse actors forget the rows, then the host: its own warehouses' rows and
@@ -316,8 +342,7 @@ class DistributedRoute:
         self._on_host("recycle", indices)
 
     def advance_policy(self, version: int, timeout_s: float) -> None:
-        peer = self._host
-        rpc.get(peer.name, peer.handle.advance_policy.remote(version, timeout_s), timeout=timeout_s + rpc.RPC_GRACE_S)
+        self._on_host("advance_policy", version, timeout_s, timeout=timeout_s + rpc.RPC_GRACE_S)
 
     def snapshot(self) -> dict[str, Any]:
         # Controllers first: a column marked ready there was stored before, so the warehouses'
@@ -367,10 +392,19 @@ class DistributedRoute:
         """The dock's actors: the warehouse actors, then the controller host."""
         return [*(self._warehouses[w] for w in sorted(self._warehouses)), self._host]
 
-    def _on_host(self, call: str, *args: Any) -> Any:
-        """The answer of `call` on the controller host (by state where there is one)."""
+    def _on_host(
+        self, call: str, *args: Any, timeout: float | None = None, watch: Sequence[Peer] | None = None, **kwargs: Any
+    ) -> Any:
+        """The answer of `call` on the controller host: over its local socket from its own node, else
+        through Ray. With `watch` (a request that may wait for samples) those peers are checked for
+        being alive while it waits; after `timeout` seconds the host counts as stuck."""
+        if self._local_host is not None and ray.get_runtime_context().get_node_id() == self._host_node:
+            return self._local_host.call(call, *args, timeout=timeout, watch=watch or (), **kwargs)
         peer = self._host
-        return rpc.get(peer.name, getattr(peer.handle, call).remote(*args))
+        ref = getattr(peer.handle, call).remote(*args, **kwargs)
+        if watch is not None and timeout is not None:
+            return rpc.wait_for_grant(peer.name, ref, timeout=timeout, watch=watch)
+        return rpc.get(peer.name, ref, timeout=timeout)
 
     def _on_warehouse(self, w: int, call: str, *args: Any) -> tuple[str, ray.ObjectRef]:
         """`call` started on warehouse `w`, wherever it lives: (the name errors call it by, its ObjectRef)."""

@@ -60,11 +60,16 @@ def wait_for_grant(name: str, ref: ray.ObjectRef, *, timeout: float, watch: Sequ
         if ready:
             return get(name, ref)
         if left <= 0:
-            raise DockTimeoutError(
-                f"transfer dock: {name} did not answer within {timeout:g}s, though its own timeout "
-                "is shorter; it is stuck or overloaded"
-            )
+            raise unanswered(name, timeout)
         check_alive(watch)
+
+
+def unanswered(name: str, timeout: float) -> DockTimeoutError:
+    """The error for the dock actor called `name` that has not answered a request in `timeout` seconds."""
+    return DockTimeoutError(
+        f"transfer dock: {name} did not answer within {timeout:g}s, though its own timeout "
+        "is shorter; it is stuck or overloaded"
+    )
 
 
 def check_alive(peers: Sequence[Peer]) -> None:

@@ -160,7 +160,7 @@ class SharedColumns:
     def owner_alive(self) -> bool:
         """Whether the owning process still runs (a worker on its node shares its pid namespace): rows
         of a dead warehouse must fail like a call to it would, not live on in shared memory."""
-        return _alive(self.owner_pid)
+        return process_runs(self.owner_pid)
 
     @contextmanager
     def counting(self) -> Iterator[np.ndarray]:
@@ -186,17 +186,17 @@ def remove_orphans(root: Path) -> list[Path]:
             pid = int((directory / "owner").read_text())
         except (OSError, ValueError):
             continue  # being created, or not ours
-        if not _alive(pid):
+        if not process_runs(pid):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_runs(pid: int) -> bool:
     """Whether `pid` runs: exists and is not a zombie (a killed actor's process is one until its
     raylet reaps it, and Ray may already report the actor dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+    try:  # os.open/os.read rather than pathlib: every put and get of a worker asks, so it is on the hot path
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except FileNotFoundError:
         return False
     except OSError:  # no /proc: existence is all we can tell
@@ -205,7 +205,14 @@ def _alive(pid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    try:
+        stat = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    if not stat:  # the process ended between the open and the read
+        return False
+    state = stat[stat.rindex(b")") + 2 :][:1]  # the field after the command name, which may hold spaces
+    return state not in (b"Z", b"X")
 
 
 def _write_catalog(directory: Path, catalog: dict) -> None:

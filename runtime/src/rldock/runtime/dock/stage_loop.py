@@ -73,35 +73,46 @@ def run_stage(
     stop without draining samples meant for its peers; `balance_ranks` asks the dock to deal the
     samples over that many ranks with about equal token counts (see TransferDock.get);
     `policy_version` tags what this stage writes with the weights' version (the rollout's).
+    Between two batches a rank writes what it made and asks for its next samples in one call
+    (TransferDock.put_and_get).
     """
     timing = StageResult()
-    num_batches = 0
-    while max_batches is None or num_batches < max_batches:
+    request = {
+        "rank": rank,
+        "batch_size": batch_size,
+        "whole_groups": whole_groups,
+        "balance_ranks": balance_ranks,
+        "timeout_s": timeout_s,
+    }
+    columns = list(spec.consumes)
+
+    def moved(move: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`move(*args, **kwargs)` (dock traffic), its seconds booked as waiting for samples or as dispatch."""
         start, waited_before = time.perf_counter(), dock.waited_s
-        got = dock.get(
-            spec.name,
-            list(spec.consumes),
-            rank=rank,
-            batch_size=batch_size,
-            whole_groups=whole_groups,
-            balance_ranks=balance_ranks,
-            timeout_s=timeout_s,
-        )
+        result = move(*args, **kwargs)
         waited = dock.waited_s - waited_before
         timing.wait_s += waited
         timing.dispatch_s += time.perf_counter() - start - waited
-        if got is None:
-            break
+        return result
+
+    got = None if max_batches == 0 else moved(dock.get, spec.name, columns, **request)
+    num_batches = 0
+    while got is not None:
         indices, batch = got
         start = time.perf_counter()
         out = fn(indices, batch)
         timing.compute_s += time.perf_counter() - start
-        if out is not None:
-            start = time.perf_counter()
-            dock.put(indices, out, policy_version=policy_version)
-            timing.dispatch_s += time.perf_counter() - start
         timing.num_samples += len(indices)
         num_batches += 1
-        if dock.drained:  # those were the last samples for this rank: no round trip to hear so
-            break
+        # The dock said those were the last samples for this rank (no round trip to hear so), or
+        # the rank has its share: write what it made and stop. Otherwise the write and the next
+        # request are one call to the controllers.
+        last = dock.drained or (max_batches is not None and num_batches >= max_batches)
+        if out is None:
+            got = None if last else moved(dock.get, spec.name, columns, **request)
+        elif last:
+            moved(dock.put, indices, out, policy_version=policy_version)
+            got = None
+        else:
+            got = moved(dock.put_and_get, indices, out, spec.name, columns, policy_version=policy_version, **request)
     return timing

@@ -41,7 +41,10 @@ def from_wire(column: WireColumn) -> torch.Tensor:
     call. The returned tensor owns a private copy of the object (no other reader sees it), so
     in-place edits are harmless and the warning is noise.
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_READ_ONLY_WARNING, category=UserWarning)
+    if column.array.flags.writeable:  # rows copied out of shared memory: nothing to silence
         tensor = torch.from_numpy(column.array)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_READ_ONLY_WARNING, category=UserWarning)
+            tensor = torch.from_numpy(column.array)
     return tensor if tensor.dtype == column.dtype else tensor.view(column.dtype)
