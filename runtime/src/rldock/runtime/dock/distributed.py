@@ -14,7 +14,9 @@ node's warehouses in its own process, so a read there is one call (the grant car
 and a write one call (stored, then marked ready); a warehouse elsewhere is an actor on its node,
 and its rows cost the consumer a second call to it, after the grant or before the readiness.
 Without `colocate` every warehouse is an actor and the host runs beside the dock's creator: two
-calls per put and per get everywhere (the layout before, kept for measurements).
+calls per put and per get everywhere (the layout before, kept for measurements). A caller on the
+host's node makes its calls to the host over the host's local socket rather than through Ray
+(local_socket.py), and a stage's write and its next request are one call (`write(then=...)`).
 
 With `shared_memory` (default on) the warehouses keep their columns in /dev/shm
 (shared_columns.py) and a worker on a warehouse's node reads and writes those rows itself, so
