@@ -267,7 +267,7 @@ class DistributedRoute:
         told = [state for state, needs in self._state_columns.items() if needs & set(written)]
         readiness = (hosted_parts, indices, written, dict(tokens) or None, policy_version, told)
         if then is not None:
-            return self._grant_and_rows(then, "write_and_request", readiness)
+            return self._grant_and_rows(then, "write_and_request", (readiness,))
         if told or hosted_parts:
             self._on_host("write", *readiness)
         return None
@@ -281,8 +281,8 @@ class DistributedRoute:
     def _grant_and_rows(
         self, request: Request, call: str, before: tuple[Any, ...]
     ) -> tuple[Grant, list[dict[str, WireColumn]]]:
-        """`read`, with the host's `call` (request_and_read, or write_and_request after the write
-        arguments `before`)."""
+        """`read`, with the host's `call`: request_and_read, or write_and_request with `before` holding
+        the write's arguments as one tuple."""
         if request.state not in self._state_columns:
             raise ValueError(f"unknown dock state {request.state!r}; states: {sorted(self._state_columns)}")
         prefer: list[int] = []

@@ -122,38 +122,12 @@ class ControllerHost(ControllerHub):
         return grant, data
 
     async def write_and_request(
-        self,
-        parts: Mapping[int, WritePart],
-        indices: np.ndarray,
-        written: Sequence[str],
-        tokens: dict[str, np.ndarray] | None,
-        policy_version: int | None,
-        told: Sequence[str] | None,
-        state: str,
-        columns: Sequence[str],
-        rank: int,
-        batch_size: int,
-        whole_groups: bool = False,
-        timeout_s: float | None = None,
-        *,
-        prefer: Sequence[int] = (),
-        balance_ranks: int = 0,
-        read_here: Sequence[int] = (),
+        self, write: Sequence[Any], *request: Any, **options: Any
     ) -> tuple[Grant, dict[int, dict[str, WireColumn]]]:
-        """`write` (`written` ready for `told`), then `request_and_read`: a stage's write and its next
+        """`write(*write)`, then `request_and_read(*request, **options)`: a stage's write and its next
         request in one call (the write is marked ready first, as two calls would have it)."""
-        await self.write(parts, indices, written, tokens, policy_version, told)
-        return await self.request_and_read(
-            state,
-            columns,
-            rank,
-            batch_size,
-            whole_groups,
-            timeout_s,
-            prefer=prefer,
-            balance_ranks=balance_ranks,
-            read_here=read_here,
-        )
+        await self.write(*write)
+        return await self.request_and_read(*request, **options)
 
     async def reset(self) -> None:
         for warehouse in self._warehouses.values():
