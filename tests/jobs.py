@@ -136,6 +136,21 @@ def train_demo(output: Path, overrides: Mapping[str, object], *, resume: bool = 
     return run(DEMO, output, overrides, resume=resume).records
 
 
+def small_layout(root: Path, iterations: int, layout: Mapping[str, object]) -> dict[str, object]:
+    """The overrides of a job that tries a parallel layout (`layout`: the training and rollout
+    fields it sets) on the tiny model built once in root/model: 4 prompts x 4 responses, no
+    warm-up, a small KV cache."""
+    return {
+        "iterations": iterations,
+        "model.path": str(root / "model"),
+        "warmup.steps": 0,
+        "algorithm.num_prompts_per_iteration": 4,
+        "algorithm.num_responses_per_prompt": 4,
+        "rollout.cpu_kv_cache_gib": 0.25,
+        **layout,
+    }
+
+
 # The TP 2 x DP 1 demo (conftest.py's session fixture tp2_resharding_runs runs it under both resharding
 # modes): stopped after TP2_CHECKPOINT_AT iterations, then resumed to TP2_ITERATIONS.
 TP2_ITERATIONS, TP2_CHECKPOINT_AT = 4, 3
@@ -145,20 +160,18 @@ def tp2_demo(root: Path, mode: str, *, iterations: int, resume: bool = False) ->
     """The demo at training TP 2 x DP 1, generation TP 1, `training.resharding: mode`, in root/mode
     (the tiny model built once in root/model): the output folder and its records."""
     output = root / mode
-    overrides = {
-        "iterations": iterations,
-        "model.path": str(root / "model"),
-        "warmup.steps": 0,
-        "algorithm.num_prompts_per_iteration": 4,
-        "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": 1,
-        "training.tensor_parallel_size": 2,
-        "training.resharding": mode,
-        # One micro-batch holds the iteration's 16 samples: the old log-probs then come from the same
-        # batch shapes under both modes, whatever order the dock hands samples out in.
-        "training.micro_batch_size": 16,
-        "rollout.cpu_kv_cache_gib": 0.25,
-        "dock.timeout_s": 120,
-        "checkpoint.interval": TP2_CHECKPOINT_AT,
-    }
+    overrides = small_layout(
+        root,
+        iterations,
+        {
+            "training.data_parallel_size": 1,
+            "training.tensor_parallel_size": 2,
+            "training.resharding": mode,
+            # One micro-batch holds the iteration's 16 samples: the old log-probs then come from the same
+            # batch shapes under both modes, whatever order the dock hands samples out in.
+            "training.micro_batch_size": 16,
+            "dock.timeout_s": 120,
+            "checkpoint.interval": TP2_CHECKPOINT_AT,
+        },
+    )
     return output, train_demo(output, overrides, resume=resume)

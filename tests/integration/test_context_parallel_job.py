@@ -46,32 +46,23 @@ TRAINING = ("loss", "policy_loss", "kl", "entropy", "grad_norm", "clip_fraction"
 CRITIC = ("value_loss", "value_mean", "value_grad_norm")
 
 
-def run_job(
-    root: Path,
-    cp: int,
-    *,
-    iterations: int,
-    resume: bool = False,
-    example: str = "ppo-tiny.yaml",
-    mode: str = "ulysses",
-) -> list[dict]:
-    overrides = {
-        "iterations": iterations,
-        "model.path": str(root / "model"),
-        "warmup.steps": 0,
-        "algorithm.num_prompts_per_iteration": 4,
-        "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": 1,
-        "training.context_parallel_size": cp,
-        "training.context_parallel_mode": mode,
-        "training.strategy": "fsdp",
-        "training.micro_batch_size": 16,  # one packed pass per update step, the same rows at any CP
-        "rollout.cpu_kv_cache_gib": 0.25,
-        "dock.timeout_s": 120,
-        "checkpoint.interval": CHECKPOINT_AT,
-        "evaluation.interval": 0,
-    }
-    return jobs.run(example, root / f"{Path(example).stem}-cp{cp}-{mode}", overrides, resume=resume).records
+def run_job(root: Path, cp: int, *, iterations: int, resume: bool = False, mode: str = "ulysses") -> list[dict]:
+    """ppo-tiny.yaml at context parallel size `cp` under `mode`, in root/ppo-tiny-cp<cp>-<mode>: its records."""
+    overrides = jobs.small_layout(
+        root,
+        iterations,
+        {
+            "training.data_parallel_size": 1,
+            "training.context_parallel_size": cp,
+            "training.context_parallel_mode": mode,
+            "training.strategy": "fsdp",
+            "training.micro_batch_size": 16,  # one packed pass per update step, the same rows at any CP
+            "dock.timeout_s": 120,
+            "checkpoint.interval": CHECKPOINT_AT,
+            "evaluation.interval": 0,
+        },
+    )
+    return jobs.run("ppo-tiny.yaml", root / f"ppo-tiny-cp{cp}-{mode}", overrides, resume=resume).records
 
 
 @pytest.fixture(scope="module")

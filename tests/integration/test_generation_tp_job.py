@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
-from jobs import TP2_ITERATIONS, train_demo  # tests/jobs.py
+from jobs import TP2_ITERATIONS, small_layout, train_demo  # tests/jobs.py
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +33,20 @@ SHARED = "train-tp2-dp1-gen-tp1"
 def run_job(root: Path, name: str) -> list[dict]:
     (tp, dp, gen_tp, strategy), _ = LAYOUTS[name]
     output = root / name
-    overrides = {
-        "iterations": ITERATIONS,
-        "checkpoint.interval": ITERATIONS,
-        "model.path": str(root / "model"),
-        "warmup.steps": 0,
-        "algorithm.num_prompts_per_iteration": 4,
-        "algorithm.num_responses_per_prompt": 4,
-        "training.data_parallel_size": dp,
-        "training.tensor_parallel_size": tp,
-        "training.micro_batch_size": 8,
-        "training.strategy": strategy,
-        "training.resharding": "allgather_swap",
-        "rollout.tensor_parallel_size": gen_tp,
-        "rollout.cpu_kv_cache_gib": 0.25,
-        "dock.timeout_s": 300,
-    }
+    overrides = small_layout(
+        root,
+        ITERATIONS,
+        {
+            "checkpoint.interval": ITERATIONS,
+            "training.data_parallel_size": dp,
+            "training.tensor_parallel_size": tp,
+            "training.micro_batch_size": 8,
+            "training.strategy": strategy,
+            "training.resharding": "allgather_swap",
+            "rollout.tensor_parallel_size": gen_tp,
+            "dock.timeout_s": 300,
+        },
+    )
     return train_demo(output, overrides)
 
 
