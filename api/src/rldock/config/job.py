@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from rldock.config.agent_environment import EnvironmentServersSpec, EnvironmentSpec
+from rldock.config.agent_harness import HarnessCommandLimits
 from rldock.config.dock import DockSpec
 from rldock.config.evaluation import EvaluationSpec
 from rldock.config.monitoring import MonitoringSpec
@@ -851,6 +852,11 @@ class AgentSpec(Spec):
         description="The `model` names the rollout's gateway answers a harness's requests for. Empty (the default): "
         "any name is the policy, so an agent written for another provider's model (`gpt-4o-mini`) runs unchanged; "
         "listed: a request naming another is refused with a 400 naming `model`.",
+    )
+    harness_command_limits: HarnessCommandLimits = Field(
+        default_factory=HarnessCommandLimits,
+        description="agent.harness_command: the resource limits each of its processes runs under (set before it "
+        "starts, inherited by what it starts).",
     )
     max_concurrent_harness_commands: int = Field(
         default=32,

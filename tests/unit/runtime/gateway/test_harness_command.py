@@ -224,3 +224,78 @@ def test_no_more_commands_run_at_once_than_the_cap_and_every_episode_runs(tmp_pa
         most = max(most, running)
     # never more than the cap (without it all six overlap); how many did overlap depends on the machine's load
     assert 1 <= most <= 2 and running == 0
+
+
+# --- agent.harness_command_limits ---------------------------------------------------------------------------
+
+LIMITS_SEEN = write_result(
+    "__import__('json').dumps({'reward': 1, 'limits': {name: __import__('resource').getrlimit("
+    "getattr(__import__('resource'), name)) for name in ('RLIMIT_NOFILE', 'RLIMIT_FSIZE', 'RLIMIT_CORE', "
+    "'RLIMIT_AS', 'RLIMIT_CPU')}, 'child': __import__('subprocess').run([__import__('sys').executable, '-c', "
+    "'import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])'], capture_output=True, "
+    "text=True).stdout.strip()})"
+)
+
+
+def run_limited(code: str, **limits):
+    cfg = job(
+        harness=None,
+        harness_command=[sys.executable, "-c", code],
+        episode_timeout_s=120,
+        harness_command_limits=limits,
+    )
+    return asyncio.run(HarnessRunner(cfg.agent)({"prompt": "p"}, name="e", base_url=URL, api_key=KEY))
+
+
+def test_a_command_and_what_it_starts_run_under_the_limits_and_dump_no_core():
+    outcome = run_limited(LIMITS_SEEN, open_files=100, file_size_mib=3, memory_mib=4096, cpu_seconds=50)
+    limits = {name: tuple(value) for name, value in outcome.info["limits"].items()}
+    assert limits == {
+        "RLIMIT_NOFILE": (100, 100),
+        "RLIMIT_FSIZE": (3 * 2**20, 3 * 2**20),
+        "RLIMIT_CORE": (0, 0),
+        "RLIMIT_AS": (4096 * 2**20, 4096 * 2**20),
+        "RLIMIT_CPU": (50, 50),
+    }
+    assert outcome.info["child"] == "100"  # inherited: set before the command's first instruction
+
+
+def test_by_default_open_files_and_file_size_are_bounded_and_memory_and_cpu_are_not():
+    import resource
+
+    limits = {name: tuple(value) for name, value in run_limited(LIMITS_SEEN).info["limits"].items()}
+    assert limits["RLIMIT_NOFILE"][0] == min(1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    assert limits["RLIMIT_FSIZE"][0] == 1024 * 2**20 and limits["RLIMIT_CORE"] == (0, 0)
+    assert limits["RLIMIT_AS"] == resource.getrlimit(resource.RLIMIT_AS)  # the actor's, unchanged
+    assert limits["RLIMIT_CPU"] == resource.getrlimit(resource.RLIMIT_CPU)
+
+
+def test_a_runaway_file_and_a_runaway_allocation_stop_at_their_limits(tmp_path):
+    big = tmp_path / "log"
+    code = (
+        "import errno\n"
+        "try:\n"
+        f"    open({str(big)!r}, 'wb').write(b'x' * (3 * 2**20))\n"
+        "    wrote = 'all'\n"
+        "except OSError as error:\n"
+        "    wrote = errno.errorcode[error.errno]\n"
+        "try:\n"
+        "    block = bytearray(512 * 2**20)\n"
+        "    allocated = 'all'\n"
+        "except MemoryError:\n"
+        "    allocated = 'MemoryError'\n"
+        + write_result("__import__('json').dumps({'reward': 1, 'wrote': wrote, 'allocated': allocated})")
+    )
+    outcome = run_limited(code, file_size_mib=1, memory_mib=256)
+    assert (outcome.info["wrote"], outcome.info["allocated"]) == ("EFBIG", "MemoryError")
+    assert big.stat().st_size == 2**20  # it stopped at the limit
+
+
+def test_a_command_that_cannot_be_started_ends_its_episode_saying_why():
+    cfg = job(harness=None, harness_command=["/nonexistent/agent", "--flag"], episode_timeout_s=120)
+    outcome = asyncio.run(HarnessRunner(cfg.agent)({"prompt": "p"}, name="e", base_url=URL, api_key=KEY))
+    assert outcome.ended == "harness_exit" and outcome.error is not None
+    assert (
+        "exited 127" in outcome.error
+        and "cannot start '/nonexistent/agent': No such file or directory" in outcome.error
+    )

@@ -11,7 +11,9 @@ Two forms, each with its own channel for the episode's result:
   folder of the episode's beside the task's. Its stdout and stderr are its log, never read for a reward (a
   library that prints after the agent's last line cannot change the episode's reward); only their tail is
   kept (`OUTPUT_KEPT_BYTES`), for the message of a command that failed. Its process group is killed when it
-  exits, so nothing it started in the background outlives its episode.
+  exits, so nothing it started in the background outlives its episode. It and everything it starts run
+  under `agent.harness_command_limits` (open files, file size, optionally address space and CPU) with core
+  dumps off, set before its first instruction (`limited`).
 
 Agent pods (`spec.agents`, dispatch.py) run the command through the episode runner
 (rldock.contract.agent_runner), whose channel is its result post: the exit status and the output's tail,
@@ -38,12 +40,14 @@ import math
 import os
 import signal
 import stat
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rldock.config.agent_harness import HarnessCommandLimits
 from rldock.config.job import AgentSpec
 from rldock.runtime.agent.interfaces import REWARD_LIMIT
 from rldock.runtime.user_code import load_object
@@ -207,7 +211,7 @@ class HarnessRunner:
         loop = asyncio.get_running_loop()
         transport, tail = await loop.subprocess_exec(
             lambda: OutputTail(loop, OUTPUT_KEPT_BYTES),
-            *self.command,
+            *limited(self.command, self.spec.harness_command_limits, env),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -224,6 +228,45 @@ class HarnessRunner:
                 await asyncio.wait_for(asyncio.shield(tail.closed), PIPE_DRAIN_S)
             transport.close()
         return transport.get_returncode(), bytes(tail.kept).decode(errors="replace")
+
+
+# Runs first in a command's process: sets its limits, then becomes the command (execvpe), so the limits hold
+# before any of the command's code runs and everything it starts inherits them. Not preexec_fn, which runs
+# Python in a forked child of a threaded process (the actor's) and can deadlock there. argv: the limits and
+# the names of the command's variables as JSON, then the command; the command gets only those variables (the
+# interpreter may have added one of its own, LC_CTYPE). A command that cannot be started exits 127, as a
+# shell's does, saying why.
+LIMITS_THEN_EXEC = """
+import json, os, resource, sys
+setup = json.loads(sys.argv[1])
+for name, value in setup["limits"].items():
+    limit = getattr(resource, name)
+    _, hard = resource.getrlimit(limit)
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(limit, (value, value))
+env = {name: value for name, value in os.environ.items() if name in setup["env"]}
+try:
+    os.execvpe(sys.argv[2], sys.argv[2:], env)
+except OSError as error:
+    print(f"cannot start {sys.argv[2]!r}: {error.strerror}", file=sys.stderr)
+    sys.exit(127)
+"""
+MIB = 2**20
+
+
+def limited(command: Sequence[str], limits: HarnessCommandLimits, env: Mapping[str, str]) -> list[str]:
+    """`command` started under `limits` (agent.harness_command_limits) and no core dumps, with `env` (the
+    variables' names travel in argv, their values, the key among them, only in the environment)."""
+    values = {
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NOFILE": limits.open_files,
+        "RLIMIT_FSIZE": limits.file_size_mib * MIB,
+        **({"RLIMIT_AS": limits.memory_mib * MIB} if limits.memory_mib is not None else {}),
+        **({"RLIMIT_CPU": limits.cpu_seconds} if limits.cpu_seconds is not None else {}),
+    }
+    # -I: the helper itself reads no PYTHON* variable and no site packages; the command still gets its env.
+    setup = json.dumps({"limits": values, "env": sorted(env)})
+    return [sys.executable, "-I", "-c", LIMITS_THEN_EXEC, setup, *command]
 
 
 class OutputTail(asyncio.SubprocessProtocol):

@@ -1,0 +1,45 @@
+"""`agent.harness_command_limits`: the resource limits every process of a harness command runs under
+(rldock.runtime.gateway.harness_runner sets them before the command starts, so whatever it starts inherits
+them)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rldock.config.section import Spec
+
+
+class HarnessCommandLimits(Spec):
+    """Per-process limits (setrlimit) of `agent.harness_command` and every process it starts; its core dumps
+    are always off (a core would hold the episode's key). A limit the actor's own hard limit is below is
+    lowered to it. Agent pods (`spec.agents`) are bounded by their pods' resources instead."""
+
+    open_files: int = Field(
+        default=1024,
+        ge=16,
+        le=1_048_576,
+        description="Open files (RLIMIT_NOFILE) per process: sockets to the gateway and tools included.",
+    )
+    file_size_mib: int = Field(
+        default=1024,
+        ge=1,
+        le=1_048_576,
+        description="The largest file a process may write, in MiB (RLIMIT_FSIZE): a runaway log or tool output "
+        "stops there instead of filling the actor's disk (the writer gets SIGXFSZ, which ends it; Python ignores "
+        "it, and the write fails with EFBIG).",
+    )
+    memory_mib: int | None = Field(
+        default=None,
+        ge=64,
+        le=1_048_576,
+        description="Address space per process, in MiB (RLIMIT_AS); unset (the default): none. Address space is "
+        "not memory in use: allocators and runtimes reserve far more than they touch (glibc's arenas, 64 MiB a "
+        "thread; V8's heap cage), so set it well above what the agent uses, and test it.",
+    )
+    cpu_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=86_400,
+        description="CPU seconds per process (RLIMIT_CPU: SIGXCPU, then SIGKILL); unset (the default): none, the "
+        "episode's agent.episode_timeout_s bounds its wall time either way.",
+    )
