@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON report
 
-    from rldock.config.job import AgentSpec, RolloutSpec
+    from rldock.config.agent import AgentSpec
+    from rldock.config.job import RolloutSpec
     from rldock.runtime.agent.conversation import ChatRenderer
     from rldock.runtime.agent.episode_loop import AgentLoop
     from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation

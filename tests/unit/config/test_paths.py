@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from rldock.config import ConfigError, load_job_config
-from rldock.config.job import COMMAND, PATH, JobConfig
+from rldock.config.job import JobConfig
 from rldock.config.loading import PathExpansion
 from rldock.config.paths import _marker, _sections, expand_paths, expand_text, path_fields
+from rldock.config.section import COMMAND, PATH
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 ENVIRON = {"HOME": "/home/tester", "DATA": "/srv/data"}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rldock.config import parse_job_config
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.contract.failure import FailureReason
 from rldock.runtime.models.tiny import train_char_tokenizer
 from rldock.runtime.preflight import (

@@ -15,13 +15,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rldock.config import agent_environment, dock, evaluation, rollout_correction
+from rldock.config.agent import BUILTIN_TOOLS
 from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
-from rldock.config.job import (
-    BUILTIN_TOOLS,
-    JobConfig,
-    RewardSpec,
-    RewardTermSpec,
-)
+from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
 from rldock.contract.algorithms import CATALOGUE, credits_turns, needs_critic, needs_rollout

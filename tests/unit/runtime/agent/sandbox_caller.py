@@ -100,7 +100,7 @@ def main() -> None:
     skip = tuple(layer for layer in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if layer)
     if mode == "restricted":
         _as_a_restricted_pod()
-    from rldock.config.job import SandboxSpec
+    from rldock.config.agent import SandboxSpec
     from rldock.runtime.agent.sandbox import _required, _run_program
 
     started: list[int] = []

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.runtime.agent.builders import build_environment
 from rldock.runtime.agent.examples.cabinet import (
     COLOURS,

@@ -28,7 +28,7 @@ from openenv_servers import (
     secret_number,
 )
 
-from rldock.config.job import SandboxSpec
+from rldock.config.agent import SandboxSpec
 from rldock.runtime import cli
 from rldock.runtime.agent.environments import WRONG
 from rldock.runtime.agent.interfaces import Observation

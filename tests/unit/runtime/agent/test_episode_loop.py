@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import CHARS_PER_TOKEN, AgentLoop
 from rldock.runtime.agent.episode_metrics import agent_metrics, episode_sums

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
+from rldock.config.agent import BUILTIN_TOOLS, AgentSpec
 from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
-from rldock.config.job import BUILTIN_TOOLS, AgentSpec
 from rldock.runtime.agent.builders import AgentConfigError, build_environment, build_parser, build_tools
 from rldock.runtime.agent.environments import FeedbackEnvironment
 from rldock.runtime.agent.interfaces import ENVIRONMENTS, TOOL_CALL_PARSERS, TOOLS

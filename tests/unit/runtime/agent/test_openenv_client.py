@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from openenv_servers import openenv_guess_server, secret_number
 
+from rldock.config.agent import AgentSpec, SandboxSpec
 from rldock.config.agent_environment import EnvironmentServersSpec
-from rldock.config.job import AgentSpec, JobConfig, SandboxSpec
+from rldock.config.job import JobConfig
 from rldock.runtime.agent.interfaces import EnvironmentUnavailable, EpisodeContext, Observation, SessionFailed
 from rldock.runtime.agent.service.auth import TOKEN_ENV
 from rldock.runtime.agent.service.env_client import OpenEnvEnvironment, Replicas, resolve_replicas

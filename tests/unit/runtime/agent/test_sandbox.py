@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sandbox_attacks import USE_UP_THE_MEMORY
 
-from rldock.config.job import SandboxSpec
+from rldock.config.agent import SandboxSpec
 from rldock.runtime.agent.sandbox import (
     Outcome,
     SandboxResult,
@@ -803,7 +803,7 @@ def test_an_event_the_hook_cannot_judge_ends_the_program(code):
 
 _REPORT_AT_64 = """
 import asyncio, os
-from rldock.config.job import SandboxSpec
+from rldock.config.agent import SandboxSpec
 from rldock.runtime.agent import sandbox
 
 real_pipe = os.pipe

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rldock.config.job import AgentSpec, SandboxSpec
+from rldock.config.agent import AgentSpec, SandboxSpec
 from rldock.runtime.agent.interfaces import TOOLS, Tool, ToolResult
 from rldock.runtime.agent.tools import CalculatorTool, PythonTool
 

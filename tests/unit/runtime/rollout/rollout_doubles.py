@@ -12,7 +12,7 @@ import torch
 from dock_double_base import PutThenGet  # tests/dock_double_base.py
 from tensordict import TensorDict
 
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, Observation

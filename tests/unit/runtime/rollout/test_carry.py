@@ -10,7 +10,7 @@ import random
 import pytest
 from rollout_doubles import Gated, OneTokenEngine, chat_char_tokenizer, gated_loop
 
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.episode_loop import AgentLoop, Episode
 from rldock.runtime.agent.interfaces import EpisodeContext

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from rldock.config import JobConfig
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.contract.agent_pods import GATEWAY_ENV, GATEWAY_PORT
 from rldock.operator import naming
 from rldock.operator.api import Agent, PodDefaults, RLJobSpec

@@ -15,8 +15,8 @@ from contextlib import ExitStack
 from typing import TypeVar, cast
 
 from rldock.config import JobConfig
+from rldock.config.agent import BUILTIN_TOOLS, AgentSpec
 from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
-from rldock.config.job import BUILTIN_TOOLS, AgentSpec
 from rldock.runtime.agent import environments, parsers, tools  # noqa: F401  (register the built-ins)
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.agent.interfaces import (

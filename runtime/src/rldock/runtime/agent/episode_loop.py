@@ -60,7 +60,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer, plain_ids
 from rldock.runtime.agent.cut_turns import EMPTY_TURN, CutTurn, RoundBudget
 from rldock.runtime.agent.interfaces import (

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldock.config.job import AgentSpec
+from rldock.config.agent import AgentSpec
 from rldock.runtime.registry import Registry
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rldock.config.job import SandboxSpec
+from rldock.config.agent import SandboxSpec
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.tools import PythonTool
 

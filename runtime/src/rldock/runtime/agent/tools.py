@@ -10,7 +10,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rldock.config.job import AgentSpec, SandboxSpec
+from rldock.config.agent import AgentSpec, SandboxSpec
 from rldock.runtime.agent.interfaces import (
     TOOLS,
     EnvironmentUnavailable,

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rldock.config.agent import AgentSpec
 from rldock.config.agent_harness import HarnessCommandLimits
-from rldock.config.job import AgentSpec
 from rldock.runtime.agent.interfaces import REWARD_LIMIT
 from rldock.runtime.user_code import load_object
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rldock.config import JobConfig, Problem
-from rldock.config.job import SandboxSpec
+from rldock.config.agent import SandboxSpec
 from rldock.runtime.agent.sandbox import boot
 
 logger = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from rldock.config.agent import AgentSpec
 from rldock.config.agent_environment import EnvironmentServersSpec
-from rldock.config.job import AgentSpec
 from rldock.runtime.agent.interfaces import (
     ENVIRONMENTS,
     REWARD_LIMIT,

@@ -57,8 +57,8 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rldock.config.agent import AgentSpec
 from rldock.config.agent_environment import EnvironmentSpec
-from rldock.config.job import AgentSpec
 from rldock.runtime.agent.builders import AgentConfigError, build_environment
 from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation
 from rldock.runtime.agent.service import json_wire as wire
