@@ -11,7 +11,7 @@ from rldock.config.section import Spec
 
 class HarnessCommandLimits(Spec):
     """Per-process limits (setrlimit) of `agent.harness_command` and every process it starts; its core dumps
-    are always off (a core would hold the episode's key). A limit the actor's own hard limit is below is
+    are always off (a core would hold the episode's key). A limit above the actor's own hard limit is
     lowered to it. Agent pods (`spec.agents`) are bounded by their pods' resources instead."""
 
     open_files: int = Field(
