@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,6 +120,7 @@ async def main():
     async def echo(*args, **kwargs):
         return args, kwargs
     async def wait():
+        print("waiting", flush=True)
         await never.wait()
     await local_socket.serve(sys.argv[1], {"echo": echo, "wait": wait})
     print("serving", flush=True)
@@ -140,7 +140,7 @@ def test_a_host_that_died_fails_waiting_and_new_calls_naming_it(tmp_path: Path) 
         assert host.call("echo") == ((), {})
         with ThreadPoolExecutor(max_workers=1) as pool:
             waiting = pool.submit(host.call, "wait")
-            time.sleep(0.2)  # not needed for the outcome: either way the call fails naming the host
+            assert process.stdout.readline().strip() == "waiting"  # the call is in the host, unanswered
             process.kill()
             process.wait(timeout=10)
             with pytest.raises(DockActorDiedError, match=r"dock controller host \(test\) is dead"):
