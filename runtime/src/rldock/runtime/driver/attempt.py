@@ -95,9 +95,9 @@ class WorkerGroups:
         return distinct_processes([handle for handles in self.ranks.values() for handle in handles])
 
     def kill(self) -> None:
-        for handle in self.all():
-            ray.kill(handle)
-        self.ranks = {}
+        """Kill every worker process and the turn keeper, and return once they have ended."""
+        cluster.end_actors([*self.all(), *([self.turns] if self.turns is not None else [])])
+        self.ranks, self.turns = {}, None
 
 
 class Attempt:
@@ -263,12 +263,11 @@ class Attempt:
     def stop(self) -> None:
         """Stop everything the attempt started; safe to call on a partly started attempt."""
         self.kill_workers()
-        if self.workers is not None and self.workers.turns is not None:
-            ray.kill(self.workers.turns)
         if self.placement is not None:  # after the workers: their devices go back to the cluster
             cluster.release(self.placement)
         if self.banks is not None:
             self.banks.shutdown()
+            cluster.wait_ended([actor for dock in self.banks.docks for actor in dock.actors()])
         if self.environment_servers is not None:  # after the workers: no session is left to end
             self.environment_servers.stop()
         self.workers, self.banks, self.environment_servers = None, None, None

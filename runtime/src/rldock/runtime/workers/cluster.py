@@ -1,6 +1,6 @@
 """Connecting to Ray and placing the worker groups on it: one placement group per job, built from
 the placement plan (rldock.contract.placement; one bundle per device), every device worker
-scheduled into its bundle.
+scheduled into its bundle; and ending the job's actors before their devices go back (`end_actors`).
 
 Inside a RayCluster (the operator sets RAY_ADDRESS) the job joins the existing cluster. Locally it
 starts a one-node Ray whose accelerators are a logical resource (`NPU` by default), so the same
@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 
 import ray
+import ray._private.state as ray_state  # the actor table, as `ray list actors` reads it
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rldock.config import JobConfig
 from rldock.contract.placement import CPUS_PER_WORKER, PlacementPlan, Seat
 from rldock.runtime.agent.service.local import token_variables
+from rldock.runtime.dock.shared_columns import process_runs
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import placement_plan
 from rldock.runtime.startup import timed
@@ -33,6 +36,8 @@ logger = logging.getLogger(__name__)
 _LOCAL_LOGICAL_CPUS = 16
 # How long to wait for Ray to reserve the job's devices (a RayCluster may still be adding nodes).
 PLACEMENT_TIMEOUT_S = 600.0
+# How long `wait_ended` waits for killed actors' processes to end (about 50 ms each here).
+END_TIMEOUT_S = 30.0
 
 
 def connect(cfg: JobConfig) -> None:
@@ -107,6 +112,46 @@ def reserve(plan: PlacementPlan, *, timeout_s: float = PLACEMENT_TIMEOUT_S) -> P
 
 def release(group: PlacementGroup) -> None:
     remove_placement_group(group)
+
+
+def end_actors(handles: Sequence, *, timeout_s: float = END_TIMEOUT_S) -> list[str]:
+    """Kill the actors `handles` and return once they have ended (`wait_ended`)."""
+    for handle in handles:
+        ray.kill(handle)
+    return wait_ended(handles, timeout_s=timeout_s)
+
+
+def wait_ended(handles: Sequence, *, timeout_s: float = END_TIMEOUT_S) -> list[str]:
+    """Return once the actors `handles`, killed, have ended: their processes on this node gone, Ray's
+    word that those elsewhere are dead. After `timeout_s` (a job's end never hangs here) it logs a
+    warning per actor still running and returns their IDs (none: all ended).
+
+    Why wait: `ray.kill` only asks, and Ray reports the actor dead a moment before its process has
+    ended. A placement group removed, or the driver gone, while a killed actor's process still runs
+    makes its raylet end it with SIGTERM instead, which Ray's worker turns into SystemExit wherever
+    that process is (a traceback in the job's log when it is in a finaliser); and a device's memory
+    stays held while the next attempt's workers start on it. Ray's actor table (what `ray list
+    actors` reads) keeps each actor's node and pid after its death; another node's /proc is out of
+    reach, so there Ray's word is the wait."""
+    here = ray.get_runtime_context().get_node_id()
+    deadline, running = time.monotonic() + timeout_s, []
+    for handle in handles:
+        actor_id = handle._actor_id.hex()
+        while not _ended(actor_id, here):
+            if time.monotonic() > deadline:
+                logger.warning("actor %s still runs %.0f s after it was killed", actor_id, timeout_s)
+                running.append(actor_id)
+                break
+            time.sleep(0.005)
+    return running
+
+
+def _ended(actor_id: str, here: str) -> bool:
+    entry = ray_state.actors(actor_id=actor_id)
+    if entry.get("State") != "DEAD":
+        return False
+    pid = entry.get("Pid")
+    return not (pid and entry.get("Address", {}).get("NodeID") == here and process_runs(pid))
 
 
 def seated(cls, *, group: PlacementGroup, plan: PlacementPlan, seat: Seat):
