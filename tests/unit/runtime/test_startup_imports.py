@@ -27,7 +27,8 @@ MATH = "math_verify"  # with SymPy's LaTeX parser: the math_verify reward term o
 # torch's compiler stack: tensordict's import reached it (~1.5 s), rldock.runtime.tensordict_import
 # keeps it out; transformers' model code (its generation module) and vLLM load it where they are used
 COMPILER = "torch._dynamo"
-HEAVY = (VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH, COMPILER)
+TORCH = "torch"  # ~1.8 s: the dock's actors move numpy arrays and name the torch dtype (dock/wire.py)
+HEAVY = (VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH, COMPILER, TORCH)
 
 # kind -> (modules Ray or `rldock train` imports for it, heavy modules it must not have loaded)
 PROCESS_KINDS = {
@@ -51,7 +52,7 @@ PROCESS_KINDS = {
     # the dock's actors hold columns and metadata
     "dock actors": (
         ["rldock.runtime.dock.host", "rldock.runtime.dock.warehouse"],
-        {VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH, COMPILER},
+        {VLLM, PEFT, MODEL_CODE, GATEWAY, TENSORDICT, MATH, COMPILER, TORCH},
     ),
 }
 

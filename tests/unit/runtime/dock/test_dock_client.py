@@ -200,6 +200,19 @@ def test_bfloat16_column_round_trips(dock: TransferDock) -> None:
     assert got["half_logprobs"].dtype == torch.bfloat16 and torch.equal(got["half_logprobs"], values)
 
 
+def test_the_docks_actors_move_columns_without_importing_torch(dock: TransferDock) -> None:
+    """The dtype travels by name (dock/wire.py): after every kind of write and read, also of a column
+    numpy has no dtype for, the controller host and the warehouses have not loaded torch (2.4 CPU
+    seconds of each one's start). Each dock here is its own actors' first user: Ray starts an actor
+    in a fresh process."""
+    values = torch.randn(NUM_SAMPLES, SL).to(torch.bfloat16)
+    dock.put(torch.arange(NUM_SAMPLES), samples(ALL).update({"half_logprobs": values}))
+    assert dock.get("update", list(COLUMNS), batch_size=NUM_SAMPLES) is not None
+    assert dock.get("bf16", ["half_logprobs"], batch_size=NUM_SAMPLES) is not None
+    loaded = ray.get([actor.__ray_call__.remote(lambda _: "torch" in sys.modules) for actor in dock.actors()])
+    assert loaded == [False] * len(dock.actors())
+
+
 def take_all(dock: TransferDock, state: str, rank: int, batch_size: int) -> list[int]:
     """A consumer rank: takes batches until the state is exhausted."""
     taken: list[int] = []

@@ -9,7 +9,7 @@ small one to the controller (which samples, and readiness after a write).
 
 Layout of one warehouse's directory `<root>/rldock-<token>` (the token is new for every warehouse
 process, so a restarted warehouse never shares files with the one it replaces):
-- `columns.json`: {column name: {"file", "dtype" (torch), "wire" (numpy), "shape"}}, rewritten
+- `columns.json`: {column name: {"file", "dtype" (torch's, by name), "wire" (numpy), "shape"}}, rewritten
   atomically when the owner allocates a column (a writer's first write goes through the owner);
 - `<n>.rows` and `<n>.written`: the column's (capacity, *shape) rows and its per-row "written this
   iteration" flags;
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +54,11 @@ COUNTERS = (
 
 
 class SharedColumn(NamedTuple):
-    """One column as mapped by this process: its rows (wire dtype), written flags and torch dtype."""
+    """One column as mapped by this process: its rows (wire dtype), written flags and torch dtype (by name)."""
 
     rows: np.ndarray
     written: np.ndarray
-    dtype: torch.dtype
+    dtype: str
 
 
 class SharedColumns:
@@ -99,7 +98,7 @@ class SharedColumns:
         """The files of the warehouse at `directory`, for reads and writes of columns it has allocated."""
         return cls(Path(directory), capacity, owner=False)
 
-    def allocate(self, name: str, dtype: torch.dtype, wire: np.dtype, shape: tuple[int, ...]) -> SharedColumn | None:
+    def allocate(self, name: str, dtype: str, wire: np.dtype, shape: tuple[int, ...]) -> SharedColumn | None:
         """(Owner) a new zero-filled column; None if shared memory has no room for it."""
         assert self._owner, "only the warehouse that owns the files allocates columns"
         stem = str(len(self._catalog))
@@ -125,7 +124,7 @@ class SharedColumns:
             return None
         self._catalog[name] = {
             "file": stem,
-            "dtype": str(dtype).removeprefix("torch."),
+            "dtype": dtype,
             "wire": np.dtype(wire).str,
             "shape": list(shape),
         }
@@ -152,9 +151,7 @@ class SharedColumns:
         written = np.memmap(
             self.directory / (entry["file"] + ".written"), dtype=np.bool_, mode="r+", shape=(self._capacity,)
         )
-        self._mapped[name] = SharedColumn(
-            rows.view(np.ndarray), written.view(np.ndarray), getattr(torch, entry["dtype"])
-        )
+        self._mapped[name] = SharedColumn(rows.view(np.ndarray), written.view(np.ndarray), entry["dtype"])
         return self._mapped[name]
 
     def owner_alive(self) -> bool:

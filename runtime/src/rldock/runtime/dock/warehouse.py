@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
 
 from rldock.runtime.dock.ownership import as_slice
 from rldock.runtime.dock.shared_columns import COUNTERS, SharedColumns
-from rldock.runtime.dock.wire import WireColumn, to_wire
+from rldock.runtime.dock.wire import WireColumn, dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +61,9 @@ class Warehouse:
         self._shared = _attached or (SharedColumns.create(shared_root, capacity) if shared_root else None)
         self._attached = _attached is not None
         # Per column: rows in the wire dtype (writes and reads go through these), the torch dtype
-        # they stand for, and which rows were written this iteration.
+        # they stand for (by name), and which rows were written this iteration.
         self._views: dict[str, np.ndarray] = {}
-        self._dtypes: dict[str, torch.dtype] = {}
+        self._dtypes: dict[str, str] = {}
         self._written: dict[str, np.ndarray] = {}
         # Counters (COUNTERS order); in shared memory when the columns are, since attached
         # workers move bytes too. expanded_bytes: written here by expanding group columns, never sent.
@@ -210,6 +209,8 @@ class Warehouse:
         self.reset()
         for name, (indices, column) in snapshot["columns"].items():
             if len(indices):
+                # A checkpoint written before the dtype travelled by name holds torch's dtype object.
+                column = WireColumn(column.array, dtype_name(column.dtype))
                 view = self._view_for(name, column)
                 rows = self._local_rows(indices)
                 view[rows] = column.array
@@ -279,7 +280,7 @@ class Warehouse:
             if shared is not None:
                 self._keep(name, shared.rows, shared.written, shared.dtype)
             else:
-                rows = to_wire(torch.empty((self._capacity, *sample_shape), dtype=column.dtype)).array
+                rows = np.empty((self._capacity, *sample_shape), dtype=column.array.dtype)
                 self._keep(name, rows, np.zeros(self._capacity, dtype=bool), column.dtype)
             logger.debug("warehouse %d: column %r %s %s", self._id, name, (self._capacity, *sample_shape), column.dtype)
         if self._dtypes[name] != column.dtype or self._views[name].shape[1:] != sample_shape:
@@ -289,7 +290,7 @@ class Warehouse:
             )
         return self._views[name]
 
-    def _keep(self, name: str, rows: np.ndarray, written: np.ndarray, dtype: torch.dtype) -> None:
+    def _keep(self, name: str, rows: np.ndarray, written: np.ndarray, dtype: str) -> None:
         self._views[name], self._written[name], self._dtypes[name] = rows, written, dtype
 
     def _count(self, **increments: int) -> None:
