@@ -14,25 +14,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rldock.config import agent_environment, dock, evaluation, rollout_correction
-from rldock.config.agent import BUILTIN_TOOLS
-from rldock.config.agent_environment import BUILTIN_ENVIRONMENTS
+from rldock.config import agent, dock, evaluation, rollout_correction
 from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
-from rldock.contract.algorithms import CATALOGUE, credits_turns, needs_critic, needs_rollout
+from rldock.contract.algorithms import (
+    credits_turns,
+    needs_critic,
+    needs_rollout,
+)
 from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
 # The checks of the sections that keep them beside their fields (one module per section, issue 65); the
 # others are below, until each moves to its section's module.
-SECTION_CHECKS = (dock.problems, evaluation.problems, rollout_correction.problems)
-
-
-def critic_free_rollout_algorithms() -> list[str]:
-    """The algorithms that sample a rollout and train without a critic (the catalogue's)."""
-    return [name for name, traits in CATALOGUE.items() if traits.needs_rollout and not traits.needs_critic]
+SECTION_CHECKS = (agent.problems, dock.problems, evaluation.problems, rollout_correction.problems)
 
 
 def find_problems(cfg: JobConfig) -> list[Problem]:
@@ -95,7 +92,6 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_return_logprobs_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
-    problems.extend(_agent_problems(cfg))
     problems.extend(_turn_problems(cfg))
     problems.extend(_demonstration_problems(cfg))
     for section_problems in SECTION_CHECKS:
@@ -360,7 +356,7 @@ def _carry_problems(cfg: JobConfig) -> list[Problem]:
     """Carried episodes (rollout/carry.py) keep an agent's episode groups open across iterations, within
     dock.max_staleness versions of the iteration that started them: the native loop's episodes, one fixed
     batch per iteration, and the bound counted from the synchronous iteration (with agent, its harness
-    and DPO refused by agent_partial_rollout_problem and _agent_problems)."""
+    and DPO refused by rldock.config.agent's checks)."""
     rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
     problems: list[Problem] = []
     if cfg.agent is None:
@@ -434,140 +430,6 @@ def _importance_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
-def agent_partial_rollout_problem(cfg: JobConfig) -> str | None:
-    """Why an agent job's rollout.partial_rollout cannot run, or None. An episode's turn being sampled at a
-    weight update is cut and resumed on the new weights (`resume`), the native loop's and a harness's (its
-    request to the gateway stays open); `drop` would discard the episode's turns so far; `carry` keeps the
-    native loop's episodes open across iterations."""
-    agent, mode = cfg.agent, cfg.rollout.partial_rollout
-    if agent is None or mode in ("off", "resume"):
-        return None
-    if mode == "carry":
-        if agent.harnessed:
-            return (
-                "`carry` with agent.harness, agent.harness_command or agent.harness_pods: carried episodes are the "
-                "native agent loop's (a harness's episodes run in the user's process, which a batch cannot leave "
-                "open); use `resume` or `off`"
-            )
-        return None
-    who = (
-        "a harness's episode (agent.harness, agent.harness_command, agent.harness_pods)"
-        if agent.harnessed
-        else ("an episode")
-    )
-    return (
-        f"`drop` with agent: {who} cut at a weight update keeps its session and its turns so far, and is "
-        "resumed on the new weights, never sampled again; use `resume`"
-    )
-
-
-def _agent_problems(cfg: JobConfig) -> list[Problem]:
-    """Multi-turn rollouts sample the whole episode with the engine, one request per turn, and render
-    the tools and the turns with the model's chat template."""
-    agent, algo, rollout = cfg.agent, cfg.algorithm, cfg.rollout
-    if agent is None:
-        return []
-    problems: list[Problem] = []
-    if not needs_rollout(algo.name):
-        problems.append(
-            Problem(
-                "agent", f"algorithm.name {algo.name} samples no responses, so no tool is ever called; remove agent"
-            )
-        )
-    problem = agent_partial_rollout_problem(cfg)
-    if problem is not None:
-        problems.append(Problem("rollout.partial_rollout", problem))
-    if rollout.stream_groups > 0:
-        problems.append(
-            Problem(
-                "rollout.stream_groups",
-                f"{rollout.stream_groups} with agent: episodes are written to the dock when the rank's whole batch "
-                "has ended; set 0",
-            )
-        )
-    if cfg.data.chat_template == "none":
-        problems.append(
-            Problem(
-                "data.chat_template",
-                "`none` with agent: the model's chat template renders the tools and each turn (tool results, the "
-                "environment's messages); use `model` with a model whose tokenizer has a chat template",
-            )
-        )
-    harnessed = agent.harnessed
-    if agent.harness is not None and agent.harness_command is not None:
-        problems.append(
-            Problem("agent.harness_command", "set with agent.harness: an episode runs one harness; keep one of them")
-        )
-    if agent.harness_pods and (agent.harness is not None or agent.harness_command is not None):
-        field = "agent.harness" if agent.harness is not None else "agent.harness_command"
-        problems.append(
-            Problem(
-                field,
-                "set with agent.harness_pods: the pods run each episode's harness; remove it (in an RLJob, give "
-                "the command to a spec.agents entry)",
-            )
-        )
-    if harnessed and (agent.tools or agent.environment is not None):
-        field = "agent.tools" if agent.tools else "agent.environment"
-        problems.append(
-            Problem(
-                field,
-                f"set with a harness: your harness runs the episode (its own tools, its own environment) through "
-                f"the gateway; remove {field}, or remove the harness to use rldock's episode loop",
-            )
-        )
-    if agent.harness_pods and cfg.evaluation.interval > 0:
-        problems.append(
-            Problem(
-                "evaluation.interval",
-                "held-out evaluation does not run agent pods' episodes yet (a harness of the actor's own, "
-                "agent.harness or agent.harness_command, it does); set evaluation.interval to 0",
-            )
-        )
-    if not harnessed and not agent.tools and agent.environment is None:
-        problems.append(
-            Problem(
-                "agent",
-                "neither tools nor an environment: every episode would be one generation, as without agent; set "
-                "agent.tools, agent.environment, agent.harness, or remove agent",
-            )
-        )
-    if harnessed and cfg.rows_per_episode > 1 and needs_critic(algo.name):
-        problems.append(
-            Problem(
-                "agent.max_segments",
-                f"{agent.max_segments} trains each segment of a harness's episode as its own row, and {algo.name}'s "
-                "critic would bootstrap every segment apart; set agent.max_segments: 1 (the last segment trains) or "
-                f"use a critic-free algorithm ({', '.join(critic_free_rollout_algorithms())})",
-            )
-        )
-    if not harnessed and agent.max_tool_response_tokens >= algo.max_response_length:
-        problems.append(
-            Problem(
-                "agent.max_tool_response_tokens",
-                f"{agent.max_tool_response_tokens} is not below algorithm.max_response_length "
-                f"({algo.max_response_length}), which counts the tools' tokens too: one tool message could use up "
-                "the episode; lower it",
-            )
-        )
-    first: dict[str, int] = {}  # built-in tool name -> its first index
-    for index, tool in enumerate(agent.tools):
-        if tool.name in BUILTIN_TOOLS and tool.name in first:
-            problems.append(
-                Problem(
-                    f"agent.tools[{index}].name",
-                    f"`{tool.name}` is listed already (agent.tools[{first[tool.name]}]); list each tool once",
-                )
-            )
-        first.setdefault(tool.name, index)
-        if tool.name in BUILTIN_TOOLS and tool.options:
-            problems.append(_builtin_options_problem(f"agent.tools[{index}]", tool.name))
-    if agent.environment is not None and agent.environment.name in BUILTIN_ENVIRONMENTS and agent.environment.options:
-        problems.append(_builtin_options_problem("agent.environment", agent.environment.name))
-    problems.extend(agent_environment.problems(cfg))
-    return problems
-
-
 def _turn_problems(cfg: JobConfig) -> list[Problem]:
     """What crediting an episode's turns apart (algorithm.credit, turn_discount, gae_unit) needs: turns (an
     agent), rewards per turn (an environment whose step rewards make the reward, summed, weight 1), and an
@@ -632,13 +494,6 @@ def _turn_problems(cfg: JobConfig) -> list[Problem]:
             )
         )
     return problems
-
-
-def _builtin_options_problem(at: str, name: str) -> Problem:
-    return Problem(
-        f"{at}.options",
-        f"the built-in `{name}` takes no options (its settings are fields of the agent section); remove them",
-    )
 
 
 def _data_problems(cfg: JobConfig) -> list[Problem]:

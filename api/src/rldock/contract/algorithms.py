@@ -49,3 +49,8 @@ def needs_rollout(name: str) -> bool:
 
 def credits_turns(name: str) -> bool:
     return CATALOGUE[name].credits_turns
+
+
+def critic_free_rollout_algorithms() -> list[str]:
+    """The algorithms that sample a rollout and train without a critic (the catalogue's)."""
+    return [name for name, traits in CATALOGUE.items() if traits.needs_rollout and not traits.needs_critic]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rldock.config import JobConfig
-from rldock.config.problems import agent_partial_rollout_problem
+from rldock.config.agent import partial_rollout_problem
 from rldock.runtime.dock.stage_loop import StageSpec
 from rldock.runtime.rollout import partial
 from rldock.runtime.rollout.partial import PartialRollout
@@ -32,7 +32,7 @@ def mode_of(cfg: JobConfig) -> str:
     is not read."""
     rollout = cfg.rollout
     if cfg.agent is not None:
-        problem = agent_partial_rollout_problem(cfg)
+        problem = partial_rollout_problem(cfg)
         if problem is not None:
             raise ValueError(f"rollout.partial_rollout {problem}")
         if rollout.stream_groups > 0:
