@@ -8,7 +8,7 @@ import yaml
 
 from rldock.config import ConfigError, RewardSpec, RewardTermSpec, parse_job_config
 from rldock.config.problem import Problem, field_path
-from rldock.config.problems import TERM_OPTIONS, reward_problems
+from rldock.config.reward import TERM_OPTIONS, reward_problems
 
 BASE = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples" / "grpo-tiny.yaml").read_text())
 

@@ -4,8 +4,8 @@ The same models are read from YAML by `rldock train`, embedded as the RLJob spec
 and turned into the CRD schema and the reference docs, so every field carries a description and
 its bounds. Only single-field rules live in the models; rules across fields are checks that return
 `Problem`s, so the operator can report them as conditions on an object the API server already
-accepted. A section with a module of its own (agent_environment.py, dock.py, evaluation.py,
-rollout_correction.py, monitoring.py) keeps its checks beside its fields; the others' are in
+accepted. A section with a module of its own (agent.py, agent_environment.py, dock.py, evaluation.py,
+monitoring.py, reward.py, rollout_correction.py) keeps its checks beside its fields; the others' are in
 `problems.py`, which gathers all. The fields' shared vocabulary (string bounds, `Expanded`, a user's
 class reference) is section.py's.
 """
@@ -28,6 +28,7 @@ from rldock.config.agent import AgentSpec
 from rldock.config.dock import DockSpec
 from rldock.config.evaluation import EvaluationSpec
 from rldock.config.monitoring import MonitoringSpec
+from rldock.config.reward import RewardSpec
 from rldock.config.rollout_correction import RolloutCorrectionSpec
 from rldock.config.section import (
     MAX_NAME_LENGTH,
@@ -216,145 +217,6 @@ class DataSpec(Spec):
 def demo_data() -> DataSpec:
     """The data of a job that leaves `data` out: the tiny demo's addition prompts."""
     return DataSpec(generator=GeneratorSpec(name="addition"), chat_template="none")
-
-
-# Defaults of the `remote` term's optional fields, applied by the runtime when a field is unset
-# (per-name fields stay unset on other terms, so problems.py can refuse them there).
-REMOTE_TIMEOUT_S = 60.0
-REMOTE_MAX_RETRIES = 3
-
-
-class RewardTermSpec(Spec):
-    """One reward term: a registered reward, its weight, and the options of its name (docs/rewards.md)."""
-
-    # One flat model rather than a union per name: the RLJob CRD needs a structural schema (no
-    # oneOf), and a flat model lists every option in one table of the reference.
-    name: Literal[
-        "math_verify", "exact_match", "digit_match", "format", "function", "remote", "model", "environment"
-    ] = Field(
-        description="`math_verify`: 1 if the response's final answer (after the last `####`, in "
-        "`\\boxed{}`, else the last number) equals the ground truth by math-verify; `exact_match`: 1 for "
-        "the exact answer; `digit_match`: partial credit for digits in place; `format`: 1 if the "
-        "response matches `pattern`; `function`: your Python function; `remote`: an HTTP scoring service; "
-        "`model`: a learned reward model (a sequence classifier at `path`) run as its own worker; "
-        "`environment`: the rewards the episode's environment answered its steps with (agent.environment), "
-        "aggregated as `aggregate` says.",
-    )
-    weight: float = Field(
-        default=1.0,
-        ge=-1000,
-        le=1000,
-        description="Factor of this term in the reward, which is the sum of weight * score over the "
-        "terms; negative for a penalty.",
-    )
-    pattern: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_PATH_LENGTH,
-        description="`format` only: a Python regex the whole response (surrounding whitespace "
-        'removed) must match (`re.fullmatch`, `.` also matches newlines); write `.*x.*` for "contains x".',
-    )
-    function: Annotated[str | None, PATH] = Field(
-        default=None,
-        min_length=3,
-        max_length=MAX_PATH_LENGTH,
-        description="`function` only: `path/to/file.py:name` or `package.module:name`, a function "
-        "`(data_source, solution_str, ground_truth, extra_info) -> float | dict` run in the reward "
-        "worker; a relative file path is relative to the working directory of `rldock train`.",
-    )
-    url: str | None = Field(
-        default=None,
-        min_length=8,
-        max_length=MAX_PATH_LENGTH,
-        description="`remote` only: the http(s) URL that batches of samples are POSTed to as JSON "
-        "(wire format in docs/rewards.md).",
-    )
-    timeout_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=3600,
-        description=f"`remote` only: seconds to wait for one response; unset: {REMOTE_TIMEOUT_S:g}.",
-    )
-    max_retries: int | None = Field(
-        default=None,
-        ge=0,
-        le=10,
-        description="`remote` only: retries of a request after a connection error, a timeout or a "
-        f"5xx/429 status, with exponential backoff; unset: {REMOTE_MAX_RETRIES}.",
-    )
-    token_env: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_NAME_LENGTH,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="`remote` only: name of an environment variable holding a bearer token sent as "
-        "`Authorization: Bearer <token>` (in an RLJob, set it from a Secret with `env`); with it, `url` "
-        "must be https:// unless `allow_insecure` is true.",
-    )
-    allow_insecure: bool | None = Field(
-        default=None,
-        description="`remote` only: true lets a term with `token_env` send its token over a plain http:// "
-        "`url`, readable by anyone on the network path; for a service on the pod's own loopback "
-        "(`http://127.0.0.1:...`, a sidecar) or inside a mesh that encrypts traffic between pods. Unset: "
-        "false, an http:// URL with a token is refused.",
-    )
-    batch_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=65536,
-        description="`remote` only: samples per request; unset: all samples the reward worker "
-        "scores at once (training.micro_batch_size).",
-    )
-    path: Annotated[str | None, PATH] = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_PATH_LENGTH,
-        description="`model` only: a local Hugging Face folder holding a sequence-classification reward "
-        "model with one label (AutoModelForSequenceClassification, num_labels 1) and its tokenizer "
-        "(tokenizer.json); the score is its logit at the last token of prompt text + response text.",
-    )
-
-    aggregate: Literal["sum", "last"] | None = Field(
-        default=None,
-        description="`environment` only: the score of an episode from its environment's per-step rewards: `sum` "
-        "of every step's, or the `last` step's (a step that answered no reward counts 0). Unset: sum.",
-    )
-
-    @property
-    def sends_token_in_clear(self) -> bool:
-        """True for a `remote` term that would send its bearer token over plain http:// without
-        `allow_insecure` (refused by config/problems.py, and again by the runtime's client)."""
-        return (
-            self.token_env is not None
-            and self.url is not None
-            and not self.allow_insecure
-            and self.url.lower().startswith("http://")
-        )
-
-
-class RewardSpec(Spec):
-    """The reward of each response: the weighted sum of its terms' scores."""
-
-    terms: list[RewardTermSpec] = Field(
-        default_factory=lambda: [RewardTermSpec(name="digit_match")],
-        min_length=1,
-        max_length=32,
-        description="Reward terms; each response's reward is the sum of weight * score over them. "
-        "Default: one `digit_match` term, and leaving the `reward` section out is allowed only with "
-        "`model.builder` (a model of your own needs its reward named).",
-    )
-    on_error: Literal["fail", "zero"] = Field(
-        default="fail",
-        description="When a term raises on a sample (a gold answer math-verify cannot parse, a "
-        "function's exception, a remote service down after its retries): `fail` stops the job naming "
-        "the term and the sample's data source; `zero` scores that term 0 for that sample, counts it "
-        "in the `reward/errors` metric and logs one warning per batch.",
-    )
-
-    @property
-    def model_term_index(self) -> int | None:
-        """Index of the `model` term (at most one, config/problems.py), or None without one."""
-        return next((index for index, term in enumerate(self.terms) if term.name == "model"), None)
 
 
 class WarmupSpec(Spec):

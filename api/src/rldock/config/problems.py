@@ -9,13 +9,11 @@ into a condition and an Event on an RLJob that the API server's schema already a
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from rldock.config import agent, dock, evaluation, rollout_correction
-from rldock.config.job import JobConfig, RewardSpec, RewardTermSpec
+from rldock.config import agent, dock, evaluation, reward, rollout_correction
+from rldock.config.job import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
 from rldock.contract.algorithms import (
@@ -29,7 +27,7 @@ from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architectur
 
 # The checks of the sections that keep them beside their fields (one module per section, issue 65); the
 # others are below, until each moves to its section's module.
-SECTION_CHECKS = (agent.problems, dock.problems, evaluation.problems, rollout_correction.problems)
+SECTION_CHECKS = (agent.problems, dock.problems, evaluation.problems, reward.problems, rollout_correction.problems)
 
 
 def find_problems(cfg: JobConfig) -> list[Problem]:
@@ -86,7 +84,6 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_strategy_problems(cfg))
     problems.extend(_context_parallel_problems(cfg))
     problems.extend(_micro_batch_problems(cfg))
-    problems.extend(reward_problems(cfg.reward))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_routing_replay_problems(cfg))
     problems.extend(_return_logprobs_problems(cfg))
@@ -849,108 +846,6 @@ def _strategy_problems(cfg: JobConfig) -> list[Problem]:
             )
         )
     return problems
-
-
-# The options each reward term name takes, required ones first; every other option must stay unset
-# on that term. (The reward-model term `model` will require `path`.)
-TERM_OPTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "math_verify": ((), ()),
-    "exact_match": ((), ()),
-    "digit_match": ((), ()),
-    "format": (("pattern",), ()),
-    "function": (("function",), ()),
-    "remote": (("url",), ("timeout_s", "max_retries", "token_env", "allow_insecure", "batch_size")),
-    "model": (("path",), ()),
-    "environment": ((), ("aggregate",)),
-}
-_OPTION_HELP = {
-    "pattern": "a Python regex the whole response must match",
-    "function": "`path/to/file.py:function` or `package.module:function`",
-    "url": "the http(s) URL of the scoring service",
-    "path": "a local Hugging Face folder with a one-label sequence-classification model and its tokenizer",
-}
-# `file.py:fn` (any path ending in .py) or `package.module:fn`.
-FUNCTION_REFERENCE = re.compile(
-    r"^(?:(?P<file>.+\.py)|(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)):(?P<attr>[A-Za-z_]\w*)$"
-)
-
-
-def reward_problems(reward: RewardSpec) -> list[Problem]:
-    """Each term's options must suit its name: the required ones set, the others unset, the
-    pattern, function reference and URL well formed, and a bearer token sent over https only
-    (unless the term allows plain http)."""
-    problems: list[Problem] = []
-    options = {option for required, optional in TERM_OPTIONS.values() for option in required + optional}
-    for index, term in enumerate(reward.terms):
-        at = f"reward.terms[{index}]"
-        required, optional = TERM_OPTIONS[term.name]
-        for option in required:
-            if getattr(term, option) is None:
-                problems.append(
-                    Problem(f"{at}.{option}", f"a `{term.name}` term needs {option}: {_OPTION_HELP[option]}")
-                )
-        for option in sorted(options - set(required) - set(optional)):
-            if getattr(term, option) is not None:
-                owner = next(name for name, (req, opt) in TERM_OPTIONS.items() if option in req + opt)
-                problems.append(
-                    Problem(
-                        f"{at}.{option}",
-                        f"only a `{owner}` term takes {option}; remove it from this `{term.name}` term",
-                    )
-                )
-        problems.extend(_term_value_problems(term, at))
-    models = [index for index, term in enumerate(reward.terms) if term.name == "model"]
-    # One reward_model worker state writes one dock column (rm_score); a second model would need
-    # a second state and column, and the device share of each.
-    for index in models[1:]:
-        problems.append(
-            Problem(
-                f"reward.terms[{index}].name",
-                f"only one `model` term per job (reward.terms"
-                f"[{models[0]}] is one already); score with one reward model, or combine "
-                "several into one folder's classifier",
-            )
-        )
-    return problems
-
-
-def _term_value_problems(term: RewardTermSpec, at: str) -> list[Problem]:
-    problems: list[Problem] = []
-    if term.pattern is not None:
-        try:
-            re.compile(term.pattern)
-        except re.error as error:
-            problems.append(Problem(f"{at}.pattern", f"{term.pattern!r} is not a Python regex: {error}"))
-    if term.function is not None and not FUNCTION_REFERENCE.match(term.function):
-        problems.append(
-            Problem(
-                f"{at}.function",
-                f"{term.function!r} is not `path/to/file.py:function` or `package.module:function` (one colon "
-                "before a Python identifier)",
-            )
-        )
-    if term.url is not None and not _is_http_url(term.url):
-        problems.append(Problem(f"{at}.url", f"{term.url!r} is not an http:// or https:// URL with a host"))
-    elif term.sends_token_in_clear:
-        problems.append(
-            Problem(
-                f"{at}.url",
-                f"{term.url!r} would send the bearer token of token_env {term.token_env} unencrypted, readable on "
-                "the network path; use an https:// URL, or set allow_insecure: true on this term if the service "
-                "is on the pod's own loopback or inside a mesh that encrypts traffic",
-            )
-        )
-    return problems
-
-
-def _is_http_url(url: str) -> bool:
-    """An http or https URL with a host (and, if given, a numeric port)."""
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        return False
-    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
 
 
 def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:

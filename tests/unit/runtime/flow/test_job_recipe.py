@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rldock.config.job import JobConfig, RewardSpec
+from rldock.config.job import JobConfig
 from rldock.config.problems import find_problems
+from rldock.config.reward import RewardSpec
 from rldock.runtime.flow.catalogue import get_recipe
 from rldock.runtime.flow.job_recipe import job_recipe, recomputes_old_logprobs
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rldock.config.job import RewardTermSpec
+from rldock.config.reward import RewardTermSpec
 from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, RewardValue, register_reward
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
-from rldock.config.job import RewardTermSpec
+from rldock.config.reward import RewardTermSpec
 from rldock.runtime.rewards.forms import batch_function
 from rldock.runtime.rewards.terms import BatchRewardFn, RewardError, register_reward
 from rldock.runtime.user_code import load_object
@@ -25,5 +25,5 @@ def load_function(reference: str, at: str) -> Callable:
 
 @register_reward("function")
 def _build_function(term: RewardTermSpec, at: str) -> BatchRewardFn:
-    assert term.function is not None  # problems.py requires it for a `function` term
+    assert term.function is not None  # config/reward.py requires it for a `function` term
     return batch_function(load_function(term.function, at), field=f"{at}.function", reference=term.function)

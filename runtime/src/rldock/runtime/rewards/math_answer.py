@@ -23,7 +23,7 @@ import functools
 import re
 import threading
 
-from rldock.config.job import RewardTermSpec
+from rldock.config.reward import RewardTermSpec
 from rldock.runtime.rewards.terms import BatchRewardFn, per_sample, register_reward
 
 # What a text's answer is read as: \boxed{} first, then LaTeX and plain numbers/expressions (_ANSWER),

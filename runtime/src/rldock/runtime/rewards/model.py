@@ -9,7 +9,7 @@ scores were not passed, a wiring bug, and it says so.
 
 from __future__ import annotations
 
-from rldock.config.job import RewardTermSpec
+from rldock.config.reward import RewardTermSpec
 from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, register_reward
 
 

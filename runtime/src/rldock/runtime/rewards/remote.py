@@ -8,7 +8,7 @@ Wire format (docs/rewards.md), one POST per `batch_size` samples to `reward.term
 
 with `Content-Type: application/json` and, when `token_env` names an environment variable,
 `Authorization: Bearer <its value>`. The token goes to an http:// URL only with `allow_insecure`:
-config/problems.py refuses that config, and the client checks again because it is what sends the
+config/reward.py refuses that config, and the client checks again because it is what sends the
 token. A connection error, a timeout (`timeout_s`), HTTP 5xx or 429 is retried up to
 `max_retries` times with exponential backoff; any other status, or a response that does not
 follow the format, is not. After the last attempt every sample of the batch gets the error
@@ -25,7 +25,7 @@ from typing import Any
 
 import requests
 
-from rldock.config.job import REMOTE_MAX_RETRIES, REMOTE_TIMEOUT_S, RewardTermSpec
+from rldock.config.reward import REMOTE_MAX_RETRIES, REMOTE_TIMEOUT_S, RewardTermSpec
 from rldock.runtime.rewards.terms import BatchRewardFn, RewardBatch, RewardError, register_reward
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class RemoteReward:
     """The batch function of one `remote` term."""
 
     def __init__(self, term: RewardTermSpec, at: str):
-        assert term.url is not None  # problems.py requires it for a `remote` term
+        assert term.url is not None  # config/reward.py requires it for a `remote` term
         self.url, self.at = term.url, at
         self.timeout_s = REMOTE_TIMEOUT_S if term.timeout_s is None else term.timeout_s
         self.max_retries = REMOTE_MAX_RETRIES if term.max_retries is None else term.max_retries

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from rldock.config.job import RewardTermSpec
+from rldock.config.reward import RewardTermSpec
 from rldock.runtime.rewards.terms import BatchRewardFn, per_sample, register_reward
 
 
@@ -51,8 +51,8 @@ def _build_digit_match(term: RewardTermSpec, at: str) -> BatchRewardFn:
 
 @register_reward("format")
 def _build_format(term: RewardTermSpec, at: str) -> BatchRewardFn:
-    assert term.pattern is not None  # problems.py requires it for a `format` term
-    pattern = re.compile(term.pattern, re.DOTALL)  # problems.py checked that it compiles
+    assert term.pattern is not None  # config/reward.py requires it for a `format` term
+    pattern = re.compile(term.pattern, re.DOTALL)  # config/reward.py checked that it compiles
 
     def format_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict) -> float:
         return 1.0 if pattern.fullmatch(solution_str.strip()) else 0.0

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rldock.config.job import RewardSpec, RewardTermSpec
+from rldock.config.reward import RewardSpec, RewardTermSpec
 from rldock.runtime.rewards.terms import REWARDS, BatchRewardFn, RewardBatch, RewardError
 
 logger = logging.getLogger(__name__)

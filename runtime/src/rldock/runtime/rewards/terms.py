@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldock.config.job import RewardTermSpec
+from rldock.config.reward import RewardTermSpec
 from rldock.runtime.registry import Registry
 
 RewardValue = float | dict[str, Any]
