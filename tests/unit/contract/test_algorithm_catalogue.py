@@ -2,7 +2,7 @@
 
 from typing import get_args
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.contract.algorithms import CATALOGUE, needs_critic
 
 

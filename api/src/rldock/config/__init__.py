@@ -1,7 +1,7 @@
 """The rldock job API: typed config models, cross-field checks and YAML loading."""
 
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.config.job import (
-    AlgorithmSpec,
     CheckpointSpec,
     DataSpec,
     DockSpec,

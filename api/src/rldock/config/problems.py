@@ -12,13 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rldock.config import agent, dock, evaluation, reward, rollout_correction
+from rldock.config import agent, algorithm, dock, evaluation, reward, rollout_correction
 from rldock.config.job import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
 from rldock.contract.algorithms import (
-    credits_turns,
-    needs_critic,
     needs_rollout,
 )
 from rldock.contract.context_parallel import FIELD as CP_FIELD
@@ -27,7 +25,14 @@ from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architectur
 
 # The checks of the sections that keep them beside their fields (one module per section, issue 65); the
 # others are below, until each moves to its section's module.
-SECTION_CHECKS = (agent.problems, dock.problems, evaluation.problems, reward.problems, rollout_correction.problems)
+SECTION_CHECKS = (
+    agent.problems,
+    algorithm.problems,
+    dock.problems,
+    evaluation.problems,
+    reward.problems,
+    rollout_correction.problems,
+)
 
 
 def find_problems(cfg: JobConfig) -> list[Problem]:
@@ -77,8 +82,6 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_extra_worker_problems(cfg))
     problems.extend(_demo_default_problems(cfg))
     problems.extend(_data_problems(cfg))
-    problems.extend(_dapo_problems(cfg))
-    problems.extend(_dpo_problems(cfg))
     problems.extend(_resharding_problems(cfg))
     problems.extend(_generation_tp_problems(cfg))
     problems.extend(_strategy_problems(cfg))
@@ -89,7 +92,6 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_return_logprobs_problems(cfg))
     problems.extend(_async_problems(cfg))
     problems.extend(_partial_rollout_problems(cfg))
-    problems.extend(_turn_problems(cfg))
     problems.extend(_demonstration_problems(cfg))
     for section_problems in SECTION_CHECKS:
         problems.extend(section_problems(cfg))
@@ -427,72 +429,6 @@ def _importance_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
-def _turn_problems(cfg: JobConfig) -> list[Problem]:
-    """What crediting an episode's turns apart (algorithm.credit, turn_discount, gae_unit) needs: turns (an
-    agent), rewards per turn (an environment whose step rewards make the reward, summed, weight 1), and an
-    algorithm that reads them."""
-    algo, agent = cfg.algorithm, cfg.agent
-    problems: list[Problem] = []
-    if algo.gae_unit == "turn":
-        if not needs_critic(algo.name):
-            problems.append(
-                Problem(
-                    "algorithm.gae_unit",
-                    f"`turn` is the unit of a critic's GAE, and {algo.name} has no critic; use ppo or pf_ppo, or "
-                    "algorithm.credit: turn for turn-level credit without a critic",
-                )
-            )
-        elif agent is None:
-            problems.append(
-                Problem(
-                    "algorithm.gae_unit",
-                    "`turn` steps GAE by the model's turns, and a job without agent has one turn per response; "
-                    "use `token` or add agent",
-                )
-            )
-    if algo.turn_discount != 1 and (algo.credit != "turn" or needs_critic(algo.name)):
-        problems.append(
-            Problem(
-                "algorithm.turn_discount",
-                f"{algo.turn_discount:g} discounts the turn-level returns of a critic-free algorithm under "
-                "algorithm.credit: turn, which this job does not use (a critic discounts by algorithm.ppo.gamma); "
-                "remove it",
-            )
-        )
-    if algo.credit != "turn":
-        return problems
-    if not credits_turns(algo.name):
-        problems.append(
-            Problem(
-                "algorithm.credit",
-                f"`turn`: {algo.name} has no turn-level estimator; use grpo, gspo, rloo, reinforce_plus_plus, "
-                "reinforce_plus_plus_baseline, ppo or pf_ppo, or credit: trajectory",
-            )
-        )
-    if agent is None or agent.environment is None:
-        problems.append(
-            Problem(
-                "algorithm.credit",
-                "`turn` credits each turn with the reward the environment gave its step, and the job has "
-                + ("no agent" if agent is None else "no agent.environment")
-                + ": every reward would sit on the last turn; set agent.environment or use credit: trajectory",
-            )
-        )
-        return problems
-    terms = [term for term in cfg.reward.terms if term.name == "environment"]
-    if len(terms) != 1 or (terms[0].aggregate or "sum") != "sum" or terms[0].weight != 1:
-        problems.append(
-            Problem(
-                "reward.terms",
-                "algorithm.credit `turn` splits the reward over the turns by the environment's step rewards, so "
-                "the reward must count each of them once: one term {name: environment} (aggregate sum, weight 1), "
-                f"not {len(terms)} environment term(s)"
-                + (f" with aggregate {terms[0].aggregate or 'sum'} and weight {terms[0].weight:g}" if terms else ""),
-            )
-        )
-    return problems
-
-
 def _data_problems(cfg: JobConfig) -> list[Problem]:
     """Where the prompts come from: files or a generator, never both or neither."""
     data = cfg.data
@@ -534,79 +470,6 @@ def _data_problems(cfg: JobConfig) -> list[Problem]:
 
 
 # DAPO (arXiv 2503.14476), sec. 2.3, "Removing KL Divergence".
-DAPO_NO_KL_REASON = (
-    '"during training the long-CoT reasoning model, the model distribution can diverge significantly '
-    'from the initial model, thus this restriction is not necessary" (DAPO, arXiv 2503.14476, sec. 2.3)'
-)
-
-
-def _dapo_problems(cfg: JobConfig) -> list[Problem]:
-    algo = cfg.algorithm
-    if algo.name != "dapo":
-        return []
-    problems = []
-    if algo.dapo.overlong_buffer_length > algo.max_response_length:
-        problems.append(
-            Problem(
-                "algorithm.dapo.overlong_buffer_length",
-                f"a buffer of {algo.dapo.overlong_buffer_length} tokens is longer than "
-                f"algorithm.max_response_length {algo.max_response_length}; the penalty ramp must fit inside "
-                "the response length, so lower it (0 turns the overlong penalty off)",
-            )
-        )
-    if algo.kl_coef > 0:
-        problems.append(
-            Problem(
-                "algorithm.kl_coef",
-                f"{algo.kl_coef} with algorithm.name dapo, which drops the KL penalty: {DAPO_NO_KL_REASON}; "
-                "unset it (dapo's default is 0), or use algorithm.name grpo for a KL-regularised run",
-            )
-        )
-    return problems
-
-
-def _dpo_problems(cfg: JobConfig) -> list[Problem]:
-    """DPO samples are chosen/rejected pairs (dock groups of 2) that no hand-out may split."""
-    algo, training = cfg.algorithm, cfg.training
-    if algo.name != "dpo":
-        return []
-    problems: list[Problem] = []
-    if algo.num_responses_per_prompt != 2:
-        problems.append(
-            Problem(
-                "algorithm.num_responses_per_prompt",
-                f"dpo trains on (chosen, rejected) pairs, so it must be 2, not {algo.num_responses_per_prompt}",
-            )
-        )
-        return problems
-    dp, pairs = training.data_parallel_size, algo.num_prompts_per_iteration
-    if pairs % dp == 0 and (pairs // dp) % algo.num_updates_per_iteration:
-        problems.append(
-            Problem(
-                "algorithm.num_updates_per_iteration",
-                f"each of the {dp} ranks holds {pairs // dp} pairs, which cannot be split into "
-                f"{algo.num_updates_per_iteration} mini-batches of whole pairs",
-            )
-        )
-    elif pairs % dp:
-        problems.append(
-            Problem(
-                "algorithm.num_prompts_per_iteration",
-                f"{pairs} preference pairs cannot be dealt evenly over {dp} data-parallel ranks without "
-                f"splitting a pair; use a multiple of {dp}",
-            )
-        )
-    if training.micro_batch_size % 2:
-        problems.append(
-            Problem(
-                "training.micro_batch_size",
-                f"{training.micro_batch_size} samples per micro-batch would split a chosen/rejected pair; "
-                "use an even size",
-            )
-        )
-    return problems
-
-
 def _resharding_problems(cfg: JobConfig) -> list[Problem]:
     """Tensor parallelism and resharding: the actor's TP group trains on the same samples, while
     every actor rank is its own generation replica (TP 1) that takes whole prompt groups."""

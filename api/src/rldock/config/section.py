@@ -58,3 +58,8 @@ def check_class_name(name: str, builtins: tuple[str, ...], kind: str) -> str:
         f"{name!r} is not a built-in {kind} ({', '.join(builtins)}) nor a class of your own "
         f"written `path/to/file.py:Class` or `package.module:Class`"
     )
+
+
+def bare_off(value: object) -> object:
+    # YAML 1.1 (PyYAML, kubectl) reads a bare `off` as false: in a mode field that lists `off`, it means the mode.
+    return "off" if value is False else value

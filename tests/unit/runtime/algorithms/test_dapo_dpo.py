@@ -128,7 +128,7 @@ def test_dpo_loss_refuses_bad_inputs():
 
 
 def _dapo_spec(**kw):
-    from rldock.config.job import AlgorithmSpec
+    from rldock.config.algorithm import AlgorithmSpec
 
     return AlgorithmSpec(
         name="dapo",

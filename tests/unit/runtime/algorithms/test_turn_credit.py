@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.turn_credit import TURN_ESTIMATORS, discounted_turn_returns, rloo_turn_advantages
 from rldock.runtime.algorithms.turns import reward_split_over_turns

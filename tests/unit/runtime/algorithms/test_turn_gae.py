@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, gae_advantages, outcome_token_rewards
 from rldock.runtime.algorithms.turns import reward_split_over_turns, turn_token_rewards
 from rldock.runtime.flow.catalogue import get_recipe

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.dapo import informative_groups
 from rldock.runtime.data import PreferencePair
 from rldock.runtime.dock.stage_loop import StageResult

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.episode_rows import episode_heads
 from rldock.runtime.data import PromptDataset
 from rldock.runtime.dock.stage_loop import StageResult

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.advantages import get_advantage_estimator
 from rldock.runtime.algorithms.dapo import informative_groups, overlong_penalty
 from rldock.runtime.algorithms.episode_rows import at_heads, episode_share, episode_sums, one_per_row, to_rows

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.contract.algorithms import CATALOGUE
 from rldock.runtime.flow.columns import PROMPT, PROMPT_INDEX
 from rldock.runtime.flow.states import CRITIC, ROLLOUT, SAMPLE_FACTS, WorkerState, worker_groups

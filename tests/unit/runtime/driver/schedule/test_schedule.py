@@ -241,7 +241,8 @@ def test_dapo_rounds_read_every_rounds_facts_dropped_groups_included(tmp_path):
     """DAPO's reward_mean and response_length_mean keep their meaning: the driver reads the score and
     length of every round's samples through sample_facts (the filter's own read), the group the
     filter dropped included, and reads nothing again after the rounds."""
-    from rldock.config.job import AlgorithmSpec, DockSpec
+    from rldock.config.algorithm import AlgorithmSpec
+    from rldock.config.dock import DockSpec
     from rldock.runtime.dock import TransferDock
     from rldock.runtime.driver.schedule.rounds import fill_by_rounds
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.episode_rows import at_heads
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.driver.feed import DriverBatch, DynamicSampling, SampledRounds, SampleFacts, group_rows

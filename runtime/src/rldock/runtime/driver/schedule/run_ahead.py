@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.driver.feed import DriverBatch, SampledRounds

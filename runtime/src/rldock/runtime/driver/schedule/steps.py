@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tensordict import TensorDict
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.banks import DockBanks

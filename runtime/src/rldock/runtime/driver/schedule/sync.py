@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rldock.config.job import AlgorithmSpec
+from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime import checkpoint as ckpt
 from rldock.runtime.dock.banks import DockBanks
 from rldock.runtime.driver.schedule.driver import Driver
