@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rldock.config.job import RolloutSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.policy import response_logprobs
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldock.config.job import RolloutSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.policy import response_logprobs
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rldock.config.job import RolloutSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.runtime.device import detect_device
 
 pytestmark = pytest.mark.integration

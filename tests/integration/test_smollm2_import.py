@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from rldock.config.job import RolloutSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.runtime.cli import main
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.policy import response_logprobs

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from rldock.config.job import RolloutSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.runtime.device import detect_device
 
 pytestmark = pytest.mark.integration

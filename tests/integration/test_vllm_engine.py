@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rldock.config.job import RolloutSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.runtime.device import detect_device
 from rldock.runtime.engines.policy import response_logprobs
 

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only the JSON report
 
     from rldock.config.agent import AgentSpec
-    from rldock.config.job import RolloutSpec
+    from rldock.config.rollout import RolloutSpec
     from rldock.runtime.agent.conversation import ChatRenderer
     from rldock.runtime.agent.episode_loop import AgentLoop
     from rldock.runtime.agent.interfaces import Environment, EnvironmentSession, EpisodeContext, Observation

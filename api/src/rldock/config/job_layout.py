@@ -12,10 +12,13 @@ this package cannot import; tests/unit/runtime/flow/test_states.py holds the two
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from rldock.config.job import JobConfig
 from rldock.contract.algorithms import needs_critic, needs_rollout
 from rldock.contract.layout import DeviceGroup, JobLayout
+
+if TYPE_CHECKING:  # the sections' checks (rollout.py) read the layout, and job.py composes the sections
+    from rldock.config.job import JobConfig
 
 
 def config_groups(cfg: JobConfig) -> tuple[DeviceGroup, ...]:

@@ -12,13 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rldock.config import agent, algorithm, dock, evaluation, reward, rollout_correction
+from rldock.config import agent, algorithm, dock, evaluation, reward, rollout, rollout_correction
 from rldock.config.job import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
-from rldock.contract.algorithms import (
-    needs_rollout,
-)
 from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
@@ -31,6 +28,7 @@ SECTION_CHECKS = (
     dock.problems,
     evaluation.problems,
     reward.problems,
+    rollout.problems,
     rollout_correction.problems,
 )
 
@@ -83,15 +81,12 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_demo_default_problems(cfg))
     problems.extend(_data_problems(cfg))
     problems.extend(_resharding_problems(cfg))
-    problems.extend(_generation_tp_problems(cfg))
     problems.extend(_strategy_problems(cfg))
     problems.extend(_context_parallel_problems(cfg))
     problems.extend(_micro_batch_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_routing_replay_problems(cfg))
-    problems.extend(_return_logprobs_problems(cfg))
     problems.extend(_async_problems(cfg))
-    problems.extend(_partial_rollout_problems(cfg))
     problems.extend(_demonstration_problems(cfg))
     for section_problems in SECTION_CHECKS:
         problems.extend(section_problems(cfg))
@@ -227,24 +222,6 @@ def _routing_replay_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
-def _return_logprobs_problems(cfg: JobConfig) -> list[Problem]:
-    """rollout.return_logprobs is the plain rollout's: the other modes write columns of their own."""
-    rollout = cfg.rollout
-    if not rollout.return_logprobs:
-        return []
-    others = {
-        "agent": cfg.agent is not None,
-        "rollout.partial_rollout": rollout.partial_rollout != "off",
-        "rollout.stream_groups": rollout.stream_groups > 0,
-        "DPO": cfg.algorithm.name == "dpo",
-    }
-    return [
-        Problem("rollout.return_logprobs", f"is the plain rollout's, not with {other}: set it false")
-        for other, present in others.items()
-        if present
-    ]
-
-
 def _async_problems(cfg: JobConfig) -> list[Problem]:
     """The asynchronous pipeline runs the next iteration's generation and inference passes on the
     actor ranks between this iteration's old-logprob pass and its update: it needs a rollout, one
@@ -283,149 +260,6 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
             )
         )
     # `never` with a staleness bound above 0 (the pipeline running ahead) is _old_logprob_problems'.
-    return problems
-
-
-def _partial_rollout_problems(cfg: JobConfig) -> list[Problem]:
-    """Partial rollout cuts the generation that runs ahead of a weight update: it needs the async
-    pipeline running ahead (and so a rollout), and a round budget that can cut a response."""
-    rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
-    problems: list[Problem] = []
-    default_cap = type(rollout).model_fields["importance_cap"].default
-    if rollout.importance_cap != default_cap and rollout.importance_correction != "decoupled":
-        # A cap nothing reads would look like a bound that holds. (Compared with the default, not by
-        # whether it was set: the operator's resolved config writes every field.)
-        problems.append(
-            Problem(
-                "rollout.importance_cap",
-                "read only with rollout.importance_correction decoupled (the truncated importance weight); "
-                f"here {rollout.importance_correction or 'unset'}: remove it or set decoupled",
-            )
-        )
-    if rollout.partial_rollout == "off":
-        if rollout.importance_correction is not None:
-            problems.append(
-                Problem(
-                    "rollout.importance_correction",
-                    f"`{rollout.importance_correction}` is read only with rollout.partial_rollout resume or drop "
-                    "(here off); remove it",
-                )
-            )
-        return problems
-    if rollout.partial_rollout == "carry":
-        return problems + _carry_problems(cfg) + _importance_problems(cfg)
-    if training.mode != "async" or cfg.dock.max_staleness < 1:
-        problems.append(
-            Problem(
-                "rollout.partial_rollout",
-                f"`{rollout.partial_rollout}` cuts generations at a weight update, which only happen while a "
-                f"generation runs ahead (training.mode async with dock.max_staleness >= 1; here mode "
-                f"{training.mode}, max_staleness {cfg.dock.max_staleness}); set those or use `off`",
-            )
-        )
-    if not needs_rollout(algo.name):
-        problems.append(
-            Problem(
-                "rollout.partial_rollout",
-                f"`{rollout.partial_rollout}` with algorithm.name {algo.name}, which generates nothing; use `off`",
-            )
-        )
-    if rollout.max_tokens_per_round is None:
-        problems.append(
-            Problem(
-                "rollout.max_tokens_per_round",
-                f"required with rollout.partial_rollout {rollout.partial_rollout}: it decides where a generation "
-                f"is cut; set it below algorithm.max_response_length ({algo.max_response_length})",
-            )
-        )
-    elif rollout.max_tokens_per_round >= algo.max_response_length:
-        problems.append(
-            Problem(
-                "rollout.max_tokens_per_round",
-                f"{rollout.max_tokens_per_round} is not below algorithm.max_response_length "
-                f"({algo.max_response_length}), so no response would ever be cut; lower it or use "
-                "rollout.partial_rollout off",
-            )
-        )
-    problems.extend(_importance_problems(cfg))
-    return problems
-
-
-def _carry_problems(cfg: JobConfig) -> list[Problem]:
-    """Carried episodes (rollout/carry.py) keep an agent's episode groups open across iterations, within
-    dock.max_staleness versions of the iteration that started them: the native loop's episodes, one fixed
-    batch per iteration, and the bound counted from the synchronous iteration (with agent, its harness
-    and DPO refused by rldock.config.agent's checks)."""
-    rollout, training, algo = cfg.rollout, cfg.training, cfg.algorithm
-    problems: list[Problem] = []
-    if cfg.agent is None:
-        problems.append(
-            Problem(
-                "rollout.partial_rollout",
-                "`carry` carries an agent's episodes across iterations and needs an agent section (the native "
-                "loop); single-turn responses are cut by tokens instead: use resume or drop with training.mode async",
-            )
-        )
-    if training.mode != "sync":
-        problems.append(
-            Problem(
-                "training.mode",
-                f"`{training.mode}` with rollout.partial_rollout carry: a carried group already trains up to "
-                "dock.max_staleness versions after the iteration that started it, and the pipeline running ahead "
-                "would add one to each; use training.mode sync",
-            )
-        )
-    if cfg.dock.max_staleness < 1:
-        problems.append(
-            Problem(
-                "dock.max_staleness",
-                f"{cfg.dock.max_staleness} with rollout.partial_rollout carry: it is the versions a carried group "
-                "may train after the iteration that started it, so at least 1 (0 is the synchronous iteration: "
-                "use rollout.partial_rollout off)",
-            )
-        )
-    if rollout.max_tokens_per_round is not None:
-        problems.append(
-            Problem(
-                "rollout.max_tokens_per_round",
-                f"{rollout.max_tokens_per_round} with rollout.partial_rollout carry, which cuts an iteration by the "
-                "groups that finished, not by tokens; remove it",
-            )
-        )
-    if algo.name == "dapo":
-        problems.append(
-            Problem(
-                "rollout.partial_rollout",
-                "`carry` with algorithm.name dapo: its sampling rounds refill the batch by the rewards of a round, "
-                "while a carried batch is the groups that finished; use rollout.partial_rollout off",
-            )
-        )
-    return problems
-
-
-def _importance_problems(cfg: JobConfig) -> list[Problem]:
-    """An agent's episodes span policy versions by design: the update must name how it corrects for the
-    older versions' tokens. `decoupled` weights each token's advantage, which a sequence-level ratio
-    (GSPO) does not take."""
-    rollout, problems = cfg.rollout, []
-    if cfg.agent is not None and rollout.importance_correction is None:
-        problems.append(
-            Problem(
-                "rollout.importance_correction",
-                f"required with rollout.partial_rollout {rollout.partial_rollout} and agent (an episode's tokens "
-                "come from two policy versions): `behaviour` (the ratio against each token's sampling logprob) or "
-                "`decoupled` (the ratio against the update's starting policy, a truncated importance weight per "
-                "token); docs/agentic.md#episodes-across-a-weight-update",
-            )
-        )
-    if rollout.importance_correction == "decoupled" and cfg.algorithm.name == "gspo":
-        problems.append(
-            Problem(
-                "rollout.importance_correction",
-                "`decoupled` with algorithm.name gspo: its ratio and clip are per sequence, the importance weight "
-                "per token; use `behaviour`",
-            )
-        )
     return problems
 
 
@@ -508,70 +342,6 @@ def _resharding_problems(cfg: JobConfig) -> list[Problem]:
                 "training.lora",
                 "LoRA adapters train on replicated (DDP) ranks only: use tensor_parallel_size 1 and resharding "
                 "naive, or unset training.lora",
-            )
-        )
-    return problems
-
-
-def _generation_tp_problems(cfg: JobConfig) -> list[Problem]:
-    """Generation TP: replicas of rollout.tensor_parallel_size consecutive actor ranks, one engine
-    each on its first rank, taking whole prompt groups for the replica, on one node (vLLM's TP
-    workers of one engine run on the engine's node)."""
-    algo, training, layout = cfg.algorithm, cfg.training, job_layout(cfg)
-    gen_tp, ranks = layout.generation_tp, layout.num_actor_ranks
-    if gen_tp == 1:
-        return []
-    field = "rollout.tensor_parallel_size"
-    if not needs_rollout(algo.name):
-        return [Problem(field, f"algorithm.name {algo.name} runs no generation engine; leave {field} at 1")]
-    if not layout.generation_divides:
-        return [
-            Problem(
-                field,
-                f"{gen_tp} must divide the data_parallel_size x tensor_parallel_size = {ranks} "
-                "actor ranks, which form the generation replicas; choose a divisor of it",
-            )
-        ]
-    problems: list[Problem] = []
-    replicas = layout.num_generation_replicas
-    if algo.num_prompts_per_iteration % replicas:
-        problems.append(
-            Problem(
-                field,
-                f"each of the {replicas} generation replicas ({ranks} actor ranks / {gen_tp}) generates whole "
-                f"prompt groups, so algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide "
-                f"by {replicas}",
-            )
-        )
-    if cfg.resources.devices_per_node % gen_tp:
-        problems.append(
-            Problem(
-                field,
-                f"one engine's {gen_tp} TP workers run on one node, so {gen_tp} must divide "
-                f"resources.devices_per_node ({cfg.resources.devices_per_node})",
-            )
-        )
-    # Combinations not run yet with an engine spanning several ranks (the async pipeline and partial
-    # rollout keep per-rank generation state; LoRA merges and level-2 sleep push a rank's own weights).
-    for other, value, why in (
-        ("training.mode", training.mode == "async", "the async pipeline generates on every actor rank"),
-        ("training.lora", training.lora is not None, "LoRA's merged-weight push has run at generation TP 1 only"),
-        (
-            "rollout.sleep_level",
-            cfg.rollout.sleep_level == 2,
-            "level 2 re-pushes each rank's own weights, which engine-less ranks do not hold",
-        ),
-    ):
-        if value:
-            problems.append(Problem(field, f"{gen_tp} with {other}: {why}; use {field} 1 with it"))
-    if cfg.resources.phase_schedule == "serial":
-        # The engine's TP workers generate on the replica's other devices, which take no rollout turn.
-        problems.append(
-            Problem(
-                field,
-                f"{gen_tp} with resources.phase_schedule serial: the schedule gives the "
-                "rollout turn to the engine rank's device only; use phase_schedule overlap "
-                f"or {field} 1",
             )
         )
     return problems

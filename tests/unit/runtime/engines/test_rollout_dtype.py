@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rldock.config.job import RolloutSpec, generation_dtype
+from rldock.config.rollout import RolloutSpec, generation_dtype
 from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 

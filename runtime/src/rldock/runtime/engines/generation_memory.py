@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from rldock.config.job import generation_dtype
+from rldock.config.rollout import generation_dtype
 
 if TYPE_CHECKING:
     from rldock.config import JobConfig

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rldock.config.job import RolloutSpec, generation_dtype
+from rldock.config.rollout import RolloutSpec, generation_dtype
 from rldock.runtime.device import VISIBLE_DEVICES_ENVS, DeviceInfo
 from rldock.runtime.engines.generation_memory import SleepCycle
 from rldock.runtime.models.moe import unfuse_experts

@@ -75,8 +75,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from rldock.config import JobConfig
-from rldock.config.job import generation_dtype
 from rldock.config.job_layout import job_layout
+from rldock.config.rollout import generation_dtype
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.flow.states import memory_models, placement_plan
 from rldock.runtime.planning.context_parallel_bytes import (
