@@ -75,8 +75,8 @@ def test_a_lora_job_updates_only_adapted_weights_and_resumes_from_its_adapters(t
 def test_the_sync_gives_vllm_the_merged_weights(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rldock.config.job import LoraSpec
     from rldock.config.rollout import RolloutSpec
+    from rldock.config.training import LoraSpec
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
     from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights

@@ -9,13 +9,13 @@ from rldock.config.job import (
     JobConfig,
     ModelSpec,
     ResourcesSpec,
-    RolloutSpec,
-    TrainingSpec,
     WarmupSpec,
 )
 from rldock.config.loading import ConfigError, load_job_config, parse_job_config, resolve_job_config
 from rldock.config.problems import Problem, find_local_problems, find_problems, find_warnings
 from rldock.config.reward import RewardSpec, RewardTermSpec
+from rldock.config.rollout import RolloutSpec
+from rldock.config.training import TrainingSpec
 
 __all__ = [
     "AlgorithmSpec",

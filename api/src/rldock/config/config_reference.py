@@ -128,9 +128,12 @@ def render() -> str:
     out = [
         "# Job config reference",
         "",
-        "Generated from `api/src/rldock/config/job.py` by `python -m rldock.config.config_reference`; do not edit.",
+        "Generated from the config models (`api/src/rldock/config/`, `JobConfig` in job.py) by "
+        "`python -m rldock.config.config_reference`; do not edit.",
         "Unknown fields are errors. Rules across fields (G*N, times agent.max_segments for a harness, divisible "
-        "by the DP size, DP not above the devices, ...) are listed in `api/src/rldock/config/problems.py`.",
+        "by the DP size, DP not above the devices, ...) are checked beside each section's fields "
+        "(`api/src/rldock/config/<section>.py`) and gathered by `find_problems` in "
+        "`api/src/rldock/config/problems.py`.",
         "",
         "Path fields say `expands` under constraints: `rldock validate`, `train` and `plan` expand a leading "
         "`~` (`~user`) in them, and in those that say `$VAR` also `$NAME` and `${NAME}` anywhere (`$$` for a "

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rldock.config import agent, algorithm, dock, evaluation, reward, rollout, rollout_correction
+from rldock.config import agent, algorithm, dock, evaluation, reward, rollout, rollout_correction, training
 from rldock.config.job import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
@@ -30,6 +30,7 @@ SECTION_CHECKS = (
     reward.problems,
     rollout.problems,
     rollout_correction.problems,
+    training.problems,
 )
 
 
@@ -80,10 +81,6 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     problems.extend(_extra_worker_problems(cfg))
     problems.extend(_demo_default_problems(cfg))
     problems.extend(_data_problems(cfg))
-    problems.extend(_resharding_problems(cfg))
-    problems.extend(_strategy_problems(cfg))
-    problems.extend(_context_parallel_problems(cfg))
-    problems.extend(_micro_batch_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_routing_replay_problems(cfg))
     problems.extend(_async_problems(cfg))
@@ -304,183 +301,6 @@ def _data_problems(cfg: JobConfig) -> list[Problem]:
 
 
 # DAPO (arXiv 2503.14476), sec. 2.3, "Removing KL Divergence".
-def _resharding_problems(cfg: JobConfig) -> list[Problem]:
-    """Tensor parallelism and resharding: the actor's TP group trains on the same samples, while
-    every actor rank is its own generation replica (TP 1) that takes whole prompt groups."""
-    algo, training = cfg.algorithm, cfg.training
-    tp, ranks = training.tensor_parallel_size, job_layout(cfg).num_actor_ranks
-    problems: list[Problem] = []
-    if algo.name == "dpo" and (tp > 1 or training.resharding != "naive"):
-        problems.append(
-            Problem(
-                "training.tensor_parallel_size" if tp > 1 else "training.resharding",
-                "dpo has no rollout engine to reshard to and its preference update runs without tensor "
-                "parallelism; use tensor_parallel_size 1 and resharding naive",
-            )
-        )
-    elif tp > 1 and algo.num_prompts_per_iteration % ranks:
-        problems.append(
-            Problem(
-                "training.tensor_parallel_size",
-                f"each of the {ranks} actor ranks generates whole prompt groups, so "
-                f"algorithm.num_prompts_per_iteration {algo.num_prompts_per_iteration} must divide by "
-                f"data_parallel_size x tensor_parallel_size = {ranks}",
-            )
-        )
-    if cfg.rollout.sleep_level == 2 and (tp > 1 or training.resharding != "naive"):
-        problems.append(
-            Problem(
-                "rollout.sleep_level",
-                "level 2 discards the engine's weights and the actor pushes its own again before generating, "
-                "which only replicated (DDP) ranks hold: use sleep_level 1, or tensor_parallel_size 1 and "
-                "resharding naive",
-            )
-        )
-    if training.lora is not None and (tp > 1 or training.resharding != "naive"):
-        problems.append(
-            Problem(
-                "training.lora",
-                "LoRA adapters train on replicated (DDP) ranks only: use tensor_parallel_size 1 and resharding "
-                "naive, or unset training.lora",
-            )
-        )
-    return problems
-
-
-def _micro_batch_problems(cfg: JobConfig) -> list[Problem]:
-    """training.micro_batch_tokens: passes cut by a token budget need the sorted, trimmed rows, ranks
-    free to run different numbers of passes, and no pairs to keep whole."""
-    training = cfg.training
-    if training.micro_batch_tokens is None:
-        return []
-    field, budget = "training.micro_batch_tokens", training.micro_batch_tokens
-    if not training.trim_padding:
-        return [Problem(field, f"a token budget ({budget}) cuts passes of rows sorted by length; set trim_padding")]
-    if training.strategy == "fsdp":
-        return [
-            Problem(
-                field,
-                f"under strategy fsdp every rank's forward is collective, so ranks must run as many passes; "
-                f"a token budget ({budget}) gives each rank its own count: unset it and size micro_batch_size",
-            )
-        ]
-    if cfg.algorithm.name == "dpo":
-        return [Problem(field, "DPO's micro-batches hold whole chosen/rejected pairs: unset it")]
-    return []
-
-
-def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
-    """CP (training.context_parallel_size, Ulysses or ring): each CP rank computes a slice of every
-    sequence's positions, inside FSDP's data-parallel dimension (its gradient sum over CP is FSDP's
-    reduction), beside no TP; Ulysses' heads' divisibility needs the model (`_model_problems`)."""
-    training, algo = cfg.training, cfg.algorithm
-    cp, field = training.context_parallel_size, "training.context_parallel_size"
-    if cp == 1:
-        return []
-    problems: list[Problem] = []
-    if training.tensor_parallel_size > 1:
-        problems.append(
-            Problem(
-                field,
-                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: CP inside TP's head shards is "
-                "a layout not built (the CP groups come from FSDP's data-parallel ranks, not a device mesh with "
-                "a TP dimension); use one of the two",
-            )
-        )
-    if training.strategy != "fsdp":
-        problems.append(
-            Problem(
-                field,
-                f"{cp} runs under strategy fsdp, which shards over data_parallel_size x context_parallel_size ranks "
-                "and sums each CP group's gradient shares; set training.strategy: fsdp",
-            )
-        )
-    sequence = algo.max_prompt_length + algo.max_response_length
-    if sequence < cp:
-        problems.append(
-            Problem(
-                field,
-                f"{cp} CP ranks each compute a slice of a sequence, but sequences hold at most "
-                f"max_prompt_length + max_response_length = {sequence} tokens; use a context_parallel_size "
-                f"of at most {sequence}",
-            )
-        )
-    return problems
-
-
-def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
-    """EP splits the experts over groups of the dp x cp sequence ranks whose other weights FSDP shards
-    (runtime engines/expert_parallel.py, the layout in rldock.contract.layout): the groups must tile
-    those ranks, and only the FSDP layout composes with them so far."""
-    layout, field = job_layout(cfg), "training.expert_parallel_size"
-    if layout.ep == 1:
-        return []
-    problems = []
-    if not layout.experts_divide:
-        ranks = layout.num_sequence_ranks
-        problems.append(
-            Problem(
-                field,
-                f"{layout.ep} must divide the {ranks} sequence ranks, data_parallel_size {layout.dp} x "
-                f"context_parallel_size {layout.cp} (EP groups are carved out of them); use a divisor of {ranks}",
-            )
-        )
-    if cfg.training.strategy != "fsdp":
-        problems.append(
-            Problem(field, f"{layout.ep} needs training.strategy fsdp (experts sharded beside FSDP's shards); set it")
-        )
-    return problems
-
-
-def _strategy_problems(cfg: JobConfig) -> list[Problem]:
-    """FSDP and its options: FSDP shards the whole model over the DP ranks (no TP layout beside it);
-    offload and mixed precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
-    training = cfg.training
-    problems: list[Problem] = []
-    if training.strategy == "fsdp" and training.tensor_parallel_size > 1:
-        problems.append(
-            Problem(
-                "training.strategy",
-                f"fsdp shards the whole model over the data-parallel ranks and does not combine with "
-                f"tensor_parallel_size {training.tensor_parallel_size}; use tensor_parallel_size 1 or strategy ddp",
-            )
-        )
-    problems += _expert_parallel_problems(cfg)
-    if training.strategy == "fsdp":
-        # Combinations that have not been built or run with sharded parameters yet.
-        for field, value, why in (
-            ("training.lora", training.lora, "LoRA adapters train on replicated (DDP) ranks only"),
-            ("training.mode", training.mode == "async", "the async pipeline runs with DDP ranks only"),
-            (
-                "rollout.sleep_level",
-                cfg.rollout.sleep_level == 2,
-                "level 2 makes the actor push its own replica's weights again, which FSDP ranks do not hold",
-            ),
-        ):
-            if value:
-                problems.append(
-                    Problem(field, f"{why}: use training.strategy ddp with it, or leave {field} at its default")
-                )
-    else:
-        for name in ("fsdp_cpu_offload", "mixed_precision"):
-            if getattr(training, name) not in (False, "none"):
-                problems.append(
-                    Problem(
-                        f"training.{name}",
-                        f"applies to strategy fsdp only; set training.strategy: fsdp or leave {name} at its default",
-                    )
-                )
-    if training.mixed_precision != "none" and cfg.model.dtype != "float32":
-        problems.append(
-            Problem(
-                "training.mixed_precision",
-                f"{training.mixed_precision} compute keeps float32 master weights, so model.dtype must be float32 "
-                f"(got {cfg.model.dtype}); set model.dtype: float32 or mixed_precision: none",
-            )
-        )
-    return problems
-
-
 def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
     """EP and routing replay need an MoE model, whose experts EP divides (read from config.json; a model
     still to be built by model.builder is checked when the actor builds it)."""

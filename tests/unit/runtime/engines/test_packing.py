@@ -196,7 +196,7 @@ def test_update_micro_batches_hold_whole_groups():
 def test_an_updates_micro_batches_hold_a_groups_rows_when_passes_pack():
     from tensordict import TensorDict
 
-    from rldock.config.job import TrainingSpec
+    from rldock.config.training import TrainingSpec
     from rldock.runtime.engines.policy_passes import update_micro_batches
 
     prompt_ids, prompt_mask, response_ids, response_mask, attention = _group_batch()

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from rldock.config.job import LoraSpec
+from rldock.config.training import LoraSpec
 from rldock.runtime.models import load_causal_lm
 from rldock.runtime.models.lora import adapters_off, add_lora, merged_weights
 from rldock.runtime.models.tiny import build_tiny_model

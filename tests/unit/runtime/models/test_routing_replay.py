@@ -12,7 +12,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rldock.config.job import JobConfig, TrainingSpec
+from rldock.config.job import JobConfig
+from rldock.config.training import TrainingSpec
 from rldock.runtime.engines.policy import packing_prompts
 from rldock.runtime.engines.policy_passes import batch_logprobs, micro_batch_scores
 from rldock.runtime.flow.job_recipe import job_recipe

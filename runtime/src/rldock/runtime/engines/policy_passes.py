@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from rldock.config.job import TrainingSpec
+from rldock.config.training import TrainingSpec
 from rldock.runtime.engines.policy import (
     PassTally,
     ResponseScores,

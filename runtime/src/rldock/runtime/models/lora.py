@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
-from rldock.config.job import LoraSpec
+from rldock.config.training import LoraSpec
 
 if TYPE_CHECKING:
     from peft import PeftModel
