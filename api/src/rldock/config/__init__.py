@@ -1,11 +1,10 @@
 """The rldock job API: typed config models, cross-field checks and YAML loading."""
 
 from rldock.config.algorithm import AlgorithmSpec
+from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.config.job import (
     CheckpointSpec,
-    DataSpec,
     DockSpec,
-    GeneratorSpec,
     JobConfig,
     ModelSpec,
     ResourcesSpec,

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rldock.config import agent, algorithm, dock, evaluation, reward, rollout, rollout_correction, training
+from rldock.config import agent, algorithm, data, dock, evaluation, reward, rollout, rollout_correction, training
 from rldock.config.job import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
@@ -25,6 +25,7 @@ from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architectur
 SECTION_CHECKS = (
     agent.problems,
     algorithm.problems,
+    data.problems,
     dock.problems,
     evaluation.problems,
     reward.problems,
@@ -80,11 +81,9 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
         )
     problems.extend(_extra_worker_problems(cfg))
     problems.extend(_demo_default_problems(cfg))
-    problems.extend(_data_problems(cfg))
     problems.extend(_old_logprob_problems(cfg))
     problems.extend(_routing_replay_problems(cfg))
     problems.extend(_async_problems(cfg))
-    problems.extend(_demonstration_problems(cfg))
     for section_problems in SECTION_CHECKS:
         problems.extend(section_problems(cfg))
     return problems
@@ -260,47 +259,6 @@ def _async_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
-def _data_problems(cfg: JobConfig) -> list[Problem]:
-    """Where the prompts come from: files or a generator, never both or neither."""
-    data = cfg.data
-    problems: list[Problem] = []
-    if (data.generator is None) == (not data.train_files):
-        problems.append(
-            Problem(
-                "data.train_files",
-                "set exactly one of data.train_files and data.generator: "
-                + ("both are set" if data.train_files else "neither is set"),
-            )
-        )
-    if data.generator is not None and data.val_files:
-        problems.append(
-            Problem(
-                "data.val_files",
-                "with data.generator the validation rows are generated (data.generator.num_val_prompts); "
-                "leave data.val_files empty or read both splits from files",
-            )
-        )
-    if (data.chosen_key is None) != (data.rejected_key is None):
-        problems.append(
-            Problem(
-                "data.chosen_key" if data.chosen_key is None else "data.rejected_key",
-                "preference pairs need both data.chosen_key and data.rejected_key",
-            )
-        )
-    if cfg.algorithm.name == "dpo":
-        addition = data.generator is not None and data.generator.name == "addition"
-        if not addition and data.chosen_key is None:
-            problems.append(
-                Problem(
-                    "data.chosen_key",
-                    "dpo trains on preference pairs: use data.generator addition (which makes them) or "
-                    "set data.chosen_key and data.rejected_key to the columns of the chosen and rejected responses",
-                )
-            )
-    return problems
-
-
-# DAPO (arXiv 2503.14476), sec. 2.3, "Removing KL Divergence".
 def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
     """EP and routing replay need an MoE model, whose experts EP divides (read from config.json; a model
     still to be built by model.builder is checked when the actor builds it)."""
@@ -405,37 +363,3 @@ def model_config_problem(config_file: Path) -> str | None:
             "a folder save_pretrained wrote"
         )
     return None
-
-
-def _demonstration_problems(cfg: JobConfig) -> list[Problem]:
-    """Tool-use demonstrations (data.demonstration_key, a generator's tool_demonstrations) are trained by
-    the warm-up after prompts rendered with the agent's tools, and a generator writes them to the column
-    data.demonstration_key names (default `demonstration`), so the two settings go together."""
-    data, generator = cfg.data, cfg.data.generator
-    tool = generator.tool_demonstrations if generator is not None else None
-    problems: list[Problem] = []
-    if generator is not None and tool is None and data.demonstration_key is not None:
-        problems.append(
-            Problem(
-                "data.demonstration_key",
-                f"the {generator.name} generator writes demonstrations only with data.generator.tool_demonstrations; "
-                "set that (python or calculator) or leave data.demonstration_key unset",
-            )
-        )
-    if cfg.agent is None and (tool is not None or data.demonstration_key is not None):
-        problems.append(
-            Problem(
-                "data.generator.tool_demonstrations" if tool is not None else "data.demonstration_key",
-                "demonstrations show the model calling tools, which only a job with an agent section renders and "
-                "runs; add agent (with agent.tools) or drop the demonstrations",
-            )
-        )
-    if cfg.agent is not None and tool is not None and tool not in {spec.name for spec in cfg.agent.tools}:
-        problems.append(
-            Problem(
-                "data.generator.tool_demonstrations",
-                f"the demonstrations call the {tool} tool, which agent.tools does not list; add {{name: {tool}}} "
-                "to agent.tools or demonstrate a tool the job has",
-            )
-        )
-    return problems

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rldock.config.job import DataSpec
+from rldock.config.data import DataSpec
 from rldock.runtime.agent.examples.cabinet import Cabinet, build_cabinet
 from rldock.runtime.agent.interfaces import EpisodeContext, Observation
 from rldock.runtime.cli import main

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rldock.config.job import DataSpec, GeneratorSpec
+from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.runtime.data import Columns, columns_of, load_rows
 
 COLUMNS = Columns(prompt="prompt", answer="answer")

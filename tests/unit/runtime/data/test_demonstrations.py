@@ -11,7 +11,7 @@ import re
 import pytest
 
 from rldock.config.agent import SandboxSpec
-from rldock.config.job import DataSpec, GeneratorSpec
+from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.runtime.agent.interfaces import ToolResult
 from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.data import Columns, columns_of, load_rows, prepare_data_files, val_columns

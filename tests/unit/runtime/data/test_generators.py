@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from rldock.config.job import DataSpec, GeneratorSpec
+from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.runtime.cli import main
 from rldock.runtime.data import columns_of, load_rows, prepare_data_files
 from rldock.runtime.data.addition import generate_addition, wrong_answer

@@ -3,7 +3,7 @@ or used as is (`chat_template: none`), and the prompt set that drops over-long p
 
 import pytest
 
-from rldock.config.job import DataSpec
+from rldock.config.data import DataSpec
 from rldock.runtime.data import PromptDataset, Row, render_prompt, tokenize_prompts
 from rldock.runtime.models.tiny import BOS, train_char_tokenizer
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rldock.config.job import GeneratorSpec, ModelSpec
+from rldock.config.data import GeneratorSpec
+from rldock.config.job import ModelSpec
 from rldock.runtime.data import Row, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.models import (

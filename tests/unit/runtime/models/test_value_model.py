@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from rldock.config.job import GeneratorSpec
+from rldock.config.data import GeneratorSpec
 from rldock.runtime.data import Row, tokenizer_corpus
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.engines.policy import build_policy_inputs

@@ -87,7 +87,7 @@ def run_generate(args: argparse.Namespace) -> int:
     """The same rows a job's `data.generator` writes, as files to keep."""
     from pydantic import ValidationError
 
-    from rldock.config.job import DataSpec, GeneratorSpec
+    from rldock.config.data import DataSpec, GeneratorSpec
     from rldock.runtime.data import generate_files
     from rldock.runtime.data.generators import column_names
 
@@ -129,7 +129,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def generate_cabinet_tasks(args: argparse.Namespace, given: dict, prompt_key: str) -> int:
     """`rldock data generate cabinet`: the cabinet environment's tasks, with their demonstrations and the
     extra_info the environment rebuilds each task from (rldock.runtime.data.cabinet_tasks)."""
-    from rldock.config.job import DataSpec
+    from rldock.config.data import DataSpec
     from rldock.runtime.data.cabinet_tasks import generate_cabinet
     from rldock.runtime.data.generators import column_names, write_rows
 

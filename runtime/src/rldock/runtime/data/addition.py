@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rldock.config.job import GeneratorSpec
+from rldock.config.data import GeneratorSpec
 from rldock.runtime.data.demonstrations import tool_demonstration
 from rldock.runtime.data.rows import GeneratedRows
 

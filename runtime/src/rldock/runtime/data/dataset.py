@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from rldock.config.job import DataSpec
+from rldock.config.data import DataSpec
 from rldock.runtime.agent.conversation import ChatRenderer
 from rldock.runtime.data.rendering import render_prompt, tokenize_prompts
 from rldock.runtime.data.rows import Example, PreferencePair, Row

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rldock.config.job import DataSpec
+from rldock.config.data import DataSpec
 from rldock.runtime.data.demonstrations import check_demonstration
 from rldock.runtime.data.generators import column_names
 from rldock.runtime.data.keys import MissingKey, read_key

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rldock.config.job import DataSpec, GeneratorSpec
+from rldock.config.data import DataSpec, GeneratorSpec
 from rldock.runtime.data.addition import generate_addition
 from rldock.runtime.data.rows import GeneratedRows
 from rldock.runtime.data.word_problems import generate_word_problems
