@@ -7,7 +7,7 @@ types, so such columns travel as same-width integer views with their torch dtype
 
 The torch dtype travels by name ("float32", "bfloat16"): the dock's controller host stores, hands
 out and writes to shared memory arrays only, so neither its calls' arguments nor its own modules
-import torch (2.4 CPU seconds of its start, `tests/unit/runtime/test_startup_imports.py`); torch is
+import torch (about 1.9 CPU seconds of its start, `tests/unit/runtime/test_startup_imports.py`); torch is
 imported where tensors are made and taken apart, in `to_wire` and `from_wire`.
 """
 
