@@ -1,5 +1,7 @@
-"""Rules that span several fields of a JobConfig: the sections' own checks (SECTION_CHECKS, each beside its
-fields in the section's module) and, below, those of the sections still in job.py.
+"""Rules that span several fields of a JobConfig: each section's own checks (SECTION_CHECKS, each beside its
+fields in the section's module), gathered here, and below those that span sections: the batch over the
+data-parallel ranks and the devices, the demo's defaults, extra workers, the old-logprob pass, routing
+replay, async training, and what a model folder must hold (find_local_problems).
 
 They are kept out of the pydantic validators so that a caller gets every problem at once, each
 with the dotted path of the field to change: `rldock train` prints them, the operator turns them
@@ -20,8 +22,8 @@ from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
 from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
 
-# The checks of the sections that keep them beside their fields (one module per section, issue 65); the
-# others are below, until each moves to its section's module.
+# Each section's checks, beside its fields in its own module (tests/unit/config/test_config_modules.py
+# holds that none is left out).
 SECTION_CHECKS = (
     agent.problems,
     algorithm.problems,
