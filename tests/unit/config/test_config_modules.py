@@ -4,9 +4,10 @@ beside its fields, no module over 400 lines, and every section's checks gathered
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
-from rldock.config import problems
+from rldock.config import agent, problems
 
 CONFIG = Path(problems.__file__).parent
 MAX_LINES = 400
@@ -35,4 +36,5 @@ def test_no_config_module_is_over_400_lines():
 def test_every_sections_checks_are_gathered_by_find_problems():
     gathered = {check.__module__.rsplit(".", 1)[-1] for check in problems.SECTION_CHECKS}
     assert _modules_with_checks() - CALLED_BY_ANOTHER == gathered
+    assert "agent_environment.problems(cfg)" in inspect.getsource(agent.problems)  # the exception's caller
     assert {"agent", "algorithm", "data", "reward", "rollout", "training"} <= gathered

@@ -203,9 +203,8 @@ def test_bfloat16_column_round_trips(dock: TransferDock) -> None:
 def test_the_docks_actors_move_columns_without_importing_torch(dock: TransferDock) -> None:
     """The dtype travels by name (dock/wire.py): after every kind of write and read, also of a column
     numpy has no dtype for, the controller host and the warehouses have not loaded torch (about 1.9 CPU
-    seconds of each one's start). No process of this module that loaded torch returns to Ray's pool of
-    idle workers, where an actor could start (`consume` runs once per worker), so each dock actor's
-    process is its own."""
+    seconds of each one's start). This module's one task, `consume`, runs in a runtime env of its own,
+    so no worker it loaded torch into is handed to a dock actor: each dock actor's process is its own."""
     values = torch.randn(NUM_SAMPLES, SL).to(torch.bfloat16)
     dock.put(torch.arange(NUM_SAMPLES), samples(ALL).update({"half_logprobs": values}))
     assert dock.get("update", list(COLUMNS), batch_size=NUM_SAMPLES) is not None
@@ -226,9 +225,11 @@ def take_all(dock: TransferDock, state: str, rank: int, batch_size: int) -> list
         taken.extend(indices.tolist())
 
 
-# max_calls=1: the task's worker (torch loaded) exits after it instead of returning to Ray's pool, where
-# a later dock actor could start in it (test_the_docks_actors_move_columns_without_importing_torch).
-consume = ray.remote(num_cpus=1, max_calls=1)(take_all)
+# A runtime env of its own: Ray pools idle workers by runtime env, so the task's workers (torch loaded)
+# are never handed to a dock actor, which starts in the job's default env
+# (test_the_docks_actors_move_columns_without_importing_torch). max_calls=1 did the same at the cost of a
+# fresh worker per call: 5-6 s against 0.3 s for each kind's call here.
+consume = ray.remote(num_cpus=1, runtime_env={"env_vars": {"RLDOCK_TEST_DOCK_CONSUMER": "1"}})(take_all)
 
 
 def test_two_ranks_get_disjoint_samples_exactly_once(dock: TransferDock) -> None:
