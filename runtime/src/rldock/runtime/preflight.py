@@ -204,12 +204,14 @@ def model_folder_problems(cfg: JobConfig) -> list[Problem]:
     stops the job naming the field instead of a worker's traceback. A config.json that is no model
     config ends the folder's checks (find_local_problems reports model.path's); a folder the runtime
     builds (`model.builder`) is not checked."""
+    folders = [] if cfg.model.builder is not None else [("model.path", cfg.model.path)]
+    folders += [(f"reward.terms[{i}].path", term.path) for i, term in enumerate(cfg.reward.terms) if term.path]
+    if not folders:  # the tiny model's job: transformers' table of architectures costs ~0.5 s of CPU
+        return []
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # heavy: only here
 
     from rldock.runtime.models.loading import TokenizerError, load_tokenizer, read_tokenizer
 
-    folders = [] if cfg.model.builder is not None else [("model.path", cfg.model.path)]
-    folders += [(f"reward.terms[{i}].path", term.path) for i, term in enumerate(cfg.reward.terms) if term.path]
     problems = []
     for field, folder in folders:
         path, policy = Path(folder), field == "model.path"

@@ -12,7 +12,7 @@ with three figures:
 - `setup_cpu`: since then, until the driver asks, just before the first iteration: the calls that
   set the process up (process groups joined, generation engines built) and whatever its threads did.
 
-The driver adds its own (`driver_startup`: imports, inputs with the warm-up, then Ray and the
+The driver adds its own (`driver_startup`: imports, inputs with the warm-up and, beside them, Ray's start, then the
 attempt) and the wall time from its process's start to the first iteration; `startup_timing`
 sums them by process kind into the first record's `timing/startup`. CPU of Ray's own processes
 (GCS, raylet) is not here: rldock_benchmarks.startup measures whole process trees from outside.
@@ -98,7 +98,8 @@ class DriverClock:
 
     def driver_startup(self) -> ProcessStartup:
         """The driver's figures, read now (at the first iteration): imports, inputs (the warm-up
-        included), then Ray, the dock and the workers' start as the driver waits and asks."""
+        included, with the local Ray's start beside them: driver/inputs.py), then the dock and the
+        workers' start as the driver waits and asks."""
         now, inputs = time.process_time(), self.inputs_cpu if self.inputs_cpu is not None else self.imported_cpu
         return ProcessStartup(
             kind="driver",

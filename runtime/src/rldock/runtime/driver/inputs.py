@@ -4,6 +4,10 @@ supervised warm-up when one is configured: the reference and where RL starts), t
 draws each iteration's prompts from, and the held-out evaluator. An attempt (attempt.py) and the
 trainer's loop read them; nothing here holds a Ray actor, so a restarted attempt finds them as they
 were (the feed's position aside, which the checkpoint restores).
+
+The driver starts Ray's processes while its inputs are prepared (`prepare_inputs(beside=...)`): on
+the 2-core machine the local Ray's start takes about 4 s of wall time that the data, the tokenizer
+and the warm-up (one core's Python) leave the other core free for (docs/results.md, "Starting a job").
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ import logging
 import os
 import shutil
 import string
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rldock.config import JobConfig
 from rldock.contract.layout import JobLayout
@@ -45,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 WARMUP_DIR = "warmup"
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class JobInputs:
@@ -61,13 +70,39 @@ class JobInputs:
     startup_clock: DriverClock  # the driver's start-up until its inputs were ready (timing/startup)
 
 
-def prepare_inputs(cfg: JobConfig, output_dir: Path) -> JobInputs:
+def prepare_inputs(cfg: JobConfig, output_dir: Path, *, beside: Callable[[], object] | None = None) -> JobInputs:
     """The job's inputs: checks the reward terms first (before any model work), then the data, the
-    base model, the tokenizer, the prompt set, the warm-up and the evaluator, in that order."""
+    base model, the tokenizer, the prompt set, the warm-up and the evaluator, in that order.
+
+    `beside` (the driver's Ray start) runs in this thread once the reward terms are checked, while
+    the rest is prepared in another (`beside_another_thread`)."""
     startup_clock = DriverClock.start()  # the driver's imports are behind it, its inputs ahead
     recipe = job_recipe(cfg)  # less the passes this config makes redundant
     if REWARD_STATE.name in recipe.states:
         RewardScorer(cfg.reward)  # fail fast (RewardError naming the term) before any model work
+    if beside is None:
+        return _prepare(cfg, output_dir, recipe, startup_clock)
+    return beside_another_thread(lambda: _prepare(cfg, output_dir, recipe, startup_clock), beside)
+
+
+def beside_another_thread(work: Callable[[], T], beside: Callable[[], object]) -> T:
+    """`work`'s result, computed in a daemon thread while `beside` runs in this one. `beside`'s error
+    is raised at once (not waiting for `work`: the daemon thread does not hold the process up),
+    then `work`'s."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(work())
+        except BaseException as error:  # handed to the caller's thread, which raises it
+            done.set_exception(error)
+
+    threading.Thread(target=run, name="job-inputs", daemon=True).start()
+    beside()
+    return done.result()
+
+
+def _prepare(cfg: JobConfig, output_dir: Path, recipe: Recipe, startup_clock: DriverClock) -> JobInputs:
     data_files, rows = load_prompt_set(cfg, output_dir)
     base = prepare_base_model(cfg, rows)
     tokenizer = load_tokenizer(base)  # the warm-up saves the same tokenizer again

@@ -91,8 +91,10 @@ class Trainer:
         self._check_output_dir(resume)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-        self.inputs = prepare_inputs(cfg, self.output_dir)
         self.resume_from = ckpt.latest_checkpoint(self.output_dir) if resume else None
+        # Ray's processes start beside the inputs (inputs.py), unless the run has nothing left to do
+        done = self.resume_from is not None and self.resume_from.iteration >= cfg.iterations
+        self.inputs = prepare_inputs(cfg, self.output_dir, beside=None if done else lambda: cluster.connect(cfg))
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
