@@ -4,8 +4,9 @@ each reset with its own seed, stepped with every turn, rewarded per step by the 
 through `rldock train` and the dock, with an `environment` reward term. Then one short job against a
 hostile server (openenv_servers.hostile_server) whose sessions answer their steps wrongly in turn: the
 job finishes, the wrong answers are counted as their episodes' ends, and every reward it wrote is
-finite; and the game's per-step rewards credited by turn, under PPO and GRPO. Those three jobs start
-from the first job's warmed model rather than warming up again (`_warmed`)."""
+finite; and the game's per-step rewards credited by turn, under GRPO (the first job itself credits
+turns: the credit shapes advantages, not the rewards the first test reads) and PPO. The other two
+jobs start from the first job's warmed model rather than warming up again (`_warmed`)."""
 
 from __future__ import annotations
 
@@ -73,11 +74,24 @@ def _train(root: Path, config: dict) -> Path:
     return jobs.run(config, root / "run", max_restarts=None, progress=True, timeout_s=1200).output
 
 
+# How each algorithm credits the game's per-step rewards to the turns of an episode.
+TURN_CREDIT = {
+    "grpo": {"credit": "turn", "turn_discount": 0.9},
+    "ppo": {"gae_unit": "turn", "credit": "turn", "ppo": {"gamma": 0.9}},
+}
+
+
+def _turn_credit(config: dict, name: str) -> dict:
+    config["algorithm"].update(name=name, **TURN_CREDIT[name])
+    config["resources"] = {"device": "cpu", "devices_per_node": 2}  # PPO's critic takes a device of its own
+    return config
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("environment")
     with openenv_guess_server(sessions=4, highest=10) as url:
-        return _train(root, _config(root, url))
+        return _train(root, _turn_credit(_config(root, url), "grpo"))
 
 
 def _warmed(config: dict, run: Path) -> dict:
@@ -136,22 +150,16 @@ def test_a_hostile_server_ends_episodes_with_counted_reasons_and_the_job_finishe
     assert all(math.isfinite(value) for value in numbers), record
 
 
-@pytest.mark.parametrize(
-    ("name", "algorithm"),
-    [
-        ("ppo", {"gae_unit": "turn", "credit": "turn", "ppo": {"gamma": 0.9}}),
-        ("grpo", {"credit": "turn", "turn_discount": 0.9}),
-    ],
-)
-def test_a_job_credits_the_turns_of_episodes_rewarded_per_step(tmp_path, run, name, algorithm):
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_a_job_credits_the_turns_of_episodes_rewarded_per_step(tmp_path, run, name):
     """Crediting turns end to end (docs/algorithms/turn-credit.md, ppo.md#multi-turn-episodes): the
-    game rewards each step; PPO with its GAE by turn and rewards per turn, and GRPO crediting turns.
-    Every state, the critic's included, takes every sample once; the losses stay finite."""
-    with openenv_guess_server(sessions=4, highest=10) as url:
-        config = _warmed(_config(tmp_path, url), run)
-        config["algorithm"].update(name=name, **algorithm)
-        config["resources"] = {"device": "cpu", "devices_per_node": 2}  # PPO's critic takes a device of its own
-        output = _train(tmp_path, config)
+    game rewards each step; PPO with its GAE by turn and rewards per turn, and GRPO crediting turns
+    (the module's first job). Every state, the critic's included, takes every sample once; the losses
+    stay finite."""
+    output = run
+    if name != "grpo":
+        with openenv_guess_server(sessions=4, highest=10) as url:
+            output = _train(tmp_path, _turn_credit(_warmed(_config(tmp_path, url), run), name))
     records = jobs.records(output)
     assert [r["iteration"] for r in records] == list(range(1, ITERATIONS + 1))
     for record in records:

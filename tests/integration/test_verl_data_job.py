@@ -3,7 +3,9 @@
 
 A user's reward function scores 1 only when it receives the nested ground truth, the row's data
 source and its extra info, so `reward/function` at 1.0 in every iteration shows each key reached
-the reward worker as verl's own reward functions would see it.
+the reward worker as verl's own reward functions would see it. It sits beside two rule terms, each
+weighted: every term has its metric (the function's extra key too) and the reward is their
+weighted sum.
 
 The same run corrects the train-inference mismatch with TRL's default (algorithm.rollout_correction
 preset `trl`, docs/algorithms/rollout-correction.md): its old-logprob pass meets the engine's logprobs
@@ -25,8 +27,9 @@ pytestmark = pytest.mark.integration
 CHECK_REWARD = textwrap.dedent("""
     def sees_verl_fields(data_source, solution_str, ground_truth, extra_info):
         ok = data_source == "openai/gsm8k" and ground_truth == extra_info["answer"] and extra_info["split"] == "train"
-        return float(ok)
+        return {"score": float(ok), "chars": len(solution_str)}
 """)
+FUNCTION_WEIGHT, FORMAT_WEIGHT = 0.5, 0.25
 
 
 def _verl_rows(count: int) -> list[dict]:
@@ -59,10 +62,12 @@ def _chat_tiny_model(path: Path, rows: list[dict]) -> None:
     tokenizer.save_pretrained(path)
 
 
-def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> jobs.Run:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    tmp_path = tmp_path_factory.mktemp("verl-data")
     rows = _verl_rows(32)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     _chat_tiny_model(tmp_path / "model", rows)
@@ -80,7 +85,17 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
             "extra_info_key": "extra_info",
             "chat_template": "model",
         },
-        "reward": {"terms": [{"name": "function", "function": f"{tmp_path}/check_reward.py:sees_verl_fields"}]},
+        "reward": {
+            "terms": [
+                {"name": "digit_match"},
+                {
+                    "name": "function",
+                    "function": f"{tmp_path}/check_reward.py:sees_verl_fields",
+                    "weight": FUNCTION_WEIGHT,
+                },
+                {"name": "format", "pattern": r"\d+", "weight": FORMAT_WEIGHT},
+            ]
+        },
         "algorithm": {
             "num_prompts_per_iteration": 2,
             "num_responses_per_prompt": 4,
@@ -94,7 +109,23 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(tmp_path):
         "checkpoint": {"interval": 2},
         "monitoring": {"mismatch": {"max_kl": 1e-20, "action": "correct"}},
     }
-    run = jobs.run(config, tmp_path / "run", max_restarts=None)
+    return jobs.run(config, tmp_path / "run", max_restarts=None)
+
+
+def test_every_term_has_its_metric_and_the_reward_is_their_weighted_sum(run):
+    records = run.records
+    assert len(records) == 2
+    for record in records:
+        weighted = (
+            record["reward/digit_match"]
+            + FUNCTION_WEIGHT * record["reward/function"]
+            + FORMAT_WEIGHT * record["reward/format"]
+        )
+        assert record["reward_mean"] == pytest.approx(weighted, abs=1e-5)
+        assert record["reward/function/chars"] >= 0 and record["reward/errors"] == 0
+
+
+def test_a_verl_layout_parquet_trains_with_dotted_keys(run):
     records = run.records
     assert [record["iteration"] for record in records] == [1, 2]
     assert [record["reward/function"] for record in records] == [1.0, 1.0]
