@@ -91,12 +91,25 @@ def _rendezvous(tmp_path: Path) -> str:
     return f"file://{tmp_path}/rendezvous-{uuid.uuid4().hex}"
 
 
+def _spawn_ranks(out_dir: Path, world: int, ep: int) -> Path:
+    """`world` gloo ranks at expert parallel size `ep` stepping once (`_rank`); the folder of their files."""
+    mp.spawn(_rank, args=(world, ep, _rendezvous(out_dir), str(out_dir)), nprocs=world)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def ep4_ranks(tmp_path_factory) -> Path:
+    """The EP 4 ranks' files, which the ep4 case below and the EP 1 load test both read (one spawn of
+    four processes fewer)."""
+    return _spawn_ranks(tmp_path_factory.mktemp("ep4-ranks"), 4, 4)
+
+
 @pytest.mark.parametrize(("world", "ep"), [(2, 2), (4, 4), (4, 2)], ids=["ep2", "ep4", "ep2xfsdp2"])
-def test_expert_parallel_equals_one_process(tmp_path, world, ep):
+def test_expert_parallel_equals_one_process(tmp_path, world, ep, request):
     from rldock.runtime.models.moe import record_routing
 
-    mp.spawn(_rank, args=(world, ep, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    out = request.getfixturevalue("ep4_ranks") if (world, ep) == (4, 4) else _spawn_ranks(tmp_path, world, ep)
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
     model = _model()
     batch = whole_batch(world)
@@ -121,21 +134,20 @@ def test_expert_parallel_equals_one_process(tmp_path, world, ep):
         assert got["optimizer_reloaded"]
         # The gathered weights are the whole model in its own names and shapes (the HF layout).
         assert {n: t.shape for n, t in got["weights"].items()} == {n: t.shape for n, t in model.state_dict().items()}
-    saved = torch.load(tmp_path / "optimizer.pt")["state"]
+    saved = torch.load(out / "optimizer.pt")["state"]
     for name, grad in grads.items():
         torch.testing.assert_close(saved[name]["momentum_buffer"], grad, **TOL, msg=name)
     # The mean of the ranks' losses is the whole batch's (equal token counts per rank).
     assert sum(r["loss"] for r in ranks) / world == pytest.approx(float(loss), rel=1e-12)
 
 
-def test_weights_gathered_at_ep4_load_at_ep1(tmp_path):
+def test_weights_gathered_at_ep4_load_at_ep1(tmp_path, ep4_ranks):
     """A checkpoint written at EP 4 after a step (its weights gathered whole) saved in the Hugging Face
     layout and loaded by the ordinary loader at EP 1 scores tokens as the EP 4 ranks did."""
     from rldock.runtime.models import load_causal_lm
 
     world = 4
-    mp.spawn(_rank, args=(world, world, _rendezvous(tmp_path), str(tmp_path)), nprocs=world)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    ranks = [torch.load(ep4_ranks / f"rank{r}.pt") for r in range(world)]
     model = _model()
     model.load_state_dict(ranks[0]["weights"])
     model.save_pretrained(tmp_path / "checkpoint")
