@@ -95,28 +95,32 @@ def _cfg(**training):
     )
 
 
-def _fsdp_rank(rank: int, port: int, out_dir: str, training: dict) -> None:
+def _fsdp_rank(rank: int, port: int, out_dir: str, trainings: dict[str, dict]) -> None:
+    """Each of `trainings` (name -> training fields) in turn on the same two gloo ranks: a step, the
+    weights pushed, the shards swapped out and back; its files <name>/rank<r>.pt."""
     from rldock.runtime.device import detect_device
     from rldock.runtime.training.fsdp import FsdpBackend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    cfg = _cfg(**training)
-    model = _tiny_model(cfg.training.gradient_checkpointing)
-    fsdp = FsdpBackend(cfg, model=model, make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
-    mine = _batch()[rank * 2 : (rank + 1) * 2]
-    fsdp.model(input_ids=mine, labels=mine).loss.backward()
-    grad_norm = fsdp.clip_gradients(1e9)
-    fsdp.optimizer.step()
-    engine = RecordingEngine()
-    fsdp.to_generation(engine.update_weights)
-    metrics = fsdp.drain_metrics()["ledger"]
-    fsdp.to_training()  # the next iteration's pass: everything back, training goes on
-    loss = float(fsdp.model(input_ids=mine, labels=mine).loss)
-    torch.save(
-        {"weights": engine.weights, "ledger": metrics, "grad_norm": grad_norm, "loss": loss},
-        Path(out_dir) / f"rank{rank}.pt",
-    )
+    for name, training in trainings.items():
+        cfg = _cfg(**training)
+        model = _tiny_model(cfg.training.gradient_checkpointing)
+        fsdp = FsdpBackend(cfg, model=model, make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
+        mine = _batch()[rank * 2 : (rank + 1) * 2]
+        fsdp.model(input_ids=mine, labels=mine).loss.backward()
+        grad_norm = fsdp.clip_gradients(1e9)
+        fsdp.optimizer.step()
+        engine = RecordingEngine()
+        fsdp.to_generation(engine.update_weights)
+        metrics = fsdp.drain_metrics()["ledger"]
+        fsdp.to_training()  # the next iteration's pass: everything back, training goes on
+        loss = float(fsdp.model(input_ids=mine, labels=mine).loss)
+        (Path(out_dir) / name).mkdir(exist_ok=True)
+        torch.save(
+            {"weights": engine.weights, "ledger": metrics, "grad_norm": grad_norm, "loss": loss},
+            Path(out_dir) / name / f"rank{rank}.pt",
+        )
     # Every rank's last collective has arrived before any rank tears the group down: a rank that
     # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
     # active exception", SIGABRT, seen once in a CI run).
@@ -141,18 +145,25 @@ def _single_process_step(checkpointing: bool) -> tuple[dict[str, torch.Tensor], 
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}, norm
 
 
-@pytest.mark.parametrize(
-    "training",
-    [
-        {"resharding": "allgather_swap"},
-        {"resharding": "allgather_swap", "gradient_checkpointing": True},
-        {"fsdp_cpu_offload": True},
-    ],
-    ids=["swap", "swap+checkpointing", "cpu_offload"],
-)
-def test_fsdp_step_push_and_swap_on_gloo_ranks(tmp_path, training):
-    mp.spawn(_fsdp_rank, args=(_free_port(), str(tmp_path), training), nprocs=WORLD)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+TRAININGS = {
+    "swap": {"resharding": "allgather_swap"},
+    "swap+checkpointing": {"resharding": "allgather_swap", "gradient_checkpointing": True},
+    "cpu_offload": {"fsdp_cpu_offload": True},
+}
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(tmp_path_factory) -> Path:
+    """Every one of TRAININGS on one spawn of the two ranks (one start of the processes, not three)."""
+    out_dir = tmp_path_factory.mktemp("fsdp-ranks")
+    mp.spawn(_fsdp_rank, args=(_free_port(), str(out_dir), TRAININGS), nprocs=WORLD)
+    return out_dir
+
+
+@pytest.mark.parametrize("name", list(TRAININGS))
+def test_fsdp_step_push_and_swap_on_gloo_ranks(fsdp_ranks, name):
+    training = TRAININGS[name]
+    ranks = [torch.load(fsdp_ranks / name / f"rank{r}.pt") for r in range(WORLD)]
     expected, norm = _single_process_step(training.get("gradient_checkpointing", False))
     for rank, got in enumerate(ranks):
         # The engine got every weight whole, equal to one process stepping on the whole batch.
