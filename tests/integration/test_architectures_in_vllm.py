@@ -100,13 +100,29 @@ def test_load_generate_train_and_sync(tmp_path, builder):
     assert not dist.is_initialized()
 
 
-def _tp_rank(rank: int, port: int, model_dir: str, out: str) -> None:
-    from rldock.runtime.models import load_causal_lm
+def _tp_rank(rank: int, port: int, model_dirs: dict[str, str], out: str) -> None:
+    """Each of `model_dirs` (builder -> folder) in turn on the same two ranks; rank<r>-<builder>.json."""
     from rldock.runtime.resharding.parallel_layout import ParallelLayout
-    from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, parallelize_decoder
+    from rldock.runtime.resharding.parallelize import build_mesh
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     mesh = build_mesh(ParallelLayout(tp_size=2, dp_size=1), "cpu")
+    for builder, model_dir in model_dirs.items():
+        gaps = _tp_gaps(model_dir, mesh)
+        Path(out, f"rank{rank}-{builder}.json").write_text(json.dumps(gaps))
+    # Every rank's last collective has arrived before any rank tears the group down: a rank that
+    # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
+    # active exception", SIGABRT, seen once in a CI run).
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _tp_gaps(model_dir: str, mesh) -> dict:
+    """The model split at TP 2 against the whole one after one SGD step: the largest logit and
+    parameter differences, and how many parameters were split."""
+    from rldock.runtime.models import load_causal_lm
+    from rldock.runtime.resharding.parallelize import apply_gradients, parallelize_decoder
+
     split = parallelize_decoder(load_causal_lm(model_dir), mesh)
     whole = load_causal_lm(model_dir)
     tokens = torch.randint(4, whole.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -130,24 +146,29 @@ def _tp_rank(rank: int, port: int, model_dir: str, out: str) -> None:
         for n, p in split.named_parameters()
     )
     gaps["num_split"] = sum(hasattr(p, "full_tensor") for p in split.parameters())
-    Path(out, f"rank{rank}.json").write_text(json.dumps(gaps))
-    # Every rank's last collective has arrived before any rank tears the group down: a rank that
-    # exits while its peer's gloo thread still talks to it aborts ("terminate called without an
-    # active exception", SIGABRT, seen once in a CI run).
-    dist.barrier()
-    dist.destroy_process_group()
+    return gaps
 
 
-@pytest.mark.parametrize("builder", ["tiny-llama", "tiny-qwen3"])  # Qwen2 at TP 2: test_resharding_*.py
-def test_tp2_plan_splits_the_architecture_and_trains_like_one_process(tmp_path, builder):
-    model_dir = _build(builder, tmp_path / builder)
+TP2_BUILDERS = ["tiny-llama", "tiny-qwen3"]  # Qwen2 at TP 2: test_resharding_*.py
+
+
+@pytest.fixture(scope="module")
+def tp2_gaps(tmp_path_factory) -> Path:
+    """Every one of TP2_BUILDERS' models split on one spawn of the two ranks (not one spawn each)."""
+    root = tmp_path_factory.mktemp("tp2-plans")
+    model_dirs = {builder: str(_build(builder, root / builder)) for builder in TP2_BUILDERS}
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_tp_rank, args=(port, str(model_dir), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_tp_rank, args=(port, model_dirs, str(root)), nprocs=2, join=True)
+    return root
+
+
+@pytest.mark.parametrize("builder", TP2_BUILDERS)
+def test_tp2_plan_splits_the_architecture_and_trains_like_one_process(tp2_gaps, builder):
     for rank in range(2):
-        gaps = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        gaps = json.loads((tp2_gaps / f"rank{rank}-{builder}.json").read_text())
         assert gaps["num_split"] == 2 * 7  # 2 layers x q, k, v, o, gate, up, down
         assert gaps["logits"] < 1e-4 and gaps["params"] < 1e-5, gaps
 
