@@ -53,10 +53,17 @@ def test_missing_required_field_is_named(demo_data):
         (("rollout", "top_p"), 1.5),
         (("resources", "device"), "tpu"),
         (("training", "data_parallel_size"), 0),
+        # bounds the runtime asserts rather than checks again (issue 65)
+        (("algorithm", "clip_ratio_c"), 1.0),
+        (("dock", "max_staleness"), -1),
+        (("dock", "on_stale"), "skip"),
+        (("model", "dtype"), "float8"),
+        (("training", "context_parallel_mode"), "blocks"),
+        (("training", "resharding"), "gather"),
     ],
 )
 def test_bad_values_are_named(demo_data, path, value):
-    demo_data[path[0]][path[1]] = value
+    demo_data.setdefault(path[0], {})[path[1]] = value
     assert problem_paths(demo_data) == [".".join(path)]
 
 

@@ -69,8 +69,3 @@ def test_npu_probe_imports_torch_npu_then_asks_torch_npu_device(monkeypatch):
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: True), raising=False)
     assert device_mod._npu_available() is True
     assert detect_device("auto").kind == "npu"
-
-
-def test_unknown_kind_is_a_value_error():
-    with pytest.raises(ValueError, match="resources.device"):
-        detect_device("tpu")

@@ -123,8 +123,7 @@ def detect_device(requested: str = "auto", *, index: int = 0) -> DeviceInfo:
     The npu twin answers only an explicit `npu`: `auto` on a machine without hardware stays CPU
     even in a process where a test installed the twin.
     """
-    if requested not in REQUESTABLE:
-        raise ValueError(f"resources.device must be one of {REQUESTABLE}, got {requested!r}")
+    assert requested in REQUESTABLE, f"device kind {requested!r} is none of {REQUESTABLE} (resources.device's values)"
     if requested == "auto":
         for kind in ("npu", "cuda"):
             if _PROBES[kind]():

@@ -40,12 +40,6 @@ def test_the_python_tool_takes_the_agent_sections_sandbox_limits():
     assert isinstance(tool, PythonTool) and tool.limits == agent.sandbox
 
 
-@pytest.mark.parametrize("name", ["python", "calculator"])
-def test_options_to_a_built_in_are_refused_naming_the_field(name):
-    with pytest.raises(ValueError, match=r"agent\.tools\[\]\.options.*takes no options \(got \['timeout'\]\)"):
-        TOOLS.get(name).from_config(AgentSpec(), {"timeout": "5"})
-
-
 def test_python_returns_what_the_program_printed():
     assert call(PythonTool(SandboxSpec()), {"code": "print(6 * 7)"}) == ToolResult("42\n")
 

@@ -68,20 +68,9 @@ def test_overlong_penalty_ramps_over_the_buffer():
     assert penalty.dtype == torch.float32
 
 
-@pytest.mark.parametrize("buffer_length", [0, 11])
-def test_overlong_penalty_refuses_a_buffer_outside_the_length(buffer_length):
-    with pytest.raises(ValueError, match="algorithm.dapo.overlong_buffer_length"):
-        overlong_penalty(torch.tensor([3]), max_length=10, buffer_length=buffer_length, penalty_factor=1.0)
-
-
 def test_informative_groups_keeps_groups_with_differing_rewards():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5 + 1e-8, 0.0, 0.0, 0.2, 0.7])
     assert informative_groups(rewards, group_size=2).tolist() == [False, True, False, False, True]
-
-
-def test_informative_groups_refuses_partial_groups():
-    with pytest.raises(ValueError, match="algorithm.num_responses_per_prompt"):
-        informative_groups(torch.zeros(5), group_size=2)
 
 
 def test_sequence_logprobs_sum_response_tokens():
@@ -123,8 +112,6 @@ def test_dpo_label_smoothing():
 def test_dpo_loss_refuses_bad_inputs():
     with pytest.raises(ValueError, match="shape"):
         dpo_loss(torch.zeros(4), torch.zeros(2), beta=0.1)
-    with pytest.raises(ValueError, match="algorithm.dpo.label_smoothing"):
-        dpo_loss(torch.zeros(2), torch.zeros(2), beta=0.1, label_smoothing=0.5)
 
 
 def _dapo_spec(**kw):

@@ -135,13 +135,6 @@ def test_dual_clip_leaves_positive_advantages_and_small_ratios_alone():
     assert positive.dual_clip_fraction.item() == 0.0
 
 
-def test_clip_ratio_c_must_exceed_one():
-    with pytest.raises(ValueError, match="algorithm.clip_ratio_c"):
-        clipped_policy_loss(
-            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), clip_ratio=0.2, clip_ratio_c=1.0
-        )
-
-
 @pytest.mark.parametrize("advantage", [1.0, -1.0])
 def test_log_ratio_of_100_on_one_token_stays_finite(advantage):
     logprobs = torch.tensor([[100.0, 0.0]], requires_grad=True)

@@ -412,8 +412,6 @@ def test_caller_errors(dock: TransferDock) -> None:
         dock.put(torch.tensor([NUM_SAMPLES]), samples([NUM_SAMPLES]))
     with pytest.raises(ValueError, match="per-sample shape"):
         dock.put(torch.tensor([1]), TensorDict({"reward": torch.zeros(1, 2)}, batch_size=[1]))
-    with pytest.raises(ValueError, match="dock.num_warehouses"):
-        TransferDock.create(DockSpec(mode=dock.mode, num_warehouses=5), states=STATES, num_samples=16, group_size=4)
 
 
 def masks(lengths: list[int]) -> TensorDict:

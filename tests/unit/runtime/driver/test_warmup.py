@@ -241,11 +241,6 @@ def test_a_demonstration_longer_than_a_response_is_refused_naming_the_row(chat_d
     )
 
 
-def test_demonstrations_without_the_agents_renderer_are_refused(chat_dir, demo_dataset, tmp_path):
-    with pytest.raises(ValueError, match=r"data.demonstration_key.*add an agent section"):
-        run_warmup(chat_dir, tmp_path / "w", dataset=demo_dataset, spec=WarmupSpec(steps=1), seed=0)
-
-
 OWN_PYTHON_TOOL = """
 from rldock.runtime.agent.interfaces import Tool, ToolResult
 

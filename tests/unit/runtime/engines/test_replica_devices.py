@@ -37,7 +37,6 @@ def test_a_replica_spanning_nodes_is_refused_naming_the_fields():
         (_ranks("npu", ["3", "3"]), "share devices"),
         ([RankDevice("a", "npu", ("0", "1")), RankDevice("a", "npu", ("2",))], "exactly one device id"),
         ([RankDevice("a", "cuda", ()), RankDevice("a", "cuda", ("2",))], "accelerator_resource must be NPU"),
-        (_ranks("npu", ["0", "1", "2"]), "must divide the 3 actor ranks"),
     ],
 )
 def test_layouts_an_engine_cannot_use_are_refused(ranks, match):

@@ -154,8 +154,3 @@ def test_precomputed_scores_of_the_wrong_shape_or_not_finite_are_refused(precomp
     with pytest.raises(RewardError) as caught:
         scorer.score(["42"], ["42"], ["d"], [{}], precomputed=precomputed)
     assert words in str(caught.value)
-
-
-def test_precomputed_scores_for_a_term_that_does_not_exist_are_refused():
-    with pytest.raises(ValueError, match=r"term indices \[3\]"):
-        RewardScorer(RewardSpec()).score(["42"], ["42"], ["d"], [{}], precomputed={3: torch.zeros(1)})

@@ -10,11 +10,8 @@ import random
 import pytest
 from rollout_doubles import Gated, OneTokenEngine, chat_char_tokenizer, gated_loop
 
-from rldock.config.agent import AgentSpec
-from rldock.runtime.agent.conversation import ChatRenderer
-from rldock.runtime.agent.episode_loop import AgentLoop, Episode
+from rldock.runtime.agent.episode_loop import Episode
 from rldock.runtime.agent.interfaces import EpisodeContext
-from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.rollout.carry import (
     CarriedEpisodes,
     CarriedGroup,
@@ -157,22 +154,3 @@ def test_a_carried_group_stays_open_across_the_update_and_finishes_on_the_new_we
     assert carried.counts.started == carried.counts.written == 6 and carried.groups == []
     assert dict(carried.counts.staleness) == {0: 1, 1: 2}
     assert environment.closed == 6 and loop.sessions_open == 0
-
-
-def test_admitting_past_the_room_is_refused(tokenizer):
-    loop = AgentLoop(
-        engine=OneTokenEngine(),
-        tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer, tools=[]),
-        tools={},
-        environment=None,
-        parser=HermesParser(),
-        spec=AgentSpec(),
-        max_response_length=16,
-    )
-    carried = CarriedEpisodes(loop, num_groups=1, max_staleness=0, seed=0)
-    try:
-        with pytest.raises(ValueError, match="max_staleness"):
-            carried.admit([[1], [1]], keys=[[0], [1]], contexts=[None, None], version=0)
-    finally:
-        loop.close()

@@ -34,8 +34,6 @@ def test_the_second_round_feeds_the_prefix_back_or_the_prompt_alone():
     cut = completion([5, 6], -1.0)
     assert continuation_prompt([9, 8], cut, mode="resume") == [9, 8, 5, 6]
     assert continuation_prompt([9, 8], cut, mode="drop") == [9, 8]
-    with pytest.raises(ValueError, match="resume or drop"):
-        continuation_prompt([9, 8], cut, mode="off")
 
 
 def test_a_resumed_response_keeps_its_prefix_and_both_versions_logprobs():

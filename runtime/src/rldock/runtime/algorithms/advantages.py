@@ -22,11 +22,8 @@ get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
 def reward_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
-    if group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(
-            f"{rewards.numel()} rewards cannot form groups of algorithm.num_responses_per_prompt="
-            f"{group_size} (it must be >= 2 and divide the batch)"
-        )
+    # N >= 2 is the config's bound; the dock hands out whole groups
+    assert group_size >= 2 and rewards.numel() % group_size == 0, f"{rewards.numel()} rewards in groups of {group_size}"
     return rewards.float().view(-1, group_size)  # (B/N, N)
 
 

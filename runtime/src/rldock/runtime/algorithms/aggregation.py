@@ -84,10 +84,7 @@ def _seq_mean(per_row: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, 
 
 
 def _token_sum_norm(values, mask, row_weights, norm_length, episode_share):
-    if norm_length is None or norm_length < 1:
-        raise ValueError(
-            f"seq_mean_token_sum_norm needs the normalising length (algorithm.max_response_length), got {norm_length}"
-        )
+    assert norm_length is not None and norm_length >= 1, f"seq_mean_token_sum_norm needs a length, got {norm_length}"
     weights = _row_weights(mask, row_weights)  # (B,)
     return ((values * mask).sum(dim=1) * weights).sum(), torch.tensor(float(norm_length), dtype=values.dtype)
 

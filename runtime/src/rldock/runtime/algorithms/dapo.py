@@ -66,10 +66,8 @@ def overlong_penalty(
     buffer_length: L_cache, the last tokens before L_max over which the penalty ramps linearly
     from 0 to -penalty_factor. Lengths past L_max get -penalty_factor. Returns (B,) float32, <= 0.
     """
-    if not 0 < buffer_length <= max_length:
-        raise ValueError(
-            f"algorithm.dapo.overlong_buffer_length must be in 1..max_response_length={max_length}, got {buffer_length}"
-        )
+    # the caller skips a buffer of 0; the config's dapo checks keep it within the response length
+    assert 0 < buffer_length <= max_length, f"overlong buffer {buffer_length} outside 1..{max_length}"
     if response_lengths.dim() != 1:
         raise ValueError(f"response_lengths must have shape (B,), got {tuple(response_lengths.shape)}")
     excess = response_lengths.float() - (max_length - buffer_length)  # (B,) tokens into the buffer
@@ -83,10 +81,10 @@ def informative_groups(rewards: torch.Tensor, group_size: int, tolerance: float 
     Returns (B/N,) bool. Rewards closer than `tolerance` count as equal, so float noise in a
     shaped reward does not make a group look informative.
     """
-    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(
-            f"{tuple(rewards.shape)} rewards cannot form groups of algorithm.num_responses_per_prompt={group_size}"
-        )
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
+    # N >= 2 is the config's bound; the dock hands out whole groups
+    assert group_size >= 1 and rewards.numel() % group_size == 0, f"{rewards.numel()} rewards in groups of {group_size}"
     groups = rewards.float().view(-1, group_size)  # (B/N, N)
     spread = groups.max(dim=1).values - groups.min(dim=1).values  # (B/N,)
     return spread > tolerance

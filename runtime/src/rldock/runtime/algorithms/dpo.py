@@ -63,8 +63,7 @@ def dpo_loss(
             f"policy {tuple(policy_logprobs.shape)} and reference {tuple(ref_logprobs.shape)} logprobs "
             "must both have shape (2P,)"
         )
-    if not 0.0 <= label_smoothing < 0.5:
-        raise ValueError(f"algorithm.dpo.label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    assert 0.0 <= label_smoothing < 0.5, f"label smoothing {label_smoothing} outside the config's [0, 0.5)"
     rewards = beta * (policy_logprobs - ref_logprobs.to(policy_logprobs.dtype))  # (2P,)
     chosen, rejected = split_pairs(rewards)  # (P,), (P,)
     logits = chosen - rejected  # (P,)

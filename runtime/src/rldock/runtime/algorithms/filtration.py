@@ -67,11 +67,10 @@ def filtration_weights(
     Weights are >= 0 and average 1 over the batch; if every raw weight is 0 (mode `pow` with all
     rewards 0) all weights are 0 and the batch trains nothing but the KL term.
     """
-    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(
-            f"rewards of shape {tuple(rewards.shape)} cannot form groups of "
-            f"algorithm.num_responses_per_prompt={group_size}"
-        )
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
+    # N >= 2 is the config's bound; the dock hands out whole groups
+    assert group_size >= 2 and rewards.numel() % group_size == 0, f"{rewards.numel()} rewards in groups of {group_size}"
     groups = rewards.float().view(-1, group_size)  # (G, N)
     raw = FILTRATION_MODES.get(mode)(groups, power=power, generator=generator).view(-1)  # (B,)
     total = raw.sum()

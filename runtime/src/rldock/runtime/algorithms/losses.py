@@ -88,8 +88,7 @@ def clipped_token_losses(logprobs, old_logprobs, advantages, mask, *, clip_low, 
     bounded by -A * clip_ratio_c (dual-clip). Inputs as in the losses. Returns
     (token_loss (B, T), PolicyLoss fields but `loss` as a dict of detached scalars)."""
     check_shapes(logprobs, old_logprobs, advantages, mask)
-    if clip_ratio_c is not None and clip_ratio_c <= 1:
-        raise ValueError(f"algorithm.clip_ratio_c must be > 1 (a bound on the ratio above 1), got {clip_ratio_c}")
+    assert clip_ratio_c is None or clip_ratio_c > 1, f"dual-clip bound {clip_ratio_c} must exceed 1 (the config's gt=1)"
     log_ratio, clamped_share = clamped_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio)  # (B, T), in [e^-20, e^20]
     # (B, 1) broadcast over tokens for outcome advantages; (B, T) as is for per-token (GAE) ones.

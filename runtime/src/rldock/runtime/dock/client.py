@@ -101,11 +101,8 @@ class TransferDock:
             raise ValueError(f"bounded_states {unknown} are not dock states; states: {sorted(states)}")
         staleness = StalenessBound(max_staleness=spec.max_staleness, on_stale=spec.on_stale)
         if spec.mode == "central":
-            if spec.num_warehouses not in (None, 1):
-                raise ValueError(
-                    f"dock.num_warehouses: {spec.num_warehouses} warehouses with dock.mode central, "
-                    "which keeps every column in one buffer; unset it or use mode distributed"
-                )
+            # the config's dock checks refuse more warehouses than the central buffer's one
+            assert spec.num_warehouses in (None, 1), f"{spec.num_warehouses} warehouses in central mode"
             node = node_ids[0] if node_ids else ray.get_runtime_context().get_node_id()
             route = DistributedRoute.start_single_buffer(
                 states=states,
@@ -121,10 +118,9 @@ class TransferDock:
             num_warehouses = spec.num_warehouses
             if num_warehouses is None:
                 num_warehouses = max(1, min(len(nodes), num_groups))
-            elif num_warehouses > num_groups > 0:
-                raise ValueError(
-                    f"dock.num_warehouses: {num_warehouses} warehouses for {num_groups} prompt groups "
-                    "would leave some warehouses empty; use at most one warehouse per prompt group"
+            else:  # the config's dock checks allow at most one warehouse per prompt group
+                assert num_warehouses <= num_groups or num_groups == 0, (
+                    f"{num_warehouses} warehouses for {num_groups} prompt groups"
                 )
             route = DistributedRoute.start(
                 num_warehouses=num_warehouses,

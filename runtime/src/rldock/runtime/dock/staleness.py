@@ -31,10 +31,7 @@ class StalenessBound:
     on_stale: OnStale = "drop"
 
     def __post_init__(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(f"dock.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.on_stale not in ("drop", "wait"):
-            raise ValueError(f"dock.on_stale must be 'drop' or 'wait', got {self.on_stale!r}")
+        assert self.max_staleness >= 0, f"a staleness bound is >= 0 (the config's), got {self.max_staleness}"
 
     def too_old(self, versions: np.ndarray, current: int, *, group_size: int = 1) -> np.ndarray:
         """(num_samples,) bool: samples that version `current` would leave more than the bound behind.

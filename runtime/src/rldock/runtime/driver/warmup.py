@@ -208,11 +208,9 @@ def run_warmup(
     demonstrations = None
     # The loader reads a demonstration column in every row or in none.
     if dataset.demonstrations([0])[0] is not None:
-        if conversation is None:
-            raise ValueError(
-                "warmup: the train rows carry demonstrations (data.demonstration_key), which are laid out with "
-                "the agent's chat renderer; add an agent section or drop the demonstrations"
-            )
+        # rows carry demonstrations only when the config names them, and its data checks refuse them without
+        # an agent (whose renderer `conversation` is)
+        assert conversation is not None, "demonstrations are laid out with the agent's chat renderer"
         demonstrations = _Demonstrations(
             dataset, conversation, pad_id=tokenizer.pad_token_id, max_length=max_response_length
         )

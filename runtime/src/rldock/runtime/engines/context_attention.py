@@ -31,8 +31,7 @@ def apply_context_attention(model: nn.Module, group: dist.ProcessGroup, mode: st
     """Make `model` (a Hugging Face causal LM or its body, possibly wrapped by DDP/PEFT/FSDP) attend
     over `group` in `mode`; returns it. Its passes must then give it sequence shards
     (`shard_forward`)."""
-    if mode not in IMPLEMENTATIONS:
-        raise ValueError(f"training.context_parallel_mode must be one of {sorted(IMPLEMENTATIONS)}, got {mode!r}")
+    assert mode in IMPLEMENTATIONS, f"context-parallel mode {mode!r} is none of {sorted(IMPLEMENTATIONS)}"
     config = _hf_config(model)
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in IMPLEMENTATIONS[mode]:

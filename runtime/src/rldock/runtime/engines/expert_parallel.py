@@ -74,11 +74,8 @@ def expert_mesh(device_type: str, expert_parallel_size: int) -> ExpertMesh:
     """Split the default group's ranks r = i * ep + j into EP groups (consecutive ranks, a fixed i) and
     expert-data-parallel groups (a fixed j). Collective: every rank calls it."""
     world = dist.get_world_size()
-    if world % expert_parallel_size:
-        raise ValueError(
-            f"training.expert_parallel_size {expert_parallel_size} must divide the {world} training ranks "
-            "(data_parallel_size x context_parallel_size)"
-        )
+    # the world is the dp x cp sequence ranks, which the config's training checks have EP divide
+    assert world % expert_parallel_size == 0, f"EP size {expert_parallel_size} does not divide {world} ranks"
     mesh = init_device_mesh(
         device_type, (world // expert_parallel_size, expert_parallel_size), mesh_dim_names=("edp", "ep")
     )

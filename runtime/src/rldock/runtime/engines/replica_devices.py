@@ -58,12 +58,12 @@ def engine_environments(ranks: Sequence[RankDevice], *, generation_tp: int) -> d
     """Actor rank -> the environment variables its engine needs, for the engine ranks that need
     any: none at generation TP 1 or on the CPU (vLLM's CPU workers need no device).
 
-    Raises ValueError when `generation_tp` does not divide the ranks, when a rank does not see
-    exactly one device, when two ranks of a replica share one, or when a replica spans nodes (the
-    config keeps replicas within a node through resources.devices_per_node, but the placement
-    group packs bundles, it does not pin them)."""
-    if generation_tp < 1 or len(ranks) % generation_tp:
-        raise ValueError(f"rollout.tensor_parallel_size={generation_tp} must divide the {len(ranks)} actor ranks")
+    Raises ValueError when a rank does not see exactly one device, when two ranks of a replica share
+    one, or when a replica spans nodes (the config keeps replicas within a node through
+    resources.devices_per_node, but the placement group packs bundles, it does not pin them); that
+    `generation_tp` divides the ranks the config's checks guarantee."""
+    # the config's rollout checks have generation TP divide the actor ranks
+    assert generation_tp >= 1 and len(ranks) % generation_tp == 0, f"TP {generation_tp} over {len(ranks)} ranks"
     if generation_tp == 1:
         return {}
     environments: dict[int, dict[str, str]] = {}

@@ -81,8 +81,7 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"model.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        assert dtype in DTYPES, f"dtype {dtype!r} is none of {sorted(DTYPES)} (model.dtype's values)"
         dtype = DTYPES[dtype]
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(device)  # type: ignore[arg-type]  # transformers' `to` wrapper hides torch's signature

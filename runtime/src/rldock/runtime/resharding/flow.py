@@ -54,8 +54,7 @@ class Resharder:
         generation_tensors: Callable[[], Iterable[torch.Tensor]],
         kv_cache_bytes: Callable[[], int] = lambda: 0,
     ):
-        if mode not in MODES:
-            raise ValueError(f"training.resharding must be one of {MODES}, got {mode!r}")
+        assert mode in MODES, f"resharding mode {mode!r} is none of {MODES}"
         self.model, self.optimizer, self.mesh, self.plan = model, optimizer, mesh, plan
         self.mode, self.bucket_bytes = mode, bucket_bytes
         self.load_weights = load_weights

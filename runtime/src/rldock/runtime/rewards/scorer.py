@@ -97,11 +97,8 @@ class RewardScorer:
                 f"data sources and {len(extra_infos)} extra infos"
             )
         precomputed = precomputed or {}
-        unknown = set(precomputed) - set(range(len(self.terms)))
-        if unknown:
-            raise ValueError(
-                f"precomputed scores for term indices {sorted(unknown)}; reward.terms has {len(self.terms)} terms"
-            )
+        # the reward worker passes the `model` term's index (RewardSpec.model_term_index)
+        assert set(precomputed) <= set(range(len(self.terms))), f"scores of terms {sorted(precomputed)}"
         batch = RewardBatch(
             data_sources, responses, ground_truths, extra_infos, prompts, dict(columns or {}), completion_ids
         )

@@ -123,8 +123,7 @@ class CarriedEpisodes:
     and their sessions and environment steps go on between batches (agent/episode_loop.py, "Rounds")."""
 
     def __init__(self, loop: AgentLoop, *, num_groups: int, max_staleness: int, seed: int):
-        if max_staleness < 0:
-            raise ValueError(f"dock.max_staleness must be >= 0, got {max_staleness}")
+        assert max_staleness >= 0, f"a staleness bound is >= 0 (the config's), got {max_staleness}"
         self.loop, self.num_groups, self.max_staleness = loop, num_groups, max_staleness
         self.rollout = Rollout([], seed, greedy=False)
         self.groups: list[CarriedGroup] = []
@@ -152,11 +151,8 @@ class CarriedEpisodes:
     ) -> None:
         """One group per prompt, its episodes keyed by `keys` (one key per episode, new to this rank),
         admitted while the policy is at `version`; `tags`: each group's `CarriedGroup.prompt`."""
-        if len(prompts) > self.room:
-            raise ValueError(
-                f"{len(prompts)} groups admitted with room for {self.room}: at most (dock.max_staleness + 1) "
-                f"x {self.num_groups} groups are open at once"
-            )
+        # the rank admits a batch's groups within its room (agent_carry.py, `batches_ahead`)
+        assert len(prompts) <= self.room, f"{len(prompts)} groups admitted with room for {self.room}"
         for prompt, group_keys, context, tag in zip(prompts, keys, contexts, tags or [None] * len(prompts)):
             episodes = self.loop.admit(
                 self.rollout, [prompt] * len(group_keys), group_keys, [context] * len(group_keys)

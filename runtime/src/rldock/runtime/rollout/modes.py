@@ -26,25 +26,19 @@ MODES = ("plain", "streamed", "agent", "harness", "carry", "partial")
 
 def mode_of(cfg: JobConfig) -> str:
     """The job's rollout mode. An agent's episodes are not streamed, and with partial rollout they are cut at
-    a weight update and resumed, never dropped (rollout/agent.py, rollout/harness.py): the other combinations
-    are refused here as config/problems.py refuses them (a JobConfig built directly skips those checks).
+    a weight update and resumed, never dropped (rollout/agent.py, rollout/harness.py): the config's checks
+    (rldock.config.agent, rldock.config.rollout) refuse the other combinations, which are asserted here.
     Partial rollout writes its uncut groups when the rank's batch has ended, so with it rollout.stream_groups
     is not read."""
     rollout = cfg.rollout
     if cfg.agent is not None:
         problem = partial_rollout_problem(cfg)
-        if problem is not None:
-            raise ValueError(f"rollout.partial_rollout {problem}")
-        if rollout.stream_groups > 0:
-            raise ValueError(
-                f"rollout.stream_groups {rollout.stream_groups} with agent: episodes are written to the dock "
-                "when the rank's whole batch has ended; set 0"
-            )
+        assert problem is None, problem
+        assert rollout.stream_groups == 0, "an agent's episodes are written when the rank's batch has ended"
         if cfg.agent.harnessed:
             return "harness"
         return "carry" if rollout.partial_rollout == "carry" else "agent"
-    if rollout.partial_rollout == "carry":
-        raise ValueError("rollout.partial_rollout `carry` carries an agent's episodes: it needs an agent section")
+    assert rollout.partial_rollout != "carry", "carried episodes are an agent's"
     if rollout.partial_rollout != "off":
         return "partial"
     if rollout.stream_groups > 0:

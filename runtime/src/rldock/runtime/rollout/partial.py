@@ -90,9 +90,8 @@ def continuation_prompt(prompt: list[int], cut: Completion, *, mode: str) -> lis
     or the prompt alone (`drop`)."""
     if mode == "resume":
         return prompt + list(cut.token_ids)
-    if mode == "drop":
-        return list(prompt)
-    raise ValueError(f"rollout.partial_rollout {mode!r} has no second round; use resume or drop")
+    assert mode == "drop", f"partial rollout mode {mode!r} has no second round (PartialRollout takes resume or drop)"
+    return list(prompt)
 
 
 def joined(cut: Completion, continuation: Completion, *, mode: str, max_tokens: int) -> Sampled:
@@ -168,8 +167,7 @@ class PartialRollout(RolloutMode):
     after it)."""
 
     def __init__(self, setup: RolloutSetup, *, mode: str):
-        if mode not in ("resume", "drop"):
-            raise ValueError(f"rollout.partial_rollout {mode!r} is no partial rollout; use resume or drop")
+        assert mode in ("resume", "drop"), f"partial rollout mode {mode!r}: mode_of picks this class for resume or drop"
         self.setup, self.mode = setup, mode
         self.group = setup.num_responses
         self.max_response_length = setup.max_response_length

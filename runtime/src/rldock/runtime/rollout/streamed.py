@@ -26,8 +26,7 @@ from rldock.runtime.rollout.protocol import (
 
 class StreamedRollout(RolloutMode):
     def __init__(self, setup: RolloutSetup, *, stream_groups: int):
-        if stream_groups < 1:
-            raise ValueError(f"rollout.stream_groups {stream_groups}: a streamed rollout writes at least 1 group")
+        assert stream_groups >= 1, f"a streamed rollout writes at least 1 group, got {stream_groups}"
         self.setup, self.stream_groups = setup, stream_groups
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:

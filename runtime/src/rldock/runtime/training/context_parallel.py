@@ -53,8 +53,7 @@ def context_group(cp: int) -> dist.ProcessGroup:
     Collective: every rank of the default group creates every CP group, in the same order. Its
     collectives time out as the default group's do (torch's own default for a new group is 30 minutes)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    if world % cp:
-        raise ValueError(f"training.context_parallel_size={cp} must divide the {world} training ranks")
+    assert world % cp == 0, f"CP size {cp} does not divide {world} ranks (the dp x cp sequence ranks)"
     mine = None
     for start in range(0, world, cp):
         group = dist.new_group(list(range(start, start + cp)), timeout=timedelta(seconds=DEFAULT_GROUP_TIMEOUT_S))
