@@ -12,8 +12,8 @@ with three figures:
 - `setup_cpu`: since then, until the driver asks, just before the first iteration: the calls that
   set the process up (process groups joined, generation engines built) and whatever its threads did.
 
-The driver adds its own (`driver_startup`: imports, inputs with the warm-up and, beside them, Ray's start, then the
-attempt) and the wall time from its process's start to the first iteration; `startup_timing`
+The driver adds its own (`driver_startup`: imports, inputs with the warm-up and, beside them, Ray's
+start, then the attempt) and the wall time from its process's start to the first iteration; `startup_timing`
 sums them by process kind into the first record's `timing/startup`. CPU of Ray's own processes
 (GCS, raylet) is not here: rldock_benchmarks.startup measures whole process trees from outside.
 """

@@ -71,6 +71,22 @@ def test_warmup_is_deterministic_given_the_seed(base_dir, dataset, tmp_path):
     assert first == second
 
 
+def test_the_warmup_in_another_thread_writes_the_same_weights(base_dir, dataset, tmp_path):
+    """The driver warms up in a thread of its own while Ray starts (driver/inputs.py): the weights are
+    those of the main thread's warm-up, bit for bit, with intra-op threads too (the pool a new thread
+    uses is the one torch.set_num_threads set)."""
+    from rldock.runtime.driver.inputs import beside_another_thread
+
+    torch.set_num_threads(2)  # the one_thread fixture restores it
+    spec = WarmupSpec(steps=3, learning_rate=1e-3, batch_size=8)
+    run_warmup(base_dir, tmp_path / "main", dataset=dataset, spec=spec, seed=5)
+    beside_another_thread(
+        lambda: run_warmup(base_dir, tmp_path / "thread", dataset=dataset, spec=spec, seed=5), lambda: None
+    )
+    main, thread = load_causal_lm(tmp_path / "main"), load_causal_lm(tmp_path / "thread")
+    assert all(torch.equal(a, b) for a, b in zip(main.state_dict().values(), thread.state_dict().values()))
+
+
 def test_zero_steps_copies_the_model(base_dir, dataset, tmp_path):
     metrics = run_warmup(base_dir, tmp_path / "same", dataset=dataset, spec=WarmupSpec(steps=0), seed=0)
     assert metrics["loss"] == []
