@@ -232,3 +232,20 @@ def two_critic_ranks(
         root, "ppo", micro_batch_size=4, resume=True, data_parallel_size=2, strategy=strategy, layout=layout
     )
     return root / "run", records
+
+
+# The `mismatch/` metrics of a job that measures the gap and corrects nothing (monitoring.mismatch alone).
+MISMATCH_MEASURES = tuple(
+    f"mismatch/{key}" for key in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
+)
+
+
+def check_float32_gap(record: dict) -> None:
+    """A record of a job whose float32 engine and float32 trainer differ only by their kernels (a k3 near
+    1e-14 from logprobs ~1e-7 apart, measured on this machine): its `mismatch/` measures present, with
+    bounds far above such a gap and far below a broken column's (another token's or another row's
+    logprobs, a tool's token counted, zeros)."""
+    gap = {key: value for key, value in record.items() if key.startswith("mismatch/")}
+    assert set(MISMATCH_MEASURES) <= set(gap), record
+    assert 0 <= gap["mismatch/kl"] < 1e-2 and 0 <= gap["mismatch/abs_diff_mean"] < 1e-2, gap
+    assert 0 <= gap["mismatch/abs_diff_max"] < 0.5 and 0.5 < gap["mismatch/seq_ratio_p50"] < 2, gap

@@ -52,6 +52,8 @@ def _config(root: Path) -> dict:
         "training": {"data_parallel_size": 1, "micro_batch_size": 16},
         "dock": {"timeout_s": 300},
         "checkpoint": {"interval": ITERATIONS},
+        # measures the gap between the engine's logprobs and the trainer's on the episodes' model tokens
+        "monitoring": {"mismatch": {"max_kl": 1.0, "action": "warn"}},
     }
 
 
@@ -75,6 +77,14 @@ def test_the_job_trains_on_episodes_that_call_the_tool(job):
         assert 0 < agent["model_token_share"] <= 1
         assert torch.isfinite(torch.tensor([record["loss"], record["kl"], record["entropy"]])).all()
     assert any(r["agent"]["model_token_share"] < 1 for r in records)  # tool tokens were in the trajectories
+
+
+def test_the_gap_is_measured_on_the_episodes_model_tokens(job):
+    """monitoring.mismatch on an agent job: its episodes keep each sampled token's engine logprob, which the
+    old-logprob pass meets on the model's tokens (the tool's are outside the response mask)."""
+    _, output = job
+    for record in jobs.records(output):
+        jobs.check_float32_gap(record)
 
 
 def test_trajectories_are_the_rendered_conversation_and_tool_tokens_are_never_scored(job):

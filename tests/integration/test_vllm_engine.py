@@ -87,12 +87,21 @@ def test_generate_returns_n_responses_per_prompt(engine):
     assert engine.generate(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7) == out
 
 
-def test_stream_yields_every_prompt_once_with_the_responses_generate_gives(engine):
-    streamed = dict(engine.stream(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7))
+def test_stream_yields_every_prompt_once_with_the_completions_sample_gives(engine):
+    streamed = dict(engine.stream(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7, logprobs=True))
     assert sorted(streamed) == list(range(len(PROMPTS)))
-    assert [streamed[i] for i in range(len(PROMPTS))] == engine.generate(
-        PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7
-    )
+    sampled = engine.sample(PROMPTS, n=4, max_tokens=8, eos_token_id=EOS, seed=7, logprobs=True)
+    assert [[c.token_ids for c in streamed[i]] for i in range(len(PROMPTS))] == [
+        [c.token_ids for c in group] for group in sampled
+    ]
+    # The same requests in one engine batch either way: the same logprobs up to the batched kernels'
+    # order of summation (float32, a vocabulary of 42), far below a wrong token's gap (0.1 and up).
+    for i, group in enumerate(sampled):
+        for streamed_completion, completion in zip(streamed[i], group, strict=True):
+            assert len(streamed_completion.logprobs) == len(completion.token_ids)
+            assert streamed_completion.logprobs == pytest.approx(completion.logprobs, abs=1e-4)
+    plain = dict(engine.stream(PROMPTS, n=1, max_tokens=2, eos_token_id=EOS, seed=7))  # consumed: none left queued
+    assert all(c.logprobs is None for group in plain.values() for c in group)
 
 
 def test_generating_leaves_the_callers_torch_rng_as_it_was(engine):

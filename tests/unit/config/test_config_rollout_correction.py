@@ -88,7 +88,7 @@ def test_a_correction_whose_fields_are_not_read_or_keep_nothing_is_refused(corre
     ("change", "named"),
     [
         ({"algorithm": {"name": "gspo"}}, "gspo"),
-        ({"rollout": {"stream_groups": 2}}, "rollout.stream_groups"),
+        ({"rollout": {"partial_rollout": "resume"}}, "rollout.partial_rollout"),
         ({"algorithm": {"recompute_old_logprobs": "never"}}, "recompute_old_logprobs never"),
     ],
 )
@@ -119,8 +119,30 @@ def test_a_budget_is_refused_where_the_gap_is_not_measured_naming_its_own_field(
     data["algorithm"]["name"] = "dpo"
     assert any("dpo" in message for message in problem_messages(data, "monitoring.mismatch"))
     data = _budgeted()
-    data["rollout"] = {**data.get("rollout", {}), "stream_groups": 2}
-    assert any("stream_groups" in message for message in problem_messages(data, "monitoring.mismatch"))
+    data["rollout"] = {**data.get("rollout", {}), "partial_rollout": "resume"}
+    assert any("partial_rollout" in message for message in problem_messages(data, "monitoring.mismatch"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rollout": {"stream_groups": 2}},
+        {
+            "agent": {"tools": [{"name": "calculator"}], "max_tool_response_tokens": 2},
+            "data": {"chat_template": "model"},
+        },
+    ],
+    ids=["streamed", "agent"],
+)
+def test_the_streamed_and_agent_rollouts_measure_the_gap(change):
+    """Their rollouts write the engine's logprobs (rollout/streamed.py, rollout/agent_episodes.py), which
+    the old-logprob pass reads beside its own."""
+    data = _budgeted()
+    for section, fields in change.items():
+        data[section] = {**data.get(section, {}), **fields}
+    recipe = job_recipe(parse_job_config(data))  # refused with a ConfigError otherwise
+    assert "sampled_logprobs" in recipe.produces["rollout"] and "sampled_logprobs" in recipe.consumes["actor_inference"]
+    assert "token_policy_version" not in recipe.produces["rollout"]  # one policy version per episode
 
 
 def test_correct_needs_the_correction_it_switches_on():

@@ -97,8 +97,8 @@ class RolloutCorrectionSpec(Spec):
 def problems(cfg: JobConfig) -> list[Problem]:
     """algorithm.rollout_correction: a correction that does something, bounds that are read; the
     correction monitoring.mismatch's `correct` switches on; and, for it and monitoring.mismatch alike,
-    the rollouts and losses the measure is built for (the plain rollout's engine logprobs, a per-token
-    advantage)."""
+    the rollouts and losses the measure is built for (one policy version's engine logprobs per response,
+    a per-token advantage)."""
     correction = cfg.algorithm.rollout_correction
     found: list[Problem] = []
     if correction is not None:
@@ -150,12 +150,8 @@ def problems(cfg: JobConfig) -> list[Problem]:
             cfg.algorithm.name == "gspo" and correction is not None
         ),
         "algorithm.name dpo (it samples no tokens)": cfg.algorithm.name == "dpo",
-        "agent (not built yet: an episode's engine logprobs span policy versions; "
-        "rollout.importance_correction corrects those)": cfg.agent is not None,
-        "rollout.partial_rollout (not built yet: rollout.importance_correction corrects the older versions' "
-        "tokens)": rollout.partial_rollout != "off",
-        "rollout.stream_groups (not built yet: the streamed rollout keeps no engine logprobs)": rollout.stream_groups
-        > 0,
+        "rollout.partial_rollout (its tokens span policy versions, so the gap would hold the policy's own "
+        "moves; rollout.importance_correction corrects the older versions' tokens)": rollout.partial_rollout != "off",
         "rollout.importance_correction (one correction: decoupled is weight token against partial rollout's "
         "sampling logprobs)": rollout.importance_correction is not None and correction is not None,
         "algorithm.recompute_old_logprobs never (the gap is measured in the old-logprob pass)": (

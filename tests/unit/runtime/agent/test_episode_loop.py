@@ -16,6 +16,7 @@ import threading
 from collections.abc import Mapping
 
 import pytest
+import torch
 
 from rldock.config.agent import AgentSpec
 from rldock.runtime.agent.conversation import ChatRenderer
@@ -34,6 +35,7 @@ from rldock.runtime.agent.interfaces import (
 from rldock.runtime.agent.parsers import HermesParser
 from rldock.runtime.agent.trajectory import turn_columns, turn_index_from_mask
 from rldock.runtime.engines.vllm_rollout import Completion
+from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.models.tiny import CHAT_TEMPLATE, train_char_tokenizer
 from rldock.runtime.rollout.agent_episodes import episode_columns, final_turn
 
@@ -674,7 +676,12 @@ def test_the_dock_gets_each_tokens_version_with_partial_rollout(tokenizer):
         loop.close()
     (episode,) = rollout.episodes
     columns = episode_columns(
-        [episode], max_response_length=200, max_turns=3, pad_token_id=0, policy_version=7, partial=True
+        [episode],
+        max_response_length=200,
+        max_turns=3,
+        pad_token_id=0,
+        policy_version=7,
+        engine_columns=AGENT_PARTIAL_ROLLOUT,
     )
     versions = columns["token_policy_version"][0]
     mask = columns["response_mask"][0].bool()
@@ -687,6 +694,13 @@ def test_the_dock_gets_each_tokens_version_with_partial_rollout(tokenizer):
         "token_policy_version"
         not in episode_columns([episode], max_response_length=200, max_turns=3, pad_token_id=0, policy_version=7).keys()
     )
+    # the mismatch's measure (monitoring.mismatch) writes the logprobs alone: the same ones
+    (logprobs,) = AGENT_PARTIAL_ROLLOUT[:1]
+    measured = episode_columns(
+        [episode], max_response_length=200, max_turns=3, pad_token_id=0, policy_version=7, engine_columns=[logprobs]
+    )
+    assert "token_policy_version" not in measured.keys()
+    assert torch.equal(measured[logprobs], columns[logprobs]) and (measured[logprobs][0][mask] < 0).all()
 
 
 def test_an_episode_past_its_deadline_keeps_its_last_step_and_takes_no_further_turn(tokenizer):

@@ -59,9 +59,15 @@ class EngineDouble:
         )
         return [[c.token_ids for c in group] for group in completions]
 
-    def stream(self, prompts, *, n, max_tokens, eos_token_id, seed, prompt_keys=None):
-        per_prompt = self.generate(
-            prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
+    def stream(self, prompts, *, n, max_tokens, eos_token_id, seed, logprobs=False, prompt_keys=None):
+        per_prompt = self.sample(
+            prompts,
+            n=n,
+            max_tokens=max_tokens,
+            eos_token_id=eos_token_id,
+            seed=seed,
+            logprobs=logprobs,
+            prompt_keys=prompt_keys,
         )
         yield from reversed(list(enumerate(per_prompt)))
 

@@ -31,6 +31,7 @@ G, N, SL = 2, 3, 6
 COLUMNS = ("prompt_ids", "prompt_mask")
 AGENT = {"tools": [{"name": "calculator"}]}
 PARTIAL = {"partial_rollout": "resume", "max_tokens_per_round": 2}
+AHEAD = {"max_staleness": 1}  # partial rollout's generation runs ahead of an update
 CARRY = {"partial_rollout": "carry", "importance_correction": "behaviour"}
 
 
@@ -45,6 +46,14 @@ def job(**sections) -> JobConfig:
         "learning_rate": 1e-3,
     }
     return JobConfig(iterations=1, model={"path": "unused"}, algorithm=algorithm, **sections)
+
+
+def rollout_spec(cfg: JobConfig, columns: tuple[str, ...]):
+    """The job recipe's rollout state for `cfg` (what it writes: partial rollout's and the mismatch's
+    columns among them), reading `columns`."""
+    from rldock.runtime.flow.job_recipe import job_recipe
+
+    return replace(job_recipe(cfg).spec(ROLLOUT.name), consumes=columns)
 
 
 class TokenIds:
@@ -171,6 +180,48 @@ def test_the_streamed_mode_writes_what_the_plain_one_does_a_few_groups_at_a_time
     assert metrics.metrics["decode_steps"] == 3 and metrics.num_samples == G * N
 
 
+@pytest.mark.parametrize("stream_groups", [1, 2])
+def test_the_streamed_mode_writes_the_engines_logprobs_where_its_state_does(stream_groups):
+    """monitoring.mismatch: the job recipe's rollout state writes `sampled_logprobs`, and the streamed mode
+    writes each finished group's with it (the double's are -(version + 1) on every sampled token)."""
+    cfg = job(rollout={"stream_groups": stream_groups}, monitoring={"mismatch": {"max_kl": 0.1}})
+    rollout = build_rollout(cfg, tokenizer=TokenIds(), rank=0, batch_size=G * N, spec=rollout_spec(cfg, COLUMNS))
+    assert type(rollout) is StreamedRollout
+    engine, dock = EngineDouble(), RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    engine.version = 1
+    rollout.generate(engine, dock, RolloutRequest(iteration=5, policy_version=2))
+    assert len(dock.puts) == G // stream_groups
+    for _, out, _ in dock.puts:
+        assert torch.equal(out["sampled_logprobs"], -2.0 * out["response_mask"].float())
+    unmeasured = RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    StreamedRollout(setup(), stream_groups=stream_groups).generate(
+        EngineDouble(), unmeasured, RolloutRequest(iteration=5, policy_version=2)
+    )
+    assert all("sampled_logprobs" not in out.keys() for _, out, _ in unmeasured.puts)  # off by default
+
+
+def test_an_agent_measuring_the_gap_writes_each_model_tokens_engine_logprob():
+    """monitoring.mismatch on an agent job: its episodes keep each sampled token's logprob (the double's,
+    -(weights + 1) / 100) and write them, without partial rollout's per-token versions (one version per
+    episode); the tool's and padding tokens get 0, outside the response mask the gap is measured on."""
+    tokenizer = chat_tokenizer()
+    cfg = job(agent=AGENT, data={"chat_template": "model"}, monitoring={"mismatch": {"max_kl": 0.1}})
+    rollout = build_rollout(
+        cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, (*COLUMNS, "prompt_index"))
+    )
+    assert type(rollout) is AgentRollout
+    engine = AnsweringEngine(tokenizer("4", add_special_tokens=False)["input_ids"])
+    engine.weights = 4
+    prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
+    dock = RecordingDock(prompts_of(prompt, prompt, group=N), first_index=0)
+    rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4))
+    ((_, out, _),) = dock.puts
+    assert "token_policy_version" not in out.keys()
+    assert torch.equal(out["sampled_logprobs"], -0.05 * out["response_mask"].float())
+    computed = torch.full((G * N, SL), -9.0)  # (B, SL): the old-logprob pass
+    assert torch.equal(rollout.sampling_logprobs(computed, out, policy_version=4), computed)
+
+
 def test_one_round_modes_have_no_second_round_and_keep_the_passes_logprobs():
     computed = torch.randn(2, SL)  # (B, SL)
     batch = TensorDict({}, batch_size=[2])
@@ -266,10 +317,10 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
     round's version and each token with its own; the old-logprob pass keeps the engine's logprob for the
     tokens the older version sampled."""
     tokenizer = chat_tokenizer()
-    cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout=PARTIAL)  # 2 tokens a round
+    cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout=PARTIAL, dock=AHEAD)  # 2 tokens a round
     assert mode_of(cfg) == "agent"
     columns = (*COLUMNS, "prompt_index")
-    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=replace(ROLLOUT, consumes=columns))
+    rollout = build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, columns))
     answer = tokenizer("42", add_special_tokens=False)["input_ids"]
     turn = [*answer, tokenizer.eos_token_id]  # 3 tokens: cut after 2
     engine = AnsweringEngine(answer)
@@ -299,12 +350,9 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
 
 def test_an_agents_episodes_within_the_round_budget_are_written_at_once():
     tokenizer = chat_tokenizer()
+    cfg = job(agent=AGENT, data={"chat_template": "model"}, rollout={**PARTIAL, "max_tokens_per_round": 5}, dock=AHEAD)
     rollout = build_rollout(
-        job(agent=AGENT, data={"chat_template": "model"}, rollout={**PARTIAL, "max_tokens_per_round": 5}),
-        tokenizer=tokenizer,
-        rank=0,
-        batch_size=G * N,
-        spec=replace(ROLLOUT, consumes=(*COLUMNS, "prompt_index")),
+        cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=rollout_spec(cfg, (*COLUMNS, "prompt_index"))
     )
     engine = AnsweringEngine(tokenizer("42", add_special_tokens=False)["input_ids"])
     prompt = tokenizer("2+2=", add_special_tokens=False)["input_ids"][:3]
@@ -332,31 +380,29 @@ async def run(task, client):
 """
 
 
-def test_a_harness_turn_cut_at_the_round_budget_ends_on_the_new_weights_none_dropped(tmp_path):
-    """Partial rollout of a harness's episodes: the first round stops every episode's turn after 2 tokens
-    (its request to the gateway left open); `finish`, after the update, samples each turn's rest on the new
-    weights. Every episode is written, its row tagged with the first round's version and each token with its
-    own, and the old-logprob pass keeps the engine's logprob for the tokens the older version sampled."""
-    tokenizer = chat_tokenizer()
+def harness_rollout(tmp_path, tokenizer, **sections):
+    """The harness mode of a job running ONE_TURN_HARNESS on G prompts "2+2=", `sections` added."""
     (tmp_path / "harness.py").write_text(ONE_TURN_HARNESS)
     train = tmp_path / "train.jsonl"
     train.write_text('{"prompt": "2+2=", "answer": "42"}\n' * G)
     cfg = job(
         agent={"harness": f"{tmp_path / 'harness.py'}:run", "max_segments": 1},
         data={"train_files": [str(train)], "answer_key": "answer", "chat_template": "model"},
-        rollout=PARTIAL,  # 2 tokens a round
+        **sections,
     )
     cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"max_response_length": 64})})
     assert mode_of(cfg) == "harness"
-    columns = (*COLUMNS, "prompt_index")
-    rollout = build_rollout(
-        cfg,
-        tokenizer=tokenizer,
-        rank=0,
-        batch_size=G * N,
-        spec=replace(ROLLOUT, consumes=columns),
-        train_files=[str(train)],
-    )
+    spec = rollout_spec(cfg, (*COLUMNS, "prompt_index"))
+    return build_rollout(cfg, tokenizer=tokenizer, rank=0, batch_size=G * N, spec=spec, train_files=[str(train)])
+
+
+def test_a_harness_turn_cut_at_the_round_budget_ends_on_the_new_weights_none_dropped(tmp_path):
+    """Partial rollout of a harness's episodes: the first round stops every episode's turn after 2 tokens
+    (its request to the gateway left open); `finish`, after the update, samples each turn's rest on the new
+    weights. Every episode is written, its row tagged with the first round's version and each token with its
+    own, and the old-logprob pass keeps the engine's logprob for the tokens the older version sampled."""
+    tokenizer = chat_tokenizer()
+    rollout = harness_rollout(tmp_path, tokenizer, rollout=PARTIAL, dock=AHEAD)  # 2 tokens a round
     turn = [*tokenizer("42", add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]  # 3 tokens: cut after 2
     engine = ScriptedEngine(tokenizer, {key: ["42"] for key in range(G * N)})
     engine.version = 4
@@ -387,3 +433,23 @@ def test_a_harness_turn_cut_at_the_round_budget_ends_on_the_new_weights_none_dro
     computed = torch.full(out["response_ids"].shape, -9.0)  # (B, SL): the pass under version 5
     old = rollout.sampling_logprobs(computed, out, policy_version=5)
     assert old[trained].view(G * N, 3)[0].tolist() == [-5.0, -5.0, -9.0]
+
+
+def test_a_harness_measuring_the_gap_writes_each_model_tokens_engine_logprob(tmp_path):
+    """monitoring.mismatch on a harness's job: the gateway asks the engine for every sampled token's logprob
+    (the harness asks for none) and the rows carry them on the model's tokens, 0 elsewhere, without partial
+    rollout's per-token versions."""
+    tokenizer = chat_tokenizer()
+    rollout = harness_rollout(tmp_path, tokenizer, monitoring={"mismatch": {"max_kl": 0.1}})
+    engine = ScriptedEngine(tokenizer, {key: ["42"] for key in range(G * N)})
+    engine.version = 4
+    dock = RecordingDock(prompts_of([9, 9], [8, 8], group=N))
+    try:
+        rollout.generate(engine, dock, RolloutRequest(iteration=3, policy_version=4))
+    finally:
+        rollout.close()
+    ((_, out, _),) = dock.puts
+    assert "token_policy_version" not in out.keys()
+    trained = out["response_mask"].bool()  # (B, SL): the model's tokens
+    assert trained.sum() == 3 * G * N  # "42" and EOS in each episode
+    assert (out["sampled_logprobs"][trained] == -5.0).all() and (out["sampled_logprobs"][~trained] == 0).all()

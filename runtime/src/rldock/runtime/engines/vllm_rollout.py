@@ -382,15 +382,22 @@ class VllmRolloutEngine:
         max_tokens: int,
         eos_token_id: int,
         seed: int | None,
+        logprobs: bool = False,
         prompt_keys: Sequence[int] | None = None,
-    ) -> Iterator[tuple[int, list[list[int]]]]:
-        """`generate` in one engine batch, but yielding (prompt position, its `n` responses) as each
+    ) -> Iterator[tuple[int, list[Completion]]]:
+        """`sample` in one engine batch, but yielding (prompt position, its `n` completions) as each
         prompt's last response finishes, so a caller can pass finished groups on while the others
-        still generate. Same seeds, hence the same responses, as `generate`."""
+        still generate. Same seeds, hence the same responses, as `sample`."""
         if not prompts:
             return
         requests, params = self._requests(
-            prompts, n=n, max_tokens=max_tokens, eos_token_id=eos_token_id, seed=seed, prompt_keys=prompt_keys
+            prompts,
+            n=n,
+            max_tokens=max_tokens,
+            eos_token_id=eos_token_id,
+            seed=seed,
+            logprobs=logprobs,
+            prompt_keys=prompt_keys,
         )
         position = {request_id: i for i, request_id in enumerate(self._enqueue(requests, params))}
         engine = self._llm.llm_engine
@@ -399,7 +406,7 @@ class VllmRolloutEngine:
                 outputs = engine.step()
             for out in outputs:
                 if out.finished:
-                    yield position[out.request_id], [c.token_ids for c in _completions(out, eos_token_id)]
+                    yield position[out.request_id], _completions(out, eos_token_id)
 
     def _enqueue(self, requests: list, params: list) -> list[str]:
         """Wake the engine and queue `requests` without running it; the ids its outputs carry."""

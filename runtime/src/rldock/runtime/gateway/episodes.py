@@ -137,8 +137,12 @@ class GatewayEpisodes:
         prompt_capacity: int,
         max_waiting: int = 1024,
         pod_port: int = GATEWAY_PORT,
+        keep_logprobs: bool | None = None,
     ):
-        """`pod_port`: where agent pods reach the gateway (agent.harness_pods; a test's 0 lets the kernel pick)."""
+        """`pod_port`: where agent pods reach the gateway (agent.harness_pods; a test's 0 lets the kernel pick).
+        `keep_logprobs`: whether every sampled token's logprob is kept, whatever a request asks (the job
+        recipe's rollout state writes them: partial rollout, the mismatch's measure); None: under partial
+        rollout."""
         assert cfg.agent is not None, "harness episodes are for jobs with an agent section"
         self.cfg, self.tokenizer = cfg, tokenizer
         # Who runs each episode's harness: the actor itself, or the agent pods through the dispatcher.
@@ -156,8 +160,7 @@ class GatewayEpisodes:
             reasoning_parser=REASONING_PARSERS.get(cfg.agent.reasoning_format)(),
         )
         self.turns = EngineTurns()
-        # partial rollout: episodes run in rounds with weight updates between them, each token's logprob kept
-        self.partial = cfg.rollout.partial_rollout != "off"
+        self.keep_logprobs = cfg.rollout.partial_rollout != "off" if keep_logprobs is None else keep_logprobs
         self.prompt_capacity = prompt_capacity
         self.gateway = Gateway(
             shaper=shaper,
@@ -166,7 +169,7 @@ class GatewayEpisodes:
             prompt_capacity=prompt_capacity,
             response_capacity=cfg.algorithm.max_response_length,
             max_waiting=max_waiting,
-            keep_logprobs=self.partial,
+            keep_logprobs=self.keep_logprobs,
         )
         if isinstance(self.runner, EpisodeDispatcher):
             self.gateway.mounts.append(self.runner.mount)
@@ -286,7 +289,7 @@ class GatewayEpisodes:
             eos_token_id=self.tokenizer.eos_token_id,
             seed=seed,
             greedy=greedy,
-            logprobs=self.partial,
+            logprobs=self.keep_logprobs,
             prompt_keys=[keys[i] for i in silent],
         )
         fallback_turns = {i: group[0] for i, group in zip(silent, fallback)}

@@ -33,7 +33,7 @@ from rldock.runtime.agent.episode_metrics import Sums, episode_sums, merged_sums
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult, run_stage
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.flow.columns import POLICY_VERSION
+from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT, POLICY_VERSION
 from rldock.runtime.rollout.agent import AgentRollout
 from rldock.runtime.rollout.agent_episodes import AgentSampler, episode_columns
 from rldock.runtime.rollout.carry import CarriedEpisodes, CarriedGroup, admits_fresh
@@ -101,7 +101,7 @@ class CarriedAgentRollout(AgentRollout):
                 max_turns=self.sampler.spec.max_turns,
                 pad_token_id=self.setup.pad_token_id,
                 policy_version=request.policy_version,
-                partial=True,
+                engine_columns=AGENT_PARTIAL_ROLLOUT,
             )
             for version, rows, out in carried_rows(written, indices, columns, group=group):
                 writes.put(rows, out, policy_version=version)

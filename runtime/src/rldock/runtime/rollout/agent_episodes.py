@@ -41,7 +41,11 @@ class AgentSampler:
         tokenizer,
         train_files: Sequence[str],
         environment_urls: Mapping[str, Sequence[str]] | None = None,
+        engine_columns: Sequence[str] = (),
     ):
+        """`engine_columns`: which of AGENT_PARTIAL_ROLLOUT the job recipe's rollout state writes (both under
+        partial rollout, the logprobs alone where the old-logprob pass measures the mismatch): the episodes
+        keep each sampled token's logprob when it is among them."""
         assert cfg.agent is not None, "AgentSampler is for jobs with an agent section"
         self.cfg, self.spec, self.tokenizer = cfg, cfg.agent, tokenizer
         urls = environment_urls or {}
@@ -57,8 +61,7 @@ class AgentSampler:
         # reward worker looks it up).
         self.rows: list[Row] = load_rows(train_files, columns_of(cfg.data)) if self.environment is not None else []
         self._loop: AgentLoop | None = None
-        # partial rollout: episodes run in rounds with weight updates between them (AgentLoop.advance)
-        self.partial = cfg.rollout.partial_rollout != "off"
+        self.engine_columns = tuple(engine_columns)
 
     def loop_on(self, engine: VllmRolloutEngine) -> AgentLoop:
         if self._loop is None or self._loop.engine is not engine:
@@ -112,10 +115,13 @@ class AgentSampler:
     def advance(
         self, engine: VllmRolloutEngine, rollout: Rollout, *, policy_version: int, round_tokens: int | None = None
     ) -> None:
-        """One round of `rollout` on the weights of `policy_version` (AgentLoop.advance); with partial rollout
-        each sampled token's logprob is kept."""
+        """One round of `rollout` on the weights of `policy_version` (AgentLoop.advance), each sampled token's
+        logprob kept where the rollout writes them (`engine_columns`)."""
         self.loop_on(engine).advance(
-            rollout, round_tokens=round_tokens, policy_version=policy_version, logprobs=self.partial
+            rollout,
+            round_tokens=round_tokens,
+            policy_version=policy_version,
+            logprobs=SAMPLED_LOGPROBS in self.engine_columns,
         )
 
     def columns(
@@ -132,7 +138,7 @@ class AgentSampler:
                 max_turns=self.spec.max_turns,
                 pad_token_id=self.tokenizer.pad_token_id,
                 policy_version=policy_version,
-                partial=self.partial,
+                engine_columns=self.engine_columns,
             ),
             episode_sums(episodes, self.loop_on(engine)),
             [len(e.response) for e in episodes],
@@ -171,10 +177,10 @@ def episode_columns(
     max_turns: int,
     pad_token_id: int,
     policy_version: int,
-    partial: bool = False,
+    engine_columns: Sequence[str] = (),
 ) -> TensorDict:
-    """The dock's response columns of `episodes`, one row each; with `partial` also each token's version
-    and sampling logprob (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
+    """The dock's response columns of `episodes`, one row each, with those of each token's version and
+    sampling logprob named in `engine_columns` (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
     rows = len(episodes)
     rewards = torch.zeros((rows, max_turns), dtype=torch.float32)  # (B, max_turns): the environment's per step
     for row, episode in enumerate(episodes):
@@ -208,14 +214,11 @@ def episode_columns(
         },
         batch_size=[rows],
     )
-    if partial:
-        columns.update(
-            version_columns(
-                [e.token_version for e in episodes],
-                [e.logprobs for e in episodes],
-                max_response_length=max_response_length,
-            )
+    if engine_columns:
+        per_token = version_columns(
+            [e.token_version for e in episodes], [e.logprobs for e in episodes], max_response_length=max_response_length
         )
+        columns.update({name: per_token[name] for name in engine_columns})
     return columns
 
 

@@ -42,6 +42,7 @@ from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
 from rldock.runtime.rollout.agent import episode_keys, episode_sampling_logprobs, episode_stage, write_held
@@ -82,13 +83,19 @@ class HarnessRollout(RolloutMode):
         self.setup, self.cfg, self.tokenizer = setup, cfg, tokenizer
         self.rows = load_rows(train_files, columns_of(cfg.data))
         self.max_turns = cfg.agent.max_turns if cfg.agent is not None else 1
-        self.partial = cfg.rollout.partial_rollout != "off"
+        # which of each token's version and sampling logprob the job recipe's rollout state writes
+        self.engine_columns = [name for name in AGENT_PARTIAL_ROLLOUT if name in getattr(setup.spec, "produces", ())]
         self._episodes: GatewayEpisodes | None = None
         self._held: dict[int, list[HeldHarnessBatch]] = {}  # iteration -> its batches waiting for the second round
 
     def episodes(self, prompt_capacity: int) -> GatewayEpisodes:
         if self._episodes is None:
-            self._episodes = GatewayEpisodes(self.cfg, tokenizer=self.tokenizer, prompt_capacity=prompt_capacity)
+            self._episodes = GatewayEpisodes(
+                self.cfg,
+                tokenizer=self.tokenizer,
+                prompt_capacity=prompt_capacity,
+                keep_logprobs=self.setup.keeps_logprobs,
+            )
         return self._episodes
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
@@ -170,7 +177,7 @@ class HarnessRollout(RolloutMode):
             max_steps=self.max_turns,
             pad_token_id=self.setup.pad_token_id,
             policy_version=policy_version,
-            partial=self.partial,
+            engine_columns=self.engine_columns,
         )
         return columns, sums, [len(r.row.ids) - r.row.prompt_length for r in results]
 
@@ -255,11 +262,12 @@ def harness_columns(
     max_steps: int,
     pad_token_id: int,
     policy_version: int,
-    partial: bool = False,
+    engine_columns: Sequence[str] = (),
 ) -> TensorDict:
     """The dock's columns of the episodes' rows, `rows_per_episode` per episode (module docstring): the prompt
     columns too (each row's own prompt, left-padded); every row carries its episode's counts and rewards. With
-    `partial` also each token's version and sampling logprob (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
+    those of each token's version and sampling logprob named in `engine_columns`
+    (rldock.runtime.flow.columns.AGENT_PARTIAL_ROLLOUT)."""
     rows = len(results) * rows_per_episode
     prompt_ids = torch.full((rows, prompt_capacity), pad_token_id, dtype=torch.int64)  # (B, PL)
     prompt_mask = torch.zeros_like(prompt_ids)
@@ -318,6 +326,7 @@ def harness_columns(
         },
         batch_size=[rows],
     )
-    if partial:
-        columns.update(version_columns(versions, logprobs, max_response_length=response_capacity))
+    if engine_columns:
+        per_token = version_columns(versions, logprobs, max_response_length=response_capacity)
+        columns.update({name: per_token[name] for name in engine_columns})
     return columns

@@ -9,8 +9,8 @@ from tensordict import TensorDict
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
 from rldock.runtime.rollout.protocol import (
+    SAMPLED_LOGPROBS,
     RolloutMode,
     RolloutRequest,
     RolloutSetup,
@@ -19,26 +19,13 @@ from rldock.runtime.rollout.protocol import (
     group_prompts,
     group_request,
     run_rollout_stage,
+    sampled_logprobs,
 )
-
-SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT
-
-
-def sampled_logprobs(completions, max_response_length: int) -> torch.Tensor:
-    """The engine's logprob of each sampled token, (B, SL) float32, 0 past a response; rows in the
-    order group_columns writes them (each prompt's N completions in turn)."""
-    rows = [c.logprobs or [] for group in completions for c in group]
-    logprobs = torch.zeros(len(rows), max_response_length, dtype=torch.float32)  # (B, SL)
-    for i, row in enumerate(rows):
-        logprobs[i, : len(row)] = torch.tensor(row[:max_response_length], dtype=torch.float32)
-    return logprobs
 
 
 class PlainRollout(RolloutMode):
     def __init__(self, setup: RolloutSetup):
         self.setup = setup
-        # rollout.return_logprobs: the recipe's rollout state writes the engine's logprobs too
-        self.keeps_logprobs = SAMPLED_LOGPROBS in getattr(setup.spec, "produces", ())
 
     def generate(self, engine: VllmRolloutEngine, dock: TransferDock, request: RolloutRequest) -> StageResult:
         lengths: list[int] = []
@@ -47,12 +34,12 @@ class PlainRollout(RolloutMode):
             completions = engine.sample(
                 group_prompts(batch, self.setup.num_responses),
                 **group_request(self.setup, indices, request, max_tokens=self.setup.max_response_length),
-                logprobs=self.keeps_logprobs,
+                logprobs=self.setup.keeps_logprobs,
             )
             per_prompt = [[c.token_ids for c in group] for group in completions]
             lengths.extend(len(tokens) for responses in per_prompt for tokens in responses)
             columns = group_columns(per_prompt, self.setup, policy_version=request.policy_version)
-            if self.keeps_logprobs:
+            if self.setup.keeps_logprobs:
                 columns[SAMPLED_LOGPROBS] = sampled_logprobs(completions, self.setup.max_response_length)
             return columns
 

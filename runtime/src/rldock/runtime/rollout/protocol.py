@@ -29,7 +29,10 @@ from rldock.config import JobConfig
 from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
-from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
+from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
+from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
+
+SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT  # the engine's logprob of each sampled token
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,26 @@ class RolloutSetup:
     rows_per_episode: int = 1  # S: a sample's dock rows (JobConfig.rows_per_episode: a harness's segments)
 
     @property
+    def keeps_logprobs(self) -> bool:
+        """Whether the mode writes the engine's logprob of each sampled token (`sampled_logprobs`): where the
+        job recipe's rollout state produces it (rollout.return_logprobs, the mismatch's measure, partial
+        rollout's older tokens)."""
+        return SAMPLED_LOGPROBS in getattr(self.spec, "produces", ())
+
+    @property
     def num_samples_per_iteration(self) -> int:
         """G*N: the iteration's samples (episodes), whatever their rows."""
         return self.num_prompts_per_iteration * self.num_responses
+
+
+def sampled_logprobs(completions: Sequence[Sequence[Completion]], max_response_length: int) -> torch.Tensor:
+    """The engine's logprob of each sampled token, (B, SL) float32, 0 past a response; rows in the
+    order group_columns writes them (each prompt's N completions in turn)."""
+    rows = [c.logprobs or [] for group in completions for c in group]
+    logprobs = torch.zeros(len(rows), max_response_length, dtype=torch.float32)  # (B, SL)
+    for i, row in enumerate(rows):
+        logprobs[i, : len(row)] = torch.tensor(row[:max_response_length], dtype=torch.float32)
+    return logprobs
 
 
 def rollout_setup(cfg: JobConfig, *, tokenizer, rank: int, batch_size: int, spec: StageSpec) -> RolloutSetup:
