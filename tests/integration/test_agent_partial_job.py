@@ -4,7 +4,8 @@ short: 3 iterations of the untrained tiny model in async mode with dock.max_stal
 of 6 tokens. Iteration 1 is not run ahead (nothing cut); iterations 2 and 3 are: every episode that has not
 ended after 6 tokens is stopped at the update, its turn cut, and finished on the new weights, so its tokens
 come from two policy versions. None is dropped: the update trains on all G x N episodes, none stale, each
-token's ratio against the logprob it was sampled with (importance_correction behaviour)."""
+token's ratio against the logprob it was sampled with (importance_correction behaviour). The job measures
+the train-inference gap (monitoring.mismatch) on the tokens the old-logprob pass's weights sampled."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def test_episodes_cut_at_a_weight_update_end_on_the_new_weights_and_all_train(tm
         },
         "dock": {"timeout_s": 120, "max_staleness": 1},
         "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
+        # the gap on the tokens the weights of the old-logprob pass sampled (a cut episode's later tokens)
+        "monitoring": {"mismatch": {"max_kl": 1.0, "action": "warn"}},
     }
     records = jobs.run(config, tmp_path / "run", max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
@@ -59,3 +62,8 @@ def test_episodes_cut_at_a_weight_update_end_on_the_new_weights_and_all_train(tm
         assert record["rollout/partial_carried_tokens"] == cut * ROUND_TOKENS  # each stopped at its budget
         # the cut episodes went on after the update: their later tokens are the newer version's
         assert record["rollout/partial_newer_tokens"] > 0, record["iteration"]
+    # The gap is there and on the right tokens. The untrained model earns no reward here, so its updates
+    # leave the weights as they were and an older version's tokens would pass too: that they are left
+    # out is test_partial_rollout_job's check (its updates move the logprobs by 1e-2) and the unit tests'.
+    for record in records:
+        jobs.check_float32_gap(record)

@@ -3,7 +3,9 @@ async mode with dock.max_staleness 1, a response limit of 12 tokens and a round 
 generation that runs ahead of each update is cut and the untrained model's long responses really
 are. Iteration 1 is not run ahead (nothing cut); iterations 2 and 3 are, and their cut responses are
 completed after the update from their prefix (`resume`) or sampled again (`drop`), as the counters
-in metrics.jsonl say. `off` runs the async pipeline unchanged, with no partial-rollout counters."""
+in metrics.jsonl say. `off` runs the async pipeline unchanged, with no partial-rollout counters. The jobs
+measure the train-inference gap (monitoring.mismatch) on the tokens the old-logprob pass's weights
+sampled: the float32 engine's kernels' gap alone, the older prefixes left out."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ def run_job(tmp_path, mode: str) -> list[dict]:
         "rollout": rollout,
         "dock": {"timeout_s": 120, "max_staleness": 1},
         "checkpoint": {"interval": ITERATIONS, "keep_last": 1},
+        # the gap on the tokens the weights of the old-logprob pass sampled (a cut response's tail)
+        "monitoring": {"mismatch": {"max_kl": 1.0, "action": "warn"}},
     }
     records = jobs.run(config, tmp_path / "run", max_restarts=None).records
     assert [r["iteration"] for r in records] == [1, 2, 3]
@@ -58,6 +62,9 @@ def test_resume_completes_cut_responses_from_their_prefix(tmp_path):
         # every sample counts the version of its oldest token: one version old, as without the cut
         assert record["staleness_mean"] == 1.0
         assert record["response_length_mean"] > ROUND_TOKENS or cut < G * N  # resumed past the budget
+    # measured on the newer version's tokens alone: the older prefix differs by the update too
+    for record in records:
+        jobs.check_float32_gap(record)
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"

@@ -136,10 +136,7 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(run):
             for key in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
             + ("tokens_weighed_down", "tokens_dropped", "sequences_dropped", "correcting")
         }, record
-        # a float32 engine and a float32 trainer on one CPU differ only by their kernels: bounds far above
-        # such a gap, far below a broken column's (another row's logprobs, or zeros)
-        assert 0 <= gap["mismatch/kl"] < 1e-2 and 0 <= gap["mismatch/abs_diff_max"] < 0.5
-        assert 0.5 < gap["mismatch/seq_ratio_p50"] < 2
+        jobs.check_float32_gap(record)  # a float32 engine and a float32 trainer: their kernels' gap alone
         assert 0 <= gap["mismatch/tokens_dropped"] <= 1 and 0 <= gap["mismatch/sequences_dropped"] <= 1
     # monitoring.mismatch action `correct`: off until an iteration passes the budget, on after it
     assert records[0]["mismatch/kl"] > 1e-20, records[0]

@@ -118,9 +118,6 @@ def test_a_budget_is_refused_where_the_gap_is_not_measured_naming_its_own_field(
     data = _budgeted()
     data["algorithm"]["name"] = "dpo"
     assert any("dpo" in message for message in problem_messages(data, "monitoring.mismatch"))
-    data = _budgeted()
-    data["rollout"] = {**data.get("rollout", {}), "partial_rollout": "resume"}
-    assert any("partial_rollout" in message for message in problem_messages(data, "monitoring.mismatch"))
 
 
 @pytest.mark.parametrize(
@@ -128,20 +125,27 @@ def test_a_budget_is_refused_where_the_gap_is_not_measured_naming_its_own_field(
     [
         {"rollout": {"stream_groups": 2}},
         {
+            "rollout": {"partial_rollout": "resume", "max_tokens_per_round": 2},
+            "training": {"mode": "async"},
+            "dock": {"max_staleness": 1},
+        },
+        {
             "agent": {"tools": [{"name": "calculator"}], "max_tool_response_tokens": 2},
             "data": {"chat_template": "model"},
         },
     ],
-    ids=["streamed", "agent"],
+    ids=["streamed", "partial", "agent"],
 )
-def test_the_streamed_and_agent_rollouts_measure_the_gap(change):
-    """Their rollouts write the engine's logprobs (rollout/streamed.py, rollout/agent_episodes.py), which
-    the old-logprob pass reads beside its own."""
+def test_the_streamed_partial_and_agent_rollouts_measure_the_gap(change):
+    """Their rollouts write the engine's logprobs (rollout/streamed.py, rollout/partial.py,
+    rollout/agent_episodes.py), which the old-logprob pass reads beside its own."""
     data = _budgeted()
     for section, fields in change.items():
         data[section] = {**data.get(section, {}), **fields}
     recipe = job_recipe(parse_job_config(data))  # refused with a ConfigError otherwise
     assert "sampled_logprobs" in recipe.produces["rollout"] and "sampled_logprobs" in recipe.consumes["actor_inference"]
+    for state, columns in (*recipe.consumes.items(), *recipe.produces.items()):  # partial rollout's columns once
+        assert len(set(columns)) == len(columns), (state, columns)
     assert "token_policy_version" not in recipe.produces["rollout"]  # one policy version per episode
 
 

@@ -75,7 +75,8 @@ class RolloutSpec(Spec):
         description="The plain rollout (no agent, streaming or partial rollout) also writes the engine's logprob of "
         "each sampled token (`sampled_logprobs`, B x max_response_length) and the update reports "
         "`rollout_logprob_abs_diff_mean`, the token mean of |update logprob - engine logprob| over the sampled "
-        "tokens: the training-inference mismatch (an MoE's routing replay is measured by it, docs/results.md).",
+        "tokens: the training-inference mismatch (an MoE's routing replay is measured by it, docs/results.md). "
+        "monitoring.mismatch measures the gap in every rollout mode, with the `mismatch/` metrics.",
     )
     partial_rollout: Annotated[Literal["off", "resume", "drop", "carry"], BeforeValidator(bare_off)] = Field(
         default="off",

@@ -150,8 +150,10 @@ def problems(cfg: JobConfig) -> list[Problem]:
             cfg.algorithm.name == "gspo" and correction is not None
         ),
         "algorithm.name dpo (it samples no tokens)": cfg.algorithm.name == "dpo",
-        "rollout.partial_rollout (its tokens span policy versions, so the gap would hold the policy's own "
-        "moves; rollout.importance_correction corrects the older versions' tokens)": rollout.partial_rollout != "off",
+        "rollout.partial_rollout (its responses span two policy versions: rollout.importance_correction corrects "
+        "the older version's tokens; monitoring.mismatch alone measures the gap on the newer's)": (
+            rollout.partial_rollout != "off" and correction is not None
+        ),
         "rollout.importance_correction (one correction: decoupled is weight token against partial rollout's "
         "sampling logprobs)": rollout.importance_correction is not None and correction is not None,
         "algorithm.recompute_old_logprobs never (the gap is measured in the old-logprob pass)": (

@@ -150,6 +150,24 @@ def test_progress_plot_draws_each_stage_utilisation(tmp_path, saved):
     }
 
 
+def test_progress_plot_draws_the_train_inference_gap_where_the_job_measures_it(tmp_path, saved):
+    base = {"reward_mean": 0.5, "tokens_per_s_per_device": 10.0}
+    agent = {"turns_mean": 2.0, "tool_calls_mean": 1.0, "tool_errors_mean": 0.25}
+    records = [
+        {"iteration": 1, **base, "mismatch/kl": 3e-14, "agent": agent},
+        {"iteration": 2, **base, "mismatch/kl": 0.0, "agent": agent},  # no token measured: off the log axis
+        {"iteration": 3, **base, "mismatch/kl": 6e-6, "agent": agent},
+    ]
+    plot_progress(records, tmp_path / "progress.png")
+    labels = [ax.get_ylabel() for ax in saved[0].axes]
+    assert labels[-2:] == ["mismatch/kl (engine vs trainer)", "per episode"]  # above the tool-use panel
+    (line,) = saved[0].axes[-2].lines
+    assert (list(line.get_xdata()), list(line.get_ydata())) == ([1, 3], [3e-14, 6e-6])
+    assert saved[0].axes[-2].get_yscale() == "log"
+    plot_progress([{"iteration": 1, **base}], tmp_path / "unmeasured.png")
+    assert "mismatch/kl (engine vs trainer)" not in [ax.get_ylabel() for ax in saved[1].axes]
+
+
 @pytest.mark.parametrize("num_iterations", [2, 3, 7, 40])
 def test_progress_plot_ticks_whole_iterations_only(num_iterations):
     import matplotlib.pyplot as plt

@@ -229,6 +229,7 @@ def test_one_round_modes_have_no_second_round_and_keep_the_passes_logprobs():
         with pytest.raises(RuntimeError, match="no second round"):
             rollout.finish(EngineDouble(), RecordingDock(batch), iteration=1, policy_version=1)
         assert rollout.sampling_logprobs(computed, batch, policy_version=1) is computed
+        assert rollout.older_tokens(batch, policy_version=1) is None  # the gap is measured on every token
 
 
 def test_partial_rollout_keeps_the_older_versions_logprobs_for_the_prefix():
@@ -241,8 +242,14 @@ def test_partial_rollout_keeps_the_older_versions_logprobs_for_the_prefix():
         },
         batch_size=[2],
     )
-    old = PartialRollout(setup(), mode="resume").sampling_logprobs(computed, batch, policy_version=2)
+    rollout = PartialRollout(setup(), mode="resume")
+    old = rollout.sampling_logprobs(computed, batch, policy_version=2)
     assert old.tolist() == [[-1.0, -1.0, -5.0, -5.0], [-5.0] * 4]
+    # the mismatch/ metrics leave the older version's tokens out (the workers' actor: `older_tokens`)
+    older = rollout.older_tokens(batch, policy_version=2)
+    assert older.tolist() == [[True, True, False, False], [False] * 4]
+    # a response version 1 sampled whole, met by the weights of version 2: all older
+    assert rollout.older_tokens(batch, policy_version=3)[1].tolist() == [True] * 4
 
 
 def test_the_plain_evaluation_asks_the_engine_once_per_prompt():

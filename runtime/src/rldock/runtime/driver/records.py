@@ -281,8 +281,9 @@ def plot_progress(records: list[dict[str, Any]], path: Path) -> None:
 def progress_figure(records: list[dict[str, Any]]):
     """Reward (DPO: preference accuracy) with the held-out evaluation's reward and accuracy, the
     policy's entropy and throughput per iteration, each stage's `mfu/` and the rollout's `mbu/` where
-    the records have them, and a multi-turn job's turns, tool calls and tool errors per episode; the
-    shared iteration axis has whole-number ticks only."""
+    the records have them, the train-inference gap (`mismatch/kl`, log scale) where the job measures it,
+    and a multi-turn job's turns, tool calls and tool errors per episode; the shared iteration axis has
+    whole-number ticks only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,7 +296,8 @@ def progress_figure(records: list[dict[str, Any]]):
     iterations = [r["iteration"] for r in trained]
     agentic = [r for r in trained if "agent" in r]  # multi-turn jobs: a panel of their tool use
     utilisation = sorted({key for r in trained for key in r if key.startswith(("mfu/", "mbu/"))})
-    num_panels = 3 + bool(utilisation) + bool(agentic)
+    gap = [r for r in trained if "mismatch/kl" in r]  # algorithm.rollout_correction, monitoring.mismatch
+    num_panels = 3 + bool(utilisation) + bool(gap) + bool(agentic)
     fig, axes = plt.subplots(num_panels, 1, figsize=(7, 2.5 * num_panels + 0.5), sharex=True)
     ax_reward, ax_entropy, ax_tps = axes[:3]
     key = headline_key(trained[0]) if trained else "reward_mean"
@@ -334,6 +336,13 @@ def progress_figure(records: list[dict[str, Any]]):
         ax_utilisation.set_ylabel("fraction of peak")
         ax_utilisation.legend(loc="best", fontsize="small")
         ax_utilisation.grid(alpha=0.3)
+    if gap:  # spans 1e-14 (float32 kernels) to 1e-2 (a gap to correct): a log axis, 0 left out
+        ax_gap = axes[3 + bool(utilisation)]
+        shown = [r for r in gap if r["mismatch/kl"] > 0]
+        ax_gap.plot([r["iteration"] for r in shown], [r["mismatch/kl"] for r in shown], marker=".", color="tab:brown")
+        ax_gap.set_yscale("log")
+        ax_gap.set_ylabel("mismatch/kl (engine vs trainer)")
+        ax_gap.grid(alpha=0.3)
     if agentic:
         ax_agent = axes[-1]
         steps = [r["iteration"] for r in agentic]

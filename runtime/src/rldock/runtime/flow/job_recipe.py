@@ -115,7 +115,7 @@ def with_engine_logprobs(recipe: Recipe) -> Recipe:
     def change(spec: WorkerState) -> WorkerState:
         if spec.name == ROLLOUT.name and sampled not in spec.produces:  # rollout.return_logprobs writes it too
             return replace(spec, produces=spec.produces + (sampled,))
-        if spec.name == ACTOR_INFERENCE.name:
+        if spec.name == ACTOR_INFERENCE.name and sampled not in spec.consumes:  # partial rollout reads it too
             return replace(spec, consumes=spec.consumes + (sampled,))
         return spec
 
@@ -189,7 +189,11 @@ def with_turns(recipe: Recipe) -> Recipe:
 
 
 def _with_specs(recipe: Recipe, change: Callable[[WorkerState], WorkerState]) -> Recipe:
-    return replace(recipe, specs=tuple(change(spec) for spec in recipe.specs))
+    specs = tuple(change(spec) for spec in recipe.specs)
+    for spec in specs:  # two changes adding one column would have the dock wait for it twice, forever
+        for columns in (spec.consumes, spec.produces):
+            assert len(set(columns)) == len(columns), f"state {spec.name!r} names a column twice: {columns}"
+    return replace(recipe, specs=specs)
 
 
 def with_reference_on_actor(recipe: Recipe) -> Recipe:

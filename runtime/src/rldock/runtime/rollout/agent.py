@@ -30,7 +30,7 @@ from rldock.runtime.agent.episode_metrics import Sums, merged_sums
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.rollout.agent_episodes import SAMPLED_LOGPROBS, TOKEN_POLICY_VERSION, AgentSampler
+from rldock.runtime.rollout.agent_episodes import TOKEN_POLICY_VERSION, AgentSampler
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
     RolloutMode,
@@ -118,8 +118,8 @@ class AgentRollout(RolloutMode):
             newer=newer,
         )
 
-    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-        return episode_sampling_logprobs(computed, batch, policy_version=policy_version)
+    def older_tokens(self, batch: TensorDict, *, policy_version: int) -> torch.Tensor | None:
+        return episode_older_tokens(batch, policy_version=policy_version)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """Also each episode's `environment_rewards` per step and the episodes' metric sums (`agent`).
@@ -180,14 +180,12 @@ def write_held(
     )
 
 
-def episode_sampling_logprobs(computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-    """An agent's old logprobs (RolloutMode.sampling_logprobs): with partial rollout, whose episodes' columns
-    hold each token's version, the tokens an older version sampled keep that version's logprob."""
+def episode_older_tokens(batch: TensorDict, *, policy_version: int) -> torch.Tensor | None:
+    """An agent's RolloutMode.older_tokens: with partial rollout, whose episodes' columns hold each token's
+    version, the tokens another version sampled; without, none."""
     if TOKEN_POLICY_VERSION not in batch.keys():
-        return computed
-    return token_behaviour_logprobs(
-        computed, batch[SAMPLED_LOGPROBS], batch[TOKEN_POLICY_VERSION], current_version=policy_version
-    )
+        return None
+    return token_older_than(batch[TOKEN_POLICY_VERSION], current_version=policy_version)
 
 
 def token_behaviour_logprobs(
@@ -196,8 +194,14 @@ def token_behaviour_logprobs(
     """Old logprobs (B, SL) against the policy that sampled each token: `computed` (B, SL) by the weights
     of `current_version` where those sampled the token (and on tokens no version sampled, -1 in
     `token_version` (B, SL), which no loss reads), the engine's `sampled` (B, SL) where another did."""
-    older = (token_version >= 0) & (token_version != current_version)
+    older = token_older_than(token_version, current_version=current_version)
     return torch.where(older, sampled.to(computed.dtype), computed)
+
+
+def token_older_than(token_version: torch.Tensor, *, current_version: int) -> torch.Tensor:
+    """(B, SL) bool: the tokens a version other than `current_version` sampled, from each token's version
+    (B, SL), -1 where no version sampled it (the tools', the environment's, padding)."""
+    return (token_version >= 0) & (token_version != current_version)
 
 
 def episode_keys(setup: RolloutSetup, indices: torch.Tensor, request: RolloutRequest) -> list[int]:

@@ -45,7 +45,7 @@ from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
 from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
-from rldock.runtime.rollout.agent import episode_keys, episode_sampling_logprobs, episode_stage, write_held
+from rldock.runtime.rollout.agent import episode_keys, episode_older_tokens, episode_stage, write_held
 from rldock.runtime.rollout.agent_episodes import version_columns
 from rldock.runtime.rollout.protocol import (
     HeldOutRequest,
@@ -181,8 +181,8 @@ class HarnessRollout(RolloutMode):
         )
         return columns, sums, [len(r.row.ids) - r.row.prompt_length for r in results]
 
-    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-        return episode_sampling_logprobs(computed, batch, policy_version=policy_version)
+    def older_tokens(self, batch: TensorDict, *, policy_version: int) -> torch.Tensor | None:
+        return episode_older_tokens(batch, policy_version=policy_version)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """`num_samples` harness episodes per held-out prompt: `responses` their final turns, `environment_rewards`

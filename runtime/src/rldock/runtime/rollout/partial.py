@@ -154,11 +154,19 @@ def behaviour_logprobs(
 ) -> torch.Tensor:
     """Old logprobs (B, SL) against the policy that sampled each token: `computed` (B, SL) by the
     weights of `current_version` where those sampled the token, the engine's `sampled` (B, SL)
-    logprob where an older version did. Token t of a sample was sampled by `policy_version` (B,)
-    when t < `prefix_length` (B,), by the next version after it."""
-    positions = torch.arange(computed.shape[1], device=computed.device)  # (SL,)
+    logprob where an older version did (`older_than`)."""
+    older = older_than(policy_version, prefix_length, width=computed.shape[1], current_version=current_version)
+    return torch.where(older, sampled.to(computed.dtype), computed)
+
+
+def older_than(
+    policy_version: torch.Tensor, prefix_length: torch.Tensor, *, width: int, current_version: int
+) -> torch.Tensor:
+    """(B, `width`) bool: the tokens a version other than `current_version` sampled. Token t of a sample
+    was sampled by `policy_version` (B,) when t < `prefix_length` (B,), by the next version after it."""
+    positions = torch.arange(width, device=policy_version.device)  # (SL,)
     token_version = policy_version[:, None] + (positions[None, :] >= prefix_length[:, None]).long()  # (B, SL)
-    return torch.where(token_version == current_version, computed, sampled.to(computed.dtype))
+    return token_version != current_version
 
 
 class PartialRollout(RolloutMode):
@@ -280,13 +288,12 @@ class PartialRollout(RolloutMode):
             },
         )
 
-    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-        """Tokens an older version sampled (a resumed response's prefix) keep that version's logprob."""
-        return behaviour_logprobs(
-            computed,
-            batch[SAMPLED_LOGPROBS],
+    def older_tokens(self, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
+        """A resumed response's prefix, and any response an older version sampled whole (`older_than`)."""
+        return older_than(
             batch["policy_version"],
             batch[PREFIX_LENGTH],
+            width=batch[SAMPLED_LOGPROBS].shape[1],
             current_version=policy_version,
         )
 

@@ -11,7 +11,7 @@ old-logprob pass's logprobs (`sampling_logprobs`) and the held-out evaluation's 
 Built once per actor rank from the config (modes.py: `build_rollout`); the actor asks its mode and
 never branches on which one runs. A mode subclasses `RolloutMode` explicitly to take its defaults,
 which are what a mode with one round, one policy version per response and single-turn responses
-does; it overrides what it changes (partial rollout: `finish` and `sampling_logprobs`; agent
+does; it overrides what it changes (partial rollout: `finish` and `older_tokens`; agent
 episodes: `evaluate`).
 """
 
@@ -139,11 +139,21 @@ class RolloutMode(Protocol):
             f"{type(self).__name__} has no second round: finish_rollout runs only with rollout.partial_rollout on"
         )
 
+    def older_tokens(self, batch: TensorDict, *, policy_version: int) -> torch.Tensor | None:
+        """(B, SL) bool: the response tokens of `batch` a version older than `policy_version` sampled (a
+        partial rollout's cut responses, an agent's episodes across an update), whose engine logprobs
+        (`sampled_logprobs`) the batch carries. None: the weights of `policy_version` sampled them all,
+        as here."""
+        return None
+
     def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
         """The old-logprob pass's result (B, SL) from `computed` (B, SL), the logprobs under the weights
-        of `policy_version` that ran the pass: each token's logprob under the weights that sampled
-        it. Here those sampled every token."""
-        return computed
+        of `policy_version` that ran the pass: each token's logprob under the weights that sampled it,
+        the engine's where an older version did (`older_tokens`)."""
+        older = self.older_tokens(batch, policy_version=policy_version)
+        if older is None:
+            return computed
+        return torch.where(older, batch[SAMPLED_LOGPROBS].to(computed.dtype), computed)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """`responses`: per prompt `num_samples` token id lists, EOS included when generated. Here one

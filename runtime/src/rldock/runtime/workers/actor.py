@@ -260,23 +260,28 @@ class ActorWorker(TakesTurns):
             with torch.no_grad(), recording as routes:  # the bare model, no DDP hooks
                 logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally, routes=routes)
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
+            older = self.rollout.older_tokens(batch, policy_version=self.policy_version)
             sampled = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
             rollout = self.cfg.rollout
-            if measures:  # the ratio against these weights, the engine's logprobs in the correction's weight
-                # on the host: float64 there (the gap's sums), which not every accelerator has
-                trainer, engine, mask = logprobs.cpu(), batch[SAMPLED_LOGPROBS].cpu(), batch["response_mask"].cpu()
-                columns = {"old_logprobs": trainer}
-                weight = (
-                    None if correction is None else correction_weight(trainer, engine, mask, **correction.arguments())
-                )
-                if weight is not None:  # 1 on every response token while `correct` waits for the budget
-                    columns[IMPORTANCE_WEIGHT] = weight if self.applies_correction else mask.to(weight.dtype)
-                gaps.append(mismatch_part(trainer, engine, mask, weight))
+            # the gap on the host: float64 there (its sums), which not every accelerator has
+            trainer, mask = logprobs.cpu(), batch["response_mask"].cpu()
+            weight = None  # the rollout correction's, which the mismatch/ metrics count the drops of
+            if correction is not None:  # the ratio against these weights, the engine's logprobs in the weight
+                # (never beside partial rollout's own correction: the config refuses it)
+                weight = correction_weight(trainer, batch[SAMPLED_LOGPROBS].cpu(), mask, **correction.arguments())
+                # 1 on every response token while `correct` waits for the budget
+                columns = {
+                    "old_logprobs": trainer,
+                    IMPORTANCE_WEIGHT: weight if self.applies_correction else mask.to(weight.dtype),
+                }
             elif rollout.importance_correction != "decoupled":
                 columns = {"old_logprobs": sampled.cpu()}
             else:  # decoupled: the ratio against these weights, the sampling policy in the importance weight
-                weight = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
-                columns = {"old_logprobs": logprobs.cpu(), IMPORTANCE_WEIGHT: weight.cpu()}
+                decoupled = truncated_importance_weight(logprobs, sampled, cap=rollout.importance_cap)
+                columns = {"old_logprobs": trainer, IMPORTANCE_WEIGHT: decoupled.cpu()}
+            if measures:  # on the tokens these weights sampled: an older version's differ by the update too
+                measured = mask if older is None else mask * ~older.cpu()
+                gaps.append(mismatch_part(trainer, batch[SAMPLED_LOGPROBS].cpu(), measured, weight))
             if routes is not None:
                 columns[ROUTED_EXPERTS[0]] = routes.routed_experts()
             return TensorDict(columns, batch_size=[len(indices)])
