@@ -236,7 +236,8 @@ def two_critic_ranks(
 
 # The `mismatch/` metrics of a job that measures the gap and corrects nothing (monitoring.mismatch alone).
 MISMATCH_MEASURES = tuple(
-    f"mismatch/{key}" for key in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
+    f"mismatch/{key}"
+    for key in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99", "tokens")
 )
 
 
@@ -249,6 +250,6 @@ def check_float32_gap(record: dict) -> None:
     token counted, zeros, or tokens an older version sampled (one update of these jobs moves a logprob
     by 1e-3 and more)."""
     gap = {key: value for key, value in record.items() if key.startswith("mismatch/")}
-    assert set(MISMATCH_MEASURES) <= set(gap), record
+    assert set(MISMATCH_MEASURES) <= set(gap) and gap["mismatch/tokens"] > 0, record
     assert 0 <= gap["mismatch/kl"] < 1e-6 and 0 < gap["mismatch/abs_diff_mean"] < 1e-4, gap
     assert 0 <= gap["mismatch/abs_diff_max"] < 1e-2 and 0.99 < gap["mismatch/seq_ratio_p50"] < 1.01, gap

@@ -8,7 +8,8 @@ iterations whose rank keeps 2 batches open (max_staleness 1) and trains each ite
 finished, the others carried into the next iteration; every group admitted trains once, none stale past
 the bound and none dropped. Its run resumed from the checkpoint after iteration 2, as after a crash in
 iteration 3, keeps the records it had and redoes iteration 3 with none of the episodes open at the checkpoint: it
-admits only the batch it trains, on the checkpoint's weights."""
+admits only the batch it trains, on the checkpoint's weights. The job measures the train-inference gap
+(monitoring.mismatch) on the tokens the old-logprob pass's weights sampled."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
         "dock": {"timeout_s": 120, "max_staleness": 1},
         "evaluation": {"interval": 0},
         "checkpoint": {"interval": 2, "keep_last": 2},
+        "monitoring": {"mismatch": {"max_kl": 1.0, "action": "warn"}},
     }
     records = jobs.run(config, tmp_path / "run").records
     assert [r["iteration"] for r in records] == list(range(1, JOB_ITERATIONS + 1))
@@ -86,6 +88,16 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
     assert [r["rollout/carry_open"] for r in records] == [episodes, episodes, 0]  # drained at the end
     # the groups carried past the first cut trained a version after the one that started them
     assert any(r["staleness_max"] == 1 for r in records)
+    # the gap (monitoring.mismatch) on the tokens the pass's weights sampled; an iteration whose tokens an
+    # older version all sampled measures none (mismatch/tokens 0, every figure 0, not a gap of 0)
+    assert any(r["mismatch/tokens"] > 0 for r in records)
+    for record in records:
+        if record["mismatch/tokens"] > 0:
+            jobs.check_float32_gap(record)
+        else:
+            assert {k: v for k, v in record.items() if k.startswith("mismatch/")} == dict.fromkeys(
+                jobs.MISMATCH_MEASURES, 0
+            ), record
 
     # A crash in iteration 3: the run as it was before that iteration's checkpoint, resumed.
     shutil.copytree(tmp_path / "run", tmp_path / "crashed")

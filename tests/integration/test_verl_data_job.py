@@ -134,7 +134,7 @@ def test_a_verl_layout_parquet_trains_with_dotted_keys(run):
         assert set(gap) == {
             f"mismatch/{key}"
             for key in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
-            + ("tokens_weighed_down", "tokens_dropped", "sequences_dropped", "correcting")
+            + ("tokens_weighed_down", "tokens_dropped", "sequences_dropped", "correcting", "tokens")
         }, record
         jobs.check_float32_gap(record)  # a float32 engine and a float32 trainer: their kernels' gap alone
         assert 0 <= gap["mismatch/tokens_dropped"] <= 1 and 0 <= gap["mismatch/sequences_dropped"] <= 1

@@ -300,6 +300,7 @@ def test_identical_logprobs_have_no_mismatch():
         "mismatch/tokens_weighed_down": 0.0,
         "mismatch/tokens_dropped": 0.0,
         "mismatch/sequences_dropped": 0.0,
+        "mismatch/tokens": int(mask.sum()),
     }
 
 
@@ -318,7 +319,8 @@ def test_an_empty_mask_gives_zeros():
     empty = torch.zeros_like(trainer)
     assert set(mismatch_metrics(trainer, engine, empty).values()) == {0.0}
     metrics = mismatch_metrics(trainer, engine, empty, torch.zeros_like(trainer))
-    assert len(metrics) == 9 and set(metrics.values()) == {0.0}
+    assert len(metrics) == 10 and set(metrics.values()) == {0.0}
+    assert metrics["mismatch/tokens"] == 0  # no token measured, told apart from a gap of 0
     for kwargs in map(_preset, PRESETS):
         assert correction_weight(trainer, engine, empty, **kwargs).eq(0).all()
 
@@ -348,7 +350,7 @@ def test_metrics_equal_the_reference(preset):
     weight = correction_weight(trainer, engine, mask, **_preset(preset))
     metrics = mismatch_metrics(trainer, engine, mask, weight)
     names = ["kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99"]
-    names += ["tokens_weighed_down", "tokens_dropped", "sequences_dropped"]
+    names += ["tokens_weighed_down", "tokens_dropped", "sequences_dropped", "tokens"]
     assert set(metrics) == {f"mismatch/{k}" for k in names}
     flat = [x for row in rows for x in row]
     seqs = [row for row in rows if row]
@@ -425,6 +427,9 @@ def test_the_parts_of_a_split_batch_merge_to_the_whole_batch_s_metrics():
     for key, value in whole.items():
         assert merged[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
     assert merge_mismatch([]) == {
-        f"mismatch/{k}": 0.0
-        for k in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
+        **{
+            f"mismatch/{k}": 0.0
+            for k in ("kl", "kl_seq", "abs_diff_mean", "abs_diff_max", "seq_ratio_p50", "seq_ratio_p99")
+        },
+        "mismatch/tokens": 0,
     }

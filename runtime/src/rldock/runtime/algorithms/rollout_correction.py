@@ -193,6 +193,8 @@ def mismatch_metrics(
     mismatch/tokens_dropped: share of valid tokens with w = 0.
     mismatch/sequences_dropped: share of the responses with a valid token whose valid tokens all have
         w = 0.
+    mismatch/tokens: how many tokens the gap was measured on (0: none, and every other metric 0, not a gap
+        of 0; a partial rollout's iteration whose tokens an older version all sampled).
     An empty mask gives zeros. The same as `merge_mismatch` of the batch's one `mismatch_part`.
     """
     return merge_mismatch([mismatch_part(trainer, engine, mask, weight)])
@@ -240,7 +242,7 @@ def merge_mismatch(parts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         keys += ["tokens_weighed_down", "tokens_dropped", "sequences_dropped"]
     tokens = sum(part["tokens"] for part in parts)
     if tokens == 0:
-        return {f"mismatch/{key}": 0.0 for key in keys}
+        return {**{f"mismatch/{key}": 0.0 for key in keys}, "mismatch/tokens": 0}
     sequences = sum(part["sequences"] for part in parts)
     seq_log = torch.tensor([r for part in parts for r in part["sequence_log_ratios"]], dtype=torch.float64)
     q = torch.quantile(seq_log, torch.tensor([0.5, 0.99], dtype=torch.float64))
@@ -257,4 +259,4 @@ def merge_mismatch(parts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         out["tokens_weighed_down"] = sum(part["tokens_weighed_down"] for part in parts) / tokens
         out["tokens_dropped"] = sum(part["tokens_dropped"] for part in parts) / tokens
         out["sequences_dropped"] = sum(part["sequences_dropped"] for part in parts) / sequences
-    return {f"mismatch/{key}": value for key, value in out.items()}
+    return {**{f"mismatch/{key}": value for key, value in out.items()}, "mismatch/tokens": tokens}
