@@ -8,11 +8,13 @@ iterations whose rank keeps 2 batches open (max_staleness 1) and trains each ite
 finished, the others carried into the next iteration; every group admitted trains once, none stale past
 the bound and none dropped. Its run resumed from the checkpoint after iteration 2, as after a crash in
 iteration 3, keeps the records it had and redoes iteration 3 with none of the episodes open at the checkpoint: it
-admits only the batch it trains, on the checkpoint's weights. The job measures the train-inference gap
+draws their prompt groups again (the prompt ledger) and admits only the batch it trains, on the checkpoint's
+weights. The job measures the train-inference gap
 (monitoring.mismatch) on the tokens the old-logprob pass's weights sampled."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import jobs  # tests/jobs.py
@@ -102,7 +104,8 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
     # A crash in iteration 3: the run as it was before that iteration's checkpoint, resumed.
     shutil.copytree(tmp_path / "run", tmp_path / "crashed")
     shutil.rmtree(tmp_path / "crashed" / "checkpoints" / f"iter-{JOB_ITERATIONS:06d}")
-    resumed = jobs.run(tmp_path / "job.yaml", tmp_path / "crashed", resume=True).records
+    resumed_log = jobs.run(tmp_path / "job.yaml", tmp_path / "crashed", resume=True)
+    resumed = resumed_log.records
     assert resumed[:2] == records[:2]  # kept, not redone
     redone = resumed[2]
     assert redone["iteration"] == JOB_ITERATIONS
@@ -115,3 +118,17 @@ def test_a_carry_job_trains_carried_groups_in_a_later_iteration_within_the_bound
         0,
     )
     assert redone["staleness_max"] == 0
+    # The prompt ledger (driver/prompt_ledger.py): the groups the rank held open at the checkpoint were drawn again
+    # (their episodes generated anew), so the resumed run trained the same prompt groups as the run that was
+    # not stopped, each once; the last iteration's fresh groups, which no rank had room to admit, stay open.
+    assert "drawing again the 2 prompt groups" in resumed_log.stdout + resumed_log.stderr
+    whole, again = (
+        json.loads((tmp_path / run / "checkpoints" / f"iter-{JOB_ITERATIONS:06d}" / "ledger.json").read_text())
+        for run in ("run", "crashed")
+    )
+    assert again["trained"] == whole["trained"]  # which iteration trains which group: the episodes' pace
+    assert sorted(d for draws in whole["trained"].values() for d in draws) == list(range(6))
+    assert [len(draws) for draws in whole["trained"].values()] == [JOB_G] * JOB_ITERATIONS
+    summary = {"trained": 6, "passed_over": 0, "trained_twice": 0}
+    assert whole["summary"] == {**summary, "drawn": 8, "open": 2}
+    assert again["summary"] == {**summary, "drawn": 6, "open": 0}  # iteration 3 drew only the held groups again

@@ -266,3 +266,15 @@ def test_sigterm_checkpoints_the_iteration_under_way_and_resume_continues_after_
     resumed = jobs.run(config, output, resume=True, max_restarts=None)
     assert "resuming after iteration 3" in resumed.stdout + resumed.stderr
     assert [r["iteration"] for r in resumed.records] == list(range(1, ITERATIONS + 1))
+    # The prompt ledger (driver/prompt_ledger.py) of the last checkpoint: every group drawn trained once, in the
+    # iteration that drew it; none lost at the stop, none trained twice, none left open.
+    ledger = json.loads((output / "checkpoints" / f"iter-{ITERATIONS:06d}" / "ledger.json").read_text())
+    assert ledger["summary"] == {
+        "drawn": ITERATIONS * G,
+        "trained": ITERATIONS * G,
+        "passed_over": 0,
+        "open": 0,
+        "trained_twice": 0,
+    }
+    assert ledger["trained"] == {str(i): list(range((i - 1) * G, i * G)) for i in range(1, ITERATIONS + 1)}
+    assert [r["prompts/trained_groups"] for r in resumed.records] == [G] * ITERATIONS

@@ -195,7 +195,8 @@ def test_dapo_filters_groups_on_the_unshaped_score():
     shaped = recipe.reward_shaping(score, torch.tensor([3, 6, 3, 3]), algo)
     assert shaped.tolist() == [1.0, 0.0, 0.0, 1.0]
     rounds = recipe.sampling_rounds
-    assert rounds.score_column == "score" and recipe.consumes[rounds.read_state] == ("score", "response_length")
+    assert rounds.score_column == "score"
+    assert recipe.consumes[rounds.read_state] == ("score", "response_length", "prompt_draw")
     assert "score" in recipe.produces["reward"]
     assert rounds.group_filter(algo)(score, 2).tolist() == [False, True]
 
@@ -241,11 +242,13 @@ def test_the_facts_count_an_episode_of_several_rows_once():
                 "score": torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0]),
                 "response_length": torch.tensor([5, 7, 0, 4, 0, 0]),
                 "episode": torch.tensor([0, 0, 0, 1, 1, 1]),
+                "prompt_draw": torch.tensor([4, 4, 4, 4, 4, 4]),
             },
             batch_size=[6],
         )
     )
     assert facts.scores == [1.0, 0.0] and facts.response_lengths == [5, 7, 4]
+    assert facts.draws == {4}  # the group both episodes belong to
 
 
 def test_dynamic_sampling_filters_episodes_of_a_group_of_segment_rows():

@@ -37,8 +37,12 @@ def ray_session(start_local_ray) -> Iterator[None]:
 
 
 def columns(names: tuple[str, ...], indices: list[int]) -> TensorDict:
+    """Each sample's columns: its index 3 times, but its prompt group's draw number (the group's slot)."""
     index = torch.tensor(indices, dtype=torch.float32)
-    return TensorDict({name: index[:, None].expand(-1, 3).clone() for name in names}, batch_size=[len(indices)])
+    out = TensorDict({name: index[:, None].expand(-1, 3).clone() for name in names}, batch_size=[len(indices)])
+    if "prompt_draw" in names:
+        out["prompt_draw"] = torch.tensor(indices, dtype=torch.int64) // GROUP_SIZE
+    return out
 
 
 class DriverDouble:
@@ -148,7 +152,9 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(
     dead worker while --max-restarts lasts, and raises once it is spent."""
     from types import SimpleNamespace
 
+    from rldock.runtime.data.sampler import PromptSampler
     from rldock.runtime.dock import DockActorDiedError
+    from rldock.runtime.driver.feed import Feed
     from rldock.runtime.driver.records import MetricsLog
 
     trainer = Trainer.__new__(Trainer)
@@ -158,6 +164,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(
     trainer._stop = StopRequest()  # not installed: this process keeps its own SIGTERM handling
     monkeypatch.setattr(trainer._stop, "install", lambda: None)
     trainer._utilisation = object()  # the mfu/ inputs, as if measured on an earlier attempt: no actor here
+    trainer.inputs = SimpleNamespace(feed=Feed(None, PromptSampler(8, seed=0), None, None, "prompt_groups"))
     docks: list[TransferDock] = []
     kept: list[bool] = []
 
@@ -256,4 +263,5 @@ def test_a_resumed_iteration_reads_its_facts_from_the_dock(tmp_path) -> None:
     )
     assert stages.facts.response_lengths == [lengths[i] for i in range(NUM_SAMPLES)]
     assert stages.facts.scores == [scores[i] for i in range(NUM_SAMPLES)]
+    assert stages.facts.draws == set(range(NUM_SAMPLES // GROUP_SIZE))  # every group, for the prompt ledger
     again_dock.shutdown()

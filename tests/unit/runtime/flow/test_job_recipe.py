@@ -220,3 +220,19 @@ def test_one_row_per_episode_adds_no_column():
     recipe = job_recipe(_harness_cfg(1))
     assert "episode" not in recipe.driver_produces
     assert not any("episode" in c for columns in recipe.consumes.values() for c in columns)
+
+
+def test_a_carry_rollout_reads_each_groups_draw_number_to_write_it_with_the_group():
+    """Carried episodes are written into other rows than the ones the rollout was handed: the rollout reads the
+    groups' draw numbers (prompt_draw) with their prompts, so the driver's read of the facts (the prompt ledger)
+    names the groups that trained, not the rows' fresh ones. Other rollouts leave the driver's column alone."""
+    carry = JobConfig(
+        **{
+            **_cfg().model_dump(exclude_unset=True),
+            "agent": {"tools": [{"name": "calculator"}]},
+            "rollout": {"partial_rollout": "carry", "importance_correction": "behaviour"},
+        }
+    )
+    assert "prompt_draw" in job_recipe(carry).consumes["rollout"]
+    assert "prompt_draw" not in job_recipe(_cfg()).consumes["rollout"]
+    assert "prompt_draw" in job_recipe(carry).consumes["sample_facts"]

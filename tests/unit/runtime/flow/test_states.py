@@ -38,10 +38,11 @@ GRPO_CONSUMES = {
     "reward": R + ("prompt_index",),
     "advantage": ("reward",),
     "update": P + R + ("old_logprobs", "ref_logprobs", "advantage", "policy_version"),
-    "sample_facts": ("score", "response_length"),  # the driver's read of each sample's facts
+    # the driver's read of each sample's facts, its prompt group's draw number (the prompt ledger's) among them
+    "sample_facts": ("score", "response_length", "prompt_draw"),
 }
 GRPO_PRODUCES = {
-    "driver": P + ("prompt_index",),
+    "driver": P + ("prompt_index", "prompt_draw"),
     "rollout": R + ("response_length", "policy_version"),
     "actor_inference": ("old_logprobs",),
     "reference": ("ref_logprobs",),
@@ -80,9 +81,13 @@ FLOWS = {
         GRPO_PRODUCES,
     ),
     "dpo": (
-        {"reference": P + R, "preference_update": P + R + ("ref_logprobs",), "sample_facts": ("response_length",)},
         {
-            "driver": P + R + ("response_length",),
+            "reference": P + R,
+            "preference_update": P + R + ("ref_logprobs",),
+            "sample_facts": ("response_length", "prompt_draw"),
+        },
+        {
+            "driver": P + R + ("response_length", "prompt_draw"),
             "reference": ("ref_logprobs",),
             "preference_update": (),
             "sample_facts": (),

@@ -49,6 +49,24 @@ class PromptSampler:
     def epoch(self) -> int:
         return self._epoch
 
+    @property
+    def drawn(self) -> int:
+        """How many prompts were drawn so far: the next draw's number (a draw is numbered 0, 1, ...
+        across epochs; the prompt ledger names a prompt group by it)."""
+        return self._epoch * self.num_prompts + self._position
+
+    def prompt_of(self, draw: int) -> int:
+        """The prompt index draw number `draw` gave (or will give): a pure function of (seed, draw)."""
+        assert draw >= 0, "draws are numbered from 0"
+        epoch, position = divmod(draw, self.num_prompts)
+        order = self._order if epoch == self._epoch else self._permutation(epoch)
+        return int(order[position])
+
+    @staticmethod
+    def drawn_in(state: dict[str, int]) -> int:
+        """`drawn` of a sampler in `state` (a `state_dict`)."""
+        return state["epoch"] * state["num_prompts"] + state["position"]
+
     def state_dict(self) -> dict[str, int]:
         return {
             "num_prompts": self.num_prompts,

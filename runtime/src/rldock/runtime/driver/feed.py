@@ -20,7 +20,7 @@ from rldock.config.algorithm import AlgorithmSpec
 from rldock.runtime.algorithms.episode_rows import episode_heads
 from rldock.runtime.data import PromptDataset
 from rldock.runtime.dock.stage_loop import StageResult
-from rldock.runtime.flow.columns import EPISODE
+from rldock.runtime.flow.columns import EPISODE, PROMPT_DRAW
 from rldock.runtime.models.loading import encode_answers, pad_prompts
 from rldock.runtime.registry import Registry
 
@@ -88,8 +88,10 @@ def preference_pairs(
 
 class Feed:
     """What the driver draws each iteration: the recipe's batch (`algorithm` + `driver_batch`, a
-    name in BATCH_BUILDERS) of the next prompts in the seeded sampler's order. Lives as long as the
-    job; a checkpoint keeps its position (`state_dict`) and a resumed attempt loads it."""
+    name in BATCH_BUILDERS) of the next prompts in the seeded sampler's order, each row tagged with
+    its group's draw number (`prompt_draw`, the prompt ledger's name for the group: prompt_ledger.py).
+    Lives as long as the job; a checkpoint keeps its position (`state_dict`) and a resumed attempt
+    loads it, then `requeue`s the groups drawn before it that never trained."""
 
     def __init__(
         self,
@@ -105,17 +107,29 @@ class Feed:
         self.dataset, self.sampler, self.tokenizer, self.algo = dataset, sampler, tokenizer, algo
         self.build = BATCH_BUILDERS.get(driver_batch)
         self.rows_per_episode = rows_per_episode
+        self.requeued: list[int] = []  # draw numbers drawn again before any new one
 
     def draw(self, num_prompts: int | None = None) -> DriverBatch:
-        """The batch of the next `num_prompts` prompts (default G)."""
+        """The batch of the next `num_prompts` prompts (default G): requeued groups first."""
         count = self.algo.num_prompts_per_iteration if num_prompts is None else num_prompts
-        return self.build(
-            self.dataset,
-            self.sampler.next_batch(count),
-            self.tokenizer,
-            self.algo,
-            rows_per_episode=self.rows_per_episode,
-        )
+        again, self.requeued = self.requeued[:count], self.requeued[count:]
+        first_new = self.sampler.drawn
+        positions = [self.sampler.prompt_of(d) for d in again] + self.sampler.next_batch(count - len(again))
+        draws = torch.tensor(again + list(range(first_new, self.sampler.drawn)), dtype=torch.int64)  # (count,)
+        fed = self.build(self.dataset, positions, self.tokenizer, self.algo, rows_per_episode=self.rows_per_episode)
+        rows_per_group = len(fed.batch) // count if count else 0
+        fed.batch[PROMPT_DRAW[0]] = draws.repeat_interleave(rows_per_group)  # (count * rows per group,)
+        return fed
+
+    def requeue(self, draws: Sequence[int]) -> None:
+        """Draw the groups numbered `draws` (drawn before, by a run this one resumes) before any new one;
+        replaces what was requeued before."""
+        self.requeued = sorted(draws)
+
+    @property
+    def drawn(self) -> int:
+        """The groups drawn so far, requeued ones not yet drawn again among them: the next new draw's number."""
+        return self.sampler.drawn
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()
@@ -160,16 +174,19 @@ def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
 class SampleFacts:
     """What the driver reads of each sample through the recipe's sample_facts state (flow/states.py): the
     reward before shaping (`score`; none in a recipe without a reward state) and the response's
-    tokens. The iteration's record takes reward_mean/std and response_length_mean from them; with
-    DAPO's sampling rounds they hold every round's samples, the dropped groups' too."""
+    tokens, and the prompt groups they belong to. The iteration's record takes reward_mean/std and
+    response_length_mean from them, the prompt ledger the groups; with DAPO's sampling rounds they hold
+    every round's samples, the dropped groups' too."""
 
     scores: list[float] = field(default_factory=list)
     response_lengths: list[int] = field(default_factory=list)
+    draws: set[int] = field(default_factory=set)  # the prompt groups of the samples read, by draw number
 
     def add(self, read: TensorDict) -> None:
         """Add the facts of a read of the sample_facts state (its (B,) columns): where an episode is several
         rows (`episode`: a harness's segments) its reward once and the lengths of its segments, not of
         its empty rows."""
+        self.draws.update(read[PROMPT_DRAW[0]].tolist())
         lengths = read["response_length"]  # (B,)
         if EPISODE[0] in read.keys():
             heads = episode_heads(read[EPISODE[0]])  # (B,)

@@ -19,6 +19,7 @@ from rldock.contract.progress import (
 from rldock.runtime.agent.episode_metrics import agent_metrics
 from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, merge_mismatch
 from rldock.runtime.dock.stage_loop import StageResult
+from rldock.runtime.driver.evaluation import val_metrics
 from rldock.runtime.driver.utilisation import UtilisationInputs, stage_utilisation
 from rldock.runtime.flow.states import (
     ACTOR_INFERENCE,
@@ -254,6 +255,23 @@ def progress_line(
             **evaluation_headline(last_evaluation),
         }
     )
+
+
+def progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
+    """The run's progress bar for people (tqdm), off where the operator reads progress lines instead."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="it", disable=not enabled, dynamic_ncols=True)
+
+
+def iteration_records(records: list[dict]) -> list[dict]:
+    """`records` but iteration 0 (the initial policy's evaluation)."""
+    return [r for r in records if r["iteration"] > 0]
+
+
+def last_evaluation(records: list[dict]) -> dict | None:
+    """The newest record that holds an evaluation's val/ metrics, or None."""
+    return next((r for r in reversed(records) if val_metrics(r)), None)
 
 
 def bar_figures(record: dict[str, Any], last_evaluation: dict[str, Any] | None) -> dict[str, str]:

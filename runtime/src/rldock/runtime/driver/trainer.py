@@ -30,6 +30,7 @@ import torch
 
 from rldock.config import JobConfig
 from rldock.runtime import checkpoint as ckpt
+from rldock.runtime.data.sampler import PromptSampler
 from rldock.runtime.dock import DockActorDiedError, DockTimeoutError
 from rldock.runtime.driver.attempt import Attempt
 from rldock.runtime.driver.bookkeeping import Bookkeeper, DockCounters
@@ -38,17 +39,22 @@ from rldock.runtime.driver.inputs import prepare_inputs
 from rldock.runtime.driver.iteration_hold import IterationHold
 from rldock.runtime.driver.mismatch_budget import MismatchBudget
 from rldock.runtime.driver.preemption import Preempted, StopRequest
+from rldock.runtime.driver.prompt_ledger import PromptLedger
 from rldock.runtime.driver.records import (
     PLOT_FILE,
     MetricsLog,
     bar_figures,
     iteration_record,
+    iteration_records,
+    last_evaluation,
     plot_progress,
+    progress_bar,
     progress_line,
 )
 from rldock.runtime.driver.schedule import WORKER_DEATHS, Driver, Schedule, choose_schedule
 from rldock.runtime.driver.tracking import Tracking, open_tracking
 from rldock.runtime.driver.utilisation import UtilisationInputs, measure_utilisation_inputs
+from rldock.runtime.flow.columns import PROMPT_DRAW
 from rldock.runtime.flow.states import ACTOR
 from rldock.runtime.rollout.modes import counters_of
 from rldock.runtime.workers import cluster
@@ -99,6 +105,7 @@ class Trainer:
         self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
         self._stop = StopRequest()  # SIGTERM: the iteration under way, a checkpoint, then Preempted
+        self.ledger = PromptLedger()  # what became of each prompt group drawn (prompt_ledger.py)
 
     def _check_output_dir(self, resume: bool) -> None:
         if not resume and (self.metrics.path.exists() or ckpt.latest_checkpoint(self.output_dir)):
@@ -114,13 +121,13 @@ class Trainer:
         if self.resume_from is not None and self.resume_from.iteration >= self.cfg.iterations:
             logger.info("%s already finished all %d iterations", self.output_dir, self.cfg.iterations)
             records = self.metrics.read()
-            self._last_evaluation = _last_evaluation(records)
+            self._last_evaluation = last_evaluation(records)
             if records and not self.show_progress:
                 # A retry can start after the previous attempt finished (the worker was lost as
                 # the last iteration ended): say where the run is, or the operator would keep the
                 # previous attempt's last line, an iteration short.
                 self._report_progress(records[-1])
-            return _iteration_records(records)
+            return iteration_records(records)
         cluster.connect(self.cfg)
         self._stop.install()  # after ray.init, which installs a SIGTERM handler of its own
         for number in range(self.max_restarts + 1):
@@ -148,20 +155,26 @@ class Trainer:
                 self.resume_from = ckpt.latest_checkpoint(self.output_dir)
         records = self.metrics.read()
         plot_progress(records, self.output_dir / PLOT_FILE)
-        return _iteration_records(records)
+        return iteration_records(records)
 
     def _attempt(self) -> Attempt:
         return Attempt(self.cfg, self.inputs, output_dir=self.output_dir, resume_from=self.resume_from)
 
     def _resume_position(self) -> int:
-        """The first iteration to run: after the checkpoint resumed from (whose sampler position the
-        feed takes), else 1. Records after that checkpoint belong to iterations that will be redone."""
-        start_iteration = 1
+        """The first iteration to run: after the checkpoint resumed from (whose sampler position and prompt
+        ledger the feed and the run take), else 1. Records after that checkpoint belong to iterations that
+        will be redone; the groups its ledger holds open (or every group drawn, without one) are drawn again."""
+        start_iteration, feed = 1, self.inputs.feed
+        self.ledger = PromptLedger()
         if self.resume_from is not None:
             start_iteration = self.resume_from.iteration + 1
-            self.inputs.feed.load_state_dict(self.resume_from.state()["sampler"])
+            feed.load_state_dict(self.resume_from.state()["sampler"])
+            self.ledger = PromptLedger.load(self.resume_from.path, drawn=feed.drawn)
             logger.info("resuming after iteration %d from %s", self.resume_from.iteration, self.resume_from.path)
-        self._last_evaluation = _last_evaluation(self.metrics.truncate_after(start_iteration - 1))
+        feed.requeue(self.ledger.open_below(feed.drawn))
+        if feed.requeued:
+            logger.info("drawing again the %d prompt groups drawn and not trained before", len(feed.requeued))
+        self._last_evaluation = last_evaluation(self.metrics.truncate_after(start_iteration - 1))
         return start_iteration
 
     # --- iterations ---------------------------------------------------------------------------
@@ -209,7 +222,7 @@ class Trainer:
         )
         tracking = open_tracking(self.cfg, self.output_dir, first_step=0 if evaluate_at_start else start_iteration)
         loop = AttemptLoop(attempt, schedule, books, counters, tracking)
-        progress = _progress_bar(
+        progress = progress_bar(
             total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
         )
         failed, budget = True, MismatchBudget(self.cfg.monitoring, self.metrics.read(), loop.attempt.started().actors)
@@ -272,6 +285,9 @@ class Trainer:
             else {},
             utilisation=self._utilisation,
         )
+        held = self.cfg.rollout.partial_rollout == "carry"  # ranks hold groups across iterations
+        fed = None if held else stages.fed.batch[PROMPT_DRAW[0]].tolist()
+        record.update(self.ledger.settle(iteration, read=stages.facts.draws, put=fed, drawn=self.inputs.feed.drawn))
         # a Future until _write_record: read while the driver starts the next iteration (the
         # driver's next put waits for it, so the counters hold exactly this iteration's traffic)
         record["dock"] = loop.counters.read(stages.bank)
@@ -329,20 +345,6 @@ class Trainer:
         # ranks' torch RNG covers training, and sampling seeds derive from (seed, iteration, index).
         # A run-ahead schedule drew the next iteration's prompts already: it keeps the position before that draw.
         state = {"sampler": loop.schedule.checkpoint_sampler_state()}
+        self.ledger.save(staging, drawn=PromptSampler.drawn_in(state["sampler"]))
         ckpt.commit(self.output_dir, staging, iteration, state, keep_last=self.cfg.checkpoint.keep_last)
         plot_progress(self.metrics.read(), self.output_dir / PLOT_FILE)
-
-
-def _progress_bar(total: int, initial: int, *, enabled: bool, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="it", disable=not enabled, dynamic_ncols=True)
-
-
-def _iteration_records(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["iteration"] > 0]
-
-
-def _last_evaluation(records: list[dict]) -> dict | None:
-    """The newest record that holds an evaluation's val/ metrics, or None."""
-    return next((r for r in reversed(records) if val_metrics(r)), None)

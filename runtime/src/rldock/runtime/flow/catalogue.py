@@ -19,7 +19,7 @@ from rldock.runtime.algorithms.gae import GAE_UNITS, GaeInputs, GaeResult, maske
 from rldock.runtime.algorithms.gspo import gspo_policy_loss  # noqa: F401  registers the "gspo" loss
 from rldock.runtime.algorithms.turn_credit import turn_credit_stage
 from rldock.runtime.algorithms.turns import rewards_per_turn
-from rldock.runtime.flow.columns import PROMPT, RESPONSE, RESPONSE_LENGTH
+from rldock.runtime.flow.columns import PROMPT, PROMPT_DRAW, RESPONSE, RESPONSE_LENGTH
 from rldock.runtime.flow.recipe import RECIPES, AdvantageStage, Recipe, SamplingRounds, register_recipe
 from rldock.runtime.flow.states import (
     ACTOR_INFERENCE,
@@ -300,11 +300,11 @@ register_recipe(
 register_recipe(
     Recipe(
         "dpo",
-        (REFERENCE_INFERENCE, PREFERENCE_UPDATE, replace(SAMPLE_FACTS, consumes=RESPONSE_LENGTH)),
+        (REFERENCE_INFERENCE, PREFERENCE_UPDATE, replace(SAMPLE_FACTS, consumes=RESPONSE_LENGTH + PROMPT_DRAW)),
         advantage_stage=None,
         policy_loss=None,
         driver_batch="preference_pairs",
-        driver_produces=PROMPT + RESPONSE + RESPONSE_LENGTH,
+        driver_produces=PROMPT + RESPONSE + RESPONSE_LENGTH + PROMPT_DRAW,
         update_state=PREFERENCE_UPDATE.name,
         reference_for_kl_only=False,
     )

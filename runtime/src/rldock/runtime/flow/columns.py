@@ -13,6 +13,11 @@ PROMPT = ("prompt_ids", "prompt_mask")
 # (B,) int64: the train-file row of each sample's prompt; the reward worker looks the ground truth,
 # data source and extra info up by it in its own copy of the rows.
 PROMPT_INDEX = ("prompt_index",)
+# (B,) int64: each sample's prompt group by its draw number (0, 1, ... in the order the driver's feed drew
+# prompts, across epochs): the driver puts it with the prompt, a rollout that writes a group into other
+# rows (carried episodes) writes it with the group's prompt, and the driver reads it back through the
+# sample_facts state, so the prompt ledger (driver/prompt_ledger.py) counts the groups each update trained.
+PROMPT_DRAW = ("prompt_draw",)
 RESPONSE = ("response_ids", "response_mask")
 # (B,) int64: the policy version (weight updates behind the engine's weights) that generated each
 # response, written by the rollout; the update measures each sample's staleness from it.

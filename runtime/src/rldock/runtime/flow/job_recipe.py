@@ -16,6 +16,7 @@ from rldock.runtime.flow.columns import (
     EPISODE_SHARE,
     PARTIAL_ROLLOUT,
     POLICY_VERSION,
+    PROMPT_DRAW,
     PROMPT_INDEX,
     RESPONSE_ATTENTION,
     RM_SCORE,
@@ -96,6 +97,8 @@ def job_recipe(cfg: JobConfig) -> Recipe:
         recipe = with_reference_on_actor(recipe)
     if cfg.agent is not None:
         recipe = with_agent(recipe)
+    if cfg.rollout.partial_rollout == "carry":
+        recipe = with_carried_groups(recipe)
     if cfg.algorithm.routing_replay == "reference" and ACTOR_INFERENCE.name in recipe.consumes:
         recipe = with_routing_replay(recipe)
     if cfg.rollout.return_logprobs:
@@ -150,6 +153,17 @@ def with_agent(recipe: Recipe) -> Recipe:
         if spec.name == REWARD_STATE.name:
             consumes += TRAJECTORY_COUNTS
         return replace(spec, consumes=consumes, produces=produces)
+
+    return _with_specs(recipe, change)
+
+
+def with_carried_groups(recipe: Recipe) -> Recipe:
+    """`recipe` whose rollout writes groups into other rows than the ones it was handed (carried episodes,
+    rollout/agent_carry.py): it reads each group's draw number too, and writes it with the group's prompt,
+    so that the driver's read of the facts names the groups that trained (the prompt ledger)."""
+
+    def change(spec: WorkerState) -> WorkerState:
+        return replace(spec, consumes=spec.consumes + PROMPT_DRAW) if spec.name == ROLLOUT.name else spec
 
     return _with_specs(recipe, change)
 

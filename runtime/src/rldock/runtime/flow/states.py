@@ -24,7 +24,15 @@ from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
 from rldock.contract.layout import DeviceGroup, JobLayout, RankCount
 from rldock.contract.placement import ACTOR_GROUP, PlacementPlan
-from rldock.runtime.flow.columns import POLICY_VERSION, PROMPT, PROMPT_INDEX, RESPONSE, RESPONSE_LENGTH, RM_SCORE
+from rldock.runtime.flow.columns import (
+    POLICY_VERSION,
+    PROMPT,
+    PROMPT_DRAW,
+    PROMPT_INDEX,
+    RESPONSE,
+    RESPONSE_LENGTH,
+    RM_SCORE,
+)
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -243,11 +251,12 @@ CRITIC_INFERENCE = WorkerState(
 CRITIC_UPDATE = WorkerState(
     "critic_update", CRITIC, "update", consumes=PROMPT + RESPONSE + ("values", "returns"), trains=True
 )
-# The driver's read of each sample's facts (no worker runs it): the reward before shaping and the
-# response's length, read once the iteration's stages are done (driver/schedule/steps.py: read_facts), or
-# each sampling round's by DAPO's filter (recipe.SamplingRounds.read_state). They stay in the dock
-# and are read back from it, also by a resumed iteration; no stage returns them.
-SAMPLE_FACTS = WorkerState("sample_facts", None, "", consumes=("score",) + RESPONSE_LENGTH)
+# The driver's read of each sample's facts (no worker runs it): the reward before shaping, the
+# response's length and its prompt group's draw number (the prompt ledger's), read once the iteration's
+# stages are done (driver/schedule/steps.py: read_facts), or each sampling round's by DAPO's filter
+# (recipe.SamplingRounds.read_state). They stay in the dock and are read back from it, also by a resumed
+# iteration; no stage returns them.
+SAMPLE_FACTS = WorkerState("sample_facts", None, "", consumes=("score",) + RESPONSE_LENGTH + PROMPT_DRAW)
 
 # The reward model (a `model` reward term; job_recipe adds it before the reward state, which reads
 # its `rm_score` as that term's scores): one rank on a device share, like a reference rank.

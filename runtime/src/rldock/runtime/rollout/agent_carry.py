@@ -17,8 +17,9 @@ own batch each iteration and no group misses its deadline on a rank the dock gav
 
 Counted per call (summed over ranks in the iteration's record, `rollout/carry_*`): episodes admitted,
 written and left open after the cut. A checkpoint keeps no open episode: the ranks of a resumed attempt
-start with none and fill their room from the prompts handed ahead again, so the episodes open when the
-checkpoint was taken (its iteration's `rollout/carry_open`) are never trained, and none twice.
+start with none, and the driver draws the prompt groups of the episodes open when the checkpoint was taken
+(its iteration's `rollout/carry_open`) again before any new prompt (driver/prompt_ledger.py), so their episodes are
+generated anew on the checkpoint's weights: no group is lost, and none trains twice.
 """
 
 from __future__ import annotations

@@ -225,14 +225,21 @@ class RoundWorkersDouble:
 
 
 class PromptFeedDouble(FeedDouble):
-    """The feed with every column the driver puts (prompt, mask, train row)."""
+    """The feed with every column the driver puts (prompt, mask, train row, the group's draw number)."""
+
+    groups_drawn = 0
 
     def draw(self, num_prompts=None) -> DriverBatch:
         rows = 2 * GROUP_SIZE if num_prompts is None else num_prompts * GROUP_SIZE
         self.log.append(("draw", next(self.draws)))
         columns = {"prompt_ids": torch.ones(rows, 3, dtype=torch.int64), "prompt_mask": torch.ones(rows, 3)}
+        first, self.groups_drawn = self.groups_drawn, self.groups_drawn + rows // GROUP_SIZE
+        draws = torch.arange(first, self.groups_drawn).repeat_interleave(GROUP_SIZE)
         return DriverBatch(
-            TensorDict({**columns, "prompt_index": torch.zeros(rows, dtype=torch.int64)}, batch_size=[rows]),
+            TensorDict(
+                {**columns, "prompt_index": torch.zeros(rows, dtype=torch.int64), "prompt_draw": draws},
+                batch_size=[rows],
+            ),
             prompt_lengths=[3] * (rows // GROUP_SIZE),
         )
 
@@ -244,6 +251,7 @@ def test_dapo_rounds_read_every_rounds_facts_dropped_groups_included(tmp_path):
     from rldock.config.algorithm import AlgorithmSpec
     from rldock.config.dock import DockSpec
     from rldock.runtime.dock import TransferDock
+    from rldock.runtime.driver.prompt_ledger import PromptLedger
     from rldock.runtime.driver.schedule.rounds import fill_by_rounds
 
     recipe = get_recipe("dapo")
@@ -268,6 +276,18 @@ def test_dapo_rounds_read_every_rounds_facts_dropped_groups_included(tmp_path):
         assert sampled.metrics["dynamic_sampling/rounds"] == 2
         assert sampled.facts.scores == [1.0, 1.0, 0.0, 1.0, 0.5, 0.0]  # both rounds' samples, in read order
         assert sampled.facts.response_lengths == [1, 2, 3, 1, 1, 2]  # rows 0-3, then row 0-1 again
+        # the prompt ledger's view: groups 0 and 1 drawn first, group 2 refilling slot 0; the filter's group
+        # is passed over, the kept ones train
+        assert sampled.facts.draws == {0, 1, 2}
+        kept = sampled.batch.batch["prompt_draw"].tolist()
+        assert kept == [2, 2, 1, 1]
+        ledger = PromptLedger()
+        assert ledger.settle(1, read=sampled.facts.draws, put=kept, drawn=3) == {
+            "prompts/trained_groups": 2,
+            "prompts/passed_over_groups": 1,
+            "prompts/open_groups": 0,
+            "prompts/trained_twice": 0,
+        }
         assert bank.get("sample_facts", ["score"], batch_size=2 * GROUP_SIZE, whole_groups=True) is None  # all read
     finally:
         bank.shutdown()
