@@ -8,7 +8,8 @@ evaluation runs the same harness, greedily, on the held-out prompts.
 The job runs async with partial rollout (`resume`, ROUND_TOKENS a round): iteration 2's episodes are sampled
 ahead of iteration 1's update, and each one's turn under way when it has sampled ROUND_TOKENS tokens is cut
 there, its HTTP request left open, and finished on the new weights: those turns straddle the update, and
-still every segment is the engine's ids and no episode is dropped.
+still every segment is the engine's ids and no episode is dropped. The job measures the train-inference gap
+(monitoring.mismatch) on the tokens the old-logprob pass's weights sampled.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _config(root: Path) -> dict:
         "dock": {"timeout_s": 300, "max_staleness": 1},
         "checkpoint": {"interval": ITERATIONS},
         "evaluation": {"interval": ITERATIONS},
+        "monitoring": {"mismatch": {"max_kl": 1.0, "action": "warn"}},
     }
 
 
@@ -110,6 +112,16 @@ def test_a_plain_openai_harness_trains_every_segment_token_exact(run):
     assert cut > 0 and ahead["rollout/partial_resumed"] == cut and ahead["rollout/partial_dropped"] == 0
     assert ahead["rollout/partial_carried_tokens"] == cut * ROUND_TOKENS  # each stopped at its budget
     assert ahead["rollout/partial_newer_tokens"] > 0  # the cut turns went on after the update
+
+
+def test_the_harness_jobs_train_inference_gap_is_its_float32_kernels(run):
+    """monitoring.mismatch on a harness job: the gateway keeps every sampled token's engine logprob, and the gap
+    is measured on the tokens the old-logprob pass's weights sampled (the run-ahead iteration's turns cut at
+    the update are measured on their tokens after it): float32 on both sides, only the kernels differ."""
+    records = [r for r in jobs.records(run) if r["iteration"] > 0]
+    assert len(records) == ITERATIONS
+    for record in records:  # the older version's tokens of the cut turns would show as a gap of 1e-3 and more
+        jobs.check_float32_gap(record)
 
 
 def test_every_segment_is_a_trained_dock_row_of_the_engines_ids(run):
