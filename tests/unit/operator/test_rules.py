@@ -24,6 +24,7 @@ def test_the_rules_apply_in_this_order():
         Rule.SUSPENDED,
         Rule.SUSPENDED_BY_OTHER,
         Rule.BLOCKED,
+        Rule.PREEMPTED,
         Rule.ATTEMPT_REFUSED,
         Rule.ATTEMPT_SUCCEEDED,
         Rule.ATTEMPT_FAILED,

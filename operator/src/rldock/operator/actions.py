@@ -12,6 +12,9 @@ here (the table is in rules.py):
   when Kueue owns that field (gang=kueue).
 - SUSPENDED_BY_OTHER (an admin): nothing until they resume it; no restart is counted for the job it
   stopped.
+- PREEMPTED (the head pod is being deleted while the job ran): nothing; the head's preStop hook stops
+  the driver after a checkpoint, KubeRay makes a new head, and STARTING submits the same attempt to
+  it (no restart counted), which resumes from that checkpoint.
 - ATTEMPT_FAILED with restarts left: stop the job if it still runs and count a restart; the next
   round submits attempt `restartCount`, which resumes from the last checkpoint.
 - ATTEMPT_RUNNING: leave the driver be.
@@ -161,6 +164,7 @@ _ACTIONS: dict[Rule, Callable[[RoundFacts], list[Action]]] = {
     Rule.SUSPENDED: _suspend,
     Rule.SUSPENDED_BY_OTHER: _nothing,
     Rule.BLOCKED: _nothing,
+    Rule.PREEMPTED: _nothing,
     Rule.ATTEMPT_REFUSED: _failed,
     Rule.ATTEMPT_SUCCEEDED: _succeeded,
     Rule.ATTEMPT_FAILED: _retry,

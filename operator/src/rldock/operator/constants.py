@@ -265,6 +265,9 @@ class ConditionType(str, Enum):
     FAILED = "Failed"
     # spec.job.monitoring.mismatch: the last iteration's train-inference mismatch against its budget
     ROLLOUT_MISMATCH = "RolloutMismatch"
+    # The head pod was deleted while the attempt ran (a drain, a preemption): its preStop hook stopped the
+    # driver, which checkpointed the iteration under way; the next attempt resumes after it, no restart counted
+    PREEMPTED = "Preempted"
 
 
 class Reason(str, Enum):
@@ -296,6 +299,8 @@ class Reason(str, Enum):
     # is counted, and the operator does not undo it.
     SUSPENDED_EXTERNALLY = "SuspendedExternally"
     RESUMED = "Resumed"
+    # Preempted's: the head pod is being deleted while the Ray job ran
+    HEAD_POD_DELETED = "HeadPodDeleted"
     # A child the round needs cannot be had: its name is taken by an object this RLJob does not
     # control, or the API server refused to create it (a ResourceQuota, RBAC, a too large object).
     NAME_CONFLICT = "NameConflict"
@@ -341,6 +346,7 @@ class EventReason(str, Enum):
     SUCCEEDED = "Succeeded"
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
+    PREEMPTED = "Preempted"
     TTL_EXPIRED = "TTLExpired"
     NAME_CONFLICT = "NameConflict"
     CREATE_REFUSED = "CreateRefused"

@@ -131,6 +131,7 @@ class RoundFacts:
     last_checkpoint: str | None = None
     unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
+    head_terminating: str | None = None  # a head pod being deleted (observe.PodSummary), by name
     blocked: Blocked | None = None  # a child that cannot be had (reconcile.py), with why
     # The environments' Deployments (spec.environments order); None: not looked at this round.
     environments: Sequence[PodSetObservation] | None = None
@@ -183,6 +184,21 @@ class RoundFacts:
         if self.lost_pods and self.spec is not None and self.spec.max_restarts == 0:
             return Reason.WORKER_POD_LOST, "; ".join(dict.fromkeys(self.lost_pods))
         return None
+
+    @property
+    def preempted(self) -> bool:
+        """The head pod is being deleted while the attempt ran (a node drain, a preemption, `kubectl delete
+        pod`), not with its cluster (suspended, deleted): its preStop hook stops the driver, which checkpoints
+        the iteration under way and exits (rldock.runtime.driver.preemption), and the job goes with the head.
+        It holds from the round that sees the pod terminating after the job ran (the stored phase Running,
+        read before the round's status replaces it: this stored status is what outlives the head pod) until
+        the pod is gone, and again if a head is deleted before the next attempt runs."""
+        if self.head_terminating is None or self.suspension is not Suspension.NONE:
+            return False
+        if self.cluster is None or (self.cluster.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        before = self.previous.condition(ConditionType.PREEMPTED)
+        return self.previous.phase is Phase.RUNNING or (before is not None and before.status == "True")
 
     @property
     def retries_left(self) -> bool:

@@ -59,6 +59,7 @@ class PodSummary:
     head_scheduled: bool = False  # the head pod is bound to a node (a gang scheduler admitted the cluster)
     head_running: bool = False  # the head pod runs (its dashboard may answer)
     head_ready: bool = False  # ... and passes its readiness probe
+    head_terminating: str | None = None  # the name of a head pod being deleted (its preStop hook may run)
     ready_workers: int = 0
     workers: tuple[WorkerPod, ...] = ()
     unschedulable: tuple[str, ...] = ()  # the scheduler's messages, one per pod it cannot place
@@ -85,6 +86,7 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
     """Pods of one RayCluster (already filtered to those it owns)."""
     head_scheduled, head_running, head_ready, workers, unschedulable = False, False, False, [], []
+    head_terminating: str | None = None
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta, status = pod["metadata"], pod.get("status", {})
         scheduled = _condition(pod, "PodScheduled")
@@ -102,6 +104,8 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
             )
             head_running = head_running or (status.get("phase") == "Running" and not meta.get("deletionTimestamp"))
             head_ready = head_ready or _ready(pod)
+            if meta.get("deletionTimestamp"):
+                head_terminating = meta["name"]
         elif node_type == RAY_NODE_TYPE_WORKER:
             workers.append(
                 WorkerPod(
@@ -116,6 +120,7 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
         head_scheduled=head_scheduled,
         head_running=head_running,
         head_ready=head_ready,
+        head_terminating=head_terminating,
         ready_workers=sum(w.ready for w in workers),
         workers=tuple(workers),
         unschedulable=tuple(unschedulable),

@@ -361,6 +361,7 @@ class Reconciler:
             last_checkpoint=seen.progress.last_checkpoint,
             unschedulable=seen.summary.unschedulable,
             lost_pods=seen.lost,
+            head_terminating=seen.summary.head_terminating,
             environments=pod_sets.environments,
             agents=pod_sets.agents,
         )

@@ -25,6 +25,9 @@ no rule above it does.
     BLOCKED             a child cannot be had (a name         Pending or Retrying,         none (not reached)
                         conflict, a refused create, a         ClusterReady=False naming
                         refused token)                        the fix
+    PREEMPTED           the head pod is being deleted while   Preempted=True (the last     none: its preStop hook
+                        the job ran (a drain, a preemption;   iteration reported), as      stops the driver; no
+                        RoundFacts.preempted)                 STARTING                     restart counted
     ATTEMPT_REFUSED     the runtime refused its inputs        Failed, not retried          stop a driver still
                                                                                            running, delete the
                                                                                            RayCluster
@@ -58,6 +61,7 @@ class Rule(str, Enum):
     SUSPENDED = "Suspended"
     SUSPENDED_BY_OTHER = "SuspendedByOther"
     BLOCKED = "Blocked"
+    PREEMPTED = "Preempted"
     ATTEMPT_REFUSED = "AttemptRefused"
     ATTEMPT_SUCCEEDED = "AttemptSucceeded"
     ATTEMPT_FAILED = "AttemptFailed"
@@ -101,6 +105,7 @@ def classify(f: RoundFacts) -> Rule | None:
             # such a job waits for admission (STARTING), and a spec change replaces its cluster meanwhile.
             Rule.SUSPENDED_BY_OTHER: lambda: f.suspension is Suspension.OTHER and not f.kueue,
             Rule.BLOCKED: lambda: f.blocked is not None,
+            Rule.PREEMPTED: lambda: f.preempted,  # the head goes: its Ray job can no longer be read
             Rule.ATTEMPT_REFUSED: lambda: (
                 job is not None and job.status is RayJobStatus.FAILED and job.failure is not None
             ),

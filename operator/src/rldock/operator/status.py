@@ -254,6 +254,23 @@ def _attempt_failed(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     return Phase.FAILED
 
 
+def _preempted(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
+    last = f.previous.iteration
+    reported = f" (the last it reported: {last})" if last else ""
+    out.set(
+        ConditionType.PREEMPTED,
+        True,
+        Reason.HEAD_POD_DELETED,
+        f"the head pod {f.head_terminating} is being deleted while the job ran (a node drain, a preemption, a "
+        f"deleted pod): its preStop hook stops the driver, which finishes the iteration under way{reported}, "
+        "checkpoints it and exits; the next attempt resumes after it on the new head, and no restart is counted",
+    )
+    out.set(
+        ConditionType.RUNNING, False, Reason.HEAD_POD_DELETED, f"the Ray job stops with head pod {f.head_terminating}"
+    )
+    return _before_the_job(f, cluster)
+
+
 def _attempt_running(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     job = f.ray_job
     assert job is not None
@@ -261,6 +278,10 @@ def _attempt_running(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
         out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
         if f.restart_count > 0:
             out.set(ConditionType.RETRYING, False, Reason.RECOVERED, f"running again after restart {f.restart_count}")
+        preempted = f.previous.condition(ConditionType.PREEMPTED)
+        if preempted is not None and preempted.status == "True":
+            message = f"Ray job {job.submission_id} runs again after the preemption, from the checkpoint it left"
+            out.set(ConditionType.PREEMPTED, False, Reason.RESUMED, message)
         return Phase.RUNNING
     # PENDING: submitted, the driver has not started; the cluster decides the phase, as before a job.
     out.set(
@@ -291,6 +312,7 @@ def _before_the_job(f: RoundFacts, cluster: _Cluster) -> Phase:
 
 
 _ATTEMPT: dict[Rule, Callable[[RoundFacts, _Updates, _Cluster], Phase]] = {
+    Rule.PREEMPTED: _preempted,
     Rule.ATTEMPT_REFUSED: _attempt_refused,
     Rule.ATTEMPT_SUCCEEDED: _attempt_succeeded,
     Rule.ATTEMPT_FAILED: _attempt_failed,
@@ -526,6 +548,10 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
         events.append(Event("Warning", _BLOCKED_EVENTS[cond.reason], cond.message))
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
         events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
+    if (cond := became(ConditionType.PREEMPTED, "True")) is not None:
+        events.append(Event("Warning", EventReason.PREEMPTED, cond.message))
+    if (cond := became(ConditionType.PREEMPTED, "False")) is not None and cond.reason == Reason.RESUMED:
+        events.append(Event("Normal", EventReason.RESUMED, cond.message))
     over, was_over = after.condition(ConditionType.ROLLOUT_MISMATCH), before.condition(ConditionType.ROLLOUT_MISMATCH)
     if over is not None and over.status == "True" and (was_over is None or was_over.status != "True"):
         events.append(

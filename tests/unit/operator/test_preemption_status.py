@@ -1,0 +1,117 @@
+"""A preempted head (operator side, rules.PREEMPTED): the head pod is deleted while the job runs (a node drain,
+a preemption, `kubectl delete pod`); its preStop hook stops the driver after a checkpoint. The operator records
+Preempted from its stored status, the one record that outlives the head, counts no restart, submits the same
+attempt to the new head, and says Resumed when it runs. A head lost without a deletion the operator saw still
+fails the attempt (RayJobFailed) and counts a restart."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+
+from rljob_testing import round_facts, spec_dict
+
+from rldock.operator.actions import CountRestart, SubmitJob, next_actions
+from rldock.operator.api import RLJobSpec
+from rldock.operator.constants import EventReason, Phase, RayJobStatus
+from rldock.operator.facts import RayJobObservation
+from rldock.operator.observe import job_observation, summarize_pods
+from rldock.operator.rules import Rule, classify
+from rldock.operator.status import compute_status, parse_status, status_events
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+JOB_ID = "rldock-grpo-0f5c2a6e-0"
+READY = {"state": "ready", "readyWorkerReplicas": 2}
+SPEC = RLJobSpec.model_validate(spec_dict())
+HEAD = "grpo-raycluster-head-x7k2p"
+
+
+def head_pod(*, deleting: bool) -> dict:
+    meta = {"name": HEAD, "labels": {"ray.io/node-type": "head"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return {"metadata": meta, "spec": {"nodeName": "n1"}, "status": status}
+
+
+def a_round(previous: dict | None, *, at: int, **observed):
+    """(facts, rule, status, actions) of one round that looked at a ready cluster."""
+    facts = round_facts(spec=SPEC, previous=previous, now=NOW + timedelta(seconds=at), ray_cluster=READY, **observed)
+    rule = classify(facts)
+    assert rule is not None
+    return facts, rule, compute_status(facts, rule), next_actions(facts, rule)
+
+
+def conditions(status: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def running_status() -> dict:
+    running = RayJobObservation(submission_id=JOB_ID, status=RayJobStatus.RUNNING)
+    metrics = {"iteration": 7, "reward_mean": 0.5, "tokens_per_s_per_device": 100.0}
+    _, rule, status, _ = a_round(None, at=0, ray_job=running, metrics=metrics)
+    assert rule is Rule.ATTEMPT_RUNNING and status["phase"] == "Running" and status["iteration"] == 7
+    return status
+
+
+def test_the_summary_names_a_head_pod_being_deleted():
+    assert summarize_pods([head_pod(deleting=True)]).head_terminating == HEAD
+    summary = summarize_pods([head_pod(deleting=False)])
+    assert summary.head_terminating is None and summary.head_running
+
+
+def test_a_head_deleted_while_the_job_runs_is_a_preemption_resumed_as_the_same_attempt():
+    running = running_status()
+    # The head terminates: the round reads no Jobs API (the head no longer runs), so the job looks lost.
+    lost = job_observation(JOB_ID, None, previous=parse_status(running))
+    assert lost is not None and lost.status is RayJobStatus.FAILED
+    facts, rule, preempted, actions = a_round(running, at=10, ray_job=lost, head_terminating=HEAD)
+    assert rule is Rule.PREEMPTED and facts.preempted
+    assert actions == []  # the hook stops the driver; no restart counted, nothing stopped
+    assert preempted["restartCount"] == 0 and preempted["phase"] == Phase.PROVISIONING.value
+    assert conditions(preempted)["Preempted"] == ("True", "HeadPodDeleted")
+    assert conditions(preempted)["Running"] == ("False", "HeadPodDeleted")
+    message = next(c["message"] for c in preempted["conditions"] if c["type"] == "Preempted")
+    assert HEAD in message and "the last it reported: 7" in message
+    events = status_events(running, preempted)
+    assert [(e.type, e.reason) for e in events] == [("Warning", EventReason.PREEMPTED)]
+
+    # A later round while the pod still terminates: still Preempted, the same message, no second Event.
+    _, rule, again, actions = a_round(preempted, at=15, ray_job=None, head_terminating=HEAD)
+    assert rule is Rule.PREEMPTED and actions == [] and status_events(preempted, again) == []
+
+    # The head is gone and KubeRay made a new one: no job there, and none is a failure (the stored phase is
+    # not Running any more): the same attempt is submitted, no restart counted.
+    assert job_observation(JOB_ID, None, previous=parse_status(again)) is None
+    _, rule, starting, actions = a_round(again, at=30, ray_job=None, ready_to_submit=True)
+    assert rule is Rule.STARTING and actions == [SubmitJob(0)]
+    assert not any(isinstance(a, CountRestart) for a in actions)
+    assert conditions(starting)["Preempted"] == ("True", "HeadPodDeleted")  # until the attempt runs
+
+    # The attempt runs again (resumed from the checkpoint the stopped driver saved).
+    resumed_job = RayJobObservation(submission_id=JOB_ID, status=RayJobStatus.RUNNING)
+    _, rule, resumed, _ = a_round(starting, at=40, ray_job=resumed_job)
+    assert rule is Rule.ATTEMPT_RUNNING and resumed["phase"] == "Running" and resumed["restartCount"] == 0
+    assert conditions(resumed)["Preempted"] == ("False", "Resumed")
+    assert ("Normal", EventReason.RESUMED) in [(e.type, e.reason) for e in status_events(starting, resumed)]
+
+
+def test_a_head_lost_without_a_deletion_seen_fails_the_attempt_and_counts_a_restart():
+    running = running_status()
+    lost = job_observation(JOB_ID, None, previous=parse_status(running))
+    _, rule, status, actions = a_round(running, at=10, ray_job=lost)
+    assert rule is Rule.ATTEMPT_FAILED and CountRestart() in actions
+    assert "Preempted" not in conditions(status)
+
+
+def test_a_head_deleted_with_its_cluster_or_before_the_job_ran_is_no_preemption():
+    running = running_status()
+    lost = job_observation(JOB_ID, None, previous=parse_status(running))
+    facts, rule, _, _ = a_round(running, at=10, ray_job=lost, head_terminating=HEAD)
+    assert rule is Rule.PREEMPTED
+    deleted = facts.cluster | {"metadata": {"deletionTimestamp": "2026-03-01T12:00:00Z"}}
+    assert not replace(facts, cluster=deleted).preempted  # the cluster goes (released, replaced)
+    suspended = facts.cluster | {"spec": {"suspend": True}}
+    assert not replace(facts, cluster=suspended).preempted  # suspended: the suspend rules say it
+    _, rule, _, _ = a_round(None, at=0, ray_job=None, head_terminating=HEAD)  # never ran: nothing to save
+    assert rule is Rule.STARTING
