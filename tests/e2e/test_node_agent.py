@@ -150,3 +150,35 @@ def _get(url: str) -> str | None:
             return response.read().decode()
     except OSError:
         return None
+
+
+def test_a_deleted_pod_runs_its_pre_stop_hook_in_its_container_before_sigterm(
+    control_plane: ControlPlane, namespace: str, agent: NodeAgentDouble
+) -> None:
+    """A kubelet runs a container's preStop exec hook (the Ray head's `rldock preempt`) in that container's
+    namespaces before it sends SIGTERM: the hook sees the container's own processes (its PID 1 is the
+    container's command), and the pod stays terminating, reported Running, while the hook runs."""
+    core = client.CoreV1Api(control_plane.api_client())
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "cfg"}, "data": {}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}, "stringData": {"token": "t"}})
+    script = "trap 'echo term >> /agent-shared/order; exit 0' TERM; while true; do sleep 0.1; done"
+    hook = "tr '\\0' ' ' < /proc/1/cmdline > /agent-shared/hook-saw; sleep 2; echo hook >> /agent-shared/order"
+    pod = _pod("hooked", script, terminationGracePeriodSeconds=30)
+    pod["spec"]["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/bash", "-c", hook]}}}
+    core.create_namespaced_pod(namespace, pod)
+    wait_for(
+        "pod hooked Running",
+        lambda: control_plane.kubectl_json("get", "pod", "hooked", "-n", namespace)["status"].get("phase") == "Running",
+        timeout=60,
+    )
+    shared = agent.host_root / "data/agent"
+    (shared / "order").unlink(missing_ok=True)
+    control_plane.kubectl("delete", "pod", "hooked", "-n", namespace, "--wait=false")
+    saw = wait_for(
+        "the hook ran", lambda: (shared / "hook-saw").is_file() and (shared / "hook-saw").read_text(), timeout=30
+    )
+    assert "trap" in saw, saw  # PID 1 of the namespace the hook ran in: the container's command
+    terminating = control_plane.kubectl_json("get", "pod", "hooked", "-n", namespace)
+    assert terminating["metadata"].get("deletionTimestamp") and terminating["status"]["phase"] == "Running"
+    control_plane.kubectl("wait", "--for=delete", "pod/hooked", "-n", namespace, "--timeout=60s")
+    assert (shared / "order").read_text().split() == ["hook", "term"]  # SIGTERM only after the hook ended

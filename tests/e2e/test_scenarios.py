@@ -7,6 +7,7 @@ or on the files the job writes to its checkpoint volume.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import signal
 import statistics
@@ -301,6 +302,52 @@ def _delete_running_job(scenario: Scenario, name: str) -> None:
         timeout=90,
     )
     scenario.wait("every local process of the job's pods gone", lambda: not scenario.leftovers(namespaces), timeout=30)
+
+
+def test_a_deleted_head_pod_is_a_preemption_resumed_after_the_iteration_under_way(scenario: Scenario) -> None:
+    """The head pod deleted mid-run (a node drain, a preemption): its preStop hook (`rldock preempt`) stops the
+    driver, which finishes the iteration under way and checkpoints it although no periodic checkpoint is due;
+    the operator records Preempted and counts no restart; the same attempt resumes on the new head right after
+    that iteration. Nothing is redone (the records up to it are the stopped attempt's), and the prompt ledger
+    of the last checkpoint shows every prompt group trained once."""
+    name, iterations = "preempted", 9
+    manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
+    hold = _held(scenario, manifest, before=6)  # iteration 5 done, past the periodic checkpoint of 4
+    _apply(scenario, manifest)
+    scenario.wait(
+        "the job held before iteration 6",
+        lambda: (s := scenario.status(name)) and s.get("iteration") == 5 and s.get("phase") == "Running" and s,
+        timeout=START_TIMEOUT,
+    )
+    (head,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "head"]
+    scenario.kubectl("delete", "pod", head["metadata"]["name"], "--wait=false")
+    preempted = scenario.wait("Preempted", lambda: scenario.condition(name, "Preempted"), timeout=60)
+    assert (preempted["status"], preempted["reason"]) == ("True", "HeadPodDeleted"), preempted
+    assert head["metadata"]["name"] in preempted["message"] and "the last it reported: 5" in preempted["message"]
+    hold.release()  # the driver, stopped while held, finishes iteration 6 (the one under way) and saves it
+    saved = scenario.output_dir(name) / "checkpoints" / "iter-000006"
+    scenario.wait("the stopped driver's checkpoint of iteration 6", saved.is_dir, timeout=RUN_TIMEOUT)
+    before = scenario.metrics(name)  # the stopped attempt's records: the new head is made after the old is gone
+    assert [m["iteration"] for m in before] == list(range(1, 7))
+
+    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    _assert_resumed(scenario.metrics(name), before, checkpoint=6, iterations=iterations)
+    resumed = scenario.condition(name, "Preempted")
+    assert resumed is not None and (resumed["status"], resumed["reason"]) == ("False", "Resumed"), resumed
+    reasons = [e["reason"] for e in scenario.events(name)]
+    assert "Preempted" in reasons and "Resumed" in reasons and "Retrying" not in reasons, reasons
+    ledger = json.loads(
+        (scenario.output_dir(name) / "checkpoints" / f"iter-{iterations:06d}" / "ledger.json").read_text()
+    )
+    groups = manifest["spec"]["job"]["algorithm"]["num_prompts_per_iteration"]
+    assert ledger["summary"] == {
+        "drawn": iterations * groups,
+        "trained": iterations * groups,
+        "passed_over": 0,
+        "open": 0,
+        "trained_twice": 0,
+    }, ledger["summary"]
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"

@@ -11,7 +11,7 @@ depends on, the way KubeRay v1.x does it, for RayClusters in one namespace:
   KubeRay builds them (kuberay_pods.py: the `ray start` line from `rayStartParams` and the
   container's limits, KubeRay's env, the workers' wait-gcs-ready init container, the health
   probes); failed pods are deleted and replaced, missing pods recreated (a lost worker comes back
-  under a new name);
+  under a new name; a deleted head once it is gone, not while it terminates);
 - `spec.suspend: true` deletes every pod (state `suspended`), false brings them back;
 - `.status`: `state: ready` once the head and all workers are Running and Ready (it stays ready,
   as in KubeRay >= 1.2), conditions HeadPodReady / RayClusterProvisioned / RayClusterSuspended,
@@ -114,7 +114,13 @@ class KubeRayDouble:
                 log.info("deleting failed pod %s", pod["metadata"]["name"])
                 self._delete_pod(pod)
         live = [p for p in pods if _alive(p)]
-        heads = [p for p in live if p["metadata"]["labels"].get("ray.io/node-type") == "head"]
+        # As KubeRay does, no second head while one is still terminating (its preStop hook may run for minutes).
+        heads = [
+            p
+            for p in pods
+            if p["metadata"]["labels"].get("ray.io/node-type") == "head"
+            and p.get("status", {}).get("phase") not in ("Failed", "Succeeded")
+        ]
         if not heads:
             self._create_pod(cluster, spec["headGroupSpec"], head=True)
         for group in spec.get("workerGroupSpecs") or ():

@@ -27,8 +27,10 @@ and Ray see pods as they would in a cluster. Per pod, as a kubelet does:
   (cluster_dns.py), which resolves every Service's `svc.ns.svc.cluster.local` to the IP of a
   running pod its selector matches (DNS and kube-proxy in one), a headless Service's to every
   ready one's (one A record each, as CoreDNS answers), refreshed every round;
-- a pod being deleted gets SIGTERM, SIGKILL after its grace period (at most `max_grace` s), then is
-  confirmed gone; a pod that vanished (force-deleted) is killed at once. Nothing of a pod
+- a pod being deleted first runs its containers' preStop exec hooks (in each container's namespaces,
+  as a kubelet does), for as long as they run within its deletionGracePeriodSeconds, the pod still
+  reported running and terminating meanwhile; then SIGTERM, SIGKILL after its grace period (at most
+  `max_grace` s), then it is confirmed gone; a pod that vanished (force-deleted) is killed at once. Nothing of a pod
   outlives it (sandbox.py), and `close` stops every pod and deletes the nodes.
 
 What it does not do: liveness and startup probes, image pulls, resource limits (no cgroups),
@@ -109,6 +111,7 @@ class _Container:
     waiting_message: str = ""
     ready: bool = False
     probe: _Probe | None = None
+    env: dict[str, str] = field(default_factory=dict)  # what it was started with (its exec hooks get it too)
 
     @property
     def name(self) -> str:
@@ -127,6 +130,8 @@ class _PodRuntime:
     main: list[_Container] = field(default_factory=list)
     start_time: str = ""
     reported: dict[str, Any] | None = None
+    pre_stop: list[ManagedProcess] | None = None  # the preStop hooks of a pod being deleted, once started
+    pre_stop_until: float = 0.0  # when its grace period ends (time.monotonic)
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> (status, since)
 
     @property
@@ -141,7 +146,7 @@ class _PodRuntime:
         found = []
         for container in (*self.init, *self.main):
             found += [p for p in (container.process, container.probe.running if container.probe else None) if p]
-        return found
+        return found + list(self.pre_stop or ())
 
 
 class NodeAgentDouble:
@@ -568,6 +573,7 @@ class NodeAgentDouble:
         container.process = runtime.sandbox.exec(
             container.name, argv, env=env, working_dir=spec.get("workingDir") or "/"
         )
+        container.env = dict(env)
         container.started_at, container.started = _now(), time.monotonic()
         if container.probe is not None:
             container.probe = _Probe(spec=container.probe.spec)  # a restart probes afresh
@@ -627,6 +633,8 @@ class NodeAgentDouble:
     # ----- deletion -------------------------------------------------------------------------------
     def _delete(self, pod: Mapping[str, Any], runtime: _PodRuntime | None) -> None:
         if runtime is not None:
+            if self._pre_stop_running(pod, runtime):
+                return  # terminating: stopped once its hooks end or its grace period does
             grace = min(float(pod["metadata"].get("deletionGracePeriodSeconds") or 0), self.max_grace)
             self._kill(runtime, grace=grace)
             self._pods.pop(runtime.uid, None)
@@ -637,6 +645,28 @@ class NodeAgentDouble:
         except ApiException as error:
             if error.status != 404:
                 raise
+
+    def _pre_stop_running(self, pod: Mapping[str, Any], runtime: _PodRuntime) -> bool:
+        """Start the running containers' preStop exec hooks the first time the pod is seen deleted; then
+        whether one still runs within the pod's deletionGracePeriodSeconds (after it, what runs is stopped)."""
+        if runtime.pre_stop is None:
+            runtime.pre_stop = []
+            grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
+            runtime.pre_stop_until = time.monotonic() + grace
+            for container in runtime.main:
+                hook = ((container.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+                target = self.container_pid(runtime.namespace, runtime.name, container.name)
+                if hook and target is not None and runtime.sandbox is not None and grace > 0:
+                    log.info("pod %s/%s: running %s's preStop hook", runtime.namespace, runtime.name, container.name)
+                    runtime.pre_stop.append(
+                        runtime.sandbox.exec_in(f"{container.name}.preStop", target, hook["command"], env=container.env)
+                    )
+        running = [hook for hook in runtime.pre_stop if hook.poll() is None]
+        if running and time.monotonic() < runtime.pre_stop_until:
+            return True
+        for hook in running:
+            hook.stop(timeout=0)
+        return False
 
     def _kill(self, runtime: _PodRuntime, *, grace: float) -> None:
         if runtime.sandbox is not None:

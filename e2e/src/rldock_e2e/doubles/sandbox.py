@@ -290,6 +290,21 @@ class PodSandbox:
             cwd=Path("/"),
         )
 
+    def exec_in(self, name: str, target: int, argv: Sequence[str], *, env: Mapping[str, str]) -> ManagedProcess:
+        """Start `argv` in the running container whose PID 1 is host pid `target`: its PID and mount
+        namespaces (its /proc: the processes it sees are the container's own), the pod's network and
+        hostname, as `kubectl exec` and a kubelet's exec hooks do."""
+        enter = ["nsenter", f"--target={target}", "--mount", "--uts", "--pid", "--wd=/"]
+        if self.network is not None:
+            enter.append("--net")
+        return ManagedProcess(
+            f"pod {self.name}: {name}",
+            [*enter, "--", *argv],
+            log_path=self.root / "logs" / f"{name}.log",
+            env=dict(env),
+            cwd=Path("/"),
+        )
+
     def stop(self, *, grace: float, processes: Sequence[ManagedProcess] = ()) -> None:
         """SIGTERM `processes`, SIGKILL what is left after `grace` s, then end the namespaces."""
         stop_processes(processes, grace=grace)
