@@ -277,26 +277,23 @@ class PodSandbox:
         """Start `argv` in the pod: its network, mounts and hostname; with `own_pid_namespace` in a
         PID namespace of its own (a container), else in the host's (a probe)."""
         assert self._pause is not None, "start() first"
-        enter = ["nsenter", f"--target={self._pause.pid}", "--mount", "--uts", f"--wd={working_dir}"]
-        if self.network is not None:
-            enter.append("--net")
+        enter = self._enter(self._pause.pid, working_dir)
         if own_pid_namespace:
             enter += ["--", "unshare", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc"]
-        return ManagedProcess(
-            f"pod {self.name}: {name}",
-            [*enter, "--", *argv],
-            log_path=self.root / "logs" / f"{name}.log",
-            env=dict(env),
-            cwd=Path("/"),
-        )
+        return self._start(name, enter, argv, env)
 
     def exec_in(self, name: str, target: int, argv: Sequence[str], *, env: Mapping[str, str]) -> ManagedProcess:
         """Start `argv` in the running container whose PID 1 is host pid `target`: its PID and mount
         namespaces (its /proc: the processes it sees are the container's own), the pod's network and
         hostname, as `kubectl exec` and a kubelet's exec hooks do."""
-        enter = ["nsenter", f"--target={target}", "--mount", "--uts", "--pid", "--wd=/"]
-        if self.network is not None:
-            enter.append("--net")
+        return self._start(name, [*self._enter(target, "/"), "--pid"], argv, env)
+
+    def _enter(self, target: int, working_dir: str) -> list[str]:
+        """nsenter into `target`'s mounts and hostname, and the pod's network where it has its own."""
+        enter = ["nsenter", f"--target={target}", "--mount", "--uts", f"--wd={working_dir}"]
+        return [*enter, "--net"] if self.network is not None else enter
+
+    def _start(self, name: str, enter: list[str], argv: Sequence[str], env: Mapping[str, str]) -> ManagedProcess:
         return ManagedProcess(
             f"pod {self.name}: {name}",
             [*enter, "--", *argv],
