@@ -115,3 +115,26 @@ def test_a_head_deleted_with_its_cluster_or_before_the_job_ran_is_no_preemption(
     assert not replace(facts, cluster=suspended).preempted  # suspended: the suspend rules say it
     _, rule, _, _ = a_round(None, at=0, ray_job=None, head_terminating=HEAD)  # never ran: nothing to save
     assert rule is Rule.STARTING
+
+
+def test_the_grace_period_is_held_to_what_a_stop_takes():
+    """GracePeriodSufficient from the progress line's figures: an iteration's seconds and a checkpoint's save
+    against spec.preemption.gracePeriodSeconds less the 15 s Ray's own stop keeps; False names the value to set
+    and is a Warning Event once; no figures yet (no checkpoint saved): no condition."""
+    running = RayJobObservation(submission_id=JOB_ID, status=RayJobStatus.RUNNING)
+    line = {"iteration": 7, "reward_mean": 0.5, "tokens_per_s_per_device": 100.0, "iteration_s": 40.0}
+    _, _, first, _ = a_round(None, at=0, ray_job=running, metrics=line)
+    assert "GracePeriodSufficient" not in conditions(first)  # no checkpoint saved yet: no figure
+    _, _, fits, _ = a_round(first, at=5, ray_job=running, metrics=line | {"checkpoint_s": 20.0})
+    assert conditions(fits)["GracePeriodSufficient"] == ("True", "StopFits")  # 60 s of the 285 s the default leaves
+    short = RLJobSpec.model_validate(spec_dict(preemption={"gracePeriodSeconds": 60}))
+    facts = round_facts(
+        spec=short, previous=fits, now=NOW, ray_cluster=READY, ray_job=running, metrics=line | {"checkpoint_s": 20.0}
+    )
+    slow = compute_status(facts, Rule.ATTEMPT_RUNNING)
+    assert conditions(slow)["GracePeriodSufficient"] == ("False", "StopTooSlow")
+    message = next(c["message"] for c in slow["conditions"] if c["type"] == "GracePeriodSufficient")
+    assert "up to 60 s" in message and "the 45 s spec.preemption.gracePeriodSeconds 60" in message
+    assert message.endswith("at least 105")  # 1.5 x 60 s, plus the 15 s Ray's stop keeps
+    assert [e.reason for e in status_events(fits, slow)] == [EventReason.GRACE_PERIOD_TOO_SHORT]
+    assert status_events(slow, compute_status(facts, Rule.ATTEMPT_RUNNING)) == []  # once, not every round

@@ -31,6 +31,11 @@ def headline_key(record: Mapping[str, Any]) -> str:
 # or monitoring.mismatch), which the operator holds to monitoring.mismatch.max_kl.
 MISMATCH_KL = "mismatch_kl"
 
+# What a stop asked by SIGTERM (a preemption) may take now: the last iteration's seconds (its cycle, in a
+# run-ahead schedule), which the iteration under way may need to finish, and the last checkpoint's save.
+# The operator holds their sum to what spec.preemption.gracePeriodSeconds leaves the driver.
+ITERATION_S, CHECKPOINT_S = "iteration_s", "checkpoint_s"
+
 # The last evaluation, carried on every progress line after it (the operator keeps only the last
 # line, and most iterations do not evaluate): its iteration (0: the initial policy), mean reward
 # and accuracy on the held-out prompts.

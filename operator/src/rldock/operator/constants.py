@@ -268,6 +268,14 @@ class ConditionType(str, Enum):
     # The head pod was deleted while the attempt ran (a drain, a preemption): its preStop hook stopped the
     # driver, which checkpointed the iteration under way; the next attempt resumes after it, no restart counted
     PREEMPTED = "Preempted"
+    # Whether a stop (the iteration under way, then a checkpoint), as the last progress line measures it, fits
+    # in what spec.preemption.gracePeriodSeconds leaves the driver (PREEMPT_MARGIN_S less)
+    GRACE_PERIOD_SUFFICIENT = "GracePeriodSufficient"
+
+
+# What the head keeps of its grace period after the driver's stop, for Ray's own (`ray start` ends its
+# processes on the SIGTERM that follows the head's preStop hook).
+PREEMPT_MARGIN_S = 15
 
 
 class Reason(str, Enum):
@@ -301,6 +309,9 @@ class Reason(str, Enum):
     RESUMED = "Resumed"
     # Preempted's: the head pod is being deleted while the Ray job ran
     HEAD_POD_DELETED = "HeadPodDeleted"
+    # GracePeriodSufficient's: a stop fits in the grace period, or not
+    STOP_FITS = "StopFits"
+    STOP_TOO_SLOW = "StopTooSlow"
     # A child the round needs cannot be had: its name is taken by an object this RLJob does not
     # control, or the API server refused to create it (a ResourceQuota, RBAC, a too large object).
     NAME_CONFLICT = "NameConflict"
@@ -347,6 +358,7 @@ class EventReason(str, Enum):
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
     PREEMPTED = "Preempted"
+    GRACE_PERIOD_TOO_SHORT = "GracePeriodTooShort"
     TTL_EXPIRED = "TTLExpired"
     NAME_CONFLICT = "NameConflict"
     CREATE_REFUSED = "CreateRefused"

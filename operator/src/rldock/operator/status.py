@@ -16,6 +16,7 @@ Provisioning, or Retrying when this is a restart).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -23,11 +24,20 @@ from typing import Any, Literal, NamedTuple
 from pydantic import ValidationError
 
 from rldock.config import Problem
-from rldock.contract.progress import MISMATCH_KL, VAL_ACCURACY, VAL_ITERATION, VAL_REWARD, headline_key
+from rldock.contract.progress import (
+    CHECKPOINT_S,
+    ITERATION_S,
+    MISMATCH_KL,
+    VAL_ACCURACY,
+    VAL_ITERATION,
+    VAL_REWARD,
+    headline_key,
+)
 from rldock.operator import naming
 from rldock.operator.api import Condition, LastEvaluation, PodSetStatus, RLJobSpec, RLJobStatus
 from rldock.operator.constants import (
     CONDITION_MESSAGE_MAX,
+    PREEMPT_MARGIN_S,
     RAY_CONDITION_PROVISIONED,
     RAY_CONDITION_SUSPENDED,
     RAY_STATE_READY,
@@ -88,6 +98,7 @@ def compute_status(f: RoundFacts, rule: Rule) -> dict[str, Any]:
         # (seen on the 1.20 test control plane), which the schema refuses.
         conditions.set(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation")
         _mismatch_budget(f, conditions)
+        _grace_period(f, conditions)
         if failed_on_spec(prev) and ConditionType.FAILED not in conditions:
             conditions.drop(ConditionType.FAILED)  # the spec was fixed: its failure no longer holds
         ray_job_id = f.ray_job.submission_id if f.ray_job else None
@@ -126,6 +137,31 @@ def _mismatch_budget(f: RoundFacts, out: _Updates) -> None:
     else:
         message = f"{figure} is within spec.job.monitoring.mismatch.max_kl {budget.max_kl:.4g}"
         out.set(ConditionType.ROLLOUT_MISMATCH, False, Reason.WITHIN_BUDGET, message)
+
+
+def _grace_period(f: RoundFacts, out: _Updates) -> None:
+    """GracePeriodSufficient: whether a stop as the last progress line measures it (the iteration under way may
+    take an iteration's seconds, then a checkpoint's save) fits in what spec.preemption.gracePeriodSeconds
+    leaves the driver; left as it was in a round that read no new line, or before the first checkpoint."""
+    if f.spec is None or f.metrics is None or not {ITERATION_S, CHECKPOINT_S} <= f.metrics.keys():
+        return
+    iteration_s, checkpoint_s = float(f.metrics[ITERATION_S]), float(f.metrics[CHECKPOINT_S])
+    need, grace = iteration_s + checkpoint_s, f.spec.preemption.grace_period_seconds
+    room = grace - PREEMPT_MARGIN_S
+    figures = (
+        f"a stop takes up to {need:.0f} s (an iteration {iteration_s:.0f} s, then a checkpoint {checkpoint_s:.0f} s)"
+    )
+    if need <= room:
+        message = f"{figures}, within the {room} s spec.preemption.gracePeriodSeconds {grace} leaves the driver"
+        out.set(ConditionType.GRACE_PERIOD_SUFFICIENT, True, Reason.STOP_FITS, message)
+        return
+    enough = max(30, math.ceil(need * 1.5) + PREEMPT_MARGIN_S)
+    message = (
+        f"{figures}, more than the {room} s spec.preemption.gracePeriodSeconds {grace} leaves the driver: a "
+        "preemption would end the driver before its checkpoint, and the next attempt would resume from the last "
+        f"periodic one; set spec.preemption.gracePeriodSeconds to at least {enough}"
+    )
+    out.set(ConditionType.GRACE_PERIOD_SUFFICIENT, False, Reason.STOP_TOO_SLOW, message)
 
 
 def _refused(reason: Reason, problems: Sequence[Problem]) -> _Updates:
@@ -548,6 +584,8 @@ def status_events(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
         events.append(Event("Warning", _BLOCKED_EVENTS[cond.reason], cond.message))
     if (cond := became(ConditionType.PODS_SCHEDULED, "False")) is not None:
         events.append(Event("Warning", EventReason.UNSCHEDULABLE, cond.message))
+    if (cond := became(ConditionType.GRACE_PERIOD_SUFFICIENT, "False")) is not None:
+        events.append(Event("Warning", EventReason.GRACE_PERIOD_TOO_SHORT, cond.message))
     if (cond := became(ConditionType.PREEMPTED, "True")) is not None:
         events.append(Event("Warning", EventReason.PREEMPTED, cond.message))
     if (cond := became(ConditionType.PREEMPTED, "False")) is not None and cond.reason == Reason.RESUMED:

@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ POLICY_DIR = "policy"
 ADAPTER_DIR = "adapter"  # a LoRA checkpoint's trained adapters (peft format), beside `policy`
 OPTIMIZER_FILE = "optimizer.pt"
 INFLIGHT_FILE = "inflight-dock.pkl"
+STARTED_FILE = ".save-started"  # in a staging folder: when its save began (time.time()), read by `commit`
+# How long the save took, staging to commit: a wall time, apart from state.json so that two runs of the same
+# job write the same state (tests/integration/test_reproducible_checkpoints.py compares every other file).
+SAVE_FILE = "save.json"
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,12 @@ class Checkpoint:
     def state(self) -> dict[str, Any]:
         return json.loads((self.path / STATE_FILE).read_text())
 
+    @property
+    def save_seconds(self) -> float | None:
+        """How long its save took, staging to commit (None: saved before this was recorded)."""
+        path = self.path / SAVE_FILE
+        return json.loads(path.read_text())["seconds"] if path.is_file() else None
+
 
 def checkpoint_root(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
@@ -63,11 +74,18 @@ def staging_dir(output_dir: Path, iteration: int) -> Path:
     if path.exists():
         shutil.rmtree(path)  # left by a run killed while saving
     path.mkdir(parents=True)
+    (path / STARTED_FILE).write_text(repr(time.time()))
     return path
 
 
 def commit(output_dir: Path, staging: Path, iteration: int, state: dict[str, Any], *, keep_last: int) -> Checkpoint:
-    """Write state.json last, rename into place, then prune older checkpoints."""
+    """Write save.json (the seconds since `staging_dir` made the folder: the save's) and state.json last,
+    rename into place, then prune older checkpoints."""
+    started = staging / STARTED_FILE
+    if started.is_file():
+        seconds = round(time.time() - float(started.read_text()), 3)
+        (staging / SAVE_FILE).write_text(json.dumps({"seconds": seconds}))
+        started.unlink()
     (staging / STATE_FILE).write_text(json.dumps({**state, "iteration": iteration}, indent=2))
     final = checkpoint_root(output_dir) / checkpoint_name(iteration)
     if final.exists():

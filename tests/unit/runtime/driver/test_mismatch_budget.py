@@ -52,8 +52,10 @@ def test_stop_raises_with_the_failure_line_s_reason_and_field():
     assert [(p.field, p.message) for p in failure.problems] == [("monitoring.mismatch.max_kl", str(over))]
 
 
-def test_the_progress_line_carries_the_mismatch_to_four_figures_where_it_is_measured():
-    line = progress_line(RECORD, 40, 5, None)
+def test_the_progress_line_carries_the_mismatch_to_four_figures_where_it_is_measured(tmp_path):
+    from rldock.runtime import checkpoint as ckpt
+
+    line = progress_line(RECORD, 40, ckpt.commit(tmp_path, ckpt.staging_dir(tmp_path, 5), 5, {}, keep_last=1), None)
     assert line.startswith(PREFIX)
     figures = json.loads(line.removeprefix(PREFIX))
     assert figures[MISMATCH_KL] == 0.02346 and (figures["iteration"], figures["checkpoint"]) == (7, 5)

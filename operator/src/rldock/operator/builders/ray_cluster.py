@@ -61,6 +61,7 @@ from rldock.operator.constants import (
     LABEL_RLJOB,
     LABEL_ROLE,
     LABEL_VOLCANO_QUEUE,
+    PREEMPT_MARGIN_S,
     RAY_API_VERSION,
     RAY_AUTH_MODE_TOKEN,
     RAY_CLUSTER_KIND,
@@ -298,11 +299,6 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
     if role != ROLE_WORKER:
         container["lifecycle"] = {"preStop": {"exec": {"command": preempt_command(spec)}}}
     return container
-
-
-# What the head keeps of its grace period after the driver's stop, for Ray's own (`ray start` ends its
-# processes on the SIGTERM that follows the hook).
-PREEMPT_MARGIN_S = 15
 
 
 def preempt_command(spec: RLJobSpec) -> list[str]:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rldock.contract.progress import (
+    CHECKPOINT_S,
+    ITERATION_S,
     MISMATCH_KL,
     evaluation_headline,
     format_progress,
@@ -18,6 +20,7 @@ from rldock.contract.progress import (
 )
 from rldock.runtime.agent.episode_metrics import agent_metrics
 from rldock.runtime.algorithms.rollout_correction import MISMATCH_KEY, merge_mismatch
+from rldock.runtime.checkpoint import Checkpoint
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.driver.evaluation import val_metrics
 from rldock.runtime.driver.utilisation import UtilisationInputs, stage_utilisation
@@ -238,20 +241,29 @@ class MetricsLog:
 
 
 def progress_line(
-    record: dict[str, Any], iterations: int, checkpoint: int | None, last_evaluation: dict[str, Any] | None
+    record: dict[str, Any],
+    iterations: int,
+    checkpoint: Checkpoint | None,
+    last_evaluation: dict[str, Any] | None,
 ) -> str:
     """The iteration's machine-readable progress line (rldock.contract.progress): its figures rounded
     (DPO records have no sampled reward; its preference accuracy stands in: headline_key), the train-inference
-    mismatch where the job measures it, the newest checkpoint's iteration and the last evaluation."""
+    mismatch where the job measures it, the newest `checkpoint`'s iteration and the seconds its save took, the
+    iteration's (its cycle where longer: what a stop may wait for) and the last evaluation."""
     keys = (headline_key(record), "kl", "loss", "response_length_mean", "tokens_per_s_per_device")
     gap = {MISMATCH_KL: float(f"{record['mismatch/kl']:.4g}")} if "mismatch/kl" in record else {}  # 4 figures
+    timing = record.get("timing", {})
+    took = max(timing.get("iteration", 0.0), timing.get("cycle") or 0.0)
+    checkpoint_s = checkpoint.save_seconds if checkpoint is not None else None
     return format_progress(
         {
             **{k: round(record[k], 4) for k in keys},
             **gap,
             "iteration": record["iteration"],
             "iterations": iterations,
-            "checkpoint": checkpoint,
+            "checkpoint": checkpoint.iteration if checkpoint is not None else None,
+            **({ITERATION_S: round(took, 2)} if timing else {}),
+            **({CHECKPOINT_S: round(checkpoint_s, 2)} if checkpoint_s is not None else {}),
             **evaluation_headline(last_evaluation),
         }
     )

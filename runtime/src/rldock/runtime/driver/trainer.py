@@ -328,8 +328,7 @@ class Trainer:
         """One machine-readable line per iteration on stdout; the operator reads it from the Ray
         job log (it runs jobs with --no-progress)."""
         latest = ckpt.latest_checkpoint(self.output_dir)
-        checkpoint = latest.iteration if latest else None
-        print(progress_line(record, self.cfg.iterations, checkpoint, self._last_evaluation), flush=True)
+        print(progress_line(record, self.cfg.iterations, latest, self._last_evaluation), flush=True)
 
     def _save_checkpoint(self, loop: AttemptLoop, iteration: int) -> None:
         # The records up to this iteration are in metrics.jsonl before the checkpoint commits: a
