@@ -337,6 +337,8 @@ def test_a_deleted_head_pod_is_a_preemption_resumed_after_the_iteration_under_wa
     assert resumed is not None and (resumed["status"], resumed["reason"]) == ("False", "Resumed"), resumed
     reasons = [e["reason"] for e in scenario.events(name)]
     assert "Preempted" in reasons and "Resumed" in reasons and "Retrying" not in reasons, reasons
+    fits = scenario.condition(name, "GracePeriodSufficient")  # the job's stop, measured, in the default 300 s
+    assert fits is not None and (fits["status"], fits["reason"]) == ("True", "StopFits"), fits
     ledger = json.loads(
         (scenario.output_dir(name) / "checkpoints" / f"iter-{iterations:06d}" / "ledger.json").read_text()
     )

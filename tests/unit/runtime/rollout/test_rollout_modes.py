@@ -23,7 +23,7 @@ from rldock.runtime.rollout.harness import HarnessRollout
 from rldock.runtime.rollout.modes import MODES, build_rollout, mode_of
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
-from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup
+from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutRequest, RolloutSetup, sampling_logprobs
 from rldock.runtime.rollout.streamed import StreamedRollout
 from rldock_e2e.doubles.scripted_engine import ScriptedEngine
 
@@ -219,7 +219,7 @@ def test_an_agent_measuring_the_gap_writes_each_model_tokens_engine_logprob():
     assert "token_policy_version" not in out.keys()
     assert torch.equal(out["sampled_logprobs"], -0.05 * out["response_mask"].float())
     computed = torch.full((G * N, SL), -9.0)  # (B, SL): the old-logprob pass
-    assert torch.equal(rollout.sampling_logprobs(computed, out, policy_version=4), computed)
+    assert torch.equal(sampling_logprobs(computed, out, rollout.older_tokens(out, policy_version=4)), computed)
 
 
 def test_one_round_modes_have_no_second_round_and_keep_the_passes_logprobs():
@@ -228,7 +228,7 @@ def test_one_round_modes_have_no_second_round_and_keep_the_passes_logprobs():
     for rollout in (PlainRollout(setup()), StreamedRollout(setup(), stream_groups=1)):
         with pytest.raises(RuntimeError, match="no second round"):
             rollout.finish(EngineDouble(), RecordingDock(batch), iteration=1, policy_version=1)
-        assert rollout.sampling_logprobs(computed, batch, policy_version=1) is computed
+        assert sampling_logprobs(computed, batch, rollout.older_tokens(batch, policy_version=1)) is computed
         assert rollout.older_tokens(batch, policy_version=1) is None  # the gap is measured on every token
 
 
@@ -243,7 +243,7 @@ def test_partial_rollout_keeps_the_older_versions_logprobs_for_the_prefix():
         batch_size=[2],
     )
     rollout = PartialRollout(setup(), mode="resume")
-    old = rollout.sampling_logprobs(computed, batch, policy_version=2)
+    old = sampling_logprobs(computed, batch, rollout.older_tokens(batch, policy_version=2))
     assert old.tolist() == [[-1.0, -1.0, -5.0, -5.0], [-5.0] * 4]
     # the mismatch/ metrics leave the older version's tokens out (the workers' actor: `older_tokens`)
     older = rollout.older_tokens(batch, policy_version=2)
@@ -350,7 +350,7 @@ def test_an_agents_turns_cut_at_the_round_budget_end_on_the_new_weights_none_dro
     assert out["token_policy_version"].tolist() == [[4, 4, 5] + [-1] * (SL - 3)] * (G * N)
     assert out["sampled_logprobs"][0, :3].tolist() == pytest.approx([-0.05, -0.05, -0.06])
     computed = torch.full((G * N, SL), -9.0)  # (B, SL): the pass under version 5
-    old = rollout.sampling_logprobs(computed, out, policy_version=5)
+    old = sampling_logprobs(computed, out, rollout.older_tokens(out, policy_version=5))
     assert old[0, :3].tolist() == pytest.approx([-0.05, -0.05, -9.0])
     assert rollout.finish(engine, dock, iteration=3, policy_version=5).num_samples == 0  # nothing left
 
@@ -438,7 +438,7 @@ def test_a_harness_turn_cut_at_the_round_budget_ends_on_the_new_weights_none_dro
     assert (out["token_policy_version"][~trained] == -1).all()
     assert out["sampled_logprobs"][trained].view(G * N, 3)[0].tolist() == [-5.0, -5.0, -6.0]
     computed = torch.full(out["response_ids"].shape, -9.0)  # (B, SL): the pass under version 5
-    old = rollout.sampling_logprobs(computed, out, policy_version=5)
+    old = sampling_logprobs(computed, out, rollout.older_tokens(out, policy_version=5))
     assert old[trained].view(G * N, 3)[0].tolist() == [-5.0, -5.0, -9.0]
 
 

@@ -42,7 +42,6 @@ from rldock.runtime.data import Row, columns_of, load_rows
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageResult
 from rldock.runtime.engines.vllm_rollout import VllmRolloutEngine
-from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.gateway.episodes import EpisodeResult, GatewayEpisodes, HarnessBatch
 from rldock.runtime.gateway.sessions import SegmentRow
 from rldock.runtime.rollout.agent import episode_keys, episode_older_tokens, episode_stage, write_held
@@ -83,8 +82,7 @@ class HarnessRollout(RolloutMode):
         self.setup, self.cfg, self.tokenizer = setup, cfg, tokenizer
         self.rows = load_rows(train_files, columns_of(cfg.data))
         self.max_turns = cfg.agent.max_turns if cfg.agent is not None else 1
-        # which of each token's version and sampling logprob the job recipe's rollout state writes
-        self.engine_columns = [name for name in AGENT_PARTIAL_ROLLOUT if name in getattr(setup.spec, "produces", ())]
+        self.engine_columns = setup.engine_columns
         self._episodes: GatewayEpisodes | None = None
         self._held: dict[int, list[HeldHarnessBatch]] = {}  # iteration -> its batches waiting for the second round
 

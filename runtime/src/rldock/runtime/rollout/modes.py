@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from rldock.config import JobConfig
 from rldock.config.agent import partial_rollout_problem
 from rldock.runtime.dock.stage_loop import StageSpec
-from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT
 from rldock.runtime.rollout import partial
 from rldock.runtime.rollout.partial import PartialRollout
 from rldock.runtime.rollout.plain import PlainRollout
@@ -73,7 +72,7 @@ def build_rollout(
             tokenizer=tokenizer,
             train_files=train_files,
             environment_urls=environment_urls or {},
-            engine_columns=[name for name in AGENT_PARTIAL_ROLLOUT if name in getattr(spec, "produces", ())],
+            engine_columns=setup.engine_columns,
         )
         if mode == "agent":
             return AgentRollout(setup, sampler)

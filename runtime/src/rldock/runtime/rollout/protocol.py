@@ -5,8 +5,9 @@ whole prompt groups of the `rollout` state (the rank's generation replica's shar
 response columns (rldock.runtime.flow.columns) tagged with the policy version of the weights in the
 engine (each response's length among them: the driver reads it from the dock), and returns the
 stage's timing with its `decode_steps` and its own counts. The same object
-answers the two other questions whose answer depends on how the responses were sampled: the
-old-logprob pass's logprobs (`sampling_logprobs`) and the held-out evaluation's responses.
+answers the two other questions whose answer depends on how the responses were sampled: which tokens a
+version older than the old-logprob pass's sampled (`older_tokens`, whose engine logprobs that pass keeps:
+`sampling_logprobs`, and leaves out of the gap it measures) and the held-out evaluation's responses.
 
 Built once per actor rank from the config (modes.py: `build_rollout`); the actor asks its mode and
 never branches on which one runs. A mode subclasses `RolloutMode` explicitly to take its defaults,
@@ -30,7 +31,7 @@ from rldock.runtime.agent.interfaces import EpisodeContext
 from rldock.runtime.dock import TransferDock
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec, run_stage
 from rldock.runtime.engines.vllm_rollout import Completion, VllmRolloutEngine
-from rldock.runtime.flow.columns import PARTIAL_ROLLOUT
+from rldock.runtime.flow.columns import AGENT_PARTIAL_ROLLOUT, PARTIAL_ROLLOUT
 
 SAMPLED_LOGPROBS, _ = PARTIAL_ROLLOUT  # the engine's logprob of each sampled token
 
@@ -55,6 +56,12 @@ class RolloutSetup:
         job recipe's rollout state produces it (rollout.return_logprobs, the mismatch's measure, partial
         rollout's older tokens)."""
         return SAMPLED_LOGPROBS in getattr(self.spec, "produces", ())
+
+    @property
+    def engine_columns(self) -> list[str]:
+        """Which of an agent's per-token columns (each token's sampling logprob and version) the job recipe's
+        rollout state writes."""
+        return [name for name in AGENT_PARTIAL_ROLLOUT if name in getattr(self.spec, "produces", ())]
 
     @property
     def num_samples_per_iteration(self) -> int:
@@ -145,15 +152,6 @@ class RolloutMode(Protocol):
         (`sampled_logprobs`) the batch carries. None: the weights of `policy_version` sampled them all,
         as here."""
         return None
-
-    def sampling_logprobs(self, computed: torch.Tensor, batch: TensorDict, *, policy_version: int) -> torch.Tensor:
-        """The old-logprob pass's result (B, SL) from `computed` (B, SL), the logprobs under the weights
-        of `policy_version` that ran the pass: each token's logprob under the weights that sampled it,
-        the engine's where an older version did (`older_tokens`)."""
-        older = self.older_tokens(batch, policy_version=policy_version)
-        if older is None:
-            return computed
-        return torch.where(older, batch[SAMPLED_LOGPROBS].to(computed.dtype), computed)
 
     def evaluate(self, engine: VllmRolloutEngine, request: HeldOutRequest) -> dict:
         """`responses`: per prompt `num_samples` token id lists, EOS included when generated. Here one
@@ -257,3 +255,12 @@ def run_rollout_stage(
         timing.compute_s -= writes.seconds
         timing.dispatch_s += writes.seconds
     return timing
+
+
+def sampling_logprobs(computed: torch.Tensor, batch: TensorDict, older: torch.Tensor | None) -> torch.Tensor:
+    """The old-logprob pass's result (B, SL) from `computed` (B, SL), the logprobs under the weights that ran
+    the pass: each token's logprob under the weights that sampled it, the engine's (`sampled_logprobs`) where
+    an older version did (`older`: RolloutMode.older_tokens' answer)."""
+    if older is None:
+        return computed
+    return torch.where(older, batch[SAMPLED_LOGPROBS].to(computed.dtype), computed)

@@ -57,7 +57,7 @@ from rldock.runtime.models.lora import adapters_off, add_lora, has_adapters
 from rldock.runtime.models.routing_replay import recording_routes
 from rldock.runtime.peak import PeakUnavailable, device_rates
 from rldock.runtime.rollout.modes import build_rollout
-from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutMode, RolloutRequest
+from rldock.runtime.rollout.protocol import HeldOutRequest, RolloutMode, RolloutRequest, sampling_logprobs
 from rldock.runtime.training.accumulation import train_share
 from rldock.runtime.training.backend import TrainingBackend
 from rldock.runtime.training.group import TrainingGroup
@@ -261,7 +261,7 @@ class ActorWorker(TakesTurns):
                 logprobs = batch_logprobs(self.model, batch, self.cfg.training, tally=tally, routes=routes)
             # each token's logprob under the weights that sampled it (partial rollout's older prefixes)
             older = self.rollout.older_tokens(batch, policy_version=self.policy_version)
-            sampled = self.rollout.sampling_logprobs(logprobs, batch, policy_version=self.policy_version)
+            sampled = sampling_logprobs(logprobs, batch, older)
             rollout = self.cfg.rollout
             # the gap on the host: float64 there (its sums), which not every accelerator has
             trainer, mask = logprobs.cpu(), batch["response_mask"].cpu()
