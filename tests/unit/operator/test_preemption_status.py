@@ -138,3 +138,13 @@ def test_the_grace_period_is_held_to_what_a_stop_takes():
     assert message.endswith("at least 105")  # 1.5 x 60 s, plus the 15 s Ray's stop keeps
     assert [e.reason for e in status_events(fits, slow)] == [EventReason.GRACE_PERIOD_TOO_SHORT]
     assert status_events(slow, compute_status(facts, Rule.ATTEMPT_RUNNING)) == []  # once, not every round
+
+
+def test_an_attempt_that_finishes_before_a_round_sees_it_run_still_ends_the_preemption():
+    running = running_status()
+    lost = job_observation(JOB_ID, None, previous=parse_status(running))
+    _, _, preempted, _ = a_round(running, at=10, ray_job=lost, head_terminating=HEAD)
+    done = RayJobObservation(submission_id=JOB_ID, status=RayJobStatus.SUCCEEDED)
+    _, rule, succeeded, _ = a_round(preempted, at=60, ray_job=done)
+    assert rule is Rule.ATTEMPT_SUCCEEDED and succeeded["phase"] == "Succeeded"
+    assert conditions(succeeded)["Preempted"] == ("False", "Resumed")

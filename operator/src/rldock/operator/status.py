@@ -259,8 +259,16 @@ def _attempt_refused(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     return Phase.FAILED
 
 
+def _resumed_after_preemption(f: RoundFacts, out: _Updates, what: str) -> None:
+    """Preempted=False (Resumed) once the attempt after a preemption runs, or finished before a round saw it run."""
+    preempted = f.previous.condition(ConditionType.PREEMPTED)
+    if preempted is not None and preempted.status == "True":
+        out.set(ConditionType.PREEMPTED, False, Reason.RESUMED, f"{what}, from the checkpoint the stop left")
+
+
 def _attempt_succeeded(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
     assert f.ray_job is not None
+    _resumed_after_preemption(f, out, f"Ray job {f.ray_job.submission_id} ran again after the preemption")
     out.set(ConditionType.RUNNING, False, Reason.RAY_JOB_SUCCEEDED, f"Ray job {f.ray_job.submission_id} succeeded")
     out.set(
         ConditionType.COMPLETE, True, Reason.RAY_JOB_SUCCEEDED, f"all {f.valid_spec.job.iterations} iterations done"
@@ -314,10 +322,7 @@ def _attempt_running(f: RoundFacts, out: _Updates, cluster: _Cluster) -> Phase:
         out.set(ConditionType.RUNNING, True, Reason.RAY_JOB_RUNNING, f"Ray job {job.submission_id} is running")
         if f.restart_count > 0:
             out.set(ConditionType.RETRYING, False, Reason.RECOVERED, f"running again after restart {f.restart_count}")
-        preempted = f.previous.condition(ConditionType.PREEMPTED)
-        if preempted is not None and preempted.status == "True":
-            message = f"Ray job {job.submission_id} runs again after the preemption, from the checkpoint it left"
-            out.set(ConditionType.PREEMPTED, False, Reason.RESUMED, message)
+        _resumed_after_preemption(f, out, f"Ray job {job.submission_id} runs again after the preemption")
         return Phase.RUNNING
     # PENDING: submitted, the driver has not started; the cluster decides the phase, as before a job.
     out.set(
