@@ -162,7 +162,11 @@ def test_a_deleted_pod_runs_its_pre_stop_hook_in_its_container_before_sigterm(
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "cfg"}, "data": {}})
     core.create_namespaced_secret(namespace, {"metadata": {"name": "s"}, "stringData": {"token": "t"}})
     script = "trap 'echo term >> /agent-shared/order; exit 0' TERM; while true; do sleep 0.1; done"
-    hook = "tr '\\0' ' ' < /proc/1/cmdline > /agent-shared/hook-saw; sleep 2; echo hook >> /agent-shared/order"
+    # the hook ends when the test says so (`go`), after it has seen the pod terminating and still running
+    hook = (
+        "tr '\\0' ' ' < /proc/1/cmdline > /agent-shared/hook-saw; "
+        "until [ -e /agent-shared/go ]; do sleep 0.1; done; echo hook >> /agent-shared/order"
+    )
     pod = _pod("hooked", script, terminationGracePeriodSeconds=30)
     pod["spec"]["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/bash", "-c", hook]}}}
     core.create_namespaced_pod(namespace, pod)
@@ -172,7 +176,8 @@ def test_a_deleted_pod_runs_its_pre_stop_hook_in_its_container_before_sigterm(
         timeout=60,
     )
     shared = agent.host_root / "data/agent"
-    (shared / "order").unlink(missing_ok=True)
+    for leftover in ("order", "go", "hook-saw"):
+        (shared / leftover).unlink(missing_ok=True)
     control_plane.kubectl("delete", "pod", "hooked", "-n", namespace, "--wait=false")
     saw = wait_for(
         "the hook ran", lambda: (shared / "hook-saw").is_file() and (shared / "hook-saw").read_text(), timeout=30
@@ -180,5 +185,6 @@ def test_a_deleted_pod_runs_its_pre_stop_hook_in_its_container_before_sigterm(
     assert "trap" in saw, saw  # PID 1 of the namespace the hook ran in: the container's command
     terminating = control_plane.kubectl_json("get", "pod", "hooked", "-n", namespace)
     assert terminating["metadata"].get("deletionTimestamp") and terminating["status"]["phase"] == "Running"
+    (shared / "go").touch()
     control_plane.kubectl("wait", "--for=delete", "pod/hooked", "-n", namespace, "--timeout=60s")
     assert (shared / "order").read_text().split() == ["hook", "term"]  # SIGTERM only after the hook ended

@@ -45,24 +45,23 @@ def test_no_checkpoint_in_an_empty_dir(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path) is None
 
 
-def test_a_checkpoint_says_how_long_its_save_took_and_the_progress_line_what_a_stop_may_take(tmp_path):
+def test_a_checkpoint_says_how_long_its_save_took_and_the_progress_line_what_a_stop_may_take(tmp_path, monkeypatch):
     """save.json's seconds (staging to commit), which the progress line carries beside the iteration's
     seconds (its cycle where longer): what a SIGTERM stop may take, held by the operator to the grace period."""
     import json
-    import time
 
     from rldock.contract.progress import CHECKPOINT_S, ITERATION_S, PREFIX
     from rldock.runtime.driver.records import progress_line
 
-    staging = ckpt.staging_dir(tmp_path, 3)
-    time.sleep(0.05)
-    saved = ckpt.commit(tmp_path, staging, 3, {"sampler": {}}, keep_last=2)
-    assert 0.05 <= saved.save_seconds < 5 and not (saved.path / ckpt.STARTED_FILE).exists()
+    clock = iter([1000.0, 1002.5])  # the save starts, then commits 2.5 s later
+    monkeypatch.setattr(ckpt.time, "time", lambda: next(clock))
+    saved = ckpt.commit(tmp_path, ckpt.staging_dir(tmp_path, 3), 3, {"sampler": {}}, keep_last=2)
+    assert saved.save_seconds == 2.5 and not (saved.path / ckpt.STARTED_FILE).exists()
     record = {"iteration": 4, "reward_mean": 0.5, "kl": 0.0, "loss": 0.1, "response_length_mean": 3.0}
     record |= {"tokens_per_s_per_device": 10.0, "timing": {"iteration": 2.345, "cycle": 3.456}}
     figures = json.loads(progress_line(record, 10, saved, None).removeprefix(PREFIX))
     assert (figures["checkpoint"], figures[ITERATION_S]) == (3, 3.46)  # the cycle: longer than the iteration
-    assert figures[CHECKPOINT_S] == round(saved.save_seconds, 2)
+    assert figures[CHECKPOINT_S] == 2.5
     older = ckpt.Checkpoint(saved.path, 3)
     (saved.path / ckpt.SAVE_FILE).unlink()  # saved before this was recorded
     assert older.save_seconds is None and CHECKPOINT_S not in progress_line(record, 10, older, None)
