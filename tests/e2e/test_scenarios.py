@@ -304,13 +304,22 @@ def _delete_running_job(scenario: Scenario, name: str) -> None:
     scenario.wait("every local process of the job's pods gone", lambda: not scenario.leftovers(namespaces), timeout=30)
 
 
-def test_a_deleted_head_pod_is_a_preemption_resumed_after_the_iteration_under_way(scenario: Scenario) -> None:
-    """The head pod deleted mid-run (a node drain, a preemption): its preStop hook (`rldock preempt`) stops the
-    driver, which finishes the iteration under way and checkpoints it although no periodic checkpoint is due;
-    the operator records Preempted and counts no restart; the same attempt resumes on the new head right after
-    that iteration. Nothing is redone (the records up to it are the stopped attempt's), and the prompt ledger
-    of the last checkpoint shows every prompt group trained once."""
-    name, iterations = "preempted", 9
+def test_a_deleted_head_pod_then_a_suspended_cluster_are_preemptions_resumed_after_the_iteration_under_way(
+    scenario: Scenario,
+) -> None:
+    """Two preemptions of one job (one job start for both):
+
+    1. The head pod deleted mid-run (a node drain): its preStop hook (`rldock preempt`) stops the driver, which
+       finishes the iteration under way and checkpoints it although no periodic checkpoint is due; the operator
+       records Preempted and counts no restart; the same attempt resumes on the new head right after it.
+    2. The RayCluster suspended mid-run, as Kueue preempts a workload: every pod goes at once, the workers'
+       hooks (`rldock preempt --follow`) keep their Ray nodes up while the head's notice says its driver is
+       stopping, so the iteration under way finishes with them and is saved; unsuspended (Kueue's admission),
+       the same attempt resumes right after it.
+
+    Nothing is redone (the records up to each stop are the stopped attempt's), and the prompt ledger of the
+    last checkpoint shows every prompt group trained once."""
+    name, iterations = "preempted", 12
     manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
     hold = _held(scenario, manifest, before=6)  # iteration 5 done, past the periodic checkpoint of 4
     _apply(scenario, manifest)
@@ -324,24 +333,54 @@ def test_a_deleted_head_pod_is_a_preemption_resumed_after_the_iteration_under_wa
     preempted = scenario.wait("Preempted", lambda: scenario.condition(name, "Preempted"), timeout=60)
     assert (preempted["status"], preempted["reason"]) == ("True", "HeadPodDeleted"), preempted
     assert head["metadata"]["name"] in preempted["message"] and "the last it reported: 5" in preempted["message"]
-    hold.release()  # the driver, stopped while held, finishes iteration 6 (the one under way) and saves it
-    saved = scenario.output_dir(name) / "checkpoints" / "iter-000006"
-    scenario.wait("the stopped driver's checkpoint of iteration 6", saved.is_dir, timeout=RUN_TIMEOUT)
+    # The driver, stopped while held, finishes iteration 6 (the one under way) and saves it; the resumed
+    # attempt runs on to the hold before 10.
+    hold.before(10)
+    checkpoints = scenario.output_dir(name) / "checkpoints"
+    scenario.wait(
+        "the stopped driver's checkpoint of iteration 6", (checkpoints / "iter-000006").is_dir, timeout=RUN_TIMEOUT
+    )
     before = scenario.metrics(name)  # the stopped attempt's records: the new head is made after the old is gone
     assert [m["iteration"] for m in before] == list(range(1, 7))
-
-    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
-    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
-    _assert_resumed(scenario.metrics(name), before, checkpoint=6, iterations=iterations)
+    scenario.wait(
+        "the resumed job held before iteration 10",
+        lambda: (s := scenario.status(name)) and s.get("iteration") == 9 and s,
+        timeout=START_TIMEOUT,
+    )
     resumed = scenario.condition(name, "Preempted")
     assert resumed is not None and (resumed["status"], resumed["reason"]) == ("False", "Resumed"), resumed
-    reasons = [e["reason"] for e in scenario.events(name)]
-    assert "Preempted" in reasons and "Resumed" in reasons and "Retrying" not in reasons, reasons
     fits = scenario.condition(name, "GracePeriodSufficient")  # the job's stop, measured, in the default 300 s
     assert fits is not None and (fits["status"], fits["reason"]) == ("True", "StopFits"), fits
-    ledger = json.loads(
-        (scenario.output_dir(name) / "checkpoints" / f"iter-{iterations:06d}" / "ledger.json").read_text()
+    metrics = scenario.metrics(name)
+    _assert_resumed(metrics, before, checkpoint=6, iterations=9)
+
+    # What Kueue does to preempt the workload: the RayCluster suspended, KubeRay deleting every pod.
+    scenario.kubectl("patch", "raycluster", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    notice = scenario.output_dir(name) / "preempting.json"
+    scenario.wait("the head's hook posting its notice", notice.is_file, timeout=60)
+    workers = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+    assert workers and all(p["metadata"].get("deletionTimestamp") for p in workers), workers  # kept up, stopping
+    hold.release()  # iteration 10, under way when the cluster went, finishes on the workers kept up, and is saved
+    scenario.wait(
+        "the suspended driver's checkpoint of iteration 10", (checkpoints / "iter-000010").is_dir, timeout=RUN_TIMEOUT
     )
+    scenario.wait(
+        "the pods gone and the notice taken down",
+        lambda: not scenario.ray_pods(name) and not notice.exists(),
+        timeout=120,
+    )
+    suspended = scenario.condition(name, "Suspended")
+    assert suspended is not None and suspended["reason"] == "SuspendedExternally", suspended
+    before = scenario.metrics(name)
+    _assert_resumed(before, metrics, checkpoint=9, iterations=10)
+
+    scenario.kubectl("patch", "raycluster", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')  # admitted
+    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
+    assert status["restartCount"] == 0 and scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
+    _assert_resumed(scenario.metrics(name), before, checkpoint=10, iterations=iterations)
+    reasons = [e["reason"] for e in scenario.events(name)]
+    assert {"Preempted", "Resumed", "SuspendedExternally"} <= set(reasons) and "Retrying" not in reasons, reasons
+    ledger = json.loads((checkpoints / f"iter-{iterations:06d}" / "ledger.json").read_text())
     groups = manifest["spec"]["job"]["algorithm"]["num_prompts_per_iteration"]
     assert ledger["summary"] == {
         "drawn": iterations * groups,
@@ -426,8 +465,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     }
     assert counts == {"CreatedRayCluster": 1, "SubmittedRayJob": 1}, counts
 
-    # Suspend, the job held after the checkpoint of 8: the cluster is released (suspended, no pods,
-    # no processes), the progress kept.
+    # Suspend, the job held before iteration 9, past the checkpoint of 8: the pods' preStop hooks stop the
+    # driver after iteration 9 (under way once the hold is released) and its checkpoint; then the cluster is
+    # released (suspended, no pods, no processes), the progress kept.
     scenario.wait(
         "the job held after the checkpoint of iteration 8",
         lambda: (s := scenario.status(name)).get("iteration") == 8 and _checkpoint_iteration(s) == 8,
@@ -435,8 +475,9 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
     )
     namespaces = scenario.pod_namespaces()
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": true}}')
-    status = scenario.wait_phase(name, "Suspended", timeout=60)
+    scenario.wait_phase(name, "Suspended", timeout=60)
     assert scenario.row(name)["PHASE"] == "Suspended"
+    hold.release()  # the stopping driver finishes iteration 9; the resumed job then runs to the end
     scenario.wait(
         "the cluster released: suspended, no pods, no processes",
         lambda: (
@@ -444,13 +485,13 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
             and not scenario.ray_pods(name)
             and not scenario.leftovers(namespaces)
         ),
-        timeout=90,
+        timeout=RUN_TIMEOUT,
     )
     before = scenario.metrics(name)
-    checkpoint = _checkpoint_iteration(scenario.status(name))
-    assert status["iteration"] == checkpoint == len(before) == 8, (status["iteration"], checkpoint, len(before))
+    checkpoint = 9  # the iteration under way when the suspend came, saved by the stop
+    assert (scenario.output_dir(name) / "checkpoints" / f"iter-{checkpoint:06d}").is_dir()
+    assert len(before) == checkpoint, len(before)
 
-    hold.release()  # the resumed job runs to the end
     scenario.kubectl("patch", "rljob", name, "--type=merge", "-p", '{"spec": {"suspend": false}}')
     scenario.wait_phase(name, ("Provisioning", "Running", "Succeeded"), timeout=60)
     status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)

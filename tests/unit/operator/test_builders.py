@@ -283,17 +283,24 @@ def test_entrypoint_is_a_valid_rldock_command():
 @pytest.mark.parametrize(
     ("preemption", "grace", "timeout"), [({}, 300, "285"), ({"gracePeriodSeconds": 900}, 900, "885")]
 )
-def test_the_head_s_prestop_hook_stops_the_driver_within_the_pods_grace_period(preemption, grace, timeout):
-    """spec.preemption: the driver finishes its iteration and checkpoints it before Ray's processes stop."""
-    head, worker = _groups(build_ray_cluster(job=JOB, spec=_spec(preemption=preemption)))
-    assert head["template"]["spec"]["terminationGracePeriodSeconds"] == grace
-    assert worker["template"]["spec"]["terminationGracePeriodSeconds"] == grace
-    (container,) = head["template"]["spec"]["containers"]
-    command = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert command == ["rldock", "preempt", "--timeout", timeout]
-    args = build_parser().parse_args(command[1:])  # a command the runtime's CLI takes
-    assert (args.command, args.timeout) == ("preempt", float(timeout))
-    assert "lifecycle" not in worker["template"]["spec"]["containers"][0]  # the driver runs on the head
+def test_the_pods_prestop_hooks_stop_the_driver_within_the_pods_grace_period(preemption, grace, timeout):
+    """spec.preemption: the driver finishes its iteration and checkpoints it before Ray's processes stop; the
+    head's hook posts a notice in the job's output folder meanwhile, which keeps the workers' Ray nodes up."""
+    spec = _spec(preemption=preemption)
+    head, worker = _groups(build_ray_cluster(job=JOB, spec=spec))
+    notice = f"{output_dir(job=JOB, spec=spec)}/preempting.json"
+    for group, follow in ((head, []), (worker, ["--follow"])):
+        assert group["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+        (container,) = group["template"]["spec"]["containers"]
+        command = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert command == ["rldock", "preempt", "--timeout", timeout, "--notice", notice, *follow]
+        args = build_parser().parse_args(command[1:])  # a command the runtime's CLI takes
+        assert (args.command, args.timeout, args.notice, args.follow) == (
+            "preempt",
+            float(timeout),
+            notice,
+            bool(follow),
+        )
 
 
 @pytest.mark.parametrize("max_restarts", [1, 3])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,10 @@ def _ray_cluster(*, state: str | None = "ready", suspend: bool = False) -> dict[
         (_ray_cluster(), _workers(W("w-a", "Pending", False, False)), False),  # a worker is being replaced
         (_ray_cluster(suspend=True), _workers(W("w-a", "Running", False, True)), False),
         (_ray_cluster(), PodSummary(head_running=True, head_ready=False, ready_workers=1), False),
+        # A head pod of the job still stopping (its driver may be saving the checkpoint to resume from),
+        # of this RayCluster or of an earlier one of the same name (deleted for a suspend under Kueue).
+        (_ray_cluster(), replace(_workers(W("w-a", "Running", False, True)), head_terminating="h-old"), False),
+        (_ray_cluster(), replace(_workers(W("w-a", "Running", False, True)), earlier_head_terminating="h-0"), False),
     ],
 )
 def test_ready_to_submit(cluster, summary, expected):

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 PROGRAM = "rldock"
 TRAIN = "train"
-PREEMPT = "preempt"  # the head pod's preStop hook: `rldock preempt --timeout S` (docs/operator.md)
+PREEMPT = "preempt"  # the Ray pods' preStop hook (docs/operator.md): `preempt_argv`
 TIMEOUT = "--timeout"
+NOTICE = "--notice"
+FOLLOW = "--follow"
+PREEMPT_NOTICE_FILE = "preempting.json"  # in the job's output folder, shared by every pod of the job
 VALIDATE = "validate"
 OUTPUT = "--output"
 RESUME = "--resume"
@@ -40,3 +43,10 @@ def train_argv(*, config: str, output: str, resume: bool, progress_lines: bool, 
     if progress_lines:
         argv.append(NO_PROGRESS)
     return [*argv, MAX_RESTARTS, str(max_restarts)]
+
+
+def preempt_argv(*, timeout_s: int, notice: str, follow: bool) -> list[str]:
+    """`rldock preempt --timeout S --notice PATH [--follow]`: the head pod's preStop hook stops its drivers
+    (posting the notice at PATH while they stop); a worker pod's (`follow`) keeps the pod's Ray node up while
+    a notice says the head's driver is stopping (rldock.runtime.driver.preemption)."""
+    return [PROGRAM, PREEMPT, TIMEOUT, str(timeout_s), NOTICE, notice, *([FOLLOW] if follow else [])]

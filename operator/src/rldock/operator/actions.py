@@ -7,9 +7,11 @@ here (the table is in rules.py):
 - ATTEMPT_SUCCEEDED, ATTEMPT_REFUSED, and ATTEMPT_FAILED at backoffLimit (the job ends this round):
   stop what still runs and delete the RayCluster, so no device stays held; the checkpoint volume
   keeps the results.
-- SUSPENDED (`spec.suspend`): stop the running attempt, then free the cluster: `RayCluster.spec.suspend`
-  (KubeRay deletes every pod, the head too; the operator marks it as its own suspend), or delete it
-  when Kueue owns that field (gang=kueue).
+- SUSPENDED (`spec.suspend`): free the cluster: `RayCluster.spec.suspend` (KubeRay deletes every pod,
+  the head too; the operator marks it as its own suspend), or delete it when Kueue owns that field
+  (gang=kueue). The running attempt is not stopped through the Jobs API (whose stop kills the driver
+  3 s after its SIGTERM): the pods' preStop hooks stop it, its iteration finished and checkpointed,
+  the workers' Ray nodes kept up meanwhile (rldock.runtime.driver.preemption), as in a preemption.
 - SUSPENDED_BY_OTHER (an admin): nothing until they resume it; no restart is counted for the job it
   stopped.
 - PREEMPTED (the head pod is being deleted while the job ran): nothing; the head's preStop hook stops
@@ -23,8 +25,9 @@ here (the table is in rules.py):
   labels, e.g. the queue), which only happens between attempts (also while Kueue holds it waiting
   for admission): a spec change never kills a running job by itself, it applies to the next
   attempt (a retry, or suspend + unsuspend to apply it now);
-  then submit the attempt once the cluster is ready and the previous attempt's driver is gone
-  (never two drivers on one checkpoint directory).
+  then submit the attempt once the cluster is ready, no head pod of the job is still stopping (its
+  driver may be saving a checkpoint: observe.ready_to_submit) and the previous attempt's driver is
+  gone (never two drivers on one checkpoint directory).
 
 Whatever the rule, a RayCluster that is missing is created and one the operator suspended is
 unsuspended (`_bring_up`), also in the round that counts a restart. The rules the round decides
@@ -97,9 +100,7 @@ def _release(f: RoundFacts, why: str) -> list[Action]:
 
 
 def _suspend(f: RoundFacts) -> list[Action]:
-    actions: list[Action] = []
-    if _active(f.ray_job):
-        actions.append(StopJob(f.ray_job.submission_id, "the RLJob is suspended"))
+    actions: list[Action] = []  # no StopJob: the pods' preStop hooks stop the driver (module docstring)
     if f.cluster is not None:
         if f.kueue:  # Kueue owns spec.suspend: free it by deleting it
             actions.append(DeleteCluster(replace=False, why="the RLJob is suspended"))

@@ -60,6 +60,8 @@ class PodSummary:
     head_running: bool = False  # the head pod runs (its dashboard may answer)
     head_ready: bool = False  # ... and passes its readiness probe
     head_terminating: str | None = None  # the name of a head pod being deleted (its preStop hook may run)
+    # ... and of an earlier RayCluster of the same name (deleted for a suspend under Kueue, or a spec change)
+    earlier_head_terminating: str | None = None
     ready_workers: int = 0
     workers: tuple[WorkerPod, ...] = ()
     unschedulable: tuple[str, ...] = ()  # the scheduler's messages, one per pod it cannot place
@@ -180,13 +182,17 @@ def admitted(spec: RLJobSpec, cluster: Mapping[str, Any] | None, summary: PodSum
 
 def ready_to_submit(cluster: Mapping[str, Any], summary: PodSummary, *, num_workers: int) -> bool:
     """The cluster can take the job: KubeRay says ready and the head and every worker are Ready now
-    (KubeRay keeps `ready` once reached, also while it replaces a lost worker)."""
+    (KubeRay keeps `ready` once reached, also while it replaces a lost worker), and no head pod of the
+    job is being deleted: its preStop hook may still be letting a driver save its checkpoint, which the
+    next attempt resumes from."""
     return (
         not cluster.get("spec", {}).get("suspend")
         and cluster_is_ready(cluster.get("status"))
         and summary.head_ready
         and summary.ready_workers >= num_workers
         and not summary.unschedulable
+        and summary.head_terminating is None
+        and summary.earlier_head_terminating is None
     )
 
 

@@ -600,12 +600,12 @@ class Reconciler:
         submission_id = rnd.submission_id(attempt)
         if cluster is None:
             return Seen(job=job_observation(submission_id, None, previous=rnd.previous))
-        pods = [
-            pod
-            for pod in self.kube.list_pods(rnd.ref.namespace, {LABEL_RAY_CLUSTER: rnd.cluster_name})
-            if owned_by(pod, cluster["metadata"]["uid"])
-        ]
-        summary = summarize_pods(pods)
+        listed = self.kube.list_pods(rnd.ref.namespace, {LABEL_RAY_CLUSTER: rnd.cluster_name})
+        uid = cluster["metadata"]["uid"]
+        summary = replace(
+            summarize_pods([pod for pod in listed if owned_by(pod, uid)]),
+            earlier_head_terminating=summarize_pods([p for p in listed if not owned_by(p, uid)]).head_terminating,
+        )
         url = dashboard_url(
             mode=self.settings.dashboard_address,
             rljob_name=rnd.ref.name,

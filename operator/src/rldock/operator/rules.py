@@ -16,9 +16,10 @@ no rule above it does.
                         undoes)
     REFUSED             the spec is invalid, or outside the   Failed (InvalidSpec,         delete the RayCluster
                         admin's policy                        PolicyDenied)                (the round's release)
-    SUSPENDED           spec.suspend                          Suspended                    stop the driver, free the
-                                                                                           cluster (suspend it;
-                                                                                           delete it under Kueue)
+    SUSPENDED           spec.suspend                          Suspended                    free the cluster (suspend
+                                                                                           it; delete it under
+                                                                                           Kueue): the pods' hooks
+                                                                                           stop the driver
     SUSPENDED_BY_OTHER  an admin (or another controller)      Suspended                    none: theirs to undo, no
                         suspended the RayCluster of a job                                  restart counted
                         Kueue does not schedule

@@ -12,11 +12,15 @@ import time
 
 import pytest
 
+from rldock.runtime.cli import build_parser
+from rldock.runtime.driver import preemption
 from rldock.runtime.driver.preemption import (
     EXIT_CODE,
     Preempted,
+    StopNotice,
     StopRequest,
     drivers_here,
+    follow_stop,
     is_driver,
     stop_drivers,
 )
@@ -116,3 +120,64 @@ def test_a_driver_that_outlives_the_timeout_is_reported_running():
     finally:
         stuck.kill()
         stuck.wait()
+
+
+def test_a_notice_is_up_from_its_post_until_taken_down_or_past_its_time(tmp_path):
+    now = [1000.0]
+    notice = StopNotice(tmp_path / "out" / "preempting.json", clock=lambda: now[0])
+    assert not notice.up()
+    notice.post(285)  # the folder made if the driver has not made it yet
+    assert notice.up() and [p.name for p in notice.path.parent.iterdir()] == ["preempting.json"]
+    now[0] += 285  # a notice whose hook was killed before it took it down holds nobody past its time
+    assert not notice.up()
+    notice.post(10)
+    notice.take_down()
+    notice.take_down()  # twice: nothing to take down
+    assert not notice.up() and not notice.path.exists()
+    notice.path.write_text("{")  # being replaced (another pod's partial view): counts as up
+    assert notice.up()
+
+
+def test_a_worker_hook_without_a_notice_goes_after_looking_for_one(tmp_path):
+    started = time.monotonic()
+    assert follow_stop(StopNotice(tmp_path / "preempting.json"), 60, notice_wait_s=0.3, poll_s=0.05) is False
+    assert 0.3 <= time.monotonic() - started < 30
+
+
+def test_a_worker_hook_waits_while_the_notice_is_up_then_goes(tmp_path):
+    """The worker pod's Ray node stays up for the head's driver: the hook returns only once the notice that
+    appeared after it started (the head's hook runs later) is taken down."""
+    notice = StopNotice(tmp_path / "preempting.json")
+    result: list[bool] = []
+    follower = threading.Thread(
+        target=lambda: result.append(follow_stop(notice, 60, notice_wait_s=30, poll_s=0.02)), daemon=True
+    )
+    follower.start()
+    notice.post(60)
+    follower.join(0.5)  # with the notice up it cannot return before its 60 s
+    assert follower.is_alive() and result == []
+    notice.take_down()
+    follower.join(30)
+    assert result == [True]
+
+
+def test_a_worker_hook_gives_up_at_its_timeout(tmp_path):
+    notice = StopNotice(tmp_path / "preempting.json")
+    notice.post(600)
+    assert follow_stop(notice, 0.3, notice_wait_s=10, poll_s=0.05) is True
+
+
+def test_the_hook_posts_its_notice_while_the_drivers_stop_and_follow_needs_one(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "preempting.json"
+    args = build_parser().parse_args(["preempt", "--timeout", "5", "--notice", str(path)])
+    posted: list[bool] = []
+
+    def stop(timeout_s: float) -> tuple[list[int], list[int]]:
+        posted.append(StopNotice(path).up())
+        return [], []
+
+    monkeypatch.setattr(preemption, "stop_drivers", stop)
+    assert args.run(args) == 0
+    assert posted == [True] and not path.exists()  # up while the drivers stopped, taken down after
+    follow = build_parser().parse_args(["preempt", "--follow"])
+    assert follow.run(follow) == 2 and "--follow needs --notice" in capsys.readouterr().err

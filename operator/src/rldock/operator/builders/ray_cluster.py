@@ -34,15 +34,17 @@ import copy
 import hashlib
 import json
 import math
+import posixpath
 import shlex
 from typing import Any
 
 from pydantic import BaseModel
 
-from rldock.contract.runtime_cli import PREEMPT, PROGRAM, TIMEOUT
+from rldock.contract.runtime_cli import PREEMPT_NOTICE_FILE, preempt_argv
 from rldock.operator import naming
 from rldock.operator.api import PodDefaults, PodResources, RLJobSpec, cpu_cores
 from rldock.operator.builders.common import RLJobRef, child_labels, child_metadata
+from rldock.operator.builders.ray_job import output_dir
 from rldock.operator.constants import (
     ANNOTATION_SPEC_HASH,
     ASCEND_RESOURCE_DOMAIN,
@@ -296,15 +298,20 @@ def _container(job: RLJobRef, spec: RLJobSpec, defaults: PodDefaults, *, role: s
         # Kubernetes gives `env` precedence over `envFrom`, so the operator's variables above win
         # over a Secret's key of the same name.
         container["envFrom"] = [_dump(source) for source in spec.env_from]
-    if role != ROLE_WORKER:
-        container["lifecycle"] = {"preStop": {"exec": {"command": preempt_command(spec)}}}
+    container["lifecycle"] = {"preStop": {"exec": {"command": preempt_command(job, spec, role=role)}}}
     return container
 
 
-def preempt_command(spec: RLJobSpec) -> list[str]:
-    """The head's preStop hook: the pod's driver stops as on SIGTERM (its iteration finished and checkpointed,
-    rldock.runtime.driver.preemption), waited for within the grace period, before Ray's processes get theirs."""
-    return [PROGRAM, PREEMPT, TIMEOUT, str(spec.preemption.grace_period_seconds - PREEMPT_MARGIN_S)]
+def preempt_command(job: RLJobRef, spec: RLJobSpec, *, role: str) -> list[str]:
+    """The pods' preStop hook, within the grace period, before Ray's processes get their SIGTERM
+    (rldock.runtime.driver.preemption). The head's stops the pod's driver as SIGTERM does (its iteration
+    finished and checkpointed) and waits for it, posting a notice in the job's output folder meanwhile; a
+    worker's keeps its Ray node up while that notice is posted, for the iteration the driver finishes."""
+    return preempt_argv(
+        timeout_s=spec.preemption.grace_period_seconds - PREEMPT_MARGIN_S,
+        notice=posixpath.join(output_dir(job=job, spec=spec), PREEMPT_NOTICE_FILE),
+        follow=role == ROLE_WORKER,
+    )
 
 
 def environment_token_env(job: RLJobRef) -> dict[str, Any]:

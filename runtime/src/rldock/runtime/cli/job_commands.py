@@ -50,6 +50,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     preempt.add_argument(
         cli.TIMEOUT, type=float, default=60.0, help="seconds to wait for the drivers to exit (default 60)"
     )
+    preempt.add_argument(
+        cli.NOTICE,
+        type=os.path.expanduser,
+        help="a file on storage the job's pods share: posted while the drivers stop, for the worker pods' hooks",
+    )
+    preempt.add_argument(
+        cli.FOLLOW,
+        action="store_true",
+        help="signal nothing: wait while the --notice file says a driver is stopping (a worker pod's preStop "
+        "hook, which keeps its Ray node up for the driver's last iteration)",
+    )
     preempt.set_defaults(run=run_preempt)
 
     train = commands.add_parser(cli.TRAIN, help="run a job: warm-up (if configured), then RL iterations")
@@ -148,9 +159,30 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_preempt(args: argparse.Namespace) -> int:
-    from rldock.runtime.driver.preemption import stop_drivers
+    from pathlib import Path
 
-    signalled, running = stop_drivers(args.timeout)
+    from rldock.runtime.driver.preemption import StopNotice, follow_stop, stop_drivers
+
+    notice = StopNotice(Path(args.notice)) if args.notice else None
+    if args.follow:
+        if notice is None:
+            print(
+                f"rldock preempt: {cli.FOLLOW} needs {cli.NOTICE}, the file the head pod's hook posts", file=sys.stderr
+            )
+            return 2
+        followed = follow_stop(notice, args.timeout)
+        print(f"rldock preempt: {'followed the head' if followed else 'no stop under way'}")
+        return 0
+    if notice is not None:
+        try:
+            notice.post(args.timeout)
+        except OSError as error:  # the drivers still stop; the worker pods' Ray nodes may not wait for them
+            print(f"rldock preempt: could not post {notice.path} ({error})", file=sys.stderr)
+    try:
+        signalled, running = stop_drivers(args.timeout)
+    finally:
+        if notice is not None:
+            notice.take_down()
     if running:
         print(f"rldock preempt: {len(running)} driver(s) still running after {args.timeout:g} s: {running}")
         return 1

@@ -14,16 +14,26 @@ deleted pod's SIGTERM goes to `ray start`, which stops Ray with the driver's wor
 preStop hook, `rldock preempt` (`stop_drivers`), runs first: it sends the drivers of the pod their SIGTERM
 and waits for them to checkpoint and exit, within the pod's terminationGracePeriodSeconds
 (spec.preemption.gracePeriodSeconds).
+
+The iteration under way needs the job's workers, which run in the worker pods; when those go at the same
+time as the head (a suspended or deleted RayCluster: Kueue's preemption, `spec.suspend`), their Ray nodes
+must outlive the driver's stop. So the head's hook posts a notice on the storage every pod of the job
+shares while its drivers stop (`StopNotice`), and each worker pod's preStop hook (`rldock preempt
+--follow`, `follow_stop`) looks for it for `NOTICE_WAIT_S` and, when it is there, waits until it is
+taken down (the drivers exited) or runs out. A worker pod deleted alone sees no notice and goes after
+`NOTICE_WAIT_S`: its loss is a lost worker (the attempt restarts from the last checkpoint).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -32,6 +42,10 @@ from rldock.contract.runtime_cli import PROGRAM, TRAIN
 logger = logging.getLogger(__name__)
 
 EXIT_CODE = 128 + signal.SIGTERM  # what a shell reports for a process SIGTERM ended
+# How long a worker pod's hook looks for the head's notice: the kubelets learn of the pods' deletion from
+# one watch event each, so the head's hook starts within about a second of the workers'; a worker pod
+# deleted alone pays this much more before its Ray node stops.
+NOTICE_WAIT_S = 10.0
 
 
 class Preempted(Exception):
@@ -114,3 +128,48 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+class StopNotice:
+    """The head's notice that its drivers are stopping (module docstring): a JSON file `{"until": t}` at
+    `path`, the time by which the hook gives up on them, so that a notice left by a hook killed before it
+    took it down holds nobody past that."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path, self._clock = path, clock
+
+    def post(self, timeout_s: float) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"until": self._clock() + timeout_s}))
+        partial.replace(self.path)  # whole or absent to a reader in another pod
+
+    def take_down(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def up(self) -> bool:
+        """Whether a notice is posted and not past its time (an unreadable one counts as posted: it is
+        being replaced, or will be outlived by the hook's own timeout)."""
+        try:
+            until = float(json.loads(self.path.read_text())["until"])
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return True
+        return self._clock() < until
+
+
+def follow_stop(
+    notice: StopNotice, timeout_s: float, *, notice_wait_s: float = NOTICE_WAIT_S, poll_s: float = 0.5
+) -> bool:
+    """A worker pod's preStop hook: look for the head's notice for `notice_wait_s`; once seen, wait while it
+    is up, at most `timeout_s` in all. Whether a notice was seen (a stop followed)."""
+    started = time.monotonic()
+    seen = False
+    while True:
+        up = notice.up()
+        seen = seen or up
+        waited = time.monotonic() - started
+        if (not up and (seen or waited >= notice_wait_s)) or waited >= timeout_s:
+            return seen
+        time.sleep(poll_s)
