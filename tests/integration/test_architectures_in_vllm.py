@@ -102,11 +102,10 @@ def test_load_generate_train_and_sync(tmp_path, builder):
 
 def _tp_rank(rank: int, port: int, model_dirs: dict[str, str], out: str) -> None:
     """Each of `model_dirs` (builder -> folder) in turn on the same two ranks; rank<r>-<builder>.json."""
-    from rldock.runtime.resharding.parallel_layout import ParallelLayout
-    from rldock.runtime.resharding.parallelize import build_mesh
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    mesh = build_mesh(ParallelLayout(tp_size=2, dp_size=1), "cpu")
+    mesh = ParallelMesh(MeshShape(dp=1, tp=2), "cpu")
     for builder, model_dir in model_dirs.items():
         gaps = _tp_gaps(model_dir, mesh)
         Path(out, f"rank{rank}-{builder}.json").write_text(json.dumps(gaps))

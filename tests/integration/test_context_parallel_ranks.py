@@ -111,15 +111,18 @@ def _rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.fsdp_sharding import apply_fsdp
     from rldock.runtime.engines.policy import packing_prompts
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
     from rldock.runtime.training.context_parallel import apply_context_parallel, sum_over_context
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     results: dict = {}
+    every_rank = ParallelMesh(MeshShape(dp=1, cp=world), "cpu")
+    pairs = ParallelMesh(MeshShape(dp=2, cp=2), "cpu") if world == 4 else None
     for mode in MODES:
         # CP over every rank: each holds the whole batch and computes 1/world of each sequence.
         model = _model(mode)
-        apply_context_parallel(model, world, mode)
+        apply_context_parallel(model, every_rank, mode)
         batch = _batch(1)
         attention = batch["response_mask"]
         packing = packing_prompts(
@@ -134,15 +137,16 @@ def _rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
                 logprobs=logprobs.detach(), entropy=entropy, loss=float(loss.detach()), grads=_grads(model)
             )
         critic = _value_model(mode)
-        apply_context_parallel(critic.body, world, mode)
+        apply_context_parallel(critic.body, every_rank, mode)
         values, loss = _values_and_loss(critic, batch)
         loss.backward()
         results[mode, "critic"] = dict(values=values.detach(), grads=_grads(critic))
         if world == 4:
             # CP 2 inside FSDP over the 4 ranks: data-parallel rank rank // 2 trains on its own batch.
             model = _model(mode)
-            apply_context_parallel(model, 2, mode)
-            apply_fsdp(model, detect_device("cpu"))
+            assert pairs is not None
+            apply_context_parallel(model, pairs, mode)
+            apply_fsdp(model, detect_device("cpu"), pairs)
             sum_over_context(model, dp=2)
             for layout in LAYOUTS:
                 model.zero_grad()

@@ -42,13 +42,14 @@ def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int =
     from rldock.contract.tensor_parallel import TP_PLANS
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
-    from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
+    from rldock.runtime.resharding.parallelize import parallelize_decoder
     from rldock.runtime.resharding.shard import GenerationWeights
 
     plan = ReshardPlan(
         train=ParallelLayout(train_tp, WORLD // train_tp), generate=ParallelLayout(gen_tp, WORLD // gen_tp)
     )
-    mesh = build_mesh(plan.train, "cpu")
+    mesh = ParallelMesh(MeshShape(dp=plan.train.dp_size, tp=plan.train.tp_size), "cpu")
     model = parallelize_decoder(_tiny_model(seed=7), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -77,7 +78,7 @@ def _setup(train_tp: int, gen_tp: int, mode: str, rank: int, bucket_bytes: int =
 def _train_step(model, optimizer, mesh, rank: int, iteration: int) -> float:
     from rldock.runtime.resharding.parallelize import apply_gradients
 
-    dp_rank = rank // mesh["tp"].size()
+    dp_rank = rank // mesh.size("tp")
     generator = torch.Generator().manual_seed(100 * iteration + dp_rank)  # same data per DP replica
     tokens = torch.randint(0, 40, (4, 12), generator=generator)  # (B, T)
     optimizer.zero_grad(set_to_none=True)

@@ -44,7 +44,8 @@ def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.ledger import train_state_bytes
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
-    from rldock.runtime.resharding.parallelize import build_mesh, parallelize_decoder
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
+    from rldock.runtime.resharding.parallelize import parallelize_decoder
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -61,7 +62,7 @@ def test_reshard_into_vllm_with_training_state_swapped_out(tiny_model_dir):
     )
     try:
         plan = ReshardPlan(train=ParallelLayout(1, 1), generate=ParallelLayout(1, 1))
-        mesh = build_mesh(plan.train, "cpu")
+        mesh = ParallelMesh(MeshShape(dp=1), "cpu")
         model = parallelize_decoder(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=5e-2)  # large: the weights must visibly move
         resharder = Resharder(

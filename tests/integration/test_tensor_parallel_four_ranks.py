@@ -52,10 +52,10 @@ def _full(tensor) -> torch.Tensor:
 def _check(architecture: str) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from rldock.runtime.resharding.parallel_layout import ParallelLayout
-    from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, parallelize_decoder
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
+    from rldock.runtime.resharding.parallelize import apply_gradients, parallelize_decoder
 
-    mesh = build_mesh(ParallelLayout(tp_size=WORLD, dp_size=1), "cpu")
+    mesh = ParallelMesh(MeshShape(dp=1, tp=WORLD), "cpu")
     reference, split = _tiny(architecture, seed=3), parallelize_decoder(_tiny(architecture, seed=3), mesh)
     tokens = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(1))  # (B, T)
     results = {}

@@ -176,13 +176,15 @@ def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.fsdp_sharding import apply_fsdp
     from rldock.runtime.engines.policy import response_logprobs_and_entropy
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
     from rldock.runtime.training.context_parallel import ContextLayout
 
     model = _model(dtype)
     # DP 1 x CP cp as rldock train's FSDP backend lays it out: the mode's attention, FSDP over the ranks,
     # the sum over CP
-    layout = ContextLayout.of(model, cp=cp, mode=mode)
-    model = apply_fsdp(model, detect_device("cpu"))
+    mesh = ParallelMesh(MeshShape(dp=dist.get_world_size() // cp, cp=cp), "cpu")
+    layout = ContextLayout.of(model, mesh=mesh, mode=mode)
+    model = apply_fsdp(model, detect_device("cpu"), mesh)
     layout.sum_gradients(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = _batch(length)

@@ -82,6 +82,7 @@ def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir
     from rldock.runtime.engines.fsdp_sharding import apply_fsdp, clip_grad_norm
     from rldock.runtime.engines.process_group import wrap_ddp
     from rldock.runtime.models.layers import enable_activation_checkpointing
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world)
@@ -90,7 +91,8 @@ def _rank(rank: int, args: argparse.Namespace, strategy: str, port: int, out_dir
     if args.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if strategy == "fsdp":
-        trained = apply_fsdp(model, device, mixed_precision=args.mixed_precision)
+        mesh = ParallelMesh(MeshShape(dp=args.world), "cpu")
+        trained = apply_fsdp(model, device, mesh, mixed_precision=args.mixed_precision)
     else:
         trained = wrap_ddp(model, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)

@@ -134,6 +134,7 @@ def check_seam(args) -> dict:
     from rldock.runtime.device import detect_device
     from rldock.runtime.engines.fsdp_sharding import apply_fsdp, full_state_dict
     from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group, wrap_ddp
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 
     info = detect_device(args.device)
     # open_rendezvous asks Ray for the node's address; one rank on this machine listens on loopback.
@@ -148,7 +149,7 @@ def check_seam(args) -> dict:
             if wrapper == "ddp":
                 trained = wrap_ddp(model, info)
             elif wrapper == "fsdp":
-                trained = apply_fsdp(model, info)
+                trained = apply_fsdp(model, info, ParallelMesh(MeshShape(dp=1), torch.device(info.torch_device).type))
             else:
                 trained = model
             optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-4)
@@ -190,9 +191,10 @@ def check_moe(args) -> dict:
     import torch.distributed as dist
 
     from rldock.runtime.device import detect_device
-    from rldock.runtime.engines.expert_parallel import ExpertSharding, apply_expert_parallel
+    from rldock.runtime.engines.expert_parallel import apply_expert_parallel
     from rldock.runtime.engines.process_group import Rendezvous, destroy_process_group, init_process_group
     from rldock.runtime.models.moe import load_balancing_loss, record_routing, routers
+    from rldock.runtime.resharding.parallel_mesh import ExpertSharding
     from rldock_e2e.moe_fixture import moe_model, token_logprobs, whole_batch
 
     info = detect_device(args.device)

@@ -74,14 +74,15 @@ def run_mode(args, mode: str, rank: int) -> dict:
     from rldock.runtime.resharding.flow import Resharder
     from rldock.runtime.resharding.ledger import train_state_bytes
     from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
-    from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, parallelize_decoder
+    from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
+    from rldock.runtime.resharding.parallelize import apply_gradients, parallelize_decoder
     from rldock.runtime.resharding.shard import GenerationWeights
 
     plan = ReshardPlan(
         train=ParallelLayout(args.train_tp, args.world // args.train_tp),
         generate=ParallelLayout(args.gen_tp, args.world // args.gen_tp),
     )
-    mesh = build_mesh(plan.train, "cpu")
+    mesh = ParallelMesh(MeshShape(dp=plan.train.dp_size, tp=plan.train.tp_size), "cpu")
     model = parallelize_decoder(build_model(args.model), mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}

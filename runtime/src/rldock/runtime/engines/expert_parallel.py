@@ -1,10 +1,11 @@
 """Expert parallelism (`training.expert_parallel_size`): each MoE layer's experts split over an EP
 group, tokens dispatched to their experts' rank and combined back with all-to-all.
 
-The EP group is carved out of the default group's ranks, the dp x cp sequence ranks (torchtitan's
-and Megatron's choice): with ranks r = i * ep + j, the ranks {i * ep + j for j < ep} are one EP group
-and hold expert shard j (experts [j * E/ep, (j+1) * E/ep)), each its own tokens; the ranks that hold
-the same shard (a fixed j) are its expert-data-parallel group, of dp x cp / ep ranks. Under context
+The EP group is carved out of the dp x cp sequence ranks (torchtitan's and Megatron's choice; the
+groups are the training mesh's, resharding/parallel_mesh.py): with ranks r = i * ep + j, the ranks
+{i * ep + j for j < ep} are one EP group and hold expert shard j (experts [j * E/ep, (j+1) * E/ep)),
+each its own tokens; the ranks that hold the same shard (a fixed j) are its expert-data-parallel
+group, of dp x cp / ep ranks. Under context
 parallelism (CP innermost, training/context_parallel.py) an EP group may so hold a CP group's ranks:
 their tokens are distinct positions of the same rows, and the dispatch neither knows nor minds. The
 job layout (rldock.contract.layout) is where these sizes are said.
@@ -35,55 +36,16 @@ this rank's shard from a whole one (loading).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from rldock.runtime.resharding.parallel_mesh import ExpertSharding
 
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class ExpertSharding:
-    """This rank's place in expert parallelism: its EP group, its rank and the group's size."""
-
-    group: dist.ProcessGroup | None
-    rank: int
-    size: int
-
-    def local_experts(self, num_experts: int) -> range:
-        """The experts this rank holds: a contiguous E/ep of them."""
-        per_rank = num_experts // self.size
-        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
-
-
-@dataclass(frozen=True)
-class ExpertMesh:
-    """Expert parallelism over the default group's ranks: this rank's sharding and the mesh of its
-    expert-data-parallel group (the ranks holding the same experts), which FSDP shards them over."""
-
-    sharding: ExpertSharding
-    data_parallel: DeviceMesh
-
-
-def expert_mesh(device_type: str, expert_parallel_size: int) -> ExpertMesh:
-    """Split the default group's ranks r = i * ep + j into EP groups (consecutive ranks, a fixed i) and
-    expert-data-parallel groups (a fixed j). Collective: every rank calls it."""
-    world = dist.get_world_size()
-    # the world is the dp x cp sequence ranks, which the config's training checks have EP divide
-    assert world % expert_parallel_size == 0, f"EP size {expert_parallel_size} does not divide {world} ranks"
-    mesh = init_device_mesh(
-        device_type, (world // expert_parallel_size, expert_parallel_size), mesh_dim_names=("edp", "ep")
-    )
-    ep = mesh["ep"]
-    return ExpertMesh(
-        sharding=ExpertSharding(group=ep.get_group(), rank=ep.get_local_rank(), size=expert_parallel_size),
-        data_parallel=mesh["edp"],
-    )
 
 
 def check_experts_divide(num_experts: int, size: int) -> None:

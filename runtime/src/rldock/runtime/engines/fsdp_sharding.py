@@ -1,5 +1,6 @@
 """FSDP2 for a trained model (`training.strategy: fsdp`): each decoder layer and then the root are
-`fully_shard`ed over all ranks of the default group, so every rank holds 1/world of the parameters,
+`fully_shard`ed over the training mesh's sequence ranks (dp x cp, resharding/parallel_mesh.py; all ranks of
+the group at TP 1), so every rank holds 1/world of the parameters,
 their gradients and (since the optimizer is built on the sharded parameters) the AdamW state.
 
 A layer's full weights exist only while it computes (all-gathered before its forward and again
@@ -30,13 +31,13 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rldock.runtime.device import DeviceInfo
-from rldock.runtime.engines.expert_parallel import ExpertMesh, apply_expert_parallel, expert_parameters
+from rldock.runtime.engines.expert_parallel import apply_expert_parallel, expert_parameters
 from rldock.runtime.models.layers import decoder_layers
+from rldock.runtime.resharding.parallel_mesh import ExpertMesh, ParallelMesh
 
 COMPUTE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,46 +63,43 @@ def mixed_precision_policy(mode: str) -> MixedPrecisionPolicy:
 def apply_fsdp(
     model: nn.Module,
     device: DeviceInfo,
+    mesh: ParallelMesh,
     *,
     cpu_offload: bool = False,
     mixed_precision: str = "none",
-    experts: ExpertMesh | None = None,
-    context_parallel_size: int = 1,
 ) -> nn.Module:
-    """Shard `model` (on `device.torch_device`, default group initialised) in place; returns it.
-    With `experts` (expert_mesh), its MoE layers' experts are cut to this rank's EP shard first.
-    `context_parallel_size`: the CP ranks among the world's, whose gradients of one data-parallel
-    rank's rows are summed, not averaged (training/context_parallel.py): the experts scale theirs by
-    1 / dp = cp / world.
+    """Shard `model` (on `device.torch_device`) over `mesh`'s sequence ranks (dp x cp) in place; returns it.
+    With expert parallelism in `mesh`, its MoE layers' experts are cut to this rank's EP shard first. The
+    CP ranks' gradients of one data-parallel rank's rows are summed, not averaged
+    (training/context_parallel.py): the experts scale theirs by 1 / dp.
 
     Experts first (module docstring), then layers, root last: the root then holds only what no layer
     owns (embeddings, final norm, LM head, a value head), and each layer's all-gather can be
     prefetched while the previous computes.
     """
     check_mixed_precision(mixed_precision, device)
-    device_type = torch.device(device.torch_device).type
-    world = dist.get_world_size()
-    mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("dp",))
     offload = CPUOffloadPolicy(pin_memory=device.is_accelerator) if cpu_offload else OffloadPolicy()
     policy = mixed_precision_policy(mixed_precision)
-    if experts is not None and experts.sharding.size > 1:
+    experts = mesh.experts
+    if experts is not None:
         for module in apply_expert_parallel(model, experts.sharding):
-            module.grad_scale = context_parallel_size / world
+            module.grad_scale = 1 / mesh.size("dp")
             sharded = fully_shard(module, mesh=experts.data_parallel, mp_policy=policy, offload_policy=offload)
             # The module scales its gradients by 1 / world itself (module docstring), so FSDP sums them:
             # a divide factor of 1, reduced as a plain sum (gloo has no pre-multiplied sum). FSDP's own
             # factor is not used because on a group of one (dp = ep) torch 2.13 applies it twice.
             sharded.set_gradient_divide_factor(1.0)
             sharded.set_force_sum_reduction_for_comms(True)
+    sequence_ranks = mesh.device_mesh("dp_cp")
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, offload_policy=offload)
+        fully_shard(layer, mesh=sequence_ranks, mp_policy=policy, offload_policy=offload)
     # The model's own output (logits, values) comes back in float32, so logprobs are not rounded to bf16.
     root_policy = MixedPrecisionPolicy(
         param_dtype=policy.param_dtype,
         reduce_dtype=policy.reduce_dtype,
         output_dtype=torch.float32 if policy.param_dtype is not None else None,
     )
-    fully_shard(model, mesh=mesh, mp_policy=root_policy, offload_policy=offload)
+    fully_shard(model, mesh=sequence_ranks, mp_policy=root_policy, offload_policy=offload)
     return model
 
 

@@ -26,10 +26,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from rldock.runtime.device import DeviceInfo
+from rldock.runtime.resharding.parallel_mesh import DEFAULT_GROUP_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_GROUP_TIMEOUT_S = 300.0  # joining the group and each collective
 
 
 @dataclass(frozen=True)

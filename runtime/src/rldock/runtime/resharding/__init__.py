@@ -2,7 +2,8 @@
 training layout (TP x DP) to its generation layout (TP x DP) so that, during generation, no
 training tensor stays on the device and the engine's KV cache gets that memory.
 
-One module per step, composed by `flow`:
+The training mesh every process group of a training group's ranks comes from (`parallel_mesh`), and
+one module per step, composed by `flow`:
 - `layout`: training and generation TP x DP, the Qwen2 weight-name -> shard-dim map (data);
 - `parallelize`: a tensor-parallel plan applied from outside to a plain HF Qwen2 model (DTensor);
 - `gather`: step 1, bucketed allgather of the TP shards into one contiguous buffer per dtype;

@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from rldock.contract.tensor_parallel import TP_PLANS
 from rldock.runtime.resharding.gather import GatheredWeights, allgather_weights
 from rldock.runtime.resharding.ledger import ledger_entry
 from rldock.runtime.resharding.parallel_layout import ReshardPlan
+from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 from rldock.runtime.resharding.shard import generation_items
 from rldock.runtime.resharding.swap import SwapIn, TensorSwapper, make_storages_resizable, training_state
 
@@ -45,7 +45,7 @@ class Resharder:
         *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        mesh: DeviceMesh,
+        mesh: ParallelMesh,
         plan: ReshardPlan,
         rank: int,
         mode: ReshardMode,
@@ -91,7 +91,7 @@ class Resharder:
         if self.gathered is not None:  # naive mode: last iteration's buffer, replaced now
             self.gathered.free()
         train = self.plan.train
-        tp_group = self.mesh["tp"].get_group() if train.tp_size > 1 else None
+        tp_group = self.mesh.group("tp")
         timings: dict[str, float] = {}
         start = time.perf_counter()
         self.gathered = allgather_weights(

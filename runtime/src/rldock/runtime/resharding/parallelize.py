@@ -1,6 +1,6 @@
 """Apply the training layout to a plain Hugging Face Llama, Qwen2 or Qwen3 model from outside: a
-tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the mesh's `tp` dimension, and gradient
-averaging over `dp`.
+tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the training mesh's `tp` dimension
+(parallel_mesh.py), and gradient averaging over its `dp`.
 
 Data parallelism is plain gradient averaging over the DP group after backward (what DDP does,
 without its bucketed overlap) rather than DDP or FSDP2: DDP over DTensor parameters needs torch's
@@ -16,27 +16,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from rldock.contract.tensor_parallel import TP_PLANS, check_architecture, check_divisible
-from rldock.runtime.resharding.parallel_layout import ParallelLayout, has_partial_gradient
+from rldock.runtime.resharding.parallel_layout import has_partial_gradient
+from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 
 _STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
-def build_mesh(layout: ParallelLayout, device_type: str) -> DeviceMesh:
-    """The ("dp", "tp") mesh over the default group; rank = dp_rank * tp_size + tp_rank."""
-    return init_device_mesh(device_type, (layout.dp_size, layout.tp_size), mesh_dim_names=("dp", "tp"))
-
-
-def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
     """Split every decoder layer's linears over the mesh's `tp` dimension, in place; returns `model`.
 
     With a TP size of 1 the model is left as plain tensors (a DTensor over one rank buys nothing).
     """
-    tp_size = mesh["tp"].size()
+    tp_size = mesh.size("tp")
     config: Any = model.config  # the architecture's Hugging Face config
     check_architecture(tp_size=tp_size, model_type=config.model_type, field="training.tensor_parallel_size")
     check_divisible(
@@ -53,7 +48,7 @@ def parallelize_decoder(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         for i in range(config.num_hidden_layers)
         for suffix, style in TP_PLANS[config.model_type].linears.items()
     }
-    return parallelize_module(model, mesh["tp"], plan)
+    return parallelize_module(model, mesh.device_mesh("tp"), plan)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,35 +57,34 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sum_partial_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
+def sum_partial_gradients(model: nn.Module, mesh: ParallelMesh) -> None:
     """Sum over the `tp` group the gradients of replicated per-head modules (`has_partial_gradient`),
     in place, so every TP rank holds the whole model's gradient for them (after backward)."""
-    tp = mesh["tp"]
-    if tp.size() == 1:
+    tp = mesh.group("tp")
+    if tp is None:
         return
     config: Any = model.config
     plan = TP_PLANS[config.model_type]  # parallelize_decoder checked that it has one
     for name, param in model.named_parameters():
         if param.grad is not None and has_partial_gradient(name, plan):
-            dist.all_reduce(local_tensor(param.grad), group=tp.get_group())
+            dist.all_reduce(local_tensor(param.grad), group=tp)
 
 
 @torch.no_grad()
-def average_gradients(model: nn.Module, mesh: DeviceMesh) -> None:
+def average_gradients(model: nn.Module, mesh: ParallelMesh) -> None:
     """Average each parameter's gradient over the `dp` dimension, in place (after backward)."""
-    dp = mesh["dp"]
-    if dp.size() == 1:
+    group = mesh.group("dp")
+    if group is None:
         return
-    group = dp.get_group()
     for param in model.parameters():
         if param.grad is not None:
             grad = local_tensor(param.grad)
             dist.all_reduce(grad, group=group)
-            grad.div_(dp.size())
+            grad.div_(mesh.size("dp"))
 
 
 @torch.no_grad()
-def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float:
+def clip_grad_norm(model: nn.Module, max_norm: float, mesh: ParallelMesh) -> float:
     """`torch.nn.utils.clip_grad_norm_` for a model mixing TP-sharded and replicated parameters
     (torch's own refuses the mix): split gradients add their squares over the `tp` group,
     replicated ones count once. Returns the total norm before clipping."""
@@ -104,8 +98,8 @@ def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float
             sharded += square
         else:
             replicated += square
-    if mesh["tp"].size() > 1:
-        dist.all_reduce(sharded, group=mesh["tp"].get_group())
+    if (tp := mesh.group("tp")) is not None:
+        dist.all_reduce(sharded, group=tp)
     total = (sharded + replicated).sqrt()
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # the epsilon and clamp torch uses
     for _, shard in local:
@@ -114,7 +108,7 @@ def clip_grad_norm(model: nn.Module, max_norm: float, mesh: DeviceMesh) -> float
 
 
 def apply_gradients(
-    model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, *, max_grad_norm: float
+    model: nn.Module, optimizer: torch.optim.Optimizer, mesh: ParallelMesh, *, max_grad_norm: float
 ) -> float:
     """After backward: complete per-head gradients over TP, average over DP, clip over the whole
     (TP-split) model, step. Returns the norm."""

@@ -31,7 +31,6 @@ constant normaliser (seq_mean_token_sum_norm's length) is divided by dp, not the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -41,36 +40,20 @@ from torch.distributed.fsdp import FSDPModule
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.engines.context_attention import apply_context_attention
 from rldock.runtime.engines.expert_parallel import ExpertParallelExperts
-from rldock.runtime.engines.process_group import DEFAULT_GROUP_TIMEOUT_S
+from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 from rldock.runtime.training.backend import run_shared_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
 
 
-def context_group(cp: int) -> dist.ProcessGroup:
-    """This rank's CP group: the cp consecutive ranks of its data-parallel rank (module docstring).
-    Collective: every rank of the default group creates every CP group, in the same order. Its
-    collectives time out as the default group's do (torch's own default for a new group is 30 minutes)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    assert world % cp == 0, f"CP size {cp} does not divide {world} ranks (the dp x cp sequence ranks)"
-    mine = None
-    for start in range(0, world, cp):
-        group = dist.new_group(list(range(start, start + cp)), timeout=timedelta(seconds=DEFAULT_GROUP_TIMEOUT_S))
-        if start <= rank < start + cp:
-            mine = group
-    assert mine is not None
-    return mine
-
-
-def apply_context_parallel(model: nn.Module, cp: int, mode: str = "ulysses") -> dist.ProcessGroup | None:
-    """Give `model` the attention of `mode` (`ulysses` or `ring`, engines/context_attention.py) over
-    this rank's CP group (None and nothing done at cp 1). Collective over the default group; call
-    before the training backend wraps the model."""
-    if cp == 1:
-        return None
-    group = context_group(cp)
-    apply_context_attention(model, group, mode)
+def apply_context_parallel(model: nn.Module, mesh: ParallelMesh, mode: str = "ulysses") -> dist.ProcessGroup | None:
+    """Give `model` the attention of `mode` (`ulysses` or `ring`, engines/context_attention.py) over this
+    rank's CP group of `mesh` (None and nothing done at cp 1). Call before the training backend wraps the
+    model."""
+    group = mesh.group("cp")
+    if group is not None:
+        apply_context_attention(model, group, mode)
     return group
 
 
@@ -101,12 +84,12 @@ class ContextLayout:
     group: dist.ProcessGroup | None
 
     @classmethod
-    def of(cls, model: nn.Module, *, cp: int, mode: str = "ulysses") -> ContextLayout:
-        """Give `model` the CP attention of `mode` over this rank's CP group (`apply_context_parallel`)
-        and say where the rank sits. Collective over the default group; before FSDP wraps the model."""
-        world, rank = dist.get_world_size(), dist.get_rank()
-        group = apply_context_parallel(model, cp, mode)
-        return cls(cp=cp, dp=world // cp, dp_rank=rank // cp, reader=rank - rank % cp, group=group)
+    def of(cls, model: nn.Module, *, mesh: ParallelMesh, mode: str = "ulysses") -> ContextLayout:
+        """Give `model` the CP attention of `mode` over this rank's CP group of `mesh` (a dp x cp mesh:
+        `apply_context_parallel`) and say where the rank sits. Before FSDP wraps the model."""
+        cp, rank = mesh.size("cp"), dist.get_rank()
+        group = apply_context_parallel(model, mesh, mode)
+        return cls(cp=cp, dp=mesh.size("dp"), dp_rank=rank // cp, reader=rank - rank % cp, group=group)
 
     @classmethod
     def alone(cls, *, rank: int, world_size: int) -> ContextLayout:

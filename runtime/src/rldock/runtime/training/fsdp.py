@@ -38,9 +38,10 @@ from torch.distributed.fsdp import FSDPModule
 from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
-from rldock.runtime.engines.expert_parallel import expert_mesh, gather_expert_state, gather_experts, shard_expert_state
+from rldock.runtime.engines.expert_parallel import gather_expert_state, gather_experts, shard_expert_state
 from rldock.runtime.engines.fsdp_sharding import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
+from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep
 from rldock.runtime.training.context_parallel import ContextLayout
@@ -69,21 +70,18 @@ class FsdpBackend:
         defer_gradient_sync: bool = False,
     ):
         training = cfg.training
-        self.experts = (
-            expert_mesh(torch.device(device.torch_device).type, training.expert_parallel_size)
-            if training.expert_parallel_size > 1
-            else None
+        cp = training.context_parallel_size
+        # The group's mesh: dp x cp ranks (CP inside data parallelism), EP carved out of them
+        # (rldock.contract.layout); all its groups made here, on every rank alike.
+        mesh = ParallelMesh(
+            MeshShape(dp=dist.get_world_size() // cp, cp=cp, ep=training.expert_parallel_size),
+            torch.device(device.torch_device).type,
         )
-        # CP groups inside the data-parallel dimension, before FSDP wraps the model (context_parallel.py);
-        # the EP groups above are carved out of the same dp x cp ranks (rldock.contract.layout)
-        self.context = ContextLayout.of(model, cp=training.context_parallel_size, mode=training.context_parallel_mode)
+        self.experts = mesh.experts
+        # The CP attention before FSDP wraps the model (context_parallel.py)
+        self.context = ContextLayout.of(model, mesh=mesh, mode=training.context_parallel_mode)
         self.model = apply_fsdp(
-            model,
-            device,
-            cpu_offload=training.fsdp_cpu_offload,
-            mixed_precision=training.mixed_precision,
-            experts=self.experts,
-            context_parallel_size=training.context_parallel_size,
+            model, device, mesh, cpu_offload=training.fsdp_cpu_offload, mixed_precision=training.mixed_precision
         )
         self.context.sum_gradients(self.model)
         self.optimizer = make_optimizer(self.model.parameters())

@@ -2,8 +2,8 @@
 generation (one rank's view).
 
 Used when `training.tensor_parallel_size` > 1 or `training.resharding` is `allgather_swap` (with
-`strategy: ddp`); the default (TP 1, naive) is the DDP backend. The ranks form a (dp, tp) mesh (rank = dp_rank *
-tp_size + tp_rank); the policy is split with `parallelize_decoder`; gradients are averaged over DP
+`strategy: ddp`); the default (TP 1, naive) is the DDP backend. The ranks form a (dp, tp) training mesh (rank =
+dp_rank * tp_size + tp_rank; resharding/parallel_mesh.py); the policy is split with `parallelize_decoder`; gradients are averaged over DP
 and clipped over the whole TP-split model by hand (`resharding.parallelize`).
 
 Generation has its own layout (`rollout.tensor_parallel_size`, g): replicas of g consecutive ranks,
@@ -35,7 +35,8 @@ from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.resharding.flow import Resharder
 from rldock.runtime.resharding.ledger import ledger_metrics
 from rldock.runtime.resharding.parallel_layout import ParallelLayout, ReshardPlan
-from rldock.runtime.resharding.parallelize import apply_gradients, build_mesh, local_tensor, parallelize_decoder
+from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
+from rldock.runtime.resharding.parallelize import apply_gradients, local_tensor, parallelize_decoder
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, run_shared_stage
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class TensorParallelBackend:
         # What each rank hands its engine: the full weights (TP 1 slices), whatever the generation TP,
         # since vLLM's loaders split them over the engine's own TP workers.
         plan = ReshardPlan(train=self.train, generate=ParallelLayout(tp_size=1, dp_size=layout.num_actor_ranks))
-        self.mesh = build_mesh(self.train, device_type)
+        self.mesh = ParallelMesh(MeshShape(dp=layout.dp, tp=layout.tp), device_type)
         self.model = parallelize_decoder(model, self.mesh)
         # Built after parallelizing: the plan replaces the split layers' Parameters by DTensor ones.
         self.optimizer = optimizer = make_optimizer(self.model.parameters())
@@ -82,7 +83,7 @@ class TensorParallelBackend:
             load_weights=self._load,
             generation_tensors=list,
         )  # the vLLM engine reports no tensors (docs)
-        self._tp_group = self.mesh["tp"].get_group() if self.train.tp_size > 1 else None
+        self._tp_group = self.mesh.group("tp")
         self._leader = self.train.tp_group_ranks(rank)[0]
         self._times: dict[str, float] = {}  # resharding steps since the last drain_metrics
 

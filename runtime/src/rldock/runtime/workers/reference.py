@@ -25,6 +25,7 @@ from rldock.runtime.engines.process_group import Rendezvous
 from rldock.runtime.flow.recipe import Recipe
 from rldock.runtime.flow.states import REFERENCE_INFERENCE, StageCall
 from rldock.runtime.models.loading import load_causal_lm
+from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 from rldock.runtime.training.context_parallel import ContextLayout
 from rldock.runtime.training.group import TrainingGroup
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
@@ -56,9 +57,11 @@ class ReferenceWorker(TakesTurns):
         rank's CP group (called on all ranks at once)."""
         self.group.form(rendezvous)
         training = self.cfg.training
-        self.context = ContextLayout.of(
-            self.model, cp=training.context_parallel_size, mode=training.context_parallel_mode
+        cp = training.context_parallel_size
+        mesh = ParallelMesh(
+            MeshShape(dp=self.group.world_size // cp, cp=cp), torch.device(self.device.torch_device).type
         )
+        self.context = ContextLayout.of(self.model, mesh=mesh, mode=training.context_parallel_mode)
 
     # --- the stage ----------------------------------------------------------------------------
 

@@ -1,0 +1,162 @@
+"""One mesh for a training group's ranks: every process group that training, its logprob passes and
+resharding use comes from `ParallelMesh`, one world DeviceMesh made once per group, on every rank alike,
+its dimensions named and its groups given the job's collective timeout (DEFAULT_GROUP_TIMEOUT_S; the
+groups torch makes for a mesh's dimensions otherwise wait torch's default 30 minutes).
+
+Ranks: the group's world is dp x cp x tp ranks, TP innermost, then CP (torchtitan's `ParallelDims` order):
+rank = (d cp + c) tp + t for data-parallel rank d, CP rank c and TP rank t. So a TP group is tp
+consecutive ranks (the links a TP matmul's every layer crosses are the shortest), and a data-parallel
+rank's CP ranks are consecutive too (at tp 1).
+
+The dimensions (`MeshShape.rank_groups` lists every group of each; a rank belongs to one of each):
+- `tp`: the ranks of one (d, c): a TP plan's DTensors and its per-head gradient sums;
+- `cp`: the ranks of one (d, t): context-parallel attention and its gradient sums;
+- `dp`: the ranks of one (c, t): the TP layout's gradient averaging;
+- `dp_cp`, the sequence ranks: the dp x cp ranks of one t, what FSDP shards over (CP sits inside data
+  parallelism: a CP group's ranks hold distinct positions of the same rows);
+- `ep` and `edp`, expert parallelism folded into the sequence ranks: the dp x cp ranks of one t,
+  in order, cut into EP groups of ep consecutive ranks, each rank holding expert shard j (its place in
+  its EP group); the ranks that hold the same shard are an expert-data-parallel (`edp`) group, which
+  FSDP shards the experts over. (rldock.contract.layout says why EP is carved from dp x cp.)
+
+The sub-meshes share one root, which FSDP2 over TP's DTensors needs (torchtitan's `ParallelDims` builds its
+mesh the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+DIMENSIONS = ("tp", "cp", "dp", "dp_cp", "ep", "edp")
+DEFAULT_GROUP_TIMEOUT_S = 300.0  # joining a group and each collective
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """The sizes of a training group's mesh: dp x cp x tp ranks, ep of the dp x cp sequence ranks
+    splitting the experts."""
+
+    dp: int
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.dp, self.cp, self.tp, self.ep) < 1:
+            raise ValueError(f"mesh sizes are at least 1, got {self}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"the EP size {self.ep} must divide the {self.dp * self.cp} sequence ranks (dp x cp)")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp * self.tp
+
+    def size(self, dimension: str) -> int:
+        sequence = self.dp * self.cp
+        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "dp_cp": sequence, "ep": self.ep}
+        return sizes[dimension] if dimension in sizes else sequence // self.ep
+
+    def rank_groups(self, dimension: str) -> list[list[int]]:
+        """Every group of `dimension` as its ranks, in a fixed order (module docstring)."""
+        dp, cp, tp, ep = self.dp, self.cp, self.tp, self.ep
+
+        def rank(d: int, c: int, t: int) -> int:
+            return (d * cp + c) * tp + t
+
+        def sequence_ranks(t: int) -> list[int]:  # the dp x cp ranks of TP rank t, d-major
+            return [rank(d, c, t) for d in range(dp) for c in range(cp)]
+
+        if dimension == "tp":
+            return [[rank(d, c, t) for t in range(tp)] for d in range(dp) for c in range(cp)]
+        if dimension == "cp":
+            return [[rank(d, c, t) for c in range(cp)] for d in range(dp) for t in range(tp)]
+        if dimension == "dp":
+            return [[rank(d, c, t) for d in range(dp)] for c in range(cp) for t in range(tp)]
+        if dimension == "dp_cp":
+            return [sequence_ranks(t) for t in range(tp)]
+        if dimension == "ep":
+            return [sequence_ranks(t)[i : i + ep] for t in range(tp) for i in range(0, dp * cp, ep)]
+        if dimension == "edp":
+            return [sequence_ranks(t)[j::ep] for t in range(tp) for j in range(ep)]
+        raise ValueError(f"no mesh dimension {dimension!r}; one of {', '.join(DIMENSIONS)}")
+
+
+@dataclass(frozen=True)
+class ExpertSharding:
+    """This rank's place in expert parallelism: its EP group, its rank and the group's size."""
+
+    group: dist.ProcessGroup | None
+    rank: int
+    size: int
+
+    def local_experts(self, num_experts: int) -> range:
+        """The experts this rank holds: a contiguous E/ep of them."""
+        per_rank = num_experts // self.size
+        return range(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+
+@dataclass(frozen=True)
+class ExpertMesh:
+    """Expert parallelism on this rank: its sharding and the mesh of its expert-data-parallel group
+    (the ranks holding the same experts), which FSDP shards them over."""
+
+    sharding: ExpertSharding
+    data_parallel: DeviceMesh
+
+
+class ParallelMesh:
+    """This rank's place in one world DeviceMesh of dp x cp x tp ranks (named "dp", "cp", "tp"), its sequence
+    ranks flattened into "dp_cp" and, with expert parallelism, those unflattened into ("edp", "ep"): sub-meshes
+    of one root mesh, as FSDP2 needs its mesh and a DTensor's to be (module docstring). Collective: every rank
+    of the default group (a world of `shape.world` ranks) builds it, with the same shape."""
+
+    def __init__(self, shape: MeshShape, device_type: str, *, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> None:
+        world = dist.get_world_size()
+        if world != shape.world:
+            raise ValueError(f"a mesh of {shape.world} ranks ({shape}) over a group of {world}")
+        self.shape, self.device_type = shape, device_type
+        root = init_device_mesh(device_type, (shape.dp, shape.cp, shape.tp), mesh_dim_names=("dp", "cp", "tp"))
+        sequence = root["dp", "cp"]._flatten("dp_cp")
+        self._meshes: dict[str, DeviceMesh] = {"tp": root["tp"], "cp": root["cp"], "dp": root["dp"], "dp_cp": sequence}
+        if shape.ep > 1:
+            experts = sequence._unflatten(0, (shape.size("edp"), shape.ep), ("edp", "ep"))
+            self._meshes |= {"ep": experts["ep"], "edp": experts["edp"]}
+        # The groups torch made for the sub-meshes wait 30 minutes for a lost peer: the job's timeout instead
+        # (the default group's is the job's already). Gloo and NCCL take a new one; other backends keep theirs.
+        timeout = timedelta(seconds=timeout_s)
+        for mesh in self._meshes.values():
+            group = mesh.get_group()
+            if mesh.size() > 1 and group is not dist.group.WORLD and dist.get_backend(group) in ("gloo", "nccl"):
+                dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+    def size(self, dimension: str) -> int:
+        return self.shape.size(dimension)
+
+    def group(self, dimension: str) -> dist.ProcessGroup | None:
+        """This rank's group of `dimension`; None where the dimension has size 1 (nothing to reduce), and for
+        `ep` and `edp` without expert parallelism."""
+        if dimension not in self._meshes or self.size(dimension) == 1:
+            return None
+        return self._meshes[dimension].get_group()
+
+    def local_rank(self, dimension: str) -> int:
+        """This rank's place in its group of `dimension` (0 at size 1)."""
+        return self._meshes[dimension].get_local_rank() if dimension in self._meshes else 0
+
+    def device_mesh(self, dimension: str) -> DeviceMesh:
+        """This rank's group of `dimension` as a one-dimensional DeviceMesh (FSDP's and DTensor's)."""
+        if dimension not in self._meshes:
+            raise ValueError(f"the mesh {self.shape} has no {dimension!r} dimension: its EP size is 1")
+        return self._meshes[dimension]
+
+    @property
+    def experts(self) -> ExpertMesh | None:
+        """Expert parallelism's view of the mesh; None at ep 1."""
+        if self.shape.ep == 1:
+            return None
+        sharding = ExpertSharding(group=self.group("ep"), rank=self.local_rank("ep"), size=self.shape.ep)
+        return ExpertMesh(sharding=sharding, data_parallel=self.device_mesh("edp"))
