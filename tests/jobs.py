@@ -156,14 +156,18 @@ def small_layout(root: Path, iterations: int, layout: Mapping[str, object]) -> d
 TP2_ITERATIONS, TP2_CHECKPOINT_AT = 4, 3
 
 
-def tp2_demo(root: Path, mode: str, *, iterations: int, resume: bool = False) -> tuple[Path, list[dict]]:
-    """The demo at training TP 2 x DP 1, generation TP 1, `training.resharding: mode`, in root/mode
-    (the tiny model built once in root/model): the output folder and its records."""
-    output = root / mode
+def tp2_demo(
+    root: Path, mode: str, *, iterations: int, resume: bool = False, strategy: str = "ddp"
+) -> tuple[Path, list[dict]]:
+    """The demo at training TP 2 x DP 1, generation TP 1, `training.resharding: mode`, in root/mode (under
+    `strategy: fsdp`, root/fsdp-mode: FSDP over the TP shards); the tiny model built once in root/model.
+    The output folder and its records."""
+    output = root / (mode if strategy == "ddp" else f"{strategy}-{mode}")
     overrides = small_layout(
         root,
         iterations,
         {
+            "training.strategy": strategy,
             "training.data_parallel_size": 1,
             "training.tensor_parallel_size": 2,
             "training.resharding": mode,

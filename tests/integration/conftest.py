@@ -157,16 +157,21 @@ def ppo_fsdp_critic_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
 
 @pytest.fixture(scope="session")
 def tp2_resharding_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[dict]]]:
-    """The TP 2 x DP 1 demo under each resharding mode (naive, allgather_swap; jobs.tp2_demo), stopped
-    after TP2_CHECKPOINT_AT iterations and resumed: per mode the output folder and the records.
-    test_resharding_job compares the two; test_generation_tp_job reads the allgather_swap run as its
-    training TP 2 x generation TP 1 layout (two engines, every rank swapping)."""
+    """The TP 2 x DP 1 demo under each resharding mode (naive, allgather_swap; jobs.tp2_demo), and under
+    FSDP over the TP shards with allgather_swap ("fsdp"), each stopped after TP2_CHECKPOINT_AT iterations
+    and resumed: per run the output folder and the records. test_resharding_job compares them;
+    test_generation_tp_job reads the allgather_swap run as its training TP 2 x generation TP 1 layout
+    (two engines, every rank swapping)."""
     from jobs import TP2_CHECKPOINT_AT, TP2_ITERATIONS, tp2_demo  # tests/jobs.py
 
     root = tmp_path_factory.mktemp("resharding-job")
     # Sequential: the first builds the shared tiny model, and two jobs at once would only be slower.
     runs = {}
-    for mode in ("naive", "allgather_swap"):
-        tp2_demo(root, mode, iterations=TP2_CHECKPOINT_AT)
-        runs[mode] = tp2_demo(root, mode, iterations=TP2_ITERATIONS, resume=True)
+    for name, mode, strategy in (
+        ("naive", "naive", "ddp"),
+        ("allgather_swap", "allgather_swap", "ddp"),
+        ("fsdp", "allgather_swap", "fsdp"),
+    ):
+        tp2_demo(root, mode, iterations=TP2_CHECKPOINT_AT, strategy=strategy)
+        runs[name] = tp2_demo(root, mode, iterations=TP2_ITERATIONS, resume=True, strategy=strategy)
     return runs

@@ -70,7 +70,9 @@ def _batch() -> torch.Tensor:
     return torch.randint(0, TINY["vocab_size"], (2 * WORLD, 16), generator=torch.Generator().manual_seed(1))
 
 
-def _cfg(**training):
+def _cfg(*, devices: int = WORLD, **training):
+    """A job config of `devices` FSDP actor ranks (data_parallel_size `devices` unless `training` says),
+    a prompt group each."""
     from rldock.config import parse_job_config
 
     return parse_job_config(
@@ -83,14 +85,14 @@ def _cfg(**training):
             "reward": {"terms": [{"name": "digit_match"}]},
             "algorithm": {
                 "name": "grpo",
-                "num_prompts_per_iteration": 2,
+                "num_prompts_per_iteration": devices,
                 "num_responses_per_prompt": 2,
                 "max_prompt_length": 8,
                 "max_response_length": 8,
                 "learning_rate": 1e-2,
             },
-            "training": {"strategy": "fsdp", "data_parallel_size": WORLD, **training},
-            "resources": {"device": "cpu", "devices_per_node": WORLD},
+            "training": {"strategy": "fsdp", "data_parallel_size": devices, **training},
+            "resources": {"device": "cpu", "devices_per_node": devices},
         }
     )
 

@@ -32,9 +32,12 @@ def test_fsdp_with_every_option_is_valid(demo_data):
     assert parse_job_config(demo_data).training.strategy == "fsdp"
 
 
-def test_fsdp_with_tensor_parallelism_names_the_strategy(demo_data):
-    demo_data["training"].update(strategy="fsdp", data_parallel_size=1, tensor_parallel_size=2)
-    assert problem_paths(demo_data) == ["training.strategy"]
+def test_fsdp_composes_with_tensor_parallelism_but_not_beside_expert_parallelism(demo_data):
+    demo_data["training"].update(strategy="fsdp", data_parallel_size=2, tensor_parallel_size=2)
+    demo_data["resources"]["devices_per_node"] = 4
+    assert parse_job_config(demo_data).training.tensor_parallel_size == 2
+    demo_data["training"]["expert_parallel_size"] = 2
+    assert "training.expert_parallel_size" in problem_paths(demo_data)
 
 
 @pytest.mark.parametrize("field,value", [("fsdp_cpu_offload", True), ("mixed_precision", "bf16")])

@@ -40,8 +40,8 @@ class LoraSpec(Spec):
 class TrainingSpec(Spec):
     """How the actor is trained: data and tensor parallelism, micro-batching, resharding to generation.
     Data parallelism is DDP (full replicas, with tensor_parallel_size 1), FSDP2 (`strategy: fsdp`:
-    parameters, gradients and optimizer state sharded over the data-parallel ranks) or the TP x DP
-    layout (docs/scaling.md)."""
+    parameters, gradients and optimizer state sharded over the data-parallel ranks, over TP's shards
+    with tensor_parallel_size > 1) or the TP x DP layout (docs/scaling.md)."""
 
     strategy: Literal["ddp", "fsdp"] = Field(
         default="ddp",
@@ -49,8 +49,9 @@ class TrainingSpec(Spec):
         "every rank holds the whole model, its gradients and AdamW state. `fsdp`: PyTorch FSDP2 "
         "(`fully_shard` per decoder layer): each "
         "rank keeps 1/data_parallel_size of them and gathers a layer's weights only while computing it "
-        "(ZeRO-3); the engine receives the gathered full weights after each update. Needs "
-        "tensor_parallel_size 1.",
+        "(ZeRO-3); the engine receives the gathered full weights after each update. With "
+        "tensor_parallel_size > 1 the layers' linears are split over TP first and FSDP shards those shards "
+        "(FSDP x TP, docs/scaling.md).",
     )
     fsdp_cpu_offload: bool = Field(
         default=False,
@@ -124,7 +125,9 @@ class TrainingSpec(Spec):
         description="TP: actor ranks that split each layer's weights, any size that divides the model's attention "
         "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
         "data_parallel_size x tensor_parallel_size ranks and reshards into generation by allgather after every "
-        "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank).",
+        "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank). "
+        "Under strategy fsdp, FSDP shards TP's shards over the data-parallel ranks (not with context or expert "
+        "parallelism yet).",
     )
     context_parallel_size: int = Field(
         default=1,
@@ -278,9 +281,9 @@ def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
         problems.append(
             Problem(
                 field,
-                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: CP inside TP's head shards is "
-                "a layout not built (the CP groups come from FSDP's data-parallel ranks, not a device mesh with "
-                "a TP dimension); use one of the two",
+                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: CP over TP's head shards is a "
+                "layout not built yet (the training mesh lays the ranks out; the CP attention over a TP rank's "
+                "local heads is not written or tested); use one of the two",
             )
         )
     if training.strategy != "fsdp":
@@ -329,16 +332,17 @@ def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
 
 
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
-    """FSDP and its options: FSDP shards the whole model over the DP ranks (no TP layout beside it);
-    offload and mixed precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
+    """FSDP and its options: FSDP shards the model over the DP ranks, TP's shards where TP splits the layers
+    (but not beside expert parallelism: not built); offload and mixed precision are FSDP2 policies, and mixed
+    precision keeps float32 master weights."""
     training = cfg.training
     problems: list[Problem] = []
-    if training.strategy == "fsdp" and training.tensor_parallel_size > 1:
+    if training.tensor_parallel_size > 1 and training.expert_parallel_size > 1:
         problems.append(
             Problem(
-                "training.strategy",
-                f"fsdp shards the whole model over the data-parallel ranks and does not combine with "
-                f"tensor_parallel_size {training.tensor_parallel_size}; use tensor_parallel_size 1 or strategy ddp",
+                "training.expert_parallel_size",
+                f"{training.expert_parallel_size} with tensor_parallel_size {training.tensor_parallel_size}: experts "
+                "split beside TP's head shards are a layout not built yet; use one of the two",
             )
         )
     problems += _expert_parallel_problems(cfg)

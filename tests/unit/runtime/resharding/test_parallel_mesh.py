@@ -21,6 +21,7 @@ def test_the_groups_of_a_dp2_cp2_tp2_mesh():
     assert shape.rank_groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert shape.rank_groups("cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert shape.rank_groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert shape.rank_groups("cp_tp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert shape.rank_groups("dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert shape.rank_groups("ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]
     assert shape.rank_groups("edp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
@@ -112,4 +113,4 @@ def test_on_gloo_ranks_each_rank_has_its_groups_with_the_job_s_timeout():
 
 
 def _used(shape: MeshShape) -> set[str]:
-    return {"tp", "cp", "dp", "dp_cp"} | ({"ep", "edp"} if shape.ep > 1 else set())
+    return {"tp", "cp", "dp", "cp_tp", "dp_cp"} | ({"ep", "edp"} if shape.ep > 1 else set())

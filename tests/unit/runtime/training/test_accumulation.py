@@ -175,7 +175,9 @@ def test_rank_units_give_the_whole_batch_aggregate_under_context_parallelism(mod
     rank_units; the gradient reduction sums over each CP group (the group's shares of one
     numerator) and divides by dp (training/context_parallel.py). That must give the whole
     batch's aggregate for every loss_aggregation: a non-additive mode's constant divided by
-    the world instead of dp would scale the step cp times (Dr. GRPO's seq_mean_token_sum_norm)."""
+    the world instead of dp would scale the step cp times (Dr. GRPO's seq_mean_token_sum_norm).
+    The ranks of a TP group hold the same rows too and each computes the group's one loss: the same
+    sums with cp standing for the cp x tp ranks that share a data-parallel rank's rows."""
     from rldock.runtime.algorithms.aggregation import additive_units, aggregate, aggregation_units
     from rldock.runtime.training.policy_steps import rank_units
 
@@ -189,7 +191,7 @@ def test_rank_units_give_the_whole_batch_aggregate_under_context_parallelism(mod
     # every rank's units, all-reduced over the dp x cp ranks where additive (policy_step)
     group_units = [aggregation_units(m, mode, **shape) for _, m in groups]
     summed = sum(u for u in group_units for _ in range(cp)) if additive else group_units[0]
-    units = rank_units(summed, additive=additive, world_size=dp * cp, context_parallel_size=cp)
+    units = rank_units(summed, additive=additive, world_size=dp * cp, rows_shared_by=cp)
     # a group's cp ranks' shares of its numerator sum to the group's numerator; then / dp
     reduced = sum(aggregate(v, m, mode, **shape) * aggregation_units(m, mode, **shape) / units for v, m in groups) / dp
     whole = float(aggregate(values, mask, mode, **shape))

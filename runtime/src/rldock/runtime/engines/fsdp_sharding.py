@@ -31,6 +31,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -114,22 +115,38 @@ def full_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def clip_grad_norm(model: nn.Module, max_norm: float, *, experts: ExpertMesh | None = None) -> float:
     """Clip the sharded gradients by the global norm (over all ranks' shards); returns the norm.
 
-    With expert parallelism the experts' gradients are sharded over another mesh (their
-    expert-data-parallel group) and differ across the EP group: each part's squared norm is taken on
-    its own mesh, the experts' summed over the EP group, and both parts scaled by the one total."""
+    The gradients live on more than one mesh when the layout composes: under TP the split layers' on the
+    (sequence ranks, tp) mesh, the rest on the sequence ranks; under expert parallelism the experts' on
+    their expert-data-parallel mesh, differing across the EP group. Each part's squared norm is taken on
+    its own mesh (a DTensor's norm reduces over all its mesh's dimensions: a TP shard counts once, a
+    gradient replicated over TP once), the experts' summed over the EP group, and every part scaled by
+    the one total. torch's own refuses a mix of meshes."""
     params = [p for p in model.parameters() if p.grad is not None]
-    if experts is None or experts.sharding.size == 1:
+    has_experts = experts is not None and experts.sharding.size > 1
+    expert_ids = {id(p) for p in expert_parameters(model)} if has_experts else set()
+    by_mesh: dict[DeviceMesh | None, list[nn.Parameter]] = {}
+    for param in params:
+        if id(param) not in expert_ids:
+            grad = param.grad
+            by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(param)
+    if len(by_mesh) <= 1 and not has_experts:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    expert_ids = {id(p) for p in expert_parameters(model)}
-    parts = ([p for p in params if id(p) not in expert_ids], [p for p in params if id(p) in expert_ids])
-    squares = []
-    for part in parts:
-        grads = [p.grad for p in part if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).double() ** 2)
-    dist.all_reduce(squares[1], group=experts.sharding.group)
-    total = (squares[0] + squares[1]).sqrt()
+    parts = list(by_mesh.values())
+    squares = [_squared_norm(part) for part in parts]
+    if has_experts:  # every rank of the EP group joins the sum, whether it holds expert gradients or not
+        assert experts is not None
+        parts.append([p for p in params if id(p) in expert_ids])
+        squares.append(_squared_norm(parts[-1]))
+        dist.all_reduce(squares[-1], group=experts.sharding.group)
+    total = torch.stack([square.cpu() for square in squares]).sum().sqrt()
     for part in parts:
         torch.nn.utils.clip_grads_with_norm_(part, max_norm, total.float())
     return float(total)
+
+
+def _squared_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """The squared norm of `params`' gradients, whole over the mesh they are sharded on (float64)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).double() ** 2

@@ -12,6 +12,8 @@ The dimensions (`MeshShape.rank_groups` lists every group of each; a rank belong
 - `tp`: the ranks of one (d, c): a TP plan's DTensors and its per-head gradient sums;
 - `cp`: the ranks of one (d, t): context-parallel attention and its gradient sums;
 - `dp`: the ranks of one (c, t): the TP layout's gradient averaging;
+- `cp_tp`: the cp x tp ranks of one d, which hold a data-parallel rank's rows (its first rank reads them
+  from the dock and shares them with the rest);
 - `dp_cp`, the sequence ranks: the dp x cp ranks of one t, what FSDP shards over (CP sits inside data
   parallelism: a CP group's ranks hold distinct positions of the same rows);
 - `ep` and `edp`, expert parallelism folded into the sequence ranks: the dp x cp ranks of one t,
@@ -31,7 +33,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-DIMENSIONS = ("tp", "cp", "dp", "dp_cp", "ep", "edp")
+DIMENSIONS = ("tp", "cp", "dp", "cp_tp", "dp_cp", "ep", "edp")
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # joining a group and each collective
 
 
@@ -57,7 +59,8 @@ class MeshShape:
 
     def size(self, dimension: str) -> int:
         sequence = self.dp * self.cp
-        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "dp_cp": sequence, "ep": self.ep}
+        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "cp_tp": self.cp * self.tp, "dp_cp": sequence}
+        sizes["ep"] = self.ep
         return sizes[dimension] if dimension in sizes else sequence // self.ep
 
     def rank_groups(self, dimension: str) -> list[list[int]]:
@@ -76,6 +79,8 @@ class MeshShape:
             return [[rank(d, c, t) for c in range(cp)] for d in range(dp) for t in range(tp)]
         if dimension == "dp":
             return [[rank(d, c, t) for d in range(dp)] for c in range(cp) for t in range(tp)]
+        if dimension == "cp_tp":
+            return [[rank(d, c, t) for c in range(cp) for t in range(tp)] for d in range(dp)]
         if dimension == "dp_cp":
             return [sequence_ranks(t) for t in range(tp)]
         if dimension == "ep":
@@ -122,6 +127,7 @@ class ParallelMesh:
         root = init_device_mesh(device_type, (shape.dp, shape.cp, shape.tp), mesh_dim_names=("dp", "cp", "tp"))
         sequence = root["dp", "cp"]._flatten("dp_cp")
         self._meshes: dict[str, DeviceMesh] = {"tp": root["tp"], "cp": root["cp"], "dp": root["dp"], "dp_cp": sequence}
+        self._meshes["cp_tp"] = root["cp", "tp"]._flatten("cp_tp")
         if shape.ep > 1:
             experts = sequence._unflatten(0, (shape.size("edp"), shape.ep), ("edp", "ep"))
             self._meshes |= {"ep": experts["ep"], "edp": experts["edp"]}

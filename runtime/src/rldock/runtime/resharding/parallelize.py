@@ -32,6 +32,8 @@ def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
     With a TP size of 1 the model is left as plain tensors (a DTensor over one rank buys nothing).
     """
     tp_size = mesh.size("tp")
+    if tp_size == 1:
+        return model
     config: Any = model.config  # the architecture's Hugging Face config
     check_architecture(tp_size=tp_size, model_type=config.model_type, field="training.tensor_parallel_size")
     check_divisible(
@@ -41,8 +43,6 @@ def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
         intermediate_size=config.intermediate_size,
         field="training.tensor_parallel_size",
     )
-    if tp_size == 1:
-        return model
     plan = {
         f"model.layers.{i}.{suffix}": _STYLES[style]()
         for i in range(config.num_hidden_layers)

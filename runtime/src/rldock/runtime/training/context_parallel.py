@@ -74,8 +74,9 @@ def sum_over_context(model: nn.Module, *, dp: int) -> None:
 
 @dataclass(frozen=True)
 class ContextLayout:
-    """One rank's place in the dp x cp ranks (CP innermost, module docstring): its CP group (None at
-    cp 1), the data-parallel size and rank, and the group's reader (its first rank, global)."""
+    """One rank's place in the dp x cp (x tp) ranks (module docstring): the group that shares its
+    data-parallel rank's rows (its CP and TP peers; None when it has none), the data-parallel size and
+    rank, and the group's reader (its first rank, global)."""
 
     cp: int
     dp: int
@@ -85,11 +86,18 @@ class ContextLayout:
 
     @classmethod
     def of(cls, model: nn.Module, *, mesh: ParallelMesh, mode: str = "ulysses") -> ContextLayout:
-        """Give `model` the CP attention of `mode` over this rank's CP group of `mesh` (a dp x cp mesh:
-        `apply_context_parallel`) and say where the rank sits. Before FSDP wraps the model."""
-        cp, rank = mesh.size("cp"), dist.get_rank()
-        group = apply_context_parallel(model, mesh, mode)
-        return cls(cp=cp, dp=mesh.size("dp"), dp_rank=rank // cp, reader=rank - rank % cp, group=group)
+        """Give `model` the CP attention of `mode` over this rank's CP group of `mesh`
+        (`apply_context_parallel`) and say where the rank sits. Before FSDP wraps the model. With TP in the
+        mesh, a data-parallel rank's rows are its cp x tp ranks' (TP innermost): they share one read."""
+        apply_context_parallel(model, mesh, mode)
+        shared, rank = mesh.size("cp_tp"), dist.get_rank()
+        return cls(
+            cp=mesh.size("cp"),
+            dp=mesh.size("dp"),
+            dp_rank=rank // shared,
+            reader=rank - rank % shared,
+            group=mesh.group("cp_tp"),
+        )
 
     @classmethod
     def alone(cls, *, rank: int, world_size: int) -> ContextLayout:

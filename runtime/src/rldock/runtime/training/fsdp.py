@@ -6,7 +6,9 @@ the worker calls them on all ranks in the same order, as it does its update. So 
 an inference stage hands every rank its equal share in one pass, as the update does. With
 `training.context_parallel_size` > 1 the ranks are dp x cp and a share is a data-parallel rank's:
 its CP group's first rank reads it and every rank of the group computes a slice of each sequence
-(training/context_parallel.py).
+(training/context_parallel.py). With `training.tensor_parallel_size` > 1 the decoder layers' linears are
+split over TP groups first (resharding/parallelize.py) and FSDP shards those shards over the dp x cp
+ranks: a data-parallel rank's rows are its cp x tp ranks', read once by the first of them.
 
 Gradients are reduce-scattered after every micro-batch's backward, so a rank holds only gradient
 shards; with `defer_gradient_sync` the micro-batches accumulate whole gradients unsynchronised and
@@ -42,6 +44,7 @@ from rldock.runtime.engines.expert_parallel import gather_expert_state, gather_e
 from rldock.runtime.engines.fsdp_sharding import apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
+from rldock.runtime.resharding.parallelize import parallelize_decoder, sum_partial_gradients
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep
 from rldock.runtime.training.context_parallel import ContextLayout
@@ -70,15 +73,17 @@ class FsdpBackend:
         defer_gradient_sync: bool = False,
     ):
         training = cfg.training
-        cp = training.context_parallel_size
-        # The group's mesh: dp x cp ranks (CP inside data parallelism), EP carved out of them
-        # (rldock.contract.layout); all its groups made here, on every rank alike.
-        mesh = ParallelMesh(
-            MeshShape(dp=dist.get_world_size() // cp, cp=cp, ep=training.expert_parallel_size),
+        cp, tp = training.context_parallel_size, training.tensor_parallel_size
+        # The group's mesh: dp x cp x tp ranks (CP inside data parallelism, TP innermost), EP carved out of
+        # the dp x cp ranks (rldock.contract.layout); all its groups made here, on every rank alike.
+        self.mesh = mesh = ParallelMesh(
+            MeshShape(dp=dist.get_world_size() // (cp * tp), cp=cp, tp=tp, ep=training.expert_parallel_size),
             torch.device(device.torch_device).type,
         )
         self.experts = mesh.experts
-        # The CP attention before FSDP wraps the model (context_parallel.py)
+        # In torchtitan's order: TP's plan on the decoder layers, the CP attention, then FSDP over the
+        # sequence ranks, which shards the TP shards again (2-D DTensors on one root mesh).
+        parallelize_decoder(model, mesh)
         self.context = ContextLayout.of(model, mesh=mesh, mode=training.context_parallel_mode)
         self.model = apply_fsdp(
             model, device, mesh, cpu_offload=training.fsdp_cpu_offload, mixed_precision=training.mixed_precision
@@ -123,7 +128,9 @@ class FsdpBackend:
 
     @property
     def counts_passes(self) -> bool:
-        return True  # every rank computes its own share (a CP rank's tally counts its slice of each pass)
+        # Every rank computes its own share (a CP rank's tally counts its slice of each pass); a TP peer
+        # runs its data-parallel rank's passes through its slice of the layers: the first of the pair counts.
+        return self.mesh.local_rank("tp") == 0
 
     def training_module(self) -> nn.Module:
         return self.model
@@ -175,6 +182,9 @@ class FsdpBackend:
     # --- the layout's steps ---------------------------------------------------------------------
 
     def clip_gradients(self, max_norm: float) -> float:
+        # Under TP, the replicated per-head modules' gradients are partial sums per TP rank: complete them
+        # (FSDP has reduced them over the sequence ranks already) before the norm.
+        sum_partial_gradients(self.model, self.mesh)
         return clip_grad_norm(self.model, max_norm, experts=self.experts)
 
     def to_generation(self, update_weights: WeightPush) -> None:

@@ -2,9 +2,10 @@
 generation (one rank's view).
 
 Used when `training.tensor_parallel_size` > 1 or `training.resharding` is `allgather_swap` (with
-`strategy: ddp`); the default (TP 1, naive) is the DDP backend. The ranks form a (dp, tp) training mesh (rank =
-dp_rank * tp_size + tp_rank; resharding/parallel_mesh.py); the policy is split with `parallelize_decoder`; gradients are averaged over DP
-and clipped over the whole TP-split model by hand (`resharding.parallelize`).
+`strategy: ddp`); the default (TP 1, naive) is the DDP backend. The ranks form a (dp, tp) training mesh
+(rank = dp_rank * tp_size + tp_rank; resharding/parallel_mesh.py); the policy is split with
+`parallelize_decoder`; gradients are averaged over DP and clipped over the whole TP-split model by hand
+(`resharding.parallelize`). Under `strategy: fsdp` TP composes with FSDP instead (training/fsdp.py).
 
 Generation has its own layout (`rollout.tensor_parallel_size`, g): replicas of g consecutive ranks,
 each with one vLLM engine on its first rank, which takes the full gathered weights (vLLM splits them
