@@ -9,7 +9,8 @@ Only two things differ from the header: `rldock train` gets `--output` in the te
 cut-short settings `CUT_SHORT` (2 iterations, at most 4 held-out prompts per evaluation, the machine
 progress lines). Lines that start nothing of their own are not commands (a `--set` variant to add,
 `tensorboard` to look at a run); `python -m rldock_benchmarks...`, each example's "does it learn?"
-experiment, is the slow learning tier's (tests/integration/test_learning.py, the benchmarks).
+experiment, is the slow learning tier's (tests/integration/test_learning.py, the benchmarks). A header's
+set-up commands run as written (the OpenAI Agents SDK example's virtualenv: pip from the package index).
 
 Tiers, by what a run costs (`TIERS`): the demo and the SmolLM2 example (its 542 MB import and 2
 iterations at the example's shape) and the paper examples' `rldock plan` run in `make test`; the
@@ -33,7 +34,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rldock_benchmarks.flop_count import compare
-from rldock_e2e.example_headers import header_commands
+from rldock_e2e.example_headers import header_commands, program
 from rldock_e2e.repo import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -64,6 +65,8 @@ TIERS = {
     "rloo-tiny.yaml": "slow",
     "agent-smollm2-cabinet.yaml": "slow",  # the import, a warm-up and episodes of up to 192 tokens
     "agent-smollm2-python.yaml": "slow",
+    "agent-smollm2-langgraph.yaml": "slow",  # your own agent: a LangGraph graph in the actor's process
+    "agent-smollm2-openai-agents.yaml": "slow",  # an OpenAI Agents SDK agent, a process per episode (pip install)
     "rljob-cpu.yaml": KUBECTL,
     "rljob-tiny.yaml": KUBECTL,
     "rljob-volumes.yaml": KUBECTL,
@@ -129,12 +132,20 @@ def _link_the_session_import(command: str, home: Path, request: pytest.FixtureRe
     shutil.copytree(request.getfixturevalue("smollm2_dir"), target, copy_function=os.link)
 
 
+def _runs_here(command: str) -> bool:
+    """rldock's commands and the set-up a header gives before them (`python -m venv ...`, a virtualenv's
+    `.../bin/python -m pip install ...`); not the "does it learn?" experiments (module docstring)."""
+    if command.startswith("rldock "):
+        return True
+    return program(command) == "python" and "rldock_benchmarks" not in command
+
+
 @pytest.mark.parametrize("example", [_param(path) for path in EXAMPLES])
 def test_the_example_runs_as_its_header_says(example, tmp_path, request):
     home = tmp_path / "home"
     home.mkdir()
     output = tmp_path / "run"
-    commands = [command for command in header_commands(example) if command.startswith("rldock ")]
+    commands = [command for command in header_commands(example) if _runs_here(command)]
     for command in commands:
         _link_the_session_import(command, home, request)
     summary = None

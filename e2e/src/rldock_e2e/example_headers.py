@@ -6,8 +6,9 @@ A header is the comment block at the top of an `examples/*.yaml`. A command in i
 of its own, indented under `#` (`#   rldock data generate ... \\` continued on the next lines), or a
 backquoted span in the prose that names a file of examples/ (`` `rldock train examples/x.yaml
 --output runs/x` ``; a span like `` `rldock plan` `` names a command, it is none to run). Only
-commands of `PROGRAMS` count; the other lines are prose, a variant to add to a command (`--set ...`)
-or a tool to look at a run (`tensorboard --logdir ...`), which start nothing of their own.
+commands of `PROGRAMS` count, a program also by a path to it (a virtualenv's `.../bin/python -m pip
+install ...`); the other lines are prose, a variant to add to a command (`--set ...`) or a tool to
+look at a run (`tensorboard --logdir ...`), which start nothing of their own.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def header_commands(path: Path) -> list[str]:
         line = lines[index]
         index += 1
         stripped = line.strip()
-        if line.startswith("  ") and stripped.split(" ", 1)[0] in PROGRAMS:  # an indented command line
+        if line.startswith("  ") and stripped.split(" ", 1)[0].rsplit("/", 1)[-1] in PROGRAMS:  # a command line
             while stripped.endswith("\\") and index < len(lines):
                 stripped = stripped[:-1].rstrip() + " " + lines[index].strip()
                 index += 1
@@ -51,3 +52,8 @@ def header_commands(path: Path) -> list[str]:
 def argv(command: str) -> list[str]:
     """A header command as the shell would split it (no expansion)."""
     return shlex.split(command)
+
+
+def program(command: str) -> str:
+    """The program a header command runs, by its name (`python` for `~/venv/bin/python -m pip ...`)."""
+    return command.split(" ", 1)[0].rsplit("/", 1)[-1]
