@@ -59,6 +59,8 @@ def test_a_shape_refuses_what_does_not_tile():
         MeshShape(dp=0)
     with pytest.raises(ValueError, match="no mesh dimension 'pp'"):
         MeshShape(dp=2).rank_groups("pp")
+    with pytest.raises(ValueError, match="no mesh dimension 'pp'"):
+        MeshShape(dp=2).size("pp")
 
 
 def _rank(rank: int, world: int, rendezvous: str, out: str) -> None:

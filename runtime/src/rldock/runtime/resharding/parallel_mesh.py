@@ -58,10 +58,20 @@ class MeshShape:
         return self.dp * self.cp * self.tp
 
     def size(self, dimension: str) -> int:
+        """How many ranks each group of `dimension` holds."""
         sequence = self.dp * self.cp
-        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "cp_tp": self.cp * self.tp, "dp_cp": sequence}
-        sizes["ep"] = self.ep
-        return sizes[dimension] if dimension in sizes else sequence // self.ep
+        sizes = {
+            "tp": self.tp,
+            "cp": self.cp,
+            "dp": self.dp,
+            "cp_tp": self.cp * self.tp,
+            "dp_cp": sequence,
+            "ep": self.ep,
+            "edp": sequence // self.ep,
+        }
+        if dimension not in sizes:
+            raise ValueError(f"no mesh dimension {dimension!r}; one of {', '.join(DIMENSIONS)}")
+        return sizes[dimension]
 
     def rank_groups(self, dimension: str) -> list[list[int]]:
         """Every group of `dimension` as its ranks, in a fixed order (module docstring)."""

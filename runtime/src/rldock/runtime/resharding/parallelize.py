@@ -2,10 +2,10 @@
 tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the training mesh's `tp` dimension
 (parallel_mesh.py), and gradient averaging over its `dp`.
 
-Data parallelism is plain gradient averaging over the DP group after backward (what DDP does,
-without its bucketed overlap) rather than DDP or FSDP2: DDP over DTensor parameters needs torch's
-private 2-D hooks, and FSDP2 would shard the weights a second time along DP, which the allgather
-step would then have to undo too. These architectures' attention reshapes with -1 heads, so it runs on the
+In the TP layout (`strategy: ddp`), data parallelism is plain gradient averaging over the DP group after
+backward (what DDP does, without its bucketed overlap): DDP over DTensor parameters needs torch's private
+2-D hooks. `strategy: fsdp` shards the TP shards again along DP instead (training/fsdp.py, FSDP x TP),
+and its engine push gathers them whole. These architectures' attention reshapes with -1 heads, so it runs on the
 local heads unchanged.
 """
 
