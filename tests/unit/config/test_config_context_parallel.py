@@ -27,10 +27,9 @@ def test_cp_inside_fsdp_is_valid_and_multiplies_the_ranks_once(demo_data):
     ("training", "algorithm", "says"),
     [
         ({"strategy": "ddp"}, {}, "set training.strategy: fsdp"),
-        ({"strategy": "ddp", "tensor_parallel_size": 2, "data_parallel_size": 1}, {}, "tensor_parallel_size 2"),
         ({}, {"max_prompt_length": 1, "max_response_length": 1}, "of at most 2"),
     ],
-    ids=["ddp", "with-tp", "shorter-than-cp"],
+    ids=["ddp", "shorter-than-cp"],
 )
 def test_impossible_layouts_name_the_field(demo_data, training, algorithm, says):
     demo_data["training"].update(context_parallel_size=4, **training)
@@ -52,6 +51,21 @@ def test_the_models_kv_heads_must_divide_by_cp(demo_data, cp, refused):
     assert [p.path for p in problems] == ([FIELD] if refused else [])
     if refused:
         assert "num_key_value_heads=2" in problems[0].message
+
+
+@pytest.mark.parametrize(("mode", "refused"), [("ulysses", True), ("ring", False)])
+def test_cp_over_tp_splits_a_tp_rank_s_heads(demo_data, mode, refused):
+    # CP 2 x TP 2 under FSDP: 4 actor ranks, 2 sequence ranks (the reference and the critic have no TP)
+    demo_data["training"].update(
+        context_parallel_size=2, tensor_parallel_size=2, data_parallel_size=1, context_parallel_mode=mode
+    )
+    cfg = parse_job_config(demo_data)
+    layout = job_layout(cfg)
+    assert (layout.num_actor_ranks, layout.num_ranks("sequence_ranks")) == (4, 2)
+    problems = find_local_problems(cfg)
+    assert [p.path for p in problems] == ([FIELD] if refused else [])
+    if refused:  # the demo model's 2 KV heads leave one per TP rank, which Ulysses cannot split
+        assert "x tensor_parallel_size 2" in problems[0].message and "num_key_value_heads=2" in problems[0].message
 
 
 def test_ring_attention_runs_a_cp_size_the_kv_heads_do_not_divide(demo_data):

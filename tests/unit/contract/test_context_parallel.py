@@ -37,3 +37,19 @@ def test_ring_attention_keeps_every_head_so_any_size_fits(cp, heads, kv_heads):
 def test_an_unknown_mode_names_the_field():
     with pytest.raises(ValueError, match=r"training.context_parallel_mode must be one of \['ulysses', 'ring'\]"):
         check_heads_divide(cp=2, num_heads=4, num_kv_heads=2, mode="allgather")
+
+
+@pytest.mark.parametrize(("cp", "tp", "heads", "kv_heads"), [(2, 2, 8, 4), (2, 2, 4, 4), (3, 2, 12, 6)])
+def test_under_tp_ulysses_splits_a_tp_rank_s_heads(cp, tp, heads, kv_heads):
+    check_heads_divide(cp=cp, tp=tp, num_heads=heads, num_kv_heads=kv_heads)
+
+
+def test_under_tp_a_size_that_divides_the_heads_but_not_a_tp_rank_s_names_both_sizes():
+    check_heads_divide(cp=2, num_heads=4, num_kv_heads=2)  # alone, CP 2 divides 2 KV heads
+    with pytest.raises(ValueError) as raised:  # but TP 2 leaves one KV head per rank
+        check_heads_divide(cp=2, tp=2, num_heads=4, num_kv_heads=2)
+    message = str(raised.value)
+    assert message.startswith("training.context_parallel_size=2 x tensor_parallel_size 2 ")
+    assert "num_key_value_heads=2" in message and "choose one of [1]" in message
+    check_heads_divide(cp=2, tp=2, num_heads=4, num_kv_heads=2, mode="ring")  # ring has no such rule
+    check_heads_divide(cp=1, tp=2, num_heads=4, num_kv_heads=1)  # no CP: TP's own check names its field

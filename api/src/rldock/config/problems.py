@@ -285,8 +285,8 @@ def _expert_problems(cfg: JobConfig, config_file: Path) -> list[Problem]:
 
 def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
     """Training tensor parallelism needs a plan for the architecture and splits heads, KV heads and
-    the MLP evenly (as the actor checks at start); generation TP needs the even split; context
-    parallelism splits the heads and KV heads evenly."""
+    the MLP evenly (as the actor checks at start); generation TP needs the even split; Ulysses context
+    parallelism splits a TP rank's heads and KV heads evenly."""
     tp, gen_tp = cfg.training.tensor_parallel_size, cfg.rollout.tensor_parallel_size
     cp = cfg.training.context_parallel_size
     config_file = model_dir / "config.json"
@@ -303,6 +303,7 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
             num_heads=config["num_attention_heads"],
             num_kv_heads=config["num_key_value_heads"],
             mode=cfg.training.context_parallel_mode,
+            tp=tp,
         )
     except ValueError as error:
         problems.append(Problem(CP_FIELD, str(error)))

@@ -126,8 +126,8 @@ class TrainingSpec(Spec):
         "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
         "data_parallel_size x tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank). "
-        "Under strategy fsdp, FSDP shards TP's shards over the data-parallel ranks (not with context or expert "
-        "parallelism yet).",
+        "Under strategy fsdp, FSDP shards TP's shards over the data-parallel (x context-parallel) ranks (not with "
+        "expert parallelism yet).",
     )
     context_parallel_size: int = Field(
         default=1,
@@ -139,7 +139,8 @@ class TrainingSpec(Spec):
         "must divide, or ring attention), and the passes' attention must take a 4D mask (sdpa or eager, no "
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
         "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
-        "strategy fsdp and tensor_parallel_size 1; composes with expert_parallel_size and routing replay. "
+        "strategy fsdp; composes with tensor_parallel_size (CP over each TP rank's heads: Ulysses' size must "
+        "divide the heads and KV heads by tensor_parallel_size x this), expert_parallel_size and routing replay. "
         "`rldock train` runs the actor's, "
         "the reference's and the critic's ranks as data_parallel_size groups of this many (each group's first "
         "rank reads the group's samples from the dock and shares them), the policy's, the reference's and the "
@@ -271,21 +272,13 @@ def _micro_batch_problems(cfg: JobConfig) -> list[Problem]:
 def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
     """CP (training.context_parallel_size, Ulysses or ring): each CP rank computes a slice of every
     sequence's positions, inside FSDP's data-parallel dimension (its gradient sum over CP is FSDP's
-    reduction), beside no TP; Ulysses' heads' divisibility needs the model (`_model_problems`)."""
+    reduction), over a TP rank's heads where TP splits the layers; Ulysses' heads' divisibility needs the
+    model (`_model_problems`)."""
     training, algo = cfg.training, cfg.algorithm
     cp, field = training.context_parallel_size, "training.context_parallel_size"
     if cp == 1:
         return []
     problems: list[Problem] = []
-    if training.tensor_parallel_size > 1:
-        problems.append(
-            Problem(
-                field,
-                f"{cp} with tensor_parallel_size {training.tensor_parallel_size}: CP over TP's head shards is a "
-                "layout not built yet (the training mesh lays the ranks out; the CP attention over a TP rank's "
-                "local heads is not written or tested); use one of the two",
-            )
-        )
     if training.strategy != "fsdp":
         problems.append(
             Problem(

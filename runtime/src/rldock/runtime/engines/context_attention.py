@@ -27,10 +27,13 @@ MASK_KINDS = {
 }
 
 
-def apply_context_attention(model: nn.Module, group: dist.ProcessGroup, mode: str = "ulysses") -> nn.Module:
+def apply_context_attention(
+    model: nn.Module, group: dist.ProcessGroup, mode: str = "ulysses", *, tp: int = 1
+) -> nn.Module:
     """Make `model` (a Hugging Face causal LM or its body, possibly wrapped by DDP/PEFT/FSDP) attend
     over `group` in `mode`; returns it. Its passes must then give it sequence shards
-    (`shard_forward`)."""
+    (`shard_forward`). `tp`: the TP size its layers are split over, whose ranks each attend with 1/tp
+    of the heads (the attention reshapes to the local heads; Ulysses splits those again)."""
     assert mode in IMPLEMENTATIONS, f"context-parallel mode {mode!r} is none of {sorted(IMPLEMENTATIONS)}"
     config = _hf_config(model)
     implementation = getattr(config, "_attn_implementation", None)
@@ -42,7 +45,9 @@ def apply_context_attention(model: nn.Module, group: dist.ProcessGroup, mode: st
     if getattr(config, "layer_types", None) and any(kind != "full_attention" for kind in config.layer_types):
         raise ValueError("context parallelism needs full attention in every layer (no sliding window)")
     cp = dist.get_world_size(group)
-    check_heads_divide(cp=cp, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads, mode=mode)
+    check_heads_divide(
+        cp=cp, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads, mode=mode, tp=tp
+    )
     attention_modules = [m for m in model.modules() if hasattr(m, "num_key_value_groups")]
     if not attention_modules:
         raise TypeError(f"{type(model).__name__}: no attention module with num_key_value_groups")

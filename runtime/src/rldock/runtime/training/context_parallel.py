@@ -6,6 +6,9 @@ Ranks: the default group's world is dp x cp ranks, CP innermost: rank `d cp + c`
 data-parallel rank d, and the cp consecutive ranks of one data-parallel rank share their rows (each
 computes 1/cp of every sequence). The CP group sits inside the data-parallel dimension: FSDP shards
 over all dp x cp ranks, so the parameters, gradients and optimizer state per rank fall by dp x cp.
+Under TP the world is dp x cp x tp, TP innermost (the training mesh, resharding/parallel_mesh.py): a
+CP group is the ranks of one TP rank, so it attends with that rank's 1/tp of the heads, and the cp x tp
+ranks of a data-parallel rank share its rows.
 
 Gradients: a CP rank's gradient is its positions' share of its data-parallel rank's gradient (every
 rank of the group computes the same loss), so the step's gradient is the sum over each CP group
@@ -49,11 +52,12 @@ if TYPE_CHECKING:
 
 def apply_context_parallel(model: nn.Module, mesh: ParallelMesh, mode: str = "ulysses") -> dist.ProcessGroup | None:
     """Give `model` the attention of `mode` (`ulysses` or `ring`, engines/context_attention.py) over this
-    rank's CP group of `mesh` (None and nothing done at cp 1). Call before the training backend wraps the
-    model."""
+    rank's CP group of `mesh` (None and nothing done at cp 1): the ranks of its TP rank in the other CP
+    ranks, so a CP group exchanges the same 1/tp of the heads. Call after the TP plan (the attention then
+    runs on a TP rank's heads) and before the training backend wraps the model."""
     group = mesh.group("cp")
     if group is not None:
-        apply_context_attention(model, group, mode)
+        apply_context_attention(model, group, mode, tp=mesh.size("tp"))
     return group
 
 
