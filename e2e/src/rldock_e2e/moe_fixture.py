@@ -66,10 +66,17 @@ def token_logprobs(model, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
-def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "cpu", context_parallel_size: int = 1):
-    """A GRPO job config of `world_size` FSDP ranks (world / cp data-parallel ranks of
-    `context_parallel_size`) at `expert_parallel_size` (never trained as a job: the ranks build the
-    actor's backend from it; no prompts or rewards are read)."""
+def ep_job_config(
+    world_size: int,
+    expert_parallel_size: int,
+    *,
+    device: str = "cpu",
+    context_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
+):
+    """A GRPO job config of `world_size` FSDP ranks (world / (cp x tp) data-parallel ranks of
+    `context_parallel_size` x `tensor_parallel_size`) at `expert_parallel_size` (never trained as a job:
+    the ranks build the actor's backend from it; no prompts or rewards are read)."""
     from rldock.config import parse_job_config
 
     return parse_job_config(
@@ -88,8 +95,9 @@ def ep_job_config(world_size: int, expert_parallel_size: int, *, device: str = "
             },
             "training": {
                 "strategy": "fsdp",
-                "data_parallel_size": world_size // context_parallel_size,
+                "data_parallel_size": world_size // (context_parallel_size * tensor_parallel_size),
                 "context_parallel_size": context_parallel_size,
+                "tensor_parallel_size": tensor_parallel_size,
                 "expert_parallel_size": expert_parallel_size,
             },
             "resources": {"device": device, "devices_per_node": world_size},

@@ -32,12 +32,14 @@ def test_fsdp_with_every_option_is_valid(demo_data):
     assert parse_job_config(demo_data).training.strategy == "fsdp"
 
 
-def test_fsdp_composes_with_tensor_parallelism_but_not_beside_expert_parallelism(demo_data):
+def test_fsdp_composes_with_tensor_parallelism_and_beside_it_expert_parallelism(demo_data):
     demo_data["training"].update(strategy="fsdp", data_parallel_size=2, tensor_parallel_size=2)
     demo_data["resources"]["devices_per_node"] = 4
     assert parse_job_config(demo_data).training.tensor_parallel_size == 2
-    demo_data["training"]["expert_parallel_size"] = 2
-    assert "training.expert_parallel_size" in problem_paths(demo_data)
+    demo_data["training"]["expert_parallel_size"] = 2  # EP 2 over each TP rank's 2 data-parallel ranks
+    assert parse_job_config(demo_data).training.expert_parallel_size == 2
+    demo_data["training"]["expert_parallel_size"] = 4  # but not over 4: they are 2
+    assert problem_paths(demo_data) == ["training.expert_parallel_size"]
 
 
 @pytest.mark.parametrize("field,value", [("fsdp_cpu_offload", True), ("mixed_precision", "bf16")])

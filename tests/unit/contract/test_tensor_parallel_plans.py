@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from rldock.contract.tensor_parallel import TP_ARCHITECTURES, TP_PLANS, check_architecture, check_divisible, tp_plan
 from rldock.runtime.resharding.parallel_layout import has_partial_gradient, shard_dim
@@ -16,7 +25,10 @@ MODELS = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
+# A mixture-of-experts model's experts: few and narrow (their split is EP's, not the plan's).
+EXPERTS = {"qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)}
 
 
 def _tiny(model_type: str):
@@ -31,6 +43,7 @@ def _tiny(model_type: str):
         num_key_value_heads=4,
         head_dim=8,
         max_position_embeddings=16,
+        **EXPERTS.get(model_type, {}),
     )
     torch.manual_seed(0)
     return model_cls(config)
@@ -57,11 +70,12 @@ def test_plan_names_real_modules_of_the_architecture(model_type):
         assert isinstance(layer[suffix], torch.nn.Linear)
     names = [name for name, _ in model.named_parameters()]
     split = [name for name in names if shard_dim(name, plan) is not None]
-    assert len(split) == 2 * len(plan.linears) + (2 * 3 if model_type == "qwen2" else 0)  # + q/k/v biases
+    # a weight per linear, Qwen2's q/k/v biases; Qwen3's q/k/v/o have no bias, so neither has its MoE
+    assert len(split) == 2 * len(plan.linears) + (2 * 3 if model_type == "qwen2" else 0)
     # Split or replicated with a partial gradient, never both; only Qwen3 has per-head norms.
     partial = [name for name in names if has_partial_gradient(name, plan)]
     assert not set(split) & set(partial)
-    assert len(partial) == (2 * 2 if model_type == "qwen3" else 0)
+    assert len(partial) == (2 * 2 if model_type.startswith("qwen3") else 0)
 
 
 @pytest.mark.parametrize("model_type", sorted(MODELS))
@@ -72,7 +86,7 @@ def test_tp4_shards_of_the_real_weights_tile_them(model_type):
         tp_size=4,
         num_heads=config.num_attention_heads,
         num_kv_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size,
+        intermediate_size=config.intermediate_size if plan.splits_mlp else None,
         field="training.tensor_parallel_size",
     )
     for name, full in model.state_dict().items():

@@ -20,7 +20,7 @@ from rldock.config.job_layout import job_layout
 from rldock.config.problem import Problem
 from rldock.contract.context_parallel import FIELD as CP_FIELD
 from rldock.contract.context_parallel import check_heads_divide
-from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, check_architecture, check_divisible
+from rldock.contract.tensor_parallel import TINY_MODEL_SHAPES, TP_PLANS, check_architecture, check_divisible
 
 # Each section's checks, beside its fields in its own module (tests/unit/config/test_config_modules.py
 # holds that none is left out).
@@ -311,11 +311,12 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
         return problems
     try:
         check_architecture(tp_size=tp, model_type=config.get("model_type"), field="training.tensor_parallel_size")
+        plan = TP_PLANS.get(config.get("model_type") or "")
         check_divisible(
             tp_size=tp,
             num_heads=config["num_attention_heads"],
             num_kv_heads=config["num_key_value_heads"],
-            intermediate_size=config["intermediate_size"],
+            intermediate_size=config.get("intermediate_size") if plan is None or plan.splits_mlp else None,
             field="training.tensor_parallel_size",
         )
     except ValueError as error:

@@ -126,8 +126,8 @@ class TrainingSpec(Spec):
         "heads, KV heads and MLP width (Llama, Qwen2, Qwen3; checked against the model's config.json). The actor runs "
         "data_parallel_size x tensor_parallel_size ranks and reshards into generation by allgather after every "
         "update; generation's own TP is rollout.tensor_parallel_size (default 1: one vLLM engine per actor rank). "
-        "Under strategy fsdp, FSDP shards TP's shards over the data-parallel (x context-parallel) ranks (not with "
-        "expert parallelism yet).",
+        "Under strategy fsdp, FSDP shards TP's shards over the data-parallel (x context-parallel) ranks; a "
+        "mixture-of-experts model (Qwen3-MoE) splits its attention by TP and its experts by expert_parallel_size.",
     )
     context_parallel_size: int = Field(
         default=1,
@@ -326,18 +326,10 @@ def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
 
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     """FSDP and its options: FSDP shards the model over the DP ranks, TP's shards where TP splits the layers
-    (but not beside expert parallelism: not built); offload and mixed precision are FSDP2 policies, and mixed
-    precision keeps float32 master weights."""
+    (beside expert parallelism too: each TP rank's sequence ranks hold the experts); offload and mixed
+    precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
     training = cfg.training
     problems: list[Problem] = []
-    if training.tensor_parallel_size > 1 and training.expert_parallel_size > 1:
-        problems.append(
-            Problem(
-                "training.expert_parallel_size",
-                f"{training.expert_parallel_size} with tensor_parallel_size {training.tensor_parallel_size}: experts "
-                "split beside TP's head shards are a layout not built yet; use one of the two",
-            )
-        )
     problems += _expert_parallel_problems(cfg)
     if training.strategy == "fsdp":
         # Combinations that have not been built or run with sharded parameters yet.

@@ -30,6 +30,11 @@ class TpPlan:
     linears: Mapping[str, TpStyle]
     partial_gradient_modules: tuple[str, ...] = ()
 
+    @property
+    def splits_mlp(self) -> bool:
+        """Whether the plan splits the dense MLP (so its width must divide by the TP size)."""
+        return any(suffix.startswith("mlp.") for suffix in self.linears)
+
 
 # Llama's decoder linears; Qwen2 and Qwen3 name theirs the same (Qwen2's q/k/v carry biases,
 # which split with their colwise weights).
@@ -45,6 +50,14 @@ _LLAMA_LINEARS: Mapping[str, TpStyle] = MappingProxyType(
     }
 )
 
+# A mixture-of-experts layer's attention is Qwen3's; its experts are not split by TP but by expert
+# parallelism (every TP rank runs its own EP group over the same tokens), so the plan names the
+# attention's linears only (a dense `mlp_only_layers` layer's MLP stays whole on every TP rank).
+_ATTENTION_LINEARS: Mapping[str, TpStyle] = MappingProxyType(
+    {suffix: style for suffix, style in _LLAMA_LINEARS.items() if suffix.startswith("self_attn.")}
+)
+_QWEN3_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
+
 # config.json `model_type` -> plan. Each architecture's attention reshapes with -1 heads, so it
 # runs on a rank's local heads unchanged. Qwen3 adds per-head RMSNorms on q and k, applied after
 # the colwise projections: replicated, each TP rank's gradient for them covers only its heads.
@@ -52,7 +65,8 @@ TP_PLANS: Mapping[str, TpPlan] = MappingProxyType(
     {
         "llama": TpPlan(_LLAMA_LINEARS),
         "qwen2": TpPlan(_LLAMA_LINEARS),
-        "qwen3": TpPlan(_LLAMA_LINEARS, partial_gradient_modules=("self_attn.q_norm", "self_attn.k_norm")),
+        "qwen3": TpPlan(_LLAMA_LINEARS, partial_gradient_modules=_QWEN3_NORMS),
+        "qwen3_moe": TpPlan(_ATTENTION_LINEARS, partial_gradient_modules=_QWEN3_NORMS),
     }
 )
 
@@ -87,14 +101,17 @@ def check_architecture(*, tp_size: int, model_type: str | None, field: str) -> N
         tp_plan(model_type, field=f"{field}={tp_size}")
 
 
-def check_divisible(*, tp_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int, field: str) -> None:
-    """Even shards only: every split dimension must divide by `tp_size` (raises naming `field`)."""
+def check_divisible(
+    *, tp_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int | None, field: str
+) -> None:
+    """Even shards only: every split dimension must divide by `tp_size` (raises naming `field`);
+    `intermediate_size` None where the plan leaves the MLP whole (`TpPlan.splits_mlp`)."""
     for what, size in (
         ("num_attention_heads", num_heads),
         ("num_key_value_heads", num_kv_heads),
         ("intermediate_size", intermediate_size),
     ):
-        if size % tp_size:
+        if size is not None and size % tp_size:
             raise ValueError(
                 f"{field}={tp_size} does not divide the model's {what} ({size}); "
                 "choose a tensor-parallel size that splits every head and MLP evenly"

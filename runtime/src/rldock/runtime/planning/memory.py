@@ -262,8 +262,9 @@ def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, i
     # FSDP shards over DP x CP ranks (training/context_parallel.py)
     shard = job_layout(cfg).num_sequence_ranks if training.strategy == "fsdp" else 1
     vocab = shape.embedding_params
-    layers = shape.num_layers * shape.layer_params
-    params = vocab + layers // tp + shape.hidden_size  # TP splits the decoder layers' weights only
+    # TP splits the decoder layers' weights only, and of an MoE layer not the experts (EP's, beside TP)
+    layers = shape.num_layers * ((shape.layer_params - shape.expert_params) // tp + shape.expert_params)
+    params = vocab + layers + shape.hidden_size
     trainable = params - (vocab if training.freeze_embeddings else 0)
     return (
         -(-params * param_bytes // shard),
@@ -306,7 +307,8 @@ def _layer_activation_bytes(
     h, d = shape.hidden_size, shape.head_dim
     per_token = (
         4 * h
-        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d + 4 * shape.active_intermediate) // tp
+        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d) // tp
+        + 4 * shape.active_intermediate // (1 if shape.is_moe else tp)  # TP leaves the experts whole
         + _dispatch_width(shape)
         + saved_width(shape, mode=mode, cp=cp, element=element)
     )

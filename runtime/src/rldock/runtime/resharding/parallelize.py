@@ -1,4 +1,5 @@
-"""Apply the training layout to a plain Hugging Face Llama, Qwen2 or Qwen3 model from outside: a
+"""Apply the training layout to a plain Hugging Face Llama, Qwen2, Qwen3 or Qwen3-MoE model (its attention;
+its experts are expert parallelism's) from outside: a
 tensor-parallel plan (DTensor; the architecture's `TP_PLANS` entry) on the training mesh's `tp` dimension
 (parallel_mesh.py), and gradient averaging over its `dp`.
 
@@ -36,17 +37,18 @@ def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
         return model
     config: Any = model.config  # the architecture's Hugging Face config
     check_architecture(tp_size=tp_size, model_type=config.model_type, field="training.tensor_parallel_size")
+    tp_plan = TP_PLANS[config.model_type]
     check_divisible(
         tp_size=tp_size,
         num_heads=config.num_attention_heads,
         num_kv_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size,
+        intermediate_size=config.intermediate_size if tp_plan.splits_mlp else None,
         field="training.tensor_parallel_size",
     )
     plan = {
         f"model.layers.{i}.{suffix}": _STYLES[style]()
         for i in range(config.num_hidden_layers)
-        for suffix, style in TP_PLANS[config.model_type].linears.items()
+        for suffix, style in tp_plan.linears.items()
     }
     return parallelize_module(model, mesh.device_mesh("tp"), plan)
 
