@@ -1,7 +1,7 @@
 """Config rules for the data-parallel strategy (training.strategy, fsdp_cpu_offload, mixed_precision)."""
 
 import pytest
-from job_examples import example, problem_paths
+from job_examples import example, problem_messages, problem_paths
 
 from rldock.config import parse_job_config
 
@@ -87,3 +87,16 @@ def test_a_token_budget_names_what_it_cannot_go_with(demo_data, training, algori
     cfg = JobConfig.model_validate(demo_data)
     budget = [p for p in find_problems(cfg) if p.path == "training.micro_batch_tokens"]
     assert len(budget) == 1 and words in budget[0].message
+
+
+def test_hsdp_replicas_tile_the_data_parallel_ranks_under_fsdp(demo_data):
+    demo_data["training"].update(strategy="fsdp", data_parallel_size=4, data_parallel_replicate_size=2)
+    assert parse_job_config(demo_data).training.data_parallel_replicate_size == 2
+    for training, says in (
+        ({"data_parallel_replicate_size": 3}, "must divide data_parallel_size 4"),
+        ({"strategy": "ddp"}, "need training.strategy fsdp"),
+        ({"expert_parallel_size": 2}, "not built yet"),
+    ):
+        bad = {**demo_data, "training": {**demo_data["training"], **training}}
+        assert problem_paths(bad) == ["training.data_parallel_replicate_size"], training
+        assert says in problem_messages(bad, "training.data_parallel_replicate_size")[0]

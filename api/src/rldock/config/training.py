@@ -88,6 +88,16 @@ class TrainingSpec(Spec):
         description="DP: actor ranks, each on one device (times tensor_parallel_size); PPO's critic runs as many "
         "DDP ranks.",
     )
+    data_parallel_replicate_size: int = Field(
+        default=1,
+        ge=1,
+        description="HSDP: under strategy fsdp, the data-parallel ranks form this many replicas of "
+        "data_parallel_size / data_parallel_replicate_size ranks; FSDP shards the model within a replica (over "
+        "its ranks x context_parallel_size) and the replicas all-reduce their shards' gradients, so a "
+        "rank holds 1/(the replica's ranks) of the state rather than 1/(all of them) but the "
+        "parameter all-gathers stay inside a replica (a node, say). Must divide data_parallel_size; 1: "
+        "every data-parallel rank shards (FSDP). Not with expert_parallel_size yet (docs/scaling.md, section 11).",
+    )
     expert_parallel_size: int = Field(
         default=1,
         ge=1,
@@ -324,6 +334,19 @@ def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
     return problems
 
 
+def _replica_problems(training: TrainingSpec) -> list[Problem]:
+    """HSDP (training.data_parallel_replicate_size): replicas of FSDP-sharded ranks, which tile the data-parallel
+    ranks; experts (EP's own FSDP over their expert-data-parallel ranks) have not run beside them."""
+    replicas, dp = training.data_parallel_replicate_size, training.data_parallel_size
+    why = (
+        (training.strategy != "fsdp", "replicas of FSDP shards need training.strategy fsdp; set it, or 1"),
+        (dp % replicas > 0, f"must divide data_parallel_size {dp} (each replica holds as many ranks); use a divisor"),
+        (training.expert_parallel_size > 1, "beside expert_parallel_size: not built yet; use one of the two"),
+    )
+    bad = [f"{replicas} {says}" for failed, says in why if failed and replicas > 1][:1]
+    return [Problem("training.data_parallel_replicate_size", message) for message in bad]
+
+
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     """FSDP and its options: FSDP shards the model over the DP ranks, TP's shards where TP splits the layers
     (beside expert parallelism too: each TP rank's sequence ranks hold the experts); offload and mixed
@@ -331,6 +354,7 @@ def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     training = cfg.training
     problems: list[Problem] = []
     problems += _expert_parallel_problems(cfg)
+    problems += _replica_problems(training)
     if training.strategy == "fsdp":
         # Combinations that have not been built or run with sharded parameters yet.
         for field, value, why in (

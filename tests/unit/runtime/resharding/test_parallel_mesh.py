@@ -25,11 +25,28 @@ def test_the_groups_of_a_dp2_cp2_tp2_mesh():
     assert shape.rank_groups("dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert shape.rank_groups("ep") == [[0, 2], [4, 6], [1, 3], [5, 7]]
     assert shape.rank_groups("edp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert shape.rank_groups("dp_replicate") == [[rank] for rank in range(8)]  # one replica
+    assert shape.rank_groups("dp_shard_cp") == shape.rank_groups("dp_cp")
+
+
+def test_hsdp_replicates_over_replicas_and_shards_within_one():
+    shape = MeshShape(dp=4, cp=2, replicate=2)  # d = r * 2 + s: replica 0 is d 0, 1 (ranks 0-3)
+    assert shape.rank_groups("dp_shard_cp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert shape.rank_groups("dp_replicate") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert (shape.size("dp_shard_cp"), shape.size("dp_replicate")) == (4, 2)
+    with pytest.raises(ValueError, match="3 replicas must divide the 4 data-parallel ranks"):
+        MeshShape(dp=4, replicate=3)
 
 
 @pytest.mark.parametrize(
     "shape",
-    [MeshShape(dp=4), MeshShape(dp=2, cp=2, ep=4), MeshShape(dp=3, cp=2, tp=2, ep=3), MeshShape(dp=1, tp=4)],
+    [
+        MeshShape(dp=4),
+        MeshShape(dp=2, cp=2, ep=4),
+        MeshShape(dp=3, cp=2, tp=2, ep=3),
+        MeshShape(dp=1, tp=4),
+        MeshShape(dp=4, cp=2, tp=2, replicate=2),
+    ],
     ids=str,
 )
 def test_each_dimension_tiles_the_ranks_and_sizes_its_groups(shape):
@@ -63,12 +80,20 @@ def test_a_shape_refuses_what_does_not_tile():
         MeshShape(dp=2).size("pp")
 
 
+SHAPES = (
+    MeshShape(dp=2, cp=2, ep=2),
+    MeshShape(dp=2, tp=2),
+    MeshShape(dp=1, cp=4, ep=4),
+    MeshShape(dp=2, cp=2, replicate=2),
+)
+
+
 def _rank(rank: int, world: int, rendezvous: str, out: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     found = {}
-    for shape in (MeshShape(dp=2, cp=2, ep=2), MeshShape(dp=2, tp=2), MeshShape(dp=1, cp=4, ep=4)):
+    for shape in SHAPES:
         mesh = ParallelMesh(shape, "cpu", timeout_s=42)
         groups = {}
         for dimension in DIMENSIONS:
@@ -82,7 +107,7 @@ def _rank(rank: int, world: int, rendezvous: str, out: str) -> None:
             groups[dimension] = (members, int(total), timeout.total_seconds(), mesh.local_rank(dimension))
         experts = mesh.experts
         ep_view = None if experts is None else (experts.sharding.rank, experts.data_parallel.size())
-        found[str(shape)] = dict(groups=groups, ep_view=ep_view)
+        found[str(shape)] = dict(groups=groups, ep_view=ep_view, fsdp=mesh.fsdp.shape)
     torch.save(found, Path(out) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -94,11 +119,8 @@ def test_on_gloo_ranks_each_rank_has_its_groups_with_the_job_s_timeout():
         mp.start_processes(_rank, args=(world, str(Path(out) / "rendezvous"), out), nprocs=world, start_method="spawn")
         ranks = [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
     for rank, found in enumerate(ranks):
-        for key, shape in (
-            ("MeshShape(dp=2, cp=2, tp=1, ep=2)", MeshShape(dp=2, cp=2, ep=2)),
-            ("MeshShape(dp=2, cp=1, tp=2, ep=1)", MeshShape(dp=2, tp=2)),
-            ("MeshShape(dp=1, cp=4, tp=1, ep=4)", MeshShape(dp=1, cp=4, ep=4)),
-        ):
+        for shape in SHAPES:
+            key = str(shape)
             groups = found[key]["groups"]
             for dimension, (members, total, timeout_s, local_rank) in groups.items():
                 (expected,) = [g for g in shape.rank_groups(dimension) if rank in g]
@@ -109,10 +131,14 @@ def test_on_gloo_ranks_each_rank_has_its_groups_with_the_job_s_timeout():
             # the dimensions of size 1 have no group: nothing to reduce over
             assert set(groups) == {d for d in DIMENSIONS if shape.size(d) > 1 and d in _used(shape)}, key
     # The EP view: the rank's shard (its place in its EP group) and its expert-data-parallel mesh's size.
-    assert [r["MeshShape(dp=2, cp=2, tp=1, ep=2)"]["ep_view"] for r in ranks] == [(0, 2), (1, 2), (0, 2), (1, 2)]
-    assert [r["MeshShape(dp=1, cp=4, tp=1, ep=4)"]["ep_view"] for r in ranks] == [(0, 1), (1, 1), (2, 1), (3, 1)]
-    assert all(r["MeshShape(dp=2, cp=1, tp=2, ep=1)"]["ep_view"] is None for r in ranks)
+    ep2, tp2, ep4, hsdp = (str(shape) for shape in SHAPES)
+    assert [r[ep2]["ep_view"] for r in ranks] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert [r[ep4]["ep_view"] for r in ranks] == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert all(r[tp2]["ep_view"] is None for r in ranks)
+    # FSDP's mesh: the sequence ranks, or HSDP's 2 replicas by 2 shards
+    assert [r[key]["fsdp"] for r in ranks for key in (ep2, hsdp)] == [(4,), (2, 2)] * world
 
 
 def _used(shape: MeshShape) -> set[str]:
-    return {"tp", "cp", "dp", "cp_tp", "dp_cp"} | ({"ep", "edp"} if shape.ep > 1 else set())
+    hsdp = {"dp_replicate", "dp_shard_cp"} if shape.replicate > 1 else {"dp_shard_cp"}
+    return {"tp", "cp", "dp", "cp_tp", "dp_cp"} | hsdp | ({"ep", "edp"} if shape.ep > 1 else set())

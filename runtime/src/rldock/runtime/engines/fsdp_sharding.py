@@ -91,7 +91,7 @@ def apply_fsdp(
             # factor is not used because on a group of one (dp = ep) torch 2.13 applies it twice.
             sharded.set_gradient_divide_factor(1.0)
             sharded.set_force_sum_reduction_for_comms(True)
-    sequence_ranks = mesh.device_mesh("dp_cp")
+    sequence_ranks = mesh.fsdp  # the dp x cp ranks, or HSDP's (replicas, shards) of them
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=sequence_ranks, mp_policy=policy, offload_policy=offload)
     # The model's own output (logits, values) comes back in float32, so logprobs are not rounded to bf16.

@@ -178,7 +178,7 @@ def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeight
     experts = shape.num_layers * shape.expert_params * element
     dense = shape.num_params * element - experts
     fsdp = training.strategy == "fsdp"
-    dense_split = training.tensor_parallel_size * (layout.num_sequence_ranks if fsdp else 1)
+    dense_split = training.tensor_parallel_size * (fsdp_shard_ranks(cfg) if fsdp else 1)
     expert_split = layout.ep * (layout.expert_data_parallel if fsdp else 1)
     gdp, gep = layout.num_generation_replicas, layout.generation_tp
     return RedundantWeights(
@@ -254,13 +254,18 @@ class MemoryPlan:
         )
 
 
+def fsdp_shard_ranks(cfg: JobConfig) -> int:
+    """The ranks FSDP shards a tensor over: the DP x CP sequence ranks (training/context_parallel.py), those
+    of one replica under HSDP (training.data_parallel_replicate_size)."""
+    return job_layout(cfg).num_sequence_ranks // cfg.training.data_parallel_replicate_size
+
+
 def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, int]:
     """(params, grads, optimizer state) bytes one actor rank holds."""
     training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     tp = training.tensor_parallel_size
-    # FSDP shards over DP x CP ranks (training/context_parallel.py)
-    shard = job_layout(cfg).num_sequence_ranks if training.strategy == "fsdp" else 1
+    shard = fsdp_shard_ranks(cfg) if training.strategy == "fsdp" else 1
     vocab = shape.embedding_params
     # TP splits the decoder layers' weights only, and of an MoE layer not the experts (EP's, beside TP)
     layers = shape.num_layers * ((shape.layer_params - shape.expert_params) // tp + shape.expert_params)
@@ -284,7 +289,7 @@ def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
         return 0
     param_bytes = DTYPE_BYTES[cfg.model.dtype]  # FSDP reduces in float32 under mixed precision: the shards' dtype
     compute = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
-    shard = job_layout(cfg).num_sequence_ranks
+    shard = fsdp_shard_ranks(cfg)
     head = 0 if training.freeze_embeddings else shape.vocab_size * shape.hidden_size
     layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
     # the head's shard, counted in the device's gradients unless they live on the host (fsdp_cpu_offload)
@@ -387,7 +392,7 @@ def critic_params(shape: ModelShape) -> int:
 
 def critic_is_sharded(cfg: JobConfig) -> bool:
     """Whether the critic ranks shard the value model (FSDP over more than one rank: DP x CP)."""
-    return cfg.training.strategy == "fsdp" and job_layout(cfg).num_sequence_ranks > 1
+    return cfg.training.strategy == "fsdp" and fsdp_shard_ranks(cfg) > 1
 
 
 def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
@@ -405,7 +410,7 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
         return CriticBytes(
             update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
         )
-    dp = job_layout(cfg).num_sequence_ranks  # FSDP over DP x CP ranks
+    dp = fsdp_shard_ranks(cfg)  # FSDP over DP x CP ranks (a replica's under HSDP)
     element = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
     activations = _decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
     gathered = (2 * shape.layer_params + shape.vocab_size * shape.hidden_size) * element

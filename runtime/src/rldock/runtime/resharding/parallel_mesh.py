@@ -16,6 +16,10 @@ The dimensions (`MeshShape.rank_groups` lists every group of each; a rank belong
   from the dock and shares them with the rest);
 - `dp_cp`, the sequence ranks: the dp x cp ranks of one t, what FSDP shards over (CP sits inside data
   parallelism: a CP group's ranks hold distinct positions of the same rows);
+- `fsdp`, what FSDP2 shards over: the sequence ranks, or under HSDP (`replicate` > 1: the data-parallel
+  ranks split into `replicate` replicas of dp / replicate, d = r dp / replicate + s) a 2-D mesh of
+  `dp_replicate` (the ranks of one (s, c, t), which all-reduce their shards' gradients) by `dp_shard_cp`
+  (the dp / replicate x cp ranks of one (r, t), which shard the model as FSDP does), torchtitan's HSDP;
 - `ep` and `edp`, expert parallelism folded into the sequence ranks: the dp x cp ranks of one t,
   in order, cut into EP groups of ep consecutive ranks, each rank holding expert shard j (its place in
   its EP group); the ranks that hold the same shard are an expert-data-parallel (`edp`) group, which
@@ -33,25 +37,28 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-DIMENSIONS = ("tp", "cp", "dp", "cp_tp", "dp_cp", "ep", "edp")
+DIMENSIONS = ("tp", "cp", "dp", "cp_tp", "dp_cp", "dp_replicate", "dp_shard_cp", "ep", "edp")
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # joining a group and each collective
 
 
 @dataclass(frozen=True)
 class MeshShape:
     """The sizes of a training group's mesh: dp x cp x tp ranks, ep of the dp x cp sequence ranks
-    splitting the experts."""
+    splitting the experts, the dp ranks in `replicate` replicas that FSDP shards the model within (HSDP)."""
 
     dp: int
     cp: int = 1
     tp: int = 1
     ep: int = 1
+    replicate: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.dp, self.cp, self.tp, self.ep) < 1:
+        if min(self.dp, self.cp, self.tp, self.ep, self.replicate) < 1:
             raise ValueError(f"mesh sizes are at least 1, got {self}")
         if (self.dp * self.cp) % self.ep:
             raise ValueError(f"the EP size {self.ep} must divide the {self.dp * self.cp} sequence ranks (dp x cp)")
+        if self.dp % self.replicate:
+            raise ValueError(f"the {self.replicate} replicas must divide the {self.dp} data-parallel ranks")
 
     @property
     def world(self) -> int:
@@ -66,6 +73,8 @@ class MeshShape:
             "dp": self.dp,
             "cp_tp": self.cp * self.tp,
             "dp_cp": sequence,
+            "dp_replicate": self.replicate,
+            "dp_shard_cp": sequence // self.replicate,
             "ep": self.ep,
             "edp": sequence // self.ep,
         }
@@ -93,6 +102,20 @@ class MeshShape:
             return [[rank(d, c, t) for c in range(cp) for t in range(tp)] for d in range(dp)]
         if dimension == "dp_cp":
             return [sequence_ranks(t) for t in range(tp)]
+        shard = dp // self.replicate  # a replica's data-parallel ranks
+        if dimension == "dp_replicate":
+            return [
+                [rank(r * shard + s, c, t) for r in range(self.replicate)]
+                for s in range(shard)
+                for c in range(cp)
+                for t in range(tp)
+            ]
+        if dimension == "dp_shard_cp":
+            return [
+                sequence_ranks(t)[r * shard * cp : (r + 1) * shard * cp]
+                for r in range(self.replicate)
+                for t in range(tp)
+            ]
         if dimension == "ep":
             return [sequence_ranks(t)[i : i + ep] for t in range(tp) for i in range(0, dp * cp, ep)]
         if dimension == "edp":
@@ -124,20 +147,35 @@ class ExpertMesh:
 
 
 class ParallelMesh:
-    """This rank's place in one world DeviceMesh of dp x cp x tp ranks (named "dp", "cp", "tp"), its sequence
-    ranks flattened into "dp_cp" and, with expert parallelism, those unflattened into ("edp", "ep"): sub-meshes
-    of one root mesh, as FSDP2 needs its mesh and a DTensor's to be (module docstring). Collective: every rank
-    of the default group (a world of `shape.world` ranks) builds it, with the same shape."""
+    """This rank's place in one world DeviceMesh of replicate x dp / replicate x cp x tp ranks (named
+    "dp_replicate", "dp_shard", "cp", "tp"), its data-parallel ranks flattened into "dp", its sequence ranks into
+    "dp_cp" and, with expert parallelism, those unflattened into ("edp", "ep"): sub-meshes of one root mesh, as
+    FSDP2 needs its mesh and a DTensor's to be (module docstring); `fsdp` is FSDP2's. Collective: every rank of
+    the default group (a world of `shape.world` ranks) builds it, with the same shape."""
 
     def __init__(self, shape: MeshShape, device_type: str, *, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> None:
         world = dist.get_world_size()
         if world != shape.world:
             raise ValueError(f"a mesh of {shape.world} ranks ({shape}) over a group of {world}")
         self.shape, self.device_type = shape, device_type
-        root = init_device_mesh(device_type, (shape.dp, shape.cp, shape.tp), mesh_dim_names=("dp", "cp", "tp"))
-        sequence = root["dp", "cp"]._flatten("dp_cp")
-        self._meshes: dict[str, DeviceMesh] = {"tp": root["tp"], "cp": root["cp"], "dp": root["dp"], "dp_cp": sequence}
-        self._meshes["cp_tp"] = root["cp", "tp"]._flatten("cp_tp")
+        replicate, shard = shape.replicate, shape.dp // shape.replicate
+        root = init_device_mesh(
+            device_type,
+            (replicate, shard, shape.cp, shape.tp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "cp", "tp"),
+        )
+        sequence = root["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        self._meshes: dict[str, DeviceMesh] = {
+            "tp": root["tp"],
+            "cp": root["cp"],
+            "dp": root["dp_replicate", "dp_shard"]._flatten("dp"),
+            "dp_cp": sequence,
+            "cp_tp": root["cp", "tp"]._flatten("cp_tp"),
+            "dp_replicate": root["dp_replicate"],
+            "dp_shard_cp": root["dp_shard", "cp"]._flatten("dp_shard_cp"),
+        }
+        # FSDP2's mesh: 2-D (replicate, shard) is HSDP; one replica is FSDP over the sequence ranks
+        self.fsdp = root["dp_replicate", "dp_shard_cp"] if replicate > 1 else sequence
         if shape.ep > 1:
             experts = sequence._unflatten(0, (shape.size("edp"), shape.ep), ("edp", "ep"))
             self._meshes |= {"ep": experts["ep"], "edp": experts["edp"]}

@@ -77,7 +77,13 @@ class FsdpBackend:
         # The group's mesh: dp x cp x tp ranks (CP inside data parallelism, TP innermost), EP carved out of
         # the dp x cp ranks (rldock.contract.layout); all its groups made here, on every rank alike.
         self.mesh = mesh = ParallelMesh(
-            MeshShape(dp=dist.get_world_size() // (cp * tp), cp=cp, tp=tp, ep=training.expert_parallel_size),
+            MeshShape(
+                dp=dist.get_world_size() // (cp * tp),
+                cp=cp,
+                tp=tp,
+                ep=training.expert_parallel_size,
+                replicate=training.data_parallel_replicate_size,
+            ),
             torch.device(device.torch_device).type,
         )
         self.experts = mesh.experts
