@@ -31,7 +31,7 @@ here (the table is in rules.py):
 
 Whatever the rule, a RayCluster that is missing is created and one the operator suspended is
 unsuspended (`_bring_up`), also in the round that counts a restart. The rules the round decides
-before it looks at the cluster (FINISHED, REFUSED) release it there (reconcile.py); BLOCKED acts on
+before it looks at the cluster (FINISHED, REFUSED) release it there (reconcile/); BLOCKED acts on
 nothing.
 """
 

@@ -19,7 +19,7 @@ comes from whoever can reach the port (the API server, but also any pod, and the
 tenant's object), so each connection is bounded: the body's size, the number of connections served
 at once, and one total deadline for the TLS handshake, the headers and the body.
 
-The reconcile checks stay (reconcile.py): where no webhook is installed, where the API server let a
+The reconcile checks stay (reconcile/): where no webhook is installed, where the API server let a
 request through without it (failurePolicy Ignore), or where the admin tightened the policy after an
 RLJob was admitted, the RLJob fails with reason PolicyDenied and nothing is created for it. The
 user check has no such second line: only an admission request says who asked (docs/security.md,

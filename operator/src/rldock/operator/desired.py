@@ -1,7 +1,7 @@
 """What one generation of an RLJob's spec asks for, worked out once: the parsed spec, its problems,
 what the admin's policy refuses of it, and the children the builders make of it.
 
-A round reads the world anew every time (reconcile.py), but not the spec's consequences: the API
+A round reads the world anew every time (reconcile/), but not the spec's consequences: the API
 server counts every change of an RLJob's spec in its `metadata.generation` (the CRD has a status
 subresource), and the parse, the policy and the builders are pure functions of the spec, the
 RLJob's identity and the operator's settings, which stay the same while the process runs. So a

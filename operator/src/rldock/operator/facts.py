@@ -1,7 +1,7 @@
 """One record of what a reconcile round knows: the facts every rule is tested on (rules.classify),
 and the status (status.py) and the actions (actions.py) are derived from.
 
-A round fills it in two steps (reconcile.py): first what the RLJob itself says (its spec worked out
+A round fills it in two steps (reconcile/): first what the RLJob itself says (its spec worked out
 once per generation, desired.py, and the status it stored), which decides the rules of the spec
 (MANAGED_ELSEWHERE, FINISHED, REFUSED) before the round touches the cluster; then, only when none
 of those holds, what the round read of the cluster (`looked`): its RayCluster, pods, Ray job and
@@ -132,7 +132,7 @@ class RoundFacts:
     unschedulable: Sequence[str] = ()  # scheduler messages of this job's Pending pods
     lost_pods: Sequence[str] = ()  # why worker pods died or vanished while the Ray job ran
     head_terminating: str | None = None  # a head pod being deleted (observe.PodSummary), by name
-    blocked: Blocked | None = None  # a child that cannot be had (reconcile.py), with why
+    blocked: Blocked | None = None  # a child that cannot be had (reconcile/), with why
     # The environments' Deployments (spec.environments order); None: not looked at this round.
     environments: Sequence[PodSetObservation] | None = None
     agents: Sequence[PodSetObservation] | None = None  # the agents' Deployments, alike

@@ -1,6 +1,6 @@
 """The kopf handlers: thin wiring from changes of RLJobs and their children to the reconciler.
 
-One reconcile round (reconcile.py) is level-based: it reads the world and moves the RLJob one step
+One reconcile round (reconcile/) is level-based: it reads the world and moves the RLJob one step
 towards its spec, then the round patches the status (only when it changed) and posts its Events.
 Creation, spec edits, suspend and TTL all go through it; there are no create/update handlers whose
 missed events could leave an RLJob behind. What decides WHEN a round runs is here:

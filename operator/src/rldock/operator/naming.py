@@ -26,7 +26,7 @@ collision. The Secrets' hash also covers the RLJob's uid: the operator may only 
 takes one that exists as its own, so a re-created RLJob of the same name must not meet the old
 one's Secrets while the garbage collector has yet to delete them. And whatever the names, the
 reconciler never takes over an object some other RLJob (or nobody) controls: it reports it
-(reconcile.py, `_read_owned`).
+(reconcile/children.py, `Children.read_owned`).
 
 Label values have no such check behind them: a selector matches by the label alone. The RLJob's name
 is its `rldock.io/rljob` label where it fits (63 characters); a longer one is shortened to its prefix

@@ -174,7 +174,7 @@ def admitted(spec: RLJobSpec, cluster: Mapping[str, Any] | None, summary: PodSum
     """Whether the job may run now, so that its environments' pods may: its RayCluster exists and is
     not suspended (by its spec.suspend, or by Kueue until it admits the cluster), and under a Volcano
     gang (whose pods exist, pending, until Volcano admits the PodGroup) its head pod is bound to a
-    node. Before that the environments hold no pods (reconcile.py)."""
+    node. Before that the environments hold no pods (reconcile/)."""
     if cluster is None or suspension(cluster) is not Suspension.NONE:
         return False
     return summary.head_scheduled if spec.scheduling.gang is GangScheduler.VOLCANO else True

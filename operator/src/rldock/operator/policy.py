@@ -26,7 +26,7 @@ values (passed to the operator as JSON in RLDOCK_POLICY, settings.py):
 `policy_problems` is pure: spec and policy in, problems (each naming the field and the policy
 value) out. The operator refuses a spec with problems at admission (admission.py) and, for specs
 that got past admission (no webhook, or a policy changed later), fails the RLJob with reason
-PolicyDenied and creates nothing for it (reconcile.py).
+PolicyDenied and creates nothing for it (reconcile/).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ An entry is a pod set (builders/pod_sets.py, which builds what environments and 
   pods' volumes or env, and only the job's environment token (RLDOCK_ENV_TOKEN, builders/secret.py)
   that their server asks every client for. They carry the job's scheduler and queue (the Kueue
   queue label, Volcano's scheduler and queue annotation), so a queue counts them, and the reconciler
-  scales them up only once the job is admitted (`replicas` here; reconcile.py sets 0 before);
+  scales them up only once the job is admitted (`replicas` here; reconcile/ sets 0 before);
 - a **headless Service** (`clusterIP: None`), so the cluster's DNS answers the name with one
   address per ready pod and the runtime's client spreads its sessions over the replicas itself
   (a ClusterIP would pin each WebSocket session to whichever pod kube-proxy picked, unseen). It

@@ -1,7 +1,7 @@
 """RBAC of least privilege for the operator: namespaced Roles for given namespaces, a ClusterRole
 only for cluster-wide watching. The Helm chart renders the same rules (one source).
 
-Each rule is there for one thing the operator does (operator/src/rldock/operator/reconcile.py,
+Each rule is there for one thing the operator does (operator/src/rldock/operator/reconcile/,
 operator/src/rldock/operator/handlers.py):
 
 - rljobs: kopf lists and watches them, patches its finalizer and annotation-based progress onto
