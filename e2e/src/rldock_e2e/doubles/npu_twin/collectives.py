@@ -4,8 +4,8 @@ every collective through host memory and runs it over gloo (hccl_twin.cpp).
 Registered for the `npu` device, so `init_process_group` with "cpu:gloo,npu:hccl_twin" routes npu
 tensors here and host tensors to gloo, as "cpu:gloo,npu:hccl" would with torch_npu. The collectives
 DDP and FSDP2 use are implemented: broadcast, all-reduce, all-gather (list, into one tensor,
-coalesced), reduce-scatter into one tensor (and coalesced), barrier; and all-to-all with uneven splits
-(expert parallelism's dispatch).
+coalesced), reduce-scatter into one tensor (and coalesced), barrier; all-to-all with uneven splits
+(expert parallelism's dispatch); and scatter (a tensor-parallel plan's weights, cut on one rank).
 
 It is a C++ backend because c10d reaches a Python process group only from Python: DTensor's and
 FSDP2's functional collectives dispatch in C++ to the group's backend for the tensor's device.

@@ -131,6 +131,18 @@ class HostStagedBackend : public c10d::Backend {
     return done({output});
   }
 
+  // Tensor parallelism's plan: DTensor's distribute_tensor cuts each weight on the first rank and scatters it.
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    auto host_outputs = to_host(outputs);
+    std::vector<std::vector<at::Tensor>> host_inputs;
+    for (const auto& list : inputs) host_inputs.push_back(to_host(list));
+    gloo_->scatter(host_outputs, host_inputs, opts)->wait();
+    copy_back(outputs, host_outputs);
+    return done(outputs);
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     return gloo_->barrier(opts);
   }
