@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rldock.contract.runtime_cli import DRAIN_REQUESTS_DIR
 from rldock_e2e.operator_process import ChartOperator
 from rldock_e2e.scenario import JobHold, Scenario, sample
 
@@ -392,9 +393,15 @@ def test_a_deleted_head_pod_then_a_suspended_cluster_are_preemptions_resumed_aft
 
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
-def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> None:
-    # Held before iteration 5, past the checkpoint of 4, until the retry: the loss lands while the
-    # job runs, however fast (at 12 iterations and no hold a quiet machine finished first).
+def test_a_worker_pod_deleted_alone_has_the_iteration_under_way_saved_and_is_retried_from_it(
+    scenario: Scenario,
+) -> None:
+    """A worker pod deleted alone (a drain of its node): its preStop hook asks the driver for a checkpoint (a
+    request in the job's output folder), the driver acknowledges it, and the pod is not lost while its hook
+    keeps its Ray node up: the iteration under way finishes on it and is saved, although no periodic checkpoint
+    is due. Then the pod goes, the attempt meets the lost worker and is retried (a restart counted), resuming
+    right after the saved iteration."""
+    # Held before iteration 5, past the checkpoint of 4: the deletion lands while the job runs, however fast.
     name, iterations = "lost-worker", 12
     manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
     hold = _held(scenario, manifest, before=5)
@@ -406,23 +413,29 @@ def test_lost_worker_pod_is_retried_from_the_checkpoint(scenario: Scenario) -> N
     )
     (worker,) = [p for p in scenario.ray_pods(name) if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
     scenario.kubectl("delete", "pod", worker["metadata"]["name"], "--wait=false")
-    before = scenario.metrics(name)
-    checkpoint = _checkpoint_iteration(scenario.status(name))
-    assert checkpoint == _checkpoint_iteration(status) == 4 and len(before) == 4, (checkpoint, len(before))
-
-    retrying = scenario.wait(
-        "the retry",
-        lambda: scenario.status(name).get("restartCount") == 1 and scenario.condition(name, "Retrying"),
-        timeout=120,
+    requests = scenario.output_dir(name) / DRAIN_REQUESTS_DIR
+    acknowledged = scenario.wait(
+        "the driver taking up the worker's request to stop",
+        lambda: [r for r in requests.glob("*.json") if json.loads(r.read_text() or "{}").get("acknowledged")],
+        timeout=60,
     )
-    assert retrying["reason"] == "WorkerPodLost", retrying
-    hold.release()  # the retry, resumed from iteration 4, runs on
-    status = scenario.wait_phase(name, "Succeeded", timeout=RUN_TIMEOUT)
+    before = scenario.metrics(name)
+    assert len(before) == 4 and scenario.status(name).get("restartCount", 0) == 0  # the pod is not lost yet
+    terminating = [p for p in scenario.ray_pods(name) if p["metadata"]["name"] == worker["metadata"]["name"]]
+    assert terminating and terminating[0]["metadata"].get("deletionTimestamp"), terminating  # kept up by its hook
+    hold.release()  # iteration 5, under way on the worker being deleted, finishes and is saved
+    checkpoints = scenario.output_dir(name) / "checkpoints"
+    scenario.wait(
+        "the stopped driver's checkpoint of iteration 5", (checkpoints / "iter-000005").is_dir, timeout=RUN_TIMEOUT
+    )
+    scenario.wait("the request answered", lambda: not any(r.exists() for r in acknowledged), timeout=60)
+    saved = scenario.metrics(name)  # 1-5 at least (iteration 6 may finish before the pod goes)
+    status = scenario.wait_phase(name, "Succeeded", timeout=START_TIMEOUT + RUN_TIMEOUT)
     assert scenario.row(name)["ITERATION"] == f"{iterations}/{iterations}"
     assert status["restartCount"] == 1
     workers = [p for p in scenario.items("pods", "-l", "ray.io/node-type=worker")]
     assert worker["metadata"]["name"] not in {p["metadata"]["name"] for p in workers}
-    _assert_resumed(scenario.metrics(name), before, checkpoint=checkpoint, iterations=iterations)
+    _assert_resumed(scenario.metrics(name), saved, checkpoint=5, iterations=iterations)
     assert any(e["reason"] == "Retrying" for e in scenario.events(name))
 
 
@@ -503,12 +516,13 @@ def test_operator_restart_keeps_the_one_cluster_and_suspend_resumes_from_the_che
 
 @pytest.mark.slow  # opt-in (`make test-slow`): .ci/run's budget; README, "slow"
 def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scenario: Scenario) -> None:
-    """spec.maxRestarts 1: the runtime, not the operator, recovers a lost worker pod. The Ray job
-    goes on (one submission, no retry counted), KubeRay's replacement pod joins the Ray cluster,
-    the runtime restarts its workers on it from the last checkpoint, and the job ends with every
-    iteration once."""
-    # Held before iteration 5, past the checkpoint of 4, until the lost pod's replacement runs:
-    # the loss lands while the job runs, and the driver meets it at iteration 5.
+    """spec.maxRestarts 1: the runtime, not the operator, recovers a lost worker pod. The pod's hook has the
+    driver save the iteration under way first (as without maxRestarts); then the Ray job goes on (one
+    submission, no retry counted), KubeRay's replacement pod joins the Ray cluster once the old one is gone
+    (it holds the node's devices until then), the runtime restarts its workers on it from that checkpoint,
+    and the job ends with every iteration once."""
+    # Held before iteration 5, past the checkpoint of 4, until the driver took up the pod's request: the loss
+    # lands while the job runs.
     name, iterations = "in-job-restart", 12
     manifest = _manifest(name, iterations=iterations, checkpoint_interval=4)
     manifest["spec"]["maxRestarts"] = 1
@@ -526,22 +540,19 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     checkpoint = _checkpoint_iteration(scenario.status(name))
     assert checkpoint == _checkpoint_iteration(status) == 4 and len(before) == 4, (checkpoint, len(before))
 
-    # KubeRay replaces the pod; the runtime's restart reserves its devices on the replacement.
+    requests = scenario.output_dir(name) / DRAIN_REQUESTS_DIR
     scenario.wait(
-        "a replacement worker pod running",
-        lambda: any(
-            p["metadata"]["name"] != worker["metadata"]["name"] and p["status"].get("phase") == "Running"
-            for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
-        ),
-        timeout=120,
+        "the driver taking up the worker's request",
+        lambda: any(json.loads(r.read_text() or "{}").get("acknowledged") for r in requests.glob("*.json")),
+        timeout=60,
     )
-    hold.release()  # iteration 5 meets the lost worker; the runtime restarts inside the attempt
+    hold.release()  # iteration 5 finishes and is saved; the pod goes, and the runtime restarts inside the attempt
     log = scenario.wait(
-        "the runtime resuming after its restart",
+        "the runtime resuming after its restart, on the devices of the replacement pod",
         lambda: (
             (text := scenario.driver_log(name))
             and "restart 1 of 1" in text
-            and "resuming after iteration" in text.split("restart 1 of 1", 1)[1]
+            and all(line in text.split("restart 1 of 1", 1)[1] for line in ("resuming after iteration", "reserved"))
             and text
         ),
         timeout=START_TIMEOUT,
@@ -549,8 +560,12 @@ def test_lost_worker_pod_is_restarted_inside_the_attempt_with_max_restarts(scena
     assert "a worker died" in log, log[-3000:]
     after_restart = log.split("restart 1 of 1", 1)[1]
     resumed_after = int(after_restart.split("resuming after iteration", 1)[1].split()[0])
-    assert checkpoint <= resumed_after < iterations, (checkpoint, resumed_after)
+    assert checkpoint < 5 <= resumed_after < iterations, (checkpoint, resumed_after)  # the drain's checkpoint
     assert "reserved" in after_restart, after_restart[:3000]  # the devices of the replacement pod
+    assert any(  # KubeRay's replacement, on the devices the old pod gave back
+        p["metadata"]["name"] != worker["metadata"]["name"] and p["status"].get("phase") == "Running"
+        for p in scenario.pods_now(f"ray.io/cluster={name},ray.io/node-type=worker")
+    )
 
     # `kubectl get rljobs` shows the same attempt running on, past where the pod was lost.
     rows = sample(

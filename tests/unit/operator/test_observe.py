@@ -93,10 +93,13 @@ W = WorkerPod
             None,
             ["worker pod w-a failed: OOMKilled", "only 1 of 2 worker pods exist"],
         ),
+        # Being deleted: its hook keeps its Ray node up while the driver saves the iteration (not lost yet)...
+        (_workers(W("w-a", "Running", True), W("w-b", "Running", False, True)), {"w-a", "w-b"}, []),
+        # ... and lost once gone
         (
-            _workers(W("w-a", "Running", True), W("w-b", "Running", False, True)),
-            None,
-            ["worker pod w-a was deleted", "only 1 of 2 worker pods exist"],
+            _workers(W("w-b", "Running", False, True)),
+            {"w-a", "w-b"},
+            ["worker pod w-a is gone", "only 1 of 2 worker pods exist"],
         ),
         # KubeRay already replaced w-a by w-c: the attempt lost a worker all the same.
         (
@@ -106,7 +109,7 @@ W = WorkerPod
         ),
         (_workers(W("w-b", "Running", False, True)), None, ["only 1 of 2 worker pods exist"]),
     ],
-    ids=["none", "failed", "deleted", "replaced", "missing"],
+    ids=["none", "failed", "being-deleted", "deleted", "replaced", "missing"],
 )
 def test_lost_workers(summary, attempt, expected):
     assert lost_workers(summary, num_workers=2, attempt_workers=attempt) == expected

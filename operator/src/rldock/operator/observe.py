@@ -132,20 +132,20 @@ def summarize_pods(pods: Sequence[Mapping[str, Any]]) -> PodSummary:
 def lost_workers(summary: PodSummary, *, num_workers: int, attempt_workers: Collection[str] | None) -> list[str]:
     """Why worker pods were lost while the Ray job ran, or an empty list.
 
-    A worker is lost when its pod failed or is being deleted, or when a pod the attempt started on
-    (`attempt_workers`, recorded in the Ray job's metadata at submission) is gone, even though
-    KubeRay already replaced it under a new name; and workers are missing when fewer pods exist than
-    the job needs. None for `attempt_workers` (not recorded) checks the first and last rules only.
+    A worker is lost when its pod failed, or when a pod the attempt started on (`attempt_workers`,
+    recorded in the Ray job's metadata at submission) is gone, even though KubeRay already replaced it
+    under a new name; and workers are missing when fewer pods exist than the job needs. None for
+    `attempt_workers` (not recorded) checks the first and last rules only. A pod being deleted is not
+    lost yet: its preStop hook asks the driver to stop and keeps its Ray node up while the driver saves
+    the iteration under way (rldock.runtime.driver.preemption); it is lost once gone.
     """
     lost = []
     for worker in summary.workers:
         if worker.phase == "Failed":
             lost.append(f"worker pod {worker.name} failed" + (f": {worker.reason}" if worker.reason else ""))
-        elif worker.terminating:
-            lost.append(f"worker pod {worker.name} was deleted")
     present = {w.name for w in summary.workers}
     lost += [f"worker pod {name} is gone" for name in sorted(set(attempt_workers or ()) - present)]
-    live = sum(1 for w in summary.workers if w.phase != "Failed" and not w.terminating)
+    live = sum(1 for w in summary.workers if w.phase != "Failed")
     if live < num_workers:
         lost.append(f"only {live} of {num_workers} worker pods exist")
     return lost

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from rldock.runtime.driver.preemption import (
     Preempted,
     StopNotice,
     StopRequest,
+    drain_request,
     drivers_here,
     follow_stop,
     is_driver,
@@ -181,3 +183,67 @@ def test_the_hook_posts_its_notice_while_the_drivers_stop_and_follow_needs_one(t
     assert posted == [True] and not path.exists()  # up while the drivers stopped, taken down after
     follow = build_parser().parse_args(["preempt", "--follow"])
     assert follow.run(follow) == 2 and "--follow needs --notice" in capsys.readouterr().err
+
+
+def _requests_watched(output_dir: Path) -> StopRequest:
+    """A StopRequest watching `output_dir`'s requests, installed off the main thread (SIGTERM left alone); its
+    watcher polls once a minute, so the test answers the requests itself (`answer_requests`)."""
+    stop = StopRequest(poll_s=60)
+    installer = threading.Thread(target=stop.install, args=(output_dir,))
+    installer.start()
+    installer.join()
+    return stop
+
+
+def test_a_worker_pod_deleted_alone_asks_for_a_checkpoint_and_waits_for_it(tmp_path):
+    """A drain of one worker pod: its hook posts a request named after the pod; the driver acknowledges it; the
+    hook keeps the pod's Ray node up until the driver, at the next boundary, has saved the iteration just done
+    and answers. The run goes on (no stop)."""
+    notice = StopNotice(tmp_path / "preempting.json")
+    request = drain_request(notice, "job-worker-0")
+    assert request.path == tmp_path / "drain-requests" / "job-worker-0.json"
+    stop = _requests_watched(tmp_path)
+    stop.between_iterations(4, first=1, save=pytest.fail)  # nothing asked: nothing saved
+    result: list[bool] = []
+    follower = threading.Thread(
+        target=lambda: result.append(follow_stop(notice, 60, request=request, notice_wait_s=30, poll_s=0.02)),
+        daemon=True,
+    )
+    follower.start()
+    deadline = time.monotonic() + 30
+    while not request.path.exists() and time.monotonic() < deadline:  # the hook posted its request
+        time.sleep(0.02)
+    stop.answer_requests()
+    assert stop.drains and not stop.requested and request.acknowledged()
+    follower.join(0.5)  # acknowledged and up: it cannot return before the driver answers
+    assert follower.is_alive() and result == []
+    saved: list[int] = []
+    stop.between_iterations(5, first=1, save=saved.append)  # the boundary after iteration 5: no Preempted
+    assert saved == [5] and not stop.drains
+    follower.join(30)
+    assert result == [True] and not request.path.exists()
+
+
+def test_a_sigterm_at_the_boundary_saves_unless_a_checkpoint_holds_it_then_stops(tmp_path):
+    stop = _requests_watched(tmp_path)
+    stop.requested = True  # what the SIGTERM handler sets
+    saved: list[int] = []
+    with pytest.raises(Preempted) as raised:
+        stop.between_iterations(3, first=4, save=saved.append)  # stopped before this attempt's first iteration
+    assert raised.value.iteration == 3 and saved == []
+    with pytest.raises(Preempted):
+        stop.between_iterations(6, first=4, save=saved.append)
+    assert saved == [6]
+
+
+def test_a_request_nobody_takes_up_is_taken_down_and_a_stale_one_asks_nothing_of_a_later_run(tmp_path):
+    notice = StopNotice(tmp_path / "preempting.json")
+    request = drain_request(notice, "job-worker-0")
+    started = time.monotonic()  # no driver runs: the hook goes after looking for an answer
+    assert follow_stop(notice, 60, request=request, notice_wait_s=0.3, poll_s=0.05) is False
+    assert 0.3 <= time.monotonic() - started < 30 and not request.path.exists()
+    now = [1000.0]
+    StopNotice(request.path, clock=lambda: now[0]).post(10)  # left by a hook killed before it took it down
+    stop = _requests_watched(tmp_path)  # a later run's driver, past the request's time
+    stop.answer_requests()
+    assert not stop.drains and not request.acknowledged()

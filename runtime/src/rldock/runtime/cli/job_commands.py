@@ -159,9 +159,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_preempt(args: argparse.Namespace) -> int:
+    import socket
     from pathlib import Path
 
-    from rldock.runtime.driver.preemption import StopNotice, follow_stop, stop_drivers
+    from rldock.runtime.driver.preemption import StopNotice, drain_request, follow_stop, stop_drivers
 
     notice = StopNotice(Path(args.notice)) if args.notice else None
     if args.follow:
@@ -170,8 +171,9 @@ def run_preempt(args: argparse.Namespace) -> int:
                 f"rldock preempt: {cli.FOLLOW} needs {cli.NOTICE}, the file the head pod's hook posts", file=sys.stderr
             )
             return 2
-        followed = follow_stop(notice, args.timeout)
-        print(f"rldock preempt: {'followed the head' if followed else 'no stop under way'}")
+        # The pod's name is its hostname: its request to stop, should it be deleted alone (a drain)
+        followed = follow_stop(notice, args.timeout, request=drain_request(notice, socket.gethostname()))
+        print(f"rldock preempt: {'the driver stopped' if followed else 'no stop under way'}")
         return 0
     if notice is not None:
         try:

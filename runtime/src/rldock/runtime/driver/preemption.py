@@ -20,8 +20,17 @@ time as the head (a suspended or deleted RayCluster: Kueue's preemption, `spec.s
 must outlive the driver's stop. So the head's hook posts a notice on the storage every pod of the job
 shares while its drivers stop (`StopNotice`), and each worker pod's preStop hook (`rldock preempt
 --follow`, `follow_stop`) looks for it for `NOTICE_WAIT_S` and, when it is there, waits until it is
-taken down (the drivers exited) or runs out. A worker pod deleted alone sees no notice and goes after
-`NOTICE_WAIT_S`: its loss is a lost worker (the attempt restarts from the last checkpoint).
+taken down (the drivers exited) or runs out.
+
+A worker pod deleted alone (a node drained, an eviction) asks for a checkpoint: its hook posts a request
+in `drain-requests/<pod>.json` beside the notice (`drain_request`), which the driver watches
+(`StopRequest.install`). The driver acknowledges it, finishes the iteration under way on that worker,
+saves it and takes the request down (`StopRequest.between_iterations`); the hook keeps the worker's Ray
+node up until then. The run goes on and meets the lost worker as any lost worker (the runtime's restart
+under `--max-restarts`, else the operator's retry), resuming right after the saved iteration instead of
+the last periodic checkpoint. A request nobody acknowledges within `NOTICE_WAIT_S` (no driver runs) is
+taken down by its hook, and the pod goes; one past its `until` is ignored, so a stale one asks nothing
+of a later run.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from rldock.contract.runtime_cli import PROGRAM, TRAIN
+from rldock.contract.runtime_cli import DRAIN_REQUESTS_DIR, PROGRAM, TRAIN
 
 logger = logging.getLogger(__name__)
 
@@ -60,17 +69,67 @@ class Preempted(Exception):
 
 
 class StopRequest:
-    """Whether a SIGTERM asked the run to stop; `install` makes this process's SIGTERM set it."""
+    """Whether a SIGTERM asked the run to stop, and which worker pods being deleted asked for a checkpoint;
+    `install` makes this process's SIGTERM set the first and watches the requests' folder for the second
+    (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, poll_s: float = 1.0) -> None:
         self.requested = False
+        self.drains: list[StopNotice] = []  # the requests taken up and not answered yet
         self._previous: signal._HANDLER = signal.SIG_DFL
+        self._output_dir: Path | None = None
+        self._poll_s = poll_s
 
-    def install(self) -> None:
-        """Take SIGTERM from here on (after Ray's own handler is installed, which `ray.init` does).
-        Signal handlers live in the main thread only: elsewhere (a test's thread) nothing changes."""
+    def install(self, output_dir: Path | None = None) -> None:
+        """Take SIGTERM from here on (after Ray's own handler is installed, which `ray.init` does), and the
+        worker pods' requests in the run's `output_dir` (None: none). Signal handlers live in the main
+        thread only: elsewhere (a test's thread) SIGTERM is left as it was."""
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        if output_dir is not None:
+            self._output_dir = output_dir
+            threading.Thread(target=self._watch, name="drain-requests", daemon=True).start()
+
+    def between_iterations(self, done: int, *, first: int, save: Callable[[int], None]) -> None:
+        """At the boundary after iteration `done` (this attempt started at `first`): when a stop or a checkpoint
+        was asked, `done` is saved by `save` (unless the run's newest checkpoint holds it, or none ran yet);
+        then a stop raises `Preempted`, and the drained pods' requests are answered (taken down: their pods
+        go)."""
+        if not (self.requested or self.drains):
+            return
+        from rldock.runtime.checkpoint import latest_checkpoint  # torch: not in the pods' hooks, which import this
+
+        latest = latest_checkpoint(self._output_dir) if self._output_dir is not None else None
+        if done >= first and (latest is None or latest.iteration < done):
+            save(done)
+        for request in self._pending() if self.requested else self.drains:
+            request.take_down()
+        self.drains = []
+        if self.requested:
+            raise Preempted(done)
+
+    def _pending(self) -> list[StopNotice]:
+        requests = None if self._output_dir is None else self._output_dir / DRAIN_REQUESTS_DIR
+        if requests is None or not requests.is_dir():
+            return []
+        return [StopNotice(path) for path in sorted(requests.glob("*.json"))]
+
+    def answer_requests(self) -> None:
+        """Take up every request posted and not past its time: acknowledged, a checkpoint asked for."""
+        for request in self._pending():
+            if request.up() and not request.acknowledged():
+                request.acknowledge()
+                self.drains.append(request)
+                logger.warning(
+                    "%s is being deleted and asks for a checkpoint: the iteration under way finishes on it and "
+                    "is saved, then its pod goes",
+                    request.path.stem,
+                )
+
+    def _watch(self) -> None:
+        while True:
+            self.answer_requests()
+            time.sleep(self._poll_s)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:  # the second: stop now, as before the first
@@ -131,18 +190,33 @@ def _running(pid: int) -> bool:
 
 
 class StopNotice:
-    """The head's notice that its drivers are stopping (module docstring): a JSON file `{"until": t}` at
-    `path`, the time by which the hook gives up on them, so that a notice left by a hook killed before it
-    took it down holds nobody past that."""
+    """The head's notice that its drivers are stopping, or a worker pod's request that they stop (module
+    docstring): a JSON file `{"until": t}` at `path`, the time by which the hook gives up on them, so that
+    a notice left by a hook killed before it took it down holds nobody past that; a request the driver took
+    up says `"acknowledged": true` too."""
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path, self._clock = path, clock
 
     def post(self, timeout_s: float) -> None:
+        self._write({"until": self._clock() + timeout_s})
+
+    def _write(self, fields: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        partial.write_text(json.dumps({"until": self._clock() + timeout_s}))
+        partial.write_text(json.dumps(fields))
         partial.replace(self.path)  # whole or absent to a reader in another pod
+
+    def acknowledge(self) -> None:
+        """The driver took the request up (its until kept)."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # taken down meanwhile
+            self._write({**json.loads(self.path.read_text()), "acknowledged": True})
+
+    def acknowledged(self) -> bool:
+        try:
+            return bool(json.loads(self.path.read_text()).get("acknowledged"))
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def take_down(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -159,17 +233,37 @@ class StopNotice:
         return self._clock() < until
 
 
+def drain_request(notice: StopNotice, pod: str) -> StopNotice:
+    """The request a worker pod `pod` posts beside the head's `notice` (module docstring)."""
+    return StopNotice(notice.path.parent / DRAIN_REQUESTS_DIR / f"{pod}.json")
+
+
 def follow_stop(
-    notice: StopNotice, timeout_s: float, *, notice_wait_s: float = NOTICE_WAIT_S, poll_s: float = 0.5
+    notice: StopNotice,
+    timeout_s: float,
+    *,
+    request: StopNotice | None = None,
+    notice_wait_s: float = NOTICE_WAIT_S,
+    poll_s: float = 0.5,
 ) -> bool:
-    """A worker pod's preStop hook: look for the head's notice for `notice_wait_s`; once seen, wait while it
-    is up, at most `timeout_s` in all. Whether a notice was seen (a stop followed)."""
+    """A worker pod's preStop hook: post `request` (the pod's own ask to stop, None: none) and look for the
+    head's notice or the driver's acknowledgement for `notice_wait_s`; then wait while the notice is up or
+    the acknowledged request is (the driver takes it down once saved), at most `timeout_s` in all; the
+    request taken down on the way out. Whether a stop was followed."""
     started = time.monotonic()
-    seen = False
-    while True:
-        up = notice.up()
-        seen = seen or up
-        waited = time.monotonic() - started
-        if (not up and (seen or waited >= notice_wait_s)) or waited >= timeout_s:
-            return seen
-        time.sleep(poll_s)
+    seen = acknowledged = False
+    if request is not None:
+        request.post(timeout_s)
+    try:
+        while True:
+            up = notice.up()
+            seen = seen or up
+            acknowledged = acknowledged or (request is not None and request.acknowledged())
+            asked = acknowledged and request is not None and request.up()
+            waited = time.monotonic() - started
+            if waited >= timeout_s or not (up or asked or (not (seen or acknowledged) and waited < notice_wait_s)):
+                return seen or acknowledged
+            time.sleep(poll_s)
+    finally:
+        if request is not None:
+            request.take_down()

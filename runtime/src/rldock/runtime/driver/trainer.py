@@ -21,6 +21,7 @@ ready, which is what orders them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from rldock.runtime.driver.evaluation import val_metrics
 from rldock.runtime.driver.inputs import prepare_inputs
 from rldock.runtime.driver.iteration_hold import IterationHold
 from rldock.runtime.driver.mismatch_budget import MismatchBudget
-from rldock.runtime.driver.preemption import Preempted, StopRequest
+from rldock.runtime.driver.preemption import StopRequest
 from rldock.runtime.driver.prompt_ledger import PromptLedger
 from rldock.runtime.driver.records import (
     PLOT_FILE,
@@ -104,7 +105,7 @@ class Trainer:
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
-        self._stop = StopRequest()  # SIGTERM: the iteration under way, a checkpoint, then Preempted
+        self._stop = StopRequest()  # SIGTERM or a drained worker: the iteration under way, a checkpoint, Preempted
         self.ledger = PromptLedger()  # what became of each prompt group drawn (prompt_ledger.py)
 
     def _check_output_dir(self, resume: bool) -> None:
@@ -129,7 +130,7 @@ class Trainer:
                 self._report_progress(records[-1])
             return iteration_records(records)
         cluster.connect(self.cfg)
-        self._stop.install()  # after ray.init, which installs a SIGTERM handler of its own
+        self._stop.install(self.output_dir)  # after ray.init, which installs a SIGTERM handler of its own
         for number in range(self.max_restarts + 1):
             last = number == self.max_restarts
             try:
@@ -225,16 +226,14 @@ class Trainer:
         progress = progress_bar(
             total, start_iteration - 1, enabled=self.show_progress, desc=self.cfg.algorithm.name.upper()
         )
+        save = functools.partial(self._save_checkpoint, loop)  # a stop's or a drained worker's checkpoint
         failed, budget = True, MismatchBudget(self.cfg.monitoring, self.metrics.read(), loop.attempt.started().actors)
         try:
             if evaluate_at_start:
                 self._log(loop, {"iteration": 0, **self._evaluate(loop, 0)})
             for iteration in range(start_iteration, total + 1):
-                if self._stop.requested:  # SIGTERM: the iteration just done checkpointed (unless one holds it)
-                    latest = ckpt.latest_checkpoint(self.output_dir)
-                    if iteration > start_iteration and (latest is None or latest.iteration < iteration - 1):
-                        self._save_checkpoint(loop, iteration - 1)
-                    raise Preempted(iteration - 1)
+                # SIGTERM, or a worker pod being deleted: the iteration just done saved; SIGTERM then stops
+                self._stop.between_iterations(iteration - 1, first=start_iteration, save=save)
                 self._hold.wait_before(iteration)
                 record = self._run_iteration(loop, iteration)
                 if startup is not None:  # the first record this run writes
