@@ -76,6 +76,7 @@ class StopRequest:
     def __init__(self, *, poll_s: float = 1.0) -> None:
         self.requested = False
         self.drains: list[StopNotice] = []  # the requests taken up and not answered yet
+        self._drains_lock = threading.Lock()  # the watcher appends, the loop's boundary answers
         self._previous: signal._HANDLER = signal.SIG_DFL
         self._output_dir: Path | None = None
         self._poll_s = poll_s
@@ -95,16 +96,17 @@ class StopRequest:
         was asked, `done` is saved by `save` (unless the run's newest checkpoint holds it, or none ran yet);
         then a stop raises `Preempted`, and the drained pods' requests are answered (taken down: their pods
         go)."""
-        if not (self.requested or self.drains):
+        with self._drains_lock:  # a request taken up from here on waits for the next boundary
+            drains, self.drains = self.drains, []
+        if not (self.requested or drains):
             return
         from rldock.runtime.checkpoint import latest_checkpoint  # torch: not in the pods' hooks, which import this
 
         latest = latest_checkpoint(self._output_dir) if self._output_dir is not None else None
         if done >= first and (latest is None or latest.iteration < done):
             save(done)
-        for request in self._pending() if self.requested else self.drains:
+        for request in self._pending() if self.requested else drains:
             request.take_down()
-        self.drains = []
         if self.requested:
             raise Preempted(done)
 
@@ -119,7 +121,8 @@ class StopRequest:
         for request in self._pending():
             if request.up() and not request.acknowledged():
                 request.acknowledge()
-                self.drains.append(request)
+                with self._drains_lock:
+                    self.drains.append(request)
                 logger.warning(
                     "%s is being deleted and asks for a checkpoint: the iteration under way finishes on it and "
                     "is saved, then its pod goes",
