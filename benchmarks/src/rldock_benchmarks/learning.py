@@ -67,7 +67,9 @@ def run(config: str, output: Path, overrides: list[str]) -> dict:
 
 
 def read_records(output: Path) -> list[dict]:
-    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    """The run's iterations' records: not iteration 0, the initial policy's evaluation (evaluation.at_start)."""
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line]
+    return [record for record in records if record["iteration"] >= 1]
 
 
 def plot_curves(runs: dict[str, Path], title: str, path: Path) -> None:

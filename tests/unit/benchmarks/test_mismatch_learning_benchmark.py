@@ -61,3 +61,16 @@ def test_the_arms_a_config_refuses_are_named_with_the_reason():
     refused = refusals(str(REPO / "examples" / "grpo-tiny-moe.yaml"), list(ARMS), MEASURED)
     assert set(refused) == {arm for arm in ARMS if arm.startswith("async2/")}
     assert all("training.mode" in reason for reason in refused.values())
+
+
+def test_a_run_s_records_leave_out_the_initial_evaluation(tmp_path):
+    """evaluation.at_start logs iteration 0, the initial policy's evaluation, which has no reward_mean: the
+    summaries read iterations 1 on."""
+    import json
+
+    from rldock_benchmarks.learning import read_records
+
+    lines = [{"iteration": 0, "val/reward": 0.3}, *records([0.2, 0.4], **{"mismatch/kl": 1e-3})]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = arm_summary(read_records(tmp_path))
+    assert summary["curve"] == [0.2, 0.4] and summary["mismatch/kl"] == pytest.approx(1e-3)

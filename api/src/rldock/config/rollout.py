@@ -33,6 +33,13 @@ class RolloutSpec(Spec):
         "accelerator, float32 on CPU (vLLM on CPU runs bfloat16 and float32).",
     )
     enforce_eager: bool = Field(default=True, description="Skip graph capture/compilation in the engine.")
+    enable_prefix_caching: bool | None = Field(
+        default=None,
+        description="vLLM's automatic prefix caching: a prompt's KV computed once and reused by the requests that "
+        "share it (a group's N responses, a multi-turn episode's earlier turns). Unset: vLLM's default for the "
+        "device (on for CPU and GPU in vLLM 0.32). Off costs prefill compute; its share of the engine-trainer "
+        "logprob gap is measured in docs/evaluation.md.",
+    )
     gpu_memory_utilization: float = Field(
         default=0.5,
         gt=0,

@@ -247,6 +247,8 @@ class VllmRolloutEngine:
             enforce_eager=rollout.enforce_eager,
             disable_log_stats=True,
         )
+        if rollout.enable_prefix_caching is not None:  # unset: vLLM's own default for the device
+            engine_args.update(enable_prefix_caching=rollout.enable_prefix_caching)
         if tp > 1 and device.is_accelerator:  # the npu twin too: its workers get the replica's list
             _check_visible_devices(device, tp)
         if tp > 1:  # vLLM splits the weights over TP worker processes of its own ("ray" inside a
