@@ -22,7 +22,7 @@ TIMEOUT = "--timeout"
 NOTICE = "--notice"
 FOLLOW = "--follow"
 PREEMPT_NOTICE_FILE = "preempting.json"  # in the job's output folder, shared by every pod of the job
-# Beside it: a worker pod being deleted alone asks the driver to stop there, in a file named after the pod.
+# Beside it: a worker pod being deleted alone asks the driver for a checkpoint there, in a file named after it.
 DRAIN_REQUESTS_DIR = "drain-requests"
 VALIDATE = "validate"
 OUTPUT = "--output"

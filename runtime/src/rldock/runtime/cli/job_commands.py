@@ -171,9 +171,9 @@ def run_preempt(args: argparse.Namespace) -> int:
                 f"rldock preempt: {cli.FOLLOW} needs {cli.NOTICE}, the file the head pod's hook posts", file=sys.stderr
             )
             return 2
-        # The pod's name is its hostname: its request to stop, should it be deleted alone (a drain)
+        # The pod's name is its hostname: its request for a checkpoint, should it be deleted alone (a drain)
         followed = follow_stop(notice, args.timeout, request=drain_request(notice, socket.gethostname()))
-        print(f"rldock preempt: {'the driver stopped' if followed else 'no stop under way'}")
+        print(f"rldock preempt: {'followed the driver' if followed else 'no driver answered'}")
         return 0
     if notice is not None:
         try:

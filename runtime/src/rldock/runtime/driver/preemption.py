@@ -193,7 +193,7 @@ def _running(pid: int) -> bool:
 
 
 class StopNotice:
-    """The head's notice that its drivers are stopping, or a worker pod's request that they stop (module
+    """The head's notice that its drivers are stopping, or a worker pod's request for a checkpoint (module
     docstring): a JSON file `{"until": t}` at `path`, the time by which the hook gives up on them, so that
     a notice left by a hook killed before it took it down holds nobody past that; a request the driver took
     up says `"acknowledged": true` too."""
@@ -249,7 +249,7 @@ def follow_stop(
     notice_wait_s: float = NOTICE_WAIT_S,
     poll_s: float = 0.5,
 ) -> bool:
-    """A worker pod's preStop hook: post `request` (the pod's own ask to stop, None: none) and look for the
+    """A worker pod's preStop hook: post `request` (the pod's ask for a checkpoint, None: none) and look for the
     head's notice or the driver's acknowledgement for `notice_wait_s`; then wait while the notice is up or
     the acknowledged request is (the driver takes it down once saved), at most `timeout_s` in all; the
     request taken down on the way out. Whether a stop was followed."""

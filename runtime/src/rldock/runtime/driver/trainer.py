@@ -105,7 +105,7 @@ class Trainer:
         self._last_evaluation: dict | None = None  # the newest record holding val/ metrics
         self._hold = IterationHold.from_environ()  # test tooling: a no-op unless RLDOCK_TEST_HOLD_FILE is set
         self._utilisation: UtilisationInputs | None = None  # the mfu/ metrics' inputs, found once per run
-        self._stop = StopRequest()  # SIGTERM or a drained worker: the iteration under way, a checkpoint, Preempted
+        self._stop = StopRequest()  # the iteration under way saved for SIGTERM (then Preempted) or a drained worker
         self.ledger = PromptLedger()  # what became of each prompt group drawn (prompt_ledger.py)
 
     def _check_output_dir(self, resume: bool) -> None:
