@@ -265,7 +265,8 @@ def test_a_full_replica_makes_a_reset_wait_for_a_place_not_fail(tmp_path):
 
 def test_rldock_in_a_command_is_the_trainers_own_without_an_activated_venv(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # as `.venv/bin/rldock train ...` from a plain shell
-    servers = EnvironmentServersSpec(command=["rldock", "env", "serve", COUNTING, "--port", "{port}"])
+    # the bound socket handed down ({listen_fd}): a free port probed, then bound by the server, can be taken between
+    servers = EnvironmentServersSpec(command=["rldock", "env", "serve", COUNTING, "--listen-fd", "{listen_fd}"])
     local = LocalServers(servers, field="agent.environment", log_dir=tmp_path)
     try:
         (url,) = local.start()

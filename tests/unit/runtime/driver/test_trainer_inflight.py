@@ -162,7 +162,7 @@ def test_a_dock_actor_dying_under_the_driver_restarts_within_the_budget(
     trainer.output_dir, trainer.metrics, trainer.show_progress = tmp_path, MetricsLog(tmp_path), False
     trainer.max_restarts, trainer.resume_from = max_restarts, None
     trainer._stop = StopRequest()  # not installed: this process keeps its own SIGTERM handling
-    monkeypatch.setattr(trainer._stop, "install", lambda: None)
+    monkeypatch.setattr(trainer._stop, "install", lambda *args: None)
     trainer._utilisation = object()  # the mfu/ inputs, as if measured on an earlier attempt: no actor here
     trainer.inputs = SimpleNamespace(feed=Feed(None, PromptSampler(8, seed=0), None, None, "prompt_groups"))
     docks: list[TransferDock] = []
