@@ -127,3 +127,24 @@ def test_a_tiny_model_still_to_be_built_is_checked_with_the_builders_shapes(tmp_
         load_job_config(config_file)
     (problem,) = caught.value.problems
     assert problem.path == "training.tensor_parallel_size" and "num_key_value_heads (2)" in problem.message
+
+
+@pytest.mark.parametrize(("strategy", "refused"), [("ddp", True), ("fsdp", False)])
+def test_tp_on_a_moe_model_runs_under_fsdp_only(tmp_path, demo_data, strategy, refused):
+    """Qwen3-MoE's TP plan splits its attention only, its experts are EP's: built and run under FSDP, not in
+    the TP layout."""
+    model = tmp_path / "model"
+    model.mkdir()
+    shape = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "num_experts": 4}
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", **shape}))
+    demo_data["model"] = {"path": str(model)}
+    demo_data["training"].update(data_parallel_size=1, tensor_parallel_size=2, strategy=strategy)
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(yaml.safe_dump(demo_data))
+    if not refused:
+        assert load_job_config(config_file).training.tensor_parallel_size == 2
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_job_config(config_file)
+    (problem,) = caught.value.problems
+    assert problem.path == "training.tensor_parallel_size" and "strategy fsdp only" in problem.message

@@ -319,6 +319,12 @@ def _model_problems(cfg: JobConfig, model_dir: Path) -> list[Problem]:
             intermediate_size=config.get("intermediate_size") if plan is None or plan.splits_mlp else None,
             field="training.tensor_parallel_size",
         )
+        if tp > 1 and plan is not None and not plan.splits_mlp and cfg.training.strategy != "fsdp":
+            raise ValueError(
+                f"training.tensor_parallel_size={tp} on a mixture-of-experts model ({config.get('model_type')}) runs "
+                "under strategy fsdp only: its experts are expert parallelism's, beside TP's split of the attention, "
+                "and the TP layout (strategy ddp) has not run with them; set training.strategy: fsdp"
+            )
     except ValueError as error:
         problems.append(Problem("training.tensor_parallel_size", str(error)))
     try:  # vLLM splits heads and the MLP with its own plans: only even shapes are ours to check
