@@ -41,7 +41,7 @@ def test_impossible_layouts_name_the_field(demo_data, training, algorithm, says)
 def test_more_ranks_than_devices_names_the_cp_size(demo_data):
     demo_data["training"]["context_parallel_size"] = 8  # DP 2 x CP 8 = 16 ranks on 8 devices
     assert problem_paths(demo_data) == [FIELD]
-    assert "context_parallel_size x tensor_parallel_size = 16 actor ranks" in problem_messages(demo_data, FIELD)[0]
+    assert "data_parallel_size x context_parallel_size = 16 actor ranks" in problem_messages(demo_data, FIELD)[0]
 
 
 @pytest.mark.parametrize(("cp", "refused"), [(2, False), (4, True)])

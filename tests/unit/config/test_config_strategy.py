@@ -100,3 +100,27 @@ def test_hsdp_replicas_tile_the_data_parallel_ranks_under_fsdp(demo_data):
         bad = {**demo_data, "training": {**demo_data["training"], **training}}
         assert problem_paths(bad) == ["training.data_parallel_replicate_size"], training
         assert says in problem_messages(bad, "training.data_parallel_replicate_size")[0]
+
+
+def test_pipeline_stages_run_under_fsdp_with_or_without_tp_and_add_ranks(demo_data):
+    from rldock.config.job_layout import job_layout
+
+    demo_data["training"].update(
+        strategy="fsdp", data_parallel_size=1, pipeline_parallel_size=2, tensor_parallel_size=2
+    )
+    demo_data["resources"]["devices_per_node"] = 4
+    cfg = parse_job_config(demo_data)
+    assert job_layout(cfg).num_actor_ranks == 4  # pp 2 x dp 1 x tp 2
+    for training, says in (
+        ({"strategy": "ddp", "tensor_parallel_size": 1}, "runs under strategy fsdp"),
+        ({"context_parallel_size": 2, "tensor_parallel_size": 1}, "beside context_parallel_size: not built yet"),
+    ):
+        bad = {**demo_data, "training": {**demo_data["training"], **training}}
+        assert problem_paths(bad) == ["training.pipeline_parallel_size"], training
+        assert says in problem_messages(bad, "training.pipeline_parallel_size")[0]
+    ppo = {**demo_data, "algorithm": {**demo_data["algorithm"], "name": "ppo"}}
+    assert "with ppo: not built yet" in problem_messages(ppo, "training.pipeline_parallel_size")[0]
+    # the stages' ranks are counted against the devices
+    demo_data["resources"]["devices_per_node"] = 2
+    says = problem_messages(demo_data, "training.pipeline_parallel_size")
+    assert "pipeline_parallel_size x data_parallel_size x tensor_parallel_size = 4 actor ranks" in says[0]

@@ -42,6 +42,7 @@ def job_layout(cfg: JobConfig, *, groups: Sequence[DeviceGroup] | None = None) -
         tp=training.tensor_parallel_size,
         cp=training.context_parallel_size,
         ep=training.expert_parallel_size,
+        pp=training.pipeline_parallel_size,
         generation_tp=cfg.rollout.tensor_parallel_size,
         num_nodes=resources.num_nodes,
         devices_per_node=resources.devices_per_node,

@@ -66,19 +66,16 @@ def find_problems(cfg: JobConfig) -> list[Problem]:
     layout = job_layout(cfg)
     ranks = layout.num_actor_ranks  # one device each
     if ranks > layout.num_devices:
-        what = (
-            f"{dp} ranks"
-            if ranks == dp
-            else f"data_parallel_size x context_parallel_size x tensor_parallel_size = {ranks} actor ranks"
-        )
-        field = "training.data_parallel_size"
-        if ranks != dp:
-            field = "training.tensor_parallel_size" if layout.tp > 1 else "training.context_parallel_size"
+        sizes = {"pipeline": layout.pp, "data": dp, "context": layout.cp, "tensor": layout.tp}
+        named = [f"{kind}_parallel_size" for kind, size in sizes.items() if size > 1 or kind == "data"]
+        what = f"{dp} ranks" if ranks == dp else f"{' x '.join(named)} = {ranks} actor ranks"
+        # the largest dimension besides DP is the one to name, where there is one
+        field = "training." + max(named, key=lambda name: (name != "data_parallel_size", sizes[name.split("_")[0]]))
         problems.append(
             Problem(
                 field,
                 f"{what} need {ranks} devices but resources give {layout.num_nodes} node(s) x "
-                f"{layout.devices_per_node} = {layout.num_devices}; lower the DP, CP or TP size or add devices",
+                f"{layout.devices_per_node} = {layout.num_devices}; lower the DP, PP, CP or TP size or add devices",
             )
         )
     problems.extend(_extra_worker_problems(cfg))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from rldock.config.job_layout import job_layout
+from rldock.config.parallel_problems import parallel_problems
 from rldock.config.problem import Problem
 from rldock.config.section import MAX_NAME_LENGTH, Spec
 from rldock.contract.context_parallel import ContextParallelMode
@@ -156,6 +157,18 @@ class TrainingSpec(Spec):
         "rank reads the group's samples from the dock and shares them), the policy's, the reference's and the "
         "critic's passes under the context_parallel_mode (docs/scaling.md, section 9).",
     )
+    pipeline_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="PP: pipeline stages the decoder layers split into (as evenly as the count allows, the spare "
+        "layers on the first stages), each on its own ranks: the actor runs pipeline_parallel_size x "
+        "data_parallel_size x context_parallel_size x tensor_parallel_size ranks. The update runs its micro-batches "
+        "on a 1F1B schedule (its idle share is (stages - 1) / (micro-batches + stages - 1): more micro-batches per "
+        "mini-batch, a smaller bubble); the old-logprob pass streams its passes through the stages. Needs "
+        "strategy fsdp (each stage sharded over its data-parallel ranks) and a dense model; composes with "
+        "tensor_parallel_size (docs/scaling.md, pipeline parallelism).",
+    )
     context_parallel_mode: ContextParallelMode = Field(
         default="ulysses",
         description="How the CP ranks attend over the whole sequence. `ulysses`: an all-to-all gives each rank "
@@ -209,7 +222,7 @@ def problems(cfg: JobConfig) -> list[Problem]:
     return [
         *_resharding_problems(cfg),
         *_strategy_problems(cfg),
-        *_context_parallel_problems(cfg),
+        *parallel_problems(cfg),
         *_micro_batch_problems(cfg),
     ]
 
@@ -279,82 +292,12 @@ def _micro_batch_problems(cfg: JobConfig) -> list[Problem]:
     return []
 
 
-def _context_parallel_problems(cfg: JobConfig) -> list[Problem]:
-    """CP (training.context_parallel_size, Ulysses or ring): each CP rank computes a slice of every
-    sequence's positions, inside FSDP's data-parallel dimension (its gradient sum over CP is FSDP's
-    reduction), over a TP rank's heads where TP splits the layers; Ulysses' heads' divisibility needs the
-    model (`_model_problems`)."""
-    training, algo = cfg.training, cfg.algorithm
-    cp, field = training.context_parallel_size, "training.context_parallel_size"
-    if cp == 1:
-        return []
-    problems: list[Problem] = []
-    if training.strategy != "fsdp":
-        problems.append(
-            Problem(
-                field,
-                f"{cp} runs under strategy fsdp, which shards over data_parallel_size x context_parallel_size ranks "
-                "and sums each CP group's gradient shares; set training.strategy: fsdp",
-            )
-        )
-    sequence = algo.max_prompt_length + algo.max_response_length
-    if sequence < cp:
-        problems.append(
-            Problem(
-                field,
-                f"{cp} CP ranks each compute a slice of a sequence, but sequences hold at most "
-                f"max_prompt_length + max_response_length = {sequence} tokens; use a context_parallel_size "
-                f"of at most {sequence}",
-            )
-        )
-    return problems
-
-
-def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
-    """EP splits the experts over groups of the dp x cp sequence ranks whose other weights FSDP shards
-    (runtime engines/expert_parallel.py, the layout in rldock.contract.layout): the groups must tile
-    those ranks, and only the FSDP layout composes with them so far."""
-    layout, field = job_layout(cfg), "training.expert_parallel_size"
-    if layout.ep == 1:
-        return []
-    problems = []
-    if not layout.experts_divide:
-        ranks = layout.num_sequence_ranks
-        problems.append(
-            Problem(
-                field,
-                f"{layout.ep} must divide the {ranks} sequence ranks, data_parallel_size {layout.dp} x "
-                f"context_parallel_size {layout.cp} (EP groups are carved out of them); use a divisor of {ranks}",
-            )
-        )
-    if cfg.training.strategy != "fsdp":
-        problems.append(
-            Problem(field, f"{layout.ep} needs training.strategy fsdp (experts sharded beside FSDP's shards); set it")
-        )
-    return problems
-
-
-def _replica_problems(training: TrainingSpec) -> list[Problem]:
-    """HSDP (training.data_parallel_replicate_size): replicas of FSDP-sharded ranks, which tile the data-parallel
-    ranks; experts (EP's own FSDP over their expert-data-parallel ranks) have not run beside them."""
-    replicas, dp = training.data_parallel_replicate_size, training.data_parallel_size
-    why = (
-        (training.strategy != "fsdp", "replicas of FSDP shards need training.strategy fsdp; set it, or 1"),
-        (dp % replicas > 0, f"must divide data_parallel_size {dp} (each replica holds as many ranks); use a divisor"),
-        (training.expert_parallel_size > 1, "beside expert_parallel_size: not built yet; use one of the two"),
-    )
-    bad = [f"{replicas} {says}" for failed, says in why if failed and replicas > 1][:1]
-    return [Problem("training.data_parallel_replicate_size", message) for message in bad]
-
-
 def _strategy_problems(cfg: JobConfig) -> list[Problem]:
     """FSDP and its options: FSDP shards the model over the DP ranks, TP's shards where TP splits the layers
     (beside expert parallelism too: each TP rank's sequence ranks hold the experts); offload and mixed
     precision are FSDP2 policies, and mixed precision keeps float32 master weights."""
     training = cfg.training
     problems: list[Problem] = []
-    problems += _expert_parallel_problems(cfg)
-    problems += _replica_problems(training)
     if training.strategy == "fsdp":
         # Combinations that have not been built or run with sharded parameters yet.
         for field, value, why in (

@@ -4,8 +4,9 @@ Everything that asks "how many" of a job reads one `JobLayout`: the config check
 (rldock.config.problems), the worker-state specs and the trainer (rldock.runtime.flow.states, trainer),
 the thread budget and the memory planner. Nobody multiplies the parallel sizes again.
 
-- actor ranks: data_parallel_size x context_parallel_size x tensor_parallel_size, one device each
-  (a data-parallel rank's CP ranks share its samples, each computing a slice of every sequence);
+- actor ranks: pipeline_parallel_size x data_parallel_size x context_parallel_size x tensor_parallel_size,
+  one device each (a data-parallel rank's CP ranks share its samples, each computing a slice of every
+  sequence; its stages each run their layers of every pass);
 - expert parallelism: `ep` of the dp x cp sequence ranks split an MoE model's experts (EP groups of
   consecutive sequence ranks, CP innermost: at ep = cp an EP group is a CP group, at ep = k cp it spans
   k of them, at cp = k ep it lies inside one), dp x cp / ep ranks hold the same experts (the
@@ -57,6 +58,7 @@ class JobLayout:
     tp: int = 1  # training.tensor_parallel_size
     cp: int = 1  # training.context_parallel_size
     ep: int = 1  # training.expert_parallel_size: sequence ranks (dp x cp) that split the experts
+    pp: int = 1  # training.pipeline_parallel_size: stages, each of dp x cp x tp ranks
     generation_tp: int = 1  # rollout.tensor_parallel_size: actor ranks per generation replica
     num_nodes: int = 1
     devices_per_node: int = 1
@@ -65,7 +67,8 @@ class JobLayout:
     groups: tuple[DeviceGroup, ...] = ()  # the device worker groups besides the actor's
 
     def __post_init__(self) -> None:
-        sizes = {"dp": self.dp, "tp": self.tp, "cp": self.cp, "ep": self.ep, "generation_tp": self.generation_tp}
+        sizes = {"dp": self.dp, "tp": self.tp, "cp": self.cp, "ep": self.ep, "pp": self.pp}
+        sizes["generation_tp"] = self.generation_tp
         sizes |= {"num_nodes": self.num_nodes, "devices_per_node": self.devices_per_node}
         small = [f"{name}={value}" for name, value in sizes.items() if value < 1]
         if small:
@@ -73,8 +76,9 @@ class JobLayout:
 
     @property
     def num_actor_ranks(self) -> int:
-        """Actor ranks: every data-parallel rank's context- and tensor-parallel peers, one device each."""
-        return self.dp * self.cp * self.tp
+        """Actor ranks: every data-parallel rank's context- and tensor-parallel peers in every pipeline stage,
+        one device each."""
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def num_sequence_ranks(self) -> int:

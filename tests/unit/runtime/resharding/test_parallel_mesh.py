@@ -27,6 +27,22 @@ def test_the_groups_of_a_dp2_cp2_tp2_mesh():
     assert shape.rank_groups("edp") == [[0, 4], [2, 6], [1, 5], [3, 7]]
     assert shape.rank_groups("dp_replicate") == [[rank] for rank in range(8)]  # one replica
     assert shape.rank_groups("dp_shard_cp") == shape.rank_groups("dp_cp")
+    assert shape.rank_groups("pp") == [[rank] for rank in range(8)]  # one stage
+    assert shape.rank_groups("pp_cp_tp") == shape.rank_groups("cp_tp")
+
+
+def test_pipeline_stages_are_blocks_of_ranks_and_every_other_dimension_lies_in_one():
+    shape = MeshShape(pp=2, dp=2, tp=2)  # rank = (p * dp + d) * tp + t: stage 0 is ranks 0-3
+    assert shape.world == 8 and shape.stage_world == 4
+    assert shape.rank_groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert shape.rank_groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert shape.rank_groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    # a data-parallel rank's rows: its TP pair in each stage
+    assert shape.rank_groups("pp_cp_tp") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    stages = [set(range(4)), set(range(4, 8))]
+    for dimension in DIMENSIONS:
+        if "pp" not in dimension:
+            assert all(any(set(g) <= stage for stage in stages) for g in shape.rank_groups(dimension)), dimension
 
 
 def test_hsdp_replicates_over_replicas_and_shards_within_one():
@@ -46,6 +62,8 @@ def test_hsdp_replicates_over_replicas_and_shards_within_one():
         MeshShape(dp=3, cp=2, tp=2, ep=3),
         MeshShape(dp=1, tp=4),
         MeshShape(dp=4, cp=2, tp=2, replicate=2),
+        MeshShape(pp=2, dp=2, cp=2, ep=2),
+        MeshShape(pp=4, dp=1, tp=2),
     ],
     ids=str,
 )
@@ -74,10 +92,10 @@ def test_a_shape_refuses_what_does_not_tile():
         MeshShape(dp=2, cp=2, ep=3)
     with pytest.raises(ValueError, match="at least 1"):
         MeshShape(dp=0)
-    with pytest.raises(ValueError, match="no mesh dimension 'pp'"):
-        MeshShape(dp=2).rank_groups("pp")
-    with pytest.raises(ValueError, match="no mesh dimension 'pp'"):
-        MeshShape(dp=2).size("pp")
+    with pytest.raises(ValueError, match="no mesh dimension 'vp'"):
+        MeshShape(dp=2).rank_groups("vp")
+    with pytest.raises(ValueError, match="no mesh dimension 'vp'"):
+        MeshShape(dp=2).size("vp")
 
 
 SHAPES = (
@@ -85,6 +103,7 @@ SHAPES = (
     MeshShape(dp=2, tp=2),
     MeshShape(dp=1, cp=4, ep=4),
     MeshShape(dp=2, cp=2, replicate=2),
+    MeshShape(pp=2, dp=1, tp=2),
 )
 
 
@@ -131,7 +150,7 @@ def test_on_gloo_ranks_each_rank_has_its_groups_with_the_job_s_timeout():
             # the dimensions of size 1 have no group: nothing to reduce over
             assert set(groups) == {d for d in DIMENSIONS if shape.size(d) > 1 and d in _used(shape)}, key
     # The EP view: the rank's shard (its place in its EP group) and its expert-data-parallel mesh's size.
-    ep2, tp2, ep4, hsdp = (str(shape) for shape in SHAPES)
+    ep2, tp2, ep4, hsdp, _ = (str(shape) for shape in SHAPES)
     assert [r[ep2]["ep_view"] for r in ranks] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     assert [r[ep4]["ep_view"] for r in ranks] == [(0, 1), (1, 1), (2, 1), (3, 1)]
     assert all(r[tp2]["ep_view"] is None for r in ranks)
@@ -141,4 +160,4 @@ def test_on_gloo_ranks_each_rank_has_its_groups_with_the_job_s_timeout():
 
 def _used(shape: MeshShape) -> set[str]:
     hsdp = {"dp_replicate", "dp_shard_cp"} if shape.replicate > 1 else {"dp_shard_cp"}
-    return {"tp", "cp", "dp", "cp_tp", "dp_cp"} | hsdp | ({"ep", "edp"} if shape.ep > 1 else set())
+    return {"tp", "cp", "dp", "cp_tp", "dp_cp", "pp", "pp_cp_tp"} | hsdp | ({"ep", "edp"} if shape.ep > 1 else set())

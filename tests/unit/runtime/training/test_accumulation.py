@@ -132,6 +132,7 @@ class _RecordingBackend:
     """A test double of the backend's step half: records the loop's calls."""
 
     def __init__(self, model: torch.nn.Module):
+        self.model = model
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         self.calls: list[str] = []
 

@@ -112,8 +112,17 @@ def full_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float, *, experts: ExpertMesh | None = None) -> float:
+def clip_grad_norm(
+    model: nn.Module,
+    max_norm: float,
+    *,
+    experts: ExpertMesh | None = None,
+    stages: dist.ProcessGroup | None = None,
+    counted_elsewhere: frozenset[int] | set[int] = frozenset(),
+) -> float:
     """Clip the sharded gradients by the global norm (over all ranks' shards); returns the norm.
+    `stages`: the pipeline group, whose ranks hold the other stages' layers: their squares add up;
+    `counted_elsewhere`: parameters (ids) clipped here but counted by another stage (a tied copy).
 
     The gradients live on more than one mesh when the layout composes: under TP the split layers' on the
     (sequence ranks, tp) mesh, the rest on the sequence ranks; under expert parallelism the experts' on
@@ -129,17 +138,22 @@ def clip_grad_norm(model: nn.Module, max_norm: float, *, experts: ExpertMesh | N
         if id(param) not in expert_ids:
             grad = param.grad
             by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(param)
-    if len(by_mesh) <= 1 and not has_experts:
+    if len(by_mesh) <= 1 and not has_experts and stages is None:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     parts = list(by_mesh.values())
-    squares = [_squared_norm(part) for part in parts]
+    squares = [_squared_norm([p for p in part if id(p) not in counted_elsewhere]) for part in parts]
     if has_experts:  # every rank of the EP group joins the sum, whether it holds expert gradients or not
         assert experts is not None
         parts.append([p for p in params if id(p) in expert_ids])
         squares.append(_squared_norm(parts[-1]))
         dist.all_reduce(squares[-1], group=experts.sharding.group)
-    total = torch.stack([square.cpu() for square in squares]).sum().sqrt()
+    total = torch.stack([square.cpu() for square in squares]).sum()
+    if stages is not None:  # on the device: HCCL and NCCL reduce no host tensor
+        on_device = total.to(params[0].grad.device if params and params[0].grad is not None else "cpu")
+        dist.all_reduce(on_device, group=stages)
+        total = on_device.cpu()
+    total = total.sqrt()
     for part in parts:
         torch.nn.utils.clip_grads_with_norm_(part, max_norm, total.float())
     return float(total)

@@ -17,6 +17,10 @@ holds float32 logits of the whole (b, L, V), prompt included (docs/scaling.md, "
 With `trim` and a model whose attention takes a 4D mask (`packing.packs_sequences`), a pass is one
 packed sequence instead of padded rows: each prompt once, its responses after it, no padding
 (engines/packing.py); the numbers are the row layout's up to float reassociation.
+
+Under pipeline parallelism (models/pipeline_stage.py) every stage runs the same passes over the same rows,
+each through its own layers; only the last stage has the head, so only it scores: the others' logprobs
+are zeros, and the pass that reads the rows is the last stage's (training/context_parallel.py).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from rldock.runtime.engines.packing import (
 from rldock.runtime.engines.ulysses import local_positions, pass_mask, shard_forward
 from rldock.runtime.models.context_group import context_group, sum_over_group
 from rldock.runtime.models.pass_cells import PassCells, PassListener
+from rldock.runtime.models.pipeline_stage import pipeline_links
 from rldock.runtime.models.routing_replay import packed_pass_cells, padded_pass_cells
 
 
@@ -286,7 +291,8 @@ def _scored_hidden(
     no_logits = torch.empty(0, dtype=torch.int64, device=prompt_ids.device)
     group = context_group(model)
     row_width = prompt_ids.shape[1] + response_ids.shape[1]  # the token grid's PL + SL
-    dtype = output_head(model).weight.dtype
+    stage = pipeline_links(model)
+    dtype = output_head(model).weight.dtype if stage is None else stage.dtype  # a stage may have no head
 
     def last_hidden(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor) -> Tensor:
         outputs = model(
@@ -386,7 +392,9 @@ def _score_passes(
         max_tokens=max_tokens,
         prompt_ids=packing,
     )
-    head = output_head(model)
+    stage = pipeline_links(model)
+    scores = stage is None or stage.last  # a stage before the last passes its states on (module docstring)
+    head = output_head(model) if scores else None
     group = context_group(model)
     cp = 1 if group is None else torch.distributed.get_world_size(group)
     logprob_chunks, entropy_chunks = [], []
@@ -394,6 +402,10 @@ def _score_passes(
         model, prompt_ids, prompt_mask, response_ids, attention, plans, packed=packing is not None, routes=routes
     ):
         end = plan.response_end
+        if head is None:
+            logprob_chunks.append(hidden.new_zeros((len(plan.rows), end), dtype=torch.float32))
+            entropy_chunks.append(logprob_chunks[-1])
+            continue
         scored = response_mask[plan.rows, :end].bool()  # (b, end)
         here = scored if owned is None else scored & owned  # the scored states this rank computed
         if tally is not None:

@@ -3,17 +3,22 @@ resharding use comes from `ParallelMesh`, one world DeviceMesh made once per gro
 its dimensions named and its groups given the job's collective timeout (DEFAULT_GROUP_TIMEOUT_S; the
 groups torch makes for a mesh's dimensions otherwise wait torch's default 30 minutes).
 
-Ranks: the group's world is dp x cp x tp ranks, TP innermost, then CP (torchtitan's `ParallelDims` order):
-rank = (d cp + c) tp + t for data-parallel rank d, CP rank c and TP rank t. So a TP group is tp
-consecutive ranks (the links a TP matmul's every layer crosses are the shortest), and a data-parallel
-rank's CP ranks are consecutive too (at tp 1).
+Ranks: the group's world is pp x dp x cp x tp ranks, TP innermost, then CP, PP outermost (torchtitan's
+`ParallelDims` order): rank = ((p dp + d) cp + c) tp + t for pipeline stage p, data-parallel rank d, CP
+rank c and TP rank t. So a TP group is tp consecutive ranks (the links a TP matmul's every layer crosses
+are the shortest), a data-parallel rank's CP ranks are consecutive too (at tp 1), and a stage's ranks are
+a block of dp x cp x tp (a stage's FSDP gathers stay inside it; only activations cross stages).
 
-The dimensions (`MeshShape.rank_groups` lists every group of each; a rank belongs to one of each):
+The dimensions (`MeshShape.rank_groups` lists every group of each; a rank belongs to one of each). Every
+dimension but the two with `pp` in their name lies inside one pipeline stage:
+- `pp`: the ranks of one (d, c, t), one per stage: the pipeline's activations and their gradients
+  (training/pipeline.py);
+- `pp_cp_tp`: the pp x cp x tp ranks of one d, which hold a data-parallel rank's rows (its last stage's
+  first rank reads them from the dock and shares them with the rest: the last stage scores them);
 - `tp`: the ranks of one (d, c): a TP plan's DTensors and its per-head gradient sums;
 - `cp`: the ranks of one (d, t): context-parallel attention and its gradient sums;
 - `dp`: the ranks of one (c, t): the TP layout's gradient averaging;
-- `cp_tp`: the cp x tp ranks of one d, which hold a data-parallel rank's rows (its first rank reads them
-  from the dock and shares them with the rest);
+- `cp_tp`: the cp x tp ranks of one d in one stage;
 - `dp_cp`, the sequence ranks: the dp x cp ranks of one t, what FSDP shards over (CP sits inside data
   parallelism: a CP group's ranks hold distinct positions of the same rows);
 - `fsdp`, what FSDP2 shards over: the sequence ranks, or under HSDP (`replicate` > 1: the data-parallel
@@ -37,23 +42,25 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-DIMENSIONS = ("tp", "cp", "dp", "cp_tp", "dp_cp", "dp_replicate", "dp_shard_cp", "ep", "edp")
+DIMENSIONS = ("tp", "cp", "dp", "cp_tp", "dp_cp", "dp_replicate", "dp_shard_cp", "ep", "edp", "pp", "pp_cp_tp")
 DEFAULT_GROUP_TIMEOUT_S = 300.0  # joining a group and each collective
 
 
 @dataclass(frozen=True)
 class MeshShape:
-    """The sizes of a training group's mesh: dp x cp x tp ranks, ep of the dp x cp sequence ranks
-    splitting the experts, the dp ranks in `replicate` replicas that FSDP shards the model within (HSDP)."""
+    """The sizes of a training group's mesh: pp stages of dp x cp x tp ranks, ep of a stage's dp x cp
+    sequence ranks splitting the experts, the dp ranks in `replicate` replicas that FSDP shards the model
+    within (HSDP)."""
 
     dp: int
     cp: int = 1
     tp: int = 1
     ep: int = 1
     replicate: int = 1
+    pp: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.dp, self.cp, self.tp, self.ep, self.replicate) < 1:
+        if min(self.dp, self.cp, self.tp, self.ep, self.replicate, self.pp) < 1:
             raise ValueError(f"mesh sizes are at least 1, got {self}")
         if (self.dp * self.cp) % self.ep:
             raise ValueError(f"the EP size {self.ep} must divide the {self.dp * self.cp} sequence ranks (dp x cp)")
@@ -61,8 +68,13 @@ class MeshShape:
             raise ValueError(f"the {self.replicate} replicas must divide the {self.dp} data-parallel ranks")
 
     @property
-    def world(self) -> int:
+    def stage_world(self) -> int:
+        """The ranks of one pipeline stage: dp x cp x tp."""
         return self.dp * self.cp * self.tp
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.stage_world
 
     def size(self, dimension: str) -> int:
         """How many ranks each group of `dimension` holds."""
@@ -77,13 +89,27 @@ class MeshShape:
             "dp_shard_cp": sequence // self.replicate,
             "ep": self.ep,
             "edp": sequence // self.ep,
+            "pp": self.pp,
+            "pp_cp_tp": self.pp * self.cp * self.tp,
         }
         if dimension not in sizes:
             raise ValueError(f"no mesh dimension {dimension!r}; one of {', '.join(DIMENSIONS)}")
         return sizes[dimension]
 
     def rank_groups(self, dimension: str) -> list[list[int]]:
-        """Every group of `dimension` as its ranks, in a fixed order (module docstring)."""
+        """Every group of `dimension` as its ranks, in a fixed order (module docstring): stage by stage for the
+        dimensions inside a stage."""
+        stage = self.stage_world
+        if dimension == "pp":
+            return [[p * stage + r for p in range(self.pp)] for r in range(stage)]
+        if dimension == "pp_cp_tp":
+            shared = self.cp * self.tp  # a data-parallel rank's ranks in one stage, consecutive
+            return [[p * stage + d * shared + r for p in range(self.pp) for r in range(shared)] for d in range(self.dp)]
+        inside = self._stage_groups(dimension)
+        return [[p * stage + r for r in group] for p in range(self.pp) for group in inside]
+
+    def _stage_groups(self, dimension: str) -> list[list[int]]:
+        """The groups of `dimension` in stage 0 (every stage's are these shifted by its first rank)."""
         dp, cp, tp, ep = self.dp, self.cp, self.tp, self.ep
 
         def rank(d: int, c: int, t: int) -> int:
@@ -147,8 +173,8 @@ class ExpertMesh:
 
 
 class ParallelMesh:
-    """This rank's place in one world DeviceMesh of replicate x dp / replicate x cp x tp ranks (named
-    "dp_replicate", "dp_shard", "cp", "tp"), its data-parallel ranks flattened into "dp", its sequence ranks into
+    """This rank's place in one world DeviceMesh of pp x replicate x dp / replicate x cp x tp ranks (named
+    "pp", "dp_replicate", "dp_shard", "cp", "tp"), its data-parallel ranks flattened into "dp", its sequence ranks into
     "dp_cp" and, with expert parallelism, those unflattened into ("edp", "ep"): sub-meshes of one root mesh, as
     FSDP2 needs its mesh and a DTensor's to be (module docstring); `fsdp` is FSDP2's. Collective: every rank of
     the default group (a world of `shape.world` ranks) builds it, with the same shape."""
@@ -161,8 +187,8 @@ class ParallelMesh:
         replicate, shard = shape.replicate, shape.dp // shape.replicate
         root = init_device_mesh(
             device_type,
-            (replicate, shard, shape.cp, shape.tp),
-            mesh_dim_names=("dp_replicate", "dp_shard", "cp", "tp"),
+            (shape.pp, replicate, shard, shape.cp, shape.tp),
+            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "cp", "tp"),
         )
         sequence = root["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
         self._meshes: dict[str, DeviceMesh] = {
@@ -173,6 +199,8 @@ class ParallelMesh:
             "cp_tp": root["cp", "tp"]._flatten("cp_tp"),
             "dp_replicate": root["dp_replicate"],
             "dp_shard_cp": root["dp_shard", "cp"]._flatten("dp_shard_cp"),
+            "pp": root["pp"],
+            "pp_cp_tp": root["pp", "cp", "tp"]._flatten("pp_cp_tp"),
         }
         # FSDP2's mesh: 2-D (replicate, shard) is HSDP; one replica is FSDP over the sequence ranks
         self.fsdp = root["dp_replicate", "dp_shard_cp"] if replicate > 1 else sequence

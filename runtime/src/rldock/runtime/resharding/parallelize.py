@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from rldock.contract.tensor_parallel import TP_PLANS, check_architecture, check_divisible
+from rldock.runtime.models.layers import decoder_layers
 from rldock.runtime.resharding.parallel_layout import has_partial_gradient
 from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 
@@ -47,7 +48,7 @@ def parallelize_decoder(model: nn.Module, mesh: ParallelMesh) -> nn.Module:
     )
     plan = {
         f"model.layers.{i}.{suffix}": _STYLES[style]()
-        for i in range(config.num_hidden_layers)
+        for i in range(len(decoder_layers(model)))  # a pipeline stage's own layers (training/pipeline.py)
         for suffix, style in tp_plan.linears.items()
     }
     return parallelize_module(model, mesh.device_mesh("tp"), plan)

@@ -12,7 +12,9 @@ import torch
 from tensordict import TensorDict
 
 from rldock.runtime.dock.stage_loop import StageResult, StageSpec
+from rldock.runtime.models.pipeline_stage import pipeline_links
 from rldock.runtime.training.backend import TrainingBackend
+from rldock.runtime.training.pipeline import run_one_forward_one_backward
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
@@ -27,15 +29,21 @@ def accumulate(
 ) -> dict[str, float]:
     """Zero the gradients, add every micro-batch's backward to them (synchronised across ranks on
     the last one where the backend defers it), then clip and step once. Returns the metrics summed
-    over the micro-batches, in the first one's key order, and `grad_norm` (before clipping)."""
+    over the micro-batches, in the first one's key order, and `grad_norm` (before clipping).
+
+    A model split into pipeline stages (training/pipeline.py) runs them on its 1F1B schedule; a whole
+    model runs each micro-batch's forward and backward in turn."""
     backend.optimizer.zero_grad(set_to_none=True)
-    stats: dict[str, float] = {}
-    for i, micro in enumerate(micro_batches):
-        with backend.accumulating(last=i == len(micro_batches) - 1):
-            loss, metrics = micro_loss(micro)
-            loss.backward()
-        for key, value in metrics.items():
-            stats[key] = stats.get(key, 0.0) + value
+    if pipeline_links(backend.model) is not None:
+        stats = run_one_forward_one_backward(backend.model, micro_batches, micro_loss, backend.accumulating)
+    else:
+        stats = {}
+        for i, micro in enumerate(micro_batches):
+            with backend.accumulating(last=i == len(micro_batches) - 1):
+                loss, metrics = micro_loss(micro)
+                loss.backward()
+            for key, value in metrics.items():
+                stats[key] = stats.get(key, 0.0) + value
     stats["grad_norm"] = backend.step(max_grad_norm)
     return stats
 

@@ -78,9 +78,9 @@ def sum_over_context(model: nn.Module, *, dp: int) -> None:
 
 @dataclass(frozen=True)
 class ContextLayout:
-    """One rank's place in the dp x cp (x tp) ranks (module docstring): the group that shares its
-    data-parallel rank's rows (its CP and TP peers; None when it has none), the data-parallel size and
-    rank, and the group's reader (its first rank, global)."""
+    """One rank's place in the dp x cp (x tp, x pp) ranks (module docstring): the group that shares its
+    data-parallel rank's rows (its CP, TP and PP peers; None when it has none), the data-parallel size and
+    rank, and the group's reader (global)."""
 
     cp: int
     dp: int
@@ -91,16 +91,18 @@ class ContextLayout:
     @classmethod
     def of(cls, model: nn.Module, *, mesh: ParallelMesh, mode: str = "ulysses") -> ContextLayout:
         """Give `model` the CP attention of `mode` over this rank's CP group of `mesh`
-        (`apply_context_parallel`) and say where the rank sits. Before FSDP wraps the model. With TP in the
-        mesh, a data-parallel rank's rows are its cp x tp ranks' (TP innermost): they share one read."""
+        (`apply_context_parallel`) and say where the rank sits. Before FSDP wraps the model. With TP and PP in
+        the mesh, a data-parallel rank's rows are its pp x cp x tp ranks' (`pp_cp_tp`): they share one read,
+        by the last stage's first rank (the stage that scores them, training/pipeline.py)."""
         apply_context_parallel(model, mesh, mode)
-        shared, rank = mesh.size("cp_tp"), dist.get_rank()
+        group = mesh.group("pp_cp_tp")
+        ranks = [dist.get_rank()] if group is None else dist.get_process_group_ranks(group)
         return cls(
             cp=mesh.size("cp"),
             dp=mesh.size("dp"),
-            dp_rank=rank // shared,
-            reader=rank - rank % shared,
-            group=mesh.group("cp_tp"),
+            dp_rank=mesh.local_rank("dp"),
+            reader=ranks[-mesh.size("cp_tp")],  # the group lists its ranks stage by stage
+            group=group,
         )
 
     @classmethod

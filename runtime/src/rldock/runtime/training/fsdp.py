@@ -41,13 +41,14 @@ from rldock.config import JobConfig
 from rldock.runtime.device import DeviceInfo
 from rldock.runtime.dock.stage_loop import StageFn, StageResult, StageSpec
 from rldock.runtime.engines.expert_parallel import gather_expert_state, gather_experts, shard_expert_state
-from rldock.runtime.engines.fsdp_sharding import apply_fsdp, clip_grad_norm, full_state_dict
+from rldock.runtime.engines.fsdp_sharding import COMPUTE_DTYPES, apply_fsdp, clip_grad_norm, full_state_dict
 from rldock.runtime.resharding.ledger import ledger_entry, ledger_metrics
 from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 from rldock.runtime.resharding.parallelize import parallelize_decoder, sum_partial_gradients
 from rldock.runtime.resharding.swap import TensorSwapper, training_state
 from rldock.runtime.training.backend import OptimizerFactory, WeightIter, WeightPush, reload_after_sleep
 from rldock.runtime.training.context_parallel import ContextLayout
+from rldock.runtime.training.pipeline import split_stage
 
 if TYPE_CHECKING:
     from rldock.runtime.dock import TransferDock
@@ -73,22 +74,26 @@ class FsdpBackend:
         defer_gradient_sync: bool = False,
     ):
         training = cfg.training
-        cp, tp = training.context_parallel_size, training.tensor_parallel_size
-        # The group's mesh: dp x cp x tp ranks (CP inside data parallelism, TP innermost), EP carved out of
-        # the dp x cp ranks (rldock.contract.layout); all its groups made here, on every rank alike.
+        cp, tp, pp = training.context_parallel_size, training.tensor_parallel_size, training.pipeline_parallel_size
+        # The group's mesh: pp stages of dp x cp x tp ranks (CP inside data parallelism, TP innermost), EP carved
+        # out of the dp x cp ranks (rldock.contract.layout); all its groups made here, on every rank alike.
         self.mesh = mesh = ParallelMesh(
             MeshShape(
-                dp=dist.get_world_size() // (cp * tp),
+                dp=dist.get_world_size() // (pp * cp * tp),
                 cp=cp,
                 tp=tp,
                 ep=training.expert_parallel_size,
                 replicate=training.data_parallel_replicate_size,
+                pp=pp,
             ),
             torch.device(device.torch_device).type,
         )
         self.experts = mesh.experts
-        # In torchtitan's order: TP's plan on the decoder layers, the CP attention, then FSDP over the
-        # sequence ranks, which shards the TP shards again (2-D DTensors on one root mesh).
+        # In torchtitan's order: the model cut to this rank's pipeline stage, TP's plan on its decoder layers,
+        # the CP attention, then FSDP over the stage's sequence ranks, which shards the TP shards again (2-D
+        # DTensors on one root mesh).
+        activations = COMPUTE_DTYPES[training.mixed_precision] or next(model.parameters()).dtype
+        self.pipeline = split_stage(model, mesh, dtype=activations, device=torch.device(device.torch_device))
         parallelize_decoder(model, mesh)
         self.context = ContextLayout.of(model, mesh=mesh, mode=training.context_parallel_mode)
         self.model = apply_fsdp(
@@ -135,8 +140,9 @@ class FsdpBackend:
     @property
     def counts_passes(self) -> bool:
         # Every rank computes its own share (a CP rank's tally counts its slice of each pass); a TP peer
-        # runs its data-parallel rank's passes through its slice of the layers: the first of the pair counts.
-        return self.mesh.local_rank("tp") == 0
+        # runs its data-parallel rank's passes through its slice of the layers: the first of the pair counts;
+        # a pipeline's stages run one pass between them: the last, which scores it, counts.
+        return self.mesh.local_rank("tp") == 0 and (self.pipeline is None or self.pipeline.last)
 
     def training_module(self) -> nn.Module:
         return self.model
@@ -190,8 +196,19 @@ class FsdpBackend:
     def clip_gradients(self, max_norm: float) -> float:
         # Under TP, the replicated per-head modules' gradients are partial sums per TP rank: complete them
         # (FSDP has reduced them over the sequence ranks already) before the norm.
+        # Under PP a tied model's embedding (first stage) and head (last) sum their gradients, and the stages'
+        # squares add up to the whole model's norm, the tied tensor counted once.
         sum_partial_gradients(self.model, self.mesh)
-        return clip_grad_norm(self.model, max_norm, experts=self.experts)
+        if self.pipeline is None:
+            return clip_grad_norm(self.model, max_norm, experts=self.experts)
+        self.pipeline.sum_tied_gradients(self.model)
+        return clip_grad_norm(
+            self.model,
+            max_norm,
+            experts=self.experts,
+            stages=self.pipeline.links.group,
+            counted_elsewhere=self.pipeline.counted_elsewhere(self.model),
+        )
 
     def to_generation(self, update_weights: WeightPush) -> None:
         """After an update: gather the full weights into the engine, then (allgather_swap) move the
@@ -206,7 +223,12 @@ class FsdpBackend:
         """The whole model's (name, tensor) in the Hugging Face layout, one at a time (collective):
         FSDP's shards all-gathered, then expert shards gathered over the EP group."""
         weights = full_state_dict(self.model)
-        return gather_experts(weights, self.experts.sharding) if self.experts is not None else weights
+        if self.experts is not None:
+            weights = gather_experts(weights, self.experts.sharding)
+        if self.pipeline is not None:  # every stage's tensors on every rank (training/pipeline.py)
+            listing = {name: (tuple(value.shape), value.dtype) for name, value in self.model.state_dict().items()}
+            weights = self.pipeline.whole_state(weights, listing)
+        return weights
 
     def to_training(self) -> None:
         """Before a pass that runs the model: bring swapped-out training state back."""

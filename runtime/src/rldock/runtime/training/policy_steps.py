@@ -47,7 +47,7 @@ def policy_step(
         global_units,
         additive=additive,
         world_size=world_size,
-        rows_shared_by=training.context_parallel_size * training.tensor_parallel_size,
+        rows_shared_by=training.pipeline_parallel_size * training.context_parallel_size * training.tensor_parallel_size,
     )
 
     router = RouterLoss(backend.model, coef=training.router_aux_loss_coef)  # MoE: the router's terms
@@ -87,11 +87,12 @@ def rank_units(units: torch.Tensor, *, additive: bool, world_size: int, rows_sha
     """What each rank divides its micro-batches' numerators by, so the gradient reduction over the
     ranks (a sum over each CP group, a mean over the data-parallel groups: training/context_parallel.py)
     gives the whole mini-batch's aggregate. `rows_shared_by`: the ranks that hold one data-parallel
-    rank's rows, cp x tp (a TP group's ranks compute one loss, as a CP group's do). `units`: additive
-    units already summed over the `world_size` ranks (that sum counts each row rows_shared_by times, and
-    dividing by the world leaves the total over the dp groups), or the constant of a non-additive mode
-    (the normalising length), which is shared by the dp = world / rows_shared_by groups only: dividing
-    it by the world would scale every rank's loss, and the step's gradient, cp x tp times."""
+    rank's rows, pp x cp x tp (a TP group's ranks compute one loss, as a CP group's and a pipeline's
+    stages do). `units`: additive units already summed over the `world_size` ranks (that sum counts
+    each row rows_shared_by times, and dividing by the world leaves the total over the dp groups), or
+    the constant of a non-additive mode (the normalising length), which is shared by the dp = world /
+    rows_shared_by groups only: dividing it by the world would scale every rank's loss, and the step's
+    gradient, rows_shared_by times."""
     ranks = world_size if additive else max(world_size // rows_shared_by, 1)
     return units.clamp(min=torch.finfo(units.dtype).tiny) / ranks
 

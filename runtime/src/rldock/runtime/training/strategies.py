@@ -57,8 +57,9 @@ def build_backend(
     `defer_gradient_sync`: synchronise the micro-batches' gradients once per optimizer step where
     the layout would do it after each (FSDP; DDP and TP always defer it)."""
     strategy = data_parallel_strategy_of(cfg) if data_parallel_only else strategy_of(cfg)
-    if data_parallel_only:  # its ranks are the data-parallel (x CP) ones: no TP split of its layers
-        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"tensor_parallel_size": 1})})
+    if data_parallel_only:  # its ranks are the data-parallel (x CP) ones: no TP or PP split of its layers
+        whole = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update=whole)})
     return BACKENDS[strategy].build(
         cfg,
         model=model,

@@ -1,0 +1,272 @@
+"""Pipeline parallelism (`training.pipeline_parallel_size`): the decoder layers split into stages, one per
+pipeline rank, and the update's micro-batches run through them on a 1F1B schedule.
+
+The split (`split_stage`, before TP's plan and FSDP): a stage keeps its run of layers (`stage_layers`:
+as even as the count allows, the spare layers on the first stages, since the last holds the LM head) and
+drops the rest; the first keeps the embedding, the last the final norm and the head, and the stage
+boundaries become `StageInput` / `StageOutput` (models/pipeline_stage.py). The model stays a Hugging Face
+model running its own forward, so every pass (packed, padded, trimmed, under TP) runs on every stage
+unchanged; a stage's parameter names are its own (`model.layers.0` is its first layer), and
+`StageNames` maps them to the whole model's. A model whose embedding and head share one tensor (tied,
+SmolLM2's) gets a copy on the last stage; the two stages sum their gradients (`sum_tied_gradients`), so
+both copies take the same steps.
+
+The schedule (`run_one_forward_one_backward`, PipeDream-flush's 1F1B as Megatron runs it): stage s of p
+runs min(p - s - 1, m) forwards first, then alternates one forward and one backward, then the remaining
+backwards, so a stage holds at most p - s micro-batches' activations (GPipe's all-forwards-first would hold
+all m) and the bubble is (p - 1) / (m + p - 1) of the step. The micro-batches are the update's own (cut from
+the token budget, engines/policy_passes.py), every stage cutting the same ones from the same rows. The loss
+and its metrics are the last stage's; the others run the same loss function on zeros (engines/policy.py)
+and their metrics are replaced by the last stage's.
+
+Why not torch.distributed.pipelining: its stages pass fixed-shape tensors between stages (shapes
+inferred once, or declared), while the update's packed micro-batches differ in length pass by pass;
+here each stage knows a pass's shape from the rows it holds, as every pass already does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rldock.runtime.models.pipeline_stage import StageInput, StageLinks, StageOutput, pipeline_links
+from rldock.runtime.resharding.parallel_mesh import ParallelMesh
+
+# micro-batch -> (its loss, its metrics): training/accumulation.py's MicroLoss
+MicroLoss = Callable[[Any], tuple[Tensor, dict[str, float]]]
+LAYERS = "model.layers."
+
+
+def stage_layers(num_layers: int, stages: int) -> list[range]:
+    """The layers of each stage: num_layers // stages each, one more on each of the first num_layers % stages."""
+    if not 1 <= stages <= num_layers:
+        raise ValueError(
+            f"training.pipeline_parallel_size {stages} must be between 1 and the model's {num_layers} layers"
+        )
+    base, spare = divmod(num_layers, stages)
+    bounds = [0]
+    for stage in range(stages):
+        bounds.append(bounds[-1] + base + (stage < spare))
+    return [range(start, stop) for start, stop in zip(bounds, bounds[1:])]
+
+
+class StageNames:
+    """A stage's parameter names and the whole model's: `model.layers.{i}` here is layer first + i there."""
+
+    def __init__(self, layers: range) -> None:
+        self.layers = layers
+
+    def whole(self, name: str) -> str:
+        if not name.startswith(LAYERS):
+            return name
+        index, rest = name[len(LAYERS) :].split(".", 1)
+        return f"{LAYERS}{self.layers.start + int(index)}.{rest}"
+
+    def local(self, name: str) -> str | None:
+        """The stage's name for the whole model's `name`, or None where another stage holds it."""
+        if not name.startswith(LAYERS):
+            return name
+        index, rest = name[len(LAYERS) :].split(".", 1)
+        return f"{LAYERS}{int(index) - self.layers.start}.{rest}" if int(index) in self.layers else None
+
+
+class PipelineStage:
+    """This rank's stage: its links to the other stages, the names of its parameters in the whole model,
+    and, in a tied model, the name of the tensor its first and last stages both hold (the embedding there,
+    the head here; looked up on the model each time, since FSDP replaces its parameters)."""
+
+    def __init__(self, links: StageLinks, names: StageNames, tied: str | None, tied_group) -> None:
+        self.links, self.names, self.tied, self.tied_group = links, names, tied, tied_group
+
+    @property
+    def last(self) -> bool:
+        return self.links.last
+
+    @torch.no_grad()
+    def sum_tied_gradients(self, model: nn.Module) -> None:
+        """A tied model: the embedding's gradient on the first stage plus the head's on the last, on both
+        (after the update's last backward; FSDP's shards line up, the two stages' meshes being alike)."""
+        if self.tied is None:
+            return
+        grad = model.get_parameter(self.tied).grad
+        assert grad is not None, f"{self.tied} has no gradient after the update's backward"
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self.tied_group)
+
+    def counted_elsewhere(self, model: nn.Module) -> set[int]:
+        """The parameters (by id) the whole model's gradient norm counts on another stage: the last stage's
+        copy of a tied tensor."""
+        return {id(model.get_parameter(self.tied))} if self.tied is not None and self.last else set()
+
+    def whole_state(
+        self, local: Iterator[tuple[str, Tensor]], shapes: dict[str, tuple]
+    ) -> Iterator[tuple[str, Tensor]]:
+        """The whole model's (name, tensor), one at a time, on every stage (collective over the pipeline
+        group): each stage's `local` tensors (`shapes`: their names, shapes and dtypes, as this stage
+        holds them) broadcast from it in stage order. Each rank's peers in the other stages send it theirs."""
+        group, links = self.links.group, self.links
+        ranks = dist.get_process_group_ranks(group)
+        every: list[Any] = [None] * links.size
+        dist.all_gather_object(every, [(self.names.whole(n), s, d) for n, (s, d) in shapes.items()], group=group)
+        for stage, listing in enumerate(every):
+            for name, shape, dtype in listing:
+                if stage == links.index:
+                    got_name, tensor = next(local)
+                    assert self.names.whole(got_name) == name, (got_name, name)
+                    tensor = tensor.contiguous()
+                else:
+                    tensor = torch.empty(shape, dtype=dtype, device=links.device)
+                dist.broadcast(tensor, src=ranks[stage], group=group)
+                yield name, tensor
+
+    def local_state(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The whole model's tensors by name cut to this stage's, under its names; a tied model's last stage
+        takes the embedding for its head where the weights hold no head of their own."""
+        kept = {local: value for name, value in weights.items() if (local := self.names.local(name)) is not None}
+        if self.tied is not None and self.last and "lm_head.weight" not in weights:
+            kept["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        return kept
+
+
+def split_stage(
+    model: nn.Module, mesh: ParallelMesh, *, dtype: torch.dtype, device: torch.device
+) -> PipelineStage | None:
+    """Cut `model` (a Hugging Face causal LM) to this rank's stage of `mesh`'s `pp` dimension, in place
+    (module docstring); None at pp 1. Collective: every rank calls it (the tied stages' groups)."""
+    size = mesh.size("pp")
+    if size == 1:
+        return None
+    decoder: Any = getattr(model, "model", None)
+    config: Any = model.config
+    if not isinstance(getattr(decoder, "layers", None), nn.ModuleList) or not hasattr(model, "lm_head"):
+        raise ValueError(
+            f"training.pipeline_parallel_size: {type(model).__name__} is not a decoder with model.layers and an "
+            "lm_head (Llama, Qwen2, Qwen3); use 1"
+        )
+    if len(set(getattr(config, "layer_types", None) or ["full_attention"])) > 1:
+        raise ValueError(
+            "training.pipeline_parallel_size: the model mixes attention kinds by layer (layer_types), which a "
+            "stage's forward would index by its own layer numbers; use 1"
+        )
+    index, group = mesh.local_rank("pp"), mesh.group("pp")
+    assert group is not None
+    ranks = dist.get_process_group_ranks(group)
+    layers = stage_layers(len(decoder.layers), size)[index]
+    links = StageLinks(
+        index=index,
+        size=size,
+        group=group,
+        previous=ranks[index - 1] if index > 0 else None,
+        next=ranks[index + 1] if index < size - 1 else None,
+        hidden_size=config.hidden_size,
+        dtype=dtype,
+        device=device,
+    )
+    head: Any = model.lm_head
+    tied_weights = head.weight is decoder.embed_tokens.weight
+    # Each (first, last) pair of a tied model sums its gradients; every rank makes every pair's group, in order.
+    tied_group = None
+    if tied_weights:
+        for pipeline in mesh.shape.rank_groups("pp"):
+            pair = dist.new_group([pipeline[0], pipeline[-1]])
+            if dist.get_rank() in (pipeline[0], pipeline[-1]):
+                tied_group = pair
+    tied = None
+    if tied_weights and index == size - 1:
+        head.weight = nn.Parameter(decoder.embed_tokens.weight.detach().clone())
+        tied = "lm_head.weight"
+    elif tied_weights and index == 0:
+        tied = "model.embed_tokens.weight"
+    decoder.layers = nn.ModuleList(decoder.layers[i] for i in layers)
+    if index > 0:
+        decoder.embed_tokens = StageInput(links)
+    if index < size - 1:
+        decoder.norm = StageOutput(links)
+        model.lm_head = nn.Identity()  # asked for no logits (engines/policy.py); the next stage scores
+    return PipelineStage(links, StageNames(layers), tied, tied_group)
+
+
+def run_one_forward_one_backward(
+    model: nn.Module,
+    micro_batches: Sequence[Any],
+    micro_loss: MicroLoss,
+    accumulating: Callable[..., AbstractContextManager],
+) -> dict[str, float]:
+    """Every micro-batch's forward and backward through this rank's stage of `model` in 1F1B order (module
+    docstring), gradients accumulated (`accumulating(last=)` around each backward: FSDP syncs on the last);
+    returns the last stage's metrics summed over the micro-batches, on every stage."""
+    links = pipeline_links(model)
+    assert links is not None
+    m, warmup = len(micro_batches), min(links.size - links.index - 1, len(micro_batches))
+    losses: list[Tensor | None] = []
+    stats: dict[str, float] = {}
+    pending: list[dist.Work] = []  # sends in flight, waited before the schedule returns
+
+    def forward(i: int) -> None:
+        loss, metrics = micro_loss(micro_batches[i])
+        losses.append(loss)
+        for key, value in metrics.items():
+            stats[key] = stats.get(key, 0.0) + value
+
+    def send_output(i: int, *, then_receive: int | None = None) -> Tensor | None:
+        """Send micro-batch i's activations on; with `then_receive`, receive that micro-batch's gradient in the
+        same batch of operations (module docstring of models/pipeline_stage.py)."""
+        ops = [dist.P2POp(dist.isend, links.outputs[i].detach().contiguous(), links.next, links.group)]
+        grad = None
+        if then_receive is not None:
+            grad = torch.empty_like(links.outputs[then_receive])
+            ops.append(dist.P2POp(dist.irecv, grad, links.next, links.group))
+        works = dist.batch_isend_irecv(ops)
+        if grad is None:
+            pending.extend(works)
+        else:
+            for work in works:
+                work.wait()
+        return grad
+
+    def receive_gradient(k: int) -> Tensor:
+        grad = torch.empty_like(links.outputs[k])
+        dist.recv(grad, src=links.next, group=links.group)
+        return grad
+
+    def backward(k: int, grad: Tensor | None) -> None:
+        with accumulating(last=k == m - 1):
+            if links.last:
+                loss = losses[k]
+                assert loss is not None
+                loss.backward()
+            else:
+                torch.autograd.backward(links.outputs[k], grad)
+        if not links.first:
+            received = links.inputs[k]
+            sent = received.grad if received.grad is not None else torch.zeros_like(received)
+            pending.extend(dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, links.previous, links.group)]))
+        losses[k] = None  # the activations go with the graph
+        if not links.last:
+            links.outputs[k] = links.outputs[k].detach()
+        if not links.first:
+            links.inputs[k] = links.inputs[k].detach()
+
+    links.scheduled, links.inputs, links.outputs = True, [], []
+    try:
+        for i in range(warmup):
+            forward(i)
+            if not links.last:
+                send_output(i)
+        for k in range(m - warmup):
+            forward(warmup + k)
+            grad = None if links.last else send_output(warmup + k, then_receive=k)
+            backward(k, grad)
+        for k in range(m - warmup, m):
+            backward(k, receive_gradient(k))
+        for work in pending:
+            work.wait()
+    finally:
+        links.scheduled, links.inputs, links.outputs = False, [], []
+    box = [stats]
+    dist.broadcast_object_list(box, src=dist.get_process_group_ranks(links.group)[-1], group=links.group)
+    return box[0]

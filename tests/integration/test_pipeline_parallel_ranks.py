@@ -1,0 +1,212 @@
+"""Pipeline parallelism on 4 real gloo ranks (torch.multiprocessing, CPU): the actor's FsdpBackend cuts a
+4-layer model into stages (training/pipeline.py) and, in each layout below, on the same batch:
+- the no-gradient pass (old logprobs: the stages stream their passes) gives the last stage one process's
+  logprobs, packed, on padded rows and on trimmed rows;
+- the update's step over 4 micro-batches on the 1F1B schedule gives one process's loss, gradient norm and
+  gradients (each stage its own layers', under the whole model's names), and after AdamW's step the weights
+  every rank gathers (`full_state`: every stage's, in the Hugging Face layout) are one process's after its.
+
+Layouts: PP 4 (one layer a stage: two middle stages), PP 2 x FSDP 2 (each stage sharded over its
+data-parallel pair, each pair its own half of the rows) and PP 2 x TP 2 (each stage's linears split over a TP
+pair). The PP 4 and PP 2 x TP 2 models tie the embedding to the head (SmolLM2's layout: the last stage's copy
+and the first stage's embedding sum their gradients) and PP 2 x FSDP 2's does not.
+
+Everything runs in float64, so the comparison measures the layout, not float32 rounding: the ranks add the
+same products in another order (FSDP's halves, TP's partial sums, the micro-batches' sum), a few ulps of
+float64 times the depth of the sums; 1e-9 holds on any CPU and thread count, while a stage that ran the wrong
+layers, a missed activation gradient or a tied gradient left unsummed is off by 1e-3 and up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_fsdp_ranks import _adamw, _cfg
+
+from rldock_e2e.scored_batch import LAYOUTS, scored_batch
+
+pytestmark = pytest.mark.integration
+
+WORLD = 4
+TOLERANCE = dict(rtol=1e-9, atol=1e-11)
+TINY = dict(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+# layout -> (training fields, tied embeddings)
+LAYOUTS_PP = {
+    "pp4": (dict(data_parallel_size=1, pipeline_parallel_size=4), True),
+    "pp2_fsdp2": (dict(data_parallel_size=2, pipeline_parallel_size=2), False),
+    "pp2_tp2": (dict(data_parallel_size=1, pipeline_parallel_size=2, tensor_parallel_size=2), True),
+}
+
+
+def _model(tied: bool):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**TINY, tie_word_embeddings=tied, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).double().eval()
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    return scored_batch(1, vocab_size=TINY["vocab_size"])
+
+
+def _logprobs(model, batch, layout: str) -> torch.Tensor:
+    from rldock.runtime.engines.policy import response_logprobs
+
+    keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    return response_logprobs(model, *(batch[k] for k in keys), **LAYOUTS[layout])
+
+
+def _micro_loss(model, dp: int = 1):
+    """A loss linear in a micro-batch's logprobs (one pass of its rows, trimmed), and its value as a metric;
+    times `dp` where FSDP averages the gradients of `dp` data-parallel ranks (so the step's is the sum's)."""
+    from rldock.runtime.engines.policy import response_logprobs_and_entropy
+
+    def micro_loss(micro):
+        keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        scores = response_logprobs_and_entropy(model, *(micro[k] for k in keys), micro_batch_size=len(micro), trim=True)
+        loss = (scores.logprobs * micro["weights"]).sum()
+        return loss * dp, {"loss": float(loss.detach())}
+
+    return micro_loss
+
+
+def _recording(backend, order: list[str], dp: int):
+    """`_micro_loss` of the backend's model, appending F to `order` at each forward and B at each backward."""
+    forward, accumulating = _micro_loss(backend.model, dp), backend.accumulating
+
+    def backward_context(*, last: bool):
+        order.append("B")
+        return accumulating(last=last)
+
+    def micro_loss(micro):
+        order.append("F")
+        return forward(micro)
+
+    backend.accumulating = backward_context
+    return micro_loss
+
+
+def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
+    from tensordict import TensorDict
+
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.training.accumulation import accumulate
+    from rldock.runtime.training.fsdp import FsdpBackend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
+    results: dict = {}
+    for name, (training, tied) in LAYOUTS_PP.items():
+        cfg = _cfg(devices=WORLD, **training)
+        backend = FsdpBackend(cfg, model=_model(tied), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
+        stage = backend.pipeline
+        assert stage is not None
+        context = backend.context
+        found: dict = dict(stage=stage.links.index, reader=context.reader, counts=backend.counts_passes)
+        found["dp_rank"] = context.dp_rank
+        with torch.no_grad():
+            found["logprobs"] = {layout: _logprobs(backend.model, _batch(), layout) for layout in LAYOUTS}
+        batch = TensorDict(_batch(), batch_size=[4])
+        dp, dp_rank = context.dp, context.dp_rank
+        rows = batch[dp_rank * 4 // dp : (dp_rank + 1) * 4 // dp]  # this data-parallel rank's rows
+        micro_batches = [rows[i : i + 1] for i in range(len(rows))]
+        if dp == 1:
+            assert len(micro_batches) == 4  # the schedule's 4 micro-batches
+        order: list[str] = []  # F: a micro-batch's forward, B: its backward, as the schedule runs them
+        stats = accumulate(backend, micro_batches, _recording(backend, order, dp), max_grad_norm=1e9)
+        found["order"] = "".join(order)
+        found["loss"], found["norm"] = stats["loss"], stats["grad_norm"]
+        found["grads"] = {
+            stage.names.whole(n): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in backend.model.named_parameters()
+        }
+        found["weights"] = {n: t.clone() for n, t in backend.full_state()}
+        results[name] = found
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()  # no rank tears the group down while a peer's gloo thread still talks to it
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out_dir = tmp_path_factory.mktemp("pp-ranks")
+    # a file rendezvous in the test's own directory: a probed free port could be taken before rank 0 binds it
+    mp.spawn(_rank, args=(str(out_dir / "rendezvous"), str(out_dir)), nprocs=WORLD)
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _one_process(tied: bool) -> dict:
+    from tensordict import TensorDict
+
+    model = _model(tied)
+    with torch.no_grad():
+        logprobs = {layout: _logprobs(model, _batch(), layout) for layout in LAYOUTS}
+    # the same micro-batches, one after another (a packed pass of the whole batch is another sum order)
+    batch, loss = TensorDict(_batch(), batch_size=[4]), 0.0
+    for i in range(4):
+        micro, _ = _micro_loss(model)(batch[i : i + 1])
+        micro.backward()
+        loss += float(micro.detach())
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
+    _adamw(model.parameters()).step()
+    return dict(logprobs=logprobs, loss=loss, norm=norm, grads=grads, weights=model.state_dict())
+
+
+def test_each_stage_is_a_block_of_ranks_and_the_last_reads_and_counts(ranks):
+    # rank = (p dp + d) tp + t
+    assert [r["pp4"]["stage"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["pp2_fsdp2"]["stage"] for r in ranks] == [0, 0, 1, 1]
+    assert [r["pp2_fsdp2"]["reader"] for r in ranks] == [2, 3, 2, 3]  # each data-parallel rank's last stage
+    assert [r["pp2_tp2"]["reader"] for r in ranks] == [2, 2, 2, 2]
+    assert [r["pp4"]["counts"] for r in ranks] == [False, False, False, True]
+    assert [r["pp2_tp2"]["counts"] for r in ranks] == [False, False, True, False]
+
+
+def test_the_update_runs_one_forward_one_backward(ranks):
+    """Stage s of p runs min(p - s - 1, m) forwards, then a forward and a backward in turn, then the rest of the
+    backwards: the last stage alternates from the start, the first holds p - 1 forwards' activations at most."""
+    assert [r["pp4"]["order"] for r in ranks] == ["FFFFBBBB", "FFFBFBBB", "FFBFBFBB", "FBFBFBFB"]
+    assert [r["pp2_tp2"]["order"] for r in ranks] == ["FFBFBFBB"] * 2 + ["FBFBFBFB"] * 2
+
+
+@pytest.mark.parametrize("name", LAYOUTS_PP)
+def test_the_pipeline_gives_one_process_s_logprobs_loss_gradients_and_step(ranks, name):
+    _, tied = LAYOUTS_PP[name]
+    expected = _one_process(tied)
+    results = [r[name] for r in ranks]
+    for got in results:
+        if got["stage"] == max(r["stage"] for r in results):  # the last stage scores
+            for layout in LAYOUTS:
+                torch.testing.assert_close(got["logprobs"][layout], expected["logprobs"][layout], **TOLERANCE)
+        for grad_name, grad in got["grads"].items():
+            # a tied model's last stage holds the head's copy: after the sum, the embedding's whole gradient
+            reference = "model.embed_tokens.weight" if tied and grad_name == "lm_head.weight" else grad_name
+            torch.testing.assert_close(
+                grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"{name} {at}: {m}"
+            )
+        assert got["norm"] == pytest.approx(expected["norm"], rel=1e-9)
+        assert got["weights"].keys() == expected["weights"].keys()
+        for weight_name, weight in expected["weights"].items():
+            torch.testing.assert_close(
+                got["weights"][weight_name], weight, **TOLERANCE, msg=lambda m, at=weight_name: f"{name} {at}: {m}"
+            )
+    # every parameter of the model has its gradient on some stage
+    assert set().union(*(r["grads"] for r in results)) >= set(expected["grads"])
+    # each data-parallel rank's loss, the last stage's on all its stages: together the whole batch's
+    by_dp_rank = {got["dp_rank"]: got["loss"] for got in results}
+    assert all(got["loss"] == by_dp_rank[got["dp_rank"]] for got in results)
+    assert sum(by_dp_rank.values()) == pytest.approx(expected["loss"], rel=1e-9)
