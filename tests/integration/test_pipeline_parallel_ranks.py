@@ -99,6 +99,31 @@ def _recording(backend, order: list[str], dp: int):
     return micro_loss
 
 
+def _checkpoint_and_reload(backend, out_dir: Path, rank: int) -> dict:
+    """Save the checkpoint's two files as the actor does (rank 0 writes the gathered weights and optimizer
+    state), then load them into FSDP over all 4 ranks, with no pipeline: its logprobs and optimizer state."""
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.training.backend import load_full_weights
+    from rldock.runtime.training.fsdp import FsdpBackend
+
+    weights = backend.full_weights()
+    backend.save_optimizer(out_dir / "optimizer.pt")
+    if rank == 0:
+        torch.save(weights, out_dir / "weights.pt")
+    dist.barrier()
+    fsdp4 = FsdpBackend(
+        _cfg(devices=WORLD), model=_model(True), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank
+    )
+    load_full_weights(fsdp4, torch.load(out_dir / "weights.pt"))
+    fsdp4.load_optimizer(out_dir / "optimizer.pt", map_location="cpu")
+    # gathered before a forward: a pass without backward leaves FSDP's root unsharded, where torch's
+    # optimizer state dict does not find the optimizer's parameters (a job saves after its update's backward)
+    optimizer = fsdp4.full_optimizer_state()
+    with torch.no_grad():
+        logprobs = {layout: _logprobs(fsdp4.model, _batch(), layout) for layout in LAYOUTS}
+    return dict(logprobs=logprobs, optimizer=optimizer)
+
+
 def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
     from tensordict import TensorDict
 
@@ -135,6 +160,8 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         }
         found["weights"] = {n: t.clone() for n, t in backend.full_state()}
         results[name] = found
+        if name == "pp2_tp2":
+            results["reloaded"] = _checkpoint_and_reload(backend, Path(out_dir), rank)
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()  # no rank tears the group down while a peer's gloo thread still talks to it
     dist.destroy_process_group()
@@ -162,8 +189,15 @@ def _one_process(tied: bool) -> dict:
         loss += float(micro.detach())
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
-    _adamw(model.parameters()).step()
-    return dict(logprobs=logprobs, loss=loss, norm=norm, grads=grads, weights=model.state_dict())
+    optimizer = _adamw(model.parameters())
+    optimizer.step()
+    names = [n for n, _ in model.named_parameters()]
+    adam = {names[i]: state for i, state in optimizer.state_dict()["state"].items()}
+    with torch.no_grad():
+        stepped = {layout: _logprobs(model, _batch(), layout) for layout in LAYOUTS}
+    return dict(
+        logprobs=logprobs, loss=loss, norm=norm, grads=grads, weights=model.state_dict(), adam=adam, stepped=stepped
+    )
 
 
 def test_each_stage_is_a_block_of_ranks_and_the_last_reads_and_counts(ranks):
@@ -210,3 +244,29 @@ def test_the_pipeline_gives_one_process_s_logprobs_loss_gradients_and_step(ranks
     by_dp_rank = {got["dp_rank"]: got["loss"] for got in results}
     assert all(got["loss"] == by_dp_rank[got["dp_rank"]] for got in results)
     assert sum(by_dp_rank.values()) == pytest.approx(expected["loss"], rel=1e-9)
+
+
+def test_a_checkpoint_saved_under_pp2_by_tp2_loads_in_one_process_and_under_fsdp4(ranks, tmp_path_factory):
+    """The weights rank 0 wrote load into one process's model and FSDP over 4 ranks with the stepped model's
+    logprobs, and the optimizer state it wrote is one process's AdamW state (the tied head's copy left out)."""
+    expected = _one_process(tied=True)
+    out_dir = next(Path(p) for p in tmp_path_factory.getbasetemp().glob("pp-ranks*"))
+    model = _model(True)
+    model.load_state_dict(torch.load(out_dir / "weights.pt"))
+    with torch.no_grad():
+        for layout in LAYOUTS:
+            torch.testing.assert_close(_logprobs(model, _batch(), layout), expected["stepped"][layout], **TOLERANCE)
+            for got in ranks:
+                torch.testing.assert_close(
+                    got["reloaded"]["logprobs"][layout], expected["stepped"][layout], **TOLERANCE
+                )
+    saved = torch.load(out_dir / "optimizer.pt")
+    assert saved["state"].keys() == expected["adam"].keys()
+    for name, state in expected["adam"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(saved["state"][name][key], state[key], **TOLERANCE, msg=f"{name} {key}")
+    assert sorted(saved["param_groups"][0]["params"]) == sorted(expected["adam"])
+    # FSDP 4 gathered back what it loaded: the same file
+    reloaded = ranks[0]["reloaded"]["optimizer"]
+    for name, state in saved["state"].items():
+        torch.testing.assert_close(reloaded["state"][name]["exp_avg_sq"], state["exp_avg_sq"], **TOLERANCE)

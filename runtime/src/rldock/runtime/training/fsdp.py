@@ -263,18 +263,24 @@ class FsdpBackend:
         """The optimizer state keyed by parameter names, gathered whole on the host (collective).
         With expert parallelism every rank gathers its experts' state (not rank 0 alone) and the EP
         group gathers the experts, so the file is one process's whatever the EP size."""
-        if self.experts is None:
+        if self.experts is None and self.pipeline is None:
             return get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
+        # Every rank gathers (FULL's offload leaves it on global rank 0 alone, which holds one stage)
         state = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
-        gathered = gather_expert_state(state, self.experts.sharding)
-        return {
-            **gathered,
-            "state": {name: {k: _on_host(v) for k, v in values.items()} for name, values in gathered["state"].items()},
+        if self.experts is not None:
+            state = gather_expert_state(state, self.experts.sharding)
+        state = {
+            **state,
+            "state": {name: {k: _on_host(v) for k, v in values.items()} for name, values in state["state"].items()},
         }
+        return state if self.pipeline is None else self.pipeline.whole_optimizer_state(state)
 
     def load_optimizer_state(self, path: Path) -> None:
-        """Every rank reads the whole file and keeps its own shards (and, under EP, its experts)."""
+        """Every rank reads the whole file and keeps its own shards (and, under EP, its experts; under PP,
+        its stage's)."""
         state = torch.load(path, map_location="cpu")
+        if self.pipeline is not None:
+            state = self.pipeline.local_optimizer_state(state, held={n for n, _ in self.model.named_parameters()})
         if self.experts is not None:
             state = shard_expert_state(state, self.experts.sharding)
         with self.resident():

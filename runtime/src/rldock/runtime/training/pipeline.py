@@ -26,7 +26,7 @@ here each stage knows a pass's shape from the rows it holds, as every pass alrea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -130,6 +130,47 @@ class PipelineStage:
         if self.tied is not None and self.last and "lm_head.weight" not in weights:
             kept["lm_head.weight"] = weights["model.embed_tokens.weight"]
         return kept
+
+    def whole_optimizer_state(self, state: dict) -> dict:
+        """This stage's optimizer state (torch's full state dict: by parameter name, on every rank) and the
+        other stages' merged under the whole model's names on global rank 0, which writes it (collective over
+        rank 0's pipeline group; {} elsewhere). A tied model's head copy is left out: it took the embedding's
+        gradients and steps, so the file is one process's."""
+        group = self.links.group
+        ranks = dist.get_process_group_ranks(group)
+        if 0 not in ranks:
+            return {}
+        skip = self.tied if self.tied is not None and self.last else None
+        mine = {
+            "state": {self.names.whole(n): v for n, v in state["state"].items() if n != skip},
+            "param_groups": [
+                {**g, "params": [self.names.whole(n) for n in g["params"] if n != skip]} for g in state["param_groups"]
+            ],
+        }
+        every: list[Any] | None = [None] * self.links.size if dist.get_rank() == 0 else None
+        dist.gather_object(mine, every, dst=0, group=group)
+        if every is None:
+            return {}
+        merged = {"state": {}, "param_groups": [{**g, "params": []} for g in every[0]["param_groups"]]}
+        for part in every:
+            merged["state"] |= part["state"]
+            for into, group_of_part in zip(merged["param_groups"], part["param_groups"]):
+                into["params"] += group_of_part["params"]
+        return merged
+
+    def local_optimizer_state(self, state: dict, held: Collection[str]) -> dict:
+        """Inverse of `whole_optimizer_state` on this stage, whose parameters are named `held`: their entries
+        under those names (a tied model's last stage gives its head the embedding's)."""
+        pairs = [(local, name) for name in state["state"] if (local := self.names.local(name)) in held]
+        if self.tied is not None and self.last:
+            pairs.append((self.tied, "model.embed_tokens.weight"))
+        return {
+            "state": {local: state["state"][name] for local, name in pairs},
+            "param_groups": [
+                {**g, "params": [local for name in g["params"] for local, kept in pairs if kept == name]}
+                for g in state["param_groups"]
+            ],
+        }
 
 
 def split_stage(
