@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -262,11 +262,14 @@ class FsdpBackend:
     def full_optimizer_state(self) -> dict:
         """The optimizer state keyed by parameter names, gathered whole on the host (collective).
         With expert parallelism every rank gathers its experts' state (not rank 0 alone) and the EP
-        group gathers the experts, so the file is one process's whatever the EP size."""
+        group gathers the experts, and under PP rank 0 gathers every stage's, so the file is one
+        process's whatever the layout."""
         if self.experts is None and self.pipeline is None:
             return get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
         # Every rank gathers (FULL's offload leaves it on global rank 0 alone, which holds one stage)
-        state = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        state: dict[str, Any] = dict(
+            get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        )
         if self.experts is not None:
             state = gather_expert_state(state, self.experts.sharding)
         state = {
