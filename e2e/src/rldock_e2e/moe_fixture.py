@@ -73,10 +73,12 @@ def ep_job_config(
     device: str = "cpu",
     context_parallel_size: int = 1,
     tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
 ):
-    """A GRPO job config of `world_size` FSDP ranks (world / (cp x tp) data-parallel ranks of
-    `context_parallel_size` x `tensor_parallel_size`) at `expert_parallel_size` (never trained as a job:
-    the ranks build the actor's backend from it; no prompts or rewards are read)."""
+    """A GRPO job config of `world_size` FSDP ranks (`pipeline_parallel_size` stages of world / (pp x cp x
+    tp) data-parallel ranks of `context_parallel_size` x `tensor_parallel_size`) at `expert_parallel_size`
+    (never trained as a job: the ranks build the actor's backend from it; no prompts or rewards are read)."""
+    shared = pipeline_parallel_size * context_parallel_size * tensor_parallel_size
     from rldock.config import parse_job_config
 
     return parse_job_config(
@@ -95,7 +97,8 @@ def ep_job_config(
             },
             "training": {
                 "strategy": "fsdp",
-                "data_parallel_size": world_size // (context_parallel_size * tensor_parallel_size),
+                "data_parallel_size": world_size // shared,
+                "pipeline_parallel_size": pipeline_parallel_size,
                 "context_parallel_size": context_parallel_size,
                 "tensor_parallel_size": tensor_parallel_size,
                 "expert_parallel_size": expert_parallel_size,

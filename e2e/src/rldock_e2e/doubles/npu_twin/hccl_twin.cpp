@@ -5,12 +5,13 @@
 // of an ordinary device-keyed group beside gloo for host tensors, exactly as "cpu:gloo,npu:hccl"
 // is with torch_npu, and every caller reaches it: torch.distributed's Python API and the C++
 // dispatch of functional collectives (DTensor's full_tensor, FSDP2's device mesh) alike.
-// Collectives run synchronously; the returned Work is already complete.
+// Collectives run synchronously; the returned Work is already complete. Sends and receives are asynchronous.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,28 @@ void copy_back(std::vector<at::Tensor>& devices, const std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> done(std::vector<at::Tensor> result) {
   return c10::make_intrusive<DoneWork>(std::move(result));
 }
+
+// A receive in flight: gloo's receive into host memory, copied onto the device when waited for. Point-to-point
+// operations stay asynchronous (unlike the collectives here), since a pipeline posts a send and a receive
+// together and waits for both: a send that blocked until its peer received could wait in a circle.
+class StagedReceiveWork : public c10d::Work {
+ public:
+  StagedReceiveWork(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> devices,
+                    std::vector<at::Tensor> hosts)
+      : inner_(std::move(inner)), devices_(std::move(devices)), hosts_(std::move(hosts)) {}
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    copy_back(devices_, hosts_);
+    finish();
+    return true;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::vector<at::Tensor> devices_;
+  std::vector<at::Tensor> hosts_;
+};
 
 class HostStagedBackend : public c10d::Backend {
  public:
@@ -141,6 +164,18 @@ class HostStagedBackend : public c10d::Backend {
     gloo_->scatter(host_outputs, host_inputs, opts)->wait();
     copy_back(outputs, host_outputs);
     return done(outputs);
+  }
+
+  // Pipeline parallelism's activations and their gradients (asynchronous: StagedReceiveWork says why).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override {
+    auto hosts = to_host(tensors);  // gloo's send keeps its tensors until it is done
+    return gloo_->send(hosts, dstRank, tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override {
+    auto hosts = to_host(tensors);
+    auto inner = gloo_->recv(hosts, srcRank, tag);
+    return c10::make_intrusive<StagedReceiveWork>(std::move(inner), tensors, std::move(hosts));
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {

@@ -91,9 +91,9 @@ class PipelineStage:
     def sum_tied_gradients(self, model: nn.Module) -> None:
         """A tied model: the embedding's gradient on the first stage plus the head's on the last, on both
         (after the update's last backward; FSDP's shards line up, the two stages' meshes being alike)."""
-        if self.tied is None:
-            return
-        grad = model.get_parameter(self.tied).grad
+        if self.tied is None or not (tied := model.get_parameter(self.tied)).requires_grad:
+            return  # untied, or frozen on both stages (training.freeze_embeddings)
+        grad = tied.grad
         assert grad is not None, f"{self.tied} has no gradient after the update's backward"
         dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self.tied_group)
 
@@ -218,7 +218,8 @@ def split_stage(
                 tied_group = pair
     tied = None
     if tied_weights and index == size - 1:
-        head.weight = nn.Parameter(decoder.embed_tokens.weight.detach().clone())
+        embedding = decoder.embed_tokens.weight  # frozen stays frozen (training.freeze_embeddings)
+        head.weight = nn.Parameter(embedding.detach().clone(), requires_grad=embedding.requires_grad)
         tied = "lm_head.weight"
     elif tied_weights and index == 0:
         tied = "model.embed_tokens.weight"
