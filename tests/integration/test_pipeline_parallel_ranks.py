@@ -7,9 +7,11 @@
   every rank gathers (`full_state`: every stage's, in the Hugging Face layout) are one process's after its.
 
 Layouts: PP 4 (one layer a stage: two middle stages), PP 2 x FSDP 2 (each stage sharded over its
-data-parallel pair, each pair its own half of the rows) and PP 2 x TP 2 (each stage's linears split over a TP
-pair). The PP 4 and PP 2 x TP 2 models tie the embedding to the head (SmolLM2's layout: the last stage's copy
-and the first stage's embedding sum their gradients) and PP 2 x FSDP 2's does not.
+data-parallel pair, each pair its own half of the rows), PP 2 x TP 2 (each stage's linears split over a TP
+pair) and PP 2 x EP 2 (the tiny Qwen3-MoE, one MoE layer a stage, its 8 experts split over the stage's
+data-parallel pair; the router's load-balancing loss off, as PP beside EP requires). The PP 4, PP 2 x TP 2
+and MoE models tie the embedding to the head (SmolLM2's layout: the last stage's copy and the first stage's
+embedding sum their gradients) and PP 2 x FSDP 2's does not.
 
 Everything runs in float64, so the comparison measures the layout, not float32 rounding: the ranks add the
 same products in another order (FSDP's halves, TP's partial sums, the micro-batches' sum), a few ulps of
@@ -42,18 +44,27 @@ TINY = dict(
     num_key_value_heads=2,
     max_position_embeddings=64,
 )
-# layout -> (training fields, tied embeddings)
+# layout -> (training fields, model: "tied", "untied" or "moe")
 LAYOUTS_PP = {
-    "pp4": (dict(data_parallel_size=1, pipeline_parallel_size=4), True),
-    "pp2_fsdp2": (dict(data_parallel_size=2, pipeline_parallel_size=2), False),
-    "pp2_tp2": (dict(data_parallel_size=1, pipeline_parallel_size=2, tensor_parallel_size=2), True),
+    "pp4": (dict(data_parallel_size=1, pipeline_parallel_size=4), "tied"),
+    "pp2_fsdp2": (dict(data_parallel_size=2, pipeline_parallel_size=2), "untied"),
+    "pp2_tp2": (dict(data_parallel_size=1, pipeline_parallel_size=2, tensor_parallel_size=2), "tied"),
+    "pp2_ep2": (
+        dict(data_parallel_size=2, pipeline_parallel_size=2, expert_parallel_size=2, router_aux_loss_coef=0),
+        "moe",
+    ),
 }
 
 
-def _model(tied: bool):
+def _model(kind: str):
+    """A 4-layer Qwen2 (`tied` or `untied` embeddings), or the tiny Qwen3-MoE (2 layers of 8 experts)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**TINY, tie_word_embeddings=tied, attn_implementation="sdpa")
+    from rldock_e2e.moe_fixture import moe_model
+
+    if kind == "moe":
+        return moe_model()
+    config = Qwen2Config(**TINY, tie_word_embeddings=kind == "tied", attn_implementation="sdpa")
     torch.manual_seed(0)
     return Qwen2ForCausalLM(config).double().eval()
 
@@ -112,7 +123,7 @@ def _checkpoint_and_reload(backend, out_dir: Path, rank: int) -> dict:
         torch.save(weights, out_dir / "weights.pt")
     dist.barrier()
     fsdp4 = FsdpBackend(
-        _cfg(devices=WORLD), model=_model(True), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank
+        _cfg(devices=WORLD), model=_model("tied"), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank
     )
     load_full_weights(fsdp4, torch.load(out_dir / "weights.pt"))
     fsdp4.load_optimizer(out_dir / "optimizer.pt", map_location="cpu")
@@ -130,13 +141,14 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
     from rldock.runtime.device import detect_device
     from rldock.runtime.training.accumulation import accumulate
     from rldock.runtime.training.fsdp import FsdpBackend
+    from rldock_e2e.moe_fixture import whole_gradients
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     results: dict = {}
-    for name, (training, tied) in LAYOUTS_PP.items():
+    for name, (training, kind) in LAYOUTS_PP.items():
         cfg = _cfg(devices=WORLD, **training)
-        backend = FsdpBackend(cfg, model=_model(tied), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
+        backend = FsdpBackend(cfg, model=_model(kind), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
         stage = backend.pipeline
         assert stage is not None
         context = backend.context
@@ -154,10 +166,14 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         stats = accumulate(backend, micro_batches, _recording(backend, order, dp), max_grad_norm=1e9)
         found["order"] = "".join(order)
         found["loss"], found["norm"] = stats["loss"], stats["grad_norm"]
-        found["grads"] = {
-            stage.names.whole(n): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in backend.model.named_parameters()
-        }
+        if backend.experts is None:
+            grads = (
+                (n, p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                for n, p in backend.model.named_parameters()
+            )
+            found["grads"] = {stage.names.whole(n): g.clone() for n, g in grads}
+        else:  # the expert shards gathered over the EP group too
+            found["grads"] = {stage.names.whole(n): g.clone() for n, g in whole_gradients(backend).items()}
         found["weights"] = {n: t.clone() for n, t in backend.full_state()}
         results[name] = found
         if name == "pp2_tp2":
@@ -175,10 +191,10 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
 
 
-def _one_process(tied: bool) -> dict:
+def _one_process(kind: str) -> dict:
     from tensordict import TensorDict
 
-    model = _model(tied)
+    model = _model(kind)
     with torch.no_grad():
         logprobs = {layout: _logprobs(model, _batch(), layout) for layout in LAYOUTS}
     # the same micro-batches, one after another (a packed pass of the whole batch is another sum order)
@@ -219,8 +235,9 @@ def test_the_update_runs_one_forward_one_backward(ranks):
 
 @pytest.mark.parametrize("name", LAYOUTS_PP)
 def test_the_pipeline_gives_one_process_s_logprobs_loss_gradients_and_step(ranks, name):
-    _, tied = LAYOUTS_PP[name]
-    expected = _one_process(tied)
+    _, kind = LAYOUTS_PP[name]
+    expected = _one_process(kind)
+    tied = "lm_head.weight" not in expected["grads"]  # one parameter under two names (the MoE's is tied too)
     results = [r[name] for r in ranks]
     for got in results:
         if got["stage"] == max(r["stage"] for r in results):  # the last stage scores
@@ -249,9 +266,9 @@ def test_the_pipeline_gives_one_process_s_logprobs_loss_gradients_and_step(ranks
 def test_a_checkpoint_saved_under_pp2_by_tp2_loads_in_one_process_and_under_fsdp4(ranks, tmp_path_factory):
     """The weights rank 0 wrote load into one process's model and FSDP over 4 ranks with the stepped model's
     logprobs, and the optimizer state it wrote is one process's AdamW state (the tied head's copy left out)."""
-    expected = _one_process(tied=True)
+    expected = _one_process("tied")
     out_dir = next(Path(p) for p in tmp_path_factory.getbasetemp().glob("pp-ranks*"))
-    model = _model(True)
+    model = _model("tied")
     model.load_state_dict(torch.load(out_dir / "weights.pt"))
     with torch.no_grad():
         for layout in LAYOUTS:

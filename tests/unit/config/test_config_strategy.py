@@ -118,6 +118,11 @@ def test_pipeline_stages_run_under_fsdp_with_or_without_tp_and_add_ranks(demo_da
         bad = {**demo_data, "training": {**demo_data["training"], **training}}
         assert problem_paths(bad) == ["training.pipeline_parallel_size"], training
         assert says in problem_messages(bad, "training.pipeline_parallel_size")[0]
+    ep = {**demo_data, "training": {**demo_data["training"], "tensor_parallel_size": 1, "expert_parallel_size": 2}}
+    ep["training"]["data_parallel_size"] = 2
+    assert "needs training.router_aux_loss_coef: 0" in problem_messages(ep, "training.pipeline_parallel_size")[0]
+    ep["training"]["router_aux_loss_coef"] = 0
+    assert parse_job_config(ep).training.expert_parallel_size == 2  # PP 2 x EP 2 over each stage's DP pair
     ppo = {**demo_data, "algorithm": {**demo_data["algorithm"], "name": "ppo"}}
     assert "with ppo: not built yet" in problem_messages(ppo, "training.pipeline_parallel_size")[0]
     # the stages' ranks are counted against the devices

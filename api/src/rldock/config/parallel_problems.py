@@ -34,7 +34,16 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
             "runs under strategy fsdp (each stage sharded over its data-parallel ranks); set it",
         ),
         (training.context_parallel_size > 1, "beside context_parallel_size: not built yet; use one of the two"),
-        (training.expert_parallel_size > 1, "beside expert_parallel_size: not built yet; use one of the two"),
+        (
+            training.expert_parallel_size > 1 and training.router_aux_loss_coef != 0,
+            "beside expert_parallel_size needs training.router_aux_loss_coef: 0 (the load-balancing loss sums "
+            "every layer's routing, which the stages hold apart: not built yet); set it, or use one of the two",
+        ),
+        (
+            cfg.algorithm.routing_replay != "off",
+            "with algorithm.routing_replay: not built yet (replay keys its routes by the whole model's layers); "
+            "use routing_replay off, or 1",
+        ),
         (
             needs_critic(cfg.algorithm.name) or cfg.algorithm.name == "dpo",
             f"with {cfg.algorithm.name}: not built yet (the critic and DPO's preference step run whole models); "

@@ -226,8 +226,7 @@ class FsdpBackend:
         if self.experts is not None:
             weights = gather_experts(weights, self.experts.sharding)
         if self.pipeline is not None:  # every stage's tensors on every rank (training/pipeline.py)
-            listing = {name: (tuple(value.shape), value.dtype) for name, value in self.model.state_dict().items()}
-            weights = self.pipeline.whole_state(weights, listing)
+            weights = self.pipeline.whole_state(weights)
         return weights
 
     def to_training(self) -> None:

@@ -102,34 +102,28 @@ class PipelineStage:
         copy of a tied tensor."""
         return {id(model.get_parameter(self.tied))} if self.tied is not None and self.last else set()
 
-    def whole_state(
-        self, local: Iterator[tuple[str, Tensor]], shapes: dict[str, tuple]
-    ) -> Iterator[tuple[str, Tensor]]:
+    def whole_state(self, local: Iterator[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
         """The whole model's (name, tensor), one at a time, on every stage (collective over the pipeline
-        group): each stage's `local` tensors (`shapes`: their names, shapes and dtypes, as this stage
-        holds them) broadcast from it in stage order. Each rank's peers in the other stages send it theirs."""
-        group, links = self.links.group, self.links
-        ranks = dist.get_process_group_ranks(group)
-        every: list[Any] = [None] * links.size
-        dist.all_gather_object(every, [(self.names.whole(n), s, d) for n, (s, d) in shapes.items()], group=group)
-        for stage, listing in enumerate(every):
-            for name, shape, dtype in listing:
-                if stage == links.index:
-                    got_name, tensor = next(local)
-                    assert self.names.whole(got_name) == name, (got_name, name)
-                    tensor = tensor.contiguous()
+        group): each stage's `local` tensors (as its ranks gather them: FSDP's shards and the experts whole)
+        broadcast from it in stage order, each after its name, shape and dtype, so a stage learns the
+        others' as they come (expert parallelism's gather changes their shapes). Each rank's peers in the
+        other stages send it theirs."""
+        links = self.links
+        ranks = dist.get_process_group_ranks(links.group)
+        for stage in range(links.size):
+            while True:
+                item = next(local, None) if stage == links.index else None
+                box: list[Any] = [None if item is None else (self.names.whole(item[0]), item[1].shape, item[1].dtype)]
+                dist.broadcast_object_list(box, src=ranks[stage], group=links.group)
+                if box[0] is None:  # the stage has sent all its tensors
+                    break
+                name, shape, dtype = box[0]
+                if item is not None:
+                    tensor = item[1].to(links.device).contiguous()
                 else:
                     tensor = torch.empty(shape, dtype=dtype, device=links.device)
-                dist.broadcast(tensor, src=ranks[stage], group=group)
+                dist.broadcast(tensor, src=ranks[stage], group=links.group)
                 yield name, tensor
-
-    def local_state(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The whole model's tensors by name cut to this stage's, under its names; a tied model's last stage
-        takes the embedding for its head where the weights hold no head of their own."""
-        kept = {local: value for name, value in weights.items() if (local := self.names.local(name)) is not None}
-        if self.tied is not None and self.last and "lm_head.weight" not in weights:
-            kept["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        return kept
 
     def whole_optimizer_state(self, state: dict) -> dict:
         """This stage's optimizer state (torch's full state dict: by parameter name, on every rank) and the
