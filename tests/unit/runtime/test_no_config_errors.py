@@ -38,6 +38,8 @@ REMAINING = {
     "engines/expert_parallel.py:apply_expert_parallel": "needs the model's experts",
     "engines/expert_parallel.py:ExpertParallelExperts.__init__": "needs the model's experts' layout",
     "engines/fsdp_sharding.py:check_mixed_precision": "needs the device (bf16 support)",
+    "training/pipeline.py:stage_layers": "needs the model's layer count (a built model has no config yet)",
+    "training/pipeline.py:split_stage": "needs the model's class and its layer_types",
     "engines/replica_devices.py:engine_environments": "needs the device ids and nodes Ray assigned",
     "models/__init__.py:ensure_model": "needs the model folder (config.json on the worker's filesystem)",
     "models/loading.py:encode_prompts": "needs the tokenizer (a prompt's length in tokens)",
