@@ -40,6 +40,14 @@ from rldock.contract.placement import PlacementMode, PlacementPlan, SeatRequest,
 RankCount = Literal["actor_ranks", "sequence_ranks", "one"]
 
 
+def stage_layer_counts(num_layers: int, stages: int) -> list[int]:
+    """The decoder layers of each pipeline stage (training.pipeline_parallel_size): num_layers // stages,
+    one more on each of the first num_layers % stages (the last holds the LM head). The runtime's split and
+    the memory planner both read it."""
+    base, spare = divmod(num_layers, stages)
+    return [base + (stage < spare) for stage in range(stages)]
+
+
 @dataclass(frozen=True)
 class DeviceGroup:
     """A device worker group besides the actor ranks: its name in the placement plan, how many

@@ -1,6 +1,8 @@
 """Per-device bytes of one actor rank in the training (update) and generation phases.
 
-Every figure is arithmetic on the config and the model shape (bytes, no torch):
+Every figure is arithmetic on the config and the model shape (bytes, no torch), computed in
+planning/training_state.py, activations.py, moe_bytes.py and pipeline_stages.py (the units in
+dtypes.py) and put together here:
 
 - parameters: P x param bytes (model.dtype; float32 masters under mixed precision), divided by the
   data-parallel size under FSDP and the TP size for the decoder layers' weights under TP.
@@ -39,6 +41,16 @@ Every figure is arithmetic on the config and the model shape (bytes, no torch):
   holds the pass's whole 4D mask unless the pass is one trimmed row (causal, no mask); FSDP shards
   the training state over DP x CP ranks; `all_to_all_bytes` is what a rank sends its CP group in one
   update step, by the mode's traffic (planning/context_parallel_bytes.py).
+- pipeline parallelism (training.pipeline_parallel_size p; planning/pipeline_stages.py): a rank
+  holds its stage's training state, the heaviest stage's counted (its share of the layers as
+  split above, plus the embedding on stage 0, the final norm and the head on the last; V x h
+  each, a tied model's last stage holding a copy), sharded by FSDP over its stage's dp x cp ranks;
+  the root a stage gathers is its one vocabulary matrix. The update's m micro-batches (a rank's
+  mini-batch over training.micro_batch_size rows, `update_micro_batches`) run 1F1B: stage s holds
+  min(p - s, m) micro-batches' activations of its layers at once, the last adds the head's chunk,
+  and the fullest stage's are counted (stage 0's but for a small pass). `pipeline_bubble` is the
+  step's idle share, (p - 1) / (m + p - 1). Each figure is its fullest stage's, so the sum bounds
+  every stage's device from above. At p = 1 the one stage holds everything, as without PP.
 - generation weights: the model in the engine's dtype (rollout.dtype, else model.dtype) over
   rollout.tensor_parallel_size devices (one vLLM engine per generation replica, its weights split
   by vLLM's TP; the whole model at TP 1).
@@ -76,21 +88,71 @@ from dataclasses import asdict, dataclass
 
 from rldock.config import JobConfig
 from rldock.config.job_layout import job_layout
-from rldock.config.rollout import generation_dtype
 from rldock.runtime.flow.job_recipe import job_recipe
 from rldock.runtime.flow.states import memory_models, placement_plan
-from rldock.runtime.planning.context_parallel_bytes import (
-    context_bytes_per_pass,
-    mask_bytes,
-    saved_width,
-    tokens_per_rank,
+from rldock.runtime.planning.activations import (
+    LOGIT_CHUNK_BYTES,
+    activation_bytes,
+    decoder_activation_bytes,
+    head_chunk_bytes,
+    micro_batch_tokens,
+    stage_activation_bytes,
+    update_all_to_all_bytes,
+    update_micro_batches,
 )
+from rldock.runtime.planning.dtypes import (
+    COMPUTE_BYTES,
+    DTYPE_BYTES,
+    GIB,
+    MIXED_PRECISION_DTYPES,
+    compute_dtypes,
+    compute_element_bytes,
+    engine_dtype,
+    training_dtype,
+)
+from rldock.runtime.planning.moe_bytes import MoePlan, RedundantWeights, plan_moe, plan_redundant_weights
+from rldock.runtime.planning.pipeline_stages import pipeline_bubble
 from rldock.runtime.planning.shapes import ModelShape
+from rldock.runtime.planning.training_state import (
+    fsdp_gathered_bytes,
+    fsdp_shard_ranks,
+    fsdp_whole_gradient_bytes,
+    stage_training_state_bytes,
+    training_state_bytes,
+)
 
-GIB = 1024**3
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-COMPUTE_BYTES = {"bf16": 2, "fp16": 2}
-MIXED_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # training.mixed_precision's compute dtype
+# The planner's figures by their first home, here for the modules and tests that import them from this one.
+__all__ = [
+    "COMPUTE_BYTES",
+    "DTYPE_BYTES",
+    "GIB",
+    "LOGIT_CHUNK_BYTES",
+    "MIXED_PRECISION_DTYPES",
+    "CriticBytes",
+    "MemoryPlan",
+    "MoePlan",
+    "PhaseBytes",
+    "RedundantWeights",
+    "activation_bytes",
+    "compute_dtypes",
+    "critic_is_sharded",
+    "critic_params",
+    "engine_dtype",
+    "fsdp_gathered_bytes",
+    "fsdp_shard_ranks",
+    "fsdp_whole_gradient_bytes",
+    "head_chunk_bytes",
+    "plan_critic",
+    "plan_memory",
+    "plan_moe",
+    "plan_redundant_weights",
+    "stage_activation_bytes",
+    "stage_training_state_bytes",
+    "training_dtype",
+    "training_state_bytes",
+    "update_all_to_all_bytes",
+    "update_micro_batches",
+]
 
 
 @dataclass(frozen=True)
@@ -131,93 +193,6 @@ class CriticBytes:
 
 
 @dataclass(frozen=True)
-class MoePlan:
-    """An MoE model's figures beside the bytes: parameters, this rank's expert shard, the all-to-all."""
-
-    num_experts: int
-    top_k: int
-    active_params: int
-    expert_parallel_size: int
-    experts_per_rank: int  # each MoE layer's experts one EP rank holds
-    expert_bytes_per_rank: int  # their parameter bytes over all layers, before FSDP's 1/(dp/ep)
-    all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
-    # (a CP rank: its 1/cp of the positions)
-    redundant: RedundantWeights
-
-
-@dataclass(frozen=True)
-class RedundantWeights:
-    """The paper's eq. 3 with experts: the training weights naive resharding leaves on the devices
-    during generation, beside the engine's, counted over the generation replicas (one device each:
-    an engine's first rank, `JobLayout.engine_ranks`).
-
-    MindSpeed RL writes R = GDP * (TW/UTP + EW/GEP): GDP generation replicas, TW the weights split
-    by tensor parallelism (everything but the experts: attention, embeddings, norms, routers), EW the
-    expert weights, UTP the update's TP and GEP the expert split (its update and generation EP are
-    one size). `paper_bytes` is that figure with rldock's sizes: UTP training.tensor_parallel_size,
-    GEP the generation's expert split, rollout.tensor_parallel_size (vLLM splits experts by its TP;
-    rldock runs no engine EP). rldock's training layout splits further, so what its naive resharding
-    leaves (`naive_bytes`) is R with the update's own splits: TW over UTP x the FSDP shards, EW over
-    training.expert_parallel_size x the expert-data-parallel FSDP shards (every rank holds 1/dp of
-    either under FSDP). allgather_swap leaves none: the training state goes to the host."""
-
-    generation_replicas: int  # GDP
-    generation_expert_split: int  # GEP
-    dense_weight_bytes: int  # TW
-    expert_weight_bytes: int  # EW
-    dense_split: int  # the update's split of TW on a device: UTP (x FSDP's shards)
-    expert_split: int  # the update's split of EW on a device: EP (x FSDP's expert-data-parallel shards)
-    paper_bytes: int  # GDP * (TW/UTP + EW/GEP)
-    naive_bytes: int  # GDP * (TW/dense_split + EW/expert_split): training.resharding naive
-
-
-def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeights:
-    """Eq. 3 with experts for `cfg` and `shape` (RedundantWeights)."""
-    training, layout = cfg.training, job_layout(cfg)
-    element = DTYPE_BYTES[cfg.model.dtype]
-    experts = shape.num_layers * shape.expert_params * element
-    dense = shape.num_params * element - experts
-    fsdp = training.strategy == "fsdp"
-    dense_split = training.tensor_parallel_size * (fsdp_shard_ranks(cfg) if fsdp else 1)
-    expert_split = layout.ep * (layout.expert_data_parallel if fsdp else 1)
-    gdp, gep = layout.num_generation_replicas, layout.generation_tp
-    return RedundantWeights(
-        generation_replicas=gdp,
-        generation_expert_split=gep,
-        dense_weight_bytes=dense,
-        expert_weight_bytes=experts,
-        dense_split=dense_split,
-        expert_split=expert_split,
-        paper_bytes=gdp * (dense // training.tensor_parallel_size + experts // gep),
-        naive_bytes=gdp * (dense // dense_split + experts // expert_split),
-    )
-
-
-def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
-    """The MoE figures of `cfg` with `shape`; None for a dense model. The all-to-all moves each of a
-    micro-batch's tokens' k copies to their experts and the outputs back (2 x tokens x k x h
-    elements per layer), of which the share (ep - 1) / ep leaves the rank when experts are spread
-    evenly; the backward moves as much again. Under CP a rank routes its ceil(tokens / cp) positions
-    only (EP groups are carved out of the dp x cp ranks, rldock.contract.layout)."""
-    if not shape.is_moe:
-        return None
-    ep, cp = cfg.training.expert_parallel_size, cfg.training.context_parallel_size
-    element = COMPUTE_BYTES.get(cfg.training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-    tokens = -(-_micro_batch_tokens(cfg) // cp)  # this rank's positions of the micro-batch
-    sent = 2 * tokens * shape.num_experts_per_tok * shape.hidden_size * element
-    return MoePlan(
-        num_experts=shape.num_experts,
-        top_k=shape.num_experts_per_tok,
-        active_params=shape.active_params,
-        expert_parallel_size=ep,
-        experts_per_rank=shape.num_experts // ep,
-        expert_bytes_per_rank=shape.num_layers * shape.expert_params // ep * DTYPE_BYTES[cfg.model.dtype],
-        all_to_all_bytes=shape.num_layers * sent * (ep - 1) // ep,
-        redundant=plan_redundant_weights(cfg, shape),
-    )
-
-
-@dataclass(frozen=True)
 class MemoryPlan:
     model: str
     num_params: int
@@ -234,6 +209,9 @@ class MemoryPlan:
     context_parallel_size: int = 1
     all_to_all_bytes: int = 0  # what a CP rank sends its group in one update step (update_all_to_all_bytes)
     moe: MoePlan | None = None
+    pipeline_parallel_size: int = 1
+    micro_batches: int = 1  # m: the update's micro-batches per mini-batch on a data-parallel rank
+    pipeline_bubble: float = 0.0  # the idle share of an update step under 1F1B: (p - 1) / (m + p - 1)
 
     @property
     def actor_peak(self) -> int:
@@ -252,135 +230,6 @@ class MemoryPlan:
             self.generation.device_total + critic.generation.device_total,
             self.weight_push + critic.update.device_total,
         )
-
-
-def fsdp_shard_ranks(cfg: JobConfig) -> int:
-    """The ranks FSDP shards a tensor over: the DP x CP sequence ranks (training/context_parallel.py), those
-    of one replica under HSDP (training.data_parallel_replicate_size)."""
-    return job_layout(cfg).num_sequence_ranks // cfg.training.data_parallel_replicate_size
-
-
-def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, int]:
-    """(params, grads, optimizer state) bytes one actor rank holds."""
-    training = cfg.training
-    param_bytes = DTYPE_BYTES[cfg.model.dtype]
-    tp = training.tensor_parallel_size
-    shard = fsdp_shard_ranks(cfg) if training.strategy == "fsdp" else 1
-    vocab = shape.embedding_params
-    # TP splits the decoder layers' weights only, and of an MoE layer not the experts (EP's, beside TP)
-    layers = shape.num_layers * ((shape.layer_params - shape.expert_params) // tp + shape.expert_params)
-    params = vocab + layers + shape.hidden_size
-    trainable = params - (vocab if training.freeze_embeddings else 0)
-    return (
-        -(-params * param_bytes // shard),
-        -(-trainable * param_bytes // shard),
-        -(-2 * trainable * param_bytes // shard),
-    )
-
-
-def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
-    """The gradient bytes an FSDP rank holds whole during the backward, beyond the shards that
-    `training_state_bytes` counts (module docstring): the LM head's whole gradient in the compute
-    dtype in place of its shard (none with training.freeze_embeddings), plus one layer's
-    reduce-scatter input (its whole gradient in the reduce dtype; under EP the layer's own experts,
-    as `fsdp_gathered` counts them), on the device with training.fsdp_cpu_offload too. 0 without FSDP."""
-    training = cfg.training
-    if training.strategy != "fsdp":
-        return 0
-    param_bytes = DTYPE_BYTES[cfg.model.dtype]  # FSDP reduces in float32 under mixed precision: the shards' dtype
-    compute = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
-    shard = fsdp_shard_ranks(cfg)
-    head = 0 if training.freeze_embeddings else shape.vocab_size * shape.hidden_size
-    layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
-    # the head's shard, counted in the device's gradients unless they live on the host (fsdp_cpu_offload)
-    head_shard = 0 if training.fsdp_cpu_offload else -(-head * param_bytes // shard)
-    return head * compute - head_shard + layer * param_bytes
-
-
-def _dispatch_width(shape: ModelShape) -> int:
-    """An MoE layer's dispatch keeps, per token, its k copies sent to the experts and the k outputs
-    combined back (engines/expert_parallel.py: what the all-to-alls move); 0 for a dense layer."""
-    return 2 * shape.num_experts_per_tok * shape.hidden_size if shape.is_moe else 0
-
-
-def _layer_activation_bytes(
-    shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1, mode: str = "ulysses"
-) -> int:
-    """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (module
-    docstring); a CP rank keeps about as much per position for 1/cp of them, plus what its mode's
-    attention keeps (planning/context_parallel_bytes.py)."""
-    h, d = shape.hidden_size, shape.head_dim
-    per_token = (
-        4 * h
-        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d) // tp
-        + 4 * shape.active_intermediate // (1 if shape.is_moe else tp)  # TP leaves the experts whole
-        + _dispatch_width(shape)
-        + saved_width(shape, mode=mode, cp=cp, element=element)
-    )
-    return tokens_per_rank(tokens, cp) * per_token * element
-
-
-# engines/head_logprobs.py's CHUNK_BYTES (a test keeps them equal; the planner imports no torch)
-LOGIT_CHUNK_BYTES = 32 << 20
-
-
-def _micro_batch_tokens(cfg: JobConfig) -> int:
-    """The most tokens one pass computes: micro_batch_size whole sequences, within micro_batch_tokens."""
-    sequence = cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length
-    tokens = cfg.training.micro_batch_size * sequence
-    budget = cfg.training.micro_batch_tokens
-    return tokens if budget is None else max(min(tokens, budget), sequence)
-
-
-def _decoder_activation_bytes(cfg: JobConfig, shape: ModelShape, *, element: int, tp: int) -> int:
-    """What the decoder layers keep for one micro-batch, with or without gradient checkpointing, on
-    one rank (a CP rank: its 1/cp of the positions and a pass's whole 4D mask,
-    planning/context_parallel_bytes.py)."""
-    tokens, cp = _micro_batch_tokens(cfg), cfg.training.context_parallel_size
-    mode = cfg.training.context_parallel_mode
-    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp, mode=mode)
-    # A pass of one trimmed row has no padding and no mask (causal); otherwise at most a packed row's.
-    masked = cfg.training.micro_batch_size > 1 or not cfg.training.trim_padding
-    mask = mask_bytes(rows=1, sequence=tokens, cp=cp) if masked else 0
-    if cfg.training.gradient_checkpointing:
-        return shape.num_layers * tokens_per_rank(tokens, cp) * shape.hidden_size * element + per_layer + mask
-    return shape.num_layers * per_layer + mask
-
-
-def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
-    """The update's activations for one micro-batch (see the module docstring for the formula)."""
-    training = cfg.training
-    element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-    layers = _decoder_activation_bytes(cfg, shape, element=element, tp=training.tensor_parallel_size)
-    return layers + head_chunk_bytes(cfg, shape)
-
-
-def head_chunk_bytes(cfg: JobConfig, shape: ModelShape) -> int:
-    """The LM head's working set: about three float32 (chunk, V) tensors, a chunk being the positions
-    whose logits fit in LOGIT_CHUNK_BYTES, or the pass's tokens when fewer."""
-    tokens = tokens_per_rank(_micro_batch_tokens(cfg), cfg.training.context_parallel_size)  # a CP rank's positions
-    chunk = min(tokens, max(1, LOGIT_CHUNK_BYTES // (4 * shape.vocab_size)))
-    return 3 * chunk * shape.vocab_size * 4
-
-
-def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
-    """Bytes a CP rank sends the other ranks of its group in one update step: every micro-batch of
-    its mini-batch a forward and a backward (and a recomputed forward with gradient checkpointing)
-    of the longest sequences (planning/context_parallel_bytes.py). 0 without CP."""
-    training = cfg.training
-    element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-    mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
-    rows_per_pass = _micro_batch_tokens(cfg) // (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
-    passes = -(-mini_batch // max(1, min(rows_per_pass, training.micro_batch_size)))
-    per_pass = context_bytes_per_pass(
-        shape,
-        mode=training.context_parallel_mode,
-        tokens=_micro_batch_tokens(cfg),
-        cp=training.context_parallel_size,
-        element=element,
-        recompute=training.gradient_checkpointing,
-    )
-    return passes * per_pass
 
 
 def critic_params(shape: ModelShape) -> int:
@@ -402,17 +251,17 @@ def plan_critic(cfg: JobConfig, shape: ModelShape) -> CriticBytes | None:
     training = cfg.training
     param_bytes = DTYPE_BYTES[cfg.model.dtype]
     params = critic_params(shape) * param_bytes
-    values = _micro_batch_tokens(cfg) * 4  # float32 values (a CP rank holds all of them, summed over its group)
+    values = micro_batch_tokens(cfg) * 4  # float32 values (a CP rank holds all of them, summed over its group)
     beside = _critic_beside_actor(cfg)
     if not critic_is_sharded(cfg):  # a full replica (DDP, or one rank) computing in model.dtype
-        activations = _decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
+        activations = decoder_activation_bytes(cfg, shape, element=param_bytes, tp=1) + values
         state = (params, params, 2 * params)  # params, grads, AdamW's two moments
         return CriticBytes(
             update=PhaseBytes(*state, activations=activations), generation=PhaseBytes(*state), beside_actor=beside
         )
     dp = fsdp_shard_ranks(cfg)  # FSDP over DP x CP ranks (a replica's under HSDP)
-    element = COMPUTE_BYTES.get(training.mixed_precision, param_bytes)
-    activations = _decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
+    element = compute_element_bytes(cfg)
+    activations = decoder_activation_bytes(cfg, shape, element=element, tp=1) + values
     gathered = (2 * shape.layer_params + shape.vocab_size * shape.hidden_size) * element
     mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
     accumulates = mini_batch > training.micro_batch_size  # whole gradients kept between micro-batches
@@ -441,26 +290,6 @@ def _critic_beside_actor(cfg: JobConfig) -> bool:
     return any(seat.bundle < len(plan.actors) for seat in plan.group("critic"))  # actor rank i sits on bundle i
 
 
-def engine_dtype(cfg: JobConfig) -> str:
-    """The dtype the job's vLLM engine holds its weights in (rollout.dtype, else model.dtype; float32 on CPU)."""
-    return generation_dtype(
-        model_dtype=cfg.model.dtype, rollout_dtype=cfg.rollout.dtype, on_cpu=cfg.resources.device == "cpu"
-    )
-
-
-def training_dtype(cfg: JobConfig) -> str:
-    """The dtype the training backends' passes compute in: training.mixed_precision's (FSDP casts the
-    float32 master weights for each forward and backward), else model.dtype."""
-    return MIXED_PRECISION_DTYPES.get(cfg.training.mixed_precision, cfg.model.dtype)
-
-
-def compute_dtypes(cfg: JobConfig) -> tuple[str, str, str]:
-    """The dtypes the job's passes compute in: the rollout's (`engine_dtype`), the training
-    backends' (`training_dtype`) and the reference's (model.dtype: the reference ranks run no mixed
-    precision, and under LoRA the actors that run it are DDP ranks, which have none either)."""
-    return engine_dtype(cfg), training_dtype(cfg), cfg.model.dtype
-
-
 def _engine_bytes(cfg: JobConfig, shape: ModelShape, device_memory: int | None) -> tuple[int, int]:
     """(generation weights, KV cache) per device of the replica's vLLM engine (split over its TP)."""
     weights = shape.num_params * DTYPE_BYTES[engine_dtype(cfg)] // job_layout(cfg).generation_tp
@@ -476,12 +305,7 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
     training = cfg.training
     params, grads, optimizer = training_state_bytes(cfg, shape)
     weights, kv_cache = _engine_bytes(cfg, shape, device_memory)
-    gathered = 0
-    if training.strategy == "fsdp":
-        element = COMPUTE_BYTES.get(training.mixed_precision, DTYPE_BYTES[cfg.model.dtype])
-        # a layer gathers its experts over the expert-data-parallel group only: this rank's E/ep of them
-        layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
-        gathered = (2 * layer + shape.embedding_params) * element
+    micro_batches = max(1, update_micro_batches(cfg))
     offloaded = training.strategy == "fsdp" and training.fsdp_cpu_offload
     state = (0, 0, 0) if offloaded else (params, grads, optimizer)
     host = params + grads + optimizer if offloaded else 0
@@ -490,7 +314,7 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
     update_engine = (0, 0, weights if cfg.rollout.sleep_level == 1 else 0) if sleeps else (weights, kv_cache, 0)
     update = PhaseBytes(
         *state,
-        fsdp_gathered=gathered,
+        fsdp_gathered=fsdp_gathered_bytes(cfg, shape),
         fsdp_whole_grads=fsdp_whole_gradient_bytes(cfg, shape),
         activations=activation_bytes(cfg, shape),
         generation_weights=update_engine[0],
@@ -521,6 +345,9 @@ def plan_memory(cfg: JobConfig, shape: ModelShape, *, device_memory: int | None 
         context_parallel_size=training.context_parallel_size,
         all_to_all_bytes=update_all_to_all_bytes(cfg, shape),
         moe=plan_moe(cfg, shape),
+        pipeline_parallel_size=training.pipeline_parallel_size,
+        micro_batches=micro_batches,
+        pipeline_bubble=pipeline_bubble(stages=training.pipeline_parallel_size, micro_batches=micro_batches),
         # a device holds 1/TP of the KV heads
         kv_cache_tokens=kv_cache
         * job_layout(cfg).generation_tp

@@ -11,10 +11,11 @@ ROWS = [f.name for f in fields(PhaseBytes)]
 
 
 def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
+    pp = f"PP {plan.pipeline_parallel_size} x " if plan.pipeline_parallel_size > 1 else ""
     cp = f"CP {plan.context_parallel_size} x " if plan.context_parallel_size > 1 else ""
     title = (
         f"{plan.model}: {plan.num_params / 1e9:.2f}B parameters, {plan.strategy}, "
-        f"DP {plan.data_parallel_size} x {cp}TP {plan.tensor_parallel_size}, per device (GiB)"
+        f"{pp}DP {plan.data_parallel_size} x {cp}TP {plan.tensor_parallel_size}, per device (GiB)"
     )
     lines = [title, f"{'':<20}{'update':>10}{'generation':>12}"]
     for row in ROWS:
@@ -33,6 +34,13 @@ def plan_table(plan: MemoryPlan, verdict: Verdict | None) -> str:
     lines.append(f"KV cache holds {plan.kv_cache_tokens} tokens")
     if plan.context_parallel_size > 1:
         lines.append(f"all-to-all per update step and CP rank {plan.all_to_all_bytes / GIB:.2f} GiB sent")
+    if plan.pipeline_parallel_size > 1:
+        p, m = plan.pipeline_parallel_size, plan.micro_batches
+        lines.append(
+            f"pipeline: {p} stages, 1F1B over {m} micro-batches a mini-batch (stage 0 holds {min(p, m)} at once): "
+            f"bubble (p - 1) / (m + p - 1) = {plan.pipeline_bubble:.3f} of the update step; "
+            "each row above is its fullest stage's"
+        )
     if plan.critic is not None:
         where = "beside an actor rank" if plan.critic.beside_actor else "on a device of its own"
         layout = "FSDP shards" if plan.strategy == "fsdp" and plan.data_parallel_size > 1 else "DDP replica"
@@ -83,6 +91,9 @@ def plan_json(plan: MemoryPlan, verdict: Verdict | None) -> dict:
         "data_parallel_size": plan.data_parallel_size,
         "tensor_parallel_size": plan.tensor_parallel_size,
         "context_parallel_size": plan.context_parallel_size,
+        "pipeline_parallel_size": plan.pipeline_parallel_size,
+        "micro_batches": plan.micro_batches,
+        "pipeline_bubble": plan.pipeline_bubble,
         "all_to_all_bytes": plan.all_to_all_bytes,
         "device_memory": plan.device_memory,
         "kv_cache_tokens": plan.kv_cache_tokens,

@@ -4,7 +4,9 @@ The candidates are single-field changes, cheapest in compute first; each is re-p
 first that fits is named in the refusal. When none does alone, the refusal names the data-parallel
 size FSDP (with the other savings) would need, or, when even checkpointed a pass's activations fill
 half the device (a long sequence), first the context-parallel size that splits each sequence enough
-(`training.context_parallel_size`, one that divides the heads and KV heads).
+(`training.context_parallel_size`, one that divides the heads and KV heads; not under pipeline
+parallelism, which the config refuses beside it). More pipeline stages than the model has layers are
+refused first, naming training.pipeline_parallel_size.
 """
 
 from __future__ import annotations
@@ -163,6 +165,14 @@ def _context_parallel_verdict(lean: JobConfig, shape: ModelShape, *, need: str, 
 
 def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdict:
     """Whether the job fits `device_memory` bytes per device; a refusal names one field to change."""
+    stages = cfg.training.pipeline_parallel_size
+    if stages > shape.num_layers:  # the runtime's split refuses it (training/pipeline.py); the planner says so first
+        return Verdict(
+            False,
+            "training.pipeline_parallel_size",
+            f"{stages} pipeline stages for the model's {shape.num_layers} layers would leave a stage none; "
+            f"use at most {shape.num_layers}",
+        )
     plan = plan_memory(cfg, shape, device_memory=device_memory)
     weights = plan.generation.generation_weights
     if cfg.resources.device != "cpu" and weights > cfg.rollout.gpu_memory_utilization * device_memory:
@@ -181,7 +191,8 @@ def check_fit(cfg: JobConfig, shape: ModelShape, *, device_memory: int) -> Verdi
         cfg, strategy="fsdp", gradient_checkpointing=True, resharding="allgather_swap", tensor_parallel_size=1
     )
     # Even checkpointed, a pass's activations fill half the device: the sequence, not the model, is the problem.
-    if plan_memory(lean, shape, device_memory=device_memory).update.activations > device_memory // 2:
+    # Not under PP, which the config refuses beside CP (docs/scaling.md, section 12).
+    if stages == 1 and plan_memory(lean, shape, device_memory=device_memory).update.activations > device_memory // 2:
         verdict = _context_parallel_verdict(lean, shape, need=need, device_memory=device_memory)
         if verdict is not None:
             return verdict

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rldock.contract.layout import stage_layer_counts
 from rldock.runtime.models.pipeline_stage import StageInput, StageLinks, StageOutput, pipeline_links
 from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 
@@ -48,10 +49,9 @@ def stage_layers(num_layers: int, stages: int) -> list[range]:
         raise ValueError(
             f"training.pipeline_parallel_size {stages} must be between 1 and the model's {num_layers} layers"
         )
-    base, spare = divmod(num_layers, stages)
     bounds = [0]
-    for stage in range(stages):
-        bounds.append(bounds[-1] + base + (stage < spare))
+    for count in stage_layer_counts(num_layers, stages):
+        bounds.append(bounds[-1] + count)
     return [range(start, stop) for start, stop in zip(bounds, bounds[1:])]
 
 

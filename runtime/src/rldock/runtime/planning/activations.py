@@ -1,0 +1,121 @@
+"""The update's activations on one actor rank, its micro-batches and its CP traffic (the formulas:
+planning/memory.py's module docstring; planning/memory.py re-exports these)."""
+
+from __future__ import annotations
+
+from rldock.config import JobConfig
+from rldock.runtime.planning.context_parallel_bytes import (
+    context_bytes_per_pass,
+    mask_bytes,
+    saved_width,
+    tokens_per_rank,
+)
+from rldock.runtime.planning.dtypes import compute_element_bytes
+from rldock.runtime.planning.pipeline_stages import micro_batches_held, stage_layer_counts
+from rldock.runtime.planning.shapes import ModelShape
+
+# engines/head_logprobs.py's CHUNK_BYTES (a test keeps them equal; the planner imports no torch)
+LOGIT_CHUNK_BYTES = 32 << 20
+
+
+def _dispatch_width(shape: ModelShape) -> int:
+    """An MoE layer's dispatch keeps, per token, its k copies sent to the experts and the k outputs
+    combined back (engines/expert_parallel.py: what the all-to-alls move); 0 for a dense layer."""
+    return 2 * shape.num_experts_per_tok * shape.hidden_size if shape.is_moe else 0
+
+
+def _layer_activation_bytes(
+    shape: ModelShape, *, tokens: int, element: int, tp: int, cp: int = 1, mode: str = "ulysses"
+) -> int:
+    """What autograd keeps of one decoder layer for a pass of `tokens` tokens on one rank (planning/memory.py's
+    module docstring); a CP rank keeps about as much per position for 1/cp of them, plus what its mode's
+    attention keeps (planning/context_parallel_bytes.py)."""
+    h, d = shape.hidden_size, shape.head_dim
+    per_token = (
+        4 * h
+        + ((shape.num_heads + 2 * shape.num_kv_heads) * d + shape.num_heads * d) // tp
+        + 4 * shape.active_intermediate // (1 if shape.is_moe else tp)  # TP leaves the experts whole
+        + _dispatch_width(shape)
+        + saved_width(shape, mode=mode, cp=cp, element=element)
+    )
+    return tokens_per_rank(tokens, cp) * per_token * element
+
+
+def micro_batch_tokens(cfg: JobConfig) -> int:
+    """The most tokens one pass computes: micro_batch_size whole sequences, within micro_batch_tokens."""
+    sequence = cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length
+    tokens = cfg.training.micro_batch_size * sequence
+    budget = cfg.training.micro_batch_tokens
+    return tokens if budget is None else max(min(tokens, budget), sequence)
+
+
+def update_micro_batches(cfg: JobConfig) -> int:
+    """The micro-batches of a data-parallel rank's mini-batch (its share of the iteration's samples over
+    algorithm.num_updates_per_iteration), each micro_batch_size rows, fewer where micro_batch_tokens
+    holds fewer of the longest sequences (shorter ones pack into fewer passes at run time)."""
+    training = cfg.training
+    mini_batch = cfg.num_samples_per_iteration // training.data_parallel_size // cfg.algorithm.num_updates_per_iteration
+    rows_per_pass = micro_batch_tokens(cfg) // (cfg.algorithm.max_prompt_length + cfg.algorithm.max_response_length)
+    return -(-mini_batch // max(1, min(rows_per_pass, training.micro_batch_size)))
+
+
+def decoder_activation_bytes(
+    cfg: JobConfig, shape: ModelShape, *, element: int, tp: int, layers: int | None = None, held: int = 1
+) -> int:
+    """What `layers` decoder layers (default: all of them) keep for `held` micro-batches at once, with or
+    without gradient checkpointing, on one rank (a CP rank: its 1/cp of the positions and a pass's whole
+    4D mask, planning/context_parallel_bytes.py). Checkpointed, each held micro-batch keeps its layers'
+    inputs, and one layer at a time is recomputed whole."""
+    layers = shape.num_layers if layers is None else layers
+    tokens, cp = micro_batch_tokens(cfg), cfg.training.context_parallel_size
+    mode = cfg.training.context_parallel_mode
+    per_layer = _layer_activation_bytes(shape, tokens=tokens, element=element, tp=tp, cp=cp, mode=mode)
+    # A pass of one trimmed row has no padding and no mask (causal); otherwise at most a packed row's.
+    masked = cfg.training.micro_batch_size > 1 or not cfg.training.trim_padding
+    mask = mask_bytes(rows=1, sequence=tokens, cp=cp) if masked else 0
+    if cfg.training.gradient_checkpointing:
+        return held * (layers * tokens_per_rank(tokens, cp) * shape.hidden_size * element + mask) + per_layer
+    return held * (layers * per_layer + mask)
+
+
+def stage_activation_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> int:
+    """The update's activations on pipeline stage `stage` (0 without PP): its layers' for the micro-batches
+    1F1B holds there at once (planning/pipeline_stages.py), plus the LM head's chunk on the last stage."""
+    training = cfg.training
+    stages = training.pipeline_parallel_size
+    held = micro_batches_held(stage=stage, stages=stages, micro_batches=max(1, update_micro_batches(cfg)))
+    layers = stage_layer_counts(shape.num_layers, stages)[stage]
+    element, tp = compute_element_bytes(cfg), training.tensor_parallel_size
+    decoder = decoder_activation_bytes(cfg, shape, element=element, tp=tp, layers=layers, held=held)
+    return decoder + (head_chunk_bytes(cfg, shape) if stage == stages - 1 else 0)
+
+
+def activation_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """The update's activations (planning/memory.py's module docstring): one micro-batch's without PP;
+    under PP the fullest stage's (stage 0's, which holds the most layers and micro-batches, unless the
+    head's chunk on the last outweighs them)."""
+    return max(stage_activation_bytes(cfg, shape, stage) for stage in range(cfg.training.pipeline_parallel_size))
+
+
+def head_chunk_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """The LM head's working set: about three float32 (chunk, V) tensors, a chunk being the positions
+    whose logits fit in LOGIT_CHUNK_BYTES, or the pass's tokens when fewer."""
+    tokens = tokens_per_rank(micro_batch_tokens(cfg), cfg.training.context_parallel_size)  # a CP rank's positions
+    chunk = min(tokens, max(1, LOGIT_CHUNK_BYTES // (4 * shape.vocab_size)))
+    return 3 * chunk * shape.vocab_size * 4
+
+
+def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """Bytes a CP rank sends the other ranks of its group in one update step: every micro-batch of
+    its mini-batch a forward and a backward (and a recomputed forward with gradient checkpointing)
+    of the longest sequences (planning/context_parallel_bytes.py). 0 without CP."""
+    training = cfg.training
+    per_pass = context_bytes_per_pass(
+        shape,
+        mode=training.context_parallel_mode,
+        tokens=micro_batch_tokens(cfg),
+        cp=training.context_parallel_size,
+        element=compute_element_bytes(cfg),
+        recompute=training.gradient_checkpointing,
+    )
+    return update_micro_batches(cfg) * per_pass

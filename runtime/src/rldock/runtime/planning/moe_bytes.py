@@ -1,0 +1,100 @@
+"""An MoE model's figures beside the bytes: its parameters, one rank's expert shard, the all-to-all
+and the redundant weights of the paper's eq. 3 (planning/memory.py re-exports these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rldock.config import JobConfig
+from rldock.config.job_layout import job_layout
+from rldock.runtime.planning.activations import micro_batch_tokens
+from rldock.runtime.planning.dtypes import DTYPE_BYTES, compute_element_bytes
+from rldock.runtime.planning.shapes import ModelShape
+from rldock.runtime.planning.training_state import fsdp_shard_ranks
+
+
+@dataclass(frozen=True)
+class MoePlan:
+    """An MoE model's figures beside the bytes: parameters, this rank's expert shard, the all-to-all."""
+
+    num_experts: int
+    top_k: int
+    active_params: int
+    expert_parallel_size: int
+    experts_per_rank: int  # each MoE layer's experts one EP rank holds
+    expert_bytes_per_rank: int  # their parameter bytes over all layers, before FSDP's 1/(dp/ep)
+    all_to_all_bytes: int  # what one rank sends per update micro-batch: dispatch and combine, every layer, forward
+    # (a CP rank: its 1/cp of the positions)
+    redundant: RedundantWeights
+
+
+@dataclass(frozen=True)
+class RedundantWeights:
+    """The paper's eq. 3 with experts: the training weights naive resharding leaves on the devices
+    during generation, beside the engine's, counted over the generation replicas (one device each:
+    an engine's first rank, `JobLayout.engine_ranks`).
+
+    MindSpeed RL writes R = GDP * (TW/UTP + EW/GEP): GDP generation replicas, TW the weights split
+    by tensor parallelism (everything but the experts: attention, embeddings, norms, routers), EW the
+    expert weights, UTP the update's TP and GEP the expert split (its update and generation EP are
+    one size). `paper_bytes` is that figure with rldock's sizes: UTP training.tensor_parallel_size,
+    GEP the generation's expert split, rollout.tensor_parallel_size (vLLM splits experts by its TP;
+    rldock runs no engine EP). rldock's training layout splits further, so what its naive resharding
+    leaves (`naive_bytes`) is R with the update's own splits: TW over UTP x the FSDP shards, EW over
+    training.expert_parallel_size x the expert-data-parallel FSDP shards (every rank holds 1/dp of
+    either under FSDP). allgather_swap leaves none: the training state goes to the host."""
+
+    generation_replicas: int  # GDP
+    generation_expert_split: int  # GEP
+    dense_weight_bytes: int  # TW
+    expert_weight_bytes: int  # EW
+    dense_split: int  # the update's split of TW on a device: UTP (x FSDP's shards)
+    expert_split: int  # the update's split of EW on a device: EP (x FSDP's expert-data-parallel shards)
+    paper_bytes: int  # GDP * (TW/UTP + EW/GEP)
+    naive_bytes: int  # GDP * (TW/dense_split + EW/expert_split): training.resharding naive
+
+
+def plan_redundant_weights(cfg: JobConfig, shape: ModelShape) -> RedundantWeights:
+    """Eq. 3 with experts for `cfg` and `shape` (RedundantWeights)."""
+    training, layout = cfg.training, job_layout(cfg)
+    element = DTYPE_BYTES[cfg.model.dtype]
+    experts = shape.num_layers * shape.expert_params * element
+    dense = shape.num_params * element - experts
+    fsdp = training.strategy == "fsdp"
+    dense_split = training.tensor_parallel_size * (fsdp_shard_ranks(cfg) if fsdp else 1)
+    expert_split = layout.ep * (layout.expert_data_parallel if fsdp else 1)
+    gdp, gep = layout.num_generation_replicas, layout.generation_tp
+    return RedundantWeights(
+        generation_replicas=gdp,
+        generation_expert_split=gep,
+        dense_weight_bytes=dense,
+        expert_weight_bytes=experts,
+        dense_split=dense_split,
+        expert_split=expert_split,
+        paper_bytes=gdp * (dense // training.tensor_parallel_size + experts // gep),
+        naive_bytes=gdp * (dense // dense_split + experts // expert_split),
+    )
+
+
+def plan_moe(cfg: JobConfig, shape: ModelShape) -> MoePlan | None:
+    """The MoE figures of `cfg` with `shape`; None for a dense model. The all-to-all moves each of a
+    micro-batch's tokens' k copies to their experts and the outputs back (2 x tokens x k x h
+    elements per layer), of which the share (ep - 1) / ep leaves the rank when experts are spread
+    evenly; the backward moves as much again. Under CP a rank routes its ceil(tokens / cp) positions
+    only (EP groups are carved out of the dp x cp ranks, rldock.contract.layout)."""
+    if not shape.is_moe:
+        return None
+    ep, cp = cfg.training.expert_parallel_size, cfg.training.context_parallel_size
+    element = compute_element_bytes(cfg)
+    tokens = -(-micro_batch_tokens(cfg) // cp)  # this rank's positions of the micro-batch
+    sent = 2 * tokens * shape.num_experts_per_tok * shape.hidden_size * element
+    return MoePlan(
+        num_experts=shape.num_experts,
+        top_k=shape.num_experts_per_tok,
+        active_params=shape.active_params,
+        expert_parallel_size=ep,
+        experts_per_rank=shape.num_experts // ep,
+        expert_bytes_per_rank=shape.num_layers * shape.expert_params // ep * DTYPE_BYTES[cfg.model.dtype],
+        all_to_all_bytes=shape.num_layers * sent * (ep - 1) // ep,
+        redundant=plan_redundant_weights(cfg, shape),
+    )

@@ -1,0 +1,80 @@
+"""An actor rank's training state (params, gradients, AdamW's moments) and what FSDP adds beside it in
+the update (whole gradients, gathered weights), by TP, FSDP's shards and, under PP, the heaviest stage
+(the formulas: planning/memory.py's module docstring; planning/memory.py re-exports these)."""
+
+from __future__ import annotations
+
+from rldock.config import JobConfig
+from rldock.config.job_layout import job_layout
+from rldock.runtime.planning.dtypes import DTYPE_BYTES, compute_element_bytes
+from rldock.runtime.planning.pipeline_stages import stage_layer_counts, stage_vocab_params
+from rldock.runtime.planning.shapes import ModelShape
+
+
+def fsdp_shard_ranks(cfg: JobConfig) -> int:
+    """The ranks FSDP shards a tensor over: the DP x CP sequence ranks (training/context_parallel.py), those
+    of one replica under HSDP (training.data_parallel_replicate_size); under PP, those of one stage."""
+    return job_layout(cfg).num_sequence_ranks // cfg.training.data_parallel_replicate_size
+
+
+def stage_training_state_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> tuple[int, int, int]:
+    """(params, grads, optimizer state) bytes one actor rank of pipeline stage `stage` holds (0 without PP):
+    its layers' weights (TP splits them, not an MoE layer's experts), the vocabulary matrices it holds
+    (planning/pipeline_stages.py) and, on the last stage, the final norm; FSDP divides all three by its
+    shard ranks."""
+    training = cfg.training
+    param_bytes = DTYPE_BYTES[cfg.model.dtype]
+    tp, stages = training.tensor_parallel_size, training.pipeline_parallel_size
+    shard = fsdp_shard_ranks(cfg) if training.strategy == "fsdp" else 1
+    vocab = stage_vocab_params(shape, stage=stage, stages=stages)
+    # TP splits the decoder layers' weights only, and of an MoE layer not the experts (EP's, beside TP)
+    layer = (shape.layer_params - shape.expert_params) // tp + shape.expert_params
+    layers = stage_layer_counts(shape.num_layers, stages)[stage] * layer
+    params = vocab + layers + (shape.hidden_size if stage == stages - 1 else 0)
+    trainable = params - (vocab if training.freeze_embeddings else 0)
+    return (
+        -(-params * param_bytes // shard),
+        -(-trainable * param_bytes // shard),
+        -(-2 * trainable * param_bytes // shard),
+    )
+
+
+def training_state_bytes(cfg: JobConfig, shape: ModelShape) -> tuple[int, int, int]:
+    """(params, grads, optimizer state) bytes one actor rank holds: under PP the heaviest stage's (the
+    most bytes of the three together)."""
+    stages = range(cfg.training.pipeline_parallel_size)
+    return max((stage_training_state_bytes(cfg, shape, stage) for stage in stages), key=sum)
+
+
+def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """The gradient bytes an FSDP rank holds whole during the backward, beyond the shards that
+    `training_state_bytes` counts (planning/memory.py's module docstring): the LM head's whole gradient
+    in the compute dtype in place of its shard (none with training.freeze_embeddings; under PP the last
+    stage's, as much as stage 0's embedding), plus one layer's reduce-scatter input (its whole gradient
+    in the reduce dtype; under EP the layer's own experts, as `fsdp_gathered_bytes` counts them), on the
+    device with training.fsdp_cpu_offload too. 0 without FSDP."""
+    training = cfg.training
+    if training.strategy != "fsdp":
+        return 0
+    param_bytes = DTYPE_BYTES[cfg.model.dtype]  # FSDP reduces in float32 under mixed precision: the shards' dtype
+    compute = compute_element_bytes(cfg)
+    shard = fsdp_shard_ranks(cfg)
+    head = 0 if training.freeze_embeddings else shape.vocab_size * shape.hidden_size
+    layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
+    # the head's shard, counted in the device's gradients unless they live on the host (fsdp_cpu_offload)
+    head_shard = 0 if training.fsdp_cpu_offload else -(-head * param_bytes // shard)
+    return head * compute - head_shard + layer * param_bytes
+
+
+def fsdp_gathered_bytes(cfg: JobConfig, shape: ModelShape) -> int:
+    """The weights an FSDP rank holds gathered in the compute dtype during the update: two layers (the
+    computing one and the prefetched next; under EP a layer's own E/ep experts, gathered over the
+    expert-data-parallel group only) and the root's vocabulary matrices (the embedding and an untied
+    head; under PP the most one stage holds, V x h). 0 without FSDP."""
+    training = cfg.training
+    if training.strategy != "fsdp":
+        return 0
+    stages = training.pipeline_parallel_size
+    layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
+    root = max(stage_vocab_params(shape, stage=stage, stages=stages) for stage in range(stages))
+    return (2 * layer + root) * compute_element_bytes(cfg)

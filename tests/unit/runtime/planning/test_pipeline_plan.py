@@ -1,0 +1,181 @@
+"""The memory planner under pipeline parallelism (training.pipeline_parallel_size, planning/pipeline_stages.py):
+the heaviest stage's training state, stage 0's activations of min(p, m) micro-batches, the 1F1B bubble
+in the plan, its table and its JSON, and p = 1 as without PP."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rldock.config import parse_job_config
+from rldock.runtime.planning import PRESETS, ModelShape, check_fit, plan_memory
+from rldock.runtime.planning.memory import (
+    GIB,
+    activation_bytes,
+    fsdp_gathered_bytes,
+    head_chunk_bytes,
+    stage_activation_bytes,
+    stage_training_state_bytes,
+    training_state_bytes,
+    update_micro_batches,
+)
+from rldock.runtime.planning.pipeline_stages import pipeline_bubble, stage_layer_counts, stage_vocab_params
+from rldock.runtime.planning.report import plan_json, plan_table
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
+# 4 layers (two a stage at PP 2, one at PP 4), hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocab 10: 592 per layer.
+UNTIED = ModelShape(
+    "small",
+    vocab_size=10,
+    hidden_size=8,
+    num_layers=4,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    tie_word_embeddings=False,
+)
+TIED = dataclasses.replace(UNTIED, tie_word_embeddings=True)
+LAYER, MATRIX, NORM = 592, 10 * 8, 8  # a layer's, a vocabulary matrix's and the final norm's parameters
+
+
+def job(**training):
+    """grpo-tiny under FSDP: 128 samples an iteration over DP 2, so a mini-batch of 64 rows of 14 tokens."""
+    data = yaml.safe_load((EXAMPLES / "grpo-tiny.yaml").read_text())
+    data["training"].update({"strategy": "fsdp", **training})
+    data["resources"].update(device="npu", devices_per_node=8)
+    return parse_job_config(data)
+
+
+@pytest.mark.parametrize(("layers", "stages"), [(4, 1), (4, 2), (4, 4), (5, 2), (28, 8), (30, 4)])
+def test_the_planner_splits_the_layers_as_the_runtime_does(layers, stages):
+    from rldock.runtime.training.pipeline import stage_layers
+
+    assert stage_layer_counts(layers, stages) == [len(run) for run in stage_layers(layers, stages)]
+
+
+def test_stages_hold_the_embedding_first_and_the_head_last():
+    assert [stage_vocab_params(UNTIED, stage=s, stages=1) for s in range(1)] == [2 * MATRIX]
+    assert [stage_vocab_params(TIED, stage=s, stages=1) for s in range(1)] == [MATRIX]
+    # under PP a tied model's last stage holds a copy of the embedding as its head
+    for shape in (UNTIED, TIED):
+        assert [stage_vocab_params(shape, stage=s, stages=2) for s in range(2)] == [MATRIX, MATRIX]
+        assert [stage_vocab_params(shape, stage=s, stages=4) for s in range(4)] == [MATRIX, 0, 0, MATRIX]
+
+
+@pytest.mark.parametrize("shape", [UNTIED, TIED])
+def test_pp_2_halves_the_layers_training_state_within_the_vocabulary_share(shape):
+    """Float32, FSDP over DP 2 either way: the heaviest stage (the last: two layers, the head, the final norm)
+    holds half the layers; what is left over the half is the head (untied: half of the two matrices) or the
+    tied model's copy of the embedding, and the final norm."""
+    whole = training_state_bytes(job(), shape)
+    staged = training_state_bytes(job(pipeline_parallel_size=2), shape)
+    assert staged == stage_training_state_bytes(job(pipeline_parallel_size=2), shape, 1)
+    assert staged[0] == (2 * LAYER + MATRIX + NORM) * 4 // 2
+    extra = (MATRIX if shape.tie_word_embeddings else 0) + NORM  # beyond half the whole model's
+    for one, half in zip(whole, staged):
+        assert 2 * half - one == extra * 4 * (one // whole[0]) // 2  # params, grads, and AdamW's two moments
+    assert sum(staged) < 0.6 * sum(whole)
+
+
+def test_the_heaviest_stage_is_counted_whichever_it_is():
+    five = dataclasses.replace(UNTIED, num_layers=5)  # PP 2: stage 0 three layers and the embedding
+    cfg = job(pipeline_parallel_size=2)
+    first, last = (stage_training_state_bytes(cfg, five, s) for s in range(2))
+    assert first[0] == (3 * LAYER + MATRIX) * 4 // 2 and last[0] == (2 * LAYER + MATRIX + NORM) * 4 // 2
+    assert training_state_bytes(cfg, five) == first
+    # frozen vocabulary matrices: no gradients or moments for them on either stage
+    frozen = stage_training_state_bytes(job(pipeline_parallel_size=2, freeze_embeddings=True), five, 1)
+    assert frozen[1] == (2 * LAYER + NORM) * 4 // 2 and frozen[2] == 2 * frozen[1]
+    # TP splits the layers of each stage
+    tp = stage_training_state_bytes(job(pipeline_parallel_size=2, tensor_parallel_size=2), five, 1)
+    assert tp[0] == (2 * (LAYER // 2) + MATRIX + NORM) * 4 // 2
+
+
+def test_a_stage_gathers_one_vocabulary_matrix_as_its_root():
+    assert fsdp_gathered_bytes(job(), UNTIED) == (2 * LAYER + 2 * MATRIX) * 4
+    assert fsdp_gathered_bytes(job(pipeline_parallel_size=2), UNTIED) == (2 * LAYER + MATRIX) * 4
+    assert fsdp_gathered_bytes(job(pipeline_parallel_size=2), TIED) == (2 * LAYER + MATRIX) * 4
+
+
+@pytest.mark.parametrize(
+    ("stages", "micro_batch_size", "micro_batches"),
+    [(2, 64, 1), (2, 32, 2), (2, 8, 8), (4, 32, 2), (4, 8, 8)],
+)
+def test_stage_0_holds_min_p_m_micro_batches_of_its_layers(stages, micro_batch_size, micro_batches):
+    """Without checkpointing and CP (no mask), stage 0's activations are min(p, m) x its layer share of one
+    micro-batch's decoder activations at p = 1 (the whole figure less the LM head's chunk, which is the
+    last stage's)."""
+    flat = job(micro_batch_size=micro_batch_size)
+    piped = job(micro_batch_size=micro_batch_size, pipeline_parallel_size=stages)
+    assert update_micro_batches(piped) == micro_batches
+    one_micro_batch = activation_bytes(flat, UNTIED) - head_chunk_bytes(flat, UNTIED)
+    layers = stage_layer_counts(UNTIED.num_layers, stages)[0]  # every stage's here: 4 layers split evenly
+    share_of_one = layers * one_micro_batch // UNTIED.num_layers
+    assert stage_activation_bytes(piped, UNTIED, 0) == min(stages, micro_batches) * share_of_one
+    # the last stage holds one micro-batch of its layers, and the head's chunk
+    assert stage_activation_bytes(piped, UNTIED, stages - 1) == share_of_one + head_chunk_bytes(flat, UNTIED)
+    fullest = max(stage_activation_bytes(piped, UNTIED, s) for s in range(stages))
+    assert activation_bytes(piped, UNTIED) == fullest == plan_memory(piped, UNTIED).update.activations
+
+
+def test_checkpointed_stages_keep_each_held_micro_batchs_layer_inputs_and_recompute_one_layer():
+    flat = job(micro_batch_size=8, gradient_checkpointing=True)
+    piped = job(micro_batch_size=8, gradient_checkpointing=True, pipeline_parallel_size=2)
+    tokens, element = 8 * 14, 4
+    inputs = UNTIED.num_layers * tokens * UNTIED.hidden_size * element  # every layer's input, one micro-batch
+    recomputed = activation_bytes(flat, UNTIED) - head_chunk_bytes(flat, UNTIED) - inputs
+    assert stage_activation_bytes(piped, UNTIED, 0) == 2 * inputs // 2 + recomputed  # 2 held, half the layers
+
+
+@pytest.mark.parametrize(
+    ("stages", "micro_batch_size", "bubble"),
+    [(1, 8, 0.0), (2, 64, 1 / 2), (2, 32, 1 / 3), (2, 8, 1 / 9), (4, 32, 3 / 5), (4, 8, 3 / 11)],
+)
+def test_the_plan_states_the_bubble(stages, micro_batch_size, bubble):
+    cfg = job(micro_batch_size=micro_batch_size, pipeline_parallel_size=stages)
+    plan = plan_memory(cfg, UNTIED, device_memory=64 * GIB)
+    m = 64 // micro_batch_size
+    assert plan.micro_batches == m and plan.pipeline_parallel_size == stages
+    assert plan.pipeline_bubble == pytest.approx(bubble) == pipeline_bubble(stages=stages, micro_batches=m)
+    report = plan_json(plan, None)
+    assert report["pipeline_bubble"] == plan.pipeline_bubble
+    assert (report["pipeline_parallel_size"], report["micro_batches"]) == (stages, m)
+    table = plan_table(plan, None)
+    if stages == 1:
+        assert "pipeline" not in table and "PP" not in table
+    else:
+        assert f"PP {stages} x DP 2 x TP 1" in table
+        assert f"pipeline: {stages} stages, 1F1B over {m} micro-batches" in table
+        assert f"(stage 0 holds {min(stages, m)} at once)" in table and f"= {bubble:.3f} of the update step" in table
+
+
+@pytest.mark.parametrize("shape", [UNTIED, TIED])
+def test_at_p_1_the_one_stage_holds_the_whole_model(shape):
+    cfg = job(pipeline_parallel_size=1, micro_batch_size=8)
+    assert training_state_bytes(cfg, shape) == stage_training_state_bytes(cfg, shape, 0)
+    assert stage_training_state_bytes(cfg, shape, 0)[0] == shape.num_params * 4 // 2
+    assert activation_bytes(cfg, shape) == stage_activation_bytes(cfg, shape, 0)
+    assert fsdp_gathered_bytes(cfg, shape) == (2 * LAYER + shape.embedding_params) * 4
+    assert plan_memory(cfg, shape) == plan_memory(job(micro_batch_size=8), shape)  # the default is p = 1
+    assert plan_memory(cfg, shape).pipeline_bubble == 0.0
+
+
+def test_more_stages_than_layers_are_refused_naming_the_field():
+    two_layers = dataclasses.replace(UNTIED, num_layers=2)
+    verdict = check_fit(job(pipeline_parallel_size=4), two_layers, device_memory=64 * GIB)
+    assert not verdict.fits and verdict.field == "training.pipeline_parallel_size"
+    assert "at most 2" in verdict.message
+    assert check_fit(job(pipeline_parallel_size=2), two_layers, device_memory=64 * GIB).fits
+
+
+def test_a_pipelined_job_too_long_for_its_device_is_not_told_to_add_cp():
+    """The config refuses CP beside PP, so the verdict's CP search is left out under PP."""
+    data = yaml.safe_load((EXAMPLES / "grpo-qwen2.5-7b-paper.yaml").read_text())
+    data["algorithm"]["max_response_length"] = 131072  # a 133K-token trajectory: CP's case at p = 1
+    data["rollout"].update(dtype="bfloat16", gpu_memory_utilization=0.3)
+    data["training"]["pipeline_parallel_size"] = 2
+    data["resources"]["num_nodes"] = 8
+    verdict = check_fit(parse_job_config(data), PRESETS["qwen2.5-7b"], device_memory=48 * GIB)
+    assert not verdict.fits and verdict.field != "training.context_parallel_size"
