@@ -47,29 +47,6 @@ SHAPE = dict(
 PROMPT, RESPONSE = 64, 64
 
 
-def _cfg(stages: int, micro_batches: int):
-    from rldock.config import parse_job_config
-
-    return parse_job_config(
-        {
-            "iterations": 1,
-            "model": {"path": "unused"},
-            "data": {"generator": {"name": "addition"}},
-            "reward": {"terms": [{"name": "digit_match"}]},
-            "algorithm": {
-                "name": "grpo",
-                "num_prompts_per_iteration": 1,
-                "num_responses_per_prompt": micro_batches,
-                "max_prompt_length": PROMPT,
-                "max_response_length": RESPONSE,
-                "learning_rate": 1e-5,
-            },
-            "training": {"strategy": "fsdp", "data_parallel_size": 1, "pipeline_parallel_size": stages},
-            "resources": {"device": "cpu", "devices_per_node": stages},
-        }
-    )
-
-
 def _micro_batches(count: int):
     from tensordict import TensorDict
 
@@ -93,11 +70,12 @@ def _bubble_row(rank: int, stages: int, count: int, steps: int, waited: list[flo
     from rldock.runtime.engines.policy import response_logprobs
     from rldock.runtime.training.accumulation import accumulate
     from rldock.runtime.training.fsdp import FsdpBackend
+    from rldock_e2e.moe_fixture import ep_job_config
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**SHAPE, attn_implementation="sdpa")).eval()
     backend = FsdpBackend(
-        _cfg(stages, count),
+        ep_job_config(stages, 1, pipeline_parallel_size=stages),  # the backend reads the layout only
         model=model,
         make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5),
         device=detect_device("cpu"),
