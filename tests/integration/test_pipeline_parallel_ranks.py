@@ -11,7 +11,9 @@ data-parallel pair, each pair its own half of the rows), PP 2 x TP 2 (each stage
 pair) and PP 2 x EP 2 (the tiny Qwen3-MoE, one MoE layer a stage, its 8 experts split over the stage's
 data-parallel pair; the router's load-balancing loss off, as PP beside EP requires). The PP 4, PP 2 x TP 2
 and MoE models tie the embedding to the head (SmolLM2's layout: the last stage's copy and the first stage's
-embedding sum their gradients) and PP 2 x FSDP 2's does not.
+embedding sum their gradients) and PP 2 x FSDP 2's does not. PP 2 x EP 2 again with routing replay: the
+stages' merged routing record of a no-gradient pass is one process's, and the update routed by a shifted copy
+of it (each stage replaying its own layers' columns of the whole model's grid) gives one process's gradients.
 
 Everything runs in float64, so the comparison measures the layout, not float32 rounding: the ranks add the
 same products in another order (FSDP's halves, TP's partial sums, the micro-batches' sum), a few ulps of
@@ -110,6 +112,93 @@ def _recording(backend, order: list[str], dp: int):
     return micro_loss
 
 
+REPLAY_PASS = "packed"  # the record's pass (the actor's old-logprob pass packs shared prompts)
+
+
+def _shifted(record: torch.Tensor) -> torch.Tensor:
+    """Every recorded expert moved on by one (a token's two stay distinct): routing no router chose, so a
+    stage that replayed another layer's column, or no record, would route otherwise."""
+    from rldock_e2e.moe_fixture import NUM_EXPERTS
+
+    return torch.where(record >= 0, (record + 1) % NUM_EXPERTS, record)
+
+
+def _replayed_micro_loss(model, dp: int):
+    """`_micro_loss` with the pass routed by the micro-batch's `routed_experts` column (as the update's)."""
+    from rldock.runtime.engines.policy import response_logprobs_and_entropy
+    from rldock.runtime.models.routing_replay import replaying_batch
+
+    def micro_loss(micro):
+        keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        with replaying_batch(model, micro) as replay:
+            scores = response_logprobs_and_entropy(
+                model, *(micro[k] for k in keys), micro_batch_size=len(micro), trim=True, routes=replay
+            )
+        loss = (scores.logprobs * micro["weights"]).sum()
+        return loss * dp, {"loss": float(loss.detach())}
+
+    return micro_loss
+
+
+def _record(model) -> torch.Tensor:
+    """The routing record (B, PL + SL, layers, k) of a no-gradient pass over the batch (merged over the stages)."""
+    from rldock.runtime.engines.policy import response_logprobs
+    from rldock.runtime.models.routing_replay import recording_routes
+
+    batch = _batch()
+    keys = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    width = batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1]
+    with torch.no_grad(), recording_routes(model, num_rows=len(batch["prompt_ids"]), row_width=width) as record:
+        response_logprobs(model, *(batch[k] for k in keys), **LAYOUTS[REPLAY_PASS], routes=record)
+    return record.routed_experts()
+
+
+def _record_and_replay(rank: int) -> dict:
+    """PP 2 x EP 2 with routing replay (module docstring): the merged record, and the gradients of the
+    update over this data-parallel rank's micro-batches routed by its shifted copy."""
+    from tensordict import TensorDict
+
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.flow.columns import ROUTED_EXPERTS
+    from rldock.runtime.training.accumulation import accumulate
+    from rldock.runtime.training.fsdp import FsdpBackend
+    from rldock_e2e.moe_fixture import whole_gradients
+
+    training, kind = LAYOUTS_PP["pp2_ep2"]
+    backend = FsdpBackend(
+        _cfg(devices=WORLD, **training),
+        model=_model(kind),
+        make_optimizer=_adamw,
+        device=detect_device("cpu"),
+        rank=rank,
+    )
+    stage = backend.pipeline
+    assert stage is not None
+    record = _record(backend.model)
+    batch = TensorDict({**_batch(), ROUTED_EXPERTS[0]: _shifted(record)}, batch_size=[4])
+    dp, dp_rank = backend.context.dp, backend.context.dp_rank
+    rows = batch[dp_rank * 4 // dp : (dp_rank + 1) * 4 // dp]
+    accumulate(
+        backend, [rows[i : i + 1] for i in range(len(rows))], _replayed_micro_loss(backend.model, dp), max_grad_norm=1e9
+    )
+    grads = {stage.names.whole(n): g.clone() for n, g in whole_gradients(backend).items()}
+    return dict(record=record, grads=grads, first_router=stage.links.first_router)
+
+
+def _one_process_replay() -> dict:
+    from tensordict import TensorDict
+
+    from rldock.runtime.flow.columns import ROUTED_EXPERTS
+
+    model = _model("moe")
+    record = _record(model)
+    batch = TensorDict({**_batch(), ROUTED_EXPERTS[0]: _shifted(record)}, batch_size=[4])
+    for i in range(4):
+        loss, _ = _replayed_micro_loss(model, 1)(batch[i : i + 1])
+        loss.backward()
+    return dict(record=record, grads={n: p.grad.clone() for n, p in model.named_parameters()})
+
+
 def _checkpoint_and_reload(backend, out_dir: Path, rank: int) -> dict:
     """Save the checkpoint's two files as the actor does (rank 0 writes the gathered weights and optimizer
     state), then load them into FSDP over all 4 ranks, with no pipeline: its logprobs and optimizer state."""
@@ -178,6 +267,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         results[name] = found
         if name == "pp2_tp2":
             results["reloaded"] = _checkpoint_and_reload(backend, Path(out_dir), rank)
+    results["replay"] = _record_and_replay(rank)
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()  # no rank tears the group down while a peer's gloo thread still talks to it
     dist.destroy_process_group()
@@ -287,3 +377,18 @@ def test_a_checkpoint_saved_under_pp2_by_tp2_loads_in_one_process_and_under_fsdp
     reloaded = ranks[0]["reloaded"]["optimizer"]
     for name, state in saved["state"].items():
         torch.testing.assert_close(reloaded["state"][name]["exp_avg_sq"], state["exp_avg_sq"], **TOLERANCE)
+
+
+def test_pipeline_stages_record_and_replay_the_whole_model_s_routing_as_one_process(ranks):
+    expected = _one_process_replay()
+    assert [r["replay"]["first_router"] for r in ranks] == [0, 0, 1, 1]  # one MoE layer a stage
+    for got in (r["replay"] for r in ranks):
+        # both stages' columns, merged: every rank holds one process's whole record
+        assert torch.equal(got["record"], expected["record"])
+        for grad_name, grad in got["grads"].items():
+            tied = grad_name == "lm_head.weight" and grad_name not in expected["grads"]
+            reference = "model.embed_tokens.weight" if tied else grad_name
+            torch.testing.assert_close(
+                grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"replay {at}: {m}"
+            )
+    assert set().union(*(r["replay"]["grads"] for r in ranks)) >= set(expected["grads"])

@@ -123,6 +123,8 @@ def test_pipeline_stages_run_under_fsdp_with_or_without_tp_and_add_ranks(demo_da
     assert "needs training.router_aux_loss_coef: 0" in problem_messages(ep, "training.pipeline_parallel_size")[0]
     ep["training"]["router_aux_loss_coef"] = 0
     assert parse_job_config(ep).training.expert_parallel_size == 2  # PP 2 x EP 2 over each stage's DP pair
+    ep["algorithm"] = {**ep["algorithm"], "routing_replay": "reference"}  # each stage replays its own layers
+    assert parse_job_config(ep).algorithm.routing_replay == "reference"
     ppo = {**demo_data, "algorithm": {**demo_data["algorithm"], "name": "ppo"}}
     assert "with ppo: not built yet" in problem_messages(ppo, "training.pipeline_parallel_size")[0]
     # the stages' ranks are counted against the devices

@@ -24,7 +24,7 @@ def parallel_problems(cfg: JobConfig) -> list[Problem]:
 
 
 def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
-    """PP (training.pipeline_parallel_size): stages of FSDP-sharded dense layers (runtime training/pipeline.py);
+    """PP (training.pipeline_parallel_size): stages of FSDP-sharded layers (runtime training/pipeline.py);
     each refusal below is a composition not built yet (docs/scaling.md says why)."""
     training, field = cfg.training, "training.pipeline_parallel_size"
     pp = training.pipeline_parallel_size
@@ -38,11 +38,6 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
             training.expert_parallel_size > 1 and training.router_aux_loss_coef != 0,
             "beside expert_parallel_size needs training.router_aux_loss_coef: 0 (the load-balancing loss sums "
             "every layer's routing, which the stages hold apart: not built yet); set it, or use one of the two",
-        ),
-        (
-            cfg.algorithm.routing_replay != "off",
-            "with algorithm.routing_replay: not built yet (replay keys its routes by the whole model's layers); "
-            "use routing_replay off, or 1",
         ),
         (
             needs_critic(cfg.algorithm.name) or cfg.algorithm.name == "dpo",

@@ -167,8 +167,8 @@ class TrainingSpec(Spec):
         "on a 1F1B schedule (its idle share is (stages - 1) / (micro-batches + stages - 1): more micro-batches per "
         "mini-batch, a smaller bubble); the old-logprob pass streams its passes through the stages. Needs "
         "strategy fsdp (each stage sharded over its data-parallel ranks); composes with tensor_parallel_size and, "
-        "with router_aux_loss_coef 0, expert_parallel_size; not with context parallelism, routing replay, a critic "
-        "or DPO yet (docs/scaling.md, section 12).",
+        "with router_aux_loss_coef 0, expert_parallel_size (and routing replay: each stage replays its own layers' "
+        "routing); not with context parallelism, a critic or DPO yet (docs/scaling.md, section 12).",
     )
     context_parallel_mode: ContextParallelMode = Field(
         default="ulysses",

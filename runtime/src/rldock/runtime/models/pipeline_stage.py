@@ -27,8 +27,10 @@ from torch import Tensor, nn
 @dataclass
 class StageLinks:
     """Stage `index` of `size`: its pipeline group (this rank's peers in the other stages), the global ranks
-    of the stages before and after it (None at the ends), and the activations' width and dtype. `inputs` and
-    `outputs` keep a scheduled pass's activations (in forward order) for its backward."""
+    of the stages before and after it (None at the ends), and the activations' width and dtype. An MoE's
+    routers are numbered over the whole model (routing replay's grid has a column per router): the stage's
+    first is router `first_router` of `num_routers`. `inputs` and `outputs` keep a scheduled pass's
+    activations (in forward order) for its backward."""
 
     index: int
     size: int
@@ -38,6 +40,8 @@ class StageLinks:
     hidden_size: int
     dtype: torch.dtype
     device: torch.device
+    first_router: int = 0
+    num_routers: int = 0
     scheduled: bool = False
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)

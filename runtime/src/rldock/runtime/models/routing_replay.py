@@ -23,6 +23,12 @@ Under context parallelism (engines/ulysses.py) a pass's router sees this CP rank
 positions only, so the pass gives the hooks the cells of its own tokens (`PassCells.on_positions`):
 a rank replays its own tokens' routing, and records only them, the CP group's records then merged
 (`RoutingRecord.routed_experts`: every cell was computed by exactly one rank of the group).
+
+Under pipeline parallelism (models/pipeline_stage.py) a stage holds a run of the layers, so its routers
+are a run of the grid's layer columns (`StageLinks.first_router` on, of `num_routers`): a stage replays
+and records those columns only, and the stages' records are merged over the pipeline group as the CP
+ranks' are (each (cell, layer) is computed by exactly one stage of one CP rank). A stage of dense layers
+has no router and records nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from rldock.runtime.flow import columns
 from rldock.runtime.models.context_group import context_group
 from rldock.runtime.models.moe import moe_shape, routers
 from rldock.runtime.models.pass_cells import PassCells, PassListener
+from rldock.runtime.models.pipeline_stage import pipeline_links
 
 NO_EXPERT = -1  # a grid cell no pass computed
 (ROUTED_EXPERTS,) = columns.ROUTED_EXPERTS  # the dock's column
@@ -109,12 +116,14 @@ class RoutingRecord(RouterHooks):
         row_width: int,
         num_layers: int,
         top_k: int,
-        group: dist.ProcessGroup | None = None,
+        groups: tuple[dist.ProcessGroup, ...] = (),
+        device: torch.device | None = None,
     ):
         super().__init__(torch.full((num_rows * row_width, num_layers, top_k), NO_EXPERT, dtype=torch.int16))
         self.shape = (num_rows, row_width, num_layers, top_k)
-        self.group = group  # the CP group whose ranks record the batch's slices (module docstring)
-        self.device = torch.device("cpu")  # the routers' (where the group's collectives run)
+        # the CP group and the pipeline group whose ranks record the batch's slices (module docstring)
+        self.groups = groups
+        self.device = device or torch.device("cpu")  # the routers' (where the groups' collectives run)
 
     def hook(self, layer: int):
         def after_router(_gate, _args, output):
@@ -126,12 +135,13 @@ class RoutingRecord(RouterHooks):
         return after_router
 
     def routed_experts(self) -> Tensor:
-        """The record (B, PL+SL, layers, k) int16; under CP merged over the group (collective: every
-        rank of it calls this): a cell one rank recorded is NO_EXPERT (-1) on the others, so the max."""
-        if self.group is None:
+        """The record (B, PL+SL, layers, k) int16; under CP and PP merged over their groups (collective:
+        every rank of them calls this): a cell one rank recorded is NO_EXPERT (-1) on the others, so the max."""
+        if not self.groups:
             return self.grid.reshape(self.shape)
         merged = self.grid.to(self.device, torch.int32)  # gloo reduces no int16
-        dist.all_reduce(merged, op=dist.ReduceOp.MAX, group=self.group)
+        for group in self.groups:
+            dist.all_reduce(merged, op=dist.ReduceOp.MAX, group=group)
         return merged.to("cpu", torch.int16).reshape(self.shape)
 
 
@@ -172,12 +182,21 @@ class RoutingReplay(RouterHooks):
         return {"moe/routing_replay_changed": self.changed / max(self.replayed, 1)}
 
 
+def _router_columns(model: nn.Module) -> tuple[int, int]:
+    """The grid's layer column of `model`'s first router, and the whole model's router count (a pipeline
+    stage's routers are a run of them: module docstring)."""
+    stage = pipeline_links(model)
+    if stage is not None:
+        return stage.first_router, stage.num_routers
+    return 0, len(routers(model))
+
+
 @contextmanager
 def _hooked(model: nn.Module, hooks: RouterHooks, install) -> Iterator[RouterHooks]:
-    gates = routers(model)
-    if not gates:
+    first, total = _router_columns(model)
+    if not total:
         raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); the model has no routers")
-    handles = [install(layer, gate) for layer, gate in enumerate(gates)]
+    handles = [install(first + i, gate) for i, gate in enumerate(routers(model))]
     try:
         yield hooks
     finally:
@@ -193,12 +212,14 @@ def recording_routes(model: nn.Module, *, num_rows: int, row_width: int) -> Iter
     if shape is None:
         raise ValueError("algorithm.routing_replay needs an MoE model (Qwen3-MoE, Mixtral); set it off")
     # a layer count from the routers themselves: a model may keep dense MLPs in some layers
+    stage = pipeline_links(model)
     record = RoutingRecord(
         num_rows=num_rows,
         row_width=row_width,
-        num_layers=len(routers(model)),
+        num_layers=_router_columns(model)[1],
         top_k=shape.top_k,
-        group=context_group(model),
+        groups=tuple(g for g in (context_group(model), None if stage is None else stage.group) if g is not None),
+        device=None if stage is None else stage.device,
     )
     with _hooked(model, record, lambda layer, gate: gate.register_forward_hook(record.hook(layer))):
         yield record

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rldock.contract.layout import stage_layer_counts
+from rldock.runtime.models.moe import routers
 from rldock.runtime.models.pipeline_stage import StageInput, StageLinks, StageOutput, pipeline_links
 from rldock.runtime.resharding.parallel_mesh import ParallelMesh
 
@@ -191,6 +192,8 @@ def split_stage(
     assert group is not None
     ranks = dist.get_process_group_ranks(group)
     layers = stage_layers(len(decoder.layers), size)[index]
+    # routing replay's grid numbers the whole model's routers (a dense layer has none)
+    routers_before = sum(len(routers(decoder.layers[i])) for i in range(layers.start))
     links = StageLinks(
         index=index,
         size=size,
@@ -200,6 +203,8 @@ def split_stage(
         hidden_size=config.hidden_size,
         dtype=dtype,
         device=device,
+        first_router=routers_before,
+        num_routers=len(routers(model)),
     )
     head: Any = model.lm_head
     tied_weights = head.weight is decoder.embed_tokens.weight
