@@ -42,34 +42,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-SHAPE = dict(
-    vocab_size=2048,
-    hidden_size=256,
-    intermediate_size=704,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=32,
-    max_position_embeddings=8192,
-    tie_word_embeddings=False,
+from rldock_benchmarks.rank_memory import (
+    SHAPE,
+    SavedBytes,
+    joined_group,
+    model_shape,
+    peak_allocated,
+    planned_peak,
+    spawned_ranks,
+    state_bytes,
+    update_config,
+    worst_errors,
 )
-
-
-def _model(dtype: str = "float32"):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**SHAPE, attn_implementation="sdpa")).to(getattr(torch, dtype)).train()
+from rldock_benchmarks.rank_memory import model as _model
 
 
 def _batch(length: int) -> dict[str, torch.Tensor]:
@@ -83,70 +75,16 @@ def _batch(length: int) -> dict[str, torch.Tensor]:
     )
 
 
-def _state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """The training state's tensor bytes on this rank: its parameter shards, their gradients where
-    they exist, and AdamW's state."""
-    tensors = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None)]
-    tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
-    return sum(_local(t).untyped_storage().nbytes() for t in tensors)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # an FSDP shard (DTensor)
-
-
-def _peak_allocated(profiler) -> int:
-    """The highest running sum of the tensor allocations (and frees, negative) a profiled window made,
-    in time order: the peak above what was live when it began."""
-    from torch._C._profiler import _EventType
-
-    events: list[tuple[int, int]] = []
-    stack = list(profiler.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.tag == _EventType.Allocation:
-            events.append((event.start_time_ns, event.extra_fields.alloc_size))
-        stack.extend(event.children)
-    live = peak = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    return peak
-
-
-class _SavedBytes:
-    """Saved-tensor hooks counting the distinct storages autograd keeps, the model's weights left out:
-    under FSDP those are the layer's gathered weights, registered on the model while it computes, so
-    they are looked up when a tensor is saved (a sharded parameter, a DTensor, is not one of them)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.seen: set[int] = set()
-        self.bytes = 0
-
-    def weights(self) -> set[int]:
-        return {p.untyped_storage().data_ptr() for p in self.model.parameters() if not hasattr(p, "to_local")}
-
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
-        if pointer not in self.seen and storage.nbytes() and pointer not in self.weights():
-            self.seen.add(pointer)
-            self.bytes += storage.nbytes()
-        return tensor
-
-    @staticmethod
-    def unpack(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-
 Job = tuple[int, int, str, str]  # (length, steps, dtype, mode)
 
 
 def _rank(rank: int, cp: int, jobs: list[Job], rendezvous: str, out_dir: str) -> None:
     """`jobs` one after the other in this rank's one process group."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=cp)
+    with joined_group(rank, cp, rendezvous):
+        _jobs(rank, cp, jobs, out_dir)
+
+
+def _jobs(rank: int, cp: int, jobs: list[Job], out_dir: str) -> None:
     sent = [0]
     exchange, pairs = dist.all_to_all_single, dist.batch_isend_irecv
 
@@ -164,8 +102,6 @@ def _rank(rank: int, cp: int, jobs: list[Job], rendezvous: str, out_dir: str) ->
     for index, (length, steps, dtype, mode) in enumerate(jobs):
         record = _job(cp, length, steps, dtype, mode, sent)
         (Path(out_dir) / f"rank{rank}-job{index}.json").write_text(json.dumps(record))
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int]) -> dict:
@@ -189,7 +125,7 @@ def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = _batch(length)
 
-    def step(saved: _SavedBytes) -> float:
+    def step(saved: SavedBytes) -> float:
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             scores = response_logprobs_and_entropy(model, **batch, micro_batch_size=1, trim=True)
         loss = -scores.logprobs.sum() / batch["response_mask"].sum()
@@ -202,18 +138,18 @@ def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int
     for _ in range(1 + steps):  # the first allocates AdamW's state; the others are timed
         dist.barrier()
         start = time.perf_counter()
-        step(_SavedBytes(model))
+        step(SavedBytes(model))
         times.append(time.perf_counter() - start)
     sent[0] = 0
-    saved = _SavedBytes(model)
-    state = _state_bytes(model, optimizer)
+    saved = SavedBytes(model)
+    state = state_bytes(model, optimizer)
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         loss = step(saved)
     return dict(
         saved_bytes=saved.bytes,
         state_bytes=state,
-        peak_bytes=state + _peak_allocated(profiler),
+        peak_bytes=state + peak_allocated(profiler),
         all_to_all_bytes=sent[0],
         loss=loss,
         seconds=statistics.median(times[1:]) if len(times) > 1 else times[0],
@@ -222,41 +158,20 @@ def _job(cp: int, length: int, steps: int, dtype: str, mode: str, sent: list[int
 
 def planned(length: int, cp: int, mode: str = "ulysses") -> dict[str, int]:
     """The planner's update peak, activations and bytes sent for one rank of this step."""
-    from rldock.config import parse_job_config
     from rldock.runtime.planning.context_parallel_bytes import context_bytes_per_pass
-    from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes, plan_memory
-    from rldock.runtime.planning.shapes import shape_from_hf_config
+    from rldock.runtime.planning.memory import activation_bytes, head_chunk_bytes
 
-    cfg = parse_job_config(
-        {
-            "iterations": 1,
-            "model": {"path": "unused", "dtype": "float32"},
-            "data": {"generator": {"name": "addition"}},
-            "reward": {"terms": [{"name": "digit_match"}]},
-            "algorithm": {
-                "name": "grpo",
-                "num_prompts_per_iteration": 1,
-                "num_responses_per_prompt": 2,
-                "max_prompt_length": length // 4,
-                "max_response_length": length - length // 4,
-                "learning_rate": 1e-4,
-            },
-            "training": {
-                "strategy": "fsdp",
-                "micro_batch_size": 1,
-                "context_parallel_size": cp,
-                "context_parallel_mode": mode,
-            },
-            "resources": {"device": "cpu", "devices_per_node": cp},
-        }
+    cfg = update_config(
+        prompt_length=length // 4,
+        response_length=length - length // 4,
+        samples=2,
+        devices=cp,
+        context_parallel_size=cp,
+        context_parallel_mode=mode,
     )
-    shape = shape_from_hf_config({**SHAPE, "model_type": "qwen2"}, name="bench")
-    update = plan_memory(cfg, shape).update
+    shape = model_shape()
     return {
-        "planned_peak_bytes": update.training_state
-        + update.fsdp_gathered
-        + update.fsdp_whole_grads
-        + update.activations,
+        "planned_peak_bytes": planned_peak(cfg, shape),
         "planned_saved_bytes": activation_bytes(cfg, shape) - head_chunk_bytes(cfg, shape),
         "planned_activation_bytes": activation_bytes(cfg, shape),
         "planned_all_to_all_bytes": context_bytes_per_pass(shape, mode=mode, tokens=length, cp=cp, element=4),
@@ -268,11 +183,9 @@ def run_jobs(cp: int, jobs: list[Job]) -> list[dict]:
     its own, sharing the ranks' processes (starting them is most of a small job's cost). A dtype other
     than float32 (the planner's figures' dtype) is for comparing the CP sizes' losses: float64 sums in
     any order agree to ~1e-12."""
-    with tempfile.TemporaryDirectory() as out:
-        # a file rendezvous in this run's fresh directory: a probed free port could be taken before rank 0 binds it
-        mp.spawn(_rank, args=(cp, jobs, str(Path(out) / "rendezvous"), out), nprocs=cp)
+    with spawned_ranks(_rank, cp, cp, jobs) as out:
         found = [
-            [json.loads((Path(out) / f"rank{r}-job{index}.json").read_text()) for r in range(cp)]
+            [json.loads((out / f"rank{r}-job{index}.json").read_text()) for r in range(cp)]
             for index in range(len(jobs))
         ]
     return [_row(cp, length, mode, ranks) for (length, _, _, mode), ranks in zip(jobs, found)]
@@ -319,14 +232,8 @@ def summarize(rows: list[dict]) -> dict:
     return {
         "benchmark": "context_parallel",
         "model": SHAPE,
-        "threads_per_rank": 1,
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),
         "rows": rows,
-        "max_peak_vs_planned_error": max(abs(row["peak_over_planned"] - 1) for row in rows),
-        "max_peak_fall_vs_planned_error": max(abs(row.get("peak_fall_vs_planned_error", 0.0)) for row in rows),
-        "max_saved_vs_planned_error": max(abs(row["saved_over_planned"] - 1) for row in rows),
-        "max_saved_fall_vs_planned_error": max(abs(row.get("saved_fall_vs_planned_error", 0.0)) for row in rows),
+        **worst_errors(rows),
         "max_all_to_all_vs_planned_error": max(
             (abs(row["all_to_all_over_planned"] - 1) for row in rows if row["all_to_all_over_planned"] is not None),
             default=0.0,

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import torch.multiprocessing as mp
-
 from rldock_benchmarks import context_parallel
+from rldock_benchmarks.rank_memory import spawned_ranks
 
 
 def allocations(profiler) -> list[tuple[int, int, int, list[str]]]:
@@ -62,7 +60,7 @@ def label(names: list[str]) -> str:
 
 
 def live_at_peak(profiler) -> tuple[int, dict[str, int]]:
-    """The window's allocation peak (as context_parallel's `_peak_allocated` counts it) and the bytes
+    """The window's allocation peak (as rank_memory's `peak_allocated` counts it) and the bytes
     still live at that moment by `label`, largest first."""
     events = allocations(profiler)
     running = peak = 0
@@ -91,19 +89,17 @@ def _rank(rank: int, cp: int, jobs: list, rendezvous: str, out_dir: str) -> None
         (Path(out_dir) / f"rank{rank}-live.json").write_text(json.dumps(live))
         return peak
 
-    context_parallel._peak_allocated = peak_and_breakdown  # type: ignore[assignment]
+    context_parallel.peak_allocated = peak_and_breakdown  # type: ignore[assignment]
     context_parallel._rank(rank, cp, jobs, rendezvous, out_dir)
 
 
 def run(cp: int, length: int) -> dict:
     """One (CP size, length) update in fresh ranks: the rank with the highest peak, its breakdown."""
-    with tempfile.TemporaryDirectory() as out:
-        jobs = [(length, 1, "float32", "ulysses")]
-        mp.spawn(_rank, args=(cp, jobs, str(Path(out) / "rendezvous"), out), nprocs=cp)
+    with spawned_ranks(_rank, cp, cp, [(length, 1, "float32", "ulysses")]) as out:
         ranks = [
             {
-                **json.loads((Path(out) / f"rank{r}-job0.json").read_text()),
-                "live_at_peak": json.loads((Path(out) / f"rank{r}-live.json").read_text()),
+                **json.loads((out / f"rank{r}-job0.json").read_text()),
+                "live_at_peak": json.loads((out / f"rank{r}-live.json").read_text()),
             }
             for r in range(cp)
         ]
