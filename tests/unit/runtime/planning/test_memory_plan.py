@@ -19,12 +19,14 @@ from rldock.runtime.planning.memory import (
     activation_bytes,
     compute_dtypes,
     critic_params,
+    fsdp_gathered_bytes,
     fsdp_whole_gradient_bytes,
     head_chunk_bytes,
     plan_critic,
     training_state_bytes,
 )
 from rldock.runtime.planning.shapes import shape_from_hf_config
+from rldock.runtime.planning.training_state import layer_params_per_tp_rank
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 # A shape small enough to check by hand: 2 layers, hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocab 10.
@@ -102,6 +104,25 @@ def test_fsdp_holds_the_lm_heads_and_one_layers_gradient_whole():
     assert fsdp_whole_gradient_bytes(job(strategy="ddp"), SMALL) == 0  # DDP's gradients are whole in `grads`
     plan = plan_memory(job(strategy="fsdp"), SMALL, device_memory=64 * GIB)
     assert plan.update.fsdp_whole_grads == 2528 and plan.generation.fsdp_whole_grads == 0  # the backward's only
+
+
+def test_under_fsdp_x_tp_a_rank_holds_and_gathers_its_tp_slice_of_the_linears_and_whole_norms():
+    """TP's plan splits a layer's linears (576 of SMALL's 592 parameters) and leaves its two norms (2 x 8) whole
+    on each TP rank; FSDP shards that over the data-parallel ranks, and gathers it (two layers' worth) and
+    reduce-scatters its gradient over them alone: a TP rank's slice (measured byte for byte on gloo ranks,
+    rldock_benchmarks.layout_memory: docs/scaling.md, section 11)."""
+    cfg = job(strategy="fsdp", data_parallel_size=2, tensor_parallel_size=2)
+    assert layer_params_per_tp_rank(SMALL, tp=2) == 576 // 2 + 16 == 304
+    params = (10 * 8 + 2 * 304 + 8) * 4  # the tied vocabulary matrix, two layers' TP slices, the final norm
+    assert training_state_bytes(cfg, SMALL) == (params // 2, params // 2, params)
+    assert fsdp_gathered_bytes(cfg, SMALL) == (2 * 304 + 10 * 8) * 4
+    assert fsdp_whole_gradient_bytes(cfg, SMALL) == 10 * 8 * 4 - 10 * 8 * 4 // 2 + 304 * 4
+    # an MoE layer: TP splits its attention only; the router stays whole and EP leaves a rank 1/ep of the experts
+    moe = PRESETS["qwen3-30b-a3b"]
+    norms = 2 * 2048 + 2 * 128  # the layer's two norms and Qwen3's per-head q and k norms
+    attention = moe.layer_params - moe.mlp_params - norms
+    router = 2048 * 128
+    assert layer_params_per_tp_rank(moe, tp=2, ep=8) == attention // 2 + norms + router + moe.expert_params // 8
 
 
 def test_activations_follow_the_stated_formula():

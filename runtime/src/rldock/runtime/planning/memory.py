@@ -5,7 +5,8 @@ planning/training_state.py, activations.py, moe_bytes.py and pipeline_stages.py 
 dtypes.py) and put together here:
 
 - parameters: P x param bytes (model.dtype; float32 masters under mixed precision), divided by the
-  data-parallel size under FSDP and the TP size for the decoder layers' weights under TP.
+  data-parallel size under FSDP and the TP size for the decoder layers' linears under TP (their norms,
+  and an MoE layer's router and experts, whole on every TP rank: `layer_params_per_tp_rank`).
 - gradients: trainable parameters (less the vocabulary matrices with training.freeze_embeddings)
   x param bytes, sharded the same way.
 - optimizer state: AdamW's two moments, 2 x trainable x param bytes, sharded the same way.
@@ -18,8 +19,9 @@ dtypes.py) and put together here:
   rldock_benchmarks.context_parallel): the LM head's whole gradient and the last-reduced layer's
   reduce-scatter input, beside the next layers' gathered weights (docs/scaling.md, section 9).
 - FSDP gathered weights: while a layer computes, FSDP holds its full weights in the compute dtype,
-  and the next layer's are prefetched: 2 x layer params, plus the root's (embeddings, LM head),
-  which stay gathered through the forward/backward. Under expert parallelism a layer gathers only
+  and the next layer's are prefetched: 2 x layer params (a TP rank's slices under TP: FSDP gathers
+  over the data-parallel ranks only), plus the root's (embeddings, LM head), which stay gathered
+  through the forward/backward. Under expert parallelism a layer gathers only
   its EP rank's experts (1/expert_parallel_size of them); params, gradients and optimizer state
   per rank are the same 1/dp either way (experts over ep x dp/ep ranks, the rest over dp).
 - activations (an estimate) for one micro-batch of b = training.micro_batch_size sequences of

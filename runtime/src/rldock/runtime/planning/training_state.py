@@ -17,9 +17,22 @@ def fsdp_shard_ranks(cfg: JobConfig) -> int:
     return job_layout(cfg).num_sequence_ranks // cfg.training.data_parallel_replicate_size
 
 
+def layer_params_per_tp_rank(shape: ModelShape, *, tp: int, ep: int = 1) -> int:
+    """One decoder layer's parameters on a TP rank: TP's plan (rldock.contract.tensor_parallel) splits the
+    attention's linears (their biases with them) and a dense MLP's; the two RMSNorms (and Qwen3's per-head
+    q and k norms) stay whole on every TP rank, as do an MoE layer's router and experts (its plan splits the
+    attention only), of which EP leaves a rank 1/ep (`ep`: 1 for the experts' training state, which FSDP
+    shards over ep x dp/ep ranks anyway)."""
+    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.qk_norm else 0)
+    whole_mlp = shape.mlp_params if shape.is_moe else 0  # the router and the experts
+    split = shape.layer_params - norms - whole_mlp
+    return split // tp + norms + whole_mlp - shape.expert_params + shape.expert_params // ep
+
+
 def stage_training_state_bytes(cfg: JobConfig, shape: ModelShape, stage: int) -> tuple[int, int, int]:
     """(params, grads, optimizer state) bytes one actor rank of pipeline stage `stage` holds (0 without PP):
-    its layers' weights (TP splits them, not an MoE layer's experts), the vocabulary matrices it holds
+    its layers' weights (TP splits their linears, not the norms nor an MoE layer's router and experts:
+    `layer_params_per_tp_rank`), the vocabulary matrices it holds
     (planning/pipeline_stages.py) and, on the last stage, the final norm; FSDP divides all three by its
     shard ranks."""
     training = cfg.training
@@ -27,8 +40,7 @@ def stage_training_state_bytes(cfg: JobConfig, shape: ModelShape, stage: int) ->
     tp, stages = training.tensor_parallel_size, training.pipeline_parallel_size
     shard = fsdp_shard_ranks(cfg) if training.strategy == "fsdp" else 1
     vocab = stage_vocab_params(shape, stage=stage, stages=stages)
-    # TP splits the decoder layers' weights only, and of an MoE layer not the experts (EP's, beside TP)
-    layer = (shape.layer_params - shape.expert_params) // tp + shape.expert_params
+    layer = layer_params_per_tp_rank(shape, tp=tp)
     layers = stage_layer_counts(shape.num_layers, stages)[stage] * layer
     params = vocab + layers + (shape.hidden_size if stage == stages - 1 else 0)
     trainable = params - (vocab if training.freeze_embeddings else 0)
@@ -51,7 +63,8 @@ def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     `training_state_bytes` counts (planning/memory.py's module docstring): the LM head's whole gradient
     in the compute dtype in place of its shard (none with training.freeze_embeddings; under PP the last
     stage's, as much as stage 0's embedding), plus one layer's reduce-scatter input (its whole gradient
-    in the reduce dtype; under EP the layer's own experts, as `fsdp_gathered_bytes` counts them), on the
+    in the reduce dtype; a TP rank's slice of it under TP, the layer's own experts under EP, as
+    `fsdp_gathered_bytes` counts them), on the
     device with training.fsdp_cpu_offload too. 0 without FSDP."""
     training = cfg.training
     if training.strategy != "fsdp":
@@ -60,7 +73,7 @@ def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     compute = compute_element_bytes(cfg)
     shard = fsdp_shard_ranks(cfg)
     head = 0 if training.freeze_embeddings else shape.vocab_size * shape.hidden_size
-    layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
+    layer = layer_params_per_tp_rank(shape, tp=training.tensor_parallel_size, ep=training.expert_parallel_size)
     # the head's shard, counted in the device's gradients unless they live on the host (fsdp_cpu_offload)
     head_shard = 0 if training.fsdp_cpu_offload else -(-head * param_bytes // shard)
     return head * compute - head_shard + layer * param_bytes
@@ -68,13 +81,14 @@ def fsdp_whole_gradient_bytes(cfg: JobConfig, shape: ModelShape) -> int:
 
 def fsdp_gathered_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     """The weights an FSDP rank holds gathered in the compute dtype during the update: two layers (the
-    computing one and the prefetched next; under EP a layer's own E/ep experts, gathered over the
-    expert-data-parallel group only) and the root's vocabulary matrices (the embedding and an untied
+    computing one and the prefetched next; under TP the rank's slices, which FSDP gathers over the
+    data-parallel ranks only; under EP a layer's own E/ep experts, gathered over the expert-data-parallel
+    group only) and the root's vocabulary matrices (the embedding and an untied
     head; under PP the most one stage holds, V x h). 0 without FSDP."""
     training = cfg.training
     if training.strategy != "fsdp":
         return 0
     stages = training.pipeline_parallel_size
-    layer = shape.layer_params - shape.expert_params + shape.expert_params // training.expert_parallel_size
+    layer = layer_params_per_tp_rank(shape, tp=training.tensor_parallel_size, ep=training.expert_parallel_size)
     root = max(stage_vocab_params(shape, stage=stage, stages=stages) for stage in range(stages))
     return (2 * layer + root) * compute_element_bytes(cfg)
