@@ -8,12 +8,15 @@
 
 Layouts: PP 4 (one layer a stage: two middle stages), PP 2 x FSDP 2 (each stage sharded over its
 data-parallel pair, each pair its own half of the rows), PP 2 x TP 2 (each stage's linears split over a TP
-pair) and PP 2 x EP 2 (the tiny Qwen3-MoE, one MoE layer a stage, its 8 experts split over the stage's
-data-parallel pair; the router's load-balancing loss off, as PP beside EP requires). The PP 4, PP 2 x TP 2
-and MoE models tie the embedding to the head (SmolLM2's layout: the last stage's copy and the first stage's
-embedding sum their gradients) and PP 2 x FSDP 2's does not. PP 2 x EP 2 again with routing replay: the
-stages' merged routing record of a no-gradient pass is one process's, and the update routed by a shifted copy
-of it (each stage replaying its own layers' columns of the whole model's grid) gives one process's gradients.
+pair), PP 2 x CP 2 under Ulysses and under ring attention (each stage's CP pair splits every sequence's
+positions, and a stage's CP rank hands its slice's activations to the next stage's) and PP 2 x EP 2 (the
+tiny Qwen3-MoE, one MoE layer a stage, its 8 experts split over the stage's data-parallel pair; the router's
+load-balancing loss off, as PP beside EP requires). The PP 4, PP 2 x TP 2, PP 2 x CP 2 (Ulysses) and MoE
+models tie the embedding to the head (SmolLM2's layout: the last stage's copy and the first stage's
+embedding sum their gradients) and PP 2 x FSDP 2's and the ring layout's do not. PP 2 x EP 2 again with
+routing replay: the stages' merged routing record of a no-gradient pass is one process's, and the update
+routed by a shifted copy of it (each stage replaying its own layers' columns of the whole model's grid) gives
+one process's gradients.
 
 Everything runs in float64, so the comparison measures the layout, not float32 rounding: the ranks add the
 same products in another order (FSDP's halves, TP's partial sums, the micro-batches' sum), a few ulps of
@@ -51,6 +54,11 @@ LAYOUTS_PP = {
     "pp4": (dict(data_parallel_size=1, pipeline_parallel_size=4), "tied"),
     "pp2_fsdp2": (dict(data_parallel_size=2, pipeline_parallel_size=2), "untied"),
     "pp2_tp2": (dict(data_parallel_size=1, pipeline_parallel_size=2, tensor_parallel_size=2), "tied"),
+    "pp2_cp2": (dict(data_parallel_size=1, pipeline_parallel_size=2, context_parallel_size=2), "tied"),
+    "pp2_cp2_ring": (
+        dict(data_parallel_size=1, pipeline_parallel_size=2, context_parallel_size=2, context_parallel_mode="ring"),
+        "untied",
+    ),
     "pp2_ep2": (
         dict(data_parallel_size=2, pipeline_parallel_size=2, expert_parallel_size=2, router_aux_loss_coef=0),
         "moe",
@@ -228,6 +236,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
     from tensordict import TensorDict
 
     from rldock.runtime.device import detect_device
+    from rldock.runtime.models.context_group import context_group
     from rldock.runtime.training.accumulation import accumulate
     from rldock.runtime.training.fsdp import FsdpBackend
     from rldock_e2e.moe_fixture import whole_gradients
@@ -242,6 +251,9 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         assert stage is not None
         context = backend.context
         found: dict = dict(stage=stage.links.index, reader=context.reader, counts=backend.counts_passes)
+        found["cp_group"] = (
+            None if context_group(backend.model) is None else dist.get_process_group_ranks(context_group(backend.model))
+        )
         found["dp_rank"] = context.dp_rank
         with torch.no_grad():
             found["logprobs"] = {layout: _logprobs(backend.model, _batch(), layout) for layout in LAYOUTS}
@@ -314,6 +326,10 @@ def test_each_stage_is_a_block_of_ranks_and_the_last_reads_and_counts(ranks):
     assert [r["pp2_tp2"]["reader"] for r in ranks] == [2, 2, 2, 2]
     assert [r["pp4"]["counts"] for r in ranks] == [False, False, False, True]
     assert [r["pp2_tp2"]["counts"] for r in ranks] == [False, False, True, False]
+    # PP 2 x CP 2: each stage's two ranks split every sequence's positions; the last stage's first reads
+    assert [r["pp2_cp2"]["stage"] for r in ranks] == [0, 0, 1, 1]
+    assert [r["pp2_cp2"]["cp_group"] for r in ranks] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r["pp2_cp2"]["reader"] for r in ranks] == [2, 2, 2, 2]
 
 
 def test_the_update_runs_one_forward_one_backward(ranks):
@@ -321,6 +337,7 @@ def test_the_update_runs_one_forward_one_backward(ranks):
     backwards: the last stage alternates from the start, the first holds p - 1 forwards' activations at most."""
     assert [r["pp4"]["order"] for r in ranks] == ["FFFFBBBB", "FFFBFBBB", "FFBFBFBB", "FBFBFBFB"]
     assert [r["pp2_tp2"]["order"] for r in ranks] == ["FFBFBFBB"] * 2 + ["FBFBFBFB"] * 2
+    assert [r["pp2_cp2"]["order"] for r in ranks] == ["FFBFBFBB"] * 2 + ["FBFBFBFB"] * 2
 
 
 @pytest.mark.parametrize("name", LAYOUTS_PP)

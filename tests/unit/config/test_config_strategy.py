@@ -111,13 +111,11 @@ def test_pipeline_stages_run_under_fsdp_with_or_without_tp_and_add_ranks(demo_da
     demo_data["resources"]["devices_per_node"] = 4
     cfg = parse_job_config(demo_data)
     assert job_layout(cfg).num_actor_ranks == 4  # pp 2 x dp 1 x tp 2
-    for training, says in (
-        ({"strategy": "ddp", "tensor_parallel_size": 1}, "runs under strategy fsdp"),
-        ({"context_parallel_size": 2, "tensor_parallel_size": 1}, "beside context_parallel_size: not built yet"),
-    ):
-        bad = {**demo_data, "training": {**demo_data["training"], **training}}
-        assert problem_paths(bad) == ["training.pipeline_parallel_size"], training
-        assert says in problem_messages(bad, "training.pipeline_parallel_size")[0]
+    ddp = {**demo_data, "training": {**demo_data["training"], "strategy": "ddp", "tensor_parallel_size": 1}}
+    assert problem_paths(ddp) == ["training.pipeline_parallel_size"]
+    assert "runs under strategy fsdp" in problem_messages(ddp, "training.pipeline_parallel_size")[0]
+    cp = {**demo_data, "training": {**demo_data["training"], "tensor_parallel_size": 1, "context_parallel_size": 2}}
+    assert job_layout(parse_job_config(cp)).num_actor_ranks == 4  # pp 2 x cp 2: each stage's CP pair
     ep = {**demo_data, "training": {**demo_data["training"], "tensor_parallel_size": 1, "expert_parallel_size": 2}}
     ep["training"]["data_parallel_size"] = 2
     assert "needs training.router_aux_loss_coef: 0" in problem_messages(ep, "training.pipeline_parallel_size")[0]

@@ -33,7 +33,6 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
             training.strategy != "fsdp",
             "runs under strategy fsdp (each stage sharded over its data-parallel ranks); set it",
         ),
-        (training.context_parallel_size > 1, "beside context_parallel_size: not built yet; use one of the two"),
         (
             training.expert_parallel_size > 1 and training.router_aux_loss_coef != 0,
             "beside expert_parallel_size needs training.router_aux_loss_coef: 0 (the load-balancing loss sums "

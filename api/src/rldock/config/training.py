@@ -151,8 +151,8 @@ class TrainingSpec(Spec):
         "sliding window). Activations per rank fall by this factor (`rldock plan` counts them and says when a "
         "sequence length needs it); FSDP shards over data_parallel_size x context_parallel_size ranks. Needs "
         "strategy fsdp; composes with tensor_parallel_size (CP over each TP rank's heads: Ulysses' size must "
-        "divide the heads and KV heads by tensor_parallel_size x this), expert_parallel_size and routing replay. "
-        "`rldock train` runs the actor's, "
+        "divide the heads and KV heads by tensor_parallel_size x this), expert_parallel_size, "
+        "pipeline_parallel_size and routing replay. `rldock train` runs the actor's, "
         "the reference's and the critic's ranks as data_parallel_size groups of this many (each group's first "
         "rank reads the group's samples from the dock and shares them), the policy's, the reference's and the "
         "critic's passes under the context_parallel_mode (docs/scaling.md, section 9).",
@@ -166,9 +166,10 @@ class TrainingSpec(Spec):
         "data_parallel_size x context_parallel_size x tensor_parallel_size ranks. The update runs its micro-batches "
         "on a 1F1B schedule (its idle share is (stages - 1) / (micro-batches + stages - 1): more micro-batches per "
         "mini-batch, a smaller bubble); the old-logprob pass streams its passes through the stages. Needs "
-        "strategy fsdp (each stage sharded over its data-parallel ranks); composes with tensor_parallel_size and, "
-        "with router_aux_loss_coef 0, expert_parallel_size (and routing replay: each stage replays its own layers' "
-        "routing); not with context parallelism, a critic or DPO yet (docs/scaling.md, section 12).",
+        "strategy fsdp (each stage sharded over its data-parallel ranks); composes with tensor_parallel_size, "
+        "context_parallel_size (each stage's CP ranks split the positions) and, with router_aux_loss_coef 0, "
+        "expert_parallel_size (and routing replay: each stage replays its own layers' routing); not with a critic "
+        "or DPO yet (docs/scaling.md, section 12).",
     )
     context_parallel_mode: ContextParallelMode = Field(
         default="ulysses",

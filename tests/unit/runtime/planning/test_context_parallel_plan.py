@@ -64,6 +64,9 @@ def test_all_to_all_bytes_of_an_update_step_by_hand():
     checkpointed = job(micro_batch_size=2, context_parallel_size=2, gradient_checkpointing=True)
     assert update_all_to_all_bytes(checkpointed, SMALL) == 32 * 2 * per_layer * 3
     assert update_all_to_all_bytes(job(micro_batch_size=2), SMALL) == 0
+    # Under PP 2 a CP rank's stage holds one of the 2 layers: the same 32 passes through one layer
+    staged = job(micro_batch_size=2, context_parallel_size=2, pipeline_parallel_size=2)
+    assert update_all_to_all_bytes(staged, SMALL) == 32 * 1 * per_layer * 2
     plan = plan_memory(cfg, SMALL)
     assert plan_json(plan, None)["all_to_all_bytes"] == plan.all_to_all_bytes
     assert "DP 2 x CP 2 x TP 1" in plan_table(plan, None)

@@ -108,8 +108,10 @@ def head_chunk_bytes(cfg: JobConfig, shape: ModelShape) -> int:
 def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
     """Bytes a CP rank sends the other ranks of its group in one update step: every micro-batch of
     its mini-batch a forward and a backward (and a recomputed forward with gradient checkpointing)
-    of the longest sequences (planning/context_parallel_bytes.py). 0 without CP."""
+    of the longest sequences (planning/context_parallel_bytes.py), through its stage's layers under PP
+    (the fullest stage's). 0 without CP."""
     training = cfg.training
+    stage_layers = max(stage_layer_counts(shape.num_layers, training.pipeline_parallel_size))
     per_pass = context_bytes_per_pass(
         shape,
         mode=training.context_parallel_mode,
@@ -118,4 +120,4 @@ def update_all_to_all_bytes(cfg: JobConfig, shape: ModelShape) -> int:
         element=compute_element_bytes(cfg),
         recompute=training.gradient_checkpointing,
     )
-    return update_micro_batches(cfg) * per_pass
+    return update_micro_batches(cfg) * per_pass // shape.num_layers * stage_layers  # every layer sends alike
