@@ -16,7 +16,8 @@ models tie the embedding to the head (SmolLM2's layout: the last stage's copy an
 embedding sum their gradients) and PP 2 x FSDP 2's and the ring layout's do not. PP 2 x EP 2 again with
 routing replay: the stages' merged routing record of a no-gradient pass is one process's, and the update
 routed by a shifted copy of it (each stage replaying its own layers' columns of the whole model's grid) gives
-one process's gradients.
+one process's gradients. PP 4 again running DPO's preference step (a loss nonlinear in each pair's logprobs,
+so only the last stage's counts): one process's loss and gradients.
 
 Everything runs in float64, so the comparison measures the layout, not float32 rounding: the ranks add the
 same products in another order (FSDP's halves, TP's partial sums, the micro-batches' sum), a few ulps of
@@ -207,6 +208,60 @@ def _one_process_replay() -> dict:
     return dict(record=record, grads={n: p.grad.clone() for n, p in model.named_parameters()})
 
 
+def _preference_batch():
+    """The batch as 2 DPO pairs (rows 0/1 and 2/3: chosen, rejected) with the reference's logprobs."""
+    from tensordict import TensorDict
+
+    batch = _batch()
+    ref = -torch.rand(batch["response_ids"].shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    return TensorDict({**batch, "ref_logprobs": ref}, batch_size=[4])
+
+
+def _preference_cfg():
+    """PP 4 in pairs (micro-batches of 2 rows), the gradient norm unclipped (the test compares raw gradients)."""
+    cfg = _cfg(devices=WORLD, **LAYOUTS_PP["pp4"][0], micro_batch_size=2)
+    return cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"max_grad_norm": 1e9})})
+
+
+def _preference_step(rank: int) -> dict:
+    """PP 4 running DPO's preference step (training/policy_steps.py) over 2 micro-batches of one pair each:
+    the loss is nonlinear in a pair's logprobs, so only the last stage's is the step's."""
+    from rldock.runtime.device import detect_device
+    from rldock.runtime.training.fsdp import FsdpBackend
+    from rldock.runtime.training.policy_steps import preference_step
+
+    cfg = _preference_cfg()
+    backend = FsdpBackend(cfg, model=_model("tied"), make_optimizer=_adamw, device=detect_device("cpu"), rank=rank)
+    stage = backend.pipeline
+    assert stage is not None
+    stats = preference_step(backend, _preference_batch(), cfg=cfg)
+    grads = {
+        stage.names.whole(n): (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for n, p in backend.model.named_parameters()
+    }
+    return dict(loss=stats["loss"], grads=grads)
+
+
+def _one_process_preference() -> dict:
+    from rldock.runtime.algorithms.dpo import PreferenceObjective
+    from rldock.runtime.engines.policy_passes import micro_batch_scores
+
+    cfg = _preference_cfg()
+    algo, model, batch, loss = cfg.algorithm, _model("tied"), _preference_batch(), 0.0
+    objective = PreferenceObjective(
+        beta=algo.dpo.beta,
+        label_smoothing=algo.dpo.label_smoothing,
+        kl_estimator=algo.kl_estimator,
+        kl_clamp=algo.kl_clamp,
+    )
+    for micro in batch.split(2):
+        scores = micro_batch_scores(model, micro, cfg.training)
+        micro_loss, metrics = objective(scores.logprobs, scores.entropy, micro, share=0.5)
+        micro_loss.backward()
+        loss += metrics["loss"]
+    return dict(loss=loss, grads={n: p.grad.clone() for n, p in model.named_parameters()})
+
+
 def _checkpoint_and_reload(backend, out_dir: Path, rank: int) -> dict:
     """Save the checkpoint's two files as the actor does (rank 0 writes the gathered weights and optimizer
     state), then load them into FSDP over all 4 ranks, with no pipeline: its logprobs and optimizer state."""
@@ -280,6 +335,7 @@ def _rank(rank: int, rendezvous: str, out_dir: str) -> None:
         if name == "pp2_tp2":
             results["reloaded"] = _checkpoint_and_reload(backend, Path(out_dir), rank)
     results["replay"] = _record_and_replay(rank)
+    results["preference"] = _preference_step(rank)
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()  # no rank tears the group down while a peer's gloo thread still talks to it
     dist.destroy_process_group()
@@ -409,3 +465,16 @@ def test_pipeline_stages_record_and_replay_the_whole_model_s_routing_as_one_proc
                 grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"replay {at}: {m}"
             )
     assert set().union(*(r["replay"]["grads"] for r in ranks)) >= set(expected["grads"])
+
+
+def test_dpo_s_preference_step_through_four_stages_is_one_process_s(ranks):
+    expected = _one_process_preference()
+    for got in (r["preference"] for r in ranks):
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-9)  # the last stage's, on every stage
+        for grad_name, grad in got["grads"].items():
+            tied = grad_name == "lm_head.weight" and grad_name not in expected["grads"]
+            reference = "model.embed_tokens.weight" if tied else grad_name
+            torch.testing.assert_close(
+                grad, expected["grads"][reference], **TOLERANCE, msg=lambda m, at=grad_name: f"dpo {at}: {m}"
+            )
+    assert set().union(*(r["preference"]["grads"] for r in ranks)) >= set(expected["grads"])

@@ -39,9 +39,9 @@ def _pipeline_problems(cfg: JobConfig) -> list[Problem]:
             "every layer's routing, which the stages hold apart: not built yet); set it, or use one of the two",
         ),
         (
-            needs_critic(cfg.algorithm.name) or cfg.algorithm.name == "dpo",
-            f"with {cfg.algorithm.name}: not built yet (the critic and DPO's preference step run whole models); "
-            "use a critic-free algorithm such as grpo, or 1",
+            needs_critic(cfg.algorithm.name),
+            f"with {cfg.algorithm.name}: not built yet (the critic, a value model on ranks of its own, runs "
+            "whole); use a critic-free algorithm such as grpo, or 1",
         ),
     )
     bad = [f"{pp} {says}" for failed, says in why if failed and pp > 1][:1]

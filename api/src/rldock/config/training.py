@@ -168,8 +168,8 @@ class TrainingSpec(Spec):
         "mini-batch, a smaller bubble); the old-logprob pass streams its passes through the stages. Needs "
         "strategy fsdp (each stage sharded over its data-parallel ranks); composes with tensor_parallel_size, "
         "context_parallel_size (each stage's CP ranks split the positions) and, with router_aux_loss_coef 0, "
-        "expert_parallel_size (and routing replay: each stage replays its own layers' routing); not with a critic "
-        "or DPO yet (docs/scaling.md, section 12).",
+        "expert_parallel_size (and routing replay: each stage replays its own layers' routing), and runs DPO's "
+        "preference step; not with a critic yet (docs/scaling.md, section 12).",
     )
     context_parallel_mode: ContextParallelMode = Field(
         default="ulysses",
