@@ -1,8 +1,9 @@
 """`training.pipeline_parallel_size: 2` in a real job: the demo config on two actor ranks, one pipeline stage
 each (one decoder layer each; each rank its own vLLM replica, which gets the whole model gathered from both
-stages after every update). Two iterations and a checkpoint, resumed for a third: the checkpoint is one
-process's (every weight in the Hugging Face layout, the optimizer state of both stages under the whole
-model's names), and the resumed job's stages read their parts of it."""
+stages after every update), and the reference on two ranks cut into the same stages (its KL term's logprobs
+streamed through them, workers/reference.py). Two iterations and a checkpoint, resumed for a third: the
+checkpoint is one process's (every weight in the Hugging Face layout, the optimizer state of both stages
+under the whole model's names), and the resumed job's stages read their parts of it."""
 
 from __future__ import annotations
 

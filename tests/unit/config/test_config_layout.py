@@ -1,6 +1,6 @@
 """A JobConfig's layout (rldock.config.job_layout): the sizes read from the config once, and the
-device groups the config counts (a reference per DP rank unless LoRA, a critic per DP rank for the
-algorithms with one, a reward model for a `model` term)."""
+device groups the config counts (a reference per DP rank of each pipeline stage unless LoRA, a critic per
+DP rank for the algorithms with one, a reward model for a `model` term)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rldock.config import parse_job_config
 from rldock.config.job_layout import job_layout
 from rldock.contract.layout import DeviceGroup
 
-REFERENCE = DeviceGroup("reference", "sequence_ranks")
+REFERENCE = DeviceGroup("reference", "stage_sequence_ranks")
 CRITIC = DeviceGroup("critic", "sequence_ranks", distinct=True)
 REWARD_MODEL = DeviceGroup("reward_model")
 MODEL_TERMS = {"terms": [{"name": "model", "path": "/rm"}, {"name": "digit_match"}]}
@@ -48,6 +48,26 @@ LAYOUTS = [
         (2, 2, 1, (REFERENCE, CRITIC), 4),  # the critics fill the halves the references left
     ),
 ]
+
+
+def test_the_reference_runs_a_rank_per_stage_and_sequence_rank_in_a_group_of_its_own():
+    # PP 2 x DP 2: 4 actor ranks, and a reference rank beside each (its stages pass activations on)
+    layout = job_layout(_cfg(training={"strategy": "fsdp", "pipeline_parallel_size": 2}))
+    assert layout.groups == (DeviceGroup("reference", "stage_sequence_ranks", distinct=True),)
+    assert (layout.num_actor_ranks, layout.group_ranks("reference")) == (4, 4)
+    assert [layout.seats_on(device) for device in range(4)] == [[f"actor {r}", f"reference {r}"] for r in range(4)]
+    # under TP it runs without TP: PP 2 x DP 1 x TP 2 seats 2 reference ranks
+    tp = job_layout(
+        _cfg(
+            training={
+                "strategy": "fsdp",
+                "pipeline_parallel_size": 2,
+                "data_parallel_size": 1,
+                "tensor_parallel_size": 2,
+            }
+        )
+    )
+    assert (tp.num_actor_ranks, tp.group_ranks("reference")) == (4, 2)
 
 
 @pytest.mark.parametrize(("sections", "expected"), LAYOUTS)

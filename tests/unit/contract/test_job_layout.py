@@ -8,7 +8,7 @@ import pytest
 from rldock.contract.layout import DeviceGroup, JobLayout
 from rldock.contract.placement import SEAT_ORDER
 
-REFERENCE = DeviceGroup("reference", "sequence_ranks")
+REFERENCE = DeviceGroup("reference", "stage_sequence_ranks")
 CRITIC = DeviceGroup("critic", "sequence_ranks", distinct=True)
 REWARD_MODEL = DeviceGroup("reward_model")
 
@@ -46,6 +46,15 @@ def test_context_parallel_ranks_multiply_the_actor_and_the_reference_ranks(dp, c
         sequence_ranks,
         sequence_ranks,
     )
+
+
+@pytest.mark.parametrize(
+    ("pp", "dp", "cp", "tp", "stage_sequence_ranks"), [(2, 2, 1, 1, 4), (2, 1, 2, 2, 4), (4, 1, 1, 1, 4)]
+)
+def test_the_reference_runs_a_rank_per_sequence_rank_of_each_stage(pp, dp, cp, tp, stage_sequence_ranks):
+    layout = JobLayout(dp=dp, cp=cp, tp=tp, pp=pp)
+    assert layout.num_ranks("stage_sequence_ranks") == layout.num_stage_sequence_ranks == stage_sequence_ranks
+    assert layout.num_sequence_ranks == dp * cp  # the critic's, and what FSDP shards over within a stage
 
 
 def test_a_generation_tp_that_does_not_divide_the_actor_ranks_is_named():

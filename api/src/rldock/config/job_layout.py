@@ -25,8 +25,10 @@ def config_groups(cfg: JobConfig) -> tuple[DeviceGroup, ...]:
     """The device groups besides the actor ranks that the config counts (module docstring)."""
     groups = []
     if cfg.training.lora is None:
-        # a group of its own under CP (each CP group's Ulysses passes)
-        groups.append(DeviceGroup("reference", "sequence_ranks", distinct=cfg.training.context_parallel_size > 1))
+        # a group of its own under CP (each CP group's Ulysses passes) and PP (its stages pass activations on)
+        training = cfg.training
+        split = training.context_parallel_size > 1 or training.pipeline_parallel_size > 1
+        groups.append(DeviceGroup("reference", "stage_sequence_ranks", distinct=split))
     if needs_critic(cfg.algorithm.name):
         groups.append(DeviceGroup("critic", "sequence_ranks", distinct=True))  # a DDP group
     if cfg.reward.model_term_index is not None and needs_rollout(cfg.algorithm.name):

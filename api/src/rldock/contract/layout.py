@@ -35,9 +35,10 @@ from typing import Literal
 
 from rldock.contract.placement import PlacementMode, PlacementPlan, SeatRequest, plan_placement
 
-# How many ranks a worker group runs: one per actor rank (DP x CP x TP), one per sequence rank (DP x CP,
-# `num_sequence_ranks`: the reference and the critic run their passes with the actor's CP), or one.
-RankCount = Literal["actor_ranks", "sequence_ranks", "one"]
+# How many ranks a worker group runs: one per actor rank (PP x DP x CP x TP), one per sequence rank of each
+# pipeline stage (PP x DP x CP, `num_stage_sequence_ranks`: the reference runs its passes with the actor's
+# stages and CP), one per sequence rank (DP x CP, `num_sequence_ranks`: the critic, with the actor's CP), or one.
+RankCount = Literal["actor_ranks", "stage_sequence_ranks", "sequence_ranks", "one"]
 
 
 def stage_layer_counts(num_layers: int, stages: int) -> list[int]:
@@ -95,6 +96,12 @@ class JobLayout:
         return self.dp * self.cp
 
     @property
+    def num_stage_sequence_ranks(self) -> int:
+        """Ranks that run a model's passes split into the actor's pipeline stages and over its CP ranks, without
+        TP: PP x DP x CP (the reference's)."""
+        return self.pp * self.num_sequence_ranks
+
+    @property
     def experts_divide(self) -> bool:
         """Whether the EP groups tile the dp x cp sequence ranks (the config checks refuse a job where not)."""
         return self.num_sequence_ranks % self.ep == 0
@@ -110,7 +117,12 @@ class JobLayout:
         return self.num_sequence_ranks // self.ep
 
     def num_ranks(self, count: RankCount) -> int:
-        return {"actor_ranks": self.num_actor_ranks, "sequence_ranks": self.num_sequence_ranks, "one": 1}[count]
+        return {
+            "actor_ranks": self.num_actor_ranks,
+            "stage_sequence_ranks": self.num_stage_sequence_ranks,
+            "sequence_ranks": self.num_sequence_ranks,
+            "one": 1,
+        }[count]
 
     def group_ranks(self, name: str) -> int:
         """The ranks of device group `name`; 0 for a group the job does not run."""

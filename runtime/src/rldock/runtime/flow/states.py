@@ -71,8 +71,8 @@ class WorkerGroup:
     ranks: RankCount = "one"
     device: bool = True  # a seat on a device share in the placement group; False: a CPU actor beside it
     collective: bool = False  # its ranks form a DDP group: joined at start, never two on one device
-    # Its ranks form a group only under context parallelism (the reference's Ulysses passes).
-    collective_under_cp: bool = False
+    # Its ranks form a group only when CP or PP splits its passes (the reference's CP attention and stages).
+    collective_when_split: bool = False
     # Which of planning/memory.py's models sizes its devices: "actor", "critic"; None: not planned.
     memory: Literal["actor", "critic"] | None = None
 
@@ -85,7 +85,9 @@ class WorkerGroup:
 
     def joins_group(self, cfg: JobConfig) -> bool:
         """Whether its ranks form a torch.distributed group of their own in `cfg`'s job (`collective`)."""
-        return self.collective or (self.collective_under_cp and cfg.training.context_parallel_size > 1)
+        training = cfg.training
+        split = training.context_parallel_size > 1 or training.pipeline_parallel_size > 1
+        return self.collective or (self.collective_when_split and split)
 
 
 @dataclass(frozen=True)
@@ -182,13 +184,14 @@ ACTOR = WorkerGroup(
     collective=True,
     memory="actor",
 )
-# Under CP its DP x CP ranks form a group, each CP group running Ulysses as the actor's does.
+# Its PP x DP x CP ranks form a group under CP or PP: each CP group attends as the actor's does, and the
+# model is cut into the actor's stages.
 REFERENCE = WorkerGroup(
     "reference",
     "rldock.runtime.workers.reference:ReferenceWorker",
     _reference_arguments,
-    ranks="sequence_ranks",
-    collective_under_cp=True,
+    ranks="stage_sequence_ranks",
+    collective_when_split=True,
 )
 CRITIC = WorkerGroup(
     "critic",

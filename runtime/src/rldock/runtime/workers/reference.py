@@ -1,13 +1,16 @@
 """The reference worker state: frozen initial policy, writes the logprobs the KL term compares to.
 
-Its DP x CP ranks (the job layout's sequence ranks) each hold the whole frozen model. At CP 1 each
-reads its own batches. Under context parallelism (`training.context_parallel_size` > 1) the ranks
-form a process group of their own (`join_group`, a process beside each actor rank's, since a process
-holds one default group) and the model gets Ulysses attention over each CP group, as the actor's
-does (training/context_parallel.py's `ContextLayout`): the group's first rank reads each batch and
-broadcasts it, every rank computes 1/cp of each sequence, and the reader writes the logprobs back.
-What CP divides here: a no-grad pass keeps no activations between layers, but a layer's working
-set and the LM head's logits (positions x vocabulary) scale with the positions a rank computes.
+Its PP x DP x CP ranks (the job layout's stage sequence ranks) hold the frozen model, each whole at PP 1.
+At CP 1 and PP 1 each reads its own batches. Under context or pipeline parallelism
+(`training.context_parallel_size` or `pipeline_parallel_size` > 1) the ranks form a process group of their
+own (`join_group`, a process beside each actor rank's, since a process holds one default group), laid out
+as the actor's ranks are without TP (pp outermost): the model is cut to the rank's pipeline stage as the
+actor's is (training/pipeline.py's `split_stage`, the passes streaming through the stages) and gets the CP
+mode's attention over its CP group (training/context_parallel.py's `ContextLayout`). A data-parallel rank's
+pp x cp ranks share its batches: the last stage's first rank reads each and broadcasts it, every rank
+computes its stage's layers over its 1/cp of each sequence, and the reader writes the logprobs back.
+What CP divides here: a no-grad pass keeps no activations between layers, but a layer's working set and the
+LM head's logits (positions x vocabulary) scale with the positions a rank computes; PP divides the weights.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rldock.runtime.models.loading import load_causal_lm
 from rldock.runtime.resharding.parallel_mesh import MeshShape, ParallelMesh
 from rldock.runtime.training.context_parallel import ContextLayout
 from rldock.runtime.training.group import TrainingGroup
+from rldock.runtime.training.pipeline import split_stage
 from rldock.runtime.workers.phase_keeper import TakesTurns, in_turn
 from rldock.runtime.workers.threads import apply_thread_budget
 
@@ -46,21 +50,21 @@ class ReferenceWorker(TakesTurns):
         self.context = ContextLayout.alone(rank=rank, world_size=world_size)
         self.group = TrainingGroup(cfg, device=self.device, rank=rank, world_size=world_size)
 
-    # --- set-up (CP > 1 only: flow/states.py's REFERENCE joins a group under CP) ---------------
+    # --- set-up (CP or PP > 1 only: flow/states.py's REFERENCE joins a group then) -------------
 
     def pick_rendezvous(self) -> Rendezvous:
         """On rank 0: open the group's store here; every rank's `join_group` gets its address."""
         return self.group.pick_rendezvous()
 
     def join_group(self, rendezvous: Rendezvous) -> None:
-        """Form the reference ranks' process group and give the model the CP mode's attention over this
-        rank's CP group (called on all ranks at once)."""
+        """Form the reference ranks' process group, cut the model to this rank's pipeline stage and give it
+        the CP mode's attention over this rank's CP group (called on all ranks at once)."""
         self.group.form(rendezvous)
         training = self.cfg.training
-        cp = training.context_parallel_size
-        mesh = ParallelMesh(
-            MeshShape(dp=self.group.world_size // cp, cp=cp), torch.device(self.device.torch_device).type
-        )
+        cp, pp = training.context_parallel_size, training.pipeline_parallel_size
+        device = torch.device(self.device.torch_device)
+        mesh = ParallelMesh(MeshShape(dp=self.group.world_size // (pp * cp), cp=cp, pp=pp), device.type)
+        split_stage(self.model, mesh, dtype=next(self.model.parameters()).dtype, device=device)
         self.context = ContextLayout.of(self.model, mesh=mesh, mode=training.context_parallel_mode)
 
     # --- the stage ----------------------------------------------------------------------------
