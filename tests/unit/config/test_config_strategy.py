@@ -95,11 +95,13 @@ def test_hsdp_replicas_tile_the_data_parallel_ranks_under_fsdp(demo_data):
     for training, says in (
         ({"data_parallel_replicate_size": 3}, "must divide data_parallel_size 4"),
         ({"strategy": "ddp"}, "need training.strategy fsdp"),
-        ({"expert_parallel_size": 2}, "not built yet"),
     ):
         bad = {**demo_data, "training": {**demo_data["training"], **training}}
         assert problem_paths(bad) == ["training.data_parallel_replicate_size"], training
         assert says in problem_messages(bad, "training.data_parallel_replicate_size")[0]
+    # beside EP: the experts' FSDP spans the replicas
+    demo_data["training"]["expert_parallel_size"] = 2
+    assert parse_job_config(demo_data).training.expert_parallel_size == 2
 
 
 def test_pipeline_stages_run_under_fsdp_with_or_without_tp_and_add_ranks(demo_data):

@@ -105,12 +105,11 @@ def _expert_parallel_problems(cfg: JobConfig) -> list[Problem]:
 
 def _replica_problems(training: TrainingSpec) -> list[Problem]:
     """HSDP (training.data_parallel_replicate_size): replicas of FSDP-sharded ranks, which tile the data-parallel
-    ranks; experts (EP's own FSDP over their expert-data-parallel ranks) have not run beside them."""
+    ranks (beside EP, the experts' own FSDP spans the replicas: runtime engines/expert_parallel.py)."""
     replicas, dp = training.data_parallel_replicate_size, training.data_parallel_size
     why = (
         (training.strategy != "fsdp", "replicas of FSDP shards need training.strategy fsdp; set it, or 1"),
         (dp % replicas > 0, f"must divide data_parallel_size {dp} (each replica holds as many ranks); use a divisor"),
-        (training.expert_parallel_size > 1, "beside expert_parallel_size: not built yet; use one of the two"),
     )
     bad = [f"{replicas} {says}" for failed, says in why if failed and replicas > 1][:1]
     return [Problem("training.data_parallel_replicate_size", message) for message in bad]

@@ -97,7 +97,8 @@ class TrainingSpec(Spec):
         "its ranks x context_parallel_size) and the replicas all-reduce their shards' gradients, so a "
         "rank holds 1/(the replica's ranks) of the state rather than 1/(all of them) but the "
         "parameter all-gathers stay inside a replica (a node, say). Must divide data_parallel_size; 1: "
-        "every data-parallel rank shards (FSDP). Not with expert_parallel_size yet (docs/scaling.md, section 11).",
+        "every data-parallel rank shards (FSDP). Beside expert_parallel_size the experts are sharded over their "
+        "expert-data-parallel ranks, across the replicas (docs/scaling.md, section 11).",
     )
     expert_parallel_size: int = Field(
         default=1,
